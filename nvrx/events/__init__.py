@@ -1,0 +1,32 @@
+"""Structured events: the single record of what happened in a job (JSON lines)."""
+
+from .reader import ReadStats, Skipped, event_files, iter_dir, iter_file, read_dir
+from .schema import COMMON_FIELDS, KINDS, SCHEMA_VERSION
+from .writer import (
+    EventWriter,
+    configure,
+    context_from_env,
+    emit,
+    get_writer,
+    job_id_from_env,
+    job_log_dir,
+)
+
+__all__ = [
+    "COMMON_FIELDS",
+    "KINDS",
+    "SCHEMA_VERSION",
+    "EventWriter",
+    "ReadStats",
+    "Skipped",
+    "configure",
+    "context_from_env",
+    "emit",
+    "event_files",
+    "get_writer",
+    "iter_dir",
+    "iter_file",
+    "job_id_from_env",
+    "job_log_dir",
+    "read_dir",
+]

@@ -1,0 +1,106 @@
+"""Tolerant reading of event files.
+
+A job's log directory may hold torn last lines (a process killed mid-write),
+lines of two writers run together, kinds from a newer nvrx, and files that
+are not events at all. Reading never fails on such input and never modifies
+the files: every line that could not be used is reported as ``Skipped``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .schema import KINDS
+
+EVENT_SUFFIX = ".jsonl"
+_decoder = json.JSONDecoder()
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A line (or a whole file when ``line`` is 0) that was not read as an event."""
+
+    path: str
+    line: int
+    reason: str
+
+
+@dataclass
+class ReadStats:
+    files: int = 0
+    events: int = 0
+    unknown_kinds: dict[str, int] = field(default_factory=dict)
+    skipped: list[Skipped] = field(default_factory=list)
+
+
+def _objects_in_line(text: str) -> Iterator[Any]:
+    """Yield every JSON value in one line; several when two writes ran together."""
+    pos, end = 0, len(text)
+    while pos < end:
+        while pos < end and text[pos].isspace():
+            pos += 1
+        if pos >= end:
+            return
+        value, pos = _decoder.raw_decode(text, pos)
+        yield value
+
+
+def iter_file(path: str | os.PathLike[str], stats: ReadStats | None = None) -> Iterator[dict[str, Any]]:
+    """Yield the events of one file in file order, recording what was skipped in ``stats``."""
+    stats = stats if stats is not None else ReadStats()
+    spath = str(path)
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        stats.skipped.append(Skipped(spath, 0, f"unreadable: {exc.strerror or exc}"))
+        return
+    stats.files += 1
+    lines = data.split(b"\n")
+    torn_tail = not data.endswith(b"\n")
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        last = number == len(lines)
+        try:
+            text = raw.decode("utf-8")
+            values = list(_objects_in_line(text))
+        except (UnicodeDecodeError, ValueError):
+            reason = "torn last line" if last and torn_tail else "malformed line"
+            stats.skipped.append(Skipped(spath, number, reason))
+            continue
+        for value in values:
+            if not isinstance(value, dict) or not isinstance(value.get("kind"), str):
+                stats.skipped.append(Skipped(spath, number, "not an event object"))
+                continue
+            kind = value["kind"]
+            if kind not in KINDS:
+                stats.unknown_kinds[kind] = stats.unknown_kinds.get(kind, 0) + 1
+            stats.events += 1
+            yield value
+
+
+def event_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """Event files under ``directory`` (recursively), in a stable order."""
+    root = Path(directory)
+    return sorted(p for p in root.rglob(f"*{EVENT_SUFFIX}") if p.is_file())
+
+
+def iter_dir(directory: str | os.PathLike[str], stats: ReadStats | None = None) -> Iterator[dict[str, Any]]:
+    """Yield the events of every file under ``directory``, file by file."""
+    stats = stats if stats is not None else ReadStats()
+    for path in event_files(directory):
+        yield from iter_file(path, stats)
+
+
+def read_dir(directory: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], ReadStats]:
+    """All events under ``directory`` ordered by wall time, and what was skipped."""
+    stats = ReadStats()
+    events = list(iter_dir(directory, stats))
+    events.sort(key=lambda e: (e.get("wall") or 0.0))
+    return events, stats

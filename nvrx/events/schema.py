@@ -1,0 +1,117 @@
+"""The one schema of nvrx events: common fields and the documented kinds.
+
+Every process of a job writes JSON lines of this shape. ``nvrx-report`` needs
+nothing else to tell what happened, so a kind's fields are part of the public
+contract: add fields freely, never rename or change the meaning of one, and
+bump ``SCHEMA_VERSION`` when a change would mislead an older reader.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+#: Fields every event carries, with their meaning.
+COMMON_FIELDS: dict[str, str] = {
+    "v": "schema version (int)",
+    "kind": "event kind, one of KINDS or a newer one a reader must tolerate",
+    "wall": "wall-clock time, seconds since the epoch (float)",
+    "mono": "time.monotonic() of the writing host (float); comparable only within one host boot",
+    "boot": "identifier of the host boot, so monotonic times of one boot can be compared",
+    "job": "job id (SLURM_JOB_ID, or a local id)",
+    "node": "node rank within the job (int, or null when unknown)",
+    "rank": "global rank of the writing process (int, or null for per-node processes)",
+    "round": "restart round of the Wrapper/job when the event was written (int, or null)",
+    "pid": "process id of the writer",
+    "host": "host name of the writer",
+    "component": "writer: wrapper, monitor, supervisor, store, launcher, app, ...",
+}
+
+#: Documented kinds, with the fields specific to each. Readers must accept
+#: kinds missing from this table (from newer versions) and skip them.
+KINDS: dict[str, dict[str, str]] = {
+    # -- life of any process ------------------------------------------------
+    "process_start": {"argv": "command line", "local_rank": "local rank when a training child"},
+    "process_end": {"exit_code": "exit code the process is about to return", "reason": "why"},
+    # -- in-process Wrapper -------------------------------------------------
+    "round_start": {
+        "world_size": "ranks taking part in this round",
+        "active_world_size": "ranks running the function (others are spares)",
+        "active_rank": "this rank's active rank, or null when a spare",
+        "initial_rank": "rank the process had when the Wrapper started",
+    },
+    "call_start": {"note": "the wrapped function is entered (goodput starts counting)"},
+    "call_end": {
+        "duration_s": "time spent inside the wrapped function this round",
+        "outcome": "completed | fault",
+    },
+    "fault": {
+        "fault_kind": "exception | hang_soft | hang_hard | dead | unresponsive | peer | signal | exit",
+        "origin_rank": "rank that faulted first (this rank for a local fault)",
+        "exc_type": "qualified exception type, when an exception",
+        "message": "exception message or a description",
+        "traceback": "formatted traceback, when available",
+        "signature": "stable failure signature (type + innermost user frame, or signal/exit code)",
+        "detected_mono": "monotonic time when the fault was detected on this host",
+        "detection_s": "seconds from the fault to its detection, when known",
+    },
+    "restart_phase": {
+        "phase": "abort | finalize | health_check | iteration_barrier | rank_assignment | "
+        "initialize | termination_barrier | rejoin_wait | ...",
+        "duration_s": "seconds the phase took",
+        "ok": "whether the phase succeeded",
+    },
+    "rank_change": {
+        "old_rank": "rank before assignment",
+        "new_rank": "rank after assignment (null when terminated)",
+        "active": "whether the rank runs the function",
+    },
+    "ranks_terminated": {"ranks": "ranks removed from the job this round (list of int)"},
+    "hang": {
+        "timeout": "soft | hard | progress | heartbeat",
+        "stack": "stack dump of the hung rank's threads",
+    },
+    "round_end": {
+        "outcome": "completed | restart | terminated | abort",
+        "duration_s": "seconds from round start to its end",
+        "restart_latency_s": "seconds from fault detection to the next round start, when restarting",
+    },
+    "wrapper_end": {"outcome": "completed | restart_abort | error", "rounds": "rounds run"},
+    # -- supervisor and store service -------------------------------------
+    "supervisor_start": {
+        "nnodes": "nodes in the job",
+        "nproc_per_node": "children per node",
+        "command": "the training command",
+        "store": "host:port of the external store",
+    },
+    "store_start": {"addr": "bind address", "port": "bind port"},
+    "store_end": {"reason": "why the store service stopped"},
+    "child_start": {
+        "local_rank": "local rank of the child",
+        "child_pid": "pid of the child",
+        "attempt": "0 for the first start, n for the n-th restart of this local rank",
+    },
+    "child_exit": {
+        "local_rank": "local rank",
+        "child_pid": "pid",
+        "exit_code": "exit code, or null when killed by a signal",
+        "signal": "signal name, or null",
+        "runtime_s": "seconds the child ran",
+    },
+    "restart_decision": {
+        "local_rank": "local rank the decision is about",
+        "decision": "restart | stop | give_up",
+        "reason": "why",
+        "budget_left": "job-wide restarts left after this decision",
+        "signature": "failure signature that counted towards the loop breaker",
+    },
+    "rejoin": {"local_rank": "local rank", "wait_s": "seconds peers waited for the replacement"},
+    "signal_received": {"signal": "signal name", "action": "what the receiver does about it"},
+    "job_stop": {"reason": "why the job stops", "exit_code": "exit code the supervisor returns"},
+    "supervisor_end": {"exit_code": "exit code", "reason": "why"},
+    # -- SLURM --------------------------------------------------------------
+    "preempt_signal": {"signal": "signal name", "cause": "preemption | time_limit | unknown"},
+    "checkpoint": {"path": "checkpoint written or loaded", "step": "training step", "action": "save | load"},
+    "requeue": {"cause": "preemption | time_limit | node_failure", "count": "requeues so far"},
+    # -- application progress (demo, examples) ---------------------------
+    "progress": {"step": "training step reached", "loss": "loss value, when known"},
+}

@@ -1,0 +1,199 @@
+"""Append-only JSON-lines event writer, one file per process.
+
+Each event is one ``write(2)`` on an ``O_APPEND`` descriptor, so an event that
+``emit`` returned from is in the kernel and survives a crash of the process
+right after it. Events never depend on logging levels, and a failure to write
+never raises into training code: it is logged and counted instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from .schema import SCHEMA_VERSION
+
+log = logging.getLogger(__name__)
+
+LOG_DIR_ENV = "NVRX_LOG_DIR"
+JOB_ID_ENV = "NVRX_JOB_ID"
+NODE_RANK_ENV = "NVRX_NODE_RANK"
+FSYNC_ENV = "NVRX_EVENTS_FSYNC"
+DEFAULT_LOG_BASE = "nvrx_logs"
+
+
+def _read_boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return socket.gethostname()
+
+
+_BOOT_ID = _read_boot_id()
+_HOST = socket.gethostname()
+
+
+def job_id_from_env(env: dict[str, str] | None = None) -> str:
+    """The job id events are filed under: ``NVRX_JOB_ID``, else ``SLURM_JOB_ID``, else ``local``."""
+    env = os.environ if env is None else env
+    return env.get(JOB_ID_ENV) or env.get("SLURM_JOB_ID") or "local"
+
+
+def job_log_dir(job_id: str | None = None, env: dict[str, str] | None = None) -> Path:
+    """Directory holding one job's event files: ``$NVRX_LOG_DIR/<job>`` (default ``./nvrx_logs/<job>``)."""
+    env = os.environ if env is None else env
+    base = env.get(LOG_DIR_ENV) or DEFAULT_LOG_BASE
+    return Path(base).absolute() / (job_id or job_id_from_env(env))
+
+
+def _int_or_none(value: str | None) -> int | None:
+    try:
+        return int(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def context_from_env(env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Default event context of this process, read from the variables nvrx and SLURM set."""
+    env = os.environ if env is None else env
+    node = _int_or_none(env.get(NODE_RANK_ENV))
+    if node is None:
+        node = _int_or_none(env.get("SLURM_NODEID"))
+    return {
+        "job": job_id_from_env(env),
+        "node": node,
+        "rank": _int_or_none(env.get("RANK")),
+        "round": None,
+    }
+
+
+class EventWriter:
+    """Writes events of one process to ``<dir>/<component>-n<node>-p<pid>-<token>.jsonl``.
+
+    The context (job, node, rank, round, component) is stamped on every event
+    and can change over the life of the process (``update``), for example when
+    the Wrapper reassigns ranks or starts a new round.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        component: str,
+        context: dict[str, Any] | None = None,
+        fsync: bool | None = None,
+    ) -> None:
+        self.directory = Path(directory)
+        self.component = component
+        self._context: dict[str, Any] = {"job": None, "node": None, "rank": None, "round": None}
+        self._context.update(context or {})
+        self._fsync = os.environ.get(FSYNC_ENV) == "1" if fsync is None else fsync
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._pid = -1
+        self.path: Path | None = None
+        self.dropped = 0
+
+    # -- context ------------------------------------------------------------
+    @property
+    def context(self) -> dict[str, Any]:
+        return dict(self._context)
+
+    def update(self, **context: Any) -> None:
+        """Change context fields stamped on later events (rank, round, node, ...)."""
+        with self._lock:
+            self._context.update(context)
+
+    # -- writing --------------------------------------------------------------
+    def _open(self) -> int:
+        pid = os.getpid()
+        if self._fd is not None and self._pid == pid:
+            return self._fd
+        # A forked child must not share the parent's file: one file per process.
+        self.directory.mkdir(parents=True, exist_ok=True)
+        node = self._context.get("node")
+        name = f"{self.component}-n{node if node is not None else 'x'}-p{pid}-{uuid.uuid4().hex[:8]}.jsonl"
+        self.path = self.directory / name
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._pid = pid
+        return self._fd
+
+    def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
+        """Write one event now and return it. Never raises on I/O errors."""
+        event: dict[str, Any] = {
+            "v": SCHEMA_VERSION,
+            "kind": kind,
+            "wall": time.time(),
+            "mono": time.monotonic(),
+            "boot": _BOOT_ID,
+            "host": _HOST,
+            "pid": os.getpid(),
+            "component": self.component,
+        }
+        with self._lock:
+            event.update(self._context)
+            event.update(fields)
+            line = (json.dumps(event, default=str, separators=(",", ":")) + "\n").encode()
+            try:
+                fd = self._open()
+                view = memoryview(line)
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+                if self._fsync:
+                    os.fsync(fd)
+            except OSError as exc:
+                self.dropped += 1
+                log.warning("could not write %s event to %s: %s", kind, self.directory, exc)
+        return event
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None and self._pid == os.getpid():
+                os.close(self._fd)
+            self._fd = None
+
+
+_default: EventWriter | None = None
+_default_lock = threading.Lock()
+
+
+def _reset_after_fork() -> None:
+    global _default_lock
+    _default_lock = threading.Lock()
+    if _default is not None:
+        _default._lock = threading.Lock()
+        _default._fd = None  # the child opens its own file on its first event
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def configure(component: str, directory: str | os.PathLike[str] | None = None, **context: Any) -> EventWriter:
+    """Set up this process's writer. Context not given is read from the environment."""
+    global _default
+    ctx = context_from_env()
+    ctx.update(context)
+    with _default_lock:
+        if _default is not None:
+            _default.close()
+        _default = EventWriter(directory or job_log_dir(ctx["job"]), component, ctx)
+        return _default
+
+
+def get_writer(component: str = "app") -> EventWriter:
+    """This process's writer, configured from the environment on first use."""
+    with _default_lock:
+        writer = _default
+    return writer if writer is not None else configure(component)
+
+
+def emit(kind: str, **fields: Any) -> dict[str, Any]:
+    """Write one event through this process's writer."""
+    return get_writer().emit(kind, **fields)

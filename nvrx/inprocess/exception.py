@@ -1,0 +1,61 @@
+"""Exception types of the in-process restart machinery.
+
+``RestartError`` and its subclasses are ``Exception``\\ s: raised inside the
+restart loop they stop this rank's participation in the current step, and the
+Wrapper decides from the stage whether the rank restarts or leaves.
+``RestartAbort`` is a ``BaseException`` so that ordinary ``except Exception``
+handlers in training code cannot swallow a request to stop for good.
+"""
+
+from __future__ import annotations
+
+import builtins
+
+
+class RestartError(Exception):
+    """Base class of errors raised by the restart machinery and its plug-ins."""
+
+
+class RestartAbort(BaseException):
+    """Stop restarting: the rank (or the whole job) leaves the restart loop for good.
+
+    A process that exits because of it should return ``exit_code`` (130), which
+    nvrx supervisors read as "stop cleanly, do not restart this process".
+    """
+
+    CLEAN_EXIT_CODE = 130
+
+    def __init__(self, *args: object, exit_code: int = CLEAN_EXIT_CODE) -> None:
+        super().__init__(*args)
+        self.exit_code = exit_code
+
+
+class HealthCheckError(RestartError):
+    """A health check found this rank unfit to continue."""
+
+
+class InternalError(RestartError):
+    """The restart machinery itself failed (not the wrapped function)."""
+
+
+class TimeoutError(RestartError, builtins.TimeoutError):  # noqa: A001 - reference name
+    """An operation of the restart machinery ran past its time limit.
+
+    Keeps the reference's name; unlike the reference it is also a builtin
+    ``TimeoutError``, so ``except TimeoutError`` catches it whichever name is in scope.
+    """
+
+    def __init__(self, *args: object) -> None:
+        # One message, never OSError's (errno, strerror) reading of two arguments.
+        if len(args) > 1:
+            args = (" ".join(str(a) for a in args),)
+        super().__init__(*args)
+
+
+__all__ = [
+    "HealthCheckError",
+    "InternalError",
+    "RestartAbort",
+    "RestartError",
+    "TimeoutError",
+]

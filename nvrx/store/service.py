@@ -1,0 +1,313 @@
+"""The external store: a torch ``TCPStore`` server in a process of its own.
+
+The node-0 supervisor (or a standalone Wrapper) starts it before any training
+process, so no fault of training code can take the coordination state down.
+The service exits when asked (SIGTERM/SIGINT) or when the process that started
+it dies, so it never outlives its job.
+
+Run as ``python -m nvrx.store.service --host H --port P`` it serves until
+stopped; ``StoreService`` manages such a process from Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import errno
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_READY_TIMEOUT_S = 60.0
+
+
+class StorePortInUse(RuntimeError):
+    """The store's port is taken by another process."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(
+            f"store port {host}:{port} is already in use: pick a free port (e.g. --store-port) "
+            f"or stop the process that holds it"
+        )
+        self.host, self.port = host, port
+
+
+class StoreUnavailable(RuntimeError):
+    """The store never answered at host:port."""
+
+    def __init__(self, host: str, port: int, timeout: float, detail: str = "") -> None:
+        msg = f"no nvrx store answered at {host}:{port} within {timeout:g} s"
+        if detail:
+            msg += f" ({detail})"
+        msg += ": check that node 0's supervisor runs and that host and port are right"
+        super().__init__(msg)
+        self.host, self.port = host, port
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Whether a TCP server could bind ``host:port`` now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return False
+            raise
+    return True
+
+
+def wait_for_store(host: str, port: int, timeout: float) -> None:
+    """Block until a TCP server accepts at ``host:port``; raise ``StoreUnavailable`` after ``timeout``.
+
+    Connection attempts are spaced by a short, growing back-off: there is no
+    event to wait on for a server on another host to come up.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    last_error = ""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise StoreUnavailable(host, port, timeout, last_error)
+        try:
+            with socket.create_connection((host, port), timeout=min(remaining, 2.0)):
+                return
+        except OSError as exc:
+            last_error = exc.strerror or str(exc)
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 0.5)
+
+
+class StoreService:
+    """Starts, watches and stops a store server process (own process group)."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        job_id: str | None = None,
+        log_dir: str | os.PathLike[str] | None = None,
+        node: int | None = 0,
+    ) -> None:
+        if not 0 <= int(port) <= 65535:
+            raise ValueError(f"store port must be in 0..65535, got {port}")
+        self.host = host
+        self._requested_port = int(port)
+        self.port = int(port)
+        self.job_id = job_id
+        self.log_dir = log_dir
+        self.node = node
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self, timeout: float = _READY_TIMEOUT_S) -> StoreService:
+        """Start the server and return once it accepts connections."""
+        if self._proc is not None:
+            raise RuntimeError("store service already started")
+        if self._requested_port and not port_is_free(self.host, self._requested_port):
+            raise StorePortInUse(self.host, self._requested_port)
+        read_fd, write_fd = os.pipe()
+        cmd = [
+            sys.executable,
+            "-m",
+            "nvrx.store.service",
+            "--host",
+            self.host,
+            "--port",
+            str(self._requested_port),
+            "--ready-fd",
+            str(write_fd),
+            "--parent-pid",
+            str(os.getpid()),
+        ]
+        env = dict(os.environ)
+        if self.job_id is not None:
+            env["NVRX_JOB_ID"] = str(self.job_id)
+        if self.log_dir is not None:
+            env["NVRX_LOG_DIR"] = str(self.log_dir)
+        if self.node is not None:
+            env["NVRX_NODE_RANK"] = str(self.node)
+        env.pop("RANK", None)
+        try:
+            self._proc = subprocess.Popen(
+                cmd,
+                pass_fds=(write_fd,),
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=env,
+            )
+        finally:
+            os.close(write_fd)
+        try:
+            message = self._read_ready(read_fd, timeout)
+        finally:
+            os.close(read_fd)
+        if message.get("error") == "in_use":
+            self._reap()
+            raise StorePortInUse(self.host, self._requested_port)
+        if "port" not in message:
+            self.stop()
+            raise RuntimeError(
+                f"store service at {self.host}:{self._requested_port} failed to start: "
+                f"{message.get('error', 'no answer')}"
+            )
+        self.port = int(message["port"])
+        log.info("store service pid %s serving %s:%s", self.pid, self.host, self.port)
+        return self
+
+    def _read_ready(self, fd: int, timeout: float) -> dict:
+        """Read the child's one-line JSON status, or report its early exit."""
+        result: dict = {}
+        done = threading.Event()
+
+        def reader() -> None:
+            chunks = []
+            with contextlib.suppress(OSError):
+                while True:
+                    chunk = os.read(fd, 4096)
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    if b"\n" in chunk:
+                        break
+            raw = b"".join(chunks).decode(errors="replace").strip()
+            if raw:
+                with contextlib.suppress(ValueError):
+                    result.update(json.loads(raw.splitlines()[0]))
+            done.set()
+
+        thread = threading.Thread(target=reader, name="nvrx-store-ready", daemon=True)
+        thread.start()
+        if not done.wait(timeout):
+            return {"error": f"not ready after {timeout:g} s"}
+        if not result and self._proc is not None:
+            code = self._proc.wait(timeout=5)
+            return {"error": f"exited with code {code} before it was ready"}
+        return result
+
+    def _reap(self) -> None:
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=5)
+
+    def stop(self, timeout: float = 5.0) -> int | None:
+        """Stop the server (SIGTERM, then SIGKILL of its group) and return its exit code."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # anything left in its group
+        return proc.returncode
+
+    def __enter__(self) -> StoreService:
+        return self.start() if self._proc is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# -- the server process --------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to send SIGTERM to this process when its parent dies (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def _serve(host: str, port: int, ready_fd: int | None, parent_pid: int | None) -> int:
+    from nvrx import events
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    _die_with_parent()
+    if parent_pid is not None and os.getppid() != parent_pid:
+        return 1  # the parent died before the death signal was armed
+
+    def report(message: dict) -> None:
+        if ready_fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.write(ready_fd, (json.dumps(message) + "\n").encode())
+            os.close(ready_fd)
+
+    if port and not port_is_free(host, port):
+        report({"error": "in_use"})
+        return 2
+    import torch.distributed as dist
+
+    try:
+        store = dist.TCPStore(
+            host,
+            port,
+            world_size=None,
+            is_master=True,
+            timeout=timedelta(seconds=30),
+            wait_for_workers=False,
+        )
+    except Exception as exc:  # torch raises DistNetworkError/RuntimeError on bind failures
+        in_use = "EADDRINUSE" in str(exc) or "address already in use" in str(exc).lower()
+        report({"error": "in_use" if in_use else f"{type(exc).__name__}: {exc}"})
+        return 2
+    writer = events.configure("store")
+    writer.emit("store_start", addr=host, port=store.port)
+    report({"port": store.port, "pid": os.getpid()})
+    stop.wait()
+    writer.emit("store_end", reason="stopped by signal")
+    del store
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m nvrx.store.service",
+        description="Serve an nvrx store (torch TCPStore) until SIGTERM or the parent dies.",
+    )
+    parser.add_argument("--host", default="0.0.0.0", help="address to bind (default: all)")
+    parser.add_argument("--port", type=int, required=True, help="TCP port; 0 picks a free one")
+    parser.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be in 0..65535, got {args.port}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s nvrx-store %(levelname)s %(message)s")
+    return _serve(args.host, args.port, args.ready_fd, args.parent_pid)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

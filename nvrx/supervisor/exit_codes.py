@@ -1,0 +1,57 @@
+"""Exit codes of ``nvrx-supervise`` and ``fork_and_monitor``: each one says why the job ended.
+
+Every supervisor of a job that stops for a job-wide reason (budget exhausted,
+loop breaker, a clean stop) returns the same code, because the reason travels
+through the store with the stop request.
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+
+#: A child exiting with this code asks for a clean stop of the whole job (``RestartAbort``).
+CLEAN_STOP_EXIT = 130
+
+
+class ExitCode(enum.IntEnum):
+    """Exit codes of a supervisor; 128+N (N a signal number) means "stopped by signal N"."""
+
+    OK = 0  # every child completed, or a child asked for a clean stop (exit 130)
+    INTERNAL = 1  # a bug or an unexpected error in the supervisor itself
+    USAGE = 2  # bad command line or configuration (the message names the fix)
+    STORE_UNAVAILABLE = 3  # the job's store could not be reached or was lost
+    BUDGET_EXHAUSTED = 4  # the job-wide restart budget (--max-restarts) is used up
+    LOOP_BREAKER = 5  # the same failure signature K times in a row (--loop-breaker)
+    PEER_LOST = 6  # other nodes did not finish within --finish-timeout
+    SPAWN_FAILED = 7  # the training command could not be started (not found, not executable)
+
+
+#: One line per code, for docs/supervisor.md and for log messages.
+DESCRIPTIONS: dict[int, str] = {
+    ExitCode.OK: "all children completed, or a child asked for a clean stop (exit 130)",
+    ExitCode.INTERNAL: "unexpected error inside the supervisor (see its log)",
+    ExitCode.USAGE: "bad command line or configuration",
+    ExitCode.STORE_UNAVAILABLE: "the job's store could not be reached, or was lost",
+    ExitCode.BUDGET_EXHAUSTED: "job-wide restart budget (--max-restarts) used up",
+    ExitCode.LOOP_BREAKER: "same failure signature --loop-breaker times in a row",
+    ExitCode.PEER_LOST: "other nodes did not finish within --finish-timeout",
+    ExitCode.SPAWN_FAILED: "the training command could not be started",
+}
+
+
+def for_signal(signum: int) -> int:
+    """Exit code of a supervisor that stopped because it received ``signum`` (shell convention)."""
+    return 128 + int(signum)
+
+
+def describe(code: int) -> str:
+    """Human description of a supervisor exit code."""
+    if code in DESCRIPTIONS:
+        return DESCRIPTIONS[code]
+    if code > 128:
+        try:
+            return f"stopped by {signal.Signals(code - 128).name}"
+        except ValueError:
+            pass
+    return f"unknown exit code {code}"

@@ -1,0 +1,121 @@
+"""Restart decisions: the job-wide budget and the loop breaker.
+
+The budget counts process restarts of the whole job in the store (one atomic
+``add`` per restart), so a node cannot outspend it by restarting quickly. The
+loop breaker stops a job whose local rank fails the same way K times in a row,
+because such a failure will not fix itself by restarting.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .children import ExitStatus
+from .exit_codes import CLEAN_STOP_EXIT, ExitCode
+
+log = logging.getLogger(__name__)
+
+
+class Decision(str, enum.Enum):
+    RESTART = "restart"  # start a replacement for this local rank
+    STOP = "stop"  # clean stop of the whole job (exit 130)
+    GIVE_UP = "give_up"  # a failure that restarts will not fix: stop the job with an error
+    DONE = "done"  # the child completed; nothing to do
+
+
+@dataclass(frozen=True)
+class Verdict:
+    decision: Decision
+    reason: str
+    signature: str | None = None
+    budget_left: int | None = None
+    exit_code: int = ExitCode.OK
+
+
+def exit_signature(status: ExitStatus) -> str:
+    """Failure signature from the exit status alone: ``signal:SIGKILL`` or ``exit:1``."""
+    return f"signal:{status.signal_name}" if status.signal is not None else f"exit:{status.code}"
+
+
+def fault_signature(events_dir: str | os.PathLike[str], pid: int) -> str | None:
+    """Signature of the last ``fault`` event written by process ``pid`` under ``events_dir``, if any.
+
+    The Wrapper records an exception's type and innermost user frame; that tells
+    "the same bug again" apart from an unrelated crash with the same exit code.
+    """
+    directory = Path(events_dir)
+    if not directory.is_dir():
+        return None
+    signature = None
+    for path in directory.glob(f"*-p{pid}-*.jsonl"):
+        try:
+            lines = path.read_bytes().splitlines()
+        except OSError:
+            continue
+        for raw in lines:
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and event.get("kind") == "fault" and event.get("signature"):
+                signature = str(event["signature"])
+    return signature
+
+
+class RestartPolicy:
+    """Decides what to do when a child ends.
+
+    ``spend_restart`` atomically takes one restart from the job-wide budget and
+    returns how many restarts the job has used so far (the store counter).
+    """
+
+    def __init__(self, max_restarts: int, loop_breaker: int, spend_restart: Callable[[], int]) -> None:
+        if max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
+        if loop_breaker < 0:
+            raise ValueError(f"loop_breaker must be >= 0 (0 disables it), got {loop_breaker}")
+        self.max_restarts = max_restarts
+        self.loop_breaker = loop_breaker
+        self._spend = spend_restart
+        self._streaks: dict[int, tuple[str, int]] = {}
+
+    def streak(self, local_rank: int) -> tuple[str | None, int]:
+        """The current failure signature of ``local_rank`` and how often it came in a row."""
+        signature, count = self._streaks.get(local_rank, (None, 0))
+        return signature, count
+
+    def decide(self, local_rank: int, status: ExitStatus, signature: str | None = None) -> Verdict:
+        """Verdict for a child of ``local_rank`` that ended with ``status``."""
+        if status.code == 0:
+            self._streaks.pop(local_rank, None)
+            return Verdict(Decision.DONE, "child completed")
+        if status.code == CLEAN_STOP_EXIT:
+            return Verdict(Decision.STOP, "child asked for a clean stop (exit 130)")
+        signature = signature or exit_signature(status)
+        last, count = self._streaks.get(local_rank, (None, 0))
+        count = count + 1 if last == signature else 1
+        self._streaks[local_rank] = (signature, count)
+        if self.loop_breaker and count >= self.loop_breaker:
+            return Verdict(
+                Decision.GIVE_UP,
+                f"loop breaker: local rank {local_rank} failed with {signature} {count} times in a row",
+                signature,
+                exit_code=ExitCode.LOOP_BREAKER,
+            )
+        used = self._spend()
+        left = self.max_restarts - used
+        if left < 0:
+            return Verdict(
+                Decision.GIVE_UP,
+                f"restart budget exhausted: {self.max_restarts} restarts allowed (--max-restarts)",
+                signature,
+                budget_left=0,
+                exit_code=ExitCode.BUDGET_EXHAUSTED,
+            )
+        return Verdict(Decision.RESTART, f"child failed ({status})", signature, budget_left=left)

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Set up .venv and run every test tier (unit, multiproc, slurm) plus ruff.
+# As root with apt, SLURM is installed first and the slurm tier runs against a
+# real local cluster that the test session starts and stops; elsewhere that
+# tier skips with the reason. Extra arguments go to pytest.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+bash scripts/setup.sh || { echo "test.sh: setup failed" >&2; exit 1; }
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    bash scripts/install_slurm.sh || { echo "test.sh: SLURM install failed" >&2; exit 1; }
+fi
+
+daemons() { ps -eo pid=,comm= | awk '$2 ~ /^(slurmctld|slurmd|slurmdbd|mariadbd|munged)$/ {print $1" "$2}' | sort; }
+before=$(daemons)
+
+.venv/bin/ruff check . || { echo "test.sh: ruff check failed" >&2; exit 1; }
+.venv/bin/python -m pytest "$@"
+rc=$?
+
+# Daemons the tests started must be gone (pids that were not there before).
+left=$(comm -13 <(echo "$before") <(daemons))
+if [ -n "$left" ]; then
+    echo "test.sh: daemons started by the tests are still running:" >&2
+    echo "$left" >&2
+    rc=1
+fi
+echo "test.sh: pytest exit $rc, wall $(( $(date +%s) - start )) s"
+exit $rc

@@ -1,0 +1,92 @@
+"""The store service: a TCPStore server in its own process that outlives its clients."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from datetime import timedelta
+from pathlib import Path
+
+import psutil
+import pytest
+import torch.distributed as dist
+
+from nvrx.events import read_dir
+from nvrx.store.service import StorePortInUse, StoreService, StoreUnavailable, wait_for_store
+
+
+def _client(port: int) -> dist.TCPStore:
+    return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+
+
+@pytest.mark.timeout(120)
+def test_keys_survive_a_killed_client_and_service_logs_events(tmp_path: Path) -> None:
+    with StoreService("127.0.0.1", 0, job_id="svc", log_dir=tmp_path) as svc:
+        assert svc.alive and svc.port > 0
+        writer = textwrap.dedent(
+            f"""
+            import os, datetime, torch.distributed as dist
+            s = dist.TCPStore("127.0.0.1", {svc.port}, is_master=False,
+                              timeout=datetime.timedelta(seconds=10))
+            s.set("written", "by-dead-client"); s.add("counter", 5)
+            s.get("written")  # round trip: everything above reached the server
+            os.kill(os.getpid(), 9)
+            """
+        )
+        proc = subprocess.run([sys.executable, "-c", writer], timeout=60)
+        assert proc.returncode == -signal.SIGKILL
+        client = _client(svc.port)
+        assert client.get("written") == b"by-dead-client"
+        assert client.add("counter", 0) == 5
+        pid = svc.pid
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    got, _ = read_dir(tmp_path / "svc")
+    kinds = [e["kind"] for e in got]
+    assert kinds == ["store_start", "store_end"]
+    assert got[0]["port"] == svc.port and got[0]["component"] == "store"
+
+
+@pytest.mark.timeout(60)
+def test_port_in_use_is_a_clear_error() -> None:
+    with StoreService("127.0.0.1", 0) as svc:
+        with pytest.raises(StorePortInUse, match=f"127.0.0.1:{svc.port} is already in use"):
+            StoreService("127.0.0.1", svc.port).start()
+
+
+@pytest.mark.timeout(60)
+def test_service_exits_when_its_parent_dies(tmp_path: Path) -> None:
+    code = textwrap.dedent(
+        """
+        import os, sys
+        from nvrx.store.service import StoreService
+        svc = StoreService("127.0.0.1", 0).start()
+        print(svc.pid, flush=True)
+        os._exit(0)  # no stop(): the service must notice by itself
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    pid = int(out.stdout.split()[0])
+    try:
+        psutil.Process(pid).wait(timeout=20)
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.TimeoutExpired:
+        os.killpg(pid, signal.SIGKILL)
+        pytest.fail("store service outlived the process that started it")
+
+
+@pytest.mark.timeout(30)
+def test_wait_for_store_names_host_and_port() -> None:
+    with StoreService("127.0.0.1", 0) as svc:
+        port = svc.port
+        wait_for_store("127.0.0.1", port, timeout=5)
+    with pytest.raises(StoreUnavailable, match=f"127.0.0.1:{port}"):
+        wait_for_store("127.0.0.1", port, timeout=0.5)
+
+
+def test_bad_port_is_rejected() -> None:
+    with pytest.raises(ValueError, match="store port must be in 0..65535, got 70000"):
+        StoreService("127.0.0.1", 70000)

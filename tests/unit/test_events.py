@@ -1,0 +1,133 @@
+"""The event writer and reader: schema fields, one file per process, crash safety, tolerance."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from nvrx import events
+from nvrx.events import EventWriter, iter_file, job_log_dir, read_dir
+
+
+def test_event_has_common_fields_and_context(tmp_path: Path) -> None:
+    writer = EventWriter(tmp_path, "wrapper", {"job": "42", "node": 1, "rank": 3, "round": 0})
+    writer.emit("round_start", world_size=4)
+    writer.update(round=1, rank=2)
+    writer.emit("fault", fault_kind="exception", exc_type="ValueError")
+    got, stats = read_dir(tmp_path)
+    assert stats.skipped == [] and stats.events == 2
+    first, second = got
+    for field in events.COMMON_FIELDS:
+        assert field in first, field
+    assert first["kind"] == "round_start" and first["world_size"] == 4
+    assert (first["job"], first["node"], first["rank"], first["round"]) == ("42", 1, 3, 0)
+    assert (second["rank"], second["round"]) == (2, 1)
+    assert second["mono"] >= first["mono"]
+    assert first["pid"] == os.getpid() and first["v"] == events.SCHEMA_VERSION
+
+
+def test_unserializable_field_is_written_as_text(tmp_path: Path) -> None:
+    writer = EventWriter(tmp_path, "app", {"job": "j"})
+    writer.emit("progress", step=object.__new__(object), path=tmp_path)
+    (event,), _ = read_dir(tmp_path)
+    assert event["path"] == str(tmp_path)
+    assert event["step"].startswith("<object")
+
+
+def test_event_written_right_before_a_crash_is_kept(tmp_path: Path) -> None:
+    code = textwrap.dedent(
+        f"""
+        import os
+        from nvrx.events import EventWriter
+        w = EventWriter({str(tmp_path)!r}, "app", {{"job": "crash"}})
+        for i in range(50):
+            w.emit("progress", step=i)
+        os._exit(9)  # no flush, no atexit: only what each emit wrote survives
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], timeout=60)
+    assert proc.returncode == 9
+    got, stats = read_dir(tmp_path)
+    assert [e["step"] for e in got] == list(range(50))
+
+
+def test_forked_child_writes_its_own_file(tmp_path: Path) -> None:
+    writer = EventWriter(tmp_path, "supervisor", {"job": "f"})
+    writer.emit("process_start")
+    pid = os.fork()
+    if pid == 0:
+        try:
+            writer.emit("child_start", local_rank=0)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    files = sorted(tmp_path.glob("*.jsonl"))
+    assert len(files) == 2
+    pids = {json.loads(f.read_text().splitlines()[0])["pid"] for f in files}
+    assert pids == {os.getpid(), pid}
+
+
+def test_concurrent_emits_never_interleave(tmp_path: Path) -> None:
+    writer = EventWriter(tmp_path, "app", {"job": "t"})
+
+    def work(n: int) -> None:
+        for i in range(200):
+            writer.emit("progress", step=i, thread=n, pad="x" * 500)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got, stats = read_dir(tmp_path)
+    assert stats.skipped == [] and len(got) == 800
+
+
+def test_reader_tolerates_torn_garbage_merged_and_unknown(tmp_path: Path) -> None:
+    good = {"v": 1, "kind": "progress", "wall": 1.0, "mono": 1.0, "step": 1}
+    newer = {"v": 2, "kind": "from_the_future", "wall": 2.0}
+    lines = [
+        json.dumps(good),
+        "not json at all",
+        json.dumps(good) + json.dumps(newer),  # two writers ran together on one line
+        json.dumps([1, 2, 3]),
+        '{"kind": "progress", "wall": 3.0, "st',  # torn last line, no newline
+    ]
+    path = tmp_path / "app-n0-p1-x.jsonl"
+    path.write_text("\n".join(lines))
+    before = path.read_bytes()
+    stats = events.ReadStats()
+    got = list(iter_file(path, stats))
+    assert [e["kind"] for e in got] == ["progress", "progress", "from_the_future"]
+    reasons = sorted((s.line, s.reason) for s in stats.skipped)
+    assert reasons == [(2, "malformed line"), (4, "not an event object"), (5, "torn last line")]
+    assert stats.unknown_kinds == {"from_the_future": 1}
+    assert path.read_bytes() == before  # reading never modifies logs
+
+
+def test_reader_reports_unreadable_file(tmp_path: Path) -> None:
+    stats = events.ReadStats()
+    assert list(iter_file(tmp_path / "missing.jsonl", stats)) == []
+    assert stats.skipped[0].reason.startswith("unreadable")
+
+
+def test_log_dir_default_and_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    env = {"SLURM_JOB_ID": "77"}
+    assert job_log_dir(env=env) == Path("nvrx_logs").absolute() / "77"
+    env = {"SLURM_JOB_ID": "77", "NVRX_JOB_ID": "local-1", "NVRX_LOG_DIR": str(tmp_path)}
+    assert job_log_dir(env=env) == tmp_path / "local-1"
+
+
+def test_write_failure_is_counted_not_raised(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    writer = EventWriter(blocker / "sub", "app", {"job": "j"})  # parent is a file
+    event = writer.emit("progress", step=1)
+    assert event["kind"] == "progress" and writer.dropped == 1
