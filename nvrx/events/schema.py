@@ -60,6 +60,11 @@ KINDS: dict[str, dict[str, str]] = {
         "duration_s": "seconds the phase took",
         "ok": "whether the phase succeeded",
     },
+    "restarter_state": {
+        "state": "initialize | handling | finalized | aborted (nested-restarter protocol)",
+        "stage": "starting | processing | completed, or null",
+        "active_rank": "active rank of the reporting rank, or null",
+    },
     "rank_change": {
         "old_rank": "rank before assignment",
         "new_rank": "rank after assignment (null when terminated)",

@@ -24,7 +24,7 @@ def find_common_ancestor(*instances: object) -> type:
     return object  # unreachable: every instance is an object
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compose_class(ancestor: type) -> type:
     """The Compose subclass that is also an ``ancestor`` (one class per ancestor, cached)."""
     if ancestor is object:

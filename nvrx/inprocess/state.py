@@ -11,7 +11,7 @@ import dataclasses
 import enum
 import os
 from collections.abc import Iterable
-from typing import Any, Optional
+from typing import Any
 
 
 class Mode(enum.Enum):
@@ -51,18 +51,18 @@ class State:
     in the current round, None elsewhere.
     """
 
-    rank: Optional[int]
+    rank: int | None
     world_size: int
 
-    active_rank: Optional[int] = None
-    active_world_size: Optional[int] = None
+    active_rank: int | None = None
+    active_world_size: int | None = None
 
-    initial_rank: Optional[int] = None
-    initial_world_size: Optional[int] = None
+    initial_rank: int | None = None
+    initial_world_size: int | None = None
 
     iteration: int = 0
     mode: Mode = Mode.INITIALIZED
-    fn_exception: Optional[BaseException] = None
+    fn_exception: BaseException | None = None
 
     def __post_init__(self) -> None:
         if self.initial_rank is None:
@@ -118,7 +118,9 @@ class State:
         wanted = names if fields is None else set(fields)
         unknown = wanted - names
         if unknown:
-            raise ValueError(f"copy_from: unknown State fields {sorted(unknown)}; known: {sorted(names)}")
+            raise ValueError(
+                f"copy_from: unknown State fields {sorted(unknown)}; known: {sorted(names)}"
+            )
         for name in wanted:
             setattr(self, name, getattr(other, name))
 
@@ -131,18 +133,18 @@ def _fields_of(obj: Any) -> dict[str, Any]:
 class FrozenState:
     """``State`` with read-only fields: what every plug-in receives."""
 
-    rank: Optional[int]
+    rank: int | None
     world_size: int
 
-    active_rank: Optional[int] = None
-    active_world_size: Optional[int] = None
+    active_rank: int | None = None
+    active_world_size: int | None = None
 
-    initial_rank: Optional[int] = None
-    initial_world_size: Optional[int] = None
+    initial_rank: int | None = None
+    initial_world_size: int | None = None
 
     iteration: int = 0
     mode: Mode = Mode.INITIALIZED
-    fn_exception: Optional[BaseException] = None
+    fn_exception: BaseException | None = None
 
     def thaw(self) -> State:
         """A mutable State with the same values (for plug-ins that build a modified state)."""

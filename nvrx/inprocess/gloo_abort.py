@@ -1,0 +1,243 @@
+"""Interrupt gloo collectives that block another thread, by shutting down their TCP connections.
+
+A gloo collective blocked in C++ ignores ``ProcessGroup.abort()``,
+``destroy_process_group()`` and Python async exceptions: it returns only when
+its timeout expires or one of its connections fails. Shutting a connected
+socket down (``shutdown(2)``, from any thread, through a duplicate descriptor)
+makes the pending read fail at once, so the collective raises within
+milliseconds and the blocked thread is back in Python.
+
+To touch only gloo's connections, every process group construction is
+observed: the sockets this process owns right before and right after
+``torch.distributed``'s group factory ran are compared, and the new TCP
+sockets are recorded for that group (by inode, so a descriptor number reused
+later never points us at an unrelated socket). Sockets that belong to stores
+are never recorded: accepted connections of listeners that existed before the
+group (a store server in this process) and connections to a protected port
+(``NVRX_STORE_PORT``, ``MASTER_PORT`` and ports given to ``protect_port``).
+See docs/abort.md for the limits.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import socket
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_PROC_FD = "/proc/self/fd"
+_PROTECTED_PORT_ENVS = ("NVRX_STORE_PORT", "MASTER_PORT")
+
+_lock = threading.Lock()
+_installed = False
+_groups: dict[str, set[int]] = {}  # group name -> inodes of its TCP sockets
+_protected_ports: set[int] = set()
+
+
+@dataclass(frozen=True)
+class _Conn:
+    inode: int
+    fd: int
+    local_port: int
+    remote_port: int | None  # None for a listening socket
+    listening: bool
+
+
+def protect_port(port: int) -> None:
+    """Never record (hence never shut down) connections to or from ``port``."""
+    if not isinstance(port, int) or not 0 < port < 65536:
+        raise ValueError(f"protect_port: port must be an int in 1..65535, got {port!r}")
+    with _lock:
+        _protected_ports.add(port)
+
+
+def _protected() -> set[int]:
+    ports = set(_protected_ports)
+    for name in _PROTECTED_PORT_ENVS:
+        raw = os.environ.get(name, "")
+        if raw.isdigit():
+            ports.add(int(raw))
+    return ports
+
+
+def _socket_inodes() -> dict[int, int]:
+    """Inode -> descriptor of every socket this process has open (empty without /proc)."""
+    found: dict[int, int] = {}
+    try:
+        names = os.listdir(_PROC_FD)
+    except OSError:
+        return found
+    for name in names:
+        try:
+            target = os.readlink(f"{_PROC_FD}/{name}")
+        except OSError:
+            continue  # closed meanwhile, or the listdir descriptor itself
+        if target.startswith("socket:["):
+            found[int(target[8:-1])] = int(name)
+    return found
+
+
+def _tcp_connections(inodes: dict[int, int]) -> dict[int, _Conn]:
+    """TCP details of the given socket inodes, read from /proc/net/tcp{,6}."""
+    conns: dict[int, _Conn] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as fh:
+                next(fh, None)
+                for line in fh:
+                    cols = line.split()
+                    if len(cols) < 10:
+                        continue
+                    inode = int(cols[9])
+                    if inode not in inodes:
+                        continue
+                    local_port = int(cols[1].rsplit(":", 1)[1], 16)
+                    remote_port = int(cols[2].rsplit(":", 1)[1], 16)
+                    listening = cols[3] == "0A"  # TCP_LISTEN
+                    conns[inode] = _Conn(
+                        inode,
+                        inodes[inode],
+                        local_port,
+                        None if listening else remote_port,
+                        listening,
+                    )
+        except OSError:
+            continue
+    return conns
+
+
+def _new_group_sockets(before: dict[int, int], before_listen_ports: set[int]) -> set[int]:
+    """TCP sockets created since ``before`` that are not store connections."""
+    now = _socket_inodes()
+    fresh = {inode: fd for inode, fd in now.items() if inode not in before}
+    protected = _protected() | before_listen_ports
+    chosen: set[int] = set()
+    for conn in _tcp_connections(fresh).values():
+        if conn.listening:
+            continue  # gloo's listener: shutting it down would fail its accept loop
+        if conn.local_port in protected or conn.remote_port in protected:
+            continue  # accepted by a pre-existing server, or a store client
+        else:
+            chosen.add(conn.inode)
+    return chosen
+
+
+def _listen_ports() -> set[int]:
+    return {c.local_port for c in _tcp_connections(_socket_inodes()).values() if c.listening}
+
+
+def _record(group_name: str, inodes: set[int]) -> None:
+    with _lock:
+        alive = set(_socket_inodes())
+        for name in list(_groups):
+            _groups[name] &= alive
+            if not _groups[name]:
+                del _groups[name]
+        if inodes:
+            _groups[group_name] = set(inodes)
+
+
+def _tracking(factory: Any) -> Any:
+    @functools.wraps(factory)
+    def create_group(*args: Any, **kwargs: Any) -> Any:
+        before = _socket_inodes()
+        before_listen = _listen_ports()
+        result = factory(*args, **kwargs)
+        try:
+            pg = result[0] if isinstance(result, tuple) else result
+            name = getattr(pg, "group_name", None) or f"unnamed-{id(pg)}"
+            _record(str(name), _new_group_sockets(before, before_listen))
+        except Exception:  # tracking must never break group creation
+            log.exception("could not record the sockets of a new process group")
+        return result
+
+    create_group._nvrx_tracking = True  # type: ignore[attr-defined]
+    return create_group
+
+
+def install() -> bool:
+    """Start recording the sockets of process groups created from now on (idempotent).
+
+    Returns whether recording is active: it needs Linux /proc and torch's
+    group factory ``distributed_c10d._new_process_group_helper``.
+    """
+    global _installed
+    with _lock:
+        if _installed:
+            return True
+        if not os.path.isdir(_PROC_FD):
+            log.warning("no %s: gloo collectives cannot be interrupted on this platform", _PROC_FD)
+            return False
+        try:
+            import torch.distributed as dist
+
+            if not dist.is_available():
+                return False
+            from torch.distributed import distributed_c10d as c10d
+        except ImportError:
+            return False
+        factory = getattr(c10d, "_new_process_group_helper", None)
+        if factory is None:
+            log.warning(
+                "torch.distributed has no _new_process_group_helper (torch %s): "
+                "gloo collectives cannot be interrupted by abort",
+                getattr(__import__("torch"), "__version__", "?"),
+            )
+            return False
+        if not getattr(factory, "_nvrx_tracking", False):
+            c10d._new_process_group_helper = _tracking(factory)
+        _installed = True
+        return True
+
+
+def tracked_groups() -> dict[str, set[int]]:
+    """Recorded socket inodes per group name (a copy; for diagnostics and tests)."""
+    with _lock:
+        return {name: set(inodes) for name, inodes in _groups.items()}
+
+
+def shutdown_sockets(group_names: Iterable[str] | None = None) -> int:
+    """Shut down the recorded connections of the named groups (all when None).
+
+    Safe to call from any thread while another thread is blocked on those
+    sockets. Returns the number of sockets shut down. The descriptors stay open
+    (gloo closes them when the group is destroyed); records are dropped.
+    """
+    with _lock:
+        names = list(_groups) if group_names is None else [n for n in group_names if n in _groups]
+        wanted: set[int] = set()
+        for name in names:
+            wanted |= _groups.pop(name)
+    if not wanted:
+        return 0
+    count = 0
+    for inode, fd in _socket_inodes().items():
+        if inode not in wanted:
+            continue
+        try:
+            dup = os.dup(fd)
+        except OSError:
+            continue  # closed since the listing
+        try:
+            if os.fstat(dup).st_ino != inode:
+                continue  # the descriptor was reused for another socket meanwhile
+            sock = socket.socket(fileno=dup)
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+                count += 1
+            except OSError:
+                pass  # not connected (any more): nothing to interrupt
+            finally:
+                sock.detach()
+        finally:
+            os.close(dup)
+    return count
+
+
+__all__ = ["install", "protect_port", "shutdown_sockets", "tracked_groups"]

@@ -1,0 +1,116 @@
+"""Health-check plug-ins: decide whether this rank may take part in the next round."""
+
+from __future__ import annotations
+
+import abc
+import datetime
+import logging
+import os
+import threading
+
+from . import exception
+from .finalize import as_seconds
+from .state import FrozenState
+
+log = logging.getLogger(__name__)
+
+
+class HealthCheck(abc.ABC):
+    """Base class of the Wrapper's ``health_check`` argument: ``__call__(FrozenState) -> FrozenState``.
+
+    Runs locally on each rank after a fault was aborted and finalized (and at
+    the start of each round). An unhealthy rank is reported by raising; the
+    rank then leaves the job while the others go on.
+    """
+
+    @abc.abstractmethod
+    def __call__(self, state: FrozenState) -> FrozenState:
+        raise NotImplementedError
+
+
+class CudaHealthCheck(HealthCheck):
+    """Check that this process's CUDA context still works, by synchronizing with the GPU.
+
+    A no-op unless CUDA is already initialized in this process: it never
+    initializes CUDA, never loads NVML and never touches a GPU on a CPU host
+    (where the reference's automatic GPU checks fail every restart). The device
+    is ``LOCAL_RANK``'s, else the current one. A synchronization that does not
+    finish within ``timeout`` raises ``exception.TimeoutError``; a sticky CUDA
+    error is raised by a second synchronization in the calling thread.
+
+    Args:
+        timeout: limit for the synchronization (timedelta or seconds).
+    """
+
+    def __init__(
+        self, timeout: datetime.timedelta | float = datetime.timedelta(seconds=30)
+    ) -> None:
+        self._timeout_s = as_seconds(timeout, "CudaHealthCheck timeout")
+        self.timeout = timeout
+
+    def __call__(self, state: FrozenState) -> FrozenState:
+        try:
+            import torch
+        except ImportError:
+            return state
+        if not torch.cuda.is_initialized():
+            return state
+        local_rank = os.environ.get("LOCAL_RANK")
+        device = torch.device(
+            "cuda", int(local_rank) if local_rank else torch.cuda.current_device()
+        )
+        thread = threading.Thread(
+            target=torch.cuda.synchronize, args=(device,), name="CudaHealthCheckSync", daemon=True
+        )
+        thread.start()
+        thread.join(self._timeout_s)
+        if thread.is_alive():
+            raise exception.TimeoutError(
+                f"CudaHealthCheck: torch.cuda.synchronize({device}) did not finish within "
+                f"{self._timeout_s:g} s"
+            )
+        torch.cuda.synchronize(device)
+        return state
+
+
+class FaultCounterExceeded(exception.RestartError):
+    """This rank caused more faults than ``FaultCounter.max_rank_faults`` allows."""
+
+
+class FaultCounter(HealthCheck):
+    """Count the rounds in which THIS rank's function raised; stop the rank past a limit.
+
+    Args:
+        max_rank_faults: faults allowed; the next one raises
+            ``FaultCounterExceeded``. None: count without limit.
+    """
+
+    def __init__(self, max_rank_faults: int | None = None) -> None:
+        if max_rank_faults is not None and (
+            isinstance(max_rank_faults, bool)
+            or not isinstance(max_rank_faults, int)
+            or max_rank_faults < 0
+        ):
+            raise ValueError(
+                f"FaultCounter: max_rank_faults must be an int >= 0 or None, got {max_rank_faults!r}"
+            )
+        self.max_rank_faults = max_rank_faults
+        self.faults_count = 0
+
+    def __call__(self, state: FrozenState) -> FrozenState:
+        if state.fn_exception is None:
+            return state
+        self.faults_count += 1
+        if self.max_rank_faults is not None and self.faults_count > self.max_rank_faults:
+            raise FaultCounterExceeded(
+                f"rank {state.initial_rank} faulted {self.faults_count} times, more than "
+                f"max_rank_faults={self.max_rank_faults} (last: {type(state.fn_exception).__name__})"
+            )
+        return state
+
+    def reset(self) -> None:
+        """Forget the faults counted so far."""
+        self.faults_count = 0
+
+
+__all__ = ["CudaHealthCheck", "FaultCounter", "FaultCounterExceeded", "HealthCheck"]

@@ -1,0 +1,60 @@
+"""Deprecated rank filters, kept so that older code runs; use ``rank_assignment`` instead.
+
+Each class warns with ``DeprecationWarning`` when constructed and forwards to
+its ``rank_assignment`` counterpart. Old-style filters take and return a State.
+"""
+
+from __future__ import annotations
+
+import abc
+import warnings
+
+from . import rank_assignment
+from .state import State
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(
+        f"nvrx.inprocess.rank_filter.{old} is deprecated; use nvrx.inprocess.rank_assignment.{new}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
+class RankFilter(abc.ABC):
+    """Deprecated: ``__call__(State) -> State`` choosing active ranks; see ``rank_assignment.RankFilter``."""
+
+    @abc.abstractmethod
+    def __call__(self, state: State) -> State:
+        raise NotImplementedError
+
+
+class _Forwarding(RankFilter):
+    impl: rank_assignment.RankFilter
+
+    def __call__(self, state: State) -> State:
+        ctx = rank_assignment.RankAssignmentCtx(state=state, store=None, terminated_ranks=set())
+        return self.impl(ctx).state
+
+
+class MaxActiveWorldSize(_Forwarding):
+    """Deprecated alias of ``rank_assignment.MaxActiveWorldSize``."""
+
+    def __init__(self, max_active_world_size: int | None = None) -> None:
+        _deprecated("MaxActiveWorldSize", "MaxActiveWorldSize")
+        self.impl = rank_assignment.MaxActiveWorldSize(max_active_world_size)
+
+
+class ActiveWorldSizeDivisibleBy(_Forwarding):
+    """Deprecated alias of ``rank_assignment.ActiveWorldSizeDivisibleBy``."""
+
+    def __init__(self, divisor: int = 1) -> None:
+        _deprecated(type(self).__name__, "ActiveWorldSizeDivisibleBy")
+        self.impl = rank_assignment.ActiveWorldSizeDivisibleBy(divisor)
+
+
+class WorldSizeDivisibleBy(ActiveWorldSizeDivisibleBy):
+    """Deprecated older name of ``ActiveWorldSizeDivisibleBy``."""
+
+
+__all__ = ["ActiveWorldSizeDivisibleBy", "MaxActiveWorldSize", "RankFilter", "WorldSizeDivisibleBy"]

@@ -1,0 +1,221 @@
+"""AbortTorchDistributed brings ranks blocked in gloo collectives back, and gloo re-initializes.
+
+Four real processes share a gloo process group over a TCPStore on loopback
+(hosted by the test, like the nvrx store). Rank 3 stops participating but
+stays alive; ranks 0 and 2 block in an all_reduce on the default group and
+rank 1 in an all_reduce on a sub-group {1, 3}, all with a 60 s timeout. A
+helper thread calls ``AbortTorchDistributed()`` on each blocked rank: every
+blocked collective must raise within seconds, the store connection must keep
+working, and a new process group on a new store prefix must all_reduce
+correctly among all four ranks.
+
+Run as a script (``python test_abort_gloo.py worker``) it is one such rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+
+WORLD = 4
+VICTIM = 3
+SUBGROUP = [1, 3]
+PG_TIMEOUT_S = 60.0
+ABORT_BOUND_S = 10.0
+ABORT_DELAY_S = 1.0
+
+
+def _worker() -> None:
+    """One rank; prints one JSON line with what it observed."""
+    import torch
+    import torch.distributed as dist
+
+    from nvrx.inprocess.abort import AbortTorchDistributed
+    from nvrx.inprocess.gloo_abort import tracked_groups
+    from nvrx.inprocess.state import State
+
+    rank = int(os.environ["RANK"])
+    store = dist.TCPStore(
+        "127.0.0.1",
+        int(os.environ["NVRX_STORE_PORT"]),
+        is_master=False,
+        timeout=timedelta(seconds=60),
+    )
+    state = State.from_env().freeze()
+    abort = AbortTorchDistributed()
+    out: dict = {"rank": rank}
+
+    # No group yet: a no-op that must not fail.
+    abort(state)
+    out["noop_ok"] = not dist.is_initialized()
+
+    dist.init_process_group(
+        "gloo",
+        store=dist.PrefixStore("round0", store),
+        rank=rank,
+        world_size=WORLD,
+        timeout=timedelta(seconds=PG_TIMEOUT_S),
+    )
+    sub = dist.new_group(SUBGROUP)
+    x = torch.ones(4)
+    dist.all_reduce(x)
+    out["warmup_world"] = x[0].item()
+    if rank in SUBGROUP:
+        y = torch.ones(4)
+        dist.all_reduce(y, group=sub)
+        out["warmup_sub"] = y[0].item()
+    out["tracked_groups"] = len(tracked_groups())
+
+    if rank == VICTIM:
+        # Alive but absent from the collectives; joins the next round once every
+        # blocked rank came back.
+        store.wait([f"back_{r}" for r in range(WORLD) if r != VICTIM], timedelta(seconds=60))
+        abort(state)
+    else:
+        times: dict[str, float] = {}
+        entering = threading.Event()
+
+        def abort_soon() -> None:
+            # Not a store wait: a blocking wait holds the store client and would stall the main thread.
+            entering.wait(60)
+            time.sleep(ABORT_DELAY_S)  # let the main thread settle inside the C call
+            times["abort"] = time.monotonic()
+            abort(state)
+            times["abort_done"] = time.monotonic()
+
+        helper = threading.Thread(target=abort_soon, daemon=True)
+        helper.start()
+        group = sub if rank in SUBGROUP else None
+        t = torch.ones(4)
+        entering.set()
+        times["enter"] = time.monotonic()
+        try:
+            dist.all_reduce(t, group=group)
+            out["blocked_raised"] = False
+        except Exception as exc:  # gloo's error, or torch's once the group is gone
+            out["blocked_raised"] = True
+            out["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        times["raised"] = time.monotonic()
+        helper.join(timeout=30)
+        out["helper_done"] = not helper.is_alive()
+        out["raised_after_abort"] = times["raised"] >= times.get("abort", float("inf"))
+        out["raise_latency_s"] = times["raised"] - times.get("abort", times["enter"])
+        out["blocked_s"] = times["raised"] - times["enter"]
+        out["abort_call_s"] = times.get("abort_done", 0.0) - times.get("abort", 0.0)
+        store.set(f"back_{rank}", "1")
+
+    out["destroyed"] = not dist.is_initialized()
+    # The store connection survived the abort.
+    store.set(f"after_abort_{rank}", str(rank))
+    out["store_ok"] = store.get(f"after_abort_{rank}") == str(rank).encode()
+
+    dist.init_process_group(
+        "gloo",
+        store=dist.PrefixStore("round1", store),
+        rank=rank,
+        world_size=WORLD,
+        timeout=timedelta(seconds=PG_TIMEOUT_S),
+    )
+    z = torch.full((4,), float(rank + 1))
+    dist.all_reduce(z)
+    out["round1_sum"] = z[0].item()
+    sub2 = dist.new_group(SUBGROUP)
+    if rank in SUBGROUP:
+        w = torch.ones(2)
+        dist.all_reduce(w, group=sub2)
+        out["round1_sub"] = w[0].item()
+    dist.destroy_process_group()
+    print(json.dumps(out), flush=True)
+
+
+def _run_ranks(tmp_path) -> list[dict]:
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    procs = []
+    try:
+        for rank in range(WORLD):
+            env = dict(os.environ)
+            env.update(
+                RANK=str(rank),
+                WORLD_SIZE=str(WORLD),
+                NVRX_STORE_HOST="127.0.0.1",
+                NVRX_STORE_PORT=str(server.port),
+                NVRX_LOG_DIR=str(tmp_path),
+                TORCH_CPP_LOG_LEVEL="ERROR",
+            )
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, __file__, "worker"],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    start_new_session=True,
+                )
+            )
+        results = []
+        deadline = time.monotonic() + 150
+        for rank, proc in enumerate(procs):
+            stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            assert proc.returncode == 0, f"rank {rank} exited {proc.returncode}:\n{stderr[-3000:]}"
+            lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+            assert lines, f"rank {rank} printed no result:\n{stdout}\n{stderr[-3000:]}"
+            results.append(json.loads(lines[-1]))
+        return results
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+
+
+@pytest.mark.timeout(200)
+def test_abort_unblocks_gloo_collectives_and_gloo_reinitializes(tmp_path):
+    results = _run_ranks(tmp_path)
+    for out in results:
+        rank = out["rank"]
+        assert out["noop_ok"], out
+        assert out["warmup_world"] == WORLD, out
+        expected_groups = 2 if rank in SUBGROUP else 1
+        assert out["tracked_groups"] == expected_groups, (
+            f"rank {rank}: group sockets not recorded: {out}"
+        )
+        if rank != VICTIM:
+            assert out["blocked_raised"], out
+            assert out["helper_done"], out
+            # It stayed blocked until the abort, then came back well before the 60 s timeout.
+            assert out["raised_after_abort"], out
+            assert out["raise_latency_s"] < ABORT_BOUND_S, out
+        assert out["destroyed"], out
+        assert out["store_ok"], out
+        assert out["round1_sum"] == sum(range(1, WORLD + 1)), out
+        if rank in SUBGROUP:
+            assert out["warmup_sub"] == len(SUBGROUP), out
+            assert out["round1_sub"] == len(SUBGROUP), out
+    latencies = {o["rank"]: round(o["raise_latency_s"], 3) for o in results if o["rank"] != VICTIM}
+    print(f"abort -> raise latency per blocked rank (s): {latencies}")
+
+
+@pytest.mark.timeout(60)
+def test_abort_without_process_group_is_noop():
+    import torch.distributed as dist
+
+    from nvrx.inprocess.abort import AbortTorchDistributed
+    from nvrx.inprocess.state import State
+
+    assert not dist.is_initialized()
+    state = State(rank=0, world_size=1).freeze()
+    assert AbortTorchDistributed()(state) is state
+    assert not dist.is_initialized()
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["worker"]:
+    _worker()

@@ -1,0 +1,56 @@
+"""ThreadedFinalize on CPU: runs the callable, bounds it with a timeout, passes errors on."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+
+from nvrx.inprocess import exception
+from nvrx.inprocess.finalize import Finalize, ThreadedFinalize
+from nvrx.inprocess.state import State
+
+STATE = State(rank=0, world_size=1).freeze()
+
+
+@pytest.mark.timeout(30)
+def test_runs_fn_with_args_in_another_thread():
+    seen = []
+    fin = ThreadedFinalize(
+        timeout=timedelta(seconds=10),
+        fn=lambda a, b=0: seen.append((a, b, threading.current_thread().name)),
+        args=(1,),
+        kwargs={"b": 2},
+    )
+    assert isinstance(fin, Finalize)
+    assert fin(STATE) is STATE
+    assert seen[0][:2] == (1, 2) and seen[0][2] != threading.current_thread().name
+
+
+@pytest.mark.timeout(30)
+def test_timeout_raises_nvrx_timeout_error():
+    release = threading.Event()
+    fin = ThreadedFinalize(timeout=0.2, fn=release.wait, args=(20,))
+    try:
+        with pytest.raises(exception.TimeoutError, match="within 0.2 s") as info:
+            fin(STATE)
+        assert isinstance(info.value, TimeoutError)  # also the builtin
+    finally:
+        release.set()
+
+
+@pytest.mark.timeout(30)
+def test_errors_of_fn_reach_the_caller():
+    def broken():
+        raise OSError("disk gone")
+
+    with pytest.raises(OSError, match="disk gone"):
+        ThreadedFinalize(timeout=5, fn=broken)(STATE)
+
+
+def test_bad_parameters_are_named():
+    with pytest.raises(ValueError, match="timeout"):
+        ThreadedFinalize(timeout=-1, fn=print)
+    with pytest.raises(TypeError, match="fn must be callable"):
+        ThreadedFinalize(timeout=1, fn=None)

@@ -1,0 +1,262 @@
+"""Rank assignment: renumbering, spares, divisibility, Tree topologies, grouped filtering."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+
+from nvrx.inprocess.compose import Compose
+from nvrx.inprocess.rank_assignment import (
+    ActivateAllRanks,
+    ActiveWorldSizeDivisibleBy,
+    FillGaps,
+    FilterCountGroupedByKey,
+    Layer,
+    LayerFlag,
+    MaxActiveWorldSize,
+    RankAssignmentCtx,
+    RankDiscarded,
+    ShiftRanks,
+    Tree,
+)
+from nvrx.inprocess.state import Mode, State
+
+
+def _assign(assignment, world_size, terminated, states=None):
+    """Run ``assignment`` for every rank; returns {old rank: new state or 'discarded'}."""
+    out = {}
+    for rank in range(world_size):
+        state = states[rank] if states else State(rank=rank, world_size=world_size)
+        try:
+            ctx = assignment(RankAssignmentCtx(state, None, set(terminated)))
+            assert ctx.terminated_ranks == set()
+            out[rank] = ctx.state
+        except RankDiscarded:
+            out[rank] = "discarded"
+    return out
+
+
+def test_shift_ranks_keeps_order_and_discards_terminated():
+    out = _assign(ShiftRanks(), 8, {1, 4, 5})
+    assert {r: s if s == "discarded" else s.rank for r, s in out.items()} == {
+        0: 0, 1: "discarded", 2: 1, 3: 2, 4: "discarded", 5: "discarded", 6: 3, 7: 4,
+    }  # fmt: skip
+    assert {s.world_size for s in out.values() if s != "discarded"} == {5}
+    assert {s.initial_rank for s in out.values() if s != "discarded"} == {0, 2, 3, 6, 7}
+
+
+def test_terminated_ids_from_a_store_are_ints_and_bad_ones_named():
+    ctx = ShiftRanks()(RankAssignmentCtx(State(rank=3, world_size=4), None, {b"1", "2"}))
+    assert (ctx.state.rank, ctx.state.world_size) == (1, 2)
+    with pytest.raises(ValueError, match="'x'"):
+        ShiftRanks()(RankAssignmentCtx(State(rank=3, world_size=4), None, {"x"}))
+
+
+def test_fill_gaps_moves_only_the_highest_ranks_into_gaps():
+    out = _assign(FillGaps(), 8, {1, 4, 5})
+    ranks = {r: s.rank for r, s in out.items() if s != "discarded"}
+    assert ranks == {0: 0, 2: 2, 3: 3, 6: 1, 7: 4}
+    assert sorted(ranks.values()) == list(range(5))
+
+
+def test_default_composition_activates_all_after_shift():
+    out = _assign(Compose(ActivateAllRanks(), ShiftRanks()), 4, {0})
+    live = [s for s in out.values() if s != "discarded"]
+    assert sorted(s.active_rank for s in live) == [0, 1, 2]
+    assert {(s.mode, s.active_world_size) for s in live} == {(Mode.ACTIVE, 3)}
+
+
+def test_max_active_world_size_keeps_spares_and_activates_them_after_a_fault():
+    assignment = Compose(MaxActiveWorldSize(4), ShiftRanks())
+    first = _assign(assignment, 6, set())
+    assert [first[r].mode for r in range(6)] == [Mode.ACTIVE] * 4 + [Mode.INACTIVE] * 2
+    assert first[5].active_rank is None and first[5].active_world_size == 4
+    # Active rank 1 dies: the first spare (old rank 4) becomes active rank 3.
+    second = _assign(assignment, 6, {1}, states=first)
+    assert second[1] == "discarded"
+    assert second[4].mode == Mode.ACTIVE and second[4].active_rank == 3
+    assert second[5].mode == Mode.INACTIVE
+    assert sorted(
+        s.active_rank for s in second.values() if s != "discarded" and s.active_rank is not None
+    ) == [0, 1, 2, 3]
+
+
+def test_active_world_size_divisible_by():
+    out = _assign(Compose(ActiveWorldSizeDivisibleBy(4), ShiftRanks()), 8, {2})
+    live = [s for s in out.values() if s != "discarded"]
+    assert {s.active_world_size for s in live} == {4}
+    assert sum(s.mode == Mode.ACTIVE for s in live) == 4
+    assert all((s.rank < 4) == (s.mode == Mode.ACTIVE) for s in live)
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: MaxActiveWorldSize(0), "max_active_world_size"),
+        (lambda: ActiveWorldSizeDivisibleBy(0), "divisor"),
+        (lambda: Layer(max_ranks=0), "max_ranks"),
+        (lambda: Tree([]), "layers"),
+        (lambda: FilterCountGroupedByKey("k", condition=3), "condition"),
+    ],
+)
+def test_bad_parameters_are_named(make, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        make()
+
+
+# -- Tree ------------------------------------------------------------------------
+
+
+def _simulate_tree(make_tree, world_size, host_of, rounds):
+    """Every rank's own Tree, built from the same entries; returns states after each round."""
+    proto = make_tree()
+    entries = []
+    for rank in range(world_size):
+        st = State(rank=rank, world_size=world_size)
+        entries.append({"rank": rank, "initial_rank": rank, "keys": proto.keys_of(st)})
+    trees, states = {}, {}
+    for rank in range(world_size):
+        trees[rank] = make_tree()
+        trees[rank].build(State(rank=rank, world_size=world_size), entries)
+        states[rank] = State(rank=rank, world_size=world_size)
+    history = []
+    for terminated in [set()] + rounds:
+        # ``terminated`` names initial ranks; the Wrapper reports current ranks.
+        current = {states[r].rank for r in terminated if states[r] != "discarded"}
+        for rank, tree in trees.items():
+            if states[rank] == "discarded":
+                continue
+            try:
+                states[rank] = tree(RankAssignmentCtx(states[rank], None, set(current))).state
+            except RankDiscarded:
+                states[rank] = "discarded"
+        history.append(dict(states))
+    return history
+
+
+def _host_layers(host_min, host_max, flag=LayerFlag.RESERVE):
+    return [
+        Layer(min_ranks=1, key_or_fn="root", flag=LayerFlag.RESERVE),
+        Layer(
+            min_ranks=host_min, max_ranks=host_max, key_or_fn=lambda s: f"h{s.rank // 4}", flag=flag
+        ),
+    ]
+
+
+def test_tree_activates_up_to_max_per_host_and_replaces_from_the_same_host():
+    history = _simulate_tree(lambda: Tree(_host_layers(1, 3)), 8, None, [{1}])
+    first, second = history
+    assert [first[r].mode for r in range(8)] == ([Mode.ACTIVE] * 3 + [Mode.INACTIVE]) * 2
+    assert [first[r].active_rank for r in range(8)] == [0, 1, 2, None, 3, 4, 5, None]
+    # Rank 1 dies: host 0's spare (rank 3) takes active rank 1; nothing else moves.
+    assert second[1] == "discarded"
+    assert second[3].active_rank == 1 and second[3].mode == Mode.ACTIVE
+    assert [second[r].active_rank for r in (0, 2, 4, 5, 6, 7)] == [0, 2, 3, 4, 5, None]
+    assert {second[r].world_size for r in second if second[r] != "discarded"} == {7}
+    assert sorted(second[r].rank for r in second if second[r] != "discarded") == list(range(7))
+
+
+def test_tree_terminates_a_host_below_min_ranks_and_shifts():
+    history = _simulate_tree(lambda: Tree(_host_layers(4, None)), 8, None, [{5}])
+    second = history[1]
+    assert all(second[r] == "discarded" for r in (4, 5, 6, 7))
+    assert [second[r].active_rank for r in range(4)] == [0, 1, 2, 3]
+    assert {second[r].active_world_size for r in range(4)} == {4}
+
+
+def test_tree_backfill_moves_highest_active_rank_into_the_gap():
+    layers = [
+        Layer(min_ranks=1, key_or_fn="root"),
+        Layer(min_ranks=1, key_or_fn=lambda s: f"h{s.rank // 4}", flag=LayerFlag.BACKFILL),
+    ]
+    history = _simulate_tree(lambda: Tree(layers), 8, None, [{1}])
+    second = history[1]
+    # Host 0's highest active rank (3) fills index 1; host 1 shifts down by one.
+    assert [second[r].active_rank for r in (0, 2, 3, 4, 5, 6, 7)] == [0, 2, 1, 3, 4, 5, 6]
+
+
+def test_tree_world_size_filter_deactivates_surplus():
+    history = _simulate_tree(
+        lambda: Tree(_host_layers(1, None), world_size_filter=lambda n: n // 4 * 4), 8, None, [{0}]
+    )
+    second = history[1]
+    live = {r: s for r, s in second.items() if s != "discarded"}
+    assert {s.active_world_size for s in live.values()} == {4}
+    assert sorted(s.active_rank for s in live.values() if s.mode == Mode.ACTIVE) == [0, 1, 2, 3]
+
+
+def test_tree_rejects_different_root_keys():
+    tree = Tree([Layer(key_or_fn=lambda s: str(s.rank))])
+    entries = [{"rank": r, "initial_rank": r, "keys": [str(r)]} for r in range(2)]
+    with pytest.raises(RuntimeError, match="root key"):
+        tree.build(State(rank=0, world_size=2), entries)
+
+
+# -- with a real store on loopback --------------------------------------------------
+
+
+def _run_ranks_with_store(world_size, fn):
+    """Run fn(rank, store_client) in one thread per rank, each with its own store client."""
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    results, errors = {}, {}
+
+    def run(rank):
+        client = dist.TCPStore(
+            "127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=30)
+        )
+        try:
+            results[rank] = fn(rank, client)
+        except BaseException as exc:  # collected for the assertion
+            errors[rank] = exc
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world_size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    return results, errors
+
+
+@pytest.mark.timeout(120)
+def test_filter_count_grouped_by_key_with_real_store():
+    world = 6
+    terminated = {2}
+
+    # A terminated rank returns at once from the filter and is discarded by ShiftRanks.
+    results, errors = _run_ranks_with_store(
+        world, lambda r, s: _filter_rank(r, s, world, terminated)
+    )
+    assert set(errors) == {2, 3} and all(isinstance(e, RankDiscarded) for e in errors.values()), (
+        errors
+    )
+    assert {r: s.rank for r, s in results.items()} == {0: 0, 1: 1, 4: 2, 5: 3}
+    assert {s.world_size for s in results.values()} == {4}
+
+
+def _filter_rank(rank, store, world, terminated):
+    step = FilterCountGroupedByKey(
+        lambda s: f"g{s.rank // 2}", lambda count: count == 2, timeout=20
+    )
+    step.name = "filter_under_test"  # the same on every simulated rank of this one process
+    state = State(rank=rank, world_size=world, mode=Mode.ACTIVE)
+    ctx = RankAssignmentCtx(state, store, set(terminated))
+    return Compose(ShiftRanks(), step)(ctx).state
+
+
+@pytest.mark.timeout(120)
+def test_tree_first_call_exchanges_keys_through_real_store():
+    world = 8
+
+    def rank_fn(rank, store):
+        tree = Tree(_host_layers(1, 3))
+        return tree(RankAssignmentCtx(State(rank=rank, world_size=world), store, set())).state
+
+    results, errors = _run_ranks_with_store(world, rank_fn)
+    assert not errors, errors
+    assert [results[r].active_rank for r in range(world)] == [0, 1, 2, None, 3, 4, 5, None]
+    assert {results[r].active_world_size for r in range(world)} == {6}
