@@ -1,0 +1,271 @@
+"""``build_report``: a job's log directory (and SLURM's records) in, a ``Report`` out.
+
+Event files are summarized in worker processes when there are many of them
+(one file per process, so they are independent), and merged as they come.
+Nothing here writes to the log directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
+from pathlib import Path
+
+from .aggregate import Aggregator, aggregate_files, run_starts_of
+from .loading import ReportError, resolve_job_dir
+from .model import Failure, LogFinding, Reading, Report, SlurmContext, Summary
+from .signatures import category, short_type
+from .slurm_context import (
+    default_search_dirs,
+    find_output_files,
+    query_sacct,
+    sacct_requeues,
+    scan_output_file,
+)
+from .summarize import Filters, summarize_file
+
+log = logging.getLogger(__name__)
+
+#: Below this many files, worker processes cost more than they save.
+PARALLEL_MIN_FILES = 64
+CHUNKS_PER_WORKER = 4
+_NODE_FILE_PREFIXES = ("supervisor-", "store-", "launcher-")
+
+
+def _node_file(path: Path) -> bool:
+    return path.name.startswith(_NODE_FILE_PREFIXES)
+
+
+def _aggregate(files: Sequence[Path], filters: Filters, workers: int) -> Aggregator:
+    """All files folded into one ``Aggregator``; in worker processes when there are many.
+
+    Per-node files go first, in this process: their ``supervisor_start``
+    events date the job's runs, which workers need to file rounds under.
+    """
+    node_files = [p for p in files if _node_file(p)]
+    rank_files = [p for p in files if not _node_file(p)]
+    # All run starts must be known before any event is filed under a run.
+    node_summaries = [summarize_file(p, filters) for p in node_files]
+    agg = Aggregator(run_starts_of(node_summaries))
+    for summary in node_summaries:
+        agg.add(summary)
+    if workers <= 1 or len(rank_files) < PARALLEL_MIN_FILES:
+        agg.merge(aggregate_files(rank_files, filters, agg.run_starts))
+        return agg
+    # fork is cheapest, but unsafe when the caller runs other threads.
+    method = (
+        "fork"
+        if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
+        else "spawn"
+    )
+    # A few chunks per worker: even load, and few (small) partial results to send back.
+    n_chunks = workers * CHUNKS_PER_WORKER
+    chunks = [rank_files[i::n_chunks] for i in range(n_chunks)]
+    work = partial(aggregate_files, filters=filters, run_starts=agg.run_starts)
+    with ProcessPoolExecutor(
+        max_workers=workers, mp_context=multiprocessing.get_context(method)
+    ) as pool:
+        for part in pool.map(work, [c for c in chunks if c]):
+            agg.merge(part)
+    return agg
+
+
+def _default_workers() -> int:
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, 8))
+
+
+def _log_findings(
+    job: str | None,
+    job_dir: Path,
+    slurm_output: Sequence[str | os.PathLike[str]],
+    submitit_folders: Sequence[str | os.PathLike[str]],
+    known: tuple[set[str], set[str]],
+    notes: list[str],
+    slurm: SlurmContext,
+) -> list[LogFinding]:
+    paths: list[Path] = []
+    for given in slurm_output:
+        path = Path(given)
+        if path.is_file():
+            paths.append(path)
+        else:
+            notes.append(f"SLURM output file {str(path)!r} not found; skipped")
+    paths += find_output_files(
+        job, default_search_dirs(job_dir), [Path(f) for f in submitit_folders]
+    )
+    unique = list(dict.fromkeys(p.resolve() for p in paths))
+    exact, bare_types = known
+    findings: list[LogFinding] = []
+    matched = 0
+    for path in unique:
+        try:
+            found = scan_output_file(path)
+        except OSError as exc:
+            notes.append(f"cannot read output file {str(path)!r}: {exc.strerror or exc}; skipped")
+            continue
+        slurm.output_files.append(str(path))
+        for finding in found:
+            sig_type = short_type(finding.signature.split(" ", 1)[0])
+            if finding.signature in exact or (
+                category(finding.signature) == "exception" and sig_type in bare_types
+            ):
+                matched += 1
+                continue
+            findings.append(finding)
+    if matched:
+        notes.append(f"{matched} failure(s) in SLURM/submitit output also appear in the events")
+    return findings
+
+
+def build_report(
+    log_dir: str | os.PathLike[str] | None = None,
+    job: str | None = None,
+    *,
+    rank: int | None = None,
+    node: int | None = None,
+    since: float | None = None,
+    sacct: bool = True,
+    slurm_output: Sequence[str | os.PathLike[str]] = (),
+    submitit_folders: Sequence[str | os.PathLike[str]] = (),
+    workers: int | None = None,
+) -> Report:
+    """Read one job's events (and, when available, ``sacct`` and its output files) into a ``Report``.
+
+    ``log_dir`` is the job's own event directory or the base holding one
+    directory per job (default ``$NVRX_LOG_DIR`` or ``./nvrx_logs``); ``job``
+    picks the job there. ``rank``/``node``/``since`` (epoch seconds) restrict
+    the events considered. Raises ``ReportError`` when there is nothing to read.
+    """
+    job_dir = resolve_job_dir(log_dir, job)
+    filters = Filters(job=job, rank=rank, node=node, since=since)
+    agg = _aggregate(job_dir.files, filters, workers or _default_workers())
+    notes = list(job_dir.notes)
+    if agg.events == 0 and agg.skipped_count == 0:
+        raise ReportError(
+            f"no events in the {len(job_dir.files)} event file(s) of {str(job_dir.path)!r}: all empty"
+        )
+    if agg.events == 0:
+        raise ReportError(
+            f"no readable events in {str(job_dir.path)!r}: {agg.skipped_count} line(s) or file(s) skipped, "
+            f"first: {agg.skipped[0].path}:{agg.skipped[0].line} {agg.skipped[0].reason}"
+        )
+    if agg.events_used == 0:
+        notes.append("no event matches the --job/--rank/--node/--since filters")
+    job_id = job or (sorted(agg.jobs)[0] if len(agg.jobs) == 1 else job_dir.job)
+    if len(agg.jobs) > 1 and job is None:
+        notes.append(
+            f"events of several jobs in one directory: {', '.join(sorted(agg.jobs))} (pass --job)"
+        )
+    if agg.unknown_kinds:
+        kinds = ", ".join(f"{k} ({n})" for k, n in sorted(agg.unknown_kinds.items()))
+        notes.append(f"event kinds unknown to this nvrx (newer writer?) were ignored: {kinds}")
+    if agg.interrupted_calls:
+        notes.append(
+            f"{agg.interrupted_calls} call(s) of the training function never ended (process killed); "
+            "counted up to the process's last event"
+        )
+
+    slurm = query_sacct(job_id) if sacct else SlurmContext(error="sacct not asked (--no-sacct)")
+    process_rows = agg.process_restarts()
+    timeline = agg.timeline(process_rows)
+    failures = agg.failures(process_rows)
+    findings = _log_findings(
+        job_id, job_dir.path, slurm_output, submitit_folders, agg.event_signatures(), notes, slurm
+    )
+    for finding in findings:
+        failures.append(
+            Failure(
+                signature=finding.signature,
+                category=category(finding.signature),
+                count=finding.count,
+                ranks=[],
+                nodes=[],
+                hosts=[],
+                rounds=[],
+                first_wall=None,
+                exc_type=None,
+                message=f"{finding.path}:{finding.line}",
+                traceback=finding.text,
+                source="slurm_output",
+            )
+        )
+    suspects, exclude = agg.suspects(timeline, failures, process_rows)
+    restarts = agg.restarts(timeline, sacct_requeues(slurm))
+    if any(row.ordering == "wall_clock" and row.first_rank is not None for row in timeline):
+        notes.append(
+            "first failing rank of some rounds was ordered by wall clock across hosts "
+            "(no store-recorded origin): clock skew between hosts may reorder them"
+        )
+
+    outcome, reason = agg.final_outcome(timeline)
+    if slurm.available and slurm.job:
+        last = slurm.job[-1]
+        events_said = outcome
+        outcome = f"{last.state} (sacct, exit {last.exit_code})"
+        reason = f"{reason}; events: {events_said}" if reason else f"events: {events_said}"
+
+    wall = (
+        (agg.last_wall - agg.first_wall)
+        if agg.first_wall is not None and agg.last_wall is not None
+        else 0.0
+    )
+    restricted = rank is not None or node is not None
+    n_ranks = len(agg.ranks) if restricted or not agg.world_size else agg.world_size
+    training = agg.call_us / 1e6 / n_ranks if n_ranks else 0.0
+    goodput = (training / wall) if wall > 0 and n_ranks else None
+    nodes = {n for n in agg.node_hosts}
+    summary = Summary(
+        job=job_id,
+        nodes=len(nodes) or len(agg.hosts),
+        hosts=sorted(agg.hosts),
+        ranks=n_ranks,
+        start_wall=agg.first_wall,
+        end_wall=agg.last_wall,
+        wall_time_s=wall,
+        training_time_s=training,
+        goodput=goodput,
+        rounds=len(timeline),
+        runs=agg.runs,
+        restarts=restarts,
+        outcome=outcome,
+        reason=reason,
+        interrupted_calls=agg.interrupted_calls,
+    )
+    reading = Reading(
+        log_dir=str(job_dir.path),
+        files=agg.files,
+        events=agg.events,
+        events_used=agg.events_used,
+        unknown_kinds=dict(sorted(agg.unknown_kinds.items())),
+        skipped_count=agg.skipped_count,
+        skipped=agg.skipped_dicts(agg.skipped),
+        notes=notes,
+    )
+    return Report(
+        summary=summary,
+        timeline=timeline,
+        failures=failures,
+        hangs=sorted(
+            agg.hangs, key=lambda h: (h.run, h.round if h.round is not None else -1, h.wall or 0.0)
+        ),
+        process_restarts=process_rows,
+        suspects=suspects,
+        exclude=exclude,
+        slurm=slurm,
+        log_findings=findings,
+        reading=reading,
+        generated_at=time.time(),
+    )
+
+
+__all__ = ["ReportError", "build_report"]

@@ -1,0 +1,131 @@
+"""``nvrx-report``: what happened in a job, from its event logs (and SLURM when available)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+
+from .build import build_report
+from .loading import ReportError
+from .render import FORMATS
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_NOTHING_TO_READ = 2
+_RELATIVE = re.compile(r"^(?P<n>\d+(\.\d+)?)(?P<unit>[smhd])$")
+_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_since(text: str, now: float | None = None) -> float:
+    """``--since``: epoch seconds, an ISO date/time (UTC unless it says otherwise), or ``30m``/``2h`` ago."""
+    value = text.strip()
+    match = _RELATIVE.match(value)
+    if match:
+        return (time.time() if now is None else now) - float(match["n"]) * _UNIT_S[match["unit"]]
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--since {text!r}: expected epoch seconds, an ISO time like 2024-05-01T12:00:00, or 30m/2h/1d"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.timestamp()
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="nvrx-report",
+        description="Summarize a job's nvrx events: restarts, first failing rank, failures, hangs, suspect nodes.",
+    )
+    p.add_argument(
+        "log_dir",
+        nargs="?",
+        default=None,
+        metavar="LOG_DIR",
+        help="the job's event directory, or the base holding one per job (default: $NVRX_LOG_DIR or ./nvrx_logs)",
+    )
+    p.add_argument(
+        "--job", default=None, metavar="JOBID", help="job to report on when LOG_DIR holds several"
+    )
+    p.add_argument(
+        "--format", choices=FORMATS, default="table", help="output format (default: table)"
+    )
+    p.add_argument(
+        "--rank", type=int, default=None, metavar="R", help="only events of global rank R"
+    )
+    p.add_argument("--node", type=int, default=None, metavar="N", help="only events of node rank N")
+    p.add_argument(
+        "--since", type=parse_since, default=None, metavar="T", help="only events after T"
+    )
+    p.add_argument(
+        "--slurm-output",
+        nargs="+",
+        default=[],
+        metavar="PATH",
+        help="job stdout/stderr files to scan for tracebacks and fatal signals (slurm-<job>.out is found by itself)",
+    )
+    p.add_argument(
+        "--submitit-folder",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="submitit folder holding <job>_<task>_log.out/err files (repeatable)",
+    )
+    p.add_argument("--no-sacct", action="store_true", help="do not ask sacct")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="processes reading event files (default: CPUs, at most 8)",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        metavar="FILE",
+        help="write the report to FILE instead of stdout",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the report; exit 2 with a message when there is nothing to read."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="nvrx-report: %(levelname)s: %(message)s")
+    try:
+        report = build_report(
+            args.log_dir,
+            args.job,
+            rank=args.rank,
+            node=args.node,
+            since=args.since,
+            sacct=not args.no_sacct,
+            slurm_output=args.slurm_output,
+            submitit_folders=args.submitit_folder,
+            workers=args.workers,
+        )
+    except ReportError as exc:
+        print(f"nvrx-report: {exc}", file=sys.stderr)
+        return EXIT_NOTHING_TO_READ
+    text = report.to_text(args.format)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

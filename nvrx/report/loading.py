@@ -1,0 +1,139 @@
+"""Finding a job's event files and reading them quickly, without ever writing to them.
+
+The fast path parses a whole well-formed file in one ``json.loads`` call (the
+report reads millions of events); any file that is not perfectly formed goes
+through the tolerant ``nvrx.events.reader.iter_file`` instead, which skips and
+records torn, merged and malformed lines.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nvrx.events.reader import EVENT_SUFFIX, ReadStats, event_files, iter_file
+from nvrx.events.schema import KINDS
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LOG_BASE = "nvrx_logs"
+
+
+class ReportError(Exception):
+    """Nothing could be reported (missing or empty log directory); the CLI exits 2."""
+
+
+@dataclass
+class JobDir:
+    """The directory whose event files make up one job, and how it was chosen."""
+
+    path: Path
+    job: str | None
+    files: list[Path]
+    notes: list[str] = field(default_factory=list)
+
+
+def read_events(path: str | os.PathLike[str], stats: ReadStats) -> list[dict[str, Any]]:
+    """All events of one file in file order; damaged files fall back to the tolerant reader."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        return list(iter_file(path, stats))  # records the file as unreadable
+    if data.endswith(b"\n"):
+        try:
+            # Event lines never contain a raw newline (JSON escapes it), so the
+            # lines of a well-formed file joined by commas are one JSON array.
+            events = json.loads(b"[" + data[:-1].replace(b"\n", b",") + b"]")
+        except ValueError:
+            events = None
+        if events is not None and all(
+            type(e) is dict and type(e.get("kind")) is str for e in events
+        ):
+            stats.files += 1
+            stats.events += len(events)
+            for event in events:
+                kind = event["kind"]
+                if kind not in KINDS:
+                    stats.unknown_kinds[kind] = stats.unknown_kinds.get(kind, 0) + 1
+            return events
+    return list(iter_file(path, stats))
+
+
+def _has_events(directory: Path) -> bool:
+    return any(p.is_file() for p in directory.glob(f"*{EVENT_SUFFIX}"))
+
+
+def _newest_mtime(files: list[Path]) -> float:
+    best = 0.0
+    for path in files:
+        try:
+            best = max(best, path.stat().st_mtime)
+        except OSError:
+            continue
+    return best
+
+
+def default_log_dir() -> Path:
+    """``$NVRX_LOG_DIR`` or ``./nvrx_logs``, as the event writer uses."""
+    return Path(os.environ.get("NVRX_LOG_DIR") or DEFAULT_LOG_BASE)
+
+
+def resolve_job_dir(log_dir: str | os.PathLike[str] | None, job: str | None = None) -> JobDir:
+    """Pick the job directory under ``log_dir`` (a job's own directory or the base holding jobs).
+
+    Raises ``ReportError`` naming the directory when there is nothing to read.
+    """
+    base = Path(log_dir) if log_dir is not None else default_log_dir()
+    if not base.exists():
+        raise ReportError(
+            f"log directory {str(base)!r} does not exist (pass LOG_DIR or set NVRX_LOG_DIR)"
+        )
+    if not base.is_dir():
+        raise ReportError(f"log directory {str(base)!r} is not a directory")
+    notes: list[str] = []
+    if job is not None and (base / job).is_dir():
+        chosen, chosen_job = base / job, job
+    elif _has_events(base):
+        chosen, chosen_job = base, job
+    else:
+        try:
+            jobs = sorted(d for d in base.iterdir() if d.is_dir() and event_files(d))
+        except OSError as exc:
+            raise ReportError(
+                f"cannot list log directory {str(base)!r}: {exc.strerror or exc}"
+            ) from exc
+        if job is not None:
+            names = ", ".join(d.name for d in jobs) or "none"
+            raise ReportError(f"no logs of job {job!r} under {str(base)!r} (jobs found: {names})")
+        if not jobs:
+            raise ReportError(_nothing_found(base))
+        if len(jobs) == 1:
+            chosen = jobs[0]
+        else:
+            chosen = max(jobs, key=lambda d: _newest_mtime(event_files(d)))
+            others = ", ".join(d.name for d in jobs if d != chosen)
+            notes.append(
+                f"several jobs under {base}: reporting the newest, {chosen.name} (others: {others}; pass --job)"
+            )
+        chosen_job = chosen.name
+    files = event_files(chosen)
+    if not files:
+        raise ReportError(_nothing_found(chosen))
+    return JobDir(chosen, chosen_job, files, notes)
+
+
+def _nothing_found(directory: Path) -> str:
+    try:
+        others = sum(1 for p in directory.rglob("*") if p.is_file())
+    except OSError:
+        others = 0
+    if others:
+        return (
+            f"no event files (*{EVENT_SUFFIX}) in {str(directory)!r}: "
+            f"{others} other file(s) found, none of them nvrx events"
+        )
+    return f"no event files (*{EVENT_SUFFIX}) in {str(directory)!r}: the directory is empty"

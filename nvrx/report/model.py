@@ -1,0 +1,204 @@
+"""The report as data: what ``nvrx-report`` prints and ``--format json`` writes.
+
+The JSON form (``Report.to_dict``) is a versioned contract for scripts,
+described by ``report.schema.json`` next to this module: add fields freely,
+bump ``REPORT_SCHEMA_VERSION`` when a field changes meaning or goes away.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+REPORT_SCHEMA_NAME = "nvrx-report"
+REPORT_SCHEMA_VERSION = 1
+
+
+@dataclass
+class Restarts:
+    in_process: int = 0  # rounds of the Wrapper that ended in a restart
+    process: int = 0  # training processes restarted by a supervisor
+    requeue: int = 0  # times SLURM requeued the whole job
+
+
+@dataclass
+class SlurmRow:
+    """One ``sacct`` line: the job (one per run when requeued) or one of its steps."""
+
+    job_id: str
+    name: str | None
+    state: str | None
+    exit_code: str | None
+    elapsed: str | None
+    node_list: str | None
+    start: str | None
+    end: str | None
+
+
+@dataclass
+class SlurmContext:
+    available: bool = False
+    error: str | None = None  # why sacct gave nothing (missing, failed, not a SLURM job)
+    job: list[SlurmRow] = field(default_factory=list)
+    steps: list[SlurmRow] = field(default_factory=list)
+    output_files: list[str] = field(default_factory=list)  # stdout/stderr files scanned
+
+
+@dataclass
+class Summary:
+    job: str | None
+    nodes: int
+    hosts: list[str]
+    ranks: int
+    start_wall: float | None
+    end_wall: float | None
+    wall_time_s: float
+    training_time_s: float  # time inside the training function, averaged over ranks
+    goodput: float | None  # training_time_s / wall_time_s
+    rounds: int
+    runs: int  # job runs (1 + requeues seen in the events)
+    restarts: Restarts
+    outcome: str
+    reason: str | None
+    interrupted_calls: int  # calls that never ended (process killed inside the function)
+
+
+@dataclass
+class RoundRow:
+    """One restart round of the Wrapper (per job run)."""
+
+    run: int
+    round: int
+    start_wall: float | None
+    end_wall: float | None
+    outcome: str
+    cause: str | None  # signature of the first fault
+    fault_kind: str | None
+    first_rank: int | None
+    first_node: int | None
+    first_host: str | None
+    ordering: str  # how "first" was decided: monotonic | store_origin | wall_clock | process_exit | hang | none
+    also_failed: list[int]  # other ranks with a fault of their own (after the first)
+    peer_notified: int  # ranks that stopped only because a peer faulted
+    hang_ranks: list[int]
+    terminated_ranks: list[int]
+    detection_s: float | None
+    phases: dict[str, float]  # phase -> longest duration over ranks (the critical path)
+    failed_phases: list[str]
+    restart_latency_s: float | None
+
+
+@dataclass
+class Failure:
+    """One failure signature: how often, where, and one traceback."""
+
+    signature: str
+    category: str  # exception | signal | exit | hang
+    count: int
+    ranks: list[int]
+    nodes: list[int]
+    hosts: list[str]
+    rounds: list[int]
+    first_wall: float | None
+    exc_type: str | None
+    message: str | None
+    traceback: str | None
+    source: str  # events | slurm_output
+
+
+@dataclass
+class Hang:
+    rank: int | None
+    node: int | None
+    host: str | None
+    run: int
+    round: int | None
+    wall: float | None
+    timeout: str | None
+    stack: str | None
+
+
+@dataclass
+class ProcessRestart:
+    """A training process that ended and what its supervisor decided."""
+
+    run: int
+    node: int | None
+    host: str | None
+    local_rank: int | None
+    rank: int | None  # node * nproc_per_node + local_rank, when the supervisor said nproc_per_node
+    wall: float | None
+    exit_code: int | None
+    signal: str | None
+    runtime_s: float | None
+    decision: str | None
+    reason: str | None
+    relaunch_s: float | None  # exit to the replacement's start
+    rejoin_wait_s: float | None
+
+
+@dataclass
+class SuspectNode:
+    host: str
+    node: int | None
+    # Node-level incidents: rounds it failed first in, hangs, process deaths (each once).
+    faults: int
+    first_failures: int
+    hangs: int
+    deaths: int
+    signatures: list[str]
+    suspect: bool  # listed in ``exclude``
+
+
+@dataclass
+class LogFinding:
+    """A traceback or fatal signal found in SLURM/submitit output but in no event."""
+
+    path: str
+    line: int
+    signature: str
+    text: str
+    count: int = 1  # occurrences of this signature in the file
+
+
+@dataclass
+class Reading:
+    """What was read, and what was skipped and why."""
+
+    log_dir: str
+    files: int
+    events: int
+    events_used: int
+    unknown_kinds: dict[str, int]
+    skipped_count: int
+    skipped: list[dict[str, Any]]  # first entries: path, line, reason
+    notes: list[str]
+
+
+@dataclass
+class Report:
+    """The whole report; ``to_dict`` is the JSON contract, ``to_text`` renders it."""
+
+    summary: Summary
+    timeline: list[RoundRow]
+    failures: list[Failure]
+    hangs: list[Hang]
+    process_restarts: list[ProcessRestart]
+    suspects: list[SuspectNode]
+    exclude: str | None  # ready value for ``sbatch --exclude=``
+    slurm: SlurmContext
+    log_findings: list[LogFinding]
+    reading: Reading
+    generated_at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {"schema": REPORT_SCHEMA_NAME, "schema_version": REPORT_SCHEMA_VERSION}
+        data.update(dataclasses.asdict(self))
+        return data
+
+    def to_text(self, format: str = "table") -> str:
+        """Render as ``table`` (default), ``markdown`` or ``json``."""
+        from .render import render
+
+        return render(self, format)

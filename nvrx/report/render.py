@@ -1,0 +1,344 @@
+"""Rendering a ``Report`` as terminal tables, Markdown (for issue trackers) or JSON."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tabulate import tabulate
+
+from ._nodelist import compress_ints
+from .model import Report
+
+FORMATS = ("table", "json", "markdown")
+MAX_TRACE_LINES = 20
+MAX_LIST_CHARS = 60
+
+
+def _when(wall: float | None) -> str:
+    if wall is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(wall)) + f".{int((wall % 1) * 1000):03d}"
+
+
+def _secs(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value >= 120:
+        return f"{value / 60:.1f} min"
+    return f"{value:.3f} s" if value < 10 else f"{value:.1f} s"
+
+
+def _ranks(values: Sequence[int]) -> str:
+    text = compress_ints(values)
+    if len(text) > MAX_LIST_CHARS:
+        text = text[: MAX_LIST_CHARS - 3] + "..."
+    return text or "-"
+
+
+def _trim(text: str | None) -> str:
+    if not text:
+        return ""
+    lines = text.rstrip().splitlines()
+    if len(lines) > MAX_TRACE_LINES:
+        lines = [f"... ({len(lines) - MAX_TRACE_LINES} lines above)"] + lines[-MAX_TRACE_LINES:]
+    return "\n".join(lines)
+
+
+def _where(node: int | None, host: str | None) -> str:
+    if node is None and host is None:
+        return "-"
+    if host is None:
+        return f"node {node}"
+    return f"{host} (node {node})" if node is not None else host
+
+
+class _Doc:
+    """Collects sections, as plain text or Markdown."""
+
+    def __init__(self, markdown: bool) -> None:
+        self.markdown = markdown
+        self.parts: list[str] = []
+
+    def heading(self, title: str) -> None:
+        self.parts.append(f"## {title}" if self.markdown else f"{title}\n{'=' * len(title)}")
+
+    def table(self, rows: list[list[Any]], headers: Sequence[str]) -> None:
+        fmt = "github" if self.markdown else "simple"
+        if self.markdown:  # a "|" or newline in a cell would break the Markdown table
+            rows = [[str(c).replace("|", "\\|").replace("\n", " ") for c in row] for row in rows]
+        self.parts.append(
+            tabulate(rows, headers=list(headers), tablefmt=fmt, disable_numparse=True)
+        )
+
+    def pairs(self, rows: list[list[str]]) -> None:
+        """A two-column key/value table."""
+        if self.markdown:
+            self.table(rows, ["", ""])
+        else:
+            self.parts.append(tabulate(rows, tablefmt="plain", disable_numparse=True))
+
+    def text(self, line: str) -> None:
+        self.parts.append(line)
+
+    def block(self, title: str, body: str) -> None:
+        if self.markdown:
+            self.parts.append(f"**{title}**\n\n```\n{body}\n```")
+        else:
+            indented = "\n".join("    " + line for line in body.splitlines())
+            self.parts.append(f"{title}\n{indented}")
+
+    def render(self) -> str:
+        return "\n\n".join(self.parts) + "\n"
+
+
+def _summary(doc: _Doc, r: Report) -> None:
+    s = r.summary
+    doc.heading(f"nvrx report: job {s.job or '?'}")
+    goodput = f"{s.goodput * 100:.1f} %" if s.goodput is not None else "-"
+    rows = [
+        ["job", s.job or "-"],
+        ["nodes", f"{s.nodes} ({', '.join(s.hosts[:8])}{', ...' if len(s.hosts) > 8 else ''})"],
+        ["ranks", str(s.ranks)],
+        ["start / end (UTC)", f"{_when(s.start_wall)} / {_when(s.end_wall)}"],
+        ["wall time", _secs(s.wall_time_s)],
+        ["training time (per rank)", _secs(s.training_time_s)],
+        ["goodput", goodput],
+        ["rounds", str(s.rounds)],
+        ["in-process restarts", str(s.restarts.in_process)],
+        ["process restarts", str(s.restarts.process)],
+        ["job requeues", str(s.restarts.requeue)],
+        ["outcome", s.outcome],
+        ["reason", s.reason or "-"],
+    ]
+    doc.pairs(rows)
+
+
+def _slurm(doc: _Doc, r: Report) -> None:
+    doc.heading("SLURM")
+    sl = r.slurm
+    if not sl.available:
+        doc.text(f"sacct: {sl.error or 'no data'}")
+    else:
+        rows = [
+            [
+                x.job_id,
+                x.name or "-",
+                x.state or "-",
+                x.exit_code or "-",
+                x.elapsed or "-",
+                x.node_list or "-",
+                x.start or "-",
+                x.end or "-",
+            ]
+            for x in [*sl.job, *sl.steps]
+        ]
+        doc.table(rows, ["job/step", "name", "state", "exit", "elapsed", "nodes", "start", "end"])
+    if sl.output_files:
+        doc.text("output files read: " + ", ".join(sl.output_files))
+
+
+def _timeline(doc: _Doc, r: Report) -> None:
+    doc.heading("Restart timeline")
+    if not r.timeline:
+        doc.text("no rounds in the events (no Wrapper events)")
+        return
+    many_runs = r.summary.runs > 1
+    rows = []
+    for t in r.timeline:
+        first = "-"
+        if t.first_rank is not None or t.first_host is not None:
+            first = f"rank {t.first_rank} on {_where(t.first_node, t.first_host)}"
+        row = [
+            str(t.round),
+            _when(t.start_wall),
+            t.outcome,
+            t.cause or "-",
+            first,
+            t.ordering if t.first_rank is not None else "-",
+            _ranks(t.also_failed),
+            str(t.peer_notified),
+            _secs(t.restart_latency_s),
+        ]
+        rows.append(([str(t.run)] if many_runs else []) + row)
+    headers = (["run"] if many_runs else []) + [
+        "round",
+        "start (UTC)",
+        "outcome",
+        "cause",
+        "first failure",
+        "ordered by",
+        "also failed",
+        "peers",
+        "restart latency",
+    ]
+    doc.table(rows, headers)
+    phased = [t for t in r.timeline if t.phases or t.detection_s is not None]
+    if phased:
+        names: list[str] = []
+        for t in phased:
+            names.extend(p for p in t.phases if p not in names)
+        rows = []
+        for t in phased:
+            cells = [
+                _secs(t.phases.get(p)) + (" FAILED" if p in t.failed_phases else "") for p in names
+            ]
+            rows.append(
+                ([str(t.run)] if many_runs else []) + [str(t.round), _secs(t.detection_s), *cells]
+            )
+        doc.text("Phase latency per round (slowest rank):")
+        doc.table(rows, (["run"] if many_runs else []) + ["round", "detection", *names])
+
+
+def _failures(doc: _Doc, r: Report) -> None:
+    doc.heading("Failures by signature")
+    if not r.failures:
+        doc.text("no failures")
+        return
+    rows = [
+        [
+            f.signature,
+            f.category,
+            str(f.count),
+            _ranks(f.ranks),
+            ", ".join(f.hosts) or _ranks(f.nodes),
+            _ranks(f.rounds),
+            f.source,
+        ]
+        for f in r.failures
+    ]
+    doc.table(rows, ["signature", "kind", "count", "ranks", "hosts", "rounds", "source"])
+    for f in r.failures:
+        body = _trim(f.traceback) or (f.message or "")
+        if body:
+            doc.block(f"[{f.signature}]", body)
+
+
+def _hangs(doc: _Doc, r: Report) -> None:
+    if not r.hangs:
+        return
+    doc.heading("Hangs")
+    rows = [
+        [str(h.rank), _where(h.node, h.host), str(h.round), h.timeout or "-", _when(h.wall)]
+        for h in r.hangs
+    ]
+    doc.table(rows, ["rank", "where", "round", "timeout", "detected (UTC)"])
+    for h in r.hangs:
+        if h.stack:
+            doc.block(f"[rank {h.rank} stuck in round {h.round}]", _trim(h.stack))
+
+
+def _process_restarts(doc: _Doc, r: Report) -> None:
+    if not r.process_restarts:
+        return
+    doc.heading("Process restarts")
+    rows = [
+        [
+            _when(p.wall),
+            _where(p.node, p.host),
+            str(p.local_rank),
+            str(p.rank) if p.rank is not None else "-",
+            p.signal or f"exit {p.exit_code}",
+            _secs(p.runtime_s),
+            p.decision or "-",
+            p.reason or "-",
+            _secs(p.relaunch_s),
+            _secs(p.rejoin_wait_s),
+        ]
+        for p in r.process_restarts
+    ]
+    doc.table(
+        rows,
+        [
+            "ended (UTC)",
+            "where",
+            "local rank",
+            "rank",
+            "end",
+            "ran",
+            "decision",
+            "reason",
+            "relaunch",
+            "rejoin wait",
+        ],
+    )
+
+
+def _suspects(doc: _Doc, r: Report) -> None:
+    doc.heading("Suspect nodes")
+    if not r.suspects:
+        doc.text("no node-level faults")
+        return
+    rows = [
+        [
+            n.host,
+            str(n.node) if n.node is not None else "-",
+            str(n.faults),
+            str(n.first_failures),
+            str(n.hangs),
+            str(n.deaths),
+            "; ".join(n.signatures),
+            "yes" if n.suspect else "no",
+        ]
+        for n in r.suspects
+    ]
+    doc.table(
+        rows,
+        ["host", "node", "faults", "first failures", "hangs", "deaths", "signatures", "suspect"],
+    )
+    if r.exclude:
+        doc.text(f"next submission: --exclude={r.exclude}")
+    else:
+        doc.text(
+            "no host to exclude: every fault signature was seen on several hosts (code, not node)"
+        )
+
+
+def _findings(doc: _Doc, r: Report) -> None:
+    if not r.log_findings:
+        return
+    doc.heading("Found only in SLURM/submitit output")
+    rows = [[f"{f.path}:{f.line}", f.signature, str(f.count)] for f in r.log_findings]
+    doc.table(rows, ["where", "signature", "count"])
+
+
+def _reading(doc: _Doc, r: Report) -> None:
+    g = r.reading
+    doc.heading("Read")
+    line = f"{g.files} file(s), {g.events} event(s) in {g.log_dir}"
+    if g.events_used != g.events:
+        line += f"; {g.events_used} matched the filters"
+    if g.skipped_count:
+        line += f"; {g.skipped_count} line(s)/file(s) skipped"
+    doc.text(line)
+    for s in g.skipped[:10]:
+        doc.text(f"  skipped {s['path']}:{s['line']}: {s['reason']}")
+    for note in g.notes:
+        doc.text(f"note: {note}")
+
+
+_SECTIONS: tuple[Callable[[_Doc, Report], None], ...] = (
+    _summary,
+    _slurm,
+    _timeline,
+    _failures,
+    _hangs,
+    _process_restarts,
+    _suspects,
+    _findings,
+    _reading,
+)
+
+
+def render(report: Report, format: str = "table") -> str:
+    """The report as ``table`` (terminal), ``markdown`` or ``json`` text."""
+    if format == "json":
+        return json.dumps(report.to_dict(), indent=2, default=str) + "\n"
+    if format not in FORMATS:
+        raise ValueError(f"unknown report format {format!r}; choose one of {', '.join(FORMATS)}")
+    doc = _Doc(markdown=format == "markdown")
+    for section in _SECTIONS:
+        section(doc, report)
+    return doc.render()

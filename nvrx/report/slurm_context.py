@@ -1,0 +1,201 @@
+"""SLURM's side of the story: ``sacct`` records and the job's stdout/stderr files.
+
+Events cannot tell about a rank that died before nvrx started or a segfault
+that killed the interpreter; SLURM and submitit output files can. Both sources
+are optional: when ``sacct`` is missing or fails, the report says so and goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from nvrx.slurm.commands import SlurmCommandError, sacct_rows
+
+from .model import LogFinding, SlurmContext, SlurmRow
+from .signatures import TRACEBACK_HEADER, parse_traceback
+
+log = logging.getLogger(__name__)
+
+SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "Elapsed", "NodeList", "Start", "End")
+_SLURM_JOB_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")
+# Fatal lines that SLURM, srun, bash or the interpreter print when a process dies.
+_FATAL_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"srun: error: \S+: tasks? [\d,\-]+: Killed"), "signal SIGKILL"),
+    (re.compile(r"srun: error: \S+: tasks? [\d,\-]+: Segmentation fault"), "signal SIGSEGV"),
+    (re.compile(r"srun: error: \S+: tasks? [\d,\-]+: Aborted"), "signal SIGABRT"),
+    (re.compile(r"srun: error: \S+: tasks? [\d,\-]+: Bus error"), "signal SIGBUS"),
+    (
+        re.compile(r"srun: error: \S+: tasks? [\d,\-]+: Exited with exit code (\d+)"),
+        "exit code {0}",
+    ),
+    (re.compile(r"Fatal Python error: Segmentation fault"), "signal SIGSEGV"),
+    (re.compile(r"Fatal Python error: Aborted"), "signal SIGABRT"),
+    (re.compile(r"Fatal Python error: Bus error"), "signal SIGBUS"),
+    (re.compile(r"^(.*\s)?Segmentation fault( \(core dumped\))?\s*$"), "signal SIGSEGV"),
+    (re.compile(r"^(.*\s)?Bus error( \(core dumped\))?\s*$"), "signal SIGBUS"),
+    (
+        re.compile(r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ DUE TO TIME LIMIT"),
+        "slurm: time limit",
+    ),
+    (
+        re.compile(r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ DUE TO NODE FAILURE"),
+        "slurm: node failure",
+    ),
+    (
+        re.compile(r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ DUE TO PREEMPTION"),
+        "slurm: preemption",
+    ),
+    (re.compile(r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT \S+\s*\*\*\*"), "slurm: cancelled"),
+    (re.compile(r"(oom-kill|out-of-memory|Out Of Memory)", re.IGNORECASE), "slurm: out of memory"),
+)
+_FRAME_LINE = re.compile(r'^\s+File "')
+
+
+def is_slurm_job_id(job: str | None) -> bool:
+    return job is not None and bool(_SLURM_JOB_ID.match(job))
+
+
+def _row(values: dict[str, str]) -> SlurmRow:
+    def get(name: str) -> str | None:
+        return values.get(name) or None
+
+    return SlurmRow(
+        job_id=values.get("JobID", ""),
+        name=get("JobName"),
+        state=get("State"),
+        exit_code=get("ExitCode"),
+        elapsed=get("Elapsed"),
+        node_list=get("NodeList"),
+        start=get("Start"),
+        end=get("End"),
+    )
+
+
+def query_sacct(job: str | None) -> SlurmContext:
+    """Ask ``sacct`` about ``job`` and its steps (every run when requeued); never raises."""
+    ctx = SlurmContext()
+    if not is_slurm_job_id(job):
+        ctx.error = f"job id {job!r} is not a SLURM job id; sacct not asked"
+        return ctx
+    if shutil.which("sacct") is None:
+        ctx.error = "sacct not found on PATH; no SLURM accounting in this report"
+        return ctx
+    try:
+        rows = sacct_rows(str(job), fields=SACCT_FIELDS, all_runs=True)
+    except SlurmCommandError as exc:
+        lines = [line.strip() for line in exc.stderr.splitlines() if line.strip()]
+        status = (
+            "did not answer in time"
+            if exc.returncode is None
+            else f"failed (exit code {exc.returncode})"
+        )
+        ctx.error = f"sacct {status}: {lines[-1] if lines else 'no message'}"
+        return ctx
+    except OSError as exc:
+        ctx.error = f"could not run sacct: {exc.strerror or exc}"
+        return ctx
+    for values in rows:
+        row = _row(values)
+        if row.job_id == job:
+            ctx.job.append(row)
+        elif row.job_id.startswith(f"{job}."):
+            ctx.steps.append(row)
+    if not ctx.job and not ctx.steps:
+        ctx.error = f"sacct knows no job {job}"
+        return ctx
+    ctx.available = True
+    return ctx
+
+
+def sacct_requeues(ctx: SlurmContext) -> int:
+    """Requeues as SLURM accounting saw them: one job record per run."""
+    return max(0, len(ctx.job) - 1) if ctx.available else 0
+
+
+def find_output_files(
+    job: str | None, search_dirs: Iterable[Path], submitit_folders: Iterable[Path] = ()
+) -> list[Path]:
+    """``slurm-<job>.out`` (and array variants) and submitit ``<job>_*_log.out/err`` files."""
+    found: list[Path] = []
+    if job is None:
+        return found
+    patterns = [f"slurm-{job}.out", f"slurm-{job}_*.out", f"slurm-{job}.err"]
+    for directory in search_dirs:
+        for pattern in patterns:
+            found.extend(p for p in directory.glob(pattern) if p.is_file())
+    for folder in submitit_folders:
+        for suffix in ("out", "err"):
+            found.extend(p for p in Path(folder).glob(f"{job}_*_log.{suffix}") if p.is_file())
+    unique: dict[Path, None] = {}
+    for path in found:
+        unique.setdefault(path.resolve(), None)
+    return list(unique)
+
+
+@dataclass
+class _Block:
+    start_line: int
+    prefix: str
+    lines: list[str]
+
+
+def _scan_lines(lines: Iterator[str], path: str) -> Iterator[LogFinding]:
+    block: _Block | None = None
+    for number, raw in enumerate(lines, start=1):
+        line = raw.rstrip("\n")
+        if block is not None:
+            body = line[len(block.prefix) :] if line.startswith(block.prefix) else line
+            block.lines.append(body)
+            frames_seen = any(_FRAME_LINE.match(b) for b in block.lines[1:])
+            if body.strip() and not body[0].isspace() and frames_seen:
+                text = "\n".join(block.lines)
+                parsed = parse_traceback(text)
+                if parsed is not None:
+                    yield LogFinding(path, block.start_line, parsed.signature(), text, 1)
+                block = None
+            elif len(block.lines) > 400:
+                block = None  # not a traceback after all (or an absurd one); stop collecting
+            continue
+        at = line.find(TRACEBACK_HEADER)
+        if at >= 0:
+            block = _Block(number, line[:at], [TRACEBACK_HEADER])
+            continue
+        for pattern, signature in _FATAL_PATTERNS:
+            match = pattern.search(line)
+            if match:
+                groups = [g for g in match.groups() if g and g.isdigit()]
+                yield LogFinding(path, number, signature.format(*groups), line.strip(), 1)
+                break
+
+
+def scan_output_file(path: Path) -> list[LogFinding]:
+    """Tracebacks and fatal-signal lines of one output file, one finding per signature."""
+    by_signature: dict[str, LogFinding] = {}
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for finding in _scan_lines(fh, str(path)):
+                seen = by_signature.get(finding.signature)
+                if seen is None:
+                    by_signature[finding.signature] = finding
+                else:
+                    seen.count += 1
+    except OSError as exc:
+        log.warning("cannot read %s: %s", path, exc)
+        raise
+    return list(by_signature.values())
+
+
+def default_search_dirs(job_dir: Path) -> list[Path]:
+    """Where ``slurm-<job>.out`` usually is: the submit directory (cwd) and near the logs."""
+    dirs = [Path(os.getcwd()), job_dir, job_dir.parent, job_dir.parent.parent]
+    unique: dict[Path, None] = {}
+    for d in dirs:
+        if d.is_dir():
+            unique.setdefault(d.resolve(), None)
+    return list(unique)

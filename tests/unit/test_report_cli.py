@@ -1,0 +1,345 @@
+"""nvrx-report as a user runs it: formats, damaged logs, exit codes, SLURM context."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_report_fixtures import JOB, Host, Proc, write_standard_job
+
+from nvrx.report import REPORT_SCHEMA_VERSION, build_report
+from nvrx.report.cli import main, parse_since
+
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "nvrx" / "report" / "report.schema.json"
+_TYPES = {
+    "object": dict,
+    "array": list,
+    "string": str,
+    "integer": int,
+    "number": (int, float),
+    "boolean": bool,
+    "null": type(None),
+}
+
+
+def check_schema(value: Any, schema: dict[str, Any], where: str = "$") -> None:
+    """A small validator for the subset of JSON Schema that report.schema.json uses."""
+    if "const" in schema:
+        assert value == schema["const"], f"{where}: {value!r} != {schema['const']!r}"
+    if "enum" in schema:
+        assert value in schema["enum"], f"{where}: {value!r} not in {schema['enum']}"
+    if "type" in schema:
+        names = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        ok = any(
+            isinstance(value, _TYPES[n])
+            and not (n in ("integer", "number") and isinstance(value, bool))
+            for n in names
+        )
+        assert ok, f"{where}: {value!r} is not {names}"
+    if isinstance(value, dict):
+        for key in schema.get("required", []):
+            assert key in value, f"{where}: missing {key!r}"
+        props = schema.get("properties", {})
+        for key, sub in value.items():
+            if key in props:
+                check_schema(sub, props[key], f"{where}.{key}")
+            elif isinstance(schema.get("additionalProperties"), dict):
+                check_schema(sub, schema["additionalProperties"], f"{where}.{key}")
+    if isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            check_schema(item, schema["items"], f"{where}[{i}]")
+
+
+@pytest.fixture(scope="module")
+def job_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("base")
+    write_standard_job(base / JOB)
+    return base / JOB
+
+
+def _digest(directory: Path) -> dict[str, str]:
+    return {
+        str(p): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_json_output_follows_the_documented_schema(
+    job_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([str(job_dir), "--format", "json", "--no-sacct"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    schema = json.loads(SCHEMA_PATH.read_text())
+    check_schema(data, schema)
+    assert data["schema"] == "nvrx-report" and data["schema_version"] == REPORT_SCHEMA_VERSION
+    # The schema names every top-level key the report writes, and the other way round.
+    assert set(schema["required"]) == set(data)
+    assert data["timeline"][0]["first_rank"] == 2
+    assert data["summary"]["restarts"] == {"in_process": 3, "process": 1, "requeue": 0}
+
+
+def test_schema_validator_rejects_wrong_types() -> None:
+    schema = json.loads(SCHEMA_PATH.read_text())
+    with pytest.raises(AssertionError):
+        check_schema({"schema": "nvrx-report", "schema_version": 1}, schema)
+    with pytest.raises(AssertionError):
+        check_schema({"ranks": "4"}, schema["properties"]["summary"])
+
+
+def test_table_output_has_every_section(job_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(job_dir), "--no-sacct"]) == 0
+    out = capsys.readouterr().out
+    for heading in (
+        "Restart timeline",
+        "Failures by signature",
+        "Hangs",
+        "Process restarts",
+        "Suspect nodes",
+    ):
+        assert f"{heading}\n{'=' * len(heading)}" in out
+    assert "rank 2 on node-b (node 1)" in out
+    assert "--exclude=node-a,node-b" in out
+    assert "goodput" in out and "ValueError: bad batch 17" in out
+
+
+def test_markdown_output_is_pasteable(job_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(job_dir), "--format", "markdown", "--no-sacct"]) == 0
+    out = capsys.readouterr().out
+    assert "## Restart timeline" in out
+    assert "| round " in out and "|--" in out
+    timeline = out.split("## Restart timeline", 1)[1].split("##", 1)[0]
+    tables = [b for b in timeline.split("\n\n") if b.startswith("|")]
+    assert len(tables) == 2  # rounds, then phase latency
+    for table in tables:
+        assert (
+            len({line.count("|") for line in table.splitlines()}) == 1
+        )  # same number of cells per row
+    assert "```\nTraceback (most recent call last):" in out
+
+
+def test_base_dir_with_job_option_and_output_file(job_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r.md"
+    assert (
+        main(
+            [
+                str(job_dir.parent),
+                "--job",
+                JOB,
+                "--no-sacct",
+                "--format",
+                "markdown",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    assert out.read_text().startswith(f"## nvrx report: job {JOB}")
+
+
+def test_unknown_job_in_base_dir_exits_2(job_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(job_dir.parent), "--job", "999", "--no-sacct"]) == 2
+    err = capsys.readouterr().err
+    assert "999" in err and JOB in err
+
+
+def test_missing_dir_exits_2_with_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([str(tmp_path / "nope"), "--no-sacct"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_empty_dir_exits_2_with_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path), "--no-sacct"]) == 2
+    assert "empty" in capsys.readouterr().err
+
+
+def test_dir_of_non_event_files_exits_2_naming_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "notes.txt").write_text("hello\n")
+    (tmp_path / "model.pt").write_bytes(b"\x00\x01")
+    assert main([str(tmp_path), "--no-sacct"]) == 2
+    err = capsys.readouterr().err
+    assert "no event files" in err and "2 other file(s)" in err
+
+
+def test_event_files_with_only_garbage_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "wrapper-n0-p1-x.jsonl").write_bytes(b"not json\n\xff\xfe\n")
+    assert main([str(tmp_path), "--no-sacct"]) == 2
+    assert "malformed line" in capsys.readouterr().err
+
+
+def test_damaged_logs_still_report_and_say_what_was_skipped(tmp_path: Path) -> None:
+    write_standard_job(tmp_path)
+    victim = sorted(tmp_path.glob("wrapper-*.jsonl"))[0]
+    with open(victim, "ab") as fh:
+        fh.write(b'{"v":1,"kind":"round_start","wall":1.0,"rank":0,"ro')  # torn last line
+    garbage = tmp_path / "wrapper-n9-p9-garbage.jsonl"
+    garbage.write_bytes(
+        b'garbage line\n{"v":2,"kind":"gpu_thermal","wall":1700000001.0,"node":0}\n[1,2]\n'
+    )
+    (tmp_path / "README").write_text("not events")
+    before = _digest(tmp_path)
+    report = build_report(tmp_path, sacct=False)
+    assert _digest(tmp_path) == before  # the report never modifies the logs
+    reasons = {(Path(s["path"]).name, s["reason"]) for s in report.reading.skipped}
+    assert (victim.name, "torn last line") in reasons
+    assert (garbage.name, "malformed line") in reasons
+    assert (garbage.name, "not an event object") in reasons
+    assert report.reading.skipped_count == 3
+    assert report.reading.unknown_kinds == {"gpu_thermal": 1}
+    assert any("gpu_thermal" in n for n in report.reading.notes)
+    assert report.timeline[0].first_rank == 2  # the story is intact
+    text = report.to_text("table")
+    assert "torn last line" in text
+
+
+def test_interleaved_lines_of_two_writers_are_both_read(tmp_path: Path) -> None:
+    h = Host("h", 0)
+    p = Proc(tmp_path, h, "wrapper", rank=0).round(0)
+    first = p.at(1.0, "round_start", world_size=1)
+    second = p.at(2.0, "round_end", outcome="completed")
+    p.close()
+    merged = tmp_path / "wrapper-n0-p2-merged.jsonl"
+    merged.write_text(json.dumps(first) + json.dumps(second) + "\n")
+    report = build_report(tmp_path, sacct=False)
+    assert report.reading.events == 4 and report.reading.skipped_count == 0
+
+
+def test_sacct_failure_is_reported_not_fatal(
+    job_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    script = fake / "sacct"
+    script.write_text(
+        "#!/bin/sh\necho 'sacct: error: Slurm accounting storage is disabled' >&2\nexit 1\n"
+    )
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    report = build_report(job_dir)
+    assert not report.slurm.available
+    assert "accounting storage is disabled" in report.slurm.error
+    assert "sacct failed" in report.to_text("table")
+
+
+def test_sacct_missing_is_reported(
+    job_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    report = build_report(job_dir)
+    assert "sacct not found" in report.slurm.error
+
+
+def test_sacct_records_are_merged_into_the_summary(
+    job_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    rows = [
+        f"{JOB}|train|NODE_FAIL|0:0|00:01:00|node-[a-b]|2024-01-01T00:00:00|2024-01-01T00:01:00",
+        f"{JOB}|train|COMPLETED|0:0|00:01:03|node-[a-b]|2024-01-01T00:02:00|2024-01-01T00:03:03",
+        f"{JOB}.batch|batch|COMPLETED|0:0|00:01:03|node-a|2024-01-01T00:02:00|2024-01-01T00:03:03",
+        f"{JOB}.0|nvrx-supervise|COMPLETED|0:0|00:01:02|node-[a-b]|2024-01-01T00:02:01|2024-01-01T00:03:03",
+    ]
+    argv_log = tmp_path / "argv"
+    script = fake / "sacct"
+    script.write_text(
+        '#!/bin/sh\necho "$@" > ' + str(argv_log) + "\ncat <<'EOF'\n" + "\n".join(rows) + "\nEOF\n"
+    )
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    report = build_report(job_dir)
+    argv = argv_log.read_text()
+    assert (
+        "--parsable2" in argv
+        and "-D" in argv
+        and "JobID,JobName,State,ExitCode,Elapsed,NodeList,Start,End" in argv
+    )
+    assert report.slurm.available
+    assert [r.state for r in report.slurm.job] == ["NODE_FAIL", "COMPLETED"]
+    assert [r.job_id for r in report.slurm.steps] == [f"{JOB}.batch", f"{JOB}.0"]
+    assert report.summary.restarts.requeue == 1  # one job record per run
+    assert report.summary.outcome.startswith("COMPLETED (sacct")
+    assert "NODE_FAIL" in report.to_text("table")
+
+
+def test_slurm_and_submitit_output_show_failures_no_event_saw(
+    job_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / f"slurm-{JOB}.out"
+    out.write_text(
+        "starting\n"
+        "0: Traceback (most recent call last):\n"
+        '0:   File "/home/u/train.py", line 3, in <module>\n'
+        "0:     import missing_module\n"
+        "0: ModuleNotFoundError: No module named 'missing_module'\n"
+        # the same failure as an event: must not be listed twice
+        "Traceback (most recent call last):\n"
+        '  File "/home/u/train.py", line 30, in train\n'
+        "    step(batch)\n"
+        '  File "/home/u/train.py", line 12, in step\n'
+        "    raise ValueError('bad batch 17')\n"
+        "ValueError: bad batch 17\n"
+        "srun: error: node-b: task 3: Segmentation fault\n"
+    )
+    submitit = tmp_path / "submitit"
+    submitit.mkdir()
+    (submitit / f"{JOB}_0_log.err").write_text(
+        f"slurmstepd: error: *** JOB {JOB} ON node-a CANCELLED AT 2024-01-01T00:03:00 DUE TO TIME LIMIT ***\n"
+    )
+    report = build_report(job_dir, sacct=False, slurm_output=[out], submitit_folders=[submitit])
+    found = {f.signature for f in report.log_findings}
+    assert found == {
+        "ModuleNotFoundError at train.py:3 in <module>",
+        "signal SIGSEGV",
+        "slurm: time limit",
+    }
+    sources = {f.signature: f.source for f in report.failures}
+    assert sources["signal SIGSEGV"] == "slurm_output"
+    assert sources["ValueError at train.py:12 in step"] == "events"
+    assert sorted(report.slurm.output_files) == sorted(
+        [str(out.resolve()), str((submitit / f"{JOB}_0_log.err").resolve())]
+    )
+    assert any("also appear in the events" in n for n in report.reading.notes)
+
+
+def test_missing_slurm_output_file_is_a_note(job_dir: Path, tmp_path: Path) -> None:
+    report = build_report(job_dir, sacct=False, slurm_output=[tmp_path / "gone.out"])
+    assert any("gone.out" in n and "not found" in n for n in report.reading.notes)
+
+
+def test_parse_since() -> None:
+    assert parse_since("1700000000.5") == 1700000000.5
+    assert parse_since("2023-11-14T22:13:20") == 1700000000.0
+    assert parse_since("2023-11-14T23:13:20+01:00") == 1700000000.0
+    assert parse_since("30m", now=1000.0 + 1800) == 1000.0
+    assert parse_since("2h", now=7200.0) == 0.0
+    with pytest.raises(Exception, match="--since 'yesterday'"):
+        parse_since("yesterday")
+
+
+def test_console_script_runs_without_torch(job_dir: Path) -> None:
+    code = (
+        "import sys; from nvrx.report.cli import main; rc = main(sys.argv[1:]); "
+        "assert 'torch' not in sys.modules, 'report imported torch'; sys.exit(rc)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(job_dir), "--no-sacct", "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["summary"]["job"] == JOB

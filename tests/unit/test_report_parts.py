@@ -1,0 +1,87 @@
+"""Pieces of nvrx.report: failure signatures, traceback parsing, host-list compression."""
+
+from __future__ import annotations
+
+import pytest
+
+from nvrx.report._nodelist import compress_hosts, compress_ints, compress_nodelist
+from nvrx.report.signatures import category, exit_signature, fault_signature, parse_traceback
+
+CHAINED = (
+    "Traceback (most recent call last):\n"
+    '  File "/home/u/a.py", line 3, in f\n'
+    "    g()\n"
+    "KeyError: 'x'\n"
+    "\n"
+    "During handling of the above exception, another exception occurred:\n"
+    "\n"
+    "Traceback (most recent call last):\n"
+    '  File "/home/u/train.py", line 9, in loop\n'
+    "    step()\n"
+    '  File "/usr/lib/python3.11/site-packages/torch/distributed/c10d.py", line 100, in all_reduce\n'
+    "    work.wait()\n"
+    "torch.distributed.DistBackendError: NCCL error: unhandled system error\n"
+)
+
+
+def test_parse_traceback_takes_last_exception_and_innermost_user_frame() -> None:
+    parsed = parse_traceback(CHAINED)
+    assert parsed is not None
+    assert parsed.exc_type == "torch.distributed.DistBackendError"
+    assert parsed.message == "NCCL error: unhandled system error"
+    assert (parsed.file, parsed.line, parsed.func) == ("/home/u/train.py", 9, "loop")
+    assert parsed.signature() == "torch.distributed.DistBackendError at train.py:9 in loop"
+
+
+def test_parse_traceback_without_user_frames_and_bare_type() -> None:
+    text = (
+        "Traceback (most recent call last):\n"
+        '  File "/usr/lib/python3.11/site-packages/x.py", line 1, in h\n'
+        "    raise KeyboardInterrupt\n"
+        "KeyboardInterrupt\n"
+    )
+    parsed = parse_traceback(text)
+    assert parsed is not None and parsed.exc_type == "KeyboardInterrupt" and parsed.func == "h"
+    assert parse_traceback("no traceback here") is None
+    assert parse_traceback("Traceback (most recent call last):\n") is None
+
+
+def test_fault_signature_prefers_the_events_own_signature() -> None:
+    assert fault_signature("mine", "exception", "ValueError", "m", CHAINED) == "mine"
+    assert (
+        fault_signature(None, "exception", "RuntimeError", "m", CHAINED)
+        == "RuntimeError at train.py:9 in loop"
+    )
+    assert fault_signature(None, "exception", "OSError", "disk", None) == "OSError"
+    assert fault_signature(None, "hang_hard", None, None, None) == "hang (hard timeout)"
+    assert fault_signature(None, "signal", None, "SIGTERM", None) == "signal: SIGTERM"
+    assert fault_signature(None, None, None, None, None) == "fault"
+
+
+@pytest.mark.parametrize(
+    ("sig", "cat"),
+    [
+        ("signal SIGKILL", "signal"),
+        ("exit code 3", "exit"),
+        ("hang (soft timeout)", "hang"),
+        ("ValueError", "exception"),
+    ],
+)
+def test_category(sig: str, cat: str) -> None:
+    assert category(sig) == cat
+
+
+def test_exit_signature() -> None:
+    assert exit_signature(None, "SIGSEGV") == "signal SIGSEGV"
+    assert exit_signature(2, None) == "exit code 2"
+
+
+def test_compress_hosts_and_ints() -> None:
+    assert compress_hosts(["n3", "n1", "n2", "n5", "gpu", "n1"]) == "gpu,n[1-3,5]"
+    assert compress_hosts(["node09", "node10", "node1"]) == "node1,node[09-10]"
+    assert compress_ints([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
+    assert compress_ints([]) == ""
+    # the project's compressor (sorted input), falling back for names SLURM cannot take
+    assert compress_nodelist(["node-b", "node-a"]) == "node-a,node-b"
+    assert compress_nodelist(["gpu02", "gpu01", "gpu03"]) == "gpu[01-03]"
+    assert compress_nodelist(["bad,name", "x1"]) == "bad,name,x1"

@@ -1,0 +1,251 @@
+"""nvrx.report on event logs written by the real EventWriter: what happened, and who was first."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+from test_report_fixtures import JOB, T0, Host, Proc, write_standard_job
+
+from nvrx.report import build_report
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def standard(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    log_dir = tmp_path_factory.mktemp("logs") / JOB
+    facts = write_standard_job(log_dir)
+    return log_dir, facts
+
+
+@pytest.fixture(scope="module")
+def report(standard: tuple[Path, dict]):
+    return build_report(standard[0], sacct=False)
+
+
+def test_summary_counts_restarts_of_each_kind_and_goodput(report, standard) -> None:
+    facts = standard[1]
+    s = report.summary
+    assert (s.job, s.nodes, s.ranks, s.rounds, s.runs) == (JOB, 2, 4, 4, 1)
+    assert s.hosts == ["node-a", "node-b"]  # store_start's bind "host" is not a host of the job
+    assert (s.restarts.in_process, s.restarts.process, s.restarts.requeue) == (3, 1, 0)
+    assert s.wall_time_s == pytest.approx(facts["wall_s"], abs=1e-3)
+    assert s.training_time_s == pytest.approx(facts["call_s"] / 4, abs=1e-3)
+    assert s.goodput == pytest.approx(facts["call_s"] / (4 * facts["wall_s"]), abs=1e-4)
+    assert s.interrupted_calls == 1
+    assert (s.outcome, s.reason) == ("completed", "training completed")
+
+
+def test_first_failing_rank_uses_store_origin_across_skewed_hosts(report) -> None:
+    row = report.timeline[0]
+    # Node-a's wall clock is 3 s behind: by wall clock rank 0's TimeoutError looks first.
+    assert (row.first_rank, row.first_node, row.first_host) == (2, 1, "node-b")
+    assert row.ordering == "store_origin"
+    assert row.cause == "ValueError at train.py:12 in step"
+    assert row.also_failed == [0]
+    assert row.peer_notified == 2
+    assert row.outcome == "restart"
+    assert row.phases == {"abort": 0.1, "iteration_barrier": 0.6}
+    assert row.restart_latency_s == 1.5
+
+
+def test_killed_process_explains_its_round_and_is_restarted(report) -> None:
+    row = report.timeline[1]
+    assert (row.first_rank, row.first_host, row.cause, row.ordering) == (
+        1,
+        "node-a",
+        "signal SIGKILL",
+        "process_exit",
+    )
+    assert row.peer_notified == 3
+    [p] = report.process_restarts
+    assert (p.host, p.local_rank, p.rank, p.signal, p.decision) == (
+        "node-a",
+        1,
+        1,
+        "SIGKILL",
+        "restart",
+    )
+    assert p.relaunch_s == pytest.approx(0.5, abs=1e-3)
+    assert p.rejoin_wait_s == 1.4
+
+
+def test_hang_is_reported_with_its_stack(report) -> None:
+    row = report.timeline[2]
+    assert (row.first_rank, row.cause, row.ordering) == (3, "hang (soft timeout)", "hang")
+    [hang] = report.hangs
+    assert (hang.rank, hang.node, hang.host, hang.round, hang.timeout) == (
+        3,
+        1,
+        "node-b",
+        2,
+        "soft",
+    )
+    assert "all_reduce_grads" in hang.stack
+
+
+def test_failures_grouped_by_signature_with_one_traceback(report) -> None:
+    by_sig = {f.signature: f for f in report.failures}
+    assert set(by_sig) == {
+        "ValueError at train.py:12 in step",
+        "TimeoutError",
+        "signal SIGKILL",
+        "hang (soft timeout)",
+    }
+    value_error = by_sig["ValueError at train.py:12 in step"]
+    assert (value_error.count, value_error.ranks, value_error.hosts, value_error.rounds) == (
+        1,
+        [2],
+        ["node-b"],
+        [0],
+    )
+    assert value_error.traceback.endswith("ValueError: bad batch 17\n")
+    assert by_sig["signal SIGKILL"].ranks == [1]
+    assert by_sig["hang (soft timeout)"].category == "hang"
+    # The clean exits (code 0) at the end are not failures.
+    assert not any(f.signature == "exit code 0" for f in report.failures)
+
+
+def test_suspect_nodes_and_exclude_string(report) -> None:
+    by_host = {n.host: n for n in report.suspects}
+    b, a = by_host["node-b"], by_host["node-a"]
+    assert (b.first_failures, b.hangs, b.deaths, b.faults) == (2, 1, 0, 2)
+    assert (a.first_failures, a.deaths, a.faults) == (1, 1, 1)
+    assert a.suspect and b.suspect
+    assert report.exclude == "node-a,node-b"
+
+
+def _two_host_round(log_dir: Path, with_votes: bool) -> None:
+    a = Host("gpu01", 0, skew=-2.0, mono0=10.0)
+    b = Host("gpu02", 1, skew=0.0, mono0=99999.0)
+    p0 = Proc(log_dir, a, "wrapper", rank=0).round(0)
+    p1 = Proc(log_dir, b, "wrapper", rank=1).round(0)
+    p2 = Proc(log_dir, b, "wrapper", rank=2).round(0)
+    for p in (p0, p1, p2):
+        p.at(1.0, "round_start", world_size=3)
+    p1.at(5.0, "fault", fault_kind="exception", exc_type="OSError", message="disk", origin_rank=1)
+    p0.at(
+        5.5, "fault", fault_kind="exception", exc_type="RuntimeError", message="nccl", origin_rank=0
+    )
+    if with_votes:
+        p2.at(5.6, "fault", fault_kind="peer", origin_rank=1)
+    for p in (p0, p1, p2):
+        p.at(6.0, "round_end", outcome="restart")
+        p.close()
+
+
+def test_without_store_origin_cross_host_order_falls_back_to_wall_clock_and_says_so(
+    tmp_path: Path,
+) -> None:
+    _two_host_round(tmp_path, with_votes=False)
+    report = build_report(tmp_path, sacct=False)
+    row = report.timeline[0]
+    # gpu01's wall clock is 2 s behind, so its later fault looks first: the report must say how it ordered.
+    assert (row.first_rank, row.ordering) == (0, "wall_clock")
+    assert any("clock skew" in n for n in report.reading.notes)
+
+
+def test_store_origin_beats_wall_clock(tmp_path: Path) -> None:
+    _two_host_round(tmp_path, with_votes=True)
+    row = build_report(tmp_path, sacct=False).timeline[0]
+    assert (row.first_rank, row.first_host, row.ordering, row.also_failed) == (
+        1,
+        "gpu02",
+        "store_origin",
+        [0],
+    )
+
+
+def test_monotonic_order_within_one_host_survives_a_wall_clock_step(tmp_path: Path) -> None:
+    h = Host("solo", 0, mono0=50.0)
+    p0 = Proc(tmp_path, h, "wrapper", rank=0).round(0)
+    p1 = Proc(tmp_path, h, "wrapper", rank=1).round(0)
+    p0.at(3.0, "fault", fault_kind="exception", exc_type="KeyError", message="k")
+    h.wall_step = (
+        -10.0
+    )  # NTP steps the wall clock back: rank 1's later fault gets an earlier wall time
+    p1.at(3.5, "fault", fault_kind="exception", exc_type="IndexError", message="i")
+    for p in (p0, p1):
+        p.at(4.0, "round_end", outcome="restart")
+        p.close()
+    row = build_report(tmp_path, sacct=False).timeline[0]
+    assert (row.first_rank, row.cause, row.ordering, row.also_failed) == (
+        0,
+        "KeyError",
+        "monotonic",
+        [1],
+    )
+
+
+def test_requeued_job_runs_are_kept_apart(tmp_path: Path) -> None:
+    h = Host("n1", 0)
+    for run, t0 in enumerate((0.0, 500.0)):
+        sup = Proc(tmp_path, h, "supervisor")
+        sup.at(t0, "supervisor_start", nnodes=1, nproc_per_node=1)
+        w = Proc(tmp_path, h, "wrapper", rank=0).round(0)  # the round counter starts again at 0
+        w.at(t0 + 1, "round_start", world_size=1)
+        w.at(t0 + 2, "call_start")
+        w.at(t0 + 3, "fault", fault_kind="exception", exc_type="ValueError", message=f"run {run}")
+        w.at(t0 + 3, "round_end", outcome="restart")
+        if run == 0:
+            sup.at(t0 + 4, "requeue", cause="preemption", count=1)
+        sup.at(
+            t0 + 5,
+            "supervisor_end",
+            exit_code=0 if run else 1,
+            reason="done" if run else "preempted",
+        )
+        sup.close()
+        w.close()
+    report = build_report(tmp_path, sacct=False)
+    assert report.summary.runs == 2
+    assert report.summary.restarts.requeue == 1
+    assert [(r.run, r.round) for r in report.timeline] == [(0, 0), (1, 0)]
+    assert (report.summary.outcome, report.summary.reason) == ("completed", "done")
+
+
+def test_filters_rank_node_since(report, standard) -> None:
+    log_dir = standard[0]
+    only_rank2 = build_report(log_dir, sacct=False, rank=2)
+    assert only_rank2.summary.ranks == 1
+    assert only_rank2.reading.events_used < only_rank2.reading.events
+    assert {f.signature for f in only_rank2.failures} == {"ValueError at train.py:12 in step"}
+    node_b = build_report(log_dir, sacct=False, node=1)
+    assert node_b.summary.hosts == ["node-b"]
+    late = build_report(log_dir, sacct=False, since=T0 + 40.0)
+    assert [r.round for r in late.timeline] == [2, 3]
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location(
+        "gen_synthetic_logs", REPO / "bench" / "gen_synthetic_logs.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.timeout(120)
+def test_synthetic_job_report_matches_ground_truth_serial_and_parallel(tmp_path: Path) -> None:
+    gen = _generator()
+    truth = gen.generate(tmp_path / "job", ranks=96, rounds=8, ranks_per_node=8, job="4242", seed=3)
+    serial = build_report(tmp_path / "job", sacct=False, workers=1)
+    parallel = build_report(
+        tmp_path / "job", sacct=False, workers=2
+    )  # 96 rank files: worker processes
+    a, b = serial.to_dict(), parallel.to_dict()
+    a.pop("generated_at"), b.pop("generated_at")
+    assert a == b
+    s = serial.summary
+    assert (s.ranks, s.nodes, s.rounds) == (96, 12, 8)
+    assert s.restarts.in_process == 7 and s.restarts.process == len(truth.killed)
+    for row in serial.timeline[:-1]:
+        assert row.first_rank == truth.roots[row.round], row
+        assert row.peer_notified == 95
+    assert serial.reading.events == truth.events
+    assert s.training_time_s * s.ranks == pytest.approx(truth.call_s, rel=1e-6)
+    assert [(h.round, h.rank) for h in serial.hangs] == [truth.hang]
