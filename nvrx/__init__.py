@@ -5,3 +5,20 @@ at the top of a script before any torch state exists in the process.
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # Lazy, so that `import nvrx` stays light; nvrx.supervisor imports no torch either.
+    if name == "fork_and_monitor":
+        from nvrx.supervisor.fork_and_monitor import fork_and_monitor
+
+        return fork_and_monitor
+    if name in ("submit", "Executor"):  # imports submitit only when asked for
+        from nvrx.slurm import submit as _submit
+
+        return getattr(_submit, name)
+    if name in ("preemption_requested", "preemption_info", "record_checkpoint"):
+        from nvrx import checkpoint_flag
+
+        return getattr(checkpoint_flag, name)
+    raise AttributeError(f"module 'nvrx' has no attribute {name!r}")

@@ -50,17 +50,21 @@ class ExitStatus:
         return self.code == 0
 
     def __str__(self) -> str:
-        return f"killed by {self.signal_name}" if self.signal is not None else f"exit code {self.code}"
+        return (
+            f"killed by {self.signal_name}" if self.signal is not None else f"exit code {self.code}"
+        )
 
 
 class Child:
     """One training process of a local rank and its process group."""
 
-    def __init__(self, local_rank: int, attempt: int, popen: subprocess.Popen[bytes]) -> None:
+    def __init__(
+        self, local_rank: int, attempt: int, pid: int, popen: subprocess.Popen[bytes] | None = None
+    ) -> None:
         self.local_rank = local_rank
         self.attempt = attempt
         self.popen = popen
-        self.pid = popen.pid
+        self.pid = pid
         self.started = time.monotonic()
         self.status: ExitStatus | None = None
 
@@ -75,7 +79,7 @@ class Child:
     ) -> Child:
         """Start ``command`` in a new session (its own process group). Raises OSError when it cannot start."""
         popen = subprocess.Popen(list(command), env=dict(env), cwd=cwd, start_new_session=True)
-        return cls(local_rank, attempt, popen)
+        return cls(local_rank, attempt, popen.pid, popen)
 
     @property
     def running(self) -> bool:
@@ -88,9 +92,14 @@ class Child:
     def poll(self) -> ExitStatus | None:
         """Reap the child if it has ended (non-blocking); its status, or None while running."""
         if self.status is None:
-            rc = self.popen.poll()
-            if rc is not None:
-                self.status = ExitStatus.from_returncode(rc)
+            if self.popen is not None:
+                rc = self.popen.poll()
+                if rc is not None:
+                    self.status = ExitStatus.from_returncode(rc)
+            else:
+                pid, wait_status = os.waitpid(self.pid, os.WNOHANG)
+                if pid == self.pid:
+                    self.status = ExitStatus.from_wait_status(wait_status)
         return self.status
 
     def signal_group(self, signum: int) -> bool:
@@ -101,7 +110,12 @@ class Child:
         except ProcessLookupError:
             return False
         except PermissionError as exc:
-            log.warning("cannot signal process group %d of local rank %d: %s", self.pid, self.local_rank, exc)
+            log.warning(
+                "cannot signal process group %d of local rank %d: %s",
+                self.pid,
+                self.local_rank,
+                exc,
+            )
             return False
 
     def kill_group(self) -> None:
@@ -109,13 +123,17 @@ class Child:
         self.signal_group(signal.SIGKILL)
 
     def wait(self, timeout: float | None = None) -> ExitStatus | None:
-        """Block until the child ends (bounded by ``timeout``); its status, or None on timeout."""
-        if self.status is None:
+        """Block until the child ends (bounded by ``timeout`` for exec'd children); None on timeout."""
+        if self.status is None and self.popen is not None:
             try:
                 rc = self.popen.wait(timeout)
             except subprocess.TimeoutExpired:
                 return None
             self.status = ExitStatus.from_returncode(rc)
+        elif self.status is None:
+            # A forked child: only waited for after SIGKILL of its group, so no timeout is needed.
+            _, wait_status = os.waitpid(self.pid, 0)
+            self.status = ExitStatus.from_wait_status(wait_status)
         return self.status
 
 

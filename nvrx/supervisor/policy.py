@@ -43,16 +43,31 @@ def exit_signature(status: ExitStatus) -> str:
     return f"signal:{status.signal_name}" if status.signal is not None else f"exit:{status.code}"
 
 
-def fault_signature(events_dir: str | os.PathLike[str], pid: int) -> str | None:
-    """Signature of the last ``fault`` event written by process ``pid`` under ``events_dir``, if any.
+@dataclass(frozen=True)
+class FaultRecord:
+    """What a child said about its own failure in its last ``fault`` event."""
 
-    The Wrapper records an exception's type and innermost user frame; that tells
-    "the same bug again" apart from an unrelated crash with the same exit code.
+    signature: str | None
+    fault_kind: str | None
+
+    @property
+    def collateral(self) -> bool:
+        """A failure caused by another rank's fault (a collective that lost its peer)."""
+        return self.fault_kind == "peer"
+
+
+def last_fault(events_dir: str | os.PathLike[str], pid: int) -> FaultRecord | None:
+    """The last ``fault`` event written by process ``pid`` under ``events_dir``, if any.
+
+    The Wrapper (or the application) records an exception's type and innermost
+    user frame; that tells "the same bug again" apart from an unrelated crash
+    with the same exit code, and a rank that only lost its peer from the rank
+    that failed first.
     """
     directory = Path(events_dir)
     if not directory.is_dir():
         return None
-    signature = None
+    record = None
     for path in directory.glob(f"*-p{pid}-*.jsonl"):
         try:
             lines = path.read_bytes().splitlines()
@@ -63,9 +78,10 @@ def fault_signature(events_dir: str | os.PathLike[str], pid: int) -> str | None:
                 event = json.loads(raw)
             except ValueError:
                 continue
-            if isinstance(event, dict) and event.get("kind") == "fault" and event.get("signature"):
-                signature = str(event["signature"])
-    return signature
+            if isinstance(event, dict) and event.get("kind") == "fault":
+                sig, kind = event.get("signature"), event.get("fault_kind")
+                record = FaultRecord(str(sig) if sig else None, str(kind) if kind else None)
+    return record
 
 
 class RestartPolicy:
@@ -75,7 +91,9 @@ class RestartPolicy:
     returns how many restarts the job has used so far (the store counter).
     """
 
-    def __init__(self, max_restarts: int, loop_breaker: int, spend_restart: Callable[[], int]) -> None:
+    def __init__(
+        self, max_restarts: int, loop_breaker: int, spend_restart: Callable[[], int]
+    ) -> None:
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
         if loop_breaker < 0:
@@ -90,18 +108,27 @@ class RestartPolicy:
         signature, count = self._streaks.get(local_rank, (None, 0))
         return signature, count
 
-    def decide(self, local_rank: int, status: ExitStatus, signature: str | None = None) -> Verdict:
-        """Verdict for a child of ``local_rank`` that ended with ``status``."""
+    def decide(
+        self, local_rank: int, status: ExitStatus, fault: FaultRecord | None = None
+    ) -> Verdict:
+        """Verdict for a child of ``local_rank`` that ended with ``status``.
+
+        A collateral failure (``fault.collateral``: the child only lost a peer)
+        spends budget but does not count towards the loop breaker, so that the
+        ranks around one repeated real fault are not mistaken for a loop.
+        """
         if status.code == 0:
             self._streaks.pop(local_rank, None)
             return Verdict(Decision.DONE, "child completed")
         if status.code == CLEAN_STOP_EXIT:
             return Verdict(Decision.STOP, "child asked for a clean stop (exit 130)")
-        signature = signature or exit_signature(status)
+        signature = (fault.signature if fault else None) or exit_signature(status)
         last, count = self._streaks.get(local_rank, (None, 0))
-        count = count + 1 if last == signature else 1
-        self._streaks[local_rank] = (signature, count)
-        if self.loop_breaker and count >= self.loop_breaker:
+        counted = fault is None or not fault.collateral
+        if counted:
+            count = count + 1 if last == signature else 1
+            self._streaks[local_rank] = (signature, count)
+        if counted and self.loop_breaker and count >= self.loop_breaker:
             return Verdict(
                 Decision.GIVE_UP,
                 f"loop breaker: local rank {local_rank} failed with {signature} {count} times in a row",

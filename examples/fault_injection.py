@@ -1,0 +1,90 @@
+"""Faults for the demo job, chosen on the command line or in ``NVRX_DEMO_FAULTS``.
+
+A fault is ``KIND:STEP:RANK`` with KIND one of ``exception`` (raise at that
+step), ``hang`` (stop making progress), ``kill`` (SIGKILL the process) or
+``exit130`` (ask for a clean stop of the whole job). Each fault fires once per
+job: a marker file in the run directory remembers that it fired, so the
+restarted process does not fire it again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+KINDS = ("exception", "hang", "kill", "exit130")
+
+
+class InjectedFault(RuntimeError):
+    """The exception an ``exception`` fault raises."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    step: int
+    rank: int
+
+    @classmethod
+    def parse(cls, text: str) -> Fault:
+        parts = text.strip().split(":")
+        if len(parts) != 3 or parts[0] not in KINDS:
+            raise ValueError(
+                f"fault {text!r} must be KIND:STEP:RANK with KIND in {', '.join(KINDS)}"
+            )
+        try:
+            step, rank = int(parts[1]), int(parts[2])
+        except ValueError:
+            raise ValueError(f"fault {text!r}: STEP and RANK must be integers") from None
+        return cls(parts[0], step, rank)
+
+    @property
+    def marker(self) -> str:
+        return f"fault-{self.kind}-s{self.step}-r{self.rank}.fired"
+
+
+def parse_faults(specs: list[str] | None, env_value: str | None = None) -> list[Fault]:
+    """Faults from ``--fault`` options plus the comma-separated ``NVRX_DEMO_FAULTS``."""
+    texts = list(specs or [])
+    if env_value:
+        texts.extend(t for t in env_value.split(",") if t.strip())
+    return [Fault.parse(t) for t in texts]
+
+
+class FaultInjector:
+    """Fires each due fault once per job (marker files under ``run_dir``)."""
+
+    def __init__(self, faults: list[Fault], rank: int, run_dir: str | os.PathLike[str]) -> None:
+        self.faults = [f for f in faults if f.rank == rank]
+        self.run_dir = Path(run_dir)
+
+    def _claim(self, fault: Fault) -> bool:
+        try:
+            fd = os.open(self.run_dir / fault.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        os.close(fd)
+        return True
+
+    def at_step(self, step: int) -> None:
+        for fault in self.faults:
+            if fault.step != step or not self._claim(fault):
+                continue
+            print(
+                f"[demo] rank {fault.rank}: injecting {fault.kind} at step {step}",
+                file=sys.stderr,
+                flush=True,
+            )
+            if fault.kind == "exception":
+                raise InjectedFault(f"injected exception at step {step} on rank {fault.rank}")
+            if fault.kind == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if fault.kind == "exit130":
+                sys.stdout.flush()
+                os._exit(130)
+            if fault.kind == "hang":
+                threading.Event().wait()  # never set: this rank makes no more progress

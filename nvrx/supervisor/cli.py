@@ -1,0 +1,240 @@
+"""``nvrx-supervise``: run one node of a fault-tolerant training job.
+
+Usage: ``nvrx-supervise [options] -- COMMAND ARGS...`` (one per node, e.g. via
+``bin/nvrx-srun``). Exit codes are listed in ``docs/supervisor.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+
+from .config import (
+    DEFAULT_FINISH_TIMEOUT_S,
+    DEFAULT_GRACE_PERIOD_S,
+    DEFAULT_LOG_DIR,
+    DEFAULT_LOOP_BREAKER,
+    DEFAULT_MASTER_ADDR,
+    DEFAULT_MASTER_PORT,
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_STORE_TIMEOUT_S,
+    ConfigError,
+    JobPlace,
+    SupervisorConfig,
+    in_slurm_step,
+    place_from_slurm,
+)
+from .exit_codes import DESCRIPTIONS, ExitCode
+
+log = logging.getLogger(__name__)
+
+PROG = "nvrx-supervise"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors and exit code 2 (ExitCode.USAGE)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(f"{message} (see {PROG} --help)")
+
+
+def _exit_code_help() -> str:
+    return (
+        "exit codes:\n"
+        + "\n".join(f"  {int(code):3d}  {text}" for code, text in DESCRIPTIONS.items())
+        + ("\n  128+N  stopped by signal N (143 = SIGTERM, 130 = SIGINT)")
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        usage=f"{PROG} [options] -- COMMAND [ARGS...]",
+        description=(
+            "Supervise the training processes of one node: start the job's store (node 0), "
+            "start --nproc-per-node children with RANK/WORLD_SIZE/... set, restart a child that "
+            "fails, and stop all children of all nodes when one asks for a clean stop (exit 130) "
+            "or the job cannot go on. Under srun the topology comes from SLURM; otherwise give "
+            "--nnodes/--node-rank/--master-addr/--master-port to run several local supervisors as one job."
+        ),
+        epilog=_exit_code_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = parser.add_argument
+    add(
+        "--nproc-per-node",
+        type=int,
+        default=1,
+        metavar="N",
+        help="training processes on this node (default 1)",
+    )
+    add(
+        "--nnodes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="nodes in the job (default: SLURM, else 1)",
+    )
+    add(
+        "--node-rank",
+        type=int,
+        default=None,
+        metavar="R",
+        help="this node's rank 0..nnodes-1 (default: SLURM, else 0)",
+    )
+    add(
+        "--master-addr",
+        default=None,
+        metavar="HOST",
+        help=f"host of node 0; the store runs there (default: first SLURM node, else {DEFAULT_MASTER_ADDR})",
+    )
+    add(
+        "--master-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help=f"port for torch's own rendezvous, passed to children as MASTER_PORT (default: from the SLURM job id, else {DEFAULT_MASTER_PORT})",
+    )
+    add(
+        "--store-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="port of the job's store on node 0 (default: from the SLURM job id, else master port + 1)",
+    )
+    add(
+        "--job-id",
+        default=None,
+        metavar="ID",
+        help="job id for events and logs (default: $NVRX_JOB_ID, $SLURM_JOB_ID, else local-<store port>)",
+    )
+    add(
+        "--log-dir",
+        default=None,
+        metavar="DIR",
+        help=f"base log directory; events go to DIR/<job id>/ (default: $NVRX_LOG_DIR, else ./{DEFAULT_LOG_DIR})",
+    )
+    add(
+        "--max-restarts",
+        type=int,
+        default=DEFAULT_MAX_RESTARTS,
+        metavar="N",
+        help=f"process restarts allowed for the whole job, counted in the store (default {DEFAULT_MAX_RESTARTS})",
+    )
+    add(
+        "--loop-breaker",
+        type=int,
+        default=DEFAULT_LOOP_BREAKER,
+        metavar="K",
+        help=f"stop the job when a local rank fails with the same signature K times in a row; 0 disables (default {DEFAULT_LOOP_BREAKER})",
+    )
+    add(
+        "--grace-period",
+        type=float,
+        default=DEFAULT_GRACE_PERIOD_S,
+        metavar="S",
+        help=f"seconds children get after SIGTERM before their process groups are killed (default {DEFAULT_GRACE_PERIOD_S:g}); keep it below SLURM's KillWait",
+    )
+    add(
+        "--store-timeout",
+        type=float,
+        default=DEFAULT_STORE_TIMEOUT_S,
+        metavar="S",
+        help=f"seconds to start or reach the store, and to wait for one store answer (default {DEFAULT_STORE_TIMEOUT_S:g})",
+    )
+    add(
+        "--finish-timeout",
+        type=float,
+        default=DEFAULT_FINISH_TIMEOUT_S,
+        metavar="S",
+        help=f"seconds node 0 keeps the store up for other nodes after its own children ended (default {DEFAULT_FINISH_TIMEOUT_S:g})",
+    )
+    add("--verbose", "-v", action="store_true", help="log each decision to stderr")
+    add("command", nargs=argparse.REMAINDER, help="the training command, after '--'")
+    return parser
+
+
+def _resolve_command(command: list[str]) -> list[str]:
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise ConfigError(
+            f"no training command: put it after '--', e.g. {PROG} --nproc-per-node 2 -- python train.py"
+        )
+    exe = command[0]
+    if os.sep in exe:
+        if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
+            raise ConfigError(
+                f"training command {exe!r} is not an executable file: fix the path after '--'"
+            )
+    elif shutil.which(exe) is None:
+        raise ConfigError(f"training command {exe!r} not found on PATH: fix the command after '--'")
+    return command
+
+
+def config_from_args(
+    argv: Sequence[str], env: Mapping[str, str] | None = None
+) -> tuple[SupervisorConfig, bool]:
+    """Parse ``argv`` (without the program name) into (config, verbose); ``ConfigError`` on bad input."""
+    env = os.environ if env is None else env
+    args = build_parser().parse_args(list(argv))
+    command = _resolve_command(list(args.command))
+    local_topology = any(v is not None for v in (args.nnodes, args.node_rank, args.master_addr))
+    if in_slurm_step(env) and not local_topology:
+        place = place_from_slurm(env)
+    else:
+        master_port = args.master_port if args.master_port is not None else DEFAULT_MASTER_PORT
+        store_port = args.store_port if args.store_port is not None else master_port + 1
+        place = JobPlace(
+            nnodes=args.nnodes if args.nnodes is not None else 1,
+            node_rank=args.node_rank if args.node_rank is not None else 0,
+            master_addr=args.master_addr or DEFAULT_MASTER_ADDR,
+            master_port=master_port,
+            store_port=store_port,
+            job_id=env.get("NVRX_JOB_ID") or env.get("SLURM_JOB_ID") or f"local-{store_port}",
+        )
+    return SupervisorConfig(
+        command=command,
+        nproc_per_node=args.nproc_per_node,
+        nnodes=place.nnodes,
+        node_rank=place.node_rank,
+        master_addr=place.master_addr,
+        master_port=args.master_port if args.master_port is not None else place.master_port,
+        store_port=args.store_port if args.store_port is not None else place.store_port,
+        job_id=args.job_id or place.job_id,
+        log_dir=args.log_dir or env.get("NVRX_LOG_DIR") or DEFAULT_LOG_DIR,
+        max_restarts=args.max_restarts,
+        loop_breaker=args.loop_breaker,
+        grace_period=args.grace_period,
+        store_timeout=args.store_timeout,
+        finish_timeout=args.finish_timeout,
+    ), args.verbose
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point; returns the exit code (see ``exit_codes``)."""
+    from .supervisor import Supervisor, SupervisorError
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        config, verbose = config_from_args(argv)
+    except ConfigError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format=f"%(asctime)s {PROG}[n{config.node_rank}] %(levelname)s %(message)s",
+    )
+    try:
+        return Supervisor(config).run()
+    except SupervisorError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return exc.code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The supervisor's store agent: a small process that talks to the job's TCPStore for it.
+
+The supervisor itself imports no torch, so that ``fork_and_monitor`` can fork
+replacement children from a process that holds no torch or socket state. This
+agent (started with ``python -m nvrx.supervisor.store_agent HOST PORT TIMEOUT``)
+owns the torch ``TCPStore`` clients instead and speaks JSON lines:
+
+* requests on stdin: ``{"id": 1, "op": "add"|"set"|"get"|"watch", "key": ..., ...}``
+* answers on stdout: ``{"id": 1, "value": ...}`` or ``{"id": 1, "error": "..."}``
+* unsolicited lines: ``{"event": "ready"}``, ``{"event": "key", "key": k, "value": v}``
+  when a watched key is set, ``{"event": "lost", "message": ...}`` when the store is gone.
+
+It exits when stdin closes (its supervisor ended) and never outlives it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from datetime import timedelta
+from typing import Any
+
+#: A watch waits in chunks of this length so a wait never depends on the client's timeout.
+_WATCH_CHUNK = timedelta(seconds=60)
+
+
+class _Agent:
+    def __init__(self, host: str, port: int, timeout: float) -> None:
+        import torch.distributed as dist
+
+        self._dist = dist
+        self.host, self.port = host, port
+        self.timeout = timedelta(seconds=timeout)
+        self._out_lock = threading.Lock()
+        self.store = self._connect()
+
+    def _connect(self) -> Any:
+        return self._dist.TCPStore(
+            self.host,
+            self.port,
+            world_size=None,
+            is_master=False,
+            timeout=self.timeout,
+            wait_for_workers=False,
+        )
+
+    def send(self, message: dict[str, Any]) -> None:
+        line = json.dumps(message, separators=(",", ":")) + "\n"
+        with self._out_lock:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+
+    def _watch(self, key: str) -> None:
+        try:
+            store = self._connect()
+            while True:
+                try:
+                    store.wait([key], _WATCH_CHUNK)
+                    break
+                except self._dist.DistStoreError:
+                    continue  # chunk elapsed without the key: wait again
+            value = store.get(key).decode(errors="replace")
+        except Exception as exc:  # DistNetworkError: the server is gone
+            self.send({"event": "lost", "message": f"{type(exc).__name__}: {exc}"})
+            return
+        self.send({"event": "key", "key": key, "value": value})
+
+    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        op, key = request.get("op"), request.get("key")
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"request needs a non-empty string 'key', got {key!r}")
+        if op == "add":
+            return {"value": int(self.store.add(key, int(request.get("amount", 1))))}
+        if op == "set":
+            self.store.set(key, str(request.get("value", "")))
+            return {"value": None}
+        if op == "get":
+            if not self.store.check([key]):
+                return {"value": None}
+            return {"value": self.store.get(key).decode(errors="replace")}
+        if op == "watch":
+            threading.Thread(
+                target=self._watch, args=(key,), name=f"watch-{key}", daemon=True
+            ).start()
+            return {"value": None}
+        raise ValueError(f"unknown op {op!r}: expected add, set, get or watch")
+
+    def serve(self, lines: Any) -> None:
+        self.send({"event": "ready"})
+        for raw in lines:
+            try:
+                request = json.loads(raw)
+                rid = request.get("id")
+            except ValueError:
+                self.send({"id": None, "error": f"malformed request line {raw[:200]!r}"})
+                continue
+            try:
+                answer = self.handle(request)
+            except self._dist.DistNetworkError as exc:
+                self.send({"id": rid, "error": f"store lost: {exc}"})
+                self.send({"event": "lost", "message": f"{type(exc).__name__}: {exc}"})
+                return
+            except Exception as exc:
+                answer = {"error": f"{type(exc).__name__}: {exc}"}
+            answer["id"] = rid
+            self.send(answer)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3:
+        print("usage: python -m nvrx.supervisor.store_agent HOST PORT TIMEOUT_S", file=sys.stderr)
+        return 2
+    host, port, timeout = args[0], int(args[1]), float(args[2])
+    try:
+        agent = _Agent(host, port, timeout)
+    except Exception as exc:
+        sys.stdout.write(
+            json.dumps({"event": "lost", "message": f"{type(exc).__name__}: {exc}"}) + "\n"
+        )
+        sys.stdout.flush()
+        return 3
+    agent.serve(sys.stdin)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

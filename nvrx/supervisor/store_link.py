@@ -1,0 +1,227 @@
+"""Supervisor side of the store agent: requests over raw pipes, no threads.
+
+See ``store_agent`` for why the store client lives in a process of its own.
+The link holds only raw file descriptors and starts no thread, so a process
+that owns one can still ``fork`` safely (``fork_and_monitor``): the child
+closes the descriptors and inherits no lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: Seconds allowed for the agent to start (it imports torch) on top of the store timeout.
+_AGENT_START_S = 60.0
+
+
+class StoreLinkError(RuntimeError):
+    """The store could not be reached through the agent, or was lost."""
+
+
+class StoreLink:
+    """A running store agent for ``host:port``.
+
+    ``fileno()`` becomes readable when the agent has something to say;
+    ``read_events()`` then returns unsolicited messages (a watched key was set,
+    or the store was lost) for the caller's main loop.
+    """
+
+    def __init__(self, host: str, port: int, timeout: float = 60.0) -> None:
+        self.host, self.port, self.timeout = host, port, timeout
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._to_agent: int | None = None
+        self._from_agent: int | None = None
+        self._buffer = b""
+        self._events: deque[dict[str, Any]] = deque()
+        self._next_id = 0
+        self.lost: str | None = None
+        self.ready = False
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def fds(self) -> tuple[int, ...]:
+        """Descriptors a forked child must close."""
+        return tuple(fd for fd in (self._to_agent, self._from_agent) if fd is not None)
+
+    def fileno(self) -> int:
+        assert self._from_agent is not None, "store link not started"
+        return self._from_agent
+
+    def launch(self) -> StoreLink:
+        """Start the agent process; ``wait_ready`` (or the main loop) sees it connect."""
+        req_r, req_w = os.pipe2(os.O_CLOEXEC)
+        ans_r, ans_w = os.pipe2(os.O_CLOEXEC)
+        cmd = [
+            sys.executable,
+            "-W",
+            "ignore::UserWarning",  # torch's "Failed to initialize NumPy" on every start
+            "-m",
+            "nvrx.supervisor.store_agent",
+            self.host,
+            str(self.port),
+            f"{self.timeout:g}",
+        ]
+        try:
+            self._proc = subprocess.Popen(
+                cmd, stdin=req_r, stdout=ans_w, start_new_session=True, env=dict(os.environ)
+            )
+        finally:
+            os.close(req_r)
+            os.close(ans_w)
+        self._to_agent, self._from_agent = req_w, ans_r
+        return self
+
+    def wait_ready(self) -> None:
+        """Block until the agent is connected; raise ``StoreLinkError`` when it cannot connect."""
+        deadline = time.monotonic() + self.timeout + _AGENT_START_S
+        while not self.ready and self.lost is None:
+            self._read_line_blocking(deadline, "connect")
+        if self.lost is not None:
+            raise StoreLinkError(f"cannot use the store at {self.host}:{self.port}: {self.lost}")
+
+    # -- reading ------------------------------------------------------------------
+    def _fill(self) -> bool:
+        """Read what the agent wrote; False at end of file (the agent is gone)."""
+        try:
+            chunk = os.read(self.fileno(), 65536)
+        except BlockingIOError:
+            return True
+        if not chunk:
+            if self.lost is None:
+                self.lost = "store agent exited"
+                self._events.append({"event": "lost", "message": self.lost})
+            return False
+        self._buffer += chunk
+        return True
+
+    def _parse(self) -> list[dict[str, Any]]:
+        """Complete lines in the buffer; answers returned, events queued."""
+        answers = []
+        while b"\n" in self._buffer:
+            raw, self._buffer = self._buffer.split(b"\n", 1)
+            try:
+                message = json.loads(raw)
+            except ValueError:
+                log.warning("store agent wrote a non-JSON line: %r", raw[:200])
+                continue
+            event = message.get("event")
+            if event == "ready":
+                self.ready = True
+            elif event is not None:
+                if event == "lost" and self.lost is None:
+                    self.lost = str(message.get("message"))
+                self._events.append(message)
+            else:
+                answers.append(message)
+        return answers
+
+    def _read_line_blocking(self, deadline: float, what: str) -> list[dict[str, Any]]:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            self.lost = self.lost or f"no answer to {what} within the store timeout"
+            raise StoreLinkError(f"store at {self.host}:{self.port}: {self.lost}")
+        readable, _, _ = select.select([self.fileno()], [], [], remaining)
+        if readable:
+            self._fill()
+        return self._parse()
+
+    @property
+    def has_events(self) -> bool:
+        """Events already read (e.g. while waiting for an answer): the caller must not block on ``fileno()``."""
+        return bool(self._events)
+
+    def read_events(self) -> list[dict[str, Any]]:
+        """Drain what the agent wrote (call when ``fileno()`` is readable); the pending events."""
+        if self._from_agent is not None:
+            readable, _, _ = select.select([self._from_agent], [], [], 0)
+            if readable:
+                self._fill()
+            stray = self._parse()
+            if stray:
+                log.warning("store agent answers nobody waited for: %s", stray)
+        events = list(self._events)
+        self._events.clear()
+        return events
+
+    # -- requests -----------------------------------------------------------------
+    def request(self, op: str, key: str, **fields: Any) -> Any:
+        """Run one store operation and return its value; raise ``StoreLinkError`` when it fails."""
+        if self.lost is not None or self._to_agent is None:
+            raise StoreLinkError(f"store at {self.host}:{self.port} is unavailable: {self.lost}")
+        self._next_id += 1
+        rid = self._next_id
+        line = (json.dumps({"id": rid, "op": op, "key": key, **fields}) + "\n").encode()
+        try:
+            os.write(self._to_agent, line)
+        except OSError as exc:
+            self.lost = self.lost or f"store agent is gone ({exc.strerror})"
+            raise StoreLinkError(f"store at {self.host}:{self.port}: {self.lost}") from exc
+        deadline = time.monotonic() + self.timeout
+        while True:
+            for answer in self._read_line_blocking(deadline, f"{op} {key!r}"):
+                if answer.get("id") == rid:
+                    if "error" in answer:
+                        raise StoreLinkError(
+                            f"store {op} {key!r} at {self.host}:{self.port} failed: {answer['error']}"
+                        )
+                    return answer.get("value")
+            if self.lost is not None:
+                raise StoreLinkError(
+                    f"store at {self.host}:{self.port} was lost during {op} {key!r}: {self.lost}"
+                )
+
+    def add(self, key: str, amount: int = 1) -> int:
+        return int(self.request("add", key, amount=amount))
+
+    def set(self, key: str, value: str) -> None:
+        self.request("set", key, value=value)
+
+    def get(self, key: str) -> str | None:
+        return self.request("get", key)
+
+    def watch(self, key: str) -> None:
+        """Have ``read_events`` return ``{"event": "key", "key": key, "value": ...}`` once ``key`` is set."""
+        self.request("watch", key)
+
+    # -- end ----------------------------------------------------------------------
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the agent (closing its stdin ends it) and reap it; kill its group if it lingers."""
+        proc, self._proc = self._proc, None
+        self.lost = self.lost or "closed"
+        for fd in self.fds():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._to_agent = self._from_agent = None
+        if proc is None:
+            return
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    def forget_in_child(self) -> None:
+        """In a forked child: close the inherited descriptors without touching the agent."""
+        for fd in self.fds():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._to_agent = self._from_agent = None
+        self._proc = None
+        self.lost = "not owned by this process"

@@ -1,0 +1,408 @@
+"""The per-node supervisor loop: store, children, restarts, stop requests, signals.
+
+One supervisor runs per node. Node 0 hosts the job's store service before any
+child starts; the others wait for it. Each supervisor starts its children,
+restarts a failed one (same RANK, ``NVRX_RESTART_COUNT`` + 1) within the
+job-wide budget, and stops all of them when any node asks the job to stop.
+Everything happens on the main thread: signals, child exits and store events
+arrive as readable descriptors of one ``select`` call.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import signal
+import time
+from collections.abc import Callable
+
+from nvrx import events
+from nvrx.store.service import (
+    StorePortInUse,
+    StoreService,
+    StoreUnavailable,
+    port_is_free,
+    wait_for_store,
+)
+
+from .children import Child, ExitStatus
+from .config import ALL_DONE_KEY, NODES_DONE_KEY, RESTARTS_KEY, STOP_KEY, SupervisorConfig
+from .exit_codes import ExitCode, for_signal
+from .policy import Decision, RestartPolicy, last_fault
+from .signals import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
+from .store_link import StoreLink, StoreLinkError
+
+log = logging.getLogger(__name__)
+
+#: Starts the child of a local rank: ``spawn(local_rank, attempt, env) -> Child``.
+Spawner = Callable[[int, int, dict], Child]
+
+
+class SupervisorError(RuntimeError):
+    """A failure that ends the supervisor with ``code``; the message names the fix."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = int(code)
+
+
+class Supervisor:
+    """Runs one node of a job until all its children have ended; ``run()`` returns the exit code."""
+
+    def __init__(self, config: SupervisorConfig, spawn: Spawner | None = None) -> None:
+        self.config = config
+        self._spawn = spawn or self._exec_command
+        self._owner = os.getpid()
+        self.children: dict[int, Child] = {}
+        self.restarts: dict[int, int] = dict.fromkeys(range(config.nproc_per_node), 0)
+        self.policy = RestartPolicy(config.max_restarts, config.loop_breaker, self._spend_restart)
+        self.link: StoreLink | None = None
+        self.service: StoreService | None = None
+        self.signals: SignalPipe | None = None
+        self.writer: events.EventWriter | None = None
+        self.stop_reason: str | None = None
+        self.exit_code: int = ExitCode.OK
+        self._kill_at: float | None = None
+        self._signalled: int | None = None
+        self._exit_seen: dict[int, float] = {}
+        self._selector: selectors.BaseSelector | None = None
+
+    # -- life ---------------------------------------------------------------------
+    def run(self) -> int:
+        """Supervise until done. Raises ``SupervisorError`` for failures before children start."""
+        cfg = self.config
+        self.writer = events.configure(
+            "supervisor",
+            directory=cfg.events_dir,
+            job=cfg.job_id,
+            node=cfg.node_rank,
+            rank=None,
+            round=None,
+        )
+        self.writer.emit(
+            "supervisor_start",
+            nnodes=cfg.nnodes,
+            nproc_per_node=cfg.nproc_per_node,
+            command=cfg.command,
+            store=f"{cfg.store_host}:{cfg.store_port}",
+            max_restarts=cfg.max_restarts,
+            loop_breaker=cfg.loop_breaker,
+            supervisor_pid=os.getpid(),
+        )
+        reason = "all children ended"
+        try:
+            self.signals = SignalPipe((*STOP_SIGNALS, *FORWARD_SIGNALS, signal.SIGCHLD)).install()
+            if cfg.node_rank == 0 and not port_is_free(cfg.store_host, cfg.store_port):
+                raise SupervisorError(
+                    ExitCode.USAGE, str(StorePortInUse(cfg.store_host, cfg.store_port))
+                )
+            # The agent imports torch and retries connecting while the store comes up: start it first.
+            self.link = StoreLink(cfg.store_host, cfg.store_port, cfg.store_timeout).launch()
+            self._bring_up_store()
+            early = [s for s in self.signals.read() if s in STOP_SIGNALS]
+            if early:
+                self.exit_code = for_signal(early[0])
+                reason = f"received {signal.Signals(early[0]).name} before any child started"
+                return self.exit_code
+            for local_rank in range(cfg.nproc_per_node):
+                self._start_child(local_rank)
+            self._connect_link()
+            self._loop()
+            self._finish()
+            reason = self.stop_reason or reason
+            return self.exit_code
+        except SupervisorError as exc:
+            self.exit_code, reason = exc.code, str(exc)
+            raise
+        except BaseException as exc:
+            if os.getpid() == self._owner and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                self.exit_code, reason = ExitCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            if os.getpid() == self._owner:
+                self._cleanup()
+                self.writer.emit("supervisor_end", exit_code=int(self.exit_code), reason=reason)
+
+    def _bring_up_store(self) -> None:
+        cfg = self.config
+        if cfg.node_rank == 0:
+            service = StoreService(
+                cfg.store_host, cfg.store_port, job_id=cfg.job_id, log_dir=cfg.log_dir, node=0
+            )
+            try:
+                self.service = service.start(cfg.store_timeout)
+            except StorePortInUse as exc:
+                raise SupervisorError(ExitCode.USAGE, str(exc)) from exc
+            except RuntimeError as exc:
+                raise SupervisorError(ExitCode.STORE_UNAVAILABLE, str(exc)) from exc
+        else:
+            try:
+                wait_for_store(cfg.store_host, cfg.store_port, cfg.store_timeout)
+            except StoreUnavailable as exc:
+                raise SupervisorError(ExitCode.STORE_UNAVAILABLE, str(exc)) from exc
+
+    def _connect_link(self) -> None:
+        assert self.link is not None
+        try:
+            self.link.wait_ready()
+            self.link.watch(STOP_KEY)
+            if self.config.node_rank == 0 and self.config.nnodes > 1:
+                self.link.watch(ALL_DONE_KEY)
+        except StoreLinkError as exc:
+            self.request_stop(
+                f"store unavailable: {exc}", ExitCode.STORE_UNAVAILABLE, broadcast=False
+            )
+
+    # -- children -----------------------------------------------------------------
+    def _exec_command(self, local_rank: int, attempt: int, env: dict) -> Child:
+        return Child.spawn(self.config.command, env, local_rank, attempt)
+
+    def _start_child(self, local_rank: int) -> None:
+        attempt = self.restarts[local_rank]
+        env = self.config.child_env(local_rank, attempt)
+        try:
+            child = self._spawn(local_rank, attempt, env)
+        except OSError as exc:
+            self.request_stop(
+                f"cannot start {self.config.command[0]!r}: {exc.strerror or exc}",
+                ExitCode.SPAWN_FAILED,
+                broadcast=True,
+            )
+            return
+        self.children[local_rank] = child
+        self._emit(
+            "child_start",
+            local_rank=local_rank,
+            child_pid=child.pid,
+            attempt=attempt,
+            global_rank=self.config.rank(local_rank),
+        )
+        if attempt > 0:
+            exited = self._exit_seen.pop(local_rank, None)
+            self._emit(
+                "rejoin",
+                local_rank=local_rank,
+                global_rank=self.config.rank(local_rank),
+                child_pid=child.pid,
+                phase="replacement_started",
+                wait_s=None if exited is None else round(time.monotonic() - exited, 6),
+            )
+
+    def _running(self) -> list[Child]:
+        return [c for c in self.children.values() if c.running]
+
+    def _reap(self) -> None:
+        for local_rank, child in list(self.children.items()):
+            if not child.running or child.poll() is None:
+                continue
+            status = child.status
+            assert status is not None
+            self._exit_seen[local_rank] = time.monotonic()
+            child.kill_group()  # whatever the command left behind in its group
+            self._emit(
+                "child_exit",
+                local_rank=local_rank,
+                child_pid=child.pid,
+                exit_code=status.code,
+                signal=status.signal_name,
+                runtime_s=round(child.runtime_s, 6),
+                attempt=child.attempt,
+                global_rank=self.config.rank(local_rank),
+            )
+            log.info("local rank %d (pid %d) ended: %s", local_rank, child.pid, status)
+            if self.stop_reason is None:
+                self._decide(local_rank, status, child.pid)
+
+    def _decide(self, local_rank: int, status: ExitStatus, pid: int) -> None:
+        fault = None if status.code in (0, 130) else last_fault(self.config.events_dir, pid)
+        try:
+            verdict = self.policy.decide(local_rank, status, fault)
+        except StoreLinkError as exc:
+            self.request_stop(
+                f"store unavailable: {exc}", ExitCode.STORE_UNAVAILABLE, broadcast=False
+            )
+            return
+        if verdict.decision is Decision.DONE:
+            return
+        self._emit(
+            "restart_decision",
+            local_rank=local_rank,
+            decision=verdict.decision.value,
+            reason=verdict.reason,
+            budget_left=verdict.budget_left,
+            signature=verdict.signature,
+            global_rank=self.config.rank(local_rank),
+        )
+        if verdict.decision is Decision.RESTART:
+            self.restarts[local_rank] += 1
+            self._start_child(local_rank)
+        else:
+            self.request_stop(verdict.reason, verdict.exit_code, broadcast=True)
+
+    # -- stopping -----------------------------------------------------------------
+    def request_stop(self, reason: str, exit_code: int, broadcast: bool) -> None:
+        """Stop every local child (SIGTERM, SIGKILL after the grace period); tell other nodes if ``broadcast``."""
+        if self.stop_reason is not None:
+            return
+        self.stop_reason, self.exit_code = reason, int(exit_code)
+        log.warning("stopping the job: %s", reason)
+        self._emit("job_stop", reason=reason, exit_code=int(exit_code))
+        if broadcast and self.link is not None and self.link.lost is None:
+            value = json.dumps(
+                {"reason": reason, "exit_code": int(exit_code), "node": self.config.node_rank}
+            )
+            try:
+                self.link.set(STOP_KEY, value)
+            except StoreLinkError as exc:
+                log.warning("could not tell the other nodes to stop: %s", exc)
+        for child in self._running():
+            child.signal_group(signal.SIGTERM)
+        self._kill_at = time.monotonic() + self.config.grace_period
+
+    def _on_signals(self, received: list[int]) -> None:
+        for signum in received:
+            if signum == signal.SIGCHLD:
+                self._reap()
+                continue
+            name = signal.Signals(signum).name
+            if signum in FORWARD_SIGNALS:
+                self._emit("signal_received", signal=name, action="forwarded to children")
+                for child in self._running():
+                    child.signal_group(signum)
+            elif signum in STOP_SIGNALS:
+                self._signalled = signum
+                if self.stop_reason is None:
+                    self._emit("signal_received", signal=name, action="stop the job")
+                    self.request_stop(f"received {name}", for_signal(signum), broadcast=True)
+                else:
+                    self._emit("signal_received", signal=name, action="kill children now")
+                    self._kill_at = time.monotonic()
+
+    def _on_store_events(self, messages: list[dict]) -> None:
+        for message in messages:
+            if message.get("event") == "lost":
+                if self.stop_reason is None:
+                    self.request_stop(
+                        f"store at {self.config.store_host}:{self.config.store_port} lost: {message.get('message')}",
+                        ExitCode.STORE_UNAVAILABLE,
+                        broadcast=False,
+                    )
+            elif message.get("key") == STOP_KEY and self.stop_reason is None:
+                try:
+                    request = json.loads(message.get("value") or "{}")
+                except ValueError:
+                    request = {}
+                code = int(request.get("exit_code", ExitCode.INTERNAL))
+                self.request_stop(
+                    f"node {request.get('node')} stopped the job: {request.get('reason', 'no reason given')}",
+                    code,
+                    broadcast=False,
+                )
+
+    # -- loop -----------------------------------------------------------------------
+    def _make_selector(self) -> selectors.BaseSelector:
+        selector = selectors.DefaultSelector()
+        assert self.signals is not None
+        selector.register(self.signals.fileno(), selectors.EVENT_READ, "signals")
+        if self.link is not None and self.link.lost is None:
+            selector.register(self.link.fileno(), selectors.EVENT_READ, "store")
+        return selector
+
+    def _poll_once(self, selector: selectors.BaseSelector, timeout: float | None) -> list[dict]:
+        """Wait for one batch of signals/store messages; returns the store messages."""
+        messages: list[dict] = []
+        if self.link is not None and self.link.has_events:
+            # Read while waiting for an answer to a request: the descriptor will not wake us for them.
+            messages.extend(self.link.read_events())
+            timeout = 0
+        for key, _ in selector.select(timeout):
+            if key.data == "signals":
+                assert self.signals is not None
+                self._on_signals(self.signals.read())
+            elif key.data == "store" and self.link is not None:
+                messages.extend(self.link.read_events())
+                if self.link.lost is not None:
+                    selector.unregister(key.fd)  # at EOF the descriptor stays readable
+        return messages
+
+    def _loop(self) -> None:
+        selector = self._make_selector()
+        try:
+            self._reap()  # children that ended before the selector existed
+            while self._running():
+                timeout = (
+                    None if self._kill_at is None else max(0.0, self._kill_at - time.monotonic())
+                )
+                self._on_store_events(self._poll_once(selector, timeout))
+                if self._kill_at is not None and time.monotonic() >= self._kill_at:
+                    for child in self._running():
+                        child.kill_group()
+                    self._kill_at = None
+        finally:
+            selector.close()
+
+    def _finish(self) -> None:
+        """All local children ended: report this node done; node 0 keeps the store up until all are."""
+        cfg = self.config
+        link = self.link
+        if link is None or link.lost is not None:
+            return
+        try:
+            if link.add(NODES_DONE_KEY, 1) >= cfg.nnodes:
+                link.set(ALL_DONE_KEY, "1")
+        except StoreLinkError as exc:
+            log.warning("could not report node %d done: %s", cfg.node_rank, exc)
+            return
+        if cfg.node_rank != 0 or cfg.nnodes == 1:
+            return
+        selector = self._make_selector()
+        deadline = time.monotonic() + cfg.finish_timeout
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    if self.exit_code == ExitCode.OK:
+                        self.exit_code = ExitCode.PEER_LOST
+                    reason = f"other nodes did not finish within --finish-timeout {cfg.finish_timeout:g} s"
+                    self.stop_reason = self.stop_reason or reason
+                    self._emit("job_stop", reason=reason, exit_code=int(self.exit_code))
+                    return
+                for message in self._poll_once(selector, remaining):
+                    if message.get("key") == ALL_DONE_KEY or message.get("event") == "lost":
+                        return
+                    if message.get("key") == STOP_KEY and self.exit_code == ExitCode.OK:
+                        try:
+                            self.exit_code = int(
+                                json.loads(message.get("value") or "{}").get("exit_code", 0)
+                            )
+                        except (ValueError, AttributeError):
+                            pass
+                if self._signalled is not None:
+                    return  # signalled while waiting for the others
+        finally:
+            selector.close()
+
+    def _cleanup(self) -> None:
+        for child in self.children.values():
+            if child.running:
+                child.kill_group()
+                child.wait()
+            child.kill_group()
+        if self.link is not None:
+            self.link.close()
+        if self.service is not None:
+            self.service.stop()
+        if self.signals is not None:
+            self.signals.restore()
+
+    # -- helpers ------------------------------------------------------------------------
+    def _spend_restart(self) -> int:
+        if self.link is None:
+            raise StoreLinkError("no store link")
+        return self.link.add(RESTARTS_KEY, 1)
+
+    def _emit(self, kind: str, **fields: object) -> None:
+        if self.writer is not None:
+            self.writer.emit(kind, **fields)

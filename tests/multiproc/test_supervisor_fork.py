@@ -1,0 +1,64 @@
+"""fork_and_monitor(): the monitor restarts its forked child and exits with the supervisor's code."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from nvrx.events import read_dir
+
+SCRIPT = """
+import os, sys
+import nvrx
+nvrx.fork_and_monitor(max_restarts=3, loop_breaker=0, store_timeout=60)
+attempt = int(os.environ['NVRX_RESTART_COUNT'])
+print(f'child pid {os.getpid()} attempt {attempt} rank {os.environ["RANK"]} supervised {os.environ["NVRX_SUPERVISED"]}', flush=True)
+mode = sys.argv[1]
+if mode == 'fail_once' and attempt == 0:
+    os._exit(1)
+if mode == 'clean_stop':
+    sys.exit(130)
+print('child done', flush=True)
+"""
+
+
+def _run(tmp_path, mode: str) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, NVRX_LOG_DIR=str(tmp_path / "logs"), NVRX_JOB_ID="fork", MASTER_PORT=str(port - 1 or 2),
+               NVRX_STORE_PORT=str(port))  # fmt: skip
+    env.pop("NVRX_SUPERVISED", None)
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    result = subprocess.run(
+        [sys.executable, str(script), mode], env=env, capture_output=True, text=True, timeout=120
+    )
+    events, _ = read_dir(tmp_path / "logs" / "fork")
+    return result, events
+
+
+@pytest.mark.timeout(150)
+def test_failed_child_is_forked_again_and_the_monitor_exits_0(tmp_path) -> None:
+    result, events = _run(tmp_path, "fail_once")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "attempt 0 rank 0 supervised 1" in result.stdout and "attempt 1 rank 0" in result.stdout
+    assert result.stdout.count("child done") == 1  # only the child ran the script body
+    kinds = [e["kind"] for e in events if e["component"] == "supervisor"]
+    assert kinds.count("child_start") == 2 and "restart_decision" in kinds
+    exits = [e["exit_code"] for e in events if e["kind"] == "child_exit"]
+    assert exits == [1, 0]
+
+
+@pytest.mark.timeout(150)
+def test_clean_stop_of_the_forked_child_ends_the_monitor_with_0(tmp_path) -> None:
+    result, events = _run(tmp_path, "clean_stop")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [e["exit_code"] for e in events if e["kind"] == "child_exit"] == [130]
+    assert not [e for e in events if e["kind"] == "restart_decision" and e["decision"] == "restart"]

@@ -1,0 +1,208 @@
+"""Local jobs of 1-2 nvrx-supervise processes on one machine: restarts, stops, budget, signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from nvrx.events import read_dir
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "examples" / "train_demo.py"
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports (held open together so they differ)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class Job:
+    """N local supervisors forming one job."""
+
+    def __init__(
+        self, tmp_path: Path, nnodes: int, nproc: int, command: list[str], *options: str
+    ) -> None:
+        self.log_dir = tmp_path / "logs"
+        self.job_id = f"t{os.getpid()}-{time.monotonic_ns() % 10**9}"
+        master, store = free_ports(2)
+        self.procs = []
+        for node in range(nnodes):
+            cmd = [
+                sys.executable, "-m", "nvrx.supervisor.cli",
+                "--nnodes", str(nnodes), "--node-rank", str(node), "--nproc-per-node", str(nproc),
+                "--master-port", str(master), "--store-port", str(store),
+                "--job-id", self.job_id, "--log-dir", str(self.log_dir), *options, "--", *command,
+            ]  # fmt: skip
+            self.procs.append(
+                subprocess.Popen(
+                    cmd, cwd=tmp_path, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    text=True, start_new_session=True,
+                )
+            )  # fmt: skip
+
+    def wait(self, timeout: float) -> list[int | None]:
+        """Exit codes of the supervisors; None for one still running at the deadline (then killed)."""
+        deadline = time.monotonic() + timeout
+        codes: list[int | None] = []
+        for proc in self.procs:
+            try:
+                codes.append(proc.wait(max(0.1, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        return codes
+
+    def output(self) -> str:
+        """Supervisor output and a digest of the supervisors' events (for assertion messages)."""
+        text = "\n".join(p.stdout.read() for p in self.procs if p.stdout)
+        digest = [
+            f"{e['node']} {e['kind']} {e.get('local_rank')} {e.get('exit_code')} {e.get('signal')} {e.get('reason')}"
+            for e in self.events()
+        ]
+        return text + "\n--- events ---\n" + "\n".join(digest)
+
+    def events(self, kind: str | None = None, component: str | None = "supervisor") -> list[dict]:
+        found, _ = read_dir(self.log_dir / self.job_id)
+        return [
+            e
+            for e in found
+            if (kind is None or e["kind"] == kind)
+            and (component is None or e["component"] == component)
+        ]
+
+
+def script(tmp_path: Path, body: str) -> list[str]:
+    path = tmp_path / "child.py"
+    path.write_text("import os, sys, time, signal\nRANK = int(os.environ['RANK'])\n"
+                    "RESTART = int(os.environ['NVRX_RESTART_COUNT'])\n" + body)  # fmt: skip
+    return [sys.executable, str(path)]
+
+
+@pytest.mark.timeout(240)
+def test_sigkilled_rank_is_replaced_and_the_job_completes_at_full_size(tmp_path) -> None:
+    steps = 30
+    job = Job(tmp_path, 2, 2, [sys.executable, str(DEMO), "--steps", str(steps), "--checkpoint-every", "5",
+                               "--step-time", "0.05", "--fault", "kill:12:1"], "--max-restarts", "8")  # fmt: skip
+    codes = job.wait(200)
+    assert codes == [0, 0], job.output()
+    exits = job.events("child_exit")
+    killed = [e for e in exits if e["signal"] == "SIGKILL"]
+    assert [(e["node"], e["local_rank"]) for e in killed] == [(0, 1)]
+    restarts = [e for e in job.events("restart_decision") if e["decision"] == "restart"]
+    assert any(
+        e["node"] == 0 and e["local_rank"] == 1 and e["signature"] == "signal:SIGKILL"
+        for e in restarts
+    )
+    replacement = [e for e in job.events("child_start") if e["node"] == 0 and e["local_rank"] == 1]
+    assert [e["attempt"] for e in replacement][:2] == [0, 1]
+    # every rank reached the last step, and the job ended at full size
+    final = {e["rank"] for e in job.events("progress", component="app") if e["step"] == steps}
+    assert final == {0, 1, 2, 3}
+    assert "finished 30 steps at world size 4" in job.output()
+    assert all(e["exit_code"] == 0 for e in job.events("supervisor_end"))
+
+
+@pytest.mark.timeout(180)
+def test_exit_130_stops_every_child_on_both_nodes_with_exit_0(tmp_path) -> None:
+    command = script(tmp_path, "time.sleep(1.0)\nif RANK == 3: sys.exit(130)\ntime.sleep(600)\n")
+    job = Job(tmp_path, 2, 2, command, "--grace-period", "5")
+    assert job.wait(150) == [0, 0], job.output()
+    exits = job.events("child_exit")
+    assert len(exits) == 4
+    assert [e["exit_code"] for e in exits if e["global_rank"] == 3] == [130]
+    others = [e for e in exits if e["global_rank"] != 3]
+    assert all(e["signal"] == "SIGTERM" for e in others), others
+    assert not [e for e in job.events("restart_decision") if e["decision"] == "restart"]
+    stops = job.events("job_stop")
+    assert {e["node"] for e in stops} == {0, 1} and all(e["exit_code"] == 0 for e in stops)
+    assert len(job.events("child_start")) == 4
+
+
+@pytest.mark.timeout(120)
+def test_budget_exhausted_stops_the_job_with_code_4(tmp_path) -> None:
+    command = script(tmp_path, "sys.exit(1 + RESTART)\n")  # a new signature every time: no loop
+    job = Job(tmp_path, 1, 1, command, "--max-restarts", "2", "--loop-breaker", "2")
+    assert job.wait(100) == [4], job.output()
+    decisions = job.events("restart_decision")
+    assert [e["decision"] for e in decisions] == ["restart", "restart", "give_up"]
+    assert [e["budget_left"] for e in decisions[:2]] == [1, 0]
+    assert "budget exhausted" in decisions[-1]["reason"]
+    (stop,) = job.events("job_stop")
+    assert stop["exit_code"] == 4 and "--max-restarts" in stop["reason"]
+    assert job.events("supervisor_end")[0]["exit_code"] == 4
+
+
+@pytest.mark.timeout(120)
+def test_loop_breaker_stops_a_repeating_failure_with_code_5(tmp_path) -> None:
+    command = script(tmp_path, "sys.exit(3)\n")
+    job = Job(tmp_path, 1, 2, command, "--max-restarts", "50", "--loop-breaker", "3")
+    assert job.wait(100) == [5], job.output()
+    give_up = [e for e in job.events("restart_decision") if e["decision"] == "give_up"]
+    assert len(give_up) == 1 and give_up[0]["signature"] == "exit:3"
+    assert "loop breaker" in give_up[0]["reason"] and "3 times in a row" in give_up[0]["reason"]
+    assert job.events("job_stop")[0]["exit_code"] == 5
+    assert len(job.events("child_start")) < 10
+
+
+def _tree(pid: int) -> set[int]:
+    try:
+        return {p.pid for p in psutil.Process(pid).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return set()
+
+
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.add(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_forwards_then_kills_and_leaves_no_process_behind(tmp_path) -> None:
+    # Each child leaves a grandchild in its group; local rank 1 ignores SIGTERM.
+    body = (
+        "import subprocess\n"
+        "subprocess.Popen(['sleep', '600'])\n"
+        "if int(os.environ['LOCAL_RANK']) == 1: signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "open(os.path.join(os.environ['NVRX_LOG_DIR'], f'ready-{RANK}'), 'w').close()\n"
+        "time.sleep(600)\n"
+    )
+    command = script(tmp_path, body)
+    job = Job(tmp_path, 2, 2, command, "--grace-period", "2")
+    deadline = time.monotonic() + 120
+    while len(list(job.log_dir.glob("ready-*"))) < 4:
+        assert time.monotonic() < deadline, job.output()
+        assert all(p.poll() is None for p in job.procs), job.output()
+        time.sleep(0.1)
+    ours = set().union(*(_tree(p.pid) for p in job.procs))
+    assert len(ours) >= 8  # 4 children + 4 grandchildren, plus store service and agents
+    os.kill(job.procs[0].pid, signal.SIGTERM)  # one node signalled: the stop reaches the other too
+    assert job.wait(60) == [143, 143], job.output()
+    assert _alive(ours) == set()
+    received = job.events("signal_received")
+    assert [(e["node"], e["signal"]) for e in received] == [(0, "SIGTERM")]
+    exits = {(e["node"], e["local_rank"]): e["signal"] for e in job.events("child_exit")}
+    assert exits[(0, 1)] == "SIGKILL" and exits[(0, 0)] == "SIGTERM"

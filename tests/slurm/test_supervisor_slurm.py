@@ -1,0 +1,104 @@
+"""sbatch_templates/train.sbatch on the real local cluster: completion, a killed rank, scancel cleanup."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from nvrx.events import read_dir
+from tests.support.slurm_cluster import LocalSlurmCluster
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = REPO / "sbatch_templates" / "train.sbatch"
+pytestmark = pytest.mark.timeout(300)
+
+
+def _submit(
+    cluster: LocalSlurmCluster,
+    tmp_path: Path,
+    steps: int,
+    faults: str = "",
+    step_time: float = 0.02,
+) -> tuple[int, Path]:
+    logs = tmp_path / "logs"
+    train = f"{sys.executable} {REPO / 'examples' / 'train_demo.py'} --steps {steps} --step-time {step_time}"
+    export = ",".join(
+        [
+            "ALL",
+            f"NVRX_REPO={REPO}",
+            "NVRX_NPROC=2",
+            f"NVRX_LOG_DIR={logs}",
+            f"NVRX_TRAIN_CMD={train}",
+            "NVRX_SUPERVISE_ARGS=--max-restarts 10 --grace-period 3",
+            f"NVRX_DEMO_FAULTS={faults}",
+        ]
+    )
+    job = cluster.sbatch(
+        TEMPLATE, "-N2", f"--export={export}", "-o", str(tmp_path / "out-%j.txt"), cwd=tmp_path
+    )
+    return job, logs / str(job)
+
+
+def _events(directory: Path, kind: str) -> list[dict]:
+    events, _ = read_dir(directory) if directory.exists() else ([], None)
+    return [e for e in events if e["kind"] == kind]
+
+
+def test_two_node_job_runs_the_demo_to_completion(
+    slurm_cluster: LocalSlurmCluster, tmp_path
+) -> None:
+    job, events_dir = _submit(slurm_cluster, tmp_path, steps=20)
+    state = slurm_cluster.wait_job(job, timeout=240)
+    out = "\n".join(p.read_text() for p in tmp_path.glob("out-*.txt"))
+    assert state == "COMPLETED", out
+    final = {e["rank"] for e in _events(events_dir, "progress") if e["step"] == 20}
+    assert final == {0, 1, 2, 3}, out
+    assert {e["node"] for e in _events(events_dir, "supervisor_end")} == {0, 1}
+
+
+def test_two_node_job_with_a_killed_rank_completes(
+    slurm_cluster: LocalSlurmCluster, tmp_path
+) -> None:
+    job, events_dir = _submit(slurm_cluster, tmp_path, steps=30, faults="kill:12:3", step_time=0.05)
+    state = slurm_cluster.wait_job(job, timeout=240)
+    out = "\n".join(p.read_text() for p in tmp_path.glob("out-*.txt"))
+    assert state == "COMPLETED", out
+    killed = [e for e in _events(events_dir, "child_exit") if e["signal"] == "SIGKILL"]
+    assert [(e["node"], e["global_rank"]) for e in killed] == [(1, 3)], out
+    final = {e["rank"] for e in _events(events_dir, "progress") if e["step"] == 30}
+    assert final == {0, 1, 2, 3}, out
+
+
+def _ours(marker: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if marker in " ".join(proc.info["cmdline"] or []) or proc.environ().get(
+                "NVRX_LOG_DIR", ""
+            ).startswith(marker):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def test_scancel_leaves_no_process_of_ours(slurm_cluster: LocalSlurmCluster, tmp_path) -> None:
+    job, events_dir = _submit(slurm_cluster, tmp_path, steps=100000, step_time=0.05)
+    deadline = time.monotonic() + 180
+    while {e["rank"] for e in _events(events_dir, "progress")} != {0, 1, 2, 3}:
+        assert time.monotonic() < deadline, "the job never trained on all 4 ranks"
+        time.sleep(0.5)
+    marker = str(tmp_path)
+    assert len(_ours(marker)) >= 6  # 2 supervisors + 4 ranks (+ store service and agents)
+    slurm_cluster.run(["scancel", str(job)])
+    slurm_cluster.wait_job(job, timeout=60, fail_fast=False)
+    deadline = time.monotonic() + 30  # KillWait of the cluster bounds what may linger
+    while _ours(marker):
+        assert time.monotonic() < deadline, [p.info for p in _ours(marker)]
+        time.sleep(0.5)

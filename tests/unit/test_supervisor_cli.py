@@ -1,0 +1,112 @@
+"""Bad input to nvrx-supervise: exit code 2 and one line that names the fix."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from nvrx.supervisor.cli import config_from_args
+from nvrx.supervisor.config import ConfigError
+
+
+def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "nvrx.supervisor.cli", *args]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ)
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--bogus", "--", "python", "x.py"], "unrecognized arguments: --bogus"),
+        (["--nproc-per-node", "0", "--", "python", "x.py"], "--nproc-per-node must be >= 1, got 0"),
+        (["--nproc-per-node", "2"], "no training command"),
+        (["--", "no-such-command-xyz"], "'no-such-command-xyz' not found on PATH"),
+        (["--", "/nonexistent/train"], "not an executable file"),
+        (["--max-restarts", "lots", "--", "python"], "--max-restarts: invalid int value: 'lots'"),
+        (["--nnodes", "2", "--node-rank", "5", "--", "python"], "--node-rank must be in 0..1"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args, fragment) -> None:
+    result = _run(*args)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("nvrx-supervise: error: ") and fragment in lines[0]
+
+
+@pytest.mark.timeout(60)
+def test_store_port_in_use_exits_2_naming_host_and_port() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = _run(
+            "--master-port",
+            str(port - 1 if port > 1 else port + 1),
+            "--store-port",
+            str(port),
+            "--",
+            "true",
+        )
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and f"127.0.0.1:{port}" in errors[0] and "in use" in errors[0]
+
+
+def test_help_explains_every_option() -> None:
+    result = _run("--help")
+    assert result.returncode == 0
+    for option in (
+        "--nproc-per-node",
+        "--max-restarts",
+        "--loop-breaker",
+        "--grace-period",
+        "--log-dir",
+        "--job-id",
+        "--store-timeout",
+        "--nnodes",
+        "--node-rank",
+        "--master-addr",
+        "--store-port",
+    ):
+        assert option in result.stdout
+    assert "exit codes" in result.stdout
+
+
+def test_local_topology_and_defaults_without_slurm(tmp_path) -> None:
+    env = {"PATH": os.environ["PATH"]}
+    cfg, verbose = config_from_args(
+        [
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--master-port",
+            "30000",
+            "--log-dir",
+            str(tmp_path),
+            "--",
+            "python",
+            "t.py",
+        ],
+        env,
+    )
+    assert (cfg.nnodes, cfg.node_rank, cfg.master_port, cfg.store_port) == (2, 1, 30000, 30001)
+    assert cfg.job_id == "local-30001" and cfg.command == ["python", "t.py"] and not verbose
+
+
+def test_explicit_topology_wins_over_slurm_variables() -> None:
+    env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "77", "SLURM_PROCID": "0"}
+    cfg, _ = config_from_args(["--nnodes", "1", "--master-port", "30010", "--", "python"], env)
+    assert cfg.nnodes == 1 and cfg.job_id == "77"
+
+
+def test_unknown_option_raises_config_error() -> None:
+    with pytest.raises(ConfigError, match="--frobnicate"):
+        config_from_args(["--frobnicate", "--", "python"], {"PATH": os.environ["PATH"]})

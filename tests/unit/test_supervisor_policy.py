@@ -1,0 +1,191 @@
+"""Restart policy, exit statuses, exit codes, config and the signal pipe of the supervisor."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from nvrx.supervisor.children import ExitStatus
+from nvrx.supervisor.config import ConfigError, SupervisorConfig
+from nvrx.supervisor.exit_codes import ExitCode, describe, for_signal
+from nvrx.supervisor.policy import Decision, FaultRecord, RestartPolicy, exit_signature, last_fault
+from nvrx.supervisor.signals import SignalPipe
+
+
+class Budget:
+    """The job-wide counter, as the store's atomic add keeps it."""
+
+    def __init__(self) -> None:
+        self.used = 0
+
+    def spend(self) -> int:
+        self.used += 1
+        return self.used
+
+
+def test_exit_status_from_returncode_and_wait_status() -> None:
+    killed = ExitStatus.from_returncode(-signal.SIGKILL)
+    assert (
+        killed.signal == signal.SIGKILL and killed.code is None and killed.signal_name == "SIGKILL"
+    )
+    assert str(killed) == "killed by SIGKILL"
+    assert ExitStatus.from_returncode(3) == ExitStatus(3, None)
+    assert ExitStatus.from_wait_status(7 << 8) == ExitStatus(7, None)
+    assert ExitStatus.from_wait_status(signal.SIGTERM).signal == signal.SIGTERM
+
+
+def test_completed_child_is_done_and_costs_nothing() -> None:
+    budget = Budget()
+    verdict = RestartPolicy(2, 3, budget.spend).decide(0, ExitStatus(0, None))
+    assert verdict.decision is Decision.DONE and budget.used == 0
+
+
+def test_exit_130_stops_cleanly_without_spending_budget() -> None:
+    budget = Budget()
+    verdict = RestartPolicy(2, 3, budget.spend).decide(0, ExitStatus(130, None))
+    assert (
+        verdict.decision is Decision.STOP and verdict.exit_code == ExitCode.OK and budget.used == 0
+    )
+
+
+def test_budget_is_spent_then_exhausted() -> None:
+    budget = Budget()
+    policy = RestartPolicy(2, 0, budget.spend)
+    first = policy.decide(0, ExitStatus(1, None))
+    second = policy.decide(1, ExitStatus(None, signal.SIGKILL))
+    third = policy.decide(0, ExitStatus(1, None))
+    assert (first.decision, first.budget_left) == (Decision.RESTART, 1)
+    assert (second.decision, second.budget_left) == (Decision.RESTART, 0)
+    assert third.decision is Decision.GIVE_UP and third.exit_code == ExitCode.BUDGET_EXHAUSTED
+    assert "--max-restarts" in third.reason
+
+
+def test_loop_breaker_needs_the_same_signature_in_a_row() -> None:
+    policy = RestartPolicy(100, 3, Budget().spend)
+    assert policy.decide(0, ExitStatus(1, None)).decision is Decision.RESTART
+    assert policy.decide(0, ExitStatus(1, None)).decision is Decision.RESTART
+    # a different failure resets the streak
+    assert policy.decide(0, ExitStatus(None, signal.SIGKILL)).decision is Decision.RESTART
+    assert policy.decide(0, ExitStatus(1, None)).decision is Decision.RESTART
+    assert policy.decide(0, ExitStatus(1, None)).decision is Decision.RESTART
+    verdict = policy.decide(0, ExitStatus(1, None))
+    assert verdict.decision is Decision.GIVE_UP and verdict.exit_code == ExitCode.LOOP_BREAKER
+    assert "exit:1" in verdict.reason and "3 times" in verdict.reason
+
+
+def test_loop_breaker_counts_per_local_rank_and_uses_fault_signatures() -> None:
+    policy = RestartPolicy(100, 2, Budget().spend)
+    bug = FaultRecord("ValueError@train.py:10", "exception")
+    other = FaultRecord("KeyError@train.py:20", "exception")
+    assert policy.decide(0, ExitStatus(1, None), bug).decision is Decision.RESTART
+    assert policy.decide(1, ExitStatus(1, None), bug).decision is Decision.RESTART
+    assert policy.decide(0, ExitStatus(1, None), other).decision is Decision.RESTART
+    verdict = policy.decide(1, ExitStatus(1, None), bug)
+    assert verdict.decision is Decision.GIVE_UP and verdict.signature == "ValueError@train.py:10"
+
+
+def test_collateral_failures_spend_budget_but_never_break_the_loop() -> None:
+    budget = Budget()
+    policy = RestartPolicy(100, 2, budget.spend)
+    peer = FaultRecord("PeerLost@train.py:5", "peer")
+    for _ in range(5):
+        assert policy.decide(0, ExitStatus(1, None), peer).decision is Decision.RESTART
+    assert budget.used == 5
+
+
+def test_policy_rejects_negative_limits() -> None:
+    with pytest.raises(ValueError, match="max_restarts"):
+        RestartPolicy(-1, 3, Budget().spend)
+    with pytest.raises(ValueError, match="loop_breaker"):
+        RestartPolicy(1, -2, Budget().spend)
+
+
+def test_exit_signature_names_code_or_signal() -> None:
+    assert exit_signature(ExitStatus(4, None)) == "exit:4"
+    assert exit_signature(ExitStatus(None, signal.SIGSEGV)) == "signal:SIGSEGV"
+
+
+def test_last_fault_reads_only_that_pids_files_and_skips_bad_lines(tmp_path) -> None:
+    mine = tmp_path / "wrapper-n0-p4242-abcd.jsonl"
+    lines = [
+        json.dumps({"kind": "fault", "signature": "A@x.py:1", "fault_kind": "exception"}),
+        "{torn",
+        json.dumps({"kind": "fault", "signature": "B@x.py:2", "fault_kind": "peer"}),
+        json.dumps({"kind": "progress", "step": 3}),
+    ]
+    mine.write_text("\n".join(lines) + "\n")
+    (tmp_path / "wrapper-n0-p999-abcd.jsonl").write_text(
+        json.dumps({"kind": "fault", "signature": "C"}) + "\n"
+    )
+    record = last_fault(tmp_path, 4242)
+    assert record == FaultRecord("B@x.py:2", "peer") and record.collateral
+    assert last_fault(tmp_path, 1) is None
+    assert last_fault(tmp_path / "missing", 4242) is None
+
+
+def test_exit_codes_are_described() -> None:
+    assert for_signal(signal.SIGTERM) == 143
+    assert "SIGTERM" in describe(143)
+    assert "budget" in describe(ExitCode.BUDGET_EXHAUSTED)
+    assert describe(99) == "unknown exit code 99"
+
+
+def _config(**overrides) -> SupervisorConfig:
+    values = {"command": ["python", "train.py"], "nproc_per_node": 2, "nnodes": 2, "node_rank": 1}
+    values.update(overrides)
+    return SupervisorConfig(**values)
+
+
+def test_child_env_follows_the_contract(tmp_path) -> None:
+    cfg = _config(master_port=31000, store_port=31001, job_id="j7", log_dir=str(tmp_path))
+    env = cfg.child_env(1, 2, base={"PATH": "/bin", "RANK": "99"})
+    assert env["PATH"] == "/bin"
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == (
+        "3",
+        "1",
+        "4",
+        "2",
+    )
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", "31000")
+    assert (env["NVRX_STORE_HOST"], env["NVRX_STORE_PORT"]) == ("127.0.0.1", "31001")
+    assert (env["NVRX_JOB_ID"], env["NVRX_LOG_DIR"]) == ("j7", str(tmp_path))
+    assert (env["NVRX_NODE_RANK"], env["NVRX_NNODES"], env["NVRX_NPROC_PER_NODE"]) == (
+        "1",
+        "2",
+        "2",
+    )
+    assert (env["NVRX_RESTART_COUNT"], env["NVRX_SUPERVISED"]) == ("2", "1")
+    assert cfg.events_dir == tmp_path / "j7"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        ({"command": []}, "no training command"),
+        ({"nproc_per_node": 0}, "--nproc-per-node must be >= 1, got 0"),
+        ({"node_rank": 2}, "--node-rank must be in 0..1"),
+        ({"store_port": 29500, "master_port": 29500}, "must differ"),
+        ({"store_port": 70000}, "--store-port must be in 1..65535, got 70000"),
+        ({"max_restarts": -1}, "--max-restarts must be >= 0, got -1"),
+        ({"grace_period": -1.0}, "--grace-period"),
+        ({"job_id": "a/b"}, "--job-id"),
+    ],
+)
+def test_bad_config_names_the_option_and_value(overrides, fragment) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        _config(**overrides)
+
+
+def test_signal_pipe_carries_signal_numbers_to_the_loop() -> None:
+    pipe = SignalPipe([signal.SIGUSR1, signal.SIGUSR2]).install()
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert pipe.read() == [signal.SIGUSR1, signal.SIGUSR2]
+        assert pipe.read() == []
+    finally:
+        pipe.restore()
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
