@@ -1,0 +1,213 @@
+"""Thin typed wrappers around the SLURM client commands nvrx needs.
+
+Each call runs the command in its own process group with a time limit, kills
+the group when the limit passes, and raises ``SlurmCommandError`` (naming the
+command, its exit status and stderr) when it fails. Output is parsed from the
+machine-friendly forms (``-o``/``--parsable2``), never from human tables.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+
+logger = logging.getLogger(__name__)
+
+#: Default time limit of one client command, in seconds.
+COMMAND_TIMEOUT_S = 30.0
+
+#: Job states after which a job will not run again by itself.
+TERMINAL_STATES = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "TIMEOUT",
+    }
+)
+
+#: Fields ``sacct_rows`` asks for unless told otherwise.
+SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "NodeList", "Start", "End", "Elapsed")
+
+_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_:/.]*=")
+
+
+class SlurmCommandError(RuntimeError):
+    """A SLURM client command failed or did not finish in time."""
+
+    def __init__(self, argv: Sequence[str], returncode: int | None, stderr: str) -> None:
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.stderr = stderr
+        status = "timed out" if returncode is None else f"exited {returncode}"
+        super().__init__(f"{' '.join(self.argv)} {status}: {stderr.strip() or '(no stderr)'}")
+
+
+def run_command(
+    argv: Sequence[str],
+    *,
+    timeout: float = COMMAND_TIMEOUT_S,
+    env: Mapping[str, str] | None = None,
+    check: bool = True,
+    cwd: str | os.PathLike[str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run one command in its own process group; kill the group on timeout.
+
+    Returns the completed process (text stdout/stderr). With ``check`` a
+    non-zero exit raises ``SlurmCommandError``; a timeout always raises it.
+    """
+    proc = subprocess.Popen(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(env) if env is not None else None,
+        cwd=cwd,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, err = proc.communicate()
+        raise SlurmCommandError(argv, None, f"no answer within {timeout:g} s; {err}") from None
+    except BaseException:  # KeyboardInterrupt, a test timeout: leave no command behind
+        _kill_group(proc)
+        proc.wait()
+        raise
+    if check and proc.returncode != 0:
+        raise SlurmCommandError(argv, proc.returncode, err)
+    return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL the command's process group (its leader is unreaped, so the id is still ours)."""
+    if proc.returncode is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def parse_key_values(line: str) -> dict[str, str]:
+    """Parse one ``scontrol show ... -o`` line (``Key=value Key=value ...``).
+
+    A word without ``Key=`` belongs to the previous value (values may hold spaces).
+    """
+    result: dict[str, str] = {}
+    key = None
+    for word in line.strip().split(" "):
+        if _KEY.match(word):
+            key, _, value = word.partition("=")
+            result[key] = value
+        elif key is not None:
+            result[key] += " " + word
+    return result
+
+
+def show_hostnames(nodelist: str, *, env: Mapping[str, str] | None = None) -> list[str]:
+    """Expand a node list with ``scontrol show hostnames`` (SLURM's own parser)."""
+    done = run_command(["scontrol", "show", "hostnames", nodelist], env=env)
+    if done.stderr.strip() or "Invalid hostlist" in done.stdout:
+        # scontrol exits 0 on a bad list and says so on stdout/stderr
+        raise SlurmCommandError(done.args, done.returncode, done.stderr + done.stdout)
+    return done.stdout.split()
+
+
+def show_job(job_id: int | str, *, env: Mapping[str, str] | None = None) -> dict[str, str] | None:
+    """``scontrol show job -o JOB`` as a dict, or None when slurmctld no longer knows it."""
+    done = run_command(["scontrol", "show", "job", "-o", str(job_id)], env=env, check=False)
+    if done.returncode != 0:
+        if "Invalid job id" in done.stderr:
+            return None
+        raise SlurmCommandError(done.args, done.returncode, done.stderr)
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    if not lines:
+        return None
+    # an array or het job prints several lines; the first is the one asked for
+    return parse_key_values(lines[0])
+
+
+def sacct_rows(
+    job_id: int | str,
+    *,
+    fields: Sequence[str] = SACCT_FIELDS,
+    all_runs: bool = True,
+    env: Mapping[str, str] | None = None,
+) -> list[dict[str, str]]:
+    """Rows of ``sacct`` for one job and its steps, as dicts keyed by ``fields``.
+
+    With ``all_runs`` (``sacct -D``) a requeued job shows one row per run.
+    """
+    argv = ["sacct", "-n", "--parsable2", "-j", str(job_id), "-o", ",".join(fields)]
+    if all_runs:
+        argv.append("-D")
+    done = run_command(argv, env=env)
+    rows = []
+    for line in done.stdout.splitlines():
+        if not line.strip():
+            continue
+        values = line.split("|")
+        if len(values) != len(fields):
+            raise SlurmCommandError(argv, 0, f"row with {len(values)} fields: {line!r}")
+        rows.append(dict(zip(fields, values, strict=True)))
+    return rows
+
+
+def job_state(job_id: int | str, *, env: Mapping[str, str] | None = None) -> str | None:
+    """Current state of a job (``RUNNING``, ``COMPLETED``, ...), None if unknown.
+
+    Asks slurmctld first, then accounting for jobs slurmctld has forgotten.
+    """
+    info = show_job(job_id, env=env)
+    if info is not None and "JobState" in info:
+        return info["JobState"]
+    rows = [r for r in sacct_rows(job_id, env=env) if r["JobID"] == str(job_id)]
+    if not rows:
+        return None
+    # "CANCELLED by 0" -> "CANCELLED"; the last row is the latest run
+    return rows[-1]["State"].split()[0]
+
+
+def queued_job_ids(*, env: Mapping[str, str] | None = None) -> list[int]:
+    """Ids of all jobs slurmctld has pending, running or completing."""
+    done = run_command(["squeue", "-h", "-o", "%A"], env=env)
+    return sorted({int(word) for word in done.stdout.split()})
+
+
+def cancel(
+    job_ids: Sequence[int | str],
+    *,
+    signal_name: str | None = None,
+    batch_only: bool = False,
+    env: Mapping[str, str] | None = None,
+) -> None:
+    """``scancel`` jobs, or send them ``signal_name`` (e.g. ``USR2``).
+
+    ``batch_only`` sends the signal to the batch shell only (``--batch``).
+    """
+    if not job_ids:
+        return
+    argv = ["scancel"]
+    if signal_name:
+        argv.append(f"--signal={signal_name}")
+    if batch_only:
+        argv.append("--batch")
+    argv.extend(str(j) for j in job_ids)
+    run_command(argv, env=env)
+
+
+def requeue(job_id: int | str, *, env: Mapping[str, str] | None = None) -> None:
+    """``scontrol requeue JOB``: end the running job and queue it again."""
+    run_command(["scontrol", "requeue", str(job_id)], env=env)
