@@ -144,6 +144,7 @@ def train(args: argparse.Namespace) -> int:
     )
     generation = join_generation(store, world)
     writer.update(round=generation)
+    writer.emit("process_start", argv=sys.argv, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(
         "gloo",
         store=dist.PrefixStore(f"demo/gen{generation}", store),

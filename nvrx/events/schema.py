@@ -38,6 +38,7 @@ KINDS: dict[str, dict[str, str]] = {
         "active_world_size": "ranks running the function (others are spares)",
         "active_rank": "this rank's active rank, or null when a spare",
         "initial_rank": "rank the process had when the Wrapper started",
+        "restart_latency_s": "seconds from the fault's detection to this round's start, after a restart",
     },
     "call_start": {"note": "the wrapped function is entered (goodput starts counting)"},
     "call_end": {

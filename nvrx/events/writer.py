@@ -37,7 +37,8 @@ def _read_boot_id() -> str:
 
 
 _BOOT_ID = _read_boot_id()
-_HOST = socket.gethostname()
+# Under SLURM several "nodes" may share one kernel (and name); the node name is what users exclude.
+_HOST = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def job_id_from_env(env: dict[str, str] | None = None) -> str:

@@ -35,6 +35,8 @@ from .summarize import FileSummary, Filters, LocalFault, RoundPart, SignaturePar
 MAX_SKIPPED_LISTED = 50
 #: A child's exit and a fault event of the same signature and host this close are one failure.
 SAME_FAILURE_WINDOW_S = 30.0
+#: A process's events and its supervisor's record of its exit share one host clock.
+_SAME_HOST_SLACK_S = 1.0
 #: Signals and exit codes a child gets when *we* stop it: not failures.
 _STOP_EXIT_CODES = (0, 130)
 #: Kinds of per-node events that mean "the job is being stopped on this host".
@@ -67,6 +69,17 @@ def _earlier(a: LocalFault, b: LocalFault) -> bool:
     return a.wall is not None
 
 
+def run_key(host: Any, node: Any) -> str | None:
+    """Whose supervisor starts mark the job's runs: the node rank's, else the host's.
+
+    A node rank's supervisor starts once per run wherever SLURM places it, and
+    several local supervisors on one host are several node ranks, not several runs.
+    """
+    if isinstance(node, int) and not isinstance(node, bool):
+        return f"node {node}"
+    return f"host {host}" if host is not None else None
+
+
 def _min_opt(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else min(a, b)
 
@@ -92,32 +105,37 @@ class Aggregator:
         self.hosts: set[str] = set()
         self.node_hosts: dict[int, set[str]] = {}
         self.world_size = 0
+        self.calls = 0
         self.call_us = 0  # integer microseconds: the sum does not depend on merge order
+        # (host, pid) -> (last wall, "peer" | "own") of processes whose last fault ended them.
+        self.ending_faults: dict[tuple[str | None, int], list[tuple[float, str]]] = {}
         self.interrupted_calls = 0
         self.rounds: dict[tuple[int, int], _Round] = {}
         self.signatures: dict[str, SignaturePart] = {}
         self.hangs: list[Hang] = []
         self.node_events: list[dict[str, Any]] = []
         self.wrapper_ends: dict[str, int] = {}
+        self.told_signatures: set[str] = set()
+        self.told_types: set[str] = set()
         self._run_starts: dict[str, list[float]] = {
             h: sorted(w) for h, w in (run_starts or {}).items()
         }
         self._global_starts: list[float] | None = None
 
     # -- runs (a requeued job runs again under the same job id) -------------
-    def _note_run_start(self, host: str | None, wall: float | None) -> None:
-        if host is None or not isinstance(wall, (int, float)):
+    def _note_run_start(self, key: str | None, wall: float | None) -> None:
+        if key is None or not isinstance(wall, (int, float)):
             return
-        starts = self._run_starts.setdefault(host, [])
+        starts = self._run_starts.setdefault(key, [])
         if wall not in starts:
             bisect.insort(starts, wall)
             self._global_starts = None
 
-    def run_of(self, host: str | None, wall: float | None) -> int:
-        """Index of the job run an event belongs to, by the supervisor starts of its host."""
+    def run_of(self, key: str | None, wall: float | None) -> int:
+        """Index of the job run an event belongs to, by the supervisor starts of its ``run_key``."""
         if wall is None:
             return 0
-        starts = self._run_starts.get(host) if host is not None else None
+        starts = self._run_starts.get(key) if key is not None else None
         if not starts:
             if self._global_starts is None:
                 self._global_starts = max(self._run_starts.values(), key=len, default=[])
@@ -126,7 +144,7 @@ class Aggregator:
 
     @property
     def run_starts(self) -> dict[str, list[float]]:
-        """Wall times of ``supervisor_start`` per host: the start of each job run."""
+        """Wall times of ``supervisor_start`` per ``run_key``: the start of each job run."""
         return {h: list(w) for h, w in self._run_starts.items()}
 
     @property
@@ -149,7 +167,7 @@ class Aggregator:
             return
         for e in fs.node_events:
             if e.get("kind") == "supervisor_start":
-                self._note_run_start(e.get("host"), e.get("wall"))
+                self._note_run_start(run_key(e.get("host"), e.get("node")), e.get("wall"))
         self.first_wall = _min_opt(self.first_wall, fs.first_wall)
         self.last_wall = _max_opt(self.last_wall, fs.last_wall)
         self.jobs |= fs.jobs
@@ -159,12 +177,20 @@ class Aggregator:
         for node, host in fs.node_hosts.items():
             self.node_hosts.setdefault(node, set()).add(host)
         self.world_size = max(self.world_size, fs.world_size)
+        self.calls += fs.calls
         self.call_us += fs.call_us
         self.interrupted_calls += fs.interrupted_calls
+        if fs.ending_fault is not None and fs.pid is not None and fs.last_wall is not None:
+            self.ending_faults.setdefault((fs.host, fs.pid), []).append(
+                (fs.last_wall, fs.ending_fault)
+            )
         for outcome, n in fs.wrapper_ends.items():
             self.wrapper_ends[outcome] = self.wrapper_ends.get(outcome, 0) + n
+        self.told_signatures |= fs.told_signatures
+        self.told_types |= fs.told_types
 
-        run = self.run_of(fs.host, fs.first_wall)
+        file_node = next(iter(fs.node_hosts)) if len(fs.node_hosts) == 1 else None
+        run = self.run_of(run_key(fs.host, file_node), fs.first_wall)
         for rnd, part in fs.rounds.items():
             self._merge_round((run, rnd), part)
         for sig, part in fs.signatures.items():
@@ -180,7 +206,7 @@ class Aggregator:
                 )
             )
         for e in fs.node_events:
-            e["run"] = self.run_of(e.get("host"), e.get("wall"))
+            e["run"] = self.run_of(run_key(e.get("host"), e.get("node")), e.get("wall"))
             self.node_events.append(e)
 
     def _merge_round(self, key: tuple[int, int], part: RoundPart) -> None:
@@ -225,13 +251,18 @@ class Aggregator:
         for node, hosts in other.node_hosts.items():
             self.node_hosts.setdefault(node, set()).update(hosts)
         self.world_size = max(self.world_size, other.world_size)
+        self.calls += other.calls
         self.call_us += other.call_us
         self.interrupted_calls += other.interrupted_calls
+        for proc, ends in other.ending_faults.items():
+            self.ending_faults.setdefault(proc, []).extend(ends)
         for outcome, n in other.wrapper_ends.items():
             self.wrapper_ends[outcome] = self.wrapper_ends.get(outcome, 0) + n
-        for host, starts in other._run_starts.items():
+        self.told_signatures |= other.told_signatures
+        self.told_types |= other.told_types
+        for key, starts in other._run_starts.items():
             for wall in starts:
-                self._note_run_start(host, wall)
+                self._note_run_start(key, wall)
         for key, r in other.rounds.items():
             mine = self.rounds.get(key)
             if mine is None:
@@ -291,12 +322,47 @@ class Aggregator:
             if row.first_rank is None and row.first_host is None:
                 self._explain(row, r, process_rows)
             rows.append(row)
+        self._infer_outcomes(rows)
         return rows
 
+    def _infer_outcomes(self, rows: list[RoundRow]) -> None:
+        """Outcomes of rounds no ``round_end`` reported (an app's own round counter under a
+        supervisor): a later round of the run means its processes were restarted, and the
+        run's last round ended as its supervisors did."""
+        last_round: dict[int, int] = {}
+        for row in rows:
+            last_round[row.run] = max(last_round.get(row.run, row.round), row.round)
+        end_codes: dict[int, list[Any]] = {}
+        for e in self.node_events:
+            if e.get("kind") == "supervisor_end":
+                end_codes.setdefault(e["run"], []).append(e.get("exit_code"))
+        for row in rows:
+            if self.rounds[(row.run, row.round)].outcomes:
+                continue
+            row.outcome_from = "inferred"
+            if row.round < last_round[row.run]:
+                row.outcome = "restart"
+            elif end_codes.get(row.run) and all(c == 0 for c in end_codes[row.run]):
+                row.outcome = "completed"
+
+    def _death_window(self, run: int, rnd: int) -> tuple[float, float] | None:
+        """Wall times in which a process death belongs to round ``rnd``: from its first event
+        until the next round of the run starts (a process killed mid-round writes no last word)."""
+        lo = self.rounds[(run, rnd)].first_wall
+        if lo is None:
+            return None
+        later = [
+            r.first_wall
+            for (run2, rnd2), r in self.rounds.items()
+            if run2 == run and rnd2 > rnd and r.first_wall is not None
+        ]
+        return lo, min(later, default=float("inf"))
+
     def _explain(self, row: RoundRow, r: _Round, process_rows: Sequence[ProcessRestart]) -> None:
-        lo, hi = r.first_wall, r.last_wall
-        if lo is None or hi is None:
+        window = self._death_window(row.run, row.round)
+        if window is None:
             return
+        lo, hi = window
         voted = (
             max(r.origin_votes.items(), key=lambda kv: (kv[1], -kv[0]))[0]
             if r.origin_votes
@@ -305,7 +371,10 @@ class Aggregator:
         deaths = [
             p
             for p in process_rows
-            if p.run == row.run and p.wall is not None and lo <= p.wall <= hi
+            if p.run == row.run
+            and p.wall is not None
+            and lo <= p.wall < hi
+            and p.explained_by != "peer"
         ]
         if voted is not None and any(p.rank == voted for p in deaths):
             deaths = [p for p in deaths if p.rank == voted]
@@ -411,6 +480,17 @@ class Aggregator:
                 return node * e["nproc_per_node"] + local_rank
         return None
 
+    def _ending_fault(self, host: Any, pid: Any, wall: Any, runtime: Any) -> str | None:
+        """What ended process ``pid``, by its own last fault event: "peer" or "fault" (own)."""
+        if not isinstance(pid, int) or not isinstance(wall, (int, float)):
+            return None
+        life = runtime if isinstance(runtime, (int, float)) else SAME_FAILURE_WINDOW_S
+        for last, kind in self.ending_faults.get((host, pid), []):
+            # A pid can be reused: only the process that lived up to this exit counts.
+            if wall - life - _SAME_HOST_SLACK_S <= last <= wall + _SAME_HOST_SLACK_S:
+                return "peer" if kind == "peer" else "fault"
+        return None
+
     def process_restarts(self) -> list[ProcessRestart]:
         """Failed child processes, paired with the decision and replacement that followed."""
         stops = self._stop_walls()
@@ -458,31 +538,65 @@ class Aggregator:
                         reason=decision.get("reason") if decision else None,
                         relaunch_s=relaunch,
                         rejoin_wait_s=rejoin.get("wait_s") if rejoin else None,
+                        explained_by=self._ending_fault(
+                            host, e.get("child_pid"), wall, e.get("runtime_s")
+                        ),
                     )
                 )
         rows.sort(key=lambda p: p.wall or 0.0)
         return rows
 
-    def restarts(self, timeline: list[RoundRow], extra_requeues: int = 0) -> Restarts:
-        in_process = sum(1 for row in timeline if row.outcome == "restart")
+    def child_runtime_s(self) -> float:
+        """Seconds the supervised training processes ran, summed over processes."""
+        return sum(
+            e["runtime_s"]
+            for e in self.node_events
+            if e.get("kind") == "child_exit"
+            and isinstance(e.get("runtime_s"), (int, float))
+            and not isinstance(e.get("runtime_s"), bool)
+        )
+
+    def relaunches(self) -> int:
+        """Processes relaunched by a supervisor, whatever ended them."""
         decisions = [e for e in self.node_events if e.get("kind") == "restart_decision"]
         if decisions:
-            process = sum(1 for e in decisions if e.get("decision") == "restart")
-        else:
-            process = sum(
-                1
-                for e in self.node_events
-                if e.get("kind") == "child_start"
-                and isinstance(e.get("attempt"), int)
-                and e["attempt"] > 0
-            )
+            return sum(1 for e in decisions if e.get("decision") == "restart")
+        return sum(
+            1
+            for e in self.node_events
+            if e.get("kind") == "child_start"
+            and isinstance(e.get("attempt"), int)
+            and e["attempt"] > 0
+        )
+
+    def restarts(
+        self,
+        timeline: list[RoundRow],
+        extra_requeues: int = 0,
+        process_rows: Sequence[ProcessRestart] = (),
+    ) -> Restarts:
+        in_process = sum(
+            1 for row in timeline if row.outcome == "restart" and row.outcome_from == "wrapper"
+        )
+        decisions = any(e.get("kind") == "restart_decision" for e in self.node_events)
+        relaunched = self.relaunches()
+        # A process that stopped only because a peer failed was relaunched, but did not fail.
+        collateral = sum(
+            1
+            for p in process_rows
+            if p.explained_by == "peer" and (p.decision == "restart" or not decisions)
+        )
         requeue_events = {
             (e.get("count") if e.get("count") is not None else e.get("wall"))
             for e in self.node_events
             if e.get("kind") == "requeue"
         }
         requeue = max(len(requeue_events), self.runs - 1, extra_requeues)
-        return Restarts(in_process=in_process, process=process, requeue=requeue)
+        return Restarts(
+            in_process=in_process,
+            process=max(0, relaunched - collateral),
+            requeue=requeue,
+        )
 
     def failures(self, process_rows: list[ProcessRestart]) -> list[Failure]:
         """Failure groups: faults of the events, failed processes, hangs that no fault names."""
@@ -494,6 +608,8 @@ class Aggregator:
                 if f.wall is not None:
                     reported.setdefault((f.signature, f.host), []).append(f.wall)
         for p in process_rows:
+            if p.explained_by is not None:  # collateral, or told by its own fault event
+                continue
             sig = exit_signature(p.exit_code, p.signal)
             walls = reported.get((sig, p.host), [])
             if p.wall is not None and any(abs(w - p.wall) <= SAME_FAILURE_WINDOW_S for w in walls):
@@ -597,7 +713,7 @@ class Aggregator:
                 ("round", h.run, h.round) if rows else ("hang", h.run, h.round, h.rank)
             )
         for p in process_rows:
-            if p.host is None:
+            if p.host is None or p.explained_by is not None:
                 continue
             s = slot(p.host, p.node)
             s["deaths"] += 1
@@ -605,7 +721,9 @@ class Aggregator:
             rows = [
                 r
                 for r in explained.get((p.run, p.rank, "process_exit"), [])
-                if p.wall is not None and (r.start_wall or 0.0) <= p.wall <= (r.end_wall or 0.0)
+                if p.wall is not None
+                and (window := self._death_window(r.run, r.round)) is not None
+                and window[0] <= p.wall < window[1]
             ]
             key = (
                 ("round", rows[0].run, rows[0].round)
@@ -614,8 +732,12 @@ class Aggregator:
             )
             s["incidents"].add(key)
         nodes = []
+        # On one host (a local job) "seen only here" compares it with nothing.
+        several_hosts = len(self.hosts | set(per)) > 1
         for host, s in per.items():
-            only_here = any(hosts_of.get(sig, {host}) <= {host} for sig in s["sigs"])
+            only_here = several_hosts and any(
+                hosts_of.get(sig, {host}) <= {host} for sig in s["sigs"]
+            )
             nodes.append(
                 SuspectNode(
                     host=host,
@@ -634,8 +756,8 @@ class Aggregator:
 
     def event_signatures(self) -> tuple[set[str], set[str]]:
         """Signatures the events know (own and derived form), and exception types known without a traceback."""
-        known = set(self.signatures)
-        bare_types: set[str] = set()
+        known = set(self.signatures) | self.told_signatures
+        bare_types = {short_type(t) for t in self.told_types}
         for sig, g in self.signatures.items():
             parsed = parse_traceback(g.traceback) if g.traceback else None
             if parsed is not None:
@@ -697,15 +819,15 @@ def aggregate_files(
 
 
 def run_starts_of(summaries: Iterable[FileSummary]) -> dict[str, list[float]]:
-    """``supervisor_start`` wall times per host in ``summaries``: where each job run begins."""
+    """``supervisor_start`` wall times per ``run_key`` in ``summaries``: where each job run begins."""
     starts: dict[str, list[float]] = {}
     for fs in summaries:
         for e in fs.node_events:
-            host, wall = e.get("host"), e.get("wall")
+            key, wall = run_key(e.get("host"), e.get("node")), e.get("wall")
             if (
                 e.get("kind") == "supervisor_start"
-                and host is not None
+                and key is not None
                 and isinstance(wall, (int, float))
             ):
-                starts.setdefault(host, []).append(wall)
+                starts.setdefault(key, []).append(wall)
     return starts

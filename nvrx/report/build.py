@@ -200,7 +200,7 @@ def build_report(
             )
         )
     suspects, exclude = agg.suspects(timeline, failures, process_rows)
-    restarts = agg.restarts(timeline, sacct_requeues(slurm))
+    restarts = agg.restarts(timeline, sacct_requeues(slurm), process_rows)
     if any(row.ordering == "wall_clock" and row.first_rank is not None for row in timeline):
         notes.append(
             "first failing rank of some rounds was ordered by wall clock across hosts "
@@ -221,7 +221,15 @@ def build_report(
     )
     restricted = rank is not None or node is not None
     n_ranks = len(agg.ranks) if restricted or not agg.world_size else agg.world_size
-    training = agg.call_us / 1e6 / n_ranks if n_ranks else 0.0
+    busy_s = agg.call_us / 1e6
+    if agg.calls == 0 and agg.child_runtime_s() > 0:
+        # No Wrapper marked the training function: the supervised processes' lives stand in.
+        busy_s = agg.child_runtime_s()
+        notes.append(
+            "no call_start/call_end events (training not under the in-process Wrapper): "
+            "training time is the run time of the supervised processes, start-up included"
+        )
+    training = busy_s / n_ranks if n_ranks else 0.0
     goodput = (training / wall) if wall > 0 and n_ranks else None
     nodes = {n for n in agg.node_hosts}
     summary = Summary(
@@ -240,6 +248,8 @@ def build_report(
         outcome=outcome,
         reason=reason,
         interrupted_calls=agg.interrupted_calls,
+        processes_relaunched=agg.relaunches(),
+        slurm_nodes=slurm.job[-1].node_list if slurm.available and slurm.job else None,
     )
     reading = Reading(
         log_dir=str(job_dir.path),

@@ -18,7 +18,7 @@ REPORT_SCHEMA_VERSION = 1
 @dataclass
 class Restarts:
     in_process: int = 0  # rounds of the Wrapper that ended in a restart
-    process: int = 0  # training processes restarted by a supervisor
+    process: int = 0  # processes restarted by a supervisor after a failure of their own
     requeue: int = 0  # times SLURM requeued the whole job
 
 
@@ -62,6 +62,10 @@ class Summary:
     outcome: str
     reason: str | None
     interrupted_calls: int  # calls that never ended (process killed inside the function)
+    # Every process relaunch by a supervisor, peers that stopped only because another rank
+    # failed included (``restarts.process`` counts only the failed ones).
+    processes_relaunched: int = 0
+    slurm_nodes: str | None = None  # the job's node list as sacct has it (last run)
 
 
 @dataclass
@@ -87,6 +91,9 @@ class RoundRow:
     phases: dict[str, float]  # phase -> longest duration over ranks (the critical path)
     failed_phases: list[str]
     restart_latency_s: float | None
+    # "wrapper": round_end events gave the outcome; "inferred": none did (processes restarted by
+    # their supervisor start the next round; the last round takes the job's end).
+    outcome_from: str = "wrapper"
 
 
 @dataclass
@@ -136,6 +143,9 @@ class ProcessRestart:
     reason: str | None
     relaunch_s: float | None  # exit to the replacement's start
     rejoin_wait_s: float | None
+    # What the process's own events say ended it: "peer" (it stopped because another rank
+    # failed: collateral, not a failure of its own) or "fault" (its fault event tells it).
+    explained_by: str | None = None
 
 
 @dataclass

@@ -94,13 +94,27 @@ class _Doc:
         return "\n\n".join(self.parts) + "\n"
 
 
+def _nodes(count: int, hosts: list[str], slurm_nodes: str | None) -> str:
+    text = f"{count} ({', '.join(hosts[:8])}{', ...' if len(hosts) > 8 else ''})"
+    return f"{text}; SLURM: {slurm_nodes}" if slurm_nodes else text
+
+
+def _process_restart_count(failed: int, relaunched: int) -> str:
+    if relaunched > failed:
+        return f"{failed} ({relaunched} processes relaunched, peers included)"
+    return str(failed)
+
+
+_EXPLAINED = {"peer": "a peer failed", "fault": "own fault"}
+
+
 def _summary(doc: _Doc, r: Report) -> None:
     s = r.summary
     doc.heading(f"nvrx report: job {s.job or '?'}")
     goodput = f"{s.goodput * 100:.1f} %" if s.goodput is not None else "-"
     rows = [
         ["job", s.job or "-"],
-        ["nodes", f"{s.nodes} ({', '.join(s.hosts[:8])}{', ...' if len(s.hosts) > 8 else ''})"],
+        ["nodes", _nodes(s.nodes, s.hosts, s.slurm_nodes)],
         ["ranks", str(s.ranks)],
         ["start / end (UTC)", f"{_when(s.start_wall)} / {_when(s.end_wall)}"],
         ["wall time", _secs(s.wall_time_s)],
@@ -108,7 +122,7 @@ def _summary(doc: _Doc, r: Report) -> None:
         ["goodput", goodput],
         ["rounds", str(s.rounds)],
         ["in-process restarts", str(s.restarts.in_process)],
-        ["process restarts", str(s.restarts.process)],
+        ["process restarts", _process_restart_count(s.restarts.process, s.processes_relaunched)],
         ["job requeues", str(s.restarts.requeue)],
         ["outcome", s.outcome],
         ["reason", s.reason or "-"],
@@ -241,6 +255,7 @@ def _process_restarts(doc: _Doc, r: Report) -> None:
             str(p.local_rank),
             str(p.rank) if p.rank is not None else "-",
             p.signal or f"exit {p.exit_code}",
+            _EXPLAINED.get(p.explained_by or "", "-"),
             _secs(p.runtime_s),
             p.decision or "-",
             p.reason or "-",
@@ -257,6 +272,7 @@ def _process_restarts(doc: _Doc, r: Report) -> None:
             "local rank",
             "rank",
             "end",
+            "its events say",
             "ran",
             "decision",
             "reason",
@@ -290,6 +306,8 @@ def _suspects(doc: _Doc, r: Report) -> None:
     )
     if r.exclude:
         doc.text(f"next submission: --exclude={r.exclude}")
+    elif len(r.summary.hosts) < 2:
+        doc.text("no host to exclude: the job ran on one host, with no other to compare it with")
     else:
         doc.text(
             "no host to exclude: every fault signature was seen on several hosts (code, not node)"

@@ -83,6 +83,17 @@ def parse_traceback(text: str) -> ParsedTraceback | None:
     return ParsedTraceback(exc_type, message.strip(), frame[0], frame[1], frame[2])
 
 
+def chained_signatures(text: str) -> list[str]:
+    """Signatures of every traceback in ``text``: a chained exception prints one per link,
+    and output files show each of them."""
+    found = []
+    for block in text.split(TRACEBACK_HEADER)[1:]:
+        parsed = parse_traceback(TRACEBACK_HEADER + block)
+        if parsed is not None:
+            found.append(parsed.signature())
+    return found
+
+
 def short_type(exc_type: str) -> str:
     """``torch.distributed.DistBackendError`` -> ``DistBackendError``."""
     return exc_type.rsplit(".", 1)[-1]

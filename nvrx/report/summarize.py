@@ -14,7 +14,7 @@ from typing import Any
 from nvrx.events.reader import ReadStats
 
 from .loading import read_events
-from .signatures import fault_signature
+from .signatures import chained_signatures, fault_signature
 
 #: Fault kinds that are consequences of another rank's fault, not causes.
 CONSEQUENCE_FAULT_KINDS = frozenset({"peer"})
@@ -155,13 +155,22 @@ class FileSummary:
     ranks: set[int] = field(default_factory=set)
     node_hosts: dict[int, str] = field(default_factory=dict)
     world_size: int = 0
+    pid: int | None = None
+    calls: int = 0  # call_start/call_end events seen
     call_us: int = 0  # time inside the training function, integer microseconds
+    # The last fault of a process that never resumed after it ("peer" or "own"): it explains
+    # the process's exit, which its supervisor records by pid.
+    ending_fault: str | None = None
     interrupted_calls: int = 0
     rounds: dict[int, RoundPart] = field(default_factory=dict)
     signatures: dict[str, SignaturePart] = field(default_factory=dict)
     hangs: list[dict[str, Any]] = field(default_factory=list)
     node_events: list[dict[str, Any]] = field(default_factory=list)
     wrapper_ends: dict[str, int] = field(default_factory=dict)
+    # Every signature the fault events tell of, peers' included: output files that show the
+    # same tracebacks add nothing new.
+    told_signatures: set[str] = field(default_factory=set)
+    told_types: set[str] = field(default_factory=set)  # exception types told without a traceback
 
 
 def _num(value: Any, default: float | None = None) -> float | None:
@@ -180,6 +189,10 @@ def _int(value: Any) -> int | None:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return None
+
+
+def _max_opt(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else max(a, b)
 
 
 def _str(value: Any) -> str | None:
@@ -249,6 +262,8 @@ class _Folder:
             s.host, s.boot = host, _str(event.get("boot"))
         if s.component is None:
             s.component = _str(event.get("component"))
+        if s.pid is None:
+            s.pid = _int(event.get("pid"))
         if rank is not None and event.get("component") in _RANK_COMPONENTS:
             s.ranks.add(rank)
         if node is not None and host is not None:
@@ -271,6 +286,9 @@ class _Folder:
         handler = _HANDLERS.get(event["kind"])
         if handler is not None:
             handler(self, event, rank, node, host, wall)
+        elif event.get("round") is not None:
+            # Any event of a round (the app's progress, checkpoints) shows the round ran.
+            self.round_part(event, wall)
 
     # -- wrapper ---------------------------------------------------------------
     def round_start(
@@ -282,9 +300,17 @@ class _Folder:
         wall: float | None,
     ) -> None:
         self.round_part(e, wall)
+        self.s.ending_fault = None
         size = _int(e.get("world_size"))
         if size is not None and size > self.s.world_size:
             self.s.world_size = size
+        # The restart latency of the previous round is known only when this one starts, so a
+        # writer may put it here instead of on the previous round's round_end.
+        latency = _num(e.get("restart_latency_s"))
+        rnd = _int(e.get("round"))
+        if latency is not None and rnd is not None and rnd > 0:
+            prev = self.s.rounds.setdefault(rnd - 1, RoundPart())
+            prev.restart_latency_s = _max_opt(prev.restart_latency_s, latency)
 
     def call_start(
         self,
@@ -295,6 +321,8 @@ class _Folder:
         wall: float | None,
     ) -> None:
         self.round_part(e, wall)
+        self.s.calls += 1
+        self.s.ending_fault = None
         mono = _num(e.get("mono"))
         self.open_call = (_str(e.get("boot")), mono) if mono is not None else None
 
@@ -307,6 +335,7 @@ class _Folder:
         wall: float | None,
     ) -> None:
         self.round_part(e, wall)
+        self.s.calls += 1
         duration = _num(e.get("duration_s"))
         if duration is None and self.open_call is not None:
             mono = _num(e.get("mono"))
@@ -327,6 +356,8 @@ class _Folder:
         part = self.round_part(e, wall)
         kind = _str(e.get("fault_kind")) or "unknown"
         origin = _int(e.get("origin_rank"))
+        self.s.ending_fault = "peer" if kind in CONSEQUENCE_FAULT_KINDS else "own"
+        self.note_told(e)
         if kind in CONSEQUENCE_FAULT_KINDS:
             if part is not None:
                 if rank is not None:
@@ -359,6 +390,13 @@ class _Folder:
             if origin is not None and origin != rank:
                 part.origin_votes[origin] = part.origin_votes.get(origin, 0) + 1
         self.add_signature(sig, e, rank, node, host, wall)
+
+    def note_told(self, e: dict[str, Any]) -> None:
+        tb = _str(e.get("traceback"))
+        if tb:
+            self.s.told_signatures.update(chained_signatures(tb))
+        elif e.get("exc_type") is not None:
+            self.s.told_types.add(str(e["exc_type"]))
 
     def add_signature(
         self,

@@ -1,0 +1,90 @@
+"""nvrx-report on a real 2-node job of the local SLURM cluster: events, sacct and slurm-<id>.out together."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nvrx.report import build_report
+from tests.support.slurm_cluster import LocalSlurmCluster
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = REPO / "sbatch_templates" / "train.sbatch"
+STEPS = 30
+pytestmark = pytest.mark.timeout(300)
+
+
+def _submit(cluster: LocalSlurmCluster, tmp_path: Path, faults: str) -> tuple[int, Path]:
+    """The demo job on 2 nodes x 2 ranks; stdout in ``slurm-<id>.out`` of ``tmp_path``."""
+    logs = tmp_path / "logs"
+    train = (
+        f"{sys.executable} {REPO / 'examples' / 'train_demo.py'} --steps {STEPS} "
+        "--checkpoint-every 5 --step-time 0.05"
+    )
+    export = ",".join(
+        [
+            "ALL",
+            f"NVRX_REPO={REPO}",
+            "NVRX_NPROC=2",
+            f"NVRX_LOG_DIR={logs}",
+            f"NVRX_TRAIN_CMD={train}",
+            "NVRX_SUPERVISE_ARGS=--max-restarts 10 --grace-period 3",
+            f"NVRX_DEMO_FAULTS={faults}",
+        ]
+    )
+    job = cluster.sbatch(
+        TEMPLATE, "-N2", f"--export={export}", "-o", str(tmp_path / "slurm-%j.out"), cwd=tmp_path
+    )
+    return job, logs
+
+
+def test_report_of_a_two_node_job_with_a_killed_rank(
+    slurm_cluster: LocalSlurmCluster, tmp_path: Path
+) -> None:
+    job, logs = _submit(slurm_cluster, tmp_path, faults="kill:12:3")
+    state = slurm_cluster.wait_job(job, timeout=240)
+    out_file = tmp_path / f"slurm-{job}.out"
+    out = out_file.read_text() if out_file.exists() else "(no output file)"
+    assert state == "COMPLETED", out
+    accounted = slurm_cluster.sacct(job)  # waits until accounting caught up with slurmctld
+    node_list = next(r["NodeList"] for r in accounted if r["JobID"] == str(job))
+
+    report = build_report(logs, job=str(job), sacct=True)
+    s = report.summary
+    # sacct is merged in: its final state leads the outcome, its node list is the job's
+    assert report.slurm.available, report.slurm.error
+    assert [r.state for r in report.slurm.job] == ["COMPLETED"]
+    assert s.outcome == "COMPLETED (sacct, exit 0:0)"
+    assert s.reason is not None and "events: completed" in s.reason
+    assert s.slurm_nodes == node_list
+    assert {r.job_id for r in report.slurm.steps} >= {f"{job}.batch", f"{job}.0"}
+    # the events name the killed rank and its node
+    assert (s.job, s.nodes, s.ranks, s.runs) == (str(job), 2, 4, 1)
+    first = report.timeline[0]
+    assert (first.first_rank, first.first_node, first.cause) == (3, 1, "signal SIGKILL")
+    assert [(f.signature, f.ranks, f.nodes) for f in report.failures] == [
+        ("signal SIGKILL", [3], [1])
+    ]
+    assert (s.restarts.process, s.restarts.in_process, s.restarts.requeue) == (1, 0, 0)
+    assert 0 < s.goodput <= 1 and s.training_time_s <= s.wall_time_s
+    # slurm-<id>.out next to the logs is read; what it holds is already in the events
+    assert str(out_file.resolve()) in report.slurm.output_files
+    assert report.log_findings == [], [(f.signature, f.path, f.line) for f in report.log_findings]
+
+    # The command line, with the output file named explicitly and JSON out.
+    done = subprocess.run(
+        [sys.executable, "-m", "nvrx.report.cli", str(logs), "--job", str(job),
+         "--slurm-output", str(out_file), "--format", "json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["slurm"]["output_files"] == [str(out_file.resolve())]
+    assert data["summary"]["outcome"] == s.outcome
+    assert data["slurm"]["job"][0]["node_list"] == node_list
+    text = build_report(logs, job=str(job), sacct=True).to_text()
+    assert "COMPLETED" in text and node_list in text and "rank 3 on" in text
