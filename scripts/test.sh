@@ -11,7 +11,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     bash scripts/install_slurm.sh || { echo "test.sh: SLURM install failed" >&2; exit 1; }
 fi
 
-daemons() { ps -eo pid=,comm= | awk '$2 ~ /^(slurmctld|slurmd|slurmdbd|mariadbd|munged)$/ {print $1" "$2}' | sort; }
+# Live (not zombie) SLURM/MariaDB/munge daemons, as "pid name" lines.
+daemons() { ps -eo pid=,stat=,comm= | awk '$2 !~ /^Z/ && $3 ~ /^(slurmctld|slurmd|slurmdbd|mariadbd|munged)$/ {print $1" "$3}' | sort; }
 before=$(daemons)
 
 .venv/bin/ruff check . || { echo "test.sh: ruff check failed" >&2; exit 1; }
