@@ -27,6 +27,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+from nvrx.checkpoint_flag import ignore_warning_signal
+
 log = logging.getLogger(__name__)
 
 _READY_TIMEOUT_S = 60.0
@@ -154,6 +156,7 @@ class StoreService:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 env=env,
+                preexec_fn=ignore_warning_signal,  # SLURM signals every process of the step
             )
         finally:
             os.close(write_fd)

@@ -14,6 +14,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from nvrx.checkpoint_flag import ignore_warning_signal
+
 log = logging.getLogger(__name__)
 
 
@@ -78,7 +80,13 @@ class Child:
         cwd: str | None = None,
     ) -> Child:
         """Start ``command`` in a new session (its own process group). Raises OSError when it cannot start."""
-        popen = subprocess.Popen(list(command), env=dict(env), cwd=cwd, start_new_session=True)
+        popen = subprocess.Popen(
+            list(command),
+            env=dict(env),
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=ignore_warning_signal,  # SLURM signals every process of the step
+        )
         return cls(local_rank, attempt, popen.pid, popen)
 
     @property

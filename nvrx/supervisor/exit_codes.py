@@ -25,6 +25,7 @@ class ExitCode(enum.IntEnum):
     LOOP_BREAKER = 5  # the same failure signature K times in a row (--loop-breaker)
     PEER_LOST = 6  # other nodes did not finish within --finish-timeout
     SPAWN_FAILED = 7  # the training command could not be started (not found, not executable)
+    REQUEUED = 75  # SLURM warned; children checkpointed, node 0 requeued the job
 
 
 #: One line per code, for docs/supervisor.md and for log messages.
@@ -37,6 +38,7 @@ DESCRIPTIONS: dict[int, str] = {
     ExitCode.LOOP_BREAKER: "same failure signature --loop-breaker times in a row",
     ExitCode.PEER_LOST: "other nodes did not finish within --finish-timeout",
     ExitCode.SPAWN_FAILED: "the training command could not be started",
+    ExitCode.REQUEUED: "preemption or time-limit warning: checkpointed, job requeued (docs/submit.md)",
 }
 
 

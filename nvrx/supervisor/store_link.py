@@ -20,6 +20,8 @@ import time
 from collections import deque
 from typing import Any
 
+from nvrx.checkpoint_flag import ignore_warning_signal
+
 log = logging.getLogger(__name__)
 
 #: Seconds allowed for the agent to start (it imports torch) on top of the store timeout.
@@ -77,7 +79,12 @@ class StoreLink:
         ]
         try:
             self._proc = subprocess.Popen(
-                cmd, stdin=req_r, stdout=ans_w, start_new_session=True, env=dict(os.environ)
+                cmd,
+                stdin=req_r,
+                stdout=ans_w,
+                start_new_session=True,
+                env=dict(os.environ),
+                preexec_fn=ignore_warning_signal,  # SLURM signals every process of the step
             )
         finally:
             os.close(req_r)

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 from nvrx import events
+from nvrx.slurm.preemption import PreemptionHandler
 from nvrx.store.service import (
     StorePortInUse,
     StoreService,
@@ -68,6 +69,7 @@ class Supervisor:
         self._signalled: int | None = None
         self._exit_seen: dict[int, float] = {}
         self._selector: selectors.BaseSelector | None = None
+        self.preemption: PreemptionHandler | None = None
 
     # -- life ---------------------------------------------------------------------
     def run(self) -> int:
@@ -93,6 +95,11 @@ class Supervisor:
         )
         reason = "all children ended"
         try:
+            # SLURM's warning (--signal=USR2@N): flag file, checkpoint, requeue (docs/submit.md)
+            self.preemption = PreemptionHandler.from_env(
+                cfg.node_rank, cfg.nnodes, job_dir=cfg.events_dir, writer=self.writer
+            )
+            self.preemption.start()
             self.signals = SignalPipe((*STOP_SIGNALS, *FORWARD_SIGNALS, signal.SIGCHLD)).install()
             if cfg.node_rank == 0 and not port_is_free(cfg.store_host, cfg.store_port):
                 raise SupervisorError(
@@ -267,7 +274,10 @@ class Supervisor:
                 self._reap()
                 continue
             name = signal.Signals(signum).name
-            if signum in FORWARD_SIGNALS:
+            if self.preemption is not None and signum == self.preemption.signum:
+                self._emit("signal_received", signal=name, action="checkpoint, then requeue")
+                self.preemption.on_signal(signum)
+            elif signum in FORWARD_SIGNALS:
                 self._emit("signal_received", signal=name, action="forwarded to children")
                 for child in self._running():
                     child.signal_group(signum)
@@ -336,12 +346,24 @@ class Supervisor:
                     None if self._kill_at is None else max(0.0, self._kill_at - time.monotonic())
                 )
                 self._on_store_events(self._poll_once(selector, timeout))
+                self._handle_preemption()
                 if self._kill_at is not None and time.monotonic() >= self._kill_at:
                     for child in self._running():
                         child.kill_group()
                     self._kill_at = None
+            self._handle_preemption()  # a warning that came with the last child's exit
         finally:
             selector.close()
+
+    def _handle_preemption(self) -> None:
+        """After SLURM's warning: let the children checkpoint and stop; node 0 requeues the job."""
+        if self.preemption is None or not self.preemption.pending:
+            return
+        decision = self.preemption.act(self._running())
+        if self.stop_reason is None:
+            self.request_stop(decision.reason, decision.exit_code, broadcast=False)
+        else:
+            self.exit_code = decision.exit_code
 
     def _finish(self) -> None:
         """All local children ended: report this node done; node 0 keeps the store up until all are."""

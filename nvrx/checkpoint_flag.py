@@ -1,0 +1,145 @@
+"""Training-side view of a preemption or time-limit warning: "checkpoint now, then stop".
+
+When SLURM warns a job (``--signal=USR2@N``), the node's supervisor writes one
+flag file for the job's current run; training code polls it between steps with
+``preemption_requested()`` (one ``stat`` call), saves a checkpoint, and returns.
+The supervisor then requeues the job, and the next run resumes from that
+checkpoint. A file, not a signal, reaches the children: a signal would kill a
+child that installed no handler, and a flag file is visible to every rank of
+every node that shares the log directory.
+
+The flag's path is given to children in ``NVRX_PREEMPT_FLAG``; without it, the
+path is derived from the environment contract (``NVRX_LOG_DIR``, ``NVRX_JOB_ID``,
+``SLURM_RESTART_COUNT``), so both sides agree without talking.
+
+Importing this module imports no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from nvrx.events import emit, job_log_dir
+
+log = logging.getLogger(__name__)
+
+PREEMPT_FLAG_ENV = "NVRX_PREEMPT_FLAG"
+#: Name of SLURM's warning signal (``USR2`` by default; USR1 belongs to NCCL).
+PREEMPT_SIGNAL_ENV = "NVRX_PREEMPT_SIGNAL"
+#: Sub-directory of a job's log directory holding flags, done markers and the requeue ledger.
+PREEMPT_DIR = "preempt"
+
+
+def run_index_from_env(env: Mapping[str, str] | None = None) -> int:
+    """Which run of the job this is: ``SLURM_RESTART_COUNT`` (0 for the first run)."""
+    env = os.environ if env is None else env
+    raw = env.get("SLURM_RESTART_COUNT") or "0"
+    try:
+        return max(0, int(raw))
+    except ValueError:
+        log.warning("SLURM_RESTART_COUNT=%r is not an integer; treating this as run 0", raw)
+        return 0
+
+
+def flag_path_for(job_dir: str | os.PathLike[str], run_index: int) -> Path:
+    """Path of the preemption flag of run ``run_index`` of the job logging to ``job_dir``."""
+    return Path(job_dir) / PREEMPT_DIR / f"r{run_index}.flag"
+
+
+def flag_path(env: Mapping[str, str] | None = None) -> Path:
+    """This process's flag path: ``$NVRX_PREEMPT_FLAG``, else derived from the environment contract."""
+    env = os.environ if env is None else env
+    given = env.get(PREEMPT_FLAG_ENV)
+    if given:
+        return Path(given)
+    return flag_path_for(job_log_dir(env=dict(env)), run_index_from_env(env))
+
+
+def preemption_requested() -> bool:
+    """Whether this job was told to checkpoint and stop (preemption or time limit ahead).
+
+    Cheap enough to call every training step: one ``stat`` of the flag file.
+    """
+    return flag_path().exists()
+
+
+def preemption_info() -> dict[str, Any] | None:
+    """What the supervisor wrote in the flag (``cause``, ``signal``, ``deadline_wall``), or None."""
+    path = flag_path()
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.warning("cannot read preemption flag %s: %s", path, exc)
+        return {}
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def record_checkpoint(path: str | os.PathLike[str], step: int | None, action: str = "save") -> None:
+    """Write a ``checkpoint`` event (``action`` is ``save`` or ``load``), so the report shows it."""
+    if action not in ("save", "load"):
+        raise ValueError(f"action must be 'save' or 'load', got {action!r}")
+    emit("checkpoint", path=str(path), step=step, action=action)
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
+    """Write ``data`` as JSON to ``path`` atomically (a private temporary file, then rename).
+
+    Several writers (one per node) may race; each rename is atomic, so a reader
+    sees either no file or a complete one.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}")
+    tmp.write_text(json.dumps(data, default=str))
+    os.replace(tmp, target)
+    return target
+
+
+def write_flag(path: str | os.PathLike[str], info: Mapping[str, Any]) -> Path:
+    """Raise the flag: create the flag file (atomically) holding ``info``."""
+    return write_json_atomic(path, dict(info))
+
+
+def signal_from_name(name: str, what: str = "signal") -> int:
+    """Signal number of ``USR2``/``SIGUSR2``/``12``; ValueError naming ``what`` and the bad value."""
+    text = name.strip().upper()
+    try:
+        if text.isdigit():
+            return int(signal.Signals(int(text)))
+        return int(signal.Signals[text if text.startswith("SIG") else "SIG" + text])
+    except (KeyError, ValueError):
+        raise ValueError(f"{what}={name!r} is not a signal name (e.g. USR2)") from None
+
+
+def warning_signal(env: Mapping[str, str] | None = None) -> int:
+    """SLURM's warning signal for this job: ``$NVRX_PREEMPT_SIGNAL``, default SIGUSR2."""
+    env = os.environ if env is None else env
+    return signal_from_name(env.get(PREEMPT_SIGNAL_ENV) or "USR2", PREEMPT_SIGNAL_ENV)
+
+
+def ignore_warning_signal() -> None:
+    """Ignore SLURM's warning signal in this process and, through exec, in what it runs.
+
+    SLURM delivers ``--signal`` to every process of a job step, not only to the
+    task it started, and the default action of USR2 is to terminate. Only the
+    supervisor acts on the warning (it raises the flag file), so the processes
+    it starts (training children, store service, store agent) run with it
+    ignored: pass this as ``preexec_fn`` to ``subprocess.Popen``. A training
+    script may still install its own handler.
+    """
+    try:
+        signal.signal(warning_signal(), signal.SIG_IGN)
+    except ValueError:
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)

@@ -1,0 +1,524 @@
+"""Preemption and time-limit warnings: checkpoint, then requeue the job once from node 0.
+
+SLURM warns a job some seconds before it ends, with the signal asked for by
+``--signal=[B:]USR2@<seconds>`` (USR2 because NCCL uses USR1): before the time
+limit, and, with ``SlurmctldParameters=preempt_send_user_signal``, when a
+higher-priority job preempts it. The signal alone does not say which of the two
+happened, so ``classify`` asks slurmctld (``scontrol show job``): a set
+``PreemptTime`` means preemption; otherwise the time left against the warning
+delay tells a time limit from a preemption (submitit's elapsed-versus-limit rule
+when the delay is unknown).
+
+The supervisor of each node owns one ``PreemptionHandler``:
+
+- ``start()`` once at start-up (node 0 records requeues SLURM did by itself);
+- ``on_signal(signum)`` when the warning signal arrives: it only sets a flag,
+  so it is safe inside a signal handler;
+- ``act(children)`` from the supervisor's main loop when ``pending`` is true:
+  it writes the job's flag file (``nvrx.checkpoint_flag``), waits for the
+  children to checkpoint and exit within the warning window, and then node 0
+  runs ``scontrol requeue`` once, unless the cap on time-limit requeues is
+  reached. Every node returns the same ``Decision``; its ``exit_code`` is what
+  the supervisor should exit with.
+
+Files live in ``<job log dir>/preempt/``: ``r<run>.flag`` (the flag children
+read), ``r<run>.node<k>.done`` (node k's children are done),
+``r<run>.decision`` (node 0's decision) and ``requeues.json`` (the ledger of
+requeues, written by node 0 only). ``<run>`` is ``SLURM_RESTART_COUNT``.
+Waits on files of other nodes are bounded polls: they live on a shared file
+system, where no blocking wait exists.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import selectors
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from nvrx.checkpoint_flag import (
+    PREEMPT_DIR,
+    PREEMPT_FLAG_ENV,
+    PREEMPT_SIGNAL_ENV,
+    flag_path_for,
+    signal_from_name,
+    write_flag,
+    write_json_atomic,
+)
+from nvrx.events import EventWriter, get_writer, job_log_dir
+from nvrx.slurm import commands
+
+log = logging.getLogger(__name__)
+
+#: Seconds before the end at which SLURM sends the warning (``--signal=...@<seconds>``).
+SIGNAL_DELAY_ENV = "NVRX_SIGNAL_DELAY_S"
+#: Cap on requeues after time limits (preemptions are requeued without a cap).
+MAX_TIME_LIMIT_REQUEUES_ENV = "NVRX_MAX_TIME_LIMIT_REQUEUES"
+#: Seconds a preempted job may use to checkpoint when the partition's GraceTime is unknown.
+PREEMPT_WINDOW_ENV = "NVRX_PREEMPT_WINDOW_S"
+
+#: Warning delay nvrx.submit asks for by default (submitit's default too).
+DEFAULT_SIGNAL_DELAY_S = 90
+DEFAULT_MAX_TIME_LIMIT_REQUEUES = 3
+DEFAULT_PREEMPT_WINDOW_S = 30.0
+#: Seconds of lag allowed between SLURM's warning and our look at the job's clock.
+TIME_LIMIT_SLACK_S = 5.0
+#: Supervisor exit code when the job was requeued (EX_TEMPFAIL: "try again later").
+EXIT_REQUEUED = 75
+#: Exit code that makes submitit's local executor run a task again (its emulated requeue).
+SUBMITIT_LOCAL_REQUEUE_EXIT = 144
+#: Seconds a child gets between SIGTERM and SIGKILL once the warning window is over.
+TERM_GRACE_S = 5.0
+#: Seconds between looks at other nodes' files.
+POLL_S = 0.2
+
+CAUSES = ("preemption", "time_limit", "unknown")
+_NO_TIME = ("", "None", "N/A", "Unknown", "(null)")
+_DURATION = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)$")
+
+
+class ChildLike(Protocol):
+    """What ``act`` needs of a supervisor's child (``nvrx.supervisor.children.Child``)."""
+
+    pid: int
+
+    def signal_group(self, signum: int) -> bool: ...
+
+    def kill_group(self) -> None: ...
+
+
+def parse_duration(text: str | None) -> float | None:
+    """Seconds in a SLURM duration (``[D-]HH:MM:SS`` or ``MM:SS``); None for UNLIMITED or junk."""
+    if not text:
+        return None
+    match = _DURATION.match(text.strip())
+    if not match:
+        return None
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+def classify(info: Mapping[str, str] | None, signal_delay_s: float | None) -> str:
+    """``preemption``, ``time_limit`` or ``unknown`` from ``scontrol show job`` fields.
+
+    A time-limit warning comes when at most ``signal_delay_s`` seconds are
+    left; a warning with clearly more time left is a preemption.
+    """
+    if not info:
+        return "unknown"
+    if info.get("PreemptTime", "None") not in _NO_TIME:
+        return "preemption"
+    limit = parse_duration(info.get("TimeLimit"))
+    run = parse_duration(info.get("RunTime"))
+    if limit is None or run is None:
+        return "unknown" if limit is not None else "preemption"
+    if signal_delay_s is not None:
+        return "time_limit" if limit - run <= signal_delay_s + TIME_LIMIT_SLACK_S else "preemption"
+    return "time_limit" if run >= min(0.8 * limit, limit - 600.0) else "preemption"
+
+
+def _env_number(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+    if value < 0:
+        raise ValueError(f"{name}={raw!r} must not be negative")
+    return value
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the job does after a warning; the same on every node."""
+
+    cause: str
+    requeued: bool
+    exit_code: int
+    reason: str
+    requeue_count: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class RequeueLedger:
+    """The job's requeues so far (``requeues.json``), written by node 0 only."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def entries(self) -> list[dict[str, Any]]:
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as exc:
+            log.warning(
+                "requeue ledger %s unreadable (%s); counting from SLURM_RESTART_COUNT",
+                self.path,
+                exc,
+            )
+            return []
+        return [e for e in data if isinstance(e, dict)] if isinstance(data, list) else []
+
+    def count(self, cause: str | None = None) -> int:
+        return sum(1 for e in self.entries() if cause is None or e.get("cause") == cause)
+
+    def append(self, cause: str, run: int, **extra: Any) -> int:
+        """Record one requeue; returns the number of requeues recorded."""
+        entries = self.entries()
+        entries.append({"cause": cause, "run": run, "wall": time.time(), **extra})
+        write_json_atomic(self.path, entries)
+        return len(entries)
+
+
+class PreemptionHandler:
+    """One node's reaction to SLURM's warning signal (see the module docstring)."""
+
+    def __init__(
+        self,
+        job_dir: str | os.PathLike[str],
+        node_rank: int,
+        nnodes: int,
+        *,
+        job_id: str | None = None,
+        run_index: int = 0,
+        slurm: bool = True,
+        signum: int = signal.SIGUSR2,
+        signal_delay_s: float | None = None,
+        max_time_limit_requeues: int = DEFAULT_MAX_TIME_LIMIT_REQUEUES,
+        preempt_window_s: float | None = None,
+        local_requeue: bool = False,
+        writer: EventWriter | None = None,
+        export_env: bool = True,
+    ) -> None:
+        if nnodes < 1 or not 0 <= node_rank < nnodes:
+            raise ValueError(f"node_rank={node_rank} must be in 0..{nnodes - 1} (nnodes={nnodes})")
+        if max_time_limit_requeues < 0:
+            raise ValueError(f"max_time_limit_requeues must be >= 0, got {max_time_limit_requeues}")
+        if slurm and not job_id:
+            raise ValueError("job_id is needed to requeue a SLURM job")
+        self.job_dir = Path(job_dir)
+        self.dir = self.job_dir / PREEMPT_DIR
+        self.node_rank = node_rank
+        self.nnodes = nnodes
+        self.job_id = job_id
+        self.slurm = slurm
+        self.signum = int(signum)
+        self.signal_delay_s = signal_delay_s
+        self.max_time_limit_requeues = max_time_limit_requeues
+        self.preempt_window_s = preempt_window_s
+        self.local_requeue = local_requeue
+        self._writer = writer
+        self.ledger = RequeueLedger(self.dir / "requeues.json")
+        # Without SLURM there is no restart count: the ledger counts the runs.
+        self.run_index = run_index if slurm else self.ledger.count()
+        self.flag_path = flag_path_for(self.job_dir, self.run_index)
+        self._pending: int | None = None
+        self._signal_wall: float | None = None
+        self._decision: Decision | None = None
+        if export_env:
+            os.environ[PREEMPT_FLAG_ENV] = str(self.flag_path)
+
+    @classmethod
+    def from_env(
+        cls,
+        node_rank: int,
+        nnodes: int,
+        *,
+        job_dir: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        writer: EventWriter | None = None,
+    ) -> PreemptionHandler:
+        """A handler configured from SLURM's and nvrx's environment variables."""
+        env = os.environ if env is None else env
+        job_id = env.get("SLURM_JOB_ID") or None
+        delay = env.get(SIGNAL_DELAY_ENV)
+        window = env.get(PREEMPT_WINDOW_ENV)
+        return cls(
+            job_dir if job_dir is not None else job_log_dir(env=dict(env)),
+            node_rank,
+            nnodes,
+            job_id=job_id,
+            run_index=int(_env_number(env, "SLURM_RESTART_COUNT", 0)),
+            slurm=job_id is not None,
+            signum=signal_from_name(env.get(PREEMPT_SIGNAL_ENV) or "USR2", PREEMPT_SIGNAL_ENV),
+            signal_delay_s=_env_number(env, SIGNAL_DELAY_ENV, 0) if delay else None,
+            max_time_limit_requeues=int(
+                _env_number(env, MAX_TIME_LIMIT_REQUEUES_ENV, DEFAULT_MAX_TIME_LIMIT_REQUEUES)
+            ),
+            preempt_window_s=_env_number(env, PREEMPT_WINDOW_ENV, 0) if window else None,
+            local_requeue=env.get("SUBMITIT_EXECUTOR") == "local",
+            writer=writer,
+        )
+
+    # -- signal side: flags only ------------------------------------------------
+    @property
+    def pending(self) -> bool:
+        """A warning arrived and ``act`` has not handled it yet."""
+        return self._pending is not None and self._decision is None
+
+    @property
+    def decision(self) -> Decision | None:
+        return self._decision
+
+    def on_signal(self, signum: int, frame: object = None) -> None:
+        """Note the warning (safe in a signal handler: sets two attributes, nothing else)."""
+        if self._pending is None:
+            self._pending = int(signum)
+            self._signal_wall = time.time()
+
+    def install(self) -> None:
+        """Make ``on_signal`` the handler of the warning signal (main thread only).
+
+        Supervisors that route signals through their own loop call ``on_signal`` instead.
+        """
+        signal.signal(self.signum, self.on_signal)
+
+    # -- start-up -------------------------------------------------------------------
+    def start(self) -> None:
+        """Once at start-up: drop a stale flag of this run (node 0) and record requeues
+        SLURM made without us (preemption grace ran out, node failure, manual requeue)."""
+        if self.node_rank != 0:
+            return
+        for stale in (self.flag_path, self._decision_path()):
+            stale.unlink(missing_ok=True)
+        for path in self.dir.glob(f"r{self.run_index}.node*.done"):
+            path.unlink(missing_ok=True)
+        if not self.slurm:
+            return
+        recorded = self.ledger.count()
+        for run in range(recorded, self.run_index):
+            cause = self._cause_of_past_run(run)
+            count = self.ledger.append(cause, run, issued_by="slurm")
+            self._emit("requeue", cause=cause, count=count, run=run, issued_by="slurm")
+            log.info("job %s run %d was requeued by SLURM (%s)", self.job_id, run, cause)
+
+    def _cause_of_past_run(self, run: int) -> str:
+        try:
+            info = json.loads(flag_path_for(self.job_dir, run).read_text())
+            if info.get("cause") in CAUSES and info["cause"] != "unknown":
+                return str(info["cause"])
+        except (OSError, ValueError, AttributeError):
+            pass
+        try:
+            rows = [
+                r
+                for r in commands.sacct_rows(self.job_id or "", fields=("JobID", "State"))
+                if r["JobID"] == str(self.job_id)
+            ]
+        except commands.SlurmCommandError as exc:
+            log.warning("cannot ask sacct why run %d of job %s ended: %s", run, self.job_id, exc)
+            return "unknown"
+        state = rows[run]["State"].split()[0] if run < len(rows) else ""
+        return {
+            "NODE_FAIL": "node_failure",
+            "PREEMPTED": "preemption",
+            "TIMEOUT": "time_limit",
+        }.get(state, "unknown")
+
+    # -- main-loop side: the work ------------------------------------------------
+    def act(self, children: Sequence[ChildLike], cause: str | None = None) -> Decision:
+        """Handle a pending warning: flag, wait for ``children`` to stop, requeue from node 0.
+
+        ``cause`` overrides the classification when the caller knows it.
+        Blocks at most for the warning window. Idempotent: a second call
+        returns the first decision.
+        """
+        if self._decision is not None:
+            return self._decision
+        if cause is not None and cause not in CAUSES:
+            raise ValueError(f"cause must be one of {CAUSES}, got {cause!r}")
+        signum = self._pending if self._pending is not None else self.signum
+        received = self._signal_wall or time.time()
+        info = self._job_info()
+        if cause is None:
+            cause = classify(info, self.signal_delay_s) if self.slurm else "unknown"
+        window = self._window_s(info, cause)
+        deadline = received + window
+        signame = signal.Signals(signum).name
+        self._emit("preempt_signal", signal=signame, cause=cause, window_s=round(window, 1))
+        log.warning("%s: %s warning, %.0f s to checkpoint and stop", signame, cause, window)
+        write_flag(
+            self.flag_path,
+            {"cause": cause, "signal": signame, "deadline_wall": deadline, "run": self.run_index},
+        )
+        self._stop_children(children, deadline)
+        write_flag(self._done_path(self.node_rank), {"wall": time.time()})
+        if self.node_rank == 0:
+            self._wait_for(
+                lambda: all(self._done_path(k).exists() for k in range(self.nnodes)), deadline
+            )
+            decision = self._decide(cause)
+            write_flag(self._decision_path(), decision.to_dict())
+        else:
+            decision = self._await_decision(cause, deadline + 15.0)
+        self._decision = decision
+        log.warning("after the %s warning: %s", cause, decision.reason)
+        return decision
+
+    def _decide(self, cause: str) -> Decision:
+        fail_exit = 128 + (self._pending or self.signum)
+        total = self.ledger.count()
+        if (
+            cause == "time_limit"
+            and self.ledger.count("time_limit") >= self.max_time_limit_requeues
+        ):
+            return Decision(
+                cause, False, fail_exit, f"not requeued: {self.max_time_limit_requeues} time-limit "
+                f"requeue(s) already used (cap {MAX_TIME_LIMIT_REQUEUES_ENV})", total
+            )  # fmt: skip
+        if not self.slurm:
+            if not self.local_requeue:
+                return Decision(
+                    cause, False, fail_exit, "not requeued: not running under SLURM", total
+                )
+            count = self.ledger.append(cause, self.run_index, issued_by="submitit-local")
+            self._emit(
+                "requeue", cause=cause, count=count, run=self.run_index, issued_by="submitit-local"
+            )
+            return Decision(
+                cause,
+                True,
+                SUBMITIT_LOCAL_REQUEUE_EXIT,
+                "requeued by submitit's local executor",
+                count,
+            )
+        try:
+            commands.requeue(self.job_id or "")
+        except commands.SlurmCommandError as exc:
+            return Decision(cause, False, fail_exit, f"not requeued: {exc}", total)
+        count = self.ledger.append(cause, self.run_index, issued_by="nvrx")
+        self._emit("requeue", cause=cause, count=count, run=self.run_index, issued_by="nvrx")
+        return Decision(
+            cause,
+            True,
+            EXIT_REQUEUED,
+            f"requeued job {self.job_id} ({cause}, requeue {count})",
+            count,
+        )
+
+    def _await_decision(self, cause: str, deadline: float) -> Decision:
+        path = self._decision_path()
+        if self._wait_for(path.exists, deadline):
+            try:
+                return Decision(**json.loads(path.read_text()))
+            except (OSError, ValueError, TypeError) as exc:
+                log.warning("node 0's decision %s is unreadable: %s", path, exc)
+        fail_exit = 128 + (self._pending or self.signum)
+        return Decision(
+            cause, False, fail_exit, "node 0 made no decision in time", self.ledger.count()
+        )
+
+    def _stop_children(self, children: Sequence[ChildLike], deadline: float) -> None:
+        """Let the children checkpoint and exit; end those still running at the deadline.
+
+        Waits on pidfds, which become readable when a process exits, so the
+        children are not reaped here: the supervisor reaps them as usual and
+        records their exits.
+        """
+        fds: dict[int, ChildLike] = {}
+        for child in children:
+            if getattr(child, "running", True):
+                try:
+                    fds[os.pidfd_open(child.pid)] = child
+                except ProcessLookupError:
+                    continue
+        try:
+            late = self._wait_exits(fds, deadline)
+            if not late:
+                return
+            log.warning(
+                "%d child(ren) still running at the end of the warning window; terminating",
+                len(late),
+            )
+            for fd in late:
+                fds[fd].signal_group(signal.SIGTERM)
+            late = self._wait_exits({fd: fds[fd] for fd in late}, time.time() + TERM_GRACE_S)
+            for fd in late:
+                fds[fd].kill_group()
+            self._wait_exits({fd: fds[fd] for fd in late}, time.time() + TERM_GRACE_S)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    @staticmethod
+    def _wait_exits(fds: Mapping[int, ChildLike], deadline: float) -> list[int]:
+        """Block until the processes behind ``fds`` exited or ``deadline``; the pidfds still running."""
+        left = set(fds)
+        with selectors.DefaultSelector() as selector:
+            for fd in left:
+                selector.register(fd, selectors.EVENT_READ)
+            while left:
+                timeout = deadline - time.time()
+                if timeout <= 0:
+                    break
+                for key, _ in selector.select(timeout):
+                    selector.unregister(key.fd)
+                    left.discard(key.fd)
+        return sorted(left)
+
+    # -- helpers ----------------------------------------------------------------
+    def _job_info(self) -> dict[str, str] | None:
+        if not self.slurm:
+            return None
+        try:
+            return commands.show_job(self.job_id or "")
+        except commands.SlurmCommandError as exc:
+            log.warning("cannot ask slurmctld about job %s: %s", self.job_id, exc)
+            return None
+
+    def _window_s(self, info: Mapping[str, str] | None, cause: str) -> float:
+        """Seconds from the warning until the job must have stopped, minus a margin."""
+        if cause == "time_limit" and info:
+            limit, run = parse_duration(info.get("TimeLimit")), parse_duration(info.get("RunTime"))
+            window = (limit - run) if limit is not None and run is not None else self.signal_delay_s
+        elif self.preempt_window_s is not None:
+            window = self.preempt_window_s
+        else:
+            window = self._grace_time(info) if cause == "preemption" else None
+            if window is None:
+                window = self.signal_delay_s if cause == "time_limit" else DEFAULT_PREEMPT_WINDOW_S
+        window = float(window if window is not None else DEFAULT_PREEMPT_WINDOW_S)
+        return max(1.0, window - min(10.0, 0.25 * window))
+
+    def _grace_time(self, info: Mapping[str, str] | None) -> float | None:
+        partition = (info or {}).get("Partition", "").split(",")[0]
+        if not partition:
+            return None
+        try:
+            done = commands.run_command(["scontrol", "show", "partition", "-o", partition])
+        except commands.SlurmCommandError as exc:
+            log.warning("cannot read GraceTime of partition %s: %s", partition, exc)
+            return None
+        grace = commands.parse_key_values(done.stdout).get("GraceTime", "")
+        return float(grace) if grace.isdigit() and int(grace) > 0 else None
+
+    @staticmethod
+    def _wait_for(condition: Any, deadline: float) -> bool:
+        while True:
+            if condition():
+                return True
+            left = deadline - time.time()
+            if left <= 0:
+                return False
+            time.sleep(min(POLL_S, left))
+
+    def _done_path(self, node: int) -> Path:
+        return self.dir / f"r{self.run_index}.node{node}.done"
+
+    def _decision_path(self) -> Path:
+        return self.dir / f"r{self.run_index}.decision"
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        (self._writer or get_writer("supervisor")).emit(kind, **fields)

@@ -1,0 +1,106 @@
+"""Child-side entry of ``nvrx.submit`` for a Python callable: ``python -m nvrx.slurm.run_callable SPEC``.
+
+``nvrx.submit`` pickles ``(fn, args, kwargs)`` with cloudpickle into a file of
+the job folder before submission; each node's supervisor starts this module
+once per local rank. It runs the callable and writes the outcome of this rank
+to ``$NVRX_RESULT_DIR/rank<RANK>.pkl`` as ``("success", value)`` or
+``("error", traceback)`` (atomically), where the node's submitit task collects
+it. An exception still ends the process with exit code 1, so the supervisor
+restarts the rank as it would any failed training process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+log = logging.getLogger(__name__)
+
+RESULT_DIR_ENV = "NVRX_RESULT_DIR"
+
+
+def dump_spec(
+    path: str | os.PathLike[str],
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+) -> Path:
+    """Write what the children will run; raises TypeError naming ``fn`` when it cannot be pickled."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        data = cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
+    except Exception as exc:
+        raise TypeError(f"cannot pickle {fn!r} with its arguments for the job: {exc}") from exc
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, target)
+    return target
+
+
+def load_spec(
+    path: str | os.PathLike[str],
+) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+    with open(path, "rb") as fh:
+        fn, args, kwargs = cloudpickle.load(fh)
+    return fn, args, kwargs
+
+
+def result_path(result_dir: str | os.PathLike[str], rank: int) -> Path:
+    return Path(result_dir) / f"rank{rank}.pkl"
+
+
+def write_outcome(result_dir: str | os.PathLike[str], rank: int, outcome: tuple[str, Any]) -> Path:
+    """Store one rank's ``(status, value)`` atomically (a reader never sees half a file)."""
+    target = result_path(result_dir, rank)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(cloudpickle.dumps(outcome))
+    os.replace(tmp, target)
+    return target
+
+
+def read_outcome(result_dir: str | os.PathLike[str], rank: int) -> tuple[str, Any] | None:
+    """A rank's ``(status, value)``, or None when it wrote none."""
+    try:
+        with open(result_path(result_dir, rank), "rb") as fh:
+            status, value = cloudpickle.load(fh)
+    except FileNotFoundError:
+        return None
+    return status, value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) != 1:
+        print("usage: python -m nvrx.slurm.run_callable SPEC_FILE", file=sys.stderr)
+        return 2
+    fn, args, kwargs = load_spec(argv[0])
+    rank = int(os.environ.get("RANK", "0"))
+    result_dir = os.environ.get(RESULT_DIR_ENV)
+    try:
+        value = fn(*args, **kwargs)
+    except Exception:
+        if result_dir:
+            write_outcome(result_dir, rank, ("error", traceback.format_exc()))
+        raise
+    if result_dir:
+        try:
+            write_outcome(result_dir, rank, ("success", value))
+        except Exception as exc:
+            write_outcome(
+                result_dir, rank, ("error", f"cannot pickle the return value of rank {rank}: {exc}")
+            )
+            raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

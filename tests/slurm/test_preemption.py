@@ -1,0 +1,155 @@
+"""Preemption and time limits on a real cluster: checkpoint, one requeue from node 0, resume, finish."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nvrx.events import read_dir
+from nvrx.slurm import commands
+from nvrx.slurm.submit import submit
+
+TEMPLATES = Path(__file__).resolve().parents[2] / "sbatch_templates"
+
+
+def train_until_warned(ckpt_dir: str, steps_after_resume: int) -> dict:
+    """Train until SLURM's warning and checkpoint; once resumed, finish a few steps later."""
+    import nvrx
+
+    rank = int(os.environ["RANK"])
+    run = os.environ.get("SLURM_RESTART_COUNT", "0")
+    path = Path(ckpt_dir) / f"rank{rank}.json"
+    start = json.loads(path.read_text())["step"] if path.exists() else 0
+    if start:
+        nvrx.record_checkpoint(path, start, action="load")
+    (Path(ckpt_dir) / f"started-run{run}-rank{rank}").touch()
+    step = start
+    while not (start and step >= start + steps_after_resume):
+        if nvrx.preemption_requested():
+            path.write_text(json.dumps({"step": step}))
+            nvrx.record_checkpoint(path, step)
+            return {"rank": rank, "stopped_at": step}
+        step += 1
+        time.sleep(0.05)
+    return {"rank": rank, "run": run, "resumed_from": start, "final": step}
+
+
+def _wait_for(what: str, condition, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def _start_now_when_pending(cluster, job_id: str, timeout: float) -> None:
+    """After a requeue the job waits cred_expire+1 s; make it start at once."""
+    _wait_for(
+        f"job {job_id} to be queued again",
+        lambda: cluster.job_state(int(job_id)) == "PENDING",
+        timeout,
+    )
+    cluster.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=False)
+
+
+def _check_resumed(job, ckpt: Path, nranks: int, cause: str) -> None:
+    results = job.results(timeout=120)
+    for rank, result in enumerate(results):
+        assert result["rank"] == rank
+        assert result["run"] == "1"  # SLURM_RESTART_COUNT of the run that finished
+        assert result["resumed_from"] > 0, result
+        assert result["final"] == result["resumed_from"] + 5
+    assert all((ckpt / f"started-run0-rank{r}").exists() for r in range(nranks))
+    events, _ = read_dir(job.log_dir)
+    warnings = [e for e in events if e["kind"] == "preempt_signal"]
+    assert {e["node"] for e in warnings} == {0, 1}
+    assert {e["cause"] for e in warnings} == {cause}
+    requeues = [e for e in events if e["kind"] == "requeue"]
+    assert [(e["node"], e["cause"], e["count"]) for e in requeues] == [(0, cause, 1)]
+    saves = [e for e in events if e["kind"] == "checkpoint" and e["action"] == "save"]
+    assert sorted(e["rank"] for e in saves) == list(range(nranks))
+    summary = job.report().to_dict()["summary"]
+    assert summary["restarts"]["requeue"] == 1
+    assert summary["outcome"].startswith("COMPLETED")
+
+
+@pytest.mark.timeout(240)
+def test_preempted_job_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    cpus = slurm_cluster.cpus_per_node
+    job = submit(
+        train_until_warned,
+        args=(str(ckpt), 5),
+        folder=tmp_path,
+        nodes=2,
+        nproc_per_node=2,
+        timeout_min=10,
+        signal_delay_s=60,
+        cpus_per_task=cpus,  # the whole cluster: a job of the high partition must preempt it
+        slurm_partition=slurm_cluster.partition,
+    )
+    _wait_for("every rank to train", lambda: len(list(ckpt.glob("started-run0-*"))) == 4, 90)
+    high = slurm_cluster.sbatch("sleep 1\n", "-p", slurm_cluster.high_partition, "-N2", f"-c{cpus}")
+    assert slurm_cluster.wait_job(high, timeout=90) == "COMPLETED"
+    _start_now_when_pending(slurm_cluster, job.job_id, 60)
+    _check_resumed(job, ckpt, 4, "preemption")
+
+
+@pytest.mark.timeout(300)
+def test_time_limit_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    # 1-minute limit, warning 50 s before it: SLURM sends it 10-40 s into the run
+    job = submit(
+        train_until_warned,
+        args=(str(ckpt), 5),
+        folder=tmp_path,
+        nodes=2,
+        nproc_per_node=2,
+        timeout_min=1,
+        signal_delay_s=50,
+        cpus_per_task=1,
+    )
+    _wait_for("every rank to train", lambda: len(list(ckpt.glob("started-run0-*"))) == 4, 90)
+    _start_now_when_pending(slurm_cluster, job.job_id, 120)
+    _check_resumed(job, ckpt, 4, "time_limit")
+    info = commands.show_job(job.job_id, env=slurm_cluster.env)
+    assert info is not None and info["Restarts"] == "1"
+
+
+@pytest.mark.timeout(180)
+def test_requeue_template_forwards_the_warning(slurm_cluster, tmp_path: Path) -> None:
+    """train_requeue.sbatch: USR2 to the batch shell reaches the supervisors, node 0 requeues."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_preemption import train_until_warned\n"
+        f"print(train_until_warned({str(ckpt)!r}, 5))\n"
+    )
+    env = f"ALL,NVRX_LOG_DIR={tmp_path / 'logs'},NPROC_PER_NODE=2,NVRX_PYTHON={sys.executable}"
+    done = slurm_cluster.run(
+        ["sbatch", "--parsable", "-N2", "--time=5", f"--export={env}", "-o", str(tmp_path / "out-%j.txt"),
+         str(TEMPLATES / "train_requeue.sbatch"), sys.executable, str(script)],
+        cwd=tmp_path,
+    )  # fmt: skip
+    job_id = done.stdout.strip().split(";")[0]
+    _wait_for("every rank to train", lambda: len(list(ckpt.glob("started-run0-*"))) == 4, 90)
+    slurm_cluster.run(["scancel", "--signal=USR2", "--batch", job_id])
+    _start_now_when_pending(slurm_cluster, job_id, 60)
+    assert slurm_cluster.wait_job(int(job_id), timeout=90) == "COMPLETED"
+    assert slurm_cluster.job_info(int(job_id))["Restarts"] == "1"
+    assert all(json.loads((ckpt / f"rank{r}.json").read_text())["step"] > 0 for r in range(4))
+    assert len(list(ckpt.glob("started-run1-*"))) == 4
+    events, _ = read_dir(tmp_path / "logs" / job_id)
+    requeues = [e for e in events if e["kind"] == "requeue"]
+    assert [(e["node"], e["count"]) for e in requeues] == [(0, 1)]
+    assert len([e for e in events if e["kind"] == "preempt_signal"]) == 2

@@ -1,0 +1,294 @@
+"""Preemption handling without SLURM: classification, flag, children, ledger, local requeue."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from nvrx import checkpoint_flag
+from nvrx.checkpoint_flag import signal_from_name
+from nvrx.events import EventWriter, read_dir
+from nvrx.slurm.preemption import (
+    EXIT_REQUEUED,
+    SUBMITIT_LOCAL_REQUEUE_EXIT,
+    PreemptionHandler,
+    RequeueLedger,
+    classify,
+    parse_duration,
+)
+from nvrx.supervisor.children import Child
+
+# A child that trains until the flag appears, then "checkpoints" (writes its step) and exits 0.
+TRAINER = """
+import os, sys, time
+from nvrx import checkpoint_flag
+from nvrx.checkpoint_flag import signal_from_name
+out = sys.argv[1]
+step = 0
+while not checkpoint_flag.preemption_requested():
+    step += 1
+    time.sleep(0.02)
+info = checkpoint_flag.preemption_info()
+with open(out, "w") as fh:
+    fh.write(f"{step} {info['cause']}")
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("00:01:00", 60.0),
+        ("1:30", 90.0),
+        ("2-03:04:05", 2 * 86400 + 3 * 3600 + 4 * 60 + 5.0),
+        ("UNLIMITED", None),
+        ("", None),
+        (None, None),
+        ("junk", None),
+    ],
+)
+def test_parse_duration(text: str | None, seconds: float | None) -> None:
+    assert parse_duration(text) == seconds
+
+
+def test_classify_by_preempt_time_and_time_left() -> None:
+    # slurmctld sets PreemptTime once a job is chosen for preemption
+    assert classify(
+        {"PreemptTime": "2026-01-01T00:00:00", "TimeLimit": "00:01:00", "RunTime": "00:00:55"}, 50
+    ) == ("preemption")
+    # warning 50 s before a 1-minute limit, seen 20 s in: 40 s left <= 50 s
+    assert (
+        classify({"PreemptTime": "None", "TimeLimit": "00:01:00", "RunTime": "00:00:20"}, 50)
+        == "time_limit"
+    )
+    # 5 minutes limit, warned 10 s in: far more time left than the warning delay
+    assert (
+        classify({"PreemptTime": "None", "TimeLimit": "00:05:00", "RunTime": "00:00:10"}, 50)
+        == "preemption"
+    )
+    # delay unknown: submitit's elapsed-versus-limit rule
+    assert classify({"TimeLimit": "01:00:00", "RunTime": "00:55:00"}, None) == "time_limit"
+    assert classify({"TimeLimit": "01:00:00", "RunTime": "00:10:00"}, None) == "preemption"
+    # no time limit: a warning can only be a preemption (or a manual signal)
+    assert classify({"TimeLimit": "UNLIMITED", "RunTime": "00:10:00"}, 90) == "preemption"
+    assert classify(None, 90) == "unknown"
+
+
+def test_signal_from_name() -> None:
+    assert signal_from_name("USR2") == signal.SIGUSR2
+    assert signal_from_name("sigusr1") == signal.SIGUSR1
+    assert signal_from_name(str(int(signal.SIGHUP))) == signal.SIGHUP
+    with pytest.raises(ValueError, match="NVRX_PREEMPT_SIGNAL='NOPE' is not a signal name"):
+        signal_from_name("NOPE", "NVRX_PREEMPT_SIGNAL")
+
+
+def test_flag_path_agrees_between_supervisor_and_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(checkpoint_flag.PREEMPT_FLAG_ENV, raising=False)
+    env = {"NVRX_LOG_DIR": str(tmp_path), "NVRX_JOB_ID": "42", "SLURM_RESTART_COUNT": "2"}
+    assert checkpoint_flag.flag_path(env) == tmp_path / "42" / "preempt" / "r2.flag"
+    handler = PreemptionHandler(tmp_path / "42", 0, 1, job_id="42", run_index=2, export_env=False)
+    assert handler.flag_path == checkpoint_flag.flag_path(env)
+    # the explicit variable wins
+    assert checkpoint_flag.flag_path({**env, "NVRX_PREEMPT_FLAG": "/x/y.flag"}) == Path("/x/y.flag")
+
+
+def test_preemption_requested_follows_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flag = tmp_path / "r0.flag"
+    monkeypatch.setenv(checkpoint_flag.PREEMPT_FLAG_ENV, str(flag))
+    assert not checkpoint_flag.preemption_requested()
+    assert checkpoint_flag.preemption_info() is None
+    checkpoint_flag.write_flag(flag, {"cause": "preemption"})
+    assert checkpoint_flag.preemption_requested()
+    assert checkpoint_flag.preemption_info() == {"cause": "preemption"}
+
+
+def _spawn_trainers(tmp_path: Path, n: int) -> tuple[list[Child], list[Path]]:
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+    outs = [tmp_path / f"ckpt{i}.txt" for i in range(n)]
+    env = dict(os.environ)  # carries NVRX_PREEMPT_FLAG exported by the handler
+    children = [
+        Child.spawn([sys.executable, str(script), str(out)], env, i, 0)
+        for i, out in enumerate(outs)
+    ]
+    return children, outs
+
+
+def test_local_requeue_checkpoints_children_and_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(checkpoint_flag.PREEMPT_FLAG_ENV, raising=False)
+    job_dir = tmp_path / "job"
+    writer = EventWriter(job_dir, "supervisor", {"job": "local", "node": 0})
+    handler = PreemptionHandler(
+        job_dir, 0, 1, slurm=False, local_requeue=True, preempt_window_s=30, writer=writer
+    )
+    assert os.environ[checkpoint_flag.PREEMPT_FLAG_ENV] == str(handler.flag_path)
+    handler.start()
+    children, outs = _spawn_trainers(tmp_path, 2)
+    try:
+        assert not handler.pending
+        handler.on_signal(signal.SIGUSR2)
+        assert handler.pending
+        decision = handler.act(children)
+        # act() waits without reaping: the supervisor reaps and records each exit
+        assert all(child.status is None for child in children)
+    finally:
+        for child in children:
+            child.kill_group()
+            child.wait(5)
+    assert decision.requeued and decision.exit_code == SUBMITIT_LOCAL_REQUEUE_EXIT
+    assert decision.requeue_count == 1
+    assert not handler.pending
+    # both children saw the flag, checkpointed and exited cleanly (not killed)
+    for child, out in zip(children, outs, strict=True):
+        assert child.status is not None and child.status.code == 0
+        step, cause = out.read_text().split()
+        assert int(step) >= 0 and cause == "unknown"
+    assert RequeueLedger(job_dir / "preempt" / "requeues.json").count() == 1
+    events, _ = read_dir(job_dir)
+    kinds = [e["kind"] for e in events]
+    assert kinds == ["preempt_signal", "requeue"]
+    assert events[0]["signal"] == "SIGUSR2"
+    assert events[1]["count"] == 1
+    # a second act() returns the same decision without doing anything again
+    assert handler.act(children) is decision
+    # the next local run uses a fresh flag (run index from the ledger)
+    again = PreemptionHandler(job_dir, 0, 1, slurm=False, local_requeue=True, export_env=False)
+    assert again.run_index == 1 and not again.flag_path.exists()
+
+
+def test_stubborn_child_is_ended_at_the_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(checkpoint_flag.PREEMPT_FLAG_ENV, raising=False)
+    handler = PreemptionHandler(
+        tmp_path / "job", 0, 1, slurm=False, preempt_window_s=1.5, export_env=False
+    )
+    # ignores the flag and SIGTERM: only the group SIGKILL ends it
+    stubborn = Child.spawn(
+        [
+            sys.executable,
+            "-c",
+            "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(120)",
+        ],
+        dict(os.environ),
+        0,
+        0,
+    )
+    try:
+        handler.on_signal(signal.SIGUSR2)
+        started = time.monotonic()
+        decision = handler.act([stubborn])
+        took = time.monotonic() - started
+    finally:
+        stubborn.kill_group()
+        stubborn.wait(5)
+    assert stubborn.status is not None and stubborn.status.signal == signal.SIGKILL
+    assert not decision.requeued
+    assert decision.exit_code == 128 + signal.SIGUSR2
+    assert "not running under SLURM" in decision.reason
+    assert took < 60  # bounded: window + SIGTERM grace, never the child's 120 s
+
+
+def test_time_limit_requeues_are_capped(tmp_path: Path) -> None:
+    job_dir = tmp_path / "job"
+    ledger = RequeueLedger(job_dir / "preempt" / "requeues.json")
+    ledger.append("time_limit", 0)
+    ledger.append("preemption", 1)
+    handler = PreemptionHandler(
+        job_dir, 0, 1, slurm=False, local_requeue=True, max_time_limit_requeues=1, export_env=False
+    )
+    handler.on_signal(signal.SIGUSR2)
+    decision = handler.act([], cause="time_limit")
+    assert not decision.requeued
+    assert "1 time-limit requeue(s) already used" in decision.reason
+    assert ledger.count() == 2  # nothing added
+    # preemptions are not capped
+    other = PreemptionHandler(
+        tmp_path / "job2",
+        0,
+        1,
+        slurm=False,
+        local_requeue=True,
+        max_time_limit_requeues=0,
+        export_env=False,
+    )
+    other.on_signal(signal.SIGUSR2)
+    assert other.act([], cause="preemption").requeued
+
+
+def test_nodes_share_node0_decision(tmp_path: Path) -> None:
+    job_dir = tmp_path / "job"
+    handlers = [
+        PreemptionHandler(
+            job_dir, k, 2, slurm=False, local_requeue=True, preempt_window_s=20, export_env=False
+        )
+        for k in range(2)
+    ]
+    handlers[0].start()
+    decisions: dict[int, object] = {}
+
+    def run(k: int) -> None:
+        handlers[k].on_signal(signal.SIGUSR2)
+        decisions[k] = handlers[k].act([])
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in (1, 0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert decisions[0] == decisions[1]
+    assert decisions[0].requeued  # type: ignore[attr-defined]
+    assert (job_dir / "preempt" / "r0.decision").exists()
+    assert json.loads((job_dir / "preempt" / "r0.flag").read_text())["run"] == 0
+
+
+def test_bad_arguments_name_the_value(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="node_rank=2 must be in 0..1"):
+        PreemptionHandler(tmp_path, 2, 2, slurm=False, export_env=False)
+    with pytest.raises(ValueError, match="job_id is needed"):
+        PreemptionHandler(tmp_path, 0, 1, slurm=True, export_env=False)
+    handler = PreemptionHandler(tmp_path, 0, 1, slurm=False, export_env=False)
+    with pytest.raises(ValueError, match="cause must be one of"):
+        handler.act([], cause="meteor")
+    assert EXIT_REQUEUED == 75
+
+
+def _ignored_signals(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return int(line.split()[1], 16)
+    raise AssertionError(f"no SigIgn line for pid {pid}")
+
+
+def test_supervised_children_ignore_the_warning_signal(tmp_path: Path) -> None:
+    """SLURM signals every process of a step: children must survive USR2 and see the flag instead."""
+    child = Child.spawn(
+        [sys.executable, "-c", "import time; time.sleep(30)"], dict(os.environ), 0, 0
+    )
+    try:
+        deadline = time.monotonic() + 30
+        # wait until the child runs Python (exec done), then look at its signal dispositions
+        while "python" not in Path(f"/proc/{child.pid}/cmdline").read_bytes().decode(
+            errors="replace"
+        ):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert _ignored_signals(child.pid) & (1 << (signal.SIGUSR2 - 1))
+        os.kill(child.pid, signal.SIGUSR2)
+        assert child.wait(0.5) is None  # still running
+    finally:
+        child.kill_group()
+        child.wait(5)
+    assert child.status is not None and child.status.signal == signal.SIGKILL

@@ -1,0 +1,94 @@
+"""``nvrx.submit`` refuses bad parameters before anything is submitted, naming the parameter."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+import nvrx
+from nvrx.slurm.submit import Executor, SubmitError, submit
+
+
+def _noop() -> int:
+    return 0
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"nodes": 0}, "nodes must be at least 1, got 0"),
+        ({"nodes": "2"}, "nodes must be an integer, got '2'"),
+        ({"nproc_per_node": 0}, "nproc_per_node must be at least 1, got 0"),
+        ({"nproc_per_node": 1.5}, "nproc_per_node must be an integer, got 1.5"),
+        ({"tasks_per_node": 4}, "tasks_per_node must be 1 .* got 4"),
+        ({"timeout_min": 0}, "timeout_min must be at least 1, got 0"),
+        (
+            {"timeout_min": 1, "signal_delay_s": 60},
+            "signal_delay_s=60 must be below the time limit timeout_min=1",
+        ),
+        ({"signal_delay_s": -1}, "signal_delay_s must be an integer >= 0, got -1"),
+        (
+            {"max_time_limit_requeues": -2},
+            "max_time_limit_requeues must be an integer >= 0, got -2",
+        ),
+        ({"supervise_args": "--max-restarts 3"}, "supervise_args must be a list of strings"),
+        ({"nodes": 2}, "nodes=2 needs SLURM"),
+    ],
+)
+def test_bad_parameters_fail_before_submission(tmp_path: Path, params: dict, message: str) -> None:
+    with pytest.raises(SubmitError, match=message):
+        submit(_noop, folder=tmp_path, cluster="local", **params)
+    assert not (tmp_path / "specs").exists()  # nothing was written for a job
+
+
+def test_update_parameters_checks_too(tmp_path: Path) -> None:
+    executor = Executor(tmp_path, cluster="local")
+    with pytest.raises(SubmitError, match="nproc_per_node must be at least 1, got -1"):
+        executor.update_parameters(nproc_per_node=-1)
+
+
+def test_unknown_submitit_parameter_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SubmitError, match="submitit refused the parameters: .*bogus"):
+        submit(_noop, folder=tmp_path, cluster="local", bogus_param=1)
+
+
+def test_unknown_cluster_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SubmitError, match="cluster='nowhere'"):
+        Executor(tmp_path, cluster="nowhere")
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        (42, "target must be a callable, a command string or a list of strings, got 42"),
+        ([], "target must be a callable"),
+        ("", "target is an empty command"),
+    ],
+)
+def test_bad_targets(tmp_path: Path, target: object, message: str) -> None:
+    with pytest.raises(SubmitError, match=message):
+        submit(target, folder=tmp_path, cluster="local")  # type: ignore[arg-type]
+
+
+def test_command_takes_no_arguments(tmp_path: Path) -> None:
+    with pytest.raises(SubmitError, match="arguments are for a callable target"):
+        submit(["python", "-c", "pass"], args=(1,), folder=tmp_path, cluster="local")
+
+
+def test_unpicklable_callable_names_itself(tmp_path: Path) -> None:
+    lock = threading.Lock()
+
+    def uses_lock() -> bool:
+        return lock.locked()
+
+    with pytest.raises(SubmitError, match="cannot pickle .*uses_lock"):
+        submit(uses_lock, folder=tmp_path, cluster="local")
+
+
+def test_lazy_exports() -> None:
+    assert nvrx.submit is submit
+    assert nvrx.Executor is Executor
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        nvrx.nope  # noqa: B018
