@@ -1,0 +1,246 @@
+"""Restart latency of the in-process Wrapper, and its per-step overhead.
+
+N ranks (default 4) train a loop of small gloo all-reduces. A fault is
+injected on one rank at a given step: an exception, a GIL-released hang
+(``time.sleep``) or a SIGKILL. The latency is "fault -> every surviving rank
+back in the function" (wall clock, one host). The overhead is the median step
+time of the wrapped loop against the same loop unwrapped.
+
+    .venv/bin/python bench/restart_latency.py [--ranks 4] [--step 20] [--faults exception,hang,sigkill]
+
+Targets on a 2-core machine: exception <= last_call_wait + 0.5 s with every
+rank retained; hang <= soft_timeout + 1 s; overhead <= 2 % per 1 ms step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SETTINGS = dict(
+    soft_timeout=2.0,
+    hard_timeout=4.0,
+    heartbeat_timeout=3.0,
+    heartbeat_interval=0.5,
+    monitor_process_interval=0.25,
+    monitor_thread_interval=1.0,
+    progress_watchdog_interval=0.25,
+    barrier_timeout=30.0,
+    last_call_wait=0.2,
+    termination_grace_time=0.5,
+)
+
+
+def _rank(out: Path, mode: str, fault: str, fault_step: int, steps: int) -> int:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    import nvrx.inprocess as inprocess
+
+    rank = int(os.environ["RANK"])
+
+    def loop(call_wrapper: inprocess.CallWrapper = None) -> None:
+        iteration = call_wrapper.iteration if call_wrapper is not None else 0
+        with open(out / f"enter-{rank}.jsonl", "a") as fh:
+            fh.write(json.dumps({"iteration": iteration, "t": time.time()}) + "\n")
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+        x = torch.ones(256)
+        times = []
+        n = steps if iteration == 0 else max(3, steps // 10)
+        for step in range(n):
+            if iteration == 0 and step == fault_step and rank == 1 and fault != "none":
+                (out / "fault.json").write_text(json.dumps({"t": time.time()}))
+                if fault == "exception":
+                    raise RuntimeError("injected")
+                if fault == "hang":
+                    time.sleep(3600)
+                if fault == "sigkill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+            t0 = time.perf_counter()
+            dist.all_reduce(x)
+            times.append(time.perf_counter() - t0)
+        dist.barrier()
+        dist.destroy_process_group()
+        if iteration == 0 or fault == "none":
+            (out / f"steps-{rank}.json").write_text(json.dumps(times))
+
+    if mode == "wrapped":
+        kw = {k: datetime.timedelta(seconds=v) for k, v in SETTINGS.items()}
+        inprocess.Wrapper(**kw)(loop)()
+    else:
+        loop()
+    return 0
+
+
+def _free_port_pair() -> int:
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+
+
+def _run(n: int, mode: str, fault: str, fault_step: int, steps: int) -> Path:
+    out = Path(tempfile.mkdtemp(prefix=f"nvrx-bench-{fault}-"))
+    port = _free_port_pair()
+    service = None
+    extra: dict[str, str] = {}
+    if (
+        mode == "plain"
+    ):  # the same rendezvous as under the Wrapper: a store process, all ranks clients
+        from nvrx.store.service import StoreService
+
+        service = StoreService("127.0.0.1", 0, node=None).start()
+        extra = {"MASTER_PORT": str(service.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    try:
+        return _launch(out, port, n, mode, fault, fault_step, steps, extra)
+    finally:
+        if service is not None:
+            service.stop()
+
+
+def _launch(
+    out: Path,
+    port: int,
+    n: int,
+    mode: str,
+    fault: str,
+    fault_step: int,
+    steps: int,
+    extra: dict[str, str],
+) -> Path:
+    procs = []
+    for rank in range(n):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1")
+        env["MASTER_PORT"] = str(port)
+        env.update(extra)
+        env.update(NVRX_LOG_DIR=str(out / "logs"), TORCH_CPP_LOG_LEVEL="ERROR")
+        for name in ("NVRX_STORE_HOST", "NVRX_STORE_PORT", "NVRX_SUPERVISED", "NVRX_RESTART_COUNT"):
+            env.pop(name, None)
+        log = open(out / f"rank-{rank}.log", "wb")
+        cmd = [
+            sys.executable,
+            __file__,
+            "--rank",
+            str(out),
+            mode,
+            fault,
+            str(fault_step),
+            str(steps),
+        ]
+        procs.append(
+            subprocess.Popen(
+                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        )
+        log.close()
+    deadline = time.monotonic() + 180
+    for proc in procs:
+        try:
+            proc.wait(max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    codes = [p.returncode for p in procs]
+    expected_dead = {1} if fault == "sigkill" else set()
+    bad = [r for r, c in enumerate(codes) if (c != 0) != (r in expected_dead)]
+    if bad:
+        raise RuntimeError(
+            f"{mode}/{fault}: ranks {bad} exited {[codes[r] for r in bad]}; logs in {out}"
+        )
+    return out
+
+
+def _latency(out: Path, n: int, survivors: list[int]) -> float:
+    t_fault = json.loads((out / "fault.json").read_text())["t"]
+    back = []
+    for rank in survivors:
+        entries = [
+            json.loads(line) for line in (out / f"enter-{rank}.jsonl").read_text().splitlines()
+        ]
+        back.append(min(e["t"] for e in entries if e["iteration"] > 0))
+    return max(back) - t_fault
+
+
+def _median_step(out: Path, n: int) -> float:
+    per_rank = [
+        statistics.median(json.loads((out / f"steps-{r}.json").read_text())[5:]) for r in range(n)
+    ]
+    return statistics.median(per_rank)
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--rank":
+        out, mode, fault, fault_step, steps = sys.argv[2:7]
+        return _rank(Path(out), mode, fault, int(fault_step), int(steps))
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--step", type=int, default=20, help="step at which rank 1 faults")
+    parser.add_argument("--faults", default="exception,hang,sigkill")
+    parser.add_argument("--overhead-steps", type=int, default=2000)
+    parser.add_argument(
+        "--overhead-ranks", type=int, default=2, help="2 ranks give a ~1 ms all-reduce step here"
+    )
+    parser.add_argument(
+        "--overhead-repeats", type=int, default=2, help="plain/wrapped pairs, interleaved"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the run directories")
+    args = parser.parse_args()
+    os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
+    n = args.ranks
+    print(f"ranks={n} settings: " + ", ".join(f"{k}={v:g}" for k, v in SETTINGS.items()))
+    dirs = []
+    for fault in [f for f in args.faults.split(",") if f]:
+        out = _run(n, "wrapped", fault, args.step, args.step + 20)
+        dirs.append(out)
+        survivors = [r for r in range(n) if not (fault == "sigkill" and r == 1)]
+        lat = _latency(out, n, survivors)
+        if fault == "exception":
+            target, what = SETTINGS["last_call_wait"] + 0.5, "last_call_wait + 0.5 s"
+        elif fault == "hang":
+            target, what = SETTINGS["soft_timeout"] + 1.0, "soft_timeout + 1 s"
+        else:
+            target, what = SETTINGS["heartbeat_timeout"], "heartbeat_timeout"
+        print(
+            f"{fault:>9}: restart latency {lat:6.3f} s, {len(survivors)}/{n} ranks back; target {what} = {target:g} s, ratio {lat / target:.2f}"
+        )
+    m = args.overhead_ranks
+    plain_t, wrapped_t = [], []
+    for _ in range(args.overhead_repeats):  # interleaved, so a load change hits both alike
+        for mode, sink in (("plain", plain_t), ("wrapped", wrapped_t)):
+            out = _run(m, mode, "none", 0, args.overhead_steps)
+            dirs.append(out)
+            sink.append(_median_step(out, m))
+    t_plain, t_wrapped = statistics.median(plain_t), statistics.median(wrapped_t)
+    overhead = (t_wrapped - t_plain) / t_plain
+    print(
+        f" overhead ({m} ranks): median all-reduce step {t_plain * 1e3:.3f} ms plain, {t_wrapped * 1e3:.3f} ms "
+        f"wrapped: {overhead * 100:+.2f} % (target <= 2 %, ratio {max(overhead, 0) / 0.02:.2f})"
+    )
+    if not args.keep:
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

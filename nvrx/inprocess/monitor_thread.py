@@ -1,0 +1,272 @@
+"""Delivering a restart to the main thread, and the thread that watches for faults.
+
+``MonitorThread`` blocks in one server-side ``wait`` on the round's
+``interrupted`` key. When any rank records a fault it wakes the round's
+completion barrier, runs ``Abort`` (so that a main thread blocked in a
+collective returns to Python) and then raises ``RankShouldRestart`` in the
+main thread: through a signal whose handler raises it (the signal also
+interrupts blocking system calls such as ``time.sleep``), or, when the Wrapper
+does not run in the main thread, with ``PyThreadState_SetAsyncExc``.
+
+``Delivery`` is the small state machine the two threads share, so that the
+restart is raised exactly once and only while the main thread runs user code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: Signal that wakes a main thread blocked in an interruptible system call.
+WAKE_SIGNAL = signal.SIGRTMIN + 5
+
+DONE = "done"  # value of the interrupted key when a round completed without a fault
+
+
+class RankShouldRestart(BaseException):
+    """Raised in the main thread: a rank faulted and every rank restarts.
+
+    A ``BaseException`` so that ``except Exception`` in training code does not
+    swallow it; code that catches ``BaseException`` must re-raise it.
+    """
+
+    def __del__(self) -> None:
+        if log.isEnabledFor(logging.DEBUG) and getattr(self, "_swallowed_check", False):
+            log.debug("RankShouldRestart was dropped without reaching the Wrapper")
+
+
+def async_raise(thread_id: int, exc_type: type[BaseException] | None) -> int:
+    """Schedule ``exc_type`` in thread ``thread_id`` (None clears a scheduled one); returns threads affected."""
+    if sys.is_finalizing():
+        return 0
+    set_async = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    set_async.argtypes = [ctypes.c_ulong, ctypes.py_object]
+    set_async.restype = ctypes.c_int
+    if exc_type is None:
+        set_async.argtypes = [ctypes.c_ulong, ctypes.c_void_p]
+        return set_async(thread_id, None)
+    count = set_async(thread_id, exc_type)
+    if count > 1:
+        set_async.argtypes = [ctypes.c_ulong, ctypes.c_void_p]
+        set_async(thread_id, None)
+        raise RuntimeError(f"async exception reached {count} threads for thread id {thread_id}")
+    return count
+
+
+class Delivery:
+    """Who raises the restart in the main thread, and when (see module doc)."""
+
+    IDLE, USER, WAITING, RAISED, DONE = range(5)
+
+    def __init__(self) -> None:
+        self.main_ident = threading.main_thread().ident or threading.get_ident()
+        self.lock = threading.Lock()
+        self.atomic_lock = threading.RLock()
+        self.requested = threading.Event()
+        self.state = self.IDLE
+        self.message = ""
+        self._signal_installed = False
+
+    # main thread --------------------------------------------------------------
+    def install_signal(self) -> None:
+        """Install the wake-up handler (main thread only; skipped if the signal is taken)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        current = signal.getsignal(WAKE_SIGNAL)
+        if current not in (signal.SIG_DFL, signal.SIG_IGN, None) and current != self._on_signal:
+            log.warning(
+                "signal %s has a handler already: blocking calls are not woken", WAKE_SIGNAL
+            )
+            return
+        signal.signal(WAKE_SIGNAL, self._on_signal)
+        self._signal_installed = True
+
+    def uninstall_signal(self) -> None:
+        # Ignored rather than default: a late wake-up must never terminate the process.
+        if self._signal_installed and threading.current_thread() is threading.main_thread():
+            signal.signal(WAKE_SIGNAL, signal.SIG_IGN)
+            self._signal_installed = False
+
+    def _on_signal(self, _signum: int, _frame: Any) -> None:
+        if self.state == self.RAISED:
+            self.state = self.DONE
+            raise RankShouldRestart(self.message)
+
+    def _clear_async(self) -> None:
+        if not self._signal_installed:
+            async_raise(self.main_ident, None)
+
+    def reset(self) -> None:
+        """Start of a round: nothing requested yet."""
+        with self.lock:
+            self.state = self.IDLE
+            self.requested.clear()
+            self.message = ""
+
+    def enter_user(self) -> None:
+        with self.lock:
+            if self.requested.is_set():
+                self.state = self.DONE
+                raise RankShouldRestart(self.message)
+            self.state = self.USER
+
+    def leave_user(self) -> None:
+        """User code is over (normally or by a local fault); a restart already raised is taken now."""
+        with self.lock:
+            raised = self.state == self.RAISED
+            self.state = self.IDLE
+            if raised:
+                self._clear_async()
+        if raised:
+            self.state = self.DONE
+            raise RankShouldRestart(self.message)
+
+    def caught(self) -> None:
+        """The main thread caught RankShouldRestart: drop any second copy still scheduled."""
+        self.state = self.DONE
+        self._clear_async()
+
+    def settle(self) -> None:
+        """Like ``caught``, for an exit path: a restart raised right now is absorbed here."""
+        try:
+            self.caught()
+        except RankShouldRestart:
+            self.caught()
+
+    def begin_wait(self) -> None:
+        """From now on the restart is awaited here, never raised asynchronously."""
+        with self.lock:
+            if self.state == self.RAISED:
+                self._clear_async()
+            self.state = self.WAITING
+
+    def await_restart(self, timeout: float) -> None:
+        """Block until the monitor thread requests the restart, then raise it here."""
+        self.begin_wait()
+        if not self.requested.wait(timeout):
+            from .exception import InternalError
+
+            raise InternalError(
+                f"no restart request within {timeout:g} s after a fault was recorded"
+            )
+        self.state = self.DONE
+        raise RankShouldRestart(self.message)
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[None]:
+        """Hold off a restart while the block runs (blocks on a lock, never spins)."""
+        with self.atomic_lock:
+            if self.state == self.RAISED:
+                self.state = self.DONE
+                self._clear_async()
+                raise RankShouldRestart(self.message)
+            yield
+
+    # monitor thread -------------------------------------------------------------
+    def deliver(self, message: str) -> None:
+        with self.lock:
+            self.message = message
+            if self.state == self.USER:
+                self.state = self.RAISED
+                if self._signal_installed:
+                    # The handler raises in the main thread at its next bytecode, and the
+                    # signal also interrupts a blocking system call (sleep, select, ...).
+                    signal.pthread_kill(self.main_ident, WAKE_SIGNAL)
+                else:
+                    async_raise(self.main_ident, RankShouldRestart)
+            self.requested.set()
+
+
+class MonitorThread(threading.Thread):
+    """Waits for the round's interruption and turns it into a restart of this rank."""
+
+    def __init__(
+        self,
+        store: Any,
+        interrupted_key: str,
+        wake_keys: list[str],
+        delivery: Delivery,
+        abort: Callable[[Any], Any] | None,
+        frozen_state: Any,
+        interval: float,
+    ) -> None:
+        super().__init__(name="nvrx-monitor-thread", daemon=True)
+        self.store = store
+        self.interrupted_key = interrupted_key
+        self.wake_keys = wake_keys
+        self.delivery = delivery
+        self.abort = abort
+        self.frozen_state = frozen_state
+        self.interval = interval
+        self.stop = threading.Event()
+        self.seen_mono: float | None = None
+        self.abort_s: float | None = None
+        self.abort_ok = True
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from torch.distributed import DistNetworkError, DistStoreError
+
+        try:
+            while True:
+                try:
+                    self.store.wait([self.interrupted_key], timedelta(seconds=self.interval))
+                    break
+                except DistNetworkError:
+                    raise
+                except DistStoreError:
+                    if self.stop.is_set():
+                        return
+            value = self.store.get(self.interrupted_key)
+            if value.decode(errors="replace") == DONE or self.stop.is_set():
+                return
+            self.seen_mono = time.monotonic()
+            for key in self.wake_keys:  # wakes ranks waiting to complete (and spares)
+                self.store.set(key, "interrupted")
+            with self.delivery.atomic_lock:
+                t0 = time.monotonic()
+                if self.abort is not None:
+                    try:
+                        self.abort(self.frozen_state)
+                    except Exception as exc:
+                        self.abort_ok = False
+                        log.critical("abort failed: %r", exc)
+                self.abort_s = time.monotonic() - t0
+                self.delivery.deliver("a rank faulted: restarting")
+        except BaseException as exc:  # the store is gone: restart locally, the exit path reports it
+            self.error = exc
+            log.error("monitor thread failed: %r", exc)
+            self.delivery.deliver(f"monitor thread failed: {exc!r}")
+
+
+@contextlib.contextmanager
+def reraise_if_unraisable(exc_type: type[BaseException]) -> Iterator[None]:
+    """Re-raise ``exc_type`` in the main thread when Python reports it as unraisable.
+
+    A restart raised while the main thread ran a ``__del__`` or a weakref
+    callback is printed and dropped by Python; this puts it back.
+    """
+    previous = sys.unraisablehook
+    main = threading.main_thread().ident
+
+    def hook(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, exc_type) and main is not None:
+            threading.Thread(target=async_raise, args=(main, exc_type), daemon=True).start()
+        else:
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous

@@ -1,0 +1,233 @@
+"""``Wrapper`` and ``CallWrapper``: re-run a training function in-process after a fault.
+
+One round of the restart loop (every rank, keys under ``nvrx/r<round>/``):
+
+1. ``initialize``, the user ``health_check``, then the function (active
+   ranks) while a ``MonitorThread`` waits for the round's interruption and the
+   monitor process watches progress, death and heartbeats;
+2. success: the completion barrier, then ``completion`` and return;
+3. a fault anywhere: the faulting rank records it (JSON) and interrupts the
+   round; every rank's monitor thread runs ``abort`` and raises
+   ``RankShouldRestart`` in its main thread; then ``finalize``, the restart
+   health check, the iteration barrier (dead ranks arrive by proxy through
+   their monitor process; the last arrival publishes the terminated ranks),
+   ``rank_assignment``, and the next round;
+4. a ``BaseException`` (``RestartAbort``, ``RankDiscarded``, a failed
+   ``finalize`` or health check, ``KeyboardInterrupt``...) takes this rank out:
+   it registers itself terminated so the others go on, runs ``terminate`` and
+   re-raises. Under an nvrx supervisor ``RestartAbort`` exits the process with
+   code 130 ("stop cleanly, do not restart").
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from . import store as rstore
+from .abort import Abort, AbortTorchDistributed
+from .call_wrapper import CallWrapper, _supervised
+from .completion import Completion
+from .compose import Compose
+from .exception import RestartAbort
+from .finalize import Finalize
+from .health_check import HealthCheck
+from .initialize import Initialize
+from .rank_assignment import (
+    ActivateAllRanks,
+    RankAssignment,
+    ShiftRanks,
+)
+from .terminate import Terminate
+
+log = logging.getLogger(__name__)
+
+_DEFAULT = object()  # "build a fresh default instance for this Wrapper"
+
+
+def _seconds(name: str, value: Any) -> float:
+    if isinstance(value, datetime.timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise TypeError(f"Wrapper: {name} must be a datetime.timedelta or seconds, got {value!r}")
+    if seconds < 0:
+        raise ValueError(f"Wrapper: {name} must be >= 0, got {seconds:g} s")
+    return seconds
+
+
+def _check_instance(name: str, value: Any, cls: type, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, cls):
+        raise TypeError(
+            f"Wrapper: {name} must be an instance of {cls.__module__}.{cls.__qualname__}"
+            f"{' or None' if allow_none else ''}, got {value!r}"
+        )
+
+
+class Wrapper:
+    """Decorator that restarts the wrapped function in-process after a fault on any rank.
+
+    Keyword-only arguments (the reference's names and defaults; timeouts take a
+    ``datetime.timedelta`` or seconds):
+
+    store_factory / store_kwargs: the store class (a ``StoreMixin`` subclass,
+        default ``store.TCPStore``) and its arguments. With the default
+        factory the store runs in a separate service process started by rank
+        ``tcp_store_host_rank`` (default 0), on ``NVRX_STORE_PORT`` or
+        ``MASTER_PORT + 1``; with ``NVRX_STORE_HOST``/``NVRX_STORE_PORT`` set
+        (an nvrx supervisor) the external store is used and no rank hosts one.
+    initialize, abort, finalize, health_check, rank_assignment, completion,
+        terminate: plug-ins (see their modules). ``abort`` defaults to a fresh
+        ``AbortTorchDistributed()``, ``rank_assignment`` to a fresh
+        ``Compose(ActivateAllRanks(), ShiftRanks())``.
+    monitor_thread_interval (1 s), monitor_process_interval (1 s),
+        heartbeat_interval (1 s), progress_watchdog_interval (1 s): periods.
+    soft_timeout (60 s): no progress for this long restarts every rank.
+    hard_timeout (90 s): no progress for this long terminates the rank
+        (SIGCONT+SIGTERM, ``termination_grace_time`` (5 s), SIGKILL).
+    heartbeat_timeout (30 s): a rank's monitor silent this long is dead.
+    barrier_timeout (120 s), completion_timeout (120 s): barrier limits.
+    last_call_wait (1 s): after the first fault, the restart waits at least
+        this long before ranks are reassigned, so concurrent faults are seen.
+    rejoin_timeout (60 s, nvrx addition): under an nvrx supervisor, how long
+        peers wait for the replacement of a dead process before the rank
+        assignment removes it.
+    monitor_process_logfile / monitor_process_pidfile: absolute paths, ``{rank}``
+        is replaced by the initial rank.
+    enabled (True): False returns the function unchanged.
+    """
+
+    def __init__(
+        self,
+        *,
+        store_factory: type = rstore.TCPStore,
+        store_kwargs: dict[str, Any] | None = None,
+        initialize: Initialize | None = None,
+        abort: Abort | None = _DEFAULT,  # type: ignore[assignment]
+        finalize: Finalize | None = None,
+        health_check: HealthCheck | None = None,
+        rank_assignment: RankAssignment = _DEFAULT,  # type: ignore[assignment]
+        monitor_thread_interval: datetime.timedelta | float = datetime.timedelta(seconds=1),
+        monitor_process_interval: datetime.timedelta | float = datetime.timedelta(seconds=1),
+        heartbeat_interval: datetime.timedelta | float = datetime.timedelta(seconds=1),
+        progress_watchdog_interval: datetime.timedelta | float = datetime.timedelta(seconds=1),
+        soft_timeout: datetime.timedelta | float = datetime.timedelta(seconds=60),
+        hard_timeout: datetime.timedelta | float = datetime.timedelta(seconds=90),
+        heartbeat_timeout: datetime.timedelta | float = datetime.timedelta(seconds=30),
+        barrier_timeout: datetime.timedelta | float = datetime.timedelta(seconds=120),
+        completion_timeout: datetime.timedelta | float = datetime.timedelta(seconds=120),
+        last_call_wait: datetime.timedelta | float = datetime.timedelta(seconds=1),
+        termination_grace_time: datetime.timedelta | float = datetime.timedelta(seconds=5),
+        monitor_process_logfile: str | None = None,
+        monitor_process_pidfile: str | None = None,
+        enabled: bool = True,
+        completion: Completion | None = None,
+        terminate: Terminate | None = None,
+        rejoin_timeout: datetime.timedelta | float = datetime.timedelta(seconds=60),
+    ) -> None:
+        if not (isinstance(store_factory, type) and issubclass(store_factory, rstore.StoreMixin)):
+            raise TypeError(
+                f"Wrapper: store_factory must be a subclass of nvrx.inprocess.store.StoreMixin, got {store_factory!r}"
+            )
+        if store_kwargs is not None and not isinstance(store_kwargs, dict):
+            raise TypeError(f"Wrapper: store_kwargs must be a dict or None, got {store_kwargs!r}")
+        if abort is _DEFAULT:
+            abort = AbortTorchDistributed()
+        if rank_assignment is _DEFAULT:
+            rank_assignment = Compose(ActivateAllRanks(), ShiftRanks())
+        _check_instance("initialize", initialize, Initialize)
+        _check_instance("abort", abort, Abort)
+        _check_instance("finalize", finalize, Finalize)
+        _check_instance("health_check", health_check, HealthCheck)
+        _check_instance("rank_assignment", rank_assignment, RankAssignment, allow_none=False)
+        _check_instance("completion", completion, Completion)
+        _check_instance("terminate", terminate, Terminate)
+        if not isinstance(enabled, bool):
+            raise TypeError(f"Wrapper: enabled must be a bool, got {enabled!r}")
+        for name, path in (
+            ("monitor_process_logfile", monitor_process_logfile),
+            ("monitor_process_pidfile", monitor_process_pidfile),
+        ):
+            if path is not None and (not isinstance(path, str) or not os.path.isabs(path)):
+                raise ValueError(
+                    f"Wrapper: {name} must be an absolute path (may contain {{rank}}), got {path!r}"
+                )
+
+        self.store_factory = store_factory
+        self.store_kwargs = dict(store_kwargs or {})
+        self.initialize = initialize
+        self.abort = abort
+        self.finalize = finalize
+        self.health_check = health_check
+        self.rank_assignment = rank_assignment
+        self.completion = completion
+        self.terminate = terminate
+        self.enabled = enabled
+        self.monitor_process_logfile = monitor_process_logfile
+        self.monitor_process_pidfile = monitor_process_pidfile
+
+        self.monitor_thread_interval = _seconds("monitor_thread_interval", monitor_thread_interval)
+        self.monitor_process_interval = _seconds(
+            "monitor_process_interval", monitor_process_interval
+        )
+        self.heartbeat_interval = _seconds("heartbeat_interval", heartbeat_interval)
+        self.progress_watchdog_interval = _seconds(
+            "progress_watchdog_interval", progress_watchdog_interval
+        )
+        self.soft_timeout = _seconds("soft_timeout", soft_timeout)
+        self.hard_timeout = _seconds("hard_timeout", hard_timeout)
+        self.heartbeat_timeout = _seconds("heartbeat_timeout", heartbeat_timeout)
+        self.barrier_timeout = _seconds("barrier_timeout", barrier_timeout)
+        self.completion_timeout = _seconds("completion_timeout", completion_timeout)
+        self.last_call_wait = _seconds("last_call_wait", last_call_wait)
+        self.termination_grace_time = _seconds("termination_grace_time", termination_grace_time)
+        self.rejoin_timeout = _seconds("rejoin_timeout", rejoin_timeout)
+        self._validate()
+
+    def _validate(self) -> None:
+        for name in (
+            "monitor_thread_interval",
+            "monitor_process_interval",
+            "heartbeat_interval",
+            "progress_watchdog_interval",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"Wrapper: {name} must be > 0, got {getattr(self, name):g} s")
+        rules = [
+            ("soft_timeout", "hard_timeout"),
+            ("hard_timeout", "barrier_timeout"),
+            ("monitor_process_interval", "barrier_timeout"),
+            ("heartbeat_timeout", "barrier_timeout"),
+            ("heartbeat_interval", "heartbeat_timeout"),
+            ("monitor_process_interval", "heartbeat_timeout"),
+            ("monitor_process_interval", "soft_timeout"),
+            ("monitor_thread_interval", "soft_timeout"),
+            ("progress_watchdog_interval", "soft_timeout"),
+        ]
+        for small, large in rules:
+            a, b = getattr(self, small), getattr(self, large)
+            if not a < b:
+                raise ValueError(f"Wrapper: {small} ({a:g} s) must be < {large} ({b:g} s)")
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        if not self.enabled:
+            return fn
+
+        @functools.wraps(fn)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            try:
+                with CallWrapper(self) as call_wrapper:
+                    return call_wrapper(fn, args, kwargs)
+            except RestartAbort as exc:
+                if _supervised():
+                    raise SystemExit(exc.exit_code) from exc
+                raise
+
+        return wrapped

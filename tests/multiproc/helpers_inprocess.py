@@ -1,0 +1,270 @@
+"""Harness for Wrapper tests: N ranks as real processes on loopback, gloo, a real store.
+
+``launch(tmp_path, world_size, scenario=..., **params)`` starts one process per
+rank running this file; each rank wraps ``train`` with a ``Wrapper`` built from
+``params["wrapper"]`` and appends one JSON line per call of the function to
+``calls-<rank>.jsonl``. Faults are injected on round 0 by the ranks named in
+``params["fault_ranks"]``. ``Ranks.wait()`` reaps every rank and returns their
+exit codes; ``Ranks.calls()`` and ``Ranks.events()`` read what happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve()
+
+
+def free_port_pair() -> int:
+    """A port p with p and p+1 free (MASTER_PORT and the store's MASTER_PORT + 1)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port >= 65535:
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair found")
+
+
+@dataclass
+class Ranks:
+    tmp: Path
+    port: int = 0
+    world_size: int = 0
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def wait(self, timeout: float = 60.0) -> list[int | None]:
+        deadline = time.monotonic() + timeout
+        codes: list[int | None] = []
+        try:
+            for proc in self.procs:
+                remaining = max(0.1, deadline - time.monotonic())
+                try:
+                    codes.append(proc.wait(remaining))
+                except subprocess.TimeoutExpired:
+                    codes.append(None)
+        finally:
+            self.kill()
+        return codes
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+
+    def calls(self, rank: int) -> list[dict[str, Any]]:
+        path = self.tmp / f"calls-{rank}.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def result(self, rank: int) -> Any:
+        path = self.tmp / f"result-{rank}.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def events(self) -> list[dict[str, Any]]:
+        from nvrx.events import read_dir
+
+        evs, _ = read_dir(self.tmp / "logs")
+        return evs
+
+    def log(self, rank: int) -> str:
+        path = self.tmp / f"rank-{rank}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def logs(self) -> str:
+        return "\n".join(f"--- rank {r} ---\n{self.log(r)}" for r in range(len(self.procs)))
+
+
+def launch(tmp: Path, world_size: int, **params: Any) -> Ranks:
+    """Start ``world_size`` ranks running ``train`` under a Wrapper configured by ``params``."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    ranks = Ranks(tmp, port=free_port_pair(), world_size=world_size)
+    (tmp / "params.json").write_text(json.dumps(params))
+    for rank in range(world_size):
+        ranks.procs.append(spawn(ranks, rank, params))
+    return ranks
+
+
+def spawn(
+    ranks: Ranks, rank: int, params: dict[str, Any], extra_env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start the process of one rank (also a replacement of a dead one, as a supervisor would)."""
+    env = dict(os.environ)
+    for name in ("NVRX_STORE_HOST", "NVRX_STORE_PORT", "NVRX_SUPERVISED", "NVRX_RESTART_COUNT"):
+        env.pop(name, None)
+    env.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(ranks.world_size),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(ranks.port),
+        NVRX_LOG_DIR=str(ranks.tmp / "logs"),
+        NVRX_JOB_ID="test",
+        TORCH_CPP_LOG_LEVEL="ERROR",
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(params.get("env", {}))
+    env.update(extra_env or {})
+    with open(ranks.tmp / f"rank-{rank}.log", "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, str(HERE), str(ranks.tmp)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+# -- the rank process -------------------------------------------------------------------
+
+
+def _catastrophic_regex() -> None:
+    import re
+
+    re.match(r"(a+)+$", "a" * 64 + "b")  # holds the GIL for a very long time
+
+
+def _rank_main(tmp: Path) -> int:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    import nvrx.inprocess as inprocess
+    from nvrx.inprocess import CallWrapper
+    from nvrx.inprocess.rank_assignment import ActivateAllRanks, MaxActiveWorldSize, ShiftRanks
+
+    params = json.loads((tmp / "params.json").read_text())
+    initial_rank = int(os.environ["RANK"])
+    wkw = dict(params.get("wrapper", {}))
+    for name in list(wkw):
+        if name.endswith(("_timeout", "_interval", "_wait", "_time")):
+            wkw[name] = datetime.timedelta(seconds=wkw[name])
+    if params.get("max_iterations") is not None:
+        wkw["initialize"] = inprocess.initialize.RetryController(
+            max_iterations=params["max_iterations"]
+        )
+    if params.get("max_active") is not None:
+        wkw["rank_assignment"] = inprocess.Compose(
+            MaxActiveWorldSize(params["max_active"]), ShiftRanks()
+        )
+    else:
+        wkw["rank_assignment"] = inprocess.Compose(ActivateAllRanks(), ShiftRanks())
+    if params.get("callbacks"):
+
+        class Done(inprocess.completion.Completion):
+            def __call__(self, state):
+                (tmp / f"completion-{initial_rank}").write_text(str(state.rank))
+                return state
+
+        class Gone(inprocess.terminate.Terminate):
+            def __call__(self, state):
+                (tmp / f"terminate-{initial_rank}").write_text(state.mode.name)
+                return state
+
+        wkw["completion"], wkw["terminate"] = Done(), Gone()
+    fault = params.get("fault")
+    fault_ranks = set(params.get("fault_ranks", []))
+    fault_rounds = params.get("fault_rounds", 1)
+    if os.environ.get("NVRX_TEST_REPLACEMENT") == "1":
+        fault_ranks = set()  # a replacement process does not repeat the fault
+
+    @inprocess.Wrapper(**wkw)
+    def train(call_wrapper: CallWrapper = None, tag: str = "x") -> dict[str, Any]:
+        it = call_wrapper.iteration
+        record = {
+            "initial_rank": initial_rank,
+            "iteration": it,
+            "rank": os.environ.get("RANK"),
+            "world_size": os.environ.get("WORLD_SIZE"),
+            "tag": tag,
+            "t": time.time(),
+        }
+        with open(tmp / f"calls-{initial_rank}.jsonl", "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        world = None
+        if params.get("init_pg", True):
+            dist.init_process_group(
+                "gloo", timeout=datetime.timedelta(seconds=params.get("pg_timeout", 30))
+            )
+            t = torch.tensor([1.0])
+            dist.all_reduce(t)
+            world = int(t.item())
+            gathered = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, initial_rank)
+            record["peers"] = gathered
+        if it < fault_rounds and initial_rank in fault_ranks:
+            if fault == "exception":
+                raise RuntimeError(f"injected fault on rank {initial_rank}")
+            if fault == "sleep":
+                time.sleep(300)
+            if fault == "gil":
+                _catastrophic_regex()
+            if fault == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if fault == "collective_hang":
+                pass
+            if fault == "ping_stall":
+                call_wrapper.ping()
+                while True:
+                    sum(range(1000))
+            if fault == "atomic":
+                with call_wrapper.atomic():
+                    time.sleep(params.get("atomic_s", 2.0))
+                    with open(tmp / f"atomic-{initial_rank}.done", "w") as fh:
+                        fh.write("1")
+                time.sleep(300)
+            if fault == "base_exception":
+                raise KeyboardInterrupt("injected")
+        elif fault == "collective_hang" and it < fault_rounds:
+            pass
+        if fault == "collective_hang" and it < fault_rounds and initial_rank not in fault_ranks:
+            dist.all_reduce(torch.tensor([1.0]))  # the faulty rank never joins
+        if fault == "atomic" and it < fault_rounds and initial_rank not in fault_ranks:
+            time.sleep(0.3)
+            raise RuntimeError("peer fault while rank is in atomic()")
+        if fault == "collective_hang" and it < fault_rounds and initial_rank in fault_ranks:
+            time.sleep(300)
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+        return {
+            "iteration": it,
+            "world": world,
+            "rank": os.environ.get("RANK"),
+            "peers": record.get("peers"),
+        }
+
+    try:
+        result = train(tag="ok")
+    except BaseException as exc:
+        (tmp / f"result-{initial_rank}.json").write_text(
+            json.dumps({"error": type(exc).__name__, "message": str(exc)})
+        )
+        raise
+    (tmp / f"result-{initial_rank}.json").write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_rank_main(Path(sys.argv[1])))

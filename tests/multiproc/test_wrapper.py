@@ -1,0 +1,196 @@
+"""The Wrapper's restart loop with real ranks: gloo, a store service, monitor processes."""
+
+from __future__ import annotations
+
+import pytest
+from helpers_inprocess import launch
+
+pytestmark = pytest.mark.timeout(90)
+
+FAST = dict(
+    soft_timeout=3,
+    hard_timeout=5,
+    heartbeat_timeout=3,
+    heartbeat_interval=0.5,
+    monitor_process_interval=0.25,
+    monitor_thread_interval=0.5,
+    progress_watchdog_interval=0.2,
+    barrier_timeout=30,
+    last_call_wait=0.2,
+    termination_grace_time=0.5,
+)
+
+
+def _kinds(events, kind, component="wrapper"):
+    return [e for e in events if e["kind"] == kind and e["component"] == component]
+
+
+def _assert_all_restarted_full(ranks, n):
+    for r in range(n):
+        calls = ranks.calls(r)
+        assert [c["iteration"] for c in calls] == [0, 1], ranks.logs()
+        result = ranks.result(r)
+        assert result["iteration"] == 1
+        assert result["world"] == n
+        assert result["peers"] == list(range(n))
+        assert result["rank"] == str(r)
+
+
+def test_exception_on_one_rank_restarts_every_rank(tmp_path):
+    ranks = launch(tmp_path, 3, wrapper=FAST, fault="exception", fault_ranks=[1])
+    assert ranks.wait(60) == [0, 0, 0], ranks.logs()
+    _assert_all_restarted_full(ranks, 3)
+    events = ranks.events()
+    faults = [
+        e for e in _kinds(events, "fault") if e["rank"] == 1 and e["fault_kind"] == "exception"
+    ]
+    assert faults and faults[0]["message"] == "injected fault on rank 1"
+    assert faults[0]["exc_type"] == "builtins.RuntimeError"
+    assert "injected fault" in faults[0]["traceback"]
+    assert faults[0]["signature"].startswith("builtins.RuntimeError@helpers_inprocess.py:train")
+    phases = {e["phase"] for e in _kinds(events, "restart_phase")}
+    assert {"abort", "iteration_barrier", "rank_assignment", "initial_barrier"} <= phases
+    starts = _kinds(events, "round_start")
+    assert sorted((e["rank"], e["round"]) for e in starts) == [
+        (r, k) for r in range(3) for k in (0, 1)
+    ]
+    latencies = [e["restart_latency_s"] for e in starts if e["round"] == 1]
+    assert all(isinstance(x, float) and x >= 0 for x in latencies)
+    assert len(_kinds(events, "wrapper_end")) == 3
+
+
+def test_exceptions_on_two_ranks_at_once(tmp_path):
+    ranks = launch(tmp_path, 3, wrapper=FAST, fault="exception", fault_ranks=[0, 2])
+    assert ranks.wait(60) == [0, 0, 0], ranks.logs()
+    _assert_all_restarted_full(ranks, 3)
+    origins = {
+        e["rank"]
+        for e in _kinds(ranks.events(), "fault")
+        if e.get("message", "").startswith("injected")
+    }
+    assert origins == {0, 2}
+
+
+def test_gil_released_hang_restarts_everyone_by_soft_timeout(tmp_path):
+    ranks = launch(tmp_path, 2, wrapper=FAST, fault="sleep", fault_ranks=[1])
+    assert ranks.wait(60) == [0, 0], ranks.logs()
+    _assert_all_restarted_full(ranks, 2)
+    events = ranks.events()
+    hangs = _kinds(events, "hang", component="monitor")
+    assert hangs and all(h["timeout"] == "soft" for h in hangs)
+    stacks = "\n".join(h["stack"] for h in hangs)
+    assert "helpers_inprocess.py" in stacks and "train" in stacks
+    assert any(f["fault_kind"] == "hang_soft" for f in _kinds(events, "fault", component="monitor"))
+
+
+def test_gil_held_hang_is_killed_and_the_rest_shift_ranks(tmp_path):
+    # Rank 0 hangs holding the GIL: it is terminated by the hard timeout and the
+    # two others go on as ranks 0 and 1, so rank 0 is another process now; the
+    # store lives on in rank 0's monitor process.
+    ranks = launch(tmp_path, 3, wrapper=FAST, fault="gil", fault_ranks=[0])
+    codes = ranks.wait(60)
+    assert codes[1:] == [0, 0], ranks.logs()
+    assert codes[0] in (-15, -9)
+    assert [c["iteration"] for c in ranks.calls(0)] == [0]
+    for initial, new_rank in ((1, "0"), (2, "1")):
+        result = ranks.result(initial)
+        assert result["world"] == 2 and result["rank"] == new_rank
+        assert result["peers"] == [1, 2]
+    events = ranks.events()
+    hard = [h for h in _kinds(events, "hang", component="monitor") if h["timeout"] == "hard"]
+    assert hard and "_catastrophic_regex" in hard[0]["stack"]
+    terminated = _kinds(events, "ranks_terminated")
+    assert terminated and all(e["ranks"] == [0] for e in terminated)
+
+
+def test_gil_held_hang_activates_a_spare(tmp_path):
+    ranks = launch(tmp_path, 3, wrapper=FAST, fault="gil", fault_ranks=[0], max_active=2)
+    codes = ranks.wait(60)
+    assert codes[1:] == [0, 0], ranks.logs()
+    assert [c["iteration"] for c in ranks.calls(2)] == [1]  # the spare ran only after the fault
+    assert ranks.result(1)["peers"] == [1, 2]
+    assert ranks.result(2)["rank"] == "1"
+
+
+def test_sigkill_of_a_rank_is_noticed_and_peers_continue(tmp_path):
+    ranks = launch(tmp_path, 3, wrapper=FAST, fault="sigkill", fault_ranks=[1])
+    codes = ranks.wait(60)
+    assert codes[0] == 0 and codes[2] == 0 and codes[1] == -9, ranks.logs()
+    assert ranks.result(0)["peers"] == [0, 2]
+    assert ranks.result(2)["world"] == 2
+    events = ranks.events()
+    dead = [e for e in _kinds(events, "fault", component="monitor") if e["fault_kind"] == "dead"]
+    assert dead and dead[0]["origin_rank"] == 1
+
+
+def test_ping_timeout_restarts_a_livelock(tmp_path):
+    ranks = launch(tmp_path, 2, wrapper=FAST, fault="ping_stall", fault_ranks=[0], init_pg=False)
+    assert ranks.wait(60) == [0, 0], ranks.logs()
+    assert [c["iteration"] for c in ranks.calls(0)] == [0, 1]
+    assert any(
+        f["fault_kind"] == "hang_soft" for f in _kinds(ranks.events(), "fault", component="monitor")
+    )
+
+
+def test_atomic_section_defers_the_restart(tmp_path):
+    ranks = launch(
+        tmp_path, 2, wrapper=FAST, fault="atomic", fault_ranks=[0], init_pg=False, atomic_s=1.5
+    )
+    assert ranks.wait(60) == [0, 0], ranks.logs()
+    assert (tmp_path / "atomic-0.done").exists()  # the section ran to its end
+    assert [c["iteration"] for c in ranks.calls(0)] == [0, 1]
+
+
+def test_retry_controller_ends_the_wrapper(tmp_path):
+    ranks = launch(
+        tmp_path,
+        2,
+        wrapper=FAST,
+        fault="exception",
+        fault_ranks=[0, 1],
+        fault_rounds=99,
+        max_iterations=2,
+        init_pg=False,
+    )
+    codes = ranks.wait(60)
+    assert codes == [1, 1], ranks.logs()
+    for r in range(2):
+        assert [c["iteration"] for c in ranks.calls(r)] == [0, 1]
+        assert ranks.result(r)["error"] == "RestartAbort"
+    ends = _kinds(ranks.events(), "wrapper_end")
+    assert {e["outcome"] for e in ends} == {"restart_abort"}
+
+
+def test_restart_abort_exits_130_under_a_supervisor(tmp_path):
+    ranks = launch(
+        tmp_path,
+        2,
+        wrapper=FAST,
+        fault="exception",
+        fault_ranks=[0, 1],
+        fault_rounds=99,
+        max_iterations=1,
+        init_pg=False,
+        env={"NVRX_SUPERVISED": "1"},
+    )
+    assert ranks.wait(60) == [130, 130], ranks.logs()
+
+
+def test_base_exception_takes_one_rank_out_and_the_others_go_on(tmp_path):
+    wrapper = dict(FAST, monitor_process_logfile=str(tmp_path / "monitor-{rank}.log"))
+    ranks = launch(
+        tmp_path, 3, wrapper=wrapper, fault="base_exception", fault_ranks=[2], callbacks=True
+    )
+    codes = ranks.wait(60)
+    assert codes[:2] == [0, 0] and codes[2] not in (0, None), ranks.logs()
+    assert ranks.result(2)["error"] == "KeyboardInterrupt"
+    assert ranks.result(0)["peers"] == [0, 1] and ranks.result(1)["world"] == 2
+    # completion on the ranks that returned, terminate on the one that left
+    assert (tmp_path / "completion-0").read_text() == "0"
+    assert (tmp_path / "completion-1").read_text() == "1"
+    assert not (tmp_path / "completion-2").exists()
+    assert (tmp_path / "terminate-2").read_text() == "TERMINATED"
+    assert not (tmp_path / "terminate-0").exists()
+    assert sorted(p.name for p in tmp_path.glob("monitor-*.log")) == [
+        f"monitor-{r}.log" for r in range(3)
+    ]

@@ -1,0 +1,82 @@
+"""The Wrapper with an external store (as under an nvrx supervisor): process generations."""
+
+from __future__ import annotations
+
+import pytest
+from helpers_inprocess import launch, spawn
+from test_wrapper import FAST
+
+from nvrx.store import client, rounds
+from nvrx.store.service import StoreService
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_restarted_processes_get_a_fresh_key_space_and_count_job_restarts(tmp_path):
+    with StoreService("127.0.0.1", 0, node=None) as service:
+        env = {
+            "NVRX_STORE_HOST": "127.0.0.1",
+            "NVRX_STORE_PORT": str(service.port),
+            "NVRX_SUPERVISED": "1",
+        }
+        first = launch(
+            tmp_path / "gen0", 2, wrapper=FAST, fault="exception", fault_ranks=[1], env=env
+        )
+        assert first.wait(60) == [0, 0], first.logs()
+        assert [c["iteration"] for c in first.calls(0)] == [0, 1]
+        store = client.connect("127.0.0.1", service.port, timeout=10)
+        assert rounds.current_round(store) == 1
+        assert rounds.job_restarts(store) == 1
+
+        # Every process restarted (NVRX_RESTART_COUNT > 0): a new generation at round 100.
+        second = launch(tmp_path / "gen1", 2, wrapper=FAST, env=dict(env, NVRX_RESTART_COUNT="1"))
+        assert second.wait(60) == [0, 0], second.logs()
+        assert [c["iteration"] for c in second.calls(0)] == [2]  # 1 in-process + 1 process restart
+        starts = [e for e in second.events() if e["kind"] == "round_start"]
+        assert {e["round"] for e in starts} == {100}
+        assert rounds.current_round(store) == 100
+
+        # The job restart counter feeds RetryController: the new generation is
+        # restart 3, so max_iterations=4 allows exactly one more call.
+        third = launch(
+            tmp_path / "gen2",
+            2,
+            wrapper=FAST,
+            max_iterations=4,
+            fault="exception",
+            fault_ranks=[0],
+            fault_rounds=99,
+            env=dict(env, NVRX_RESTART_COUNT="2"),
+        )
+        assert third.wait(60) == [130, 130], third.logs()
+        assert [c["iteration"] for c in third.calls(0)] == [3]
+        assert rounds.job_restarts(store) == 4
+
+
+def test_replacement_of_a_dead_process_rejoins_and_the_job_keeps_its_size(tmp_path):
+    with StoreService("127.0.0.1", 0, node=None) as service:
+        env = {
+            "NVRX_STORE_HOST": "127.0.0.1",
+            "NVRX_STORE_PORT": str(service.port),
+            "NVRX_SUPERVISED": "1",
+        }
+        wrapper = dict(FAST, rejoin_timeout=40)
+        ranks = launch(tmp_path, 3, wrapper=wrapper, fault="sigkill", fault_ranks=[1], env=env)
+        dead = ranks.procs[1]
+        assert dead.wait(60) == -9, ranks.logs()
+        # What the supervisor does: start the local rank again with a restart count.
+        ranks.procs[1] = spawn(
+            ranks, 1, {"wrapper": wrapper, "env": env}, {"NVRX_RESTART_COUNT": "1"}
+        )
+        assert ranks.wait(90) == [0, 0, 0], ranks.logs()
+        for rank in range(3):
+            result = ranks.result(rank)
+            assert result["world"] == 3 and result["peers"] == [0, 1, 2], ranks.logs()
+            assert result["rank"] == str(rank)
+        assert [c["iteration"] for c in ranks.calls(1)] == [
+            0,
+            1,
+        ]  # first process, then the replacement
+        events = ranks.events()
+        assert any(e["kind"] == "rejoin" and e.get("rank_rejoined") == 1 for e in events)
+        assert not [e for e in events if e["kind"] == "ranks_terminated"]

@@ -1,0 +1,77 @@
+"""The Wrapper's per-round store protocol (nvrx.inprocess.store) against a real TCPStore."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nvrx.inprocess import store as rstore
+from nvrx.store import client, faults, keys, rounds
+
+
+@pytest.fixture()
+def base():
+    server = client.serve("127.0.0.1", 0, timeout=10)
+    yield client.connect("127.0.0.1", server.port, timeout=10)
+    del server
+
+
+def test_fault_interrupts_the_round_unless_it_completed(base):
+    r0 = rstore.round_store(base, 0)
+    assert (
+        rstore.record_fault(r0, faults.FaultRecord(rank=2, kind="exception", message="x")) is True
+    )
+    assert base.get("nvrx/r0/interrupted") == b"fault"
+    assert [r.rank for r in rstore.fault_records(r0)] == [2]
+    r1 = rstore.round_store(base, 1)
+    assert rstore.interrupt(r1, "done") is True
+    assert rstore.interrupt(r1, "fault") is False  # a fault after completion changes nothing
+    assert base.get("nvrx/r1/interrupted") == b"done"
+
+
+def test_terminated_ranks_are_ints_and_registered_once(base):
+    r0 = rstore.round_store(base, 0)
+    assert rstore.register_terminated(r0, 3) is True
+    assert rstore.register_terminated(r0, 3) is False  # its monitor and a peer both report it
+    rstore.register_terminated(r0, 0)
+    assert rstore.terminated_ranks(r0) == {0, 3}
+
+
+def test_iteration_barrier_publishes_one_decision(base):
+    base.set("default_pg/0//rank_0", "addr")
+    base.set("nvrx/r1/old", "1")
+    r3 = rstore.round_store(base, 3)
+    rstore.register_terminated(r3, 1)
+    for rank in (0, 2):
+        rstore.arrive_iteration(r3, base, rank, 3)
+    assert not r3.check([keys.DECISION])
+    rstore.arrive_iteration(r3, base, 1, 3)  # the dead rank, by proxy, completes it
+    decision = rstore.wait_iteration(r3, 3, 5.0)
+    assert decision == {"terminated": [1], "job_restarts": 1}
+    assert rounds.current_round(base) == 4
+    assert not base.check(["default_pg/0//rank_0"])  # torch's rendezvous keys are gone
+    assert not base.check(["nvrx/r1/old"])  # rounds older than the previous one are collected
+    assert rounds.job_restarts(base) == 0  # counted only when the next round starts
+    r4 = rstore.round_store(base, 4)
+    rstore.commit_round_start(r4, base, decision["job_restarts"])
+    rstore.commit_round_start(r4, base, decision["job_restarts"])
+    assert rounds.job_restarts(base) == 1
+
+
+def test_proxy_leave_does_everything_peers_wait_for(base):
+    r0 = rstore.round_store(base, 0)
+    rstore.arrive_iteration(r0, base, 0, 2)
+    rstore.proxy_leave(r0, base, 1, 2, faults.FaultRecord(rank=1, kind="dead", message="gone"))
+    assert json.loads(r0.get(keys.DECISION))["terminated"] == [1]
+    assert base.get("nvrx/r0/interrupted") == b"fault"
+    assert rstore.fault_records(r0)[0].kind == "dead"
+
+
+def test_mixin_barrier_on_the_round_store(base):
+    r0 = rstore.round_store(base, 0)
+    r0.iteration_barrier([0, 0], 1, 5.0)  # reentrant: a double arrival counts once
+    assert r0.is_rank_at_reentrant_barrier(0, "iteration")
+    r0.barrier([0], "grp", 1, 5.0)
+    with pytest.raises(rstore.BarrierTimeout, match=r"ranks \[1\]"):
+        r0.barrier([0], "grp2", 2, 0.3)

@@ -1,0 +1,127 @@
+"""Wrapper parameters: defaults, validation messages, enabled=False, StoreMixin MRO."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from nvrx.inprocess import Wrapper
+from nvrx.inprocess import store as rstore
+from nvrx.inprocess.abort import AbortTorchDistributed
+from nvrx.inprocess.compose import Compose
+
+
+def test_defaults_match_the_reference():
+    w = Wrapper()
+    assert w.store_factory is rstore.TCPStore
+    assert (w.soft_timeout, w.hard_timeout, w.heartbeat_timeout) == (60, 90, 30)
+    assert (w.barrier_timeout, w.completion_timeout, w.last_call_wait) == (120, 120, 1)
+    assert w.termination_grace_time == 5
+    assert w.monitor_thread_interval == w.monitor_process_interval == w.heartbeat_interval == 1
+    assert w.progress_watchdog_interval == 1
+    assert w.enabled is True and w.rejoin_timeout == 60
+    assert isinstance(w.abort, AbortTorchDistributed)
+    assert isinstance(w.rank_assignment, Compose)
+
+
+def test_default_plugins_are_not_shared_between_wrappers():
+    a, b = Wrapper(), Wrapper()
+    assert a.abort is not b.abort
+    assert a.rank_assignment is not b.rank_assignment
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"soft_timeout": 10, "hard_timeout": 5},
+            "soft_timeout (10 s) must be < hard_timeout (5 s)",
+        ),
+        ({"hard_timeout": 200}, "hard_timeout (200 s) must be < barrier_timeout (120 s)"),
+        (
+            {"heartbeat_interval": 40},
+            "heartbeat_interval (40 s) must be < heartbeat_timeout (30 s)",
+        ),
+        ({"monitor_thread_interval": 0}, "monitor_thread_interval must be > 0, got 0 s"),
+        (
+            {"progress_watchdog_interval": 61},
+            "progress_watchdog_interval (61 s) must be < soft_timeout (60 s)",
+        ),
+        ({"last_call_wait": -1}, "last_call_wait must be >= 0, got -1 s"),
+        (
+            {"monitor_process_logfile": "relative/{rank}.log"},
+            "monitor_process_logfile must be an absolute path",
+        ),
+    ],
+)
+def test_bad_values_name_the_parameter(kwargs, message):
+    with pytest.raises(ValueError) as info:
+        Wrapper(**kwargs)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"soft_timeout": "60"}, "soft_timeout must be a datetime.timedelta or seconds, got '60'"),
+        (
+            {"initialize": lambda s: s},
+            "initialize must be an instance of nvrx.inprocess.initialize.Initialize",
+        ),
+        (
+            {"store_factory": dict},
+            "store_factory must be a subclass of nvrx.inprocess.store.StoreMixin",
+        ),
+        ({"enabled": 1}, "enabled must be a bool, got 1"),
+        ({"rank_assignment": None}, "rank_assignment must be an instance of"),
+    ],
+)
+def test_bad_types_name_the_parameter(kwargs, message):
+    with pytest.raises(TypeError) as info:
+        Wrapper(**kwargs)
+    assert message in str(info.value)
+
+
+def test_timedelta_and_seconds_are_equivalent():
+    w = Wrapper(soft_timeout=datetime.timedelta(seconds=2.5), hard_timeout=4)
+    assert (w.soft_timeout, w.hard_timeout) == (2.5, 4.0)
+
+
+def test_disabled_wrapper_returns_the_function_itself():
+    def fn(x):
+        return x + 1
+
+    assert Wrapper(enabled=False)(fn) is fn
+
+
+def test_store_mixin_barrier_is_not_shadowed_by_torch():
+    assert rstore.TCPStore.barrier is rstore.StoreMixin.barrier
+    assert rstore.PrefixStore.barrier is rstore.StoreMixin.barrier
+    assert rstore.FileStore.barrier is rstore.StoreMixin.barrier
+
+
+def test_store_port_never_defaults_to_master_port(monkeypatch):
+    monkeypatch.delenv("NVRX_STORE_HOST", raising=False)
+    monkeypatch.delenv("NVRX_STORE_PORT", raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert rstore.resolve_address() == ("127.0.0.1", 29501)
+    monkeypatch.setenv("NVRX_STORE_HOST", "storehost")
+    monkeypatch.setenv("NVRX_STORE_PORT", "4000")
+    assert rstore.resolve_address() == ("storehost", 4000)
+    monkeypatch.delenv("MASTER_PORT")
+    monkeypatch.delenv("NVRX_STORE_HOST")
+    monkeypatch.delenv("NVRX_STORE_PORT")
+    with pytest.raises(ValueError, match="store port unknown"):
+        rstore.resolve_address()
+
+
+def test_file_store_mixin_barrier_works(tmp_path):
+    store = rstore.FileStore(str(tmp_path / "fs"), 1)
+    store.barrier([0], "g", 1, datetime.timedelta(seconds=5))
+    store.reentrant_barrier([0, 0], "g", 1, 5.0)
+    store.record_terminated_ranks([3, 3, 1])
+    assert store.get_terminated_ranks() == {1, 3}
+    store.send_state({"a": 1}, 0)
+    assert store.get_states([0]) == [{"a": 1}]
