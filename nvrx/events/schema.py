@@ -39,6 +39,7 @@ KINDS: dict[str, dict[str, str]] = {
         "active_rank": "this rank's active rank, or null when a spare",
         "initial_rank": "rank the process had when the Wrapper started",
         "restart_latency_s": "seconds from the fault's detection to this round's start, after a restart",
+        "iteration": "the Wrapper's iteration (equals round within one process generation)",
     },
     "call_start": {"note": "the wrapped function is entered (goodput starts counting)"},
     "call_end": {
@@ -56,8 +57,8 @@ KINDS: dict[str, dict[str, str]] = {
         "detection_s": "seconds from the fault to its detection, when known",
     },
     "restart_phase": {
-        "phase": "abort | finalize | health_check | iteration_barrier | rank_assignment | "
-        "initialize | termination_barrier | rejoin_wait | ...",
+        "phase": "initial_barrier | last_call_wait | abort | finalize | health_check | "
+        "iteration_barrier | rank_assignment | initialize | termination_barrier | rejoin_wait | ...",
         "duration_s": "seconds the phase took",
         "ok": "whether the phase succeeded",
     },
@@ -75,11 +76,13 @@ KINDS: dict[str, dict[str, str]] = {
     "hang": {
         "timeout": "soft | hard | progress | heartbeat",
         "stack": "stack dump of the hung rank's threads",
+        "stale_s": "seconds without progress when the hang was declared",
     },
     "round_end": {
         "outcome": "completed | restart | terminated | abort",
         "duration_s": "seconds from round start to its end",
         "restart_latency_s": "seconds from fault detection to the next round start, when restarting",
+        "faults": "fault records of the round (list of objects), when it ended in a restart",
     },
     "wrapper_end": {"outcome": "completed | restart_abort | error", "rounds": "rounds run"},
     # -- supervisor and store service -------------------------------------
@@ -88,6 +91,9 @@ KINDS: dict[str, dict[str, str]] = {
         "nproc_per_node": "children per node",
         "command": "the training command",
         "store": "host:port of the external store",
+        "max_restarts": "job-wide restart budget",
+        "loop_breaker": "same-signature failures in a row that stop the job",
+        "supervisor_pid": "pid of the supervisor",
     },
     "store_start": {"addr": "bind address", "port": "bind port"},
     "store_end": {"reason": "why the store service stopped"},
@@ -102,6 +108,8 @@ KINDS: dict[str, dict[str, str]] = {
         "exit_code": "exit code, or null when killed by a signal",
         "signal": "signal name, or null",
         "runtime_s": "seconds the child ran",
+        "global_rank": "RANK the child was started with",
+        "attempt": "which start of this local rank ended (0 = first)",
     },
     "restart_decision": {
         "local_rank": "local rank the decision is about",
@@ -110,7 +118,13 @@ KINDS: dict[str, dict[str, str]] = {
         "budget_left": "job-wide restarts left after this decision",
         "signature": "failure signature that counted towards the loop breaker",
     },
-    "rejoin": {"local_rank": "local rank", "wait_s": "seconds peers waited for the replacement"},
+    "rejoin": {
+        "local_rank": "local rank (supervisor side)",
+        "wait_s": "seconds since the exit (supervisor) or that peers waited (wrapper)",
+        "phase": "replacement_started (supervisor side)",
+        "child_pid": "pid of the replacement (supervisor side)",
+        "rank_rejoined": "rank that came back (wrapper side)",
+    },
     "signal_received": {"signal": "signal name", "action": "what the receiver does about it"},
     "job_stop": {"reason": "why the job stops", "exit_code": "exit code the supervisor returns"},
     "supervisor_end": {"exit_code": "exit code", "reason": "why"},
