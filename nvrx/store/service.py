@@ -25,7 +25,6 @@ import sys
 import threading
 import time
 from datetime import timedelta
-from pathlib import Path
 
 from nvrx.checkpoint_flag import ignore_warning_signal
 
