@@ -1,10 +1,11 @@
 """Faults for the demo job, chosen on the command line or in ``NVRX_DEMO_FAULTS``.
 
 A fault is ``KIND:STEP:RANK`` with KIND one of ``exception`` (raise at that
-step), ``hang`` (stop making progress), ``kill`` (SIGKILL the process) or
+step), ``hang`` (sleep for ever in ``sleep_forever``, with the GIL released, as
+a rank stuck in a blocking call does), ``kill`` (SIGKILL the process) or
 ``exit130`` (ask for a clean stop of the whole job). Each fault fires once per
 job: a marker file in the run directory remembers that it fired, so the
-restarted process does not fire it again.
+restarted process (or the next in-process round) does not fire it again.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +56,12 @@ def parse_faults(specs: list[str] | None, env_value: str | None = None) -> list[
     return [Fault.parse(t) for t in texts]
 
 
+def sleep_forever() -> None:
+    """The ``hang`` fault: no more progress, GIL released; a signal handler's exception ends it."""
+    while True:
+        time.sleep(3600)
+
+
 class FaultInjector:
     """Fires each due fault once per job (marker files under ``run_dir``)."""
 
@@ -74,11 +81,8 @@ class FaultInjector:
         for fault in self.faults:
             if fault.step != step or not self._claim(fault):
                 continue
-            print(
-                f"[demo] rank {fault.rank}: injecting {fault.kind} at step {step}",
-                file=sys.stderr,
-                flush=True,
-            )
+            sys.stderr.write(f"[demo] rank {fault.rank}: injecting {fault.kind} at step {step}\n")
+            sys.stderr.flush()
             if fault.kind == "exception":
                 raise InjectedFault(f"injected exception at step {step} on rank {fault.rank}")
             if fault.kind == "kill":
@@ -87,4 +91,4 @@ class FaultInjector:
                 sys.stdout.flush()
                 os._exit(130)
             if fault.kind == "hang":
-                threading.Event().wait()  # never set: this rank makes no more progress
+                sleep_forever()

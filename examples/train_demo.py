@@ -1,33 +1,49 @@
 """Demo job: a small CPU model trained with gloo all_reduce, checkpointed, with injected faults.
 
 Run under ``nvrx-supervise`` (see ``scripts/demo.sh``), which sets RANK,
-WORLD_SIZE and the NVRX_* variables. Faults (``--fault KIND:STEP:RANK``, see
-``fault_injection.py``) make ranks raise, hang, die or ask for a clean stop;
-the job resumes from its last checkpoint and finishes at full size.
+WORLD_SIZE and the NVRX_* variables. Faults (``--fault KIND:STEP:RANK`` or
+``NVRX_DEMO_FAULTS``, see ``fault_injection.py``) make ranks raise, hang, die
+or ask for a clean stop; the job resumes from its last checkpoint and
+finishes at full size.
 
-Without the in-process Wrapper every fault costs a process restart of all
-ranks: a peer of a failed rank sees gloo's "connection closed" and exits too,
-and a rank that stops making progress is ended by a watchdog
-(``faulthandler``, which also writes its stack). Ranks agree on a fresh
-process-group generation through a counter in the job's store.
+By default the training function runs inside the in-process ``Wrapper``:
+
+* an exception or a hang (caught by the soft timeout) restarts every rank
+  in-process: no process ends, each rank re-enters the function, calls
+  ``init_process_group`` again and resumes from the last checkpoint;
+* a dead process is replaced by its supervisor, while its peers restart
+  in-process and wait for the replacement to rejoin the next round.
+
+``--no-wrapper`` keeps the plain script: every fault costs a process restart
+of all ranks (a peer of a failed rank sees gloo's "connection closed" and
+exits too), a hung rank is ended by a ``faulthandler`` watchdog, and ranks
+agree on a fresh process-group generation through a counter in the store.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import os
 import sys
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The Wrapper's monitor thread waits on the store in slices, and torch logs the end of
+# each slice as a warning: quiet by default (TORCH_CPP_LOG_LEVEL=WARNING shows them).
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 from fault_injection import FaultInjector, parse_faults  # noqa: E402
 
+import nvrx  # noqa: E402
 from nvrx import events  # noqa: E402
+from nvrx.inprocess import CallWrapper  # noqa: E402
 
 
 class PeerLost(RuntimeError):
@@ -56,21 +72,61 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="KIND:STEP:RANK",
-        help="inject a fault (repeatable)",
+        help="inject a fault (repeatable; also NVRX_DEMO_FAULTS, comma-separated)",
     )
     p.add_argument(
+        "--pg-timeout", type=float, default=20.0, help="gloo collective timeout in seconds"
+    )
+    wrapper = p.add_argument_group("in-process Wrapper")
+    wrapper.add_argument(
+        "--no-wrapper",
+        action="store_true",
+        help="plain script: every fault restarts the processes of all ranks",
+    )
+    wrapper.add_argument(
+        "--soft-timeout",
+        type=float,
+        default=5.0,
+        help="seconds without progress before every rank restarts in-process (default 5)",
+    )
+    wrapper.add_argument(
+        "--hard-timeout",
+        type=float,
+        default=12.0,
+        help="seconds without progress before a rank is killed (default 12)",
+    )
+    wrapper.add_argument(
+        "--rejoin-timeout",
+        type=float,
+        default=60.0,
+        help="seconds peers wait for the replacement of a dead process (default 60)",
+    )
+    wrapper.add_argument(
+        "--max-iterations",
+        type=int,
+        default=20,
+        help="restarts (in-process and process) before the job gives up (default 20)",
+    )
+    plain = p.add_argument_group("plain script (--no-wrapper)")
+    plain.add_argument(
         "--hang-timeout",
         type=float,
         default=15.0,
         help="seconds without a step before a rank ends itself",
     )
-    p.add_argument(
-        "--pg-timeout", type=float, default=20.0, help="gloo collective timeout in seconds"
-    )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.checkpoint_every < 1:
+        p.error(
+            f"--steps and --checkpoint-every must be >= 1, got {args.steps}, {args.checkpoint_every}"
+        )
+    if not 0 < args.soft_timeout < args.hard_timeout:
+        p.error(
+            f"need 0 < --soft-timeout < --hard-timeout, got {args.soft_timeout:g} and {args.hard_timeout:g}"
+        )
+    return args
 
 
-def build_model(torch):
+def build_model(torch: Any) -> Any:
     torch.manual_seed(0)
     return torch.nn.Sequential(
         torch.nn.Linear(32, 64),
@@ -81,59 +137,263 @@ def build_model(torch):
     )
 
 
-def batch(torch, step: int, rank: int, size: int = 64):
+def batch(torch: Any, step: int, rank: int, size: int = 64) -> tuple[Any, Any]:
     gen = torch.Generator().manual_seed(1000 * step + rank)
     x = torch.randn(size, 32, generator=gen)
     w = torch.linspace(-1.0, 1.0, 32).unsqueeze(1)
     return x, x @ w + 0.01 * torch.randn(size, 1, generator=gen)
 
 
-def save_checkpoint(torch, path: Path, step: int, model, opt) -> None:
-    tmp = path.with_suffix(".tmp")
+def save_checkpoint(torch: Any, path: Path, step: int, model: Any, opt: Any) -> None:
+    """Write the checkpoint atomically: a private temporary file, then a rename over the old one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()}, tmp)
     os.replace(tmp, path)
 
 
-def join_generation(store, world_size: int) -> int:
+def _record_checkpoint(path: Path, step: int, action: str) -> None:
+    record = getattr(nvrx, "record_checkpoint", None)
+    if record is not None:
+        record(path, step, action=action)
+    else:
+        events.emit("checkpoint", path=str(path), step=step, action=action)
+
+
+#: Slice of a collective's wait (see ``wait_in_slices``).
+WAIT_SLICE_S = 0.25
+
+
+def say(line: str) -> None:
+    """One line on stdout in one write, so lines of ranks sharing the terminal do not interleave."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def wait_in_slices(work: Any, slice_s: float) -> None:
+    """Wait for an asynchronous collective, returning to Python between slices.
+
+    A rank waiting for a hung peer is not hung itself. The Wrapper's progress
+    watchdog sees a main thread that runs Python code, so between slices the
+    waiting ranks keep showing progress: only the rank that stopped goes stale,
+    and the soft timeout writes that rank's stack, not a waiting peer's. A wait
+    that never ends is still ended by the collective's own timeout (``--pg-timeout``).
+    """
+    while True:
+        try:
+            work.wait(timedelta(seconds=slice_s))
+            return
+        except RuntimeError:
+            if work.is_completed():  # failed (or finished just now): its own result decides
+                work.wait()
+                return
+
+
+class Trainer:
+    """One process-group lifetime of training: model, optimizer, checkpoint, fault injection.
+
+    ``peer_wait``: seconds to wait, after a collective failed, for the Wrapper's
+    restart before raising ``PeerLost`` (0: raise at once).
+    """
+
+    def __init__(self, args: argparse.Namespace, run_dir: Path, peer_wait: float = 0.0) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.torch, self.dist, self.args = torch, dist, args
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.peer_wait = peer_wait
+        self.ckpt = run_dir / "checkpoint.pt"
+        self.injector = FaultInjector(
+            parse_faults(args.fault, os.environ.get("NVRX_DEMO_FAULTS")), self.rank, run_dir
+        )
+        self.model = build_model(torch)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.05)
+        self.loss = 0.0
+
+    def _collective(self, what: str, start: Callable[[], Any]) -> None:
+        """Run one collective; a failure (a peer died, hung or was restarted) raises ``PeerLost``.
+
+        Under the Wrapper such a failure comes from a peer's fault that is
+        already being handled: the restart interrupts the wait of ``peer_wait``
+        and this rank reports no fault of its own.
+        """
+        failure: RuntimeError | None = None
+        try:
+            wait_in_slices(start(), WAIT_SLICE_S)
+        except RuntimeError as exc:
+            failure = exc
+        if failure is not None:
+            if self.peer_wait > 0:
+                time.sleep(
+                    self.peer_wait
+                )  # outside the except block: a restart here has no context
+            raise PeerLost(f"{what} failed: {failure}") from failure
+
+    def resume(self) -> int:
+        """Load the latest checkpoint; every rank then takes rank 0's step and weights.
+
+        Rank 0 is the only writer, so its view is the newest: the broadcast keeps
+        every rank on the same step even if a save landed between two loads.
+        """
+        torch = self.torch
+        start = 0
+        if self.ckpt.exists():
+            state = torch.load(self.ckpt)
+            self.model.load_state_dict(state["model"])
+            self.opt.load_state_dict(state["opt"])
+            start = int(state["step"])
+            _record_checkpoint(self.ckpt, start, "load")
+        params = list(self.model.parameters())
+        flat = torch.cat([torch.tensor([float(start)])] + [p.detach().reshape(-1) for p in params])
+        self._collective(
+            "broadcast of the checkpoint", lambda: self.dist.broadcast(flat, src=0, async_op=True)
+        )
+        offset = 1
+        with torch.no_grad():
+            for p in params:
+                p.copy_(flat[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
+        return int(flat[0].item())
+
+    def step(self, step: int) -> None:
+        self.injector.at_step(step)
+        torch = self.torch
+        x, y = batch(torch, step, self.rank)
+        loss = torch.nn.functional.mse_loss(self.model(x), y)
+        self.opt.zero_grad()
+        loss.backward()
+        params = list(self.model.parameters())
+        grads = torch.cat([p.grad.reshape(-1) for p in params])
+        self._collective(
+            f"all_reduce at step {step}", lambda: self.dist.all_reduce(grads, async_op=True)
+        )
+        grads /= self.world
+        offset = 0
+        for p in params:
+            p.grad.copy_(grads[offset : offset + p.numel()].view_as(p.grad))
+            offset += p.numel()
+        self.opt.step()
+        self.loss = float(loss.detach())
+        time.sleep(self.args.step_time)
+
+    def checkpoint_due(self, step: int) -> bool:
+        return step % self.args.checkpoint_every == 0 or step == self.args.steps
+
+    def save(self, step: int) -> None:
+        if self.rank == 0:
+            save_checkpoint(self.torch, self.ckpt, step, self.model, self.opt)
+            _record_checkpoint(self.ckpt, step, "save")
+
+    def finish(self) -> None:
+        """Agree on the final world size, tell it (rank 0), leave the process group."""
+        final = self.torch.tensor([1.0])
+        self._collective("final all_reduce", lambda: self.dist.all_reduce(final, async_op=True))
+        if self.rank == 0:
+            say(
+                f"[demo] finished {self.args.steps} steps at world size {int(final.item())}, "
+                f"loss {self.loss:.4f}; events in {events.job_log_dir()}"
+            )
+        self.dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _no_guard() -> Iterator[None]:
+    yield
+
+
+def train_loop(
+    trainer: Trainer,
+    start: int,
+    before_step: Callable[[], None],
+    atomic: Callable[[], contextlib.AbstractContextManager[None]],
+) -> None:
+    """Steps ``start+1 .. --steps``: a checkpoint (rank 0, inside ``atomic``) and a progress event every few steps."""
+    writer = events.get_writer()
+    for step in range(start + 1, trainer.args.steps + 1):
+        before_step()
+        trainer.step(step)
+        if trainer.checkpoint_due(step):
+            with atomic():
+                trainer.save(step)
+            writer.emit("progress", step=step, loss=trainer.loss)
+
+
+def run_dir_of(args: argparse.Namespace) -> Path:
+    run_dir = Path(args.run_dir) if args.run_dir else events.job_log_dir() / "run"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+# -- with the in-process Wrapper ------------------------------------------------------------
+
+
+def make_wrapper(args: argparse.Namespace) -> Any:
+    """The Wrapper with timeouts sized for the demo (steps of ~0.1 s, restarts in seconds)."""
+    from nvrx import inprocess
+
+    return inprocess.Wrapper(
+        initialize=inprocess.initialize.RetryController(max_iterations=args.max_iterations),
+        abort=inprocess.abort.AbortTorchDistributed(),
+        soft_timeout=args.soft_timeout,
+        hard_timeout=args.hard_timeout,
+        heartbeat_interval=0.5,
+        heartbeat_timeout=10.0,
+        monitor_process_interval=0.5,
+        progress_watchdog_interval=0.5,
+        last_call_wait=0.3,
+        termination_grace_time=2.0,
+        barrier_timeout=max(60.0, args.hard_timeout + 10.0),
+        completion_timeout=60.0,
+        rejoin_timeout=args.rejoin_timeout,
+    )
+
+
+def wrapped_round(args: argparse.Namespace, call_wrapper: CallWrapper | None = None) -> None:
+    """One round inside the Wrapper: join a fresh process group, resume, train to the end.
+
+    The Wrapper sets RANK/WORLD_SIZE/MASTER_* for the round, so a plain
+    ``init_process_group`` from the environment works in every round.
+    """
+    import torch.distributed as dist
+
+    run_dir = run_dir_of(args)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
+    events.get_writer().update(rank=dist.get_rank())
+    trainer = Trainer(args, run_dir, peer_wait=args.soft_timeout / 2)
+    start = trainer.resume()
+    iteration = call_wrapper.iteration if call_wrapper is not None else 0
+    say(
+        f"[demo] rank {trainer.rank}/{trainer.world} pid {os.getpid()} starts at step {start} "
+        f"(iteration {iteration}, process restart {os.environ.get('NVRX_RESTART_COUNT', '0')})"
+    )
+    atomic = call_wrapper.atomic if call_wrapper is not None else _no_guard
+    train_loop(trainer, start, lambda: None, atomic)
+    trainer.finish()
+
+
+def train_wrapped(args: argparse.Namespace) -> int:
+    run_dir_of(args)
+    writer = events.configure("app")
+    writer.emit("process_start", argv=sys.argv, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+    make_wrapper(args)(wrapped_round)(args)
+    writer.emit("process_end", exit_code=0, reason="training completed")
+    return 0
+
+
+# -- plain script (--no-wrapper) ------------------------------------------------------------
+
+
+def join_generation(store: Any, world_size: int) -> int:
     """Process-group generation this process belongs to: every start of every rank counts once."""
     return (int(store.add("demo/joins", 1)) - 1) // world_size
 
 
-def main(argv: list[str] | None = None) -> int:
-    try:
-        return train(parse_args(argv))
-    except Exception as exc:
-        here = Path(__file__).resolve().parent
-        frames = [
-            f
-            for f in traceback.extract_tb(exc.__traceback__)
-            if Path(f.filename).resolve().parent == here
-        ]
-        frame = frames[-1] if frames else traceback.extract_tb(exc.__traceback__)[-1]
-        events.emit(
-            "fault",
-            fault_kind="peer" if isinstance(exc, PeerLost) else "exception",
-            exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
-            message=str(exc)[:2000],
-            traceback=traceback.format_exc()[-8000:],
-            signature=f"{type(exc).__qualname__}@{Path(frame.filename).name}:{frame.lineno}",
-        )
-        raise
-
-
-def train(args: argparse.Namespace) -> int:
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    run_dir = Path(args.run_dir) if args.run_dir else events.job_log_dir() / "run"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    writer = events.configure("app")
-    injector = FaultInjector(
-        parse_faults(args.fault, os.environ.get("NVRX_DEMO_FAULTS")), rank, run_dir
-    )
-
-    import torch
+def train_plain(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    run_dir = run_dir_of(args)
+    writer = events.configure("app")
     store = dist.TCPStore(
         os.environ["NVRX_STORE_HOST"],
         int(os.environ["NVRX_STORE_PORT"]),
@@ -152,53 +412,47 @@ def train(args: argparse.Namespace) -> int:
         world_size=world,
         timeout=timedelta(seconds=args.pg_timeout),
     )
-    model = build_model(torch)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    ckpt = run_dir / "checkpoint.pt"
-    start = 0
-    if ckpt.exists():
-        state = torch.load(ckpt)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        start = state["step"]
-        writer.emit("checkpoint", path=str(ckpt), step=start, action="load")
-    print(
+    trainer = Trainer(args, run_dir)
+    start = trainer.resume()
+    say(
         f"[demo] rank {rank}/{world} generation {generation} starts at step {start} "
-        f"(restart {os.environ.get('NVRX_RESTART_COUNT', '0')})",
-        flush=True,
+        f"(restart {os.environ.get('NVRX_RESTART_COUNT', '0')})"
     )
-    loss = torch.tensor(0.0)
-    for step in range(start + 1, args.steps + 1):
-        faulthandler.dump_traceback_later(args.hang_timeout, exit=True)  # watchdog for a hung rank
-        injector.at_step(step)
-        x, y = batch(torch, step, rank)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        try:
-            for p in model.parameters():
-                dist.all_reduce(p.grad)
-                p.grad /= world
-        except RuntimeError as exc:  # gloo: a peer died, hung or was restarted
-            raise PeerLost(f"all_reduce at step {step} failed: {exc}") from exc
-        opt.step()
-        time.sleep(args.step_time)
-        if step % args.checkpoint_every == 0:
-            if rank == 0:
-                save_checkpoint(torch, ckpt, step, model, opt)
-                writer.emit("checkpoint", path=str(ckpt), step=step, action="save")
-            writer.emit("progress", step=step, loss=float(loss.detach()))
+
+    def watchdog() -> None:  # a hung rank dumps its stack and exits
+        faulthandler.dump_traceback_later(args.hang_timeout, exit=True)
+
+    train_loop(trainer, start, watchdog, _no_guard)
     faulthandler.cancel_dump_traceback_later()
-    final = torch.tensor([float(dist.get_world_size())])
-    dist.all_reduce(final)
-    if rank == 0:
-        print(
-            f"[demo] finished {args.steps} steps at world size {dist.get_world_size()}, "
-            f"loss {float(loss.detach()):.4f}; events in {events.job_log_dir()}",
-            flush=True,
-        )
-    dist.destroy_process_group()
+    trainer.finish()
+    writer.emit("process_end", exit_code=0, reason="training completed")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        return train_plain(args) if args.no_wrapper else train_wrapped(args)
+    except Exception as exc:
+        here = Path(__file__).resolve().parent
+        frames = [
+            f
+            for f in traceback.extract_tb(exc.__traceback__)
+            if Path(f.filename).resolve().parent == here
+        ]
+        frame = frames[-1] if frames else traceback.extract_tb(exc.__traceback__)[-1]
+        events.emit(
+            "fault",
+            fault_kind="peer" if isinstance(exc, PeerLost) else "exception",
+            exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+            message=str(exc)[:2000],
+            traceback=traceback.format_exc()[-8000:],
+            signature=f"{type(exc).__qualname__}@{Path(frame.filename).name}:{frame.lineno}",
+        )
+        raise
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The nvrx demo: 2 local "nodes" (supervisors) x 2 ranks train a small CPU model
-# while faults are injected: an exception, a SIGKILLed rank and a hung rank.
-# The job recovers from each and finishes at full size; then the report is printed.
-#   scripts/demo.sh [extra train_demo.py options]
+# inside the in-process Wrapper while faults are injected: an exception and a hang
+# (every rank restarts in-process) and a SIGKILLed rank (its supervisor starts a
+# replacement that rejoins the running job). The job resumes from its last
+# checkpoint each time and finishes at full size; then the report is printed.
+#   scripts/demo.sh [extra train_demo.py options, e.g. --no-wrapper]
 # Env: DEMO_DIR (default ./demo_run), DEMO_FAULTS (default "exception:15:2,kill:30:1,hang:45:3").
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +29,7 @@ for node in 0 1; do
     "$repo/.venv/bin/nvrx-supervise" --nnodes 2 --node-rank "$node" --nproc-per-node 2 \
         --master-port "$master_port" --store-port "$store_port" --job-id "$JOB_ID" \
         --log-dir "$DEMO_DIR" --max-restarts 20 --grace-period 3 \
-        -- "$PY" "$repo/examples/train_demo.py" --steps 60 --hang-timeout 8 "$@" &
+        -- "$PY" "$repo/examples/train_demo.py" --steps 60 "$@" &
     pids+=("$!")
 done
 trap 'kill -TERM "${pids[@]}" 2>/dev/null || true' INT TERM

@@ -49,7 +49,7 @@ def _supervised_demo(tmp: Path, fault: str) -> Run:
     job = Job(
         tmp, 2, 2,
         [sys.executable, str(DEMO), "--steps", str(STEPS), "--checkpoint-every", "5",
-         "--step-time", "0.05", "--fault", fault],
+         "--step-time", "0.05", "--no-wrapper", "--fault", fault],
         "--max-restarts", "8", "--grace-period", "3",
     )  # fmt: skip
     codes = job.wait(200)

@@ -23,7 +23,7 @@ def _submit(cluster: LocalSlurmCluster, tmp_path: Path, faults: str) -> tuple[in
     logs = tmp_path / "logs"
     train = (
         f"{sys.executable} {REPO / 'examples' / 'train_demo.py'} --steps {STEPS} "
-        "--checkpoint-every 5 --step-time 0.05"
+        "--checkpoint-every 5 --step-time 0.05 --no-wrapper"
     )
     export = ",".join(
         [

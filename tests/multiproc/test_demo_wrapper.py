@@ -1,0 +1,221 @@
+"""The demo job with the in-process Wrapper under 2 local supervisors x 2 ranks (issue 4).
+
+Two real jobs of ``examples/train_demo.py`` under ``nvrx-supervise``, each run
+once per module:
+
+* ``killed``: rank 2 SIGKILLs itself. Its supervisor starts a replacement
+  process; the three peers restart in-process (same pids), wait for it, and
+  the job finishes with all 4 ranks.
+* ``raised_and_hung``: rank 1 raises, later rank 3 hangs in ``time.sleep``.
+  Both cost an in-process restart only: no process ends before the job does.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from test_supervisor_local import DEMO, Job
+
+from nvrx.report import Report, build_report
+
+STEPS = 40
+KILLED_RANK = 2  # node 1, local rank 0
+KILL_STEP = 12
+RAISE_RANK, RAISE_STEP = 1, 8  # resumes from the checkpoint of step 5
+HANG_RANK, HANG_STEP = 3, 22  # resumes from the checkpoint of step 20
+
+
+@dataclass
+class DemoRun:
+    codes: list[int | None]
+    output: str
+    events: list[dict]
+    report: Report
+
+    def of(self, kind: str, component: str | None = None) -> list[dict]:
+        return [
+            e
+            for e in self.events
+            if e["kind"] == kind and (component is None or e["component"] == component)
+        ]
+
+    def pids_of_rank(self) -> dict[int, set[int]]:
+        """Pids that wrote training-side events (app, wrapper), per rank."""
+        pids: dict[int, set[int]] = defaultdict(set)
+        for e in self.events:
+            if e["component"] in ("app", "wrapper") and e["rank"] is not None:
+                pids[e["rank"]].add(e["pid"])
+        return dict(pids)
+
+    def child_starts(self) -> dict[int, list[dict]]:
+        """Supervisor ``child_start`` events per global rank, in order."""
+        starts: dict[int, list[dict]] = defaultdict(list)
+        for e in sorted(self.of("child_start", "supervisor"), key=lambda e: e["wall"]):
+            starts[e["global_rank"]].append(e)
+        return dict(starts)
+
+
+def _run_demo(tmp: Path, faults: str) -> DemoRun:
+    """The demo job (Wrapper on, its default) with ``faults`` in NVRX_DEMO_FAULTS."""
+    command = [
+        sys.executable, str(DEMO), "--steps", str(STEPS), "--checkpoint-every", "5",
+        "--step-time", "0.05", "--soft-timeout", "5", "--hard-timeout", "15",
+    ]  # fmt: skip
+    with pytest.MonkeyPatch.context() as env:
+        env.setitem(os.environ, "NVRX_DEMO_FAULTS", faults)
+        job = Job(tmp, 2, 2, command, "--max-restarts", "8", "--grace-period", "3")
+    codes = job.wait(240)
+    job_dir = job.log_dir / job.job_id
+    return DemoRun(
+        codes, job.output(), job.events(component=None), build_report(job_dir, sacct=False)
+    )
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    return _run_demo(tmp_path_factory.mktemp("kill"), f"kill:{KILL_STEP}:{KILLED_RANK}")
+
+
+@pytest.fixture(scope="module")
+def raised_and_hung(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    faults = f"exception:{RAISE_STEP}:{RAISE_RANK},hang:{HANG_STEP}:{HANG_RANK}"
+    return _run_demo(tmp_path_factory.mktemp("exc_hang"), faults)
+
+
+def _completed_at_full_size(run: DemoRun) -> None:
+    assert run.codes == [0, 0], run.output
+    final = {e["rank"] for e in run.of("progress", "app") if e["step"] == STEPS}
+    assert final == {0, 1, 2, 3}, run.output
+    assert f"finished {STEPS} steps at world size 4" in run.output
+    assert not run.of("ranks_terminated")
+    assert {e["outcome"] for e in run.of("wrapper_end", "wrapper")} == {"completed"}
+    assert len(run.of("wrapper_end", "wrapper")) == 4  # a killed process writes none
+
+
+# -- a SIGKILLed child: one process restart, the peers restart in-process -------------
+
+
+@pytest.mark.timeout(300)
+def test_killed_child_is_replaced_and_the_job_completes_with_all_4_ranks(killed: DemoRun) -> None:
+    _completed_at_full_size(killed)
+    exits = killed.of("child_exit", "supervisor")
+    dead = [e for e in exits if e["signal"] is not None or e["exit_code"] != 0]
+    assert [(e["global_rank"], e["signal"]) for e in dead] == [(KILLED_RANK, "SIGKILL")]
+    restarts = [e for e in killed.of("restart_decision") if e["decision"] == "restart"]
+    assert [(e["node"], e["local_rank"], e["signature"]) for e in restarts] == [
+        (1, 0, "signal:SIGKILL")
+    ]
+    starts = killed.child_starts()
+    assert [e["attempt"] for e in starts[KILLED_RANK]] == [0, 1]
+    # the replacement ran to the end: it exited 0 like everyone else
+    replacement = starts[KILLED_RANK][1]["child_pid"]
+    assert any(e["child_pid"] == replacement and e["exit_code"] == 0 for e in exits)
+
+
+@pytest.mark.timeout(60)
+def test_peers_of_the_killed_child_restart_in_process_only(killed: DemoRun) -> None:
+    starts = killed.child_starts()
+    pids = killed.pids_of_rank()
+    peers = [r for r in range(4) if r != KILLED_RANK]
+    for rank in peers:
+        assert len(starts[rank]) == 1, starts[rank]  # never restarted by its supervisor
+        assert pids[rank] == {starts[rank][0]["child_pid"]}, (rank, pids[rank])
+    assert pids[KILLED_RANK] == {e["child_pid"] for e in starts[KILLED_RANK]}
+
+    death = [e for e in killed.of("fault", "monitor") if e["fault_kind"] == "dead"]
+    assert [e["rank"] for e in death] == [KILLED_RANK]
+    kill_round = death[0]["round"]
+    for rank in peers:
+        ends = [
+            (e["round"], e["outcome"])
+            for e in killed.of("round_end", "wrapper")
+            if e["rank"] == rank
+        ]
+        assert ends == [(kill_round, "restart"), (kill_round + 1, "completed")], (rank, ends)
+        rejoined = [e for e in killed.of("rejoin", "wrapper") if e["rank"] == rank]
+        assert [e["rank_rejoined"] for e in rejoined] == [KILLED_RANK]
+
+    # the replacement joined the peers' next round instead of starting a new generation
+    replacement = starts[KILLED_RANK][1]["child_pid"]
+    rounds = [e["round"] for e in killed.of("round_start", "wrapper") if e["pid"] == replacement]
+    assert rounds == [kill_round + 1]
+    assert [e["pid"] for e in killed.of("rejoin", "wrapper") if e.get("rank_rejoined") is None] == [
+        replacement
+    ]
+
+
+@pytest.mark.timeout(60)
+def test_report_counts_one_process_restart_and_one_in_process_round(killed: DemoRun) -> None:
+    s = killed.report.summary
+    assert (s.restarts.process, s.restarts.in_process, s.restarts.requeue) == (1, 1, 0)
+    assert s.processes_relaunched == 1  # only the killed rank; its peers stayed
+    assert s.outcome == "completed"
+    first = killed.report.timeline[0]
+    # the peers waited for the restart instead of reporting their failed collective as a fault
+    assert (first.first_rank, first.first_node, first.fault_kind) == (KILLED_RANK, 1, "dead")
+
+
+# -- an exception and a hang: in-process restarts only ----------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_exception_and_hang_restart_in_process_without_any_process_restart(
+    raised_and_hung: DemoRun,
+) -> None:
+    run = raised_and_hung
+    _completed_at_full_size(run)
+    starts = run.child_starts()
+    assert {r: [e["attempt"] for e in s] for r, s in starts.items()} == {r: [0] for r in range(4)}
+    exits = run.of("child_exit", "supervisor")
+    assert sorted((e["global_rank"], e["exit_code"], e["signal"]) for e in exits) == [
+        (r, 0, None) for r in range(4)
+    ]
+    assert not [e for e in run.of("restart_decision") if e["decision"] == "restart"]
+    pids = run.pids_of_rank()
+    assert {r: pids[r] for r in range(4)} == {r: {starts[r][0]["child_pid"]} for r in range(4)}
+
+    for rank in range(4):
+        ends = [
+            (e["round"], e["outcome"]) for e in run.of("round_end", "wrapper") if e["rank"] == rank
+        ]
+        assert ends == [(0, "restart"), (1, "restart"), (2, "completed")], (rank, ends)
+        loads = [
+            e["step"]
+            for e in run.of("checkpoint", "app")
+            if e["rank"] == rank and e["action"] == "load"
+        ]
+        assert loads == [5, 20], (rank, loads)  # each round resumed from the last checkpoint
+
+    s = run.report.summary
+    assert (s.restarts.in_process, s.restarts.process, s.restarts.requeue) == (2, 0, 0)
+    assert s.processes_relaunched == 0
+
+
+@pytest.mark.timeout(60)
+def test_exception_is_recorded_with_its_rank_and_message(raised_and_hung: DemoRun) -> None:
+    raised = [
+        e
+        for e in raised_and_hung.of("fault", "wrapper")
+        if (e.get("exc_type") or "").endswith("InjectedFault")
+    ]
+    assert [(e["rank"], e["round"]) for e in raised] == [(RAISE_RANK, 0)]
+    assert raised[0]["message"] == f"injected exception at step {RAISE_STEP} on rank {RAISE_RANK}"
+    assert raised_and_hung.report.timeline[0].first_rank == RAISE_RANK
+
+
+@pytest.mark.timeout(60)
+def test_hang_event_has_the_stack_of_the_function_that_slept(raised_and_hung: DemoRun) -> None:
+    # Peers waiting for the hung rank keep showing progress (the demo waits for its
+    # collectives in slices), so only the hung rank times out, and its stack is written.
+    hangs = raised_and_hung.of("hang", "monitor")
+    assert [(e["rank"], e["round"], e["timeout"]) for e in hangs] == [(HANG_RANK, 1, "soft")]
+    stack = hangs[0]["stack"]
+    assert "fault_injection.py" in stack and " in sleep_forever" in stack, stack
+    assert " in at_step" in stack and "train_demo.py" in stack
+    row = raised_and_hung.report.timeline[1]
+    assert (row.first_rank, row.fault_kind) == (HANG_RANK, "hang_soft")
