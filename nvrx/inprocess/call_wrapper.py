@@ -217,7 +217,9 @@ class CallWrapper:
             self._first_terminated = {int(r) for r in admission["terminated"]}
             self._emit(
                 "rejoin",
-                local_rank=os.environ.get("LOCAL_RANK"),
+                local_rank=int(os.environ["LOCAL_RANK"])
+                if os.environ.get("LOCAL_RANK", "").isdigit()
+                else None,
                 round=self.round,
                 rank=self.state.rank,
             )
@@ -489,6 +491,7 @@ class CallWrapper:
         local_fault: BaseException | None = None
         recorded = False
         t_call = time.monotonic()
+        in_call = False  # between call_start and call_end: goodput counts this time
         try:
             try:
                 try:
@@ -506,6 +509,7 @@ class CallWrapper:
                     ret = None
                     if state.mode == Mode.ACTIVE and state.active_rank is not None:
                         self._emit("call_start", note="the wrapped function is entered")
+                        t_call, in_call = time.monotonic(), True
                         call_args, call_kwargs = substitute_param_value(
                             fn, args, kwargs, {CallWrapper: self}
                         )
@@ -516,15 +520,21 @@ class CallWrapper:
                     local_fault = exc
                     self.delivery.begin_wait()
                     self.board.leave_user()
-                    recorded = self._record_local_fault(store, exc)
-                    self._emit("call_end", duration_s=time.monotonic() - t_call, outcome="fault")
+                    recorded = self._record_local_fault(store, exc, monitor)
+                    if in_call:
+                        in_call = False
+                        self._emit(
+                            "call_end", duration_s=time.monotonic() - t_call, outcome="fault"
+                        )
                     self.delivery.await_restart(_RESTART_WAIT_S)
                 self.board.leave_user()
                 self.delivery.leave_user()
                 if state.active_rank is not None:
-                    self._emit(
-                        "call_end", duration_s=time.monotonic() - t_call, outcome="completed"
-                    )
+                    if in_call:
+                        in_call = False
+                        self._emit(
+                            "call_end", duration_s=time.monotonic() - t_call, outcome="completed"
+                        )
                     store.set(keys.COMPLETED, "1")
                 else:  # a spare waits for the active ranks (or a fault) without a time limit
                     store.wait([keys.COMPLETED], datetime.timedelta(seconds=_FOREVER_S))
@@ -535,7 +545,7 @@ class CallWrapper:
                 local_fault = local_fault or exc
                 self.delivery.begin_wait()
                 if not recorded:
-                    recorded = self._record_local_fault(store, exc)
+                    recorded = self._record_local_fault(store, exc, monitor)
                 self.delivery.await_restart(_RESTART_WAIT_S)
             monitor.join(w.monitor_thread_interval + 5)
             self._emit("round_end", outcome="completed", duration_s=time.monotonic() - t_round)
@@ -543,10 +553,12 @@ class CallWrapper:
         except RankShouldRestart as restart:
             self.delivery.caught()
             self.board.leave_user()
+            if in_call:  # a peer's fault cut the call short
+                self._emit("call_end", duration_s=time.monotonic() - t_call, outcome="restart")
             if local_fault is None and isinstance(restart.__context__, Exception):
                 local_fault = restart.__context__
             if local_fault is not None and not recorded:
-                recorded = self._record_local_fault(store, local_fault)
+                recorded = self._record_local_fault(store, local_fault, monitor)
             self._restart(monitor, local_fault, t_round)
             return False, None
         except BaseException as exc:
@@ -572,10 +584,32 @@ class CallWrapper:
         if store.get(keys.INTERRUPTED).decode(errors="replace") != DONE:
             self.delivery.await_restart(_RESTART_WAIT_S)
 
-    def _record_local_fault(self, store: Any, exc: BaseException) -> bool:
+    def _record_local_fault(self, store: Any, exc: BaseException, monitor: MonitorThread) -> bool:
+        """Record an exception of this rank: its own fault, or the consequence of a peer's.
+
+        Once the monitor thread has seen another rank's fault it aborts the
+        process groups, which makes pending collectives here fail: such an
+        exception is written as a ``peer`` fault naming the rank that faulted
+        first, and is not counted against this rank in the store.
+        """
         record = nvrx_faults.from_exception(
             self.state.rank if self.state.rank is not None else -1, exc
         )
+        if monitor.seen_mono is not None:
+            origins = []
+            with contextlib.suppress(Exception):
+                origins = rstore.fault_records(store)  # in the order the store received them
+            self._emit(
+                "fault",
+                fault_kind="peer",
+                origin_rank=origins[0].rank if origins else None,
+                exc_type=record.exc_type,
+                message=record.message,
+                traceback=record.traceback,
+                signature=record.signature,
+                detected_mono=monitor.seen_mono,
+            )
+            return True
         self._emit(
             "fault",
             fault_kind="exception",

@@ -57,7 +57,7 @@ class FaultRecord:
 
 
 def last_fault(events_dir: str | os.PathLike[str], pid: int) -> FaultRecord | None:
-    """The last ``fault`` event written by process ``pid`` under ``events_dir``, if any.
+    """The ``fault`` event that ended process ``pid``: its last one, unless a later round started.
 
     The Wrapper (or the application) records an exception's type and innermost
     user frame; that tells "the same bug again" apart from an unrelated crash
@@ -78,9 +78,13 @@ def last_fault(events_dir: str | os.PathLike[str], pid: int) -> FaultRecord | No
                 event = json.loads(raw)
             except ValueError:
                 continue
-            if isinstance(event, dict) and event.get("kind") == "fault":
+            if not isinstance(event, dict):
+                continue
+            if event.get("kind") == "fault":
                 sig, kind = event.get("signature"), event.get("fault_kind")
                 record = FaultRecord(str(sig) if sig else None, str(kind) if kind else None)
+            elif event.get("kind") in ("round_start", "call_start"):
+                record = None  # that fault was recovered in-process; it did not end the child
     return record
 
 

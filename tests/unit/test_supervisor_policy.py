@@ -126,6 +126,23 @@ def test_last_fault_reads_only_that_pids_files_and_skips_bad_lines(tmp_path) -> 
     assert last_fault(tmp_path / "missing", 4242) is None
 
 
+def test_last_fault_ignores_a_fault_recovered_in_process(tmp_path) -> None:
+    """A SIGKILL in round 2 must not inherit the signature of round 1's exception."""
+    path = tmp_path / "wrapper-n0-p4242-abcd.jsonl"
+    lines = [
+        {"kind": "round_start", "round": 0},
+        {"kind": "fault", "signature": "E@train.py:9", "fault_kind": "exception", "round": 0},
+        {"kind": "round_start", "round": 1},
+        {"kind": "call_start", "round": 1},
+    ]
+    path.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    assert last_fault(tmp_path, 4242) is None
+    with path.open("a") as fh:
+        fh.write(json.dumps({"kind": "fault", "signature": "F@train.py:3", "fault_kind": "exception"}))
+        fh.write("\n")
+    assert last_fault(tmp_path, 4242) == FaultRecord("F@train.py:3", "exception")
+
+
 def test_exit_codes_are_described() -> None:
     assert for_signal(signal.SIGTERM) == 143
     assert "SIGTERM" in describe(143)
