@@ -383,9 +383,24 @@ def train_wrapped(args: argparse.Namespace) -> int:
 # -- plain script (--no-wrapper) ------------------------------------------------------------
 
 
-def join_generation(store: Any, world_size: int) -> int:
-    """Process-group generation this process belongs to: every start of every rank counts once."""
-    return (int(store.add("demo/joins", 1)) - 1) // world_size
+def join_generation(store: Any, rank: int) -> int:
+    """Process-group generation this process joins.
+
+    A process that replaces one of this rank declares the generation its
+    predecessor died in broken, once (compare-and-set), and everyone joins the
+    current generation. Peers of the dead process fail in their collectives,
+    and their replacements find the generation already moved on. Counting
+    starts instead would drift for good once a rank failed twice in a round.
+    """
+    current = int(store.add("demo/generation", 0))
+    key = f"demo/generation_of/{rank}"
+    if store.check([key]):
+        previous = int(store.get(key))
+        if previous == current:
+            store.compare_set("demo/generation", str(previous), str(previous + 1))
+        current = int(store.add("demo/generation", 0))
+    store.set(key, str(current))
+    return current
 
 
 def train_plain(args: argparse.Namespace) -> int:
@@ -402,7 +417,7 @@ def train_plain(args: argparse.Namespace) -> int:
         timeout=timedelta(seconds=60),
         wait_for_workers=False,
     )
-    generation = join_generation(store, world)
+    generation = join_generation(store, rank)
     writer.update(round=generation)
     writer.emit("process_start", argv=sys.argv, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(
