@@ -14,7 +14,7 @@ def __getattr__(name: str) -> object:
 
         return fork_and_monitor
     if name in ("submit", "Executor"):  # imports submitit only when asked for
-        from nvrx.slurm import submit as _submit
+        from nvrx.submission import submit as _submit
 
         return getattr(_submit, name)
     if name in ("preemption_requested", "preemption_info", "record_checkpoint"):

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,8 +29,6 @@ from nvrx.events import emit, job_log_dir
 log = logging.getLogger(__name__)
 
 PREEMPT_FLAG_ENV = "NVRX_PREEMPT_FLAG"
-#: Name of SLURM's warning signal (``USR2`` by default; USR1 belongs to NCCL).
-PREEMPT_SIGNAL_ENV = "NVRX_PREEMPT_SIGNAL"
 #: Sub-directory of a job's log directory holding flags, done markers and the requeue ledger.
 PREEMPT_DIR = "preempt"
 
@@ -110,36 +107,3 @@ def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
 def write_flag(path: str | os.PathLike[str], info: Mapping[str, Any]) -> Path:
     """Raise the flag: create the flag file (atomically) holding ``info``."""
     return write_json_atomic(path, dict(info))
-
-
-def signal_from_name(name: str, what: str = "signal") -> int:
-    """Signal number of ``USR2``/``SIGUSR2``/``12``; ValueError naming ``what`` and the bad value."""
-    text = name.strip().upper()
-    try:
-        if text.isdigit():
-            return int(signal.Signals(int(text)))
-        return int(signal.Signals[text if text.startswith("SIG") else "SIG" + text])
-    except (KeyError, ValueError):
-        raise ValueError(f"{what}={name!r} is not a signal name (e.g. USR2)") from None
-
-
-def warning_signal(env: Mapping[str, str] | None = None) -> int:
-    """SLURM's warning signal for this job: ``$NVRX_PREEMPT_SIGNAL``, default SIGUSR2."""
-    env = os.environ if env is None else env
-    return signal_from_name(env.get(PREEMPT_SIGNAL_ENV) or "USR2", PREEMPT_SIGNAL_ENV)
-
-
-def ignore_warning_signal() -> None:
-    """Ignore SLURM's warning signal in this process and, through exec, in what it runs.
-
-    SLURM delivers ``--signal`` to every process of a job step, not only to the
-    task it started, and the default action of USR2 is to terminate. Only the
-    supervisor acts on the warning (it raises the flag file), so the processes
-    it starts (training children, store service, store agent) run with it
-    ignored: pass this as ``preexec_fn`` to ``subprocess.Popen``. A training
-    script may still install its own handler.
-    """
-    try:
-        signal.signal(warning_signal(), signal.SIG_IGN)
-    except ValueError:
-        signal.signal(signal.SIGUSR2, signal.SIG_IGN)

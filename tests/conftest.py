@@ -1,4 +1,4 @@
-"""Shared test setup: tier markers by folder, loopback DNS stall avoidance."""
+"""Shared test setup: tier markers by folder, ``--repeat N`` for flake hunting, loopback DNS stall avoidance."""
 
 from __future__ import annotations
 
@@ -24,3 +24,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if tier in _TIERS and not item.get_closest_marker(tier):
             item.add_marker(getattr(pytest.mark, tier))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run every selected test N times in a row, to hunt flaky tests (default 1)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    repeat = config.getoption("repeat")
+    if repeat < 1:
+        raise pytest.UsageError(f"--repeat must be at least 1, got {repeat}")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """With ``--repeat N``, each test runs N times: ``test_x[repeat1of5]`` ... ``[repeat5of5]``."""
+    repeat = metafunc.config.getoption("repeat")
+    if repeat > 1:
+        metafunc.fixturenames.append("_repeat_index")
+        metafunc.parametrize(
+            "_repeat_index", range(1, repeat + 1), ids=lambda i: f"repeat{i}of{repeat}"
+        )

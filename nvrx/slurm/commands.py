@@ -15,6 +15,8 @@ import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 
+from nvrx import processes
+
 logger = logging.getLogger(__name__)
 
 #: Default time limit of one client command, in seconds.
@@ -65,39 +67,27 @@ def run_command(
     Returns the completed process (text stdout/stderr). With ``check`` a
     non-zero exit raises ``SlurmCommandError``; a timeout always raises it.
     """
-    proc = subprocess.Popen(
-        list(argv),
+    proc = processes.start(
+        argv,
+        env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=dict(env) if env is not None else None,
         cwd=cwd,
-        start_new_session=True,
     )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        processes.signal_group(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         raise SlurmCommandError(argv, None, f"no answer within {timeout:g} s; {err}") from None
     except BaseException:  # KeyboardInterrupt, a test timeout: leave no command behind
-        _kill_group(proc)
-        proc.wait()
+        processes.stop(proc, ask=signal.SIGKILL)
         raise
     if check and proc.returncode != 0:
         raise SlurmCommandError(argv, proc.returncode, err)
     return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
-
-
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    """SIGKILL the command's process group (its leader is unreaped, so the id is still ours)."""
-    if proc.returncode is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def parse_key_values(line: str) -> dict[str, str]:
@@ -178,6 +168,16 @@ def job_state(job_id: int | str, *, env: Mapping[str, str] | None = None) -> str
         return None
     # "CANCELLED by 0" -> "CANCELLED"; the last row is the latest run
     return rows[-1]["State"].split()[0]
+
+
+def accounted_state(job_id: int | str, *, env: Mapping[str, str] | None = None) -> str | None:
+    """State of the latest run of a job in SLURM's accounting (``sacct``), None if not recorded yet.
+
+    Accounting lags slurmctld by a moment: a job slurmctld calls COMPLETED may
+    still be RUNNING here, and reports are built from accounting.
+    """
+    rows = [r for r in sacct_rows(job_id, env=env) if r["JobID"] == str(job_id)]
+    return rows[-1]["State"].split()[0] if rows else None
 
 
 def queued_job_ids(*, env: Mapping[str, str] | None = None) -> list[int]:

@@ -26,7 +26,7 @@ import threading
 import time
 from datetime import timedelta
 
-from nvrx.checkpoint_flag import ignore_warning_signal
+from nvrx import processes
 
 log = logging.getLogger(__name__)
 
@@ -149,13 +149,8 @@ class StoreService:
             env["NVRX_NODE_RANK"] = str(self.node)
         env.pop("RANK", None)
         try:
-            self._proc = subprocess.Popen(
-                cmd,
-                pass_fds=(write_fd,),
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                env=env,
-                preexec_fn=ignore_warning_signal,  # SLURM signals every process of the step
+            self._proc = processes.start(
+                cmd, env=env, pass_fds=(write_fd,), stdin=subprocess.DEVNULL
             )
         finally:
             os.close(write_fd)
@@ -208,26 +203,12 @@ class StoreService:
 
     def _reap(self) -> None:
         if self._proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=5)
+            processes.wait(self._proc, 5)
 
     def stop(self, timeout: float = 5.0) -> int | None:
         """Stop the server (SIGTERM, then SIGKILL of its group) and return its exit code."""
         proc, self._proc = self._proc, None
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)  # anything left in its group
-        return proc.returncode
+        return None if proc is None else processes.stop(proc, grace_s=timeout)
 
     def __enter__(self) -> StoreService:
         return self.start() if self._proc is None else self

@@ -1,7 +1,9 @@
 """Training children: start each in its own process group, signal and kill the group, reap it.
 
 A child is the user's command exec'd by ``subprocess.Popen`` (fork+exec in C),
-so no Python or torch state of the supervisor leaks into it.
+so no Python or torch state of the supervisor leaks into it; ``fork_and_monitor``
+forks its children instead. Either way ``nvrx.processes`` starts, signals and
+reaps them.
 """
 
 from __future__ import annotations
@@ -9,12 +11,11 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from nvrx.checkpoint_flag import ignore_warning_signal
+from nvrx import processes
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +61,11 @@ class ExitStatus:
 class Child:
     """One training process of a local rank and its process group."""
 
-    def __init__(
-        self, local_rank: int, attempt: int, pid: int, popen: subprocess.Popen[bytes] | None = None
-    ) -> None:
+    def __init__(self, local_rank: int, attempt: int, proc: processes.Process) -> None:
         self.local_rank = local_rank
         self.attempt = attempt
-        self.popen = popen
-        self.pid = pid
+        self.proc = proc
+        self.pid = proc.pid
         self.started = time.monotonic()
         self.status: ExitStatus | None = None
 
@@ -79,15 +78,13 @@ class Child:
         attempt: int,
         cwd: str | None = None,
     ) -> Child:
-        """Start ``command`` in a new session (its own process group). Raises OSError when it cannot start."""
-        popen = subprocess.Popen(
-            list(command),
-            env=dict(env),
-            cwd=cwd,
-            start_new_session=True,
-            preexec_fn=ignore_warning_signal,  # SLURM signals every process of the step
-        )
-        return cls(local_rank, attempt, popen.pid, popen)
+        """Start ``command`` leading its own process group. Raises OSError when it cannot start."""
+        return cls(local_rank, attempt, processes.start(command, env=env, cwd=cwd))
+
+    @classmethod
+    def forked(cls, local_rank: int, attempt: int, pid: int) -> Child:
+        """A child this process made with ``os.fork`` (it called ``os.setsid``)."""
+        return cls(local_rank, attempt, processes.ForkedProcess(pid))
 
     @property
     def running(self) -> bool:
@@ -100,57 +97,42 @@ class Child:
     def poll(self) -> ExitStatus | None:
         """Reap the child if it has ended (non-blocking); its status, or None while running."""
         if self.status is None:
-            if self.popen is not None:
-                rc = self.popen.poll()
-                if rc is not None:
-                    self.status = ExitStatus.from_returncode(rc)
-            else:
-                pid, wait_status = os.waitpid(self.pid, os.WNOHANG)
-                if pid == self.pid:
-                    self.status = ExitStatus.from_wait_status(wait_status)
+            rc = self.proc.poll()
+            if rc is not None:
+                self.status = ExitStatus.from_returncode(rc)
         return self.status
 
     def signal_group(self, signum: int) -> bool:
         """Send ``signum`` to the child's whole process group; False when the group is gone."""
-        try:
-            os.killpg(self.pid, signum)
-            return True
-        except ProcessLookupError:
-            return False
-        except PermissionError as exc:
-            log.warning(
-                "cannot signal process group %d of local rank %d: %s",
-                self.pid,
-                self.local_rank,
-                exc,
-            )
-            return False
+        return processes.signal_group(self.pid, signum)
 
     def kill_group(self) -> None:
         """SIGKILL the whole process group, including grandchildren the command left behind."""
         self.signal_group(signal.SIGKILL)
 
     def wait(self, timeout: float | None = None) -> ExitStatus | None:
-        """Block until the child ends (bounded by ``timeout`` for exec'd children); None on timeout."""
-        if self.status is None and self.popen is not None:
-            try:
-                rc = self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                return None
-            self.status = ExitStatus.from_returncode(rc)
-        elif self.status is None:
-            # A forked child: only waited for after SIGKILL of its group, so no timeout is needed.
-            _, wait_status = os.waitpid(self.pid, 0)
-            self.status = ExitStatus.from_wait_status(wait_status)
+        """Block until the child ends, at most ``timeout`` seconds; None on timeout."""
+        if self.status is None:
+            rc = processes.wait(self.proc, timeout)
+            if rc is not None:
+                self.status = ExitStatus.from_returncode(rc)
+        return self.status
+
+    def stop(self, grace_s: float) -> ExitStatus:
+        """SIGTERM the group, SIGKILL it after ``grace_s`` seconds, reap: how the child ended."""
+        if self.status is None:
+            self.status = ExitStatus.from_returncode(processes.stop(self.proc, grace_s=grace_s))
+        else:
+            self.kill_group()  # stragglers of an already reaped child
         return self.status
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether any process of process group ``pgid`` still exists (zombies excluded where visible)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def stop_children(children: Sequence[Child], grace_s: float, exit_by: float | None = None) -> None:
+    """The supervisor's one way to stop children: every group at once, SIGTERM, SIGKILL after
+    ``grace_s``, reaped (``poll`` then tells each status, to be recorded as usual).
+
+    ``exit_by`` (``time.monotonic()``) first lets them exit by themselves until
+    then: after SLURM's warning they checkpoint and return on their own.
+    Already ended children lose their leftover group members too.
+    """
+    processes.stop_all([c.proc for c in children], grace_s=grace_s, exit_by=exit_by)

@@ -22,7 +22,7 @@ import os
 import sys
 from collections.abc import Mapping
 
-from nvrx import events
+from nvrx import events, processes
 
 from .children import Child
 from .config import (
@@ -54,15 +54,10 @@ class _BecomeChild(BaseException):
 
 
 def _fork_child(local_rank: int, attempt: int, env: dict[str, str]) -> Child:
-    pid = os.fork()
+    pid = processes.fork()
     if pid == 0:
-        os.setpgid(0, 0)
         raise _BecomeChild(env)
-    try:
-        os.setpgid(pid, pid)  # both sides set it, so the group exists whoever runs first
-    except (PermissionError, ProcessLookupError):
-        pass
-    return Child(local_rank, attempt, pid)
+    return Child.forked(local_rank, attempt, pid)
 
 
 def _topology(env: Mapping[str, str]) -> dict:

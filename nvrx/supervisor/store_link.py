@@ -13,14 +13,13 @@ import json
 import logging
 import os
 import select
-import signal
 import subprocess
 import sys
 import time
 from collections import deque
 from typing import Any
 
-from nvrx.checkpoint_flag import ignore_warning_signal
+from nvrx import processes
 
 log = logging.getLogger(__name__)
 
@@ -78,14 +77,7 @@ class StoreLink:
             f"{self.timeout:g}",
         ]
         try:
-            self._proc = subprocess.Popen(
-                cmd,
-                stdin=req_r,
-                stdout=ans_w,
-                start_new_session=True,
-                env=dict(os.environ),
-                preexec_fn=ignore_warning_signal,  # SLURM signals every process of the step
-            )
+            self._proc = processes.start(cmd, stdin=req_r, stdout=ans_w)
         finally:
             os.close(req_r)
             os.close(ans_w)
@@ -213,16 +205,8 @@ class StoreLink:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._to_agent = self._from_agent = None
-        if proc is None:
-            return
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        if proc is not None:
+            processes.stop(proc, ask=None, grace_s=timeout)  # closing its stdin asked it to end
 
     def forget_in_child(self) -> None:
         """In a forked child: close the inherited descriptors without touching the agent."""

@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 
 from nvrx import events
-from nvrx.slurm.preemption import PreemptionHandler
 from nvrx.store.service import (
     StorePortInUse,
     StoreService,
@@ -28,10 +27,12 @@ from nvrx.store.service import (
     wait_for_store,
 )
 
-from .children import Child, ExitStatus
+from . import preemption
+from .children import Child, ExitStatus, stop_children
 from .config import ALL_DONE_KEY, NODES_DONE_KEY, RESTARTS_KEY, STOP_KEY, SupervisorConfig
 from .exit_codes import ExitCode, for_signal
 from .policy import Decision, RestartPolicy, last_fault
+from .preemption import PreemptionHandler
 from .signals import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
 from .store_link import StoreLink, StoreLinkError
 
@@ -65,7 +66,6 @@ class Supervisor:
         self.writer: events.EventWriter | None = None
         self.stop_reason: str | None = None
         self.exit_code: int = ExitCode.OK
-        self._kill_at: float | None = None
         self._signalled: int | None = None
         self._exit_seen: dict[int, float] = {}
         self._selector: selectors.BaseSelector | None = None
@@ -250,7 +250,7 @@ class Supervisor:
 
     # -- stopping -----------------------------------------------------------------
     def request_stop(self, reason: str, exit_code: int, broadcast: bool) -> None:
-        """Stop every local child (SIGTERM, SIGKILL after the grace period); tell other nodes if ``broadcast``."""
+        """Stop every local child (SIGTERM, SIGKILL after the grace period, reaped); tell other nodes if ``broadcast``."""
         if self.stop_reason is not None:
             return
         self.stop_reason, self.exit_code = reason, int(exit_code)
@@ -264,9 +264,7 @@ class Supervisor:
                 self.link.set(STOP_KEY, value)
             except StoreLinkError as exc:
                 log.warning("could not tell the other nodes to stop: %s", exc)
-        for child in self._running():
-            child.signal_group(signal.SIGTERM)
-        self._kill_at = time.monotonic() + self.config.grace_period
+        stop_children(self._running(), self.config.grace_period)
 
     def _on_signals(self, received: list[int]) -> None:
         for signum in received:
@@ -288,7 +286,7 @@ class Supervisor:
                     self.request_stop(f"received {name}", for_signal(signum), broadcast=True)
                 else:
                     self._emit("signal_received", signal=name, action="kill children now")
-                    self._kill_at = time.monotonic()
+                    stop_children(self._running(), 0.0)
 
     def _on_store_events(self, messages: list[dict]) -> None:
         for message in messages:
@@ -342,24 +340,21 @@ class Supervisor:
         try:
             self._reap()  # children that ended before the selector existed
             while self._running():
-                timeout = (
-                    None if self._kill_at is None else max(0.0, self._kill_at - time.monotonic())
-                )
-                self._on_store_events(self._poll_once(selector, timeout))
+                self._on_store_events(self._poll_once(selector, None))
                 self._handle_preemption()
-                if self._kill_at is not None and time.monotonic() >= self._kill_at:
-                    for child in self._running():
-                        child.kill_group()
-                    self._kill_at = None
             self._handle_preemption()  # a warning that came with the last child's exit
         finally:
             selector.close()
 
     def _handle_preemption(self) -> None:
-        """After SLURM's warning: let the children checkpoint and stop; node 0 requeues the job."""
-        if self.preemption is None or not self.preemption.pending:
+        """After SLURM's warning (or another node's flag): let the children checkpoint and stop; node 0 requeues."""
+        if self.preemption is None:
             return
-        decision = self.preemption.act(self._running())
+        if not (self.preemption.pending or self.preemption.adopt_flag()):
+            return
+        decision = self.preemption.act(
+            lambda exit_by: stop_children(self._running(), preemption.TERM_GRACE_S, exit_by)
+        )
         if self.stop_reason is None:
             self.request_stop(decision.reason, decision.exit_code, broadcast=False)
         else:
@@ -407,11 +402,7 @@ class Supervisor:
             selector.close()
 
     def _cleanup(self) -> None:
-        for child in self.children.values():
-            if child.running:
-                child.kill_group()
-                child.wait()
-            child.kill_group()
+        stop_children(list(self.children.values()), 0.0)
         if self.link is not None:
             self.link.close()
         if self.service is not None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from nvrx.events import read_dir
-from nvrx.slurm.submit import submit
+from nvrx.submission.submit import submit
 
 
 def rank_and_value(value: int) -> tuple[int, int, str]:

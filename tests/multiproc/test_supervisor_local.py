@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from nvrx.events import read_dir
+from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "examples" / "train_demo.py"
@@ -192,11 +193,11 @@ def test_sigterm_forwards_then_kills_and_leaves_no_process_behind(tmp_path) -> N
     )
     command = script(tmp_path, body)
     job = Job(tmp_path, 2, 2, command, "--grace-period", "2")
-    deadline = time.monotonic() + 120
-    while len(list(job.log_dir.glob("ready-*"))) < 4:
-        assert time.monotonic() < deadline, job.output()
+    def ready() -> bool:
         assert all(p.poll() is None for p in job.procs), job.output()
-        time.sleep(0.1)
+        return len(list(job.log_dir.glob("ready-*"))) == 4
+
+    wait_until("every child to be ready", ready, 120, state=job.output)
     ours = set().union(*(_tree(p.pid) for p in job.procs))
     assert len(ours) >= 8  # 4 children + 4 grandchildren, plus store service and agents
     os.kill(job.procs[0].pid, signal.SIGTERM)  # one node signalled: the stop reaches the other too

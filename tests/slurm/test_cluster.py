@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.support.slurm_cluster import LocalSlurmCluster, pid_alive
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -100,10 +100,7 @@ def test_signal_reaches_trap_in_batch_script(slurm_cluster: LocalSlurmCluster, t
 
 def _wait_file(path: Path, timeout: float) -> None:
     """Wait (bounded) until the job creates ``path``: its shell has set the trap."""
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"the job did not create {path} in {timeout} s"
-        time.sleep(0.05)
+    wait_until(f"the job to create {path}", path.exists, timeout, interval=0.05)
 
 
 def test_crash_node_kills_its_job_processes_and_revive_brings_it_back(

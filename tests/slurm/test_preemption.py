@@ -12,7 +12,8 @@ import pytest
 
 from nvrx.events import read_dir
 from nvrx.slurm import commands
-from nvrx.slurm.submit import submit
+from nvrx.submission.submit import submit
+from tests.support.waiting import wait_until
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "sbatch_templates"
 
@@ -39,17 +40,9 @@ def train_until_warned(ckpt_dir: str, steps_after_resume: int) -> dict:
     return {"rank": rank, "run": run, "resumed_from": start, "final": step}
 
 
-def _wait_for(what: str, condition, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.2)
-
-
 def _start_now_when_pending(cluster, job_id: str, timeout: float) -> None:
     """After a requeue the job waits cred_expire+1 s; make it start at once."""
-    _wait_for(
+    wait_until(
         f"job {job_id} to be queued again",
         lambda: cluster.job_state(int(job_id)) == "PENDING",
         timeout,
@@ -94,7 +87,7 @@ def test_preempted_job_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path:
         cpus_per_task=cpus,  # the whole cluster: a job of the high partition must preempt it
         slurm_partition=slurm_cluster.partition,
     )
-    _wait_for("every rank to train", lambda: len(list(ckpt.glob("started-run0-*"))) == 4, 90)
+    wait_until("every rank to train", lambda: len(list(ckpt.glob("started-run0-*"))) == 4, 90)
     high = slurm_cluster.sbatch("sleep 1\n", "-p", slurm_cluster.high_partition, "-N2", f"-c{cpus}")
     assert slurm_cluster.wait_job(high, timeout=90) == "COMPLETED"
     _start_now_when_pending(slurm_cluster, job.job_id, 60)
@@ -116,7 +109,7 @@ def test_time_limit_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path: Pa
         signal_delay_s=50,
         cpus_per_task=1,
     )
-    _wait_for("every rank to train", lambda: len(list(ckpt.glob("started-run0-*"))) == 4, 90)
+    wait_until("every rank to train", lambda: len(list(ckpt.glob("started-run0-*"))) == 4, 90)
     _start_now_when_pending(slurm_cluster, job.job_id, 120)
     _check_resumed(job, ckpt, 4, "time_limit")
     info = commands.show_job(job.job_id, env=slurm_cluster.env)
@@ -131,7 +124,7 @@ def test_requeue_template_forwards_the_warning(slurm_cluster, tmp_path: Path) ->
     script = tmp_path / "train.py"
     script.write_text(
         "import sys\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        f"sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[2])!r}]\n"
         "from test_preemption import train_until_warned\n"
         f"print(train_until_warned({str(ckpt)!r}, 5))\n"
     )
@@ -142,7 +135,13 @@ def test_requeue_template_forwards_the_warning(slurm_cluster, tmp_path: Path) ->
         cwd=tmp_path,
     )  # fmt: skip
     job_id = done.stdout.strip().split(";")[0]
-    _wait_for("every rank to train", lambda: len(list(ckpt.glob("started-run0-*"))) == 4, 90)
+    out = tmp_path / f"out-{job_id}.txt"
+    wait_until(
+        "every rank to train",
+        lambda: len(list(ckpt.glob("started-run0-*"))) == 4,
+        90,
+        state=lambda: out.read_text()[-3000:] if out.exists() else "no output yet",
+    )
     slurm_cluster.run(["scancel", "--signal=USR2", "--batch", job_id])
     _start_now_when_pending(slurm_cluster, job_id, 60)
     assert slurm_cluster.wait_job(int(job_id), timeout=90) == "COMPLETED"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from nvrx.events import read_dir
-from nvrx.slurm.submit import SubmitError, submit
+from nvrx.submission.submit import SubmitError, submit
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "sbatch_templates"
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -11,6 +10,7 @@ import pytest
 
 from nvrx.events import read_dir
 from tests.support.slurm_cluster import LocalSlurmCluster
+from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "sbatch_templates" / "train.sbatch"
@@ -90,15 +90,21 @@ def _ours(marker: str) -> list[psutil.Process]:
 
 def test_scancel_leaves_no_process_of_ours(slurm_cluster: LocalSlurmCluster, tmp_path) -> None:
     job, events_dir = _submit(slurm_cluster, tmp_path, steps=100000, step_time=0.05)
-    deadline = time.monotonic() + 180
-    while {e["rank"] for e in _events(events_dir, "progress")} != {0, 1, 2, 3}:
-        assert time.monotonic() < deadline, "the job never trained on all 4 ranks"
-        time.sleep(0.5)
+    wait_until(
+        "the job to train on all 4 ranks",
+        lambda: {e["rank"] for e in _events(events_dir, "progress")} == {0, 1, 2, 3},
+        180,
+        interval=0.5,
+    )
     marker = str(tmp_path)
     assert len(_ours(marker)) >= 6  # 2 supervisors + 4 ranks (+ store service and agents)
     slurm_cluster.run(["scancel", str(job)])
     slurm_cluster.wait_job(job, timeout=60, fail_fast=False)
-    deadline = time.monotonic() + 30  # KillWait of the cluster bounds what may linger
-    while _ours(marker):
-        assert time.monotonic() < deadline, [p.info for p in _ours(marker)]
-        time.sleep(0.5)
+    # KillWait of the cluster bounds what may linger
+    wait_until(
+        "no process of ours left",
+        lambda: not _ours(marker),
+        30,
+        interval=0.5,
+        state=lambda: [p.info for p in _ours(marker)],
+    )

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from nvrx import checkpoint_flag
-from nvrx.checkpoint_flag import signal_from_name
 from nvrx.events import EventWriter, read_dir
-from nvrx.slurm.preemption import (
+from nvrx.processes import signal_from_name
+from nvrx.supervisor.children import Child, stop_children
+from nvrx.supervisor.preemption import (
     EXIT_REQUEUED,
     SUBMITIT_LOCAL_REQUEUE_EXIT,
     PreemptionHandler,
@@ -23,13 +24,17 @@ from nvrx.slurm.preemption import (
     classify,
     parse_duration,
 )
-from nvrx.supervisor.children import Child
+from tests.support.waiting import wait_until
+
+
+def _no_children(exit_by: float) -> None:
+    """The stop of a node without children."""
+
 
 # A child that trains until the flag appears, then "checkpoints" (writes its step) and exits 0.
 TRAINER = """
 import os, sys, time
 from nvrx import checkpoint_flag
-from nvrx.checkpoint_flag import signal_from_name
 out = sys.argv[1]
 step = 0
 while not checkpoint_flag.preemption_requested():
@@ -140,9 +145,7 @@ def test_local_requeue_checkpoints_children_and_counts(
         assert not handler.pending
         handler.on_signal(signal.SIGUSR2)
         assert handler.pending
-        decision = handler.act(children)
-        # act() waits without reaping: the supervisor reaps and records each exit
-        assert all(child.status is None for child in children)
+        decision = handler.act(lambda exit_by: stop_children(children, 5.0, exit_by))
     finally:
         for child in children:
             child.kill_group()
@@ -162,7 +165,7 @@ def test_local_requeue_checkpoints_children_and_counts(
     assert events[0]["signal"] == "SIGUSR2"
     assert events[1]["count"] == 1
     # a second act() returns the same decision without doing anything again
-    assert handler.act(children) is decision
+    assert handler.act(lambda exit_by: pytest.fail("stopped twice")) is decision
     # the next local run uses a fresh flag (run index from the ledger)
     again = PreemptionHandler(job_dir, 0, 1, slurm=False, local_requeue=True, export_env=False)
     assert again.run_index == 1 and not again.flag_path.exists()
@@ -189,7 +192,7 @@ def test_stubborn_child_is_ended_at_the_deadline(
     try:
         handler.on_signal(signal.SIGUSR2)
         started = time.monotonic()
-        decision = handler.act([stubborn])
+        decision = handler.act(lambda exit_by: stop_children([stubborn], 1.0, exit_by))
         took = time.monotonic() - started
     finally:
         stubborn.kill_group()
@@ -210,7 +213,7 @@ def test_time_limit_requeues_are_capped(tmp_path: Path) -> None:
         job_dir, 0, 1, slurm=False, local_requeue=True, max_time_limit_requeues=1, export_env=False
     )
     handler.on_signal(signal.SIGUSR2)
-    decision = handler.act([], cause="time_limit")
+    decision = handler.act(_no_children, cause="time_limit")
     assert not decision.requeued
     assert "1 time-limit requeue(s) already used" in decision.reason
     assert ledger.count() == 2  # nothing added
@@ -225,7 +228,7 @@ def test_time_limit_requeues_are_capped(tmp_path: Path) -> None:
         export_env=False,
     )
     other.on_signal(signal.SIGUSR2)
-    assert other.act([], cause="preemption").requeued
+    assert other.act(_no_children, cause="preemption").requeued
 
 
 def test_nodes_share_node0_decision(tmp_path: Path) -> None:
@@ -241,7 +244,7 @@ def test_nodes_share_node0_decision(tmp_path: Path) -> None:
 
     def run(k: int) -> None:
         handlers[k].on_signal(signal.SIGUSR2)
-        decisions[k] = handlers[k].act([])
+        decisions[k] = handlers[k].act(_no_children)
 
     threads = [threading.Thread(target=run, args=(k,)) for k in (1, 0)]
     for t in threads:
@@ -254,6 +257,43 @@ def test_nodes_share_node0_decision(tmp_path: Path) -> None:
     assert json.loads((job_dir / "preempt" / "r0.flag").read_text())["run"] == 0
 
 
+def test_a_node_whose_children_stopped_on_the_flag_still_takes_part(tmp_path: Path) -> None:
+    """Node 1 never got the signal: the flag node 0 raised is its warning, with node 0's cause."""
+    job_dir = tmp_path / "job"
+    handlers = [
+        PreemptionHandler(
+            job_dir, k, 2, slurm=False, local_requeue=True, preempt_window_s=20, export_env=False
+        )
+        for k in range(2)
+    ]
+    handlers[0].start()
+    assert not handlers[1].adopt_flag()  # no flag yet
+    decisions: dict[int, object] = {}
+
+    def node0() -> None:
+        handlers[0].on_signal(signal.SIGUSR2)
+        decisions[0] = handlers[0].act(_no_children, cause="preemption")
+
+    thread = threading.Thread(target=node0)
+    thread.start()
+    flag = job_dir / "preempt" / "r0.flag"
+    wait_until("node 0 to raise the flag", flag.exists, 30, interval=0.02)
+    assert handlers[1].adopt_flag() and handlers[1].pending
+    assert not handlers[1].adopt_flag()  # once
+    decisions[1] = handlers[1].act(_no_children)
+    thread.join(60)
+    assert decisions[0] == decisions[1]
+    assert decisions[1].cause == "preemption" and decisions[1].requeued  # type: ignore[attr-defined]
+
+
+def test_a_flag_left_by_an_earlier_run_is_not_adopted(tmp_path: Path) -> None:
+    job_dir = tmp_path / "job"
+    flag = job_dir / "preempt" / "r0.flag"
+    checkpoint_flag.write_flag(flag, {"cause": "preemption", "deadline_wall": time.time() - 60})
+    handler = PreemptionHandler(job_dir, 1, 2, slurm=False, export_env=False)
+    assert not handler.adopt_flag() and not handler.pending
+
+
 def test_bad_arguments_name_the_value(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="node_rank=2 must be in 0..1"):
         PreemptionHandler(tmp_path, 2, 2, slurm=False, export_env=False)
@@ -261,7 +301,7 @@ def test_bad_arguments_name_the_value(tmp_path: Path) -> None:
         PreemptionHandler(tmp_path, 0, 1, slurm=True, export_env=False)
     handler = PreemptionHandler(tmp_path, 0, 1, slurm=False, export_env=False)
     with pytest.raises(ValueError, match="cause must be one of"):
-        handler.act([], cause="meteor")
+        handler.act(_no_children, cause="meteor")
     assert EXIT_REQUEUED == 75
 
 
@@ -278,13 +318,13 @@ def test_supervised_children_ignore_the_warning_signal(tmp_path: Path) -> None:
         [sys.executable, "-c", "import time; time.sleep(30)"], dict(os.environ), 0, 0
     )
     try:
-        deadline = time.monotonic() + 30
         # wait until the child runs Python (exec done), then look at its signal dispositions
-        while "python" not in Path(f"/proc/{child.pid}/cmdline").read_bytes().decode(
-            errors="replace"
-        ):
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until(
+            "the child to exec Python",
+            lambda: b"python" in Path(f"/proc/{child.pid}/cmdline").read_bytes(),
+            30,
+            interval=0.01,
+        )
         assert _ignored_signals(child.pid) & (1 << (signal.SIGUSR2 - 1))
         os.kill(child.pid, signal.SIGUSR2)
         assert child.wait(0.5) is None  # still running

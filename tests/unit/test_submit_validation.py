@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import nvrx
-from nvrx.slurm.submit import Executor, SubmitError, submit
+from nvrx.submission.submit import Executor, SubmitError, submit
 
 
 def _noop() -> int:

@@ -1,4 +1,4 @@
-"""Child-side entry of ``nvrx.submit`` for a Python callable: ``python -m nvrx.slurm.run_callable SPEC``.
+"""Child-side entry of ``nvrx.submit`` for a Python callable: ``python -m nvrx.submission.run_callable SPEC``.
 
 ``nvrx.submit`` pickles ``(fn, args, kwargs)`` with cloudpickle into a file of
 the job folder before submission; each node's supervisor starts this module
@@ -80,7 +80,7 @@ def read_outcome(result_dir: str | os.PathLike[str], rank: int) -> tuple[str, An
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) != 1:
-        print("usage: python -m nvrx.slurm.run_callable SPEC_FILE", file=sys.stderr)
+        print("usage: python -m nvrx.submission.run_callable SPEC_FILE", file=sys.stderr)
         return 2
     fn, args, kwargs = load_spec(argv[0])
     rank = int(os.environ.get("RANK", "0"))

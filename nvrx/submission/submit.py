@@ -4,13 +4,13 @@ A job is one submitit task per node (``tasks_per_node=1``). That task,
 ``run_node``, starts ``nvrx-supervise`` in its own process group with
 ``nproc_per_node`` children, relays SLURM's signals to it, and returns the
 children's results. A Python callable reaches the children as a cloudpickle
-file in the job folder, run by ``python -m nvrx.slurm.run_callable``; a
+file in the job folder, run by ``python -m nvrx.submission.run_callable``; a
 command (list or string) is run as it is.
 
 Submission asks SLURM for the warning signal (``--signal=USR2@signal_delay_s``,
 to every task) and marks the job requeueable; the supervisor turns the signal
 into the flag of ``nvrx.checkpoint_flag`` and node 0 requeues the job
-(``nvrx.slurm.preemption``). A requeued run leaves no submitit result, so
+(``nvrx.supervisor.preemption``). A requeued run leaves no submitit result, so
 ``NvrxJob.result()`` returns the result of the run that finished.
 
 Layout under ``folder``: ``<job id>/`` (submitit's script, pickles and logs),
@@ -26,7 +26,6 @@ import logging
 import os
 import shlex
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -35,9 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nvrx.checkpoint_flag import ignore_warning_signal, warning_signal
+from nvrx import processes
+from nvrx.processes import warning_signal
 from nvrx.slurm import commands
-from nvrx.slurm.preemption import (
+from nvrx.submission.run_callable import RESULT_DIR_ENV, dump_spec, read_outcome, result_path
+from nvrx.supervisor.preemption import (
     DEFAULT_MAX_TIME_LIMIT_REQUEUES,
     DEFAULT_SIGNAL_DELAY_S,
     EXIT_REQUEUED,
@@ -45,7 +46,6 @@ from nvrx.slurm.preemption import (
     SIGNAL_DELAY_ENV,
     SUBMITIT_LOCAL_REQUEUE_EXIT,
 )
-from nvrx.slurm.run_callable import RESULT_DIR_ENV, dump_spec, read_outcome, result_path
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ def _supervise(argv: list[str], env: dict[str, str], warning: int) -> int:
     """Run the supervisor in its own process group, relaying the job's signals to it."""
     # The supervisor starts with the warning ignored and installs its own handler,
     # so that a warning during its start-up cannot kill it.
-    proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=ignore_warning_signal)
+    proc = processes.start(argv, env=env)
     relayed = {warning, signal.SIGTERM, signal.SIGINT}
 
     def relay(signum: int, frame: object) -> None:
@@ -143,9 +143,7 @@ def _supervise(argv: list[str], env: dict[str, str], warning: int) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)  # anything the supervisor left in its group
-        proc.wait()
+        processes.stop(proc, ask=signal.SIGKILL)  # and anything the supervisor left in its group
 
 
 @dataclass
@@ -177,19 +175,34 @@ class NvrxJob:
         return bool(self.job.done())
 
     def wait(self, timeout: float | None = None, poll_s: float = 1.0) -> None:
-        """Block until the job finished (result files written or SLURM says it ended).
+        """Block until the job finished: its results are written and, on SLURM, its end is accounted.
 
-        SLURM offers no blocking wait for a job, so this polls: the result
-        files every ``poll_s`` seconds, SLURM's state at submitit's pace.
+        The tasks write their results before their supervisors have exited, so
+        on SLURM this also waits until accounting (``sacct``, what reports are
+        built from) records a final state for the job's latest run. SLURM offers
+        no blocking wait for a job, so this polls every ``poll_s`` seconds.
         Raises TimeoutError after ``timeout`` seconds.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self.job.done():
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"job {self.job_id} not finished after {timeout:g} s (state {self.state})"
-                )
-            time.sleep(poll_s)
+
+        def wait_until(finished: Callable[[], bool], what: str) -> None:
+            while not finished():
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"job {self.job_id}: {what} after {timeout:g} s (state {self.state})"
+                    )
+                time.sleep(poll_s)
+
+        wait_until(self.job.done, "no results")
+        if self.cluster == "slurm":
+            wait_until(self._end_accounted, "its end not in SLURM's accounting")
+
+    def _end_accounted(self) -> bool:
+        try:
+            return commands.accounted_state(self.job_id) in commands.TERMINAL_STATES
+        except commands.SlurmCommandError as exc:
+            log.warning("cannot ask sacct whether job %s ended (%s); not waiting for it", self.job_id, exc)
+            return True
 
     def results(self, timeout: float | None = None) -> list[Any]:
         """Every rank's return value, by global rank (None for a rank that returned nothing).
@@ -409,7 +422,7 @@ class Executor:
                 dump_spec(spec_file, target, args, kwargs)  # type: ignore[arg-type]
             except TypeError as exc:
                 raise SubmitError(str(exc)) from exc
-            command = [sys.executable, "-m", "nvrx.slurm.run_callable", str(spec_file)]
+            command = [sys.executable, "-m", "nvrx.submission.run_callable", str(spec_file)]
         spec = NodeSpec(
             command=command,
             nproc_per_node=self._nvrx["nproc_per_node"],

@@ -14,9 +14,10 @@ The supervisor of each node owns one ``PreemptionHandler``:
 - ``start()`` once at start-up (node 0 records requeues SLURM did by itself);
 - ``on_signal(signum)`` when the warning signal arrives: it only sets a flag,
   so it is safe inside a signal handler;
-- ``act(children)`` from the supervisor's main loop when ``pending`` is true:
-  it writes the job's flag file (``nvrx.checkpoint_flag``), waits for the
-  children to checkpoint and exit within the warning window, and then node 0
+- ``act(stop_children)`` from the supervisor's main loop when ``pending`` is true
+  (or ``adopt_flag()`` found another node's flag): it writes the job's flag file
+  (``nvrx.checkpoint_flag``), has the supervisor stop its children, which
+  checkpoint and exit within the warning window, and then node 0
   runs ``scontrol requeue`` once, unless the cap on time-limit requeues is
   reached. Every node returns the same ``Decision``; its ``exit_code`` is what
   the supervisor should exit with.
@@ -35,24 +36,22 @@ import json
 import logging
 import os
 import re
-import selectors
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from nvrx.checkpoint_flag import (
     PREEMPT_DIR,
     PREEMPT_FLAG_ENV,
-    PREEMPT_SIGNAL_ENV,
     flag_path_for,
-    signal_from_name,
     write_flag,
     write_json_atomic,
 )
 from nvrx.events import EventWriter, get_writer, job_log_dir
+from nvrx.processes import warning_signal
 from nvrx.slurm import commands
 
 log = logging.getLogger(__name__)
@@ -82,16 +81,6 @@ POLL_S = 0.2
 CAUSES = ("preemption", "time_limit", "unknown")
 _NO_TIME = ("", "None", "N/A", "Unknown", "(null)")
 _DURATION = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)$")
-
-
-class ChildLike(Protocol):
-    """What ``act`` needs of a supervisor's child (``nvrx.supervisor.children.Child``)."""
-
-    pid: int
-
-    def signal_group(self, signum: int) -> bool: ...
-
-    def kill_group(self) -> None: ...
 
 
 def parse_duration(text: str | None) -> float | None:
@@ -227,6 +216,7 @@ class PreemptionHandler:
         self._pending: int | None = None
         self._signal_wall: float | None = None
         self._decision: Decision | None = None
+        self._created_wall = time.time()
         if export_env:
             os.environ[PREEMPT_FLAG_ENV] = str(self.flag_path)
 
@@ -252,7 +242,7 @@ class PreemptionHandler:
             job_id=job_id,
             run_index=int(_env_number(env, "SLURM_RESTART_COUNT", 0)),
             slurm=job_id is not None,
-            signum=signal_from_name(env.get(PREEMPT_SIGNAL_ENV) or "USR2", PREEMPT_SIGNAL_ENV),
+            signum=warning_signal(env),
             signal_delay_s=_env_number(env, SIGNAL_DELAY_ENV, 0) if delay else None,
             max_time_limit_requeues=int(
                 _env_number(env, MAX_TIME_LIMIT_REQUEUES_ENV, DEFAULT_MAX_TIME_LIMIT_REQUEUES)
@@ -277,6 +267,33 @@ class PreemptionHandler:
         if self._pending is None:
             self._pending = int(signum)
             self._signal_wall = time.time()
+
+    def adopt_flag(self) -> bool:
+        """Take the job's flag, raised by another node, as this node's warning; True if it was.
+
+        The flag file is shared by every node, so children may checkpoint and
+        exit before this node's supervisor got SLURM's signal (SLURM signals the
+        nodes one after another, a forwarding batch shell later still). Such a
+        node must still take part in the decision instead of ending as if
+        training had completed.
+        """
+        if self._pending is not None or self._decision is not None:
+            return False
+        flag = self._read_flag()
+        deadline = flag.get("deadline_wall") if flag is not None else None
+        if not isinstance(deadline, (int, float)) or deadline < self._created_wall:
+            return False  # none, or left over from an earlier run under the same job id
+        self._pending = self.signum
+        self._signal_wall = time.time()
+        log.info("the job's warning flag %s is raised (by another node)", self.flag_path)
+        return True
+
+    def _read_flag(self) -> dict[str, Any] | None:
+        try:
+            flag = json.loads(self.flag_path.read_text())
+        except (OSError, ValueError):
+            return None
+        return flag if isinstance(flag, dict) else None
 
     def install(self) -> None:
         """Make ``on_signal`` the handler of the warning signal (main thread only).
@@ -328,8 +345,12 @@ class PreemptionHandler:
         }.get(state, "unknown")
 
     # -- main-loop side: the work ------------------------------------------------
-    def act(self, children: Sequence[ChildLike], cause: str | None = None) -> Decision:
-        """Handle a pending warning: flag, wait for ``children`` to stop, requeue from node 0.
+    def act(self, stop_children: Callable[[float], None], cause: str | None = None) -> Decision:
+        """Handle a pending warning: flag, stop the children, requeue from node 0.
+
+        ``stop_children(exit_by)`` is the supervisor's own stop: it lets the
+        children checkpoint and exit until ``exit_by`` (``time.monotonic()``),
+        then ends those still running.
 
         ``cause`` overrides the classification when the caller knows it.
         Blocks at most for the warning window. Idempotent: a second call
@@ -341,19 +362,29 @@ class PreemptionHandler:
             raise ValueError(f"cause must be one of {CAUSES}, got {cause!r}")
         signum = self._pending if self._pending is not None else self.signum
         received = self._signal_wall or time.time()
-        info = self._job_info()
-        if cause is None:
-            cause = classify(info, self.signal_delay_s) if self.slurm else "unknown"
-        window = self._window_s(info, cause)
-        deadline = received + window
         signame = signal.Signals(signum).name
+        flag = self._read_flag()  # the first node to act decides cause and deadline for all
+        if flag is not None and flag.get("cause") in CAUSES and isinstance(
+            flag.get("deadline_wall"), (int, float)
+        ):
+            cause = cause or str(flag["cause"])
+            deadline = float(flag["deadline_wall"])
+            window = max(0.0, deadline - received)
+        else:
+            info = self._job_info()
+            if cause is None:
+                cause = classify(info, self.signal_delay_s) if self.slurm else "unknown"
+            window = self._window_s(info, cause)
+            deadline = received + window
+            flag = None
         self._emit("preempt_signal", signal=signame, cause=cause, window_s=round(window, 1))
         log.warning("%s: %s warning, %.0f s to checkpoint and stop", signame, cause, window)
-        write_flag(
-            self.flag_path,
-            {"cause": cause, "signal": signame, "deadline_wall": deadline, "run": self.run_index},
-        )
-        self._stop_children(children, deadline)
+        if flag is None:
+            write_flag(
+                self.flag_path,
+                {"cause": cause, "signal": signame, "deadline_wall": deadline, "run": self.run_index},
+            )
+        stop_children(time.monotonic() + max(0.0, deadline - time.time()))
         write_flag(self._done_path(self.node_rank), {"wall": time.time()})
         if self.node_rank == 0:
             self._wait_for(
@@ -419,54 +450,6 @@ class PreemptionHandler:
         return Decision(
             cause, False, fail_exit, "node 0 made no decision in time", self.ledger.count()
         )
-
-    def _stop_children(self, children: Sequence[ChildLike], deadline: float) -> None:
-        """Let the children checkpoint and exit; end those still running at the deadline.
-
-        Waits on pidfds, which become readable when a process exits, so the
-        children are not reaped here: the supervisor reaps them as usual and
-        records their exits.
-        """
-        fds: dict[int, ChildLike] = {}
-        for child in children:
-            if getattr(child, "running", True):
-                try:
-                    fds[os.pidfd_open(child.pid)] = child
-                except ProcessLookupError:
-                    continue
-        try:
-            late = self._wait_exits(fds, deadline)
-            if not late:
-                return
-            log.warning(
-                "%d child(ren) still running at the end of the warning window; terminating",
-                len(late),
-            )
-            for fd in late:
-                fds[fd].signal_group(signal.SIGTERM)
-            late = self._wait_exits({fd: fds[fd] for fd in late}, time.time() + TERM_GRACE_S)
-            for fd in late:
-                fds[fd].kill_group()
-            self._wait_exits({fd: fds[fd] for fd in late}, time.time() + TERM_GRACE_S)
-        finally:
-            for fd in fds:
-                os.close(fd)
-
-    @staticmethod
-    def _wait_exits(fds: Mapping[int, ChildLike], deadline: float) -> list[int]:
-        """Block until the processes behind ``fds`` exited or ``deadline``; the pidfds still running."""
-        left = set(fds)
-        with selectors.DefaultSelector() as selector:
-            for fd in left:
-                selector.register(fd, selectors.EVENT_READ)
-            while left:
-                timeout = deadline - time.time()
-                if timeout <= 0:
-                    break
-                for key, _ in selector.select(timeout):
-                    selector.unregister(key.fd)
-                    left.discard(key.fd)
-        return sorted(left)
 
     # -- helpers ----------------------------------------------------------------
     def _job_info(self) -> dict[str, str] | None:

@@ -1,0 +1,170 @@
+"""The package's layers stand in the order of docs/architecture.md, and no two sub-packages import each other.
+
+Every import under ``nvrx/`` is read with ``ast``, the lazy ones inside
+functions too. A module may import its own layer's modules and the layers
+below it in the table, never one above; the sub-packages' import graph has no
+cycle. The table is read from the document, so the picture and the code agree.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "nvrx"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def layer_table(text: str) -> list[list[str]]:
+    """The module prefixes of each layer, top first, from the ``## Layers`` table."""
+    section = text.split("## Layers", 1)[1]
+    layers: list[list[str]] = []
+    for line in section.splitlines()[1:]:
+        if line.startswith("## "):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 2 or set(cells[0]) <= {"-", " "}:
+            continue
+        names = re.findall(r"`(nvrx(?:\.\w+)*)`", cells[1])
+        if names:
+            layers.append(names)
+    return layers
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path, root: Path = ROOT) -> Iterator[tuple[int, str]]:
+    """(line, imported module) for every import of ``nvrx`` in the file, wherever it stands."""
+    name = module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            yield node.lineno, target
+            for alias in node.names:  # `from nvrx import events` imports nvrx.events
+                yield node.lineno, f"{target}.{alias.name}"
+
+
+def layer_of(module: str, layers: list[list[str]]) -> int | None:
+    """Index of the layer owning ``module`` (longest matching prefix), None if none does."""
+    best: tuple[int, int] | None = None
+    for index, prefixes in enumerate(layers):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (
+                best is None or len(prefix) > best[1]
+            ):
+                best = (index, len(prefix))
+    return None if best is None else best[0]
+
+
+def subpackage(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def check(package: Path, layers: list[list[str]]) -> list[str]:
+    """Every upward import, unplaced module and sub-package cycle, as readable lines."""
+    problems: list[str] = []
+    graph: dict[str, set[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        name = module_name(path, package.parent)
+        if name == "nvrx":
+            continue  # the facade: lazy re-exports of the public names
+        own = layer_of(name, layers)
+        if own is None:
+            problems.append(f"{name} is in no layer of {ARCHITECTURE.name}")
+            continue
+        for line, target in imports_of(path, package.parent):
+            if not target.startswith("nvrx.") or target.split(".")[1] == "__version__":
+                continue
+            if subpackage(target) != subpackage(name):
+                graph.setdefault(subpackage(name), set()).add(subpackage(target))
+            theirs = layer_of(target, layers)
+            if theirs is not None and theirs < own:
+                problems.append(
+                    f"{path.relative_to(package.parent)}:{line}: {name} ({'/'.join(layers[own])}) "
+                    f"imports {target} of a higher layer ({'/'.join(layers[theirs])})"
+                )
+    problems.extend(cycles(graph))
+    return problems
+
+
+def cycles(graph: dict[str, set[str]]) -> list[str]:
+    found: list[str] = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                found.append("import cycle: " + " -> ".join(trail[trail.index(nxt) :] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return found
+
+
+def test_the_table_names_every_layer_of_the_design() -> None:
+    layers = layer_table(ARCHITECTURE.read_text())
+    assert len(layers) >= 6, layers
+    assert layers[-1][0] == "nvrx.events"  # ground at the bottom
+
+
+def test_imports_point_down_the_table_only() -> None:
+    problems = check(PACKAGE, layer_table(ARCHITECTURE.read_text()))
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("where", "source", "expected"),
+    [
+        (
+            "store/late.py",
+            "def f():\n    from nvrx.supervisor import config\n",
+            "imports nvrx.supervisor.config of a higher layer",
+        ),
+        ("events/late.py", "from nvrx import store\n", "imports nvrx.store of a higher layer"),
+        (
+            "report/late.py",
+            "from ..supervisor import policy\n",
+            "imports nvrx.supervisor.policy of a higher layer",
+        ),
+        ("slurm/nowhere.py", "import nvrx.report\n", "imports nvrx.report of a higher layer"),
+    ],
+)
+def test_an_upward_import_is_caught(tmp_path: Path, where: str, source: str, expected: str) -> None:
+    copy = tmp_path / "nvrx"
+    for path in PACKAGE.rglob("*.py"):
+        target = copy / path.relative_to(PACKAGE)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(path.read_text())
+    (copy / where).write_text(source)
+    layers = layer_table(ARCHITECTURE.read_text())
+    problems = check(copy, layers)
+    assert any(expected in p for p in problems), problems
+
+
+def test_a_cycle_between_subpackages_is_caught() -> None:
+    graph = {"nvrx.a": {"nvrx.b"}, "nvrx.b": {"nvrx.c"}, "nvrx.c": {"nvrx.a"}}
+    assert cycles(graph) == ["import cycle: nvrx.a -> nvrx.b -> nvrx.c -> nvrx.a"]

@@ -1,0 +1,132 @@
+"""nvrx.processes: every process we start leads its own group, ignores SLURM's warning, and stops for good."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from nvrx import processes
+from tests.support.waiting import wait_until
+
+STUBBORN = (
+    "import signal, subprocess, sys, time\n"
+    "subprocess.Popen(['sleep', '300'])\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(300)\n"
+)
+
+
+def _ignored(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return int(line.split()[1], 16)
+    raise AssertionError("no SigIgn line")
+
+
+def _group(pgid: int) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return found
+
+
+def test_started_process_leads_a_group_and_ignores_the_warning_signal() -> None:
+    proc = processes.start(
+        [sys.executable, "-c", "print('ready', flush=True); import time; time.sleep(60)"],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+        assert os.getpgid(proc.pid) == proc.pid
+        assert _ignored(proc.pid) & (1 << (signal.SIGUSR2 - 1))
+        os.kill(proc.pid, signal.SIGUSR2)
+        assert processes.wait(proc, 0.3) is None  # still running
+    finally:
+        assert processes.stop(proc, grace_s=5) == -signal.SIGTERM
+
+
+def test_warning_signal_is_kept_when_asked() -> None:
+    proc = processes.start(
+        [sys.executable, "-c", "import time; time.sleep(60)"], ignore_warning=False
+    )
+    wait_until(
+        "the child to exec Python",
+        lambda: b"python" in Path(f"/proc/{proc.pid}/cmdline").read_bytes(),
+        30,
+        0.01,
+    )
+    os.kill(proc.pid, signal.SIGUSR2)
+    assert processes.wait(proc, 30) == -signal.SIGUSR2
+
+
+def test_stop_escalates_to_sigkill_and_takes_the_whole_group() -> None:
+    proc = processes.start([sys.executable, "-c", STUBBORN], stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+    assert len(_group(proc.pid)) == 2  # the child and its grandchild
+    started = time.monotonic()
+    assert processes.stop(proc, grace_s=0.5) == -signal.SIGKILL
+    assert time.monotonic() - started < 30
+    wait_until(
+        "the grandchild to die", lambda: not _group(proc.pid), 30, state=lambda: _group(proc.pid)
+    )
+
+
+def test_stop_can_ask_by_closing_a_pipe() -> None:
+    proc = processes.start(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    assert proc.stdin is not None
+    assert processes.stop(proc, ask=proc.stdin.close, grace_s=30) == 0
+
+
+def test_stop_all_lets_processes_exit_by_themselves_first() -> None:
+    quick = processes.start([sys.executable, "-c", "import time; time.sleep(0.2)"])
+    slow = processes.start([sys.executable, "-c", "import time; time.sleep(60)"])
+    codes = processes.stop_all([quick, slow], exit_by=time.monotonic() + 10, grace_s=5)
+    assert codes == [0, -signal.SIGTERM]
+
+
+def test_stop_of_an_ended_process_returns_its_code() -> None:
+    proc = processes.start([sys.executable, "-c", "raise SystemExit(3)"])
+    assert processes.wait(proc, 30) == 3
+    assert processes.stop(proc) == 3
+
+
+def test_forked_child_leads_a_group_and_can_be_waited_for_with_a_bound() -> None:
+    pid = processes.fork()
+    if pid == 0:  # the child: wait to be killed
+        try:
+            time.sleep(60)
+        finally:
+            os._exit(0)
+    child = processes.ForkedProcess(pid)
+    assert os.getpgid(pid) == pid
+    assert child.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        child.wait(0.2)
+    assert processes.stop(child, grace_s=5) == -signal.SIGTERM
+    assert child.poll() == -signal.SIGTERM
+
+
+@pytest.mark.parametrize(
+    ("name", "number"), [("USR2", signal.SIGUSR2), ("SIGTERM", signal.SIGTERM), ("10", 10)]
+)
+def test_signal_names(name: str, number: int) -> None:
+    assert processes.signal_from_name(name) == number
+
+
+def test_bad_signal_name_names_the_variable() -> None:
+    with pytest.raises(ValueError, match="NVRX_PREEMPT_SIGNAL='NOPE' is not a signal name"):
+        processes.warning_signal({"NVRX_PREEMPT_SIGNAL": "NOPE"})
