@@ -38,16 +38,5 @@ for pid in "${pids[@]}"; do
     wait "$pid" || rc=$?
 done
 echo "demo: supervisors ended with exit code $rc; events in $DEMO_DIR/$JOB_ID"
-if [ -x "$repo/.venv/bin/nvrx-report" ] && "$PY" -c 'import nvrx.report.cli' 2>/dev/null; then
-    "$repo/.venv/bin/nvrx-report" "$DEMO_DIR/$JOB_ID" || true
-else
-    echo "demo: nvrx-report is not available yet; summary of supervisor events:"
-    "$PY" - "$DEMO_DIR/$JOB_ID" <<'PY'
-import sys
-from collections import Counter
-from nvrx.events import read_dir
-events, _ = read_dir(sys.argv[1])
-print(dict(Counter(e["kind"] for e in events if e.get("component") == "supervisor")))
-PY
-fi
+"$repo/.venv/bin/nvrx-report" "$DEMO_DIR/$JOB_ID" || true
 exit "$rc"

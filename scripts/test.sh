@@ -2,7 +2,10 @@
 # Set up .venv and run every test tier (unit, multiproc, slurm) plus ruff.
 # As root with apt, SLURM is installed first and the slurm tier runs against a
 # real local cluster that the test session starts and stops; elsewhere that
-# tier skips with the reason. Extra arguments go to pytest.
+# tier skips with the reason. Extra arguments go to pytest, for example:
+#   scripts/test.sh -m slurm                       one tier
+#   scripts/test.sh --repeat 5 -m multiproc         each test of a tier 5 times in a row (flake hunting)
+#   scripts/test.sh --repeat 20 tests/slurm/test_preemption.py::test_requeue_template_forwards_the_warning
 set -uo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nvrx.events import job_log_dir
+from nvrx.slurm.topology import Topology
 
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500
@@ -170,15 +171,7 @@ def in_slurm_step(env: Mapping[str, str]) -> bool:
 def place_from_slurm(env: Mapping[str, str]) -> JobPlace:
     """The job's topology from SLURM, through ``nvrx.slurm.topology.Topology.from_env``."""
     try:
-        from nvrx.slurm.topology import Topology
-    except ImportError as exc:
-        raise ConfigError(
-            f"SLURM topology needs nvrx.slurm.topology ({exc}); pass --nnodes/--node-rank/--master-addr instead"
-        ) from exc
-    try:
         topo = Topology.from_env(dict(env))
-    except TypeError:
-        topo = Topology.from_env()
     except ValueError as exc:
         raise ConfigError(f"cannot read the SLURM topology: {exc}") from exc
     return JobPlace(
