@@ -9,8 +9,8 @@ child that installed no handler, and a flag file is visible to every rank of
 every node that shares the log directory.
 
 The flag's path is given to children in ``NVRX_PREEMPT_FLAG``; without it, the
-path is derived from the environment contract (``NVRX_LOG_DIR``, ``NVRX_JOB_ID``,
-``SLURM_RESTART_COUNT``), so both sides agree without talking.
+path is derived from the job-environment contract (``nvrx.jobenv``: the job's log
+directory and ``SLURM_RESTART_COUNT``), so both sides agree without talking.
 
 Importing this module imports no torch.
 """
@@ -24,11 +24,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from nvrx.events import emit, job_log_dir
+from nvrx import jobenv
+from nvrx.events import emit
 
 log = logging.getLogger(__name__)
 
-PREEMPT_FLAG_ENV = "NVRX_PREEMPT_FLAG"
+PREEMPT_FLAG_ENV = jobenv.PREEMPT_FLAG
 #: Sub-directory of a job's log directory holding flags, done markers and the requeue ledger.
 PREEMPT_DIR = "preempt"
 
@@ -55,7 +56,7 @@ def flag_path(env: Mapping[str, str] | None = None) -> Path:
     given = env.get(PREEMPT_FLAG_ENV)
     if given:
         return Path(given)
-    return flag_path_for(job_log_dir(env=dict(env)), run_index_from_env(env))
+    return flag_path_for(jobenv.job_dir(env=env), run_index_from_env(env))
 
 
 def preemption_requested() -> bool:

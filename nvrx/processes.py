@@ -25,10 +25,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from nvrx import jobenv
+
 log = logging.getLogger(__name__)
 
 #: Variable naming SLURM's warning signal (``--signal=...``); default USR2, as NCCL owns USR1.
-WARNING_SIGNAL_ENV = "NVRX_PREEMPT_SIGNAL"
+WARNING_SIGNAL_ENV = jobenv.PREEMPT_SIGNAL
 DEFAULT_WARNING_SIGNAL = "USR2"
 #: Seconds a stop waits after asking, and after SIGKILL, unless told otherwise.
 DEFAULT_GRACE_S = 5.0

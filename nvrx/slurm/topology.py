@@ -9,48 +9,27 @@ launch, ``srun --ntasks-per-node=1``) it is ``SLURM_PROCID``, which SLURM also
 uses to order tasks; in any other step, or in the batch shell (no step), it is
 ``SLURM_NODEID``, the index of this node in the step's (or job's) node list.
 
-Ports: without an explicit value (``MASTER_PORT``, ``NVRX_STORE_PORT``) both
-ports come from the job id, so the nodes of one job agree on them without
-talking, and two jobs sharing a node get different ports unless their ids
-agree modulo ``PORT_SLOTS``: ``master_port = PORT_BASE + 2 * (id % PORT_SLOTS)``
-and ``store_port = master_port + 1``. The range 20000-29999 lies below Linux's
-default ephemeral range (32768-60999), so outgoing connections never take them.
+Ports follow the job-environment contract (``nvrx.jobenv.resolve_ports``):
+an explicit ``MASTER_PORT``/``NVRX_STORE_PORT`` wins, the store's port follows
+``MASTER_PORT``, and without either both come from the job id, so the nodes of
+one job agree on them without talking. ``job_env()`` turns a topology into that
+contract's ``JobEnv``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from nvrx import jobenv
+from nvrx.jobenv import PORT_BASE, PORT_SLOTS, JobEnv, ports_for_job, resolve_ports
 from nvrx.slurm.nodelist import expand_nodelist
 
+__all__ = ["PORT_BASE", "PORT_SLOTS", "Topology", "ports_for_job", "resolve_ports"]
+
 logger = logging.getLogger(__name__)
-
-PORT_BASE = 20000
-PORT_SLOTS = 5000
-
-
-def ports_for_job(job_id: str) -> tuple[int, int]:
-    """(master_port, store_port) derived from a job id (see the module docstring).
-
-    A numeric id (SLURM) maps by its value; any other id (``local-...``) by its CRC32.
-    """
-    key = int(job_id) if job_id.isdigit() else zlib.crc32(job_id.encode())
-    master = PORT_BASE + 2 * (key % PORT_SLOTS)
-    return master, master + 1
-
-
-def resolve_ports(job_id: str, master_port: int | None, store_port: int | None) -> tuple[int, int]:
-    """Fill in the ports not given: derived from the job id, never equal to each other."""
-    derived_master, derived_store = ports_for_job(job_id)
-    if master_port is None:
-        master_port = derived_master if store_port != derived_master else derived_store
-    if store_port is None:
-        store_port = derived_store if master_port != derived_store else derived_master
-    return master_port, store_port
 
 
 def _int_var(env: Mapping[str, str], name: str, default: int | None = None) -> int:
@@ -112,6 +91,21 @@ class Topology:
         if self.restart_count < 0:
             raise ValueError(f"restart_count={self.restart_count} is negative")
 
+    def job_env(
+        self, nproc_per_node: int = 1, log_dir: str | None = None, job_id: str | None = None
+    ) -> JobEnv:
+        """This topology as the job-environment contract (the contract's log directory unless given)."""
+        return JobEnv(
+            job_id=job_id or self.job_id,
+            log_dir=str(log_dir or jobenv.log_dir_from()),
+            nnodes=self.nnodes,
+            node_rank=self.node_rank,
+            nproc_per_node=nproc_per_node,
+            master_addr=self.master_addr,
+            master_port=self.master_port,
+            store_port=self.store_port,
+        )
+
     @property
     def node_name(self) -> str:
         """Host name of this node in ``nodelist``."""
@@ -129,16 +123,16 @@ class Topology:
         """
         env = os.environ if env is None else env
         master_port = _port_var(env, "MASTER_PORT")
-        store_port = _port_var(env, "NVRX_STORE_PORT")
+        store_port = _port_var(env, jobenv.STORE_PORT)
         if not env.get("SLURM_JOB_ID"):
-            nnodes = _int_var(env, "NVRX_NNODES", 1)
+            nnodes = _int_var(env, jobenv.NNODES, 1)
             return cls.local(
                 nnodes=nnodes,
-                node_rank=_int_var(env, "NVRX_NODE_RANK", 0),
-                master_addr=env.get("MASTER_ADDR") or "127.0.0.1",
+                node_rank=_int_var(env, jobenv.NODE_RANK, 0),
+                master_addr=env.get("MASTER_ADDR") or jobenv.DEFAULT_MASTER_ADDR,
                 master_port=master_port,
                 store_port=store_port,
-                job_id=env.get("NVRX_JOB_ID") or None,
+                job_id=env.get(jobenv.JOB_ID) or None,
             )
         return cls._from_slurm(env, master_port, store_port)
 

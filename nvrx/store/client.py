@@ -13,10 +13,12 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
+from nvrx import jobenv
+
 log = logging.getLogger(__name__)
 
-STORE_HOST_ENV = "NVRX_STORE_HOST"
-STORE_PORT_ENV = "NVRX_STORE_PORT"
+STORE_HOST_ENV = jobenv.STORE_HOST
+STORE_PORT_ENV = jobenv.STORE_PORT
 DEFAULT_TIMEOUT_S = 300.0
 
 

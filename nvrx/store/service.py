@@ -26,7 +26,7 @@ import threading
 import time
 from datetime import timedelta
 
-from nvrx import processes
+from nvrx import jobenv, processes
 
 log = logging.getLogger(__name__)
 
@@ -142,11 +142,11 @@ class StoreService:
         ]
         env = dict(os.environ)
         if self.job_id is not None:
-            env["NVRX_JOB_ID"] = str(self.job_id)
+            env[jobenv.JOB_ID] = str(self.job_id)
         if self.log_dir is not None:
-            env["NVRX_LOG_DIR"] = str(self.log_dir)
+            env[jobenv.LOG_DIR] = str(self.log_dir)
         if self.node is not None:
-            env["NVRX_NODE_RANK"] = str(self.node)
+            env[jobenv.NODE_RANK] = str(self.node)
         env.pop("RANK", None)
         try:
             self._proc = processes.start(
@@ -288,7 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in 0..65535, got {args.port}")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s nvrx-store %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s nvrx-store %(levelname)s %(message)s"
+    )
     return _serve(args.host, args.port, args.ready_fd, args.parent_pid)
 
 

@@ -21,9 +21,11 @@ from typing import Any
 
 import cloudpickle
 
+from nvrx import jobenv
+
 log = logging.getLogger(__name__)
 
-RESULT_DIR_ENV = "NVRX_RESULT_DIR"
+RESULT_DIR_ENV = jobenv.RESULT_DIR
 
 
 def dump_spec(

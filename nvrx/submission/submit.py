@@ -21,30 +21,24 @@ Without SLURM, submitit's local executor runs the same thing on one node.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shlex
-import signal
 import sys
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nvrx import processes
-from nvrx.processes import warning_signal
 from nvrx.slurm import commands
-from nvrx.submission.run_callable import RESULT_DIR_ENV, dump_spec, read_outcome, result_path
+from nvrx.submission.job import NvrxJob
+from nvrx.submission.node_task import NodeSpec, run_node
+from nvrx.submission.run_callable import dump_spec
 from nvrx.supervisor.preemption import (
     DEFAULT_MAX_TIME_LIMIT_REQUEUES,
     DEFAULT_SIGNAL_DELAY_S,
-    EXIT_REQUEUED,
     MAX_TIME_LIMIT_REQUEUES_ENV,
     SIGNAL_DELAY_ENV,
-    SUBMITIT_LOCAL_REQUEUE_EXIT,
 )
 
 log = logging.getLogger(__name__)
@@ -56,194 +50,6 @@ NVRX_PARAMETERS = ("nproc_per_node", "signal_delay_s", "max_time_limit_requeues"
 
 class SubmitError(ValueError):
     """Bad submission parameters; raised before anything is submitted. The message names the fix."""
-
-
-class JobFailed(RuntimeError):
-    """The job ended without results: a rank failed, or a supervisor stopped the job."""
-
-
-@dataclass(frozen=True)
-class NodeSpec:
-    """What the submitit task of every node runs (pickled into the job by submitit)."""
-
-    command: list[str]
-    nproc_per_node: int
-    supervise_args: list[str]
-    log_dir: str
-    result_root: str
-    env: dict[str, str] = field(default_factory=dict)
-
-
-def supervise_argv() -> list[str]:
-    """How to start ``nvrx-supervise`` with the interpreter running this code."""
-    return [sys.executable, "-m", "nvrx.supervisor.cli"]
-
-
-def run_node(spec: NodeSpec) -> dict[str, Any]:
-    """Body of one node's submitit task: supervise the node's children, return their results."""
-    import submitit
-
-    job_env = submitit.JobEnvironment()
-    job_id = str(job_env.job_id)
-    node = int(job_env.node)
-    env = dict(os.environ)
-    env.update(spec.env)
-    env["NVRX_LOG_DIR"] = spec.log_dir
-    env["NVRX_JOB_ID"] = job_id
-    result_dir = Path(spec.result_root) / job_id
-    env[RESULT_DIR_ENV] = str(result_dir)
-    argv = [*supervise_argv(), "--nproc-per-node", str(spec.nproc_per_node), *spec.supervise_args]
-    if not env.get("SLURM_JOB_ID"):
-        from nvrx.slurm.topology import ports_for_job
-
-        master_port, store_port = ports_for_job(f"local-{job_id}")
-        argv += ["--master-port", str(master_port), "--store-port", str(store_port)]
-    argv += ["--", *spec.command]
-    local_ranks = [node * spec.nproc_per_node + k for k in range(spec.nproc_per_node)]
-    for rank in local_ranks:  # a requeued run must not return the results of the run before
-        result_path(result_dir, rank).unlink(missing_ok=True)
-    rc = _supervise(argv, env, warning_signal(env))
-    if rc == EXIT_REQUEUED or rc == SUBMITIT_LOCAL_REQUEUE_EXIT:
-        # This run is over and will run again: leave no result, so the submitter keeps waiting.
-        log.warning("node %d of job %s: requeued (supervisor exit %d)", node, job_id, rc)
-        sys.exit(rc)
-    if rc != 0:
-        from nvrx.supervisor.exit_codes import describe
-
-        raise JobFailed(
-            f"nvrx-supervise on node {node} of job {job_id} exited {rc} ({describe(rc)}); "
-            f"events in {Path(spec.log_dir) / job_id}"
-        )
-    results: dict[int, Any] = {}
-    for rank in local_ranks:
-        outcome = read_outcome(result_dir, rank)
-        if outcome is None:
-            continue
-        status, value = outcome
-        if status != "success":
-            raise JobFailed(f"rank {rank} of job {job_id} failed:\n{value}")
-        results[rank] = value
-    return {"node": node, "job_id": job_id, "results": results}
-
-
-def _supervise(argv: list[str], env: dict[str, str], warning: int) -> int:
-    """Run the supervisor in its own process group, relaying the job's signals to it."""
-    # The supervisor starts with the warning ignored and installs its own handler,
-    # so that a warning during its start-up cannot kill it.
-    proc = processes.start(argv, env=env)
-    relayed = {warning, signal.SIGTERM, signal.SIGINT}
-
-    def relay(signum: int, frame: object) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signum)
-
-    previous = {s: signal.signal(s, relay) for s in relayed}
-    try:
-        return proc.wait()
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        processes.stop(proc, ask=signal.SIGKILL)  # and anything the supervisor left in its group
-
-
-@dataclass
-class NvrxJob:
-    """A submitted job: the submitit job, where its files are, its results and its report."""
-
-    job: Any  # submitit.Job
-    cluster: str
-    folder: Path
-    log_dir: Path
-    nodes: int
-    nproc_per_node: int
-
-    @property
-    def job_id(self) -> str:
-        return str(self.job.job_id)
-
-    @property
-    def state(self) -> str:
-        """Current state (SLURM's, asked now rather than from submitit's cache)."""
-        if self.cluster == "slurm":
-            with contextlib.suppress(commands.SlurmCommandError):
-                state = commands.job_state(self.job_id)
-                if state:
-                    return state
-        return str(self.job.state)
-
-    def done(self) -> bool:
-        return bool(self.job.done())
-
-    def wait(self, timeout: float | None = None, poll_s: float = 1.0) -> None:
-        """Block until the job finished: its results are written and, on SLURM, its end is accounted.
-
-        The tasks write their results before their supervisors have exited, so
-        on SLURM this also waits until accounting (``sacct``, what reports are
-        built from) records a final state for the job's latest run. SLURM offers
-        no blocking wait for a job, so this polls every ``poll_s`` seconds.
-        Raises TimeoutError after ``timeout`` seconds.
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-
-        def wait_until(finished: Callable[[], bool], what: str) -> None:
-            while not finished():
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(
-                        f"job {self.job_id}: {what} after {timeout:g} s (state {self.state})"
-                    )
-                time.sleep(poll_s)
-
-        wait_until(self.job.done, "no results")
-        if self.cluster == "slurm":
-            wait_until(self._end_accounted, "its end not in SLURM's accounting")
-
-    def _end_accounted(self) -> bool:
-        try:
-            return commands.accounted_state(self.job_id) in commands.TERMINAL_STATES
-        except commands.SlurmCommandError as exc:
-            log.warning("cannot ask sacct whether job %s ended (%s); not waiting for it", self.job_id, exc)
-            return True
-
-    def results(self, timeout: float | None = None) -> list[Any]:
-        """Every rank's return value, by global rank (None for a rank that returned nothing).
-
-        Raises ``JobFailed`` with the node's error when the job failed.
-        """
-        import submitit
-
-        self.wait(timeout)
-        try:
-            per_node = self.job.results()
-        except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError) as exc:
-            raise JobFailed(f"job {self.job_id} failed; events in {self.log_dir}:\n{exc}") from exc
-        by_rank: dict[int, Any] = {}
-        for node_result in per_node:
-            by_rank.update(node_result["results"])
-        return [by_rank.get(rank) for rank in range(self.nodes * self.nproc_per_node)]
-
-    def result(self, timeout: float | None = None) -> Any:
-        """Rank 0's return value (waits for the job)."""
-        return self.results(timeout)[0]
-
-    def cancel(self) -> None:
-        self.job.cancel(check=False)
-
-    def report(self, sacct: bool | None = None) -> Any:
-        """The ``nvrx-report`` summary of this job (``.to_dict()``, ``.to_text()``).
-
-        ``sacct`` (default: on SLURM jobs only) adds SLURM's accounting records.
-        """
-        from nvrx.report import build_report
-
-        if sacct is None:
-            sacct = self.cluster == "slurm"
-        return build_report(
-            self.log_dir, job=self.job_id, sacct=sacct, submitit_folders=[self.folder]
-        )
-
-    def report_text(self, fmt: str = "table", sacct: bool | None = None) -> str:
-        """The report as text: ``table``, ``markdown`` or ``json``."""
-        return str(self.report(sacct=sacct).to_text(fmt))
 
 
 def _positive_int(name: str, value: Any) -> int:

@@ -12,21 +12,21 @@ import os
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from nvrx import jobenv
+from nvrx.jobenv import DEFAULT_LOG_DIR, DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, JobEnv
 
 from .config import (
     DEFAULT_FINISH_TIMEOUT_S,
     DEFAULT_GRACE_PERIOD_S,
-    DEFAULT_LOG_DIR,
     DEFAULT_LOOP_BREAKER,
-    DEFAULT_MASTER_ADDR,
-    DEFAULT_MASTER_PORT,
     DEFAULT_MAX_RESTARTS,
     DEFAULT_STORE_TIMEOUT_S,
     ConfigError,
-    JobPlace,
     SupervisorConfig,
     in_slurm_step,
-    place_from_slurm,
+    job_from_slurm,
 )
 from .exit_codes import DESCRIPTIONS, ExitCode
 
@@ -104,19 +104,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="PORT",
-        help="port of the job's store on node 0 (default: from the SLURM job id, else master port + 1)",
+        help="port of the job's store on node 0 (default: the master port + 1)",
     )
     add(
         "--job-id",
         default=None,
         metavar="ID",
-        help="job id for events and logs (default: $NVRX_JOB_ID, $SLURM_JOB_ID, else local-<store port>)",
+        help=f"job id for events and logs (default: ${jobenv.JOB_ID}, $SLURM_JOB_ID, else local-<store port>)",
     )
     add(
         "--log-dir",
         default=None,
         metavar="DIR",
-        help=f"base log directory; events go to DIR/<job id>/ (default: $NVRX_LOG_DIR, else ./{DEFAULT_LOG_DIR})",
+        help=f"base log directory; events go to DIR/<job id>/ (default: ${jobenv.LOG_DIR}, else ./{DEFAULT_LOG_DIR})",
     )
     add(
         "--max-restarts",
@@ -185,39 +185,40 @@ def config_from_args(
     command = _resolve_command(list(args.command))
     local_topology = any(v is not None for v in (args.nnodes, args.node_rank, args.master_addr))
     if in_slurm_step(env) and not local_topology:
-        place = place_from_slurm(env)
+        job = job_from_slurm(env, args.nproc_per_node, args.log_dir)
+        if args.master_port is not None or args.store_port is not None:
+            master, store = jobenv.resolve_ports(job.job_id, args.master_port, args.store_port)
+            job = replace(job, master_port=master, store_port=store)
+        if args.job_id:
+            job = replace(job, job_id=args.job_id)
     else:
-        master_port = args.master_port if args.master_port is not None else DEFAULT_MASTER_PORT
-        store_port = args.store_port if args.store_port is not None else master_port + 1
-        place = JobPlace(
+        job = JobEnv.local(
             nnodes=args.nnodes if args.nnodes is not None else 1,
             node_rank=args.node_rank if args.node_rank is not None else 0,
-            master_addr=args.master_addr or DEFAULT_MASTER_ADDR,
-            master_port=master_port,
-            store_port=store_port,
-            job_id=env.get("NVRX_JOB_ID") or env.get("SLURM_JOB_ID") or f"local-{store_port}",
+            nproc_per_node=args.nproc_per_node,
+            master_addr=args.master_addr,
+            master_port=args.master_port,
+            store_port=args.store_port,
+            job_id=args.job_id,
+            log_dir=args.log_dir,
+            env=env,
         )
-    return SupervisorConfig(
+    config = SupervisorConfig.for_job(
+        job,
         command=command,
-        nproc_per_node=args.nproc_per_node,
-        nnodes=place.nnodes,
-        node_rank=place.node_rank,
-        master_addr=place.master_addr,
-        master_port=args.master_port if args.master_port is not None else place.master_port,
-        store_port=args.store_port if args.store_port is not None else place.store_port,
-        job_id=args.job_id or place.job_id,
-        log_dir=args.log_dir or env.get("NVRX_LOG_DIR") or DEFAULT_LOG_DIR,
         max_restarts=args.max_restarts,
         loop_breaker=args.loop_breaker,
         grace_period=args.grace_period,
         store_timeout=args.store_timeout,
         finish_timeout=args.finish_timeout,
-    ), args.verbose
+    )
+    return config, args.verbose
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point; returns the exit code (see ``exit_codes``)."""
-    from .supervisor import Supervisor, SupervisorError
+    from .exit_codes import SupervisorError
+    from .supervisor import Supervisor
 
     argv = sys.argv[1:] if argv is None else list(argv)
     try:

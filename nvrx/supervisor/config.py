@@ -1,34 +1,64 @@
 """Configuration of one supervisor: topology of the job, restart policy, timeouts.
 
-The topology comes from SLURM (one supervisor per node, ``Topology.from_env``)
-or, for development and tests, from explicit ``--nnodes/--node-rank/...``
-options so that N local supervisors form one job on a single machine.
+The job's place (the job-environment contract, ``nvrx.jobenv.JobEnv``) comes
+from SLURM (one supervisor per node, ``job_from_slurm``) or, for development
+and tests, from explicit ``--nnodes/--node-rank/...`` options so that N local
+supervisors form one job on a single machine.
 """
 
 from __future__ import annotations
 
-import os
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from nvrx.events import job_log_dir
+from nvrx.jobenv import DEFAULT_LOG_DIR, DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, JobEnv
 from nvrx.slurm.topology import Topology
 
-DEFAULT_MASTER_ADDR = "127.0.0.1"
-DEFAULT_MASTER_PORT = 29500
 DEFAULT_MAX_RESTARTS = 10
 DEFAULT_LOOP_BREAKER = 3
 DEFAULT_GRACE_PERIOD_S = 5.0
 DEFAULT_STORE_TIMEOUT_S = 60.0
 DEFAULT_FINISH_TIMEOUT_S = 300.0
-DEFAULT_LOG_DIR = "nvrx_logs"
 
 KEY_PREFIX = "nvrx_supervisor/"
 STOP_KEY = KEY_PREFIX + "stop"
 RESTARTS_KEY = KEY_PREFIX + "restarts"
 NODES_DONE_KEY = KEY_PREFIX + "nodes_done"
 ALL_DONE_KEY = KEY_PREFIX + "all_done"
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """What a node that stops the job writes under ``STOP_KEY`` for the others."""
+
+    reason: str
+    exit_code: int
+    node: int | None
+
+    def encode(self) -> str:
+        return json.dumps({"reason": self.reason, "exit_code": self.exit_code, "node": self.node})
+
+    @classmethod
+    def decode(cls, value: str | None, default_exit: int) -> StopRequest:
+        """Read a request; fields that are missing or unreadable take neutral values."""
+        try:
+            data = json.loads(value or "{}")
+        except ValueError:
+            data = {}
+        data = data if isinstance(data, dict) else {}
+        try:
+            code = int(data.get("exit_code", default_exit))
+        except (TypeError, ValueError):
+            code = default_exit
+        node = data.get("node")
+        return cls(
+            str(data.get("reason") or "no reason given"),
+            code,
+            node if isinstance(node, int) else None,
+        )
 
 
 class ConfigError(ValueError):
@@ -115,52 +145,47 @@ class SupervisorConfig:
         return self.master_addr
 
     @property
+    def job_env(self) -> JobEnv:
+        """This supervisor's job as the job-environment contract."""
+        return JobEnv(
+            job_id=self.job_id,
+            log_dir=self.log_dir,
+            nnodes=self.nnodes,
+            node_rank=self.node_rank,
+            nproc_per_node=self.nproc_per_node,
+            master_addr=self.master_addr,
+            master_port=self.master_port,
+            store_port=self.store_port,
+        )
+
+    @property
     def events_dir(self) -> Path:
         """Where this job's events go: ``<log_dir>/<job_id>``."""
-        return job_log_dir(self.job_id, {"NVRX_LOG_DIR": self.log_dir})
+        return self.job_env.job_dir
 
     def rank(self, local_rank: int) -> int:
-        return self.node_rank * self.nproc_per_node + local_rank
+        return self.job_env.rank(local_rank)
 
     def child_env(
         self, local_rank: int, restart_count: int, base: Mapping[str, str] | None = None
     ) -> dict[str, str]:
         """Environment of the child of ``local_rank`` (docs/conventions.md), on top of ``base``."""
-        env = dict(os.environ if base is None else base)
-        env.update(self.extra_env)
-        env.update(
-            {
-                "RANK": str(self.rank(local_rank)),
-                "LOCAL_RANK": str(local_rank),
-                "WORLD_SIZE": str(self.world_size),
-                "LOCAL_WORLD_SIZE": str(self.nproc_per_node),
-                "GROUP_RANK": str(self.node_rank),
-                "MASTER_ADDR": self.master_addr,
-                "MASTER_PORT": str(self.master_port),
-                "NVRX_STORE_HOST": self.store_host,
-                "NVRX_STORE_PORT": str(self.store_port),
-                "NVRX_JOB_ID": self.job_id,
-                "NVRX_LOG_DIR": str(Path(self.log_dir).absolute()),
-                "NVRX_NODE_RANK": str(self.node_rank),
-                "NVRX_NNODES": str(self.nnodes),
-                "NVRX_NPROC_PER_NODE": str(self.nproc_per_node),
-                "NVRX_RESTART_COUNT": str(restart_count),
-                "NVRX_SUPERVISED": "1",
-            }
+        return self.job_env.child_env(local_rank, restart_count, base, self.extra_env)
+
+    @classmethod
+    def for_job(cls, job: JobEnv, **settings: Any) -> SupervisorConfig:
+        """A config for ``job`` with the policy ``settings`` (command, max_restarts, ...)."""
+        return cls(
+            nproc_per_node=job.nproc_per_node,
+            nnodes=job.nnodes,
+            node_rank=job.node_rank,
+            master_addr=job.master_addr,
+            master_port=job.master_port,
+            store_port=job.store_port,
+            job_id=job.job_id,
+            log_dir=job.log_dir,
+            **settings,
         )
-        return env
-
-
-@dataclass(frozen=True)
-class JobPlace:
-    """Where this supervisor sits in the job: the part of the config SLURM can tell."""
-
-    nnodes: int
-    node_rank: int
-    master_addr: str
-    master_port: int
-    store_port: int
-    job_id: str
 
 
 def in_slurm_step(env: Mapping[str, str]) -> bool:
@@ -168,17 +193,9 @@ def in_slurm_step(env: Mapping[str, str]) -> bool:
     return "SLURM_JOB_ID" in env and "SLURM_PROCID" in env
 
 
-def place_from_slurm(env: Mapping[str, str]) -> JobPlace:
-    """The job's topology from SLURM, through ``nvrx.slurm.topology.Topology.from_env``."""
+def job_from_slurm(env: Mapping[str, str], nproc_per_node: int, log_dir: str | None) -> JobEnv:
+    """The job's place from SLURM's variables (``nvrx.slurm.topology``); ConfigError names a bad one."""
     try:
-        topo = Topology.from_env(dict(env))
+        return Topology.from_env(dict(env)).job_env(nproc_per_node, log_dir)
     except ValueError as exc:
         raise ConfigError(f"cannot read the SLURM topology: {exc}") from exc
-    return JobPlace(
-        nnodes=int(topo.nnodes),
-        node_rank=int(topo.node_rank),
-        master_addr=str(topo.master_addr),
-        master_port=int(topo.master_port),
-        store_port=int(topo.store_port),
-        job_id=str(topo.job_id),
-    )

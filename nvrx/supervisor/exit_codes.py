@@ -57,3 +57,11 @@ def describe(code: int) -> str:
         except ValueError:
             pass
     return f"unknown exit code {code}"
+
+
+class SupervisorError(RuntimeError):
+    """A failure that ends the supervisor with ``code``; the message names the fix."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = int(code)

@@ -21,22 +21,21 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 
-from nvrx import events, processes
+from nvrx import events, jobenv, processes
+from nvrx.jobenv import JobEnv
 
 from .children import Child
 from .config import (
     DEFAULT_FINISH_TIMEOUT_S,
     DEFAULT_GRACE_PERIOD_S,
-    DEFAULT_LOG_DIR,
     DEFAULT_LOOP_BREAKER,
-    DEFAULT_MASTER_ADDR,
-    DEFAULT_MASTER_PORT,
     DEFAULT_MAX_RESTARTS,
     DEFAULT_STORE_TIMEOUT_S,
     SupervisorConfig,
     in_slurm_step,
-    place_from_slurm,
+    job_from_slurm,
 )
 
 log = logging.getLogger(__name__)
@@ -60,28 +59,17 @@ def _fork_child(local_rank: int, attempt: int, env: dict[str, str]) -> Child:
     return Child.forked(local_rank, attempt, pid)
 
 
-def _topology(env: Mapping[str, str]) -> dict:
-    """nnodes/node_rank/master/store of a one-rank-per-process job: SLURM tasks, torchrun-style env, or one process."""
+def _job(env: Mapping[str, str], log_dir: str | None) -> JobEnv:
+    """The job of a one-rank-per-process launch: SLURM tasks, torchrun-style variables, or one process.
+
+    Each process is a "node" of one rank here, so SLURM's task count is the node count.
+    """
     if in_slurm_step(env):
-        place = place_from_slurm(env)
-        return {
-            "nnodes": int(env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS") or place.nnodes),
-            "node_rank": int(env["SLURM_PROCID"]),
-            "master_addr": place.master_addr,
-            "master_port": place.master_port,
-            "store_port": place.store_port,
-            "job_id": env.get("NVRX_JOB_ID") or place.job_id,
-        }
-    master_port = int(env.get("MASTER_PORT") or DEFAULT_MASTER_PORT)
-    store_port = int(env.get("NVRX_STORE_PORT") or master_port + 1)
-    return {
-        "nnodes": int(env.get("WORLD_SIZE") or 1),
-        "node_rank": int(env.get("RANK") or 0),
-        "master_addr": env.get("MASTER_ADDR") or DEFAULT_MASTER_ADDR,
-        "master_port": master_port,
-        "store_port": store_port,
-        "job_id": env.get("NVRX_JOB_ID") or f"local-{store_port}",
-    }
+        job = job_from_slurm(env, 1, log_dir)
+        ntasks = int(env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS") or job.nnodes)
+        return replace(job, nnodes=ntasks, node_rank=int(env["SLURM_PROCID"]))
+    job = JobEnv.from_env(env)
+    return replace(job, log_dir=log_dir or job.log_dir)
 
 
 def fork_and_monitor(
@@ -97,22 +85,19 @@ def fork_and_monitor(
     Returns at once without forking when the process already runs under an nvrx
     supervisor (``NVRX_SUPERVISED=1``). Call it before importing torch.
     """
-    if os.environ.get("NVRX_SUPERVISED") == "1":
+    if jobenv.flag_in(os.environ, jobenv.SUPERVISED):
         return
-    from .supervisor import Supervisor, SupervisorError
+    from .exit_codes import SupervisorError
+    from .supervisor import Supervisor
 
-    env = os.environ
-    topo = _topology(env)
-    config = SupervisorConfig(
+    config = SupervisorConfig.for_job(
+        _job(os.environ, log_dir),
         command=list(getattr(sys, "orig_argv", sys.argv)),
-        nproc_per_node=1,
-        log_dir=log_dir or env.get("NVRX_LOG_DIR") or DEFAULT_LOG_DIR,
         max_restarts=max_restarts,
         loop_breaker=loop_breaker,
         grace_period=grace_period,
         store_timeout=store_timeout,
         finish_timeout=finish_timeout,
-        **topo,
     )
     supervisor = Supervisor(config, spawn=_fork_child)
     try:

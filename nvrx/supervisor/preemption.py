@@ -35,40 +35,48 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import signal
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from nvrx import jobenv
 from nvrx.checkpoint_flag import (
     PREEMPT_DIR,
     PREEMPT_FLAG_ENV,
     flag_path_for,
     write_flag,
-    write_json_atomic,
 )
-from nvrx.events import EventWriter, get_writer, job_log_dir
+from nvrx.events import EventWriter, get_writer
 from nvrx.processes import warning_signal
 from nvrx.slurm import commands
+
+from .requeue_ledger import Decision, RequeueLedger
+from .warning_cause import CAUSES, DEFAULT_PREEMPT_WINDOW_S, classify, parse_duration, window_s
+
+__all__ = [
+    "CAUSES",
+    "DEFAULT_PREEMPT_WINDOW_S",
+    "Decision",
+    "PreemptionHandler",
+    "RequeueLedger",
+    "classify",
+    "parse_duration",
+]
 
 log = logging.getLogger(__name__)
 
 #: Seconds before the end at which SLURM sends the warning (``--signal=...@<seconds>``).
-SIGNAL_DELAY_ENV = "NVRX_SIGNAL_DELAY_S"
+SIGNAL_DELAY_ENV = jobenv.SIGNAL_DELAY_S
 #: Cap on requeues after time limits (preemptions are requeued without a cap).
-MAX_TIME_LIMIT_REQUEUES_ENV = "NVRX_MAX_TIME_LIMIT_REQUEUES"
+MAX_TIME_LIMIT_REQUEUES_ENV = jobenv.MAX_TIME_LIMIT_REQUEUES
 #: Seconds a preempted job may use to checkpoint when the partition's GraceTime is unknown.
-PREEMPT_WINDOW_ENV = "NVRX_PREEMPT_WINDOW_S"
+PREEMPT_WINDOW_ENV = jobenv.PREEMPT_WINDOW_S
 
 #: Warning delay nvrx.submit asks for by default (submitit's default too).
 DEFAULT_SIGNAL_DELAY_S = 90
 DEFAULT_MAX_TIME_LIMIT_REQUEUES = 3
-DEFAULT_PREEMPT_WINDOW_S = 30.0
-#: Seconds of lag allowed between SLURM's warning and our look at the job's clock.
-TIME_LIMIT_SLACK_S = 5.0
 #: Supervisor exit code when the job was requeued (EX_TEMPFAIL: "try again later").
 EXIT_REQUEUED = 75
 #: Exit code that makes submitit's local executor run a task again (its emulated requeue).
@@ -77,98 +85,6 @@ SUBMITIT_LOCAL_REQUEUE_EXIT = 144
 TERM_GRACE_S = 5.0
 #: Seconds between looks at other nodes' files.
 POLL_S = 0.2
-
-CAUSES = ("preemption", "time_limit", "unknown")
-_NO_TIME = ("", "None", "N/A", "Unknown", "(null)")
-_DURATION = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)$")
-
-
-def parse_duration(text: str | None) -> float | None:
-    """Seconds in a SLURM duration (``[D-]HH:MM:SS`` or ``MM:SS``); None for UNLIMITED or junk."""
-    if not text:
-        return None
-    match = _DURATION.match(text.strip())
-    if not match:
-        return None
-    days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
-    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
-
-
-def classify(info: Mapping[str, str] | None, signal_delay_s: float | None) -> str:
-    """``preemption``, ``time_limit`` or ``unknown`` from ``scontrol show job`` fields.
-
-    A time-limit warning comes when at most ``signal_delay_s`` seconds are
-    left; a warning with clearly more time left is a preemption.
-    """
-    if not info:
-        return "unknown"
-    if info.get("PreemptTime", "None") not in _NO_TIME:
-        return "preemption"
-    limit = parse_duration(info.get("TimeLimit"))
-    run = parse_duration(info.get("RunTime"))
-    if limit is None or run is None:
-        return "unknown" if limit is not None else "preemption"
-    if signal_delay_s is not None:
-        return "time_limit" if limit - run <= signal_delay_s + TIME_LIMIT_SLACK_S else "preemption"
-    return "time_limit" if run >= min(0.8 * limit, limit - 600.0) else "preemption"
-
-
-def _env_number(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw in (None, ""):
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number") from None
-    if value < 0:
-        raise ValueError(f"{name}={raw!r} must not be negative")
-    return value
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What the job does after a warning; the same on every node."""
-
-    cause: str
-    requeued: bool
-    exit_code: int
-    reason: str
-    requeue_count: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-class RequeueLedger:
-    """The job's requeues so far (``requeues.json``), written by node 0 only."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-
-    def entries(self) -> list[dict[str, Any]]:
-        try:
-            data = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return []
-        except (OSError, ValueError) as exc:
-            log.warning(
-                "requeue ledger %s unreadable (%s); counting from SLURM_RESTART_COUNT",
-                self.path,
-                exc,
-            )
-            return []
-        return [e for e in data if isinstance(e, dict)] if isinstance(data, list) else []
-
-    def count(self, cause: str | None = None) -> int:
-        return sum(1 for e in self.entries() if cause is None or e.get("cause") == cause)
-
-    def append(self, cause: str, run: int, **extra: Any) -> int:
-        """Record one requeue; returns the number of requeues recorded."""
-        entries = self.entries()
-        entries.append({"cause": cause, "run": run, "wall": time.time(), **extra})
-        write_json_atomic(self.path, entries)
-        return len(entries)
 
 
 class PreemptionHandler:
@@ -236,18 +152,20 @@ class PreemptionHandler:
         delay = env.get(SIGNAL_DELAY_ENV)
         window = env.get(PREEMPT_WINDOW_ENV)
         return cls(
-            job_dir if job_dir is not None else job_log_dir(env=dict(env)),
+            job_dir if job_dir is not None else jobenv.job_dir(env=env),
             node_rank,
             nnodes,
             job_id=job_id,
-            run_index=int(_env_number(env, "SLURM_RESTART_COUNT", 0)),
+            run_index=int(jobenv.seconds_from(env, "SLURM_RESTART_COUNT", 0)),
             slurm=job_id is not None,
             signum=warning_signal(env),
-            signal_delay_s=_env_number(env, SIGNAL_DELAY_ENV, 0) if delay else None,
+            signal_delay_s=jobenv.seconds_from(env, SIGNAL_DELAY_ENV, 0) if delay else None,
             max_time_limit_requeues=int(
-                _env_number(env, MAX_TIME_LIMIT_REQUEUES_ENV, DEFAULT_MAX_TIME_LIMIT_REQUEUES)
+                jobenv.seconds_from(
+                    env, MAX_TIME_LIMIT_REQUEUES_ENV, DEFAULT_MAX_TIME_LIMIT_REQUEUES
+                )
             ),
-            preempt_window_s=_env_number(env, PREEMPT_WINDOW_ENV, 0) if window else None,
+            preempt_window_s=jobenv.seconds_from(env, PREEMPT_WINDOW_ENV, 0) if window else None,
             local_requeue=env.get("SUBMITIT_EXECUTOR") == "local",
             writer=writer,
         )
@@ -364,8 +282,10 @@ class PreemptionHandler:
         received = self._signal_wall or time.time()
         signame = signal.Signals(signum).name
         flag = self._read_flag()  # the first node to act decides cause and deadline for all
-        if flag is not None and flag.get("cause") in CAUSES and isinstance(
-            flag.get("deadline_wall"), (int, float)
+        if (
+            flag is not None
+            and flag.get("cause") in CAUSES
+            and isinstance(flag.get("deadline_wall"), (int, float))
         ):
             cause = cause or str(flag["cause"])
             deadline = float(flag["deadline_wall"])
@@ -374,7 +294,7 @@ class PreemptionHandler:
             info = self._job_info()
             if cause is None:
                 cause = classify(info, self.signal_delay_s) if self.slurm else "unknown"
-            window = self._window_s(info, cause)
+            window = window_s(info, cause, self.signal_delay_s, self.preempt_window_s)
             deadline = received + window
             flag = None
         self._emit("preempt_signal", signal=signame, cause=cause, window_s=round(window, 1))
@@ -382,7 +302,12 @@ class PreemptionHandler:
         if flag is None:
             write_flag(
                 self.flag_path,
-                {"cause": cause, "signal": signame, "deadline_wall": deadline, "run": self.run_index},
+                {
+                    "cause": cause,
+                    "signal": signame,
+                    "deadline_wall": deadline,
+                    "run": self.run_index,
+                },
             )
         stop_children(time.monotonic() + max(0.0, deadline - time.time()))
         write_flag(self._done_path(self.node_rank), {"wall": time.time()})
@@ -460,32 +385,6 @@ class PreemptionHandler:
         except commands.SlurmCommandError as exc:
             log.warning("cannot ask slurmctld about job %s: %s", self.job_id, exc)
             return None
-
-    def _window_s(self, info: Mapping[str, str] | None, cause: str) -> float:
-        """Seconds from the warning until the job must have stopped, minus a margin."""
-        if cause == "time_limit" and info:
-            limit, run = parse_duration(info.get("TimeLimit")), parse_duration(info.get("RunTime"))
-            window = (limit - run) if limit is not None and run is not None else self.signal_delay_s
-        elif self.preempt_window_s is not None:
-            window = self.preempt_window_s
-        else:
-            window = self._grace_time(info) if cause == "preemption" else None
-            if window is None:
-                window = self.signal_delay_s if cause == "time_limit" else DEFAULT_PREEMPT_WINDOW_S
-        window = float(window if window is not None else DEFAULT_PREEMPT_WINDOW_S)
-        return max(1.0, window - min(10.0, 0.25 * window))
-
-    def _grace_time(self, info: Mapping[str, str] | None) -> float | None:
-        partition = (info or {}).get("Partition", "").split(",")[0]
-        if not partition:
-            return None
-        try:
-            done = commands.run_command(["scontrol", "show", "partition", "-o", partition])
-        except commands.SlurmCommandError as exc:
-            log.warning("cannot read GraceTime of partition %s: %s", partition, exc)
-            return None
-        grace = commands.parse_key_values(done.stdout).get("GraceTime", "")
-        return float(grace) if grace.isdigit() and int(grace) > 0 else None
 
     @staticmethod
     def _wait_for(condition: Any, deadline: float) -> bool:

@@ -10,7 +10,6 @@ arrive as readable descriptors of one ``select`` call.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import selectors
@@ -19,35 +18,29 @@ import time
 from collections.abc import Callable
 
 from nvrx import events
-from nvrx.store.service import (
-    StorePortInUse,
-    StoreService,
-    StoreUnavailable,
-    port_is_free,
-    wait_for_store,
-)
+from nvrx.store.service import StorePortInUse, StoreService, port_is_free
 
 from . import preemption
 from .children import Child, ExitStatus, stop_children
-from .config import ALL_DONE_KEY, NODES_DONE_KEY, RESTARTS_KEY, STOP_KEY, SupervisorConfig
-from .exit_codes import ExitCode, for_signal
+from .config import (
+    ALL_DONE_KEY,
+    NODES_DONE_KEY,
+    RESTARTS_KEY,
+    STOP_KEY,
+    StopRequest,
+    SupervisorConfig,
+)
+from .exit_codes import ExitCode, SupervisorError, for_signal
 from .policy import Decision, RestartPolicy, last_fault
 from .preemption import PreemptionHandler
 from .signals import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
 from .store_link import StoreLink, StoreLinkError
+from .store_setup import bring_up_store
 
 log = logging.getLogger(__name__)
 
 #: Starts the child of a local rank: ``spawn(local_rank, attempt, env) -> Child``.
 Spawner = Callable[[int, int, dict], Child]
-
-
-class SupervisorError(RuntimeError):
-    """A failure that ends the supervisor with ``code``; the message names the fix."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = int(code)
 
 
 class Supervisor:
@@ -133,22 +126,7 @@ class Supervisor:
                 self.writer.emit("supervisor_end", exit_code=int(self.exit_code), reason=reason)
 
     def _bring_up_store(self) -> None:
-        cfg = self.config
-        if cfg.node_rank == 0:
-            service = StoreService(
-                cfg.store_host, cfg.store_port, job_id=cfg.job_id, log_dir=cfg.log_dir, node=0
-            )
-            try:
-                self.service = service.start(cfg.store_timeout)
-            except StorePortInUse as exc:
-                raise SupervisorError(ExitCode.USAGE, str(exc)) from exc
-            except RuntimeError as exc:
-                raise SupervisorError(ExitCode.STORE_UNAVAILABLE, str(exc)) from exc
-        else:
-            try:
-                wait_for_store(cfg.store_host, cfg.store_port, cfg.store_timeout)
-            except StoreUnavailable as exc:
-                raise SupervisorError(ExitCode.STORE_UNAVAILABLE, str(exc)) from exc
+        self.service = bring_up_store(self.config)
 
     def _connect_link(self) -> None:
         assert self.link is not None
@@ -257,11 +235,10 @@ class Supervisor:
         log.warning("stopping the job: %s", reason)
         self._emit("job_stop", reason=reason, exit_code=int(exit_code))
         if broadcast and self.link is not None and self.link.lost is None:
-            value = json.dumps(
-                {"reason": reason, "exit_code": int(exit_code), "node": self.config.node_rank}
-            )
             try:
-                self.link.set(STOP_KEY, value)
+                self.link.set(
+                    STOP_KEY, StopRequest(reason, int(exit_code), self.config.node_rank).encode()
+                )
             except StoreLinkError as exc:
                 log.warning("could not tell the other nodes to stop: %s", exc)
         stop_children(self._running(), self.config.grace_period)
@@ -298,14 +275,10 @@ class Supervisor:
                         broadcast=False,
                     )
             elif message.get("key") == STOP_KEY and self.stop_reason is None:
-                try:
-                    request = json.loads(message.get("value") or "{}")
-                except ValueError:
-                    request = {}
-                code = int(request.get("exit_code", ExitCode.INTERNAL))
+                request = StopRequest.decode(message.get("value"), ExitCode.INTERNAL)
                 self.request_stop(
-                    f"node {request.get('node')} stopped the job: {request.get('reason', 'no reason given')}",
-                    code,
+                    f"node {request.node} stopped the job: {request.reason}",
+                    request.exit_code,
                     broadcast=False,
                 )
 
@@ -372,34 +345,33 @@ class Supervisor:
         except StoreLinkError as exc:
             log.warning("could not report node %d done: %s", cfg.node_rank, exc)
             return
-        if cfg.node_rank != 0 or cfg.nnodes == 1:
-            return
+        if cfg.node_rank == 0 and cfg.nnodes > 1:
+            self._wait_for_other_nodes(time.monotonic() + cfg.finish_timeout)
+
+    def _wait_for_other_nodes(self, deadline: float) -> None:
         selector = self._make_selector()
-        deadline = time.monotonic() + cfg.finish_timeout
         try:
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    if self.exit_code == ExitCode.OK:
-                        self.exit_code = ExitCode.PEER_LOST
-                    reason = f"other nodes did not finish within --finish-timeout {cfg.finish_timeout:g} s"
-                    self.stop_reason = self.stop_reason or reason
-                    self._emit("job_stop", reason=reason, exit_code=int(self.exit_code))
-                    return
-                for message in self._poll_once(selector, remaining):
-                    if message.get("key") == ALL_DONE_KEY or message.get("event") == "lost":
-                        return
-                    if message.get("key") == STOP_KEY and self.exit_code == ExitCode.OK:
-                        try:
-                            self.exit_code = int(
-                                json.loads(message.get("value") or "{}").get("exit_code", 0)
-                            )
-                        except (ValueError, AttributeError):
-                            pass
-                if self._signalled is not None:
-                    return  # signalled while waiting for the others
+            while not self._other_nodes_done(selector, deadline):
+                pass
         finally:
             selector.close()
+
+    def _other_nodes_done(self, selector: selectors.BaseSelector, deadline: float) -> bool:
+        """One wait for the other nodes' end; True when waiting is over (done, lost, signalled, late)."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            if self.exit_code == ExitCode.OK:
+                self.exit_code = ExitCode.PEER_LOST
+            reason = f"other nodes did not finish within --finish-timeout {self.config.finish_timeout:g} s"
+            self.stop_reason = self.stop_reason or reason
+            self._emit("job_stop", reason=reason, exit_code=int(self.exit_code))
+            return True
+        for message in self._poll_once(selector, remaining):
+            if message.get("key") == ALL_DONE_KEY or message.get("event") == "lost":
+                return True
+            if message.get("key") == STOP_KEY and self.exit_code == ExitCode.OK:
+                self.exit_code = StopRequest.decode(message.get("value"), ExitCode.OK).exit_code
+        return self._signalled is not None  # signalled while waiting for the others
 
     def _cleanup(self) -> None:
         stop_children(list(self.children.values()), 0.0)

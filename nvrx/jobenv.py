@@ -1,0 +1,252 @@
+"""The job-environment contract: every ``NVRX_*`` variable, its default, and a child's environment.
+
+A supervisor tells its training children where they stand through environment
+variables (``docs/conventions.md``); the children, the Wrapper, the store
+service, the event writer and the report read them back. The names, the
+defaults and the rules that derive one value from another (the store's port,
+the job's log directory) live here and nowhere else, so both sides agree.
+
+``JobEnv`` is one job as one process sees it. A supervisor builds it from its
+options or from SLURM (``nvrx.slurm.topology``) and hands ``child_env()`` to
+each child; anything else reads it with ``JobEnv.from_env()``.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+# -- what a supervisor gives its children --------------------------------------------
+LOG_DIR = "NVRX_LOG_DIR"
+JOB_ID = "NVRX_JOB_ID"
+NODE_RANK = "NVRX_NODE_RANK"
+NNODES = "NVRX_NNODES"
+NPROC_PER_NODE = "NVRX_NPROC_PER_NODE"
+STORE_HOST = "NVRX_STORE_HOST"
+STORE_PORT = "NVRX_STORE_PORT"
+RESTART_COUNT = "NVRX_RESTART_COUNT"
+SUPERVISED = "NVRX_SUPERVISED"
+PREEMPT_FLAG = "NVRX_PREEMPT_FLAG"
+# -- settings a user or a template may give --------------------------------------------
+PREEMPT_SIGNAL = "NVRX_PREEMPT_SIGNAL"
+SIGNAL_DELAY_S = "NVRX_SIGNAL_DELAY_S"
+MAX_TIME_LIMIT_REQUEUES = "NVRX_MAX_TIME_LIMIT_REQUEUES"
+PREEMPT_WINDOW_S = "NVRX_PREEMPT_WINDOW_S"
+EVENTS_FSYNC = "NVRX_EVENTS_FSYNC"
+RESULT_DIR = "NVRX_RESULT_DIR"
+FR_TRACE_PATH = "NVRX_FR_TRACE_PATH"
+MONITOR_DEBUG = "NVRX_MONITOR_DEBUG"
+
+DEFAULT_LOG_DIR = "nvrx_logs"
+DEFAULT_MASTER_ADDR = "127.0.0.1"
+#: Torch's own rendezvous port when neither an option, MASTER_PORT nor SLURM says otherwise.
+DEFAULT_MASTER_PORT = 29500
+#: Job id of events written outside any job.
+DEFAULT_JOB_ID = "local"
+#: Ports derived from a job id lie in [PORT_BASE, PORT_BASE + 2 * PORT_SLOTS): below
+#: Linux's default ephemeral range (32768-60999), so outgoing connections never take them.
+PORT_BASE = 20000
+PORT_SLOTS = 5000
+
+
+def ports_for_job(job_id: str) -> tuple[int, int]:
+    """(master_port, store_port) derived from a job id, so the nodes agree without talking.
+
+    A numeric id (SLURM) maps by its value, any other (``local-...``) by its CRC32;
+    two jobs sharing a node differ unless their ids agree modulo ``PORT_SLOTS``.
+    """
+    key = int(job_id) if job_id.isdigit() else zlib.crc32(job_id.encode())
+    master = PORT_BASE + 2 * (key % PORT_SLOTS)
+    return master, store_port_for(master)
+
+
+def store_port_for(master_port: int) -> int:
+    """The store's port when none is given: the one after ``MASTER_PORT``.
+
+    Never ``MASTER_PORT`` itself, where torch's own rendezvous store may listen.
+    """
+    return master_port + 1 if master_port < 65535 else master_port - 1
+
+
+def resolve_ports(job_id: str, master_port: int | None, store_port: int | None) -> tuple[int, int]:
+    """Fill in the ports not given: an explicit value wins, the store follows ``MASTER_PORT``,
+    and without either both come from the job id. The two never coincide."""
+    if master_port is None and store_port is None:
+        return ports_for_job(job_id)
+    if store_port is None:
+        assert master_port is not None
+        return master_port, store_port_for(master_port)
+    if master_port is None:
+        derived, _ = ports_for_job(job_id)
+        return (derived if derived != store_port else store_port_for(derived)), store_port
+    return master_port, store_port
+
+
+def job_id_from(env: Mapping[str, str] | None = None) -> str:
+    """The job id: ``NVRX_JOB_ID``, else ``SLURM_JOB_ID``, else ``local``."""
+    env = os.environ if env is None else env
+    return env.get(JOB_ID) or env.get("SLURM_JOB_ID") or DEFAULT_JOB_ID
+
+
+def log_dir_from(env: Mapping[str, str] | None = None) -> Path:
+    """The base log directory: ``NVRX_LOG_DIR``, else ``./nvrx_logs``."""
+    env = os.environ if env is None else env
+    return Path(env.get(LOG_DIR) or DEFAULT_LOG_DIR)
+
+
+def job_dir(job_id: str | None = None, env: Mapping[str, str] | None = None) -> Path:
+    """One job's directory of event files: ``<log dir>/<job id>``."""
+    return log_dir_from(env) / (job_id or job_id_from(env))
+
+
+def flag_in(env: Mapping[str, str] | None, name: str) -> bool:
+    """Whether boolean variable ``name`` is set to ``1``."""
+    env = os.environ if env is None else env
+    return env.get(name) == "1"
+
+
+def int_from(env: Mapping[str, str] | None, name: str, default: int) -> int:
+    """Integer variable ``name``; ValueError naming it when it is not a number."""
+    env = os.environ if env is None else env
+    raw = env.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+
+
+def seconds_from(env: Mapping[str, str] | None, name: str, default: float) -> float:
+    """Non-negative number variable ``name`` (seconds, counts); ValueError naming it otherwise."""
+    env = os.environ if env is None else env
+    raw = env.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+    if not value >= 0:
+        raise ValueError(f"{name}={raw!r} must not be negative")
+    return value
+
+
+@dataclass(frozen=True)
+class JobEnv:
+    """One job as one process sees it: its id, log directory, topology and store."""
+
+    job_id: str
+    log_dir: str = DEFAULT_LOG_DIR
+    nnodes: int = 1
+    node_rank: int = 0
+    nproc_per_node: int = 1
+    master_addr: str = DEFAULT_MASTER_ADDR
+    master_port: int = 0
+    store_port: int = 0
+
+    @classmethod
+    def local(
+        cls,
+        *,
+        nnodes: int = 1,
+        node_rank: int = 0,
+        nproc_per_node: int = 1,
+        master_addr: str | None = None,
+        master_port: int | None = None,
+        store_port: int | None = None,
+        job_id: str | None = None,
+        log_dir: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> JobEnv:
+        """A job from explicit values; what is not given comes from ``env`` or the defaults.
+
+        ``MASTER_PORT`` defaults to 29500 and the store's port follows it; the
+        job id is ``NVRX_JOB_ID``, else ``SLURM_JOB_ID``, else ``local-<store port>``.
+        """
+        env = os.environ if env is None else env
+        master_port = DEFAULT_MASTER_PORT if master_port is None else master_port
+        store_port = store_port_for(master_port) if store_port is None else store_port
+        return cls(
+            job_id=job_id or env.get(JOB_ID) or env.get("SLURM_JOB_ID") or f"local-{store_port}",
+            log_dir=str(log_dir or log_dir_from(env)),
+            nnodes=nnodes,
+            node_rank=node_rank,
+            nproc_per_node=nproc_per_node,
+            master_addr=master_addr or DEFAULT_MASTER_ADDR,
+            master_port=master_port,
+            store_port=store_port,
+        )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> JobEnv:
+        """The job a supervisor described to this process, or one torchrun-style process.
+
+        Reads the contract's variables; ``WORLD_SIZE``/``RANK``/``MASTER_*``
+        stand in for them outside a supervisor. ValueError names a malformed one.
+        """
+        env = os.environ if env is None else env
+        master_port = int_from(env, "MASTER_PORT", 0) or None
+        store_port = int_from(env, STORE_PORT, 0) or None
+        return cls.local(
+            nnodes=int_from(env, NNODES, int_from(env, "WORLD_SIZE", 1)),
+            node_rank=int_from(env, NODE_RANK, int_from(env, "RANK", 0)),
+            nproc_per_node=int_from(env, NPROC_PER_NODE, 1),
+            master_addr=env.get(STORE_HOST) or env.get("MASTER_ADDR"),
+            master_port=master_port,
+            store_port=store_port,
+            env=env,
+        )
+
+    @property
+    def store_host(self) -> str:
+        """The store lives with the node-0 supervisor, on the master host."""
+        return self.master_addr
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    @property
+    def job_dir(self) -> Path:
+        """Where this job's events go: ``<log dir>/<job id>``."""
+        return Path(self.log_dir) / self.job_id
+
+    def rank(self, local_rank: int) -> int:
+        """Global rank of ``local_rank`` on this node."""
+        return self.node_rank * self.nproc_per_node + local_rank
+
+    def child_env(
+        self,
+        local_rank: int,
+        restart_count: int,
+        base: Mapping[str, str] | None = None,
+        extra: Mapping[str, str] | None = None,
+    ) -> dict[str, str]:
+        """Environment of the child of ``local_rank`` (docs/conventions.md), on top of ``base``."""
+        env = dict(os.environ if base is None else base)
+        env.update(extra or {})
+        env.update(
+            {
+                "RANK": str(self.rank(local_rank)),
+                "LOCAL_RANK": str(local_rank),
+                "WORLD_SIZE": str(self.world_size),
+                "LOCAL_WORLD_SIZE": str(self.nproc_per_node),
+                "GROUP_RANK": str(self.node_rank),
+                "MASTER_ADDR": self.master_addr,
+                "MASTER_PORT": str(self.master_port),
+                STORE_HOST: self.store_host,
+                STORE_PORT: str(self.store_port),
+                JOB_ID: self.job_id,
+                LOG_DIR: str(Path(self.log_dir).absolute()),
+                NODE_RANK: str(self.node_rank),
+                NNODES: str(self.nnodes),
+                NPROC_PER_NODE: str(self.nproc_per_node),
+                RESTART_COUNT: str(restart_count),
+                SUPERVISED: "1",
+            }
+        )
+        return env

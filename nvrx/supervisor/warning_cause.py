@@ -1,0 +1,95 @@
+"""What SLURM's warning signal means: preemption or time limit, and how long is left.
+
+The signal alone does not say which of the two happened, so ``classify`` asks
+slurmctld's view of the job (``scontrol show job``): a set ``PreemptTime``
+means preemption; otherwise the time left against the warning delay tells a
+time limit from a preemption (submitit's elapsed-versus-limit rule when the
+delay is unknown).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+
+from nvrx.slurm import commands
+
+log = logging.getLogger(__name__)
+
+#: Seconds of lag allowed between SLURM's warning and our look at the job's clock.
+TIME_LIMIT_SLACK_S = 5.0
+#: Seconds a preempted job may use to checkpoint when the partition's GraceTime is unknown.
+DEFAULT_PREEMPT_WINDOW_S = 30.0
+CAUSES = ("preemption", "time_limit", "unknown")
+_NO_TIME = ("", "None", "N/A", "Unknown", "(null)")
+_DURATION = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)$")
+
+
+def parse_duration(text: str | None) -> float | None:
+    """Seconds in a SLURM duration (``[D-]HH:MM:SS`` or ``MM:SS``); None for UNLIMITED or junk."""
+    if not text:
+        return None
+    match = _DURATION.match(text.strip())
+    if not match:
+        return None
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+def classify(info: Mapping[str, str] | None, signal_delay_s: float | None) -> str:
+    """``preemption``, ``time_limit`` or ``unknown`` from ``scontrol show job`` fields.
+
+    A time-limit warning comes when at most ``signal_delay_s`` seconds are
+    left; a warning with clearly more time left is a preemption.
+    """
+    if not info:
+        return "unknown"
+    if info.get("PreemptTime", "None") not in _NO_TIME:
+        return "preemption"
+    limit = parse_duration(info.get("TimeLimit"))
+    run = parse_duration(info.get("RunTime"))
+    if limit is None or run is None:
+        return "unknown" if limit is not None else "preemption"
+    if signal_delay_s is not None:
+        return "time_limit" if limit - run <= signal_delay_s + TIME_LIMIT_SLACK_S else "preemption"
+    return "time_limit" if run >= min(0.8 * limit, limit - 600.0) else "preemption"
+
+
+def window_s(
+    info: Mapping[str, str] | None,
+    cause: str,
+    signal_delay_s: float | None,
+    preempt_window_s: float | None,
+) -> float:
+    """Seconds from the warning until the job must have stopped, minus a margin.
+
+    A time limit leaves what ``scontrol`` says is left; a preemption leaves
+    ``preempt_window_s`` when given, else the partition's GraceTime, else
+    ``DEFAULT_PREEMPT_WINDOW_S``.
+    """
+    if cause == "time_limit" and info:
+        limit, run = parse_duration(info.get("TimeLimit")), parse_duration(info.get("RunTime"))
+        window = (limit - run) if limit is not None and run is not None else signal_delay_s
+    elif preempt_window_s is not None:
+        window = preempt_window_s
+    else:
+        window = partition_grace_time(info) if cause == "preemption" else None
+        if window is None:
+            window = signal_delay_s if cause == "time_limit" else DEFAULT_PREEMPT_WINDOW_S
+    window = float(window if window is not None else DEFAULT_PREEMPT_WINDOW_S)
+    return max(1.0, window - min(10.0, 0.25 * window))
+
+
+def partition_grace_time(info: Mapping[str, str] | None) -> float | None:
+    """GraceTime of the job's partition in seconds (what preemption leaves), None if unknown."""
+    partition = (info or {}).get("Partition", "").split(",")[0]
+    if not partition:
+        return None
+    try:
+        done = commands.run_command(["scontrol", "show", "partition", "-o", partition])
+    except commands.SlurmCommandError as exc:
+        log.warning("cannot read GraceTime of partition %s: %s", partition, exc)
+        return None
+    grace = commands.parse_key_values(done.stdout).get("GraceTime", "")
+    return float(grace) if grace.isdigit() and int(grace) > 0 else None

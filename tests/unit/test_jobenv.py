@@ -1,0 +1,141 @@
+"""nvrx.jobenv: the one place that knows the NVRX_* variables, their defaults and a child's environment."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from nvrx import jobenv
+from nvrx.jobenv import JobEnv
+from nvrx.slurm.topology import Topology
+from nvrx.supervisor.cli import config_from_args
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_child_environment_follows_the_documented_contract(tmp_path: Path) -> None:
+    job = JobEnv(job_id="42", log_dir=str(tmp_path), nnodes=2, node_rank=1, nproc_per_node=2,
+                 master_addr="node1", master_port=20084, store_port=20085)  # fmt: skip
+    env = job.child_env(1, restart_count=3, base={"KEEP": "1", "RANK": "stale"}, extra={"X": "y"})
+    assert env["KEEP"] == "1" and env["X"] == "y"
+    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")} == {
+        "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
+    }  # fmt: skip
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("node1", "20084")
+    assert (env["NVRX_STORE_HOST"], env["NVRX_STORE_PORT"]) == ("node1", "20085")
+    assert env["NVRX_LOG_DIR"] == str(tmp_path) and env["NVRX_JOB_ID"] == "42"
+    assert (env["NVRX_NODE_RANK"], env["NVRX_NNODES"], env["NVRX_NPROC_PER_NODE"]) == (
+        "1",
+        "2",
+        "2",
+    )
+    assert (env["NVRX_RESTART_COUNT"], env["NVRX_SUPERVISED"]) == ("3", "1")
+    # every NVRX_* name of the contract table in docs/conventions.md is one the child gets
+    documented = set()
+    for line in (
+        (ROOT / "docs" / "conventions.md")
+        .read_text()
+        .split("## Environment contract")[1]
+        .splitlines()
+    ):
+        if line.startswith("| `NVRX_"):
+            documented.update(part.strip("` ") for part in line.split("|")[1].split(","))
+    assert documented and documented <= set(env)
+
+
+def test_a_child_reads_back_what_its_supervisor_wrote(tmp_path: Path) -> None:
+    job = JobEnv(job_id="7", log_dir=str(tmp_path), nnodes=3, node_rank=2, nproc_per_node=4,
+                 master_addr="10.0.0.1", master_port=30000, store_port=30007)  # fmt: skip
+    assert JobEnv.from_env(job.child_env(0, 0, base={})) == job
+    assert jobenv.job_dir(env=job.child_env(0, 0, base={})) == tmp_path / "7"
+
+
+def test_defaults_without_any_variable() -> None:
+    assert jobenv.job_id_from({}) == "local"
+    assert jobenv.log_dir_from({}) == Path("nvrx_logs")
+    job = JobEnv.local(env={})
+    assert (job.master_port, job.store_port, job.job_id) == (29500, 29501, "local-29501")
+    assert job.job_dir == Path("nvrx_logs") / "local-29501"
+
+
+def test_the_store_port_follows_master_port_everywhere() -> None:
+    assert jobenv.store_port_for(29500) == 29501
+    assert jobenv.store_port_for(65535) == 65534  # never past the last port, never MASTER_PORT
+    assert JobEnv.local(master_port=31000, env={}).store_port == 31001
+    assert JobEnv.from_env({"MASTER_PORT": "31000"}).store_port == 31001
+    slurm = {"SLURM_JOB_ID": "1234", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_NUM_NODES": "2",
+             "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_NUM_NODES": "2",
+             "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1"}  # fmt: skip
+    assert Topology.from_env({**slurm, "MASTER_PORT": "31000"}).store_port == 31001
+    derived = Topology.from_env(slurm)
+    assert (derived.master_port, derived.store_port) == jobenv.ports_for_job("1234")
+    assert derived.store_port == derived.master_port + 1
+
+
+def test_supervisor_cli_builds_its_job_from_the_contract(tmp_path: Path) -> None:
+    env = {"NVRX_LOG_DIR": str(tmp_path), "NVRX_JOB_ID": "j1"}
+    config, _ = config_from_args(
+        [
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            "25000",
+            "--",
+            "true",
+        ],
+        env,
+    )
+    assert config.job_env == JobEnv(job_id="j1", log_dir=str(tmp_path), nnodes=2, node_rank=1,
+                                    nproc_per_node=2, master_addr="127.0.0.1",
+                                    master_port=25000, store_port=25001)  # fmt: skip
+    assert config.events_dir == tmp_path / "j1"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"NVRX_NNODES": "two"}, "NVRX_NNODES='two' is not an integer"),
+        ({"MASTER_PORT": "x"}, "MASTER_PORT='x' is not an integer"),
+    ],
+)
+def test_malformed_variables_are_named(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        JobEnv.from_env(env)
+
+
+def test_seconds_from_rejects_negative_and_junk() -> None:
+    assert jobenv.seconds_from({"NVRX_SIGNAL_DELAY_S": "90"}, jobenv.SIGNAL_DELAY_S, 0) == 90.0
+    assert jobenv.seconds_from({}, jobenv.SIGNAL_DELAY_S, 5) == 5
+    with pytest.raises(ValueError, match="must not be negative"):
+        jobenv.seconds_from({"NVRX_SIGNAL_DELAY_S": "-1"}, jobenv.SIGNAL_DELAY_S, 0)
+    with pytest.raises(ValueError, match="is not a number"):
+        jobenv.seconds_from({"NVRX_SIGNAL_DELAY_S": "soon"}, jobenv.SIGNAL_DELAY_S, 0)
+
+
+def test_only_the_contract_module_spells_the_variable_names() -> None:
+    """No module but nvrx/jobenv.py has an NVRX_* name as a string: the others use its constants."""
+    spelled = []
+    for path in sorted((ROOT / "nvrx").rglob("*.py")):
+        if path.name == "jobenv.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if re.fullmatch(r"NVRX_[A-Z0-9_]+", node.value):
+                    spelled.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value}")
+    assert not spelled, "\n".join(spelled)
+
+
+def test_one_module_names_the_log_directory_variable() -> None:
+    found = subprocess.run(
+        ["grep", "-rl", "--include=*.py", "NVRX_LOG_DIR", str(ROOT / "nvrx")],
+        capture_output=True, text=True, check=False,
+    ).stdout.split()  # fmt: skip
+    assert [Path(f).relative_to(ROOT).as_posix() for f in found] == ["nvrx/jobenv.py"]
