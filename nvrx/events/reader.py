@@ -2,20 +2,27 @@
 
 A job's log directory may hold torn last lines (a process killed mid-write),
 lines of two writers run together, kinds from a newer nvrx, and files that
-are not events at all. Reading never fails on such input and never modifies
-the files: every line that could not be used is reported as ``Skipped``.
+are not events at all, and events whose common fields have impossible values
+(``validation``). Reading never fails on such input and never modifies the
+files: every line that could not be used is reported as ``Skipped``.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .schema import KINDS
+from .validation import common_field_problem
+
+log = logging.getLogger(__name__)
 
 EVENT_SUFFIX = ".jsonl"
 _decoder = json.JSONDecoder()
@@ -50,13 +57,25 @@ def _objects_in_line(text: str) -> Iterator[Any]:
         yield value
 
 
-def iter_file(path: str | os.PathLike[str], stats: ReadStats | None = None) -> Iterator[dict[str, Any]]:
+def read_regular_file(path: str | os.PathLike[str]) -> bytes:
+    """The bytes of a regular file (through symlinks); ``OSError`` for anything else.
+
+    A FIFO or a device in place of an event file would block or never end a read.
+    """
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise OSError(errno.EINVAL, "not a regular file")
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def iter_file(
+    path: str | os.PathLike[str], stats: ReadStats | None = None
+) -> Iterator[dict[str, Any]]:
     """Yield the events of one file in file order, recording what was skipped in ``stats``."""
     stats = stats if stats is not None else ReadStats()
     spath = str(path)
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
+        data = read_regular_file(path)
     except OSError as exc:
         stats.skipped.append(Skipped(spath, 0, f"unreadable: {exc.strerror or exc}"))
         return
@@ -78,6 +97,10 @@ def iter_file(path: str | os.PathLike[str], stats: ReadStats | None = None) -> I
             if not isinstance(value, dict) or not isinstance(value.get("kind"), str):
                 stats.skipped.append(Skipped(spath, number, "not an event object"))
                 continue
+            problem = common_field_problem(value)
+            if problem is not None:
+                stats.skipped.append(Skipped(spath, number, problem))
+                continue
             kind = value["kind"]
             if kind not in KINDS:
                 stats.unknown_kinds[kind] = stats.unknown_kinds.get(kind, 0) + 1
@@ -86,12 +109,21 @@ def iter_file(path: str | os.PathLike[str], stats: ReadStats | None = None) -> I
 
 
 def event_files(directory: str | os.PathLike[str]) -> list[Path]:
-    """Event files under ``directory`` (recursively), in a stable order."""
-    root = Path(directory)
-    return sorted(p for p in root.rglob(f"*{EVENT_SUFFIX}") if p.is_file())
+    """Entries named ``*.jsonl`` under ``directory`` (recursively), in a stable order.
+
+    Whatever they are: a directory, a dangling link or a FIFO so named is
+    reported as unreadable when read, not silently left out. Symlinked
+    directories are not followed, and unlistable directories are passed over.
+    """
+    found = []
+    for parent, dirs, files in os.walk(directory):
+        found.extend(Path(parent, name) for name in (*dirs, *files) if name.endswith(EVENT_SUFFIX))
+    return sorted(found)
 
 
-def iter_dir(directory: str | os.PathLike[str], stats: ReadStats | None = None) -> Iterator[dict[str, Any]]:
+def iter_dir(
+    directory: str | os.PathLike[str], stats: ReadStats | None = None
+) -> Iterator[dict[str, Any]]:
     """Yield the events of every file under ``directory``, file by file."""
     stats = stats if stats is not None else ReadStats()
     for path in event_files(directory):
@@ -102,5 +134,5 @@ def read_dir(directory: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], R
     """All events under ``directory`` ordered by wall time, and what was skipped."""
     stats = ReadStats()
     events = list(iter_dir(directory, stats))
-    events.sort(key=lambda e: (e.get("wall") or 0.0))
+    events.sort(key=lambda e: e.get("wall") or 0.0)
     return events, stats

@@ -130,7 +130,11 @@ KINDS: dict[str, dict[str, str]] = {
     "supervisor_end": {"exit_code": "exit code", "reason": "why"},
     # -- SLURM --------------------------------------------------------------
     "preempt_signal": {"signal": "signal name", "cause": "preemption | time_limit | unknown"},
-    "checkpoint": {"path": "checkpoint written or loaded", "step": "training step", "action": "save | load"},
+    "checkpoint": {
+        "path": "checkpoint written or loaded",
+        "step": "training step",
+        "action": "save | load",
+    },
     "requeue": {"cause": "preemption | time_limit | node_failure", "count": "requeues so far"},
     # -- application progress (demo, examples) ---------------------------
     "progress": {"step": "training step reached", "loss": "loss value, when known"},

@@ -18,15 +18,18 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from nvrx import jobenv
+
 from .schema import SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
 
-LOG_DIR_ENV = "NVRX_LOG_DIR"
-JOB_ID_ENV = "NVRX_JOB_ID"
-NODE_RANK_ENV = "NVRX_NODE_RANK"
-FSYNC_ENV = "NVRX_EVENTS_FSYNC"
-DEFAULT_LOG_BASE = "nvrx_logs"
+# The variables are named by the job-environment contract (nvrx.jobenv), and nowhere else.
+LOG_DIR_ENV = jobenv.LOG_DIR
+JOB_ID_ENV = jobenv.JOB_ID
+NODE_RANK_ENV = jobenv.NODE_RANK
+FSYNC_ENV = jobenv.EVENTS_FSYNC
+DEFAULT_LOG_BASE = jobenv.DEFAULT_LOG_DIR
 
 
 def _read_boot_id() -> str:
@@ -42,16 +45,13 @@ _HOST = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def job_id_from_env(env: dict[str, str] | None = None) -> str:
-    """The job id events are filed under: ``NVRX_JOB_ID``, else ``SLURM_JOB_ID``, else ``local``."""
-    env = os.environ if env is None else env
-    return env.get(JOB_ID_ENV) or env.get("SLURM_JOB_ID") or "local"
+    """The job id events are filed under (``nvrx.jobenv.job_id_from``)."""
+    return jobenv.job_id_from(env)
 
 
 def job_log_dir(job_id: str | None = None, env: dict[str, str] | None = None) -> Path:
-    """Directory holding one job's event files: ``$NVRX_LOG_DIR/<job>`` (default ``./nvrx_logs/<job>``)."""
-    env = os.environ if env is None else env
-    base = env.get(LOG_DIR_ENV) or DEFAULT_LOG_BASE
-    return Path(base).absolute() / (job_id or job_id_from_env(env))
+    """Directory holding one job's event files, absolute (``nvrx.jobenv.job_dir``)."""
+    return jobenv.job_dir(job_id, env).absolute()
 
 
 def _int_or_none(value: str | None) -> int | None:
@@ -176,7 +176,9 @@ def _reset_after_fork() -> None:
 os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-def configure(component: str, directory: str | os.PathLike[str] | None = None, **context: Any) -> EventWriter:
+def configure(
+    component: str, directory: str | os.PathLike[str] | None = None, **context: Any
+) -> EventWriter:
     """Set up this process's writer. Context not given is read from the environment."""
     global _default
     ctx = context_from_env()

@@ -5,10 +5,11 @@ versioned JSON form (``report.schema.json``), ``Report.to_text(format)`` the
 printed one. Reads files only: no torch, no writes to the logs.
 """
 
+from nvrx.events.failures import parse_traceback
+
 from .build import build_report
 from .loading import ReportError
 from .model import REPORT_SCHEMA_NAME, REPORT_SCHEMA_VERSION, Report
-from .signatures import parse_traceback
 
 __all__ = [
     "REPORT_SCHEMA_NAME",

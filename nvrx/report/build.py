@@ -17,33 +17,32 @@ from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
 
-from .aggregate import Aggregator, aggregate_files, run_starts_of
+from .aggregate import JobSummary, aggregate_files, run_starts_of
+from .failure_groups import add_output_findings, build_failures
 from .loading import ReportError, resolve_job_dir
-from .model import Failure, LogFinding, Reading, Report, SlurmContext, Summary
-from .signatures import category, short_type
-from .slurm_context import (
-    default_search_dirs,
-    find_output_files,
-    query_sacct,
-    sacct_requeues,
-    scan_output_file,
-)
+from .model import LogFinding, Reading, Report, SlurmContext, Summary
+from .output_scan import scan_output_file
+from .output_triage import Death, EventFacts, triage
+from .process_rows import process_restarts
+from .slurm_context import default_search_dirs, find_output_files, query_sacct, sacct_requeues
 from .summarize import Filters, summarize_file
+from .suspects import build_suspects
+from .timeline import build_timeline
 
 log = logging.getLogger(__name__)
 
 #: Below this many files, worker processes cost more than they save.
 PARALLEL_MIN_FILES = 64
 CHUNKS_PER_WORKER = 4
-_NODE_FILE_PREFIXES = ("supervisor-", "store-", "launcher-")
+_NODE_FILE_PREFIXES = ("supervisor-", "store-")
 
 
 def _node_file(path: Path) -> bool:
     return path.name.startswith(_NODE_FILE_PREFIXES)
 
 
-def _aggregate(files: Sequence[Path], filters: Filters, workers: int) -> Aggregator:
-    """All files folded into one ``Aggregator``; in worker processes when there are many.
+def _aggregate(files: Sequence[Path], filters: Filters, workers: int) -> JobSummary:
+    """All files folded into one ``JobSummary``; in worker processes when there are many.
 
     Per-node files go first, in this process: their ``supervisor_start``
     events date the job's runs, which workers need to file rounds under.
@@ -52,7 +51,7 @@ def _aggregate(files: Sequence[Path], filters: Filters, workers: int) -> Aggrega
     rank_files = [p for p in files if not _node_file(p)]
     # All run starts must be known before any event is filed under a run.
     node_summaries = [summarize_file(p, filters) for p in node_files]
-    agg = Aggregator(run_starts_of(node_summaries))
+    agg = JobSummary.starting(run_starts_of(node_summaries))
     for summary in node_summaries:
         agg.add(summary)
     if workers <= 1 or len(rank_files) < PARALLEL_MIN_FILES:
@@ -89,10 +88,12 @@ def _log_findings(
     job_dir: Path,
     slurm_output: Sequence[str | os.PathLike[str]],
     submitit_folders: Sequence[str | os.PathLike[str]],
-    known: tuple[set[str], set[str]],
+    facts: EventFacts,
     notes: list[str],
     slurm: SlurmContext,
-) -> list[LogFinding]:
+) -> tuple[list[LogFinding], list[Death]]:
+    """Failures in the job's output files that the events cannot tell (``output_triage``),
+    and the unexplained process ends they explain."""
     paths: list[Path] = []
     for given in slurm_output:
         path = Path(given)
@@ -104,27 +105,26 @@ def _log_findings(
         job, default_search_dirs(job_dir), [Path(f) for f in submitit_folders]
     )
     unique = list(dict.fromkeys(p.resolve() for p in paths))
-    exact, bare_types = known
-    findings: list[LogFinding] = []
-    matched = 0
+    items = []
     for path in unique:
         try:
-            found = scan_output_file(path)
+            scanned = scan_output_file(path)
         except OSError as exc:
             notes.append(f"cannot read output file {str(path)!r}: {exc.strerror or exc}; skipped")
             continue
         slurm.output_files.append(str(path))
-        for finding in found:
-            sig_type = short_type(finding.signature.split(" ", 1)[0])
-            if finding.signature in exact or (
-                category(finding.signature) == "exception" and sig_type in bare_types
-            ):
-                matched += 1
-                continue
-            findings.append(finding)
-    if matched:
-        notes.append(f"{matched} failure(s) in SLURM/submitit output also appear in the events")
-    return findings
+        items.extend(scanned.items)
+    judged = triage(items, facts)
+    if judged.in_events:
+        notes.append(
+            f"{judged.in_events} failure(s) in SLURM/submitit output also appear in the events"
+        )
+    if judged.live:
+        notes.append(
+            f"{judged.live} traceback(s)/stack dump(s) in output files printed by live processes "
+            "(or by processes whose end the events explain), not counted"
+        )
+    return judged.findings, judged.explained
 
 
 def build_report(
@@ -142,7 +142,7 @@ def build_report(
     """Read one job's events (and, when available, ``sacct`` and its output files) into a ``Report``.
 
     ``log_dir`` is the job's own event directory or the base holding one
-    directory per job (default ``$NVRX_LOG_DIR`` or ``./nvrx_logs``); ``job``
+    directory per job (default: the job-environment contract's, ``nvrx.jobenv``); ``job``
     picks the job there. ``rank``/``node``/``since`` (epoch seconds) restrict
     the events considered. Raises ``ReportError`` when there is nothing to read.
     """
@@ -176,30 +176,20 @@ def build_report(
         )
 
     slurm = query_sacct(job_id) if sacct else SlurmContext(error="sacct not asked (--no-sacct)")
-    process_rows = agg.process_restarts()
-    timeline = agg.timeline(process_rows)
-    failures = agg.failures(process_rows)
-    findings = _log_findings(
-        job_id, job_dir.path, slurm_output, submitit_folders, agg.event_signatures(), notes, slurm
+    process_rows = process_restarts(agg)
+    timeline = build_timeline(agg, process_rows)
+    failures = build_failures(agg, process_rows)
+    findings, explained = _log_findings(
+        job_id,
+        job_dir.path,
+        slurm_output,
+        submitit_folders,
+        agg.output_facts(process_rows),
+        notes,
+        slurm,
     )
-    for finding in findings:
-        failures.append(
-            Failure(
-                signature=finding.signature,
-                category=category(finding.signature),
-                count=finding.count,
-                ranks=[],
-                nodes=[],
-                hosts=[],
-                rounds=[],
-                first_wall=None,
-                exc_type=None,
-                message=f"{finding.path}:{finding.line}",
-                traceback=finding.text,
-                source="slurm_output",
-            )
-        )
-    suspects, exclude = agg.suspects(timeline, failures, process_rows)
+    add_output_findings(failures, findings, explained)
+    suspects, exclude = build_suspects(agg, timeline, failures, process_rows)
     restarts = agg.restarts(timeline, sacct_requeues(slurm), process_rows)
     if any(row.ordering == "wall_clock" and row.first_rank is not None for row in timeline):
         notes.append(

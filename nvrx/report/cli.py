@@ -10,6 +10,8 @@ import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
+from nvrx import jobenv
+
 from .build import build_report
 from .loading import ReportError
 from .render import FORMATS
@@ -53,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
         nargs="?",
         default=None,
         metavar="LOG_DIR",
-        help="the job's event directory, or the base holding one per job (default: $NVRX_LOG_DIR or ./nvrx_logs)",
+        help="the job's event directory, or the base holding one per job "
+        f"(default: ${jobenv.LOG_DIR} or ./{jobenv.DEFAULT_LOG_DIR})",
     )
     p.add_argument(
         "--job", default=None, metavar="JOBID", help="job to report on when LOG_DIR holds several"

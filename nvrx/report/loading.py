@@ -3,7 +3,8 @@
 The fast path parses a whole well-formed file in one ``json.loads`` call (the
 report reads millions of events); any file that is not perfectly formed goes
 through the tolerant ``nvrx.events.reader.iter_file`` instead, which skips and
-records torn, merged and malformed lines.
+records torn, merged and malformed lines, and events whose common fields are
+impossible (``nvrx.events.validation``).
 """
 
 from __future__ import annotations
@@ -15,12 +16,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nvrx.events.reader import EVENT_SUFFIX, ReadStats, event_files, iter_file
+from nvrx import jobenv
+from nvrx.events.reader import (
+    EVENT_SUFFIX,
+    ReadStats,
+    event_files,
+    iter_file,
+    read_regular_file,
+)
 from nvrx.events.schema import KINDS
+from nvrx.events.validation import common_field_problem
 
 log = logging.getLogger(__name__)
 
-DEFAULT_LOG_BASE = "nvrx_logs"
+DEFAULT_LOG_BASE = jobenv.DEFAULT_LOG_DIR
 
 
 class ReportError(Exception):
@@ -40,7 +49,7 @@ class JobDir:
 def read_events(path: str | os.PathLike[str], stats: ReadStats) -> list[dict[str, Any]]:
     """All events of one file in file order; damaged files fall back to the tolerant reader."""
     try:
-        data = Path(path).read_bytes()
+        data = read_regular_file(path)
     except OSError:
         return list(iter_file(path, stats))  # records the file as unreadable
     if data.endswith(b"\n"):
@@ -51,7 +60,8 @@ def read_events(path: str | os.PathLike[str], stats: ReadStats) -> list[dict[str
         except ValueError:
             events = None
         if events is not None and all(
-            type(e) is dict and type(e.get("kind")) is str for e in events
+            type(e) is dict and type(e.get("kind")) is str and common_field_problem(e) is None
+            for e in events
         ):
             stats.files += 1
             stats.events += len(events)
@@ -78,8 +88,8 @@ def _newest_mtime(files: list[Path]) -> float:
 
 
 def default_log_dir() -> Path:
-    """``$NVRX_LOG_DIR`` or ``./nvrx_logs``, as the event writer uses."""
-    return Path(os.environ.get("NVRX_LOG_DIR") or DEFAULT_LOG_BASE)
+    """The job-environment contract's log directory (``nvrx.jobenv.log_dir_from``)."""
+    return jobenv.log_dir_from()
 
 
 def resolve_job_dir(log_dir: str | os.PathLike[str] | None, job: str | None = None) -> JobDir:
@@ -90,7 +100,7 @@ def resolve_job_dir(log_dir: str | os.PathLike[str] | None, job: str | None = No
     base = Path(log_dir) if log_dir is not None else default_log_dir()
     if not base.exists():
         raise ReportError(
-            f"log directory {str(base)!r} does not exist (pass LOG_DIR or set NVRX_LOG_DIR)"
+            f"log directory {str(base)!r} does not exist (pass LOG_DIR or set {jobenv.LOG_DIR})"
         )
     if not base.is_dir():
         raise ReportError(f"log directory {str(base)!r} is not a directory")

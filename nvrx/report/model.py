@@ -8,8 +8,11 @@ bump ``REPORT_SCHEMA_VERSION`` when a field changes meaning or goes away.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 REPORT_SCHEMA_NAME = "nvrx-report"
 REPORT_SCHEMA_VERSION = 1
@@ -101,7 +104,7 @@ class Failure:
     """One failure signature: how often, where, and one traceback."""
 
     signature: str
-    category: str  # exception | signal | exit | hang
+    category: str  # failure kind (nvrx.events.failures): exception, hang, dead, signal, exit, ...
     count: int
     ranks: list[int]
     nodes: list[int]
@@ -163,13 +166,19 @@ class SuspectNode:
 
 @dataclass
 class LogFinding:
-    """A traceback or fatal signal found in SLURM/submitit output but in no event."""
+    """A failure found in SLURM/submitit output that no event tells: a traceback of a process
+    that ended unexplained, or a fatal line of srun, SLURM or the interpreter."""
 
     path: str
     line: int
     signature: str
     text: str
-    count: int = 1  # occurrences of this signature in the file
+    count: int = 1  # occurrences of this signature in the output files
+    ranks: list[int] = field(default_factory=list)  # who printed it, when known
+    nodes: list[int] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+    # How it was attributed, or that it could not be ("unknown process (...)").
+    printed_by: str = ""
 
 
 @dataclass

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from tabulate import tabulate
 
-from ._nodelist import compress_ints
+from .compact import compress_ints
 from .model import Report
+
+log = logging.getLogger(__name__)
 
 FORMATS = ("table", "json", "markdown")
 MAX_TRACE_LINES = 20
@@ -318,8 +321,11 @@ def _findings(doc: _Doc, r: Report) -> None:
     if not r.log_findings:
         return
     doc.heading("Found only in SLURM/submitit output")
-    rows = [[f"{f.path}:{f.line}", f.signature, str(f.count)] for f in r.log_findings]
-    doc.table(rows, ["where", "signature", "count"])
+    rows = [
+        [f"{f.path}:{f.line}", f.signature, str(f.count), f.printed_by or "-"]
+        for f in r.log_findings
+    ]
+    doc.table(rows, ["where", "signature", "count", "printed by"])
 
 
 def _reading(doc: _Doc, r: Report) -> None:

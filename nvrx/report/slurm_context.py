@@ -1,8 +1,9 @@
 """SLURM's side of the story: ``sacct`` records and the job's stdout/stderr files.
 
 Events cannot tell about a rank that died before nvrx started or a segfault
-that killed the interpreter; SLURM and submitit output files can. Both sources
-are optional: when ``sacct`` is missing or fails, the report says so and goes on.
+that killed the interpreter; SLURM and submitit output files can (found here,
+read by ``output_scan``). Both sources are optional: when ``sacct`` is missing
+or fails, the report says so and goes on.
 """
 
 from __future__ import annotations
@@ -11,50 +12,17 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
 
 from nvrx.slurm.commands import SlurmCommandError, sacct_rows
 
-from .model import LogFinding, SlurmContext, SlurmRow
-from .signatures import TRACEBACK_HEADER, parse_traceback
+from .model import SlurmContext, SlurmRow
 
 log = logging.getLogger(__name__)
 
 SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "Elapsed", "NodeList", "Start", "End")
 _SLURM_JOB_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")
-# Fatal lines that SLURM, srun, bash or the interpreter print when a process dies.
-_FATAL_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"srun: error: \S+: tasks? [\d,\-]+: Killed"), "signal SIGKILL"),
-    (re.compile(r"srun: error: \S+: tasks? [\d,\-]+: Segmentation fault"), "signal SIGSEGV"),
-    (re.compile(r"srun: error: \S+: tasks? [\d,\-]+: Aborted"), "signal SIGABRT"),
-    (re.compile(r"srun: error: \S+: tasks? [\d,\-]+: Bus error"), "signal SIGBUS"),
-    (
-        re.compile(r"srun: error: \S+: tasks? [\d,\-]+: Exited with exit code (\d+)"),
-        "exit code {0}",
-    ),
-    (re.compile(r"Fatal Python error: Segmentation fault"), "signal SIGSEGV"),
-    (re.compile(r"Fatal Python error: Aborted"), "signal SIGABRT"),
-    (re.compile(r"Fatal Python error: Bus error"), "signal SIGBUS"),
-    (re.compile(r"^(.*\s)?Segmentation fault( \(core dumped\))?\s*$"), "signal SIGSEGV"),
-    (re.compile(r"^(.*\s)?Bus error( \(core dumped\))?\s*$"), "signal SIGBUS"),
-    (
-        re.compile(r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ DUE TO TIME LIMIT"),
-        "slurm: time limit",
-    ),
-    (
-        re.compile(r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ DUE TO NODE FAILURE"),
-        "slurm: node failure",
-    ),
-    (
-        re.compile(r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ DUE TO PREEMPTION"),
-        "slurm: preemption",
-    ),
-    (re.compile(r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT \S+\s*\*\*\*"), "slurm: cancelled"),
-    (re.compile(r"(oom-kill|out-of-memory|Out Of Memory)", re.IGNORECASE), "slurm: out of memory"),
-)
-_FRAME_LINE = re.compile(r'^\s+File "')
 
 
 def is_slurm_job_id(job: str | None) -> bool:
@@ -136,59 +104,6 @@ def find_output_files(
     for path in found:
         unique.setdefault(path.resolve(), None)
     return list(unique)
-
-
-@dataclass
-class _Block:
-    start_line: int
-    prefix: str
-    lines: list[str]
-
-
-def _scan_lines(lines: Iterator[str], path: str) -> Iterator[LogFinding]:
-    block: _Block | None = None
-    for number, raw in enumerate(lines, start=1):
-        line = raw.rstrip("\n")
-        if block is not None:
-            body = line[len(block.prefix) :] if line.startswith(block.prefix) else line
-            block.lines.append(body)
-            frames_seen = any(_FRAME_LINE.match(b) for b in block.lines[1:])
-            if body.strip() and not body[0].isspace() and frames_seen:
-                text = "\n".join(block.lines)
-                parsed = parse_traceback(text)
-                if parsed is not None:
-                    yield LogFinding(path, block.start_line, parsed.signature(), text, 1)
-                block = None
-            elif len(block.lines) > 400:
-                block = None  # not a traceback after all (or an absurd one); stop collecting
-            continue
-        at = line.find(TRACEBACK_HEADER)
-        if at >= 0:
-            block = _Block(number, line[:at], [TRACEBACK_HEADER])
-            continue
-        for pattern, signature in _FATAL_PATTERNS:
-            match = pattern.search(line)
-            if match:
-                groups = [g for g in match.groups() if g and g.isdigit()]
-                yield LogFinding(path, number, signature.format(*groups), line.strip(), 1)
-                break
-
-
-def scan_output_file(path: Path) -> list[LogFinding]:
-    """Tracebacks and fatal-signal lines of one output file, one finding per signature."""
-    by_signature: dict[str, LogFinding] = {}
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            for finding in _scan_lines(fh, str(path)):
-                seen = by_signature.get(finding.signature)
-                if seen is None:
-                    by_signature[finding.signature] = finding
-                else:
-                    seen.count += 1
-    except OSError as exc:
-        log.warning("cannot read %s: %s", path, exc)
-        raise
-    return list(by_signature.values())
 
 
 def default_search_dirs(job_dir: Path) -> list[Path]:

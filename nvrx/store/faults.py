@@ -15,9 +15,13 @@ import time
 import traceback
 from typing import Any
 
+from nvrx.events import failures
+
 log = logging.getLogger(__name__)
 
-FAULT_KINDS = ("exception", "hang_soft", "hang_hard", "dead", "unresponsive", "exit", "signal")
+#: Kinds of fault records: every fault kind of the vocabulary but ``peer`` (a rank that only
+#: lost its peer records no fault of its own).
+FAULT_KINDS = tuple(kind for kind in failures.FAULT_KINDS if kind != failures.PEER)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,13 +54,9 @@ class FaultRecord:
 
 
 def exception_signature(exc: BaseException) -> str:
-    """Stable signature of an exception: its type and the innermost frame (file:function)."""
-    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
-    where = ""
-    if frames:
-        last = frames[-1]
-        where = f"@{os.path.basename(last.filename)}:{last.name}"
-    return f"{type(exc).__module__}.{type(exc).__qualname__}{where}"
+    """Stable signature of an exception (``ValueError at train.py:12 in step``): its type and
+    innermost frame of user code, as ``nvrx.events.failures`` spells it for every reader."""
+    return failures.exception_signature_of(exc)
 
 
 def from_exception(rank: int, exc: BaseException, kind: str = "exception") -> FaultRecord:
@@ -64,7 +64,7 @@ def from_exception(rank: int, exc: BaseException, kind: str = "exception") -> Fa
     return FaultRecord(
         rank=rank,
         kind=kind,
-        exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+        exc_type=failures.exception_type_of(exc),
         message=str(exc),
         traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
         signature=exception_signature(exc),

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from nvrx.events.failures import process_end_signature, told_signature
+
 from .children import ExitStatus
 from .exit_codes import CLEAN_STOP_EXIT, ExitCode
 
@@ -39,8 +41,8 @@ class Verdict:
 
 
 def exit_signature(status: ExitStatus) -> str:
-    """Failure signature from the exit status alone: ``signal:SIGKILL`` or ``exit:1``."""
-    return f"signal:{status.signal_name}" if status.signal is not None else f"exit:{status.code}"
+    """Failure signature from the exit status alone: ``signal SIGKILL`` or ``exit code 1``."""
+    return process_end_signature(status.code, status.signal_name)
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,18 @@ class FaultRecord:
     def collateral(self) -> bool:
         """A failure caused by another rank's fault (a collective that lost its peer)."""
         return self.fault_kind == "peer"
+
+
+def _text(value: object) -> str | None:
+    return str(value) if value else None
+
+
+def _fault_record(event: dict[str, object]) -> FaultRecord:
+    """A fault event's signature in the vocabulary (older spellings read too), and its kind."""
+    signature = told_signature(
+        _text(event.get("signature")), _text(event.get("exc_type")), _text(event.get("traceback"))
+    )
+    return FaultRecord(signature, _text(event.get("fault_kind")))
 
 
 def last_fault(events_dir: str | os.PathLike[str], pid: int) -> FaultRecord | None:
@@ -81,8 +95,7 @@ def last_fault(events_dir: str | os.PathLike[str], pid: int) -> FaultRecord | No
             if not isinstance(event, dict):
                 continue
             if event.get("kind") == "fault":
-                sig, kind = event.get("signature"), event.get("fault_kind")
-                record = FaultRecord(str(sig) if sig else None, str(kind) if kind else None)
+                record = _fault_record(event)
             elif event.get("kind") in ("round_start", "call_start"):
                 record = None  # that fault was recovered in-process; it did not end the child
     return record

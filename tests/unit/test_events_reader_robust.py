@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,23 @@ def test_unreadable_and_empty_files(tmp_path: Path) -> None:
     empty.write_bytes(b"")
     stats = ReadStats()
     assert read_events(empty, stats) == [] and stats.files == 1 and not stats.skipped
+
+
+def test_entries_that_are_not_regular_files_are_skipped_as_unreadable(tmp_path: Path) -> None:
+    from nvrx.events import event_files
+
+    good = _good_file(tmp_path, n=1)
+    (tmp_path / "dir.jsonl").mkdir()
+    (tmp_path / "dangling.jsonl").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "loop.jsonl").symlink_to(tmp_path / "loop.jsonl")
+    os.mkfifo(tmp_path / "fifo.jsonl")  # reading it would block forever
+    names = [p.name for p in event_files(tmp_path)]
+    assert names == sorted(["dangling.jsonl", "dir.jsonl", "fifo.jsonl", "loop.jsonl", good.name])
+    fast, slow = ReadStats(), ReadStats()
+    for path in event_files(tmp_path):
+        assert read_events(path, fast) == list(iter_file(path, slow))
+    assert fast.events == 1 and fast.skipped == slow.skipped
+    reasons = {Path(s.path).name: s.reason for s in fast.skipped}
+    assert reasons["fifo.jsonl"] == "unreadable: not a regular file"
+    assert reasons["dir.jsonl"] == "unreadable: not a regular file"
+    assert set(reasons) == {"dangling.jsonl", "dir.jsonl", "fifo.jsonl", "loop.jsonl"}

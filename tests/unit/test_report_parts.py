@@ -1,11 +1,11 @@
-"""Pieces of nvrx.report: failure signatures, traceback parsing, host-list compression."""
+"""Pieces of nvrx.report: failure signatures of events, traceback parsing, host-list compression."""
 
 from __future__ import annotations
 
 import pytest
 
-from nvrx.report._nodelist import compress_hosts, compress_ints, compress_nodelist
-from nvrx.report.signatures import category, exit_signature, fault_signature, parse_traceback
+from nvrx.events.failures import fault_signature, kind_of, parse_traceback, process_end_signature
+from nvrx.report.compact import compress_ints, exclude_list
 
 CHAINED = (
     "Traceback (most recent call last):\n"
@@ -54,7 +54,7 @@ def test_fault_signature_prefers_the_events_own_signature() -> None:
     )
     assert fault_signature(None, "exception", "OSError", "disk", None) == "OSError"
     assert fault_signature(None, "hang_hard", None, None, None) == "hang (hard timeout)"
-    assert fault_signature(None, "signal", None, "SIGTERM", None) == "signal: SIGTERM"
+    assert fault_signature(None, "signal", None, "SIGTERM", None) == "signal SIGTERM"
     assert fault_signature(None, None, None, None, None) == "fault"
 
 
@@ -67,21 +67,20 @@ def test_fault_signature_prefers_the_events_own_signature() -> None:
         ("ValueError", "exception"),
     ],
 )
-def test_category(sig: str, cat: str) -> None:
-    assert category(sig) == cat
+def test_kind_of(sig: str, cat: str) -> None:
+    assert kind_of(sig) == cat
 
 
-def test_exit_signature() -> None:
-    assert exit_signature(None, "SIGSEGV") == "signal SIGSEGV"
-    assert exit_signature(2, None) == "exit code 2"
+def test_process_end_signature() -> None:
+    assert process_end_signature(None, "SIGSEGV") == "signal SIGSEGV"
+    assert process_end_signature(2, None) == "exit code 2"
 
 
-def test_compress_hosts_and_ints() -> None:
-    assert compress_hosts(["n3", "n1", "n2", "n5", "gpu", "n1"]) == "gpu,n[1-3,5]"
-    assert compress_hosts(["node09", "node10", "node1"]) == "node1,node[09-10]"
+def test_compress_ints_and_exclude_list() -> None:
     assert compress_ints([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
     assert compress_ints([]) == ""
-    # the project's compressor (sorted input), falling back for names SLURM cannot take
-    assert compress_nodelist(["node-b", "node-a"]) == "node-a,node-b"
-    assert compress_nodelist(["gpu02", "gpu01", "gpu03"]) == "gpu[01-03]"
-    assert compress_nodelist(["bad,name", "x1"]) == "bad,name,x1"
+    # SLURM's list syntax for --exclude=, names SLURM cannot take in a list as they are
+    assert exclude_list(["n3", "n1", "n2", "n5", "n1"]) == "n[1-3,5]"
+    assert exclude_list(["node-b", "node-a"]) == "node-a,node-b"
+    assert exclude_list(["gpu02", "gpu01", "gpu03"]) == "gpu[01-03]"
+    assert exclude_list(["bad,name", "x1"]) == "bad,name,x1"

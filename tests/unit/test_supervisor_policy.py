@@ -73,7 +73,7 @@ def test_loop_breaker_needs_the_same_signature_in_a_row() -> None:
     assert policy.decide(0, ExitStatus(1, None)).decision is Decision.RESTART
     verdict = policy.decide(0, ExitStatus(1, None))
     assert verdict.decision is Decision.GIVE_UP and verdict.exit_code == ExitCode.LOOP_BREAKER
-    assert "exit:1" in verdict.reason and "3 times" in verdict.reason
+    assert "exit code 1" in verdict.reason and "3 times" in verdict.reason
 
 
 def test_loop_breaker_counts_per_local_rank_and_uses_fault_signatures() -> None:
@@ -104,8 +104,8 @@ def test_policy_rejects_negative_limits() -> None:
 
 
 def test_exit_signature_names_code_or_signal() -> None:
-    assert exit_signature(ExitStatus(4, None)) == "exit:4"
-    assert exit_signature(ExitStatus(None, signal.SIGSEGV)) == "signal:SIGSEGV"
+    assert exit_signature(ExitStatus(4, None)) == "exit code 4"
+    assert exit_signature(ExitStatus(None, signal.SIGSEGV)) == "signal SIGSEGV"
 
 
 def test_last_fault_reads_only_that_pids_files_and_skips_bad_lines(tmp_path) -> None:
@@ -121,7 +121,8 @@ def test_last_fault_reads_only_that_pids_files_and_skips_bad_lines(tmp_path) -> 
         json.dumps({"kind": "fault", "signature": "C"}) + "\n"
     )
     record = last_fault(tmp_path, 4242)
-    assert record == FaultRecord("B@x.py:2", "peer") and record.collateral
+    # read in the vocabulary whatever version wrote it: "B@x.py:2" is "B at x.py:2"
+    assert record == FaultRecord("B at x.py:2", "peer") and record.collateral
     assert last_fault(tmp_path, 1) is None
     assert last_fault(tmp_path / "missing", 4242) is None
 
@@ -140,7 +141,7 @@ def test_last_fault_ignores_a_fault_recovered_in_process(tmp_path) -> None:
     with path.open("a") as fh:
         fh.write(json.dumps({"kind": "fault", "signature": "F@train.py:3", "fault_kind": "exception"}))
         fh.write("\n")
-    assert last_fault(tmp_path, 4242) == FaultRecord("F@train.py:3", "exception")
+    assert last_fault(tmp_path, 4242) == FaultRecord("F at train.py:3", "exception")
 
 
 def test_exit_codes_are_described() -> None:
@@ -206,3 +207,30 @@ def test_signal_pipe_carries_signal_numbers_to_the_loop() -> None:
     finally:
         pipe.restore()
     assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+
+
+def test_loop_breaker_sees_one_failure_in_old_and_new_spellings(tmp_path) -> None:
+    """Logs of an older nvrx say "signal:SIGKILL" and "pkg.E@train.py:step": the same failures."""
+    path = tmp_path / "wrapper-n0-p77-abcd.jsonl"
+    traceback = (
+        "Traceback (most recent call last):\n"
+        '  File "/home/u/train.py", line 9, in step\n'
+        "    raise E()\n"
+        "pkg.E: boom\n"
+    )
+    old = {"kind": "fault", "signature": "pkg.E@train.py:step", "fault_kind": "exception"}
+    new = {"kind": "fault", "exc_type": "pkg.E", "traceback": traceback, "fault_kind": "exception"}
+    policy = RestartPolicy(100, 2, Budget().spend)
+    path.write_text(json.dumps(old) + "\n")
+    first = last_fault(tmp_path, 77)
+    assert first == FaultRecord("pkg.E at train.py in step", "exception")
+    assert policy.decide(0, ExitStatus(1, None), first).decision is Decision.RESTART
+    path.write_text(json.dumps(new) + "\n")
+    second = last_fault(tmp_path, 77)
+    assert second == FaultRecord("pkg.E at train.py:9 in step", "exception")
+    # the line is known only in the new spelling: a different signature, the streak restarts
+    assert policy.decide(0, ExitStatus(1, None), second).decision is Decision.RESTART
+    verdict = policy.decide(0, ExitStatus(1, None), second)
+    assert verdict.decision is Decision.GIVE_UP and verdict.signature == second.signature
+    killed = ExitStatus(None, signal.SIGKILL)
+    assert policy.decide(1, killed).signature == "signal SIGKILL"

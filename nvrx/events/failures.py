@@ -1,0 +1,309 @@
+"""The failure vocabulary: failure kinds and the one signature format of each.
+
+Producers (the restart policy, the store's fault records, monitors) and
+readers (``nvrx-report``) spell failures the same way, so that "the same bug
+again" is the same string everywhere: the loop breaker compares signatures,
+and the report groups by them. A signature is short and stable:
+
+=============  ==========================================  =====================
+kind           signature                                   example
+=============  ==========================================  =====================
+exception      type, and its innermost frame of user code  ``ValueError at train.py:12 in step``
+hang           which timeout fired                         ``hang (soft timeout)``
+dead           a monitor saw the process vanish            ``dead process``
+unresponsive   a monitor lost the process's heartbeat      ``unresponsive (no heartbeat)``
+signal         the signal that ended a process             ``signal SIGKILL``
+exit           the exit code a process ended with          ``exit code 1``
+peer           another rank's fault stopped this one       ``peer fault``
+slurm          what SLURM did to the job                   ``slurm: time limit``
+=============  ==========================================  =====================
+
+Older logs spell some of them differently (``signal:SIGKILL``, ``exit:1``,
+``hang_soft``, ``dead``, ``module.Type@file.py:func``): ``normalize_signature``
+reads them all. Formatted tracebacks are read into signatures here too. This
+module is ground layer: it imports nothing from nvrx.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import traceback as tb
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import PurePath
+
+log = logging.getLogger(__name__)
+
+EXCEPTION, HANG, DEAD, UNRESPONSIVE = "exception", "hang", "dead", "unresponsive"
+SIGNAL, EXIT, PEER, SLURM = "signal", "exit", "peer", "slurm"
+FAILURE_KINDS = (EXCEPTION, HANG, DEAD, UNRESPONSIVE, SIGNAL, EXIT, PEER, SLURM)
+
+#: ``fault_kind`` values of ``fault`` events and store fault records, and the kind of each.
+FAULT_KINDS: dict[str, str] = {
+    "exception": EXCEPTION,
+    "exit": EXCEPTION,  # the rank leaves the job because of an exception
+    "hang_soft": HANG,
+    "hang_hard": HANG,
+    "dead": DEAD,
+    "unresponsive": UNRESPONSIVE,
+    "signal": SIGNAL,
+    "peer": PEER,
+}
+
+DEAD_SIGNATURE = "dead process"
+UNRESPONSIVE_SIGNATURE = "unresponsive (no heartbeat)"
+PEER_SIGNATURE = "peer fault"
+_SIGNAL_PREFIX, _EXIT_PREFIX, _HANG_PREFIX, _SLURM_PREFIX = (
+    "signal ",
+    "exit code ",
+    "hang (",
+    "slurm: ",
+)
+TRACEBACK_HEADER = "Traceback (most recent call last):"
+
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+?)\s*$')
+# The last line of a traceback: a (dotted) exception type, optionally ": message".
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(:(\s.*)?)?$")
+_DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+# Paths of code that is not the user's: the standard library, installed packages and nvrx.
+_LIBRARY_MARKERS = (
+    "site-packages",
+    "dist-packages",
+    "/lib/python3",
+    "<frozen ",
+    *(f"/nvrx/{pkg}/" for pkg in ("inprocess", "supervisor", "store", "events", "slurm", "report")),
+)
+# Signatures of older nvrx versions.
+_OLD_SPELLINGS = {
+    "dead": DEAD_SIGNATURE,
+    "unresponsive": UNRESPONSIVE_SIGNATURE,
+    "peer": PEER_SIGNATURE,
+    "hang_soft": "hang (soft timeout)",
+    "hang_hard": "hang (hard timeout)",
+}
+
+
+# -- signatures of each kind ------------------------------------------------------------
+def type_name(exc_type: str) -> str:
+    """An exception type as Python prints it: ``builtins.KeyError`` -> ``KeyError``."""
+    for prefix in ("builtins.", "__main__."):
+        if exc_type.startswith(prefix):
+            return exc_type[len(prefix) :]
+    return exc_type
+
+
+def short_type(exc_type: str) -> str:
+    """``torch.distributed.DistBackendError`` -> ``DistBackendError``."""
+    return exc_type.rsplit(".", 1)[-1]
+
+
+def exception_signature(
+    exc_type: str, file: str | None = None, line: int | None = None, func: str | None = None
+) -> str:
+    """``ValueError at train.py:12 in step``, or the type alone when no frame is known."""
+    name = type_name(exc_type)
+    if file is None:
+        return name
+    where = PurePath(file).name + (f":{line}" if line is not None else "")
+    return f"{name} at {where}" + (f" in {func}" if func else "")
+
+
+def signal_signature(name: str) -> str:
+    return f"{_SIGNAL_PREFIX}{name}"
+
+
+def exit_signature(code: int | None) -> str:
+    return f"{_EXIT_PREFIX}{code if code is not None else 'unknown'}"
+
+
+def process_end_signature(exit_code: int | None, signal: str | None) -> str:
+    """How a process ended: ``signal SIGKILL`` when a signal killed it, else ``exit code N``."""
+    return signal_signature(signal) if signal else exit_signature(exit_code)
+
+
+def hang_signature(timeout: str | None) -> str:
+    """``hang (soft timeout)``: which timeout declared the hang."""
+    return f"{_HANG_PREFIX}{timeout or 'unknown'} timeout)"
+
+
+def slurm_signature(what: str) -> str:
+    """``slurm: time limit``: what SLURM did to the job."""
+    return f"{_SLURM_PREFIX}{what}"
+
+
+def kind_of(signature: str) -> str:
+    """The failure kind a signature of this vocabulary belongs to (old spellings included)."""
+    signature = normalize_signature(signature)
+    prefixes = (
+        (_SIGNAL_PREFIX, SIGNAL),
+        (_EXIT_PREFIX, EXIT),
+        (_HANG_PREFIX, HANG),
+        (_SLURM_PREFIX, SLURM),
+    )
+    for prefix, kind in prefixes:
+        if signature.startswith(prefix):
+            return kind
+    fixed = {DEAD_SIGNATURE: DEAD, UNRESPONSIVE_SIGNATURE: UNRESPONSIVE, PEER_SIGNATURE: PEER}
+    return fixed.get(signature, EXCEPTION)
+
+
+def signature_type(signature: str) -> str | None:
+    """The exception type of an exception signature (``ValueError at ...`` -> ``ValueError``)."""
+    if kind_of(signature) != EXCEPTION:
+        return None
+    head = signature.split(" at ", 1)[0]
+    return head if _DOTTED.match(head) else None
+
+
+def normalize_signature(signature: str) -> str:
+    """A signature in this vocabulary, whichever nvrx version (or application) wrote it."""
+    sig = signature.strip()
+    if sig in _OLD_SPELLINGS:
+        return _OLD_SPELLINGS[sig]
+    if sig.startswith("signal:"):  # the restart policy's old "signal:SIGKILL"
+        return signal_signature(sig[len("signal:") :].strip())
+    if sig.startswith("exit:"):  # and "exit:1"
+        return exit_signature(_int_or_none(sig[len("exit:") :]))
+    head, at, where = sig.partition("@")
+    if at and _DOTTED.match(head):  # "pkg.Type@file.py:func" or "Type@file.py:12"
+        file, _, tail = where.rpartition(":")
+        if not file:
+            return exception_signature(head, where or None)
+        line = _int_or_none(tail)
+        return exception_signature(head, file, line, None if line is not None else tail)
+    return sig
+
+
+def _int_or_none(text: str) -> int | None:
+    text = text.strip()
+    return int(text) if text.lstrip("-").isdigit() else None
+
+
+def is_canonical(signature: str) -> bool:
+    """Whether ``signature`` is already spelled as this vocabulary spells it."""
+    return bool(signature) and normalize_signature(signature) == signature
+
+
+# -- tracebacks --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ParsedTraceback:
+    """What a formatted Python traceback says: exception type, message, innermost user frame."""
+
+    exc_type: str
+    message: str
+    file: str | None
+    line: int | None
+    func: str | None
+
+    def signature(self) -> str:
+        return exception_signature(self.exc_type, self.file, self.line, self.func)
+
+
+def is_user_frame(path: str) -> bool:
+    """True for a frame of the user's code (not stdlib, site-packages or nvrx internals)."""
+    norm = path.replace("\\", "/")
+    return not any(marker in norm for marker in _LIBRARY_MARKERS)
+
+
+def is_exception_line(line: str) -> bool:
+    """Whether ``line`` can end a traceback: ``pkg.ErrorType`` or ``pkg.ErrorType: message``."""
+    return bool(_EXCEPTION_LINE.match(line.strip()))
+
+
+def _innermost_user(
+    frames: list[tuple[str, int | None, str]],
+) -> tuple[str, int | None, str] | None:
+    user = [f for f in frames if is_user_frame(f[0])]
+    return user[-1] if user else (frames[-1] if frames else None)
+
+
+def parse_traceback(text: str) -> ParsedTraceback | None:
+    """Parse the last traceback in ``text`` (chained exceptions: the one raised last)."""
+    start = text.rfind(TRACEBACK_HEADER)
+    if start < 0:
+        return None
+    frames: list[tuple[str, int | None, str]] = []
+    exc_line = None
+    for line in text[start + len(TRACEBACK_HEADER) :].splitlines():
+        match = _FRAME.match(line)
+        if match:
+            frames.append((match["file"], int(match["line"]), match["func"]))
+        elif line.strip() and not line[0].isspace():
+            exc_line = line.strip()
+            break
+    if exc_line is None or not is_exception_line(exc_line):
+        return None  # e.g. another process's log line right after the frames: not a traceback
+    exc_type, _, message = exc_line.partition(":")
+    frame = _innermost_user(frames)
+    if frame is None:
+        return ParsedTraceback(exc_type.strip(), message.strip(), None, None, None)
+    return ParsedTraceback(exc_type.strip(), message.strip(), *frame)
+
+
+def chained_signatures(text: str) -> list[str]:
+    """Signatures of every traceback in ``text``: a chained exception prints one per link."""
+    found = []
+    for block in text.split(TRACEBACK_HEADER)[1:]:
+        parsed = parse_traceback(TRACEBACK_HEADER + block)
+        if parsed is not None:
+            found.append(parsed.signature())
+    return found
+
+
+def exception_type_of(exc: BaseException) -> str:
+    """The qualified type of ``exc`` (``builtins.ValueError``), as fault records store it."""
+    return f"{type(exc).__module__}.{type(exc).__qualname__}"
+
+
+def exception_signature_of(exc: BaseException) -> str:
+    """Signature of a live exception: the same string its formatted traceback gives."""
+    frames: Iterable[tb.FrameSummary] = (
+        tb.extract_tb(exc.__traceback__) if exc.__traceback__ else []
+    )
+    found = _innermost_user([(f.filename, f.lineno, f.name) for f in frames])
+    if found is None:
+        return exception_signature(exception_type_of(exc))
+    return exception_signature(exception_type_of(exc), os.fspath(found[0]), found[1], found[2])
+
+
+# -- fault events and records ------------------------------------------------------------
+def told_signature(
+    signature: str | None, exc_type: str | None = None, traceback: str | None = None
+) -> str | None:
+    """What a fault itself tells of its failure, in this vocabulary, or None when nothing.
+
+    Its own ``signature`` when spelled in the vocabulary; else the one its
+    traceback gives (with its ``exc_type``); else its old-spelled signature, or
+    its exception type.
+    """
+    if signature and is_canonical(str(signature)):
+        return str(signature)
+    parsed = parse_traceback(traceback) if traceback else None
+    if parsed is not None:
+        if exc_type:
+            return exception_signature(str(exc_type), parsed.file, parsed.line, parsed.func)
+        return parsed.signature()
+    if signature:
+        return normalize_signature(str(signature))
+    return type_name(str(exc_type)) if exc_type else None
+
+
+def fault_signature(
+    signature: str | None,
+    fault_kind: str | None,
+    exc_type: str | None = None,
+    message: str | None = None,
+    traceback: str | None = None,
+) -> str:
+    """Signature of a ``fault`` event: what it tells, else the signature of its kind."""
+    told = told_signature(signature, exc_type, traceback)
+    if told is not None:
+        return told
+    kind = fault_kind or "fault"
+    if kind.startswith("hang_"):  # hang_soft -> the same signature as a "hang" event's
+        return hang_signature(kind[len("hang_") :])
+    if kind == "signal" and message and message.startswith("SIG") and " " not in message:
+        return signal_signature(message)
+    return _OLD_SPELLINGS.get(kind, kind)

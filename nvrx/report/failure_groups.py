@@ -1,0 +1,183 @@
+"""Failures by signature: the events' faults, the processes that died, and unexplained hangs.
+
+One failure is one occurrence whoever saw it: a process death that a monitor
+already reported as a fault is one row (the process's signal or exit code, in
+the monitor's round), and a hang that a fault of the same rank and round tells
+is not counted again.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from nvrx.events.failures import DEAD, UNRESPONSIVE, hang_signature, kind_of, process_end_signature
+
+from .model import Failure, LogFinding, ProcessRestart
+from .parts import LocalFault, SignatureGroup
+from .process_rows import SAME_FAILURE_WINDOW_S, same_process_end
+
+if TYPE_CHECKING:
+    from .aggregate import JobSummary
+    from .output_triage import Death
+
+log = logging.getLogger(__name__)
+
+#: Kinds of faults by which a monitor tells that its process is gone.
+_VANISHED_KINDS = (DEAD, UNRESPONSIVE)
+
+
+def _group(groups: dict[str, SignatureGroup], sig: str) -> SignatureGroup:
+    part = groups.get(sig)
+    if part is None:
+        part = groups[sig] = SignatureGroup()
+    return part
+
+
+def _monitor_deaths(job: JobSummary) -> list[LocalFault]:
+    """Faults by which a monitor said a process vanished (``dead``, ``unresponsive``)."""
+    return [
+        f
+        for r in job.rounds.values()
+        for f in r.first_by_rank.values()
+        if kind_of(f.signature) in _VANISHED_KINDS
+    ]
+
+
+def _add_deaths(
+    job: JobSummary, groups: dict[str, SignatureGroup], process_rows: list[ProcessRestart]
+) -> list[LocalFault]:
+    """Failed processes, unless their own fault event (or a monitor's) tells the failure.
+
+    A monitor's ``dead`` fault and the supervisor's record of the same end are one
+    failure: it is counted once, by how the process ended (its signal or exit code),
+    in the monitor's round. Returns the monitor faults so counted.
+    """
+    reported: dict[tuple[str, str | None], list[float]] = {}
+    for r in job.rounds.values():
+        for f in r.first_by_rank.values():
+            if f.wall is not None:
+                reported.setdefault((f.signature, f.host), []).append(f.wall)
+    monitored = _monitor_deaths(job)
+    merged: list[LocalFault] = []
+    for p in process_rows:
+        if p.explained_by is not None:  # collateral, or told by its own fault event
+            continue
+        sig = process_end_signature(p.exit_code, p.signal)
+        walls = reported.get((sig, p.host), [])
+        if p.wall is not None and any(abs(w - p.wall) <= SAME_FAILURE_WINDOW_S for w in walls):
+            continue
+        seen = next(
+            (f for f in monitored if same_process_end(f, p) and all(f is not m for m in merged)),
+            None,
+        )
+        if seen is not None:
+            merged.append(seen)
+        part = _group(groups, sig)
+        part.add(p.rank, p.node, p.host, seen.round if seen is not None else None, p.wall)
+        part.describe(None, f"local rank {p.local_rank} ended ({sig})", None)
+    return merged
+
+
+def _drop_merged(
+    groups: dict[str, SignatureGroup], monitored: list[LocalFault], merged: list[LocalFault]
+) -> None:
+    """Take the monitor faults counted with their process's end out of their own groups."""
+    for sig in {f.signature for f in merged}:
+        group = groups.get(sig)
+        if group is None:
+            continue
+        group.count -= sum(1 for f in merged if f.signature == sig)
+        left = [f for f in monitored if f.signature == sig and all(f is not m for m in merged)]
+        if group.count <= 0 or not left:
+            del groups[sig]
+            continue
+        group.ranks = {f.rank for f in left if f.rank is not None}
+        group.nodes = {f.node for f in left if f.node is not None}
+        group.hosts = {f.host for f in left if f.host is not None}
+        group.rounds = {f.round for f in left if f.round is not None}
+
+
+def _add_hangs(job: JobSummary, groups: dict[str, SignatureGroup]) -> None:
+    """Hangs that no fault of the same rank and round already tells."""
+    faulted = {(run, rnd, rank) for (run, rnd), r in job.rounds.items() for rank in r.first_by_rank}
+    for h in job.hangs:
+        if (h.run, h.round, h.rank) in faulted:
+            continue
+        part = _group(groups, hang_signature(h.timeout))
+        part.add(h.rank, h.node, h.host, h.round, h.wall)
+        part.describe(None, None, h.stack)
+
+
+def build_failures(job: JobSummary, process_rows: list[ProcessRestart]) -> list[Failure]:
+    """Failure groups: faults of the events, failed processes, hangs that no fault names."""
+    groups = {sig: _copy(g) for sig, g in job.signatures.items()}
+    merged = _add_deaths(job, groups, process_rows)
+    _drop_merged(groups, _monitor_deaths(job), merged)
+    _add_hangs(job, groups)
+    out = [
+        Failure(
+            signature=sig,
+            category=kind_of(sig),
+            count=g.count,
+            ranks=sorted(g.ranks),
+            nodes=sorted(g.nodes),
+            hosts=sorted(g.hosts),
+            rounds=sorted(g.rounds),
+            first_wall=g.first_wall,
+            exc_type=g.exc_type,
+            message=g.message,
+            traceback=g.traceback,
+            source="events",
+        )
+        for sig, g in groups.items()
+    ]
+    out.sort(key=lambda f: (-f.count, f.first_wall or 0.0))
+    return out
+
+
+def add_output_findings(
+    failures: list[Failure], findings: list[LogFinding], explained: list[Death]
+) -> None:
+    """Failures found only in output files join the events' rows. A traceback printed by a
+    process whose end the events record but do not explain is that end's cause: one
+    failure, listed once, under the traceback's signature."""
+    for death in explained:
+        row = next(
+            (
+                f
+                for f in failures
+                if f.source == "events"
+                and f.signature == death.how
+                and (death.rank in f.ranks or (death.rank is None and death.host in f.hosts))
+            ),
+            None,
+        )
+        if row is not None:
+            row.count -= 1
+            if row.count <= 0:
+                failures.remove(row)
+    for finding in findings:
+        failures.append(
+            Failure(
+                signature=finding.signature,
+                category=kind_of(finding.signature),
+                count=finding.count,
+                ranks=list(finding.ranks),
+                nodes=list(finding.nodes),
+                hosts=list(finding.hosts),
+                rounds=[],
+                first_wall=None,
+                exc_type=None,
+                message=f"{finding.path}:{finding.line}; printed by {finding.printed_by}",
+                traceback=finding.text,
+                source="slurm_output",
+            )
+        )
+
+
+def _copy(g: SignatureGroup) -> SignatureGroup:
+    """A copy to add to, so that deriving failures leaves the job's summary as it was."""
+    copy = SignatureGroup()
+    copy.merge(g)  # merging into an empty group copies every container
+    return copy

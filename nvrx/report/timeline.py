@@ -1,0 +1,183 @@
+"""The restart timeline: one row per (run, round), with the first failure and how it was found.
+
+Which fault came first: within one host boot monotonic clocks are exact, so
+the earliest fault by ``mono`` (or ``detected_mono``) wins. Across hosts
+monotonic clocks are not comparable; the rank that ``peer`` faults name as
+``origin_rank`` (recorded in the store, so free of clock skew) decides, and
+only without it wall clocks do, which the timeline says (``ordering``). A
+round with no fault of its own is explained by a process death or a hang.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from nvrx.events.failures import DEAD, UNRESPONSIVE, hang_signature, kind_of, process_end_signature
+
+from .model import ProcessRestart, RoundRow
+from .parts import LocalFault, RoundState, earlier
+from .process_rows import same_process_end
+
+if TYPE_CHECKING:
+    from .aggregate import JobSummary
+
+log = logging.getLogger(__name__)
+
+#: Round outcomes, most telling first, when ranks disagree.
+_OUTCOME_ORDER = ("restart", "abort", "terminated", "completed")
+
+
+def build_timeline(job: JobSummary, process_rows: Sequence[ProcessRestart] = ()) -> list[RoundRow]:
+    """One row per (run, round). Rounds with no fault event of their own are explained by
+    a process death (from its supervisor) or a hang report inside the round, if any."""
+    rows = []
+    for (run, rnd), r in sorted(job.rounds.items()):
+        root, ordering = _root(r)
+        row = _round_row(run, rnd, r, root, ordering)
+        if row.first_rank is None and row.first_host is None:
+            _explain(job, row, r, process_rows)
+        elif root is not None and kind_of(root.signature) in (DEAD, UNRESPONSIVE):
+            _sharpen(row, root, process_rows)
+        rows.append(row)
+    _infer_outcomes(job, rows)
+    return rows
+
+
+def death_window(job: JobSummary, run: int, rnd: int) -> tuple[float, float] | None:
+    """Wall times in which a process death belongs to round ``rnd``: from its first event
+    until the next round of the run starts (a process killed mid-round writes no last word)."""
+    lo = job.rounds[(run, rnd)].first_wall
+    if lo is None:
+        return None
+    later = [
+        r.first_wall
+        for (run2, rnd2), r in job.rounds.items()
+        if run2 == run and rnd2 > rnd and r.first_wall is not None
+    ]
+    return lo, min(later, default=float("inf"))
+
+
+def _infer_outcomes(job: JobSummary, rows: list[RoundRow]) -> None:
+    """Outcomes of rounds no ``round_end`` reported (an app's own round counter under a
+    supervisor): a later round of the run means its processes were restarted, and the
+    run's last round ended as its supervisors did."""
+    last_round: dict[int, int] = {}
+    for row in rows:
+        last_round[row.run] = max(last_round.get(row.run, row.round), row.round)
+    end_codes: dict[int, list[Any]] = {}
+    for e in job.node_events:
+        if e.get("kind") == "supervisor_end":
+            end_codes.setdefault(e["run"], []).append(e.get("exit_code"))
+    for row in rows:
+        if job.rounds[(row.run, row.round)].outcomes:
+            continue
+        row.outcome_from = "inferred"
+        if row.round < last_round[row.run]:
+            row.outcome = "restart"
+        elif end_codes.get(row.run) and all(c == 0 for c in end_codes[row.run]):
+            row.outcome = "completed"
+
+
+def _blame(row: RoundRow, r: RoundState, how: str, cause: str, kind: str, who: Any) -> None:
+    """Name ``who`` (a process row or a hang) as the first failure of ``row``."""
+    row.cause, row.fault_kind, row.ordering = cause, kind, how
+    row.first_rank, row.first_node, row.first_host = who.rank, who.node, who.host
+    row.peer_notified = len((r.peer_ranks | r.restarted_ranks) - {who.rank} - set(r.first_by_rank))
+
+
+def _sharpen(row: RoundRow, root: LocalFault, process_rows: Sequence[ProcessRestart]) -> None:
+    """A monitor saw the process vanish; its supervisor knows how it ended: say that."""
+    for p in process_rows:
+        if p.explained_by is None and same_process_end(root, p):
+            row.cause = process_end_signature(p.exit_code, p.signal)
+            return
+
+
+def _explain(
+    job: JobSummary, row: RoundRow, r: RoundState, process_rows: Sequence[ProcessRestart]
+) -> None:
+    window = death_window(job, row.run, row.round)
+    if window is None:
+        return
+    lo, hi = window
+    voted = r.voted_origin()
+    deaths = [
+        p
+        for p in process_rows
+        if p.run == row.run
+        and p.wall is not None
+        and lo <= p.wall < hi
+        and p.explained_by != "peer"
+    ]
+    if voted is not None and any(p.rank == voted for p in deaths):
+        deaths = [p for p in deaths if p.rank == voted]
+    if deaths:
+        first = min(deaths, key=lambda p: p.wall or 0.0)
+        cause = process_end_signature(first.exit_code, first.signal)
+        _blame(row, r, "process_exit", cause, "dead", first)
+        return
+    hangs = [h for h in job.hangs if h.run == row.run and h.round == row.round]
+    if voted is not None and any(h.rank == voted for h in hangs):
+        hangs = [h for h in hangs if h.rank == voted]
+    if hangs:
+        first_hang = min(hangs, key=lambda h: h.wall or 0.0)
+        _blame(row, r, "hang", hang_signature(first_hang.timeout), "hang", first_hang)
+        return
+    if voted is not None:
+        row.first_rank, row.ordering = voted, "store_origin"
+        row.cause = row.cause or f"fault reported by peers (rank {voted})"
+
+
+def _root(r: RoundState) -> tuple[LocalFault | None, str]:
+    faults = list(r.first_by_rank.values())
+    if not faults:
+        return None, "none"
+    by_boot: dict[str | None, LocalFault] = {}
+    for f in faults:
+        seen = by_boot.get(f.boot)
+        if seen is None or earlier(f, seen):
+            by_boot[f.boot] = f
+    if len(by_boot) == 1:
+        only = next(iter(by_boot.values()))
+        return only, "monotonic" if only.mono is not None else "wall_clock"
+    voted = r.voted_origin()
+    if voted is not None and voted in r.first_by_rank:
+        return r.first_by_rank[voted], "store_origin"
+    best = None
+    for f in by_boot.values():
+        if best is None or (f.wall is not None and (best.wall is None or f.wall < best.wall)):
+            best = f
+    return best, "wall_clock"
+
+
+def _round_row(
+    run: int, rnd: int, r: RoundState, root: LocalFault | None, ordering: str
+) -> RoundRow:
+    outcome = next((o for o in _OUTCOME_ORDER if o in r.outcomes), None)
+    if outcome is None:
+        outcome = next(iter(sorted(r.outcomes)), None) or "unfinished"
+    local_ranks = {rank for rank in r.first_by_rank if rank is not None}
+    root_rank = root.rank if root is not None else None
+    return RoundRow(
+        run=run,
+        round=rnd,
+        start_wall=r.first_wall,
+        end_wall=r.last_wall,
+        outcome=outcome,
+        cause=root.signature if root is not None else None,
+        fault_kind=root.fault_kind if root is not None else None,
+        first_rank=root_rank,
+        first_node=root.node if root is not None else None,
+        first_host=root.host if root is not None else None,
+        ordering=ordering,
+        also_failed=sorted(local_ranks - {root_rank}),
+        peer_notified=len((r.peer_ranks | r.restarted_ranks) - local_ranks),
+        hang_ranks=sorted(r.hang_ranks),
+        terminated_ranks=sorted(r.terminated),
+        detection_s=root.detection_s if root is not None else None,
+        phases=dict(sorted(r.phases.items())),
+        failed_phases=sorted(r.failed_phases),
+        restart_latency_s=r.restart_latency_s,
+    )

@@ -1,0 +1,58 @@
+"""Event field values as the report needs them, whatever JSON type a writer gave them.
+
+A kind's own fields are not checked when events are read (only the common
+ones are), so a number may arrive as a string or a bool: these helpers turn
+anything unusable into ``None`` instead of failing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def num(value: Any, default: float | None = None) -> float | None:
+    """A finite number as float, else ``default`` (bools are not numbers here)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return default
+    try:
+        value = float(value)
+    except OverflowError:  # an integer too large for a float
+        return default
+    return value if math.isfinite(value) else default
+
+
+#: Longest span the report believes, in seconds (about 31 years); sums of such stay floats.
+MAX_SECONDS = 1e9
+#: Largest count (world size, attempt, exit code ...) the report believes.
+MAX_COUNT = 2**31 - 1
+
+
+def seconds(value: Any) -> float | None:
+    """A duration in seconds: a number in 0..MAX_SECONDS, else None."""
+    value = num(value)
+    return value if value is not None and 0.0 <= value <= MAX_SECONDS else None
+
+
+def count(value: Any) -> int | None:
+    """An integer in -MAX_COUNT..MAX_COUNT (exit codes may be negative), else None."""
+    value = as_int(value)
+    return value if value is not None and -MAX_COUNT <= value <= MAX_COUNT else None
+
+
+def as_int(value: Any) -> int | None:
+    """An integer (or an integral float) as int, else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def as_str(value: Any) -> str | None:
+    return None if value is None else str(value)

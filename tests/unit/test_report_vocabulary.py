@@ -1,0 +1,154 @@
+"""One failure, one row, one spelling: the report reads every producer's signatures (old ones too)
+in the vocabulary of nvrx.events.failures, and a fault that two components saw counts once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_report_fixtures import HANG_STACK, Host, Proc
+
+from nvrx.report import build_report
+
+INJECTED_TB = (
+    "Traceback (most recent call last):\n"
+    '  File "/opt/nvrx/nvrx/inprocess/call_wrapper.py", line 516, in _round\n'
+    "    ret = fn()\n"
+    '  File "/home/u/train_demo.py", line 259, in step\n'
+    "    self.injector.at_step(step)\n"
+    '  File "/home/u/fault_injection.py", line 94, in at_step\n'
+    "    raise InjectedFault(msg)\n"
+    "fault_injection.InjectedFault: injected exception at step 15 on rank 2\n"
+)
+INJECTED = "fault_injection.InjectedFault at fault_injection.py:94 in at_step"
+
+
+def _demo_like_job(log_dir: Path) -> None:
+    """The demo's three faults as an older nvrx wrote them: an exception (store's "@"
+    signature), a SIGKILLed rank (the monitor's "dead", the supervisor's "signal:SIGKILL")
+    and a hang (the monitor's "hang_soft" fault next to its hang event)."""
+    hosts = {0: Host("vm-a", 0), 1: Host("vm-b", 1)}
+    sup = {n: Proc(log_dir, h, "supervisor") for n, h in hosts.items()}
+    for s in sup.values():
+        s.at(0.0, "supervisor_start", nnodes=2, nproc_per_node=2)
+    ranks = {r: Proc(log_dir, hosts[r // 2], "wrapper", rank=r) for r in range(4)}
+
+    def round_of(rnd: int, t: float, faulty: int, peers_end: float) -> None:
+        for p in ranks.values():
+            p.round(rnd).at(t, "round_start", world_size=4)
+            p.at(t + 0.1, "call_start")
+        for r, p in ranks.items():
+            if r != faulty:
+                p.at(peers_end, "fault", fault_kind="peer", origin_rank=faulty)
+                p.at(peers_end + 0.5, "round_end", outcome="restart")
+
+    round_of(0, 1.0, 2, 10.2)
+    ranks[2].at(
+        10.0,
+        "fault",
+        fault_kind="exception",
+        origin_rank=2,
+        exc_type="fault_injection.InjectedFault",
+        message="injected exception at step 15 on rank 2",
+        traceback=INJECTED_TB,
+        signature="fault_injection.InjectedFault@fault_injection.py:at_step",
+    )
+    ranks[2].at(10.5, "round_end", outcome="restart")
+
+    round_of(1, 12.0, 1, 20.3)
+    ranks[1].close()  # SIGKILLed inside the function: no last word
+    monitor = Proc(log_dir, hosts[0], "monitor", rank=1).round(1)
+    monitor.at(
+        20.1, "fault", fault_kind="dead", origin_rank=1, message="rank 1 died", signature="dead"
+    )
+    sup[0].at(20.2, "child_exit", local_rank=1, child_pid=5, signal="SIGKILL", runtime_s=20.0)
+    sup[0].at(
+        20.2, "restart_decision", local_rank=1, decision="restart", signature="signal:SIGKILL"
+    )
+    sup[0].at(20.4, "child_start", local_rank=1, child_pid=6, attempt=1)
+    ranks[1] = Proc(log_dir, hosts[0], "wrapper", rank=1)
+
+    round_of(2, 22.0, 3, 45.3)
+    hang_monitor = Proc(log_dir, hosts[1], "monitor", rank=3).round(2)
+    hang_monitor.at(45.0, "hang", timeout="soft", stack=HANG_STACK)
+    hang_monitor.at(
+        45.0,
+        "fault",
+        fault_kind="hang_soft",
+        origin_rank=3,
+        signature="hang_soft",
+        traceback=HANG_STACK,
+    )
+    ranks[3].at(45.4, "round_end", outcome="restart")
+
+    for p in ranks.values():
+        p.round(3).at(47.0, "round_start", world_size=4)
+        p.at(60.0, "round_end", outcome="completed")
+        p.at(60.1, "wrapper_end", outcome="completed", rounds=4)
+    for s in sup.values():
+        for local in (0, 1):
+            s.at(60.5, "child_exit", local_rank=local, child_pid=10 + local, exit_code=0)
+        s.at(60.7, "supervisor_end", exit_code=0, reason="all children exited 0")
+    for p in [*ranks.values(), *sup.values(), monitor, hang_monitor]:
+        p.close()
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory):
+    log_dir = tmp_path_factory.mktemp("vocab") / "demo"
+    _demo_like_job(log_dir)
+    return build_report(log_dir, sacct=False)
+
+
+def test_each_fault_is_one_row_of_its_own_kind(report) -> None:
+    rows = [(f.signature, f.category, f.count, f.ranks, f.rounds) for f in report.failures]
+    assert sorted(rows) == sorted(
+        [
+            (INJECTED, "exception", 1, [2], [0]),
+            ("signal SIGKILL", "signal", 1, [1], [1]),  # the monitor's "dead" and the supervisor's
+            (
+                "hang (soft timeout)",
+                "hang",
+                1,
+                [3],
+                [2],
+            ),  # the "hang_soft" fault and the hang event
+        ]
+    )
+
+
+def test_the_timeline_speaks_the_same_vocabulary(report) -> None:
+    causes = [(row.round, row.cause, row.first_rank) for row in report.timeline]
+    assert causes == [
+        (0, INJECTED, 2),
+        (1, "signal SIGKILL", 1),
+        (2, "hang (soft timeout)", 3),
+        (3, None, None),
+    ]
+    # the event's own fault kind stays what its writer said
+    assert [row.fault_kind for row in report.timeline[:3]] == ["exception", "dead", "hang_soft"]
+    # a node's incidents count each fault once, whoever reported it
+    assert {n.host: (n.faults, n.hangs, n.deaths) for n in report.suspects} == {
+        "vm-a": (1, 0, 1),
+        "vm-b": (2, 1, 0),
+    }
+    signatures = {sig for node in report.suspects for sig in node.signatures}
+    assert signatures == {INJECTED, "signal SIGKILL", "hang (soft timeout)"}
+    text = report.to_text("table")
+    for old in ("hang_soft ", "signal:SIGKILL", "@fault_injection.py", "dead "):
+        assert old not in text, old
+
+
+def test_a_dead_rank_no_supervisor_saw_keeps_its_kind(tmp_path: Path) -> None:
+    h = Host("solo", 0)
+    rank = Proc(tmp_path, h, "wrapper", rank=0).round(0)
+    rank.at(1.0, "round_start", world_size=2)
+    monitor = Proc(tmp_path, h, "monitor", rank=0).round(0)
+    monitor.at(5.0, "fault", fault_kind="dead", origin_rank=0, signature="dead")
+    for p in (rank, monitor):
+        p.close()
+    report = build_report(tmp_path, sacct=False)
+    assert [(f.signature, f.category, f.ranks) for f in report.failures] == [
+        ("dead process", "dead", [0])
+    ]
+    assert report.timeline[0].cause == "dead process"
