@@ -16,12 +16,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from nvrx import jobenv
+
 from . import gloo_abort
 from .state import FrozenState
 
 log = logging.getLogger(__name__)
 
-FR_TRACE_PATH_ENV = "NVRX_FR_TRACE_PATH"
+FR_TRACE_PATH_ENV = jobenv.FR_TRACE_PATH
 _FR_BUFFER_ENVS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 
 
@@ -74,6 +76,10 @@ class AbortTorchDistributed(Abort):
     destroy every group and clear torch's group registry, so that
     ``init_process_group`` works again. A no-op when no group exists.
 
+    Only gloo groups created while ``gloo_abort`` tracks group creation have
+    known connections: the Wrapper tracks for the length of each call; used
+    on its own, create the groups inside ``with gloo_abort.tracking():``.
+
     Args:
         torch_fr_trace_path: directory for flight-recorder dumps (one
             ``iter_<iteration>`` sub-directory per round); falls back to
@@ -83,8 +89,6 @@ class AbortTorchDistributed(Abort):
 
     def __init__(self, torch_fr_trace_path: str | os.PathLike[str] | None = None) -> None:
         self.torch_fr_trace_path = torch_fr_trace_path
-        # Groups created from now on are observed, so their sockets are known at abort time.
-        self.can_interrupt_gloo = gloo_abort.install()
 
     def __call__(self, state: FrozenState) -> FrozenState:
         import torch.distributed as dist

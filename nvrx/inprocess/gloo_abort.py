@@ -7,10 +7,12 @@ socket down (``shutdown(2)``, from any thread, through a duplicate descriptor)
 makes the pending read fail at once, so the collective raises within
 milliseconds and the blocked thread is back in Python.
 
-To touch only gloo's connections, every process group construction is
-observed: the sockets this process owns right before and right after
-``torch.distributed``'s group factory ran are compared, and the new TCP
-sockets are recorded for that group (by inode, so a descriptor number reused
+To touch only gloo's connections, process group constructions are observed
+while tracking is on (``install``/``uninstall``, or ``with tracking():``; the
+Wrapper tracks for the length of each call of the wrapped function, and puts
+torch's own group factory back when it returns): the sockets this process
+owns right before and right after ``torch.distributed``'s group factory ran
+are compared, and the new TCP sockets are recorded for that group (by inode, so a descriptor number reused
 later never points us at an unrelated socket). Sockets that belong to stores
 are never recorded: accepted connections of listeners that existed before the
 group (a store server in this process) and connections to a protected port
@@ -20,22 +22,26 @@ See docs/abort.md for the limits.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import socket
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from nvrx import jobenv
 
 log = logging.getLogger(__name__)
 
 _PROC_FD = "/proc/self/fd"
-_PROTECTED_PORT_ENVS = ("NVRX_STORE_PORT", "MASTER_PORT")
+_PROTECTED_PORT_ENVS = (jobenv.STORE_PORT, "MASTER_PORT")
+_FACTORY = "_new_process_group_helper"  # torch's group factory (private)
 
 _lock = threading.Lock()
-_installed = False
+_installs = 0  # install() calls not yet undone by uninstall()
 _groups: dict[str, set[int]] = {}  # group name -> inodes of its TCP sockets
 _protected_ports: set[int] = set()
 
@@ -90,26 +96,23 @@ def _tcp_connections(inodes: dict[int, int]) -> dict[int, _Conn]:
         try:
             with open(table) as fh:
                 next(fh, None)
-                for line in fh:
-                    cols = line.split()
-                    if len(cols) < 10:
-                        continue
-                    inode = int(cols[9])
-                    if inode not in inodes:
-                        continue
-                    local_port = int(cols[1].rsplit(":", 1)[1], 16)
-                    remote_port = int(cols[2].rsplit(":", 1)[1], 16)
-                    listening = cols[3] == "0A"  # TCP_LISTEN
-                    conns[inode] = _Conn(
-                        inode,
-                        inodes[inode],
-                        local_port,
-                        None if listening else remote_port,
-                        listening,
-                    )
+                rows = [_parse_row(line, inodes) for line in fh]
         except OSError:
             continue
+        conns.update((conn.inode, conn) for conn in rows if conn is not None)
     return conns
+
+
+def _parse_row(line: str, inodes: dict[int, int]) -> _Conn | None:
+    """One row of /proc/net/tcp as a ``_Conn``, None when its socket is not among ``inodes``."""
+    cols = line.split()
+    if len(cols) < 10 or int(cols[9]) not in inodes:
+        return None
+    inode = int(cols[9])
+    local_port = int(cols[1].rsplit(":", 1)[1], 16)
+    remote_port = int(cols[2].rsplit(":", 1)[1], 16)
+    listening = cols[3] == "0A"  # TCP_LISTEN
+    return _Conn(inode, inodes[inode], local_port, None if listening else remote_port, listening)
 
 
 def _new_group_sockets(before: dict[int, int], before_listen_ports: set[int]) -> set[int]:
@@ -161,39 +164,86 @@ def _tracking(factory: Any) -> Any:
     return create_group
 
 
+def _group_factory_module() -> Any:
+    """torch's ``distributed_c10d`` when groups can be tracked here, else None (logged)."""
+    if not os.path.isdir(_PROC_FD):
+        log.warning("no %s: gloo collectives cannot be interrupted on this platform", _PROC_FD)
+        return None
+    try:
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            return None
+        from torch.distributed import distributed_c10d as c10d
+    except ImportError:
+        return None
+    if getattr(c10d, _FACTORY, None) is None:
+        log.warning(
+            "torch.distributed has no %s (torch %s): gloo collectives cannot be interrupted by abort",
+            _FACTORY,
+            getattr(__import__("torch"), "__version__", "?"),
+        )
+        return None
+    return c10d
+
+
 def install() -> bool:
-    """Start recording the sockets of process groups created from now on (idempotent).
+    """Start recording the sockets of process groups created from now on.
 
-    Returns whether recording is active: it needs Linux /proc and torch's
-    group factory ``distributed_c10d._new_process_group_helper``.
+    Wraps torch's group factory ``distributed_c10d._new_process_group_helper``.
+    Calls nest: each successful ``install`` must be matched by one
+    ``uninstall``, and the original factory comes back with the last one.
+    Returns whether recording is active (it needs Linux /proc and the factory).
     """
-    global _installed
+    global _installs
     with _lock:
-        if _installed:
+        if _installs:
+            _installs += 1
             return True
-        if not os.path.isdir(_PROC_FD):
-            log.warning("no %s: gloo collectives cannot be interrupted on this platform", _PROC_FD)
+        c10d = _group_factory_module()
+        if c10d is None:
             return False
-        try:
-            import torch.distributed as dist
-
-            if not dist.is_available():
-                return False
-            from torch.distributed import distributed_c10d as c10d
-        except ImportError:
-            return False
-        factory = getattr(c10d, "_new_process_group_helper", None)
-        if factory is None:
-            log.warning(
-                "torch.distributed has no _new_process_group_helper (torch %s): "
-                "gloo collectives cannot be interrupted by abort",
-                getattr(__import__("torch"), "__version__", "?"),
-            )
-            return False
+        factory = getattr(c10d, _FACTORY)
         if not getattr(factory, "_nvrx_tracking", False):
-            c10d._new_process_group_helper = _tracking(factory)
-        _installed = True
+            setattr(c10d, _FACTORY, _tracking(factory))
+        _installs = 1
         return True
+
+
+def uninstall() -> None:
+    """Undo one ``install``; the last one puts torch's own group factory back."""
+    global _installs
+    with _lock:
+        if _installs == 0:
+            return
+        _installs -= 1
+        if _installs:
+            return
+        from torch.distributed import distributed_c10d as c10d
+
+        current = getattr(c10d, _FACTORY, None)
+        original = getattr(current, "__wrapped__", None)
+        if getattr(current, "_nvrx_tracking", False) and original is not None:
+            setattr(c10d, _FACTORY, original)
+        else:  # someone wrapped it again after us: unwrapping would drop their wrapper
+            log.warning("torch's %s was replaced meanwhile: left as it is", _FACTORY)
+
+
+def installed() -> bool:
+    """Whether group creations are recorded now."""
+    with _lock:
+        return _installs > 0
+
+
+@contextlib.contextmanager
+def tracking() -> Iterator[bool]:
+    """Record the sockets of groups created inside the block; yields whether recording works."""
+    active = install()
+    try:
+        yield active
+    finally:
+        if active:
+            uninstall()
 
 
 def tracked_groups() -> dict[str, set[int]]:
@@ -240,4 +290,12 @@ def shutdown_sockets(group_names: Iterable[str] | None = None) -> int:
     return count
 
 
-__all__ = ["install", "protect_port", "shutdown_sockets", "tracked_groups"]
+__all__ = [
+    "install",
+    "installed",
+    "protect_port",
+    "shutdown_sockets",
+    "tracked_groups",
+    "tracking",
+    "uninstall",
+]

@@ -28,6 +28,14 @@ class HealthCheck(abc.ABC):
         raise NotImplementedError
 
 
+def run_check(check: HealthCheck, state: FrozenState, what: str) -> None:
+    """Run ``check`` for the Wrapper: its failure becomes a ``HealthCheckError`` that says ``what`` failed."""
+    try:
+        check(state)
+    except Exception as exc:
+        raise exception.HealthCheckError(f"{what}: {exc!r}") from exc
+
+
 class CudaHealthCheck(HealthCheck):
     """Check that this process's CUDA context still works, by synchronizing with the GPU.
 

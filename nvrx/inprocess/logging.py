@@ -13,6 +13,8 @@ import logging
 import os
 import sys
 
+from nvrx import jobenv
+
 LOGGER_NAME = "nvrx.inprocess"
 _FORMAT = "%(asctime)s nvrx.inprocess [rank %(nvrx_rank)s] %(levelname)s %(name)s: %(message)s"
 
@@ -59,4 +61,4 @@ def setup_monitor_logging(path: str | None) -> None:
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s nvrx.monitor %(levelname)s: %(message)s"))
     root.addHandler(handler)
-    root.setLevel(logging.DEBUG if os.environ.get("NVRX_MONITOR_DEBUG") == "1" else logging.INFO)
+    root.setLevel(logging.DEBUG if jobenv.flag_in(None, jobenv.MONITOR_DEBUG) else logging.INFO)

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +39,6 @@ class RankShouldRestart(BaseException):
     A ``BaseException`` so that ``except Exception`` in training code does not
     swallow it; code that catches ``BaseException`` must re-raise it.
     """
-
-    def __del__(self) -> None:
-        if log.isEnabledFor(logging.DEBUG) and getattr(self, "_swallowed_check", False):
-            log.debug("RankShouldRestart was dropped without reaching the Wrapper")
 
 
 def async_raise(thread_id: int, exc_type: type[BaseException] | None) -> int:
@@ -150,7 +146,7 @@ class Delivery:
                 self._clear_async()
             self.state = self.WAITING
 
-    def await_restart(self, timeout: float) -> None:
+    def await_restart(self, timeout: float) -> NoReturn:
         """Block until the monitor thread requests the restart, then raise it here."""
         self.begin_wait()
         if not self.requested.wait(timeout):
@@ -215,38 +211,45 @@ class MonitorThread(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
-        from torch.distributed import DistNetworkError, DistStoreError
-
         try:
-            while True:
-                try:
-                    self.store.wait([self.interrupted_key], timedelta(seconds=self.interval))
-                    break
-                except DistNetworkError:
-                    raise
-                except DistStoreError:
-                    if self.stop.is_set():
-                        return
-            value = self.store.get(self.interrupted_key)
-            if value.decode(errors="replace") == DONE or self.stop.is_set():
-                return
-            self.seen_mono = time.monotonic()
-            for key in self.wake_keys:  # wakes ranks waiting to complete (and spares)
-                self.store.set(key, "interrupted")
-            with self.delivery.atomic_lock:
-                t0 = time.monotonic()
-                if self.abort is not None:
-                    try:
-                        self.abort(self.frozen_state)
-                    except Exception as exc:
-                        self.abort_ok = False
-                        log.critical("abort failed: %r", exc)
-                self.abort_s = time.monotonic() - t0
-                self.delivery.deliver("a rank faulted: restarting")
+            if self._wait_for_fault():
+                self._restart_main_thread()
         except BaseException as exc:  # the store is gone: restart locally, the exit path reports it
             self.error = exc
             log.error("monitor thread failed: %r", exc)
             self.delivery.deliver(f"monitor thread failed: {exc!r}")
+
+    def _wait_for_fault(self) -> bool:
+        """Block until the round is interrupted; True for a fault, False when it completed or we stop."""
+        from torch.distributed import DistNetworkError, DistStoreError
+
+        while True:
+            try:
+                self.store.wait([self.interrupted_key], timedelta(seconds=self.interval))
+                break
+            except DistNetworkError:
+                raise
+            except DistStoreError:
+                if self.stop.is_set():
+                    return False
+        value = self.store.get(self.interrupted_key)
+        return value.decode(errors="replace") != DONE and not self.stop.is_set()
+
+    def _restart_main_thread(self) -> None:
+        """Wake waiting ranks, run ``abort`` (the main thread may be blocked in a collective), deliver."""
+        self.seen_mono = time.monotonic()
+        for key in self.wake_keys:  # wakes ranks waiting to complete (and spares)
+            self.store.set(key, "interrupted")
+        with self.delivery.atomic_lock:
+            t0 = time.monotonic()
+            try:
+                if self.abort is not None:
+                    self.abort(self.frozen_state)
+            except Exception as exc:
+                self.abort_ok = False
+                log.critical("abort failed: %r", exc)
+            self.abort_s = time.monotonic() - t0
+            self.delivery.deliver("a rank faulted: restarting")
 
 
 @contextlib.contextmanager

@@ -56,8 +56,18 @@ def _seconds(timeout: datetime.timedelta | float | None) -> float:
     return float(timeout)
 
 
+def _chunk_seconds(chunk: datetime.timedelta | float | None) -> float | None:
+    return None if chunk is None else _seconds(chunk)
+
+
 class StoreMixin:
-    """Reference helper methods on top of any torch ``Store`` API."""
+    """Reference helper methods on top of any torch ``Store`` API.
+
+    The barriers take the reference's ``timeout_chunk``: the wait is split
+    into waits of at most that long, so that the calling thread's Python
+    signal handlers (``KeyboardInterrupt``, the Wrapper's restart) run between
+    them; None (the default) waits in one piece, answered by the server.
+    """
 
     def barrier(
         self,
@@ -65,13 +75,15 @@ class StoreMixin:
         group_name: str,
         rendezvous_count: int,
         timeout: datetime.timedelta | float,
-        timeout_chunk: datetime.timedelta | None = None,
+        timeout_chunk: datetime.timedelta | float | None = None,
     ) -> None:
         """Counting barrier: each of ``ranks`` arrives once; waits for ``rendezvous_count`` arrivals."""
         name = f"nvrx_barrier/{group_name}"
         for rank in set(ranks):
             nvrx_barrier.arrive(self, name, rank, rendezvous_count)
-        nvrx_barrier.wait(self, name, rendezvous_count, _seconds(timeout))
+        nvrx_barrier.wait(
+            self, name, rendezvous_count, _seconds(timeout), chunk=_chunk_seconds(timeout_chunk)
+        )
 
     def reentrant_barrier(
         self,
@@ -79,13 +91,15 @@ class StoreMixin:
         group_name: str,
         rendezvous_count: int,
         timeout: datetime.timedelta | float,
-        timeout_chunk: datetime.timedelta | None = None,
+        timeout_chunk: datetime.timedelta | float | None = None,
     ) -> None:
         """Barrier where a rank may arrive more than once (by itself and by proxy)."""
         name = f"nvrx_reentrant_barrier/{group_name}"
         for rank in set(ranks):
             nvrx_barrier.arrive(self, name, rank, rendezvous_count, reentrant=True)
-        nvrx_barrier.wait(self, name, rendezvous_count, _seconds(timeout))
+        nvrx_barrier.wait(
+            self, name, rendezvous_count, _seconds(timeout), chunk=_chunk_seconds(timeout_chunk)
+        )
 
     def is_rank_at_reentrant_barrier(self, rank: int, group_name: str) -> bool:
         return nvrx_barrier.has_arrived(self, f"nvrx_reentrant_barrier/{group_name}", rank)
@@ -274,7 +288,7 @@ def _clear_stale_keys(base: Any, round_: int) -> None:
 
 def commit_round_start(store: Any, base: Any, job_restarts: int) -> None:
     """The first rank to start a round after a restart records the new job restart count."""
-    if int(store.add("started", 1)) == 1 and rounds.job_restarts(base) < job_restarts:
+    if int(store.add(keys.STARTED, 1)) == 1 and rounds.job_restarts(base) < job_restarts:
         rounds.set_job_restarts(base, job_restarts)
 
 

@@ -28,20 +28,18 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from . import gloo_abort
 from . import store as rstore
 from .abort import Abort, AbortTorchDistributed
-from .call_wrapper import CallWrapper, _supervised
+from .call_wrapper import CallWrapper
 from .completion import Completion
 from .compose import Compose
 from .exception import RestartAbort
 from .finalize import Finalize
 from .health_check import HealthCheck
 from .initialize import Initialize
-from .rank_assignment import (
-    ActivateAllRanks,
-    RankAssignment,
-    ShiftRanks,
-)
+from .rank_assignment import ActivateAllRanks, RankAssignment, ShiftRanks
+from .supervision import supervised
 from .terminate import Terminate
 
 log = logging.getLogger(__name__)
@@ -223,10 +221,11 @@ class Wrapper:
         @functools.wraps(fn)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             try:
-                with CallWrapper(self) as call_wrapper:
+                # gloo groups created during the call are tracked, so abort can interrupt them
+                with gloo_abort.tracking(), CallWrapper(self) as call_wrapper:
                     return call_wrapper(fn, args, kwargs)
             except RestartAbort as exc:
-                if _supervised():
+                if supervised():
                     raise SystemExit(exc.exit_code) from exc
                 raise
 

@@ -11,12 +11,16 @@ A *reentrant* arrival is idempotent: a rank may be registered twice (by
 itself and by its monitor process on its behalf) and still counts once.
 
 These functions take any object with torch's ``Store`` API (``set``, ``add``,
-``wait``, ``check``); they never call torch's own ``Store.barrier``.
+``wait``, ``check``). ``barrier`` runs a plain barrier (neither reentrant nor
+with ``before_release``) as torch's native ``Store.barrier``, called unbound
+(``Store.barrier(store, ...)``) so that a store class that redefines
+``barrier`` (``nvrx.inprocess.store.StoreMixin``) is not re-entered.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
@@ -126,19 +130,34 @@ def wait(
     count: int,
     timeout: float,
     participants: Iterable[int] | None = None,
+    *,
+    chunk: float | None = None,
 ) -> None:
-    """Block until barrier ``name`` completes; ``BarrierTimeout`` after ``timeout`` seconds."""
+    """Block until barrier ``name`` completes; ``BarrierTimeout`` after ``timeout`` seconds.
+
+    ``chunk`` (seconds) splits the wait into server-answered waits of at most
+    that long, so that the calling thread is back in Python between them and
+    its signal handlers run (a ``KeyboardInterrupt``, the Wrapper's restart);
+    None waits in one piece.
+    """
     from torch.distributed import DistNetworkError, DistStoreError
 
     if timeout <= NO_WAIT:
         return
-    try:
-        store.wait([release_key(name)], timedelta(seconds=timeout))
-    except DistNetworkError:
-        raise
-    except DistStoreError:
-        expected = list(participants) if participants is not None else list(range(count))
-        raise BarrierTimeout(name, count, missing_ranks(store, name, expected), timeout) from None
+    deadline = time.monotonic() + timeout
+    step = timeout if chunk is None or chunk <= 0 else min(chunk, timeout)
+    while True:
+        left = max(min(step, deadline - time.monotonic()), 0.001)
+        try:
+            store.wait([release_key(name)], timedelta(seconds=left))
+            return
+        except DistNetworkError:
+            raise
+        except DistStoreError:
+            if chunk is None or time.monotonic() >= deadline:
+                break
+    expected = list(participants) if participants is not None else list(range(count))
+    raise BarrierTimeout(name, count, missing_ranks(store, name, expected), timeout)
 
 
 def barrier(

@@ -1,19 +1,21 @@
 """Key layout of the nvrx store.
 
 Everything nvrx writes lives under ``nvrx/``. Keys that belong to one restart
-round live under ``nvrx/r<round>/``, so a round never reads a key an earlier
-round (or an earlier process generation) left behind. Per-rank keys use the
-rank's *initial* rank, the one identity a process keeps for its whole life.
+round live under ``nvrx/r<round>/`` (the names below ``round_prefix`` are
+relative to it), so a round never reads a key an earlier round (or an earlier
+process generation) left behind. Inside a round a rank is named by its rank in
+that round; the keys of the rejoin protocol (``join_request``, ``admission``)
+name it by its *initial* rank, the one identity a process keeps for its whole
+life.
 """
 
 from __future__ import annotations
 
 ROOT = "nvrx/"
 
-#: Round the job is in now (int, set by the leader when a round starts).
+#: Round the job is in now (int; written by the rank that completes a generation's
+#: initial barrier or a round's iteration barrier).
 CURRENT_ROUND = ROOT + "round"
-#: Process generations seen by the store (counter; a restarted process bumps it).
-GENERATION = ROOT + "generation"
 #: Restarts of the job so far, in-process and process restarts together (counter).
 JOB_RESTARTS = ROOT + "job_restarts"
 #: Counter every monitor process bumps at each heartbeat: the job is alive while it moves.
@@ -29,41 +31,40 @@ def round_prefix(round_: int) -> str:
     return f"{ROOT}r{round_}/"
 
 
-def heartbeat(initial_rank: int) -> str:
-    """Heartbeat counter of one rank's monitor process (global, not per round)."""
-    return f"{ROOT}hb/{initial_rank}"
-
-
 def join_request(initial_rank: int) -> str:
     """Set by a replacement process that wants to rejoin the job (value: its pid)."""
     return f"{ROOT}join/{initial_rank}"
 
 
 def admission(initial_rank: int, pid: int) -> str:
-    """Set by the job for an admitted replacement process (value: the round it joins)."""
+    """Set by the job for an admitted replacement process (value: JSON ``rejoin.Admission``)."""
     return f"{ROOT}admit/{initial_rank}/{pid}"
 
 
 # Names inside one round's prefix --------------------------------------------
-INTERRUPTED = "interrupted"  # set when any rank faults (or when the round completed)
-FAULT_LIST = "faults"  # append-only list of initial ranks that recorded a fault
-TERMINATED = "terminated"  # append-only list of initial ranks that left the job
+INTERRUPTED = "interrupted"  # "fault" when any rank faults, "done" when the round completed
+FAULT_LIST = "faults"  # append-only JSON fault records, one per line (``nvrx.store.faults``)
+TERMINATED = "terminated"  # append-only "r," list of the round's ranks that left the job
 DECISION = "decision"  # JSON written by the last arrival at the iteration barrier
 REJOIN = "rejoin"  # JSON: ranks whose replacement process rejoined (written by the round's leader)
-COMPLETED = "completed"  # set by an active rank that returned from the function
-PARTICIPANTS = "participants"  # JSON list of initial ranks taking part in the round
+COMPLETED = (
+    "completed"  # set by an active rank that returned (or by a monitor thread, to wake spares)
+)
+STARTED = (
+    "started"  # counter: ranks that started the round (the first one commits the restart count)
+)
 
 
-def fault_record(initial_rank: int) -> str:
-    """JSON fault record of one rank in a round."""
-    return f"fault/{initial_rank}"
+def heartbeat(rank: int) -> str:
+    """Heartbeat counter of the monitor process of ``rank`` in the round."""
+    return f"hb/{rank}"
 
 
-def rank_state(initial_rank: int) -> str:
-    """JSON state of one rank at the start of a round (used by a rejoining replacement)."""
-    return f"state/{initial_rank}"
+def rank_state(rank: int) -> str:
+    """JSON state of ``rank`` at the start of the round (read for a replacement of it)."""
+    return f"state/{rank}"
 
 
-def terminated_flag(initial_rank: int) -> str:
-    """Counter that makes registering a rank as terminated idempotent."""
-    return f"terminated_flag/{initial_rank}"
+def terminated_flag(rank: int) -> str:
+    """Counter that makes registering ``rank`` as terminated in the round idempotent."""
+    return f"terminated_flag/{rank}"

@@ -33,14 +33,14 @@ def publish_round(store: Any, round_: int) -> None:
     store.set(keys.CURRENT_ROUND, str(int(round_)))
 
 
-def generation_base(store: Any, restarted_process: bool, step: int = GENERATION_STEP) -> int:
+def generation_base(store: Any, step: int = GENERATION_STEP) -> int:
     """First round of a new process generation.
 
     0 for a fresh store; otherwise the next multiple of ``step`` above the last
     published round (a restarted job, or a second wrapped call, never reuses a
     key space). All processes of a generation read the same value because the
     round is published only after the initial barrier, which every one of them
-    must pass first. ``restarted_process`` is kept for callers that log it.
+    must pass first.
     """
     last = current_round(store)
     if last is None:

@@ -144,6 +144,14 @@ def _catastrophic_regex() -> None:
     re.match(r"(a+)+$", "a" * 64 + "b")  # holds the GIL for a very long time
 
 
+def _ignores(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` ignores ``signum`` (its SigIgn mask in /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
 def _rank_main(tmp: Path) -> int:
     import datetime
 
@@ -186,8 +194,6 @@ def _rank_main(tmp: Path) -> int:
     fault = params.get("fault")
     fault_ranks = set(params.get("fault_ranks", []))
     fault_rounds = params.get("fault_rounds", 1)
-    if os.environ.get("NVRX_TEST_REPLACEMENT") == "1":
-        fault_ranks = set()  # a replacement process does not repeat the fault
 
     @inprocess.Wrapper(**wkw)
     def train(call_wrapper: CallWrapper = None, tag: str = "x") -> dict[str, Any]:
@@ -199,6 +205,7 @@ def _rank_main(tmp: Path) -> int:
             "world_size": os.environ.get("WORLD_SIZE"),
             "tag": tag,
             "t": time.time(),
+            "monitor_ignores_usr2": _ignores(call_wrapper.monitor_process.pid, signal.SIGUSR2),
         }
         with open(tmp / f"calls-{initial_rank}.jsonl", "a") as fh:
             fh.write(json.dumps(record) + "\n")
@@ -222,8 +229,6 @@ def _rank_main(tmp: Path) -> int:
                 _catastrophic_regex()
             if fault == "sigkill":
                 os.kill(os.getpid(), signal.SIGKILL)
-            if fault == "collective_hang":
-                pass
             if fault == "ping_stall":
                 call_wrapper.ping()
                 while True:
@@ -236,15 +241,9 @@ def _rank_main(tmp: Path) -> int:
                 time.sleep(300)
             if fault == "base_exception":
                 raise KeyboardInterrupt("injected")
-        elif fault == "collective_hang" and it < fault_rounds:
-            pass
-        if fault == "collective_hang" and it < fault_rounds and initial_rank not in fault_ranks:
-            dist.all_reduce(torch.tensor([1.0]))  # the faulty rank never joins
         if fault == "atomic" and it < fault_rounds and initial_rank not in fault_ranks:
             time.sleep(0.3)
             raise RuntimeError("peer fault while rank is in atomic()")
-        if fault == "collective_hang" and it < fault_rounds and initial_rank in fault_ranks:
-            time.sleep(300)
         if dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()

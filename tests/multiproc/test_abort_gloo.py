@@ -7,9 +7,15 @@ rank 1 in an all_reduce on a sub-group {1, 3}, all with a 60 s timeout. A
 helper thread calls ``AbortTorchDistributed()`` on each blocked rank: every
 blocked collective must raise within seconds, the store connection must keep
 working, and a new process group on a new store prefix must all_reduce
-correctly among all four ranks.
+correctly among all four ranks. The groups are created while
+``gloo_abort.tracking()`` is on, as inside a Wrapper call.
 
-Run as a script (``python test_abort_gloo.py worker``) it is one such rank.
+A second test checks that the Wrapper tracks group creation only during a
+call of the wrapped function: torch's group factory is its own before and
+after the call, and the tracking one inside it.
+
+Run as a script (``python test_abort_gloo.py worker`` or ``... wrapper``) it
+is one such rank.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ def _worker() -> None:
     import torch
     import torch.distributed as dist
 
+    from nvrx.inprocess import gloo_abort
     from nvrx.inprocess.abort import AbortTorchDistributed
     from nvrx.inprocess.gloo_abort import tracked_groups
     from nvrx.inprocess.state import State
@@ -55,6 +62,7 @@ def _worker() -> None:
     # No group yet: a no-op that must not fail.
     abort(state)
     out["noop_ok"] = not dist.is_initialized()
+    out["tracking"] = gloo_abort.install()  # what a Wrapper call does on entry
 
     dist.init_process_group(
         "gloo",
@@ -132,6 +140,34 @@ def _worker() -> None:
         dist.all_reduce(w, group=sub2)
         out["round1_sub"] = w[0].item()
     dist.destroy_process_group()
+    gloo_abort.uninstall()
+    print(json.dumps(out), flush=True)
+
+
+def _wrapper_worker() -> None:
+    """One rank of a one-rank job: is torch's group factory tracked only inside the Wrapper call?"""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    from nvrx.inprocess import Wrapper, gloo_abort
+
+    original = c10d._new_process_group_helper
+    out: dict = {"before": c10d._new_process_group_helper is original}
+
+    @Wrapper(soft_timeout=20, hard_timeout=30, barrier_timeout=60, completion_timeout=60)
+    def train() -> None:
+        helper = c10d._new_process_group_helper
+        out["inside_patched"] = helper is not original and helper.__wrapped__ is original
+        dist.init_process_group("gloo")  # through the tracking factory
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        out["inside_sum"] = t.item()
+        dist.destroy_process_group()
+
+    train()
+    out["after"] = c10d._new_process_group_helper is original
+    out["after_installed"] = gloo_abort.installed()
     print(json.dumps(out), flush=True)
 
 
@@ -183,6 +219,7 @@ def test_abort_unblocks_gloo_collectives_and_gloo_reinitializes(tmp_path):
     for out in results:
         rank = out["rank"]
         assert out["noop_ok"], out
+        assert out["tracking"], out
         assert out["warmup_world"] == WORLD, out
         expected_groups = 2 if rank in SUBGROUP else 1
         assert out["tracked_groups"] == expected_groups, (
@@ -204,6 +241,46 @@ def test_abort_unblocks_gloo_collectives_and_gloo_reinitializes(tmp_path):
     print(f"abort -> raise latency per blocked rank (s): {latencies}")
 
 
+@pytest.mark.timeout(120)
+def test_wrapper_tracks_group_creation_only_during_the_call(tmp_path):
+    from helpers_inprocess import free_port_pair
+
+    env = dict(os.environ)
+    for name in ("NVRX_STORE_HOST", "NVRX_STORE_PORT", "NVRX_SUPERVISED", "NVRX_RESTART_COUNT"):
+        env.pop(name, None)
+    env.update(
+        RANK="0",
+        WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port_pair()),
+        NVRX_LOG_DIR=str(tmp_path),
+        TORCH_CPP_LOG_LEVEL="ERROR",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "wrapper"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=100)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    assert proc.returncode == 0, stderr[-3000:]
+    out = json.loads([ln for ln in stdout.splitlines() if ln.startswith("{")][-1])
+    assert out == {
+        "before": True,
+        "inside_patched": True,
+        "inside_sum": 1.0,
+        "after": True,
+        "after_installed": False,
+    }, out
+
+
 @pytest.mark.timeout(60)
 def test_abort_without_process_group_is_noop():
     import torch.distributed as dist
@@ -219,3 +296,5 @@ def test_abort_without_process_group_is_noop():
 
 if __name__ == "__main__" and sys.argv[1:] == ["worker"]:
     _worker()
+if __name__ == "__main__" and sys.argv[1:] == ["wrapper"]:
+    _wrapper_worker()

@@ -47,7 +47,9 @@ def test_exception_on_one_rank_restarts_every_rank(tmp_path):
     assert faults and faults[0]["message"] == "injected fault on rank 1"
     assert faults[0]["exc_type"] == "builtins.RuntimeError"
     assert "injected fault" in faults[0]["traceback"]
-    assert faults[0]["signature"].startswith("builtins.RuntimeError@helpers_inprocess.py:train")
+    signature = faults[0]["signature"]  # spelled by nvrx.store.faults: type and innermost frame
+    assert "RuntimeError" in signature and "helpers_inprocess.py" in signature, signature
+    assert "train" in signature, signature
     phases = {e["phase"] for e in _kinds(events, "restart_phase")}
     assert {"abort", "iteration_barrier", "rank_assignment", "initial_barrier"} <= phases
     starts = _kinds(events, "round_start")
@@ -57,6 +59,8 @@ def test_exception_on_one_rank_restarts_every_rank(tmp_path):
     latencies = [e["restart_latency_s"] for e in starts if e["round"] == 1]
     assert all(isinstance(x, float) and x >= 0 for x in latencies)
     assert len(_kinds(events, "wrapper_end")) == 3
+    # the monitor process, started through nvrx.processes, ignores SLURM's warning signal
+    assert all(c["monitor_ignores_usr2"] for r in range(3) for c in ranks.calls(r))
 
 
 def test_exceptions_on_two_ranks_at_once(tmp_path):

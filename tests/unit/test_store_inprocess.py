@@ -75,3 +75,81 @@ def test_mixin_barrier_on_the_round_store(base):
     r0.barrier([0], "grp", 1, 5.0)
     with pytest.raises(rstore.BarrierTimeout, match=r"ranks \[1\]"):
         r0.barrier([0], "grp2", 2, 0.3)
+
+
+def test_barrier_timeout_chunk_lets_signal_handlers_run(base):
+    import signal
+    import time
+
+    class Interrupted(Exception):
+        pass
+
+    def handler(_signum, _frame):
+        raise Interrupted
+
+    r0 = rstore.round_store(base, 0)
+    previous = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        t0 = time.monotonic()
+        with pytest.raises(Interrupted):
+            r0.barrier([0], "chunked", 2, 30.0, timeout_chunk=0.2)
+        assert time.monotonic() - t0 < 5.0  # long before the 30 s timeout
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    with pytest.raises(rstore.BarrierTimeout, match=r"ranks \[1\]"):
+        r0.reentrant_barrier([0], "chunked2", 2, 0.5, timeout_chunk=0.2)
+
+
+def _raised(exc):
+    try:
+        raise exc
+    except Exception as caught:
+        return caught
+
+
+def test_fault_events_keep_their_fields(base):
+    from nvrx.inprocess import fault_recording as fr
+
+    events = []
+
+    values = []
+
+    def emit(kind, **fields):
+        events.append((kind, list(fields)))
+        values.append(fields)
+
+    common = ["fault_kind", "origin_rank", "exc_type", "message", "traceback", "signature"]
+    r0 = rstore.round_store(base, 0)
+    assert fr.record_rank_fault(r0, emit, 1, _raised(RuntimeError("own")), None) is True
+    assert events.pop() == ("fault", [*common, "detected_mono", "detection_s"])
+    assert [(r.rank, r.kind) for r in rstore.fault_records(r0)] == [(1, "exception")]
+
+    assert fr.record_rank_fault(r0, emit, 2, _raised(RuntimeError("peer")), 12.5) is True
+    assert events.pop() == ("fault", [*common, "detected_mono"])
+    assert len(rstore.fault_records(r0)) == 1  # a peer fault is not written to the store
+
+    fr.record_exit(r0, emit, 2, _raised(RuntimeError("bye")))
+    assert events.pop() == ("fault", [*common, "detected_mono"])
+    assert rstore.fault_records(r0)[-1].kind == "exit"
+
+    r1 = rstore.round_store(base, 1)
+    fr.record_soft_hang(r1, emit, 0, "stuck", "stack")
+    kind, fields = events.pop()
+    assert fields == [
+        "fault_kind",
+        "origin_rank",
+        "message",
+        "signature",
+        "detected_mono",
+        "traceback",
+    ]
+    assert values[-1]["signature"] == "hang_soft" and values[-1]["traceback"] == "stack"
+    fr.leave_on_behalf(r1, base, emit, 1, 2, faults.FaultRecord(rank=1, kind="dead", message="x"))
+    assert events.pop() == (
+        "fault",
+        ["fault_kind", "origin_rank", "message", "signature", "detected_mono"],
+    )
+    assert values[-1]["signature"] == "dead" and values[-1]["origin_rank"] == 1
+    assert [r.kind for r in rstore.fault_records(r1)] == ["hang_soft", "dead"]

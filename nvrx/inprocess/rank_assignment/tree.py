@@ -1,281 +1,26 @@
-"""Rank assignment: after a fault, give the surviving ranks consecutive indices and pick active ones.
-
-Every plug-in takes and returns a ``RankAssignmentCtx``. Assignments
-(``ShiftRanks``, ``FillGaps``) renumber ranks around the terminated ones and
-raise ``RankDiscarded`` on a terminated rank; filters (``ActivateAllRanks``,
-``MaxActiveWorldSize``, ``ActiveWorldSizeDivisibleBy``) only decide which
-ranks run the function. Compose them with ``Compose``, filters first in the
-argument list (they run last). ``Tree`` does both from a topology and is used alone.
-"""
+"""``Tree``: topology-aware rank assignment and activation in one step."""
 
 from __future__ import annotations
 
-import abc
 import bisect
 import dataclasses
-import datetime
 import enum
 import heapq
 import itertools
 import json
-import logging
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import exception
-from .finalize import as_seconds
-from .state import Mode, State
-
-log = logging.getLogger(__name__)
-
-
-class RankDiscarded(exception.RestartError):
-    """Raised on a rank that the rank assignment removed from the job."""
-
-
-@dataclasses.dataclass
-class RankAssignmentCtx:
-    """Input and output of a rank assignment step.
-
-    Args:
-        state: the Wrapper's state of this rank.
-        store: the store of the current round (torch ``Store`` API).
-        terminated_ranks: ranks (current ``state.rank`` numbering) that left.
-    """
-
-    state: State
-    store: Any
-    terminated_ranks: set[int]
-
-
-def terminated_set(ranks: Iterable[Any]) -> set[int]:
-    """``ranks`` as a set of ints; digit strings and bytes from a store are converted."""
-    result: set[int] = set()
-    for value in ranks:
-        if isinstance(value, bytes):
-            value = value.decode(errors="replace")
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-            value = int(value.strip())
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"terminated_ranks must hold rank numbers >= 0, got {value!r}")
-        result.add(value)
-    return result
-
-
-class RankAssignment(abc.ABC):
-    """Base class of the Wrapper's ``rank_assignment``: ``__call__(ctx) -> ctx``.
-
-    Reassigns ranks after terminations, computes the new world size and picks
-    the active ranks; inactive ranks wait as spares for a later round.
-    """
-
-    @abc.abstractmethod
-    def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
-        raise NotImplementedError
-
-
-class RankFilter(RankAssignment):
-    """A rank assignment that only chooses active and inactive ranks (runs after renumbering)."""
-
-    @abc.abstractmethod
-    def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
-        raise NotImplementedError
-
-
-def _activate_below(ctx: RankAssignmentCtx, active_world_size: int) -> RankAssignmentCtx:
-    state = ctx.state
-    if state.rank is not None and state.rank < active_world_size:
-        mode, active_rank = Mode.ACTIVE, state.rank
-    else:
-        mode, active_rank = Mode.INACTIVE, None
-    ctx.state = dataclasses.replace(
-        state, mode=mode, active_rank=active_rank, active_world_size=active_world_size
-    )
-    return ctx
-
-
-def _current_active_world_size(state: State) -> int:
-    if state.active_world_size is None:
-        return state.world_size
-    return min(state.active_world_size, state.world_size)
-
-
-def _positive_int(owner: str, name: str, value: Any, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        expected = "an int >= 1" + (" or None" if allow_none else "")
-        raise ValueError(f"{owner}: {name} must be {expected}, got {value!r}")
-
-
-class ActivateAllRanks(RankFilter):
-    """Every healthy rank is active: ``active_rank = rank``, ``active_world_size = world_size``."""
-
-    def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
-        ctx.state = dataclasses.replace(
-            ctx.state,
-            mode=Mode.ACTIVE,
-            active_rank=ctx.state.rank,
-            active_world_size=ctx.state.world_size,
-        )
-        return ctx
-
-
-class MaxActiveWorldSize(RankFilter):
-    """At most ``max_active_world_size`` ranks are active (the lowest ranks); the rest are spares.
-
-    Args:
-        max_active_world_size: limit, None for no limit.
-    """
-
-    def __init__(self, max_active_world_size: int | None = None) -> None:
-        _positive_int("MaxActiveWorldSize", "max_active_world_size", max_active_world_size, True)
-        self.max_active_world_size = max_active_world_size
-
-    def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
-        size = _current_active_world_size(ctx.state)
-        if self.max_active_world_size is not None:
-            size = min(size, self.max_active_world_size)
-        return _activate_below(ctx, size)
-
-
-class ActiveWorldSizeDivisibleBy(RankFilter):
-    """Round the active world size down to a multiple of ``divisor``; the rest are spares.
-
-    Args:
-        divisor: the active world size is made divisible by it.
-    """
-
-    def __init__(self, divisor: int = 1) -> None:
-        _positive_int("ActiveWorldSizeDivisibleBy", "divisor", divisor)
-        self.divisor = divisor
-
-    def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
-        size = _current_active_world_size(ctx.state)
-        return _activate_below(ctx, size // self.divisor * self.divisor)
-
-
-class ShiftRanks(RankAssignment):
-    """Close the gaps of terminated ranks by shifting the higher ranks down; order is kept.
-
-    ``0 X 2 3 X X 6 7`` becomes ``0 2 3 6 7`` (new ranks 0..4).
-    """
-
-    def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
-        terminated = terminated_set(ctx.terminated_ranks)
-        rank = ctx.state.rank
-        if rank is None or rank in terminated:
-            raise RankDiscarded(
-                f"rank {rank} is terminated (terminated ranks: {sorted(terminated)})"
-            )
-        below = sum(1 for t in terminated if t < rank)
-        ctx.state = dataclasses.replace(
-            ctx.state, rank=rank - below, world_size=ctx.state.world_size - len(terminated)
-        )
-        ctx.terminated_ranks = set()
-        return ctx
-
-
-class FillGaps(RankAssignment):
-    """Keep the lowest ranks in place; the highest healthy ranks move into the gaps.
-
-    ``0 X 2 3 X X 6 7`` becomes ``0 6 2 3 7``: rank ``r >= new_world_size``
-    takes the ``(r - new_world_size)``-th lowest terminated index.
-    """
-
-    def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
-        terminated = terminated_set(ctx.terminated_ranks)
-        rank = ctx.state.rank
-        if rank is None or rank in terminated:
-            raise RankDiscarded(
-                f"rank {rank} is terminated (terminated ranks: {sorted(terminated)})"
-            )
-        new_world_size = ctx.state.world_size - len(terminated)
-        if rank >= new_world_size:
-            gaps = sorted(t for t in terminated if t < new_world_size)
-            movers = sorted(
-                r for r in range(new_world_size, ctx.state.world_size) if r not in terminated
-            )
-            rank = gaps[movers.index(rank)]
-        ctx.state = dataclasses.replace(ctx.state, rank=rank, world_size=new_world_size)
-        ctx.terminated_ranks = set()
-        return ctx
-
-
-def _group_key(key_or_fn: str | Callable[[State], str], state: State) -> str:
-    key = key_or_fn(state) if callable(key_or_fn) else key_or_fn
-    return str(key)
-
-
-class FilterCountGroupedByKey(RankAssignment):
-    """Mark whole groups terminated when their count of healthy ranks fails ``condition``.
-
-    Ranks are grouped by ``key_or_fn`` (a string, or a function of the State);
-    each healthy rank counts itself into its group, and every rank of a group
-    whose count makes ``condition(count)`` false is added to
-    ``terminated_ranks``. A later step (e.g. ``ShiftRanks``) discards them.
-    Coordination uses only ``add``/``set``/``get``/``wait``/``multi_get`` and
-    the nvrx store barrier, never torch's ``Store.barrier``.
-
-    Args:
-        key_or_fn: grouping key, or a function ``State -> str``.
-        condition: ``int -> bool``; False terminates the group's ranks.
-        timeout: limit for each of the two barriers (timedelta or seconds).
-    """
-
-    instance_count = 0
-
-    def __init__(
-        self,
-        key_or_fn: str | Callable[[State], str],
-        condition: Callable[[int], bool],
-        timeout: datetime.timedelta | float = datetime.timedelta(seconds=60),
-    ) -> None:
-        if not callable(condition):
-            raise TypeError(
-                f"FilterCountGroupedByKey: condition must be callable, got {condition!r}"
-            )
-        if not (callable(key_or_fn) or isinstance(key_or_fn, str)):
-            raise TypeError(
-                f"FilterCountGroupedByKey: key_or_fn must be a str or a callable, got {key_or_fn!r}"
-            )
-        self._timeout_s = as_seconds(timeout, "FilterCountGroupedByKey timeout")
-        self.key_or_fn = key_or_fn
-        self.condition = condition
-        self.timeout = timeout
-        self.name = f"{type(self).__name__}_{type(self).instance_count}"
-        type(self).instance_count += 1
-
-    def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
-        from nvrx.store.barrier import barrier
-
-        terminated = terminated_set(ctx.terminated_ranks)
-        rank = ctx.state.rank
-        if rank is None or rank in terminated:
-            ctx.terminated_ranks = terminated
-            return ctx
-        store = ctx.store
-        alive = [r for r in range(ctx.state.world_size) if r not in terminated]
-        ns = f"nvrx_filter/{self.name}/it{ctx.state.iteration}"
-        key = _group_key(self.key_or_fn, ctx.state)
-
-        store.add(f"{ns}/count/{key}", 1)
-        barrier(store, f"{ns}/counted", rank, len(alive), self._timeout_s, participants=alive)
-        count = int(store.add(f"{ns}/count/{key}", 0))
-        if not self.condition(count):
-            slot = int(store.add(f"{ns}/bad_n", 1))
-            store.set(f"{ns}/bad/{slot}", str(rank))
-        barrier(store, f"{ns}/judged", rank, len(alive), self._timeout_s, participants=alive)
-        n_bad = int(store.add(f"{ns}/bad_n", 0))
-        bad: set[int] = set()
-        if n_bad:
-            bad = terminated_set(store.multi_get([f"{ns}/bad/{i}" for i in range(1, n_bad + 1)]))
-        ctx.terminated_ranks = terminated | bad
-        return ctx
-
-
-# -- Tree -----------------------------------------------------------------------
+from ..state import Mode, State
+from .base import (
+    RankAssignment,
+    RankAssignmentCtx,
+    RankDiscarded,
+    group_key,
+    positive_int,
+    terminated_set,
+)
 
 
 class LayerFlag(enum.Flag):
@@ -313,7 +58,7 @@ class Layer:
             or self.min_ranks < 0
         ):
             raise ValueError(f"Layer: min_ranks must be an int >= 0, got {self.min_ranks!r}")
-        _positive_int("Layer", "max_ranks", self.max_ranks, allow_none=True)
+        positive_int("Layer", "max_ranks", self.max_ranks, allow_none=True)
 
 
 class _Node:
@@ -425,7 +170,7 @@ class Tree(RankAssignment):
     # -- building -------------------------------------------------------------
     def keys_of(self, state: State) -> list[str]:
         """This rank's grouping key at each layer."""
-        return [_group_key(layer.key_or_fn, state) for layer in self.layers]
+        return [group_key(layer.key_or_fn, state) for layer in self.layers]
 
     def _exchange(self, state: State, store: Any) -> list[dict[str, Any]]:
         ns = f"nvrx_tree/{self._builds}"
@@ -618,21 +363,3 @@ class Tree(RankAssignment):
         ctx.state = dataclasses.replace(mine)
         ctx.terminated_ranks = set()
         return ctx
-
-
-__all__ = [
-    "ActivateAllRanks",
-    "ActiveWorldSizeDivisibleBy",
-    "FillGaps",
-    "FilterCountGroupedByKey",
-    "Layer",
-    "LayerFlag",
-    "MaxActiveWorldSize",
-    "RankAssignment",
-    "RankAssignmentCtx",
-    "RankDiscarded",
-    "RankFilter",
-    "ShiftRanks",
-    "Tree",
-    "terminated_set",
-]

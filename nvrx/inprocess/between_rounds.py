@@ -1,0 +1,170 @@
+"""What a rank does between two rounds, or instead of the next one.
+
+After a ``Restart`` outcome: the abort's report, ``finalize``, the restart
+health check, the ``last_call_wait`` window for concurrent faults, the
+iteration barrier (whose last arrival publishes the terminated ranks), the
+rejoin of replacement processes, then ``rank_assignment`` for the next round.
+Any ``BaseException`` on the way turns into a ``Leave``.
+
+After a ``Leave`` outcome: the rank records its exit, registers itself
+terminated and arrives at the iteration barrier on its own behalf, so the
+others go on without it; then ``terminate`` runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from . import rejoin
+from . import store as rstore
+from .exception import RestartAbort
+from .fault_recording import record_exit
+from .health_check import run_check
+from .rank_assignment import RankAssignmentCtx, RankDiscarded
+from .round_outcome import Leave
+from .state import Mode, State
+from .supervision import supervised
+
+if TYPE_CHECKING:
+    from .call_wrapper import CallWrapper
+    from .round_run import RoundRun
+
+log = logging.getLogger(__name__)
+
+_RESTART_WAIT_S = 60.0  # bound on waiting for the monitor thread (it runs abort) to end
+
+
+def restart(call: CallWrapper, run: RoundRun, fault: BaseException | None) -> Leave | None:
+    """Take this rank into the next round; a ``Leave`` when it cannot go on."""
+    run.monitor.join(_RESTART_WAIT_S)
+    seen = run.monitor.seen_mono or time.monotonic()
+    call.pending_latency_from = seen
+    call.emit(
+        "restart_phase",
+        phase="abort",
+        duration_s=run.monitor.abort_s or 0.0,
+        ok=run.monitor.abort_ok,
+    )
+    call.state.fn_exception = fault if isinstance(fault, Exception) else None
+    try:
+        _next_round(call, run, seen)
+    except BaseException as exc:
+        return Leave(exc, recorded=True)
+    return None
+
+
+def _next_round(call: CallWrapper, run: RoundRun, seen: float) -> None:
+    w = call.wrapper
+    if w.finalize is not None:
+        with call.phase("finalize"):
+            w.finalize(call.state.freeze())
+    if w.health_check is not None:
+        with call.phase("health_check"):
+            run_check(w.health_check, call.state.freeze(), "restart health check failed")
+    remaining = seen + w.last_call_wait - time.monotonic()
+    if remaining > 0:
+        with call.phase("last_call_wait"):
+            time.sleep(remaining)  # the documented window for concurrent faults
+    with call.phase("iteration_barrier"):
+        base, rank, world_size = call.services.base_store, call.state.rank, call.state.world_size
+        rstore.arrive_iteration(run.store, base, rank, world_size)  # type: ignore[arg-type]
+        decision = rstore.wait_iteration(run.store, world_size, w.barrier_timeout)
+    terminated = {int(r) for r in decision["terminated"]}
+    terminated -= _take_back(call, run.store, terminated)
+    if terminated:
+        call.emit("ranks_terminated", ranks=sorted(terminated))
+    faults = [dataclasses.asdict(r) | {"traceback": None} for r in rstore.fault_records(run.store)]
+    call.emit(
+        "round_end",
+        outcome="restart",
+        duration_s=time.monotonic() - run.started,
+        faults=faults[:16],
+    )
+    call.round += 1
+    call.store = rstore.round_store(call.services.base_store, call.round)
+    with call.phase("rank_assignment"):
+        assign(call, terminated)
+    call.state.iteration = int(decision["job_restarts"])
+    call.state.fn_exception = None
+
+
+def _take_back(call: CallWrapper, store: Any, terminated: set[int]) -> set[int]:
+    """Under a supervisor, the terminated ranks whose replacement process rejoined (see ``rejoin``)."""
+    w = call.wrapper
+    if not terminated or w.rejoin_timeout <= 0 or not supervised():
+        return set()
+    next_round = rejoin.Admission(
+        generation=call.generation,
+        round=call.round + 1,
+        state={},
+        terminated=[],
+        job_restarts=call.state.iteration + 1,
+    )
+    return rejoin.take_back(
+        store,
+        call.services.base_store,
+        call.state,
+        terminated,
+        next_round,
+        leader_timeout=w.rejoin_timeout,
+        follower_timeout=w.rejoin_timeout + w.barrier_timeout,
+        emit=call.emit,
+    )
+
+
+def assign(call: CallWrapper, terminated: set[int]) -> None:
+    """Run the ``rank_assignment`` plug-in; the rank's State for the next round."""
+    old = dataclasses.replace(call.state)
+    ctx = call.wrapper.rank_assignment(RankAssignmentCtx(call.state, call.store, set(terminated)))
+    new = ctx.state
+    if new.rank is not None and new.active_rank is None and new.mode == Mode.INITIALIZED:
+        new = dataclasses.replace(
+            new, mode=Mode.ACTIVE, active_rank=new.rank, active_world_size=new.world_size
+        )
+    call.state = new if isinstance(new, State) else State(**dataclasses.asdict(new))
+    call.state.set_distributed_vars()
+    if (old.rank, old.active_rank, old.world_size) == (new.rank, new.active_rank, new.world_size):
+        return
+    call.emit(
+        "rank_change",
+        old_rank=old.rank,
+        new_rank=new.rank,
+        active=new.active_rank is not None,
+        active_rank=new.active_rank,
+        world_size=new.world_size,
+    )
+
+
+def leave(call: CallWrapper, store: Any, outcome: Leave) -> None:
+    """This rank leaves the job for good: let the others go on without it."""
+    try:
+        _register_exit(call, store, outcome)
+    except Exception as store_exc:
+        log.error("could not register rank %s as terminated: %r", call.state.rank, store_exc)
+    call.emit(
+        "round_end",
+        outcome="abort" if isinstance(outcome.exc, RestartAbort) else "terminated",
+        duration_s=0.0,
+    )
+    call.state.mode = Mode.TERMINATED
+    if call.wrapper.terminate is None:
+        return
+    try:
+        call.wrapper.terminate(call.state.freeze())
+    except Exception as term_exc:
+        log.error("terminate callback failed (ignored): %r", term_exc)
+
+
+def _register_exit(call: CallWrapper, store: Any, outcome: Leave) -> None:
+    """Record the exit, register this rank terminated, interrupt the round, arrive for it."""
+    rank = call.state.rank
+    if rank is None:
+        return
+    if not outcome.recorded and not isinstance(outcome.exc, RankDiscarded):
+        record_exit(store, call.emit, rank, outcome.exc)
+    rstore.register_terminated(store, rank)
+    rstore.interrupt(store, "fault")
+    rstore.arrive_iteration(store, call.services.base_store, rank, call.state.world_size)

@@ -1,0 +1,121 @@
+"""Fault recording: the ``fault`` event of a fault and, where it belongs, its record in the round's store.
+
+Faults are described by the rank itself (its own exception, an exception that
+a peer's fault caused, its exit from the job) and by its monitor process on
+its behalf (a hang, its death, an unresponsive peer). Every ``fault`` event is
+built by ``emit_fault`` from a ``FaultRecord``, so they all share one shape.
+The store record is what the other ranks act on; the event is what the report
+reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from nvrx.store import faults as nvrx_faults
+from nvrx.store import keys
+
+from . import store as rstore
+
+log = logging.getLogger(__name__)
+
+#: Writes one event: ``emit(kind, **fields)`` (an ``EventWriter.emit`` or a wrapper of it).
+Emit = Callable[..., Any]
+
+
+def emit_fault(
+    emit: Emit,
+    record: nvrx_faults.FaultRecord,
+    *,
+    fault_kind: str,
+    origin_rank: int | None,
+    **fields: Any,
+) -> None:
+    """Emit the ``fault`` event of ``record``: kind, the rank it is blamed on, what and when.
+
+    ``exc_type`` and ``traceback`` are left out when the record has none (a
+    record the monitor process made); ``fields`` add to or override the
+    record's values (``detected_mono`` of a peer fault, the ``signature`` of a
+    monitor fault).
+    """
+    event: dict[str, Any] = {"fault_kind": fault_kind, "origin_rank": origin_rank}
+    if record.exc_type is not None:
+        event["exc_type"] = record.exc_type
+    event["message"] = record.message
+    if record.traceback is not None:
+        event["traceback"] = record.traceback
+    event["signature"] = record.signature
+    event["detected_mono"] = record.detected_mono
+    event.update(fields)
+    emit("fault", **event)
+
+
+def _first_origin(store: Any) -> int | None:
+    """The rank whose fault the store received first in this round, None when unknown."""
+    with contextlib.suppress(Exception):
+        origins = rstore.fault_records(store)  # in the order the store received them
+        if origins:
+            return origins[0].rank
+    return None
+
+
+def record_rank_fault(
+    store: Any, emit: Emit, rank: int | None, exc: BaseException, peer_seen_mono: float | None
+) -> bool:
+    """Record an exception of this rank: its own fault, or the consequence of a peer's.
+
+    Once the monitor thread has seen another rank's fault (``peer_seen_mono``)
+    it aborts the process groups, which makes pending collectives here fail:
+    such an exception is a ``peer`` fault naming the rank that faulted first,
+    and is not written to the store. Returns whether the fault is on record
+    (False when the store could not be written).
+    """
+    record = nvrx_faults.from_exception(rank if rank is not None else -1, exc)
+    if peer_seen_mono is not None:
+        emit_fault(
+            emit,
+            record,
+            fault_kind="peer",
+            origin_rank=_first_origin(store),
+            detected_mono=peer_seen_mono,
+        )
+        return True
+    emit_fault(emit, record, fault_kind="exception", origin_rank=rank, detection_s=0.0)
+    try:
+        rstore.record_fault(store, record)
+    except Exception as store_exc:
+        log.error("could not record the fault in the store: %r", store_exc)
+        return False
+    return True
+
+
+def record_exit(store: Any, emit: Emit, rank: int, exc: BaseException) -> None:
+    """This rank leaves the job because of ``exc``: an ``exit`` record in the store, then its event."""
+    record = nvrx_faults.from_exception(rank, exc, kind="exit")
+    nvrx_faults.append_record(store, keys.FAULT_LIST, record)
+    emit_fault(emit, record, fault_kind="exit", origin_rank=rank)
+
+
+def record_soft_hang(store: Any, emit: Emit, rank: int, message: str, stack: str) -> None:
+    """The monitor saw no progress for ``soft_timeout``: record the fault (every rank restarts)."""
+    record = nvrx_faults.FaultRecord(rank=rank, kind="hang_soft", message=message)
+    rstore.record_fault(store, record)
+    emit_fault(
+        emit,
+        record,
+        fault_kind="hang_soft",
+        origin_rank=rank,
+        signature="hang_soft",
+        traceback=stack,
+    )
+
+
+def leave_on_behalf(
+    store: Any, base: Any, emit: Emit, rank: int, world_size: int, record: nvrx_faults.FaultRecord
+) -> None:
+    """The monitor takes ``rank`` out of the round (it died, hung or went silent): event, then store."""
+    emit_fault(emit, record, fault_kind=record.kind, origin_rank=rank, signature=record.kind)
+    rstore.proxy_leave(store, base, rank, world_size, record)

@@ -1,0 +1,293 @@
+"""The monitor process program: hangs, a dead rank, unresponsive peers.
+
+Started by ``monitor_process.MonitorProcess`` (entry point ``main``), one per
+rank, it reads the rank's ``ProgressBoard`` and acts:
+
+* soft timeout (no progress for ``soft_timeout`` in user code): dump the
+  rank's stack (faulthandler, through a pipe), record a ``hang_soft`` fault so
+  every rank restarts;
+* hard timeout (only after a soft one): record ``hang_hard``, SIGCONT+SIGTERM,
+  wait ``termination_grace_time``, SIGKILL; then leave the round on the rank's
+  behalf;
+* the rank's process died (pidfd, no polling): leave the round on its behalf;
+* heartbeats: one counter per rank per round; the next rank's counter that
+  stops moving for ``heartbeat_timeout`` is declared unresponsive.
+
+When the rank's monitor hosts the store (standalone, ``tcp_store_host_rank``)
+the store service is its child and serves until every rank passed the
+termination barrier, even after the rank died. It exits when the board's
+shutdown flag is set or its rank is gone.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import pickle
+import select
+import signal
+import sys
+import time
+from typing import Any
+
+from nvrx import events
+from nvrx.store import barrier as nvrx_barrier
+from nvrx.store import client, keys
+from nvrx.store.faults import FaultRecord
+
+from . import monitor_target
+from . import store as rstore
+from .fault_recording import leave_on_behalf, record_soft_hang
+from .logging import setup_monitor_logging
+from .monitor_process import STACK_SIGNAL, MonitorConfig
+from .progress_watchdog import FLAG_SHUTDOWN, FLAG_TIMEOUTS_OFF, FLAG_USER, ProgressBoard
+
+log = logging.getLogger(__name__)
+
+
+class _Monitor:
+    """The watch loop of one rank (see the module docstring)."""
+
+    def __init__(self, cfg: MonitorConfig) -> None:
+        self.cfg = cfg
+        self.board = ProgressBoard(cfg.board_path)
+        self.service: Any = None
+        if cfg.host_store:
+            from nvrx.store.service import StoreService
+
+            self.service = StoreService(
+                cfg.store_host or "127.0.0.1", int(cfg.store_port or 0), node=None
+            ).start()
+            cfg.store_port = self.service.port
+        self.base = self._connect()
+        self.writer = events.EventWriter(
+            cfg.events_dir or events.job_log_dir(),
+            "monitor",
+            cfg.events_context or events.context_from_env(),
+        )
+        self.round = -1
+        self.store: Any = None
+        self.soft_fired = False
+        self.next_hb = 0.0
+        self.peer: int | None = None
+        self.peer_value: int | None = None
+        self.peer_changed = 0.0
+
+    def _connect(self) -> Any:
+        if self.cfg.store_factory:
+            factory, kwargs = pickle.loads(base64.b64decode(self.cfg.store_factory))
+            return factory(**kwargs)
+        return client.connect(
+            self.cfg.store_host or "127.0.0.1", int(self.cfg.store_port or 0), timeout=60
+        )
+
+    # -- what the board says ---------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return int(self.board.read()["rank"])
+
+    @property
+    def termination_barrier(self) -> str:
+        return f"{keys.ROOT}g{self.board.generation()}/termination"
+
+    def _sync_round(self, info: dict[str, float]) -> None:
+        round_ = int(info["round"])
+        if round_ == self.round or round_ < 0:
+            return
+        self.round = round_
+        self.store = rstore.round_store(self.base, round_)
+        self.soft_fired = False
+        self.writer.update(round=round_, rank=int(info["rank"]) if info["rank"] >= 0 else None)
+        ws, rank = int(info["world_size"]), int(info["rank"])
+        self.peer = (rank + 1) % ws if ws > 1 and rank >= 0 else None
+        self.peer_value = None
+        self.peer_changed = time.monotonic()
+
+    def _stack(self) -> str:
+        return monitor_target.dump_stack(self.cfg.target_pid, self.cfg.stack_fd, STACK_SIGNAL)
+
+    # -- leaving the round on a rank's behalf ------------------------------------------
+    def _leave(self, rank: int, world_size: int, record: FaultRecord) -> None:
+        if self.store is None:
+            log.error("rank %s left before its first round: nothing to register", rank)
+            return
+        log.info("leaving round %d on behalf of rank %s (%s)", self.round, rank, record.kind)
+        leave_on_behalf(self.store, self.base, self.writer.emit, rank, world_size, record)
+        if rank == self.rank:
+            nvrx_barrier.arrive(
+                self.base,
+                self.termination_barrier,
+                self.cfg.initial_rank,
+                self.cfg.initial_world_size,
+                reentrant=True,
+            )
+
+    def _keep_store(self) -> None:
+        """The rank is gone but hosts the store: serve until every rank passed the termination barrier."""
+        if self.service is None:
+            return
+        log.info("rank gone; keeping the store until the other ranks finish")
+        try:
+            nvrx_barrier.wait(
+                self.base,
+                self.termination_barrier,
+                self.cfg.initial_world_size,
+                self.cfg.keeper_timeout,
+            )
+        except Exception as exc:
+            log.warning("stopping the store without the termination barrier: %r", exc)
+
+    # -- heartbeats --------------------------------------------------------------------
+    def _heartbeat(self, now: float, info: dict[str, float]) -> None:
+        if self.store is None or now < self.next_hb:
+            return
+        self.next_hb = now + self.cfg.heartbeat_interval
+        rank = int(info["rank"])
+        if rank >= 0:
+            self.store.add(keys.heartbeat(rank), 1)
+            self.base.add(keys.ALIVE, 1)
+        if self.peer is None:
+            return
+        value = int(self.store.add(keys.heartbeat(self.peer), 0))
+        if value == 0 or value != self.peer_value:  # judged only once it has started beating
+            self.peer_value, self.peer_changed = value, now
+            return
+        if now - self.peer_changed > self.cfg.heartbeat_timeout:
+            self._peer_silent(now, rank, int(info["world_size"]))
+
+    def _peer_silent(self, now: float, rank: int, world_size: int) -> None:
+        """The watched peer stopped beating: take it out, then watch the rank after it."""
+        peer, silent_s = self.peer, now - self.peer_changed
+        assert peer is not None
+        if peer not in rstore.terminated_ranks(self.store):
+            log.warning("rank %s sent no heartbeat for %.1f s: unresponsive", peer, silent_s)
+            record = FaultRecord(
+                rank=peer, kind="unresponsive", message=f"no heartbeat for {silent_s:.1f} s"
+            )
+            self._leave(peer, world_size, record)
+        nxt = (peer + 1) % world_size
+        self.peer = None if nxt == rank else nxt
+        self.peer_value, self.peer_changed = None, now
+
+    # -- progress ----------------------------------------------------------------------
+    def _check_progress(self, now: float, info: dict[str, float], pidfd: int | None) -> bool:
+        """Apply the soft and hard timeouts; True when the rank was terminated."""
+        cfg = self.cfg
+        flags = int(info["flags"])
+        if not flags & FLAG_USER or flags & FLAG_TIMEOUTS_OFF:
+            return False
+        last = info["auto"] if info["manual"] <= 0 else min(info["auto"], info["manual"])
+        stale = now - last
+        log.debug("round %d: %.2f s since the last progress", self.round, stale)
+        if stale > cfg.hard_timeout and self.soft_fired:  # escalate: never hard before soft
+            self._hard_timeout(stale, info, pidfd)
+            return True
+        if stale > cfg.soft_timeout and not self.soft_fired:
+            self._soft_timeout(stale)
+        return False
+
+    def _soft_timeout(self, stale: float) -> None:
+        self.soft_fired = True
+        stack = self._stack()
+        self.writer.emit("hang", timeout="soft", stack=stack, stale_s=stale)
+        log.warning("rank %s made no progress for %.1f s: soft timeout", self.rank, stale)
+        if self.store is not None:
+            message = f"no progress for {stale:.1f} s (soft timeout {self.cfg.soft_timeout:g} s)"
+            record_soft_hang(self.store, self.writer.emit, self.rank, message, stack)
+
+    def _hard_timeout(self, stale: float, info: dict[str, float], pidfd: int | None) -> None:
+        cfg = self.cfg
+        stack = self._stack()
+        self.writer.emit("hang", timeout="hard", stack=stack, stale_s=stale)
+        log.error("rank %s made no progress for %.1f s: terminating it", self.rank, stale)
+        rank, ws = int(info["rank"]), int(info["world_size"])
+        record = FaultRecord(
+            rank=self.rank,
+            kind="hang_hard",
+            message=f"no progress for {stale:.1f} s (hard timeout {cfg.hard_timeout:g} s)",
+        )
+        if self.store is not None:
+            rstore.register_terminated(self.store, rank)
+        monitor_target.terminate(cfg.target_pid, pidfd, cfg.termination_grace_time)
+        self._leave(rank, ws, record)
+        self._keep_store()
+
+    # -- main loop ---------------------------------------------------------------------
+    def run(self) -> int:
+        cfg = self.cfg
+        pidfd = monitor_target.open_pidfd(cfg.target_pid)
+        poller = select.poll()
+        if pidfd is not None:
+            poller.register(pidfd, select.POLLIN)
+        poller.register(sys.stdin.fileno(), select.POLLIN | select.POLLHUP)
+        ready = {"ready": True, "pid": os.getpid(), "port": cfg.store_port}
+        sys.stdout.write(json.dumps(ready) + "\n")
+        sys.stdout.flush()
+        try:
+            self._watch(pidfd, poller)
+        finally:
+            if self.service is not None:
+                self.service.stop()
+            if not monitor_target.alive(
+                cfg.target_pid
+            ):  # the rank cannot remove its board any more
+                with contextlib.suppress(OSError):
+                    os.unlink(cfg.board_path)
+        return 0
+
+    def _watch(self, pidfd: int | None, poller: Any) -> None:
+        """Until shutdown, the rank's death or its termination: one look per interval."""
+        stdin = sys.stdin.fileno()
+        while True:
+            ready = poller.poll(self.cfg.monitor_process_interval * 1000)
+            info = self.board.read()
+            if int(info["flags"]) & FLAG_SHUTDOWN:
+                return
+            self._sync_round(info)
+            if any(fd == stdin for fd, _ in ready) and not os.read(stdin, 4096):
+                poller.unregister(stdin)  # the Wrapper closed it: it is shutting down or gone
+            died = any(fd == pidfd for fd, _ in ready)
+            if died or not monitor_target.alive(self.cfg.target_pid):
+                self._rank_died()
+                return
+            now = time.monotonic()
+            self._heartbeat(now, info)
+            if self._check_progress(now, info, pidfd):
+                return
+
+    def _rank_died(self) -> None:
+        info = self.board.read()
+        if int(info["flags"]) & FLAG_SHUTDOWN:
+            return
+        log.warning("rank process %s died", self.cfg.target_pid)
+        record = FaultRecord(
+            rank=self.rank, kind="dead", message=f"process {self.cfg.target_pid} died"
+        )
+        self._leave(int(info["rank"]), int(info["world_size"]), record)
+        self._keep_store()
+
+
+def main() -> int:
+    """Entry point: read the configuration from stdin, then watch the rank until it is done."""
+    line = sys.stdin.buffer.readline()
+    if not line:
+        return 0
+    cfg = MonitorConfig(**json.loads(line))
+    setup_monitor_logging(cfg.logfile)
+    if cfg.logfile is not None:
+        import faulthandler
+
+        faulthandler.enable(open(cfg.logfile, "a"))  # noqa: SIM115 - kept open for fatal errors
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        return _Monitor(cfg).run()
+    except BaseException:
+        log.exception("monitor process failed")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""What runs beside a rank for one Wrapper call: store connections, monitor process, progress watchdog.
+
+Started in this order: the progress board, the monitor process (which starts
+the store service when this rank hosts the store, so that the store outlives
+the rank), the store connections (one for the main thread, one for the
+monitor thread, which blocks in ``wait``), then the progress watchdog. Stopped
+in reverse, the monitor process stopped and reaped.
+"""
+
+from __future__ import annotations
+
+import base64
+import faulthandler
+import logging
+import os
+import pickle
+from typing import TYPE_CHECKING, Any
+
+from nvrx import events
+from nvrx.store import client as store_client
+
+from . import store as rstore
+from .logging import monitor_logfile_path
+from .monitor_process import STACK_SIGNAL, MonitorConfig, MonitorProcess
+from .progress_watchdog import FLAG_SHUTDOWN, ProgressBoard, ProgressWatchdog
+
+if TYPE_CHECKING:
+    from .wrap import Wrapper
+
+log = logging.getLogger(__name__)
+
+
+class RankServices:
+    """The store connections, monitor process, progress board and watchdog of one rank."""
+
+    def __init__(
+        self,
+        wrapper: Wrapper,
+        initial_rank: int,
+        initial_world_size: int,
+        writer: events.EventWriter,
+    ) -> None:
+        self.wrapper = wrapper
+        self.initial_rank = initial_rank
+        self.initial_world_size = initial_world_size
+        self.writer = writer
+        self.board = ProgressBoard()
+        self.host_store = False  # this rank's monitor process hosts the store
+        self.store_address: tuple[str, int] | None = None
+        self.base_store: Any = None
+        self.mt_store: Any = None  # the monitor thread's own connection
+        self.monitor: MonitorProcess | None = None
+        self.watchdog: ProgressWatchdog | None = None
+        self._store_kwargs: dict[str, Any] = {}
+        self._stack_fd: int | None = None
+
+    # -- start --------------------------------------------------------------------------
+    def start(self) -> None:
+        """Monitor process and store connections (the watchdog comes later: ``start_watchdog``)."""
+        self._resolve_store()
+        self._start_monitor()
+        self._connect_store()
+
+    def _resolve_store(self) -> None:
+        """Where the store is, and whether this rank's monitor process hosts it."""
+        w = self.wrapper
+        kwargs = dict(w.store_kwargs)
+        if issubclass(w.store_factory, rstore.TCPStore):
+            host, port = rstore.resolve_address(
+                kwargs.pop("host_name", None), kwargs.pop("port", None)
+            )
+            host_rank = kwargs.get("tcp_store_host_rank", rstore.TCPStore.TCP_STORE_HOST_RANK)
+            self.host_store = (
+                store_client.external_store_address() is None and host_rank == self.initial_rank
+            )
+            self.store_address = (host, port)
+            kwargs.update(host_name=host, port=port)
+        self._store_kwargs = kwargs
+
+    def _monitor_config(self) -> MonitorConfig:
+        w = self.wrapper
+        config = MonitorConfig(
+            target_pid=os.getpid(),
+            board_path=self.board.path,
+            initial_rank=self.initial_rank,
+            monitor_process_interval=w.monitor_process_interval,
+            heartbeat_interval=w.heartbeat_interval,
+            heartbeat_timeout=w.heartbeat_timeout,
+            soft_timeout=w.soft_timeout,
+            hard_timeout=w.hard_timeout,
+            termination_grace_time=w.termination_grace_time,
+            logfile=monitor_logfile_path(w.monitor_process_logfile, self.initial_rank),
+            events_dir=str(self.writer.directory),
+            events_context=dict(self.writer.context),
+            initial_world_size=self.initial_world_size,
+            host_store=self.host_store,
+            keeper_timeout=max(w.barrier_timeout, w.completion_timeout) * 2,
+        )
+        if self.store_address is not None:
+            config.store_host, config.store_port = self.store_address
+        else:
+            config.store_factory = base64.b64encode(
+                pickle.dumps((w.store_factory, self._store_kwargs))
+            ).decode()
+        return config
+
+    def _start_monitor(self) -> None:
+        w = self.wrapper
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)  # a dump never blocks the rank if nobody reads
+        self._stack_fd = write_fd
+        faulthandler.register(STACK_SIGNAL, file=write_fd, all_threads=True, chain=False)
+        self.monitor = MonitorProcess(self._monitor_config(), read_fd)
+        self.monitor.start()
+        ready = self.monitor.wait_ready(w.barrier_timeout)
+        if self.host_store and self.store_address is not None:
+            self.store_address = (self.store_address[0], int(ready["port"]))
+            self._store_kwargs["port"] = self.store_address[1]
+        if w.monitor_process_pidfile is not None and self.monitor.pid is not None:
+            path = monitor_logfile_path(w.monitor_process_pidfile, self.initial_rank)
+            with open(path, "w") as fh:  # type: ignore[arg-type]
+                fh.write(f"{self.monitor.pid}\n")
+
+    def _connect_store(self) -> None:
+        w = self.wrapper
+        if self.store_address is not None and not self.host_store:
+            from nvrx.store.service import wait_for_store
+
+            wait_for_store(*self.store_address, w.barrier_timeout)
+        self.base_store = w.store_factory(**self._store_kwargs)
+        try:  # the monitor thread blocks in wait(): it needs a connection of its own
+            self.mt_store = self.base_store.clone()
+        except (RuntimeError, AttributeError, NotImplementedError):
+            self.mt_store = w.store_factory(**self._store_kwargs)
+
+    def start_watchdog(self) -> None:
+        self.watchdog = ProgressWatchdog(self.board, self.wrapper.progress_watchdog_interval)
+        self.watchdog.start()
+
+    # -- stop ---------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Tell the monitor process this is a normal end, stop it and the watchdog, close the board."""
+        self.board.set_flag(FLAG_SHUTDOWN, True)
+        if self.monitor is not None:
+            self.monitor.stop()
+        if self.watchdog is not None:
+            self.watchdog.shutdown(timeout=self.wrapper.progress_watchdog_interval + 5)
+        if self._stack_fd is not None:
+            faulthandler.unregister(STACK_SIGNAL)
+            os.close(self._stack_fd)
+            self._stack_fd = None
+
+    def close(self) -> None:
+        """Last step: the board and the store connections go."""
+        self.board.close()
+        self.base_store = None
+        self.mt_store = None

@@ -1,0 +1,185 @@
+"""Rejoin: under a supervisor, the replacement of a dead process takes its place in the running job.
+
+1. The replacement (``NVRX_RESTART_COUNT`` > 0) looks whether the job is
+   alive: the monitors' shared heartbeat counter (``nvrx/alive``) moves.
+2. It posts ``nvrx/join/<initial rank>`` = its pid and waits for
+   ``nvrx/admit/<initial rank>/<pid>``.
+3. Meanwhile the survivors restart. After the iteration barrier the lowest
+   surviving rank waits up to ``rejoin_timeout`` for the join requests of the
+   terminated ranks (except those that left by ``RestartAbort``), admits every
+   replacement that came (an ``Admission``) and publishes the ranks that came
+   back under the round's ``rejoin`` key; the other survivors read it there.
+4. The replacement starts in the admitted round with the dead rank's state;
+   the ranks that came back are not terminated, so the job keeps its size.
+
+When nobody answers, the replacement starts a new process generation instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from nvrx.store import keys, rounds
+
+from . import store as rstore
+from .state import Mode, State
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[..., Any]
+
+
+@dataclasses.dataclass
+class Admission:
+    """What a running job tells an admitted replacement (stored as JSON)."""
+
+    generation: int
+    round: int
+    state: dict[str, Any]  # the dead rank's state at the start of its last round
+    terminated: list[int]  # ranks that stay terminated in the round it joins
+    job_restarts: int
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Admission:
+        data = json.loads(text)
+        return cls(
+            generation=int(data["generation"]),
+            round=int(data["round"]),
+            state=dict(data["state"]),
+            terminated=[int(r) for r in data["terminated"]],
+            job_restarts=int(data["job_restarts"]),
+        )
+
+    def rank_state(self, initial_rank: int, initial_world_size: int) -> State:
+        """This process's State in the round it joins (its own initial rank and size kept)."""
+        state = State(**dict(self.state, mode=Mode[self.state["mode"]]))
+        state.initial_rank, state.initial_world_size = initial_rank, initial_world_size
+        state.iteration = self.job_restarts
+        return state
+
+
+def state_json(state: State) -> str:
+    """The part of a rank's state a replacement of it needs (written at every round start)."""
+    fields = (
+        "rank",
+        "world_size",
+        "active_rank",
+        "active_world_size",
+        "initial_rank",
+        "initial_world_size",
+    )
+    data: dict[str, Any] = {name: getattr(state, name) for name in fields}
+    data["mode"] = state.mode.name
+    return json.dumps(data)
+
+
+def job_alive(base_store: Any, heartbeat_interval: float) -> bool:
+    """Whether other ranks' monitors still beat (a bounded look at the job's alive counter)."""
+    if rounds.current_round(base_store) is None:
+        return False
+    before = int(base_store.add(keys.ALIVE, 0))
+    time.sleep(2 * heartbeat_interval)  # heartbeats cannot be awaited: look twice
+    return int(base_store.add(keys.ALIVE, 0)) != before
+
+
+def request_admission(
+    base_store: Any, initial_rank: int, timeout: float, emit: Emit
+) -> Admission | None:
+    """Replacement side: ask the running job to take this process back; its admission, or None."""
+    from torch.distributed import DistStoreError
+
+    pid = os.getpid()
+    base_store.set(keys.join_request(initial_rank), str(pid))
+    t0 = time.monotonic()
+    try:
+        base_store.wait([keys.admission(initial_rank, pid)], datetime.timedelta(seconds=timeout))
+    except DistStoreError:
+        log.warning("not admitted back into the running job: starting a new generation")
+        base_store.delete_key(keys.join_request(initial_rank))
+        return None
+    admission = Admission.from_json(base_store.get(keys.admission(initial_rank, pid)))
+    emit("restart_phase", phase="rejoin_wait", duration_s=time.monotonic() - t0, ok=True)
+    return admission
+
+
+def take_back(
+    store: Any,
+    base_store: Any,
+    state: State,
+    terminated: set[int],
+    next_round: Admission,
+    *,
+    leader_timeout: float,
+    follower_timeout: float,
+    emit: Emit,
+) -> set[int]:
+    """Survivor side, after the iteration barrier: the terminated ranks whose replacement came back.
+
+    The lowest survivor waits up to ``leader_timeout`` (``rejoin_timeout``)
+    for the replacements and admits them into ``next_round`` (an admission
+    whose state and terminated ranks are filled in per replacement); the other
+    survivors wait up to ``follower_timeout`` for its answer.
+    """
+    survivors = [r for r in range(state.world_size) if r not in terminated]
+    if not survivors:
+        return set()
+    candidates = _candidates(store, terminated)
+    if not candidates:
+        return set()
+    t0 = time.monotonic()
+    if state.rank == min(survivors):
+        back = _admit(store, base_store, candidates, terminated, leader_timeout, next_round)
+    else:
+        store.wait([keys.REJOIN], datetime.timedelta(seconds=follower_timeout))
+        back = [int(t) for t in json.loads(store.get(keys.REJOIN))]
+    emit("restart_phase", phase="rejoin_wait", duration_s=time.monotonic() - t0, ok=True)
+    for t in sorted(back):
+        emit("rejoin", rank_rejoined=t, wait_s=time.monotonic() - t0)
+    return set(back)
+
+
+def _candidates(store: Any, terminated: set[int]) -> list[int]:
+    """Terminated ranks a replacement may come back for: not those that left by ``RestartAbort``."""
+    stopped = {
+        rec.rank
+        for rec in rstore.fault_records(store)
+        if rec.kind == "exit" and (rec.exc_type or "").endswith("RestartAbort")
+    }
+    return sorted(t for t in terminated if t not in stopped)
+
+
+def _admit(
+    store: Any,
+    base_store: Any,
+    candidates: list[int],
+    terminated: set[int],
+    timeout: float,
+    next_round: Admission,
+) -> list[int]:
+    """Wait for the replacements of ``candidates``, admit those that came, publish who came back."""
+    from torch.distributed import DistStoreError
+
+    states = {t: json.loads(store.get(keys.rank_state(t))) for t in candidates}
+    joins = {t: keys.join_request(states[t]["initial_rank"]) for t in candidates}
+    with contextlib.suppress(DistStoreError):  # some did not come back in time
+        base_store.wait(list(joins.values()), datetime.timedelta(seconds=timeout))
+    back = [t for t in candidates if base_store.check([joins[t]])]
+    final = sorted(terminated - set(back))
+    for t in back:
+        pid = int(base_store.get(joins[t]))
+        base_store.delete_key(joins[t])
+        admission = dataclasses.replace(next_round, state=states[t], terminated=final)
+        base_store.set(keys.admission(states[t]["initial_rank"], pid), admission.to_json())
+    store.set(keys.REJOIN, json.dumps(back))
+    return back

@@ -1,0 +1,224 @@
+"""One restart round on this rank, from its start to its outcome.
+
+``RoundRun.start`` publishes the round (progress board, event context,
+rendezvous environment, this rank's state in the store) and starts the
+round's ``MonitorThread``. ``RoundRun.run`` runs user code (``initialize``,
+the health check, the function on active ranks), then the completion barrier,
+and returns one ``round_outcome``:
+
+* the restart reaches this thread as ``RankShouldRestart`` (raised by the
+  monitor thread's delivery, or here once this rank's own exception is on
+  record): ``Restart``;
+* any other ``BaseException``: ``Leave``;
+* otherwise ``Completed``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from nvrx.store import barrier as nvrx_barrier
+from nvrx.store import keys
+
+from . import rejoin, rendezvous
+from . import store as rstore
+from .fault_recording import record_rank_fault
+from .health_check import run_check
+from .monitor_thread import DONE, MonitorThread, RankShouldRestart
+from .param_utils import substitute_param_value
+from .round_outcome import Completed, Leave, Outcome, Restart
+from .state import Mode
+
+if TYPE_CHECKING:
+    from .call_wrapper import CallWrapper
+
+_RESTART_WAIT_S = 60.0  # bound on a main thread waiting for its monitor thread's restart request
+_FOREVER_S = 365 * 86400.0
+
+
+class RoundRun:
+    """One round on this rank: its store, its monitor thread, the call's timing and this rank's fault."""
+
+    def __init__(
+        self, call: CallWrapper, store: Any, monitor: MonitorThread, started: float
+    ) -> None:
+        self.call = call
+        self.store = store
+        self.monitor = monitor
+        self.started = started  # time.monotonic() when the round began
+        self.fault: BaseException | None = None  # this rank's own exception in the round
+        self.recorded = False  # ... and it is on record (store and event)
+        self._call_started: float | None = None
+
+    # -- start ------------------------------------------------------------------------
+    @classmethod
+    def start(cls, call: CallWrapper) -> RoundRun:
+        """Publish the round of ``call`` (board, events, environment, store); start its monitor thread."""
+        state, services = call.state, call.services
+        store = call.store = rstore.round_store(services.base_store, call.round)
+        started = time.monotonic()
+        services.board.set_round(call.round, state.rank, state.world_size, call.initial_rank)
+        call.writer.update(rank=state.rank, round=call.round)
+        rendezvous.apply(_round_env(call))
+        if call.round > call.generation:
+            rstore.commit_round_start(store, services.base_store, state.iteration)
+        # for a replacement of this rank
+        store.set(keys.rank_state(state.rank), rejoin.state_json(state))
+        latency = None
+        if call.pending_latency_from is not None:
+            latency = started - call.pending_latency_from
+        call.emit(
+            "round_start",
+            world_size=state.world_size,
+            active_world_size=state.active_world_size,
+            active_rank=state.active_rank,
+            iteration=state.iteration,
+            restart_latency_s=latency,
+        )
+        call.delivery.reset()
+        monitor = MonitorThread(
+            rstore.round_store(services.mt_store, call.round),
+            keys.INTERRUPTED,
+            [nvrx_barrier.release_key(rstore.COMPLETION_BARRIER), keys.COMPLETED],
+            call.delivery,
+            call.wrapper.abort,
+            state.freeze(),
+            call.wrapper.monitor_thread_interval,
+        )
+        monitor.start()
+        return cls(call, store, monitor, started)
+
+    # -- run --------------------------------------------------------------------------
+    def run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Outcome:
+        """Run the round on this rank; how it ended."""
+        call = self.call
+        try:
+            value = self._user_code(fn, args, kwargs)
+            self._complete()
+        except RankShouldRestart as restart:
+            call.delivery.caught()
+            call.services.board.leave_user()
+            self._call_ended("restart")  # a peer's fault cut the call short
+            if self.fault is None and isinstance(restart.__context__, Exception):
+                self.fault = restart.__context__
+            self._record(self.fault)
+            return Restart(self.fault)
+        except BaseException as exc:
+            call.delivery.settle()  # a restart requested meanwhile is moot: this rank leaves
+            call.services.board.leave_user()
+            return Leave(exc, self.recorded)
+        self.monitor.join(call.wrapper.monitor_thread_interval + 5)
+        call.emit("round_end", outcome="completed", duration_s=time.monotonic() - self.started)
+        return Completed(value)
+
+    def _user_code(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """``initialize``, the health check, then the function on an active rank (None on a spare).
+
+        An exception here is this rank's fault: it is recorded, and the
+        restart it causes is raised (``RankShouldRestart``).
+        """
+        call = self.call
+        w, state = call.wrapper, call.state
+        try:
+            call.delivery.enter_user()
+            call.services.board.enter_user()
+            if w.initialize is not None:
+                w.initialize(state.freeze())
+            if w.health_check is not None:
+                run_check(w.health_check, state.freeze(), "health check failed at round start")
+            if state.mode != Mode.ACTIVE or state.active_rank is None:
+                return None
+            self._call_started_now()
+            call_args, call_kwargs = substitute_param_value(fn, args, kwargs, _injected(call))
+            return fn(*call_args, **call_kwargs)
+        except Exception as exc:  # RankShouldRestart is no Exception: it passes
+            self._fault_then_restart(exc)
+
+    def _complete(self) -> None:
+        """After user code: the completion barrier; a fault of any rank before it completes restarts."""
+        call = self.call
+        call.services.board.leave_user()
+        call.delivery.leave_user()
+        try:
+            if call.state.active_rank is not None:
+                self._call_ended("completed")
+                self.store.set(keys.COMPLETED, "1")
+            else:  # a spare waits for the active ranks (or a fault) without a time limit
+                self.store.wait([keys.COMPLETED], datetime.timedelta(seconds=_FOREVER_S))
+            self._completion_barrier()
+        except Exception as exc:  # the completion barrier failed: everyone restarts
+            self._fault_then_restart(exc)
+
+    def _completion_barrier(self) -> None:
+        call, store = self.call, self.store
+        name = rstore.COMPLETION_BARRIER
+        world_size = call.state.world_size
+        nvrx_barrier.arrive(
+            store,
+            name,
+            call.state.rank,  # type: ignore[arg-type]
+            world_size,
+            before_release=lambda: rstore.interrupt(store, DONE),
+        )
+        nvrx_barrier.wait(
+            store, name, world_size, call.wrapper.completion_timeout, range(world_size)
+        )
+        if store.get(keys.INTERRUPTED).decode(errors="replace") != DONE:
+            call.delivery.await_restart(_RESTART_WAIT_S)
+
+    # -- faults -----------------------------------------------------------------------
+    def _fault_then_restart(self, exc: Exception) -> NoReturn:
+        """This rank raised ``exc``: record it, then wait for the restart it causes (raised here)."""
+        self.fault = self.fault or exc
+        self.call.delivery.begin_wait()
+        self.call.services.board.leave_user()
+        self._record(exc)
+        self._call_ended("fault")
+        self.call.delivery.await_restart(_RESTART_WAIT_S)
+
+    def _record(self, exc: BaseException | None) -> None:
+        """Put this rank's fault on record once (see ``fault_recording.record_rank_fault``)."""
+        if exc is None or self.recorded:
+            return
+        self.recorded = record_rank_fault(
+            self.store, self.call.emit, self.call.state.rank, exc, self.monitor.seen_mono
+        )
+
+    # -- the call's timing (goodput) --------------------------------------------------
+    def _call_started_now(self) -> None:
+        self.call.emit("call_start", note="the wrapped function is entered")
+        self._call_started = time.monotonic()
+
+    def _call_ended(self, outcome: str) -> None:
+        """The function ended (``completed``, ``fault``, ``restart``); once per call."""
+        if self._call_started is None:
+            return
+        duration = time.monotonic() - self._call_started
+        self._call_started = None
+        self.call.emit("call_end", duration_s=duration, outcome=outcome)
+
+
+def _injected(call: CallWrapper) -> dict[type, Any]:
+    """What the function's parameters may ask for by annotation: the ``CallWrapper``."""
+    from .call_wrapper import CallWrapper
+
+    return {CallWrapper: call}
+
+
+def _round_env(call: CallWrapper) -> dict[str, str | None]:
+    """Rendezvous variables of the round (``rendezvous.round_env``; a custom store: RANK, WORLD_SIZE)."""
+    state = call.state
+    if call.services.store_address is not None:
+        return rendezvous.round_env(
+            *call.services.store_address, state.active_rank, state.active_world_size, call.round
+        )
+    # a custom store: the function brings its own rendezvous
+    return {
+        "RANK": None if state.active_rank is None else str(state.active_rank),
+        "WORLD_SIZE": None if state.active_world_size is None else str(state.active_world_size),
+    }
