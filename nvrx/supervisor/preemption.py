@@ -3,11 +3,7 @@
 SLURM warns a job some seconds before it ends, with the signal asked for by
 ``--signal=[B:]USR2@<seconds>`` (USR2 because NCCL uses USR1): before the time
 limit, and, with ``SlurmctldParameters=preempt_send_user_signal``, when a
-higher-priority job preempts it. The signal alone does not say which of the two
-happened, so ``classify`` asks slurmctld (``scontrol show job``): a set
-``PreemptTime`` means preemption; otherwise the time left against the warning
-delay tells a time limit from a preemption (submitit's elapsed-versus-limit rule
-when the delay is unknown).
+higher-priority job preempts it; ``warning_cause`` tells which of the two.
 
 The supervisor of each node owns one ``PreemptionHandler``:
 
@@ -53,17 +49,7 @@ from nvrx.processes import warning_signal
 from nvrx.slurm import commands
 
 from .requeue_ledger import Decision, RequeueLedger
-from .warning_cause import CAUSES, DEFAULT_PREEMPT_WINDOW_S, classify, parse_duration, window_s
-
-__all__ = [
-    "CAUSES",
-    "DEFAULT_PREEMPT_WINDOW_S",
-    "Decision",
-    "PreemptionHandler",
-    "RequeueLedger",
-    "classify",
-    "parse_duration",
-]
+from .warning_cause import CAUSES, classify, window_s
 
 log = logging.getLogger(__name__)
 

@@ -108,7 +108,7 @@ def test_killed_child_is_replaced_and_the_job_completes_with_all_4_ranks(killed:
     assert [(e["global_rank"], e["signal"]) for e in dead] == [(KILLED_RANK, "SIGKILL")]
     restarts = [e for e in killed.of("restart_decision") if e["decision"] == "restart"]
     assert [(e["node"], e["local_rank"], e["signature"]) for e in restarts] == [
-        (1, 0, "signal:SIGKILL")
+        (1, 0, "signal SIGKILL")
     ]
     starts = killed.child_starts()
     assert [e["attempt"] for e in starts[KILLED_RANK]] == [0, 1]

@@ -109,7 +109,7 @@ def test_sigkilled_rank_is_replaced_and_the_job_completes_at_full_size(tmp_path)
     assert [(e["node"], e["local_rank"]) for e in killed] == [(0, 1)]
     restarts = [e for e in job.events("restart_decision") if e["decision"] == "restart"]
     assert any(
-        e["node"] == 0 and e["local_rank"] == 1 and e["signature"] == "signal:SIGKILL"
+        e["node"] == 0 and e["local_rank"] == 1 and e["signature"] == "signal SIGKILL"
         for e in restarts
     )
     replacement = [e for e in job.events("child_start") if e["node"] == 0 and e["local_rank"] == 1]
@@ -123,7 +123,17 @@ def test_sigkilled_rank_is_replaced_and_the_job_completes_at_full_size(tmp_path)
 
 @pytest.mark.timeout(180)
 def test_exit_130_stops_every_child_on_both_nodes_with_exit_0(tmp_path) -> None:
-    command = script(tmp_path, "time.sleep(1.0)\nif RANK == 3: sys.exit(130)\ntime.sleep(600)\n")
+    body = (
+        "open(os.path.join(os.environ['NVRX_LOG_DIR'], f'ready-{RANK}'), 'w').close()\n"
+        "if RANK == 3:\n"
+        "    deadline = time.monotonic() + 120\n"
+        "    while len([f for f in os.listdir(os.environ['NVRX_LOG_DIR']) if f.startswith('ready-')]) < 4:\n"
+        "        assert time.monotonic() < deadline, 'the other ranks never started'\n"
+        "        time.sleep(0.05)\n"
+        "    sys.exit(130)\n"
+        "time.sleep(600)\n"
+    )
+    command = script(tmp_path, body)  # rank 3 stops the job once every rank runs
     job = Job(tmp_path, 2, 2, command, "--grace-period", "5")
     assert job.wait(150) == [0, 0], job.output()
     exits = job.events("child_exit")
@@ -157,7 +167,7 @@ def test_loop_breaker_stops_a_repeating_failure_with_code_5(tmp_path) -> None:
     job = Job(tmp_path, 1, 2, command, "--max-restarts", "50", "--loop-breaker", "3")
     assert job.wait(100) == [5], job.output()
     give_up = [e for e in job.events("restart_decision") if e["decision"] == "give_up"]
-    assert len(give_up) == 1 and give_up[0]["signature"] == "exit:3"
+    assert len(give_up) == 1 and give_up[0]["signature"] == "exit code 3"
     assert "loop breaker" in give_up[0]["reason"] and "3 times in a row" in give_up[0]["reason"]
     assert job.events("job_stop")[0]["exit_code"] == 5
     assert len(job.events("child_start")) < 10

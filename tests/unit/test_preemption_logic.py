@@ -20,10 +20,9 @@ from nvrx.supervisor.preemption import (
     EXIT_REQUEUED,
     SUBMITIT_LOCAL_REQUEUE_EXIT,
     PreemptionHandler,
-    RequeueLedger,
-    classify,
-    parse_duration,
 )
+from nvrx.supervisor.requeue_ledger import RequeueLedger
+from nvrx.supervisor.warning_cause import classify, parse_duration
 from tests.support.waiting import wait_until
 
 
