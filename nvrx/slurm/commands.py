@@ -70,6 +70,7 @@ def run_command(
     proc = processes.start(
         argv,
         env=env,
+        ignore_warning=False,  # a short client command; keeps fork-free spawning in threaded callers
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -104,4 +104,4 @@ def _supervise(argv: list[str], env: dict[str, str], warning: int) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        processes.stop(proc, ask=signal.SIGKILL)  # and anything the supervisor left in its group
+        processes.stop(proc)  # normally ended already; then only its group's stragglers

@@ -83,7 +83,7 @@ class Child:
 
     @classmethod
     def forked(cls, local_rank: int, attempt: int, pid: int) -> Child:
-        """A child this process made with ``os.fork`` (it called ``os.setsid``)."""
+        """A child this process made with ``processes.fork`` (it leads its own process group)."""
         return cls(local_rank, attempt, processes.ForkedProcess(pid))
 
     @property
@@ -118,21 +118,17 @@ class Child:
                 self.status = ExitStatus.from_returncode(rc)
         return self.status
 
-    def stop(self, grace_s: float) -> ExitStatus:
-        """SIGTERM the group, SIGKILL it after ``grace_s`` seconds, reap: how the child ended."""
-        if self.status is None:
-            self.status = ExitStatus.from_returncode(processes.stop(self.proc, grace_s=grace_s))
-        else:
-            self.kill_group()  # stragglers of an already reaped child
-        return self.status
 
 
-def stop_children(children: Sequence[Child], grace_s: float, exit_by: float | None = None) -> None:
-    """The supervisor's one way to stop children: every group at once, SIGTERM, SIGKILL after
-    ``grace_s``, reaped (``poll`` then tells each status, to be recorded as usual).
+def stop_children(
+    children: Sequence[Child], grace_s: float, exit_by: float | None = None, ask: int = signal.SIGTERM
+) -> None:
+    """The supervisor's one way to stop children: every group at once, ``ask`` (SIGTERM), SIGKILL
+    after ``grace_s``, reaped (``poll`` then tells each status, to be recorded as usual).
 
     ``exit_by`` (``time.monotonic()``) first lets them exit by themselves until
     then: after SLURM's warning they checkpoint and return on their own.
     Already ended children lose their leftover group members too.
     """
-    processes.stop_all([c.proc for c in children], grace_s=grace_s, exit_by=exit_by)
+    running = [c for c in children if c.running]
+    processes.stop_all([c.proc for c in running], ask=ask, grace_s=grace_s, exit_by=exit_by)

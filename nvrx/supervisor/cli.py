@@ -185,10 +185,9 @@ def config_from_args(
     command = _resolve_command(list(args.command))
     local_topology = any(v is not None for v in (args.nnodes, args.node_rank, args.master_addr))
     if in_slurm_step(env) and not local_topology:
-        job = job_from_slurm(env, args.nproc_per_node, args.log_dir)
-        if args.master_port is not None or args.store_port is not None:
-            master, store = jobenv.resolve_ports(job.job_id, args.master_port, args.store_port)
-            job = replace(job, master_port=master, store_port=store)
+        job = job_from_slurm(
+            env, args.nproc_per_node, args.log_dir, args.master_port, args.store_port
+        )
         if args.job_id:
             job = replace(job, job_id=args.job_id)
     else:

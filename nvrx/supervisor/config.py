@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nvrx import jobenv
 from nvrx.jobenv import DEFAULT_LOG_DIR, DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, JobEnv
 from nvrx.slurm.topology import Topology
 
@@ -193,9 +194,28 @@ def in_slurm_step(env: Mapping[str, str]) -> bool:
     return "SLURM_JOB_ID" in env and "SLURM_PROCID" in env
 
 
-def job_from_slurm(env: Mapping[str, str], nproc_per_node: int, log_dir: str | None) -> JobEnv:
-    """The job's place from SLURM's variables (``nvrx.slurm.topology``); ConfigError names a bad one."""
+def job_from_slurm(
+    env: Mapping[str, str],
+    nproc_per_node: int,
+    log_dir: str | None = None,
+    master_port: int | None = None,
+    store_port: int | None = None,
+) -> JobEnv:
+    """The job's place from SLURM's variables (``nvrx.slurm.topology``); ConfigError names a bad one.
+
+    Ports given here win over ``MASTER_PORT``/``NVRX_STORE_PORT`` of ``env``, and
+    a port not given follows the contract's rule with the other one; an
+    ``NVRX_JOB_ID`` of ``env`` wins over SLURM's job id.
+    """
+    env = dict(env)
+    if master_port is not None:
+        env["MASTER_PORT"] = str(master_port)
+    if store_port is not None:
+        env[jobenv.STORE_PORT] = str(store_port)
     try:
-        return Topology.from_env(dict(env)).job_env(nproc_per_node, log_dir)
+        topology = Topology.from_env(env)
     except ValueError as exc:
         raise ConfigError(f"cannot read the SLURM topology: {exc}") from exc
+    return topology.job_env(
+        nproc_per_node, str(log_dir or jobenv.log_dir_from(env)), env.get(jobenv.JOB_ID) or None
+    )

@@ -118,6 +118,7 @@ def _become_child(supervisor: object, env: dict[str, str]) -> None:
     signals = getattr(supervisor, "signals", None)
     if signals is not None:
         signals.restore()
+    processes.ignore_warning_signal()  # restore() gave back the monitor's own disposition
     link = getattr(supervisor, "link", None)
     if link is not None:
         link.forget_in_child()

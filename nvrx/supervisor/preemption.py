@@ -183,21 +183,26 @@ class PreemptionHandler:
         """
         if self._pending is not None or self._decision is not None:
             return False
-        flag = self._read_flag()
-        deadline = flag.get("deadline_wall") if flag is not None else None
-        if not isinstance(deadline, (int, float)) or deadline < self._created_wall:
-            return False  # none, or left over from an earlier run under the same job id
+        if self._current_flag() is None:
+            return False
         self._pending = self.signum
         self._signal_wall = time.time()
         log.info("the job's warning flag %s is raised (by another node)", self.flag_path)
         return True
 
-    def _read_flag(self) -> dict[str, Any] | None:
+    def _current_flag(self) -> dict[str, Any] | None:
+        """The job's flag of this run, unless absent, unreadable or left over from an earlier
+        run under the same job id (its deadline passed before this supervisor started)."""
         try:
             flag = json.loads(self.flag_path.read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return None
-        return flag if isinstance(flag, dict) else None
+        if not isinstance(flag, dict):
+            return None
+        deadline = flag.get("deadline_wall")
+        if not isinstance(deadline, (int, float)) or deadline < self._created_wall:
+            return None
+        return flag
 
     def install(self) -> None:
         """Make ``on_signal`` the handler of the warning signal (main thread only).
@@ -257,8 +262,9 @@ class PreemptionHandler:
         then ends those still running.
 
         ``cause`` overrides the classification when the caller knows it.
-        Blocks at most for the warning window. Idempotent: a second call
-        returns the first decision.
+        Blocks for the warning window, the children's stop after it and, on
+        nodes other than 0, node 0's decision (bounded). Idempotent: a second
+        call returns the first decision.
         """
         if self._decision is not None:
             return self._decision
@@ -267,12 +273,8 @@ class PreemptionHandler:
         signum = self._pending if self._pending is not None else self.signum
         received = self._signal_wall or time.time()
         signame = signal.Signals(signum).name
-        flag = self._read_flag()  # the first node to act decides cause and deadline for all
-        if (
-            flag is not None
-            and flag.get("cause") in CAUSES
-            and isinstance(flag.get("deadline_wall"), (int, float))
-        ):
+        flag = self._current_flag()  # the first node to act decides cause and deadline for all
+        if flag is not None and flag.get("cause") in CAUSES:
             cause = cause or str(flag["cause"])
             deadline = float(flag["deadline_wall"])
             window = max(0.0, deadline - received)

@@ -60,6 +60,7 @@ class Supervisor:
         self.stop_reason: str | None = None
         self.exit_code: int = ExitCode.OK
         self._signalled: int | None = None
+        self._kill_at: float | None = None  # when children still running after a stop get SIGKILL
         self._exit_seen: dict[int, float] = {}
         self._selector: selectors.BaseSelector | None = None
         self.preemption: PreemptionHandler | None = None
@@ -145,6 +146,8 @@ class Supervisor:
         return Child.spawn(self.config.command, env, local_rank, attempt)
 
     def _start_child(self, local_rank: int) -> None:
+        if self.stop_reason is not None:
+            return  # the job is stopping: a rank not started yet is not started at all
         attempt = self.restarts[local_rank]
         env = self.config.child_env(local_rank, attempt)
         try:
@@ -201,6 +204,8 @@ class Supervisor:
                 self._decide(local_rank, status, child.pid)
 
     def _decide(self, local_rank: int, status: ExitStatus, pid: int) -> None:
+        if self.preemption is not None and (self.preemption.pending or self.preemption.adopt_flag()):
+            return  # it stopped for SLURM's warning (this node's or another's): no restart
         fault = None if status.code in (0, 130) else last_fault(self.config.events_dir, pid)
         try:
             verdict = self.policy.decide(local_rank, status, fault)
@@ -241,7 +246,11 @@ class Supervisor:
                 )
             except StoreLinkError as exc:
                 log.warning("could not tell the other nodes to stop: %s", exc)
-        stop_children(self._running(), self.config.grace_period)
+        # Ask now; the loop SIGKILLs what still runs after the grace period and
+        # records each exit as it happens, so a second signal can cut the wait short.
+        for child in self._running():
+            child.signal_group(signal.SIGTERM)
+        self._kill_at = time.monotonic() + self.config.grace_period
 
     def _on_signals(self, received: list[int]) -> None:
         for signum in received:
@@ -263,7 +272,7 @@ class Supervisor:
                     self.request_stop(f"received {name}", for_signal(signum), broadcast=True)
                 else:
                     self._emit("signal_received", signal=name, action="kill children now")
-                    stop_children(self._running(), 0.0)
+                    self._kill_at = time.monotonic()
 
     def _on_store_events(self, messages: list[dict]) -> None:
         for message in messages:
@@ -313,8 +322,12 @@ class Supervisor:
         try:
             self._reap()  # children that ended before the selector existed
             while self._running():
-                self._on_store_events(self._poll_once(selector, None))
+                timeout = None if self._kill_at is None else max(0.0, self._kill_at - time.monotonic())
+                self._on_store_events(self._poll_once(selector, timeout))
                 self._handle_preemption()
+                if self._kill_at is not None and time.monotonic() >= self._kill_at:
+                    stop_children(self._running(), 0.0, ask=signal.SIGKILL)
+                    self._reap()
             self._handle_preemption()  # a warning that came with the last child's exit
         finally:
             selector.close()
@@ -374,7 +387,7 @@ class Supervisor:
         return self._signalled is not None  # signalled while waiting for the others
 
     def _cleanup(self) -> None:
-        stop_children(list(self.children.values()), 0.0)
+        stop_children(list(self.children.values()), 0.0, ask=signal.SIGKILL)
         if self.link is not None:
             self.link.close()
         if self.service is not None:

@@ -17,6 +17,8 @@ import nvrx
 nvrx.fork_and_monitor(max_restarts=3, loop_breaker=0, store_timeout=60)
 attempt = int(os.environ['NVRX_RESTART_COUNT'])
 print(f'child pid {os.getpid()} attempt {attempt} rank {os.environ["RANK"]} supervised {os.environ["NVRX_SUPERVISED"]}', flush=True)
+ignored = next(int(l.split()[1], 16) for l in open('/proc/self/status') if l.startswith('SigIgn:'))
+print(f'child ignores USR2 {bool(ignored & (1 << 11))}', flush=True)
 mode = sys.argv[1]
 if mode == 'fail_once' and attempt == 0:
     os._exit(1)
@@ -49,6 +51,8 @@ def test_failed_child_is_forked_again_and_the_monitor_exits_0(tmp_path) -> None:
     result, events = _run(tmp_path, "fail_once")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "attempt 0 rank 0 supervised 1" in result.stdout and "attempt 1 rank 0" in result.stdout
+    # like every process a supervisor starts, the forked child ignores SLURM's warning signal
+    assert result.stdout.count("child ignores USR2 True") == 2, result.stdout
     assert result.stdout.count("child done") == 1  # only the child ran the script body
     kinds = [e["kind"] for e in events if e["component"] == "supervisor"]
     assert kinds.count("child_start") == 2 and "restart_decision" in kinds

@@ -139,3 +139,27 @@ def test_one_module_names_the_log_directory_variable() -> None:
         capture_output=True, text=True, check=False,
     ).stdout.split()  # fmt: skip
     assert [Path(f).relative_to(ROOT).as_posix() for f in found] == ["nvrx/jobenv.py"]
+
+
+SLURM_STEP = {
+    "SLURM_JOB_ID": "1234", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1",
+}  # fmt: skip
+
+
+def test_supervisor_cli_under_slurm_keeps_the_environment_port_the_options_do_not_give(
+    tmp_path: Path,
+) -> None:
+    env = {**SLURM_STEP, "NVRX_LOG_DIR": str(tmp_path), "NVRX_STORE_PORT": "25000"}
+    config, _ = config_from_args(["--master-port", "30000", "--", "true"], env)
+    assert (config.master_port, config.store_port) == (30000, 25000)
+    env = {**SLURM_STEP, "NVRX_LOG_DIR": str(tmp_path), "MASTER_PORT": "30000"}
+    config, _ = config_from_args(["--store-port", "25000", "--", "true"], env)
+    assert (config.master_port, config.store_port) == (30000, 25000)
+    config, _ = config_from_args(["--", "true"], env)
+    assert (config.master_port, config.store_port) == (30000, 30001)
+    assert (config.node_rank, config.nnodes, config.master_addr) == (1, 2, "n1")
+    assert config.events_dir == tmp_path / "1234"  # the log dir of the env given, not os.environ
+    config, _ = config_from_args(["--", "true"], {**env, "NVRX_JOB_ID": "mine"})
+    assert config.job_id == "mine"

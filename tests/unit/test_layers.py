@@ -43,8 +43,16 @@ def module_name(path: Path, root: Path = ROOT) -> str:
     return ".".join(parts)
 
 
+def is_module(name: str, root: Path) -> bool:
+    path = root.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 def imports_of(path: Path, root: Path = ROOT) -> Iterator[tuple[int, str]]:
-    """(line, imported module) for every import of ``nvrx`` in the file, wherever it stands."""
+    """(line, imported module) for every import in the file, wherever it stands.
+
+    ``from X import y`` imports module ``X.y`` when that is a module, else a name of ``X``.
+    """
     name = module_name(path, root)
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -58,13 +66,18 @@ def imports_of(path: Path, root: Path = ROOT) -> Iterator[tuple[int, str]]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            yield node.lineno, target
-            for alias in node.names:  # `from nvrx import events` imports nvrx.events
-                yield node.lineno, f"{target}.{alias.name}"
+            for alias in node.names:
+                child = f"{target}.{alias.name}"
+                yield node.lineno, child if is_module(child, root) else target
 
 
 def layer_of(module: str, layers: list[list[str]]) -> int | None:
-    """Index of the layer owning ``module`` (longest matching prefix), None if none does."""
+    """Index of the layer owning ``module`` (longest matching prefix), None if none does.
+
+    The facade ``nvrx`` (``nvrx/__init__.py``) stands above every layer.
+    """
+    if module == "nvrx":
+        return -1
     best: tuple[int, int] | None = None
     for index, prefixes in enumerate(layers):
         for prefix in prefixes:
@@ -92,15 +105,16 @@ def check(package: Path, layers: list[list[str]]) -> list[str]:
             problems.append(f"{name} is in no layer of {ARCHITECTURE.name}")
             continue
         for line, target in imports_of(path, package.parent):
-            if not target.startswith("nvrx.") or target.split(".")[1] == "__version__":
+            if target != "nvrx" and not target.startswith("nvrx."):
                 continue
-            if subpackage(target) != subpackage(name):
+            if target != "nvrx" and subpackage(target) != subpackage(name):
                 graph.setdefault(subpackage(name), set()).add(subpackage(target))
             theirs = layer_of(target, layers)
             if theirs is not None and theirs < own:
                 problems.append(
                     f"{path.relative_to(package.parent)}:{line}: {name} ({'/'.join(layers[own])}) "
-                    f"imports {target} of a higher layer ({'/'.join(layers[theirs])})"
+                    f"imports {target} of a higher layer "
+                    f"({'/'.join(layers[theirs]) if theirs >= 0 else 'the nvrx facade'})"
                 )
     problems.extend(cycles(graph))
     return problems
@@ -151,6 +165,8 @@ def test_imports_point_down_the_table_only() -> None:
             "imports nvrx.supervisor.policy of a higher layer",
         ),
         ("slurm/nowhere.py", "import nvrx.report\n", "imports nvrx.report of a higher layer"),
+        ("store/facade.py", "from nvrx import submit\n", "imports nvrx of a higher layer"),
+        ("inprocess/facade.py", "import nvrx\n", "imports nvrx of a higher layer"),
     ],
 )
 def test_an_upward_import_is_caught(tmp_path: Path, where: str, source: str, expected: str) -> None:
