@@ -20,21 +20,22 @@ slurm          what SLURM did to the job                   ``slurm: time limit``
 
 Older logs spell some of them differently (``signal:SIGKILL``, ``exit:1``,
 ``hang_soft``, ``dead``, ``module.Type@file.py:func``): ``normalize_signature``
-reads them all. Formatted tracebacks are read into signatures here too. This
-module is ground layer: it imports nothing from nvrx.
+reads them all, with one limit: an old exception signature names the frame's
+function but not its line (``pkg.Type@train.py:step`` reads as ``pkg.Type at
+train.py in step``), so it is not the same string as a new one of the same
+failure (``pkg.Type at train.py:12 in step``). Formatted tracebacks are read into
+signatures here too. This module is ground layer (``tests/unit/test_layers.py``).
 """
 
 from __future__ import annotations
 
-import logging
+import builtins
 import os
 import re
 import traceback as tb
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import PurePath
-
-log = logging.getLogger(__name__)
 
 EXCEPTION, HANG, DEAD, UNRESPONSIVE = "exception", "hang", "dead", "unresponsive"
 SIGNAL, EXIT, PEER, SLURM = "signal", "exit", "peer", "slurm"
@@ -62,11 +63,22 @@ _SIGNAL_PREFIX, _EXIT_PREFIX, _HANG_PREFIX, _SLURM_PREFIX = (
     "slurm: ",
 )
 TRACEBACK_HEADER = "Traceback (most recent call last):"
+_SIGNAL_NAME = re.compile(r"SIG[A-Z0-9]{2,12}")
 
-_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+?)\s*$')
-# The last line of a traceback: a (dotted) exception type, optionally ": message".
-_EXCEPTION_LINE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(:(\s.*)?)?$")
-_DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+#: Most digits of a number read from text (a line number, an exit code, a task): int() of
+#: thousands of digits is slow, and Python refuses more than 4300.
+MAX_DIGITS = 9
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>[0-9]{1,9}), in (?P<func>.+)$')
+_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+# What the last part of an exception type looks like: a builtin exception's name, or a
+# CamelCase name with one of these endings (``DistBackendError``, ``InjectedFault``).
+_BUILTIN_EXCEPTIONS = frozenset(
+    name
+    for name, value in vars(builtins).items()
+    if isinstance(value, type) and issubclass(value, BaseException)
+)
+_CAMEL_CASE = re.compile(r"_*[A-Z][A-Za-z0-9_]*")
+_EXCEPTION_ENDINGS = ("Error", "Exception", "Exit", "Interrupt", "Warning", "Fault")
 # Paths of code that is not the user's: the standard library, installed packages and nvrx.
 _LIBRARY_MARKERS = (
     "site-packages",
@@ -154,7 +166,7 @@ def signature_type(signature: str) -> str | None:
     if kind_of(signature) != EXCEPTION:
         return None
     head = signature.split(" at ", 1)[0]
-    return head if _DOTTED.match(head) else None
+    return head if _DOTTED.fullmatch(head) else None
 
 
 def normalize_signature(signature: str) -> str:
@@ -165,20 +177,24 @@ def normalize_signature(signature: str) -> str:
     if sig.startswith("signal:"):  # the restart policy's old "signal:SIGKILL"
         return signal_signature(sig[len("signal:") :].strip())
     if sig.startswith("exit:"):  # and "exit:1"
-        return exit_signature(_int_or_none(sig[len("exit:") :]))
+        return exit_signature(parse_int(sig[len("exit:") :]))
     head, at, where = sig.partition("@")
-    if at and _DOTTED.match(head):  # "pkg.Type@file.py:func" or "Type@file.py:12"
+    if at and _DOTTED.fullmatch(head):  # "pkg.Type@file.py:func" or "Type@file.py:12"
         file, _, tail = where.rpartition(":")
         if not file:
             return exception_signature(head, where or None)
-        line = _int_or_none(tail)
+        line = parse_int(tail)
         return exception_signature(head, file, line, None if line is not None else tail)
     return sig
 
 
-def _int_or_none(text: str) -> int | None:
+def parse_int(text: str, max_digits: int = MAX_DIGITS) -> int | None:
+    """A short decimal integer written in ASCII (``-12``), else None: not ``²``, not 5000 digits."""
     text = text.strip()
-    return int(text) if text.lstrip("-").isdigit() else None
+    digits = text[1:] if text.startswith("-") else text
+    if not 0 < len(digits) <= max_digits or not digits.isascii() or not digits.isdigit():
+        return None
+    return int(text)
 
 
 def is_canonical(signature: str) -> bool:
@@ -207,9 +223,34 @@ def is_user_frame(path: str) -> bool:
     return not any(marker in norm for marker in _LIBRARY_MARKERS)
 
 
+def looks_like_exception_type(name: str) -> bool:
+    """``pkg.SomeError``: a dotted name whose last part is a builtin exception's name
+    (``KeyboardInterrupt``, ``StopIteration``) or CamelCase ending in Error, Exception,
+    Exit, Interrupt, Warning or Fault. ``Epoch`` of a log line ``Epoch: 3`` is not."""
+    if not _DOTTED.fullmatch(name):
+        return False
+    last = name.rsplit(".", 1)[-1]
+    if last in _BUILTIN_EXCEPTIONS:
+        return True
+    return bool(_CAMEL_CASE.fullmatch(last)) and last.endswith(_EXCEPTION_ENDINGS)
+
+
 def is_exception_line(line: str) -> bool:
-    """Whether ``line`` can end a traceback: ``pkg.ErrorType`` or ``pkg.ErrorType: message``."""
-    return bool(_EXCEPTION_LINE.match(line.strip()))
+    """Whether ``line`` can end a traceback: ``pkg.SomeError`` or ``pkg.SomeError: message``."""
+    head, colon, rest = line.strip().partition(":")
+    if colon and rest and not rest[0].isspace():
+        return False
+    return looks_like_exception_type(head)
+
+
+def _ends_traceback(line: str, known_type: str | None) -> bool:
+    """An exception line, or one naming ``known_type`` (the type its writer recorded)."""
+    if is_exception_line(line):
+        return True
+    if not known_type:
+        return False
+    head = line.strip().partition(":")[0]
+    return head in (known_type, type_name(known_type), short_type(known_type))
 
 
 def _innermost_user(
@@ -219,8 +260,12 @@ def _innermost_user(
     return user[-1] if user else (frames[-1] if frames else None)
 
 
-def parse_traceback(text: str) -> ParsedTraceback | None:
-    """Parse the last traceback in ``text`` (chained exceptions: the one raised last)."""
+def parse_traceback(text: str, known_type: str | None = None) -> ParsedTraceback | None:
+    """Parse the last traceback in ``text`` (chained exceptions: the one raised last).
+
+    It ends at the first unindented line that looks like an exception type (or names
+    ``known_type``); other unindented lines (another process's log line) are passed over.
+    """
     start = text.rfind(TRACEBACK_HEADER)
     if start < 0:
         return None
@@ -229,12 +274,12 @@ def parse_traceback(text: str) -> ParsedTraceback | None:
     for line in text[start + len(TRACEBACK_HEADER) :].splitlines():
         match = _FRAME.match(line)
         if match:
-            frames.append((match["file"], int(match["line"]), match["func"]))
-        elif line.strip() and not line[0].isspace():
+            frames.append((match["file"], int(match["line"]), match["func"].strip()))
+        elif line[:1].strip() and _ends_traceback(line, known_type):
             exc_line = line.strip()
             break
-    if exc_line is None or not is_exception_line(exc_line):
-        return None  # e.g. another process's log line right after the frames: not a traceback
+    if exc_line is None:
+        return None  # no exception line: not a traceback, or one cut short
     exc_type, _, message = exc_line.partition(":")
     frame = _innermost_user(frames)
     if frame is None:
@@ -280,7 +325,7 @@ def told_signature(
     """
     if signature and is_canonical(str(signature)):
         return str(signature)
-    parsed = parse_traceback(traceback) if traceback else None
+    parsed = parse_traceback(traceback, exc_type) if traceback else None
     if parsed is not None:
         if exc_type:
             return exception_signature(str(exc_type), parsed.file, parsed.line, parsed.func)
@@ -304,6 +349,8 @@ def fault_signature(
     kind = fault_kind or "fault"
     if kind.startswith("hang_"):  # hang_soft -> the same signature as a "hang" event's
         return hang_signature(kind[len("hang_") :])
-    if kind == "signal" and message and message.startswith("SIG") and " " not in message:
-        return signal_signature(message)
+    if kind == SIGNAL:  # the signal's name, when the message is one
+        return signal_signature(
+            message if message and _SIGNAL_NAME.fullmatch(message) else "unknown"
+        )
     return _OLD_SPELLINGS.get(kind, kind)

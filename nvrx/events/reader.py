@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import json
-import logging
 import os
 import stat
 from collections.abc import Iterator
@@ -21,8 +20,6 @@ from typing import Any
 
 from .schema import KINDS
 from .validation import common_field_problem
-
-log = logging.getLogger(__name__)
 
 EVENT_SUFFIX = ".jsonl"
 _decoder = json.JSONDecoder()
@@ -89,7 +86,7 @@ def iter_file(
         try:
             text = raw.decode("utf-8")
             values = list(_objects_in_line(text))
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):  # also arrays nested too deep
             reason = "torn last line" if last and torn_tail else "malformed line"
             stats.skipped.append(Skipped(spath, number, reason))
             continue

@@ -10,10 +10,7 @@ allowed (old or hand-written events); only wrong values are refused.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 #: Latest wall time accepted: 9999-12-31T23:59:59Z (what calendars and time_t can show).
 MAX_WALL = 253402300799.0

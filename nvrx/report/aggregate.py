@@ -12,7 +12,6 @@ merged summary lives in ``timeline``, ``failure_groups``, ``process_rows`` and
 from __future__ import annotations
 
 import bisect
-import logging
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Any
 
 from nvrx.events.failures import (
     EXCEPTION,
+    PEER,
     kind_of,
     parse_traceback,
     process_end_signature,
@@ -28,7 +28,7 @@ from nvrx.events.failures import (
 )
 from nvrx.events.reader import Skipped
 
-from .file_fold import FileSummary
+from .file_fold import STOP_KINDS, FileSummary, run_key
 from .merging import (
     COUNTS,
     EXTEND,
@@ -44,25 +44,26 @@ from .merging import (
 )
 from .model import Hang, ProcessRestart, Restarts, RoundRow
 from .output_triage import Death, EventFacts
-from .parts import RoundState, SignatureGroup
+from .parts import LocalFault, RoundState, SignatureGroup, order_key
 from .summarize import Filters, summarize_file
 
-log = logging.getLogger(__name__)
-
 MAX_SKIPPED_LISTED = 50
-#: Kinds of per-node events that mean "the job is being stopped on this host".
-STOP_KINDS = ("job_stop", "supervisor_end")
 
 
-def run_key(host: Any, node: Any) -> str | None:
-    """Whose supervisor starts mark the job's runs: the node rank's, else the host's.
+def _skipped_key(s: Skipped) -> tuple[str, int, str]:
+    return s.path, s.line, s.reason
 
-    A node rank's supervisor starts once per run wherever SLURM places it, and
-    several local supervisors on one host are several node ranks, not several runs.
-    """
-    if isinstance(node, int) and not isinstance(node, bool):
-        return f"node {node}"
-    return f"host {host}" if host is not None else None
+
+def _hang_key(h: Hang) -> tuple[Any, ...]:
+    def n(value: Any) -> Any:
+        return (value is None, value if value is not None else 0)
+
+    return h.run, n(h.round), n(h.wall), n(h.host), n(h.rank), n(h.timeout), n(h.stack)
+
+
+def _death_key(d: Death) -> tuple[Any, ...]:
+    rank, node = (v if v is not None else -1 for v in (d.rank, d.node))
+    return d.host or "", rank, node, d.how
 
 
 @dataclass
@@ -84,7 +85,7 @@ class JobSummary:
     world_size: int = merged(MAX, 0)
     calls: int = merged(SUM)
     call_us: int = merged(SUM)  # integer microseconds: the sum does not depend on merge order
-    # (host, pid) -> (last wall, "peer" | "own") of processes whose last fault ended them.
+    # (host, pid) -> (last wall, PEER | "own") of processes whose last fault ended them.
     ending_faults: dict[tuple[str | None, int], list[tuple[float, str]]] = merged(EXTEND_EACH)
     interrupted_calls: int = merged(SUM)
     # Processes whose events stop inside the training function with no fault (died unexplained).
@@ -92,6 +93,7 @@ class JobSummary:
     fault_ended_ranks: set[int] = merged(UNION)  # ranks of processes whose last event is a fault
     rounds: dict[tuple[int, int], RoundState] = merged(PARTS)  # (run, round) -> state
     signatures: dict[str, SignatureGroup] = merged(PARTS)
+    monitor_deaths: list[LocalFault] = merged(EXTEND)  # dead/unresponsive faults, round or not
     hangs: list[Hang] = merged(EXTEND)
     node_events: list[dict[str, Any]] = merged(EXTEND)  # each with the "run" it belongs to
     wrapper_ends: dict[str, int] = merged(COUNTS)
@@ -107,9 +109,7 @@ class JobSummary:
         return cls(starts={key: sorted(walls) for key, walls in (run_starts or {}).items()})
 
     # -- runs (a requeued job runs again under the same job id) -------------
-    def note_run_start(self, key: str | None, wall: Any) -> None:
-        if key is None or isinstance(wall, bool) or not isinstance(wall, (int, float)):
-            return
+    def note_run_start(self, key: str, wall: float) -> None:
         starts = self.starts.setdefault(key, [])
         if wall not in starts:
             bisect.insort(starts, wall)
@@ -139,19 +139,27 @@ class JobSummary:
     def merge(self, other: JobSummary) -> None:
         """Fold in another partial summary (of other files); ``other`` is used up."""
         merge_fields(self, other)
-        room = MAX_SKIPPED_LISTED - len(self.skipped)
-        if room > 0:
-            self.skipped.extend(other.skipped[:room])
+        if other.skipped:  # the first ones by place, whichever part came first
+            both = sorted(self.skipped + other.skipped, key=_skipped_key)
+            self.skipped = both[:MAX_SKIPPED_LISTED]
         for key, walls in other.starts.items():
             for wall in walls:
                 self.note_run_start(key, wall)
 
     def add(self, fs: FileSummary) -> None:
         """Fold in one file's summary: merging the one-file summary it makes."""
-        for e in fs.node_events:
-            if e.get("kind") == "supervisor_start":
-                self.note_run_start(run_key(e.get("host"), e.get("node")), e.get("wall"))
+        for key, wall in fs.run_starts:
+            self.note_run_start(key, wall)
         self.merge(self.part_of(fs))
+
+    def settle(self) -> None:
+        """Put the lists that merging fills in arrival order into one order, so that the
+        report never depends on the order in which files and partial summaries were merged."""
+        self.hangs.sort(key=_hang_key)
+        self.vanished.sort(key=_death_key)
+        self.monitor_deaths.sort(key=order_key)
+        for ends in self.ending_faults.values():
+            ends.sort()
 
     def part_of(self, fs: FileSummary) -> JobSummary:
         """``fs`` as a one-file job summary, its events filed under the runs known here."""
@@ -184,6 +192,7 @@ class JobSummary:
         run = self.run_of(run_key(fs.host, file_node), fs.first_wall)
         part.rounds = {(run, rnd): state for rnd, state in fs.rounds.items()}
         part.signatures = fs.signatures
+        part.monitor_deaths = fs.monitor_deaths
         part.hangs = [Hang(run=run, **h) for h in fs.hangs]
         for e in fs.node_events:
             e["run"] = self.run_of(run_key(e.get("host"), e.get("node")), e.get("wall"))
@@ -194,11 +203,7 @@ class JobSummary:
     def child_runtime_s(self) -> float:
         """Seconds the supervised training processes ran, summed over processes."""
         return sum(
-            e["runtime_s"]
-            for e in self.node_events
-            if e.get("kind") == "child_exit"
-            and isinstance(e.get("runtime_s"), (int, float))
-            and not isinstance(e.get("runtime_s"), bool)
+            e.get("runtime_s") or 0.0 for e in self.node_events if e.get("kind") == "child_exit"
         )
 
     def relaunches(self) -> int:
@@ -209,9 +214,7 @@ class JobSummary:
         return sum(
             1
             for e in self.node_events
-            if e.get("kind") == "child_start"
-            and isinstance(e.get("attempt"), int)
-            and e["attempt"] > 0
+            if e.get("kind") == "child_start" and (e.get("attempt") or 0) > 0
         )
 
     def restarts(
@@ -229,7 +232,7 @@ class JobSummary:
         collateral = sum(
             1
             for p in process_rows
-            if p.explained_by == "peer" and (p.decision == "restart" or not decisions)
+            if p.explained_by == PEER and (p.decision == "restart" or not decisions)
         )
         requeue_events = {
             (e.get("count") if e.get("count") is not None else e.get("wall"))
@@ -255,20 +258,17 @@ class JobSummary:
                 bare_types.add(short_type(g.exc_type or signature_type(sig) or sig))
         for e in self.node_events:
             if e.get("kind") == "child_exit":
-                code = e.get("exit_code") if isinstance(e.get("exit_code"), int) else None
-                sig = e.get("signal") if isinstance(e.get("signal"), str) else None
-                known.add(process_end_signature(code, sig))
+                known.add(process_end_signature(e.get("exit_code"), e.get("signal")))
         return known, bare_types
 
     def output_facts(self, process_rows: Sequence[ProcessRestart]) -> EventFacts:
         """What judging the output files needs from the events (``output_triage``)."""
         signatures, bare_types = self.event_signatures()
         facts = EventFacts(signatures=signatures, bare_types=bare_types)
-        facts.deaths = [
-            Death(p.rank, p.node, p.host, process_end_signature(p.exit_code, p.signal))
-            for p in process_rows
-            if p.explained_by is None and p.signal is None
-        ]
+        for p in process_rows:
+            if p.explained_by is None:
+                death = Death(p.rank, p.node, p.host, process_end_signature(p.exit_code, p.signal))
+                (facts.killed if p.signal is not None else facts.deaths).append(death)
         exit_hosts = {e.get("host") for e in self.node_events if e.get("kind") == "child_exit"}
         if self.wrapper_ends:  # the job went on after them: they did not just stop being read
             facts.deaths += [d for d in self.vanished if d.host not in exit_hosts]
@@ -278,7 +278,7 @@ class JobSummary:
             kind, node, code = e.get("kind"), e.get("node"), e.get("exit_code")
             if kind == "supervisor_start":
                 facts.supervised = True
-            elif kind == "supervisor_end" and isinstance(node, int) and isinstance(code, int):
+            elif kind == "supervisor_end" and node is not None and code is not None:
                 facts.supervisor_exits.setdefault(node, set()).add(code)
             elif kind in ("requeue", "preempt_signal") and isinstance(e.get("cause"), str):
                 facts.slurm_causes.add(e["cause"])
@@ -335,12 +335,6 @@ def run_starts_of(summaries: Iterable[FileSummary]) -> dict[str, list[float]]:
     """``supervisor_start`` wall times per ``run_key`` in ``summaries``: where each job run begins."""
     starts: dict[str, list[float]] = {}
     for fs in summaries:
-        for e in fs.node_events:
-            key, wall = run_key(e.get("host"), e.get("node")), e.get("wall")
-            if (
-                e.get("kind") == "supervisor_start"
-                and key is not None
-                and isinstance(wall, (int, float))
-            ):
-                starts.setdefault(key, []).append(wall)
+        for key, wall in fs.run_starts:
+            starts.setdefault(key, []).append(wall)
     return starts

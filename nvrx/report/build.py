@@ -7,7 +7,6 @@ Nothing here writes to the log directory.
 
 from __future__ import annotations
 
-import logging
 import multiprocessing
 import os
 import threading
@@ -28,8 +27,6 @@ from .slurm_context import default_search_dirs, find_output_files, query_sacct, 
 from .summarize import Filters, summarize_file
 from .suspects import build_suspects
 from .timeline import build_timeline
-
-log = logging.getLogger(__name__)
 
 #: Below this many files, worker processes cost more than they save.
 PARALLEL_MIN_FILES = 64
@@ -149,6 +146,7 @@ def build_report(
     job_dir = resolve_job_dir(log_dir, job)
     filters = Filters(job=job, rank=rank, node=node, since=since)
     agg = _aggregate(job_dir.files, filters, workers or _default_workers())
+    agg.settle()
     notes = list(job_dir.notes)
     if agg.events == 0 and agg.skipped_count == 0:
         raise ReportError(
@@ -193,8 +191,9 @@ def build_report(
     restarts = agg.restarts(timeline, sacct_requeues(slurm), process_rows)
     if any(row.ordering == "wall_clock" and row.first_rank is not None for row in timeline):
         notes.append(
-            "first failing rank of some rounds was ordered by wall clock across hosts "
-            "(no store-recorded origin): clock skew between hosts may reorder them"
+            "first failing rank of some rounds was ordered by wall clock (faults on several "
+            "hosts and no store-recorded origin, or no boot id): clock skew between hosts, "
+            "or a step of the clock, may reorder them"
         )
 
     outcome, reason = agg.final_outcome(timeline)

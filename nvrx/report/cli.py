@@ -16,8 +16,6 @@ from .build import build_report
 from .loading import ReportError
 from .render import FORMATS
 
-log = logging.getLogger(__name__)
-
 EXIT_OK = 0
 EXIT_NOTHING_TO_READ = 2
 _RELATIVE = re.compile(r"^(?P<n>\d+(\.\d+)?)(?P<unit>[smhd])$")

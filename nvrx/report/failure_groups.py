@@ -2,16 +2,15 @@
 
 One failure is one occurrence whoever saw it: a process death that a monitor
 already reported as a fault is one row (the process's signal or exit code, in
-the monitor's round), and a hang that a fault of the same rank and round tells
-is not counted again.
+the monitor's round), and a hang that a hang fault of the same rank and round
+tells is not counted again.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
-from nvrx.events.failures import DEAD, UNRESPONSIVE, hang_signature, kind_of, process_end_signature
+from nvrx.events.failures import hang_signature, kind_of, process_end_signature
 
 from .model import Failure, LogFinding, ProcessRestart
 from .parts import LocalFault, SignatureGroup
@@ -21,27 +20,12 @@ if TYPE_CHECKING:
     from .aggregate import JobSummary
     from .output_triage import Death
 
-log = logging.getLogger(__name__)
-
-#: Kinds of faults by which a monitor tells that its process is gone.
-_VANISHED_KINDS = (DEAD, UNRESPONSIVE)
-
 
 def _group(groups: dict[str, SignatureGroup], sig: str) -> SignatureGroup:
     part = groups.get(sig)
     if part is None:
         part = groups[sig] = SignatureGroup()
     return part
-
-
-def _monitor_deaths(job: JobSummary) -> list[LocalFault]:
-    """Faults by which a monitor said a process vanished (``dead``, ``unresponsive``)."""
-    return [
-        f
-        for r in job.rounds.values()
-        for f in r.first_by_rank.values()
-        if kind_of(f.signature) in _VANISHED_KINDS
-    ]
 
 
 def _add_deaths(
@@ -51,14 +35,14 @@ def _add_deaths(
 
     A monitor's ``dead`` fault and the supervisor's record of the same end are one
     failure: it is counted once, by how the process ended (its signal or exit code),
-    in the monitor's round. Returns the monitor faults so counted.
+    in the monitor's round. Every such fault of the monitors is a candidate, not only
+    a rank's first of its round (a hang, then the death). Returns the faults so counted.
     """
     reported: dict[tuple[str, str | None], list[float]] = {}
     for r in job.rounds.values():
         for f in r.first_by_rank.values():
             if f.wall is not None:
                 reported.setdefault((f.signature, f.host), []).append(f.wall)
-    monitored = _monitor_deaths(job)
     merged: list[LocalFault] = []
     for p in process_rows:
         if p.explained_by is not None:  # collateral, or told by its own fault event
@@ -68,52 +52,59 @@ def _add_deaths(
         if p.wall is not None and any(abs(w - p.wall) <= SAME_FAILURE_WINDOW_S for w in walls):
             continue
         seen = next(
-            (f for f in monitored if same_process_end(f, p) and all(f is not m for m in merged)),
+            (
+                f
+                for f in job.monitor_deaths
+                if same_process_end(f, p) and all(f is not m for m in merged)
+            ),
             None,
         )
         if seen is not None:
             merged.append(seen)
         part = _group(groups, sig)
-        part.add(p.rank, p.node, p.host, seen.round if seen is not None else None, p.wall)
-        part.describe(None, f"local rank {p.local_rank} ended ({sig})", None)
+        rnd = seen.round if seen is not None else None
+        part.add(
+            p.rank, p.node, p.host, rnd, p.wall, message=f"local rank {p.local_rank} ended ({sig})"
+        )
     return merged
 
 
 def _drop_merged(
     groups: dict[str, SignatureGroup], monitored: list[LocalFault], merged: list[LocalFault]
 ) -> None:
-    """Take the monitor faults counted with their process's end out of their own groups."""
-    for sig in {f.signature for f in merged}:
+    """Take the monitor faults counted with their process's end out of their own groups:
+    one fewer each; a group goes when none is left."""
+    for sig in sorted({f.signature for f in merged}):
         group = groups.get(sig)
         if group is None:
             continue
         group.count -= sum(1 for f in merged if f.signature == sig)
-        left = [f for f in monitored if f.signature == sig and all(f is not m for m in merged)]
-        if group.count <= 0 or not left:
+        if group.count <= 0:
             del groups[sig]
             continue
+        left = [f for f in monitored if f.signature == sig and all(f is not m for m in merged)]
         group.ranks = {f.rank for f in left if f.rank is not None}
         group.nodes = {f.node for f in left if f.node is not None}
         group.hosts = {f.host for f in left if f.host is not None}
         group.rounds = {f.round for f in left if f.round is not None}
+        group.first_wall = min((f.wall for f in left if f.wall is not None), default=None)
 
 
 def _add_hangs(job: JobSummary, groups: dict[str, SignatureGroup]) -> None:
-    """Hangs that no fault of the same rank and round already tells."""
-    faulted = {(run, rnd, rank) for (run, rnd), r in job.rounds.items() for rank in r.first_by_rank}
+    """Hangs that no hang fault of the same rank and round already tells."""
+    told = {(run, rnd, rank) for (run, rnd), r in job.rounds.items() for rank in r.hang_faults}
     for h in job.hangs:
-        if (h.run, h.round, h.rank) in faulted:
+        if (h.run, h.round, h.rank) in told:
             continue
         part = _group(groups, hang_signature(h.timeout))
-        part.add(h.rank, h.node, h.host, h.round, h.wall)
-        part.describe(None, None, h.stack)
+        part.add(h.rank, h.node, h.host, h.round, h.wall, traceback=h.stack)
 
 
 def build_failures(job: JobSummary, process_rows: list[ProcessRestart]) -> list[Failure]:
     """Failure groups: faults of the events, failed processes, hangs that no fault names."""
     groups = {sig: _copy(g) for sig, g in job.signatures.items()}
     merged = _add_deaths(job, groups, process_rows)
-    _drop_merged(groups, _monitor_deaths(job), merged)
+    _drop_merged(groups, job.monitor_deaths, merged)
     _add_hangs(job, groups)
     out = [
         Failure(
@@ -132,7 +123,7 @@ def build_failures(job: JobSummary, process_rows: list[ProcessRestart]) -> list[
         )
         for sig, g in groups.items()
     ]
-    out.sort(key=lambda f: (-f.count, f.first_wall or 0.0))
+    out.sort(key=lambda f: (-f.count, f.first_wall or 0.0, f.signature))
     return out
 
 

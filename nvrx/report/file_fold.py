@@ -8,21 +8,27 @@ when they differ from the previous event's.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nvrx.events.failures import chained_signatures, fault_signature
+from nvrx.events.failures import (
+    DEAD,
+    FAULT_KINDS,
+    HANG,
+    PEER,
+    UNRESPONSIVE,
+    chained_signatures,
+    fault_signature,
+    kind_of,
+)
 from nvrx.events.reader import ReadStats
 
 from .parts import LocalFault, RoundState, SignatureGroup
 from .values import as_int, as_str, count, num, seconds
 
-log = logging.getLogger(__name__)
-
-#: Fault kinds that are consequences of another rank's fault, not causes.
-CONSEQUENCE_FAULT_KINDS = frozenset({"peer"})
+#: Kinds of per-node events that mean "the job is being stopped on this host".
+STOP_KINDS = ("job_stop", "supervisor_end")
 #: Kinds of per-node (supervisor, store, launcher) events kept whole: they are few.
 NODE_EVENT_KINDS = frozenset(
     {
@@ -60,12 +66,35 @@ OStr = str | None
 OFloat = float | None
 
 
+def run_key(host: Any, node: Any) -> str | None:
+    """Whose supervisor starts mark the job's runs: the node rank's, else the host's.
+
+    A node rank's supervisor starts once per run wherever SLURM places it, and
+    several local supervisors on one host are several node ranks, not several runs.
+    """
+    node = as_int(node)
+    if node is not None:
+        return f"node {node}"
+    host = as_str(host)
+    return f"host {host}" if host is not None else None
+
+
+def run_start(event: Ev) -> tuple[str, float] | None:
+    """(``run_key``, wall) where ``event`` begins a job run: each ``supervisor_start`` does."""
+    if event.get("kind") != "supervisor_start":
+        return None
+    key, wall = run_key(event.get("host"), event.get("node")), num(event.get("wall"))
+    return (key, wall) if key is not None and wall is not None else None
+
+
 @dataclass
 class FileSummary:
     """Everything the report needs from one event file."""
 
     path: str
     stats: ReadStats
+    # Where job runs begin, from every supervisor_start read (even one the filters drop).
+    run_starts: list[tuple[str, float]] = field(default_factory=list)
     kept: int = 0
     host: str | None = None
     boot: str | None = None
@@ -79,7 +108,7 @@ class FileSummary:
     pid: int | None = None
     calls: int = 0  # call_start/call_end events seen
     call_us: int = 0  # time inside the training function, integer microseconds
-    # The last fault of a process that never resumed after it ("peer" or "own"): it explains
+    # The last fault of a process that never resumed after it (PEER or "own"): it explains
     # the process's exit, which its supervisor records by pid.
     ending_fault: str | None = None
     interrupted_calls: int = 0
@@ -87,6 +116,8 @@ class FileSummary:
     vanished: bool = False
     rounds: dict[int, RoundState] = field(default_factory=dict)
     signatures: dict[str, SignatureGroup] = field(default_factory=dict)
+    # Every fault by which a monitor said its process is gone (dead, unresponsive), round or not.
+    monitor_deaths: list[LocalFault] = field(default_factory=list)
     hangs: list[dict[str, Any]] = field(default_factory=list)
     node_events: list[dict[str, Any]] = field(default_factory=list)
     wrapper_ends: dict[str, int] = field(default_factory=dict)
@@ -209,48 +240,50 @@ class FileFolder:
 
     def fault(self, e: Ev, rank: OInt, node: OInt, host: OStr, wall: OFloat) -> None:
         part = self.round_part(e, wall)
-        kind = as_str(e.get("fault_kind")) or "unknown"
+        told_kind = as_str(e.get("fault_kind"))
+        kind = told_kind or "unknown"
         origin = as_int(e.get("origin_rank"))
-        self.s.ending_fault = "peer" if kind in CONSEQUENCE_FAULT_KINDS else "own"
+        peer = FAULT_KINDS.get(kind) == PEER  # a consequence of another rank's fault
+        self.s.ending_fault = PEER if peer else "own"
         self.note_told(e)
-        if kind in CONSEQUENCE_FAULT_KINDS:
+        if peer:
             if part is not None:
                 if rank is not None:
                     part.peer_ranks.add(rank)
                 if origin is not None:
                     part.vote(origin)
             return
-        sig = fault_signature(
-            as_str(e.get("signature")),
-            kind,
-            as_str(e.get("exc_type")),
-            as_str(e.get("message")),
-            as_str(e.get("traceback")),
-        )
+        exc_type, message, tb = (as_str(e.get(k)) for k in ("exc_type", "message", "traceback"))
+        sig = fault_signature(as_str(e.get("signature")), told_kind, exc_type, message, tb)
+        detected = num(e.get("detected_mono"))
+        mono = detected if detected is not None else num(e.get("mono"))
+        rnd, pid = as_int(e.get("round")), as_int(e.get("pid"))
+        fault = LocalFault(
+            rank, node, host, as_str(e.get("boot")), mono, wall, kind, sig,
+            seconds(e.get("detection_s")), rnd, pid,
+        )  # fmt: skip
+        sig_kind = kind_of(sig)
+        if sig_kind in (DEAD, UNRESPONSIVE):
+            self.s.monitor_deaths.append(fault)
         if part is not None:
-            detected = num(e.get("detected_mono"))
-            mono = detected if detected is not None else num(e.get("mono"))
-            boot = as_str(e.get("boot"))
-            detection = seconds(e.get("detection_s"))
-            rnd = as_int(e.get("round"))
-            fault = LocalFault(rank, node, host, boot, mono, wall, kind, sig, detection, rnd)
             part.add_fault(fault)
+            if sig_kind == HANG:
+                part.hang_faults.add(rank)
             if origin is not None and origin != rank:
                 part.vote(origin)
         group = self.s.signatures.get(sig)
         if group is None:
             group = self.s.signatures[sig] = SignatureGroup()
-        group.add(rank, node, host, as_int(e.get("round")), wall)
-        group.describe(
-            as_str(e.get("exc_type")), as_str(e.get("message")), as_str(e.get("traceback"))
+        group.add(
+            rank, node, host, rnd, wall, pid, exc_type=exc_type, message=message, traceback=tb
         )
 
     def note_told(self, e: Ev) -> None:
-        tb = as_str(e.get("traceback"))
+        tb, exc_type = as_str(e.get("traceback")), as_str(e.get("exc_type"))
         if tb:
             self.s.told_signatures.update(chained_signatures(tb))
-        elif e.get("exc_type") is not None:
-            self.s.told_types.add(str(e["exc_type"]))
+        elif exc_type is not None:
+            self.s.told_types.add(exc_type)
 
     def restart_phase(self, e: Ev, rank: OInt, node: OInt, host: OStr, wall: OFloat) -> None:
         part = self.round_part(e, wall)

@@ -10,7 +10,6 @@ impossible (``nvrx.events.validation``).
 from __future__ import annotations
 
 import json
-import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,10 +25,6 @@ from nvrx.events.reader import (
 )
 from nvrx.events.schema import KINDS
 from nvrx.events.validation import common_field_problem
-
-log = logging.getLogger(__name__)
-
-DEFAULT_LOG_BASE = jobenv.DEFAULT_LOG_DIR
 
 
 class ReportError(Exception):
@@ -57,7 +52,7 @@ def read_events(path: str | os.PathLike[str], stats: ReadStats) -> list[dict[str
             # Event lines never contain a raw newline (JSON escapes it), so the
             # lines of a well-formed file joined by commas are one JSON array.
             events = json.loads(b"[" + data[:-1].replace(b"\n", b",") + b"]")
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
             events = None
         if events is not None and all(
             type(e) is dict and type(e.get("kind")) is str and common_field_problem(e) is None

@@ -10,11 +10,8 @@ to its fields, and every part merges the same way wherever it is folded.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Callable
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 # Merge rules, by what the field holds.
 SUM = "sum"  # numbers: added

@@ -8,11 +8,8 @@ bump ``REPORT_SCHEMA_VERSION`` when a field changes meaning or goes away.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from dataclasses import dataclass, field
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 REPORT_SCHEMA_NAME = "nvrx-report"
 REPORT_SCHEMA_VERSION = 1

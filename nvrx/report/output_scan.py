@@ -21,6 +21,7 @@ from nvrx.events.failures import (
     exit_signature,
     hang_signature,
     is_exception_line,
+    parse_int,
     parse_traceback,
     signal_signature,
     slurm_signature,
@@ -33,11 +34,14 @@ TRACEBACK, STACK_DUMP, FATAL = "traceback", "stack_dump", "fatal"
 #: Signature of a stack dump that is not a hang's (a dump on request, a peer's diagnostic).
 DUMP_SIGNATURE = "stack dump"
 MAX_BLOCK_LINES = 400
+#: Most tasks one srun line is read to name.
+MAX_TASKS = 4096
 #: Lines of other (unprefixed) processes tolerated inside one traceback.
 MAX_FOREIGN_LINES = 200
 
-_LABEL = re.compile(r"^\s*(\d+): ")  # srun --label
-_TORCH_RANK = re.compile(r"^\[rank(\d+)\]: ?")  # torch's per-rank log prefix
+# Numbers are ASCII digits, at most 9 of them (``failures.parse_int``).
+_LABEL = re.compile(r"^\s*([0-9]{1,9}): ")  # srun --label
+_TORCH_RANK = re.compile(r"^\[rank([0-9]{1,9})\]: ?")  # torch's per-rank log prefix
 _FRAME_LINE = re.compile(r'^\s+File "')
 _CHAIN_LINES = (
     "During handling of the above exception, another exception occurred:",
@@ -47,18 +51,19 @@ _DUMP_HEADER = re.compile(
     r"^(Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):\s*$"
     r"|^Stack \(most recent call first\):\s*$"
 )
-_DUMP_TIMEOUT = re.compile(r"^Timeout \(\d+:\d\d:\d\d(\.\d+)?\)!\s*$")
-_SRUN_TASK = re.compile(
-    r"srun: error: (?P<host>\S+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+?)\s*$"
-)
+_DUMP_TIMEOUT = re.compile(r"^Timeout \([0-9]+:[0-9][0-9]:[0-9][0-9](\.[0-9]+)?\)!\s*$")
+_SRUN_TASK = re.compile(r"srun: error: (?P<host>\S+): tasks? (?P<tasks>[0-9,\-]+): (?P<what>.+)$")
+#: Out of memory, as SLURM (not a process of the job) says it.
+OUT_OF_MEMORY = slurm_signature("out of memory")
 _SRUN_ENDS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"^Killed$"), "SIGKILL"),
-    (re.compile(r"^Segmentation fault"), "SIGSEGV"),
-    (re.compile(r"^Aborted"), "SIGABRT"),
-    (re.compile(r"^Bus error"), "SIGBUS"),
-    (re.compile(r"^Terminated$"), "SIGTERM"),
+    (re.compile(r"^Killed$"), signal_signature("SIGKILL")),
+    (re.compile(r"^Segmentation fault"), signal_signature("SIGSEGV")),
+    (re.compile(r"^Aborted"), signal_signature("SIGABRT")),
+    (re.compile(r"^Bus error"), signal_signature("SIGBUS")),
+    (re.compile(r"^Terminated$"), signal_signature("SIGTERM")),
+    (re.compile(r"^Out Of Memory$"), OUT_OF_MEMORY),
 )
-_SRUN_EXIT = re.compile(r"^Exited with exit code (\d+)$")
+_SRUN_EXIT = re.compile(r"^Exited with exit code ([0-9]{1,9})$")
 _CANCELLED = r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT \S+"
 # Fatal lines that the interpreter, bash or SLURM print when a process or the job dies.
 _FATAL_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -71,9 +76,12 @@ _FATAL_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(_CANCELLED + r" DUE TO NODE FAILURE"), slurm_signature("node failure")),
     (re.compile(_CANCELLED + r" DUE TO PREEMPTION"), slurm_signature("preemption")),
     (re.compile(_CANCELLED + r"\s*\*\*\*"), slurm_signature("cancelled")),
+    # SLURM's and the kernel's OOM killer; not "CUDA out of memory" of a live rank.
+    (re.compile(r"slurmstepd: error: Detected [0-9]+ oom[-_]kill event"), OUT_OF_MEMORY),
+    (re.compile(r"slurmstepd: error: .*Out Of Memory"), OUT_OF_MEMORY),
     (
-        re.compile(r"(oom-kill|out-of-memory|Out Of Memory)", re.IGNORECASE),
-        slurm_signature("out of memory"),
+        re.compile(r"(Memory cgroup out of memory|Out of memory): Kill(ed)? process [0-9]"),
+        OUT_OF_MEMORY,
     ),
 )
 
@@ -131,13 +139,18 @@ def split_prefixes(line: str, task: int | None = None) -> _Stream:
 
 
 def _expand_tasks(text: str) -> tuple[int, ...]:
+    """``0-2,5`` -> (0, 1, 2, 5): at most ``MAX_TASKS`` of them, however wide the ranges."""
     tasks: list[int] = []
     for part in text.split(","):
-        low, _, high = part.partition("-")
-        if not low.isdigit() or (high and not high.isdigit()):
+        low_text, dash, high_text = part.partition("-")
+        low = parse_int(low_text)
+        high = parse_int(high_text) if dash else low
+        if low is None or high is None or low < 0:
             continue
-        tasks.extend(range(int(low), int(high or low) + 1))
-    return tuple(tasks[:4096])
+        tasks.extend(range(low, min(high, low + MAX_TASKS - len(tasks) - 1) + 1))
+        if len(tasks) >= MAX_TASKS:
+            break
+    return tuple(tasks)
 
 
 @dataclass(frozen=True)
@@ -152,13 +165,13 @@ def _fatal(body: str) -> _Fatal | None:
     """What a fatal line says, or None for any other line."""
     match = _SRUN_TASK.search(body)
     if match:
-        tasks, host = _expand_tasks(match["tasks"]), match["host"]
-        code = _SRUN_EXIT.match(match["what"])
+        tasks, host, what = _expand_tasks(match["tasks"]), match["host"], match["what"].strip()
+        code = _SRUN_EXIT.match(what)
         if code:
             return _Fatal(exit_signature(int(code[1])), tasks, host, int(code[1]))
-        for pattern, name in _SRUN_ENDS:
-            if pattern.match(match["what"]):
-                return _Fatal(signal_signature(name), tasks, host)
+        for pattern, signature in _SRUN_ENDS:
+            if pattern.match(what):
+                return _Fatal(signature, tasks, host)
         return None
     for pattern, signature in _FATAL_PATTERNS:
         if pattern.search(body):
@@ -290,7 +303,7 @@ class ScannedFile:
     items: list[OutputItem] = field(default_factory=list)
 
 
-_SUBMITIT_TASK = re.compile(r"_(\d+)_log\.(out|err)$")
+_SUBMITIT_TASK = re.compile(r"_([0-9]{1,9})_log\.(out|err)$")
 
 
 def scan_output_file(path: Path) -> ScannedFile:

@@ -11,16 +11,13 @@ cannot.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from nvrx.events.failures import HANG, kind_of, short_type, slurm_signature
+from nvrx.events.failures import HANG, kind_of, short_type, signal_signature, slurm_signature
 
 from .model import LogFinding
-from .output_scan import FATAL, STACK_DUMP, TRACEBACK, OutputItem
-
-log = logging.getLogger(__name__)
+from .output_scan import FATAL, OUT_OF_MEMORY, STACK_DUMP, TRACEBACK, OutputItem
 
 #: SLURM's job-wide lines, by the cause a ``requeue``/``preempt_signal`` event gives for them.
 _SLURM_CAUSES = {
@@ -29,6 +26,8 @@ _SLURM_CAUSES = {
     slurm_signature("node failure"): "node_failure",
 }
 UNATTRIBUTED = "unknown process (no srun --label or [rankN] prefix)"
+OOM_KILLER = "SLURM's or the kernel's OOM killer"
+_SIGKILL = signal_signature("SIGKILL")
 
 
 @dataclass(frozen=True)
@@ -47,7 +46,8 @@ class EventFacts:
 
     signatures: set[str] = field(default_factory=set)  # failure signatures the events know
     bare_types: set[str] = field(default_factory=set)  # exception types known without a frame
-    deaths: list[Death] = field(default_factory=list)
+    deaths: list[Death] = field(default_factory=list)  # unexplained ends by an exit code
+    killed: list[Death] = field(default_factory=list)  # unexplained ends by a signal
     supervised: bool = False  # one srun task per node runs a supervisor: a task is a node
     node_hosts: dict[int, str] = field(default_factory=dict)
     supervisor_exits: dict[int, set[int]] = field(default_factory=dict)  # node -> exit codes
@@ -154,6 +154,25 @@ def _dead_printer(item: OutputItem, facts: EventFacts) -> _Kept | None:
     return kept
 
 
+def _oom_kill(item: OutputItem, facts: EventFacts) -> _Kept | None:
+    """An OOM killer's line: the cause of the ends the events record but do not explain (a
+    SIGKILL, a rank whose events stop mid-call), or None when they explain every end."""
+    ends = [d for d in facts.killed if d.how == _SIGKILL]
+    ends += [d for d in facts.deaths if d.how == "vanished"]
+    if not ends:
+        return None
+    victims = "; ".join(f"{_who(d.rank, d.node, facts)}: {d.how}" for d in ends[:8])
+    kept = _Kept(
+        {d.rank for d in ends if d.rank is not None},
+        {d.node for d in ends if d.node is not None},
+        {d.host for d in ends if d.host is not None},
+        f"{OOM_KILLER}; unexplained ends in the events: {victims}",
+    )
+    if len(ends) == 1:
+        kept.explains = ends[0]
+    return kept
+
+
 def _known(item: OutputItem, facts: EventFacts) -> bool:
     if item.signature in facts.signatures:
         return True
@@ -164,6 +183,8 @@ def judge(item: OutputItem, facts: EventFacts) -> _Kept | str:
     """A kept item's attribution, or why it is left out: "events" or "live"."""
     if item.srun_tasks:
         return _srun_line(item, facts) or "events"
+    if item.signature == OUT_OF_MEMORY:
+        return _oom_kill(item, facts) or "events"
     if item.signature in _SLURM_CAUSES:
         if _SLURM_CAUSES[item.signature] in facts.slurm_causes:
             return "events"

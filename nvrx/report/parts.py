@@ -7,12 +7,11 @@ seen by all of them are one type with one way of combining.
 
 from __future__ import annotations
 
-import logging
+import math
 from dataclasses import dataclass, field
 
 from .merging import (
     COUNTS,
-    KEEP,
     MAX,
     MAX_EACH,
     MIN,
@@ -21,8 +20,6 @@ from .merging import (
     merge_fields,
     merged,
 )
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -39,15 +36,32 @@ class LocalFault:
     signature: str
     detection_s: float | None
     round: int | None = None
+    pid: int | None = None
+
+
+#: Who an occurrence was: (wall, host, pid), unknowns last. Ties of time are broken by it, so
+#: that the order in which files are merged never changes which occurrence counts as first.
+Who = tuple[float, str, int]
+
+
+def who(wall: float | None, host: str | None, pid: int | None) -> Who:
+    return (wall if wall is not None else math.inf, host or "", pid if pid is not None else -1)
+
+
+def order_key(f: LocalFault) -> tuple[Who, int, float, str, str]:
+    """A total order of faults: by (wall, host, pid), then what else tells them apart."""
+    rank = f.rank if f.rank is not None else -1
+    mono = f.mono if f.mono is not None else math.inf
+    return who(f.wall, f.host, f.pid), rank, mono, f.signature, f.fault_kind
 
 
 def earlier(a: LocalFault, b: LocalFault) -> bool:
-    """Whether ``a`` happened before ``b``; monotonic within one boot, else wall clock."""
+    """Whether ``a`` happened before ``b``: monotonic within one boot, else by wall clock;
+    a tie goes to the lower (wall, host, pid)."""
     if a.boot is not None and a.boot == b.boot and a.mono is not None and b.mono is not None:
-        return a.mono < b.mono
-    if a.wall is not None and b.wall is not None:
-        return a.wall < b.wall
-    return a.wall is not None
+        if a.mono != b.mono:
+            return a.mono < b.mono
+    return order_key(a) < order_key(b)
 
 
 @dataclass
@@ -68,6 +82,9 @@ class RoundState:
     # steps of its function writes no fault of its own, yet stopped for a peer.
     restarted_ranks: set[int] = merged(UNION)
     hang_ranks: set[int] = merged(UNION)
+    # Ranks with a hang fault of this round (any, not only their first): their hang events
+    # tell the same hang.
+    hang_faults: set[int | None] = merged(UNION)
     terminated: set[int] = merged(UNION)
 
     def add_fault(self, fault: LocalFault) -> None:
@@ -92,17 +109,17 @@ class RoundState:
 
 @dataclass
 class SignatureGroup:
-    """Occurrences of one failure signature, and the details of the earliest one."""
+    """Occurrences of one failure signature; each detail (exception type, message,
+    traceback) from the earliest occurrence (by ``who``) that has it."""
 
     count: int = merged(SUM)
     ranks: set[int] = merged(UNION)
     nodes: set[int] = merged(UNION)
     hosts: set[str] = merged(UNION)
     rounds: set[int] = merged(UNION)
-    first_wall: float | None = merged(KEEP)
-    exc_type: str | None = merged(KEEP)
-    message: str | None = merged(KEEP)
-    traceback: str | None = merged(KEEP)
+    first_wall: float | None = merged(MIN)
+    # detail -> (who, value); merged by ``merge``.
+    details: dict[str, tuple[Who, str]] = field(default_factory=dict)
 
     def add(
         self,
@@ -111,8 +128,13 @@ class SignatureGroup:
         host: str | None,
         rnd: int | None,
         wall: float | None,
+        pid: int | None = None,
+        *,
+        exc_type: str | None = None,
+        message: str | None = None,
+        traceback: str | None = None,
     ) -> None:
-        """One more occurrence."""
+        """One more occurrence, and its details."""
         self.count += 1
         for target, value in ((self.ranks, rank), (self.nodes, node), (self.rounds, rnd)):
             if value is not None:
@@ -121,22 +143,29 @@ class SignatureGroup:
             self.hosts.add(host)
         if wall is not None and (self.first_wall is None or wall < self.first_wall):
             self.first_wall = wall
+        at = who(wall, host, pid)
+        for name, value in (("exc_type", exc_type), ("message", message), ("traceback", traceback)):
+            if value:
+                self._keep(name, (at, value))
 
-    def describe(self, exc_type: str | None, message: str | None, traceback: str | None) -> None:
-        """Details of an occurrence, kept where none are known yet."""
-        self.exc_type = self.exc_type or exc_type
-        self.message = self.message or message
-        self.traceback = self.traceback or traceback
+    def _keep(self, name: str, candidate: tuple[Who, str]) -> None:
+        seen = self.details.get(name)
+        if seen is None or candidate < seen:
+            self.details[name] = candidate
+
+    @property
+    def exc_type(self) -> str | None:
+        return self.details["exc_type"][1] if "exc_type" in self.details else None
+
+    @property
+    def message(self) -> str | None:
+        return self.details["message"][1] if "message" in self.details else None
+
+    @property
+    def traceback(self) -> str | None:
+        return self.details["traceback"][1] if "traceback" in self.details else None
 
     def merge(self, other: SignatureGroup) -> None:
         merge_fields(self, other)
-        if other.first_wall is not None and (
-            self.first_wall is None or other.first_wall < self.first_wall
-        ):
-            # The earliest occurrence's details win.
-            self.first_wall = other.first_wall
-            self.exc_type = other.exc_type or self.exc_type
-            self.message = other.message or self.message
-            self.traceback = other.traceback or self.traceback
-        else:
-            self.describe(other.exc_type, other.message, other.traceback)
+        for name, candidate in other.details.items():
+            self._keep(name, candidate)

@@ -7,16 +7,16 @@ here, once every event is known.
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
+from nvrx.events.failures import PEER
+
+from .file_fold import STOP_KINDS
 from .model import ProcessRestart
 from .parts import LocalFault
 
 if TYPE_CHECKING:
     from .aggregate import JobSummary
-
-log = logging.getLogger(__name__)
 
 #: A child's exit and a fault event of the same signature and host this close are one failure.
 SAME_FAILURE_WINDOW_S = 30.0
@@ -24,7 +24,6 @@ SAME_FAILURE_WINDOW_S = 30.0
 _SAME_HOST_SLACK_S = 1.0
 #: Exit codes a child ends with when *we* stop it: not failures.
 _STOP_EXIT_CODES = (0, 130)
-_STOP_KINDS = ("job_stop", "supervisor_end")
 _SLOT_KINDS = ("child_exit", "child_start", "restart_decision", "rejoin")
 
 
@@ -43,7 +42,7 @@ def _stop_walls(job: JobSummary) -> dict[tuple[int, str | None], float]:
     stops: dict[tuple[int, str | None], float] = {}
     for e in job.node_events:
         wall = e.get("wall")
-        if e.get("kind") in _STOP_KINDS and isinstance(wall, (int, float)):
+        if e.get("kind") in STOP_KINDS and wall is not None:
             key = (e["run"], e.get("host"))
             stops[key] = min(stops.get(key, wall), wall)
     return stops
@@ -51,51 +50,50 @@ def _stop_walls(job: JobSummary) -> dict[tuple[int, str | None], float]:
 
 def _global_rank(job: JobSummary, run: int, node: Any, local_rank: Any) -> int | None:
     """``node * nproc_per_node + local_rank``, the supervisor's rank layout."""
-    if not isinstance(node, int) or not isinstance(local_rank, int):
+    if node is None or local_rank is None:
         return None
     for e in job.node_events:
         if (
             e.get("kind") == "supervisor_start"
             and e["run"] == run
-            and isinstance(e.get("nproc_per_node"), int)
+            and e.get("nproc_per_node") is not None
         ):
             return node * e["nproc_per_node"] + local_rank
     return None
 
 
 def _ending_fault(job: JobSummary, host: Any, pid: Any, wall: Any, runtime: Any) -> str | None:
-    """What ended process ``pid``, by its own last fault event: "peer" or "fault" (own)."""
-    if not isinstance(pid, int) or not isinstance(wall, (int, float)):
+    """What ended process ``pid``, by its own last fault event: PEER or "fault" (own)."""
+    if pid is None or wall is None:
         return None
-    life = runtime if isinstance(runtime, (int, float)) else SAME_FAILURE_WINDOW_S
+    life = runtime if runtime is not None else SAME_FAILURE_WINDOW_S
     for last, kind in job.ending_faults.get((host, pid), []):
         # A pid can be reused: only the process that lived up to this exit counts.
         if wall - life - _SAME_HOST_SLACK_S <= last <= wall + _SAME_HOST_SLACK_S:
-            return "peer" if kind == "peer" else "fault"
+            return PEER if kind == PEER else "fault"
     return None
 
 
 def _failed(e: dict[str, Any], stop: float | None) -> bool:
-    """Whether a ``child_exit`` is a failure, not a clean end or part of the job's stop."""
-    code = e.get("exit_code") if isinstance(e.get("exit_code"), int) else None
-    if not isinstance(e.get("signal"), str) and code in _STOP_EXIT_CODES:
+    """Whether a ``child_exit`` is a failure, not a clean end or part of the job's stop.
+
+    (A node event's own fields are of the type the report expects, or None: ``file_fold``.)
+    """
+    if e.get("signal") is None and e.get("exit_code") in _STOP_EXIT_CODES:
         return False
     wall = e.get("wall")
-    return stop is None or not isinstance(wall, (int, float)) or wall < stop
+    return stop is None or wall is None or wall < stop
 
 
 def _row(job: JobSummary, e: dict[str, Any], later: list[dict[str, Any]]) -> ProcessRestart:
-    """The row of one failed ``child_exit``, with the decision and replacement after it."""
+    """The row of one failed ``child_exit``, with the decision and replacement after it
+    (``later``: its slot's events up to the slot's next ``child_exit``)."""
     run, host, local_rank, wall = e["run"], e.get("host"), e.get("local_rank"), e.get("wall")
     decision = next((x for x in later if x.get("kind") == "restart_decision"), None)
     restart = next((x for x in later if x.get("kind") == "child_start"), None)
     rejoin = next((x for x in later if x.get("kind") == "rejoin"), None)
     relaunch = None
-    if (
-        restart is not None
-        and isinstance(wall, (int, float))
-        and isinstance(restart.get("wall"), (int, float))
-    ):
+    if restart is not None and wall is not None and restart.get("wall") is not None:
         relaunch = max(0.0, restart["wall"] - wall)
     return ProcessRestart(
         run=run,
@@ -104,8 +102,8 @@ def _row(job: JobSummary, e: dict[str, Any], later: list[dict[str, Any]]) -> Pro
         local_rank=local_rank,
         rank=_global_rank(job, run, e.get("node"), local_rank),
         wall=wall,
-        exit_code=e.get("exit_code") if isinstance(e.get("exit_code"), int) else None,
-        signal=e.get("signal") if isinstance(e.get("signal"), str) else None,
+        exit_code=e.get("exit_code"),
+        signal=e.get("signal"),
         runtime_s=e.get("runtime_s"),
         decision=decision.get("decision") if decision else None,
         reason=decision.get("reason") if decision else None,
@@ -125,8 +123,10 @@ def process_restarts(job: JobSummary) -> list[ProcessRestart]:
     rows: list[ProcessRestart] = []
     for (run, host, _), events in by_slot.items():
         events.sort(key=lambda e: e.get("wall") or 0.0)
-        for i, e in enumerate(events):
-            if e.get("kind") == "child_exit" and _failed(e, stops.get((run, host))):
-                rows.append(_row(job, e, events[i + 1 :]))
+        exits = [i for i, e in enumerate(events) if e.get("kind") == "child_exit"]
+        for n, i in enumerate(exits):
+            end = exits[n + 1] if n + 1 < len(exits) else len(events)  # the slot's next exit
+            if _failed(events[i], stops.get((run, host))):
+                rows.append(_row(job, events[i], events[i + 1 : end]))
     rows.sort(key=lambda p: p.wall or 0.0)
     return rows

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from tabulate import tabulate
 
+from nvrx.events.failures import PEER
+
 from .compact import compress_ints
 from .model import Report
-
-log = logging.getLogger(__name__)
 
 FORMATS = ("table", "json", "markdown")
 MAX_TRACE_LINES = 20
@@ -108,7 +107,7 @@ def _process_restart_count(failed: int, relaunched: int) -> str:
     return str(failed)
 
 
-_EXPLAINED = {"peer": "a peer failed", "fault": "own fault"}
+_EXPLAINED = {PEER: "a peer failed", "fault": "own fault"}
 
 
 def _summary(doc: _Doc, r: Report) -> None:

@@ -8,7 +8,7 @@ or fails, the report says so and goes on.
 
 from __future__ import annotations
 
-import logging
+import glob
 import os
 import re
 import shutil
@@ -19,14 +19,12 @@ from nvrx.slurm.commands import SlurmCommandError, sacct_rows
 
 from .model import SlurmContext, SlurmRow
 
-log = logging.getLogger(__name__)
-
 SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "Elapsed", "NodeList", "Start", "End")
-_SLURM_JOB_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")
+_SLURM_JOB_ID = re.compile(r"[0-9]{1,20}(_[0-9]{1,20})?(\+[0-9]{1,20})?")
 
 
 def is_slurm_job_id(job: str | None) -> bool:
-    return job is not None and bool(_SLURM_JOB_ID.match(job))
+    return job is not None and bool(_SLURM_JOB_ID.fullmatch(job))
 
 
 def _row(values: dict[str, str]) -> SlurmRow:
@@ -89,10 +87,15 @@ def sacct_requeues(ctx: SlurmContext) -> int:
 def find_output_files(
     job: str | None, search_dirs: Iterable[Path], submitit_folders: Iterable[Path] = ()
 ) -> list[Path]:
-    """``slurm-<job>.out`` (and array variants) and submitit ``<job>_*_log.out/err`` files."""
+    """``slurm-<job>.out`` (and array variants) and submitit ``<job>_*_log.out/err`` files.
+
+    The job id is matched as it is written (``*`` or ``[`` in it match only themselves); an
+    id that cannot be part of a file name (a ``/``, a NUL) has no such files.
+    """
     found: list[Path] = []
-    if job is None:
+    if not job or "/" in job or "\0" in job:
         return found
+    job = glob.escape(job)
     patterns = [f"slurm-{job}.out", f"slurm-{job}_*.out", f"slurm-{job}.err"]
     for directory in search_dirs:
         for pattern in patterns:

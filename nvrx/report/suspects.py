@@ -7,7 +7,6 @@ points at the code, not at a node.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -26,8 +25,6 @@ from .timeline import death_window
 
 if TYPE_CHECKING:
     from .aggregate import JobSummary
-
-log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -10,20 +10,24 @@ round with no fault of its own is explained by a process death or a hang.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from nvrx.events.failures import DEAD, UNRESPONSIVE, hang_signature, kind_of, process_end_signature
+from nvrx.events.failures import (
+    DEAD,
+    PEER,
+    UNRESPONSIVE,
+    hang_signature,
+    kind_of,
+    process_end_signature,
+)
 
 from .model import ProcessRestart, RoundRow
-from .parts import LocalFault, RoundState, earlier
+from .parts import LocalFault, RoundState, earlier, order_key
 from .process_rows import same_process_end
 
 if TYPE_CHECKING:
     from .aggregate import JobSummary
-
-log = logging.getLogger(__name__)
 
 #: Round outcomes, most telling first, when ranks disagree.
 _OUTCOME_ORDER = ("restart", "abort", "terminated", "completed")
@@ -106,10 +110,7 @@ def _explain(
     deaths = [
         p
         for p in process_rows
-        if p.run == row.run
-        and p.wall is not None
-        and lo <= p.wall < hi
-        and p.explained_by != "peer"
+        if p.run == row.run and p.wall is not None and lo <= p.wall < hi and p.explained_by != PEER
     ]
     if voted is not None and any(p.rank == voted for p in deaths):
         deaths = [p for p in deaths if p.rank == voted]
@@ -130,26 +131,28 @@ def _explain(
         row.cause = row.cause or f"fault reported by peers (rank {voted})"
 
 
+def _clock(f: LocalFault) -> tuple[str, str | None]:
+    """Whose monotonic clock ``f`` was read on: its host boot's, else (unknown boot) its host's."""
+    return ("boot", f.boot) if f.boot is not None else ("host", f.host)
+
+
 def _root(r: RoundState) -> tuple[LocalFault | None, str]:
     faults = list(r.first_by_rank.values())
     if not faults:
         return None, "none"
-    by_boot: dict[str | None, LocalFault] = {}
+    by_clock: dict[tuple[str, str | None], LocalFault] = {}
     for f in faults:
-        seen = by_boot.get(f.boot)
+        seen = by_clock.get(_clock(f))
         if seen is None or earlier(f, seen):
-            by_boot[f.boot] = f
-    if len(by_boot) == 1:
-        only = next(iter(by_boot.values()))
-        return only, "monotonic" if only.mono is not None else "wall_clock"
+            by_clock[_clock(f)] = f
+    if len(by_clock) == 1:
+        only = next(iter(by_clock.values()))
+        exact = only.boot is not None and only.mono is not None
+        return only, "monotonic" if exact else "wall_clock"
     voted = r.voted_origin()
     if voted is not None and voted in r.first_by_rank:
         return r.first_by_rank[voted], "store_origin"
-    best = None
-    for f in by_boot.values():
-        if best is None or (f.wall is not None and (best.wall is None or f.wall < best.wall)):
-            best = f
-    return best, "wall_clock"
+    return min(by_clock.values(), key=order_key), "wall_clock"
 
 
 def _round_row(

@@ -7,11 +7,8 @@ anything unusable into ``None`` instead of failing.
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 
 def num(value: Any, default: float | None = None) -> float | None:
@@ -55,4 +52,10 @@ def as_int(value: Any) -> int | None:
 
 
 def as_str(value: Any) -> str | None:
-    return None if value is None else str(value)
+    """Text as text, a number as its text; anything else (a list, an object) is not text: None.
+
+    (``str`` of an array nested a thousand deep would exceed the recursion limit.)
+    """
+    if isinstance(value, str):
+        return value
+    return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from nvrx.events.failures import process_end_signature, told_signature
+from nvrx.events.failures import PEER, fault_signature, process_end_signature
+from nvrx.events.reader import read_regular_file
 
 from .children import ExitStatus
 from .exit_codes import CLEAN_STOP_EXIT, ExitCode
@@ -55,19 +56,27 @@ class FaultRecord:
     @property
     def collateral(self) -> bool:
         """A failure caused by another rank's fault (a collective that lost its peer)."""
-        return self.fault_kind == "peer"
+        return self.fault_kind == PEER
 
 
 def _text(value: object) -> str | None:
-    return str(value) if value else None
+    """A field as text, as the report reads it: a number as its digits, anything else None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return value if isinstance(value, str) and value else None
 
 
 def _fault_record(event: dict[str, object]) -> FaultRecord:
-    """A fault event's signature in the vocabulary (older spellings read too), and its kind."""
-    signature = told_signature(
-        _text(event.get("signature")), _text(event.get("exc_type")), _text(event.get("traceback"))
+    """A fault event's signature and kind, as ``nvrx-report`` reads them (old spellings too)."""
+    kind = _text(event.get("fault_kind"))
+    signature = fault_signature(
+        _text(event.get("signature")),
+        kind,
+        _text(event.get("exc_type")),
+        _text(event.get("message")),
+        _text(event.get("traceback")),
     )
-    return FaultRecord(signature, _text(event.get("fault_kind")))
+    return FaultRecord(signature, kind)
 
 
 def last_fault(events_dir: str | os.PathLike[str], pid: int) -> FaultRecord | None:
@@ -84,13 +93,13 @@ def last_fault(events_dir: str | os.PathLike[str], pid: int) -> FaultRecord | No
     record = None
     for path in directory.glob(f"*-p{pid}-*.jsonl"):
         try:
-            lines = path.read_bytes().splitlines()
+            lines = read_regular_file(path).splitlines()  # not a FIFO that never ends
         except OSError:
             continue
         for raw in lines:
             try:
                 event = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):  # torn, or arrays nested too deep
                 continue
             if not isinstance(event, dict):
                 continue

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import ast
 import traceback
-from pathlib import Path
 
 import pytest
 
@@ -115,6 +113,14 @@ def test_a_fault_tells_its_signature_in_order_of_trust() -> None:
 def test_a_log_line_is_not_an_exception_line() -> None:
     assert f.is_exception_line("ValueError: bad")
     assert f.is_exception_line("torch.distributed.DistBackendError")
+    assert f.is_exception_line("fault_injection.InjectedFault: injected")
+    assert f.is_exception_line("KeyboardInterrupt")  # builtin exceptions by name
+    assert f.is_exception_line("StopIteration")
+    assert f.is_exception_line("SystemExit: 3")
+    assert not f.is_exception_line("Epoch: 3 loss 0.5")  # an identifier is not an exception
+    assert not f.is_exception_line("step: 10")
+    assert not f.is_exception_line("Errors: 0")
+    assert not f.is_exception_line("ValueError:x")
     assert not f.is_exception_line("[rank0]:[W1122 14:47:02.029 ProcessGroupGloo.cpp:2417] x")
     assert not f.is_exception_line("[demo] rank 1 starts")
     assert not f.is_exception_line(
@@ -122,12 +128,48 @@ def test_a_log_line_is_not_an_exception_line() -> None:
     )
 
 
-def test_the_vocabulary_is_ground_layer() -> None:
-    source = Path(f.__file__).read_text()
-    imported = {
-        alias.name if isinstance(node, ast.Import) else node.module or ""
-        for node in ast.walk(ast.parse(source))
-        if isinstance(node, (ast.Import, ast.ImportFrom))
-        for alias in node.names
-    }
-    assert not [name for name in imported if name.split(".")[0] == "nvrx"], imported
+def test_a_traceback_ends_at_its_exception_line_not_at_a_log_line() -> None:
+    text = (
+        "Traceback (most recent call last):\n"
+        '  File "/home/u/train.py", line 3, in f\n'
+        "Epoch: 3 loss 0.5\n"  # another process's line, in the middle
+        "ValueError: boom\n"
+    )
+    parsed = f.parse_traceback(text)
+    assert parsed is not None and parsed.signature() == "ValueError at train.py:3 in f"
+    # a type its writer recorded ends it even when it does not look like one
+    odd = text.replace("ValueError: boom", "pkg.E: boom")
+    assert f.parse_traceback(odd) is None
+    assert f.told_signature(None, "pkg.E", odd) == "pkg.E at train.py:3 in f"
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("12", 12), (" -3 ", -3), ("0", 0), ("999999999", 999999999), ("1234567890", None),
+     ("\u00b2", None), ("\u0663", None), ("", None), ("-", None), ("1_0", None), ("9" * 5000, None),
+     ("+1", None), ("1.0", None)],
+)  # fmt: skip
+def test_numbers_in_text_are_short_ascii_decimals(text: str, value: int | None) -> None:
+    assert f.parse_int(text) == value
+
+
+def test_odd_numbers_in_signatures_and_tracebacks_do_not_raise() -> None:
+    assert f.normalize_signature("exit:\u00b2") == "exit code unknown"
+    assert f.normalize_signature("exit:" + "9" * 5000) == "exit code unknown"
+    assert f.normalize_signature("Err@f.py:\u00b2") == "Err at f.py in \u00b2"
+    tb = (
+        'Traceback (most recent call last):\n  File "t.py", line '
+        + "9" * 5000
+        + ", in f\nValueError: x\n"
+    )
+    assert f.told_signature(None, None, tb) == "ValueError"  # the frame's line is not believed
+    assert (
+        f.fault_signature("Err@f.py:" + "9" * 5000, "exception") == "Err at f.py in " + "9" * 5000
+    )
+
+
+def test_a_signal_fault_that_does_not_name_its_signal_is_still_a_signal() -> None:
+    assert f.fault_signature(None, "signal") == "signal unknown"
+    assert f.fault_signature(None, "signal", message="killed by the OOM killer") == "signal unknown"
+    assert f.fault_signature(None, "signal", message="SIGKILL\n") == "signal unknown"
+    assert f.kind_of(f.fault_signature(None, "signal")) == f.SIGNAL

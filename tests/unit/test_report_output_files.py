@@ -15,7 +15,7 @@ import pytest
 from test_report_fixtures import JOB, Host, Proc, write_standard_job
 
 from nvrx.report import build_report
-from nvrx.report.output_scan import STACK_DUMP, TRACEBACK, scan_lines
+from nvrx.report.output_scan import FATAL, MAX_TASKS, STACK_DUMP, TRACEBACK, scan_lines
 
 # What live processes print, interleaved: the demo's progress lines, a faulthandler dump of a
 # rank that is not dead (dump_traceback on request), a traceback that a rank logged and
@@ -196,3 +196,74 @@ def test_srun_fatal_lines_name_their_node(death_dir: Path, tmp_path: Path) -> No
     assert (killed.nodes, killed.hosts) == ([1], ["gpu-b"])
     assert "srun task 1" in killed.printed_by
     assert (by_sig["signal SIGSEGV"].nodes, by_sig["signal SIGSEGV"].hosts) == ([0], ["gpu-a"])
+
+
+def _scan(*lines: str) -> list[tuple[str, str]]:
+    return [(i.what, i.signature) for i in scan_lines([f"{line}\n" for line in lines], "out")]
+
+
+def test_a_log_line_inside_a_traceback_does_not_end_it() -> None:
+    lines = ["Traceback (most recent call last):", '  File "train.py", line 3, in f']
+    assert _scan(*lines, "Epoch: 3 loss 0.5", "ValueError: boom") == [
+        (TRACEBACK, "ValueError at train.py:3 in f")
+    ]
+
+
+def test_odd_numbers_in_output_lines_are_not_read_as_numbers() -> None:
+    assert _scan("9" * 5000 + ": hello", "[rank" + "9" * 5000 + "]: hello") == []
+    assert _scan("srun: error: n1: task 0: Exited with exit code " + "9" * 5000) == []
+    assert _scan("srun: error: n1: task \u00b2: Killed") == []
+
+
+def test_a_wide_task_range_names_at_most_max_tasks_tasks() -> None:
+    [item] = scan_lines(["srun: error: n1: tasks 0-9999999,5-7: Killed\n"], "out")
+    assert item.srun_tasks == tuple(range(MAX_TASKS))
+    # a bound of more digits than any task number has is not read (nor built as a range)
+    [item] = scan_lines(["srun: error: n1: tasks 0-999999999999,5-7: Killed\n"], "out")
+    assert item.srun_tasks == (5, 6, 7)
+    [item] = scan_lines(["srun: error: n1: tasks 3-5,9,7-6: Killed\n"], "out")
+    assert item.srun_tasks == (3, 4, 5, 9)
+
+
+def test_only_slurms_out_of_memory_lines_are_slurms() -> None:
+    assert (
+        _scan("[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB") == []
+    )
+    assert _scan("RuntimeError: CUDA error: out of memory") == []
+    oom = [(FATAL, "slurm: out of memory")]
+    assert _scan("slurmstepd: error: Detected 1 oom-kill event(s) in StepId=7.0.") == oom
+    assert _scan("slurmstepd: error: Detected 2 oom_kill events in StepId=7.batch.") == oom
+    assert _scan("Memory cgroup out of memory: Killed process 4242 (python)") == oom
+    [item] = scan_lines(["srun: error: gpu-b: task 1: Out Of Memory\n"], "out")
+    assert (item.signature, item.srun_tasks) == ("slurm: out of memory", (1,))
+
+
+OOM_KILL = "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=777.0 cgroup.\n"
+
+
+def test_an_oom_kill_is_the_cause_of_the_sigkill_no_event_explains(
+    standard_dir: Path, tmp_path: Path
+) -> None:
+    """Rank 1 of the standard job is SIGKILLed with no fault event: SLURM's OOM line says why.
+    A live rank's own "CUDA out of memory" is not SLURM's."""
+    out = tmp_path / f"slurm-{JOB}.out"
+    out.write_text("[rank0]: torch.OutOfMemoryError: CUDA out of memory.\n" + OOM_KILL)
+    report = build_report(standard_dir, sacct=False, slurm_output=[out])
+    [finding] = report.log_findings
+    assert (finding.signature, finding.ranks, finding.hosts) == (
+        "slurm: out of memory",
+        [1],
+        ["node-a"],
+    )
+    signatures = {f.signature: f.source for f in report.failures}
+    assert signatures["slurm: out of memory"] == "slurm_output"
+    assert "signal SIGKILL" not in signatures  # one failure, one row
+
+
+def test_an_oom_kill_is_no_failure_when_the_events_explain_every_end(
+    death_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / f"slurm-{JOB}.out"
+    out.write_text(OOM_KILL)  # rank 3 ended with exit code 1, not killed
+    report = build_report(death_dir, sacct=False, slurm_output=[out])
+    assert report.log_findings == []

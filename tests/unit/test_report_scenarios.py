@@ -207,6 +207,71 @@ def test_requeued_job_runs_are_kept_apart(tmp_path: Path) -> None:
     assert (report.summary.outcome, report.summary.reason) == ("completed", "done")
 
 
+def test_filters_keep_the_job_runs_apart(tmp_path: Path) -> None:
+    """A requeued job's second run lands on another host; --rank and --since drop the
+    supervisors' events, not the runs they start."""
+    for run, (name, t0) in enumerate((("a", 0.0), ("b", 100.0))):
+        h = Host(name, 0)
+        sup = Proc(tmp_path, h, "supervisor")
+        sup.at(t0, "supervisor_start", nnodes=1, nproc_per_node=1)
+        w = Proc(tmp_path, h, "wrapper", rank=0).round(0)
+        w.at(t0 + 1, "round_start", world_size=1)
+        w.at(t0 + 5, "fault", fault_kind="exception", exc_type=("ValueError", "KeyError")[run])
+        for p in (sup, w):
+            p.close()
+    expected = [(0, 0, "ValueError", "a"), (1, 0, "KeyError", "b")]
+    for filters in ({}, {"rank": 0}, {"node": 0}, {"since": T0 + 1.0}):
+        report = build_report(tmp_path, sacct=False, **filters)
+        rows = [(r.run, r.round, r.cause, r.first_host) for r in report.timeline]
+        assert (report.summary.runs, report.summary.restarts.requeue) == (2, 1), filters
+        assert rows == expected, filters
+
+
+def test_faults_that_do_not_say_their_boot_are_ordered_by_wall_clock(tmp_path: Path) -> None:
+    """Monotonic clocks of two hosts cannot be compared, even when the faults name no boot."""
+    a, b = Host("a", 0, mono0=500.0), Host("b", 1, mono0=5.0)
+    p0 = Proc(tmp_path, a, "wrapper", rank=0).round(0)
+    p1 = Proc(tmp_path, b, "wrapper", rank=1).round(0)
+    for p in (p0, p1):
+        p.at(1.0, "round_start", world_size=2, boot=None)
+    p0.at(10.0, "fault", fault_kind="exception", exc_type="ValueError", boot=None)
+    p1.at(12.0, "fault", fault_kind="exception", exc_type="KeyError", boot=None)
+    for p in (p0, p1):
+        p.close()
+    report = build_report(tmp_path, sacct=False)
+    row = report.timeline[0]
+    assert (row.first_rank, row.cause, row.ordering) == (0, "ValueError", "wall_clock")
+    assert any("clock skew" in n for n in report.reading.notes)
+
+
+def test_one_host_without_boot_is_not_said_to_be_ordered_by_monotonic_clock(
+    tmp_path: Path,
+) -> None:
+    p0 = Proc(tmp_path, Host("solo", 0), "wrapper", rank=0).round(0)
+    p0.at(10.0, "fault", fault_kind="exception", exc_type="ValueError", boot=None)
+    p0.close()
+    assert build_report(tmp_path, sacct=False).timeline[0].ordering == "wall_clock"
+
+
+def test_a_decision_belongs_to_the_exit_before_it(tmp_path: Path) -> None:
+    """Two failed exits of one slot; only the second was followed by a decision, a
+    replacement and a rejoin: the first exit gets none of them."""
+    h = Host("solo", 0)
+    sup = Proc(tmp_path, h, "supervisor")
+    sup.at(0.0, "supervisor_start", nnodes=1, nproc_per_node=1)
+    sup.at(10.0, "child_exit", local_rank=0, child_pid=5, exit_code=1, runtime_s=10.0)
+    sup.at(20.0, "child_exit", local_rank=0, child_pid=6, exit_code=2, runtime_s=9.0)
+    sup.at(20.1, "restart_decision", local_rank=0, decision="restart", reason="exit code 2")
+    sup.at(20.5, "child_start", local_rank=0, child_pid=7, attempt=1)
+    sup.at(21.0, "rejoin", local_rank=0, wait_s=0.4)
+    sup.close()
+    rows = build_report(tmp_path, sacct=False).process_restarts
+    assert [(p.exit_code, p.decision, p.relaunch_s, p.rejoin_wait_s) for p in rows] == [
+        (1, None, None, None),
+        (2, "restart", pytest.approx(0.5), 0.4),
+    ]
+
+
 def test_filters_rank_node_since(report, standard) -> None:
     log_dir = standard[0]
     only_rank2 = build_report(log_dir, sacct=False, rank=2)

@@ -152,3 +152,59 @@ def test_a_dead_rank_no_supervisor_saw_keeps_its_kind(tmp_path: Path) -> None:
         ("dead process", "dead", [0])
     ]
     assert report.timeline[0].cause == "dead process"
+
+
+def _rows(report) -> list[tuple[str, int, list[int], list[int]]]:
+    return sorted((f.signature, f.count, f.ranks, f.rounds) for f in report.failures)
+
+
+def test_a_death_after_a_hang_is_one_row_beside_the_hang(tmp_path: Path) -> None:
+    """The monitor reports a hang, then the rank dead; its supervisor saw the SIGKILL: two
+    failures (the hang, the death), not three (hang, dead process, signal SIGKILL)."""
+    h = Host("solo", 0)
+    sup = Proc(tmp_path, h, "supervisor")
+    sup.at(0.0, "supervisor_start", nnodes=1, nproc_per_node=1)
+    rank = Proc(tmp_path, h, "wrapper", rank=0).round(0)
+    rank.at(1.0, "round_start", world_size=1)
+    rank.at(1.1, "call_start")
+    monitor = Proc(tmp_path, h, "monitor", rank=0).round(0)
+    monitor.at(10.0, "hang", timeout="soft", stack=HANG_STACK)
+    monitor.at(10.0, "fault", fault_kind="hang_soft", signature="hang_soft")
+    monitor.at(15.0, "fault", fault_kind="dead", signature="dead")
+    sup.at(15.1, "child_exit", local_rank=0, child_pid=50, signal="SIGKILL", runtime_s=15.0)
+    for p in (sup, rank, monitor):
+        p.close()
+    report = build_report(tmp_path, sacct=False)
+    assert _rows(report) == [("hang (soft timeout)", 1, [0], [0]), ("signal SIGKILL", 1, [0], [0])]
+
+
+def test_a_dead_rank_no_supervisor_saw_stays_when_another_death_is_merged(tmp_path: Path) -> None:
+    a, b = Host("a", 0), Host("b", 1)
+    sup = Proc(tmp_path, a, "supervisor")
+    sup.at(0.0, "supervisor_start", nnodes=2, nproc_per_node=1)
+    rank = Proc(tmp_path, a, "wrapper", rank=0).round(0)
+    rank.at(1.0, "round_start", world_size=2)
+    rank.at(1.1, "call_start")
+    monitor = Proc(tmp_path, a, "monitor", rank=0).round(0)
+    monitor.at(20.0, "fault", fault_kind="dead")
+    sup.at(20.2, "child_exit", local_rank=0, child_pid=50, signal="SIGKILL", runtime_s=20.0)
+    # rank 1's monitor, on the other host, with no round and no supervisor of its own
+    other = Proc(tmp_path, b, "monitor", rank=1)
+    other.at(30.0, "fault", fault_kind="dead", signature="dead")
+    for p in (sup, rank, monitor, other):
+        p.close()
+    report = build_report(tmp_path, sacct=False)
+    assert _rows(report) == [("dead process", 1, [1], []), ("signal SIGKILL", 1, [0], [0])]
+
+
+def test_a_hang_is_left_out_only_for_a_hang_fault_of_its_rank(tmp_path: Path) -> None:
+    h = Host("solo", 0)
+    rank = Proc(tmp_path, h, "wrapper", rank=0).round(0)
+    rank.at(1.0, "round_start", world_size=1)
+    rank.at(5.0, "fault", fault_kind="exception", exc_type="ValueError", message="bad")
+    monitor = Proc(tmp_path, h, "monitor", rank=0).round(0)
+    monitor.at(8.0, "hang", timeout="soft")
+    for p in (rank, monitor):
+        p.close()
+    report = build_report(tmp_path, sacct=False)
+    assert _rows(report) == [("ValueError", 1, [0], [0]), ("hang (soft timeout)", 1, [0], [0])]

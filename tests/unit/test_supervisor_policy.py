@@ -139,7 +139,9 @@ def test_last_fault_ignores_a_fault_recovered_in_process(tmp_path) -> None:
     path.write_text("".join(json.dumps(e) + "\n" for e in lines))
     assert last_fault(tmp_path, 4242) is None
     with path.open("a") as fh:
-        fh.write(json.dumps({"kind": "fault", "signature": "F@train.py:3", "fault_kind": "exception"}))
+        fh.write(
+            json.dumps({"kind": "fault", "signature": "F@train.py:3", "fault_kind": "exception"})
+        )
         fh.write("\n")
     assert last_fault(tmp_path, 4242) == FaultRecord("F at train.py:3", "exception")
 
@@ -209,8 +211,12 @@ def test_signal_pipe_carries_signal_numbers_to_the_loop() -> None:
     assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
 
 
-def test_loop_breaker_sees_one_failure_in_old_and_new_spellings(tmp_path) -> None:
-    """Logs of an older nvrx say "signal:SIGKILL" and "pkg.E@train.py:step": the same failures."""
+def test_loop_breaker_reads_old_spellings_but_an_old_line_less_signature_is_another_failure(
+    tmp_path,
+) -> None:
+    """Logs of an older nvrx say "signal:SIGKILL" and "pkg.E@train.py:step". The first is
+    the same failure as "signal SIGKILL"; the second names no line, so it is not the same
+    string as the new "pkg.E at train.py:9 in step" and the streak starts again."""
     path = tmp_path / "wrapper-n0-p77-abcd.jsonl"
     traceback = (
         "Traceback (most recent call last):\n"
@@ -234,3 +240,59 @@ def test_loop_breaker_sees_one_failure_in_old_and_new_spellings(tmp_path) -> Non
     assert verdict.decision is Decision.GIVE_UP and verdict.signature == second.signature
     killed = ExitStatus(None, signal.SIGKILL)
     assert policy.decide(1, killed).signature == "signal SIGKILL"
+    # "signal:SIGKILL" and "signal SIGKILL" are one failure: two in a row break the loop
+    for spelling in ("signal:SIGKILL", "signal SIGKILL"):
+        path.write_text(json.dumps({"kind": "fault", "signature": spelling}) + "\n")
+        verdict = policy.decide(2, killed, last_fault(tmp_path, 77))
+    assert verdict.decision is Decision.GIVE_UP and verdict.signature == "signal SIGKILL"
+
+
+def _fault_event(**fields) -> dict:
+    event = {"v": 1, "kind": "fault", "wall": 1000.0, "mono": 5.0, "boot": "b", "host": "h1"}
+    event.update(pid=77, component="monitor", job="7", node=0, rank=0, round=0, **fields)
+    return event
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"fault_kind": "hang_soft"},
+        {"fault_kind": "signal"},
+        {"fault_kind": "signal", "message": "SIGTERM"},
+        {"fault_kind": "dead", "signature": "dead"},
+        {"fault_kind": "exception", "exc_type": "builtins.OSError"},
+        {"fault_kind": "exception", "signature": "exit:\u00b2"},
+        {},
+        {"fault_kind": "exception", "signature": 5},
+        {"fault_kind": "exception", "signature": ["a"], "exc_type": "KeyError"},
+    ],
+)
+def test_loop_breaker_and_report_give_a_fault_one_signature(tmp_path, fields) -> None:
+    from nvrx.report import build_report
+
+    (tmp_path / "monitor-n0-p77-abcd.jsonl").write_text(json.dumps(_fault_event(**fields)) + "\n")
+    record = last_fault(tmp_path, 77)
+    [failure] = build_report(tmp_path, sacct=False, workers=1).failures
+    assert record is not None and record.signature == failure.signature
+
+
+def test_a_hang_fault_breaks_the_loop_as_a_hang_not_as_its_exit_code(tmp_path) -> None:
+    (tmp_path / "monitor-n0-p77-abcd.jsonl").write_text(
+        json.dumps({"kind": "fault", "fault_kind": "hang_soft"}) + "\n"
+    )
+    policy = RestartPolicy(100, 2, Budget().spend)
+    killed = ExitStatus(None, signal.SIGKILL)
+    assert policy.decide(0, killed, last_fault(tmp_path, 77)).decision is Decision.RESTART
+    verdict = policy.decide(0, killed, last_fault(tmp_path, 77))
+    assert verdict.decision is Decision.GIVE_UP and verdict.signature == "hang (soft timeout)"
+
+
+def test_last_fault_skips_lines_nested_too_deep_and_odd_numbers(tmp_path) -> None:
+    path = tmp_path / "app-n0-p77-abcd.jsonl"
+    deep = b"[" * 5000 + b"]" * 5000
+    odd = {"kind": "fault", "fault_kind": "exception", "signature": "exit:\u00b2"}
+    path.write_bytes(json.dumps(odd).encode() + b"\n" + deep + b"\n")
+    assert last_fault(tmp_path, 77) == FaultRecord("exit code unknown", "exception")
+    fifo = tmp_path / "app-n0-p78-abcd.jsonl"
+    os.mkfifo(fifo)  # never ends a read: passed over
+    assert last_fault(tmp_path, 78) is None
