@@ -4,7 +4,9 @@ After a ``Restart`` outcome: the abort's report, ``finalize``, the restart
 health check, the ``last_call_wait`` window for concurrent faults, the
 iteration barrier (whose last arrival publishes the terminated ranks), the
 rejoin of replacement processes, then ``rank_assignment`` for the next round.
-Any ``BaseException`` on the way turns into a ``Leave``.
+Any ``BaseException`` on the way turns into a ``Leave`` (whose exit is
+recorded, as a leave from user code is), chained to the round's fault as if
+raised while handling it.
 
 After a ``Leave`` outcome: the rank records its exit, registers itself
 terminated and arrives at the iteration barrier on its own behalf, so the
@@ -23,6 +25,7 @@ from . import store as rstore
 from .exception import RestartAbort
 from .fault_recording import record_exit
 from .health_check import run_check
+from .monitor_thread import RESTART_WAIT_S
 from .rank_assignment import RankAssignmentCtx, RankDiscarded
 from .round_outcome import Leave
 from .state import Mode, State
@@ -34,12 +37,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_RESTART_WAIT_S = 60.0  # bound on waiting for the monitor thread (it runs abort) to end
-
 
 def restart(call: CallWrapper, run: RoundRun, fault: BaseException | None) -> Leave | None:
     """Take this rank into the next round; a ``Leave`` when it cannot go on."""
-    run.monitor.join(_RESTART_WAIT_S)
+    run.monitor.join(RESTART_WAIT_S)
     seen = run.monitor.seen_mono or time.monotonic()
     call.pending_latency_from = seen
     call.emit(
@@ -52,8 +53,35 @@ def restart(call: CallWrapper, run: RoundRun, fault: BaseException | None) -> Le
     try:
         _next_round(call, run, seen)
     except BaseException as exc:
-        return Leave(exc, recorded=True)
+        _chain(exc, fault)
+        # not on record yet: the round's fault was, this exit was not (a rejoin
+        # leader reads it to know that a rank left by RestartAbort stays away)
+        return Leave(exc, recorded=False)
     return None
+
+
+def _chain(exc: BaseException, fault: BaseException | None) -> None:
+    """Make ``fault`` the context at the end of ``exc``'s context chain.
+
+    As Python does for an exception raised while ``fault`` is handled, so
+    the traceback of a rank that leaves between rounds shows the fault that
+    started the restart. Nothing changes when the two chains share an
+    exception already (``finalize`` re-raised the fault, say).
+    """
+    if fault is None:
+        return
+    chain = _context_chain(exc)
+    ids = {id(link) for link in chain}
+    if chain[-1].__context__ is None and not any(id(e) in ids for e in _context_chain(fault)):
+        chain[-1].__context__ = fault
+
+
+def _context_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and its contexts, innermost last (a cycle ends it)."""
+    chain = [exc]
+    while (nxt := chain[-1].__context__) is not None and all(nxt is not e for e in chain):
+        chain.append(nxt)
+    return chain
 
 
 def _next_round(call: CallWrapper, run: RoundRun, seen: float) -> None:
@@ -83,8 +111,7 @@ def _next_round(call: CallWrapper, run: RoundRun, seen: float) -> None:
         duration_s=time.monotonic() - run.started,
         faults=faults[:16],
     )
-    call.round += 1
-    call.store = rstore.round_store(call.services.base_store, call.round)
+    call.enter_round(call.round + 1)
     with call.phase("rank_assignment"):
         assign(call, terminated)
     call.state.iteration = int(decision["job_restarts"])

@@ -27,6 +27,7 @@ from .exception import InternalError, RestartAbort
 from .logging import setup_logger
 from .monitor_process import MonitorProcess
 from .monitor_thread import Delivery, RankShouldRestart, reraise_if_unraisable
+from .param_utils import substitute_param_value
 from .progress_watchdog import FLAG_TIMEOUTS_OFF, ProgressWatchdog
 from .rank_services import RankServices
 from .round_outcome import Completed, Leave, Outcome, Restart
@@ -70,7 +71,7 @@ class CallWrapper:
         )
         self.delivery = Delivery()
         self.atomic_lock = self.delivery.atomic_lock
-        self.store: Any = None  # the store of the current round
+        self.store: Any = None  # the store of the current round (``enter_round``)
         self.round = 0
         self.generation = 0
         self.rounds_run = 0
@@ -79,7 +80,7 @@ class CallWrapper:
         try:
             self._setup()
         except BaseException:
-            self.shutdown(completed=False)
+            self.shutdown()
             raise
 
     # -- joining the job ------------------------------------------------------------------
@@ -110,7 +111,7 @@ class CallWrapper:
         """Admitted: start in the job's next round with the state of the rank this process replaces."""
         self.generation = admission.generation
         self.services.board.set_generation(self.generation)
-        self.round = admission.round
+        self.enter_round(admission.round)
         self.state = admission.rank_state(self.initial_rank, self.initial_world_size)
         self._first_terminated = set(admission.terminated)
         local_rank = os.environ.get("LOCAL_RANK", "")
@@ -125,7 +126,7 @@ class CallWrapper:
         """A new process generation: every process of the job meets at its initial barrier."""
         base = self.services.base_store
         self.generation = rounds.generation_base(base)
-        self.round = self.generation
+        self.enter_round(self.generation)
         self.services.board.set_generation(self.generation)
 
         def open_generation() -> None:
@@ -148,6 +149,11 @@ class CallWrapper:
             "restart_phase", phase="initial_barrier", duration_s=time.monotonic() - t0, ok=True
         )
         self.state.iteration = rounds.job_restarts(base)
+
+    def enter_round(self, round_: int) -> None:
+        """From now on the call is in round ``round_``, whose keys its ``store`` reads and writes."""
+        self.round = round_
+        self.store = rstore.round_store(self.services.base_store, round_)
 
     # -- public API -------------------------------------------------------------------
     @property
@@ -183,6 +189,12 @@ class CallWrapper:
     @property
     def progress_watchdog(self) -> ProgressWatchdog | None:
         return self.services.watchdog
+
+    def arguments_for(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``args``/``kwargs`` for ``fn``, this object passed to parameters annotated ``CallWrapper``."""
+        return substitute_param_value(fn, args, kwargs, {CallWrapper: self})
 
     # -- events -------------------------------------------------------------------------
     def emit(self, kind: str, **fields: Any) -> None:
@@ -221,7 +233,6 @@ class CallWrapper:
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         """Rounds until one completes (its value) or this rank leaves (its exception is raised)."""
-        self.store = rstore.round_store(self.services.base_store, self.round)
         with self.phase("rank_assignment"):
             between_rounds.assign(self, self._first_terminated)
         while True:
@@ -258,7 +269,7 @@ class CallWrapper:
         except Exception as exc:
             log.warning("termination barrier: %r", exc)
 
-    def shutdown(self, completed: bool = True) -> None:
+    def shutdown(self) -> None:
         """Termination barrier (the store host waits for everyone), then stop monitors and the store."""
         if self.services.base_store is not None:
             self._termination_barrier()

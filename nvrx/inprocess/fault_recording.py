@@ -63,7 +63,13 @@ def _first_origin(store: Any) -> int | None:
 
 
 def record_rank_fault(
-    store: Any, emit: Emit, rank: int | None, exc: BaseException, peer_seen_mono: float | None
+    store: Any,
+    emit: Emit,
+    rank: int | None,
+    exc: BaseException,
+    peer_seen_mono: float | None,
+    *,
+    event: bool = True,
 ) -> bool:
     """Record an exception of this rank: its own fault, or the consequence of a peer's.
 
@@ -71,9 +77,12 @@ def record_rank_fault(
     it aborts the process groups, which makes pending collectives here fail:
     such an exception is a ``peer`` fault naming the rank that faulted first,
     and is not written to the store. Returns whether the fault is on record
-    (False when the store could not be written).
+    (False when the store could not be written). ``event=False``: a second
+    attempt at the store write, whose event was emitted by the first.
     """
     record = nvrx_faults.from_exception(rank if rank is not None else -1, exc)
+    if not event:
+        emit = _no_event
     if peer_seen_mono is not None:
         emit_fault(
             emit,
@@ -90,6 +99,10 @@ def record_rank_fault(
         log.error("could not record the fault in the store: %r", store_exc)
         return False
     return True
+
+
+def _no_event(kind: str, **fields: Any) -> None:
+    """An ``Emit`` that writes nothing."""
 
 
 def record_exit(store: Any, emit: Emit, rank: int, exc: BaseException) -> None:

@@ -10,10 +10,11 @@ milliseconds and the blocked thread is back in Python.
 To touch only gloo's connections, process group constructions are observed
 while tracking is on (``install``/``uninstall``, or ``with tracking():``; the
 Wrapper tracks for the length of each call of the wrapped function, and puts
-torch's own group factory back when it returns): the sockets this process
-owns right before and right after ``torch.distributed``'s group factory ran
-are compared, and the new TCP sockets are recorded for that group (by inode, so a descriptor number reused
-later never points us at an unrelated socket). Sockets that belong to stores
+torch's own group factory back when it ends, unless something wrapped it
+meanwhile, see ``uninstall``): the sockets this process owns right before
+and right after ``torch.distributed``'s group factory ran are compared, and
+the new TCP sockets are recorded for that group (by inode, so a descriptor
+number reused later never points us at an unrelated socket). Sockets that belong to stores
 are never recorded: accepted connections of listeners that existed before the
 group (a store server in this process) and connections to a protected port
 (``NVRX_STORE_PORT``, ``MASTER_PORT`` and ports given to ``protect_port``).
@@ -42,6 +43,8 @@ _FACTORY = "_new_process_group_helper"  # torch's group factory (private)
 
 _lock = threading.Lock()
 _installs = 0  # install() calls not yet undone by uninstall()
+_patched: Any = None  # our tracking factory, from the first install() until it is restored
+_original: Any = None  # the factory it wraps (put back by the last uninstall())
 _groups: dict[str, set[int]] = {}  # group name -> inodes of its TCP sockets
 _protected_ports: set[int] = set()
 
@@ -147,8 +150,12 @@ def _record(group_name: str, inodes: set[int]) -> None:
 
 
 def _tracking(factory: Any) -> Any:
+    """A tracking factory around ``factory``; it only passes calls through unless it is the one installed."""
+
     @functools.wraps(factory)
     def create_group(*args: Any, **kwargs: Any) -> Any:
+        if not _installs or _patched is not create_group:  # left inside someone else's wrapper
+            return factory(*args, **kwargs)
         before = _socket_inodes()
         before_listen = _listen_ports()
         result = factory(*args, **kwargs)
@@ -160,7 +167,6 @@ def _tracking(factory: Any) -> Any:
             log.exception("could not record the sockets of a new process group")
         return result
 
-    create_group._nvrx_tracking = True  # type: ignore[attr-defined]
     return create_group
 
 
@@ -195,7 +201,7 @@ def install() -> bool:
     ``uninstall``, and the original factory comes back with the last one.
     Returns whether recording is active (it needs Linux /proc and the factory).
     """
-    global _installs
+    global _installs, _patched, _original
     with _lock:
         if _installs:
             _installs += 1
@@ -204,15 +210,22 @@ def install() -> bool:
         if c10d is None:
             return False
         factory = getattr(c10d, _FACTORY)
-        if not getattr(factory, "_nvrx_tracking", False):
-            setattr(c10d, _FACTORY, _tracking(factory))
+        if factory is not _patched:  # ours is in place only if a restore was skipped, then undone
+            _original, _patched = factory, _tracking(factory)
+            setattr(c10d, _FACTORY, _patched)
         _installs = 1
         return True
 
 
 def uninstall() -> None:
-    """Undo one ``install``; the last one puts torch's own group factory back."""
-    global _installs
+    """Undo one ``install``; the last one puts back the factory the first one wrapped.
+
+    Only when torch's factory is still our tracking factory: if something
+    replaced it after us (typically a wrapper around ours), restoring would
+    drop theirs, so it is left as it is (a warning is logged) and our factory
+    inside it stops recording and only passes calls through.
+    """
+    global _installs, _patched, _original
     with _lock:
         if _installs == 0:
             return
@@ -221,10 +234,9 @@ def uninstall() -> None:
             return
         from torch.distributed import distributed_c10d as c10d
 
-        current = getattr(c10d, _FACTORY, None)
-        original = getattr(current, "__wrapped__", None)
-        if getattr(current, "_nvrx_tracking", False) and original is not None:
-            setattr(c10d, _FACTORY, original)
+        if getattr(c10d, _FACTORY, None) is _patched:
+            setattr(c10d, _FACTORY, _original)
+            _patched = _original = None
         else:  # someone wrapped it again after us: unwrapping would drop their wrapper
             log.warning("torch's %s was replaced meanwhile: left as it is", _FACTORY)
 

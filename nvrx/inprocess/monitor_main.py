@@ -33,7 +33,7 @@ import sys
 import time
 from typing import Any
 
-from nvrx import events
+from nvrx import events, processes
 from nvrx.store import barrier as nvrx_barrier
 from nvrx.store import client, keys
 from nvrx.store.faults import FaultRecord
@@ -271,7 +271,12 @@ class _Monitor:
 
 
 def main() -> int:
-    """Entry point: read the configuration from stdin, then watch the rank until it is done."""
+    """Entry point: read the configuration from stdin, then watch the rank until it is done.
+
+    SLURM's warning signal is ignored first: its default action would end the
+    monitor, and the Wrapper starts it without a ``preexec_fn``.
+    """
+    processes.ignore_warning_signal()
     line = sys.stdin.buffer.readline()
     if not line:
         return 0

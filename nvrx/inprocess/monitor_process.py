@@ -2,8 +2,11 @@
 
 The monitor process runs ``nvrx.inprocess.monitor_main`` (what it watches and
 how it acts is described there) in a fresh interpreter, never a fork of the
-threaded training process. It is started through ``nvrx.processes``: in a
-process group of its own, with SLURM's warning signal ignored.
+threaded training process. It is started through ``nvrx.processes``, in a
+process group of its own, without a ``preexec_fn`` (with one, CPython would
+fork() the threaded rank and run Python in the copy before exec, instead of
+vfork/posix_spawn): the program ignores SLURM's warning signal itself, as
+the first thing it does.
 
 The protocol between the two: the handle writes the ``MonitorConfig`` as one
 JSON line on the program's stdin; the program answers one JSON line on its
@@ -31,8 +34,12 @@ log = logging.getLogger(__name__)
 
 #: Signal on which the rank's faulthandler dumps every thread's stack into the monitor's pipe.
 STACK_SIGNAL = signal.SIGRTMIN + 6
-#: The program's entry point, as started by ``MonitorProcess.start``.
-ENTRY_POINT = "import sys; from nvrx.inprocess.monitor_main import main; sys.exit(main())"
+#: The program's entry point, as started by ``MonitorProcess.start``: SLURM's warning signal is
+#: ignored before the (slower) import of the program, which ignores it again in ``main``.
+ENTRY_POINT = (
+    "import sys; from nvrx.processes import ignore_warning_signal; ignore_warning_signal(); "
+    "from nvrx.inprocess.monitor_main import main; sys.exit(main())"
+)
 
 
 @dataclass
@@ -87,6 +94,7 @@ class MonitorProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL if self.config.logfile is None else None,
             pass_fds=fds,
+            ignore_warning=False,  # no preexec_fn: the program ignores it (module docstring)
         )
         assert self.proc.stdin is not None
         self.proc.stdin.write((json.dumps(cfg) + "\n").encode())

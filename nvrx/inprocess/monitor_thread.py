@@ -32,6 +32,11 @@ WAKE_SIGNAL = signal.SIGRTMIN + 5
 
 DONE = "done"  # value of the interrupted key when a round completed without a fault
 
+#: Bound on the main thread waiting for its monitor thread: for the restart
+#: request after a fault was recorded (``Delivery.await_restart``), and for the
+#: thread itself to end (it runs ``abort``) before the restart goes on.
+RESTART_WAIT_S = 60.0
+
 
 class RankShouldRestart(BaseException):
     """Raised in the main thread: a rank faulted and every rank restarts.

@@ -3,8 +3,11 @@
 Started in this order: the progress board, the monitor process (which starts
 the store service when this rank hosts the store, so that the store outlives
 the rank), the store connections (one for the main thread, one for the
-monitor thread, which blocks in ``wait``), then the progress watchdog. Stopped
-in reverse, the monitor process stopped and reaped.
+monitor thread, which blocks in ``wait``), then the progress watchdog.
+Stopped in this order (``stop``, then ``close``): the board's shutdown flag
+is set, the monitor process is stopped and reaped, the watchdog stopped (and
+the stack pipe closed), then the board is closed and the store connections
+dropped.
 """
 
 from __future__ import annotations

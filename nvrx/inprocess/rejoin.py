@@ -24,17 +24,15 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 from nvrx.store import keys, rounds
 
 from . import store as rstore
+from .fault_recording import Emit
 from .state import Mode, State
 
 log = logging.getLogger(__name__)
-
-Emit = Callable[..., Any]
 
 
 @dataclasses.dataclass

@@ -4,7 +4,7 @@ A round (``round_run.RoundRun``) ends in exactly one outcome, which the
 restart loop of ``CallWrapper`` acts on:
 
 * ``Completed``: every rank passed the completion barrier; the function's value;
-* ``Restart``: a fault somewhere (this rank's own ``fault``, if it had one):
+* ``Restart``: a fault somewhere (this rank's ``fault``, if it raised one):
   every rank restarts;
 * ``Leave``: this rank leaves the job because of ``exc`` (``RestartAbort``,
   ``RankDiscarded``, a failed health check, ``KeyboardInterrupt``...).
@@ -25,7 +25,12 @@ class Completed:
 
 @dataclasses.dataclass
 class Restart:
-    """Every rank restarts; ``fault`` is this rank's own exception, None when another rank faulted."""
+    """Every rank restarts; ``fault``: the exception this rank raised in the round, if any.
+
+    Either this rank's own fault, or an exception that a peer's fault caused
+    here (a collective failing once the monitor thread aborted the process
+    groups; recorded as a ``peer`` fault); None when this rank raised nothing.
+    """
 
     fault: BaseException | None
 

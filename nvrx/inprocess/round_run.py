@@ -9,13 +9,15 @@ and returns one ``round_outcome``:
 * the restart reaches this thread as ``RankShouldRestart`` (raised by the
   monitor thread's delivery, or here once this rank's own exception is on
   record): ``Restart``;
-* any other ``BaseException``: ``Leave``;
+* any other ``BaseException``, until the round's ``round_end`` event is
+  written: ``Leave``;
 * otherwise ``Completed``.
 """
 
 from __future__ import annotations
 
 import datetime
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -25,17 +27,18 @@ from nvrx.store import keys
 
 from . import rejoin, rendezvous
 from . import store as rstore
+from .exception import InternalError
 from .fault_recording import record_rank_fault
 from .health_check import run_check
-from .monitor_thread import DONE, MonitorThread, RankShouldRestart
-from .param_utils import substitute_param_value
+from .monitor_thread import DONE, RESTART_WAIT_S, MonitorThread, RankShouldRestart
 from .round_outcome import Completed, Leave, Outcome, Restart
 from .state import Mode
 
 if TYPE_CHECKING:
     from .call_wrapper import CallWrapper
 
-_RESTART_WAIT_S = 60.0  # bound on a main thread waiting for its monitor thread's restart request
+log = logging.getLogger(__name__)
+
 _FOREVER_S = 365 * 86400.0
 
 
@@ -51,14 +54,14 @@ class RoundRun:
         self.started = started  # time.monotonic() when the round began
         self.fault: BaseException | None = None  # this rank's own exception in the round
         self.recorded = False  # ... and it is on record (store and event)
+        self._fault_emitted = False  # its event is written (a failed store write may be retried)
         self._call_started: float | None = None
 
     # -- start ------------------------------------------------------------------------
     @classmethod
     def start(cls, call: CallWrapper) -> RoundRun:
         """Publish the round of ``call`` (board, events, environment, store); start its monitor thread."""
-        state, services = call.state, call.services
-        store = call.store = rstore.round_store(services.base_store, call.round)
+        state, services, store = call.state, call.services, call.store
         started = time.monotonic()
         services.board.set_round(call.round, state.rank, state.world_size, call.initial_rank)
         call.writer.update(rank=state.rank, round=call.round)
@@ -98,6 +101,8 @@ class RoundRun:
         try:
             value = self._user_code(fn, args, kwargs)
             self._complete()
+            self.monitor.join(call.wrapper.monitor_thread_interval + 5)
+            call.emit("round_end", outcome="completed", duration_s=time.monotonic() - self.started)
         except RankShouldRestart as restart:
             call.delivery.caught()
             call.services.board.leave_user()
@@ -110,8 +115,6 @@ class RoundRun:
             call.delivery.settle()  # a restart requested meanwhile is moot: this rank leaves
             call.services.board.leave_user()
             return Leave(exc, self.recorded)
-        self.monitor.join(call.wrapper.monitor_thread_interval + 5)
-        call.emit("round_end", outcome="completed", duration_s=time.monotonic() - self.started)
         return Completed(value)
 
     def _user_code(
@@ -134,7 +137,7 @@ class RoundRun:
             if state.mode != Mode.ACTIVE or state.active_rank is None:
                 return None
             self._call_started_now()
-            call_args, call_kwargs = substitute_param_value(fn, args, kwargs, _injected(call))
+            call_args, call_kwargs = call.arguments_for(fn, args, kwargs)
             return fn(*call_args, **call_kwargs)
         except Exception as exc:  # RankShouldRestart is no Exception: it passes
             self._fault_then_restart(exc)
@@ -151,6 +154,8 @@ class RoundRun:
             else:  # a spare waits for the active ranks (or a fault) without a time limit
                 self.store.wait([keys.COMPLETED], datetime.timedelta(seconds=_FOREVER_S))
             self._completion_barrier()
+        except InternalError as exc:  # waited for the restart request in vain already
+            self._fault_then_restart(exc, retry=False)
         except Exception as exc:  # the completion barrier failed: everyone restarts
             self._fault_then_restart(exc)
 
@@ -169,25 +174,51 @@ class RoundRun:
             store, name, world_size, call.wrapper.completion_timeout, range(world_size)
         )
         if store.get(keys.INTERRUPTED).decode(errors="replace") != DONE:
-            call.delivery.await_restart(_RESTART_WAIT_S)
+            call.delivery.await_restart(RESTART_WAIT_S)
 
     # -- faults -----------------------------------------------------------------------
-    def _fault_then_restart(self, exc: Exception) -> NoReturn:
-        """This rank raised ``exc``: record it, then wait for the restart it causes (raised here)."""
+    def _fault_then_restart(self, exc: Exception, *, retry: bool = True) -> NoReturn:
+        """This rank raised ``exc``: record it, then wait for the restart it causes.
+
+        Raises ``RankShouldRestart`` once the monitor thread requests the
+        restart. When no request comes within ``RESTART_WAIT_S`` (an abort
+        slower than that, or a fault the store did not take), the fault is
+        recorded again if it is not on record yet and, with ``retry``, the
+        wait repeats once; the ``InternalError`` of the last timeout is raised
+        (this rank leaves).
+        """
+        delivery = self.call.delivery
         self.fault = self.fault or exc
-        self.call.delivery.begin_wait()
+        delivery.begin_wait()
         self.call.services.board.leave_user()
         self._record(exc)
         self._call_ended("fault")
-        self.call.delivery.await_restart(_RESTART_WAIT_S)
+        try:
+            delivery.await_restart(RESTART_WAIT_S)
+        except InternalError as timeout:
+            if not retry:
+                raise
+            log.warning("%s; waiting once more", timeout)
+            self._record(exc)
+            delivery.await_restart(RESTART_WAIT_S)
 
     def _record(self, exc: BaseException | None) -> None:
-        """Put this rank's fault on record once (see ``fault_recording.record_rank_fault``)."""
+        """Put this rank's fault on record once (see ``fault_recording.record_rank_fault``).
+
+        Called again after a failed store write, it retries the write only:
+        the fault's event was written by the first call.
+        """
         if exc is None or self.recorded:
             return
         self.recorded = record_rank_fault(
-            self.store, self.call.emit, self.call.state.rank, exc, self.monitor.seen_mono
+            self.store,
+            self.call.emit,
+            self.call.state.rank,
+            exc,
+            self.monitor.seen_mono,
+            event=not self._fault_emitted,
         )
+        self._fault_emitted = True
 
     # -- the call's timing (goodput) --------------------------------------------------
     def _call_started_now(self) -> None:
@@ -201,13 +232,6 @@ class RoundRun:
         duration = time.monotonic() - self._call_started
         self._call_started = None
         self.call.emit("call_end", duration_s=duration, outcome=outcome)
-
-
-def _injected(call: CallWrapper) -> dict[type, Any]:
-    """What the function's parameters may ask for by annotation: the ``CallWrapper``."""
-    from .call_wrapper import CallWrapper
-
-    return {CallWrapper: call}
 
 
 def _round_env(call: CallWrapper) -> dict[str, str | None]:

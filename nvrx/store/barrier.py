@@ -11,10 +11,13 @@ A *reentrant* arrival is idempotent: a rank may be registered twice (by
 itself and by its monitor process on its behalf) and still counts once.
 
 These functions take any object with torch's ``Store`` API (``set``, ``add``,
-``wait``, ``check``). ``barrier`` runs a plain barrier (neither reentrant nor
-with ``before_release``) as torch's native ``Store.barrier``, called unbound
-(``Store.barrier(store, ...)``) so that a store class that redefines
-``barrier`` (``nvrx.inprocess.store.StoreMixin``) is not re-entered.
+``wait``, ``check``), with one exception: ``barrier`` runs a plain barrier
+(neither reentrant nor with ``before_release``, and a timeout) as torch's
+native ``Store.barrier``, called unbound (``Store.barrier(store, ...)``) so
+that a store class that redefines ``barrier``
+(``nvrx.inprocess.store.StoreMixin``) is not re-entered. That needs a real
+``torch.distributed.Store``: a duck-typed store gets a ``TypeError`` there
+(use ``arrive`` + ``wait``, or a reentrant barrier, with such a store).
 """
 
 from __future__ import annotations
@@ -179,7 +182,8 @@ def barrier(
     A plain barrier (not reentrant, no ``before_release``) runs as torch's
     native ``Store.barrier`` (the same add-then-wait in one C++ call, which
     releases the GIL once instead of per request) after a fire-and-forget
-    arrival key; the others use ``arrive`` + ``wait``.
+    arrival key, so ``store`` must be a ``torch.distributed.Store`` there
+    (``TypeError`` otherwise); the others use ``arrive`` + ``wait``.
     """
     if reentrant or before_release is not None or timeout <= NO_WAIT:
         arrive(store, name, rank, count, reentrant=reentrant, before_release=before_release)

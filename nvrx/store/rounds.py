@@ -33,8 +33,8 @@ def publish_round(store: Any, round_: int) -> None:
     store.set(keys.CURRENT_ROUND, str(int(round_)))
 
 
-def generation_base(store: Any, step: int = GENERATION_STEP) -> int:
-    """First round of a new process generation.
+def generation_base(store: Any, *, step: int = GENERATION_STEP) -> int:
+    """First round of a new process generation (``step`` by keyword only).
 
     0 for a fresh store; otherwise the next multiple of ``step`` above the last
     published round (a restarted job, or a second wrapped call, never reuses a

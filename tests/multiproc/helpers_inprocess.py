@@ -157,11 +157,13 @@ def _rank_main(tmp: Path) -> int:
 
     import torch
     import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
 
     import nvrx.inprocess as inprocess
     from nvrx.inprocess import CallWrapper
     from nvrx.inprocess.rank_assignment import ActivateAllRanks, MaxActiveWorldSize, ShiftRanks
 
+    group_factory = c10d._new_process_group_helper  # the Wrapper tracks groups only inside a call
     params = json.loads((tmp / "params.json").read_text())
     initial_rank = int(os.environ["RANK"])
     wkw = dict(params.get("wrapper", {}))
@@ -257,8 +259,11 @@ def _rank_main(tmp: Path) -> int:
     try:
         result = train(tag="ok")
     except BaseException as exc:
+        restored = c10d._new_process_group_helper is group_factory
         (tmp / f"result-{initial_rank}.json").write_text(
-            json.dumps({"error": type(exc).__name__, "message": str(exc)})
+            json.dumps(
+                {"error": type(exc).__name__, "message": str(exc), "gloo_restored": restored}
+            )
         )
         raise
     (tmp / f"result-{initial_rank}.json").write_text(json.dumps(result))

@@ -159,7 +159,8 @@ def test_retry_controller_ends_the_wrapper(tmp_path):
     codes = ranks.wait(60)
     assert codes == [1, 1], ranks.logs()
     for r in range(2):
-        assert [c["iteration"] for c in ranks.calls(r)] == [0, 1]
+        # a rank slower to reach round 0's call than its peer to fault restarts before calling
+        assert [c["iteration"] for c in ranks.calls(r)] in ([0, 1], [1]), ranks.logs()
         assert ranks.result(r)["error"] == "RestartAbort"
     ends = _kinds(ranks.events(), "wrapper_end")
     assert {e["outcome"] for e in ends} == {"restart_abort"}
@@ -188,6 +189,7 @@ def test_base_exception_takes_one_rank_out_and_the_others_go_on(tmp_path):
     codes = ranks.wait(60)
     assert codes[:2] == [0, 0] and codes[2] not in (0, None), ranks.logs()
     assert ranks.result(2)["error"] == "KeyboardInterrupt"
+    assert ranks.result(2)["gloo_restored"]  # torch's group factory is back after the raise
     assert ranks.result(0)["peers"] == [0, 1] and ranks.result(1)["world"] == 2
     # completion on the ranks that returned, terminate on the one that left
     assert (tmp_path / "completion-0").read_text() == "0"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -20,6 +21,7 @@ def original():
     while gloo_abort.installed():
         gloo_abort.uninstall()
     c10d._new_process_group_helper = factory
+    gloo_abort._patched = gloo_abort._original = None  # a skipped restore keeps them
 
 
 def test_nested_installs_restore_the_factory_with_the_last_uninstall(original):
@@ -57,3 +59,90 @@ def test_a_later_wrapper_of_the_factory_is_left_in_place(original):
     c10d._new_process_group_helper = theirs
     gloo_abort.uninstall()
     assert c10d._new_process_group_helper is theirs
+
+
+class _Group:
+    group_name = "g"
+
+
+@pytest.fixture()
+def fake_factory(original, monkeypatch):
+    """torch's factory replaced by a fake that makes a group; counts what tracking records."""
+    made, recorded = [], []
+
+    def factory(*args, **kwargs):
+        made.append(args)
+        return _Group()
+
+    monkeypatch.setattr(gloo_abort, "_record", lambda name, inodes: recorded.append(name))
+    c10d._new_process_group_helper = factory
+    return factory, made, recorded
+
+
+def test_a_functools_wraps_rewrapper_of_ours_is_kept_and_ours_goes_quiet(fake_factory):
+    factory, made, recorded = fake_factory
+    assert gloo_abort.install()
+    ours = c10d._new_process_group_helper
+
+    @functools.wraps(ours)  # copies every attribute of ours, __wrapped__ pointing at ours
+    def theirs(*args, **kwargs):
+        return ours(*args, **kwargs)
+
+    c10d._new_process_group_helper = theirs
+    theirs(1)
+    assert made == [(1,)] and recorded == ["g"]  # tracked while installed
+    gloo_abort.uninstall()
+    assert c10d._new_process_group_helper is theirs  # not unwrapped down to ours
+    theirs(2)
+    assert made == [(1,), (2,)] and recorded == ["g"]  # ours only passes calls through now
+
+    assert gloo_abort.install()  # a foreign factory, whatever attributes it carries: wrapped
+    again = c10d._new_process_group_helper
+    assert again is not theirs and again.__wrapped__ is theirs
+    again(3)
+    assert made[-1] == (3,) and recorded == ["g", "g"]  # recorded once, by the new one
+    gloo_abort.uninstall()
+    assert c10d._new_process_group_helper is theirs
+
+
+def test_ours_put_back_after_a_skipped_restore_is_reused_and_restored(fake_factory):
+    factory, _, _ = fake_factory
+    gloo_abort.install()
+    ours = c10d._new_process_group_helper
+    c10d._new_process_group_helper = lambda *a, **k: ours(*a, **k)
+    gloo_abort.uninstall()  # skipped: theirs is on top
+    c10d._new_process_group_helper = ours  # they unwrap theirs again
+    gloo_abort.install()
+    assert c10d._new_process_group_helper is ours
+    gloo_abort.uninstall()
+    assert c10d._new_process_group_helper is factory
+
+
+def test_the_wrapper_restores_the_factory_when_the_call_raises(original, monkeypatch):
+    from nvrx.inprocess import Wrapper, wrap
+
+    seen = {}
+
+    class FakeCallWrapper:
+        def __init__(self, wrapper):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc_info):
+            return None
+
+        def __call__(self, fn, args, kwargs):
+            return fn(*args, **kwargs)
+
+    def train():
+        seen["installed"] = gloo_abort.installed()
+        seen["patched"] = c10d._new_process_group_helper is not original
+        raise KeyboardInterrupt("the call ends by an exception")
+
+    monkeypatch.setattr(wrap, "CallWrapper", FakeCallWrapper)
+    with pytest.raises(KeyboardInterrupt):
+        Wrapper()(train)()
+    assert seen == {"installed": True, "patched": True}
+    assert c10d._new_process_group_helper is original and not gloo_abort.installed()

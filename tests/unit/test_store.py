@@ -197,6 +197,42 @@ def test_rounds_generation_base_jumps_past_last_round(server):
     assert rounds.job_restarts(store) == 1
 
 
+def test_rounds_generation_base_takes_step_by_keyword_only(server):
+    store = _client(server)
+    rounds.publish_round(store, 7)
+    assert rounds.generation_base(store, step=10) == 10
+    with pytest.raises(TypeError):
+        rounds.generation_base(store, False)  # the former restarted_process flag, positional
+
+
+class _DictStore:
+    """A duck-typed store: torch's Store API in Python, no torch Store underneath."""
+
+    def __init__(self):
+        self.data = {}
+
+    def set(self, key, value):
+        self.data[key] = value
+
+    def add(self, key, n):
+        self.data[key] = int(self.data.get(key, 0)) + n
+        return self.data[key]
+
+    def check(self, keys_):
+        return all(k in self.data for k in keys_)
+
+    def wait(self, keys_, timeout):
+        assert self.check(keys_)
+
+
+def test_a_duck_typed_store_serves_every_barrier_but_the_plain_one():
+    store = _DictStore()
+    B.barrier(store, "re", 0, 1, 5.0, reentrant=True)
+    B.barrier(store, "hook", 0, 1, 5.0, before_release=lambda: None)
+    with pytest.raises(TypeError):  # the plain barrier is torch's native Store.barrier
+        B.barrier(store, "plain", 0, 1, 5.0)
+
+
 def test_keys_are_namespaced_per_round():
     assert keys.round_prefix(0) != keys.round_prefix(1)
     assert keys.round_prefix(12).startswith(keys.ROOT)

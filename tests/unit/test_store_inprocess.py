@@ -128,6 +128,9 @@ def test_fault_events_keep_their_fields(base):
 
     assert fr.record_rank_fault(r0, emit, 2, _raised(RuntimeError("peer")), 12.5) is True
     assert events.pop() == ("fault", [*common, "detected_mono"])
+    # seen when the monitor thread saw the fault; blamed on the rank the store heard of first
+    assert values[-1]["detected_mono"] == 12.5 and values[-1]["origin_rank"] == 1
+    assert values[-1]["fault_kind"] == "peer"
     assert len(rstore.fault_records(r0)) == 1  # a peer fault is not written to the store
 
     fr.record_exit(r0, emit, 2, _raised(RuntimeError("bye")))

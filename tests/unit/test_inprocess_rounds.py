@@ -1,0 +1,245 @@
+"""A restart round's outcome (round_run.RoundRun) and what happens between rounds (between_rounds).
+
+The round runs against a real TCPStore; the Wrapper around it (``CallWrapper``),
+its monitor thread and the restart ``Delivery`` are stand-ins, so each test
+decides when the restart request comes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import traceback
+from types import SimpleNamespace
+
+import pytest
+
+from nvrx.inprocess import between_rounds, rejoin
+from nvrx.inprocess import store as rstore
+from nvrx.inprocess.exception import HealthCheckError, InternalError, RestartAbort
+from nvrx.inprocess.monitor_thread import RankShouldRestart
+from nvrx.inprocess.round_outcome import Completed, Leave, Restart
+from nvrx.inprocess.round_run import RoundRun
+from nvrx.inprocess.state import Mode, State
+from nvrx.store import client
+
+
+@pytest.fixture()
+def base():
+    server = client.serve("127.0.0.1", 0, timeout=10)
+    yield client.connect("127.0.0.1", server.port, timeout=10)
+    del server
+
+
+class FakeDelivery:
+    """The restart request comes after ``timeouts`` waits for it ran out."""
+
+    def __init__(self, timeouts: int = 0) -> None:
+        self.timeouts = timeouts
+        self.waits = 0
+
+    def enter_user(self) -> None: ...
+    def leave_user(self) -> None: ...
+    def begin_wait(self) -> None: ...
+    def caught(self) -> None: ...
+    def settle(self) -> None: ...
+
+    def await_restart(self, timeout: float) -> None:
+        self.waits += 1
+        if self.waits <= self.timeouts:
+            raise InternalError(f"no restart request within {timeout:g} s")
+        raise RankShouldRestart("a rank faulted: restarting")
+
+
+class FlakyStore:
+    """A round store whose first ``fail`` fault writes (``append``) raise."""
+
+    def __init__(self, store, fail: int = 0) -> None:
+        self._store = store
+        self.fail = fail
+
+    def append(self, key, value):
+        if self.fail:
+            self.fail -= 1
+            raise RuntimeError("store write failed")
+        return self._store.append(key, value)
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+class FakeCall:
+    """What RoundRun and between_rounds use of a ``CallWrapper``."""
+
+    def __init__(self, base, world_size: int = 1, **wrapper) -> None:
+        self.wrapper = SimpleNamespace(
+            initialize=None,
+            health_check=None,
+            finalize=None,
+            terminate=None,
+            monitor_thread_interval=0.1,
+            completion_timeout=5.0,
+            barrier_timeout=5.0,
+            last_call_wait=0.0,
+            rejoin_timeout=0.0,
+        )
+        vars(self.wrapper).update(wrapper)
+        self.state = State(
+            rank=0,
+            world_size=world_size,
+            active_rank=0,
+            active_world_size=world_size,
+            initial_rank=0,
+            initial_world_size=world_size,
+            mode=Mode.ACTIVE,
+        )
+        board = SimpleNamespace(enter_user=lambda: None, leave_user=lambda: None)
+        self.services = SimpleNamespace(base_store=base, board=board)
+        self.delivery = FakeDelivery()
+        self.round = self.generation = 0
+        self.store = rstore.round_store(base, 0)
+        self.events: list[tuple[str, dict]] = []
+        self.fail_on: str | None = None  # an event kind whose emit raises
+        self.pending_latency_from: float | None = None
+
+    def emit(self, kind: str, **fields) -> None:
+        if kind == self.fail_on:
+            raise OSError(f"cannot write the {kind} event")
+        self.events.append((kind, fields))
+
+    def kinds(self, kind: str) -> list[dict]:
+        return [fields for k, fields in self.events if k == kind]
+
+    @contextlib.contextmanager
+    def phase(self, phase: str):
+        yield
+
+    def arguments_for(self, fn, args, kwargs):
+        return args, kwargs
+
+    def enter_round(self, round_: int) -> None:
+        self.round = round_
+        self.store = rstore.round_store(self.services.base_store, round_)
+
+
+def _monitor():
+    return SimpleNamespace(seen_mono=None, abort_s=0.0, abort_ok=True, join=lambda timeout: None)
+
+
+def _run(call, store=None) -> RoundRun:
+    return RoundRun(call, store if store is not None else call.store, _monitor(), time.monotonic())
+
+
+def _fails():
+    raise RuntimeError("own fault")
+
+
+# -- RoundRun ---------------------------------------------------------------------------
+def test_a_round_that_returns_completes(base):
+    call = FakeCall(base)
+    outcome = _run(call).run(lambda: 5, (), {})
+    assert outcome == Completed(5)
+    assert [e["outcome"] for e in call.kinds("round_end")] == ["completed"]
+
+
+def test_a_fault_restarts_the_round_with_this_ranks_fault(base):
+    call = FakeCall(base)
+    outcome = _run(call).run(_fails, (), {})
+    assert isinstance(outcome, Restart) and str(outcome.fault) == "own fault"
+    assert [r.kind for r in rstore.fault_records(call.store)] == ["exception"]
+
+
+def test_a_restart_request_later_than_the_wait_still_restarts(base):
+    """An abort slower than RESTART_WAIT_S, and a first store write that failed."""
+    call = FakeCall(base)
+    call.delivery = FakeDelivery(timeouts=1)
+    run = _run(call, FlakyStore(call.store, fail=1))
+    outcome = run.run(_fails, (), {})
+    assert isinstance(outcome, Restart) and str(outcome.fault) == "own fault"
+    assert call.delivery.waits == 2
+    assert run.recorded  # written on the second attempt, with one event only
+    assert [r.message for r in rstore.fault_records(call.store)] == ["own fault"]
+    assert [e["fault_kind"] for e in call.kinds("fault")] == ["exception"]
+
+
+def test_no_restart_request_after_two_waits_leaves(base):
+    call = FakeCall(base)
+    call.delivery = FakeDelivery(timeouts=2)
+    outcome = _run(call).run(_fails, (), {})
+    assert isinstance(outcome, Leave) and isinstance(outcome.exc, InternalError)
+    assert outcome.recorded
+    assert isinstance(outcome.exc.__context__.__context__, RuntimeError)  # the fault, chained
+
+
+def test_a_failed_round_end_event_takes_the_leave_path(base):
+    call = FakeCall(base)
+    call.fail_on = "round_end"
+    outcome = _run(call).run(lambda: 5, (), {})
+    assert isinstance(outcome, Leave) and isinstance(outcome.exc, OSError)
+
+
+def test_a_failed_monitor_join_takes_the_leave_path(base):
+    call = FakeCall(base)
+    run = _run(call)
+
+    def join(timeout):
+        raise RuntimeError("join failed")
+
+    run.monitor.join = join
+    outcome = run.run(lambda: 5, (), {})
+    assert isinstance(outcome, Leave) and str(outcome.exc) == "join failed"
+
+
+# -- between rounds ---------------------------------------------------------------------
+def _restart(call, fault):
+    return between_rounds.restart(call, _run(call), fault)
+
+
+def test_restart_abort_in_finalize_records_the_exit_a_rejoin_leader_reads(base):
+    def finalize(state):
+        raise RestartAbort("stop here")
+
+    call = FakeCall(base, world_size=2, finalize=finalize)
+    round_store = call.store
+    fault = RuntimeError("own fault")
+    outcome = _restart(call, fault)
+    assert isinstance(outcome, Leave) and isinstance(outcome.exc, RestartAbort)
+    assert not outcome.recorded
+    between_rounds.leave(call, round_store, outcome)
+    exits = [r for r in rstore.fault_records(round_store) if r.kind == "exit"]
+    assert [(r.rank, r.exc_type) for r in exits] == [(0, "nvrx.inprocess.exception.RestartAbort")]
+    assert rejoin._candidates(round_store, {0}) == []  # no replacement is awaited for it
+    assert [e["outcome"] for e in call.kinds("round_end")] == ["abort"]
+    assert call.state.mode == Mode.TERMINATED
+
+
+def test_an_exception_between_rounds_is_chained_to_the_rounds_fault(base):
+    def finalize(state):
+        raise ValueError("finalize failed")
+
+    fault = RuntimeError("own fault")
+    outcome = _restart(FakeCall(base, finalize=finalize), fault)
+    assert isinstance(outcome, Leave) and outcome.exc.__context__ is fault
+    text = "".join(traceback.format_exception(outcome.exc))
+    assert "own fault" in text and "finalize failed" in text
+
+
+def test_a_failed_health_check_is_chained_below_its_cause(base):
+    def check(state):
+        raise ValueError("sick")
+
+    fault = RuntimeError("own fault")
+    outcome = _restart(FakeCall(base, health_check=check), fault)
+    assert isinstance(outcome.exc, HealthCheckError)
+    assert outcome.exc.__cause__.__context__ is fault
+    assert "own fault" in "".join(traceback.format_exception(outcome.exc))
+
+
+def test_finalize_that_reraises_the_fault_makes_no_cycle(base):
+    fault = RuntimeError("own fault")
+
+    def finalize(state):
+        raise fault
+
+    outcome = _restart(FakeCall(base, finalize=finalize), fault)
+    assert outcome.exc is fault and fault.__context__ is None
