@@ -22,7 +22,7 @@ import select
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from nvrx import jobenv
@@ -34,6 +34,8 @@ WARNING_SIGNAL_ENV = jobenv.PREEMPT_SIGNAL
 DEFAULT_WARNING_SIGNAL = "USR2"
 #: Seconds a stop waits after asking, and after SIGKILL, unless told otherwise.
 DEFAULT_GRACE_S = 5.0
+#: Seconds a stop waits at least for a SIGKILLed process to be gone.
+KILL_WAIT_S = 5.0
 
 
 class Process(Protocol):
@@ -69,6 +71,7 @@ def ignore_warning_signal() -> None:
 
     Runs between fork and exec (``preexec_fn``), so it touches nothing but the
     signal disposition; a bad ``NVRX_PREEMPT_SIGNAL`` falls back to USR2 there.
+    A program started with ``ignore_warning=False`` may call it first thing.
     """
     try:
         signum = warning_signal()
@@ -87,7 +90,10 @@ def start(
     """Start ``argv`` leading a new process group (see the module docstring).
 
     ``popen_args`` go to ``subprocess.Popen`` (stdin, stdout, pass_fds, cwd, ...).
-    Raises OSError when the command cannot be started.
+    Raises OSError when the command cannot be started. ``ignore_warning`` runs
+    ``ignore_warning_signal`` as a ``preexec_fn``, which makes CPython fork()
+    and run Python in the child before exec: from a threaded process, pass
+    False and have the program ignore the signal itself.
     """
     return subprocess.Popen(
         list(argv),
@@ -137,6 +143,21 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+def _orphaned_group(pgid: int) -> bool:
+    """Whether group ``pgid`` lives on without a process of pid ``pgid`` (its reaped leader's).
+
+    While any member lives, the kernel hands the id to no new process, so such
+    a group is the leader's own. A process of that pid means the id was reused
+    (the leader was reaped and its group emptied): not ours to signal.
+    Without /proc, whether the group exists.
+    """
+    if not group_alive(pgid):
+        return False
+    if not os.path.isdir("/proc/self"):
+        return True
+    return not os.path.exists(f"/proc/{pgid}")
+
+
 def wait(proc: Process, timeout: float | None) -> int | None:
     """Reap ``proc`` within ``timeout`` seconds (None: no bound); its return code, or None if still running."""
     try:
@@ -158,16 +179,20 @@ def wait_all(procs: Sequence[Process], timeout: float) -> list[Process]:
                     fds[os.pidfd_open(proc.pid)] = proc
         deadline = time.monotonic() + timeout
         pending = set(fds)
-        while pending:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            ready, _, _ = select.select(list(pending), [], [], left)
-            pending.difference_update(ready)
+        while pending and deadline > time.monotonic():
+            pending.difference_update(_readable(pending, deadline - time.monotonic()))
     finally:
         for fd in fds:
             os.close(fd)
     return [proc for proc in procs if proc.poll() is None]
+
+
+def _readable(fds: Iterable[int], timeout: float) -> list[int]:
+    """The descriptors of ``fds`` readable within ``timeout`` seconds (poll(2): no FD_SETSIZE limit)."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return [fd for fd, _ in poller.poll(max(0.0, timeout) * 1000)]
 
 
 def stop_all(
@@ -176,16 +201,21 @@ def stop_all(
     ask: int | None = signal.SIGTERM,
     grace_s: float = DEFAULT_GRACE_S,
     exit_by: float | None = None,
-) -> list[int]:
+) -> list[int | None]:
     """Stop several processes and their groups together: ask, bounded wait, SIGKILL, reap.
 
     ``exit_by`` (a ``time.monotonic()`` instant) first gives them until then
     to exit on their own (they were told another way, e.g. a checkpoint flag).
     ``ask`` is the signal sent to each group (None: they were already asked
     another way, so only wait ``grace_s``; SIGKILL asks for an immediate end).
-    Members of a group that outlive its leader are killed too. Returns each
-    leader's return code (negative: the signal that ended it).
+    Members of a group that outlive its leader are killed too, but only in a
+    group that still existed when the stop began and that no process with the
+    leader's pid leads once the leader is reaped: a group id whose members
+    are all gone may name someone else's group by then. Returns each leader's
+    return code (negative: the signal that ended it; None: it survived
+    SIGKILL for ``KILL_WAIT_S``, stuck in the kernel, and is left to be reaped later).
     """
+    sweep = [proc for proc in procs if proc.poll() is None or group_alive(proc.pid)]
     running = [proc for proc in procs if proc.poll() is None]
     if exit_by is not None:
         running = wait_all(running, exit_by - time.monotonic())
@@ -195,13 +225,15 @@ def stop_all(
         running = wait_all(running, grace_s)
     for proc in running:
         signal_group(proc.pid, signal.SIGKILL)
-    for proc in wait_all(running, grace_s):
-        log.error("process %d survived SIGKILL for %.0f s; waiting for it", proc.pid, grace_s)
-        proc.wait()
-    for proc in procs:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)  # stragglers of the group
-    return [int(proc.returncode) for proc in procs if proc.returncode is not None]
+    for proc in wait_all(running, max(grace_s, KILL_WAIT_S)):
+        # In uninterruptible sleep (a hung file system, a GPU driver): waiting on
+        # would hang the caller too; its exit is reaped whenever it comes.
+        log.error("process %d survived SIGKILL for %.0f s; not waiting for it", proc.pid, max(grace_s, KILL_WAIT_S))
+    for proc in sweep:
+        if _orphaned_group(proc.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # stragglers of the group
+    return [proc.returncode for proc in procs]
 
 
 def stop(
@@ -209,7 +241,7 @@ def stop(
     *,
     ask: int | Callable[[], None] | None = signal.SIGTERM,
     grace_s: float = DEFAULT_GRACE_S,
-) -> int:
+) -> int | None:
     """Stop one process and its group (see ``stop_all``); ``ask`` may also be a callable that
     asks in its own way (closing a pipe the process reads)."""
     if callable(ask):
@@ -245,7 +277,7 @@ class ForkedProcess:
         if timeout is not None:
             fd = os.pidfd_open(self.pid)
             try:
-                if not select.select([fd], [], [], max(0.0, timeout))[0]:
+                if not _readable([fd], timeout):
                     raise subprocess.TimeoutExpired(str(self.pid), timeout)
             finally:
                 os.close(fd)

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
-from nvrx.store.service import StorePortInUse, StoreService, StoreUnavailable, wait_for_store
+from nvrx.store.service import (
+    StorePortInUse,
+    StoreService,
+    StoreUnavailable,
+    port_is_free,
+    wait_for_store,
+)
 
 from .config import SupervisorConfig
 from .exit_codes import ExitCode, SupervisorError
+
+
+def check_store_port(cfg: SupervisorConfig) -> None:
+    """Node 0: fail at once (exit 2) when the store's port is taken, before anything starts."""
+    if cfg.node_rank == 0 and not port_is_free(cfg.store_host, cfg.store_port):
+        raise SupervisorError(ExitCode.USAGE, str(StorePortInUse(cfg.store_host, cfg.store_port)))
 
 
 def bring_up_store(cfg: SupervisorConfig) -> StoreService | None:

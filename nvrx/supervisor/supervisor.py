@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from nvrx import events
-from nvrx.store.service import StorePortInUse, StoreService, port_is_free
+from nvrx.store.service import StoreService
 
 from . import preemption
 from .children import Child, ExitStatus, stop_children
@@ -35,7 +35,7 @@ from .policy import Decision, RestartPolicy, last_fault
 from .preemption import PreemptionHandler
 from .signals import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
 from .store_link import StoreLink, StoreLinkError
-from .store_setup import bring_up_store
+from .store_setup import bring_up_store, check_store_port
 
 log = logging.getLogger(__name__)
 
@@ -95,13 +95,10 @@ class Supervisor:
             )
             self.preemption.start()
             self.signals = SignalPipe((*STOP_SIGNALS, *FORWARD_SIGNALS, signal.SIGCHLD)).install()
-            if cfg.node_rank == 0 and not port_is_free(cfg.store_host, cfg.store_port):
-                raise SupervisorError(
-                    ExitCode.USAGE, str(StorePortInUse(cfg.store_host, cfg.store_port))
-                )
+            check_store_port(cfg)
             # The agent imports torch and retries connecting while the store comes up: start it first.
             self.link = StoreLink(cfg.store_host, cfg.store_port, cfg.store_timeout).launch()
-            self._bring_up_store()
+            self.service = bring_up_store(cfg)
             early = [s for s in self.signals.read() if s in STOP_SIGNALS]
             if early:
                 self.exit_code = for_signal(early[0])
@@ -125,9 +122,6 @@ class Supervisor:
             if os.getpid() == self._owner:
                 self._cleanup()
                 self.writer.emit("supervisor_end", exit_code=int(self.exit_code), reason=reason)
-
-    def _bring_up_store(self) -> None:
-        self.service = bring_up_store(self.config)
 
     def _connect_link(self) -> None:
         assert self.link is not None

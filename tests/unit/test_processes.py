@@ -104,6 +104,50 @@ def test_stop_of_an_ended_process_returns_its_code() -> None:
     assert processes.stop(proc) == 3
 
 
+class _Reaped:
+    """A leader reaped long ago whose pid is ``pid`` now."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = 0
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 0
+
+
+def test_stop_of_a_reaped_leader_spares_a_group_that_took_its_pid() -> None:
+    other = processes.start([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert processes.stop(_Reaped(other.pid)) == 0
+        assert processes.wait(other, 0.3) is None  # the group that reused the pid lives on
+    finally:
+        assert processes.stop(other, grace_s=5) == -signal.SIGTERM
+
+
+def test_stop_of_a_reaped_leader_kills_what_is_left_of_its_group() -> None:
+    leader = processes.start(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess; subprocess.Popen(['sleep', '300']); print('ready', flush=True)",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    assert leader.stdout is not None and leader.stdout.readline().strip() == b"ready"
+    assert processes.wait(leader, 30) == 0
+    assert _group(leader.pid)  # the grandchild outlived its leader
+    assert processes.stop(leader) == 0
+    wait_until(
+        "the grandchild to die",
+        lambda: not _group(leader.pid),
+        30,
+        state=lambda: _group(leader.pid),
+    )
+
+
 def test_forked_child_leads_a_group_and_can_be_waited_for_with_a_bound() -> None:
     pid = processes.fork()
     if pid == 0:  # the child: wait to be killed
@@ -130,3 +174,20 @@ def test_signal_names(name: str, number: int) -> None:
 def test_bad_signal_name_names_the_variable() -> None:
     with pytest.raises(ValueError, match="NVRX_PREEMPT_SIGNAL='NOPE' is not a signal name"):
         processes.warning_signal({"NVRX_PREEMPT_SIGNAL": "NOPE"})
+
+
+def test_a_process_that_outlives_sigkill_does_not_hang_the_stop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Stands in for a process stuck in the kernel: one that is not the leader of the group the
+    stop kills, so SIGKILL never reaches it. The stop gives up after KILL_WAIT_S and says so."""
+    monkeypatch.setattr(processes, "KILL_WAIT_S", 0.2)
+    stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # our own group
+    try:
+        started = time.monotonic()
+        assert processes.stop(stuck, grace_s=0.1) is None
+        assert time.monotonic() - started < 30
+        assert stuck.poll() is None
+    finally:
+        stuck.kill()
+        stuck.wait()
