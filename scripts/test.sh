@@ -4,8 +4,9 @@
 # real local cluster that the test session starts and stops; elsewhere that
 # tier skips with the reason. Extra arguments go to pytest, for example:
 #   scripts/test.sh -m slurm                       one tier
-#   scripts/test.sh --repeat 5 -m multiproc         each test of a tier 5 times in a row (flake hunting)
+#   scripts/test.sh --repeat 5 -m slurm            the whole tier 5 times, each a new session (flake hunting)
 #   scripts/test.sh --repeat 20 tests/slurm/test_preemption.py::test_requeue_template_forwards_the_warning
+#   scripts/test.sh --repeat-each 5 tests/unit      each test 5 times within one session (fixtures shared)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -19,7 +20,14 @@ daemons() { ps -eo pid=,stat=,comm= | awk '$2 !~ /^Z/ && $3 ~ /^(slurmctld|slurm
 before=$(daemons)
 
 .venv/bin/ruff check . || { echo "test.sh: ruff check failed" >&2; exit 1; }
-.venv/bin/python -m pytest "$@"
+if [ "${1:-}" = "--repeat" ]; then
+    [ $# -ge 2 ] || { echo "test.sh: --repeat needs a number of rounds, e.g. --repeat 5" >&2; exit 2; }
+    rounds=$2
+    shift 2
+    .venv/bin/python scripts/repeat_tests.py "$rounds" "$@"
+else
+    .venv/bin/python -m pytest "$@"
+fi
 rc=$?
 
 # Daemons the tests started must be gone (pids that were not there before).

@@ -1,4 +1,4 @@
-"""Shared test setup: tier markers by folder, ``--repeat N`` for flake hunting, loopback DNS stall avoidance."""
+"""Shared test setup: tier markers by folder, ``--repeat-each N`` for flake hunting, loopback DNS stall avoidance."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
-        "--repeat",
+        "--repeat-each",
         type=int,
         default=1,
         metavar="N",
@@ -37,14 +37,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    repeat = config.getoption("repeat")
+    repeat = config.getoption("repeat_each")
     if repeat < 1:
-        raise pytest.UsageError(f"--repeat must be at least 1, got {repeat}")
+        raise pytest.UsageError(f"--repeat-each must be at least 1, got {repeat}")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """With ``--repeat N``, each test runs N times: ``test_x[repeat1of5]`` ... ``[repeat5of5]``."""
-    repeat = metafunc.config.getoption("repeat")
+    """With ``--repeat-each N``, each test runs N times (fixtures of module or session scope are shared): ``test_x[repeat1of5]`` ... ``[repeat5of5]``."""
+    repeat = metafunc.config.getoption("repeat_each")
     if repeat > 1:
         metafunc.fixturenames.append("_repeat_index")
         metafunc.parametrize(
