@@ -116,12 +116,14 @@ def _row(job: JobSummary, e: dict[str, Any], later: list[dict[str, Any]]) -> Pro
 def process_restarts(job: JobSummary) -> list[ProcessRestart]:
     """Failed child processes, paired with the decision and replacement that followed."""
     stops = _stop_walls(job)
-    by_slot: dict[tuple[int, str | None, Any], list[dict[str, Any]]] = {}
+    # A slot is one local rank of one node: several node ranks may share a host.
+    by_slot: dict[tuple[int, Any, str | None, Any], list[dict[str, Any]]] = {}
     for e in job.node_events:
         if e.get("kind") in _SLOT_KINDS:
-            by_slot.setdefault((e["run"], e.get("host"), e.get("local_rank")), []).append(e)
+            key = (e["run"], e.get("node"), e.get("host"), e.get("local_rank"))
+            by_slot.setdefault(key, []).append(e)
     rows: list[ProcessRestart] = []
-    for (run, host, _), events in by_slot.items():
+    for (run, _, host, _), events in by_slot.items():
         events.sort(key=lambda e: e.get("wall") or 0.0)
         exits = [i for i, e in enumerate(events) if e.get("kind") == "child_exit"]
         for n, i in enumerate(exits):

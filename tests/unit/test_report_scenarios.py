@@ -272,6 +272,25 @@ def test_a_decision_belongs_to_the_exit_before_it(tmp_path: Path) -> None:
     ]
 
 
+def test_node_ranks_sharing_a_host_keep_their_own_slots(tmp_path: Path) -> None:
+    """Two local "nodes" on one host, their local rank 0 exiting 4 ms apart: each exit
+    keeps the decision of its own node (a real flake of the plain supervisor run)."""
+    nodes = [Host("vm", 0), Host("vm", 1)]
+    for host in nodes:
+        host.name, host.boot = "vm", "boot-vm"
+    sups = [Proc(tmp_path, h, "supervisor") for h in nodes]
+    for sup in sups:
+        sup.at(0.0, "supervisor_start", nnodes=2, nproc_per_node=1)
+    sups[1].at(10.000, "child_exit", local_rank=0, child_pid=21, exit_code=1, runtime_s=10.0)
+    sups[0].at(10.004, "child_exit", local_rank=0, child_pid=11, exit_code=1, runtime_s=10.0)
+    sups[1].at(10.010, "restart_decision", local_rank=0, decision="restart", reason="exit code 1")
+    sups[0].at(10.011, "restart_decision", local_rank=0, decision="restart", reason="exit code 1")
+    for sup in sups:
+        sup.close()
+    rows = build_report(tmp_path, sacct=False).process_restarts
+    assert [(p.node, p.rank, p.decision) for p in rows] == [(1, 1, "restart"), (0, 0, "restart")]
+
+
 def test_filters_rank_node_since(report, standard) -> None:
     log_dir = standard[0]
     only_rank2 = build_report(log_dir, sacct=False, rank=2)
