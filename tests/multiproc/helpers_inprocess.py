@@ -225,6 +225,16 @@ def _rank_main(tmp: Path) -> int:
         if it < fault_rounds and initial_rank in fault_ranks:
             if fault == "exception":
                 raise RuntimeError(f"injected fault on rank {initial_rank}")
+            if fault == "exception_together":
+                # Every faulty rank raises, none is restarted first by another's fault:
+                # they wait for each other where a restart cannot interrupt them.
+                with call_wrapper.atomic():
+                    (tmp / f"together-{initial_rank}").touch()
+                    deadline = time.monotonic() + 30
+                    while len(list(tmp.glob("together-*"))) < len(fault_ranks):
+                        assert time.monotonic() < deadline, "the other faulty ranks never came"
+                        time.sleep(0.01)
+                    raise RuntimeError(f"injected fault on rank {initial_rank}")
             if fault == "sleep":
                 time.sleep(300)
             if fault == "gil":

@@ -64,7 +64,7 @@ def test_exception_on_one_rank_restarts_every_rank(tmp_path):
 
 
 def test_exceptions_on_two_ranks_at_once(tmp_path):
-    ranks = launch(tmp_path, 3, wrapper=FAST, fault="exception", fault_ranks=[0, 2])
+    ranks = launch(tmp_path, 3, wrapper=FAST, fault="exception_together", fault_ranks=[0, 2])
     assert ranks.wait(60) == [0, 0, 0], ranks.logs()
     _assert_all_restarted_full(ranks, 3)
     origins = {
