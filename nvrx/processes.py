@@ -36,6 +36,8 @@ DEFAULT_WARNING_SIGNAL = "USR2"
 DEFAULT_GRACE_S = 5.0
 #: Seconds a stop waits at least for a SIGKILLed process to be gone.
 KILL_WAIT_S = 5.0
+#: Without a pidfd there is no blocking wait for a non-child: how often to look.
+_FOREIGN_POLL_S = 0.1
 
 
 class Process(Protocol):
@@ -250,6 +252,58 @@ def stop(
                 ask()
         ask = None
     return stop_all([proc], ask=ask, grace_s=grace_s)[0]
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, waiting for its parent to reap it, is dead)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_exit(pid: int, pidfd: int | None, timeout: float) -> bool:
+    """Wait up to ``timeout`` s for ``pid`` (not necessarily our child) to exit; whether it did.
+
+    On its pidfd when there is one; without pidfds there is no blocking wait
+    for a non-child, so then it looks every ``_FOREIGN_POLL_S``.
+    """
+    if pidfd is not None:
+        return bool(_readable([pidfd], timeout)) or not alive(pid)
+    deadline = time.monotonic() + timeout
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(_FOREIGN_POLL_S)
+    return not alive(pid)
+
+
+def stop_foreign(pid: int, pidfd: int | None, grace_s: float) -> None:
+    """Stop a process that is not our child, alone (not its group): SIGCONT+SIGTERM, wait up
+    to ``grace_s``, then SIGKILL until it is gone. It cannot be reaped here; its parent does.
+
+    For a monitor ending the rank it watches: the rank need not lead a process
+    group (torchrun or srun may have started it in theirs), so its group is not ours.
+    SIGCONT first, so that a stopped process can act on the SIGTERM.
+    """
+    _send(pid, signal.SIGCONT, signal.SIGTERM)
+    if wait_exit(pid, pidfd, grace_s):
+        return
+    log.warning("process %d still runs %.1f s after SIGTERM: SIGKILL", pid, grace_s)
+    while alive(pid):
+        _send(pid, signal.SIGCONT, signal.SIGTERM, signal.SIGKILL)
+        wait_exit(pid, pidfd, 1.0)
+
+
+def _send(pid: int, *signums: int) -> None:
+    for signum in signums:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
 
 
 class ForkedProcess:

@@ -13,14 +13,14 @@ import contextlib
 import logging
 import os
 import select
-import signal
 import time
+
+from nvrx import processes
 
 log = logging.getLogger(__name__)
 
 _STACK_WAIT_S = 2.0  # longest wait for the first bytes of a stack dump
 _STACK_TAIL_S = 0.2  # a dump is complete when no more bytes come for this long
-_POLL_S = 0.1  # without a pidfd there is no blocking wait for a non-child
 
 
 def open_pidfd(pid: int) -> int | None:
@@ -31,49 +31,13 @@ def open_pidfd(pid: int) -> int | None:
         return None
 
 
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, waiting for its parent to reap it, is dead)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def wait_exit(pid: int, pidfd: int | None, timeout: float) -> bool:
-    """Wait up to ``timeout`` seconds for ``pid`` to exit; whether it did."""
-    if pidfd is not None:
-        return bool(select.select([pidfd], [], [], timeout)[0]) or not alive(pid)
-    deadline = time.monotonic() + timeout
-    while alive(pid) and time.monotonic() < deadline:
-        time.sleep(_POLL_S)
-    return not alive(pid)
-
-
-def _send(pid: int, *signums: int) -> None:
-    for signum in signums:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signum)
+alive = processes.alive
+wait_exit = processes.wait_exit
 
 
 def terminate(pid: int, pidfd: int | None, grace_s: float) -> None:
-    """SIGCONT+SIGTERM, wait up to ``grace_s`` for the exit, then SIGKILL until it is gone.
-
-    SIGCONT first, so that a stopped rank can act on the SIGTERM.
-    """
-    _send(pid, signal.SIGCONT, signal.SIGTERM)
-    if wait_exit(pid, pidfd, grace_s):
-        return
-    log.warning("rank process %d still runs %.1f s after SIGTERM: SIGKILL", pid, grace_s)
-    while alive(pid):
-        _send(pid, signal.SIGCONT, signal.SIGTERM, signal.SIGKILL)
-        wait_exit(pid, pidfd, 1.0)
+    """End the rank: ``nvrx.processes.stop_foreign`` (SIGCONT+SIGTERM, grace, SIGKILL), alone."""
+    processes.stop_foreign(pid, pidfd, grace_s)
 
 
 def _drain(fd: int) -> None:

@@ -47,7 +47,7 @@ def exit_signature(status: ExitStatus) -> str:
 
 
 @dataclass(frozen=True)
-class FaultRecord:
+class LastFault:
     """What a child said about its own failure in its last ``fault`` event."""
 
     signature: str | None
@@ -66,7 +66,7 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _fault_record(event: dict[str, object]) -> FaultRecord:
+def _fault_record(event: dict[str, object]) -> LastFault:
     """A fault event's signature and kind, as ``nvrx-report`` reads them (old spellings too)."""
     kind = _text(event.get("fault_kind"))
     signature = fault_signature(
@@ -76,10 +76,10 @@ def _fault_record(event: dict[str, object]) -> FaultRecord:
         _text(event.get("message")),
         _text(event.get("traceback")),
     )
-    return FaultRecord(signature, kind)
+    return LastFault(signature, kind)
 
 
-def last_fault(events_dir: str | os.PathLike[str], pid: int) -> FaultRecord | None:
+def last_fault(events_dir: str | os.PathLike[str], pid: int) -> LastFault | None:
     """The ``fault`` event that ended process ``pid``: its last one, unless a later round started.
 
     The Wrapper (or the application) records an exception's type and innermost
@@ -135,7 +135,7 @@ class RestartPolicy:
         return signature, count
 
     def decide(
-        self, local_rank: int, status: ExitStatus, fault: FaultRecord | None = None
+        self, local_rank: int, status: ExitStatus, fault: LastFault | None = None
     ) -> Verdict:
         """Verdict for a child of ``local_rank`` that ended with ``status``.
 

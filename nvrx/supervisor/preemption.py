@@ -15,7 +15,7 @@ The supervisor of each node owns one ``PreemptionHandler``:
   (``nvrx.checkpoint_flag``), has the supervisor stop its children, which
   checkpoint and exit within the warning window, and then node 0
   runs ``scontrol requeue`` once, unless the cap on time-limit requeues is
-  reached. Every node returns the same ``Decision``; its ``exit_code`` is what
+  reached. Every node returns the same ``WarningOutcome``; its ``exit_code`` is what
   the supervisor should exit with.
 
 Files live in ``<job log dir>/preempt/``: ``r<run>.flag`` (the flag children
@@ -48,7 +48,7 @@ from nvrx.events import EventWriter, get_writer
 from nvrx.processes import warning_signal
 from nvrx.slurm import commands
 
-from .requeue_ledger import Decision, RequeueLedger
+from .requeue_ledger import RequeueLedger, WarningOutcome
 from .warning_cause import CAUSES, classify, window_s
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ class PreemptionHandler:
         self.flag_path = flag_path_for(self.job_dir, self.run_index)
         self._pending: int | None = None
         self._signal_wall: float | None = None
-        self._decision: Decision | None = None
+        self._decision: WarningOutcome | None = None
         self._created_wall = time.time()
         if export_env:
             os.environ[PREEMPT_FLAG_ENV] = str(self.flag_path)
@@ -163,7 +163,7 @@ class PreemptionHandler:
         return self._pending is not None and self._decision is None
 
     @property
-    def decision(self) -> Decision | None:
+    def decision(self) -> WarningOutcome | None:
         return self._decision
 
     def on_signal(self, signum: int, frame: object = None) -> None:
@@ -254,7 +254,7 @@ class PreemptionHandler:
         }.get(state, "unknown")
 
     # -- main-loop side: the work ------------------------------------------------
-    def act(self, stop_children: Callable[[float], None], cause: str | None = None) -> Decision:
+    def act(self, stop_children: Callable[[float], None], cause: str | None = None) -> WarningOutcome:
         """Handle a pending warning: flag, stop the children, requeue from node 0.
 
         ``stop_children(exit_by)`` is the supervisor's own stop: it lets the
@@ -311,27 +311,27 @@ class PreemptionHandler:
         log.warning("after the %s warning: %s", cause, decision.reason)
         return decision
 
-    def _decide(self, cause: str) -> Decision:
+    def _decide(self, cause: str) -> WarningOutcome:
         fail_exit = 128 + (self._pending or self.signum)
         total = self.ledger.count()
         if (
             cause == "time_limit"
             and self.ledger.count("time_limit") >= self.max_time_limit_requeues
         ):
-            return Decision(
+            return WarningOutcome(
                 cause, False, fail_exit, f"not requeued: {self.max_time_limit_requeues} time-limit "
                 f"requeue(s) already used (cap {MAX_TIME_LIMIT_REQUEUES_ENV})", total
             )  # fmt: skip
         if not self.slurm:
             if not self.local_requeue:
-                return Decision(
+                return WarningOutcome(
                     cause, False, fail_exit, "not requeued: not running under SLURM", total
                 )
             count = self.ledger.append(cause, self.run_index, issued_by="submitit-local")
             self._emit(
                 "requeue", cause=cause, count=count, run=self.run_index, issued_by="submitit-local"
             )
-            return Decision(
+            return WarningOutcome(
                 cause,
                 True,
                 SUBMITIT_LOCAL_REQUEUE_EXIT,
@@ -341,10 +341,10 @@ class PreemptionHandler:
         try:
             commands.requeue(self.job_id or "")
         except commands.SlurmCommandError as exc:
-            return Decision(cause, False, fail_exit, f"not requeued: {exc}", total)
+            return WarningOutcome(cause, False, fail_exit, f"not requeued: {exc}", total)
         count = self.ledger.append(cause, self.run_index, issued_by="nvrx")
         self._emit("requeue", cause=cause, count=count, run=self.run_index, issued_by="nvrx")
-        return Decision(
+        return WarningOutcome(
             cause,
             True,
             EXIT_REQUEUED,
@@ -352,15 +352,15 @@ class PreemptionHandler:
             count,
         )
 
-    def _await_decision(self, cause: str, deadline: float) -> Decision:
+    def _await_decision(self, cause: str, deadline: float) -> WarningOutcome:
         path = self._decision_path()
         if self._wait_for(path.exists, deadline):
             try:
-                return Decision(**json.loads(path.read_text()))
+                return WarningOutcome(**json.loads(path.read_text()))
             except (OSError, ValueError, TypeError) as exc:
                 log.warning("node 0's decision %s is unreadable: %s", path, exc)
         fail_exit = 128 + (self._pending or self.signum)
-        return Decision(
+        return WarningOutcome(
             cause, False, fail_exit, "node 0 made no decision in time", self.ledger.count()
         )
 

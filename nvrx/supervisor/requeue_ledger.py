@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Decision:
+class WarningOutcome:
     """What the job does after a warning; the same on every node."""
 
     cause: str

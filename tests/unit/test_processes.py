@@ -191,3 +191,28 @@ def test_a_process_that_outlives_sigkill_does_not_hang_the_stop(
     finally:
         stuck.kill()
         stuck.wait()
+
+
+def test_stop_foreign_ends_a_process_alone_and_wakes_a_stopped_one() -> None:
+    """A monitor ends the rank it watches, which is not its child: the rank alone, SIGCONT first."""
+    ignores_term = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    stubborn = subprocess.Popen([sys.executable, "-c", ignores_term], stdout=subprocess.PIPE)
+    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert stubborn.stdout is not None and stubborn.stdout.readline().strip() == b"ready"
+        os.kill(stopped.pid, signal.SIGSTOP)
+        processes.stop_foreign(stopped.pid, os.pidfd_open(stopped.pid), 30)
+        assert not processes.alive(stopped.pid)  # a zombie until its parent reaps it
+        assert stopped.wait(5) == -signal.SIGTERM  # SIGCONT let it act on SIGTERM
+        processes.stop_foreign(stubborn.pid, None, 0.2)  # no pidfd: it looks instead
+        assert stubborn.wait(5) == -signal.SIGKILL
+    finally:
+        for proc in (stubborn, stopped):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

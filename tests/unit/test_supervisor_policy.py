@@ -11,7 +11,7 @@ import pytest
 from nvrx.supervisor.children import ExitStatus
 from nvrx.supervisor.config import ConfigError, SupervisorConfig
 from nvrx.supervisor.exit_codes import ExitCode, describe, for_signal
-from nvrx.supervisor.policy import Decision, FaultRecord, RestartPolicy, exit_signature, last_fault
+from nvrx.supervisor.policy import Decision, LastFault, RestartPolicy, exit_signature, last_fault
 from nvrx.supervisor.signals import SignalPipe
 
 
@@ -78,8 +78,8 @@ def test_loop_breaker_needs_the_same_signature_in_a_row() -> None:
 
 def test_loop_breaker_counts_per_local_rank_and_uses_fault_signatures() -> None:
     policy = RestartPolicy(100, 2, Budget().spend)
-    bug = FaultRecord("ValueError@train.py:10", "exception")
-    other = FaultRecord("KeyError@train.py:20", "exception")
+    bug = LastFault("ValueError@train.py:10", "exception")
+    other = LastFault("KeyError@train.py:20", "exception")
     assert policy.decide(0, ExitStatus(1, None), bug).decision is Decision.RESTART
     assert policy.decide(1, ExitStatus(1, None), bug).decision is Decision.RESTART
     assert policy.decide(0, ExitStatus(1, None), other).decision is Decision.RESTART
@@ -90,7 +90,7 @@ def test_loop_breaker_counts_per_local_rank_and_uses_fault_signatures() -> None:
 def test_collateral_failures_spend_budget_but_never_break_the_loop() -> None:
     budget = Budget()
     policy = RestartPolicy(100, 2, budget.spend)
-    peer = FaultRecord("PeerLost@train.py:5", "peer")
+    peer = LastFault("PeerLost@train.py:5", "peer")
     for _ in range(5):
         assert policy.decide(0, ExitStatus(1, None), peer).decision is Decision.RESTART
     assert budget.used == 5
@@ -122,7 +122,7 @@ def test_last_fault_reads_only_that_pids_files_and_skips_bad_lines(tmp_path) -> 
     )
     record = last_fault(tmp_path, 4242)
     # read in the vocabulary whatever version wrote it: "B@x.py:2" is "B at x.py:2"
-    assert record == FaultRecord("B at x.py:2", "peer") and record.collateral
+    assert record == LastFault("B at x.py:2", "peer") and record.collateral
     assert last_fault(tmp_path, 1) is None
     assert last_fault(tmp_path / "missing", 4242) is None
 
@@ -143,7 +143,7 @@ def test_last_fault_ignores_a_fault_recovered_in_process(tmp_path) -> None:
             json.dumps({"kind": "fault", "signature": "F@train.py:3", "fault_kind": "exception"})
         )
         fh.write("\n")
-    assert last_fault(tmp_path, 4242) == FaultRecord("F at train.py:3", "exception")
+    assert last_fault(tmp_path, 4242) == LastFault("F at train.py:3", "exception")
 
 
 def test_exit_codes_are_described() -> None:
@@ -229,11 +229,11 @@ def test_loop_breaker_reads_old_spellings_but_an_old_line_less_signature_is_anot
     policy = RestartPolicy(100, 2, Budget().spend)
     path.write_text(json.dumps(old) + "\n")
     first = last_fault(tmp_path, 77)
-    assert first == FaultRecord("pkg.E at train.py in step", "exception")
+    assert first == LastFault("pkg.E at train.py in step", "exception")
     assert policy.decide(0, ExitStatus(1, None), first).decision is Decision.RESTART
     path.write_text(json.dumps(new) + "\n")
     second = last_fault(tmp_path, 77)
-    assert second == FaultRecord("pkg.E at train.py:9 in step", "exception")
+    assert second == LastFault("pkg.E at train.py:9 in step", "exception")
     # the line is known only in the new spelling: a different signature, the streak restarts
     assert policy.decide(0, ExitStatus(1, None), second).decision is Decision.RESTART
     verdict = policy.decide(0, ExitStatus(1, None), second)
@@ -292,7 +292,7 @@ def test_last_fault_skips_lines_nested_too_deep_and_odd_numbers(tmp_path) -> Non
     deep = b"[" * 5000 + b"]" * 5000
     odd = {"kind": "fault", "fault_kind": "exception", "signature": "exit:\u00b2"}
     path.write_bytes(json.dumps(odd).encode() + b"\n" + deep + b"\n")
-    assert last_fault(tmp_path, 77) == FaultRecord("exit code unknown", "exception")
+    assert last_fault(tmp_path, 77) == LastFault("exit code unknown", "exception")
     fifo = tmp_path / "app-n0-p78-abcd.jsonl"
     os.mkfifo(fifo)  # never ends a read: passed over
     assert last_fault(tmp_path, 78) is None
