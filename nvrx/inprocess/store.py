@@ -27,6 +27,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from nvrx import jobenv
 from nvrx.store import barrier as nvrx_barrier
 from nvrx.store import faults as nvrx_faults
 from nvrx.store import keys, rounds
@@ -208,7 +209,7 @@ def resolve_address(host: str | None = None, port: int | None = None) -> tuple[s
                     "or MASTER_PORT (the store then uses MASTER_PORT + 1)"
                 )
             try:
-                port = int(master_port) + 1
+                port = jobenv.store_port_for(int(master_port))
             except ValueError:
                 raise ValueError(f"MASTER_PORT must be an integer, got {master_port!r}") from None
     if host is None:

@@ -40,16 +40,6 @@ def train_until_warned(ckpt_dir: str, steps_after_resume: int) -> dict:
     return {"rank": rank, "run": run, "resumed_from": start, "final": step}
 
 
-def _start_now_when_pending(cluster, job_id: str, timeout: float) -> None:
-    """After a requeue the job waits cred_expire+1 s; make it start at once."""
-    wait_until(
-        f"job {job_id} to be queued again",
-        lambda: cluster.job_state(int(job_id)) == "PENDING",
-        timeout,
-    )
-    cluster.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=False)
-
-
 def _check_resumed(job, ckpt: Path, nranks: int, cause: str) -> None:
     results = job.results(timeout=120)
     for rank, result in enumerate(results):
@@ -90,7 +80,7 @@ def test_preempted_job_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path:
     wait_until("every rank to train", lambda: len(list(ckpt.glob("started-run0-*"))) == 4, 90)
     high = slurm_cluster.sbatch("sleep 1\n", "-p", slurm_cluster.high_partition, "-N2", f"-c{cpus}")
     assert slurm_cluster.wait_job(high, timeout=90) == "COMPLETED"
-    _start_now_when_pending(slurm_cluster, job.job_id, 60)
+    slurm_cluster.start_soon_when_requeued(int(job.job_id), 60)
     _check_resumed(job, ckpt, 4, "preemption")
 
 
@@ -110,7 +100,7 @@ def test_time_limit_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path: Pa
         cpus_per_task=1,
     )
     wait_until("every rank to train", lambda: len(list(ckpt.glob("started-run0-*"))) == 4, 90)
-    _start_now_when_pending(slurm_cluster, job.job_id, 120)
+    slurm_cluster.start_soon_when_requeued(int(job.job_id), 120)
     _check_resumed(job, ckpt, 4, "time_limit")
     info = commands.show_job(job.job_id, env=slurm_cluster.env)
     assert info is not None and info["Restarts"] == "1"
@@ -143,7 +133,7 @@ def test_requeue_template_forwards_the_warning(slurm_cluster, tmp_path: Path) ->
         state=lambda: out.read_text()[-3000:] if out.exists() else "no output yet",
     )
     slurm_cluster.run(["scancel", "--signal=USR2", "--batch", job_id])
-    _start_now_when_pending(slurm_cluster, job_id, 60)
+    slurm_cluster.start_soon_when_requeued(int(job_id), 60)
     assert slurm_cluster.wait_job(int(job_id), timeout=90) == "COMPLETED"
     assert slurm_cluster.job_info(int(job_id))["Restarts"] == "1"
     assert all(json.loads((ckpt / f"rank{r}.json").read_text())["step"] > 0 for r in range(4))

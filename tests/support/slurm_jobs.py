@@ -117,8 +117,13 @@ class JobClient:
         start time is 2 s after the job is pending again.
         """
         self.run(["scontrol", "requeue", str(job_id)])
+        self.start_soon_when_requeued(job_id, timeout)
+
+    def start_soon_when_requeued(self, job_id: int, timeout: float = 30) -> None:
+        """Once a requeued job (by anyone) is pending again, let it start 2 s later
+        instead of after cred_expire; never in the same second (see ``requeue``)."""
         self.wait_job(job_id, {"PENDING"}, timeout=timeout)
-        self.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now+2"])
+        self.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now+2"], check=False)
 
     def sacct(self, job_id: int, timeout: float = 15, **kwargs) -> list[dict[str, str]]:
         """sacct rows of a job (all runs, steps included), once accounting caught up.
