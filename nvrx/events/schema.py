@@ -129,7 +129,15 @@ KINDS: dict[str, dict[str, str]] = {
     "job_stop": {"reason": "why the job stops", "exit_code": "exit code the supervisor returns"},
     "supervisor_end": {"exit_code": "exit code", "reason": "why"},
     # -- SLURM --------------------------------------------------------------
-    "preempt_signal": {"signal": "signal name", "cause": "preemption | time_limit | unknown"},
+    "preempt_signal": {
+        "signal": "signal name",
+        "cause": "preemption | time_limit | unknown",
+        "window_s": "seconds left to checkpoint and stop",
+        "decided_by": "scontrol | flag (another node decided) | caller | no SLURM",
+        "TimeLimit": "scontrol's TimeLimit when the cause was read from it",
+        "RunTime": "scontrol's RunTime then",
+        "PreemptTime": "scontrol's PreemptTime then",
+    },
     "checkpoint": {
         "path": "checkpoint written or loaded",
         "step": "training step",

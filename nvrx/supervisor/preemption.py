@@ -22,8 +22,7 @@ Files live in ``<job log dir>/preempt/``: ``r<run>.flag`` (the flag children
 read), ``r<run>.node<k>.done`` (node k's children are done),
 ``r<run>.decision`` (node 0's decision) and ``requeues.json`` (the ledger of
 requeues, written by node 0 only). ``<run>`` is ``SLURM_RESTART_COUNT``.
-Waits on files of other nodes are bounded polls: they live on a shared file
-system, where no blocking wait exists.
+Waits on other nodes' files are bounded polls (no blocking wait on a shared FS).
 """
 
 from __future__ import annotations
@@ -69,6 +68,8 @@ EXIT_REQUEUED = 75
 SUBMITIT_LOCAL_REQUEUE_EXIT = 144
 #: Seconds a child gets between SIGTERM and SIGKILL once the warning window is over.
 TERM_GRACE_S = 5.0
+#: Fields of ``scontrol show job`` the cause is read from, kept in the event to tell why.
+_CLASSIFIED_BY = ("TimeLimit", "RunTime", "PreemptTime")
 #: Seconds between looks at other nodes' files.
 POLL_S = 0.2
 
@@ -274,18 +275,23 @@ class PreemptionHandler:
         received = self._signal_wall or time.time()
         signame = signal.Signals(signum).name
         flag = self._current_flag()  # the first node to act decides cause and deadline for all
+        seen: dict[str, str | None] = {"decided_by": "flag"}
         if flag is not None and flag.get("cause") in CAUSES:
             cause = cause or str(flag["cause"])
             deadline = float(flag["deadline_wall"])
             window = max(0.0, deadline - received)
         else:
             info = self._job_info()
+            seen = {name: (info or {}).get(name) for name in _CLASSIFIED_BY}
+            seen["decided_by"] = "caller" if cause else "scontrol" if self.slurm else "no SLURM"
             if cause is None:
                 cause = classify(info, self.signal_delay_s) if self.slurm else "unknown"
             window = window_s(info, cause, self.signal_delay_s, self.preempt_window_s)
             deadline = received + window
             flag = None
-        self._emit("preempt_signal", signal=signame, cause=cause, window_s=round(window, 1))
+        self._emit(
+            "preempt_signal", signal=signame, cause=cause, window_s=round(window, 1), **seen
+        )
         log.warning("%s: %s warning, %.0f s to checkpoint and stop", signame, cause, window)
         if flag is None:
             write_flag(

@@ -162,6 +162,7 @@ def test_local_requeue_checkpoints_children_and_counts(
     kinds = [e["kind"] for e in events]
     assert kinds == ["preempt_signal", "requeue"]
     assert events[0]["signal"] == "SIGUSR2"
+    assert events[0]["decided_by"] == "no SLURM" and events[0]["RunTime"] is None
     assert events[1]["count"] == 1
     # a second act() returns the same decision without doing anything again
     assert handler.act(lambda exit_by: pytest.fail("stopped twice")) is decision
