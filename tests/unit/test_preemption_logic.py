@@ -231,8 +231,8 @@ def test_time_limit_requeues_are_capped(tmp_path: Path) -> None:
     assert other.act(_no_children, cause="preemption").requeued
 
 
-def test_nodes_share_node0_decision(tmp_path: Path) -> None:
-    job_dir = tmp_path / "job"
+def _two_local_nodes(job_dir: Path) -> list[PreemptionHandler]:
+    """The handlers of a two-node job without SLURM (submitit's local requeue); node 0 started."""
     handlers = [
         PreemptionHandler(
             job_dir, k, 2, slurm=False, local_requeue=True, preempt_window_s=20, export_env=False
@@ -240,6 +240,12 @@ def test_nodes_share_node0_decision(tmp_path: Path) -> None:
         for k in range(2)
     ]
     handlers[0].start()
+    return handlers
+
+
+def test_nodes_share_node0_decision(tmp_path: Path) -> None:
+    job_dir = tmp_path / "job"
+    handlers = _two_local_nodes(job_dir)
     decisions: dict[int, object] = {}
 
     def run(k: int) -> None:
@@ -260,13 +266,7 @@ def test_nodes_share_node0_decision(tmp_path: Path) -> None:
 def test_a_node_whose_children_stopped_on_the_flag_still_takes_part(tmp_path: Path) -> None:
     """Node 1 never got the signal: the flag node 0 raised is its warning, with node 0's cause."""
     job_dir = tmp_path / "job"
-    handlers = [
-        PreemptionHandler(
-            job_dir, k, 2, slurm=False, local_requeue=True, preempt_window_s=20, export_env=False
-        )
-        for k in range(2)
-    ]
-    handlers[0].start()
+    handlers = _two_local_nodes(job_dir)
     assert not handlers[1].adopt_flag()  # no flag yet
     decisions: dict[int, object] = {}
 
