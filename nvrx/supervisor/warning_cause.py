@@ -4,7 +4,9 @@ The signal alone does not say which of the two happened, so ``classify`` asks
 slurmctld's view of the job (``scontrol show job``): a set ``PreemptTime``
 means preemption; otherwise the time left against the warning delay tells a
 time limit from a preemption (submitit's elapsed-versus-limit rule when the
-delay is unknown).
+delay is unknown). slurmctld checks time limits periodically and sends the
+warning up to 60 s before the delay asks (``man sbatch``, ``--signal``), so a
+time-limit warning may come with that much more time left.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds of lag allowed between SLURM's warning and our look at the job's clock.
 TIME_LIMIT_SLACK_S = 5.0
+#: How much earlier than ``--signal=SIG@delay`` asks SLURM may send the warning.
+SLURM_SIGNAL_EARLY_S = 60.0
 #: Seconds a preempted job may use to checkpoint when the partition's GraceTime is unknown.
 DEFAULT_PREEMPT_WINDOW_S = 30.0
 CAUSES = ("preemption", "time_limit", "unknown")
@@ -40,8 +44,9 @@ def parse_duration(text: str | None) -> float | None:
 def classify(info: Mapping[str, str] | None, signal_delay_s: float | None) -> str:
     """``preemption``, ``time_limit`` or ``unknown`` from ``scontrol show job`` fields.
 
-    A time-limit warning comes when at most ``signal_delay_s`` seconds are
-    left; a warning with clearly more time left is a preemption.
+    A time-limit warning comes when at most ``signal_delay_s`` seconds (plus
+    SLURM's up to 60 s of earliness) are left; a warning with clearly more
+    time left is a preemption.
     """
     if not info:
         return "unknown"
@@ -52,7 +57,8 @@ def classify(info: Mapping[str, str] | None, signal_delay_s: float | None) -> st
     if limit is None or run is None:
         return "unknown" if limit is not None else "preemption"
     if signal_delay_s is not None:
-        return "time_limit" if limit - run <= signal_delay_s + TIME_LIMIT_SLACK_S else "preemption"
+        latest = signal_delay_s + SLURM_SIGNAL_EARLY_S + TIME_LIMIT_SLACK_S
+        return "time_limit" if limit - run <= latest else "preemption"
     return "time_limit" if run >= min(0.8 * limit, limit - 600.0) else "preemption"
 
 

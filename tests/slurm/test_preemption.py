@@ -88,7 +88,7 @@ def test_preempted_job_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path:
 def test_time_limit_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    # 1-minute limit, warning 50 s before it: SLURM sends it 10-40 s into the run
+    # 1-minute limit, warning 50 s before it: SLURM may send it up to 60 s early, so at any time
     job = submit(
         train_until_warned,
         args=(str(ckpt), 5),

@@ -71,6 +71,11 @@ def test_classify_by_preempt_time_and_time_left() -> None:
         classify({"PreemptTime": "None", "TimeLimit": "00:01:00", "RunTime": "00:00:20"}, 50)
         == "time_limit"
     )
+    # slurmctld may warn up to 60 s early: 2 s into a 1-minute job is still the time limit
+    assert (
+        classify({"PreemptTime": "None", "TimeLimit": "00:01:00", "RunTime": "00:00:02"}, 50)
+        == "time_limit"
+    )
     # 5 minutes limit, warned 10 s in: far more time left than the warning delay
     assert (
         classify({"PreemptTime": "None", "TimeLimit": "00:05:00", "RunTime": "00:00:10"}, 50)
