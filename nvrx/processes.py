@@ -16,6 +16,8 @@ through here, so that three rules hold everywhere:
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import logging
 import os
 import select
@@ -36,6 +38,8 @@ DEFAULT_WARNING_SIGNAL = "USR2"
 DEFAULT_GRACE_S = 5.0
 #: Seconds a stop waits at least for a SIGKILLed process to be gone.
 KILL_WAIT_S = 5.0
+#: Linux prctl(2) option: the signal a process gets when its parent thread dies.
+_PR_SET_PDEATHSIG = 1
 #: Without a pidfd there is no blocking wait for a non-child: how often to look.
 _FOREIGN_POLL_S = 0.1
 
@@ -82,11 +86,30 @@ def ignore_warning_signal() -> None:
     signal.signal(signum, signal.SIG_IGN)
 
 
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl``, looked up before any fork (None where there is none)."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def _setup_child(ignore_warning: bool, parent: int | None, prctl: Callable[..., int] | None) -> None:
+    """Between fork and exec: the warning signal's disposition, and death with ``parent``."""
+    if ignore_warning:
+        ignore_warning_signal()
+    if parent is not None and prctl is not None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the request took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 def start(
     argv: Sequence[str],
     *,
     env: Mapping[str, str] | None = None,
     ignore_warning: bool = True,
+    die_with_parent: bool = False,
     **popen_args: Any,
 ) -> subprocess.Popen[Any]:
     """Start ``argv`` leading a new process group (see the module docstring).
@@ -95,13 +118,22 @@ def start(
     Raises OSError when the command cannot be started. ``ignore_warning`` runs
     ``ignore_warning_signal`` as a ``preexec_fn``, which makes CPython fork()
     and run Python in the child before exec: from a threaded process, pass
-    False and have the program ignore the signal itself.
+    False and have the program ignore the signal itself. ``die_with_parent``
+    has the kernel SIGKILL the process when the thread that started it dies
+    (Linux ``PR_SET_PDEATHSIG``), so a supervisor killed with SIGKILL leaves no
+    training process behind; also a ``preexec_fn``.
     """
+    setup = None
+    if ignore_warning or die_with_parent:
+        parent = os.getpid() if die_with_parent else None
+        setup = functools.partial(
+            _setup_child, ignore_warning, parent, _prctl() if die_with_parent else None
+        )
     return subprocess.Popen(
         list(argv),
         env=dict(env) if env is not None else None,
         start_new_session=True,
-        preexec_fn=ignore_warning_signal if ignore_warning else None,
+        preexec_fn=setup,
         **popen_args,
     )
 

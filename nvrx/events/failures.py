@@ -16,6 +16,7 @@ signal         the signal that ended a process             ``signal SIGKILL``
 exit           the exit code a process ended with          ``exit code 1``
 peer           another rank's fault stopped this one       ``peer fault``
 slurm          what SLURM did to the job                   ``slurm: time limit``
+node           a node's supervisor fell silent             ``node lost``
 =============  ==========================================  =====================
 
 Older logs spell some of them differently (``signal:SIGKILL``, ``exit:1``,
@@ -38,8 +39,8 @@ from dataclasses import dataclass
 from pathlib import PurePath
 
 EXCEPTION, HANG, DEAD, UNRESPONSIVE = "exception", "hang", "dead", "unresponsive"
-SIGNAL, EXIT, PEER, SLURM = "signal", "exit", "peer", "slurm"
-FAILURE_KINDS = (EXCEPTION, HANG, DEAD, UNRESPONSIVE, SIGNAL, EXIT, PEER, SLURM)
+SIGNAL, EXIT, PEER, SLURM, NODE = "signal", "exit", "peer", "slurm", "node"
+FAILURE_KINDS = (EXCEPTION, HANG, DEAD, UNRESPONSIVE, SIGNAL, EXIT, PEER, SLURM, NODE)
 
 #: ``fault_kind`` values of ``fault`` events and store fault records, and the kind of each.
 FAULT_KINDS: dict[str, str] = {
@@ -51,11 +52,13 @@ FAULT_KINDS: dict[str, str] = {
     "unresponsive": UNRESPONSIVE,
     "signal": SIGNAL,
     "peer": PEER,
+    "node_lost": NODE,  # the rank's whole node was lost (its supervisor fell silent)
 }
 
 DEAD_SIGNATURE = "dead process"
 UNRESPONSIVE_SIGNATURE = "unresponsive (no heartbeat)"
 PEER_SIGNATURE = "peer fault"
+NODE_LOST_SIGNATURE = "node lost"
 _SIGNAL_PREFIX, _EXIT_PREFIX, _HANG_PREFIX, _SLURM_PREFIX = (
     "signal ",
     "exit code ",
@@ -94,6 +97,7 @@ _OLD_SPELLINGS = {
     "peer": PEER_SIGNATURE,
     "hang_soft": "hang (soft timeout)",
     "hang_hard": "hang (hard timeout)",
+    "node_lost": NODE_LOST_SIGNATURE,
 }
 
 
@@ -157,7 +161,12 @@ def kind_of(signature: str) -> str:
     for prefix, kind in prefixes:
         if signature.startswith(prefix):
             return kind
-    fixed = {DEAD_SIGNATURE: DEAD, UNRESPONSIVE_SIGNATURE: UNRESPONSIVE, PEER_SIGNATURE: PEER}
+    fixed = {
+        DEAD_SIGNATURE: DEAD,
+        UNRESPONSIVE_SIGNATURE: UNRESPONSIVE,
+        PEER_SIGNATURE: PEER,
+        NODE_LOST_SIGNATURE: NODE,
+    }
     return fixed.get(signature, EXCEPTION)
 
 

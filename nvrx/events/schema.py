@@ -47,7 +47,7 @@ KINDS: dict[str, dict[str, str]] = {
         "outcome": "completed | fault",
     },
     "fault": {
-        "fault_kind": "exception | hang_soft | hang_hard | dead | unresponsive | peer | signal | exit",
+        "fault_kind": "exception | hang_soft | hang_hard | dead | unresponsive | peer | signal | exit | node_lost",
         "origin_rank": "rank that faulted first (this rank for a local fault)",
         "exc_type": "qualified exception type, when an exception",
         "message": "exception message or a description",
@@ -124,6 +124,24 @@ KINDS: dict[str, dict[str, str]] = {
         "phase": "replacement_started (supervisor side)",
         "child_pid": "pid of the replacement (supervisor side)",
         "rank_rejoined": "rank that came back (wrapper side)",
+    },
+    "node_lost": {
+        "lost_node": "node rank the lost node held (null when it was a spare)",
+        "lost_slot": "the lost supervisor's slot (SLURM_PROCID / --node-rank it started with)",
+        "lost_host": "host of the lost node (SLURM node name under SLURM)",
+        "silent_s": "seconds its supervisor had been silent when it was declared lost",
+        "last_seen_wall": "wall time of its last sign of life, as the watcher saw it",
+        "seen_by": "slot of the supervisor that declared it lost",
+        "slurm_state": "SLURM's view of the node (scontrol State, Reason), when it could be had",
+        "action": "spare (a spare takes its node rank) | shrink (the job goes on smaller) | "
+        "stop (no spare, below --min-nodes) | none (a spare was lost)",
+        "replaced_by": "slot of the spare that takes over, when action is spare",
+        "ranks": "global ranks the lost node held",
+    },
+    "node_takeover": {
+        "node_rank": "node rank this spare supervisor takes over",
+        "lost_slot": "slot of the lost node it replaces",
+        "wait_s": "seconds from the loss being declared to the takeover",
     },
     "signal_received": {"signal": "signal name", "action": "what the receiver does about it"},
     "job_stop": {"reason": "why the job stops", "exit_code": "exit code the supervisor returns"},

@@ -132,7 +132,7 @@ def take_back(
     survivors = [r for r in range(state.world_size) if r not in terminated]
     if not survivors:
         return set()
-    candidates = _candidates(store, terminated)
+    candidates = _candidates(store, base_store, terminated)
     if not candidates:
         return set()
     t0 = time.monotonic()
@@ -147,14 +147,22 @@ def take_back(
     return set(back)
 
 
-def _candidates(store: Any, terminated: set[int]) -> list[int]:
-    """Terminated ranks a replacement may come back for: not those that left by ``RestartAbort``."""
+def _candidates(store: Any, base_store: Any, terminated: set[int]) -> list[int]:
+    """Terminated ranks a replacement may come back for: not those that left by
+    ``RestartAbort``, nor those of a lost node that no spare node took over."""
     stopped = {
         rec.rank
         for rec in rstore.fault_records(store)
         if rec.kind == "exit" and (rec.exc_type or "").endswith("RestartAbort")
     }
-    return sorted(t for t in terminated if t not in stopped)
+    candidates = []
+    for t in sorted(terminated - stopped):
+        initial = t
+        if store.check([keys.rank_state(t)]):
+            initial = int(json.loads(store.get(keys.rank_state(t)))["initial_rank"])
+        if not base_store.check([keys.rank_gone(initial)]):
+            candidates.append(t)
+    return candidates
 
 
 def _admit(

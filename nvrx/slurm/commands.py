@@ -130,6 +130,19 @@ def show_job(job_id: int | str, *, env: Mapping[str, str] | None = None) -> dict
     return parse_key_values(lines[0])
 
 
+def show_node(
+    name: str, *, env: Mapping[str, str] | None = None, timeout: float = COMMAND_TIMEOUT_S
+) -> dict[str, str] | None:
+    """``scontrol show node -o NAME`` as a dict, or None when slurmctld does not know it."""
+    done = run_command(
+        ["scontrol", "show", "node", "-o", name], env=env, check=False, timeout=timeout
+    )
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    if done.returncode != 0 or not lines:
+        return None
+    return parse_key_values(lines[0])
+
+
 def sacct_rows(
     job_id: int | str,
     *,

@@ -41,6 +41,12 @@ def admission(initial_rank: int, pid: int) -> str:
     return f"{ROOT}admit/{initial_rank}/{pid}"
 
 
+def rank_gone(initial_rank: int) -> str:
+    """Set when the process of ``initial_rank`` will not come back (its node was lost, no
+    spare took it over): survivors do not wait for its replacement."""
+    return f"{ROOT}gone/{initial_rank}"
+
+
 # Names inside one round's prefix --------------------------------------------
 INTERRUPTED = "interrupted"  # "fault" when any rank faults, "done" when the round completed
 FAULT_LIST = "faults"  # append-only JSON fault records, one per line (``nvrx.store.faults``)

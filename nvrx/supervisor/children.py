@@ -78,8 +78,13 @@ class Child:
         attempt: int,
         cwd: str | None = None,
     ) -> Child:
-        """Start ``command`` leading its own process group. Raises OSError when it cannot start."""
-        return cls(local_rank, attempt, processes.start(command, env=env, cwd=cwd))
+        """Start ``command`` leading its own process group. Raises OSError when it cannot start.
+
+        The child dies with the supervisor: a supervisor killed by SIGKILL (how a
+        lost node looks from inside) leaves no training process running on.
+        """
+        proc = processes.start(command, env=env, cwd=cwd, die_with_parent=True)
+        return cls(local_rank, attempt, proc)
 
     @classmethod
     def forked(cls, local_rank: int, attempt: int, pid: int) -> Child:
@@ -119,9 +124,11 @@ class Child:
         return self.status
 
 
-
 def stop_children(
-    children: Sequence[Child], grace_s: float, exit_by: float | None = None, ask: int = signal.SIGTERM
+    children: Sequence[Child],
+    grace_s: float,
+    exit_by: float | None = None,
+    ask: int = signal.SIGTERM,
 ) -> None:
     """The supervisor's one way to stop children: every group at once, ``ask`` (SIGTERM), SIGKILL
     after ``grace_s``, reaped (``poll`` then tells each status, to be recorded as usual).

@@ -22,6 +22,8 @@ from .config import (
     DEFAULT_GRACE_PERIOD_S,
     DEFAULT_LOOP_BREAKER,
     DEFAULT_MAX_RESTARTS,
+    DEFAULT_NODE_HEARTBEAT_S,
+    DEFAULT_NODE_TIMEOUT_S,
     DEFAULT_STORE_TIMEOUT_S,
     ConfigError,
     SupervisorConfig,
@@ -153,6 +155,39 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help=f"seconds node 0 keeps the store up for other nodes after its own children ended (default {DEFAULT_FINISH_TIMEOUT_S:g})",
     )
+    add(
+        "--spare-nodes",
+        type=int,
+        default=0,
+        metavar="K",
+        help="of the job's --nnodes supervisors (under SLURM: its nodes), the last K start as "
+        "spares: no training ranks, Python warm; when a node is lost, the lowest free spare takes "
+        "its node rank and its children rejoin the running job (default 0)",
+    )
+    add(
+        "--min-nodes",
+        type=int,
+        default=None,
+        metavar="M",
+        help="with no spare left, go on after a node loss while at least M training nodes remain "
+        "(the lost ranks are removed); below M the job stops with exit 8 (default: all active "
+        "nodes, i.e. never shrink)",
+    )
+    add(
+        "--node-timeout",
+        type=float,
+        default=DEFAULT_NODE_TIMEOUT_S,
+        metavar="S",
+        help="a node whose supervisor sends no heartbeat for S seconds is declared lost "
+        f"(default {DEFAULT_NODE_TIMEOUT_S:g}; must be above --node-heartbeat)",
+    )
+    add(
+        "--node-heartbeat",
+        type=float,
+        default=DEFAULT_NODE_HEARTBEAT_S,
+        metavar="S",
+        help=f"seconds between node heartbeats in the store (default {DEFAULT_NODE_HEARTBEAT_S:g})",
+    )
     add("--verbose", "-v", action="store_true", help="log each decision to stderr")
     add("command", nargs=argparse.REMAINDER, help="the training command, after '--'")
     return parser
@@ -210,6 +245,10 @@ def config_from_args(
         grace_period=args.grace_period,
         store_timeout=args.store_timeout,
         finish_timeout=args.finish_timeout,
+        spare_nodes=args.spare_nodes,
+        min_nodes=args.min_nodes,
+        node_timeout=args.node_timeout,
+        node_heartbeat=args.node_heartbeat,
     )
     return config, args.verbose
 

@@ -23,12 +23,18 @@ DEFAULT_LOOP_BREAKER = 3
 DEFAULT_GRACE_PERIOD_S = 5.0
 DEFAULT_STORE_TIMEOUT_S = 60.0
 DEFAULT_FINISH_TIMEOUT_S = 300.0
+DEFAULT_NODE_HEARTBEAT_S = 1.0
+DEFAULT_NODE_TIMEOUT_S = 5.0
 
 KEY_PREFIX = "nvrx_supervisor/"
 STOP_KEY = KEY_PREFIX + "stop"
 RESTARTS_KEY = KEY_PREFIX + "restarts"
 NODES_DONE_KEY = KEY_PREFIX + "nodes_done"
 ALL_DONE_KEY = KEY_PREFIX + "all_done"
+#: Counter: slots other than 0 that ended (left, or were declared lost).
+ENDED_KEY = KEY_PREFIX + "ended"
+#: Set when every slot but 0 has ended: node 0 may take the store down.
+ALL_ENDED_KEY = KEY_PREFIX + "all_ended"
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,10 @@ class SupervisorConfig:
     grace_period: float = DEFAULT_GRACE_PERIOD_S
     store_timeout: float = DEFAULT_STORE_TIMEOUT_S
     finish_timeout: float = DEFAULT_FINISH_TIMEOUT_S
+    spare_nodes: int = 0
+    min_nodes: int | None = None
+    node_heartbeat: float = DEFAULT_NODE_HEARTBEAT_S
+    node_timeout: float = DEFAULT_NODE_TIMEOUT_S
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -129,6 +139,25 @@ class SupervisorConfig:
             ),
             (bool(self.master_addr), "--master-addr must not be empty"),
             (
+                0 <= self.spare_nodes < self.nnodes,
+                f"--spare-nodes must be in 0..{self.nnodes - 1} (smaller than --nnodes "
+                f"{self.nnodes}: at least one node trains), got {self.spare_nodes}",
+            ),
+            (
+                self.min_nodes is None or 1 <= self.min_nodes <= self.active_nodes,
+                f"--min-nodes must be in 1..{self.active_nodes} (the active nodes: --nnodes "
+                f"{self.nnodes} minus --spare-nodes {self.spare_nodes}), got {self.min_nodes}",
+            ),
+            (
+                self.node_heartbeat > 0,
+                f"--node-heartbeat must be > 0 seconds, got {self.node_heartbeat}",
+            ),
+            (
+                self.node_timeout > self.node_heartbeat,
+                f"--node-timeout must be above --node-heartbeat ({self.node_heartbeat:g} s), "
+                f"got {self.node_timeout:g}",
+            ),
+            (
                 bool(self.job_id) and "/" not in self.job_id,
                 f"--job-id must be a non-empty name without '/', got {self.job_id!r}",
             ),
@@ -138,8 +167,22 @@ class SupervisorConfig:
                 raise ConfigError(message)
 
     @property
+    def active_nodes(self) -> int:
+        """Nodes that train from the start; the other ``spare_nodes`` slots wait as spares."""
+        return self.nnodes - self.spare_nodes
+
+    @property
+    def least_nodes(self) -> int:
+        """Fewest training nodes the job goes on with after losing nodes no spare replaced."""
+        return self.active_nodes if self.min_nodes is None else self.min_nodes
+
+    @property
+    def starts_as_spare(self) -> bool:
+        return self.node_rank >= self.active_nodes
+
+    @property
     def world_size(self) -> int:
-        return self.nnodes * self.nproc_per_node
+        return self.active_nodes * self.nproc_per_node
 
     @property
     def store_host(self) -> str:
@@ -147,12 +190,16 @@ class SupervisorConfig:
 
     @property
     def job_env(self) -> JobEnv:
-        """This supervisor's job as the job-environment contract."""
+        """This supervisor's job as the job-environment contract (its slot as node rank)."""
+        return self.job_env_for(self.node_rank)
+
+    def job_env_for(self, node_rank: int) -> JobEnv:
+        """The job as the children of training node ``node_rank`` see it (spares not counted)."""
         return JobEnv(
             job_id=self.job_id,
             log_dir=self.log_dir,
-            nnodes=self.nnodes,
-            node_rank=self.node_rank,
+            nnodes=self.active_nodes,
+            node_rank=node_rank,
             nproc_per_node=self.nproc_per_node,
             master_addr=self.master_addr,
             master_port=self.master_port,
@@ -164,14 +211,20 @@ class SupervisorConfig:
         """Where this job's events go: ``<log_dir>/<job_id>``."""
         return self.job_env.job_dir
 
-    def rank(self, local_rank: int) -> int:
-        return self.job_env.rank(local_rank)
+    def rank(self, local_rank: int, node_rank: int | None = None) -> int:
+        """Global rank of ``local_rank`` on training node ``node_rank`` (default: this slot's)."""
+        return self.job_env_for(self.node_rank if node_rank is None else node_rank).rank(local_rank)
 
     def child_env(
-        self, local_rank: int, restart_count: int, base: Mapping[str, str] | None = None
+        self,
+        local_rank: int,
+        restart_count: int,
+        base: Mapping[str, str] | None = None,
+        node_rank: int | None = None,
     ) -> dict[str, str]:
         """Environment of the child of ``local_rank`` (docs/conventions.md), on top of ``base``."""
-        return self.job_env.child_env(local_rank, restart_count, base, self.extra_env)
+        job = self.job_env_for(self.node_rank if node_rank is None else node_rank)
+        return job.child_env(local_rank, restart_count, base, self.extra_env)
 
     @classmethod
     def for_job(cls, job: JobEnv, **settings: Any) -> SupervisorConfig:

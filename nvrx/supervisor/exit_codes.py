@@ -25,6 +25,8 @@ class ExitCode(enum.IntEnum):
     LOOP_BREAKER = 5  # the same failure signature K times in a row (--loop-breaker)
     PEER_LOST = 6  # other nodes did not finish within --finish-timeout
     SPAWN_FAILED = 7  # the training command could not be started (not found, not executable)
+    NODE_LOST = 8  # a node was lost, no spare was left and the job fell below --min-nodes
+    FENCED = 9  # this node was declared lost while it stalled; the job went on without it
     REQUEUED = 75  # SLURM warned; children checkpointed, node 0 requeued the job
 
 
@@ -38,6 +40,10 @@ DESCRIPTIONS: dict[int, str] = {
     ExitCode.LOOP_BREAKER: "same failure signature --loop-breaker times in a row",
     ExitCode.PEER_LOST: "other nodes did not finish within --finish-timeout",
     ExitCode.SPAWN_FAILED: "the training command could not be started",
+    ExitCode.NODE_LOST: "node lost, no spare: a node was lost, no spare node was left and "
+    "fewer than --min-nodes nodes remained",
+    ExitCode.FENCED: "this node was declared lost by the others while it stalled (frozen, "
+    "overloaded); its children were ended and the job went on without it",
     ExitCode.REQUEUED: "preemption or time-limit warning: checkpointed, job requeued (docs/submit.md)",
 }
 

@@ -5,10 +5,13 @@ replacement children from a process that holds no torch or socket state. This
 agent (started with ``python -m nvrx.supervisor.store_agent HOST PORT TIMEOUT``)
 owns the torch ``TCPStore`` clients instead and speaks JSON lines:
 
-* requests on stdin: ``{"id": 1, "op": "add"|"set"|"get"|"watch", "key": ..., ...}``
+* requests on stdin: ``{"id": 1, "op": "add"|"set"|"get"|"watch", "key": ..., ...}``;
+  ``liveness`` starts the node heartbeat and watch (``node_watch``), ``leave_ranks``
+  takes a lost node's ranks out of the Wrapper's running round (``lost_ranks``)
 * answers on stdout: ``{"id": 1, "value": ...}`` or ``{"id": 1, "error": "..."}``
 * unsolicited lines: ``{"event": "ready"}``, ``{"event": "key", "key": k, "value": v}``
-  when a watched key is set, ``{"event": "lost", "message": ...}`` when the store is gone.
+  when a watched key is set, ``{"event": "lost", "message": ...}`` when the store is gone,
+  ``{"event": "node_silent", "slot": s, ...}`` and ``{"event": "fenced", ...}`` from the node watch.
 
 It exits when stdin closes (its supervisor ended) and never outlives it.
 """
@@ -16,6 +19,7 @@ It exits when stdin closes (its supervisor ended) and never outlives it.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 from datetime import timedelta
@@ -84,7 +88,36 @@ class _Agent:
                 target=self._watch, args=(key,), name=f"watch-{key}", daemon=True
             ).start()
             return {"value": None}
-        raise ValueError(f"unknown op {op!r}: expected add, set, get or watch")
+        if op == "liveness":
+            self._start_liveness(request)
+            return {"value": None}
+        if op == "leave_ranks":
+            from .lost_ranks import leave_round
+
+            return {
+                "value": leave_round(
+                    self.store,
+                    [int(r) for r in request["initial_ranks"]],
+                    int(request["world_size"]),
+                    str(request.get("message", "")),
+                    bool(request.get("gone")),
+                )
+            }
+        raise ValueError(
+            f"unknown op {op!r}: expected add, set, get, watch, liveness or leave_ranks"
+        )
+
+    def _start_liveness(self, request: dict[str, Any]) -> None:
+        from .node_watch import NodeWatch
+
+        NodeWatch(
+            self._connect,
+            self.send,
+            own=int(request["slot"]),
+            nslots=int(request["nslots"]),
+            interval=float(request["interval"]),
+            timeout=float(request["timeout"]),
+        ).start()
 
     def serve(self, lines: Any) -> None:
         self.send({"event": "ready"})
@@ -122,7 +155,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         return 3
     agent.serve(sys.stdin)
-    return 0
+    sys.stdout.flush()
+    # Watch threads are blocked inside torch's C++ store client: ending the interpreter
+    # around them aborts ("terminate called without an active exception").
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -196,6 +196,25 @@ class StoreLink:
         """Have ``read_events`` return ``{"event": "key", "key": key, "value": ...}`` once ``key`` is set."""
         self.request("watch", key)
 
+    def start_liveness(self, slot: int, nslots: int, interval: float, timeout: float) -> None:
+        """Have the agent beat for ``slot`` and watch the next slot (``node_watch``)."""
+        self.request(
+            "liveness", "node", slot=slot, nslots=nslots, interval=interval, timeout=timeout
+        )
+
+    def leave_ranks(
+        self, initial_ranks: list[int], world_size: int, message: str, gone: bool
+    ) -> dict[str, Any]:
+        """Take a lost node's ranks out of the Wrapper's running round (``lost_ranks``)."""
+        return self.request(
+            "leave_ranks",
+            "node",
+            initial_ranks=initial_ranks,
+            world_size=world_size,
+            message=message,
+            gone=gone,
+        )
+
     # -- end ----------------------------------------------------------------------
     def close(self, timeout: float = 5.0) -> None:
         """Stop the agent (closing its stdin ends it) and reap it; kill its group if it lingers."""

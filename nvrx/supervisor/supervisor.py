@@ -23,14 +23,16 @@ from nvrx.store.service import StoreService
 from . import preemption
 from .children import Child, ExitStatus, stop_children
 from .config import (
-    ALL_DONE_KEY,
-    NODES_DONE_KEY,
+    ALL_ENDED_KEY,
     RESTARTS_KEY,
     STOP_KEY,
     StopRequest,
     SupervisorConfig,
 )
 from .exit_codes import ExitCode, SupervisorError, for_signal
+from .job_end import JobEnd
+from .node_messages import NodeMessages
+from .node_roles import NodeRoles
 from .policy import Decision, RestartPolicy, last_fault
 from .preemption import PreemptionHandler
 from .signals import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
@@ -43,7 +45,7 @@ log = logging.getLogger(__name__)
 Spawner = Callable[[int, int, dict], Child]
 
 
-class Supervisor:
+class Supervisor(NodeMessages, JobEnd):
     """Runs one node of a job until all its children have ended; ``run()`` returns the exit code."""
 
     def __init__(self, config: SupervisorConfig, spawn: Spawner | None = None) -> None:
@@ -64,6 +66,9 @@ class Supervisor:
         self._exit_seen: dict[int, float] = {}
         self._selector: selectors.BaseSelector | None = None
         self.preemption: PreemptionHandler | None = None
+        self.roles: NodeRoles | None = None
+        self._all_done = False  # a spare saw every training node finish
+        self._all_ended = False  # node 0 saw every other slot end
 
     # -- life ---------------------------------------------------------------------
     def run(self) -> int:
@@ -83,6 +88,8 @@ class Supervisor:
             nproc_per_node=cfg.nproc_per_node,
             command=cfg.command,
             store=f"{cfg.store_host}:{cfg.store_port}",
+            spare_nodes=cfg.spare_nodes,
+            spare=cfg.starts_as_spare,
             max_restarts=cfg.max_restarts,
             loop_breaker=cfg.loop_breaker,
             supervisor_pid=os.getpid(),
@@ -99,13 +106,15 @@ class Supervisor:
             # The agent imports torch and retries connecting while the store comes up: start it first.
             self.link = StoreLink(cfg.store_host, cfg.store_port, cfg.store_timeout).launch()
             self.service = bring_up_store(cfg)
+            self.roles = NodeRoles(cfg, self.link, self._emit)
             early = [s for s in self.signals.read() if s in STOP_SIGNALS]
             if early:
                 self.exit_code = for_signal(early[0])
                 reason = f"received {signal.Signals(early[0]).name} before any child started"
                 return self.exit_code
-            for local_rank in range(cfg.nproc_per_node):
-                self._start_child(local_rank)
+            if not cfg.starts_as_spare:  # a spare starts children when it takes over a node
+                for local_rank in range(cfg.nproc_per_node):
+                    self._start_child(local_rank)
             self._connect_link()
             self._loop()
             self._finish()
@@ -129,7 +138,9 @@ class Supervisor:
             self.link.wait_ready()
             self.link.watch(STOP_KEY)
             if self.config.node_rank == 0 and self.config.nnodes > 1:
-                self.link.watch(ALL_DONE_KEY)
+                self.link.watch(ALL_ENDED_KEY)
+            assert self.roles is not None
+            self.roles.start()
         except StoreLinkError as exc:
             self.request_stop(
                 f"store unavailable: {exc}", ExitCode.STORE_UNAVAILABLE, broadcast=False
@@ -143,7 +154,7 @@ class Supervisor:
         if self.stop_reason is not None:
             return  # the job is stopping: a rank not started yet is not started at all
         attempt = self.restarts[local_rank]
-        env = self.config.child_env(local_rank, attempt)
+        env = self.config.child_env(local_rank, attempt, node_rank=self.node_rank)
         try:
             child = self._spawn(local_rank, attempt, env)
         except OSError as exc:
@@ -159,14 +170,14 @@ class Supervisor:
             local_rank=local_rank,
             child_pid=child.pid,
             attempt=attempt,
-            global_rank=self.config.rank(local_rank),
+            global_rank=self.config.rank(local_rank, self.node_rank),
         )
         if attempt > 0:
             exited = self._exit_seen.pop(local_rank, None)
             self._emit(
                 "rejoin",
                 local_rank=local_rank,
-                global_rank=self.config.rank(local_rank),
+                global_rank=self.config.rank(local_rank, self.node_rank),
                 child_pid=child.pid,
                 phase="replacement_started",
                 wait_s=None if exited is None else round(time.monotonic() - exited, 6),
@@ -174,6 +185,16 @@ class Supervisor:
 
     def _running(self) -> list[Child]:
         return [c for c in self.children.values() if c.running]
+
+    @property
+    def node_rank(self) -> int | None:
+        """The training node rank this slot holds; None while it waits as a spare."""
+        if self.roles is None:
+            return None if self.config.starts_as_spare else self.config.node_rank
+        return self.roles.node_rank
+
+    def _waiting_as_spare(self) -> bool:
+        return self.node_rank is None and self.stop_reason is None and not self._all_done
 
     def _reap(self) -> None:
         for local_rank, child in list(self.children.items()):
@@ -191,14 +212,16 @@ class Supervisor:
                 signal=status.signal_name,
                 runtime_s=round(child.runtime_s, 6),
                 attempt=child.attempt,
-                global_rank=self.config.rank(local_rank),
+                global_rank=self.config.rank(local_rank, self.node_rank),
             )
             log.info("local rank %d (pid %d) ended: %s", local_rank, child.pid, status)
             if self.stop_reason is None:
                 self._decide(local_rank, status, child.pid)
 
     def _decide(self, local_rank: int, status: ExitStatus, pid: int) -> None:
-        if self.preemption is not None and (self.preemption.pending or self.preemption.adopt_flag()):
+        if self.preemption is not None and (
+            self.preemption.pending or self.preemption.adopt_flag()
+        ):
             return  # it stopped for SLURM's warning (this node's or another's): no restart
         fault = None if status.code in (0, 130) else last_fault(self.config.events_dir, pid)
         try:
@@ -217,7 +240,7 @@ class Supervisor:
             reason=verdict.reason,
             budget_left=verdict.budget_left,
             signature=verdict.signature,
-            global_rank=self.config.rank(local_rank),
+            global_rank=self.config.rank(local_rank, self.node_rank),
         )
         if verdict.decision is Decision.RESTART:
             self.restarts[local_rank] += 1
@@ -270,6 +293,8 @@ class Supervisor:
 
     def _on_store_events(self, messages: list[dict]) -> None:
         for message in messages:
+            if self._on_node_message(message):
+                continue
             if message.get("event") == "lost":
                 if self.stop_reason is None:
                     self.request_stop(
@@ -315,8 +340,10 @@ class Supervisor:
         selector = self._make_selector()
         try:
             self._reap()  # children that ended before the selector existed
-            while self._running():
-                timeout = None if self._kill_at is None else max(0.0, self._kill_at - time.monotonic())
+            while self._running() or self._waiting_as_spare():
+                timeout = (
+                    None if self._kill_at is None else max(0.0, self._kill_at - time.monotonic())
+                )
                 self._on_store_events(self._poll_once(selector, timeout))
                 self._handle_preemption()
                 if self._kill_at is not None and time.monotonic() >= self._kill_at:
@@ -340,49 +367,10 @@ class Supervisor:
         else:
             self.exit_code = decision.exit_code
 
-    def _finish(self) -> None:
-        """All local children ended: report this node done; node 0 keeps the store up until all are."""
-        cfg = self.config
-        link = self.link
-        if link is None or link.lost is not None:
-            return
-        try:
-            if link.add(NODES_DONE_KEY, 1) >= cfg.nnodes:
-                link.set(ALL_DONE_KEY, "1")
-        except StoreLinkError as exc:
-            log.warning("could not report node %d done: %s", cfg.node_rank, exc)
-            return
-        if cfg.node_rank == 0 and cfg.nnodes > 1:
-            self._wait_for_other_nodes(time.monotonic() + cfg.finish_timeout)
-
-    def _wait_for_other_nodes(self, deadline: float) -> None:
-        selector = self._make_selector()
-        try:
-            while not self._other_nodes_done(selector, deadline):
-                pass
-        finally:
-            selector.close()
-
-    def _other_nodes_done(self, selector: selectors.BaseSelector, deadline: float) -> bool:
-        """One wait for the other nodes' end; True when waiting is over (done, lost, signalled, late)."""
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            if self.exit_code == ExitCode.OK:
-                self.exit_code = ExitCode.PEER_LOST
-            reason = f"other nodes did not finish within --finish-timeout {self.config.finish_timeout:g} s"
-            self.stop_reason = self.stop_reason or reason
-            self._emit("job_stop", reason=reason, exit_code=int(self.exit_code))
-            return True
-        for message in self._poll_once(selector, remaining):
-            if message.get("key") == ALL_DONE_KEY or message.get("event") == "lost":
-                return True
-            if message.get("key") == STOP_KEY and self.exit_code == ExitCode.OK:
-                self.exit_code = StopRequest.decode(message.get("value"), ExitCode.OK).exit_code
-        return self._signalled is not None  # signalled while waiting for the others
-
     def _cleanup(self) -> None:
         stop_children(list(self.children.values()), 0.0, ask=signal.SIGKILL)
         if self.link is not None:
+            self._leave_job()
             self.link.close()
         if self.service is not None:
             self.service.stop()

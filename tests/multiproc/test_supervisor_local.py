@@ -41,7 +41,8 @@ class Job:
         self.log_dir = tmp_path / "logs"
         self.job_id = f"t{os.getpid()}-{time.monotonic_ns() % 10**9}"
         master, store = free_ports(2)
-        self.procs = []
+        self.procs: list[subprocess.Popen[str]] = []
+        self.outputs: list[Path] = []
         for node in range(nnodes):
             cmd = [
                 sys.executable, "-m", "nvrx.supervisor.cli",
@@ -49,12 +50,16 @@ class Job:
                 "--master-port", str(master), "--store-port", str(store),
                 "--job-id", self.job_id, "--log-dir", str(self.log_dir), *options, "--", *command,
             ]  # fmt: skip
-            self.procs.append(
-                subprocess.Popen(
-                    cmd, cwd=tmp_path, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                    text=True, start_new_session=True,
-                )
-            )  # fmt: skip
+            # a file, not a pipe: nobody reads until the end, and a full pipe would block the job
+            out = tmp_path / f"supervisor-{self.job_id}-{node}.out"
+            self.outputs.append(out)
+            with out.open("w") as sink:
+                self.procs.append(
+                    subprocess.Popen(
+                        cmd, cwd=tmp_path, env=dict(os.environ), stdout=sink, stderr=subprocess.STDOUT,
+                        text=True, start_new_session=True,
+                    )
+                )  # fmt: skip
 
     def wait(self, timeout: float) -> list[int | None]:
         """Exit codes of the supervisors; None for one still running at the deadline (then killed)."""
@@ -73,7 +78,7 @@ class Job:
 
     def output(self) -> str:
         """Supervisor output and a digest of the supervisors' events (for assertion messages)."""
-        text = "\n".join(p.stdout.read() for p in self.procs if p.stdout)
+        text = "\n".join(out.read_text(errors="replace") for out in self.outputs)
         digest = [
             f"{e['node']} {e['kind']} {e.get('local_rank')} {e.get('exit_code')} {e.get('signal')} {e.get('reason')}"
             for e in self.events()

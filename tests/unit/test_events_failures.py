@@ -25,6 +25,7 @@ def test_each_kind_has_its_own_signature_and_comes_back_from_it() -> None:
         f.exit_signature(1): f.EXIT,
         f.PEER_SIGNATURE: f.PEER,
         f.slurm_signature("time limit"): f.SLURM,
+        f.NODE_LOST_SIGNATURE: f.NODE,
     }
     assert list(made) == [
         "ValueError at train.py:12 in step",
@@ -36,6 +37,7 @@ def test_each_kind_has_its_own_signature_and_comes_back_from_it() -> None:
         "exit code 1",
         "peer fault",
         "slurm: time limit",
+        "node lost",
     ]
     for signature, kind in made.items():
         assert f.kind_of(signature) == kind, signature

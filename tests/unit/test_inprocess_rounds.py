@@ -8,6 +8,7 @@ decides when the restart request comes.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 import traceback
 from types import SimpleNamespace
@@ -21,7 +22,7 @@ from nvrx.inprocess.monitor_thread import RankShouldRestart
 from nvrx.inprocess.round_outcome import Completed, Leave, Restart
 from nvrx.inprocess.round_run import RoundRun
 from nvrx.inprocess.state import Mode, State
-from nvrx.store import client
+from nvrx.store import client, keys
 
 
 @pytest.fixture()
@@ -208,9 +209,18 @@ def test_restart_abort_in_finalize_records_the_exit_a_rejoin_leader_reads(base):
     between_rounds.leave(call, round_store, outcome)
     exits = [r for r in rstore.fault_records(round_store) if r.kind == "exit"]
     assert [(r.rank, r.exc_type) for r in exits] == [(0, "nvrx.inprocess.exception.RestartAbort")]
-    assert rejoin._candidates(round_store, {0}) == []  # no replacement is awaited for it
+    assert rejoin._candidates(round_store, base, {0}) == []  # no replacement is awaited for it
     assert [e["outcome"] for e in call.kinds("round_end")] == ["abort"]
     assert call.state.mode == Mode.TERMINATED
+
+
+def test_a_rank_marked_gone_is_not_awaited_for_a_rejoin(base):
+    """A lost node's rank that no spare takes over: survivors shrink at once instead of waiting."""
+    round_store = rstore.round_store(base, 0)
+    for rank in (0, 1, 2):
+        round_store.set(keys.rank_state(rank), json.dumps({"initial_rank": rank + 10}))
+    base.set(keys.rank_gone(11), "1")
+    assert rejoin._candidates(round_store, base, {1, 2}) == [2]
 
 
 def test_an_exception_between_rounds_is_chained_to_the_rounds_fault(base):

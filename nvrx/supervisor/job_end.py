@@ -1,0 +1,103 @@
+"""How a supervisor ends its part of the job (a mixin of ``Supervisor``).
+
+A training node reports its children done; the last one sets ``all_done``,
+which lets idle spares leave. Every slot claims its own end when it leaves,
+so that nobody declares it lost once it is gone. Node 0 hosts the store, so it
+waits until every other slot has ended (left, or been declared lost) before
+it takes the store down, at most ``--finish-timeout``.
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+import time
+from typing import Any
+
+from .config import STOP_KEY, StopRequest
+from .exit_codes import ExitCode
+from .store_link import StoreLinkError
+
+log = logging.getLogger(__name__)
+
+
+class JobEnd:
+    """The end of a supervisor's run; expects the attributes and methods of ``Supervisor``."""
+
+    config: Any
+    link: Any
+    roles: Any
+    exit_code: int
+    stop_reason: str | None
+    _signalled: int | None
+    _all_ended: bool
+
+    def _finish(self) -> None:
+        """All local children ended: report this node done; node 0 keeps the store up until
+        every other supervisor (spares too) has left or been declared lost."""
+        cfg = self.config
+        link = self.link
+        if link is None or link.lost is not None or self.roles is None:
+            return
+        try:
+            if self.node_rank is not None:
+                self.roles.node_done()
+        except StoreLinkError as exc:
+            log.warning("could not report node %d done: %s", cfg.node_rank, exc)
+            return
+        if cfg.node_rank == 0 and cfg.nnodes > 1:
+            self._wait_for_other_nodes(time.monotonic() + cfg.finish_timeout)
+
+    def _wait_for_other_nodes(self, deadline: float) -> None:
+        selector = self._make_selector()
+        try:
+            while not self._other_nodes_done(selector, deadline):
+                pass
+        finally:
+            selector.close()
+
+    def _other_nodes_done(self, selector: selectors.BaseSelector, deadline: float) -> bool:
+        """One wait for the other nodes' end; True when waiting is over (done, lost, signalled, late)."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            if self.exit_code == ExitCode.OK:
+                self.exit_code = ExitCode.PEER_LOST
+            reason = f"other nodes did not finish within --finish-timeout {self.config.finish_timeout:g} s"
+            self.stop_reason = self.stop_reason or reason
+            self._emit("job_stop", reason=reason, exit_code=int(self.exit_code))
+            return True
+        if self._all_ended:
+            return True
+        for message in self._poll_once(selector, remaining):
+            if message.get("event") == "lost":
+                return True
+            if self._on_node_message(message):
+                continue
+            if message.get("key") == STOP_KEY and self.exit_code == ExitCode.OK:
+                self.exit_code = StopRequest.decode(message.get("value"), ExitCode.OK).exit_code
+        return self._all_ended or self._signalled is not None
+
+    def _leave_job(self) -> None:
+        """Claim this slot's end, so that nobody declares it lost once it is gone."""
+        if self.roles is None or self.link is None or self.link.lost is not None:
+            return
+        try:
+            if not self.roles.leave():
+                log.warning("this node had been declared lost by the others before it ended")
+        except StoreLinkError as exc:
+            log.warning("could not record that node %d left: %s", self.config.node_rank, exc)
+
+    # provided by Supervisor
+    node_rank: int | None
+
+    def _make_selector(self) -> selectors.BaseSelector:
+        raise NotImplementedError
+
+    def _poll_once(self, selector: selectors.BaseSelector, timeout: float | None) -> list[dict]:
+        raise NotImplementedError
+
+    def _on_node_message(self, message: dict[str, Any]) -> bool:
+        raise NotImplementedError
+
+    def _emit(self, kind: str, **fields: object) -> None:
+        raise NotImplementedError

@@ -1,0 +1,63 @@
+"""The ranks of a lost node leave the Wrapper's running round, so that their peers stop waiting.
+
+Run in the store agent (it holds torch's store client) by the supervisor that
+declared the node lost. Nobody is left on that node to record the fault, so
+the declarer does what a dead rank's monitor process would have done: it
+records a ``node_lost`` fault, registers the rank as terminated, interrupts
+the round and arrives at the iteration barrier for it. A rank that no spare
+will replace is marked gone, so the survivors do not wait for a replacement.
+Jobs that do not run the Wrapper have no round: there is nothing to do.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from nvrx.inprocess import store as rstore
+from nvrx.store import faults, keys, rounds
+
+log = logging.getLogger(__name__)
+
+
+def _round_ranks(
+    round_store: Any, initial_ranks: set[int], initial_world_size: int
+) -> list[tuple[int, int]]:
+    """(rank in the round, world size of the round) of each of ``initial_ranks`` in the round."""
+    found: dict[int, tuple[int, int]] = {}
+    world_size = initial_world_size
+    for rank in range(initial_world_size):
+        if not round_store.check([keys.rank_state(rank)]):
+            continue
+        state = json.loads(round_store.get(keys.rank_state(rank)))
+        world_size = int(state.get("world_size", world_size))
+        if int(state.get("initial_rank", -1)) in initial_ranks:
+            found[int(state["initial_rank"])] = (rank, world_size)
+    # a rank that has not written its state yet still has its initial rank
+    for initial in initial_ranks - set(found):
+        if initial < world_size:
+            found[initial] = (initial, world_size)
+    return sorted(found.values())
+
+
+def leave_round(
+    base: Any, initial_ranks: list[int], initial_world_size: int, message: str, gone: bool
+) -> dict[str, Any]:
+    """Take ``initial_ranks`` out of the running round; what was done, for the supervisor's log."""
+    if gone:
+        for initial in initial_ranks:
+            base.set(keys.rank_gone(initial), "1")
+    round_ = rounds.current_round(base)
+    if round_ is None:
+        return {"round": None, "ranks": []}
+    round_store = rstore.round_store(base, round_)
+    left = []
+    for rank, world_size in _round_ranks(round_store, set(initial_ranks), initial_world_size):
+        if rank in rstore.terminated_ranks(round_store):
+            continue  # its own monitor, or an earlier declaration, already took it out
+        record = faults.FaultRecord(rank=rank, kind="node_lost", message=message)
+        rstore.proxy_leave(round_store, base, rank, world_size, record)
+        left.append(rank)
+    log.info("ranks %s of round %s left it: %s", left, round_, message)
+    return {"round": round_, "ranks": left}

@@ -1,0 +1,43 @@
+"""Store keys of node liveness and node roles, shared by the supervisor and its store agent.
+
+A *slot* is the place a supervisor started in (``SLURM_PROCID``, or
+``--node-rank`` without SLURM); it never changes. A *node rank* is the place
+in training a slot holds: slot ``s`` holds node rank ``s`` when ``s`` is below
+the active node count, else it starts as a spare and may take over the node
+rank of a lost slot. One liveness key per slot: store load grows with nodes,
+never with ranks.
+"""
+
+from __future__ import annotations
+
+from .config import KEY_PREFIX
+
+PREFIX = KEY_PREFIX + "node/"
+#: Counter: node ranks lost with no spare to take them over (the job shrank by as many).
+SHRUNK = PREFIX + "shrunk"
+
+
+def alive(slot: int) -> str:
+    """Counter the slot's store agent bumps every heartbeat interval."""
+    return f"{PREFIX}alive/{slot}"
+
+
+def claim(slot: int) -> str:
+    """Counter whose first increment decides a slot's end, once: it left cleanly, or a
+    watcher declared it lost. A slot found claimed by someone else was fenced off."""
+    return f"{PREFIX}claim/{slot}"
+
+
+def info(slot: int) -> str:
+    """JSON about the slot: host, SLURM node name, supervisor pid, the node rank it holds."""
+    return f"{PREFIX}info/{slot}"
+
+
+def spare_taken(slot: int) -> str:
+    """Counter whose first increment gives spare ``slot`` to one lost node rank."""
+    return f"{PREFIX}spare_taken/{slot}"
+
+
+def assign(slot: int) -> str:
+    """Set for spare ``slot``: JSON with the node rank it takes over and the lost slot."""
+    return f"{PREFIX}assign/{slot}"

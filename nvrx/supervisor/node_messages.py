@@ -1,0 +1,88 @@
+"""What a supervisor does with the node messages of its store agent (a mixin of ``Supervisor``).
+
+``node_silent``: declare the slot lost (``NodeRoles.declare``) and stop the
+job when no spare is left below ``--min-nodes``; ``fenced``: this node was
+declared lost while it stalled, so its children end now; an assignment: this
+spare takes over a lost node rank and starts its children as replacements
+(restart count 1), which rejoin the running job; ``all_done``: a spare that
+was never needed leaves; ``all_ended`` (node 0): every other slot has ended, whenever
+that came (the wait at the end of node 0's run reads the flag).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from . import node_keys
+from .config import ALL_DONE_KEY, ALL_ENDED_KEY
+from .exit_codes import ExitCode
+from .store_link import StoreLinkError
+
+log = logging.getLogger(__name__)
+
+
+class NodeMessages:
+    """Handles node messages; expects the attributes and methods of ``Supervisor``."""
+
+    roles: Any
+    config: Any
+    restarts: dict[int, int]
+    stop_reason: str | None
+    _all_done: bool
+    _all_ended: bool
+    _kill_at: float | None
+
+    def _on_node_message(self, message: dict[str, Any]) -> bool:
+        """Act on ``message`` when it is about nodes; False when it is not."""
+        event, key = message.get("event"), message.get("key")
+        if event == "node_silent":
+            self._node_silent(message)
+        elif event == "fenced":
+            self._fenced()
+        elif self.roles is not None and key == node_keys.assign(self.roles.slot):
+            self._take_over(message.get("value"))
+        elif key == ALL_DONE_KEY:
+            self._all_done = True
+        elif key == ALL_ENDED_KEY:
+            self._all_ended = True
+        else:
+            return False
+        return True
+
+    def _node_silent(self, message: dict[str, Any]) -> None:
+        try:
+            loss = self.roles.declare(message)
+        except StoreLinkError as exc:
+            log.warning("could not declare slot %s lost: %s", message.get("slot"), exc)
+            return
+        if loss is not None and loss.action == "stop":
+            self.request_stop(loss.reason, ExitCode.NODE_LOST, broadcast=True)
+
+    def _fenced(self) -> None:
+        if self.roles is None or self.roles.left or self.stop_reason is not None:
+            return  # it is leaving by itself (its own claim) or already stopping
+        self.request_stop(
+            "this node was declared lost by the others (it was silent longer than "
+            f"--node-timeout {self.config.node_timeout:g} s); the job goes on without it",
+            ExitCode.FENCED,
+            broadcast=False,
+        )
+        self._kill_at = time.monotonic()  # the job has moved on: no grace
+
+    def _take_over(self, value: str | None) -> None:
+        if self.stop_reason is not None or self.roles.node_rank is not None:
+            return
+        node_rank = self.roles.take_over(value)
+        log.warning("spare slot %d takes over node rank %d", self.roles.slot, node_rank)
+        for local_rank in range(self.config.nproc_per_node):
+            self.restarts[local_rank] = 1  # a replacement: it rejoins the running job
+            self._start_child(local_rank)
+
+    # provided by Supervisor
+    def request_stop(self, reason: str, exit_code: int, broadcast: bool) -> None:
+        raise NotImplementedError
+
+    def _start_child(self, local_rank: int) -> None:
+        raise NotImplementedError

@@ -1,0 +1,224 @@
+"""A supervisor's part in surviving a lost node: its node rank, spares, declaring a node lost.
+
+Slots and node ranks are described in ``node_keys``. The store agent beats for
+this slot and reports a watched slot that fell silent (``node_watch``); the
+supervisor then declares it lost here, once for the whole job (the first
+increment of the slot's claim counter wins), and decides what the job does:
+
+1. **spare**: the lowest free spare slot that is still alive takes the lost
+   node rank (spares are handed out by one atomic counter each, so two losses
+   never get the same spare); its children join the running job through the
+   Wrapper's rejoin path, and the world size does not change;
+2. **shrink**: no spare left, but at least ``--min-nodes`` nodes remain: the
+   lost ranks are marked gone and the Wrapper's rank assignment goes on without
+   them;
+3. **stop**: below ``--min-nodes``: the job stops with "node lost, no spare"
+   (exit code 8).
+
+In every case the lost node's ranks leave the Wrapper's running round at once
+(``lost_ranks``), so that their peers stop waiting for them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from nvrx.slurm import commands
+
+from . import node_keys
+from .config import ALL_DONE_KEY, ALL_ENDED_KEY, ENDED_KEY, NODES_DONE_KEY, SupervisorConfig
+from .store_link import StoreLink
+
+log = logging.getLogger(__name__)
+
+#: Seconds allowed for ``scontrol show node`` when a node is declared lost.
+SLURM_LOOK_S = 5.0
+
+
+@dataclass(frozen=True)
+class Loss:
+    """What declaring one slot lost decided."""
+
+    slot: int
+    node_rank: int | None  # the node rank it held; None for a spare
+    action: str  # spare | shrink | stop | none
+    replaced_by: int | None
+    remaining: int  # training nodes left after the loss
+    reason: str
+
+
+class NodeRoles:
+    """This slot's role (training node rank, or spare) and its handling of lost slots."""
+
+    def __init__(self, cfg: SupervisorConfig, link: StoreLink, emit: Callable[..., None]) -> None:
+        self.cfg, self.link, self._emit = cfg, link, emit
+        self.slot = cfg.node_rank
+        self.node_rank: int | None = None if cfg.starts_as_spare else cfg.node_rank
+        self.left = False
+
+    @property
+    def enabled(self) -> bool:
+        """Liveness only matters when there is another node to notice a loss."""
+        return self.cfg.nnodes > 1
+
+    def start(self) -> None:
+        """Publish this slot, start beating and watching; a spare also waits for an assignment."""
+        if not self.enabled:
+            return
+        self._publish_info()
+        cfg = self.cfg
+        self.link.start_liveness(self.slot, cfg.nnodes, cfg.node_heartbeat, cfg.node_timeout)
+        if self.node_rank is None:
+            self.link.watch(node_keys.assign(self.slot))
+            self.link.watch(ALL_DONE_KEY)
+
+    def _publish_info(self) -> None:
+        info = {
+            "host": socket.gethostname(),
+            "slurm_node": os.environ.get("SLURMD_NODENAME"),
+            "pid": os.getpid(),
+            "node_rank": self.node_rank,
+        }
+        self.link.set(node_keys.info(self.slot), json.dumps(info))
+
+    # -- a lost slot ----------------------------------------------------------------
+    def declare(self, report: dict[str, Any]) -> Loss | None:
+        """Declare the silent slot of ``report`` lost; None when another supervisor did first."""
+        slot = int(report["slot"])
+        if not self._end(slot):
+            return None
+        info = self._info(slot)
+        node_rank = self._held_node_rank(slot, info)
+        host = info.get("slurm_node") or info.get("host")
+        loss = self._decide(slot, node_rank)
+        ranks = [] if node_rank is None else self._ranks(node_rank)
+        if ranks:
+            message = f"node rank {node_rank} (slot {slot}, {host}) lost: {loss.reason}"
+            self.link.leave_ranks(ranks, self.cfg.world_size, message, gone=loss.action != "spare")
+        self._emit(
+            "node_lost",
+            lost_node=node_rank,
+            lost_slot=slot,
+            lost_host=host,
+            silent_s=report.get("silent_s"),
+            last_seen_wall=report.get("last_seen_wall"),
+            seen_by=self.slot,
+            slurm_state=_slurm_state(info.get("slurm_node")),
+            action=loss.action,
+            replaced_by=loss.replaced_by,
+            ranks=ranks,
+        )
+        log.warning("slot %d (%s) lost: %s", slot, host, loss.reason)
+        if loss.action == "shrink":
+            self._check_all_done()
+        return loss
+
+    def _decide(self, slot: int, node_rank: int | None) -> Loss:
+        if node_rank is None:
+            return Loss(slot, None, "none", None, self._training_nodes(), "a spare node was lost")
+        spare = self._take_spare()
+        if spare is not None:
+            assignment = {"node_rank": node_rank, "lost_slot": slot, "declared_wall": time.time()}
+            self.link.set(node_keys.assign(spare), json.dumps(assignment))
+            reason = f"spare slot {spare} takes over node rank {node_rank}"
+            return Loss(slot, node_rank, "spare", spare, self._training_nodes(), reason)
+        remaining = self.cfg.active_nodes - self.link.add(node_keys.SHRUNK, 1)
+        if remaining >= self.cfg.least_nodes:
+            reason = f"no spare left: the job goes on with {remaining} nodes"
+            return Loss(slot, node_rank, "shrink", None, remaining, reason)
+        reason = (
+            f"node lost, no spare: {remaining} nodes left, below --min-nodes {self.cfg.least_nodes}"
+        )
+        return Loss(slot, node_rank, "stop", None, remaining, reason)
+
+    def _take_spare(self) -> int | None:
+        """The lowest spare slot that is alive and not taken yet, now taken; None when none is."""
+        for spare in range(self.cfg.active_nodes, self.cfg.nnodes):
+            if self.link.add(node_keys.claim(spare), 0) > 0:
+                continue  # it ended or was lost itself
+            if self.link.add(node_keys.spare_taken(spare), 1) == 1:
+                return spare
+        return None
+
+    def _info(self, slot: int) -> dict[str, Any]:
+        try:
+            info = json.loads(self.link.get(node_keys.info(slot)) or "{}")
+        except ValueError:
+            info = {}
+        return info if isinstance(info, dict) else {}
+
+    def _held_node_rank(self, slot: int, info: dict[str, Any]) -> int | None:
+        """The node rank ``slot`` held: its own, or the one it was assigned as a spare."""
+        assigned = self.link.get(node_keys.assign(slot))
+        if assigned:
+            return int(json.loads(assigned)["node_rank"])
+        if slot >= self.cfg.active_nodes:
+            return None
+        return int(info.get("node_rank", slot) if info.get("node_rank") is not None else slot)
+
+    def _ranks(self, node_rank: int) -> list[int]:
+        return [self.cfg.rank(local, node_rank) for local in range(self.cfg.nproc_per_node)]
+
+    def _training_nodes(self) -> int:
+        return self.cfg.active_nodes - self.link.add(node_keys.SHRUNK, 0)
+
+    # -- ends of slots ------------------------------------------------------------------
+    def _end(self, slot: int) -> bool:
+        """Claim the end of ``slot``; True for the one caller that got it."""
+        if self.link.add(node_keys.claim(slot), 1) != 1:
+            return False
+        if slot != 0 and self.link.add(ENDED_KEY, 1) >= self.cfg.nnodes - 1:
+            self.link.set(ALL_ENDED_KEY, "1")
+        return True
+
+    def leave(self) -> bool:
+        """This slot ends cleanly; False when the others had declared it lost already."""
+        if not self.enabled or self.left:
+            return True
+        self.left = True
+        return self._end(self.slot)
+
+    def node_done(self) -> None:
+        """This node's children all ended: count it; the last training node sets ALL_DONE."""
+        self.link.add(NODES_DONE_KEY, 1)
+        self._check_all_done()
+
+    def _check_all_done(self) -> None:
+        if self.link.add(NODES_DONE_KEY, 0) >= self._training_nodes():
+            self.link.set(ALL_DONE_KEY, "1")
+
+    # -- a spare takes over -------------------------------------------------------------
+    def take_over(self, value: str | None) -> int:
+        """This spare was assigned a lost node rank: hold it from now on; returns it."""
+        assignment = json.loads(value or "{}")
+        self.node_rank = int(assignment["node_rank"])
+        self._publish_info()
+        declared = assignment.get("declared_wall")
+        self._emit(
+            "node_takeover",
+            node_rank=self.node_rank,
+            lost_slot=assignment.get("lost_slot"),
+            wait_s=None if declared is None else round(time.time() - float(declared), 3),
+        )
+        return self.node_rank
+
+
+def _slurm_state(node: str | None) -> dict[str, str] | None:
+    """SLURM's view of ``node`` (State, Reason), when there is SLURM to ask."""
+    if not node or "SLURM_JOB_ID" not in os.environ:
+        return None
+    try:
+        info = commands.show_node(node, timeout=SLURM_LOOK_S)
+    except (commands.SlurmCommandError, OSError) as exc:
+        log.warning("cannot ask SLURM about node %s: %s", node, exc)
+        return None
+    if info is None:
+        return None
+    return {k: info[k] for k in ("State", "Reason") if k in info}

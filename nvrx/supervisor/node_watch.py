@@ -1,0 +1,120 @@
+"""Node liveness, run by each supervisor's store agent: beat for this slot, watch the next one.
+
+Every ``interval`` the agent bumps its slot's liveness counter and reads the
+counter of one other slot: the next one in the ring of slots that have not
+ended (left cleanly or declared lost). A watched slot whose counter has not
+moved for ``timeout`` seconds is reported to the supervisor (``node_silent``),
+which declares it lost; the watch then moves on to the next slot. So each slot
+is watched by exactly one other, and store load is a few requests per node
+per interval. A slot that never beat is not judged: it has not started.
+
+A slot finds its own claim taken by someone else when the others declared it
+lost while it was stalled (a frozen node that thaws): it is reported as
+``fenced``, and its supervisor ends its children, for the job has moved on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import node_keys
+
+log = logging.getLogger(__name__)
+
+
+class RingWatch:
+    """Which slot ``own`` watches, and when that slot has been silent for ``timeout``."""
+
+    def __init__(self, own: int, nslots: int, timeout: float) -> None:
+        self.own, self.nslots, self.timeout = own, nslots, timeout
+        self.ended: set[int] = set()
+        self.target: int | None = None
+        self._value: int | None = None
+        self._changed = 0.0
+        self._changed_wall = 0.0
+        self._reported = False
+        self._move(own)
+
+    def _move(self, after: int) -> None:
+        self.target, self._value, self._reported = None, None, False
+        for step in range(1, self.nslots):
+            slot = (after + step) % self.nslots
+            if slot != self.own and slot not in self.ended:
+                self.target = slot
+                return
+
+    def ended_slot(self, slot: int) -> None:
+        """``slot`` left or was declared lost: never watch it again."""
+        self.ended.add(slot)
+        if slot == self.target:
+            self._move(slot)
+
+    def observe(self, beats: int, now: float, wall: float) -> dict[str, Any] | None:
+        """The target's counter read at ``now``; a ``node_silent`` report when it newly went silent."""
+        if self.target is None:
+            return None
+        if beats != self._value:
+            self._value, self._changed, self._changed_wall, self._reported = beats, now, wall, False
+            return None
+        silent = now - self._changed
+        if beats == 0 or self._reported or silent <= self.timeout:
+            return None
+        self._reported = True
+        return {
+            "event": "node_silent",
+            "slot": self.target,
+            "silent_s": round(silent, 3),
+            "last_seen_wall": self._changed_wall,
+        }
+
+
+class NodeWatch(threading.Thread):
+    """The agent's liveness thread: beats for ``own`` and sends reports through ``send``."""
+
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        send: Callable[[dict[str, Any]], None],
+        own: int,
+        nslots: int,
+        interval: float,
+        timeout: float,
+    ) -> None:
+        super().__init__(name="node-watch", daemon=True)
+        self._connect, self._send = connect, send
+        self.own, self.interval = own, interval
+        self.ring = RingWatch(own, nslots, timeout)
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        try:
+            store = self._connect()
+            while True:
+                if not self._tick(store):
+                    return
+                if self.stopped.wait(self.interval):
+                    return
+        except Exception as exc:  # DistNetworkError and kin: the store is gone
+            self._send({"event": "lost", "message": f"node watch: {type(exc).__name__}: {exc}"})
+
+    def _tick(self, store: Any) -> bool:
+        """One beat and one look; False once this slot is fenced off."""
+        store.add(node_keys.alive(self.own), 1)
+        if int(store.add(node_keys.claim(self.own), 0)) > 0:
+            self._send({"event": "fenced", "slot": self.own})
+            return False
+        ring = self.ring
+        while ring.target is not None and int(store.add(node_keys.claim(ring.target), 0)) > 0:
+            ring.ended_slot(ring.target)
+        if ring.target is None:
+            return True
+        beats = int(store.add(node_keys.alive(ring.target), 0))
+        report = ring.observe(beats, time.monotonic(), time.time())
+        if report is not None:
+            log.warning("slot %s silent for %.1f s", report["slot"], report["silent_s"])
+            self._send(report)
+        return True

@@ -1,0 +1,128 @@
+"""A lost node, locally: 3 supervisors x 2 ranks of the demo inside the Wrapper, one node's
+whole process tree SIGKILLed mid-training (how a node loss looks from the other nodes).
+
+* with ``--spare-nodes 1``: the spare (slot 2) takes node rank 1, its children rejoin,
+  and the job completes at world size 4;
+* without a spare, ``--min-nodes 1``: the job goes on and completes at world size 2;
+* without a spare or an allowance: the job stops with "node lost, no spare", exit 8.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+from test_supervisor_local import DEMO, Job
+
+from nvrx.supervisor.exit_codes import ExitCode
+from tests.support.waiting import wait_until
+
+STEPS = 80
+STEP_TIME = 0.1
+KILL_AFTER_STEP = 15
+
+
+def kill_tree(pid: int) -> list[int]:
+    """Freeze, then SIGKILL, ``pid`` and every process below it: a node gone at once."""
+    root = psutil.Process(pid)
+    tree = [root, *root.children(recursive=True)]
+    for proc in tree:
+        proc.send_signal(signal.SIGSTOP)
+    tree += [p for p in root.children(recursive=True) if p not in tree]
+    for proc in tree:
+        proc.send_signal(signal.SIGKILL)
+    return [p.pid for p in tree]
+
+
+def _demo_job(tmp: Path, nnodes: int, *options: str) -> Job:
+    command = [
+        sys.executable, str(DEMO), "--steps", str(STEPS), "--checkpoint-every", "5",
+        "--step-time", str(STEP_TIME), "--soft-timeout", "10", "--hard-timeout", "20",
+        "--rejoin-timeout", "30",
+    ]  # fmt: skip
+    return Job(
+        tmp, nnodes, 2, command, "--max-restarts", "8", "--grace-period", "3",
+        "--node-timeout", "3", "--node-heartbeat", "0.5", *options,
+    )  # fmt: skip
+
+
+def _kill_node_mid_training(job: Job, slot: int) -> list[int]:
+    wait_until(
+        f"a checkpoint after step {KILL_AFTER_STEP}",
+        lambda: any(
+            e.get("step", 0) >= KILL_AFTER_STEP for e in job.events("progress", component="app")
+        ),
+        120,
+        state=job.output,
+    )
+    return kill_tree(job.procs[slot].pid)
+
+
+def _world_sizes(job: Job) -> list[int]:
+    rounds = sorted(job.events("round_start", component="wrapper"), key=lambda e: e["wall"])
+    return [e["world_size"] for e in rounds]
+
+
+def _no_process_left(pids: list[int]) -> None:
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert not alive, f"processes of the killed node still running: {alive}"
+
+
+@pytest.mark.timeout(300)
+def test_a_spare_node_takes_over_a_lost_node(tmp_path: Path) -> None:
+    job = _demo_job(tmp_path, 3, "--spare-nodes", "1")
+    killed = _kill_node_mid_training(job, 1)
+    codes = job.wait(240)
+    output = job.output()
+    assert codes[0] == 0 and codes[2] == 0, output
+    assert f"finished {STEPS} steps at world size 4" in output, output
+    lost = job.events("node_lost")
+    assert [(e["lost_slot"], e["lost_node"], e["action"], e["replaced_by"]) for e in lost] == [
+        (1, 1, "spare", 2)
+    ], output
+    assert lost[0]["ranks"] == [2, 3] and lost[0]["silent_s"] > 3
+    takeover = job.events("node_takeover")
+    assert [(e["node"], e["node_rank"], e["lost_slot"]) for e in takeover] == [(2, 1, 1)]
+    starts = [e for e in job.events("child_start") if e["node"] == 2]
+    assert sorted(e["global_rank"] for e in starts) == [2, 3]
+    assert all(e["attempt"] == 1 for e in starts)
+    rejoined = {
+        e["rank_rejoined"] for e in job.events("rejoin", component="wrapper") if "rank_rejoined" in e
+    }
+    assert rejoined == {2, 3}, output
+    assert _world_sizes(job)[-1] == 4
+    _no_process_left(killed)
+
+
+@pytest.mark.timeout(300)
+def test_without_a_spare_the_job_shrinks_down_to_min_nodes(tmp_path: Path) -> None:
+    job = _demo_job(tmp_path, 2, "--min-nodes", "1")
+    killed = _kill_node_mid_training(job, 1)
+    codes = job.wait(240)
+    output = job.output()
+    assert codes[0] == 0, output
+    assert f"finished {STEPS} steps at world size 2" in output, output
+    lost = job.events("node_lost")
+    assert [(e["lost_slot"], e["action"], e["replaced_by"]) for e in lost] == [
+        (1, "shrink", None)
+    ]
+    assert _world_sizes(job)[-1] == 2
+    _no_process_left(killed)
+
+
+@pytest.mark.timeout(300)
+def test_without_a_spare_or_allowance_the_job_stops_with_the_reason(tmp_path: Path) -> None:
+    job = _demo_job(tmp_path, 2)
+    killed = _kill_node_mid_training(job, 1)
+    codes = job.wait(120)
+    output = job.output()
+    assert codes[0] == ExitCode.NODE_LOST, output
+    stops = [e for e in job.events("job_stop") if e["node"] == 0]
+    assert stops and stops[0]["reason"].startswith("node lost, no spare"), output
+    assert stops[0]["exit_code"] == ExitCode.NODE_LOST
+    ends = [e for e in job.events("supervisor_end") if e["node"] == 0]
+    assert ends[0]["exit_code"] == ExitCode.NODE_LOST
+    _no_process_left(killed)
