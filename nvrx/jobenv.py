@@ -30,6 +30,8 @@ STORE_PORT = "NVRX_STORE_PORT"
 RESTART_COUNT = "NVRX_RESTART_COUNT"
 SUPERVISED = "NVRX_SUPERVISED"
 PREEMPT_FLAG = "NVRX_PREEMPT_FLAG"
+#: "1" for children started after a store failover: every rank starts anew, none rejoins.
+FRESH_START = "NVRX_FRESH_START"
 # -- settings a user or a template may give --------------------------------------------
 PREEMPT_SIGNAL = "NVRX_PREEMPT_SIGNAL"
 SIGNAL_DELAY_S = "NVRX_SIGNAL_DELAY_S"
@@ -247,6 +249,7 @@ class JobEnv:
                 NPROC_PER_NODE: str(self.nproc_per_node),
                 RESTART_COUNT: str(restart_count),
                 SUPERVISED: "1",
+                FRESH_START: "0",
             }
         )
         return env

@@ -19,5 +19,8 @@ def supervised() -> bool:
 
 
 def restarted_process() -> bool:
-    """Whether this process replaces an earlier one (``NVRX_RESTART_COUNT`` > 0)."""
-    return jobenv.int_from(None, jobenv.RESTART_COUNT, 0) > 0
+    """Whether this process replaces an earlier one in a running job (``NVRX_RESTART_COUNT``
+    > 0), not one of a job that starts anew after a store failover (``NVRX_FRESH_START``)."""
+    return jobenv.int_from(None, jobenv.RESTART_COUNT, 0) > 0 and not jobenv.flag_in(
+        None, jobenv.FRESH_START
+    )

@@ -24,9 +24,13 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 from nvrx import jobenv, processes
+
+from . import snapshot
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +95,24 @@ def wait_for_store(host: str, port: int, timeout: float) -> None:
         delay = min(delay * 2, 0.5)
 
 
+@dataclass(frozen=True)
+class SnapshotSpec:
+    """Which keys the service keeps a copy of, where, and which copy it starts from."""
+
+    path: Path
+    prefixes: tuple[str, ...]
+    exclude: tuple[str, ...] = ()
+    restore_from: Path | None = None
+
+    def argv(self) -> list[str]:
+        args = ["--snapshot", str(self.path)]
+        args += [f"--snapshot-prefix={p}" for p in self.prefixes]
+        args += [f"--snapshot-exclude={p}" for p in self.exclude]
+        if self.restore_from is not None:
+            args += ["--restore", str(self.restore_from)]
+        return args
+
+
 class StoreService:
     """Starts, watches and stops a store server process (own process group)."""
 
@@ -101,6 +123,7 @@ class StoreService:
         job_id: str | None = None,
         log_dir: str | os.PathLike[str] | None = None,
         node: int | None = 0,
+        snapshot: SnapshotSpec | None = None,
     ) -> None:
         if not 0 <= int(port) <= 65535:
             raise ValueError(f"store port must be in 0..65535, got {port}")
@@ -110,6 +133,7 @@ class StoreService:
         self.job_id = job_id
         self.log_dir = log_dir
         self.node = node
+        self.snapshot = snapshot
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -139,6 +163,7 @@ class StoreService:
             str(write_fd),
             "--parent-pid",
             str(os.getpid()),
+            *(self.snapshot.argv() if self.snapshot is not None else ()),
         ]
         env = dict(os.environ)
         if self.job_id is not None:
@@ -228,7 +253,13 @@ def _die_with_parent() -> None:
         libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
-def _serve(host: str, port: int, ready_fd: int | None, parent_pid: int | None) -> int:
+def _serve(
+    host: str,
+    port: int,
+    ready_fd: int | None,
+    parent_pid: int | None,
+    spec: SnapshotSpec | None = None,
+) -> int:
     from nvrx import events
 
     stop = threading.Event()
@@ -268,12 +299,28 @@ def _serve(host: str, port: int, ready_fd: int | None, parent_pid: int | None) -
         report({"error": "in_use" if in_use else f"{type(exc).__name__}: {exc}"})
         return 2
     writer = events.configure("store")
-    writer.emit("store_start", addr=host, port=store.port)
+    restored = _restore(store, spec)
+    keeper = None
+    if spec is not None:
+        keeper = snapshot.Keeper(store, spec.path, spec.prefixes, spec.exclude)
+        keeper.start()
+    writer.emit("store_start", addr=host, port=store.port, restored_keys=restored)
     report({"port": store.port, "pid": os.getpid()})
     stop.wait()
+    if keeper is not None:
+        keeper.stop()
     writer.emit("store_end", reason="stopped by signal")
     del store
     return 0
+
+
+def _restore(store: object, spec: SnapshotSpec | None) -> int | None:
+    """Restore the keys of the snapshot ``spec`` starts from; how many, None when none."""
+    if spec is None or spec.restore_from is None:
+        return None
+    keys = snapshot.read(spec.restore_from)
+    snapshot.restore(store, keys)
+    return len(keys)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,13 +332,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, required=True, help="TCP port; 0 picks a free one")
     parser.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--snapshot", type=Path, default=None, help="keep a copy of job-level keys in this file"
+    )
+    parser.add_argument(
+        "--snapshot-prefix", action="append", default=[], help="key prefix to copy (repeatable)"
+    )
+    parser.add_argument(
+        "--snapshot-exclude", action="append", default=[], help="key prefix never copied"
+    )
+    parser.add_argument(
+        "--restore", type=Path, default=None, help="start from the keys saved in this file"
+    )
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in 0..65535, got {args.port}")
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s nvrx-store %(levelname)s %(message)s"
     )
-    return _serve(args.host, args.port, args.ready_fd, args.parent_pid)
+    spec = None
+    if args.snapshot is not None:
+        spec = SnapshotSpec(
+            args.snapshot,
+            tuple(args.snapshot_prefix),
+            tuple(args.snapshot_exclude),
+            args.restore,
+        )
+    return _serve(args.host, args.port, args.ready_fd, args.parent_pid, spec)
 
 
 if __name__ == "__main__":

@@ -31,9 +31,9 @@ STOP_KEY = KEY_PREFIX + "stop"
 RESTARTS_KEY = KEY_PREFIX + "restarts"
 NODES_DONE_KEY = KEY_PREFIX + "nodes_done"
 ALL_DONE_KEY = KEY_PREFIX + "all_done"
-#: Counter: slots other than 0 that ended (left, or were declared lost).
+#: Counter: slots that ended (left, or were declared lost).
 ENDED_KEY = KEY_PREFIX + "ended"
-#: Set when every slot but 0 has ended: node 0 may take the store down.
+#: Set when every slot but the store host's has ended: it may take the store down.
 ALL_ENDED_KEY = KEY_PREFIX + "all_ended"
 
 

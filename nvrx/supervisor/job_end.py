@@ -27,6 +27,7 @@ class JobEnd:
     config: Any
     link: Any
     roles: Any
+    service: Any
     exit_code: int
     stop_reason: str | None
     _signalled: int | None
@@ -45,7 +46,7 @@ class JobEnd:
         except StoreLinkError as exc:
             log.warning("could not report node %d done: %s", cfg.node_rank, exc)
             return
-        if cfg.node_rank == 0 and cfg.nnodes > 1:
+        if self.service is not None and cfg.nnodes > 1:  # the store host
             self._wait_for_other_nodes(time.monotonic() + cfg.finish_timeout)
 
     def _wait_for_other_nodes(self, deadline: float) -> None:

@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Any
 
-from . import node_keys
+from . import node_keys, store_failover
 from .config import ALL_DONE_KEY, ALL_ENDED_KEY
 from .exit_codes import ExitCode
 from .store_link import StoreLinkError
@@ -27,6 +27,8 @@ class NodeMessages:
     """Handles node messages; expects the attributes and methods of ``Supervisor``."""
 
     roles: Any
+    service: Any
+    _epoch: int
     config: Any
     restarts: dict[int, int]
     stop_reason: str | None
@@ -52,6 +54,8 @@ class NodeMessages:
         return True
 
     def _node_silent(self, message: dict[str, Any]) -> None:
+        if self._fence_if_superseded():
+            return  # the others see this store host as lost: its silent peers moved on
         try:
             loss = self.roles.declare(message)
         except StoreLinkError as exc:
@@ -71,18 +75,27 @@ class NodeMessages:
         )
         self._kill_at = time.monotonic()  # the job has moved on: no grace
 
+    def _fence_if_superseded(self) -> bool:
+        """A store host whose store was replaced while it stalled: the job went on without it."""
+        if self.service is None or not store_failover.superseded(
+            self.config.events_dir, self._epoch
+        ):
+            return False
+        self._fenced()
+        return True
+
     def _take_over(self, value: str | None) -> None:
         if self.stop_reason is not None or self.roles.node_rank is not None:
             return
-        node_rank = self.roles.take_over(value)
-        log.warning("spare slot %d takes over node rank %d", self.roles.slot, node_rank)
+        assignment = self.roles.take_over(value)
+        log.warning("spare slot %d takes over node rank %d", self.roles.slot, self.roles.node_rank)
         for local_rank in range(self.config.nproc_per_node):
             self.restarts[local_rank] = 1  # a replacement: it rejoins the running job
-            self._start_child(local_rank)
+            self._start_child(local_rank, fresh=bool(assignment.get("fresh")))
 
     # provided by Supervisor
     def request_stop(self, reason: str, exit_code: int, broadcast: bool) -> None:
         raise NotImplementedError
 
-    def _start_child(self, local_rank: int) -> None:
+    def _start_child(self, local_rank: int, fresh: bool = False) -> None:
         raise NotImplementedError

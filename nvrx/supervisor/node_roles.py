@@ -89,15 +89,23 @@ class NodeRoles:
         self.link.set(node_keys.info(self.slot), json.dumps(info))
 
     # -- a lost slot ----------------------------------------------------------------
-    def declare(self, report: dict[str, Any]) -> Loss | None:
-        """Declare the silent slot of ``report`` lost; None when another supervisor did first."""
+    def relink(self, cfg: SupervisorConfig, link: StoreLink) -> None:
+        """After a store failover: the same role, through the new store."""
+        self.cfg, self.link = cfg, link
+
+    def declare(self, report: dict[str, Any], fresh: bool = False) -> Loss | None:
+        """Declare the silent slot of ``report`` lost; None when another supervisor did first.
+
+        ``fresh``: the job starts anew (store failover), so a spare's children
+        start a new generation with everyone instead of rejoining.
+        """
         slot = int(report["slot"])
         if not self._end(slot):
             return None
         info = self._info(slot)
         node_rank = self._held_node_rank(slot, info)
         host = info.get("slurm_node") or info.get("host")
-        loss = self._decide(slot, node_rank)
+        loss = self._decide(slot, node_rank, fresh)
         ranks = [] if node_rank is None else self._ranks(node_rank)
         if ranks:
             message = f"node rank {node_rank} (slot {slot}, {host}) lost: {loss.reason}"
@@ -120,12 +128,17 @@ class NodeRoles:
             self._check_all_done()
         return loss
 
-    def _decide(self, slot: int, node_rank: int | None) -> Loss:
+    def _decide(self, slot: int, node_rank: int | None, fresh: bool) -> Loss:
         if node_rank is None:
             return Loss(slot, None, "none", None, self._training_nodes(), "a spare node was lost")
         spare = self._take_spare()
         if spare is not None:
-            assignment = {"node_rank": node_rank, "lost_slot": slot, "declared_wall": time.time()}
+            assignment = {
+                "node_rank": node_rank,
+                "lost_slot": slot,
+                "declared_wall": time.time(),
+                "fresh": fresh,
+            }
             self.link.set(node_keys.assign(spare), json.dumps(assignment))
             reason = f"spare slot {spare} takes over node rank {node_rank}"
             return Loss(slot, node_rank, "spare", spare, self._training_nodes(), reason)
@@ -174,7 +187,7 @@ class NodeRoles:
         """Claim the end of ``slot``; True for the one caller that got it."""
         if self.link.add(node_keys.claim(slot), 1) != 1:
             return False
-        if slot != 0 and self.link.add(ENDED_KEY, 1) >= self.cfg.nnodes - 1:
+        if self.link.add(ENDED_KEY, 1) >= self.cfg.nnodes - 1:  # all but the store host
             self.link.set(ALL_ENDED_KEY, "1")
         return True
 
@@ -195,8 +208,8 @@ class NodeRoles:
             self.link.set(ALL_DONE_KEY, "1")
 
     # -- a spare takes over -------------------------------------------------------------
-    def take_over(self, value: str | None) -> int:
-        """This spare was assigned a lost node rank: hold it from now on; returns it."""
+    def take_over(self, value: str | None) -> dict[str, Any]:
+        """This spare was assigned a lost node rank: hold it from now on; returns the assignment."""
         assignment = json.loads(value or "{}")
         self.node_rank = int(assignment["node_rank"])
         self._publish_info()
@@ -207,7 +220,7 @@ class NodeRoles:
             lost_slot=assignment.get("lost_slot"),
             wait_s=None if declared is None else round(time.time() - float(declared), 3),
         )
-        return self.node_rank
+        return assignment
 
 
 def _slurm_state(node: str | None) -> dict[str, str] | None:

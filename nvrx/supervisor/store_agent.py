@@ -39,13 +39,13 @@ class _Agent:
         self._out_lock = threading.Lock()
         self.store = self._connect()
 
-    def _connect(self) -> Any:
+    def _connect(self, timeout: float | None = None) -> Any:
         return self._dist.TCPStore(
             self.host,
             self.port,
             world_size=None,
             is_master=False,
-            timeout=self.timeout,
+            timeout=self.timeout if timeout is None else timedelta(seconds=timeout),
             wait_for_workers=False,
         )
 
@@ -110,13 +110,15 @@ class _Agent:
     def _start_liveness(self, request: dict[str, Any]) -> None:
         from .node_watch import NodeWatch
 
+        timeout = float(request["timeout"])
         NodeWatch(
-            self._connect,
+            # a store host that froze must not hold a beat longer than a node may be silent
+            lambda: self._connect(timeout),
             self.send,
             own=int(request["slot"]),
             nslots=int(request["nslots"]),
             interval=float(request["interval"]),
-            timeout=float(request["timeout"]),
+            timeout=timeout,
         ).start()
 
     def serve(self, lines: Any) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from nvrx.store import keys
 from nvrx.store.service import (
+    SnapshotSpec,
     StorePortInUse,
     StoreService,
     StoreUnavailable,
@@ -10,8 +12,21 @@ from nvrx.store.service import (
     wait_for_store,
 )
 
-from .config import SupervisorConfig
+from . import node_keys, store_failover
+from .config import KEY_PREFIX, SupervisorConfig
 from .exit_codes import ExitCode, SupervisorError
+
+
+def snapshot_spec(cfg: SupervisorConfig, restore: bool = False) -> SnapshotSpec:
+    """What the store keeps a copy of for a successor: the supervisors' keys (not the
+    heartbeats) and the Wrapper's job-level counters (``store_failover``)."""
+    path = store_failover.snapshot_path(cfg.events_dir)
+    return SnapshotSpec(
+        path,
+        prefixes=(KEY_PREFIX, keys.CURRENT_ROUND, keys.JOB_RESTARTS),
+        exclude=(node_keys.PREFIX + "alive/",),
+        restore_from=path if restore else None,
+    )
 
 
 def check_store_port(cfg: SupervisorConfig) -> None:
@@ -33,7 +48,12 @@ def bring_up_store(cfg: SupervisorConfig) -> StoreService | None:
             raise SupervisorError(ExitCode.STORE_UNAVAILABLE, str(exc)) from exc
         return None
     service = StoreService(
-        cfg.store_host, cfg.store_port, job_id=cfg.job_id, log_dir=cfg.log_dir, node=0
+        cfg.store_host,
+        cfg.store_port,
+        job_id=cfg.job_id,
+        log_dir=cfg.log_dir,
+        node=0,
+        snapshot=snapshot_spec(cfg) if cfg.nnodes > 1 else None,
     )
     try:
         return service.start(cfg.store_timeout)

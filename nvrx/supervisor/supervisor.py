@@ -17,7 +17,7 @@ import signal
 import time
 from collections.abc import Callable
 
-from nvrx import events
+from nvrx import events, jobenv
 from nvrx.store.service import StoreService
 
 from . import preemption
@@ -30,6 +30,7 @@ from .config import (
     SupervisorConfig,
 )
 from .exit_codes import ExitCode, SupervisorError, for_signal
+from .failover import Failover
 from .job_end import JobEnd
 from .node_messages import NodeMessages
 from .node_roles import NodeRoles
@@ -45,7 +46,7 @@ log = logging.getLogger(__name__)
 Spawner = Callable[[int, int, dict], Child]
 
 
-class Supervisor(NodeMessages, JobEnd):
+class Supervisor(NodeMessages, JobEnd, Failover):
     """Runs one node of a job until all its children have ended; ``run()`` returns the exit code."""
 
     def __init__(self, config: SupervisorConfig, spawn: Spawner | None = None) -> None:
@@ -69,6 +70,10 @@ class Supervisor(NodeMessages, JobEnd):
         self.roles: NodeRoles | None = None
         self._all_done = False  # a spare saw every training node finish
         self._all_ended = False  # node 0 saw every other slot end
+        self.failing_over = False  # children end because the store is gone: no restart decisions
+        self._epoch = 0  # store failovers so far
+        self._store_slot = self._lost_store_slot = 0  # slot hosting the store now / before
+        self._selector_stale = False  # the store link changed: the main loop re-registers it
 
     # -- life ---------------------------------------------------------------------
     def run(self) -> int:
@@ -137,7 +142,7 @@ class Supervisor(NodeMessages, JobEnd):
         try:
             self.link.wait_ready()
             self.link.watch(STOP_KEY)
-            if self.config.node_rank == 0 and self.config.nnodes > 1:
+            if self.service is not None and self.config.nnodes > 1:
                 self.link.watch(ALL_ENDED_KEY)
             assert self.roles is not None
             self.roles.start()
@@ -150,11 +155,13 @@ class Supervisor(NodeMessages, JobEnd):
     def _exec_command(self, local_rank: int, attempt: int, env: dict) -> Child:
         return Child.spawn(self.config.command, env, local_rank, attempt)
 
-    def _start_child(self, local_rank: int) -> None:
+    def _start_child(self, local_rank: int, fresh: bool = False) -> None:
         if self.stop_reason is not None:
             return  # the job is stopping: a rank not started yet is not started at all
         attempt = self.restarts[local_rank]
         env = self.config.child_env(local_rank, attempt, node_rank=self.node_rank)
+        if fresh:
+            env[jobenv.FRESH_START] = "1"
         try:
             child = self._spawn(local_rank, attempt, env)
         except OSError as exc:
@@ -219,10 +226,14 @@ class Supervisor(NodeMessages, JobEnd):
                 self._decide(local_rank, status, child.pid)
 
     def _decide(self, local_rank: int, status: ExitStatus, pid: int) -> None:
+        if self.failing_over:
+            return  # it ended with the store: restarted with the next one
         if self.preemption is not None and (
             self.preemption.pending or self.preemption.adopt_flag()
         ):
             return  # it stopped for SLURM's warning (this node's or another's): no restart
+        if self._fence_if_superseded():
+            return
         fault = None if status.code in (0, 130) else last_fault(self.config.events_dir, pid)
         try:
             verdict = self.policy.decide(local_rank, status, fault)
@@ -296,12 +307,8 @@ class Supervisor(NodeMessages, JobEnd):
             if self._on_node_message(message):
                 continue
             if message.get("event") == "lost":
-                if self.stop_reason is None:
-                    self.request_stop(
-                        f"store at {self.config.store_host}:{self.config.store_port} lost: {message.get('message')}",
-                        ExitCode.STORE_UNAVAILABLE,
-                        broadcast=False,
-                    )
+                if self._store_lost(str(message.get("message"))):
+                    return  # failed over: what else came through the old link is void
             elif message.get("key") == STOP_KEY and self.stop_reason is None:
                 request = StopRequest.decode(message.get("value"), ExitCode.INTERNAL)
                 self.request_stop(
@@ -345,6 +352,9 @@ class Supervisor(NodeMessages, JobEnd):
                     None if self._kill_at is None else max(0.0, self._kill_at - time.monotonic())
                 )
                 self._on_store_events(self._poll_once(selector, timeout))
+                if self._selector_stale:
+                    selector.close()
+                    selector, self._selector_stale = self._make_selector(), False
                 self._handle_preemption()
                 if self._kill_at is not None and time.monotonic() >= self._kill_at:
                     stop_children(self._running(), 0.0, ask=signal.SIGKILL)

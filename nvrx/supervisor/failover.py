@@ -1,0 +1,177 @@
+"""What a supervisor does when the job's store is lost with its host (a mixin of ``Supervisor``).
+
+The training children cannot work without the store, so they are stopped.
+The survivors elect the successor (``store_failover``), which starts the next
+store restored from the old one's snapshot; everyone reconnects and starts
+its children again with the new address, as one new process generation
+(``NVRX_FRESH_START``). The successor declares the old host's slot lost, so a
+spare takes over its node rank as after any node loss. A store host that
+loses its own store service, or a job of one node, has nobody to fail over
+to: it stops as before (exit 3).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import replace
+from typing import Any
+
+from nvrx.store.service import StoreService
+
+from . import store_failover
+from .children import stop_children
+from .config import ALL_ENDED_KEY, STOP_KEY
+from .exit_codes import ExitCode
+from .store_failover import StoreAddress
+from .store_link import StoreLink, StoreLinkError
+from .store_setup import snapshot_spec
+
+log = logging.getLogger(__name__)
+
+#: Seconds children get to end when their store is gone (they cannot checkpoint without it).
+_STOP_GRACE_S = 1.0
+
+
+class Failover:
+    """Store failover; expects the attributes and methods of ``Supervisor``."""
+
+    config: Any
+    link: Any
+    service: Any
+    roles: Any
+    restarts: dict[int, int]
+    stop_reason: str | None
+    failing_over: bool
+    _epoch: int
+    _store_slot: int
+    _selector_stale: bool
+
+    def _store_lost(self, detail: str) -> bool:
+        """The store link reported the store lost: fail over (True), else stop the job."""
+        if self.stop_reason is not None:
+            return False
+        if self._fail_over(detail):
+            return True
+        self.request_stop(
+            f"store at {self.config.store_host}:{self.config.store_port} lost: {detail}",
+            ExitCode.STORE_UNAVAILABLE,
+            broadcast=False,
+        )
+        return False
+
+    def _can_fail_over(self) -> bool:
+        return self.config.nnodes > 1 and self.service is None and self.roles is not None
+
+    def _fail_over(self, detail: str) -> bool:
+        """Go on with a new store after the old one was lost; False when that is not possible."""
+        if not self._can_fail_over():
+            return False
+        t0, lost_wall = time.monotonic(), time.time()
+        old = f"{self.config.store_host}:{self.config.store_port}"
+        log.warning("store at %s lost (%s): failing over", old, detail)
+        self.failing_over = True
+        try:
+            stop_children(self._running(), _STOP_GRACE_S)
+            self._reap()
+            self.link.close()
+            address = self._elect_and_connect()
+        finally:
+            self.failing_over = False
+        if address is None:
+            return False
+        self._emit(
+            "store_failover",
+            epoch=address.epoch,
+            old_store=old,
+            new_store=f"{address.host}:{address.port}",
+            successor=address.slot,
+            lost_slot=self._lost_store_slot,
+            duration_s=round(time.monotonic() - t0, 3),
+        )
+        if address.slot == self.roles.slot:
+            report = {"slot": self._lost_store_slot, "silent_s": None, "last_seen_wall": lost_wall}
+            loss = self.roles.declare(report, fresh=True)
+            if loss is not None and loss.action == "stop":
+                self.request_stop(loss.reason, ExitCode.NODE_LOST, broadcast=True)
+        if self.roles.node_rank is not None:
+            for local_rank in range(self.config.nproc_per_node):
+                self.restarts[local_rank] += 1
+                self._start_child(local_rank, fresh=True)
+        return True
+
+    def _elect_and_connect(self) -> StoreAddress | None:
+        cfg, slot = self.config, self.roles.slot
+        self._lost_store_slot = self._store_slot
+        self._epoch += 1
+        job_dir = cfg.events_dir
+        store_failover.announce(job_dir, self._epoch, slot)
+        expected = set(range(cfg.nnodes)) - {self._store_slot}
+        successor = store_failover.elect(job_dir, self._epoch, expected, cfg.node_timeout)
+        if successor == slot:
+            address = self._host_store(job_dir)
+        else:
+            wait_s = cfg.store_timeout + cfg.node_timeout
+            address = store_failover.wait_address(job_dir, self._epoch, wait_s)
+        if address is None:
+            log.error("no successor store was published for epoch %d", self._epoch)
+            return None
+        self.config = replace(cfg, master_addr=address.host, store_port=address.port)
+        self._store_slot = address.slot
+        self._selector_stale = True
+        try:
+            self.link = StoreLink(address.host, address.port, cfg.store_timeout).launch()
+            self.link.wait_ready()
+            self.link.watch(STOP_KEY)
+            if self.service is not None:
+                self.link.watch(ALL_ENDED_KEY)
+            self.roles.relink(self.config, self.link)
+            self.roles.start()
+        except StoreLinkError as exc:
+            log.error("cannot use the successor store %s:%s: %s", address.host, address.port, exc)
+            return None
+        return address
+
+    def _host_store(self, job_dir: Any) -> StoreAddress | None:
+        """This slot is the successor: start the next store, restored, and publish it."""
+        cfg = self.config
+        host = os.environ.get("SLURMD_NODENAME") or cfg.master_addr
+        service = StoreService(
+            host,
+            0,
+            job_id=cfg.job_id,
+            log_dir=cfg.log_dir,
+            node=self.roles.slot,
+            snapshot=snapshot_spec(cfg, restore=True),
+        )
+        try:
+            service.start(cfg.store_timeout)
+        except RuntimeError as exc:
+            log.error("cannot start the successor store on %s: %s", host, exc)
+            return None
+        mine = StoreAddress(host, service.port, self.roles.slot, self._epoch)
+        published = store_failover.publish(job_dir, mine)
+        if published != mine:
+            service.stop()  # another slot's store won this epoch
+        else:
+            self.service = service
+        return published
+
+    # provided by Supervisor
+    _lost_store_slot: int
+
+    def _running(self) -> list[Any]:
+        raise NotImplementedError
+
+    def _reap(self) -> None:
+        raise NotImplementedError
+
+    def request_stop(self, reason: str, exit_code: int, broadcast: bool) -> None:
+        raise NotImplementedError
+
+    def _start_child(self, local_rank: int, fresh: bool = False) -> None:
+        raise NotImplementedError
+
+    def _emit(self, kind: str, **fields: object) -> None:
+        raise NotImplementedError

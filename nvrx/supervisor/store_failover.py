@@ -1,0 +1,118 @@
+"""Store failover: when the store host is lost, the lowest surviving slot starts the next store.
+
+The job directory (``<log dir>/<job id>``) is on a file system every node
+sees (the checkpoint flag relies on it too), and it is where the survivors
+meet, since the store is gone. For failover ``epoch`` (1 for the first):
+
+1. every survivor writes ``failover/e<epoch>/alive-<slot>``;
+2. once every slot but the lost host has written, or ``settle_s`` has passed,
+   the lowest slot that wrote is the successor (a documented, deterministic
+   rule that every survivor computes alike from the same files);
+3. the successor starts a store service on its own host, restored from the
+   snapshot the old store kept (``nvrx.store.snapshot``), and publishes its
+   address in ``failover/e<epoch>/store.json``, created exclusively: there is
+   at most one address per epoch, so two stores never serve one job at once;
+4. the others wait for that file and connect to the address in it.
+
+A survivor that cannot see the file system (a partition) never learns an
+address and stops; so does every survivor when no store address comes within
+the store timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+#: How often the shared directory is looked at while waiting (no change
+#: notification works across the nodes of a shared file system).
+_LOOK_S = 0.05
+
+
+@dataclass(frozen=True)
+class StoreAddress:
+    """Where the store of one epoch serves, and which slot hosts it."""
+
+    host: str
+    port: int
+    slot: int
+    epoch: int
+
+
+def epoch_dir(job_dir: Path, epoch: int) -> Path:
+    return job_dir / "failover" / f"e{epoch}"
+
+
+def snapshot_path(job_dir: Path) -> Path:
+    """Where the store service keeps its snapshot of the job-level keys."""
+    return job_dir / "store" / "snapshot.json"
+
+
+def announce(job_dir: Path, epoch: int, slot: int) -> None:
+    """This slot survived the store host and takes part in the election of ``epoch``."""
+    directory = epoch_dir(job_dir, epoch)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"alive-{slot}").write_text(str(os.getpid()))
+
+
+def _alive_slots(job_dir: Path, epoch: int) -> set[int]:
+    slots = set()
+    for path in epoch_dir(job_dir, epoch).glob("alive-*"):
+        suffix = path.name.removeprefix("alive-")
+        if suffix.isdigit():
+            slots.add(int(suffix))
+    return slots
+
+
+def elect(job_dir: Path, epoch: int, expected: set[int], settle_s: float) -> int:
+    """The successor: the lowest slot that announced itself once ``expected`` all did or
+    ``settle_s`` passed."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        alive = _alive_slots(job_dir, epoch)
+        if expected <= alive or time.monotonic() >= deadline:
+            return min(alive | expected) if not alive else min(alive)
+        time.sleep(_LOOK_S)
+
+
+def publish(job_dir: Path, address: StoreAddress) -> StoreAddress:
+    """Publish the store of ``address.epoch``; the one already published wins."""
+    path = epoch_dir(job_dir, address.epoch) / "store.json"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return read_address(path) or address
+    with os.fdopen(fd, "w") as out:
+        json.dump(asdict(address), out)
+    return address
+
+
+def read_address(path: Path) -> StoreAddress | None:
+    try:
+        data = json.loads(path.read_text())
+        return StoreAddress(str(data["host"]), int(data["port"]), int(data["slot"]), int(data["epoch"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # not there yet, or half written
+
+
+def superseded(job_dir: Path, epoch: int) -> bool:
+    """Whether a successor store was published after the store of ``epoch``."""
+    return (epoch_dir(job_dir, epoch + 1) / "store.json").exists()
+
+
+def wait_address(job_dir: Path, epoch: int, timeout: float) -> StoreAddress | None:
+    """The address the successor of ``epoch`` published, None when none came in ``timeout``."""
+    path = epoch_dir(job_dir, epoch) / "store.json"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        address = read_address(path)
+        if address is not None:
+            return address
+        time.sleep(_LOOK_S)
+    return None

@@ -1,0 +1,48 @@
+"""Losing node 0, the store host, locally: 3 supervisors x 2 ranks of the demo inside the
+Wrapper with ``--spare-nodes 1``; node 0's whole process tree (its store service included) is
+SIGKILLed mid-training. The lowest surviving slot starts the next store from the old one's
+snapshot, the spare takes node rank 0, every rank starts again in a new generation past
+every round used before, and the job completes at world size 4.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_node_loss import STEPS, _demo_job, _kill_node_mid_training, _no_process_left
+
+from nvrx.events import read_dir
+
+
+@pytest.mark.timeout(300)
+def test_losing_the_store_host_fails_over_and_the_job_completes(tmp_path: Path) -> None:
+    job = _demo_job(tmp_path, 3, "--spare-nodes", "1")
+    killed = _kill_node_mid_training(job, 0)
+    codes = job.wait(240)
+    output = job.output()
+    assert codes[1] == 0 and codes[2] == 0, output
+    assert f"finished {STEPS} steps at world size 4" in output, output
+    failovers = job.events("store_failover")
+    assert sorted(e["node"] for e in failovers) == [1, 2], output
+    assert {(e["epoch"], e["successor"], e["lost_slot"]) for e in failovers} == {(1, 1, 0)}
+    assert len({e["new_store"] for e in failovers}) == 1
+    lost = job.events("node_lost")
+    assert [(e["lost_slot"], e["lost_node"], e["action"], e["replaced_by"]) for e in lost] == [
+        (0, 0, "spare", 2)
+    ], output
+    takeover = job.events("node_takeover")
+    assert [(e["node"], e["node_rank"]) for e in takeover] == [(2, 0)]
+    # the new generation's rounds come after every round of the old store
+    events, _ = read_dir(job.log_dir / job.job_id)
+    rounds = sorted(
+        (e["wall"], e["round"]) for e in events if e["kind"] == "round_start" and e["round"] is not None
+    )
+    switch = min(e["wall"] for e in failovers)
+    before = [r for wall, r in rounds if wall < switch]
+    after = [r for wall, r in rounds if wall > switch]
+    assert before and after and min(after) > max(before), rounds
+    address = json.loads((job.log_dir / job.job_id / "failover" / "e1" / "store.json").read_text())
+    assert address["slot"] == 1
+    _no_process_left(killed)
