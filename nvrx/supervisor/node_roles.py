@@ -74,7 +74,9 @@ class NodeRoles:
             return
         self._publish_info()
         cfg = self.cfg
-        self.link.start_liveness(self.slot, cfg.nnodes, cfg.node_heartbeat, cfg.node_timeout)
+        self.link.start_liveness(
+            self.slot, cfg.nnodes, cfg.node_heartbeat, cfg.node_timeout, cfg.store_timeout
+        )
         if self.node_rank is None:
             self.link.watch(node_keys.assign(self.slot))
             self.link.watch(ALL_DONE_KEY)

@@ -6,7 +6,8 @@ ended (left cleanly or declared lost). A watched slot whose counter has not
 moved for ``timeout`` seconds is reported to the supervisor (``node_silent``),
 which declares it lost; the watch then moves on to the next slot. So each slot
 is watched by exactly one other, and store load is a few requests per node
-per interval. A slot that never beat is not judged: it has not started.
+per interval. A slot that never beat is given ``startup_s`` (the store timeout:
+how long a node may take to reach the store) before it is reported.
 
 A slot finds its own claim taken by someone else when the others declared it
 lost while it was stalled (a frozen node that thaws): it is reported as
@@ -29,8 +30,11 @@ log = logging.getLogger(__name__)
 class RingWatch:
     """Which slot ``own`` watches, and when that slot has been silent for ``timeout``."""
 
-    def __init__(self, own: int, nslots: int, timeout: float) -> None:
+    def __init__(
+        self, own: int, nslots: int, timeout: float, startup_s: float | None = None
+    ) -> None:
         self.own, self.nslots, self.timeout = own, nslots, timeout
+        self.startup_s = timeout if startup_s is None else max(timeout, startup_s)
         self.ended: set[int] = set()
         self.target: int | None = None
         self._value: int | None = None
@@ -61,7 +65,7 @@ class RingWatch:
             self._value, self._changed, self._changed_wall, self._reported = beats, now, wall, False
             return None
         silent = now - self._changed
-        if beats == 0 or self._reported or silent <= self.timeout:
+        if self._reported or silent <= (self.startup_s if beats == 0 else self.timeout):
             return None
         self._reported = True
         return {
@@ -83,11 +87,12 @@ class NodeWatch(threading.Thread):
         nslots: int,
         interval: float,
         timeout: float,
+        startup_s: float | None = None,
     ) -> None:
         super().__init__(name="node-watch", daemon=True)
         self._connect, self._send = connect, send
         self.own, self.interval = own, interval
-        self.ring = RingWatch(own, nslots, timeout)
+        self.ring = RingWatch(own, nslots, timeout, startup_s)
         self.stopped = threading.Event()
 
     def run(self) -> None:

@@ -119,6 +119,7 @@ class _Agent:
             nslots=int(request["nslots"]),
             interval=float(request["interval"]),
             timeout=timeout,
+            startup_s=float(request.get("startup", timeout)),
         ).start()
 
     def serve(self, lines: Any) -> None:

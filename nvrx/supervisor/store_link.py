@@ -196,10 +196,18 @@ class StoreLink:
         """Have ``read_events`` return ``{"event": "key", "key": key, "value": ...}`` once ``key`` is set."""
         self.request("watch", key)
 
-    def start_liveness(self, slot: int, nslots: int, interval: float, timeout: float) -> None:
+    def start_liveness(
+        self, slot: int, nslots: int, interval: float, timeout: float, startup: float
+    ) -> None:
         """Have the agent beat for ``slot`` and watch the next slot (``node_watch``)."""
         self.request(
-            "liveness", "node", slot=slot, nslots=nslots, interval=interval, timeout=timeout
+            "liveness",
+            "node",
+            slot=slot,
+            nslots=nslots,
+            interval=interval,
+            timeout=timeout,
+            startup=startup,
         )
 
     def leave_ranks(

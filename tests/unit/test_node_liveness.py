@@ -1,0 +1,105 @@
+"""Node liveness without a store: the ring watch, the failover election files, the options."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nvrx.supervisor import store_failover
+from nvrx.supervisor.cli import main
+from nvrx.supervisor.config import ConfigError, SupervisorConfig
+from nvrx.supervisor.node_watch import RingWatch
+from nvrx.supervisor.store_failover import StoreAddress
+
+
+def test_each_slot_watches_the_next_one_that_has_not_ended() -> None:
+    ring = RingWatch(own=1, nslots=4, timeout=3.0)
+    assert ring.target == 2
+    ring.ended_slot(2)
+    assert ring.target == 3
+    ring.ended_slot(3)
+    assert ring.target == 0
+    ring.ended_slot(0)
+    assert ring.target is None  # alone: nobody to watch
+
+
+def test_a_target_is_reported_once_after_timeout_without_a_beat() -> None:
+    ring = RingWatch(own=0, nslots=3, timeout=3.0)
+    assert ring.observe(5, now=10.0, wall=100.0) is None
+    assert ring.observe(5, now=12.0, wall=102.0) is None
+    assert ring.observe(6, now=12.5, wall=102.5) is None  # it beat: the clock restarts
+    assert ring.observe(6, now=15.4, wall=105.4) is None
+    report = ring.observe(6, now=15.6, wall=105.6)
+    assert report == {
+        "event": "node_silent",
+        "slot": 1,
+        "silent_s": 3.1,
+        "last_seen_wall": 102.5,
+    }
+    assert ring.observe(6, now=20.0, wall=110.0) is None  # reported once
+    ring.ended_slot(1)  # declared lost: the watch moves on, fresh
+    assert ring.target == 2
+    assert ring.observe(9, now=21.0, wall=111.0) is None
+
+
+def test_a_slot_that_never_beat_is_given_the_startup_time() -> None:
+    ring = RingWatch(own=0, nslots=2, timeout=1.0, startup_s=30.0)
+    assert ring.observe(0, now=0.0, wall=0.0) is None
+    assert ring.observe(0, now=29.0, wall=29.0) is None
+    report = ring.observe(0, now=31.0, wall=31.0)
+    assert report is not None and report["slot"] == 1
+
+
+def test_the_lowest_announced_survivor_is_elected_and_one_address_wins(tmp_path: Path) -> None:
+    for slot in (3, 1, 2):
+        store_failover.announce(tmp_path, 1, slot)
+    assert store_failover.elect(tmp_path, 1, expected={1, 2, 3}, settle_s=5.0) == 1
+    first = store_failover.publish(tmp_path, StoreAddress("node2", 4000, 1, 1))
+    second = store_failover.publish(tmp_path, StoreAddress("node3", 4001, 2, 1))
+    assert first == second == StoreAddress("node2", 4000, 1, 1)
+    assert store_failover.wait_address(tmp_path, 1, timeout=1.0) == first
+    assert store_failover.superseded(tmp_path, 0) and not store_failover.superseded(tmp_path, 1)
+
+
+def test_an_election_settles_without_the_slots_that_never_announce(tmp_path: Path) -> None:
+    store_failover.announce(tmp_path, 2, 4)
+    assert store_failover.elect(tmp_path, 2, expected={2, 4}, settle_s=0.2) == 4
+    assert store_failover.wait_address(tmp_path, 2, timeout=0.1) is None
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"nnodes": 2, "spare_nodes": 2}, "--spare-nodes must be in 0..1"),
+        ({"nnodes": 3, "spare_nodes": 1, "min_nodes": 3}, "--min-nodes must be in 1..2"),
+        ({"nnodes": 3, "min_nodes": 0}, "--min-nodes must be in 1..3"),
+        ({"nnodes": 2, "node_timeout": 1.0, "node_heartbeat": 1.0}, "--node-timeout must be above"),
+        ({"nnodes": 2, "node_heartbeat": 0.0}, "--node-heartbeat must be > 0"),
+    ],
+)
+def test_bad_node_options_name_the_fix(settings: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        SupervisorConfig(command=["true"], **settings)
+
+
+def test_spare_slots_are_the_last_ones_and_do_not_count_in_the_world() -> None:
+    cfg = SupervisorConfig(command=["true"], nnodes=4, node_rank=3, nproc_per_node=2, spare_nodes=1)
+    assert cfg.active_nodes == 3 and cfg.starts_as_spare and cfg.world_size == 6
+    assert cfg.least_nodes == 3  # never shrink unless --min-nodes says so
+    env = cfg.child_env(1, 1, base={}, node_rank=1)
+    assert (env["RANK"], env["WORLD_SIZE"], env["NVRX_NNODES"]) == ("3", "6", "3")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--nnodes", "2", "--spare-nodes", "2", "--", "true"],
+        ["--nnodes", "3", "--spare-nodes", "1", "--min-nodes", "3", "--", "true"],
+        ["--nnodes", "2", "--node-timeout", "0.5", "--node-heartbeat", "1", "--", "true"],
+    ],
+)
+def test_bad_node_options_are_one_line_errors_with_exit_2(argv: list[str], capsys) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("nvrx-supervise: error: --") and err.count("\n") == 1
