@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import bisect
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nvrx.events.failures import (
     EXCEPTION,
@@ -45,7 +45,11 @@ from .merging import (
 from .model import Hang, ProcessRestart, Restarts, RoundRow
 from .output_triage import Death, EventFacts
 from .parts import LocalFault, RoundState, SignatureGroup, order_key
+from .process_rows import NODE_LOST
 from .summarize import Filters, summarize_file
+
+if TYPE_CHECKING:
+    from .node_loss import LossIndex
 
 MAX_SKIPPED_LISTED = 50
 
@@ -207,21 +211,35 @@ class JobSummary:
         )
 
     def relaunches(self) -> int:
-        """Processes relaunched by a supervisor, whatever ended them."""
+        """Processes relaunched by a supervisor, whatever ended them. A spare's first start
+        of each local rank after its ``node_takeover`` replaces a lost node: not a relaunch."""
         decisions = [e for e in self.node_events if e.get("kind") == "restart_decision"]
         if decisions:
             return sum(1 for e in decisions if e.get("decision") == "restart")
-        return sum(
-            1
+        takeovers = {
+            (e["run"], e.get("node")): e.get("wall") or 0.0
             for e in self.node_events
-            if e.get("kind") == "child_start" and (e.get("attempt") or 0) > 0
-        )
+            if e.get("kind") == "node_takeover"
+        }
+        replaced: set[tuple[int, Any, Any]] = set()
+        relaunched = 0
+        for e in sorted(self.node_events, key=lambda e: e.get("wall") or 0.0):
+            if e.get("kind") != "child_start" or (e.get("attempt") or 0) == 0:
+                continue
+            slot = (e["run"], e.get("node"))
+            if slot in takeovers and (e.get("wall") or 0.0) >= takeovers[slot]:
+                if (*slot, e.get("local_rank")) not in replaced:
+                    replaced.add((*slot, e.get("local_rank")))
+                    continue
+            relaunched += 1
+        return relaunched
 
     def restarts(
         self,
         timeline: list[RoundRow],
         extra_requeues: int = 0,
         process_rows: Sequence[ProcessRestart] = (),
+        node_losses: int = 0,
     ) -> Restarts:
         in_process = sum(
             1 for row in timeline if row.outcome == "restart" and row.outcome_from == "wrapper"
@@ -232,7 +250,7 @@ class JobSummary:
         collateral = sum(
             1
             for p in process_rows
-            if p.explained_by == PEER and (p.decision == "restart" or not decisions)
+            if p.explained_by in (PEER, NODE_LOST) and (p.decision == "restart" or not decisions)
         )
         requeue_events = {
             (e.get("count") if e.get("count") is not None else e.get("wall"))
@@ -244,6 +262,7 @@ class JobSummary:
             in_process=in_process,
             process=max(0, relaunched - collateral),
             requeue=requeue,
+            node_loss=node_losses,
         )
 
     def event_signatures(self) -> tuple[set[str], set[str]]:
@@ -261,17 +280,26 @@ class JobSummary:
                 known.add(process_end_signature(e.get("exit_code"), e.get("signal")))
         return known, bare_types
 
-    def output_facts(self, process_rows: Sequence[ProcessRestart]) -> EventFacts:
-        """What judging the output files needs from the events (``output_triage``)."""
+    def output_facts(
+        self, process_rows: Sequence[ProcessRestart], losses: LossIndex | None = None
+    ) -> EventFacts:
+        """What judging the output files needs from the events (``output_triage``). A lost
+        node's end is told by its ``node_lost``: its ranks and srun task (slot) are known."""
         signatures, bare_types = self.event_signatures()
         facts = EventFacts(signatures=signatures, bare_types=bare_types)
+        lost_ranks = losses.lost_ranks() if losses is not None else set()
+        if losses is not None and losses.losses:
+            facts.lost_slots = {slot for _, slot in losses.lost_slots()}
+            facts.slurm_causes.add("node_failure")
         for p in process_rows:
             if p.explained_by is None:
                 death = Death(p.rank, p.node, p.host, process_end_signature(p.exit_code, p.signal))
                 (facts.killed if p.signal is not None else facts.deaths).append(death)
         exit_hosts = {e.get("host") for e in self.node_events if e.get("kind") == "child_exit"}
         if self.wrapper_ends:  # the job went on after them: they did not just stop being read
-            facts.deaths += [d for d in self.vanished if d.host not in exit_hosts]
+            facts.deaths += [
+                d for d in self.vanished if d.host not in exit_hosts and d.rank not in lost_ranks
+            ]
         facts.node_hosts = {n: sorted(h)[0] for n, h in self.node_hosts.items() if h}
         facts.fault_ended_ranks = set(self.fault_ended_ranks)
         for e in self.node_events:
@@ -284,11 +312,16 @@ class JobSummary:
                 facts.slurm_causes.add(e["cause"])
         return facts
 
-    def final_outcome(self, timeline: list[RoundRow]) -> tuple[str, str | None]:
-        """How the job ended according to the events (last run, lowest node first)."""
+    def final_outcome(
+        self, timeline: list[RoundRow], lost_slots: Collection[tuple[int, int]] = ()
+    ) -> tuple[str, str | None]:
+        """How the job ended according to the events (last run, lowest node first). A lost
+        slot's end (a fenced node's exit 9) says how the job ended only when no other does."""
         last_run = max((e["run"] for e in self.node_events), default=0)
+        ends = [e for e in self.node_events if e["run"] == last_run and e.get("kind") in STOP_KINDS]
+        kept = [e for e in ends if (last_run, e.get("node")) not in lost_slots]
         ends = sorted(
-            (e for e in self.node_events if e["run"] == last_run and e.get("kind") in STOP_KINDS),
+            kept or ends,
             key=lambda e: (
                 e.get("node") if isinstance(e.get("node"), int) else 1 << 30,
                 e.get("wall") or 0.0,

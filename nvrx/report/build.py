@@ -20,6 +20,7 @@ from .aggregate import JobSummary, aggregate_files, run_starts_of
 from .failure_groups import add_output_findings, build_failures
 from .loading import ReportError, resolve_job_dir
 from .model import LogFinding, Reading, Report, SlurmContext, Summary
+from .node_loss import node_losses
 from .output_scan import scan_output_file
 from .output_triage import Death, EventFacts, triage
 from .process_rows import process_restarts
@@ -174,21 +175,24 @@ def build_report(
         )
 
     slurm = query_sacct(job_id) if sacct else SlurmContext(error="sacct not asked (--no-sacct)")
-    process_rows = process_restarts(agg)
-    timeline = build_timeline(agg, process_rows)
-    failures = build_failures(agg, process_rows)
+    losses = node_losses(agg)
+    process_rows = process_restarts(agg, losses)
+    timeline = build_timeline(agg, process_rows, losses)
+    failures = build_failures(agg, process_rows, losses)
     findings, explained = _log_findings(
         job_id,
         job_dir.path,
         slurm_output,
         submitit_folders,
-        agg.output_facts(process_rows),
+        agg.output_facts(process_rows, losses),
         notes,
         slurm,
     )
     add_output_findings(failures, findings, explained)
-    suspects, exclude = build_suspects(agg, timeline, failures, process_rows)
-    restarts = agg.restarts(timeline, sacct_requeues(slurm), process_rows)
+    suspects, exclude = build_suspects(agg, timeline, failures, process_rows, losses)
+    restarts = agg.restarts(
+        timeline, sacct_requeues(slurm), process_rows, node_losses=len(losses.losses)
+    )
     if any(row.ordering == "wall_clock" and row.first_rank is not None for row in timeline):
         notes.append(
             "first failing rank of some rounds was ordered by wall clock (faults on several "
@@ -196,7 +200,7 @@ def build_report(
             "or a step of the clock, may reorder them"
         )
 
-    outcome, reason = agg.final_outcome(timeline)
+    outcome, reason = agg.final_outcome(timeline, losses.lost_slots())
     if slurm.available and slurm.job:
         last = slurm.job[-1]
         events_said = outcome
@@ -264,6 +268,7 @@ def build_report(
         log_findings=findings,
         reading=reading,
         generated_at=time.time(),
+        node_losses=losses.losses,
     )
 
 

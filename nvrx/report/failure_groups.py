@@ -3,14 +3,22 @@
 One failure is one occurrence whoever saw it: a process death that a monitor
 already reported as a fault is one row (the process's signal or exit code, in
 the monitor's round), and a hang that a hang fault of the same rank and round
-tells is not counted again.
+tells is not counted again. A lost node is one ``node lost`` failure, and
+what the job wrote while it got over the loss (the survivors' exceptions,
+hangs and process ends) is not counted: the loss explains it.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
-from nvrx.events.failures import hang_signature, kind_of, process_end_signature
+from nvrx.events.failures import (
+    NODE_LOST_SIGNATURE,
+    hang_signature,
+    kind_of,
+    process_end_signature,
+)
 
 from .model import Failure, LogFinding, ProcessRestart
 from .parts import LocalFault, SignatureGroup
@@ -18,6 +26,7 @@ from .process_rows import SAME_FAILURE_WINDOW_S, same_process_end
 
 if TYPE_CHECKING:
     from .aggregate import JobSummary
+    from .node_loss import LossIndex
     from .output_triage import Death
 
 
@@ -90,22 +99,62 @@ def _drop_merged(
         group.first_wall = min((f.wall for f in left if f.wall is not None), default=None)
 
 
-def _add_hangs(job: JobSummary, groups: dict[str, SignatureGroup]) -> None:
-    """Hangs that no hang fault of the same rank and round already tells."""
+def _drop_explained(groups: dict[str, SignatureGroup], losses: LossIndex) -> None:
+    """Take out the occurrences written while the job got over a lost node."""
+    for sig in list(groups):
+        group = groups[sig]
+        left = [o for o in group.seen if losses.explains(o[0]) is None]
+        if len(left) == len(group.seen):
+            continue
+        if not left:
+            del groups[sig]
+            continue
+        group.count, group.seen = len(left), left
+        group.ranks = {o[1] for o in left if o[1] is not None}
+        group.nodes = {o[2] for o in left if o[2] is not None}
+        group.hosts = {o[3] for o in left if o[3] is not None}
+        group.rounds = {o[4] for o in left if o[4] is not None}
+        group.first_wall = min((o[0] for o in left if o[0] is not None), default=None)
+
+
+def _add_losses(groups: dict[str, SignatureGroup], losses: LossIndex) -> None:
+    """One ``node lost`` failure per lost node, with every rank it held."""
+    for loss in losses.losses:
+        part = _group(groups, NODE_LOST_SIGNATURE)
+        first = loss.ranks[0] if loss.ranks else None
+        what = f"node rank {loss.node} (slot {loss.slot}, {loss.host}) lost: {loss.outcome}"
+        wall = loss.start if math.isfinite(loss.start) else None
+        part.add(first, loss.node, loss.host, loss.round, wall, message=what)
+        part.ranks.update(loss.ranks)
+
+
+def _add_hangs(
+    job: JobSummary, groups: dict[str, SignatureGroup], losses: LossIndex | None
+) -> None:
+    """Hangs that no hang fault of the same rank and round already tells (nor a lost node)."""
     told = {(run, rnd, rank) for (run, rnd), r in job.rounds.items() for rank in r.hang_faults}
     for h in job.hangs:
         if (h.run, h.round, h.rank) in told:
+            continue
+        if losses is not None and losses.explains(h.wall) is not None:
             continue
         part = _group(groups, hang_signature(h.timeout))
         part.add(h.rank, h.node, h.host, h.round, h.wall, traceback=h.stack)
 
 
-def build_failures(job: JobSummary, process_rows: list[ProcessRestart]) -> list[Failure]:
-    """Failure groups: faults of the events, failed processes, hangs that no fault names."""
+def build_failures(
+    job: JobSummary, process_rows: list[ProcessRestart], losses: LossIndex | None = None
+) -> list[Failure]:
+    """Failure groups: faults of the events, failed processes, hangs that no fault names,
+    lost nodes (instead of what the job wrote while it got over each loss)."""
     groups = {sig: _copy(g) for sig, g in job.signatures.items()}
+    if losses is not None and losses.losses:
+        _drop_explained(groups, losses)
     merged = _add_deaths(job, groups, process_rows)
     _drop_merged(groups, job.monitor_deaths, merged)
-    _add_hangs(job, groups)
+    _add_hangs(job, groups, losses)
+    if losses is not None:
+        _add_losses(groups, losses)
     out = [
         Failure(
             signature=sig,

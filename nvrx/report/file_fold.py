@@ -25,7 +25,7 @@ from nvrx.events.failures import (
 from nvrx.events.reader import ReadStats
 
 from .parts import LocalFault, RoundState, SignatureGroup
-from .values import as_int, as_str, count, num, seconds
+from .values import as_int, as_str, count, int_list, num, seconds, str_dict
 
 #: Kinds of per-node events that mean "the job is being stopped on this host".
 STOP_KINDS = ("job_stop", "supervisor_end")
@@ -44,6 +44,8 @@ NODE_EVENT_KINDS = frozenset(
         "preempt_signal",
         "store_start",
         "store_end",
+        "node_lost",
+        "node_takeover",
     }
 )
 #: Components whose events belong to one training rank.
@@ -55,9 +57,14 @@ _NODE_COMMON_FIELDS = ("kind", "wall", "mono", "boot", "host", "node", "rank", "
 #: Their own fields kept, each made the type the report expects (None when unusable).
 _NODE_OWN_FIELDS: dict[str, Callable[[Any], Any]] = {
     **dict.fromkeys(("local_rank", "child_pid", "attempt", "exit_code", "budget_left"), count),
-    **dict.fromkeys(("count", "nnodes", "nproc_per_node", "global_rank"), count),
-    **dict.fromkeys(("runtime_s", "wait_s"), seconds),
+    **dict.fromkeys(("count", "nnodes", "nproc_per_node", "global_rank", "spare_nodes"), count),
+    **dict.fromkeys(("lost_node", "lost_slot", "seen_by", "replaced_by", "node_rank"), count),
+    **dict.fromkeys(("runtime_s", "wait_s", "silent_s"), seconds),
     **dict.fromkeys(("signal", "decision", "reason", "signature", "action", "cause"), as_str),
+    "lost_host": as_str,
+    "last_seen_wall": num,
+    "slurm_state": str_dict,
+    "ranks": int_list,
 }
 
 Ev = dict[str, Any]
@@ -206,11 +213,16 @@ class FileFolder:
 
     # -- wrapper ---------------------------------------------------------------
     def round_start(self, e: Ev, rank: OInt, node: OInt, host: OStr, wall: OFloat) -> None:
-        self.round_part(e, wall)
+        part = self.round_part(e, wall)
         self.s.ending_fault = None
         size = count(e.get("world_size"))
         if size is not None and size > self.s.world_size:
             self.s.world_size = size
+        if part is not None:  # when, and at what size, the round began (node-loss recovery)
+            if wall is not None and (part.started_wall is None or wall < part.started_wall):
+                part.started_wall = wall
+            if size is not None and (part.world_size is None or size > part.world_size):
+                part.world_size = size
         # The restart latency of the previous round is known only when this one starts, so a
         # writer may put it here instead of on the previous round's round_end.
         latency = seconds(e.get("restart_latency_s"))

@@ -8,6 +8,7 @@ bump ``REPORT_SCHEMA_VERSION`` when a field changes meaning or goes away.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,7 @@ class Restarts:
     in_process: int = 0  # rounds of the Wrapper that ended in a restart
     process: int = 0  # processes restarted by a supervisor after a failure of their own
     requeue: int = 0  # times SLURM requeued the whole job
+    node_loss: int = 0  # nodes declared lost by their peers (``node_lost`` events)
 
 
 @dataclass
@@ -144,21 +146,57 @@ class ProcessRestart:
     relaunch_s: float | None  # exit to the replacement's start
     rejoin_wait_s: float | None
     # What the process's own events say ended it: "peer" (it stopped because another rank
-    # failed: collateral, not a failure of its own) or "fault" (its fault event tells it).
+    # failed: collateral, not a failure of its own) or "fault" (its fault event tells it);
+    # "node_lost": it ended while a lost node stopped the job (``NodeLoss``), not by itself.
     explained_by: str | None = None
+
+
+@dataclass
+class NodeLoss:
+    """A node its peers declared lost (its supervisor fell silent), and what followed."""
+
+    run: int
+    node: int | None  # node rank it held (None: a spare that held none)
+    slot: int | None  # its supervisor's slot (SLURM_PROCID / --node-rank)
+    host: str | None  # SLURM node name under SLURM, else host name
+    ranks: list[int]  # global ranks it held
+    last_seen_wall: float | None  # its last heartbeat, as the declaring supervisor saw it
+    declared_wall: float | None  # when it was declared lost
+    silent_s: float | None  # silent this long when declared lost
+    seen_by: int | None  # slot of the supervisor that declared it lost
+    slurm_state: dict[str, str] | None  # SLURM's State/Reason of the node, when asked
+    action: str  # spare | shrink | stop | none
+    replaced_by: int | None  # spare slot that took over its node rank
+    takeover_s: float | None  # declared lost -> the spare's takeover (its node_takeover)
+    round: int | None  # the round it interrupted
+    recovered_wall: float | None  # first round_start of the job training at full size again
+    recovery_s: float | None  # last_seen_wall -> recovered_wall
+    world_size: int | None  # world size of that round
+    fenced: bool  # its supervisor came back, found itself declared lost, and stopped (exit 9)
+    outcome: str  # what happened, in words
+
+    @property
+    def start(self) -> float:
+        """When the node was lost: its last heartbeat, else its silence back from the declaration."""
+        if self.last_seen_wall is not None:
+            return self.last_seen_wall
+        if self.declared_wall is not None:
+            return self.declared_wall - (self.silent_s or 0.0)
+        return math.inf
 
 
 @dataclass
 class SuspectNode:
     host: str
     node: int | None
-    # Node-level incidents: rounds it failed first in, hangs, process deaths (each once).
+    # Node-level incidents: rounds it failed first in, hangs, process deaths, losses (each once).
     faults: int
     first_failures: int
     hangs: int
     deaths: int
     signatures: list[str]
     suspect: bool  # listed in ``exclude``
+    lost: int = 0  # times this node was lost (declared lost by its peers)
 
 
 @dataclass
@@ -207,6 +245,7 @@ class Report:
     log_findings: list[LogFinding]
     reading: Reading
     generated_at: float
+    node_losses: list[NodeLoss] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         data = {"schema": REPORT_SCHEMA_NAME, "schema_version": REPORT_SCHEMA_VERSION}

@@ -53,6 +53,7 @@ class EventFacts:
     supervisor_exits: dict[int, set[int]] = field(default_factory=dict)  # node -> exit codes
     fault_ended_ranks: set[int] = field(default_factory=set)  # ranks whose last event is a fault
     slurm_causes: set[str] = field(default_factory=set)  # causes of requeue/preempt_signal events
+    lost_slots: set[int] = field(default_factory=set)  # slots (srun tasks) of lost nodes
 
 
 @dataclass
@@ -100,6 +101,8 @@ def _srun_line(item: OutputItem, facts: EventFacts) -> _Kept | None:
         rank, node = _task_target(task, facts)
         if node is not None and code is not None and code in facts.supervisor_exits.get(node, ()):
             continue  # the supervisor's own end event says it
+        if node is not None and node in facts.lost_slots:
+            continue  # its node_lost event says it
         if rank is not None and rank in facts.fault_ended_ranks:
             continue  # the rank's last event is the fault that ended it
         kept.ranks.update([rank] if rank is not None else [])

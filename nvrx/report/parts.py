@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from .merging import (
     COUNTS,
+    EXTEND,
     MAX,
     MAX_EACH,
     MIN,
@@ -38,6 +39,9 @@ class LocalFault:
     round: int | None = None
     pid: int | None = None
 
+
+#: One occurrence of a signature: (wall, rank, node, host, round).
+Seen = tuple[float | None, int | None, int | None, str | None, int | None]
 
 #: Who an occurrence was: (wall, host, pid), unknowns last. Ties of time are broken by it, so
 #: that the order in which files are merged never changes which occurrence counts as first.
@@ -74,6 +78,8 @@ class RoundState:
     phases: dict[str, float] = merged(MAX_EACH)  # phase -> longest duration seen
     failed_phases: set[str] = merged(UNION)
     restart_latency_s: float | None = merged(MAX)
+    started_wall: float | None = merged(MIN)  # the round's first round_start
+    world_size: int | None = merged(MAX)  # as its round_start events say
     # Each rank's earliest fault; merged by ``add_fault``.
     first_by_rank: dict[int | None, LocalFault] = field(default_factory=dict)
     origin_votes: dict[int, int] = merged(COUNTS)
@@ -118,6 +124,8 @@ class SignatureGroup:
     hosts: set[str] = merged(UNION)
     rounds: set[int] = merged(UNION)
     first_wall: float | None = merged(MIN)
+    # Each occurrence, so that those a lost node explains can be taken out (``node_loss``).
+    seen: list[Seen] = merged(EXTEND)
     # detail -> (who, value); merged by ``merge``.
     details: dict[str, tuple[Who, str]] = field(default_factory=dict)
 
@@ -136,6 +144,7 @@ class SignatureGroup:
     ) -> None:
         """One more occurrence, and its details."""
         self.count += 1
+        self.seen.append((wall, rank, node, host, rnd))
         for target, value in ((self.ranks, rank), (self.nodes, node), (self.rounds, rnd)):
             if value is not None:
                 target.add(value)

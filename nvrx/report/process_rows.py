@@ -17,11 +17,14 @@ from .parts import LocalFault
 
 if TYPE_CHECKING:
     from .aggregate import JobSummary
+    from .node_loss import LossIndex
 
 #: A child's exit and a fault event of the same signature and host this close are one failure.
 SAME_FAILURE_WINDOW_S = 30.0
 #: A process's events and its supervisor's record of its exit share one host clock.
 _SAME_HOST_SLACK_S = 1.0
+#: ``explained_by`` of a process that ended while the job was getting over a lost node.
+NODE_LOST = "node_lost"
 #: Exit codes a child ends with when *we* stop it: not failures.
 _STOP_EXIT_CODES = (0, 130)
 _SLOT_KINDS = ("child_exit", "child_start", "restart_decision", "rejoin")
@@ -37,13 +40,17 @@ def same_process_end(fault: LocalFault, p: ProcessRestart) -> bool:
     return abs(fault.wall - p.wall) <= SAME_FAILURE_WINDOW_S
 
 
-def _stop_walls(job: JobSummary) -> dict[tuple[int, str | None], float]:
-    """Earliest stop of each (run, host): child exits after it are part of the stop."""
-    stops: dict[tuple[int, str | None], float] = {}
+def _stop_walls(job: JobSummary) -> dict[tuple[int, Any, str | None], float]:
+    """Earliest stop of each (run, slot, host): its child exits after it are part of the stop.
+
+    By slot, not by host alone: a node that stops (one fenced off after its loss) says
+    nothing of the other nodes that share its host.
+    """
+    stops: dict[tuple[int, Any, str | None], float] = {}
     for e in job.node_events:
         wall = e.get("wall")
         if e.get("kind") in STOP_KINDS and wall is not None:
-            key = (e["run"], e.get("host"))
+            key = (e["run"], e.get("node"), e.get("host"))
             stops[key] = min(stops.get(key, wall), wall)
     return stops
 
@@ -85,10 +92,27 @@ def _failed(e: dict[str, Any], stop: float | None) -> bool:
     return stop is None or wall is None or wall < stop
 
 
-def _row(job: JobSummary, e: dict[str, Any], later: list[dict[str, Any]]) -> ProcessRestart:
+def _explained(job: JobSummary, e: dict[str, Any], losses: LossIndex | None) -> str | None:
+    """PEER or "fault" by the process's own last fault; else NODE_LOST when it ended while
+    the job got over a lost node (or its own node was the lost one)."""
+    run, wall = e["run"], e.get("wall")
+    own = _ending_fault(job, e.get("host"), e.get("child_pid"), wall, e.get("runtime_s"))
+    if own == PEER or losses is None:
+        return own
+    if losses.explains(wall) is not None or losses.of_slot(run, e.get("node"), wall) is not None:
+        return NODE_LOST
+    return own
+
+
+def _row(
+    job: JobSummary, e: dict[str, Any], later: list[dict[str, Any]], losses: LossIndex | None
+) -> ProcessRestart:
     """The row of one failed ``child_exit``, with the decision and replacement after it
-    (``later``: its slot's events up to the slot's next ``child_exit``)."""
+    (``later``: its slot's events up to the slot's next ``child_exit``). Its node is the node
+    rank its slot held then (a spare's, the one it took over)."""
     run, host, local_rank, wall = e["run"], e.get("host"), e.get("local_rank"), e.get("wall")
+    node = losses.node_rank(run, e.get("node"), wall) if losses is not None else e.get("node")
+    rank = e.get("global_rank")
     decision = next((x for x in later if x.get("kind") == "restart_decision"), None)
     restart = next((x for x in later if x.get("kind") == "child_start"), None)
     rejoin = next((x for x in later if x.get("kind") == "rejoin"), None)
@@ -97,10 +121,10 @@ def _row(job: JobSummary, e: dict[str, Any], later: list[dict[str, Any]]) -> Pro
         relaunch = max(0.0, restart["wall"] - wall)
     return ProcessRestart(
         run=run,
-        node=e.get("node"),
+        node=node,
         host=host,
         local_rank=local_rank,
-        rank=_global_rank(job, run, e.get("node"), local_rank),
+        rank=rank if rank is not None else _global_rank(job, run, node, local_rank),
         wall=wall,
         exit_code=e.get("exit_code"),
         signal=e.get("signal"),
@@ -109,11 +133,11 @@ def _row(job: JobSummary, e: dict[str, Any], later: list[dict[str, Any]]) -> Pro
         reason=decision.get("reason") if decision else None,
         relaunch_s=relaunch,
         rejoin_wait_s=rejoin.get("wait_s") if rejoin else None,
-        explained_by=_ending_fault(job, host, e.get("child_pid"), wall, e.get("runtime_s")),
+        explained_by=_explained(job, e, losses),
     )
 
 
-def process_restarts(job: JobSummary) -> list[ProcessRestart]:
+def process_restarts(job: JobSummary, losses: LossIndex | None = None) -> list[ProcessRestart]:
     """Failed child processes, paired with the decision and replacement that followed."""
     stops = _stop_walls(job)
     # A slot is one local rank of one node: several node ranks may share a host.
@@ -123,12 +147,12 @@ def process_restarts(job: JobSummary) -> list[ProcessRestart]:
             key = (e["run"], e.get("node"), e.get("host"), e.get("local_rank"))
             by_slot.setdefault(key, []).append(e)
     rows: list[ProcessRestart] = []
-    for (run, _, host, _), events in by_slot.items():
+    for (run, slot, host, _), events in by_slot.items():
         events.sort(key=lambda e: e.get("wall") or 0.0)
         exits = [i for i, e in enumerate(events) if e.get("kind") == "child_exit"]
         for n, i in enumerate(exits):
             end = exits[n + 1] if n + 1 < len(exits) else len(events)  # the slot's next exit
-            if _failed(events[i], stops.get((run, host))):
-                rows.append(_row(job, events[i], events[i + 1 : end]))
+            if _failed(events[i], stops.get((run, slot, host))):
+                rows.append(_row(job, events[i], events[i + 1 : end], losses))
     rows.sort(key=lambda p: p.wall or 0.0)
     return rows

@@ -3,97 +3,17 @@
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Sequence
-from typing import Any
-
-from tabulate import tabulate
+from collections.abc import Callable
 
 from nvrx.events.failures import PEER
 
-from .compact import compress_ints
 from .model import Report
+from .process_rows import NODE_LOST
+from .render_losses import node_losses_section
+from .text_doc import Doc, ranks_text, secs, trim, when, where
+from .timeline import BY_NODE_LOSS
 
 FORMATS = ("table", "json", "markdown")
-MAX_TRACE_LINES = 20
-MAX_LIST_CHARS = 60
-
-
-def _when(wall: float | None) -> str:
-    if wall is None:
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(wall)) + f".{int((wall % 1) * 1000):03d}"
-
-
-def _secs(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value >= 120:
-        return f"{value / 60:.1f} min"
-    return f"{value:.3f} s" if value < 10 else f"{value:.1f} s"
-
-
-def _ranks(values: Sequence[int]) -> str:
-    text = compress_ints(values)
-    if len(text) > MAX_LIST_CHARS:
-        text = text[: MAX_LIST_CHARS - 3] + "..."
-    return text or "-"
-
-
-def _trim(text: str | None) -> str:
-    if not text:
-        return ""
-    lines = text.rstrip().splitlines()
-    if len(lines) > MAX_TRACE_LINES:
-        lines = [f"... ({len(lines) - MAX_TRACE_LINES} lines above)"] + lines[-MAX_TRACE_LINES:]
-    return "\n".join(lines)
-
-
-def _where(node: int | None, host: str | None) -> str:
-    if node is None and host is None:
-        return "-"
-    if host is None:
-        return f"node {node}"
-    return f"{host} (node {node})" if node is not None else host
-
-
-class _Doc:
-    """Collects sections, as plain text or Markdown."""
-
-    def __init__(self, markdown: bool) -> None:
-        self.markdown = markdown
-        self.parts: list[str] = []
-
-    def heading(self, title: str) -> None:
-        self.parts.append(f"## {title}" if self.markdown else f"{title}\n{'=' * len(title)}")
-
-    def table(self, rows: list[list[Any]], headers: Sequence[str]) -> None:
-        fmt = "github" if self.markdown else "simple"
-        if self.markdown:  # a "|" or newline in a cell would break the Markdown table
-            rows = [[str(c).replace("|", "\\|").replace("\n", " ") for c in row] for row in rows]
-        self.parts.append(
-            tabulate(rows, headers=list(headers), tablefmt=fmt, disable_numparse=True)
-        )
-
-    def pairs(self, rows: list[list[str]]) -> None:
-        """A two-column key/value table."""
-        if self.markdown:
-            self.table(rows, ["", ""])
-        else:
-            self.parts.append(tabulate(rows, tablefmt="plain", disable_numparse=True))
-
-    def text(self, line: str) -> None:
-        self.parts.append(line)
-
-    def block(self, title: str, body: str) -> None:
-        if self.markdown:
-            self.parts.append(f"**{title}**\n\n```\n{body}\n```")
-        else:
-            indented = "\n".join("    " + line for line in body.splitlines())
-            self.parts.append(f"{title}\n{indented}")
-
-    def render(self) -> str:
-        return "\n\n".join(self.parts) + "\n"
 
 
 def _nodes(count: int, hosts: list[str], slurm_nodes: str | None) -> str:
@@ -107,10 +27,10 @@ def _process_restart_count(failed: int, relaunched: int) -> str:
     return str(failed)
 
 
-_EXPLAINED = {PEER: "a peer failed", "fault": "own fault"}
+_EXPLAINED = {PEER: "a peer failed", "fault": "own fault", NODE_LOST: "a node was lost"}
 
 
-def _summary(doc: _Doc, r: Report) -> None:
+def _summary(doc: Doc, r: Report) -> None:
     s = r.summary
     doc.heading(f"nvrx report: job {s.job or '?'}")
     goodput = f"{s.goodput * 100:.1f} %" if s.goodput is not None else "-"
@@ -118,21 +38,22 @@ def _summary(doc: _Doc, r: Report) -> None:
         ["job", s.job or "-"],
         ["nodes", _nodes(s.nodes, s.hosts, s.slurm_nodes)],
         ["ranks", str(s.ranks)],
-        ["start / end (UTC)", f"{_when(s.start_wall)} / {_when(s.end_wall)}"],
-        ["wall time", _secs(s.wall_time_s)],
-        ["training time (per rank)", _secs(s.training_time_s)],
+        ["start / end (UTC)", f"{when(s.start_wall)} / {when(s.end_wall)}"],
+        ["wall time", secs(s.wall_time_s)],
+        ["training time (per rank)", secs(s.training_time_s)],
         ["goodput", goodput],
         ["rounds", str(s.rounds)],
         ["in-process restarts", str(s.restarts.in_process)],
         ["process restarts", _process_restart_count(s.restarts.process, s.processes_relaunched)],
         ["job requeues", str(s.restarts.requeue)],
+        ["node losses", str(s.restarts.node_loss)],
         ["outcome", s.outcome],
         ["reason", s.reason or "-"],
     ]
     doc.pairs(rows)
 
 
-def _slurm(doc: _Doc, r: Report) -> None:
+def _slurm(doc: Doc, r: Report) -> None:
     doc.heading("SLURM")
     sl = r.slurm
     if not sl.available:
@@ -156,7 +77,7 @@ def _slurm(doc: _Doc, r: Report) -> None:
         doc.text("output files read: " + ", ".join(sl.output_files))
 
 
-def _timeline(doc: _Doc, r: Report) -> None:
+def _timeline(doc: Doc, r: Report) -> None:
     doc.heading("Restart timeline")
     if not r.timeline:
         doc.text("no rounds in the events (no Wrapper events)")
@@ -165,18 +86,20 @@ def _timeline(doc: _Doc, r: Report) -> None:
     rows = []
     for t in r.timeline:
         first = "-"
-        if t.first_rank is not None or t.first_host is not None:
-            first = f"rank {t.first_rank} on {_where(t.first_node, t.first_host)}"
+        if t.ordering == BY_NODE_LOSS:
+            first = f"lost node {where(t.first_node, t.first_host)}"
+        elif t.first_rank is not None or t.first_host is not None:
+            first = f"rank {t.first_rank} on {where(t.first_node, t.first_host)}"
         row = [
             str(t.round),
-            _when(t.start_wall),
+            when(t.start_wall),
             t.outcome,
             t.cause or "-",
             first,
             t.ordering if t.first_rank is not None else "-",
-            _ranks(t.also_failed),
+            ranks_text(t.also_failed),
             str(t.peer_notified),
-            _secs(t.restart_latency_s),
+            secs(t.restart_latency_s),
         ]
         rows.append(([str(t.run)] if many_runs else []) + row)
     headers = (["run"] if many_runs else []) + [
@@ -199,16 +122,16 @@ def _timeline(doc: _Doc, r: Report) -> None:
         rows = []
         for t in phased:
             cells = [
-                _secs(t.phases.get(p)) + (" FAILED" if p in t.failed_phases else "") for p in names
+                secs(t.phases.get(p)) + (" FAILED" if p in t.failed_phases else "") for p in names
             ]
             rows.append(
-                ([str(t.run)] if many_runs else []) + [str(t.round), _secs(t.detection_s), *cells]
+                ([str(t.run)] if many_runs else []) + [str(t.round), secs(t.detection_s), *cells]
             )
         doc.text("Phase latency per round (slowest rank):")
         doc.table(rows, (["run"] if many_runs else []) + ["round", "detection", *names])
 
 
-def _failures(doc: _Doc, r: Report) -> None:
+def _failures(doc: Doc, r: Report) -> None:
     doc.heading("Failures by signature")
     if not r.failures:
         doc.text("no failures")
@@ -218,51 +141,51 @@ def _failures(doc: _Doc, r: Report) -> None:
             f.signature,
             f.category,
             str(f.count),
-            _ranks(f.ranks),
-            ", ".join(f.hosts) or _ranks(f.nodes),
-            _ranks(f.rounds),
+            ranks_text(f.ranks),
+            ", ".join(f.hosts) or ranks_text(f.nodes),
+            ranks_text(f.rounds),
             f.source,
         ]
         for f in r.failures
     ]
     doc.table(rows, ["signature", "kind", "count", "ranks", "hosts", "rounds", "source"])
     for f in r.failures:
-        body = _trim(f.traceback) or (f.message or "")
+        body = trim(f.traceback) or (f.message or "")
         if body:
             doc.block(f"[{f.signature}]", body)
 
 
-def _hangs(doc: _Doc, r: Report) -> None:
+def _hangs(doc: Doc, r: Report) -> None:
     if not r.hangs:
         return
     doc.heading("Hangs")
     rows = [
-        [str(h.rank), _where(h.node, h.host), str(h.round), h.timeout or "-", _when(h.wall)]
+        [str(h.rank), where(h.node, h.host), str(h.round), h.timeout or "-", when(h.wall)]
         for h in r.hangs
     ]
     doc.table(rows, ["rank", "where", "round", "timeout", "detected (UTC)"])
     for h in r.hangs:
         if h.stack:
-            doc.block(f"[rank {h.rank} stuck in round {h.round}]", _trim(h.stack))
+            doc.block(f"[rank {h.rank} stuck in round {h.round}]", trim(h.stack))
 
 
-def _process_restarts(doc: _Doc, r: Report) -> None:
+def _process_restarts(doc: Doc, r: Report) -> None:
     if not r.process_restarts:
         return
     doc.heading("Process restarts")
     rows = [
         [
-            _when(p.wall),
-            _where(p.node, p.host),
+            when(p.wall),
+            where(p.node, p.host),
             str(p.local_rank),
             str(p.rank) if p.rank is not None else "-",
             p.signal or f"exit {p.exit_code}",
             _EXPLAINED.get(p.explained_by or "", "-"),
-            _secs(p.runtime_s),
+            secs(p.runtime_s),
             p.decision or "-",
             p.reason or "-",
-            _secs(p.relaunch_s),
-            _secs(p.rejoin_wait_s),
+            secs(p.relaunch_s),
+            secs(p.rejoin_wait_s),
         ]
         for p in r.process_restarts
     ]
@@ -284,7 +207,7 @@ def _process_restarts(doc: _Doc, r: Report) -> None:
     )
 
 
-def _suspects(doc: _Doc, r: Report) -> None:
+def _suspects(doc: Doc, r: Report) -> None:
     doc.heading("Suspect nodes")
     if not r.suspects:
         doc.text("no node-level faults")
@@ -297,26 +220,27 @@ def _suspects(doc: _Doc, r: Report) -> None:
             str(n.first_failures),
             str(n.hangs),
             str(n.deaths),
+            str(n.lost),
             "; ".join(n.signatures),
             "yes" if n.suspect else "no",
         ]
         for n in r.suspects
     ]
-    doc.table(
-        rows,
-        ["host", "node", "faults", "first failures", "hangs", "deaths", "signatures", "suspect"],
-    )
+    headers = ["host", "node", "faults", "first failures", "hangs", "deaths", "lost"]
+    doc.table(rows, [*headers, "signatures", "suspect"])
     if r.exclude:
         doc.text(f"next submission: --exclude={r.exclude}")
     elif len(r.summary.hosts) < 2:
         doc.text("no host to exclude: the job ran on one host, with no other to compare it with")
+    elif any(n.lost for n in r.suspects):
+        doc.text("no host to exclude: each lost node's host also ran nodes that stayed healthy")
     else:
         doc.text(
             "no host to exclude: every fault signature was seen on several hosts (code, not node)"
         )
 
 
-def _findings(doc: _Doc, r: Report) -> None:
+def _findings(doc: Doc, r: Report) -> None:
     if not r.log_findings:
         return
     doc.heading("Found only in SLURM/submitit output")
@@ -327,7 +251,7 @@ def _findings(doc: _Doc, r: Report) -> None:
     doc.table(rows, ["where", "signature", "count", "printed by"])
 
 
-def _reading(doc: _Doc, r: Report) -> None:
+def _reading(doc: Doc, r: Report) -> None:
     g = r.reading
     doc.heading("Read")
     line = f"{g.files} file(s), {g.events} event(s) in {g.log_dir}"
@@ -342,9 +266,10 @@ def _reading(doc: _Doc, r: Report) -> None:
         doc.text(f"note: {note}")
 
 
-_SECTIONS: tuple[Callable[[_Doc, Report], None], ...] = (
+_SECTIONS: tuple[Callable[[Doc, Report], None], ...] = (
     _summary,
     _slurm,
+    node_losses_section,
     _timeline,
     _failures,
     _hangs,
@@ -361,7 +286,7 @@ def render(report: Report, format: str = "table") -> str:
         return json.dumps(report.to_dict(), indent=2, default=str) + "\n"
     if format not in FORMATS:
         raise ValueError(f"unknown report format {format!r}; choose one of {', '.join(FORMATS)}")
-    doc = _Doc(markdown=format == "markdown")
+    doc = Doc(markdown=format == "markdown")
     for section in _SECTIONS:
         section(doc, report)
     return doc.render()

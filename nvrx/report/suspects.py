@@ -1,8 +1,10 @@
-"""Suspect nodes: node-level incidents per host, and the hosts to exclude next time.
+"""Suspect nodes: node-level incidents per node (host and node rank), and the hosts to exclude.
 
 A host is suspect when one of its failure signatures was seen on that host and
 no other (and the job ran on several hosts): a signature seen on several hosts
-points at the code, not at a node.
+points at the code, not at a node. A lost node's host is suspect unless a node
+that stayed healthy ran on it too. Rows are per (host, node rank), so that
+several nodes of one host (local jobs) are told apart.
 """
 
 from __future__ import annotations
@@ -14,35 +16,82 @@ from nvrx.events.failures import (
     DEAD,
     FAULT_KINDS,
     HANG,
+    NODE_LOST_SIGNATURE,
     UNRESPONSIVE,
     hang_signature,
     process_end_signature,
 )
 
 from .compact import exclude_list
-from .model import Failure, ProcessRestart, RoundRow, SuspectNode
-from .timeline import death_window
+from .model import Failure, NodeLoss, ProcessRestart, RoundRow, SuspectNode
+from .timeline import BY_NODE_LOSS, death_window
 
 if TYPE_CHECKING:
     from .aggregate import JobSummary
+    from .node_loss import LossIndex
 
 
 @dataclass
-class _HostTally:
-    node: int | None
+class _NodeTally:
     first: int = 0
     hangs: int = 0
     deaths: int = 0
+    lost: list[NodeLoss] = field(default_factory=list)
     sigs: set[str] = field(default_factory=set)
     incidents: set[tuple[object, ...]] = field(default_factory=set)
 
 
-class _Tallies(dict[str, _HostTally]):
-    def of(self, host: str, node: int | None) -> _HostTally:
-        tally = self.setdefault(host, _HostTally(node))
-        if tally.node is None:
-            tally.node = node
-        return tally
+class _Tallies(dict[tuple[str, "int | None"], _NodeTally]):
+    def of(self, host: str, node: int | None) -> _NodeTally:
+        """The tally of (``host``, ``node``); an unknown node is the host's one node, if one."""
+        if node is None:
+            nodes = [n for h, n in self if h == host and n is not None]
+            node = nodes[0] if len(nodes) == 1 else None
+        return self.setdefault((host, node), _NodeTally())
+
+
+def _healthy_hosts(job: JobSummary, losses: LossIndex) -> dict[int, set[str]]:
+    """Per run, the hosts of supervisors (slots) that were never lost."""
+    lost = losses.lost_slots()
+    healthy: dict[int, set[str]] = {}
+    for e in job.node_events:
+        run, slot, host = e["run"], e.get("node"), e.get("host")
+        if e.get("component") == "supervisor" and host is not None and (run, slot) not in lost:
+            healthy.setdefault(run, set()).add(host)
+    return healthy
+
+
+def _slot_hosts(job: JobSummary) -> dict[tuple[int, object], set[str]]:
+    hosts: dict[tuple[int, object], set[str]] = {}
+    for e in job.node_events:
+        if e.get("component") == "supervisor" and e.get("host") is not None:
+            hosts.setdefault((e["run"], e.get("node")), set()).add(e["host"])
+    return hosts
+
+
+def _lost_suspect(job: JobSummary, tally: _NodeTally, losses: LossIndex) -> bool:
+    """Whether a lost node's host can be excluded: no node that stayed healthy ran on it
+    (by the SLURM node name and by the host name its supervisor wrote)."""
+    healthy, slot_hosts = _healthy_hosts(job, losses), _slot_hosts(job)
+    for loss in tally.lost:
+        names = {loss.host} | slot_hosts.get((loss.run, loss.slot), set())
+        if not names & healthy.get(loss.run, set()):
+            return True
+    return False
+
+
+def _add_losses(per: _Tallies, timeline: list[RoundRow], losses: LossIndex) -> None:
+    blamed = {(row.run, row.round) for row in timeline if row.ordering == BY_NODE_LOSS}
+    for loss in losses.losses:
+        if loss.host is None:
+            continue
+        s = per.of(loss.host, loss.node)
+        s.lost.append(loss)
+        s.sigs.add(NODE_LOST_SIGNATURE)
+        if (loss.run, loss.round) in blamed:  # one incident with the round it explains
+            s.incidents.add(("round", loss.run, loss.round))
+        else:
+            s.incidents.add(("loss", loss.run, loss.slot))
 
 
 def _incident_kind(row: RoundRow) -> str:
@@ -70,8 +119,10 @@ def build_suspects(
     timeline: list[RoundRow],
     failures: list[Failure],
     process_rows: list[ProcessRestart],
+    losses: LossIndex | None = None,
 ) -> tuple[list[SuspectNode], str | None]:
-    """Node-level faults per host; a host is suspect when one of its signatures is seen nowhere else."""
+    """Node-level faults per node; a host is suspect when one of its signatures is seen
+    nowhere else, or it was lost and no healthy node shared it."""
     hosts_of = {f.signature: set(f.hosts) for f in failures}
     per = _Tallies()
     # A hang or death that explains a round is one incident with that round, not two.
@@ -86,7 +137,7 @@ def build_suspects(
             if how in ("hang", "process_exit"):
                 explained.setdefault((row.run, row.first_rank, how), []).append(row)
     for h in job.hangs:
-        if h.host is None:
+        if h.host is None or (losses is not None and losses.explains(h.wall) is not None):
             continue
         s = per.of(h.host, h.node)
         s.hangs += 1
@@ -100,21 +151,32 @@ def build_suspects(
         s.deaths += 1
         s.sigs.add(process_end_signature(p.exit_code, p.signal))
         s.incidents.add(_death_incident(job, p, explained))
+    if losses is not None:
+        _add_losses(per, timeline, losses)
     # On one host (a local job) "seen only here" compares it with nothing.
-    several_hosts = len(job.hosts | set(per)) > 1
+    several_hosts = len(job.hosts | {host for host, _ in per}) > 1
     nodes = [
         SuspectNode(
             host=host,
-            node=s.node,
+            node=node,
             faults=len(s.incidents),
             first_failures=s.first,
             hangs=s.hangs,
             deaths=s.deaths,
             signatures=sorted(s.sigs),
-            suspect=several_hosts and any(hosts_of.get(sig, {host}) <= {host} for sig in s.sigs),
+            suspect=(
+                several_hosts
+                and any(
+                    hosts_of.get(sig, {host}) <= {host}
+                    for sig in s.sigs
+                    if not (s.lost and sig == NODE_LOST_SIGNATURE)
+                )
+            )
+            or (losses is not None and _lost_suspect(job, s, losses)),
+            lost=len(s.lost),
         )
-        for host, s in per.items()
+        for (host, node), s in per.items()
     ]
-    nodes.sort(key=lambda n: (-n.faults, n.host))
-    flagged = [n.host for n in nodes if n.suspect]
+    nodes.sort(key=lambda n: (-n.faults, n.host, n.node if n.node is not None else -1))
+    flagged = sorted({n.host for n in nodes if n.suspect})
     return nodes, (exclude_list(flagged) if flagged else None)

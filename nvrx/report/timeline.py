@@ -6,6 +6,8 @@ monotonic clocks are not comparable; the rank that ``peer`` faults name as
 ``origin_rank`` (recorded in the store, so free of clock skew) decides, and
 only without it wall clocks do, which the timeline says (``ordering``). A
 round with no fault of its own is explained by a process death or a hang.
+A round that a lost node interrupted is explained by the loss: the faults
+written while the job got over it follow from it (``node_loss``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from nvrx.events.failures import (
     DEAD,
+    NODE_LOST_SIGNATURE,
     PEER,
     UNRESPONSIVE,
     hang_signature,
@@ -22,25 +25,37 @@ from nvrx.events.failures import (
     process_end_signature,
 )
 
-from .model import ProcessRestart, RoundRow
+from .model import NodeLoss, ProcessRestart, RoundRow
 from .parts import LocalFault, RoundState, earlier, order_key
-from .process_rows import same_process_end
+from .process_rows import NODE_LOST, same_process_end
 
 if TYPE_CHECKING:
     from .aggregate import JobSummary
+    from .node_loss import LossIndex
+
+#: ``ordering`` of a round that a lost node explains.
+BY_NODE_LOSS = "node_lost"
 
 #: Round outcomes, most telling first, when ranks disagree.
 _OUTCOME_ORDER = ("restart", "abort", "terminated", "completed")
 
 
-def build_timeline(job: JobSummary, process_rows: Sequence[ProcessRestart] = ()) -> list[RoundRow]:
+def build_timeline(
+    job: JobSummary, process_rows: Sequence[ProcessRestart] = (), losses: LossIndex | None = None
+) -> list[RoundRow]:
     """One row per (run, round). Rounds with no fault event of their own are explained by
-    a process death (from its supervisor) or a hang report inside the round, if any."""
+    a process death (from its supervisor) or a hang report inside the round, if any; a
+    round a node loss interrupted, by the loss (unless a fault came before it)."""
     rows = []
     for (run, rnd), r in sorted(job.rounds.items()):
+        if losses is not None and losses.losses:
+            r = _without_explained(r, losses)
         root, ordering = _root(r)
         row = _round_row(run, rnd, r, root, ordering)
-        if row.first_rank is None and row.first_host is None:
+        loss = _loss_of(losses, run, rnd)
+        if loss is not None and (root is None or (root.wall or 0.0) >= loss.start):
+            _blame_loss(row, r, loss)
+        elif row.first_rank is None and row.first_host is None:
             _explain(job, row, r, process_rows)
         elif root is not None and kind_of(root.signature) in (DEAD, UNRESPONSIVE):
             _sharpen(row, root, process_rows)
@@ -84,6 +99,35 @@ def _infer_outcomes(job: JobSummary, rows: list[RoundRow]) -> None:
             row.outcome = "completed"
 
 
+def _without_explained(r: RoundState, losses: LossIndex) -> RoundState:
+    """``r`` without the faults written while a lost node was being got over."""
+    kept = {k: f for k, f in r.first_by_rank.items() if losses.explains(f.wall) is None}
+    if len(kept) == len(r.first_by_rank):
+        return r
+    copy = RoundState()
+    copy.merge(r)
+    copy.first_by_rank = kept
+    return copy
+
+
+def _loss_of(losses: LossIndex | None, run: int, rnd: int) -> NodeLoss | None:
+    """The loss that interrupted round ``rnd`` (a lost spare held no ranks: it interrupts none)."""
+    if losses is None:
+        return None
+    return next((x for x in losses.losses if (x.run, x.round) == (run, rnd) and x.ranks), None)
+
+
+def _blame_loss(row: RoundRow, r: RoundState, loss: NodeLoss) -> None:
+    """The lost node is the round's first failure; its silence was the detection time."""
+    row.cause, row.fault_kind, row.ordering = NODE_LOST_SIGNATURE, "node_lost", BY_NODE_LOSS
+    row.first_rank = loss.ranks[0] if loss.ranks else None
+    row.first_node, row.first_host, row.detection_s = loss.node, loss.host, loss.silent_s
+    lost = set(loss.ranks)
+    local = {rank for rank in r.first_by_rank if rank is not None}
+    row.also_failed = sorted(local - lost)
+    row.peer_notified = len((r.peer_ranks | r.restarted_ranks) - lost - local)
+
+
 def _blame(row: RoundRow, r: RoundState, how: str, cause: str, kind: str, who: Any) -> None:
     """Name ``who`` (a process row or a hang) as the first failure of ``row``."""
     row.cause, row.fault_kind, row.ordering = cause, kind, how
@@ -110,7 +154,10 @@ def _explain(
     deaths = [
         p
         for p in process_rows
-        if p.run == row.run and p.wall is not None and lo <= p.wall < hi and p.explained_by != PEER
+        if p.run == row.run
+        and p.wall is not None
+        and lo <= p.wall < hi
+        and p.explained_by not in (PEER, NODE_LOST)
     ]
     if voted is not None and any(p.rank == voted for p in deaths):
         deaths = [p for p in deaths if p.rank == voted]

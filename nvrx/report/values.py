@@ -59,3 +59,17 @@ def as_str(value: Any) -> str | None:
     if isinstance(value, str):
         return value
     return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def int_list(value: Any) -> list[int] | None:
+    """A list of integers (``node_lost``'s ranks), unusable items left out; not a list: None."""
+    if not isinstance(value, list):
+        return None
+    return [n for n in map(as_int, value) if n is not None]
+
+
+def str_dict(value: Any) -> dict[str, str] | None:
+    """An object of text values (SLURM's State/Reason), other values left out; else None."""
+    if not isinstance(value, dict):
+        return None
+    return {str(k): text for k, v in value.items() if (text := as_str(v)) is not None}

@@ -17,6 +17,7 @@ import psutil
 import pytest
 from test_supervisor_local import DEMO, Job
 
+from nvrx.report import build_report
 from nvrx.supervisor.exit_codes import ExitCode
 from tests.support.waiting import wait_until
 
@@ -95,6 +96,15 @@ def test_a_spare_node_takes_over_a_lost_node(tmp_path: Path) -> None:
     assert rejoined == {2, 3}, output
     assert _world_sizes(job)[-1] == 4
     _no_process_left(killed)
+    report = build_report(job.log_dir / job.job_id, sacct=False)
+    (loss,) = report.node_losses
+    assert (loss.node, loss.slot, loss.host, loss.ranks) == (1, 1, lost[0]["lost_host"], [2, 3])
+    assert loss.outcome == "spare slot 2 took over node rank 1"
+    assert loss.recovery_s is not None and loss.recovery_s > 3 and loss.world_size == 4
+    assert report.summary.restarts.node_loss == 1 and report.summary.restarts.process == 0
+    assert [f.signature for f in report.failures] == ["node lost"], report.to_text()
+    assert (report.timeline[0].cause, report.timeline[0].first_node) == ("node lost", 1)
+    assert "spare slot 2 took over node rank 1" in report.to_text()
 
 
 @pytest.mark.timeout(300)
@@ -111,6 +121,14 @@ def test_without_a_spare_the_job_shrinks_down_to_min_nodes(tmp_path: Path) -> No
     ]
     assert _world_sizes(job)[-1] == 2
     _no_process_left(killed)
+    report = build_report(job.log_dir / job.job_id, sacct=False)
+    (loss,) = report.node_losses
+    assert (loss.node, loss.slot, loss.host, loss.action) == (1, 1, lost[0]["lost_host"], "shrink")
+    assert loss.outcome == "job shrank to 1 node"
+    assert loss.recovery_s is not None and loss.world_size == 2
+    assert report.summary.restarts.node_loss == 1
+    assert [f.signature for f in report.failures] == ["node lost"], report.to_text()
+    assert "job shrank to 1 node" in report.to_text()
 
 
 @pytest.mark.timeout(300)
@@ -126,3 +144,13 @@ def test_without_a_spare_or_allowance_the_job_stops_with_the_reason(tmp_path: Pa
     ends = [e for e in job.events("supervisor_end") if e["node"] == 0]
     assert ends[0]["exit_code"] == ExitCode.NODE_LOST
     _no_process_left(killed)
+    report = build_report(job.log_dir / job.job_id, sacct=False)
+    (loss,) = report.node_losses
+    assert (loss.node, loss.slot, loss.action) == (1, 1, "stop")
+    assert loss.outcome.startswith("job stopped: node lost, no spare"), loss.outcome
+    assert loss.recovery_s is None
+    # the survivors' monitors find their processes gone after the stop: not failures
+    assert [f.signature for f in report.failures] == ["node lost"], report.to_text()
+    assert (report.timeline[0].cause, report.timeline[0].first_node) == ("node lost", 1)
+    assert report.summary.outcome == f"failed (exit code {int(ExitCode.NODE_LOST)})"
+    assert "job stopped: node lost, no spare" in report.to_text()

@@ -82,7 +82,12 @@ def test_json_output_follows_the_documented_schema(
     # The schema names every top-level key the report writes, and the other way round.
     assert set(schema["required"]) == set(data)
     assert data["timeline"][0]["first_rank"] == 2
-    assert data["summary"]["restarts"] == {"in_process": 3, "process": 1, "requeue": 0}
+    assert data["summary"]["restarts"] == {
+        "in_process": 3,
+        "process": 1,
+        "requeue": 0,
+        "node_loss": 0,
+    }
 
 
 def test_schema_validator_rejects_wrong_types() -> None:

@@ -1,0 +1,221 @@
+"""Lost nodes: each ``node_lost`` event read into a ``NodeLoss``, and what a loss explains.
+
+A supervisor that falls silent is declared lost by a peer, which writes
+``node_lost``; a spare that takes over its node rank writes ``node_takeover``.
+The lost node's ranks write nothing more, and what the survivors write while
+the job gets over the loss (their exceptions, hangs, process ends) follows
+from it: ``LossIndex.explains`` tells which, by wall time, so that the
+timeline, the failure groups and the suspect table blame the lost node.
+Supervisor events name their writer's *slot* as ``node``; a spare's slot holds
+the node rank it took over from its ``node_takeover`` on (``node_rank``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .file_fold import STOP_KINDS
+from .model import NodeLoss
+from .process_rows import SAME_FAILURE_WINDOW_S
+from .timeline import death_window
+
+if TYPE_CHECKING:
+    from .aggregate import JobSummary
+
+log = logging.getLogger(__name__)
+
+#: A supervisor's exit code when it was declared lost while it stalled
+#: (``ExitCode.FENCED`` of ``nvrx.supervisor``, a higher layer).
+FENCED_EXIT = 9
+#: How a ``job_stop`` reason begins when a lost node left too few (``ExitCode.NODE_LOST``).
+STOP_REASON = "node lost, no spare"
+
+
+@dataclass
+class LossIndex:
+    """The job's node losses, and what each one explains."""
+
+    losses: list[NodeLoss] = field(default_factory=list)
+    # (start, end, loss): wall times in which the job was getting over the loss.
+    windows: list[tuple[float, float, NodeLoss]] = field(default_factory=list)
+    # (run, slot) -> (wall, node rank) of a spare's takeover.
+    takeovers: dict[tuple[int, int], tuple[float, int]] = field(default_factory=dict)
+
+    def explains(self, wall: float | None) -> NodeLoss | None:
+        """The loss that was being got over at ``wall``, if any."""
+        if wall is None:
+            return None
+        return next((loss for lo, hi, loss in self.windows if lo <= wall < hi), None)
+
+    def of_slot(self, run: int, slot: Any, wall: float | None) -> NodeLoss | None:
+        """The loss of slot ``slot`` when ``wall`` is at or after it: what its own supervisor
+        wrote then (a fenced node ending its children) follows from the loss."""
+        if wall is None:
+            return None
+        return next(
+            (x for x in self.losses if (x.run, x.slot) == (run, slot) and wall >= x.start), None
+        )
+
+    def node_rank(self, run: int, slot: Any, wall: float | None) -> Any:
+        """The node rank slot ``slot`` held at ``wall``: a spare's is the one it took over."""
+        taken = self.takeovers.get((run, slot)) if isinstance(slot, int) else None
+        if taken is not None and wall is not None and wall >= taken[0]:
+            return taken[1]
+        return slot
+
+    def lost_slots(self) -> set[tuple[int, int]]:
+        """(run, slot) of every lost node."""
+        return {(loss.run, loss.slot) for loss in self.losses if loss.slot is not None}
+
+    def lost_ranks(self) -> set[int]:
+        """Global ranks the lost nodes held."""
+        return {rank for loss in self.losses for rank in loss.ranks}
+
+
+def _recovery(job: JobSummary, loss: NodeLoss) -> tuple[float, int | None] | None:
+    """(first round_start, world size) of the first round after the loss at full size again:
+    at the size before the loss (a spare took over), or of any size after a shrink."""
+    if loss.action not in ("spare", "shrink"):
+        return None
+    start = loss.start
+    rounds = sorted(
+        (r.started_wall, r.world_size)
+        for (run, _), r in job.rounds.items()
+        if run == loss.run and r.started_wall is not None
+    )
+    before = [size for wall, size in rounds if wall <= start and size is not None]
+    full = max(before, default=job.world_size or 0)
+    for wall, size in rounds:
+        if wall > start and (loss.action == "shrink" or (size or 0) >= full):
+            return wall, size
+    return None
+
+
+def _interrupted_round(job: JobSummary, run: int, wall: float | None) -> int | None:
+    if wall is None:
+        return None
+    for r_run, rnd in sorted(job.rounds):
+        window = death_window(job, r_run, rnd) if r_run == run else None
+        if window is not None and window[0] <= wall < window[1]:
+            return rnd
+    return None
+
+
+def _training_nodes(job: JobSummary, run: int) -> int | None:
+    """Nodes that train in ``run`` (spares left out), by its supervisors' ``supervisor_start``."""
+    for e in job.node_events:
+        if e.get("kind") == "supervisor_start" and e["run"] == run and e.get("nnodes"):
+            return int(e["nnodes"]) - int(e.get("spare_nodes") or 0)
+    return None
+
+
+def _outcome(job: JobSummary, loss: NodeLoss, losses: list[NodeLoss]) -> str:
+    if loss.action == "spare":
+        return f"spare slot {loss.replaced_by} took over node rank {loss.node}"
+    if loss.action == "shrink":
+        nodes = _training_nodes(job, loss.run)
+        earlier = [x for x in losses if x.run == loss.run and x.action == "shrink"]
+        if nodes is None:
+            return f"job shrank: it went on without node rank {loss.node}"
+        left = nodes - len(earlier[: earlier.index(loss) + 1])
+        return f"job shrank to {left} node{'' if left == 1 else 's'}"
+    if loss.action == "stop":
+        reasons = [
+            e.get("reason")
+            for e in job.node_events
+            if e.get("kind") == "job_stop" and e["run"] == loss.run
+            and str(e.get("reason") or "").startswith(STOP_REASON)
+        ]  # fmt: skip
+        return f"job stopped: {reasons[0] if reasons else STOP_REASON}"
+    if loss.action == "none":
+        return "a spare node was lost; training went on"
+    return f"action {loss.action}"
+
+
+def _loss(e: dict[str, Any]) -> NodeLoss:
+    declared = e.get("wall")
+    return NodeLoss(
+        run=e["run"],
+        node=e.get("lost_node"),
+        slot=e.get("lost_slot"),
+        host=e.get("lost_host"),
+        ranks=sorted(e.get("ranks") or []),
+        last_seen_wall=e.get("last_seen_wall"),
+        declared_wall=declared if isinstance(declared, (int, float)) else None,
+        silent_s=e.get("silent_s"),
+        seen_by=e.get("seen_by"),
+        slurm_state=e.get("slurm_state"),
+        action=e.get("action") or "unknown",
+        replaced_by=e.get("replaced_by"),
+        takeover_s=None,
+        round=None,
+        recovered_wall=None,
+        recovery_s=None,
+        world_size=None,
+        fenced=False,
+        outcome="",
+    )
+
+
+def _followed(job: JobSummary, loss: NodeLoss) -> None:
+    """What followed the loss: the spare's takeover, the recovery, a fenced supervisor."""
+    for e in job.node_events:
+        kind, run, slot = e.get("kind"), e["run"], e.get("node")
+        if kind == "node_takeover" and run == loss.run and slot == loss.replaced_by:
+            if e.get("lost_slot") in (None, loss.slot):
+                loss.takeover_s = e.get("wait_s")
+        own_end = kind in STOP_KINDS and (run, slot) == (loss.run, loss.slot)
+        if own_end and e.get("exit_code") == FENCED_EXIT and (e.get("wall") or 0.0) >= loss.start:
+            loss.fenced = True
+    recovered = _recovery(job, loss)
+    if recovered is not None:
+        loss.recovered_wall, loss.world_size = recovered
+        loss.recovery_s = max(0.0, loss.recovered_wall - loss.start)
+    loss.round = _interrupted_round(job, loss.run, loss.declared_wall)
+
+
+def _end(job: JobSummary, loss: NodeLoss) -> float:
+    """Until when the job was getting over ``loss``: its recovery; for a stop, the end of
+    the run; for a lost spare, nothing to get over; else SAME_FAILURE_WINDOW_S past it."""
+    start = loss.start
+    if loss.recovered_wall is not None:
+        return loss.recovered_wall
+    if loss.action == "none":
+        return start
+    if loss.action == "stop":
+        later = [w for walls in job.starts.values() for w in walls if w > start]
+        return min(later, default=math.inf)
+    declared = loss.declared_wall if loss.declared_wall is not None else start
+    return declared + SAME_FAILURE_WINDOW_S
+
+
+def node_losses(job: JobSummary) -> LossIndex:
+    """The job's node losses (one per lost slot and run, the first declaration), in order."""
+    index = LossIndex()
+    seen: set[tuple[int, Any]] = set()
+    events = sorted(
+        (e for e in job.node_events if e.get("kind") in ("node_lost", "node_takeover")),
+        key=lambda e: e.get("wall") or 0.0,
+    )
+    for e in events:
+        if e["kind"] == "node_takeover":
+            if isinstance(e.get("node"), int) and e.get("node_rank") is not None:
+                index.takeovers[(e["run"], e["node"])] = (e.get("wall") or 0.0, e["node_rank"])
+            continue
+        key = (e["run"], e.get("lost_slot"))
+        if key not in seen:
+            seen.add(key)
+            index.losses.append(_loss(e))
+    for loss in index.losses:
+        _followed(job, loss)
+        loss.outcome = _outcome(job, loss, index.losses)
+        if loss.fenced:
+            loss.outcome += "; its supervisor came back and was fenced off (exit 9)"
+        index.windows.append((loss.start, _end(job, loss), loss))
+    index.windows.sort(key=lambda w: (w[0], w[1]))
+    if index.losses:
+        log.debug("%d node loss(es) in the events", len(index.losses))
+    return index

@@ -1,0 +1,390 @@
+"""nvrx-report on lost nodes: the *Lost nodes* section, the counts, who is blamed, --exclude.
+
+The event logs are shaped like those of ``tests/multiproc/test_node_loss.py`` (3 local
+supervisors x 2 ranks of the demo under the Wrapper, slot 1's whole process tree killed),
+trimmed to what the report reads: supervisor events name their writer's *slot* as
+``node``; the lost node's ranks write nothing after their last step; the spare's
+children write as node rank 1, the one it took over. Times are seconds after ``T0``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_report_cli import SCHEMA_PATH, check_schema
+from test_report_fixtures import T0, Host, Proc
+
+from nvrx.report import Report, build_report
+
+LAST_SEEN = 11.4  # slot 1's last heartbeat
+DECLARED = 14.4  # slot 0 declares it lost, 3 s later
+DIST_TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "/home/u/train.py", line 40, in train\n'
+    "    dist.all_reduce(grad)\n"
+    '  File "/venv/lib/python3.11/site-packages/torch/distributed/c10d.py", line 9, in all_reduce\n'
+    "    work.wait()\n"
+    "torch.distributed.DistBackendError: NCCL communicator was aborted on rank 0\n"
+)
+
+
+class Job:
+    """A job's simulated processes: supervisors by slot, training ranks by global rank."""
+
+    def __init__(self, log_dir: Path, hosts: dict[int, str], nnodes: int, spares: int) -> None:
+        self.dir, self.hosts = log_dir, hosts
+        self.sup = {
+            slot: Proc(log_dir, Host(name, slot), "supervisor") for slot, name in hosts.items()
+        }
+        self.ranks: dict[int, Proc] = {}
+        for sup in self.sup.values():
+            sup.at(0.0, "supervisor_start", nnodes=nnodes, nproc_per_node=2, spare_nodes=spares)
+        self.others: list[Proc] = []
+
+    def start_rank(self, t: float, rank: int, slot: int, node: int, attempt: int = 0) -> Proc:
+        """The supervisor of ``slot`` starts ``rank`` as node rank ``node``."""
+        self.sup[slot].at(
+            t, "child_start", local_rank=rank % 2, child_pid=100 * (attempt + 1) + rank,
+            attempt=attempt, global_rank=rank,
+        )  # fmt: skip
+        proc = Proc(self.dir, Host(self.hosts[slot], node), "wrapper", rank=rank)
+        self.ranks[rank] = proc
+        return proc
+
+    def monitor(self, rank: int, node: int, slot: int) -> Proc:
+        proc = Proc(self.dir, Host(self.hosts[slot], node), "monitor", rank=rank)
+        self.others.append(proc)
+        return proc
+
+    def round_start(self, t: float, rnd: int, ranks: list[int]) -> None:
+        for r in ranks:
+            self.ranks[r].round(rnd).at(t, "round_start", world_size=len(ranks), initial_rank=r)
+            self.ranks[r].at(t + 0.01, "call_start", note="enter")
+
+    def round_restart(self, t: float, ranks: list[int]) -> None:
+        for r in ranks:
+            self.ranks[r].at(t, "call_end", duration_s=5.0, outcome="restart")
+            self.ranks[r].at(t + 0.2, "round_end", outcome="restart", duration_s=10.0)
+
+    def complete(self, t: float, ranks: list[int]) -> None:
+        for r in ranks:
+            self.ranks[r].at(t, "call_end", duration_s=5.0, outcome="completed")
+            self.ranks[r].at(t, "round_end", outcome="completed", duration_s=5.0)
+            self.ranks[r].at(t, "wrapper_end", outcome="completed", rounds=2)
+
+    def node_lost(self, action: str, replaced_by: int | None = None, **more: Any) -> None:
+        fields = {
+            "lost_node": 1, "lost_slot": 1, "lost_host": self.hosts[1], "silent_s": 3.003,
+            "last_seen_wall": T0 + LAST_SEEN, "seen_by": 0, "slurm_state": None,
+            "action": action, "replaced_by": replaced_by, "ranks": [2, 3],
+        }  # fmt: skip
+        fields.update(more)
+        self.sup[0].at(DECLARED, "node_lost", **fields)
+
+    def close(self, **build: Any) -> Report:
+        for proc in [*self.sup.values(), *self.ranks.values(), *self.others]:
+            proc.close()
+        return build_report(self.dir, sacct=False, **build)
+
+
+def _before_the_loss(job: Job) -> None:
+    """Round 0 at world size 4: ranks 0-1 on slot 0, ranks 2-3 on slot 1; slot 1 dies at ~12 s."""
+    for rank in range(4):
+        job.start_rank(0.5, rank, rank // 2, rank // 2)
+    job.round_start(5.0, 0, [0, 1, 2, 3])
+    for rank in (2, 3):  # their last step, then nothing: the node is gone
+        job.ranks[rank].at(LAST_SEEN + 0.3, "progress", step=15)
+
+
+def _spare_job(log_dir: Path, hosts: dict[int, str]) -> Report:
+    """Spare slot 2 takes over node rank 1; its children rejoin; round 1 at world size 4."""
+    job = Job(log_dir, hosts, nnodes=3, spares=1)
+    _before_the_loss(job)
+    job.sup[2].at(DECLARED - 0.05, "node_takeover", node_rank=1, lost_slot=1, wait_s=0.004)
+    for rank in (2, 3):
+        job.start_rank(DECLARED - 0.04, rank, slot=2, node=1, attempt=1)
+    job.node_lost("spare", replaced_by=2)
+    job.round_restart(DECLARED + 0.01, [0, 1])
+    job.round_start(17.6, 1, [0, 1, 2, 3])
+    job.complete(26.0, [0, 1, 2, 3])
+    for slot in (0, 2):
+        job.sup[slot].at(28.0, "supervisor_end", exit_code=0, reason="all children ended")
+    return job.close()
+
+
+@pytest.fixture
+def spare(tmp_path: Path) -> Report:
+    """The local spare takeover: every node on one host, as in the multiproc test."""
+    return _spare_job(tmp_path / "job", {0: "vm", 1: "vm", 2: "vm"})
+
+
+def test_spare_takeover_is_listed_with_detection_recovery_and_action(spare: Report) -> None:
+    (loss,) = spare.node_losses
+    assert (loss.node, loss.slot, loss.host, loss.ranks) == (1, 1, "vm", [2, 3])
+    assert (loss.action, loss.replaced_by, loss.seen_by, loss.silent_s) == ("spare", 2, 0, 3.003)
+    assert loss.last_seen_wall == pytest.approx(T0 + LAST_SEEN)
+    assert loss.outcome == "spare slot 2 took over node rank 1"
+    assert loss.takeover_s == 0.004 and loss.round == 0 and not loss.fenced
+    # from its last heartbeat to round 1, the first round back at world size 4
+    assert loss.recovered_wall == pytest.approx(T0 + 17.6)
+    assert loss.recovery_s == pytest.approx(17.6 - LAST_SEEN)
+    assert loss.world_size == 4
+    text = spare.to_text()
+    assert "Lost nodes" in text
+    assert "silent 3.003 s, seen by slot 0" in text
+    assert "6.200 s (" in text and "world size 4)" in text
+    assert "spare slot 2 took over node rank 1 (0.004 s after)" in text
+
+
+def test_node_losses_are_counted_beside_the_restarts(spare: Report) -> None:
+    restarts = spare.summary.restarts
+    # The Wrapper's round ended in a restart (in-process); the spare's two children are
+    # the lost node's replacements, not process restarts.
+    assert (restarts.node_loss, restarts.in_process, restarts.process) == (1, 1, 0)
+    assert spare.summary.processes_relaunched == 0
+    assert "node losses               1" in spare.to_text()
+
+
+def test_the_lost_node_is_the_first_failure_of_the_round_it_interrupted(spare: Report) -> None:
+    first = spare.timeline[0]
+    assert (first.cause, first.fault_kind, first.ordering) == (
+        "node lost",
+        "node_lost",
+        "node_lost",
+    )
+    assert (first.first_rank, first.first_node, first.first_host) == (2, 1, "vm")
+    assert first.detection_s == 3.003 and first.peer_notified == 2
+    assert [(f.signature, f.category, f.ranks, f.nodes) for f in spare.failures] == [
+        ("node lost", "node", [2, 3], [1])
+    ]
+    assert "lost node vm (node 1)" in spare.to_text()
+
+
+def test_json_of_a_node_loss_follows_the_schema(spare: Report) -> None:
+    data = spare.to_dict()
+    check_schema(data, json.loads(SCHEMA_PATH.read_text()))
+    assert data["summary"]["restarts"]["node_loss"] == 1
+    assert data["node_losses"][0]["outcome"] == "spare slot 2 took over node rank 1"
+
+
+def test_local_losses_exclude_no_host_shared_with_healthy_nodes(spare: Report) -> None:
+    rows = {(n.host, n.node): (n.lost, n.first_failures, n.suspect) for n in spare.suspects}
+    assert rows == {("vm", 1): (1, 1, False)}
+    assert spare.exclude is None
+
+
+def _three_slurm_nodes(log_dir: Path, **build: Any) -> Report:
+    """Three SLURM nodes: node-b (slot 1) is lost, spare node-c (slot 2) takes over; the
+    survivors on node-a raise DistBackendError, one's monitor finds it unresponsive, one
+    process exits 1 and is restarted, all while the job gets over the loss."""
+    job = Job(log_dir, {0: "node-a", 1: "node-b", 2: "node-c"}, nnodes=3, spares=1)
+    _before_the_loss(job)
+    mon = job.monitor(0, node=0, slot=0).round(0)
+    for t, rank in ((12.5, 0), (12.6, 1)):
+        job.ranks[rank].at(
+            t, "fault", fault_kind="exception", origin_rank=rank,
+            exc_type="torch.distributed.DistBackendError", message="NCCL aborted",
+            traceback=DIST_TRACEBACK,
+        )  # fmt: skip
+    job.ranks[1].at(12.7, "fault", fault_kind="peer", origin_rank=2, message="rank 2 left")
+    mon.at(13.0, "fault", fault_kind="unresponsive", origin_rank=0, message="no heartbeat")
+    job.sup[0].at(13.5, "child_exit", local_rank=1, child_pid=101, exit_code=1, runtime_s=13.0)
+    job.sup[0].at(13.6, "restart_decision", local_rank=1, decision="restart", reason="exit 1")
+    job.start_rank(14.0, 1, slot=0, node=0, attempt=1)
+    job.sup[2].at(DECLARED + 0.1, "node_takeover", node_rank=1, lost_slot=1, wait_s=0.1)
+    for rank in (2, 3):
+        job.start_rank(DECLARED + 0.11, rank, slot=2, node=1, attempt=1)
+    state = {"State": "DOWN+NOT_RESPONDING", "Reason": "Not responding"}
+    job.node_lost("spare", replaced_by=2, slurm_state=state)
+    job.round_restart(DECLARED + 0.2, [0])
+    job.round_start(18.0, 1, [0, 1, 2, 3])
+    job.complete(26.0, [0, 1, 2, 3])
+    return job.close(**build)
+
+
+def test_survivors_are_not_blamed_and_the_lost_host_is_excluded(tmp_path: Path) -> None:
+    report = _three_slurm_nodes(tmp_path / "job")
+    assert [(f.signature, f.hosts) for f in report.failures] == [("node lost", ["node-b"])]
+    first = report.timeline[0]
+    assert (first.cause, first.first_node, first.first_host) == ("node lost", 1, "node-b")
+    assert first.also_failed == []  # the survivors' faults follow from the loss
+    (death,) = report.process_restarts
+    assert (death.rank, death.explained_by) == (1, "node_lost")
+    assert report.summary.restarts.process == 0
+    suspects = {(n.host, n.node): (n.lost, n.suspect) for n in report.suspects}
+    assert suspects == {("node-b", 1): (1, True)}
+    assert report.exclude == "node-b"
+    text = report.to_text()
+    assert "next submission: --exclude=node-b\n" in text
+    assert "SLURM: DOWN+NOT_RESPONDING (Not responding)" in text
+
+
+def test_output_lines_of_the_lost_node_are_told_by_its_loss(tmp_path: Path) -> None:
+    """srun's line for the lost node's task (slot 1), SLURM's NODE FAILURE, and a traceback
+    of a rank of the lost node: the node_lost event tells them. A healthy node's killed
+    task that no event explains is still a finding."""
+    out = tmp_path / "slurm-777.out"
+    out.write_text(
+        "[rank2]: Traceback (most recent call last):\n"
+        '[rank2]:   File "/home/u/train.py", line 40, in train\n'
+        "[rank2]: RuntimeError: CUDA error: unspecified launch failure\n"
+        "srun: error: node-b: task 1: Killed\n"
+        "slurmstepd: error: *** STEP 777.0 ON node-b CANCELLED AT 2024-01-01T00:00:01 "
+        "DUE TO NODE FAILURE ***\n"
+        "srun: error: node-a: task 0: Killed\n"
+    )
+    report = _three_slurm_nodes(tmp_path / "job", slurm_output=[out])
+    assert [(f.signature, f.nodes) for f in report.log_findings] == [("signal SIGKILL", [0])]
+
+
+def test_a_fault_before_the_loss_is_still_its_own_failure(tmp_path: Path) -> None:
+    job = Job(tmp_path / "job", {0: "node-a", 1: "node-b"}, nnodes=2, spares=0)
+    _before_the_loss(job)
+    job.ranks[0].at(
+        8.0, "fault", fault_kind="exception", origin_rank=0, exc_type="ValueError",
+        message="bad batch", traceback=DIST_TRACEBACK.replace(
+            "torch.distributed.DistBackendError: NCCL communicator was aborted on rank 0",
+            "ValueError: bad batch",
+        ),
+    )  # fmt: skip
+    job.node_lost("shrink")
+    job.round_restart(DECLARED + 0.2, [0, 1])
+    report = job.close()
+    first = report.timeline[0]
+    assert first.first_rank == 0 and first.cause == "ValueError at train.py:40 in train"
+    assert {f.signature for f in report.failures} == {first.cause, "node lost"}
+
+
+def test_shrink_recovers_at_the_next_round_of_any_size(tmp_path: Path) -> None:
+    job = Job(tmp_path / "job", {0: "vm", 1: "vm"}, nnodes=2, spares=0)
+    _before_the_loss(job)
+    job.node_lost("shrink")
+    for rank in (0, 1):
+        job.ranks[rank].at(DECLARED + 0.3, "ranks_terminated", ranks=[2, 3])
+    job.round_restart(DECLARED + 0.3, [0, 1])
+    job.round_start(DECLARED + 0.5, 1, [0, 1])
+    job.complete(22.0, [0, 1])
+    job.sup[0].at(23.0, "supervisor_end", exit_code=0, reason="all children ended")
+    report = job.close()
+    (loss,) = report.node_losses
+    assert loss.outcome == "job shrank to 1 node"
+    assert loss.recovery_s == pytest.approx(DECLARED + 0.5 - LAST_SEEN)
+    assert loss.world_size == 2
+    assert report.summary.outcome == "completed"
+    assert "job shrank to 1 node" in report.to_text()
+
+
+def test_stop_without_a_spare_blames_the_lost_node_not_the_stopped_survivors(
+    tmp_path: Path,
+) -> None:
+    """No spare, no --min-nodes: node 0 stops the job (exit 8); its ranks' monitors then
+    find their processes dead (the stop's SIGTERM): consequences of the loss, not failures."""
+    job = Job(tmp_path / "job", {0: "vm", 1: "vm"}, nnodes=2, spares=0)
+    _before_the_loss(job)
+    for rank in (0, 1):
+        job.ranks[rank].at(DECLARED, "call_end", duration_s=7.2, outcome="restart")
+    reason = "node lost, no spare: 1 nodes left, below --min-nodes 2"
+    job.node_lost("stop")
+    job.sup[0].at(DECLARED + 0.001, "job_stop", reason=reason, exit_code=8)
+    for rank in (1, 0):
+        mon = job.monitor(rank, node=0, slot=0).round(0)
+        mon.at(DECLARED + 0.04, "fault", fault_kind="dead", origin_rank=rank, signature="dead")
+        job.sup[0].at(
+            DECLARED + 0.05, "child_exit", local_rank=rank, child_pid=100 + rank,
+            exit_code=None, signal="SIGTERM", runtime_s=12.0,
+        )  # fmt: skip
+    job.sup[0].at(DECLARED + 1.0, "supervisor_end", exit_code=8, reason=reason)
+    report = job.close()
+    (loss,) = report.node_losses
+    assert loss.outcome == f"job stopped: {reason}"
+    assert loss.recovery_s is None
+    assert [f.signature for f in report.failures] == ["node lost"]
+    assert (report.timeline[0].cause, report.timeline[0].first_node) == ("node lost", 1)
+    assert report.summary.outcome == "failed (exit code 8)"
+    assert report.summary.reason == reason
+    text = report.to_text()
+    assert "never (job stopped)" in text and "job stopped: node lost, no spare" in text
+
+
+def test_a_fenced_node_that_comes_back_does_not_end_the_job(tmp_path: Path) -> None:
+    """Slot 0 stalls, slot 1 declares it lost and the job shrinks; slot 0 wakes up, finds
+    itself fenced off and ends its children (exit 9). The job's end is slot 1's."""
+    job = Job(tmp_path / "job", {0: "node-a", 1: "node-b"}, nnodes=2, spares=0)
+    for rank in range(4):
+        job.start_rank(0.5, rank, rank // 2, rank // 2)
+    job.round_start(5.0, 0, [0, 1, 2, 3])
+    job.sup[1].at(
+        DECLARED, "node_lost", lost_node=0, lost_slot=0, lost_host="node-a", silent_s=3.0,
+        last_seen_wall=T0 + LAST_SEEN, seen_by=1, slurm_state=None, action="shrink",
+        replaced_by=None, ranks=[0, 1],
+    )  # fmt: skip
+    job.round_restart(DECLARED + 0.2, [2, 3])
+    job.round_start(DECLARED + 0.4, 1, [2, 3])
+    fenced = "this node was declared lost by the others; the job goes on without it"
+    job.sup[0].at(40.0, "job_stop", reason=fenced, exit_code=9)
+    job.sup[0].at(40.1, "child_exit", local_rank=0, child_pid=100, signal="SIGKILL", runtime_s=39)
+    job.sup[0].at(40.2, "supervisor_end", exit_code=9, reason=fenced)
+    job.complete(45.0, [2, 3])
+    job.sup[1].at(46.0, "supervisor_end", exit_code=0, reason="all children ended")
+    report = job.close()
+    (loss,) = report.node_losses
+    assert loss.fenced and loss.outcome.endswith("fenced off (exit 9)")
+    assert report.summary.outcome == "completed"
+    assert [f.signature for f in report.failures] == ["node lost"]
+    assert report.exclude == "node-a"
+
+
+def test_a_lost_spare_is_counted_and_excluded_but_interrupts_no_round(tmp_path: Path) -> None:
+    job = Job(tmp_path / "job", {0: "node-a", 1: "node-b", 2: "node-c"}, nnodes=3, spares=1)
+    for rank in range(4):
+        job.start_rank(0.5, rank, rank // 2, rank // 2)
+    job.round_start(5.0, 0, [0, 1, 2, 3])
+    job.sup[0].at(
+        DECLARED, "node_lost", lost_node=None, lost_slot=2, lost_host="node-c", silent_s=3.0,
+        last_seen_wall=T0 + LAST_SEEN, seen_by=0, slurm_state=None, action="none",
+        replaced_by=None, ranks=[],
+    )  # fmt: skip
+    job.complete(26.0, [0, 1, 2, 3])
+    report = job.close()
+    (loss,) = report.node_losses
+    assert (loss.node, loss.slot, loss.outcome) == (
+        None,
+        2,
+        "a spare node was lost; training went on",
+    )
+    assert report.summary.restarts.node_loss == 1
+    assert report.timeline[0].cause is None and report.timeline[0].outcome == "completed"
+    assert report.exclude == "node-c"
+    text = report.to_text()
+    assert "spare (slot 2)" in text and "- (no ranks lost)" in text
+
+
+def test_a_ranks_death_is_filed_under_the_node_that_ran_it_on_a_shared_host(
+    tmp_path: Path,
+) -> None:
+    """The demo's faults on one host: rank 2 (node 1) raises in round 0; rank 1 (node 0,
+    local rank 1) is SIGKILLed in round 1. Each is its own node's, not the host's first."""
+    job = Job(tmp_path / "job", {0: "vm", 1: "vm"}, nnodes=2, spares=0)
+    for rank in range(4):
+        job.start_rank(0.5, rank, rank // 2, rank // 2)
+    job.round_start(2.0, 0, [0, 1, 2, 3])
+    job.ranks[2].at(5.0, "fault", fault_kind="exception", origin_rank=2, exc_type="ValueError")
+    job.round_restart(5.5, [0, 1, 2, 3])
+    job.round_start(7.0, 1, [0, 1, 2, 3])
+    job.monitor(1, node=0, slot=0).round(1).at(
+        10.0, "fault", fault_kind="dead", origin_rank=1, signature="dead"
+    )
+    job.sup[0].at(10.05, "child_exit", local_rank=1, child_pid=101, signal="SIGKILL", runtime_s=9)
+    job.sup[0].at(10.1, "restart_decision", local_rank=1, decision="restart", reason="SIGKILL")
+    report = job.close()
+    (death,) = report.process_restarts
+    assert (death.rank, death.node, death.host) == (1, 0, "vm")
+    rows = {(n.host, n.node): (n.first_failures, n.deaths, n.signatures) for n in report.suspects}
+    assert rows == {
+        ("vm", 0): (1, 1, ["signal SIGKILL"]),
+        ("vm", 1): (1, 0, ["ValueError"]),
+    }
+    assert report.node_losses == [] and report.summary.restarts.node_loss == 0
