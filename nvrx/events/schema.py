@@ -161,7 +161,11 @@ KINDS: dict[str, dict[str, str]] = {
         "step": "training step",
         "action": "save | load",
     },
-    "requeue": {"cause": "preemption | time_limit | node_failure", "count": "requeues so far"},
+    "requeue": {
+        "cause": "preemption | time_limit | node_failure",
+        "count": "requeues so far (null when not counted)",
+        "excluded": "nodes the requeued job may not run on (node_failure)",
+    },
     # -- application progress (demo, examples) ---------------------------
     "progress": {"step": "training step reached", "loss": "loss value, when known"},
 }

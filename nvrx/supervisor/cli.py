@@ -158,11 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--spare-nodes",
         type=int,
-        default=0,
+        default=None,
         metavar="K",
         help="of the job's --nnodes supervisors (under SLURM: its nodes), the last K start as "
         "spares: no training ranks, Python warm; when a node is lost, the lowest free spare takes "
-        "its node rank and its children rejoin the running job (default 0)",
+        "its node rank and its children rejoin the running job (default: $NVRX_SPARE_NODES, else 0)",
     )
     add(
         "--min-nodes",
@@ -171,15 +171,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="M",
         help="with no spare left, go on after a node loss while at least M training nodes remain "
         "(the lost ranks are removed); below M the job stops with exit 8 (default: all active "
-        "nodes, i.e. never shrink)",
+        "nodes, i.e. never shrink; also $NVRX_MIN_NODES)",
     )
     add(
         "--node-timeout",
         type=float,
-        default=DEFAULT_NODE_TIMEOUT_S,
+        default=None,
         metavar="S",
         help="a node whose supervisor sends no heartbeat for S seconds is declared lost "
-        f"(default {DEFAULT_NODE_TIMEOUT_S:g}; must be above --node-heartbeat)",
+        f"(default: $NVRX_NODE_TIMEOUT_S, else {DEFAULT_NODE_TIMEOUT_S:g}; must be above "
+        "--node-heartbeat)",
     )
     add(
         "--node-heartbeat",
@@ -245,12 +246,27 @@ def config_from_args(
         grace_period=args.grace_period,
         store_timeout=args.store_timeout,
         finish_timeout=args.finish_timeout,
-        spare_nodes=args.spare_nodes,
-        min_nodes=args.min_nodes,
-        node_timeout=args.node_timeout,
+        **_node_settings(args, env),
         node_heartbeat=args.node_heartbeat,
     )
     return config, args.verbose
+
+
+def _node_settings(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, object]:
+    """Spare nodes, minimum nodes and node timeout: the option, else the template's variable."""
+    try:
+        min_nodes = jobenv.int_from(env, jobenv.MIN_NODES, 0) or None
+        return {
+            "spare_nodes": args.spare_nodes
+            if args.spare_nodes is not None
+            else jobenv.int_from(env, jobenv.SPARE_NODES, 0),
+            "min_nodes": args.min_nodes if args.min_nodes is not None else min_nodes,
+            "node_timeout": args.node_timeout
+            if args.node_timeout is not None
+            else jobenv.seconds_from(env, jobenv.NODE_TIMEOUT_S, DEFAULT_NODE_TIMEOUT_S),
+        }
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def main(argv: Sequence[str] | None = None) -> int:

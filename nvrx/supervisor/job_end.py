@@ -10,10 +10,14 @@ it takes the store down, at most ``--finish-timeout``.
 from __future__ import annotations
 
 import logging
+import os
 import selectors
 import time
 from typing import Any
 
+from nvrx.slurm import commands
+
+from . import node_requeue
 from .config import STOP_KEY, StopRequest
 from .exit_codes import ExitCode
 from .store_link import StoreLinkError
@@ -32,6 +36,7 @@ class JobEnd:
     stop_reason: str | None
     _signalled: int | None
     _all_ended: bool
+    _epoch: int
 
     def _finish(self) -> None:
         """All local children ended: report this node done; node 0 keeps the store up until
@@ -48,6 +53,23 @@ class JobEnd:
             return
         if self.service is not None and cfg.nnodes > 1:  # the store host
             self._wait_for_other_nodes(time.monotonic() + cfg.finish_timeout)
+            if self._epoch > 0:
+                self._end_orphaned_job()
+
+    def _end_orphaned_job(self) -> None:
+        """Under SLURM, after a failover the batch script is gone (it ran on node 0): end the job."""
+        job_id = os.environ.get("SLURM_JOB_ID")
+        if not job_id:
+            return
+        self._emit(
+            "job_stop",
+            reason="the batch host was lost; nvrx ends the job in SLURM after its training ended",
+            exit_code=int(self.exit_code),
+        )
+        try:
+            node_requeue.end_orphaned_job(job_id)
+        except commands.SlurmCommandError as exc:
+            log.error("could not end job %s: %s", job_id, exc)
 
     def _wait_for_other_nodes(self, deadline: float) -> None:
         selector = self._make_selector()

@@ -12,10 +12,13 @@ that came (the wait at the end of node 0's run reads the flag).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
-from . import node_keys, store_failover
+from nvrx.slurm import commands
+
+from . import node_keys, node_requeue, store_failover
 from .config import ALL_DONE_KEY, ALL_ENDED_KEY
 from .exit_codes import ExitCode
 from .store_link import StoreLinkError
@@ -28,6 +31,7 @@ class NodeMessages:
 
     roles: Any
     service: Any
+    preemption: Any
     _epoch: int
     config: Any
     restarts: dict[int, int]
@@ -63,6 +67,25 @@ class NodeMessages:
             return
         if loss is not None and loss.action == "stop":
             self.request_stop(loss.reason, ExitCode.NODE_LOST, broadcast=True)
+            self._requeue_without(loss.host)
+
+    def _requeue_without(self, host: str | None) -> None:
+        """Under SLURM, the job that stopped for a lost node runs again on other nodes."""
+        job_id = os.environ.get("SLURM_JOB_ID")
+        if not job_id or not host:
+            return
+        try:
+            excluded = node_requeue.requeue_excluding(job_id, [host])
+        except commands.SlurmCommandError as exc:
+            log.error("could not requeue job %s without %s: %s", job_id, host, exc)
+            return
+        if excluded is None:
+            return
+        count = None
+        if self.preemption is not None:  # the next run's node 0 then knows who requeued, and why
+            run = self.preemption.run_index
+            count = self.preemption.ledger.append("node_failure", run, issued_by="nvrx")
+        self._emit("requeue", cause="node_failure", count=count, excluded=excluded)
 
     def _fenced(self) -> None:
         if self.roles is None or self.roles.left or self.stop_reason is not None:
@@ -98,4 +121,7 @@ class NodeMessages:
         raise NotImplementedError
 
     def _start_child(self, local_rank: int, fresh: bool = False) -> None:
+        raise NotImplementedError
+
+    def _emit(self, kind: str, **fields: object) -> None:
         raise NotImplementedError

@@ -47,6 +47,7 @@ class Loss:
     """What declaring one slot lost decided."""
 
     slot: int
+    host: str | None  # SLURM node name, else host name
     node_rank: int | None  # the node rank it held; None for a spare
     action: str  # spare | shrink | stop | none
     replaced_by: int | None
@@ -107,7 +108,7 @@ class NodeRoles:
         info = self._info(slot)
         node_rank = self._held_node_rank(slot, info)
         host = info.get("slurm_node") or info.get("host")
-        loss = self._decide(slot, node_rank, fresh)
+        loss = self._decide(slot, host, node_rank, fresh)
         ranks = [] if node_rank is None else self._ranks(node_rank)
         if ranks:
             message = f"node rank {node_rank} (slot {slot}, {host}) lost: {loss.reason}"
@@ -130,9 +131,9 @@ class NodeRoles:
             self._check_all_done()
         return loss
 
-    def _decide(self, slot: int, node_rank: int | None, fresh: bool) -> Loss:
+    def _decide(self, slot: int, host: str | None, node_rank: int | None, fresh: bool) -> Loss:
         if node_rank is None:
-            return Loss(slot, None, "none", None, self._training_nodes(), "a spare node was lost")
+            return Loss(slot, host, None, "none", None, self._training_nodes(), "a spare was lost")
         spare = self._take_spare()
         if spare is not None:
             assignment = {
@@ -143,15 +144,15 @@ class NodeRoles:
             }
             self.link.set(node_keys.assign(spare), json.dumps(assignment))
             reason = f"spare slot {spare} takes over node rank {node_rank}"
-            return Loss(slot, node_rank, "spare", spare, self._training_nodes(), reason)
+            return Loss(slot, host, node_rank, "spare", spare, self._training_nodes(), reason)
         remaining = self.cfg.active_nodes - self.link.add(node_keys.SHRUNK, 1)
         if remaining >= self.cfg.least_nodes:
             reason = f"no spare left: the job goes on with {remaining} nodes"
-            return Loss(slot, node_rank, "shrink", None, remaining, reason)
+            return Loss(slot, host, node_rank, "shrink", None, remaining, reason)
         reason = (
             f"node lost, no spare: {remaining} nodes left, below --min-nodes {self.cfg.least_nodes}"
         )
-        return Loss(slot, node_rank, "stop", None, remaining, reason)
+        return Loss(slot, host, node_rank, "stop", None, remaining, reason)
 
     def _take_spare(self) -> int | None:
         """The lowest spare slot that is alive and not taken yet, now taken; None when none is."""

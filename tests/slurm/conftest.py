@@ -36,7 +36,7 @@ def _slurm_cluster_session() -> Iterator[LocalSlurmCluster]:
         LocalSlurmCluster.check_can_run()
     except ClusterUnavailable as err:
         pytest.skip(f"needs root and apt-get to install SLURM: {err}")
-    cluster = LocalSlurmCluster()
+    cluster = LocalSlurmCluster(nodes=4)  # node-loss tests need spares and nodes to requeue onto
     try:
         cluster.start()
     except ClusterUnavailable as err:

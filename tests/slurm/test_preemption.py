@@ -78,7 +78,8 @@ def test_preempted_job_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path:
         slurm_partition=slurm_cluster.partition,
     )
     wait_until("every rank to train", lambda: len(list(ckpt.glob("started-run0-*"))) == 4, 90)
-    high = slurm_cluster.sbatch("sleep 1\n", "-p", slurm_cluster.high_partition, "-N2", f"-c{cpus}")
+    every_node = f"-N{len(slurm_cluster.nodes)}"  # no free node elsewhere: it must preempt
+    high = slurm_cluster.sbatch("sleep 1\n", "-p", slurm_cluster.high_partition, every_node, f"-c{cpus}")
     assert slurm_cluster.wait_job(high, timeout=90) == "COMPLETED"
     slurm_cluster.start_soon_when_requeued(int(job.job_id), 60)
     _check_resumed(job, ckpt, 4, "preemption")

@@ -1,0 +1,177 @@
+"""A node lost on the real local cluster (4 slurmd nodes; ``crash_node`` freezes the node's
+cgroup and SIGKILLs its slurmd, step daemons and job processes at once).
+
+* ``train_spares.sbatch`` with one spare loses node2 (slot 1): the spare takes over, the job
+  completes;
+* the same job loses node1 (slot 0: the batch host and the store host): the store fails over,
+  the spare takes node rank 0, training completes and nvrx ends the orphaned job;
+* ``train.sbatch`` without a spare loses node2: the job stops with "node lost, no spare" and
+  is requeued with node2 excluded, then completes elsewhere from its checkpoint.
+
+``nvrx-report`` names the lost node each time, and no process of ours is left afterwards.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from nvrx.events import read_dir
+from nvrx.report import build_report
+from nvrx.slurm import commands
+from tests.support.slurm_cluster import LocalSlurmCluster
+from tests.support.waiting import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATES = REPO / "sbatch_templates"
+DEMO = REPO / "examples" / "train_demo.py"
+STEPS = 150
+pytestmark = pytest.mark.timeout(420)
+
+
+def _export(tmp_path: Path, **extra: str) -> str:
+    values = {
+        "NVRX_LOG_DIR": str(tmp_path / "logs"),
+        "NVRX_NODE_TIMEOUT_S": "3",
+        "NVRX_PYTHON": sys.executable,
+        "NVRX_REPO": str(REPO),
+        **extra,
+    }
+    return ",".join(["ALL", *(f"{k}={v}" for k, v in values.items())])
+
+
+def _demo(steps: int = STEPS) -> list[str]:
+    return [sys.executable, str(DEMO), "--steps", str(steps), "--checkpoint-every", "5",
+            "--step-time", "0.1", "--rejoin-timeout", "30"]  # fmt: skip
+
+
+def _events(job_dir: Path, kind: str) -> list[dict]:
+    events, _ = read_dir(job_dir) if job_dir.exists() else ([], None)
+    return [e for e in events if e["kind"] == kind]
+
+
+def _wait_training(job_dir: Path, out: Path) -> None:
+    wait_until(
+        "a checkpoint after step 10",
+        lambda: any(e.get("step", 0) >= 10 for e in _events(job_dir, "progress")),
+        180,
+        state=lambda: out.read_text()[-3000:] if out.exists() else "no output yet",
+    )
+
+
+def _ours_left(tmp_path: Path) -> list[str]:
+    left = []
+    for proc in psutil.process_iter(["cmdline"]):
+        line = " ".join(proc.info["cmdline"] or [])
+        if str(tmp_path) in line or ("nvrx." in line and "pytest" not in line):
+            left.append(f"{proc.pid} {line[:120]}")
+    return left
+
+
+def _sbatch(cluster: LocalSlurmCluster, tmp_path: Path, *args: str) -> int:
+    done = cluster.run(["sbatch", "--parsable", *args], cwd=tmp_path)
+    return int(done.stdout.strip().split(";")[0])
+
+
+def _spare_job(cluster: LocalSlurmCluster, tmp_path: Path) -> tuple[int, Path, Path]:
+    out = tmp_path / "out.txt"
+    export = _export(tmp_path, NPROC_PER_NODE="2", NVRX_SPARE_NODES="1")
+    job = _sbatch(
+        cluster, tmp_path, "-N3", "--time=10", f"--export={export}", "-o", str(out),
+        str(TEMPLATES / "train_spares.sbatch"), *_demo(),
+    )  # fmt: skip
+    return job, tmp_path / "logs" / str(job), out
+
+
+def test_a_spare_node_takes_over_a_lost_node(slurm_cluster: LocalSlurmCluster, tmp_path) -> None:
+    job, job_dir, out = _spare_job(slurm_cluster, tmp_path)
+    _wait_training(job_dir, out)
+    slurm_cluster.crash_node("node2")
+    assert slurm_cluster.wait_job(job, timeout=300) == "COMPLETED", out.read_text()[-4000:]
+    final = {e["rank"] for e in _events(job_dir, "progress") if e["step"] == STEPS}
+    assert final == {0, 1, 2, 3}, out.read_text()[-4000:]
+    lost = _events(job_dir, "node_lost")
+    assert [(e["lost_host"], e["lost_node"], e["action"]) for e in lost] == [("node2", 1, "spare")]
+    text = build_report(job_dir, sacct=False).to_text()
+    assert "node2" in text and "--exclude=node2" in text, text
+    slurm_cluster.run(["scancel", str(job)], check=False)
+    wait_until(
+        "no process of ours",
+        lambda: not _ours_left(tmp_path),
+        30,
+        state=lambda: _ours_left(tmp_path),
+    )
+
+
+def test_losing_the_batch_and_store_host_fails_over(
+    slurm_cluster: LocalSlurmCluster, tmp_path
+) -> None:
+    job, job_dir, out = _spare_job(slurm_cluster, tmp_path)
+    _wait_training(job_dir, out)
+    slurm_cluster.crash_node("node1")
+    wait_until(
+        "every rank to finish",
+        lambda: (
+            {e["rank"] for e in _events(job_dir, "progress") if e["step"] == STEPS} == {0, 1, 2, 3}
+        ),
+        300,
+        state=lambda: [(e["node"], e["kind"]) for e in _events(job_dir, "store_failover")],
+    )
+    # nvrx ends the job: its batch script died with node1, nothing else would
+    state = slurm_cluster.wait_job(job, timeout=120)
+    assert state in ("CANCELLED", "COMPLETED"), state
+    failovers = _events(job_dir, "store_failover")
+    assert {(e["epoch"], e["lost_slot"]) for e in failovers} == {(1, 0)}
+    lost = _events(job_dir, "node_lost")
+    assert [(e["lost_host"], e["lost_node"], e["action"]) for e in lost] == [("node1", 0, "spare")]
+    assert "node1" in build_report(job_dir, sacct=False).to_text()
+    wait_until(
+        "no process of ours",
+        lambda: not _ours_left(tmp_path),
+        30,
+        state=lambda: _ours_left(tmp_path),
+    )
+
+
+def test_without_a_spare_the_job_is_requeued_without_the_lost_node(
+    slurm_cluster: LocalSlurmCluster, tmp_path
+) -> None:
+    out = tmp_path / "out.txt"
+    train = " ".join(_demo(100))
+    export = _export(tmp_path, NVRX_NPROC="2", NVRX_TRAIN_CMD=train)
+    job = _sbatch(
+        slurm_cluster, tmp_path, "-N2", "--time=10", f"--export={export}", "-o", str(out),
+        str(TEMPLATES / "train.sbatch"),
+    )  # fmt: skip
+    job_dir = tmp_path / "logs" / str(job)
+    _wait_training(job_dir, out)
+    slurm_cluster.crash_node("node2")
+    # requeued held, node2 excluded, released: it runs again on its own, on other nodes
+    wait_until(
+        "the job to run again",
+        lambda: (commands.show_job(job, env=slurm_cluster.env) or {}).get("Restarts") == "1",
+        120,
+    )
+    assert slurm_cluster.wait_job(job, timeout=300) == "COMPLETED", out.read_text()[-4000:]
+    info = commands.show_job(job, env=slurm_cluster.env)
+    assert info is not None and info["ExcNodeList"] == "node2", info
+    assert "node2" not in commands.show_hostnames(info["NodeList"], env=slurm_cluster.env)
+    stops = [
+        e for e in _events(job_dir, "job_stop") if e["reason"].startswith("node lost, no spare")
+    ]
+    assert stops and stops[0]["exit_code"] == 8
+    requeues = _events(job_dir, "requeue")
+    assert [(e["cause"], e.get("excluded"), e["count"]) for e in requeues] == [
+        ("node_failure", ["node2"], 1)
+    ]  # and the next run did not take it for a requeue SLURM made by itself
+    text = build_report(job_dir, sacct=False).to_text()
+    assert "node2" in text and "--exclude=node2" in text, text
+    wait_until(
+        "no process of ours",
+        lambda: not _ours_left(tmp_path),
+        30,
+        state=lambda: _ours_left(tmp_path),
+    )
