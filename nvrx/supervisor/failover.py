@@ -108,7 +108,11 @@ class Failover:
         job_dir = cfg.events_dir
         store_failover.announce(job_dir, self._epoch, slot)
         expected = set(range(cfg.nnodes)) - {self._store_slot}
-        successor = store_failover.elect(job_dir, self._epoch, expected, cfg.node_timeout)
+        successor = store_failover.elect(
+            job_dir, self._epoch, expected, cfg.node_timeout, cfg.nnodes
+        )
+        if successor is None:
+            return None
         if successor == slot:
             address = self._host_store(job_dir)
         else:

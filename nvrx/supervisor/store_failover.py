@@ -7,7 +7,9 @@ meet, since the store is gone. For failover ``epoch`` (1 for the first):
 1. every survivor writes ``failover/e<epoch>/alive-<slot>``;
 2. once every slot but the lost host has written, or ``settle_s`` has passed,
    the lowest slot that wrote is the successor (a documented, deterministic
-   rule that every survivor computes alike from the same files);
+   rule that every survivor computes alike from the same files), provided a
+   majority of the job's slots wrote: a minority cut off by a partition
+   never starts a store of its own, it stops;
 3. the successor starts a store service on its own host, restored from the
    snapshot the old store kept (``nvrx.store.snapshot``), and publishes its
    address in ``failover/e<epoch>/store.json``, created exclusively: there is
@@ -70,15 +72,25 @@ def _alive_slots(job_dir: Path, epoch: int) -> set[int]:
     return slots
 
 
-def elect(job_dir: Path, epoch: int, expected: set[int], settle_s: float) -> int:
+def elect(
+    job_dir: Path, epoch: int, expected: set[int], settle_s: float, nslots: int
+) -> int | None:
     """The successor: the lowest slot that announced itself once ``expected`` all did or
-    ``settle_s`` passed."""
+    ``settle_s`` passed; None when fewer than a majority of the ``nslots`` slots did."""
     deadline = time.monotonic() + settle_s
     while True:
         alive = _alive_slots(job_dir, epoch)
         if expected <= alive or time.monotonic() >= deadline:
-            return min(alive | expected) if not alive else min(alive)
+            if 2 * len(alive) <= nslots:
+                log.error("only slots %s of %d survived: no majority, no new store", alive, nslots)
+                return None
+            return min(alive)
         time.sleep(_LOOK_S)
+
+
+def announced(job_dir: Path, epoch: int) -> bool:
+    """Whether any survivor announced itself for ``epoch``: a failover is under way."""
+    return bool(_alive_slots(job_dir, epoch))
 
 
 def publish(job_dir: Path, address: StoreAddress) -> StoreAddress:
@@ -102,8 +114,8 @@ def read_address(path: Path) -> StoreAddress | None:
 
 
 def superseded(job_dir: Path, epoch: int) -> bool:
-    """Whether a successor store was published after the store of ``epoch``."""
-    return (epoch_dir(job_dir, epoch + 1) / "store.json").exists()
+    """Whether the others are replacing, or replaced, the store of ``epoch``."""
+    return announced(job_dir, epoch + 1)
 
 
 def wait_address(job_dir: Path, epoch: int, timeout: float) -> StoreAddress | None:

@@ -54,7 +54,7 @@ def test_a_slot_that_never_beat_is_given_the_startup_time() -> None:
 def test_the_lowest_announced_survivor_is_elected_and_one_address_wins(tmp_path: Path) -> None:
     for slot in (3, 1, 2):
         store_failover.announce(tmp_path, 1, slot)
-    assert store_failover.elect(tmp_path, 1, expected={1, 2, 3}, settle_s=5.0) == 1
+    assert store_failover.elect(tmp_path, 1, expected={1, 2, 3}, settle_s=5.0, nslots=4) == 1
     first = store_failover.publish(tmp_path, StoreAddress("node2", 4000, 1, 1))
     second = store_failover.publish(tmp_path, StoreAddress("node3", 4001, 2, 1))
     assert first == second == StoreAddress("node2", 4000, 1, 1)
@@ -62,9 +62,15 @@ def test_the_lowest_announced_survivor_is_elected_and_one_address_wins(tmp_path:
     assert store_failover.superseded(tmp_path, 0) and not store_failover.superseded(tmp_path, 1)
 
 
+def test_a_minority_cut_off_never_elects_a_store(tmp_path: Path) -> None:
+    store_failover.announce(tmp_path, 1, 2)
+    assert store_failover.elect(tmp_path, 1, expected={1, 2, 3}, settle_s=0.2, nslots=4) is None
+
+
 def test_an_election_settles_without_the_slots_that_never_announce(tmp_path: Path) -> None:
-    store_failover.announce(tmp_path, 2, 4)
-    assert store_failover.elect(tmp_path, 2, expected={2, 4}, settle_s=0.2) == 4
+    for slot in (3, 1, 4):
+        store_failover.announce(tmp_path, 2, slot)
+    assert store_failover.elect(tmp_path, 2, expected={1, 2, 3, 4}, settle_s=0.2, nslots=5) == 1
     assert store_failover.wait_address(tmp_path, 2, timeout=0.1) is None
 
 
