@@ -161,7 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="K",
         help="of the job's --nnodes supervisors (under SLURM: its nodes), the last K start as "
-        "spares: no training ranks, Python warm; when a node is lost, the lowest free spare takes "
+        "spares: their supervisor runs and watches the store, with no training ranks; when a "
+        "node is lost, the lowest free spare takes "
         "its node rank and its children rejoin the running job (default: $NVRX_SPARE_NODES, else 0)",
     )
     add(
