@@ -2,7 +2,9 @@
 
 A fault is ``KIND:STEP:RANK`` with KIND one of ``exception`` (raise at that
 step), ``hang`` (sleep for ever in ``sleep_forever``, with the GIL released, as
-a rank stuck in a blocking call does), ``kill`` (SIGKILL the process) or
+a rank stuck in a blocking call does), ``kill`` (SIGKILL the process),
+``node`` (lose the whole node: freeze, then SIGKILL, the rank's supervisor and
+every process below it, as a node that dies takes all of them at once) or
 ``exit130`` (ask for a clean stop of the whole job). Each fault fires once per
 job: a marker file in the run directory remembers that it fired, so the
 restarted process (or the next in-process round) does not fire it again.
@@ -17,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-KINDS = ("exception", "hang", "kill", "exit130")
+KINDS = ("exception", "hang", "kill", "node", "exit130")
 
 
 class InjectedFault(RuntimeError):
@@ -56,6 +58,21 @@ def parse_faults(specs: list[str] | None, env_value: str | None = None) -> list[
     return [Fault.parse(t) for t in texts]
 
 
+def lose_node() -> None:
+    """The ``node`` fault: this rank's supervisor (its parent) and everything below it, gone."""
+    import psutil
+
+    supervisor = psutil.Process(os.getppid())
+    tree = [supervisor, *supervisor.children(recursive=True)]
+    for proc in tree:  # frozen first, so nobody reacts to the others' deaths
+        if proc.pid != os.getpid():
+            proc.send_signal(signal.SIGSTOP)
+    for proc in tree:
+        if proc.pid != os.getpid():
+            proc.send_signal(signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def sleep_forever() -> None:
     """The ``hang`` fault: no more progress, GIL released; a signal handler's exception ends it."""
     while True:
@@ -87,6 +104,8 @@ class FaultInjector:
                 raise InjectedFault(f"injected exception at step {step} on rank {fault.rank}")
             if fault.kind == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if fault.kind == "node":
+                lose_node()
             if fault.kind == "exit130":
                 sys.stdout.flush()
                 os._exit(130)
