@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="S",
         help="a node whose supervisor sends no heartbeat for S seconds is declared lost "
-        f"(default: $NVRX_NODE_TIMEOUT_S, else {DEFAULT_NODE_TIMEOUT_S:g}; must be above "
+        f"(default: $NVRX_NODE_TIMEOUT_S, else {DEFAULT_NODE_TIMEOUT_S:g}; at least twice "
         "--node-heartbeat)",
     )
     add(

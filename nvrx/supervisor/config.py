@@ -94,6 +94,7 @@ class SupervisorConfig:
     min_nodes: int | None = None
     node_heartbeat: float = DEFAULT_NODE_HEARTBEAT_S
     node_timeout: float = DEFAULT_NODE_TIMEOUT_S
+    node_liveness: bool = True  # off where a "node" is one rank (fork_and_monitor)
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -153,8 +154,9 @@ class SupervisorConfig:
                 f"--node-heartbeat must be > 0 seconds, got {self.node_heartbeat}",
             ),
             (
-                self.node_timeout > self.node_heartbeat,
-                f"--node-timeout must be above --node-heartbeat ({self.node_heartbeat:g} s), "
+                self.node_timeout >= 2 * self.node_heartbeat,
+                f"--node-timeout must be at least twice --node-heartbeat "
+                f"({self.node_heartbeat:g} s), so that one late beat is no loss; "
                 f"got {self.node_timeout:g}",
             ),
             (

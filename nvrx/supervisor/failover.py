@@ -77,6 +77,9 @@ class Failover:
             self._reap()
             self.link.close()
             address = self._elect_and_connect()
+        except OSError as exc:  # the job directory cannot be written or read
+            log.error("cannot fail over through %s: %s", self.config.events_dir, exc)
+            address = None
         finally:
             self.failing_over = False
         if address is None:
@@ -92,9 +95,14 @@ class Failover:
         )
         if address.slot == self.roles.slot:
             report = {"slot": self._lost_store_slot, "silent_s": None, "last_seen_wall": lost_wall}
-            loss = self.roles.declare(report, fresh=True)
+            try:
+                loss = self.roles.declare(report, fresh=True)
+            except StoreLinkError as exc:  # the new store is gone already: its loss follows
+                log.error("could not declare slot %s lost: %s", self._lost_store_slot, exc)
+                loss = None
             if loss is not None and loss.action == "stop":
                 self.request_stop(loss.reason, ExitCode.NODE_LOST, broadcast=True)
+                self._requeue_without(loss.host)
         if self.roles.node_rank is not None:
             for local_rank in range(self.config.nproc_per_node):
                 self.restarts[local_rank] += 1
@@ -112,6 +120,7 @@ class Failover:
             job_dir, self._epoch, expected, cfg.node_timeout, cfg.nnodes
         )
         if successor is None:
+            store_failover.withdraw(job_dir, self._epoch, slot)
             return None
         if successor == slot:
             address = self._host_store(job_dir)
@@ -130,7 +139,7 @@ class Failover:
             self.link.watch(STOP_KEY)
             if self.service is not None:
                 self.link.watch(ALL_ENDED_KEY)
-            self.roles.relink(self.config, self.link)
+            self.roles.relink(self.config, self.link, address.slot)
             self.roles.start()
         except StoreLinkError as exc:
             log.error("cannot use the successor store %s:%s: %s", address.host, address.port, exc)
@@ -178,4 +187,7 @@ class Failover:
         raise NotImplementedError
 
     def _emit(self, kind: str, **fields: object) -> None:
+        raise NotImplementedError
+
+    def _requeue_without(self, host: str | None) -> None:
         raise NotImplementedError

@@ -98,6 +98,7 @@ def fork_and_monitor(
         grace_period=grace_period,
         store_timeout=store_timeout,
         finish_timeout=finish_timeout,
+        node_liveness=False,  # one monitor per rank here: liveness is per node, not per rank
     )
     supervisor = Supervisor(config, spawn=_fork_child)
     try:

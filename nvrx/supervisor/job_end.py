@@ -45,6 +45,8 @@ class JobEnd:
         link = self.link
         if link is None or link.lost is not None or self.roles is None:
             return
+        if self.exit_code == ExitCode.FENCED:
+            return  # the job went on without this node: nothing of it counts, nobody waits for it
         try:
             if self.node_rank is not None:
                 self.roles.node_done()
@@ -53,7 +55,7 @@ class JobEnd:
             return
         if self.service is not None and cfg.nnodes > 1:  # the store host
             self._wait_for_other_nodes(time.monotonic() + cfg.finish_timeout)
-            if self._epoch > 0:
+            if self._epoch > 0 and self.exit_code == ExitCode.OK:
                 self._end_orphaned_job()
 
     def _end_orphaned_job(self) -> None:
@@ -68,7 +70,7 @@ class JobEnd:
         )
         try:
             node_requeue.end_orphaned_job(job_id)
-        except commands.SlurmCommandError as exc:
+        except (commands.SlurmCommandError, OSError) as exc:
             log.error("could not end job %s: %s", job_id, exc)
 
     def _wait_for_other_nodes(self, deadline: float) -> None:

@@ -33,6 +33,11 @@ def info(slot: int) -> str:
     return f"{PREFIX}info/{slot}"
 
 
+def done(slot: int) -> str:
+    """Set when the slot's children all ended: a loss after that costs the job nothing."""
+    return f"{PREFIX}done/{slot}"
+
+
 def spare_taken(slot: int) -> str:
     """Counter whose first increment gives spare ``slot`` to one lost node rank."""
     return f"{PREFIX}spare_taken/{slot}"

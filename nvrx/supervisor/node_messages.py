@@ -42,6 +42,19 @@ class NodeMessages:
 
     def _on_node_message(self, message: dict[str, Any]) -> bool:
         """Act on ``message`` when it is about nodes; False when it is not."""
+        try:
+            return self._dispatch(message)
+        except StoreLinkError as exc:  # the store's loss reaches the main loop as its own message
+            log.warning("store failed while handling %s: %s", message, exc)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            self.request_stop(
+                f"cannot handle node message {message}: {type(exc).__name__}: {exc}",
+                ExitCode.INTERNAL,
+                broadcast=True,
+            )
+        return True
+
+    def _dispatch(self, message: dict[str, Any]) -> bool:
         event, key = message.get("event"), message.get("key")
         if event == "node_silent":
             self._node_silent(message)
@@ -76,7 +89,7 @@ class NodeMessages:
             return
         try:
             excluded = node_requeue.requeue_excluding(job_id, [host])
-        except commands.SlurmCommandError as exc:
+        except (commands.SlurmCommandError, OSError) as exc:
             log.error("could not requeue job %s without %s: %s", job_id, host, exc)
             return
         if excluded is None:

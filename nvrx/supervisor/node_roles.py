@@ -63,11 +63,12 @@ class NodeRoles:
         self.slot = cfg.node_rank
         self.node_rank: int | None = None if cfg.starts_as_spare else cfg.node_rank
         self.left = False
+        self.store_slot = 0  # the slot hosting the store: its end is not counted in ENDED
 
     @property
     def enabled(self) -> bool:
         """Liveness only matters when there is another node to notice a loss."""
-        return self.cfg.nnodes > 1
+        return self.cfg.nnodes > 1 and self.cfg.node_liveness
 
     def start(self) -> None:
         """Publish this slot, start beating and watching; a spare also waits for an assignment."""
@@ -92,9 +93,9 @@ class NodeRoles:
         self.link.set(node_keys.info(self.slot), json.dumps(info))
 
     # -- a lost slot ----------------------------------------------------------------
-    def relink(self, cfg: SupervisorConfig, link: StoreLink) -> None:
-        """After a store failover: the same role, through the new store."""
-        self.cfg, self.link = cfg, link
+    def relink(self, cfg: SupervisorConfig, link: StoreLink, store_slot: int) -> None:
+        """After a store failover: the same role, through the new store hosted by ``store_slot``."""
+        self.cfg, self.link, self.store_slot = cfg, link, store_slot
 
     def declare(self, report: dict[str, Any], fresh: bool = False) -> Loss | None:
         """Declare the silent slot of ``report`` lost; None when another supervisor did first.
@@ -134,6 +135,9 @@ class NodeRoles:
     def _decide(self, slot: int, host: str | None, node_rank: int | None, fresh: bool) -> Loss:
         if node_rank is None:
             return Loss(slot, host, None, "none", None, self._training_nodes(), "a spare was lost")
+        if self.link.get(node_keys.done(slot)) or self.link.get(ALL_DONE_KEY):
+            reason = "its training had ended: nothing to replace"
+            return Loss(slot, host, node_rank, "none", None, self._training_nodes(), reason)
         spare = self._take_spare()
         if spare is not None:
             assignment = {
@@ -190,19 +194,20 @@ class NodeRoles:
         """Claim the end of ``slot``; True for the one caller that got it."""
         if self.link.add(node_keys.claim(slot), 1) != 1:
             return False
-        if self.link.add(ENDED_KEY, 1) >= self.cfg.nnodes - 1:  # all but the store host
-            self.link.set(ALL_ENDED_KEY, "1")
+        if slot != self.store_slot and self.link.add(ENDED_KEY, 1) >= self.cfg.nnodes - 1:
+            self.link.set(ALL_ENDED_KEY, "1")  # every slot but the store host's
         return True
 
     def leave(self) -> bool:
         """This slot ends cleanly; False when the others had declared it lost already."""
-        if not self.enabled or self.left:
+        if self.cfg.nnodes < 2 or self.left:
             return True
         self.left = True
         return self._end(self.slot)
 
     def node_done(self) -> None:
         """This node's children all ended: count it; the last training node sets ALL_DONE."""
+        self.link.set(node_keys.done(self.slot), "1")
         self.link.add(NODES_DONE_KEY, 1)
         self._check_all_done()
 

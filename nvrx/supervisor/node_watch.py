@@ -9,6 +9,13 @@ is watched by exactly one other, and store load is a few requests per node
 per interval. A slot that never beat is given ``startup_s`` (the store timeout:
 how long a node may take to reach the store) before it is reported.
 
+A store host that freezes (a hung node) does not reset its connections, and
+torch's store client may then block far longer than its timeout: a watchdog
+reports the store lost when one beat has been waiting for an answer longer
+than ``timeout``, so that the survivors fail over within seconds. (Time this
+process itself spent frozen between beats is no sign of the store: a thawed
+node first learns whether it was fenced.)
+
 A slot finds its own claim taken by someone else when the others declared it
 lost while it was stalled (a frozen node that thaws): it is reported as
 ``fenced``, and its supervisor ends its children, for the job has moved on.
@@ -93,18 +100,39 @@ class NodeWatch(threading.Thread):
         self._connect, self._send = connect, send
         self.own, self.interval = own, interval
         self.ring = RingWatch(own, nslots, timeout, startup_s)
+        self.timeout = timeout
         self.stopped = threading.Event()
+        self._beat_started: float | None = None  # while a beat waits for the store
+        self._reported = threading.Lock()  # one "lost" report, from the beats or the watchdog
 
     def run(self) -> None:
+        threading.Thread(target=self._watchdog, name="node-watchdog", daemon=True).start()
         try:
             store = self._connect()
-            while True:
-                if not self._tick(store):
+            while not self.stopped.is_set():
+                self._beat_started = time.monotonic()
+                alive = self._tick(store)
+                self._beat_started = None
+                if not alive:
+                    self.stopped.set()
                     return
                 if self.stopped.wait(self.interval):
                     return
         except Exception as exc:  # DistNetworkError and kin: the store is gone
-            self._send({"event": "lost", "message": f"node watch: {type(exc).__name__}: {exc}"})
+            self._lost(f"node watch: {type(exc).__name__}: {exc}")
+
+    def _watchdog(self) -> None:
+        while not self.stopped.wait(self.interval):
+            started = self._beat_started
+            late = 0.0 if started is None else time.monotonic() - started
+            if late > self.timeout:
+                self._lost(f"the store did not answer a heartbeat for {late:.1f} s")
+                return
+
+    def _lost(self, message: str) -> None:
+        if self._reported.acquire(blocking=False):
+            self.stopped.set()
+            self._send({"event": "lost", "message": message})
 
     def _tick(self, store: Any) -> bool:
         """One beat and one look; False once this slot is fenced off."""

@@ -2,7 +2,10 @@
 
 The job directory (``<log dir>/<job id>``) is on a file system every node
 sees (the checkpoint flag relies on it too), and it is where the survivors
-meet, since the store is gone. For failover ``epoch`` (1 for the first):
+meet, since the store is gone. Each run of the job (``SLURM_RESTART_COUNT``)
+has its own failover directory and snapshot, and node 0 clears them when it
+starts, so nothing of an earlier run with the same job id is read. For
+failover ``epoch`` (1 for the first):
 
 1. every survivor writes ``failover/e<epoch>/alive-<slot>``;
 2. once every slot but the lost host has written, or ``settle_s`` has passed,
@@ -26,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -47,13 +51,28 @@ class StoreAddress:
     epoch: int
 
 
+def _run() -> str:
+    return f"run{os.environ.get('SLURM_RESTART_COUNT') or 0}"
+
+
 def epoch_dir(job_dir: Path, epoch: int) -> Path:
-    return job_dir / "failover" / f"e{epoch}"
+    return job_dir / "failover" / _run() / f"e{epoch}"
 
 
 def snapshot_path(job_dir: Path) -> Path:
-    """Where the store service keeps its snapshot of the job-level keys."""
-    return job_dir / "store" / "snapshot.json"
+    """Where the store service of this run keeps its snapshot of the job-level keys."""
+    return job_dir / "store" / f"snapshot-{_run()}.json"
+
+
+def reset(job_dir: Path) -> None:
+    """Node 0, before this run's first store: forget failovers of an earlier run of this id."""
+    shutil.rmtree(job_dir / "failover" / _run(), ignore_errors=True)
+    snapshot_path(job_dir).unlink(missing_ok=True)
+
+
+def withdraw(job_dir: Path, epoch: int, slot: int) -> None:
+    """A survivor that found no majority takes back its announcement."""
+    (epoch_dir(job_dir, epoch) / f"alive-{slot}").unlink(missing_ok=True)
 
 
 def announce(job_dir: Path, epoch: int, slot: int) -> None:
@@ -114,8 +133,8 @@ def read_address(path: Path) -> StoreAddress | None:
 
 
 def superseded(job_dir: Path, epoch: int) -> bool:
-    """Whether the others are replacing, or replaced, the store of ``epoch``."""
-    return announced(job_dir, epoch + 1)
+    """Whether a majority elected and published a store after the store of ``epoch``."""
+    return (epoch_dir(job_dir, epoch + 1) / "store.json").exists()
 
 
 def wait_address(job_dir: Path, epoch: int, timeout: float) -> StoreAddress | None:

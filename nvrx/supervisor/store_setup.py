@@ -47,6 +47,8 @@ def bring_up_store(cfg: SupervisorConfig) -> StoreService | None:
         except StoreUnavailable as exc:
             raise SupervisorError(ExitCode.STORE_UNAVAILABLE, str(exc)) from exc
         return None
+    if cfg.nnodes > 1:
+        store_failover.reset(cfg.events_dir)
     service = StoreService(
         cfg.store_host,
         cfg.store_port,

@@ -4,12 +4,15 @@ frozen node that thaws after the others declared it lost ends its children and e
 from __future__ import annotations
 
 import signal
+from datetime import timedelta
 from pathlib import Path
 
 import psutil
 import pytest
+import torch.distributed as dist
 from test_supervisor_local import Job, script
 
+from nvrx.supervisor import node_keys
 from nvrx.supervisor.exit_codes import ExitCode
 from tests.support.waiting import wait_until
 
@@ -34,15 +37,17 @@ def _tree(pid: int) -> list[psutil.Process]:
     return [root, *root.children(recursive=True)]
 
 
+# node 1's first children would sleep for 2 minutes: only being killed ends them in time
+BODY = "time.sleep(120 if RANK >= 2 and RESTART == 0 else 6)\n"
+
+
 @pytest.mark.timeout(120)
 def test_a_sigkilled_supervisor_takes_its_children_with_it(tmp_path: Path) -> None:
-    job = Job(
-        tmp_path, 2, 2, script(tmp_path, "time.sleep(10)\n"), "--min-nodes", "1", *NODE_OPTIONS
-    )
+    job = Job(tmp_path, 2, 2, script(tmp_path, BODY), "--min-nodes", "1", *NODE_OPTIONS)
     wait_until("node 1's children", lambda: len(_child_pids(job, 1)) == 2, 60, state=job.output)
     children = _child_pids(job, 1)
     job.procs[1].send_signal(signal.SIGKILL)  # the supervisor alone, as the OOM killer would
-    wait_until("node 1's children to die with it", lambda: all(_gone(p) for p in children), 10)
+    wait_until("node 1's children to die with it", lambda: all(_gone(p) for p in children), 5)
     codes = job.wait(60)
     assert codes[0] == 0, job.output()
     assert [e["action"] for e in job.events("node_lost")] == ["shrink"]
@@ -50,10 +55,10 @@ def test_a_sigkilled_supervisor_takes_its_children_with_it(tmp_path: Path) -> No
 
 @pytest.mark.timeout(120)
 def test_a_node_that_thaws_after_it_was_declared_lost_is_fenced(tmp_path: Path) -> None:
-    job = Job(
-        tmp_path, 3, 2, script(tmp_path, "time.sleep(8)\n"), "--spare-nodes", "1", *NODE_OPTIONS
-    )
+    job = Job(tmp_path, 3, 2, script(tmp_path, BODY), "--spare-nodes", "1", *NODE_OPTIONS)
     wait_until("node 1's children", lambda: len(_child_pids(job, 1)) == 2, 60, state=job.output)
+    store = dist.TCPStore("127.0.0.1", job.store_port, None, False, timedelta(seconds=10))
+    wait_until("node 1 to beat in the store", lambda: store.add(node_keys.alive(1), 0) > 0, 30)
     children = _child_pids(job, 1)
     frozen = _tree(job.procs[1].pid)
     for proc in frozen:
@@ -63,6 +68,7 @@ def test_a_node_that_thaws_after_it_was_declared_lost_is_fenced(tmp_path: Path) 
     finally:
         for proc in frozen:
             proc.send_signal(signal.SIGCONT)
+    wait_until("the thawed node to end its children", lambda: all(_gone(p) for p in children), 10)
     codes = job.wait(60)
     output = job.output()
     assert codes == [0, ExitCode.FENCED, 0], output

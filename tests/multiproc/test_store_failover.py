@@ -1,6 +1,6 @@
 """Losing node 0, the store host, locally: 3 supervisors x 2 ranks of the demo inside the
 Wrapper with ``--spare-nodes 1``; node 0's whole process tree (its store service included) is
-SIGKILLed mid-training. The lowest surviving slot starts the next store from the old one's
+SIGKILLed mid-training, or frozen (a hung node: its connections stay open, nothing answers). The lowest surviving slot starts the next store from the old one's
 snapshot, the spare takes node rank 0, every rank starts again in a new generation past
 every round used before, and the job completes at world size 4.
 """
@@ -8,12 +8,21 @@ every round used before, and the job completes at world size 4.
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
+import psutil
 import pytest
-from test_node_loss import STEPS, _demo_job, _kill_node_mid_training, _no_process_left
+from test_node_loss import (
+    KILL_AFTER_STEP,
+    STEPS,
+    _demo_job,
+    _kill_node_mid_training,
+    _no_process_left,
+)
 
 from nvrx.events import read_dir
+from tests.support.waiting import wait_until
 
 
 @pytest.mark.timeout(300)
@@ -37,12 +46,47 @@ def test_losing_the_store_host_fails_over_and_the_job_completes(tmp_path: Path) 
     # the new generation's rounds come after every round of the old store
     events, _ = read_dir(job.log_dir / job.job_id)
     rounds = sorted(
-        (e["wall"], e["round"]) for e in events if e["kind"] == "round_start" and e["round"] is not None
+        (e["wall"], e["round"])
+        for e in events
+        if e["kind"] == "round_start" and e["round"] is not None
     )
     switch = min(e["wall"] for e in failovers)
     before = [r for wall, r in rounds if wall < switch]
     after = [r for wall, r in rounds if wall > switch]
     assert before and after and min(after) > max(before), rounds
-    address = json.loads((job.log_dir / job.job_id / "failover" / "e1" / "store.json").read_text())
+    address = json.loads(
+        (job.log_dir / job.job_id / "failover" / "run0" / "e1" / "store.json").read_text()
+    )
     assert address["slot"] == 1
     _no_process_left(killed)
+
+
+@pytest.mark.timeout(300)
+def test_a_frozen_store_host_is_failed_over_within_seconds(tmp_path: Path) -> None:
+    job = _demo_job(tmp_path, 3, "--spare-nodes", "1")
+    wait_until(
+        f"a checkpoint after step {KILL_AFTER_STEP}",
+        lambda: any(e.get("step", 0) >= KILL_AFTER_STEP for e in job.events("progress", "app")),
+        120,
+        state=job.output,
+    )
+    root = psutil.Process(job.procs[0].pid)
+    frozen = [root, *root.children(recursive=True)]
+    for proc in frozen:
+        proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_until(
+            "the survivors to finish",
+            lambda: all(p.poll() is not None for p in job.procs[1:]),
+            240,
+            state=job.output,
+        )
+    finally:
+        for proc in frozen:
+            proc.send_signal(signal.SIGKILL)
+    codes = job.wait(30)
+    output = job.output()
+    assert codes[1] == 0 and codes[2] == 0, output
+    assert f"finished {STEPS} steps at world size 4" in output, output
+    failovers = job.events("store_failover")
+    assert {(e["epoch"], e["successor"], e["lost_slot"]) for e in failovers} == {(1, 1, 0)}, output

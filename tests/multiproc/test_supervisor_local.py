@@ -41,6 +41,7 @@ class Job:
         self.log_dir = tmp_path / "logs"
         self.job_id = f"t{os.getpid()}-{time.monotonic_ns() % 10**9}"
         master, store = free_ports(2)
+        self.store_port = store
         self.procs: list[subprocess.Popen[str]] = []
         self.outputs: list[Path] = []
         for node in range(nnodes):
