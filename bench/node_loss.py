@@ -22,6 +22,7 @@ The target is ``--node-timeout`` + 3 s.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import socket
@@ -91,10 +92,12 @@ def _kill_tree(pid: int) -> float:
     root = psutil.Process(pid)
     tree = [root, *root.children(recursive=True)]
     for proc in tree:
-        proc.send_signal(signal.SIGSTOP)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(signal.SIGSTOP)
     killed_at = time.time()
     for proc in tree:
-        proc.send_signal(signal.SIGKILL)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(signal.SIGKILL)
     return killed_at
 
 

@@ -12,6 +12,7 @@ restarted process (or the next in-process round) does not fire it again.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -63,13 +64,11 @@ def lose_node() -> None:
     import psutil
 
     supervisor = psutil.Process(os.getppid())
-    tree = [supervisor, *supervisor.children(recursive=True)]
-    for proc in tree:  # frozen first, so nobody reacts to the others' deaths
-        if proc.pid != os.getpid():
-            proc.send_signal(signal.SIGSTOP)
-    for proc in tree:
-        if proc.pid != os.getpid():
-            proc.send_signal(signal.SIGKILL)
+    tree = [p for p in (supervisor, *supervisor.children(recursive=True)) if p.pid != os.getpid()]
+    for signum in (signal.SIGSTOP, signal.SIGKILL):  # frozen first: nobody reacts to the others
+        for proc in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.send_signal(signum)
     os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -94,10 +94,17 @@ def _prctl() -> Callable[..., int] | None:
         return None
 
 
-def _setup_child(ignore_warning: bool, parent: int | None, prctl: Callable[..., int] | None) -> None:
-    """Between fork and exec: the warning signal's disposition, and death with ``parent``."""
+def _setup_child(
+    ignore_warning: bool,
+    parent: int | None,
+    prctl: Callable[..., int] | None,
+    ignored: tuple[int, ...] = (),
+) -> None:
+    """Between fork and exec: signal dispositions, and death with ``parent``."""
     if ignore_warning:
         ignore_warning_signal()
+    for signum in ignored:
+        signal.signal(signum, signal.SIG_IGN)
     if parent is not None and prctl is not None:
         prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
         if os.getppid() != parent:  # the parent died before the request took effect
@@ -110,6 +117,7 @@ def start(
     env: Mapping[str, str] | None = None,
     ignore_warning: bool = True,
     die_with_parent: bool = False,
+    ignore_signals: tuple[int, ...] = (),
     **popen_args: Any,
 ) -> subprocess.Popen[Any]:
     """Start ``argv`` leading a new process group (see the module docstring).
@@ -121,13 +129,18 @@ def start(
     False and have the program ignore the signal itself. ``die_with_parent``
     has the kernel SIGKILL the process when the thread that started it dies
     (Linux ``PR_SET_PDEATHSIG``), so a supervisor killed with SIGKILL leaves no
-    training process behind; also a ``preexec_fn``.
+    training process behind; ``ignore_signals`` are ignored in the process (a
+    command that must finish while its job is being ended); also ``preexec_fn``.
     """
     setup = None
-    if ignore_warning or die_with_parent:
+    if ignore_warning or die_with_parent or ignore_signals:
         parent = os.getpid() if die_with_parent else None
         setup = functools.partial(
-            _setup_child, ignore_warning, parent, _prctl() if die_with_parent else None
+            _setup_child,
+            ignore_warning,
+            parent,
+            _prctl() if die_with_parent else None,
+            tuple(ignore_signals),
         )
     return subprocess.Popen(
         list(argv),

@@ -61,16 +61,21 @@ def run_command(
     env: Mapping[str, str] | None = None,
     check: bool = True,
     cwd: str | os.PathLike[str] | None = None,
+    outlive_job_end: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """Run one command in its own process group; kill the group on timeout.
 
     Returns the completed process (text stdout/stderr). With ``check`` a
     non-zero exit raises ``SlurmCommandError``; a timeout always raises it.
+    ``outlive_job_end``: the command ignores SIGTERM, for the commands that end
+    (requeue) the very job they run in: SLURM sends SIGTERM to every process of
+    the job, and they must still finish (a single-threaded caller only).
     """
     proc = processes.start(
         argv,
         env=env,
         ignore_warning=False,  # a short client command; keeps fork-free spawning in threaded callers
+        ignore_signals=(signal.SIGTERM,) if outlive_job_end else (),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

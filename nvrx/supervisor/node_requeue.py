@@ -32,13 +32,15 @@ def requeue_excluding(job_id: str, lost: Iterable[str]) -> list[str] | None:
     excluded = info.get("ExcNodeList", "")
     names = commands.show_hostnames(excluded) if excluded not in _NONE else []
     names += [n for n in lost if n and n not in names]
-    commands.run_command(["scontrol", "requeuehold", str(job_id)])
+    # requeuehold sends SIGTERM to every process of this job, the next two commands included
+    commands.run_command(["scontrol", "requeuehold", str(job_id)], outlive_job_end=True)
     try:
         commands.run_command(
-            ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(names)}"]
+            ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(names)}"],
+            outlive_job_end=True,
         )
     finally:
-        commands.run_command(["scontrol", "release", str(job_id)])
+        commands.run_command(["scontrol", "release", str(job_id)], outlive_job_end=True)
     return names
 
 

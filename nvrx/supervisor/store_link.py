@@ -77,7 +77,8 @@ class StoreLink:
             f"{self.timeout:g}",
         ]
         try:
-            self._proc = processes.start(cmd, stdin=req_r, stdout=ans_w)
+            # dies with the supervisor even when blocked on a store that froze
+            self._proc = processes.start(cmd, stdin=req_r, stdout=ans_w, die_with_parent=True)
         finally:
             os.close(req_r)
             os.close(ans_w)

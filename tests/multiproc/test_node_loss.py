@@ -9,6 +9,7 @@ whole process tree SIGKILLed mid-training (how a node loss looks from the other 
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 from pathlib import Path
@@ -31,10 +32,12 @@ def kill_tree(pid: int) -> list[int]:
     root = psutil.Process(pid)
     tree = [root, *root.children(recursive=True)]
     for proc in tree:
-        proc.send_signal(signal.SIGSTOP)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(signal.SIGSTOP)
     tree += [p for p in root.children(recursive=True) if p not in tree]
     for proc in tree:
-        proc.send_signal(signal.SIGKILL)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(signal.SIGKILL)
     return [p.pid for p in tree]
 
 

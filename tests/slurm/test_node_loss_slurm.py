@@ -62,12 +62,17 @@ def _wait_training(job_dir: Path, out: Path) -> None:
     )
 
 
-def _ours_left(tmp_path: Path) -> list[str]:
+def _ours_left(job: int) -> list[str]:
+    """Processes of SLURM job ``job`` still alive (supervisors, agents, stores, ranks)."""
     left = []
-    for proc in psutil.process_iter(["cmdline"]):
-        line = " ".join(proc.info["cmdline"] or [])
-        if str(tmp_path) in line or ("nvrx." in line and "pytest" not in line):
-            left.append(f"{proc.pid} {line[:120]}")
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if proc.environ().get("SLURM_JOB_ID") == str(job):
+                left.append(f"{proc.pid} {' '.join(proc.info['cmdline'] or [])[:120]}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
     return left
 
 
@@ -100,9 +105,9 @@ def test_a_spare_node_takes_over_a_lost_node(slurm_cluster: LocalSlurmCluster, t
     slurm_cluster.run(["scancel", str(job)], check=False)
     wait_until(
         "no process of ours",
-        lambda: not _ours_left(tmp_path),
+        lambda: not _ours_left(job),
         30,
-        state=lambda: _ours_left(tmp_path),
+        state=lambda: _ours_left(job),
     )
 
 
@@ -130,9 +135,9 @@ def test_losing_the_batch_and_store_host_fails_over(
     assert "node1" in build_report(job_dir, sacct=False).to_text()
     wait_until(
         "no process of ours",
-        lambda: not _ours_left(tmp_path),
+        lambda: not _ours_left(job),
         30,
-        state=lambda: _ours_left(tmp_path),
+        state=lambda: _ours_left(job),
     )
 
 
@@ -171,7 +176,7 @@ def test_without_a_spare_the_job_is_requeued_without_the_lost_node(
     assert "node2" in text and "--exclude=node2" in text, text
     wait_until(
         "no process of ours",
-        lambda: not _ours_left(tmp_path),
+        lambda: not _ours_left(job),
         30,
-        state=lambda: _ours_left(tmp_path),
+        state=lambda: _ours_left(job),
     )
