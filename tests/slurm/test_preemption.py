@@ -30,7 +30,7 @@ def train_until_warned(ckpt_dir: str, steps_after_resume: int) -> dict:
         nvrx.record_checkpoint(path, start, action="load")
     (Path(ckpt_dir) / f"started-run{run}-rank{rank}").touch()
     step = start
-    while not (start and step >= start + steps_after_resume):
+    while not (run != "0" and step >= start + steps_after_resume):
         if nvrx.preemption_requested():
             path.write_text(json.dumps({"step": step}))
             nvrx.record_checkpoint(path, step)
@@ -89,19 +89,21 @@ def test_preempted_job_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path:
 def test_time_limit_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    # 1-minute limit, warning 50 s before it: SLURM may send it up to 60 s early, so at any time
+    # 2-minute limit, warning 50 s before it: SLURM may send it up to 60 s early, so between
+    # 10 s and 70 s in. Not earlier: a warning sent before the job step runs reaches nobody.
     job = submit(
         train_until_warned,
         args=(str(ckpt), 5),
         folder=tmp_path,
         nodes=2,
         nproc_per_node=2,
-        timeout_min=1,
+        timeout_min=2,
         signal_delay_s=50,
         cpus_per_task=1,
     )
     wait_until("every rank to train", lambda: len(list(ckpt.glob("started-run0-*"))) == 4, 90)
-    slurm_cluster.start_soon_when_requeued(int(job.job_id), 120)
+    # the resumed run must finish, not be warned again: a longer limit for it
+    slurm_cluster.start_soon_when_requeued(int(job.job_id), 120, time_limit_min=10)
     _check_resumed(job, ckpt, 4, "time_limit")
     info = commands.show_job(job.job_id, env=slurm_cluster.env)
     assert info is not None and info["Restarts"] == "1"

@@ -119,11 +119,18 @@ class JobClient:
         self.run(["scontrol", "requeue", str(job_id)])
         self.start_soon_when_requeued(job_id, timeout)
 
-    def start_soon_when_requeued(self, job_id: int, timeout: float = 30) -> None:
+    def start_soon_when_requeued(
+        self, job_id: int, timeout: float = 30, time_limit_min: int | None = None
+    ) -> None:
         """Once a requeued job (by anyone) is pending again, let it start 2 s later
-        instead of after cred_expire; never in the same second (see ``requeue``)."""
+        instead of after cred_expire; never in the same second (see ``requeue``).
+
+        ``time_limit_min``: the next run's time limit, so that a run that must finish
+        is not warned again however slowly this machine starts it.
+        """
         self.wait_job(job_id, {"PENDING"}, timeout=timeout)
-        self.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now+2"], check=False)
+        limit = [] if time_limit_min is None else [f"TimeLimit={time_limit_min}"]
+        self.run(["scontrol", "update", f"jobid={job_id}", *limit, "StartTime=now+2"], check=False)
 
     def sacct(self, job_id: int, timeout: float = 15, **kwargs) -> list[dict[str, str]]:
         """sacct rows of a job (all runs, steps included), once accounting caught up.
@@ -176,6 +183,10 @@ class JobClient:
             if states.get(n, "").rstrip("*~#") in ("down", "drained", "draining", "fail")
         ]
         if bad:
-            self.run(["scontrol", "update", f"nodename={','.join(bad)}", "state=resume"])
+            # A restarted slurmd may have brought its node back meanwhile, and resuming a node
+            # that is up fails: the wait below tells whether every node is usable.
+            self.run(
+                ["scontrol", "update", f"nodename={','.join(bad)}", "state=resume"], check=False
+            )
         self.wait_nodes_usable(self.nodes, timeout=timeout)
         return jobs
