@@ -113,10 +113,20 @@ def _training_again(events: list[dict], since: float, world: int) -> float | Non
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
+    """End every process of the job, the ones in groups of their own (standbys, monitor
+    processes) too, before its directory is removed."""
+    tree: list[psutil.Process] = []
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            tree += psutil.Process(proc.pid).children(recursive=True)
     for proc in procs:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    for child in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+    psutil.wait_procs(tree, timeout=30)
 
 
 def _trained(job_id: str, work: Path) -> bool:

@@ -32,6 +32,10 @@ SUPERVISED = "NVRX_SUPERVISED"
 PREEMPT_FLAG = "NVRX_PREEMPT_FLAG"
 #: "1" for children started after a store failover: every rank starts anew, none rejoins.
 FRESH_START = "NVRX_FRESH_START"
+#: "1" for children of a spare node that takes over a lost node: the job runs, they rejoin it.
+TAKEOVER = "NVRX_TAKEOVER"
+#: Descriptor on which a warm standby waits for the rank it becomes (``supervisor.standby``).
+STANDBY_FD = "NVRX_STANDBY_FD"
 # -- settings a user or a template may give --------------------------------------------
 PREEMPT_SIGNAL = "NVRX_PREEMPT_SIGNAL"
 SIGNAL_DELAY_S = "NVRX_SIGNAL_DELAY_S"
@@ -39,6 +43,7 @@ MAX_TIME_LIMIT_REQUEUES = "NVRX_MAX_TIME_LIMIT_REQUEUES"
 PREEMPT_WINDOW_S = "NVRX_PREEMPT_WINDOW_S"
 SPARE_NODES = "NVRX_SPARE_NODES"
 MIN_NODES = "NVRX_MIN_NODES"
+WARM_STANDBY = "NVRX_WARM_STANDBY"
 NODE_TIMEOUT_S = "NVRX_NODE_TIMEOUT_S"
 EVENTS_FSYNC = "NVRX_EVENTS_FSYNC"
 RESULT_DIR = "NVRX_RESULT_DIR"
@@ -253,6 +258,7 @@ class JobEnv:
                 RESTART_COUNT: str(restart_count),
                 SUPERVISED: "1",
                 FRESH_START: "0",
+                TAKEOVER: "0",
             }
         )
         return env

@@ -101,6 +101,7 @@ KINDS: dict[str, dict[str, str]] = {
         "local_rank": "local rank of the child",
         "child_pid": "pid of the child",
         "attempt": "0 for the first start, n for the n-th restart of this local rank",
+        "warm": "true when a warm standby (torch already imported) became the child",
     },
     "child_exit": {
         "local_rank": "local rank",

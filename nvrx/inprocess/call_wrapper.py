@@ -33,7 +33,7 @@ from .rank_services import RankServices
 from .round_outcome import Completed, Leave, Outcome, Restart
 from .round_run import RoundRun
 from .state import State
-from .supervision import restarted_process, supervised
+from .supervision import restarted_process, supervised, taking_over
 
 if TYPE_CHECKING:
     from .wrap import Wrapper
@@ -100,7 +100,7 @@ class CallWrapper:
         w = self.wrapper
         if not (restarted_process() and supervised()) or w.rejoin_timeout <= 0:
             return None
-        if not rejoin.job_alive(self.services.base_store, w.heartbeat_interval):
+        if not rejoin.job_alive(self.services.base_store, w.heartbeat_interval, not taking_over()):
             return None
         wait_s = w.rejoin_timeout + w.barrier_timeout + w.soft_timeout
         return rejoin.request_admission(

@@ -281,6 +281,9 @@ def main() -> int:
     if not line:
         return 0
     cfg = MonitorConfig(**json.loads(line))
+    if cfg.env is not None:  # started ahead of its rank (``monitor_process.prestart``)
+        os.environ.clear()
+        os.environ.update(cfg.env)
     setup_monitor_logging(cfg.logfile)
     if cfg.logfile is not None:
         import faulthandler

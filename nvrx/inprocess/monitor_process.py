@@ -65,14 +65,75 @@ class MonitorConfig:
     initial_world_size: int = 1
     host_store: bool = False  # start the store service here, so it outlives the rank
     keeper_timeout: float = 600.0  # how long a store host waits for the others after its rank died
+    env: dict[str, str] | None = None  # a program started ahead (``prestart``) takes the rank's
+
+
+@dataclass
+class _Prestarted:
+    """A monitor program started ahead, waiting for its configuration."""
+
+    proc: subprocess.Popen[bytes]
+    stack_read_fd: int  # the descriptor's number in the program
+    stack_write_fd: int
+
+
+_prestarted: _Prestarted | None = None
+
+
+def _launch(stack_read_fd: int, stderr: int | None) -> subprocess.Popen[bytes]:
+    return processes.start(
+        [sys.executable, "-c", ENTRY_POINT],
+        env=os.environ,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        pass_fds=(stack_read_fd,),
+        ignore_warning=False,  # no preexec_fn: the program ignores it (module docstring)
+    )
+
+
+def prestart() -> None:
+    """Start a monitor program now, for this process's first ``MonitorProcess.start`` to take.
+
+    A warm standby (``nvrx.supervisor.standby``) calls it while it waits, so that
+    the rank it becomes finds its monitor process already past its imports. Not
+    taken, the program exits when this process does (end of file on its stdin).
+    Its stderr goes nowhere: with ``monitor_process_logfile``, it logs there.
+    """
+    global _prestarted
+    if _prestarted is not None:
+        return  # one is waiting already
+    read_fd, write_fd = os.pipe()
+    try:
+        proc = _launch(read_fd, subprocess.DEVNULL)
+    except BaseException:
+        os.close(write_fd)
+        raise
+    finally:
+        os.close(read_fd)
+    _prestarted = _Prestarted(proc, read_fd, write_fd)
+
+
+def _take_prestarted() -> _Prestarted | None:
+    global _prestarted
+    taken, _prestarted = _prestarted, None
+    if taken is not None and taken.proc.poll() is not None:
+        log.warning(
+            "monitor process started ahead ended with %s: starting a new one", taken.proc.returncode
+        )
+        os.close(taken.stack_write_fd)
+        for pipe in (taken.proc.stdin, taken.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+        return None
+    return taken
 
 
 class MonitorProcess:
     """Wrapper-side handle of the monitor process: explicit start, stop, reap."""
 
-    def __init__(self, config: MonitorConfig, stack_read_fd: int | None) -> None:
+    def __init__(self, config: MonitorConfig) -> None:
         self.config = config
-        self._stack_read_fd = stack_read_fd
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -80,28 +141,39 @@ class MonitorProcess:
         """The monitor process's pid while it runs under this handle."""
         return None if self.proc is None else self.proc.pid
 
-    def start(self) -> None:
-        """Start the program and send it its configuration (the stack pipe's read end goes with it)."""
+    def start(self) -> int:
+        """Start the program (or take the one started ahead) and send it its configuration.
+
+        Returns the write end of the stack pipe (non-blocking): the rank's
+        faulthandler dumps its threads there, and the program reads them.
+        """
         cfg = dict(asdict(self.config))
-        fds: tuple[int, ...] = ()
-        if self._stack_read_fd is not None:
-            cfg["stack_fd"] = self._stack_read_fd
-            fds = (self._stack_read_fd,)
-        self.proc = processes.start(
-            [sys.executable, "-c", ENTRY_POINT],
-            env=os.environ,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL if self.config.logfile is None else None,
-            pass_fds=fds,
-            ignore_warning=False,  # no preexec_fn: the program ignores it (module docstring)
-        )
+        prestarted = _take_prestarted()
+        if prestarted is not None:
+            self.proc, write_fd = prestarted.proc, prestarted.stack_write_fd
+            cfg["stack_fd"] = prestarted.stack_read_fd
+            cfg["env"] = dict(os.environ)
+        else:
+            read_fd, write_fd = os.pipe()
+            try:
+                self.proc = _launch(
+                    read_fd, subprocess.DEVNULL if self.config.logfile is None else None
+                )
+            except BaseException:
+                os.close(write_fd)
+                raise
+            finally:
+                os.close(read_fd)
+            cfg["stack_fd"] = read_fd
+        os.set_blocking(write_fd, False)  # a dump never blocks the rank if nobody reads
         assert self.proc.stdin is not None
-        self.proc.stdin.write((json.dumps(cfg) + "\n").encode())
-        self.proc.stdin.flush()
-        if self._stack_read_fd is not None:
-            os.close(self._stack_read_fd)
-            self._stack_read_fd = None
+        try:
+            self.proc.stdin.write((json.dumps(cfg) + "\n").encode())
+            self.proc.stdin.flush()
+        except BaseException:
+            os.close(write_fd)
+            raise
+        return write_fd
 
     def wait_ready(self, timeout: float) -> dict[str, Any]:
         """Block until the monitor process is connected and watching; returns its ready message."""

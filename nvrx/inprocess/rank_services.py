@@ -109,12 +109,9 @@ class RankServices:
 
     def _start_monitor(self) -> None:
         w = self.wrapper
-        read_fd, write_fd = os.pipe()
-        os.set_blocking(write_fd, False)  # a dump never blocks the rank if nobody reads
-        self._stack_fd = write_fd
-        faulthandler.register(STACK_SIGNAL, file=write_fd, all_threads=True, chain=False)
-        self.monitor = MonitorProcess(self._monitor_config(), read_fd)
-        self.monitor.start()
+        self.monitor = MonitorProcess(self._monitor_config())
+        self._stack_fd = self.monitor.start()
+        faulthandler.register(STACK_SIGNAL, file=self._stack_fd, all_threads=True, chain=False)
         ready = self.monitor.wait_ready(w.barrier_timeout)
         if self.host_store and self.store_address is not None:
             self.store_address = (self.store_address[0], int(ready["port"]))

@@ -82,10 +82,14 @@ def state_json(state: State) -> str:
     return json.dumps(data)
 
 
-def job_alive(base_store: Any, heartbeat_interval: float) -> bool:
-    """Whether other ranks' monitors still beat (a bounded look at the job's alive counter)."""
+def job_alive(base_store: Any, heartbeat_interval: float, look: bool = True) -> bool:
+    """Whether the job has a round and its ranks' monitors still beat (a bounded look at the
+    job's alive counter); ``look=False`` when the caller knows the job runs (a spare node's
+    takeover): only whether it has a round."""
     if rounds.current_round(base_store) is None:
         return False
+    if not look:
+        return True
     before = int(base_store.add(keys.ALIVE, 0))
     time.sleep(2 * heartbeat_interval)  # heartbeats cannot be awaited: look twice
     return int(base_store.add(keys.ALIVE, 0)) != before

@@ -135,6 +135,7 @@ class StoreService:
         self.node = node
         self.snapshot = snapshot
         self._proc: subprocess.Popen[bytes] | None = None
+        self._ready_fd: int | None = None
 
     @property
     def pid(self) -> int | None:
@@ -146,6 +147,13 @@ class StoreService:
 
     def start(self, timeout: float = _READY_TIMEOUT_S) -> StoreService:
         """Start the server and return once it accepts connections."""
+        return self.launch().wait_started(timeout)
+
+    def launch(self) -> StoreService:
+        """Start the server process; ``wait_started`` waits until it accepts connections.
+
+        Apart, so that a caller can do other work while the server imports torch.
+        """
         if self._proc is not None:
             raise RuntimeError("store service already started")
         if self._requested_port and not port_is_free(self.host, self._requested_port):
@@ -177,8 +185,19 @@ class StoreService:
             self._proc = processes.start(
                 cmd, env=env, pass_fds=(write_fd,), stdin=subprocess.DEVNULL
             )
+        except BaseException:
+            os.close(read_fd)
+            raise
         finally:
             os.close(write_fd)
+        self._ready_fd = read_fd
+        return self
+
+    def wait_started(self, timeout: float = _READY_TIMEOUT_S) -> StoreService:
+        """Return once the launched server accepts connections; RuntimeError when it cannot."""
+        read_fd, self._ready_fd = self._ready_fd, None
+        if read_fd is None:
+            raise RuntimeError("store service not launched, or waited for already")
         try:
             message = self._read_ready(read_fd, timeout)
         finally:
@@ -233,6 +252,9 @@ class StoreService:
     def stop(self, timeout: float = 5.0) -> int | None:
         """Stop the server (SIGTERM, then SIGKILL of its group) and return its exit code."""
         proc, self._proc = self._proc, None
+        if self._ready_fd is not None:
+            os.close(self._ready_fd)
+            self._ready_fd = None
         return None if proc is None else processes.stop(proc, grace_s=timeout)
 
     def __enter__(self) -> StoreService:

@@ -68,6 +68,7 @@ class Child:
         self.pid = proc.pid
         self.started = time.monotonic()
         self.status: ExitStatus | None = None
+        self.warm = False  # a standby became this child (``standby``)
 
     @classmethod
     def spawn(

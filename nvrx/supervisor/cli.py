@@ -166,6 +166,16 @@ def build_parser() -> argparse.ArgumentParser:
         "its node rank and its children rejoin the running job (default: $NVRX_SPARE_NODES, else 0)",
     )
     add(
+        "--warm-standby",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="start training processes ahead, with torch imported, where a restart is "
+        "foreseeable: a spare node's ranks at once (they run the command when it takes over a "
+        "lost node), a node's ranks while a store failover is under way. Only for commands of "
+        "the form 'python script.py ...' or 'python -m module ...'; others start cold. "
+        "--no-warm-standby (or $NVRX_WARM_STANDBY=0) starts every process cold (default: on)",
+    )
+    add(
         "--min-nodes",
         type=int,
         default=None,
@@ -262,12 +272,23 @@ def _node_settings(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str
             if args.spare_nodes is not None
             else jobenv.int_from(env, jobenv.SPARE_NODES, 0),
             "min_nodes": args.min_nodes if args.min_nodes is not None else min_nodes,
+            "warm_standby": args.warm_standby
+            if args.warm_standby is not None
+            else _switch(env, jobenv.WARM_STANDBY, True),
             "node_timeout": args.node_timeout
             if args.node_timeout is not None
             else jobenv.seconds_from(env, jobenv.NODE_TIMEOUT_S, DEFAULT_NODE_TIMEOUT_S),
         }
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def _switch(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """A 0/1 setting from the environment; ValueError naming it for any other value."""
+    raw = env.get(name, "")
+    if raw in ("", "0", "1"):
+        return default if raw == "" else raw == "1"
+    raise ValueError(f"${name} must be 0 or 1, got {raw!r}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -95,6 +95,7 @@ class SupervisorConfig:
     node_heartbeat: float = DEFAULT_NODE_HEARTBEAT_S
     node_timeout: float = DEFAULT_NODE_TIMEOUT_S
     node_liveness: bool = True  # off where a "node" is one rank (fork_and_monitor)
+    warm_standby: bool = True  # start children ahead where foreseeable (``standby``)
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -8,6 +8,12 @@ its children again with the new address, as one new process generation
 spare takes over its node rank as after any node loss. A store host that
 loses its own store service, or a job of one node, has nobody to fail over
 to: it stops as before (exit 3).
+
+What takes seconds (each program imports torch) starts first, while the
+children stop and the survivors elect: the next store agent (it gets the
+address later), the store service on the slot next in line (the lowest one
+but the lost host; stopped again if the election names another), and
+standbys for the node's ranks (``standby``).
 """
 
 from __future__ import annotations
@@ -18,12 +24,14 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from nvrx import jobenv
 from nvrx.store.service import StoreService
 
 from . import store_failover
 from .children import stop_children
 from .config import ALL_ENDED_KEY, STOP_KEY
 from .exit_codes import ExitCode
+from .standby import Standbys
 from .store_failover import StoreAddress
 from .store_link import StoreLink, StoreLinkError
 from .store_setup import snapshot_spec
@@ -47,6 +55,9 @@ class Failover:
     _epoch: int
     _store_slot: int
     _selector_stale: bool
+    standbys: Standbys
+    _ahead_link: StoreLink | None = None
+    _ahead_service: StoreService | None = None
 
     def _store_lost(self, detail: str) -> bool:
         """The store link reported the store lost: fail over (True), else stop the job."""
@@ -72,6 +83,7 @@ class Failover:
         old = f"{self.config.store_host}:{self.config.store_port}"
         log.warning("store at %s lost (%s): failing over", old, detail)
         self.failing_over = True
+        self._ahead_link, self._ahead_service = self._start_ahead()
         try:
             stop_children(self._running(), _STOP_GRACE_S)
             self._reap()
@@ -82,7 +94,9 @@ class Failover:
             address = None
         finally:
             self.failing_over = False
+            self._drop_ahead()
         if address is None:
+            self.standbys.discard()
             return False
         self._emit(
             "store_failover",
@@ -106,8 +120,45 @@ class Failover:
         if self.roles.node_rank is not None:
             for local_rank in range(self.config.nproc_per_node):
                 self.restarts[local_rank] += 1
-                self._start_child(local_rank, fresh=True)
+                self._start_child(local_rank, jobenv.FRESH_START)
         return True
+
+    def _start_ahead(self) -> tuple[StoreLink | None, StoreService | None]:
+        """Start the programs the failover will need, before anyone knows the new address."""
+        cfg = self.config
+        if self.roles.node_rank is not None:
+            self.standbys.start(cfg.command, range(cfg.nproc_per_node), cfg.child_env(0, 1))
+        try:
+            link = StoreLink(None, None, cfg.store_timeout).launch()
+        except OSError as exc:
+            log.warning("cannot start the next store agent ahead: %s", exc)
+            link = None
+        service = None
+        if self.roles.slot == min(set(range(cfg.nnodes)) - {self._store_slot}):
+            try:
+                service = self._successor_store().launch()
+            except (OSError, RuntimeError) as exc:
+                log.warning("cannot start the next store ahead: %s", exc)
+        return link, service
+
+    def _drop_ahead(self) -> None:
+        """What was started ahead and not used ends."""
+        if self._ahead_link is not None:
+            self._ahead_link.close()
+        if self._ahead_service is not None:
+            self._ahead_service.stop()
+        self._ahead_link = self._ahead_service = None
+
+    def _successor_store(self) -> StoreService:
+        cfg = self.config
+        return StoreService(
+            os.environ.get("SLURMD_NODENAME") or cfg.master_addr,
+            0,
+            job_id=cfg.job_id,
+            log_dir=cfg.log_dir,
+            node=self.roles.slot,
+            snapshot=snapshot_spec(cfg, restore=True),
+        )
 
     def _elect_and_connect(self) -> StoreAddress | None:
         cfg, slot = self.config, self.roles.slot
@@ -119,6 +170,9 @@ class Failover:
         successor = store_failover.elect(
             job_dir, self._epoch, expected, cfg.node_timeout, cfg.nnodes
         )
+        if successor != slot and self._ahead_service is not None:
+            self._ahead_service.stop()  # another slot hosts the next store
+            self._ahead_service = None
         if successor is None:
             store_failover.withdraw(job_dir, self._epoch, slot)
             return None
@@ -134,7 +188,10 @@ class Failover:
         self._store_slot = address.slot
         self._selector_stale = True
         try:
-            self.link = StoreLink(address.host, address.port, cfg.store_timeout).launch()
+            if self._ahead_link is not None and self._ahead_link.running:
+                self.link, self._ahead_link = self._ahead_link.aim(address.host, address.port), None
+            else:
+                self.link = StoreLink(address.host, address.port, cfg.store_timeout).launch()
             self.link.wait_ready()
             self.link.watch(STOP_KEY)
             if self.service is not None:
@@ -147,23 +204,19 @@ class Failover:
         return address
 
     def _host_store(self, job_dir: Any) -> StoreAddress | None:
-        """This slot is the successor: start the next store, restored, and publish it."""
-        cfg = self.config
-        host = os.environ.get("SLURMD_NODENAME") or cfg.master_addr
-        service = StoreService(
-            host,
-            0,
-            job_id=cfg.job_id,
-            log_dir=cfg.log_dir,
-            node=self.roles.slot,
-            snapshot=snapshot_spec(cfg, restore=True),
-        )
+        """This slot is the successor: start the next store (or take the one started ahead),
+        restored, and publish it."""
+        service, self._ahead_service = self._ahead_service, None
         try:
-            service.start(cfg.store_timeout)
-        except RuntimeError as exc:
-            log.error("cannot start the successor store on %s: %s", host, exc)
+            if service is None:
+                service = self._successor_store().launch()
+            service.wait_started(self.config.store_timeout)
+        except (OSError, RuntimeError) as exc:
+            log.error("cannot start the successor store: %s", exc)
+            if service is not None:
+                service.stop()
             return None
-        mine = StoreAddress(host, service.port, self.roles.slot, self._epoch)
+        mine = StoreAddress(service.host, service.port, self.roles.slot, self._epoch)
         published = store_failover.publish(job_dir, mine)
         if published != mine:
             service.stop()  # another slot's store won this epoch
@@ -183,7 +236,7 @@ class Failover:
     def request_stop(self, reason: str, exit_code: int, broadcast: bool) -> None:
         raise NotImplementedError
 
-    def _start_child(self, local_rank: int, fresh: bool = False) -> None:
+    def _start_child(self, local_rank: int, flag: str | None = None) -> None:
         raise NotImplementedError
 
     def _emit(self, kind: str, **fields: object) -> None:

@@ -16,6 +16,7 @@ import os
 import time
 from typing import Any
 
+from nvrx import jobenv
 from nvrx.slurm import commands
 
 from . import node_keys, node_requeue, store_failover
@@ -127,13 +128,14 @@ class NodeMessages:
         log.warning("spare slot %d takes over node rank %d", self.roles.slot, self.roles.node_rank)
         for local_rank in range(self.config.nproc_per_node):
             self.restarts[local_rank] = 1  # a replacement: it rejoins the running job
-            self._start_child(local_rank, fresh=bool(assignment.get("fresh")))
+            fresh = bool(assignment.get("fresh"))
+            self._start_child(local_rank, jobenv.FRESH_START if fresh else jobenv.TAKEOVER)
 
     # provided by Supervisor
     def request_stop(self, reason: str, exit_code: int, broadcast: bool) -> None:
         raise NotImplementedError
 
-    def _start_child(self, local_rank: int, fresh: bool = False) -> None:
+    def _start_child(self, local_rank: int, flag: str | None = None) -> None:
         raise NotImplementedError
 
     def _emit(self, kind: str, **fields: object) -> None:

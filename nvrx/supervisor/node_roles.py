@@ -34,7 +34,7 @@ from nvrx.slurm import commands
 
 from . import node_keys
 from .config import ALL_DONE_KEY, ALL_ENDED_KEY, ENDED_KEY, NODES_DONE_KEY, SupervisorConfig
-from .store_link import StoreLink
+from .store_link import StoreLink, StoreLinkError
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +185,17 @@ class NodeRoles:
 
     def _ranks(self, node_rank: int) -> list[int]:
         return [self.cfg.rank(local, node_rank) for local in range(self.cfg.nproc_per_node)]
+
+    def running_slots(self) -> list[int]:
+        """Slots that have neither ended nor been declared lost (all of them when the store
+        cannot tell): the ones whose answer to SLURM's warning is worth waiting for."""
+        slots = list(range(self.cfg.nnodes))
+        if not self.enabled:
+            return slots
+        try:
+            return [s for s in slots if self.link.add(node_keys.claim(s), 0) == 0]
+        except StoreLinkError:
+            return slots
 
     def _training_nodes(self) -> int:
         return self.cfg.active_nodes - self.link.add(node_keys.SHRUNK, 0)

@@ -1,4 +1,4 @@
-"""Preemption and time-limit warnings: checkpoint, then requeue the job once from node 0.
+"""Preemption and time-limit warnings: checkpoint, then requeue the job once from the store host.
 
 SLURM warns a job some seconds before it ends, with the signal asked for by
 ``--signal=[B:]USR2@<seconds>`` (USR2 because NCCL uses USR1): before the time
@@ -13,15 +13,17 @@ The supervisor of each node owns one ``PreemptionHandler``:
 - ``act(stop_children)`` from the supervisor's main loop when ``pending`` is true
   (or ``adopt_flag()`` found another node's flag): it writes the job's flag file
   (``nvrx.checkpoint_flag``), has the supervisor stop its children, which
-  checkpoint and exit within the warning window, and then node 0
-  runs ``scontrol requeue`` once, unless the cap on time-limit requeues is
+  checkpoint and exit within the warning window, and then the deciding node
+  (node 0, or the node that hosts the store after a failover) waits for the
+  nodes still in the job (not those declared lost or ended) and runs
+  ``scontrol requeue`` once, unless the cap on time-limit requeues is
   reached. Every node returns the same ``WarningOutcome``; its ``exit_code`` is what
   the supervisor should exit with.
 
 Files live in ``<job log dir>/preempt/``: ``r<run>.flag`` (the flag children
 read), ``r<run>.node<k>.done`` (node k's children are done),
-``r<run>.decision`` (node 0's decision) and ``requeues.json`` (the ledger of
-requeues, written by node 0 only). ``<run>`` is ``SLURM_RESTART_COUNT``.
+``r<run>.decision`` (the decider's decision) and ``requeues.json`` (the ledger of
+requeues, written by the decider only). ``<run>`` is ``SLURM_RESTART_COUNT``.
 Waits on other nodes' files are bounded polls (no blocking wait on a shared FS).
 """
 
@@ -32,7 +34,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -255,17 +257,21 @@ class PreemptionHandler:
         }.get(state, "unknown")
 
     # -- main-loop side: the work ------------------------------------------------
-    def act(self, stop_children: Callable[[float], None], cause: str | None = None) -> WarningOutcome:
-        """Handle a pending warning: flag, stop the children, requeue from node 0.
+    def act(
+        self,
+        stop_children: Callable[[float], None],
+        cause: str | None = None,
+        decider: bool | None = None,
+        running: Callable[[], Iterable[int]] | None = None,
+    ) -> WarningOutcome:
+        """Handle a pending warning: flag, stop the children, requeue from the decider.
 
-        ``stop_children(exit_by)`` is the supervisor's own stop: it lets the
-        children checkpoint and exit until ``exit_by`` (``time.monotonic()``),
-        then ends those still running.
-
-        ``cause`` overrides the classification when the caller knows it.
-        Blocks for the warning window, the children's stop after it and, on
-        nodes other than 0, node 0's decision (bounded). Idempotent: a second
-        call returns the first decision.
+        ``stop_children(exit_by)``: the supervisor's stop, which lets children checkpoint and
+        exit until ``exit_by`` (monotonic), then ends the rest. ``cause`` overrides the
+        classification. ``decider``: whether this node decides (default: node 0; after a
+        store failover, the store host); ``running()``: the nodes it waits for (default:
+        all). Blocks for the window, the stop, and elsewhere the decision (bounded).
+        Idempotent: a second call returns the first decision.
         """
         if self._decision is not None:
             return self._decision
@@ -289,26 +295,15 @@ class PreemptionHandler:
             window = window_s(info, cause, self.signal_delay_s, self.preempt_window_s)
             deadline = received + window
             flag = None
-        self._emit(
-            "preempt_signal", signal=signame, cause=cause, window_s=round(window, 1), **seen
-        )
+        self._emit("preempt_signal", signal=signame, cause=cause, window_s=round(window, 1), **seen)
         log.warning("%s: %s warning, %.0f s to checkpoint and stop", signame, cause, window)
         if flag is None:
-            write_flag(
-                self.flag_path,
-                {
-                    "cause": cause,
-                    "signal": signame,
-                    "deadline_wall": deadline,
-                    "run": self.run_index,
-                },
-            )
+            fields = {"cause": cause, "signal": signame, "deadline_wall": deadline}
+            write_flag(self.flag_path, {**fields, "run": self.run_index})
         stop_children(time.monotonic() + max(0.0, deadline - time.time()))
         write_flag(self._done_path(self.node_rank), {"wall": time.time()})
-        if self.node_rank == 0:
-            self._wait_for(
-                lambda: all(self._done_path(k).exists() for k in range(self.nnodes)), deadline
-            )
+        if (self.node_rank == 0) if decider is None else decider:
+            self._wait_for(lambda: self._all_done(running), deadline)
             decision = self._decide(cause)
             write_flag(self._decision_path(), decision.to_dict())
         else:
@@ -364,11 +359,10 @@ class PreemptionHandler:
             try:
                 return WarningOutcome(**json.loads(path.read_text()))
             except (OSError, ValueError, TypeError) as exc:
-                log.warning("node 0's decision %s is unreadable: %s", path, exc)
+                log.warning("the deciding node's decision %s is unreadable: %s", path, exc)
         fail_exit = 128 + (self._pending or self.signum)
-        return WarningOutcome(
-            cause, False, fail_exit, "node 0 made no decision in time", self.ledger.count()
-        )
+        reason = "the deciding node made no decision in time"
+        return WarningOutcome(cause, False, fail_exit, reason, self.ledger.count())
 
     # -- helpers ----------------------------------------------------------------
     def _job_info(self) -> dict[str, str] | None:
@@ -389,6 +383,11 @@ class PreemptionHandler:
             if left <= 0:
                 return False
             time.sleep(min(POLL_S, left))
+
+    def _all_done(self, running: Callable[[], Iterable[int]] | None) -> bool:
+        """Whether every node (of those ``running()`` names) has reported its children done."""
+        missing = {k for k in range(self.nnodes) if not self._done_path(k).exists()}
+        return not missing or (running is not None and not missing.intersection(running()))
 
     def _done_path(self, node: int) -> Path:
         return self.dir / f"r{self.run_index}.node{node}.done"

@@ -2,8 +2,10 @@
 
 The supervisor itself imports no torch, so that ``fork_and_monitor`` can fork
 replacement children from a process that holds no torch or socket state. This
-agent (started with ``python -m nvrx.supervisor.store_agent HOST PORT TIMEOUT``)
-owns the torch ``TCPStore`` clients instead and speaks JSON lines:
+agent (started with ``python -m nvrx.supervisor.store_agent HOST PORT TIMEOUT``,
+or ``- - TIMEOUT`` to get the address later as a first stdin line, when it is
+started ahead during a store failover) owns the torch ``TCPStore`` clients
+instead and speaks JSON lines:
 
 * requests on stdin: ``{"id": 1, "op": "add"|"set"|"get"|"watch", "key": ..., ...}``;
   ``liveness`` starts the node heartbeat and watch (``node_watch``), ``leave_ranks``
@@ -143,12 +145,32 @@ class _Agent:
             self.send(answer)
 
 
+def _address_from_stdin() -> tuple[str, int] | None:
+    """The store's address as the first line on stdin (``{"host": ..., "port": ...}``)."""
+    import torch.distributed  # noqa: F401 - imported while the address is still unknown
+
+    line = sys.stdin.readline()
+    if not line:
+        return None
+    address = json.loads(line)
+    return str(address["host"]), int(address["port"])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 3:
-        print("usage: python -m nvrx.supervisor.store_agent HOST PORT TIMEOUT_S", file=sys.stderr)
+        print(
+            "usage: python -m nvrx.supervisor.store_agent HOST|- PORT|- TIMEOUT_S", file=sys.stderr
+        )
         return 2
-    host, port, timeout = args[0], int(args[1]), float(args[2])
+    timeout = float(args[2])
+    if args[0] == "-":  # started ahead: the address comes on stdin
+        address = _address_from_stdin()
+        if address is None:
+            return 0  # not needed after all
+        host, port = address
+    else:
+        host, port = args[0], int(args[1])
     try:
         agent = _Agent(host, port, timeout)
     except Exception as exc:

@@ -39,7 +39,8 @@ class StoreLink:
     or the store was lost) for the caller's main loop.
     """
 
-    def __init__(self, host: str, port: int, timeout: float = 60.0) -> None:
+    def __init__(self, host: str | None, port: int | None, timeout: float = 60.0) -> None:
+        """``host``/``port`` None: the agent starts without them and waits for ``aim``."""
         self.host, self.port, self.timeout = host, port, timeout
         self._proc: subprocess.Popen[bytes] | None = None
         self._to_agent: int | None = None
@@ -53,6 +54,11 @@ class StoreLink:
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
+
+    @property
+    def running(self) -> bool:
+        """Whether the agent process still runs."""
+        return self._proc is not None and self._proc.poll() is None
 
     def fds(self) -> tuple[int, ...]:
         """Descriptors a forked child must close."""
@@ -72,8 +78,8 @@ class StoreLink:
             "ignore::UserWarning",  # torch's "Failed to initialize NumPy" on every start
             "-m",
             "nvrx.supervisor.store_agent",
-            self.host,
-            str(self.port),
+            "-" if self.host is None else self.host,
+            "-" if self.port is None else str(self.port),
             f"{self.timeout:g}",
         ]
         try:
@@ -83,6 +89,19 @@ class StoreLink:
             os.close(req_r)
             os.close(ans_w)
         self._to_agent, self._from_agent = req_w, ans_r
+        return self
+
+    def aim(self, host: str, port: int) -> StoreLink:
+        """Give an agent launched without an address the store to connect to."""
+        assert self.host is None and self._to_agent is not None, (
+            "aim a link launched without an address"
+        )
+        self.host, self.port = host, port
+        line = (json.dumps({"host": host, "port": port}) + "\n").encode()
+        try:
+            os.write(self._to_agent, line)
+        except OSError as exc:
+            self.lost = self.lost or f"store agent is gone ({exc.strerror})"
         return self
 
     def wait_ready(self) -> None:

@@ -10,6 +10,7 @@ arrive as readable descriptors of one ``select`` call.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import selectors
@@ -17,7 +18,7 @@ import signal
 import time
 from collections.abc import Callable
 
-from nvrx import events, jobenv
+from nvrx import events
 from nvrx.store.service import StoreService
 
 from . import preemption
@@ -37,6 +38,7 @@ from .node_roles import NodeRoles
 from .policy import Decision, RestartPolicy, last_fault
 from .preemption import PreemptionHandler
 from .signals import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
+from .standby import Standbys
 from .store_link import StoreLink, StoreLinkError
 from .store_setup import bring_up_store, check_store_port
 
@@ -51,7 +53,8 @@ class Supervisor(NodeMessages, JobEnd, Failover):
 
     def __init__(self, config: SupervisorConfig, spawn: Spawner | None = None) -> None:
         self.config = config
-        self._spawn = spawn or self._exec_command
+        self.standbys = Standbys(config.warm_standby and spawn is None)  # see ``standby``
+        self._spawn = spawn or functools.partial(self.standbys.spawn, config.command)
         self._owner = os.getpid()
         self.children: dict[int, Child] = {}
         self.restarts: dict[int, int] = dict.fromkeys(range(config.nproc_per_node), 0)
@@ -65,7 +68,6 @@ class Supervisor(NodeMessages, JobEnd, Failover):
         self._signalled: int | None = None
         self._kill_at: float | None = None  # when children still running after a stop get SIGKILL
         self._exit_seen: dict[int, float] = {}
-        self._selector: selectors.BaseSelector | None = None
         self.preemption: PreemptionHandler | None = None
         self.roles: NodeRoles | None = None
         self._all_done = False  # a spare saw every training node finish
@@ -120,6 +122,10 @@ class Supervisor(NodeMessages, JobEnd, Failover):
             if not cfg.starts_as_spare:  # a spare starts children when it takes over a node
                 for local_rank in range(cfg.nproc_per_node):
                     self._start_child(local_rank)
+            else:
+                self.standbys.start(
+                    cfg.command, range(cfg.nproc_per_node), cfg.child_env(0, 1, node_rank=0)
+                )
             self._connect_link()
             self._loop()
             self._finish()
@@ -152,16 +158,14 @@ class Supervisor(NodeMessages, JobEnd, Failover):
             )
 
     # -- children -----------------------------------------------------------------
-    def _exec_command(self, local_rank: int, attempt: int, env: dict) -> Child:
-        return Child.spawn(self.config.command, env, local_rank, attempt)
-
-    def _start_child(self, local_rank: int, fresh: bool = False) -> None:
+    def _start_child(self, local_rank: int, flag: str | None = None) -> None:
+        """Start (or restart) the child of ``local_rank``; ``flag``: a jobenv variable set to 1."""
         if self.stop_reason is not None:
             return  # the job is stopping: a rank not started yet is not started at all
         attempt = self.restarts[local_rank]
         env = self.config.child_env(local_rank, attempt, node_rank=self.node_rank)
-        if fresh:
-            env[jobenv.FRESH_START] = "1"
+        if flag is not None:
+            env[flag] = "1"
         try:
             child = self._spawn(local_rank, attempt, env)
         except OSError as exc:
@@ -172,23 +176,13 @@ class Supervisor(NodeMessages, JobEnd, Failover):
             )
             return
         self.children[local_rank] = child
-        self._emit(
-            "child_start",
-            local_rank=local_rank,
-            child_pid=child.pid,
-            attempt=attempt,
-            global_rank=self.config.rank(local_rank, self.node_rank),
-        )
+        ids = {"local_rank": local_rank, "child_pid": child.pid}
+        ids["global_rank"] = self.config.rank(local_rank, self.node_rank)
+        self._emit("child_start", **ids, attempt=attempt, warm=child.warm)
         if attempt > 0:
             exited = self._exit_seen.pop(local_rank, None)
-            self._emit(
-                "rejoin",
-                local_rank=local_rank,
-                global_rank=self.config.rank(local_rank, self.node_rank),
-                child_pid=child.pid,
-                phase="replacement_started",
-                wait_s=None if exited is None else round(time.monotonic() - exited, 6),
-            )
+            wait_s = None if exited is None else round(time.monotonic() - exited, 6)
+            self._emit("rejoin", **ids, phase="replacement_started", wait_s=wait_s)
 
     def _running(self) -> list[Child]:
         return [c for c in self.children.values() if c.running]
@@ -370,7 +364,9 @@ class Supervisor(NodeMessages, JobEnd, Failover):
         if not (self.preemption.pending or self.preemption.adopt_flag()):
             return
         decision = self.preemption.act(
-            lambda exit_by: stop_children(self._running(), preemption.TERM_GRACE_S, exit_by)
+            lambda exit_by: stop_children(self._running(), preemption.TERM_GRACE_S, exit_by),
+            decider=self.service is not None,  # the store host: node 0, or its successor
+            running=None if self.roles is None else self.roles.running_slots,
         )
         if self.stop_reason is None:
             self.request_stop(decision.reason, decision.exit_code, broadcast=False)
@@ -378,6 +374,7 @@ class Supervisor(NodeMessages, JobEnd, Failover):
             self.exit_code = decision.exit_code
 
     def _cleanup(self) -> None:
+        self.standbys.discard()
         stop_children(list(self.children.values()), 0.0, ask=signal.SIGKILL)
         if self.link is not None:
             self._leave_job()

@@ -92,7 +92,7 @@ def test_a_spare_node_takes_over_a_lost_node(tmp_path: Path) -> None:
     assert [(e["node"], e["node_rank"], e["lost_slot"]) for e in takeover] == [(2, 1, 1)]
     starts = [e for e in job.events("child_start") if e["node"] == 2]
     assert sorted(e["global_rank"] for e in starts) == [2, 3]
-    assert all(e["attempt"] == 1 for e in starts)
+    assert all(e["attempt"] == 1 and e["warm"] for e in starts)  # from the spare's standbys
     rejoined = {
         e["rank_rejoined"] for e in job.events("rejoin", component="wrapper") if "rank_rejoined" in e
     }

@@ -35,6 +35,7 @@ def test_losing_the_store_host_fails_over_and_the_job_completes(tmp_path: Path) 
     assert f"finished {STEPS} steps at world size 4" in output, output
     failovers = job.events("store_failover")
     assert sorted(e["node"] for e in failovers) == [1, 2], output
+    switch = min(e["wall"] for e in failovers)
     assert {(e["epoch"], e["successor"], e["lost_slot"]) for e in failovers} == {(1, 1, 0)}
     assert len({e["new_store"] for e in failovers}) == 1
     lost = job.events("node_lost")
@@ -43,6 +44,10 @@ def test_losing_the_store_host_fails_over_and_the_job_completes(tmp_path: Path) 
     ], output
     takeover = job.events("node_takeover")
     assert [(e["node"], e["node_rank"]) for e in takeover] == [(2, 0)]
+    # every rank of the new generation ran in a standby started while the store failed over
+    restarted = [e for e in job.events("child_start") if e["wall"] >= switch]
+    assert sorted(e["global_rank"] for e in restarted) == [0, 1, 2, 3], restarted
+    assert all(e["warm"] for e in restarted), restarted
     # the new generation's rounds come after every round of the old store
     events, _ = read_dir(job.log_dir / job.job_id)
     rounds = sorted(
@@ -50,7 +55,6 @@ def test_losing_the_store_host_fails_over_and_the_job_completes(tmp_path: Path) 
         for e in events
         if e["kind"] == "round_start" and e["round"] is not None
     )
-    switch = min(e["wall"] for e in failovers)
     before = [r for wall, r in rounds if wall < switch]
     after = [r for wall, r in rounds if wall > switch]
     assert before and after and min(after) > max(before), rounds
@@ -90,3 +94,35 @@ def test_a_frozen_store_host_is_failed_over_within_seconds(tmp_path: Path) -> No
     assert f"finished {STEPS} steps at world size 4" in output, output
     failovers = job.events("store_failover")
     assert {(e["epoch"], e["successor"], e["lost_slot"]) for e in failovers} == {(1, 1, 0)}, output
+
+
+@pytest.mark.timeout(300)
+def test_a_warning_after_losing_the_store_host_is_decided_by_its_successor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SLURM's warning after node 0 was lost: the successor store host (slot 1) decides for
+    the job (before, nobody did, and every node ended "made no decision in time"). That the
+    decider waits only for the slots still in the job: test_preemption_logic."""
+    monkeypatch.setenv("NVRX_PREEMPT_WINDOW_S", "15")
+    job = _demo_job(tmp_path, 3, "--spare-nodes", "1")
+    _kill_node_mid_training(job, 0)
+    wait_until(
+        "the spare to take over node rank 0 and the job to train again",
+        lambda: (
+            job.events("node_takeover")
+            and any(
+                e["wall"] > job.events("node_takeover")[0]["wall"]
+                for e in job.events("progress", component="app")
+            )
+        ),
+        120,
+        state=job.output,
+    )
+    job.procs[1].send_signal(signal.SIGUSR2)  # the warning reaches one node; the flag, the rest
+    codes = job.wait(120)
+    output = job.output()
+    warned = {e["node"] for e in job.events("preempt_signal")}
+    assert warned == {1, 2}, output
+    ends = {e["node"]: e["reason"] for e in job.events("supervisor_end")}
+    assert ends[1] == ends[2] == "not requeued: not running under SLURM", output
+    assert codes[1] == codes[2] == 128 + signal.SIGUSR2, output

@@ -90,3 +90,33 @@ def test_wait_for_store_names_host_and_port() -> None:
 def test_bad_port_is_rejected() -> None:
     with pytest.raises(ValueError, match="store port must be in 0..65535, got 70000"):
         StoreService("127.0.0.1", 70000)
+
+
+@pytest.mark.timeout(120)
+def test_agent_and_service_started_before_the_address_is_known() -> None:
+    """How a store failover saves seconds: the supervisor's store agent starts (importing
+    torch) before any address exists, the service launches while other work goes on."""
+    from nvrx.supervisor.store_link import StoreLink
+
+    link = StoreLink(None, None, timeout=30).launch()
+    service = StoreService("127.0.0.1", 0, node=None).launch()
+    try:
+        service.wait_started(60)
+        link.aim("127.0.0.1", service.port).wait_ready()
+        link.set("k", "v")
+        assert link.get("k") == "v" and (link.host, link.port) == ("127.0.0.1", service.port)
+    finally:
+        link.close()
+        service.stop()
+    unused = StoreLink(None, None, timeout=30).launch()
+    pid = unused.pid
+    unused.close()  # never aimed: it ends at the end of its stdin
+    assert pid is not None and (
+        not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    )
+    never_waited = StoreService("127.0.0.1", 0, node=None).launch()
+    pid = never_waited.pid
+    never_waited.stop()
+    assert pid is not None and (
+        not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    )

@@ -253,3 +253,17 @@ def test_finalize_that_reraises_the_fault_makes_no_cycle(base):
 
     outcome = _restart(FakeCall(base, finalize=finalize), fault)
     assert outcome.exc is fault and fault.__context__ is None
+
+
+@pytest.mark.timeout(20)
+def test_a_takeover_skips_the_heartbeat_look_but_not_the_round_check() -> None:
+    """``NVRX_TAKEOVER``: the spare's supervisor knows the job runs; the look at heartbeats
+    (two heartbeat intervals) is skipped, the check that the job has a round is not."""
+    from torch.distributed import HashStore
+
+    from nvrx.store import rounds
+
+    store = HashStore()
+    assert not rejoin.job_alive(store, 60.0, look=False)  # no round yet: start a generation
+    rounds.publish_round(store, 3)
+    assert rejoin.job_alive(store, 60.0, look=False)  # no 120 s look (the timeout is 20 s)

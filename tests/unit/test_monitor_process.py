@@ -41,7 +41,7 @@ def test_the_monitor_is_started_without_a_preexec_fn(monkeypatch):
         stdin = io.BytesIO()
 
     monkeypatch.setattr(processes, "start", start)
-    MonitorProcess(_config(), None).start()
+    os.close(MonitorProcess(_config()).start())
     assert started["ignore_warning"] is False
     assert "preexec_fn" not in started
     assert started["argv"] == [sys.executable, "-c", ENTRY_POINT]

@@ -337,3 +337,35 @@ def test_supervised_children_ignore_the_warning_signal(tmp_path: Path) -> None:
         child.kill_group()
         child.wait(5)
     assert child.status is not None and child.status.signal == signal.SIGKILL
+
+
+def test_after_losing_node_0_the_store_host_decides_without_waiting_for_lost_nodes(
+    tmp_path: Path,
+) -> None:
+    """Slot 0 was lost and slot 1 hosts the store now: slot 1 decides and requeues, and
+    waits only for the nodes still in the job, not until the warning's deadline."""
+    job_dir = tmp_path / "job"
+    handlers = [
+        PreemptionHandler(
+            job_dir, k, 3, slurm=False, local_requeue=True, preempt_window_s=60, export_env=False
+        )
+        for k in range(3)
+    ]
+    decisions: dict[int, object] = {}
+
+    def run(k: int) -> None:
+        handlers[k].on_signal(signal.SIGUSR2)
+        decisions[k] = handlers[k].act(
+            _no_children, cause="preemption", decider=k == 1, running=lambda: [1, 2]
+        )
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=run, args=(k,)) for k in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert time.monotonic() - started < 30  # not the 60 s window spent waiting for slot 0
+    assert decisions[1] == decisions[2] and decisions[1].requeued  # type: ignore[attr-defined]
+    assert not (job_dir / "preempt" / "r0.node0.done").exists()
+    assert RequeueLedger(job_dir / "preempt" / "requeues.json").count() == 1

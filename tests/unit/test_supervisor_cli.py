@@ -110,3 +110,26 @@ def test_explicit_topology_wins_over_slurm_variables() -> None:
 def test_unknown_option_raises_config_error() -> None:
     with pytest.raises(ConfigError, match="--frobnicate"):
         config_from_args(["--frobnicate", "--", "python"], {"PATH": os.environ["PATH"]})
+
+
+@pytest.mark.parametrize(
+    ("options", "env_value", "expected"),
+    [
+        ([], None, True),
+        (["--no-warm-standby"], None, False),
+        ([], "0", False),
+        (["--warm-standby"], "0", True),  # the option wins over the template's variable
+    ],
+)
+def test_warm_standby_option_and_variable(options, env_value, expected) -> None:
+    env = {"PATH": os.environ["PATH"]}
+    if env_value is not None:
+        env["NVRX_WARM_STANDBY"] = env_value
+    cfg, _ = config_from_args([*options, "--", "python", "t.py"], env)
+    assert cfg.warm_standby is expected
+
+
+def test_a_warm_standby_variable_that_is_not_0_or_1_is_an_error() -> None:
+    env = {"PATH": os.environ["PATH"], "NVRX_WARM_STANDBY": "off"}
+    with pytest.raises(ConfigError, match=r"\$NVRX_WARM_STANDBY must be 0 or 1, got 'off'"):
+        config_from_args(["--", "python", "t.py"], env)

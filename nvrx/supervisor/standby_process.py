@@ -1,0 +1,95 @@
+"""The program of a warm standby: import torch, wait, then become a training rank.
+
+Run by the supervisor as ``python -m nvrx.supervisor.standby_process``
+(``nvrx.supervisor.standby``). It imports what a training script spends its
+first seconds importing, then blocks on the descriptor named by
+``NVRX_STANDBY_FD`` until the supervisor writes one JSON activation
+(``{"argv": [...], "env": {...}}``) and closes it. It then takes that
+environment and ``sys.argv`` and runs the script (``python script.py ...``)
+or module (``python -m module ...``) as ``__main__``, as a fresh interpreter
+would (``run``). End of file with no activation means "not needed": exit 0.
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import json
+import os
+import runpy
+import sys
+import types
+from importlib.machinery import SourceFileLoader
+
+from nvrx.jobenv import STANDBY_FD as FD_ENV
+
+#: Modules imported while waiting: what training imports first and slowest (the first
+#: optimizer imports ``torch._dynamo``; the Wrapper is ``nvrx.inprocess``).
+WARM_IMPORTS = ("torch", "torch.distributed", "torch._dynamo", "nvrx.inprocess")
+
+
+def _read_activation(fd: int) -> dict | None:
+    with os.fdopen(fd, "rb") as pipe:
+        data = pipe.read()
+    if not data:
+        return None
+    activation = json.loads(data)
+    if not isinstance(activation, dict):
+        raise ValueError("activation is not a JSON object")
+    return activation
+
+
+def _warm_up() -> None:
+    import importlib
+
+    try:
+        for name in WARM_IMPORTS:
+            importlib.import_module(name)
+        from nvrx.inprocess import monitor_process
+
+        monitor_process.prestart()  # the Wrapper's monitor process, for a rank that uses it
+    except Exception as exc:  # the script meets the same error itself, and reports it there
+        print(f"nvrx standby: warm-up stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def _fresh_main() -> dict:
+    """A new, empty ``__main__`` module, as the interpreter makes one for a script."""
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__builtins__=builtins, __annotations__={}, __cached__=None)
+    sys.modules["__main__"] = main
+    return main.__dict__
+
+
+def run(argv: list[str], env: dict[str, str]) -> None:
+    """Run the training command ``argv`` (``[python, script, ...]`` or ``[python, -m, module,
+    ...]``) as ``__main__``, with what ``python`` itself sets: ``sys.argv``, ``sys.path[0]``,
+    an absolute ``__file__``, a fresh ``__main__`` that stays after the script returns."""
+    os.environ.clear()
+    os.environ.update(env)
+    main_globals = _fresh_main()
+    if argv[1] == "-m":
+        sys.argv = [argv[2], *argv[3:]]
+        runpy._run_module_as_main(argv[2])  # what ``python -m`` runs; it sets argv[0]
+        return
+    script = argv[1]
+    path = os.path.abspath(script)
+    sys.argv = list(argv[1:])
+    if not getattr(sys.flags, "safe_path", False):  # -P (Python 3.11+) adds no script directory
+        sys.path[0] = os.path.dirname(os.path.realpath(script))
+    with io.open_code(path) as source:
+        code = compile(source.read(), path, "exec", dont_inherit=True)
+    main_globals.update(__file__=path, __loader__=SourceFileLoader("__main__", path), __spec__=None)
+    exec(code, main_globals)
+
+
+def main() -> None:
+    fd = int(os.environ.pop(FD_ENV))
+    _warm_up()
+    activation = _read_activation(fd)
+    if activation is None:
+        return
+    run(list(activation["argv"]), dict(activation["env"]))
+
+
+if __name__ == "__main__":
+    main()
