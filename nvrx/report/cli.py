@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
+import nvrx
 from nvrx import jobenv
 
 from .build import build_report
@@ -48,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="nvrx-report",
         description="Summarize a job's nvrx events: restarts, first failing rank, failures, hangs, suspect nodes.",
     )
+    p.add_argument("--version", action="version", version=f"nvrx-report {nvrx.__version__}")
     p.add_argument(
         "log_dir",
         nargs="?",

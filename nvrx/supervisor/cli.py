@@ -14,9 +14,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+import nvrx
 from nvrx import jobenv
 from nvrx.jobenv import DEFAULT_LOG_DIR, DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, JobEnv
 
+from . import nproc
 from .config import (
     DEFAULT_FINISH_TIMEOUT_S,
     DEFAULT_GRACE_PERIOD_S,
@@ -66,13 +68,20 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_exit_code_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add = parser.add_argument
+
+    def add(*names: str, **kwargs: object) -> None:
+        """An option under its dashed name and torchrun's underscore spelling."""
+        aliases = ["--" + n[2:].replace("-", "_") for n in names if n.startswith("--")]
+        parser.add_argument(*names, *(a for a in aliases if a not in names), **kwargs)  # type: ignore[arg-type]
+
+    add("--version", action="version", version=f"{PROG} {nvrx.__version__}")
     add(
         "--nproc-per-node",
-        type=int,
-        default=1,
-        metavar="N",
-        help="training processes on this node (default 1)",
+        default="1",
+        metavar="N|auto|cpu|gpu",
+        help="training processes on this node: a number, or as torchrun counts them: 'gpu' "
+        "(GPUs visible: $CUDA_VISIBLE_DEVICES, else the NVIDIA driver's), 'cpu' (CPUs this "
+        "process may use), 'auto' (GPUs if any, else CPUs) (default 1)",
     )
     add(
         "--nnodes",
@@ -230,6 +239,10 @@ def config_from_args(
     env = os.environ if env is None else env
     args = build_parser().parse_args(list(argv))
     command = _resolve_command(list(args.command))
+    try:
+        args.nproc_per_node = nproc.resolve(args.nproc_per_node, env)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
     local_topology = any(v is not None for v in (args.nnodes, args.node_rank, args.master_addr))
     if in_slurm_step(env) and not local_topology:
         job = job_from_slurm(

@@ -28,7 +28,10 @@ def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         (["--nproc-per-node", "2"], "no training command"),
         (["--", "no-such-command-xyz"], "'no-such-command-xyz' not found on PATH"),
         (["--", "/nonexistent/train"], "not an executable file"),
-        (["--max-restarts", "lots", "--", "python"], "--max-restarts: invalid int value: 'lots'"),
+        (
+            ["--max-restarts", "lots", "--", "python"],
+            "--max-restarts/--max_restarts: invalid int value: 'lots'",
+        ),
         (["--nnodes", "2", "--node-rank", "5", "--", "python"], "--node-rank must be in 0..1"),
     ],
 )

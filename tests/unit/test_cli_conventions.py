@@ -1,0 +1,80 @@
+"""What people who know torchrun expect of the command lines: ``python -m`` entry points,
+``--version``, underscore spellings of every option, ``--nproc-per-node auto|cpu|gpu``."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import nvrx
+from nvrx.supervisor import nproc
+from nvrx.supervisor.cli import build_parser, config_from_args
+from nvrx.supervisor.config import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("module", "program"), [("nvrx.supervisor", "nvrx-supervise"), ("nvrx.report", "nvrx-report")]
+)
+def test_python_m_runs_the_program_and_tells_its_version(module: str, program: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", module, "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"{program} {nvrx.__version__}"
+
+
+def test_every_option_has_its_underscore_spelling(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "1000")  # help lines unwrapped: every option in one piece
+    text = build_parser().format_help()
+    dashed = {o for o in re.findall(r"--[a-z]+(?:-[a-z]+)+", text) if not o.startswith("--no-")}
+    assert "--nproc-per-node" in dashed and "--spare-nodes" in dashed
+    for option in sorted(dashed):
+        assert "--" + option[2:].replace("-", "_") in text, option
+
+
+def test_underscore_spellings_mean_the_same() -> None:
+    env = {"PATH": os.environ["PATH"]}
+    cfg, _ = config_from_args(
+        ["--nproc_per_node", "3", "--max_restarts", "7", "--spare_nodes", "0", "--", "python"], env
+    )
+    assert (cfg.nproc_per_node, cfg.max_restarts) == (3, 7)
+
+
+def _driver(driver: Path, gpus: int) -> Path:
+    """A stand-in for /proc/driver/nvidia/gpus listing ``gpus`` devices."""
+    driver.mkdir()
+    for k in range(gpus):
+        (driver / f"0000:0{k}:00.0").mkdir()
+    return driver
+
+
+def test_nproc_keywords_count_as_torchrun_does(tmp_path: Path) -> None:
+    four, none = _driver(tmp_path / "four", 4), _driver(tmp_path / "none", 0)
+    cpus = len(os.sched_getaffinity(0))
+    assert nproc.resolve("2", {}) == 2
+    assert nproc.resolve("cpu", {}, four) == cpus
+    assert nproc.resolve("gpu", {}, four) == 4 and nproc.resolve("auto", {}, four) == 4
+    assert nproc.resolve("auto", {}, none) == cpus
+    assert nproc.resolve("gpu", {"CUDA_VISIBLE_DEVICES": "1,3"}, four) == 2
+    assert nproc.resolve("gpu", {"CUDA_VISIBLE_DEVICES": "0,-1,2"}, four) == 1  # CUDA stops at -1
+    assert nproc.resolve("auto", {"CUDA_VISIBLE_DEVICES": ""}, four) == cpus
+
+
+@pytest.mark.parametrize(
+    ("value", "env", "message"),
+    [
+        ("0", {}, "--nproc-per-node must be >= 1, got 0"),
+        ("lots", {}, "--nproc-per-node must be a number or one of auto, cpu, gpu, got 'lots'"),
+        ("gpu", {"CUDA_VISIBLE_DEVICES": ""}, "--nproc-per-node gpu: no GPU visible"),
+    ],
+)
+def test_bad_nproc_values_name_the_fix(value: str, env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        config_from_args(
+            ["--nproc-per-node", value, "--", "python"], {**env, "PATH": os.environ["PATH"]}
+        )
