@@ -4,7 +4,7 @@ Importing ``nvrx`` imports no torch, so that ``nvrx.fork_and_monitor()`` can run
 at the top of a script before any torch state exists in the process.
 """
 
-__version__ = "0.1.0"
+from .version import __version__ as __version__
 
 
 def __getattr__(name: str) -> object:

@@ -10,8 +10,8 @@ import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
-import nvrx
 from nvrx import jobenv
+from nvrx.version import __version__
 
 from .build import build_report
 from .loading import ReportError
@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="nvrx-report",
         description="Summarize a job's nvrx events: restarts, first failing rank, failures, hangs, suspect nodes.",
     )
-    p.add_argument("--version", action="version", version=f"nvrx-report {nvrx.__version__}")
+    p.add_argument("--version", action="version", version=f"nvrx-report {__version__}")
     p.add_argument(
         "log_dir",
         nargs="?",

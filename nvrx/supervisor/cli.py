@@ -14,9 +14,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-import nvrx
 from nvrx import jobenv
 from nvrx.jobenv import DEFAULT_LOG_DIR, DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, JobEnv
+from nvrx.version import __version__
 
 from . import nproc
 from .config import (
@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         aliases = ["--" + n[2:].replace("-", "_") for n in names if n.startswith("--")]
         parser.add_argument(*names, *(a for a in aliases if a not in names), **kwargs)  # type: ignore[arg-type]
 
-    add("--version", action="version", version=f"{PROG} {nvrx.__version__}")
+    add("--version", action="version", version=f"{PROG} {__version__}")
     add(
         "--nproc-per-node",
         default="1",
