@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv (once) and install nvrx with its dev tools into it.
-# torch is pinned to the local CPU wheel first, so that `torch>=2.5.1` in
+# torch is pinned to the local CPU wheel first, so that `torch>=2.10` in
 # pyproject.toml is already satisfied and pip downloads no CUDA packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
