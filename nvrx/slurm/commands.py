@@ -54,6 +54,18 @@ class SlurmCommandError(RuntimeError):
         super().__init__(f"{' '.join(self.argv)} {status}: {stderr.strip() or '(no stderr)'}")
 
 
+class SlurmCommandMissing(SlurmCommandError):
+    """The SLURM client command is not installed here (common inside containers)."""
+
+    def __init__(self, argv: Sequence[str], detail: str) -> None:
+        RuntimeError.__init__(
+            self,
+            f"{argv[0]} cannot run here ({detail}): SLURM's client commands are missing on this "
+            "node (inside a container, bind-mount them and munge's socket, or put them on PATH)",
+        )
+        self.argv, self.returncode, self.stderr = list(argv), None, detail
+
+
 def run_command(
     argv: Sequence[str],
     *,
@@ -66,22 +78,27 @@ def run_command(
     """Run one command in its own process group; kill the group on timeout.
 
     Returns the completed process (text stdout/stderr). With ``check`` a
-    non-zero exit raises ``SlurmCommandError``; a timeout always raises it.
+    non-zero exit raises ``SlurmCommandError``; a timeout always raises it, and a
+    command that is not installed raises ``SlurmCommandMissing`` (a subclass), so
+    every caller's fallback for a failed command covers a missing one too.
     ``outlive_job_end``: the command ignores SIGTERM, for the commands that end
     (requeue) the very job they run in: SLURM sends SIGTERM to every process of
     the job, and they must still finish (a single-threaded caller only).
     """
-    proc = processes.start(
-        argv,
-        env=env,
-        ignore_warning=False,  # a short client command; keeps fork-free spawning in threaded callers
-        ignore_signals=(signal.SIGTERM,) if outlive_job_end else (),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=cwd,
-    )
+    try:
+        proc = processes.start(
+            argv,
+            env=env,
+            ignore_warning=False,  # a short client command; keeps fork-free spawning in threaded callers
+            ignore_signals=(signal.SIGTERM,) if outlive_job_end else (),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=cwd,
+        )
+    except (FileNotFoundError, PermissionError) as exc:
+        raise SlurmCommandMissing(argv, exc.strerror or str(exc)) from None
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
