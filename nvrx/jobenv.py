@@ -50,6 +50,9 @@ RESULT_DIR = "NVRX_RESULT_DIR"
 FR_TRACE_PATH = "NVRX_FR_TRACE_PATH"
 MONITOR_DEBUG = "NVRX_MONITOR_DEBUG"
 
+#: torchrun's role name when none is given (``ROLE_NAME``): every rank has the one role.
+TORCHRUN_ROLE = "default"
+
 DEFAULT_LOG_DIR = "nvrx_logs"
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 #: Torch's own rendezvous port when neither an option, MASTER_PORT nor SLURM says otherwise.
@@ -235,19 +238,34 @@ class JobEnv:
         restart_count: int,
         base: Mapping[str, str] | None = None,
         extra: Mapping[str, str] | None = None,
+        max_restarts: int | None = None,
     ) -> dict[str, str]:
-        """Environment of the child of ``local_rank`` (docs/conventions.md), on top of ``base``."""
+        """Environment of the child of ``local_rank`` (docs/conventions.md), on top of ``base``:
+        torchrun's variables with torchrun's meaning, then nvrx's own."""
         env = dict(os.environ if base is None else base)
         env.update(extra or {})
+        if "OMP_NUM_THREADS" not in env and self.nproc_per_node > 1:
+            # as torchrun does: ranks that share a node do not each take every core
+            env["OMP_NUM_THREADS"] = "1"
+        rank = str(self.rank(local_rank))
         env.update(
             {
-                "RANK": str(self.rank(local_rank)),
+                "RANK": rank,
                 "LOCAL_RANK": str(local_rank),
                 "WORLD_SIZE": str(self.world_size),
                 "LOCAL_WORLD_SIZE": str(self.nproc_per_node),
                 "GROUP_RANK": str(self.node_rank),
+                "GROUP_WORLD_SIZE": str(self.nnodes),
+                "ROLE_NAME": TORCHRUN_ROLE,
+                "ROLE_RANK": rank,
+                "ROLE_WORLD_SIZE": str(self.world_size),
                 "MASTER_ADDR": self.master_addr,
                 "MASTER_PORT": str(self.master_port),
+                "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+                "TORCHELASTIC_MAX_RESTARTS": str(0 if max_restarts is None else max_restarts),
+                "TORCHELASTIC_RUN_ID": self.job_id,
+                "TORCHELASTIC_USE_AGENT_STORE": "False",  # rank 0 hosts torch's own store
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
                 STORE_HOST: self.store_host,
                 STORE_PORT: str(self.store_port),
                 JOB_ID: self.job_id,

@@ -227,7 +227,7 @@ class SupervisorConfig:
     ) -> dict[str, str]:
         """Environment of the child of ``local_rank`` (docs/conventions.md), on top of ``base``."""
         job = self.job_env_for(self.node_rank if node_rank is None else node_rank)
-        return job.child_env(local_rank, restart_count, base, self.extra_env)
+        return job.child_env(local_rank, restart_count, base, self.extra_env, self.max_restarts)
 
     @classmethod
     def for_job(cls, job: JobEnv, **settings: Any) -> SupervisorConfig:

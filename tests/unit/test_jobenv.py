@@ -163,3 +163,32 @@ def test_supervisor_cli_under_slurm_keeps_the_environment_port_the_options_do_no
     assert config.events_dir == tmp_path / "1234"  # the log dir of the env given, not os.environ
     config, _ = config_from_args(["--", "true"], {**env, "NVRX_JOB_ID": "mine"})
     assert config.job_id == "mine"
+
+
+def test_a_child_gets_every_variable_torchrun_sets(tmp_path: Path) -> None:
+    """The names come from torch's own agent (the worker environment it builds), so a torch
+    that adds one fails this test until nvrx sets it too."""
+    import torch.distributed.elastic.agent.server.local_elastic_agent as agent
+
+    source = Path(agent.__file__).read_text()
+    block = source.split("worker_env = {", 1)[1].split("}", 1)[0]
+    torchrun = set(re.findall(r'"([A-Z][A-Z0-9_]+)":', block)) | {"LOCAL_RANK"}
+    assert {"RANK", "TORCHELASTIC_RUN_ID", "GROUP_WORLD_SIZE"} <= torchrun  # the parse worked
+    job = JobEnv(job_id="77", log_dir=str(tmp_path), nnodes=3, node_rank=2, nproc_per_node=4,
+                 master_addr="node1", master_port=20084, store_port=20085)  # fmt: skip
+    env = job.child_env(1, restart_count=2, base={}, max_restarts=9)
+    assert torchrun <= set(env), sorted(torchrun - set(env))
+    assert {k: env[k] for k in ("RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE")} == {
+        "RANK": "9", "ROLE_RANK": "9", "ROLE_WORLD_SIZE": "12", "GROUP_WORLD_SIZE": "3",
+    }  # fmt: skip
+    assert (env["ROLE_NAME"], env["TORCHELASTIC_RUN_ID"]) == ("default", "77")
+    assert (env["TORCHELASTIC_RESTART_COUNT"], env["TORCHELASTIC_MAX_RESTARTS"]) == ("2", "9")
+    assert env["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+
+
+def test_omp_num_threads_is_1_when_ranks_share_a_node_and_nobody_set_it(tmp_path: Path) -> None:
+    two = JobEnv(job_id="1", log_dir=str(tmp_path), nproc_per_node=2)
+    one = JobEnv(job_id="1", log_dir=str(tmp_path), nproc_per_node=1)
+    assert two.child_env(0, 0, base={})["OMP_NUM_THREADS"] == "1"
+    assert two.child_env(0, 0, base={"OMP_NUM_THREADS": "8"})["OMP_NUM_THREADS"] == "8"
+    assert "OMP_NUM_THREADS" not in one.child_env(0, 0, base={})
