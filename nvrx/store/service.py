@@ -73,19 +73,32 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+#: Seconds between "still waiting" lines while a store does not answer.
+PROGRESS_EVERY_S = 5.0
+
+
 def wait_for_store(host: str, port: int, timeout: float) -> None:
     """Block until a TCP server accepts at ``host:port``; raise ``StoreUnavailable`` after ``timeout``.
 
     Connection attempts are spaced by a short, growing back-off: there is no
-    event to wait on for a server on another host to come up.
+    event to wait on for a server on another host to come up. Every
+    ``PROGRESS_EVERY_S`` a log line says how long it has waited, and why.
     """
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline, next_note = start + timeout, start + PROGRESS_EVERY_S
     delay = 0.02
     last_error = ""
     while True:
-        remaining = deadline - time.monotonic()
+        now = time.monotonic()
+        remaining = deadline - now
         if remaining <= 0:
             raise StoreUnavailable(host, port, timeout, last_error)
+        if now >= next_note:
+            log.warning(
+                "still waiting for the store at %s:%s after %.0f s of %.0f s (%s)",
+                host, port, now - start, timeout, last_error or "no answer yet",
+            )  # fmt: skip
+            next_note = now + PROGRESS_EVERY_S
         try:
             with socket.create_connection((host, port), timeout=min(remaining, 2.0)):
                 return
