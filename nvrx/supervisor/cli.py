@@ -37,6 +37,10 @@ from .exit_codes import DESCRIPTIONS, ExitCode
 log = logging.getLogger(__name__)
 
 PROG = "nvrx-supervise"
+#: Options that, as with torchrun, fall back to ``$PET_<OPTION>`` (e.g. ``PET_NPROC_PER_NODE``).
+TORCHRUN_ENV = (
+    "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "max_restarts", "log_dir",
+)  # fmt: skip
 
 
 class _Parser(argparse.ArgumentParser):
@@ -65,7 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
             "or the job cannot go on. Under srun the topology comes from SLURM; otherwise give "
             "--nnodes/--node-rank/--master-addr/--master-port to run several local supervisors as one job."
         ),
-        epilog=_exit_code_help(),
+        epilog="As with torchrun, an option not given falls back to $PET_<OPTION> for "
+        + ", ".join("--" + d.replace("_", "-") for d in TORCHRUN_ENV)
+        + " (e.g. $PET_NPROC_PER_NODE).\n\n"
+        + _exit_code_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
 
@@ -237,7 +244,12 @@ def config_from_args(
 ) -> tuple[SupervisorConfig, bool]:
     """Parse ``argv`` (without the program name) into (config, verbose); ``ConfigError`` on bad input."""
     env = os.environ if env is None else env
-    args = build_parser().parse_args(list(argv))
+    parser = build_parser()
+    # torchrun's fallbacks: PET_<OPTION> when the option is not given (argparse types them)
+    parser.set_defaults(
+        **{d: env[f"PET_{d.upper()}"] for d in TORCHRUN_ENV if f"PET_{d.upper()}" in env}
+    )
+    args = parser.parse_args(list(argv))
     command = _resolve_command(list(args.command))
     try:
         args.nproc_per_node = nproc.resolve(args.nproc_per_node, env)

@@ -78,3 +78,13 @@ def test_bad_nproc_values_name_the_fix(value: str, env: dict[str, str], message:
         config_from_args(
             ["--nproc-per-node", value, "--", "python"], {**env, "PATH": os.environ["PATH"]}
         )
+
+
+def test_options_fall_back_to_torchruns_pet_variables() -> None:
+    env = {"PATH": os.environ["PATH"], "PET_NPROC_PER_NODE": "3", "PET_MAX_RESTARTS": "4"}
+    cfg, _ = config_from_args(["--", "python"], env)
+    assert (cfg.nproc_per_node, cfg.max_restarts) == (3, 4)
+    cfg, _ = config_from_args(["--max-restarts", "6", "--", "python"], env)
+    assert cfg.max_restarts == 6  # the option wins
+    with pytest.raises(ConfigError, match="invalid int value: 'many'"):
+        config_from_args(["--", "python"], {**env, "PET_MAX_RESTARTS": "many"})
