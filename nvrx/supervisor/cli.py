@@ -331,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if verbose else logging.WARNING,
         format=f"%(asctime)s {PROG}[n{config.node_rank}] %(levelname)s %(message)s",
     )
-    if "OMP_NUM_THREADS" not in os.environ and config.nproc_per_node > 1:
+    if "OMP_NUM_THREADS" not in {**os.environ, **config.extra_env} and config.nproc_per_node > 1:
         print(
             f"{PROG}: OMP_NUM_THREADS is unset: each of the {config.nproc_per_node} ranks of this "
             "node gets OMP_NUM_THREADS=1 (as torchrun does); set it to tune",
