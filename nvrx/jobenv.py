@@ -115,6 +115,12 @@ def job_dir(job_id: str | None = None, env: Mapping[str, str] | None = None) -> 
     return log_dir_from(env) / (job_id or job_id_from(env))
 
 
+def sets_omp_default(env: Mapping[str, str], nproc_per_node: int) -> bool:
+    """Whether children get ``OMP_NUM_THREADS=1``: as torchrun, when several ranks share a
+    node and nobody set it, so that they do not each take every core."""
+    return "OMP_NUM_THREADS" not in env and nproc_per_node > 1
+
+
 def flag_in(env: Mapping[str, str] | None, name: str) -> bool:
     """Whether boolean variable ``name`` is set to ``1``."""
     env = os.environ if env is None else env
@@ -244,8 +250,7 @@ class JobEnv:
         torchrun's variables with torchrun's meaning, then nvrx's own."""
         env = dict(os.environ if base is None else base)
         env.update(extra or {})
-        if "OMP_NUM_THREADS" not in env and self.nproc_per_node > 1:
-            # as torchrun does: ranks that share a node do not each take every core
+        if sets_omp_default(env, self.nproc_per_node):
             env["OMP_NUM_THREADS"] = "1"
         rank = str(self.rank(local_rank))
         env.update(

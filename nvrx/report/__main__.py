@@ -1,3 +1,5 @@
+"""`python -m nvrx.report`: the same program as `nvrx-report`."""
+
 import sys
 
 from .cli import main

@@ -55,15 +55,17 @@ class SlurmCommandError(RuntimeError):
 
 
 class SlurmCommandMissing(SlurmCommandError):
-    """The SLURM client command is not installed here (common inside containers)."""
+    """The SLURM client command cannot be started here (common inside containers)."""
+
+    #: A shell's status for a command it cannot find or run (not None: that means a timeout).
+    RETURNCODE = 127
 
     def __init__(self, argv: Sequence[str], detail: str) -> None:
-        RuntimeError.__init__(
-            self,
-            f"{argv[0]} cannot run here ({detail}): SLURM's client commands are missing on this "
-            "node (inside a container, bind-mount them and munge's socket, or put them on PATH)",
+        super().__init__(argv, self.RETURNCODE, detail)
+        self.args = (
+            f"{argv[0]} cannot run here ({detail}): are SLURM's client commands on this node? "
+            "(inside a container, bind-mount them and munge's socket, or put them on PATH)",
         )
-        self.argv, self.returncode, self.stderr = list(argv), None, detail
 
 
 def run_command(

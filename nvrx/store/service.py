@@ -77,12 +77,12 @@ def port_is_free(host: str, port: int) -> bool:
 PROGRESS_EVERY_S = 5.0
 
 
-def wait_for_store(host: str, port: int, timeout: float) -> None:
+def wait_for_store(host: str, port: int, timeout: float, progress: bool = False) -> None:
     """Block until a TCP server accepts at ``host:port``; raise ``StoreUnavailable`` after ``timeout``.
 
-    Connection attempts are spaced by a short, growing back-off: there is no
-    event to wait on for a server on another host to come up. Every
-    ``PROGRESS_EVERY_S`` a log line says how long it has waited, and why.
+    Attempts are spaced by a growing back-off: there is no event to wait on for a
+    server on another host. ``progress`` (a supervisor): a log line every
+    ``PROGRESS_EVERY_S`` says how long it has waited, and why.
     """
     start = time.monotonic()
     deadline, next_note = start + timeout, start + PROGRESS_EVERY_S
@@ -93,7 +93,7 @@ def wait_for_store(host: str, port: int, timeout: float) -> None:
         remaining = deadline - now
         if remaining <= 0:
             raise StoreUnavailable(host, port, timeout, last_error)
-        if now >= next_note:
+        if progress and now >= next_note:
             log.warning(
                 "still waiting for the store at %s:%s after %.0f s of %.0f s (%s)",
                 host, port, now - start, timeout, last_error or "no answer yet",

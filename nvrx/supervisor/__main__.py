@@ -1,3 +1,5 @@
+"""`python -m nvrx.supervisor`: the same program as `nvrx-supervise`."""
+
 import sys
 
 from .cli import main

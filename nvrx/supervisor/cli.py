@@ -37,10 +37,11 @@ from .exit_codes import DESCRIPTIONS, ExitCode
 log = logging.getLogger(__name__)
 
 PROG = "nvrx-supervise"
-#: Options that, as with torchrun, fall back to ``$PET_<OPTION>`` (e.g. ``PET_NPROC_PER_NODE``).
-TORCHRUN_ENV = (
-    "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "max_restarts", "log_dir",
-)  # fmt: skip
+#: Options that, as with torchrun, fall back to ``$PET_<OPTION>`` (e.g. ``PET_NPROC_PER_NODE``);
+#: the topology ones only outside a SLURM step, where SLURM gives the topology.
+TORCHRUN_ENV = ("nproc_per_node", "max_restarts", "nnodes", "node_rank", "master_addr")
+_TOPOLOGY = ("nnodes", "node_rank", "master_addr")
+_INTEGER = ("max_restarts", "nnodes", "node_rank")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -71,8 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog="As with torchrun, an option not given falls back to $PET_<OPTION> for "
         + ", ".join("--" + d.replace("_", "-") for d in TORCHRUN_ENV)
-        + " (e.g. $PET_NPROC_PER_NODE).\n\n"
-        + _exit_code_help(),
+        + " (e.g. $PET_NPROC_PER_NODE); under srun the topology ones are ignored: SLURM gives "
+        "the topology.\n\n" + _exit_code_help(),
+        allow_abbrev=False,  # with two spellings per option, abbreviations would be ambiguous
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
 
@@ -245,16 +247,17 @@ def config_from_args(
     """Parse ``argv`` (without the program name) into (config, verbose); ``ConfigError`` on bad input."""
     env = os.environ if env is None else env
     parser = build_parser()
-    # torchrun's fallbacks: PET_<OPTION> when the option is not given (argparse types them)
-    parser.set_defaults(
-        **{d: env[f"PET_{d.upper()}"] for d in TORCHRUN_ENV if f"PET_{d.upper()}" in env}
-    )
+    parser.set_defaults(**_torchrun_fallbacks(env))
     args = parser.parse_args(list(argv))
     command = _resolve_command(list(args.command))
+    asked = str(args.nproc_per_node)
     try:
-        args.nproc_per_node = nproc.resolve(args.nproc_per_node, env)
+        args.nproc_per_node = nproc.resolve(asked, env)
     except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
+        source = "" if _given(argv, "nproc_per_node") else " (from $PET_NPROC_PER_NODE)"
+        raise ConfigError(f"{exc}{source}") from exc
+    if asked in nproc.KEYWORDS:
+        print(f"{PROG}: --nproc-per-node {asked}: {args.nproc_per_node}", file=sys.stderr)
     local_topology = any(v is not None for v in (args.nnodes, args.node_rank, args.master_addr))
     if in_slurm_step(env) and not local_topology:
         job = job_from_slurm(
@@ -286,6 +289,28 @@ def config_from_args(
         node_heartbeat=args.node_heartbeat,
     )
     return config, args.verbose
+
+
+def _torchrun_fallbacks(env: Mapping[str, str]) -> dict[str, str]:
+    """torchrun's ``$PET_<OPTION>`` values, as defaults for the options not given."""
+    found = {}
+    for dest in TORCHRUN_ENV:
+        name = f"PET_{dest.upper()}"
+        if name not in env or (dest in _TOPOLOGY and in_slurm_step(env)):
+            continue
+        value = env[name]
+        if dest in _INTEGER and not value.strip().isdigit():
+            option = "--" + dest.replace("_", "-")
+            raise ConfigError(f"${name} (for {option}) must be a whole number, got {value!r}")
+        found[dest] = value
+    return found
+
+
+def _given(argv: Sequence[str], dest: str) -> bool:
+    """Whether the option ``dest`` is on the command line (before the training command)."""
+    head = list(argv)[: list(argv).index("--")] if "--" in argv else list(argv)
+    spellings = ("--" + dest.replace("_", "-"), "--" + dest)
+    return any(a in spellings or a.startswith(tuple(s + "=" for s in spellings)) for a in head)
 
 
 def _node_settings(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, object]:
@@ -331,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if verbose else logging.WARNING,
         format=f"%(asctime)s {PROG}[n{config.node_rank}] %(levelname)s %(message)s",
     )
-    if "OMP_NUM_THREADS" not in {**os.environ, **config.extra_env} and config.nproc_per_node > 1:
+    if jobenv.sets_omp_default({**os.environ, **config.extra_env}, config.nproc_per_node):
         print(
             f"{PROG}: OMP_NUM_THREADS is unset: each of the {config.nproc_per_node} ranks of this "
             "node gets OMP_NUM_THREADS=1 (as torchrun does); set it to tune",

@@ -2,10 +2,10 @@
 
 ``cpu`` is the CPUs this process may run on (its affinity mask, as torchrun
 counts them); ``gpu`` the NVIDIA GPUs this process may use; ``auto`` the GPUs
-when there are any, else the CPUs. GPUs are counted the way the CUDA driver
-will show them to the children: ``CUDA_VISIBLE_DEVICES`` when set, else the
-devices the NVIDIA driver lists under ``/proc/driver/nvidia/gpus``. The
-supervisor imports no torch, so it does not ask torch.
+when there are any, else the CPUs. GPUs are the devices the NVIDIA driver lists
+under ``/proc/driver/nvidia/gpus``, narrowed by ``CUDA_VISIBLE_DEVICES`` as CUDA
+reads it. The supervisor imports no torch, so it does not ask torch; other
+accelerators (AMD, ...) are not counted: ``auto`` then means the CPUs.
 """
 
 from __future__ import annotations
@@ -25,28 +25,44 @@ def cpu_count() -> int:
     return os.cpu_count() or 1
 
 
+def _visible(entries: str) -> list[str]:
+    """The devices ``CUDA_VISIBLE_DEVICES`` names, as CUDA reads it: ordinals or ``GPU-``/
+    ``MIG-`` identifiers up to the first entry that is neither; a repeated one hides all."""
+    devices: list[str] = []
+    for entry in (e.strip() for e in entries.split(",")):
+        if not (entry.isdigit() or entry.startswith(("GPU-", "MIG-"))):
+            break
+        if entry in devices:
+            return []
+        devices.append(entry)
+    return devices
+
+
 def gpu_count(env: Mapping[str, str], driver_dir: Path = NVIDIA_GPUS) -> int:
-    """NVIDIA GPUs visible to the children: ``CUDA_VISIBLE_DEVICES``, else the driver's list."""
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        # CUDA stops at the first entry that is not a device ("-1", empty): count up to it
-        count = 0
-        for entry in visible.split(","):
-            entry = entry.strip()
-            if not entry or entry.startswith("-"):
-                break
-            count += 1
-        return count
+    """NVIDIA GPUs visible to the children: the driver's devices, narrowed by
+    ``CUDA_VISIBLE_DEVICES`` when it is set."""
     try:
-        return sum(1 for _ in driver_dir.iterdir())
+        installed = sum(1 for _ in driver_dir.iterdir())
     except OSError:
-        return 0
+        installed = 0
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return installed
+    devices = _visible(visible)
+    if installed:  # CUDA also stops at an ordinal the machine does not have
+        for k, device in enumerate(devices):
+            if device.isdigit() and int(device) >= installed:
+                return k
+    return len(devices) if installed else 0
 
 
 def resolve(value: str, env: Mapping[str, str], driver_dir: Path = NVIDIA_GPUS) -> int:
     """The number of processes ``value`` asks for; ValueError naming the problem."""
-    if value.strip().lstrip("-").isdigit():
+    try:
         count = int(value)
+    except ValueError:
+        count = None
+    if count is not None:
         if count < 1:
             raise ValueError(f"--nproc-per-node must be >= 1, got {count}")
         return count
@@ -56,8 +72,11 @@ def resolve(value: str, env: Mapping[str, str], driver_dir: Path = NVIDIA_GPUS) 
         )
     gpus = 0 if value == "cpu" else gpu_count(env, driver_dir)
     if value == "gpu" and gpus == 0:
-        raise ValueError(
-            "--nproc-per-node gpu: no GPU visible (CUDA_VISIBLE_DEVICES empty or unset, and no "
-            f"NVIDIA driver devices under {driver_dir}); give a number instead"
+        hidden = env.get("CUDA_VISIBLE_DEVICES")
+        why = (
+            f"CUDA_VISIBLE_DEVICES={hidden!r} names none"
+            if hidden is not None
+            else f"the NVIDIA driver lists none under {driver_dir}"
         )
+        raise ValueError(f"--nproc-per-node gpu: no GPU visible ({why}); give a number instead")
     return gpus if gpus > 0 else cpu_count()

@@ -43,7 +43,7 @@ def bring_up_store(cfg: SupervisorConfig) -> StoreService | None:
     """
     if cfg.node_rank != 0:
         try:
-            wait_for_store(cfg.store_host, cfg.store_port, cfg.store_timeout)
+            wait_for_store(cfg.store_host, cfg.store_port, cfg.store_timeout, progress=True)
         except StoreUnavailable as exc:
             raise SupervisorError(ExitCode.STORE_UNAVAILABLE, str(exc)) from exc
         return None

@@ -63,6 +63,13 @@ def test_nproc_keywords_count_as_torchrun_does(tmp_path: Path) -> None:
     assert nproc.resolve("gpu", {"CUDA_VISIBLE_DEVICES": "1,3"}, four) == 2
     assert nproc.resolve("gpu", {"CUDA_VISIBLE_DEVICES": "0,-1,2"}, four) == 1  # CUDA stops at -1
     assert nproc.resolve("auto", {"CUDA_VISIBLE_DEVICES": ""}, four) == cpus
+    assert nproc.resolve("+2", {}) == 2  # as int() and torchrun read it
+    # CUDA_VISIBLE_DEVICES as CUDA reads it
+    assert nproc.gpu_count({"CUDA_VISIBLE_DEVICES": "GPU-5e1f,MIG-2a"}, four) == 2
+    assert nproc.gpu_count({"CUDA_VISIBLE_DEVICES": "0,0"}, four) == 0  # repeated: none
+    assert nproc.gpu_count({"CUDA_VISIBLE_DEVICES": "NoDevFiles"}, four) == 0
+    assert nproc.gpu_count({"CUDA_VISIBLE_DEVICES": "2,7,3"}, four) == 1  # no GPU 7: stops there
+    assert nproc.gpu_count({"CUDA_VISIBLE_DEVICES": "0,1"}, none) == 0  # no driver, no GPU
 
 
 @pytest.mark.parametrize(
@@ -70,7 +77,11 @@ def test_nproc_keywords_count_as_torchrun_does(tmp_path: Path) -> None:
     [
         ("0", {}, "--nproc-per-node must be >= 1, got 0"),
         ("lots", {}, "--nproc-per-node must be a number or one of auto, cpu, gpu, got 'lots'"),
-        ("gpu", {"CUDA_VISIBLE_DEVICES": ""}, "--nproc-per-node gpu: no GPU visible"),
+        (
+            "gpu",
+            {"CUDA_VISIBLE_DEVICES": ""},
+            "no GPU visible (CUDA_VISIBLE_DEVICES='' names none)",
+        ),
     ],
 )
 def test_bad_nproc_values_name_the_fix(value: str, env: dict[str, str], message: str) -> None:
@@ -86,5 +97,34 @@ def test_options_fall_back_to_torchruns_pet_variables() -> None:
     assert (cfg.nproc_per_node, cfg.max_restarts) == (3, 4)
     cfg, _ = config_from_args(["--max-restarts", "6", "--", "python"], env)
     assert cfg.max_restarts == 6  # the option wins
-    with pytest.raises(ConfigError, match="invalid int value: 'many'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"\$PET_MAX_RESTARTS \(for --max-restarts\) must be a whole number, got 'many'",
+    ):
         config_from_args(["--", "python"], {**env, "PET_MAX_RESTARTS": "many"})
+    with pytest.raises(ConfigError, match=r"got 'lots' \(from \$PET_NPROC_PER_NODE\)"):
+        config_from_args(["--", "python"], {**env, "PET_NPROC_PER_NODE": "lots"})
+
+
+def test_under_srun_pet_topology_is_ignored_slurm_gives_it() -> None:
+    """One ``export PET_NNODES=4`` in a batch script reaches every task: it must not turn
+    each node into node 0 of a job of its own."""
+    env = {
+        "PATH": os.environ["PATH"], "SLURM_JOB_ID": "55", "SLURM_PROCID": "2", "SLURM_NNODES": "3",
+        "SLURM_JOB_NUM_NODES": "3", "SLURM_NODEID": "2", "SLURM_JOB_NODELIST": "n[1-3]",
+        "SLURM_STEP_NODELIST": "n[1-3]", "SLURM_NTASKS": "3",
+        "PET_NNODES": "4", "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "elsewhere", "PET_NPROC_PER_NODE": "2",
+    }  # fmt: skip
+    cfg, _ = config_from_args(["--", "python"], env)
+    assert (cfg.nnodes, cfg.node_rank, cfg.master_addr) == (3, 2, "n1")
+    assert cfg.nproc_per_node == 2  # not a topology option: it still applies
+
+
+def test_a_keyword_nproc_says_what_it_counted(capsys: pytest.CaptureFixture[str]) -> None:
+    cfg, _ = config_from_args(
+        ["--nproc-per-node", "cpu", "--", "python"], {"PATH": os.environ["PATH"]}
+    )
+    assert (
+        capsys.readouterr().err == f"nvrx-supervise: --nproc-per-node cpu: {cfg.nproc_per_node}\n"
+    )
+    assert cfg.nproc_per_node == len(os.sched_getaffinity(0))

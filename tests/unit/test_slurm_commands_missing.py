@@ -17,7 +17,8 @@ def test_a_missing_command_is_a_slurm_command_error_that_names_it(tmp_path: Path
         commands.run_command(["scontrol", "show", "job", "1"], env={"PATH": str(tmp_path)})
     assert isinstance(caught.value, commands.SlurmCommandError)  # every caller's fallback applies
     assert str(caught.value).startswith("scontrol cannot run here")
-    assert "client commands are missing" in str(caught.value)
+    assert "SLURM's client commands" in str(caught.value)
+    assert caught.value.returncode == 127  # None would read as a timeout
 
 
 def test_a_caller_falls_back_with_one_warning(

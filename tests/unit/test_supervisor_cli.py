@@ -136,3 +136,31 @@ def test_a_warm_standby_variable_that_is_not_0_or_1_is_an_error() -> None:
     env = {"PATH": os.environ["PATH"], "NVRX_WARM_STANDBY": "off"}
     with pytest.raises(ConfigError, match=r"\$NVRX_WARM_STANDBY must be 0 or 1, got 'off'"):
         config_from_args(["--", "python", "t.py"], env)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("omp", [None, "3"])
+def test_the_omp_notice_says_what_children_get(omp: str | None, tmp_path) -> None:
+    """Two ranks on a node and no OMP_NUM_THREADS: one line says each gets 1 (as torchrun)."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    if omp is not None:
+        env["OMP_NUM_THREADS"] = omp
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    result = subprocess.run(
+        [sys.executable, "-m", "nvrx.supervisor", "--nproc-per-node", "2", "--master-port",
+         str(port - 1 if port > 1 else port), "--store-port", str(port), "--log-dir", str(tmp_path),
+         "--", sys.executable, "-c", "import os; assert os.environ['OMP_NUM_THREADS'] == "
+         f"{omp or '1'!r}"],
+        capture_output=True, text=True, timeout=100, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    notices = [line for line in result.stderr.splitlines() if "OMP_NUM_THREADS" in line]
+    if omp is None:
+        assert notices == [
+            "nvrx-supervise: OMP_NUM_THREADS is unset: each of the 2 ranks of this node gets "
+            "OMP_NUM_THREADS=1 (as torchrun does); set it to tune"
+        ]
+    else:
+        assert notices == []
