@@ -102,6 +102,7 @@ KINDS: dict[str, dict[str, str]] = {
         "child_pid": "pid of the child",
         "attempt": "0 for the first start, n for the n-th restart of this local rank",
         "warm": "true when a warm standby (torch already imported) became the child",
+        "files": "its directory, relative to the job's: error file and log files (rank_logs)",
     },
     "child_exit": {
         "local_rank": "local rank",
@@ -111,6 +112,7 @@ KINDS: dict[str, dict[str, str]] = {
         "runtime_s": "seconds the child ran",
         "global_rank": "RANK the child was started with",
         "attempt": "which start of this local rank ended (0 = first)",
+        "error_file": "its error file (torch's @record), relative to the job's directory, or null",
     },
     "restart_decision": {
         "local_rank": "local rank the decision is about",

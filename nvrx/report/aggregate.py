@@ -292,7 +292,9 @@ class JobSummary:
             facts.lost_slots = {slot for _, slot in losses.lost_slots()}
             facts.slurm_causes.add("node_failure")
         for p in process_rows:
-            if p.explained_by is None:
+            if p.explained_by is None and p.error is not None and p.error.signature:
+                facts.signatures.add(p.error.signature)  # its error file told the cause
+            elif p.explained_by is None:
                 death = Death(p.rank, p.node, p.host, process_end_signature(p.exit_code, p.signal))
                 (facts.killed if p.signal is not None else facts.deaths).append(death)
         exit_hosts = {e.get("host") for e in self.node_events if e.get("kind") == "child_exit"}

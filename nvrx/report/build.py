@@ -24,6 +24,7 @@ from .node_loss import node_losses
 from .output_scan import scan_output_file
 from .output_triage import Death, EventFacts, triage
 from .process_rows import process_restarts
+from .rank_files import attach_rank_files
 from .slurm_context import default_search_dirs, find_output_files, query_sacct, sacct_requeues
 from .summarize import Filters, summarize_file
 from .suspects import build_suspects
@@ -177,6 +178,7 @@ def build_report(
     slurm = query_sacct(job_id) if sacct else SlurmContext(error="sacct not asked (--no-sacct)")
     losses = node_losses(agg)
     process_rows = process_restarts(agg, losses)
+    attach_rank_files(process_rows, job_dir.path, notes)
     timeline = build_timeline(agg, process_rows, losses)
     failures = build_failures(agg, process_rows, losses)
     findings, explained = _log_findings(

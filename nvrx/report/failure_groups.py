@@ -43,9 +43,10 @@ def _add_deaths(
     """Failed processes, unless their own fault event (or a monitor's) tells the failure.
 
     A monitor's ``dead`` fault and the supervisor's record of the same end are one
-    failure: it is counted once, by how the process ended (its signal or exit code),
-    in the monitor's round. Every such fault of the monitors is a candidate, not only
-    a rank's first of its round (a hang, then the death). Returns the faults so counted.
+    failure: it is counted once, by how the process ended (its signal or exit code;
+    the exception in its error file, when it wrote one), in the monitor's round. Every
+    such fault of the monitors is a candidate, not only a rank's first of its round (a
+    hang, then the death). Returns the faults so counted.
     """
     reported: dict[tuple[str, str | None], list[float]] = {}
     for r in job.rounds.values():
@@ -70,9 +71,15 @@ def _add_deaths(
         )
         if seen is not None:
             merged.append(seen)
-        part = _group(groups, sig)
         rnd = seen.round if seen is not None else None
-        part.add(
+        error = p.error
+        if error is not None and error.signature:  # its error file tells the cause
+            _group(groups, error.signature).add(
+                p.rank, p.node, p.host, rnd, p.wall,
+                exc_type=error.exc_type, message=error.message, traceback=error.traceback,
+            )  # fmt: skip
+            continue
+        _group(groups, sig).add(
             p.rank, p.node, p.host, rnd, p.wall, message=f"local rank {p.local_rank} ended ({sig})"
         )
     return merged

@@ -61,7 +61,7 @@ _NODE_OWN_FIELDS: dict[str, Callable[[Any], Any]] = {
     **dict.fromkeys(("lost_node", "lost_slot", "seen_by", "replaced_by", "node_rank"), count),
     **dict.fromkeys(("runtime_s", "wait_s", "silent_s"), seconds),
     **dict.fromkeys(("signal", "decision", "reason", "signature", "action", "cause"), as_str),
-    "lost_host": as_str,
+    **dict.fromkeys(("lost_host", "files", "error_file"), as_str),
     "last_seen_wall": num,
     "slurm_state": str_dict,
     "ranks": int_list,

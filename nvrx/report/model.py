@@ -129,6 +129,17 @@ class Hang:
 
 
 @dataclass
+class RecordedError:
+    """What a process wrote to its error file (torch's ``@record``) before it died."""
+
+    path: str  # relative to the job's log directory
+    exc_type: str | None
+    message: str | None
+    signature: str | None  # type and innermost user frame, as for an exception event
+    traceback: str | None
+
+
+@dataclass
 class ProcessRestart:
     """A training process that ended and what its supervisor decided."""
 
@@ -149,6 +160,9 @@ class ProcessRestart:
     # failed: collateral, not a failure of its own) or "fault" (its fault event tells it);
     # "node_lost": it ended while a lost node stopped the job (``NodeLoss``), not by itself.
     explained_by: str | None = None
+    # Its log files (``--redirects``/``--tee``), relative to the job's log directory.
+    files: list[str] = field(default_factory=list)
+    error: RecordedError | None = None  # its error file, when it wrote one
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from nvrx.events.failures import PEER
 
 from .file_fold import STOP_KINDS
-from .model import ProcessRestart
+from .model import ProcessRestart, RecordedError
 from .parts import LocalFault
 
 if TYPE_CHECKING:
@@ -105,11 +105,16 @@ def _explained(job: JobSummary, e: dict[str, Any], losses: LossIndex | None) -> 
 
 
 def _row(
-    job: JobSummary, e: dict[str, Any], later: list[dict[str, Any]], losses: LossIndex | None
+    job: JobSummary,
+    e: dict[str, Any],
+    later: list[dict[str, Any]],
+    losses: LossIndex | None,
+    start: dict[str, Any] | None = None,
 ) -> ProcessRestart:
     """The row of one failed ``child_exit``, with the decision and replacement after it
-    (``later``: its slot's events up to the slot's next ``child_exit``). Its node is the node
-    rank its slot held then (a spare's, the one it took over)."""
+    (``later``: its slot's events up to the slot's next ``child_exit``; ``start``: its own
+    ``child_start``). Its node is the node rank its slot held then (a spare's, the one it
+    took over). Its error file and log files are only named here (``rank_files`` reads them)."""
     run, host, local_rank, wall = e["run"], e.get("host"), e.get("local_rank"), e.get("wall")
     node = losses.node_rank(run, e.get("node"), wall) if losses is not None else e.get("node")
     rank = e.get("global_rank")
@@ -134,6 +139,10 @@ def _row(
         relaunch_s=relaunch,
         rejoin_wait_s=rejoin.get("wait_s") if rejoin else None,
         explained_by=_explained(job, e, losses),
+        files=[start["files"]] if start is not None and isinstance(start.get("files"), str) else [],
+        error=RecordedError(e["error_file"], None, None, None, None)
+        if isinstance(e.get("error_file"), str)
+        else None,
     )
 
 
@@ -153,6 +162,11 @@ def process_restarts(job: JobSummary, losses: LossIndex | None = None) -> list[P
         for n, i in enumerate(exits):
             end = exits[n + 1] if n + 1 < len(exits) else len(events)  # the slot's next exit
             if _failed(events[i], stops.get((run, slot, host))):
-                rows.append(_row(job, events[i], events[i + 1 : end], losses))
+                pid = events[i].get("child_pid")
+                start = next(
+                    (x for x in events[:i] if x.get("kind") == "child_start" and x.get("child_pid") == pid),
+                    None,
+                )  # fmt: skip
+                rows.append(_row(job, events[i], events[i + 1 : end], losses, start))
     rows.sort(key=lambda p: p.wall or 0.0)
     return rows

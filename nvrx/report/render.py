@@ -205,6 +205,13 @@ def _process_restarts(doc: Doc, r: Report) -> None:
             "rejoin wait",
         ],
     )
+    lines = [
+        f"  rank {p.rank}, ended {when(p.wall)}: " + ", ".join(files)
+        for p in r.process_restarts
+        if (files := ([p.error.path] if p.error is not None else []) + p.files)
+    ]
+    if lines:
+        doc.text(f"their files, under {r.reading.log_dir}:\n" + "\n".join(lines))
 
 
 def _suspects(doc: Doc, r: Report) -> None:

@@ -14,8 +14,11 @@ import signal
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from nvrx import processes
+
+from .rank_output import RankOutput
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,8 @@ class Child:
         self.started = time.monotonic()
         self.status: ExitStatus | None = None
         self.warm = False  # a standby became this child (``standby``)
+        self.output: RankOutput | None = None  # its streams, when routed (``rank_output``)
+        self.directory: Path | None = None  # its error file and log files (``rank_logs``)
 
     @classmethod
     def spawn(
@@ -78,14 +83,23 @@ class Child:
         local_rank: int,
         attempt: int,
         cwd: str | None = None,
+        output: RankOutput | None = None,
     ) -> Child:
         """Start ``command`` leading its own process group. Raises OSError when it cannot start.
 
         The child dies with the supervisor: a supervisor killed by SIGKILL (how a
         lost node looks from inside) leaves no training process running on.
+        ``output`` routes its streams; inherited when None.
         """
-        proc = processes.start(command, env=env, cwd=cwd, die_with_parent=True)
-        return cls(local_rank, attempt, proc)
+        stdio = output.popen_args() if output is not None else {}
+        try:
+            proc = processes.start(command, env=env, cwd=cwd, die_with_parent=True, **stdio)
+        finally:
+            if output is not None:
+                output.started()
+        child = cls(local_rank, attempt, proc)
+        child.output = output
+        return child
 
     @classmethod
     def forked(cls, local_rank: int, attempt: int, pid: int) -> Child:

@@ -1,7 +1,7 @@
 """``nvrx-supervise``: run one node of a fault-tolerant training job.
 
 Usage: ``nvrx-supervise [options] -- COMMAND ARGS...`` (one per node, e.g. via
-``bin/nvrx-srun``). Exit codes are listed in ``docs/supervisor.md``.
+``nvrx-srun``). Exit codes are listed in ``docs/supervisor.md``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from nvrx import jobenv
 from nvrx.jobenv import DEFAULT_LOG_DIR, DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, JobEnv
 from nvrx.version import __version__
 
-from . import nproc
+from . import nproc, rank_logs, torchrun_env
 from .config import (
     DEFAULT_FINISH_TIMEOUT_S,
     DEFAULT_GRACE_PERIOD_S,
@@ -32,16 +32,11 @@ from .config import (
     in_slurm_step,
     job_from_slurm,
 )
-from .exit_codes import DESCRIPTIONS, ExitCode
+from .exit_codes import ExitCode, exit_code_help
 
 log = logging.getLogger(__name__)
 
 PROG = "nvrx-supervise"
-#: Options that, as with torchrun, fall back to ``$PET_<OPTION>`` (e.g. ``PET_NPROC_PER_NODE``);
-#: the topology ones only outside a SLURM step, where SLURM gives the topology.
-TORCHRUN_ENV = ("nproc_per_node", "max_restarts", "nnodes", "node_rank", "master_addr")
-_TOPOLOGY = ("nnodes", "node_rank", "master_addr")
-_INTEGER = ("max_restarts", "nnodes", "node_rank")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,14 +44,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise ConfigError(f"{message} (see {PROG} --help)")
-
-
-def _exit_code_help() -> str:
-    return (
-        "exit codes:\n"
-        + "\n".join(f"  {int(code):3d}  {text}" for code, text in DESCRIPTIONS.items())
-        + ("\n  128+N  stopped by signal N (143 = SIGTERM, 130 = SIGINT)")
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,9 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
             "--nnodes/--node-rank/--master-addr/--master-port to run several local supervisors as one job."
         ),
         epilog="As with torchrun, an option not given falls back to $PET_<OPTION> for "
-        + ", ".join("--" + d.replace("_", "-") for d in TORCHRUN_ENV)
+        + ", ".join("--" + d.replace("_", "-") for d in torchrun_env.OPTIONS)
         + " (e.g. $PET_NPROC_PER_NODE); under srun the topology ones are ignored: SLURM gives "
-        "the topology.\n\n" + _exit_code_help(),
+        "the topology.\n\n" + exit_code_help(),
         allow_abbrev=False,  # with two spellings per option, abbreviations would be ambiguous
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -218,6 +205,23 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help=f"seconds between node heartbeats in the store (default {DEFAULT_NODE_HEARTBEAT_S:g})",
     )
+    streams = "0 none, 1 stdout, 2 stderr, 3 both; or per local rank, e.g. 0:3,1:2"
+    add(
+        "--redirects", "-r", default="0", metavar="STD",
+        help=f"as torchrun: write these streams of each rank only to stdout.log/stderr.log in "
+        f"its directory <log dir>/<job id>/ranks/rank<R>/attempt<A>-.../ ({streams}; default 0)",
+    )  # fmt: skip
+    add(
+        "--tee", "-t", default="0", metavar="STD",
+        help="as torchrun: write these streams to the rank's files and to this console, each "
+        f"line prefixed [default<local rank>]: (${rank_logs.PREFIX_TEMPLATE_ENV} changes it) "
+        f"({streams}; default 0)",
+    )  # fmt: skip
+    add(
+        "--local-ranks-filter", default="", metavar="L,...",
+        help="as torchrun: only these local ranks' output reaches this console; the files of "
+        "--redirects/--tee are written for every rank (default: all)",
+    )  # fmt: skip
     add("--verbose", "-v", action="store_true", help="log each decision to stderr")
     add("command", nargs=argparse.REMAINDER, help="the training command, after '--'")
     return parser
@@ -247,14 +251,14 @@ def config_from_args(
     """Parse ``argv`` (without the program name) into (config, verbose); ``ConfigError`` on bad input."""
     env = os.environ if env is None else env
     parser = build_parser()
-    parser.set_defaults(**_torchrun_fallbacks(env))
+    parser.set_defaults(**torchrun_env.fallbacks(env))
     args = parser.parse_args(list(argv))
     command = _resolve_command(list(args.command))
     asked = str(args.nproc_per_node)
     try:
         args.nproc_per_node = nproc.resolve(asked, env)
     except ValueError as exc:
-        source = "" if _given(argv, "nproc_per_node") else " (from $PET_NPROC_PER_NODE)"
+        source = "" if torchrun_env.given(argv, "nproc_per_node") else " (from $PET_NPROC_PER_NODE)"
         raise ConfigError(f"{exc}{source}") from exc
     if asked in nproc.KEYWORDS:
         print(f"{PROG}: --nproc-per-node {asked}: {args.nproc_per_node}", file=sys.stderr)
@@ -287,30 +291,27 @@ def config_from_args(
         finish_timeout=args.finish_timeout,
         **_node_settings(args, env),
         node_heartbeat=args.node_heartbeat,
+        rank_logs=_rank_logs(args, argv, env),
     )
     return config, args.verbose
 
 
-def _torchrun_fallbacks(env: Mapping[str, str]) -> dict[str, str]:
-    """torchrun's ``$PET_<OPTION>`` values, as defaults for the options not given."""
-    found = {}
-    for dest in TORCHRUN_ENV:
-        name = f"PET_{dest.upper()}"
-        if name not in env or (dest in _TOPOLOGY and in_slurm_step(env)):
-            continue
-        value = env[name]
-        if dest in _INTEGER and not value.strip().isdigit():
-            option = "--" + dest.replace("_", "-")
-            raise ConfigError(f"${name} (for {option}) must be a whole number, got {value!r}")
-        found[dest] = value
-    return found
-
-
-def _given(argv: Sequence[str], dest: str) -> bool:
-    """Whether the option ``dest`` is on the command line (before the training command)."""
-    head = list(argv)[: list(argv).index("--")] if "--" in argv else list(argv)
-    spellings = ("--" + dest.replace("_", "-"), "--" + dest)
-    return any(a in spellings or a.startswith(tuple(s + "=" for s in spellings)) for a in head)
+def _rank_logs(
+    args: argparse.Namespace, argv: Sequence[str], env: Mapping[str, str]
+) -> rank_logs.RankLogs:
+    """--redirects, --tee, --local-ranks-filter; an error names $PET_* when the value came from it."""
+    try:
+        return rank_logs.RankLogs.from_options(
+            args.redirects, args.tee, args.local_ranks_filter, env
+        )
+    except ValueError as exc:
+        taken = [
+            f"$PET_{dest.upper()}"
+            for dest, short in (("redirects", "-r"), ("tee", "-t"), ("local_ranks_filter", None))
+            if f"PET_{dest.upper()}" in env and not torchrun_env.given(argv, dest, short)
+        ]
+        source = f" (values from {', '.join(taken)})" if taken else ""
+        raise ConfigError(f"{exc}{source}") from exc
 
 
 def _node_settings(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, object]:

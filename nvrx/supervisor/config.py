@@ -18,6 +18,8 @@ from nvrx import jobenv
 from nvrx.jobenv import DEFAULT_LOG_DIR, DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, JobEnv
 from nvrx.slurm.topology import Topology
 
+from .rank_logs import RankLogs
+
 DEFAULT_MAX_RESTARTS = 10
 DEFAULT_LOOP_BREAKER = 3
 DEFAULT_GRACE_PERIOD_S = 5.0
@@ -97,6 +99,7 @@ class SupervisorConfig:
     node_liveness: bool = True  # off where a "node" is one rank (fork_and_monitor)
     warm_standby: bool = True  # start children ahead where foreseeable (``standby``)
     extra_env: dict[str, str] = field(default_factory=dict)
+    rank_logs: RankLogs = field(default_factory=RankLogs)  # --redirects, --tee, ...
 
     def __post_init__(self) -> None:
         if not self.command:

@@ -65,6 +65,15 @@ def describe(code: int) -> str:
     return f"unknown exit code {code}"
 
 
+def exit_code_help() -> str:
+    """The exit codes, as ``--help`` lists them."""
+    return (
+        "exit codes:\n"
+        + "\n".join(f"  {int(code):3d}  {text}" for code, text in DESCRIPTIONS.items())
+        + ("\n  128+N  stopped by signal N (143 = SIGTERM, 130 = SIGINT)")
+    )
+
+
 class SupervisorError(RuntimeError):
     """A failure that ends the supervisor with ``code``; the message names the fix."""
 

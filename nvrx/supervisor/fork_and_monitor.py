@@ -22,6 +22,7 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 
 from nvrx import events, jobenv, processes
 from nvrx.jobenv import JobEnv
@@ -52,7 +53,10 @@ class _BecomeChild(BaseException):
         self.env = env
 
 
-def _fork_child(local_rank: int, attempt: int, env: dict[str, str]) -> Child:
+def _fork_child(
+    local_rank: int, attempt: int, env: dict[str, str], directory: Path | None
+) -> Child:
+    """A forked child; its streams stay the monitor's (no ``--redirects`` here)."""
     pid = processes.fork()
     if pid == 0:
         raise _BecomeChild(env)

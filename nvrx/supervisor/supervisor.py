@@ -5,7 +5,8 @@ child starts; the others wait for it. Each supervisor starts its children,
 restarts a failed one (same RANK, ``NVRX_RESTART_COUNT`` + 1) within the
 job-wide budget, and stops all of them when any node asks the job to stop.
 Everything happens on the main thread: signals, child exits and store events
-arrive as readable descriptors of one ``select`` call.
+arrive as readable descriptors of one ``select`` call (only routed output
+streams are copied by threads of their own, ``rank_output``).
 """
 
 from __future__ import annotations
@@ -17,19 +18,14 @@ import selectors
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from nvrx import events
 from nvrx.store.service import StoreService
 
-from . import preemption
+from . import preemption, rank_logs
 from .children import Child, ExitStatus, stop_children
-from .config import (
-    ALL_ENDED_KEY,
-    RESTARTS_KEY,
-    STOP_KEY,
-    StopRequest,
-    SupervisorConfig,
-)
+from .config import ALL_ENDED_KEY, RESTARTS_KEY, STOP_KEY, StopRequest, SupervisorConfig
 from .exit_codes import ExitCode, SupervisorError, for_signal
 from .failover import Failover
 from .job_end import JobEnd
@@ -44,8 +40,9 @@ from .store_setup import bring_up_store, check_store_port
 
 log = logging.getLogger(__name__)
 
-#: Starts the child of a local rank: ``spawn(local_rank, attempt, env) -> Child``.
-Spawner = Callable[[int, int, dict], Child]
+#: Starts the child of a local rank: ``spawn(local_rank, attempt, env, directory) -> Child``
+#: (``directory``: where its log files go, ``rank_logs``; None: nowhere).
+Spawner = Callable[[int, int, dict, Path | None], Child]
 
 
 class Supervisor(NodeMessages, JobEnd, Failover):
@@ -53,7 +50,7 @@ class Supervisor(NodeMessages, JobEnd, Failover):
 
     def __init__(self, config: SupervisorConfig, spawn: Spawner | None = None) -> None:
         self.config = config
-        self.standbys = Standbys(config.warm_standby and spawn is None)  # see ``standby``
+        self.standbys = Standbys(config.warm_standby and spawn is None, config.rank_logs)
         self._spawn = spawn or functools.partial(self.standbys.spawn, config.command)
         self._owner = os.getpid()
         self.children: dict[int, Child] = {}
@@ -166,8 +163,13 @@ class Supervisor(NodeMessages, JobEnd, Failover):
         env = self.config.child_env(local_rank, attempt, node_rank=self.node_rank)
         if flag is not None:
             env[flag] = "1"
+        rank = self.config.rank(local_rank, self.node_rank)
+        job_dir = self.config.events_dir
+        directory = rank_logs.prepare_dir(job_dir, rank, attempt, self.config.node_rank)
+        if directory is not None:
+            env[rank_logs.ERROR_FILE_ENV] = str(directory / rank_logs.ERROR_FILE)
         try:
-            child = self._spawn(local_rank, attempt, env)
+            child = self._spawn(local_rank, attempt, env, directory)
         except OSError as exc:
             self.request_stop(
                 f"cannot start {self.config.command[0]!r}: {exc.strerror or exc}",
@@ -176,9 +178,10 @@ class Supervisor(NodeMessages, JobEnd, Failover):
             )
             return
         self.children[local_rank] = child
-        ids = {"local_rank": local_rank, "child_pid": child.pid}
-        ids["global_rank"] = self.config.rank(local_rank, self.node_rank)
-        self._emit("child_start", **ids, attempt=attempt, warm=child.warm)
+        child.directory = directory
+        ids = {"local_rank": local_rank, "child_pid": child.pid, "global_rank": rank}
+        files = None if directory is None else str(directory.relative_to(job_dir))
+        self._emit("child_start", **ids, attempt=attempt, warm=child.warm, files=files)
         if attempt > 0:
             exited = self._exit_seen.pop(local_rank, None)
             wait_s = None if exited is None else round(time.monotonic() - exited, 6)
@@ -214,6 +217,7 @@ class Supervisor(NodeMessages, JobEnd, Failover):
                 runtime_s=round(child.runtime_s, 6),
                 attempt=child.attempt,
                 global_rank=self.config.rank(local_rank, self.node_rank),
+                error_file=rank_logs.error_file(child.directory, self.config.events_dir),
             )
             log.info("local rank %d (pid %d) ended: %s", local_rank, child.pid, status)
             if self.stop_reason is None:
@@ -381,6 +385,7 @@ class Supervisor(NodeMessages, JobEnd, Failover):
             self.link.close()
         if self.service is not None:
             self.service.stop()
+        self.standbys.close_outputs()  # the last lines of each routed stream
         if self.signals is not None:
             self.signals.restore()
 

@@ -92,7 +92,19 @@ class Ranks:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def logs(self) -> str:
-        return "\n".join(f"--- rank {r} ---\n{self.log(r)}" for r in range(len(self.procs)))
+        """Each rank's output, then the tail of each monitor process's log (when the test asked
+        for one: who ended a rank shows there)."""
+        text = "\n".join(f"--- rank {r} ---\n{self.log(r)}" for r in range(len(self.procs)))
+        for path in sorted(self.tmp.glob("monitor-*.log")):
+            text += f"\n--- {path.name} ---\n" + path.read_text(errors="replace")[-3000:]
+        if (self.tmp / "logs").is_dir():
+            faults = [e for e in self.events() if e["kind"] in ("fault", "terminate", "round_end")]
+            text += "\n--- fault/terminate/round_end events ---\n" + "\n".join(
+                f"rank {e.get('rank')} {e['kind']} {e.get('fault_kind') or e.get('outcome')} "
+                f"{e.get('message') or ''}"[:200]
+                for e in faults
+            )
+        return text
 
 
 def launch(tmp: Path, world_size: int, **params: Any) -> Ranks:

@@ -208,7 +208,7 @@ def test_no_standby_when_turned_off(tmp_path: Path) -> None:
     script = tmp_path / "ok.py"
     script.write_text("")
     assert pool.start([sys.executable, str(script)], range(2), _env()) == 0
-    child = pool.spawn([sys.executable, str(script)], 0, 0, _env())
+    child = pool.spawn([sys.executable, str(script)], 0, 0, _env(RANK="0"), tmp_path)
     assert not child.warm
     status = child.wait(60)
     assert status is not None and status.code == 0

@@ -20,7 +20,7 @@ def _supervisor(
 ) -> tuple[Supervisor, list[int]]:
     started: list[int] = []
 
-    def spawn(local_rank: int, attempt: int, env: dict) -> Child:
+    def spawn(local_rank: int, attempt: int, env: dict, directory: Path | None) -> Child:
         if local_rank == fail_rank:
             raise OSError(11, "Resource temporarily unavailable")
         started.append(local_rank)
