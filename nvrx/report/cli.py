@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
         nargs="+",
         default=[],
         metavar="PATH",
-        help="job stdout/stderr files to scan for tracebacks and fatal signals (slurm-<job>.out is found by itself)",
+        help="job stdout/stderr files to scan for tracebacks and fatal signals (slurm-<job>.out and nvrx-<job>.out are found by themselves)",
     )
     p.add_argument(
         "--submitit-folder",

@@ -87,7 +87,8 @@ def sacct_requeues(ctx: SlurmContext) -> int:
 def find_output_files(
     job: str | None, search_dirs: Iterable[Path], submitit_folders: Iterable[Path] = ()
 ) -> list[Path]:
-    """``slurm-<job>.out`` (and array variants) and submitit ``<job>_*_log.out/err`` files.
+    """``slurm-<job>.out`` (and array variants), ``nvrx-<job>.out`` of nvrx's templates and
+    submitit ``<job>_*_log.out/err`` files.
 
     The job id is matched as it is written (``*`` or ``[`` in it match only themselves); an
     id that cannot be part of a file name (a ``/``, a NUL) has no such files.
@@ -97,6 +98,7 @@ def find_output_files(
         return found
     job = glob.escape(job)
     patterns = [f"slurm-{job}.out", f"slurm-{job}_*.out", f"slurm-{job}.err"]
+    patterns += [f"nvrx-{job}.out", f"nvrx-{job}.err"]  # nvrx's sbatch templates
     for directory in search_dirs:
         for pattern in patterns:
             found.extend(p for p in directory.glob(pattern) if p.is_file())

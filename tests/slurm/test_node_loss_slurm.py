@@ -36,8 +36,7 @@ def _export(tmp_path: Path, **extra: str) -> str:
     values = {
         "NVRX_LOG_DIR": str(tmp_path / "logs"),
         "NVRX_NODE_TIMEOUT_S": "3",
-        "NVRX_PYTHON": sys.executable,
-        "NVRX_REPO": str(REPO),
+        "NVRX_SRUN": str(REPO / "bin" / "nvrx-srun"),
         **extra,
     }
     return ",".join(["ALL", *(f"{k}={v}" for k, v in values.items())])
@@ -83,7 +82,7 @@ def _sbatch(cluster: LocalSlurmCluster, tmp_path: Path, *args: str) -> int:
 
 def _spare_job(cluster: LocalSlurmCluster, tmp_path: Path) -> tuple[int, Path, Path]:
     out = tmp_path / "out.txt"
-    export = _export(tmp_path, NPROC_PER_NODE="2", NVRX_SPARE_NODES="1")
+    export = _export(tmp_path, NVRX_NPROC_PER_NODE="2", NVRX_SPARE_NODES="1")
     job = _sbatch(
         cluster, tmp_path, "-N3", "--time=10", f"--export={export}", "-o", str(out),
         str(TEMPLATES / "train_spares.sbatch"), *_demo(),
@@ -145,11 +144,10 @@ def test_without_a_spare_the_job_is_requeued_without_the_lost_node(
     slurm_cluster: LocalSlurmCluster, tmp_path
 ) -> None:
     out = tmp_path / "out.txt"
-    train = " ".join(_demo(100))
-    export = _export(tmp_path, NVRX_NPROC="2", NVRX_TRAIN_CMD=train)
+    export = _export(tmp_path, NVRX_NPROC_PER_NODE="2")
     job = _sbatch(
         slurm_cluster, tmp_path, "-N2", "--time=10", f"--export={export}", "-o", str(out),
-        str(TEMPLATES / "train.sbatch"),
+        str(TEMPLATES / "train.sbatch"), *_demo(100),
     )  # fmt: skip
     job_dir = tmp_path / "logs" / str(job)
     _wait_training(job_dir, out)

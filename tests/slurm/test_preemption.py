@@ -121,7 +121,8 @@ def test_requeue_template_forwards_the_warning(slurm_cluster, tmp_path: Path) ->
         "from test_preemption import train_until_warned\n"
         f"print(train_until_warned({str(ckpt)!r}, 5))\n"
     )
-    env = f"ALL,NVRX_LOG_DIR={tmp_path / 'logs'},NPROC_PER_NODE=2,NVRX_PYTHON={sys.executable}"
+    srun = Path(__file__).resolve().parents[2] / "bin" / "nvrx-srun"
+    env = f"ALL,NVRX_LOG_DIR={tmp_path / 'logs'},NVRX_NPROC_PER_NODE=2,NVRX_SRUN={srun}"
     done = slurm_cluster.run(
         ["sbatch", "--parsable", "-N2", "--time=5", f"--export={env}", "-o", str(tmp_path / "out-%j.txt"),
          str(TEMPLATES / "train_requeue.sbatch"), sys.executable, str(script)],

@@ -21,24 +21,22 @@ pytestmark = pytest.mark.timeout(300)
 def _submit(cluster: LocalSlurmCluster, tmp_path: Path, faults: str) -> tuple[int, Path]:
     """The demo job on 2 nodes x 2 ranks; stdout in ``slurm-<id>.out`` of ``tmp_path``."""
     logs = tmp_path / "logs"
-    train = (
-        f"{sys.executable} {REPO / 'examples' / 'train_demo.py'} --steps {STEPS} "
-        "--checkpoint-every 5 --step-time 0.05 --no-wrapper"
-    )
+    train = [sys.executable, str(REPO / "examples" / "train_demo.py"), "--steps", str(STEPS),
+             "--checkpoint-every", "5", "--step-time", "0.05", "--no-wrapper"]  # fmt: skip
     export = ",".join(
         [
             "ALL",
-            f"NVRX_REPO={REPO}",
-            "NVRX_NPROC=2",
+            f"NVRX_SRUN={REPO / 'bin' / 'nvrx-srun'}",
+            "NVRX_NPROC_PER_NODE=2",
             f"NVRX_LOG_DIR={logs}",
-            f"NVRX_TRAIN_CMD={train}",
             "NVRX_SUPERVISE_ARGS=--max-restarts 10 --grace-period 3",
             f"NVRX_DEMO_FAULTS={faults}",
         ]
     )
     job = cluster.sbatch(
-        TEMPLATE, "-N2", f"--export={export}", "-o", str(tmp_path / "slurm-%j.out"), cwd=tmp_path
-    )
+        TEMPLATE, "-N2", f"--export={export}", "-o", str(tmp_path / "slurm-%j.out"), cwd=tmp_path,
+        script_args=train,
+    )  # fmt: skip
     return job, logs
 
 

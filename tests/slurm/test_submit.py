@@ -10,8 +10,6 @@ import pytest
 from nvrx.events import read_dir
 from nvrx.submission.submit import SubmitError, submit
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "sbatch_templates"
-
 
 def wrapped_step(fail_rank: int) -> dict:
     """One Wrapper call; ``fail_rank`` raises in the first round, so every rank restarts once."""
@@ -98,13 +96,3 @@ def test_bad_parameters_fail_before_sbatch(
         submit(wrapped_step, args=(0,), folder=tmp_path, **params)
     assert slurm_cluster.run(["squeue", "-h", "-o", "%A"]).stdout.split() == before
     assert not list(tmp_path.glob("*/*_submission.sh"))
-
-
-@pytest.mark.parametrize(
-    "template", ["train.sbatch", "train_requeue.sbatch", "train_spares.sbatch"]
-)
-def test_templates_pass_sbatch_test_only(slurm_cluster, template: str) -> None:
-    path = TEMPLATES / template
-    done = slurm_cluster.run(["sbatch", "--test-only", str(path), "true"], check=False)
-    assert done.returncode == 0, done.stderr
-    assert "to start at" in done.stderr

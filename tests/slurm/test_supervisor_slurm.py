@@ -25,21 +25,22 @@ def _submit(
     step_time: float = 0.02,
 ) -> tuple[int, Path]:
     logs = tmp_path / "logs"
-    train = f"{sys.executable} {REPO / 'examples' / 'train_demo.py'} --steps {steps} --step-time {step_time}"
+    train = [sys.executable, str(REPO / "examples" / "train_demo.py"), "--steps", str(steps),
+             "--step-time", str(step_time)]  # fmt: skip
     export = ",".join(
         [
             "ALL",
-            f"NVRX_REPO={REPO}",
-            "NVRX_NPROC=2",
+            f"NVRX_SRUN={REPO / 'bin' / 'nvrx-srun'}",
+            "NVRX_NPROC_PER_NODE=2",
             f"NVRX_LOG_DIR={logs}",
-            f"NVRX_TRAIN_CMD={train}",
             "NVRX_SUPERVISE_ARGS=--max-restarts 10 --grace-period 3",
             f"NVRX_DEMO_FAULTS={faults}",
         ]
     )
     job = cluster.sbatch(
-        TEMPLATE, "-N2", f"--export={export}", "-o", str(tmp_path / "out-%j.txt"), cwd=tmp_path
-    )
+        TEMPLATE, "-N2", f"--export={export}", "-o", str(tmp_path / "out-%j.txt"), cwd=tmp_path,
+        script_args=train,
+    )  # fmt: skip
     return job, logs / str(job)
 
 

@@ -43,13 +43,20 @@ class JobClient:
             argv, timeout=timeout, env=self.env, check=check, cwd=cwd or self.jobs_dir
         )
 
-    def sbatch(self, script: str | os.PathLike[str], *args: str, cwd: Path | None = None) -> int:
+    def sbatch(
+        self,
+        script: str | os.PathLike[str],
+        *args: str,
+        cwd: Path | None = None,
+        script_args: Sequence[str] = (),
+    ) -> int:
         """Submit a batch job; return its id.
 
         ``script`` is a path (``pathlib.Path``) or the script's text (a ``str``;
         ``#!/bin/bash`` is added when it has no ``#!`` line). ``args`` go to
         sbatch before the script (``"-N2"``, ``"-o", "out-%j.txt"``...). The
-        job's working directory is ``cwd`` (default ``jobs_dir``).
+        job's working directory is ``cwd`` (default ``jobs_dir``); ``script_args`` go
+        to the script.
         """
         cwd = Path(cwd or self.jobs_dir)
         if isinstance(script, str):
@@ -60,7 +67,9 @@ class JobClient:
             path.chmod(0o755)
         else:
             path = Path(script)
-        done = self.run(["sbatch", "--parsable", *args, str(path)], cwd=cwd, timeout=30)
+        done = self.run(
+            ["sbatch", "--parsable", *args, str(path), *script_args], cwd=cwd, timeout=30
+        )
         job = done.stdout.strip().split(";")[0]
         if not job.isdigit():
             raise ClusterError(f"sbatch printed {done.stdout!r}, not a job id")

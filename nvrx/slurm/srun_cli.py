@@ -1,0 +1,102 @@
+"""``nvrx-srun``: start one nvrx supervisor per node of the current SLURM allocation.
+
+Usage: ``nvrx-srun [SUPERVISOR OPTIONS] -- COMMAND [ARGS...]``, from an sbatch
+script or an salloc shell. It becomes ``srun`` with the options that one
+supervisor per node needs, running ``nvrx-supervise`` with the Python that runs
+this command (so an installed nvrx works from any virtual environment).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+
+from nvrx import jobenv
+from nvrx.version import __version__
+
+PROG = "nvrx-srun"
+#: srun options, each with why it is there.
+SRUN_OPTIONS = (
+    # each node gets exactly one supervisor (its node rank is SLURM_PROCID)
+    "--ntasks-per-node=1",
+    # a supervisor that exits non-zero does not make srun kill the others
+    "--kill-on-bad-exit=0",
+    # a failed node does not end the step on the other nodes (SLURM 22.05 SIGKILLs every
+    # task of the step once it marks the node DOWN); the supervisors notice within seconds
+    "--no-kill",
+    # the supervisors' lines reach the job's output as they are written
+    "--unbuffered",
+)
+USAGE = f"""usage: {PROG} [SUPERVISOR OPTIONS] -- COMMAND [ARGS...]
+
+Start one nvrx supervisor per node of this SLURM allocation (run it from an sbatch
+script or an salloc shell). It runs
+
+  srun --nodes=N --ntasks=N {" ".join(SRUN_OPTIONS)} $NVRX_SRUN_ARGS \\
+       {{python}} -m nvrx.supervisor [SUPERVISOR OPTIONS] -- COMMAND [ARGS...]
+
+with N the allocation's nodes and {{python}} the interpreter of this nvrx. A node that
+fails ends neither the step nor the other supervisors (--no-kill, --kill-on-bad-exit=0):
+they notice the loss and go on (submit with sbatch --no-kill too, or SLURM ends the
+job). scancel and time-limit signals reach every supervisor, which passes them to its
+training processes and reaps them. SUPERVISOR OPTIONS: nvrx-supervise --help.
+More srun options: NVRX_SRUN_ARGS (e.g. "--cpu-bind=none").
+"""
+
+
+class UsageError(Exception):
+    """Bad use of nvrx-srun; the message says what to fix."""
+
+
+def srun_command(
+    argv: Sequence[str], env: Mapping[str, str], python: str = sys.executable
+) -> list[str]:
+    """The srun command line for ``argv`` (supervisor options, ``--``, the training command)."""
+    if not env.get("SLURM_JOB_ID"):
+        raise UsageError(
+            "not inside a SLURM allocation (no SLURM_JOB_ID): run it from sbatch or salloc"
+        )
+    if "--" not in argv or argv.index("--") == len(argv) - 1:
+        raise UsageError(
+            f"no training command: put it after '--', e.g. {PROG} --nproc-per-node 2 -- python train.py"
+        )
+    nodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "1"
+    if not nodes.isdigit() or int(nodes) < 1:
+        raise UsageError(f"SLURM_JOB_NUM_NODES must be a number of nodes, got {nodes!r}")
+    try:
+        extra = shlex.split(env.get(jobenv.SRUN_ARGS, ""))
+    except ValueError as exc:
+        raise UsageError(f"{jobenv.SRUN_ARGS} cannot be split into options: {exc}") from None
+    srun = shutil.which("srun", path=env.get("PATH"))
+    if srun is None:
+        raise UsageError("srun not found on PATH: nvrx-srun needs SLURM's client commands")
+    return [
+        srun, f"--nodes={nodes}", f"--ntasks={nodes}", *SRUN_OPTIONS, *extra,
+        python, "-m", "nvrx.supervisor", *argv,
+    ]  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point: becomes srun (exec); returns only on a usage error (exit 2)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE, end="")
+        return 0
+    if argv[0] == "--version":
+        print(f"{PROG} {__version__}")
+        return 0
+    try:
+        command = srun_command(argv, os.environ)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.flush()
+    os.execv(command[0], command)
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

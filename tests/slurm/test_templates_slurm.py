@@ -1,0 +1,113 @@
+"""nvrx installed as people install Python tools: a wheel in a fresh virtual environment,
+no checkout. Its ``nvrx-template`` writes a template that runs a real job on the local
+cluster; and every template passes ``sbatch --test-only``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from nvrx.events import read_dir
+from nvrx.slurm import template_cli
+from tests.support.slurm_cluster import LocalSlurmCluster
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.mark.parametrize("name", template_cli.names())
+def test_every_rendered_template_passes_sbatch_test_only(
+    slurm_cluster: LocalSlurmCluster, tmp_path: Path, name: str
+) -> None:
+    script = tmp_path / f"{name}.sbatch"
+    script.write_text(template_cli.render(name, str(REPO / "bin" / "nvrx-srun")))
+    done = slurm_cluster.run(["sbatch", "--test-only", str(script), "true"], check=False)
+    assert done.returncode == 0, done.stderr
+    assert "to start at" in done.stderr
+
+
+def _wheel(tmp_path: Path) -> Path:
+    """Build nvrx's wheel from a copy of the checkout (the checkout gets no build files)."""
+    source = tmp_path / "src"
+    shutil.copytree(
+        REPO, source, symlinks=True,
+        ignore=shutil.ignore_patterns(".venv", ".git", "nvrx_logs", "build", "*.egg-info",
+                                      "__pycache__", ".pytest_cache", ".ruff_cache"),
+    )  # fmt: skip
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "-w", str(dist), str(source)], check=True, timeout=180,
+    )  # fmt: skip
+    (wheel,) = dist.glob("nvrx-*.whl")
+    return wheel
+
+
+def _fresh_venv(tmp_path: Path, wheel: Path) -> Path:
+    """A new virtual environment with only the wheel installed; torch and the other
+    dependencies are borrowed from this one's site-packages (not nvrx: the checkout's
+    editable install is not visible there), to spare a copy of torch."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True, timeout=120,
+    )  # fmt: skip
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    Path(site, "borrowed_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return venv
+
+
+@pytest.mark.timeout(420)
+def test_a_wheel_in_a_fresh_venv_runs_a_job_from_its_template(
+    slurm_cluster: LocalSlurmCluster, tmp_path: Path
+) -> None:
+    venv = _fresh_venv(tmp_path, _wheel(tmp_path))
+    python = venv / "bin" / "python"
+    for script in ("nvrx-srun", "nvrx-template", "nvrx-supervise", "nvrx-report"):
+        assert (venv / "bin" / script).is_file(), script
+    where = subprocess.run(
+        [str(python), "-c", "import nvrx; print(nvrx.__file__)"], capture_output=True, text=True,
+        check=True, cwd=tmp_path,
+    ).stdout  # fmt: skip
+    assert where.startswith(str(venv)), where  # the wheel's nvrx, not the checkout's
+
+    job_file = tmp_path / "job.sbatch"
+    subprocess.run([str(venv / "bin" / "nvrx-template"), "train", "-o", str(job_file)], check=True)
+    assert f'NVRX_SRUN="${{NVRX_SRUN:-{venv}/bin/nvrx-srun}}"' in job_file.read_text()
+    check = slurm_cluster.run(["sbatch", "--test-only", str(job_file), "true"], check=False)
+    assert check.returncode == 0, check.stderr
+
+    probe = "import os, nvrx; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], nvrx.__file__)"
+    logs = tmp_path / "logs"
+    job = slurm_cluster.sbatch(
+        job_file, "-N2", f"--export=ALL,NVRX_LOG_DIR={logs},NVRX_NPROC_PER_NODE=2", cwd=tmp_path,
+        script_args=[str(python), "-c", probe],
+    )  # fmt: skip
+    out = tmp_path / f"nvrx-{job}.out"  # the template's output name, in the submit directory
+    state = slurm_cluster.wait_job(job, timeout=240)
+    text = out.read_text() if out.exists() else "no output file"
+    assert state == "COMPLETED", text
+    for rank in range(4):
+        assert f"rank {rank} of 4 {venv}" in text, text
+    events, _ = read_dir(logs / str(job))
+    assert {e["node"] for e in events if e["kind"] == "supervisor_end"} == {0, 1}
+    # nvrx-report of the fresh venv, run from the submit directory, finds the output file
+    report = subprocess.run(
+        [str(venv / "bin" / "nvrx-report"), str(logs / str(job)), "--format", "json"],
+        capture_output=True, text=True, cwd=tmp_path, env=slurm_cluster.env, timeout=120,
+    )  # fmt: skip
+    assert report.returncode == 0, report.stderr
+    data = json.loads(report.stdout)
+    assert data["slurm"]["output_files"] == [str(out.resolve())]
+    assert data["summary"]["outcome"].startswith("COMPLETED")

@@ -1,0 +1,163 @@
+"""nvrx's sbatch templates, ``nvrx-template`` that writes them, and ``nvrx-srun`` that they run.
+
+The templates are shell scripts: they are run here with bash, SLURM's variables
+set and a stand-in nvrx-srun that records what it was given (what runs under
+SLURM itself is in ``tests/slurm/test_templates_slurm.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nvrx.report.slurm_context import find_output_files
+from nvrx.slurm import srun_cli, template_cli
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+SRUN = "/opt/nvrx env/bin/nvrx-srun"  # a space: the path must be quoted where it is used
+NAMES = ["train", "train_requeue", "train_spares"]
+#: Set to 1 to rewrite the golden files after a deliberate change of a template.
+UPDATE = os.environ.get("NVRX_UPDATE_GOLDEN") == "1"
+
+
+def test_the_three_templates_ship_in_the_package() -> None:
+    assert template_cli.names() == NAMES
+    checkout = Path(__file__).resolve().parents[2] / "sbatch_templates"
+    assert sorted(p.stem for p in checkout.glob("*.sbatch")) == NAMES  # the same folder
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_rendered_template_matches_its_golden_file(name: str) -> None:
+    rendered = template_cli.render(name, SRUN)
+    golden = GOLDEN / f"{name}.sbatch"
+    if UPDATE:
+        golden.write_text(rendered)
+    assert rendered == golden.read_text(), f"rerun with NVRX_UPDATE_GOLDEN=1 if {name} changed on purpose"
+    assert subprocess.run(["bash", "-n"], input=rendered, text=True).returncode == 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_template_speaks_the_same_variables(name: str) -> None:
+    text = template_cli.text(name)
+    for needed in ("NVRX_NPROC_PER_NODE", "NVRX_LOG_DIR", "NVRX_SUPERVISE_ARGS", "NVRX_SRUN_ARGS",
+                   "NVRX_SIGNAL_DELAY_S", "#SBATCH --requeue", "#SBATCH --no-kill",
+                   "#SBATCH --output=nvrx-%j.out", '"$NVRX_SRUN" --nproc-per-node'):  # fmt: skip
+        assert needed in text, f"{name} lacks {needed}"
+    for old in ("NPROC_PER_NODE=", "NVRX_NPROC=", "NVRX_PYTHON", "NVRX_REPO", "nvrx.supervisor.cli"):
+        assert old not in text, f"{name} still has {old}"
+    delay = re.search(r"#SBATCH --signal=B:USR2@(\d+)", text)
+    assert delay and f'NVRX_SIGNAL_DELAY_S:-{delay[1]}}}' in text  # the two agree
+
+
+def _fake_srun(tmp_path: Path, exit_code: int = 0) -> Path:
+    """A stand-in for nvrx-srun that writes its arguments and environment, then exits."""
+    fake = tmp_path / "fake srun"
+    fake.write_text(
+        "#!/bin/bash\n"
+        f'printf "%s\\n" "$@" > "{tmp_path}/args"\n'
+        f'env > "{tmp_path}/env"\n'
+        f"exit {exit_code}\n"
+    )
+    fake.chmod(0o755)
+    return fake
+
+
+def _run(tmp_path: Path, name: str, args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / f"{name}.sbatch"
+    script.write_text(template_cli.render(name, str(_fake_srun(tmp_path, int(env.pop("EXIT", "0"))))))
+    slurm = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_JOB_NUM_NODES": "3",
+             "SLURM_SUBMIT_DIR": str(tmp_path), "PATH": os.environ["PATH"]}  # fmt: skip
+    return subprocess.run(
+        ["bash", str(script), *args], env={**slurm, **env}, capture_output=True, text=True, timeout=30
+    )
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_template_runs_nvrx_srun_with_the_command_and_settings(tmp_path: Path, name: str) -> None:
+    done = _run(tmp_path, name, ["python", "train.py", "--lr", "0.1 0.2"],
+                NVRX_NPROC_PER_NODE="4", NVRX_SUPERVISE_ARGS="--max-restarts 3")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    args = (tmp_path / "args").read_text().splitlines()
+    assert args == ["--nproc-per-node", "4", "--max-restarts", "3", "--", "python", "train.py",
+                    "--lr", "0.1 0.2"]  # fmt: skip
+    env = dict(line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines() if "=" in line)
+    assert env["NVRX_LOG_DIR"] == f"{tmp_path}/nvrx_logs"
+    assert env["NVRX_SIGNAL_DELAY_S"] in ("60", "90")
+    assert "supervisors ended with exit code 0" in done.stdout
+
+
+def test_a_template_exits_with_the_supervisors_code(tmp_path: Path) -> None:
+    assert _run(tmp_path, "train", ["true"], EXIT="75").returncode == 75
+
+
+def test_a_template_without_a_command_says_so(tmp_path: Path) -> None:
+    done = _run(tmp_path, "train_requeue", [])
+    assert done.returncode == 2 and "no training command" in done.stderr
+
+
+def test_the_spare_template_needs_a_training_node(tmp_path: Path) -> None:
+    done = _run(tmp_path, "train_spares", ["true"], NVRX_SPARE_NODES="3")
+    assert done.returncode == 2 and "NVRX_SPARE_NODES=3 leaves no training node out of 3" in done.stderr
+
+
+def test_nvrx_template_writes_lists_and_refuses_to_overwrite(tmp_path: Path) -> None:
+    out = tmp_path / "job.sbatch"
+    cli = [sys.executable, "-m", "nvrx.slurm.template_cli"]
+    done = subprocess.run([*cli, "train_spares", "-o", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    beside = Path(sys.executable).parent / "nvrx-srun"
+    assert f'NVRX_SRUN="${{NVRX_SRUN:-{beside.absolute()}}}"' in out.read_text()
+    again = subprocess.run([*cli, "train_spares", "-o", str(out)], capture_output=True, text=True)
+    assert again.returncode == 2 and "exists: give --force" in again.stderr
+    listing = subprocess.run(cli, capture_output=True, text=True, check=True).stdout
+    assert all(name in listing for name in NAMES)
+    bad = subprocess.run([*cli, "nosuch"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "no template 'nosuch': choose one of train, train_requeue" in bad.stderr
+
+
+def test_nvrx_srun_builds_one_supervisor_per_node(tmp_path: Path) -> None:
+    (tmp_path / "srun").write_text("#!/bin/sh\n")
+    (tmp_path / "srun").chmod(0o755)
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "3", "PATH": str(tmp_path),
+           "NVRX_SRUN_ARGS": "--cpu-bind=none --label"}  # fmt: skip
+    command = srun_cli.srun_command(["--nproc-per-node", "2", "--", "python", "t.py"], env, "/py")
+    assert command == [
+        str(tmp_path / "srun"), "--nodes=3", "--ntasks=3", "--ntasks-per-node=1",
+        "--kill-on-bad-exit=0", "--no-kill", "--unbuffered", "--cpu-bind=none", "--label",
+        "/py", "-m", "nvrx.supervisor", "--nproc-per-node", "2", "--", "python", "t.py",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--", "x"], {}, "not inside a SLURM allocation"),
+        (["--nproc-per-node", "2"], {"SLURM_JOB_ID": "1"}, "no training command: put it after '--'"),
+        (["--"], {"SLURM_JOB_ID": "1"}, "no training command"),
+        (["--", "x"], {"SLURM_JOB_ID": "1", "PATH": "/nonexistent"}, "srun not found on PATH"),
+        (["--", "x"], {"SLURM_JOB_ID": "1", "NVRX_SRUN_ARGS": "'open"}, "NVRX_SRUN_ARGS cannot be split"),
+    ],
+)
+def test_nvrx_srun_says_what_to_fix(argv: list[str], env: dict[str, str], message: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "nvrx.slurm.srun_cli", *argv],
+        env={"PATH": os.environ["PATH"], **env}, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def test_nvrx_srun_help_and_the_checkout_wrapper() -> None:
+    wrapper = Path(__file__).resolve().parents[2] / "bin" / "nvrx-srun"
+    done = subprocess.run([str(wrapper), "--help"], capture_output=True, text=True, check=True)
+    assert "--no-kill" in done.stdout and "NVRX_SRUN_ARGS" in done.stdout
+
+
+def test_the_report_finds_the_templates_output_file(tmp_path: Path) -> None:
+    (tmp_path / "nvrx-42.out").write_text("x")
+    (tmp_path / "nvrx-421.out").write_text("x")
+    assert find_output_files("42", [tmp_path]) == [(tmp_path / "nvrx-42.out").resolve()]
