@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
+from typing import TextIO
 
 from .aggregate import JobSummary, aggregate_files, run_starts_of
 from .failure_groups import add_output_findings, build_failures
@@ -24,6 +25,7 @@ from .node_loss import node_losses
 from .output_scan import scan_output_file
 from .output_triage import Death, EventFacts, triage
 from .process_rows import process_restarts
+from .progress import Progress
 from .rank_files import attach_rank_files
 from .slurm_context import default_search_dirs, find_output_files, query_sacct, sacct_requeues
 from .summarize import Filters, summarize_file
@@ -33,6 +35,8 @@ from .timeline import build_timeline
 #: Below this many files, worker processes cost more than they save.
 PARALLEL_MIN_FILES = 64
 CHUNKS_PER_WORKER = 4
+#: Files read in one piece without workers (progress is told after each piece).
+SERIAL_CHUNK_FILES = 64
 _NODE_FILE_PREFIXES = ("supervisor-", "store-")
 
 
@@ -40,7 +44,9 @@ def _node_file(path: Path) -> bool:
     return path.name.startswith(_NODE_FILE_PREFIXES)
 
 
-def _aggregate(files: Sequence[Path], filters: Filters, workers: int) -> JobSummary:
+def _aggregate(
+    files: Sequence[Path], filters: Filters, workers: int, progress: Progress
+) -> JobSummary:
     """All files folded into one ``JobSummary``; in worker processes when there are many.
 
     Per-node files go first, in this process: their ``supervisor_start``
@@ -50,11 +56,15 @@ def _aggregate(files: Sequence[Path], filters: Filters, workers: int) -> JobSumm
     rank_files = [p for p in files if not _node_file(p)]
     # All run starts must be known before any event is filed under a run.
     node_summaries = [summarize_file(p, filters) for p in node_files]
+    progress.advance(len(node_files))
     agg = JobSummary.starting(run_starts_of(node_summaries))
     for summary in node_summaries:
         agg.add(summary)
     if workers <= 1 or len(rank_files) < PARALLEL_MIN_FILES:
-        agg.merge(aggregate_files(rank_files, filters, agg.run_starts))
+        for i in range(0, len(rank_files), SERIAL_CHUNK_FILES):
+            chunk = rank_files[i : i + SERIAL_CHUNK_FILES]
+            agg.merge(aggregate_files(chunk, filters, agg.run_starts))
+            progress.advance(len(chunk))
         return agg
     # fork is cheapest, but unsafe when the caller runs other threads.
     method = (
@@ -69,8 +79,10 @@ def _aggregate(files: Sequence[Path], filters: Filters, workers: int) -> JobSumm
     with ProcessPoolExecutor(
         max_workers=workers, mp_context=multiprocessing.get_context(method)
     ) as pool:
-        for part in pool.map(work, [c for c in chunks if c]):
+        nonempty = [c for c in chunks if c]
+        for chunk, part in zip(nonempty, pool.map(work, nonempty), strict=True):
             agg.merge(part)
+            progress.advance(len(chunk))
     return agg
 
 
@@ -137,17 +149,24 @@ def build_report(
     slurm_output: Sequence[str | os.PathLike[str]] = (),
     submitit_folders: Sequence[str | os.PathLike[str]] = (),
     workers: int | None = None,
+    progress: TextIO | None = None,
 ) -> Report:
     """Read one job's events (and, when available, ``sacct`` and its output files) into a ``Report``.
 
     ``log_dir`` is the job's own event directory or the base holding one
     directory per job (default: the job-environment contract's, ``nvrx.jobenv``); ``job``
     picks the job there. ``rank``/``node``/``since`` (epoch seconds) restrict
-    the events considered. Raises ``ReportError`` when there is nothing to read.
+    the events considered. ``progress``: a terminal to show files read on (``progress``);
+    nothing is shown on a stream that is not one. Raises ``ReportError`` when there is
+    nothing to read.
     """
     job_dir = resolve_job_dir(log_dir, job)
     filters = Filters(job=job, rank=rank, node=node, since=since)
-    agg = _aggregate(job_dir.files, filters, workers or _default_workers())
+    shown = Progress(len(job_dir.files), progress) if progress is not None else Progress(0)
+    try:
+        agg = _aggregate(job_dir.files, filters, workers or _default_workers(), shown)
+    finally:
+        shown.finish()
     agg.settle()
     notes = list(job_dir.notes)
     if agg.events == 0 and agg.skipped_count == 0:

@@ -117,6 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             slurm_output=args.slurm_output,
             submitit_folders=args.submitit_folder,
             workers=args.workers,
+            progress=sys.stderr,  # shown only when stderr is a terminal
         )
     except ReportError as exc:
         print(f"nvrx-report: {exc}", file=sys.stderr)

@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 DEFAULT_FOLDER = "nvrx_jobs"
 #: Parameters nvrx handles itself; every other one goes to ``submitit.AutoExecutor``.
 NVRX_PARAMETERS = ("nproc_per_node", "signal_delay_s", "max_time_limit_requeues", "supervise_args")
+#: submitit's name of ``signal_delay_s``: the same setting.
+SUBMITIT_DELAY = "slurm_signal_delay_s"
 
 
 class SubmitError(ValueError):
@@ -108,13 +110,30 @@ class Executor:
         self.update_parameters(**params)
 
     def update_parameters(self, **params: Any) -> None:
-        """Set parameters; numbers and names are checked now, the cluster at ``submit``."""
+        """Set parameters; numbers and names are checked now, the cluster at ``submit``. A
+        refused update changes nothing.
+
+        submitit's ``slurm_signal_delay_s`` and nvrx's ``signal_delay_s`` are one setting:
+        either sets it; both at once with different values is an error naming both."""
+        if SUBMITIT_DELAY in params:
+            delay = params.pop(SUBMITIT_DELAY)
+            if "signal_delay_s" in params and params["signal_delay_s"] != delay:
+                raise SubmitError(
+                    f"signal_delay_s={params['signal_delay_s']!r} and {SUBMITIT_DELAY}={delay!r} "
+                    "are one setting (seconds of warning before the time limit): give one of them"
+                )
+            params["signal_delay_s"] = delay
+        before = dict(self._nvrx), dict(self._submitit)
         for name, value in params.items():
             if name in NVRX_PARAMETERS:
                 self._nvrx[name] = value
             else:
                 self._submitit[name] = value
-        self._check_values()
+        try:
+            self._check_values()
+        except SubmitError:
+            self._nvrx, self._submitit = before
+            raise
 
     def _check_values(self) -> None:
         nv, sp = self._nvrx, self._submitit
@@ -175,7 +194,7 @@ class Executor:
         params = dict(self._submitit)
         delay = self._nvrx["signal_delay_s"]
         if self.cluster == "slurm":
-            params.setdefault("slurm_signal_delay_s", delay)
+            params[SUBMITIT_DELAY] = delay
             extra = dict(params.get("slurm_additional_parameters") or {})
             extra.setdefault("requeue", True)
             params["slurm_additional_parameters"] = extra

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from nvrx.slurm import commands
+from nvrx.store.service import PROGRESS_EVERY_S
 
 from . import node_requeue
 from .config import STOP_KEY, StopRequest
@@ -74,15 +75,32 @@ class JobEnd:
             log.error("could not end job %s: %s", job_id, exc)
 
     def _wait_for_other_nodes(self, deadline: float) -> None:
+        """Wait for the other slots to end; every ``PROGRESS_EVERY_S`` a log line names them."""
         selector = self._make_selector()
+        start = time.monotonic()
+        note = start + PROGRESS_EVERY_S
         try:
-            while not self._other_nodes_done(selector, deadline):
-                pass
+            while not self._other_nodes_done(selector, deadline, note):
+                if time.monotonic() >= note:
+                    self._note_waiting(start)
+                    note = time.monotonic() + PROGRESS_EVERY_S
         finally:
             selector.close()
 
-    def _other_nodes_done(self, selector: selectors.BaseSelector, deadline: float) -> bool:
-        """One wait for the other nodes' end; True when waiting is over (done, lost, signalled, late)."""
+    def _note_waiting(self, start: float) -> None:
+        slots = [] if self.roles is None else self.roles.running_slots()
+        others = [s for s in slots if s != self.config.node_rank]
+        log.warning(
+            "still waiting for node slot(s) %s to finish, %.0f s of --finish-timeout %g s",
+            ", ".join(map(str, others)) or "(unknown)",
+            time.monotonic() - start, self.config.finish_timeout,
+        )  # fmt: skip
+
+    def _other_nodes_done(
+        self, selector: selectors.BaseSelector, deadline: float, wake: float | None = None
+    ) -> bool:
+        """One wait for the other nodes' end, until ``deadline`` or ``wake`` at most; True
+        when waiting is over (done, lost, signalled, late)."""
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             if self.exit_code == ExitCode.OK:
@@ -93,7 +111,8 @@ class JobEnd:
             return True
         if self._all_ended:
             return True
-        for message in self._poll_once(selector, remaining):
+        wait = remaining if wake is None else min(remaining, max(0.0, wake - time.monotonic()))
+        for message in self._poll_once(selector, wait):
             if message.get("event") == "lost":
                 return True
             if self._on_node_message(message):

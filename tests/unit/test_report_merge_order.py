@@ -54,7 +54,7 @@ def _tied_job(log_dir: Path) -> None:
 def _shuffled(seed: int) -> Callable[..., JobSummary]:
     """``build._aggregate`` that merges the rank files in an order drawn from ``seed``."""
 
-    def aggregate(files: list[Path], filters: Filters, workers: int) -> JobSummary:
+    def aggregate(files: list[Path], filters: Filters, workers: int, progress: object) -> JobSummary:
         rng = random.Random(seed)
         node_files = [p for p in files if build_module._node_file(p)]
         rank_files = [p for p in files if not build_module._node_file(p)]

@@ -92,3 +92,17 @@ def test_lazy_exports() -> None:
     assert nvrx.Executor is Executor
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         nvrx.nope  # noqa: B018
+
+
+def test_submitits_signal_delay_is_nvrxs(tmp_path: Path) -> None:
+    """submitit's slurm_signal_delay_s sets the delay the supervisors use to tell a time limit
+    from a preemption, and what SLURM is asked for: one setting under two names."""
+    executor = Executor(tmp_path, cluster="local", timeout_min=10, slurm_signal_delay_s=120)
+    assert executor._nvrx["signal_delay_s"] == 120
+    executor.update_parameters(signal_delay_s=120, slurm_signal_delay_s=120)  # the same: fine
+    with pytest.raises(SubmitError, match=r"signal_delay_s=90 and slurm_signal_delay_s=120 are one setting"):
+        executor.update_parameters(signal_delay_s=90, slurm_signal_delay_s=120)
+    with pytest.raises(SubmitError, match="signal_delay_s=600 must be below the time limit"):
+        executor.update_parameters(slurm_signal_delay_s=600)  # checked like nvrx's own name
+    executor.cluster = "slurm"  # what sbatch would be asked for
+    assert executor._submitit_parameters()["slurm_signal_delay_s"] == 120
