@@ -107,6 +107,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=20,
         help="restarts (in-process and process) before the job gives up (default 20)",
     )
+    wrapper.add_argument(
+        "--active-ranks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="train on N ranks; the others wait as in-process spares and step in for "
+        "ranks that leave (default: every rank trains)",
+    )
     plain = p.add_argument_group("plain script (--no-wrapper)")
     plain.add_argument(
         "--hang-timeout",
@@ -119,6 +127,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(
             f"--steps and --checkpoint-every must be >= 1, got {args.steps}, {args.checkpoint_every}"
         )
+    if args.active_ranks is not None and args.active_ranks < 1:
+        p.error(f"--active-ranks must be >= 1, got {args.active_ranks}")
     if not 0 < args.soft_timeout < args.hard_timeout:
         p.error(
             f"need 0 < --soft-timeout < --hard-timeout, got {args.soft_timeout:g} and {args.hard_timeout:g}"
@@ -331,7 +341,14 @@ def make_wrapper(args: argparse.Namespace) -> Any:
     """The Wrapper with timeouts sized for the demo (steps of ~0.1 s, restarts in seconds)."""
     from nvrx import inprocess
 
+    extra: dict[str, Any] = {}
+    if args.active_ranks is not None:  # the default assignment activates every rank
+        extra["rank_assignment"] = inprocess.Compose(
+            inprocess.rank_assignment.MaxActiveWorldSize(args.active_ranks),
+            inprocess.rank_assignment.ShiftRanks(),
+        )
     return inprocess.Wrapper(
+        **extra,
         initialize=inprocess.initialize.RetryController(max_iterations=args.max_iterations),
         abort=inprocess.abort.AbortTorchDistributed(),
         soft_timeout=args.soft_timeout,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from nvrx import events
 from nvrx.store import barrier as nvrx_barrier
-from nvrx.store import keys, rounds
+from nvrx.store import generations, keys, rounds
 
 from . import between_rounds, rejoin, rendezvous
 from . import store as rstore
@@ -123,31 +123,27 @@ class CallWrapper:
         )
 
     def _open_generation(self) -> None:
-        """A new process generation: every process of the job meets at its initial barrier."""
+        """A new process generation: every process of the job meets at its initial barrier
+        (``nvrx.store.generations``); the ranks gone by then stay out of its first round."""
         base = self.services.base_store
         self.generation = rounds.generation_base(base)
         self.enter_round(self.generation)
         self.services.board.set_generation(self.generation)
-
-        def open_generation() -> None:
-            rendezvous.clear_torch_keys(base)
-            if self.generation > 0:
-                rounds.count_job_restart(base)
-            rounds.publish_round(base, self.generation)
-
+        world = self.initial_world_size
         t0 = time.monotonic()
-        nvrx_barrier.barrier(
+        gone = generations.gone_in(base, world) - {self.initial_rank}
+        generations.arrive_for_gone(base, self.generation, world, gone)
+        generations.arrive(base, self.generation, self.initial_rank, world)
+        nvrx_barrier.wait(
             base,
-            f"{keys.ROOT}g{self.generation}/initial",
-            self.initial_rank,
-            self.initial_world_size,
+            generations.initial_barrier(self.generation),
+            world,
             self.wrapper.barrier_timeout,
-            reentrant=True,
-            before_release=open_generation,
         )
         self.emit(
             "restart_phase", phase="initial_barrier", duration_s=time.monotonic() - t0, ok=True
         )
+        self._first_terminated = generations.gone_at_start(base, self.generation)
         self.state.iteration = rounds.job_restarts(base)
 
     def enter_round(self, round_: int) -> None:

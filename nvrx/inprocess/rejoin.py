@@ -26,7 +26,7 @@ import os
 import time
 from typing import Any
 
-from nvrx.store import keys, rounds
+from nvrx.store import gone_ranks, keys, rounds
 
 from . import store as rstore
 from .fault_recording import Emit
@@ -164,7 +164,7 @@ def _candidates(store: Any, base_store: Any, terminated: set[int]) -> list[int]:
         initial = t
         if store.check([keys.rank_state(t)]):
             initial = int(json.loads(store.get(keys.rank_state(t)))["initial_rank"])
-        if not base_store.check([keys.rank_gone(initial)]):
+        if not gone_ranks.is_gone(base_store, initial):
             candidates.append(t)
     return candidates
 

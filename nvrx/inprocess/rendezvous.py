@@ -6,8 +6,9 @@ store: ``MASTER_ADDR``/``MASTER_PORT`` name the store, and
 tries to host a server, so it works whichever process is rank 0 this round).
 ``RANK``/``WORLD_SIZE`` are the round's active rank and world size. Torch
 writes its rendezvous keys under ``default_pg/``; the Wrapper deletes them
-between rounds (after every rank left the previous round's groups), so a round
-never reads another round's addresses. The previous values come back when the
+between rounds (after every rank left the previous round's groups) and when a
+process generation opens (``nvrx.store.generations``), so a round never reads
+another round's addresses. The previous values come back when the
 Wrapper returns.
 """
 
@@ -17,10 +18,6 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from typing import Any
-
-from nvrx.store import keys
-from nvrx.store.client import delete_prefix
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +65,3 @@ def preserved_environment() -> Iterator[None]:
         yield
     finally:
         apply(saved)
-
-
-def clear_torch_keys(store: Any) -> int:
-    """Delete torch's rendezvous keys left by an earlier round."""
-    try:
-        return delete_prefix(store, keys.TORCH_DEFAULT_PG_PREFIX)
-    except Exception as exc:  # a custom store without list_keys: keys stay, torch re-sets them
-        log.debug("could not clear torch rendezvous keys: %r", exc)
-        return 0

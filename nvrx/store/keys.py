@@ -41,10 +41,16 @@ def admission(initial_rank: int, pid: int) -> str:
     return f"{ROOT}admit/{initial_rank}/{pid}"
 
 
+#: Everything about ranks that will not come back (``nvrx.store.gone_ranks``).
+GONE_PREFIX = ROOT + "gone/"
+#: Append-only ``"r,"`` list of the initial ranks marked gone.
+GONE_LIST = GONE_PREFIX + "all"
+
+
 def rank_gone(initial_rank: int) -> str:
     """Set when the process of ``initial_rank`` will not come back (its node was lost, no
     spare took it over): survivors do not wait for its replacement."""
-    return f"{ROOT}gone/{initial_rank}"
+    return f"{GONE_PREFIX}{initial_rank}"
 
 
 # Names inside one round's prefix --------------------------------------------

@@ -11,26 +11,20 @@ stopped; ``StoreService`` manages such a process from Python.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import ctypes
 import errno
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
 from nvrx import jobenv, processes
-
-from . import snapshot
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +131,10 @@ class StoreService:
         log_dir: str | os.PathLike[str] | None = None,
         node: int | None = 0,
         snapshot: SnapshotSpec | None = None,
+        held: bool = False,
     ) -> None:
+        """``held``: the launched process imports torch, then waits for ``release`` before it
+        binds, restores the snapshot and serves (a store kept ready for a failover)."""
         if not 0 <= int(port) <= 65535:
             raise ValueError(f"store port must be in 0..65535, got {port}")
         self.host = host
@@ -147,8 +144,10 @@ class StoreService:
         self.log_dir = log_dir
         self.node = node
         self.snapshot = snapshot
+        self.held = held
         self._proc: subprocess.Popen[bytes] | None = None
         self._ready_fd: int | None = None
+        self._release_fd: int | None = None
 
     @property
     def pid(self) -> int | None:
@@ -185,6 +184,7 @@ class StoreService:
             "--parent-pid",
             str(os.getpid()),
             *(self.snapshot.argv() if self.snapshot is not None else ()),
+            *(["--held"] if self.held else []),
         ]
         env = dict(os.environ)
         if self.job_id is not None:
@@ -194,16 +194,32 @@ class StoreService:
         if self.node is not None:
             env[jobenv.NODE_RANK] = str(self.node)
         env.pop("RANK", None)
+        hold_r, hold_w = os.pipe() if self.held else (subprocess.DEVNULL, None)
         try:
-            self._proc = processes.start(
-                cmd, env=env, pass_fds=(write_fd,), stdin=subprocess.DEVNULL
-            )
+            self._proc = processes.start(cmd, env=env, pass_fds=(write_fd,), stdin=hold_r)
         except BaseException:
             os.close(read_fd)
+            if hold_w is not None:
+                os.close(hold_w)
             raise
         finally:
             os.close(write_fd)
-        self._ready_fd = read_fd
+            if hold_w is not None:
+                os.close(hold_r)
+        self._ready_fd, self._release_fd = read_fd, hold_w
+        return self
+
+    def release(self) -> StoreService:
+        """Let a ``held`` service bind and serve now; ``wait_started`` then waits for it."""
+        fd, self._release_fd = self._release_fd, None
+        if fd is None:
+            raise RuntimeError("store service not held, or released already")
+        try:
+            os.write(fd, b"serve\n")
+        except OSError as exc:  # it died: wait_started reports how
+            log.warning("held store service pid %s is gone: %s", self.pid, exc)
+        finally:
+            os.close(fd)
         return self
 
     def wait_started(self, timeout: float = _READY_TIMEOUT_S) -> StoreService:
@@ -268,6 +284,9 @@ class StoreService:
         if self._ready_fd is not None:
             os.close(self._ready_fd)
             self._ready_fd = None
+        if self._release_fd is not None:  # a held service reads the end of its stdin and exits
+            os.close(self._release_fd)
+            self._release_fd = None
         return None if proc is None else processes.stop(proc, grace_s=timeout)
 
     def __enter__(self) -> StoreService:
@@ -277,124 +296,7 @@ class StoreService:
         self.stop()
 
 
-# -- the server process --------------------------------------------------------
-
-
-def _die_with_parent() -> None:
-    """Ask the kernel to send SIGTERM to this process when its parent dies (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
-def _serve(
-    host: str,
-    port: int,
-    ready_fd: int | None,
-    parent_pid: int | None,
-    spec: SnapshotSpec | None = None,
-) -> int:
-    from nvrx import events
-
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    _die_with_parent()
-    if parent_pid is not None and os.getppid() != parent_pid:
-        return 1  # the parent died before the death signal was armed
-
-    def report(message: dict) -> None:
-        if ready_fd is None:
-            return
-        with contextlib.suppress(OSError):
-            os.write(ready_fd, (json.dumps(message) + "\n").encode())
-            os.close(ready_fd)
-
-    if port and not port_is_free(host, port):
-        report({"error": "in_use"})
-        return 2
-    import torch.distributed as dist
-
-    try:
-        store = dist.TCPStore(
-            host,
-            port,
-            world_size=None,
-            is_master=True,
-            timeout=timedelta(seconds=30),
-            wait_for_workers=False,
-        )
-    except Exception as exc:  # torch raises DistNetworkError/RuntimeError on bind failures
-        in_use = "EADDRINUSE" in str(exc) or "address already in use" in str(exc).lower()
-        report({"error": "in_use" if in_use else f"{type(exc).__name__}: {exc}"})
-        return 2
-    writer = events.configure("store")
-    restored = _restore(store, spec)
-    keeper = None
-    if spec is not None:
-        keeper = snapshot.Keeper(store, spec.path, spec.prefixes, spec.exclude)
-        keeper.start()
-    writer.emit("store_start", addr=host, port=store.port, restored_keys=restored)
-    report({"port": store.port, "pid": os.getpid()})
-    stop.wait()
-    if keeper is not None:
-        keeper.stop()
-    writer.emit("store_end", reason="stopped by signal")
-    del store
-    return 0
-
-
-def _restore(store: object, spec: SnapshotSpec | None) -> int | None:
-    """Restore the keys of the snapshot ``spec`` starts from; how many, None when none."""
-    if spec is None or spec.restore_from is None:
-        return None
-    keys = snapshot.read(spec.restore_from)
-    snapshot.restore(store, keys)
-    return len(keys)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m nvrx.store.service",
-        description="Serve an nvrx store (torch TCPStore) until SIGTERM or the parent dies.",
-    )
-    parser.add_argument("--host", default="0.0.0.0", help="address to bind (default: all)")
-    parser.add_argument("--port", type=int, required=True, help="TCP port; 0 picks a free one")
-    parser.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--snapshot", type=Path, default=None, help="keep a copy of job-level keys in this file"
-    )
-    parser.add_argument(
-        "--snapshot-prefix", action="append", default=[], help="key prefix to copy (repeatable)"
-    )
-    parser.add_argument(
-        "--snapshot-exclude", action="append", default=[], help="key prefix never copied"
-    )
-    parser.add_argument(
-        "--restore", type=Path, default=None, help="start from the keys saved in this file"
-    )
-    args = parser.parse_args(argv)
-    if not 0 <= args.port <= 65535:
-        parser.error(f"--port must be in 0..65535, got {args.port}")
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s nvrx-store %(levelname)s %(message)s"
-    )
-    spec = None
-    if args.snapshot is not None:
-        spec = SnapshotSpec(
-            args.snapshot,
-            tuple(args.snapshot_prefix),
-            tuple(args.snapshot_exclude),
-            args.restore,
-        )
-    return _serve(args.host, args.port, args.ready_fd, args.parent_pid, spec)
-
-
 if __name__ == "__main__":
+    from .server_process import main
+
     sys.exit(main())

@@ -9,11 +9,14 @@ spare takes over its node rank as after any node loss. A store host that
 loses its own store service, or a job of one node, has nobody to fail over
 to: it stops as before (exit 3).
 
-What takes seconds (each program imports torch) starts first, while the
-children stop and the survivors elect: the next store agent (it gets the
-address later), the store service on the slot next in line (the lowest one
-but the lost host; stopped again if the election names another), and
-standbys for the node's ranks (``standby``).
+What takes seconds (each program imports torch) is ready before it is
+needed: while the job runs, each supervisor keeps a store agent with torch
+imported that has no address yet, and the slot next in line (the lowest one
+but the store host's) keeps a store service held before it binds
+(``_prepare_failover``). When the store is lost, the held service is let go
+(stopped again if the election names another slot) and standbys for the
+node's ranks start (``standby``) while the children stop and the survivors
+elect; whatever was not kept ready starts then.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from . import store_failover
 from .children import stop_children
 from .config import ALL_ENDED_KEY, STOP_KEY
 from .exit_codes import ExitCode
+from .node_roles import Loss
 from .standby import Standbys
 from .store_failover import StoreAddress
 from .store_link import StoreLink, StoreLinkError
@@ -58,6 +62,8 @@ class Failover:
     standbys: Standbys
     _ahead_link: StoreLink | None = None
     _ahead_service: StoreService | None = None
+    _prepared_link: StoreLink | None = None
+    _prepared_service: StoreService | None = None
 
     def _store_lost(self, detail: str) -> bool:
         """The store link reported the store lost: fail over (True), else stop the job."""
@@ -72,6 +78,10 @@ class Failover:
         )
         return False
 
+    def _store_unavailable(self, exc: Exception) -> None:
+        """The store cannot be used (and it was not lost: nothing to fail over from): stop."""
+        self.request_stop(f"store unavailable: {exc}", ExitCode.STORE_UNAVAILABLE, broadcast=False)
+
     def _can_fail_over(self) -> bool:
         return self.config.nnodes > 1 and self.service is None and self.roles is not None
 
@@ -84,11 +94,12 @@ class Failover:
         log.warning("store at %s lost (%s): failing over", old, detail)
         self.failing_over = True
         self._ahead_link, self._ahead_service = self._start_ahead()
+        loss: Loss | None = None
         try:
             stop_children(self._running(), _STOP_GRACE_S)
             self._reap()
             self.link.close()
-            address = self._elect_and_connect()
+            address, loss = self._elect_and_connect(lost_wall)
         except OSError as exc:  # the job directory cannot be written or read
             log.error("cannot fail over through %s: %s", self.config.events_dir, exc)
             address = None
@@ -107,34 +118,73 @@ class Failover:
             lost_slot=self._lost_store_slot,
             duration_s=round(time.monotonic() - t0, 3),
         )
-        if address.slot == self.roles.slot:
-            report = {"slot": self._lost_store_slot, "silent_s": None, "last_seen_wall": lost_wall}
-            try:
-                loss = self.roles.declare(report, fresh=True)
-            except StoreLinkError as exc:  # the new store is gone already: its loss follows
-                log.error("could not declare slot %s lost: %s", self._lost_store_slot, exc)
-                loss = None
-            if loss is not None and loss.action == "stop":
-                self.request_stop(loss.reason, ExitCode.NODE_LOST, broadcast=True)
-                self._requeue_without(loss.host)
+        if loss is not None and loss.action == "stop":
+            self.request_stop(loss.reason, ExitCode.NODE_LOST, broadcast=True)
+            self._requeue_without(loss.host)
         if self.roles.node_rank is not None:
             for local_rank in range(self.config.nproc_per_node):
                 self.restarts[local_rank] += 1
                 self._start_child(local_rank, jobenv.FRESH_START)
+        self._prepare_failover()  # for the next one
         return True
 
+    def _next_in_line(self) -> bool:
+        """Whether this slot would host the next store: the lowest slot but the store host's
+        (and the one lost before it, after a failover)."""
+        others = set(range(self.config.nnodes)) - {self._store_slot, self._lost_store_slot}
+        return bool(others) and self.roles.slot == min(others)
+
+    def _prepare_failover(self) -> None:
+        """While the job runs, keep ready what a failover would wait for first: a store
+        agent with torch imported and, on the slot next in line, a store service held
+        before it binds. Only where a failover can happen (node liveness on, 3 slots
+        or more, this slot not the store host) and warm standbys are on."""
+        cfg = self.config
+        if not (self._can_fail_over() and self.roles.enabled):
+            return
+        if cfg.nnodes < 3 or not cfg.warm_standby:
+            return
+        if self._prepared_link is None or not self._prepared_link.running:
+            try:
+                self._prepared_link = StoreLink(None, None, cfg.store_timeout).launch()
+            except OSError as exc:
+                log.warning("cannot keep a store agent ready for a failover: %s", exc)
+        if self._prepared_service is None and self._next_in_line():
+            try:
+                self._prepared_service = self._successor_store(held=True).launch()
+            except (OSError, RuntimeError) as exc:
+                log.warning("cannot keep a store ready for a failover: %s", exc)
+
+    def _drop_prepared(self) -> None:
+        """What was kept ready for a failover ends (the job ends, or it was not needed)."""
+        if self._prepared_link is not None:
+            self._prepared_link.close()
+        if self._prepared_service is not None:
+            self._prepared_service.stop()
+        self._prepared_link = self._prepared_service = None
+
     def _start_ahead(self) -> tuple[StoreLink | None, StoreService | None]:
-        """Start the programs the failover will need, before anyone knows the new address."""
+        """Start the programs the failover will need, before anyone knows the new address
+        (or take the ones kept ready)."""
         cfg = self.config
         if self.roles.node_rank is not None:
             self.standbys.start(cfg.command, range(cfg.nproc_per_node), cfg.child_env(0, 1))
-        try:
-            link = StoreLink(None, None, cfg.store_timeout).launch()
-        except OSError as exc:
-            log.warning("cannot start the next store agent ahead: %s", exc)
+        link, service = self._prepared_link, self._prepared_service
+        self._prepared_link = self._prepared_service = None
+        if link is not None and not link.running:
+            link.close()
             link = None
-        service = None
-        if self.roles.slot == min(set(range(cfg.nnodes)) - {self._store_slot}):
+        if link is None:
+            try:
+                link = StoreLink(None, None, cfg.store_timeout).launch()
+            except OSError as exc:
+                log.warning("cannot start the next store agent ahead: %s", exc)
+        if service is not None and not (service.alive and self._next_in_line()):
+            service.stop()
+            service = None
+        if service is not None:
+            service.release()
+        elif self._next_in_line():
             try:
                 service = self._successor_store().launch()
             except (OSError, RuntimeError) as exc:
@@ -149,7 +199,7 @@ class Failover:
             self._ahead_service.stop()
         self._ahead_link = self._ahead_service = None
 
-    def _successor_store(self) -> StoreService:
+    def _successor_store(self, held: bool = False) -> StoreService:
         cfg = self.config
         return StoreService(
             os.environ.get("SLURMD_NODENAME") or cfg.master_addr,
@@ -158,9 +208,12 @@ class Failover:
             log_dir=cfg.log_dir,
             node=self.roles.slot,
             snapshot=snapshot_spec(cfg, restore=True),
+            held=held,
         )
 
-    def _elect_and_connect(self) -> StoreAddress | None:
+    def _elect_and_connect(self, lost_wall: float) -> tuple[StoreAddress | None, Loss | None]:
+        """Elect, start or find the next store, connect to it; with the successor's
+        declaration of the old host's slot, when this slot is the successor."""
         cfg, slot = self.config, self.roles.slot
         self._lost_store_slot = self._store_slot
         self._epoch += 1
@@ -175,15 +228,14 @@ class Failover:
             self._ahead_service = None
         if successor is None:
             store_failover.withdraw(job_dir, self._epoch, slot)
-            return None
-        if successor == slot:
-            address = self._host_store(job_dir)
-        else:
+            return None, None
+        address = self._host_store(job_dir) if successor == slot else None
+        if address is None:
             wait_s = cfg.store_timeout + cfg.node_timeout
             address = store_failover.wait_address(job_dir, self._epoch, wait_s)
         if address is None:
             log.error("no successor store was published for epoch %d", self._epoch)
-            return None
+            return None, None
         self.config = replace(cfg, master_addr=address.host, store_port=address.port)
         self._store_slot = address.slot
         self._selector_stale = True
@@ -197,15 +249,34 @@ class Failover:
             if self.service is not None:
                 self.link.watch(ALL_ENDED_KEY)
             self.roles.relink(self.config, self.link, address.slot)
+        except StoreLinkError as exc:
+            log.error("cannot use the successor store %s:%s: %s", address.host, address.port, exc)
+            return None, None
+        loss = None
+        if address.slot == slot:
+            # before the address is out: the new generation's children must find the old
+            # host's ranks already marked gone (no spare) or assigned (a spare)
+            loss = self._declare_lost_store_host(lost_wall)
+            store_failover.publish(job_dir, address)
+        try:
             self.roles.start()
         except StoreLinkError as exc:
             log.error("cannot use the successor store %s:%s: %s", address.host, address.port, exc)
+            return None, None
+        return address, loss
+
+    def _declare_lost_store_host(self, lost_wall: float) -> Loss | None:
+        report = {"slot": self._lost_store_slot, "silent_s": None, "last_seen_wall": lost_wall}
+        try:
+            return self.roles.declare(report, fresh=True)
+        except StoreLinkError as exc:  # the new store is gone already: its loss follows
+            log.error("could not declare slot %s lost: %s", self._lost_store_slot, exc)
             return None
-        return address
 
     def _host_store(self, job_dir: Any) -> StoreAddress | None:
         """This slot is the successor: start the next store (or take the one started ahead),
-        restored, and publish it."""
+        restored, and claim the epoch for it; None when that failed or another slot's
+        store claimed the epoch first."""
         service, self._ahead_service = self._ahead_service, None
         try:
             if service is None:
@@ -217,12 +288,12 @@ class Failover:
                 service.stop()
             return None
         mine = StoreAddress(service.host, service.port, self.roles.slot, self._epoch)
-        published = store_failover.publish(job_dir, mine)
-        if published != mine:
-            service.stop()  # another slot's store won this epoch
-        else:
-            self.service = service
-        return published
+        if not store_failover.claim(job_dir, mine):
+            log.warning("another slot claimed epoch %d first: using its store", self._epoch)
+            service.stop()
+            return None
+        self.service = service
+        return mine
 
     # provided by Supervisor
     _lost_store_slot: int

@@ -5,7 +5,9 @@ declared the node lost. Nobody is left on that node to record the fault, so
 the declarer does what a dead rank's monitor process would have done: it
 records a ``node_lost`` fault, registers the rank as terminated, interrupts
 the round and arrives at the iteration barrier for it. A rank that no spare
-will replace is marked gone, so the survivors do not wait for a replacement.
+will replace is marked gone, so the survivors do not wait for a replacement,
+and the declarer arrives for it at the initial barrier of the process
+generation that opens next (``nvrx.store.generations``).
 Jobs that do not run the Wrapper have no round: there is nothing to do.
 """
 
@@ -16,7 +18,8 @@ import logging
 from typing import Any
 
 from nvrx.inprocess import store as rstore
-from nvrx.store import faults, keys, rounds
+from nvrx.store import faults, generations, gone_ranks, keys, rounds
+from nvrx.store.barrier import BarrierOverflow
 
 log = logging.getLogger(__name__)
 
@@ -41,19 +44,31 @@ def _round_ranks(
     return sorted(found.values())
 
 
+def _arrive_for_gone(base: Any, initial_ranks: list[int], world_size: int) -> None:
+    """Arrive for the gone ranks at the initial barrier of the generation that opens next
+    (or is opening now), so the others do not wait there for them."""
+    generation = rounds.generation_base(base)
+    try:
+        generations.arrive_for_gone(base, generation, world_size, initial_ranks)
+    except BarrierOverflow:  # it opened with them between the two reads: the round takes them out
+        log.info("generation %d opened before ranks %s were marked gone", generation, initial_ranks)
+
+
 def leave_round(
     base: Any, initial_ranks: list[int], initial_world_size: int, message: str, gone: bool
 ) -> dict[str, Any]:
     """Take ``initial_ranks`` out of the running round; what was done, for the supervisor's log."""
     if gone:
-        for initial in initial_ranks:
-            base.set(keys.rank_gone(initial), "1")
+        gone_ranks.mark(base, initial_ranks)
+        _arrive_for_gone(base, initial_ranks, initial_world_size)
     round_ = rounds.current_round(base)
     if round_ is None:
         return {"round": None, "ranks": []}
+    # ranks left out when the round's generation opened are not in the round
+    in_round = set(initial_ranks) - generations.gone_at_start(base, generations.of_round(round_))
     round_store = rstore.round_store(base, round_)
     left = []
-    for rank, world_size in _round_ranks(round_store, set(initial_ranks), initial_world_size):
+    for rank, world_size in _round_ranks(round_store, in_round, initial_world_size):
         if rank in rstore.terminated_ranks(round_store):
             continue  # its own monitor, or an earlier declaration, already took it out
         record = faults.FaultRecord(rank=rank, kind="node_lost", message=message)

@@ -14,10 +14,14 @@ failover ``epoch`` (1 for the first):
    majority of the job's slots wrote: a minority cut off by a partition
    never starts a store of its own, it stops;
 3. the successor starts a store service on its own host, restored from the
-   snapshot the old store kept (``nvrx.store.snapshot``), and publishes its
-   address in ``failover/e<epoch>/store.json``, created exclusively: there is
-   at most one address per epoch, so two stores never serve one job at once;
-4. the others wait for that file and connect to the address in it.
+   snapshot the old store kept (``nvrx.store.snapshot``), and claims the epoch
+   for it by creating ``failover/e<epoch>/claim.json`` exclusively: there is at
+   most one store per epoch, so two stores never serve one job at once (a
+   slot that lost the claim stops its store and waits like the others);
+4. the claimant records the old host's slot lost in its store (so ranks that
+   no spare replaces are marked gone before any child of the new generation
+   can look), then publishes the address in ``failover/e<epoch>/store.json``;
+5. the others wait for that file and connect to the address in it.
 
 A survivor that cannot see the file system (a partition) never learns an
 address and stops; so does every survivor when no store address comes within
@@ -112,16 +116,24 @@ def announced(job_dir: Path, epoch: int) -> bool:
     return bool(_alive_slots(job_dir, epoch))
 
 
-def publish(job_dir: Path, address: StoreAddress) -> StoreAddress:
-    """Publish the store of ``address.epoch``; the one already published wins."""
-    path = epoch_dir(job_dir, address.epoch) / "store.json"
+def claim(job_dir: Path, address: StoreAddress) -> bool:
+    """Claim ``address.epoch`` for the store at ``address``; False when another slot did first."""
+    path = epoch_dir(job_dir, address.epoch) / "claim.json"
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
-        return read_address(path) or address
+        return False
     with os.fdopen(fd, "w") as out:
         json.dump(asdict(address), out)
-    return address
+    return True
+
+
+def publish(job_dir: Path, address: StoreAddress) -> None:
+    """Tell the others where the store of ``address.epoch`` serves (its claimant only)."""
+    path = epoch_dir(job_dir, address.epoch) / "store.json"
+    tmp = path.with_name(f".store.json.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(asdict(address)))
+    os.replace(tmp, path)  # a reader never sees half an address
 
 
 def read_address(path: Path) -> StoreAddress | None:
@@ -133,8 +145,8 @@ def read_address(path: Path) -> StoreAddress | None:
 
 
 def superseded(job_dir: Path, epoch: int) -> bool:
-    """Whether a majority elected and published a store after the store of ``epoch``."""
-    return (epoch_dir(job_dir, epoch + 1) / "store.json").exists()
+    """Whether a majority elected a store after the store of ``epoch`` (it is claimed)."""
+    return (epoch_dir(job_dir, epoch + 1) / "claim.json").exists()
 
 
 def wait_address(job_dir: Path, epoch: int, timeout: float) -> StoreAddress | None:

@@ -19,11 +19,12 @@ from .exit_codes import ExitCode, SupervisorError
 
 def snapshot_spec(cfg: SupervisorConfig, restore: bool = False) -> SnapshotSpec:
     """What the store keeps a copy of for a successor: the supervisors' keys (not the
-    heartbeats) and the Wrapper's job-level counters (``store_failover``)."""
+    heartbeats), the Wrapper's job-level counters and the ranks marked gone
+    (``store_failover``)."""
     path = store_failover.snapshot_path(cfg.events_dir)
     return SnapshotSpec(
         path,
-        prefixes=(KEY_PREFIX, keys.CURRENT_ROUND, keys.JOB_RESTARTS),
+        prefixes=(KEY_PREFIX, keys.CURRENT_ROUND, keys.JOB_RESTARTS, keys.GONE_PREFIX),
         exclude=(node_keys.PREFIX + "alive/",),
         restore_from=path if restore else None,
     )

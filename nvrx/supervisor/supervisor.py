@@ -124,6 +124,7 @@ class Supervisor(NodeMessages, JobEnd, Failover):
                     cfg.command, range(cfg.nproc_per_node), cfg.child_env(0, 1, node_rank=0)
                 )
             self._connect_link()
+            self._prepare_failover()
             self._loop()
             self._finish()
             reason = self.stop_reason or reason
@@ -150,9 +151,7 @@ class Supervisor(NodeMessages, JobEnd, Failover):
             assert self.roles is not None
             self.roles.start()
         except StoreLinkError as exc:
-            self.request_stop(
-                f"store unavailable: {exc}", ExitCode.STORE_UNAVAILABLE, broadcast=False
-            )
+            self._store_unavailable(exc)
 
     # -- children -----------------------------------------------------------------
     def _start_child(self, local_rank: int, flag: str | None = None) -> None:
@@ -236,9 +235,7 @@ class Supervisor(NodeMessages, JobEnd, Failover):
         try:
             verdict = self.policy.decide(local_rank, status, fault)
         except StoreLinkError as exc:
-            self.request_stop(
-                f"store unavailable: {exc}", ExitCode.STORE_UNAVAILABLE, broadcast=False
-            )
+            self._store_unavailable(exc)
             return
         if verdict.decision is Decision.DONE:
             return
@@ -378,6 +375,7 @@ class Supervisor(NodeMessages, JobEnd, Failover):
             self.exit_code = decision.exit_code
 
     def _cleanup(self) -> None:
+        self._drop_prepared()
         self.standbys.discard()
         stop_children(list(self.children.values()), 0.0, ask=signal.SIGKILL)
         if self.link is not None:

@@ -94,7 +94,8 @@ class Ranks:
     def logs(self) -> str:
         """Each rank's output, then the tail of each monitor process's log (when the test asked
         for one: who ended a rank shows there)."""
-        text = "\n".join(f"--- rank {r} ---\n{self.log(r)}" for r in range(len(self.procs)))
+        logged = sorted(int(p.stem.removeprefix("rank-")) for p in self.tmp.glob("rank-*.log"))
+        text = "\n".join(f"--- rank {r} ---\n{self.log(r)}" for r in logged)
         for path in sorted(self.tmp.glob("monitor-*.log")):
             text += f"\n--- {path.name} ---\n" + path.read_text(errors="replace")[-3000:]
         if (self.tmp / "logs").is_dir():

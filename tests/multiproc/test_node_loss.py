@@ -4,6 +4,8 @@ whole process tree SIGKILLed mid-training (how a node loss looks from the other 
 * with ``--spare-nodes 1``: the spare (slot 2) takes node rank 1, its children rejoin,
   and the job completes at world size 4;
 * without a spare, ``--min-nodes 1``: the job goes on and completes at world size 2;
+* the same with in-process spares (the Wrapper's ``MaxActiveWorldSize``): they step in for
+  the lost ranks;
 * without a spare or an allowance: the job stops with "node lost, no spare", exit 8.
 """
 
@@ -41,14 +43,16 @@ def kill_tree(pid: int) -> list[int]:
     return [p.pid for p in tree]
 
 
-def _demo_job(tmp: Path, nnodes: int, *options: str) -> Job:
+def _demo_job(
+    tmp: Path, nnodes: int, *options: str, nproc: int = 2, demo: tuple[str, ...] = ()
+) -> Job:
     command = [
         sys.executable, str(DEMO), "--steps", str(STEPS), "--checkpoint-every", "5",
         "--step-time", str(STEP_TIME), "--soft-timeout", "10", "--hard-timeout", "20",
-        "--rejoin-timeout", "30",
+        "--rejoin-timeout", "30", *demo,
     ]  # fmt: skip
     return Job(
-        tmp, nnodes, 2, command, "--max-restarts", "8", "--grace-period", "3",
+        tmp, nnodes, nproc, command, "--max-restarts", "8", "--grace-period", "3",
         "--node-timeout", "3", "--node-heartbeat", "0.5", *options,
     )  # fmt: skip
 
@@ -132,6 +136,36 @@ def test_without_a_spare_the_job_shrinks_down_to_min_nodes(tmp_path: Path) -> No
     assert report.summary.restarts.node_loss == 1
     assert [f.signature for f in report.failures] == ["node lost"], report.to_text()
     assert "job shrank to 1 node" in report.to_text()
+
+
+@pytest.mark.timeout(300)
+def test_without_a_spare_node_in_process_spares_step_in_for_the_lost_ranks(
+    tmp_path: Path,
+) -> None:
+    """6 ranks of which 4 train (the Wrapper's ``MaxActiveWorldSize``), ``--min-nodes 2``: node 1
+    (ranks 2 and 3) is lost, the job shrinks, and the in-process spares (ranks 4 and 5, on
+    node 2) step in, so it completes at world size 4 still."""
+    job = _demo_job(tmp_path, 3, "--min-nodes", "2", demo=("--active-ranks", "4"))
+    killed = _kill_node_mid_training(job, 1)
+    codes = job.wait(240)
+    output = job.output()
+    assert codes[0] == 0 and codes[2] == 0, output
+    assert f"finished {STEPS} steps at world size 4" in output, output
+    (lost,) = job.events("node_lost")
+    assert (lost["lost_slot"], lost["action"], lost["ranks"]) == (1, "shrink", [2, 3]), output
+    became_active = {
+        e["initial_rank"]
+        for e in job.events("rank_change", component="wrapper")
+        if e["wall"] > lost["wall"] and e["active"]
+    }
+    assert {4, 5} <= became_active, output
+    before = [
+        e
+        for e in job.events("round_start", component="wrapper")
+        if e["wall"] < lost["wall"] and e.get("initial_rank") in (4, 5)
+    ]
+    assert before and all(e["active_rank"] is None for e in before), before  # spares until then
+    _no_process_left(killed)
 
 
 @pytest.mark.timeout(300)

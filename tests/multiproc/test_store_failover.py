@@ -1,8 +1,15 @@
-"""Losing node 0, the store host, locally: 3 supervisors x 2 ranks of the demo inside the
-Wrapper with ``--spare-nodes 1``; node 0's whole process tree (its store service included) is
-SIGKILLed mid-training, or frozen (a hung node: its connections stay open, nothing answers). The lowest surviving slot starts the next store from the old one's
-snapshot, the spare takes node rank 0, every rank starts again in a new generation past
-every round used before, and the job completes at world size 4.
+"""Losing node 0, the store host, locally: supervisors x ranks of the demo inside the Wrapper;
+node 0's whole process tree (its store service included) is SIGKILLed mid-training, or frozen
+(a hung node: its connections stay open, nothing answers). The lowest surviving slot starts
+the next store from the old one's snapshot and every rank starts again in a new generation
+past every round used before:
+
+* with ``--spare-nodes 1`` (3 x 2): the spare takes node rank 0, the job completes at world
+  size 4;
+* without a spare, ``--min-nodes 2`` (3 x 2): node 0's ranks are marked gone before the new
+  store is published, and the job completes at world size 4 on the 2 nodes left;
+* a job that shrank before (5 x 1, ``--min-nodes 3``): what the old store knew of the gone
+  ranks comes back from its snapshot, and the job goes on smaller still.
 """
 
 from __future__ import annotations
@@ -19,9 +26,11 @@ from test_node_loss import (
     _demo_job,
     _kill_node_mid_training,
     _no_process_left,
+    kill_tree,
 )
 
 from nvrx.events import read_dir
+from nvrx.report import build_report
 from tests.support.waiting import wait_until
 
 
@@ -126,3 +135,87 @@ def test_a_warning_after_losing_the_store_host_is_decided_by_its_successor(
     ends = {e["node"]: e["reason"] for e in job.events("supervisor_end")}
     assert ends[1] == ends[2] == "not requeued: not running under SLURM", output
     assert codes[1] == codes[2] == 128 + signal.SIGUSR2, output
+
+
+def _world_sizes_after(job, wall: float) -> set[int]:
+    return {
+        e["world_size"]
+        for e in job.events("round_start", component="wrapper")
+        if e["wall"] > wall and e.get("world_size") is not None
+    }
+
+
+@pytest.mark.timeout(300)
+def test_losing_the_store_host_without_a_spare_shrinks_the_job(tmp_path: Path) -> None:
+    """No spare, ``--min-nodes 2`` of 3: node 0 (the store host) is lost; the new store marks
+    its ranks gone before it publishes its address, so the new generation meets without
+    them and completes at world size 4."""
+    job = _demo_job(tmp_path, 3, "--min-nodes", "2")
+    killed = _kill_node_mid_training(job, 0)
+    codes = job.wait(240)
+    output = job.output()
+    assert codes[1] == 0 and codes[2] == 0, output
+    assert f"finished {STEPS} steps at world size 4" in output, output
+    failovers = job.events("store_failover")
+    assert {(e["epoch"], e["successor"], e["lost_slot"]) for e in failovers} == {(1, 1, 0)}
+    switch = min(e["wall"] for e in failovers)
+    lost = job.events("node_lost")
+    assert [(e["lost_slot"], e["lost_node"], e["action"], e["ranks"]) for e in lost] == [
+        (0, 0, "shrink", [0, 1])
+    ], output
+    assert _world_sizes_after(job, switch) == {4}, output
+    _no_process_left(killed)
+    report = build_report(job.log_dir / job.job_id, sacct=False)
+    (loss,) = report.node_losses
+    assert (loss.node, loss.slot, loss.action) == (0, 0, "shrink")
+    assert loss.outcome == "job shrank to 2 nodes", report.to_text()
+    assert loss.recovery_s is not None and loss.world_size == 4
+    assert report.summary.restarts.node_loss == 1
+
+
+@pytest.mark.timeout(400)
+def test_a_job_that_shrank_then_loses_the_store_host_goes_on_smaller_still(
+    tmp_path: Path,
+) -> None:
+    """5 nodes x 1 rank, no spare, ``--min-nodes 3``: node 4 is lost (the job shrinks to 4
+    nodes), then node 0: the rank marked gone in the old store comes back from its snapshot,
+    so the new generation goes on at 3 nodes instead of waiting for node 4's rank. (Five
+    nodes, because an election needs more than half of all the job's slots, lost ones
+    included: 3 of 5 survive here.)"""
+    job = _demo_job(tmp_path, 5, "--min-nodes", "3", nproc=1)
+    first = _kill_node_mid_training(job, 4)
+
+    def trained_again_at_4() -> bool:
+        lost = job.events("node_lost")
+        if not lost:
+            return False
+        declared = lost[0]["wall"]
+        return 4 in _world_sizes_after(job, declared) and any(
+            e["wall"] > declared + 1.5  # past the snapshot's lag
+            for e in job.events("progress", component="app")
+        )
+
+    wait_until(
+        "node 4 to be declared lost and the job to train again at world size 4",
+        trained_again_at_4,
+        120,
+        state=job.output,
+    )
+    second = kill_tree(job.procs[0].pid)
+    codes = job.wait(240)
+    output = job.output()
+    assert codes[1:4] == [0, 0, 0], output
+    assert f"finished {STEPS} steps at world size 3" in output, output
+    lost = sorted(job.events("node_lost"), key=lambda e: e["wall"])
+    assert [(e["lost_slot"], e["action"], e["ranks"]) for e in lost] == [
+        (4, "shrink", [4]),
+        (0, "shrink", [0]),
+    ], output
+    switch = min(e["wall"] for e in job.events("store_failover"))
+    assert _world_sizes_after(job, switch) == {3}, output
+    _no_process_left(first + second)
+    report = build_report(job.log_dir / job.job_id, sacct=False)
+    assert [loss.outcome for loss in report.node_losses] == [
+        "job shrank to 4 nodes",
+        "job shrank to 3 nodes",
+    ], report.to_text()

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from nvrx.events import read_dir
 from nvrx.store.service import StorePortInUse, StoreService, StoreUnavailable, wait_for_store
+from tests.support.waiting import wait_until
 
 
 def _client(port: int) -> dist.TCPStore:
@@ -120,3 +121,33 @@ def test_agent_and_service_started_before_the_address_is_known() -> None:
     assert pid is not None and (
         not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     )
+
+
+def _torch_loaded(pid: int) -> bool:
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+@pytest.mark.timeout(120)
+def test_a_held_store_serves_only_once_released_and_ends_unreleased() -> None:
+    """The store a failover's successor keeps ready: torch imported, no port bound until it
+    is let go; one that is never let go ends cleanly with its stdin."""
+    held = StoreService("127.0.0.1", 0, node=None, held=True).launch()
+    try:
+        pid = held.pid
+        assert pid is not None
+        wait_until("the held service to load torch", lambda: _torch_loaded(pid), 60)
+        assert not psutil.Process(pid).net_connections(kind="tcp")  # nothing bound yet
+        held.release().wait_started(60)
+        client = dist.TCPStore(
+            "127.0.0.1", held.port, is_master=False, timeout=timedelta(seconds=10)
+        )
+        client.set("k", "v")
+        assert client.get("k") == b"v"
+    finally:
+        held.stop()
+    unused = StoreService("127.0.0.1", 0, node=None, held=True).launch()
+    pid = unused.pid
+    assert pid is not None
+    wait_until("the unused service to load torch", lambda: _torch_loaded(pid), 60)
+    assert unused.stop() == 0  # it ended at the end of its stdin (or its SIGTERM), not killed
+    assert not psutil.pid_exists(pid)

@@ -205,3 +205,67 @@ def test_base_exception_takes_one_rank_out_and_the_others_go_on(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("monitor-*.log")) == [
         f"monitor-{r}.log" for r in range(3)
     ]
+
+
+def _external_store_job(tmp_path, world_size):
+    """A job whose store is served here (as a supervisor's would be): its Ranks and the store."""
+    import json
+
+    from helpers_inprocess import Ranks, free_port_pair
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    params = dict(
+        wrapper=FAST,
+        env={"NVRX_STORE_HOST": "127.0.0.1", "NVRX_STORE_PORT": str(store.port)},
+    )
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "params.json").write_text(json.dumps(params))
+    return Ranks(tmp_path, port=free_port_pair(), world_size=world_size), store, params
+
+
+def _trained_without_rank_1(ranks):
+    assert ranks.wait(60) == [0, 0], ranks.logs()
+    assert [ranks.result(r)["peers"] for r in (0, 2)] == [[0, 2], [0, 2]], ranks.logs()
+    assert [ranks.result(r)["rank"] for r in (0, 2)] == ["0", "1"]
+    assert ranks.result(2)["world"] == 2
+    starts = _kinds(ranks.events(), "round_start")
+    assert {e["world_size"] for e in starts} == {2}, starts
+
+
+def test_a_new_generation_goes_on_without_the_ranks_marked_gone(tmp_path):
+    """Rank 1's node was lost before this generation started and no spare took it over
+    (it is marked gone in the job's store, as after a store failover without a spare):
+    ranks 0 and 2 meet without it and train at world size 2."""
+    from helpers_inprocess import spawn
+
+    from nvrx.store import gone_ranks
+
+    ranks, store, params = _external_store_job(tmp_path, 3)
+    gone_ranks.mark(store, [1])
+    ranks.procs = [spawn(ranks, rank, params) for rank in (0, 2)]
+    _trained_without_rank_1(ranks)
+
+
+def test_a_rank_declared_gone_while_the_others_wait_to_start_is_not_waited_for(tmp_path):
+    """Ranks 0 and 2 wait at the job's initial barrier when rank 1's node is declared lost
+    with no spare (the supervisor's ``leave_round``): the declarer arrives for rank 1, and
+    the job starts at world size 2 (without it, the barrier would time out and the ranks
+    fail)."""
+    from helpers_inprocess import spawn
+
+    from nvrx.store import barrier, generations
+    from nvrx.supervisor.lost_ranks import leave_round
+    from tests.support.waiting import wait_until
+
+    ranks, store, params = _external_store_job(tmp_path, 3)
+    ranks.procs = [spawn(ranks, rank, params) for rank in (0, 2)]
+    name = generations.initial_barrier(0)
+    wait_until(
+        "ranks 0 and 2 at the initial barrier",
+        lambda: all(barrier.has_arrived(store, name, r) for r in (0, 2)),
+        60,
+        state=ranks.logs,
+    )
+    leave_round(store, [1], 3, "node rank 1 lost: no spare", gone=True)
+    _trained_without_rank_1(ranks)

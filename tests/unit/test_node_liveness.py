@@ -55,11 +55,14 @@ def test_the_lowest_announced_survivor_is_elected_and_one_address_wins(tmp_path:
     for slot in (3, 1, 2):
         store_failover.announce(tmp_path, 1, slot)
     assert store_failover.elect(tmp_path, 1, expected={1, 2, 3}, settle_s=5.0, nslots=4) == 1
-    first = store_failover.publish(tmp_path, StoreAddress("node2", 4000, 1, 1))
-    second = store_failover.publish(tmp_path, StoreAddress("node3", 4001, 2, 1))
-    assert first == second == StoreAddress("node2", 4000, 1, 1)
-    assert store_failover.wait_address(tmp_path, 1, timeout=1.0) == first
+    first = StoreAddress("node2", 4000, 1, 1)
+    assert store_failover.claim(tmp_path, first)
+    assert not store_failover.claim(tmp_path, StoreAddress("node3", 4001, 2, 1))
+    # claimed, not published yet: the old store is superseded, nobody connects to the new one
     assert store_failover.superseded(tmp_path, 0) and not store_failover.superseded(tmp_path, 1)
+    assert store_failover.wait_address(tmp_path, 1, timeout=0.1) is None
+    store_failover.publish(tmp_path, first)
+    assert store_failover.wait_address(tmp_path, 1, timeout=1.0) == first
     store_failover.reset(tmp_path)  # node 0 of the next run with this job id
     assert not store_failover.superseded(tmp_path, 0)
 

@@ -1,0 +1,155 @@
+"""The store server process: ``python -m nvrx.store.service`` (see ``nvrx.store.service``).
+
+It binds a torch ``TCPStore`` server, restores the snapshot it was given,
+keeps the snapshot up to date, reports its port on the ready descriptor and
+serves until SIGTERM/SIGINT or until the process that started it dies. A
+``--held`` server imports torch first and binds only when a line arrives on
+its stdin (it exits at the end of stdin without one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+from . import snapshot
+from .service import SnapshotSpec, port_is_free
+
+log = logging.getLogger(__name__)
+
+def _die_with_parent() -> None:
+    """Ask the kernel to send SIGTERM to this process when its parent dies (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def _serve(
+    host: str,
+    port: int,
+    ready_fd: int | None,
+    parent_pid: int | None,
+    spec: SnapshotSpec | None = None,
+    held: bool = False,
+) -> int:
+    from nvrx import events
+
+    stop = threading.Event()
+    holding = held
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if holding:
+            raise SystemExit(0)  # interrupts the wait for the release
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    _die_with_parent()
+    if parent_pid is not None and os.getppid() != parent_pid:
+        return 1  # the parent died before the death signal was armed
+
+    def report(message: dict) -> None:
+        if ready_fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.write(ready_fd, (json.dumps(message) + "\n").encode())
+            os.close(ready_fd)
+
+    if port and not port_is_free(host, port):
+        report({"error": "in_use"})
+        return 2
+    import torch.distributed as dist
+
+    if held:
+        if not sys.stdin.buffer.readline():
+            return 0  # never released: not needed
+        holding = False
+    try:
+        store = dist.TCPStore(
+            host,
+            port,
+            world_size=None,
+            is_master=True,
+            timeout=timedelta(seconds=30),
+            wait_for_workers=False,
+        )
+    except Exception as exc:  # torch raises DistNetworkError/RuntimeError on bind failures
+        in_use = "EADDRINUSE" in str(exc) or "address already in use" in str(exc).lower()
+        report({"error": "in_use" if in_use else f"{type(exc).__name__}: {exc}"})
+        return 2
+    writer = events.configure("store")
+    restored = _restore(store, spec)
+    keeper = None
+    if spec is not None:
+        keeper = snapshot.Keeper(store, spec.path, spec.prefixes, spec.exclude)
+        keeper.start()
+    writer.emit("store_start", addr=host, port=store.port, restored_keys=restored)
+    report({"port": store.port, "pid": os.getpid()})
+    stop.wait()
+    if keeper is not None:
+        keeper.stop()
+    writer.emit("store_end", reason="stopped by signal")
+    del store
+    return 0
+
+
+def _restore(store: object, spec: SnapshotSpec | None) -> int | None:
+    """Restore the keys of the snapshot ``spec`` starts from; how many, None when none."""
+    if spec is None or spec.restore_from is None:
+        return None
+    keys = snapshot.read(spec.restore_from)
+    snapshot.restore(store, keys)
+    return len(keys)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m nvrx.store.service",
+        description="Serve an nvrx store (torch TCPStore) until SIGTERM or the parent dies.",
+    )
+    parser.add_argument("--host", default="0.0.0.0", help="address to bind (default: all)")
+    parser.add_argument("--port", type=int, required=True, help="TCP port; 0 picks a free one")
+    parser.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--snapshot", type=Path, default=None, help="keep a copy of job-level keys in this file"
+    )
+    parser.add_argument(
+        "--snapshot-prefix", action="append", default=[], help="key prefix to copy (repeatable)"
+    )
+    parser.add_argument(
+        "--snapshot-exclude", action="append", default=[], help="key prefix never copied"
+    )
+    parser.add_argument(
+        "--restore", type=Path, default=None, help="start from the keys saved in this file"
+    )
+    parser.add_argument(
+        "--held",
+        action="store_true",
+        help="import torch, then serve only once a line arrives on stdin (exit at its end)",
+    )
+    args = parser.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be in 0..65535, got {args.port}")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s nvrx-store %(levelname)s %(message)s"
+    )
+    spec = None
+    if args.snapshot is not None:
+        spec = SnapshotSpec(
+            args.snapshot,
+            tuple(args.snapshot_prefix),
+            tuple(args.snapshot_exclude),
+            args.restore,
+        )
+    return _serve(args.host, args.port, args.ready_fd, args.parent_pid, spec, args.held)

@@ -1,0 +1,78 @@
+"""Declaring a slot lost, against a real store service through a real store agent: what
+the declaration decides when the lost node's training had already ended, or had not."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from nvrx.store import keys
+from nvrx.store.service import StoreService
+from nvrx.supervisor import node_keys
+from nvrx.supervisor.config import ALL_DONE_KEY, SupervisorConfig
+from nvrx.supervisor.node_roles import NodeRoles
+from nvrx.supervisor.store_link import StoreLink
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture()
+def link() -> Iterator[StoreLink]:
+    with StoreService("127.0.0.1", 0, node=None) as service:
+        agent = StoreLink("127.0.0.1", service.port, timeout=30).launch()
+        try:
+            agent.wait_ready()
+            yield agent
+        finally:
+            agent.close()
+
+
+def _roles(link: StoreLink, events: list[dict[str, Any]], **options: Any) -> NodeRoles:
+    cfg = SupervisorConfig(["python", "train.py"], nnodes=3, nproc_per_node=2, **options)
+    return NodeRoles(cfg, link, lambda kind, **fields: events.append({"kind": kind, **fields}))
+
+
+def _lost(slot: int) -> dict[str, Any]:
+    return {"slot": slot, "silent_s": 5.0, "last_seen_wall": 0.0}
+
+
+def test_a_node_lost_after_its_training_ended_costs_nothing(link: StoreLink) -> None:
+    events: list[dict[str, Any]] = []
+    roles = _roles(link, events)  # no spare, no --min-nodes: a loss in training stops the job
+    link.set(node_keys.done(1), "1")
+    loss = roles.declare(_lost(1))
+    assert loss is not None
+    assert (loss.action, loss.node_rank, loss.reason) == (
+        "none",
+        1,
+        "its training had ended: nothing to replace",
+    )
+    assert roles.declare(_lost(1)) is None  # once for the whole job
+    assert link.add(node_keys.SHRUNK, 0) == 0  # the job did not shrink, nor stop
+    assert link.get(keys.GONE_LIST) == "2,3,"  # they will not come back: nobody waits for them
+    assert [(e["kind"], e["lost_slot"], e["action"], e["ranks"]) for e in events] == [
+        ("node_lost", 1, "none", [2, 3])
+    ]
+
+
+def test_a_node_lost_after_the_whole_job_trained_costs_nothing(link: StoreLink) -> None:
+    events: list[dict[str, Any]] = []
+    roles = _roles(link, events)
+    link.set(ALL_DONE_KEY, "1")
+    loss = roles.declare(_lost(2))
+    assert loss is not None and loss.action == "none"
+    assert link.add(node_keys.SHRUNK, 0) == 0
+    assert [(e["lost_slot"], e["action"]) for e in events] == [(2, "none")]
+
+
+def test_a_node_lost_in_training_without_spare_or_allowance_stops_the_job(
+    link: StoreLink,
+) -> None:
+    events: list[dict[str, Any]] = []
+    roles = _roles(link, events)
+    loss = roles.declare(_lost(1))
+    assert loss is not None and loss.action == "stop"
+    assert loss.reason == "node lost, no spare: 2 nodes left, below --min-nodes 3"
+    assert link.get(keys.GONE_LIST) == "2,3,"

@@ -1,0 +1,50 @@
+"""nvrx.store.generations: a generation's initial barrier with ranks that will not come
+(real TCPStore on loopback)."""
+
+from __future__ import annotations
+
+import pytest
+
+from nvrx.store import barrier, client, generations, gone_ranks, keys, rounds
+
+
+@pytest.fixture()
+def store():
+    server = client.serve("127.0.0.1", 0, timeout=10)
+    yield server
+    del server
+
+
+def test_an_arrival_for_a_gone_rank_may_open_the_generation(store) -> None:
+    store.set(keys.TORCH_DEFAULT_PG_PREFIX + "0", "stale address")
+    assert not generations.arrive(store, 0, 0, 3)
+    assert not generations.arrive(store, 0, 2, 3)
+    gone_ranks.mark(store, [1])
+    generations.arrive_for_gone(store, 0, 3)  # the declarer's arrival completes the barrier
+    assert barrier.is_released(store, generations.initial_barrier(0))
+    assert rounds.current_round(store) == 0
+    assert generations.gone_at_start(store, 0) == {1}
+    assert not store.check([keys.TORCH_DEFAULT_PG_PREFIX + "0"])
+    assert rounds.job_restarts(store) == 0  # the job's first generation is no restart
+
+
+def test_arrivals_for_gone_ranks_count_once_and_a_later_generation_counts_a_restart(store) -> None:
+    rounds.publish_round(store, 3)  # a generation ran before: the next one starts at 100
+    generation = rounds.generation_base(store)
+    assert generation == 100
+    gone_ranks.mark(store, [0, 3])
+    for _ in range(2):  # every rank arrives for the gone ones: each counts once
+        generations.arrive_for_gone(store, generation, 4)
+    assert not barrier.is_released(store, generations.initial_barrier(generation))
+    assert not generations.arrive(store, generation, 1, 4)
+    assert generations.arrive(store, generation, 2, 4)
+    assert generations.gone_at_start(store, generation) == {0, 3}
+    assert rounds.current_round(store) == generation
+    assert rounds.job_restarts(store) == 1
+
+
+def test_ranks_outside_the_world_and_unopened_generations(store) -> None:
+    gone_ranks.mark(store, [5, 1])
+    assert generations.gone_in(store, 4) == {1}
+    assert generations.gone_at_start(store, 0) == set()  # never opened in this store
+    assert [generations.of_round(r) for r in (0, 99, 100, 257)] == [0, 0, 100, 200]
