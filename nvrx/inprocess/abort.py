@@ -197,4 +197,28 @@ class AbortTransformerEngine(Abort):
         return state
 
 
-__all__ = ["Abort", "AbortTorchDistributed", "AbortTransformerEngine"]
+class AbortPersistentCheckpointProcesses(Abort):
+    """Abort the persistent worker processes of NVRx's asynchronous checkpointing.
+
+    nvrx has no asynchronous checkpointing of its own: this calls
+    ``nvidia_resiliency_ext.checkpointing.async_ckpt.core.abort_nvrx_checkpoint()``
+    when that package is installed (a job may use NVRx's checkpointing with
+    nvrx's restarts), and does nothing otherwise, since then no such process exists.
+    """
+
+    def __call__(self, state: FrozenState) -> FrozenState:
+        try:
+            from nvidia_resiliency_ext.checkpointing.async_ckpt import core
+        except ImportError:
+            log.debug("AbortPersistentCheckpointProcesses: NVRx checkpointing not installed")
+            return state
+        core.abort_nvrx_checkpoint()
+        return state
+
+
+__all__ = [
+    "Abort",
+    "AbortPersistentCheckpointProcesses",
+    "AbortTorchDistributed",
+    "AbortTransformerEngine",
+]

@@ -46,8 +46,16 @@ class RankShouldRestart(BaseException):
     """
 
 
-def async_raise(thread_id: int, exc_type: type[BaseException] | None) -> int:
-    """Schedule ``exc_type`` in thread ``thread_id`` (None clears a scheduled one); returns threads affected."""
+def async_raise(
+    tid: int, exc_type: type[BaseException] | None, event: threading.Event | None = None
+) -> int:
+    """Schedule ``exc_type`` in thread ``tid`` (None clears a scheduled one); returns threads affected.
+
+    With ``event``, waits for it to be set first. Unlike the reference, a
+    thread id that matches no thread returns 0 instead of raising.
+    """
+    if event is not None:
+        event.wait()
     if sys.is_finalizing():
         return 0
     set_async = ctypes.pythonapi.PyThreadState_SetAsyncExc
@@ -55,13 +63,35 @@ def async_raise(thread_id: int, exc_type: type[BaseException] | None) -> int:
     set_async.restype = ctypes.c_int
     if exc_type is None:
         set_async.argtypes = [ctypes.c_ulong, ctypes.c_void_p]
-        return set_async(thread_id, None)
-    count = set_async(thread_id, exc_type)
+        return set_async(tid, None)
+    count = set_async(tid, exc_type)
     if count > 1:
         set_async.argtypes = [ctypes.c_ulong, ctypes.c_void_p]
-        set_async(thread_id, None)
-        raise RuntimeError(f"async exception reached {count} threads for thread id {thread_id}")
+        set_async(tid, None)
+        raise RuntimeError(f"async exception reached {count} threads for thread id {tid}")
     return count
+
+
+def delayed_async_raise(tid: int, exc_type: type[BaseException]) -> None:
+    """Raise ``exc_type`` in thread ``tid`` from a helper thread (callable where raising is not)."""
+    threading.Thread(target=async_raise, args=(tid, exc_type), daemon=True).start()
+
+
+def async_abort_main_thread(msg: str | None = None) -> None:
+    """Raise ``RankShouldRestart`` (carrying ``msg`` when given) in the main thread."""
+    exc_type: type[RankShouldRestart] = RankShouldRestart
+    if msg is not None:
+        text = msg
+
+        class RankShouldRestartWithMessage(RankShouldRestart):
+            # the C API raises a type, not an instance: the message comes with the type
+            def __init__(self) -> None:
+                super().__init__(text)
+
+        exc_type = RankShouldRestartWithMessage
+    main = threading.main_thread().ident
+    if main is None or async_raise(main, exc_type) != 1:
+        raise RuntimeError("async_abort_main_thread: the main thread could not be reached")
 
 
 class Delivery:
@@ -269,7 +299,7 @@ def reraise_if_unraisable(exc_type: type[BaseException]) -> Iterator[None]:
 
     def hook(unraisable: Any) -> None:
         if isinstance(unraisable.exc_value, exc_type) and main is not None:
-            threading.Thread(target=async_raise, args=(main, exc_type), daemon=True).start()
+            delayed_async_raise(main, exc_type)
         else:
             previous(unraisable)
 

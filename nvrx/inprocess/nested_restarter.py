@@ -1,15 +1,22 @@
 """Nested-restarter notifications: tell an outer restarter which in-process restart phase a rank is in.
 
-The reference prints ``[NestedRestarter] name=[InProcess] state=... stage=...``
-log lines for a log-parsing orchestrator. Here each transition is an nvrx
-``restarter_state`` event (fields ``state``, ``stage``, ``active_rank``),
-written on ``special_rank`` only (rank 0 by default; None: every rank).
-Wire them as the reference's example does: ``NestedRestarterHandlingCompleted``
-in ``initialize``, ``NestedRestarterHandlingStarting`` in ``abort``,
-``NestedRestarterFinalized`` in ``completion``, ``NestedRestarterAborted`` in ``terminate``.
+An outer, log-parsing orchestrator (NVRx's in-job restarter) follows lines
+``[NestedRestarter] name=[InProcess] state=<state> stage=<stage>`` on stdout.
+``NestedRestarterCallback`` prints such a line through ``NestedRestarterLogger``
+and also writes an nvrx ``restarter_state`` event (fields ``state``, ``stage``,
+``active_rank``), on the rank whose ``initial_rank`` is ``special_rank`` (0 by
+default; None: every rank). Wire the steps as the reference's example does:
+``NestedRestarterHandlingCompleted`` in ``initialize``,
+``NestedRestarterHandlingStarting`` in ``abort``, ``NestedRestarterFinalized``
+in ``completion``, ``NestedRestarterAborted`` in ``terminate``.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import logging
+import socket
+import sys
 
 from nvrx import events
 
@@ -19,29 +26,78 @@ from .initialize import Initialize
 from .state import FrozenState
 from .terminate import Terminate
 
+log = logging.getLogger(__name__)
 
-class NestedRestarter:
-    """Emits one ``restarter_state`` event per call on the chosen rank.
+
+class _StdoutHandler(logging.StreamHandler):
+    """Writes to the ``sys.stdout`` of the moment (it may be replaced after the handler exists)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stdout  # not setStream: that flushes the previous, maybe closed, stream
+        super().emit(record)
+
+
+class NestedRestarterLogger(logging.Logger):
+    """Logger of the nested-restarter lines: every line goes to stdout, whatever the log levels.
+
+    Not registered with ``logging.getLogger`` and not propagating, so the
+    application's logging setup neither hides nor duplicates the lines.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("InprocessRestarter", logging.DEBUG)
+        self.hostname = socket.gethostname()
+        self.rank: int | None = None
+        self.propagate = False
+        self._handler = _StdoutHandler(sys.stdout)
+        self.addHandler(self._handler)
+        self.set_connected_rank(None)
+
+    def set_connected_rank(self, rank: int | None) -> None:
+        """The rank the lines are about, shown in their prefix."""
+        self.rank = rank
+        who = f"{self.name}@{self.hostname}:{'<none>' if rank is None else rank}"
+        self._handler.setFormatter(logging.Formatter(f"[%(asctime)s] [ALWAYS] [{who}] %(message)s"))
+
+    def log_for_restarter(self, message: str, *args: object, **kwargs: object) -> None:
+        """Print one line for the outer restarter."""
+        self.log(logging.CRITICAL, message, *args, **kwargs)  # type: ignore[arg-type]
+
+
+_shared: NestedRestarterLogger | None = None
+
+
+def shared_logger() -> NestedRestarterLogger:
+    """The logger every callback uses unless given one (created on first use, not at import)."""
+    global _shared
+    if _shared is None:
+        _shared = NestedRestarterLogger()
+    return _shared
+
+
+@dataclasses.dataclass
+class NestedRestarterCallback:
+    """Reports ``restarter_state``/``restarter_stage`` for the outer restarter on each call.
 
     Args:
         restarter_state: the state to report.
         restarter_stage: the stage to report, or None.
-        special_rank: the rank (``state.rank``) that reports; None: every rank.
+        logger: where the line goes; None: the shared ``NestedRestarterLogger``.
+        special_rank: the ``initial_rank`` that reports; None: every rank.
     """
 
-    def __init__(
-        self,
-        restarter_state: str,
-        restarter_stage: str | None = None,
-        special_rank: int | None = 0,
-    ) -> None:
-        self.restarter_state = restarter_state
-        self.restarter_stage = restarter_stage
-        self.special_rank = special_rank
+    restarter_state: str
+    restarter_stage: str | None = None
+    logger: NestedRestarterLogger | None = None
+    special_rank: int | None = 0
 
     def report(self, state: FrozenState, restarter_state: str, stage: str | None) -> None:
-        if self.special_rank is not None and state.rank != self.special_rank:
+        if self.special_rank is not None and state.initial_rank != self.special_rank:
             return
+        logger = self.logger if self.logger is not None else shared_logger()
+        logger.set_connected_rank(state.initial_rank)
+        line = f"[NestedRestarter] name=[InProcess] state={restarter_state}"
+        logger.log_for_restarter(line if stage is None else f"{line} stage={stage}")
         events.emit(
             "restarter_state", state=restarter_state, stage=stage, active_rank=state.active_rank
         )
@@ -51,11 +107,15 @@ class NestedRestarter:
         return state
 
 
-class NestedRestarterHandlingCompleted(NestedRestarter, Initialize):
+#: The older name of ``NestedRestarterCallback``.
+NestedRestarter = NestedRestarterCallback
+
+
+class NestedRestarterHandlingCompleted(NestedRestarterCallback, Initialize):
     """Initialize step: ``initialize`` on the first round, then ``handling``/``completed``."""
 
     def __init__(self, special_rank: int | None = 0) -> None:
-        super().__init__("handling", "completed", special_rank)
+        super().__init__("initialize", None, None, special_rank)
         self.first = True
 
     def __call__(self, state: FrozenState) -> FrozenState:
@@ -63,35 +123,40 @@ class NestedRestarterHandlingCompleted(NestedRestarter, Initialize):
             self.first = False
             self.report(state, "initialize", None)
         else:
+            self.restarter_state, self.restarter_stage = "handling", "completed"
             self.report(state, "handling", "completed")
         return state
 
 
-class NestedRestarterHandlingStarting(NestedRestarter, Abort):
+@dataclasses.dataclass
+class NestedRestarterHandlingStarting(NestedRestarterCallback, Abort):
     """Abort step: ``handling``/``starting`` when a fault is being handled."""
 
-    def __init__(self, special_rank: int | None = 0) -> None:
-        super().__init__("handling", "starting", special_rank)
+    restarter_state: str = "handling"
+    restarter_stage: str | None = "starting"
 
 
-class NestedRestarterFinalized(NestedRestarter, Completion):
+@dataclasses.dataclass
+class NestedRestarterFinalized(NestedRestarterCallback, Completion):
     """Completion step: ``finalized`` after the function returned on every rank."""
 
-    def __init__(self, special_rank: int | None = 0) -> None:
-        super().__init__("finalized", None, special_rank)
+    restarter_state: str = "finalized"
 
 
-class NestedRestarterAborted(NestedRestarter, Terminate):
+@dataclasses.dataclass
+class NestedRestarterAborted(NestedRestarterCallback, Terminate):
     """Terminate step: ``aborted`` when the rank leaves the restart loop."""
 
-    def __init__(self, special_rank: int | None = 0) -> None:
-        super().__init__("aborted", None, special_rank)
+    restarter_state: str = "aborted"
 
 
 __all__ = [
     "NestedRestarter",
     "NestedRestarterAborted",
+    "NestedRestarterCallback",
     "NestedRestarterFinalized",
     "NestedRestarterHandlingCompleted",
     "NestedRestarterHandlingStarting",
+    "NestedRestarterLogger",
+    "shared_logger",
 ]

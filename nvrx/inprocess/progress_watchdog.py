@@ -9,19 +9,25 @@ no message, lock or system call.
 ``interval`` it schedules a pending call (``Py_AddPendingCall``), which the
 interpreter runs in the main thread only between bytecodes; the call stamps
 the board. A main thread blocked in C (a hang, with or without the GIL) stops
-the stamps, and the monitor process sees their age grow.
+the stamps, and the monitor process sees their age grow. It takes the
+reference's ``(rank, monitor_process, interval)``: ``monitor_process`` is the
+board, or any object with ``send_timestamp(Timestamp)``.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import datetime
 import logging
 import mmap
 import os
 import struct
+import sys
 import tempfile
 import threading
 import time
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -122,35 +128,162 @@ class ProgressBoard:
 
 _PENDING_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 
+#: Bound of the pending calls in flight (the reference's name; here at most one is).
+MAX_PENDING = 1024
+
+
+@dataclasses.dataclass
+class Timestamp:
+    """Last progress seen: ``auto`` from the watchdog, ``manual`` from ``ping()`` (None: inactive).
+
+    Times are ``time.monotonic()`` seconds.
+    """
+
+    auto: float | None = None
+    manual: float | None = None
+
+    def is_timed_out(self, timeout: datetime.timedelta | float) -> bool:
+        """Whether either active timestamp is older than ``timeout``."""
+        limit = (
+            timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+        )
+        now = time.monotonic()
+        return any(t is not None and now - t > limit for t in (self.auto, self.manual))
+
 
 class ProgressWatchdog(threading.Thread):
-    """Stamps ``board`` from the main thread's eval loop every ``interval`` seconds."""
+    """Proves every ``interval`` that the main thread executes bytecode, and reports it.
 
-    def __init__(self, board: ProgressBoard, interval: float) -> None:
-        super().__init__(name="nvrx-progress-watchdog", daemon=True)
-        self.board = board
+    Args:
+        rank: the rank, for the thread's name (None: unknown).
+        monitor_process: where progress goes: a ``ProgressBoard`` (stamped from
+            the main thread, as the Wrapper uses it), or any object with
+            ``send_timestamp(Timestamp)`` (called from the watchdog thread
+            after each probe, and by ``reset``/``ping``), as in the reference.
+        interval: period of the probe (timedelta or seconds, > 0).
+    """
+
+    def __init__(
+        self,
+        rank: int | None,
+        monitor_process: Any,
+        interval: datetime.timedelta | float,
+    ) -> None:
+        super().__init__(name=f"nvrx-progress-watchdog-{rank}", daemon=True)
+        if not isinstance(monitor_process, ProgressBoard) and not callable(
+            getattr(monitor_process, "send_timestamp", None)
+        ):
+            raise TypeError(
+                "ProgressWatchdog: monitor_process must be a ProgressBoard or have a "
+                f"send_timestamp(Timestamp) method, got {monitor_process!r}"
+            )
+        seconds = interval.total_seconds() if isinstance(interval, datetime.timedelta) else interval
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
+            raise ValueError(f"ProgressWatchdog: interval must be > 0 seconds, got {interval!r}")
+        self.rank = rank
+        self.monitor_process = monitor_process
         self.interval = interval
-        self._stop_event = threading.Event()
-        self._pending = threading.Semaphore(1)  # at most one pending call in flight
+        self._interval_s = float(seconds)
+        self.board = monitor_process if isinstance(monitor_process, ProgressBoard) else None
+        self.timestamp = Timestamp(auto=time.monotonic())
+        self.num_scheduled = 0
+        self.num_completed = 0
+        self._cond = threading.Condition(threading.RLock())  # the probe may run while held
+        self._pause_requested = False
+        self._stop_requested = False
+        self.paused = threading.Event()
         self._callback = _PENDING_CB(self._on_main_thread)
 
+    # -- what the main thread runs --------------------------------------------------
     def _on_main_thread(self, _arg: int) -> int:
-        self.board.stamp_auto()
-        self._pending.release()
+        now = time.monotonic()
+        self.timestamp.auto = now
+        if self.board is not None:
+            self.board.stamp_auto(now)
+        with self._cond:
+            self.num_completed += 1
+            self._cond.notify_all()
         return 0
 
+    # -- reporting ----------------------------------------------------------------------
+    def send(self) -> None:
+        """Report the current timestamp (a board keeps its own; only a sink is sent to)."""
+        if self.board is None:
+            self.monitor_process.send_timestamp(dataclasses.replace(self.timestamp))
+
+    def reset(self) -> None:
+        """Progress starts now; the manual timestamp becomes inactive until the next ``ping``."""
+        self.timestamp = Timestamp(auto=time.monotonic())
+        if self.board is not None:
+            self.board.stamp_auto(self.timestamp.auto)
+            self.board.stamp_manual(0.0)
+        self.send()
+
+    def ping(self) -> None:
+        """Manual progress: stamps (and activates) the manual timestamp."""
+        self.timestamp.manual = time.monotonic()
+        if self.board is not None:
+            self.board.stamp_manual(self.timestamp.manual)
+        self.send()
+
+    # -- the thread -----------------------------------------------------------------------
     def run(self) -> None:
         add_pending = ctypes.pythonapi.Py_AddPendingCall
         add_pending.argtypes = [_PENDING_CB, ctypes.c_void_p]
         add_pending.restype = ctypes.c_int
-        while not self._stop_event.wait(self.interval):
-            # Only schedule when the previous call ran: a stalled main thread
-            # must not fill the interpreter's pending-call queue.
-            if self._pending.acquire(blocking=False):
-                if add_pending(self._callback, None) != 0:
-                    self._pending.release()
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stop_requested, self._interval_s)
+                # paused: wait (no probe) until resumed or stopped
+                self._cond.wait_for(lambda: not self._pause_requested or self._stop_requested)
+                if self._stop_requested:
+                    return
+                # Only schedule when the previous call ran: a stalled main thread
+                # must not fill the interpreter's pending-call queue.
+                if self.num_completed == self.num_scheduled:
+                    if add_pending(self._callback, None) == 0:
+                        self.num_scheduled += 1
+            if self.board is None:
+                self.send()
+
+    def pause_and_synchronize(self) -> None:
+        """Stop probing, and return once no probe is pending (the timestamp is then reset).
+
+        From the main thread the pending probe is run here; from another
+        thread this waits until the main thread ran it.
+        """
+        with self._cond:
+            self._pause_requested = True
+            self._cond.notify_all()
+        if threading.current_thread() is threading.main_thread():
+            ctypes.pythonapi.Py_MakePendingCalls()
+        with self._cond:
+            self._cond.wait_for(lambda: self.num_completed == self.num_scheduled)
+        self.paused.set()
+        self.reset()
+
+    def spin_till_paused(self) -> None:
+        """Main thread: wait until another thread paused the watchdog.
+
+        Waits in slices of the switch interval: the pause needs the main thread
+        to run the pending probe, which it only does between bytecodes.
+        """
+        while not self.paused.wait(sys.getswitchinterval()):
+            pass
+
+    def resume(self) -> None:
+        """Probe again after ``pause_and_synchronize``."""
+        if not self.is_alive():
+            raise RuntimeError("ProgressWatchdog.resume: the watchdog thread is not running")
+        self.paused.clear()
+        with self._cond:
+            self._pause_requested = False
+            self._cond.notify_all()
 
     def shutdown(self, timeout: float | None = None) -> None:
-        self._stop_event.set()
+        """Stop the thread and join it (``timeout`` seconds at most)."""
+        with self._cond:
+            self._stop_requested = True
+            self._cond.notify_all()
         if self.is_alive():
             self.join(timeout)

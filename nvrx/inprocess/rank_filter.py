@@ -2,6 +2,8 @@
 
 Each class warns with ``DeprecationWarning`` when constructed and forwards to
 its ``rank_assignment`` counterpart. Old-style filters take and return a State.
+``Wrapper(rank_filter=...)`` runs one after every rank assignment through
+``AfterAssignment``.
 """
 
 from __future__ import annotations
@@ -57,4 +59,30 @@ class WorldSizeDivisibleBy(ActiveWorldSizeDivisibleBy):
     """Deprecated older name of ``ActiveWorldSizeDivisibleBy``."""
 
 
-__all__ = ["ActiveWorldSizeDivisibleBy", "MaxActiveWorldSize", "RankFilter", "WorldSizeDivisibleBy"]
+class AfterAssignment(rank_assignment.RankAssignment):
+    """Run ``assignment``, then the old-style ``rank_filter`` on the State it produced.
+
+    This is how ``Wrapper(rank_filter=...)`` runs the filter: after every rank
+    assignment (the first one and the one of each restart), as the reference did.
+    """
+
+    def __init__(self, assignment: rank_assignment.RankAssignment, rank_filter: RankFilter) -> None:
+        self.assignment = assignment
+        self.rank_filter = rank_filter
+
+    def __call__(self, ctx: rank_assignment.RankAssignmentCtx) -> rank_assignment.RankAssignmentCtx:
+        ctx = self.assignment(ctx)
+        state = self.rank_filter(ctx.state)
+        if not isinstance(state, State):
+            raise TypeError(f"rank_filter {self.rank_filter!r} must return a State, got {state!r}")
+        ctx.state = state
+        return ctx
+
+
+__all__ = [
+    "ActiveWorldSizeDivisibleBy",
+    "AfterAssignment",
+    "MaxActiveWorldSize",
+    "RankFilter",
+    "WorldSizeDivisibleBy",
+]

@@ -134,7 +134,9 @@ class RankServices:
             self.mt_store = w.store_factory(**self._store_kwargs)
 
     def start_watchdog(self) -> None:
-        self.watchdog = ProgressWatchdog(self.board, self.wrapper.progress_watchdog_interval)
+        self.watchdog = ProgressWatchdog(
+            self.initial_rank, self.board, self.wrapper.progress_watchdog_interval
+        )
         self.watchdog.start()
 
     # -- stop ---------------------------------------------------------------------------

@@ -25,6 +25,7 @@ import datetime
 import functools
 import logging
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,7 @@ from .finalize import Finalize
 from .health_check import HealthCheck
 from .initialize import Initialize
 from .rank_assignment import ActivateAllRanks, RankAssignment, ShiftRanks
+from .rank_filter import AfterAssignment, RankFilter
 from .supervision import supervised
 from .terminate import Terminate
 
@@ -72,8 +74,9 @@ def _check_instance(name: str, value: Any, cls: type, allow_none: bool = True) -
 class Wrapper:
     """Decorator that restarts the wrapped function in-process after a fault on any rank.
 
-    Keyword-only arguments (the reference's names and defaults; timeouts take a
-    ``datetime.timedelta`` or seconds):
+    Keyword-only arguments: every argument of the reference, with its name and
+    default (the compatibility table of docs/inprocess.md lists them), plus
+    ``rejoin_timeout``; timeouts take a ``datetime.timedelta`` or seconds:
 
     store_factory / store_kwargs: the store class (a ``StoreMixin`` subclass,
         default ``store.TCPStore``) and its arguments. With the default
@@ -85,6 +88,9 @@ class Wrapper:
         terminate: plug-ins (see their modules). ``abort`` defaults to a fresh
         ``AbortTorchDistributed()``, ``rank_assignment`` to a fresh
         ``Compose(ActivateAllRanks(), ShiftRanks())``.
+    rank_filter (None, deprecated as in the reference): an old-style
+        ``rank_filter.RankFilter`` (State -> State) run after every rank
+        assignment; it warns with ``DeprecationWarning``.
     monitor_thread_interval (1 s), monitor_process_interval (1 s),
         heartbeat_interval (1 s), progress_watchdog_interval (1 s): periods.
     soft_timeout (60 s): no progress for this long restarts every rank.
@@ -112,6 +118,7 @@ class Wrapper:
         finalize: Finalize | None = None,
         health_check: HealthCheck | None = None,
         rank_assignment: RankAssignment = _DEFAULT,  # type: ignore[assignment]
+        rank_filter: RankFilter | None = None,
         monitor_thread_interval: datetime.timedelta | float = datetime.timedelta(seconds=1),
         monitor_process_interval: datetime.timedelta | float = datetime.timedelta(seconds=1),
         heartbeat_interval: datetime.timedelta | float = datetime.timedelta(seconds=1),
@@ -145,6 +152,14 @@ class Wrapper:
         _check_instance("finalize", finalize, Finalize)
         _check_instance("health_check", health_check, HealthCheck)
         _check_instance("rank_assignment", rank_assignment, RankAssignment, allow_none=False)
+        _check_instance("rank_filter", rank_filter, RankFilter)
+        if rank_filter is not None:
+            warnings.warn(
+                "Wrapper(rank_filter=...) is deprecated: put the filter in rank_assignment "
+                "(nvrx.inprocess.rank_assignment.MaxActiveWorldSize, ActiveWorldSizeDivisibleBy)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         _check_instance("completion", completion, Completion)
         _check_instance("terminate", terminate, Terminate)
         if not isinstance(enabled, bool):
@@ -164,7 +179,12 @@ class Wrapper:
         self.abort = abort
         self.finalize = finalize
         self.health_check = health_check
-        self.rank_assignment = rank_assignment
+        self.rank_filter = rank_filter
+        self.rank_assignment = (
+            rank_assignment
+            if rank_filter is None
+            else AfterAssignment(rank_assignment, rank_filter)
+        )
         self.completion = completion
         self.terminate = terminate
         self.enabled = enabled

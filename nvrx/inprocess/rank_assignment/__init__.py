@@ -10,7 +10,7 @@ argument list (they run last). ``Tree`` does both from a topology and is used al
 
 from .activation import ActivateAllRanks, ActiveWorldSizeDivisibleBy, MaxActiveWorldSize
 from .base import RankAssignment, RankAssignmentCtx, RankDiscarded, RankFilter, terminated_set
-from .grouped_filter import FilterCountGroupedByKey
+from .grouped_filter import FilterCountGroupedByKey, FilterGroupedByKey
 from .renumbering import FillGaps, ShiftRanks
 from .tree import Layer, LayerFlag, Tree
 
@@ -19,6 +19,7 @@ __all__ = [
     "ActiveWorldSizeDivisibleBy",
     "FillGaps",
     "FilterCountGroupedByKey",
+    "FilterGroupedByKey",
     "Layer",
     "LayerFlag",
     "MaxActiveWorldSize",

@@ -46,6 +46,7 @@ class FilterCountGroupedByKey(RankAssignment):
                 f"FilterCountGroupedByKey: key_or_fn must be a str or a callable, got {key_or_fn!r}"
             )
         self._timeout_s = as_seconds(timeout, "FilterCountGroupedByKey timeout")
+        self._key_of_state = key_or_fn
         self.key_or_fn = key_or_fn
         self.condition = condition
         self.timeout = timeout
@@ -61,7 +62,7 @@ class FilterCountGroupedByKey(RankAssignment):
         store = ctx.store
         alive = [r for r in range(ctx.state.world_size) if r not in terminated]
         ns = f"nvrx_filter/{self.name}/it{ctx.state.iteration}"
-        key = group_key(self.key_or_fn, ctx.state)
+        key = group_key(self._key_of_state, ctx.state)
 
         store.add(f"{ns}/count/{key}", 1)
         barrier(store, f"{ns}/counted", rank, len(alive), self._timeout_s, participants=alive)
@@ -76,3 +77,30 @@ class FilterCountGroupedByKey(RankAssignment):
             bad = terminated_set(store.multi_get([f"{ns}/bad/{i}" for i in range(1, n_bad + 1)]))
         ctx.terminated_ranks = terminated | bad
         return ctx
+
+
+class FilterGroupedByKey(FilterCountGroupedByKey):
+    """The older name of ``FilterCountGroupedByKey``, whose ``key_or_fn`` takes ``(rank, world_size)``.
+
+    Args:
+        key_or_fn: grouping key, or a function ``(rank, world_size) -> str``.
+        condition: ``int -> bool``; False terminates the group's ranks.
+        timeout: limit for each of the two barriers (timedelta or seconds).
+    """
+
+    def __init__(
+        self,
+        key_or_fn: str | Callable[[int, int], str],
+        condition: Callable[[int], bool],
+        timeout: datetime.timedelta | float = datetime.timedelta(seconds=60),
+    ) -> None:
+        if callable(key_or_fn):
+            by_rank = key_or_fn
+
+            def key_of(state: State) -> str:
+                return by_rank(state.rank, state.world_size)
+
+            super().__init__(key_of, condition, timeout)
+        else:
+            super().__init__(key_or_fn, condition, timeout)
+        self.key_or_fn = key_or_fn
