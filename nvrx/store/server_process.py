@@ -26,6 +26,7 @@ from .service import SnapshotSpec, port_is_free
 
 log = logging.getLogger(__name__)
 
+
 def _die_with_parent() -> None:
     """Ask the kernel to send SIGTERM to this process when its parent dies (Linux)."""
     with contextlib.suppress(OSError, AttributeError):

@@ -230,6 +230,8 @@ class Failover:
             store_failover.withdraw(job_dir, self._epoch, slot)
             return None, None
         address = self._host_store(job_dir) if successor == slot else None
+        if address is None and successor == slot and not store_failover.claimed(job_dir, self._epoch):
+            return None, None  # this slot's store did not start, and no other slot's did
         if address is None:
             wait_s = cfg.store_timeout + cfg.node_timeout
             address = store_failover.wait_address(job_dir, self._epoch, wait_s)

@@ -144,9 +144,14 @@ def read_address(path: Path) -> StoreAddress | None:
         return None  # not there yet, or half written
 
 
+def claimed(job_dir: Path, epoch: int) -> bool:
+    """Whether a store was claimed for ``epoch``."""
+    return (epoch_dir(job_dir, epoch) / "claim.json").exists()
+
+
 def superseded(job_dir: Path, epoch: int) -> bool:
     """Whether a majority elected a store after the store of ``epoch`` (it is claimed)."""
-    return (epoch_dir(job_dir, epoch + 1) / "claim.json").exists()
+    return claimed(job_dir, epoch + 1)
 
 
 def wait_address(job_dir: Path, epoch: int, timeout: float) -> StoreAddress | None:

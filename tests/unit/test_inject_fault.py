@@ -17,7 +17,9 @@ from nvrx.inprocess.tools.inject_fault import Fault, inject_fault
 ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = r"""
-import sys, time
+import signal, sys, time
+# as in a program started from a terminal: a child of a background shell inherits SIGINT ignored
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from nvrx.inprocess.tools.inject_fault import (
     Fault, InjectedException, inject_fault, maybe_raise_workload_exception)
 kind = Fault[sys.argv[1]]

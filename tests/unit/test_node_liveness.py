@@ -59,6 +59,7 @@ def test_the_lowest_announced_survivor_is_elected_and_one_address_wins(tmp_path:
     assert store_failover.claim(tmp_path, first)
     assert not store_failover.claim(tmp_path, StoreAddress("node3", 4001, 2, 1))
     # claimed, not published yet: the old store is superseded, nobody connects to the new one
+    assert store_failover.claimed(tmp_path, 1) and not store_failover.claimed(tmp_path, 2)
     assert store_failover.superseded(tmp_path, 0) and not store_failover.superseded(tmp_path, 1)
     assert store_failover.wait_address(tmp_path, 1, timeout=0.1) is None
     store_failover.publish(tmp_path, first)
