@@ -69,6 +69,17 @@ def _kill_node_mid_training(job: Job, slot: int) -> list[int]:
     return kill_tree(job.procs[slot].pid)
 
 
+def _lose_node_and_finish(job: Job, slot: int, world_size: int) -> tuple[list[int], str]:
+    """Kill node ``slot`` mid-training; every other supervisor ends with 0 and the demo
+    finishes at ``world_size``. Returns the killed pids and the job's output."""
+    killed = _kill_node_mid_training(job, slot)
+    codes = job.wait(240)
+    output = job.output()
+    assert [c for i, c in enumerate(codes) if i != slot] == [0] * (len(codes) - 1), output
+    assert f"finished {STEPS} steps at world size {world_size}" in output, output
+    return killed, output
+
+
 def _world_sizes(job: Job) -> list[int]:
     rounds = sorted(job.events("round_start", component="wrapper"), key=lambda e: e["wall"])
     return [e["world_size"] for e in rounds]
@@ -82,11 +93,7 @@ def _no_process_left(pids: list[int]) -> None:
 @pytest.mark.timeout(300)
 def test_a_spare_node_takes_over_a_lost_node(tmp_path: Path) -> None:
     job = _demo_job(tmp_path, 3, "--spare-nodes", "1")
-    killed = _kill_node_mid_training(job, 1)
-    codes = job.wait(240)
-    output = job.output()
-    assert codes[0] == 0 and codes[2] == 0, output
-    assert f"finished {STEPS} steps at world size 4" in output, output
+    killed, output = _lose_node_and_finish(job, 1, 4)
     lost = job.events("node_lost")
     assert [(e["lost_slot"], e["lost_node"], e["action"], e["replaced_by"]) for e in lost] == [
         (1, 1, "spare", 2)
@@ -117,11 +124,7 @@ def test_a_spare_node_takes_over_a_lost_node(tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_without_a_spare_the_job_shrinks_down_to_min_nodes(tmp_path: Path) -> None:
     job = _demo_job(tmp_path, 2, "--min-nodes", "1")
-    killed = _kill_node_mid_training(job, 1)
-    codes = job.wait(240)
-    output = job.output()
-    assert codes[0] == 0, output
-    assert f"finished {STEPS} steps at world size 2" in output, output
+    killed, output = _lose_node_and_finish(job, 1, 2)
     lost = job.events("node_lost")
     assert [(e["lost_slot"], e["action"], e["replaced_by"]) for e in lost] == [
         (1, "shrink", None)
@@ -146,11 +149,7 @@ def test_without_a_spare_node_in_process_spares_step_in_for_the_lost_ranks(
     (ranks 2 and 3) is lost, the job shrinks, and the in-process spares (ranks 4 and 5, on
     node 2) step in, so it completes at world size 4 still."""
     job = _demo_job(tmp_path, 3, "--min-nodes", "2", demo=("--active-ranks", "4"))
-    killed = _kill_node_mid_training(job, 1)
-    codes = job.wait(240)
-    output = job.output()
-    assert codes[0] == 0 and codes[2] == 0, output
-    assert f"finished {STEPS} steps at world size 4" in output, output
+    killed, output = _lose_node_and_finish(job, 1, 4)
     (lost,) = job.events("node_lost")
     assert (lost["lost_slot"], lost["action"], lost["ranks"]) == (1, "shrink", [2, 3]), output
     became_active = {

@@ -25,6 +25,7 @@ from test_node_loss import (
     STEPS,
     _demo_job,
     _kill_node_mid_training,
+    _lose_node_and_finish,
     _no_process_left,
     kill_tree,
 )
@@ -37,11 +38,7 @@ from tests.support.waiting import wait_until
 @pytest.mark.timeout(300)
 def test_losing_the_store_host_fails_over_and_the_job_completes(tmp_path: Path) -> None:
     job = _demo_job(tmp_path, 3, "--spare-nodes", "1")
-    killed = _kill_node_mid_training(job, 0)
-    codes = job.wait(240)
-    output = job.output()
-    assert codes[1] == 0 and codes[2] == 0, output
-    assert f"finished {STEPS} steps at world size 4" in output, output
+    killed, output = _lose_node_and_finish(job, 0, 4)
     failovers = job.events("store_failover")
     assert sorted(e["node"] for e in failovers) == [1, 2], output
     switch = min(e["wall"] for e in failovers)
@@ -151,11 +148,7 @@ def test_losing_the_store_host_without_a_spare_shrinks_the_job(tmp_path: Path) -
     its ranks gone before it publishes its address, so the new generation meets without
     them and completes at world size 4."""
     job = _demo_job(tmp_path, 3, "--min-nodes", "2")
-    killed = _kill_node_mid_training(job, 0)
-    codes = job.wait(240)
-    output = job.output()
-    assert codes[1] == 0 and codes[2] == 0, output
-    assert f"finished {STEPS} steps at world size 4" in output, output
+    killed, output = _lose_node_and_finish(job, 0, 4)
     failovers = job.events("store_failover")
     assert {(e["epoch"], e["successor"], e["lost_slot"]) for e in failovers} == {(1, 1, 0)}
     switch = min(e["wall"] for e in failovers)
