@@ -49,7 +49,8 @@ def restart(call: CallWrapper, run: RoundRun, fault: BaseException | None) -> Le
         duration_s=run.monitor.abort_s or 0.0,
         ok=run.monitor.abort_ok,
     )
-    call.state.fn_exception = fault if isinstance(fault, Exception) else None
+    round_state = call.state  # the next round gets a State of its own (``assign``)
+    round_state.fn_exception = fault if isinstance(fault, Exception) else None
     try:
         _next_round(call, run, seen)
     except BaseException as exc:
@@ -57,6 +58,11 @@ def restart(call: CallWrapper, run: RoundRun, fault: BaseException | None) -> Le
         # not on record yet: the round's fault was, this exit was not (a rejoin
         # leader reads it to know that a rank left by RestartAbort stays away)
         return Leave(exc, recorded=False)
+    # The fault's traceback holds the round's frames, which hold ``run`` and the
+    # round's State: reference cycles that would keep the round (its store views,
+    # the call and its store connections) alive until the garbage collector runs.
+    run.fault = None
+    round_state.fn_exception = None
     return None
 
 

@@ -6,8 +6,8 @@ the rank), the store connections (one for the main thread, one for the
 monitor thread, which blocks in ``wait``), then the progress watchdog.
 Stopped in this order (``stop``, then ``close``): the board's shutdown flag
 is set, the monitor process is stopped and reaped, the watchdog stopped (and
-the stack pipe closed), then the board is closed and the store connections
-dropped.
+the stack pipe closed), then the board is closed, the store connections
+dropped and the call's event file closed.
 """
 
 from __future__ import annotations
@@ -153,7 +153,12 @@ class RankServices:
             self._stack_fd = None
 
     def close(self) -> None:
-        """Last step: the board and the store connections go."""
+        """Last step: the board, the store connections and the call's event file go.
+
+        The event file is closed here because its descriptor is a plain int that
+        no collector closes: each call of a wrapped function would leak one.
+        """
         self.board.close()
         self.base_store = None
         self.mt_store = None
+        self.writer.close()

@@ -21,6 +21,7 @@ One round of the restart loop (every rank, keys under ``nvrx/r<round>/``):
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import logging
@@ -241,12 +242,46 @@ class Wrapper:
         @functools.wraps(fn)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             try:
-                # gloo groups created during the call are tracked, so abort can interrupt them
-                with gloo_abort.tracking(), CallWrapper(self) as call_wrapper:
-                    return call_wrapper(fn, args, kwargs)
-            except RestartAbort as exc:
-                if supervised():
+                return self._call(fn, args, kwargs)
+            except BaseException as exc:
+                release_frames(exc)
+                if isinstance(exc, RestartAbort) and supervised():
                     raise SystemExit(exc.exit_code) from exc
                 raise
 
         return wrapped
+
+    def _call(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One call of ``fn`` under a fresh ``CallWrapper`` (held by this frame only)."""
+        # gloo groups created during the call are tracked, so abort can interrupt them
+        with gloo_abort.tracking(), CallWrapper(self) as call_wrapper:
+            return call_wrapper(fn, args, kwargs)
+
+
+_NVRX_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def release_frames(exc: BaseException) -> None:
+    """Clear the locals of nvrx's frames in the tracebacks of ``exc`` and of its chain.
+
+    An exception that leaves the Wrapper holds, through those frames, the whole
+    call: its store connections, monitor handles and rounds. The restart loop
+    also keeps the exception it re-raises, a reference cycle, so without this
+    the call would outlive the exception until the garbage collector runs. The
+    frames keep their code and line (tracebacks print as before); frames of
+    user code keep their locals.
+    """
+    seen: set[int] = set()
+    chain: list[BaseException | None] = [exc]
+    while chain:
+        current = chain.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        tb = current.__traceback__
+        while tb is not None:
+            if os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_NVRX_DIR):
+                with contextlib.suppress(RuntimeError):  # a frame still running
+                    tb.tb_frame.clear()
+            tb = tb.tb_next
+        chain += [current.__context__, current.__cause__]

@@ -1,0 +1,177 @@
+"""Rank program of ``test_wrapper_paths``: documented Wrapper paths, with real ranks.
+
+``launch(tmp, world_size, scenario=..., **params)`` starts one process per rank
+(environment as ``helpers_inprocess.spawn`` sets it) running this file, and
+returns ``helpers_inprocess.Ranks`` (``wait``, ``calls``, ``result``,
+``events``, ``logs``). Each rank wraps ``train`` in a ``Wrapper`` built from
+``params["wrapper"]`` (timeouts in seconds; ``store_kwargs`` and the monitor
+file paths as given), with ``completion``/``terminate`` callbacks that write
+``completion-<rank>``/``terminate-<rank>``. In round 0, on the ranks of
+``params["fault_ranks"]``, the scenario does:
+
+* ``no_hang_protection``: sleeps ``block_s`` inside ``disable_hang_protection()``;
+* ``completion_timeout``: sleeps inside ``disable_hang_protection()`` until the
+  restart ends the sleep (a peer's completion barrier timed out);
+* ``exception``: raises ``RuntimeError`` once every rank called the function;
+* ``sigterm_ignored``: ignores SIGTERM, then hangs holding the GIL;
+* ``init_exception`` / ``init_base_exception``: ``initialize`` raises
+  ``RuntimeError`` / ``LeaveJob`` (a ``BaseException``) before the function.
+
+Every call appends one JSON line to ``calls-<rank>.jsonl`` (with the command
+lines of the monitor process's children, and the content of
+``monitor_process_pidfile`` and what that pid runs, when a pidfile is set).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from helpers_inprocess import Ranks, _catastrophic_regex, free_port_pair
+
+HERE = Path(__file__).resolve()
+
+
+def launch(tmp: Path, world_size: int, **params: Any) -> Ranks:
+    """Start ``world_size`` ranks of this program, configured by ``params``."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    ranks = Ranks(tmp, port=params.pop("port", None) or free_port_pair(), world_size=world_size)
+    (tmp / "params.json").write_text(json.dumps(params))
+    for rank in range(world_size):
+        env = dict(os.environ)
+        for name in ("NVRX_STORE_HOST", "NVRX_STORE_PORT", "NVRX_SUPERVISED", "NVRX_RESTART_COUNT"):
+            env.pop(name, None)
+        env.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(ranks.port),
+            NVRX_LOG_DIR=str(tmp / "logs"),
+            NVRX_JOB_ID="test",
+            TORCH_CPP_LOG_LEVEL="ERROR",
+            PYTHONUNBUFFERED="1",
+        )
+        with open(tmp / f"rank-{rank}.log", "ab") as out:
+            ranks.procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(HERE), str(tmp)],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+    return ranks
+
+
+def _wait_for_every_rank(tmp: Path, iteration: int, world_size: int) -> None:
+    """Until every rank called the function in ``iteration``, so that each one has a call there."""
+    deadline = time.monotonic() + 30
+    while len(list(tmp.glob(f"entered-{iteration}-*"))) < world_size:
+        assert time.monotonic() < deadline, "the other ranks never called the function"
+        time.sleep(0.01)
+
+
+class LeaveJob(BaseException):
+    """What ``initialize`` raises in ``init_base_exception``: this rank leaves the job."""
+
+
+def _rank_main(tmp: Path) -> int:
+    import datetime
+
+    import psutil
+
+    import nvrx.inprocess as inprocess
+    from nvrx.inprocess import CallWrapper
+
+    params = json.loads((tmp / "params.json").read_text())
+    initial_rank = int(os.environ["RANK"])
+    scenario = params.get("scenario", "none")
+    fault_ranks = set(params.get("fault_ranks", []))
+    wkw: dict[str, Any] = dict(params.get("wrapper", {}))
+    for name in list(wkw):
+        if name.endswith(("_timeout", "_interval", "_wait", "_time")):
+            wkw[name] = datetime.timedelta(seconds=wkw[name])
+    pidfile = wkw.get("monitor_process_pidfile")
+
+    class Done(inprocess.completion.Completion):
+        def __call__(self, state: Any) -> Any:
+            (tmp / f"completion-{initial_rank}").write_text(str(state.rank))
+            return state
+
+    class Gone(inprocess.terminate.Terminate):
+        def __call__(self, state: Any) -> Any:
+            (tmp / f"terminate-{initial_rank}").write_text(state.mode.name)
+            return state
+
+    class FailingInitialize(inprocess.initialize.Initialize):
+        def __call__(self, state: Any) -> Any:
+            if state.iteration == 0 and initial_rank in fault_ranks:
+                if scenario == "init_exception":
+                    raise RuntimeError(f"initialize failed on rank {initial_rank}")
+                raise LeaveJob(f"initialize leaves on rank {initial_rank}")
+            return state
+
+    wkw["completion"], wkw["terminate"] = Done(), Gone()
+    if scenario in ("init_exception", "init_base_exception"):
+        wkw["initialize"] = FailingInitialize()
+
+    @inprocess.Wrapper(**wkw)
+    def train(call_wrapper: CallWrapper = None) -> dict[str, Any]:
+        it = call_wrapper.iteration
+        record: dict[str, Any] = {
+            "initial_rank": initial_rank,
+            "iteration": it,
+            "rank": os.environ.get("RANK"),
+            "world_size": os.environ.get("WORLD_SIZE"),
+            "monitor_pid": call_wrapper.monitor_process.pid,
+        }
+        monitor = psutil.Process(call_wrapper.monitor_process.pid)
+        record["monitor_children"] = [" ".join(c.cmdline()) for c in monitor.children()]
+        if pidfile is not None:
+            text = Path(pidfile.replace("{rank}", str(initial_rank))).read_text()
+            record["pidfile"] = text
+            record["pidfile_cmdline"] = " ".join(psutil.Process(int(text)).cmdline())
+        with open(tmp / f"calls-{initial_rank}.jsonl", "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        (tmp / f"entered-{it}-{initial_rank}").touch()
+        if it == 0 and initial_rank in fault_ranks:
+            if scenario == "no_hang_protection":
+                with call_wrapper.disable_hang_protection():
+                    time.sleep(params["block_s"])  # the workload under test: a long, silent block
+                (tmp / f"block-done-{initial_rank}").touch()
+            elif scenario == "completion_timeout":
+                with call_wrapper.disable_hang_protection():
+                    time.sleep(300)  # ended by the restart
+            elif scenario == "exception":
+                _wait_for_every_rank(tmp, it, int(os.environ["WORLD_SIZE"]))
+                raise RuntimeError(f"injected fault on rank {initial_rank}")
+            elif scenario == "sigterm_ignored":
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                _catastrophic_regex()
+        return {
+            "iteration": it,
+            "rank": os.environ.get("RANK"),
+            "world_size": os.environ.get("WORLD_SIZE"),
+        }
+
+    try:
+        result = train()
+    except BaseException as exc:
+        (tmp / f"result-{initial_rank}.json").write_text(
+            json.dumps({"error": type(exc).__name__, "message": str(exc)})
+        )
+        raise
+    (tmp / f"result-{initial_rank}.json").write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_rank_main(Path(sys.argv[1])))

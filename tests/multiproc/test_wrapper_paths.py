@@ -1,0 +1,162 @@
+"""Documented Wrapper paths with real ranks (gloo-free, real store, monitor processes).
+
+* ``disable_hang_protection()``: a block silent for longer than both timeouts
+  restarts nothing;
+* ``completion_timeout``: a rank that does not reach the completion barrier in
+  time makes every rank restart;
+* ``initialize`` raising an ``Exception`` restarts every rank, raising a
+  ``BaseException`` takes that rank out and the others go on;
+* ``store_kwargs["tcp_store_host_rank"]``: -1, no rank hosts the store, the
+  job uses the one at ``MASTER_PORT + 1``; 1, rank 1's monitor process serves it;
+* ``monitor_process_pidfile``: holds the monitor's pid while it runs;
+* a rank that ignores SIGTERM is SIGKILLed after ``termination_grace_time``.
+"""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+from helpers_wrapper_paths import launch
+from test_wrapper import FAST
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _kinds(events, kind, component="wrapper"):
+    return [e for e in events if e["kind"] == kind and e["component"] == component]
+
+
+def _iterations(ranks, rank):
+    return [c["iteration"] for c in ranks.calls(rank)]
+
+
+def test_disable_hang_protection_lets_a_block_outlast_both_timeouts(tmp_path):
+    # Rank 1 is silent for longer than hard_timeout inside the block; rank 0 waits
+    # for it at the completion barrier. Nobody restarts, nobody is terminated.
+    block_s = FAST["hard_timeout"] + 4 * FAST["monitor_process_interval"]
+    ranks = launch(
+        tmp_path, 2, wrapper=FAST, scenario="no_hang_protection", fault_ranks=[1], block_s=block_s
+    )
+    assert ranks.wait(60) == [0, 0], ranks.logs()
+    assert (tmp_path / "block-done-1").exists()
+    for rank in range(2):
+        assert _iterations(ranks, rank) == [0], ranks.logs()
+        assert ranks.result(rank) == {"iteration": 0, "rank": str(rank), "world_size": "2"}
+    events = ranks.events()
+    assert not _kinds(events, "hang", component="monitor"), ranks.logs()
+    assert not [e for e in events if e["kind"] == "fault"], ranks.logs()
+
+
+def test_completion_timeout_restarts_every_rank(tmp_path):
+    # Rank 1 stays in its function (hang protection off, so only the completion
+    # barrier can notice); rank 0's completion barrier times out: a fault, and
+    # every rank restarts, rank 1's sleep included.
+    wrapper = dict(FAST, completion_timeout=2)
+    ranks = launch(tmp_path, 2, wrapper=wrapper, scenario="completion_timeout", fault_ranks=[1])
+    assert ranks.wait(60) == [0, 0], ranks.logs()
+    assert _iterations(ranks, 1) == [0, 1], ranks.logs()
+    for rank in range(2):
+        assert ranks.result(rank)["iteration"] == 1
+        assert ranks.result(rank)["world_size"] == "2"
+    faults = _kinds(ranks.events(), "fault")
+    timeouts = [f for f in faults if "BarrierTimeout" in (f.get("exc_type") or "")]
+    assert [f["rank"] for f in timeouts] == [0], faults
+    assert "ranks [1]" in timeouts[0]["message"], timeouts[0]
+    assert not _kinds(ranks.events(), "hang", component="monitor")
+
+
+def test_initialize_exception_restarts_every_rank(tmp_path):
+    ranks = launch(tmp_path, 2, wrapper=FAST, scenario="init_exception", fault_ranks=[1])
+    assert ranks.wait(60) == [0, 0], ranks.logs()
+    assert _iterations(ranks, 1) == [1], ranks.logs()  # initialize failed before round 0's call
+    for rank in range(2):
+        assert ranks.result(rank) == {"iteration": 1, "rank": str(rank), "world_size": "2"}
+        assert (tmp_path / f"completion-{rank}").exists()
+    faults = [
+        f for f in _kinds(ranks.events(), "fault") if f["message"] == "initialize failed on rank 1"
+    ]
+    assert [(f["rank"], f["fault_kind"]) for f in faults] == [(1, "exception")], ranks.logs()
+    assert not list(tmp_path.glob("terminate-*"))
+
+
+def test_initialize_base_exception_takes_the_rank_out(tmp_path):
+    ranks = launch(tmp_path, 2, wrapper=FAST, scenario="init_base_exception", fault_ranks=[1])
+    codes = ranks.wait(60)
+    assert codes == [0, 1], ranks.logs()
+    assert ranks.result(1) == {"error": "LeaveJob", "message": "initialize leaves on rank 1"}
+    assert _iterations(ranks, 1) == [], ranks.logs()  # it left before any call
+    assert (tmp_path / "terminate-1").read_text() == "TERMINATED"
+    assert not (tmp_path / "completion-1").exists()
+    # rank 0 goes on alone, as rank 0 of a world of one
+    assert ranks.result(0) == {"iteration": 1, "rank": "0", "world_size": "1"}
+    assert (tmp_path / "completion-0").read_text() == "0"
+    assert not (tmp_path / "terminate-0").exists()
+
+
+def test_tcp_store_host_rank_minus_one_uses_the_store_at_master_port_plus_one(tmp_path):
+    from helpers_inprocess import free_port_pair
+    from torch.distributed import TCPStore
+
+    from nvrx.store import rounds
+
+    port = free_port_pair()
+    # Served here, where the ranks look for it; a rank that tried to host one
+    # as well could not bind the port and would fail.
+    store = TCPStore("127.0.0.1", port + 1, is_master=True, wait_for_workers=False)
+    wrapper = dict(FAST, store_kwargs={"tcp_store_host_rank": -1})
+    ranks = launch(tmp_path, 2, port=port, wrapper=wrapper, scenario="exception", fault_ranks=[1])
+    assert ranks.wait(60) == [0, 0], ranks.logs()
+    for rank in range(2):
+        assert ranks.result(rank)["iteration"] == 1
+    # the restart went through this store
+    assert rounds.current_round(store) == 1
+    assert rounds.job_restarts(store) == 1
+
+
+def test_tcp_store_host_rank_one_serves_the_store_beside_rank_one(tmp_path):
+    wrapper = dict(FAST, store_kwargs={"tcp_store_host_rank": 1})
+    ranks = launch(tmp_path, 2, wrapper=wrapper, scenario="exception", fault_ranks=[0])
+    assert ranks.wait(60) == [0, 0], ranks.logs()
+    for rank in range(2):
+        calls = ranks.calls(rank)
+        assert [c["iteration"] for c in calls] == [0, 1], ranks.logs()
+        # the store service is a child of rank 1's monitor process, in every round
+        services = [
+            [cmd for cmd in c["monitor_children"] if "nvrx.store.service" in cmd] for c in calls
+        ]
+        assert all(len(s) == (1 if rank == 1 else 0) for s in services), calls
+
+
+def test_monitor_process_pidfile_holds_the_monitor_pid_while_it_runs(tmp_path):
+    wrapper = dict(FAST, monitor_process_pidfile=str(tmp_path / "monitor-{rank}.pid"))
+    ranks = launch(tmp_path, 2, wrapper=wrapper, scenario="exception", fault_ranks=[1])
+    assert ranks.wait(60) == [0, 0], ranks.logs()
+    monitors = set()
+    for rank in range(2):
+        calls = ranks.calls(rank)
+        assert [c["iteration"] for c in calls] == [0, 1], ranks.logs()
+        for call in calls:  # the same monitor process for the whole Wrapper call
+            assert call["pidfile"] == f"{call['monitor_pid']}\n", call
+            assert "nvrx.inprocess.monitor_main" in call["pidfile_cmdline"], call
+        assert calls[0]["monitor_pid"] == calls[1]["monitor_pid"]
+        monitors.add(calls[0]["monitor_pid"])
+    assert len(monitors) == 2
+    for pid in monitors:  # stopped and reaped with its rank
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_rank_ignoring_sigterm_is_killed_after_the_grace_time(tmp_path):
+    # Rank 1 ignores SIGTERM and hangs holding the GIL: the soft timeout cannot
+    # reach it, the hard timeout sends SIGTERM, and after termination_grace_time
+    # SIGKILL. Rank 0 goes on alone.
+    wrapper = dict(FAST, monitor_process_logfile=str(tmp_path / "monitor-{rank}.log"))
+    ranks = launch(tmp_path, 2, wrapper=wrapper, scenario="sigterm_ignored", fault_ranks=[1])
+    codes = ranks.wait(60)
+    assert codes == [0, -9], ranks.logs()
+    assert ranks.result(1) is None
+    assert ranks.result(0) == {"iteration": 1, "rank": "0", "world_size": "1"}
+    hangs = [h["timeout"] for h in _kinds(ranks.events(), "hang", component="monitor")]
+    assert hangs == ["soft", "hard"], ranks.logs()
+    monitor_log = (tmp_path / "monitor-1.log").read_text()
+    grace = FAST["termination_grace_time"]
+    assert f"still runs {grace:.1f} s after SIGTERM: SIGKILL" in monitor_log, monitor_log
