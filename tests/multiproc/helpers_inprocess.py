@@ -23,6 +23,20 @@ from typing import Any
 
 HERE = Path(__file__).resolve()
 
+#: Wrapper timeouts short enough for tests of its restart paths on this machine.
+FAST = dict(
+    soft_timeout=3,
+    hard_timeout=5,
+    heartbeat_timeout=3,
+    heartbeat_interval=0.5,
+    monitor_process_interval=0.25,
+    monitor_thread_interval=0.5,
+    progress_watchdog_interval=0.2,
+    barrier_timeout=30,
+    last_call_wait=0.2,
+    termination_grace_time=0.5,
+)
+
 
 def free_port_pair() -> int:
     """A port p with p and p+1 free (MASTER_PORT and the store's MASTER_PORT + 1)."""

@@ -23,18 +23,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-FAST = dict(
-    soft_timeout=3,
-    hard_timeout=5,
-    heartbeat_timeout=3,
-    heartbeat_interval=0.5,
-    monitor_process_interval=0.25,
-    monitor_thread_interval=0.5,
-    progress_watchdog_interval=0.2,
-    barrier_timeout=30,
-    last_call_wait=0.2,
-    termination_grace_time=0.5,
-)
+from helpers_inprocess import FAST  # this file runs as a script: its folder is on sys.path
 
 
 def _loggers() -> dict[str, logging.Logger]:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers_inprocess import FAST, Ranks, free_port_pair
 from helpers_inprocess import HERE as RANK_PROGRAM
-from helpers_inprocess import Ranks, free_port_pair
 from test_supervisor_local import DEMO, Job
 
 from nvrx.report import Report, build_report
@@ -268,19 +268,6 @@ def test_logs_of_one_node_only(killed: Run, tmp_path: Path) -> None:
 
 # -- the in-process Wrapper ----------------------------------------------------------------
 
-#: Fast timeouts of the Wrapper, as in tests/multiproc/test_wrapper.py.
-FAST = dict(
-    soft_timeout=3,
-    hard_timeout=5,
-    heartbeat_timeout=3,
-    heartbeat_interval=0.5,
-    monitor_process_interval=0.25,
-    monitor_thread_interval=0.5,
-    progress_watchdog_interval=0.2,
-    barrier_timeout=30,
-    last_call_wait=0.2,
-    termination_grace_time=0.5,
-)
 
 
 def _launch_nodes(tmp: Path, nnodes: int, nproc: int, **params: object) -> Ranks:

@@ -3,22 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from helpers_inprocess import launch
+from helpers_inprocess import FAST, launch
 
 pytestmark = pytest.mark.timeout(90)
-
-FAST = dict(
-    soft_timeout=3,
-    hard_timeout=5,
-    heartbeat_timeout=3,
-    heartbeat_interval=0.5,
-    monitor_process_interval=0.25,
-    monitor_thread_interval=0.5,
-    progress_watchdog_interval=0.2,
-    barrier_timeout=30,
-    last_call_wait=0.2,
-    termination_grace_time=0.5,
-)
 
 
 def _kinds(events, kind, component="wrapper"):
