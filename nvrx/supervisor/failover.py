@@ -157,10 +157,7 @@ class Failover:
 
     def _drop_prepared(self) -> None:
         """What was kept ready for a failover ends (the job ends, or it was not needed)."""
-        if self._prepared_link is not None:
-            self._prepared_link.close()
-        if self._prepared_service is not None:
-            self._prepared_service.stop()
+        _end(self._prepared_link, self._prepared_service)
         self._prepared_link = self._prepared_service = None
 
     def _start_ahead(self) -> tuple[StoreLink | None, StoreService | None]:
@@ -193,10 +190,7 @@ class Failover:
 
     def _drop_ahead(self) -> None:
         """What was started ahead and not used ends."""
-        if self._ahead_link is not None:
-            self._ahead_link.close()
-        if self._ahead_service is not None:
-            self._ahead_service.stop()
+        _end(self._ahead_link, self._ahead_service)
         self._ahead_link = self._ahead_service = None
 
     def _successor_store(self, held: bool = False) -> StoreService:
@@ -317,3 +311,11 @@ class Failover:
 
     def _requeue_without(self, host: str | None) -> None:
         raise NotImplementedError
+
+
+def _end(link: StoreLink | None, service: StoreService | None) -> None:
+    """An agent and a store service that are not needed end."""
+    if link is not None:
+        link.close()
+    if service is not None:
+        service.stop()

@@ -26,31 +26,7 @@ from nvrx.inprocess.rank_assignment import (
 )
 from nvrx.inprocess.state import Mode, State
 from nvrx.store.faults import FaultRecord
-
-
-def _run_ranks_with_store(world_size, fn):
-    """fn(rank, store client) in one thread per rank; ({rank: result}, {rank: exception})."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    results, errors = {}, {}
-
-    def run(rank):
-        client = dist.TCPStore("127.0.0.1", server.port, timeout=timedelta(seconds=30))
-        try:
-            results[rank] = fn(rank, client)
-        except BaseException as exc:  # collected for the assertion
-            errors[rank] = exc
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(world_size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
-    return results, errors
+from tests.support.store_ranks import run_ranks_with_store
 
 
 def _wrapper_with_filter(flt):
@@ -113,7 +89,7 @@ def test_filter_grouped_by_key_takes_rank_and_world_size():
         ctx = RankAssignmentCtx(State(rank=rank, world_size=world, mode=Mode.ACTIVE), store, {3})
         return Compose(ShiftRanks(), step)(ctx).state
 
-    results, errors = _run_ranks_with_store(world, rank_fn)
+    results, errors = run_ranks_with_store(world, rank_fn)
     assert set(errors) == {2, 3} and all(isinstance(e, RankDiscarded) for e in errors.values())
     assert {r: s.rank for r, s in results.items()} == {0: 0, 1: 1, 4: 2, 5: 3}
     assert set(seen) == {world}

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-from datetime import timedelta
-
 import pytest
 
 from nvrx.inprocess.compose import Compose
@@ -22,6 +19,7 @@ from nvrx.inprocess.rank_assignment import (
     Tree,
 )
 from nvrx.inprocess.state import Mode, State
+from tests.support.store_ranks import run_ranks_with_store
 
 
 def _assign(assignment, world_size, terminated, states=None):
@@ -197,38 +195,13 @@ def test_tree_rejects_different_root_keys():
 # -- with a real store on loopback --------------------------------------------------
 
 
-def _run_ranks_with_store(world_size, fn):
-    """Run fn(rank, store_client) in one thread per rank, each with its own store client."""
-    import torch.distributed as dist
-
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    results, errors = {}, {}
-
-    def run(rank):
-        client = dist.TCPStore(
-            "127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=30)
-        )
-        try:
-            results[rank] = fn(rank, client)
-        except BaseException as exc:  # collected for the assertion
-            errors[rank] = exc
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(world_size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
-    return results, errors
-
-
 @pytest.mark.timeout(120)
 def test_filter_count_grouped_by_key_with_real_store():
     world = 6
     terminated = {2}
 
     # A terminated rank returns at once from the filter and is discarded by ShiftRanks.
-    results, errors = _run_ranks_with_store(
+    results, errors = run_ranks_with_store(
         world, lambda r, s: _filter_rank(r, s, world, terminated)
     )
     assert set(errors) == {2, 3} and all(isinstance(e, RankDiscarded) for e in errors.values()), (
@@ -256,7 +229,7 @@ def test_tree_first_call_exchanges_keys_through_real_store():
         tree = Tree(_host_layers(1, 3))
         return tree(RankAssignmentCtx(State(rank=rank, world_size=world), store, set())).state
 
-    results, errors = _run_ranks_with_store(world, rank_fn)
+    results, errors = run_ranks_with_store(world, rank_fn)
     assert not errors, errors
     assert [results[r].active_rank for r in range(world)] == [0, 1, 2, None, 3, 4, 5, None]
     assert {results[r].active_world_size for r in range(world)} == {6}
