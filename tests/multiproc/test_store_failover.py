@@ -71,6 +71,15 @@ def test_losing_the_store_host_fails_over_and_the_job_completes(tmp_path: Path) 
     _no_process_left(killed)
 
 
+def _ready_for_failover(pid: int) -> dict[str, int]:
+    """Store agents and held store services among the children of supervisor ``pid``."""
+    lines = [" ".join(p.cmdline()) for p in psutil.Process(pid).children()]
+    return {
+        "agents": sum("nvrx.supervisor.store_agent" in line for line in lines),
+        "held stores": sum("nvrx.store.service" in line and "--held" in line for line in lines),
+    }
+
+
 @pytest.mark.timeout(300)
 def test_a_frozen_store_host_is_failed_over_within_seconds(tmp_path: Path) -> None:
     job = _demo_job(tmp_path, 3, "--spare-nodes", "1")
@@ -80,6 +89,12 @@ def test_a_frozen_store_host_is_failed_over_within_seconds(tmp_path: Path) -> No
         120,
         state=job.output,
     )
+    # kept ready for the failover while the job runs: an agent per non-host supervisor (beside
+    # its own), and a store service held before it binds on slot 1, next in line
+    for slot in (1, 2):
+        ready = _ready_for_failover(job.procs[slot].pid)
+        assert ready == {"agents": 2, "held stores": int(slot == 1)}, (slot, ready)
+    assert _ready_for_failover(job.procs[0].pid) == {"agents": 1, "held stores": 0}
     root = psutil.Process(job.procs[0].pid)
     frozen = [root, *root.children(recursive=True)]
     for proc in frozen:
