@@ -43,8 +43,8 @@ class CudaHealthCheck(HealthCheck):
     initializes CUDA, never loads NVML and never touches a GPU on a CPU host
     (where the reference's automatic GPU checks fail every restart). The device
     is ``LOCAL_RANK``'s, else the current one. A synchronization that does not
-    finish within ``timeout`` raises ``exception.TimeoutError``; a sticky CUDA
-    error is raised by a second synchronization in the calling thread.
+    finish within ``timeout`` raises ``exception.TimeoutError``; a CUDA error
+    (a device-side assert, say) is raised in the calling thread as torch raised it.
 
     Args:
         timeout: limit for the synchronization (timedelta or seconds).
@@ -67,9 +67,15 @@ class CudaHealthCheck(HealthCheck):
         device = torch.device(
             "cuda", int(local_rank) if local_rank else torch.cuda.current_device()
         )
-        thread = threading.Thread(
-            target=torch.cuda.synchronize, args=(device,), name="CudaHealthCheckSync", daemon=True
-        )
+        failed: list[BaseException] = []
+
+        def synchronize() -> None:
+            try:
+                torch.cuda.synchronize(device)
+            except BaseException as exc:  # raised again in the calling thread
+                failed.append(exc)
+
+        thread = threading.Thread(target=synchronize, name="CudaHealthCheckSync", daemon=True)
         thread.start()
         thread.join(self._timeout_s)
         if thread.is_alive():
@@ -77,7 +83,8 @@ class CudaHealthCheck(HealthCheck):
                 f"CudaHealthCheck: torch.cuda.synchronize({device}) did not finish within "
                 f"{self._timeout_s:g} s"
             )
-        torch.cuda.synchronize(device)
+        if failed:
+            raise failed[0]
         return state
 
 

@@ -122,6 +122,27 @@ class Ranks:
         return text
 
 
+def rank_env(
+    log_dir: Path, rank: int = 0, world_size: int = 1, port: int | None = None, job_id: str = "test"
+) -> dict[str, str]:
+    """The environment of one unsupervised Wrapper rank on loopback (no nvrx store outside it)."""
+    env = dict(os.environ)
+    for name in ("NVRX_STORE_HOST", "NVRX_STORE_PORT", "NVRX_SUPERVISED", "NVRX_RESTART_COUNT"):
+        env.pop(name, None)
+    env.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port or free_port_pair()),
+        NVRX_LOG_DIR=str(log_dir),
+        NVRX_JOB_ID=job_id,
+        TORCH_CPP_LOG_LEVEL="ERROR",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
 def launch(tmp: Path, world_size: int, **params: Any) -> Ranks:
     """Start ``world_size`` ranks running ``train`` under a Wrapper configured by ``params``."""
     tmp.mkdir(parents=True, exist_ok=True)
@@ -136,20 +157,7 @@ def spawn(
     ranks: Ranks, rank: int, params: dict[str, Any], extra_env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
     """Start the process of one rank (also a replacement of a dead one, as a supervisor would)."""
-    env = dict(os.environ)
-    for name in ("NVRX_STORE_HOST", "NVRX_STORE_PORT", "NVRX_SUPERVISED", "NVRX_RESTART_COUNT"):
-        env.pop(name, None)
-    env.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(ranks.world_size),
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(ranks.port),
-        NVRX_LOG_DIR=str(ranks.tmp / "logs"),
-        NVRX_JOB_ID="test",
-        TORCH_CPP_LOG_LEVEL="ERROR",
-        PYTHONUNBUFFERED="1",
-    )
+    env = rank_env(ranks.tmp / "logs", rank, ranks.world_size, ranks.port)
     env.update(params.get("env", {}))
     env.update(extra_env or {})
     with open(ranks.tmp / f"rank-{rank}.log", "ab") as out:

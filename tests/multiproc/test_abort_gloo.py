@@ -243,19 +243,9 @@ def test_abort_unblocks_gloo_collectives_and_gloo_reinitializes(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_wrapper_tracks_group_creation_only_during_the_call(tmp_path):
-    from helpers_inprocess import free_port_pair
+    from helpers_inprocess import rank_env
 
-    env = dict(os.environ)
-    for name in ("NVRX_STORE_HOST", "NVRX_STORE_PORT", "NVRX_SUPERVISED", "NVRX_RESTART_COUNT"):
-        env.pop(name, None)
-    env.update(
-        RANK="0",
-        WORLD_SIZE="1",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(free_port_pair()),
-        NVRX_LOG_DIR=str(tmp_path),
-        TORCH_CPP_LOG_LEVEL="ERROR",
-    )
+    env = rank_env(tmp_path)
     proc = subprocess.Popen(
         [sys.executable, __file__, "wrapper"],
         env=env,

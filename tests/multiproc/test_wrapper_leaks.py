@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers_inprocess import free_port_pair
+from helpers_inprocess import rank_env
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,20 +29,7 @@ OUTCOMES = [["ok", 0], ["restart", 1], "RestartAbort: the wrapped function asks 
 
 
 def _run_probe(tmp: Path) -> dict:
-    env = dict(os.environ)
-    for name in ("NVRX_STORE_HOST", "NVRX_STORE_PORT", "NVRX_SUPERVISED", "NVRX_RESTART_COUNT"):
-        env.pop(name, None)
-    env.update(
-        RANK="0",
-        WORLD_SIZE="1",
-        LOCAL_RANK="0",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(free_port_pair()),
-        NVRX_LOG_DIR=str(tmp / "logs"),
-        NVRX_JOB_ID="leaks",
-        TORCH_CPP_LOG_LEVEL="ERROR",
-        PYTHONUNBUFFERED="1",
-    )
+    env = rank_env(tmp / "logs", job_id="leaks")
     out = tmp / "report.json"
     log = tmp / "probe.log"
     with open(log, "wb") as fh:

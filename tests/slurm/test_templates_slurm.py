@@ -88,7 +88,15 @@ def test_a_wheel_in_a_fresh_venv_runs_a_job_from_its_template(
     check = slurm_cluster.run(["sbatch", "--test-only", str(job_file), "true"], check=False)
     assert check.returncode == 0, check.stderr
 
-    probe = "import os, nvrx; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], nvrx.__file__)"
+    # Each rank writes its own file: lines that ranks print to the job's one output file
+    # may interleave mid-line.
+    seen = tmp_path / "ranks"
+    seen.mkdir()
+    probe = (
+        "import os, pathlib, nvrx; "
+        f"pathlib.Path({str(seen)!r}, os.environ['RANK']).write_text("
+        "f\"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} {nvrx.__file__}\")"
+    )
     logs = tmp_path / "logs"
     job = slurm_cluster.sbatch(
         job_file, "-N2", f"--export=ALL,NVRX_LOG_DIR={logs},NVRX_NPROC_PER_NODE=2", cwd=tmp_path,
@@ -98,8 +106,9 @@ def test_a_wheel_in_a_fresh_venv_runs_a_job_from_its_template(
     state = slurm_cluster.wait_job(job, timeout=240)
     text = out.read_text() if out.exists() else "no output file"
     assert state == "COMPLETED", text
+    assert sorted(f.name for f in seen.iterdir()) == ["0", "1", "2", "3"], text
     for rank in range(4):
-        assert f"rank {rank} of 4 {venv}" in text, text
+        assert (seen / str(rank)).read_text().startswith(f"rank {rank} of 4 {venv}"), text
     events, _ = read_dir(logs / str(job))
     assert {e["node"] for e in events if e["kind"] == "supervisor_end"} == {0, 1}
     # nvrx-report of the fresh venv, run from the submit directory, finds the output file

@@ -35,7 +35,6 @@ def test_cuda_health_check_is_a_noop_without_cuda_and_loads_no_nvml():
         "assert not torch.cuda.is_initialized()\n"
         "maps = open('/proc/self/maps').read()\n"
         "assert 'libnvidia-ml' not in maps, 'NVML was loaded'\n"
-        "assert 'pynvml' not in sys.modules\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100)

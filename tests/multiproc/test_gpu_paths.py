@@ -1,0 +1,354 @@
+"""The CUDA paths of the in-process layer, on a real GPU: they skip with the reason elsewhere.
+
+Each scenario runs in its own process (a CUDA context broken by a device-side
+assert stays broken), started by the test: ``python test_gpu_paths.py
+<scenario> <out.json>`` is one such process, which writes what it saw.
+
+- ``CudaHealthCheck`` never initializes CUDA, passes on a working GPU, raises
+  after a device-side assert (``Fault.GPU_ERROR``) and times out on a kernel
+  that never ends (``Fault.GPU_SLEEP``);
+- ``AbortTorchDistributed`` aborts an NCCL communicator, writes the
+  flight-recorder dump when asked to, and NCCL initializes again afterwards;
+- a Wrapper whose function uses NCCL restarts after an exception, with
+  ``CudaHealthCheck`` as its health check, and NCCL works in the second round;
+- with two GPUs, an NCCL all_reduce blocked because a peer stays away returns
+  once ``AbortTorchDistributed`` runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers_inprocess import FAST, free_port_pair, rank_env
+
+HERE = Path(__file__).resolve()
+
+
+def _cuda_devices() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+pytestmark = [
+    pytest.mark.timeout(180),
+    pytest.mark.skipif(
+        _cuda_devices() == 0, reason="needs CUDA: torch.cuda.is_available() is False here"
+    ),
+]
+
+
+def _run(tmp: Path, scenario: str, *, rank: int = 0, world: int = 1, port: int | None = None,
+         env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:  # fmt: skip
+    full = rank_env(tmp / "logs", rank, world, port)
+    full.update(env or {})
+    log = open(tmp / f"{scenario}-{rank}.log", "wb")  # noqa: SIM115 - closed by the child's end
+    return subprocess.Popen(
+        [sys.executable, str(HERE), scenario, str(tmp / f"{scenario}-{rank}.json")],
+        env=full, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+
+
+def _finish(tmp: Path, scenario: str, procs: list[subprocess.Popen[bytes]],
+            timeout: float = 120) -> list[dict]:  # fmt: skip
+    deadline = time.monotonic() + timeout
+    try:
+        for proc in procs:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    logs = "\n".join(p.read_text(errors="replace")[-4000:] for p in sorted(tmp.glob(f"{scenario}-*.log")))
+    results = []
+    for rank, proc in enumerate(procs):
+        out = tmp / f"{scenario}-{rank}.json"
+        assert proc.returncode == 0 and out.exists(), f"rank {rank} exit {proc.returncode}\n{logs}"
+        results.append(json.loads(out.read_text()))
+    print(logs)
+    return results
+
+
+def _one(tmp: Path, scenario: str, env: dict[str, str] | None = None) -> dict:
+    return _finish(tmp, scenario, [_run(tmp, scenario, env=env)])[0]
+
+
+def test_cuda_health_check_leaves_cuda_alone_then_passes_on_a_working_gpu(tmp_path):
+    out = _one(tmp_path, "health_ok")
+    assert out == {"initialized_by_check": False, "passed_after_init": True}
+
+
+def test_cuda_health_check_raises_after_a_device_side_assert(tmp_path):
+    out = _one(tmp_path, "health_after_assert")
+    assert out["injected"] == "GPU_ERROR"
+    assert out["injector_saw"], out  # the assert surfaced in the injecting thread
+    assert out["check_raised"].startswith(("RuntimeError", "AcceleratorError")), out
+    assert "device-side assert" in out["check_raised"], out
+    assert out["check_is_runtime_error"] is True, out  # what callers of the reference catch
+
+
+def test_cuda_health_check_times_out_on_a_kernel_that_never_ends(tmp_path):
+    out = _one(tmp_path, "health_hung_kernel")
+    assert out["injected"] == "GPU_SLEEP"
+    assert out["check_raised"].startswith("TimeoutError"), out
+    assert out["check_s"] < 10, out  # the 1 s limit, not the kernel, bounds the check
+
+
+def test_nccl_abort_dumps_the_flight_recorder_and_nccl_starts_again(tmp_path):
+    fr = tmp_path / "fr"
+    out = _one(tmp_path, "nccl_abort", env={"TORCH_FR_BUFFER_SIZE": "1000", "NVRX_FR_TRACE_PATH": str(fr)})
+    assert out["nccl_backends"] >= 1, out  # the NCCL path of the abort, not the gloo one
+    assert out["initialized_after_abort"] is False, out
+    assert out["second_all_reduce"] == 1.0, out
+    assert out["dump"] == str(fr / "iter_0" / "rank_0"), out
+    assert out["dump_entries"] >= 1, out  # the all_reduce of the first group is in the trace
+
+
+def test_wrapper_restarts_an_nccl_function_with_the_cuda_health_check(tmp_path):
+    out = _one(tmp_path, "wrapper_nccl")
+    assert out["calls"] == [0, 1], out
+    assert out["result"] == {"iteration": 1, "sum": 1.0}, out
+
+
+@pytest.mark.skipif(_cuda_devices() < 2, reason="needs 2 GPUs, one per NCCL rank")
+def test_abort_returns_an_nccl_all_reduce_blocked_on_an_absent_peer(tmp_path):
+    port = free_port_pair()
+    procs = [_run(tmp_path, "nccl_blocked", rank=r, world=2, port=port) for r in range(2)]
+    blocked, peer = _finish(tmp_path, "nccl_blocked", procs)
+    assert peer["stayed_away"] is True
+    assert blocked["returned_after_abort_s"] < 30, blocked
+    assert blocked["second_all_reduce"] == 2.0, blocked
+
+
+# -- the processes -------------------------------------------------------------------------
+
+
+def _state():
+    from nvrx.inprocess.state import State
+
+    return State.from_env().freeze()
+
+
+def _raised(call) -> str | None:
+    try:
+        call()
+    except BaseException as exc:  # noqa: BLE001 - the scenario reports what was raised
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _health_ok() -> dict:
+    import torch
+
+    from nvrx.inprocess.health_check import CudaHealthCheck
+
+    CudaHealthCheck()(_state())
+    initialized = torch.cuda.is_initialized()
+    torch.ones(4, device="cuda").sum().item()
+    CudaHealthCheck()(_state())
+    return {"initialized_by_check": initialized, "passed_after_init": True}
+
+
+def _inject(kind: str) -> tuple[str, list[str]]:
+    """Inject ``kind`` on this rank now; returns its name and what the injecting thread raised."""
+    import threading
+
+    from nvrx.inprocess.tools.inject_fault import Fault, inject_fault
+
+    seen: list[str] = []
+    done = threading.Event()
+    original = threading.excepthook
+
+    def hook(args):
+        seen.append(f"{args.exc_type.__name__}: {args.exc_value}")
+        done.set()
+
+    threading.excepthook = hook
+    fault = inject_fault([Fault[kind]], num_faults=1, keep_alive=0, delay=0.0, seed=0)
+    if kind == "GPU_ERROR":
+        done.wait(30)
+    threading.excepthook = original
+    return fault.name, seen
+
+
+def _health_after_assert() -> dict:
+    import torch
+
+    from nvrx.inprocess.health_check import CudaHealthCheck
+
+    torch.ones(1, device="cuda").sum().item()
+    injected, seen = _inject("GPU_ERROR")
+    try:
+        CudaHealthCheck(timeout=10)(_state())
+        raised, runtime_error = None, False
+    except Exception as exc:
+        raised, runtime_error = f"{type(exc).__name__}: {exc}", isinstance(exc, RuntimeError)
+    return {
+        "injected": injected, "injector_saw": seen, "check_raised": raised,
+        "check_is_runtime_error": runtime_error,
+    }  # fmt: skip
+
+
+def _health_hung_kernel() -> dict:
+    import torch
+
+    from nvrx.inprocess.health_check import CudaHealthCheck
+
+    torch.ones(1, device="cuda").sum().item()
+    injected, _ = _inject("GPU_SLEEP")
+    time.sleep(0.5)  # let the injecting thread launch the kernel (launch returns at once)
+    start = time.monotonic()
+    raised = _raised(lambda: CudaHealthCheck(timeout=1)(_state()))
+    return {"injected": injected, "check_raised": raised, "check_s": time.monotonic() - start}
+
+
+def _nccl_group(prefix: str, store, rank: int, world: int):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group(
+        "nccl", store=dist.PrefixStore(prefix, store), rank=rank, world_size=world,
+        timeout=datetime.timedelta(seconds=120),
+    )  # fmt: skip
+
+
+def _store(rank: int):
+    import datetime
+
+    import torch.distributed as dist
+
+    return dist.TCPStore(
+        "127.0.0.1", int(os.environ["MASTER_PORT"]), is_master=rank == 0,
+        timeout=datetime.timedelta(seconds=60),
+    )  # fmt: skip
+
+
+def _nccl_abort() -> dict:
+    import pickle
+
+    import torch
+    import torch.distributed as dist
+
+    from nvrx.inprocess.abort import AbortTorchDistributed, _all_groups, _nccl_backends
+
+    store = _store(0)
+    _nccl_group("first", store, 0, 1)
+    t = torch.ones(1, device="cuda")
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
+    backends = len(_nccl_backends(_all_groups()))
+    abort = AbortTorchDistributed()
+    dump = abort.collect_fr_trace(_state())
+    abort(_state())
+    entries = len(pickle.loads(dump.read_bytes()).get("entries", [])) if dump else 0
+    initialized = dist.is_initialized()
+    _nccl_group("second", store, 0, 1)
+    t = torch.ones(1, device="cuda")
+    dist.all_reduce(t)
+    second = t.item()
+    dist.destroy_process_group()
+    return {
+        "nccl_backends": backends, "initialized_after_abort": initialized,
+        "second_all_reduce": second, "dump": str(dump) if dump else None, "dump_entries": entries,
+    }  # fmt: skip
+
+
+def _wrapper_nccl() -> dict:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    import nvrx.inprocess as inprocess
+    from nvrx.inprocess.health_check import CudaHealthCheck
+
+    calls: list[int] = []
+    timeouts = {
+        k: datetime.timedelta(seconds=v) if k.endswith(("_timeout", "_interval", "_wait", "_time")) else v
+        for k, v in {**FAST, "soft_timeout": 30, "hard_timeout": 60, "barrier_timeout": 120}.items()
+    }  # fmt: skip  (NCCL's first initialization may take seconds)
+
+    @inprocess.Wrapper(health_check=CudaHealthCheck(), **timeouts)
+    def train(call_wrapper: inprocess.CallWrapper = None) -> dict:
+        calls.append(call_wrapper.iteration)
+        torch.cuda.set_device(0)
+        dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=60))
+        t = torch.ones(1, device="cuda")
+        dist.all_reduce(t)
+        torch.cuda.synchronize()
+        if call_wrapper.iteration == 0:
+            raise RuntimeError("injected fault after an NCCL all_reduce")
+        dist.destroy_process_group()
+        return {"iteration": call_wrapper.iteration, "sum": t.item()}
+
+    return {"calls": calls, "result": train()}
+
+
+def _nccl_blocked() -> dict:
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    from nvrx.inprocess.abort import AbortTorchDistributed
+
+    rank = int(os.environ["RANK"])
+    store = _store(rank)
+    _nccl_group("first", store, rank, 2)
+    t = torch.ones(1, device="cuda")
+    dist.all_reduce(t)  # both ranks: the communicator exists
+    torch.cuda.synchronize()
+    if rank == 1:  # stays away from the next collective until rank 0 has aborted
+        store.wait(["aborted"])
+        abort_result: dict = {"stayed_away": True}
+    else:
+        abort = AbortTorchDistributed()
+        aborted_at: list[float] = []
+
+        def abort_later() -> None:
+            time.sleep(2)
+            aborted_at.append(time.monotonic())
+            abort(_state())
+
+        threading.Thread(target=abort_later, daemon=True).start()
+        raised = _raised(lambda: (dist.all_reduce(t), torch.cuda.synchronize()))
+        returned = time.monotonic() - aborted_at[0] if aborted_at else None
+        store.set("aborted", "1")
+        abort_result = {"raised": raised, "returned_after_abort_s": returned}
+    _nccl_group("second", store, rank, 2)
+    t = torch.ones(1, device="cuda")
+    dist.all_reduce(t)
+    abort_result["second_all_reduce"] = t.item()
+    dist.destroy_process_group()
+    return abort_result
+
+
+SCENARIOS = {
+    "health_ok": _health_ok,
+    "health_after_assert": _health_after_assert,
+    "health_hung_kernel": _health_hung_kernel,
+    "nccl_abort": _nccl_abort,
+    "wrapper_nccl": _wrapper_nccl,
+    "nccl_blocked": _nccl_blocked,
+}
+
+if __name__ == "__main__":
+    result = SCENARIOS[sys.argv[1]]()
+    Path(sys.argv[2]).write_text(json.dumps(result))
+    sys.stdout.flush()
+    os._exit(0)  # a hung kernel or a broken context must not hold the exit
