@@ -36,6 +36,10 @@ FRESH_START = "NVRX_FRESH_START"
 TAKEOVER = "NVRX_TAKEOVER"
 #: Descriptor on which a warm standby waits for the rank it becomes (``supervisor.standby``).
 STANDBY_FD = "NVRX_STANDBY_FD"
+#: The supervisor's socket for heartbeats and sections (``nvrx.fault_tolerance``).
+FT_SOCKET = "NVRX_FT_SOCKET"
+#: The supervisor's ``FaultToleranceConfig``, as JSON.
+FT_CONFIG = "NVRX_FT_CONFIG"
 # -- settings a user or a template may give --------------------------------------------
 PREEMPT_SIGNAL = "NVRX_PREEMPT_SIGNAL"
 SIGNAL_DELAY_S = "NVRX_SIGNAL_DELAY_S"
@@ -51,6 +55,8 @@ EVENTS_FSYNC = "NVRX_EVENTS_FSYNC"
 RESULT_DIR = "NVRX_RESULT_DIR"
 FR_TRACE_PATH = "NVRX_FR_TRACE_PATH"
 MONITOR_DEBUG = "NVRX_MONITOR_DEBUG"
+#: Set (not 0) for the listing form of ``inprocess.utils.format_rank_set``, as in NVRx.
+LOG_RANK_FORMAT_VERBOSE = "NVRX_LOG_RANK_FORMAT_VERBOSE"
 
 #: torchrun's role name when none is given (``ROLE_NAME``): every rank has the one role.
 TORCHRUN_ROLE = "default"

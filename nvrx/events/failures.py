@@ -53,6 +53,7 @@ FAULT_KINDS: dict[str, str] = {
     "signal": SIGNAL,
     "peer": PEER,
     "node_lost": NODE,  # the rank's whole node was lost (its supervisor fell silent)
+    "monitor_exception": EXCEPTION,  # recorded as Interruption.MONITOR_PROCESS_EXCEPTION
 }
 
 DEAD_SIGNATURE = "dead process"

@@ -43,6 +43,18 @@ FROM_FAULT_KIND = {
     "signal": Interruption.TERMINATED,
     "unresponsive": Interruption.UNRESPONSIVE,
     "node_lost": Interruption.UNRESPONSIVE,
+    "monitor_exception": Interruption.MONITOR_PROCESS_EXCEPTION,
+}
+
+#: Interruption -> the nvrx fault-record kind that ``StoreMixin.record_interrupted`` writes.
+TO_FAULT_KIND = {
+    Interruption.EXCEPTION: "exception",
+    Interruption.BASE_EXCEPTION: "exit",
+    Interruption.SOFT_TIMEOUT: "hang_soft",
+    Interruption.HARD_TIMEOUT: "hang_hard",
+    Interruption.TERMINATED: "dead",
+    Interruption.UNRESPONSIVE: "unresponsive",
+    Interruption.MONITOR_PROCESS_EXCEPTION: "monitor_exception",
 }
 
 
@@ -105,6 +117,7 @@ def format_interruption_records(records: Iterable[InterruptionRecord]) -> str:
 
 __all__ = [
     "FROM_FAULT_KIND",
+    "TO_FAULT_KIND",
     "Interruption",
     "InterruptionRecord",
     "format_interruption_records",

@@ -26,7 +26,7 @@ from . import store as rstore
 from .exception import InternalError, RestartAbort
 from .logging import setup_logger
 from .monitor_process import MonitorProcess
-from .monitor_thread import Delivery, RankShouldRestart, reraise_if_unraisable
+from .monitor_thread import RESTART_WAIT_S, Delivery, RankShouldRestart, reraise_if_unraisable
 from .param_utils import substitute_param_value
 from .progress_watchdog import FLAG_TIMEOUTS_OFF, ProgressWatchdog
 from .rank_services import RankServices
@@ -240,7 +240,13 @@ class CallWrapper:
             if isinstance(outcome, Restart):
                 outcome = between_rounds.restart(self, run, outcome.fault)
             if isinstance(outcome, Leave):
+                # This rank's own leave restarts nothing here: the monitor thread only
+                # finishes an abort it began for a peer's fault, and is gone before we raise.
+                run.monitor.stop.set()
                 between_rounds.leave(self, run.store, outcome)
+                run.monitor.join(RESTART_WAIT_S)
+                if run.monitor.is_alive():
+                    log.warning("the monitor thread's abort outlasted %.0f s; leaving anyway", RESTART_WAIT_S)
                 raise outcome.exc
 
     def _run_completion(self) -> None:

@@ -128,4 +128,19 @@ class FaultCounter(HealthCheck):
         self.faults_count = 0
 
 
-__all__ = ["CudaHealthCheck", "FaultCounter", "FaultCounterExceeded", "HealthCheck"]
+# The device checks build on HealthCheck above; the reference offers them from this module.
+from .device_health import (  # noqa: E402
+    ChainedGPUHealthCheck,
+    ChainedNicHealthCheck,
+    ChainedNVLHealthCheck,
+)
+
+__all__ = [
+    "ChainedGPUHealthCheck",
+    "ChainedNVLHealthCheck",
+    "ChainedNicHealthCheck",
+    "CudaHealthCheck",
+    "FaultCounter",
+    "FaultCounterExceeded",
+    "HealthCheck",
+]

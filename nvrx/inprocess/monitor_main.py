@@ -11,7 +11,8 @@ rank, it reads the rank's ``ProgressBoard`` and acts:
   behalf;
 * the rank's process died (pidfd, no polling): leave the round on its behalf;
 * heartbeats: one counter per rank per round; the next rank's counter that
-  stops moving for ``heartbeat_timeout`` is declared unresponsive.
+  stops moving, or never moves, for ``heartbeat_timeout`` after this monitor
+  saw the round start is declared unresponsive.
 
 When the rank's monitor hosts the store (standalone, ``tcp_store_host_rank``)
 the store service is its child and serves until every rank passed the
@@ -116,14 +117,28 @@ class _Monitor:
             return
         log.info("leaving round %d on behalf of rank %s (%s)", self.round, rank, record.kind)
         leave_on_behalf(self.store, self.base, self.writer.emit, rank, world_size, record)
-        if rank == self.rank:
-            nvrx_barrier.arrive(
-                self.base,
-                self.termination_barrier,
-                self.cfg.initial_rank,
-                self.cfg.initial_world_size,
-                reentrant=True,
-            )
+        initial = self.cfg.initial_rank if rank == self.rank else self._initial_rank_of(rank)
+        if initial is None:
+            log.warning(
+                "rank %s published no state in round %d: the store host waits for it at the "
+                "termination barrier until barrier_timeout", rank, self.round,
+            )  # fmt: skip
+            return
+        # The rank is out of this generation: the store host need not wait for it at the end.
+        nvrx_barrier.arrive(
+            self.base,
+            self.termination_barrier,
+            initial,
+            self.cfg.initial_world_size,
+            reentrant=True,
+        )
+
+    def _initial_rank_of(self, rank: int) -> int | None:
+        """The initial rank of ``rank`` in this round, from the state it published at round start."""
+        with contextlib.suppress(Exception):
+            if self.store.check([keys.rank_state(rank)]):
+                return int(json.loads(self.store.get(keys.rank_state(rank)))["initial_rank"])
+        return None
 
     def _keep_store(self) -> None:
         """The rank is gone but hosts the store: serve until every rank passed the termination barrier."""
@@ -152,7 +167,7 @@ class _Monitor:
         if self.peer is None:
             return
         value = int(self.store.add(keys.heartbeat(self.peer), 0))
-        if value == 0 or value != self.peer_value:  # judged only once it has started beating
+        if value != self.peer_value:  # a peer that never beats in the round is silent too
             self.peer_value, self.peer_changed = value, now
             return
         if now - self.peer_changed > self.cfg.heartbeat_timeout:

@@ -125,6 +125,19 @@ class StoreMixin:
     def get_terminated_ranks(self) -> set[int]:
         return terminated_ranks(self)
 
+    def record_interrupted(self, records: Iterable[Any]) -> None:
+        """Interrupt the round for every rank: ``records`` (``attribution.InterruptionRecord``s,
+        or one) become fault records of the round, then its interruption flag is set."""
+        from .attribution import TO_FAULT_KIND, InterruptionRecord
+
+        if isinstance(records, InterruptionRecord):
+            records = [records]
+        for record in records:
+            kind = TO_FAULT_KIND[record.interruption]
+            message = f"{record.interruption.name} recorded through record_interrupted"
+            record_fault(self, nvrx_faults.FaultRecord(rank=record.rank, kind=kind, message=message))
+        interrupt(self, "fault")
+
     # Tree state exchange (JSON, one key per rank) --------------------------------
     def send_state(self, state: Any, rank: int) -> None:
         self.set(f"state_{rank}", json.dumps(state, default=str))

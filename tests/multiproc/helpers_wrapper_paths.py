@@ -15,7 +15,13 @@ file paths as given), with ``completion``/``terminate`` callbacks that write
 * ``exception``: raises ``RuntimeError`` once every rank called the function;
 * ``sigterm_ignored``: ignores SIGTERM, then hangs holding the GIL;
 * ``init_exception`` / ``init_base_exception``: ``initialize`` raises
-  ``RuntimeError`` / ``LeaveJob`` (a ``BaseException``) before the function.
+  ``RuntimeError`` / ``LeaveJob`` (a ``BaseException``) before the function;
+* ``finalize_fails`` / ``health_fails``: rank 0 raises once every rank called
+  the function, and on the fault ranks the restart's ``finalize`` /
+  ``health_check`` raises ``RuntimeError``;
+* ``unresponsive``: stops its monitor process (no more heartbeats), then
+  itself (``SIGSTOP``): alive, but silent; the other ranks wait inside
+  ``disable_hang_protection()`` until the restart ends the wait.
 
 Every call appends one JSON line to ``calls-<rank>.jsonl`` (with the command
 lines of the monitor process's children, and the content of
@@ -33,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from helpers_inprocess import Ranks, _catastrophic_regex, free_port_pair
+from helpers_inprocess import Ranks, _catastrophic_regex, free_port_pair, rank_env
 
 HERE = Path(__file__).resolve()
 
@@ -44,20 +50,7 @@ def launch(tmp: Path, world_size: int, **params: Any) -> Ranks:
     ranks = Ranks(tmp, port=params.pop("port", None) or free_port_pair(), world_size=world_size)
     (tmp / "params.json").write_text(json.dumps(params))
     for rank in range(world_size):
-        env = dict(os.environ)
-        for name in ("NVRX_STORE_HOST", "NVRX_STORE_PORT", "NVRX_SUPERVISED", "NVRX_RESTART_COUNT"):
-            env.pop(name, None)
-        env.update(
-            RANK=str(rank),
-            WORLD_SIZE=str(world_size),
-            LOCAL_RANK=str(rank),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(ranks.port),
-            NVRX_LOG_DIR=str(tmp / "logs"),
-            NVRX_JOB_ID="test",
-            TORCH_CPP_LOG_LEVEL="ERROR",
-            PYTHONUNBUFFERED="1",
-        )
+        env = rank_env(tmp / "logs", rank, world_size, ranks.port)
         with open(tmp / f"rank-{rank}.log", "ab") as out:
             ranks.procs.append(
                 subprocess.Popen(
@@ -119,9 +112,26 @@ def _rank_main(tmp: Path) -> int:
                 raise LeaveJob(f"initialize leaves on rank {initial_rank}")
             return state
 
+    class FailingFinalize(inprocess.finalize.Finalize):
+        def __call__(self, state: Any) -> Any:
+            if initial_rank in fault_ranks:
+                raise RuntimeError(f"finalize failed on rank {initial_rank}")
+            return state
+
+    class FailingHealthCheck(inprocess.health_check.HealthCheck):
+        def __call__(self, state: Any) -> Any:
+            called = (tmp / f"entered-0-{initial_rank}").exists()  # not at round 0's start
+            if called and initial_rank in fault_ranks:
+                raise RuntimeError(f"unhealthy rank {initial_rank}")
+            return state
+
     wkw["completion"], wkw["terminate"] = Done(), Gone()
     if scenario in ("init_exception", "init_base_exception"):
         wkw["initialize"] = FailingInitialize()
+    if scenario == "finalize_fails":
+        wkw["finalize"] = FailingFinalize()
+    if scenario == "health_fails":
+        wkw["health_check"] = FailingHealthCheck()
 
     @inprocess.Wrapper(**wkw)
     def train(call_wrapper: CallWrapper = None) -> dict[str, Any]:
@@ -156,6 +166,16 @@ def _rank_main(tmp: Path) -> int:
             elif scenario == "sigterm_ignored":
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
                 _catastrophic_regex()
+            elif scenario == "unresponsive":
+                _wait_for_every_rank(tmp, it, int(os.environ["WORLD_SIZE"]))
+                os.kill(call_wrapper.monitor_process.pid, signal.SIGSTOP)
+                os.kill(os.getpid(), signal.SIGSTOP)
+        elif it == 0 and scenario == "unresponsive":
+            with call_wrapper.disable_hang_protection():
+                time.sleep(300)  # ended by the restart that the silent rank's peer starts
+        elif it == 0 and initial_rank == 0 and scenario in ("finalize_fails", "health_fails"):
+            _wait_for_every_rank(tmp, it, int(os.environ["WORLD_SIZE"]))
+            raise RuntimeError("injected fault on rank 0")
         return {
             "iteration": it,
             "rank": os.environ.get("RANK"),

@@ -11,6 +11,7 @@ assert stays broken), started by the test: ``python test_gpu_paths.py
   flight-recorder dump when asked to, and NCCL initializes again afterwards;
 - a Wrapper whose function uses NCCL restarts after an exception, with
   ``CudaHealthCheck`` as its health check, and NCCL works in the second round;
+- ``ChainedGPUHealthCheck`` and ``ChainedNVLHealthCheck`` read NVML on a healthy GPU;
 - with two GPUs, an NCCL all_reduce blocked because a peer stays away returns
   once ``AbortTorchDistributed`` runs.
 """
@@ -120,6 +121,15 @@ def test_wrapper_restarts_an_nccl_function_with_the_cuda_health_check(tmp_path):
     out = _one(tmp_path, "wrapper_nccl")
     assert out["calls"] == [0, 1], out
     assert out["result"] == {"iteration": 1, "sum": 1.0}, out
+
+
+def test_gpu_and_nvlink_checks_read_nvml_on_a_healthy_gpu(tmp_path):
+    out = _one(tmp_path, "device_checks")
+    if not out["pynvml"]:
+        pytest.skip("pynvml is not installed beside torch here (pip install nvidia-ml-py)")
+    assert out["recovery_action"] == 0, out  # NVML asks for nothing on a healthy GPU
+    assert out["gpu_check"] == "passed", out
+    assert out["nvl_check"] == "passed", out
 
 
 @pytest.mark.skipif(_cuda_devices() < 2, reason="needs 2 GPUs, one per NCCL rank")
@@ -338,7 +348,31 @@ def _nccl_blocked() -> dict:
     return abort_result
 
 
+def _device_checks() -> dict:
+    from nvrx.inprocess.health_check import ChainedGPUHealthCheck, ChainedNVLHealthCheck
+
+    try:
+        import pynvml
+    except ImportError:
+        return {"pynvml": False}
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    field = pynvml.nvmlDeviceGetFieldValues(handle, [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])[0]
+    action = int(field.value.uiVal) if field.nvmlReturn == pynvml.NVML_SUCCESS else None
+    pynvml.nvmlShutdown()
+    nvl = ChainedNVLHealthCheck(0)
+    result = {
+        "pynvml": True,
+        "recovery_action": action,
+        "gpu_check": _raised(lambda: ChainedGPUHealthCheck(0)(_state())) or "passed",
+        "nvl_check": _raised(lambda: (nvl(_state()), nvl(_state()))) or "passed",
+    }
+    result["nvlinks_up"] = len(nvl.links_up or ())
+    return result
+
+
 SCENARIOS = {
+    "device_checks": _device_checks,
     "health_ok": _health_ok,
     "health_after_assert": _health_after_assert,
     "health_hung_kernel": _health_hung_kernel,

@@ -9,10 +9,14 @@
 * ``store_kwargs["tcp_store_host_rank"]``: -1, no rank hosts the store, the
   job uses the one at ``MASTER_PORT + 1``; 1, rank 1's monitor process serves it;
 * ``monitor_process_pidfile``: holds the monitor's pid while it runs;
-* a rank that ignores SIGTERM is SIGKILLed after ``termination_grace_time``.
+* a rank that ignores SIGTERM is SIGKILLed after ``termination_grace_time``;
+* a ``finalize`` or ``health_check`` that raises takes its rank out, the others go on;
+* a rank alive but silent (``heartbeat_timeout``) is taken out by its peer's monitor.
 """
 
 from __future__ import annotations
+
+import signal
 
 import psutil
 import pytest
@@ -160,3 +164,62 @@ def test_a_rank_ignoring_sigterm_is_killed_after_the_grace_time(tmp_path):
     monitor_log = (tmp_path / "monitor-1.log").read_text()
     grace = FAST["termination_grace_time"]
     assert f"still runs {grace:.1f} s after SIGTERM: SIGKILL" in monitor_log, monitor_log
+
+
+@pytest.mark.parametrize(
+    ("scenario", "error", "message"),
+    [
+        ("finalize_fails", "RuntimeError", "finalize failed on rank 2"),
+        ("health_fails", "HealthCheckError", "restart health check failed: RuntimeError('unhealthy rank 2')"),
+    ],
+)  # fmt: skip
+def test_a_failing_finalize_or_health_check_takes_its_rank_out_and_the_others_go_on(
+    tmp_path, scenario, error, message
+):
+    # Rank 0 raises in round 0: every rank restarts. On rank 2 the restart's
+    # finalize (or health check) raises: rank 2 leaves, ranks 0 and 1 finish round 1
+    # as a world of two.
+    ranks = launch(tmp_path, 3, wrapper=FAST, scenario=scenario, fault_ranks=[2])
+    codes = ranks.wait(60)
+    assert codes == [0, 0, 1], ranks.logs()
+    assert ranks.result(2) == {"error": error, "message": message}, ranks.logs()
+    assert _iterations(ranks, 2) == [0], ranks.logs()
+    assert (tmp_path / "terminate-2").read_text() == "TERMINATED"
+    assert not (tmp_path / "completion-2").exists()
+    for rank in range(2):
+        assert _iterations(ranks, rank) == [0, 1], ranks.logs()
+        assert ranks.result(rank) == {"iteration": 1, "rank": str(rank), "world_size": "2"}
+    terminated = [e["ranks"] for e in ranks.events() if e["kind"] == "ranks_terminated"]
+    assert terminated and all(r == [2] for r in terminated), ranks.logs()
+
+
+def test_a_live_rank_that_stops_answering_is_taken_out_by_its_peer(tmp_path):
+    # Rank 2 stops its monitor process and then itself (SIGSTOP): its process
+    # lives, its heartbeats end. Rank 1's monitor, which watches rank 2, declares
+    # it unresponsive after heartbeat_timeout; ranks 0 and 1 restart without it.
+    ranks = launch(tmp_path, 3, wrapper=FAST, scenario="unresponsive", fault_ranks=[2])
+    silent = ranks.procs[2]
+    try:
+        for proc in ranks.procs[:2]:
+            assert proc.wait(60) == 0, ranks.logs()
+        assert psutil.Process(silent.pid).status() == psutil.STATUS_STOPPED  # alive all along
+        for rank in range(2):
+            assert _iterations(ranks, rank) == [0, 1], ranks.logs()
+            assert ranks.result(rank) == {"iteration": 1, "rank": str(rank), "world_size": "2"}
+        faults = [
+            f for f in _kinds(ranks.events(), "fault", component="monitor")
+            if f["fault_kind"] == "unresponsive"
+        ]  # fmt: skip
+        assert [(f["rank"], f["origin_rank"]) for f in faults] == [(1, 2)], ranks.logs()
+        assert faults[0]["message"].startswith("no heartbeat for "), faults
+        silent_s = float(faults[0]["message"].split()[3])
+        assert silent_s >= FAST["heartbeat_timeout"], faults
+        # Resumed after the job ended, the silent rank and its monitor end by themselves.
+        family = [psutil.Process(silent.pid), *psutil.Process(silent.pid).children(recursive=True)]
+        for proc in family:
+            proc.send_signal(signal.SIGCONT)
+        assert silent.wait(60) != 0, ranks.logs()
+        _, alive = psutil.wait_procs(family, timeout=30)
+        assert not alive, alive
+    finally:
+        ranks.kill()
