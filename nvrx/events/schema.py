@@ -47,7 +47,7 @@ KINDS: dict[str, dict[str, str]] = {
         "outcome": "completed | fault",
     },
     "fault": {
-        "fault_kind": "exception | hang_soft | hang_hard | dead | unresponsive | peer | signal | exit | node_lost",
+        "fault_kind": "exception | hang_soft | hang_hard | dead | unresponsive | peer | signal | exit | node_lost | monitor_exception",
         "origin_rank": "rank that faulted first (this rank for a local fault)",
         "exc_type": "qualified exception type, when an exception",
         "message": "exception message or a description",
@@ -74,9 +74,19 @@ KINDS: dict[str, dict[str, str]] = {
     },
     "ranks_terminated": {"ranks": "ranks removed from the job this round (list of int)"},
     "hang": {
-        "timeout": "soft | hard | progress | heartbeat",
+        "timeout": "soft | hard | progress | heartbeat (the Wrapper's); initial_heartbeat | "
+        "heartbeat | section | out_of_section (the supervisor's, nvrx.fault_tolerance)",
         "stack": "stack dump of the hung rank's threads",
         "stale_s": "seconds without progress when the hang was declared",
+        "section": "the section that stayed open too long (timeout section)",
+        "limit_s": "the timeout that passed (supervisor)",
+    },
+    "timeouts_set": {
+        "source": "config | restored (at init_workload_monitoring) | computed: where the timeouts in force came from",
+        "timeouts": "initial_heartbeat, heartbeat, sections, out_of_section (seconds or null) and "
+        "computed (the names computed from observations)",
+        "local_rank": "local rank of the monitored child",
+        "child_pid": "pid of the monitored process",
     },
     "round_end": {
         "outcome": "completed | restart | terminated | abort",

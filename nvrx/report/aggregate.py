@@ -187,6 +187,8 @@ class JobSummary:
         part.told_signatures, part.told_types = fs.told_signatures, fs.told_types
         if fs.ending_fault is not None and fs.pid is not None and fs.last_wall is not None:
             part.ending_faults = {(fs.host, fs.pid): [(fs.last_wall, fs.ending_fault)]}
+        for pid, wall in fs.hung_children:
+            part.ending_faults.setdefault((fs.host, pid), []).append((wall, "own"))
         rank = next(iter(fs.ranks)) if len(fs.ranks) == 1 else None
         file_node = next(iter(fs.node_hosts)) if len(fs.node_hosts) == 1 else None
         if fs.vanished:

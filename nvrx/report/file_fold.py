@@ -126,6 +126,9 @@ class FileSummary:
     # Every fault by which a monitor said its process is gone (dead, unresponsive), round or not.
     monitor_deaths: list[LocalFault] = field(default_factory=list)
     hangs: list[dict[str, Any]] = field(default_factory=list)
+    # Children that a supervisor declared hung and ended ((pid, wall) of each declaration):
+    # the hang explains the child's exit.
+    hung_children: list[tuple[int, float]] = field(default_factory=list)
     node_events: list[dict[str, Any]] = field(default_factory=list)
     wrapper_ends: dict[str, int] = field(default_factory=dict)
     # Every signature the fault events tell of, peers' included: output files that show the
@@ -315,6 +318,9 @@ class FileFolder:
             part.terminated.update(r for r in map(as_int, ranks) if r is not None)
 
     def hang(self, e: Ev, rank: OInt, node: OInt, host: OStr, wall: OFloat) -> None:
+        child = as_int(e.get("child_pid"))
+        if child is not None and wall is not None:  # a supervisor's (nvrx.fault_tolerance)
+            self.s.hung_children.append((child, wall))
         part = self.round_part(e, wall)
         if part is not None and rank is not None:
             part.hang_ranks.add(rank)

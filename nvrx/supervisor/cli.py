@@ -18,7 +18,7 @@ from nvrx import jobenv
 from nvrx.jobenv import DEFAULT_LOG_DIR, DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, JobEnv
 from nvrx.version import __version__
 
-from . import nproc, rank_logs, torchrun_env
+from . import ft_options, nproc, rank_logs, torchrun_env
 from .config import (
     DEFAULT_FINISH_TIMEOUT_S,
     DEFAULT_GRACE_PERIOD_S,
@@ -222,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="as torchrun: only these local ranks' output reaches this console; the files of "
         "--redirects/--tee are written for every rank (default: all)",
     )  # fmt: skip
+    ft_options.add_options(add)
     add("--verbose", "-v", action="store_true", help="log each decision to stderr")
     add("command", nargs=argparse.REMAINDER, help="the training command, after '--'")
     return parser
@@ -292,6 +293,7 @@ def config_from_args(
         **_node_settings(args, env),
         node_heartbeat=args.node_heartbeat,
         rank_logs=_rank_logs(args, argv, env),
+        ft=ft_options.config_from(args),
     )
     return config, args.verbose
 

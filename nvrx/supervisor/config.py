@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from nvrx import jobenv
+from nvrx.fault_tolerance.config import FaultToleranceConfig
 from nvrx.jobenv import DEFAULT_LOG_DIR, DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, JobEnv
 from nvrx.slurm.topology import Topology
 
@@ -100,6 +101,7 @@ class SupervisorConfig:
     warm_standby: bool = True  # start children ahead where foreseeable (``standby``)
     extra_env: dict[str, str] = field(default_factory=dict)
     rank_logs: RankLogs = field(default_factory=RankLogs)  # --redirects, --tee, ...
+    ft: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)  # --ft-*
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -220,6 +222,20 @@ class SupervisorConfig:
     def rank(self, local_rank: int, node_rank: int | None = None) -> int:
         """Global rank of ``local_rank`` on training node ``node_rank`` (default: this slot's)."""
         return self.job_env_for(self.node_rank if node_rank is None else node_rank).rank(local_rank)
+
+    def start_fields(self) -> dict[str, Any]:
+        """What the ``supervisor_start`` event says of this configuration."""
+        return {
+            "nnodes": self.nnodes,
+            "nproc_per_node": self.nproc_per_node,
+            "command": self.command,
+            "store": f"{self.store_host}:{self.store_port}",
+            "spare_nodes": self.spare_nodes,
+            "spare": self.starts_as_spare,
+            "max_restarts": self.max_restarts,
+            "loop_breaker": self.loop_breaker,
+            "fault_tolerance": json.loads(self.ft.to_json()),
+        }
 
     def child_env(
         self,

@@ -28,6 +28,7 @@ from .children import Child, ExitStatus, stop_children
 from .config import ALL_ENDED_KEY, RESTARTS_KEY, STOP_KEY, StopRequest, SupervisorConfig
 from .exit_codes import ExitCode, SupervisorError, for_signal
 from .failover import Failover
+from .hang_watch import CONNECTION, LISTEN, HangWatch
 from .job_end import JobEnd
 from .node_messages import NodeMessages
 from .node_roles import NodeRoles
@@ -45,7 +46,7 @@ log = logging.getLogger(__name__)
 Spawner = Callable[[int, int, dict, Path | None], Child]
 
 
-class Supervisor(NodeMessages, JobEnd, Failover):
+class Supervisor(NodeMessages, JobEnd, Failover, HangWatch):
     """Runs one node of a job until all its children have ended; ``run()`` returns the exit code."""
 
     def __init__(self, config: SupervisorConfig, spawn: Spawner | None = None) -> None:
@@ -86,18 +87,7 @@ class Supervisor(NodeMessages, JobEnd, Failover):
             rank=None,
             round=None,
         )
-        self.writer.emit(
-            "supervisor_start",
-            nnodes=cfg.nnodes,
-            nproc_per_node=cfg.nproc_per_node,
-            command=cfg.command,
-            store=f"{cfg.store_host}:{cfg.store_port}",
-            spare_nodes=cfg.spare_nodes,
-            spare=cfg.starts_as_spare,
-            max_restarts=cfg.max_restarts,
-            loop_breaker=cfg.loop_breaker,
-            supervisor_pid=os.getpid(),
-        )
+        self.writer.emit("supervisor_start", **cfg.start_fields(), supervisor_pid=os.getpid())
         reason = "all children ended"
         try:
             # SLURM's warning (--signal=USR2@N): flag file, checkpoint, requeue (docs/submit.md)
@@ -106,6 +96,7 @@ class Supervisor(NodeMessages, JobEnd, Failover):
             )
             self.preemption.start()
             self.signals = SignalPipe((*STOP_SIGNALS, *FORWARD_SIGNALS, signal.SIGCHLD)).install()
+            self._start_watch()  # before any child: each one gets its socket
             check_store_port(cfg)
             # The agent imports torch and retries connecting while the store comes up: start it first.
             self.link = StoreLink(cfg.store_host, cfg.store_port, cfg.store_timeout).launch()
@@ -160,6 +151,7 @@ class Supervisor(NodeMessages, JobEnd, Failover):
             return  # the job is stopping: a rank not started yet is not started at all
         attempt = self.restarts[local_rank]
         env = self.config.child_env(local_rank, attempt, node_rank=self.node_rank)
+        self._watch_env(env)
         if flag is not None:
             env[flag] = "1"
         rank = self.config.rank(local_rank, self.node_rank)
@@ -231,7 +223,8 @@ class Supervisor(NodeMessages, JobEnd, Failover):
             return  # it stopped for SLURM's warning (this node's or another's): no restart
         if self._fence_if_superseded():
             return
-        fault = None if status.code in (0, 130) else last_fault(self.config.events_dir, pid)
+        hang = self._hang_fault(pid)
+        fault = None if status.code in (0, 130) else hang or last_fault(self.config.events_dir, pid)
         try:
             verdict = self.policy.decide(local_rank, status, fault)
         except StoreLinkError as exc:
@@ -319,6 +312,7 @@ class Supervisor(NodeMessages, JobEnd, Failover):
         selector.register(self.signals.fileno(), selectors.EVENT_READ, "signals")
         if self.link is not None and self.link.lost is None:
             selector.register(self.link.fileno(), selectors.EVENT_READ, "store")
+        self._register_watch(selector)
         return selector
 
     def _poll_once(self, selector: selectors.BaseSelector, timeout: float | None) -> list[dict]:
@@ -336,6 +330,8 @@ class Supervisor(NodeMessages, JobEnd, Failover):
                 messages.extend(self.link.read_events())
                 if self.link.lost is not None:
                     selector.unregister(key.fd)  # at EOF the descriptor stays readable
+            elif key.data in (LISTEN, CONNECTION):
+                self._on_watch(selector, key)
         return messages
 
     def _loop(self) -> None:
@@ -343,10 +339,9 @@ class Supervisor(NodeMessages, JobEnd, Failover):
         try:
             self._reap()  # children that ended before the selector existed
             while self._running() or self._waiting_as_spare():
-                timeout = (
-                    None if self._kill_at is None else max(0.0, self._kill_at - time.monotonic())
-                )
-                self._on_store_events(self._poll_once(selector, timeout))
+                timeout = None if self._kill_at is None else max(0.0, self._kill_at - time.monotonic())
+                self._on_store_events(self._poll_once(selector, self._watch_timeout(timeout)))
+                self._check_hangs()
                 if self._selector_stale:
                     selector.close()
                     selector, self._selector_stale = self._make_selector(), False
@@ -384,6 +379,7 @@ class Supervisor(NodeMessages, JobEnd, Failover):
         if self.service is not None:
             self.service.stop()
         self.standbys.close_outputs()  # the last lines of each routed stream
+        self._close_watch()
         if self.signals is not None:
             self.signals.restore()
 

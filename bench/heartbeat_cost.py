@@ -1,0 +1,137 @@
+"""What launcher-side monitoring costs: a heartbeat and a section in the training loop, and the
+supervisor's CPU time while 8 ranks send 100 heartbeats a second each.
+
+1. In one process, a ``RankMonitorClient`` connected to a real ``RankWatch`` (drained by a
+   thread, as the supervisor's loop would): the time of ``send_heartbeat()`` and of a
+   ``start_section`` + ``end_section`` pair, median and p99 over batches.
+2. ``nvrx-supervise --nproc-per-node 8`` with children that send 100 heartbeats a second for
+   ``--seconds``: the supervisor's CPU seconds per wall second over that stretch.
+
+Targets: a heartbeat costs a few microseconds; the supervisor stays below 5 % of one core.
+
+    python bench/heartbeat_cost.py [--calls 200000] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from nvrx import jobenv
+from nvrx.fault_tolerance import FaultToleranceConfig, RankMonitorClient
+from nvrx.supervisor.rank_watch import RankWatch
+
+BATCH = 1000
+CHILD = """
+import time
+from nvrx.fault_tolerance import RankMonitorClient
+c = RankMonitorClient()
+c.init_workload_monitoring()
+end = time.monotonic() + {seconds}
+nxt = time.monotonic()
+while nxt < end:
+    c.send_heartbeat()
+    nxt += 0.01
+    time.sleep(max(0.0, nxt - time.monotonic()))
+c.shutdown_workload_monitoring()
+"""
+
+
+def _drain(watch: RankWatch, stop: threading.Event) -> None:
+    while not stop.is_set():
+        fds = [watch.fileno(), *watch.connection_fds()]
+        for fd in select.select(fds, [], [], 0.1)[0]:
+            if fd == watch.fileno():
+                watch.accept()
+            else:
+                watch.read(fd)
+
+
+def _per_call_us(fn, calls: int) -> tuple[float, float]:
+    samples = []
+    for _ in range(calls // BATCH):
+        t0 = time.perf_counter_ns()
+        for _ in range(BATCH):
+            fn()
+        samples.append((time.perf_counter_ns() - t0) / BATCH / 1000)
+    samples.sort()
+    return statistics.median(samples), samples[int(len(samples) * 0.99) - 1]
+
+
+def client_cost(calls: int) -> None:
+    watch = RankWatch()
+    os.environ[jobenv.FT_SOCKET] = watch.path
+    os.environ[jobenv.FT_CONFIG] = FaultToleranceConfig(rank_heartbeat_timeout=60).to_json()
+    stop = threading.Event()
+    drainer = threading.Thread(target=_drain, args=(watch, stop), daemon=True)
+    drainer.start()
+    client = RankMonitorClient()
+    client.init_workload_monitoring()
+
+    def section() -> None:
+        client.start_section("step")
+        client.end_section("step")
+
+    hb_med, hb_p99 = _per_call_us(client.send_heartbeat, calls)
+    sec_med, sec_p99 = _per_call_us(section, calls // 2)
+    client.shutdown_workload_monitoring()
+    stop.set()
+    drainer.join()
+    watch.close()
+    print(f"send_heartbeat():              median {hb_med:6.2f} us   p99 {hb_p99:6.2f} us  "
+          f"(dropped while the supervisor lagged: {client.dropped_heartbeats} of {calls})")  # fmt: skip
+    print(f"start_section + end_section:   median {sec_med:6.2f} us   p99 {sec_p99:6.2f} us")
+
+
+def _monitored(job_dir: Path) -> int:
+    """Children whose monitoring began: the supervisor logged their timeouts."""
+    return sum(f.read_text().count('"timeouts_set"') for f in job_dir.glob("supervisor-*.jsonl"))
+
+
+def supervisor_cpu(seconds: float, nproc: int = 8) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        child = Path(tmp, "child.py")
+        child.write_text(CHILD.format(seconds=seconds))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "nvrx.supervisor", "--nproc-per-node", str(nproc),
+             "--log-dir", tmp, "--job-id", "hb-bench", "--ft-rank-heartbeat-timeout", "30",
+             "--", sys.executable, str(child)],
+            env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        sup = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 120
+        while _monitored(Path(tmp, "hb-bench")) < nproc:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise SystemExit("the children never started monitoring")
+            time.sleep(0.1)
+        t0, c0 = time.monotonic(), sum(sup.cpu_times()[:2])
+        time.sleep(seconds / 2)
+        t1, c1 = time.monotonic(), sum(sup.cpu_times()[:2])
+        proc.wait(seconds + 60)
+    share = (c1 - c0) / (t1 - t0)
+    rate = nproc * 100
+    print(f"supervisor with {nproc} ranks x 100 heartbeats/s ({rate}/s): "
+          f"{share * 100:.2f} % of one core ({(c1 - c0) / ((t1 - t0) * rate) * 1e6:.1f} us CPU per heartbeat)")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=200_000)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    client_cost(args.calls)
+    supervisor_cpu(args.seconds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""What the two fault-tolerance examples share: options, a tiny DDP step, checkpoints, an injected hang.
+
+Not an API: ``ft_heartbeats.py`` and ``ft_sections.py`` import it so that each
+shows only how it talks to ``nvrx.fault_tolerance``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def options(description: str, hang_places: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--steps", type=int, default=40, help="training steps (default 40)")
+    parser.add_argument("--step-time", type=float, default=0.05, help="seconds of 'compute' per step")
+    parser.add_argument("--checkpoint-dir", default="ft_checkpoints", help="where each rank saves")
+    parser.add_argument("--checkpoint-every", type=int, default=5, help="steps between checkpoints")
+    parser.add_argument("--calc-after", type=int, default=None, metavar="STEP",
+                        help="compute the timeouts from what was observed at this step")  # fmt: skip
+    parser.add_argument("--hang", default=None, metavar="RANK:STEP" + (":WHERE" if hang_places else ""),
+                        help="this rank hangs once at this step (first attempt only)"
+                        + (f"; WHERE is one of {', '.join(hang_places)}" if hang_places else ""))  # fmt: skip
+    return parser.parse_args()
+
+
+def setup() -> tuple[int, int]:
+    """Join the process group (a new one after every process restart); (rank, attempt)."""
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    return dist.get_rank(), int(os.environ.get("NVRX_RESTART_COUNT", "0"))
+
+
+def train_step(weights: torch.Tensor, step_time: float) -> None:
+    """One data-parallel step: local 'compute', then the gradient all_reduce."""
+    time.sleep(step_time)
+    grad = torch.ones_like(weights)
+    dist.all_reduce(grad)
+    weights -= 0.01 * grad / dist.get_world_size()
+
+
+def should_hang(spec: str | None, rank: int, attempt: int, step: int, where: str | None = None) -> bool:
+    if spec is None or attempt > 0:
+        return False
+    parts = spec.split(":")
+    return int(parts[0]) == rank and int(parts[1]) == step and (where is None or parts[2] == where)
+
+
+def hang() -> None:
+    print(f"rank {dist.get_rank()}: hanging (injected)", flush=True)
+    time.sleep(3600)
+
+
+def load(directory: str, rank: int) -> dict[str, Any] | None:
+    path = Path(directory, f"rank{rank}.json")
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def save(directory: str, rank: int, step: int, weights: torch.Tensor, ft_state: dict[str, Any]) -> None:
+    path = Path(directory, f"rank{rank}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"step": step, "weights": weights.tolist(), "ft": ft_state}))
+    tmp.replace(path)

@@ -1,0 +1,332 @@
+"""``RankMonitorClient``: a training rank tells its supervisor that it is alive and where it is.
+
+A script started by ``nvrx-supervise`` (directly or through ``nvrx-srun``)
+creates one client, calls ``init_workload_monitoring()``, then either sends
+heartbeats (``send_heartbeat()`` once per step, say) or wraps its phases in
+sections (``start_section("step")`` ... ``end_section("step")``), or both. The
+supervisor checks the timeouts in force; a rank that misses one is declared
+hung: its stack goes into a ``hang`` event, then its process group gets the
+configured termination signal (SIGKILL after the supervisor's grace period)
+and the supervisor's restart policy takes over.
+
+A section change is one packet on a local socket, sent without waiting;
+nothing is ever answered. Heartbeats are counted in the rank and sent at most
+every ``HEARTBEAT_PACKET_INTERVAL_S`` (0.1 s, or 1/50 of the heartbeat timeout
+when that is shorter), so a loop may call ``send_heartbeat()`` at any rate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import logging
+import os
+import select
+import socket
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from nvrx import jobenv
+
+from . import channel
+from .config import FaultToleranceConfig
+from .timeouts import Observations, Timeouts
+
+log = logging.getLogger("nvrx.fault_tolerance")
+
+#: How long a section change may wait for room on the channel before it is dropped.
+SEND_WAIT_S = 5.0
+#: Heartbeats closer together than this (or than 1/50 of the heartbeat timeout, if shorter)
+#: are counted here but not sent: the supervisor's view lags the rank by less than that.
+HEARTBEAT_PACKET_INTERVAL_S = 0.1
+
+
+class RankMonitorClientError(RuntimeError):
+    """The client cannot do what was asked; the message says what to change."""
+
+
+class RankMonitorClient:
+    """The rank's side of launcher-side hang detection (NVRx's ``RankMonitorClient``)."""
+
+    def __init__(self) -> None:
+        self.cfg: FaultToleranceConfig | None = None
+        self.timeouts: Timeouts | None = None  # in force, once monitoring began
+        self.dropped_heartbeats = 0
+        self._restored: Timeouts | None = None  # from load_state_dict() before init
+        self._sock: socket.socket | None = None
+        self._stack_out: Any = None
+        self._obs: Observations | None = None
+        self._lost = False
+        self._next_packet = 0.0
+        self._packet_interval = HEARTBEAT_PACKET_INTERVAL_S
+
+    # -- life ---------------------------------------------------------------------------
+    def init_workload_monitoring(self) -> None:
+        """Connect to this node's supervisor and start being monitored."""
+        if self._sock is not None:
+            raise RankMonitorClientError("init_workload_monitoring() was called already")
+        path = os.environ.get(jobenv.FT_SOCKET)
+        if not path:
+            raise RankMonitorClientError(
+                f"init_workload_monitoring: no supervisor to report to (${jobenv.FT_SOCKET} is "
+                "not set): start the script with nvrx-supervise or nvrx-srun"
+            )
+        raw = os.environ.get(jobenv.FT_CONFIG)
+        self.cfg = FaultToleranceConfig.from_json(raw) if raw else FaultToleranceConfig()
+        log.setLevel(self.cfg.log_level)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.connect(path)
+        except OSError as exc:
+            sock.close()
+            raise RankMonitorClientError(
+                f"init_workload_monitoring: cannot reach the supervisor at {path}: "
+                f"{exc.strerror or exc}"
+            ) from None
+        read_fd, write_fd = os.pipe()
+        self._stack_out = os.fdopen(write_fd, "w")
+        faulthandler.register(channel.STACK_SIGNAL, file=self._stack_out, all_threads=True)
+        self.timeouts = self._initial_timeouts(self.cfg)
+        hello = {
+            "local_rank": _env_int("LOCAL_RANK"),
+            "rank": _env_int("RANK"),
+            "attempt": _env_int(jobenv.RESTART_COUNT),
+            "pid": os.getpid(),
+            "timeouts": self.timeouts.to_dict(),
+            "source": "config" if self._restored is None else "restored",
+        }
+        try:
+            socket.send_fds(sock, [channel.encode(channel.INIT, hello)], [read_fd])
+        finally:
+            os.close(read_fd)
+        self._sock = sock
+        self._obs = Observations()
+        self._next_packet = 0.0
+        self._update_packet_interval()
+        log.info("workload monitoring started (supervisor socket %s)", path)
+
+    def shutdown_workload_monitoring(self) -> None:
+        """Stop being monitored (the supervisor forgets this rank's timeouts). Idempotent."""
+        sock, self._sock = self._sock, None
+        if sock is None:
+            return
+        with contextlib.suppress(OSError):
+            sock.send(channel.encode(channel.SHUTDOWN), socket.MSG_DONTWAIT)
+        sock.close()
+        faulthandler.unregister(channel.STACK_SIGNAL)
+        with contextlib.suppress(OSError):
+            self._stack_out.close()
+        self._stack_out = None
+
+    # -- heartbeats and sections -----------------------------------------------------
+    def send_heartbeat(self) -> None:
+        """This rank is alive and progressing."""
+        obs = self._monitoring("send_heartbeat")
+        now = time.monotonic()
+        obs.heartbeat(now)
+        if now < self._next_packet:
+            return
+        self._next_packet = now + self._packet_interval
+        try:
+            self._sock.send(b"h", socket.MSG_DONTWAIT)  # type: ignore[union-attr]
+        except BlockingIOError:
+            self.dropped_heartbeats += 1  # the supervisor lags; the next one will do
+        except OSError as exc:
+            self._lose(exc)
+
+    def start_section(self, section: str) -> None:
+        """Section ``section`` begins; its timeout (if any) runs until ``end_section``."""
+        obs = self._monitoring("start_section")
+        if section in obs.open:
+            raise RankMonitorClientError(f"start_section({section!r}): the section is open already")
+        obs.section_start(section, time.monotonic())
+        self._send(channel.encode(channel.SECTION_START, section))
+
+    def end_section(self, section: str) -> None:
+        """Section ``section`` ends."""
+        obs = self._monitoring("end_section")
+        if section not in obs.open:
+            raise RankMonitorClientError(f"end_section({section!r}): the section is not open")
+        obs.section_end(section, time.monotonic())
+        self._send(channel.encode(channel.SECTION_END, section))
+
+    def end_all_sections(self) -> None:
+        """Every open section ends."""
+        obs = self._monitoring("end_all_sections")
+        obs.end_all(time.monotonic())
+        self._send(channel.encode(channel.END_ALL))
+
+    # -- computed timeouts -------------------------------------------------------------
+    def calculate_and_set_hb_timeouts(self, skip_if_not_ready: bool = False) -> bool:
+        """Heartbeat timeouts from what was observed (see ``timeouts``); a collective where
+        torch.distributed runs. False (with ``skip_if_not_ready``) before two heartbeats."""
+        obs = self._monitoring("calculate_and_set_hb_timeouts")
+        values = [obs.first_heartbeat_s, obs.max_heartbeat_gap_s]
+        first, gap = _all_max([-1.0 if v is None else v for v in values])
+        if first < 0 or gap < 0:
+            if skip_if_not_ready:
+                return False
+            raise RankMonitorClientError(
+                "calculate_and_set_hb_timeouts: send at least two heartbeats first (or pass "
+                "skip_if_not_ready=True)"
+            )
+        t, factor = self.timeouts, self.cfg.safety_factor  # type: ignore[union-attr]
+        assert t is not None
+        t.initial_heartbeat = t.merge("initial_heartbeat", first * factor)
+        t.heartbeat = t.merge("heartbeat", gap * factor)
+        self._mark_computed("initial_heartbeat", "heartbeat")
+        self._update_packet_interval()
+        self._send(channel.encode(channel.TIMEOUTS, {"timeouts": t.to_dict(), "source": "computed"}))
+        return True
+
+    def calculate_and_set_section_timeouts(
+        self,
+        selected_sections: Iterable[str] | None = None,
+        calc_out_of_section: bool = True,
+        skip_if_not_ready: bool = False,
+    ) -> bool:
+        """Section timeouts (each selected section; default: the configured and observed
+        ones) and the out-of-section one from what was observed; a collective where
+        torch.distributed runs. False (with ``skip_if_not_ready``) while one was never seen."""
+        obs = self._monitoring("calculate_and_set_section_timeouts")
+        t, factor = self.timeouts, self.cfg.safety_factor  # type: ignore[union-attr]
+        assert t is not None
+        if selected_sections is None:
+            names = sorted(set(t.sections) | set(obs.max_section_s))
+        else:
+            names = sorted(set(selected_sections))
+        values = [obs.max_section_s.get(n, -1.0) for n in names]
+        values.append(-1.0 if obs.max_out_of_section_s is None else obs.max_out_of_section_s)
+        maxima = _all_max(values)
+        missing = [n for n, v in zip(names, maxima, strict=False) if v < 0]
+        if calc_out_of_section and maxima[-1] < 0:
+            missing.append("(out of section)")
+        if missing:
+            if skip_if_not_ready:
+                return False
+            raise RankMonitorClientError(
+                f"calculate_and_set_section_timeouts: never observed yet: {', '.join(missing)} "
+                "(or pass skip_if_not_ready=True)"
+            )
+        for name, value in zip(names, maxima, strict=False):
+            t.sections[name] = t.merge(f"section:{name}", value * factor)
+            self._mark_computed(f"section:{name}")
+        if calc_out_of_section:
+            t.out_of_section = t.merge("out_of_section", maxima[-1] * factor)
+            self._mark_computed("out_of_section")
+        self._send(channel.encode(channel.TIMEOUTS, {"timeouts": t.to_dict(), "source": "computed"}))
+        return True
+
+    # -- checkpoint ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The timeouts in force, to save in the training checkpoint."""
+        t = self.timeouts or self._restored
+        return {"timeouts": t.to_dict() if t is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put the saved timeouts in force (now, or at ``init_workload_monitoring``)."""
+        if not isinstance(state, dict) or "timeouts" not in state:
+            raise RankMonitorClientError(
+                f"load_state_dict: expected what state_dict() returned, got {state!r:.200}"
+            )
+        if state["timeouts"] is None:
+            return
+        try:
+            restored = Timeouts.from_dict(dict(state["timeouts"]))
+        except (TypeError, ValueError) as exc:
+            raise RankMonitorClientError(f"load_state_dict: {exc}") from None
+        if self._sock is None:
+            self._restored = restored
+            return
+        self.timeouts = _overlay(self.timeouts, restored)
+        self._update_packet_interval()
+        self._send(channel.encode(channel.TIMEOUTS, {"timeouts": self.timeouts.to_dict(), "source": "restored"}))
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _initial_timeouts(self, cfg: FaultToleranceConfig) -> Timeouts:
+        configured = Timeouts(
+            initial_heartbeat=cfg.initial_rank_heartbeat_timeout,
+            heartbeat=cfg.rank_heartbeat_timeout,
+            sections=dict(cfg.rank_section_timeouts),
+            out_of_section=cfg.rank_out_of_section_timeout,
+        )
+        return configured if self._restored is None else _overlay(configured, self._restored)
+
+    def _update_packet_interval(self) -> None:
+        limit = self.timeouts.heartbeat if self.timeouts is not None else None
+        self._packet_interval = min(HEARTBEAT_PACKET_INTERVAL_S, limit / 50 if limit else HEARTBEAT_PACKET_INTERVAL_S)
+
+    def _mark_computed(self, *names: str) -> None:
+        assert self.timeouts is not None
+        for name in names:
+            if name not in self.timeouts.computed:
+                self.timeouts.computed.append(name)
+
+    def _monitoring(self, what: str) -> Observations:
+        if self._sock is None or self._obs is None:
+            raise RankMonitorClientError(f"{what}: call init_workload_monitoring() first")
+        return self._obs
+
+    def _send(self, message: bytes) -> None:
+        """Send a message that must arrive: waits (at most SEND_WAIT_S) while the channel is full."""
+        sock = self._sock
+        assert sock is not None
+        try:
+            sock.send(message, socket.MSG_DONTWAIT)
+            return
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            self._lose(exc)
+            return
+        _, writable, _ = select.select([], [sock], [], SEND_WAIT_S)
+        try:
+            if writable:
+                sock.send(message, socket.MSG_DONTWAIT)
+                return
+        except OSError as exc:
+            self._lose(exc)
+            return
+        log.error("the supervisor read nothing for %.0f s: dropped %r", SEND_WAIT_S, message[:60])
+
+    def _lose(self, exc: OSError) -> None:
+        if not self._lost:
+            self._lost = True
+            log.error("lost the supervisor's socket (%s): this rank is no longer monitored", exc)
+
+
+def _overlay(base: Timeouts | None, restored: Timeouts) -> Timeouts:
+    """``restored`` where it has a value, ``base`` elsewhere."""
+    if base is None:
+        return restored
+    return Timeouts(
+        initial_heartbeat=restored.initial_heartbeat if restored.initial_heartbeat is not None else base.initial_heartbeat,
+        heartbeat=restored.heartbeat if restored.heartbeat is not None else base.heartbeat,
+        sections={**base.sections, **{k: v for k, v in restored.sections.items() if v is not None}},
+        out_of_section=restored.out_of_section if restored.out_of_section is not None else base.out_of_section,
+        computed=list(restored.computed),
+    )
+
+
+def _all_max(values: list[float]) -> list[float]:
+    """Element-wise maximum over every rank where torch.distributed is initialized; else ``values``."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        return values
+    if not (dist.is_available() and dist.is_initialized()):
+        return values
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return [float(v) for v in tensor.cpu().tolist()]
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name, "")
+    return int(raw) if raw.lstrip("-").isdigit() else None
+
+
+__all__ = ["RankMonitorClient", "RankMonitorClientError"]

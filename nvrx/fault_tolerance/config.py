@@ -1,0 +1,231 @@
+"""``FaultToleranceConfig``: the hang-detection settings of the launcher-side monitoring.
+
+The names and defaults are those of NVRx's ``fault_tolerance`` package. A
+supervisor reads them from a YAML file (``--ft-cfg-path``: the mapping under a
+``fault_tolerance`` key, found at any depth) and from ``--ft-<name>`` options,
+which win; it hands the result to its children as JSON in ``$NVRX_FT_CONFIG``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class FaultToleranceConfigError(ValueError):
+    """A setting or a configuration file is wrong; the message names it."""
+
+
+#: Fields of NVRx's configuration that nvrx accepts and does not use, with the reason.
+IGNORED_FIELDS = {
+    "node_health_check_interval": "nvrx runs no periodic node health check in the monitor",
+    "restart_check_interval": "a no-op in NVRx too",
+    "skip_section_response": "nvrx never waits for an answer to a heartbeat or a section",
+    "enable_nic_monitor": "use inprocess.health_check.ChainedNicHealthCheck",
+    "enable_nic_healthcheck": "not offered",
+    "enable_dist_storage_healthcheck": "not offered",
+    "storage_healthcheck_path": "not offered",
+    "pci_topo_file": "not offered",
+    "link_down_path_template": "not offered",
+    "link_state_path_template": "not offered",
+    "num_warmup_iterations": "nvrx has no warmup section timeout",
+    "install_exception_hook": "not offered",
+}
+
+
+@dataclasses.dataclass
+class FaultToleranceConfig:
+    """Hang detection of a rank that uses ``RankMonitorClient``; seconds, None = not checked.
+
+    Attributes:
+        workload_check_interval: kept for NVRx's configurations; nvrx checks each
+            timeout when it falls due instead of polling.
+        initial_rank_heartbeat_timeout: from ``init_workload_monitoring()`` to the
+            first heartbeat.
+        rank_heartbeat_timeout: between two heartbeats.
+        rank_section_timeouts: per section name, how long it may stay open.
+        rank_out_of_section_timeout: how long a rank may stay outside every section
+            (counted from ``init_workload_monitoring()`` or the last section's end).
+        safety_factor: computed timeouts are the longest observed time times this.
+        rank_termination_signal: what a hung rank's process group receives first;
+            SIGKILL follows after the supervisor's ``--grace-period``.
+        log_level: of the client's logger (``nvrx.fault_tolerance``).
+    """
+
+    workload_check_interval: float = 5.0
+    initial_rank_heartbeat_timeout: float | None = None
+    rank_heartbeat_timeout: float | None = None
+    rank_section_timeouts: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    rank_out_of_section_timeout: float | None = None
+    safety_factor: float = 5.0
+    rank_termination_signal: signal.Signals = signal.SIGKILL
+    log_level: int = logging.INFO
+
+    def __post_init__(self) -> None:
+        self.workload_check_interval = _positive("workload_check_interval", self.workload_check_interval)
+        for name in ("initial_rank_heartbeat_timeout", "rank_heartbeat_timeout", "rank_out_of_section_timeout"):
+            setattr(self, name, _timeout(name, getattr(self, name)))
+        if not isinstance(self.rank_section_timeouts, Mapping):
+            raise FaultToleranceConfigError(
+                f"rank_section_timeouts must map section names to seconds, got {self.rank_section_timeouts!r}"
+            )
+        self.rank_section_timeouts = {
+            str(k): _timeout(f"rank_section_timeouts[{k!r}]", v) for k, v in self.rank_section_timeouts.items()
+        }
+        self.safety_factor = _positive("safety_factor", self.safety_factor)
+        self.rank_termination_signal = parse_signal(self.rank_termination_signal)
+        self.log_level = parse_log_level(self.log_level)
+
+    # -- JSON for a child -----------------------------------------------------------
+    def to_json(self) -> str:
+        data = dataclasses.asdict(self)
+        data["rank_termination_signal"] = self.rank_termination_signal.name
+        data["log_level"] = logging.getLevelName(self.log_level)
+        return json.dumps(data)
+
+    @classmethod
+    def from_json(cls, text: str) -> FaultToleranceConfig:
+        return cls(**json.loads(text))
+
+    # -- files and options ----------------------------------------------------------
+    @classmethod
+    def from_yaml_file(cls, path: str | Path) -> FaultToleranceConfig:
+        """The ``fault_tolerance`` section of a YAML file (needs PyYAML: ``pip install 'nvrx[yaml]'``)."""
+        return cls(**yaml_section(path))
+
+    @classmethod
+    def from_sources(
+        cls, yaml_path: str | Path | None, options: Mapping[str, Any]
+    ) -> FaultToleranceConfig:
+        """Defaults, then the YAML file's section, then each option that is not None."""
+        values = yaml_section(yaml_path) if yaml_path else {}
+        values.update({k: v for k, v in options.items() if v is not None})
+        return cls(**values)
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(FaultToleranceConfig))
+
+
+def yaml_section(path: str | Path) -> dict[str, Any]:
+    """The known fields of the ``fault_tolerance`` mapping in a YAML file; errors name the file."""
+    try:
+        import yaml
+    except ImportError:
+        raise FaultToleranceConfigError(
+            f"--ft-cfg-path {path}: reading YAML needs PyYAML: pip install 'nvrx[yaml]'"
+        ) from None
+    try:
+        document = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise FaultToleranceConfigError(f"--ft-cfg-path {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise FaultToleranceConfigError(f"--ft-cfg-path {path}: not valid YAML: {exc}") from None
+    section = _find_section(document)
+    if section is None:
+        raise FaultToleranceConfigError(f"--ft-cfg-path {path}: no 'fault_tolerance' mapping in the file")
+    values = {}
+    for key, value in section.items():
+        if key in FIELDS:
+            values[key] = value
+        elif key in IGNORED_FIELDS:
+            log.warning("--ft-cfg-path %s: %r ignored (%s)", path, key, IGNORED_FIELDS[key])
+        else:
+            raise FaultToleranceConfigError(
+                f"--ft-cfg-path {path}: unknown setting {key!r} under fault_tolerance "
+                f"(known: {', '.join(FIELDS)})"
+            )
+    return values
+
+
+def _find_section(node: Any) -> dict[str, Any] | None:
+    if isinstance(node, dict):
+        if isinstance(node.get("fault_tolerance"), dict):
+            return node["fault_tolerance"]
+        children = node.values()
+    elif isinstance(node, list):
+        children = node
+    else:
+        return None
+    for child in children:
+        found = _find_section(child)
+        if found is not None:
+            return found
+    return None
+
+
+# -- value parsing (shared by the YAML file, the options and the JSON) ----------------
+def _number(name: str, value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise FaultToleranceConfigError(f"{name} must be a number of seconds, got {value!r}") from None
+    if math.isnan(number) or math.isinf(number):
+        raise FaultToleranceConfigError(f"{name} must be a finite number of seconds, got {value!r}")
+    return number
+
+
+def _positive(name: str, value: Any) -> float:
+    number = _number(name, value)
+    if number <= 0:
+        raise FaultToleranceConfigError(f"{name} must be > 0, got {value!r}")
+    return number
+
+
+def _timeout(name: str, value: Any) -> float | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+        return None
+    return _positive(name, value)
+
+
+def parse_section_timeouts(text: str) -> dict[str, float | None]:
+    """``step:600,checkpoint:1200`` (a timeout may be ``none``)."""
+    timeouts: dict[str, float | None] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, sep, value = part.rpartition(":")
+        if not sep or not name.strip():
+            raise FaultToleranceConfigError(
+                f"rank_section_timeouts: expected name:seconds pairs separated by commas, got {part!r}"
+            )
+        timeouts[name.strip()] = _timeout(f"rank_section_timeouts[{name.strip()!r}]", value)
+    return timeouts
+
+
+def parse_signal(value: Any) -> signal.Signals:
+    """A signal by name (``SIGTERM`` or ``TERM``) or number."""
+    if isinstance(value, signal.Signals):
+        return value
+    text = str(value).strip().upper()
+    try:
+        if text.isdigit():
+            return signal.Signals(int(text))
+        return signal.Signals[text if text.startswith("SIG") else f"SIG{text}"]
+    except (KeyError, ValueError):
+        raise FaultToleranceConfigError(
+            f"rank_termination_signal must be a signal name or number, got {value!r}"
+        ) from None
+
+
+def parse_log_level(value: Any) -> int:
+    """A logging level by name (``DEBUG``) or number."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    text = str(value).strip().upper()
+    if text.isdigit():
+        return int(text)
+    level = logging.getLevelName(text)
+    if not isinstance(level, int):
+        raise FaultToleranceConfigError(f"log_level must be a logging level name or number, got {value!r}")
+    return level
+
+
+__all__ = ["FaultToleranceConfig", "FaultToleranceConfigError", "parse_section_timeouts"]

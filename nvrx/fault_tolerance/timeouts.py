@@ -1,0 +1,91 @@
+"""Timeouts in force for one rank, and the observations that computed ones come from.
+
+``Timeouts`` is what the supervisor checks; ``Observations`` records, on the
+rank's side, the longest time to the first heartbeat, between heartbeats, in
+each section and outside every section. A computed timeout is the longest
+observation of every rank (a MAX all-reduce where torch.distributed runs) times
+the safety factor; where the value in force was itself computed, the new one
+is averaged with it (weights 1/2), so one unusual stretch does not swing it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+
+@dataclasses.dataclass
+class Timeouts:
+    """Seconds; None: not checked. ``computed`` names the values that were computed, not configured."""
+
+    initial_heartbeat: float | None = None
+    heartbeat: float | None = None
+    sections: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    out_of_section: float | None = None
+    computed: list[str] = dataclasses.field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Timeouts:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"timeouts: unknown field(s) {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**data)
+
+    def merge(self, name: str, value: float) -> float:
+        """The value to put in force for ``name`` after computing ``value``."""
+        old = self.sections.get(name[len("section:"):]) if name.startswith("section:") else getattr(self, name)
+        if name in self.computed and old is not None:
+            return (old + value) / 2
+        return value
+
+
+class Observations:
+    """Longest stretches seen by one rank since monitoring began (monotonic seconds)."""
+
+    def __init__(self, now: float | None = None) -> None:
+        self.started = time.monotonic() if now is None else now
+        self.last_heartbeat: float | None = None
+        self.first_heartbeat_s: float | None = None
+        self.max_heartbeat_gap_s: float | None = None
+        self.open: dict[str, float] = {}
+        self.max_section_s: dict[str, float] = {}
+        self.outside_since: float | None = self.started
+        self.max_out_of_section_s: float | None = None
+
+    def heartbeat(self, now: float) -> None:
+        if self.last_heartbeat is None:
+            self.first_heartbeat_s = now - self.started
+        else:
+            gap = now - self.last_heartbeat
+            if self.max_heartbeat_gap_s is None or gap > self.max_heartbeat_gap_s:
+                self.max_heartbeat_gap_s = gap
+        self.last_heartbeat = now
+
+    def section_start(self, name: str, now: float) -> None:
+        if not self.open and self.outside_since is not None:
+            span = now - self.outside_since
+            if self.max_out_of_section_s is None or span > self.max_out_of_section_s:
+                self.max_out_of_section_s = span
+            self.outside_since = None
+        self.open[name] = now
+
+    def section_end(self, name: str, now: float) -> None:
+        started = self.open.pop(name, None)
+        if started is not None:
+            span = now - started
+            if span > self.max_section_s.get(name, -1.0):
+                self.max_section_s[name] = span
+        if not self.open:
+            self.outside_since = now
+
+    def end_all(self, now: float) -> None:
+        for name in list(self.open):
+            self.section_end(name, now)
+
+
+__all__ = ["Observations", "Timeouts"]

@@ -1,0 +1,53 @@
+"""``--ft-*`` options of ``nvrx-supervise``: launcher-side hang detection (``nvrx.fault_tolerance``).
+
+As NVRx's launcher takes them: ``--ft-cfg-path FILE`` reads the
+``fault_tolerance`` section of a YAML file, and each ``--ft-<setting>`` given
+overrides the file's value. The result goes to the children as
+``$NVRX_FT_CONFIG``; the supervisor checks the timeouts (docs/fault_tolerance.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from nvrx.fault_tolerance.config import (
+    FaultToleranceConfig,
+    FaultToleranceConfigError,
+    parse_section_timeouts,
+)
+
+from .config import ConfigError
+
+#: Setting -> (metavar, help) of its ``--ft-<setting>`` option.
+SETTINGS = {
+    "initial_rank_heartbeat_timeout": ("S", "seconds from init_workload_monitoring() to the first heartbeat (none: unchecked)"),
+    "rank_heartbeat_timeout": ("S", "seconds between two heartbeats (none: unchecked)"),
+    "rank_section_timeouts": ("NAME:S,...", "seconds each section may stay open, e.g. step:60,checkpoint:600"),
+    "rank_out_of_section_timeout": ("S", "seconds a rank may spend outside every section (none: unchecked)"),
+    "safety_factor": ("F", "computed timeouts are the longest observed time times F (default 5)"),
+    "rank_termination_signal": ("SIG", "signal a hung rank's process group gets first; SIGKILL follows after --grace-period (default SIGKILL)"),
+    "workload_check_interval": ("S", "accepted for NVRx's configurations; nvrx checks each timeout when it falls due"),
+    "log_level": ("LEVEL", "log level of the ranks' fault-tolerance client (default INFO)"),
+}
+
+
+def add_options(add: Callable[..., None]) -> None:
+    """Register ``--ft-cfg-path`` and every ``--ft-<setting>`` through the CLI's ``add``."""
+    add("--ft-cfg-path", default=None, metavar="FILE",
+        help="YAML file whose 'fault_tolerance' mapping sets the options below (needs PyYAML: "
+        "pip install 'nvrx[yaml]'); an --ft-<setting> given here wins over the file")  # fmt: skip
+    for name, (metavar, text) in SETTINGS.items():
+        add("--ft-" + name.replace("_", "-"), dest=f"ft_{name}", default=None, metavar=metavar, help=text)
+
+
+def config_from(args: argparse.Namespace) -> FaultToleranceConfig:
+    """The configuration the options (and the YAML file) describe; ConfigError naming a bad one."""
+    options = {name: getattr(args, f"ft_{name}") for name in SETTINGS}
+    raw_sections = options["rank_section_timeouts"]
+    try:
+        if raw_sections is not None:
+            options["rank_section_timeouts"] = parse_section_timeouts(raw_sections)
+        return FaultToleranceConfig.from_sources(args.ft_cfg_path, options)
+    except FaultToleranceConfigError as exc:
+        raise ConfigError(f"fault tolerance: {exc}") from exc

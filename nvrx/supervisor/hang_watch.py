@@ -1,0 +1,130 @@
+"""The supervisor's launcher-side hang detection (``nvrx.fault_tolerance``), as a mixin.
+
+A child that uses ``RankMonitorClient`` reports heartbeats and sections over
+``rank_watch``; when one of its timeouts passes, the supervisor records a
+``hang`` event with the rank's stack, sends the configured
+termination signal to the child's process group (SIGKILL after the grace
+period if it still runs), and the restart policy decides as for any failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+import signal
+import time
+from typing import TYPE_CHECKING
+
+from nvrx import jobenv
+from nvrx.events.failures import hang_signature
+
+from .policy import LastFault
+from .rank_watch import Hang, RankWatch
+
+if TYPE_CHECKING:
+    from .children import Child
+    from .config import SupervisorConfig
+
+log = logging.getLogger(__name__)
+
+LISTEN, CONNECTION = "ft-listen", "ft"
+
+
+class HangWatch:
+    """Mixed into ``Supervisor``: owns ``self.watch`` and the kills it schedules."""
+
+    config: SupervisorConfig
+    children: dict[int, Child]
+    watch: RankWatch | None = None
+
+    def _emit(self, kind: str, **fields: object) -> None:  # pragma: no cover - Supervisor's
+        raise NotImplementedError
+
+    def _start_watch(self) -> None:
+        self.watch = RankWatch()
+        self._hang_kills: dict[int, float] = {}  # child pid -> when SIGKILL follows
+        self._hung: dict[int, LastFault] = {}  # child pid -> the hang that ended it
+
+    def _watch_env(self, env: dict[str, str]) -> None:
+        """What a child needs to reach this supervisor's watch."""
+        if self.watch is not None:
+            env[jobenv.FT_SOCKET] = self.watch.path
+            env[jobenv.FT_CONFIG] = self.config.ft.to_json()
+
+    def _register_watch(self, selector: selectors.BaseSelector) -> None:
+        if self.watch is None:
+            return
+        selector.register(self.watch.fileno(), selectors.EVENT_READ, LISTEN)
+        for fd in self.watch.connection_fds():
+            selector.register(fd, selectors.EVENT_READ, CONNECTION)
+
+    def _on_watch(self, selector: selectors.BaseSelector, key: selectors.SelectorKey) -> None:
+        assert self.watch is not None
+        if key.data == LISTEN:
+            while (fd := self.watch.accept()) is not None:
+                selector.register(fd, selectors.EVENT_READ, CONNECTION)
+            return
+        for what, watched, detail in self.watch.read(key.fd):
+            ids = {"rank": watched.rank, "local_rank": watched.local_rank, "child_pid": watched.pid}
+            if what in ("init", "timeouts"):
+                self._emit("timeouts_set", **ids, source=detail, timeouts=watched.timeouts.to_dict())
+            elif what == "end":
+                selector.unregister(key.fd)
+                log.info("local rank %s stopped being monitored (%s)", watched.local_rank, detail)
+
+    def _watch_timeout(self, timeout: float | None) -> float | None:
+        """``timeout`` shortened to the next hang deadline or pending kill."""
+        if self.watch is None:
+            return timeout
+        times = [t for t in (self.watch.next_deadline(), *self._hang_kills.values()) if t is not None]
+        if not times:
+            return timeout
+        wait = max(0.0, min(times) - time.monotonic())
+        return wait if timeout is None else min(timeout, wait)
+
+    def _check_hangs(self) -> None:
+        if self.watch is None:
+            return
+        now = time.monotonic()
+        for hang in self.watch.due(now):
+            self._on_hang(hang)
+        for pid, when in list(self._hang_kills.items()):
+            child = next((c for c in self.children.values() if c.pid == pid and c.running), None)
+            if child is None:
+                del self._hang_kills[pid]
+            elif now >= when:
+                log.warning("hung local rank %d still runs: SIGKILL", child.local_rank)
+                child.signal_group(signal.SIGKILL)
+                del self._hang_kills[pid]
+
+    def _on_hang(self, hang: Hang) -> None:
+        child = self.children.get(hang.local_rank)
+        if child is None or not child.running or hang.attempt not in (None, child.attempt):
+            return  # an earlier attempt's connection, or the child ended meanwhile
+        where = f" in section {hang.section!r}" if hang.section else ""
+        message = f"no {hang.timeout.replace('_', ' ')} for {hang.stale_s:.1f} s{where} (timeout {hang.limit_s:g} s)"
+        if hang.timeout == "section":
+            message = f"section {hang.section!r} open for {hang.stale_s:.1f} s (timeout {hang.limit_s:g} s)"
+        log.warning("local rank %d hung: %s", hang.local_rank, message)
+        assert self.watch is not None
+        child.signal_group(signal.SIGCONT)  # a stopped process cannot dump its stack
+        stack = self.watch.stack(hang)
+        ids = {"rank": hang.rank, "local_rank": hang.local_rank, "child_pid": child.pid}
+        self._emit(
+            "hang", **ids, timeout=hang.timeout, section=hang.section, limit_s=hang.limit_s,
+            stale_s=round(hang.stale_s, 3), stack=stack, message=message,
+        )  # fmt: skip
+        # The hang event alone tells the report (its stack, and why this child ended).
+        self._hung[child.pid] = LastFault(hang_signature(hang.timeout), f"hang_{hang.timeout}")
+        term = self.config.ft.rank_termination_signal
+        child.signal_group(term)
+        if term != signal.SIGKILL:
+            self._hang_kills[child.pid] = time.monotonic() + self.config.grace_period
+
+    def _hang_fault(self, pid: int) -> LastFault | None:
+        """The hang that ended child ``pid``, when the watch declared one."""
+        return self._hung.pop(pid, None) if self.watch is not None else None
+
+    def _close_watch(self) -> None:
+        if self.watch is not None:
+            self.watch.close()

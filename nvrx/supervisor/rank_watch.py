@@ -1,0 +1,244 @@
+"""The supervisor's end of the fault-tolerance channel: monitored ranks and their deadlines.
+
+Ranks that use ``nvrx.fault_tolerance.RankMonitorClient`` connect to a
+``SOCK_SEQPACKET`` socket that this object listens on; each packet updates what
+the supervisor knows of that rank (heartbeats, open sections, timeouts in
+force). ``next_deadline()`` tells the supervisor's loop when the earliest
+timeout falls due, so nothing is polled; ``due(now)`` names the ranks whose
+timeout passed. ``stack()`` asks such a rank for its Python stack. No torch here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import select
+import shutil
+import socket
+import tempfile
+import time
+from typing import Any
+
+from nvrx.fault_tolerance import channel
+from nvrx.fault_tolerance.timeouts import Timeouts
+
+log = logging.getLogger(__name__)
+
+#: Longest wait for a hung rank's stack to start, and the pause that ends it.
+STACK_WAIT_S, STACK_QUIET_S = 2.0, 0.2
+
+
+@dataclasses.dataclass
+class Watched:
+    """One monitored process, as its packets describe it."""
+
+    conn: socket.socket
+    local_rank: int | None = None
+    rank: int | None = None
+    attempt: int | None = None
+    pid: int | None = None
+    stack_fd: int | None = None
+    timeouts: Timeouts = dataclasses.field(default_factory=Timeouts)
+    started: float = 0.0
+    last_heartbeat: float | None = None
+    open: dict[str, float] = dataclasses.field(default_factory=dict)
+    outside_since: float | None = None
+    declared: bool = False  # a hang was declared: no further deadline
+
+    def deadline(self) -> tuple[float, str, str | None, float] | None:
+        """``(when, timeout kind, section, limit)`` of the earliest timeout; None when none runs."""
+        if self.declared or self.local_rank is None:
+            return None
+        t, found = self.timeouts, []
+        if self.last_heartbeat is None and t.initial_heartbeat is not None:
+            found.append((self.started + t.initial_heartbeat, "initial_heartbeat", None, t.initial_heartbeat))
+        elif self.last_heartbeat is not None and t.heartbeat is not None:
+            found.append((self.last_heartbeat + t.heartbeat, "heartbeat", None, t.heartbeat))
+        for name, since in self.open.items():
+            limit = t.sections.get(name)
+            if limit is not None:
+                found.append((since + limit, "section", name, limit))
+        if not self.open and self.outside_since is not None and t.out_of_section is not None:
+            found.append((self.outside_since + t.out_of_section, "out_of_section", None, t.out_of_section))
+        return min(found, key=lambda d: d[0]) if found else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Hang:
+    """A monitored rank missed a timeout."""
+
+    local_rank: int
+    rank: int | None
+    attempt: int | None
+    pid: int | None
+    timeout: str  # initial_heartbeat | heartbeat | section | out_of_section
+    section: str | None
+    limit_s: float
+    stale_s: float
+
+
+class RankWatch:
+    """Listens for monitored ranks of this node; see the module doc."""
+
+    def __init__(self) -> None:
+        self._dir = tempfile.mkdtemp(prefix="nvrx-ft-")
+        self.path = os.path.join(self._dir, "supervisor.sock")
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._listener.bind(self.path)
+        self._listener.listen(64)
+        self._listener.setblocking(False)
+        self.watched: dict[int, Watched] = {}  # by connection descriptor
+
+    def fileno(self) -> int:
+        return self._listener.fileno()
+
+    def accept(self) -> int | None:
+        """Take one waiting connection; its descriptor (to watch for packets), or None."""
+        try:
+            conn, _ = self._listener.accept()
+        except BlockingIOError:
+            return None
+        conn.setblocking(False)
+        self.watched[conn.fileno()] = Watched(conn)
+        return conn.fileno()
+
+    def read(self, fd: int, now: float | None = None) -> list[tuple[str, Watched, Any]]:
+        """Apply every waiting packet of connection ``fd``; returns what the supervisor should log:
+        ``("init", w, source)``, ``("timeouts", w, source)``, ``("end", w, "bye" | "closed")``;
+        a source is where the timeouts came from: config, restored or computed."""
+        watched = self.watched.get(fd)
+        if watched is None:
+            return []
+        told: list[tuple[str, Watched, Any]] = []
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(watched.conn, channel.MAX_MESSAGE, 1)
+            except BlockingIOError:
+                return told
+            except OSError as exc:
+                log.warning("fault-tolerance channel of local rank %s: %s", watched.local_rank, exc)
+                data, fds = b"", []
+            if not data:
+                told.append(("end", watched, "closed"))
+                self._drop(fd)
+                return told
+            stamp = time.monotonic() if now is None else now
+            try:
+                verb, payload = channel.decode(data)
+            except ValueError as exc:
+                log.warning("local rank %s: %s", watched.local_rank, exc)
+                for extra in fds:
+                    os.close(extra)
+                continue
+            if verb == channel.INIT:
+                self._init(watched, payload, fds, stamp)
+                told.append(("init", watched, str(payload.get("source", "config"))))
+            elif fds:
+                for extra in fds:
+                    os.close(extra)
+            if verb == channel.HEARTBEAT:
+                watched.last_heartbeat = stamp
+            elif verb == channel.SECTION_START and payload:
+                watched.open[payload] = stamp
+                watched.outside_since = None
+            elif verb == channel.SECTION_END and payload:
+                watched.open.pop(payload, None)
+                if not watched.open:
+                    watched.outside_since = stamp
+            elif verb == channel.END_ALL:
+                watched.open.clear()
+                watched.outside_since = stamp
+            elif verb == channel.TIMEOUTS:
+                try:
+                    watched.timeouts = Timeouts.from_dict(payload["timeouts"])
+                except (KeyError, TypeError, ValueError) as exc:
+                    log.warning("local rank %s sent bad timeouts: %r", watched.local_rank, exc)
+                    continue
+                told.append(("timeouts", watched, str(payload.get("source", "client"))))
+            elif verb == channel.SHUTDOWN:
+                told.append(("end", watched, "bye"))
+                self._drop(fd)
+                return told
+
+    def _init(self, watched: Watched, hello: dict[str, Any], fds: list[int], now: float) -> None:
+        watched.local_rank = _int(hello.get("local_rank"))
+        watched.rank = _int(hello.get("rank"))
+        watched.attempt = _int(hello.get("attempt"))
+        watched.pid = _int(hello.get("pid"))
+        if watched.stack_fd is not None:
+            os.close(watched.stack_fd)
+        watched.stack_fd = fds[0] if fds else None
+        for extra in fds[1:]:
+            os.close(extra)
+        try:
+            watched.timeouts = Timeouts.from_dict(hello.get("timeouts") or {})
+        except (TypeError, ValueError) as exc:
+            log.warning("local rank %s sent bad timeouts: %r", watched.local_rank, exc)
+        watched.started = watched.outside_since = now
+
+    def connection_fds(self) -> list[int]:
+        return list(self.watched)
+
+    def next_deadline(self) -> float | None:
+        """Monotonic time at which the earliest timeout falls due; None when none runs."""
+        times = [d[0] for w in self.watched.values() if (d := w.deadline()) is not None]
+        return min(times) if times else None
+
+    def due(self, now: float | None = None) -> list[Hang]:
+        """The ranks whose timeout passed; each is declared once."""
+        now = time.monotonic() if now is None else now
+        hangs = []
+        for w in self.watched.values():
+            d = w.deadline()
+            if d is None or d[0] > now:
+                continue
+            when, kind, section, limit = d
+            w.declared = True
+            assert w.local_rank is not None
+            stale = now - when + limit
+            hangs.append(Hang(w.local_rank, w.rank, w.attempt, w.pid, kind, section, limit, stale))
+        return hangs
+
+    def stack(self, hang: Hang) -> str | None:
+        """Ask the hung rank for its stack (``channel.STACK_SIGNAL``) and read it; None if none came."""
+        watched = next((w for w in self.watched.values() if w.pid == hang.pid), None)
+        if watched is None or watched.stack_fd is None or hang.pid is None:
+            return None
+        fd = watched.stack_fd
+        while select.select([fd], [], [], 0)[0]:  # what an earlier request left
+            if not os.read(fd, 65536):
+                return None
+        try:
+            os.kill(hang.pid, channel.STACK_SIGNAL)
+        except ProcessLookupError:
+            return None
+        chunks: list[bytes] = []
+        wait = STACK_WAIT_S
+        while select.select([fd], [], [], wait)[0]:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            wait = STACK_QUIET_S  # the dump is written at once: a pause ends it
+        return b"".join(chunks).decode(errors="replace") or None
+
+    def _drop(self, fd: int) -> None:
+        watched = self.watched.pop(fd, None)
+        if watched is None:
+            return
+        watched.conn.close()
+        if watched.stack_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(watched.stack_fd)
+
+    def close(self) -> None:
+        for fd in list(self.watched):
+            self._drop(fd)
+        self._listener.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

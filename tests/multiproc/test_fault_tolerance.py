@@ -1,0 +1,94 @@
+"""Launcher-side hang detection with real supervisors and the two example scripts (gloo, no Wrapper).
+
+Each test runs ``examples/ft_heartbeats.py`` or ``examples/ft_sections.py``
+on 2 local nodes x 1 rank under ``nvrx-supervise``; rank 1 hangs once. The
+supervisor of its node must declare it hung within the timeout plus 1 s,
+record its stack (the injected ``hang()`` frame) in a ``hang`` event and in
+``nvrx-report``, end it, and the job must complete. Computed timeouts are
+saved in the checkpoints: the restarted processes must put them back in force.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from test_supervisor_local import REPO, Job
+
+pytestmark = pytest.mark.timeout(300)
+
+HEARTBEATS = [sys.executable, str(REPO / "examples" / "ft_heartbeats.py")]
+SECTIONS = [sys.executable, str(REPO / "examples" / "ft_sections.py")]
+# A generous safety factor: computed timeouts must not fire on a busy 2-core machine.
+COMMON = ("--max-restarts", "4", "--grace-period", "2", "--ft-safety-factor", "60")
+
+
+def _run(tmp_path, command, *options):
+    job = Job(tmp_path, 2, 1, command, *COMMON, *options)
+    codes = job.wait(240)
+    assert codes == [0, 0], job.output()
+    return job
+
+
+def _hang_of_rank_1(job, timeout):
+    hangs = [e for e in job.events("hang") if e["rank"] == 1]
+    assert len(hangs) == 1, job.output()
+    hang = hangs[0]
+    assert hang["timeout"] == timeout, hang
+    assert hang["stale_s"] <= hang["limit_s"] + 1.0, hang  # declared within the timeout + 1 s
+    assert "in hang" in hang["stack"] and "ft_common.py" in hang["stack"], hang["stack"]
+    return hang
+
+
+def _report(job) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-m", "nvrx.report", str(job.log_dir / job.job_id), "--format", "json"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout)
+
+
+def _restarted(job, rank):
+    return [e for e in job.events("child_start") if e["global_rank"] == rank and e["attempt"] == 1]
+
+
+def test_a_missed_heartbeat_is_caught_and_computed_timeouts_survive_the_restart(tmp_path):
+    job = _run(
+        tmp_path, [*HEARTBEATS, "--calc-after", "3", "--hang", "1:8", "--checkpoint-dir", str(tmp_path / "ck")],
+        "--ft-initial-rank-heartbeat-timeout", "60", "--ft-rank-heartbeat-timeout", "30",
+    )  # fmt: skip
+    hang = _hang_of_rank_1(job, "heartbeat")
+    assert _restarted(job, 1), job.output()
+    sets = {(e["rank"], e["source"]): e["timeouts"] for e in job.events("timeouts_set")}
+    computed = sets[(1, "computed")]
+    assert computed["heartbeat"] < 30 and "heartbeat" in computed["computed"], sets
+    assert hang["limit_s"] == computed["heartbeat"]  # the computed timeout caught the hang
+    assert sets[(1, "restored")] == computed, sets  # the restarted process restored it
+    assert sets[(0, "restored")] == sets[(0, "computed")], sets
+    report = _report(job)
+    failures = {f["signature"]: f for f in report["failures"]}
+    assert failures["hang (heartbeat timeout)"]["ranks"] in ([1], [0, 1]), failures
+    assert "signal SIGKILL" not in failures, failures  # the hang explains the kill
+    stacks = [h["stack"] for h in report["hangs"] if h["rank"] == 1]
+    assert stacks and "in hang" in stacks[0], report["hangs"]
+
+
+@pytest.mark.parametrize(
+    ("where", "timeout", "options"),
+    [
+        ("step", "section", ("--ft-rank-section-timeouts", "step:4,checkpoint:30", "--ft-rank-out-of-section-timeout", "30")),
+        ("outside", "out_of_section", ("--ft-rank-section-timeouts", "step:30,checkpoint:30", "--ft-rank-out-of-section-timeout", "4")),
+    ],
+)  # fmt: skip
+def test_a_hang_in_a_section_or_outside_every_section_is_caught(tmp_path, where, timeout, options):
+    job = _run(
+        tmp_path, [*SECTIONS, "--hang", f"1:6:{where}", "--checkpoint-dir", str(tmp_path / "ck")], *options
+    )  # fmt: skip
+    hang = _hang_of_rank_1(job, timeout)
+    assert hang["limit_s"] == 4, hang
+    assert hang["section"] == ("step" if where == "step" else None), hang
+    assert _restarted(job, 1), job.output()
+    report = _report(job)
+    assert any(h["rank"] == 1 and "in hang" in (h["stack"] or "") for h in report["hangs"]), report["hangs"]

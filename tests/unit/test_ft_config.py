@@ -1,0 +1,136 @@
+"""``FaultToleranceConfig`` from YAML and ``--ft-*`` options: precedence and one-line errors."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from nvrx.fault_tolerance.config import (
+    FaultToleranceConfig,
+    FaultToleranceConfigError,
+    parse_section_timeouts,
+)
+from nvrx.supervisor.cli import config_from_args
+from nvrx.supervisor.config import ConfigError
+
+COMMAND = ["--", sys.executable, "-c", "pass"]
+
+
+def _ft(*options: str):
+    config, _ = config_from_args([*options, *COMMAND], env={})
+    return config.ft
+
+
+def test_defaults_are_the_references():
+    cfg = _ft()
+    assert cfg == FaultToleranceConfig()
+    assert cfg.workload_check_interval == 5.0
+    assert cfg.initial_rank_heartbeat_timeout is None and cfg.rank_heartbeat_timeout is None
+    assert cfg.rank_section_timeouts == {} and cfg.rank_out_of_section_timeout is None
+    assert cfg.safety_factor == 5.0
+    assert cfg.rank_termination_signal is signal.SIGKILL
+    assert cfg.log_level == logging.INFO
+
+
+def test_options_in_both_spellings():
+    cfg = _ft(
+        "--ft-rank-heartbeat-timeout", "30", "--ft_initial_rank_heartbeat_timeout", "120",
+        "--ft-rank-section-timeouts", "step:60, checkpoint:none", "--ft-rank-out-of-section-timeout", "90",
+        "--ft-safety-factor", "3", "--ft-rank-termination-signal", "TERM", "--ft-log-level", "debug",
+    )  # fmt: skip
+    assert cfg.rank_heartbeat_timeout == 30 and cfg.initial_rank_heartbeat_timeout == 120
+    assert cfg.rank_section_timeouts == {"step": 60.0, "checkpoint": None}
+    assert cfg.rank_out_of_section_timeout == 90 and cfg.safety_factor == 3
+    assert cfg.rank_termination_signal is signal.SIGTERM and cfg.log_level == logging.DEBUG
+
+
+def test_yaml_section_at_any_depth_and_options_win(tmp_path):
+    path = tmp_path / "ft.yaml"
+    path.write_text(
+        "model: {layers: 2}\n"
+        "training:\n"
+        "  fault_tolerance:\n"
+        "    rank_heartbeat_timeout: 45\n"
+        "    rank_section_timeouts: {step: 10, checkpoint: 100}\n"
+        "    rank_termination_signal: SIGINT\n"
+        "    safety_factor: 2.5\n"
+        "    enable_nic_monitor: true\n"  # an NVRx setting nvrx does not use: a warning only
+    )
+    cfg = _ft("--ft-cfg-path", str(path), "--ft-safety-factor", "4")
+    assert cfg.rank_heartbeat_timeout == 45
+    assert cfg.rank_section_timeouts == {"step": 10.0, "checkpoint": 100.0}
+    assert cfg.rank_termination_signal is signal.SIGINT
+    assert cfg.safety_factor == 4  # the option wins over the file
+    assert FaultToleranceConfig.from_yaml_file(path).safety_factor == 2.5
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--ft-rank-heartbeat-timeout", "-1"], "rank_heartbeat_timeout must be > 0, got '-1'"),
+        (["--ft-rank-heartbeat-timeout", "soon"], "rank_heartbeat_timeout must be a number of seconds"),
+        (["--ft-safety-factor", "0"], "safety_factor must be > 0"),
+        (["--ft-rank-section-timeouts", "step=5"], "expected name:seconds pairs"),
+        (["--ft-rank-termination-signal", "SIGNOPE"], "rank_termination_signal must be a signal name"),
+        (["--ft-log-level", "LOUD"], "log_level must be a logging level"),
+        (["--ft-cfg-path", "/nonexistent/ft.yaml"], "--ft-cfg-path /nonexistent/ft.yaml: No such file"),
+    ],
+)
+def test_bad_settings_name_themselves(options, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        _ft(*options)
+
+
+def test_bad_yaml_files_are_named(tmp_path):
+    missing = tmp_path / "none.yaml"
+    missing.write_text("other: {a: 1}\n")
+    with pytest.raises(ConfigError, match="no 'fault_tolerance' mapping"):
+        _ft("--ft-cfg-path", str(missing))
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("fault_tolerance: {rank_heartbeat_timout: 5}\n")
+    with pytest.raises(ConfigError, match="unknown setting 'rank_heartbeat_timout'"):
+        _ft("--ft-cfg-path", str(unknown))
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("fault_tolerance: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        _ft("--ft-cfg-path", str(broken))
+
+
+def test_yaml_without_pyyaml_says_how_to_install(tmp_path, monkeypatch):
+    path = tmp_path / "ft.yaml"
+    path.write_text("fault_tolerance: {}\n")
+    monkeypatch.setitem(sys.modules, "yaml", None)  # as if PyYAML were not installed
+    with pytest.raises(FaultToleranceConfigError, match=r"pip install 'nvrx\[yaml\]'"):
+        FaultToleranceConfig.from_yaml_file(path)
+
+
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        (["--ft-rank-heartbeat-timeout", "-5"], "rank_heartbeat_timeout must be > 0"),
+        (["--ft-no-such-option", "1"], "unrecognized arguments: --ft-no-such-option"),
+    ],
+)
+def test_the_command_line_exits_2_with_one_line(options, needle):
+    out = subprocess.run(
+        [sys.executable, "-m", "nvrx.supervisor", *options, *COMMAND],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2, out
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], out.stderr
+
+
+def test_json_round_trip_for_the_children():
+    cfg = FaultToleranceConfig(
+        rank_heartbeat_timeout=3, rank_section_timeouts={"step": 2}, rank_termination_signal="SIGTERM"
+    )
+    assert FaultToleranceConfig.from_json(cfg.to_json()) == cfg
+
+
+def test_section_timeouts_text():
+    assert parse_section_timeouts("a:1,b : 2.5 ,c:null,") == {"a": 1.0, "b": 2.5, "c": None}

@@ -1,0 +1,146 @@
+"""The client and the supervisor's ``RankWatch`` over a real socket, in one process:
+what each message does to the deadlines, the stack request, computed and restored timeouts."""
+
+from __future__ import annotations
+
+import pytest
+
+from nvrx import jobenv
+from nvrx.fault_tolerance import FaultToleranceConfig, RankMonitorClient, RankMonitorClientError
+from nvrx.supervisor.rank_watch import RankWatch
+
+
+@pytest.fixture
+def watch(monkeypatch):
+    w = RankWatch()
+    monkeypatch.setenv(jobenv.FT_SOCKET, w.path)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv(jobenv.RESTART_COUNT, "2")
+    yield w
+    w.close()
+
+
+def _config(monkeypatch, **settings):
+    monkeypatch.setenv(jobenv.FT_CONFIG, FaultToleranceConfig(**settings).to_json())
+
+
+def _connect(watch, client):
+    client.init_workload_monitoring()
+    fd = watch.accept()
+    assert fd is not None
+    told = watch.read(fd, now=100.0)
+    assert [t[0] for t in told] == ["init"]
+    return fd, told[0][1]
+
+
+def test_outside_a_supervisor_the_client_says_so(monkeypatch):
+    monkeypatch.delenv(jobenv.FT_SOCKET, raising=False)
+    client = RankMonitorClient()
+    with pytest.raises(RankMonitorClientError, match="start the script with nvrx-supervise"):
+        client.init_workload_monitoring()
+    with pytest.raises(RankMonitorClientError, match="call init_workload_monitoring"):
+        client.send_heartbeat()
+    monkeypatch.setenv(jobenv.FT_SOCKET, "/nonexistent/nvrx.sock")
+    with pytest.raises(RankMonitorClientError, match="cannot reach the supervisor at /nonexistent"):
+        client.init_workload_monitoring()
+
+
+def test_heartbeat_deadlines(watch, monkeypatch):
+    _config(monkeypatch, initial_rank_heartbeat_timeout=10, rank_heartbeat_timeout=2)
+    client = RankMonitorClient()
+    fd, w = _connect(watch, client)
+    assert (w.local_rank, w.rank, w.attempt) == (1, 5, 2)
+    assert watch.next_deadline() == 110.0  # the initial timeout runs from init
+    assert watch.due(109.9) == []
+    client.send_heartbeat()
+    watch.read(fd, now=103.0)
+    assert watch.next_deadline() == 105.0  # then the one between heartbeats
+    [hang] = watch.due(105.5)
+    assert (hang.local_rank, hang.rank, hang.timeout, hang.limit_s) == (1, 5, "heartbeat", 2)
+    assert hang.stale_s == pytest.approx(2.5)
+    assert watch.due(200.0) == [] and watch.next_deadline() is None  # declared once
+    client.shutdown_workload_monitoring()
+    assert [t[0] for t in watch.read(fd)] == ["end"]
+    assert watch.connection_fds() == []
+
+
+def test_section_and_out_of_section_deadlines(watch, monkeypatch):
+    _config(monkeypatch, rank_section_timeouts={"step": 3, "io": None}, rank_out_of_section_timeout=20)
+    client = RankMonitorClient()
+    fd, _ = _connect(watch, client)
+    assert watch.next_deadline() == 120.0  # outside every section since init
+    client.start_section("step")
+    watch.read(fd, now=101.0)
+    assert watch.next_deadline() == 104.0
+    client.start_section("io")  # no timeout of its own
+    watch.read(fd, now=102.0)
+    client.end_section("step")
+    watch.read(fd, now=103.0)
+    assert watch.next_deadline() is None  # inside "io": neither runs
+    client.end_all_sections()
+    watch.read(fd, now=110.0)
+    assert watch.next_deadline() == 130.0
+    client.start_section("step")
+    watch.read(fd, now=111.0)
+    [hang] = watch.due(114.5)
+    assert (hang.timeout, hang.section, hang.limit_s) == ("section", "step", 3)
+    with pytest.raises(RankMonitorClientError, match="open already"):
+        client.start_section("step")
+    with pytest.raises(RankMonitorClientError, match="not open"):
+        client.end_section("io")
+    client.shutdown_workload_monitoring()
+
+
+def test_the_stack_of_a_monitored_process(watch, monkeypatch):
+    _config(monkeypatch, rank_heartbeat_timeout=1)
+    client = RankMonitorClient()
+    fd, _ = _connect(watch, client)
+    client.send_heartbeat()
+    watch.read(fd, now=100.0)
+    [hang] = watch.due(102.0)
+    stack = watch.stack(hang)  # this very process: faulthandler answers from its signal handler
+    assert stack is not None and "test_the_stack_of_a_monitored_process" in stack, stack
+    client.shutdown_workload_monitoring()
+
+
+def test_computed_timeouts_reach_the_watch_and_survive_a_restart(watch, monkeypatch):
+    _config(monkeypatch, safety_factor=2, rank_section_timeouts={"step": 50})
+    client = RankMonitorClient()
+    fd, w = _connect(watch, client)
+    assert not client.calculate_and_set_hb_timeouts(skip_if_not_ready=True)
+    with pytest.raises(RankMonitorClientError, match="at least two heartbeats"):
+        client.calculate_and_set_hb_timeouts()
+    for _ in range(3):
+        client.send_heartbeat()
+    client.start_section("step")
+    client.end_section("step")
+    assert client.calculate_and_set_hb_timeouts()
+    assert client.calculate_and_set_section_timeouts()
+    told = watch.read(fd)
+    assert [t[0] for t in told if t[0] == "timeouts"] == ["timeouts", "timeouts"]
+    t = client.timeouts
+    assert w.timeouts == t  # the supervisor checks what the client computed
+    assert t.heartbeat is not None and t.heartbeat < 1  # twice a gap of microseconds
+    assert t.sections["step"] < 1 and t.out_of_section is not None
+    assert set(t.computed) == {"initial_heartbeat", "heartbeat", "section:step", "out_of_section"}
+    saved = client.state_dict()
+    client.shutdown_workload_monitoring()
+    watch.read(fd)
+
+    # A new process (a restart) loads the checkpoint before init: those timeouts are in force.
+    again = RankMonitorClient()
+    again.load_state_dict(saved)
+    fd2, w2 = _connect(watch, again)
+    assert w2.timeouts == t
+    assert again.timeouts == t
+    # a second computation is averaged with the computed value in force
+    again.send_heartbeat()
+    again.send_heartbeat()
+    before = again.timeouts.heartbeat
+    again.calculate_and_set_hb_timeouts()
+    gap = again._obs.max_heartbeat_gap_s * 2
+    assert again.timeouts.heartbeat == pytest.approx((before + gap) / 2)
+    with pytest.raises(RankMonitorClientError, match="expected what state_dict"):
+        again.load_state_dict({"nope": 1})
+    again.shutdown_workload_monitoring()
