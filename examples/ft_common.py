@@ -29,6 +29,8 @@ def options(description: str, hang_places: list[str]) -> argparse.Namespace:
     parser.add_argument("--hang", default=None, metavar="RANK:STEP" + (":WHERE" if hang_places else ""),
                         help="this rank hangs once at this step (first attempt only)"
                         + (f"; WHERE is one of {', '.join(hang_places)}" if hang_places else ""))  # fmt: skip
+    parser.add_argument("--fail", default=None, metavar="RANK:STEP",
+                        help="this rank raises once at this step (first attempt only)")  # fmt: skip
     return parser.parse_args()
 
 
@@ -51,6 +53,11 @@ def should_hang(spec: str | None, rank: int, attempt: int, step: int, where: str
         return False
     parts = spec.split(":")
     return int(parts[0]) == rank and int(parts[1]) == step and (where is None or parts[2] == where)
+
+
+def maybe_fail(spec: str | None, rank: int, attempt: int, step: int) -> None:
+    if should_hang(spec, rank, attempt, step):
+        raise RuntimeError(f"injected failure on rank {rank} at step {step}")
 
 
 def hang() -> None:

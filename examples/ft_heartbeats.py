@@ -37,6 +37,7 @@ def main() -> None:
         client.load_state_dict(saved["ft"])  # the timeouts computed before the restart
     client.init_workload_monitoring()
     for step in range(start, args.steps):
+        ft_common.maybe_fail(args.fail, rank, attempt, step)
         ft_common.train_step(weights, args.step_time)
         client.send_heartbeat()
         if ft_common.should_hang(args.hang, rank, attempt, step):

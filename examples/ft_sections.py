@@ -38,6 +38,7 @@ def main() -> None:
         client.load_state_dict(saved["ft"])
     client.init_workload_monitoring()
     for step in range(start, args.steps):
+        ft_common.maybe_fail(args.fail, rank, attempt, step)
         client.start_section("step")
         if ft_common.should_hang(args.hang, rank, attempt, step, "step"):
             ft_common.hang()

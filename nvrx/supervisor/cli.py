@@ -294,6 +294,7 @@ def config_from_args(
         node_heartbeat=args.node_heartbeat,
         rank_logs=_rank_logs(args, argv, env),
         ft=ft_options.config_from(args),
+        ft_restart_policy=args.ft_restart_policy,
     )
     return config, args.verbose
 

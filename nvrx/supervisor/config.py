@@ -30,6 +30,8 @@ DEFAULT_NODE_HEARTBEAT_S = 1.0
 DEFAULT_NODE_TIMEOUT_S = 5.0
 
 KEY_PREFIX = "nvrx_supervisor/"
+#: ``--ft-restart-policy`` values (``job_restart``).
+RESTART_POLICIES = ("auto", "any-failed", "min-healthy")
 STOP_KEY = KEY_PREFIX + "stop"
 RESTARTS_KEY = KEY_PREFIX + "restarts"
 NODES_DONE_KEY = KEY_PREFIX + "nodes_done"
@@ -102,6 +104,7 @@ class SupervisorConfig:
     extra_env: dict[str, str] = field(default_factory=dict)
     rank_logs: RankLogs = field(default_factory=RankLogs)  # --redirects, --tee, ...
     ft: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)  # --ft-*
+    ft_restart_policy: str = "auto"  # auto | any-failed | min-healthy (``job_restart``)
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -128,6 +131,10 @@ class SupervisorConfig:
                 f"--store-port must differ from --master-port (both {self.store_port})",
             ),
             (self.max_restarts >= 0, f"--max-restarts must be >= 0, got {self.max_restarts}"),
+            (
+                self.ft_restart_policy in RESTART_POLICIES,
+                f"--ft-restart-policy must be auto, any-failed or min-healthy, got {self.ft_restart_policy!r}",
+            ),
             (
                 self.loop_breaker >= 0,
                 f"--loop-breaker must be >= 0 (0 disables it), got {self.loop_breaker}",
@@ -235,6 +242,7 @@ class SupervisorConfig:
             "max_restarts": self.max_restarts,
             "loop_breaker": self.loop_breaker,
             "fault_tolerance": json.loads(self.ft.to_json()),
+            "restart_policy": self.ft_restart_policy,
         }
 
     def child_env(

@@ -37,6 +37,11 @@ def add_options(add: Callable[..., None]) -> None:
     add("--ft-cfg-path", default=None, metavar="FILE",
         help="YAML file whose 'fault_tolerance' mapping sets the options below (needs PyYAML: "
         "pip install 'nvrx[yaml]'); an --ft-<setting> given here wins over the file")  # fmt: skip
+    add("--ft-restart-policy", default="auto", metavar="POLICY",
+        help="any-failed: a failed rank restarts every rank of every node together, one unit "
+        "of --max-restarts; min-healthy: only the failed rank restarts (the in-process Wrapper's "
+        "way; with no spare left, --min-nodes says how small the job may get); auto (default): "
+        "any-failed for a rank that used nvrx.fault_tolerance without the Wrapper, else min-healthy")  # fmt: skip
     for name, (metavar, text) in SETTINGS.items():
         add("--ft-" + name.replace("_", "-"), dest=f"ft_{name}", default=None, metavar=metavar, help=text)
 

@@ -35,6 +35,8 @@ class HangWatch:
 
     config: SupervisorConfig
     children: dict[int, Child]
+    stop_reason: str | None
+    _job_restart: int | None
     watch: RankWatch | None = None
 
     def _emit(self, kind: str, **fields: object) -> None:  # pragma: no cover - Supervisor's
@@ -98,6 +100,8 @@ class HangWatch:
                 del self._hang_kills[pid]
 
     def _on_hang(self, hang: Hang) -> None:
+        if self.stop_reason is not None or self._job_restart is not None:
+            return  # its children are being stopped anyway
         child = self.children.get(hang.local_rank)
         if child is None or not child.running or hang.attempt not in (None, child.attempt):
             return  # an earlier attempt's connection, or the child ended meanwhile

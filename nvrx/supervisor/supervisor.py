@@ -30,6 +30,7 @@ from .exit_codes import ExitCode, SupervisorError, for_signal
 from .failover import Failover
 from .hang_watch import CONNECTION, LISTEN, HangWatch
 from .job_end import JobEnd
+from .job_restart import JobRestart
 from .node_messages import NodeMessages
 from .node_roles import NodeRoles
 from .policy import Decision, RestartPolicy, last_fault
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 Spawner = Callable[[int, int, dict, Path | None], Child]
 
 
-class Supervisor(NodeMessages, JobEnd, Failover, HangWatch):
+class Supervisor(NodeMessages, JobEnd, Failover, HangWatch, JobRestart):
     """Runs one node of a job until all its children have ended; ``run()`` returns the exit code."""
 
     def __init__(self, config: SupervisorConfig, spawn: Spawner | None = None) -> None:
@@ -137,6 +138,7 @@ class Supervisor(NodeMessages, JobEnd, Failover, HangWatch):
         try:
             self.link.wait_ready()
             self.link.watch(STOP_KEY)
+            self._watch_job_restarts()
             if self.service is not None and self.config.nnodes > 1:
                 self.link.watch(ALL_ENDED_KEY)
             assert self.roles is not None
@@ -226,6 +228,8 @@ class Supervisor(NodeMessages, JobEnd, Failover, HangWatch):
         hang = self._hang_fault(pid)
         fault = None if status.code in (0, 130) else hang or last_fault(self.config.events_dir, pid)
         try:
+            if status.code not in (0, 130) and self._job_wide(pid):
+                return self._job_failure(local_rank, status, fault)
             verdict = self.policy.decide(local_rank, status, fault)
         except StoreLinkError as exc:
             self._store_unavailable(exc)
@@ -292,7 +296,7 @@ class Supervisor(NodeMessages, JobEnd, Failover, HangWatch):
 
     def _on_store_events(self, messages: list[dict]) -> None:
         for message in messages:
-            if self._on_node_message(message):
+            if self._on_node_message(message) or self._on_job_message(message):
                 continue
             if message.get("event") == "lost":
                 if self._store_lost(str(message.get("message"))):
@@ -338,10 +342,11 @@ class Supervisor(NodeMessages, JobEnd, Failover, HangWatch):
         selector = self._make_selector()
         try:
             self._reap()  # children that ended before the selector existed
-            while self._running() or self._waiting_as_spare():
+            while self._running() or self._waiting_as_spare() or self._job_restarting():
                 timeout = None if self._kill_at is None else max(0.0, self._kill_at - time.monotonic())
                 self._on_store_events(self._poll_once(selector, self._watch_timeout(timeout)))
                 self._check_hangs()
+                self._job_restart_progress()
                 if self._selector_stale:
                     selector.close()
                     selector, self._selector_stale = self._make_selector(), False

@@ -92,3 +92,35 @@ def test_a_hang_in_a_section_or_outside_every_section_is_caught(tmp_path, where,
     assert _restarted(job, 1), job.output()
     report = _report(job)
     assert any(h["rank"] == 1 and "in hang" in (h["stack"] or "") for h in report["hangs"]), report["hangs"]
+
+
+@pytest.mark.parametrize(
+    ("fault", "options"),
+    [
+        (["--fail", "1:6"], ()),
+        (["--hang", "1:6"], ("--ft-rank-heartbeat-timeout", "5")),
+    ],
+    ids=["exception", "hang"],
+)
+def test_any_failed_restarts_every_rank_of_every_node_once(tmp_path, fault, options):
+    # 2 nodes x 2 ranks, no Wrapper: the default policy (auto) restarts the job as a whole.
+    job = Job(
+        tmp_path, 2, 2, [*HEARTBEATS, *fault, "--checkpoint-dir", str(tmp_path / "ck")],
+        *COMMON, *options,
+    )  # fmt: skip
+    assert job.wait(240) == [0, 0], job.output()
+    decisions = job.events("restart_decision")
+    assert len(decisions) == 1, job.output()  # one decision for the job, not one per rank
+    assert decisions[0]["scope"] == "job" and decisions[0]["decision"] == "restart"
+    assert decisions[0]["budget_left"] == 3  # --max-restarts 4: one unit spent
+    starts = sorted((e["global_rank"], e["attempt"]) for e in job.events("child_start"))
+    assert starts == [(r, a) for r in range(4) for a in (0, 1)], job.output()
+    phases = [(e["node"], e["phase"]) for e in job.events("job_restart")]
+    for node in (0, 1):
+        assert [p for n, p in phases if n == node] == ["stopping", "ready", "started"], phases
+    # the claimer names the failure it saw first (peers fail at nearly the same moment)
+    causes = [e["cause"] for e in job.events("job_restart") if e.get("cause")]
+    assert causes and all(c == causes[0] for c in causes), causes  # one announced cause
+    cause = causes[0]
+    assert cause["rank"] in range(4) and cause["node"] == cause["rank"] // 2, cause
+    assert cause["signature"] == decisions[0]["signature"], cause

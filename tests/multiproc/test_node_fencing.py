@@ -18,7 +18,7 @@ from nvrx.supervisor.exit_codes import ExitCode
 from tests.support.waiting import wait_until
 
 NODE_OPTIONS = (
-    "--node-timeout", "2", "--node-heartbeat", "0.5", "--grace-period", "2", "--store-timeout", "5",
+    "--node-timeout", "2", "--node-heartbeat", "0.5", "--grace-period", "2", "--store-timeout", "20",
 )  # fmt: skip
 
 

@@ -78,6 +78,7 @@ def test_yaml_section_at_any_depth_and_options_win(tmp_path):
         (["--ft-rank-termination-signal", "SIGNOPE"], "rank_termination_signal must be a signal name"),
         (["--ft-log-level", "LOUD"], "log_level must be a logging level"),
         (["--ft-cfg-path", "/nonexistent/ft.yaml"], "--ft-cfg-path /nonexistent/ft.yaml: No such file"),
+        (["--ft-restart-policy", "some-failed"], "--ft-restart-policy must be auto, any-failed or min-healthy"),
     ],
 )
 def test_bad_settings_name_themselves(options, message):

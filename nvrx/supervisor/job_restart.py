@@ -1,0 +1,161 @@
+"""Job-wide restarts (``--ft-restart-policy any-failed``), as a mixin of ``Supervisor``.
+
+A plain script's ranks cannot go on when one of them fails: the others block
+in a collective with it. So under ``any-failed`` one failure restarts every
+rank of every node together, as one restart of the job:
+
+1. the supervisor that sees a failure claims restart ``e`` (an atomic add in
+   the store; only the first claim of ``e`` counts), takes one unit of the
+   budget through the restart policy (loop breaker included) and announces
+   ``e``; a failure on another node of the same epoch finds the claim taken
+   and only follows;
+2. every supervisor, told of ``e`` by its watch, stops its children (SIGTERM,
+   SIGKILL after ``--grace-period``; their exits are part of the restart,
+   not new failures) and, once they ended, counts itself ready;
+3. the last node ready lets everyone go, and each supervisor starts all its
+   children again (restart count + 1): no old process is left to meet a new
+   one in ``init_process_group``'s rendezvous.
+
+``min-healthy`` restarts only the failed rank (the Wrapper's way: its peers
+restart in-process and wait for the replacement). ``auto`` (the default) takes
+the job-wide path for a child that used ``nvrx.fault_tolerance`` and not the
+Wrapper, and restarts a failed rank alone otherwise, as nvrx always did.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from .config import KEY_PREFIX
+from .policy import Decision, LastFault
+
+log = logging.getLogger(__name__)
+
+
+def _key(epoch: int, what: str) -> str:
+    return f"{KEY_PREFIX}job_restart/{epoch}/{what}"
+
+
+def uses_wrapper(events_dir: str, pid: int) -> bool:
+    """Whether process ``pid`` ran the in-process Wrapper (it wrote Wrapper events)."""
+    return any(Path(events_dir).glob(f"wrapper-*-p{pid}-*.jsonl"))
+
+
+class JobRestart:
+    """Expects the attributes and methods of ``Supervisor``."""
+
+    config: Any
+    watch: Any
+    link: Any
+    roles: Any
+    policy: Any
+    restarts: dict[int, int]
+    children: dict[int, Any]
+    stop_reason: str | None
+    _kill_at: float | None
+    _job_epoch: int = 0  # job-wide restarts this node has taken part in
+    _job_restart: int | None = None  # the epoch being restarted now, until the children start
+    _job_ready: int | None = None  # the last epoch this node counted itself ready for
+
+    def _job_wide(self, pid: int) -> bool:
+        """Whether the failure of child ``pid`` restarts the whole job."""
+        policy = self.config.ft_restart_policy
+        if policy == "auto":
+            monitored = self.watch is not None and pid in self.watch.monitored_pids
+            return monitored and not uses_wrapper(self.config.events_dir, pid)
+        return policy == "any-failed"
+
+    def _job_restarting(self) -> bool:
+        """A job-wide restart is under way here (the supervisor's loop goes on meanwhile)."""
+        return self._job_restart is not None and self.stop_reason is None
+
+    def _watch_job_restarts(self) -> None:
+        self.link.watch(_key(self._job_epoch + 1, "begin"))
+
+    def _job_failure(self, local_rank: int, status: Any, fault: LastFault | None) -> None:
+        """A child failed under a job-wide policy: claim the next restart, or follow the claim."""
+        if self._job_restart is not None:
+            return  # it ended with the restart under way
+        epoch = self._job_epoch + 1  # (store errors reach the caller, which handles the store's loss)
+        if self.link.add(_key(epoch, "claim"), 1) != 1:
+            # Another failure of this epoch claimed it: restart now, without waiting for its
+            # announcement (this node's loop must not end meanwhile). If that claim stops
+            # the job instead, the stop request ends the wait.
+            self._begin_job_restart(epoch, None)
+            return
+        verdict = self.policy.decide(local_rank, status, fault)
+        rank = self.config.rank(local_rank, self.node_rank)
+        self._emit(
+            "restart_decision", local_rank=local_rank, global_rank=rank, scope="job",
+            decision=verdict.decision.value, reason=verdict.reason,
+            budget_left=verdict.budget_left, signature=verdict.signature,
+        )  # fmt: skip
+        if verdict.decision is not Decision.RESTART:
+            self.request_stop(verdict.reason, verdict.exit_code, broadcast=True)
+            return
+        cause = {"rank": rank, "node": self.node_rank, "signature": verdict.signature}
+        self.link.set(_key(epoch, "begin"), json.dumps(cause))
+        self._begin_job_restart(epoch, cause)  # here at once: the loop must not end meanwhile
+
+    def _on_job_message(self, message: dict[str, Any]) -> bool:
+        """Act on a job-restart announcement or go-ahead; False for other messages."""
+        key = message.get("key")
+        begin, go = _key(self._job_epoch + 1, "begin"), _key(self._job_epoch + 1, "go")
+        if key == begin and self._job_restart is None:
+            self._begin_job_restart(self._job_epoch + 1, message.get("value"))
+            return True
+        if key == go and self._job_restart is not None:
+            self._start_again()
+            return True
+        return key in (begin, go)
+
+    def _begin_job_restart(self, epoch: int, cause: Any) -> None:
+        if self.stop_reason is not None:
+            return
+        self._job_restart = epoch
+        self._emit("job_restart", epoch=epoch, phase="stopping", cause=_parse(cause))
+        log.warning("job-wide restart %d: stopping this node's children", epoch)
+        self.link.watch(_key(epoch, "go"))
+        for child in self._running():
+            child.signal_group(signal.SIGTERM)
+        self._kill_at = time.monotonic() + self.config.grace_period
+
+    def _job_restart_progress(self) -> None:
+        """Once this node's children of a restarting epoch ended: ready; the last node says go."""
+        epoch = self._job_restart
+        if epoch is None or self._running() or self.stop_reason is not None:
+            return
+        if self._job_ready == epoch:
+            return
+        self._job_ready = epoch
+        self._kill_at = None
+        ready = self.link.add(_key(epoch, "ready"), 1)
+        # every slot still in the job counts itself ready (a waiting spare too, at once)
+        nodes = len(self.roles.running_slots()) if self.roles is not None else self.config.nnodes
+        self._emit("job_restart", epoch=epoch, phase="ready", ready=ready, nodes=nodes)
+        if ready >= nodes:
+            self.link.set(_key(epoch, "go"), "1")
+
+    def _start_again(self) -> None:
+        epoch = self._job_restart
+        assert epoch is not None
+        self._job_epoch, self._job_restart = epoch, None
+        self._watch_job_restarts()
+        if self.stop_reason is not None or self.node_rank is None:
+            return
+        for local_rank in self.children:
+            self.restarts[local_rank] += 1
+            self._start_child(local_rank)
+        self._emit("job_restart", epoch=epoch, phase="started")
+
+
+def _parse(value: Any) -> Any:
+    try:
+        return json.loads(value) if isinstance(value, str) else value
+    except ValueError:
+        return value
