@@ -31,6 +31,9 @@ def options(description: str, hang_places: list[str]) -> argparse.Namespace:
                         + (f"; WHERE is one of {', '.join(hang_places)}" if hang_places else ""))  # fmt: skip
     parser.add_argument("--fail", default=None, metavar="RANK:STEP",
                         help="this rank raises once at this step (first attempt only)")  # fmt: skip
+    parser.add_argument("--control", default=None, metavar="RANK:STEP:ACTION",
+                        help="this rank sends a workload-control request (ExcludeThisNode or "
+                        "ShutdownWorkload) at this step")  # fmt: skip
     return parser.parse_args()
 
 
@@ -58,6 +61,19 @@ def should_hang(spec: str | None, rank: int, attempt: int, step: int, where: str
 def maybe_fail(spec: str | None, rank: int, attempt: int, step: int) -> None:
     if should_hang(spec, rank, attempt, step):
         raise RuntimeError(f"injected failure on rank {rank} at step {step}")
+
+
+def maybe_control(client: Any, spec: str | None, rank: int, step: int) -> None:
+    """Send the workload-control request of ``--control`` when this rank reaches its step."""
+    if spec is None:
+        return
+    want_rank, want_step, action = spec.split(":")
+    if int(want_rank) == rank and int(want_step) == step:
+        from nvrx.fault_tolerance import WorkloadAction, WorkloadControlRequest
+
+        request = WorkloadControlRequest(WorkloadAction[action], f"asked by rank {rank} at step {step}")
+        client.send_workload_control_request(request)
+        print(f"rank {rank}: sent {action}", flush=True)
 
 
 def hang() -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ft_common  # noqa: E402
@@ -26,6 +27,7 @@ import ft_common  # noqa: E402
 from nvrx.fault_tolerance import RankMonitorClient  # noqa: E402
 
 
+@record  # torch's: an exception goes to $TORCHELASTIC_ERROR_FILE, which nvrx-report reads
 def main() -> None:
     args = ft_common.options(__doc__.splitlines()[0], hang_places=[])
     rank, attempt = ft_common.setup()
@@ -38,10 +40,11 @@ def main() -> None:
     client.init_workload_monitoring()
     for step in range(start, args.steps):
         ft_common.maybe_fail(args.fail, rank, attempt, step)
+        ft_common.maybe_control(client, args.control, rank, step)
         ft_common.train_step(weights, args.step_time)
-        client.send_heartbeat()
         if ft_common.should_hang(args.hang, rank, attempt, step):
-            ft_common.hang()
+            ft_common.hang()  # before this step's heartbeat: the peers send theirs, then wait
+        client.send_heartbeat()
         if step == args.calc_after:
             client.calculate_and_set_hb_timeouts()  # a collective: every rank calls it here
         if step % args.checkpoint_every == 0:

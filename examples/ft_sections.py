@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ft_common  # noqa: E402
@@ -27,6 +28,7 @@ import ft_common  # noqa: E402
 from nvrx.fault_tolerance import RankMonitorClient  # noqa: E402
 
 
+@record  # torch's: an exception goes to $TORCHELASTIC_ERROR_FILE, which nvrx-report reads
 def main() -> None:
     args = ft_common.options(__doc__.splitlines()[0], hang_places=["step", "checkpoint", "outside"])
     rank, attempt = ft_common.setup()
@@ -39,10 +41,11 @@ def main() -> None:
     client.init_workload_monitoring()
     for step in range(start, args.steps):
         ft_common.maybe_fail(args.fail, rank, attempt, step)
+        ft_common.maybe_control(client, args.control, rank, step)
         client.start_section("step")
-        if ft_common.should_hang(args.hang, rank, attempt, step, "step"):
-            ft_common.hang()
         ft_common.train_step(weights, args.step_time)
+        if ft_common.should_hang(args.hang, rank, attempt, step, "step"):
+            ft_common.hang()  # after the all_reduce: the peers end this step and wait in the next
         client.end_section("step")
         if ft_common.should_hang(args.hang, rank, attempt, step, "outside"):
             ft_common.hang()

@@ -81,6 +81,24 @@ KINDS: dict[str, dict[str, str]] = {
         "section": "the section that stayed open too long (timeout section)",
         "limit_s": "the timeout that passed (supervisor)",
     },
+    "job_restart": {
+        "epoch": "job-wide restart number (--ft-restart-policy any-failed)",
+        "phase": "stopping (children stopped) | ready (this slot's ended) | started",
+        "cause": "rank, node and signature of the failure that started it (stopping)",
+        "ready": "slots ready so far (ready)",
+        "nodes": "slots the restart waits for (ready)",
+    },
+    "workload_control": {
+        "action": "ExcludeThisNode | ShutdownWorkload | Continue",
+        "description": "why, as the rank said",
+        "local_rank": "local rank of the requesting child",
+    },
+    "non_retryable": {
+        "pattern": "the pattern of --ft-non-retryable-exception-file that matched",
+        "line": "the line of the exception text that holds it",
+        "source": "error file | events: where the exception text came from",
+        "global_rank": "rank that failed",
+    },
     "timeouts_set": {
         "source": "config | restored (at init_workload_monitoring) | computed: where the timeouts in force came from",
         "timeouts": "initial_heartbeat, heartbeat, sections, out_of_section (seconds or null) and "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from .client import RankMonitorClient, RankMonitorClientError
 from .config import FaultToleranceConfig, FaultToleranceConfigError
+from .data import WorkloadAction, WorkloadControlRequest
 from .timeouts import Timeouts
 
 __all__ = [
@@ -18,4 +19,6 @@ __all__ = [
     "RankMonitorClient",
     "RankMonitorClientError",
     "Timeouts",
+    "WorkloadAction",
+    "WorkloadControlRequest",
 ]

@@ -11,6 +11,7 @@ it receives ``STACK_SIGNAL``. Messages are a verb, then a space and a payload:
 * ``h``: a heartbeat;  ``s NAME`` / ``e NAME``: a section starts / ends;
   ``E``: every open section ends;
 * ``t {json}``: new timeouts (computed by the client);
+* ``w {json}``: a workload-control request (``action``, ``description``);
 * ``bye``: monitoring ends (``shutdown_workload_monitoring``).
 """
 
@@ -20,10 +21,10 @@ import json
 import signal
 from typing import Any
 
-INIT, HEARTBEAT, SECTION_START, SECTION_END, END_ALL, TIMEOUTS, SHUTDOWN = (
-    "init", "h", "s", "e", "E", "t", "bye",
+INIT, HEARTBEAT, SECTION_START, SECTION_END, END_ALL, TIMEOUTS, CONTROL, SHUTDOWN = (
+    "init", "h", "s", "e", "E", "t", "w", "bye",
 )  # fmt: skip
-VERBS = (INIT, HEARTBEAT, SECTION_START, SECTION_END, END_ALL, TIMEOUTS, SHUTDOWN)
+VERBS = (INIT, HEARTBEAT, SECTION_START, SECTION_END, END_ALL, TIMEOUTS, CONTROL, SHUTDOWN)
 #: Largest message; a section name or the timeouts must fit.
 MAX_MESSAGE = 64 * 1024
 #: Asks a monitored rank for its Python stack (faulthandler, every thread).
@@ -44,6 +45,6 @@ def decode(data: bytes) -> tuple[str, Any]:
     verb, _, rest = text.partition(" ")
     if verb not in VERBS:
         raise ValueError(f"unknown fault-tolerance message {text[:60]!r}")
-    if verb in (INIT, TIMEOUTS):
+    if verb in (INIT, TIMEOUTS, CONTROL):
         return verb, json.loads(rest)
     return verb, rest if rest else None

@@ -31,6 +31,7 @@ from nvrx import jobenv
 
 from . import channel
 from .config import FaultToleranceConfig
+from .data import WorkloadAction, WorkloadControlRequest
 from .timeouts import Observations, Timeouts
 
 log = logging.getLogger("nvrx.fault_tolerance")
@@ -217,6 +218,17 @@ class RankMonitorClient:
             self._mark_computed("out_of_section")
         self._send(channel.encode(channel.TIMEOUTS, {"timeouts": t.to_dict(), "source": "computed"}))
         return True
+
+    # -- workload control --------------------------------------------------------------
+    def send_workload_control_request(self, req: WorkloadControlRequest) -> None:
+        """Ask the supervisor to exclude this node or to shut the whole workload down."""
+        self._monitoring("send_workload_control_request")
+        if not isinstance(req, WorkloadControlRequest) or not isinstance(req.action, WorkloadAction):
+            raise RankMonitorClientError(
+                f"send_workload_control_request: expected a WorkloadControlRequest, got {req!r}"
+            )
+        payload = {"action": req.action.name, "description": str(req.description)}
+        self._send(channel.encode(channel.CONTROL, payload))
 
     # -- checkpoint ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -295,6 +295,7 @@ def config_from_args(
         rank_logs=_rank_logs(args, argv, env),
         ft=ft_options.config_from(args),
         ft_restart_policy=args.ft_restart_policy,
+        non_retryable_patterns=ft_options.non_retryable_patterns(args),
     )
     return config, args.verbose
 

@@ -105,6 +105,7 @@ class SupervisorConfig:
     rank_logs: RankLogs = field(default_factory=RankLogs)  # --redirects, --tee, ...
     ft: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)  # --ft-*
     ft_restart_policy: str = "auto"  # auto | any-failed | min-healthy (``job_restart``)
+    non_retryable_patterns: list[str] = field(default_factory=list)  # ``non_retryable``
 
     def __post_init__(self) -> None:
         if not self.command:

@@ -27,6 +27,8 @@ class ExitCode(enum.IntEnum):
     SPAWN_FAILED = 7  # the training command could not be started (not found, not executable)
     NODE_LOST = 8  # a node was lost, no spare was left and the job fell below --min-nodes
     FENCED = 9  # this node was declared lost while it stalled; the job went on without it
+    EXCLUDED = 10  # a rank asked to exclude this node (ExcludeThisNode); the job goes on without it
+    NON_RETRYABLE = 11  # a rank failed with a non-retryable exception (--ft-non-retryable-exception-file)
     REQUEUED = 75  # SLURM warned; children checkpointed, node 0 requeued the job
 
 
@@ -44,6 +46,10 @@ DESCRIPTIONS: dict[int, str] = {
     "fewer than --min-nodes nodes remained",
     ExitCode.FENCED: "this node was declared lost by the others while it stalled (frozen, "
     "overloaded); its children were ended and the job went on without it",
+    ExitCode.EXCLUDED: "a rank asked to exclude this node (ExcludeThisNode): its children were "
+    "stopped and it left the job as a lost node (a spare takes over, or the job stops)",
+    ExitCode.NON_RETRYABLE: "a rank failed with an exception of --ft-non-retryable-exception-file: "
+    "the job stopped without a restart",
     ExitCode.REQUEUED: "preemption or time-limit warning: checkpointed, job requeued (docs/submit.md)",
 }
 

@@ -17,6 +17,7 @@ from nvrx.fault_tolerance.config import (
     parse_section_timeouts,
 )
 
+from . import non_retryable
 from .config import ConfigError
 
 #: Setting -> (metavar, help) of its ``--ft-<setting>`` option.
@@ -42,6 +43,10 @@ def add_options(add: Callable[..., None]) -> None:
         "of --max-restarts; min-healthy: only the failed rank restarts (the in-process Wrapper's "
         "way; with no spare left, --min-nodes says how small the job may get); auto (default): "
         "any-failed for a rank that used nvrx.fault_tolerance without the Wrapper, else min-healthy")  # fmt: skip
+    add("--ft-non-retryable-exception-file", default=None, metavar="FILE",
+        help="patterns of failures not worth a restart, one case-sensitive substring a line "
+        "(# comments); a failed rank whose exception text (error file or events) holds one stops "
+        "the job at once (exit 11)")  # fmt: skip
     for name, (metavar, text) in SETTINGS.items():
         add("--ft-" + name.replace("_", "-"), dest=f"ft_{name}", default=None, metavar=metavar, help=text)
 
@@ -56,3 +61,13 @@ def config_from(args: argparse.Namespace) -> FaultToleranceConfig:
         return FaultToleranceConfig.from_sources(args.ft_cfg_path, options)
     except FaultToleranceConfigError as exc:
         raise ConfigError(f"fault tolerance: {exc}") from exc
+
+
+def non_retryable_patterns(args: argparse.Namespace) -> list[str]:
+    """The patterns of ``--ft-non-retryable-exception-file``; ConfigError naming a bad file."""
+    if args.ft_non_retryable_exception_file is None:
+        return []
+    try:
+        return non_retryable.load_patterns(args.ft_non_retryable_exception_file)
+    except non_retryable.PatternFileError as exc:
+        raise ConfigError(str(exc)) from exc

@@ -39,9 +39,6 @@ class HangWatch:
     _job_restart: int | None
     watch: RankWatch | None = None
 
-    def _emit(self, kind: str, **fields: object) -> None:  # pragma: no cover - Supervisor's
-        raise NotImplementedError
-
     def _start_watch(self) -> None:
         self.watch = RankWatch()
         self._hang_kills: dict[int, float] = {}  # child pid -> when SIGKILL follows
@@ -70,6 +67,8 @@ class HangWatch:
             ids = {"rank": watched.rank, "local_rank": watched.local_rank, "child_pid": watched.pid}
             if what in ("init", "timeouts"):
                 self._emit("timeouts_set", **ids, source=detail, timeouts=watched.timeouts.to_dict())
+            elif what == "control":
+                self._on_control(watched, detail)
             elif what == "end":
                 selector.unregister(key.fd)
                 log.info("local rank %s stopped being monitored (%s)", watched.local_rank, detail)

@@ -48,6 +48,9 @@ class JobEnd:
             return
         if self.exit_code == ExitCode.FENCED:
             return  # the job went on without this node: nothing of it counts, nobody waits for it
+        if self.exit_code == ExitCode.EXCLUDED:
+            self._leave_as_lost()  # a rank asked to exclude this node (``workload_control``)
+            return
         try:
             if self.node_rank is not None:
                 self.roles.node_done()
@@ -125,6 +128,8 @@ class JobEnd:
         """Claim this slot's end, so that nobody declares it lost once it is gone."""
         if self.roles is None or self.link is None or self.link.lost is not None:
             return
+        if self.exit_code == ExitCode.EXCLUDED:
+            return  # it declared itself lost
         try:
             if not self.roles.leave():
                 log.warning("this node had been declared lost by the others before it ended")

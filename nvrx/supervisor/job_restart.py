@@ -70,6 +70,15 @@ class JobRestart:
             return monitored and not uses_wrapper(self.config.events_dir, pid)
         return policy == "any-failed"
 
+    def _failure_handled(self, local_rank: int, status: Any, pid: int, fault: LastFault | None) -> bool:
+        """A failure that is not one rank's restart: non-retryable, or job-wide; True when handled."""
+        if self._non_retryable(local_rank, pid):
+            return True
+        if self._job_wide(pid):
+            self._job_failure(local_rank, status, fault)
+            return True
+        return False
+
     def _job_restarting(self) -> bool:
         """A job-wide restart is under way here (the supervisor's loop goes on meanwhile)."""
         return self._job_restart is not None and self.stop_reason is None

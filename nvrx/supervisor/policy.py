@@ -87,6 +87,12 @@ def last_fault(events_dir: str | os.PathLike[str], pid: int) -> LastFault | None
     with the same exit code, and a rank that only lost its peer from the rank
     that failed first.
     """
+    event = last_fault_event(events_dir, pid)
+    return None if event is None else _fault_record(event)
+
+
+def last_fault_event(events_dir: str | os.PathLike[str], pid: int) -> dict[str, object] | None:
+    """The ``fault`` event that ended process ``pid`` (see ``last_fault``), as written."""
     directory = Path(events_dir)
     if not directory.is_dir():
         return None
@@ -104,7 +110,7 @@ def last_fault(events_dir: str | os.PathLike[str], pid: int) -> LastFault | None
             if not isinstance(event, dict):
                 continue
             if event.get("kind") == "fault":
-                record = _fault_record(event)
+                record = event
             elif event.get("kind") in ("round_start", "call_start"):
                 record = None  # that fault was recovered in-process; it did not end the child
     return record

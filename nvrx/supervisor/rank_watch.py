@@ -107,7 +107,8 @@ class RankWatch:
 
     def read(self, fd: int, now: float | None = None) -> list[tuple[str, Watched, Any]]:
         """Apply every waiting packet of connection ``fd``; returns what the supervisor should log:
-        ``("init", w, source)``, ``("timeouts", w, source)``, ``("end", w, "bye" | "closed")``;
+        ``("init", w, source)``, ``("timeouts", w, source)``, ``("control", w, request)``,
+        ``("end", w, "bye" | "closed")``;
         a source is where the timeouts came from: config, restored or computed."""
         watched = self.watched.get(fd)
         if watched is None:
@@ -158,6 +159,8 @@ class RankWatch:
                     log.warning("local rank %s sent bad timeouts: %r", watched.local_rank, exc)
                     continue
                 told.append(("timeouts", watched, str(payload.get("source", "client"))))
+            elif verb == channel.CONTROL:
+                told.append(("control", watched, payload))
             elif verb == channel.SHUTDOWN:
                 told.append(("end", watched, "bye"))
                 self._drop(fd)

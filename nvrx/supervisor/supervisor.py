@@ -39,6 +39,7 @@ from .signals import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
 from .standby import Standbys
 from .store_link import StoreLink, StoreLinkError
 from .store_setup import bring_up_store, check_store_port
+from .workload_control import WorkloadControl
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 Spawner = Callable[[int, int, dict, Path | None], Child]
 
 
-class Supervisor(NodeMessages, JobEnd, Failover, HangWatch, JobRestart):
+class Supervisor(NodeMessages, JobEnd, Failover, HangWatch, JobRestart, WorkloadControl):
     """Runs one node of a job until all its children have ended; ``run()`` returns the exit code."""
 
     def __init__(self, config: SupervisorConfig, spawn: Spawner | None = None) -> None:
@@ -228,8 +229,8 @@ class Supervisor(NodeMessages, JobEnd, Failover, HangWatch, JobRestart):
         hang = self._hang_fault(pid)
         fault = None if status.code in (0, 130) else hang or last_fault(self.config.events_dir, pid)
         try:
-            if status.code not in (0, 130) and self._job_wide(pid):
-                return self._job_failure(local_rank, status, fault)
+            if status.code not in (0, 130) and self._failure_handled(local_rank, status, pid, fault):
+                return
             verdict = self.policy.decide(local_rank, status, fault)
         except StoreLinkError as exc:
             self._store_unavailable(exc)
