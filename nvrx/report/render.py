@@ -160,13 +160,18 @@ def _hangs(doc: Doc, r: Report) -> None:
         return
     doc.heading("Hangs")
     rows = [
-        [str(h.rank), where(h.node, h.host), str(h.round), h.timeout or "-", when(h.wall)]
+        [str(h.rank), where(h.node, h.host), _round(h.round), h.timeout or "-", when(h.wall)]
         for h in r.hangs
     ]
     doc.table(rows, ["rank", "where", "round", "timeout", "detected (UTC)"])
     for h in r.hangs:
-        if h.stack:
-            doc.block(f"[rank {h.rank} stuck in round {h.round}]", trim(h.stack))
+        if h.stack:  # a hang outside the Wrapper (its supervisor's) has no round
+            in_round = "" if h.round is None else f" in round {h.round}"
+            doc.block(f"[rank {h.rank} stuck{in_round}]", trim(h.stack))
+
+
+def _round(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 def _process_restarts(doc: Doc, r: Report) -> None:

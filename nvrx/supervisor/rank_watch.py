@@ -26,6 +26,8 @@ from nvrx.fault_tolerance.timeouts import Timeouts
 
 log = logging.getLogger(__name__)
 
+#: Longest Unix socket path Linux takes (``sun_path`` holds 108 bytes with its NUL).
+MAX_SOCKET_PATH = 107
 #: Longest wait for a hung rank's stack to start, and the pause that ends it.
 STACK_WAIT_S, STACK_QUIET_S = 2.0, 0.2
 
@@ -83,8 +85,12 @@ class RankWatch:
     """Listens for monitored ranks of this node; see the module doc."""
 
     def __init__(self) -> None:
-        self._dir = tempfile.mkdtemp(prefix="nvrx-ft-")
+        self._dir = tempfile.mkdtemp(prefix="nvrx-ft-")  # private (0700): only this user connects
         self.path = os.path.join(self._dir, "supervisor.sock")
+        if len(self.path.encode()) > MAX_SOCKET_PATH:  # a long $TMPDIR: Unix socket paths are short
+            os.rmdir(self._dir)
+            self._dir = tempfile.mkdtemp(prefix="nvrx-ft-", dir="/tmp")
+            self.path = os.path.join(self._dir, "supervisor.sock")
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._listener.bind(self.path)
         self._listener.listen(64)

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers_inprocess import free_port_pair
+from helpers_inprocess import free_port_pair, rank_env
 
 from nvrx.events import read_dir
 
@@ -33,19 +33,7 @@ NESTED = re.compile(r"\[NestedRestarter\] name=\[InProcess\] state=(\w+)(?: stag
 
 
 def _start(tmp: Path, rank: int, port: int, args: list[str]) -> subprocess.Popen[bytes]:
-    env = dict(os.environ)
-    for name in ("NVRX_STORE_HOST", "NVRX_STORE_PORT", "NVRX_SUPERVISED", "NVRX_RESTART_COUNT"):
-        env.pop(name, None)
-    env.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(WORLD_SIZE),
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        NVRX_LOG_DIR=str(tmp / "logs"),
-        NVRX_JOB_ID="reference-api",
-        PYTHONUNBUFFERED="1",
-    )
+    env = rank_env(tmp / "logs", rank, WORLD_SIZE, port, job_id="reference-api")
     with open(tmp / f"rank-{rank}.out", "wb") as out, open(tmp / f"rank-{rank}.err", "wb") as err:
         return subprocess.Popen(
             [sys.executable, str(EXAMPLE), *args],

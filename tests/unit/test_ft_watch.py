@@ -144,3 +144,22 @@ def test_computed_timeouts_reach_the_watch_and_survive_a_restart(watch, monkeypa
     with pytest.raises(RankMonitorClientError, match="expected what state_dict"):
         again.load_state_dict({"nope": 1})
     again.shutdown_workload_monitoring()
+
+
+def test_a_long_tmpdir_still_gives_a_usable_socket(tmp_path, monkeypatch):
+    long_dir = tmp_path / ("d" * 60) / ("e" * 60)
+    long_dir.mkdir(parents=True)
+    monkeypatch.setenv("TMPDIR", str(long_dir))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read $TMPDIR
+    watch = RankWatch()
+    try:
+        assert len(watch.path) <= 107 and watch.path.startswith("/tmp/nvrx-ft-")
+        monkeypatch.setenv(jobenv.FT_SOCKET, watch.path)
+        client = RankMonitorClient()
+        client.init_workload_monitoring()
+        assert watch.accept() is not None
+        client.shutdown_workload_monitoring()
+    finally:
+        watch.close()
