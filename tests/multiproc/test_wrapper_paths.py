@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 
 import psutil
@@ -199,6 +200,7 @@ def test_a_live_rank_that_stops_answering_is_taken_out_by_its_peer(tmp_path):
     # it unresponsive after heartbeat_timeout; ranks 0 and 1 restart without it.
     ranks = launch(tmp_path, 3, wrapper=FAST, scenario="unresponsive", fault_ranks=[2])
     silent = ranks.procs[2]
+    stopped: list[psutil.Process] = []  # the silent rank's monitor, stopped outside its group
     try:
         for proc in ranks.procs[:2]:
             assert proc.wait(60) == 0, ranks.logs()
@@ -216,10 +218,16 @@ def test_a_live_rank_that_stops_answering_is_taken_out_by_its_peer(tmp_path):
         assert silent_s >= FAST["heartbeat_timeout"], faults
         # Resumed after the job ended, the silent rank and its monitor end by themselves.
         family = [psutil.Process(silent.pid), *psutil.Process(silent.pid).children(recursive=True)]
+        stopped = family[1:]
         for proc in family:
             proc.send_signal(signal.SIGCONT)
         assert silent.wait(60) != 0, ranks.logs()
         _, alive = psutil.wait_procs(family, timeout=30)
         assert not alive, alive
     finally:
+        if not stopped and silent.poll() is None:  # failed before the resume: find the monitor now
+            stopped = psutil.Process(silent.pid).children(recursive=True)
         ranks.kill()
+        for proc in stopped:  # SIGKILL ends a stopped process too
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
