@@ -104,10 +104,10 @@ class HangWatch:
         child = self.children.get(hang.local_rank)
         if child is None or not child.running or hang.attempt not in (None, child.attempt):
             return  # an earlier attempt's connection, or the child ended meanwhile
-        where = f" in section {hang.section!r}" if hang.section else ""
-        message = f"no {hang.timeout.replace('_', ' ')} for {hang.stale_s:.1f} s{where} (timeout {hang.limit_s:g} s)"
         if hang.timeout == "section":
             message = f"section {hang.section!r} open for {hang.stale_s:.1f} s (timeout {hang.limit_s:g} s)"
+        else:  # only a section timeout has a section
+            message = f"no {hang.timeout.replace('_', ' ')} for {hang.stale_s:.1f} s (timeout {hang.limit_s:g} s)"
         log.warning("local rank %d hung: %s", hang.local_rank, message)
         assert self.watch is not None
         child.signal_group(signal.SIGCONT)  # a stopped process cannot dump its stack
