@@ -29,6 +29,7 @@ from nvrx.events.failures import (
 from nvrx.events.reader import Skipped
 
 from .file_fold import STOP_KINDS, FileSummary, run_key
+from .job_rounds import job_wide_restarts
 from .merging import (
     COUNTS,
     EXTEND,
@@ -217,7 +218,10 @@ class JobSummary:
         of each local rank after its ``node_takeover`` replaces a lost node: not a relaunch."""
         decisions = [e for e in self.node_events if e.get("kind") == "restart_decision"]
         if decisions:
-            return sum(1 for e in decisions if e.get("decision") == "restart")
+            alone = sum(
+                1 for e in decisions if e.get("decision") == "restart" and e.get("scope") != "job"
+            )
+            return alone + job_wide_restarts(self)[1]
         takeovers = {
             (e["run"], e.get("node")): e.get("wall") or 0.0
             for e in self.node_events
@@ -260,9 +264,11 @@ class JobSummary:
             if e.get("kind") == "requeue"
         }
         requeue = max(len(requeue_events), self.runs - 1, extra_requeues)
+        job_wide, with_job = job_wide_restarts(self)
         return Restarts(
             in_process=in_process,
-            process=max(0, relaunched - collateral),
+            process=max(0, relaunched - with_job - collateral),
+            job_wide=job_wide,
             requeue=requeue,
             node_loss=node_losses,
         )

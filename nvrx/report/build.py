@@ -17,8 +17,10 @@ from functools import partial
 from pathlib import Path
 from typing import TextIO
 
+from .activity import build_activity
 from .aggregate import JobSummary, aggregate_files, run_starts_of
 from .failure_groups import add_output_findings, build_failures
+from .job_rounds import job_restart_rounds, world_of
 from .loading import ReportError, resolve_job_dir
 from .model import LogFinding, Reading, Report, SlurmContext, Summary
 from .node_loss import node_losses
@@ -199,6 +201,9 @@ def build_report(
     process_rows = process_restarts(agg, losses)
     attach_rank_files(process_rows, job_dir.path, notes)
     timeline = build_timeline(agg, process_rows, losses)
+    if not any(row.outcome_from == "wrapper" for row in timeline):
+        # No Wrapper told its rounds: job-wide restarts, where there were some, tell them.
+        timeline = job_restart_rounds(agg) or timeline
     failures = build_failures(agg, process_rows, losses)
     findings, explained = _log_findings(
         job_id,
@@ -210,6 +215,8 @@ def build_report(
         slurm,
     )
     add_output_findings(failures, findings, explained)
+    kept = sorted(agg.ranks) if rank is not None or node is not None else None
+    activity = build_activity(agg, timeline, failures, process_rows, losses, kept)
     suspects, exclude = build_suspects(agg, timeline, failures, process_rows, losses)
     restarts = agg.restarts(
         timeline, sacct_requeues(slurm), process_rows, node_losses=len(losses.losses)
@@ -235,6 +242,8 @@ def build_report(
     )
     restricted = rank is not None or node is not None
     n_ranks = len(agg.ranks) if restricted or not agg.world_size else agg.world_size
+    if not n_ranks and not restricted:
+        n_ranks = world_of(agg)  # no rank wrote events: the supervisors' children
     busy_s = agg.call_us / 1e6
     if agg.calls == 0 and agg.child_runtime_s() > 0:
         # No Wrapper marked the training function: the supervised processes' lives stand in.
@@ -290,6 +299,7 @@ def build_report(
         reading=reading,
         generated_at=time.time(),
         node_losses=losses.losses,
+        activity=activity,
     )
 
 

@@ -16,8 +16,10 @@ from nvrx.version import __version__
 from .build import build_report
 from .loading import ReportError
 from .render import FORMATS
+from .render_html import HTML
 
 EXIT_OK = 0
+EXIT_CANNOT_WRITE = 1
 EXIT_NOTHING_TO_READ = 2
 _RELATIVE = re.compile(r"^(?P<n>\d+(\.\d+)?)(?P<unit>[smhd])$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -62,7 +64,12 @@ def _parser() -> argparse.ArgumentParser:
         "--job", default=None, metavar="JOBID", help="job to report on when LOG_DIR holds several"
     )
     p.add_argument(
-        "--format", choices=FORMATS, default="table", help="output format (default: table)"
+        "--format",
+        choices=(*FORMATS, HTML),
+        default="table",
+        help="output format (default: table); html: one self-contained page (no network) with "
+        "the tables and a timeline of every rank (training, restarts, dead, hung, spare and "
+        "requeue periods, each fault a click away from its traceback); write it with -o FILE",
     )
     p.add_argument(
         "--rank", type=int, default=None, metavar="R", help="only events of global rank R"
@@ -97,13 +104,14 @@ def _parser() -> argparse.ArgumentParser:
         "--output",
         default=None,
         metavar="FILE",
-        help="write the report to FILE instead of stdout",
+        help="write the report to FILE instead of stdout (with --format html: the page to open "
+        "in a browser, e.g. -o report.html)",
     )
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Print the report; exit 2 with a message when there is nothing to read."""
+    """Print (or write, -o) the report; exit 2 when there is nothing to read, 1 when -o FILE cannot be written."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="nvrx-report: %(levelname)s: %(message)s")
     try:
@@ -124,8 +132,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_NOTHING_TO_READ
     text = report.to_text(args.format)
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        try:
+            with open(args.output, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError as exc:
+            print(
+                f"nvrx-report: cannot write the report to -o {args.output!r}: "
+                f"{exc.strerror or exc} (does its directory exist, may you write there?)",
+                file=sys.stderr,
+            )
+            return EXIT_CANNOT_WRITE
     else:
         sys.stdout.write(text)
     return EXIT_OK

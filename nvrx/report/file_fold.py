@@ -24,6 +24,7 @@ from nvrx.events.failures import (
 )
 from nvrx.events.reader import ReadStats
 
+from .job_rounds import restart_cause
 from .parts import LocalFault, RoundState, SignatureGroup
 from .values import as_int, as_str, count, int_list, num, seconds, str_dict
 
@@ -46,6 +47,7 @@ NODE_EVENT_KINDS = frozenset(
         "store_end",
         "node_lost",
         "node_takeover",
+        "job_restart",
     }
 )
 #: Components whose events belong to one training rank.
@@ -61,7 +63,8 @@ _NODE_OWN_FIELDS: dict[str, Callable[[Any], Any]] = {
     **dict.fromkeys(("lost_node", "lost_slot", "seen_by", "replaced_by", "node_rank"), count),
     **dict.fromkeys(("runtime_s", "wait_s", "silent_s"), seconds),
     **dict.fromkeys(("signal", "decision", "reason", "signature", "action", "cause"), as_str),
-    **dict.fromkeys(("lost_host", "files", "error_file"), as_str),
+    **dict.fromkeys(("lost_host", "files", "error_file", "phase", "scope"), as_str),
+    "epoch": count,
     "last_seen_wall": num,
     "slurm_state": str_dict,
     "ranks": int_list,
@@ -363,6 +366,8 @@ class FileFolder:
             kept.pop("host", None)
             if self.s.host is not None:
                 kept["host"] = self.s.host
+        if e.get("kind") == "job_restart":  # its cause is the announced failure, not a word
+            kept["cause"] = restart_cause(e.get("cause"))
         self.s.node_events.append(kept)
 
     def finish(self) -> None:

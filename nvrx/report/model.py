@@ -22,6 +22,7 @@ class Restarts:
     process: int = 0  # processes restarted by a supervisor after a failure of their own
     requeue: int = 0  # times SLURM requeued the whole job
     node_loss: int = 0  # nodes declared lost by their peers (``node_lost`` events)
+    job_wide: int = 0  # restarts of every rank together (``job_restart`` events, any-failed)
 
 
 @dataclass
@@ -231,6 +232,67 @@ class LogFinding:
 
 
 @dataclass
+class RunSpan:
+    """One job run (a requeued job runs again): its first and last supervisor event."""
+
+    run: int
+    start_wall: float | None
+    end_wall: float | None
+
+
+@dataclass
+class ProcessSpan:
+    """One supervised training process: from its supervisor's ``child_start`` to its end."""
+
+    run: int
+    rank: int | None  # global rank it ran as
+    node: int | None  # node rank it ran as (a spare's: the one it took over)
+    slot: int | None  # its supervisor's slot
+    host: str | None
+    local_rank: int | None
+    start_wall: float | None  # None: its start is not in the events read
+    end_wall: float | None  # None: no end recorded (still running, or the events stop)
+    # How it ended: "exit code 0", "signal SIGKILL", "node lost" (its node was); None: unknown.
+    ended: str | None
+
+
+@dataclass
+class SpareSpan:
+    """A spare supervisor standing by, from its start until it took over a node rank (or ended)."""
+
+    run: int
+    slot: int | None
+    host: str | None
+    start_wall: float | None
+    end_wall: float | None
+    took_over: int | None  # node rank it took over at end_wall; None: it never did
+
+
+@dataclass
+class FaultMark:
+    """One occurrence of a failure of ``failures`` (by its signature): who, when."""
+
+    signature: str
+    rank: int | None
+    node: int | None
+    host: str | None
+    round: int | None
+    wall: float | None
+
+
+@dataclass
+class Activity:
+    """Who ran when, each fault's time and place: what the HTML timeline draws."""
+
+    runs: list[RunSpan] = field(default_factory=list)
+    processes: list[ProcessSpan] = field(default_factory=list)
+    spares: list[SpareSpan] = field(default_factory=list)
+    faults: list[FaultMark] = field(default_factory=list)
+    # Ranks whose events --rank/--node kept (only they get lanes); None: every rank of the job.
+    ranks: list[int] | None = None
+
+
+@dataclass
 class Reading:
     """What was read, and what was skipped and why."""
 
@@ -260,6 +322,7 @@ class Report:
     reading: Reading
     generated_at: float
     node_losses: list[NodeLoss] = field(default_factory=list)
+    activity: Activity = field(default_factory=Activity)
 
     def to_dict(self) -> dict[str, Any]:
         data = {"schema": REPORT_SCHEMA_NAME, "schema_version": REPORT_SCHEMA_VERSION}
@@ -267,7 +330,11 @@ class Report:
         return data
 
     def to_text(self, format: str = "table") -> str:
-        """Render as ``table`` (default), ``markdown`` or ``json``."""
+        """Render as ``table`` (default), ``markdown``, ``json`` or ``html`` (a whole page)."""
+        if format == "html":
+            from .render_html import render_html
+
+            return render_html(self)
         from .render import render
 
         return render(self, format)

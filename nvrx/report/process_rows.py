@@ -25,6 +25,8 @@ SAME_FAILURE_WINDOW_S = 30.0
 _SAME_HOST_SLACK_S = 1.0
 #: ``explained_by`` of a process that ended while the job was getting over a lost node.
 NODE_LOST = "node_lost"
+#: ``explained_by`` of a process its supervisor stopped for a job-wide restart (any-failed).
+JOB_RESTART = "job_restart"
 #: Exit codes a child ends with when *we* stop it: not failures.
 _STOP_EXIT_CODES = (0, 130)
 _SLOT_KINDS = ("child_exit", "child_start", "restart_decision", "rejoin")
@@ -92,11 +94,38 @@ def _failed(e: dict[str, Any], stop: float | None) -> bool:
     return stop is None or wall is None or wall < stop
 
 
-def _explained(job: JobSummary, e: dict[str, Any], losses: LossIndex | None) -> str | None:
-    """PEER or "fault" by the process's own last fault; else NODE_LOST when it ended while
-    the job got over a lost node (or its own node was the lost one)."""
+def _restart_windows(job: JobSummary) -> dict[tuple[int, Any], list[tuple[float, float]]]:
+    """Per (run, node): from stopping its children for a job-wide restart to counting itself
+    ready (their exits in between are the restart's, not failures)."""
+    begun: dict[tuple[int, Any, Any], float] = {}
+    ended: dict[tuple[int, Any, Any], float] = {}
+    for e in job.node_events:
+        if e.get("kind") == "job_restart" and e.get("wall") is not None:
+            key = (e["run"], e.get("node"), e.get("epoch"))
+            if e.get("phase") == "stopping":
+                begun[key] = e["wall"]
+            elif e.get("phase") in ("ready", "started"):
+                ended[key] = min(ended.get(key, e["wall"]), e["wall"])
+    windows: dict[tuple[int, Any], list[tuple[float, float]]] = {}
+    for (run, node, epoch), lo in begun.items():
+        windows.setdefault((run, node), []).append((lo, ended.get((run, node, epoch), float("inf"))))
+    return windows
+
+
+def _explained(
+    job: JobSummary,
+    e: dict[str, Any],
+    losses: LossIndex | None,
+    restarts: dict[tuple[int, Any], list[tuple[float, float]]] | None = None,
+) -> str | None:
+    """PEER or "fault" by the process's own last fault; else JOB_RESTART when its supervisor
+    stopped it for a job-wide restart; else NODE_LOST when it ended while the job got over a
+    lost node (or its own node was the lost one)."""
     run, wall = e["run"], e.get("wall")
     own = _ending_fault(job, e.get("host"), e.get("child_pid"), wall, e.get("runtime_s"))
+    if own is None and wall is not None and restarts:
+        if any(lo <= wall <= hi for lo, hi in restarts.get((run, e.get("node")), [])):
+            return JOB_RESTART
     if own == PEER or losses is None:
         return own
     if losses.explains(wall) is not None or losses.of_slot(run, e.get("node"), wall) is not None:
@@ -110,6 +139,7 @@ def _row(
     later: list[dict[str, Any]],
     losses: LossIndex | None,
     start: dict[str, Any] | None = None,
+    restarts: dict[tuple[int, Any], list[tuple[float, float]]] | None = None,
 ) -> ProcessRestart:
     """The row of one failed ``child_exit``, with the decision and replacement after it
     (``later``: its slot's events up to the slot's next ``child_exit``; ``start``: its own
@@ -138,7 +168,7 @@ def _row(
         reason=decision.get("reason") if decision else None,
         relaunch_s=relaunch,
         rejoin_wait_s=rejoin.get("wait_s") if rejoin else None,
-        explained_by=_explained(job, e, losses),
+        explained_by=_explained(job, e, losses, restarts),
         files=[start["files"]] if start is not None and isinstance(start.get("files"), str) else [],
         error=RecordedError(e["error_file"], None, None, None, None)
         if isinstance(e.get("error_file"), str)
@@ -149,6 +179,7 @@ def _row(
 def process_restarts(job: JobSummary, losses: LossIndex | None = None) -> list[ProcessRestart]:
     """Failed child processes, paired with the decision and replacement that followed."""
     stops = _stop_walls(job)
+    restarts = _restart_windows(job)
     # A slot is one local rank of one node: several node ranks may share a host.
     by_slot: dict[tuple[int, Any, str | None, Any], list[dict[str, Any]]] = {}
     for e in job.node_events:
@@ -167,6 +198,6 @@ def process_restarts(job: JobSummary, losses: LossIndex | None = None) -> list[P
                     (x for x in events[:i] if x.get("kind") == "child_start" and x.get("child_pid") == pid),
                     None,
                 )  # fmt: skip
-                rows.append(_row(job, events[i], events[i + 1 : end], losses, start))
+                rows.append(_row(job, events[i], events[i + 1 : end], losses, start, restarts))
     rows.sort(key=lambda p: p.wall or 0.0)
     return rows

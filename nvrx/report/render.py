@@ -8,7 +8,7 @@ from collections.abc import Callable
 from nvrx.events.failures import PEER
 
 from .model import Report
-from .process_rows import NODE_LOST
+from .process_rows import JOB_RESTART, NODE_LOST
 from .render_losses import node_losses_section
 from .text_doc import Doc, ranks_text, secs, trim, when, where
 from .timeline import BY_NODE_LOSS
@@ -27,7 +27,12 @@ def _process_restart_count(failed: int, relaunched: int) -> str:
     return str(failed)
 
 
-_EXPLAINED = {PEER: "a peer failed", "fault": "own fault", NODE_LOST: "a node was lost"}
+_EXPLAINED = {
+    PEER: "a peer failed",
+    "fault": "own fault",
+    NODE_LOST: "a node was lost",
+    JOB_RESTART: "job-wide restart",
+}
 
 
 def _summary(doc: Doc, r: Report) -> None:
@@ -44,6 +49,7 @@ def _summary(doc: Doc, r: Report) -> None:
         ["goodput", goodput],
         ["rounds", str(s.rounds)],
         ["in-process restarts", str(s.restarts.in_process)],
+        ["job-wide restarts", str(s.restarts.job_wide)],
         ["process restarts", _process_restart_count(s.restarts.process, s.processes_relaunched)],
         ["job requeues", str(s.restarts.requeue)],
         ["node losses", str(s.restarts.node_loss)],
@@ -80,7 +86,7 @@ def _slurm(doc: Doc, r: Report) -> None:
 def _timeline(doc: Doc, r: Report) -> None:
     doc.heading("Restart timeline")
     if not r.timeline:
-        doc.text("no rounds in the events (no Wrapper events)")
+        doc.text("no rounds in the events (no Wrapper events, no job-wide restart)")
         return
     many_runs = r.summary.runs > 1
     rows = []
@@ -278,18 +284,19 @@ def _reading(doc: Doc, r: Report) -> None:
         doc.text(f"note: {note}")
 
 
-_SECTIONS: tuple[Callable[[Doc, Report], None], ...] = (
-    _summary,
-    _slurm,
-    node_losses_section,
-    _timeline,
-    _failures,
-    _hangs,
-    _process_restarts,
-    _suspects,
-    _findings,
-    _reading,
-)
+#: The report's sections by name, in order; another renderer (``render_html``) reuses them.
+SECTIONS: dict[str, Callable[[Doc, Report], None]] = {
+    "summary": _summary,
+    "slurm": _slurm,
+    "node_losses": node_losses_section,
+    "timeline": _timeline,
+    "failures": _failures,
+    "hangs": _hangs,
+    "process_restarts": _process_restarts,
+    "suspects": _suspects,
+    "findings": _findings,
+    "reading": _reading,
+}
 
 
 def render(report: Report, format: str = "table") -> str:
@@ -299,6 +306,6 @@ def render(report: Report, format: str = "table") -> str:
     if format not in FORMATS:
         raise ValueError(f"unknown report format {format!r}; choose one of {', '.join(FORMATS)}")
     doc = Doc(markdown=format == "markdown")
-    for section in _SECTIONS:
+    for section in SECTIONS.values():
         section(doc, report)
     return doc.render()

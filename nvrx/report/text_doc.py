@@ -18,7 +18,11 @@ MAX_LIST_CHARS = 60
 def when(wall: float | None) -> str:
     if wall is None:
         return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(wall)) + f".{int((wall % 1) * 1000):03d}"
+    try:
+        stamp = time.gmtime(wall)
+    except (OverflowError, OSError, ValueError):  # a writer's garbage: say it, never crash
+        return f"? (wall {wall!r})"
+    return time.strftime("%Y-%m-%d %H:%M:%S", stamp) + f".{int((wall % 1) * 1000):03d}"
 
 
 def secs(value: float | None) -> str:

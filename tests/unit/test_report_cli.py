@@ -87,6 +87,7 @@ def test_json_output_follows_the_documented_schema(
         "process": 1,
         "requeue": 0,
         "node_loss": 0,
+        "job_wide": 0,
     }
 
 

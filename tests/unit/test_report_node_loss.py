@@ -388,3 +388,14 @@ def test_a_ranks_death_is_filed_under_the_node_that_ran_it_on_a_shared_host(
         ("vm", 1): (1, 0, ["ValueError"]),
     }
     assert report.node_losses == [] and report.summary.restarts.node_loss == 0
+
+
+def test_a_last_seen_wall_beyond_any_clock_is_shown_not_fatal(tmp_path: Path) -> None:
+    """A writer's garbage time (1e17 s) reaches every format as text, never as a crash."""
+    job = Job(tmp_path / "job", {0: "a", 1: "b", 2: "c"}, nnodes=3, spares=1)
+    _before_the_loss(job)
+    job.node_lost("spare", replaced_by=2, last_seen_wall=1e17)
+    report = job.close()
+    for fmt in ("table", "markdown", "json", "html"):
+        assert report.to_text(fmt)
+    assert "? (wall 1e+17)" in report.to_text("table")

@@ -1,0 +1,391 @@
+"""The HTML timeline's lanes: what each rank (or node) was doing when, as coloured periods.
+
+One lane per global rank (those ``--rank``/``--node`` kept, when they restricted the
+events), or one per node rank when there are more than ``MAX_RANK_LANES`` ranks, plus
+one per spare slot. A lane's periods, from the report's data (``Report.activity``,
+rounds, hangs):
+
+- alive: the lives of its processes (``child_start`` to its end), cut by the run's
+  rounds into ``training`` (inside a round), ``restart`` (from a round's end to the
+  next round's start, or from ``restart_latency_s`` before that start when the
+  round reports it: the latency counts from the fault's detection, replacements'
+  rejoin wait included; where skewed host clocks put a round's end after the next
+  start, the overlap) and ``idle`` (alive outside any round: start-up, shut-down).
+  A job with no rounds trains all the time its processes live; a job with no
+  supervisor events lives from the start of the run to its end. Rounds narrower than
+  a pixel of the drawing are joined, in the colour they spend most time in;
+- ``dead``: from a process's end until its replacement started (or, after a
+  failure, until the run's end);
+- ``hung``: from a hang report until the process ended or its round did;
+- ``spare``: a spare slot standing by until it took over a node rank;
+- ``requeue``: the gap between two runs of the job (drawn across every lane).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from bisect import bisect_right
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+from .activity import LOST
+from .model import FaultMark, Hang, ProcessSpan, Report, RunSpan, SpareSpan
+from .text_doc import secs
+
+log = logging.getLogger(__name__)
+
+#: Above this many ranks, one lane per node rank instead of one per rank.
+MAX_RANK_LANES = 256
+#: Largest world size believed when drawing ranks that wrote no event (a bigger one is an odd log).
+MAX_RANKS = 1 << 17
+TRAINING, RESTART, IDLE, DEAD, HUNG, SPARE, REQUEUE = (
+    "training",
+    "restart",
+    "idle",
+    "dead",
+    "hung",
+    "spare",
+    "requeue",
+)
+
+Piece = tuple[float, float, str]
+#: Tooltip words of the periods of a living process.
+_ALIVE_NOTES = {TRAINING: "training", RESTART: "restart", IDLE: "alive, outside a round"}
+
+
+@dataclass
+class Period:
+    """A stretch of one kind on a lane; ``note`` is its tooltip, ``href`` its block's link."""
+
+    start: float
+    end: float
+    kind: str
+    note: str
+    href: str | None = None
+
+
+@dataclass
+class Mark:
+    """A fault mark on a lane, linking to its failure's block."""
+
+    wall: float
+    fault: FaultMark
+    href: str
+
+
+@dataclass
+class Lane:
+    """One row of the timeline: a rank, a node rank or a spare slot."""
+
+    kind: str  # "rank", "node" or "slot" (a spare)
+    ident: int
+    label: str
+    periods: list[Period] = field(default_factory=list)
+    marks: list[Mark] = field(default_factory=list)
+
+
+@dataclass
+class Lanes:
+    """Everything the timeline draws, between wall times ``start`` and ``end``."""
+
+    start: float
+    end: float
+    by: str  # "rank" or "node"
+    lanes: list[Lane]
+    rounds: list[tuple[float, float, str]]  # (start, end, label) of each round
+    requeues: list[Period]
+
+
+def _merge(pieces: Iterable[Piece]) -> list[Piece]:
+    """Adjacent or overlapping pieces of one kind joined, in time order."""
+    out: list[Piece] = []
+    for a, b, kind in sorted(pieces):
+        if out and out[-1][2] == kind and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b), kind)
+        else:
+            out.append((a, b, kind))
+    return out
+
+
+def _phases(report: Report, run: RunSpan, end: float) -> list[Piece]:
+    """The run's time as training / restart / idle pieces; restart wins over training.
+
+    A sweep over the rounds' windows: linear in the rounds (after sorting), whatever their count."""
+    rows = sorted((r for r in report.timeline if r.run == run.run), key=lambda r: r.round)
+    start = run.start_wall if run.start_wall is not None else report.summary.start_wall or 0.0
+    stop = run.end_wall if run.end_wall is not None else end
+    if not rows:
+        return [(start, stop, TRAINING)]
+    windows: list[Piece] = []
+    for i, row in enumerate(rows):
+        a = row.start_wall if row.start_wall is not None else start
+        b = row.end_wall if row.end_wall is not None else stop
+        windows.append((a, b, TRAINING))
+        nxt = rows[i + 1].start_wall if i + 1 < len(rows) else None
+        if nxt is None:
+            continue
+        # from the fault's detection (restart latency before the next start), else the round's end
+        begin = row.end_wall if row.end_wall is not None else nxt
+        if row.restart_latency_s is not None:
+            begin = min(begin, nxt - row.restart_latency_s)
+        if begin != nxt:
+            windows.append((min(begin, nxt), max(begin, nxt), RESTART))
+    change: dict[float, list[int]] = {}  # wall -> [training, restart] windows opening (+) or closing (-)
+    for a, b, kind in windows:
+        if a < b:  # an empty or reversed window covers nothing
+            change.setdefault(a, [0, 0])[int(kind == RESTART)] += 1
+            change.setdefault(b, [0, 0])[int(kind == RESTART)] -= 1
+    cuts = sorted({start, stop, *(w for w in change if start <= w <= stop)})
+    walls, j, covering = sorted(change), 0, [0, 0]
+    pieces = []
+    for a, b in pairwise(cuts):
+        while j < len(walls) and walls[j] <= a:
+            covering = [covering[0] + change[walls[j]][0], covering[1] + change[walls[j]][1]]
+            j += 1
+        pieces.append((a, b, RESTART if covering[1] else TRAINING if covering[0] else IDLE))
+    return _merge(pieces)
+
+
+def _coarse(pieces: list[Piece], width: float) -> list[Piece]:
+    """``pieces`` (contiguous, in order) with each run of ones narrower than ``width`` seconds
+    joined into pieces about ``width`` wide, of the kind they spend most time in: the drawing
+    has no room for them, and lanes stay as long as the drawing is wide, however many rounds."""
+    out: list[Piece] = []
+    group: dict[str, float] = {}  # kind -> seconds, of the pieces joined so far
+    g0 = g1 = 0.0
+    for a, b, kind in pieces:
+        if group and (b - a >= width or g1 - g0 >= width):
+            out.append((g0, g1, max(group, key=lambda k: group[k])))
+            group = {}
+        if b - a >= width:
+            out.append((a, b, kind))
+            continue
+        if not group:
+            g0 = a
+        group[kind] = group.get(kind, 0.0) + (b - a)
+        g1 = b
+    if group:
+        out.append((g0, g1, max(group, key=lambda k: group[k])))
+    return _merge(out)
+
+
+def _cut(a: float, b: float, phases: list[Piece]) -> list[Piece]:
+    """``[a, b]`` as the phase pieces it overlaps (idle outside them); ``phases`` are in time
+    order and disjoint, so the first one is found by bisection."""
+    out: list[Piece] = []
+    t = a
+    for i in range(bisect_right(phases, a, key=lambda p: p[1]), len(phases)):
+        x, y, kind = phases[i]
+        if x >= b:
+            break
+        if x > t:
+            out.append((t, x, IDLE))
+        out.append((max(a, x), min(b, y), kind))
+        t = max(t, min(b, y))
+    if t < b:
+        out.append((t, b, IDLE))
+    return _merge(out)
+
+
+@dataclass
+class _Life:
+    run: int
+    start: float
+    end: float
+    ended: str | None
+    node: int | None
+
+
+def _lives(report: Report, runs: list[RunSpan], end: float) -> dict[int, list[_Life]]:
+    """Each rank's process lives, in order, with unknown starts and ends filled from the run's
+    (an unknown end: the start of the rank's next process of the run, else the run's end)."""
+    by_run = {r.run: r for r in runs}
+    spans: dict[int, list[ProcessSpan]] = {}
+    for p in report.activity.processes:
+        if p.rank is not None and p.rank >= 0:
+            spans.setdefault(p.rank, []).append(p)
+    lives: dict[int, list[_Life]] = {}
+    for rank, items in spans.items():
+        items.sort(key=lambda p: (p.run, p.start_wall if p.start_wall is not None else -math.inf))
+        out: list[_Life] = []
+        later: float | None = None  # start of the next process of the same run (walking back)
+        for i in range(len(items) - 1, -1, -1):
+            p = items[i]
+            if i + 1 < len(items) and items[i + 1].run != p.run:
+                later = None
+            run = by_run.get(p.run)
+            r0 = run.start_wall if run is not None and run.start_wall is not None else report.summary.start_wall
+            r1 = run.end_wall if run is not None and run.end_wall is not None else end
+            a = p.start_wall if p.start_wall is not None else (r0 or 0.0)
+            b = p.end_wall if p.end_wall is not None else later if later is not None else r1
+            out.append(_Life(p.run, a, max(a, b), p.ended, p.node))
+            if p.start_wall is not None:
+                later = p.start_wall
+        lives[rank] = out[::-1]
+    return lives
+
+
+def _failed_ends(report: Report) -> set[tuple[int, int | None, float]]:
+    """(run, rank, wall) of each process end the report counts as a failure (or collateral)."""
+    return {(p.run, p.rank, round(p.wall, 3)) for p in report.process_restarts if p.wall is not None}
+
+
+def _alive(lives: Iterable[_Life], phases: dict[int, list[Piece]]) -> list[Period]:
+    """What each run was doing (training, restart, idle) while any of ``lives`` lasted."""
+    spans: dict[int, list[Piece]] = {}
+    for life in lives:
+        spans.setdefault(life.run, []).append((life.start, life.end, ""))
+    out: list[Period] = []
+    for run, items in spans.items():
+        for a, b, _ in _merge(items):
+            for x, y, kind in _cut(a, b, phases.get(run, [])):
+                out.append(Period(x, y, kind, f"{_ALIVE_NOTES[kind]} for {secs(y - x)}"))
+    return out
+
+
+def _dead(
+    lives: list[_Life],
+    run_ends: dict[int, float],
+    end: float,
+    failed: set[tuple[int, int | None, float]],
+    rank: int,
+) -> list[Period]:
+    """One rank's dead gaps: until its next life of the run, or, after a failed end (or a lost
+    node) with no next life, until the run's end."""
+    out: list[Period] = []
+    for i, life in enumerate(lives):
+        nxt = lives[i + 1] if i + 1 < len(lives) and lives[i + 1].run == life.run else None
+        until = nxt.start if nxt is not None else run_ends.get(life.run, end)
+        ended_badly = life.ended == LOST or (life.run, rank, round(life.end, 3)) in failed
+        if nxt is None and not ended_badly:
+            continue
+        if until > life.end:
+            what = f"process ended ({life.ended or 'unknown'})"
+            then = "until its replacement started" if nxt is not None else "never replaced"
+            out.append(Period(life.end, until, DEAD, f"{what}, {then}: {secs(until - life.end)}"))
+    return out
+
+
+def _hung(
+    hangs: list[tuple[int, Hang]],
+    lives: list[_Life],
+    round_ends: dict[tuple[int, int | None], float | None],
+    run_ends: dict[int, float],
+    end: float,
+) -> list[Period]:
+    """Each hang (with its index in ``report.hangs``) until its process, its round or its run ended."""
+    out = []
+    for i, h in hangs:
+        if h.wall is None:
+            continue
+        ends = [life.end for life in lives if life.start <= h.wall < life.end]
+        round_end = round_ends.get((h.run, h.round))
+        if round_end is not None and round_end > h.wall:
+            ends.append(round_end)
+        until = max(min(ends, default=run_ends.get(h.run, end)), h.wall)
+        note = f"hung ({h.timeout or '?'} timeout) for {secs(until - h.wall)}"
+        out.append(Period(h.wall, until, HUNG, note, f"#hang-{i}"))
+    return out
+
+
+def _union(periods: Iterable[Period], kind: str, note: str) -> list[Period]:
+    merged = _merge((p.start, p.end, kind) for p in periods)
+    return [Period(a, b, k, f"{note} for {secs(b - a)}") for a, b, k in merged]
+
+
+def _mark_lane(m: FaultMark, by: str, node_of: dict[int, int | None]) -> int | None:
+    """The lane of fault mark ``m``: its rank's (a node's first rank when it names none), or
+    its node's."""
+    if by == "rank":
+        if m.rank is not None:
+            return m.rank
+        return min((r for r, n in node_of.items() if n is not None and n == m.node), default=None)
+    if m.node is not None:
+        return m.node
+    return node_of.get(m.rank) if m.rank is not None else None
+
+
+def _spare_lanes(spares: list[SpareSpan], start: float, end: float) -> list[Lane]:
+    """One lane per spare slot (its waits of every run on it)."""
+    lanes: dict[int, Lane] = {}
+    for sp in spares:
+        slot = sp.slot if sp.slot is not None else -1
+        lane = lanes.setdefault(slot, Lane("slot", slot, f"spare slot {'?' if sp.slot is None else slot}"))
+        a = sp.start_wall if sp.start_wall is not None else start
+        b = max(a, sp.end_wall if sp.end_wall is not None else end)
+        took = f", then took over node rank {sp.took_over}" if sp.took_over is not None else ""
+        lane.periods.append(Period(a, b, SPARE, f"spare on {sp.host or '?'} for {secs(b - a)}{took}"))
+    return [lanes[k] for k in sorted(lanes)]
+
+
+def build_lanes(report: Report, fault_ids: dict[str, str], pixels: int = 1200) -> Lanes | None:
+    """The lanes of ``report``; None when it has no wall times to draw on.
+
+    ``fault_ids``: failure signature -> id of its block on the page (marks link to it);
+    ``pixels``: the drawing's width (rounds narrower than a pixel are joined). Linear in ranks,
+    processes, rounds and marks: a node lane cuts the run's phases once for the union of
+    its ranks' lives."""
+    act, s = report.activity, report.summary
+    walls = [w for w in (s.start_wall, s.end_wall) if w is not None]
+    walls += [w for p in act.processes for w in (p.start_wall, p.end_wall) if w is not None]
+    if not walls:
+        return None
+    start, end = min(walls), max(walls)
+    if end <= start:
+        end = start + 1.0
+    runs = act.runs or [RunSpan(0, start, end)]
+    phases = {r.run: _coarse(_phases(report, r, end), (end - start) / max(1, pixels)) for r in runs}
+    run_ends = {r.run: r.end_wall if r.end_wall is not None else end for r in runs}
+    round_ends = {(r.run, r.round): r.end_wall for r in report.timeline}
+    # the job's ranks (a world size past MAX_RANKS is not believed), or those the filters kept
+    known = range(min(s.ranks, MAX_RANKS)) if act.ranks is None else act.ranks
+    lives = _lives(report, runs, end)
+    failed = _failed_ends(report)
+    if not act.processes:  # no supervisor: every rank lives from the start of each run to its end
+        every = [_Life(r.run, r.start_wall or start, r.end_wall or end, None, None) for r in runs]
+        lives = {rank: list(every) for rank in known}
+    seen = (*known, *lives, *(m.rank for m in act.faults), *(h.rank for h in report.hangs))
+    ranks = {r for r in seen if r is not None and r >= 0}
+    node_of = {rank: life.node for rank, items in lives.items() for life in items if life.node is not None}
+    by = "rank" if len(ranks) <= MAX_RANK_LANES else "node"
+    if by == "node":  # ranks no supervisor placed: their node by the usual layout
+        per_node = -(-(min(s.ranks, MAX_RANKS) or max(ranks) + 1) // max(1, s.nodes))
+        node_of = {rank: node_of.get(rank, rank // per_node) for rank in ranks}
+    hangs: dict[int, list[tuple[int, Hang]]] = {}
+    for i, h in enumerate(report.hangs):
+        if h.rank is not None:
+            hangs.setdefault(h.rank, []).append((i, h))
+    members: dict[int, list[int]] = {}
+    for rank in sorted(ranks):
+        key = rank if by == "rank" else node_of.get(rank)
+        if key is not None:
+            members.setdefault(key, []).append(rank)
+    lanes: dict[int, Lane] = {}
+    for key, of_lane in sorted(members.items()):
+        dead = [p for r in of_lane for p in _dead(lives.get(r, []), run_ends, end, failed, r)]
+        hung = [
+            p for r in of_lane for p in _hung(hangs.get(r, []), lives.get(r, []), round_ends, run_ends, end)
+        ]
+        alive = _alive((life for r in of_lane for life in lives.get(r, [])), phases)
+        if by == "node":
+            dead = _union(dead, DEAD, "some process of this node dead")
+        lanes[key] = Lane(by, key, f"{by} {key}", [*alive, *dead, *hung])
+    for m in act.faults:
+        key = _mark_lane(m, by, node_of)
+        if key in lanes and m.wall is not None and m.signature in fault_ids:
+            lanes[key].marks.append(Mark(m.wall, m, f"#{fault_ids[m.signature]}"))
+    out = [*lanes.values(), *_spare_lanes(act.spares, start, end)]
+    rounds = [
+        (r.start_wall, r.end_wall if r.end_wall is not None else end, f"round {r.round}")
+        for r in report.timeline
+        if r.start_wall is not None
+    ]
+    requeues = [
+        Period(x.end_wall, y.start_wall, REQUEUE, f"requeued: run {y.run} started {secs(y.start_wall - x.end_wall)} later")
+        for x, y in pairwise(runs)
+        if x.end_wall is not None and y.start_wall is not None and y.start_wall > x.end_wall
+    ]
+    log.debug("timeline: %d lane(s) by %s", len(out), by)
+    return Lanes(start, end, by, out, rounds, requeues)

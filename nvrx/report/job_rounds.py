@@ -1,0 +1,215 @@
+"""Rounds of a job that ran without the Wrapper: the stretches between job-wide restarts.
+
+Without the in-process Wrapper no rank writes round events. Under
+``--ft-restart-policy any-failed`` the supervisors restart every rank together
+and say so in ``job_restart`` events: epoch ``e`` ends stretch ``e - 1`` and
+starts stretch ``e``. Each stretch becomes one timeline row: the failure the
+restart announced (its supervisor won the restart's claim in the store, so no
+clock decides who was first), the hangs inside it, and how long the restart
+took, from the first node stopping its children to the last node starting them
+again. The last stretch ends as the run's supervisors did.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+from nvrx.events.failures import kind_of
+
+from .model import RoundRow
+from .values import as_str, count
+
+if TYPE_CHECKING:
+    from .aggregate import JobSummary
+
+#: ``ordering`` of a row whose first failure the job-wide restart's claim named.
+BY_RESTART_CLAIM = "job_restart"
+#: ``outcome_from`` of such rows.
+FROM_JOB_RESTARTS = "job_restart"
+
+
+def restart_cause(value: Any) -> dict[str, Any] | None:
+    """A ``job_restart`` event's cause as the report keeps it: rank, node and signature."""
+    if not isinstance(value, dict):
+        return None
+    return {
+        "rank": count(value.get("rank")),
+        "node": count(value.get("node")),
+        "signature": as_str(value.get("signature")),
+    }
+
+
+def world_of(job: JobSummary) -> int:
+    """Ranks of the job as its supervisors started them (nodes x ranks per node, else the
+    distinct global ranks of their children): the world without Wrapper events."""
+    sizes = [
+        e["nnodes"] * e["nproc_per_node"]
+        for e in job.node_events
+        if e.get("kind") == "supervisor_start" and e.get("nnodes") and e.get("nproc_per_node")
+    ]
+    started = {
+        e.get("global_rank")
+        for e in job.node_events
+        if e.get("kind") == "child_start" and e.get("global_rank") is not None
+    }
+    return max([*sizes, len(started)], default=0)
+
+
+def job_restart_rounds(job: JobSummary) -> list[RoundRow]:
+    """One row per stretch of each run that had a job-wide restart; none for other runs."""
+    by_run: dict[int, dict[int, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for e in job.node_events:
+        if e.get("kind") == "job_restart" and isinstance(e.get("epoch"), int):
+            by_run[e["run"]][e["epoch"]].append(e)
+    world = world_of(job)
+    rows: list[RoundRow] = []
+    for run, epochs in sorted(by_run.items()):
+        start = _first(job, run, "child_start")
+        for epoch, events in sorted(epochs.items()):
+            stopping = [e["wall"] for e in events if e.get("phase") == "stopping"]
+            started = [e["wall"] for e in events if e.get("phase") == "started"]
+            end = min(stopping, default=None)
+            cause = next((e["cause"] for e in events if e.get("cause")), None) or {}
+            row = _row(job, run, epoch - 1, start, end, "restart", world)
+            _name_cause(job, row, run, cause)
+            if end is not None and started:
+                row.restart_latency_s = max(started) - end
+                ready = [e["wall"] for e in events if e.get("phase") == "ready"]
+                if ready:
+                    row.phases = {
+                        "stop children": max(ready) - end,
+                        "start children": max(started) - max(ready),
+                    }
+            rows.append(row)
+            start = max(started, default=None)
+        last = max(epochs)
+        rows.append(
+            _row(
+                job, run, last, start, _last(job, run, "supervisor_end"), _run_end(job, run), world
+            )
+        )
+    return rows
+
+
+def _row(
+    job: JobSummary,
+    run: int,
+    rnd: int,
+    start: float | None,
+    end: float | None,
+    outcome: str,
+    world: int,
+) -> RoundRow:
+    hangs = [
+        h
+        for h in job.hangs
+        if h.run == run
+        and h.wall is not None
+        and _within(h.wall, start, end)
+        and h.rank is not None
+    ]
+    return RoundRow(
+        run=run, round=rnd, start_wall=start, end_wall=end, outcome=outcome, cause=None,
+        fault_kind=None, first_rank=None, first_node=None, first_host=None, ordering="none",
+        also_failed=[], peer_notified=0, hang_ranks=sorted({h.rank for h in hangs if h.rank is not None}),
+        terminated_ranks=[], detection_s=None, phases={}, failed_phases=[],
+        restart_latency_s=None, outcome_from=FROM_JOB_RESTARTS,
+    )  # fmt: skip
+
+
+def _name_cause(job: JobSummary, row: RoundRow, run: int, cause: dict[str, Any]) -> None:
+    """The announced failure as the row's first failure; every other rank restarted with it."""
+    row.cause = cause.get("signature")
+    row.first_rank, row.first_node = cause.get("rank"), cause.get("node")
+    if row.cause is not None:
+        row.fault_kind = kind_of(row.cause)
+    if row.first_rank is not None:
+        row.ordering = BY_RESTART_CLAIM
+        row.first_host = next(
+            (
+                e.get("host")
+                for e in job.node_events
+                if e["run"] == run and e.get("node") == row.first_node and e.get("host")
+            ),
+            None,
+        )
+    row.also_failed = [r for r in row.hang_ranks if r != row.first_rank]
+    ranks = world_of(job)
+    row.peer_notified = (
+        max(0, ranks - 1 - len(row.also_failed)) if row.first_rank is not None else ranks
+    )
+
+
+def _within(wall: float, start: float | None, end: float | None) -> bool:
+    return (start is None or wall >= start) and (end is None or wall <= end)
+
+
+def _first(job: JobSummary, run: int, kind: str) -> float | None:
+    return min(
+        (
+            e["wall"]
+            for e in job.node_events
+            if e["run"] == run and e.get("kind") == kind and "wall" in e
+        ),
+        default=None,
+    )
+
+
+def _last(job: JobSummary, run: int, kind: str) -> float | None:
+    return max(
+        (
+            e["wall"]
+            for e in job.node_events
+            if e["run"] == run and e.get("kind") == kind and "wall" in e
+        ),
+        default=None,
+    )
+
+
+def _run_end(job: JobSummary, run: int) -> str:
+    """How the run's last stretch ended: its supervisors' exit codes."""
+    codes = [
+        e.get("exit_code")
+        for e in job.node_events
+        if e["run"] == run and e.get("kind") == "supervisor_end"
+    ]
+    if not codes:
+        return "unfinished"
+    if all(c == 0 for c in codes):
+        return "completed"
+    return "stopped"
+
+
+def job_wide_restarts(job: JobSummary) -> tuple[int, int]:
+    """Job-wide restarts that started children again, and the processes they relaunched
+    (children started between the restart's first stopping node and its last started one)."""
+    spans: dict[tuple[int, int], tuple[float, float]] = {}
+    for (run, epoch), walls in _phase_walls(job, "stopping").items():
+        started = _phase_walls(job, "started").get((run, epoch))
+        if started:
+            spans[(run, epoch)] = (min(walls), max(started))
+    relaunched = sum(
+        1
+        for e in job.node_events
+        if e.get("kind") == "child_start"
+        and (e.get("attempt") or 0) > 0
+        and any(
+            run == e["run"] and lo <= e.get("wall", -1.0) <= hi
+            for (run, _), (lo, hi) in spans.items()
+        )
+    )
+    return len(spans), relaunched
+
+
+def _phase_walls(job: JobSummary, phase: str) -> dict[tuple[int, int], list[float]]:
+    walls: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for e in job.node_events:
+        if (
+            e.get("kind") == "job_restart"
+            and e.get("phase") == phase
+            and isinstance(e.get("epoch"), int)
+            and "wall" in e
+        ):
+            walls[(e["run"], e["epoch"])].append(e["wall"])
+    return walls
