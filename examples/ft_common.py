@@ -33,7 +33,7 @@ def options(description: str, hang_places: list[str]) -> argparse.Namespace:
                         help="this rank raises once at this step (first attempt only)")  # fmt: skip
     parser.add_argument("--control", default=None, metavar="RANK:STEP:ACTION",
                         help="this rank sends a workload-control request (ExcludeThisNode or "
-                        "ShutdownWorkload) at this step")  # fmt: skip
+                        "ShutdownWorkload) at this step (first attempt only)")  # fmt: skip
     return parser.parse_args()
 
 
@@ -63,9 +63,9 @@ def maybe_fail(spec: str | None, rank: int, attempt: int, step: int) -> None:
         raise RuntimeError(f"injected failure on rank {rank} at step {step}")
 
 
-def maybe_control(client: Any, spec: str | None, rank: int, step: int) -> None:
+def maybe_control(client: Any, spec: str | None, rank: int, attempt: int, step: int) -> None:
     """Send the workload-control request of ``--control`` when this rank reaches its step."""
-    if spec is None:
+    if spec is None or attempt > 0:
         return
     want_rank, want_step, action = spec.split(":")
     if int(want_rank) == rank and int(want_step) == step:

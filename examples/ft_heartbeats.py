@@ -40,7 +40,7 @@ def main() -> None:
     client.init_workload_monitoring()
     for step in range(start, args.steps):
         ft_common.maybe_fail(args.fail, rank, attempt, step)
-        ft_common.maybe_control(client, args.control, rank, step)
+        ft_common.maybe_control(client, args.control, rank, attempt, step)
         ft_common.train_step(weights, args.step_time)
         if ft_common.should_hang(args.hang, rank, attempt, step):
             ft_common.hang()  # before this step's heartbeat: the peers send theirs, then wait

@@ -41,7 +41,7 @@ def main() -> None:
     client.init_workload_monitoring()
     for step in range(start, args.steps):
         ft_common.maybe_fail(args.fail, rank, attempt, step)
-        ft_common.maybe_control(client, args.control, rank, step)
+        ft_common.maybe_control(client, args.control, rank, attempt, step)
         client.start_section("step")
         ft_common.train_step(weights, args.step_time)
         if ft_common.should_hang(args.hang, rank, attempt, step, "step"):

@@ -42,7 +42,7 @@ def add_options(add: Callable[..., None]) -> None:
         help="any-failed: a failed rank restarts every rank of every node together, one unit "
         "of --max-restarts; min-healthy: only the failed rank restarts (the in-process Wrapper's "
         "way; with no spare left, --min-nodes says how small the job may get); auto (default): "
-        "any-failed for a rank that used nvrx.fault_tolerance without the Wrapper, else min-healthy")  # fmt: skip
+        "any-failed for a rank that did not run the in-process Wrapper, min-healthy for one that did")  # fmt: skip
     add("--ft-non-retryable-exception-file", default=None, metavar="FILE",
         help="patterns of failures not worth a restart, one case-sensitive substring a line "
         "(# comments); a failed rank whose exception text (error file or events) holds one stops "

@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING
 from nvrx import jobenv
 from nvrx.events.failures import hang_signature
 
+from .children import ExitStatus
 from .policy import LastFault
 from .rank_watch import Hang, RankWatch
+from .store_link import StoreLinkError
 
 if TYPE_CHECKING:
     from .children import Child
@@ -123,6 +125,15 @@ class HangWatch:
         child.signal_group(term)
         if term != signal.SIGKILL:
             self._hang_kills[child.pid] = time.monotonic() + self.config.grace_period
+        if self._job_wide(child.pid):
+            # Its peers wait for it in a collective: restart the job now, before their own
+            # deadlines pass and each of them is declared hung in turn.
+            try:
+                self._job_failure(
+                    hang.local_rank, ExitStatus(None, int(term)), self._hung[child.pid]
+                )
+            except StoreLinkError as exc:
+                self._store_unavailable(exc)
 
     def _hang_fault(self, pid: int) -> LastFault | None:
         """The hang that ended child ``pid``, when the watch declared one."""

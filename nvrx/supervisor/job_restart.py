@@ -18,8 +18,8 @@ rank of every node together, as one restart of the job:
 
 ``min-healthy`` restarts only the failed rank (the Wrapper's way: its peers
 restart in-process and wait for the replacement). ``auto`` (the default) takes
-the job-wide path for a child that used ``nvrx.fault_tolerance`` and not the
-Wrapper, and restarts a failed rank alone otherwise, as nvrx always did.
+the job-wide path for a child that did not run the Wrapper, and restarts a
+failed Wrapper rank alone.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ import signal
 import time
 from pathlib import Path
 from typing import Any
+
+from nvrx.events.failures import NODE_LOST_SIGNATURE
 
 from .config import KEY_PREFIX
 from .policy import Decision, LastFault
@@ -66,8 +68,7 @@ class JobRestart:
         """Whether the failure of child ``pid`` restarts the whole job."""
         policy = self.config.ft_restart_policy
         if policy == "auto":
-            monitored = self.watch is not None and pid in self.watch.monitored_pids
-            return monitored and not uses_wrapper(self.config.events_dir, pid)
+            return not uses_wrapper(self.config.events_dir, pid)
         return policy == "any-failed"
 
     def _failure_handled(self, local_rank: int, status: Any, pid: int, fault: LastFault | None) -> bool:
@@ -110,6 +111,29 @@ class JobRestart:
         cause = {"rank": rank, "node": self.node_rank, "signature": verdict.signature}
         self.link.set(_key(epoch, "begin"), json.dumps(cause))
         self._begin_job_restart(epoch, cause)  # here at once: the loop must not end meanwhile
+
+    def _restart_for_lost_node(self, loss: Any) -> None:
+        """A spare took over a lost node of a plain script: restart every rank with it.
+
+        The survivors' ranks wait for the lost ones in a collective (or fail in turn), and the
+        spare's new ranks cannot join their old process group. A node loss spends no unit of
+        the budget (``node_lost`` counts it). Called by the slot that declared the loss, which
+        may be the leaving node itself (``ExcludeThisNode``): it only announces the restart.
+        """
+        if loss is None or loss.action != "spare" or loss.node_rank is None:
+            return
+        if self._job_restart is not None or not self.children:
+            return
+        if not all(self._job_wide(child.pid) for child in self.children.values()):
+            return  # Wrapper ranks restart in-process and wait for the spare's
+        epoch = self._job_epoch + 1
+        if self.link.add(_key(epoch, "claim"), 1) != 1:
+            self._begin_job_restart(epoch, None)  # a failure of this epoch claimed it first
+            return
+        rank = self.config.rank(0, loss.node_rank)
+        cause = {"rank": rank, "node": loss.node_rank, "signature": NODE_LOST_SIGNATURE}
+        self.link.set(_key(epoch, "begin"), json.dumps(cause))
+        self._begin_job_restart(epoch, cause)
 
     def _on_job_message(self, message: dict[str, Any]) -> bool:
         """Act on a job-restart announcement or go-ahead; False for other messages."""
@@ -157,7 +181,7 @@ class JobRestart:
         self._watch_job_restarts()
         if self.stop_reason is not None or self.node_rank is None:
             return
-        for local_rank in self.children:
+        for local_rank in range(self.config.nproc_per_node):  # a spare's too, if it took over meanwhile
             self.restarts[local_rank] += 1
             self._start_child(local_rank)
         self._emit("job_restart", epoch=epoch, phase="started")

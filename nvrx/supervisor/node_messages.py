@@ -82,6 +82,10 @@ class NodeMessages:
         if loss is not None and loss.action == "stop":
             self.request_stop(loss.reason, ExitCode.NODE_LOST, broadcast=True)
             self._requeue_without(loss.host)
+        try:
+            self._restart_for_lost_node(loss)
+        except StoreLinkError as exc:
+            self._store_unavailable(exc)
 
     def _requeue_without(self, host: str | None) -> None:
         """Under SLURM, the job that stopped for a lost node runs again on other nodes."""
@@ -126,12 +130,16 @@ class NodeMessages:
             return
         assignment = self.roles.take_over(value)
         log.warning("spare slot %d takes over node rank %d", self.roles.slot, self.roles.node_rank)
+        if self._job_restart is not None:
+            return  # a job-wide restart is under way: its go starts this node's ranks with all
         for local_rank in range(self.config.nproc_per_node):
             self.restarts[local_rank] = 1  # a replacement: it rejoins the running job
             fresh = bool(assignment.get("fresh"))
             self._start_child(local_rank, jobenv.FRESH_START if fresh else jobenv.TAKEOVER)
 
     # provided by Supervisor
+    _job_restart: int | None
+
     def request_stop(self, reason: str, exit_code: int, broadcast: bool) -> None:
         raise NotImplementedError
 

@@ -96,7 +96,6 @@ class RankWatch:
         self._listener.listen(64)
         self._listener.setblocking(False)
         self.watched: dict[int, Watched] = {}  # by connection descriptor
-        self.monitored_pids: set[int] = set()  # every process that began monitoring here
 
     def fileno(self) -> int:
         return self._listener.fileno()
@@ -177,8 +176,6 @@ class RankWatch:
         watched.rank = _int(hello.get("rank"))
         watched.attempt = _int(hello.get("attempt"))
         watched.pid = _int(hello.get("pid"))
-        if watched.pid is not None:
-            self.monitored_pids.add(watched.pid)
         if watched.stack_fd is not None:
             os.close(watched.stack_fd)
         watched.stack_fd = fds[0] if fds else None

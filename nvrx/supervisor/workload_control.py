@@ -65,6 +65,10 @@ class WorkloadControl:
             except StoreLinkError as exc:
                 log.warning("could not tell the other nodes to stop: %s", exc)
             self._requeue_without(loss.host)
+        try:
+            self._restart_for_lost_node(loss)  # the others restart with the spare that replaces it
+        except StoreLinkError as exc:
+            log.warning("could not announce the job-wide restart: %s", exc)
 
     def _non_retryable(self, local_rank: int, pid: int) -> bool:
         """Stop the job when the failure of child ``pid`` matches a non-retryable pattern."""

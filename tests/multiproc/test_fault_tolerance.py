@@ -130,6 +130,12 @@ def test_any_failed_restarts_every_rank_of_every_node_once(tmp_path, fault, opti
     cause = causes[0]
     assert cause["rank"] in range(4) and cause["node"] == cause["rank"] // 2, cause
     assert cause["signature"] == decisions[0]["signature"], cause
+    # the report tells it as one job-wide restart, caused by that failure
+    summary = (report := _report(job))["summary"]
+    assert summary["ranks"] == 4 and summary["restarts"]["job_wide"] == 1, summary
+    assert summary["training_time_s"] > 0 and summary["goodput"] > 0, summary
+    rows = [(r["outcome"], r["cause"], r["first_rank"], r["first_node"]) for r in report["timeline"]]
+    assert rows == [("restart", cause["signature"], cause["rank"], cause["node"]), ("completed", None, None, None)]
 
 
 def _stops(job):
@@ -158,6 +164,28 @@ def test_exclude_this_node_takes_the_node_out_as_a_lost_node(tmp_path):
     [lost] = job.events("node_lost")
     assert (lost["lost_slot"], lost["seen_by"], lost["action"]) == (1, 1, "stop"), lost
     assert lost["silent_s"] == 0.0  # declared by itself, not after --node-timeout
+
+
+def test_exclude_this_node_with_a_spare_restarts_the_job_on_the_spare(tmp_path):
+    # 2 nodes + 1 spare: node 1 leaves, the spare takes its node rank, and, as the ranks of a
+    # plain script cannot go on without it, every rank restarts with the spare's, at full size.
+    job = Job(
+        tmp_path, 3, 1, [*HEARTBEATS, "--control", "1:3:ExcludeThisNode", "--steps", "30",
+                         "--step-time", "0.2", "--checkpoint-dir", str(tmp_path / "ck")],
+        *COMMON, "--spare-nodes", "1",
+    )  # fmt: skip
+    codes = job.wait(240)
+    assert codes == [0, 10, 0], job.output()  # node 1 excluded; node 0 and the spare finish
+    [lost] = job.events("node_lost")
+    assert (lost["lost_slot"], lost["action"], lost["replaced_by"]) == (1, "spare", 2), lost
+    [takeover] = job.events("node_takeover")
+    assert (takeover["node"], takeover["node_rank"]) == (2, 1), takeover
+    causes = [e["cause"] for e in job.events("job_restart") if e.get("cause")]
+    assert causes and all(c == {"rank": 1, "node": 1, "signature": "node lost"} for c in causes), causes
+    assert not [d for d in job.events("restart_decision")], job.output()  # no budget spent
+    done = [e for e in job.events("child_exit") if e["exit_code"] == 0]
+    assert sorted((e["node"], e["global_rank"]) for e in done) == [(0, 0), (2, 1)], job.output()
+    assert "rank 1: done" in job.output() and "rank 0: done" in job.output()
 
 
 def test_a_non_retryable_failure_stops_the_job_at_its_first_occurrence(tmp_path):

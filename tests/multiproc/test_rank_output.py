@@ -45,6 +45,7 @@ def test_redirects_tee_filter_and_the_error_file_in_the_report(tmp_path: Path) -
     job = Job(
         tmp_path, 1, 3, [sys.executable, str(script)],
         "--redirects", "0:2,1:2", "--tee", "0:1,1:1", "--local-ranks-filter", "0",
+        "--ft-restart-policy", "min-healthy",  # rank 1 restarts alone
     )  # fmt: skip
     assert job.wait(150) == [0], job.output()
     console = job.outputs[0].read_text()

@@ -43,14 +43,14 @@ class Run:
     report: Report
 
 
-def _supervised_demo(tmp: Path, fault: str) -> Run:
+def _supervised_demo(tmp: Path, fault: str, *options: str) -> Run:
     """2 local supervisors x 2 ranks of the demo job, with one fault injected."""
     started = time.monotonic()
     job = Job(
         tmp, 2, 2,
         [sys.executable, str(DEMO), "--steps", str(STEPS), "--checkpoint-every", "5",
          "--step-time", "0.05", "--no-wrapper", "--fault", fault],
-        "--max-restarts", "8", "--grace-period", "3",
+        "--max-restarts", "8", "--grace-period", "3", *options,
     )  # fmt: skip
     codes = job.wait(200)
     elapsed = time.monotonic() - started
@@ -58,16 +58,20 @@ def _supervised_demo(tmp: Path, fault: str) -> Run:
     return Run(job_dir, elapsed, codes, job.output(), build_report(job_dir, sacct=False))
 
 
+# The per-process story: each failed rank restarts alone and its peers fail in turn.
+PER_PROCESS = ("--ft-restart-policy", "min-healthy")
+
+
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """Rank 3 (node 1, local rank 1) SIGKILLs itself at step 12."""
-    return _supervised_demo(tmp_path_factory.mktemp("kill"), f"kill:{FAULT_STEP}:3")
+    return _supervised_demo(tmp_path_factory.mktemp("kill"), f"kill:{FAULT_STEP}:3", *PER_PROCESS)
 
 
 @pytest.fixture(scope="module")
 def raised(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """Rank 2 (node 1, local rank 0) raises ``InjectedFault`` at step 12."""
-    return _supervised_demo(tmp_path_factory.mktemp("exc"), f"exception:{FAULT_STEP}:2")
+    return _supervised_demo(tmp_path_factory.mktemp("exc"), f"exception:{FAULT_STEP}:2", *PER_PROCESS)
 
 
 def _check_time_accounting(run: Run) -> None:
@@ -153,6 +157,30 @@ def test_table_output_tells_the_story(killed: Run) -> None:
     assert "rank 3 on" in text and "(node 1)" in text
     assert "signal SIGKILL" in text
     assert "process restarts          1 (4 processes relaunched, peers included)" in text
+
+
+# -- the same kill under the default policy: one job-wide restart ---------------------------
+
+
+@pytest.mark.timeout(240)
+def test_a_kill_under_the_default_policy_is_one_job_wide_restart(tmp_path: Path) -> None:
+    run = _supervised_demo(tmp_path, f"kill:{FAULT_STEP}:3")
+    assert run.codes == [0, 0], run.output
+    r, s = run.report, run.report.summary
+    assert (s.restarts.job_wide, s.restarts.process, s.restarts.in_process) == (1, 0, 0)
+    assert s.processes_relaunched == 4 and (s.rounds, s.ranks) == (2, 4)
+    first, last = r.timeline
+    assert (first.outcome, first.cause, first.first_rank, first.first_node) == ("restart", "signal SIGKILL", 3, 1)
+    assert first.ordering == "job_restart" and first.outcome_from == "job_restart"
+    assert first.peer_notified == 3 and first.restart_latency_s is not None
+    assert last.outcome == "completed"
+    # the killed rank's end is the failure; its peers' ends are the restart's, not failures
+    assert [(f.signature, f.ranks, f.nodes) for f in r.failures] == [("signal SIGKILL", [3], [1])]
+    why = {p.rank: p.explained_by for p in r.process_restarts}
+    assert why[3] is None and {why[0], why[1], why[2]} <= {"peer", "job_restart"}, why
+    assert {n.node: (n.first_failures, n.deaths) for n in r.suspects} == {1: (1, 1)}
+    _check_time_accounting(run)
+    assert "job-wide restarts         1" in r.to_text("table")
 
 
 # -- an exception under the supervisors --------------------------------------------------
@@ -267,7 +295,6 @@ def test_logs_of_one_node_only(killed: Run, tmp_path: Path) -> None:
 
 
 # -- the in-process Wrapper ----------------------------------------------------------------
-
 
 
 def _launch_nodes(tmp: Path, nnodes: int, nproc: int, **params: object) -> Ranks:

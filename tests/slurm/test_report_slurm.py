@@ -67,7 +67,8 @@ def test_report_of_a_two_node_job_with_a_killed_rank(
     assert [(f.signature, f.ranks, f.nodes) for f in report.failures] == [
         ("signal SIGKILL", [3], [1])
     ]
-    assert (s.restarts.process, s.restarts.in_process, s.restarts.requeue) == (1, 0, 0)
+    # no Wrapper: the default policy restarts every rank together, once
+    assert (s.restarts.job_wide, s.restarts.process, s.restarts.in_process, s.restarts.requeue) == (1, 0, 0, 0)
     assert 0 < s.goodput <= 1 and s.training_time_s <= s.wall_time_s
     # slurm-<id>.out next to the logs is read; what it holds is already in the events
     assert str(out_file.resolve()) in report.slurm.output_files
