@@ -2,16 +2,20 @@
 
 ``run_node`` starts ``nvrx-supervise`` in its own process group with
 ``nproc_per_node`` children, relays SLURM's signals to it, and returns the
-children's results (or raises ``JobFailed``).
+children's results (or raises ``JobFailed``). The warning signal submitit
+itself would act on (its ``SUBMITIT_PREEMPT_SIGNAL``, what submitit's local
+executor sends before the time limit) reaches the supervisor as nvrx's warning.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,7 +67,8 @@ def run_node(spec: NodeSpec) -> dict[str, Any]:
     local_ranks = [node * spec.nproc_per_node + k for k in range(spec.nproc_per_node)]
     for rank in local_ranks:  # a requeued run must not return the results of the run before
         result_path(result_dir, rank).unlink(missing_ok=True)
-    rc = _supervise(argv, env, warning_signal(env))
+    started = time.time()
+    rc = _supervise(argv, env, warning_signal(env), _submitit_signal(job_env))
     if rc == EXIT_REQUEUED or rc == SUBMITIT_LOCAL_REQUEUE_EXIT:
         # This run is over and will run again: leave no result, so the submitter keeps waiting.
         log.warning("node %d of job %s: requeued (supervisor exit %d)", node, job_id, rc)
@@ -71,9 +76,10 @@ def run_node(spec: NodeSpec) -> dict[str, Any]:
     if rc != 0:
         from nvrx.supervisor.exit_codes import describe
 
+        job_dir = Path(spec.log_dir) / job_id
         raise JobFailed(
-            f"nvrx-supervise on node {node} of job {job_id} exited {rc} ({describe(rc)}); "
-            f"events in {Path(spec.log_dir) / job_id}"
+            f"nvrx-supervise on node {node} of job {job_id} exited {rc} ({describe(rc)})"
+            f"{_warning_decision(job_dir, started)}; events in {job_dir}"
         )
     results: dict[int, Any] = {}
     for rank in local_ranks:
@@ -87,16 +93,42 @@ def run_node(spec: NodeSpec) -> dict[str, Any]:
     return {"node": node, "job_id": job_id, "results": results}
 
 
-def _supervise(argv: list[str], env: dict[str, str], warning: int) -> int:
-    """Run the supervisor in its own process group, relaying the job's signals to it."""
+def _submitit_signal(job_env: Any) -> int | None:
+    """The warning signal submitit's own handler in this task waits for, if it names one."""
+    try:
+        return int(job_env._usr_sig())
+    except (AttributeError, RuntimeError, TypeError, ValueError):
+        return None
+
+
+def _warning_decision(job_dir: Path, since: float) -> str:
+    """``: <reason>`` of a decision not to requeue made during this run, else nothing."""
+    latest: tuple[float, str] | None = None
+    for path in (job_dir / "preempt").glob("r*.decision"):
+        try:
+            written = path.stat().st_mtime
+            decision = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if written >= since and isinstance(decision, dict) and not decision.get("requeued"):
+            if latest is None or written > latest[0]:
+                latest = (written, str(decision.get("reason")))
+    return f": {latest[1]}" if latest else ""
+
+
+def _supervise(argv: list[str], env: dict[str, str], warning: int, alias: int | None) -> int:
+    """Run the supervisor in its own process group, relaying the job's signals to it; ``alias``
+    (submitit's warning signal, when it differs) is relayed as ``warning``."""
     # The supervisor starts with the warning ignored and installs its own handler,
     # so that a warning during its start-up cannot kill it.
     proc = processes.start(argv, env=env)
     relayed = {warning, signal.SIGTERM, signal.SIGINT}
+    if alias is not None and alias not in relayed:
+        relayed.add(alias)
 
     def relay(signum: int, frame: object) -> None:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signum)
+            os.kill(proc.pid, warning if signum == alias else signum)
 
     previous = {s: signal.signal(s, relay) for s in relayed}
     try:

@@ -6,11 +6,15 @@ once per local rank. It runs the callable and writes the outcome of this rank
 to ``$NVRX_RESULT_DIR/rank<RANK>.pkl`` as ``("success", value)`` or
 ``("error", traceback)`` (atomically), where the node's submitit task collects
 it. An exception still ends the process with exit code 1, so the supervisor
-restarts the rank as it would any failed training process.
+restarts the rank as it would any failed training process. A callable with
+submitit's checkpoint method runs under ``checkpointing.CheckpointGuard``: on the
+job's warning it is checkpointed (rank 0), the spec file replaced by the call the
+next run makes, and the process ends without a result.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -22,6 +26,7 @@ from typing import Any
 import cloudpickle
 
 from nvrx import jobenv
+from nvrx.submission.checkpointing import CheckpointGuard, CheckpointStop, checkpoint_method
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +92,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     fn, args, kwargs = load_spec(argv[0])
     rank = int(os.environ.get("RANK", "0"))
     result_dir = os.environ.get(RESULT_DIR_ENV)
+    guard = None
+    if checkpoint_method(fn) is not None:
+        guard = CheckpointGuard(fn, args, kwargs, argv[0], rank)
     try:
-        value = fn(*args, **kwargs)
+        with guard if guard is not None else contextlib.nullcontext():
+            value = fn(*args, **kwargs)
+    except CheckpointStop:
+        # the job was warned: this run ends here, without a result, and runs again or not
+        error = guard.error if guard is not None else None
+        if error is not None and result_dir:
+            write_outcome(result_dir, rank, ("error", "".join(traceback.format_exception(error))))
+        return 1 if error is not None else 0
     except Exception:
         if result_dir:
             write_outcome(result_dir, rank, ("error", traceback.format_exc()))

@@ -8,10 +8,13 @@ file in the job folder, run by ``python -m nvrx.submission.run_callable``; a
 command (list or string) is run as it is.
 
 Submission asks SLURM for the warning signal (``--signal=USR2@signal_delay_s``,
-to every task) and marks the job requeueable; the supervisor turns the signal
-into the flag of ``nvrx.checkpoint_flag`` and node 0 requeues the job
-(``nvrx.supervisor.preemption``). A requeued run leaves no submitit result, so
-``NvrxJob.result()`` returns the result of the run that finished.
+to every task; ``SUBMITIT_PREEMPT_SIGNAL`` or ``NVRX_PREEMPT_SIGNAL`` picks
+another) and marks the job requeueable; the supervisor turns the signal into the
+flag of ``nvrx.checkpoint_flag`` and node 0 requeues the job
+(``nvrx.supervisor.preemption``). A callable with submitit's checkpoint method
+is checkpointed on rank 0 first (``nvrx.submission.checkpointing``). A requeued
+run leaves no submitit result, so ``NvrxJob.result()`` returns the result of the
+run that finished. submitit's names of nvrx's settings: ``conventions``.
 
 Layout under ``folder``: ``<job id>/`` (submitit's script, pickles and logs),
 ``nvrx_logs/<job id>/`` (events, read by ``NvrxJob.report()``),
@@ -26,11 +29,18 @@ import os
 import shlex
 import sys
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from nvrx.slurm import commands
+from nvrx.submission.conventions import (
+    NVRX_SIGNAL_ENV,
+    SubmitError,
+    merge_aliases,
+    sbatch_signal,
+    warning_signal_name,
+)
 from nvrx.submission.job import NvrxJob
 from nvrx.submission.node_task import NodeSpec, run_node
 from nvrx.submission.run_callable import dump_spec
@@ -48,10 +58,6 @@ DEFAULT_FOLDER = "nvrx_jobs"
 NVRX_PARAMETERS = ("nproc_per_node", "signal_delay_s", "max_time_limit_requeues", "supervise_args")
 #: submitit's name of ``signal_delay_s``: the same setting.
 SUBMITIT_DELAY = "slurm_signal_delay_s"
-
-
-class SubmitError(ValueError):
-    """Bad submission parameters; raised before anything is submitted. The message names the fix."""
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -81,9 +87,10 @@ class Executor:
     ``cpus_per_task``, ``mem_gb``, ``slurm_partition``,
     ``slurm_additional_parameters``, ...) plus nvrx's: ``nproc_per_node``
     (children per node), ``signal_delay_s`` (warning seconds before the end,
-    default 90), ``max_time_limit_requeues`` (default 3) and ``supervise_args``
-    (extra ``nvrx-supervise`` options). ``tasks_per_node`` must stay 1: the
-    one task per node is the supervisor.
+    default 90; submitit's ``slurm_signal_delay_s``), ``max_time_limit_requeues``
+    (default 3; submitit's ``max_num_timeout`` / ``slurm_max_num_timeout``) and
+    ``supervise_args`` (extra ``nvrx-supervise`` options). ``tasks_per_node``
+    must stay 1: the one task per node is the supervisor.
     """
 
     def __init__(
@@ -113,16 +120,10 @@ class Executor:
         """Set parameters; numbers and names are checked now, the cluster at ``submit``. A
         refused update changes nothing.
 
-        submitit's ``slurm_signal_delay_s`` and nvrx's ``signal_delay_s`` are one setting:
-        either sets it; both at once with different values is an error naming both."""
-        if SUBMITIT_DELAY in params:
-            delay = params.pop(SUBMITIT_DELAY)
-            if "signal_delay_s" in params and params["signal_delay_s"] != delay:
-                raise SubmitError(
-                    f"signal_delay_s={params['signal_delay_s']!r} and {SUBMITIT_DELAY}={delay!r} "
-                    "are one setting (seconds of warning before the time limit): give one of them"
-                )
-            params["signal_delay_s"] = delay
+        submitit's names of nvrx's settings (``slurm_signal_delay_s``, ``max_num_timeout``,
+        ``slurm_max_num_timeout``) set them too; two names of one setting with different
+        values is an error naming both."""
+        params = merge_aliases(params)
         before = dict(self._nvrx), dict(self._submitit)
         for name, value in params.items():
             if name in NVRX_PARAMETERS:
@@ -190,30 +191,83 @@ class Executor:
             where = f"partition {partition!r}" if partition else "the largest partition"
             raise SubmitError(f"nodes={nodes} but {where} has only {size} node(s)")
 
-    def _submitit_parameters(self) -> dict[str, Any]:
+    def _submitit_parameters(self, signal_name: str | None = None) -> dict[str, Any]:
+        """What submitit's executor is given; on SLURM, ``--signal`` asks for ``signal_name``
+        (default: the one the environment names) ``signal_delay_s`` seconds ahead."""
         params = dict(self._submitit)
         delay = self._nvrx["signal_delay_s"]
         if self.cluster == "slurm":
             params[SUBMITIT_DELAY] = delay
             extra = dict(params.get("slurm_additional_parameters") or {})
             extra.setdefault("requeue", True)
-            params["slurm_additional_parameters"] = extra
+            if signal_name is None:
+                signal_name = warning_signal_name(os.environ)
+            params["slurm_additional_parameters"] = sbatch_signal(extra, signal_name, delay)
             srun_args = list(params.get("slurm_srun_args") or [])
             if not any(a.startswith("--kill-on-bad-exit") for a in srun_args):
                 srun_args.append("--kill-on-bad-exit=0")
             params["slurm_srun_args"] = srun_args
         return params
 
-    def _apply_parameters(self) -> None:
+    def _apply_parameters(self, signal_name: str) -> None:
         try:
-            self._executor.update_parameters(**self._submitit_parameters())
+            self._executor.update_parameters(**self._submitit_parameters(signal_name))
             if self.cluster == "local":
                 # AutoExecutor does not pass signal_delay_s on to the local executor; set it there.
                 self._executor._executor.update_parameters(
                     signal_delay_s=self._nvrx["signal_delay_s"]
                 )
         except (ValueError, TypeError, NameError, AssertionError, NotImplementedError) as exc:
+            if isinstance(exc, SubmitError):
+                raise
             raise SubmitError(f"submitit refused the parameters: {exc}") from exc
+
+    def _prepare(self) -> str:
+        """Checks before any submission; the warning signal's name (``USR2``)."""
+        self._check_values()
+        signal_name = warning_signal_name(os.environ)
+        self._check_cluster()
+        self._apply_parameters(signal_name)
+        return signal_name
+
+    def _callable_command(
+        self, target: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> list[str]:
+        spec_file = self.folder / "specs" / f"{uuid.uuid4().hex}.pkl"
+        try:
+            dump_spec(spec_file, target, args, dict(kwargs))
+        except TypeError as exc:
+            raise SubmitError(str(exc)) from exc
+        return [sys.executable, "-m", "nvrx.submission.run_callable", str(spec_file)]
+
+    def _node_spec(self, command: list[str], signal_name: str) -> NodeSpec:
+        return NodeSpec(
+            command=command,
+            nproc_per_node=self._nvrx["nproc_per_node"],
+            supervise_args=list(self._nvrx["supervise_args"]),
+            log_dir=str(self.folder / "nvrx_logs"),
+            result_root=str(self.folder / "results"),
+            env={
+                SIGNAL_DELAY_ENV: str(self._nvrx["signal_delay_s"]),
+                MAX_TIME_LIMIT_REQUEUES_ENV: str(self._nvrx["max_time_limit_requeues"]),
+                NVRX_SIGNAL_ENV: signal_name,  # the signal SLURM is asked for
+                # cloudpickle refers to functions of importable modules by name: let the
+                # children import them from where the submitter did.
+                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p)),
+            },
+        )
+
+    def _handle(self, job: Any) -> NvrxJob:
+        handle = NvrxJob(
+            job=job,
+            cluster=self.cluster,
+            folder=self.folder / str(job.job_id),
+            log_dir=self.folder / "nvrx_logs" / str(job.job_id),
+            nodes=self._submitit["nodes"],
+            nproc_per_node=self._nvrx["nproc_per_node"],
+        )
+        log.info("submitted job %s (%s): %s", handle.job_id, self.cluster, handle.folder)
+        return handle
 
     def submit(
         self,
@@ -239,40 +293,35 @@ class Executor:
             )
         if what == "command" and not command:
             raise SubmitError("target is an empty command")
-        self._check_cluster()
-        self._apply_parameters()
+        signal_name = self._prepare()
         if what == "callable":
-            spec_file = self.folder / "specs" / f"{uuid.uuid4().hex}.pkl"
-            try:
-                dump_spec(spec_file, target, args, kwargs)  # type: ignore[arg-type]
-            except TypeError as exc:
-                raise SubmitError(str(exc)) from exc
-            command = [sys.executable, "-m", "nvrx.submission.run_callable", str(spec_file)]
-        spec = NodeSpec(
-            command=command,
-            nproc_per_node=self._nvrx["nproc_per_node"],
-            supervise_args=list(self._nvrx["supervise_args"]),
-            log_dir=str(self.folder / "nvrx_logs"),
-            result_root=str(self.folder / "results"),
-            env={
-                SIGNAL_DELAY_ENV: str(self._nvrx["signal_delay_s"]),
-                MAX_TIME_LIMIT_REQUEUES_ENV: str(self._nvrx["max_time_limit_requeues"]),
-                # cloudpickle refers to functions of importable modules by name: let the
-                # children import them from where the submitter did.
-                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p)),
-            },
-        )
-        job = self._executor.submit(run_node, spec)
-        handle = NvrxJob(
-            job=job,
-            cluster=self.cluster,
-            folder=self.folder / str(job.job_id),
-            log_dir=self.folder / "nvrx_logs" / str(job.job_id),
-            nodes=self._submitit["nodes"],
-            nproc_per_node=self._nvrx["nproc_per_node"],
-        )
-        log.info("submitted job %s (%s): %s", handle.job_id, self.cluster, handle.folder)
-        return handle
+            command = self._callable_command(target, args, kwargs)  # type: ignore[arg-type]
+        return self._handle(self._executor.submit(run_node, self._node_spec(command, signal_name)))
+
+    def map_array(self, fn: Callable[..., Any], *iterables: Iterable[Any]) -> list[NvrxJob]:
+        """One supervised job per element of ``zip(*iterables)``, running ``fn(*element)`` on
+        every rank of every node of that job (submitit's ``map_array``).
+
+        On SLURM the jobs are one job array (ids ``<array>_<index>``); submitit's local
+        executor has no arrays and starts one job per element. Each job has its own
+        ``nvrx_logs/<job id>`` and report. No elements: no job, an empty list.
+        """
+        if not callable(fn):
+            raise SubmitError(f"map_array needs a callable, got {fn!r}")
+        calls = [tuple(element) for element in zip(*iterables, strict=False)]  # as submitit
+        if not calls:
+            return []
+        signal_name = self._prepare()
+        argvs: list[list[str]] = []
+        try:
+            for call in calls:
+                argvs.append(self._callable_command(fn, call, {}))
+        except SubmitError:  # e.g. one element's arguments cannot be pickled: submit none
+            for command in argvs:
+                Path(command[-1]).unlink(missing_ok=True)
+            raise
+        specs = [self._node_spec(command, signal_name) for command in argvs]
+        return [self._handle(job) for job in self._executor.map_array(run_node, specs)]
 
 
 def submit(

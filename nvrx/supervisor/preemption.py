@@ -22,6 +22,7 @@ The supervisor of each node owns one ``PreemptionHandler``:
 
 Files live in ``<job log dir>/preempt/``: ``r<run>.flag`` (the flag children
 read), ``r<run>.node<k>.done`` (node k's children are done),
+``r<run>.checkpoint`` (a submitted callable's checkpoint; it may refuse the requeue),
 ``r<run>.decision`` (the decider's decision) and ``requeues.json`` (the ledger of
 requeues, written by the decider only). ``<run>`` is ``SLURM_RESTART_COUNT``.
 Waits on other nodes' files are bounded polls (no blocking wait on a shared FS).
@@ -49,7 +50,12 @@ from nvrx.events import EventWriter, get_writer
 from nvrx.processes import warning_signal
 from nvrx.slurm import commands
 
-from .requeue_ledger import RequeueLedger, WarningOutcome
+from .requeue_ledger import (
+    RequeueLedger,
+    WarningOutcome,
+    checkpoint_record_path,
+    requeue_refusal,
+)
 from .warning_cause import CAUSES, classify, window_s
 
 log = logging.getLogger(__name__)
@@ -220,7 +226,8 @@ class PreemptionHandler:
         SLURM made without us (preemption grace ran out, node failure, manual requeue)."""
         if self.node_rank != 0:
             return
-        for stale in (self.flag_path, self._decision_path()):
+        record = checkpoint_record_path(self.flag_path)
+        for stale in (self.flag_path, self._decision_path(), record):
             stale.unlink(missing_ok=True)
         for path in self.dir.glob(f"r{self.run_index}.node*.done"):
             path.unlink(missing_ok=True)
@@ -241,10 +248,10 @@ class PreemptionHandler:
         except (OSError, ValueError, AttributeError):
             pass
         try:
-            rows = [
+            rows = [  # JobIDRaw: an array job's JobID is <array>_<index>, not SLURM_JOB_ID
                 r
-                for r in commands.sacct_rows(self.job_id or "", fields=("JobID", "State"))
-                if r["JobID"] == str(self.job_id)
+                for r in commands.sacct_rows(self.job_id or "", fields=("JobIDRaw", "State"))
+                if r["JobIDRaw"] == str(self.job_id)
             ]
         except commands.SlurmCommandError as exc:
             log.warning("cannot ask sacct why run %d of job %s ended: %s", run, self.job_id, exc)
@@ -315,6 +322,9 @@ class PreemptionHandler:
     def _decide(self, cause: str) -> WarningOutcome:
         fail_exit = 128 + (self._pending or self.signum)
         total = self.ledger.count()
+        refused = requeue_refusal(self.flag_path)  # written before rank 0 exited, so before now
+        if refused is not None:
+            return WarningOutcome(cause, False, fail_exit, f"not requeued: {refused}", total)
         if (
             cause == "time_limit"
             and self.ledger.count("time_limit") >= self.max_time_limit_requeues
@@ -332,26 +342,16 @@ class PreemptionHandler:
             self._emit(
                 "requeue", cause=cause, count=count, run=self.run_index, issued_by="submitit-local"
             )
-            return WarningOutcome(
-                cause,
-                True,
-                SUBMITIT_LOCAL_REQUEUE_EXIT,
-                "requeued by submitit's local executor",
-                count,
-            )
+            reason = "requeued by submitit's local executor"
+            return WarningOutcome(cause, True, SUBMITIT_LOCAL_REQUEUE_EXIT, reason, count)
         try:
             commands.requeue(self.job_id or "")
         except commands.SlurmCommandError as exc:
             return WarningOutcome(cause, False, fail_exit, f"not requeued: {exc}", total)
         count = self.ledger.append(cause, self.run_index, issued_by="nvrx")
         self._emit("requeue", cause=cause, count=count, run=self.run_index, issued_by="nvrx")
-        return WarningOutcome(
-            cause,
-            True,
-            EXIT_REQUEUED,
-            f"requeued job {self.job_id} ({cause}, requeue {count})",
-            count,
-        )
+        reason = f"requeued job {self.job_id} ({cause}, requeue {count})"
+        return WarningOutcome(cause, True, EXIT_REQUEUED, reason, count)
 
     def _await_decision(self, cause: str, deadline: float) -> WarningOutcome:
         path = self._decision_path()

@@ -1,4 +1,5 @@
-"""The decision after a warning, and the job's ledger of requeues (``requeues.json``)."""
+"""The decision after a warning, the job's ledger of requeues (``requeues.json``), and the
+record of a submitted callable's checkpoint (``r<run>.checkpoint``), which may refuse a requeue."""
 
 from __future__ import annotations
 
@@ -58,3 +59,31 @@ class RequeueLedger:
         entries.append({"cause": cause, "run": run, "wall": time.time(), **extra})
         write_json_atomic(self.path, entries)
         return len(entries)
+
+
+def checkpoint_record_path(flag: str | os.PathLike[str]) -> Path:
+    """Where rank 0 records the checkpoint of a submitted callable after the warning of the run
+    whose flag is ``flag``: ``r<run>.checkpoint`` next to it (``nvrx.submission.checkpointing``)."""
+    return Path(flag).with_suffix(".checkpoint")
+
+
+def write_checkpoint_record(flag: str | os.PathLike[str], requeue: bool, reason: str) -> Path:
+    """Record (atomically) whether the checkpoint lets the job be requeued, and why."""
+    return write_json_atomic(
+        checkpoint_record_path(flag), {"requeue": requeue, "reason": reason, "wall": time.time()}
+    )
+
+
+def requeue_refusal(flag: str | os.PathLike[str]) -> str | None:
+    """Why the callable's checkpoint refused the requeue (submitit: it returned None), or None."""
+    path = checkpoint_record_path(flag)
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("checkpoint record %s unreadable (%s); requeueing as usual", path, exc)
+        return None
+    if isinstance(record, dict) and record.get("requeue") is False:
+        return str(record.get("reason") or "the submitted callable's checkpoint refused it")
+    return None

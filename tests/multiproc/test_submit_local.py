@@ -14,9 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
+from submitit.helpers import Checkpointable
 
 from nvrx.events import read_dir
-from nvrx.submission.submit import submit
+from nvrx.submission.job import JobFailed
+from nvrx.submission.submit import Executor, submit
 
 
 def rank_and_value(value: int) -> tuple[int, int, str]:
@@ -41,6 +43,34 @@ def train_until_warned(ckpt_dir: str, steps_after_resume: int) -> dict:
         step += 1
         time.sleep(0.05)
     return {"rank": rank, "resumed_from": start, "final": step}
+
+
+class CountsSteps(Checkpointable):
+    """Trains without ever looking at the warning; its state (the step) is what it checkpoints."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.runs = 0
+
+    def __call__(self, steps_after_resume: int) -> dict:
+        self.runs += 1
+        start = self.step
+        while self.runs == 1 or self.step < start + steps_after_resume:
+            self.step += 1
+            time.sleep(0.05)
+        return {"rank": int(os.environ["RANK"]), "runs": self.runs, "resumed_from": start,
+                "final": self.step}  # fmt: skip
+
+
+class RefusesRequeue(CountsSteps):
+    def __submitit_checkpoint__(self, steps_after_resume: int) -> None:
+        return None  # submitit's way to say: do not requeue
+
+
+def _warned_run_exits(events: list[dict]) -> list[dict]:
+    """The child exits of the first run of a local job (the supervisor of its first task)."""
+    first = next(e["pid"] for e in events if e["kind"] == "supervisor_start")  # by wall time
+    return [e for e in events if e["kind"] == "child_exit" and e["pid"] == first]
 
 
 @pytest.mark.timeout(120)
@@ -83,3 +113,68 @@ def test_local_warning_checkpoints_requeues_and_resumes(tmp_path: Path) -> None:
     assert [e["action"] for e in events if e["kind"] == "checkpoint"].count("save") == 2
     summary = job.report(sacct=False).to_dict()["summary"]
     assert summary["restarts"]["requeue"] == 1
+
+
+@pytest.mark.timeout(180)
+def test_local_checkpointable_is_checkpointed_requeued_and_resumed(tmp_path: Path) -> None:
+    """submitit's Checkpointable: on the warning rank 0's state is checkpointed, every rank
+    stops at once (exit 0, not killed at the end of the window), and the requeued run of
+    every rank starts from that state."""
+    job = submit(
+        CountsSteps(),
+        args=(5,),
+        folder=tmp_path,
+        cluster="local",
+        nproc_per_node=2,
+        timeout_min=1,
+        signal_delay_s=50,  # the warning ~10 s after the start
+    )
+    results = job.results(timeout=150)
+    for rank, result in enumerate(results):
+        assert result["rank"] == rank and result["runs"] == 2, result
+        assert result["resumed_from"] > 0 and result["final"] == result["resumed_from"] + 5
+    assert results[0]["resumed_from"] == results[1]["resumed_from"]  # rank 0's checkpoint
+    events, _ = read_dir(job.log_dir)
+    assert [e["count"] for e in events if e["kind"] == "requeue"] == [1]
+    stopped = _warned_run_exits(events)
+    assert [(e["exit_code"], e["signal"]) for e in stopped] == [(0, None), (0, None)]
+    saves = [e for e in events if e["kind"] == "checkpoint" and e["action"] == "save"]
+    assert [e["rank"] for e in saves] == [0]
+    assert job.report(sacct=False).to_dict()["summary"]["restarts"]["requeue"] == 1
+
+
+@pytest.mark.timeout(150)
+def test_local_checkpoint_returning_none_ends_the_job_unrequeued(tmp_path: Path) -> None:
+    job = submit(
+        RefusesRequeue(),
+        args=(5,),
+        folder=tmp_path,
+        cluster="local",
+        timeout_min=1,
+        signal_delay_s=50,
+    )
+    with pytest.raises(JobFailed, match="checkpoint returned None"):
+        job.result(timeout=120)
+    events, _ = read_dir(job.log_dir)
+    assert not [e for e in events if e["kind"] == "requeue"]
+    stops = [e["reason"] for e in events if e["kind"] == "job_stop"]
+    assert stops == ["not requeued: the submitted callable's checkpoint returned None (no requeue)"]
+    assert [(e["exit_code"], e["signal"]) for e in _warned_run_exits(events)] == [(0, None)]
+    assert len({e["pid"] for e in events if e["kind"] == "supervisor_start"}) == 1  # one run
+
+
+@pytest.mark.timeout(150)
+def test_local_map_array_runs_one_job_per_element(tmp_path: Path) -> None:
+    executor = Executor(tmp_path, cluster="local", nproc_per_node=2, timeout_min=2)
+    jobs = executor.map_array(rank_and_value, [3, 4])
+    assert len(jobs) == 2 and jobs[0].job_id != jobs[1].job_id
+    assert [job.results(timeout=120) for job in jobs] == [
+        [(0, 3, "1"), (1, 3, "1")],
+        [(0, 4, "1"), (1, 4, "1")],
+    ]
+    for job in jobs:
+        assert job.log_dir == tmp_path / "nvrx_logs" / job.job_id
+        events, _ = read_dir(job.log_dir)
+        assert {e["job"] for e in events} == {job.job_id}  # each job's events in its own dir
+        summary = job.report(sacct=False).to_dict()["summary"]
+        assert summary["outcome"] == "completed"

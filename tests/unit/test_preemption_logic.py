@@ -15,13 +15,14 @@ import pytest
 from nvrx import checkpoint_flag
 from nvrx.events import EventWriter, read_dir
 from nvrx.processes import signal_from_name
+from nvrx.slurm import commands
 from nvrx.supervisor.children import Child, stop_children
 from nvrx.supervisor.preemption import (
     EXIT_REQUEUED,
     SUBMITIT_LOCAL_REQUEUE_EXIT,
     PreemptionHandler,
 )
-from nvrx.supervisor.requeue_ledger import RequeueLedger
+from nvrx.supervisor.requeue_ledger import RequeueLedger, WarningOutcome, write_checkpoint_record
 from nvrx.supervisor.warning_cause import classify, parse_duration
 from tests.support.waiting import wait_until
 
@@ -369,3 +370,58 @@ def test_after_losing_node_0_the_store_host_decides_without_waiting_for_lost_nod
     assert decisions[1] == decisions[2] and decisions[1].requeued  # type: ignore[attr-defined]
     assert not (job_dir / "preempt" / "r0.node0.done").exists()
     assert RequeueLedger(job_dir / "preempt" / "requeues.json").count() == 1
+
+
+def test_a_slurm_requeue_of_an_array_element_gets_its_cause_from_sacct(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An array element's sacct JobID is <array>_<index>; its SLURM_JOB_ID is JobIDRaw."""
+    rows = [
+        {"JobID": "4242_1", "JobIDRaw": "4243", "State": "PREEMPTED"},
+        {"JobID": "4242_1.batch", "JobIDRaw": "4243.batch", "State": "CANCELLED"},
+        {"JobID": "4242_1", "JobIDRaw": "4243", "State": "RUNNING"},
+    ]
+
+    def sacct_rows(job_id: str, fields: tuple[str, ...], **kwargs: object) -> list[dict]:
+        assert job_id == "4243"
+        return [{f: row[f] for f in fields} for row in rows]
+
+    monkeypatch.setattr(commands, "sacct_rows", sacct_rows)
+    job_dir = tmp_path / "4242_1"
+    writer = EventWriter(job_dir, "supervisor", {"job": "4242_1", "node": 0})
+    handler = PreemptionHandler(
+        job_dir, 0, 1, job_id="4243", run_index=1, writer=writer, export_env=False
+    )
+    handler.start()
+    assert [e["cause"] for e in handler.ledger.entries()] == ["preemption"]
+    events, _ = read_dir(job_dir)
+    assert [(e["kind"], e["cause"], e["issued_by"]) for e in events] == [
+        ("requeue", "preemption", "slurm")
+    ]
+
+
+def test_a_refusing_checkpoint_record_stops_scontrol_requeue_and_a_stale_one_is_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node 0 reads rank 0's checkpoint record before ``scontrol requeue``; a record left over
+    from an earlier run with the same index is removed when the run starts."""
+    requeued: list[str] = []
+    monkeypatch.setattr(commands, "requeue", lambda job_id, **kwargs: requeued.append(job_id))
+    monkeypatch.setattr(commands, "show_job", lambda job_id, **kwargs: None)
+
+    def warned(job_dir: Path, refusal: str | None) -> WarningOutcome:
+        writer = EventWriter(job_dir, "supervisor", {"job": "4242", "node": 0})
+        handler = PreemptionHandler(
+            job_dir, 0, 1, job_id="4242", preempt_window_s=1, writer=writer, export_env=False
+        )
+        write_checkpoint_record(handler.flag_path, False, "left over")
+        handler.start()
+        if refusal is not None:  # what rank 0 records when its checkpoint returned None
+            write_checkpoint_record(handler.flag_path, False, refusal)
+        handler.on_signal(signal.SIGUSR2)
+        return handler.act(_no_children, cause="preemption")
+
+    decision = warned(tmp_path / "refused", "the checkpoint returned None")
+    assert not decision.requeued and requeued == []
+    assert decision.reason == "not requeued: the checkpoint returned None"
+    assert warned(tmp_path / "stale", None).requeued and requeued == ["4242"]

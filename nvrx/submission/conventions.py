@@ -1,0 +1,112 @@
+"""submitit's names for nvrx's settings: parameter aliases and the warning signal.
+
+A submitit user's parameters and environment keep working under ``nvrx.submit``:
+
+- ``slurm_signal_delay_s`` is ``signal_delay_s``; ``max_num_timeout`` and
+  ``slurm_max_num_timeout`` are ``max_time_limit_requeues``. Each pair is one
+  setting: either name sets it, two names with different values is an error.
+- ``SUBMITIT_PREEMPT_SIGNAL`` (submitit's choice of warning signal) and
+  ``NVRX_PREEMPT_SIGNAL`` (the signal nvrx's supervisors take as the warning)
+  are one setting too. The signal SLURM is asked for (``--signal=<SIG>@<delay>``)
+  and the one the supervisors wait for must be the same, or the warning is lost.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping
+from typing import Any
+
+from nvrx import jobenv
+from nvrx.processes import DEFAULT_WARNING_SIGNAL, signal_from_name
+
+#: submitit's variable naming the warning signal (read by submitit as ``SIG<name>``).
+SUBMITIT_SIGNAL_ENV = "SUBMITIT_PREEMPT_SIGNAL"
+NVRX_SIGNAL_ENV = jobenv.PREEMPT_SIGNAL
+#: Signals nvrx's supervisors can take as the warning (they listen for both; NCCL may use USR1).
+WARNING_SIGNALS = ("USR1", "USR2")
+#: nvrx's setting -> submitit's names of the same setting, and what the setting is.
+ALIASES: dict[str, tuple[tuple[str, ...], str]] = {
+    "signal_delay_s": (("slurm_signal_delay_s",), "seconds of warning before the time limit"),
+    "max_time_limit_requeues": (
+        ("max_num_timeout", "slurm_max_num_timeout"),
+        "how many times a job is requeued after its time limit",
+    ),
+}
+
+
+class SubmitError(ValueError):
+    """Bad submission parameters; raised before anything is submitted. The message names the fix."""
+
+
+def merge_aliases(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` with submitit's names replaced by nvrx's; SubmitError naming every name given
+    for one setting when their values differ."""
+    merged = dict(params)
+    for name, (aliases, meaning) in ALIASES.items():
+        given = [(n, merged.pop(n)) for n in (name, *aliases) if n in merged]
+        if not given:
+            continue
+        if any(value != given[0][1] for _, value in given[1:]):
+            names = [f"{n}={v!r}" for n, v in given]
+            listed = ", ".join(names[:-1]) + " and " + names[-1]
+            raise SubmitError(f"{listed} are one setting ({meaning}): give one of them")
+        merged[name] = given[0][1]
+    return merged
+
+
+def _submitit_signal(name: str) -> signal.Signals:
+    """The signal submitit makes of ``SUBMITIT_PREEMPT_SIGNAL`` (``SIG`` + the value, as is)."""
+    found = getattr(signal, "SIG" + name, None)
+    if not isinstance(found, signal.Signals):
+        raise SubmitError(
+            f"{SUBMITIT_SIGNAL_ENV}={name!r} is not a signal name submitit understands: "
+            "write it without SIG, in capitals (e.g. USR2)"
+        )
+    return found
+
+
+def warning_signal_name(env: Mapping[str, str]) -> str:
+    """The warning signal of a job submitted from ``env``, as SLURM writes it (``USR2``).
+
+    ``SUBMITIT_PREEMPT_SIGNAL`` and ``NVRX_PREEMPT_SIGNAL`` name the same
+    setting: whichever is set, the same value when both are, default USR2.
+    """
+    submitit_name = env.get(SUBMITIT_SIGNAL_ENV) or None
+    nvrx_name = env.get(NVRX_SIGNAL_ENV) or None
+    chosen: dict[str, signal.Signals] = {}
+    if submitit_name is not None:
+        chosen[SUBMITIT_SIGNAL_ENV] = _submitit_signal(submitit_name)
+    if nvrx_name is not None:
+        try:
+            chosen[NVRX_SIGNAL_ENV] = signal.Signals(signal_from_name(nvrx_name, NVRX_SIGNAL_ENV))
+        except ValueError as exc:
+            raise SubmitError(str(exc)) from None
+    if len(set(chosen.values())) > 1:
+        raise SubmitError(
+            f"{NVRX_SIGNAL_ENV}={nvrx_name!r} and {SUBMITIT_SIGNAL_ENV}={submitit_name!r} are one "
+            "setting (the signal SLURM warns the job with): set one of them, or both the same"
+        )
+    signum = next(iter(chosen.values()), signal.Signals["SIG" + DEFAULT_WARNING_SIGNAL])
+    name = signum.name.removeprefix("SIG")
+    if name not in WARNING_SIGNALS:
+        where = " and ".join(f"{k}={env[k]!r}" for k in chosen)
+        raise SubmitError(
+            f"{where}: nvrx's supervisors take {' or '.join(WARNING_SIGNALS)} as the warning signal"
+        )
+    return name
+
+
+def sbatch_signal(extra: Mapping[str, Any], signal_name: str, delay_s: int) -> dict[str, Any]:
+    """``slurm_additional_parameters`` with ``signal`` set to ``<signal_name>@<delay_s>``: it
+    overrides the ``--signal`` submitit writes from its own, possibly stale, choice. A different
+    ``signal`` given there is an error: the supervisors would wait for another warning."""
+    wanted = f"{signal_name}@{delay_s}"
+    given = extra.get("signal")
+    if given is not None and str(given) != wanted:
+        raise SubmitError(
+            f"slurm_additional_parameters['signal']={given!r} differs from the warning nvrx's "
+            f"supervisors wait for ({wanted!r}): set the signal with {NVRX_SIGNAL_ENV} or "
+            f"{SUBMITIT_SIGNAL_ENV} and the delay with signal_delay_s instead"
+        )
+    return {**extra, "signal": wanted}
