@@ -1,7 +1,9 @@
 """Finding a job's event files and reading them quickly, without ever writing to them.
 
-The fast path parses a whole well-formed file in one ``json.loads`` call (the
-report reads millions of events); any file that is not perfectly formed goes
+The fast path parses a whole well-formed file in one call (the report reads
+millions of events), with ``orjson`` where it is installed (``pip install
+'nvrx[fast]'``) and the standard library's ``json``
+otherwise; any file that is not perfectly formed goes
 through the tolerant ``nvrx.events.reader.iter_file`` instead, which skips and
 records torn, merged and malformed lines, and events whose common fields are
 impossible (``nvrx.events.validation``).
@@ -25,6 +27,11 @@ from nvrx.events.reader import (
 )
 from nvrx.events.schema import KINDS
 from nvrx.events.validation import common_field_problem
+
+try:  # optional: the same values, parsed faster
+    from orjson import loads as parse_json
+except ImportError:  # pragma: no cover - depends on the environment
+    parse_json = json.loads
 
 
 class ReportError(Exception):
@@ -51,7 +58,7 @@ def read_events(path: str | os.PathLike[str], stats: ReadStats) -> list[dict[str
         try:
             # Event lines never contain a raw newline (JSON escapes it), so the
             # lines of a well-formed file joined by commas are one JSON array.
-            events = json.loads(b"[" + data[:-1].replace(b"\n", b",") + b"]")
+            events = parse_json(b"[" + data[:-1].replace(b"\n", b",") + b"]")
         except (ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
             events = None
         if events is not None and all(

@@ -100,6 +100,17 @@ def test_depth_measure() -> None:
     assert nesting_depth(inner) == 1
 
 
+
+def test_test_files_have_unique_names() -> None:
+    # The tiers import their test files by basename (rootdir-relative sys.path, no packages):
+    # two files of one name in two tiers stop the whole session at collection.
+    tests = PACKAGE.parent / "tests"
+    names: dict[str, list[str]] = {}
+    for path in tests.rglob("test_*.py"):
+        names.setdefault(path.name, []).append(str(path.relative_to(tests)))
+    assert {n: p for n, p in names.items() if len(p) > 1} == {}
+
+
 if __name__ == "__main__":
     for module in MODULES:
         for problem in problems(module):
