@@ -112,26 +112,26 @@ class JobRestart:
         self.link.set(_key(epoch, "begin"), json.dumps(cause))
         self._begin_job_restart(epoch, cause)  # here at once: the loop must not end meanwhile
 
-    def _restart_for_lost_node(self, loss: Any) -> None:
+    def _restart_for_lost_node(self, node_rank: int | None) -> None:
         """A spare took over a lost node of a plain script: restart every rank with it.
 
         The survivors' ranks wait for the lost ones in a collective (or fail in turn), and the
-        spare's new ranks cannot join their old process group. A node loss spends no unit of
-        the budget (``node_lost`` counts it). Called by the slot that declared the loss, which
-        may be the leaving node itself (``ExcludeThisNode``): it only announces the restart.
+        spare's new ranks cannot join their old process group. Called by the slot that
+        declared the loss: the lost slot's watcher in the ring of slots (a training slot,
+        whose own ranks tell whether the job runs the Wrapper), or the leaving node itself
+        after ``ExcludeThisNode``, which only announces it. A node loss spends no unit of
+        the budget (``node_lost`` counts it).
         """
-        if loss is None or loss.action != "spare" or loss.node_rank is None:
-            return
-        if self._job_restart is not None or not self.children:
+        if node_rank is None or self._job_restart is not None or not self.children:
             return
         if not all(self._job_wide(child.pid) for child in self.children.values()):
             return  # Wrapper ranks restart in-process and wait for the spare's
         epoch = self._job_epoch + 1
         if self.link.add(_key(epoch, "claim"), 1) != 1:
-            self._begin_job_restart(epoch, None)  # a failure of this epoch claimed it first
+            self._begin_job_restart(epoch, None)  # another slot (or a failure) claimed it first
             return
-        rank = self.config.rank(0, loss.node_rank)
-        cause = {"rank": rank, "node": loss.node_rank, "signature": NODE_LOST_SIGNATURE}
+        rank = self.config.rank(0, node_rank)
+        cause = {"rank": rank, "node": node_rank, "signature": NODE_LOST_SIGNATURE}
         self.link.set(_key(epoch, "begin"), json.dumps(cause))
         self._begin_job_restart(epoch, cause)
 

@@ -83,7 +83,8 @@ class NodeMessages:
             self.request_stop(loss.reason, ExitCode.NODE_LOST, broadcast=True)
             self._requeue_without(loss.host)
         try:
-            self._restart_for_lost_node(loss)
+            if loss is not None and loss.action == "spare":
+                self._restart_for_lost_node(loss.node_rank)
         except StoreLinkError as exc:
             self._store_unavailable(exc)
 

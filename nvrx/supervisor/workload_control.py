@@ -66,7 +66,8 @@ class WorkloadControl:
                 log.warning("could not tell the other nodes to stop: %s", exc)
             self._requeue_without(loss.host)
         try:
-            self._restart_for_lost_node(loss)  # the others restart with the spare that replaces it
+            if loss is not None and loss.action == "spare":  # the others restart with the spare
+                self._restart_for_lost_node(loss.node_rank)
         except StoreLinkError as exc:
             log.warning("could not announce the job-wide restart: %s", exc)
 

@@ -17,8 +17,12 @@ import json
 import subprocess
 import sys
 
+import psutil
 import pytest
+from test_node_loss import kill_tree
 from test_supervisor_local import REPO, Job
+
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -185,6 +189,39 @@ def test_exclude_this_node_with_a_spare_restarts_the_job_on_the_spare(tmp_path):
     assert not [d for d in job.events("restart_decision")], job.output()  # no budget spent
     done = [e for e in job.events("child_exit") if e["exit_code"] == 0]
     assert sorted((e["node"], e["global_rank"]) for e in done) == [(0, 0), (2, 1)], job.output()
+    assert "rank 1: done" in job.output() and "rank 0: done" in job.output()
+
+
+def test_a_frozen_node_of_a_plain_script_is_replaced_and_every_rank_restarts(tmp_path):
+    # Node 1 freezes (its sockets stay open: rank 0 blocks in all_reduce, it does not fail);
+    # its peers declare it lost after --node-timeout, the spare takes its node rank, and the
+    # declaring slot restarts every rank of the job with the spare's.
+    job = Job(
+        tmp_path, 3, 1, [*HEARTBEATS, "--steps", "40", "--step-time", "0.2",
+                         "--checkpoint-dir", str(tmp_path / "ck")],
+        *COMMON, "--spare-nodes", "1", "--node-timeout", "3", "--node-heartbeat", "0.5",
+    )  # fmt: skip
+    try:
+        wait_until("a checkpoint of rank 1", (tmp_path / "ck" / "rank1.json").exists, 120, state=job.output)
+        frozen = psutil.Process(job.procs[1].pid)
+        for proc in [frozen, *frozen.children(recursive=True)]:
+            proc.suspend()
+        codes = [job.procs[slot].wait(200) for slot in (0, 2)]
+    finally:
+        kill_tree(job.procs[1].pid)
+        job.wait(10)
+    assert codes == [0, 0], job.output()
+    [lost] = job.events("node_lost")
+    assert (lost["lost_slot"], lost["action"], lost["replaced_by"]) == (1, "spare", 2), lost
+    causes = [e["cause"] for e in job.events("job_restart") if e.get("cause")]
+    assert causes and all(c == {"rank": 1, "node": 1, "signature": "node lost"} for c in causes), causes
+    assert not job.events("restart_decision"), job.output()  # a node loss spends no budget
+    starts = sorted((e["node"], e["global_rank"], e["attempt"]) for e in job.events("child_start"))
+    assert [x for x in starts if x[0] == 0] == [(0, 0, 0), (0, 0, 1)], starts  # restarted once
+    # the spare runs rank 1 (started at its takeover, and again by the restart if that came later)
+    assert {(n, r) for n, r, a in starts if n != 0 and a > 0} == {(2, 1)}, starts
+    started = [e["node"] for e in job.events("job_restart") if e["phase"] == "started"]
+    assert sorted(started) == [0, 2], started  # one job-wide restart, the spare in it
     assert "rank 1: done" in job.output() and "rank 0: done" in job.output()
 
 
