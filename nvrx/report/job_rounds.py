@@ -71,8 +71,8 @@ def job_restart_rounds(job: JobSummary) -> list[RoundRow]:
             started = [e["wall"] for e in events if e.get("phase") == "started"]
             end = min(stopping, default=None)
             cause = next((e["cause"] for e in events if e.get("cause")), None) or {}
-            row = _row(job, run, epoch - 1, start, end, "restart", world)
-            _name_cause(job, row, run, cause)
+            row = _row(job, run, epoch - 1, start, end, "restart")
+            _name_cause(job, row, run, cause, world)
             if end is not None and started:
                 row.restart_latency_s = max(started) - end
                 ready = [e["wall"] for e in events if e.get("phase") == "ready"]
@@ -84,11 +84,7 @@ def job_restart_rounds(job: JobSummary) -> list[RoundRow]:
             rows.append(row)
             start = max(started, default=None)
         last = max(epochs)
-        rows.append(
-            _row(
-                job, run, last, start, _last(job, run, "supervisor_end"), _run_end(job, run), world
-            )
-        )
+        rows.append(_row(job, run, last, start, _last(job, run, "supervisor_end"), _run_end(job, run)))
     return rows
 
 
@@ -99,7 +95,6 @@ def _row(
     start: float | None,
     end: float | None,
     outcome: str,
-    world: int,
 ) -> RoundRow:
     hangs = [
         h
@@ -118,7 +113,7 @@ def _row(
     )  # fmt: skip
 
 
-def _name_cause(job: JobSummary, row: RoundRow, run: int, cause: dict[str, Any]) -> None:
+def _name_cause(job: JobSummary, row: RoundRow, run: int, cause: dict[str, Any], ranks: int) -> None:
     """The announced failure as the row's first failure; every other rank restarted with it."""
     row.cause = cause.get("signature")
     row.first_rank, row.first_node = cause.get("rank"), cause.get("node")
@@ -135,7 +130,6 @@ def _name_cause(job: JobSummary, row: RoundRow, run: int, cause: dict[str, Any])
             None,
         )
     row.also_failed = [r for r in row.hang_ranks if r != row.first_rank]
-    ranks = world_of(job)
     row.peer_notified = (
         max(0, ranks - 1 - len(row.also_failed)) if row.first_rank is not None else ranks
     )
