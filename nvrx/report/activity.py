@@ -29,6 +29,7 @@ from .model import (
     RunSpan,
     SpareSpan,
 )
+from .process_rows import events_by_slot
 
 if TYPE_CHECKING:
     from .aggregate import JobSummary
@@ -119,11 +120,7 @@ def _span(
 
 def _processes(job: JobSummary, losses: LossIndex) -> list[ProcessSpan]:
     """Each ``child_start`` paired with the next ``child_exit`` of its slot and local rank."""
-    by_slot: dict[tuple[int, Any, str | None, Any], list[dict[str, Any]]] = {}
-    for e in job.node_events:
-        if e.get("kind") in _LIFE_KINDS:
-            key = (e["run"], e.get("node"), e.get("host"), e.get("local_rank"))
-            by_slot.setdefault(key, []).append(e)
+    by_slot = events_by_slot(job, _LIFE_KINDS)
     spans: list[ProcessSpan] = []
     nprocs = _nprocs(job)
     of_slot: dict[tuple[int, Any], list[NodeLoss]] = {}

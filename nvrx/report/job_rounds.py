@@ -65,7 +65,7 @@ def job_restart_rounds(job: JobSummary) -> list[RoundRow]:
     world = world_of(job)
     rows: list[RoundRow] = []
     for run, epochs in sorted(by_run.items()):
-        start = _first(job, run, "child_start")
+        start = min(_walls(job, run, "child_start"), default=None)
         for epoch, events in sorted(epochs.items()):
             stopping = [e["wall"] for e in events if e.get("phase") == "stopping"]
             started = [e["wall"] for e in events if e.get("phase") == "started"]
@@ -84,7 +84,7 @@ def job_restart_rounds(job: JobSummary) -> list[RoundRow]:
             rows.append(row)
             start = max(started, default=None)
         last = max(epochs)
-        rows.append(_row(job, run, last, start, _last(job, run, "supervisor_end"), _run_end(job, run)))
+        rows.append(_row(job, run, last, start, max(_walls(job, run, "supervisor_end"), default=None), _run_end(job, run)))
     return rows
 
 
@@ -139,26 +139,9 @@ def _within(wall: float, start: float | None, end: float | None) -> bool:
     return (start is None or wall >= start) and (end is None or wall <= end)
 
 
-def _first(job: JobSummary, run: int, kind: str) -> float | None:
-    return min(
-        (
-            e["wall"]
-            for e in job.node_events
-            if e["run"] == run and e.get("kind") == kind and "wall" in e
-        ),
-        default=None,
-    )
-
-
-def _last(job: JobSummary, run: int, kind: str) -> float | None:
-    return max(
-        (
-            e["wall"]
-            for e in job.node_events
-            if e["run"] == run and e.get("kind") == kind and "wall" in e
-        ),
-        default=None,
-    )
+def _walls(job: JobSummary, run: int, kind: str) -> list[float]:
+    """Wall times of the run's node events of ``kind``."""
+    return [e["wall"] for e in job.node_events if e["run"] == run and e.get("kind") == kind and "wall" in e]
 
 
 def _run_end(job: JobSummary, run: int) -> str:
@@ -179,8 +162,9 @@ def job_wide_restarts(job: JobSummary) -> tuple[int, int]:
     """Job-wide restarts that started children again, and the processes they relaunched
     (children started between the restart's first stopping node and its last started one)."""
     spans: dict[tuple[int, int], tuple[float, float]] = {}
+    all_started = _phase_walls(job, "started")
     for (run, epoch), walls in _phase_walls(job, "stopping").items():
-        started = _phase_walls(job, "started").get((run, epoch))
+        started = all_started.get((run, epoch))
         if started:
             spans[(run, epoch)] = (min(walls), max(started))
     relaunched = sum(

@@ -7,6 +7,7 @@ here, once every event is known.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from nvrx.events.failures import PEER
@@ -176,16 +177,24 @@ def _row(
     )
 
 
+def events_by_slot(
+    job: JobSummary, kinds: Collection[str]
+) -> dict[tuple[int, Any, str | None, Any], list[dict[str, Any]]]:
+    """Node events of ``kinds`` per (run, node, host, local rank), in arrival order. A slot is
+    one local rank of one node: several node ranks may share a host."""
+    by_slot: dict[tuple[int, Any, str | None, Any], list[dict[str, Any]]] = {}
+    for e in job.node_events:
+        if e.get("kind") in kinds:
+            key = (e["run"], e.get("node"), e.get("host"), e.get("local_rank"))
+            by_slot.setdefault(key, []).append(e)
+    return by_slot
+
+
 def process_restarts(job: JobSummary, losses: LossIndex | None = None) -> list[ProcessRestart]:
     """Failed child processes, paired with the decision and replacement that followed."""
     stops = _stop_walls(job)
     restarts = _restart_windows(job)
-    # A slot is one local rank of one node: several node ranks may share a host.
-    by_slot: dict[tuple[int, Any, str | None, Any], list[dict[str, Any]]] = {}
-    for e in job.node_events:
-        if e.get("kind") in _SLOT_KINDS:
-            key = (e["run"], e.get("node"), e.get("host"), e.get("local_rank"))
-            by_slot.setdefault(key, []).append(e)
+    by_slot = events_by_slot(job, _SLOT_KINDS)
     rows: list[ProcessRestart] = []
     for (run, slot, host, _), events in by_slot.items():
         events.sort(key=lambda e: e.get("wall") or 0.0)
