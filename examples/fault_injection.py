@@ -4,8 +4,10 @@ A fault is ``KIND:STEP:RANK`` with KIND one of ``exception`` (raise at that
 step), ``hang`` (sleep for ever in ``sleep_forever``, with the GIL released, as
 a rank stuck in a blocking call does), ``kill`` (SIGKILL the process),
 ``node`` (lose the whole node: freeze, then SIGKILL, the rank's supervisor and
-every process below it, as a node that dies takes all of them at once) or
-``exit130`` (ask for a clean stop of the whole job). Each fault fires once per
+every process below it, as a node that dies takes all of them at once),
+``silent`` (freeze the Wrapper's monitor process of the rank, then the rank:
+alive, but no heartbeat) or ``exit130`` (ask for a clean stop of the whole
+job). Each fault fires once per
 job: a marker file in the run directory remembers that it fired, so the
 restarted process (or the next in-process round) does not fire it again.
 """
@@ -20,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-KINDS = ("exception", "hang", "kill", "node", "exit130")
+KINDS = ("exception", "hang", "kill", "node", "silent", "exit130")
 
 
 class InjectedFault(RuntimeError):
@@ -72,6 +74,25 @@ def lose_node() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def go_silent(run_dir: Path) -> None:
+    """The ``silent`` fault: the rank's monitor process (no more heartbeats), then the rank, stop.
+
+    Their pids go to ``silenced.pids`` in ``run_dir``: whoever runs the demo can end them
+    if nothing else does (a frozen monitor leads a session of its own)."""
+    import psutil
+
+    frozen = [os.getpid()]
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if any("nvrx.inprocess.monitor_main" in part for part in proc.cmdline()):
+                frozen.append(proc.pid)
+    (run_dir / "silenced.pids").write_text(" ".join(map(str, frozen)) + "\n")
+    for pid in frozen[1:]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
 def sleep_forever() -> None:
     """The ``hang`` fault: no more progress, GIL released; a signal handler's exception ends it."""
     while True:
@@ -105,6 +126,8 @@ class FaultInjector:
                 os.kill(os.getpid(), signal.SIGKILL)
             if fault.kind == "node":
                 lose_node()
+            if fault.kind == "silent":
+                go_silent(self.run_dir)
             if fault.kind == "exit130":
                 sys.stdout.flush()
                 os._exit(130)

@@ -36,10 +36,14 @@ FRESH_START = "NVRX_FRESH_START"
 TAKEOVER = "NVRX_TAKEOVER"
 #: Descriptor on which a warm standby waits for the rank it becomes (``supervisor.standby``).
 STANDBY_FD = "NVRX_STANDBY_FD"
+#: Descriptor on which a warm standby says it is warm: one byte, after its imports.
+STANDBY_READY_FD = "NVRX_STANDBY_READY_FD"
 #: The supervisor's socket for heartbeats and sections (``nvrx.fault_tolerance``).
 FT_SOCKET = "NVRX_FT_SOCKET"
 #: The supervisor's ``FaultToleranceConfig``, as JSON.
 FT_CONFIG = "NVRX_FT_CONFIG"
+#: The supervisor's socket for the heartbeats of the Wrapper's monitors (``nvrx.rank_beats``).
+RANK_BEATS = "NVRX_RANK_BEATS"
 # -- settings a user or a template may give --------------------------------------------
 PREEMPT_SIGNAL = "NVRX_PREEMPT_SIGNAL"
 SIGNAL_DELAY_S = "NVRX_SIGNAL_DELAY_S"

@@ -132,6 +132,15 @@ KINDS: dict[str, dict[str, str]] = {
         "warm": "true when a warm standby (torch already imported) became the child",
         "files": "its directory, relative to the job's: error file and log files (rank_logs)",
     },
+    "standby_start": {
+        "standby_pid": "pid of a warm standby started ahead, to import torch before it has a rank",
+        "purpose": "restart: the next child this supervisor starts, of whichever local rank",
+    },
+    "standby_ready": {
+        "standby_pid": "pid of the standby, now warm: its imports and its monitor's are done",
+        "purpose": "as in standby_start",
+        "warm_up_s": "seconds from its start to warm",
+    },
     "child_exit": {
         "local_rank": "local rank",
         "child_pid": "pid",

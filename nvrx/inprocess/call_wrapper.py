@@ -100,11 +100,16 @@ class CallWrapper:
         w = self.wrapper
         if not (restarted_process() and supervised()) or w.rejoin_timeout <= 0:
             return None
-        if not rejoin.job_alive(self.services.base_store, w.heartbeat_interval, not taking_over()):
+        if not rejoin.job_alive(self.services.base_store):
             return None
         wait_s = w.rejoin_timeout + w.barrier_timeout + w.soft_timeout
         return rejoin.request_admission(
-            self.services.base_store, self.initial_rank, wait_s, self.emit
+            self.services.base_store,
+            self.initial_rank,
+            wait_s,
+            self.emit,
+            heartbeat_interval=w.heartbeat_interval,
+            look=not taking_over(),
         )
 
     def _resume(self, admission: rejoin.Admission) -> None:

@@ -12,7 +12,10 @@ rank, it reads the rank's ``ProgressBoard`` and acts:
 * the rank's process died (pidfd, no polling): leave the round on its behalf;
 * heartbeats: one counter per rank per round; the next rank's counter that
   stops moving, or never moves, for ``heartbeat_timeout`` after this monitor
-  saw the round start is declared unresponsive.
+  saw the round start is declared unresponsive. Under a supervisor
+  (``NVRX_RANK_BEATS``) the monitor beats to its node's supervisor instead,
+  which watches the node's ranks and talks to the store for all of them
+  (``nvrx.rank_beats``): no heartbeat reaches the store from a rank.
 
 When the rank's monitor hosts the store (standalone, ``tcp_store_host_rank``)
 the store service is its child and serves until every rank passed the
@@ -34,7 +37,7 @@ import sys
 import time
 from typing import Any
 
-from nvrx import events, processes
+from nvrx import events, jobenv, processes, rank_beats
 from nvrx.store import barrier as nvrx_barrier
 from nvrx.store import client, keys
 from nvrx.store.faults import FaultRecord
@@ -47,6 +50,9 @@ from .monitor_process import STACK_SIGNAL, MonitorConfig
 from .progress_watchdog import FLAG_SHUTDOWN, FLAG_TIMEOUTS_OFF, FLAG_USER, ProgressBoard
 
 log = logging.getLogger(__name__)
+
+#: Longest wait for room in the supervisor's queue of beats for the last one, the ``bye``.
+BYE_WAIT_S = 2.0
 
 
 class _Monitor:
@@ -76,6 +82,9 @@ class _Monitor:
         self.peer: int | None = None
         self.peer_value: int | None = None
         self.peer_changed = 0.0
+        beats_path = rank_beats.socket_path()
+        self.sender = rank_beats.BeatSender(beats_path) if beats_path else None
+        self.child = _child_of_supervisor()
 
     def _connect(self) -> Any:
         if self.cfg.store_factory:
@@ -161,6 +170,9 @@ class _Monitor:
             return
         self.next_hb = now + self.cfg.heartbeat_interval
         rank = int(info["rank"])
+        if self.sender is not None:
+            self.sender.send(self._beat(rank, int(info["world_size"])))
+            return
         if rank >= 0:
             self.store.add(keys.heartbeat(rank), 1)
             self.base.add(keys.ALIVE, 1)
@@ -172,6 +184,22 @@ class _Monitor:
             return
         if now - self.peer_changed > self.cfg.heartbeat_timeout:
             self._peer_silent(now, rank, int(info["world_size"]))
+
+    def _beat(self, rank: int, world_size: int, bye: bool = False) -> rank_beats.Beat:
+        cfg = self.cfg
+        return rank_beats.Beat(
+            initial_rank=cfg.initial_rank,
+            pid=cfg.target_pid,
+            local_rank=self.child[0],
+            attempt=self.child[1],
+            rank=rank,
+            world_size=world_size,
+            round=self.round,
+            interval=cfg.heartbeat_interval,
+            timeout=cfg.heartbeat_timeout,
+            monitor_pid=os.getpid(),
+            bye=bye,
+        )
 
     def _peer_silent(self, now: float, rank: int, world_size: int) -> None:
         """The watched peer stopped beating: take it out, then watch the rank after it."""
@@ -241,9 +269,15 @@ class _Monitor:
         ready = {"ready": True, "pid": os.getpid(), "port": cfg.store_port}
         sys.stdout.write(json.dumps(ready) + "\n")
         sys.stdout.flush()
+        watched = False
         try:
             self._watch(pidfd, poller)
+            watched = True
         finally:
+            if self.sender is not None:
+                if watched:  # beating ends on purpose: no silence to declare
+                    self.sender.send(self._beat(-1, 0, bye=True), wait_s=BYE_WAIT_S)
+                self.sender.close()  # a failed monitor says nothing: its rank is unwatched
             if self.service is not None:
                 self.service.stop()
             if not monitor_target.alive(
@@ -283,6 +317,15 @@ class _Monitor:
         )
         self._leave(int(info["rank"]), int(info["world_size"]), record)
         self._keep_store()
+
+
+def _child_of_supervisor() -> tuple[int, int]:
+    """(local rank, restart count) of the supervisor's child this rank runs in; -1, 0 unknown."""
+    try:
+        return jobenv.int_from(None, "LOCAL_RANK", -1), jobenv.int_from(None, jobenv.RESTART_COUNT, 0)
+    except ValueError as exc:
+        log.warning("%s: the supervisor cannot tell which child beats", exc)
+        return -1, 0
 
 
 def main() -> int:

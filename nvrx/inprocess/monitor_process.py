@@ -12,7 +12,9 @@ The protocol between the two: the handle writes the ``MonitorConfig`` as one
 JSON line on the program's stdin; the program answers one JSON line on its
 stdout once it watches (``{"ready": true, "pid": ..., "port": ...}``, the port
 of the store it hosts, if any). The Wrapper asks it to exit by setting the
-board's shutdown flag and closing its stdin.
+board's shutdown flag and closing its stdin. A program started ahead of its
+rank (``prestart``, by a warm standby) writes ``{"imported": true}`` first, once
+past its imports, before it reads its configuration.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -39,6 +42,14 @@ STACK_SIGNAL = signal.SIGRTMIN + 6
 ENTRY_POINT = (
     "import sys; from nvrx.processes import ignore_warning_signal; ignore_warning_signal(); "
     "from nvrx.inprocess.monitor_main import main; sys.exit(main())"
+)
+#: A program started ahead (``prestart``) says when its imports are done: one line, before
+#: its ready message, which ``wait_prestarted`` reads (``MonitorProcess.wait_ready`` skips it).
+IMPORTED = {"imported": True}
+PRESTART_ENTRY_POINT = (
+    "import sys; from nvrx.processes import ignore_warning_signal; ignore_warning_signal(); "
+    "from nvrx.inprocess.monitor_main import main; "
+    "sys.stdout.write('{\"imported\": true}\\n'); sys.stdout.flush(); sys.exit(main())"
 )
 
 
@@ -80,9 +91,11 @@ class _Prestarted:
 _prestarted: _Prestarted | None = None
 
 
-def _launch(stack_read_fd: int, stderr: int | None) -> subprocess.Popen[bytes]:
+def _launch(
+    stack_read_fd: int, stderr: int | None, entry: str = ENTRY_POINT
+) -> subprocess.Popen[bytes]:
     return processes.start(
-        [sys.executable, "-c", ENTRY_POINT],
+        [sys.executable, "-c", entry],
         env=os.environ,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -105,13 +118,25 @@ def prestart() -> None:
         return  # one is waiting already
     read_fd, write_fd = os.pipe()
     try:
-        proc = _launch(read_fd, subprocess.DEVNULL)
+        proc = _launch(read_fd, subprocess.DEVNULL, PRESTART_ENTRY_POINT)
     except BaseException:
         os.close(write_fd)
         raise
     finally:
         os.close(read_fd)
     _prestarted = _Prestarted(proc, read_fd, write_fd)
+
+
+def wait_prestarted(timeout: float) -> bool:
+    """Wait until the program started ahead is past its imports (``IMPORTED``); False when
+    there is none, it ended, or ``timeout`` seconds passed."""
+    ahead = _prestarted
+    if ahead is None or ahead.proc.stdout is None:
+        return False
+    if not select.select([ahead.proc.stdout.fileno()], [], [], timeout)[0]:
+        return False
+    line = ahead.proc.stdout.readline()  # the program writes the whole line at once
+    return bool(line) and json.loads(line) == IMPORTED
 
 
 def _take_prestarted() -> _Prestarted | None:
@@ -179,16 +204,22 @@ class MonitorProcess:
         """Block until the monitor process is connected and watching; returns its ready message."""
         assert self.proc is not None and self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
-        if not select.select([fd], [], [], timeout)[0]:
-            raise TimeoutError(f"monitor process {self.proc.pid} not ready within {timeout:g} s")
-        line = self.proc.stdout.readline()
-        if not line:
-            code = processes.wait(self.proc, 5)
-            raise RuntimeError(
-                f"monitor process exited with {code} before it was ready"
-                f" (see monitor_process_logfile {self.config.logfile})"
-            )
-        return json.loads(line)
+        deadline = time.monotonic() + timeout
+        while True:
+            if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                raise TimeoutError(
+                    f"monitor process {self.proc.pid} not ready within {timeout:g} s"
+                )
+            line = self.proc.stdout.readline()
+            if not line:
+                code = processes.wait(self.proc, 5)
+                raise RuntimeError(
+                    f"monitor process exited with {code} before it was ready"
+                    f" (see monitor_process_logfile {self.config.logfile})"
+                )
+            message = json.loads(line)
+            if message != IMPORTED:  # a program started ahead said so first (``prestart``)
+                return message
 
     def stop(self, timeout: float = 5.0) -> int | None:
         """Ask it to exit (board flag set by the caller, stdin closed), wait ``timeout``, kill its group, reap."""

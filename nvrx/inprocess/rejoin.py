@@ -1,15 +1,19 @@
 """Rejoin: under a supervisor, the replacement of a dead process takes its place in the running job.
 
-1. The replacement (``NVRX_RESTART_COUNT`` > 0) looks whether the job is
-   alive: the monitors' shared heartbeat counter (``nvrx/alive``) moves.
-2. It posts ``nvrx/join/<initial rank>`` = its pid and waits for
-   ``nvrx/admit/<initial rank>/<pid>``.
-3. Meanwhile the survivors restart. After the iteration barrier the lowest
+1. The replacement (``NVRX_RESTART_COUNT`` > 0, not ``NVRX_FRESH_START``)
+   checks that the job has a round, posts ``nvrx/join/<initial rank>`` = its
+   pid and waits for ``nvrx/admit/<initial rank>/<pid>``. An admission ends
+   the wait as soon as it is written. When none came within two heartbeat
+   intervals, the monitors' shared heartbeat counter (``nvrx/alive``) tells
+   whether anyone is left to answer: if it did not move, the replacement
+   stops waiting (a spare's takeover skips that look: its supervisor was just
+   told that the job runs).
+2. Meanwhile the survivors restart. After the iteration barrier the lowest
    surviving rank waits up to ``rejoin_timeout`` for the join requests of the
    terminated ranks (except those that left by ``RestartAbort``), admits every
    replacement that came (an ``Admission``) and publishes the ranks that came
    back under the round's ``rejoin`` key; the other survivors read it there.
-4. The replacement starts in the admitted round with the dead rank's state;
+3. The replacement starts in the admitted round with the dead rank's state;
    the ranks that came back are not terminated, so the job keeps its size.
 
 When nobody answers, the replacement starts a new process generation instead.
@@ -82,37 +86,62 @@ def state_json(state: State) -> str:
     return json.dumps(data)
 
 
-def job_alive(base_store: Any, heartbeat_interval: float, look: bool = True) -> bool:
-    """Whether the job has a round and its ranks' monitors still beat (a bounded look at the
-    job's alive counter); ``look=False`` when the caller knows the job runs (a spare node's
-    takeover): only whether it has a round."""
-    if rounds.current_round(base_store) is None:
-        return False
-    if not look:
-        return True
-    before = int(base_store.add(keys.ALIVE, 0))
-    time.sleep(2 * heartbeat_interval)  # heartbeats cannot be awaited: look twice
-    return int(base_store.add(keys.ALIVE, 0)) != before
+def job_alive(base_store: Any) -> bool:
+    """Whether the job has a round a replacement could be taken back into."""
+    return rounds.current_round(base_store) is not None
 
 
 def request_admission(
-    base_store: Any, initial_rank: int, timeout: float, emit: Emit
+    base_store: Any,
+    initial_rank: int,
+    timeout: float,
+    emit: Emit,
+    *,
+    heartbeat_interval: float,
+    look: bool = True,
 ) -> Admission | None:
-    """Replacement side: ask the running job to take this process back; its admission, or None."""
-    from torch.distributed import DistStoreError
+    """Replacement side: ask the running job to take this process back; its admission, or None.
 
+    With ``look``, a job whose monitors stopped beating (the alive counter did not move
+    in the first two heartbeat intervals of the wait) is given up at that point instead
+    of after ``timeout``: nobody is left to answer.
+    """
     pid = os.getpid()
-    base_store.set(keys.join_request(initial_rank), str(pid))
     t0 = time.monotonic()
-    try:
-        base_store.wait([keys.admission(initial_rank, pid)], datetime.timedelta(seconds=timeout))
-    except DistStoreError:
+    alive_before = int(base_store.add(keys.ALIVE, 0)) if look else None
+    base_store.set(keys.join_request(initial_rank), str(pid))
+    admitted = keys.admission(initial_rank, pid)
+    first = min(timeout, 2 * heartbeat_interval) if look else timeout
+    ok = _await(base_store, admitted, first)
+    if not ok and alive_before is not None:
+        if int(base_store.add(keys.ALIVE, 0)) == alive_before:
+            log.info("no monitor of the job beat for %.1f s: starting a new generation", first)
+            return _withdraw(base_store, initial_rank)
+        ok = _await(base_store, admitted, timeout - first)
+    if not ok:
         log.warning("not admitted back into the running job: starting a new generation")
-        base_store.delete_key(keys.join_request(initial_rank))
-        return None
-    admission = Admission.from_json(base_store.get(keys.admission(initial_rank, pid)))
+        return _withdraw(base_store, initial_rank)
+    admission = Admission.from_json(base_store.get(admitted))
     emit("restart_phase", phase="rejoin_wait", duration_s=time.monotonic() - t0, ok=True)
     return admission
+
+
+def _await(base_store: Any, key: str, timeout: float) -> bool:
+    """Whether ``key`` was written within ``timeout`` seconds."""
+    from torch.distributed import DistStoreError
+
+    if timeout <= 0:
+        return bool(base_store.check([key]))
+    try:
+        base_store.wait([key], datetime.timedelta(seconds=timeout))
+    except DistStoreError:
+        return False
+    return True
+
+
+def _withdraw(base_store: Any, initial_rank: int) -> None:
+    base_store.delete_key(keys.join_request(initial_rank))
+    return None
 
 
 def take_back(

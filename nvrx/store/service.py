@@ -222,6 +222,11 @@ class StoreService:
             os.close(fd)
         return self
 
+    @property
+    def starting(self) -> bool:
+        """Launched, and ``wait_started`` not called yet."""
+        return self._ready_fd is not None
+
     def wait_started(self, timeout: float = _READY_TIMEOUT_S) -> StoreService:
         """Return once the launched server accepts connections; RuntimeError when it cannot."""
         read_fd, self._ready_fd = self._ready_fd, None

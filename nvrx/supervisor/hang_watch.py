@@ -1,27 +1,38 @@
-"""The supervisor's launcher-side hang detection (``nvrx.fault_tolerance``), as a mixin.
+"""The supervisor's watch of its ranks' heartbeats, as a mixin.
 
-A child that uses ``RankMonitorClient`` reports heartbeats and sections over
-``rank_watch``; when one of its timeouts passes, the supervisor records a
-``hang`` event with the rank's stack, sends the configured
-termination signal to the child's process group (SIGKILL after the grace
-period if it still runs), and the restart policy decides as for any failure.
+Launcher-side hang detection (``nvrx.fault_tolerance``): a child that uses
+``RankMonitorClient`` reports heartbeats and sections over ``rank_watch``;
+when one of its timeouts passes, the supervisor records a ``hang`` event with
+the rank's stack, sends the configured termination signal to the child's
+process group (SIGKILL after the grace period if it still runs), and the
+restart policy decides as for any failure.
+
+The Wrapper's monitor processes beat to the supervisor too (``rank_beats``),
+not to the store: the supervisor moves the job's alive counter once per
+interval for the whole node, and takes a rank whose monitor stayed silent
+beyond its ``heartbeat_timeout`` out of its round (an ``unresponsive`` fault,
+as a peer's monitor does for a rank without a supervisor).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import selectors
 import signal
 import time
 from typing import TYPE_CHECKING
 
-from nvrx import jobenv
-from nvrx.events.failures import hang_signature
+from nvrx import jobenv, processes
+from nvrx.events.failures import UNRESPONSIVE, UNRESPONSIVE_SIGNATURE, hang_signature
+from nvrx.rank_beats import BeatSocket
+from nvrx.store import keys
 
 from .children import ExitStatus
 from .policy import LastFault
 from .rank_watch import Hang, RankWatch
-from .store_link import StoreLinkError
+from .silent_ranks import RankBeats, Silence
+from .store_link import StoreLink, StoreLinkError
 
 if TYPE_CHECKING:
     from .children import Child
@@ -29,7 +40,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LISTEN, CONNECTION = "ft-listen", "ft"
+LISTEN, CONNECTION, BEATS = "ft-listen", "ft", "beats"
+#: The selector data of every descriptor ``_on_watch`` reads.
+WATCHED = (LISTEN, CONNECTION, BEATS)
 
 
 class HangWatch:
@@ -39,10 +52,14 @@ class HangWatch:
     children: dict[int, Child]
     stop_reason: str | None
     _job_restart: int | None
+    link: StoreLink | None
     watch: RankWatch | None = None
+    beat_socket: BeatSocket | None = None
 
     def _start_watch(self) -> None:
         self.watch = RankWatch()
+        self.beat_socket = BeatSocket(os.path.join(self.watch.directory, "beats.sock"))
+        self.beats = RankBeats()
         self._hang_kills: dict[int, float] = {}  # child pid -> when SIGKILL follows
         self._hung: dict[int, LastFault] = {}  # child pid -> the hang that ended it
 
@@ -51,8 +68,12 @@ class HangWatch:
         if self.watch is not None:
             env[jobenv.FT_SOCKET] = self.watch.path
             env[jobenv.FT_CONFIG] = self.config.ft.to_json()
+        if self.beat_socket is not None:
+            env[jobenv.RANK_BEATS] = self.beat_socket.path
 
     def _register_watch(self, selector: selectors.BaseSelector) -> None:
+        if self.beat_socket is not None:
+            selector.register(self.beat_socket.fileno(), selectors.EVENT_READ, BEATS)
         if self.watch is None:
             return
         selector.register(self.watch.fileno(), selectors.EVENT_READ, LISTEN)
@@ -60,6 +81,10 @@ class HangWatch:
             selector.register(fd, selectors.EVENT_READ, CONNECTION)
 
     def _on_watch(self, selector: selectors.BaseSelector, key: selectors.SelectorKey) -> None:
+        if key.data == BEATS:
+            assert self.beat_socket is not None
+            self.beats.record(self.beat_socket.receive())
+            return
         assert self.watch is not None
         if key.data == LISTEN:
             while (fd := self.watch.accept()) is not None:
@@ -79,7 +104,8 @@ class HangWatch:
         """``timeout`` shortened to the next hang deadline or pending kill."""
         if self.watch is None:
             return timeout
-        times = [t for t in (self.watch.next_deadline(), *self._hang_kills.values()) if t is not None]
+        deadlines = (self.watch.next_deadline(), self.beats.next_deadline(), *self._hang_kills.values())
+        times = [t for t in deadlines if t is not None]
         if not times:
             return timeout
         wait = max(0.0, min(times) - time.monotonic())
@@ -91,6 +117,7 @@ class HangWatch:
         now = time.monotonic()
         for hang in self.watch.due(now):
             self._on_hang(hang)
+        self._check_beats(now)
         for pid, when in list(self._hang_kills.items()):
             child = next((c for c in self.children.values() if c.pid == pid and c.running), None)
             if child is None:
@@ -135,10 +162,68 @@ class HangWatch:
             except StoreLinkError as exc:
                 self._store_unavailable(exc)
 
+    def _check_beats(self, now: float) -> None:
+        """Move the job's alive counter for the node; take silent ranks out of their round."""
+        if self.beat_socket is not None:  # beats that came while the loop was busy elsewhere
+            self.beats.record(self.beat_socket.receive())
+        self.beats.sync({c.local_rank: c.attempt for c in self.children.values() if c.running})
+        silences = self.beats.due(now)
+        alive_due = self.beats.alive_due(now)  # taken even when unused: its deadline moves on
+        if self.link is None or self.link.lost is not None:
+            return
+        try:
+            if alive_due:
+                self.link.add(keys.ALIVE, 1)
+            if self.stop_reason is None and self._job_restart is None:
+                for silence in silences:
+                    self._on_silent_rank(silence)
+        except StoreLinkError as exc:
+            if self.link.lost is not None:  # the store is gone: fail over, as its ``lost`` does
+                self._store_lost(self.link.lost)
+            else:
+                self._store_unavailable(exc)
+
+    def _on_silent_rank(self, silence: Silence) -> None:
+        """The rank leaves its round (its peers restart without waiting for it), then its
+        process and its frozen monitor are killed: the policy restarts it like a dead one."""
+        beat = silence.beat
+        message = f"no heartbeat for {silence.silent_s:.1f} s"
+        log.warning(
+            "rank %d (local rank %d, pid %d) sent no heartbeat for %.1f s: unresponsive",
+            beat.rank, beat.local_rank, beat.pid, silence.silent_s,
+        )  # fmt: skip
+        assert self.link is not None
+        self.link.leave_silent(beat.initial_rank, self.config.world_size, message)
+        self._emit(
+            "fault", fault_kind=UNRESPONSIVE, origin_rank=beat.rank,
+            rank=beat.rank if beat.rank >= 0 else None,  # a common field: None, never -1
+            round=beat.round, local_rank=beat.local_rank, child_pid=beat.pid, message=message,
+            signature=UNRESPONSIVE_SIGNATURE, detected_mono=time.monotonic(),
+        )  # fmt: skip
+        if _is_monitor(beat.monitor_pid):
+            processes.signal_group(beat.monitor_pid, signal.SIGKILL)
+        child = self.children.get(beat.local_rank)
+        if child is not None and child.running and child.attempt == beat.attempt:
+            self._hung[child.pid] = LastFault(UNRESPONSIVE_SIGNATURE, UNRESPONSIVE)
+            child.signal_group(signal.SIGKILL)
+
     def _hang_fault(self, pid: int) -> LastFault | None:
         """The hang that ended child ``pid``, when the watch declared one."""
         return self._hung.pop(pid, None) if self.watch is not None else None
 
     def _close_watch(self) -> None:
+        if self.beat_socket is not None:
+            self.beat_socket.close()
         if self.watch is not None:
             self.watch.close()
+
+
+def _is_monitor(pid: int) -> bool:
+    """Whether ``pid`` still runs a Wrapper's monitor program (not a process that reused the pid)."""
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"nvrx.inprocess.monitor_main" in f.read()
+    except OSError:
+        return False

@@ -13,8 +13,10 @@ rank of every node together, as one restart of the job:
    SIGKILL after ``--grace-period``; their exits are part of the restart,
    not new failures) and, once they ended, counts itself ready;
 3. the last node ready lets everyone go, and each supervisor starts all its
-   children again (restart count + 1): no old process is left to meet a new
-   one in ``init_process_group``'s rendezvous.
+   children again (restart count + 1, ``NVRX_FRESH_START=1``: a Wrapper in
+   them opens a new generation at once instead of asking a job that no
+   longer runs to take it back): no old process is left to meet a new one in
+   ``init_process_group``'s rendezvous.
 
 ``min-healthy`` restarts only the failed rank (the Wrapper's way: its peers
 restart in-process and wait for the replacement). ``auto`` (the default) takes
@@ -31,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nvrx import jobenv
 from nvrx.events.failures import NODE_LOST_SIGNATURE
 
 from .config import KEY_PREFIX
@@ -183,7 +186,7 @@ class JobRestart:
             return
         for local_rank in range(self.config.nproc_per_node):  # a spare's too, if it took over meanwhile
             self.restarts[local_rank] += 1
-            self._start_child(local_rank)
+            self._start_child(local_rank, jobenv.FRESH_START)
         self._emit("job_restart", epoch=epoch, phase="started")
 
 

@@ -1,4 +1,7 @@
-"""The ranks of a lost node leave the Wrapper's running round, so that their peers stop waiting.
+"""Ranks leave the Wrapper's running round on the supervisor's word, so that their peers stop waiting.
+
+The ranks of a lost node (``leave_round``), and a rank whose monitor stopped
+beating to its supervisor (``leave_silent``: ``rank_beats``).
 
 Run in the store agent (it holds torch's store client) by the supervisor that
 declared the node lost. Nobody is left on that node to record the fault, so
@@ -55,9 +58,15 @@ def _arrive_for_gone(base: Any, initial_ranks: list[int], world_size: int) -> No
 
 
 def leave_round(
-    base: Any, initial_ranks: list[int], initial_world_size: int, message: str, gone: bool
+    base: Any,
+    initial_ranks: list[int],
+    initial_world_size: int,
+    message: str,
+    gone: bool,
+    kind: str = "node_lost",
 ) -> dict[str, Any]:
-    """Take ``initial_ranks`` out of the running round; what was done, for the supervisor's log."""
+    """Take ``initial_ranks`` out of the running round (a fault record of ``kind``); what was
+    done, for the supervisor's log."""
     if gone:
         gone_ranks.mark(base, initial_ranks)
         _arrive_for_gone(base, initial_ranks, initial_world_size)
@@ -71,8 +80,17 @@ def leave_round(
     for rank, world_size in _round_ranks(round_store, in_round, initial_world_size):
         if rank in rstore.terminated_ranks(round_store):
             continue  # its own monitor, or an earlier declaration, already took it out
-        record = faults.FaultRecord(rank=rank, kind="node_lost", message=message)
+        record = faults.FaultRecord(rank=rank, kind=kind, message=message)
         rstore.proxy_leave(round_store, base, rank, world_size, record)
         left.append(rank)
     log.info("ranks %s of round %s left it: %s", left, round_, message)
     return {"round": round_, "ranks": left}
+
+
+def leave_silent(base: Any, initial_rank: int, initial_world_size: int, message: str) -> bool:
+    """Take the rank of ``initial_rank`` out of the running round as ``unresponsive``, as a
+    peer's monitor does without a supervisor; False when it was out already. The round is
+    the job's current one, not the last one the silent monitor told of: the rank may have
+    moved on just before its monitor froze."""
+    left = leave_round(base, [initial_rank], initial_world_size, message, False, "unresponsive")
+    return bool(left["ranks"])

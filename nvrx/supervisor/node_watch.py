@@ -5,8 +5,12 @@ counter of one other slot: the next one in the ring of slots that have not
 ended (left cleanly or declared lost). A watched slot whose counter has not
 moved for ``timeout`` seconds is reported to the supervisor (``node_silent``),
 which declares it lost; the watch then moves on to the next slot. So each slot
-is watched by exactly one other, and store load is a few requests per node
-per interval. A slot that never beat is given ``startup_s`` (the store timeout:
+is watched by exactly one other, and store load is two requests per node per
+interval: the claims that say a slot ended are read only when they can have
+changed something (the watched counter stood still, or this slot's own beat
+came late, and for ``timeout`` after: a declaration may land after the late
+beat), and this slot's own claim once every ``OWN_CLAIM_EVERY`` beats
+besides. A slot that never beat is given ``startup_s`` (the store timeout:
 how long a node may take to reach the store) before it is reported.
 
 A store host that freezes (a hung node) does not reset its connections, and
@@ -32,6 +36,9 @@ from typing import Any
 from . import node_keys
 
 log = logging.getLogger(__name__)
+
+#: Beats between two reads of this slot's own claim when no beat came late.
+OWN_CLAIM_EVERY = 30
 
 
 class RingWatch:
@@ -63,6 +70,10 @@ class RingWatch:
         self.ended.add(slot)
         if slot == self.target:
             self._move(slot)
+
+    def stood_still(self, beats: int) -> bool:
+        """Whether the target's counter read ``beats`` again: it may have ended."""
+        return beats == self._value
 
     def observe(self, beats: int, now: float, wall: float) -> dict[str, Any] | None:
         """The target's counter read at ``now``; a ``node_silent`` report when it newly went silent."""
@@ -103,6 +114,9 @@ class NodeWatch(threading.Thread):
         self.timeout = timeout
         self.stopped = threading.Event()
         self._beat_started: float | None = None  # while a beat waits for the store
+        self._last_beat: float | None = None  # when the previous beat was answered
+        self._own_claim_until = float("-inf")  # after a late beat: read the own claim until then
+        self._beats = 0
         self._reported = threading.Lock()  # one "lost" report, from the beats or the watchdog
 
     def run(self) -> None:
@@ -137,15 +151,25 @@ class NodeWatch(threading.Thread):
     def _tick(self, store: Any) -> bool:
         """One beat and one look; False once this slot is fenced off."""
         store.add(node_keys.alive(self.own), 1)
-        if int(store.add(node_keys.claim(self.own), 0)) > 0:
-            self._send({"event": "fenced", "slot": self.own})
-            return False
+        now = time.monotonic()
+        if self._last_beat is not None and now - self._last_beat > self.timeout / 2:
+            # late: the others may declare this slot lost, and their claim may land only
+            # after this beat, so keep looking for a while
+            self._own_claim_until = now + self.timeout
+        late = self._last_beat is None or now <= self._own_claim_until
+        self._last_beat, self._beats = now, self._beats + 1
+        if late or self._beats % OWN_CLAIM_EVERY == 0:  # the others may have declared it lost
+            if int(store.add(node_keys.claim(self.own), 0)) > 0:
+                self._send({"event": "fenced", "slot": self.own})
+                return False
         ring = self.ring
-        while ring.target is not None and int(store.add(node_keys.claim(ring.target), 0)) > 0:
+        while ring.target is not None:
+            beats = int(store.add(node_keys.alive(ring.target), 0))
+            if not ring.stood_still(beats) or int(store.add(node_keys.claim(ring.target), 0)) == 0:
+                break
             ring.ended_slot(ring.target)
         if ring.target is None:
             return True
-        beats = int(store.add(node_keys.alive(ring.target), 0))
         report = ring.observe(beats, time.monotonic(), time.time())
         if report is not None:
             log.warning("slot %s silent for %.1f s", report["slot"], report["silent_s"])

@@ -12,8 +12,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from nvrx.report.rank_files import read_error_file
-
 from .policy import last_fault_event
 
 
@@ -46,6 +44,9 @@ class Match:
 def exception_text(events_dir: str | Path, pid: int, error_file: Path | None) -> tuple[str, str] | None:
     """``(text, source)`` of the exception that ended process ``pid``; None when nothing tells."""
     if error_file is not None and error_file.is_file():
+        # imported here: the report package costs a supervisor's start about 0.4 s
+        from nvrx.report.rank_files import read_error_file
+
         try:
             recorded = read_error_file(error_file, error_file.name)
         except ValueError:

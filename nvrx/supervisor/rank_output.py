@@ -6,7 +6,10 @@ supervisor's console with each line prefixed (a line ends at ``\\n`` or ``\\r``,
 progress bars show as they move). The process may be started before it is known
 which rank it becomes (a warm standby): the thread then reads nothing until
 ``attach`` names the directory and the rank, so what the process printed before
-waits in the pipe and is written with the rest.
+waits in the pipe and is written with the rest. A standby for restarts does not
+even know its local rank: a stream whose route differs between the local ranks
+it may become is piped, and routed at ``attach`` (one routed to the console is
+then copied there as it comes, unprefixed).
 
 The threads take no lock that a process forked by the supervisor needs: they
 read, write and, once, log.
@@ -21,6 +24,7 @@ import re
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +42,10 @@ _LINE_END = re.compile(rb"(?<=[\r\n])")
 
 
 class StreamPump:
-    """Copies one stream from a pipe to its file and, tee'd, to ``console_fd`` with a prefix."""
+    """Copies one stream from a pipe to its file and, tee'd, to ``console_fd`` with a prefix
+    (``route``: FILE or TEE; None until ``attach`` says)."""
 
-    def __init__(self, name: str, route: Route, console_fd: int) -> None:
+    def __init__(self, name: str, route: Route | None, console_fd: int) -> None:
         self.name = name
         self.route = route
         self._console_fd = console_fd
@@ -57,9 +62,14 @@ class StreamPump:
             os.close(self.write_fd)
             raise
 
-    def attach(self, path: Path | None, prefix: bytes) -> None:
-        """Start copying: to ``path`` (appended to; None: no file) and, tee'd, to the console."""
-        if path is not None and not self._attached.is_set():
+    def attach(self, path: Path | None, prefix: bytes, route: Route | None = None) -> None:
+        """Start copying: to ``path`` (appended to; None: no file) and, tee'd, to the console;
+        ``route``: the stream's route, when it was not known at the start."""
+        if self._attached.is_set():
+            return
+        if route is not None:
+            self.route = route
+        if path is not None:
             try:
                 self._file_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
                 self._path = path
@@ -81,18 +91,23 @@ class StreamPump:
     def close(self, deadline: float) -> None:
         """Wait until ``deadline`` (``time.monotonic()``) for the stream's end and last lines."""
         self.close_write_end()
-        self._attached.set()  # never attached (a standby not needed): drain to nowhere
+        if not self._attached.is_set():  # never attached (a standby not needed): drain to nowhere
+            self.route = None
+            self._attached.set()
         self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
             log.warning("the %s pipe of a process stays open (a leftover holds it?): not waited for", self.name)
 
     def _run(self) -> None:
         self._attached.wait()
+        route = self.route  # None: never attached (a standby not needed), drained to nowhere
         partial = bytearray()
         try:
             while data := os.read(self._read_fd, _CHUNK):
                 self._to_file(data)
-                if self.route is Route.TEE:
+                if route is Route.CONSOLE:  # a standby's stream that turned out unrouted
+                    self._show(data)
+                elif route is Route.TEE:
                     partial += data
                     *lines, rest = _LINE_END.split(bytes(partial))
                     if len(rest) > MAX_LINE_BYTES:  # shown in pieces, each a line of its own
@@ -133,16 +148,26 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 class RankOutput:
-    """The two streams of one process of ``local_rank``, as ``logs`` routes them."""
+    """The two streams of one process of ``local_rank``, as ``logs`` routes them.
 
-    def __init__(self, logs: RankLogs, local_rank: int) -> None:
+    ``local_rank`` None: a standby that becomes one of ``local_ranks``, told at ``attach``.
+    """
+
+    def __init__(
+        self, logs: RankLogs, local_rank: int | None, local_ranks: Sequence[int] = ()
+    ) -> None:
         self.logs = logs
         self.local_rank = local_rank
-        self.routes = dict(zip(STREAM_FILES, logs.routes(local_rank), strict=True))
+        candidates = [logs.routes(r) for r in ([local_rank] if local_rank is not None else local_ranks)]
+        # a stream routed alike for every candidate is set up so at once; else piped (None)
+        self.routes: dict[str, Route | None] = {
+            name: routes.pop() if len(routes := {c[i] for c in candidates}) == 1 else None
+            for i, name in enumerate(STREAM_FILES)
+        }
         self.pumps: dict[str, StreamPump] = {}
         try:
             for name, route in self.routes.items():
-                if route in (Route.FILE, Route.TEE):
+                if route in (None, Route.FILE, Route.TEE):
                     self.pumps[name] = StreamPump(name, route, 1 if name == "stdout" else 2)
         except BaseException:
             self.close(time.monotonic() + DRAIN_TIMEOUT_S)
@@ -163,11 +188,18 @@ class RankOutput:
         for pump in self.pumps.values():
             pump.close_write_end()
 
-    def attach(self, directory: Path | None, rank: int) -> None:
-        """The process is ``rank``'s and its files go to ``directory`` (None: no files)."""
+    def attach(self, directory: Path | None, rank: int, local_rank: int | None = None) -> None:
+        """The process is ``rank``'s (of ``local_rank``, when not known at the start) and its
+        files go to ``directory`` (None: no files)."""
+        if local_rank is not None:
+            self.local_rank = local_rank
+        if self.local_rank is None:
+            raise ValueError("attach needs the local rank of a process started without one")
+        routes = dict(zip(STREAM_FILES, self.logs.routes(self.local_rank), strict=True))
         prefix = self.logs.prefix(self.local_rank, rank)
         for name, pump in self.pumps.items():
-            pump.attach(None if directory is None else directory / STREAM_FILES[name], prefix)
+            filed = directory is not None and routes[name] in (Route.FILE, Route.TEE)
+            pump.attach(directory / STREAM_FILES[name] if filed else None, prefix, routes[name])
 
     def done(self) -> bool:
         return all(pump.done() for pump in self.pumps.values())

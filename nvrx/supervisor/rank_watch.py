@@ -100,6 +100,11 @@ class RankWatch:
     def fileno(self) -> int:
         return self._listener.fileno()
 
+    @property
+    def directory(self) -> str:
+        """The private directory of this supervisor's sockets."""
+        return self._dir
+
     def accept(self) -> int | None:
         """Take one waiting connection; its descriptor (to watch for packets), or None."""
         try:

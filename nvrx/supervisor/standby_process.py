@@ -2,8 +2,10 @@
 
 Run by the supervisor as ``python -m nvrx.supervisor.standby_process``
 (``nvrx.supervisor.standby``). It imports what a training script spends its
-first seconds importing, then blocks on the descriptor named by
-``NVRX_STANDBY_FD`` until the supervisor writes one JSON activation
+first seconds importing and starts the Wrapper's monitor process ahead; once
+both are past their imports it writes one byte to the descriptor named by
+``NVRX_STANDBY_READY_FD`` (if any) and closes it ("warm"), then blocks on the
+descriptor named by ``NVRX_STANDBY_FD`` until the supervisor writes one JSON activation
 (``{"argv": [...], "env": {...}}``) and closes it. It then takes that
 environment and ``sys.argv`` and runs the script (``python script.py ...``)
 or module (``python -m module ...``) as ``__main__``, as a fresh interpreter
@@ -22,10 +24,14 @@ import types
 from importlib.machinery import SourceFileLoader
 
 from nvrx.jobenv import STANDBY_FD as FD_ENV
+from nvrx.jobenv import STANDBY_READY_FD as READY_FD_ENV
 
 #: Modules imported while waiting: what training imports first and slowest (the first
 #: optimizer imports ``torch._dynamo``; the Wrapper is ``nvrx.inprocess``).
 WARM_IMPORTS = ("torch", "torch.distributed", "torch._dynamo", "nvrx.inprocess")
+#: How long the standby waits for the imports of the monitor process it started ahead
+#: before it says it is warm all the same.
+MONITOR_IMPORT_TIMEOUT_S = 300.0
 
 
 def _read_activation(fd: int) -> dict | None:
@@ -48,8 +54,21 @@ def _warm_up() -> None:
         from nvrx.inprocess import monitor_process
 
         monitor_process.prestart()  # the Wrapper's monitor process, for a rank that uses it
+        if not monitor_process.wait_prestarted(MONITOR_IMPORT_TIMEOUT_S):
+            print("nvrx standby: the monitor process started ahead is not ready", file=sys.stderr)
     except Exception as exc:  # the script meets the same error itself, and reports it there
         print(f"nvrx standby: warm-up stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def _say_warm(fd: int | None) -> None:
+    if fd is None:
+        return
+    try:
+        os.write(fd, b"1")
+    except OSError:  # the supervisor stopped listening: it still activates or discards it
+        pass
+    finally:
+        os.close(fd)
 
 
 def _fresh_main() -> dict:
@@ -84,7 +103,9 @@ def run(argv: list[str], env: dict[str, str]) -> None:
 
 def main() -> None:
     fd = int(os.environ.pop(FD_ENV))
+    ready = os.environ.pop(READY_FD_ENV, None)
     _warm_up()
+    _say_warm(None if ready is None else int(ready))
     activation = _read_activation(fd)
     if activation is None:
         return

@@ -9,7 +9,8 @@ instead and speaks JSON lines:
 
 * requests on stdin: ``{"id": 1, "op": "add"|"set"|"get"|"watch", "key": ..., ...}``;
   ``liveness`` starts the node heartbeat and watch (``node_watch``), ``leave_ranks``
-  takes a lost node's ranks out of the Wrapper's running round (``lost_ranks``)
+  takes a lost node's ranks out of the Wrapper's running round and ``leave_silent``
+  a rank whose monitor stopped beating out of its round (``lost_ranks``)
 * answers on stdout: ``{"id": 1, "value": ...}`` or ``{"id": 1, "error": "..."}``
 * unsolicited lines: ``{"event": "ready"}``, ``{"event": "key", "key": k, "value": v}``
   when a watched key is set, ``{"event": "lost", "message": ...}`` when the store is gone,
@@ -105,8 +106,19 @@ class _Agent:
                     bool(request.get("gone")),
                 )
             }
+        if op == "leave_silent":
+            from .lost_ranks import leave_silent
+
+            return {
+                "value": leave_silent(
+                    self.store,
+                    int(request["initial_rank"]),
+                    int(request["world_size"]),
+                    str(request.get("message", "")),
+                )
+            }
         raise ValueError(
-            f"unknown op {op!r}: expected add, set, get, watch, liveness or leave_ranks"
+            f"unknown op {op!r}: expected add, set, get, watch, liveness, leave_ranks or leave_silent"
         )
 
     def _start_liveness(self, request: dict[str, Any]) -> None:
@@ -136,8 +148,9 @@ class _Agent:
             try:
                 answer = self.handle(request)
             except self._dist.DistNetworkError as exc:
-                self.send({"id": rid, "error": f"store lost: {exc}"})
+                # the loss first: a supervisor that reads the failed answer knows it was a loss
                 self.send({"event": "lost", "message": f"{type(exc).__name__}: {exc}"})
+                self.send({"id": rid, "error": f"store lost: {exc}"})
                 return
             except Exception as exc:
                 answer = {"error": f"{type(exc).__name__}: {exc}"}

@@ -243,17 +243,29 @@ class StoreLink:
             gone=gone,
         )
 
+    def leave_silent(self, initial_rank: int, world_size: int, message: str) -> bool:
+        """Take the rank of ``initial_rank``, whose monitor stopped beating, out of the running
+        round (``lost_ranks``); False when it was out already."""
+        return bool(
+            self.request(
+                "leave_silent", "rank", initial_rank=initial_rank, world_size=world_size,
+                message=message,
+            )  # fmt: skip
+        )
+
     # -- end ----------------------------------------------------------------------
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the agent (closing its stdin ends it) and reap it; kill its group if it lingers."""
+        """Stop the agent (closing its stdin ends it) and reap it; kill its group if it lingers,
+        at once when the store was lost: the agent may be stuck in a request to it, which would
+        hold up a failover for ``timeout``."""
         proc, self._proc = self._proc, None
-        self.lost = self.lost or "closed"
+        lost, self.lost = self.lost, self.lost or "closed"
         for fd in self.fds():
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._to_agent = self._from_agent = None
-        if proc is not None:
-            processes.stop(proc, ask=None, grace_s=timeout)  # closing its stdin asked it to end
+        if proc is not None:  # closing its stdin asked it to end
+            processes.stop(proc, ask=None, grace_s=timeout if lost is None else 0.0)
 
     def forget_in_child(self) -> None:
         """In a forked child: close the inherited descriptors without touching the agent."""

@@ -36,30 +36,43 @@ def check_store_port(cfg: SupervisorConfig) -> None:
         raise SupervisorError(ExitCode.USAGE, str(StorePortInUse(cfg.store_host, cfg.store_port)))
 
 
-def bring_up_store(cfg: SupervisorConfig) -> StoreService | None:
-    """Node 0: the started store service; other nodes: None once the store answers.
+def launch_store(cfg: SupervisorConfig) -> StoreService | None:
+    """Node 0: its store service, started; ``await_store`` waits until it answers, so that
+    the children start while it imports torch (they retry connecting meanwhile). Other
+    nodes: None once node 0's store answers (node 0 may come up much later than they do).
 
-    Raises ``SupervisorError`` (exit 2 for a port in use, 3 for a store that
-    never came) naming host and port.
+    Raises ``SupervisorError`` (exit 2 for a port in use, 3 for a store that never
+    came) naming host and port.
     """
-    if cfg.node_rank != 0:
-        try:
-            wait_for_store(cfg.store_host, cfg.store_port, cfg.store_timeout, progress=True)
-        except StoreUnavailable as exc:
-            raise SupervisorError(ExitCode.STORE_UNAVAILABLE, str(exc)) from exc
-        return None
-    if cfg.nnodes > 1:
-        store_failover.reset(cfg.events_dir)
-    service = StoreService(
-        cfg.store_host,
-        cfg.store_port,
-        job_id=cfg.job_id,
-        log_dir=cfg.log_dir,
-        node=0,
-        snapshot=snapshot_spec(cfg) if cfg.nnodes > 1 else None,
-    )
     try:
-        return service.start(cfg.store_timeout)
+        if cfg.node_rank != 0:
+            wait_for_store(cfg.store_host, cfg.store_port, cfg.store_timeout, progress=True)
+            return None
+        if cfg.nnodes > 1:
+            store_failover.reset(cfg.events_dir)
+        service = StoreService(
+            cfg.store_host,
+            cfg.store_port,
+            job_id=cfg.job_id,
+            log_dir=cfg.log_dir,
+            node=0,
+            snapshot=snapshot_spec(cfg) if cfg.nnodes > 1 else None,
+        ).launch()
+        if not cfg.store_port:  # the children need the port it picks
+            await_store(cfg, service)
+        return service
+    except StorePortInUse as exc:
+        raise SupervisorError(ExitCode.USAGE, str(exc)) from exc
+    except StoreUnavailable as exc:
+        raise SupervisorError(ExitCode.STORE_UNAVAILABLE, str(exc)) from exc
+
+
+def await_store(cfg: SupervisorConfig, service: StoreService | None) -> None:
+    """Until the store that ``launch_store`` started answers (nothing to wait for elsewhere)."""
+    if service is None or not service.starting:
+        return
+    try:
+        service.wait_started(cfg.store_timeout)
     except StorePortInUse as exc:
         raise SupervisorError(ExitCode.USAGE, str(exc)) from exc
     except RuntimeError as exc:

@@ -28,17 +28,18 @@ from .children import Child, ExitStatus, stop_children
 from .config import ALL_ENDED_KEY, RESTARTS_KEY, STOP_KEY, StopRequest, SupervisorConfig
 from .exit_codes import ExitCode, SupervisorError, for_signal
 from .failover import Failover
-from .hang_watch import CONNECTION, LISTEN, HangWatch
+from .hang_watch import WATCHED, HangWatch
 from .job_end import JobEnd
 from .job_restart import JobRestart
 from .node_messages import NodeMessages
 from .node_roles import NodeRoles
 from .policy import Decision, RestartPolicy, last_fault
 from .preemption import PreemptionHandler
+from .restart_standby import RestartStandby
 from .signals import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
-from .standby import Standbys
+from .standby import READY_KEY, Standbys
 from .store_link import StoreLink, StoreLinkError
-from .store_setup import bring_up_store, check_store_port
+from .store_setup import await_store, check_store_port, launch_store
 from .workload_control import WorkloadControl
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,9 @@ log = logging.getLogger(__name__)
 Spawner = Callable[[int, int, dict, Path | None], Child]
 
 
-class Supervisor(NodeMessages, JobEnd, Failover, HangWatch, JobRestart, WorkloadControl):
+class Supervisor(
+    NodeMessages, JobEnd, Failover, HangWatch, JobRestart, WorkloadControl, RestartStandby
+):
     """Runs one node of a job until all its children have ended; ``run()`` returns the exit code."""
 
     def __init__(self, config: SupervisorConfig, spawn: Spawner | None = None) -> None:
@@ -102,7 +105,7 @@ class Supervisor(NodeMessages, JobEnd, Failover, HangWatch, JobRestart, Workload
             check_store_port(cfg)
             # The agent imports torch and retries connecting while the store comes up: start it first.
             self.link = StoreLink(cfg.store_host, cfg.store_port, cfg.store_timeout).launch()
-            self.service = bring_up_store(cfg)
+            self.service = launch_store(cfg)
             self.roles = NodeRoles(cfg, self.link, self._emit)
             early = [s for s in self.signals.read() if s in STOP_SIGNALS]
             if early:
@@ -116,6 +119,7 @@ class Supervisor(NodeMessages, JobEnd, Failover, HangWatch, JobRestart, Workload
                 self.standbys.start(
                     cfg.command, range(cfg.nproc_per_node), cfg.child_env(0, 1, node_rank=0)
                 )
+            await_store(cfg, self.service)
             self._connect_link()
             self._prepare_failover()
             self._loop()
@@ -203,16 +207,11 @@ class Supervisor(NodeMessages, JobEnd, Failover, HangWatch, JobRestart, Workload
             self._exit_seen[local_rank] = time.monotonic()
             child.kill_group()  # whatever the command left behind in its group
             self._emit(
-                "child_exit",
-                local_rank=local_rank,
-                child_pid=child.pid,
-                exit_code=status.code,
-                signal=status.signal_name,
-                runtime_s=round(child.runtime_s, 6),
-                attempt=child.attempt,
+                "child_exit", local_rank=local_rank, child_pid=child.pid, exit_code=status.code,
+                signal=status.signal_name, runtime_s=round(child.runtime_s, 6), attempt=child.attempt,
                 global_rank=self.config.rank(local_rank, self.node_rank),
                 error_file=rank_logs.error_file(child.directory, self.config.events_dir),
-            )
+            )  # fmt: skip
             log.info("local rank %d (pid %d) ended: %s", local_rank, child.pid, status)
             if self.stop_reason is None:
                 self._decide(local_rank, status, child.pid)
@@ -238,14 +237,10 @@ class Supervisor(NodeMessages, JobEnd, Failover, HangWatch, JobRestart, Workload
         if verdict.decision is Decision.DONE:
             return
         self._emit(
-            "restart_decision",
-            local_rank=local_rank,
-            decision=verdict.decision.value,
-            reason=verdict.reason,
-            budget_left=verdict.budget_left,
-            signature=verdict.signature,
+            "restart_decision", local_rank=local_rank, decision=verdict.decision.value,
+            reason=verdict.reason, budget_left=verdict.budget_left, signature=verdict.signature,
             global_rank=self.config.rank(local_rank, self.node_rank),
-        )
+        )  # fmt: skip
         if verdict.decision is Decision.RESTART:
             self.restarts[local_rank] += 1
             self._start_child(local_rank)
@@ -318,6 +313,7 @@ class Supervisor(NodeMessages, JobEnd, Failover, HangWatch, JobRestart, Workload
         if self.link is not None and self.link.lost is None:
             selector.register(self.link.fileno(), selectors.EVENT_READ, "store")
         self._register_watch(selector)
+        self.standbys.register(selector)  # the standby for restarts, until it is warm
         return selector
 
     def _poll_once(self, selector: selectors.BaseSelector, timeout: float | None) -> list[dict]:
@@ -335,8 +331,10 @@ class Supervisor(NodeMessages, JobEnd, Failover, HangWatch, JobRestart, Workload
                 messages.extend(self.link.read_events())
                 if self.link.lost is not None:
                     selector.unregister(key.fd)  # at EOF the descriptor stays readable
-            elif key.data in (LISTEN, CONNECTION):
+            elif key.data in WATCHED:
                 self._on_watch(selector, key)
+            elif key.data == READY_KEY:
+                self._on_standby_ready()
         return messages
 
     def _loop(self) -> None:
@@ -344,6 +342,7 @@ class Supervisor(NodeMessages, JobEnd, Failover, HangWatch, JobRestart, Workload
         try:
             self._reap()  # children that ended before the selector existed
             while self._running() or self._waiting_as_spare() or self._job_restarting():
+                self._keep_standby_ready()  # once the children started; again after a restart
                 timeout = None if self._kill_at is None else max(0.0, self._kill_at - time.monotonic())
                 self._on_store_events(self._poll_once(selector, self._watch_timeout(timeout)))
                 self._check_hangs()

@@ -12,9 +12,12 @@ once per module:
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -219,3 +222,49 @@ def test_hang_event_has_the_stack_of_the_function_that_slept(raised_and_hung: De
     assert " in at_step" in stack and "train_demo.py" in stack
     row = raised_and_hung.report.timeline[1]
     assert (row.first_rank, row.fault_kind) == (HANG_RANK, "hang_soft")
+
+
+# -- a silent rank: its supervisor, which collects the node's heartbeats, finds it --------
+
+SILENT_RANK, SILENT_STEP = 1, 10  # node 0, local rank 1
+
+
+@pytest.fixture(scope="module")
+def silenced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoRun]:
+    tmp = tmp_path_factory.mktemp("silent")
+    try:
+        yield _run_demo(tmp, f"silent:{SILENT_STEP}:{SILENT_RANK}")
+    finally:  # a run that went wrong must not leave the frozen processes behind
+        for pids in tmp.glob("logs/*/run/silenced.pids"):
+            for pid in map(int, pids.read_text().split()):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_whose_monitor_falls_silent_is_found_by_its_supervisor_and_replaced(
+    silenced: DemoRun,
+) -> None:
+    # The rank and its monitor process are frozen (SIGSTOP): no heartbeat reaches the
+    # supervisor of node 0, which takes the rank out of its round, kills it, and starts a
+    # replacement that rejoins; no monitor of a peer watches heartbeats in the store.
+    run = silenced
+    _completed_at_full_size(run)
+    silent = [e for e in run.of("fault") if e["fault_kind"] == "unresponsive"]
+    assert [(e["component"], e["node"], e["origin_rank"]) for e in silent] == [
+        ("supervisor", 0, SILENT_RANK)
+    ], silent
+    assert silent[0]["message"].startswith("no heartbeat for "), silent
+    assert float(silent[0]["message"].split()[3]) >= 10.0  # the demo's heartbeat_timeout
+    exits = [e for e in run.of("child_exit", "supervisor") if e["global_rank"] == SILENT_RANK]
+    assert [e["signal"] for e in exits][0] == "SIGKILL", exits
+    restarts = [e for e in run.of("restart_decision") if e["decision"] == "restart"]
+    assert [(e["node"], e["local_rank"], e["signature"]) for e in restarts] == [
+        (0, 1, "unresponsive (no heartbeat)")
+    ]
+    starts = run.child_starts()
+    assert [e["attempt"] for e in starts[SILENT_RANK]] == [0, 1]
+    replacement = starts[SILENT_RANK][1]["child_pid"]
+    rejoined = [e["pid"] for e in run.of("rejoin", "wrapper") if e.get("rank_rejoined") is None]
+    assert rejoined == [replacement]
+    assert run.report.summary.restarts.process == 1

@@ -8,10 +8,13 @@ decides when the restart request comes.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
+import threading
 import time
 import traceback
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -255,15 +258,83 @@ def test_finalize_that_reraises_the_fault_makes_no_cycle(base):
     assert outcome.exc is fault and fault.__context__ is None
 
 
-@pytest.mark.timeout(20)
-def test_a_takeover_skips_the_heartbeat_look_but_not_the_round_check() -> None:
-    """``NVRX_TAKEOVER``: the spare's supervisor knows the job runs; the look at heartbeats
-    (two heartbeat intervals) is skipped, the check that the job has a round is not."""
+def test_a_job_without_a_round_takes_nobody_back() -> None:
     from torch.distributed import HashStore
 
     from nvrx.store import rounds
 
     store = HashStore()
-    assert not rejoin.job_alive(store, 60.0, look=False)  # no round yet: start a generation
+    assert not rejoin.job_alive(store)  # no round yet: start a generation
     rounds.publish_round(store, 3)
-    assert rejoin.job_alive(store, 60.0, look=False)  # no 120 s look (the timeout is 20 s)
+    assert rejoin.job_alive(store)
+
+
+def _admission() -> rejoin.Admission:
+    return rejoin.Admission(generation=0, round=4, state={}, terminated=[], job_restarts=1)
+
+
+def _answer_after(store: Any, delay: float, *, beat: bool = False) -> threading.Thread:
+    """A survivor that admits the pending replacement of initial rank 1 after ``delay``
+    (heartbeats: bumps the alive counter meanwhile, as running monitors do)."""
+
+    def run() -> None:
+        store.wait([keys.join_request(1)], datetime.timedelta(seconds=10))
+        pid = int(store.get(keys.join_request(1)))
+        deadline = time.monotonic() + delay
+        while beat and time.monotonic() < deadline:
+            store.add(keys.ALIVE, 1)
+            time.sleep(0.05)  # the pace of a monitor's heartbeats
+        time.sleep(max(0.0, deadline - time.monotonic()))  # a survivor busy restarting
+        store.set(keys.admission(1, pid), _admission().to_json())
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.timeout(20)
+def test_a_prompt_admission_ends_the_wait_at_once() -> None:
+    from torch.distributed import HashStore
+
+    store = HashStore()
+    _answer_after(store, 0.0)
+    t0 = time.monotonic()
+    got = rejoin.request_admission(store, 1, 30.0, lambda *a, **k: None, heartbeat_interval=5.0)
+    assert got == _admission()
+    assert time.monotonic() - t0 < 5.0  # not one heartbeat interval, let alone two
+
+
+@pytest.mark.timeout(20)
+def test_a_job_whose_monitors_stopped_beating_is_given_up_after_two_intervals() -> None:
+    from torch.distributed import HashStore
+
+    store = HashStore()
+    t0 = time.monotonic()
+    got = rejoin.request_admission(store, 1, 30.0, lambda *a, **k: None, heartbeat_interval=0.3)
+    assert got is None
+    assert 0.6 <= time.monotonic() - t0 < 10.0  # not the 30 s timeout
+    assert not store.check([keys.join_request(1)])  # the request is withdrawn
+
+
+@pytest.mark.timeout(20)
+def test_a_beating_job_is_waited_for_beyond_two_intervals() -> None:
+    from torch.distributed import HashStore
+
+    store = HashStore()
+    _answer_after(store, 1.0, beat=True)
+    got = rejoin.request_admission(store, 1, 30.0, lambda *a, **k: None, heartbeat_interval=0.2)
+    assert got == _admission()
+
+
+@pytest.mark.timeout(20)
+def test_a_takeover_waits_without_looking_at_heartbeats() -> None:
+    """``NVRX_TAKEOVER``: the spare's supervisor knows the job runs; a silent alive
+    counter does not end the wait."""
+    from torch.distributed import HashStore
+
+    store = HashStore()
+    _answer_after(store, 1.0)
+    got = rejoin.request_admission(
+        store, 1, 30.0, lambda *a, **k: None, heartbeat_interval=0.2, look=False
+    )
+    assert got == _admission()

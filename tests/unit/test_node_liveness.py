@@ -117,3 +117,63 @@ def test_bad_node_options_are_one_line_errors_with_exit_2(argv: list[str], capsy
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("nvrx-supervise: error: --") and err.count("\n") == 1
+
+
+class _CountingStore:
+    """A torch HashStore that counts the requests a node watch sends it."""
+
+    def __init__(self) -> None:
+        from torch.distributed import HashStore
+
+        self.store, self.requests = HashStore(), 0
+
+    def add(self, key: str, amount: int) -> int:
+        self.requests += 1
+        return int(self.store.add(key, amount))
+
+
+def test_a_node_watch_sends_two_requests_per_beat_and_still_sees_ends(monkeypatch) -> None:
+    from nvrx.supervisor import node_keys, node_watch
+
+    clock = [100.0]
+    monkeypatch.setattr(node_watch.time, "monotonic", lambda: clock[0])
+    store, sent = _CountingStore(), []
+    watch = node_watch.NodeWatch(lambda: store, sent.append, own=0, nslots=3, interval=1.0, timeout=4.0)
+    assert watch._tick(store)  # the first beat reads its own claim too
+    assert watch.ring.target == 1
+    store.requests = 0
+    for _ in range(node_watch.OWN_CLAIM_EVERY - 2):
+        clock[0] += 1.0
+        store.store.add(node_keys.alive(1), 1)  # slot 1 beats
+        assert watch._tick(store)
+    assert store.requests == 2 * (node_watch.OWN_CLAIM_EVERY - 2)  # beat + one read, no claims
+    # slot 1 ends (its claim is taken) and stops beating: the watch moves on to slot 2
+    store.store.add(node_keys.claim(1), 1)
+    clock[0] += 1.0
+    assert watch._tick(store)
+    assert watch.ring.target == 2 and sent == []
+    # this slot froze past half the timeout and was declared lost meanwhile: fenced
+    store.store.add(node_keys.claim(0), 1)
+    clock[0] += 3.0
+    assert not watch._tick(store)
+    assert sent == [{"event": "fenced", "slot": 0}]
+
+
+def test_a_late_beat_keeps_the_slot_reading_its_own_claim_for_a_while(monkeypatch) -> None:
+    """A thawed slot's first beat may come before the others' declaration lands: the claim
+    is still read at the next beats, not only ``OWN_CLAIM_EVERY`` beats later."""
+    from nvrx.supervisor import node_keys, node_watch
+
+    clock = [100.0]
+    monkeypatch.setattr(node_watch.time, "monotonic", lambda: clock[0])
+    store, sent = _CountingStore(), []
+    watch = node_watch.NodeWatch(
+        lambda: store, sent.append, own=0, nslots=3, interval=1.0, timeout=4.0
+    )
+    assert watch._tick(store)
+    clock[0] += 3.0  # frozen past half the timeout: late, not declared lost yet
+    assert watch._tick(store)
+    store.store.add(node_keys.claim(0), 1)  # the declaration lands after that beat
+    clock[0] += 1.0
+    assert not watch._tick(store)
+    assert sent == [{"event": "fenced", "slot": 0}]

@@ -7,6 +7,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from nvrx.supervisor.rank_logs import RankLogs, Route, Std
 from nvrx.supervisor.rank_output import MAX_LINE_BYTES, RankOutput, StreamPump
 from tests.support.waiting import wait_until
@@ -94,3 +96,36 @@ def test_routes_become_popen_arguments() -> None:
         assert shown.popen_args() == {"stderr": shown.pumps["stderr"].write_fd}
     finally:
         shown.close(time.monotonic() + 5)
+
+
+def test_a_process_of_any_local_rank_pipes_only_the_streams_routed_differently() -> None:
+    """A standby for restarts does not know its local rank: a stream that every candidate
+    routes alike is set up at once (here stdout, inherited), the others are piped."""
+    logs = RankLogs(redirects={1: Std.ERR})  # local rank 1: stderr to its file
+    output = RankOutput(logs, None, range(2))
+    try:
+        assert output.routes == {"stdout": Route.CONSOLE, "stderr": None}
+        assert output.popen_args() == {"stderr": output.pumps["stderr"].write_fd}
+    finally:
+        output.close(time.monotonic() + 5)
+
+
+def test_a_piped_stream_takes_the_route_of_the_local_rank_it_is_attached_to(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    logs = RankLogs(redirects={1: Std.ERR})
+    for local_rank, shown, filed in ((0, True, False), (1, False, True)):
+        directory = tmp_path / f"local{local_rank}"
+        directory.mkdir()
+        output = RankOutput(logs, None, range(2))
+        fd = output.pumps["stderr"].write_fd
+        os.write(fd, f"early {local_rank}\n".encode())  # before it knows its rank
+        output.attach(directory, 5, local_rank)
+        os.write(fd, f"late {local_rank}\n".encode())
+        output.close(time.monotonic() + 5)
+        assert output.done()
+        err = capfd.readouterr().err
+        expected = f"early {local_rank}\nlate {local_rank}\n"
+        assert (err == expected) is shown, err  # unrouted: the console, as it came
+        path = directory / "stderr.log"
+        assert (path.exists() and path.read_text() == expected) is filed

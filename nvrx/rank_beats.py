@@ -1,0 +1,142 @@
+"""Heartbeats of a node's Wrapper ranks to their supervisor: one datagram socket per node.
+
+Under a supervisor, each rank's monitor process sends its heartbeat to the
+supervisor of its node (``NVRX_RANK_BEATS``: the path of a Unix datagram
+socket) instead of writing it to the job's store. The supervisor alone talks
+to the store for the whole node, so the store's load grows with the number of
+nodes, not ranks (``docs/inprocess.md``, "Hangs and dead ranks").
+
+A beat says who beats and where it is (initial rank, local rank and restart
+count, rank and world size of its round, the round, the pids of the rank
+and of its monitor) and how long the supervisor may wait
+for the next one (``heartbeat_timeout``). ``bye`` says the monitor stops
+beating on purpose (the rank ended or left the job): no silence to declare.
+No torch here: both the monitor process and the supervisor import this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import socket
+from typing import Any
+
+from nvrx import jobenv
+
+log = logging.getLogger(__name__)
+
+#: Largest datagram read; a beat is about 100 bytes.
+MAX_DATAGRAM = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class Beat:
+    """One heartbeat, or a ``bye``, of the monitor of the rank whose process is ``pid``."""
+
+    initial_rank: int
+    pid: int
+    local_rank: int = -1  # with ``attempt``: which child of the supervisor the rank runs in
+    attempt: int = 0
+    rank: int = -1
+    world_size: int = 0
+    round: int = -1
+    interval: float = 1.0
+    timeout: float = 30.0
+    monitor_pid: int = 0  # the monitor process that beats (it leads its own process group)
+    bye: bool = False
+
+    def encode(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Beat:
+        """The beat in ``data``; ValueError when it is not one."""
+        try:
+            fields: Any = json.loads(data)
+            beat = cls(**fields)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"not a rank beat: {data[:200]!r} ({exc})") from None
+        ids = (beat.initial_rank, beat.pid, beat.local_rank, beat.attempt, beat.rank,
+               beat.world_size, beat.round, beat.monitor_pid)  # fmt: skip
+        times = (beat.interval, beat.timeout)  # a supervisor computes deadlines with them
+        if not all(isinstance(i, int) for i in ids) or not all(
+            isinstance(t, (int, float)) and math.isfinite(t) for t in times
+        ):
+            raise ValueError(
+                f"not a rank beat: {data[:200]!r} (its ranks, pids, round and attempt are "
+                "ints; interval and timeout finite numbers)"
+            )
+        return beat
+
+
+def socket_path() -> str | None:
+    """Where this rank's beats go; None when no supervisor collects them (the Wrapper alone)."""
+    return os.environ.get(jobenv.RANK_BEATS) or None
+
+
+class BeatSender:
+    """The monitor's end: sends beats without ever blocking; a lost beat is only logged."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.setblocking(False)
+        self._failing = False
+
+    def send(self, beat: Beat, wait_s: float = 0.0) -> bool:
+        """Send ``beat``; whether it left. A supervisor not listening yet, or a full queue,
+        loses a beat (the next one comes one interval later), unless ``wait_s`` > 0: then
+        the send waits that long for room (a ``bye``, which no later beat makes up for)."""
+        try:
+            if wait_s > 0:
+                self._sock.settimeout(wait_s)
+            self._sock.sendto(beat.encode(), self.path)
+        except OSError as exc:
+            if not self._failing:
+                log.warning("heartbeat to the supervisor at %s lost: %s", self.path, exc)
+            self._failing = True
+            return False
+        finally:
+            self._sock.setblocking(False)
+        if self._failing:
+            log.info("heartbeats reach the supervisor again")
+        self._failing = False
+        return True
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class BeatSocket:
+    """The supervisor's end: a datagram socket bound at ``path`` (in a private directory)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.bind(path)
+        self._sock.setblocking(False)
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def receive(self) -> list[Beat]:
+        """Every beat waiting now; malformed datagrams are logged and dropped."""
+        beats = []
+        while True:
+            try:
+                data = self._sock.recv(MAX_DATAGRAM)
+            except (BlockingIOError, InterruptedError):
+                return beats
+            try:
+                beats.append(Beat.decode(data))
+            except ValueError as exc:
+                log.warning("%s", exc)
+
+    def close(self) -> None:
+        self._sock.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)

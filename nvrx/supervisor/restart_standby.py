@@ -1,0 +1,76 @@
+"""A warm standby for process restarts, as a mixin of ``Supervisor``.
+
+A restarted rank's first second or more goes to a fresh interpreter importing
+torch, while its peers wait for it. So once this node's children have all
+started, the supervisor keeps one standby (``standby``; ``Standbys.keep_ready``)
+for the whole node, whatever ``--nproc-per-node``: the next child started on
+this node, of whichever local rank (a per-rank restart, or the first rank of a
+job-wide restart; the others start cold), becomes it, if it is warm. One still
+importing stays for a later restart and the rank starts cold, so a standby is
+never slower than a fresh interpreter (a script that imports nothing heavy
+starts faster cold than a standby that imports torch first).
+
+The next standby is started at the next turn of the loop, right after the
+replacement (a fork: it costs the restart nothing); never before the children
+started (it would slow their start), nor while the job stops, a store failover
+runs or a job-wide restart waits for its children to end. ``standby_start``
+tells its pid, ``standby_ready`` when it is warm (it and the Wrapper monitor it
+started ahead are past their imports; the supervisor's selector wakes on it).
+One that died before it was needed is replaced, with a warning; after
+``standby.MAX_DEATHS`` such deaths restarts start cold. It is discarded at the
+end, with the monitor process it started ahead.
+
+Its imports run at the ranks' priority. Lower (a ``nice`` thread for the
+imports, the script on the main thread at the process's priority), they made
+no measurable difference to the training beside it, neither on this 2-core
+machine nor pinned to 2 cores of a larger one (``bench/standby_cost.py``): each
+process the supervisor starts has a session of its own, and with the kernel's
+autogroups a session competes as a whole. And a lower priority would have made
+it slower to get warm. ``--no-warm-standby`` turns it off.
+
+A standby for restarts does not know its local rank: a stream that
+``--redirects``/``--tee``/``--local-ranks-filter`` route differently for some
+local rank is piped, and routed as the rank's when it becomes one (``rank_output``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class RestartStandby:
+    """Expects the attributes and methods of ``Supervisor``."""
+
+    config: Any
+    standbys: Any
+    children: dict[int, Any]
+    stop_reason: str | None
+    failing_over: bool
+
+    def _keep_standby_ready(self) -> None:
+        """Start a standby for the next restart when none waits and this node trains."""
+        cfg = self.config
+        if self.stop_reason is not None or self.failing_over or self._job_restarting():
+            return
+        node_rank = self.node_rank
+        if node_rank is None or len(self.children) < cfg.nproc_per_node or not self._running():
+            return  # a spare waiting, children not all started yet, or all ended
+        local_ranks = range(cfg.nproc_per_node)
+        pid = self.standbys.keep_ready(
+            cfg.command, lambda: cfg.child_env(0, 1, node_rank=node_rank), local_ranks
+        )
+        if pid is not None:
+            log.info("warm standby for restarts: pid %d", pid)
+            self._emit("standby_start", standby_pid=pid, purpose="restart")
+
+    def _on_standby_ready(self) -> None:
+        """The standby for restarts said it is warm (or ended: replaced at the next turn)."""
+        ready = self.standbys.on_ready()
+        if ready is not None:
+            pid, warm_up_s = ready
+            self._emit(
+                "standby_ready", standby_pid=pid, purpose="restart", warm_up_s=round(warm_up_s, 3)
+            )

@@ -1,0 +1,172 @@
+"""Heartbeats of a node's Wrapper ranks to their supervisor (``nvrx.rank_beats``,
+``nvrx.supervisor.silent_ranks``): the wire, and who is declared silent when."""
+
+from __future__ import annotations
+
+import os
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from nvrx.rank_beats import Beat, BeatSender, BeatSocket
+from nvrx.supervisor.hang_watch import HangWatch
+from nvrx.supervisor.silent_ranks import RankBeats
+from nvrx.supervisor.store_link import StoreLinkError
+
+
+def _beat(initial: int = 1, pid: int = 100, *, local_rank: int = 1, attempt: int = 0, **kw) -> Beat:
+    fields = dict(rank=initial, world_size=4, round=3, interval=0.5, timeout=10.0)
+    fields.update(kw)
+    return Beat(initial, pid, local_rank, attempt, **fields)
+
+
+def test_a_beat_crosses_the_socket_and_garbage_is_dropped(tmp_path) -> None:
+    sock = BeatSocket(str(tmp_path / "beats.sock"))
+    sender = BeatSender(sock.path)
+    try:
+        assert sender.send(_beat(monitor_pid=77))
+        raw = BeatSender(sock.path)
+        raw._sock.sendto(b'{"initial_rank": "x"}', sock.path)
+        raw._sock.sendto(b"not json", sock.path)
+        raw._sock.sendto(_beat().encode().replace(b'"timeout":10.0', b'"timeout":"x"'), sock.path)
+        raw._sock.sendto(_beat().encode().replace(b'"interval":0.5', b'"interval":NaN'), sock.path)
+        raw.close()
+        assert sender.send(_beat(2, 101, bye=True))
+        assert sock.receive() == [_beat(monitor_pid=77), _beat(2, 101, bye=True)]
+        assert sock.receive() == []
+    finally:
+        sender.close()
+        sock.close()
+    assert not os.path.exists(sock.path)
+
+
+def test_a_sender_without_a_listener_loses_the_beat_and_does_not_block(tmp_path) -> None:
+    sender = BeatSender(str(tmp_path / "nobody.sock"))
+    assert not sender.send(_beat())
+    sender.close()
+
+
+def test_a_rank_is_declared_once_when_its_timeout_passes() -> None:
+    beats = RankBeats()
+    beats.record([_beat()], now=100.0)
+    assert beats.next_deadline() == 100.0  # the alive counter moves at once
+    assert beats.due(109.0) == []
+    beats.record([_beat()], now=105.0)  # a beat pushes the deadline
+    assert beats.due(114.0) == []
+    (silence,) = beats.due(115.5)
+    assert silence.beat == _beat() and silence.silent_s == pytest.approx(10.5)
+    assert beats.due(200.0) == []  # named once
+    beats.record([_beat(round=4)], now=201.0)  # it beats again in a new round: watched again
+    assert [s.beat.round for s in beats.due(212.0)] == [4]
+
+
+def test_a_bye_or_an_ended_child_is_no_silence() -> None:
+    beats = RankBeats()
+    beats.record([_beat(1, 100, local_rank=1), _beat(2, 200, local_rank=2)], now=0.0)
+    beats.record([_beat(1, 100, local_rank=1, bye=True)], now=1.0)
+    beats.sync({2: 1})  # local rank 2 runs its attempt 1 now: attempt 0 ended
+    assert beats.due(100.0) == []
+    beats.record([_beat(2, 200, local_rank=2)], now=2.0)  # queued before attempt 0 ended
+    assert beats.due(100.0) == []
+    beats.record([_beat(2, 300, local_rank=2, attempt=1)], now=3.0)  # its replacement
+    assert [s.beat.pid for s in beats.due(100.0)] == [300]
+
+
+def test_the_alive_counter_moves_once_per_interval_while_ranks_beat() -> None:
+    beats = RankBeats()
+    assert not beats.alive_due(0.0)  # nobody beat yet
+    beats.record([_beat(1), _beat(2, 101, local_rank=2)], now=0.0)
+    assert beats.alive_due(0.0)
+    beats.record([_beat(1)], now=0.1)
+    assert not beats.alive_due(0.2)  # within the beat interval (0.5 s)
+    assert beats.alive_due(0.5)
+    assert not beats.alive_due(5.0)  # no beat since: the job looks dead to a replacement
+
+
+class _Supervisor(HangWatch):
+    """The part of a supervisor that ``HangWatch`` reads, with one running child."""
+
+    def __init__(self, link: Any) -> None:
+        child = SimpleNamespace(local_rank=1, attempt=0, running=True, pid=5)
+        child.signal_group = lambda signum: None
+        self.children = {1: child}
+        self.stop_reason, self._job_restart, self.link = None, None, link
+        self.calls: list[str] = []
+        self._start_watch()
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        pass
+
+    def _store_lost(self, detail: str) -> bool:
+        self.calls.append("lost")
+        return True
+
+    def _store_unavailable(self, exc: Exception) -> None:
+        self.calls.append("unavailable")
+
+
+def test_a_lost_store_link_does_not_spin_the_supervisor_loop() -> None:
+    sup = _Supervisor(SimpleNamespace(lost="store agent exited"))
+    try:
+        sup.beats.record([_beat()], now=time.monotonic() - 1.0)
+        sup._check_hangs()
+        assert sup._watch_timeout(None) > 1.0  # the next deadline is the rank's timeout
+    finally:
+        sup._close_watch()
+
+
+def test_a_store_lost_during_the_alive_tick_is_failed_over() -> None:
+    def add(key: str, amount: int) -> int:
+        link.lost = "the store did not answer a heartbeat"
+        raise StoreLinkError("lost during add")
+
+    link = SimpleNamespace(lost=None, add=add)
+    sup = _Supervisor(link)
+    try:
+        sup.beats.record([_beat()], now=time.monotonic())
+        sup._check_hangs()
+        assert sup.calls == ["lost"]  # a failover, not a stop of the job
+    finally:
+        sup._close_watch()
+
+
+def test_beats_that_came_while_the_loop_was_busy_are_read_before_any_silence() -> None:
+    left = []
+    link = SimpleNamespace(
+        lost=None, add=lambda key, amount: 1, leave_silent=lambda *a: left.append(a)
+    )
+    sup = _Supervisor(link)
+    sender = BeatSender(sup.beat_socket.path)
+    try:
+        sup.beats.record([_beat(pid=5)], now=time.monotonic() - 11.0)  # read long ago
+        assert sender.send(_beat(pid=5))  # it beat while the supervisor was blocked elsewhere
+        sup._check_hangs()
+        assert left == [] and sup.calls == []
+    finally:
+        sender.close()
+        sup._close_watch()
+
+
+def test_a_bye_waits_for_room_in_a_full_queue_where_a_beat_is_dropped(tmp_path) -> None:
+    import threading
+
+    sock = BeatSocket(str(tmp_path / "beats.sock"))
+    sender = BeatSender(sock.path)
+    try:
+        sent = 0
+        while sender.send(_beat()):  # fill the supervisor's queue (net.unix.max_dgram_qlen)
+            sent += 1
+            assert sent < 100_000
+        assert not sender.send(_beat())  # a beat does not wait
+        got: list = []
+        drained = threading.Timer(0.3, lambda: got.extend(sock.receive()))  # a busy supervisor
+        drained.start()
+        assert sender.send(_beat(bye=True), wait_s=5.0)  # the bye waits for the drain
+        drained.join()
+        got.extend(sock.receive())
+        assert got[-1] == _beat(bye=True) and len(got) == sent + 1
+    finally:
+        sender.close()
+        sock.close()
