@@ -12,18 +12,21 @@ client sends, with the real key names from ``nvrx.store.keys`` and
 a real ``nvrx.store.barrier`` participant). What each simulated party sends, per
 ``--interval`` (1 s, the default of every period involved):
 
-``per-rank`` (today, a Wrapper job under supervisors)
-    every rank's monitor process (``inprocess.monitor_main._Monitor._heartbeat``): ``add`` of
+``per-rank`` (a Wrapper job under supervisors before issue 14; still the Wrapper alone)
+    every rank's monitor process (``_Monitor._heartbeat`` without a supervisor): ``add`` of
     ``nvrx/r0/hb/<rank>``, ``add`` of ``nvrx/alive``, ``add(nvrx/r0/hb/<peer>, 0)``, one
     after the other; every rank's monitor thread (``monitor_thread._wait_for_fault``): a
     ``wait`` on ``nvrx/r0/interrupted`` that times out after the interval, i.e. a WAIT and a
-    CANCEL_WAIT request, then the next WAIT; plus every node's liveness below.
-``per-node`` (aggregated)
-    only every node's supervisor: its store agent's ``NodeWatch._tick`` (``add`` of its
-    ``alive`` counter, ``add(claim(own), 0)``, ``add(claim(watched), 0)``,
+    CANCEL_WAIT request, then the next WAIT; plus every node's liveness tick as it was then
+    (``add`` of its ``alive`` counter, ``add(claim(own), 0)``, ``add(claim(watched), 0)``,
     ``add(alive(watched), 0)``: four requests, one after the other).
+``per-node`` (aggregated: the ranks beat to their supervisor, ``nvrx.rank_beats``)
+    only every node's supervisor: its store agent's ``NodeWatch._tick`` (``add`` of its
+    ``alive`` counter, ``add(alive(watched), 0)``: the claims are read only when they can
+    matter) and the supervisor's alive tick for its ranks (``add`` of ``nvrx/alive``):
+    three requests per node.
 ``per-node+waits``
-    ``per-node`` plus the per-rank monitor-thread waits, which remain today.
+    ``per-node`` plus the per-rank monitor-thread waits, which remain.
 
 In every pattern each node also holds the store agent's key watches (one connection each,
 a ``wait`` on the stop key and on the next job restart, re-armed every 60 s).
@@ -240,12 +243,17 @@ def run_worker(cfg: dict[str, Any]) -> dict[str, Any]:
     jobs: list[tuple[float, tuple[bytes, ...], bool]] = []
     for node in range(first, last):
         watched = (node + 1) % nodes_total
-        tick = (
-            enc_add(names["node_alive"](node), 1),
-            enc_add(names["node_claim"](node), 0),
-            enc_add(names["node_claim"](watched), 0),
-            enc_add(names["node_alive"](watched), 0),
-        )
+        if per_rank:  # the node watch before issue 14 read both claims at every beat
+            tick = (
+                enc_add(names["node_alive"](node), 1),
+                enc_add(names["node_claim"](node), 0),
+                enc_add(names["node_claim"](watched), 0),
+                enc_add(names["node_alive"](watched), 0),
+            )
+        else:
+            tick = (enc_add(names["node_alive"](node), 1), enc_add(names["node_alive"](watched), 0))
+            # the supervisor moves the job's alive counter for its beating ranks
+            jobs.append((rng.random() * interval, (enc_add(names["alive"], 1),), False))
         jobs.append((rng.random() * interval, tick, True))
         if per_rank:
             hb = names["hb"][1]
@@ -826,7 +834,7 @@ def main() -> int:
         "columns: conns = sockets the simulated parties hold; offered/served = steady requests/s "
         "(barrier requests excluded); srv_cpu = store server process, drv_cpu = all load "
         "workers, box = whole machine busy; lag99 = p99 delay of a chain's start behind its "
-        "schedule (driver or pool behind); tick99 = p99 of a node's 4-request liveness tick; "
+        "schedule (driver or pool behind); tick99 = p99 of a node's liveness tick (4 requests per-rank, 2 per-node); "
         "get = a real client's get (2 round trips); bar = barrier last arrival -> last release, "
         "n barriers (p99 = max for n < 100)"
     )
