@@ -6,10 +6,17 @@ fields have the wrong type or an impossible value (a ``wall`` of 1e308, a
 torn line, so that no consumer has to guard every field. A kind's own fields
 are not checked here: consumers read them defensively. Missing fields are
 allowed (old or hand-written events); only wrong values are refused.
+
+Millions of events are checked at a time: ``all_usual`` (and ``nvrx.report``'s
+fold, inline) checks the writer's usual event cheaply, comparing the fields
+one process's events share with the previous event's; any other event gets
+the full check.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from operator import itemgetter
 from typing import Any
 
 #: Latest wall time accepted: 9999-12-31T23:59:59Z (what calendars and time_t can show).
@@ -104,3 +111,69 @@ def common_field_problem(event: dict[str, Any]) -> str | None:
             if problem is not None:
                 return f"bad common field {name!r}: {problem}"
     return None
+
+
+def usable_event(value: Any) -> bool:
+    """Whether a parsed JSON value is an event (an object with a text ``kind``) whose common
+    fields can be used: what a reader keeps."""
+    return type(value) is dict and type(value.get("kind")) is str and common_field_problem(value) is None
+
+
+#: Common fields that change from event to event (raises KeyError where one is missing).
+EVENT_FIELDS = itemgetter("kind", "wall", "mono", "round")
+#: Common fields that one process's events share: v, pid, node, rank, host, boot, component, job.
+PROCESS_FIELDS = itemgetter("v", "pid", "node", "rank", "host", "boot", "component", "job")
+
+
+def usual_process_fields(fields: tuple[Any, ...]) -> bool:
+    """Whether ``PROCESS_FIELDS`` of an event have the writer's own types and are in range."""
+    v, pid, node, rank, host, boot, component, job = fields
+    return (
+        type(v) is int
+        and 0 <= v <= MAX_VERSION
+        and type(pid) is int
+        and 0 < pid <= MAX_ID
+        and _id_ok(node)
+        and _id_ok(rank)
+        and type(host) is str
+        and type(boot) is str
+        and type(component) is str
+        and type(job) in (str, type(None))
+    )
+
+
+def all_usual(events: Iterable[Any]) -> bool:
+    """Whether every value is an event with all its common fields present, of the writer's own
+    types and in range (what ``_quick_ok`` accepts): then ``common_field_problem`` finds nothing.
+
+    The check of a whole file's events at once, for millions of events: the fields one process's
+    events share are checked again only where they differ from the previous event's (their
+    types too: 1, 1.0 and true are equal). False says only that some event needs the full check.
+    """
+    seen: tuple[Any, ...] = ()
+    try:
+        for event in events:
+            kind, wall, mono, rnd = EVENT_FIELDS(event)
+            if not (
+                type(wall) is float
+                and 0.0 <= wall <= MAX_WALL
+                and type(mono) is float
+                and 0.0 <= mono <= MAX_MONO
+                and type(kind) is str
+                and (rnd is None or (type(rnd) is int and 0 <= rnd <= MAX_ID))
+            ):
+                return False
+            fields = PROCESS_FIELDS(event)
+            if (
+                fields != seen
+                or type(fields[0]) is not int
+                or type(fields[1]) is not int
+                or type(fields[2]) is not type(seen[2])
+                or type(fields[3]) is not type(seen[3])
+            ):
+                if not usual_process_fields(fields):
+                    return False
+                seen = fields
+    except (KeyError, TypeError):  # a common field missing, or a value that is not an object
+        return False
+    return True

@@ -28,7 +28,7 @@ from nvrx.events.failures import (
 )
 from nvrx.events.reader import Skipped
 
-from .file_fold import STOP_KINDS, FileSummary, run_key
+from .file_summary import FileSummary, run_key
 from .job_rounds import job_wide_restarts
 from .merging import (
     COUNTS,
@@ -44,10 +44,11 @@ from .merging import (
     merged,
 )
 from .model import Hang, ProcessRestart, Restarts, RoundRow
+from .node_events import STOP_KINDS
 from .output_triage import Death, EventFacts
 from .parts import LocalFault, RoundState, SignatureGroup, order_key
 from .process_rows import NODE_LOST
-from .summarize import Filters, summarize_file
+from .summarize import Filters, fold_file, summarize_file
 
 if TYPE_CHECKING:
     from .node_loss import LossIndex
@@ -367,8 +368,22 @@ def aggregate_files(
     filters: Filters | None = None,
     run_starts: dict[str, list[float]] | None = None,
 ) -> JobSummary:
-    """Summarize and merge ``paths`` into one ``JobSummary`` (the unit of work of a worker process)."""
+    """Summarize and merge ``paths`` into one ``JobSummary`` (the unit of work of a worker process).
+
+    When the job ran once (each supervisor started once), every file's rounds are of run 0,
+    and the files fold them straight into the job's: no round state of a file is merged.
+    A file that starts a run itself, or is damaged, has the files folded one by one instead.
+    """
     job = JobSummary.starting(run_starts)
+    if job.runs == 1:
+        for path in paths:
+            fs = fold_file(path, filters, job_rounds=job.rounds)
+            if fs is None or fs.run_starts:
+                break
+            job.add(fs)
+        else:
+            return job
+        job = JobSummary.starting(run_starts)
     for path in paths:
         job.add(summarize_file(path, filters))
     return job

@@ -7,6 +7,7 @@ Nothing here writes to the log directory.
 
 from __future__ import annotations
 
+import heapq
 import multiprocessing
 import os
 import threading
@@ -34,8 +35,9 @@ from .summarize import Filters, summarize_file
 from .suspects import build_suspects
 from .timeline import build_timeline
 
-#: Below this many files, worker processes cost more than they save.
+#: Below this many rank files holding fewer bytes, worker processes cost more than they save.
 PARALLEL_MIN_FILES = 64
+PARALLEL_MIN_BYTES = 32 << 20
 CHUNKS_PER_WORKER = 4
 #: Files read in one piece without workers (progress is told after each piece).
 SERIAL_CHUNK_FILES = 64
@@ -44,6 +46,26 @@ _NODE_FILE_PREFIXES = ("supervisor-", "store-")
 
 def _node_file(path: Path) -> bool:
     return path.name.startswith(_NODE_FILE_PREFIXES)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0  # read (and reported) as unreadable by whichever process gets it
+
+
+def _chunks(files: list[Path], sizes: dict[Path, int], n: int) -> list[list[Path]]:
+    """``files`` in ``n`` chunks of about as many bytes (largest first, each to the lightest
+    chunk), each chunk in the files' own order."""
+    heap = [(0, i) for i in range(n)]
+    chunks: list[list[Path]] = [[] for _ in range(n)]
+    for path in sorted(files, key=lambda p: -sizes[p]):
+        load, i = heapq.heappop(heap)
+        chunks[i].append(path)
+        heapq.heappush(heap, (load + sizes[path], i))
+    order = {path: k for k, path in enumerate(files)}
+    return [sorted(chunk, key=order.__getitem__) for chunk in chunks]
 
 
 def _aggregate(
@@ -62,7 +84,9 @@ def _aggregate(
     agg = JobSummary.starting(run_starts_of(node_summaries))
     for summary in node_summaries:
         agg.add(summary)
-    if workers <= 1 or len(rank_files) < PARALLEL_MIN_FILES:
+    sizes = {p: _size(p) for p in rank_files}
+    few = len(rank_files) < PARALLEL_MIN_FILES and sum(sizes.values()) < PARALLEL_MIN_BYTES
+    if workers <= 1 or len(rank_files) < 2 or few:
         for i in range(0, len(rank_files), SERIAL_CHUNK_FILES):
             chunk = rank_files[i : i + SERIAL_CHUNK_FILES]
             agg.merge(aggregate_files(chunk, filters, agg.run_starts))
@@ -74,9 +98,9 @@ def _aggregate(
         if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
         else "spawn"
     )
-    # A few chunks per worker: even load, and few (small) partial results to send back.
-    n_chunks = workers * CHUNKS_PER_WORKER
-    chunks = [rank_files[i::n_chunks] for i in range(n_chunks)]
+    # A few chunks per worker, of about as many bytes each: even load, and few (small)
+    # partial results to send back.
+    chunks = _chunks(rank_files, sizes, min(len(rank_files), workers * CHUNKS_PER_WORKER))
     work = partial(aggregate_files, filters=filters, run_starts=agg.run_starts)
     with ProcessPoolExecutor(
         max_workers=workers, mp_context=multiprocessing.get_context(method)

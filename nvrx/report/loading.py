@@ -6,7 +6,8 @@ millions of events), with ``orjson`` where it is installed (``pip install
 otherwise; any file that is not perfectly formed goes
 through the tolerant ``nvrx.events.reader.iter_file`` instead, which skips and
 records torn, merged and malformed lines, and events whose common fields are
-impossible (``nvrx.events.validation``).
+impossible (``nvrx.events.validation``). ``parse_file`` is the fast path alone,
+for a caller that checks the events as it uses them (``file_fold``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +28,15 @@ from nvrx.events.reader import (
     read_regular_file,
 )
 from nvrx.events.schema import KINDS
-from nvrx.events.validation import common_field_problem
+from nvrx.events.validation import all_usual, usable_event
 
 try:  # optional: the same values, parsed faster
     from orjson import loads as parse_json
 except ImportError:  # pragma: no cover - depends on the environment
     parse_json = json.loads
+
+
+_KIND = itemgetter("kind")
 
 
 class ReportError(Exception):
@@ -48,31 +53,36 @@ class JobDir:
     notes: list[str] = field(default_factory=list)
 
 
-def read_events(path: str | os.PathLike[str], stats: ReadStats) -> list[dict[str, Any]]:
-    """All events of one file in file order; damaged files fall back to the tolerant reader."""
+def parse_file(path: str | os.PathLike[str]) -> list[Any] | None:
+    """The values of a well-formed file's lines, unchecked, in one parse; None for a file that
+    only the tolerant reader can read (unreadable, empty, with a torn or malformed line)."""
     try:
         data = read_regular_file(path)
     except OSError:
-        return list(iter_file(path, stats))  # records the file as unreadable
-    if data.endswith(b"\n"):
-        try:
-            # Event lines never contain a raw newline (JSON escapes it), so the
-            # lines of a well-formed file joined by commas are one JSON array.
-            events = parse_json(b"[" + data[:-1].replace(b"\n", b",") + b"]")
-        except (ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
-            events = None
-        if events is not None and all(
-            type(e) is dict and type(e.get("kind")) is str and common_field_problem(e) is None
-            for e in events
-        ):
-            stats.files += 1
-            stats.events += len(events)
+        return None
+    if not data.endswith(b"\n"):
+        return None
+    try:
+        # Event lines never contain a raw newline (JSON escapes it), so the
+        # lines of a well-formed file joined by commas are one JSON array.
+        return parse_json(b"[" + data[:-1].replace(b"\n", b",") + b"]")
+    except (ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
+        return None
+
+
+def read_events(path: str | os.PathLike[str], stats: ReadStats) -> list[dict[str, Any]]:
+    """All events of one file in file order; damaged files fall back to the tolerant reader."""
+    events = parse_file(path)
+    if events is not None and (all_usual(events) or all(map(usable_event, events))):
+        stats.files += 1
+        stats.events += len(events)
+        if not KINDS.keys() >= set(map(_KIND, events)):  # rare: count the kinds unknown here
             for event in events:
                 kind = event["kind"]
                 if kind not in KINDS:
                     stats.unknown_kinds[kind] = stats.unknown_kinds.get(kind, 0) + 1
-            return events
-    return list(iter_file(path, stats))
+        return events
+    return list(iter_file(path, stats))  # also records an unreadable file
 
 
 def _has_events(directory: Path) -> bool:

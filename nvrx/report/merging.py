@@ -85,11 +85,11 @@ def _parts(mine: dict[Any, Any], theirs: dict[Any, Any]) -> None:
 
 
 _IN_PLACE: dict[str, Callable[[Any, Any], None]] = {
-    UNION: lambda mine, theirs: mine.update(theirs),
+    UNION: set.update,
     COUNTS: _counts,
     MAX_EACH: _max_each,
     UNION_EACH: _union_each,
-    EXTEND: lambda mine, theirs: mine.extend(theirs),
+    EXTEND: list.extend,
     EXTEND_EACH: _extend_each,
     PARTS: _parts,
 }
@@ -121,10 +121,11 @@ def merge_fields(target: Any, other: Any) -> None:
 
     ``other`` may hand its containers over to ``target``: do not use it afterwards.
     """
+    mine, their = vars(target), vars(other)  # (a merge per file and round: no getattr)
     for name, in_place, by_value in _plan(type(target)):
-        theirs = getattr(other, name)
+        theirs = their[name]
         if in_place is not None:
             if theirs:
-                in_place(getattr(target, name), theirs)
-        else:
-            setattr(target, name, by_value(getattr(target, name), theirs))
+                in_place(mine[name], theirs)
+        elif theirs is not None:  # an unknown (None) changes no MIN or MAX; sums are numbers
+            mine[name] = by_value(mine[name], theirs)

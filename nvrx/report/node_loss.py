@@ -17,8 +17,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .file_fold import STOP_KINDS
 from .model import NodeLoss
+from .node_events import STOP_KINDS
 from .process_rows import SAME_FAILURE_WINDOW_S
 from .timeline import death_window
 

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from nvrx.events.failures import PEER
 
-from .file_fold import STOP_KINDS
 from .model import ProcessRestart, RecordedError
+from .node_events import STOP_KINDS
 from .parts import LocalFault
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ def _ending_fault(job: JobSummary, host: Any, pid: Any, wall: Any, runtime: Any)
 def _failed(e: dict[str, Any], stop: float | None) -> bool:
     """Whether a ``child_exit`` is a failure, not a clean end or part of the job's stop.
 
-    (A node event's own fields are of the type the report expects, or None: ``file_fold``.)
+    (A node event's own fields are of the type the report expects, or None: ``node_events``.)
     """
     if e.get("signal") is None and e.get("exit_code") in _STOP_EXIT_CODES:
         return False

@@ -10,10 +10,12 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from nvrx.events.reader import ReadStats
+from nvrx.events.reader import ReadStats, iter_file
 
-from .file_fold import FileFolder, FileSummary, run_start
-from .loading import read_events
+from .file_fold import FileFolder
+from .file_summary import FileSummary, run_start
+from .loading import parse_file, read_events
+from .parts import RoundState
 from .values import num
 
 
@@ -52,20 +54,54 @@ def summarize_file(path: str | os.PathLike[str], filters: Filters | None = None)
     starts of job runs are taken from every event of the job, whatever ``--rank``,
     ``--node`` or ``--since`` keep, so that the runs are the same with and without them.
     """
+    summary = fold_file(path, filters)
+    assert summary is not None  # (only folding into a job's rounds can fail)
+    return summary
+
+
+def fold_file(
+    path: str | os.PathLike[str],
+    filters: Filters | None = None,
+    job_rounds: dict[Any, RoundState] | None = None,
+) -> FileSummary | None:
+    """``summarize_file``, with the file's rounds folded straight into ``job_rounds`` (a
+    job's round states of run 0; ``aggregate_files``) when given: the summary's own
+    ``rounds`` then stay empty. None when the file turned out damaged once some of its
+    events were folded there: the caller must start over without ``job_rounds``.
+    """
+    everything = filters is None or not filters.active()
+    if everything:
+        events = parse_file(path)
+        if events is not None:  # checked as they are folded: one pass over millions of events
+            summary = FileSummary(path=str(path), stats=ReadStats(files=1, events=len(events)))
+            folder = FileFolder(summary, run_starts=True, job_rounds=job_rounds)
+            if folder.fold(events, parsed=True):
+                folder.finish()
+                return summary
+            if job_rounds is not None:
+                return None
+    # A damaged or unreadable file (straight to the tolerant reader: the parse above failed,
+    # or the fold met an event it skips), or filters: the reader's events.
     stats = ReadStats()
     summary = FileSummary(path=str(path), stats=stats)
-    folder = FileFolder(summary)
-    filters = filters if filters is not None and filters.active() else None
-    for event in read_events(path, stats):
-        if event["kind"] == "supervisor_start":
-            start = run_start(event)
-            if start is not None and (filters is None or filters.of_job(event)):
-                summary.run_starts.append(start)
-        if filters is not None and not filters.keep(event):
-            continue
-        folder.add(event)
+    events = list(iter_file(path, stats)) if everything else read_events(path, stats)
+    if everything:
+        folder = FileFolder(summary, run_starts=True, job_rounds=job_rounds)
+        folder.fold(events)
+    else:
+        assert filters is not None
+        folder = FileFolder(summary, job_rounds=job_rounds)
+        kept = []
+        for event in events:
+            if event["kind"] == "supervisor_start":
+                start = run_start(event)
+                if start is not None and filters.of_job(event):
+                    summary.run_starts.append(start)
+            if filters.keep(event):
+                kept.append(event)
+        folder.fold(kept)
     folder.finish()
     return summary
 
 
-__all__ = ["FileSummary", "Filters", "summarize_file"]
+__all__ = ["FileSummary", "Filters", "fold_file", "summarize_file"]

@@ -72,6 +72,8 @@ def _slot_hosts(job: JobSummary) -> dict[tuple[int, object], set[str]]:
 def _lost_suspect(job: JobSummary, tally: _NodeTally, losses: LossIndex) -> bool:
     """Whether a lost node's host can be excluded: no node that stayed healthy ran on it
     (by the SLURM node name and by the host name its supervisor wrote)."""
+    if not tally.lost:  # (the node events are scanned only for the few lost nodes)
+        return False
     healthy, slot_hosts = _healthy_hosts(job, losses), _slot_hosts(job)
     for loss in tally.lost:
         names = {loss.host} | slot_hosts.get((loss.run, loss.slot), set())

@@ -1,0 +1,81 @@
+"""What the report keeps of one event file (``FileSummary``), and where the job's runs begin.
+
+One file is one process: ``file_fold`` fills a summary event by event, in a
+worker process when there are many files, and ``aggregate`` merges them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from nvrx.events.reader import ReadStats
+
+from .parts import LocalFault, RoundState, SignatureGroup
+from .values import as_int, as_str, num
+
+Ev = dict[str, Any]
+
+
+def run_key(host: Any, node: Any) -> str | None:
+    """Whose supervisor starts mark the job's runs: the node rank's, else the host's.
+
+    A node rank's supervisor starts once per run wherever SLURM places it, and
+    several local supervisors on one host are several node ranks, not several runs.
+    """
+    node = as_int(node)
+    if node is not None:
+        return f"node {node}"
+    host = as_str(host)
+    return f"host {host}" if host is not None else None
+
+
+def run_start(event: Ev) -> tuple[str, float] | None:
+    """(``run_key``, wall) where ``event`` begins a job run: each ``supervisor_start`` does."""
+    if event.get("kind") != "supervisor_start":
+        return None
+    key, wall = run_key(event.get("host"), event.get("node")), num(event.get("wall"))
+    return (key, wall) if key is not None and wall is not None else None
+
+
+@dataclass
+class FileSummary:
+    """Everything the report needs from one event file."""
+
+    path: str
+    stats: ReadStats
+    # Where job runs begin, from every supervisor_start read (even one the filters drop).
+    run_starts: list[tuple[str, float]] = field(default_factory=list)
+    kept: int = 0
+    host: str | None = None
+    boot: str | None = None
+    component: str | None = None
+    first_wall: float | None = None
+    last_wall: float | None = None
+    jobs: set[str] = field(default_factory=set)
+    ranks: set[int] = field(default_factory=set)
+    node_hosts: dict[int, str] = field(default_factory=dict)
+    world_size: int = 0
+    pid: int | None = None
+    calls: int = 0  # call_start/call_end events seen
+    call_us: int = 0  # time inside the training function, integer microseconds
+    # The last fault of a process that never resumed after it (PEER or "own"): it explains
+    # the process's exit, which its supervisor records by pid.
+    ending_fault: str | None = None
+    interrupted_calls: int = 0
+    # The process's events stop inside the training function with no fault: it died unexplained.
+    vanished: bool = False
+    rounds: dict[int, RoundState] = field(default_factory=dict)
+    signatures: dict[str, SignatureGroup] = field(default_factory=dict)
+    # Every fault by which a monitor said its process is gone (dead, unresponsive), round or not.
+    monitor_deaths: list[LocalFault] = field(default_factory=list)
+    hangs: list[dict[str, Any]] = field(default_factory=list)
+    # Children that a supervisor declared hung and ended ((pid, wall) of each declaration):
+    # the hang explains the child's exit.
+    hung_children: list[tuple[int, float]] = field(default_factory=list)
+    node_events: list[dict[str, Any]] = field(default_factory=list)
+    wrapper_ends: dict[str, int] = field(default_factory=dict)
+    # Every signature the fault events tell of, peers' included: output files that show the
+    # same tracebacks add nothing new.
+    told_signatures: set[str] = field(default_factory=set)
+    told_types: set[str] = field(default_factory=set)  # exception types told without a traceback
