@@ -123,9 +123,10 @@ class JobRestart:
         declared the loss: the lost slot's watcher in the ring of slots (a training slot,
         whose own ranks tell whether the job runs the Wrapper), or the leaving node itself
         after ``ExcludeThisNode``, which only announces it. A node loss spends no unit of
-        the budget (``node_lost`` counts it).
+        the budget (``node_lost`` counts it). A declarer whose ranks all ended announces
+        nothing: they are done, and nothing here would count itself ready for the restart.
         """
-        if node_rank is None or self._job_restart is not None or not self.children:
+        if node_rank is None or self._job_restart is not None or not self._running():
             return
         if not all(self._job_wide(child.pid) for child in self.children.values()):
             return  # Wrapper ranks restart in-process and wait for the spare's
