@@ -39,8 +39,6 @@ import argparse
 import collections
 import os
 import re
-import shlex
-import shutil
 import socket
 import statistics
 import subprocess
@@ -52,6 +50,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import private_netns  # noqa: E402
 
 TARGET_CHILDREN_S = 2.0
 VARIANTS = ("plain", "wrapper", "supervised", "supervised-wrapper", "supervised-cold")
@@ -376,26 +377,6 @@ def _import_parents(rows: list[tuple[int, str, int, int]], target: str) -> list[
     return []
 
 
-def _netns(args: argparse.Namespace) -> int | None:
-    """Re-run inside a private network namespace when possible; None: go on here."""
-    if args.no_netns or os.environ.get("NVRX_BENCH_NETNS"):
-        return None
-    inner = " ".join(map(shlex.quote, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]]))
-    if shutil.which("unshare") and shutil.which("ip"):
-        for flags, mode in ((["-rn"], "unshare -rn"), (["-n"], "unshare -n")):
-            probe = subprocess.run(
-                ["unshare", *flags, "sh", "-c", "ip link set lo up"], capture_output=True
-            )
-            if probe.returncode == 0:
-                env = dict(os.environ, NVRX_BENCH_NETNS=mode)
-                return subprocess.call(
-                    ["unshare", *flags, "sh", "-c", f"ip link set lo up && exec {inner}"], env=env
-                )
-    os.environ["RES_OPTIONS"] = os.environ.get("RES_OPTIONS", "timeout:1 attempts:1")
-    os.environ["NVRX_BENCH_NETNS"] = "none (RES_OPTIONS=" + os.environ["RES_OPTIONS"] + ")"
-    return None
-
-
 def _fmt(v: float | None) -> str:
     return f"{v:8.2f}" if v is not None else f"{'-':>8}"
 
@@ -415,7 +396,7 @@ def main() -> int:
     for v in variants:
         if v not in VARIANTS:
             parser.error(f"unknown variant {v!r}: choose from {', '.join(VARIANTS)}")
-    code = _netns(args)
+    code = private_netns.rerun_inside(__file__, args.no_netns)
     if code is not None:
         return code
     print(

@@ -75,8 +75,6 @@ import os
 import random
 import resource
 import select
-import shlex
-import shutil
 import socket
 import statistics
 import struct
@@ -87,6 +85,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import private_netns  # noqa: E402
 
 TARGET_REQ_PER_NODE = 2.0
 TARGET_BARRIER_P99_S = 0.150
@@ -722,10 +723,6 @@ def _report(rows: list[Outcome], args: argparse.Namespace) -> None:
         )
 
 
-def _netns(args: argparse.Namespace) -> int | None:
-    """Re-run inside a private network namespace when possible; None: go on here."""
-    if args.no_netns or os.environ.get("NVRX_BENCH_NETNS"):
-        return None
     # Raise the descriptor limit first (root only): a namespace made by unshare -r cannot.
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = 262144
@@ -733,20 +730,6 @@ def _netns(args: argparse.Namespace) -> int | None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, want))
     except (ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    inner = " ".join(map(shlex.quote, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]]))
-    if shutil.which("unshare") and shutil.which("ip"):
-        for flags, mode in ((["-rn"], "unshare -rn"), (["-n"], "unshare -n")):
-            probe = subprocess.run(
-                ["unshare", *flags, "sh", "-c", "ip link set lo up"], capture_output=True
-            )
-            if probe.returncode == 0:
-                env = dict(os.environ, NVRX_BENCH_NETNS=mode)
-                return subprocess.call(
-                    ["unshare", *flags, "sh", "-c", f"ip link set lo up && exec {inner}"], env=env
-                )
-    os.environ["RES_OPTIONS"] = os.environ.get("RES_OPTIONS", "timeout:1 attempts:1")
-    os.environ["NVRX_BENCH_NETNS"] = "none (RES_OPTIONS=" + os.environ["RES_OPTIONS"] + ")"
-    return None
 
 
 def main() -> int:
@@ -772,7 +755,7 @@ def main() -> int:
         if p not in PATTERNS:
             parser.error(f"unknown pattern {p!r}: choose from {', '.join(PATTERNS)}")
     sizes = [int(n) for n in args.nodes.split(",") if n]
-    code = _netns(args)
+    code = private_netns.rerun_inside(__file__, args.no_netns)
     if code is not None:
         return code
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
