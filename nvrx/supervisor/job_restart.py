@@ -115,18 +115,21 @@ class JobRestart:
         self.link.set(_key(epoch, "begin"), json.dumps(cause))
         self._begin_job_restart(epoch, cause)  # here at once: the loop must not end meanwhile
 
-    def _restart_for_lost_node(self, node_rank: int | None) -> None:
+    def _restart_for_lost_node(self, node_rank: int | None, leaving: bool = False) -> None:
         """A spare took over a lost node of a plain script: restart every rank with it.
 
         The survivors' ranks wait for the lost ones in a collective (or fail in turn), and the
         spare's new ranks cannot join their old process group. Called by the slot that
         declared the loss: the lost slot's watcher in the ring of slots (a training slot,
         whose own ranks tell whether the job runs the Wrapper), or the leaving node itself
-        after ``ExcludeThisNode``, which only announces it. A node loss spends no unit of
-        the budget (``node_lost`` counts it). A declarer whose ranks all ended announces
-        nothing: they are done, and nothing here would count itself ready for the restart.
+        after ``ExcludeThisNode`` (``leaving``: it stopped its ranks already), which only
+        announces it. A node loss spends no unit of the budget (``node_lost`` counts it). A
+        declarer whose ranks all ended announces nothing: they are done, and nothing here
+        would count itself ready for the restart.
         """
-        if node_rank is None or self._job_restart is not None or not self._running():
+        if node_rank is None or self._job_restart is not None or not self.children:
+            return
+        if not leaving and not self._running():
             return
         if not all(self._job_wide(child.pid) for child in self.children.values()):
             return  # Wrapper ranks restart in-process and wait for the spare's

@@ -67,7 +67,7 @@ class WorkloadControl:
             self._requeue_without(loss.host)
         try:
             if loss is not None and loss.action == "spare":  # the others restart with the spare
-                self._restart_for_lost_node(loss.node_rank)
+                self._restart_for_lost_node(loss.node_rank, leaving=True)
         except StoreLinkError as exc:
             log.warning("could not announce the job-wide restart: %s", exc)
 
