@@ -20,7 +20,7 @@ import pytest
 from nvrx.supervisor import standby as standby_module
 from nvrx.supervisor.rank_logs import RankLogs, Std
 from nvrx.supervisor.standby import Standbys
-from tests.multiproc.test_supervisor_local import Job
+from tests.multiproc.test_supervisor_local import Job, _alive
 from tests.support.waiting import wait_until
 
 # Trains with the Wrapper (default settings) until the test creates STOP_FILE; rank 0 tells
@@ -143,17 +143,6 @@ def _tree(pids: list[int]) -> set[int]:
         except psutil.NoSuchProcess:
             pass
     return found
-
-
-def _alive(pids: set[int]) -> set[int]:
-    alive = set()
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.add(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
 
 
 def _completed_at_full_size(watched: Watched, codes: list[int | None]) -> None:
