@@ -40,16 +40,16 @@ STACK_SIGNAL = signal.SIGRTMIN + 6
 #: The program's entry point, as started by ``MonitorProcess.start``: SLURM's warning signal is
 #: ignored before the (slower) import of the program, which ignores it again in ``main``.
 ENTRY_POINT = (
-    "import sys; from nvrx.processes import ignore_warning_signal; ignore_warning_signal(); "
-    "from nvrx.inprocess.monitor_main import main; sys.exit(main())"
+    "from nvrx.processes import exit_now, ignore_warning_signal; ignore_warning_signal(); "
+    "from nvrx.inprocess.monitor_main import main; exit_now(main())"
 )
 #: A program started ahead (``prestart``) says when its imports are done: one line, before
 #: its ready message, which ``wait_prestarted`` reads (``MonitorProcess.wait_ready`` skips it).
 IMPORTED = {"imported": True}
 PRESTART_ENTRY_POINT = (
-    "import sys; from nvrx.processes import ignore_warning_signal; ignore_warning_signal(); "
-    "from nvrx.inprocess.monitor_main import main; "
-    "sys.stdout.write('{\"imported\": true}\\n'); sys.stdout.flush(); sys.exit(main())"
+    "import sys; from nvrx.processes import exit_now, ignore_warning_signal; "
+    "ignore_warning_signal(); from nvrx.inprocess.monitor_main import main; "
+    "sys.stdout.write('{\"imported\": true}\\n'); sys.stdout.flush(); exit_now(main())"
 )
 
 

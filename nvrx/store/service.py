@@ -304,4 +304,4 @@ class StoreService:
 if __name__ == "__main__":
     from .server_process import main
 
-    sys.exit(main())
+    processes.exit_now(main())

@@ -216,3 +216,23 @@ def test_stop_foreign_ends_a_process_alone_and_wakes_a_stopped_one() -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_exit_now_keeps_what_was_written_and_the_exit_code(tmp_path: Path) -> None:
+    """A helper program skips the interpreter's teardown, not its output."""
+    log_file = tmp_path / "helper.log"
+    code = (
+        "import logging, sys\n"
+        "from nvrx.processes import exit_now\n"
+        f"logging.basicConfig(filename={str(log_file)!r}, level=logging.INFO)\n"
+        "logging.getLogger('helper').info('logged before the exit')\n"
+        "sys.stdout.write('printed before the exit')\n"
+        "exit_now(3)\n"
+        "print('never')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 3
+    assert done.stdout == "printed before the exit"
+    assert "logged before the exit" in log_file.read_text()
