@@ -1,8 +1,8 @@
 """What a rank does between two rounds, or instead of the next one.
 
 After a ``Restart`` outcome: the abort's report, ``finalize``, the restart
-health check, the ``last_call_wait`` window for concurrent faults, the
-iteration barrier (whose last arrival publishes the terminated ranks), the
+health check, the iteration barrier (the window for concurrent faults: its
+last arrival publishes the terminated ranks once every rank reported), the
 rejoin of replacement processes, then ``rank_assignment`` for the next round.
 Any ``BaseException`` on the way turns into a ``Leave`` (whose exit is
 recorded, as a leave from user code is), chained to the round's fault as if
@@ -52,7 +52,7 @@ def restart(call: CallWrapper, run: RoundRun, fault: BaseException | None) -> Le
     round_state = call.state  # the next round gets a State of its own (``assign``)
     round_state.fn_exception = fault if isinstance(fault, Exception) else None
     try:
-        _next_round(call, run, seen)
+        _next_round(call, run)
     except BaseException as exc:
         _chain(exc, fault)
         # not on record yet: the round's fault was, this exit was not (a rejoin
@@ -90,7 +90,7 @@ def _context_chain(exc: BaseException) -> list[BaseException]:
     return chain
 
 
-def _next_round(call: CallWrapper, run: RoundRun, seen: float) -> None:
+def _next_round(call: CallWrapper, run: RoundRun) -> None:
     w = call.wrapper
     if w.finalize is not None:
         with call.phase("finalize"):
@@ -98,10 +98,11 @@ def _next_round(call: CallWrapper, run: RoundRun, seen: float) -> None:
     if w.health_check is not None:
         with call.phase("health_check"):
             run_check(w.health_check, call.state.freeze(), "restart health check failed")
-    remaining = seen + w.last_call_wait - time.monotonic()
-    if remaining > 0:
-        with call.phase("last_call_wait"):
-            time.sleep(remaining)  # the documented window for concurrent faults
+    # The window for concurrent faults is the iteration barrier itself: it releases
+    # once every rank of the round has reported, by itself or (dead, hung, silent)
+    # through its monitor or supervisor, and the last arrival reads every fault
+    # recorded until then. A fixed ``last_call_wait`` sleep would only add faults of
+    # ranks that had reported already; such a fault starts the next restart instead.
     with call.phase("iteration_barrier"):
         base, rank, world_size = call.services.base_store, call.state.rank, call.state.world_size
         rstore.arrive_iteration(run.store, base, rank, world_size)  # type: ignore[arg-type]

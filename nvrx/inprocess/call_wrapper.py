@@ -249,8 +249,7 @@ class CallWrapper:
                 # finishes an abort it began for a peer's fault, and is gone before we raise.
                 run.monitor.stop.set()
                 between_rounds.leave(self, run.store, outcome)
-                run.monitor.join(RESTART_WAIT_S)
-                if run.monitor.is_alive():
+                if not run.monitor.finish(RESTART_WAIT_S) and run.monitor.woke.is_set():
                     log.warning("the monitor thread's abort outlasted %.0f s; leaving anyway", RESTART_WAIT_S)
                 raise outcome.exc
 

@@ -175,7 +175,6 @@ class _Monitor:
             return
         if rank >= 0:
             self.store.add(keys.heartbeat(rank), 1)
-            self.base.add(keys.ALIVE, 1)
         if self.peer is None:
             return
         value = int(self.store.add(keys.heartbeat(self.peer), 0))

@@ -1,7 +1,9 @@
 """Delivering a restart to the main thread, and the thread that watches for faults.
 
 ``MonitorThread`` blocks in one server-side ``wait`` on the round's
-``interrupted`` key. When any rank records a fault it wakes the round's
+``interrupted`` key, which every way out of a round sets (a fault, a rank that
+leaves, the completion barrier): it asks the store nothing while the round
+runs, however long. When any rank records a fault it wakes the round's
 completion barrier, runs ``Abort`` (so that a main thread blocked in a
 collective returns to Python) and then raises ``RankShouldRestart`` in the
 main thread: through a signal whose handler raises it (the signal also
@@ -36,6 +38,14 @@ DONE = "done"  # value of the interrupted key when a round completed without a f
 #: request after a fault was recorded (``Delivery.await_restart``), and for the
 #: thread itself to end (it runs ``abort``) before the restart goes on.
 RESTART_WAIT_S = 60.0
+
+#: The monitor thread renews its store wait this often. Nothing wakes it this way
+#: (the interrupted key does); it only bounds a thread left behind by a rank that
+#: left without interrupting its round (``MonitorThread.finish``).
+WAIT_CHUNK_S = 300.0
+
+#: How long ``MonitorThread.finish`` waits for a thread that has not woken yet.
+WAKE_WAIT_S = 5.0
 
 
 class RankShouldRestart(BaseException):
@@ -229,7 +239,7 @@ class MonitorThread(threading.Thread):
         delivery: Delivery,
         abort: Callable[[Any], Any] | None,
         frozen_state: Any,
-        interval: float,
+        chunk: float = WAIT_CHUNK_S,
     ) -> None:
         super().__init__(name="nvrx-monitor-thread", daemon=True)
         self.store = store
@@ -238,8 +248,9 @@ class MonitorThread(threading.Thread):
         self.delivery = delivery
         self.abort = abort
         self.frozen_state = frozen_state
-        self.interval = interval
+        self.chunk = chunk
         self.stop = threading.Event()
+        self.woke = threading.Event()
         self.seen_mono: float | None = None
         self.abort_s: float | None = None
         self.abort_ok = True
@@ -260,15 +271,29 @@ class MonitorThread(threading.Thread):
 
         while True:
             try:
-                self.store.wait([self.interrupted_key], timedelta(seconds=self.interval))
+                self.store.wait([self.interrupted_key], timedelta(seconds=self.chunk))
                 break
             except DistNetworkError:
                 raise
             except DistStoreError:
                 if self.stop.is_set():
                     return False
+        self.woke.set()
         value = self.store.get(self.interrupted_key)
         return value.decode(errors="replace") != DONE and not self.stop.is_set()
+
+    def finish(self, timeout: float = RESTART_WAIT_S) -> bool:
+        """This rank leaves: let an abort in progress end (up to ``timeout``); True when the thread ended.
+
+        A rank's leave interrupts its round, which wakes the thread at once. A
+        thread that still has not woken after ``WAKE_WAIT_S`` waits for a round
+        that nobody interrupted (a rank without a rank number left): it is left
+        to end at its next renewal, ``WAIT_CHUNK_S`` at most.
+        """
+        self.stop.set()
+        if self.woke.wait(min(timeout, WAKE_WAIT_S)):
+            self.join(timeout)
+        return not self.is_alive()
 
     def _restart_main_thread(self) -> None:
         """Wake waiting ranks, run ``abort`` (the main thread may be blocked in a collective), deliver."""

@@ -3,11 +3,13 @@
 1. The replacement (``NVRX_RESTART_COUNT`` > 0, not ``NVRX_FRESH_START``)
    checks that the job has a round, posts ``nvrx/join/<initial rank>`` = its
    pid and waits for ``nvrx/admit/<initial rank>/<pid>``. An admission ends
-   the wait as soon as it is written. When none came within two heartbeat
-   intervals, the monitors' shared heartbeat counter (``nvrx/alive``) tells
-   whether anyone is left to answer: if it did not move, the replacement
-   stops waiting (a spare's takeover skips that look: its supervisor was just
-   told that the job runs).
+   the wait as soon as it is written. Once per heartbeat interval without
+   one, it looks whether anyone is left to answer: it stops waiting when the
+   job's round completed, or when the last restart's iteration barrier found
+   every rank of its round terminated (no survivor runs ``take_back``). A
+   spare's takeover skips that look: its supervisor was just told that the
+   job runs. Nothing is read while a job runs: the look costs the store a few
+   requests per interval, only while a replacement waits.
 2. Meanwhile the survivors restart. After the iteration barrier the lowest
    surviving rank waits up to ``rejoin_timeout`` for the join requests of the
    terminated ranks (except those that left by ``RestartAbort``), admits every
@@ -30,10 +32,11 @@ import os
 import time
 from typing import Any
 
-from nvrx.store import gone_ranks, keys, rounds
+from nvrx.store import generations, gone_ranks, keys, rounds
 
 from . import store as rstore
 from .fault_recording import Emit
+from .monitor_thread import DONE
 from .state import Mode, State
 
 log = logging.getLogger(__name__)
@@ -102,28 +105,51 @@ def request_admission(
 ) -> Admission | None:
     """Replacement side: ask the running job to take this process back; its admission, or None.
 
-    With ``look``, a job whose monitors stopped beating (the alive counter did not move
-    in the first two heartbeat intervals of the wait) is given up at that point instead
-    of after ``timeout``: nobody is left to answer.
+    With ``look``, a job with nobody left to answer (``nobody_to_admit``, looked at
+    once per heartbeat interval of the wait) is given up then instead of after
+    ``timeout``.
     """
     pid = os.getpid()
     t0 = time.monotonic()
-    alive_before = int(base_store.add(keys.ALIVE, 0)) if look else None
     base_store.set(keys.join_request(initial_rank), str(pid))
     admitted = keys.admission(initial_rank, pid)
-    first = min(timeout, 2 * heartbeat_interval) if look else timeout
-    ok = _await(base_store, admitted, first)
-    if not ok and alive_before is not None:
-        if int(base_store.add(keys.ALIVE, 0)) == alive_before:
-            log.info("no monitor of the job beat for %.1f s: starting a new generation", first)
+    chunk = max(heartbeat_interval, 0.01) if look else timeout
+    while not _await(base_store, admitted, min(chunk, t0 + timeout - time.monotonic())):
+        if time.monotonic() >= t0 + timeout:
+            log.warning("not admitted back into the running job: starting a new generation")
             return _withdraw(base_store, initial_rank)
-        ok = _await(base_store, admitted, timeout - first)
-    if not ok:
-        log.warning("not admitted back into the running job: starting a new generation")
-        return _withdraw(base_store, initial_rank)
+        reason = nobody_to_admit(base_store) if look else None
+        if reason is not None:
+            log.info("%s: nobody can take this process back; starting a new generation", reason)
+            return _withdraw(base_store, initial_rank)
     admission = Admission.from_json(base_store.get(admitted))
     emit("restart_phase", phase="rejoin_wait", duration_s=time.monotonic() - t0, ok=True)
     return admission
+
+
+def nobody_to_admit(base_store: Any) -> str | None:
+    """Why no survivor of the job can take a replacement back, or None when one may.
+
+    The job's round completed, or the iteration barrier of the round before it
+    found every rank terminated (each left by itself or through its monitor or
+    supervisor), so nobody runs ``take_back``. The first round of a process
+    generation has no round before it: an earlier generation's last decision
+    says nothing about the ranks of this one.
+    """
+    round_ = rounds.current_round(base_store)
+    if round_ is None:
+        return "the job has no round"
+    current = rstore.round_store(base_store, round_)
+    if current.check([keys.INTERRUPTED]) and current.get(keys.INTERRUPTED) == DONE.encode():
+        return f"round {round_} completed"
+    first_of_generation = generations.of_round(round_) == round_
+    previous = None if first_of_generation else rstore.round_store(base_store, round_ - 1)
+    if previous is not None and previous.check([keys.DECISION]):
+        decision = json.loads(previous.get(keys.DECISION))
+        world_size = decision.get("world_size")
+        if world_size is not None and len(decision["terminated"]) >= int(world_size):
+            return f"every rank of round {round_ - 1} left it"
+    return None
 
 
 def _await(base_store: Any, key: str, timeout: float) -> bool:

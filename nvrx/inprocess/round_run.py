@@ -89,7 +89,6 @@ class RoundRun:
             call.delivery,
             call.wrapper.abort,
             state.freeze(),
-            call.wrapper.monitor_thread_interval,
         )
         monitor.start()
         return cls(call, store, monitor, started)

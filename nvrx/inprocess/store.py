@@ -274,13 +274,18 @@ def terminated_ranks(store: Any) -> set[int]:
     return {int(part) for part in raw.split(",") if part.strip()}
 
 
-def _publish_decision(store: Any, base: Any) -> None:
-    """Run by the last arrival at a round's iteration barrier, before anyone is released."""
+def _publish_decision(store: Any, base: Any, world_size: int) -> None:
+    """Run by the last arrival at a round's iteration barrier, before anyone is released.
+
+    ``world_size`` is in the decision for a replacement process: a round whose
+    ranks all terminated has nobody left to take it back (``rejoin``).
+    """
     # The restart is counted when the next round starts (commit_round_start), so
     # a round that every rank leaves (RestartAbort everywhere) counts nothing.
     decision = {
         "terminated": sorted(terminated_ranks(store)),
         "job_restarts": rounds.job_restarts(base) + 1,
+        "world_size": world_size,
     }
     round_ = getattr(store, "iteration", None)
     if round_ is not None:
@@ -314,7 +319,7 @@ def arrive_iteration(store: Any, base: Any, rank: int, world_size: int) -> None:
         rank,
         world_size,
         reentrant=True,
-        before_release=lambda: _publish_decision(store, base),
+        before_release=lambda: _publish_decision(store, base, world_size),
     )
 
 

@@ -92,15 +92,22 @@ class Wrapper:
     rank_filter (None, deprecated as in the reference): an old-style
         ``rank_filter.RankFilter`` (State -> State) run after every rank
         assignment; it warns with ``DeprecationWarning``.
-    monitor_thread_interval (1 s), monitor_process_interval (1 s),
-        heartbeat_interval (1 s), progress_watchdog_interval (1 s): periods.
+    monitor_process_interval (1 s), heartbeat_interval (1 s),
+        progress_watchdog_interval (1 s): periods.
+    monitor_thread_interval (1 s): accepted and validated as in the reference;
+        the monitor thread does not poll: one server-side store wait per round,
+        which the round's end or fault ends, so a rank adds no store traffic
+        while it trains.
     soft_timeout (60 s): no progress for this long restarts every rank.
     hard_timeout (90 s): no progress for this long terminates the rank
         (SIGCONT+SIGTERM, ``termination_grace_time`` (5 s), SIGKILL).
     heartbeat_timeout (30 s): a rank's monitor silent this long is dead.
     barrier_timeout (120 s), completion_timeout (120 s): barrier limits.
-    last_call_wait (1 s): after the first fault, the restart waits at least
-        this long before ranks are reassigned, so concurrent faults are seen.
+    last_call_wait (1 s): accepted and validated as in the reference, but not
+        slept: the window for concurrent faults is the iteration barrier, which
+        goes on once every rank of the round reported (itself, or through its
+        monitor or supervisor); every fault recorded until then is in the
+        restart, and a later one starts the next restart.
     rejoin_timeout (60 s, nvrx addition): under an nvrx supervisor, how long
         peers wait for the replacement of a dead process before the rank
         assignment removes it.

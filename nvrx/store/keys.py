@@ -18,8 +18,6 @@ ROOT = "nvrx/"
 CURRENT_ROUND = ROOT + "round"
 #: Restarts of the job so far, in-process and process restarts together (counter).
 JOB_RESTARTS = ROOT + "job_restarts"
-#: Counter every monitor process bumps at each heartbeat: the job is alive while it moves.
-ALIVE = ROOT + "alive"
 #: Torch's own keys written through the env:// rendezvous (``init_process_group``).
 TORCH_DEFAULT_PG_PREFIX = "default_pg/"
 

@@ -8,10 +8,10 @@ process group (SIGKILL after the grace period if it still runs), and the
 restart policy decides as for any failure.
 
 The Wrapper's monitor processes beat to the supervisor too (``rank_beats``),
-not to the store: the supervisor moves the job's alive counter once per
-interval for the whole node, and takes a rank whose monitor stayed silent
-beyond its ``heartbeat_timeout`` out of its round (an ``unresponsive`` fault,
-as a peer's monitor does for a rank without a supervisor).
+not to the store (a beat costs the store nothing), and the supervisor takes
+a rank whose monitor stayed silent beyond its ``heartbeat_timeout`` out of
+its round (an ``unresponsive`` fault, as a peer's monitor does for a rank
+without a supervisor).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 from nvrx import jobenv, processes
 from nvrx.events.failures import UNRESPONSIVE, UNRESPONSIVE_SIGNATURE, hang_signature
 from nvrx.rank_beats import BeatSocket
-from nvrx.store import keys
 
 from .children import ExitStatus
 from .policy import LastFault
@@ -163,17 +162,14 @@ class HangWatch:
                 self._store_unavailable(exc)
 
     def _check_beats(self, now: float) -> None:
-        """Move the job's alive counter for the node; take silent ranks out of their round."""
+        """Take the ranks whose monitor fell silent out of their round."""
         if self.beat_socket is not None:  # beats that came while the loop was busy elsewhere
             self.beats.record(self.beat_socket.receive())
         self.beats.sync({c.local_rank: c.attempt for c in self.children.values() if c.running})
         silences = self.beats.due(now)
-        alive_due = self.beats.alive_due(now)  # taken even when unused: its deadline moves on
-        if self.link is None or self.link.lost is not None:
+        if not silences or self.link is None or self.link.lost is not None:
             return
         try:
-            if alive_due:
-                self.link.add(keys.ALIVE, 1)
             if self.stop_reason is None and self._job_restart is None:
                 for silence in silences:
                     self._on_silent_rank(silence)

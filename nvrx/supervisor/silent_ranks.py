@@ -1,10 +1,9 @@
-"""Which of this node's Wrapper ranks stopped beating, and whether any still beats.
+"""Which of this node's Wrapper ranks stopped beating.
 
 The supervisor reads its ranks' heartbeats (``nvrx.rank_beats``) into a
 ``RankBeats``; ``due(now)`` names each rank whose monitor has been silent for
-longer than its ``heartbeat_timeout`` (once per silence), and
-``alive_due(now)`` says when the job's alive counter should move for the
-node: once per heartbeat interval in which a rank beat. No torch here.
+longer than its ``heartbeat_timeout`` (once per silence). A beat costs the
+store nothing: only a silence does. No torch here.
 """
 
 from __future__ import annotations
@@ -42,8 +41,6 @@ class RankBeats:
     def __init__(self) -> None:
         self.ranks: dict[int, Beating] = {}
         self._ended: dict[int, int] = {}  # local rank -> its last attempt that ended
-        self._beat_since_tick = False
-        self._next_tick: float | None = None
 
     def record(self, beats: list[Beat], now: float | None = None) -> None:
         """Apply received beats: a ``bye`` or the beat of an ended process ends the watch."""
@@ -60,9 +57,6 @@ class RankBeats:
                 self.ranks[beat.initial_rank] = Beating(beat, now)
             else:
                 current.beat, current.last = beat, now
-            self._beat_since_tick = True
-            if self._next_tick is None:
-                self._next_tick = now
 
     def sync(self, running: dict[int, int]) -> None:
         """Forget the ranks whose child is not running any more: ``running`` maps each running
@@ -82,19 +76,7 @@ class RankBeats:
                 found.append(Silence(beating.beat, now - beating.last))
         return found
 
-    def alive_due(self, now: float) -> bool:
-        """Whether to move the job's alive counter now (at most once per beat interval, and
-        only when a rank beat since the last time)."""
-        if self._next_tick is None or now < self._next_tick or not self._beat_since_tick:
-            return False
-        interval = min((b.beat.interval for b in self.ranks.values()), default=1.0)
-        self._next_tick = now + max(interval, 0.01)
-        self._beat_since_tick = False
-        return True
-
     def next_deadline(self) -> float | None:
-        """When ``due`` or ``alive_due`` may next have something to say."""
+        """When ``due`` may next have something to say."""
         times = [b.deadline for b in self.ranks.values() if not b.declared]
-        if self._beat_since_tick and self._next_tick is not None:
-            times.append(self._next_tick)
         return min(times) if times else None

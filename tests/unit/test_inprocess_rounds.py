@@ -258,6 +258,48 @@ def test_finalize_that_reraises_the_fault_makes_no_cycle(base):
     assert outcome.exc is fault and fault.__context__ is None
 
 
+def test_the_restart_goes_on_once_every_rank_reported_without_sleeping_last_call_wait(
+    base, monkeypatch
+):
+    """The window for concurrent faults is the iteration barrier, not a fixed sleep.
+
+    Two ranks with ``last_call_wait`` of an hour: both reach the next round as soon
+    as both reported, and each sees both faults recorded before the last arrival.
+    """
+    monkeypatch.setattr(State, "set_distributed_vars", lambda self: None)
+    calls = [
+        FakeCall(
+            client.connect("127.0.0.1", base.port, timeout=10),  # one connection per rank
+            world_size=2,
+            last_call_wait=3600.0,
+            rank_assignment=lambda ctx: ctx,
+        )
+        for _ in range(2)
+    ]
+    for rank, call in enumerate(calls):
+        call.state.rank = call.state.active_rank = call.state.initial_rank = rank
+    rstore.record_fault(calls[0].store, rstore.nvrx_faults.FaultRecord(rank=0, kind="exception"))
+    outcomes: dict[int, Any] = {}
+
+    def restart(rank: int) -> None:
+        if rank == 1:  # a concurrent fault, recorded before this rank reports
+            rstore.record_fault(calls[1].store, rstore.nvrx_faults.FaultRecord(rank=1, kind="dead"))
+        outcomes[rank] = _restart(calls[rank], RuntimeError(f"fault {rank}"))
+
+    threads = [threading.Thread(target=restart, args=(r,), daemon=True) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)  # far below an hour: the restart did not sleep last_call_wait
+    assert outcomes == {0: None, 1: None}
+    decision = json.loads(rstore.round_store(base, 0).get(keys.DECISION))
+    assert decision["world_size"] == 2  # what a replacement's look reads
+    for call in calls:
+        assert call.round == 1
+        (end,) = call.kinds("round_end")
+        assert sorted((f["rank"], f["kind"]) for f in end["faults"]) == [(0, "exception"), (1, "dead")]
+
+
 def test_a_job_without_a_round_takes_nobody_back() -> None:
     from torch.distributed import HashStore
 
@@ -273,23 +315,33 @@ def _admission() -> rejoin.Admission:
     return rejoin.Admission(generation=0, round=4, state={}, terminated=[], job_restarts=1)
 
 
-def _answer_after(store: Any, delay: float, *, beat: bool = False) -> threading.Thread:
-    """A survivor that admits the pending replacement of initial rank 1 after ``delay``
-    (heartbeats: bumps the alive counter meanwhile, as running monitors do)."""
+def _answer_after(store: Any, delay: float) -> threading.Thread:
+    """A survivor that admits the pending replacement of initial rank 1 after ``delay``."""
 
     def run() -> None:
         store.wait([keys.join_request(1)], datetime.timedelta(seconds=10))
         pid = int(store.get(keys.join_request(1)))
-        deadline = time.monotonic() + delay
-        while beat and time.monotonic() < deadline:
-            store.add(keys.ALIVE, 1)
-            time.sleep(0.05)  # the pace of a monitor's heartbeats
-        time.sleep(max(0.0, deadline - time.monotonic()))  # a survivor busy restarting
+        time.sleep(delay)  # a survivor busy restarting
         store.set(keys.admission(1, pid), _admission().to_json())
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
+
+
+def _restarted_job(terminated: list[int] | None, world_size: int = 2):
+    """A job in round 3 after a restart whose iteration barrier decided ``terminated``
+    (None: round 2's barrier has not released yet)."""
+    from torch.distributed import HashStore
+
+    from nvrx.store import rounds
+
+    store = HashStore()
+    rounds.publish_round(store, 3)
+    if terminated is not None:
+        decision = {"terminated": terminated, "job_restarts": 1, "world_size": world_size}
+        rstore.round_store(store, 2).set(keys.DECISION, json.dumps(decision))
+    return store
 
 
 @pytest.mark.timeout(20)
@@ -305,34 +357,68 @@ def test_a_prompt_admission_ends_the_wait_at_once() -> None:
 
 
 @pytest.mark.timeout(20)
-def test_a_job_whose_monitors_stopped_beating_is_given_up_after_two_intervals() -> None:
-    from torch.distributed import HashStore
-
-    store = HashStore()
+def test_a_job_whose_every_rank_left_is_given_up_at_the_first_look() -> None:
+    """Every rank died at once: the barrier found them all terminated, nobody admits."""
+    store = _restarted_job([0, 1])
     t0 = time.monotonic()
     got = rejoin.request_admission(store, 1, 30.0, lambda *a, **k: None, heartbeat_interval=0.3)
     assert got is None
-    assert 0.6 <= time.monotonic() - t0 < 10.0  # not the 30 s timeout
+    assert time.monotonic() - t0 < 10.0  # not the 30 s timeout
     assert not store.check([keys.join_request(1)])  # the request is withdrawn
 
 
 @pytest.mark.timeout(20)
-def test_a_beating_job_is_waited_for_beyond_two_intervals() -> None:
+def test_a_job_whose_last_ranks_leave_while_the_replacement_waits_is_given_up() -> None:
+    """The usual order when every rank dies: the replacement asks before the barrier released."""
+    store = _restarted_job(None)
+    rstore.round_store(store, 2)  # round 2 runs its restart: no decision yet
+
+    def last_arrival() -> None:
+        time.sleep(0.5)
+        decision = {"terminated": [0, 1], "job_restarts": 1, "world_size": 2}
+        rstore.round_store(store, 2).set(keys.DECISION, json.dumps(decision))
+
+    threading.Thread(target=last_arrival, daemon=True).start()
+    got = rejoin.request_admission(store, 1, 30.0, lambda *a, **k: None, heartbeat_interval=0.2)
+    assert got is None and not store.check([keys.join_request(1)])
+
+
+def test_the_first_round_of_a_generation_does_not_read_the_last_generations_decision() -> None:
+    """Generation 100 runs; an earlier generation ended with every rank terminated."""
     from torch.distributed import HashStore
 
+    from nvrx.store import rounds
+
     store = HashStore()
-    _answer_after(store, 1.0, beat=True)
+    rounds.publish_round(store, rounds.GENERATION_STEP)
+    decision = {"terminated": [0, 1], "job_restarts": 1, "world_size": 2}
+    rstore.round_store(store, rounds.GENERATION_STEP - 1).set(keys.DECISION, json.dumps(decision))
+    assert rejoin.nobody_to_admit(store) is None
+
+
+@pytest.mark.timeout(20)
+def test_a_completed_job_is_given_up() -> None:
+    store = _restarted_job(None)
+    rstore.round_store(store, 3).set(keys.INTERRUPTED, "done")
+    assert rejoin.nobody_to_admit(store) == "round 3 completed"
+    got = rejoin.request_admission(store, 1, 30.0, lambda *a, **k: None, heartbeat_interval=0.2)
+    assert got is None
+
+
+@pytest.mark.timeout(20)
+def test_a_job_with_a_survivor_is_waited_for_beyond_many_intervals() -> None:
+    store = _restarted_job([1])
+    assert rejoin.nobody_to_admit(store) is None
+    _answer_after(store, 1.0)  # five looks at the job before the admission comes
     got = rejoin.request_admission(store, 1, 30.0, lambda *a, **k: None, heartbeat_interval=0.2)
     assert got == _admission()
 
 
 @pytest.mark.timeout(20)
-def test_a_takeover_waits_without_looking_at_heartbeats() -> None:
-    """``NVRX_TAKEOVER``: the spare's supervisor knows the job runs; a silent alive
-    counter does not end the wait."""
-    from torch.distributed import HashStore
-
-    store = HashStore()
+def test_a_takeover_waits_without_looking_at_the_job() -> None:
+    """``NVRX_TAKEOVER``: the spare's supervisor knows the job runs; a round whose
+    ranks all left does not end the wait."""
+    store = _restarted_job([0, 1])
     _answer_after(store, 1.0)
     got = rejoin.request_admission(
         store, 1, 30.0, lambda *a, **k: None, heartbeat_interval=0.2, look=False

@@ -51,7 +51,7 @@ def test_a_sender_without_a_listener_loses_the_beat_and_does_not_block(tmp_path)
 def test_a_rank_is_declared_once_when_its_timeout_passes() -> None:
     beats = RankBeats()
     beats.record([_beat()], now=100.0)
-    assert beats.next_deadline() == 100.0  # the alive counter moves at once
+    assert beats.next_deadline() == 110.0  # its heartbeat timeout (10 s)
     assert beats.due(109.0) == []
     beats.record([_beat()], now=105.0)  # a beat pushes the deadline
     assert beats.due(114.0) == []
@@ -74,17 +74,6 @@ def test_a_bye_or_an_ended_child_is_no_silence() -> None:
     assert [s.beat.pid for s in beats.due(100.0)] == [300]
 
 
-def test_the_alive_counter_moves_once_per_interval_while_ranks_beat() -> None:
-    beats = RankBeats()
-    assert not beats.alive_due(0.0)  # nobody beat yet
-    beats.record([_beat(1), _beat(2, 101, local_rank=2)], now=0.0)
-    assert beats.alive_due(0.0)
-    beats.record([_beat(1)], now=0.1)
-    assert not beats.alive_due(0.2)  # within the beat interval (0.5 s)
-    assert beats.alive_due(0.5)
-    assert not beats.alive_due(5.0)  # no beat since: the job looks dead to a replacement
-
-
 class _Supervisor(HangWatch):
     """The part of a supervisor that ``HangWatch`` reads, with one running child."""
 
@@ -93,6 +82,7 @@ class _Supervisor(HangWatch):
         child.signal_group = lambda signum: None
         self.children = {1: child}
         self.stop_reason, self._job_restart, self.link = None, None, link
+        self.config = SimpleNamespace(world_size=4)
         self.calls: list[str] = []
         self._start_watch()
 
@@ -117,26 +107,42 @@ def test_a_lost_store_link_does_not_spin_the_supervisor_loop() -> None:
         sup._close_watch()
 
 
-def test_a_store_lost_during_the_alive_tick_is_failed_over() -> None:
-    def add(key: str, amount: int) -> int:
-        link.lost = "the store did not answer a heartbeat"
-        raise StoreLinkError("lost during add")
+def test_a_store_lost_while_a_silent_rank_is_taken_out_is_failed_over() -> None:
+    def leave_silent(*args: Any) -> None:
+        link.lost = "the store did not answer"
+        raise StoreLinkError("lost during leave_silent")
 
-    link = SimpleNamespace(lost=None, add=add)
+    link = SimpleNamespace(lost=None, leave_silent=leave_silent)
     sup = _Supervisor(link)
     try:
-        sup.beats.record([_beat()], now=time.monotonic())
+        sup.beats.record([_beat(pid=5)], now=time.monotonic() - 11.0)  # silent beyond 10 s
         sup._check_hangs()
         assert sup.calls == ["lost"]  # a failover, not a stop of the job
     finally:
         sup._close_watch()
 
 
+def test_beats_cost_the_store_nothing() -> None:
+    """Only a silence reaches the store: a node of beating ranks adds no request to it."""
+    requests: list[str] = []
+    link = SimpleNamespace(
+        lost=None,
+        add=lambda *a: requests.append("add"),
+        leave_silent=lambda *a: requests.append("leave_silent"),
+    )
+    sup = _Supervisor(link)
+    try:
+        for _ in range(5):
+            sup.beats.record([_beat(pid=5)], now=time.monotonic())
+            sup._check_hangs()
+        assert requests == []
+    finally:
+        sup._close_watch()
+
+
 def test_beats_that_came_while_the_loop_was_busy_are_read_before_any_silence() -> None:
     left = []
-    link = SimpleNamespace(
-        lost=None, add=lambda key, amount: 1, leave_silent=lambda *a: left.append(a)
-    )
+    link = SimpleNamespace(lost=None, leave_silent=lambda *a: left.append(a))
     sup = _Supervisor(link)
     sender = BeatSender(sup.beat_socket.path)
     try:

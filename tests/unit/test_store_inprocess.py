@@ -48,7 +48,7 @@ def test_iteration_barrier_publishes_one_decision(base):
     assert not r3.check([keys.DECISION])
     rstore.arrive_iteration(r3, base, 1, 3)  # the dead rank, by proxy, completes it
     decision = rstore.wait_iteration(r3, 3, 5.0)
-    assert decision == {"terminated": [1], "job_restarts": 1}
+    assert decision == {"terminated": [1], "job_restarts": 1, "world_size": 3}
     assert rounds.current_round(base) == 4
     assert not base.check(["default_pg/0//rank_0"])  # torch's rendezvous keys are gone
     assert not base.check(["nvrx/r1/old"])  # rounds older than the previous one are collected
