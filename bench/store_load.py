@@ -12,21 +12,25 @@ client sends, with the real key names from ``nvrx.store.keys`` and
 a real ``nvrx.store.barrier`` participant). What each simulated party sends, per
 ``--interval`` (1 s, the default of every period involved):
 
-``per-rank`` (a Wrapper job under supervisors before issue 14; still the Wrapper alone)
-    every rank's monitor process (``_Monitor._heartbeat`` without a supervisor): ``add`` of
-    ``nvrx/r0/hb/<rank>``, ``add`` of ``nvrx/alive``, ``add(nvrx/r0/hb/<peer>, 0)``, one
-    after the other; every rank's monitor thread (``monitor_thread._wait_for_fault``): a
-    ``wait`` on ``nvrx/r0/interrupted`` that times out after the interval, i.e. a WAIT and a
-    CANCEL_WAIT request, then the next WAIT; plus every node's liveness tick as it was then
-    (``add`` of its ``alive`` counter, ``add(claim(own), 0)``, ``add(claim(watched), 0)``,
-    ``add(alive(watched), 0)``: four requests, one after the other).
-``per-node`` (aggregated: the ranks beat to their supervisor, ``nvrx.rank_beats``)
+``per-rank`` (a Wrapper job under supervisors before issue 14)
+    every rank's monitor process (``_Monitor._heartbeat`` as it was): ``add`` of
+    ``nvrx/r0/hb/<rank>``, ``add`` of the job's alive counter ``nvrx/alive`` (removed
+    since), ``add(nvrx/r0/hb/<peer>, 0)``, one after the other; every rank's monitor thread
+    as it was: a ``wait`` on ``nvrx/r0/interrupted`` that times out after the interval, i.e.
+    a WAIT and a CANCEL_WAIT request, then the next WAIT; plus every node's liveness tick as
+    it was then (``add`` of its ``alive`` counter, ``add(claim(own), 0)``,
+    ``add(claim(watched), 0)``, ``add(alive(watched), 0)``: four requests, one after the
+    other); barrier arrivals per rank.
+``per-node`` (everything aggregated per node)
     only every node's supervisor: its store agent's ``NodeWatch._tick`` (``add`` of its
-    ``alive`` counter, ``add(alive(watched), 0)``: the claims are read only when they can
-    matter) and the supervisor's alive tick for its ranks (``add`` of ``nvrx/alive``):
-    three requests per node.
-``per-node+waits``
-    ``per-node`` plus the per-rank monitor-thread waits, which remain.
+    ``alive`` counter, ``add(alive(watched), 0)``; the claims are read only when they can
+    matter, and its own claim once every ``OWN_CLAIM_EVERY`` beats, here one node in 30
+    reading it at every beat): 2 + 1/30 requests per node; barrier arrivals per node.
+``product`` (a Wrapper job under supervisors now)
+    ``per-node`` (the ranks beat to their supervisor, ``nvrx.rank_beats``, which sends
+    nothing to the store for a beat), plus every rank's monitor thread holding one wait on
+    the round's interrupted key, renewed every ``monitor_thread.WAIT_CHUNK_S`` (a WAIT and
+    a CANCEL_WAIT then); barrier arrivals per rank, as the Wrapper's barriers still are.
 
 In every pattern each node also holds the store agent's key watches (one connection each,
 a ``wait`` on the stop key and on the next job restart, re-armed every 60 s).
@@ -44,9 +48,10 @@ connections (the server counts every arrival but writes one release per connecti
 past that, so do the waits; the row says so. Not simulated: the TCP handshake spread over
 hosts, the ranks' own CPU and network, torch's per-op client overhead.
 
-Barriers (``--barrier-every`` s, during the measured window): ``per-rank`` runs nvrx's plain
-``nvrx.store.barrier.barrier`` across all N x R ranks (a SET of the arrival key and torch's
-native BARRIER request, held by the server); the ``per-node`` patterns arrive once per node
+Barriers (``--barrier-every`` s, during the measured window): ``per-rank`` and ``product`` run
+nvrx's plain ``nvrx.store.barrier.barrier`` across all N x R ranks (a SET of the arrival key and
+torch's native BARRIER request, held by the server; the Wrapper's own barriers send one request
+more per rank: an ``add`` of the count, then a ``wait``); ``per-node`` arrives once per node
 (an ``add`` of the node's R ranks, the completing node sets the release key) and wait once
 per node. Latency: last arrival sent -> last release received (the time the worker's epoll
 returned it). A ``get`` probe (a real torch client, ``nvrx.store.client.connect``) reads a
@@ -60,7 +65,7 @@ namespace (``ip link set lo up``), so that connections do not stall on reverse D
 otherwise it sets RES_OPTIONS and says so.
 
     .venv/bin/python bench/store_load.py [--nodes 64,1024,2048] [--ranks 8] [--interval 1.0]
-        [--duration 10] [--patterns per-rank,per-node,per-node+waits]
+        [--duration 10] [--patterns per-rank,per-node,product]
 
 Targets (issue 14): store requests/s <= 2 x nodes at a 1 s interval; a barrier across 8,192
 ranks (1,024 nodes x 8) under that load with p99 < 150 ms.
@@ -96,7 +101,7 @@ WATCH_CHUNK_S = 60.0  # the store agent's watch chunk (``store_agent._WATCH_CHUN
 WATCH_SHARE = 64  # key watches per connection: each is re-armed once a minute only
 RESERVED_FDS = 256  # the server's own descriptors, the probe, the snapshot keeper
 PROBE_EVERY_S = 0.02
-PATTERNS = ("per-rank", "per-node", "per-node+waits")
+PATTERNS = ("per-rank", "per-node", "product")
 
 # -- torch TCPStore wire protocol (torch 2.13, little endian) -------------------------------------
 # A client opens with VALIDATE(magic) and PING(nonce); every key goes out with torch's "/" prefix.
@@ -187,7 +192,7 @@ def key_names() -> dict[str, Any]:
     r0 = keys.round_prefix(0)
     return {
         "round": r0,
-        "alive": keys.ALIVE,
+        "alive": keys.ROOT + "alive",  # the job's alive counter of the per-rank pattern (gone)
         "interrupted": r0 + keys.INTERRUPTED,
         "hb": [r0 + keys.heartbeat(0), keys.heartbeat],
         "node_alive": node_keys.alive,
@@ -238,7 +243,9 @@ def run_worker(cfg: dict[str, Any]) -> dict[str, Any]:
     first, last = cfg["node_range"]
     rng = random.Random(first)
     per_rank = pattern == "per-rank"
-    rank_waits = pattern in ("per-rank", "per-node+waits")
+    rank_waits = pattern in ("per-rank", "product")
+    rank_barrier = pattern in ("per-rank", "product")
+    wait_period = interval if per_rank else cfg["wait_chunk"]
 
     # Jobs: request chains started once per interval at the party's phase.
     jobs: list[tuple[float, tuple[bytes, ...], bool]] = []
@@ -253,8 +260,8 @@ def run_worker(cfg: dict[str, Any]) -> dict[str, Any]:
             )
         else:
             tick = (enc_add(names["node_alive"](node), 1), enc_add(names["node_alive"](watched), 0))
-            # the supervisor moves the job's alive counter for its beating ranks
-            jobs.append((rng.random() * interval, (enc_add(names["alive"], 1),), False))
+            if node % cfg["own_claim_every"] == 0:  # its own claim every 30 beats, on average
+                tick = (tick[0], enc_add(names["node_claim"](node), 0), tick[1])
         jobs.append((rng.random() * interval, tick, True))
         if per_rank:
             hb = names["hb"][1]
@@ -300,13 +307,15 @@ def run_worker(cfg: dict[str, Any]) -> dict[str, Any]:
     for key in names["watches"]:  # re-armed once a minute: no traffic, but server entries
         add_waiters(enc_wait(key), last - first, WATCH_SHARE, WATCH_CHUNK_S)
     if rank_waits:
-        add_waiters(enc_wait(names["interrupted"]), (last - first) * ranks, cfg["wait_share"], interval)
+        add_waiters(
+            enc_wait(names["interrupted"]), (last - first) * ranks, cfg["wait_share"], wait_period
+        )
     bar_conns: list[_Conn] = []
     share = cfg["bar_share"]
     if cfg["barriers"]:
-        parties = list(range(first * ranks, last * ranks)) if per_rank else list(range(first, last))
+        parties = list(range(first * ranks, last * ranks)) if rank_barrier else list(range(first, last))
         for i in range(0, len(parties), share):
-            conn = register(connect(_BAR_RANK if per_rank else _BAR_NODE))
+            conn = register(connect(_BAR_RANK if rank_barrier else _BAR_NODE))
             conn.party = parties[i]
             conn.steps = tuple(str(p).encode() for p in parties[i : i + share])
             bar_conns.append(conn)
@@ -345,7 +354,7 @@ def run_worker(cfg: dict[str, Any]) -> dict[str, Any]:
         last_sent = now
         for conn in bar_conns:
             conn.bar = k
-            if per_rank:  # nvrx.store.barrier.barrier, plain: arrival key, then torch's BARRIER
+            if rank_barrier:  # nvrx.store.barrier.barrier, plain: arrival key, then torch's BARRIER
                 for party in conn.steps:  # more than one only where connections ran short
                     write(conn.fd, enc_set(f"{names_k}/a/{party.decode()}", b"1"))
                     write(conn.fd, enc_barrier(f"{names_k}/native", world))
@@ -572,7 +581,7 @@ def shares(pattern: str, nodes: int, ranks: int, nworkers: int, pool: int, limit
     open files: 1 (a connection each, as in a job) unless there are not enough."""
     budget = limit - RESERVED_FDS - nworkers * pool - 2 * (nodes // WATCH_SHARE + nworkers)
     waits = nodes * ranks if pattern != "per-node" else 0
-    parties = nodes * ranks if pattern == "per-rank" else nodes
+    parties = nodes * ranks if pattern != "per-node" else nodes
     bar_min = -(-parties // 16)
     wait_share = 1 if waits + bar_min <= budget else -(-waits // max(1, budget - bar_min))
     left = budget - -(-waits // wait_share) - nworkers
@@ -588,7 +597,9 @@ def run_one(pattern: str, nodes: int, args: argparse.Namespace, tmp: str) -> Out
     workers: list[subprocess.Popen[str]] = []
     try:
         host, port = service.host, service.port
+        from nvrx.inprocess.monitor_thread import WAIT_CHUNK_S
         from nvrx.store import client
+        from nvrx.supervisor.node_watch import OWN_CLAIM_EVERY
 
         probe_key = "nvrx/bench/probe"
         client.connect(host, port, timeout=30).set(probe_key, "x" * 64)
@@ -610,6 +621,7 @@ def run_one(pattern: str, nodes: int, args: argparse.Namespace, tmp: str) -> Out
                 "node_range": [bounds[i], bounds[i + 1]], "pool": args.pool,
                 "barriers": bool(offsets), "barrier_offsets": offsets, "grace": 10.0,
                 "wait_share": out.wait_share, "bar_share": out.bar_share,
+                "wait_chunk": WAIT_CHUNK_S, "own_claim_every": OWN_CLAIM_EVERY,
             }  # fmt: skip
             proc = subprocess.Popen(
                 [sys.executable, os.path.abspath(__file__), "--worker"],
