@@ -57,7 +57,7 @@ KINDS: dict[str, dict[str, str]] = {
         "detection_s": "seconds from the fault to its detection, when known",
     },
     "restart_phase": {
-        "phase": "initial_barrier | last_call_wait | abort | finalize | health_check | "
+        "phase": "initial_barrier | last_call_wait (older versions) | abort | finalize | health_check | "
         "iteration_barrier | rank_assignment | initialize | termination_barrier | rejoin_wait | ...",
         "duration_s": "seconds the phase took",
         "ok": "whether the phase succeeded",

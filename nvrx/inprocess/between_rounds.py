@@ -102,7 +102,7 @@ def _next_round(call: CallWrapper, run: RoundRun) -> None:
     # once every rank of the round has reported, by itself or (dead, hung, silent)
     # through its monitor or supervisor, and the last arrival reads every fault
     # recorded until then. A fixed ``last_call_wait`` sleep would only add faults of
-    # ranks that had reported already; such a fault starts the next restart instead.
+    # ranks that had reported already.
     with call.phase("iteration_barrier"):
         base, rank, world_size = call.services.base_store, call.state.rank, call.state.world_size
         rstore.arrive_iteration(run.store, base, rank, world_size)  # type: ignore[arg-type]

@@ -246,7 +246,8 @@ class CallWrapper:
                 outcome = between_rounds.restart(self, run, outcome.fault)
             if isinstance(outcome, Leave):
                 # This rank's own leave restarts nothing here: the monitor thread only
-                # finishes an abort it began for a peer's fault, and is gone before we raise.
+                # finishes an abort it began for a peer's fault, and is gone before we raise
+                # (unless the leave could not interrupt the round: ``MonitorThread.finish``).
                 run.monitor.stop.set()
                 between_rounds.leave(self, run.store, outcome)
                 if not run.monitor.finish(RESTART_WAIT_S) and run.monitor.woke.is_set():

@@ -291,8 +291,10 @@ class MonitorThread(threading.Thread):
         to end at its next renewal, ``WAIT_CHUNK_S`` at most.
         """
         self.stop.set()
-        if self.woke.wait(min(timeout, WAKE_WAIT_S)):
-            self.join(timeout)
+        deadline = time.monotonic() + timeout
+        self.join(min(timeout, WAKE_WAIT_S))  # at once for a thread that ended (its store failed)
+        if self.is_alive() and self.woke.is_set():  # an abort in progress
+            self.join(max(0.0, deadline - time.monotonic()))
         return not self.is_alive()
 
     def _restart_main_thread(self) -> None:

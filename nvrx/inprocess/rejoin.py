@@ -32,6 +32,7 @@ import os
 import time
 from typing import Any
 
+from nvrx.store import barrier as nvrx_barrier
 from nvrx.store import generations, gone_ranks, keys, rounds
 
 from . import store as rstore
@@ -132,9 +133,10 @@ def nobody_to_admit(base_store: Any) -> str | None:
 
     The job's round completed, or the iteration barrier of the round before it
     found every rank terminated (each left by itself or through its monitor or
-    supervisor), so nobody runs ``take_back``. The first round of a process
-    generation has no round before it: an earlier generation's last decision
-    says nothing about the ranks of this one.
+    supervisor) or has been registered terminated since, so nobody runs
+    ``take_back``. The first round of a process generation (its initial barrier
+    released) has no round before it: an earlier generation's last decision says
+    nothing about the ranks of this one.
     """
     round_ = rounds.current_round(base_store)
     if round_ is None:
@@ -142,12 +144,14 @@ def nobody_to_admit(base_store: Any) -> str | None:
     current = rstore.round_store(base_store, round_)
     if current.check([keys.INTERRUPTED]) and current.get(keys.INTERRUPTED) == DONE.encode():
         return f"round {round_} completed"
-    first_of_generation = generations.of_round(round_) == round_
-    previous = None if first_of_generation else rstore.round_store(base_store, round_ - 1)
+    opened = nvrx_barrier.is_released(base_store, generations.initial_barrier(round_))
+    previous = None if opened or round_ == 0 else rstore.round_store(base_store, round_ - 1)
     if previous is not None and previous.check([keys.DECISION]):
         decision = json.loads(previous.get(keys.DECISION))
-        world_size = decision.get("world_size")
-        if world_size is not None and len(decision["terminated"]) >= int(world_size):
+        world_size = decision.get("world_size")  # absent in a decision of an older version
+        # a survivor that died after the decision is registered in that round too
+        terminated = set(decision["terminated"]) | rstore.terminated_ranks(previous)
+        if world_size is not None and set(range(int(world_size))) <= terminated:
             return f"every rank of round {round_ - 1} left it"
     return None
 

@@ -251,6 +251,10 @@ def record_fault(store: Any, record: nvrx_faults.FaultRecord) -> bool:
 def interrupt(store: Any, value: str) -> bool:
     """Set the round's interrupted key unless set; True when ``value`` (or a fault) holds now."""
     current = store.compare_set(keys.INTERRUPTED, "", value)
+    # The key never changes once set, so writing its value again is safe, and a ``set``
+    # wakes the monitor threads waiting on it on every server: torch's legacy TCPStore
+    # backend (``use_libuv=False``) answers a ``compare_set`` without waking any waiter.
+    store.set(keys.INTERRUPTED, current)
     text = current.decode(errors="replace") if isinstance(current, bytes) else str(current)
     return text != DONE or value == DONE
 

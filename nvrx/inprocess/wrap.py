@@ -107,7 +107,7 @@ class Wrapper:
         slept: the window for concurrent faults is the iteration barrier, which
         goes on once every rank of the round reported (itself, or through its
         monitor or supervisor); every fault recorded until then is in the
-        restart, and a later one starts the next restart.
+        restart, one recorded later is not.
     rejoin_timeout (60 s, nvrx addition): under an nvrx supervisor, how long
         peers wait for the replacement of a dead process before the rank
         assignment removes it.

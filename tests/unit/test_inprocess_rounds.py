@@ -384,15 +384,35 @@ def test_a_job_whose_last_ranks_leave_while_the_replacement_waits_is_given_up() 
 
 
 def test_the_first_round_of_a_generation_does_not_read_the_last_generations_decision() -> None:
-    """Generation 100 runs; an earlier generation ended with every rank terminated."""
+    """Generation 100 runs; an earlier generation ended with every rank terminated. A round
+    100 that in-process restarts reached (no generation opened there) reads round 99's."""
     from torch.distributed import HashStore
 
-    from nvrx.store import rounds
+    from nvrx.store import barrier, generations, rounds
 
     store = HashStore()
-    rounds.publish_round(store, rounds.GENERATION_STEP)
+    step = rounds.GENERATION_STEP
+    rounds.publish_round(store, step)
     decision = {"terminated": [0, 1], "job_restarts": 1, "world_size": 2}
-    rstore.round_store(store, rounds.GENERATION_STEP - 1).set(keys.DECISION, json.dumps(decision))
+    rstore.round_store(store, step - 1).set(keys.DECISION, json.dumps(decision))
+    assert rejoin.nobody_to_admit(store) == "every rank of round 99 left it"
+    store.set(barrier.release_key(generations.initial_barrier(step)), "1")  # opened here
+    assert rejoin.nobody_to_admit(store) is None
+
+
+def test_a_survivor_that_died_after_the_decision_counts_as_gone() -> None:
+    """The last survivor died in ``take_back``: its monitor registered it in the decided round."""
+    store = _restarted_job([1])
+    assert rejoin.nobody_to_admit(store) is None
+    rstore.register_terminated(rstore.round_store(store, 2), 0)
+    assert rejoin.nobody_to_admit(store) == "every rank of round 2 left it"
+
+
+def test_a_decision_without_a_world_size_is_no_reason_to_give_up() -> None:
+    """Written by an older version: the replacement waits, as it would for a live job."""
+    store = _restarted_job(None)
+    decision = {"terminated": [0, 1], "job_restarts": 1}
+    rstore.round_store(store, 2).set(keys.DECISION, json.dumps(decision))
     assert rejoin.nobody_to_admit(store) is None
 
 

@@ -6,7 +6,9 @@ thread issues.
 
 from __future__ import annotations
 
+import datetime
 import threading
+import time
 
 import pytest
 
@@ -90,3 +92,44 @@ def test_a_thread_that_nobody_wakes_is_left_to_its_renewal(base, monkeypatch):
     thread.join(10)  # ends at its renewal: the stop is seen there
     assert not thread.is_alive() and store.waits == 1
     assert not delivery.requested.is_set() and aborts == []
+
+
+def test_a_fault_wakes_the_thread_on_torchs_legacy_store_server():
+    """torch's legacy TCPStore backend answers a ``compare_set`` without waking waiters:
+    the interruption must still end the one wait (not its renewal, minutes later)."""
+    import torch.distributed as dist
+
+    server = dist.TCPStore(
+        "127.0.0.1", 0, world_size=None, is_master=True,
+        timeout=datetime.timedelta(seconds=10), wait_for_workers=False, use_libuv=False,
+    )  # fmt: skip
+    try:
+        base = client.connect("127.0.0.1", server.port, timeout=10)
+        aborts: list = []
+        thread, store, delivery = _thread(base, aborts)
+        fault = rstore.nvrx_faults.FaultRecord(rank=1, kind="exception")
+        rstore.record_fault(rstore.round_store(base, 0), fault)
+        assert delivery.requested.wait(10)  # not the WAIT_CHUNK_S renewal
+        thread.join(10)
+        assert aborts == ["frozen"] and store.waits == 1 and not thread.is_alive()
+    finally:
+        del server
+
+
+def test_finish_returns_at_once_when_the_thread_ended_without_waking():
+    """Its store failed (the thread delivered a restart and ended): a leaving rank does not
+    wait ``WAKE_WAIT_S`` for a wake-up that cannot come."""
+    from torch.distributed import DistNetworkError
+
+    class GoneStore:
+        def wait(self, keys_, timeout):
+            raise DistNetworkError("the store is gone")
+
+    delivery = Delivery()
+    thread = MonitorThread(GoneStore(), keys.INTERRUPTED, [], delivery, None, "frozen")
+    thread.start()
+    assert delivery.requested.wait(10)  # the failure restarts the rank
+    thread.join(10)
+    t0 = time.monotonic()
+    assert thread.finish(60)
+    assert time.monotonic() - t0 < monitor_thread.WAKE_WAIT_S / 2
