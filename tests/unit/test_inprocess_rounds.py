@@ -28,13 +28,6 @@ from nvrx.inprocess.state import Mode, State
 from nvrx.store import client, keys
 
 
-@pytest.fixture()
-def base():
-    server = client.serve("127.0.0.1", 0, timeout=10)
-    yield client.connect("127.0.0.1", server.port, timeout=10)
-    del server
-
-
 class FakeDelivery:
     """The restart request comes after ``timeouts`` waits for it ran out."""
 

@@ -10,19 +10,10 @@ import datetime
 import threading
 import time
 
-import pytest
-
 from nvrx.inprocess import monitor_thread
 from nvrx.inprocess import store as rstore
 from nvrx.inprocess.monitor_thread import DONE, Delivery, MonitorThread
 from nvrx.store import client, keys
-
-
-@pytest.fixture()
-def base():
-    server = client.serve("127.0.0.1", 0, timeout=10)
-    yield client.connect("127.0.0.1", server.port, timeout=10)
-    del server
 
 
 class CountingStore:

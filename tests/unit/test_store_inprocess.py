@@ -7,14 +7,7 @@ import json
 import pytest
 
 from nvrx.inprocess import store as rstore
-from nvrx.store import client, faults, keys, rounds
-
-
-@pytest.fixture()
-def base():
-    server = client.serve("127.0.0.1", 0, timeout=10)
-    yield client.connect("127.0.0.1", server.port, timeout=10)
-    del server
+from nvrx.store import faults, keys, rounds
 
 
 def test_fault_interrupts_the_round_unless_it_completed(base):
