@@ -128,7 +128,7 @@ HELPERS = (
     ("store_process", "nvrx.store.service"),
     ("agent_process", "nvrx.supervisor.store_agent"),
     ("standby_process", "nvrx.supervisor.standby_process"),
-    ("monitor_process", "nvrx.inprocess.monitor_main"),
+    ("monitor_process", "nvrx.monitor_boot"),
 )
 
 

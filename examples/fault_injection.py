@@ -84,7 +84,7 @@ def go_silent(run_dir: Path) -> None:
     frozen = [os.getpid()]
     for proc in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.NoSuchProcess):
-            if any("nvrx.inprocess.monitor_main" in part for part in proc.cmdline()):
+            if any("nvrx.monitor_boot" in part for part in proc.cmdline()):
                 frozen.append(proc.pid)
     (run_dir / "silenced.pids").write_text(" ".join(map(str, frozen)) + "\n")
     for pid in frozen[1:]:

@@ -58,16 +58,21 @@ BYE_WAIT_S = 2.0
 class _Monitor:
     """The watch loop of one rank (see the module docstring)."""
 
-    def __init__(self, cfg: MonitorConfig) -> None:
+    def __init__(self, cfg: MonitorConfig, early: Any = None) -> None:
         self.cfg = cfg
         self.board = ProgressBoard(cfg.board_path)
         self.service: Any = None
-        if cfg.host_store:
+        if isinstance(early, BaseException):
+            raise early  # launching the store it hosts failed
+        if early is not None:
+            self.service = early.wait_started()
+        elif cfg.host_store:
             from nvrx.store.service import StoreService
 
             self.service = StoreService(
                 cfg.store_host or "127.0.0.1", int(cfg.store_port or 0), node=None
             ).start()
+        if self.service is not None:
             cfg.store_port = self.service.port
         self.base = self._connect()
         self.writer = events.EventWriter(
@@ -327,14 +332,17 @@ def _child_of_supervisor() -> tuple[int, int]:
         return -1, 0
 
 
-def main() -> int:
-    """Entry point: read the configuration from stdin, then watch the rank until it is done.
+def main(line: bytes | None = None, early: Any = None) -> int:
+    """Read the configuration (``line``, else from stdin), then watch the rank until it is done.
 
-    SLURM's warning signal is ignored first: its default action would end the
-    monitor, and the Wrapper starts it without a ``preexec_fn``.
+    ``early``: the store service ``nvrx.monitor_boot`` launched for this monitor to
+    host, or the exception that launch raised. SLURM's warning signal is ignored
+    first: its default action would end the monitor, and the Wrapper starts it
+    without a ``preexec_fn``.
     """
     processes.ignore_warning_signal()
-    line = sys.stdin.buffer.readline()
+    if line is None:
+        line = sys.stdin.buffer.readline()
     if not line:
         return 0
     cfg = MonitorConfig(**json.loads(line))
@@ -348,7 +356,7 @@ def main() -> int:
         faulthandler.enable(open(cfg.logfile, "a"))  # noqa: SIM115 - kept open for fatal errors
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
-        return _Monitor(cfg).run()
+        return _Monitor(cfg, early).run()
     except BaseException:
         log.exception("monitor process failed")
         return 1

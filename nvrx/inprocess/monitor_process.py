@@ -1,7 +1,7 @@
 """Wrapper-side handle of a rank's monitor process: start it, wait until it watches, stop and reap it.
 
 The monitor process runs ``nvrx.inprocess.monitor_main`` (what it watches and
-how it acts is described there) in a fresh interpreter, never a fork of the
+how it acts is described there; ``nvrx.monitor_boot`` starts it) in a fresh interpreter, never a fork of the
 threaded training process. It is started through ``nvrx.processes``, in a
 process group of its own, without a ``preexec_fn`` (with one, CPython would
 fork() the threaded rank and run Python in the copy before exec, instead of
@@ -37,20 +37,13 @@ log = logging.getLogger(__name__)
 
 #: Signal on which the rank's faulthandler dumps every thread's stack into the monitor's pipe.
 STACK_SIGNAL = signal.SIGRTMIN + 6
-#: The program's entry point, as started by ``MonitorProcess.start``: SLURM's warning signal is
-#: ignored before the (slower) import of the program, which ignores it again in ``main``.
-ENTRY_POINT = (
-    "from nvrx.processes import exit_now, ignore_warning_signal; ignore_warning_signal(); "
-    "from nvrx.inprocess.monitor_main import main; exit_now(main())"
-)
+#: The program's entry point, as started by ``MonitorProcess.start`` (``nvrx.monitor_boot``:
+#: SLURM's warning signal is ignored, and a store it hosts launched, before torch is imported).
+ENTRY_POINT = "from nvrx.monitor_boot import main; main()"
 #: A program started ahead (``prestart``) says when its imports are done: one line, before
 #: its ready message, which ``wait_prestarted`` reads (``MonitorProcess.wait_ready`` skips it).
 IMPORTED = {"imported": True}
-PRESTART_ENTRY_POINT = (
-    "import sys; from nvrx.processes import exit_now, ignore_warning_signal; "
-    "ignore_warning_signal(); from nvrx.inprocess.monitor_main import main; "
-    "sys.stdout.write('{\"imported\": true}\\n'); sys.stdout.flush(); exit_now(main())"
-)
+PRESTART_ENTRY_POINT = "from nvrx.monitor_boot import main_prestarted; main_prestarted()"
 
 
 @dataclass

@@ -23,7 +23,7 @@ import signal
 import time
 from typing import TYPE_CHECKING
 
-from nvrx import jobenv, processes
+from nvrx import jobenv, monitor_boot, processes
 from nvrx.events.failures import UNRESPONSIVE, UNRESPONSIVE_SIGNATURE, hang_signature
 from nvrx.rank_beats import BeatSocket
 
@@ -220,6 +220,6 @@ def _is_monitor(pid: int) -> bool:
         return False
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"nvrx.inprocess.monitor_main" in f.read()
+            return monitor_boot.PROGRAM.encode() in f.read()
     except OSError:
         return False

@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import subprocess
 import sys
 
-from nvrx import processes
+import pytest
+
+from nvrx import monitor_boot, processes
 from nvrx.inprocess import monitor_main
-from nvrx.inprocess.monitor_process import ENTRY_POINT, MonitorConfig, MonitorProcess
+from nvrx.inprocess.monitor_process import (
+    ENTRY_POINT,
+    IMPORTED,
+    PRESTART_ENTRY_POINT,
+    MonitorConfig,
+    MonitorProcess,
+)
+from nvrx.store import client
 
 
 def _config() -> MonitorConfig:
@@ -58,13 +68,43 @@ def test_the_monitor_program_ignores_the_warning_signal_first(monkeypatch):
         signal.signal(signal.SIGUSR2, previous)
 
 
-def test_the_entry_point_ignores_the_warning_signal_before_importing_the_program():
-    """The entry point as the monitor runs it: SIGUSR2 is ignored before the (slow) import."""
-    before_import, found, _ = ENTRY_POINT.partition("from nvrx.inprocess")
-    assert found
-    code = before_import + (
-        "import signal, sys; "
-        "sys.exit(0 if signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN else 3)"
-    )
+SPY_ON_THE_PROGRAM_IMPORT = """
+import builtins, os, signal, sys
+real_import = builtins.__import__
+
+def spy(name, *args, **kwargs):
+    if name.startswith("nvrx.inprocess"):  # the slow import of the program: how is SIGUSR2 now?
+        os._exit(0 if signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN else 3)
+    return real_import(name, *args, **kwargs)
+
+builtins.__import__ = spy
+"""
+
+
+@pytest.mark.parametrize("entry", [ENTRY_POINT, PRESTART_ENTRY_POINT])
+def test_the_entry_points_ignore_the_warning_signal_before_importing_the_program(entry):
+    """Both entry points as the monitor runs them: SIGUSR2 is ignored before the (slow) import."""
     env = {k: v for k, v in os.environ.items() if k != "NVRX_PREEMPT_SIGNAL"}
-    assert subprocess.run([sys.executable, "-c", code], env=env, check=False).returncode == 0
+    code = SPY_ON_THE_PROGRAM_IMPORT + entry
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, stdin=subprocess.DEVNULL, check=False, timeout=60
+    )
+    assert done.returncode == 0
+
+
+def test_the_boot_imports_neither_torch_nor_the_wrapper_and_launches_a_hosted_store():
+    """What runs before the program's imports stays light; a store it hosts is launched there."""
+    code = (
+        "import sys, nvrx.monitor_boot; "
+        "sys.exit(3 if {'torch', 'nvrx.inprocess'} & set(sys.modules) else 0)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False, timeout=60).returncode == 0
+    assert monitor_boot.launch_store(b"") is None
+    assert monitor_boot.launch_store(b'{"host_store": false}') is None
+    service = monitor_boot.launch_store(b'{"host_store": true, "store_host": "127.0.0.1"}')
+    try:
+        service.wait_started(60)
+        client.connect("127.0.0.1", service.port, timeout=10).set("k", "v")
+    finally:
+        service.stop()
+    assert json.loads(monitor_boot.IMPORTED_LINE) == IMPORTED  # the two sides agree
