@@ -81,10 +81,12 @@ def go_silent(run_dir: Path) -> None:
     if nothing else does (a frozen monitor leads a session of its own)."""
     import psutil
 
+    from nvrx import monitor_boot
+
     frozen = [os.getpid()]
     for proc in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.NoSuchProcess):
-            if any("nvrx.monitor_boot" in part for part in proc.cmdline()):
+            if any(monitor_boot.PROGRAM in part for part in proc.cmdline()):
                 frozen.append(proc.pid)
     (run_dir / "silenced.pids").write_text(" ".join(map(str, frozen)) + "\n")
     for pid in frozen[1:]:

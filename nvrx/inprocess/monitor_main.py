@@ -1,7 +1,7 @@
 """The monitor process program: hangs, a dead rank, unresponsive peers.
 
-Started by ``monitor_process.MonitorProcess`` (entry point ``main``), one per
-rank, it reads the rank's ``ProgressBoard`` and acts:
+Started by ``monitor_process.MonitorProcess`` (through ``nvrx.monitor_boot``,
+which calls ``main``), one per rank, it reads the rank's ``ProgressBoard`` and acts:
 
 * soft timeout (no progress for ``soft_timeout`` in user code): dump the
   rank's stack (faulthandler, through a pipe), record a ``hang_soft`` fault so
@@ -60,7 +60,6 @@ class _Monitor:
 
     def __init__(self, cfg: MonitorConfig, early: Any = None) -> None:
         self.cfg = cfg
-        self.board = ProgressBoard(cfg.board_path)
         self.service: Any = None
         if isinstance(early, BaseException):
             raise early  # launching the store it hosts failed
@@ -74,6 +73,7 @@ class _Monitor:
             ).start()
         if self.service is not None:
             cfg.store_port = self.service.port
+        self.board = ProgressBoard(cfg.board_path)
         self.base = self._connect()
         self.writer = events.EventWriter(
             cfg.events_dir or events.job_log_dir(),
@@ -341,6 +341,14 @@ def main(line: bytes | None = None, early: Any = None) -> int:
     without a ``preexec_fn``.
     """
     processes.ignore_warning_signal()
+    try:
+        return _configure_and_watch(line, early)
+    finally:  # a launched store that the monitor failed to take (or took) ends with it
+        if early is not None and not isinstance(early, BaseException):
+            early.stop()
+
+
+def _configure_and_watch(line: bytes | None, early: Any) -> int:
     if line is None:
         line = sys.stdin.buffer.readline()
     if not line:

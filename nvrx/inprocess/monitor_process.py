@@ -1,8 +1,9 @@
 """Wrapper-side handle of a rank's monitor process: start it, wait until it watches, stop and reap it.
 
 The monitor process runs ``nvrx.inprocess.monitor_main`` (what it watches and
-how it acts is described there; ``nvrx.monitor_boot`` starts it) in a fresh interpreter, never a fork of the
-threaded training process. It is started through ``nvrx.processes``, in a
+how it acts is described there), started by ``nvrx.monitor_boot``, in a
+fresh interpreter, never a fork of the threaded training process. It is
+started through ``nvrx.processes``, in a
 process group of its own, without a ``preexec_fn`` (with one, CPython would
 fork() the threaded rank and run Python in the copy before exec, instead of
 vfork/posix_spawn): the program ignores SLURM's warning signal itself, as

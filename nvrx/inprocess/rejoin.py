@@ -4,10 +4,11 @@
    checks that the job has a round, posts ``nvrx/join/<initial rank>`` = its
    pid and waits for ``nvrx/admit/<initial rank>/<pid>``. An admission ends
    the wait as soon as it is written. Once per heartbeat interval without
-   one, it looks whether anyone is left to answer: it stops waiting when the
-   job's round completed, or when the last restart's iteration barrier found
-   every rank of its round terminated (no survivor runs ``take_back``). A
-   spare's takeover skips that look: its supervisor was just told that the
+   one, it looks whether anyone is left to answer (``nobody_to_admit``): it
+   stops waiting when the job's round completed, or when every rank of the
+   round before is terminated, by the last restart's decision or registered
+   since, except the ranks taken back then (no survivor runs ``take_back``).
+   A spare's takeover skips that look: its supervisor was just told that the
    job runs. Nothing is read while a job runs: the look costs the store a few
    requests per interval, only while a replacement waits.
 2. Meanwhile the survivors restart. After the iteration barrier the lowest
@@ -133,8 +134,8 @@ def nobody_to_admit(base_store: Any) -> str | None:
 
     The job's round completed, or the iteration barrier of the round before it
     found every rank terminated (each left by itself or through its monitor or
-    supervisor) or has been registered terminated since, so nobody runs
-    ``take_back``. The first round of a process generation (its initial barrier
+    supervisor) or has been registered terminated since, and no rank was taken
+    back into this round, so nobody runs ``take_back``. The first round of a process generation (its initial barrier
     released) has no round before it: an earlier generation's last decision says
     nothing about the ranks of this one.
     """
@@ -149,8 +150,11 @@ def nobody_to_admit(base_store: Any) -> str | None:
     if previous is not None and previous.check([keys.DECISION]):
         decision = json.loads(previous.get(keys.DECISION))
         world_size = decision.get("world_size")  # absent in a decision of an older version
-        # a survivor that died after the decision is registered in that round too
+        # a survivor that died after the decision is registered in that round too; the
+        # ranks taken back then (``REJOIN``) run in this round, whatever that round says
         terminated = set(decision["terminated"]) | rstore.terminated_ranks(previous)
+        if previous.check([keys.REJOIN]):
+            terminated -= {int(r) for r in json.loads(previous.get(keys.REJOIN))}
         if world_size is not None and set(range(int(world_size))) <= terminated:
             return f"every rank of round {round_ - 1} left it"
     return None

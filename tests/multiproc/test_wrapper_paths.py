@@ -24,6 +24,8 @@ import pytest
 from helpers_wrapper_paths import launch
 from test_wrapper import FAST
 
+from nvrx import monitor_boot
+
 pytestmark = pytest.mark.timeout(90)
 
 
@@ -142,7 +144,7 @@ def test_monitor_process_pidfile_holds_the_monitor_pid_while_it_runs(tmp_path):
         assert [c["iteration"] for c in calls] == [0, 1], ranks.logs()
         for call in calls:  # the same monitor process for the whole Wrapper call
             assert call["pidfile"] == f"{call['monitor_pid']}\n", call
-            assert "nvrx.monitor_boot" in call["pidfile_cmdline"], call
+            assert monitor_boot.PROGRAM in call["pidfile_cmdline"], call
         assert calls[0]["monitor_pid"] == calls[1]["monitor_pid"]
         monitors.add(calls[0]["monitor_pid"])
     assert len(monitors) == 2

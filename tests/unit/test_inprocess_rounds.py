@@ -401,6 +401,16 @@ def test_a_survivor_that_died_after_the_decision_counts_as_gone() -> None:
     assert rejoin.nobody_to_admit(store) == "every rank of round 2 left it"
 
 
+def test_a_rank_taken_back_at_the_last_restart_is_a_survivor() -> None:
+    """Rank 1 rejoined at round 2's restart, then rank 0 died before round 3 started (its
+    monitor registered it in round 2): rank 1 runs, and may admit rank 0's replacement."""
+    store = _restarted_job([1])
+    rstore.round_store(store, 2).set(keys.REJOIN, json.dumps([1]))
+    rstore.register_terminated(rstore.round_store(store, 2), 1)  # its death in round 2
+    rstore.register_terminated(rstore.round_store(store, 2), 0)
+    assert rejoin.nobody_to_admit(store) is None
+
+
 def test_a_decision_without_a_world_size_is_no_reason_to_give_up() -> None:
     """Written by an older version: the replacement waits, as it would for a live job."""
     store = _restarted_job(None)

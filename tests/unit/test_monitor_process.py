@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -95,7 +96,7 @@ def test_the_entry_points_ignore_the_warning_signal_before_importing_the_program
 def test_the_boot_imports_neither_torch_nor_the_wrapper_and_launches_a_hosted_store():
     """What runs before the program's imports stays light; a store it hosts is launched there."""
     code = (
-        "import sys, nvrx.monitor_boot; "
+        "import sys, nvrx.monitor_boot, nvrx.store.service; "
         "sys.exit(3 if {'torch', 'nvrx.inprocess'} & set(sys.modules) else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False, timeout=60).returncode == 0
@@ -108,3 +109,51 @@ def test_the_boot_imports_neither_torch_nor_the_wrapper_and_launches_a_hosted_st
     finally:
         service.stop()
     assert json.loads(monitor_boot.IMPORTED_LINE) == IMPORTED  # the two sides agree
+
+
+SPY_FOR_THE_STORE_SERVICE = """
+import builtins, os, psutil
+real_import = builtins.__import__
+
+def spy(name, *args, **kwargs):
+    if name.startswith("nvrx.inprocess"):  # the program's import: is its store launched yet?
+        launched = any(
+            "nvrx.store.service" in " ".join(child.cmdline())
+            for child in psutil.Process().children()
+        )
+        os._exit(0 if launched else 3)
+    return real_import(name, *args, **kwargs)
+
+builtins.__import__ = spy
+"""
+
+
+def test_a_monitor_that_hosts_the_store_launches_it_before_importing_the_program():
+    line = json.dumps({"host_store": True, "store_host": "127.0.0.1", "store_port": 0}) + "\n"
+    done = subprocess.run(
+        [sys.executable, "-c", SPY_FOR_THE_STORE_SERVICE + ENTRY_POINT],
+        input=line.encode(),
+        check=False,
+        timeout=60,
+    )  # the launched service exits with its parent (its death signal)
+    assert done.returncode == 0
+
+
+def _hosting(tmp_path) -> bytes:
+    cfg = dataclasses.asdict(_config())
+    cfg.update(host_store=True, store_host="127.0.0.1", logfile=str(tmp_path / "monitor.log"))
+    return (json.dumps(cfg) + "\n").encode()
+
+
+def test_a_failed_launch_of_the_hosted_store_is_the_monitors_logged_failure(tmp_path):
+    line = _hosting(tmp_path)
+    assert monitor_main.main(line, RuntimeError("store port 127.0.0.1:1 is already in use")) == 1
+    assert "already in use" in (tmp_path / "monitor.log").read_text()
+
+
+def test_a_launched_store_is_stopped_when_the_monitor_fails_before_it_watches(tmp_path):
+    """Here its board does not exist: the service the boot launched must not outlive it."""
+    line = _hosting(tmp_path)
+    service = monitor_boot.launch_store(line)
+    assert monitor_main.main(line, service) == 1
+    assert not service.alive and service.pid is None

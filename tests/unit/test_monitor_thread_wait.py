@@ -124,3 +124,21 @@ def test_finish_returns_at_once_when_the_thread_ended_without_waking():
     t0 = time.monotonic()
     assert thread.finish(60)
     assert time.monotonic() - t0 < monitor_thread.WAKE_WAIT_S / 2
+
+
+def test_finish_waits_for_an_abort_in_progress_beyond_the_wake_wait(base, monkeypatch):
+    """A peer's fault woke the thread and its abort still runs: the leaving rank waits for it."""
+    monkeypatch.setattr(monitor_thread, "WAKE_WAIT_S", 0.2)
+    started, release = threading.Event(), threading.Event()
+
+    def abort(state) -> None:  # an abort that takes 1 s
+        started.set()
+        release.wait(10)
+
+    thread, _store, delivery = _thread(base, [], chunk=60.0)
+    thread.abort = abort
+    rstore.record_fault(rstore.round_store(base, 0), rstore.nvrx_faults.FaultRecord(rank=1, kind="exception"))
+    assert started.wait(10)
+    threading.Timer(1.0, release.set).start()
+    assert thread.finish(30)  # past WAKE_WAIT_S: the abort's end
+    assert delivery.requested.is_set()
