@@ -3,11 +3,10 @@
 The monitor process runs ``nvrx.inprocess.monitor_main`` (what it watches and
 how it acts is described there), started by ``nvrx.monitor_boot``, in a
 fresh interpreter, never a fork of the threaded training process. It is
-started through ``nvrx.processes``, in a
-process group of its own, without a ``preexec_fn`` (with one, CPython would
-fork() the threaded rank and run Python in the copy before exec, instead of
-vfork/posix_spawn): the program ignores SLURM's warning signal itself, as
-the first thing it does.
+started through ``nvrx.processes``, in a process group of its own, without a
+``preexec_fn`` (with one, CPython would fork() the threaded rank and run
+Python in the copy before exec, instead of vfork/posix_spawn): the program
+ignores SLURM's warning signal itself, as the first thing it does.
 
 The protocol between the two: the handle writes the ``MonitorConfig`` as one
 JSON line on the program's stdin; the program answers one JSON line on its

@@ -135,9 +135,10 @@ def nobody_to_admit(base_store: Any) -> str | None:
     The job's round completed, or the iteration barrier of the round before it
     found every rank terminated (each left by itself or through its monitor or
     supervisor) or has been registered terminated since, and no rank was taken
-    back into this round, so nobody runs ``take_back``. The first round of a process generation (its initial barrier
-    released) has no round before it: an earlier generation's last decision says
-    nothing about the ranks of this one.
+    back into this round, so nobody runs ``take_back``. The first round of a
+    process generation (its initial barrier released) has no round before it:
+    an earlier generation's last decision says nothing about the ranks of this
+    one.
     """
     round_ = rounds.current_round(base_store)
     if round_ is None:
