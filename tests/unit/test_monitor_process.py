@@ -145,15 +145,32 @@ def _hosting(tmp_path) -> bytes:
     return (json.dumps(cfg) + "\n").encode()
 
 
+def _in_a_process(code: str, line: bytes) -> int:
+    """Run the monitor program's ``main`` in a process of its own: it ignores SLURM's warning
+    signal and sets up logging and faulthandler, which must not leak into the test process."""
+    done = subprocess.run(
+        [sys.executable, "-c", code, line.decode()], check=False, timeout=120
+    )
+    return done.returncode
+
+
 def test_a_failed_launch_of_the_hosted_store_is_the_monitors_logged_failure(tmp_path):
     line = _hosting(tmp_path)
-    assert monitor_main.main(line, RuntimeError("store port 127.0.0.1:1 is already in use")) == 1
+    code = (
+        "import sys; from nvrx.inprocess import monitor_main; "
+        "sys.exit(monitor_main.main(sys.argv[1].encode(), "
+        "RuntimeError('store port 127.0.0.1:1 is already in use')))"
+    )
+    assert _in_a_process(code, line) == 1
     assert "already in use" in (tmp_path / "monitor.log").read_text()
 
 
 def test_a_launched_store_is_stopped_when_the_monitor_fails_before_it_watches(tmp_path):
     """Here its board does not exist: the service the boot launched must not outlive it."""
-    line = _hosting(tmp_path)
-    service = monitor_boot.launch_store(line)
-    assert monitor_main.main(line, service) == 1
-    assert not service.alive and service.pid is None
+    code = (
+        "import sys; from nvrx import monitor_boot; from nvrx.inprocess import monitor_main\n"
+        "line = sys.argv[1].encode(); service = monitor_boot.launch_store(line)\n"
+        "code = monitor_main.main(line, service)\n"
+        "sys.exit(code if not service.alive and service.pid is None else 5)\n"
+    )
+    assert _in_a_process(code, _hosting(tmp_path)) == 1
