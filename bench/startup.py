@@ -83,9 +83,9 @@ CHILD = textwrap.dedent(
         dist.destroy_process_group()
         mark("fn_done")
     if sys.argv[1] == "wrapper":
-        import nvrx.inprocess as inprocess
+        from nvrx.inprocess import Wrapper
         mark("nvrx_imported")
-        inprocess.Wrapper()(work)()
+        Wrapper()(work)()
     else:
         work()
     mark("exit")

@@ -1,13 +1,13 @@
 """The first steps of a Wrapper's monitor process, before it imports torch.
 
-The monitor program (``nvrx.inprocess.monitor_main``) imports torch with the
-Wrapper's package: seconds on a busy node. A monitor that hosts the job's
-store (the Wrapper without a supervisor, ``tcp_store_host_rank``) launches
-the store service before that import, so that the service imports torch
-beside it instead of after it. This module imports neither torch nor
-``nvrx.inprocess``; both entry points of the program are here, so that a
-monitor process is told by this module's name in its command line
-(``PROGRAM``).
+The monitor program (``nvrx.inprocess.monitor_main``) makes its link to the
+store before it watches when it has no supervisor, and that link imports
+torch: seconds on a busy node. A monitor that hosts the job's store (the
+Wrapper without a supervisor, ``tcp_store_host_rank``) launches the store
+service before that, so that the service imports torch beside it instead of
+after it. This module imports neither torch nor ``nvrx.inprocess``; both
+entry points of the program are here, so that a monitor process is told by
+this module's name in its command line (``PROGRAM``).
 """
 
 from __future__ import annotations

@@ -8,28 +8,24 @@ monitor thread and process, the sibling monitor, the store's round protocol,
 checks); the table also says where behaviour differs on purpose.
 """
 
-from . import (
-    abort,
-    attribution,
-    completion,
-    compose,
-    exception,
-    finalize,
-    health_check,
-    initialize,
-    monitor_thread,
-    nested_restarter,
-    progress_watchdog,
-    rank_assignment,
-    rank_filter,
-    state,
-    store,
-    terminate,
-    tools,
-)
-from .compose import Compose
-from .state import FrozenState, Mode, State
-from .wrap import CallWrapper, Wrapper
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .compose import Compose
+    from .state import FrozenState, Mode, State
+    from .wrap import CallWrapper, Wrapper
+
+#: Public names and the submodule each comes from. Nothing is imported with the package:
+#: the monitor process imports its own modules of it without torch (``nvrx.monitor_boot``).
+_NAMES = {
+    "CallWrapper": "wrap",
+    "Compose": "compose",
+    "FrozenState": "state",
+    "Mode": "state",
+    "State": "state",
+    "Wrapper": "wrap",
+}
 
 __all__ = [
     "CallWrapper",
@@ -56,3 +52,20 @@ __all__ = [
     "terminate",
     "tools",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """A public name, or any submodule, imported when first asked for."""
+    if name in _NAMES:
+        return getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
+    if not name.startswith("__"):
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise  # the submodule exists, but something it imports does not
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -3,54 +3,24 @@
 Faults are described by the rank itself (its own exception, an exception that
 a peer's fault caused, its exit from the job) and by its monitor process on
 its behalf (a hang, its death, an unresponsive peer). Every ``fault`` event is
-built by ``emit_fault`` from a ``FaultRecord``, so they all share one shape.
-The store record is what the other ranks act on; the event is what the report
-reads.
+built by ``fault_events.emit_fault`` from a ``FaultRecord``, so they all share
+one shape. The store record is what the other ranks act on; the event is what
+the report reads.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from nvrx.store import faults as nvrx_faults
 from nvrx.store import keys
 
 from . import store as rstore
+from .fault_events import Emit, emit_fault
 
 log = logging.getLogger(__name__)
-
-#: Writes one event: ``emit(kind, **fields)`` (an ``EventWriter.emit`` or a wrapper of it).
-Emit = Callable[..., Any]
-
-
-def emit_fault(
-    emit: Emit,
-    record: nvrx_faults.FaultRecord,
-    *,
-    fault_kind: str,
-    origin_rank: int | None,
-    **fields: Any,
-) -> None:
-    """Emit the ``fault`` event of ``record``: kind, the rank it is blamed on, what and when.
-
-    ``exc_type`` and ``traceback`` are left out when the record has none (a
-    record the monitor process made); ``fields`` add to or override the
-    record's values (``detected_mono`` of a peer fault, the ``signature`` of a
-    monitor fault).
-    """
-    event: dict[str, Any] = {"fault_kind": fault_kind, "origin_rank": origin_rank}
-    if record.exc_type is not None:
-        event["exc_type"] = record.exc_type
-    event["message"] = record.message
-    if record.traceback is not None:
-        event["traceback"] = record.traceback
-    event["signature"] = record.signature
-    event["detected_mono"] = record.detected_mono
-    event.update(fields)
-    emit("fault", **event)
 
 
 def _first_origin(store: Any) -> int | None:
@@ -124,11 +94,3 @@ def record_soft_hang(store: Any, emit: Emit, rank: int, message: str, stack: str
         signature="hang_soft",
         traceback=stack,
     )
-
-
-def leave_on_behalf(
-    store: Any, base: Any, emit: Emit, rank: int, world_size: int, record: nvrx_faults.FaultRecord
-) -> None:
-    """The monitor takes ``rank`` out of the round (it died, hung or went silent): event, then store."""
-    emit_fault(emit, record, fault_kind=record.kind, origin_rank=rank, signature=record.kind)
-    rstore.proxy_leave(store, base, rank, world_size, record)

@@ -17,6 +17,11 @@ which calls ``main``), one per rank, it reads the rank's ``ProgressBoard`` and a
   which watches the node's ranks and talks to the store for all of them
   (``nvrx.rank_beats``): no heartbeat reaches the store from a rank.
 
+The program imports no torch itself: its store client does (``monitor_store``).
+Under a supervisor it says it watches at once and makes that link meanwhile; a
+fault's event is written when the fault is seen, its store record once the link
+is there. A link that fails ends the program.
+
 When the rank's monitor hosts the store (standalone, ``tcp_store_host_rank``)
 the store service is its child and serves until every rank passed the
 termination barrier, even after the rank died. It exits when the board's
@@ -43,10 +48,10 @@ from nvrx.store import client, keys
 from nvrx.store.faults import FaultRecord
 
 from . import monitor_target
-from . import store as rstore
-from .fault_recording import leave_on_behalf, record_soft_hang
+from .fault_events import announce_leave
 from .logging import setup_monitor_logging
 from .monitor_process import STACK_SIGNAL, MonitorConfig
+from .monitor_store import StoreLink
 from .progress_watchdog import FLAG_SHUTDOWN, FLAG_TIMEOUTS_OFF, FLAG_USER, ProgressBoard
 
 log = logging.getLogger(__name__)
@@ -74,14 +79,13 @@ class _Monitor:
         if self.service is not None:
             cfg.store_port = self.service.port
         self.board = ProgressBoard(cfg.board_path)
-        self.base = self._connect()
         self.writer = events.EventWriter(
             cfg.events_dir or events.job_log_dir(),
             "monitor",
             cfg.events_context or events.context_from_env(),
         )
         self.round = -1
-        self.store: Any = None
+        self._view: tuple[int, Any] | None = None  # (round, the store view of that round)
         self.soft_fired = False
         self.next_hb = 0.0
         self.peer: int | None = None
@@ -90,6 +94,18 @@ class _Monitor:
         beats_path = rank_beats.socket_path()
         self.sender = rank_beats.BeatSender(beats_path) if beats_path else None
         self.child = _child_of_supervisor()
+        # Beats through the store need it from the start; beats to a supervisor do not.
+        self.link = StoreLink(self._connect)
+        if self.sender is not None and self.service is None:
+            self.link.start()
+        else:
+            self.link.make()
+
+    def _round_store(self) -> Any:
+        """The store view of the current round (waits for the link to the store)."""
+        if self._view is None or self._view[0] != self.round:
+            self._view = (self.round, self.link.rounds.round_store(self.link.get(), self.round))
+        return self._view[1]
 
     def _connect(self) -> Any:
         if self.cfg.store_factory:
@@ -113,7 +129,6 @@ class _Monitor:
         if round_ == self.round or round_ < 0:
             return
         self.round = round_
-        self.store = rstore.round_store(self.base, round_)
         self.soft_fired = False
         self.writer.update(round=round_, rank=int(info["rank"]) if info["rank"] >= 0 else None)
         ws, rank = int(info["world_size"]), int(info["rank"])
@@ -126,11 +141,14 @@ class _Monitor:
 
     # -- leaving the round on a rank's behalf ------------------------------------------
     def _leave(self, rank: int, world_size: int, record: FaultRecord) -> None:
-        if self.store is None:
+        if self.round < 0:
             log.error("rank %s left before its first round: nothing to register", rank)
             return
         log.info("leaving round %d on behalf of rank %s (%s)", self.round, rank, record.kind)
-        leave_on_behalf(self.store, self.base, self.writer.emit, rank, world_size, record)
+        announce_leave(self.writer.emit, rank, record)  # now, even while the link is made
+        self.link.rounds.proxy_leave(
+            self._round_store(), self.link.get(), rank, world_size, record
+        )
         initial = self.cfg.initial_rank if rank == self.rank else self._initial_rank_of(rank)
         if initial is None:
             log.warning(
@@ -140,7 +158,7 @@ class _Monitor:
             return
         # The rank is out of this generation: the store host need not wait for it at the end.
         nvrx_barrier.arrive(
-            self.base,
+            self.link.get(),
             self.termination_barrier,
             initial,
             self.cfg.initial_world_size,
@@ -150,8 +168,9 @@ class _Monitor:
     def _initial_rank_of(self, rank: int) -> int | None:
         """The initial rank of ``rank`` in this round, from the state it published at round start."""
         with contextlib.suppress(Exception):
-            if self.store.check([keys.rank_state(rank)]):
-                return int(json.loads(self.store.get(keys.rank_state(rank)))["initial_rank"])
+            store = self._round_store()
+            if store.check([keys.rank_state(rank)]):
+                return int(json.loads(store.get(keys.rank_state(rank)))["initial_rank"])
         return None
 
     def _keep_store(self) -> None:
@@ -161,7 +180,7 @@ class _Monitor:
         log.info("rank gone; keeping the store until the other ranks finish")
         try:
             nvrx_barrier.wait(
-                self.base,
+                self.link.get(),
                 self.termination_barrier,
                 self.cfg.initial_world_size,
                 self.cfg.keeper_timeout,
@@ -171,18 +190,19 @@ class _Monitor:
 
     # -- heartbeats --------------------------------------------------------------------
     def _heartbeat(self, now: float, info: dict[str, float]) -> None:
-        if self.store is None or now < self.next_hb:
+        if self.round < 0 or now < self.next_hb:
             return
         self.next_hb = now + self.cfg.heartbeat_interval
         rank = int(info["rank"])
         if self.sender is not None:
             self.sender.send(self._beat(rank, int(info["world_size"])))
             return
+        store = self._round_store()  # made before the monitor said it watches
         if rank >= 0:
-            self.store.add(keys.heartbeat(rank), 1)
+            store.add(keys.heartbeat(rank), 1)
         if self.peer is None:
             return
-        value = int(self.store.add(keys.heartbeat(self.peer), 0))
+        value = int(store.add(keys.heartbeat(self.peer), 0))
         if value != self.peer_value:  # a peer that never beats in the round is silent too
             self.peer_value, self.peer_changed = value, now
             return
@@ -209,7 +229,7 @@ class _Monitor:
         """The watched peer stopped beating: take it out, then watch the rank after it."""
         peer, silent_s = self.peer, now - self.peer_changed
         assert peer is not None
-        if peer not in rstore.terminated_ranks(self.store):
+        if peer not in self.link.rounds.terminated_ranks(self._round_store()):
             log.warning("rank %s sent no heartbeat for %.1f s: unresponsive", peer, silent_s)
             record = FaultRecord(
                 rank=peer, kind="unresponsive", message=f"no heartbeat for {silent_s:.1f} s"
@@ -241,9 +261,11 @@ class _Monitor:
         stack = self._stack()
         self.writer.emit("hang", timeout="soft", stack=stack, stale_s=stale)
         log.warning("rank %s made no progress for %.1f s: soft timeout", self.rank, stale)
-        if self.store is not None:
+        if self.round >= 0:
             message = f"no progress for {stale:.1f} s (soft timeout {self.cfg.soft_timeout:g} s)"
-            record_soft_hang(self.store, self.writer.emit, self.rank, message, stack)
+            self.link.recording.record_soft_hang(
+                self._round_store(), self.writer.emit, self.rank, message, stack
+            )
 
     def _hard_timeout(self, stale: float, info: dict[str, float], pidfd: int | None) -> None:
         cfg = self.cfg
@@ -256,8 +278,8 @@ class _Monitor:
             kind="hang_hard",
             message=f"no progress for {stale:.1f} s (hard timeout {cfg.hard_timeout:g} s)",
         )
-        if self.store is not None:
-            rstore.register_terminated(self.store, rank)
+        if self.round >= 0:
+            self.link.rounds.register_terminated(self._round_store(), rank)
         monitor_target.terminate(cfg.target_pid, pidfd, cfg.termination_grace_time)
         self._leave(rank, ws, record)
         self._keep_store()
@@ -271,8 +293,10 @@ class _Monitor:
             poller.register(pidfd, select.POLLIN)
         poller.register(sys.stdin.fileno(), select.POLLIN | select.POLLHUP)
         ready = {"ready": True, "pid": os.getpid(), "port": cfg.store_port}
-        sys.stdout.write(json.dumps(ready) + "\n")
-        sys.stdout.flush()
+        # A rank under a supervisor does not wait for this line: it may have died meanwhile,
+        # and the watch below then leaves the round on its behalf.
+        with contextlib.suppress(BrokenPipeError):
+            os.write(sys.stdout.fileno(), (json.dumps(ready) + "\n").encode())
         watched = False
         try:
             self._watch(pidfd, poller)
@@ -299,6 +323,8 @@ class _Monitor:
             info = self.board.read()
             if int(info["flags"]) & FLAG_SHUTDOWN:
                 return
+            if self.link.error is not None:  # made beside the watch, and failed: say so, end
+                self.link.get()
             self._sync_round(info)
             if any(fd == stdin for fd, _ in ready) and not os.read(stdin, 4096):
                 poller.unregister(stdin)  # the Wrapper closed it: it is shutting down or gone

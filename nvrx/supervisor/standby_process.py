@@ -27,8 +27,8 @@ from nvrx.jobenv import STANDBY_FD as FD_ENV
 from nvrx.jobenv import STANDBY_READY_FD as READY_FD_ENV
 
 #: Modules imported while waiting: what training imports first and slowest (the first
-#: optimizer imports ``torch._dynamo``; the Wrapper is ``nvrx.inprocess``).
-WARM_IMPORTS = ("torch", "torch.distributed", "torch._dynamo", "nvrx.inprocess")
+#: optimizer imports ``torch._dynamo``; the Wrapper is ``nvrx.inprocess.wrap``).
+WARM_IMPORTS = ("torch", "torch.distributed", "torch._dynamo", "nvrx.inprocess.wrap")
 #: How long the standby waits for the imports of the monitor process it started ahead
 #: before it says it is warm all the same.
 MONITOR_IMPORT_TIMEOUT_S = 300.0

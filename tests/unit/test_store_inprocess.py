@@ -142,7 +142,11 @@ def test_fault_events_keep_their_fields(base):
         "traceback",
     ]
     assert values[-1]["signature"] == "hang_soft" and values[-1]["traceback"] == "stack"
-    fr.leave_on_behalf(r1, base, emit, 1, 2, faults.FaultRecord(rank=1, kind="dead", message="x"))
+    from nvrx.inprocess.fault_events import announce_leave
+
+    dead = faults.FaultRecord(rank=1, kind="dead", message="x")
+    announce_leave(emit, 1, dead)  # the monitor's event, at once
+    rstore.proxy_leave(r1, base, 1, 2, dead)  # then the store's part
     assert events.pop() == (
         "fault",
         ["fault_kind", "origin_rank", "message", "signature", "detected_mono"],

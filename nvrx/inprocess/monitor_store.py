@@ -1,0 +1,85 @@
+"""The monitor process's link to the store, made beside its watch where nothing needs it yet.
+
+The store client and the modules that act on the store (``nvrx.inprocess.store``,
+``fault_recording``) import torch: seconds on a busy node. A monitor whose rank
+beats to its node's supervisor needs the store only once a fault happens, so it
+makes the link in a thread of its own (``start``) and watches meanwhile: what
+needs the store waits for the link (``get``). Without a supervisor the monitor
+beats through the store, and makes the link before it says it watches (``make``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class StoreUnavailable(RuntimeError):
+    """The link to the store could not be made (the error it met is the cause)."""
+
+
+class StoreLink:
+    """One connection to the store, made once by ``make`` or ``start``; ``get`` waits for it."""
+
+    def __init__(self, connect: Callable[[], Any]) -> None:
+        self._connect = connect
+        self._done = threading.Event()
+        self._store: Any = None
+        self._rounds: ModuleType | None = None
+        self._recording: ModuleType | None = None
+        self.error: BaseException | None = None  # what making the link met, once it failed
+
+    def make(self) -> StoreLink:
+        """Make the link here; raises what that met."""
+        self._make()
+        if self.error is not None:
+            raise self.error
+        return self
+
+    def start(self) -> StoreLink:
+        """Make the link in a thread of its own."""
+        threading.Thread(target=self._make, name="store-link", daemon=True).start()
+        return self
+
+    def _make(self) -> None:
+        try:
+            from . import fault_recording, store  # torch
+
+            self._rounds, self._recording = store, fault_recording
+            self._store = self._connect()
+        except BaseException as exc:  # kept for ``get`` and the watch loop
+            log.error("no link to the store: %r", exc)
+            self.error = exc
+        finally:
+            self._done.set()
+
+    @property
+    def made(self) -> bool:
+        """Whether the link is there now (``get`` would not wait)."""
+        return self._done.is_set() and self.error is None
+
+    def get(self) -> Any:
+        """The store client, once the link is made; ``StoreUnavailable`` when it failed."""
+        self._done.wait()
+        if self.error is not None:
+            raise StoreUnavailable(f"no link to the store: {self.error!r}") from self.error
+        return self._store
+
+    @property
+    def rounds(self) -> ModuleType:
+        """``nvrx.inprocess.store``, the round protocol on the store, once the link is made."""
+        self.get()
+        assert self._rounds is not None
+        return self._rounds
+
+    @property
+    def recording(self) -> ModuleType:
+        """``nvrx.inprocess.fault_recording``, once the link is made."""
+        self.get()
+        assert self._recording is not None
+        return self._recording
