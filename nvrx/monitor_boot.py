@@ -1,13 +1,13 @@
 """The first steps of a Wrapper's monitor process, before it imports torch.
 
-The monitor program (``nvrx.inprocess.monitor_main``) makes its link to the
-store before it watches when it has no supervisor, and that link imports
-torch: seconds on a busy node. A monitor that hosts the job's store (the
-Wrapper without a supervisor, ``tcp_store_host_rank``) launches the store
-service before that, so that the service imports torch beside it instead of
-after it. This module imports neither torch nor ``nvrx.inprocess``; both
-entry points of the program are here, so that a monitor process is told by
-this module's name in its command line (``PROGRAM``).
+The monitor program (``nvrx.inprocess.monitor_main``) imports no torch; its
+link to the store does (``nvrx.inprocess.monitor_store``): seconds on a busy
+node. A monitor that hosts the job's store (the Wrapper without a supervisor,
+``tcp_store_host_rank``) launches the store service first, and then imports
+torch while the service imports it too, rather than after it. This module
+imports neither torch nor ``nvrx.inprocess``; both entry points of the program
+are here, so that a monitor process is told by this module's name in its
+command line (``PROGRAM``).
 """
 
 from __future__ import annotations
@@ -42,9 +42,13 @@ def main() -> NoReturn:
 
 
 def main_prestarted() -> NoReturn:
-    """Entry point of a program started ahead of its rank: its imports first, then the rest."""
+    """Entry point of a program started ahead of its rank: its imports first (torch's too, for
+    its link to the store), then the rest."""
     processes.ignore_warning_signal()
+    from nvrx.inprocess import monitor_store
     from nvrx.inprocess.monitor_main import main as watch
+
+    monitor_store.preload()
 
     sys.stdout.write(IMPORTED_LINE)
     sys.stdout.flush()

@@ -57,7 +57,9 @@ __all__ = [
 def __getattr__(name: str) -> object:
     """A public name, or any submodule, imported when first asked for."""
     if name in _NAMES:
-        return getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
+        value = getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
+        globals()[name] = value  # asked for once
+        return value
     if not name.startswith("__"):
         try:
             return importlib.import_module(f"{__name__}.{name}")
@@ -68,4 +70,4 @@ def __getattr__(name: str) -> object:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(__all__)

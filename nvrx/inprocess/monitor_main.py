@@ -17,10 +17,11 @@ which calls ``main``), one per rank, it reads the rank's ``ProgressBoard`` and a
   which watches the node's ranks and talks to the store for all of them
   (``nvrx.rank_beats``): no heartbeat reaches the store from a rank.
 
-The program imports no torch itself: its store client does (``monitor_store``).
-Under a supervisor it says it watches at once and makes that link meanwhile; a
-fault's event is written when the fault is seen, its store record once the link
-is there. A link that fails ends the program.
+The program imports no torch itself; its link to the store does (``monitor_store``).
+Under a supervisor, unless it hosts the store, it says it watches at once and makes
+the link meanwhile: a ``hang`` event and a dead rank's ``fault`` event are written
+when seen; store records (and a hard hang's termination) wait for the link, beating
+meanwhile. A link that fails ends the program, with a ``process_end`` event.
 
 When the rank's monitor hosts the store (standalone, ``tcp_store_host_rank``)
 the store service is its child and serves until every rank passed the
@@ -42,16 +43,15 @@ import sys
 import time
 from typing import Any
 
-from nvrx import events, jobenv, processes, rank_beats
+from nvrx import events, processes, rank_beats
 from nvrx.store import barrier as nvrx_barrier
 from nvrx.store import client, keys
 from nvrx.store.faults import FaultRecord
 
-from . import monitor_target
+from . import monitor_store, monitor_target
 from .fault_events import announce_leave
 from .logging import setup_monitor_logging
 from .monitor_process import STACK_SIGNAL, MonitorConfig
-from .monitor_store import StoreLink
 from .progress_watchdog import FLAG_SHUTDOWN, FLAG_TIMEOUTS_OFF, FLAG_USER, ProgressBoard
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,12 @@ class _Monitor:
         self.service: Any = None
         if isinstance(early, BaseException):
             raise early  # launching the store it hosts failed
+        beats_path = rank_beats.socket_path()
+        self.sender = rank_beats.BeatSender(beats_path) if beats_path else None
+        # Beats through the store, or a store to host, need the link before the watch.
+        beside = self.sender is not None and not cfg.host_store
+        if not beside:  # torch now: beside the import of a store service launched by the boot
+            monitor_store.preload()
         if early is not None:
             self.service = early.wait_started()
         elif cfg.host_store:
@@ -79,30 +85,23 @@ class _Monitor:
         if self.service is not None:
             cfg.store_port = self.service.port
         self.board = ProgressBoard(cfg.board_path)
-        self.writer = events.EventWriter(
-            cfg.events_dir or events.job_log_dir(),
-            "monitor",
-            cfg.events_context or events.context_from_env(),
-        )
+        context = cfg.events_context or events.context_from_env()
+        self.writer = events.EventWriter(cfg.events_dir or events.job_log_dir(), "monitor", context)
         self.round = -1
+        self.place = (-1, 0)
         self._view: tuple[int, Any] | None = None  # (round, the store view of that round)
         self.soft_fired = False
         self.next_hb = 0.0
         self.peer: int | None = None
         self.peer_value: int | None = None
         self.peer_changed = 0.0
-        beats_path = rank_beats.socket_path()
-        self.sender = rank_beats.BeatSender(beats_path) if beats_path else None
-        self.child = _child_of_supervisor()
-        # Beats through the store need it from the start; beats to a supervisor do not.
-        self.link = StoreLink(self._connect)
-        if self.sender is not None and self.service is None:
-            self.link.start()
-        else:
-            self.link.make()
+        self.child = rank_beats.child_of_supervisor()
+        self.link = monitor_store.StoreLink(self._connect)
+        (self.link.start if beside else self.link.make)()
 
     def _round_store(self) -> Any:
-        """The store view of the current round (waits for the link to the store)."""
+        """The store view of the current round; waits for the link to the store, beating."""
+        self.link.wait(self._beat_now, self.cfg.heartbeat_interval)
         if self._view is None or self._view[0] != self.round:
             self._view = (self.round, self.link.rounds.round_store(self.link.get(), self.round))
         return self._view[1]
@@ -111,9 +110,8 @@ class _Monitor:
         if self.cfg.store_factory:
             factory, kwargs = pickle.loads(base64.b64decode(self.cfg.store_factory))
             return factory(**kwargs)
-        return client.connect(
-            self.cfg.store_host or "127.0.0.1", int(self.cfg.store_port or 0), timeout=60
-        )
+        host, port = self.cfg.store_host or "127.0.0.1", int(self.cfg.store_port or 0)
+        return client.connect(host, port, timeout=60)
 
     # -- what the board says ---------------------------------------------------------
     @property
@@ -132,6 +130,7 @@ class _Monitor:
         self.soft_fired = False
         self.writer.update(round=round_, rank=int(info["rank"]) if info["rank"] >= 0 else None)
         ws, rank = int(info["world_size"]), int(info["rank"])
+        self.place = (rank, ws)  # this rank in the round, for beats outside the watch loop
         self.peer = (rank + 1) % ws if ws > 1 and rank >= 0 else None
         self.peer_value = None
         self.peer_changed = time.monotonic()
@@ -146,9 +145,8 @@ class _Monitor:
             return
         log.info("leaving round %d on behalf of rank %s (%s)", self.round, rank, record.kind)
         announce_leave(self.writer.emit, rank, record)  # now, even while the link is made
-        self.link.rounds.proxy_leave(
-            self._round_store(), self.link.get(), rank, world_size, record
-        )
+        store = self._round_store()
+        self.link.rounds.proxy_leave(store, self.link.get(), rank, world_size, record)
         initial = self.cfg.initial_rank if rank == self.rank else self._initial_rank_of(rank)
         if initial is None:
             log.warning(
@@ -209,6 +207,11 @@ class _Monitor:
         if now - self.peer_changed > self.cfg.heartbeat_timeout:
             self._peer_silent(now, rank, int(info["world_size"]))
 
+    def _beat_now(self) -> None:
+        """A beat to the supervisor outside the watch loop (while a fault waits for the link)."""
+        if self.sender is not None:
+            self.sender.send(self._beat(*self.place))
+
     def _beat(self, rank: int, world_size: int, bye: bool = False) -> rank_beats.Beat:
         cfg = self.cfg
         return rank_beats.Beat(
@@ -229,7 +232,8 @@ class _Monitor:
         """The watched peer stopped beating: take it out, then watch the rank after it."""
         peer, silent_s = self.peer, now - self.peer_changed
         assert peer is not None
-        if peer not in self.link.rounds.terminated_ranks(self._round_store()):
+        store = self._round_store()
+        if peer not in self.link.rounds.terminated_ranks(store):
             log.warning("rank %s sent no heartbeat for %.1f s: unresponsive", peer, silent_s)
             record = FaultRecord(
                 rank=peer, kind="unresponsive", message=f"no heartbeat for {silent_s:.1f} s"
@@ -263,9 +267,8 @@ class _Monitor:
         log.warning("rank %s made no progress for %.1f s: soft timeout", self.rank, stale)
         if self.round >= 0:
             message = f"no progress for {stale:.1f} s (soft timeout {self.cfg.soft_timeout:g} s)"
-            self.link.recording.record_soft_hang(
-                self._round_store(), self.writer.emit, self.rank, message, stack
-            )
+            store = self._round_store()
+            self.link.recording.record_soft_hang(store, self.writer.emit, self.rank, message, stack)
 
     def _hard_timeout(self, stale: float, info: dict[str, float], pidfd: int | None) -> None:
         cfg = self.cfg
@@ -278,9 +281,12 @@ class _Monitor:
             kind="hang_hard",
             message=f"no progress for {stale:.1f} s (hard timeout {cfg.hard_timeout:g} s)",
         )
-        if self.round >= 0:
-            self.link.rounds.register_terminated(self._round_store(), rank)
-        monitor_target.terminate(cfg.target_pid, pidfd, cfg.termination_grace_time)
+        try:
+            if self.round >= 0:
+                store = self._round_store()
+                self.link.rounds.register_terminated(store, rank)
+        finally:  # a rank that hangs is ended, store or not
+            monitor_target.terminate(cfg.target_pid, pidfd, cfg.termination_grace_time)
         self._leave(rank, ws, record)
         self._keep_store()
 
@@ -293,8 +299,8 @@ class _Monitor:
             poller.register(pidfd, select.POLLIN)
         poller.register(sys.stdin.fileno(), select.POLLIN | select.POLLHUP)
         ready = {"ready": True, "pid": os.getpid(), "port": cfg.store_port}
-        # A rank under a supervisor does not wait for this line: it may have died meanwhile,
-        # and the watch below then leaves the round on its behalf.
+        # The rank may have died since it started this program: the watch then leaves the
+        # round on its behalf.
         with contextlib.suppress(BrokenPipeError):
             os.write(sys.stdout.fileno(), (json.dumps(ready) + "\n").encode())
         watched = False
@@ -308,9 +314,7 @@ class _Monitor:
                 self.sender.close()  # a failed monitor says nothing: its rank is unwatched
             if self.service is not None:
                 self.service.stop()
-            if not monitor_target.alive(
-                cfg.target_pid
-            ):  # the rank cannot remove its board any more
+            if not monitor_target.alive(cfg.target_pid):  # it cannot remove its board any more
                 with contextlib.suppress(OSError):
                     os.unlink(cfg.board_path)
         return 0
@@ -323,8 +327,6 @@ class _Monitor:
             info = self.board.read()
             if int(info["flags"]) & FLAG_SHUTDOWN:
                 return
-            if self.link.error is not None:  # made beside the watch, and failed: say so, end
-                self.link.get()
             self._sync_round(info)
             if any(fd == stdin for fd, _ in ready) and not os.read(stdin, 4096):
                 poller.unregister(stdin)  # the Wrapper closed it: it is shutting down or gone
@@ -334,6 +336,8 @@ class _Monitor:
                 return
             now = time.monotonic()
             self._heartbeat(now, info)
+            if self.link.error is not None:  # made beside the watch, and failed: end, said
+                self.link.get()  # after a beat: the supervisor then finds this one silent
             if self._check_progress(now, info, pidfd):
                 return
 
@@ -347,15 +351,6 @@ class _Monitor:
         )
         self._leave(int(info["rank"]), int(info["world_size"]), record)
         self._keep_store()
-
-
-def _child_of_supervisor() -> tuple[int, int]:
-    """(local rank, restart count) of the supervisor's child this rank runs in; -1, 0 unknown."""
-    try:
-        return jobenv.int_from(None, "LOCAL_RANK", -1), jobenv.int_from(None, jobenv.RESTART_COUNT, 0)
-    except ValueError as exc:
-        log.warning("%s: the supervisor cannot tell which child beats", exc)
-        return -1, 0
 
 
 def main(line: bytes | None = None, early: Any = None) -> int:
@@ -389,10 +384,14 @@ def _configure_and_watch(line: bytes | None, early: Any) -> int:
 
         faulthandler.enable(open(cfg.logfile, "a"))  # noqa: SIM115 - kept open for fatal errors
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    monitor = None
     try:
-        return _Monitor(cfg, early).run()
-    except BaseException:
+        monitor = _Monitor(cfg, early)
+        return monitor.run()
+    except BaseException as exc:
         log.exception("monitor process failed")
+        if monitor is not None:  # an event, whatever the log level: the rank is unwatched now
+            monitor.writer.emit("process_end", exit_code=1, reason=f"monitor failed: {exc!r}")
         return 1
 
 

@@ -4,30 +4,42 @@ The store client and the modules that act on the store (``nvrx.inprocess.store``
 ``fault_recording``) import torch: seconds on a busy node. A monitor whose rank
 beats to its node's supervisor needs the store only once a fault happens, so it
 makes the link in a thread of its own (``start``) and watches meanwhile: what
-needs the store waits for the link (``get``). Without a supervisor the monitor
-beats through the store, and makes the link before it says it watches (``make``).
+needs the store waits for the link (``wait``, while the monitor keeps beating).
+Without a supervisor the monitor beats through the store, and makes the link
+before it says it watches (``make``).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 log = logging.getLogger(__name__)
 
+#: Longest wait for a link made beside the watch (torch's import, then the connection).
+LINK_WAIT_S = 180.0
+
 
 class StoreUnavailable(RuntimeError):
     """The link to the store could not be made (the error it met is the cause)."""
 
 
+def preload() -> None:
+    """Import the modules that act on the store (and torch): ahead of a wait they can overlap
+    (the store service the monitor hosts starting; a standby's monitor started ahead)."""
+    from . import fault_recording, store  # noqa: F401
+
+
 class StoreLink:
     """One connection to the store, made once by ``make`` or ``start``; ``get`` waits for it."""
 
-    def __init__(self, connect: Callable[[], Any]) -> None:
+    def __init__(self, connect: Callable[[], Any], wait_s: float = LINK_WAIT_S) -> None:
         self._connect = connect
+        self.wait_s = wait_s
         self._done = threading.Event()
         self._store: Any = None
         self._rounds: ModuleType | None = None
@@ -42,18 +54,19 @@ class StoreLink:
         return self
 
     def start(self) -> StoreLink:
-        """Make the link in a thread of its own."""
-        threading.Thread(target=self._make, name="store-link", daemon=True).start()
+        """Make the link in a thread of its own (a failure is logged, and kept in ``error``)."""
+        threading.Thread(target=self._make, args=(True,), name="store-link", daemon=True).start()
         return self
 
-    def _make(self) -> None:
+    def _make(self, beside: bool = False) -> None:
         try:
             from . import fault_recording, store  # torch
 
             self._rounds, self._recording = store, fault_recording
             self._store = self._connect()
         except BaseException as exc:  # kept for ``get`` and the watch loop
-            log.error("no link to the store: %r", exc)
+            if beside:  # no caller to raise it to
+                log.error("no link to the store: %r", exc)
             self.error = exc
         finally:
             self._done.set()
@@ -62,6 +75,16 @@ class StoreLink:
     def made(self) -> bool:
         """Whether the link is there now (``get`` would not wait)."""
         return self._done.is_set() and self.error is None
+
+    def wait(self, meanwhile: Callable[[], None], every_s: float) -> None:
+        """Wait for the link, calling ``meanwhile`` every ``every_s`` until it is there;
+        ``StoreUnavailable`` when it failed or took longer than ``wait_s``."""
+        deadline = time.monotonic() + self.wait_s
+        while not self._done.wait(every_s):
+            if time.monotonic() > deadline:
+                raise StoreUnavailable(f"no link to the store within {self.wait_s:g} s")
+            meanwhile()
+        self.get()
 
     def get(self) -> Any:
         """The store client, once the link is made; ``StoreUnavailable`` when it failed."""

@@ -121,6 +121,18 @@ class RankServices:
             with open(path, "w") as fh:  # type: ignore[arg-type]
                 fh.write(f"{self.monitor.pid}\n")
 
+    def check_monitor(self) -> None:
+        """Raise ``RuntimeError`` when the monitor process ended while this rank runs: nothing
+        watches it any more (a monitor whose link to the store failed ends so)."""
+        proc = None if self.monitor is None else self.monitor.proc
+        if self.monitor is not None and proc is not None and proc.poll() is not None:
+            logfile = self.monitor.config.logfile
+            see = f"its log {logfile}" if logfile else "its process_end event"
+            raise RuntimeError(
+                f"monitor process {proc.pid} exited with {proc.returncode}: this rank is not "
+                f"watched (see {see})"
+            )
+
     def _connect_store(self) -> None:
         w = self.wrapper
         if self.store_address is not None and not self.host_store:

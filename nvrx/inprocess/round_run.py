@@ -98,6 +98,7 @@ class RoundRun:
         """Run the round on this rank; how it ended."""
         call = self.call
         try:
+            call.services.check_monitor()  # a rank nothing watches leaves the job
             value = self._user_code(fn, args, kwargs)
             self._complete()
             self.monitor.join(call.wrapper.monitor_thread_interval + 5)

@@ -10,7 +10,9 @@ exists, so "torch not imported yet" is a state the test controls rather than a r
   the fault's store record follows once the gate opens, and the job restarts in-process;
 * a rank's death is seen and its ``fault`` event (``dead``) written at once; the store
   part (the rank leaves its round) follows once the gate opens, and its replacement
-  rejoins.
+  rejoins;
+* a monitor whose link cannot be made (its ``import torch`` fails) ends with a
+  ``process_end`` event, and its rank, unwatched, leaves the job at its next round.
 """
 
 from __future__ import annotations
@@ -35,6 +37,12 @@ SITECUSTOMIZE = textwrap.dedent(
     class _HoldTorch:
         def find_spec(self, name, path=None, target=None):
             if name == "torch":
+                if os.environ.get("TEST_NO_TORCH_LOCAL_RANK") == os.environ["LOCAL_RANK"]:
+                    # refused once its rank is in round 0: the rank finds out at round 1
+                    seen = os.path.join(os.environ["OUT_DIR"], f"seen-{os.environ['RANK']}-0.json")
+                    while not os.path.exists(seen):
+                        time.sleep(0.02)
+                    raise ImportError("torch withheld from this monitor by the test")
                 while not os.path.exists(os.environ["TEST_MONITOR_GATE"]):
                     time.sleep(0.02)
             return None  # the usual finders import it
@@ -62,6 +70,7 @@ TRAIN = textwrap.dedent(
 
     out, gate = Path(os.environ["OUT_DIR"]), Path(os.environ["TEST_MONITOR_GATE"])
     kill = os.environ.get("TEST_MODE") == "kill"
+    no_torch = os.environ.get("TEST_NO_TORCH_LOCAL_RANK")
     first_process = os.environ.get("NVRX_RESTART_COUNT", "0") == "0"
 
     @inprocess.Wrapper(
@@ -80,6 +89,10 @@ TRAIN = textwrap.dedent(
             return
         if kill and os.environ["LOCAL_RANK"] == "1" and first_process:
             os.kill(os.getpid(), 9)
+        if no_torch is not None and os.environ["LOCAL_RANK"] == no_torch:  # its monitor ends
+            while call_wrapper.monitor_process.proc.poll() is None:
+                time.sleep(0.02)
+            raise RuntimeError("injected once this rank's monitor ended")  # round 1 next
         time.sleep(300)  # only a monitor can end this round
 
     train()
@@ -87,7 +100,7 @@ TRAIN = textwrap.dedent(
 )
 
 
-def _job(tmp_path: Path, mode: str, max_restarts: int) -> tuple[Job, Path]:
+def _job(tmp_path: Path, mode: str, max_restarts: int, **variables: str) -> tuple[Job, Path]:
     site, out = tmp_path / "site", tmp_path / "out"
     site.mkdir()
     out.mkdir()
@@ -101,6 +114,7 @@ def _job(tmp_path: Path, mode: str, max_restarts: int) -> tuple[Job, Path]:
         "TEST_MONITOR_GATE": str(tmp_path / "gate"),
         # absolute: the job runs in tmp_path, where a relative entry would name nothing
         "PYTHONPATH": os.pathsep.join([str(site), *map(os.path.abspath, filter(None, inherited))]),
+        **variables,
     }
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
@@ -169,3 +183,17 @@ def test_a_death_is_told_at_once_and_left_on_its_behalf_once_torch_is_there(tmp_
     assert _seen(out, 0, 1)["pid"] == _seen(out, 0, 0)["pid"]  # rank 0 restarted in-process
     assert _seen(out, 1, 1)["pid"] != pid  # rank 1's replacement rejoined
     assert len(dead()) == 1
+
+
+def test_a_monitor_without_a_link_ends_and_its_rank_leaves_at_the_next_round(tmp_path):
+    (tmp_path / "gate").touch()  # rank 0's monitor imports torch at once
+    job, out = _job(tmp_path, "hang", max_restarts=0, TEST_NO_TORCH_LOCAL_RANK="1")
+    codes = job.wait(150)
+    output = job.output()
+    assert codes != [0], output
+    assert "exited with 1: this rank is not watched" in output, output
+    assert (out / "seen-1-0.json").exists() and not (out / "seen-1-1.json").exists(), output
+    ends = [e for e in _monitor_events(job, "process_end") if e["rank"] == 1]
+    assert [e["exit_code"] for e in ends] == [1], output
+    assert "no link to the store" in ends[0]["reason"]
+    assert "torch withheld" in ends[0]["reason"]

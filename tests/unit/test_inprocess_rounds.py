@@ -91,7 +91,7 @@ class FakeCall:
             mode=Mode.ACTIVE,
         )
         board = SimpleNamespace(enter_user=lambda: None, leave_user=lambda: None)
-        self.services = SimpleNamespace(base_store=base, board=board)
+        self.services = SimpleNamespace(base_store=base, board=board, check_monitor=lambda: None)
         self.delivery = FakeDelivery()
         self.round = self.generation = 0
         self.store = rstore.round_store(base, 0)
@@ -173,6 +173,19 @@ def test_a_failed_round_end_event_takes_the_leave_path(base):
     call.fail_on = "round_end"
     outcome = _run(call).run(lambda: 5, (), {})
     assert isinstance(outcome, Leave) and isinstance(outcome.exc, OSError)
+
+
+def test_a_rank_whose_monitor_process_ended_leaves_before_its_function(base):
+    call = FakeCall(base)
+    ran = []
+
+    def ended():
+        raise RuntimeError("monitor process 7 exited with 1: this rank is not watched")
+
+    call.services.check_monitor = ended
+    outcome = _run(call).run(lambda: ran.append(1), (), {})
+    assert isinstance(outcome, Leave) and "not watched" in str(outcome.exc)
+    assert ran == [] and not outcome.recorded
 
 
 def test_a_failed_monitor_join_takes_the_leave_path(base):

@@ -9,17 +9,23 @@ import dataclasses
 import json
 import os
 import pickle
+import select
+import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
 from nvrx import jobenv
+from nvrx.events import read_dir
 from nvrx.inprocess import fault_recording, monitor_store
 from nvrx.inprocess import store as rstore
-from nvrx.inprocess.monitor_process import ENTRY_POINT, MonitorConfig
+from nvrx.inprocess.monitor_process import ENTRY_POINT, PRESTART_ENTRY_POINT, MonitorConfig
 from nvrx.inprocess.progress_watchdog import ProgressBoard
+from nvrx.rank_beats import BeatSocket
+from tests.support.waiting import wait_until
 
 
 def _imports_torch(code: str) -> bool:
@@ -76,6 +82,30 @@ def test_a_link_made_beside_is_waited_for(base):
     assert got == [base] and link.made
 
 
+def test_waiting_for_a_link_made_beside_does_something_meanwhile(base):
+    go = threading.Event()
+    link = monitor_store.StoreLink(lambda: go.wait(30) and base).start()
+    beats: list[int] = []
+
+    def beat():
+        beats.append(1)
+        if len(beats) == 3:
+            go.set()
+
+    link.wait(beat, 0.05)
+    assert len(beats) >= 3 and link.get() is base
+
+
+def test_waiting_for_a_link_gives_up_after_its_bound():
+    stuck = threading.Event()
+    link = monitor_store.StoreLink(lambda: stuck.wait(30), wait_s=0.3).start()
+    try:
+        with pytest.raises(monitor_store.StoreUnavailable, match="within 0.3 s"):
+            link.wait(lambda: None, 0.05)
+    finally:
+        stuck.set()
+
+
 def test_a_failed_link_raises_here_or_at_every_get(caplog):
     def connect():
         raise ConnectionRefusedError("store at 127.0.0.1:1 refused")
@@ -129,3 +159,122 @@ def test_a_supervised_monitor_says_it_watches_first_and_ends_when_its_link_fails
     assert json.loads(done.stdout.splitlines()[0])["ready"] is True
     log = (tmp_path / "monitor.log").read_text()
     assert "no link to the store" in log and "monitor process failed" in log
+    found, _ = read_dir(tmp_path / "events")
+    ends = [e for e in found if e["kind"] == "process_end"]
+    assert [(e["component"], e["exit_code"]) for e in ends] == [("monitor", 1)]
+    assert "no link to the store" in ends[0]["reason"] and "TypeError" in ends[0]["reason"]
+
+
+# Run in the monitor program: exits 0 when ``import torch`` begins before the program waits
+# for the store service it launched (the two imports overlap), 3 when it begins after.
+SPY_ON_TORCH_AND_THE_SERVICE = """
+import builtins, os
+from nvrx.store import service
+waited = []
+real_wait = service.StoreService.wait_started
+
+def wait_started(self, *args, **kwargs):
+    waited.append(1)
+    return real_wait(self, *args, **kwargs)
+
+service.StoreService.wait_started = wait_started
+real_import = builtins.__import__
+
+def spy(name, *args, **kwargs):
+    if name == "torch" or name.startswith("torch."):
+        os._exit(3 if waited else 0)
+    return real_import(name, *args, **kwargs)
+
+builtins.__import__ = spy
+"""
+
+
+def test_a_monitor_that_hosts_the_store_imports_torch_while_the_service_does(tmp_path):
+    cfg = dataclasses.asdict(
+        MonitorConfig(
+            target_pid=os.getpid(), board_path=str(tmp_path / "none"), initial_rank=0,
+            monitor_process_interval=1.0, heartbeat_interval=1.0, heartbeat_timeout=3.0,
+            soft_timeout=5.0, hard_timeout=10.0, termination_grace_time=1.0, logfile=None,
+            host_store=True, store_host="127.0.0.1",
+        )  # fmt: skip
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", SPY_ON_TORCH_AND_THE_SERVICE + ENTRY_POINT],
+        input=(json.dumps(cfg) + "\n").encode(),
+        check=False,
+        timeout=120,
+    )  # the launched service exits with its parent (its death signal)
+    assert done.returncode == 0
+
+
+def test_a_monitor_started_ahead_has_imported_torch_when_it_says_so():
+    """A warm standby's monitor: its link's imports are done before ``{"imported": true}``."""
+    spy = (
+        "import os, sys\n"
+        "real_write = sys.stdout.write\n"
+        "def write(text):\n"
+        "    if 'imported' in text:\n"
+        "        os._exit(5 if 'torch' in sys.modules else 3)\n"
+        "    return real_write(text)\n"
+        "sys.stdout.write = write\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", spy + PRESTART_ENTRY_POINT],
+        stdin=subprocess.DEVNULL,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 5  # 3: said too early; 0: never said it (the spy saw nothing)
+
+
+def test_a_monitor_waiting_for_its_link_keeps_beating_to_its_supervisor(tmp_path):
+    """A soft hang found while the link is still being made (a store factory that takes 20 s):
+    the fault waits for the link, and the beats go on meanwhile, so that the supervisor does
+    not take the waiting monitor's rank for a silent one."""
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    board = ProgressBoard()
+    beats = BeatSocket(str(tmp_path / "beats.sock"))
+    monitor = None
+    try:
+        board.set_round(0, 0, 1, 0)
+        board.enter_user()  # and no progress from now on: a soft hang after 0.5 s
+        cfg = MonitorConfig(
+            target_pid=rank.pid, board_path=board.path, initial_rank=0,
+            monitor_process_interval=0.1, heartbeat_interval=0.2, heartbeat_timeout=30.0,
+            soft_timeout=0.5, hard_timeout=60.0, termination_grace_time=1.0, logfile=None,
+            store_factory=base64.b64encode(
+                pickle.dumps((subprocess.run, {"args": ["sleep", "20"]}))
+            ).decode(),
+            events_dir=str(tmp_path / "events"),
+        )  # fmt: skip
+        env = dict(os.environ, **{jobenv.RANK_BEATS: beats.path})
+        monitor = subprocess.Popen(
+            [sys.executable, "-c", ENTRY_POINT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            env=env, start_new_session=True,  # with the factory's ``sleep``: one group to kill
+        )  # fmt: skip
+        monitor.stdin.write((json.dumps(dataclasses.asdict(cfg)) + "\n").encode())
+        monitor.stdin.flush()
+
+        def hang_seen() -> bool:
+            found, _ = read_dir(tmp_path / "events")
+            return any(e["kind"] == "hang" for e in found)
+
+        wait_until("the soft hang's event", hang_seen, 60)
+        beats.receive()  # those of the watch loop so far
+        got: list = []
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:  # the loop waits for the link all this time
+            select.select([beats], [], [], 0.1)
+            got += beats.receive()
+        assert len(got) >= 4, got  # one every 0.2 s
+        assert {(b.rank, b.round, b.bye) for b in got} == {(0, 0, False)}
+        found, _ = read_dir(tmp_path / "events")
+        assert not [e for e in found if e["kind"] == "fault"]  # its record waits for the link
+    finally:
+        if monitor is not None:
+            os.killpg(monitor.pid, signal.SIGKILL)
+            monitor.wait()
+        rank.kill()
+        rank.wait()
+        beats.close()
+        board.close()
