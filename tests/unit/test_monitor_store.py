@@ -28,6 +28,21 @@ from nvrx.rank_beats import BeatSocket
 from tests.support.waiting import wait_until
 
 
+def _config(target_pid: int, board_path: str, **fields) -> MonitorConfig:
+    """A monitor's configuration with this file's defaults, ``fields`` over them."""
+    defaults = dict(
+        initial_rank=0, monitor_process_interval=0.1, heartbeat_interval=0.5,
+        heartbeat_timeout=30.0, soft_timeout=30.0, hard_timeout=60.0,
+        termination_grace_time=1.0, logfile=None,
+    )  # fmt: skip
+    return MonitorConfig(target_pid=target_pid, board_path=board_path, **{**defaults, **fields})
+
+
+def _factory(factory, **kwargs) -> str:
+    """A ``store_factory`` as the Wrapper sends it: ``(factory, kwargs)``, pickled, base64."""
+    return base64.b64encode(pickle.dumps((factory, kwargs))).decode()
+
+
 def _imports_torch(code: str) -> bool:
     check = f"{code}\nimport sys\nsys.exit(3 if 'torch' in sys.modules else 0)"
     done = subprocess.run([sys.executable, "-c", check], check=False, timeout=120)
@@ -128,18 +143,11 @@ def test_a_supervised_monitor_says_it_watches_first_and_ends_when_its_link_fails
     rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     board = ProgressBoard()
     try:
-        cfg = MonitorConfig(
-            target_pid=rank.pid,
-            board_path=board.path,
-            initial_rank=0,
-            monitor_process_interval=0.1,
-            heartbeat_interval=0.5,
-            heartbeat_timeout=30.0,
-            soft_timeout=30.0,
-            hard_timeout=60.0,
-            termination_grace_time=1.0,
+        cfg = _config(
+            rank.pid,
+            board.path,
             logfile=str(tmp_path / "monitor.log"),
-            store_factory=base64.b64encode(pickle.dumps((int, {"x": "bad"}))).decode(),
+            store_factory=_factory(int, x="bad"),  # raises TypeError when called
             events_dir=str(tmp_path / "events"),
         )
         env = dict(os.environ, **{jobenv.RANK_BEATS: str(tmp_path / "beats.sock")})
@@ -191,12 +199,7 @@ builtins.__import__ = spy
 
 def test_a_monitor_that_hosts_the_store_imports_torch_while_the_service_does(tmp_path):
     cfg = dataclasses.asdict(
-        MonitorConfig(
-            target_pid=os.getpid(), board_path=str(tmp_path / "none"), initial_rank=0,
-            monitor_process_interval=1.0, heartbeat_interval=1.0, heartbeat_timeout=3.0,
-            soft_timeout=5.0, hard_timeout=10.0, termination_grace_time=1.0, logfile=None,
-            host_store=True, store_host="127.0.0.1",
-        )  # fmt: skip
+        _config(os.getpid(), str(tmp_path / "none"), host_store=True, store_host="127.0.0.1")
     )
     done = subprocess.run(
         [sys.executable, "-c", SPY_ON_TORCH_AND_THE_SERVICE + ENTRY_POINT],
@@ -238,15 +241,14 @@ def test_a_monitor_waiting_for_its_link_keeps_beating_to_its_supervisor(tmp_path
     try:
         board.set_round(0, 0, 1, 0)
         board.enter_user()  # and no progress from now on: a soft hang after 0.5 s
-        cfg = MonitorConfig(
-            target_pid=rank.pid, board_path=board.path, initial_rank=0,
-            monitor_process_interval=0.1, heartbeat_interval=0.2, heartbeat_timeout=30.0,
-            soft_timeout=0.5, hard_timeout=60.0, termination_grace_time=1.0, logfile=None,
-            store_factory=base64.b64encode(
-                pickle.dumps((subprocess.run, {"args": ["sleep", "20"]}))
-            ).decode(),
+        cfg = _config(
+            rank.pid,
+            board.path,
+            heartbeat_interval=0.2,
+            soft_timeout=0.5,
+            store_factory=_factory(subprocess.run, args=["sleep", "20"]),  # a link held 20 s
             events_dir=str(tmp_path / "events"),
-        )  # fmt: skip
+        )
         env = dict(os.environ, **{jobenv.RANK_BEATS: beats.path})
         monitor = subprocess.Popen(
             [sys.executable, "-c", ENTRY_POINT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
