@@ -24,8 +24,8 @@ a real ``nvrx.store.barrier`` participant). What each simulated party sends, per
 ``per-node`` (everything aggregated per node)
     only every node's supervisor: its store agent's ``NodeWatch._tick`` (``add`` of its
     ``alive`` counter, ``add(alive(watched), 0)``; the claims are read only when they can
-    matter, and its own claim once every ``OWN_CLAIM_EVERY`` beats, here one node in 30
-    reading it at every beat): 2 + 1/30 requests per node; barrier arrivals per node.
+    matter, and its own claim once every ``OWN_CLAIM_EVERY`` beats, each node at a beat of
+    its own): 2 + 1/600 requests per node; barrier arrivals per node.
 ``product`` (a Wrapper job under supervisors now)
     ``per-node`` (the ranks beat to their supervisor, ``nvrx.rank_beats``, which sends
     nothing to the store for a beat), plus every rank's monitor thread holding one wait on
@@ -33,14 +33,14 @@ a real ``nvrx.store.barrier`` participant). What each simulated party sends, per
     a CANCEL_WAIT then); barrier arrivals per rank, as the Wrapper's barriers still are.
 
 In every pattern each node also holds the store agent's key watches (one connection each,
-a ``wait`` on the stop key and on the next job restart, re-armed every 60 s).
+a ``wait`` on the stop key and on the next job restart, re-armed every hour).
 
 Realistic where it matters for the server: every waiting party (a monitor thread, a
 watch, a barrier participant) has a connection of its own, because the server keeps one
 waiter entry per connection (a CANCEL_WAIT walks every waiter of the store). The short
 request chains (heartbeats, node ticks) share a pool of connections per worker, each
 with at most one request in flight (as a real client: no pipelining), started at each
-party's own phase in the interval. The key watches, re-armed once a minute, are put 64 to
+party's own phase in the interval. The key watches, re-armed once an hour, are put 64 to
 a connection (the server keeps one entry per wait all the same). The server process can
 hold no more connections than the open-files limit (raised to its hard limit; a real job
 would need about 3 per rank today): where the parties do not fit, barrier ranks share
@@ -97,8 +97,7 @@ import private_netns  # noqa: E402
 TARGET_REQ_PER_NODE = 2.0
 TARGET_BARRIER_P99_S = 0.150
 TARGET_BARRIER_NODES = 1024
-WATCH_CHUNK_S = 60.0  # the store agent's watch chunk (``store_agent._WATCH_CHUNK``)
-WATCH_SHARE = 64  # key watches per connection: each is re-armed once a minute only
+WATCH_SHARE = 64  # key watches per connection: each is re-armed once an hour only
 RESERVED_FDS = 256  # the server's own descriptors, the probe, the snapshot keeper
 PROBE_EVERY_S = 0.02
 PATTERNS = ("per-rank", "per-node", "product")
@@ -248,7 +247,9 @@ def run_worker(cfg: dict[str, Any]) -> dict[str, Any]:
     wait_period = interval if per_rank else cfg["wait_chunk"]
 
     # Jobs: request chains started once per interval at the party's phase.
-    jobs: list[tuple[float, tuple[bytes, ...], bool]] = []
+    # (phase, steps, a node's tick?, the steps instead at a beat that reads the own claim, node)
+    jobs: list[tuple[float, tuple[bytes, ...], bool, tuple[bytes, ...] | None, int]] = []
+    every = cfg["own_claim_every"]
     for node in range(first, last):
         watched = (node + 1) % nodes_total
         if per_rank:  # the node watch before issue 14 read both claims at every beat
@@ -260,9 +261,9 @@ def run_worker(cfg: dict[str, Any]) -> dict[str, Any]:
             )
         else:
             tick = (enc_add(names["node_alive"](node), 1), enc_add(names["node_alive"](watched), 0))
-            if node % cfg["own_claim_every"] == 0:  # its own claim every 30 beats, on average
-                tick = (tick[0], enc_add(names["node_claim"](node), 0), tick[1])
-        jobs.append((rng.random() * interval, tick, True))
+        # its own claim at one beat in OWN_CLAIM_EVERY (each node at its own beat)
+        claim_tick = None if per_rank else (tick[0], enc_add(names["node_claim"](node), 0), tick[1])
+        jobs.append((rng.random() * interval, tick, True, claim_tick, node))
         if per_rank:
             hb = names["hb"][1]
             for rank in range(node * ranks, (node + 1) * ranks):
@@ -272,7 +273,7 @@ def run_worker(cfg: dict[str, Any]) -> dict[str, Any]:
                     enc_add(names["alive"], 1),
                     enc_add(names["round"] + hb(peer), 0),
                 )
-                jobs.append((rng.random() * interval, chain, False))
+                jobs.append((rng.random() * interval, chain, False, None, rank))
     jobs.sort(key=lambda j: j[0])
     steps_per_interval = sum(len(j[1]) for j in jobs)
 
@@ -304,8 +305,8 @@ def run_worker(cfg: dict[str, Any]) -> dict[str, Any]:
             conn.wait, conn.period, conn.party = wait * n, period, n
             waiters.append((conn, rng.random() * period))
 
-    for key in names["watches"]:  # re-armed once a minute: no traffic, but server entries
-        add_waiters(enc_wait(key), last - first, WATCH_SHARE, WATCH_CHUNK_S)
+    for key in names["watches"]:  # re-armed once an hour: no traffic, but server entries
+        add_waiters(enc_wait(key), last - first, WATCH_SHARE, cfg["watch_chunk"])
     if rank_waits:
         add_waiters(
             enc_wait(names["interrupted"]), (last - first) * ranks, cfg["wait_share"], wait_period
@@ -373,7 +374,9 @@ def run_worker(cfg: dict[str, Any]) -> dict[str, Any]:
             break
         # due request chains
         while next_due <= now:
-            _, steps, is_node = jobs[ji]
+            _, steps, is_node, claim_tick, party = jobs[ji]
+            if claim_tick is not None and (cycle + party) % every == 0:
+                steps = claim_tick
             ready.append((steps, next_due, is_node))
             if t_ms <= next_due < t_end:
                 offered += len(steps)
@@ -600,6 +603,7 @@ def run_one(pattern: str, nodes: int, args: argparse.Namespace, tmp: str) -> Out
         from nvrx.inprocess.monitor_thread import WAIT_CHUNK_S
         from nvrx.store import client
         from nvrx.supervisor.node_watch import OWN_CLAIM_EVERY
+        from nvrx.supervisor.store_agent import _WATCH_CHUNK
 
         probe_key = "nvrx/bench/probe"
         client.connect(host, port, timeout=30).set(probe_key, "x" * 64)
@@ -622,6 +626,7 @@ def run_one(pattern: str, nodes: int, args: argparse.Namespace, tmp: str) -> Out
                 "barriers": bool(offsets), "barrier_offsets": offsets, "grace": 10.0,
                 "wait_share": out.wait_share, "bar_share": out.bar_share,
                 "wait_chunk": WAIT_CHUNK_S, "own_claim_every": OWN_CLAIM_EVERY,
+                "watch_chunk": _WATCH_CHUNK.total_seconds(),
             }  # fmt: skip
             proc = subprocess.Popen(
                 [sys.executable, os.path.abspath(__file__), "--worker"],

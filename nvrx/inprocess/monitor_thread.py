@@ -42,7 +42,7 @@ RESTART_WAIT_S = 60.0
 #: The monitor thread renews its store wait this often. Nothing wakes it this way
 #: (the interrupted key does); it only bounds a thread left behind by a rank that
 #: left without interrupting its round (``MonitorThread.finish``).
-WAIT_CHUNK_S = 300.0
+WAIT_CHUNK_S = 3600.0
 
 #: How long ``MonitorThread.finish`` waits for a thread that has not woken yet.
 WAKE_WAIT_S = 5.0

@@ -17,8 +17,14 @@ PREFIX = KEY_PREFIX + "node/"
 SHRUNK = PREFIX + "shrunk"
 
 
+#: Added to a slot's ``alive`` counter by whoever declared it lost, right after taking its
+#: ``claim``: the slot's own next beat (an ``add`` that returns the counter) then shows it
+#: was fenced off, with no request of its own. Far above any count of beats.
+FENCE = 1 << 40
+
+
 def alive(slot: int) -> str:
-    """Counter the slot's store agent bumps every heartbeat interval."""
+    """Counter the slot's store agent bumps every heartbeat interval (``FENCE`` once lost)."""
     return f"{PREFIX}alive/{slot}"
 
 

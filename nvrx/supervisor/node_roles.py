@@ -205,6 +205,8 @@ class NodeRoles:
         """Claim the end of ``slot``; True for the one caller that got it."""
         if self.link.add(node_keys.claim(slot), 1) != 1:
             return False
+        if slot != self.slot:  # declared lost: its own next beat shows it (node_watch)
+            self.link.add(node_keys.alive(slot), node_keys.FENCE)
         if slot != self.store_slot and self.link.add(ENDED_KEY, 1) >= self.cfg.nnodes - 1:
             self.link.set(ALL_ENDED_KEY, "1")  # every slot but the store host's
         return True

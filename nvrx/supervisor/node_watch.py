@@ -6,12 +6,12 @@ ended (left cleanly or declared lost). A watched slot whose counter has not
 moved for ``timeout`` seconds is reported to the supervisor (``node_silent``),
 which declares it lost; the watch then moves on to the next slot. So each slot
 is watched by exactly one other, and store load is two requests per node per
-interval: the claims that say a slot ended are read only when they can have
-changed something (the watched counter stood still, or this slot's own beat
-came late, and for ``timeout`` after: a declaration may land after the late
-beat), and this slot's own claim once every ``OWN_CLAIM_EVERY`` beats
-besides. A slot that never beat is given ``startup_s`` (the store timeout:
-how long a node may take to reach the store) before it is reported.
+interval. The claims that say a slot ended are read only when they can have
+changed something: the watched counter stood still; this watch's first beat
+(a store that failed over keeps the claims, not the counters); and this
+slot's own claim once every ``OWN_CLAIM_EVERY`` beats besides. A slot that
+never beat is given ``startup_s`` (the store timeout: how long a node may
+take to reach the store) before it is reported.
 
 A store host that freezes (a hung node) does not reset its connections, and
 torch's store client may then block far longer than its timeout: a watchdog
@@ -20,9 +20,11 @@ than ``timeout``, so that the survivors fail over within seconds. (Time this
 process itself spent frozen between beats is no sign of the store: a thawed
 node first learns whether it was fenced.)
 
-A slot finds its own claim taken by someone else when the others declared it
-lost while it was stalled (a frozen node that thaws): it is reported as
-``fenced``, and its supervisor ends its children, for the job has moved on.
+A slot is fenced off when the others declared it lost while it was stalled (a
+frozen node that thaws): whoever declared it adds ``node_keys.FENCE`` to its
+counter right after taking its claim, so the slot's own next beat, whenever
+the declaration lands, returns a count at or above ``FENCE``. It is reported
+as ``fenced``, and its supervisor ends its children, for the job has moved on.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ from . import node_keys
 
 log = logging.getLogger(__name__)
 
-#: Beats between two reads of this slot's own claim when no beat came late.
-OWN_CLAIM_EVERY = 30
+#: Beats between two reads of this slot's own claim: only for a declarer that ended
+#: between its claim and its fence (the fence is what normally tells a slot).
+OWN_CLAIM_EVERY = 600
 
 
 class RingWatch:
@@ -114,8 +117,6 @@ class NodeWatch(threading.Thread):
         self.timeout = timeout
         self.stopped = threading.Event()
         self._beat_started: float | None = None  # while a beat waits for the store
-        self._last_beat: float | None = None  # when the previous beat was answered
-        self._own_claim_until = float("-inf")  # after a late beat: read the own claim until then
         self._beats = 0
         self._reported = threading.Lock()  # one "lost" report, from the beats or the watchdog
 
@@ -150,18 +151,14 @@ class NodeWatch(threading.Thread):
 
     def _tick(self, store: Any) -> bool:
         """One beat and one look; False once this slot is fenced off."""
-        store.add(node_keys.alive(self.own), 1)
-        now = time.monotonic()
-        if self._last_beat is not None and now - self._last_beat > self.timeout / 2:
-            # late: the others may declare this slot lost, and their claim may land only
-            # after this beat, so keep looking for a while
-            self._own_claim_until = now + self.timeout
-        late = self._last_beat is None or now <= self._own_claim_until
-        self._last_beat, self._beats = now, self._beats + 1
-        if late or self._beats % OWN_CLAIM_EVERY == 0:  # the others may have declared it lost
-            if int(store.add(node_keys.claim(self.own), 0)) > 0:
-                self._send({"event": "fenced", "slot": self.own})
-                return False
+        count = int(store.add(node_keys.alive(self.own), 1))
+        self._beats += 1
+        fenced = count >= node_keys.FENCE
+        if not fenced and self._beats % OWN_CLAIM_EVERY == 1:  # the first beat, and then rarely
+            fenced = int(store.add(node_keys.claim(self.own), 0)) > 0
+        if fenced:
+            self._send({"event": "fenced", "slot": self.own})
+            return False
         ring = self.ring
         while ring.target is not None:
             beats = int(store.add(node_keys.alive(ring.target), 0))

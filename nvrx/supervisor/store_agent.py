@@ -29,7 +29,7 @@ from datetime import timedelta
 from typing import Any
 
 #: A watch waits in chunks of this length so a wait never depends on the client's timeout.
-_WATCH_CHUNK = timedelta(seconds=60)
+_WATCH_CHUNK = timedelta(hours=1)
 
 
 class _Agent:

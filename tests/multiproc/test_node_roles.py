@@ -76,3 +76,35 @@ def test_a_node_lost_in_training_without_spare_or_allowance_stops_the_job(
     assert loss is not None and loss.action == "stop"
     assert loss.reason == "node lost, no spare: 2 nodes left, below --min-nodes 3"
     assert link.get(keys.GONE_LIST) == "2,3,"
+
+
+class _Counting:
+    """A store client that counts its requests."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.requests = store, 0
+
+    def add(self, key: str, amount: int) -> int:
+        self.requests += 1
+        return int(self.store.add(key, amount))
+
+
+def test_a_declaration_fences_the_lost_slot_at_its_next_beat_and_a_leave_does_not(
+    link: StoreLink,
+) -> None:
+    from nvrx.store import client
+    from nvrx.supervisor.node_watch import NodeWatch
+
+    events: list[dict[str, Any]] = []
+    store = _Counting(client.connect("127.0.0.1", link.port, timeout=30))
+    sent: list[dict[str, Any]] = []
+    watch = NodeWatch(lambda: store, sent.append, own=1, nslots=3, interval=1.0, timeout=5.0)
+    assert watch._tick(store) and watch._tick(store)  # slot 1 beats: alive so far
+    _roles(link, events).declare(_lost(1))  # slot 0's supervisor declares it lost
+    store.requests = 0
+    assert not watch._tick(store)
+    assert sent == [{"event": "fenced", "slot": 1}] and store.requests == 1  # the beat told it
+    # a clean leave claims the slot without fencing it
+    leaving = _roles(link, events, node_rank=2)
+    assert leaving.leave()
+    assert 0 <= link.add(node_keys.alive(2), 0) < node_keys.FENCE

@@ -132,48 +132,80 @@ class _CountingStore:
         return int(self.store.add(key, amount))
 
 
-def test_a_node_watch_sends_two_requests_per_beat_and_still_sees_ends(monkeypatch) -> None:
-    from nvrx.supervisor import node_keys, node_watch
-
-    clock = [100.0]
-    monkeypatch.setattr(node_watch.time, "monotonic", lambda: clock[0])
-    store, sent = _CountingStore(), []
-    watch = node_watch.NodeWatch(lambda: store, sent.append, own=0, nslots=3, interval=1.0, timeout=4.0)
-    assert watch._tick(store)  # the first beat reads its own claim too
-    assert watch.ring.target == 1
-    store.requests = 0
-    for _ in range(node_watch.OWN_CLAIM_EVERY - 2):
-        clock[0] += 1.0
-        store.store.add(node_keys.alive(1), 1)  # slot 1 beats
-        assert watch._tick(store)
-    assert store.requests == 2 * (node_watch.OWN_CLAIM_EVERY - 2)  # beat + one read, no claims
-    # slot 1 ends (its claim is taken) and stops beating: the watch moves on to slot 2
-    store.store.add(node_keys.claim(1), 1)
-    clock[0] += 1.0
-    assert watch._tick(store)
-    assert watch.ring.target == 2 and sent == []
-    # this slot froze past half the timeout and was declared lost meanwhile: fenced
-    store.store.add(node_keys.claim(0), 1)
-    clock[0] += 3.0
-    assert not watch._tick(store)
-    assert sent == [{"event": "fenced", "slot": 0}]
-
-
-def test_a_late_beat_keeps_the_slot_reading_its_own_claim_for_a_while(monkeypatch) -> None:
-    """A thawed slot's first beat may come before the others' declaration lands: the claim
-    is still read at the next beats, not only ``OWN_CLAIM_EVERY`` beats later."""
-    from nvrx.supervisor import node_keys, node_watch
+def _watch(monkeypatch, own: int = 0):
+    from nvrx.supervisor import node_watch
 
     clock = [100.0]
     monkeypatch.setattr(node_watch.time, "monotonic", lambda: clock[0])
     store, sent = _CountingStore(), []
     watch = node_watch.NodeWatch(
-        lambda: store, sent.append, own=0, nslots=3, interval=1.0, timeout=4.0
+        lambda: store, sent.append, own=own, nslots=3, interval=1.0, timeout=4.0
     )
+    return watch, store, sent, clock
+
+
+def test_a_node_watch_sends_two_requests_per_beat_and_still_sees_ends(monkeypatch) -> None:
+    from nvrx.supervisor import node_keys, node_watch
+
+    watch, store, sent, clock = _watch(monkeypatch)
+    assert watch._tick(store)  # the first beat reads its own claim too
+    assert watch.ring.target == 1 and store.requests == 3
+    store.requests = 0
+    for _ in range(node_watch.OWN_CLAIM_EVERY - 1):
+        clock[0] += 1.0
+        store.store.add(node_keys.alive(1), 1)  # slot 1 beats
+        assert watch._tick(store)
+    assert store.requests == 2 * (node_watch.OWN_CLAIM_EVERY - 1)  # beat + one read, no claims
+    # slot 1 ends (its claim is taken) and stops beating: the watch moves on to slot 2
+    store.store.add(node_keys.claim(1), 1)
+    store.requests = 0
+    clock[0] += 1.0
+    assert watch._tick(store)
+    assert watch.ring.target == 2 and sent == []
+    # beat OWN_CLAIM_EVERY + 1 read its own claim; slot 1's stood still: its claim and slot 2's count
+    assert store.requests == 1 + 1 + 2 + 1
+
+
+def test_a_slot_declared_lost_learns_it_from_its_own_next_beat(monkeypatch) -> None:
+    """A thawed slot's first beat may come before the others' declaration lands: the fence
+    that the declaration adds to its counter shows at its next beat, with no claim read."""
+    from nvrx.supervisor import node_keys
+
+    watch, store, sent, clock = _watch(monkeypatch)
     assert watch._tick(store)
     clock[0] += 3.0  # frozen past half the timeout: late, not declared lost yet
     assert watch._tick(store)
-    store.store.add(node_keys.claim(0), 1)  # the declaration lands after that beat
+    store.store.add(node_keys.claim(0), 1)  # the declaration lands after that beat,
+    store.store.add(node_keys.alive(0), node_keys.FENCE)  # as NodeRoles._end makes it
+    store.requests = 0
     clock[0] += 1.0
+    assert not watch._tick(store)
+    assert sent == [{"event": "fenced", "slot": 0}]
+    assert store.requests == 1  # the beat alone
+
+
+def test_a_claim_without_its_fence_is_found_by_the_rare_own_claim_read(monkeypatch) -> None:
+    """A declarer that ended between its claim and its fence: the slot still learns it."""
+    from nvrx.supervisor import node_keys, node_watch
+
+    watch, store, sent, clock = _watch(monkeypatch)
+    assert watch._tick(store)
+    store.store.add(node_keys.claim(0), 1)
+    for _ in range(node_watch.OWN_CLAIM_EVERY - 1):
+        clock[0] += 1.0
+        store.store.add(node_keys.alive(1), 1)
+        assert watch._tick(store)
+    assert sent == []
+    clock[0] += 1.0
+    assert not watch._tick(store)
+    assert sent == [{"event": "fenced", "slot": 0}]
+
+
+def test_a_watch_started_on_a_store_that_failed_over_reads_its_claim_first(monkeypatch) -> None:
+    """A successor store keeps the claims, not the counters (nor their fences)."""
+    from nvrx.supervisor import node_keys
+
+    watch, store, sent, _clock = _watch(monkeypatch)
+    store.store.add(node_keys.claim(0), 1)  # restored from the snapshot
     assert not watch._tick(store)
     assert sent == [{"event": "fenced", "slot": 0}]
