@@ -66,11 +66,20 @@ def lose_node() -> None:
     import psutil
 
     supervisor = psutil.Process(os.getppid())
-    tree = [p for p in (supervisor, *supervisor.children(recursive=True)) if p.pid != os.getpid()]
-    for signum in (signal.SIGSTOP, signal.SIGKILL):  # frozen first: nobody reacts to the others
-        for proc in tree:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.send_signal(signum)
+
+    def below() -> list[psutil.Process]:
+        return [p for p in supervisor.children(recursive=True) if p.pid != os.getpid()]
+
+    frozen = [supervisor, *below()]
+    for proc in frozen:  # frozen first: nobody reacts to the others
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(signal.SIGSTOP)
+    frozen += [p for p in below() if p not in frozen]  # started meanwhile
+    # Everything below the supervisor first: the supervisor's death ends this rank at once
+    # (its parent-death signal), and whatever was still frozen then would stay frozen.
+    for proc in [*frozen[1:], supervisor]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
 
 

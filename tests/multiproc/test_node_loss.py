@@ -20,6 +20,7 @@ import psutil
 import pytest
 from test_supervisor_local import DEMO, Job
 
+from nvrx import jobenv
 from nvrx.report import build_report
 from nvrx.supervisor.exit_codes import ExitCode
 from tests.support.waiting import wait_until
@@ -194,3 +195,39 @@ def test_without_a_spare_or_allowance_the_job_stops_with_the_reason(tmp_path: Pa
     assert (report.timeline[0].cause, report.timeline[0].first_node) == ("node lost", 1)
     assert report.summary.outcome == f"failed (exit code {int(ExitCode.NODE_LOST)})"
     assert "job stopped: node lost, no spare" in report.to_text()
+
+
+def _processes_of_job(job_id: str) -> list[psutil.Process]:
+    """Every process of this machine started for the job (they carry its id)."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get(jobenv.JOB_ID) == job_id and proc.status() != "zombie":
+                found.append(proc)
+    return found
+
+
+@pytest.mark.timeout(300)
+def test_the_demos_node_fault_leaves_no_process_of_the_lost_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``examples/fault_injection.lose_node``, fired by rank 2 itself: its node's whole tree
+    (supervisor, ranks, their monitors, standbys) is gone, none of it left frozen, and the
+    spare takes over."""
+    monkeypatch.setenv("NVRX_DEMO_FAULTS", f"node:{KILL_AFTER_STEP}:2")
+    job = _demo_job(tmp_path, 3, "--spare-nodes", "1")
+    try:
+        codes = job.wait(240)
+        output = job.output()
+        assert codes[0] == 0 and codes[2] == 0 and codes[1] == -signal.SIGKILL, (codes, output)
+        assert f"finished {STEPS} steps at world size 4" in output, output
+        lost = job.events("node_lost")
+        assert [(e["lost_slot"], e["action"], e["replaced_by"]) for e in lost] == [
+            (1, "spare", 2)
+        ], output
+        left = _processes_of_job(job.job_id)
+        assert not left, [(p.pid, p.status(), p.cmdline()) for p in left]
+    finally:
+        for proc in _processes_of_job(job.job_id):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
