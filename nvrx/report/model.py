@@ -156,7 +156,7 @@ class ProcessRestart:
     decision: str | None
     reason: str | None
     relaunch_s: float | None  # exit to the replacement's start
-    rejoin_wait_s: float | None
+    rejoin_wait_s: float | None  # how long the Wrapper's ranks waited for it (its round's rejoin_wait)
     # What the process's own events say ended it: "peer" (it stopped because another rank
     # failed: collateral, not a failure of its own) or "fault" (its fault event tells it);
     # "node_lost": it ended while a lost node stopped the job (``NodeLoss``), not by itself.

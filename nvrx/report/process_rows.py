@@ -30,7 +30,7 @@ NODE_LOST = "node_lost"
 JOB_RESTART = "job_restart"
 #: Exit codes a child ends with when *we* stop it: not failures.
 _STOP_EXIT_CODES = (0, 130)
-_SLOT_KINDS = ("child_exit", "child_start", "restart_decision", "rejoin")
+_SLOT_KINDS = ("child_exit", "child_start", "restart_decision")
 
 
 def same_process_end(fault: LocalFault, p: ProcessRestart) -> bool:
@@ -113,6 +113,23 @@ def _restart_windows(job: JobSummary) -> dict[tuple[int, Any], list[tuple[float,
     return windows
 
 
+def _peers_wait(job: JobSummary, run: int, wall: float | None) -> float | None:
+    """How long the Wrapper's ranks waited for replacements to rejoin (``rejoin_wait``) in the
+    restart of the round that ran when a process ended at ``wall``; None without one."""
+    if wall is None:
+        return None
+    running = max(
+        (
+            (state.started_wall, state)
+            for (r, _), state in job.rounds.items()
+            if r == run and state.started_wall is not None and state.started_wall <= wall
+        ),
+        key=lambda pair: pair[0],
+        default=None,
+    )
+    return None if running is None else running[1].phases.get("rejoin_wait")
+
+
 def _explained(
     job: JobSummary,
     e: dict[str, Any],
@@ -151,7 +168,6 @@ def _row(
     rank = e.get("global_rank")
     decision = next((x for x in later if x.get("kind") == "restart_decision"), None)
     restart = next((x for x in later if x.get("kind") == "child_start"), None)
-    rejoin = next((x for x in later if x.get("kind") == "rejoin"), None)
     relaunch = None
     if restart is not None and wall is not None and restart.get("wall") is not None:
         relaunch = max(0.0, restart["wall"] - wall)
@@ -168,7 +184,7 @@ def _row(
         decision=decision.get("decision") if decision else None,
         reason=decision.get("reason") if decision else None,
         relaunch_s=relaunch,
-        rejoin_wait_s=rejoin.get("wait_s") if rejoin else None,
+        rejoin_wait_s=_peers_wait(job, run, wall),
         explained_by=_explained(job, e, losses, restarts),
         files=[start["files"]] if start is not None and isinstance(start.get("files"), str) else [],
         error=RecordedError(e["error_file"], None, None, None, None)

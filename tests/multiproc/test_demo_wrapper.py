@@ -161,6 +161,10 @@ def test_report_counts_one_process_restart_and_one_in_process_round(killed: Demo
     first = killed.report.timeline[0]
     # the peers waited for the restart instead of reporting their failed collective as a fault
     assert (first.first_rank, first.first_node, first.fault_kind) == (KILLED_RANK, 1, "dead")
+    # the replacement's row tells how long its peers waited for it, as the phases do
+    (row,) = killed.report.process_restarts
+    waits = [e["duration_s"] for e in killed.events if e.get("phase") == "rejoin_wait"]
+    assert row.rejoin_wait_s == first.phases["rejoin_wait"] == max(waits), killed.output
 
 
 # -- an exception and a hang: in-process restarts only ----------------------------------

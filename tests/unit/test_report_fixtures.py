@@ -173,6 +173,8 @@ def write_standard_job(log_dir: Path) -> dict[str, Any]:
         ranks[r].at(20.4, "call_end", duration_s=8.3, outcome="fault")
         ranks[r].at(20.4, "fault", fault_kind="peer", origin_rank=1, message="rank 1 died")
     restart_tail(1, 20.5, {r: ranks[r] for r in (0, 2, 3)}, {})
+    for r in (0, 2, 3):  # the survivors waited for rank 1's replacement
+        ranks[r].at(21.9, "restart_phase", phase="rejoin_wait", duration_s=1.2 + r / 10, ok=True)
     ranks[1] = Proc(log_dir, a, "wrapper", rank=1)
     ranks[1].at(21.0, "process_start", argv=["train.py"], local_rank=1)
     sup[0].at(22.0, "rejoin", local_rank=1, wait_s=1.4)
