@@ -37,17 +37,16 @@ def check_store_port(cfg: SupervisorConfig) -> None:
 
 
 def launch_store(cfg: SupervisorConfig) -> StoreService | None:
-    """Node 0: its store service, started; ``await_store`` waits until it answers, so that
-    the children start while it imports torch (they retry connecting meanwhile). Other
-    nodes: None once node 0's store answers (node 0 may come up much later than they do).
+    """Node 0: its store service, started; other nodes: None. ``await_store`` then waits
+    until the store answers, so that every node's children start while node 0's store
+    imports torch (they retry connecting meanwhile).
 
     Raises ``SupervisorError`` (exit 2 for a port in use, 3 for a store that never
     came) naming host and port.
     """
+    if cfg.node_rank != 0:
+        return None
     try:
-        if cfg.node_rank != 0:
-            wait_for_store(cfg.store_host, cfg.store_port, cfg.store_timeout, progress=True)
-            return None
         if cfg.nnodes > 1:
             store_failover.reset(cfg.events_dir)
         service = StoreService(
@@ -68,8 +67,20 @@ def launch_store(cfg: SupervisorConfig) -> StoreService | None:
 
 
 def await_store(cfg: SupervisorConfig, service: StoreService | None) -> None:
-    """Until the store that ``launch_store`` started answers (nothing to wait for elsewhere)."""
-    if service is None or not service.starting:
+    """Until the job's store answers: node 0's own ``service``, or, on another node, node 0's
+    (node 0 may come up much later than this one; a log line every 5 s says so).
+
+    Raises ``SupervisorError`` (exit 3) after ``--store-timeout``, naming host and port.
+    """
+    if service is None:
+        if cfg.node_rank == 0:
+            return
+        try:
+            wait_for_store(cfg.store_host, cfg.store_port, cfg.store_timeout, progress=True)
+        except StoreUnavailable as exc:
+            raise SupervisorError(ExitCode.STORE_UNAVAILABLE, str(exc)) from exc
+        return
+    if not service.starting:
         return
     try:
         service.wait_started(cfg.store_timeout)

@@ -82,7 +82,8 @@ class Supervisor(
 
     # -- life ---------------------------------------------------------------------
     def run(self) -> int:
-        """Supervise until done. Raises ``SupervisorError`` for failures before children start."""
+        """Supervise until done. Raises ``SupervisorError`` for failures before supervision
+        begins (a port in use, a store that never answers: its children are ended then)."""
         cfg = self.config
         self.writer = events.configure(
             "supervisor",
