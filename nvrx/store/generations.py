@@ -82,9 +82,22 @@ def arrive_for_gone(
             arrive(store, generation, rank, world_size)
 
 
-def of_round(round_: int) -> int:
-    """The generation ``round_`` belongs to (its first round)."""
-    return round_ - round_ % rounds.GENERATION_STEP
+def of_round(store: Any, round_: int) -> int:
+    """The generation ``round_`` belongs to (its first round), as opened in ``store``.
+
+    Generations start at multiples of ``GENERATION_STEP`` but may run more rounds than
+    that: the next one starts above the last round published. So it is the highest
+    multiple at or below ``round_`` that opened in this store (none for a round restored
+    after a store failover: then the multiple at or below it, whose record is missing).
+    """
+    step = rounds.GENERATION_STEP
+    first = round_ - round_ % step
+    generation = first
+    while generation >= 0:
+        if store.check([_gone_record(generation)]):
+            return generation
+        generation -= step
+    return first
 
 
 def gone_at_start(store: Any, generation: int) -> set[int]:

@@ -74,7 +74,7 @@ def leave_round(
     if round_ is None:
         return {"round": None, "ranks": []}
     # ranks left out when the round's generation opened are not in the round
-    in_round = set(initial_ranks) - generations.gone_at_start(base, generations.of_round(round_))
+    in_round = set(initial_ranks) - generations.gone_at_start(base, generations.of_round(base, round_))
     round_store = rstore.round_store(base, round_)
     left = []
     for rank, world_size in _round_ranks(round_store, in_round, initial_world_size):

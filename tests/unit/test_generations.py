@@ -47,4 +47,37 @@ def test_ranks_outside_the_world_and_unopened_generations(store) -> None:
     gone_ranks.mark(store, [5, 1])
     assert generations.gone_in(store, 4) == {1}
     assert generations.gone_at_start(store, 0) == set()  # never opened in this store
-    assert [generations.of_round(r) for r in (0, 99, 100, 257)] == [0, 0, 100, 200]
+    assert [generations.of_round(store, r) for r in (0, 99, 100, 257)] == [0, 0, 100, 200]
+
+
+def test_a_generation_of_more_rounds_than_the_step_keeps_its_record(store) -> None:
+    """Generation 100 runs 150 in-process rounds: round 250 is still its, not generation
+    200's (which never opened), and the ranks gone at its start are still known there."""
+    rounds.publish_round(store, 7)
+    generation = rounds.generation_base(store)
+    gone_ranks.mark(store, [2])
+    generations.arrive_for_gone(store, generation, 3)
+    assert not generations.arrive(store, generation, 0, 3)
+    assert generations.arrive(store, generation, 1, 3)
+    rounds.publish_round(store, generation + 150)
+    assert generations.of_round(store, generation + 150) == generation == 100
+    assert generations.gone_at_start(store, generations.of_round(store, 250)) == {2}
+    assert rounds.generation_base(store) == 300  # the next one starts above round 250
+
+
+def test_a_supervisor_does_not_take_out_a_rank_that_was_gone_when_a_long_generation_began(
+    store,
+) -> None:
+    """Rank 2 was gone when generation 100 opened and round 250 of it runs without it: a late
+    declaration about rank 2 must not take it out of that round (its arrival would count
+    for a rank that is not there)."""
+    from nvrx.supervisor.lost_ranks import leave_round
+
+    rounds.publish_round(store, 7)
+    generation = rounds.generation_base(store)
+    gone_ranks.mark(store, [2])
+    generations.arrive_for_gone(store, generation, 3)
+    generations.arrive(store, generation, 0, 3)
+    generations.arrive(store, generation, 1, 3)
+    rounds.publish_round(store, generation + 150)
+    assert leave_round(store, [2], 3, "node lost", gone=False) == {"round": 250, "ranks": []}
