@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -59,7 +60,13 @@ def run_once(nnodes: int, nproc: int, tmp: Path) -> dict[str, float]:
         )  # fmt: skip
         for node in range(nnodes)
     ]
-    codes = [p.wait(300) for p in procs]
+    try:
+        codes = [p.wait(300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
     if any(codes):
         raise RuntimeError(f"a supervisor failed: exit codes {codes} (logs in {tmp})")
     events, _ = read_dir(tmp / "j")

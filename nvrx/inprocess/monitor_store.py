@@ -20,7 +20,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-#: Longest wait for a link made beside the watch (torch's import, then the connection).
+#: Longest wait for a link made beside the watch (torch's import, then the connection), and
+#: for the store to answer: connecting again after each timeout of the client until then.
 LINK_WAIT_S = 180.0
 
 
@@ -32,6 +33,21 @@ def preload() -> None:
     """Import the modules that act on the store (and torch): ahead of a wait they can overlap
     (the store service the monitor hosts starting; a standby's monitor started ahead)."""
     from . import fault_recording, store  # noqa: F401
+
+
+def _connect_within(connect: Callable[[], Any], wait_s: float) -> Any:
+    """``connect()``, tried again after each timeout of the client until ``wait_s`` has
+    passed: node 0's store may come up after this node's monitors."""
+    from torch.distributed import DistNetworkError
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return connect()
+        except DistNetworkError as exc:  # no answer within the client's own timeout
+            if time.monotonic() >= deadline:
+                raise
+            log.info("the store does not answer yet, trying again: %s", exc)
 
 
 class StoreLink:
@@ -63,7 +79,7 @@ class StoreLink:
             from . import fault_recording, store  # torch
 
             self._rounds, self._recording = store, fault_recording
-            self._store = self._connect()
+            self._store = _connect_within(self._connect, self.wait_s)
         except BaseException as exc:  # kept for ``get`` and the watch loop
             if beside:  # no caller to raise it to
                 log.error("no link to the store: %r", exc)

@@ -16,6 +16,7 @@ import errno
 import json
 import logging
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -71,12 +72,20 @@ def port_is_free(host: str, port: int) -> bool:
 PROGRESS_EVERY_S = 5.0
 
 
-def wait_for_store(host: str, port: int, timeout: float, progress: bool = False) -> None:
-    """Block until a TCP server accepts at ``host:port``; raise ``StoreUnavailable`` after ``timeout``.
+def wait_for_store(
+    host: str,
+    port: int,
+    timeout: float,
+    progress: bool = False,
+    interrupt_fd: int | None = None,
+) -> bool:
+    """Block until a TCP server accepts at ``host:port`` (True); raise ``StoreUnavailable``
+    after ``timeout``.
 
     Attempts are spaced by a growing back-off: there is no event to wait on for a
     server on another host. ``progress`` (a supervisor): a log line every
-    ``PROGRESS_EVERY_S`` says how long it has waited, and why.
+    ``PROGRESS_EVERY_S`` says how long it has waited, and why. ``interrupt_fd``: the
+    wait returns False as soon as it is readable (the caller reads it).
     """
     start = time.monotonic()
     deadline, next_note = start + timeout, start + PROGRESS_EVERY_S
@@ -95,10 +104,14 @@ def wait_for_store(host: str, port: int, timeout: float, progress: bool = False)
             next_note = now + PROGRESS_EVERY_S
         try:
             with socket.create_connection((host, port), timeout=min(remaining, 2.0)):
-                return
+                return True
         except OSError as exc:
             last_error = exc.strerror or str(exc)
-        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        pause = min(delay, max(0.0, deadline - time.monotonic()))
+        if interrupt_fd is None:
+            time.sleep(pause)
+        elif select.select([interrupt_fd], [], [], pause)[0]:
+            return False
         delay = min(delay * 2, 0.5)
 
 

@@ -128,7 +128,7 @@ class JobEnd:
         """Claim this slot's end, so that nobody declares it lost once it is gone."""
         if self.roles is None or self.link is None or self.link.lost is not None:
             return
-        if not self.link.ready:  # it never reached the store: nobody knows of this slot
+        if not self.link.ready:  # it never reached the store: a claim would wait for it in vain
             return
         if self.exit_code == ExitCode.EXCLUDED:
             return  # it declared itself lost

@@ -154,7 +154,7 @@ class NodeWatch(threading.Thread):
         count = int(store.add(node_keys.alive(self.own), 1))
         self._beats += 1
         fenced = count >= node_keys.FENCE
-        if not fenced and self._beats % OWN_CLAIM_EVERY == 1:  # the first beat, and then rarely
+        if not fenced and (self._beats - 1) % OWN_CLAIM_EVERY == 0:  # the first beat, then rarely
             fenced = int(store.add(node_keys.claim(self.own), 0)) > 0
         if fenced:
             self._send({"event": "fenced", "slot": self.own})

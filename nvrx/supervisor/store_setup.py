@@ -15,6 +15,7 @@ from nvrx.store.service import (
 from . import node_keys, store_failover
 from .config import KEY_PREFIX, SupervisorConfig
 from .exit_codes import ExitCode, SupervisorError
+from .signals import STOP_SIGNALS, SignalPipe
 
 
 def snapshot_spec(cfg: SupervisorConfig, restore: bool = False) -> SnapshotSpec:
@@ -66,25 +67,47 @@ def launch_store(cfg: SupervisorConfig) -> StoreService | None:
         raise SupervisorError(ExitCode.STORE_UNAVAILABLE, str(exc)) from exc
 
 
-def await_store(cfg: SupervisorConfig, service: StoreService | None) -> None:
+def await_store(
+    cfg: SupervisorConfig, service: StoreService | None, interrupt_fd: int | None = None
+) -> bool:
     """Until the job's store answers: node 0's own ``service``, or, on another node, node 0's
-    (node 0 may come up much later than this one; a log line every 5 s says so).
+    (node 0 may come up much later than this one; a log line every 5 s says so). False when
+    ``interrupt_fd`` (the supervisor's signals) became readable first, on another node.
 
     Raises ``SupervisorError`` (exit 3) after ``--store-timeout``, naming host and port.
     """
     if service is None:
         if cfg.node_rank == 0:
-            return
+            return True
         try:
-            wait_for_store(cfg.store_host, cfg.store_port, cfg.store_timeout, progress=True)
+            return wait_for_store(
+                cfg.store_host, cfg.store_port, cfg.store_timeout, True, interrupt_fd
+            )
         except StoreUnavailable as exc:
             raise SupervisorError(ExitCode.STORE_UNAVAILABLE, str(exc)) from exc
-        return
     if not service.starting:
-        return
+        return True
     try:
         service.wait_started(cfg.store_timeout)
     except StorePortInUse as exc:
         raise SupervisorError(ExitCode.USAGE, str(exc)) from exc
     except RuntimeError as exc:
         raise SupervisorError(ExitCode.STORE_UNAVAILABLE, str(exc)) from exc
+    return True
+
+
+def await_store_or_stop(
+    cfg: SupervisorConfig, service: StoreService | None, signals: SignalPipe
+) -> tuple[int | None, list[int]]:
+    """``await_store`` while this node's children may already run: (the first stop signal
+    received before the store answered, else None; the other signals received meanwhile,
+    for the caller to handle once connected)."""
+    later: list[int] = []
+    while True:
+        answered = await_store(cfg, service, signals.fileno())
+        for signum in signals.read():  # node 0 waits for its own store without looking
+            if signum in STOP_SIGNALS:
+                return signum, later
+            later.append(signum)
+        if answered:
+            return None, later

@@ -39,7 +39,7 @@ from .restart_standby import RestartStandby
 from .signals import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
 from .standby import READY_KEY, Standbys
 from .store_link import StoreLink, StoreLinkError
-from .store_setup import await_store, check_store_port, launch_store
+from .store_setup import await_store_or_stop, check_store_port, launch_store
 from .workload_control import WorkloadControl
 
 log = logging.getLogger(__name__)
@@ -108,11 +108,6 @@ class Supervisor(
             self.link = StoreLink(cfg.store_host, cfg.store_port, cfg.store_timeout).launch()
             self.service = launch_store(cfg)
             self.roles = NodeRoles(cfg, self.link, self._emit)
-            early = [s for s in self.signals.read() if s in STOP_SIGNALS]
-            if early:
-                self.exit_code = for_signal(early[0])
-                reason = f"received {signal.Signals(early[0]).name} before any child started"
-                return self.exit_code
             if not cfg.starts_as_spare:  # a spare starts children when it takes over a node
                 for local_rank in range(cfg.nproc_per_node):
                     self._start_child(local_rank)
@@ -120,8 +115,13 @@ class Supervisor(
                 self.standbys.start(
                     cfg.command, range(cfg.nproc_per_node), cfg.child_env(0, 1, node_rank=0)
                 )
-            await_store(cfg, self.service)
+            stop, later = await_store_or_stop(cfg, self.service, self.signals)
+            if stop is not None:  # its children, if any, are ended at once: they did not train
+                reason = f"received {signal.Signals(stop).name} before the store answered"
+                self.exit_code = for_signal(stop)
+                return self.exit_code
             self._connect_link()
+            self._on_signals(later)
             self._prepare_failover()
             self._loop()
             self._finish()

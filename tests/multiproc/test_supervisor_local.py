@@ -267,3 +267,43 @@ def test_a_node_starts_its_children_before_the_store_answers_and_ends_them_if_it
     events, _ = read_dir(log_dir / "nostore")
     (end,) = [e for e in events if e["kind"] == "supervisor_end"]
     assert end["exit_code"] == 3 and f":{store}" in end["reason"], end
+
+
+@pytest.mark.timeout(120)
+def test_a_stop_signal_while_waiting_for_the_store_ends_the_started_children(tmp_path) -> None:
+    """Node 1 of 2 started its children and waits for node 0's store: SIGTERM ends it at once
+    (not at ``--store-timeout``) with the signal's exit code, its children with it."""
+    master, store = free_ports(2)
+    log_dir = tmp_path / "logs"
+    body = (
+        "open(os.path.join(os.environ['NVRX_LOG_DIR'], f'started-{RANK}'), 'w').close()\n"
+        "time.sleep(600)\n"
+    )
+    cmd = [
+        sys.executable, "-m", "nvrx.supervisor.cli", "--nnodes", "2", "--node-rank", "1",
+        "--nproc-per-node", "2", "--master-port", str(master), "--store-port", str(store),
+        "--store-timeout", "600", "--job-id", "waiting", "--log-dir", str(log_dir),
+        "--", *script(tmp_path, body),
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_until(
+            "both children to start while the store is away",
+            lambda: len(list(log_dir.glob("started-*"))) == 2 or proc.poll() is not None,
+            60,
+        )
+        children = _tree(proc.pid)
+        os.kill(proc.pid, signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)  # far below the store timeout
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, output
+    assert _alive(children) == set()
+    events, _ = read_dir(log_dir / "waiting")
+    (end,) = [e for e in events if e["kind"] == "supervisor_end"]
+    assert end["reason"] == "received SIGTERM before the store answered", end

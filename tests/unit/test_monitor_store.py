@@ -121,6 +121,26 @@ def test_waiting_for_a_link_gives_up_after_its_bound():
         stuck.set()
 
 
+def test_a_store_that_does_not_answer_yet_is_tried_again_within_the_bound(base):
+    """Node 0's store may come up after this node's monitors: a connection that timed out is
+    tried again until ``wait_s`` has passed, then its error stands."""
+    from torch.distributed import DistNetworkError
+
+    tries: list[int] = []
+
+    def late():
+        tries.append(1)
+        if len(tries) < 3:
+            raise DistNetworkError("the client socket has timed out")
+        return base
+
+    assert monitor_store.StoreLink(late).make().get() is base and len(tries) == 3
+    tries.clear()
+    with pytest.raises(DistNetworkError):
+        monitor_store.StoreLink(late, wait_s=0.0).make()
+    assert len(tries) == 1
+
+
 def test_a_failed_link_raises_here_or_at_every_get(caplog):
     def connect():
         raise ConnectionRefusedError("store at 127.0.0.1:1 refused")

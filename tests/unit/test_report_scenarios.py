@@ -334,3 +334,27 @@ def test_synthetic_job_report_matches_ground_truth_serial_and_parallel(tmp_path:
     assert serial.reading.events == truth.events
     assert s.training_time_s * s.ranks == pytest.approx(truth.call_s, rel=1e-6)
     assert [(h.round, h.rank) for h in serial.hangs] == [truth.hang]
+
+
+def test_only_a_replaced_process_tells_how_long_its_peers_waited_for_it(tmp_path: Path) -> None:
+    """Two processes end in round 0 of a Wrapper job, whose restart waited 2 s for rejoins:
+    the one replaced gets that wait, the one not replaced (stopped) gets none."""
+    h = Host("solo", 0)
+    sup = Proc(tmp_path, h, "supervisor")
+    sup.at(0.0, "supervisor_start", nnodes=1, nproc_per_node=3)
+    ranks = [Proc(tmp_path, h, "wrapper", rank=r).round(0) for r in range(3)]
+    for p in ranks:
+        p.at(1.0, "round_start", world_size=3)
+    sup.at(5.0, "child_exit", local_rank=0, child_pid=10, exit_code=1, runtime_s=5.0)
+    sup.at(5.1, "restart_decision", local_rank=0, decision="restart", reason="exit code 1")
+    sup.at(5.2, "child_start", local_rank=0, child_pid=20, attempt=1)
+    sup.at(5.3, "child_exit", local_rank=1, child_pid=11, exit_code=1, runtime_s=5.3)
+    sup.at(5.4, "restart_decision", local_rank=1, decision="stop", reason="budget spent")
+    ranks[2].at(7.5, "restart_phase", phase="rejoin_wait", duration_s=2.0, ok=True)
+    for p in (sup, *ranks):
+        p.close()
+    rows = build_report(tmp_path, sacct=False).process_restarts
+    assert [(p.local_rank, p.decision, p.rejoin_wait_s) for p in rows] == [
+        (0, "restart", 2.0),
+        (1, "stop", None),
+    ]
