@@ -78,6 +78,7 @@ def wait_for_store(
     timeout: float,
     progress: bool = False,
     interrupt_fd: int | None = None,
+    since: float | None = None,
 ) -> bool:
     """Block until a TCP server accepts at ``host:port`` (True); raise ``StoreUnavailable``
     after ``timeout``.
@@ -85,9 +86,10 @@ def wait_for_store(
     Attempts are spaced by a growing back-off: there is no event to wait on for a
     server on another host. ``progress`` (a supervisor): a log line every
     ``PROGRESS_EVERY_S`` says how long it has waited, and why. ``interrupt_fd``: the
-    wait returns False as soon as it is readable (the caller reads it).
+    wait returns False as soon as it is readable (the caller reads it, then waits again
+    ``since`` the first wait's ``time.monotonic()``, so the timeout still counts from there).
     """
-    start = time.monotonic()
+    start = time.monotonic() if since is None else since
     deadline, next_note = start + timeout, start + PROGRESS_EVERY_S
     delay = 0.02
     last_error = ""

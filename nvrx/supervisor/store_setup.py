@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from nvrx.store import keys
 from nvrx.store.service import (
     SnapshotSpec,
@@ -68,7 +70,10 @@ def launch_store(cfg: SupervisorConfig) -> StoreService | None:
 
 
 def await_store(
-    cfg: SupervisorConfig, service: StoreService | None, interrupt_fd: int | None = None
+    cfg: SupervisorConfig,
+    service: StoreService | None,
+    interrupt_fd: int | None = None,
+    since: float | None = None,
 ) -> bool:
     """Until the job's store answers: node 0's own ``service``, or, on another node, node 0's
     (node 0 may come up much later than this one; a log line every 5 s says so). False when
@@ -81,7 +86,7 @@ def await_store(
             return True
         try:
             return wait_for_store(
-                cfg.store_host, cfg.store_port, cfg.store_timeout, True, interrupt_fd
+                cfg.store_host, cfg.store_port, cfg.store_timeout, True, interrupt_fd, since
             )
         except StoreUnavailable as exc:
             raise SupervisorError(ExitCode.STORE_UNAVAILABLE, str(exc)) from exc
@@ -100,13 +105,15 @@ def await_store_or_stop(
     cfg: SupervisorConfig, service: StoreService | None, signals: SignalPipe
 ) -> tuple[int | None, list[int]]:
     """``await_store`` while this node's children may already run: (the first stop signal
-    received before the store answered, else None; the other signals received meanwhile,
-    for the caller to handle once connected)."""
+    received while a node other than 0 still waited, else None; the signals received
+    meanwhile, for the caller to handle once connected: a stop among them too, once the
+    store answered, so that it reaches the other nodes)."""
     later: list[int] = []
+    since = time.monotonic()
     while True:
-        answered = await_store(cfg, service, signals.fileno())
+        answered = await_store(cfg, service, signals.fileno(), since)
         for signum in signals.read():  # node 0 waits for its own store without looking
-            if signum in STOP_SIGNALS:
+            if signum in STOP_SIGNALS and not answered:
                 return signum, later
             later.append(signum)
         if answered:

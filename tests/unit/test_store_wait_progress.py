@@ -39,3 +39,73 @@ def test_a_rank_waiting_for_the_store_stays_quiet(
         with pytest.raises(StoreUnavailable):
             wait_for_store("127.0.0.1", port, timeout=0.8)
     assert not [r for r in caplog.records if "still waiting" in r.getMessage()]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _node_1(port: int, timeout: float):
+    from nvrx.supervisor.config import SupervisorConfig
+
+    return SupervisorConfig(
+        ["python", "train.py"], nnodes=2, node_rank=1, nproc_per_node=1,
+        store_port=port, store_timeout=timeout,
+    )  # fmt: skip
+
+
+def test_signals_during_a_supervisors_wait_are_kept_and_do_not_extend_it() -> None:
+    """A node waiting for node 0's store: a SIGUSR1 (as SLURM's warning) wakes the wait, is
+    kept for later, and the store timeout still counts from the start of the wait."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from nvrx.supervisor.exit_codes import SupervisorError
+    from nvrx.supervisor.signals import SignalPipe
+    from nvrx.supervisor.store_setup import await_store_or_stop
+
+    cfg = _node_1(_free_port(), timeout=2.0)
+    done = threading.Event()
+    sent: list[float] = []
+
+    def warn() -> None:
+        for at in (0.5, 1.0, 1.5, 3.5):  # the last one only if the wait outlived its timeout
+            if done.wait(max(0.0, at - (time.monotonic() - t0))):
+                return
+            sent.append(at)
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+    pipe = SignalPipe((signal.SIGUSR1, signal.SIGTERM)).install()
+    try:
+        t0 = time.monotonic()
+        sender = threading.Thread(target=warn)
+        sender.start()
+        with pytest.raises(SupervisorError, match="127.0.0.1"):
+            await_store_or_stop(cfg, None, pipe)
+        done.set()
+        sender.join()
+    finally:
+        done.set()
+        pipe.restore()
+    assert sent == [0.5, 1.0, 1.5]  # it ended at its 2 s, before the fourth
+
+
+def test_a_stop_signal_during_a_supervisors_wait_is_returned_with_what_came_before() -> None:
+    import os
+    import signal
+
+    from nvrx.supervisor.signals import SignalPipe
+    from nvrx.supervisor.store_setup import await_store_or_stop
+
+    cfg = _node_1(_free_port(), timeout=60.0)
+    pipe = SignalPipe((signal.SIGUSR1, signal.SIGTERM)).install()
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert await_store_or_stop(cfg, None, pipe) == (signal.SIGTERM, [signal.SIGUSR1])
+    finally:
+        pipe.restore()
