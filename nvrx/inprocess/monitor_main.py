@@ -208,7 +208,7 @@ class _Monitor:
             self._peer_silent(now, rank, int(info["world_size"]))
 
     def _beat_now(self) -> None:
-        """A beat to the supervisor outside the watch loop (while a fault waits for the link)."""
+        """A beat to the supervisor outside the watch loop (first, and while a fault waits)."""
         if self.sender is not None:
             self.sender.send(self._beat(*self.place))
 
@@ -299,6 +299,7 @@ class _Monitor:
             poller.register(pidfd, select.POLLIN)
         poller.register(sys.stdin.fileno(), select.POLLIN | select.POLLHUP)
         ready = {"ready": True, "pid": os.getpid(), "port": cfg.store_port}
+        self._beat_now()  # known to the supervisor before its rank goes on: found if it freezes
         # The rank may have died since it started this program: the watch then leaves the
         # round on its behalf.
         with contextlib.suppress(BrokenPipeError):

@@ -183,17 +183,18 @@ class HangWatch:
         """The rank leaves its round (its peers restart without waiting for it), then its
         process and its frozen monitor are killed: the policy restarts it like a dead one."""
         beat = silence.beat
+        rank = beat.rank if beat.rank >= 0 else beat.initial_rank  # before its first round
         message = f"no heartbeat for {silence.silent_s:.1f} s"
         log.warning(
             "rank %d (local rank %d, pid %d) sent no heartbeat for %.1f s: unresponsive",
-            beat.rank, beat.local_rank, beat.pid, silence.silent_s,
+            rank, beat.local_rank, beat.pid, silence.silent_s,
         )  # fmt: skip
         assert self.link is not None
         self.link.leave_silent(beat.initial_rank, self.config.world_size, message)
         self._emit(
-            "fault", fault_kind=UNRESPONSIVE, origin_rank=beat.rank,
-            rank=beat.rank if beat.rank >= 0 else None,  # a common field: None, never -1
-            round=beat.round, local_rank=beat.local_rank, child_pid=beat.pid, message=message,
+            "fault", fault_kind=UNRESPONSIVE, origin_rank=rank, rank=rank,
+            round=beat.round if beat.round >= 0 else None,  # a common field: None, never -1
+            local_rank=beat.local_rank, child_pid=beat.pid, message=message,
             signature=UNRESPONSIVE_SIGNATURE, detected_mono=time.monotonic(),
         )  # fmt: skip
         if _is_monitor(beat.monitor_pid):

@@ -300,3 +300,32 @@ def test_a_monitor_waiting_for_its_link_keeps_beating_to_its_supervisor(tmp_path
         rank.wait()
         beats.close()
         board.close()
+
+
+def test_a_supervised_monitor_beats_once_before_it_says_it_watches(tmp_path):
+    """The supervisor knows of a monitor before its rank goes on: one frozen before its first
+    look (a node that trains at once) is found silent too, not ignored for never beating."""
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    board = ProgressBoard()
+    beats = BeatSocket(str(tmp_path / "beats.sock"))
+    monitor = None
+    try:
+        cfg = _config(rank.pid, board.path, monitor_process_interval=30.0)  # no look for 30 s
+        env = dict(os.environ, **{jobenv.RANK_BEATS: beats.path})
+        monitor = subprocess.Popen(
+            [sys.executable, "-c", ENTRY_POINT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            env=env, start_new_session=True,
+        )  # fmt: skip
+        monitor.stdin.write((json.dumps(dataclasses.asdict(cfg)) + "\n").encode())
+        monitor.stdin.flush()
+        assert json.loads(monitor.stdout.readline())["ready"]
+        got = beats.receive()  # sent before the ready line, so here already
+        assert [(b.initial_rank, b.round, b.bye) for b in got] == [(0, -1, False)], got
+    finally:
+        if monitor is not None:
+            os.killpg(monitor.pid, signal.SIGKILL)
+            monitor.wait()
+        rank.kill()
+        rank.wait()
+        beats.close()
+        board.close()
