@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -225,6 +226,46 @@ def test_sigterm_forwards_then_kills_and_leaves_no_process_behind(tmp_path) -> N
     assert exits[(0, 1)] == "SIGKILL" and exits[(0, 0)] == "SIGTERM"
 
 
+def _node_1_without_its_store(
+    tmp_path: Path, store_timeout: int, then: Any
+) -> tuple[int, str, set[int], dict[str, Any], int]:
+    """Supervisor of node 1 of 2 with nobody at node 0's store: once both its children
+    started, ``then(proc)``; its (exit code, output, children, supervisor_end, store port)."""
+    master, store = free_ports(2)
+    log_dir = tmp_path / "logs"
+    body = (
+        "open(os.path.join(os.environ['NVRX_LOG_DIR'], f'started-{RANK}'), 'w').close()\n"
+        "time.sleep(600)\n"
+    )
+    cmd = [
+        sys.executable, "-m", "nvrx.supervisor.cli", "--nnodes", "2", "--node-rank", "1",
+        "--nproc-per-node", "2", "--master-port", str(master), "--store-port", str(store),
+        "--store-timeout", str(store_timeout), "--job-id", "nostore", "--log-dir", str(log_dir),
+        "--", *script(tmp_path, body),
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_until(
+            "both children to start while the store is away",
+            lambda: len(list(log_dir.glob("started-*"))) == 2 or proc.poll() is not None,
+            60,
+        )
+        assert len(list(log_dir.glob("started-*"))) == 2
+        children = _tree(proc.pid)
+        then(proc)
+        output, _ = proc.communicate(timeout=60)  # far below a long store timeout
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    events, _ = read_dir(log_dir / "nostore")
+    (end,) = [e for e in events if e["kind"] == "supervisor_end"]
+    return proc.returncode, output, children, end, store
+
+
 @pytest.mark.timeout(120)
 def test_a_node_starts_its_children_before_the_store_answers_and_ends_them_if_it_never_does(
     tmp_path,
@@ -232,40 +273,10 @@ def test_a_node_starts_its_children_before_the_store_answers_and_ends_them_if_it
     """Node 1 of 2, with nobody at node 0's store: its children start at once (they do not
     wait for node 0's torch import), and when the store never answers (``--store-timeout``)
     the supervisor exits 3 naming it, and leaves no child behind."""
-    master, store = free_ports(2)
-    log_dir = tmp_path / "logs"
-    body = (
-        "open(os.path.join(os.environ['NVRX_LOG_DIR'], f'started-{RANK}'), 'w').close()\n"
-        "time.sleep(600)\n"
-    )
-    cmd = [
-        sys.executable, "-m", "nvrx.supervisor.cli", "--nnodes", "2", "--node-rank", "1",
-        "--nproc-per-node", "2", "--master-port", str(master), "--store-port", str(store),
-        "--store-timeout", "8", "--job-id", "nostore", "--log-dir", str(log_dir),
-        "--", *script(tmp_path, body),
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        wait_until(
-            "both children to start while the store is away",
-            lambda: len(list(log_dir.glob("started-*"))) == 2 or proc.poll() is not None,
-            60,
-        )
-        children = _tree(proc.pid)
-        assert len(list(log_dir.glob("started-*"))) == 2
-        output, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 3, output
+    code, output, children, end, store = _node_1_without_its_store(tmp_path, 8, lambda p: None)
+    assert code == 3, output
     assert f"127.0.0.1:{store}" in output, output
     assert _alive(children) == set()
-    events, _ = read_dir(log_dir / "nostore")
-    (end,) = [e for e in events if e["kind"] == "supervisor_end"]
     assert end["exit_code"] == 3 and f":{store}" in end["reason"], end
 
 
@@ -273,37 +284,9 @@ def test_a_node_starts_its_children_before_the_store_answers_and_ends_them_if_it
 def test_a_stop_signal_while_waiting_for_the_store_ends_the_started_children(tmp_path) -> None:
     """Node 1 of 2 started its children and waits for node 0's store: SIGTERM ends it at once
     (not at ``--store-timeout``) with the signal's exit code, its children with it."""
-    master, store = free_ports(2)
-    log_dir = tmp_path / "logs"
-    body = (
-        "open(os.path.join(os.environ['NVRX_LOG_DIR'], f'started-{RANK}'), 'w').close()\n"
-        "time.sleep(600)\n"
+    code, output, children, end, _ = _node_1_without_its_store(
+        tmp_path, 600, lambda proc: os.kill(proc.pid, signal.SIGTERM)
     )
-    cmd = [
-        sys.executable, "-m", "nvrx.supervisor.cli", "--nnodes", "2", "--node-rank", "1",
-        "--nproc-per-node", "2", "--master-port", str(master), "--store-port", str(store),
-        "--store-timeout", "600", "--job-id", "waiting", "--log-dir", str(log_dir),
-        "--", *script(tmp_path, body),
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        wait_until(
-            "both children to start while the store is away",
-            lambda: len(list(log_dir.glob("started-*"))) == 2 or proc.poll() is not None,
-            60,
-        )
-        children = _tree(proc.pid)
-        os.kill(proc.pid, signal.SIGTERM)
-        output, _ = proc.communicate(timeout=60)  # far below the store timeout
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 128 + signal.SIGTERM, output
+    assert code == 128 + signal.SIGTERM, output
     assert _alive(children) == set()
-    events, _ = read_dir(log_dir / "waiting")
-    (end,) = [e for e in events if e["kind"] == "supervisor_end"]
     assert end["reason"] == "received SIGTERM before the store answered", end

@@ -5,6 +5,7 @@ when asked for them."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
 import os
@@ -250,32 +251,53 @@ def test_a_monitor_started_ahead_has_imported_torch_when_it_says_so():
     assert done.returncode == 5  # 3: said too early; 0: never said it (the spy saw nothing)
 
 
-def test_a_monitor_waiting_for_its_link_keeps_beating_to_its_supervisor(tmp_path):
-    """A soft hang found while the link is still being made (a store factory that takes 20 s):
-    the fault waits for the link, and the beats go on meanwhile, so that the supervisor does
-    not take the waiting monitor's rank for a silent one."""
+@contextlib.contextmanager
+def _supervised_monitor(tmp_path, before=None, **fields):
+    """A monitor program beating to a supervisor's socket, watching a sleeping rank;
+    ``before(board)`` runs before it starts. Yields (monitor, beats); all ended after."""
     rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     board = ProgressBoard()
     beats = BeatSocket(str(tmp_path / "beats.sock"))
     monitor = None
     try:
-        board.set_round(0, 0, 1, 0)
-        board.enter_user()  # and no progress from now on: a soft hang after 0.5 s
-        cfg = _config(
-            rank.pid,
-            board.path,
-            heartbeat_interval=0.2,
-            soft_timeout=0.5,
-            store_factory=_factory(subprocess.run, args=["sleep", "20"]),  # a link held 20 s
-            events_dir=str(tmp_path / "events"),
-        )
+        if before is not None:
+            before(board)
+        cfg = _config(rank.pid, board.path, **fields)
         env = dict(os.environ, **{jobenv.RANK_BEATS: beats.path})
         monitor = subprocess.Popen(
             [sys.executable, "-c", ENTRY_POINT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            env=env, start_new_session=True,  # with the factory's ``sleep``: one group to kill
+            env=env, start_new_session=True,  # with a factory's ``sleep``: one group to kill
         )  # fmt: skip
         monitor.stdin.write((json.dumps(dataclasses.asdict(cfg)) + "\n").encode())
         monitor.stdin.flush()
+        yield monitor, beats
+    finally:
+        if monitor is not None:
+            os.killpg(monitor.pid, signal.SIGKILL)
+            monitor.wait()
+        rank.kill()
+        rank.wait()
+        beats.close()
+        board.close()
+
+
+def _hung_in_round_0(board) -> None:
+    board.set_round(0, 0, 1, 0)
+    board.enter_user()  # and no progress from now on
+
+
+def test_a_monitor_waiting_for_its_link_keeps_beating_to_its_supervisor(tmp_path):
+    """A soft hang found while the link is still being made (a store factory that takes 20 s):
+    the fault waits for the link, and the beats go on meanwhile, so that the supervisor does
+    not take the waiting monitor's rank for a silent one."""
+    with _supervised_monitor(
+        tmp_path,
+        _hung_in_round_0,  # a soft hang after 0.5 s
+        heartbeat_interval=0.2,
+        soft_timeout=0.5,
+        store_factory=_factory(subprocess.run, args=["sleep", "20"]),  # a link held 20 s
+        events_dir=str(tmp_path / "events"),
+    ) as (_monitor, beats):
 
         def hang_seen() -> bool:
             found, _ = read_dir(tmp_path / "events")
@@ -292,40 +314,13 @@ def test_a_monitor_waiting_for_its_link_keeps_beating_to_its_supervisor(tmp_path
         assert {(b.rank, b.round, b.bye) for b in got} == {(0, 0, False)}
         found, _ = read_dir(tmp_path / "events")
         assert not [e for e in found if e["kind"] == "fault"]  # its record waits for the link
-    finally:
-        if monitor is not None:
-            os.killpg(monitor.pid, signal.SIGKILL)
-            monitor.wait()
-        rank.kill()
-        rank.wait()
-        beats.close()
-        board.close()
 
 
 def test_a_supervised_monitor_beats_once_before_it_says_it_watches(tmp_path):
     """The supervisor knows of a monitor before its rank goes on: one frozen before its first
     look (a node that trains at once) is found silent too, not ignored for never beating."""
-    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    board = ProgressBoard()
-    beats = BeatSocket(str(tmp_path / "beats.sock"))
-    monitor = None
-    try:
-        cfg = _config(rank.pid, board.path, monitor_process_interval=30.0)  # no look for 30 s
-        env = dict(os.environ, **{jobenv.RANK_BEATS: beats.path})
-        monitor = subprocess.Popen(
-            [sys.executable, "-c", ENTRY_POINT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            env=env, start_new_session=True,
-        )  # fmt: skip
-        monitor.stdin.write((json.dumps(dataclasses.asdict(cfg)) + "\n").encode())
-        monitor.stdin.flush()
+    # no look for 30 s: only the beat before the ready line can be there
+    with _supervised_monitor(tmp_path, monitor_process_interval=30.0) as (monitor, beats):
         assert json.loads(monitor.stdout.readline())["ready"]
         got = beats.receive()  # sent before the ready line, so here already
         assert [(b.initial_rank, b.round, b.bye) for b in got] == [(0, -1, False)], got
-    finally:
-        if monitor is not None:
-            os.killpg(monitor.pid, signal.SIGKILL)
-            monitor.wait()
-        rank.kill()
-        rank.wait()
-        beats.close()
-        board.close()
