@@ -188,7 +188,7 @@ class _Monitor:
 
     # -- heartbeats --------------------------------------------------------------------
     def _heartbeat(self, now: float, info: dict[str, float]) -> None:
-        if self.round < 0 or now < self.next_hb:
+        if now < self.next_hb or (self.round < 0 and self.sender is None):  # supervised: always
             return
         self.next_hb = now + self.cfg.heartbeat_interval
         rank = int(info["rank"])

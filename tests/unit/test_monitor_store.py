@@ -324,3 +324,24 @@ def test_a_supervised_monitor_beats_once_before_it_says_it_watches(tmp_path):
         assert json.loads(monitor.stdout.readline())["ready"]
         got = beats.receive()  # sent before the ready line, so here already
         assert [(b.initial_rank, b.round, b.bye) for b in got] == [(0, -1, False)], got
+
+
+def test_a_supervised_monitor_beats_while_its_rank_waits_for_its_first_round(tmp_path):
+    """The Wrapper marks round -1 while its rank waits to be admitted (the initial barrier,
+    a rejoin): its monitor beats to the supervisor all the same, or the supervisor, which
+    knows of it from its first beat, would take the waiting rank for a silent one."""
+
+    def waiting(board) -> None:
+        board.set_round(-1, 3, 4, 3)
+
+    with _supervised_monitor(tmp_path, waiting, heartbeat_interval=0.2) as (monitor, beats):
+        assert json.loads(monitor.stdout.readline())["ready"]
+        got: list = []
+
+        def beaten() -> bool:
+            select.select([beats], [], [], 0.1)
+            got.extend(beats.receive())
+            return len(got) >= 4
+
+        wait_until("beats while the rank waits", beaten, 60)
+        assert {(b.round, b.bye) for b in got} == {(-1, False)}, got
