@@ -183,7 +183,7 @@ class HangWatch:
         """The rank leaves its round (its peers restart without waiting for it), then its
         process and its frozen monitor are killed: the policy restarts it like a dead one."""
         beat = silence.beat
-        rank = beat.rank if beat.rank >= 0 else beat.initial_rank  # before its first round
+        rank = beat.rank if beat.rank >= 0 else beat.initial_rank  # no rank number known yet
         message = f"no heartbeat for {silence.silent_s:.1f} s"
         log.warning(
             "rank %d (local rank %d, pid %d) sent no heartbeat for %.1f s: unresponsive",

@@ -56,6 +56,7 @@ class JobRestart:
 
     config: Any
     watch: Any
+    beats: Any
     link: Any
     roles: Any
     policy: Any
@@ -70,8 +71,9 @@ class JobRestart:
     def _job_wide(self, pid: int) -> bool:
         """Whether the failure of child ``pid`` restarts the whole job."""
         policy = self.config.ft_restart_policy
-        if policy == "auto":
-            return not uses_wrapper(self.config.events_dir, pid)
+        if policy == "auto":  # a rank waiting to be admitted has no Wrapper events yet
+            wrapped = pid in self.beats.wrapper_pids or uses_wrapper(self.config.events_dir, pid)
+            return not wrapped
         return policy == "any-failed"
 
     def _failure_handled(self, local_rank: int, status: Any, pid: int, fault: LastFault | None) -> bool:

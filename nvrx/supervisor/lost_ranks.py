@@ -28,9 +28,10 @@ log = logging.getLogger(__name__)
 
 
 def _round_ranks(
-    round_store: Any, initial_ranks: set[int], initial_world_size: int
+    round_store: Any, initial_ranks: set[int], initial_world_size: int, published: bool = False
 ) -> list[tuple[int, int]]:
-    """(rank in the round, world size of the round) of each of ``initial_ranks`` in the round."""
+    """(rank in the round, world size of the round) of each of ``initial_ranks`` in the round;
+    ``published``: only of those whose state there names them."""
     found: dict[int, tuple[int, int]] = {}
     world_size = initial_world_size
     for rank in range(initial_world_size):
@@ -41,7 +42,7 @@ def _round_ranks(
         if int(state.get("initial_rank", -1)) in initial_ranks:
             found[int(state["initial_rank"])] = (rank, world_size)
     # a rank that has not written its state yet still has its initial rank
-    for initial in initial_ranks - set(found):
+    for initial in () if published else initial_ranks - set(found):
         if initial < world_size:
             found[initial] = (initial, world_size)
     return sorted(found.values())
@@ -64,9 +65,11 @@ def leave_round(
     message: str,
     gone: bool,
     kind: str = "node_lost",
+    published: bool = False,
 ) -> dict[str, Any]:
     """Take ``initial_ranks`` out of the running round (a fault record of ``kind``); what was
-    done, for the supervisor's log."""
+    done, for the supervisor's log. ``published``: only those whose state in the round names
+    them (not a rank that waits to be admitted, whose number there is another's)."""
     if gone:
         gone_ranks.mark(base, initial_ranks)
         _arrive_for_gone(base, initial_ranks, initial_world_size)
@@ -77,7 +80,7 @@ def leave_round(
     in_round = set(initial_ranks) - generations.gone_at_start(base, generations.of_round(base, round_))
     round_store = rstore.round_store(base, round_)
     left = []
-    for rank, world_size in _round_ranks(round_store, in_round, initial_world_size):
+    for rank, world_size in _round_ranks(round_store, in_round, initial_world_size, published):
         if rank in rstore.terminated_ranks(round_store):
             continue  # its own monitor, or an earlier declaration, already took it out
         record = faults.FaultRecord(rank=rank, kind=kind, message=message)
@@ -91,6 +94,9 @@ def leave_silent(base: Any, initial_rank: int, initial_world_size: int, message:
     """Take the rank of ``initial_rank`` out of the running round as ``unresponsive``, as a
     peer's monitor does without a supervisor; False when it was out already. The round is
     the job's current one, not the last one the silent monitor told of: the rank may have
-    moved on just before its monitor froze."""
-    left = leave_round(base, [initial_rank], initial_world_size, message, False, "unresponsive")
+    moved on just before its monitor froze. A rank not in that round (one waiting to be
+    admitted) is left alone: its initial rank may be another process's rank there."""
+    left = leave_round(
+        base, [initial_rank], initial_world_size, message, False, "unresponsive", published=True
+    )
     return bool(left["ranks"])

@@ -41,11 +41,13 @@ class RankBeats:
     def __init__(self) -> None:
         self.ranks: dict[int, Beating] = {}
         self._ended: dict[int, int] = {}  # local rank -> its last attempt that ended
+        self.wrapper_pids: set[int] = set()  # processes whose monitor beat: Wrapper ranks
 
     def record(self, beats: list[Beat], now: float | None = None) -> None:
         """Apply received beats: a ``bye`` or the beat of an ended process ends the watch."""
         now = time.monotonic() if now is None else now
         for beat in beats:
+            self.wrapper_pids.add(beat.pid)
             if beat.attempt <= self._ended.get(beat.local_rank, -1):
                 continue  # queued before its child ended
             current = self.ranks.get(beat.initial_rank)

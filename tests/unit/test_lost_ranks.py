@@ -1,0 +1,51 @@
+"""A supervisor takes a silent rank out of the running round only where that round names it
+(real TCPStore on loopback)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from nvrx.inprocess import store as rstore
+from nvrx.store import client, keys, rounds
+from nvrx.supervisor.job_restart import JobRestart
+from nvrx.supervisor.lost_ranks import leave_silent
+from nvrx.supervisor.silent_ranks import RankBeats
+from tests.unit.test_rank_beats import _beat
+
+
+@pytest.fixture()
+def store():
+    server = client.serve("127.0.0.1", 0, timeout=10)
+    yield server
+    del server
+
+
+def test_a_silent_rank_waiting_to_be_admitted_does_not_take_out_the_rank_of_its_number(
+    store,
+) -> None:
+    """Round 5 runs without initial rank 0 (a replacement still waiting to be admitted) and
+    the ranks were shifted: initial rank 1 is rank 0 there. Initial rank 0's silence must not
+    take out rank 0, a healthy process; initial rank 1's does."""
+    rounds.publish_round(store, 5)
+    view = rstore.round_store(store, 5)
+    view.set(keys.rank_state(0), json.dumps({"initial_rank": 1, "world_size": 2}))
+    view.set(keys.rank_state(1), json.dumps({"initial_rank": 2, "world_size": 2}))
+    assert not leave_silent(store, 0, 3, "no heartbeat for 10.0 s")
+    assert rstore.terminated_ranks(view) == set()
+    assert leave_silent(store, 1, 3, "no heartbeat for 10.0 s")
+    assert rstore.terminated_ranks(view) == {0}
+
+
+def test_a_process_whose_monitor_beat_is_a_wrapper_rank_before_it_wrote_any_event(tmp_path):
+    """Under ``--ft-restart-policy auto`` a Wrapper rank restarts alone: one that waited to be
+    admitted (no Wrapper event yet) counts as one when its monitor beat."""
+    beats = RankBeats()
+    beats.record([_beat(pid=4242, round=-1, rank=-1)])
+    supervisor = SimpleNamespace(
+        config=SimpleNamespace(ft_restart_policy="auto", events_dir=str(tmp_path)), beats=beats
+    )
+    assert not JobRestart._job_wide(supervisor, 4242)
+    assert JobRestart._job_wide(supervisor, 4343)  # a plain script's process
