@@ -1,34 +1,26 @@
-"""A supervisor takes a silent rank out of the running round only where that round names it
-(real TCPStore on loopback)."""
+"""What a supervisor does with a silent rank: take it out of the running round only where
+that round names it (a real TCPStore, the ``base`` fixture), and restart it alone."""
 
 from __future__ import annotations
 
 import json
 from types import SimpleNamespace
 
-import pytest
-
 from nvrx.inprocess import store as rstore
-from nvrx.store import client, keys, rounds
+from nvrx.store import keys, rounds
 from nvrx.supervisor.job_restart import JobRestart
 from nvrx.supervisor.lost_ranks import leave_silent
 from nvrx.supervisor.silent_ranks import RankBeats
 from tests.unit.test_rank_beats import _beat
 
 
-@pytest.fixture()
-def store():
-    server = client.serve("127.0.0.1", 0, timeout=10)
-    yield server
-    del server
-
-
 def test_a_silent_rank_waiting_to_be_admitted_does_not_take_out_the_rank_of_its_number(
-    store,
+    base,
 ) -> None:
     """Round 5 runs without initial rank 0 (a replacement still waiting to be admitted) and
     the ranks were shifted: initial rank 1 is rank 0 there. Initial rank 0's silence must not
     take out rank 0, a healthy process; initial rank 1's does."""
+    store = base
     rounds.publish_round(store, 5)
     view = rstore.round_store(store, 5)
     view.set(keys.rank_state(0), json.dumps({"initial_rank": 1, "world_size": 2}))
