@@ -27,7 +27,6 @@ import argparse
 import contextlib
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,24 +38,17 @@ import psutil
 
 from nvrx.events import read_dir
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from free_ports import free_ports  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "examples" / "train_demo.py"
 STEPS = 400
 KILL_AFTER_STEP = 20
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def _start_job(work: Path, job_id: str, nnodes: int, node_timeout: float, *options: str) -> list[subprocess.Popen]:
-    master, store = _free_ports(2)
+    master, store = free_ports(2)
     command = [
         sys.executable, str(DEMO), "--steps", str(STEPS), "--checkpoint-every", "2",
         "--step-time", "0.05", "--run-dir", str(work / "run"), "--rejoin-timeout", "30",

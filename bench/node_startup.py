@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,24 +27,18 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import private_netns  # noqa: E402
+from free_ports import free_ports  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "examples" / "train_demo.py"
 TARGET_CHILDREN_S = 2.0
 
 
-def _ports() -> tuple[int, int]:
-    with socket.socket() as a, socket.socket() as b:
-        a.bind(("127.0.0.1", 0))
-        b.bind(("127.0.0.1", 0))
-        return a.getsockname()[1], b.getsockname()[1]
-
-
 def run_once(nnodes: int, nproc: int, tmp: Path) -> dict[str, float]:
     """One job; the seconds of each milestone from the first supervisor's start."""
     from nvrx.events import read_dir
 
-    master, store = _ports()
+    master, store = free_ports(2)
     env = {**os.environ, "NVRX_DEMO_FAULTS": ""}
     procs = [
         subprocess.Popen(

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nvrx.events import read_dir
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from free_ports import free_ports  # noqa: E402
 
 TARGET_ENTER_S = 0.5
 TARGET_ALL_S = 1.0
@@ -103,23 +105,12 @@ def _wait_for(predicate, timeout: float, what: str):
     raise TimeoutError(f"timed out waiting for {what}")
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _kinds(events: list[dict], kind: str) -> list[dict]:
     return [e for e in events if e["kind"] == kind]
 
 
 def one_run(workdir: Path, wrapper: bool, standby: bool) -> Run:
-    master, store = _free_ports(2)
+    master, store = free_ports(2)
     workdir.mkdir(parents=True, exist_ok=True)
     child = workdir / "child.py"
     child.write_text(CHILD_WRAPPED if wrapper else CHILD)

@@ -19,13 +19,15 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from free_ports import free_port_run  # noqa: E402
 
 SETTINGS = dict(
     soft_timeout=2.0,
@@ -84,22 +86,9 @@ def _rank(out: Path, mode: str, fault: str, fault_step: int, steps: int) -> int:
     return 0
 
 
-def _free_port_pair() -> int:
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-
-
 def _run(n: int, mode: str, fault: str, fault_step: int, steps: int) -> Path:
     out = Path(tempfile.mkdtemp(prefix=f"nvrx-bench-{fault}-"))
-    port = _free_port_pair()
+    port = free_port_run(2)
     service = None
     extra: dict[str, str] = {}
     if (

@@ -39,7 +39,6 @@ import argparse
 import collections
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -53,6 +52,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import private_netns  # noqa: E402
+from free_ports import free_port_run  # noqa: E402
 
 TARGET_CHILDREN_S = 2.0
 VARIANTS = ("plain", "wrapper", "supervised", "supervised-wrapper", "supervised-cold")
@@ -91,23 +91,6 @@ CHILD = textwrap.dedent(
     mark("exit")
     '''
 )
-
-
-def free_port_pair() -> int:
-    """A port p with p and p + 1 free (MASTER_PORT, and the Wrapper's store on MASTER_PORT + 1)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port >= 65535:
-            continue
-        try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair found")
 
 
 @dataclass
@@ -225,7 +208,7 @@ def run_job(variant: str, args: argparse.Namespace, tmp: Path, index: int) -> Ru
     mode = "wrapper" if variant.endswith("wrapper") else "plain"
     job_id = f"startup-{variant}-{index}"
     log_dir = tmp / "logs"
-    port = free_port_pair()
+    port = free_port_run(2)
     env = dict(os.environ, OMP_NUM_THREADS="1", NVRX_LOG_DIR=str(log_dir), NVRX_JOB_ID=job_id)
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     py = [sys.executable, str(script), mode]
@@ -317,7 +300,7 @@ def _median(runs: list[Run], key: str, which: str) -> float | None:
 
 def importtime(args: argparse.Namespace, tmp: Path) -> None:
     """Run the supervisor once under ``-X importtime`` and sum its own imports by package."""
-    port = free_port_pair()
+    port = free_port_run(2)
     job_id = "startup-importtime"
     cmd = [
         sys.executable, "-X", "importtime", "-m", "nvrx.supervisor.cli", "--nnodes", "1",
