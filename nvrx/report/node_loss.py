@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .model import NodeLoss
 from .node_events import STOP_KINDS
 from .process_rows import SAME_FAILURE_WINDOW_S
-from .timeline import death_window
+from .round_windows import RoundWindows
 
 if TYPE_CHECKING:
     from .aggregate import JobSummary
@@ -94,16 +94,6 @@ def _recovery(job: JobSummary, loss: NodeLoss) -> tuple[float, int | None] | Non
     return None
 
 
-def _interrupted_round(job: JobSummary, run: int, wall: float | None) -> int | None:
-    if wall is None:
-        return None
-    for r_run, rnd in sorted(job.rounds):
-        window = death_window(job, r_run, rnd) if r_run == run else None
-        if window is not None and window[0] <= wall < window[1]:
-            return rnd
-    return None
-
-
 def _training_nodes(job: JobSummary, run: int) -> int | None:
     """Nodes that train in ``run`` (spares left out), by its supervisors' ``supervisor_start``."""
     for e in job.node_events:
@@ -160,8 +150,9 @@ def _loss(e: dict[str, Any]) -> NodeLoss:
     )
 
 
-def _followed(job: JobSummary, loss: NodeLoss) -> None:
-    """What followed the loss: the spare's takeover, the recovery, a fenced supervisor."""
+def _followed(job: JobSummary, loss: NodeLoss, windows: RoundWindows) -> None:
+    """What followed the loss: the spare's takeover, the recovery, a fenced supervisor; and
+    the round it interrupted (whose window holds its declaration)."""
     for e in job.node_events:
         kind, run, slot = e.get("kind"), e["run"], e.get("node")
         if kind == "node_takeover" and run == loss.run and slot == loss.replaced_by:
@@ -174,7 +165,7 @@ def _followed(job: JobSummary, loss: NodeLoss) -> None:
     if recovered is not None:
         loss.recovered_wall, loss.world_size = recovered
         loss.recovery_s = max(0.0, loss.recovered_wall - loss.start)
-    loss.round = _interrupted_round(job, loss.run, loss.declared_wall)
+    loss.round = windows.round_at(loss.run, loss.declared_wall)
 
 
 def _end(job: JobSummary, loss: NodeLoss) -> float:
@@ -209,8 +200,9 @@ def node_losses(job: JobSummary) -> LossIndex:
         if key not in seen:
             seen.add(key)
             index.losses.append(_loss(e))
+    windows = RoundWindows(job.rounds)
     for loss in index.losses:
-        _followed(job, loss)
+        _followed(job, loss, windows)
         loss.outcome = _outcome(job, loss, index.losses)
         if loss.fenced:
             loss.outcome += "; its supervisor came back and was fenced off (exit 9)"

@@ -7,7 +7,6 @@ here, once every event is known.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +15,7 @@ from nvrx.events.failures import PEER
 from .model import ProcessRestart, RecordedError
 from .node_events import STOP_KINDS
 from .parts import LocalFault
+from .round_windows import RoundWindows
 
 if TYPE_CHECKING:
     from .aggregate import JobSummary
@@ -114,30 +114,14 @@ def _restart_windows(job: JobSummary) -> dict[tuple[int, Any], list[tuple[float,
     return windows
 
 
-#: Per run: the start walls of its rounds, in order, and each round's ``rejoin_wait``.
-RoundWaits = dict[int, tuple[list[float], list[float | None]]]
-
-
-def _rejoin_waits(job: JobSummary) -> RoundWaits:
-    by_run: dict[int, list[tuple[float, float | None]]] = {}
-    for (run, _), state in job.rounds.items():
-        if state.started_wall is not None:
-            by_run.setdefault(run, []).append((state.started_wall, state.phases.get("rejoin_wait")))
-    waits: RoundWaits = {}
-    for run, rows in by_run.items():
-        rows.sort(key=lambda row: row[0])
-        waits[run] = ([wall for wall, _ in rows], [wait for _, wait in rows])
-    return waits
-
-
-def _peers_wait(waits: RoundWaits, run: int, wall: float | None) -> float | None:
+def _peers_wait(
+    job: JobSummary, windows: RoundWindows | None, run: int, wall: float | None
+) -> float | None:
     """How long the Wrapper's ranks waited for replacements to rejoin (``rejoin_wait``) in the
-    restart of the round that ran when a process ended at ``wall``; None without one."""
-    if wall is None or run not in waits:
-        return None
-    starts, rejoin = waits[run]
-    i = bisect.bisect_right(starts, wall)
-    return rejoin[i - 1] if i else None
+    restart of the round that ran when a process ended at ``wall`` (the round whose window
+    holds it: ``round_windows``, as the timeline places deaths); None without one."""
+    rnd = windows.round_at(run, wall) if windows is not None else None
+    return None if rnd is None else job.rounds[(run, rnd)].phases.get("rejoin_wait")
 
 
 def _explained(
@@ -168,7 +152,7 @@ def _row(
     losses: LossIndex | None,
     start: dict[str, Any] | None = None,
     restarts: dict[tuple[int, Any], list[tuple[float, float]]] | None = None,
-    waits: RoundWaits | None = None,
+    windows: RoundWindows | None = None,
 ) -> ProcessRestart:
     """The row of one failed ``child_exit``, with the decision and replacement after it
     (``later``: its slot's events up to the slot's next ``child_exit``; ``start``: its own
@@ -195,7 +179,7 @@ def _row(
         decision=decision.get("decision") if decision else None,
         reason=decision.get("reason") if decision else None,
         relaunch_s=relaunch,
-        rejoin_wait_s=_peers_wait(waits or {}, run, wall) if restart is not None else None,
+        rejoin_wait_s=_peers_wait(job, windows, run, wall) if restart is not None else None,
         explained_by=_explained(job, e, losses, restarts),
         files=[start["files"]] if start is not None and isinstance(start.get("files"), str) else [],
         error=RecordedError(e["error_file"], None, None, None, None)
@@ -222,7 +206,7 @@ def process_restarts(job: JobSummary, losses: LossIndex | None = None) -> list[P
     stops = _stop_walls(job)
     restarts = _restart_windows(job)
     by_slot = events_by_slot(job, _SLOT_KINDS)
-    waits = _rejoin_waits(job)
+    windows = RoundWindows(job.rounds)
     rows: list[ProcessRestart] = []
     for (run, slot, host, _), events in by_slot.items():
         events.sort(key=lambda e: e.get("wall") or 0.0)
@@ -236,6 +220,6 @@ def process_restarts(job: JobSummary, losses: LossIndex | None = None) -> list[P
                     None,
                 )  # fmt: skip
                 later = events[i + 1 : end]
-                rows.append(_row(job, events[i], later, losses, start, restarts, waits))
+                rows.append(_row(job, events[i], later, losses, start, restarts, windows))
     rows.sort(key=lambda p: p.wall or 0.0)
     return rows

@@ -24,7 +24,8 @@ from nvrx.events.failures import (
 
 from .compact import exclude_list
 from .model import Failure, NodeLoss, ProcessRestart, RoundRow, SuspectNode
-from .timeline import BY_NODE_LOSS, death_window
+from .round_windows import RoundWindows
+from .timeline import BY_NODE_LOSS
 
 if TYPE_CHECKING:
     from .aggregate import JobSummary
@@ -106,13 +107,16 @@ def _incident_kind(row: RoundRow) -> str:
 
 
 def _death_incident(
-    job: JobSummary, p: ProcessRestart, explained: dict[tuple[int, int | None, str], list[RoundRow]]
+    windows: RoundWindows,
+    p: ProcessRestart,
+    explained: dict[tuple[int, int | None, str], list[RoundRow]],
 ) -> tuple[object, ...]:
-    """A death that explains a round is that round's incident; otherwise one of its own."""
-    for r in explained.get((p.run, p.rank, "process_exit"), []):
-        window = death_window(job, r.run, r.round)
-        if p.wall is not None and window is not None and window[0] <= p.wall < window[1]:
-            return ("round", r.run, r.round)
+    """A death that explains a round (one in the round's window) is that round's incident;
+    otherwise one of its own."""
+    rnd = windows.round_at(p.run, p.wall)
+    rows = explained.get((p.run, p.rank, "process_exit"), [])
+    if rnd is not None and any(r.round == rnd for r in rows):
+        return ("round", p.run, rnd)
     return ("death", p.run, p.host, p.local_rank, p.wall)
 
 
@@ -146,13 +150,14 @@ def build_suspects(
         s.sigs.add(hang_signature(h.timeout))
         rows = [r for r in explained.get((h.run, h.rank, "hang"), []) if r.round == h.round]
         s.incidents.add(("round", h.run, h.round) if rows else ("hang", h.run, h.round, h.rank))
+    windows = RoundWindows(job.rounds)
     for p in process_rows:
         if p.host is None or p.explained_by is not None:
             continue
         s = per.of(p.host, p.node)
         s.deaths += 1
         s.sigs.add(process_end_signature(p.exit_code, p.signal))
-        s.incidents.add(_death_incident(job, p, explained))
+        s.incidents.add(_death_incident(windows, p, explained))
     if losses is not None:
         _add_losses(per, timeline, losses)
     # On one host (a local job) "seen only here" compares it with nothing.

@@ -28,6 +28,7 @@ from nvrx.events.failures import (
 from .model import NodeLoss, ProcessRestart, RoundRow
 from .parts import LocalFault, RoundState, earlier, order_key
 from .process_rows import NODE_LOST, same_process_end
+from .round_windows import RoundWindows, Window
 
 if TYPE_CHECKING:
     from .aggregate import JobSummary
@@ -47,6 +48,7 @@ def build_timeline(
     a process death (from its supervisor) or a hang report inside the round, if any; a
     round a node loss interrupted, by the loss (unless a fault came before it)."""
     rows = []
+    windows = RoundWindows(job.rounds)
     for (run, rnd), r in sorted(job.rounds.items()):
         if losses is not None and losses.losses:
             r = _without_explained(r, losses)
@@ -56,26 +58,12 @@ def build_timeline(
         if loss is not None and (root is None or (root.wall or 0.0) >= loss.start):
             _blame_loss(row, r, loss)
         elif row.first_rank is None and row.first_host is None:
-            _explain(job, row, r, process_rows)
+            _explain(job, row, r, process_rows, windows.window(run, rnd))
         elif root is not None and kind_of(root.signature) in (DEAD, UNRESPONSIVE):
             _sharpen(row, root, process_rows)
         rows.append(row)
     _infer_outcomes(job, rows)
     return rows
-
-
-def death_window(job: JobSummary, run: int, rnd: int) -> tuple[float, float] | None:
-    """Wall times in which a process death belongs to round ``rnd``: from its first event
-    until the next round of the run starts (a process killed mid-round writes no last word)."""
-    lo = job.rounds[(run, rnd)].first_wall
-    if lo is None:
-        return None
-    later = [
-        r.first_wall
-        for (run2, rnd2), r in job.rounds.items()
-        if run2 == run and rnd2 > rnd and r.first_wall is not None
-    ]
-    return lo, min(later, default=float("inf"))
 
 
 def _infer_outcomes(job: JobSummary, rows: list[RoundRow]) -> None:
@@ -144,9 +132,14 @@ def _sharpen(row: RoundRow, root: LocalFault, process_rows: Sequence[ProcessRest
 
 
 def _explain(
-    job: JobSummary, row: RoundRow, r: RoundState, process_rows: Sequence[ProcessRestart]
+    job: JobSummary,
+    row: RoundRow,
+    r: RoundState,
+    process_rows: Sequence[ProcessRestart],
+    window: Window | None,
 ) -> None:
-    window = death_window(job, row.run, row.round)
+    """Explain a round with no fault of its own by a process death in its ``window`` (its
+    ``round_windows`` window: a process killed mid-round writes no last word), else a hang."""
     if window is None:
         return
     lo, hi = window

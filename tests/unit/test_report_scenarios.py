@@ -358,3 +358,38 @@ def test_only_a_replaced_process_tells_how_long_its_peers_waited_for_it(tmp_path
         (0, "restart", 2.0),
         (1, "stop", None),
     ]
+
+
+def test_a_death_before_its_rounds_round_start_is_that_rounds_in_every_table(
+    tmp_path: Path,
+) -> None:
+    """Round 1's first event (8 s) comes before its first round_start (10 s); a process
+    that dies in between (9 s) died in round 1: the timeline explains round 1 by it, and its
+    row in Process restarts gets round 1's rejoin_wait (3 s), not round 0's (2 s)."""
+    h = Host("solo", 0)
+    sup = Proc(tmp_path, h, "supervisor")
+    sup.at(0.0, "supervisor_start", nnodes=1, nproc_per_node=2)
+    ranks = [Proc(tmp_path, h, "wrapper", rank=r).round(0) for r in range(2)]
+    for p in ranks:
+        p.at(1.0, "round_start", world_size=2)
+    sup.at(5.0, "child_exit", local_rank=0, child_pid=10, exit_code=1, runtime_s=5.0)
+    sup.at(5.1, "restart_decision", local_rank=0, decision="restart", reason="exit code 1")
+    sup.at(5.2, "child_start", local_rank=0, child_pid=20, attempt=1)
+    ranks[1].at(7.0, "restart_phase", phase="rejoin_wait", duration_s=2.0, ok=True)
+    ranks[1].round(1).at(8.0, "restart_phase", phase="initial_barrier", duration_s=0.5, ok=True)
+    sup.at(9.0, "child_exit", local_rank=1, child_pid=11, exit_code=1, runtime_s=9.0)
+    sup.at(9.1, "restart_decision", local_rank=1, decision="restart", reason="exit code 1")
+    sup.at(9.2, "child_start", local_rank=1, child_pid=21, attempt=1)
+    ranks[0].round(1).at(10.0, "round_start", world_size=2)
+    ranks[0].at(12.0, "restart_phase", phase="rejoin_wait", duration_s=3.0, ok=True)
+    for p in ranks:
+        p.round(2).at(13.0, "round_start", world_size=2)
+    for p in (sup, *ranks):
+        p.close()
+    report = build_report(tmp_path, sacct=False)
+    late = next(p for p in report.process_restarts if p.local_rank == 1)
+    [row] = [r for r in report.timeline if r.ordering == "process_exit" and r.first_rank == 1]
+    assert row.round == 1
+    assert late.rejoin_wait_s == row.phases["rejoin_wait"] == 3.0
+    first = next(p for p in report.process_restarts if p.local_rank == 0)
+    assert first.rejoin_wait_s == report.timeline[0].phases["rejoin_wait"] == 2.0
