@@ -9,7 +9,9 @@ which calls ``main``), one per rank, it reads the rank's ``ProgressBoard`` and a
 * hard timeout (only after a soft one): record ``hang_hard``, SIGCONT+SIGTERM,
   wait ``termination_grace_time``, SIGKILL; then leave the round on the rank's
   behalf;
-* the rank's process died (pidfd, no polling): leave the round on its behalf;
+* the rank's process died (pidfd, no polling): leave the round on its behalf, and
+  the next one where the round's iteration barrier had released it into it
+  (``death_between_rounds``);
 * heartbeats: one counter per rank per round; the next rank's counter that
   stops moving, or never moves, for ``heartbeat_timeout`` after this monitor
   saw the round start is declared unresponsive. Under a supervisor
@@ -31,12 +33,11 @@ shutdown flag is set or its rank is gone.
 
 from __future__ import annotations
 
-import base64
 import contextlib
+import functools
 import json
 import logging
 import os
-import pickle
 import select
 import signal
 import sys
@@ -45,10 +46,10 @@ from typing import Any
 
 from nvrx import events, processes, rank_beats
 from nvrx.store import barrier as nvrx_barrier
-from nvrx.store import client, keys
+from nvrx.store import keys
 from nvrx.store.faults import FaultRecord
 
-from . import monitor_store, monitor_target
+from . import death_between_rounds, monitor_store, monitor_target
 from .fault_events import announce_leave
 from .logging import setup_monitor_logging
 from .monitor_process import STACK_SIGNAL, MonitorConfig
@@ -96,7 +97,7 @@ class _Monitor:
         self.peer_value: int | None = None
         self.peer_changed = 0.0
         self.child = rank_beats.child_of_supervisor()
-        self.link = monitor_store.StoreLink(self._connect)
+        self.link = monitor_store.StoreLink(functools.partial(monitor_store.connect, cfg))
         (self.link.start if beside else self.link.make)()
 
     def _round_store(self) -> Any:
@@ -105,13 +106,6 @@ class _Monitor:
         if self._view is None or self._view[0] != self.round:
             self._view = (self.round, self.link.rounds.round_store(self.link.get(), self.round))
         return self._view[1]
-
-    def _connect(self) -> Any:
-        if self.cfg.store_factory:
-            factory, kwargs = pickle.loads(base64.b64decode(self.cfg.store_factory))
-            return factory(**kwargs)
-        host, port = self.cfg.store_host or "127.0.0.1", int(self.cfg.store_port or 0)
-        return client.connect(host, port, timeout=60)
 
     # -- what the board says ---------------------------------------------------------
     @property
@@ -139,7 +133,8 @@ class _Monitor:
         return monitor_target.dump_stack(self.cfg.target_pid, self.cfg.stack_fd, STACK_SIGNAL)
 
     # -- leaving the round on a rank's behalf ------------------------------------------
-    def _leave(self, rank: int, world_size: int, record: FaultRecord) -> None:
+    def _leave(self, rank: int, world_size: int, record: FaultRecord, initial: int | None) -> None:
+        """Leave the round for ``rank`` (``initial``: its initial rank, None when unknown)."""
         if self.round < 0:
             log.error("rank %s left before its first round: nothing to register", rank)
             return
@@ -147,7 +142,6 @@ class _Monitor:
         announce_leave(self.writer.emit, rank, record)  # now, even while the link is made
         store = self._round_store()
         self.link.rounds.proxy_leave(store, self.link.get(), rank, world_size, record)
-        initial = self.cfg.initial_rank if rank == self.rank else self._initial_rank_of(rank)
         if initial is None:
             log.warning(
                 "rank %s published no state in round %d: the store host waits for it at the "
@@ -177,12 +171,9 @@ class _Monitor:
             return
         log.info("rank gone; keeping the store until the other ranks finish")
         try:
-            nvrx_barrier.wait(
-                self.link.get(),
-                self.termination_barrier,
-                self.cfg.initial_world_size,
-                self.cfg.keeper_timeout,
-            )
+            cfg = self.cfg
+            barrier = self.termination_barrier
+            nvrx_barrier.wait(self.link.get(), barrier, cfg.initial_world_size, cfg.keeper_timeout)
         except Exception as exc:
             log.warning("stopping the store without the termination barrier: %r", exc)
 
@@ -238,7 +229,7 @@ class _Monitor:
             record = FaultRecord(
                 rank=peer, kind="unresponsive", message=f"no heartbeat for {silent_s:.1f} s"
             )
-            self._leave(peer, world_size, record)
+            self._leave(peer, world_size, record, self._initial_rank_of(peer))
         nxt = (peer + 1) % world_size
         self.peer = None if nxt == rank else nxt
         self.peer_value, self.peer_changed = None, now
@@ -287,7 +278,7 @@ class _Monitor:
                 self.link.rounds.register_terminated(store, rank)
         finally:  # a rank that hangs is ended, store or not
             monitor_target.terminate(cfg.target_pid, pidfd, cfg.termination_grace_time)
-        self._leave(rank, ws, record)
+        self._leave(rank, ws, record, cfg.initial_rank)
         self._keep_store()
 
     # -- main loop ---------------------------------------------------------------------
@@ -346,11 +337,19 @@ class _Monitor:
         info = self.board.read()
         if int(info["flags"]) & FLAG_SHUTDOWN:
             return
-        log.warning("rank process %s died", self.cfg.target_pid)
-        record = FaultRecord(
-            rank=self.rank, kind="dead", message=f"process {self.cfg.target_pid} died"
+        cfg, rank, message = self.cfg, int(info["rank"]), f"process {self.cfg.target_pid} died"
+        log.warning("rank process %s died", cfg.target_pid)
+        record = FaultRecord(rank=self.rank, kind="dead", message=message)
+        self._leave(rank, int(info["world_size"]), record, cfg.initial_rank)
+        # dead after this round's iteration barrier released it: the next round counts it
+        place = self.round >= 0 and death_between_rounds.place_after_death(
+            self.link, self.round, rank, cfg
         )
-        self._leave(int(info["rank"]), int(info["world_size"]), record)
+        if place:
+            self.round += 1
+            self.writer.update(round=self.round, rank=place[0])
+            record = FaultRecord(rank=place[0], kind="dead", message=message)
+            self._leave(*place, record, cfg.initial_rank)
         self._keep_store()
 
 

@@ -11,12 +11,17 @@ before it says it watches (``make``).
 
 from __future__ import annotations
 
+import base64
 import logging
+import pickle
 import threading
 import time
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .monitor_process import MonitorConfig
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +38,17 @@ def preload() -> None:
     """Import the modules that act on the store (and torch): ahead of a wait they can overlap
     (the store service the monitor hosts starting; a standby's monitor started ahead)."""
     from . import fault_recording, store  # noqa: F401
+
+
+def connect(cfg: MonitorConfig) -> Any:
+    """A client of the store ``cfg`` names: its store factory, else its host and port."""
+    if cfg.store_factory:
+        factory, kwargs = pickle.loads(base64.b64decode(cfg.store_factory))
+        return factory(**kwargs)
+    from nvrx.store import client  # torch
+
+    host, port = cfg.store_host or "127.0.0.1", int(cfg.store_port or 0)
+    return client.connect(host, port, timeout=60)
 
 
 def _connect_within(connect: Callable[[], Any], wait_s: float) -> Any:

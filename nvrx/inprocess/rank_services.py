@@ -97,6 +97,7 @@ class RankServices:
             events_context=dict(self.writer.context),
             initial_world_size=self.initial_world_size,
             host_store=self.host_store,
+            barrier_timeout=w.barrier_timeout,
             keeper_timeout=max(w.barrier_timeout, w.completion_timeout) * 2,
         )
         if self.store_address is not None:

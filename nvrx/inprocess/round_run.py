@@ -66,10 +66,11 @@ class RoundRun:
         services.board.set_round(call.round, state.rank, state.world_size, call.initial_rank)
         call.writer.update(rank=state.rank, round=call.round)
         rendezvous.apply(_round_env(call))
+        # for a replacement of this rank, and for the monitor of a rank that dies before
+        # starting the round (``death_between_rounds``: counted once its state is there)
+        store.set(keys.rank_state(state.rank), rejoin.state_json(state))
         if call.round > call.generation:
             rstore.commit_round_start(store, services.base_store, state.iteration)
-        # for a replacement of this rank
-        store.set(keys.rank_state(state.rank), rejoin.state_json(state))
         latency = None
         if call.pending_latency_from is not None:
             latency = started - call.pending_latency_from

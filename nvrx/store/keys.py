@@ -63,6 +63,7 @@ COMPLETED = (
 STARTED = (
     "started"  # counter: ranks that started the round (the first one commits the restart count)
 )
+LATE_DEATHS = "late_deaths"  # counter: ranks counted in the round that died before starting it
 
 
 def heartbeat(rank: int) -> str:
@@ -73,6 +74,12 @@ def heartbeat(rank: int) -> str:
 def rank_state(rank: int) -> str:
     """JSON state of ``rank`` at the start of the round (read for a replacement of it)."""
     return f"state/{rank}"
+
+
+def late_death_claim(rank: int) -> str:
+    """Counter by which the monitor of one rank that died before starting the round takes
+    ``rank``, a number of the round that no rank published its state under."""
+    return f"late_death_claim/{rank}"
 
 
 def terminated_flag(rank: int) -> str:

@@ -187,6 +187,23 @@ def _ignores(pid: int, signum: int) -> bool:
     return False
 
 
+def _dying_at_the_first_restart(assignment: Any) -> Any:
+    """``assignment``, but the process is SIGKILLed when it assigns ranks for the first restart:
+    after the iteration barrier released it into the next round, before it starts that round."""
+    from nvrx.inprocess.rank_assignment import RankAssignment
+
+    class DyingAssignment(RankAssignment):
+        calls = 0
+
+        def __call__(self, ctx: Any) -> Any:
+            DyingAssignment.calls += 1
+            if DyingAssignment.calls == 2:  # the first call assigns the first round
+                os.kill(os.getpid(), signal.SIGKILL)
+            return assignment(ctx)
+
+    return DyingAssignment()
+
+
 def _rank_main(tmp: Path) -> int:
     import datetime
 
@@ -215,6 +232,8 @@ def _rank_main(tmp: Path) -> int:
         )
     else:
         wkw["rank_assignment"] = inprocess.Compose(ActivateAllRanks(), ShiftRanks())
+    if params.get("die_in_assignment") == initial_rank and not os.environ.get("NVRX_RESTART_COUNT"):
+        wkw["rank_assignment"] = _dying_at_the_first_restart(wkw["rank_assignment"])
     if params.get("callbacks"):
 
         class Done(inprocess.completion.Completion):

@@ -256,3 +256,28 @@ def test_a_rank_declared_gone_while_the_others_wait_to_start_is_not_waited_for(t
     )
     leave_round(store, [1], 3, "node rank 1 lost: no spare", gone=True)
     _trained_without_rank_1(ranks)
+
+
+def test_a_rank_dying_between_two_rounds_is_left_out_of_the_round_it_was_heading_into(tmp_path):
+    """Rank 2 is SIGKILLed after round 0's iteration barrier released it into round 1, before it
+    started round 1 (in its rank assignment): round 0's decision counted it in round 1. Its
+    monitor leaves round 1 on its behalf, so the others restart at once, not after a heartbeat
+    or progress timeout (here 20 s and 10 s: no such fault may appear)."""
+    slow = dict(FAST, soft_timeout=10, hard_timeout=20, heartbeat_timeout=20)
+    ranks = launch(
+        tmp_path,
+        3,
+        wrapper=slow,
+        fault="exception",
+        fault_ranks=[0],
+        die_in_assignment=2,
+        init_pg=False,
+    )
+    codes = ranks.wait(90)
+    assert codes == [0, 0, -9], ranks.logs()
+    assert [len(ranks.calls(r)) for r in (0, 1)] == [3, 3], ranks.logs()
+    faults = _kinds(ranks.events(), "fault", component="monitor")
+    dead = [(f["origin_rank"], f["round"]) for f in faults if f["fault_kind"] == "dead"]
+    assert (2, 1) in dead, ranks.logs()
+    timeouts = [f for f in faults if f["fault_kind"] in ("unresponsive", "hang_soft", "hang_hard")]
+    assert not timeouts, ranks.logs()

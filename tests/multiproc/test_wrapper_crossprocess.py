@@ -80,3 +80,29 @@ def test_replacement_of_a_dead_process_rejoins_and_the_job_keeps_its_size(tmp_pa
         events = ranks.events()
         assert any(e["kind"] == "rejoin" and e.get("rank_rejoined") == 1 for e in events)
         assert not [e for e in events if e["kind"] == "ranks_terminated"]
+
+
+def test_the_replacement_of_a_rank_dead_between_two_rounds_rejoins_at_once(tmp_path):
+    """Rank 2 dies in its rank assignment for round 1 (round 0's barrier counted it there):
+    its monitor takes it out of round 1, and its replacement, started as a supervisor
+    would, rejoins in round 2: full size, no heartbeat or progress timeout on the way."""
+    with StoreService("127.0.0.1", 0, node=None) as service:
+        env = {
+            "NVRX_STORE_HOST": "127.0.0.1",
+            "NVRX_STORE_PORT": str(service.port),
+            "NVRX_SUPERVISED": "1",
+        }
+        wrapper = dict(FAST, rejoin_timeout=40, barrier_timeout=60, heartbeat_timeout=40)
+        wrapper.update(soft_timeout=20, hard_timeout=40)
+        params = dict(wrapper=wrapper, env=env, init_pg=False)
+        ranks = launch(
+            tmp_path, 3, fault="exception", fault_ranks=[0], die_in_assignment=2, **params
+        )
+        assert ranks.procs[2].wait(60) == -9, ranks.logs()
+        ranks.procs[2] = spawn(ranks, 2, params, {"NVRX_RESTART_COUNT": "1"})
+        assert ranks.wait(90) == [0, 0, 0], ranks.logs()
+        assert ranks.calls(2)[-1]["world_size"] == "3", ranks.logs()
+        faults = [e for e in ranks.events() if e["kind"] == "fault" and e["component"] == "monitor"]
+        assert (2, 1) in [(f["origin_rank"], f["round"]) for f in faults if f["fault_kind"] == "dead"]
+        late = [f for f in faults if f["fault_kind"] in ("unresponsive", "hang_soft", "hang_hard")]
+        assert not late, ranks.logs()
