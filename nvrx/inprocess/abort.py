@@ -96,7 +96,7 @@ class AbortTorchDistributed(Abort):
         if not dist.is_available():
             return state
         groups = _all_groups()
-        if not groups and not dist.is_initialized():
+        if not groups and not dist.is_initialized() and not gloo_abort.creating():
             return state
         self.collect_fr_trace(state)
         shut = gloo_abort.shutdown_sockets()

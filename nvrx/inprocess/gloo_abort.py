@@ -47,6 +47,8 @@ _patched: Any = None  # our tracking factory, from the first install() until it 
 _original: Any = None  # the factory it wraps (put back by the last uninstall())
 _groups: dict[str, set[int]] = {}  # group name -> inodes of its TCP sockets
 _protected_ports: set[int] = set()
+_opened_before: set[int] = set()  # socket inodes open when user code began (the Wrapper's own)
+_creating: dict[int, set[int]] = {}  # group creations in flight -> socket inodes open at their start
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,14 @@ def _tracking(factory: Any) -> Any:
             return factory(*args, **kwargs)
         before = _socket_inodes()
         before_listen = _listen_ports()
-        result = factory(*args, **kwargs)
+        token = id(before)
+        with _lock:
+            _creating[token] = set(before)
+        try:
+            result = factory(*args, **kwargs)
+        finally:
+            with _lock:
+                del _creating[token]
         try:
             pg = result[0] if isinstance(result, tuple) else result
             name = getattr(pg, "group_name", None) or f"unnamed-{id(pg)}"
@@ -209,6 +218,8 @@ def install() -> bool:
         c10d = _group_factory_module()
         if c10d is None:
             return False
+        global _opened_before
+        _opened_before = set(_socket_inodes())  # as ``mark_user_code`` (the lock is held)
         factory = getattr(c10d, _FACTORY)
         if factory is not _patched:  # ours is in place only if a restore was skipped, then undone
             _original, _patched = factory, _tracking(factory)
@@ -258,6 +269,40 @@ def tracking() -> Iterator[bool]:
             uninstall()
 
 
+def mark_user_code() -> None:
+    """User code starts now: the store clients open now are never shut down by an abort
+    (the Wrapper's own; ``install`` marks its start too)."""
+    global _opened_before
+    opened = set(_socket_inodes())
+    with _lock:
+        _opened_before = opened
+
+
+def creating() -> bool:
+    """Whether a process group is being created now (while recording)."""
+    with _lock:
+        return bool(_creating)
+
+
+def _creation_sockets(starts: list[set[int]]) -> set[int]:
+    """The connections a group creation in flight may wait on: store clients opened since
+    user code began (torch's rendezvous opens one: its peers' addresses are read there) and
+    any other connection opened since a creation began (gloo's, while they connect). Never
+    a listener, a connection a server of this process accepted on a protected port, or a
+    store client that was open before (the Wrapper's own)."""
+    protected = _protected()
+    chosen: set[int] = set()
+    for conn in _tcp_connections(_socket_inodes()).values():
+        if conn.listening or conn.local_port in protected:
+            continue
+        if conn.remote_port in protected:
+            if conn.inode not in _opened_before:
+                chosen.add(conn.inode)
+        elif any(conn.inode not in before for before in starts):
+            chosen.add(conn.inode)
+    return chosen
+
+
 def tracked_groups() -> dict[str, set[int]]:
     """Recorded socket inodes per group name (a copy; for diagnostics and tests)."""
     with _lock:
@@ -267,6 +312,8 @@ def tracked_groups() -> dict[str, set[int]]:
 def shutdown_sockets(group_names: Iterable[str] | None = None) -> int:
     """Shut down the recorded connections of the named groups (all when None).
 
+    With None, also those a group creation in flight waits on (``_creation_sockets``):
+    ``init_process_group`` waiting in its rendezvous for a rank that died returns too.
     Safe to call from any thread while another thread is blocked on those
     sockets. Returns the number of sockets shut down. The descriptors stay open
     (gloo closes them when the group is destroyed); records are dropped.
@@ -276,6 +323,9 @@ def shutdown_sockets(group_names: Iterable[str] | None = None) -> int:
         wanted: set[int] = set()
         for name in names:
             wanted |= _groups.pop(name)
+        starts = list(_creating.values()) if group_names is None else []
+    if starts:
+        wanted |= _creation_sockets(starts)
     if not wanted:
         return 0
     count = 0
@@ -303,8 +353,10 @@ def shutdown_sockets(group_names: Iterable[str] | None = None) -> int:
 
 
 __all__ = [
+    "creating",
     "install",
     "installed",
+    "mark_user_code",
     "protect_port",
     "shutdown_sockets",
     "tracked_groups",

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from nvrx.store import barrier as nvrx_barrier
 from nvrx.store import keys
 
-from . import rejoin, rendezvous
+from . import gloo_abort, rejoin, rendezvous
 from . import store as rstore
 from .exception import InternalError
 from .fault_recording import record_rank_fault
@@ -131,6 +131,7 @@ class RoundRun:
         try:
             call.delivery.enter_user()
             call.services.board.enter_user()
+            gloo_abort.mark_user_code()  # the store clients open now are the Wrapper's
             if w.initialize is not None:
                 w.initialize(state.freeze())
             if w.health_check is not None:

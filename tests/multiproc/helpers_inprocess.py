@@ -266,6 +266,8 @@ def _rank_main(tmp: Path) -> int:
         with open(tmp / f"calls-{initial_rank}.jsonl", "a") as fh:
             fh.write(json.dumps(record) + "\n")
         world = None
+        if fault == "sigkill_before_pg" and it < fault_rounds and initial_rank in fault_ranks:
+            os.kill(os.getpid(), signal.SIGKILL)  # the others wait in init_process_group for it
         if params.get("init_pg", True):
             dist.init_process_group(
                 "gloo", timeout=datetime.timedelta(seconds=params.get("pg_timeout", 30))

@@ -281,3 +281,23 @@ def test_a_rank_dying_between_two_rounds_is_left_out_of_the_round_it_was_heading
     assert (2, 1) in dead, ranks.logs()
     timeouts = [f for f in faults if f["fault_kind"] in ("unresponsive", "hang_soft", "hang_hard")]
     assert not timeouts, ranks.logs()
+
+
+def test_a_rank_dying_before_init_process_group_does_not_hold_the_others_in_its_rendezvous(
+    tmp_path,
+):
+    """Rank 1 is SIGKILLed before its ``init_process_group``: the others wait in its rendezvous,
+    a store read inside torch's group creation, for an address that never comes. The abort
+    cuts that read short, so they restart at once (not after the 10 s soft and 20 s hard
+    timeouts, which used to end them all: no such fault may appear) and finish as two."""
+    slow = dict(FAST, soft_timeout=10, hard_timeout=20, heartbeat_timeout=20)
+    ranks = launch(
+        tmp_path, 3, wrapper=slow, fault="sigkill_before_pg", fault_ranks=[1], pg_timeout=60
+    )
+    codes = ranks.wait(90)
+    assert codes == [0, -9, 0], ranks.logs()
+    assert ranks.result(0)["world"] == 2 and ranks.result(2)["peers"] == [0, 2]
+    faults = _kinds(ranks.events(), "fault", component="monitor")
+    assert [f["origin_rank"] for f in faults if f["fault_kind"] == "dead"] == [1]
+    timeouts = [f for f in faults if f["fault_kind"] in ("unresponsive", "hang_soft", "hang_hard")]
+    assert not timeouts, ranks.logs()
