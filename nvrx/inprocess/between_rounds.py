@@ -26,6 +26,7 @@ from .exception import RestartAbort
 from .fault_recording import record_exit
 from .health_check import run_check
 from .monitor_thread import RESTART_WAIT_S
+from .progress_watchdog import FLAG_RELEASED
 from .rank_assignment import RankAssignmentCtx, RankDiscarded
 from .round_outcome import Leave
 from .state import Mode, State
@@ -108,6 +109,8 @@ def _next_round(call: CallWrapper, run: RoundRun) -> None:
         rstore.arrive_iteration(run.store, base, rank, world_size)  # type: ignore[arg-type]
         decision = rstore.wait_iteration(run.store, world_size, w.barrier_timeout)
     terminated = {int(r) for r in decision["terminated"]}
+    if rank not in terminated:  # its monitor: the next round counts it (death_between_rounds)
+        call.services.board.set_flag(FLAG_RELEASED, True)
     terminated -= _take_back(call, run.store, terminated)
     if terminated:
         call.emit("ranks_terminated", ranks=sorted(terminated))
@@ -174,6 +177,7 @@ def assign(call: CallWrapper, terminated: set[int]) -> None:
 
 def leave(call: CallWrapper, store: Any, outcome: Leave) -> None:
     """This rank leaves the job for good: let the others go on without it."""
+    call.services.board.set_flag(FLAG_RELEASED, False)
     try:
         _register_exit(call, store, outcome)
     except Exception as store_exc:

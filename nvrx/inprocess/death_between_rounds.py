@@ -3,29 +3,32 @@
 Round R's iteration barrier releases every rank into round R+1 with one decision:
 who is terminated. A rank writes R+1 on its board only when it starts that round,
 after the rejoin of replacement processes and its rank assignment. Dying in
-between, it is still in round R for its monitor, and R's decision, taken before
-its death, counts it in R+1: its peers would start R+1 and wait for it until a
-heartbeat or progress timeout ended them.
+between, it would still be in round R for its monitor, while R's decision, taken
+before its death, counts it in R+1: its peers would start R+1 and wait for it
+until a heartbeat or progress timeout.
 
-So the monitor of a dead rank first leaves round R on its behalf (as for any
-death), then asks ``heading_into_next``: did R's decision keep the rank? If so it
-publishes the rank's state in R+1 (``publish_state``: a replacement process is
-admitted with it) and leaves R+1 too, under the number R+1 gives the rank
-(``place_in_next_round``):
-the number whose state (``keys.rank_state``) nobody published once every other
-rank of R+1 started it (``keys.STARTED`` counts those, ``keys.LATE_DEATHS`` the
-ranks that died so). Where several died so, each monitor claims one of the
-unpublished numbers (``keys.late_death_claim``): R+1's decision depends on which
-numbers left, not on who had which.
+So a rank that R's decision keeps says so on its board (``FLAG_RELEASED``, until
+it starts R+1), and the monitor of such a rank, dead, leaves R+1 instead of R
+(``place_after_death``). Its number there is the one whose state
+(``keys.rank_state``) nobody published once every other rank of R+1 started it:
+``keys.STARTED`` counts those, ``keys.LATE_DEATHS`` the ranks that died so; where
+several died so, each monitor claims one of the unpublished numbers
+(``keys.late_death_claim``): R+1's decision depends on which numbers left, not on
+who had which. The rank's state is published under that number (``publish_state``),
+so that a replacement process can be admitted with it (``rejoin``).
 
-The store has no wait for a counter's value: ``place_in_next_round`` reads the
-counters once per ``every_s``, as the monitor's own watch loop does. No torch
-here: ``rounds`` is the monitor link's ``nvrx.inprocess.store``.
+The number is only found where R+1 has as many ranks as R kept (its world size
+less the terminated ranks that no replacement took back): a rank assignment that
+leaves out ranks R kept (``Tree`` with ``min_ranks``) makes the dead rank's place
+unknown, and the monitor then leaves round R as for any death.
+
+The store has no wait for a counter's value: the counters are read once per
+``monitor_process_interval``, as the monitor's own watch loop does. No torch here:
+the store modules come with the monitor's link.
 """
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import time
@@ -34,6 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 from nvrx.store import keys
 
+from .progress_watchdog import FLAG_RELEASED
+
 if TYPE_CHECKING:
     from .monitor_process import MonitorConfig
     from .monitor_store import StoreLink
@@ -41,54 +46,39 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def released(flags: int) -> bool:
+    """Whether a rank's board ``flags`` say its round's iteration barrier released it into the
+    next round, which it has not started yet."""
+    return bool(flags & FLAG_RELEASED)
+
+
 def place_after_death(
     link: StoreLink, round_: int, rank: int, cfg: MonitorConfig
 ) -> tuple[int, int] | None:
-    """(rank, world size) in the next round of ``rank`` of round ``round_``, dead and left
-    from that round, where that round's decision kept it for the next (``heading_into_next``,
-    ``place_in_next_round``); None where it was not kept, or its place is not found.
-
-    Each wait lasts at most as long as the ranks wait at a barrier (``barrier_timeout``).
-    """
-    rounds, base, wait_s = link.rounds, link.get(), cfg.barrier_timeout
-    if not heading_into_next(rounds, base, round_, rank, wait_s):
-        return None
-    place = place_in_next_round(
-        rounds, base, round_, cfg.initial_world_size, wait_s, cfg.monitor_process_interval
-    )
-    if place is not None:
-        publish_state(rounds, base, round_, rank, *place)
-    return place
-
-
-def heading_into_next(rounds: ModuleType, base: Any, round_: int, rank: int, wait_s: float) -> bool:
-    """Whether the decision of round ``round_``'s iteration barrier keeps ``rank`` (its
-    number in that round) for the next round; waits up to ``wait_s`` for that decision.
-
-    Called after the rank was registered terminated in ``round_``: a decision taken
-    since names it, one taken before does not, and a round that completed or whose
-    barrier never releases has no next round to tell.
-    """
-    store = rounds.round_store(base, round_)
-    if store.check([keys.INTERRUPTED]) and store.get(keys.INTERRUPTED) == rounds.DONE.encode():
-        return False  # the round completed: no iteration barrier, no next round
+    """(rank, world size) in round ``round_`` + 1 of ``rank`` of ``round_``, dead after that
+    round's iteration barrier released it into the next, its state published there; None
+    where its place is not found (logged), within ``barrier_timeout``."""
     try:
-        store.wait([keys.DECISION], datetime.timedelta(seconds=wait_s))
-    except Exception as exc:  # torch raises a plain RuntimeError (or DistStoreError) on timeout
-        log.info("round %d's iteration barrier did not release within %g s: %r", round_, wait_s, exc)
-        return False
-    decision = json.loads(store.get(keys.DECISION))
-    return rank not in decision["terminated"]
+        rounds, base = link.rounds, link.get()
+        place = place_in_next_round(
+            rounds, base, round_, cfg.initial_world_size, cfg.barrier_timeout,
+            cfg.monitor_process_interval,
+        )  # fmt: skip
+        if place is not None:
+            publish_state(rounds, base, round_, rank, *place)
+        return place
+    except Exception as exc:  # the store failed: leave round ``round_`` as for any death
+        log.warning("round %d: no place found for a rank dead before it: %r", round_ + 1, exc)
+        return None
 
 
 def place_in_next_round(
     rounds: ModuleType, base: Any, round_: int, ranks_bound: int, wait_s: float, every_s: float
 ) -> tuple[int, int] | None:
-    """(rank, world size) in round ``round_`` + 1 of a rank that died before starting it,
-    once every other rank of that round started it; None after ``wait_s`` without that.
-
-    ``ranks_bound``: no world size exceeds it (the job's initial world size).
-    """
+    """(rank, world size) in round ``round_`` + 1 of a rank that round ``round_``'s decision
+    kept and that died before starting it, once every other rank of that round started it;
+    None after ``wait_s`` without that, or where that round's size is not what round
+    ``round_`` kept. ``ranks_bound``: no world size exceeds it (the job's initial one)."""
     store = rounds.round_store(base, round_ + 1)
     store.add(keys.LATE_DEATHS, 1)
     deadline = time.monotonic() + wait_s
@@ -100,12 +90,16 @@ def place_in_next_round(
         if size is not None and started + int(store.add(keys.LATE_DEATHS, 0)) >= size:
             break
         if time.monotonic() >= deadline:
-            log.warning(
-                "round %d: its ranks did not all start within %g s; a dead rank counted "
-                "there is left to the timeouts", round_ + 1, wait_s,
-            )  # fmt: skip
+            log.warning("round %d: its ranks did not all start within %g s", round_ + 1, wait_s)
             return None
         time.sleep(every_s)
+    kept = _kept(rounds.round_store(base, round_))
+    if kept != size:
+        log.warning(
+            "round %d has %d ranks where round %d kept %s: its rank assignment left ranks "
+            "out, so the dead rank's number there is unknown", round_ + 1, size, round_, kept,
+        )  # fmt: skip
+        return None
     for rank in range(size):
         if store.check([keys.rank_state(rank)]):
             continue
@@ -134,6 +128,17 @@ def publish_state(
         active_world_size=peer.get("active_world_size", state.get("active_world_size")),
     )
     store.set(keys.rank_state(new_rank), json.dumps(state))
+
+
+def _kept(store: Any) -> int | None:
+    """How many ranks a round's decision keeps for the next round (None: it does not say)."""
+    decision = json.loads(store.get(keys.DECISION))
+    if decision.get("world_size") is None:  # a decision of an older version
+        return None
+    terminated = {int(r) for r in decision["terminated"]}
+    if store.check([keys.REJOIN]):  # replacements taken back into the next round
+        terminated -= {int(r) for r in json.loads(store.get(keys.REJOIN))}
+    return int(decision["world_size"]) - len(terminated)
 
 
 def _world_size(store: Any, ranks_bound: int) -> int | None:

@@ -9,7 +9,7 @@ which calls ``main``), one per rank, it reads the rank's ``ProgressBoard`` and a
 * hard timeout (only after a soft one): record ``hang_hard``, SIGCONT+SIGTERM,
   wait ``termination_grace_time``, SIGKILL; then leave the round on the rank's
   behalf;
-* the rank's process died (pidfd, no polling): leave the round on its behalf, and
+* the rank's process died (pidfd, no polling): leave the round on its behalf, or
   the next one where the round's iteration barrier had released it into it
   (``death_between_rounds``);
 * heartbeats: one counter per rank per round; the next rank's counter that
@@ -335,21 +335,18 @@ class _Monitor:
 
     def _rank_died(self) -> None:
         info = self.board.read()
-        if int(info["flags"]) & FLAG_SHUTDOWN:
+        flags, cfg = int(info["flags"]), self.cfg
+        if flags & FLAG_SHUTDOWN:
             return
-        cfg, rank, message = self.cfg, int(info["rank"]), f"process {self.cfg.target_pid} died"
         log.warning("rank process %s died", cfg.target_pid)
-        record = FaultRecord(rank=self.rank, kind="dead", message=message)
-        self._leave(rank, int(info["world_size"]), record, cfg.initial_rank)
-        # dead after this round's iteration barrier released it: the next round counts it
-        place = self.round >= 0 and death_between_rounds.place_after_death(
-            self.link, self.round, rank, cfg
-        )
-        if place:
-            self.round += 1
-            self.writer.update(round=self.round, rank=place[0])
-            record = FaultRecord(rank=place[0], kind="dead", message=message)
-            self._leave(*place, record, cfg.initial_rank)
+        place = (int(info["rank"]), int(info["world_size"]))
+        if death_between_rounds.released(flags) and self.round >= 0:  # leave the next round
+            found = death_between_rounds.place_after_death(self.link, self.round, place[0], cfg)
+            if found is not None:
+                self.round, place = self.round + 1, found
+                self.writer.update(round=self.round, rank=place[0])
+        message = f"process {cfg.target_pid} died"
+        self._leave(*place, FaultRecord(place[0], "dead", message=message), cfg.initial_rank)
         self._keep_store()
 
 

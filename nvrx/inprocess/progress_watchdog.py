@@ -40,6 +40,8 @@ _GENERATION_OFFSET = 64
 FLAG_USER = 1  # the main thread runs user code (timeouts apply)
 FLAG_TIMEOUTS_OFF = 2  # disable_hang_protection() is active
 FLAG_SHUTDOWN = 4  # the Wrapper ended normally: the monitor process exits quietly
+# the round's iteration barrier released the rank into the next round, not started yet
+FLAG_RELEASED = 8
 
 
 class ProgressBoard:

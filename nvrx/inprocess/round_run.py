@@ -31,6 +31,7 @@ from .exception import InternalError
 from .fault_recording import record_rank_fault
 from .health_check import run_check
 from .monitor_thread import DONE, RESTART_WAIT_S, MonitorThread, RankShouldRestart
+from .progress_watchdog import FLAG_RELEASED
 from .round_outcome import Completed, Leave, Outcome, Restart
 from .state import Mode
 
@@ -63,6 +64,7 @@ class RoundRun:
         """Publish the round of ``call`` (board, events, environment, store); start its monitor thread."""
         state, services, store = call.state, call.services, call.store
         started = time.monotonic()
+        services.board.set_flag(FLAG_RELEASED, False)  # first: never with the new round
         services.board.set_round(call.round, state.rank, state.world_size, call.initial_rank)
         call.writer.update(rank=state.rank, round=call.round)
         rendezvous.apply(_round_env(call))

@@ -103,6 +103,7 @@ def test_the_replacement_of_a_rank_dead_between_two_rounds_rejoins_at_once(tmp_p
         assert ranks.wait(90) == [0, 0, 0], ranks.logs()
         assert ranks.calls(2)[-1]["world_size"] == "3", ranks.logs()
         faults = [e for e in ranks.events() if e["kind"] == "fault" and e["component"] == "monitor"]
-        assert (2, 1) in [(f["origin_rank"], f["round"]) for f in faults if f["fault_kind"] == "dead"]
+        dead = [(f["origin_rank"], f["round"]) for f in faults if f["fault_kind"] == "dead"]
+        assert dead == [(2, 1)], ranks.logs()
         late = [f for f in faults if f["fault_kind"] in ("unresponsive", "hang_soft", "hang_hard")]
         assert not late, ranks.logs()

@@ -10,18 +10,17 @@ import json
 import threading
 
 from nvrx.inprocess import store as rstore
-from nvrx.inprocess.death_between_rounds import (
-    heading_into_next,
-    place_in_next_round,
-    publish_state,
-)
+from nvrx.inprocess.death_between_rounds import place_in_next_round, publish_state, released
+from nvrx.inprocess.progress_watchdog import FLAG_RELEASED, FLAG_SHUTDOWN, FLAG_USER
 from nvrx.store import keys
 
 
-def _decide(base, round_: int, terminated: list[int]) -> None:
+def _decide(base, round_: int, world_size: int, terminated: list[int], back=None) -> None:
+    """Round ``round_``'s iteration barrier decided (``back``: ranks its rejoin took back)."""
     view = rstore.round_store(base, round_)
-    view.set(keys.INTERRUPTED, "fault")
-    view.set(keys.DECISION, json.dumps({"terminated": terminated, "world_size": 3}))
+    view.set(keys.DECISION, json.dumps({"terminated": terminated, "world_size": world_size}))
+    if back is not None:
+        view.set(keys.REJOIN, json.dumps(back))
 
 
 def _start(base, round_: int, rank: int, world_size: int, initial: int) -> None:
@@ -31,26 +30,20 @@ def _start(base, round_: int, rank: int, world_size: int, initial: int) -> None:
     view.add(keys.STARTED, 1)
 
 
-def test_a_rank_the_decision_kept_heads_into_the_next_round_and_one_it_names_does_not(base):
-    _decide(base, 4, terminated=[1])
-    assert heading_into_next(rstore, base, 4, 2, wait_s=1.0)
-    assert not heading_into_next(rstore, base, 4, 1, wait_s=1.0)
+def _place(base, wait_s: float = 10.0):
+    return place_in_next_round(rstore, base, 4, 4, wait_s, 0.05)
 
 
-def test_a_completed_round_or_one_whose_barrier_never_releases_has_no_next_round(base):
-    rstore.round_store(base, 2).set(keys.INTERRUPTED, "done")
-    assert not heading_into_next(rstore, base, 2, 0, wait_s=5.0)  # at once: no wait
-    rstore.round_store(base, 3).set(keys.INTERRUPTED, "fault")
-    assert not heading_into_next(rstore, base, 3, 0, wait_s=0.3)  # no decision within 0.3 s
+def test_only_the_flag_a_released_rank_sets_says_it_heads_into_the_next_round():
+    assert released(FLAG_RELEASED | FLAG_USER) and not released(FLAG_USER | FLAG_SHUTDOWN)
 
 
 def test_the_dead_rank_takes_the_number_nobody_published_once_the_others_started(base):
-    """Round 5 (3 ranks, shifted): the others start only after the dead rank's monitor began
-    to wait, and rank 1 of round 5 is the number nobody published."""
+    """Round 4 kept its 3 ranks; in round 5 (shifted) the others start only after the dead
+    rank's monitor began to wait, and rank 1 of round 5 is the number nobody published."""
+    _decide(base, 4, 3, [])
     found = []
-    waiter = threading.Thread(
-        target=lambda: found.append(place_in_next_round(rstore, base, 4, 3, 10.0, 0.05))
-    )
+    waiter = threading.Thread(target=lambda: found.append(_place(base)))
     waiter.start()
     _start(base, 5, 0, 3, initial=0)
     _start(base, 5, 2, 3, initial=1)
@@ -59,12 +52,10 @@ def test_the_dead_rank_takes_the_number_nobody_published_once_the_others_started
 
 
 def test_two_ranks_dead_between_the_rounds_take_one_number_each(base):
+    _decide(base, 4, 3, [])
     _start(base, 5, 1, 3, initial=1)
     found: list = []
-    waiters = [
-        threading.Thread(target=lambda: found.append(place_in_next_round(rstore, base, 4, 3, 10.0, 0.05)))
-        for _ in range(2)
-    ]
+    waiters = [threading.Thread(target=lambda: found.append(_place(base))) for _ in range(2)]
     for w in waiters:
         w.start()
     for w in waiters:
@@ -72,9 +63,29 @@ def test_two_ranks_dead_between_the_rounds_take_one_number_each(base):
     assert sorted(found) == [(0, 3), (2, 3)]
 
 
+def test_a_replacement_taken_back_counts_among_the_ranks_kept(base):
+    """Round 4 (4 ranks) terminated ranks 1 and 3, and rank 1's replacement came back: round 5
+    keeps 3 ranks, two of them started."""
+    _decide(base, 4, 4, [1, 3], back=[1])
+    _start(base, 5, 0, 3, initial=0)
+    _start(base, 5, 1, 3, initial=1)
+    assert _place(base) == (2, 3)
+
+
+def test_no_place_where_the_rank_assignment_left_out_ranks_the_round_kept(base):
+    """Round 4 kept 3 of its 4 ranks, but round 5 has 2 (``Tree`` dropped a healthy rank with
+    the terminated one): which number the dead rank would have had is unknown, so none of a
+    live rank's is taken."""
+    _decide(base, 4, 4, [3])
+    _start(base, 5, 0, 2, initial=0)
+    assert _place(base) is None
+    assert not rstore.round_store(base, 5).check([keys.late_death_claim(1)])
+
+
 def test_no_place_when_the_next_round_never_has_all_its_ranks(base):
+    _decide(base, 4, 3, [])
     _start(base, 5, 0, 3, initial=0)  # rank 1 never starts round 5
-    assert place_in_next_round(rstore, base, 4, 3, 0.3, 0.05) is None
+    assert _place(base, wait_s=0.3) is None
 
 
 def test_the_dead_ranks_state_is_published_under_its_new_number_for_its_replacement(base):
