@@ -130,6 +130,9 @@ class AbortTorchDistributed(Abort):
         from torch.distributed import distributed_c10d as c10d
 
         if not c10d._world.pg_map:
+            # A creation cut short counted a group name: without this, this rank would name
+            # the next round's group "1" where a rank that never entered one names it "0".
+            c10d._world.group_count = 0
             return
         try:
             if dist.is_initialized():

@@ -81,24 +81,18 @@ def place_in_next_round(
     ``round_`` kept. ``ranks_bound``: no world size exceeds it (the job's initial one)."""
     store = rounds.round_store(base, round_ + 1)
     store.add(keys.LATE_DEATHS, 1)
-    deadline = time.monotonic() + wait_s
-    size: int | None = None
-    while True:
-        started = int(store.add(keys.STARTED, 0))
-        if started and size is None:
-            size = _world_size(store, ranks_bound)
-        if size is not None and started + int(store.add(keys.LATE_DEATHS, 0)) >= size:
-            break
-        if time.monotonic() >= deadline:
-            log.warning("round %d: its ranks did not all start within %g s", round_ + 1, wait_s)
-            return None
-        time.sleep(every_s)
+    size = _wait_for_the_others(store, ranks_bound, wait_s, every_s)
     kept = _kept(rounds.round_store(base, round_))
-    if kept != size:
-        log.warning(
-            "round %d has %d ranks where round %d kept %s: its rank assignment left ranks "
-            "out, so the dead rank's number there is unknown", round_ + 1, size, round_, kept,
-        )  # fmt: skip
+    if size is None or kept != size:
+        store.add(keys.LATE_DEATHS, -1)  # not counted there: another such death must not be
+        if size is None:
+            log.warning("round %d: its ranks did not all start within %g s", round_ + 1, wait_s)
+        else:
+            log.warning(
+                "round %d has %d ranks where round %d kept %s: its rank assignment left "
+                "ranks out, so the dead rank's number there is unknown",
+                round_ + 1, size, round_, kept,
+            )  # fmt: skip
         return None
     for rank in range(size):
         if store.check([keys.rank_state(rank)]):
@@ -107,6 +101,22 @@ def place_in_next_round(
             return rank, size
     log.warning("round %d: no number left unpublished for a rank that died before it", round_ + 1)
     return None
+
+
+def _wait_for_the_others(store: Any, ranks_bound: int, wait_s: float, every_s: float) -> int | None:
+    """The round's world size once its ranks that started and those that died before
+    starting it add up to it; None after ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    size: int | None = None
+    while True:
+        started = int(store.add(keys.STARTED, 0))
+        if started and size is None:
+            size = _world_size(store, ranks_bound)
+        if size is not None and started + int(store.add(keys.LATE_DEATHS, 0)) >= size:
+            return size
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(every_s)
 
 
 def publish_state(

@@ -268,6 +268,8 @@ def _rank_main(tmp: Path) -> int:
         world = None
         if fault == "sigkill_before_pg" and it < fault_rounds and initial_rank in fault_ranks:
             os.kill(os.getpid(), signal.SIGKILL)  # the others wait in init_process_group for it
+        if it == 0 and initial_rank in params.get("late_to_pg", []):
+            time.sleep(5)  # a restart reaches it here, before its init_process_group
         if params.get("init_pg", True):
             dist.init_process_group(
                 "gloo", timeout=datetime.timedelta(seconds=params.get("pg_timeout", 30))

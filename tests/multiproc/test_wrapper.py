@@ -286,13 +286,21 @@ def test_a_rank_dying_between_two_rounds_is_left_out_of_the_round_it_was_heading
 def test_a_rank_dying_before_init_process_group_does_not_hold_the_others_in_its_rendezvous(
     tmp_path,
 ):
-    """Rank 1 is SIGKILLed before its ``init_process_group``: the others wait in its rendezvous,
+    """Rank 1 is SIGKILLed before its ``init_process_group``: rank 0 waits in its rendezvous,
     a store read inside torch's group creation, for an address that never comes. The abort
-    cuts that read short, so they restart at once (not after the 10 s soft and 20 s hard
-    timeouts, which used to end them all: no such fault may appear) and finish as two."""
+    cuts that read short, so it restarts at once (not after the 10 s soft and 20 s hard
+    timeouts, which used to end every rank: no such fault may appear). Rank 2, restarted
+    before it entered its own ``init_process_group``, names the next round's group as rank 0
+    does: they finish as two."""
     slow = dict(FAST, soft_timeout=10, hard_timeout=20, heartbeat_timeout=20)
     ranks = launch(
-        tmp_path, 3, wrapper=slow, fault="sigkill_before_pg", fault_ranks=[1], pg_timeout=60
+        tmp_path,
+        3,
+        wrapper=slow,
+        fault="sigkill_before_pg",
+        fault_ranks=[1],
+        pg_timeout=60,
+        late_to_pg=[2],
     )
     codes = ranks.wait(90)
     assert codes == [0, -9, 0], ranks.logs()

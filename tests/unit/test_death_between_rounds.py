@@ -79,13 +79,16 @@ def test_no_place_where_the_rank_assignment_left_out_ranks_the_round_kept(base):
     _decide(base, 4, 4, [3])
     _start(base, 5, 0, 2, initial=0)
     assert _place(base) is None
-    assert not rstore.round_store(base, 5).check([keys.late_death_claim(1)])
+    view = rstore.round_store(base, 5)
+    assert not view.check([keys.late_death_claim(1)])
+    assert int(view.add(keys.LATE_DEATHS, 0)) == 0  # not counted for another such death
 
 
 def test_no_place_when_the_next_round_never_has_all_its_ranks(base):
     _decide(base, 4, 3, [])
     _start(base, 5, 0, 3, initial=0)  # rank 1 never starts round 5
     assert _place(base, wait_s=0.3) is None
+    assert int(rstore.round_store(base, 5).add(keys.LATE_DEATHS, 0)) == 0
 
 
 def test_the_dead_ranks_state_is_published_under_its_new_number_for_its_replacement(base):
