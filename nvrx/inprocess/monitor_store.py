@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 #: Longest wait for a link made beside the watch (torch's import, then the connection), and
 #: for the store to answer: connecting again after each timeout of the client until then.
 LINK_WAIT_S = 180.0
+#: Longest pause between two tries (the pauses double from 50 ms): a client that fails
+#: at once, instead of after its own timeout, is not tried in a loop.
+RETRY_PAUSE_S = 1.0
 
 
 class StoreUnavailable(RuntimeError):
@@ -57,6 +60,7 @@ def _connect_within(connect: Callable[[], Any], wait_s: float) -> Any:
     from torch.distributed import DistNetworkError
 
     deadline = time.monotonic() + wait_s
+    pause = 0.05
     while True:
         try:
             return connect()
@@ -64,6 +68,8 @@ def _connect_within(connect: Callable[[], Any], wait_s: float) -> Any:
             if time.monotonic() >= deadline:
                 raise
             log.info("the store does not answer yet, trying again: %s", exc)
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(2 * pause, RETRY_PAUSE_S)
 
 
 class StoreLink:

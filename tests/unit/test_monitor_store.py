@@ -142,6 +142,23 @@ def test_a_store_that_does_not_answer_yet_is_tried_again_within_the_bound(base):
     assert len(tries) == 1
 
 
+def test_a_client_that_fails_at_once_is_tried_again_after_growing_pauses():
+    """A store factory that raises at once (not after a client timeout) is not tried in a
+    loop: 0.05 + 0.1 + 0.2 + 0.4 s of pauses leave room for 5 tries in 0.6 s, a loop for
+    thousands."""
+    from torch.distributed import DistNetworkError
+
+    tries: list[int] = []
+
+    def refused():
+        tries.append(1)
+        raise DistNetworkError("connection refused")
+
+    with pytest.raises(DistNetworkError):
+        monitor_store.StoreLink(refused, wait_s=0.6).make()
+    assert 2 <= len(tries) <= 8
+
+
 def test_a_failed_link_raises_here_or_at_every_get(caplog):
     def connect():
         raise ConnectionRefusedError("store at 127.0.0.1:1 refused")
