@@ -258,16 +258,27 @@ def test_a_rank_declared_gone_while_the_others_wait_to_start_is_not_waited_for(t
     _trained_without_rank_1(ranks)
 
 
+#: Timeouts long enough that a restart which does not wait for them shows: none of their faults.
+SLOW = dict(FAST, soft_timeout=10, hard_timeout=20, heartbeat_timeout=20)
+
+
+def _monitor_faults_but_no_timeout(ranks):
+    """The monitors' fault events, once none of them is a heartbeat or progress timeout."""
+    faults = _kinds(ranks.events(), "fault", component="monitor")
+    timeouts = [f for f in faults if f["fault_kind"] in ("unresponsive", "hang_soft", "hang_hard")]
+    assert not timeouts, ranks.logs()
+    return faults
+
+
 def test_a_rank_dying_between_two_rounds_is_left_out_of_the_round_it_was_heading_into(tmp_path):
     """Rank 2 is SIGKILLed after round 0's iteration barrier released it into round 1, before it
     started round 1 (in its rank assignment): round 0's decision counted it in round 1. Its
     monitor leaves round 1 on its behalf, so the others restart at once, not after a heartbeat
     or progress timeout (here 20 s and 10 s: no such fault may appear)."""
-    slow = dict(FAST, soft_timeout=10, hard_timeout=20, heartbeat_timeout=20)
     ranks = launch(
         tmp_path,
         3,
-        wrapper=slow,
+        wrapper=SLOW,
         fault="exception",
         fault_ranks=[0],
         die_in_assignment=2,
@@ -276,11 +287,9 @@ def test_a_rank_dying_between_two_rounds_is_left_out_of_the_round_it_was_heading
     codes = ranks.wait(90)
     assert codes == [0, 0, -9], ranks.logs()
     assert [len(ranks.calls(r)) for r in (0, 1)] == [3, 3], ranks.logs()
-    faults = _kinds(ranks.events(), "fault", component="monitor")
+    faults = _monitor_faults_but_no_timeout(ranks)
     dead = [(f["origin_rank"], f["round"]) for f in faults if f["fault_kind"] == "dead"]
     assert dead == [(2, 1)], ranks.logs()  # one death, in the round it was heading into
-    timeouts = [f for f in faults if f["fault_kind"] in ("unresponsive", "hang_soft", "hang_hard")]
-    assert not timeouts, ranks.logs()
 
 
 def test_a_rank_dying_before_init_process_group_does_not_hold_the_others_in_its_rendezvous(
@@ -292,11 +301,10 @@ def test_a_rank_dying_before_init_process_group_does_not_hold_the_others_in_its_
     timeouts, which used to end every rank: no such fault may appear). Rank 2, restarted
     before it entered its own ``init_process_group``, names the next round's group as rank 0
     does: they finish as two."""
-    slow = dict(FAST, soft_timeout=10, hard_timeout=20, heartbeat_timeout=20)
     ranks = launch(
         tmp_path,
         3,
-        wrapper=slow,
+        wrapper=SLOW,
         fault="sigkill_before_pg",
         fault_ranks=[1],
         pg_timeout=60,
@@ -305,7 +313,5 @@ def test_a_rank_dying_before_init_process_group_does_not_hold_the_others_in_its_
     codes = ranks.wait(90)
     assert codes == [0, -9, 0], ranks.logs()
     assert ranks.result(0)["world"] == 2 and ranks.result(2)["peers"] == [0, 2]
-    faults = _kinds(ranks.events(), "fault", component="monitor")
+    faults = _monitor_faults_but_no_timeout(ranks)
     assert [f["origin_rank"] for f in faults if f["fault_kind"] == "dead"] == [1]
-    timeouts = [f for f in faults if f["fault_kind"] in ("unresponsive", "hang_soft", "hang_hard")]
-    assert not timeouts, ranks.logs()

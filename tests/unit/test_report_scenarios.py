@@ -336,18 +336,25 @@ def test_synthetic_job_report_matches_ground_truth_serial_and_parallel(tmp_path:
     assert [(h.round, h.rank) for h in serial.hangs] == [truth.hang]
 
 
-def test_only_a_replaced_process_tells_how_long_its_peers_waited_for_it(tmp_path: Path) -> None:
-    """Two processes end in round 0 of a Wrapper job, whose restart waited 2 s for rejoins:
-    the one replaced gets that wait, the one not replaced (stopped) gets none."""
+def _supervised_wrapper_job(tmp_path: Path, nranks: int) -> tuple[Proc, list[Proc]]:
+    """A supervisor of ``nranks`` Wrapper ranks, in round 0 from 1 s; its local rank 0 (pid 10)
+    dies at 5 s and is replaced (pid 20)."""
     h = Host("solo", 0)
     sup = Proc(tmp_path, h, "supervisor")
-    sup.at(0.0, "supervisor_start", nnodes=1, nproc_per_node=3)
-    ranks = [Proc(tmp_path, h, "wrapper", rank=r).round(0) for r in range(3)]
+    sup.at(0.0, "supervisor_start", nnodes=1, nproc_per_node=nranks)
+    ranks = [Proc(tmp_path, h, "wrapper", rank=r).round(0) for r in range(nranks)]
     for p in ranks:
-        p.at(1.0, "round_start", world_size=3)
+        p.at(1.0, "round_start", world_size=nranks)
     sup.at(5.0, "child_exit", local_rank=0, child_pid=10, exit_code=1, runtime_s=5.0)
     sup.at(5.1, "restart_decision", local_rank=0, decision="restart", reason="exit code 1")
     sup.at(5.2, "child_start", local_rank=0, child_pid=20, attempt=1)
+    return sup, ranks
+
+
+def test_only_a_replaced_process_tells_how_long_its_peers_waited_for_it(tmp_path: Path) -> None:
+    """Two processes end in round 0 of a Wrapper job, whose restart waited 2 s for rejoins:
+    the one replaced gets that wait, the one not replaced (stopped) gets none."""
+    sup, ranks = _supervised_wrapper_job(tmp_path, 3)
     sup.at(5.3, "child_exit", local_rank=1, child_pid=11, exit_code=1, runtime_s=5.3)
     sup.at(5.4, "restart_decision", local_rank=1, decision="stop", reason="budget spent")
     ranks[2].at(7.5, "restart_phase", phase="rejoin_wait", duration_s=2.0, ok=True)
@@ -366,15 +373,7 @@ def test_a_death_before_its_rounds_round_start_is_that_rounds_in_every_table(
     """Round 1's first event (8 s) comes before its first round_start (10 s); a process
     that dies in between (9 s) died in round 1: the timeline explains round 1 by it, and its
     row in Process restarts gets round 1's rejoin_wait (3 s), not round 0's (2 s)."""
-    h = Host("solo", 0)
-    sup = Proc(tmp_path, h, "supervisor")
-    sup.at(0.0, "supervisor_start", nnodes=1, nproc_per_node=2)
-    ranks = [Proc(tmp_path, h, "wrapper", rank=r).round(0) for r in range(2)]
-    for p in ranks:
-        p.at(1.0, "round_start", world_size=2)
-    sup.at(5.0, "child_exit", local_rank=0, child_pid=10, exit_code=1, runtime_s=5.0)
-    sup.at(5.1, "restart_decision", local_rank=0, decision="restart", reason="exit code 1")
-    sup.at(5.2, "child_start", local_rank=0, child_pid=20, attempt=1)
+    sup, ranks = _supervised_wrapper_job(tmp_path, 2)
     ranks[1].at(7.0, "restart_phase", phase="rejoin_wait", duration_s=2.0, ok=True)
     ranks[1].round(1).at(8.0, "restart_phase", phase="initial_barrier", duration_s=0.5, ok=True)
     sup.at(9.0, "child_exit", local_rank=1, child_pid=11, exit_code=1, runtime_s=9.0)
