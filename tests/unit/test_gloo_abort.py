@@ -146,3 +146,56 @@ def test_the_wrapper_restores_the_factory_when_the_call_raises(original, monkeyp
         Wrapper()(train)()
     assert seen == {"installed": True, "patched": True}
     assert c10d._new_process_group_helper is original and not gloo_abort.installed()
+
+
+def test_an_abort_during_a_creation_cuts_what_it_may_wait_on_and_nothing_else(
+    original, monkeypatch
+):
+    """Real loopback sockets, a fake group factory during whose run the abort comes: cut are
+    the store client opened since user code began (torch's rendezvous opens one) and the
+    connection opened since the creation began (gloo's); kept are the store client open
+    before user code (the Wrapper's), a connection opened before the creation, and every
+    connection once no creation runs."""
+    import socket
+
+    store, other = socket.create_server(("127.0.0.1", 0)), socket.create_server(("127.0.0.1", 0))
+    monkeypatch.setenv("MASTER_PORT", str(store.getsockname()[1]))  # a protected port
+    opened: list[socket.socket] = []
+
+    def connect(server: socket.socket) -> socket.socket:
+        opened.append(socket.create_connection(server.getsockname()))
+        return opened[-1]
+
+    def inode(sock: socket.socket) -> int:
+        return os.fstat(sock.fileno()).st_ino
+
+    cut: list[int] = []
+
+    def factory(*args, **kwargs):
+        gloos_link = connect(other)
+        cut.append(inode(gloos_link))
+        assert gloo_abort.creating()
+        assert gloo_abort.shutdown_sockets() == 2  # the abort, while the creation runs
+        return _Group()
+
+    c10d._new_process_group_helper = factory
+    try:
+        wrappers_client = connect(store)
+        assert gloo_abort.install()
+        gloo_abort.mark_user_code()
+        rendezvous_client, older_link = connect(store), connect(other)
+        cut.append(inode(rendezvous_client))
+        c10d._new_process_group_helper()
+        assert not gloo_abort.creating()
+        assert gloo_abort.shutdown_sockets() == 0
+        for sock in opened:  # a cut connection reads end-of-file at once; the others wait
+            sock.settimeout(0.2)
+            try:
+                got = sock.recv(1) == b""
+            except TimeoutError:
+                got = False
+            assert got == (inode(sock) in cut), (inode(sock), cut)
+        assert inode(wrappers_client) not in cut and inode(older_link) not in cut
+    finally:
+        for sock in (*opened, store, other):
+            sock.close()

@@ -65,6 +65,22 @@ class FlakyStore:
         return getattr(self._store, name)
 
 
+class FakeBoard:
+    """The progress board's flags, without the shared memory."""
+
+    def __init__(self) -> None:
+        self.flags = 0
+
+    def set_flag(self, flag: int, on: bool) -> None:
+        self.flags = (self.flags | flag) if on else (self.flags & ~flag)
+
+    def enter_user(self) -> None:
+        pass
+
+    def leave_user(self) -> None:
+        pass
+
+
 class FakeCall:
     """What RoundRun and between_rounds use of a ``CallWrapper``."""
 
@@ -90,8 +106,9 @@ class FakeCall:
             initial_world_size=world_size,
             mode=Mode.ACTIVE,
         )
-        board = SimpleNamespace(enter_user=lambda: None, leave_user=lambda: None)
-        self.services = SimpleNamespace(base_store=base, board=board, check_monitor=lambda: None)
+        self.services = SimpleNamespace(
+            base_store=base, board=FakeBoard(), check_monitor=lambda: None
+        )
         self.delivery = FakeDelivery()
         self.round = self.generation = 0
         self.store = rstore.round_store(base, 0)
