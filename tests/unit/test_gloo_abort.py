@@ -154,11 +154,13 @@ def test_an_abort_during_a_creation_cuts_what_it_may_wait_on_and_nothing_else(
     """Real loopback sockets, a fake group factory during whose run the abort comes: cut are
     the store client opened since user code began (torch's rendezvous opens one) and the
     connection opened since the creation began (gloo's); kept are the store client open
-    before user code (the Wrapper's), a connection opened before the creation, and every
-    connection once no creation runs."""
+    before user code (the Wrapper's) and a connection opened before the creation. Once the
+    creation ended, an abort cuts nothing more (its one connection goes to a server of this
+    process, which a group's record leaves out)."""
     import socket
 
-    store, other = socket.create_server(("127.0.0.1", 0)), socket.create_server(("127.0.0.1", 0))
+    store = socket.create_server(("127.0.0.1", 0))
+    other = socket.create_server(("127.0.0.1", 0))
     monkeypatch.setenv("MASTER_PORT", str(store.getsockname()[1]))  # a protected port
     opened: list[socket.socket] = []
 

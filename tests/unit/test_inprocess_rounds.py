@@ -22,6 +22,7 @@ from nvrx.inprocess import between_rounds, rejoin
 from nvrx.inprocess import store as rstore
 from nvrx.inprocess.exception import HealthCheckError, InternalError, RestartAbort
 from nvrx.inprocess.monitor_thread import RankShouldRestart
+from nvrx.inprocess.progress_watchdog import FLAG_RELEASED
 from nvrx.inprocess.round_outcome import Completed, Leave, Restart
 from nvrx.inprocess.round_run import RoundRun
 from nvrx.inprocess.state import Mode, State
@@ -232,7 +233,9 @@ def test_restart_abort_in_finalize_records_the_exit_a_rejoin_leader_reads(base):
     outcome = _restart(call, fault)
     assert isinstance(outcome, Leave) and isinstance(outcome.exc, RestartAbort)
     assert not outcome.recorded
+    call.services.board.set_flag(FLAG_RELEASED, True)  # as if the decision had kept it
     between_rounds.leave(call, round_store, outcome)
+    assert not call.services.board.flags & FLAG_RELEASED  # leaving: heading nowhere
     exits = [r for r in rstore.fault_records(round_store) if r.kind == "exit"]
     assert [(r.rank, r.exc_type) for r in exits] == [(0, "nvrx.inprocess.exception.RestartAbort")]
     assert rejoin._candidates(round_store, base, {0}) == []  # no replacement is awaited for it
@@ -319,6 +322,7 @@ def test_the_restart_goes_on_once_every_rank_reported_without_sleeping_last_call
     assert decision["world_size"] == 2  # what a replacement's look reads
     for call in calls:
         assert call.round == 1
+        assert call.services.board.flags & FLAG_RELEASED  # the decision kept it: says its board
         (end,) = call.kinds("round_end")
         assert sorted((f["rank"], f["kind"]) for f in end["faults"]) == [(0, "exception"), (1, "dead")]
 

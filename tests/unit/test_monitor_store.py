@@ -144,8 +144,8 @@ def test_a_store_that_does_not_answer_yet_is_tried_again_within_the_bound(base):
 
 def test_a_client_that_fails_at_once_is_tried_again_after_growing_pauses():
     """A store factory that raises at once (not after a client timeout) is not tried in a
-    loop: 0.05 + 0.1 + 0.2 + 0.4 s of pauses leave room for 5 tries in 0.6 s, a loop for
-    thousands."""
+    loop: pauses of 0.05, 0.1 and 0.2 s, then the 0.25 s left, make 5 tries in 0.6 s; a
+    loop makes hundreds of thousands."""
     from torch.distributed import DistNetworkError
 
     tries: list[int] = []
