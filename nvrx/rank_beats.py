@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import math
@@ -73,6 +74,10 @@ class Beat:
         return beat
 
 
+class SupervisorGone(RuntimeError):
+    """No socket is bound where the supervisor's was: it ended, or died (its ranks with it)."""
+
+
 def child_of_supervisor() -> tuple[int, int]:
     """(local rank, restart count) of the supervisor's child this process runs in, as a beat
     says them; -1, 0 when unknown."""
@@ -96,6 +101,9 @@ class BeatSender:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.setblocking(False)
         self._failing = False
+        #: Whether the last send found no socket bound at ``path``: the supervisor closed it
+        #: at its end, or died (it binds the socket before any child starts).
+        self.listener_gone = False
 
     def send(self, beat: Beat, wait_s: float = 0.0) -> bool:
         """Send ``beat``; whether it left. A supervisor not listening yet, or a full queue,
@@ -109,12 +117,13 @@ class BeatSender:
             if not self._failing:
                 log.warning("heartbeat to the supervisor at %s lost: %s", self.path, exc)
             self._failing = True
+            self.listener_gone = exc.errno in (errno.ECONNREFUSED, errno.ENOENT)
             return False
         finally:
             self._sock.setblocking(False)
         if self._failing:
             log.info("heartbeats reach the supervisor again")
-        self._failing = False
+        self._failing = self.listener_gone = False
         return True
 
     def close(self) -> None:

@@ -23,7 +23,8 @@ The program imports no torch itself; its link to the store does (``monitor_store
 Under a supervisor, unless it hosts the store, it says it watches at once and makes
 the link meanwhile: a ``hang`` event and a dead rank's ``fault`` event are written
 when seen; store records (and a hard hang's termination) wait for the link, beating
-meanwhile. A link that fails ends the program, with a ``process_end`` event.
+meanwhile. A link that fails, or a supervisor gone meanwhile (its socket refuses a
+beat: the ranks died with it), ends the program, with a ``process_end`` event.
 
 When the rank's monitor hosts the store (standalone, ``tcp_store_host_rank``)
 the store service is its child and serves until every rank passed the
@@ -88,11 +89,9 @@ class _Monitor:
         self.board = ProgressBoard(cfg.board_path)
         context = cfg.events_context or events.context_from_env()
         self.writer = events.EventWriter(cfg.events_dir or events.job_log_dir(), "monitor", context)
-        self.round = -1
-        self.place = (-1, 0)
+        self.round, self.place = -1, (-1, 0)  # the rank's round, its place there
         self._view: tuple[int, Any] | None = None  # (round, the store view of that round)
-        self.soft_fired = False
-        self.next_hb = 0.0
+        self.soft_fired, self.next_hb = False, 0.0
         self.peer: int | None = None
         self.peer_value: int | None = None
         self.peer_changed = 0.0
@@ -149,13 +148,8 @@ class _Monitor:
             )  # fmt: skip
             return
         # The rank is out of this generation: the store host need not wait for it at the end.
-        nvrx_barrier.arrive(
-            self.link.get(),
-            self.termination_barrier,
-            initial,
-            self.cfg.initial_world_size,
-            reentrant=True,
-        )
+        barrier, size = self.termination_barrier, self.cfg.initial_world_size
+        nvrx_barrier.arrive(self.link.get(), barrier, initial, size, reentrant=True)
 
     def _initial_rank_of(self, rank: int) -> int | None:
         """The initial rank of ``rank`` in this round, from the state it published at round start."""
@@ -199,9 +193,17 @@ class _Monitor:
             self._peer_silent(now, rank, int(info["world_size"]))
 
     def _beat_now(self) -> None:
-        """A beat to the supervisor outside the watch loop (first, and while a fault waits)."""
-        if self.sender is not None:
-            self.sender.send(self._beat(*self.place))
+        """A beat to the supervisor outside the watch loop (first, and while a fault waits for
+        the link); ``SupervisorGone`` when its socket is: its ranks died with it."""
+        if self.sender is not None and not self.sender.send(self._beat(*self.place)):
+            if self.sender.listener_gone:  # else the monitor could wait for a link for minutes
+                raise rank_beats.SupervisorGone(f"no supervisor at {self.sender.path} any more")
+
+    def _link_made(self) -> bool:
+        """Whether the link is there, waited for (beating); False where it will not come."""
+        with contextlib.suppress(monitor_store.StoreUnavailable, rank_beats.SupervisorGone):
+            self._round_store()
+        return self.link.made
 
     def _beat(self, rank: int, world_size: int, bye: bool = False) -> rank_beats.Beat:
         cfg = self.cfg
@@ -290,9 +292,8 @@ class _Monitor:
             poller.register(pidfd, select.POLLIN)
         poller.register(sys.stdin.fileno(), select.POLLIN | select.POLLHUP)
         ready = {"ready": True, "pid": os.getpid(), "port": cfg.store_port}
-        self._beat_now()  # known to the supervisor before its rank goes on: found if it freezes
-        # The rank may have died since it started this program: the watch then leaves the
-        # round on its behalf.
+        if self.sender is not None:  # known to the supervisor before its rank goes on
+            self.sender.send(self._beat(*self.place))  # (a rank dead since: the watch sees it)
         with contextlib.suppress(BrokenPipeError):
             os.write(sys.stdout.fileno(), (json.dumps(ready) + "\n").encode())
         watched = False
@@ -340,7 +341,7 @@ class _Monitor:
             return
         log.warning("rank process %s died", cfg.target_pid)
         place = (int(info["rank"]), int(info["world_size"]))
-        if death_between_rounds.released(flags) and self.round >= 0:  # leave the next round
+        if death_between_rounds.released(flags) and self.round >= 0 and self._link_made():
             found = death_between_rounds.place_after_death(self.link, self.round, place[0], cfg)
             if found is not None:
                 self.round, place = self.round + 1, found
@@ -386,7 +387,8 @@ def _configure_and_watch(line: bytes | None, early: Any) -> int:
         monitor = _Monitor(cfg, early)
         return monitor.run()
     except BaseException as exc:
-        log.exception("monitor process failed")
+        gone = isinstance(exc, rank_beats.SupervisorGone)  # said without a trace: no bug
+        log.error("monitor process failed: %r", exc, exc_info=not gone)
         if monitor is not None:  # an event, whatever the log level: the rank is unwatched now
             monitor.writer.emit("process_end", exit_code=1, reason=f"monitor failed: {exc!r}")
         return 1

@@ -24,7 +24,7 @@ from nvrx.events import read_dir
 from nvrx.inprocess import fault_recording, monitor_store
 from nvrx.inprocess import store as rstore
 from nvrx.inprocess.monitor_process import ENTRY_POINT, PRESTART_ENTRY_POINT, MonitorConfig
-from nvrx.inprocess.progress_watchdog import ProgressBoard
+from nvrx.inprocess.progress_watchdog import FLAG_RELEASED, ProgressBoard
 from nvrx.rank_beats import BeatSocket
 from tests.support.waiting import wait_until
 
@@ -290,7 +290,8 @@ def _supervised_monitor(tmp_path, before=None, **fields):
         yield monitor, beats
     finally:
         if monitor is not None:
-            os.killpg(monitor.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # a test may have seen it end
+                os.killpg(monitor.pid, signal.SIGKILL)
             monitor.wait()
         rank.kill()
         rank.wait()
@@ -362,3 +363,44 @@ def test_a_supervised_monitor_beats_while_its_rank_waits_for_its_first_round(tmp
 
         wait_until("beats while the rank waits", beaten, 60)
         assert {(b.round, b.bye) for b in got} == {(-1, False)}, got
+
+
+@pytest.mark.parametrize("released", [False, True], ids=["in_its_round", "between_rounds"])
+def test_a_monitor_waiting_for_its_link_for_a_dead_rank_ends_when_its_supervisor_is_gone(
+    tmp_path, released
+):
+    """A rank dies while its monitor's link is still being made (a store factory that takes
+    60 s), then its supervisor ends: no socket is bound where it beat any more. The monitor
+    writes the rank's death (where it died between rounds, once it knows which round: here,
+    when its wait ends), and ends when a beat finds the supervisor gone (its
+    ranks died with it), instead of waiting minutes for a link that would serve nobody
+    (a job's end left such monitors behind)."""
+
+    def in_round_0(board) -> None:
+        board.set_round(0, 0, 1, 0)
+        board.set_flag(FLAG_RELEASED, released)  # released into round 1: a store look first
+
+    log = tmp_path / "monitor.log"
+
+    with _supervised_monitor(
+        tmp_path,
+        in_round_0,
+        heartbeat_interval=0.2,
+        store_factory=_factory(subprocess.run, args=["sleep", "60"]),
+        events_dir=str(tmp_path / "events"),
+        logfile=str(log),
+    ) as (monitor, beats):
+        assert json.loads(monitor.stdout.readline())["ready"]
+        (first,) = beats.receive()
+        os.kill(first.pid, signal.SIGKILL)
+        seen = f"rank process {first.pid} died"
+        wait_until("the monitor to see the death", lambda: seen in log.read_text(), 30)
+        assert monitor.poll() is None  # it waits for its link, beating
+        beats.close()  # the supervisor ends
+        assert monitor.wait(timeout=45) == 1  # before the factory's 60 s
+    found, _ = read_dir(tmp_path / "events")
+    faults = [e for e in found if e["kind"] == "fault"]
+    assert [(e["fault_kind"], e["round"]) for e in faults] == [("dead", 0)]
+    (end,) = [e for e in found if e["kind"] == "process_end"]
+    assert end["exit_code"] == 1 and "SupervisorGone" in end["reason"], end
+    assert "Traceback" not in log.read_text()  # an end foreseen, said in one line

@@ -45,7 +45,26 @@ def test_a_beat_crosses_the_socket_and_garbage_is_dropped(tmp_path) -> None:
 def test_a_sender_without_a_listener_loses_the_beat_and_does_not_block(tmp_path) -> None:
     sender = BeatSender(str(tmp_path / "nobody.sock"))
     assert not sender.send(_beat())
+    assert sender.listener_gone
     sender.close()
+
+
+def test_a_sender_knows_when_the_supervisor_is_gone_closed_or_killed(tmp_path) -> None:
+    """A socket file left by a supervisor that died refuses; one that ended removed it."""
+    killed = BeatSocket(str(tmp_path / "killed.sock"))
+    sender = BeatSender(killed.path)
+    try:
+        assert sender.send(_beat()) and not sender.listener_gone
+        killed._sock.close()  # as the kernel does for a SIGKILLed supervisor: the file stays
+        assert os.path.exists(killed.path)
+        assert not sender.send(_beat()) and sender.listener_gone
+        ended = BeatSocket(killed.path + ".2")
+        sender.path = ended.path
+        assert sender.send(_beat()) and not sender.listener_gone  # a beat that arrives again
+        ended.close()
+        assert not sender.send(_beat()) and sender.listener_gone
+    finally:
+        sender.close()
 
 
 def test_a_rank_is_declared_once_when_its_timeout_passes() -> None:
@@ -166,6 +185,7 @@ def test_a_bye_waits_for_room_in_a_full_queue_where_a_beat_is_dropped(tmp_path) 
             sent += 1
             assert sent < 100_000
         assert not sender.send(_beat())  # a beat does not wait
+        assert not sender.listener_gone  # a busy supervisor is not a gone one
         got: list = []
         drained = threading.Timer(0.3, lambda: got.extend(sock.receive()))  # a busy supervisor
         drained.start()
