@@ -75,7 +75,8 @@ class Beat:
 
 
 class SupervisorGone(RuntimeError):
-    """No socket is bound where the supervisor's was: it ended, or died (its ranks with it)."""
+    """No socket is bound where the supervisor's was: it ended, or died (its children,
+    which it starts to die with it, too)."""
 
 
 def child_of_supervisor() -> tuple[int, int]:

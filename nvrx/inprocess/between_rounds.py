@@ -10,7 +10,8 @@ raised while handling it.
 
 After a ``Leave`` outcome: the rank records its exit, registers itself
 terminated and arrives at the iteration barrier on its own behalf, so the
-others go on without it; then ``terminate`` runs.
+others go on without it (in the next round where the iteration barrier had
+released it into that one already); then ``terminate`` runs.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from . import rejoin
+from . import death_between_rounds, rejoin
 from . import store as rstore
 from .exception import RestartAbort
 from .fault_recording import record_exit
@@ -176,10 +177,23 @@ def assign(call: CallWrapper, terminated: set[int]) -> None:
 
 
 def leave(call: CallWrapper, store: Any, outcome: Leave) -> None:
-    """This rank leaves the job for good: let the others go on without it."""
-    call.services.board.set_flag(FLAG_RELEASED, False)
+    """This rank leaves the job for good: let the others go on without it.
+
+    Released into the next round already (its rejoin or rank assignment failed), it
+    leaves that round, which counts it, as its monitor would for a death there
+    (``death_between_rounds``); a rank that its assignment discarded is not counted.
+    """
+    board = call.services.board
+    info = board.read()
+    released = death_between_rounds.released(int(info["flags"]))
+    board.set_flag(FLAG_RELEASED, False)
+    rank, world_size = call.state.rank, call.state.world_size
     try:
-        _register_exit(call, store, outcome)
+        if released and rank is not None and not isinstance(outcome.exc, RankDiscarded):
+            store, (rank, world_size) = _next_round_place(
+                call, int(info["round"]), store, (rank, world_size)
+            )
+        _register_exit(call, store, outcome, rank, world_size)
     except Exception as store_exc:
         log.error("could not register rank %s as terminated: %r", call.state.rank, store_exc)
     call.emit(
@@ -196,13 +210,32 @@ def leave(call: CallWrapper, store: Any, outcome: Leave) -> None:
         log.error("terminate callback failed (ignored): %r", term_exc)
 
 
-def _register_exit(call: CallWrapper, store: Any, outcome: Leave) -> None:
+def _next_round_place(
+    call: CallWrapper, round_: int, store: Any, place: tuple[int, int]
+) -> tuple[Any, tuple[int, int]]:
+    """The store of round ``round_`` + 1 and this rank's (rank, world size) there, once
+    every other rank started it; ``store`` and ``place`` (round ``round_``'s) where that
+    place is not found (logged)."""
+    w, base = call.wrapper, call.services.base_store
+    found = death_between_rounds.place_in_next_round(
+        rstore, base, round_, call.initial_world_size, w.barrier_timeout, w.monitor_process_interval
+    )
+    if found is None:
+        return store, place
+    death_between_rounds.publish_state(rstore, base, round_, place[0], *found)
+    call.enter_round(round_ + 1)
+    call.writer.update(round=round_ + 1, rank=found[0])
+    return call.store, found
+
+
+def _register_exit(
+    call: CallWrapper, store: Any, outcome: Leave, rank: int | None, world_size: int
+) -> None:
     """Record the exit, register this rank terminated, interrupt the round, arrive for it."""
-    rank = call.state.rank
     if rank is None:
         return
     if not outcome.recorded and not isinstance(outcome.exc, RankDiscarded):
         record_exit(store, call.emit, rank, outcome.exc)
     rstore.register_terminated(store, rank)
     rstore.interrupt(store, "fault")
-    rstore.arrive_iteration(store, call.services.base_store, rank, call.state.world_size)
+    rstore.arrive_iteration(store, call.services.base_store, rank, world_size)

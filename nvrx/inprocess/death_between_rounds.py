@@ -9,10 +9,11 @@ until a heartbeat or progress timeout.
 
 So a rank that R's decision keeps says so on its board (``FLAG_RELEASED``, until
 it starts R+1), and the monitor of such a rank, dead, leaves R+1 instead of R
-(``place_after_death``). Its number there is the one whose state
-(``keys.rank_state``) nobody published once every other rank of R+1 started it:
-``keys.STARTED`` counts those, ``keys.LATE_DEATHS`` the ranks that died so; where
-several died so, each monitor claims one of the unpublished numbers
+(``place_after_death``); a live rank that leaves the job then (its rejoin or rank
+assignment failed) does the same itself (``between_rounds.leave``). Its number
+there is the one whose state (``keys.rank_state``) nobody published once every
+other rank of R+1 started it: ``keys.STARTED`` counts those, ``keys.LATE_DEATHS``
+the ranks that died (or left) so; where several did, each claims one of the unpublished numbers
 (``keys.late_death_claim``): R+1's decision depends on which numbers left, not on
 who had which. The rank's state is published under that number (``publish_state``),
 so that a replacement process can be admitted with it (``rejoin``).
@@ -20,7 +21,9 @@ so that a replacement process can be admitted with it (``rejoin``).
 The number is only found where R+1 has as many ranks as R kept (its world size
 less the terminated ranks that no replacement took back): a rank assignment that
 leaves out ranks R kept (``Tree`` with ``min_ranks``) makes the dead rank's place
-unknown, and the monitor then leaves round R as for any death.
+unknown, and the monitor then leaves round R as for any death. So it does at once
+where no rank started R+1 and every rank R kept is gone, counted so or registered
+terminated in R after its decision: nobody waits in R+1.
 
 The store has no wait for a counter's value: the counters are read once per
 ``monitor_process_interval``, as the monitor's own watch loop does. No torch here:
@@ -29,9 +32,11 @@ the store modules come with the monitor's link.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +58,7 @@ def released(flags: int) -> bool:
 
 
 def place_after_death(
-    link: StoreLink, round_: int, rank: int, cfg: MonitorConfig
+    link: StoreLink, round_: int, rank: int, cfg: MonitorConfig, meanwhile: Callable[[], None]
 ) -> tuple[int, int] | None:
     """(rank, world size) in round ``round_`` + 1 of ``rank`` of ``round_``, dead after that
     round's iteration barrier released it into the next, its state published there; None
@@ -62,7 +67,7 @@ def place_after_death(
         rounds, base = link.rounds, link.get()
         place = place_in_next_round(
             rounds, base, round_, cfg.initial_world_size, cfg.barrier_timeout,
-            cfg.monitor_process_interval,
+            cfg.monitor_process_interval, meanwhile,
         )  # fmt: skip
         if place is not None:
             publish_state(rounds, base, round_, rank, *place)
@@ -73,16 +78,31 @@ def place_after_death(
 
 
 def place_in_next_round(
-    rounds: ModuleType, base: Any, round_: int, ranks_bound: int, wait_s: float, every_s: float
+    rounds: ModuleType,
+    base: Any,
+    round_: int,
+    ranks_bound: int,
+    wait_s: float,
+    every_s: float,
+    meanwhile: Callable[[], None] | None = None,
 ) -> tuple[int, int] | None:
     """(rank, world size) in round ``round_`` + 1 of a rank that round ``round_``'s decision
-    kept and that died before starting it, once every other rank of that round started it;
+    kept and that died (or left) before starting it, once every other rank of it started it;
     None after ``wait_s`` without that, or where that round's size is not what round
-    ``round_`` kept. ``ranks_bound``: no world size exceeds it (the job's initial one)."""
-    store = rounds.round_store(base, round_ + 1)
+    ``round_`` kept. ``ranks_bound``: no world size exceeds it (the job's initial one);
+    ``meanwhile`` runs between two looks (a monitor beats to its supervisor)."""
+    store, previous = rounds.round_store(base, round_ + 1), rounds.round_store(base, round_)
     store.add(keys.LATE_DEATHS, 1)
-    size = _wait_for_the_others(store, ranks_bound, wait_s, every_s)
-    kept = _kept(rounds.round_store(base, round_))
+    try:
+        size = _wait_for_the_others(rounds, store, previous, ranks_bound, wait_s, every_s, meanwhile)
+    except BaseException:  # the wait given up: not counted there (as below)
+        with contextlib.suppress(Exception):
+            store.add(keys.LATE_DEATHS, -1)
+        raise
+    if size == 0:  # counted still: the others that died so see it too
+        log.warning("round %d: every rank left or died before starting it", round_ + 1)
+        return None
+    kept = _kept(previous)  # after the wait: a rejoin may have taken replacements back since
     if size is None or kept != size:
         store.add(keys.LATE_DEATHS, -1)  # not counted there: another such death must not be
         if size is None:
@@ -103,20 +123,46 @@ def place_in_next_round(
     return None
 
 
-def _wait_for_the_others(store: Any, ranks_bound: int, wait_s: float, every_s: float) -> int | None:
-    """The round's world size once its ranks that started and those that died before
-    starting it add up to it; None after ``wait_s``."""
+def _wait_for_the_others(
+    rounds: ModuleType,
+    store: Any,
+    previous: Any,
+    ranks_bound: int,
+    wait_s: float,
+    every_s: float,
+    meanwhile: Callable[[], None] | None,
+) -> int | None:
+    """The world size of round ``store`` once its ranks that started and those that died
+    before starting it add up to it; 0 where none started and every rank that round
+    ``previous`` kept is gone (``_all_gone``); None after ``wait_s``."""
     deadline = time.monotonic() + wait_s
     size: int | None = None
     while True:
         started = int(store.add(keys.STARTED, 0))
         if started and size is None:
             size = _world_size(store, ranks_bound)
-        if size is not None and started + int(store.add(keys.LATE_DEATHS, 0)) >= size:
+        late = int(store.add(keys.LATE_DEATHS, 0))
+        if size is not None and started + late >= size:
             return size
+        if not started and _all_gone(rounds, previous, late):
+            return 0
         if time.monotonic() >= deadline:
             return None
         time.sleep(every_s)
+        if meanwhile is not None:
+            meanwhile()
+
+
+def _all_gone(rounds: ModuleType, previous: Any, late: int) -> bool:
+    """Whether every rank that round ``previous`` kept is gone before starting the next one:
+    counted there (``late``), or registered terminated in ``previous`` after its decision
+    (a rank its assignment discarded, one whose wait there ended, one dead before its
+    board said it was kept). Read again each time: a rejoin may take replacements back."""
+    kept = _kept(previous)
+    if kept is None:
+        return False
+    decided = {int(r) for r in json.loads(previous.get(keys.DECISION))["terminated"]}
+    return late + len(rounds.terminated_ranks(previous) - decided) >= kept
 
 
 def publish_state(

@@ -23,8 +23,8 @@ The program imports no torch itself; its link to the store does (``monitor_store
 Under a supervisor, unless it hosts the store, it says it watches at once and makes
 the link meanwhile: a ``hang`` event and a dead rank's ``fault`` event are written
 when seen; store records (and a hard hang's termination) wait for the link, beating
-meanwhile. A link that fails, or a supervisor gone meanwhile (its socket refuses a
-beat: the ranks died with it), ends the program, with a ``process_end`` event.
+meanwhile. A link that fails, or a supervisor gone meanwhile (no socket takes a beat
+where its socket was), ends the program, with a ``process_end`` event.
 
 When the rank's monitor hosts the store (standalone, ``tcp_store_host_rank``)
 the store service is its child and serves until every rank passed the
@@ -193,14 +193,14 @@ class _Monitor:
             self._peer_silent(now, rank, int(info["world_size"]))
 
     def _beat_now(self) -> None:
-        """A beat to the supervisor outside the watch loop (first, and while a fault waits for
-        the link); ``SupervisorGone`` when its socket is: its ranks died with it."""
+        """A beat to the supervisor while a fault waits for the link or the store;
+        ``SupervisorGone`` when its socket is gone: it ended, or died."""
         if self.sender is not None and not self.sender.send(self._beat(*self.place)):
             if self.sender.listener_gone:  # else the monitor could wait for a link for minutes
                 raise rank_beats.SupervisorGone(f"no supervisor at {self.sender.path} any more")
 
     def _link_made(self) -> bool:
-        """Whether the link is there, waited for (beating); False where it will not come."""
+        """Whether the link is there, waited for (beating); False: failed, or supervisor gone."""
         with contextlib.suppress(monitor_store.StoreUnavailable, rank_beats.SupervisorGone):
             self._round_store()
         return self.link.made
@@ -342,7 +342,9 @@ class _Monitor:
         log.warning("rank process %s died", cfg.target_pid)
         place = (int(info["rank"]), int(info["world_size"]))
         if death_between_rounds.released(flags) and self.round >= 0 and self._link_made():
-            found = death_between_rounds.place_after_death(self.link, self.round, place[0], cfg)
+            found = death_between_rounds.place_after_death(
+                self.link, self.round, place[0], cfg, self._beat_now
+            )
             if found is not None:
                 self.round, place = self.round + 1, found
                 self.writer.update(round=self.round, rank=place[0])

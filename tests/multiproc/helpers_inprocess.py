@@ -187,9 +187,10 @@ def _ignores(pid: int, signum: int) -> bool:
     return False
 
 
-def _dying_at_the_first_restart(assignment: Any) -> Any:
-    """``assignment``, but the process is SIGKILLed when it assigns ranks for the first restart:
-    after the iteration barrier released it into the next round, before it starts that round."""
+def _dying_at_the_first_restart(assignment: Any, raises: bool = False) -> Any:
+    """``assignment``, but the process is SIGKILLed (``raises``: the assignment raises) when it
+    assigns ranks for the first restart: after the iteration barrier released it into the
+    next round, before it starts that round."""
     from nvrx.inprocess.rank_assignment import RankAssignment
 
     class DyingAssignment(RankAssignment):
@@ -197,7 +198,9 @@ def _dying_at_the_first_restart(assignment: Any) -> Any:
 
         def __call__(self, ctx: Any) -> Any:
             DyingAssignment.calls += 1
-            if DyingAssignment.calls == 2:  # the first call assigns the first round
+            if DyingAssignment.calls == 2 and raises:  # the first call assigns the first round
+                raise RuntimeError("rank assignment failed")
+            if DyingAssignment.calls == 2:
                 os.kill(os.getpid(), signal.SIGKILL)
             return assignment(ctx)
 
@@ -234,6 +237,8 @@ def _rank_main(tmp: Path) -> int:
         wkw["rank_assignment"] = inprocess.Compose(ActivateAllRanks(), ShiftRanks())
     if params.get("die_in_assignment") == initial_rank and not os.environ.get("NVRX_RESTART_COUNT"):
         wkw["rank_assignment"] = _dying_at_the_first_restart(wkw["rank_assignment"])
+    if params.get("raise_in_assignment") == initial_rank and not os.environ.get("NVRX_RESTART_COUNT"):
+        wkw["rank_assignment"] = _dying_at_the_first_restart(wkw["rank_assignment"], raises=True)
     if params.get("callbacks"):
 
         class Done(inprocess.completion.Completion):

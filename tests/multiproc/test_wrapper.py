@@ -270,6 +270,16 @@ def _monitor_faults_but_no_timeout(ranks):
     return faults
 
 
+def _finished_as_two(ranks):
+    """Ranks 0 and 1 completed a round of their own, the two of them. (Round 1 may be cut
+    before a rank calls the function in it: a call count would race.)"""
+    for r in (0, 1):
+        last = ranks.calls(r)[-1]
+        assert (last["world_size"], last["iteration"]) == ("2", 2), ranks.logs()
+    ends = _kinds(ranks.events(), "round_end")
+    assert sorted(e["rank"] for e in ends if e["outcome"] == "completed") == [0, 1]
+
+
 def test_a_rank_dying_between_two_rounds_is_left_out_of_the_round_it_was_heading_into(tmp_path):
     """Rank 2 is SIGKILLed after round 0's iteration barrier released it into round 1, before it
     started round 1 (in its rank assignment): round 0's decision counted it in round 1. Its
@@ -286,10 +296,33 @@ def test_a_rank_dying_between_two_rounds_is_left_out_of_the_round_it_was_heading
     )
     codes = ranks.wait(90)
     assert codes == [0, 0, -9], ranks.logs()
-    assert [len(ranks.calls(r)) for r in (0, 1)] == [3, 3], ranks.logs()
+    _finished_as_two(ranks)
     faults = _monitor_faults_but_no_timeout(ranks)
     dead = [(f["origin_rank"], f["round"]) for f in faults if f["fault_kind"] == "dead"]
     assert dead == [(2, 1)], ranks.logs()  # one death, in the round it was heading into
+
+
+def test_a_rank_leaving_between_two_rounds_leaves_the_round_it_was_heading_into(tmp_path):
+    """Rank 2's rank assignment raises after round 0's iteration barrier released it into round
+    1: it leaves the job alive, and round 0's decision counted it in round 1. It leaves round 1
+    itself, as its monitor would for a death there, so the others restart at once, not after
+    a heartbeat or progress timeout (here 20 s and 10 s: no such fault may appear)."""
+    ranks = launch(
+        tmp_path,
+        3,
+        wrapper=SLOW,
+        fault="exception",
+        fault_ranks=[0],
+        raise_in_assignment=2,
+        init_pg=False,
+    )
+    codes = ranks.wait(90)
+    assert codes == [0, 0, 1], ranks.logs()
+    _finished_as_two(ranks)
+    assert ranks.result(2)["error"] == "RuntimeError"
+    _monitor_faults_but_no_timeout(ranks)
+    exits = [f for f in _kinds(ranks.events(), "fault") if f["fault_kind"] == "exit"]
+    assert [(f["round"], f["rank"]) for f in exits] == [(1, 2)], ranks.logs()
 
 
 def test_a_rank_dying_before_init_process_group_does_not_hold_the_others_in_its_rendezvous(

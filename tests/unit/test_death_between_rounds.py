@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+
+import pytest
 
 from nvrx.inprocess import store as rstore
 from nvrx.inprocess.death_between_rounds import place_in_next_round, publish_state, released
@@ -88,6 +91,73 @@ def test_no_place_when_the_next_round_never_has_all_its_ranks(base):
     _decide(base, 4, 3, [])
     _start(base, 5, 0, 3, initial=0)  # rank 1 never starts round 5
     assert _place(base, wait_s=0.3) is None
+    assert int(rstore.round_store(base, 5).add(keys.LATE_DEATHS, 0)) == 0
+
+
+def test_no_wait_where_every_rank_the_round_kept_left_before_starting_the_next(base):
+    """Round 4 kept its 3 ranks, and all of them died or left before starting round 5 (a rank
+    assignment that raises everywhere): nobody is in round 5 to wait for, so no one waits
+    there for the others (here 60 s), and each leaves round 4 as for any death."""
+    _decide(base, 4, 3, [])
+    found: list = []
+    waiters = [threading.Thread(target=lambda: found.append(_place(base, 60))) for _ in range(3)]
+    for w in waiters:
+        w.start()
+    deadline = time.monotonic() + 30
+    for w in waiters:
+        w.join(max(0.0, deadline - time.monotonic()))
+    assert found == [None, None, None] and not any(w.is_alive() for w in waiters)
+    for w in waiters:
+        w.join()
+
+
+def test_no_wait_where_the_ranks_not_counted_left_the_round_the_decision_kept_them_in(base):
+    """Round 4 kept its 3 ranks: rank 0 is counted among those dead before round 5, rank 2 left
+    round 4 after its decision (``Tree`` discarded it; or its own wait there ended) and so did
+    rank 1, registered terminated there: nobody will start round 5."""
+    _decide(base, 4, 3, [])
+    view = rstore.round_store(base, 4)
+    rstore.register_terminated(view, 2)
+    rstore.register_terminated(view, 1)
+    found: list = []
+    waiter = threading.Thread(target=lambda: found.append(_place(base, 60)))
+    waiter.start()
+    waiter.join(30)
+    assert found == [None] and not waiter.is_alive()
+    waiter.join()
+
+
+def test_replacements_taken_back_during_the_wait_count_among_the_ranks_kept(base):
+    """Round 4 (4 ranks) terminated rank 1; rank 2 dies while the rejoin leader still waits for
+    rank 1's replacement. Once admitted, the replacement starts round 5 with ranks 0 and 3: the
+    round has 4 ranks, as round 4 kept once the rejoin wrote who came back."""
+    _decide(base, 4, 4, [1])
+    found: list = []
+    waiter = threading.Thread(target=lambda: found.append(_place(base, 20)))
+    waiter.start()
+    time.sleep(0.3)  # the dead rank's monitor looks meanwhile: the rejoin is not done yet
+    rstore.round_store(base, 4).set(keys.REJOIN, json.dumps([1]))
+    for rank, initial in ((0, 0), (1, 1), (3, 3)):
+        _start(base, 5, rank, 4, initial=initial)
+    waiter.join(30)
+    assert found == [(2, 4)]
+
+
+def test_a_wait_given_up_meanwhile_is_not_counted_for_another_such_death(base):
+    """The monitor beats to its supervisor between two looks; a supervisor gone ends the wait
+    (``SupervisorGone`` from the beat), and the count of deaths there is taken back."""
+    _decide(base, 4, 3, [])
+    _start(base, 5, 0, 3, initial=0)  # rank 1 never starts round 5
+    looks = []
+
+    def beat() -> None:
+        looks.append(time.monotonic())
+        if len(looks) == 3:
+            raise RuntimeError("supervisor gone")
+
+    with pytest.raises(RuntimeError, match="supervisor gone"):
+        place_in_next_round(rstore, base, 4, 4, 60.0, 0.05, beat)
+    assert len(looks) == 3
     assert int(rstore.round_store(base, 5).add(keys.LATE_DEATHS, 0)) == 0
 
 

@@ -26,6 +26,7 @@ from nvrx.inprocess.progress_watchdog import FLAG_RELEASED
 from nvrx.inprocess.round_outcome import Completed, Leave, Restart
 from nvrx.inprocess.round_run import RoundRun
 from nvrx.inprocess.state import Mode, State
+from nvrx.store import barrier as nvrx_barrier
 from nvrx.store import client, keys
 
 
@@ -71,6 +72,10 @@ class FakeBoard:
 
     def __init__(self) -> None:
         self.flags = 0
+        self.round = 0
+
+    def read(self) -> dict[str, float]:
+        return {"flags": float(self.flags), "round": float(self.round)}
 
     def set_flag(self, flag: int, on: bool) -> None:
         self.flags = (self.flags | flag) if on else (self.flags & ~flag)
@@ -96,6 +101,7 @@ class FakeCall:
             barrier_timeout=5.0,
             last_call_wait=0.0,
             rejoin_timeout=0.0,
+            monitor_process_interval=0.05,
         )
         vars(self.wrapper).update(wrapper)
         self.state = State(
@@ -116,6 +122,8 @@ class FakeCall:
         self.events: list[tuple[str, dict]] = []
         self.fail_on: str | None = None  # an event kind whose emit raises
         self.pending_latency_from: float | None = None
+        self.initial_world_size = world_size
+        self.writer = SimpleNamespace(update=lambda **fields: None)
 
     def emit(self, kind: str, **fields) -> None:
         if kind == self.fail_on:
@@ -233,9 +241,8 @@ def test_restart_abort_in_finalize_records_the_exit_a_rejoin_leader_reads(base):
     outcome = _restart(call, fault)
     assert isinstance(outcome, Leave) and isinstance(outcome.exc, RestartAbort)
     assert not outcome.recorded
-    call.services.board.set_flag(FLAG_RELEASED, True)  # as if the decision had kept it
-    between_rounds.leave(call, round_store, outcome)
-    assert not call.services.board.flags & FLAG_RELEASED  # leaving: heading nowhere
+    between_rounds.leave(call, round_store, outcome)  # before the decision: released nowhere
+    assert not call.services.board.flags & FLAG_RELEASED
     exits = [r for r in rstore.fault_records(round_store) if r.kind == "exit"]
     assert [(r.rank, r.exc_type) for r in exits] == [(0, "nvrx.inprocess.exception.RestartAbort")]
     assert rejoin._candidates(round_store, base, {0}) == []  # no replacement is awaited for it
@@ -325,6 +332,74 @@ def test_the_restart_goes_on_once_every_rank_reported_without_sleeping_last_call
         assert call.services.board.flags & FLAG_RELEASED  # the decision kept it: says its board
         (end,) = call.kinds("round_end")
         assert sorted((f["rank"], f["kind"]) for f in end["faults"]) == [(0, "exception"), (1, "dead")]
+
+
+def test_a_rank_released_into_the_next_round_that_leaves_leaves_that_round(base, monkeypatch):
+    """Round 0's decision keeps both ranks; rank 1's rank assignment then raises. Round 1 counts
+    rank 1, so rank 1 leaves round 1 (not round 0, which is over), once rank 0 started it:
+    its exit is recorded there, and it arrives at round 1's iteration barrier for itself."""
+    monkeypatch.setattr(State, "set_distributed_vars", lambda self: None)
+
+    def assign(ctx):
+        if ctx.state.rank == 1:
+            raise RuntimeError("rank assignment failed")
+        return ctx
+
+    calls = [
+        FakeCall(client.connect("127.0.0.1", base.port, timeout=10), world_size=2,
+                 rank_assignment=assign)
+        for _ in range(2)
+    ]  # fmt: skip
+    round_0 = rstore.round_store(base, 0)
+    for rank, call in enumerate(calls):
+        call.state.rank = call.state.active_rank = call.state.initial_rank = rank
+        round_0.set(keys.rank_state(rank), rejoin.state_json(call.state))  # round 0 started
+    rstore.record_fault(calls[0].store, rstore.nvrx_faults.FaultRecord(rank=0, kind="exception"))
+    outcomes: dict[int, Any] = {}
+    threads = [
+        threading.Thread(target=lambda r=r: outcomes.update({r: _restart(calls[r], None)}))
+        for r in (0, 1)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    left = outcomes[1]
+    assert outcomes[0] is None and isinstance(left, Leave), outcomes
+    assert calls[1].services.board.flags & FLAG_RELEASED
+    leaving = threading.Thread(target=between_rounds.leave, args=(calls[1], round_0, left))
+    leaving.start()
+    round_1 = rstore.round_store(base, 1)
+    round_1.set(keys.rank_state(0), rejoin.state_json(calls[0].state))
+    round_1.add(keys.STARTED, 1)  # rank 0 starts round 1 (``RoundRun.start``)
+    leaving.join(30)
+    assert not leaving.is_alive()
+    exits = [(r.rank, r.message) for r in rstore.fault_records(round_1) if r.kind == "exit"]
+    assert exits == [(1, "rank assignment failed")]
+    assert not [r for r in rstore.fault_records(round_0) if r.kind == "exit"]
+    assert rstore.terminated_ranks(round_1) == {1} and round_1.check([keys.rank_state(1)])
+    assert nvrx_barrier.has_arrived(round_1, rstore.ITERATION_BARRIER, 1)
+    assert not calls[1].services.board.flags & FLAG_RELEASED
+
+
+def test_a_rank_released_whose_rejoin_fails_leaves_the_next_round(base):
+    """Round 0's decision kept both ranks; rank 0's ``take_back`` then raised (a store error),
+    before it entered round 1: it enters round 1 to leave it, its events there too."""
+    call = FakeCall(base, world_size=2)
+    updates: list[dict] = []
+    call.writer = SimpleNamespace(update=lambda **fields: updates.append(fields))
+    round_0, round_1 = rstore.round_store(base, 0), rstore.round_store(base, 1)
+    round_0.set(keys.rank_state(0), rejoin.state_json(call.state))
+    round_0.set(keys.DECISION, json.dumps({"terminated": [], "world_size": 2}))
+    other = State(**{**vars(call.state), "rank": 1, "active_rank": 1, "initial_rank": 1})
+    round_1.set(keys.rank_state(1), rejoin.state_json(other))
+    round_1.add(keys.STARTED, 1)  # the other rank started round 1
+    call.services.board.set_flag(FLAG_RELEASED, True)
+    between_rounds.leave(call, round_0, Leave(ConnectionError("store write failed"), False))
+    assert call.round == 1 and updates == [{"round": 1, "rank": 0}]
+    exits = [r.rank for r in rstore.fault_records(round_1) if r.kind == "exit"]
+    assert exits == [0] and rstore.terminated_ranks(round_1) == {0}
+    assert not rstore.terminated_ranks(round_0)
 
 
 def test_a_job_without_a_round_takes_nobody_back() -> None:
