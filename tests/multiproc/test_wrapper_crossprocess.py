@@ -50,7 +50,10 @@ def test_restarted_processes_get_a_fresh_key_space_and_count_job_restarts(tmp_pa
         )
         assert third.wait(60) == [130, 130], third.logs()
         assert [c["iteration"] for c in third.calls(0)] == [3]
-        assert rounds.job_restarts(store) == 4
+        # 4; or 5 where rank 1 started round 201 only after rank 0 stopped and left it: rank 1
+        # then restarts once more, alone, and stops at round 202's start (no call either)
+        assert rounds.job_restarts(store) in (4, 5)
+        assert [c["iteration"] for c in third.calls(1)] == [3]
 
 
 def test_replacement_of_a_dead_process_rejoins_and_the_job_keeps_its_size(tmp_path):
