@@ -181,7 +181,8 @@ def leave(call: CallWrapper, store: Any, outcome: Leave) -> None:
 
     Released into the next round already (its rejoin or rank assignment failed), it
     leaves that round, which counts it, as its monitor would for a death there
-    (``death_between_rounds``); a rank that its assignment discarded is not counted.
+    (``death_between_rounds``), or the round it ends where its place there is not found;
+    a rank that its assignment discarded is not counted there.
     """
     board = call.services.board
     info = board.read()

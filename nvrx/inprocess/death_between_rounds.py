@@ -21,9 +21,11 @@ so that a replacement process can be admitted with it (``rejoin``).
 The number is only found where R+1 has as many ranks as R kept (its world size
 less the terminated ranks that no replacement took back): a rank assignment that
 leaves out ranks R kept (``Tree`` with ``min_ranks``) makes the dead rank's place
-unknown, and the monitor then leaves round R as for any death. So it does at once
-where no rank started R+1 and every rank R kept is gone, counted so or registered
-terminated in R after its decision: nobody waits in R+1.
+unknown, and the monitor then leaves round R as for any death. So it does, at its
+next look, where no rank started R+1 and every rank R kept is counted so: none of
+them is left to start R+1. (A rank R kept that went otherwise, its assignment
+discarding it or dead before its board said it was kept, is not counted: the others
+then wait their ``wait_s`` before leaving R.)
 
 The store has no wait for a counter's value: the counters are read once per
 ``monitor_process_interval``, as the monitor's own watch loop does. No torch here:
@@ -72,7 +74,7 @@ def place_after_death(
         if place is not None:
             publish_state(rounds, base, round_, rank, *place)
         return place
-    except Exception as exc:  # the store failed: leave round ``round_`` as for any death
+    except Exception as exc:  # the store failed, or the supervisor is gone: leave ``round_``
         log.warning("round %d: no place found for a rank dead before it: %r", round_ + 1, exc)
         return None
 
@@ -88,13 +90,14 @@ def place_in_next_round(
 ) -> tuple[int, int] | None:
     """(rank, world size) in round ``round_`` + 1 of a rank that round ``round_``'s decision
     kept and that died (or left) before starting it, once every other rank of it started it;
-    None after ``wait_s`` without that, or where that round's size is not what round
-    ``round_`` kept. ``ranks_bound``: no world size exceeds it (the job's initial one);
-    ``meanwhile`` runs between two looks (a monitor beats to its supervisor)."""
+    None after ``wait_s`` without that, where that round's size is not what round ``round_``
+    kept, or where every rank it kept died or left so before any started it.
+    ``ranks_bound``: no world size exceeds it (the job's initial one); ``meanwhile`` runs
+    between two looks (a monitor beats to its supervisor)."""
     store, previous = rounds.round_store(base, round_ + 1), rounds.round_store(base, round_)
     store.add(keys.LATE_DEATHS, 1)
     try:
-        size = _wait_for_the_others(rounds, store, previous, ranks_bound, wait_s, every_s, meanwhile)
+        size = _wait_for_the_others(store, previous, ranks_bound, wait_s, every_s, meanwhile)
     except BaseException:  # the wait given up: not counted there (as below)
         with contextlib.suppress(Exception):
             store.add(keys.LATE_DEATHS, -1)
@@ -124,7 +127,6 @@ def place_in_next_round(
 
 
 def _wait_for_the_others(
-    rounds: ModuleType,
     store: Any,
     previous: Any,
     ranks_bound: int,
@@ -133,8 +135,9 @@ def _wait_for_the_others(
     meanwhile: Callable[[], None] | None,
 ) -> int | None:
     """The world size of round ``store`` once its ranks that started and those that died
-    before starting it add up to it; 0 where none started and every rank that round
-    ``previous`` kept is gone (``_all_gone``); None after ``wait_s``."""
+    before starting it add up to it; 0 where none started and those that died so are as
+    many as round ``previous`` kept (read again each time: a rejoin may take replacements
+    back meanwhile); None after ``wait_s``."""
     deadline = time.monotonic() + wait_s
     size: int | None = None
     while True:
@@ -144,25 +147,14 @@ def _wait_for_the_others(
         late = int(store.add(keys.LATE_DEATHS, 0))
         if size is not None and started + late >= size:
             return size
-        if not started and _all_gone(rounds, previous, late):
+        kept = None if started else _kept(previous)
+        if kept is not None and late >= kept:
             return 0
         if time.monotonic() >= deadline:
             return None
         time.sleep(every_s)
         if meanwhile is not None:
             meanwhile()
-
-
-def _all_gone(rounds: ModuleType, previous: Any, late: int) -> bool:
-    """Whether every rank that round ``previous`` kept is gone before starting the next one:
-    counted there (``late``), or registered terminated in ``previous`` after its decision
-    (a rank its assignment discarded, one whose wait there ended, one dead before its
-    board said it was kept). Read again each time: a rejoin may take replacements back."""
-    kept = _kept(previous)
-    if kept is None:
-        return False
-    decided = {int(r) for r in json.loads(previous.get(keys.DECISION))["terminated"]}
-    return late + len(rounds.terminated_ranks(previous) - decided) >= kept
 
 
 def publish_state(

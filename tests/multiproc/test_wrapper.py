@@ -280,45 +280,33 @@ def _finished_as_two(ranks):
     assert sorted(e["rank"] for e in ends if e["outcome"] == "completed") == [0, 1]
 
 
-def test_a_rank_dying_between_two_rounds_is_left_out_of_the_round_it_was_heading_into(tmp_path):
-    """Rank 2 is SIGKILLed after round 0's iteration barrier released it into round 1, before it
-    started round 1 (in its rank assignment): round 0's decision counted it in round 1. Its
-    monitor leaves round 1 on its behalf, so the others restart at once, not after a heartbeat
-    or progress timeout (here 20 s and 10 s: no such fault may appear)."""
+def _rank_2_gone_between_rounds(tmp_path, codes, **gone):
+    """Rank 0 raises in round 0, and rank 2 goes (``gone``) in its rank assignment for round 1,
+    after round 0's iteration barrier released it: round 0's decision counted it in round 1.
+    The job ends with ``codes``, ranks 0 and 1 as two."""
     ranks = launch(
-        tmp_path,
-        3,
-        wrapper=SLOW,
-        fault="exception",
-        fault_ranks=[0],
-        die_in_assignment=2,
-        init_pg=False,
+        tmp_path, 3, wrapper=SLOW, fault="exception", fault_ranks=[0], init_pg=False, **gone
     )
-    codes = ranks.wait(90)
-    assert codes == [0, 0, -9], ranks.logs()
+    assert ranks.wait(90) == codes, ranks.logs()
     _finished_as_two(ranks)
+    return ranks
+
+
+def test_a_rank_dying_between_two_rounds_is_left_out_of_the_round_it_was_heading_into(tmp_path):
+    """Rank 2 is SIGKILLed in its rank assignment for round 1. Its monitor leaves round 1 on its
+    behalf, so the others restart at once, not after a heartbeat or progress timeout (here
+    20 s and 10 s: no such fault may appear)."""
+    ranks = _rank_2_gone_between_rounds(tmp_path, [0, 0, -9], die_in_assignment=2)
     faults = _monitor_faults_but_no_timeout(ranks)
     dead = [(f["origin_rank"], f["round"]) for f in faults if f["fault_kind"] == "dead"]
     assert dead == [(2, 1)], ranks.logs()  # one death, in the round it was heading into
 
 
 def test_a_rank_leaving_between_two_rounds_leaves_the_round_it_was_heading_into(tmp_path):
-    """Rank 2's rank assignment raises after round 0's iteration barrier released it into round
-    1: it leaves the job alive, and round 0's decision counted it in round 1. It leaves round 1
+    """Rank 2's rank assignment for round 1 raises: it leaves the job alive. It leaves round 1
     itself, as its monitor would for a death there, so the others restart at once, not after
     a heartbeat or progress timeout (here 20 s and 10 s: no such fault may appear)."""
-    ranks = launch(
-        tmp_path,
-        3,
-        wrapper=SLOW,
-        fault="exception",
-        fault_ranks=[0],
-        raise_in_assignment=2,
-        init_pg=False,
-    )
-    codes = ranks.wait(90)
-    assert codes == [0, 0, 1], ranks.logs()
-    _finished_as_two(ranks)
+    ranks = _rank_2_gone_between_rounds(tmp_path, [0, 0, 1], raise_in_assignment=2)
     assert ranks.result(2)["error"] == "RuntimeError"
     _monitor_faults_but_no_timeout(ranks)
     exits = [f for f in _kinds(ranks.events(), "fault") if f["fault_kind"] == "exit"]

@@ -52,7 +52,9 @@ def test_restarted_processes_get_a_fresh_key_space_and_count_job_restarts(tmp_pa
         assert [c["iteration"] for c in third.calls(0)] == [3]
         # 4; or 5 where rank 1 started round 201 only after rank 0 stopped and left it: rank 1
         # then restarts once more, alone, and stops at round 202's start (no call either)
-        assert rounds.job_restarts(store) in (4, 5)
+        alone = [e["rank"] for e in third.events() if e["kind"] == "round_start" and e["round"] == 202]
+        assert alone in ([], [0]), third.logs()
+        assert rounds.job_restarts(store) == (5 if alone else 4)
         assert [c["iteration"] for c in third.calls(1)] == [3]
 
 

@@ -21,6 +21,8 @@ from nvrx.store import keys
 def _decide(base, round_: int, world_size: int, terminated: list[int], back=None) -> None:
     """Round ``round_``'s iteration barrier decided (``back``: ranks its rejoin took back)."""
     view = rstore.round_store(base, round_)
+    for rank in terminated:  # as the ranks, their monitors or supervisors did before it
+        rstore.register_terminated(view, rank)
     view.set(keys.DECISION, json.dumps({"terminated": terminated, "world_size": world_size}))
     if back is not None:
         view.set(keys.REJOIN, json.dumps(back))
@@ -111,20 +113,20 @@ def test_no_wait_where_every_rank_the_round_kept_left_before_starting_the_next(b
         w.join()
 
 
-def test_no_wait_where_the_ranks_not_counted_left_the_round_the_decision_kept_them_in(base):
-    """Round 4 kept its 3 ranks: rank 0 is counted among those dead before round 5, rank 2 left
-    round 4 after its decision (``Tree`` discarded it; or its own wait there ended) and so did
-    rank 1, registered terminated there: nobody will start round 5."""
-    _decide(base, 4, 3, [])
-    view = rstore.round_store(base, 4)
-    rstore.register_terminated(view, 2)
-    rstore.register_terminated(view, 1)
+def test_two_ranks_dead_before_the_others_start_wait_for_them_where_one_was_terminated(base):
+    """Round 4 (4 ranks) terminated rank 3 and kept 3; two of them died before round 5, whose
+    one other rank starts late: they wait for it (two dead and one terminated are not the
+    three kept), then take one number each."""
+    _decide(base, 4, 4, [3])
     found: list = []
-    waiter = threading.Thread(target=lambda: found.append(_place(base, 60)))
-    waiter.start()
-    waiter.join(30)
-    assert found == [None] and not waiter.is_alive()
-    waiter.join()
+    waiters = [threading.Thread(target=lambda: found.append(_place(base, 20))) for _ in range(2)]
+    for w in waiters:
+        w.start()
+    time.sleep(0.5)
+    _start(base, 5, 0, 3, initial=0)
+    for w in waiters:
+        w.join(30)
+    assert sorted(found) == [(1, 3), (2, 3)]
 
 
 def test_replacements_taken_back_during_the_wait_count_among_the_ranks_kept(base):
