@@ -191,9 +191,9 @@ def leave(call: CallWrapper, store: Any, outcome: Leave) -> None:
     rank, world_size = call.state.rank, call.state.world_size
     try:
         if released and rank is not None and not isinstance(outcome.exc, RankDiscarded):
-            store, (rank, world_size) = _next_round_place(
-                call, int(info["round"]), store, (rank, world_size)
-            )
+            found = _next_round_place(call, int(info["round"]), rank)
+            if found is not None:
+                store, (rank, world_size) = call.store, found
         _register_exit(call, store, outcome, rank, world_size)
     except Exception as store_exc:
         log.error("could not register rank %s as terminated: %r", call.state.rank, store_exc)
@@ -211,22 +211,18 @@ def leave(call: CallWrapper, store: Any, outcome: Leave) -> None:
         log.error("terminate callback failed (ignored): %r", term_exc)
 
 
-def _next_round_place(
-    call: CallWrapper, round_: int, store: Any, place: tuple[int, int]
-) -> tuple[Any, tuple[int, int]]:
-    """The store of round ``round_`` + 1 and this rank's (rank, world size) there, once
-    every other rank started it; ``store`` and ``place`` (round ``round_``'s) where that
-    place is not found (logged)."""
+def _next_round_place(call: CallWrapper, round_: int, rank: int) -> tuple[int, int] | None:
+    """This rank's (rank, world size) in round ``round_`` + 1, once every other rank started
+    it, the call entered there; None where that place is not found (logged)."""
     w, base = call.wrapper, call.services.base_store
     found = death_between_rounds.place_in_next_round(
         rstore, base, round_, call.initial_world_size, w.barrier_timeout, w.monitor_process_interval
     )
-    if found is None:
-        return store, place
-    death_between_rounds.publish_state(rstore, base, round_, place[0], *found)
-    call.enter_round(round_ + 1)
-    call.writer.update(round=round_ + 1, rank=found[0])
-    return call.store, found
+    if found is not None:
+        death_between_rounds.publish_state(rstore, base, round_, rank, *found)
+        call.enter_round(round_ + 1)
+        call.writer.update(round=round_ + 1, rank=found[0])
+    return found
 
 
 def _register_exit(

@@ -291,6 +291,18 @@ def test_finalize_that_reraises_the_fault_makes_no_cycle(base):
     assert outcome.exc is fault and fault.__context__ is None
 
 
+def _two_ranks(base, **wrapper) -> list[FakeCall]:
+    """Ranks 0 and 1 of one round 0, each with a connection of its own; rank 0 faulted."""
+    calls = [
+        FakeCall(client.connect("127.0.0.1", base.port, timeout=10), world_size=2, **wrapper)
+        for _ in range(2)
+    ]
+    for rank, call in enumerate(calls):
+        call.state.rank = call.state.active_rank = call.state.initial_rank = rank
+    rstore.record_fault(calls[0].store, rstore.nvrx_faults.FaultRecord(rank=0, kind="exception"))
+    return calls
+
+
 def test_the_restart_goes_on_once_every_rank_reported_without_sleeping_last_call_wait(
     base, monkeypatch
 ):
@@ -300,18 +312,7 @@ def test_the_restart_goes_on_once_every_rank_reported_without_sleeping_last_call
     as both reported, and each sees both faults recorded before the last arrival.
     """
     monkeypatch.setattr(State, "set_distributed_vars", lambda self: None)
-    calls = [
-        FakeCall(
-            client.connect("127.0.0.1", base.port, timeout=10),  # one connection per rank
-            world_size=2,
-            last_call_wait=3600.0,
-            rank_assignment=lambda ctx: ctx,
-        )
-        for _ in range(2)
-    ]
-    for rank, call in enumerate(calls):
-        call.state.rank = call.state.active_rank = call.state.initial_rank = rank
-    rstore.record_fault(calls[0].store, rstore.nvrx_faults.FaultRecord(rank=0, kind="exception"))
+    calls = _two_ranks(base, last_call_wait=3600.0, rank_assignment=lambda ctx: ctx)
     outcomes: dict[int, Any] = {}
 
     def restart(rank: int) -> None:
@@ -345,16 +346,10 @@ def test_a_rank_released_into_the_next_round_that_leaves_leaves_that_round(base,
             raise RuntimeError("rank assignment failed")
         return ctx
 
-    calls = [
-        FakeCall(client.connect("127.0.0.1", base.port, timeout=10), world_size=2,
-                 rank_assignment=assign)
-        for _ in range(2)
-    ]  # fmt: skip
+    calls = _two_ranks(base, rank_assignment=assign)
     round_0 = rstore.round_store(base, 0)
     for rank, call in enumerate(calls):
-        call.state.rank = call.state.active_rank = call.state.initial_rank = rank
         round_0.set(keys.rank_state(rank), rejoin.state_json(call.state))  # round 0 started
-    rstore.record_fault(calls[0].store, rstore.nvrx_faults.FaultRecord(rank=0, kind="exception"))
     outcomes: dict[int, Any] = {}
     threads = [
         threading.Thread(target=lambda r=r: outcomes.update({r: _restart(calls[r], None)}))
