@@ -152,7 +152,9 @@ def _loss(e: dict[str, Any]) -> NodeLoss:
 
 def _followed(job: JobSummary, loss: NodeLoss, windows: RoundWindows) -> None:
     """What followed the loss: the spare's takeover, the recovery, a fenced supervisor; and
-    the round it interrupted (whose window holds its declaration)."""
+    the round it interrupted: the one running when the node fell silent (its survivors may
+    have found the lost peers and begun the next round before the declaration), else the
+    one whose window holds the declaration."""
     for e in job.node_events:
         kind, run, slot = e.get("kind"), e["run"], e.get("node")
         if kind == "node_takeover" and run == loss.run and slot == loss.replaced_by:
@@ -165,7 +167,8 @@ def _followed(job: JobSummary, loss: NodeLoss, windows: RoundWindows) -> None:
     if recovered is not None:
         loss.recovered_wall, loss.world_size = recovered
         loss.recovery_s = max(0.0, loss.recovered_wall - loss.start)
-    loss.round = windows.round_at(loss.run, loss.declared_wall)
+    silent = windows.round_at(loss.run, loss.start)
+    loss.round = silent if silent is not None else windows.round_at(loss.run, loss.declared_wall)
 
 
 def _end(job: JobSummary, loss: NodeLoss) -> float:

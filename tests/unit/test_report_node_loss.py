@@ -309,6 +309,33 @@ def test_stop_without_a_spare_blames_the_lost_node_not_the_stopped_survivors(
     assert "never (job stopped)" in text and "job stopped: node lost, no spare" in text
 
 
+def test_the_round_running_when_the_node_fell_silent_is_blamed_though_the_next_began(
+    tmp_path: Path,
+) -> None:
+    """The survivors find the lost peers at once (a closed connection) and begin round 1
+    before the node is declared lost: round 0 is still the one the loss interrupted."""
+    job = Job(tmp_path / "job", {0: "vm", 1: "vm"}, nnodes=2, spares=0)
+    _before_the_loss(job)
+    for rank in (0, 1):
+        job.ranks[rank].at(
+            LAST_SEEN + 0.5, "fault", fault_kind="exception", origin_rank=rank,
+            exc_type="DistBackendError", message="Connection closed by peer",
+            traceback=DIST_TRACEBACK,
+        )  # fmt: skip
+    job.round_restart(LAST_SEEN + 0.6, [0, 1])
+    job.round_start(LAST_SEEN + 1.0, 1, [0, 1, 2, 3])
+    reason = "node lost, no spare: 1 nodes left, below --min-nodes 2"
+    job.node_lost("stop")
+    job.sup[0].at(DECLARED + 0.001, "job_stop", reason=reason, exit_code=8)
+    job.sup[0].at(DECLARED + 1.0, "supervisor_end", exit_code=8, reason=reason)
+    report = job.close()
+    (loss,) = report.node_losses
+    assert loss.round == 0
+    first = report.timeline[0]
+    assert (first.round, first.cause, first.first_node) == (0, "node lost", 1)
+    assert [f.signature for f in report.failures] == ["node lost"]
+
+
 def test_a_fenced_node_that_comes_back_does_not_end_the_job(tmp_path: Path) -> None:
     """Slot 0 stalls, slot 1 declares it lost and the job shrinks; slot 0 wakes up, finds
     itself fenced off and ends its children (exit 9). The job's end is slot 1's."""
