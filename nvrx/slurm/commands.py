@@ -247,5 +247,7 @@ def cancel(
 
 
 def requeue(job_id: int | str, *, env: Mapping[str, str] | None = None) -> None:
-    """``scontrol requeue JOB``: end the running job and queue it again."""
-    run_command(["scontrol", "requeue", str(job_id)], env=env)
+    """``scontrol requeue JOB``: end the running job and queue it again. Run from inside
+    that job, the command outlives the SIGTERM that SLURM sends every process of it, itself
+    included: killed by it, the command would say nothing of a requeue that was done."""
+    run_command(["scontrol", "requeue", str(job_id)], env=env, outlive_job_end=True)
