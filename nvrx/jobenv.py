@@ -14,6 +14,7 @@ each child; anything else reads it with ``JobEnv.from_env()``.
 from __future__ import annotations
 
 import os
+import socket
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -59,6 +60,10 @@ EVENTS_FSYNC = "NVRX_EVENTS_FSYNC"
 RESULT_DIR = "NVRX_RESULT_DIR"
 FR_TRACE_PATH = "NVRX_FR_TRACE_PATH"
 MONITOR_DEBUG = "NVRX_MONITOR_DEBUG"
+#: The host a Wrapper rank runs on, as its monitor names it to the others (default: SLURM's
+#: node name, else the host name): ranks of one host share one heartbeat party without a
+#: supervisor (``nvrx.inprocess.host_beats``). Tests give processes of one machine several.
+HOST_ID = "NVRX_HOST_ID"
 #: Set (not 0) for the listing form of ``inprocess.utils.format_rank_set``, as in NVRx.
 LOG_RANK_FORMAT_VERBOSE = "NVRX_LOG_RANK_FORMAT_VERBOSE"
 
@@ -108,6 +113,12 @@ def resolve_ports(job_id: str, master_port: int | None, store_port: int | None) 
         derived, _ = ports_for_job(job_id)
         return (derived if derived != store_port else store_port_for(derived)), store_port
     return master_port, store_port
+
+
+def host_id(env: Mapping[str, str] | None = None) -> str:
+    """This process's host, as the Wrapper's monitors group ranks by it (``HOST_ID``)."""
+    env = os.environ if env is None else env
+    return env.get(HOST_ID) or env.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def job_id_from(env: Mapping[str, str] | None = None) -> str:

@@ -1,10 +1,12 @@
-"""Heartbeats of a node's Wrapper ranks to their supervisor: one datagram socket per node.
+"""Heartbeats of a node's Wrapper ranks to one party of the node: one datagram socket per node.
 
 Under a supervisor, each rank's monitor process sends its heartbeat to the
 supervisor of its node (``NVRX_RANK_BEATS``: the path of a Unix datagram
-socket) instead of writing it to the job's store. The supervisor alone talks
-to the store for the whole node, so the store's load grows with the number of
-nodes, not ranks (``docs/inprocess.md``, "Hangs and dead ranks").
+socket) instead of writing it to the job's store. Without one, the monitors of
+a host send theirs to the monitor they elected (``nvrx.inprocess.host_beats``).
+That party alone talks to the store for the whole node, so the store's load
+grows with the number of nodes, not ranks (``docs/inprocess.md``, "Hangs and
+dead ranks"). ``RankBeats`` tells which of the node's ranks stopped beating.
 
 A beat says who beats and where it is (initial rank, local rank and restart
 count, rank and world size of its round, the round, the pids of the rank
@@ -24,6 +26,7 @@ import logging
 import math
 import os
 import socket
+import time
 from typing import Any
 
 from nvrx import jobenv
@@ -97,8 +100,8 @@ def socket_path() -> str | None:
 class BeatSender:
     """The monitor's end: sends beats without ever blocking; a lost beat is only logged."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, path: str, to: str = "the supervisor", level: int = logging.WARNING) -> None:
+        self.path, self._to, self._level = path, to, level
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.setblocking(False)
         self._failing = False
@@ -116,14 +119,14 @@ class BeatSender:
             self._sock.sendto(beat.encode(), self.path)
         except OSError as exc:
             if not self._failing:
-                log.warning("heartbeat to the supervisor at %s lost: %s", self.path, exc)
+                log.log(self._level, "heartbeat to %s at %s lost: %s", self._to, self.path, exc)
             self._failing = True
             self.listener_gone = exc.errno in (errno.ECONNREFUSED, errno.ENOENT)
             return False
         finally:
             self._sock.setblocking(False)
         if self._failing:
-            log.info("heartbeats reach the supervisor again")
+            log.info("heartbeats reach %s again", self._to)
         self._failing = self.listener_gone = False
         return True
 
@@ -156,7 +159,81 @@ class BeatSocket:
             except ValueError as exc:
                 log.warning("%s", exc)
 
-    def close(self) -> None:
+    def close(self, unlink: bool = True) -> None:
+        """Stop listening; ``unlink``: remove the socket's file too (not when another
+        process bound a socket of its own at ``path`` since)."""
         self._sock.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
+        if unlink:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
+
+# -- which ranks stopped beating ------------------------------------------------------
+@dataclasses.dataclass
+class Beating:
+    """What the last beat of one rank's monitor said, and when it came."""
+
+    beat: Beat
+    last: float
+    declared: bool = False
+
+    @property
+    def deadline(self) -> float:
+        return self.last + self.beat.timeout
+
+
+@dataclasses.dataclass(frozen=True)
+class Silence:
+    """A rank whose monitor stopped beating: take it out of its round."""
+
+    beat: Beat
+    silent_s: float
+
+
+class RankBeats:
+    """The latest beat of each local rank's monitor, by initial rank."""
+
+    def __init__(self) -> None:
+        self.ranks: dict[int, Beating] = {}
+        self._ended: dict[int, int] = {}  # local rank -> its last attempt that ended
+        self.wrapper_pids: set[int] = set()  # processes whose monitor beat: Wrapper ranks
+
+    def record(self, beats: list[Beat], now: float | None = None) -> None:
+        """Apply received beats: a ``bye`` or the beat of an ended process ends the watch."""
+        now = time.monotonic() if now is None else now
+        for beat in beats:
+            self.wrapper_pids.add(beat.pid)
+            if beat.attempt <= self._ended.get(beat.local_rank, -1):
+                continue  # queued before its child ended
+            current = self.ranks.get(beat.initial_rank)
+            if beat.bye:
+                if current is not None and current.beat.pid == beat.pid:
+                    del self.ranks[beat.initial_rank]
+                continue
+            if current is None or current.beat.pid != beat.pid or current.beat.round != beat.round:
+                self.ranks[beat.initial_rank] = Beating(beat, now)
+            else:
+                current.beat, current.last = beat, now
+
+    def sync(self, running: dict[int, int]) -> None:
+        """Forget the ranks whose child is not running any more: ``running`` maps each running
+        child's local rank to its attempt. A child that ended is no silent rank."""
+        for initial, beating in list(self.ranks.items()):
+            local_rank, attempt = beating.beat.local_rank, beating.beat.attempt
+            if running.get(local_rank) != attempt:
+                self._ended[local_rank] = max(attempt, self._ended.get(local_rank, -1))
+                del self.ranks[initial]
+
+    def due(self, now: float) -> list[Silence]:
+        """Ranks silent beyond their timeout, each named once per silence."""
+        found = []
+        for beating in self.ranks.values():
+            if not beating.declared and now > beating.deadline:
+                beating.declared = True
+                found.append(Silence(beating.beat, now - beating.last))
+        return found
+
+    def next_deadline(self) -> float | None:
+        """When ``due`` may next have something to say."""
+        times = [b.deadline for b in self.ranks.values() if not b.declared]
+        return min(times) if times else None

@@ -12,12 +12,11 @@ which calls ``main``), one per rank, it reads the rank's ``ProgressBoard`` and a
 * the rank's process died (pidfd, no polling): leave the round on its behalf, or
   the next one where the round's iteration barrier had released it into it
   (``death_between_rounds``);
-* heartbeats: one counter per rank per round; the next rank's counter that
-  stops moving, or never moves, for ``heartbeat_timeout`` after this monitor
-  saw the round start is declared unresponsive. Under a supervisor
-  (``NVRX_RANK_BEATS``) the monitor beats to its node's supervisor instead,
-  which watches the node's ranks and talks to the store for all of them
-  (``nvrx.rank_beats``): no heartbeat reaches the store from a rank.
+* heartbeats: to one party of the rank's node, which alone talks to the store
+  for the node's ranks and takes out a rank whose monitor stopped beating for
+  ``heartbeat_timeout``: under a supervisor (``NVRX_RANK_BEATS``), to the
+  supervisor (``nvrx.rank_beats``); without one, to the monitor the host's
+  monitors elected (``host_beats``). No heartbeat reaches the store from a rank.
 
 The program imports no torch itself; its link to the store does (``monitor_store``).
 Under a supervisor, unless it hosts the store, it says it watches at once and makes
@@ -50,7 +49,7 @@ from nvrx.store import barrier as nvrx_barrier
 from nvrx.store import keys
 from nvrx.store.faults import FaultRecord
 
-from . import death_between_rounds, monitor_store, monitor_target
+from . import death_between_rounds, host_beats, monitor_store, monitor_target
 from .fault_events import announce_leave
 from .logging import setup_monitor_logging
 from .monitor_process import STACK_SIGNAL, MonitorConfig
@@ -92,12 +91,12 @@ class _Monitor:
         self.round, self.place = -1, (-1, 0)  # the rank's round, its place there
         self._view: tuple[int, Any] | None = None  # (round, the store view of that round)
         self.soft_fired, self.next_hb = False, 0.0
-        self.peer: int | None = None
-        self.peer_value: int | None = None
-        self.peer_changed = 0.0
         self.child = rank_beats.child_of_supervisor()
         self.link = monitor_store.StoreLink(functools.partial(monitor_store.connect, cfg))
         (self.link.start if beside else self.link.make)()
+        self.host = None
+        if self.sender is None:  # the Wrapper alone: the host's monitors elect who beats
+            self.host = host_beats.join(cfg, self.link.get, self.writer.emit, self._arrive_for)
 
     def _round_store(self) -> Any:
         """The store view of the current round; waits for the link to the store, beating."""
@@ -124,9 +123,8 @@ class _Monitor:
         self.writer.update(round=round_, rank=int(info["rank"]) if info["rank"] >= 0 else None)
         ws, rank = int(info["world_size"]), int(info["rank"])
         self.place = (rank, ws)  # this rank in the round, for beats outside the watch loop
-        self.peer = (rank + 1) % ws if ws > 1 and rank >= 0 else None
-        self.peer_value = None
-        self.peer_changed = time.monotonic()
+        if self.host is not None:
+            self.host.new_round(time.monotonic())
 
     def _stack(self) -> str:
         return monitor_target.dump_stack(self.cfg.target_pid, self.cfg.stack_fd, STACK_SIGNAL)
@@ -147,17 +145,12 @@ class _Monitor:
                 "termination barrier until barrier_timeout", rank, self.round,
             )  # fmt: skip
             return
-        # The rank is out of this generation: the store host need not wait for it at the end.
+        self._arrive_for(initial)
+
+    def _arrive_for(self, initial: int) -> None:
+        """``initial`` is out of this generation: the store host need not wait for it at the end."""
         barrier, size = self.termination_barrier, self.cfg.initial_world_size
         nvrx_barrier.arrive(self.link.get(), barrier, initial, size, reentrant=True)
-
-    def _initial_rank_of(self, rank: int) -> int | None:
-        """The initial rank of ``rank`` in this round, from the state it published at round start."""
-        with contextlib.suppress(Exception):
-            store = self._round_store()
-            if store.check([keys.rank_state(rank)]):
-                return int(json.loads(store.get(keys.rank_state(rank)))["initial_rank"])
-        return None
 
     def _keep_store(self) -> None:
         """The rank is gone but hosts the store: serve until every rank passed the termination barrier."""
@@ -173,24 +166,20 @@ class _Monitor:
 
     # -- heartbeats --------------------------------------------------------------------
     def _heartbeat(self, now: float, info: dict[str, float]) -> None:
-        if now < self.next_hb or (self.round < 0 and self.sender is None):  # supervised: always
+        if now < self.next_hb:
             return
         self.next_hb = now + self.cfg.heartbeat_interval
-        rank = int(info["rank"])
-        if self.sender is not None:
-            self.sender.send(self._beat(rank, int(info["world_size"])))
-            return
-        store = self._round_store()  # made before the monitor said it watches
-        if rank >= 0:
-            store.add(keys.heartbeat(rank), 1)
-        if self.peer is None:
-            return
-        value = int(store.add(keys.heartbeat(self.peer), 0))
-        if value != self.peer_value:  # a peer that never beats in the round is silent too
-            self.peer_value, self.peer_changed = value, now
-            return
-        if now - self.peer_changed > self.cfg.heartbeat_timeout:
-            self._peer_silent(now, rank, int(info["world_size"]))
+        beat = self._beat(int(info["rank"]), int(info["world_size"]))
+        if self.host is not None:
+            self.host.beat(beat, now)
+        elif self.sender is not None:
+            self.sender.send(beat)
+
+    def _stop_beating(self, failed: bool = False) -> None:
+        """Beating ends (``failed``: not on purpose): a host's leader hands over first."""
+        if self.host is not None:
+            host, self.host = self.host, None
+            host.end(failed)
 
     def _beat_now(self) -> None:
         """A beat to the supervisor while a fault waits for the link or the store;
@@ -220,21 +209,6 @@ class _Monitor:
             monitor_pid=os.getpid(),
             bye=bye,
         )
-
-    def _peer_silent(self, now: float, rank: int, world_size: int) -> None:
-        """The watched peer stopped beating: take it out, then watch the rank after it."""
-        peer, silent_s = self.peer, now - self.peer_changed
-        assert peer is not None
-        store = self._round_store()
-        if peer not in self.link.rounds.terminated_ranks(store):
-            log.warning("rank %s sent no heartbeat for %.1f s: unresponsive", peer, silent_s)
-            record = FaultRecord(
-                rank=peer, kind="unresponsive", message=f"no heartbeat for {silent_s:.1f} s"
-            )
-            self._leave(peer, world_size, record, self._initial_rank_of(peer))
-        nxt = (peer + 1) % world_size
-        self.peer = None if nxt == rank else nxt
-        self.peer_value, self.peer_changed = None, now
 
     # -- progress ----------------------------------------------------------------------
     def _check_progress(self, now: float, info: dict[str, float], pidfd: int | None) -> bool:
@@ -268,6 +242,7 @@ class _Monitor:
         stack = self._stack()
         self.writer.emit("hang", timeout="hard", stack=stack, stale_s=stale)
         log.error("rank %s made no progress for %.1f s: terminating it", self.rank, stale)
+        self._stop_beating()
         rank, ws = int(info["rank"]), int(info["world_size"])
         record = FaultRecord(
             rank=self.rank,
@@ -292,8 +267,11 @@ class _Monitor:
             poller.register(pidfd, select.POLLIN)
         poller.register(sys.stdin.fileno(), select.POLLIN | select.POLLHUP)
         ready = {"ready": True, "pid": os.getpid(), "port": cfg.store_port}
-        if self.sender is not None:  # known to the supervisor before its rank goes on
-            self.sender.send(self._beat(*self.place))  # (a rank dead since: the watch sees it)
+        # known to whoever watches it before its rank goes on (a rank dead since: the watch sees it)
+        if self.host is not None:
+            self.host.beat(self._beat(*self.place), time.monotonic())
+        elif self.sender is not None:
+            self.sender.send(self._beat(*self.place))
         with contextlib.suppress(BrokenPipeError):
             os.write(sys.stdout.fileno(), (json.dumps(ready) + "\n").encode())
         watched = False
@@ -301,6 +279,7 @@ class _Monitor:
             self._watch(pidfd, poller)
             watched = True
         finally:
+            self._stop_beating(failed=not watched)
             if self.sender is not None:
                 if watched:  # beating ends on purpose: no silence to declare
                     self.sender.send(self._beat(-1, 0, bye=True), wait_s=BYE_WAIT_S)
@@ -315,8 +294,12 @@ class _Monitor:
     def _watch(self, pidfd: int | None, poller: Any) -> None:
         """Until shutdown, the rank's death or its termination: one look per interval."""
         stdin = sys.stdin.fileno()
+        beats: int | None = None  # the host's beat socket, while this monitor leads
         while True:
+            beats = self._poll_beats(poller, beats)
             ready = poller.poll(self.cfg.monitor_process_interval * 1000)
+            if self.host is not None and any(fd == beats for fd, _ in ready):
+                self.host.drain(time.monotonic())
             info = self.board.read()
             if int(info["flags"]) & FLAG_SHUTDOWN:
                 return
@@ -334,12 +317,24 @@ class _Monitor:
             if self._check_progress(now, info, pidfd):
                 return
 
+    def _poll_beats(self, poller: Any, polled: int | None) -> int | None:
+        """Wait on the host's beat socket too while this monitor leads it: its queue is short."""
+        fd = self.host.fileno if self.host is not None else None
+        if fd != polled:
+            if polled is not None:
+                with contextlib.suppress(KeyError, ValueError):
+                    poller.unregister(polled)
+            if fd is not None:
+                poller.register(fd, select.POLLIN)
+        return fd
+
     def _rank_died(self) -> None:
         info = self.board.read()
         flags, cfg = int(info["flags"]), self.cfg
         if flags & FLAG_SHUTDOWN:
             return
         log.warning("rank process %s died", cfg.target_pid)
+        self._stop_beating()
         place = (int(info["rank"]), int(info["world_size"]))
         if death_between_rounds.released(flags) and self.round >= 0 and self._link_made():
             found = death_between_rounds.place_after_death(

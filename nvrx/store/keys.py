@@ -51,6 +51,40 @@ def rank_gone(initial_rank: int) -> str:
     return f"{GONE_PREFIX}{initial_rank}"
 
 
+#: Without a supervisor, one monitor per host beats for the host's ranks
+#: (``nvrx.inprocess.host_beats``): a host's *slot* is its place in the ring of hosts.
+HOSTS_PREFIX = ROOT + "host/"
+#: Counter: host slots handed out (a slot taken twice by one host is ended at once).
+HOST_COUNT = HOSTS_PREFIX + "count"
+
+
+def host_slot(host: str) -> str:
+    """The slot of ``host`` (compare-and-set once: the first leader of the host decides it)."""
+    return f"{HOSTS_PREFIX}slot/{host}"
+
+
+def host_alive(slot: int) -> str:
+    """Counter the leader of host ``slot`` bumps every heartbeat interval."""
+    return f"{HOSTS_PREFIX}alive/{slot}"
+
+
+def host_claim(slot: int) -> str:
+    """Counter whose first increment ends host ``slot``: its last monitor ended, or the host
+    that watches it found it silent and took its ranks out."""
+    return f"{HOSTS_PREFIX}claim/{slot}"
+
+
+def host_ranks(slot: int) -> str:
+    """Append-only ``"r,"`` list of the initial ranks on host ``slot``: each rank's monitor
+    adds its own when it starts watching, before its rank goes on."""
+    return f"{HOSTS_PREFIX}ranks/{slot}"
+
+
+def host_ended(slot: int) -> str:
+    """Append-only ``"r,"`` list of those whose monitor stopped beating on purpose."""
+    return f"{HOSTS_PREFIX}ended/{slot}"
+
+
 # Names inside one round's prefix --------------------------------------------
 INTERRUPTED = "interrupted"  # "fault" when any rank faults, "done" when the round completed
 FAULT_LIST = "faults"  # append-only JSON fault records, one per line (``nvrx.store.faults``)
@@ -67,7 +101,8 @@ LATE_DEATHS = "late_deaths"  # counter: ranks counted in the round that died bef
 
 
 def heartbeat(rank: int) -> str:
-    """Heartbeat counter of the monitor process of ``rank`` in the round."""
+    """Heartbeat counter of the monitor process of ``rank`` in the round: no monitor beats
+    per rank any more (``host_beats``); ``bench/store_load.py`` sends the old pattern."""
     return f"hb/{rank}"
 
 

@@ -25,12 +25,11 @@ from typing import TYPE_CHECKING
 
 from nvrx import jobenv, monitor_boot, processes
 from nvrx.events.failures import UNRESPONSIVE, UNRESPONSIVE_SIGNATURE, hang_signature
-from nvrx.rank_beats import BeatSocket
+from nvrx.rank_beats import BeatSocket, RankBeats, Silence
 
 from .children import ExitStatus
 from .policy import LastFault
 from .rank_watch import Hang, RankWatch
-from .silent_ranks import RankBeats, Silence
 from .store_link import StoreLink, StoreLinkError
 
 if TYPE_CHECKING:

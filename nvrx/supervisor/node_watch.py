@@ -35,6 +35,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from nvrx.store.ring_watch import RingWatch
+
 from . import node_keys
 
 log = logging.getLogger(__name__)
@@ -42,59 +44,6 @@ log = logging.getLogger(__name__)
 #: Beats between two reads of this slot's own claim: only for a declarer that ended
 #: between its claim and its fence (the fence is what normally tells a slot).
 OWN_CLAIM_EVERY = 600
-
-
-class RingWatch:
-    """Which slot ``own`` watches, and when that slot has been silent for ``timeout``."""
-
-    def __init__(
-        self, own: int, nslots: int, timeout: float, startup_s: float | None = None
-    ) -> None:
-        self.own, self.nslots, self.timeout = own, nslots, timeout
-        self.startup_s = timeout if startup_s is None else max(timeout, startup_s)
-        self.ended: set[int] = set()
-        self.target: int | None = None
-        self._value: int | None = None
-        self._changed = 0.0
-        self._changed_wall = 0.0
-        self._reported = False
-        self._move(own)
-
-    def _move(self, after: int) -> None:
-        self.target, self._value, self._reported = None, None, False
-        for step in range(1, self.nslots):
-            slot = (after + step) % self.nslots
-            if slot != self.own and slot not in self.ended:
-                self.target = slot
-                return
-
-    def ended_slot(self, slot: int) -> None:
-        """``slot`` left or was declared lost: never watch it again."""
-        self.ended.add(slot)
-        if slot == self.target:
-            self._move(slot)
-
-    def stood_still(self, beats: int) -> bool:
-        """Whether the target's counter read ``beats`` again: it may have ended."""
-        return beats == self._value
-
-    def observe(self, beats: int, now: float, wall: float) -> dict[str, Any] | None:
-        """The target's counter read at ``now``; a ``node_silent`` report when it newly went silent."""
-        if self.target is None:
-            return None
-        if beats != self._value:
-            self._value, self._changed, self._changed_wall, self._reported = beats, now, wall, False
-            return None
-        silent = now - self._changed
-        if self._reported or silent <= (self.startup_s if beats == 0 else self.timeout):
-            return None
-        self._reported = True
-        return {
-            "event": "node_silent",
-            "slot": self.target,
-            "silent_s": round(silent, 3),
-            "last_seen_wall": self._changed_wall,
-        }
 
 
 class NodeWatch(threading.Thread):

@@ -95,7 +95,7 @@ class _Agent:
             self._start_liveness(request)
             return {"value": None}
         if op == "leave_ranks":
-            from .lost_ranks import leave_round
+            from nvrx.inprocess.lost_ranks import leave_round
 
             return {
                 "value": leave_round(
@@ -107,7 +107,7 @@ class _Agent:
                 )
             }
         if op == "leave_silent":
-            from .lost_ranks import leave_silent
+            from nvrx.inprocess.lost_ranks import leave_silent
 
             return {
                 "value": leave_silent(

@@ -41,16 +41,21 @@ from typing import Any
 
 from helpers_inprocess import Ranks, _catastrophic_regex, free_port_pair, rank_env
 
+from nvrx import jobenv
+
 HERE = Path(__file__).resolve()
 
 
-def launch(tmp: Path, world_size: int, **params: Any) -> Ranks:
-    """Start ``world_size`` ranks of this program, configured by ``params``."""
+def launch(tmp: Path, world_size: int, hosts: list[str] | None = None, **params: Any) -> Ranks:
+    """Start ``world_size`` ranks of this program, configured by ``params``; ``hosts``: the
+    host each rank's monitor names (``NVRX_HOST_ID``), for several hosts on one machine."""
     tmp.mkdir(parents=True, exist_ok=True)
     ranks = Ranks(tmp, port=params.pop("port", None) or free_port_pair(), world_size=world_size)
     (tmp / "params.json").write_text(json.dumps(params))
     for rank in range(world_size):
         env = rank_env(tmp / "logs", rank, world_size, ranks.port)
+        if hosts is not None:
+            env[jobenv.HOST_ID] = hosts[rank]
         with open(tmp / f"rank-{rank}.log", "ab") as out:
             ranks.procs.append(
                 subprocess.Popen(

@@ -241,8 +241,8 @@ def test_a_rank_declared_gone_while_the_others_wait_to_start_is_not_waited_for(t
     fail)."""
     from helpers_inprocess import spawn
 
+    from nvrx.inprocess.lost_ranks import leave_round
     from nvrx.store import barrier, generations
-    from nvrx.supervisor.lost_ranks import leave_round
     from tests.support.waiting import wait_until
 
     ranks, store, params = _external_store_job(tmp_path, 3)

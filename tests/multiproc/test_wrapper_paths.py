@@ -11,7 +11,9 @@
 * ``monitor_process_pidfile``: holds the monitor's pid while it runs;
 * a rank that ignores SIGTERM is SIGKILLed after ``termination_grace_time``;
 * a ``finalize`` or ``health_check`` that raises takes its rank out, the others go on;
-* a rank alive but silent (``heartbeat_timeout``) is taken out by its peer's monitor.
+* a rank alive but silent (``heartbeat_timeout``) is taken out by the monitor its host's
+  monitors elected, or, when it is that monitor's rank, by the one that replaces it; a host
+  whose ranks all went silent, by the host that watches it.
 """
 
 from __future__ import annotations
@@ -196,40 +198,84 @@ def test_a_failing_finalize_or_health_check_takes_its_rank_out_and_the_others_go
     assert terminated and all(r == [2] for r in terminated), ranks.logs()
 
 
-def test_a_live_rank_that_stops_answering_is_taken_out_by_its_peer(tmp_path):
-    # Rank 2 stops its monitor process and then itself (SIGSTOP): its process
-    # lives, its heartbeats end. Rank 1's monitor, which watches rank 2, declares
-    # it unresponsive after heartbeat_timeout; ranks 0 and 1 restart without it.
-    ranks = launch(tmp_path, 3, wrapper=FAST, scenario="unresponsive", fault_ranks=[2])
-    silent = ranks.procs[2]
-    stopped: list[psutil.Process] = []  # the silent rank's monitor, stopped outside its group
-    try:
-        for proc in ranks.procs[:2]:
-            assert proc.wait(60) == 0, ranks.logs()
-        assert psutil.Process(silent.pid).status() == psutil.STATUS_STOPPED  # alive all along
-        for rank in range(2):
-            assert _iterations(ranks, rank) == [0, 1], ranks.logs()
-            assert ranks.result(rank) == {"iteration": 1, "rank": str(rank), "world_size": "2"}
-        faults = [
-            f for f in _kinds(ranks.events(), "fault", component="monitor")
-            if f["fault_kind"] == "unresponsive"
-        ]  # fmt: skip
-        assert [(f["rank"], f["origin_rank"]) for f in faults] == [(1, 2)], ranks.logs()
-        assert faults[0]["message"].startswith("no heartbeat for "), faults
-        silent_s = float(faults[0]["message"].split()[3])
-        assert silent_s >= FAST["heartbeat_timeout"], faults
-        # Resumed after the job ended, the silent rank and its monitor end by themselves.
-        family = [psutil.Process(silent.pid), *psutil.Process(silent.pid).children(recursive=True)]
-        stopped = family[1:]
-        for proc in family:
-            proc.send_signal(signal.SIGCONT)
-        assert silent.wait(60) != 0, ranks.logs()
-        _, alive = psutil.wait_procs(family, timeout=30)
-        assert not alive, alive
-    finally:
-        if not stopped and silent.poll() is None:  # failed before the resume: find the monitor now
-            stopped = psutil.Process(silent.pid).children(recursive=True)
-        ranks.kill()
-        for proc in stopped:  # SIGKILL ends a stopped process too
-            with contextlib.suppress(psutil.NoSuchProcess):
+def _resume_and_end(ranks, silent_ranks):
+    """Resume the frozen ranks and their monitors: they end by themselves (the job moved on)."""
+    families = []
+    for rank in silent_ranks:
+        proc = psutil.Process(ranks.procs[rank].pid)
+        families += [proc, *proc.children(recursive=True)]
+    for proc in families:
+        proc.send_signal(signal.SIGCONT)
+    for rank in silent_ranks:
+        assert ranks.procs[rank].wait(60) != 0, ranks.logs()
+    _, alive = psutil.wait_procs(families, timeout=30)
+    assert not alive, alive
+
+
+def _kill_frozen(ranks, silent_ranks):
+    """Whatever is left of the frozen ranks and their monitors: SIGKILL ends a stopped process."""
+    for rank in silent_ranks:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for proc in psutil.Process(ranks.procs[rank].pid).children(recursive=True):
                 proc.kill()
+    ranks.kill()
+
+
+def _unresponsive(ranks):
+    return [
+        f for f in _kinds(ranks.events(), "fault", component="monitor")
+        if f["fault_kind"] == "unresponsive"
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("silent", [2, 0], ids=["rank-2", "rank-0"])
+def test_a_live_rank_that_stops_answering_is_taken_out_by_its_peer(tmp_path, silent):
+    # A rank stops its monitor process and then itself (SIGSTOP): its process lives, its
+    # heartbeats end. Without a supervisor the host's monitors beat to the one they
+    # elected, the first to bind (most often rank 0's, which hosts the store). A silent
+    # follower is taken out by that leader after heartbeat_timeout; a stopped leader by
+    # the follower that replaces it after half that (deterministically in
+    # test_host_beats.py); the other two ranks restart without it.
+    ranks = launch(tmp_path, 3, wrapper=FAST, scenario="unresponsive", fault_ranks=[silent])
+    others = [rank for rank in range(3) if rank != silent]
+    try:
+        for rank in others:
+            assert ranks.procs[rank].wait(60) == 0, ranks.logs()
+        silent_proc = psutil.Process(ranks.procs[silent].pid)
+        assert silent_proc.status() == psutil.STATUS_STOPPED  # alive all along
+        for i, rank in enumerate(others):
+            assert _iterations(ranks, rank) == [0, 1], ranks.logs()
+            assert ranks.result(rank) == {"iteration": 1, "rank": str(i), "world_size": "2"}
+        faults = _unresponsive(ranks)
+        assert [f["origin_rank"] for f in faults] == [silent], ranks.logs()
+        assert faults[0]["rank"] in others
+        message = faults[0]["message"]
+        if message.startswith("no heartbeat for "):  # it followed: silent a full timeout
+            assert float(message.split()[3]) >= FAST["heartbeat_timeout"], faults
+        else:  # it led: replaced after half the timeout, found stopped, out at once
+            assert message == "the monitor leading its host stopped (its process is stopped)"
+        _resume_and_end(ranks, [silent])
+    finally:
+        _kill_frozen(ranks, [silent])
+
+
+def test_a_host_whose_ranks_all_stop_answering_is_taken_out_by_the_host_watching_it(tmp_path):
+    # Two hosts on this machine (NVRX_HOST_ID): ranks 0, 1 on "a", ranks 2, 3 on "b". Both
+    # ranks of "b" stop their monitors and themselves: nobody beats for "b" any more. The
+    # leader of "a" watches "b" in the ring of hosts and takes both its ranks out after
+    # heartbeat_timeout; ranks 0 and 1 restart at world size 2.
+    ranks = launch(
+        tmp_path, 4, wrapper=FAST, scenario="unresponsive", fault_ranks=[2, 3],
+        hosts=["a", "a", "b", "b"],
+    )  # fmt: skip
+    try:
+        for rank in (0, 1):
+            assert ranks.procs[rank].wait(60) == 0, ranks.logs()
+            assert ranks.result(rank) == {"iteration": 1, "rank": str(rank), "world_size": "2"}
+        faults = _unresponsive(ranks)
+        assert sorted(f["origin_rank"] for f in faults) == [2, 3], ranks.logs()
+        assert {f["rank"] for f in faults} <= {0, 1}
+        assert all(f["message"].startswith("its host sent no heartbeat for ") for f in faults)
+        _resume_and_end(ranks, [2, 3])
+    finally:
+        _kill_frozen(ranks, [2, 3])

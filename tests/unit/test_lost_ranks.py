@@ -7,10 +7,10 @@ import json
 from types import SimpleNamespace
 
 from nvrx.inprocess import store as rstore
+from nvrx.inprocess.lost_ranks import leave_silent
+from nvrx.rank_beats import RankBeats
 from nvrx.store import keys, rounds
 from nvrx.supervisor.job_restart import JobRestart
-from nvrx.supervisor.lost_ranks import leave_silent
-from nvrx.supervisor.silent_ranks import RankBeats
 from tests.unit.test_rank_beats import _beat
 
 

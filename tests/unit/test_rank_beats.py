@@ -1,5 +1,5 @@
 """Heartbeats of a node's Wrapper ranks to their supervisor (``nvrx.rank_beats``,
-``nvrx.supervisor.silent_ranks``): the wire, and who is declared silent when."""
+``RankBeats``): the wire, and who is declared silent when."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from nvrx.rank_beats import Beat, BeatSender, BeatSocket
+from nvrx.rank_beats import Beat, BeatSender, BeatSocket, RankBeats
 from nvrx.supervisor.hang_watch import HangWatch
-from nvrx.supervisor.silent_ranks import RankBeats
 from nvrx.supervisor.store_link import StoreLinkError
 
 

@@ -1,11 +1,13 @@
-"""Ranks leave the Wrapper's running round on the supervisor's word, so that their peers stop waiting.
+"""Ranks leave the Wrapper's running round on another party's word, so that their peers stop waiting.
 
 The ranks of a lost node (``leave_round``), and a rank whose monitor stopped
-beating to its supervisor (``leave_silent``: ``rank_beats``).
+beating to its supervisor (``leave_silent``: ``rank_beats``): run in the store
+agent (it holds torch's store client) by the supervisor that found it. Without
+a supervisor, the monitor that leads a host's heartbeats (``host_beats``)
+takes out the silent ranks of its host, and those of a silent host.
 
-Run in the store agent (it holds torch's store client) by the supervisor that
-declared the node lost. Nobody is left on that node to record the fault, so
-the declarer does what a dead rank's monitor process would have done: it
+Nobody is left to record the fault, so the declarer does what a dead rank's
+monitor process would have done: it
 records a ``node_lost`` fault, registers the rank as terminated, interrupts
 the round and arrives at the iteration barrier for it. A rank that no spare
 will replace is marked gone, so the survivors do not wait for a replacement,
@@ -29,9 +31,9 @@ log = logging.getLogger(__name__)
 
 def _round_ranks(
     round_store: Any, initial_ranks: set[int], initial_world_size: int, published: bool = False
-) -> list[tuple[int, int]]:
-    """(rank in the round, world size of the round) of each of ``initial_ranks`` in the round;
-    ``published``: only of those whose state there names them."""
+) -> list[tuple[int, int, int]]:
+    """(rank in the round, world size of the round, initial rank) of each of ``initial_ranks``
+    in the round; ``published``: only of those whose state there names them."""
     found: dict[int, tuple[int, int]] = {}
     world_size = initial_world_size
     for rank in range(initial_world_size):
@@ -45,7 +47,7 @@ def _round_ranks(
     for initial in () if published else initial_ranks - set(found):
         if initial < world_size:
             found[initial] = (initial, world_size)
-    return sorted(found.values())
+    return sorted((rank, ws, initial) for initial, (rank, ws) in found.items())
 
 
 def _arrive_for_gone(base: Any, initial_ranks: list[int], world_size: int) -> None:
@@ -68,26 +70,30 @@ def leave_round(
     published: bool = False,
 ) -> dict[str, Any]:
     """Take ``initial_ranks`` out of the running round (a fault record of ``kind``); what was
-    done, for the supervisor's log. ``published``: only those whose state in the round names
+    done: the round, the ranks there that left it now, and ``out``, the initial ranks out of
+    it now (left now or before). ``published``: only those whose state in the round names
     them (not a rank that waits to be admitted, whose number there is another's)."""
     if gone:
         gone_ranks.mark(base, initial_ranks)
         _arrive_for_gone(base, initial_ranks, initial_world_size)
     round_ = rounds.current_round(base)
     if round_ is None:
-        return {"round": None, "ranks": []}
+        return {"round": None, "ranks": [], "out": []}
     # ranks left out when the round's generation opened are not in the round
     in_round = set(initial_ranks) - generations.gone_at_start(base, generations.of_round(base, round_))
     round_store = rstore.round_store(base, round_)
-    left = []
-    for rank, world_size in _round_ranks(round_store, in_round, initial_world_size, published):
+    left, out = [], []
+    for rank, world_size, initial in _round_ranks(
+        round_store, in_round, initial_world_size, published
+    ):
+        out.append(initial)
         if rank in rstore.terminated_ranks(round_store):
             continue  # its own monitor, or an earlier declaration, already took it out
         record = faults.FaultRecord(rank=rank, kind=kind, message=message)
         rstore.proxy_leave(round_store, base, rank, world_size, record)
         left.append(rank)
     log.info("ranks %s of round %s left it: %s", left, round_, message)
-    return {"round": round_, "ranks": left}
+    return {"round": round_, "ranks": left, "out": sorted(out)}
 
 
 def leave_silent(base: Any, initial_rank: int, initial_world_size: int, message: str) -> bool:
