@@ -151,11 +151,10 @@ class HostRing:
 
 @dataclass
 class _Out:
-    """A rank to take out of the running round: why, and when to try (again)."""
+    """One of this host's ranks to take out of the running round: why, and when to try."""
 
     message: str
     at: float
-    own_host: bool  # one of this host's: not if it ended on purpose meanwhile
 
 
 def join(
@@ -193,8 +192,8 @@ class HostBeats:
         self.table = RankBeats()
         self.ring: HostRing | None = None
         self._refresh_at = 0.0
-        self._out: dict[int, _Out] = {}  # initial rank -> why and when: to take out
-        self._silent_hosts: dict[int, dict[str, Any]] = {}  # slot -> its report, to act on
+        self._out: dict[int, _Out] = {}  # this host's ranks to take out: why, when
+        self._silent_hosts: dict[int, dict[str, Any]] = {}  # slot -> its report, when to act
         self._failing = False
         group.join()
         base = store()
@@ -219,8 +218,9 @@ class HostBeats:
             if stale is None or not self.group.replace(stale):
                 return
             self._took_over(stale, now)
-        if self._guarded(self._lead_in_store, now):
+        if self._guarded(self._tick, now):
             self.group.touch()  # only a leader that reaches the store keeps the lead
+            self._guarded(self._act, now)
 
     def drain(self, now: float) -> None:
         """Read the followers' beats waiting now (the socket's queue is short)."""
@@ -301,32 +301,44 @@ class HostBeats:
         self._failing = False
         return True
 
-    def _lead_in_store(self, now: float) -> None:
+    def _tick(self, now: float) -> None:
+        """The host's beat, and the look at the next host: first, the rest may take a while."""
         if self.ring is None:
             ring = HostRing(self._store(), self.slot, self.limits)
             self._watch_listed(now)
             self.ring, self._refresh_at = ring, now + self.limits.host_s
-        ring = self.ring
-        report = ring.tick(now, time.time())  # the host beats first: the rest may take a while
-        if report is not None:
-            self._silent_hosts[report["slot"]] = report
+        report = self.ring.tick(now, time.time())
+        if report is not None:  # the ring moves on; the host's place ends once its ranks are out
+            self.ring.ring.ended_slot(report["slot"])
+            log.warning("host slot %s silent for %.1f s", report["slot"], report["silent_s"])
+            self._silent_hosts[report["slot"]] = {**report, "at": now}
+
+    def _act(self, now: float) -> None:
+        """What the followers' beats, and the silences found, call for."""
+        assert self.ring is not None
         self._receive(now)
         for s in self.table.due(now):
             self._queue([s.beat.initial_rank], f"no heartbeat for {s.silent_s:.1f} s", now)
         if now >= self._refresh_at > 0:
             self._refresh_at = 0.0
-            ring.refresh()
-        for slot, report in list(self._silent_hosts.items()):
-            ranks = live_ranks(ring.store, slot)
-            claimed = ring.claim(slot)
-            ring.ring.ended_slot(slot)
-            del self._silent_hosts[slot]
-            if claimed and ranks:
-                silent = report["silent_s"]
-                log.warning("host slot %s silent for %.1f s: ranks %s", slot, silent, ranks)
-                message = f"its host sent no heartbeat for {silent:.1f} s"
-                self._queue(ranks, message, now, own_host=False)
+            self.ring.refresh()
         self._take_out_due(now)
+        for slot, report in list(self._silent_hosts.items()):
+            if report["at"] <= now:
+                self._take_out_host(slot, report, now)
+
+    def _take_out_host(self, slot: int, report: dict[str, Any], now: float) -> None:
+        """Take the ranks of silent host ``slot`` out; end its place in the ring once they all
+        are. Until then a later leader that finds it silent does so again."""
+        assert self.ring is not None
+        ranks = live_ranks(self.ring.store, slot)
+        message = f"its host sent no heartbeat for {report['silent_s']:.1f} s"
+        later = self._leave(ranks, message) if ranks else []
+        if later:
+            report["at"] = now + self.limits.replace_s
+            return
+        self.ring.claim(slot)
+        del self._silent_hosts[slot]
 
     def _receive(self, now: float) -> None:
         """The followers' beats that came since the last look; a rank beating again is no
@@ -341,44 +353,52 @@ class HostBeats:
                 self._out.pop(b.initial_rank, None)
         self.table.record([b for b in beats if b.initial_rank != self.own], now)
         self.table.ranks.pop(self.own, None)
+        for b in beats:  # beating again: a later silence is a new one
+            held = self.table.ranks.get(b.initial_rank)
+            if not b.bye and held is not None:
+                held.declared = False
 
-    def _queue(self, ranks: list[int], message: str, now: float, own_host: bool = True) -> None:
+    def _queue(self, ranks: list[int], message: str, now: float) -> None:
         for rank in ranks:
-            self._out.setdefault(rank, _Out(message, now, own_host))
+            self._out.setdefault(rank, _Out(message, now))
 
     def _take_out_due(self, now: float) -> None:
-        """Take the ranks due out of the running round as unresponsive, each with its event.
-        One not in it (no state published there yet) is tried again ``replace_s`` later; one
-        of this host that ended on purpose meanwhile (its bye lost) is left alone."""
-        from . import lost_ranks  # the store's round protocol: torch, loaded with the link
-
+        """Take this host's ranks due out of the running round. One not in it (no state
+        published there yet), or a take-out the store failed, is tried again ``replace_s``
+        later; one that ended on purpose meanwhile (its bye lost) is left alone."""
         due = {rank: out for rank, out in self._out.items() if out.at <= now}
         if not due:
             return
-        if any(out.own_host for out in due.values()):
-            ended = ended_ranks(self._store(), self.slot)
-            for rank in [r for r, out in due.items() if out.own_host and r in ended]:
-                del self._out[rank], due[rank]
+        ended = ended_ranks(self._store(), self.slot)
+        for rank in [r for r in due if r in ended]:
+            del self._out[rank], due[rank]
         by_message: dict[str, list[int]] = {}
         for rank, out in due.items():
+            out.at = now + self.limits.replace_s  # unless it is out below
             by_message.setdefault(out.message, []).append(rank)
         for message, ranks in by_message.items():
-            done = lost_ranks.leave_round(
-                self._store(), ranks, self.world_size, message, False, "unresponsive",
-                published=True,
-            )  # fmt: skip
-            for rank in done["ranks"]:
-                record = FaultRecord(rank=rank, kind="unresponsive", message=message)
-                announce_leave(self.emit, rank, record)
-            for initial in done["out"]:  # it will not pass the termination barrier
-                self._out.pop(initial, None)
-                if self.arrive_for is not None:
-                    self.arrive_for(initial)
-            later = [r for r in ranks if r not in done["out"]]
-            for rank in later:
-                self._out[rank].at = now + self.limits.replace_s
-            log.log(
-                logging.WARNING if done["ranks"] else logging.INFO,
-                "ranks %s taken out (%s)%s", done["ranks"], message,
-                f"; initial ranks {later} are in no round yet: again later" if later else "",
-            )  # fmt: skip
+            self._leave(ranks, message)
+
+    def _leave(self, ranks: list[int], message: str) -> list[int]:
+        """Take ``ranks`` (initial ranks) out of the running round as unresponsive, each with
+        its event as it leaves; those not out yet (in no round yet), to try again."""
+        from . import lost_ranks  # the store's round protocol: torch, loaded with the link
+
+        def left(rank: int) -> None:
+            announce_leave(self.emit, rank, FaultRecord(rank, "unresponsive", message=message))
+
+        done = lost_ranks.leave_round(
+            self._store(), ranks, self.world_size, message, False, "unresponsive",
+            published=True, on_left=left,
+        )  # fmt: skip
+        for initial in done["out"]:  # it will not pass the termination barrier
+            if self.arrive_for is not None:
+                self.arrive_for(initial)
+            self._out.pop(initial, None)
+        later = [r for r in ranks if r not in done["out"]]
+        log.log(
+            logging.WARNING if done["ranks"] else logging.INFO,
+            "ranks %s taken out (%s)%s", done["ranks"], message,
+            f"; initial ranks {later} are in no round yet: again later" if later else "",
+        )  # fmt: skip
+        return later

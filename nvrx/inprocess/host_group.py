@@ -40,10 +40,22 @@ log = logging.getLogger(__name__)
 SOCKET, LEADER, LOCK, MEMBER = "beats.sock", "leader.json", "elect.lock", "member-"
 
 
+#: Longest path of the group's socket: Linux takes 107 bytes.
+MAX_SOCKET_PATH = 100
+
+
+def _default_root() -> str:
+    """``/dev/shm``, else the temporary directory, else ``/tmp`` where that one's path is
+    too long for a socket in it."""
+    if os.access("/dev/shm", os.W_OK):
+        return "/dev/shm"
+    root = tempfile.gettempdir()
+    return root if len(root) <= MAX_SOCKET_PATH - 50 else "/tmp"
+
+
 def _private_root(root: str | None) -> Path:
     """``<root>/nvrx-<uid>``, a directory of this user's alone (refused otherwise)."""
-    if root is None:
-        root = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    root = _default_root() if root is None else root
     Path(root).mkdir(parents=True, exist_ok=True)
     path = Path(root) / f"nvrx-{os.getuid()}"
     with contextlib.suppress(FileExistsError):

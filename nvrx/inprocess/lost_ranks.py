@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from nvrx.inprocess import store as rstore
@@ -68,11 +69,13 @@ def leave_round(
     gone: bool,
     kind: str = "node_lost",
     published: bool = False,
+    on_left: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Take ``initial_ranks`` out of the running round (a fault record of ``kind``); what was
     done: the round, the ranks there that left it now, and ``out``, the initial ranks out of
     it now (left now or before). ``published``: only those whose state in the round names
-    them (not a rank that waits to be admitted, whose number there is another's)."""
+    them (not a rank that waits to be admitted, whose number there is another's).
+    ``on_left``: called with each rank there as soon as it left (the rest may fail)."""
     if gone:
         gone_ranks.mark(base, initial_ranks)
         _arrive_for_gone(base, initial_ranks, initial_world_size)
@@ -92,6 +95,8 @@ def leave_round(
         record = faults.FaultRecord(rank=rank, kind=kind, message=message)
         rstore.proxy_leave(round_store, base, rank, world_size, record)
         left.append(rank)
+        if on_left is not None:
+            on_left(rank)
     log.info("ranks %s of round %s left it: %s", left, round_, message)
     return {"round": round_, "ranks": left, "out": sorted(out)}
 

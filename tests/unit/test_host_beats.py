@@ -401,7 +401,9 @@ def test_a_take_out_the_store_failed_is_done_at_a_later_beat(tmp_path, base, mon
     a.beat(1.0)
     a.beat(1.0 + TIMEOUT + 0.1)
     assert calls == [[1]] and rstore.terminated_ranks(view) == set()
-    a.beat(1.0 + TIMEOUT + 0.2)
+    a.beat(1.0 + TIMEOUT + 0.2)  # tried again only after replace_s
+    assert calls == [[1]]
+    a.beat(1.0 + TIMEOUT + 0.15 + LIMITS.replace_s)
     assert calls == [[1], [1]] and rstore.terminated_ranks(view) == {1}
     assert a.faults() == [(1, "unresponsive")]
 
@@ -414,3 +416,38 @@ def test_a_monitor_joining_while_the_last_one_leaves_makes_the_group_again(tmp_p
     second = HostGroup(directory, Leader(1001, 1, 2001), LIMITS.replace_s)
     assert second.join() and (directory / "leader.json").exists()
     assert second.leave()
+
+
+def test_a_silent_host_whose_ranks_no_round_names_yet_keeps_its_place_until_they_are_out(
+    tmp_path, base
+) -> None:
+    """h1 falls silent before any round: its place in the ring is not ended (a later leader
+    would find it silent again) until its ranks are out, once round 0 names them."""
+    a = Member(tmp_path, base, 0, "h0")
+    c, d = Member(tmp_path, base, 2, "h1"), Member(tmp_path, base, 3, "h1")
+    for now in (1.0, 1.1):
+        for m in (d, c, a):
+            m.beat(now)
+    a.hb.new_round(now)
+    while now < 1.1 + 2 * LIMITS.host_s:
+        now += 0.1
+        a.beat(now)
+    assert a.faults() == [] and int(base.add(keys.host_claim(c.hb.slot), 0)) == 0
+    view = _round(base)
+    a.beat(now + LIMITS.replace_s)
+    assert rstore.terminated_ranks(view) == {2, 3}
+    assert sorted(a.faults()) == [(2, "unresponsive"), (3, "unresponsive")]
+    assert int(base.add(keys.host_claim(c.hb.slot), 0)) == 1
+
+
+def test_a_rank_that_beat_again_after_a_silence_is_found_silent_again(tmp_path, base) -> None:
+    a, b = Member(tmp_path, base, 0), Member(tmp_path, base, 1)
+    b.beat(1.0)
+    a.beat(1.0)
+    a.beat(1.0 + TIMEOUT + 0.1)  # silent, but in no round: nothing to take it out of
+    b.beat(2.0)  # it beats again
+    a.beat(2.0)
+    view = _round(base)
+    a.beat(2.0 + TIMEOUT + 0.1)  # silent again
+    assert rstore.terminated_ranks(view) == {1}
+    assert a.faults() == [(1, "unresponsive")]
