@@ -1,6 +1,7 @@
-"""Heartbeats without a supervisor (``nvrx.inprocess.host_beats``, ``host_group``): the first
-monitor of a host leads and alone talks to the store; a silent follower, a dead or frozen
-leader and a silent host are each found, and their ranks taken out of the running round.
+"""Heartbeats without a supervisor (``nvrx.inprocess.host_beats``, ``host_group``,
+``host_ring``): the first monitor of a host leads and alone talks to the store; a silent
+follower, a dead or frozen leader and a silent host are each found, and their ranks taken
+out of the running round.
 
 Real sockets in a private directory and a real TCPStore (the ``base`` fixture); each
 monitor is a ``HostBeats`` object, driven beat by beat with explicit monotonic times.
@@ -19,8 +20,9 @@ import psutil
 import pytest
 
 from nvrx.inprocess import store as rstore
-from nvrx.inprocess.host_beats import HostBeats, Thresholds, live_ranks
+from nvrx.inprocess.host_beats import HostBeats
 from nvrx.inprocess.host_group import HostGroup, Leader, group_dir
+from nvrx.inprocess.host_ring import Thresholds, live_ranks
 from nvrx.rank_beats import Beat
 from nvrx.store import keys, rounds
 from tests.support.waiting import wait_until

@@ -1,0 +1,116 @@
+"""A host's place in the store without a supervisor: its slot, its counter, its lists of ranks.
+
+The leader of a host's monitors (``host_beats``) beats for the host in the ring
+of hosts (``nvrx.store.ring_watch``): ``HostRing``. Its slot is handed out once
+per host; each monitor writes its rank in the host's list, and again in the
+list of those that ended on purpose. ``Thresholds`` says how long a stalled
+leader, and a silent host, stand before they are replaced, or taken out.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from nvrx.store import keys
+from nvrx.store.ring_watch import RingWatch
+
+
+def register(store: Any, host: str) -> int:
+    """The ring slot of ``host``, taken by its first monitor to ask."""
+    key = keys.host_slot(host)
+    if store.check([key]):
+        return int(store.get(key))
+    slot = int(store.add(keys.HOST_COUNT, 1)) - 1
+    got = store.compare_set(key, "", str(slot))
+    taken = int(got.decode() if isinstance(got, bytes) else got)
+    if taken != slot:  # another monitor of the host took one first: this one is never used
+        store.add(keys.host_claim(slot), 1)
+    return taken
+
+
+def _rank_list(store: Any, key: str) -> set[int]:
+    if not store.check([key]):
+        return set()
+    raw = store.get(key)
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    return {int(part) for part in text.split(",") if part.strip().isdigit()}
+
+
+def ended_ranks(store: Any, slot: int) -> set[int]:
+    """The ranks of host ``slot`` whose monitor stopped beating on purpose."""
+    return _rank_list(store, keys.host_ended(slot))
+
+
+def live_ranks(store: Any, slot: int) -> list[int]:
+    """The ranks of host ``slot`` whose monitor has not stopped beating on purpose."""
+    return sorted(_rank_list(store, keys.host_ranks(slot)) - ended_ranks(store, slot))
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """How long a stalled leader stands before it is replaced, and a host before it is
+    taken out: the second always the longer, by the time a replacement takes, so that a
+    host whose leader stalled is not taken out while a healthy monitor of it could lead."""
+
+    timeout: float  # heartbeat_timeout: a rank's
+    period: float  # between two beats of a monitor: heartbeat + monitor-process interval
+
+    @property
+    def replace_s(self) -> float:
+        return max(self.timeout / 2, 3 * self.period)
+
+    @property
+    def host_s(self) -> float:
+        return max(self.timeout, self.replace_s + 3 * self.period)
+
+    @property
+    def stall_s(self) -> float:
+        """A leader that did not look at the store this long does not count that time."""
+        return 2 * self.period + self.timeout / 4
+
+
+class HostRing:
+    """The leader's part in the store: its host's counter, the watch of the next host."""
+
+    def __init__(self, store: Any, slot: int, limits: Thresholds) -> None:
+        self.store, self.slot, self.limits = store, slot, limits
+        self.ring = RingWatch(slot, self.count(), limits.host_s)
+        self._last_tick: float | None = None
+
+    def count(self) -> int:
+        return int(self.store.add(keys.HOST_COUNT, 0))
+
+    def refresh(self) -> None:
+        """Hosts whose first monitor came after this one's last look: take them in the ring."""
+        self.ring.resize(self.count())
+
+    def tick(self, now: float, wall: float) -> dict[str, Any] | None:
+        """One beat for this host and one look at the next; a report when that one newly
+        went silent (as ``RingWatch.observe``). Time this leader itself did not look (a
+        stall, or a store that did not answer) is nobody's silence. A slot that never beat
+        is looked up at once: a slot its host took twice ends at its first look."""
+        store, ring, limits = self.store, self.ring, self.limits
+        started = time.monotonic()
+        store.add(keys.host_alive(self.slot), 1)
+        while ring.target is not None:
+            beats = int(store.add(keys.host_alive(ring.target), 0))
+            still = ring.stood_still(beats) and (
+                beats == 0 or ring.still_for(now) > limits.timeout / 2
+            )
+            if not still or int(store.add(keys.host_claim(ring.target), 0)) == 0:
+                break
+            ring.ended_slot(ring.target)
+        took = time.monotonic() - started
+        last, self._last_tick = self._last_tick, now
+        if ring.target is None:
+            return None
+        if took > limits.stall_s or (last is not None and now - last > limits.stall_s):
+            ring.restart_clock(now)
+            return None
+        return ring.observe(beats, now, wall)
+
+    def claim(self, slot: int) -> bool:
+        """Take the end of ``slot``; False when it was ended already (by itself or another)."""
+        return int(self.store.add(keys.host_claim(slot), 1)) == 1
