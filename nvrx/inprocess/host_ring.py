@@ -90,7 +90,7 @@ class HostRing:
         """One beat for this host and one look at the next; a report when that one newly
         went silent (as ``RingWatch.observe``). Time this leader itself did not look (a
         stall, or a store that did not answer) is nobody's silence. A slot that never beat
-        is looked up at once: a slot its host took twice ends at its first look."""
+        has its end read at every look: a slot its host took twice ends at its second."""
         store, ring, limits = self.store, self.ring, self.limits
         started = time.monotonic()
         store.add(keys.host_alive(self.slot), 1)
