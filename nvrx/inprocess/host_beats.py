@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from nvrx import jobenv
 from nvrx.rank_beats import Beat, RankBeats
-from nvrx.store import keys
+from nvrx.store import keys, rank_lists
 from nvrx.store.faults import FaultRecord
 
 from .fault_events import announce_leave
@@ -99,7 +99,7 @@ class HostBeats:
         group.join()
         base = store()
         self.slot = register(base, f"{host}/{group.identity}")
-        base.append(keys.host_ranks(self.slot), f"{self.own},")
+        rank_lists.add(base, keys.host_ranks(self.slot), self.own)
 
     @property
     def own(self) -> int:
@@ -142,7 +142,7 @@ class HostBeats:
             self.group.close()
             return
         try:
-            self._store().append(keys.host_ended(self.slot), f"{self.own},")
+            rank_lists.add(self._store(), keys.host_ended(self.slot), self.own)
         except Exception as exc:  # the store may be gone at the job's end
             log.info("could not write that this monitor ends: %r", exc)
         was_leading = self.group.leading

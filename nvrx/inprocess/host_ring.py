@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from nvrx.store import keys
+from nvrx.store import keys, rank_lists
 from nvrx.store.ring_watch import RingWatch
 
 
@@ -30,22 +30,14 @@ def register(store: Any, host: str) -> int:
     return taken
 
 
-def _rank_list(store: Any, key: str) -> set[int]:
-    if not store.check([key]):
-        return set()
-    raw = store.get(key)
-    text = raw.decode() if isinstance(raw, bytes) else str(raw)
-    return {int(part) for part in text.split(",") if part.strip().isdigit()}
-
-
 def ended_ranks(store: Any, slot: int) -> set[int]:
     """The ranks of host ``slot`` whose monitor stopped beating on purpose."""
-    return _rank_list(store, keys.host_ended(slot))
+    return rank_lists.read(store, keys.host_ended(slot))
 
 
 def live_ranks(store: Any, slot: int) -> list[int]:
     """The ranks of host ``slot`` whose monitor has not stopped beating on purpose."""
-    return sorted(_rank_list(store, keys.host_ranks(slot)) - ended_ranks(store, slot))
+    return sorted(rank_lists.read(store, keys.host_ranks(slot)) - ended_ranks(store, slot))
 
 
 @dataclass(frozen=True)

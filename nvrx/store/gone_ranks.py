@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from . import keys
+from . import keys, rank_lists
 
 
 def mark(store: Any, initial_ranks: Iterable[int]) -> None:
     """Record that ``initial_ranks`` are gone for the rest of this run of the job."""
     for rank in initial_ranks:
         store.set(keys.rank_gone(rank), "1")
-        store.append(keys.GONE_LIST, f"{int(rank)},")
+        rank_lists.add(store, keys.GONE_LIST, rank)
 
 
 def is_gone(store: Any, initial_rank: int) -> bool:
@@ -28,8 +28,4 @@ def is_gone(store: Any, initial_rank: int) -> bool:
 
 def all_gone(store: Any) -> set[int]:
     """Every initial rank marked gone so far."""
-    if not store.check([keys.GONE_LIST]):
-        return set()
-    raw = store.get(keys.GONE_LIST)
-    text = raw.decode() if isinstance(raw, bytes) else str(raw)
-    return {int(part) for part in text.split(",") if part.strip().isdigit()}
+    return rank_lists.read(store, keys.GONE_LIST)
