@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from nvrx import jobenv
+from nvrx.atomic_file import replace_file
 from nvrx.events import emit
 
 log = logging.getLogger(__name__)
@@ -97,12 +98,7 @@ def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
     Several writers (one per node) may race; each rename is atomic, so a reader
     sees either no file or a complete one.
     """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}")
-    tmp.write_text(json.dumps(data, default=str))
-    os.replace(tmp, target)
-    return target
+    return replace_file(path, json.dumps(data, default=str))
 
 
 def write_flag(path: str | os.PathLike[str], info: Mapping[str, Any]) -> Path:

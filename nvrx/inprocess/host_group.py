@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from nvrx.atomic_file import replace_file
 from nvrx.rank_beats import Beat, BeatSender, BeatSocket
 
 log = logging.getLogger(__name__)
@@ -200,15 +201,11 @@ class HostGroup:
             if exc.errno != errno.EADDRINUSE:
                 raise
             return False
-        tmp = self.dir / f"{LEADER}.{os.getpid()}"
         try:
             inode = os.stat(self.socket_path).st_ino
-            tmp.write_text(json.dumps(asdict(self.own)))
-            os.replace(tmp, self.dir / LEADER)
+            replace_file(self.dir / LEADER, json.dumps(asdict(self.own)), make_parents=False)
         except OSError:  # a full /dev/shm, say: no half leader
             sock.close(unlink=True)
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
             raise
         self.socket, self._inode = sock, inode
         log.info("leading the heartbeats of this host's ranks (%s)", self.dir)

@@ -15,11 +15,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from nvrx.atomic_file import replace_file
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +43,7 @@ def take(store: Any, prefixes: Sequence[str], exclude: Sequence[str] = ()) -> di
 
 def write(path: Path, keys: dict[str, str]) -> None:
     """Replace ``path`` by ``keys`` atomically (a reader never sees half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(keys, sort_keys=True))
-    os.replace(tmp, path)
+    replace_file(path, json.dumps(keys, sort_keys=True))
 
 
 def read(path: Path) -> dict[str, str]:

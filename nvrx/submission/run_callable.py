@@ -26,6 +26,7 @@ from typing import Any
 import cloudpickle
 
 from nvrx import jobenv
+from nvrx.atomic_file import replace_file
 from nvrx.submission.checkpointing import CheckpointGuard, CheckpointStop, checkpoint_method
 
 log = logging.getLogger(__name__)
@@ -40,16 +41,11 @@ def dump_spec(
     kwargs: dict[str, Any],
 ) -> Path:
     """Write what the children will run; raises TypeError naming ``fn`` when it cannot be pickled."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     try:
         data = cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
     except Exception as exc:
         raise TypeError(f"cannot pickle {fn!r} with its arguments for the job: {exc}") from exc
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, target)
-    return target
+    return replace_file(path, data)
 
 
 def load_spec(
@@ -66,12 +62,7 @@ def result_path(result_dir: str | os.PathLike[str], rank: int) -> Path:
 
 def write_outcome(result_dir: str | os.PathLike[str], rank: int, outcome: tuple[str, Any]) -> Path:
     """Store one rank's ``(status, value)`` atomically (a reader never sees half a file)."""
-    target = result_path(result_dir, rank)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(cloudpickle.dumps(outcome))
-    os.replace(tmp, target)
-    return target
+    return replace_file(result_path(result_dir, rank), cloudpickle.dumps(outcome))
 
 
 def read_outcome(result_dir: str | os.PathLike[str], rank: int) -> tuple[str, Any] | None:

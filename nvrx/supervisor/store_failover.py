@@ -38,6 +38,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from nvrx.atomic_file import replace_file
+
 log = logging.getLogger(__name__)
 
 #: How often the shared directory is looked at while waiting (no change
@@ -131,9 +133,7 @@ def claim(job_dir: Path, address: StoreAddress) -> bool:
 def publish(job_dir: Path, address: StoreAddress) -> None:
     """Tell the others where the store of ``address.epoch`` serves (its claimant only)."""
     path = epoch_dir(job_dir, address.epoch) / "store.json"
-    tmp = path.with_name(f".store.json.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(asdict(address)))
-    os.replace(tmp, path)  # a reader never sees half an address
+    replace_file(path, json.dumps(asdict(address)), make_parents=False)  # never half an address
 
 
 def read_address(path: Path) -> StoreAddress | None:

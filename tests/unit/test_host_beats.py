@@ -21,7 +21,7 @@ import pytest
 
 from nvrx.inprocess import store as rstore
 from nvrx.inprocess.host_beats import HostBeats
-from nvrx.inprocess.host_group import HostGroup, Leader, group_dir
+from nvrx.inprocess.host_group import HostGroup, Leader, Stale, group_dir
 from nvrx.inprocess.host_ring import Thresholds, live_ranks
 from nvrx.rank_beats import Beat
 from nvrx.store import keys, rounds
@@ -453,3 +453,19 @@ def test_a_rank_that_beat_again_after_a_silence_is_found_silent_again(tmp_path, 
     a.beat(2.0 + TIMEOUT + 0.1)  # silent again
     assert rstore.terminated_ranks(view) == {1}
     assert a.faults() == [(1, "unresponsive")]
+
+
+def test_replacing_a_leader_whose_group_directory_is_gone_declines_without_raising(tmp_path) -> None:
+    directory = group_dir("job", "h0", root=str(tmp_path))
+    leader = HostGroup(directory, Leader(1000, 0, 2000), LIMITS.replace_s)
+    follower = HostGroup(directory, Leader(1001, 1, 2001), LIMITS.replace_s)
+    assert leader.join() and not follower.join()
+    seen = follower.leader()
+    leader.close()
+    for path in directory.iterdir():  # the group's last member removed it meanwhile
+        path.unlink()
+    directory.rmdir()
+    assert follower.replace(Stale("gone", seen)) is False
+    assert follower.replace(Stale("still", seen, stamp=1)) is False
+    assert not directory.exists() and not follower.leading
+    follower.close()
