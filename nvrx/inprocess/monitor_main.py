@@ -286,7 +286,7 @@ class _Monitor:
                 self.sender.close()  # a failed monitor says nothing: its rank is unwatched
             if self.service is not None:
                 self.service.stop()
-            if not monitor_target.alive(cfg.target_pid):  # it cannot remove its board any more
+            if not monitor_target.alive(cfg.target_pid):  # dead before it read our ready line
                 with contextlib.suppress(OSError):
                     os.unlink(cfg.board_path)
         return 0

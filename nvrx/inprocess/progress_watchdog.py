@@ -2,7 +2,9 @@
 
 ``ProgressBoard`` is a small shared file both processes map: the main
 process writes progress timestamps and its round/rank/phase, the monitor
-process reads them. A ``ping()`` is one 8-byte store into shared memory, with
+process reads them. Once both have mapped it, its name is removed
+(``unlink``): the memory lives on while a mapping does, and no way the two
+processes end can leave the file behind in ``/dev/shm``. A ``ping()`` is one 8-byte store into shared memory, with
 no message, lock or system call.
 
 ``ProgressWatchdog`` proves that the main thread executes bytecode: every
@@ -16,6 +18,7 @@ board, or any object with ``send_timestamp(Timestamp)``.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import datetime
@@ -116,16 +119,20 @@ class ProgressBoard:
     def leave_user(self) -> None:
         self.set_flag(FLAG_USER, False)
 
+    def unlink(self) -> None:
+        """Remove the board's name once every process that needs it has mapped it (the
+        monitor process does before it says ready); the shared memory stays mapped."""
+        if self.owner:
+            self.owner = False
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+
     def close(self) -> None:
         try:
             self._map.close()
         except (BufferError, ValueError):
             pass
-        if self.owner:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+        self.unlink()
 
 
 _PENDING_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)

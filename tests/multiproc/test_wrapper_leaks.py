@@ -7,6 +7,9 @@ must hold what it held before the first one: the same threads, no child
 process, no monitor process or store service still alive, no store object,
 no TCP connection, the same open descriptors, and no log handler but the one
 stream handler that ``nvrx.inprocess`` installs once per process.
+
+A rank SIGKILLed with its monitor process and everything else it started leaves
+no progress board in ``/dev/shm``: its name is gone once the monitor is ready.
 """
 
 from __future__ import annotations
@@ -18,8 +21,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
-from helpers_inprocess import rank_env
+from helpers_inprocess import launch, rank_env
+
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -68,3 +74,28 @@ def test_repeated_calls_leave_no_threads_processes_stores_or_handlers(tmp_path):
         assert after["tcp"] == base["tcp"], what
         assert after["fds"] == base["fds"], what
         assert after["handlers"] == expected_handlers, what
+
+
+def _board_mappings(pid: int) -> list[str]:
+    """The progress-board lines of process ``pid``'s memory map."""
+    maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return sorted({line.split(None, 5)[-1] for line in maps if "nvrx-progress-" in line})
+
+
+def test_a_rank_killed_with_its_monitor_leaves_no_progress_board_behind(tmp_path):
+    ranks = launch(tmp_path, 1, fault="sleep", fault_ranks=[0], init_pg=False)  # defaults: 60 s
+    try:
+        wait_until("rank 0 in its function", lambda: ranks.calls(0), timeout=60)
+        rank = psutil.Process(ranks.procs[0].pid)
+        descendants = rank.children(recursive=True)
+        [monitor] = [p for p in descendants if _board_mappings(p.pid)]
+        [mapped] = _board_mappings(rank.pid)
+        assert _board_mappings(monitor.pid) == [mapped]  # one board, shared by both
+        path = mapped.removesuffix(" (deleted)")
+        assert mapped.endswith(" (deleted)") and not Path(path).exists(), mapped
+        for proc in [rank, *descendants]:  # as a node's end would: no one left to clean up
+            proc.kill()
+        psutil.wait_procs([rank, *descendants], timeout=30)
+        assert not Path(path).exists()
+    finally:
+        ranks.kill()
