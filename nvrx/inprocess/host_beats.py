@@ -41,7 +41,8 @@ from nvrx.store import keys, rank_lists
 from nvrx.store.faults import FaultRecord
 
 from .fault_events import announce_leave
-from .host_group import HostGroup, Leader, Stale, group_dir
+from .host_group import HostGroup, Leader, Stale
+from .host_group_dir import group_dir
 from .host_ring import HostRing, Thresholds, ended_ranks, live_ranks, register
 
 if TYPE_CHECKING:

@@ -14,6 +14,9 @@ a lock, after ``replace_after`` seconds, by the first monitor that finds it
 so: the socket it left is removed and a new one bound. A replaced leader that
 comes back finds another process named in ``leader.json`` and follows. The
 last member to leave removes the directory. No torch, no store here.
+
+Where the directory lives, and how a dead member is told from a live one:
+``host_group_dir``.
 """
 
 from __future__ import annotations
@@ -21,59 +24,30 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import json
 import logging
 import os
 import socket
-import stat
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from nvrx.atomic_file import replace_file
+from nvrx.inprocess.host_group_dir import (
+    HELD,
+    LEADER,
+    LOCK,
+    MEMBER,
+    SOCKET,
+    live_members,
+    remove_abandoned,
+    remove_group,
+)
 from nvrx.rank_beats import Beat, BeatSender, BeatSocket
 
 log = logging.getLogger(__name__)
 
-SOCKET, LEADER, LOCK, MEMBER = "beats.sock", "leader.json", "elect.lock", "member-"
-
-
-#: Longest path of the group's socket: Linux takes 107 bytes.
-MAX_SOCKET_PATH = 100
-
-
-def _default_root() -> str:
-    """``/dev/shm``, else the temporary directory, else ``/tmp`` where that one's path is
-    too long for a socket in it."""
-    if os.access("/dev/shm", os.W_OK):
-        return "/dev/shm"
-    root = tempfile.gettempdir()
-    return root if len(root) <= MAX_SOCKET_PATH - 50 else "/tmp"
-
-
-def _private_root(root: str | None) -> Path:
-    """``<root>/nvrx-<uid>``, a directory of this user's alone (refused otherwise)."""
-    root = _default_root() if root is None else root
-    Path(root).mkdir(parents=True, exist_ok=True)
-    path = Path(root) / f"nvrx-{os.getuid()}"
-    with contextlib.suppress(FileExistsError):
-        path.mkdir(mode=0o700)
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise RuntimeError(f"{path} must be a directory of user {os.getuid()}, not a link")
-    return path
-
-
-def group_dir(job_key: str, host: str, root: str | None = None) -> Path:
-    """The private directory of ``host``'s monitors in the job named by ``job_key`` (under
-    ``/dev/shm``, else the temporary directory, unless ``root`` says where)."""
-    digest = hashlib.sha1(f"{job_key}\0{host}".encode()).hexdigest()[:16]
-    path = _private_root(root) / digest
-    path.mkdir(mode=0o700, exist_ok=True)
-    return path
 
 
 def _listening(path: str) -> bool:
@@ -131,6 +105,7 @@ class HostGroup:
         self._inode = 0
         self._stamp: tuple[int | None, float] = (None, time.monotonic())
         self._seen_alive: Leader | None = None  # the last leader whose stamp moved
+        self._member: int | None = None  # the member file's descriptor, holding its lock
 
     @property
     def leading(self) -> bool:
@@ -168,10 +143,29 @@ class HostGroup:
 
     # -- joining and leaving ------------------------------------------------------------
     def join(self) -> bool:
-        """Become a member; lead if nobody does. Whether this monitor leads."""
+        """Become a member; lead if nobody does. Whether this monitor leads. Then the
+        directories of groups whose members all died go."""
         with self._locked(create=True):
-            (self.dir / f"{MEMBER}{self.own.initial_rank}").touch()
-            return self._bind()
+            (self.dir / HELD).touch()
+            self._hold_member()
+            leads = self._bind()
+        remove_abandoned(self.dir.parent, keep=self.dir)
+        return leads
+
+    def _hold_member(self) -> None:
+        fd = os.open(self.dir / f"{MEMBER}{self.own.initial_rank}", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another live monitor of this rank: it keeps the file
+            log.warning("another monitor of rank %s is in this host's group", self.own.initial_rank)
+        self._member = fd
+
+    def _release_member(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.dir / f"{MEMBER}{self.own.initial_rank}")
+        if self._member is not None:
+            os.close(self._member)
+            self._member = None
 
     def leave(self) -> bool:
         """Stop being a member (a leader steps down first); whether this was the last one,
@@ -179,19 +173,18 @@ class HostGroup:
         try:
             with self._locked():
                 self.step_down()
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.dir / f"{MEMBER}{self.own.initial_rank}")
-                if any(p.name.startswith(MEMBER) for p in self.dir.iterdir()):
+                self._release_member()
+                if live_members(self.dir):
                     return False
-                for name in (LEADER, SOCKET, LOCK):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(self.dir / name)
-                with contextlib.suppress(OSError):
-                    self.dir.rmdir()
+                remove_group(self.dir)
                 return True
         except OSError as exc:  # the directory went with the last member meanwhile
             log.info("leaving the host's group: %r", exc)
             return False
+        finally:
+            if self._member is not None:  # (the group's lock could not be taken)
+                os.close(self._member)
+                self._member = None
 
     # -- leading ------------------------------------------------------------------------
     def _bind(self) -> bool:

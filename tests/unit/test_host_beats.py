@@ -21,7 +21,8 @@ import pytest
 
 from nvrx.inprocess import store as rstore
 from nvrx.inprocess.host_beats import HostBeats
-from nvrx.inprocess.host_group import HostGroup, Leader, Stale, group_dir
+from nvrx.inprocess.host_group import HostGroup, Leader, Stale
+from nvrx.inprocess.host_group_dir import group_dir
 from nvrx.inprocess.host_ring import Thresholds, live_ranks
 from nvrx.rank_beats import Beat
 from nvrx.store import keys, rounds

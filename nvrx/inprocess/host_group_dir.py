@@ -1,0 +1,132 @@
+"""Where the monitors of one host keep their group (``host_group``), and how a group whose
+monitors all died is cleared away.
+
+The directory is private to the user, under ``/dev/shm`` (else the temporary
+directory), and named after the job's store and the host. Each member holds a
+lock on its member file while it lives; the kernel drops it when the process
+dies, however it dies. So a member that was killed is told from a live one: the
+last live member to leave removes the directory, and a monitor that joins
+removes the directories of groups whose members all died (a job whose
+processes were SIGKILLed, say). Only directories marked ``HELD`` are removed:
+an older nvrx's members hold no lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SOCKET, LEADER, LOCK, MEMBER = "beats.sock", "leader.json", "elect.lock", "member-"
+#: Marks a group whose members each hold a lock on their member file while they live.
+HELD = "members-hold-locks"
+
+#: Longest path of the group's socket: Linux takes 107 bytes.
+MAX_SOCKET_PATH = 100
+
+
+def _default_root() -> str:
+    """``/dev/shm``, else the temporary directory, else ``/tmp`` where that one's path is
+    too long for a socket in it."""
+    if os.access("/dev/shm", os.W_OK):
+        return "/dev/shm"
+    root = tempfile.gettempdir()
+    return root if len(root) <= MAX_SOCKET_PATH - 50 else "/tmp"
+
+
+def _private_root(root: str | None) -> Path:
+    """``<root>/nvrx-<uid>``, a directory of this user's alone (refused otherwise)."""
+    root = _default_root() if root is None else root
+    Path(root).mkdir(parents=True, exist_ok=True)
+    path = Path(root) / f"nvrx-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise RuntimeError(f"{path} must be a directory of user {os.getuid()}, not a link")
+    return path
+
+
+def group_dir(job_key: str, host: str, root: str | None = None) -> Path:
+    """The private directory of ``host``'s monitors in the job named by ``job_key`` (under
+    ``/dev/shm``, else the temporary directory, unless ``root`` says where)."""
+    digest = hashlib.sha1(f"{job_key}\0{host}".encode()).hexdigest()[:16]
+    path = _private_root(root) / digest
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
+def _held(path: Path) -> bool:
+    """Whether a live process holds the lock of member file ``path`` (False: it died)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # (releases the lock it took, if any)
+    return False
+
+
+def live_members(directory: Path) -> bool:
+    """Whether a live member is in ``directory``; the files of dead members are removed
+    (call it holding the group's lock). Without ``HELD``, every member file counts."""
+    held = (directory / HELD).exists()
+    live = False
+    for path in directory.iterdir():
+        if not path.name.startswith(MEMBER):
+            continue
+        if not held or _held(path):
+            live = True
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    return live
+
+
+def remove_group(directory: Path) -> None:
+    """Remove ``directory`` and what is in it, the lock last (held by the caller)."""
+    for path in directory.iterdir():
+        if path.name != LOCK:
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                os.unlink(path)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(directory / LOCK)
+    with contextlib.suppress(OSError):
+        directory.rmdir()
+
+
+def remove_abandoned(root: Path, keep: Path) -> list[Path]:
+    """Remove the group directories under ``root`` (but ``keep``) whose members all died;
+    the ones removed. A group whose lock is held at the moment is left for another time."""
+    removed: list[Path] = []
+    try:
+        directories = [d for d in root.iterdir() if d != keep and (d / HELD).exists()]
+    except OSError as exc:  # never a reason to fail the join that asked
+        log.debug("could not look for abandoned groups in %s: %r", root, exc)
+        return removed
+    for directory in directories:
+        try:
+            with open(directory / LOCK, "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if os.fstat(lock.fileno()).st_nlink == 0 or live_members(directory):
+                    continue
+                remove_group(directory)
+                removed.append(directory)
+        except OSError as exc:  # busy (BlockingIOError), or removed meanwhile
+            log.debug("left %s: %r", directory, exc)
+    if removed:
+        log.info("removed the directories of %d host groups whose monitors all died", len(removed))
+    return removed
+
+

@@ -1,0 +1,104 @@
+"""The directories of host groups (``nvrx.inprocess.host_group_dir``): a member that was
+killed is told from a live one by the lock it held, so its file keeps no directory alive,
+and the directories of groups whose monitors all died are removed by the next monitor
+that joins a group on the host. Real processes, killed with real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nvrx.inprocess.host_group import HostGroup, Leader
+from nvrx.inprocess.host_group_dir import HELD, MEMBER, group_dir, remove_abandoned
+
+MEMBER_PROGRAM = (
+    "import os, sys\n"
+    "from pathlib import Path\n"
+    "from nvrx.inprocess.host_group import HostGroup, Leader\n"
+    "group = HostGroup(Path(sys.argv[1]), Leader(os.getpid(), int(sys.argv[2]), 2000), 0.5)\n"
+    "group.join()\n"
+    "print('joined', flush=True)\n"
+    "sys.stdin.read()  # until the test closes it, or kills this process\n"
+)
+
+
+@pytest.fixture
+def members() -> Iterator[list[subprocess.Popen[str]]]:
+    """Member processes started by ``_start``; each is killed and reaped at the end."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def _start(members: list[subprocess.Popen[str]], directory: Path, rank: int) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", MEMBER_PROGRAM, str(directory), str(rank)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    members.append(proc)
+    assert proc.stdout is not None and proc.stdout.readline() == "joined\n"
+    return proc
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+
+
+def _group(root: Path, job: str, rank: int = 0) -> HostGroup:
+    return HostGroup(group_dir(job, "h0", root=str(root)), Leader(1000 + rank, rank, 2000), 0.5)
+
+
+def test_the_last_live_member_removes_the_group_though_a_killed_member_left_its_file(
+    tmp_path, members
+) -> None:
+    leader = _group(tmp_path, "job")
+    assert leader.join()
+    killed = _start(members, leader.dir, rank=1)
+    _kill(killed)
+    assert (leader.dir / f"{MEMBER}1").exists()  # a SIGKILLed monitor cannot leave
+    assert leader.leave() is True
+    assert not leader.dir.exists()
+
+
+def test_a_stopped_member_still_counts_and_keeps_the_group(tmp_path, members) -> None:
+    leader = _group(tmp_path, "job")
+    assert leader.join()
+    frozen = _start(members, leader.dir, rank=1)
+    os.kill(frozen.pid, signal.SIGSTOP)
+    try:
+        assert leader.leave() is False
+        assert remove_abandoned(leader.dir.parent, keep=tmp_path) == []
+        assert (leader.dir / f"{MEMBER}1").exists()
+    finally:
+        os.kill(frozen.pid, signal.SIGCONT)
+
+
+def test_a_joining_monitor_removes_the_groups_whose_monitors_all_died(tmp_path, members) -> None:
+    dead = group_dir("killed job", "h0", root=str(tmp_path))
+    for rank in (0, 1):
+        _start(members, dead, rank)
+    for proc in members:
+        _kill(proc)
+    assert (dead / HELD).exists() and (dead / f"{MEMBER}0").exists()
+    running_dir = group_dir("running job", "h0", root=str(tmp_path))
+    running = _start(members, running_dir, rank=0)
+    old = group_dir("older nvrx", "h0", root=str(tmp_path))
+    (old / f"{MEMBER}0").touch()  # no lock held, but no HELD mark either: not ours to judge
+
+    joining = _group(tmp_path, "new job")
+    assert joining.join()
+    assert not dead.exists()
+    assert old.exists() and running_dir.exists()
+    assert running.poll() is None
+    assert joining.leave() is True
+    assert not joining.dir.exists()
