@@ -35,19 +35,18 @@ from pathlib import Path
 
 from nvrx.atomic_file import replace_file
 from nvrx.inprocess.host_group_dir import (
-    HELD,
     LEADER,
     LOCK,
     MEMBER,
     SOCKET,
-    live_members,
+    mark_held,
+    members,
     remove_abandoned,
     remove_group,
 )
 from nvrx.rank_beats import Beat, BeatSender, BeatSocket
 
 log = logging.getLogger(__name__)
-
 
 
 def _listening(path: str) -> bool:
@@ -105,7 +104,8 @@ class HostGroup:
         self._inode = 0
         self._stamp: tuple[int | None, float] = (None, time.monotonic())
         self._seen_alive: Leader | None = None  # the last leader whose stamp moved
-        self._member: int | None = None  # the member file's descriptor, holding its lock
+        self._member: int | None = None  # the member file's descriptor
+        self._member_locked = False  # it holds the file's lock (as a live member does)
 
     @property
     def leading(self) -> bool:
@@ -124,7 +124,12 @@ class HostGroup:
         while True:
             if create:
                 self.dir.mkdir(mode=0o700, exist_ok=True)
-            lock = open(self.dir / LOCK, "a")  # noqa: SIM115 - closed below, or after the yield
+            try:
+                lock = open(self.dir / LOCK, "a")  # noqa: SIM115 - closed below, or after the yield
+            except FileNotFoundError:
+                if create:  # removed again between the two calls: make it once more
+                    continue
+                raise
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 if os.fstat(lock.fileno()).st_nlink > 0:
@@ -146,45 +151,51 @@ class HostGroup:
         """Become a member; lead if nobody does. Whether this monitor leads. Then the
         directories of groups whose members all died go."""
         with self._locked(create=True):
-            (self.dir / HELD).touch()
+            mark_held(self.dir)
             self._hold_member()
             leads = self._bind()
         remove_abandoned(self.dir.parent, keep=self.dir)
         return leads
 
     def _hold_member(self) -> None:
-        fd = os.open(self.dir / f"{MEMBER}{self.own.initial_rank}", os.O_RDWR | os.O_CREAT, 0o600)
+        path = self.dir / f"{MEMBER}{self.own.initial_rank}"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # another live monitor of this rank: it keeps the file
+            self._member_locked = True
+        except BlockingIOError:  # another live monitor of this rank: the file stays its own
             log.warning("another monitor of rank %s is in this host's group", self.own.initial_rank)
+        except BaseException:
+            os.close(fd)
+            raise
         self._member = fd
 
-    def _release_member(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.dir / f"{MEMBER}{self.own.initial_rank}")
+    def _release_member(self, unlink: bool = True) -> None:
+        if unlink and self._member_locked:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.dir / f"{MEMBER}{self.own.initial_rank}")
         if self._member is not None:
             os.close(self._member)
-            self._member = None
+        self._member, self._member_locked = None, False
 
     def leave(self) -> bool:
-        """Stop being a member (a leader steps down first); whether this was the last one,
-        in which case the directory is removed. Never raises."""
+        """Stop being a member (a leader steps down first). Once no live member is left, the
+        directory goes. Whether this was the last member and every other one left on purpose
+        (none was killed, or failed): then nobody is to find the host silent. Never raises."""
         try:
             with self._locked():
                 self.step_down()
                 self._release_member()
-                if live_members(self.dir):
+                live, dead = members(self.dir)
+                if live:
                     return False
                 remove_group(self.dir)
-                return True
+                return dead == 0
         except OSError as exc:  # the directory went with the last member meanwhile
             log.info("leaving the host's group: %r", exc)
             return False
         finally:
-            if self._member is not None:  # (the group's lock could not be taken)
-                os.close(self._member)
-                self._member = None
+            self._release_member(unlink=False)  # (where the group's lock could not be taken)
 
     # -- leading ------------------------------------------------------------------------
     def _bind(self) -> bool:
@@ -301,4 +312,10 @@ class HostGroup:
             return False
 
     def close(self) -> None:
+        """Close what this member holds open. One that did not leave counts as killed from
+        now on: its member file stays, unlocked."""
+        self._release_member(unlink=False)
+        if self.socket is not None:  # left behind as a dead leader's is: beats to it fail
+            self.socket.close(unlink=False)
+            self.socket = None
         self.sender.close()

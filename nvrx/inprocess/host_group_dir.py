@@ -7,8 +7,9 @@ lock on its member file while it lives; the kernel drops it when the process
 dies, however it dies. So a member that was killed is told from a live one: the
 last live member to leave removes the directory, and a monitor that joins
 removes the directories of groups whose members all died (a job whose
-processes were SIGKILLed, say). Only directories marked ``HELD`` are removed:
-an older nvrx's members hold no lock.
+processes were SIGKILLed, say). Only directories marked ``HELD`` by this
+machine are judged so: an older nvrx's members hold no lock, and another
+machine's locks may not be seen here where the root is on a shared file system.
 """
 
 from __future__ import annotations
@@ -78,20 +79,41 @@ def _held(path: Path) -> bool:
     return False
 
 
-def live_members(directory: Path) -> bool:
-    """Whether a live member is in ``directory``; the files of dead members are removed
-    (call it holding the group's lock). Without ``HELD``, every member file counts."""
-    held = (directory / HELD).exists()
-    live = False
+def _node() -> str:
+    return os.uname().nodename
+
+
+def mark_held(directory: Path) -> None:
+    """Mark ``directory`` as a group whose members hold their locks, made on this machine
+    (call it holding the group's lock)."""
+    if not (directory / HELD).exists():
+        (directory / HELD).write_text(_node())
+
+
+def _held_here(directory: Path) -> bool:
+    """Whether ``directory`` is marked ``HELD`` by this machine: where the private root is on
+    a file system that several machines share, their locks may not be seen here."""
+    try:
+        return (directory / HELD).read_text() == _node()
+    except OSError:
+        return False
+
+
+def members(directory: Path) -> tuple[int, int]:
+    """How many members of ``directory`` live, and how many had died (their files are
+    removed); call it holding the group's lock. Unmarked (``HELD``), every member lives."""
+    held = _held_here(directory)
+    live = dead = 0
     for path in directory.iterdir():
         if not path.name.startswith(MEMBER):
             continue
         if not held or _held(path):
-            live = True
+            live += 1
         else:
+            dead += 1
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-    return live
+    return live, dead
 
 
 def remove_group(directory: Path) -> None:
@@ -111,7 +133,7 @@ def remove_abandoned(root: Path, keep: Path) -> list[Path]:
     the ones removed. A group whose lock is held at the moment is left for another time."""
     removed: list[Path] = []
     try:
-        directories = [d for d in root.iterdir() if d != keep and (d / HELD).exists()]
+        directories = [d for d in root.iterdir() if d != keep and _held_here(d)]
     except OSError as exc:  # never a reason to fail the join that asked
         log.debug("could not look for abandoned groups in %s: %r", root, exc)
         return removed
@@ -119,7 +141,7 @@ def remove_abandoned(root: Path, keep: Path) -> list[Path]:
         try:
             with open(directory / LOCK, "a") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                if os.fstat(lock.fileno()).st_nlink == 0 or live_members(directory):
+                if os.fstat(lock.fileno()).st_nlink == 0 or members(directory)[0]:
                     continue
                 remove_group(directory)
                 removed.append(directory)
@@ -128,5 +150,3 @@ def remove_abandoned(root: Path, keep: Path) -> list[Path]:
     if removed:
         log.info("removed the directories of %d host groups whose monitors all died", len(removed))
     return removed
-
-

@@ -69,6 +69,8 @@ class _Monitor:
         self.service: Any = None
         if isinstance(early, BaseException):
             raise early  # launching the store it hosts failed
+        self.board = ProgressBoard(cfg.board_path)
+        self.board.unlink()  # mapped: no way these two processes end can leave it behind now
         beats_path = rank_beats.socket_path()
         self.sender = rank_beats.BeatSender(beats_path) if beats_path else None
         # Beats through the store, or a store to host, need the link before the watch.
@@ -85,7 +87,6 @@ class _Monitor:
             ).start()
         if self.service is not None:
             cfg.store_port = self.service.port
-        self.board = ProgressBoard(cfg.board_path)
         context = cfg.events_context or events.context_from_env()
         self.writer = events.EventWriter(cfg.events_dir or events.job_log_dir(), "monitor", context)
         self.round, self.place = -1, (-1, 0)  # the rank's round, its place there
@@ -286,9 +287,6 @@ class _Monitor:
                 self.sender.close()  # a failed monitor says nothing: its rank is unwatched
             if self.service is not None:
                 self.service.stop()
-            if not monitor_target.alive(cfg.target_pid):  # dead before it read our ready line
-                with contextlib.suppress(OSError):
-                    os.unlink(cfg.board_path)
         return 0
 
     def _watch(self, pidfd: int | None, poller: Any) -> None:

@@ -2,9 +2,10 @@
 
 ``ProgressBoard`` is a small shared file both processes map: the main
 process writes progress timestamps and its round/rank/phase, the monitor
-process reads them. Once both have mapped it, its name is removed
-(``unlink``): the memory lives on while a mapping does, and no way the two
-processes end can leave the file behind in ``/dev/shm``. A ``ping()`` is one 8-byte store into shared memory, with
+process reads them. The monitor process removes its name as soon as it has
+mapped it (``unlink``): the memory lives on while a mapping does, so only a
+rank killed with its monitor in the monitor's first moments leaves the file
+behind in ``/dev/shm``. A ``ping()`` is one 8-byte store into shared memory, with
 no message, lock or system call.
 
 ``ProgressWatchdog`` proves that the main thread executes bytecode: every
@@ -120,19 +121,19 @@ class ProgressBoard:
         self.set_flag(FLAG_USER, False)
 
     def unlink(self) -> None:
-        """Remove the board's name once every process that needs it has mapped it (the
-        monitor process does before it says ready); the shared memory stays mapped."""
-        if self.owner:
-            self.owner = False
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+        """Remove the board's name; the shared memory stays mapped. The monitor process does
+        it as soon as it has mapped the board: nothing opens it by name after that."""
+        self.owner = False
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
 
     def close(self) -> None:
         try:
             self._map.close()
         except (BufferError, ValueError):
             pass
-        self.unlink()
+        if self.owner:  # (its monitor never mapped it)
+            self.unlink()
 
 
 _PENDING_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)

@@ -114,7 +114,6 @@ class RankServices:
         self._stack_fd = self.monitor.start()
         faulthandler.register(STACK_SIGNAL, file=self._stack_fd, all_threads=True, chain=False)
         ready = self.monitor.wait_ready(w.barrier_timeout)
-        self.board.unlink()  # the monitor has mapped it: nothing can leave it in /dev/shm now
         if self.host_store and self.store_address is not None:
             self.store_address = (self.store_address[0], int(ready["port"]))
             self._store_kwargs["port"] = self.store_address[1]

@@ -256,10 +256,12 @@ def test_a_host_whose_leader_stands_still_is_not_taken_out_by_the_host_watching_
     assert a.faults() == [] and d.faults() == [(2, "unresponsive")]
 
 
-@pytest.mark.parametrize("ends", [False, True], ids=["silent", "ended"])
+@pytest.mark.parametrize("ends", ["silent", "ended", "one killed"])
 def test_a_silent_host_is_taken_out_by_the_host_that_watches_it(tmp_path, base, ends) -> None:
     """Hosts h0 (ranks 0, 1) and h1 (ranks 2, 3). h1 falls silent: h0's leader takes its
-    ranks out; an h1 whose last monitor ended on purpose is nobody's fault."""
+    ranks out; an h1 whose last monitor ended on purpose is nobody's fault. Where rank 3's
+    monitor was killed first, rank 2's, ending on purpose, removes the directory but leaves
+    the host's place: rank 3 is taken out."""
     view = _round(base)
     a, b = Member(tmp_path, base, 0, "h0"), Member(tmp_path, base, 1, "h0")
     c, d = Member(tmp_path, base, 2, "h1"), Member(tmp_path, base, 3, "h1")
@@ -267,7 +269,11 @@ def test_a_silent_host_is_taken_out_by_the_host_that_watches_it(tmp_path, base, 
         for m in (b, a, d, c):
             m.beat(now)
     assert c.leading and live_ranks(base, 1) == [2, 3]
-    if ends:
+    if ends == "one killed":
+        d.hb.group.close()  # as its death would: its member file stays, its lock is gone
+        c.hb.end()
+        assert not c.hb.group.dir.exists()
+    if ends == "ended":
         d.hb.end()
         c.hb.end()
     now = 1.2
@@ -275,9 +281,11 @@ def test_a_silent_host_is_taken_out_by_the_host_that_watches_it(tmp_path, base, 
         now += 0.2
         b.beat(now)
         a.beat(now)
-    if ends:
+    if ends == "ended":
         assert rstore.terminated_ranks(view) == set() and a.faults() == []
         assert not c.hb.group.dir.exists()  # its last monitor removed the host's directory
+    elif ends == "one killed":
+        assert rstore.terminated_ranks(view) == {3} and a.faults() == [(3, "unresponsive")]
     else:
         assert rstore.terminated_ranks(view) == {2, 3}
         assert sorted(a.faults()) == [(2, "unresponsive"), (3, "unresponsive")]

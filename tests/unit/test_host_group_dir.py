@@ -5,6 +5,7 @@ that joins a group on the host. Real processes, killed with real signals."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -66,8 +67,38 @@ def test_the_last_live_member_removes_the_group_though_a_killed_member_left_its_
     killed = _start(members, leader.dir, rank=1)
     _kill(killed)
     assert (leader.dir / f"{MEMBER}1").exists()  # a SIGKILLed monitor cannot leave
-    assert leader.leave() is True
+    assert leader.leave() is False  # last, but not every member left on purpose
     assert not leader.dir.exists()
+
+
+FD_PROGRAM = (
+    "import os, sys\n"
+    "from pathlib import Path\n"
+    "from nvrx.inprocess.host_group import HostGroup, Leader\n"
+    "directory = Path(sys.argv[1])\n"
+    "before = sorted(os.listdir('/proc/self/fd'))\n"
+    "group = HostGroup(directory, Leader(1000, 0, 2000), 0.5)\n"
+    "assert group.join() and group.leave()\n"
+    "group.close()\n"
+    "follower = HostGroup(directory, Leader(1001, 1, 2001), 0.5)\n"
+    "assert follower.join()\n"
+    "follower.close()  # without leaving: it counts as killed from now on\n"
+    "print(before == sorted(os.listdir('/proc/self/fd')))\n"
+)
+
+
+def test_joining_and_leaving_keep_no_descriptor_open(tmp_path) -> None:
+    directory = group_dir("job", "h0", root=str(tmp_path))
+    done = subprocess.run(  # a process of its own: nothing else opens or closes descriptors
+        [sys.executable, "-c", FD_PROGRAM, str(directory)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout == "True\n", done.stderr
+    last = _group(tmp_path, "job", rank=2)
+    last.join()
+    assert last.leave() is False  # rank 1, closed without leaving, counted as killed
+    assert not last.dir.exists()
+    last.close()
 
 
 def test_a_stopped_member_still_counts_and_keeps_the_group(tmp_path, members) -> None:
@@ -102,3 +133,19 @@ def test_a_joining_monitor_removes_the_groups_whose_monitors_all_died(tmp_path, 
     assert running.poll() is None
     assert joining.leave() is True
     assert not joining.dir.exists()
+
+
+def test_a_group_busy_or_marked_by_another_machine_is_left_alone(tmp_path, members) -> None:
+    busy = group_dir("busy", "h0", root=str(tmp_path))
+    other = group_dir("other machine", "h0", root=str(tmp_path))
+    for directory in (busy, other):
+        _start(members, directory, rank=0)
+    for proc in members:
+        _kill(proc)
+    (other / HELD).write_text("another-node")  # a root on a file system that hosts share
+    with open(busy / "elect.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a member of it is joining or leaving right now
+        assert remove_abandoned(busy.parent, keep=tmp_path) == []
+    assert busy.exists() and other.exists()
+    assert remove_abandoned(busy.parent, keep=tmp_path) == [busy]
+    assert other.exists()

@@ -236,15 +236,19 @@ builtins.__import__ = spy
 
 
 def test_a_monitor_that_hosts_the_store_imports_torch_while_the_service_does(tmp_path):
+    board = ProgressBoard()  # mapped first thing, before any import of torch
     cfg = dataclasses.asdict(
-        _config(os.getpid(), str(tmp_path / "none"), host_store=True, store_host="127.0.0.1")
+        _config(os.getpid(), board.path, host_store=True, store_host="127.0.0.1")
     )
-    done = subprocess.run(
-        [sys.executable, "-c", SPY_ON_TORCH_AND_THE_SERVICE + ENTRY_POINT],
-        input=(json.dumps(cfg) + "\n").encode(),
-        check=False,
-        timeout=120,
-    )  # the launched service exits with its parent (its death signal)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", SPY_ON_TORCH_AND_THE_SERVICE + ENTRY_POINT],
+            input=(json.dumps(cfg) + "\n").encode(),
+            check=False,
+            timeout=120,
+        )  # the launched service exits with its parent (its death signal)
+    finally:
+        board.close()
     assert done.returncode == 0
 
 
