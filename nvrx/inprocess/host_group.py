@@ -29,16 +29,15 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from nvrx.atomic_file import replace_file
 from nvrx.inprocess.host_group_dir import (
     LEADER,
-    LOCK,
     MEMBER,
     SOCKET,
+    group_locked,
     mark_held,
     members,
     remove_abandoned,
@@ -117,40 +116,11 @@ class HostGroup:
         info = os.stat(self.dir)
         return f"{self.dir.name}-{info.st_dev}-{info.st_ino}"
 
-    @contextlib.contextmanager
-    def _locked(self, create: bool = False) -> Iterator[None]:
-        """Hold the group's lock; ``create``: make the directory again if the group's last
-        member removed it meanwhile (a lock taken on the file it removed is no lock)."""
-        while True:
-            if create:
-                self.dir.mkdir(mode=0o700, exist_ok=True)
-            try:
-                lock = open(self.dir / LOCK, "a")  # noqa: SIM115 - closed below, or after the yield
-            except FileNotFoundError:
-                if create:  # removed again between the two calls: make it once more
-                    continue
-                raise
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                if os.fstat(lock.fileno()).st_nlink > 0:
-                    break
-            except BaseException:
-                lock.close()
-                raise
-            lock.close()
-            if not create:
-                raise FileNotFoundError(f"{self.dir} was removed")
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            lock.close()
-
     # -- joining and leaving ------------------------------------------------------------
     def join(self) -> bool:
         """Become a member; lead if nobody does. Whether this monitor leads. Then the
         directories of groups whose members all died go."""
-        with self._locked(create=True):
+        with group_locked(self.dir, create=True):
             mark_held(self.dir)
             self._hold_member()
             leads = self._bind()
@@ -183,7 +153,7 @@ class HostGroup:
         directory goes. Whether this was the last member and every other one left on purpose
         (none was killed, or failed): then nobody is to find the host silent. Never raises."""
         try:
-            with self._locked():
+            with group_locked(self.dir):
                 self.step_down()
                 self._release_member()
                 live, dead = members(self.dir)
@@ -298,7 +268,7 @@ class HostGroup:
         meanwhile; whether this monitor leads now. Never raises: a directory gone, or full,
         leaves the lead to others."""
         try:
-            with self._locked():
+            with group_locked(self.dir):
                 if stale.why == "still":
                     if self.leader() != stale.leader or self._read_stamp() != stale.stamp:
                         return False  # replaced, or stamped again, meanwhile

@@ -21,6 +21,7 @@ import logging
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -116,6 +117,38 @@ def members(directory: Path) -> tuple[int, int]:
     return live, dead
 
 
+@contextlib.contextmanager
+def group_locked(directory: Path, create: bool = False, wait: bool = True) -> Iterator[None]:
+    """Hold the lock of the group in ``directory``. ``create``: make the directory again if
+    the group's last member removed it meanwhile (a lock taken on the file it removed is no
+    lock); else that is a FileNotFoundError. ``wait=False``: BlockingIOError while another
+    process holds it."""
+    while True:
+        if create:
+            directory.mkdir(mode=0o700, exist_ok=True)
+        try:
+            lock = open(directory / LOCK, "a")  # noqa: SIM115 - closed below, or after the yield
+        except FileNotFoundError:
+            if create:  # removed again between the two calls: make it once more
+                continue
+            raise
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(lock.fileno()).st_nlink > 0:
+                break
+        except BaseException:
+            lock.close()
+            raise
+        lock.close()
+        if not create:
+            raise FileNotFoundError(f"{directory} was removed")
+    try:
+        yield
+    finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        lock.close()
+
+
 def remove_group(directory: Path) -> None:
     """Remove ``directory`` and what is in it, the lock last (held by the caller)."""
     for path in directory.iterdir():
@@ -139,9 +172,8 @@ def remove_abandoned(root: Path, keep: Path) -> list[Path]:
         return removed
     for directory in directories:
         try:
-            with open(directory / LOCK, "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                if os.fstat(lock.fileno()).st_nlink == 0 or members(directory)[0]:
+            with group_locked(directory, wait=False):
+                if members(directory)[0]:
                     continue
                 remove_group(directory)
                 removed.append(directory)
