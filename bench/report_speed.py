@@ -15,6 +15,7 @@ on a machine shared with other work it varies far less than the wall time.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import resource
 import subprocess
@@ -42,6 +43,17 @@ def _tree_rss(proc: psutil.Process) -> int:
         except psutil.Error:
             continue
     return total
+
+
+def parsers() -> str:
+    """Which of the report's optional parsers (``nvrx[fast]``) this Python has."""
+    found = []
+    for name, use in (("msgspec", "rank files, as typed records"), ("orjson", "other files")):
+        try:
+            found.append(f"{name} {importlib.metadata.version(name)} ({use})")
+        except importlib.metadata.PackageNotFoundError:
+            found.append(f"no {name}")
+    return ", ".join(found) + "; damaged files: the standard library's json"
 
 
 def run_report(log_dir: Path, workers: int | None) -> tuple[float, int, int, int, float]:
@@ -118,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{what} {events} events in {len(files)} files ({size / 2**20:.0f} MiB) "
             f"in {time.perf_counter() - t:.1f} s"
         )
+        print(f"parsers: {parsers()}")
         elapsed, peak, single, rc, cpu = run_report(out, args.workers)
     if rc != 0:
         print(f"nvrx-report exited with {rc}")

@@ -80,6 +80,9 @@ KINDS: dict[str, dict[str, str]] = {
         "stale_s": "seconds without progress when the hang was declared",
         "section": "the section that stayed open too long (timeout section)",
         "limit_s": "the timeout that passed (supervisor)",
+        "local_rank": "local rank of the hung child (supervisor)",
+        "child_pid": "pid of the hung child, which the supervisor then ends (supervisor)",
+        "message": "what timed out, in words (supervisor)",
     },
     "job_restart": {
         "epoch": "job-wide restart number (--ft-restart-policy any-failed)",

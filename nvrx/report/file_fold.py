@@ -9,7 +9,7 @@ every event updates is kept in local variables until the file is done.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from nvrx.events.schema import KINDS
@@ -26,12 +26,15 @@ from nvrx.events.validation import (
 from .file_summary import Ev, FileSummary
 from .kind_handlers import DISPATCH, UNHANDLED, KindHandlers, OInt, OStr
 from .parts import RoundState
+from .typed_events import RECORD_TYPES
 from .values import as_int, as_str, num
 
 #: Components whose events belong to one training rank.
 _RANK_COMPONENTS = ("wrapper", "monitor", "app")
 #: Kinds whose own fields reuse the name of a common field (schema quirk).
 _HOST_SHADOWING_KINDS = frozenset({"store_start"})
+#: Per record type (``typed_events``): its kind's handler, and whether it is filed under its round.
+_RECORD_DISPATCH = {cls: DISPATCH.get(kind, UNHANDLED) for kind, cls in RECORD_TYPES.items()}
 
 
 def _read_common(event: Ev) -> tuple[Any, float | None, Any, tuple[Any, ...]]:
@@ -189,6 +192,47 @@ class FileFolder(KindHandlers):
         self._raw, self._ctx = raw_seen, (host, node, rank)
         self._round, self._part = rnd_seen, part
         return True
+
+    def fold_records(self, records: Sequence[Any]) -> None:
+        """``fold`` for a file's records (``typed_events``): their common fields were checked as
+        they were decoded, and every kind is known, so nothing is checked here."""
+        dispatch = _RECORD_DISPATCH
+        first, last = self.first_wall, self.last_wall
+        raw_seen, (host, node, rank) = self._raw, self._ctx
+        rnd_seen, part = self._round, self._part
+        part_first, part_last = _INF, -_INF  # as in ``fold``
+        for record in records:
+            wall, rnd = record.wall, record.round
+            raw = (record.host, record.node, record.rank, record.job)
+            if raw != raw_seen:
+                raw_seen = raw
+                host, node, rank = self._context(record, raw)
+            if wall < first:
+                first = wall
+            if wall > last:
+                last = wall
+            handler, filed = dispatch[type(record)]
+            if filed and rnd is not rnd_seen and rnd != rnd_seen:
+                if part is not None:
+                    _widen(part, part_first, part_last)
+                rnd_seen, part, part_first, part_last = rnd, self.round_of(rnd), _INF, -_INF
+            if not filed:
+                handler(self, record, None, rank, node, host, wall)
+                continue
+            if wall < part_first:
+                part_first = wall
+            if wall > part_last:
+                part_last = wall
+            if handler is not None:
+                handler(self, record, part, rank, node, host, wall)
+        if part is not None:
+            _widen(part, part_first, part_last)
+        if records:
+            self.last_event = records[-1]
+        self.s.kept += len(records)
+        self.first_wall, self.last_wall = first, last
+        self._raw, self._ctx = raw_seen, (host, node, rank)
+        self._round, self._part = rnd_seen, part
 
     def finish(self) -> None:
         s = self.s

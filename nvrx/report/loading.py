@@ -53,21 +53,32 @@ class JobDir:
     notes: list[str] = field(default_factory=list)
 
 
-def parse_file(path: str | os.PathLike[str]) -> list[Any] | None:
-    """The values of a well-formed file's lines, unchecked, in one parse; None for a file that
-    only the tolerant reader can read (unreadable, empty, with a torn or malformed line)."""
+def read_whole_lines(path: str | os.PathLike[str]) -> bytes | None:
+    """A file's bytes when its last line is whole (it ends with a newline); None for an
+    unreadable or empty file, or one whose last line is torn."""
     try:
         data = read_regular_file(path)
     except OSError:
         return None
-    if not data.endswith(b"\n"):
-        return None
+    return data if data.endswith(b"\n") else None
+
+
+def parse_lines(data: bytes) -> list[Any] | None:
+    """The values of whole lines ``data`` (``read_whole_lines``), unchecked, in one parse; None
+    when a line is not one JSON value."""
     try:
         # Event lines never contain a raw newline (JSON escapes it), so the
         # lines of a well-formed file joined by commas are one JSON array.
         return parse_json(b"[" + data[:-1].replace(b"\n", b",") + b"]")
     except (ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
         return None
+
+
+def parse_file(path: str | os.PathLike[str]) -> list[Any] | None:
+    """The values of a well-formed file's lines, unchecked, in one parse; None for a file that
+    only the tolerant reader can read (unreadable, empty, with a torn or malformed line)."""
+    data = read_whole_lines(path)
+    return None if data is None else parse_lines(data)
 
 
 def read_events(path: str | os.PathLike[str], stats: ReadStats) -> list[dict[str, Any]]:

@@ -14,8 +14,9 @@ from nvrx.events.reader import ReadStats, iter_file
 
 from .file_fold import FileFolder
 from .file_summary import FileSummary, run_start
-from .loading import parse_file, read_events
+from .loading import parse_lines, read_events, read_whole_lines
 from .parts import RoundState
+from .typed_events import decode_records
 from .values import num
 
 
@@ -59,6 +60,29 @@ def summarize_file(path: str | os.PathLike[str], filters: Filters | None = None)
     return summary
 
 
+def _fold_whole(
+    path: str | os.PathLike[str], job_rounds: dict[Any, RoundState] | None
+) -> tuple[FileSummary | None, bool]:
+    """Every event of a well-formed file folded in one pass: (its summary, False); (None,
+    True) when it proved damaged once some events were folded into ``job_rounds``; (None,
+    False) when it is for the tolerant reader from the start."""
+    data = read_whole_lines(path)
+    if data is None:
+        return None, False
+    records = decode_records(data)  # checked as they are decoded (with msgspec)
+    events = records if records is not None else parse_lines(data)
+    if events is None:
+        return None, False
+    summary = FileSummary(path=str(path), stats=ReadStats(files=1, events=len(events)))
+    folder = FileFolder(summary, run_starts=True, job_rounds=job_rounds)
+    if records is not None:
+        folder.fold_records(records)
+    elif not folder.fold(events, parsed=True):  # checked as they are folded
+        return None, job_rounds is not None
+    folder.finish()
+    return summary, False
+
+
 def fold_file(
     path: str | os.PathLike[str],
     filters: Filters | None = None,
@@ -70,16 +94,10 @@ def fold_file(
     events were folded there: the caller must start over without ``job_rounds``.
     """
     everything = filters is None or not filters.active()
-    if everything:
-        events = parse_file(path)
-        if events is not None:  # checked as they are folded: one pass over millions of events
-            summary = FileSummary(path=str(path), stats=ReadStats(files=1, events=len(events)))
-            folder = FileFolder(summary, run_starts=True, job_rounds=job_rounds)
-            if folder.fold(events, parsed=True):
-                folder.finish()
-                return summary
-            if job_rounds is not None:
-                return None
+    if everything:  # one pass over millions of events
+        summary, spoilt = _fold_whole(path, job_rounds)
+        if summary is not None or spoilt:
+            return summary
     # A damaged or unreadable file (straight to the tolerant reader: the parse above failed,
     # or the fold met an event it skips), or filters: the reader's events.
     stats = ReadStats()

@@ -27,7 +27,7 @@ from test_report_fixtures import write_standard_job
 from nvrx.events.reader import ReadStats
 from nvrx.events.schema import KINDS
 from nvrx.events.validation import all_usual, usable_event
-from nvrx.report import aggregate, build_report, file_fold, loading, summarize
+from nvrx.report import aggregate, build_report, file_fold, loading, summarize, typed_events
 from nvrx.report.file_fold import FileFolder
 from nvrx.report.file_summary import FileSummary
 from nvrx.report.kind_handlers import DISPATCH
@@ -82,6 +82,7 @@ SKIPPED = {
 # Unusual values the reader keeps: the fold takes them the long way.
 KEPT = {
     "wall int": lambda event: _set("wall", str(int(event["wall"])))(event),
+    "mono int": lambda event: _set("mono", str(int(event["mono"])))(event),
     "host null": _set("host", "null"),
     "boot null": _set("boot", "null"),
     "component null": _set("component", "null"),
@@ -94,6 +95,17 @@ KEPT = {
     "kind unknown": _set("kind", '"from_a_newer_nvrx"'),
     "kind store_start": _set("kind", '"store_start"'),
 }
+
+
+@pytest.fixture(autouse=True, params=["records", "dicts"])
+def fast_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test twice: rank files decoded into typed records (``typed_events``, with msgspec),
+    and every file parsed into dicts and checked as folded (as without msgspec)."""
+    if request.param == "records" and not typed_events.RECORD_TYPES:
+        pytest.skip("msgspec is not installed (pip install 'nvrx[fast]')")
+    if request.param == "dicts":
+        monkeypatch.setattr(summarize, "decode_records", lambda data: None)
+    return request.param
 
 
 def _report(job_dir: Path) -> dict[str, Any]:
@@ -115,7 +127,7 @@ def _careful(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every file through the tolerant reader, every event the fold's long way (no usual
     event), and the files' own round states merged."""
     monkeypatch.setattr(loading, "parse_file", lambda path: None)
-    monkeypatch.setattr(summarize, "parse_file", lambda path: None)
+    monkeypatch.setattr(summarize, "read_whole_lines", lambda path: None)
     monkeypatch.setattr(file_fold, "EVENT_FIELDS", itemgetter("no such field"))
     monkeypatch.setattr(aggregate, "fold_file", lambda *args, **kwargs: None)
 
