@@ -1,8 +1,8 @@
 """Finding a job's event files and reading them quickly, without ever writing to them.
 
-The fast path parses a whole well-formed file in one call (the report reads
-millions of events), with ``orjson`` where it is installed (``pip install
-'nvrx[fast]'``) and the standard library's ``json``
+The fast path parses a whole well-formed file at once, one JSON value per line (the
+report reads millions of events), with ``orjson`` where it is installed (``pip
+install 'nvrx[fast]'``) and the standard library's ``json``
 otherwise; any file that is not perfectly formed goes
 through the tolerant ``nvrx.events.reader.iter_file`` instead, which skips and
 records torn, merged and malformed lines, and events whose common fields are
@@ -64,18 +64,17 @@ def read_whole_lines(path: str | os.PathLike[str]) -> bytes | None:
 
 
 def parse_lines(data: bytes) -> list[Any] | None:
-    """The values of whole lines ``data`` (``read_whole_lines``), unchecked, in one parse; None
-    when a line is not one JSON value."""
+    """The values of whole lines ``data`` (``read_whole_lines``), one per line, unchecked; None
+    when a line is not exactly one JSON value (blank, torn over lines, or merged with another:
+    the tolerant reader's to read)."""
     try:
-        # Event lines never contain a raw newline (JSON escapes it), so the
-        # lines of a well-formed file joined by commas are one JSON array.
-        return parse_json(b"[" + data[:-1].replace(b"\n", b",") + b"]")
+        return list(map(parse_json, data[:-1].split(b"\n")))
     except (ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
         return None
 
 
 def parse_file(path: str | os.PathLike[str]) -> list[Any] | None:
-    """The values of a well-formed file's lines, unchecked, in one parse; None for a file that
+    """The values of a well-formed file's lines, unchecked, one per line; None for a file that
     only the tolerant reader can read (unreadable, empty, with a torn or malformed line)."""
     data = read_whole_lines(path)
     return None if data is None else parse_lines(data)

@@ -1,4 +1,4 @@
-"""A rank's event file decoded in one call into typed records, its common fields checked there.
+"""A rank's event file decoded into typed records, one per line, its common fields checked there.
 
 Most of a big job's events are its ranks' (the Wrapper, its monitor, the app),
 millions of them. With msgspec installed (``pip install 'nvrx[fast]'``), a
@@ -7,9 +7,10 @@ common field of the writer's own type and in the bounds of
 ``nvrx.events.validation``, decodes into one record per event: the fold
 (``FileFolder.fold_records``) then checks nothing per event. Any other file
 (another kind, a common field missing, null where the writer writes a value,
-of another type or out of bounds) is read as dicts, as without msgspec:
-``decode_records`` returns None. A whole-second ``wall`` or ``mono`` written
-as an integer is taken as that float, as the reader takes it.
+of another type or out of bounds, a line that is not exactly one event) is
+read as dicts, as without msgspec: ``decode_records`` returns None. A
+whole-second ``wall`` or ``mono`` written as an integer becomes that float, as
+the fold makes it (``values.num``).
 
 A record holds the common fields and its kind's documented fields
 (``schema.KINDS``), None where the event has none; other fields are dropped,
@@ -91,14 +92,26 @@ _DECODER = (
 )
 
 
+def _utf8(data: bytes) -> bool:
+    """Whether ``data`` is UTF-8 throughout: the decoder does not look inside the fields it drops,
+    and the reader skips a line that does not decode."""
+    if data.isascii():
+        return True
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def decode_records(data: bytes) -> list[Any] | None:
-    """The records of a well-formed file's bytes (whole lines, each ending with a newline), in
-    file order; None without msgspec, or when any line is not a usual event of ``RANK_KINDS``.
-    Blank lines are passed over, as the reader passes over them."""
-    if _DECODER is None or not data.endswith(b"\n"):
+    """The records of a well-formed file's bytes, one per line, in file order; None without
+    msgspec, or when a line is not exactly one usual event of ``RANK_KINDS`` (a blank line, an
+    event torn over lines or merged with another: all for the reader)."""
+    if _DECODER is None or not data.endswith(b"\n") or not _utf8(data):
         return None
     try:
-        return _DECODER.decode_lines(data)
+        return list(map(_DECODER.decode, data[:-1].split(b"\n")))
     except (ValueError, RecursionError):  # msgspec's errors are ValueErrors
         return None
 

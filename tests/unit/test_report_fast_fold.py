@@ -172,6 +172,55 @@ def test_an_unusual_event_the_reader_keeps_is_folded_like_any_other(
     assert fast_rounds == _rounds(tmp_path)
 
 
+def _split_second_event(line: str) -> str:
+    """An event torn over two lines after its ``kind`` (as a hand-split or pretty-printed one)."""
+    return line.replace('"kind":', '"kind":\n', 1)
+
+
+def _comma_split_second_event(line: str) -> str:
+    """An event torn over two lines between two fields, its comma lost: joined with a comma the
+    two lines would read as one event."""
+    head, tail = line.split(',"wall"', 1)
+    return head + '\n"wall"' + tail
+
+
+# Damage to rank 1's file that only the reader reads right: lines that are not one event each.
+LINE_DAMAGE = {
+    "an event torn over two lines": lambda lines, i: [
+        *lines[:i], _split_second_event(lines[i]), *lines[i + 1 :]
+    ],
+    "an event torn over two lines where a comma would join them": lambda lines, i: [
+        *lines[:i], _comma_split_second_event(lines[i]), *lines[i + 1 :]
+    ],
+    "a torn event and two events merged on one line": lambda lines, i: [
+        *lines[:i], _split_second_event(lines[i]), lines[i + 1] + lines[i + 2], *lines[i + 3 :]
+    ],
+    "a blank line": lambda lines, i: [*lines[:i], "", *lines[i:]],
+    "bytes that are not UTF-8 in a field the report does not read": lambda lines, i: [
+        *lines[:i], lines[i][:-1] + ', "note": "\udcff"}', *lines[i + 1 :]
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(LINE_DAMAGE))
+def test_a_file_whose_lines_are_not_one_event_each_is_read_as_the_reader_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    write_standard_job(tmp_path)
+    victim = next(
+        p for p in sorted(tmp_path.glob("wrapper-*.jsonl")) if '"rank":1,' in p.read_text()
+    )
+    lines = victim.read_text().splitlines()
+    damaged = "\n".join(LINE_DAMAGE[name](lines, 1)) + "\n"
+    victim.write_bytes(damaged.encode("utf-8", "surrogateescape"))
+    fast, fast_rounds = _report(tmp_path), _rounds(tmp_path)
+    skipped = {"a blank line": 0, "bytes that are not UTF-8 in a field the report does not read": 1}
+    assert fast["reading"]["skipped_count"] == skipped.get(name, 2)  # lines, as the reader counts
+    _careful(monkeypatch)
+    assert fast == _report(tmp_path)
+    assert fast_rounds == _rounds(tmp_path)
+
+
 def test_a_file_damaged_at_its_end_is_not_folded_twice(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -17,7 +17,7 @@ import pytest
 from test_report_fast_fold import _generator
 from test_report_fixtures import write_standard_job
 
-from nvrx.events.reader import ReadStats, iter_file
+from nvrx.events.reader import ReadStats
 from nvrx.events.schema import COMMON_FIELDS, KINDS
 from nvrx.report import build_report, summarize
 from nvrx.report.file_fold import FileFolder
@@ -104,6 +104,7 @@ def test_every_rank_file_of_the_benchmark_job_decodes_into_records(tmp_path: Pat
 
 @needs_msgspec
 def test_a_usual_event_decodes_with_its_fields_and_kind() -> None:
+    assert _lines(_USUAL).count(b"\n") == 1
     [record] = decode_records(_lines(_USUAL)) or [None]
     assert type(record) is RECORD_TYPES["restart_phase"]
     assert (record.get("kind"), record.get("phase"), record.get("ok"), record.wall) == (
@@ -160,27 +161,21 @@ def test_a_file_with_an_event_missing_a_common_field_is_left_to_the_dict_path(fi
 @needs_msgspec
 @pytest.mark.parametrize(
     "data",
-    [b"", _lines(_USUAL)[:-1], b"[1, 2]\n", b"{\n", _lines(_USUAL) + b"{}{}\n", b"\xff\n"],
+    [
+        b"",
+        _lines(_USUAL)[:-1],  # its last line torn
+        b"[1, 2]\n",
+        b"{\n",
+        _lines(_USUAL) + b"\n" + _lines(_USUAL),  # a blank line
+        _lines(_USUAL).replace(b'"kind": ', b'"kind":\n'),  # an event over two lines
+        _lines(_USUAL)[:-1] + _lines(_USUAL),  # two events on one line
+        _lines(_USUAL)[:-2] + b', "note": "\xff"}\n',  # not UTF-8, in a field not kept
+    ],
 )
-def test_an_empty_torn_or_malformed_file_is_left_to_the_dict_path(data: bytes) -> None:
+def test_a_file_whose_lines_are_not_one_usual_event_each_is_left_to_the_dict_path(
+    data: bytes,
+) -> None:
     assert decode_records(data) is None
-
-
-@needs_msgspec
-def test_blank_lines_are_passed_over_as_the_reader_passes_over_them(tmp_path: Path) -> None:
-    path = tmp_path / "wrapper-n1-p4242-1.jsonl"
-    second = {**_USUAL, "wall": _USUAL["wall"] + 1.0, "phase": "finalize"}
-    path.write_bytes(b"\n" + _lines(_USUAL) + b"  \n\r\n\t\n" + _lines(second) + b"\n")
-    records = decode_records(path.read_bytes())
-    assert records is not None and [r.get("phase") for r in records] == ["abort", "finalize"]
-    stats = ReadStats()
-    read = list(iter_file(path, stats))
-    assert [e["phase"] for e in read] == ["abort", "finalize"] and not stats.skipped
-    folded = FileSummary(path=str(path), stats=ReadStats(files=1, events=len(records)))
-    FileFolder(folded, run_starts=True).fold_records(records)
-    careful = FileSummary(path=str(path), stats=stats)
-    FileFolder(careful, run_starts=True).fold(read)
-    assert folded == careful
 
 
 def test_without_msgspec_every_file_is_read_as_dicts() -> None:
