@@ -24,8 +24,8 @@ a real ``nvrx.store.barrier`` participant). What each simulated party sends, per
 ``per-node`` (everything aggregated per node)
     only every node's supervisor: its store agent's ``NodeWatch._tick`` (``add`` of its
     ``alive`` counter, ``add(alive(watched), 0)``; the claims are read only when they can
-    matter, and its own claim once every ``OWN_CLAIM_EVERY`` beats, each node at a beat of
-    its own): 2 + 1/600 requests per node; barrier arrivals per node.
+    matter, and its own claim once every ``OWN_CLAIM_EVERY`` beats in place of the watched
+    count, each node at a beat of its own): 2 requests per node; barrier arrivals per node.
 ``product`` (a Wrapper job under supervisors now)
     ``per-node`` (the ranks beat to their supervisor, ``nvrx.rank_beats``, which sends
     nothing to the store for a beat), plus every rank's monitor thread holding one wait on
@@ -36,14 +36,14 @@ a real ``nvrx.store.barrier`` participant). What each simulated party sends, per
     node's store agent does, without the rare read of its own claim.
 
 In every pattern each node also holds the store agent's key watches (one connection each,
-a ``wait`` on the stop key and on the next job restart, re-armed every hour).
+a ``wait`` on the stop key and on the next job restart, re-armed once a week).
 
 Realistic where it matters for the server: every waiting party (a monitor thread, a
 watch, a barrier participant) has a connection of its own, because the server keeps one
 waiter entry per connection (a CANCEL_WAIT walks every waiter of the store). The short
 request chains (heartbeats, node ticks) share a pool of connections per worker, each
 with at most one request in flight (as a real client: no pipelining), started at each
-party's own phase in the interval. The key watches, re-armed once an hour, are put 64 to
+party's own phase in the interval. The key watches, re-armed once a week, are put 64 to
 a connection (the server keeps one entry per wait all the same). The server process can
 hold no more connections than the open-files limit (raised to its hard limit; a real job
 would need about 3 per rank today): where the parties do not fit, barrier ranks share
@@ -100,7 +100,7 @@ import private_netns  # noqa: E402
 TARGET_REQ_PER_NODE = 2.0
 TARGET_BARRIER_P99_S = 0.150
 TARGET_BARRIER_NODES = 1024
-WATCH_SHARE = 64  # key watches per connection: each is re-armed once an hour only
+WATCH_SHARE = 64  # key watches per connection: each is re-armed once a week only
 RESERVED_FDS = 256  # the server's own descriptors, the probe, the snapshot keeper
 PROBE_EVERY_S = 0.02
 PATTERNS = ("per-rank", "per-node", "product")
@@ -264,8 +264,9 @@ def run_worker(cfg: dict[str, Any]) -> dict[str, Any]:
             )
         else:
             tick = (enc_add(names["node_alive"](node), 1), enc_add(names["node_alive"](watched), 0))
-        # its own claim at one beat in OWN_CLAIM_EVERY (each node at its own beat)
-        claim_tick = None if per_rank else (tick[0], enc_add(names["node_claim"](node), 0), tick[1])
+        # its own claim at one beat in OWN_CLAIM_EVERY (each node at its own beat), in place of
+        # the watched count
+        claim_tick = None if per_rank else (tick[0], enc_add(names["node_claim"](node), 0))
         jobs.append((rng.random() * interval, tick, True, claim_tick, node))
         if per_rank:
             hb = names["hb"][1]
@@ -308,7 +309,7 @@ def run_worker(cfg: dict[str, Any]) -> dict[str, Any]:
             conn.wait, conn.period, conn.party = wait * n, period, n
             waiters.append((conn, rng.random() * period))
 
-    for key in names["watches"]:  # re-armed once an hour: no traffic, but server entries
+    for key in names["watches"]:  # re-armed once a week: no traffic, but server entries
         add_waiters(enc_wait(key), last - first, WATCH_SHARE, cfg["watch_chunk"])
     if rank_waits:
         add_waiters(

@@ -9,7 +9,9 @@ is watched by exactly one other, and store load is two requests per node per
 interval. The claims that say a slot ended are read only when they can have
 changed something: the watched counter stood still; this watch's first beat
 (a store that failed over keeps the claims, not the counters); and this
-slot's own claim once every ``OWN_CLAIM_EVERY`` beats besides. A slot that
+slot's own claim once every ``OWN_CLAIM_EVERY`` beats besides, in place of
+that beat's look at the watched slot (which waits one interval), so that
+every beat after the first sends two requests at most. A slot that
 never beat is given ``startup_s`` (the store timeout: how long a node may
 take to reach the store) before it is reported.
 
@@ -103,11 +105,14 @@ class NodeWatch(threading.Thread):
         count = int(store.add(node_keys.alive(self.own), 1))
         self._beats += 1
         fenced = count >= node_keys.FENCE
-        if not fenced and (self._beats - 1) % OWN_CLAIM_EVERY == 0:  # the first beat, then rarely
+        own_claim = (self._beats - 1) % OWN_CLAIM_EVERY == 0  # the first beat, then rarely
+        if not fenced and own_claim:
             fenced = int(store.add(node_keys.claim(self.own), 0)) > 0
         if fenced:
             self._send({"event": "fenced", "slot": self.own})
             return False
+        if own_claim and self._beats > 1:
+            return True  # the claim was this beat's second request: the ring's look waits a beat
         ring = self.ring
         while ring.target is not None:
             beats = int(store.add(node_keys.alive(ring.target), 0))

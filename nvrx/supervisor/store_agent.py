@@ -28,8 +28,9 @@ import threading
 from datetime import timedelta
 from typing import Any
 
-#: A watch waits in chunks of this length so a wait never depends on the client's timeout.
-_WATCH_CHUNK = timedelta(hours=1)
+#: A watch waits in chunks of this length so a wait never depends on the client's timeout;
+#: a renewal is one request per week (torch's client takes at most 24 days: a 32-bit poll).
+_WATCH_CHUNK = timedelta(days=7)
 
 
 class _Agent:

@@ -161,9 +161,33 @@ def test_a_node_watch_sends_two_requests_per_beat_and_still_sees_ends(monkeypatc
     store.requests = 0
     clock[0] += 1.0
     assert watch._tick(store)
+    # beat OWN_CLAIM_EVERY + 1 reads its own claim in place of slot 1's count: two requests
+    assert watch.ring.target == 1 and store.requests == 2
+    store.requests = 0
+    clock[0] += 1.0
+    assert watch._tick(store)
     assert watch.ring.target == 2 and sent == []
-    # beat OWN_CLAIM_EVERY + 1 read its own claim; slot 1's stood still: its claim and slot 2's count
-    assert store.requests == 1 + 1 + 2 + 1
+    # the next beat: slot 1's count stood still, so its claim, then slot 2's count
+    assert store.requests == 1 + 2 + 1
+
+
+def test_no_beat_after_the_first_sends_more_than_two_requests(monkeypatch) -> None:
+    """While the watched slot beats, store load is two requests per node per interval, the rare
+    own-claim read included; its silence is still reported."""
+    from nvrx.supervisor import node_keys, node_watch
+
+    watch, store, sent, clock = _watch(monkeypatch)
+    assert watch._tick(store)
+    for beat in range(3 * node_watch.OWN_CLAIM_EVERY):
+        store.requests = 0
+        clock[0] += 1.0
+        store.store.add(node_keys.alive(1), 1)  # slot 1 beats
+        assert watch._tick(store)
+        assert store.requests == 2, beat
+    for _ in range(6):  # slot 1 falls silent (timeout 4 s): its claim is read too meanwhile
+        clock[0] += 1.0
+        assert watch._tick(store)
+    assert [(r["event"], r["slot"]) for r in sent] == [("node_silent", 1)]
 
 
 def test_a_slot_declared_lost_learns_it_from_its_own_next_beat(monkeypatch) -> None:
