@@ -83,7 +83,7 @@ class _File:
         rnd_text = "null" if rnd is None else str(rnd)
         tail = "," + extra if extra else ""
         self.lines.append(
-            f'{{"v":1,"kind":"{kind}",{self.host.stamp(t)},{self.common},"round":{rnd_text}{tail}}}\n'
+            f'{{"kind":"{kind}","v":1,{self.host.stamp(t)},{self.common},"round":{rnd_text}{tail}}}\n'
         )
 
     def write(self) -> int:

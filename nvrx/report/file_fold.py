@@ -24,7 +24,7 @@ from nvrx.events.validation import (
 )
 
 from .file_summary import Ev, FileSummary
-from .kind_handlers import DISPATCH, UNHANDLED, KindHandlers, OInt, OStr
+from .kind_handlers import DISPATCH, UNHANDLED, KindHandlers, OInt, OStr, phase_ended
 from .parts import RoundState
 from .typed_events import RECORD_TYPES
 from .values import as_int, as_str, num
@@ -196,7 +196,7 @@ class FileFolder(KindHandlers):
     def fold_records(self, records: Sequence[Any]) -> None:
         """``fold`` for a file's records (``typed_events``): their common fields were checked as
         they were decoded, and every kind is known, so nothing is checked here."""
-        dispatch = _RECORD_DISPATCH
+        dispatch, phase_type = _RECORD_DISPATCH, RECORD_TYPES.get("restart_phase")
         first, last = self.first_wall, self.last_wall
         raw_seen, (host, node, rank) = self._raw, self._ctx
         rnd_seen, part = self._round, self._part
@@ -211,7 +211,8 @@ class FileFolder(KindHandlers):
                 first = wall
             if wall > last:
                 last = wall
-            handler, filed = dispatch[type(record)]
+            cls = type(record)
+            handler, filed = dispatch[cls]
             if filed and rnd is not rnd_seen and rnd != rnd_seen:
                 if part is not None:
                     _widen(part, part_first, part_last)
@@ -223,7 +224,10 @@ class FileFolder(KindHandlers):
                 part_first = wall
             if wall > part_last:
                 part_last = wall
-            if handler is not None:
+            if cls is phase_type:  # half the events: the handler's work, without the handler
+                if part is not None:
+                    phase_ended(part, record.phase, record.duration_s, record.ok)
+            elif handler is not None:
                 handler(self, record, part, rank, node, host, wall)
         if part is not None:
             _widen(part, part_first, part_last)

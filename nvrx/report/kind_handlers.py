@@ -41,6 +41,20 @@ def _seconds(value: Any) -> float | None:
     return seconds(value)
 
 
+def phase_ended(part: RoundState, phase: Any, duration: Any, ok: Any) -> None:
+    """A ``restart_phase`` event's fields noted in its round's state (half the events of a big
+    job: ``FileFolder.fold_records`` calls this straight)."""
+    if type(phase) is not str:
+        phase = as_str(phase)
+        if phase is None:
+            return
+    duration = _seconds(duration)
+    if duration is not None and duration > part.phases.get(phase, -1.0):
+        part.phases[phase] = duration
+    if ok is False:
+        part.failed_phases.add(phase)
+
+
 class KindHandlers:
     """The per-kind part of folding one file's events into summary ``s``; ``FileFolder``,
     which reads the events and calls these, explains the arguments."""
@@ -173,16 +187,8 @@ class KindHandlers:
             self.s.told_types.add(exc_type)
 
     def restart_phase(self, e: Ev, part: Part, rank: OInt, node: OInt, host: OStr, wall: OFloat) -> None:
-        phase = e.get("phase")
-        if type(phase) is not str:
-            phase = as_str(phase)
-        if part is None or phase is None:
-            return
-        duration = _seconds(e.get("duration_s"))
-        if duration is not None and duration > part.phases.get(phase, -1.0):
-            part.phases[phase] = duration
-        if e.get("ok") is False:
-            part.failed_phases.add(phase)
+        if part is not None:
+            phase_ended(part, e.get("phase"), e.get("duration_s"), e.get("ok"))
 
     def ranks_terminated(self, e: Ev, part: Part, rank: OInt, node: OInt, host: OStr, wall: OFloat) -> None:
         ranks = e.get("ranks")

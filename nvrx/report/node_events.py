@@ -58,7 +58,10 @@ def kept_node_event(e: dict[str, Any], host: str | None, file_host: str | None) 
     """What the report keeps of per-node event ``e`` whose writer's host is ``host`` (None: it
     names none, and the file's ``file_host`` stands in)."""
     kept = {k: e[k] for k in NODE_COMMON_FIELDS if k in e}
-    kept.update((k, make(e[k])) for k, make in NODE_OWN_FIELDS.items() if k in e)
+    for k, value in e.items():  # an event holds a few of the own fields
+        make = NODE_OWN_FIELDS.get(k)
+        if make is not None:
+            kept[k] = make(value)
     if host is None:
         kept.pop("host", None)
         if file_host is not None:
