@@ -16,7 +16,7 @@ on a machine shared with other work it varies far less than the wall time.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
+import importlib
 import os
 import resource
 import subprocess
@@ -48,13 +48,15 @@ def _tree_rss(proc: psutil.Process) -> int:
 
 
 def parsers() -> str:
-    """Which of the report's optional parsers (``nvrx[fast]``) this Python has."""
+    """Which of the report's optional parsers (``nvrx[fast]``) this Python can import."""
     found = []
     for name, use in (("msgspec", "rank files, as typed records"), ("orjson", "other files")):
         try:
-            found.append(f"{name} {importlib.metadata.version(name)} ({use})")
-        except importlib.metadata.PackageNotFoundError:
+            module = importlib.import_module(name)
+        except ImportError:
             found.append(f"no {name}")
+            continue
+        found.append(f"{name} {getattr(module, '__version__', '?')} ({use})")
     return ", ".join(found) + "; damaged files: the standard library's json"
 
 

@@ -36,14 +36,14 @@ a real ``nvrx.store.barrier`` participant). What each simulated party sends, per
     node's store agent does, without the rare read of its own claim.
 
 In every pattern each node also holds the store agent's key watches (one connection each,
-a ``wait`` on the stop key and on the next job restart, re-armed once a week).
+a ``wait`` on the stop key and on the next job restart, re-armed once a day).
 
 Realistic where it matters for the server: every waiting party (a monitor thread, a
 watch, a barrier participant) has a connection of its own, because the server keeps one
 waiter entry per connection (a CANCEL_WAIT walks every waiter of the store). The short
 request chains (heartbeats, node ticks) share a pool of connections per worker, each
 with at most one request in flight (as a real client: no pipelining), started at each
-party's own phase in the interval. The key watches, re-armed once a week, are put 64 to
+party's own phase in the interval. The key watches, re-armed once a day, are put 64 to
 a connection (the server keeps one entry per wait all the same). The server process can
 hold no more connections than the open-files limit (raised to its hard limit; a real job
 would need about 3 per rank today): where the parties do not fit, barrier ranks share
@@ -100,7 +100,7 @@ import private_netns  # noqa: E402
 TARGET_REQ_PER_NODE = 2.0
 TARGET_BARRIER_P99_S = 0.150
 TARGET_BARRIER_NODES = 1024
-WATCH_SHARE = 64  # key watches per connection: each is re-armed once a week only
+WATCH_SHARE = 64  # key watches per connection: each is re-armed once a day only
 RESERVED_FDS = 256  # the server's own descriptors, the probe, the snapshot keeper
 PROBE_EVERY_S = 0.02
 PATTERNS = ("per-rank", "per-node", "product")
@@ -309,7 +309,7 @@ def run_worker(cfg: dict[str, Any]) -> dict[str, Any]:
             conn.wait, conn.period, conn.party = wait * n, period, n
             waiters.append((conn, rng.random() * period))
 
-    for key in names["watches"]:  # re-armed once a week: no traffic, but server entries
+    for key in names["watches"]:  # re-armed once a day: no traffic, but server entries
         add_waiters(enc_wait(key), last - first, WATCH_SHARE, cfg["watch_chunk"])
     if rank_waits:
         add_waiters(

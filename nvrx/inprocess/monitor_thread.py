@@ -39,12 +39,13 @@ DONE = "done"  # value of the interrupted key when a round completed without a f
 #: thread itself to end (it runs ``abort``) before the restart goes on.
 RESTART_WAIT_S = 60.0
 
-#: The monitor thread renews its store wait this often: once a week, so that the
-#: renewals add nothing to the store's load that counts. Nothing wakes it this way
-#: (the interrupted key does); it only bounds a thread left behind by a rank that
-#: left without interrupting its round (``MonitorThread.finish``). At most 24 days:
-#: torch's client polls with a 32-bit millisecond timeout.
-WAIT_CHUNK_S = 7 * 24 * 3600.0
+#: The monitor thread renews its store wait this often: once a day, so that the
+#: renewals add nothing that counts to the store's load, and its connection is never
+#: idle for the five days after which a stateful firewall (Linux conntrack) forgets
+#: it. Nothing wakes it this way (the interrupted key does); it only bounds a thread
+#: left behind by a rank that left without interrupting its round
+#: (``MonitorThread.finish``).
+WAIT_CHUNK_S = 24 * 3600.0
 
 #: How long ``MonitorThread.finish`` waits for a thread that has not woken yet.
 WAKE_WAIT_S = 5.0

@@ -1,8 +1,8 @@
 """Finding a job's event files and reading them quickly, without ever writing to them.
 
 The fast path parses a whole well-formed file at once, one JSON value per line (the
-report reads millions of events), with ``orjson`` where it is installed (``pip
-install 'nvrx[fast]'``) and the standard library's ``json``
+report reads millions of events), with msgspec or orjson where one is installed
+(``pip install 'nvrx[fast]'``) and the standard library's ``json``
 otherwise; any file that is not perfectly formed goes
 through the tolerant ``nvrx.events.reader.iter_file`` instead, which skips and
 records torn, merged and malformed lines, and events whose common fields are
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import sys
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
@@ -30,10 +32,22 @@ from nvrx.events.reader import (
 from nvrx.events.schema import KINDS
 from nvrx.events.validation import all_usual, usable_event
 
-try:  # optional: the same values, parsed faster
-    from orjson import loads as parse_json
+
+def parse_text(line: bytes) -> Any:
+    """One line parsed by the standard library, decoded strictly as UTF-8 first, as the reader
+    decodes it (``json.loads`` would guess an encoding, and pass a BOM or UTF-16)."""
+    return json.loads(line.decode("utf-8"))
+
+
+# Optional, the same values parsed faster: msgspec (it keeps integers beyond 64 bits exact),
+# else orjson (it makes them floats).
+try:
+    from msgspec.json import decode as parse_json
 except ImportError:  # pragma: no cover - depends on the environment
-    parse_json = json.loads
+    try:
+        from orjson import loads as parse_json
+    except ImportError:
+        parse_json = parse_text
 
 
 _KIND = itemgetter("kind")
@@ -63,13 +77,40 @@ def read_whole_lines(path: str | os.PathLike[str]) -> bytes | None:
     return data if data.endswith(b"\n") else None
 
 
+#: Brackets a line may hold before the fast parsers leave it to the reader: the standard
+#: library's parser fails near ``sys.getrecursionlimit()`` levels deep, orjson at 1024.
+NESTING_BOUND = 500
+
+
+def split_lines(data: bytes) -> list[bytes] | None:
+    """The lines of whole lines ``data`` (``read_whole_lines``), each to be parsed on its own; None
+    when one holds what the reader alone can judge: values nested hundreds deep, or an integer of
+    more digits than Python reads (``sys.get_int_max_str_digits``). The reader skips such a line;
+    a fast parser might read it, or drop the field unread."""
+    lines = data[:-1].split(b"\n")
+    if max(map(len, lines)) < 2 * NESTING_BOUND:  # the usual file: no line long enough for either
+        return lines
+    digits = sys.get_int_max_str_digits()
+    too_many = re.compile(rb"[0-9]{%d}" % (digits + 1)) if digits else None
+    for line in lines:
+        if len(line) >= 2 * NESTING_BOUND and (
+            line.count(b"[") + line.count(b"{") >= NESTING_BOUND
+            or (too_many is not None and len(line) > digits and too_many.search(line))
+        ):
+            return None
+    return lines
+
+
 def parse_lines(data: bytes) -> list[Any] | None:
     """The values of whole lines ``data`` (``read_whole_lines``), one per line, unchecked; None
-    when a line is not exactly one JSON value (blank, torn over lines, or merged with another:
-    the tolerant reader's to read)."""
+    when a line is not exactly one JSON value (blank, torn over lines, or merged with another)
+    or is one the reader alone can judge (``split_lines``)."""
+    lines = split_lines(data)
+    if lines is None:
+        return None
     try:
-        return list(map(parse_json, data[:-1].split(b"\n")))
-    except (ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
+        return list(map(parse_json, lines))
+    except (ValueError, RecursionError):
         return None
 
 

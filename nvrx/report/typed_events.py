@@ -25,6 +25,8 @@ from typing import Annotated, Any, Union
 from nvrx.events.schema import COMMON_FIELDS, KINDS
 from nvrx.events.validation import MAX_ID, MAX_MONO, MAX_VERSION, MAX_WALL
 
+from .loading import split_lines
+
 try:  # optional: without it every file is read as dicts
     import msgspec
 except ImportError:  # pragma: no cover - depends on the environment
@@ -107,11 +109,15 @@ def _utf8(data: bytes) -> bool:
 def decode_records(data: bytes) -> list[Any] | None:
     """The records of a well-formed file's bytes, one per line, in file order; None without
     msgspec, or when a line is not exactly one usual event of ``RANK_KINDS`` (a blank line, an
-    event torn over lines or merged with another: all for the reader)."""
+    event torn over lines or merged with another: all for the reader), or is one the reader
+    alone can judge (``loading.split_lines``)."""
     if _DECODER is None or not data.endswith(b"\n") or not _utf8(data):
         return None
+    lines = split_lines(data)
+    if lines is None:
+        return None
     try:
-        return list(map(_DECODER.decode, data[:-1].split(b"\n")))
+        return list(map(_DECODER.decode, lines))
     except (ValueError, RecursionError):  # msgspec's errors are ValueErrors
         return None
 

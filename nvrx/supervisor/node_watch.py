@@ -11,9 +11,9 @@ changed something: the watched counter stood still; this watch's first beat
 (a store that failed over keeps the claims, not the counters); and this
 slot's own claim once every ``OWN_CLAIM_EVERY`` beats besides, in place of
 that beat's look at the watched slot (which waits one interval), so that
-every beat after the first sends two requests at most. A slot that
-never beat is given ``startup_s`` (the store timeout: how long a node may
-take to reach the store) before it is reported.
+while the watched slot beats every beat after the first sends two requests.
+A slot that never beat is given ``startup_s`` (the store timeout: how long a
+node may take to reach the store) before it is reported.
 
 A store host that freezes (a hung node) does not reset its connections, and
 torch's store client may then block far longer than its timeout: a watchdog

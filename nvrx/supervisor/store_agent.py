@@ -28,9 +28,10 @@ import threading
 from datetime import timedelta
 from typing import Any
 
-#: A watch waits in chunks of this length so a wait never depends on the client's timeout;
-#: a renewal is one request per week (torch's client takes at most 24 days: a 32-bit poll).
-_WATCH_CHUNK = timedelta(days=7)
+#: A watch waits in chunks of this length so a wait never depends on the client's timeout.
+#: A day: the renewals add nothing that counts to the store's load, and a connection is never
+#: idle for the five days after which a stateful firewall (Linux conntrack) forgets it.
+_WATCH_CHUNK = timedelta(days=1)
 
 
 class _Agent:

@@ -87,7 +87,7 @@ def test_a_thread_that_nobody_wakes_is_left_to_its_renewal(base, monkeypatch):
 
 def test_a_fault_wakes_the_thread_on_torchs_legacy_store_server():
     """torch's legacy TCPStore backend answers a ``compare_set`` without waking waiters:
-    the interruption must still end the one wait (not its renewal, minutes later)."""
+    the interruption must still end the one wait (not its renewal, a day later)."""
     import torch.distributed as dist
 
     server = dist.TCPStore(

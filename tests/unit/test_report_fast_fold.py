@@ -97,14 +97,17 @@ KEPT = {
 }
 
 
-@pytest.fixture(autouse=True, params=["records", "dicts"])
+@pytest.fixture(autouse=True, params=["records", "dicts", "stdlib dicts"])
 def fast_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each test twice: rank files decoded into typed records (``typed_events``, with msgspec),
-    and every file parsed into dicts and checked as folded (as without msgspec)."""
+    """Each test three times: rank files decoded into typed records (``typed_events``, with
+    msgspec); every file parsed into dicts by the fastest parser installed and checked as folded;
+    the same with the standard library's parser (as without ``nvrx[fast]``)."""
     if request.param == "records" and not typed_events.RECORD_TYPES:
         pytest.skip("msgspec is not installed (pip install 'nvrx[fast]')")
-    if request.param == "dicts":
+    if request.param != "records":
         monkeypatch.setattr(summarize, "decode_records", lambda data: None)
+    if request.param == "stdlib dicts":
+        monkeypatch.setattr(loading, "parse_json", loading.parse_text)
     return request.param
 
 
@@ -199,6 +202,21 @@ LINE_DAMAGE = {
     "bytes that are not UTF-8 in a field the report does not read": lambda lines, i: [
         *lines[:i], lines[i][:-1] + ', "note": "\udcff"}', *lines[i + 1 :]
     ],
+    "values nested 1,000 deep in a field the report does not read": lambda lines, i: [
+        *lines[:i], lines[i][:-1] + ', "note": ' + "[" * 1000 + "]" * 1000 + "}", *lines[i + 1 :]
+    ],
+    "values nested 600 deep in a field the report does not read": lambda lines, i: [
+        *lines[:i], lines[i][:-1] + ', "note": ' + "[" * 600 + "]" * 600 + "}", *lines[i + 1 :]
+    ],
+    "an integer of 5,000 digits in a field the report does not read": lambda lines, i: [
+        *lines[:i], lines[i][:-1] + ', "note": ' + "9" * 5000 + "}", *lines[i + 1 :]
+    ],
+    "a line that starts with a byte order mark": lambda lines, i: [
+        *lines[:i], "\ufeff" + lines[i], *lines[i + 1 :]
+    ],
+    "a surrogate written as raw bytes in a field the report does not read": lambda lines, i: [
+        *lines[:i], lines[i][:-1] + ', "note": "\udced\udca0\udc80"}', *lines[i + 1 :]
+    ],
 }  # fmt: skip
 
 
@@ -214,8 +232,15 @@ def test_a_file_whose_lines_are_not_one_event_each_is_read_as_the_reader_reads_i
     damaged = "\n".join(LINE_DAMAGE[name](lines, 1)) + "\n"
     victim.write_bytes(damaged.encode("utf-8", "surrogateescape"))
     fast, fast_rounds = _report(tmp_path), _rounds(tmp_path)
-    skipped = {"a blank line": 0, "bytes that are not UTF-8 in a field the report does not read": 1}
-    assert fast["reading"]["skipped_count"] == skipped.get(name, 2)  # lines, as the reader counts
+    skipped = {  # lines, as the reader counts them
+        "a blank line": 0,
+        "values nested 600 deep in a field the report does not read": 0,
+        "a line that starts with a byte order mark": 1,
+        **dict.fromkeys(
+            [name for name in LINE_DAMAGE if "does not read" in name and "600" not in name], 1
+        ),
+    }
+    assert fast["reading"]["skipped_count"] == skipped.get(name, 2)
     _careful(monkeypatch)
     assert fast == _report(tmp_path)
     assert fast_rounds == _rounds(tmp_path)

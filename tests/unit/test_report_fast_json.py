@@ -1,10 +1,12 @@
-"""The report's optional JSON parser (orjson, ``nvrx[fast]``) reads what the standard library
-reads: the same events from well-formed files, the same fallback to the tolerant reader for
-files it refuses (values outside JSON), and the same report. One difference: an integer beyond
-64 bits becomes a float; the report takes neither form as a count or a time."""
+"""The report's optional JSON parsers (msgspec, else orjson: ``nvrx[fast]``) read what the
+standard library reads: the same events from well-formed files, the same fallback to the tolerant
+reader for files they refuse (values outside JSON), and the same report. One difference, orjson's
+alone: an integer beyond 64 bits becomes a float; the report takes neither form as a count or a
+time."""
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
@@ -14,7 +16,16 @@ from test_report_fixtures import write_standard_job
 from nvrx.events.reader import ReadStats
 from nvrx.report import build_report, loading
 
-orjson = pytest.importorskip("orjson", reason="orjson is not installed (pip install 'nvrx[fast]')")
+PARSERS = {"msgspec": "msgspec.json:decode", "orjson": "orjson:loads"}
+
+
+@pytest.fixture(params=sorted(PARSERS))
+def fast_parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each fast parser in turn, where installed, in place of whichever ``loading`` chose."""
+    module, name = PARSERS[request.param].split(":")
+    parser = getattr(pytest.importorskip(module, reason=f"{module} is not installed"), name)
+    monkeypatch.setattr(loading, "parse_json", parser)
+    return request.param
 
 
 def _read_all(directory: Path) -> tuple[list[list[dict]], ReadStats]:
@@ -22,8 +33,16 @@ def _read_all(directory: Path) -> tuple[list[list[dict]], ReadStats]:
     return [loading.read_events(p, stats) for p in sorted(directory.glob("*.jsonl"))], stats
 
 
-def test_orjson_is_the_parser_when_installed() -> None:
-    assert loading.parse_json is orjson.loads
+def test_the_fastest_installed_parser_is_the_one_used() -> None:
+    for name in sorted(PARSERS):  # msgspec before orjson
+        module, attribute = PARSERS[name].split(":")
+        try:
+            parser = getattr(importlib.import_module(module), attribute)
+        except ImportError:
+            continue
+        assert loading.parse_json is parser
+        return
+    assert loading.parse_json is loading.parse_text
 
 
 def _with_odd_value(directory: Path, odd: str, field: str = "note") -> None:
@@ -36,25 +55,33 @@ def _with_odd_value(directory: Path, odd: str, field: str = "note") -> None:
 
 
 @pytest.mark.parametrize("odd", ["NaN", "1e400", '"\\ud800"'])
-def test_both_parsers_read_the_same_events(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, odd: str) -> None:
+def test_both_parsers_read_the_same_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, odd: str, fast_parser: str
+) -> None:
     write_standard_job(tmp_path)
     _with_odd_value(tmp_path, odd)
     fast, fast_stats = _read_all(tmp_path)
-    monkeypatch.setattr(loading, "parse_json", json.loads)
+    monkeypatch.setattr(loading, "parse_json", loading.parse_text)
     slow, slow_stats = _read_all(tmp_path)
-    assert json.dumps(fast, sort_keys=True, default=repr) == json.dumps(slow, sort_keys=True, default=repr)
-    assert (fast_stats.files, fast_stats.events, fast_stats.skipped) == (slow_stats.files, slow_stats.events, slow_stats.skipped)
+    assert json.dumps(fast, sort_keys=True, default=repr) == json.dumps(
+        slow, sort_keys=True, default=repr
+    )
+    assert (fast_stats.files, fast_stats.events, fast_stats.skipped) == (
+        slow_stats.files,
+        slow_stats.events,
+        slow_stats.skipped,
+    )
 
 
 @pytest.mark.parametrize("odd", [None, str(2**70)])
 def test_the_report_is_the_same_with_either_parser(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, odd: str | None
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, odd: str | None, fast_parser: str
 ) -> None:
     write_standard_job(tmp_path)
     if odd is not None:  # beyond 64 bits: orjson reads a float, json an int
         _with_odd_value(tmp_path, odd, "exit_code")
     fast = build_report(tmp_path, sacct=False).to_dict()
-    monkeypatch.setattr(loading, "parse_json", json.loads)
+    monkeypatch.setattr(loading, "parse_json", loading.parse_text)
     slow = build_report(tmp_path, sacct=False).to_dict()
     fast.pop("generated_at", None), slow.pop("generated_at", None)
     assert fast == slow
