@@ -50,7 +50,11 @@ def _tree_rss(proc: psutil.Process) -> int:
 def parsers() -> str:
     """Which of the report's optional parsers (``nvrx[fast]``) this Python can import."""
     found = []
-    for name, use in (("msgspec", "rank files, as typed records"), ("orjson", "other files")):
+    uses = (
+        ("msgspec", "rank files as typed records, other files as dicts"),
+        ("orjson", "other files as dicts where msgspec is missing"),
+    )
+    for name, use in uses:
         try:
             module = importlib.import_module(name)
         except ImportError:

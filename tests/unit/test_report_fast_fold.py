@@ -246,6 +246,31 @@ def test_a_file_whose_lines_are_not_one_event_each_is_read_as_the_reader_reads_i
     assert fast_rounds == _rounds(tmp_path)
 
 
+def test_an_integer_longer_than_a_lowered_digit_limit_is_judged_by_the_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python reads integers of at most ``sys.get_int_max_str_digits()`` digits, which may be set
+    as low as 640: a shorter line than any nested one can then hold one the reader refuses."""
+    write_standard_job(tmp_path)
+    victim = next(
+        p for p in sorted(tmp_path.glob("wrapper-*.jsonl")) if '"rank":1,' in p.read_text()
+    )
+    lines = victim.read_text().splitlines()
+    lines[1] = lines[1][:-1] + ', "note": ' + "9" * 700 + "}"
+    assert len(lines[1]) < 2 * loading.NESTING_BOUND
+    victim.write_text("\n".join(lines) + "\n")
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(640)
+    try:
+        fast, fast_rounds = _report(tmp_path), _rounds(tmp_path)
+        assert fast["reading"]["skipped_count"] == 1
+        _careful(monkeypatch)
+        assert fast == _report(tmp_path)
+        assert fast_rounds == _rounds(tmp_path)
+    finally:
+        sys.set_int_max_str_digits(limit)
+
+
 def test_a_file_damaged_at_its_end_is_not_folded_twice(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
