@@ -52,7 +52,7 @@ def parsers() -> str:
     found = []
     uses = (
         ("msgspec", "rank files as typed records, other files as dicts"),
-        ("orjson", "other files as dicts where msgspec is missing"),
+        ("orjson", "every file as dicts where msgspec is missing"),
     )
     for name, use in uses:
         try:

@@ -94,7 +94,8 @@ def split_lines(data: bytes) -> list[bytes] | None:
     shortest_suspect = min(2 * NESTING_BOUND, digits + 1) if digits else 2 * NESTING_BOUND
     if max(map(len, lines)) < shortest_suspect:  # the usual file: no line long enough for either
         return lines
-    too_many = re.compile(rb"[0-9]{%d}" % (digits + 1)) if digits else None
+    # (the look-behind starts each try at a run's start: no quadratic search inside long runs)
+    too_many = re.compile(rb"(?<![0-9])[0-9]{%d}" % (digits + 1)) if digits else None
     for line in lines:
         if len(line) >= 2 * NESTING_BOUND and line.count(b"[") + line.count(b"{") >= NESTING_BOUND:
             return None

@@ -246,6 +246,9 @@ def test_a_file_whose_lines_are_not_one_event_each_is_read_as_the_reader_reads_i
     assert fast_rounds == _rounds(tmp_path)
 
 
+@pytest.mark.skipif(
+    not hasattr(sys, "set_int_max_str_digits"), reason="Python before 3.10.7 has no digit limit"
+)
 def test_an_integer_longer_than_a_lowered_digit_limit_is_judged_by_the_reader(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
