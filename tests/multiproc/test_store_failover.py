@@ -198,7 +198,9 @@ def test_a_job_that_shrank_then_loses_the_store_host_goes_on_smaller_still(
         if not lost:
             return False
         declared = lost[0]["wall"]
-        return 4 in _world_sizes_after(job, declared) and any(
+        # Any round at world size 4: the survivors may start it a few ms before the declaring
+        # supervisor writes its node_lost event (the job only shrinks from 5).
+        return 4 in _world_sizes_after(job, 0.0) and any(
             e["wall"] > declared + 1.5  # past the snapshot's lag
             for e in job.events("progress", component="app")
         )
