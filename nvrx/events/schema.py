@@ -55,6 +55,8 @@ KINDS: dict[str, dict[str, str]] = {
         "signature": "stable failure signature (type + innermost user frame, or signal/exit code)",
         "detected_mono": "monotonic time when the fault was detected on this host",
         "detection_s": "seconds from the fault to its detection, when known",
+        "local_rank": "local rank of the faulted child (supervisor, unresponsive)",
+        "child_pid": "pid of the faulted child (supervisor, unresponsive)",
     },
     "restart_phase": {
         "phase": "initial_barrier | last_call_wait (older versions) | abort | finalize | health_check | "
@@ -71,6 +73,8 @@ KINDS: dict[str, dict[str, str]] = {
         "old_rank": "rank before assignment",
         "new_rank": "rank after assignment (null when terminated)",
         "active": "whether the rank runs the function",
+        "active_rank": "the rank's active rank after assignment, or null when a spare",
+        "world_size": "ranks in the job after assignment",
     },
     "ranks_terminated": {"ranks": "ranks removed from the job this round (list of int)"},
     "hang": {
@@ -95,12 +99,15 @@ KINDS: dict[str, dict[str, str]] = {
         "action": "ExcludeThisNode | ShutdownWorkload | Continue",
         "description": "why, as the rank said",
         "local_rank": "local rank of the requesting child",
+        "child_pid": "pid of the requesting child",
     },
     "non_retryable": {
         "pattern": "the pattern of --ft-non-retryable-exception-file that matched",
         "line": "the line of the exception text that holds it",
         "source": "error file | events: where the exception text came from",
         "global_rank": "rank that failed",
+        "local_rank": "local rank of the failed child",
+        "child_pid": "pid of the failed child",
     },
     "timeouts_set": {
         "source": "config | restored (at init_workload_monitoring) | computed: where the timeouts in force came from",
@@ -126,7 +133,11 @@ KINDS: dict[str, dict[str, str]] = {
         "loop_breaker": "same-signature failures in a row that stop the job",
         "supervisor_pid": "pid of the supervisor",
     },
-    "store_start": {"addr": "bind address", "port": "bind port"},
+    "store_start": {
+        "addr": "bind address",
+        "port": "bind port",
+        "restored_keys": "job-level keys restored from the job directory's snapshot (after a failover)",
+    },
     "store_end": {"reason": "why the store service stopped"},
     "child_start": {
         "local_rank": "local rank of the child",
@@ -160,6 +171,8 @@ KINDS: dict[str, dict[str, str]] = {
         "reason": "why",
         "budget_left": "job-wide restarts left after this decision",
         "signature": "failure signature that counted towards the loop breaker",
+        "global_rank": "RANK of the failed child",
+        "scope": "rank (this child alone) | job (every rank of the job together, any-failed)",
     },
     "rejoin": {
         "local_rank": "local rank (supervisor side)",
@@ -186,6 +199,14 @@ KINDS: dict[str, dict[str, str]] = {
         "lost_slot": "slot of the lost node it replaces",
         "wait_s": "seconds from the loss being declared to the takeover",
     },
+    "store_failover": {
+        "epoch": "store failovers so far in this job, this one included",
+        "old_store": "host:port of the store that was lost",
+        "new_store": "host:port of the store now serving the job",
+        "successor": "slot of the supervisor that hosts the new store",
+        "lost_slot": "slot of the lost store host",
+        "duration_s": "seconds from this supervisor seeing the store lost to the new store serving it",
+    },
     "signal_received": {"signal": "signal name", "action": "what the receiver does about it"},
     "job_stop": {"reason": "why the job stops", "exit_code": "exit code the supervisor returns"},
     "supervisor_end": {"exit_code": "exit code", "reason": "why"},
@@ -208,6 +229,8 @@ KINDS: dict[str, dict[str, str]] = {
         "cause": "preemption | time_limit | node_failure",
         "count": "requeues so far (null when not counted)",
         "excluded": "nodes the requeued job may not run on (node_failure)",
+        "run": "which run of the job asked for the requeue (0 = the first submission)",
+        "issued_by": "nvrx (the supervisor called scontrol requeue) | slurm (SLURM requeued it)",
     },
     # -- application progress (demo, examples) ---------------------------
     "progress": {"step": "training step reached", "loss": "loss value, when known"},

@@ -269,3 +269,21 @@ DISPATCH: dict[str, tuple[Handler, bool]] = {
     "supervisor_start": (KindHandlers.supervisor_start, False),
 }
 UNHANDLED: tuple[Handler | None, bool] = (None, True)
+#: Declared kinds the report does not summarize, each with the reason. Their events still
+#: count as activity of the round they are filed under. Every kind of ``schema.KINDS`` is
+#: in ``DISPATCH`` or here, never both.
+NOT_SUMMARIZED: dict[str, str] = {
+    "process_start": "a process's start is its file's first event; child_start tells more",
+    "process_end": "a process's end is its file's last event; child_exit tells how a child ended",
+    "rank_change": "round_start carries each rank's active rank and the round's world size",
+    "restarter_state": "the nested-restarter protocol for an outer restarter; rounds and "
+    "faults tell the same story",
+    "standby_start": "warm standby bookkeeping; child_start's warm tells whether one became a child",
+    "standby_ready": "warm standby bookkeeping; child_start's warm tells whether one became a child",
+    "timeouts_set": "the timeouts in force; a hang names the timeout that passed and its limit",
+    "workload_control": "what a request changes is a job stop, whose reason names the rank and "
+    "its request (job_stop); Continue changes nothing",
+    "non_retryable": "the job stop it causes names the rank, the line and the pattern (job_stop)",
+    "checkpoint": "the application's own record: activity of its round",
+    "progress": "the application's own record: activity of its round",
+}

@@ -167,6 +167,17 @@ class ProcessRestart:
 
 
 @dataclass
+class StoreFailover:
+    """The job's store moved to a successor after its host was lost (``store_failover``)."""
+
+    successor: int | None  # slot of the supervisor that hosts the new store
+    old_store: str | None  # host:port of the lost store
+    new_store: str | None  # host:port of the store serving the job since
+    epoch: int | None  # store failovers of the job so far, this one included
+    duration_s: float | None  # the successor's time from seeing the store lost to serving it
+
+
+@dataclass
 class NodeLoss:
     """A node its peers declared lost (its supervisor fell silent), and what followed."""
 
@@ -189,6 +200,7 @@ class NodeLoss:
     world_size: int | None  # world size of that round
     fenced: bool  # its supervisor came back, found itself declared lost, and stopped (exit 9)
     outcome: str  # what happened, in words
+    store_failover: StoreFailover | None = None  # the job's store moved off this node
 
     @property
     def start(self) -> float:

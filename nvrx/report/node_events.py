@@ -34,6 +34,7 @@ NODE_EVENT_KINDS = frozenset(
         "node_lost",
         "node_takeover",
         "job_restart",
+        "store_failover",
     }
 )
 #: Common fields of per-node events kept as read (the reader checked them).
@@ -43,10 +44,12 @@ NODE_OWN_FIELDS: dict[str, Callable[[Any], Any]] = {
     **dict.fromkeys(("local_rank", "child_pid", "attempt", "exit_code", "budget_left"), count),
     **dict.fromkeys(("count", "nnodes", "nproc_per_node", "global_rank", "spare_nodes"), count),
     **dict.fromkeys(("lost_node", "lost_slot", "seen_by", "replaced_by", "node_rank"), count),
-    **dict.fromkeys(("runtime_s", "wait_s", "silent_s"), seconds),
+    **dict.fromkeys(("runtime_s", "wait_s", "silent_s", "duration_s"), seconds),
     **dict.fromkeys(("signal", "decision", "reason", "signature", "action", "cause"), as_str),
     **dict.fromkeys(("lost_host", "files", "error_file", "phase", "scope"), as_str),
+    **dict.fromkeys(("old_store", "new_store"), as_str),
     "epoch": count,
+    "successor": count,
     "last_seen_wall": num,
     "slurm_state": str_dict,
     "ranks": int_list,

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .model import NodeLoss
+from .model import NodeLoss, StoreFailover
 from .node_events import STOP_KINDS
 from .process_rows import SAME_FAILURE_WINDOW_S
 from .round_windows import RoundWindows
@@ -102,6 +102,15 @@ def _training_nodes(job: JobSummary, run: int) -> int | None:
     return None
 
 
+def store_moved(move: StoreFailover) -> str:
+    """The failover in words: 'the store moved to slot 1 (host:port) in 0.8 s'."""
+    where = f"slot {move.successor}" if move.successor is not None else "a successor"
+    if move.new_store:
+        where += f" ({move.new_store})"
+    took = f" in {move.duration_s:.1f} s" if move.duration_s is not None else ""
+    return f"the job's store moved to {where}{took}"
+
+
 def _outcome(job: JobSummary, loss: NodeLoss, losses: list[NodeLoss]) -> str:
     if loss.action == "spare":
         return f"spare slot {loss.replaced_by} took over node rank {loss.node}"
@@ -163,12 +172,34 @@ def _followed(job: JobSummary, loss: NodeLoss, windows: RoundWindows) -> None:
         own_end = kind in STOP_KINDS and (run, slot) == (loss.run, loss.slot)
         if own_end and e.get("exit_code") == FENCED_EXIT and (e.get("wall") or 0.0) >= loss.start:
             loss.fenced = True
+    loss.store_failover = _store_failover(job, loss)
     recovered = _recovery(job, loss)
     if recovered is not None:
         loss.recovered_wall, loss.world_size = recovered
         loss.recovery_s = max(0.0, loss.recovered_wall - loss.start)
     silent = windows.round_at(loss.run, loss.start)
     loss.round = silent if silent is not None else windows.round_at(loss.run, loss.declared_wall)
+
+
+def _store_failover(job: JobSummary, loss: NodeLoss) -> StoreFailover | None:
+    """Where the store went when ``loss`` took its host: every survivor writes
+    ``store_failover``; the successor's own event is the one that says how long serving took."""
+    moves = [
+        e for e in job.node_events
+        if e.get("kind") == "store_failover" and e["run"] == loss.run
+        and loss.slot is not None and e.get("lost_slot") == loss.slot
+    ]  # fmt: skip
+    if not moves:
+        return None
+    own = [e for e in moves if e.get("node") == e.get("successor")]
+    e = min(own or moves, key=lambda e: e.get("wall") or 0.0)
+    return StoreFailover(
+        successor=e.get("successor"),
+        old_store=e.get("old_store"),
+        new_store=e.get("new_store"),
+        epoch=e.get("epoch"),
+        duration_s=e.get("duration_s"),
+    )
 
 
 def _end(job: JobSummary, loss: NodeLoss) -> float:
@@ -209,6 +240,8 @@ def node_losses(job: JobSummary) -> LossIndex:
         loss.outcome = _outcome(job, loss, index.losses)
         if loss.fenced:
             loss.outcome += "; its supervisor came back and was fenced off (exit 9)"
+        if loss.store_failover is not None:
+            loss.outcome += "; " + store_moved(loss.store_failover)
         index.windows.append((loss.start, _end(job, loss), loss))
     index.windows.sort(key=lambda w: (w[0], w[1]))
     if index.losses:

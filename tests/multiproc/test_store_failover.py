@@ -69,6 +69,16 @@ def test_losing_the_store_host_fails_over_and_the_job_completes(tmp_path: Path) 
     )
     assert address["slot"] == 1
     _no_process_left(killed)
+    report = build_report(job.log_dir / job.job_id, sacct=False)
+    (loss,) = report.node_losses
+    move = loss.store_failover
+    assert move is not None, report.to_text()
+    assert (move.successor, move.epoch, move.new_store) == (1, 1, failovers[0]["new_store"])
+    assert loss.outcome.startswith(
+        "spare slot 2 took over node rank 0; the job's store moved to slot 1 ("
+    ), report.to_text()
+    assert "the job's store moved to slot 1" in report.to_text()
+    assert "unknown to this nvrx" not in report.to_text()
 
 
 def _ready_for_failover(pid: int) -> dict[str, int]:
@@ -176,7 +186,10 @@ def test_losing_the_store_host_without_a_spare_shrinks_the_job(tmp_path: Path) -
     report = build_report(job.log_dir / job.job_id, sacct=False)
     (loss,) = report.node_losses
     assert (loss.node, loss.slot, loss.action) == (0, 0, "shrink")
-    assert loss.outcome == "job shrank to 2 nodes", report.to_text()
+    assert loss.outcome.startswith(
+        "job shrank to 2 nodes; the job's store moved to slot 1 ("
+    ), report.to_text()
+    assert loss.store_failover is not None and loss.store_failover.successor == 1
     assert loss.recovery_s is not None and loss.world_size == 4
     assert report.summary.restarts.node_loss == 1
 
@@ -225,7 +238,8 @@ def test_a_job_that_shrank_then_loses_the_store_host_goes_on_smaller_still(
     assert _world_sizes_after(job, switch) == {3}, output
     _no_process_left(first + second)
     report = build_report(job.log_dir / job.job_id, sacct=False)
-    assert [loss.outcome for loss in report.node_losses] == [
-        "job shrank to 4 nodes",
-        "job shrank to 3 nodes",
-    ], report.to_text()
+    outcomes = [loss.outcome for loss in report.node_losses]
+    assert outcomes[0] == "job shrank to 4 nodes", report.to_text()
+    assert outcomes[1].startswith(
+        "job shrank to 3 nodes; the job's store moved to slot 1 ("
+    ), report.to_text()

@@ -131,7 +131,12 @@ def test_losing_the_batch_and_store_host_fails_over(
     assert {(e["epoch"], e["lost_slot"]) for e in failovers} == {(1, 0)}
     lost = _events(job_dir, "node_lost")
     assert [(e["lost_host"], e["lost_node"], e["action"]) for e in lost] == [("node1", 0, "spare")]
-    assert "node1" in build_report(job_dir, sacct=False).to_text()
+    report = build_report(job_dir, sacct=False)
+    text = report.to_text()
+    (loss,) = report.node_losses
+    assert loss.host == "node1" and loss.store_failover is not None, text
+    assert loss.store_failover.successor == 1, text
+    assert "the job's store moved to slot 1" in text, text
     wait_until(
         "no process of ours",
         lambda: not _ours_left(job),

@@ -426,3 +426,42 @@ def test_a_last_seen_wall_beyond_any_clock_is_shown_not_fatal(tmp_path: Path) ->
     for fmt in ("table", "markdown", "json", "html"):
         assert report.to_text(fmt)
     assert "? (wall 1e+17)" in report.to_text("table")
+
+
+def test_a_store_failover_is_told_with_the_loss_of_its_host(tmp_path: Path) -> None:
+    """Slot 1 held the store when it was lost: both survivors write ``store_failover`` (each
+    with its own duration); the successor's (slot 0 here, the lowest survivor) is told."""
+    job = Job(tmp_path / "job", {0: "a", 1: "b", 2: "c"}, nnodes=3, spares=1)
+    _before_the_loss(job)
+    job.sup[2].at(DECLARED - 0.05, "node_takeover", node_rank=1, lost_slot=1, wait_s=0.004)
+    for rank in (2, 3):
+        job.start_rank(DECLARED - 0.04, rank, slot=2, node=1, attempt=1)
+    job.node_lost("spare", replaced_by=2)
+    for slot, took in ((2, 1.9), (0, 1.25)):
+        job.sup[slot].at(
+            DECLARED + 0.5, "store_failover", epoch=1, old_store="b:29501",
+            new_store="a:29511", successor=0, lost_slot=1, duration_s=took,
+        )  # fmt: skip
+    job.round_restart(DECLARED + 0.01, [0, 1])
+    job.round_start(17.6, 1, [0, 1, 2, 3])
+    job.complete(26.0, [0, 1, 2, 3])
+    report = job.close()
+    (loss,) = report.node_losses
+    move = loss.store_failover
+    assert move is not None
+    assert (move.successor, move.old_store, move.new_store, move.epoch, move.duration_s) == (
+        0, "b:29501", "a:29511", 1, 1.25,
+    )  # fmt: skip
+    expected = "spare slot 2 took over node rank 1; the job's store moved to slot 0 (a:29511) in 1.2 s"
+    assert loss.outcome == expected
+    text = report.to_text()
+    assert "the job's store moved to slot 0 (a:29511)" in text, text
+    assert "unknown to this nvrx" not in text, text
+    data = report.to_dict()
+    check_schema(data, json.loads(SCHEMA_PATH.read_text()))
+    assert data["node_losses"][0]["store_failover"]["new_store"] == "a:29511"
+
+
+def test_a_loss_without_a_store_failover_has_none(spare: Report) -> None:
+    assert spare.node_losses[0].store_failover is None
+    assert spare.to_dict()["node_losses"][0]["store_failover"] is None
