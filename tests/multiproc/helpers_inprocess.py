@@ -207,6 +207,14 @@ def _dying_at_the_first_restart(assignment: Any, raises: bool = False) -> Any:
     return DyingAssignment()
 
 
+def _wait_for_files(tmp: Path, pattern: str, count: int, what: str) -> None:
+    """Until ``count`` files match ``pattern`` in ``tmp``: what other ranks signal they reached."""
+    deadline = time.monotonic() + 30
+    while len(list(tmp.glob(pattern))) < count:
+        assert time.monotonic() < deadline, f"{what} never came ({pattern})"
+        time.sleep(0.01)
+
+
 def _rank_main(tmp: Path) -> int:
     import datetime
 
@@ -274,7 +282,7 @@ def _rank_main(tmp: Path) -> int:
         if fault == "sigkill_before_pg" and it < fault_rounds and initial_rank in fault_ranks:
             os.kill(os.getpid(), signal.SIGKILL)  # the others wait in init_process_group for it
         if it == 0 and initial_rank in params.get("late_to_pg", []):
-            time.sleep(5)  # a restart reaches it here, before its init_process_group
+            time.sleep(300)  # ended by the restart, before its init_process_group
         if params.get("init_pg", True):
             dist.init_process_group(
                 "gloo", timeout=datetime.timedelta(seconds=params.get("pg_timeout", 30))
@@ -293,10 +301,7 @@ def _rank_main(tmp: Path) -> int:
                 # they wait for each other where a restart cannot interrupt them.
                 with call_wrapper.atomic():
                     (tmp / f"together-{initial_rank}").touch()
-                    deadline = time.monotonic() + 30
-                    while len(list(tmp.glob("together-*"))) < len(fault_ranks):
-                        assert time.monotonic() < deadline, "the other faulty ranks never came"
-                        time.sleep(0.01)
+                    _wait_for_files(tmp, "together-*", len(fault_ranks), "the other faulty ranks")
                     raise RuntimeError(f"injected fault on rank {initial_rank}")
             if fault == "sleep":
                 time.sleep(300)
@@ -310,6 +315,7 @@ def _rank_main(tmp: Path) -> int:
                     sum(range(1000))
             if fault == "atomic":
                 with call_wrapper.atomic():
+                    (tmp / f"atomic-{initial_rank}.entered").touch()
                     time.sleep(params.get("atomic_s", 2.0))
                     with open(tmp / f"atomic-{initial_rank}.done", "w") as fh:
                         fh.write("1")
@@ -317,7 +323,7 @@ def _rank_main(tmp: Path) -> int:
             if fault == "base_exception":
                 raise KeyboardInterrupt("injected")
         if fault == "atomic" and it < fault_rounds and initial_rank not in fault_ranks:
-            time.sleep(0.3)
+            _wait_for_files(tmp, "atomic-*.entered", len(fault_ranks), "the faulty ranks' atomic()")
             raise RuntimeError("peer fault while rank is in atomic()")
         if dist.is_initialized():
             dist.barrier()

@@ -21,6 +21,7 @@ is one such rank.
 from __future__ import annotations
 
 import json
+import linecache
 import os
 import subprocess
 import sys
@@ -35,7 +36,17 @@ VICTIM = 3
 SUBGROUP = [1, 3]
 PG_TIMEOUT_S = 60.0
 ABORT_BOUND_S = 10.0
-ABORT_DELAY_S = 1.0
+
+
+def _in_the_blocking_call(thread_id: int | None) -> str | None:
+    """The source line where the thread's innermost Python frame, torch's ``all_reduce``, calls
+    into the backend: blocked there in C (or about to be); None elsewhere."""
+    frames = sys._current_frames()
+    frame = frames.get(thread_id) if thread_id is not None else None
+    if frame is None or frame.f_code.co_name != "all_reduce":
+        return None
+    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+    return line if "allreduce(" in line or ".wait(" in line else None
 
 
 def _worker() -> None:
@@ -88,12 +99,14 @@ def _worker() -> None:
         abort(state)
     else:
         times: dict[str, float] = {}
-        entering = threading.Event()
+        main = threading.main_thread().ident
 
         def abort_soon() -> None:
             # Not a store wait: a blocking wait holds the store client and would stall the main thread.
-            entering.wait(60)
-            time.sleep(ABORT_DELAY_S)  # let the main thread settle inside the C call
+            deadline = time.monotonic() + 60
+            while not _in_the_blocking_call(main) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            out["blocked_at"] = _in_the_blocking_call(main)
             times["abort"] = time.monotonic()
             abort(state)
             times["abort_done"] = time.monotonic()
@@ -102,7 +115,6 @@ def _worker() -> None:
         helper.start()
         group = sub if rank in SUBGROUP else None
         t = torch.ones(4)
-        entering.set()
         times["enter"] = time.monotonic()
         try:
             dist.all_reduce(t, group=group)
@@ -226,6 +238,7 @@ def test_abort_unblocks_gloo_collectives_and_gloo_reinitializes(tmp_path):
             f"rank {rank}: group sockets not recorded: {out}"
         )
         if rank != VICTIM:
+            assert out["blocked_at"], out  # the abort came once it was blocked in the collective
             assert out["blocked_raised"], out
             assert out["helper_done"], out
             # It stayed blocked until the abort, then came back well before the 60 s timeout.

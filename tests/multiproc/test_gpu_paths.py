@@ -189,6 +189,10 @@ def _inject(kind: str) -> tuple[str, list[str]]:
     fault = inject_fault([Fault[kind]], num_faults=1, keep_alive=0, delay=0.0, seed=0)
     if kind == "GPU_ERROR":
         done.wait(30)
+    if kind == "GPU_SLEEP":  # its launch returns at once: launched once the injecting thread ended
+        for thread in threading.enumerate():
+            if thread.name == f"nvrx-inject-{fault.name}":
+                thread.join(30)
     threading.excepthook = original
     return fault.name, seen
 
@@ -218,7 +222,6 @@ def _health_hung_kernel() -> dict:
 
     torch.ones(1, device="cuda").sum().item()
     injected, _ = _inject("GPU_SLEEP")
-    time.sleep(0.5)  # let the injecting thread launch the kernel (launch returns at once)
     start = time.monotonic()
     raised = _raised(lambda: CudaHealthCheck(timeout=1)(_state()))
     return {"injected": injected, "check_raised": raised, "check_s": time.monotonic() - start}

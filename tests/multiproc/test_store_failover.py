@@ -32,6 +32,7 @@ from test_node_loss import (
 
 from nvrx.events import read_dir
 from nvrx.report import build_report
+from nvrx.store import keys, snapshot
 from tests.support.waiting import wait_until
 
 
@@ -159,6 +160,15 @@ def test_a_warning_after_losing_the_store_host_is_decided_by_its_successor(
     assert codes[1] == codes[2] == 128 + signal.SIGUSR2, output
 
 
+def _gone_in_snapshot(job) -> set[int]:
+    """The initial ranks marked gone in the snapshots the store keeps for a successor."""
+    gone: set[int] = set()
+    for path in (job.log_dir / job.job_id / "store").glob("snapshot-*.json"):
+        listed = snapshot.read(path).get(keys.GONE_LIST, "")
+        gone |= {int(r) for r in listed.split(",") if r.strip().isdigit()}
+    return gone
+
+
 def _world_sizes_after(job, wall: float) -> set[int]:
     return {
         e["world_size"]
@@ -208,18 +218,15 @@ def test_a_job_that_shrank_then_loses_the_store_host_goes_on_smaller_still(
 
     def trained_again_at_4() -> bool:
         lost = job.events("node_lost")
-        if not lost:
-            return False
-        declared = lost[0]["wall"]
         # Any round at world size 4: the survivors may start it a few ms before the declaring
-        # supervisor writes its node_lost event (the job only shrinks from 5).
-        return 4 in _world_sizes_after(job, 0.0) and any(
-            e["wall"] > declared + 1.5  # past the snapshot's lag
-            for e in job.events("progress", component="app")
-        )
+        # supervisor writes its node_lost event (the job only shrinks from 5). Node 0 dies only
+        # once the store's snapshot, what its successor restores, holds rank 4 as gone.
+        if not lost or 4 not in _world_sizes_after(job, 0.0) or 4 not in _gone_in_snapshot(job):
+            return False
+        return any(e["wall"] > lost[0]["wall"] for e in job.events("progress", component="app"))
 
     wait_until(
-        "node 4 to be declared lost and the job to train again at world size 4",
+        "node 4 declared lost, marked gone in the store's snapshot, and training at world size 4",
         trained_again_at_4,
         120,
         state=job.output,

@@ -16,6 +16,7 @@ from nvrx.inprocess import store as rstore
 from nvrx.inprocess.death_between_rounds import place_in_next_round, publish_state, released
 from nvrx.inprocess.progress_watchdog import FLAG_RELEASED, FLAG_SHUTDOWN, FLAG_USER
 from nvrx.store import keys
+from tests.support.waiting import wait_until
 
 
 def _decide(base, round_: int, world_size: int, terminated: list[int], back=None) -> None:
@@ -37,6 +38,27 @@ def _start(base, round_: int, rank: int, world_size: int, initial: int) -> None:
 
 def _place(base, wait_s: float = 10.0):
     return place_in_next_round(rstore, base, 4, 4, wait_s, 0.05)
+
+
+def _placing(base, wait_s: float, found: list, looks: list[int]) -> threading.Thread:
+    """``_place`` in a started thread; ``looks`` gets one more entry, counted up at each of its
+    looks that did not end the wait (where the wait is seen from outside)."""
+    looks.append(0)
+    who = len(looks) - 1
+
+    def looked() -> None:
+        looks[who] += 1
+
+    def run() -> None:
+        found.append(place_in_next_round(rstore, base, 4, 4, wait_s, 0.05, looked))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def _late_deaths(base, round_: int) -> int:
+    return int(rstore.round_store(base, round_).add(keys.LATE_DEATHS, 0))
 
 
 def test_only_the_flag_a_released_rank_sets_says_it_heads_into_the_next_round():
@@ -93,7 +115,7 @@ def test_no_place_when_the_next_round_never_has_all_its_ranks(base):
     _decide(base, 4, 3, [])
     _start(base, 5, 0, 3, initial=0)  # rank 1 never starts round 5
     assert _place(base, wait_s=0.3) is None
-    assert int(rstore.round_store(base, 5).add(keys.LATE_DEATHS, 0)) == 0
+    assert _late_deaths(base, 5) == 0
 
 
 def test_no_wait_where_every_rank_the_round_kept_left_before_starting_the_next(base):
@@ -119,10 +141,16 @@ def test_two_ranks_dead_before_the_others_start_wait_for_them_where_one_was_term
     three kept), then take one number each."""
     _decide(base, 4, 4, [3])
     found: list = []
-    waiters = [threading.Thread(target=lambda: found.append(_place(base, 20))) for _ in range(2)]
-    for w in waiters:
-        w.start()
-    time.sleep(0.5)
+    looks: list[int] = []
+    waiters = [_placing(base, 20, found, looks) for _ in range(2)]
+    wait_until("both dead ranks counted in round 5", lambda: _late_deaths(base, 5) == 2, 10)
+    counted = list(looks)
+
+    def looked_again() -> bool:  # a whole look by each waiter since: it saw both deaths
+        return all(n - c >= 2 for n, c in zip(looks, counted, strict=True))
+
+    wait_until("a whole look by each waiter since", looked_again, 10, state=lambda: looks)
+    assert found == []  # they wait: two dead and one terminated are not the three kept
     _start(base, 5, 0, 3, initial=0)
     for w in waiters:
         w.join(30)
@@ -135,9 +163,11 @@ def test_replacements_taken_back_during_the_wait_count_among_the_ranks_kept(base
     round has 4 ranks, as round 4 kept once the rejoin wrote who came back."""
     _decide(base, 4, 4, [1])
     found: list = []
-    waiter = threading.Thread(target=lambda: found.append(_place(base, 20)))
-    waiter.start()
-    time.sleep(0.3)  # the dead rank's monitor looks meanwhile: the rejoin is not done yet
+    looks: list[int] = []
+    waiter = _placing(base, 20, found, looks)
+    # the dead rank's monitor looks while the rejoin is not done yet
+    wait_until("a look of the dead rank's monitor", lambda: looks[0] >= 1, 10)
+    assert found == []
     rstore.round_store(base, 4).set(keys.REJOIN, json.dumps([1]))
     for rank, initial in ((0, 0), (1, 1), (3, 3)):
         _start(base, 5, rank, 4, initial=initial)
@@ -160,7 +190,7 @@ def test_a_wait_given_up_meanwhile_is_not_counted_for_another_such_death(base):
     with pytest.raises(RuntimeError, match="supervisor gone"):
         place_in_next_round(rstore, base, 4, 4, 60.0, 0.05, beat)
     assert len(looks) == 3
-    assert int(rstore.round_store(base, 5).add(keys.LATE_DEATHS, 0)) == 0
+    assert _late_deaths(base, 5) == 0
 
 
 def test_the_dead_ranks_state_is_published_under_its_new_number_for_its_replacement(base):

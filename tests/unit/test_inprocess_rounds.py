@@ -471,7 +471,7 @@ def test_a_job_whose_last_ranks_leave_while_the_replacement_waits_is_given_up() 
     rstore.round_store(store, 2)  # round 2 runs its restart: no decision yet
 
     def last_arrival() -> None:
-        time.sleep(0.5)
+        store.wait([keys.join_request(1)], datetime.timedelta(seconds=10))  # it asked first
         decision = {"terminated": [0, 1], "job_restarts": 1, "world_size": 2}
         rstore.round_store(store, 2).set(keys.DECISION, json.dumps(decision))
 

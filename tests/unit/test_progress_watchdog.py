@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -27,6 +28,14 @@ def _run_bytecode(seconds: float) -> None:
         sum(range(50))
 
 
+def _run_bytecode_until(what: str, condition: Callable[[], object], timeout: float = 10) -> None:
+    """Run bytecode, where the watchdog's probe runs, until ``condition()`` holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} not seen after {timeout:g} s of bytecode"
+        sum(range(50))
+
+
 def test_timestamp_times_out_on_either_active_stamp():
     now = time.monotonic()
     assert not Timestamp(auto=now).is_timed_out(datetime.timedelta(seconds=5))
@@ -41,8 +50,8 @@ def test_watchdog_reports_progress_only_while_bytecode_runs():
     watchdog.start()
     try:
         start = time.monotonic()
-        _run_bytecode(0.3)
-        assert len(sink.got) >= 3 and sink.got[-1].auto > start
+        _run_bytecode_until("three timestamps", lambda: len(sink.got) >= 3)
+        assert sink.got[-1].auto > start
         time.sleep(0.3)  # the main thread blocked in C: the probe does not run
         stalled = sink.got[-1].auto
         assert time.monotonic() - stalled >= 0.25
@@ -60,7 +69,7 @@ def test_pause_and_synchronize_from_the_main_thread_and_resume():
     watchdog = ProgressWatchdog(1, sink, 0.01)
     watchdog.start()
     try:
-        _run_bytecode(0.1)
+        _run_bytecode_until("a probe", lambda: watchdog.num_completed >= 1)
         watchdog.pause_and_synchronize()
         assert watchdog.paused.is_set()
         scheduled = watchdog.num_scheduled
@@ -68,8 +77,7 @@ def test_pause_and_synchronize_from_the_main_thread_and_resume():
         _run_bytecode(0.1)
         assert watchdog.num_scheduled == scheduled, "a paused watchdog must not probe"
         watchdog.resume()
-        _run_bytecode(0.2)
-        assert watchdog.num_scheduled > scheduled
+        _run_bytecode_until("a probe after resume", lambda: watchdog.num_scheduled > scheduled)
     finally:
         watchdog.shutdown(timeout=5)
 
@@ -78,7 +86,7 @@ def test_pause_from_another_thread_while_the_main_thread_waits():
     watchdog = ProgressWatchdog(2, Sink(), 0.01)
     watchdog.start()
     try:
-        _run_bytecode(0.05)
+        _run_bytecode_until("a probe", lambda: watchdog.num_completed >= 1)
         pauser = threading.Thread(target=watchdog.pause_and_synchronize)
         pauser.start()
         watchdog.spin_till_paused()  # the main thread runs the pending probe meanwhile
@@ -94,8 +102,7 @@ def test_watchdog_stamps_a_progress_board():
     watchdog.start()
     try:
         start = time.monotonic()
-        _run_bytecode(0.2)
-        assert board.read()["auto"] > start
+        _run_bytecode_until("a stamp on the board", lambda: board.read()["auto"] > start)
         watchdog.ping()
         assert board.read()["manual"] > start
     finally:

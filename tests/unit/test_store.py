@@ -100,6 +100,8 @@ def test_bad_count_is_rejected(server):
 def test_barrier_does_not_poll(server):
     """A waiting rank sends one wait request, whatever the wait lasts."""
 
+    waiting = threading.Event()
+
     class Counting:
         def __init__(self, inner):
             self.inner, self.calls = inner, []
@@ -109,12 +111,19 @@ def test_barrier_does_not_poll(server):
 
             def call(*a, **k):
                 self.calls.append(name)
+                if name == "wait":
+                    waiting.set()
                 return attr(*a, **k)
 
             return call
 
+    def release() -> None:
+        waiting.wait(10)  # rank 0 arrived first and waits
+        time.sleep(0.5)  # for a while: a poller would ask again meanwhile
+        B.arrive(_client(server), "b8", 1, 2, reentrant=True)
+
     store = Counting(_client(server))
-    releaser = threading.Timer(0.5, lambda: B.arrive(_client(server), "b8", 1, 2, reentrant=True))
+    releaser = threading.Thread(target=release)
     releaser.start()
     B.barrier(store, "b8", 0, 2, 10.0, reentrant=True)
     releaser.join()
