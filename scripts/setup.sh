@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv (once) and install nvrx with its dev tools into it.
-# torch is pinned to the local CPU wheel first, so that `torch>=2.10` in
-# pyproject.toml is already satisfied and pip downloads no CUDA packages.
+# torch is pinned to the local CPU wheel first, so that `torch>=2.13` in
+# pyproject.toml is already satisfied and pip downloads no CUDA packages. The pin is
+# pyproject.toml's floor, so the tests run on the lowest torch nvrx declares.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from nvrx.store import faults as nvrx_faults
+from nvrx.store import keys
 
 log = logging.getLogger(__name__)
 
@@ -99,9 +100,8 @@ class InterruptionRecord:
 
 def interruption_records(store: Any) -> list[InterruptionRecord]:
     """The interruptions recorded in a round's store, in the order the store received them."""
-    from . import store as rstore
-
-    return [InterruptionRecord.from_fault_record(r) for r in rstore.fault_records(store)]
+    records = nvrx_faults.read_records(store, keys.FAULT_LIST)
+    return [InterruptionRecord.from_fault_record(r) for r in records]
 
 
 def format_interruption_records(records: Iterable[InterruptionRecord]) -> str:

@@ -25,22 +25,22 @@ from . import death_between_rounds, rejoin
 from . import store as rstore
 from .exception import RestartAbort
 from .fault_recording import record_exit
-from .health_check import run_check
+from .health_check_base import run_check
 from .monitor_thread import RESTART_WAIT_S
 from .progress_watchdog import FLAG_RELEASED
 from .rank_assignment import RankAssignmentCtx, RankDiscarded
+from .round_call import RoundCall
 from .round_outcome import Leave
 from .state import Mode, State
 from .supervision import supervised
 
 if TYPE_CHECKING:
-    from .call_wrapper import CallWrapper
     from .round_run import RoundRun
 
 log = logging.getLogger(__name__)
 
 
-def restart(call: CallWrapper, run: RoundRun, fault: BaseException | None) -> Leave | None:
+def restart(call: RoundCall, run: RoundRun, fault: BaseException | None) -> Leave | None:
     """Take this rank into the next round; a ``Leave`` when it cannot go on."""
     run.monitor.join(RESTART_WAIT_S)
     seen = run.monitor.seen_mono or time.monotonic()
@@ -92,7 +92,7 @@ def _context_chain(exc: BaseException) -> list[BaseException]:
     return chain
 
 
-def _next_round(call: CallWrapper, run: RoundRun) -> None:
+def _next_round(call: RoundCall, run: RoundRun) -> None:
     w = call.wrapper
     if w.finalize is not None:
         with call.phase("finalize"):
@@ -129,7 +129,7 @@ def _next_round(call: CallWrapper, run: RoundRun) -> None:
     call.state.fn_exception = None
 
 
-def _take_back(call: CallWrapper, store: Any, terminated: set[int]) -> set[int]:
+def _take_back(call: RoundCall, store: Any, terminated: set[int]) -> set[int]:
     """Under a supervisor, the terminated ranks whose replacement process rejoined (see ``rejoin``)."""
     w = call.wrapper
     if not terminated or w.rejoin_timeout <= 0 or not supervised():
@@ -153,7 +153,7 @@ def _take_back(call: CallWrapper, store: Any, terminated: set[int]) -> set[int]:
     )
 
 
-def assign(call: CallWrapper, terminated: set[int]) -> None:
+def assign(call: RoundCall, terminated: set[int]) -> None:
     """Run the ``rank_assignment`` plug-in; the rank's State for the next round."""
     old = dataclasses.replace(call.state)
     ctx = call.wrapper.rank_assignment(RankAssignmentCtx(call.state, call.store, set(terminated)))
@@ -176,7 +176,7 @@ def assign(call: CallWrapper, terminated: set[int]) -> None:
     )
 
 
-def leave(call: CallWrapper, store: Any, outcome: Leave) -> None:
+def leave(call: RoundCall, store: Any, outcome: Leave) -> None:
     """This rank leaves the job for good: let the others go on without it.
 
     Released into the next round already (its rejoin or rank assignment failed), it
@@ -211,7 +211,7 @@ def leave(call: CallWrapper, store: Any, outcome: Leave) -> None:
         log.error("terminate callback failed (ignored): %r", term_exc)
 
 
-def _next_round_place(call: CallWrapper, round_: int, rank: int) -> tuple[int, int] | None:
+def _next_round_place(call: RoundCall, round_: int, rank: int) -> tuple[int, int] | None:
     """This rank's (rank, world size) in round ``round_`` + 1, once every other rank started
     it, the call entered there; None where that place is not found (logged)."""
     w, base = call.wrapper, call.services.base_store
@@ -226,7 +226,7 @@ def _next_round_place(call: CallWrapper, round_: int, rank: int) -> tuple[int, i
 
 
 def _register_exit(
-    call: CallWrapper, store: Any, outcome: Leave, rank: int | None, world_size: int
+    call: RoundCall, store: Any, outcome: Leave, rank: int | None, world_size: int
 ) -> None:
     """Record the exit, register this rank terminated, interrupt the round, arrive for it."""
     if rank is None:

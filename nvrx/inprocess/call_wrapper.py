@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nvrx import events
 from nvrx.store import barrier as nvrx_barrier
@@ -34,9 +34,7 @@ from .round_outcome import Completed, Leave, Outcome, Restart
 from .round_run import RoundRun
 from .state import State
 from .supervision import restarted_process, supervised, taking_over
-
-if TYPE_CHECKING:
-    from .wrap import Wrapper
+from .wrapper_settings import WrapperSettings
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +45,11 @@ class CallWrapper:
     Passed to the wrapped function through any parameter annotated
     ``CallWrapper``; offers ``iteration``, ``ping()``, ``atomic()`` and
     ``disable_hang_protection()``. The other attributes serve the restart
-    machinery (``round_run``, ``between_rounds``).
+    machinery (``round_run``, ``between_rounds``), which reads them as a
+    ``round_call.RoundCall``.
     """
 
-    def __init__(self, wrapper: Wrapper) -> None:
+    def __init__(self, wrapper: WrapperSettings) -> None:
         import torch.distributed as dist
 
         setup_logger()

@@ -18,7 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from . import exception
-from .health_check import HealthCheck
+from .health_check_base import HealthCheck
 from .state import FrozenState
 
 log = logging.getLogger(__name__)

@@ -1,39 +1,23 @@
-"""Health-check plug-ins: decide whether this rank may take part in the next round."""
+"""Health-check plug-ins: decide whether this rank may take part in the next round.
+
+The reference offers every check from this module: the device checks of
+``device_health`` too, which build on ``HealthCheck`` of ``health_check_base``.
+"""
 
 from __future__ import annotations
 
-import abc
 import datetime
 import logging
 import os
 import threading
 
 from . import exception
+from .device_health import ChainedGPUHealthCheck, ChainedNicHealthCheck, ChainedNVLHealthCheck
 from .finalize import as_seconds
+from .health_check_base import HealthCheck
 from .state import FrozenState
 
 log = logging.getLogger(__name__)
-
-
-class HealthCheck(abc.ABC):
-    """Base class of the Wrapper's ``health_check`` argument: ``__call__(FrozenState) -> FrozenState``.
-
-    Runs locally on each rank after a fault was aborted and finalized (and at
-    the start of each round). An unhealthy rank is reported by raising; the
-    rank then leaves the job while the others go on.
-    """
-
-    @abc.abstractmethod
-    def __call__(self, state: FrozenState) -> FrozenState:
-        raise NotImplementedError
-
-
-def run_check(check: HealthCheck, state: FrozenState, what: str) -> None:
-    """Run ``check`` for the Wrapper: its failure becomes a ``HealthCheckError`` that says ``what`` failed."""
-    try:
-        check(state)
-    except Exception as exc:
-        raise exception.HealthCheckError(f"{what}: {exc!r}") from exc
 
 
 class CudaHealthCheck(HealthCheck):
@@ -127,13 +111,6 @@ class FaultCounter(HealthCheck):
         """Forget the faults counted so far."""
         self.faults_count = 0
 
-
-# The device checks build on HealthCheck above; the reference offers them from this module.
-from .device_health import (  # noqa: E402
-    ChainedGPUHealthCheck,
-    ChainedNicHealthCheck,
-    ChainedNVLHealthCheck,
-)
 
 __all__ = [
     "ChainedGPUHealthCheck",

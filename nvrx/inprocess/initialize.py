@@ -55,20 +55,32 @@ class RetryController(Initialize):
     def __call__(self, state: FrozenState) -> FrozenState:
         active = state.world_size if state.active_world_size is None else state.active_world_size
         if state.world_size < self.min_world_size:
-            raise RestartAbort(
+            self._abort(
+                state,
                 f"world_size {state.world_size} < min_world_size {self.min_world_size}: "
-                "too few healthy ranks left to continue"
+                "too few healthy ranks left to continue",
             )
         if active < self.min_active_world_size:
-            raise RestartAbort(
+            self._abort(
+                state,
                 f"active_world_size {active} < min_active_world_size "
-                f"{self.min_active_world_size}: too few active ranks left to continue"
+                f"{self.min_active_world_size}: too few active ranks left to continue",
             )
         if self.max_iterations is not None and state.iteration >= self.max_iterations:
-            raise RestartAbort(
-                f"iteration {state.iteration} reached max_iterations {self.max_iterations}"
+            self._abort(
+                state, f"iteration {state.iteration} reached max_iterations {self.max_iterations}"
             )
         return state
 
+    def _abort(self, state: FrozenState, reason: str) -> None:
+        """Raise ``RestartAbort``: the reference's ``name=value`` fields first, for callers
+        that match them, then the reason."""
+        fields = (
+            f"state.iteration={state.iteration} self.max_iterations={self.max_iterations} "
+            f"state.world_size={state.world_size} self.min_world_size={self.min_world_size} "
+            f"state.active_world_size={state.active_world_size} "
+            f"self.min_active_world_size={self.min_active_world_size} "
+        )
+        raise RestartAbort(f"{fields}- {reason}")
 
 __all__ = ["Initialize", "RetryController"]

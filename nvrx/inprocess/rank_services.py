@@ -17,7 +17,7 @@ import faulthandler
 import logging
 import os
 import pickle
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nvrx import events
 from nvrx.store import client as store_client
@@ -26,9 +26,7 @@ from . import store as rstore
 from .logging import monitor_logfile_path
 from .monitor_process import STACK_SIGNAL, MonitorConfig, MonitorProcess
 from .progress_watchdog import FLAG_SHUTDOWN, ProgressBoard, ProgressWatchdog
-
-if TYPE_CHECKING:
-    from .wrap import Wrapper
+from .wrapper_settings import WrapperSettings
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +36,7 @@ class RankServices:
 
     def __init__(
         self,
-        wrapper: Wrapper,
+        wrapper: WrapperSettings,
         initial_rank: int,
         initial_world_size: int,
         writer: events.EventWriter,

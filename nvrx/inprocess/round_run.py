@@ -20,7 +20,7 @@ import datetime
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from nvrx.store import barrier as nvrx_barrier
 from nvrx.store import keys
@@ -29,14 +29,12 @@ from . import gloo_abort, rejoin, rendezvous
 from . import store as rstore
 from .exception import InternalError
 from .fault_recording import record_rank_fault
-from .health_check import run_check
+from .health_check_base import run_check
 from .monitor_thread import DONE, RESTART_WAIT_S, MonitorThread, RankShouldRestart
 from .progress_watchdog import FLAG_RELEASED
+from .round_call import RoundCall
 from .round_outcome import Completed, Leave, Outcome, Restart
 from .state import Mode
-
-if TYPE_CHECKING:
-    from .call_wrapper import CallWrapper
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +45,7 @@ class RoundRun:
     """One round on this rank: its store, its monitor thread, the call's timing and this rank's fault."""
 
     def __init__(
-        self, call: CallWrapper, store: Any, monitor: MonitorThread, started: float
+        self, call: RoundCall, store: Any, monitor: MonitorThread, started: float
     ) -> None:
         self.call = call
         self.store = store
@@ -60,7 +58,7 @@ class RoundRun:
 
     # -- start ------------------------------------------------------------------------
     @classmethod
-    def start(cls, call: CallWrapper) -> RoundRun:
+    def start(cls, call: RoundCall) -> RoundRun:
         """Publish the round of ``call`` (board, events, environment, store); start its monitor thread."""
         state, services, store = call.state, call.services, call.store
         started = time.monotonic()
@@ -238,7 +236,7 @@ class RoundRun:
         self.call.emit("call_end", duration_s=duration, outcome=outcome)
 
 
-def _round_env(call: CallWrapper) -> dict[str, str | None]:
+def _round_env(call: RoundCall) -> dict[str, str | None]:
     """Rendezvous variables of the round (``rendezvous.round_env``; a custom store: RANK, WORLD_SIZE)."""
     state = call.state
     if call.services.store_address is not None:

@@ -48,6 +48,7 @@ from .terminate import Terminate
 log = logging.getLogger(__name__)
 
 _DEFAULT = object()  # "build a fresh default instance for this Wrapper"
+_Timing = datetime.timedelta | float
 
 
 def _seconds(name: str, value: Any) -> float:
@@ -145,16 +146,60 @@ class Wrapper:
         terminate: Terminate | None = None,
         rejoin_timeout: datetime.timedelta | float = datetime.timedelta(seconds=60),
     ) -> None:
+        self._set_store(store_factory, store_kwargs)
+        self._set_plugins(
+            initialize=initialize,
+            abort=AbortTorchDistributed() if abort is _DEFAULT else abort,
+            finalize=finalize,
+            health_check=health_check,
+            rank_assignment=(
+                Compose(ActivateAllRanks(), ShiftRanks())
+                if rank_assignment is _DEFAULT
+                else rank_assignment
+            ),
+            rank_filter=rank_filter,
+            completion=completion,
+            terminate=terminate,
+        )
+        self._set_files(enabled, monitor_process_logfile, monitor_process_pidfile)
+        self._set_timings(
+            monitor_thread_interval=monitor_thread_interval,
+            monitor_process_interval=monitor_process_interval,
+            heartbeat_interval=heartbeat_interval,
+            progress_watchdog_interval=progress_watchdog_interval,
+            soft_timeout=soft_timeout,
+            hard_timeout=hard_timeout,
+            heartbeat_timeout=heartbeat_timeout,
+            barrier_timeout=barrier_timeout,
+            completion_timeout=completion_timeout,
+            last_call_wait=last_call_wait,
+            termination_grace_time=termination_grace_time,
+            rejoin_timeout=rejoin_timeout,
+        )
+
+    def _set_store(self, store_factory: type, store_kwargs: dict[str, Any] | None) -> None:
         if not (isinstance(store_factory, type) and issubclass(store_factory, rstore.StoreMixin)):
             raise TypeError(
                 f"Wrapper: store_factory must be a subclass of nvrx.inprocess.store.StoreMixin, got {store_factory!r}"
             )
         if store_kwargs is not None and not isinstance(store_kwargs, dict):
             raise TypeError(f"Wrapper: store_kwargs must be a dict or None, got {store_kwargs!r}")
-        if abort is _DEFAULT:
-            abort = AbortTorchDistributed()
-        if rank_assignment is _DEFAULT:
-            rank_assignment = Compose(ActivateAllRanks(), ShiftRanks())
+        self.store_factory = store_factory
+        self.store_kwargs = dict(store_kwargs or {})
+
+    def _set_plugins(
+        self,
+        *,
+        initialize: Initialize | None,
+        abort: Abort | None,
+        finalize: Finalize | None,
+        health_check: HealthCheck | None,
+        rank_assignment: RankAssignment,
+        rank_filter: RankFilter | None,
+        completion: Completion | None,
+        terminate: Terminate | None,
+    ) -> None:
+        """Check each plug-in's type; an old-style ``rank_filter`` runs after the assignment."""
         _check_instance("initialize", initialize, Initialize)
         _check_instance("abort", abort, Abort)
         _check_instance("finalize", finalize, Finalize)
@@ -166,23 +211,10 @@ class Wrapper:
                 "Wrapper(rank_filter=...) is deprecated: put the filter in rank_assignment "
                 "(nvrx.inprocess.rank_assignment.MaxActiveWorldSize, ActiveWorldSizeDivisibleBy)",
                 DeprecationWarning,
-                stacklevel=2,
+                stacklevel=3,  # the caller of Wrapper(...)
             )
         _check_instance("completion", completion, Completion)
         _check_instance("terminate", terminate, Terminate)
-        if not isinstance(enabled, bool):
-            raise TypeError(f"Wrapper: enabled must be a bool, got {enabled!r}")
-        for name, path in (
-            ("monitor_process_logfile", monitor_process_logfile),
-            ("monitor_process_pidfile", monitor_process_pidfile),
-        ):
-            if path is not None and (not isinstance(path, str) or not os.path.isabs(path)):
-                raise ValueError(
-                    f"Wrapper: {name} must be an absolute path (may contain {{rank}}), got {path!r}"
-                )
-
-        self.store_factory = store_factory
-        self.store_kwargs = dict(store_kwargs or {})
         self.initialize = initialize
         self.abort = abort
         self.finalize = finalize
@@ -195,10 +227,39 @@ class Wrapper:
         )
         self.completion = completion
         self.terminate = terminate
-        self.enabled = enabled
-        self.monitor_process_logfile = monitor_process_logfile
-        self.monitor_process_pidfile = monitor_process_pidfile
 
+    def _set_files(self, enabled: bool, logfile: str | None, pidfile: str | None) -> None:
+        if not isinstance(enabled, bool):
+            raise TypeError(f"Wrapper: enabled must be a bool, got {enabled!r}")
+        for name, path in (
+            ("monitor_process_logfile", logfile),
+            ("monitor_process_pidfile", pidfile),
+        ):
+            if path is not None and (not isinstance(path, str) or not os.path.isabs(path)):
+                raise ValueError(
+                    f"Wrapper: {name} must be an absolute path (may contain {{rank}}), got {path!r}"
+                )
+        self.enabled = enabled
+        self.monitor_process_logfile = logfile
+        self.monitor_process_pidfile = pidfile
+
+    def _set_timings(
+        self,
+        *,
+        monitor_thread_interval: _Timing,
+        monitor_process_interval: _Timing,
+        heartbeat_interval: _Timing,
+        progress_watchdog_interval: _Timing,
+        soft_timeout: _Timing,
+        hard_timeout: _Timing,
+        heartbeat_timeout: _Timing,
+        barrier_timeout: _Timing,
+        completion_timeout: _Timing,
+        last_call_wait: _Timing,
+        termination_grace_time: _Timing,
+        rejoin_timeout: _Timing,
+    ) -> None:
+        """Each period and timeout in seconds, then their order checked (``_validate``)."""
         self.monitor_thread_interval = _seconds("monitor_thread_interval", monitor_thread_interval)
         self.monitor_process_interval = _seconds(
             "monitor_process_interval", monitor_process_interval

@@ -32,7 +32,7 @@ from .model import (
 from .process_rows import events_by_slot
 
 if TYPE_CHECKING:
-    from .aggregate import JobSummary
+    from .job_summary import JobSummary
     from .node_loss import LossIndex
 
 log = logging.getLogger(__name__)

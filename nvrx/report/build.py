@@ -18,19 +18,38 @@ from functools import partial
 from pathlib import Path
 from typing import TextIO
 
+from . import job_facts
 from .activity import build_activity
-from .aggregate import JobSummary, aggregate_files, run_starts_of
+from .aggregate import aggregate_files, run_starts_of
 from .failure_groups import add_output_findings, build_failures
+from .filter_match import check_named
 from .job_rounds import job_restart_rounds, world_of
-from .loading import ReportError, resolve_job_dir
-from .model import LogFinding, Reading, Report, SlurmContext, Summary
-from .node_loss import node_losses
+from .job_summary import JobSummary
+from .loading import JobDir, ReportError, resolve_job_dir
+from .model import (
+    Hang,
+    LogFinding,
+    ProcessRestart,
+    Reading,
+    Restarts,
+    RoundRow,
+    SlurmContext,
+    Summary,
+)
+from .node_loss import LossIndex, node_losses
 from .output_scan import scan_output_file
 from .output_triage import Death, EventFacts, triage
+from .printable import Report
 from .process_rows import process_restarts
 from .progress import Progress
 from .rank_files import attach_rank_files
-from .slurm_context import default_search_dirs, find_output_files, query_sacct, sacct_requeues
+from .slurm_context import (
+    default_search_dirs,
+    find_output_files,
+    query_sacct,
+    runs,
+    sacct_requeues,
+)
 from .summarize import Filters, summarize_file
 from .suspects import build_suspects
 from .timeline import build_timeline
@@ -188,13 +207,81 @@ def build_report(
     """
     job_dir = resolve_job_dir(log_dir, job)
     filters = Filters(job=job, rank=rank, node=node, since=since)
+    notes = list(job_dir.notes)
+    agg = _read_events(job_dir, filters, workers or _default_workers(), progress, notes)
+    job_id = job or (sorted(agg.jobs)[0] if len(agg.jobs) == 1 else job_dir.job)
+    slurm = query_sacct(job_id) if sacct else SlurmContext(error="sacct not asked (--no-sacct)")
+    losses = node_losses(agg)
+    process_rows = process_restarts(agg, losses)
+    attach_rank_files(process_rows, job_dir.path, notes)
+    timeline = _rounds(agg, process_rows, losses)
+    failures = build_failures(agg, process_rows, losses)
+    facts = job_facts.output_facts(agg, process_rows, losses)
+    findings, explained = _log_findings(
+        job_id, job_dir.path, slurm_output, submitit_folders, facts, notes, slurm
+    )
+    add_output_findings(failures, findings, explained)
+    kept = sorted(agg.ranks) if rank is not None or node is not None else None
+    activity = build_activity(agg, timeline, failures, process_rows, losses, kept)
+    suspects, exclude = build_suspects(agg, timeline, failures, process_rows, losses)
+    requeues = sacct_requeues(slurm)
+    restarts = job_facts.restarts(agg, timeline, requeues, process_rows, len(losses.losses))
+    if any(row.ordering == "wall_clock" and row.first_rank is not None for row in timeline):
+        notes.append(_WALL_CLOCK_NOTE)
+    return Report(
+        summary=_summary(agg, job_id, timeline, restarts, losses, slurm, kept is not None, notes),
+        timeline=timeline,
+        failures=failures,
+        hangs=sorted(agg.hangs, key=_hang_order),
+        process_restarts=process_rows,
+        suspects=suspects,
+        exclude=exclude,
+        slurm=slurm,
+        log_findings=findings,
+        reading=_reading(job_dir.path, agg, notes),
+        generated_at=time.time(),
+        node_losses=losses.losses,
+        activity=activity,
+    )
+
+
+_WALL_CLOCK_NOTE = (
+    "first failing rank of some rounds was ordered by wall clock (faults on several "
+    "hosts and no store-recorded origin, or no boot id): clock skew between hosts, "
+    "or a step of the clock, may reorder them"
+)
+
+
+def _rounds(
+    agg: JobSummary, process_rows: list[ProcessRestart], losses: LossIndex
+) -> list[RoundRow]:
+    """The timeline's rows: the Wrapper's rounds, else the job-wide restarts, if any."""
+    timeline = build_timeline(agg, process_rows, losses)
+    if not any(row.outcome_from == "wrapper" for row in timeline):
+        # No Wrapper told its rounds: job-wide restarts, where there were some, tell them.
+        timeline = job_restart_rounds(agg) or timeline
+    return timeline
+
+
+def _hang_order(h: Hang) -> tuple[int, int, float]:
+    return h.run, h.round if h.round is not None else -1, h.wall or 0.0
+
+
+def _read_events(
+    job_dir: JobDir,
+    filters: Filters,
+    workers: int,
+    progress: TextIO | None,
+    notes: list[str],
+) -> JobSummary:
+    """The job's events folded into one summary; raises ``ReportError`` when there are none,
+    or when the job or rank the filters name is not in them. What was ignored goes to ``notes``."""
     shown = Progress(len(job_dir.files), progress) if progress is not None else Progress(0)
     try:
-        agg = _aggregate(job_dir.files, filters, workers or _default_workers(), shown)
+        agg = _aggregate(job_dir.files, filters, workers, shown)
     finally:
         shown.finish()
     agg.settle()
-    notes = list(job_dir.notes)
     if agg.events == 0 and agg.skipped_count == 0:
         raise ReportError(
             f"no events in the {len(job_dir.files)} event file(s) of {str(job_dir.path)!r}: all empty"
@@ -205,9 +292,11 @@ def build_report(
             f"first: {agg.skipped[0].path}:{agg.skipped[0].line} {agg.skipped[0].reason}"
         )
     if agg.events_used == 0:
+        if filters.job is not None or filters.rank is not None:  # do they exist at all?
+            everything = _aggregate(job_dir.files, Filters(), workers, Progress(0))
+            check_named(filters, everything.jobs, everything.ranks, job_dir.path)
         notes.append("no event matches the --job/--rank/--node/--since filters")
-    job_id = job or (sorted(agg.jobs)[0] if len(agg.jobs) == 1 else job_dir.job)
-    if len(agg.jobs) > 1 and job is None:
+    if len(agg.jobs) > 1 and filters.job is None:
         notes.append(
             f"events of several jobs in one directory: {', '.join(sorted(agg.jobs))} (pass --job)"
         )
@@ -219,42 +308,25 @@ def build_report(
             f"{agg.interrupted_calls} call(s) of the training function never ended (process killed); "
             "counted up to the process's last event"
         )
+    return agg
 
-    slurm = query_sacct(job_id) if sacct else SlurmContext(error="sacct not asked (--no-sacct)")
-    losses = node_losses(agg)
-    process_rows = process_restarts(agg, losses)
-    attach_rank_files(process_rows, job_dir.path, notes)
-    timeline = build_timeline(agg, process_rows, losses)
-    if not any(row.outcome_from == "wrapper" for row in timeline):
-        # No Wrapper told its rounds: job-wide restarts, where there were some, tell them.
-        timeline = job_restart_rounds(agg) or timeline
-    failures = build_failures(agg, process_rows, losses)
-    findings, explained = _log_findings(
-        job_id,
-        job_dir.path,
-        slurm_output,
-        submitit_folders,
-        agg.output_facts(process_rows, losses),
-        notes,
-        slurm,
-    )
-    add_output_findings(failures, findings, explained)
-    kept = sorted(agg.ranks) if rank is not None or node is not None else None
-    activity = build_activity(agg, timeline, failures, process_rows, losses, kept)
-    suspects, exclude = build_suspects(agg, timeline, failures, process_rows, losses)
-    restarts = agg.restarts(
-        timeline, sacct_requeues(slurm), process_rows, node_losses=len(losses.losses)
-    )
-    if any(row.ordering == "wall_clock" and row.first_rank is not None for row in timeline):
-        notes.append(
-            "first failing rank of some rounds was ordered by wall clock (faults on several "
-            "hosts and no store-recorded origin, or no boot id): clock skew between hosts, "
-            "or a step of the clock, may reorder them"
-        )
 
-    outcome, reason = agg.final_outcome(timeline, losses.lost_slots())
-    if slurm.available and slurm.job:
-        last = slurm.job[-1]
+def _summary(
+    agg: JobSummary,
+    job_id: str | None,
+    timeline: list[RoundRow],
+    restarts: Restarts,
+    losses: LossIndex,
+    slurm: SlurmContext,
+    restricted: bool,
+    notes: list[str],
+) -> Summary:
+    """The summary table: size, times, goodput, restarts and how the job ended (by ``sacct``
+    when it knows, by the events otherwise). ``restricted``: filtered by rank or node."""
+    outcome, reason = job_facts.final_outcome(agg, timeline, losses.lost_slots())
+    slurm_runs = runs(slurm)
+    if slurm_runs:
+        last = slurm_runs[-1]
         events_said = outcome
         outcome = f"{last.state} (sacct, exit {last.exit_code})"
         reason = f"{reason}; events: {events_said}" if reason else f"events: {events_said}"
@@ -264,14 +336,13 @@ def build_report(
         if agg.first_wall is not None and agg.last_wall is not None
         else 0.0
     )
-    restricted = rank is not None or node is not None
     n_ranks = len(agg.ranks) if restricted or not agg.world_size else agg.world_size
     if not n_ranks and not restricted:
         n_ranks = world_of(agg)  # no rank wrote events: the supervisors' children
     busy_s = agg.call_us / 1e6
-    if agg.calls == 0 and agg.child_runtime_s() > 0:
+    if agg.calls == 0 and job_facts.child_runtime_s(agg) > 0:
         # No Wrapper marked the training function: the supervised processes' lives stand in.
-        busy_s = agg.child_runtime_s()
+        busy_s = job_facts.child_runtime_s(agg)
         notes.append(
             "no call_start/call_end events (training not under the in-process Wrapper): "
             "training time is the run time of the supervised processes, start-up included"
@@ -279,7 +350,7 @@ def build_report(
     training = busy_s / n_ranks if n_ranks else 0.0
     goodput = (training / wall) if wall > 0 and n_ranks else None
     nodes = {n for n in agg.node_hosts}
-    summary = Summary(
+    return Summary(
         job=job_id,
         nodes=len(nodes) or len(agg.hosts),
         hosts=sorted(agg.hosts),
@@ -295,35 +366,22 @@ def build_report(
         outcome=outcome,
         reason=reason,
         interrupted_calls=agg.interrupted_calls,
-        processes_relaunched=agg.relaunches(),
-        slurm_nodes=slurm.job[-1].node_list if slurm.available and slurm.job else None,
+        processes_relaunched=job_facts.relaunches(agg),
+        slurm_nodes=slurm_runs[-1].node_list if slurm_runs else None,
     )
-    reading = Reading(
-        log_dir=str(job_dir.path),
+
+
+def _reading(log_dir: Path, agg: JobSummary, notes: list[str]) -> Reading:
+    """What was read, and what was skipped and why."""
+    return Reading(
+        log_dir=str(log_dir),
         files=agg.files,
         events=agg.events,
         events_used=agg.events_used,
         unknown_kinds=dict(sorted(agg.unknown_kinds.items())),
         skipped_count=agg.skipped_count,
-        skipped=agg.skipped_dicts(agg.skipped),
+        skipped=job_facts.skipped_dicts(agg.skipped),
         notes=notes,
-    )
-    return Report(
-        summary=summary,
-        timeline=timeline,
-        failures=failures,
-        hangs=sorted(
-            agg.hangs, key=lambda h: (h.run, h.round if h.round is not None else -1, h.wall or 0.0)
-        ),
-        process_restarts=process_rows,
-        suspects=suspects,
-        exclude=exclude,
-        slurm=slurm,
-        log_findings=findings,
-        reading=reading,
-        generated_at=time.time(),
-        node_losses=losses.losses,
-        activity=activity,
     )
 
 

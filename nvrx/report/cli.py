@@ -8,7 +8,7 @@ import re
 import sys
 import time
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from nvrx import jobenv
 from nvrx.version import __version__
@@ -42,13 +42,14 @@ def parse_since(text: str, now: float | None = None) -> float:
             f"--since {text!r}: expected epoch seconds, an ISO time like 2024-05-01T12:00:00, or 30m/2h/1d"
         ) from None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return moment.timestamp()
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="nvrx-report",
+        usage="%(prog)s [options] [LOG_DIR]",  # one line above a usage error, whatever the width
         description="Summarize a job's nvrx events: restarts, first failing rank, failures, hangs, suspect nodes.",
     )
     p.add_argument("--version", action="version", version=f"nvrx-report {__version__}")
@@ -111,7 +112,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Print (or write, -o) the report; exit 2 when there is nothing to read, 1 when -o FILE cannot be written."""
+    """Print (or write, -o) the report; exit 2 when there is nothing to read (or --job/--rank
+    name nothing there), 1 when the log directory cannot be read or -o FILE cannot be written."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="nvrx-report: %(levelname)s: %(message)s")
     try:
@@ -129,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except ReportError as exc:
         print(f"nvrx-report: {exc}", file=sys.stderr)
-        return EXIT_NOTHING_TO_READ
+        return exc.exit_code
     text = report.to_text(args.format)
     if args.output:
         try:

@@ -22,10 +22,10 @@ from nvrx.events.failures import (
 
 from .model import Failure, LogFinding, ProcessRestart
 from .parts import LocalFault, SignatureGroup
-from .process_rows import SAME_FAILURE_WINDOW_S, same_process_end
+from .same_failure import SAME_FAILURE_WINDOW_S, same_process_end
 
 if TYPE_CHECKING:
-    from .aggregate import JobSummary
+    from .job_summary import JobSummary
     from .node_loss import LossIndex
     from .output_triage import Death
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 
 from .activity import LOST
-from .model import FaultMark, Hang, ProcessSpan, Report, RunSpan, SpareSpan
+from .model import FaultMark, Hang, ProcessSpan, ReportData, RunSpan, SpareSpan
 from .text_doc import secs
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ def _merge(pieces: Iterable[Piece]) -> list[Piece]:
     return out
 
 
-def _phases(report: Report, run: RunSpan, end: float) -> list[Piece]:
+def _phases(report: ReportData, run: RunSpan, end: float) -> list[Piece]:
     """The run's time as training / restart / idle pieces; restart wins over training.
 
     A sweep over the rounds' windows: linear in the rounds (after sorting), whatever their count."""
@@ -198,7 +198,7 @@ class _Life:
     node: int | None
 
 
-def _lives(report: Report, runs: list[RunSpan], end: float) -> dict[int, list[_Life]]:
+def _lives(report: ReportData, runs: list[RunSpan], end: float) -> dict[int, list[_Life]]:
     """Each rank's process lives, in order, with unknown starts and ends filled from the run's
     (an unknown end: the start of the rank's next process of the run, else the run's end)."""
     by_run = {r.run: r for r in runs}
@@ -227,7 +227,7 @@ def _lives(report: Report, runs: list[RunSpan], end: float) -> dict[int, list[_L
     return lives
 
 
-def _failed_ends(report: Report) -> set[tuple[int, int | None, float]]:
+def _failed_ends(report: ReportData) -> set[tuple[int, int | None, float]]:
     """(run, rank, wall) of each process end the report counts as a failure (or collateral)."""
     return {(p.run, p.rank, round(p.wall, 3)) for p in report.process_restarts if p.wall is not None}
 
@@ -320,7 +320,7 @@ def _spare_lanes(spares: list[SpareSpan], start: float, end: float) -> list[Lane
     return [lanes[k] for k in sorted(lanes)]
 
 
-def build_lanes(report: Report, fault_ids: dict[str, str], pixels: int = 1200) -> Lanes | None:
+def build_lanes(report: ReportData, fault_ids: dict[str, str], pixels: int = 1200) -> Lanes | None:
     """The lanes of ``report``; None when it has no wall times to draw on.
 
     ``fault_ids``: failure signature -> id of its block on the page (marks link to it);
@@ -357,13 +357,8 @@ def build_lanes(report: Report, fault_ids: dict[str, str], pixels: int = 1200) -
     for i, h in enumerate(report.hangs):
         if h.rank is not None:
             hangs.setdefault(h.rank, []).append((i, h))
-    members: dict[int, list[int]] = {}
-    for rank in sorted(ranks):
-        key = rank if by == "rank" else node_of.get(rank)
-        if key is not None:
-            members.setdefault(key, []).append(rank)
     lanes: dict[int, Lane] = {}
-    for key, of_lane in sorted(members.items()):
+    for key, of_lane in _members(ranks, by, node_of):
         dead = [p for r in of_lane for p in _dead(lives.get(r, []), run_ends, end, failed, r)]
         hung = [
             p for r in of_lane for p in _hung(hangs.get(r, []), lives.get(r, []), round_ends, run_ends, end)
@@ -382,10 +377,24 @@ def build_lanes(report: Report, fault_ids: dict[str, str], pixels: int = 1200) -
         for r in report.timeline
         if r.start_wall is not None
     ]
-    requeues = [
+    log.debug("timeline: %d lane(s) by %s", len(out), by)
+    return Lanes(start, end, by, out, rounds, _requeues(runs))
+
+
+def _members(ranks: set[int], by: str, node_of: dict[int, int]) -> list[tuple[int, list[int]]]:
+    """Each lane's key (a rank, or a node when ``by`` is "node") and its ranks, by key."""
+    members: dict[int, list[int]] = {}
+    for rank in sorted(ranks):
+        key = rank if by == "rank" else node_of.get(rank)
+        if key is not None:
+            members.setdefault(key, []).append(rank)
+    return sorted(members.items())
+
+
+def _requeues(runs: list[RunSpan]) -> list[Period]:
+    """The gaps between one job run's end and the next one's start."""
+    return [
         Period(x.end_wall, y.start_wall, REQUEUE, f"requeued: run {y.run} started {secs(y.start_wall - x.end_wall)} later")
         for x, y in pairwise(runs)
         if x.end_wall is not None and y.start_wall is not None and y.start_wall > x.end_wall
     ]
-    log.debug("timeline: %d lane(s) by %s", len(out), by)
-    return Lanes(start, end, by, out, rounds, requeues)

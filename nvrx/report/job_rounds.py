@@ -21,7 +21,7 @@ from .model import RoundRow
 from .values import as_str, count
 
 if TYPE_CHECKING:
-    from .aggregate import JobSummary
+    from .job_summary import JobSummary
 
 #: ``ordering`` of a row whose first failure the job-wide restart's claim named.
 BY_RESTART_CLAIM = "job_restart"

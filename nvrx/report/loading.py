@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import sys
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -55,6 +56,25 @@ _KIND = itemgetter("kind")
 
 class ReportError(Exception):
     """Nothing could be reported (missing or empty log directory); the CLI exits 2."""
+
+    exit_code = 2
+
+
+class LogDirUnreadable(ReportError):
+    """The log directory is there but this user may not list it or open its files: a
+    failure of the run, not of the arguments; the CLI exits 1."""
+
+    exit_code = 1
+
+
+def _check_searchable(directory: Path) -> None:
+    """``LogDirUnreadable`` naming ``directory`` and the fix, unless its files can be opened."""
+    if not os.access(directory, os.R_OK | os.X_OK):
+        raise LogDirUnreadable(
+            f"cannot read log directory {str(directory)!r}: no permission to list it and open "
+            f"its files (make it readable and searchable, e.g. chmod u+rx {shlex.quote(str(directory))}, "
+            "or run as its owner)"
+        )
 
 
 @dataclass
@@ -170,6 +190,7 @@ def resolve_job_dir(log_dir: str | os.PathLike[str] | None, job: str | None = No
         )
     if not base.is_dir():
         raise ReportError(f"log directory {str(base)!r} is not a directory")
+    _check_searchable(base)
     notes: list[str] = []
     if job is not None and (base / job).is_dir():
         chosen, chosen_job = base / job, job
@@ -196,6 +217,7 @@ def resolve_job_dir(log_dir: str | os.PathLike[str] | None, job: str | None = No
                 f"several jobs under {base}: reporting the newest, {chosen.name} (others: {others}; pass --job)"
             )
         chosen_job = chosen.name
+    _check_searchable(chosen)
     files = event_files(chosen)
     if not files:
         raise ReportError(_nothing_found(chosen))

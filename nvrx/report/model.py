@@ -319,8 +319,9 @@ class Reading:
 
 
 @dataclass
-class Report:
-    """The whole report; ``to_dict`` is the JSON contract, ``to_text`` renders it."""
+class ReportData:
+    """The whole report's data; ``to_dict`` is the JSON contract. ``printable.Report`` adds
+    ``to_text``: the renderers read this type, so it knows none of them."""
 
     summary: Summary
     timeline: list[RoundRow]
@@ -340,13 +341,3 @@ class Report:
         data = {"schema": REPORT_SCHEMA_NAME, "schema_version": REPORT_SCHEMA_VERSION}
         data.update(dataclasses.asdict(self))
         return data
-
-    def to_text(self, format: str = "table") -> str:
-        """Render as ``table`` (default), ``markdown``, ``json`` or ``html`` (a whole page)."""
-        if format == "html":
-            from .render_html import render_html
-
-            return render_html(self)
-        from .render import render
-
-        return render(self, format)

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 from .model import NodeLoss, StoreFailover
 from .node_events import STOP_KINDS
-from .process_rows import SAME_FAILURE_WINDOW_S
 from .round_windows import RoundWindows
+from .same_failure import SAME_FAILURE_WINDOW_S
 
 if TYPE_CHECKING:
-    from .aggregate import JobSummary
+    from .job_summary import JobSummary
 
 log = logging.getLogger(__name__)
 

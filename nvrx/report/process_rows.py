@@ -14,15 +14,13 @@ from nvrx.events.failures import PEER
 
 from .model import ProcessRestart, RecordedError
 from .node_events import STOP_KINDS
-from .parts import LocalFault
 from .round_windows import RoundWindows
+from .same_failure import SAME_FAILURE_WINDOW_S
 
 if TYPE_CHECKING:
-    from .aggregate import JobSummary
+    from .job_summary import JobSummary
     from .node_loss import LossIndex
 
-#: A child's exit and a fault event of the same signature and host this close are one failure.
-SAME_FAILURE_WINDOW_S = 30.0
 #: A process's events and its supervisor's record of its exit share one host clock.
 _SAME_HOST_SLACK_S = 1.0
 #: ``explained_by`` of a process that ended while the job was getting over a lost node.
@@ -32,16 +30,6 @@ JOB_RESTART = "job_restart"
 #: Exit codes a child ends with when *we* stop it: not failures.
 _STOP_EXIT_CODES = (0, 130)
 _SLOT_KINDS = ("child_exit", "child_start", "restart_decision")
-
-
-def same_process_end(fault: LocalFault, p: ProcessRestart) -> bool:
-    """Whether a monitor's fault (``dead``, ``unresponsive``) and a supervisor's record of a
-    process end are one failure: same host, same rank when both know it, close in time."""
-    if fault.host != p.host or fault.wall is None or p.wall is None:
-        return False
-    if fault.rank is not None and p.rank is not None and fault.rank != p.rank:
-        return False
-    return abs(fault.wall - p.wall) <= SAME_FAILURE_WINDOW_S
 
 
 def _stop_walls(job: JobSummary) -> dict[tuple[int, Any, str | None], float]:

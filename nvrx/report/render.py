@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from nvrx.events.failures import PEER
 
-from .model import Report
+from .model import ReportData
 from .process_rows import JOB_RESTART, NODE_LOST
 from .render_losses import node_losses_section
 from .text_doc import Doc, ranks_text, secs, trim, when, where
@@ -35,7 +35,7 @@ _EXPLAINED = {
 }
 
 
-def _summary(doc: Doc, r: Report) -> None:
+def _summary(doc: Doc, r: ReportData) -> None:
     s = r.summary
     doc.heading(f"nvrx report: job {s.job or '?'}")
     goodput = f"{s.goodput * 100:.1f} %" if s.goodput is not None else "-"
@@ -59,7 +59,7 @@ def _summary(doc: Doc, r: Report) -> None:
     doc.pairs(rows)
 
 
-def _slurm(doc: Doc, r: Report) -> None:
+def _slurm(doc: Doc, r: ReportData) -> None:
     doc.heading("SLURM")
     sl = r.slurm
     if not sl.available:
@@ -83,7 +83,7 @@ def _slurm(doc: Doc, r: Report) -> None:
         doc.text("output files read: " + ", ".join(sl.output_files))
 
 
-def _timeline(doc: Doc, r: Report) -> None:
+def _timeline(doc: Doc, r: ReportData) -> None:
     doc.heading("Restart timeline")
     if not r.timeline:
         doc.text("no rounds in the events (no Wrapper events, no job-wide restart)")
@@ -137,7 +137,7 @@ def _timeline(doc: Doc, r: Report) -> None:
         doc.table(rows, (["run"] if many_runs else []) + ["round", "detection", *names])
 
 
-def _failures(doc: Doc, r: Report) -> None:
+def _failures(doc: Doc, r: ReportData) -> None:
     doc.heading("Failures by signature")
     if not r.failures:
         doc.text("no failures")
@@ -161,7 +161,7 @@ def _failures(doc: Doc, r: Report) -> None:
             doc.block(f"[{f.signature}]", body)
 
 
-def _hangs(doc: Doc, r: Report) -> None:
+def _hangs(doc: Doc, r: ReportData) -> None:
     if not r.hangs:
         return
     doc.heading("Hangs")
@@ -180,7 +180,7 @@ def _round(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
-def _process_restarts(doc: Doc, r: Report) -> None:
+def _process_restarts(doc: Doc, r: ReportData) -> None:
     if not r.process_restarts:
         return
     doc.heading("Process restarts")
@@ -225,7 +225,7 @@ def _process_restarts(doc: Doc, r: Report) -> None:
         doc.text(f"their files, under {r.reading.log_dir}:\n" + "\n".join(lines))
 
 
-def _suspects(doc: Doc, r: Report) -> None:
+def _suspects(doc: Doc, r: ReportData) -> None:
     doc.heading("Suspect nodes")
     if not r.suspects:
         doc.text("no node-level faults")
@@ -258,7 +258,7 @@ def _suspects(doc: Doc, r: Report) -> None:
         )
 
 
-def _findings(doc: Doc, r: Report) -> None:
+def _findings(doc: Doc, r: ReportData) -> None:
     if not r.log_findings:
         return
     doc.heading("Found only in SLURM/submitit output")
@@ -269,7 +269,7 @@ def _findings(doc: Doc, r: Report) -> None:
     doc.table(rows, ["where", "signature", "count", "printed by"])
 
 
-def _reading(doc: Doc, r: Report) -> None:
+def _reading(doc: Doc, r: ReportData) -> None:
     g = r.reading
     doc.heading("Read")
     line = f"{g.files} file(s), {g.events} event(s) in {g.log_dir}"
@@ -285,7 +285,7 @@ def _reading(doc: Doc, r: Report) -> None:
 
 
 #: The report's sections by name, in order; another renderer (``render_html``) reuses them.
-SECTIONS: dict[str, Callable[[Doc, Report], None]] = {
+SECTIONS: dict[str, Callable[[Doc, ReportData], None]] = {
     "summary": _summary,
     "slurm": _slurm,
     "node_losses": node_losses_section,
@@ -299,7 +299,7 @@ SECTIONS: dict[str, Callable[[Doc, Report], None]] = {
 }
 
 
-def render(report: Report, format: str = "table") -> str:
+def render(report: ReportData, format: str = "table") -> str:
     """The report as ``table`` (terminal), ``markdown`` or ``json`` text."""
     if format == "json":
         return json.dumps(report.to_dict(), indent=2, default=str) + "\n"

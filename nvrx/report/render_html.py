@@ -22,7 +22,7 @@ from nvrx.version import __version__
 from .html_lanes import MAX_RANK_LANES, build_lanes
 from .html_timeline import PLOT_W, render_svg
 from .html_timeline import css as timeline_css
-from .model import Report
+from .model import ReportData
 from .render import SECTIONS
 from .text_doc import Doc, ranks_text, when, where
 
@@ -96,7 +96,7 @@ class HtmlDoc(Doc):
         return "\n".join(self.parts)
 
 
-def fault_ids(r: Report) -> dict[str, str]:
+def fault_ids(r: ReportData) -> dict[str, str]:
     """Failure signature -> the id of its block (the first row of that signature)."""
     ids: dict[str, str] = {}
     for i, f in enumerate(r.failures):
@@ -104,7 +104,7 @@ def fault_ids(r: Report) -> dict[str, str]:
     return ids
 
 
-def _timeline(doc: HtmlDoc, r: Report) -> None:
+def _timeline(doc: HtmlDoc, r: ReportData) -> None:
     doc.heading("Job timeline")
     lanes = build_lanes(r, fault_ids(r), PLOT_W)
     if lanes is None:
@@ -125,7 +125,7 @@ def _timeline(doc: HtmlDoc, r: Report) -> None:
     doc.raw(f'<div class="timeline-wrap">{render_svg(lanes)}</div>')
 
 
-def _failures(doc: HtmlDoc, r: Report) -> None:
+def _failures(doc: HtmlDoc, r: ReportData) -> None:
     doc.heading("Failures by signature")
     if not r.failures:
         doc.text("no failures")
@@ -150,7 +150,7 @@ def _failures(doc: HtmlDoc, r: Report) -> None:
         doc.block(title, body, f"fault-{i}")
 
 
-def _hangs(doc: HtmlDoc, r: Report) -> None:
+def _hangs(doc: HtmlDoc, r: ReportData) -> None:
     if not r.hangs:
         return
     doc.heading("Hangs")
@@ -171,11 +171,11 @@ def _hangs(doc: HtmlDoc, r: Report) -> None:
         doc.block(f"rank {h.rank} stuck{in_round}, {when(h.wall)}", body, f"hang-{i}")
 
 
-def _sections() -> list[Callable[[HtmlDoc, Report], None]]:
+def _sections() -> list[Callable[[HtmlDoc, ReportData], None]]:
     """The text report's sections (``render.SECTIONS``), failures and hangs given their
     anchors, and the job timeline under the summary."""
-    own: dict[str, Callable[[HtmlDoc, Report], None]] = {"failures": _failures, "hangs": _hangs}
-    out: list[Callable[[HtmlDoc, Report], None]] = []
+    own: dict[str, Callable[[HtmlDoc, ReportData], None]] = {"failures": _failures, "hangs": _hangs}
+    out: list[Callable[[HtmlDoc, ReportData], None]] = []
     for name, section in SECTIONS.items():
         out.append(own.get(name, section))
         if name == "summary":
@@ -183,7 +183,7 @@ def _sections() -> list[Callable[[HtmlDoc, Report], None]]:
     return out
 
 
-def render_html(report: Report) -> str:
+def render_html(report: ReportData) -> str:
     """``report`` as one HTML page (a str), with nothing to fetch."""
     doc = HtmlDoc()
     for section in _sections():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .model import NodeLoss, Report
+from .model import NodeLoss, ReportData
 from .text_doc import Doc, ranks_text, secs, when
 
 #: How "trained again after" is measured, printed under the table.
@@ -44,7 +44,7 @@ def recovery(loss: NodeLoss) -> str:
     return "not seen in the events"
 
 
-def node_losses_section(doc: Doc, r: Report) -> None:
+def node_losses_section(doc: Doc, r: ReportData) -> None:
     """One row per lost node; nothing when no node was lost."""
     if not r.node_losses:
         return

@@ -79,9 +79,21 @@ def query_sacct(job: str | None) -> SlurmContext:
     return ctx
 
 
+#: sacct's state of the record an allocation leaves when the job is resized (a ``--no-kill``
+#: job that lost a node goes on in a new record): not a run of its own.
+RESIZED = "RESIZING"
+
+
+def runs(ctx: SlurmContext) -> list[SlurmRow]:
+    """The job's records that are runs of it, in order: one per start, requeues included."""
+    if not ctx.available:
+        return []
+    return [row for row in ctx.job if (row.state or "").split(" ")[0] != RESIZED]
+
+
 def sacct_requeues(ctx: SlurmContext) -> int:
-    """Requeues as SLURM accounting saw them: one job record per run."""
-    return max(0, len(ctx.job) - 1) if ctx.available else 0
+    """Requeues as SLURM accounting saw them: one job record per run (resizes left out)."""
+    return max(0, len(runs(ctx)) - 1)
 
 
 def find_output_files(

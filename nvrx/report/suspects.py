@@ -28,7 +28,7 @@ from .round_windows import RoundWindows
 from .timeline import BY_NODE_LOSS
 
 if TYPE_CHECKING:
-    from .aggregate import JobSummary
+    from .job_summary import JobSummary
     from .node_loss import LossIndex
 
 
@@ -120,18 +120,11 @@ def _death_incident(
     return ("death", p.run, p.host, p.local_rank, p.wall)
 
 
-def build_suspects(
-    job: JobSummary,
-    timeline: list[RoundRow],
-    failures: list[Failure],
-    process_rows: list[ProcessRestart],
-    losses: LossIndex | None = None,
-) -> tuple[list[SuspectNode], str | None]:
-    """Node-level faults per node; a host is suspect when one of its signatures is seen
-    nowhere else, or it was lost and no healthy node shared it."""
-    hosts_of = {f.signature: set(f.hosts) for f in failures}
-    per = _Tallies()
-    # A hang or death that explains a round is one incident with that round, not two.
+def _tally_rounds(
+    per: _Tallies, timeline: list[RoundRow]
+) -> dict[tuple[int, int | None, str], list[RoundRow]]:
+    """Each round's first failure on its node; the rounds a hang or a death explains, by
+    (run, rank, how), so that such a hang or death is one incident with its round, not two."""
     explained: dict[tuple[int, int | None, str], list[RoundRow]] = {}
     for row in timeline:
         if row.first_host is not None and row.cause is not None:
@@ -142,6 +135,17 @@ def build_suspects(
             how = _incident_kind(row)
             if how in ("hang", "process_exit"):
                 explained.setdefault((row.run, row.first_rank, how), []).append(row)
+    return explained
+
+
+def _tally_hangs_and_deaths(
+    per: _Tallies,
+    job: JobSummary,
+    process_rows: list[ProcessRestart],
+    explained: dict[tuple[int, int | None, str], list[RoundRow]],
+    losses: LossIndex | None,
+) -> None:
+    """The hangs no node loss explains, and the process ends nothing else explains."""
     for h in job.hangs:
         if h.host is None or (losses is not None and losses.explains(h.wall) is not None):
             continue
@@ -158,6 +162,21 @@ def build_suspects(
         s.deaths += 1
         s.sigs.add(process_end_signature(p.exit_code, p.signal))
         s.incidents.add(_death_incident(windows, p, explained))
+
+
+def build_suspects(
+    job: JobSummary,
+    timeline: list[RoundRow],
+    failures: list[Failure],
+    process_rows: list[ProcessRestart],
+    losses: LossIndex | None = None,
+) -> tuple[list[SuspectNode], str | None]:
+    """Node-level faults per node; a host is suspect when one of its signatures is seen
+    nowhere else, or it was lost and no healthy node shared it."""
+    hosts_of = {f.signature: set(f.hosts) for f in failures}
+    per = _Tallies()
+    explained = _tally_rounds(per, timeline)
+    _tally_hangs_and_deaths(per, job, process_rows, explained, losses)
     if losses is not None:
         _add_losses(per, timeline, losses)
     # On one host (a local job) "seen only here" compares it with nothing.

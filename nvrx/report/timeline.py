@@ -27,11 +27,12 @@ from nvrx.events.failures import (
 
 from .model import NodeLoss, ProcessRestart, RoundRow
 from .parts import LocalFault, RoundState, earlier, order_key
-from .process_rows import NODE_LOST, same_process_end
+from .process_rows import NODE_LOST
 from .round_windows import RoundWindows, Window
+from .same_failure import same_process_end
 
 if TYPE_CHECKING:
-    from .aggregate import JobSummary
+    from .job_summary import JobSummary
     from .node_loss import LossIndex
 
 #: ``ordering`` of a round that a lost node explains.

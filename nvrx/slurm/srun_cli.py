@@ -47,6 +47,11 @@ More srun options: NVRX_SRUN_ARGS (e.g. "--cpu-bind=none").
 """
 
 
+NO_COMMAND = (
+    f"no training command: put it after '--', e.g. {PROG} --nproc-per-node 2 -- python train.py"
+)
+
+
 class UsageError(Exception):
     """Bad use of nvrx-srun; the message says what to fix."""
 
@@ -60,9 +65,7 @@ def srun_command(
             "not inside a SLURM allocation (no SLURM_JOB_ID): run it from sbatch or salloc"
         )
     if "--" not in argv or argv.index("--") == len(argv) - 1:
-        raise UsageError(
-            f"no training command: put it after '--', e.g. {PROG} --nproc-per-node 2 -- python train.py"
-        )
+        raise UsageError(NO_COMMAND)
     nodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "1"
     if not nodes.isdigit() or int(nodes) < 1:
         raise UsageError(f"SLURM_JOB_NUM_NODES must be a number of nodes, got {nodes!r}")
@@ -82,7 +85,11 @@ def srun_command(
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point: becomes srun (exec); returns only on a usage error (exit 2)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv:  # as argparse answers a missing argument: the usage line, then what is missing
+        print(USAGE.splitlines()[0], file=sys.stderr)
+        print(f"{PROG}: error: {NO_COMMAND} (see {PROG} --help)", file=sys.stderr)
+        return 2
+    if argv[0] in ("-h", "--help"):
         print(USAGE, end="")
         return 0
     if argv[0] == "--version":

@@ -10,6 +10,7 @@ checkout and no activated environment: ``nvrx-template train -o train.sbatch``, 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 from collections.abc import Sequence
@@ -73,6 +74,7 @@ def this_srun() -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
+        usage="%(prog)s [NAME] [-o FILE] [--force] [--srun PATH]",  # one line, whatever the width
         description="Write an nvrx sbatch template, filled in with the nvrx-srun of this "
         "environment (by absolute path), to a file or stdout. Without NAME: list them.",
         allow_abbrev=False,
@@ -87,8 +89,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def srun_warning(srun: str) -> str | None:
+    """A warning when ``--srun`` names no executable file here: it may still be one on the
+    cluster's nodes, where the job runs it, so the template is written all the same."""
+    if os.path.isfile(srun) and os.access(srun, os.X_OK):
+        return None
+    return (
+        f"--srun {srun} is not an executable file on this machine: the job runs it on the "
+        "cluster's nodes, where it must be one"
+    )
+
+
+def write(out: Path, filled: str, force: bool) -> None:
+    """The template to ``out``; ValueError (a usage error) for a file there without ``force``,
+    OSError naming the file, and the folder when that is what is missing."""
+    if out.exists() and not force:
+        raise ValueError(f"{out} exists: give --force to overwrite it, or another -o FILE")
+    if not out.parent.is_dir():
+        raise OSError(
+            f"cannot write {out}: folder {out.parent} does not exist (create it, or give "
+            "another -o FILE)"
+        )
+    try:
+        out.write_text(filled)
+    except OSError as exc:
+        raise OSError(f"cannot write {out}: {exc.strerror or exc}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point: 0 on success, 2 on a usage error (the message says what to fix)."""
+    """Console entry point: 0 on success, 2 on a usage error, 1 when the file cannot be
+    written (the message says what to fix)."""
     args = build_parser().parse_args(argv)
     if args.name is None:
         for name in names():
@@ -97,16 +127,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         filled = render(args.name, args.srun or this_srun())
+        warning = srun_warning(args.srun) if args.srun else None
+        if warning:
+            print(f"{PROG}: warning: {warning}", file=sys.stderr)
         if args.output is None:
             sys.stdout.write(filled)
             return 0
         out = Path(args.output)
-        if out.exists() and not args.force:
-            raise ValueError(f"{out} exists: give --force to overwrite it, or another -o FILE")
-        out.write_text(filled)
-    except (ValueError, OSError) as exc:
+        write(out, filled, args.force)
+    except ValueError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
     print(f"{PROG}: wrote {out} (runs {args.srun or this_srun()}); submit: sbatch {out} COMMAND [ARGS...]", file=sys.stderr)
     return 0
 

@@ -12,19 +12,35 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import errno
 import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from . import snapshot
-from .service import SnapshotSpec, port_is_free
+from .snapshot import SnapshotSpec
 
 log = logging.getLogger(__name__)
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Whether a TCP server could bind ``host:port`` now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return False
+            raise
+    return True
 
 
 def _die_with_parent() -> None:
@@ -35,6 +51,54 @@ def _die_with_parent() -> None:
         libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
+def _report(ready_fd: int | None, message: dict) -> None:
+    """Tell the starting process, once, how the start went (its port, or the error)."""
+    if ready_fd is None:
+        return
+    with contextlib.suppress(OSError):
+        os.write(ready_fd, (json.dumps(message) + "\n").encode())
+        os.close(ready_fd)
+
+
+def _bind(host: str, port: int) -> tuple[Any, str | None]:
+    """A torch ``TCPStore`` server bound at ``host:port``, or None and why it could not bind."""
+    import torch.distributed as dist
+
+    try:
+        store = dist.TCPStore(
+            host,
+            port,
+            world_size=None,
+            is_master=True,
+            timeout=timedelta(seconds=30),
+            wait_for_workers=False,
+        )
+    except Exception as exc:  # torch raises DistNetworkError/RuntimeError on bind failures
+        in_use = "EADDRINUSE" in str(exc) or "address already in use" in str(exc).lower()
+        return None, "in_use" if in_use else f"{type(exc).__name__}: {exc}"
+    return store, None
+
+
+def _serve_until(
+    stop: threading.Event, store: Any, host: str, ready_fd: int | None, spec: SnapshotSpec | None
+) -> None:
+    """Restore the snapshot, keep it up to date and serve ``store`` until ``stop`` is set."""
+    from nvrx import events
+
+    writer = events.configure("store")
+    restored = _restore(store, spec)
+    keeper = None
+    if spec is not None:
+        keeper = snapshot.Keeper(store, spec.path, spec.prefixes, spec.exclude)
+        keeper.start()
+    writer.emit("store_start", addr=host, port=store.port, restored_keys=restored)
+    _report(ready_fd, {"port": store.port, "pid": os.getpid()})
+    stop.wait()
+    if keeper is not None:
+        keeper.stop()
+    writer.emit("store_end", reason="stopped by signal")
+
+
 def _serve(
     host: str,
     port: int,
@@ -43,8 +107,6 @@ def _serve(
     spec: SnapshotSpec | None = None,
     held: bool = False,
 ) -> int:
-    from nvrx import events
-
     stop = threading.Event()
     holding = held
 
@@ -58,48 +120,20 @@ def _serve(
     _die_with_parent()
     if parent_pid is not None and os.getppid() != parent_pid:
         return 1  # the parent died before the death signal was armed
-
-    def report(message: dict) -> None:
-        if ready_fd is None:
-            return
-        with contextlib.suppress(OSError):
-            os.write(ready_fd, (json.dumps(message) + "\n").encode())
-            os.close(ready_fd)
-
     if port and not port_is_free(host, port):
-        report({"error": "in_use"})
+        _report(ready_fd, {"error": "in_use"})
         return 2
-    import torch.distributed as dist
+    import torch.distributed  # noqa: F401  (a held server has torch imported before its release)
 
     if held:
         if not sys.stdin.buffer.readline():
             return 0  # never released: not needed
         holding = False
-    try:
-        store = dist.TCPStore(
-            host,
-            port,
-            world_size=None,
-            is_master=True,
-            timeout=timedelta(seconds=30),
-            wait_for_workers=False,
-        )
-    except Exception as exc:  # torch raises DistNetworkError/RuntimeError on bind failures
-        in_use = "EADDRINUSE" in str(exc) or "address already in use" in str(exc).lower()
-        report({"error": "in_use" if in_use else f"{type(exc).__name__}: {exc}"})
+    store, error = _bind(host, port)
+    if store is None:
+        _report(ready_fd, {"error": error})
         return 2
-    writer = events.configure("store")
-    restored = _restore(store, spec)
-    keeper = None
-    if spec is not None:
-        keeper = snapshot.Keeper(store, spec.path, spec.prefixes, spec.exclude)
-        keeper.start()
-    writer.emit("store_start", addr=host, port=store.port, restored_keys=restored)
-    report({"port": store.port, "pid": os.getpid()})
-    stop.wait()
-    if keeper is not None:
-        keeper.stop()
-    writer.emit("store_end", reason="stopped by signal")
+    _serve_until(stop, store, host, ready_fd, spec)
     del store
     return 0
 

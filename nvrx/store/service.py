@@ -12,7 +12,6 @@ stopped; ``StoreService`` manages such a process from Python.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
@@ -22,10 +21,11 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 from nvrx import jobenv, processes
+
+from .server_process import port_is_free
+from .snapshot import SnapshotSpec
 
 log = logging.getLogger(__name__)
 
@@ -53,19 +53,6 @@ class StoreUnavailable(RuntimeError):
         msg += ": check that node 0's supervisor runs and that host and port are right"
         super().__init__(msg)
         self.host, self.port = host, port
-
-
-def port_is_free(host: str, port: int) -> bool:
-    """Whether a TCP server could bind ``host:port`` now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
-                return False
-            raise
-    return True
 
 
 #: Seconds between "still waiting" lines while a store does not answer.
@@ -115,24 +102,6 @@ def wait_for_store(
         elif select.select([interrupt_fd], [], [], pause)[0]:
             return False
         delay = min(delay * 2, 0.5)
-
-
-@dataclass(frozen=True)
-class SnapshotSpec:
-    """Which keys the service keeps a copy of, where, and which copy it starts from."""
-
-    path: Path
-    prefixes: tuple[str, ...]
-    exclude: tuple[str, ...] = ()
-    restore_from: Path | None = None
-
-    def argv(self) -> list[str]:
-        args = ["--snapshot", str(self.path)]
-        args += [f"--snapshot-prefix={p}" for p in self.prefixes]
-        args += [f"--snapshot-exclude={p}" for p in self.exclude]
-        if self.restore_from is not None:
-            args += ["--restore", str(self.restore_from)]
-        return args
 
 
 class StoreService:

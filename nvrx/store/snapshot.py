@@ -17,6 +17,7 @@ import json
 import logging
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,24 @@ log = logging.getLogger(__name__)
 
 #: Seconds between two looks at the store's keys.
 DEFAULT_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True)
+class SnapshotSpec:
+    """Which keys the service keeps a copy of, where, and which copy it starts from."""
+
+    path: Path
+    prefixes: tuple[str, ...]
+    exclude: tuple[str, ...] = ()
+    restore_from: Path | None = None
+
+    def argv(self) -> list[str]:
+        args = ["--snapshot", str(self.path)]
+        args += [f"--snapshot-prefix={p}" for p in self.prefixes]
+        args += [f"--snapshot-exclude={p}" for p in self.exclude]
+        if self.restore_from is not None:
+            args += ["--restore", str(self.restore_from)]
+        return args
 
 
 def take(store: Any, prefixes: Sequence[str], exclude: Sequence[str] = ()) -> dict[str, str]:

@@ -33,6 +33,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from nvrx.checkpoint_flag import flag_path, record_checkpoint
+from nvrx.submission.call_spec import dump_spec
 from nvrx.supervisor.requeue_ledger import checkpoint_record_path, write_checkpoint_record
 
 log = logging.getLogger(__name__)
@@ -144,8 +145,6 @@ class CheckpointGuard:
 
     def take(self) -> None:
         """Call the checkpoint method; replace the spec with what it returns, record the outcome."""
-        from nvrx.submission.run_callable import dump_spec  # it runs this module's guard
-
         log.warning("the job was warned: calling %s of the callable", self.method.__name__)
         try:
             delayed = self.method(*self.args, **self.kwargs)

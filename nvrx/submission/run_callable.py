@@ -19,7 +19,7 @@ import logging
 import os
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,33 +27,12 @@ import cloudpickle
 
 from nvrx import jobenv
 from nvrx.atomic_file import replace_file
+from nvrx.submission.call_spec import load_spec
 from nvrx.submission.checkpointing import CheckpointGuard, CheckpointStop, checkpoint_method
 
 log = logging.getLogger(__name__)
 
 RESULT_DIR_ENV = jobenv.RESULT_DIR
-
-
-def dump_spec(
-    path: str | os.PathLike[str],
-    fn: Callable[..., Any],
-    args: Sequence[Any],
-    kwargs: dict[str, Any],
-) -> Path:
-    """Write what the children will run; raises TypeError naming ``fn`` when it cannot be pickled."""
-    try:
-        data = cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
-    except Exception as exc:
-        raise TypeError(f"cannot pickle {fn!r} with its arguments for the job: {exc}") from exc
-    return replace_file(path, data)
-
-
-def load_spec(
-    path: str | os.PathLike[str],
-) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
-    with open(path, "rb") as fh:
-        fn, args, kwargs = cloudpickle.load(fh)
-    return fn, args, kwargs
 
 
 def result_path(result_dir: str | os.PathLike[str], rank: int) -> Path:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from nvrx.slurm import commands
+from nvrx.submission.call_spec import dump_spec
 from nvrx.submission.conventions import (
     NVRX_SIGNAL_ENV,
     SubmitError,
@@ -43,7 +44,6 @@ from nvrx.submission.conventions import (
 )
 from nvrx.submission.job import NvrxJob
 from nvrx.submission.node_task import NodeSpec, run_node
-from nvrx.submission.run_callable import dump_spec
 from nvrx.supervisor.preemption import (
     DEFAULT_MAX_TIME_LIMIT_REQUEUES,
     DEFAULT_SIGNAL_DELAY_S,

@@ -18,7 +18,7 @@ from nvrx import jobenv
 from nvrx.jobenv import DEFAULT_LOG_DIR, DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, JobEnv
 from nvrx.version import __version__
 
-from . import ft_options, nproc, rank_logs, torchrun_env
+from . import free_ports, ft_options, nproc, rank_logs, torchrun_env, torchrun_habits
 from .config import (
     DEFAULT_FINISH_TIMEOUT_S,
     DEFAULT_GRACE_PERIOD_S,
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--nnodes",
-        type=int,
+        type=torchrun_habits.node_count,
         default=None,
         metavar="N",
         help="nodes in the job (default: SLURM, else 1)",
@@ -104,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="PORT",
-        help=f"port for torch's own rendezvous, passed to children as MASTER_PORT (default: from the SLURM job id, else {DEFAULT_MASTER_PORT})",
+        help="port for torch's own rendezvous, passed to children as MASTER_PORT (default: from the "
+        "SLURM job id; a job of one node without --store-port takes a free pair and says which; "
+        f"else {DEFAULT_MASTER_PORT})",
     )
     add(
         "--store-port",
@@ -223,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--redirects/--tee are written for every rank (default: all)",
     )  # fmt: skip
     ft_options.add_options(add)
+    torchrun_habits.add_answers(add)
     add("--verbose", "-v", action="store_true", help="log each decision to stderr")
     add("command", nargs=argparse.REMAINDER, help="the training command, after '--'")
     return parser
@@ -263,6 +266,7 @@ def config_from_args(
         raise ConfigError(f"{exc}{source}") from exc
     if asked in nproc.KEYWORDS:
         print(f"{PROG}: --nproc-per-node {asked}: {args.nproc_per_node}", file=sys.stderr)
+    picked = False
     local_topology = any(v is not None for v in (args.nnodes, args.node_rank, args.master_addr))
     if in_slurm_step(env) and not local_topology:
         job = job_from_slurm(
@@ -271,17 +275,7 @@ def config_from_args(
         if args.job_id:
             job = replace(job, job_id=args.job_id)
     else:
-        job = JobEnv.local(
-            nnodes=args.nnodes if args.nnodes is not None else 1,
-            node_rank=args.node_rank if args.node_rank is not None else 0,
-            nproc_per_node=args.nproc_per_node,
-            master_addr=args.master_addr,
-            master_port=args.master_port,
-            store_port=args.store_port,
-            job_id=args.job_id,
-            log_dir=args.log_dir,
-            env=env,
-        )
+        job, picked = _local_job(args, env)
     config = SupervisorConfig.for_job(
         job,
         command=command,
@@ -297,7 +291,37 @@ def config_from_args(
         ft_restart_policy=args.ft_restart_policy,
         non_retryable_patterns=ft_options.non_retryable_patterns(args),
     )
+    if picked:
+        print(
+            f"{PROG}: no --master-port given; using free ports {config.master_port} (ranks' "
+            f"MASTER_PORT) and {config.store_port} (nvrx store)",
+            file=sys.stderr,
+        )
     return config, args.verbose
+
+
+def _local_job(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[JobEnv, bool]:
+    """The job of the options, not SLURM's, and whether its ports were picked free: a job of
+    one node given no port takes a free pair (``free_ports``), so that a second such job
+    beside it does not fail on taken ports; jobs of several nodes keep the defaults, which
+    every node computes alike."""
+    nnodes = args.nnodes if args.nnodes is not None else 1
+    pair = None
+    if nnodes == 1 and args.master_port is None and args.store_port is None:
+        pair = free_ports.free_pair(args.master_addr or DEFAULT_MASTER_ADDR)
+    master_port, store_port = pair or (args.master_port, args.store_port)
+    job = JobEnv.local(
+        nnodes=nnodes,
+        node_rank=args.node_rank if args.node_rank is not None else 0,
+        nproc_per_node=args.nproc_per_node,
+        master_addr=args.master_addr,
+        master_port=master_port,
+        store_port=store_port,
+        job_id=args.job_id,
+        log_dir=args.log_dir,
+        env=env,
+    )
+    return job, pair is not None
 
 
 def _rank_logs(

@@ -25,7 +25,7 @@ from .exit_codes import CLEAN_STOP_EXIT, ExitCode
 log = logging.getLogger(__name__)
 
 
-class Decision(str, enum.Enum):
+class Decision(enum.StrEnum):
     RESTART = "restart"  # start a replacement for this local rank
     STOP = "stop"  # clean stop of the whole job (exit 130)
     GIVE_UP = "give_up"  # a failure that restarts will not fix: stop the job with an error

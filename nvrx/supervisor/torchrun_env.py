@@ -13,11 +13,11 @@ from .config import ConfigError, in_slurm_step
 
 #: Options (argparse names) that fall back to ``$PET_<OPTION>`` (e.g. ``PET_NPROC_PER_NODE``).
 OPTIONS = (
-    "nproc_per_node", "max_restarts", "nnodes", "node_rank", "master_addr",
+    "nproc_per_node", "max_restarts", "nnodes", "node_rank", "master_addr", "master_port",
     "redirects", "tee", "local_ranks_filter",
 )  # fmt: skip
-TOPOLOGY = ("nnodes", "node_rank", "master_addr")
-_INTEGER = ("max_restarts", "nnodes", "node_rank")
+TOPOLOGY = ("nnodes", "node_rank", "master_addr", "master_port")
+_INTEGER = ("max_restarts", "nnodes", "node_rank", "master_port")
 
 
 def fallbacks(env: Mapping[str, str]) -> dict[str, str]:

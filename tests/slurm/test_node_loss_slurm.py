@@ -99,8 +99,10 @@ def test_a_spare_node_takes_over_a_lost_node(slurm_cluster: LocalSlurmCluster, t
     assert final == {0, 1, 2, 3}, out.read_text()[-4000:]
     lost = _events(job_dir, "node_lost")
     assert [(e["lost_host"], e["lost_node"], e["action"]) for e in lost] == [("node2", 1, "spare")]
-    text = build_report(job_dir, sacct=False).to_text()
+    report = build_report(job_dir)  # with sacct: the resized allocation is no requeue
+    text = report.to_text()
     assert "node2" in text and "--exclude=node2" in text, text
+    assert report.summary.restarts.requeue == 0, text
     slurm_cluster.run(["scancel", str(job)], check=False)
     wait_until(
         "no process of ours",

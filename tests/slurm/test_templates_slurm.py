@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ import pytest
 from nvrx.events import read_dir
 from nvrx.slurm import template_cli
 from tests.support.slurm_cluster import LocalSlurmCluster
+from tests.support.wheel_venv import build_wheel, fresh_venv
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(300)
@@ -32,47 +31,11 @@ def test_every_rendered_template_passes_sbatch_test_only(
     assert "to start at" in done.stderr
 
 
-def _wheel(tmp_path: Path) -> Path:
-    """Build nvrx's wheel from a copy of the checkout (the checkout gets no build files)."""
-    source = tmp_path / "src"
-    shutil.copytree(
-        REPO, source, symlinks=True,
-        ignore=shutil.ignore_patterns(".venv", ".git", "nvrx_logs", "build", "*.egg-info",
-                                      "__pycache__", ".pytest_cache", ".ruff_cache"),
-    )  # fmt: skip
-    dist = tmp_path / "dist"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "-w", str(dist), str(source)], check=True, timeout=180,
-    )  # fmt: skip
-    (wheel,) = dist.glob("nvrx-*.whl")
-    return wheel
-
-
-def _fresh_venv(tmp_path: Path, wheel: Path) -> Path:
-    """A new virtual environment with only the wheel installed; torch and the other
-    dependencies are borrowed from this one's site-packages (not nvrx: the checkout's
-    editable install is not visible there), to spare a copy of torch."""
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    python = venv / "bin" / "python"
-    subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
-        check=True, timeout=120,
-    )  # fmt: skip
-    site = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    Path(site, "borrowed_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    return venv
-
-
 @pytest.mark.timeout(420)
 def test_a_wheel_in_a_fresh_venv_runs_a_job_from_its_template(
     slurm_cluster: LocalSlurmCluster, tmp_path: Path
 ) -> None:
-    venv = _fresh_venv(tmp_path, _wheel(tmp_path))
+    venv = fresh_venv(tmp_path / "venv", build_wheel(tmp_path / "src", tmp_path / "dist"))
     python = venv / "bin" / "python"
     for script in ("nvrx-srun", "nvrx-template", "nvrx-supervise", "nvrx-report"):
         assert (venv / "bin" / script).is_file(), script
@@ -120,3 +83,22 @@ def test_a_wheel_in_a_fresh_venv_runs_a_job_from_its_template(
     data = json.loads(report.stdout)
     assert data["slurm"]["output_files"] == [str(out.resolve())]
     assert data["summary"]["outcome"].startswith("COMPLETED")
+
+    # The README's quick start, as written there: its example under the template, on 2 nodes.
+    shutil.copy(REPO / "examples" / "quickstart_train.py", tmp_path)
+    job = slurm_cluster.sbatch(
+        job_file, "-N2", f"--export=ALL,NVRX_LOG_DIR={logs},NVRX_NPROC_PER_NODE=2", cwd=tmp_path,
+        script_args=[str(python), "quickstart_train.py"],
+    )  # fmt: skip
+    out = tmp_path / f"nvrx-{job}.out"
+    state = slurm_cluster.wait_job(job, timeout=240)
+    text = out.read_text() if out.exists() else "no output file"
+    assert state == "COMPLETED", text
+    report = subprocess.run(
+        [str(venv / "bin" / "nvrx-report"), str(logs / str(job)), "--format", "json"],
+        capture_output=True, text=True, cwd=tmp_path, env=slurm_cluster.env, timeout=120,
+    )  # fmt: skip
+    assert report.returncode == 0, report.stderr
+    summary = json.loads(report.stdout)["summary"]
+    assert summary["outcome"].startswith("COMPLETED"), summary
+    assert summary["restarts"]["in_process"] == 1, summary  # rank 1's injected fault

@@ -28,6 +28,11 @@ def test_max_iterations_allows_exactly_that_many_rounds():
     with pytest.raises(RestartAbort, match="max_iterations 3") as info:
         ctl(_state(iteration=3))
     assert info.value.exit_code == 130
+    # the reference's fields come first, for callers that match them
+    assert str(info.value).startswith(
+        "state.iteration=3 self.max_iterations=3 state.world_size=4 self.min_world_size=1 "
+        "state.active_world_size=4 self.min_active_world_size=1 "
+    )
 
 
 def test_min_world_sizes():

@@ -1,9 +1,16 @@
-"""The package's layers stand in the order of docs/architecture.md, and no two sub-packages import each other.
+"""The package's layers stand in the order of docs/architecture.md, and no import goes round in a circle.
 
 Every import under ``nvrx/`` is read with ``ast``, the lazy ones inside
-functions too. A module may import its own layer's modules and the layers
-below it in the table, never one above; the sub-packages' import graph has no
-cycle. The table is read from the document, so the picture and the code agree.
+functions and those under ``if TYPE_CHECKING:`` too. A module may import its
+own layer's modules and the layers below it in the table, never one above;
+neither the sub-packages' import graph nor the modules' has a cycle. The table
+is read from the document, so the picture and the code agree.
+
+In the modules' graph an import names the module it loads: ``from X import y``
+is an edge to ``X.y`` when that is a module, else to ``X`` (a package's
+``__init__``). The packages Python loads on the way to a module are not
+edges: a package's ``__init__`` may re-export its submodules, and a submodule
+then imports its siblings directly, never through the package.
 """
 
 from __future__ import annotations
@@ -117,7 +124,51 @@ def check(package: Path, layers: list[list[str]]) -> list[str]:
                     f"({'/'.join(layers[theirs]) if theirs >= 0 else 'the nvrx facade'})"
                 )
     problems.extend(cycles(graph))
+    problems.extend(module_circles(module_graph(package)))
     return problems
+
+
+def module_graph(package: Path) -> dict[str, set[str]]:
+    """Each module under ``package`` and the modules of the package it imports."""
+    root = package.parent
+    graph: dict[str, set[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        name = module_name(path, root)
+        targets = graph.setdefault(name, set())
+        for _, target in imports_of(path, root):
+            inside = target == package.name or target.startswith(package.name + ".")
+            if inside and target != name and is_module(target, root):
+                targets.add(target)
+    return graph
+
+
+def module_circles(graph: dict[str, set[str]]) -> list[str]:
+    """One line per group of modules that import each other, directly or round a circle
+    (a strongly connected component of ``graph``, found with Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[str] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = stack[stack.index(node) :]
+            del stack[stack.index(node) :]
+            if len(group) > 1:
+                found.append("import circle between modules: " + ", ".join(sorted(group)))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
 
 
 def cycles(graph: dict[str, set[str]]) -> list[str]:
@@ -179,6 +230,31 @@ def test_an_upward_import_is_caught(tmp_path: Path, where: str, source: str, exp
     layers = layer_table(ARCHITECTURE.read_text())
     problems = check(copy, layers)
     assert any(expected in p for p in problems), problems
+
+
+def test_a_circle_between_modules_is_caught(tmp_path: Path) -> None:
+    copy = tmp_path / "nvrx"
+    for path in PACKAGE.rglob("*.py"):
+        target = copy / path.relative_to(PACKAGE)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(path.read_text())
+    (copy / "report" / "hen.py").write_text("from .egg import Egg\n")
+    (copy / "report" / "egg.py").write_text(
+        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from nvrx.report.hen import Hen\n"
+    )
+    problems = check(copy, layer_table(ARCHITECTURE.read_text()))
+    assert "import circle between modules: nvrx.report.egg, nvrx.report.hen" in problems, problems
+
+
+def test_a_package_reexport_is_not_a_circle_but_importing_through_it_is() -> None:
+    graph = {
+        "nvrx.p": {"nvrx.p.a", "nvrx.p.b"},  # the __init__ re-exports its modules
+        "nvrx.p.a": {"nvrx.p.b"},  # a sibling imported directly
+        "nvrx.p.b": set(),
+    }
+    assert module_circles(graph) == []
+    graph["nvrx.p.b"] = {"nvrx.p"}  # ``from nvrx.p import name``: through the package
+    assert module_circles(graph) == ["import circle between modules: nvrx.p, nvrx.p.a, nvrx.p.b"]
 
 
 def test_a_cycle_between_subpackages_is_caught() -> None:

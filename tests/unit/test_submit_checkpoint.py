@@ -21,8 +21,9 @@ from submitit.helpers import Checkpointable
 
 from nvrx.checkpoint_flag import write_flag
 from nvrx.submission import checkpointing, run_callable
+from nvrx.submission.call_spec import dump_spec, load_spec
 from nvrx.submission.checkpointing import CheckpointGuard, CheckpointStop, checkpoint_method
-from nvrx.submission.run_callable import dump_spec, load_spec, read_outcome
+from nvrx.submission.run_callable import read_outcome
 from nvrx.supervisor.preemption import PreemptionHandler
 
 BOUND_S = 30.0  # a callable the guard failed to stop returns after this

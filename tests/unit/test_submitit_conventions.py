@@ -169,7 +169,7 @@ def test_map_array_is_one_slurm_array(tmp_path: Path, fake_slurm: list[int]) -> 
     assert [j.folder for j in jobs] == [tmp_path / f"4242_{i}" for i in range(3)]
     script = (tmp_path / "4242" / "4242_submission.sh").read_text()  # the array's one script
     assert "#SBATCH --array=0-2%3\n" in script and "#SBATCH --signal=USR2@90\n" in script
-    from nvrx.submission.run_callable import load_spec
+    from nvrx.submission.call_spec import load_spec
 
     calls = []
     for i in range(3):

@@ -164,3 +164,26 @@ def test_the_omp_notice_says_what_children_get(omp: str | None, tmp_path) -> Non
         ]
     else:
         assert notices == []
+
+
+def test_only_a_job_of_one_node_given_no_port_takes_free_ports(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    env = {"PATH": os.environ["PATH"]}
+    cfg, _ = config_from_args(["--", "python"], env)
+    assert cfg.store_port == cfg.master_port + 1 and cfg.job_id == f"local-{cfg.store_port}"
+    assert capsys.readouterr().err == (
+        f"nvrx-supervise: no --master-port given; using free ports {cfg.master_port} (ranks' "
+        f"MASTER_PORT) and {cfg.store_port} (nvrx store)\n"
+    )
+    with socket.socket() as sock:  # the pair is free: a server can bind each port
+        sock.bind((cfg.master_addr, cfg.master_port))
+    for argv, env_more in [
+        (["--nnodes", "2", "--", "python"], {}),  # every node must compute the same ports
+        (["--master-port", "30040", "--", "python"], {}),
+        (["--store-port", "30041", "--", "python"], {}),
+        (["--", "python"], {"PET_MASTER_PORT": "30042"}),  # torchrun's fallback is a port given
+    ]:
+        cfg, _ = config_from_args(argv, {**env, **env_more})
+        assert "free ports" not in capsys.readouterr().err, argv
+    assert (cfg.master_port, cfg.store_port) == (30042, 30043)

@@ -1,9 +1,10 @@
-"""The torch floor in pyproject.toml is the first release with every torch API nvrx calls.
+"""The torch floor in pyproject.toml is no older than the first release with every torch API nvrx calls.
 
 Each entry names the API, the torch release that first shipped it, and where that comes
 from (the pull request that added it and its merge date; torch branches for a release
 about two months before it ships). Adding a call to a newer API means adding it here,
-which raises the floor.
+which raises the floor when the API is newer than it. The floor may be higher: it is also
+the torch that scripts/setup.sh installs and the tests run on.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ def _floor() -> tuple[int, ...]:
     return int(match[1]), int(match[2])
 
 
-def test_the_floor_is_the_newest_api_we_call() -> None:
-    assert _floor() == max(release for release, _ in APIS.values())
+def test_the_floor_has_the_newest_api_we_call() -> None:
+    assert _floor() >= max(release for release, _ in APIS.values())
 
 
 def test_the_installed_torch_has_every_api() -> None:

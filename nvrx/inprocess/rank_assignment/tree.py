@@ -225,6 +225,12 @@ class Tree(RankAssignment):
                     stacklevel=3,
                 )
                 break
+        self._activate_leaves()
+
+    def _activate_leaves(self) -> None:
+        """Make leaves active in tree order while every layer above them has room, the others
+        inactive; then give each leaf its backfill domain (its outermost run of ``BACKFILL``
+        ancestors from the leaf up)."""
         active = 0
         for leaf in self.tree.leaves():
             path = list(leaf.ancestors())

@@ -1,0 +1,190 @@
+"""The job's summary: per-file summaries merged into one, as they arrive.
+
+Memory grows with the number of rounds and failures, not with the number of
+events. A file's summary becomes a one-file ``JobSummary`` (its rounds filed
+under the job run they belong to) and is merged like any other partial
+summary, such as one built by a worker process over other files: there is one
+merge, declared field by field (``merging``). The summary is data the
+analyses read (``timeline``, ``failure_groups``, ``process_rows``,
+``suspects``, ``job_facts``): it imports none of them.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Any
+
+from nvrx.events.reader import Skipped
+
+from .file_summary import FileSummary, run_key
+from .merging import (
+    COUNTS,
+    EXTEND,
+    EXTEND_EACH,
+    MAX,
+    MIN,
+    PARTS,
+    SUM,
+    UNION,
+    UNION_EACH,
+    merge_fields,
+    merged,
+)
+from .model import Hang
+from .output_triage import Death
+from .parts import LocalFault, RoundState, SignatureGroup, order_key
+
+MAX_SKIPPED_LISTED = 50
+
+
+def _skipped_key(s: Skipped) -> tuple[str, int, str]:
+    return s.path, s.line, s.reason
+
+
+def _hang_key(h: Hang) -> tuple[Any, ...]:
+    def n(value: Any) -> Any:
+        return (value is None, value if value is not None else 0)
+
+    return h.run, n(h.round), n(h.wall), n(h.host), n(h.rank), n(h.timeout), n(h.stack)
+
+
+def _death_key(d: Death) -> tuple[Any, ...]:
+    rank, node = (v if v is not None else -1 for v in (d.rank, d.node))
+    return d.host or "", rank, node, d.how
+
+
+@dataclass
+class JobSummary:
+    """Job-wide state folded from file summaries; ``add`` files or ``merge`` partial summaries."""
+
+    files: int = merged(SUM)
+    events: int = merged(SUM)
+    events_used: int = merged(SUM)
+    unknown_kinds: dict[str, int] = merged(COUNTS)
+    skipped: list[Skipped] = field(default_factory=list)  # the first MAX_SKIPPED_LISTED
+    skipped_count: int = merged(SUM)
+    first_wall: float | None = merged(MIN)
+    last_wall: float | None = merged(MAX)
+    jobs: set[str] = merged(UNION)
+    ranks: set[int] = merged(UNION)
+    hosts: set[str] = merged(UNION)
+    node_hosts: dict[int, set[str]] = merged(UNION_EACH)
+    world_size: int = merged(MAX, 0)
+    calls: int = merged(SUM)
+    call_us: int = merged(SUM)  # integer microseconds: the sum does not depend on merge order
+    # (host, pid) -> (last wall, PEER | "own") of processes whose last fault ended them.
+    ending_faults: dict[tuple[str | None, int], list[tuple[float, str]]] = merged(EXTEND_EACH)
+    interrupted_calls: int = merged(SUM)
+    # Processes whose events stop inside the training function with no fault (died unexplained).
+    vanished: list[Death] = merged(EXTEND)
+    fault_ended_ranks: set[int] = merged(UNION)  # ranks of processes whose last event is a fault
+    rounds: dict[tuple[int, int], RoundState] = merged(PARTS)  # (run, round) -> state
+    signatures: dict[str, SignatureGroup] = merged(PARTS)
+    monitor_deaths: list[LocalFault] = merged(EXTEND)  # dead/unresponsive faults, round or not
+    hangs: list[Hang] = merged(EXTEND)
+    node_events: list[dict[str, Any]] = merged(EXTEND)  # each with the "run" it belongs to
+    wrapper_ends: dict[str, int] = merged(COUNTS)
+    told_signatures: set[str] = merged(UNION)
+    told_types: set[str] = merged(UNION)
+    # Wall times of supervisor_start per run_key, sorted: where each job run begins.
+    starts: dict[str, list[float]] = field(default_factory=dict)
+    _global_starts: list[float] | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def starting(cls, run_starts: dict[str, list[float]] | None = None) -> JobSummary:
+        """An empty summary that files events under the job runs of ``run_starts``."""
+        return cls(starts={key: sorted(walls) for key, walls in (run_starts or {}).items()})
+
+    # -- runs (a requeued job runs again under the same job id) -------------
+    def note_run_start(self, key: str, wall: float) -> None:
+        starts = self.starts.setdefault(key, [])
+        if wall not in starts:
+            bisect.insort(starts, wall)
+            self._global_starts = None
+
+    def run_of(self, key: str | None, wall: float | None) -> int:
+        """Index of the job run an event belongs to, by the supervisor starts of its ``run_key``."""
+        if wall is None or not self.starts:
+            return 0
+        starts = self.starts.get(key) if key is not None else None
+        if not starts:
+            if self._global_starts is None:
+                self._global_starts = max(self.starts.values(), key=len, default=[])
+            starts = self._global_starts
+        return max(0, bisect.bisect_right(starts, wall) - 1)
+
+    @property
+    def run_starts(self) -> dict[str, list[float]]:
+        """Wall times of ``supervisor_start`` per ``run_key``: the start of each job run."""
+        return {key: list(walls) for key, walls in self.starts.items()}
+
+    @property
+    def runs(self) -> int:
+        return max((len(s) for s in self.starts.values()), default=1) or 1
+
+    # -- folding ------------------------------------------------------------------
+    def merge(self, other: JobSummary) -> None:
+        """Fold in another partial summary (of other files); ``other`` is used up."""
+        merge_fields(self, other)
+        if other.skipped:  # the first ones by place, whichever part came first
+            both = sorted(self.skipped + other.skipped, key=_skipped_key)
+            self.skipped = both[:MAX_SKIPPED_LISTED]
+        for key, walls in other.starts.items():
+            for wall in walls:
+                self.note_run_start(key, wall)
+
+    def add(self, fs: FileSummary) -> None:
+        """Fold in one file's summary: merging the one-file summary it makes."""
+        for key, wall in fs.run_starts:
+            self.note_run_start(key, wall)
+        self.merge(self.part_of(fs))
+
+    def settle(self) -> None:
+        """Put the lists that merging fills in arrival order into one order, so that the
+        report never depends on the order in which files and partial summaries were merged."""
+        self.hangs.sort(key=_hang_key)
+        self.vanished.sort(key=_death_key)
+        self.monitor_deaths.sort(key=order_key)
+        for ends in self.ending_faults.values():
+            ends.sort()
+
+    def part_of(self, fs: FileSummary) -> JobSummary:
+        """``fs`` as a one-file job summary, its events filed under the runs known here."""
+        stats = fs.stats
+        part = JobSummary(
+            files=stats.files,
+            events=stats.events,
+            events_used=fs.kept,
+            unknown_kinds=dict(stats.unknown_kinds),
+            skipped=stats.skipped[:MAX_SKIPPED_LISTED],
+            skipped_count=len(stats.skipped),
+        )
+        if fs.kept == 0:
+            return part
+        part.first_wall, part.last_wall = fs.first_wall, fs.last_wall
+        part.jobs, part.ranks, part.world_size = fs.jobs, fs.ranks, fs.world_size
+        part.hosts = {fs.host} if fs.host is not None else set()
+        part.node_hosts = {node: {host} for node, host in fs.node_hosts.items()}
+        part.calls, part.call_us = fs.calls, fs.call_us
+        part.interrupted_calls, part.wrapper_ends = fs.interrupted_calls, fs.wrapper_ends
+        part.told_signatures, part.told_types = fs.told_signatures, fs.told_types
+        if fs.ending_fault is not None and fs.pid is not None and fs.last_wall is not None:
+            part.ending_faults = {(fs.host, fs.pid): [(fs.last_wall, fs.ending_fault)]}
+        for pid, wall in fs.hung_children:
+            part.ending_faults.setdefault((fs.host, pid), []).append((wall, "own"))
+        rank = next(iter(fs.ranks)) if len(fs.ranks) == 1 else None
+        file_node = next(iter(fs.node_hosts)) if len(fs.node_hosts) == 1 else None
+        if fs.vanished:
+            part.vanished = [Death(rank, file_node, fs.host, "vanished")]
+        if fs.ending_fault is not None and rank is not None:
+            part.fault_ended_ranks = {rank}
+        run = self.run_of(run_key(fs.host, file_node), fs.first_wall)
+        part.rounds = {(run, rnd): state for rnd, state in fs.rounds.items()}
+        part.signatures = fs.signatures
+        part.monitor_deaths = fs.monitor_deaths
+        part.hangs = [Hang(run=run, **h) for h in fs.hangs]
+        for e in fs.node_events:
+            e["run"] = self.run_of(run_key(e.get("host"), e.get("node")), e.get("wall"))
+        part.node_events = fs.node_events
+        return part

@@ -1,0 +1,39 @@
+"""The call a submitted job runs: ``(fn, args, kwargs)`` pickled with cloudpickle into one file.
+
+``nvrx.submit`` writes it into the job folder before submission; every rank's
+``run_callable`` loads it; a checkpoint (``checkpointing``) replaces it with the
+call the next run makes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from nvrx.atomic_file import replace_file
+
+
+def dump_spec(
+    path: str | os.PathLike[str],
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+) -> Path:
+    """Write what the children will run; raises TypeError naming ``fn`` when it cannot be pickled."""
+    try:
+        data = cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
+    except Exception as exc:
+        raise TypeError(f"cannot pickle {fn!r} with its arguments for the job: {exc}") from exc
+    return replace_file(path, data)
+
+
+def load_spec(
+    path: str | os.PathLike[str],
+) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+    with open(path, "rb") as fh:
+        fn, args, kwargs = cloudpickle.load(fh)
+    return fn, args, kwargs

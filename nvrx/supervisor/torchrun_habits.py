@@ -1,0 +1,77 @@
+"""torchrun options that ``nvrx-supervise`` does not take, each answered with why and the nvrx way.
+
+A user coming from torchrun types its options out of habit; argparse alone would only say
+"unrecognized arguments". Each one here is a hidden option of the parser whose use stops
+the parse with one line: why nvrx does not need it and what to give instead. Only options
+before the training command are seen: the command after ``--`` is passed on untouched.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .config import ConfigError
+
+_STORE = (
+    "is not needed: node 0's supervisor hosts the job's store (give --master-addr/--master-port "
+    "when starting nodes by hand; under SLURM nothing)"
+)
+_COMMAND = "is not needed: the command after '--' runs as given"
+
+#: (spellings, takes a value, the answer after "<option as typed> ").
+HABITS: tuple[tuple[tuple[str, ...], bool, str], ...] = (
+    (("--standalone",), False, "is not needed: a single node is the default (drop it)"),
+    (("--rdzv-backend",), True, _STORE),
+    (("--rdzv-endpoint",), True, _STORE),
+    (("--rdzv-id",), True, _STORE),
+    (("--rdzv-conf",), True, _STORE),
+    (("-m", "--module"), False, f"{_COMMAND}: write 'python -m MODULE' after '--'"),
+    (("--no-python",), False, f"{_COMMAND}: write the executable itself after '--'"),
+    (("--run-path",), False, f"{_COMMAND}: write 'python path/to/script.py' after '--'"),
+    (
+        ("--start-method",),
+        True,
+        "is not needed: every rank is its own process running the command after '--'",
+    ),
+    (("--role",), True, "is not needed: every rank has torchrun's one role, 'default' (ROLE_NAME)"),
+    (
+        ("--term-timeout", "--workers-stop-timeout"),
+        True,
+        "is --grace-period here: seconds between SIGTERM and SIGKILL of the children",
+    ),
+)
+
+
+class _Answer(argparse.Action):
+    """Stops the parse with the habit's answer (``ConfigError``: exit 2, one line)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, answer: str, **kwargs: Any):
+        super().__init__(option_strings, dest, **kwargs)
+        self.answer = answer
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:  # fmt: skip
+        raise ConfigError(f"{option_string} {self.answer}")
+
+
+def add_answers(add: Callable[..., None]) -> None:
+    """Register each habit with ``add`` (the parser's two-spellings ``add_argument``), hidden from --help."""
+    for names, takes_value, answer in HABITS:
+        add(*names, action=_Answer, answer=answer, nargs="?" if takes_value else 0,
+            dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # fmt: skip
+
+
+def node_count(text: str) -> int:
+    """``--nnodes``: a whole number; torchrun's ``MIN:MAX`` is answered with nvrx's way to it."""
+    if ":" in text:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: torchrun's MIN:MAX node range is --nnodes N --spare-nodes K here "
+            "(K hot spares among N nodes) and --min-nodes M (go on with M training nodes "
+            "when no spare is left)"
+        )
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None

@@ -1,0 +1,181 @@
+"""A new user's mistakes at the command lines, each answered with one line and the right exit code.
+
+The convention for every nvrx program: bad input or a failed run ends with one line on
+stderr, ``<program>: ...`` (``<program>: error: ...`` but for nvrx-report's own errors),
+naming what to fix; before it at most one ``usage:`` line, for a usage error that argparse
+(or nvrx-srun, in argparse's manner) answers. Exit 2 for a usage error (a bad option or
+value, or a name that matches nothing), 1 for a failure of the run (a directory that cannot
+be read, a file that cannot be written). A warning is one line, ``<program>: warning: ...``,
+and leaves the exit code alone.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from test_report_fixtures import JOB, write_standard_job
+
+from nvrx.report import cli as report_cli
+from nvrx.slurm import srun_cli, template_cli
+from nvrx.supervisor import cli as supervise_cli
+from nvrx.supervisor.cli import config_from_args
+
+PROGRAMS: dict[str, Callable[[Sequence[str]], int]] = {
+    "nvrx-supervise": supervise_cli.main,
+    "nvrx-report": report_cli.main,
+    "nvrx-srun": srun_cli.main,
+    "nvrx-template": template_cli.main,
+}
+_STORE = (
+    "is not needed: node 0's supervisor hosts the job's store (give --master-addr/--master-port"
+)
+
+#: (program, argv, exit code, a piece of the last line); ``{job}`` is a job's log directory,
+#: ``{tmp}`` a scratch folder.
+BAD_INPUT = [
+    ("nvrx-supervise", ["--standalone", "--", "python", "x.py"], 2,
+     "error: --standalone is not needed: a single node is the default (drop it)"),
+    ("nvrx-supervise", ["--rdzv-backend", "c10d", "--", "python"], 2, f"error: --rdzv-backend {_STORE}"),
+    ("nvrx-supervise", ["--rdzv_backend=c10d", "--", "python"], 2, f"error: --rdzv_backend {_STORE}"),
+    ("nvrx-supervise", ["--rdzv-endpoint=h:29400", "--", "python"], 2, f"--rdzv-endpoint {_STORE}"),
+    ("nvrx-supervise", ["--rdzv_id", "7", "--", "python"], 2, f"--rdzv_id {_STORE}"),
+    ("nvrx-supervise", ["--rdzv-conf", "timeout=9", "--", "python"], 2, f"--rdzv-conf {_STORE}"),
+    ("nvrx-supervise", ["--nnodes", "1:4", "--", "python"], 2,
+     "torchrun's MIN:MAX node range is --nnodes N --spare-nodes K here"),
+    ("nvrx-supervise", ["-m", "pkg.train"], 2, "-m is not needed: the command after '--' runs as "
+     "given: write 'python -m MODULE' after '--'"),
+    ("nvrx-supervise", ["--module", "pkg.train"], 2, "--module is not needed"),
+    ("nvrx-supervise", ["--no-python", "--", "./train.sh"], 2,
+     "--no-python is not needed: the command after '--' runs as given"),
+    ("nvrx-supervise", ["--run-path", "train.py"], 2, "--run-path is not needed"),
+    ("nvrx-supervise", ["--start-method", "spawn", "--", "python"], 2, "--start-method is not needed"),
+    ("nvrx-supervise", ["--role", "trainer", "--", "python"], 2, "--role is not needed"),
+    ("nvrx-supervise", ["--term-timeout", "5", "--", "python"], 2, "--term-timeout is --grace-period here"),
+    ("nvrx-supervise", ["--bogus", "--", "python"], 2, "error: unrecognized arguments: --bogus"),
+    ("nvrx-report", ["{job}", "--rank", "99", "--no-sacct"], 2, "no rank 99 in '{job}': ranks 0-3"),
+    ("nvrx-report", ["{job}", "--job", "nope", "--no-sacct"], 2, f"no job 'nope' in '{{job}}': jobs {JOB}"),
+    ("nvrx-report", ["{tmp}/missing"], 2, "log directory '{tmp}/missing' does not exist"),
+    ("nvrx-report", ["--rank", "x"], 2, "error: argument --rank: invalid int value: 'x'"),
+    ("nvrx-srun", [], 2, "error: no training command: put it after '--'"),
+    ("nvrx-template", ["train", "--srun", "/nonexistent/nvrx-srun"], 0,
+     "warning: --srun /nonexistent/nvrx-srun is not an executable file on this machine"),
+    ("nvrx-template", ["train", "-o", "{tmp}/no/such/x.sbatch"], 1,
+     "error: cannot write {tmp}/no/such/x.sbatch: folder {tmp}/no/such does not exist"),
+    ("nvrx-template", ["--bogus"], 2, "error: unrecognized arguments: --bogus"),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def job_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("logs") / JOB
+    write_standard_job(path)
+    return path
+
+
+def _run(program: str, argv: Sequence[str]) -> int:
+    """The program's exit code, run in this process (argparse's exit included)."""
+    try:
+        return PROGRAMS[program](list(argv))
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+
+
+def check_one_line(program: str, stderr: str, code: int) -> str:
+    """The line that answers: the only non-empty line of ``stderr``, or the one after a usage
+    line of a usage error."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    if code == 2 and len(lines) == 2:
+        assert lines[0].startswith(f"usage: {program} "), stderr
+        lines = lines[1:]
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith(f"{program}: "), stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(("program", "argv", "code", "fragment"), BAD_INPUT)
+def test_bad_input_gets_one_line_and_its_exit_code(
+    program: str, argv: list[str], code: int, fragment: str, job_dir: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    monkeypatch.chdir(tmp_path)  # a template written by mistake lands here
+    values = {"job": str(job_dir), "tmp": str(tmp_path)}
+    argv = [a.format(**values) for a in argv]
+    assert _run(program, argv) == code
+    line = check_one_line(program, capsys.readouterr().err, code)
+    assert fragment.format(**values) in line
+
+
+def test_torchrun_options_after_the_command_are_the_commands() -> None:
+    command = ["python", "x.py", "--standalone", "--rdzv-backend", "c10d", "-m", "--nnodes", "1:2"]
+    cfg, _ = config_from_args(
+        ["--master-port", "30030", "--", *command], {"PATH": os.environ["PATH"]}
+    )
+    assert cfg.command == command
+
+
+def test_the_template_with_a_foreign_srun_is_still_written(tmp_path: Path) -> None:
+    out = tmp_path / "job.sbatch"
+    assert template_cli.main(["train", "--srun", "/cluster/bin/nvrx-srun", "-o", str(out)]) == 0
+    assert 'NVRX_SRUN="${NVRX_SRUN:-/cluster/bin/nvrx-srun}"' in out.read_text()
+
+
+@pytest.fixture
+def unsearchable_job() -> Iterator[Path]:
+    """A job's log directory whose names can be listed but whose files cannot be opened
+    (mode 0o444), in a folder any user may enter."""
+    folder = Path(tempfile.mkdtemp(prefix="nvrx-unsearchable-"))
+    folder.chmod(0o755)
+    job = folder / JOB
+    write_standard_job(job)
+    job.chmod(0o444)
+    try:
+        yield job
+    finally:
+        job.chmod(0o755)
+        shutil.rmtree(folder)
+
+
+#: Runs nvrx-report in a child that, started as root (which reads any directory), first
+#: becomes ``nobody``: after the imports, since this Python may live where ``nobody`` may not go.
+AS_USER = """
+import os, sys
+import nvrx.report.cli as cli
+uid, gid = int(sys.argv[1]), int(sys.argv[2])
+if uid >= 0:
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+sys.exit(cli.main(sys.argv[3:]))
+"""
+
+
+def _unprivileged_ids() -> tuple[int, int]:
+    """(uid, gid) of ``nobody`` where this test runs as root; (-1, -1) (stay) for another
+    user, whom the directory's mode already stops. Skips where root has no one to become."""
+    if os.geteuid() != 0:
+        return -1, -1
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("running as root and no user 'nobody' to become: root reads any directory")
+    return nobody.pw_uid, nobody.pw_gid
+
+
+def test_an_unsearchable_log_directory_is_one_line_and_exit_1(unsearchable_job: Path) -> None:
+    uid, gid = _unprivileged_ids()
+    done = subprocess.run(
+        [sys.executable, "-c", AS_USER, str(uid), str(gid), str(unsearchable_job), "--no-sacct"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    line = check_one_line("nvrx-report", done.stderr, 1)
+    assert f"cannot read log directory {str(unsearchable_job)!r}" in line
+    assert "chmod u+rx" in line
