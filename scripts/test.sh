@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up .venv and run every test tier (unit, multiproc, slurm) plus ruff.
+# Set up .venv (and .venv-nvrx, the reference of the differential tier) and run every test
+# tier (unit, multiproc, differential, slurm) plus ruff.
 # As root with apt, SLURM is installed first and the slurm tier runs against a
 # real local cluster that the test session starts and stops; elsewhere that
 # tier skips with the reason. Extra arguments go to pytest, for example:
@@ -11,6 +12,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
 bash scripts/setup.sh || { echo "test.sh: setup failed" >&2; exit 1; }
+# The differential tier's reference (NVRx 0.4.1 in .venv-nvrx); without it that tier skips
+# and says why.
+bash scripts/setup_nvrx_reference.sh || echo "test.sh: NVRx reference not installed: the differential tier will skip" >&2
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     bash scripts/install_slurm.sh || { echo "test.sh: SLURM install failed" >&2; exit 1; }
 fi

@@ -24,15 +24,15 @@ import os
 import select
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from nvrx import jobenv
 
 from . import channel
 from .config import FaultToleranceConfig
-from .data import WorkloadAction, WorkloadControlRequest
-from .timeouts import Observations, Timeouts
+from .data import HeartbeatTimeouts, SectionTimeouts, WorkloadAction, WorkloadControlRequest
+from .timeouts import CHECKPOINT_KEY, Observations, Timeouts
 
 log = logging.getLogger("nvrx.fault_tolerance")
 
@@ -50,6 +50,9 @@ class RankMonitorClientError(RuntimeError):
 class RankMonitorClient:
     """The rank's side of launcher-side hang detection (NVRx's ``RankMonitorClient``)."""
 
+    #: The key of ``state_dict()``'s entry, as NVRx names it.
+    CURRENT_TIMEOUTS_STATE_KEY = CHECKPOINT_KEY
+
     def __init__(self) -> None:
         self.cfg: FaultToleranceConfig | None = None
         self.timeouts: Timeouts | None = None  # in force, once monitoring began
@@ -61,6 +64,22 @@ class RankMonitorClient:
         self._lost = False
         self._next_packet = 0.0
         self._packet_interval = HEARTBEAT_PACKET_INTERVAL_S
+
+    # -- NVRx's view of the state ---------------------------------------------------------
+    @property
+    def is_initialized(self) -> bool:
+        """Monitoring is on (between ``init_workload_monitoring`` and its shutdown)."""
+        return self._sock is not None
+
+    @property
+    def hb_timeouts(self) -> HeartbeatTimeouts | None:
+        """The heartbeat timeouts in force; None before ``init_workload_monitoring``."""
+        return self.timeouts.heartbeat_view() if self.timeouts is not None else None
+
+    @property
+    def section_timeouts(self) -> SectionTimeouts | None:
+        """The section timeouts in force; None before ``init_workload_monitoring``."""
+        return self.timeouts.section_view() if self.timeouts is not None else None
 
     # -- life ---------------------------------------------------------------------------
     def init_workload_monitoring(self) -> None:
@@ -232,22 +251,17 @@ class RankMonitorClient:
 
     # -- checkpoint ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The timeouts in force, to save in the training checkpoint."""
+        """The computed timeouts in force, to save in the training checkpoint (NVRx's format:
+        ``{"current_timeouts": {"heartbeat": ..., "section": ...}}``, each part only once computed)."""
         t = self.timeouts or self._restored
-        return {"timeouts": t.to_dict() if t is not None else None}
+        return t.to_checkpoint() if t is not None else {CHECKPOINT_KEY: {}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Put the saved timeouts in force (now, or at ``init_workload_monitoring``)."""
-        if not isinstance(state, dict) or "timeouts" not in state:
-            raise RankMonitorClientError(
-                f"load_state_dict: expected what state_dict() returned, got {state!r:.200}"
-            )
-        if state["timeouts"] is None:
+        """Put the saved timeouts in force (now, or at ``init_workload_monitoring``). Takes what
+        ``state_dict()`` returned here or under NVRx, and the ``{"timeouts": ...}`` of nvrx < 0.5."""
+        restored = _restored_from(state)
+        if restored is None:
             return
-        try:
-            restored = Timeouts.from_dict(dict(state["timeouts"]))
-        except (TypeError, ValueError) as exc:
-            raise RankMonitorClientError(f"load_state_dict: {exc}") from None
         if self._sock is None:
             self._restored = restored
             return
@@ -306,6 +320,23 @@ class RankMonitorClient:
         if not self._lost:
             self._lost = True
             log.error("lost the supervisor's socket (%s): this rank is no longer monitored", exc)
+
+
+def _restored_from(state: Any) -> Timeouts | None:
+    """The timeouts a checkpoint entry holds, None when it holds none; RankMonitorClientError
+    when it is not one."""
+    if not isinstance(state, Mapping) or (state and not ({CHECKPOINT_KEY, "timeouts"} & set(state))):
+        raise RankMonitorClientError(
+            f"load_state_dict: expected what state_dict() returned, got {state!r:.200}"
+        )
+    try:
+        if state.get(CHECKPOINT_KEY):
+            return Timeouts.from_checkpoint(dict(state[CHECKPOINT_KEY]))
+        if state.get("timeouts"):
+            return Timeouts.from_dict(dict(state["timeouts"]))
+    except (TypeError, ValueError) as exc:
+        raise RankMonitorClientError(f"load_state_dict: {exc}") from None
+    return None
 
 
 def _overlay(base: Timeouts | None, restored: Timeouts) -> Timeouts:

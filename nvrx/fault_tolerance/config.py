@@ -24,7 +24,8 @@ class FaultToleranceConfigError(ValueError):
     """A setting or a configuration file is wrong; the message names it."""
 
 
-#: Fields of NVRx's configuration that nvrx accepts and does not use, with the reason.
+#: Fields of NVRx's configuration that nvrx accepts and does not use, with the reason; those
+#: of NVRx 0.4.1's dataclass are attributes here too, so code that sets or reads them runs.
 IGNORED_FIELDS = {
     "node_health_check_interval": "nvrx runs no periodic node health check in the monitor",
     "restart_check_interval": "a no-op in NVRx too",
@@ -58,6 +59,9 @@ class FaultToleranceConfig:
         rank_termination_signal: what a hung rank's process group receives first;
             SIGKILL follows after the supervisor's ``--grace-period``.
         log_level: of the client's logger (``nvrx.fault_tolerance``).
+        node_health_check_interval, restart_check_interval, enable_nic_monitor,
+            pci_topo_file, link_down_path_template: NVRx's settings, kept as attributes
+            and not used (``IGNORED_FIELDS`` says why).
     """
 
     workload_check_interval: float = 5.0
@@ -68,6 +72,11 @@ class FaultToleranceConfig:
     safety_factor: float = 5.0
     rank_termination_signal: signal.Signals = signal.SIGKILL
     log_level: int = logging.INFO
+    node_health_check_interval: float = 5.0
+    restart_check_interval: float = 60.0
+    enable_nic_monitor: bool = True
+    pci_topo_file: str | None = None
+    link_down_path_template: str | None = None
 
     def __post_init__(self) -> None:
         self.workload_check_interval = _positive("workload_check_interval", self.workload_check_interval)
@@ -97,16 +106,51 @@ class FaultToleranceConfig:
 
     # -- files and options ----------------------------------------------------------
     @classmethod
-    def from_yaml_file(cls, path: str | Path) -> FaultToleranceConfig:
-        """The ``fault_tolerance`` section of a YAML file (needs PyYAML: ``pip install 'nvrx[yaml]'``)."""
-        return cls(**yaml_section(path))
+    def from_kwargs(cls, ignore_not_recognized: bool = True, **kwargs: Any) -> FaultToleranceConfig:
+        """A configuration from keyword arguments; unknown names are dropped, or refused with
+        ``ignore_not_recognized=False`` (FaultToleranceConfigError, a ValueError), as in NVRx."""
+        unknown = sorted(set(kwargs) - set(FIELDS))
+        if unknown and not ignore_not_recognized:
+            raise FaultToleranceConfigError(
+                f"FaultToleranceConfig: unknown setting(s) {unknown} (known: {', '.join(FIELDS)})"
+            )
+        return cls(**{k: v for k, v in kwargs.items() if k in FIELDS})
+
+    @classmethod
+    def from_yaml_file(cls, path: str | Path, ignore_not_recognized: bool = True) -> FaultToleranceConfig:
+        """The ``fault_tolerance`` section of a YAML file (needs PyYAML: ``pip install 'nvrx[yaml]'``);
+        an unknown setting is dropped with a warning, or refused with ``ignore_not_recognized=False``."""
+        return cls(**yaml_section(path, strict=not ignore_not_recognized))
+
+    @classmethod
+    def from_args(cls, args: Any) -> FaultToleranceConfig:
+        """From parsed launcher options, as NVRx's launcher has them: the YAML file of
+        ``args.ft_cfg_path``, then each ``args.ft_<setting>`` that is not None. Unlike NVRx, a
+        file that cannot be read is an error, not silently the defaults."""
+        options = {name: getattr(args, f"ft_{name}", None) for name in FIELDS}
+        if isinstance(options["rank_section_timeouts"], str):
+            options["rank_section_timeouts"] = parse_section_timeouts(options["rank_section_timeouts"])
+        path = getattr(args, "ft_cfg_path", None)
+        if not path and all(v is None for v in options.values()):
+            raise FaultToleranceConfigError(
+                "no fault tolerance configuration given: neither ft_cfg_path nor any ft_<setting>"
+            )
+        return cls.from_sources(path, options)
+
+    def to_yaml_file(self, path: str | Path) -> None:
+        """Write this configuration as the ``fault_tolerance`` section of a YAML file, which
+        ``from_yaml_file`` (here or in NVRx) reads back."""
+        yaml = _yaml(path)
+        data = dataclasses.asdict(self)
+        data["rank_termination_signal"] = self.rank_termination_signal.name
+        Path(path).write_text(yaml.safe_dump({"fault_tolerance": data}))
 
     @classmethod
     def from_sources(
         cls, yaml_path: str | Path | None, options: Mapping[str, Any]
     ) -> FaultToleranceConfig:
         """Defaults, then the YAML file's section, then each option that is not None."""
-        values = yaml_section(yaml_path) if yaml_path else {}
+        values = yaml_section(yaml_path, strict=True) if yaml_path else {}
         values.update({k: v for k, v in options.items() if v is not None})
         return cls(**values)
 
@@ -114,14 +158,21 @@ class FaultToleranceConfig:
 FIELDS = tuple(f.name for f in dataclasses.fields(FaultToleranceConfig))
 
 
-def yaml_section(path: str | Path) -> dict[str, Any]:
-    """The known fields of the ``fault_tolerance`` mapping in a YAML file; errors name the file."""
+def _yaml(path: str | Path) -> Any:
+    """The PyYAML module, or FaultToleranceConfigError saying how to install it."""
     try:
         import yaml
     except ImportError:
         raise FaultToleranceConfigError(
             f"--ft-cfg-path {path}: reading YAML needs PyYAML: pip install 'nvrx[yaml]'"
         ) from None
+    return yaml
+
+
+def yaml_section(path: str | Path, strict: bool = True) -> dict[str, Any]:
+    """The known fields of the ``fault_tolerance`` mapping in a YAML file; errors name the file.
+    An unknown setting is an error when ``strict``, else dropped with a warning."""
+    yaml = _yaml(path)
     try:
         document = yaml.safe_load(Path(path).read_text())
     except OSError as exc:
@@ -133,15 +184,19 @@ def yaml_section(path: str | Path) -> dict[str, Any]:
         raise FaultToleranceConfigError(f"--ft-cfg-path {path}: no 'fault_tolerance' mapping in the file")
     values = {}
     for key, value in section.items():
+        if key in IGNORED_FIELDS:
+            log.warning("--ft-cfg-path %s: %r ignored (%s)", path, key, IGNORED_FIELDS[key])
         if key in FIELDS:
             values[key] = value
         elif key in IGNORED_FIELDS:
-            log.warning("--ft-cfg-path %s: %r ignored (%s)", path, key, IGNORED_FIELDS[key])
-        else:
+            continue
+        elif strict:
             raise FaultToleranceConfigError(
                 f"--ft-cfg-path {path}: unknown setting {key!r} under fault_tolerance "
                 f"(known: {', '.join(FIELDS)})"
             )
+        else:
+            log.warning("%s: unknown setting %r under fault_tolerance ignored", path, key)
     return values
 
 

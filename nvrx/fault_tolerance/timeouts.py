@@ -14,6 +14,11 @@ import dataclasses
 import time
 from typing import Any
 
+from .data import HeartbeatTimeouts, SectionTimeouts
+
+#: The key of NVRx's ``RankMonitorClient.state_dict()``, which nvrx writes and reads too.
+CHECKPOINT_KEY = "current_timeouts"
+
 
 @dataclasses.dataclass
 class Timeouts:
@@ -35,6 +40,49 @@ class Timeouts:
         if unknown:
             raise ValueError(f"timeouts: unknown field(s) {sorted(unknown)}; known: {sorted(known)}")
         return cls(**data)
+
+    def heartbeat_view(self) -> HeartbeatTimeouts:
+        """The heartbeat timeouts as NVRx's client shows them (``hb_timeouts``)."""
+        computed = "heartbeat" in self.computed or "initial_heartbeat" in self.computed
+        return HeartbeatTimeouts(self.initial_heartbeat, self.heartbeat, computed)
+
+    def section_view(self) -> SectionTimeouts:
+        """The section timeouts as NVRx's client shows them (``section_timeouts``)."""
+        calculated = {n[len("section:"):] for n in self.computed if n.startswith("section:")}
+        return SectionTimeouts(
+            dict(self.sections), self.out_of_section, calculated, "out_of_section" in self.computed
+        )
+
+    def to_checkpoint(self) -> dict[str, Any]:
+        """NVRx's checkpoint entry: the computed timeouts only (configured ones come from the
+        launcher again after a restart)."""
+        saved: dict[str, Any] = {}
+        hb = self.heartbeat_view()
+        if hb.are_valid and hb.were_calculated:
+            saved["heartbeat"] = dataclasses.asdict(hb)
+        sections = self.section_view()
+        if sections.calculated_sections or sections.is_out_of_section_calculated:
+            saved["section"] = dataclasses.asdict(sections)
+            saved["section"]["calculated_sections"] = sorted(sections.calculated_sections)
+        return {CHECKPOINT_KEY: saved}
+
+    @classmethod
+    def from_checkpoint(cls, saved: dict[str, Any]) -> Timeouts:
+        """The timeouts of NVRx's checkpoint entry (``to_checkpoint``); None where it holds none."""
+        timeouts = cls(initial_heartbeat=None, heartbeat=None, out_of_section=None)
+        if "heartbeat" in saved:
+            hb = HeartbeatTimeouts(**saved["heartbeat"])
+            timeouts.initial_heartbeat, timeouts.heartbeat = hb.initial, hb.subsequent
+            if hb.were_calculated:
+                timeouts.computed += ["initial_heartbeat", "heartbeat"]
+        if "section" in saved:
+            sections = SectionTimeouts(**saved["section"])
+            timeouts.sections = dict(sections.section)
+            timeouts.out_of_section = sections.out_of_section
+            timeouts.computed += [f"section:{n}" for n in sorted(sections.calculated_sections)]
+            if sections.is_out_of_section_calculated:
+                timeouts.computed.append("out_of_section")
+        return timeouts
 
     def merge(self, name: str, value: float) -> float:
         """The value to put in force for ``name`` after computing ``value``."""
@@ -88,4 +136,4 @@ class Observations:
             self.section_end(name, now)
 
 
-__all__ = ["Observations", "Timeouts"]
+__all__ = ["CHECKPOINT_KEY", "Observations", "Timeouts"]

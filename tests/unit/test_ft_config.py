@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import signal
 import subprocess
@@ -135,3 +136,31 @@ def test_json_round_trip_for_the_children():
 
 def test_section_timeouts_text():
     assert parse_section_timeouts("a:1,b : 2.5 ,c:null,") == {"a": 1.0, "b": 2.5, "c": None}
+
+
+def test_nvrx_references_constructors_and_yaml_writer(tmp_path):
+    """``from_kwargs``, ``from_yaml_file(ignore_not_recognized=)``, ``to_yaml_file`` and ``from_args``, as in NVRx."""
+    cfg = FaultToleranceConfig.from_kwargs(rank_heartbeat_timeout=7, not_a_setting=1)
+    assert cfg.rank_heartbeat_timeout == 7
+    with pytest.raises(ValueError, match="not_a_setting"):
+        FaultToleranceConfig.from_kwargs(ignore_not_recognized=False, not_a_setting=1)
+    source = FaultToleranceConfig(
+        rank_section_timeouts={"step": 60, "io": None}, rank_termination_signal="SIGTERM",
+        log_level="DEBUG", enable_nic_monitor=False,
+    )  # fmt: skip
+    path = tmp_path / "ft.yaml"
+    source.to_yaml_file(path)
+    assert FaultToleranceConfig.from_yaml_file(path) == source
+    with path.open("a") as f:
+        f.write("  not_a_setting: 1\n")
+    assert FaultToleranceConfig.from_yaml_file(path) == source  # dropped, with a warning
+    with pytest.raises(ValueError, match="unknown setting 'not_a_setting'"):
+        FaultToleranceConfig.from_yaml_file(path, ignore_not_recognized=False)
+    source.to_yaml_file(path)
+    args = argparse.Namespace(ft_cfg_path=str(path), ft_rank_heartbeat_timeout=9.0, ft_rank_section_timeouts="a:1")
+    cfg = FaultToleranceConfig.from_args(args)
+    assert cfg.rank_heartbeat_timeout == 9.0 and cfg.rank_section_timeouts == {"a": 1.0}
+    assert cfg.log_level == logging.DEBUG  # from the file
+    with pytest.raises(ValueError, match="no fault tolerance configuration given"):
+        FaultToleranceConfig.from_args(argparse.Namespace(ft_cfg_path=None))
+

@@ -125,7 +125,14 @@ def test_computed_timeouts_reach_the_watch_and_survive_a_restart(watch, monkeypa
     assert t.sections["step"] < 1 and t.out_of_section is not None
     assert set(t.computed) == {"initial_heartbeat", "heartbeat", "section:step", "out_of_section"}
     saved = client.state_dict()
+    # NVRx's checkpoint entry and views of the timeouts in force
+    assert set(saved) == {"current_timeouts"} and set(saved["current_timeouts"]) == {"heartbeat", "section"}
+    assert saved["current_timeouts"]["section"]["calculated_sections"] == ["step"]
+    assert client.is_initialized and client.hb_timeouts.were_calculated
+    assert (client.hb_timeouts.initial, client.hb_timeouts.subsequent) == (t.initial_heartbeat, t.heartbeat)
+    assert client.section_timeouts.were_calculated and client.section_timeouts.section == {"step": t.sections["step"]}
     client.shutdown_workload_monitoring()
+    assert not client.is_initialized
     watch.read(fd)
 
     # A new process (a restart) loads the checkpoint before init: those timeouts are in force.
@@ -143,7 +150,22 @@ def test_computed_timeouts_reach_the_watch_and_survive_a_restart(watch, monkeypa
     assert again.timeouts.heartbeat == pytest.approx((before + gap) / 2)
     with pytest.raises(RankMonitorClientError, match="expected what state_dict"):
         again.load_state_dict({"nope": 1})
+    again.load_state_dict({})  # nothing saved yet: nothing changes
     again.shutdown_workload_monitoring()
+
+
+def test_a_checkpoint_of_an_earlier_nvrx_still_loads():
+    client = RankMonitorClient()
+    assert client.hb_timeouts is None and client.section_timeouts is None and not client.is_initialized
+    assert client.state_dict() == {"current_timeouts": {}}
+    client.load_state_dict({"timeouts": {"heartbeat": 3.0, "computed": ["heartbeat"]}})
+    assert client.state_dict() == {"current_timeouts": {}}  # a heartbeat timeout alone: not NVRx's pair
+    client.load_state_dict({"timeouts": None})
+    client.load_state_dict(
+        {"timeouts": {"initial_heartbeat": 9.0, "heartbeat": 3.0, "computed": ["initial_heartbeat", "heartbeat"]}}
+    )
+    saved = client.state_dict()["current_timeouts"]
+    assert saved == {"heartbeat": {"initial": 9.0, "subsequent": 3.0, "were_calculated": True}}
 
 
 def test_a_long_tmpdir_still_gives_a_usable_socket(tmp_path, monkeypatch):

@@ -211,6 +211,26 @@ def test_filter_count_grouped_by_key_with_real_store():
     assert {s.world_size for s in results.values()} == {4}
 
 
+@pytest.mark.timeout(120)
+def test_filter_count_grouped_by_key_takes_keys_that_are_not_strings():
+    """An int key (constant or computed) groups by its ``str()``, as in the reference."""
+    world = 4
+
+    def rank_main(rank, store, key_or_fn, condition):
+        step = FilterCountGroupedByKey(key_or_fn, condition, timeout=20)
+        step.name = f"int_key_{key_or_fn if isinstance(key_or_fn, int) else 'fn'}"
+        ctx = RankAssignmentCtx(State(rank=rank, world_size=world), store, {0})
+        return sorted(step(ctx).terminated_ranks)
+
+    results, errors = run_ranks_with_store(world, lambda r, s: rank_main(r, s, 7, lambda n: n >= 3))
+    assert not errors and set(map(tuple, results.values())) == {(0,)}, (results, errors)
+    results, errors = run_ranks_with_store(
+        world, lambda r, s: rank_main(r, s, lambda st: st.rank // 2, lambda n: n == 2)
+    )
+    # rank 0, terminated already, passes the filter without learning its group's verdict
+    assert not errors and results == {0: [0], 1: [0, 1], 2: [0, 1], 3: [0, 1]}, (results, errors)
+
+
 def _filter_rank(rank, store, world, terminated):
     step = FilterCountGroupedByKey(
         lambda s: f"g{s.rank // 2}", lambda count: count == 2, timeout=20

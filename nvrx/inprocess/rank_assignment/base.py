@@ -72,6 +72,6 @@ def positive_int(owner: str, name: str, value: Any, allow_none: bool = False) ->
         raise ValueError(f"{owner}: {name} must be {expected}, got {value!r}")
 
 
-def group_key(key_or_fn: str | Callable[[State], str], state: State) -> str:
+def group_key(key_or_fn: object | Callable[[State], object], state: State) -> str:
     key = key_or_fn(state) if callable(key_or_fn) else key_or_fn
     return str(key)

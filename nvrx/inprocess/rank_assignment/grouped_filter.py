@@ -15,7 +15,7 @@ from .base import RankAssignment, RankAssignmentCtx, group_key, terminated_set
 class FilterCountGroupedByKey(RankAssignment):
     """Mark whole groups terminated when their count of healthy ranks fails ``condition``.
 
-    Ranks are grouped by ``key_or_fn`` (a string, or a function of the State);
+    Ranks are grouped by ``key_or_fn`` (a key, or a function of the State);
     each healthy rank counts itself into its group, and every rank of a group
     whose count makes ``condition(count)`` false is added to
     ``terminated_ranks``. A later step (e.g. ``ShiftRanks``) discards them.
@@ -24,7 +24,8 @@ class FilterCountGroupedByKey(RankAssignment):
     method (which a store class such as ``StoreMixin`` redefines).
 
     Args:
-        key_or_fn: grouping key, or a function ``State -> str``.
+        key_or_fn: grouping key, or a function ``State -> str``; a key that is not a
+            string (an int, say) groups by its ``str()``, as in the reference.
         condition: ``int -> bool``; False terminates the group's ranks.
         timeout: limit for each of the two barriers (timedelta or seconds).
     """
@@ -33,17 +34,13 @@ class FilterCountGroupedByKey(RankAssignment):
 
     def __init__(
         self,
-        key_or_fn: str | Callable[[State], str],
+        key_or_fn: object | Callable[[State], object],
         condition: Callable[[int], bool],
         timeout: datetime.timedelta | float = datetime.timedelta(seconds=60),
     ) -> None:
         if not callable(condition):
             raise TypeError(
                 f"FilterCountGroupedByKey: condition must be callable, got {condition!r}"
-            )
-        if not (callable(key_or_fn) or isinstance(key_or_fn, str)):
-            raise TypeError(
-                f"FilterCountGroupedByKey: key_or_fn must be a str or a callable, got {key_or_fn!r}"
             )
         self._timeout_s = as_seconds(timeout, "FilterCountGroupedByKey timeout")
         self._key_of_state = key_or_fn
@@ -90,7 +87,7 @@ class FilterGroupedByKey(FilterCountGroupedByKey):
 
     def __init__(
         self,
-        key_or_fn: str | Callable[[int, int], str],
+        key_or_fn: object | Callable[[int, int], object],
         condition: Callable[[int], bool],
         timeout: datetime.timedelta | float = datetime.timedelta(seconds=60),
     ) -> None:

@@ -1,0 +1,134 @@
+"""Runs a scenario script of ``scenarios/`` under one implementation and reads back its records.
+
+The reference runs in ``.venv-nvrx`` (``scripts/setup_nvrx_reference.sh``), nvrx in the
+interpreter running the tests. A multi-rank scenario gets one process per rank, each
+in its own process group, with the environment a launcher gives (RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and three consecutive free ports from MASTER_PORT.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIOS = Path(__file__).resolve().parent / "scenarios"
+REFERENCE_PYTHON = ROOT / ".venv-nvrx" / "bin" / "python"
+INTERPRETERS = {"nvrx": Path(sys.executable), "reference": REFERENCE_PYTHON}
+#: How long one scenario process may run before the test fails on it.
+SCENARIO_TIMEOUT_S = 90.0
+
+
+def free_ports(count: int, avoid: range = range(0)) -> int:
+    """A port p such that p .. p+count-1 are free on loopback now and none is in ``avoid``."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + count > 65535 or set(range(base, base + count)) & set(avoid):
+            continue
+        held = []
+        try:
+            for port in range(base + 1, base + count):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise RuntimeError(f"no {count} consecutive free ports found on 127.0.0.1")
+
+
+def _env(rank: int, world_size: int, port: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NVRX_", "PYTEST_"))}
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        TORCH_CPP_LOG_LEVEL="ERROR",
+        PYTHONUNBUFFERED="1",
+        PYTHONWARNINGS="ignore::FutureWarning",
+    )
+    return env
+
+
+def run(
+    impl: str,
+    script: str,
+    tmp: Path,
+    case: str = "",
+    world_size: int = 1,
+    timeout: float = SCENARIO_TIMEOUT_S,
+    port: int | None = None,
+) -> list[dict[str, Any]]:
+    """Run ``scenarios/<script>`` with ``case`` as ``world_size`` ranks; each rank's record.
+    Every rank must end within ``timeout`` seconds of the start. ``port``: MASTER_PORT (the
+    next two must be free too), by default three free ports found now.
+
+    Raises AssertionError naming the rank and showing its output when a rank does not
+    exit 0 or writes no record in time."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    port = port or free_ports(3)
+    procs = []
+    for rank in range(world_size):
+        log = open(tmp / f"{impl}-{rank}.log", "wb")  # noqa: SIM115 - closed below
+        cmd = [str(INTERPRETERS[impl]), str(SCENARIOS / script), impl, str(tmp / f"{impl}-{rank}.json")]
+        procs.append((subprocess.Popen(
+            cmd + ([case] if case else []), env=_env(rank, world_size, port), stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp,
+        ), log))  # fmt: skip
+    deadline = time.monotonic() + timeout
+    codes = [_reap(proc, log, deadline) for proc, log in procs]
+    records = []
+    for rank, code in enumerate(codes):
+        out = tmp / f"{impl}-{rank}.json"
+        if code != 0 or not out.exists():
+            text = (tmp / f"{impl}-{rank}.log").read_text(errors="replace")[-4000:]
+            raise AssertionError(f"{impl} {script} {case} rank {rank}: exit {code}, output:\n{text}")
+        records.append(json.loads(out.read_text()))
+    return records
+
+
+def _reap(proc: subprocess.Popen[bytes], log: Any, deadline: float) -> int | None:
+    """The exit code, or None after killing the process group when it ran past ``deadline``."""
+    try:
+        return proc.wait(max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def differences(reference: Any, nvrx: Any, path: str = "") -> list[str]:
+    """Every place where two records differ, as ``path: reference=... nvrx=...`` lines."""
+    if isinstance(reference, dict) and isinstance(nvrx, dict):
+        found = []
+        for key in sorted(set(reference) | set(nvrx), key=str):
+            sub = f"{path}.{key}" if path else str(key)
+            if key not in reference or key not in nvrx:
+                found.append(f"{sub}: reference={reference.get(key, '<absent>')!r} nvrx={nvrx.get(key, '<absent>')!r}")
+            else:
+                found.extend(differences(reference[key], nvrx[key], sub))
+        return found
+    if isinstance(reference, list) and isinstance(nvrx, list) and len(reference) == len(nvrx):
+        found = []
+        for i, (a, b) in enumerate(zip(reference, nvrx, strict=True)):
+            found.extend(differences(a, b, f"{path}[{i}]"))
+        return found
+    return [] if reference == nvrx else [f"{path}: reference={reference!r} nvrx={nvrx!r}"]

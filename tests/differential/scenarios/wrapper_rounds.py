@@ -1,0 +1,228 @@
+"""One rank of a 2-rank ``Wrapper`` call: a fault in the wrapped function or in one hook, and what follows.
+
+Started by the test harness once per rank with RANK, WORLD_SIZE, MASTER_ADDR and
+MASTER_PORT set; the Wrapper's store is on MASTER_PORT + 1 (``store_kwargs``), the
+training's own store (for ``init_process_group``) on MASTER_PORT + 2, hosted by rank 0.
+Every hook is a recording one; CASE names what goes wrong:
+
+* ``restart``: rank 1's function raises in round 0; round 1 succeeds.
+* ``max_iterations``: rank 1's function raises in every round; ``RetryController``
+  stops the call at round 2 with ``RestartAbort``.
+* ``should_restart``: every rank's function raises ``RankShouldRestart`` itself in round 0
+  to ask for a restart; round 1 succeeds.
+* ``fault_<hook>[+<hook>]``: as ``restart``, and each hook named raises on rank 1 in
+  round 0 (``completion`` and ``terminate``, which run once at the end, then;
+  ``terminate``: as ``max_iterations``).
+* ``hot_spare``: one active rank (``MaxActiveWorldSize(1)``), rank 1 waits as a spare;
+  rank 0's health check fails in round 0, so it leaves and the spare runs round 1 as
+  active rank 0.
+* ``dist_initialized``: torch.distributed is initialized already when the call starts.
+* ``local_store_class``: ``store_factory`` is a store class defined in a function.
+
+A rank whose round has a fault elsewhere waits in a step loop for the Wrapper to
+interrupt it, as training code would be; a round without a fault runs a gloo all-reduce
+inside ``CallWrapper.atomic()`` and then ``ping()``s.
+"""
+
+# No `from __future__ import annotations`: the reference finds `CallWrapper` by the annotation object.
+
+import datetime
+import os
+import sys
+import time
+from typing import Any
+
+import common
+
+HOOKS = ("initialize", "abort", "finalize", "health_check", "completion", "terminate")
+TIMEOUTS = dict(
+    soft_timeout=6,
+    hard_timeout=9,
+    heartbeat_timeout=6,
+    heartbeat_interval=0.5,
+    monitor_process_interval=0.2,
+    monitor_thread_interval=0.2,
+    progress_watchdog_interval=0.2,
+    barrier_timeout=30,
+    completion_timeout=30,
+    last_call_wait=0.1,
+    termination_grace_time=1,
+)
+
+
+def fault_rounds(case: str) -> set[int]:
+    """Rounds in which the faulting rank's function fails."""
+    if case in ("max_iterations", "fault_terminate"):
+        return {0, 1}
+    if case in ("dist_initialized", "local_store_class"):
+        return set()
+    return {0}
+
+
+def fault_rank(case: str) -> int:
+    """The rank whose function (and named hooks) fail: rank 0, the active one, with a spare."""
+    return 0 if case == "hot_spare" else 1
+
+
+def hooks(inprocess: Any, journal: list[Any], case: str, before_fault: Any) -> dict[str, Any]:
+    """A recording instance of each hook; those ``case`` names raise on the faulting rank,
+    after ``before_fault(iteration)``."""
+
+    def note(hook: str, state: Any) -> None:
+        journal.append([hook, common.state_fields(state)])
+        named = ["health_check"] if case == "hot_spare" else case.removeprefix("fault_").split("+")
+        once = hook in ("terminate", "completion")  # each runs once, at the end
+        if hook in named and state.initial_rank == fault_rank(case) and (once or state.iteration == 0):
+            if hook in ("initialize", "health_check"):
+                before_fault(state.iteration)
+            raise RuntimeError(f"{hook} fails on purpose")
+
+    retry = inprocess.initialize.RetryController(max_iterations=2)
+    stock_abort = inprocess.abort.AbortTorchDistributed()
+
+    class Init(inprocess.initialize.Initialize):
+        def __call__(self, state: Any) -> Any:
+            note("initialize", state)
+            return retry(state)
+
+    class Abort(inprocess.abort.Abort):
+        def __call__(self, state: Any) -> Any:
+            note("abort", state)
+            return stock_abort(state)
+
+    class Finalize(inprocess.finalize.Finalize):
+        def __call__(self, state: Any) -> Any:
+            note("finalize", state)
+            return state
+
+    class Health(inprocess.health_check.HealthCheck):
+        def __call__(self, state: Any) -> Any:
+            note("health_check", state)
+            return state
+
+    class Completion(inprocess.completion.Completion):
+        def __call__(self, state: Any) -> Any:
+            note("completion", state)
+            return state
+
+    class Terminate(inprocess.terminate.Terminate):
+        def __call__(self, state: Any) -> Any:
+            note("terminate", state)
+            return state
+
+    ra = inprocess.rank_assignment
+
+    class Assignment(ra.RankAssignment):
+        first = ra.MaxActiveWorldSize(1) if case == "hot_spare" else ra.ActivateAllRanks()
+        inner = inprocess.Compose(first, ra.ShiftRanks())
+
+        def __call__(self, ctx: Any) -> Any:
+            entry = {"in": common.state_fields(ctx.state), "terminated": sorted(ctx.terminated_ranks)}
+            journal.append(["rank_assignment", entry])
+            try:
+                ctx = self.inner(ctx)
+            except BaseException as exc:
+                entry["raised"] = type(exc).__name__
+                raise
+            entry["out"] = common.state_fields(ctx.state)
+            return ctx
+
+    return dict(
+        initialize=Init(), abort=Abort(), finalize=Finalize(), health_check=Health(),
+        completion=Completion(), terminate=Terminate(), rank_assignment=Assignment(),
+    )  # fmt: skip
+
+
+def peer_in_function(case: str, store: Any) -> tuple[Any, Any]:
+    """``(entered, before_fault)``: the waiting rank calls ``entered(it)`` once in the function
+    of round ``it``; the faulting rank calls ``before_fault(it)`` before it fails, so its fault
+    never overtakes its peer on the way into the function (that order is timing, not outcome)."""
+
+    def entered(it: int) -> None:
+        store.set(f"entered{it}", "1")
+
+    def before_fault(it: int) -> None:
+        if case != "hot_spare":  # the spare never runs the function
+            store.wait([f"entered{it}"], datetime.timedelta(seconds=60))
+
+    return entered, before_fault
+
+
+def wait_for_restart() -> None:
+    """Training steps until the Wrapper interrupts this rank (a fault happened elsewhere)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.01)  # one step
+    raise AssertionError("the Wrapper did not interrupt this rank within 60 s")
+
+
+def main() -> int:
+    impl, out, case = common.arguments()
+    import torch
+    import torch.distributed as dist
+
+    inprocess = common.module(impl, "inprocess")
+    for sub in ("store", "initialize", "abort", "finalize", "health_check", "completion", "terminate"):
+        common.module(impl, f"inprocess.{sub}")
+    restart = common.module(impl, "inprocess.monitor_thread").RankShouldRestart
+    rank, _ = common.rank_env()
+    port = int(os.environ["MASTER_PORT"])
+    app_store = dist.TCPStore("127.0.0.1", port + 2, 2, is_master=rank == 0)
+    journal: list[Any] = []
+    rounds: list[dict[str, Any]] = []
+    entered, before_fault = peer_in_function(case, app_store)
+    failing = fault_rounds(case)
+
+    def train(call_wrapper: inprocess.CallWrapper = None) -> str:
+        it = call_wrapper.iteration
+        r, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        rounds.append({"iteration": it, "RANK": r, "WORLD_SIZE": ws})
+        journal.append(["fn", it])
+        if it in failing and case == "should_restart":
+            raise restart(f"round {it} asks for a restart")
+        if it in failing and rank == fault_rank(case):
+            before_fault(it)
+            raise ValueError(f"round {it} fails")
+        if it in failing:
+            entered(it)
+            wait_for_restart()
+        dist.init_process_group("gloo", store=dist.PrefixStore(f"round{it}", app_store), rank=r, world_size=ws)
+        total = torch.ones(1)
+        with call_wrapper.atomic():
+            dist.all_reduce(total)
+        call_wrapper.ping()
+        dist.destroy_process_group()
+        return f"active rank {r} of {ws}, sum {int(total.item())}, round {it}"
+
+    handler = common.attach_user_handler(f"{common.PACKAGES[impl]}.inprocess")
+    by_reference_name = handler
+    if impl == "nvrx":  # what a script that kept the reference's logger name receives
+        by_reference_name = common.attach_user_handler(common.REFERENCE_LOGGER)
+    leftovers = common.Leftovers()
+    timeouts = {k: datetime.timedelta(seconds=v) for k, v in TIMEOUTS.items()}
+    options: dict[str, Any] = {"store_kwargs": {"port": port + 1}}
+    if case == "local_store_class":
+
+        class LocalStore(inprocess.store.TCPStore):
+            pass
+
+        options["store_factory"] = LocalStore
+    if case == "dist_initialized":
+        dist.init_process_group("gloo", store=dist.PrefixStore("before", app_store), rank=rank, world_size=2)
+    wrapper = inprocess.Wrapper(**options, **hooks(inprocess, journal, case, before_fault), **timeouts)
+    record: dict[str, Any] = {"case": case, "rank": rank}
+    try:
+        record["returned"] = wrapper(train)()
+        record["raised"] = None
+    except BaseException as exc:
+        record["returned"] = None
+        record["raised"] = common.exception_fields(exc)
+    record.update(journal=journal, rounds=rounds, leftovers=leftovers.after())
+    record["user_handler_levels"] = sorted(set(handler.levels))
+    record["reference_name_levels"] = sorted(set(by_reference_name.levels))
+    common.write(out, record)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
