@@ -33,6 +33,7 @@ from nvrx.store.service import StoreService
 from . import store_failover
 from .children import stop_children
 from .config import ALL_ENDED_KEY, STOP_KEY
+from .course import Course, CourseTracker
 from .exit_codes import ExitCode
 from .node_roles import Loss
 from .standby import Standbys
@@ -54,8 +55,7 @@ class Failover:
     service: Any
     roles: Any
     restarts: dict[int, int]
-    stop_reason: str | None
-    failing_over: bool
+    course: CourseTracker
     _epoch: int
     _store_slot: int
     _selector_stale: bool
@@ -67,7 +67,7 @@ class Failover:
 
     def _store_lost(self, detail: str) -> bool:
         """The store link reported the store lost: fail over (True), else stop the job."""
-        if self.stop_reason is not None:
+        if self.course.stopping:
             return False
         if self._fail_over(detail):
             return True
@@ -92,7 +92,8 @@ class Failover:
         t0, lost_wall = time.monotonic(), time.time()
         old = f"{self.config.store_host}:{self.config.store_port}"
         log.warning("store at %s lost (%s): failing over", old, detail)
-        self.failing_over = True
+        interrupted = self.course.state
+        self.course.to(Course.FAILING_OVER)
         self._ahead_link, self._ahead_service = self._start_ahead()
         loss: Loss | None = None
         try:
@@ -104,7 +105,7 @@ class Failover:
             log.error("cannot fail over through %s: %s", self.config.events_dir, exc)
             address = None
         finally:
-            self.failing_over = False
+            self.course.to(interrupted)
             self._drop_ahead()
         if address is None:
             self.standbys.discard()

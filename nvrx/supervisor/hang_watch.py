@@ -35,6 +35,7 @@ from .store_link import StoreLink, StoreLinkError
 if TYPE_CHECKING:
     from .children import Child
     from .config import SupervisorConfig
+    from .course import CourseTracker
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class HangWatch:
 
     config: SupervisorConfig
     children: dict[int, Child]
-    stop_reason: str | None
+    course: CourseTracker
     _job_restart: int | None
     link: StoreLink | None
     watch: RankWatch | None = None
@@ -126,7 +127,7 @@ class HangWatch:
                 del self._hang_kills[pid]
 
     def _on_hang(self, hang: Hang) -> None:
-        if self.stop_reason is not None or self._job_restart is not None:
+        if self.course.stopping or self._job_restart is not None:
             return  # its children are being stopped anyway
         child = self.children.get(hang.local_rank)
         if child is None or not child.running or hang.attempt not in (None, child.attempt):
@@ -169,7 +170,7 @@ class HangWatch:
         if not silences or self.link is None or self.link.lost is not None:
             return
         try:
-            if self.stop_reason is None and self._job_restart is None:
+            if not self.course.stopping and self._job_restart is None:
                 for silence in silences:
                     self._on_silent_rank(silence)
         except StoreLinkError as exc:

@@ -20,6 +20,7 @@ from nvrx.store.service import PROGRESS_EVERY_S
 
 from . import node_requeue
 from .config import STOP_KEY, StopRequest
+from .course import Course, CourseTracker
 from .exit_codes import ExitCode
 from .store_link import StoreLinkError
 
@@ -34,6 +35,7 @@ class JobEnd:
     roles: Any
     service: Any
     exit_code: int
+    course: CourseTracker
     stop_reason: str | None
     _signalled: int | None
     _all_ended: bool
@@ -109,7 +111,9 @@ class JobEnd:
             if self.exit_code == ExitCode.OK:
                 self.exit_code = ExitCode.PEER_LOST
             reason = f"other nodes did not finish within --finish-timeout {self.config.finish_timeout:g} s"
-            self.stop_reason = self.stop_reason or reason
+            if not self.course.stopping:
+                self.course.to(Course.STOPPING)
+                self.stop_reason = reason
             self._emit("job_stop", reason=reason, exit_code=int(self.exit_code))
             return True
         if self._all_ended:

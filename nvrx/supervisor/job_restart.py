@@ -37,6 +37,7 @@ from nvrx import jobenv
 from nvrx.events.failures import NODE_LOST_SIGNATURE
 
 from .config import KEY_PREFIX
+from .course import Course, CourseTracker
 from .policy import Decision, LastFault
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ class JobRestart:
     policy: Any
     restarts: dict[int, int]
     children: dict[int, Any]
-    stop_reason: str | None
+    course: CourseTracker
     _kill_at: float | None
     _job_epoch: int = 0  # job-wide restarts this node has taken part in
     _job_restart: int | None = None  # the epoch being restarted now, until the children start
@@ -84,10 +85,6 @@ class JobRestart:
             self._job_failure(local_rank, status, fault)
             return True
         return False
-
-    def _job_restarting(self) -> bool:
-        """A job-wide restart is under way here (the supervisor's loop goes on meanwhile)."""
-        return self._job_restart is not None and self.stop_reason is None
 
     def _watch_job_restarts(self) -> None:
         self.link.watch(_key(self._job_epoch + 1, "begin"))
@@ -157,9 +154,10 @@ class JobRestart:
         return key in (begin, go)
 
     def _begin_job_restart(self, epoch: int, cause: Any) -> None:
-        if self.stop_reason is not None:
+        if self.course.stopping:
             return
         self._job_restart = epoch
+        self.course.to(Course.RESTARTING)
         self._emit("job_restart", epoch=epoch, phase="stopping", cause=_parse(cause))
         log.warning("job-wide restart %d: stopping this node's children", epoch)
         self.link.watch(_key(epoch, "go"))
@@ -170,7 +168,7 @@ class JobRestart:
     def _job_restart_progress(self) -> None:
         """Once this node's children of a restarting epoch ended: ready; the last node says go."""
         epoch = self._job_restart
-        if epoch is None or self._running() or self.stop_reason is not None:
+        if epoch is None or self._running() or self.course.stopping:
             return
         if self._job_ready == epoch:
             return
@@ -188,8 +186,12 @@ class JobRestart:
         assert epoch is not None
         self._job_epoch, self._job_restart = epoch, None
         self._watch_job_restarts()
-        if self.stop_reason is not None or self.node_rank is None:
+        if self.course.stopping:
             return
+        if self.node_rank is None:  # a spare that took no node rank meanwhile
+            self.course.to(Course.SPARE)
+            return
+        self.course.to(Course.TRAINING)
         for local_rank in range(self.config.nproc_per_node):  # a spare's too, if it took over meanwhile
             self.restarts[local_rank] += 1
             self._start_child(local_rank, jobenv.FRESH_START)

@@ -21,6 +21,7 @@ from nvrx.slurm import commands
 
 from . import node_keys, node_requeue, store_failover
 from .config import ALL_DONE_KEY, ALL_ENDED_KEY
+from .course import Course, CourseTracker
 from .exit_codes import ExitCode
 from .store_link import StoreLinkError
 
@@ -36,8 +37,7 @@ class NodeMessages:
     _epoch: int
     config: Any
     restarts: dict[int, int]
-    stop_reason: str | None
-    _all_done: bool
+    course: CourseTracker
     _all_ended: bool
     _kill_at: float | None
 
@@ -64,7 +64,8 @@ class NodeMessages:
         elif self.roles is not None and key == node_keys.assign(self.roles.slot):
             self._take_over(message.get("value"))
         elif key == ALL_DONE_KEY:
-            self._all_done = True
+            if self.course.state is Course.SPARE:  # every training node finished: no rank to take
+                self.course.to(Course.FINISHING)
         elif key == ALL_ENDED_KEY:
             self._all_ended = True
         else:
@@ -107,7 +108,7 @@ class NodeMessages:
         self._emit("requeue", cause="node_failure", count=count, excluded=excluded)
 
     def _fenced(self) -> None:
-        if self.roles is None or self.roles.left or self.stop_reason is not None:
+        if self.roles is None or self.roles.left or self.course.stopping:
             return  # it is leaving by itself (its own claim) or already stopping
         self.request_stop(
             "this node was declared lost by the others (it was silent longer than "
@@ -127,12 +128,14 @@ class NodeMessages:
         return True
 
     def _take_over(self, value: str | None) -> None:
-        if self.stop_reason is not None or self.roles.node_rank is not None:
+        if self.course.stopping or self.roles.node_rank is not None:
             return
         assignment = self.roles.take_over(value)
         log.warning("spare slot %d takes over node rank %d", self.roles.slot, self.roles.node_rank)
         if self._job_restart is not None:
             return  # a job-wide restart is under way: its go starts this node's ranks with all
+        if self.course.state is Course.SPARE:
+            self.course.to(Course.TRAINING)
         for local_rank in range(self.config.nproc_per_node):
             self.restarts[local_rank] = 1  # a replacement: it rejoins the running job
             fresh = bool(assignment.get("fresh"))

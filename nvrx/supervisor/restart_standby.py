@@ -38,6 +38,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from .course import Course, CourseTracker
+
 log = logging.getLogger(__name__)
 
 
@@ -47,14 +49,13 @@ class RestartStandby:
     config: Any
     standbys: Any
     children: dict[int, Any]
-    stop_reason: str | None
-    failing_over: bool
+    course: CourseTracker
 
     def _keep_standby_ready(self) -> None:
         """Start a standby for the next restart when none waits and this node trains."""
         cfg = self.config
-        if self.stop_reason is not None or self.failing_over or self._job_restarting():
-            return
+        if self.course.state is not Course.TRAINING:
+            return  # stopping, failing over, restarting the job, or a spare
         node_rank = self.node_rank
         if node_rank is None or len(self.children) < cfg.nproc_per_node or not self._running():
             return  # a spare waiting, children not all started yet, or all ended

@@ -26,6 +26,7 @@ from nvrx.store.service import StoreService
 from . import preemption, rank_logs
 from .children import Child, ExitStatus, stop_children
 from .config import ALL_ENDED_KEY, RESTARTS_KEY, STOP_KEY, StopRequest, SupervisorConfig
+from .course import Course, CourseTracker
 from .exit_codes import ExitCode, SupervisorError, for_signal
 from .failover import Failover
 from .hang_watch import WATCHED, HangWatch
@@ -66,16 +67,15 @@ class Supervisor(
         self.service: StoreService | None = None
         self.signals: SignalPipe | None = None
         self.writer: events.EventWriter | None = None
-        self.stop_reason: str | None = None
+        self.course = CourseTracker()
+        self.stop_reason: str | None = None  # why the job stops, once it does
         self.exit_code: int = ExitCode.OK
         self._signalled: int | None = None
         self._kill_at: float | None = None  # when children still running after a stop get SIGKILL
         self._exit_seen: dict[int, float] = {}
         self.preemption: PreemptionHandler | None = None
         self.roles: NodeRoles | None = None
-        self._all_done = False  # a spare saw every training node finish
         self._all_ended = False  # node 0 saw every other slot end
-        self.failing_over = False  # children end because the store is gone: no restart decisions
         self._epoch = 0  # store failovers so far
         self._store_slot = self._lost_store_slot = 0  # slot hosting the store now / before
         self._selector_stale = False  # the store link changed: the main loop re-registers it
@@ -109,9 +109,11 @@ class Supervisor(
             self.service = launch_store(cfg)
             self.roles = NodeRoles(cfg, self.link, self._emit)
             if not cfg.starts_as_spare:  # a spare starts children when it takes over a node
+                self.course.to(Course.TRAINING)
                 for local_rank in range(cfg.nproc_per_node):
                     self._start_child(local_rank)
             else:
+                self.course.to(Course.SPARE)
                 self.standbys.start(
                     cfg.command, range(cfg.nproc_per_node), cfg.child_env(0, 1, node_rank=0)
                 )
@@ -124,6 +126,8 @@ class Supervisor(
             self._on_signals(later)
             self._prepare_failover()
             self._loop()
+            if self.course.state is Course.TRAINING:  # (a stop stays the course to the end)
+                self.course.to(Course.FINISHING)
             self._finish()
             reason = self.stop_reason or reason
             return self.exit_code
@@ -136,6 +140,7 @@ class Supervisor(
             raise
         finally:
             if os.getpid() == self._owner:
+                self.course.to(Course.ENDED)
                 self._cleanup()
                 self.writer.emit("supervisor_end", exit_code=int(self.exit_code), reason=reason)
 
@@ -155,7 +160,7 @@ class Supervisor(
     # -- children -----------------------------------------------------------------
     def _start_child(self, local_rank: int, flag: str | None = None) -> None:
         """Start (or restart) the child of ``local_rank``; ``flag``: a jobenv variable set to 1."""
-        if self.stop_reason is not None:
+        if self.course.stopping:
             return  # the job is stopping: a rank not started yet is not started at all
         attempt = self.restarts[local_rank]
         env = self.config.child_env(local_rank, attempt, node_rank=self.node_rank)
@@ -196,9 +201,6 @@ class Supervisor(
             return None if self.config.starts_as_spare else self.config.node_rank
         return self.roles.node_rank
 
-    def _waiting_as_spare(self) -> bool:
-        return self.node_rank is None and self.stop_reason is None and not self._all_done
-
     def _reap(self) -> None:
         for local_rank, child in list(self.children.items()):
             if not child.running or child.poll() is None:
@@ -214,11 +216,11 @@ class Supervisor(
                 error_file=rank_logs.error_file(child.directory, self.config.events_dir),
             )  # fmt: skip
             log.info("local rank %d (pid %d) ended: %s", local_rank, child.pid, status)
-            if self.stop_reason is None:
+            if not self.course.stopping:
                 self._decide(local_rank, status, child.pid)
 
     def _decide(self, local_rank: int, status: ExitStatus, pid: int) -> None:
-        if self.failing_over:
+        if self.course.state is Course.FAILING_OVER:
             return  # it ended with the store: restarted with the next one
         if self.preemption is not None and (
             self.preemption.pending or self.preemption.adopt_flag()
@@ -248,11 +250,11 @@ class Supervisor(
         else:
             self.request_stop(verdict.reason, verdict.exit_code, broadcast=True)
 
-    # -- stopping -----------------------------------------------------------------
     def request_stop(self, reason: str, exit_code: int, broadcast: bool) -> None:
         """Stop every local child (SIGTERM, SIGKILL after the grace period, reaped); tell other nodes if ``broadcast``."""
-        if self.stop_reason is not None:
+        if self.course.stopping:
             return
+        self.course.to(Course.STOPPING)
         self.stop_reason, self.exit_code = reason, int(exit_code)
         log.warning("stopping the job: %s", reason)
         self._emit("job_stop", reason=reason, exit_code=int(exit_code))
@@ -284,7 +286,7 @@ class Supervisor(
                     child.signal_group(signum)
             elif signum in STOP_SIGNALS:
                 self._signalled = signum
-                if self.stop_reason is None:
+                if not self.course.stopping:
                     self._emit("signal_received", signal=name, action="stop the job")
                     self.request_stop(f"received {name}", for_signal(signum), broadcast=True)
                 else:
@@ -298,7 +300,7 @@ class Supervisor(
             if message.get("event") == "lost":
                 if self._store_lost(str(message.get("message"))):
                     return  # failed over: what else came through the old link is void
-            elif message.get("key") == STOP_KEY and self.stop_reason is None:
+            elif message.get("key") == STOP_KEY and not self.course.stopping:
                 request = StopRequest.decode(message.get("value"), ExitCode.INTERNAL)
                 self.request_stop(
                     f"node {request.node} stopped the job: {request.reason}",
@@ -306,7 +308,6 @@ class Supervisor(
                     broadcast=False,
                 )
 
-    # -- loop -----------------------------------------------------------------------
     def _make_selector(self) -> selectors.BaseSelector:
         selector = selectors.DefaultSelector()
         assert self.signals is not None
@@ -342,7 +343,7 @@ class Supervisor(
         selector = self._make_selector()
         try:
             self._reap()  # children that ended before the selector existed
-            while self._running() or self._waiting_as_spare() or self._job_restarting():
+            while self._running() or self.course.is_(Course.SPARE, Course.RESTARTING):
                 self._keep_standby_ready()  # once the children started; again after a restart
                 timeout = None if self._kill_at is None else max(0.0, self._kill_at - time.monotonic())
                 self._on_store_events(self._poll_once(selector, self._watch_timeout(timeout)))
@@ -370,7 +371,7 @@ class Supervisor(
             decider=self.service is not None,  # the store host: node 0, or its successor
             running=None if self.roles is None else self.roles.running_slots,
         )
-        if self.stop_reason is None:
+        if not self.course.stopping:
             self.request_stop(decision.reason, decision.exit_code, broadcast=False)
         else:
             self.exit_code = decision.exit_code
@@ -389,7 +390,6 @@ class Supervisor(
         if self.signals is not None:
             self.signals.restore()
 
-    # -- helpers ------------------------------------------------------------------------
     def _spend_restart(self) -> int:
         if self.link is None:
             raise StoreLinkError("no store link")

@@ -32,7 +32,6 @@ class WorkloadControl:
     children: dict[int, Any]
     roles: Any
     link: Any
-    stop_reason: str | None
 
     def _on_control(self, watched: Any, request: Any) -> None:
         action = request.get("action") if isinstance(request, dict) else None

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from nvrx.rank_beats import Beat, BeatSender, BeatSocket, RankBeats
+from nvrx.supervisor.course import Course, CourseTracker
 from nvrx.supervisor.hang_watch import HangWatch
 from nvrx.supervisor.store_link import StoreLinkError
 
@@ -99,7 +100,9 @@ class _Supervisor(HangWatch):
         child = SimpleNamespace(local_rank=1, attempt=0, running=True, pid=5)
         child.signal_group = lambda signum: None
         self.children = {1: child}
-        self.stop_reason, self._job_restart, self.link = None, None, link
+        self._job_restart, self.link = None, link
+        self.course = CourseTracker()
+        self.course.to(Course.TRAINING)
         self.config = SimpleNamespace(world_size=4)
         self.calls: list[str] = []
         self._start_watch()

@@ -10,6 +10,7 @@ from pathlib import Path
 from nvrx import checkpoint_flag, processes
 from nvrx.supervisor.children import Child
 from nvrx.supervisor.config import SupervisorConfig
+from nvrx.supervisor.course import Course
 from nvrx.supervisor.exit_codes import ExitCode
 from nvrx.supervisor.preemption import PreemptionHandler
 from nvrx.supervisor.supervisor import Supervisor
@@ -33,7 +34,9 @@ def _supervisor(
     config = SupervisorConfig(
         command=["train"], nproc_per_node=nproc, log_dir=str(tmp_path), grace_period=1.0
     )
-    return Supervisor(config, spawn=spawn), started
+    sup = Supervisor(config, spawn=spawn)
+    sup.course.to(Course.TRAINING)  # what ``run`` does before it starts the children
+    return sup, started
 
 
 def test_a_spawn_failure_stops_the_started_ranks_and_starts_no_more(tmp_path: Path) -> None:
