@@ -375,7 +375,7 @@ class PreemptionHandler:
             return None
 
     @staticmethod
-    def _wait_for(condition: Any, deadline: float) -> bool:
+    def _wait_for(condition: Callable[[], bool], deadline: float) -> bool:
         while True:
             if condition():
                 return True

@@ -43,7 +43,7 @@ def test_a_spawn_failure_stops_the_started_ranks_and_starts_no_more(tmp_path: Pa
     sup, started = _supervisor(tmp_path, 3, fail_rank=1)
     try:
         for local_rank in range(3):
-            sup._start_child(local_rank)
+            sup.start_child(local_rank)
         assert started == [0]  # rank 2 is never started once the job stops
         assert sup.stop_reason is not None and "cannot start 'train'" in sup.stop_reason
         assert sup.exit_code == ExitCode.SPAWN_FAILED
@@ -58,7 +58,7 @@ def test_a_child_that_stopped_on_another_nodes_flag_is_not_restarted(tmp_path: P
     sup, started = _supervisor(tmp_path, 1)
     job_dir = sup.config.events_dir
     sup.preemption = PreemptionHandler(job_dir, 0, 2, slurm=False, export_env=False)
-    sup._start_child(0)
+    sup.start_child(0)
     try:
         # node 1 raised the job's flag; this node's child checkpointed and exited 0
         checkpoint_flag.write_flag(
@@ -76,12 +76,12 @@ def test_a_child_that_stopped_on_another_nodes_flag_is_not_restarted(tmp_path: P
 
 def test_a_second_stop_signal_kills_at_once(tmp_path: Path) -> None:
     sup, _ = _supervisor(tmp_path, 1)
-    sup._start_child(0)
+    sup.start_child(0)
     try:
         sup.request_stop("test", ExitCode.OK, broadcast=False)
-        assert sup._kill_at is not None and sup._kill_at > time.monotonic()
+        assert sup.kill_at is not None and sup.kill_at > time.monotonic()
         sup._on_signals([signal.SIGTERM])
-        assert sup._kill_at <= time.monotonic()
+        assert sup.kill_at <= time.monotonic()
     finally:
         for child in sup.children.values():
             processes.stop(child.proc, ask=signal.SIGKILL)
