@@ -8,11 +8,12 @@ the supervisor, which hands itself to them as this protocol.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from .children import Child
 
 
+@runtime_checkable
 class NodeControl(Protocol):
     """The supervisor, as its parts see it."""
 
