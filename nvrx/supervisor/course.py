@@ -101,6 +101,6 @@ class CourseTracker:
         """The job stops here: no child is started or restarted any more."""
         return self.state is Course.STOPPING
 
-    def is_(self, *states: Course) -> bool:
+    def one_of(self, *states: Course) -> bool:
         """Whether the run stands in one of ``states``."""
         return self.state in states

@@ -37,6 +37,7 @@ from .config import ALL_ENDED_KEY, STOP_KEY
 from .course import Course, CourseTracker
 from .exit_codes import ExitCode
 from .job_store import JobStore
+from .local_ranks import LocalRanks
 from .node_control import NodeControl
 from .node_roles import Loss, NodeRoles
 from .standby import Standbys
@@ -58,10 +59,11 @@ class Failover:
         store: JobStore,
         course: CourseTracker,
         control: NodeControl,
+        ranks: LocalRanks,
         standbys: Standbys,
         requeue: Callable[[str | None], None],
     ) -> None:
-        self.store, self.course, self.control = store, course, control
+        self.store, self.course, self.control, self.ranks = store, course, control, ranks
         self.standbys, self.requeue = standbys, requeue
         self._ahead_link: StoreLink | None = None
         self._ahead_service: StoreService | None = None
@@ -105,7 +107,7 @@ class Failover:
         self._ahead_link, self._ahead_service = self._start_ahead()
         loss: Loss | None = None
         try:
-            stop_children(control.running(), _STOP_GRACE_S)
+            stop_children(self.ranks.running(), _STOP_GRACE_S)
             control.reap()
             assert store.link is not None
             store.link.close()
@@ -133,7 +135,7 @@ class Failover:
             self.requeue(loss.host)
         if self._roles.node_rank is not None:
             for local_rank in range(store.config.nproc_per_node):
-                control.restarts[local_rank] += 1
+                self.ranks.restarts[local_rank] += 1
                 control.start_child(local_rank, jobenv.FRESH_START)
         self.prepare()  # for the next one
         return True

@@ -31,6 +31,7 @@ from .children import ExitStatus
 from .course import CourseTracker
 from .job_restart import JobRestart
 from .job_store import JobStore
+from .local_ranks import LocalRanks
 from .node_control import NodeControl
 from .policy import LastFault
 from .rank_watch import Hang, RankWatch
@@ -52,12 +53,14 @@ class HangWatch:
         store: JobStore,
         course: CourseTracker,
         control: NodeControl,
+        ranks: LocalRanks,
         beats: RankBeats,
         workload: WorkloadControl,
         job_restart: JobRestart,
         store_lost: Callable[[str], bool],
     ) -> None:
         self.store, self.course, self.control, self.beats = store, course, control, beats
+        self.ranks = ranks
         self.workload, self.job_restart, self.store_lost = workload, job_restart, store_lost
         self.watch: RankWatch | None = None
         self.beat_socket: BeatSocket | None = None
@@ -128,7 +131,7 @@ class HangWatch:
             self._on_hang(hang)
         self._check_beats(now)
         for pid, when in list(self._hang_kills.items()):
-            children = self.control.children.values()
+            children = self.ranks.children.values()
             child = next((c for c in children if c.pid == pid and c.running), None)
             if child is None:
                 del self._hang_kills[pid]
@@ -140,7 +143,7 @@ class HangWatch:
     def _on_hang(self, hang: Hang) -> None:
         if self.course.stopping or self.job_restart.pending is not None:
             return  # its children are being stopped anyway
-        child = self.control.children.get(hang.local_rank)
+        child = self.ranks.children.get(hang.local_rank)
         if child is None or not child.running or hang.attempt not in (None, child.attempt):
             return  # an earlier attempt's connection, or the child ended meanwhile
         if hang.timeout == "section":
@@ -176,7 +179,7 @@ class HangWatch:
         """Take the ranks whose monitor fell silent out of their round."""
         if self.beat_socket is not None:  # beats that came while the loop was busy elsewhere
             self.beats.record(self.beat_socket.receive())
-        self.beats.sync({c.local_rank: c.attempt for c in self.control.children.values() if c.running})
+        self.beats.sync({c.local_rank: c.attempt for c in self.ranks.children.values() if c.running})
         silences = self.beats.due(now)
         link = self.store.link
         if not silences or link is None or link.lost is not None:
@@ -211,7 +214,7 @@ class HangWatch:
         )  # fmt: skip
         if _is_monitor(beat.monitor_pid):
             processes.signal_group(beat.monitor_pid, signal.SIGKILL)
-        child = self.control.children.get(beat.local_rank)
+        child = self.ranks.children.get(beat.local_rank)
         if child is not None and child.running and child.attempt == beat.attempt:
             self._hung[child.pid] = LastFault(UNRESPONSIVE_SIGNATURE, UNRESPONSIVE)
             child.signal_group(signal.SIGKILL)

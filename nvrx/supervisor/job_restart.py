@@ -41,6 +41,7 @@ from .children import ExitStatus
 from .config import KEY_PREFIX, SupervisorConfig
 from .course import Course, CourseTracker
 from .job_store import JobStore
+from .local_ranks import LocalRanks
 from .node_control import NodeControl
 from .policy import Decision, LastFault, RestartPolicy
 from .store_link import StoreLink
@@ -75,11 +76,12 @@ class JobRestart:
         store: JobStore,
         course: CourseTracker,
         control: NodeControl,
+        ranks: LocalRanks,
         policy: RestartPolicy,
         beats: RankBeats,
         workload: WorkloadControl,
     ) -> None:
-        self.store, self.course, self.control = store, course, control
+        self.store, self.course, self.control, self.ranks = store, course, control, ranks
         self.policy, self.beats, self.workload = policy, beats, workload
         self.epoch = 0  # job-wide restarts this node has taken part in
         self.pending: int | None = None  # the epoch being restarted now, until the children start
@@ -148,10 +150,10 @@ class JobRestart:
         declarer whose ranks all ended announces nothing: they are done, and nothing here
         would count itself ready for the restart.
         """
-        children = self.control.children
+        children = self.ranks.children
         if node_rank is None or self.pending is not None or not children:
             return
-        if not leaving and not self.control.running():
+        if not leaving and not self.ranks.running():
             return
         if not all(self.job_wide(child.pid) for child in children.values()):
             return  # Wrapper ranks restart in-process and wait for the spare's
@@ -184,14 +186,14 @@ class JobRestart:
         self.control.emit("job_restart", epoch=epoch, phase="stopping", cause=_parse(cause))
         log.warning("job-wide restart %d: stopping this node's children", epoch)
         self._link.watch(_key(epoch, "go"))
-        for child in self.control.running():
+        for child in self.ranks.running():
             child.signal_group(signal.SIGTERM)
         self.control.kill_at = time.monotonic() + self.store.config.grace_period
 
     def progress(self) -> None:
         """Once this node's children of a restarting epoch ended: ready; the last node says go."""
         epoch = self.pending
-        if epoch is None or self.control.running() or self.course.stopping:
+        if epoch is None or self.ranks.running() or self.course.stopping:
             return
         if self._ready == epoch:
             return
@@ -218,7 +220,7 @@ class JobRestart:
             return
         self.course.to(Course.TRAINING)
         for local_rank in range(self.store.config.nproc_per_node):  # a spare's too, if it took over meanwhile
-            control.restarts[local_rank] += 1
+            self.ranks.restarts[local_rank] += 1
             control.start_child(local_rank, jobenv.FRESH_START)
         control.emit("job_restart", epoch=epoch, phase="started")
 

@@ -1,24 +1,21 @@
-"""What the parts of a supervisor ask of the supervisor itself: its children, and its stop.
+"""What the parts of a supervisor ask of the supervisor itself: starts, stops, events.
 
 The parts (``node_messages``, ``job_end``, ``failover``, ``hang_watch``,
 ``job_restart``, ``workload_control``, ``restart_standby``) each own one
-concern; starting a child, stopping the job and recording an event stay with
-the supervisor, which hands itself to them as this protocol.
+concern; starting a child (while the job does not stop), deciding on its end,
+stopping the job and recording an event stay with the supervisor, which hands
+itself to them as this protocol.
 """
 
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from .children import Child
-
 
 @runtime_checkable
 class NodeControl(Protocol):
     """The supervisor, as its parts see it."""
 
-    children: dict[int, Child]  # local rank -> its latest child
-    restarts: dict[int, int]  # local rank -> its restart count
     kill_at: float | None  # when children still running get SIGKILL
     exit_code: int  # what the supervisor will exit with
     stop_reason: str | None  # why the job stops, once it does
@@ -43,10 +40,6 @@ class NodeControl(Protocol):
 
     def start_child(self, local_rank: int, flag: str | None = None) -> None:
         """Start (or restart) the child of ``local_rank``; ``flag``: a jobenv variable set to 1."""
-        ...
-
-    def running(self) -> list[Child]:
-        """The children still running."""
         ...
 
     def reap(self) -> None:

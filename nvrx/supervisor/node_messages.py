@@ -24,6 +24,7 @@ from .course import Course, CourseTracker
 from .exit_codes import ExitCode
 from .job_restart import JobRestart
 from .job_store import JobStore
+from .local_ranks import LocalRanks
 from .node_control import NodeControl
 from .store_link import StoreLinkError
 
@@ -38,10 +39,11 @@ class NodeMessages:
         store: JobStore,
         course: CourseTracker,
         control: NodeControl,
+        ranks: LocalRanks,
         job_restart: JobRestart,
         requeue: Callable[[str | None], None],
     ) -> None:
-        self.store, self.course, self.control = store, course, control
+        self.store, self.course, self.control, self.ranks = store, course, control, ranks
         self.job_restart, self.requeue = job_restart, requeue
         self.all_ended = False  # (node 0) every other slot has ended
 
@@ -129,6 +131,6 @@ class NodeMessages:
         if self.course.state is Course.SPARE:
             self.course.to(Course.TRAINING)
         for local_rank in range(self.store.config.nproc_per_node):
-            self.control.restarts[local_rank] = 1  # a replacement: it rejoins the running job
+            self.ranks.restarts[local_rank] = 1  # a replacement: it rejoins the running job
             fresh = bool(assignment.get("fresh"))
             self.control.start_child(local_rank, jobenv.FRESH_START if fresh else jobenv.TAKEOVER)

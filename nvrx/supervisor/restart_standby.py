@@ -39,6 +39,7 @@ import logging
 
 from .course import Course, CourseTracker
 from .job_store import JobStore
+from .local_ranks import LocalRanks
 from .node_control import NodeControl
 from .standby import Standbys
 
@@ -49,17 +50,23 @@ class RestartStandby:
     """Keeps one standby ready for this node's next restart, while the node trains."""
 
     def __init__(
-        self, store: JobStore, standbys: Standbys, course: CourseTracker, control: NodeControl
+        self,
+        store: JobStore,
+        standbys: Standbys,
+        course: CourseTracker,
+        control: NodeControl,
+        ranks: LocalRanks,
     ) -> None:
         self.store, self.standbys, self.course, self.control = store, standbys, course, control
+        self.ranks = ranks
 
     def keep_ready(self) -> None:
         """Start a standby for the next restart when none waits and this node trains."""
         cfg = self.store.config
         if self.course.state is not Course.TRAINING:
             return  # stopping, failing over, restarting the job, or a spare
-        node_rank, control = self.control.node_rank, self.control
-        if node_rank is None or len(control.children) < cfg.nproc_per_node or not control.running():
+        node_rank, ranks, control = self.control.node_rank, self.ranks, self.control
+        if node_rank is None or len(ranks.children) < cfg.nproc_per_node or not ranks.running():
             return  # a spare waiting, children not all started yet, or all ended
         local_ranks = range(cfg.nproc_per_node)
         pid = self.standbys.keep_ready(

@@ -8,13 +8,13 @@ Everything happens on the main thread: signals, child exits and store events
 arrive as readable descriptors of one ``select`` call (only routed output
 streams are copied by threads of their own, ``rank_output``).
 
-The supervisor keeps its children, its stop and its course (``course``); each
-other concern is a part it owns and wires at construction: the rank watch
-(``hang_watch``), job-wide restarts (``job_restart``), node messages
-(``node_messages``), store failover (``failover``), the ranks' requests
-(``workload_control``), the standby for restarts (``restart_standby``) and
-the end of the run (``job_end``). They share the job's store (``job_store``)
-and see the supervisor as a ``NodeControl``.
+The supervisor keeps its decisions, its stop and its course (``course``); each
+other concern is a part it owns and wires at construction: the children of its
+local ranks (``local_ranks``), the rank watch (``hang_watch``), job-wide
+restarts (``job_restart``), node messages (``node_messages``), store failover
+(``failover``), the ranks' requests (``workload_control``), the standby for
+restarts (``restart_standby``) and the end of the run (``job_end``). They share
+the job's store (``job_store``) and see the supervisor as a ``NodeControl``.
 """
 
 from __future__ import annotations
@@ -25,13 +25,11 @@ import os
 import selectors
 import signal
 import time
-from collections.abc import Callable
-from pathlib import Path
 
 from nvrx import events
 from nvrx.rank_beats import RankBeats
 
-from . import node_requeue, preemption, rank_logs
+from . import node_requeue, preemption
 from .children import Child, ExitStatus, stop_children
 from .config import ALL_ENDED_KEY, STOP_KEY, StopRequest, SupervisorConfig
 from .course import Course, CourseTracker
@@ -41,6 +39,7 @@ from .hang_watch import WATCHED, HangWatch
 from .job_end import JobEnd
 from .job_restart import JobRestart
 from .job_store import JobStore
+from .local_ranks import CannotSpawn, LocalRanks, Spawner
 from .node_messages import NodeMessages
 from .node_roles import NodeRoles
 from .policy import Decision, RestartPolicy, last_fault
@@ -54,10 +53,6 @@ from .workload_control import WorkloadControl
 
 log = logging.getLogger(__name__)
 
-#: Starts the child of a local rank: ``spawn(local_rank, attempt, env, directory) -> Child``
-#: (``directory``: where its log files go, ``rank_logs``; None: nowhere).
-Spawner = Callable[[int, int, dict, Path | None], Child]
-
 
 class Supervisor:
     """Runs one node of a job until all its children have ended; ``run()`` returns the exit code."""
@@ -66,10 +61,9 @@ class Supervisor:
         self.store = JobStore(config)
         self.course = CourseTracker()
         self.standbys = Standbys(config.warm_standby and spawn is None, config.rank_logs)
-        self._spawn = spawn or functools.partial(self.standbys.spawn, config.command)
+        spawn = spawn or functools.partial(self.standbys.spawn, config.command)
+        self.ranks = LocalRanks(self.store, spawn, self.emit)
         self._owner = os.getpid()
-        self.children: dict[int, Child] = {}
-        self.restarts: dict[int, int] = dict.fromkeys(range(config.nproc_per_node), 0)
         self.policy = RestartPolicy(config.max_restarts, config.loop_breaker, self.store.spend_restart)
         self.signals: SignalPipe | None = None
         self.writer: events.EventWriter | None = None
@@ -78,21 +72,22 @@ class Supervisor:
         self.exit_code: int = ExitCode.OK
         self.signalled: int | None = None  # the last stop signal received
         self.kill_at: float | None = None  # when children still running after a stop get SIGKILL
-        self._exit_seen: dict[int, float] = {}
         self._compose()
 
     def _compose(self) -> None:
         """Build the parts, each with what it needs."""
         store, course, requeue = self.store, self.course, self._requeue_without
         beats = RankBeats()
-        self.workload = WorkloadControl(store, self)
-        self.job_restart = JobRestart(store, course, self, self.policy, beats, self.workload)
-        self.messages = NodeMessages(store, course, self, self.job_restart, requeue)
-        self.failover = Failover(store, course, self, self.standbys, requeue)
+        ranks = self.ranks
+        self.workload = WorkloadControl(store, self, ranks)
+        self.job_restart = JobRestart(store, course, self, ranks, self.policy, beats, self.workload)
+        self.messages = NodeMessages(store, course, self, ranks, self.job_restart, requeue)
+        self.failover = Failover(store, course, self, ranks, self.standbys, requeue)
         self.hang_watch = HangWatch(
-            store, course, self, beats, self.workload, self.job_restart, self.failover.store_lost
-        )
-        self.restart_standby = RestartStandby(store, self.standbys, course, self)
+            store, course, self, ranks, beats, self.workload, self.job_restart,
+            self.failover.store_lost,
+        )  # fmt: skip
+        self.restart_standby = RestartStandby(store, self.standbys, course, self, ranks)
         self.job_end = JobEnd(
             store, course, self, self.messages, self.job_restart, requeue,
             self._make_selector, self._poll_once,
@@ -196,38 +191,18 @@ class Supervisor:
         """Start (or restart) the child of ``local_rank``; ``flag``: a jobenv variable set to 1."""
         if self.course.stopping:
             return  # the job is stopping: a rank not started yet is not started at all
-        attempt = self.restarts[local_rank]
-        env = self.config.child_env(local_rank, attempt, node_rank=self.node_rank)
-        self.hang_watch.child_env(env)
+        extra: dict[str, str] = {}
+        self.hang_watch.child_env(extra)
         if flag is not None:
-            env[flag] = "1"
-        rank = self.config.rank(local_rank, self.node_rank)
-        job_dir = self.config.events_dir
-        directory = rank_logs.prepare_dir(job_dir, rank, attempt, self.config.node_rank)
-        if directory is not None:
-            env[rank_logs.ERROR_FILE_ENV] = str(directory / rank_logs.ERROR_FILE)
+            extra[flag] = "1"
         try:
-            child = self._spawn(local_rank, attempt, env, directory)
-        except OSError as exc:
-            self.request_stop(
-                f"cannot start {self.config.command[0]!r}: {exc.strerror or exc}",
-                ExitCode.SPAWN_FAILED,
-                broadcast=True,
-            )
-            return
-        self.children[local_rank] = child
-        child.directory = directory
-        ids = {"local_rank": local_rank, "child_pid": child.pid, "global_rank": rank}
-        files = None if directory is None else str(directory.relative_to(job_dir))
-        self.emit("child_start", **ids, attempt=attempt, warm=child.warm, files=files)
-        if attempt > 0:
-            exited = self._exit_seen.pop(local_rank, None)
-            wait_s = None if exited is None else round(time.monotonic() - exited, 6)
-            self.emit("rejoin", **ids, phase="replacement_started", wait_s=wait_s)
+            self.ranks.start(local_rank, self.node_rank, extra)
+        except CannotSpawn as exc:
+            self.request_stop(str(exc), ExitCode.SPAWN_FAILED, broadcast=True)
 
     def running(self) -> list[Child]:
         """The children still running."""
-        return [c for c in self.children.values() if c.running]
+        return self.ranks.running()
 
     @property
     def node_rank(self) -> int | None:
@@ -239,22 +214,11 @@ class Supervisor:
 
     def reap(self) -> None:
         """Record the children that ended, and decide on each (unless the job stops)."""
-        for local_rank, child in list(self.children.items()):
-            if not child.running or child.poll() is None:
-                continue
-            status = child.status
-            assert status is not None
-            self._exit_seen[local_rank] = time.monotonic()
-            child.kill_group()  # whatever the command left behind in its group
-            self.emit(
-                "child_exit", local_rank=local_rank, child_pid=child.pid, exit_code=status.code,
-                signal=status.signal_name, runtime_s=round(child.runtime_s, 6), attempt=child.attempt,
-                global_rank=self.config.rank(local_rank, self.node_rank),
-                error_file=rank_logs.error_file(child.directory, self.config.events_dir),
-            )  # fmt: skip
-            log.info("local rank %d (pid %d) ended: %s", local_rank, child.pid, status)
-            if not self.course.stopping:
-                self._decide(local_rank, status, child.pid)
+        self.ranks.reap(self.node_rank, self._ended)
+
+    def _ended(self, local_rank: int, status: ExitStatus, pid: int) -> None:
+        if not self.course.stopping:
+            self._decide(local_rank, status, pid)
 
     def _decide(self, local_rank: int, status: ExitStatus, pid: int) -> None:
         if self.course.state is Course.FAILING_OVER:
@@ -283,7 +247,7 @@ class Supervisor:
             global_rank=self.config.rank(local_rank, self.node_rank),
         )  # fmt: skip
         if verdict.decision is Decision.RESTART:
-            self.restarts[local_rank] += 1
+            self.ranks.restarts[local_rank] += 1
             self.start_child(local_rank)
         else:
             self.request_stop(verdict.reason, verdict.exit_code, broadcast=True)
@@ -393,7 +357,7 @@ class Supervisor:
         selector, relinks = self._make_selector(), self.store.relinks
         try:
             self.reap()  # children that ended before the selector existed
-            while self.running() or self.course.is_(Course.SPARE, Course.RESTARTING):
+            while self.running() or self.course.one_of(Course.SPARE, Course.RESTARTING):
                 self.restart_standby.keep_ready()  # once the children started; again after a restart
                 timeout = None if self.kill_at is None else max(0.0, self.kill_at - time.monotonic())
                 self._on_store_events(self._poll_once(selector, self.hang_watch.timeout(timeout)))
@@ -431,7 +395,7 @@ class Supervisor:
         store = self.store
         self.failover.drop_prepared()
         self.standbys.discard()
-        stop_children(list(self.children.values()), 0.0, ask=signal.SIGKILL)
+        stop_children(list(self.ranks.children.values()), 0.0, ask=signal.SIGKILL)
         if store.link is not None:
             self.job_end.leave_job()
             store.link.close()

@@ -18,6 +18,7 @@ import logging
 from . import non_retryable
 from .exit_codes import ExitCode
 from .job_store import JobStore
+from .local_ranks import LocalRanks
 from .node_control import NodeControl
 from .rank_watch import Watched
 
@@ -27,8 +28,8 @@ log = logging.getLogger(__name__)
 class WorkloadControl:
     """Acts on the workload-control requests of this node's ranks and on non-retryable failures."""
 
-    def __init__(self, store: JobStore, control: NodeControl) -> None:
-        self.store, self.control = store, control
+    def __init__(self, store: JobStore, control: NodeControl, ranks: LocalRanks) -> None:
+        self.store, self.control, self.ranks = store, control, ranks
 
     def on_control(self, watched: Watched, request: object) -> None:
         """Rank ``watched`` asked for ``request`` (a dict with ``action`` and ``description``)."""
@@ -52,7 +53,7 @@ class WorkloadControl:
         patterns = cfg.non_retryable_patterns
         if not patterns:
             return False
-        child = self.control.children.get(local_rank)
+        child = self.ranks.children.get(local_rank)
         directory = None if child is None else child.directory
         error_file = None if directory is None else directory / "error.json"
         found = non_retryable.exception_text(cfg.events_dir, pid, error_file)

@@ -1,4 +1,4 @@
-"""Every module under nvrx/ stays small and flat: <= 460 lines, control blocks nested <= 4 deep.
+"""Every module under nvrx/ stays small and flat: <= 420 lines, control blocks nested <= 4 deep.
 
 Depth counts, inside one function, the nested ``if``/``for``/``while``/
 ``try``/``with``/``match`` blocks; the body of an ``except`` or ``case``
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "nvrx"
-MAX_LINES = 460
+MAX_LINES = 420
 MAX_DEPTH = 4
 
 _BLOCKS = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.With, ast.AsyncWith, ast.Match)

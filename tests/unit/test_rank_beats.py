@@ -15,6 +15,7 @@ from nvrx.supervisor.config import SupervisorConfig
 from nvrx.supervisor.course import Course, CourseTracker
 from nvrx.supervisor.hang_watch import HangWatch
 from nvrx.supervisor.job_store import JobStore
+from nvrx.supervisor.local_ranks import LocalRanks
 from nvrx.supervisor.store_link import StoreLinkError
 
 
@@ -101,14 +102,15 @@ class _Node:
     def __init__(self, link: Any) -> None:
         child = SimpleNamespace(local_rank=1, attempt=0, running=True, pid=5)
         child.signal_group = lambda signum: None
-        self.children = {1: child}
         self.calls: list[str] = []
         store = JobStore(SupervisorConfig(command=["train"], nproc_per_node=4))
         store.link = link
+        ranks = LocalRanks(store, spawn=None, emit=self.emit)
+        ranks.children[1] = child
         course = CourseTracker()
         course.to(Course.TRAINING)
         self.hangs = HangWatch(
-            store, course, self, RankBeats(), workload=None,
+            store, course, self, ranks, RankBeats(), workload=None,
             job_restart=SimpleNamespace(pending=None), store_lost=self._store_lost,
         )  # fmt: skip
         self.hangs.start()

@@ -1,5 +1,6 @@
-"""The supervisor's parts: each is built with the supervisor as its ``NodeControl``, and all of
-them read one job store and one course, so a failover or a stop is seen by every part at once."""
+"""The supervisor's parts: each is built with the supervisor as its ``NodeControl`` and shares
+one job store, one course and one set of local ranks, so that every part sees a failover or a
+stop at once."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def test_the_supervisor_is_what_its_parts_ask_for(tmp_path: Path) -> None:
     assert all(part.control is sup for part in parts)
     assert all(part.store is sup.store for part in parts)
     assert all(part.course is sup.course for part in parts if hasattr(part, "course"))
+    assert all(part.ranks is sup.ranks for part in parts if hasattr(part, "ranks"))
 
 
 def test_a_new_store_address_is_the_configuration_of_every_part(tmp_path: Path) -> None:
@@ -42,4 +44,4 @@ def test_a_stop_moves_the_course_once_and_starts_nothing_more(tmp_path: Path) ->
     assert sup.course.state is Course.STOPPING
     assert (sup.stop_reason, sup.exit_code) == ("test", 1)
     sup.start_child(0)
-    assert sup.children == {}
+    assert sup.ranks.children == {}

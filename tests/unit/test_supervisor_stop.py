@@ -47,10 +47,10 @@ def test_a_spawn_failure_stops_the_started_ranks_and_starts_no_more(tmp_path: Pa
         assert started == [0]  # rank 2 is never started once the job stops
         assert sup.stop_reason is not None and "cannot start 'train'" in sup.stop_reason
         assert sup.exit_code == ExitCode.SPAWN_FAILED
-        assert sup.children[0].wait(30) is not None  # SIGTERMed by the stop
-        assert sup.children[0].status.signal == signal.SIGTERM
+        assert sup.ranks.children[0].wait(30) is not None  # SIGTERMed by the stop
+        assert sup.ranks.children[0].status.signal == signal.SIGTERM
     finally:
-        for child in sup.children.values():
+        for child in sup.ranks.children.values():
             processes.stop(child.proc, ask=signal.SIGKILL)
 
 
@@ -64,13 +64,13 @@ def test_a_child_that_stopped_on_another_nodes_flag_is_not_restarted(tmp_path: P
         checkpoint_flag.write_flag(
             sup.preemption.flag_path, {"cause": "preemption", "deadline_wall": time.time() + 30}
         )
-        sup.children[0].proc.send_signal(signal.SIGTERM)
-        sup.children[0].wait(30)
-        sup._decide(0, sup.children[0].status, sup.children[0].pid)
+        sup.ranks.children[0].proc.send_signal(signal.SIGTERM)
+        sup.ranks.children[0].wait(30)
+        sup._decide(0, sup.ranks.children[0].status, sup.ranks.children[0].pid)
         assert started == [0]  # not restarted
         assert sup.preemption.pending  # the flag became this node's warning
     finally:
-        for child in sup.children.values():
+        for child in sup.ranks.children.values():
             processes.stop(child.proc, ask=signal.SIGKILL)
 
 
@@ -83,5 +83,5 @@ def test_a_second_stop_signal_kills_at_once(tmp_path: Path) -> None:
         sup._on_signals([signal.SIGTERM])
         assert sup.kill_at <= time.monotonic()
     finally:
-        for child in sup.children.values():
+        for child in sup.ranks.children.values():
             processes.stop(child.proc, ask=signal.SIGKILL)
