@@ -151,14 +151,14 @@ class Supervisor:
         self.hang_watch.start()  # before any child: each one gets its socket
         check_store_port(cfg)
         # The agent imports torch and retries connecting while the store comes up: start it first.
-        store.link = StoreLink(cfg.store_host, cfg.store_port, cfg.store_timeout).launch()
+        link = store.link = StoreLink(cfg.store_host, cfg.store_port, cfg.store_timeout).launch()
         store.service = launch_store(cfg)
-        store.roles = NodeRoles(cfg, store.link, self.emit)
+        roles = store.roles = NodeRoles(cfg, link, self.emit)
         self._start_children()
         stop, later = await_store_or_stop(cfg, store.service, self.signals)
         if stop is not None:
             return stop
-        self._connect_link(store.link, store.roles)
+        self._connect_link(link, roles)
         self._on_signals(later)
         self.failover.prepare()
         return None
