@@ -395,5 +395,5 @@ class PreemptionHandler:
     def _decision_path(self) -> Path:
         return self.dir / f"r{self.run_index}.decision"
 
-    def _emit(self, kind: str, **fields: Any) -> None:
+    def _emit(self, kind: str, **fields: object) -> None:
         (self._writer or get_writer("supervisor")).emit(kind, **fields)
