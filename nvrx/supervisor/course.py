@@ -1,33 +1,10 @@
 """The course of one supervisor's run: one state at a time, and the moves allowed between them.
 
-A supervisor's run goes through these states (``Course``); every move is
+A supervisor's run goes through the states of ``Course``; every move is
 checked against ``TRANSITIONS``, so a move the design does not allow raises
-at once instead of leaving the supervisor in a state nobody planned for::
-
-    STARTING ──> TRAINING | SPARE          (children start, or the slot waits as a spare)
-    SPARE ──> TRAINING                      (it takes over a lost node's rank)
-    TRAINING | SPARE ──> RESTARTING ──> TRAINING | SPARE   (a job-wide restart, then its go)
-    TRAINING | SPARE | RESTARTING | FINISHING ──> FAILING_OVER ──> back to where it was
-    TRAINING | SPARE ──> FINISHING          (all children ended; every training node finished)
-    TRAINING | SPARE | RESTARTING | FINISHING ──> STOPPING
-    any state ──> ENDED                     (the run is over, an error included)
-
-* ``STARTING``: the store and the rank watch come up; no child runs yet.
-* ``TRAINING``: this node holds a node rank; its children run, and each exit
-  is decided on (restart, or stop the job).
-* ``SPARE``: a spare slot waits to take over a lost node's rank (``TRAINING``),
-  or for every training node to finish (``FINISHING``).
-* ``RESTARTING``: a job-wide restart: the children stop, the node waits for
-  every other one to be ready, then starts them again (``TRAINING``; a spare
-  that took no rank goes back to ``SPARE``).
-* ``FAILING_OVER``: the store was lost with its host: the children end (no
-  restart decision), the survivors elect the next store; then the course
-  goes back to the state the loss interrupted.
-* ``STOPPING``: the job stops: children are asked to end and killed after
-  the grace period; nothing is restarted any more.
-* ``FINISHING``: every child ended without a stop: the node reports itself
-  done, and the store host waits for the others (a stop may still come).
-* ``ENDED``: the run is over.
+at once instead of leaving the supervisor in a state nobody planned for.
+Counters, timestamps and reasons (the stop reason, the kill deadline, the
+restart epoch) stay data of their owners.
 """
 
 from __future__ import annotations
@@ -39,7 +16,33 @@ log = logging.getLogger(__name__)
 
 
 class Course(enum.Enum):
-    """Where a supervisor's run stands (the module's docstring draws the moves)."""
+    """Where a supervisor's run stands; the moves ``TRANSITIONS`` allows::
+
+        STARTING ──> TRAINING | SPARE          (children start, or the slot waits as a spare)
+        SPARE ──> TRAINING                      (it takes over a lost node's rank)
+        TRAINING | SPARE ──> RESTARTING ──> TRAINING | SPARE   (a job-wide restart, then its go)
+        TRAINING | SPARE | RESTARTING | FINISHING ──> FAILING_OVER ──> back to where it was
+        TRAINING | SPARE ──> FINISHING          (all children ended; every training node finished)
+        TRAINING | SPARE | RESTARTING | FINISHING ──> STOPPING
+        any state ──> ENDED                     (the run is over, an error included)
+
+    * ``STARTING``: the store and the rank watch come up; no child runs yet.
+    * ``TRAINING``: this node holds a node rank; its children run, and each exit
+      is decided on (restart, or stop the job).
+    * ``SPARE``: a spare slot waits to take over a lost node's rank (``TRAINING``),
+      or for every training node to finish (``FINISHING``).
+    * ``RESTARTING``: a job-wide restart: the children stop, the node waits for
+      every other one to be ready, then starts them again (``TRAINING``; a spare
+      that took no rank goes back to ``SPARE``).
+    * ``FAILING_OVER``: the store was lost with its host: the children end (no
+      restart decision), the survivors elect the next store; then the course
+      goes back to the state the loss interrupted.
+    * ``STOPPING``: the job stops: children are asked to end and killed after
+      the grace period; nothing is restarted any more.
+    * ``FINISHING``: every child ended without a stop: the node reports itself
+      done, and the store host waits for the others (a stop may still come).
+    * ``ENDED``: the run is over.
+    """
 
     STARTING = "starting"
     TRAINING = "training"
