@@ -1,4 +1,4 @@
-"""What a supervisor does when the job's store is lost with its host (a mixin of ``Supervisor``).
+"""What a supervisor does when the job's store is lost with its host.
 
 The training children cannot work without the store, so they are stopped.
 The survivors elect the successor (``store_failover``), which starts the next
@@ -13,7 +13,7 @@ What takes seconds (each program imports torch) is ready before it is
 needed: while the job runs, each supervisor keeps a store agent with torch
 imported that has no address yet, and the slot next in line (the lowest one
 but the store host's) keeps a store service held before it binds
-(``_prepare_failover``). When the store is lost, the held service is let go
+(``Failover.prepare``). When the store is lost, the held service is let go
 (stopped again if the election names another slot) and standbys for the
 node's ranks start (``standby``) while the children stop and the survivors
 elect; whatever was not kept ready starts then.
@@ -24,8 +24,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from pathlib import Path
 
 from nvrx import jobenv
 from nvrx.store.service import StoreService
@@ -33,8 +34,12 @@ from nvrx.store.service import StoreService
 from . import store_failover
 from .children import stop_children
 from .config import ALL_ENDED_KEY, STOP_KEY
+from .course import Course, CourseTracker
 from .exit_codes import ExitCode
-from .node_roles import Loss
+from .job_store import JobStore
+from .local_ranks import LocalRanks
+from .node_control import NodeControl
+from .node_roles import Loss, NodeRoles
 from .standby import Standbys
 from .store_failover import StoreAddress
 from .store_link import StoreLink, StoreLinkError
@@ -47,100 +52,108 @@ _STOP_GRACE_S = 1.0
 
 
 class Failover:
-    """Store failover; expects the attributes and methods of ``Supervisor``."""
+    """Goes on with a new store when the job's store is lost; keeps ready what that needs."""
 
-    config: Any
-    link: Any
-    service: Any
-    roles: Any
-    restarts: dict[int, int]
-    stop_reason: str | None
-    failing_over: bool
-    _epoch: int
-    _store_slot: int
-    _selector_stale: bool
-    standbys: Standbys
-    _ahead_link: StoreLink | None = None
-    _ahead_service: StoreService | None = None
-    _prepared_link: StoreLink | None = None
-    _prepared_service: StoreService | None = None
+    def __init__(
+        self,
+        store: JobStore,
+        course: CourseTracker,
+        control: NodeControl,
+        ranks: LocalRanks,
+        standbys: Standbys,
+        requeue: Callable[[str | None], None],
+    ) -> None:
+        self.store, self.course, self.control, self.ranks = store, course, control, ranks
+        self.standbys, self.requeue = standbys, requeue
+        self._ahead_link: StoreLink | None = None
+        self._ahead_service: StoreService | None = None
+        self._prepared_link: StoreLink | None = None
+        self._prepared_service: StoreService | None = None
 
-    def _store_lost(self, detail: str) -> bool:
+    @property
+    def _roles(self) -> NodeRoles:
+        roles = self.store.roles
+        assert roles is not None  # only a slot with roles fails over (``_can_fail_over``)
+        return roles
+
+    def store_lost(self, detail: str) -> bool:
         """The store link reported the store lost: fail over (True), else stop the job."""
-        if self.stop_reason is not None:
+        if self.course.stopping:
             return False
         if self._fail_over(detail):
             return True
-        self.request_stop(
-            f"store at {self.config.store_host}:{self.config.store_port} lost: {detail}",
+        cfg = self.store.config
+        self.control.request_stop(
+            f"store at {cfg.store_host}:{cfg.store_port} lost: {detail}",
             ExitCode.STORE_UNAVAILABLE,
             broadcast=False,
         )
         return False
 
-    def _store_unavailable(self, exc: Exception) -> None:
-        """The store cannot be used (and it was not lost: nothing to fail over from): stop."""
-        self.request_stop(f"store unavailable: {exc}", ExitCode.STORE_UNAVAILABLE, broadcast=False)
-
     def _can_fail_over(self) -> bool:
-        return self.config.nnodes > 1 and self.service is None and self.roles is not None
+        store = self.store
+        return store.config.nnodes > 1 and store.service is None and store.roles is not None
 
     def _fail_over(self, detail: str) -> bool:
         """Go on with a new store after the old one was lost; False when that is not possible."""
         if not self._can_fail_over():
             return False
+        store, control = self.store, self.control
         t0, lost_wall = time.monotonic(), time.time()
-        old = f"{self.config.store_host}:{self.config.store_port}"
+        old = f"{store.config.store_host}:{store.config.store_port}"
         log.warning("store at %s lost (%s): failing over", old, detail)
-        self.failing_over = True
+        interrupted = self.course.state
+        self.course.to(Course.FAILING_OVER)
         self._ahead_link, self._ahead_service = self._start_ahead()
         loss: Loss | None = None
         try:
-            stop_children(self._running(), _STOP_GRACE_S)
-            self._reap()
-            self.link.close()
+            stop_children(self.ranks.running(), _STOP_GRACE_S)
+            control.reap()
+            assert store.link is not None
+            store.link.close()
             address, loss = self._elect_and_connect(lost_wall)
         except OSError as exc:  # the job directory cannot be written or read
-            log.error("cannot fail over through %s: %s", self.config.events_dir, exc)
+            log.error("cannot fail over through %s: %s", store.config.events_dir, exc)
             address = None
         finally:
-            self.failing_over = False
+            self.course.to(interrupted)
             self._drop_ahead()
         if address is None:
             self.standbys.discard()
             return False
-        self._emit(
+        control.emit(
             "store_failover",
             epoch=address.epoch,
             old_store=old,
             new_store=f"{address.host}:{address.port}",
             successor=address.slot,
-            lost_slot=self._lost_store_slot,
+            lost_slot=store.lost_slot,
             duration_s=round(time.monotonic() - t0, 3),
         )
         if loss is not None and loss.action == "stop":
-            self.request_stop(loss.reason, ExitCode.NODE_LOST, broadcast=True)
-            self._requeue_without(loss.host)
-        if self.roles.node_rank is not None:
-            for local_rank in range(self.config.nproc_per_node):
-                self.restarts[local_rank] += 1
-                self._start_child(local_rank, jobenv.FRESH_START)
-        self._prepare_failover()  # for the next one
+            control.request_stop(loss.reason, ExitCode.NODE_LOST, broadcast=True)
+            self.requeue(loss.host)
+        if self._roles.node_rank is not None:
+            for local_rank in range(store.config.nproc_per_node):
+                self.ranks.restarts[local_rank] += 1
+                control.start_child(local_rank, jobenv.FRESH_START)
+        self.prepare()  # for the next one
         return True
 
     def _next_in_line(self) -> bool:
         """Whether this slot would host the next store: the lowest slot but the store host's
         (and the one lost before it, after a failover)."""
-        others = set(range(self.config.nnodes)) - {self._store_slot, self._lost_store_slot}
-        return bool(others) and self.roles.slot == min(others)
+        store = self.store
+        others = set(range(store.config.nnodes)) - {store.slot, store.lost_slot}
+        return bool(others) and self._roles.slot == min(others)
 
-    def _prepare_failover(self) -> None:
+    def prepare(self) -> None:
         """While the job runs, keep ready what a failover would wait for first: a store
         agent with torch imported and, on the slot next in line, a store service held
         before it binds. Only where a failover can happen (node liveness on, 3 slots
         or more, this slot not the store host) and warm standbys are on."""
-        cfg = self.config
-        if not (self._can_fail_over() and self.roles.enabled):
+        cfg = self.store.config
+        if not (self._can_fail_over() and self._roles.enabled):
             return
         if cfg.nnodes < 3 or not cfg.warm_standby:
             return
@@ -155,7 +168,7 @@ class Failover:
             except (OSError, RuntimeError) as exc:
                 log.warning("cannot keep a store ready for a failover: %s", exc)
 
-    def _drop_prepared(self) -> None:
+    def drop_prepared(self) -> None:
         """What was kept ready for a failover ends (the job ends, or it was not needed)."""
         _end(self._prepared_link, self._prepared_service)
         self._prepared_link = self._prepared_service = None
@@ -163,8 +176,8 @@ class Failover:
     def _start_ahead(self) -> tuple[StoreLink | None, StoreService | None]:
         """Start the programs the failover will need, before anyone knows the new address
         (or take the ones kept ready)."""
-        cfg = self.config
-        if self.roles.node_rank is not None:
+        cfg = self.store.config
+        if self._roles.node_rank is not None:
             self.standbys.start(cfg.command, range(cfg.nproc_per_node), cfg.child_env(0, 1))
         link, service = self._prepared_link, self._prepared_service
         self._prepared_link = self._prepared_service = None
@@ -194,13 +207,13 @@ class Failover:
         self._ahead_link = self._ahead_service = None
 
     def _successor_store(self, held: bool = False) -> StoreService:
-        cfg = self.config
+        cfg = self.store.config
         return StoreService(
             os.environ.get("SLURMD_NODENAME") or cfg.master_addr,
             0,
             job_id=cfg.job_id,
             log_dir=cfg.log_dir,
-            node=self.roles.slot,
+            node=self._roles.slot,
             snapshot=snapshot_spec(cfg, restore=True),
             held=held,
         )
@@ -208,45 +221,32 @@ class Failover:
     def _elect_and_connect(self, lost_wall: float) -> tuple[StoreAddress | None, Loss | None]:
         """Elect, start or find the next store, connect to it; with the successor's
         declaration of the old host's slot, when this slot is the successor."""
-        cfg, slot = self.config, self.roles.slot
-        self._lost_store_slot = self._store_slot
-        self._epoch += 1
+        store = self.store
+        cfg, slot = store.config, self._roles.slot
+        store.lost_slot = store.slot
+        store.epoch += 1
         job_dir = cfg.events_dir
-        store_failover.announce(job_dir, self._epoch, slot)
-        expected = set(range(cfg.nnodes)) - {self._store_slot}
+        store_failover.announce(job_dir, store.epoch, slot)
+        expected = set(range(cfg.nnodes)) - {store.slot}
         successor = store_failover.elect(
-            job_dir, self._epoch, expected, cfg.node_timeout, cfg.nnodes
+            job_dir, store.epoch, expected, cfg.node_timeout, cfg.nnodes
         )
         if successor != slot and self._ahead_service is not None:
             self._ahead_service.stop()  # another slot hosts the next store
             self._ahead_service = None
         if successor is None:
-            store_failover.withdraw(job_dir, self._epoch, slot)
+            store_failover.withdraw(job_dir, store.epoch, slot)
             return None, None
         address = self._host_store(job_dir) if successor == slot else None
-        if address is None and successor == slot and not store_failover.claimed(job_dir, self._epoch):
+        if address is None and successor == slot and not store_failover.claimed(job_dir, store.epoch):
             return None, None  # this slot's store did not start, and no other slot's did
         if address is None:
             wait_s = cfg.store_timeout + cfg.node_timeout
-            address = store_failover.wait_address(job_dir, self._epoch, wait_s)
+            address = store_failover.wait_address(job_dir, store.epoch, wait_s)
         if address is None:
-            log.error("no successor store was published for epoch %d", self._epoch)
+            log.error("no successor store was published for epoch %d", store.epoch)
             return None, None
-        self.config = replace(cfg, master_addr=address.host, store_port=address.port)
-        self._store_slot = address.slot
-        self._selector_stale = True
-        try:
-            if self._ahead_link is not None and self._ahead_link.running:
-                self.link, self._ahead_link = self._ahead_link.aim(address.host, address.port), None
-            else:
-                self.link = StoreLink(address.host, address.port, cfg.store_timeout).launch()
-            self.link.wait_ready()
-            self.link.watch(STOP_KEY)
-            if self.service is not None:
-                self.link.watch(ALL_ENDED_KEY)
-            self.roles.relink(self.config, self.link, address.slot)
-        except StoreLinkError as exc:
-            log.error("cannot use the successor store %s:%s: %s", address.host, address.port, exc)
+        if not self._connect(address):
             return None, None
         loss = None
         if address.slot == slot:
@@ -255,21 +255,43 @@ class Failover:
             loss = self._declare_lost_store_host(lost_wall)
             store_failover.publish(job_dir, address)
         try:
-            self.roles.start()
+            self._roles.start()
         except StoreLinkError as exc:
             log.error("cannot use the successor store %s:%s: %s", address.host, address.port, exc)
             return None, None
         return address, loss
 
-    def _declare_lost_store_host(self, lost_wall: float) -> Loss | None:
-        report = {"slot": self._lost_store_slot, "silent_s": None, "last_seen_wall": lost_wall}
+    def _connect(self, address: StoreAddress) -> bool:
+        """Aim this slot at the store at ``address``: the configuration, the link, the roles."""
+        store = self.store
+        store.config = replace(store.config, master_addr=address.host, store_port=address.port)
+        store.slot = address.slot
+        store.relinks += 1
         try:
-            return self.roles.declare(report, fresh=True)
+            if self._ahead_link is not None and self._ahead_link.running:
+                store.link, self._ahead_link = self._ahead_link.aim(address.host, address.port), None
+            else:
+                store.link = StoreLink(address.host, address.port, store.config.store_timeout).launch()
+            store.link.wait_ready()
+            store.link.watch(STOP_KEY)
+            if store.service is not None:
+                store.link.watch(ALL_ENDED_KEY)
+            self._roles.relink(store.config, store.link, address.slot)
+        except StoreLinkError as exc:
+            log.error("cannot use the successor store %s:%s: %s", address.host, address.port, exc)
+            return False
+        return True
+
+    def _declare_lost_store_host(self, lost_wall: float) -> Loss | None:
+        lost = self.store.lost_slot
+        report = {"slot": lost, "silent_s": None, "last_seen_wall": lost_wall}
+        try:
+            return self._roles.declare(report, fresh=True)
         except StoreLinkError as exc:  # the new store is gone already: its loss follows
-            log.error("could not declare slot %s lost: %s", self._lost_store_slot, exc)
+            log.error("could not declare slot %s lost: %s", lost, exc)
             return None
 
-    def _host_store(self, job_dir: Any) -> StoreAddress | None:
+    def _host_store(self, job_dir: Path) -> StoreAddress | None:
         """This slot is the successor: start the next store (or take the one started ahead),
         restored, and claim the epoch for it; None when that failed or another slot's
         store claimed the epoch first."""
@@ -277,40 +299,19 @@ class Failover:
         try:
             if service is None:
                 service = self._successor_store().launch()
-            service.wait_started(self.config.store_timeout)
+            service.wait_started(self.store.config.store_timeout)
         except (OSError, RuntimeError) as exc:
             log.error("cannot start the successor store: %s", exc)
             if service is not None:
                 service.stop()
             return None
-        mine = StoreAddress(service.host, service.port, self.roles.slot, self._epoch)
+        mine = StoreAddress(service.host, service.port, self._roles.slot, self.store.epoch)
         if not store_failover.claim(job_dir, mine):
-            log.warning("another slot claimed epoch %d first: using its store", self._epoch)
+            log.warning("another slot claimed epoch %d first: using its store", self.store.epoch)
             service.stop()
             return None
-        self.service = service
+        self.store.service = service
         return mine
-
-    # provided by Supervisor
-    _lost_store_slot: int
-
-    def _running(self) -> list[Any]:
-        raise NotImplementedError
-
-    def _reap(self) -> None:
-        raise NotImplementedError
-
-    def request_stop(self, reason: str, exit_code: int, broadcast: bool) -> None:
-        raise NotImplementedError
-
-    def _start_child(self, local_rank: int, flag: str | None = None) -> None:
-        raise NotImplementedError
-
-    def _emit(self, kind: str, **fields: object) -> None:
-        raise NotImplementedError
-
-    def _requeue_without(self, host: str | None) -> None:
-        raise NotImplementedError
 
 
 def _end(link: StoreLink | None, service: StoreService | None) -> None:

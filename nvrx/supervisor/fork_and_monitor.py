@@ -23,6 +23,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nvrx import events, jobenv, processes
 from nvrx.jobenv import JobEnv
@@ -38,6 +39,9 @@ from .config import (
     in_slurm_step,
     job_from_slurm,
 )
+
+if TYPE_CHECKING:
+    from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -118,15 +122,13 @@ def fork_and_monitor(
     os._exit(int(code))
 
 
-def _become_child(supervisor: object, env: dict[str, str]) -> None:
+def _become_child(supervisor: Supervisor, env: dict[str, str]) -> None:
     """In the forked child: drop the monitor's descriptors and handlers, take the child's environment."""
-    signals = getattr(supervisor, "signals", None)
-    if signals is not None:
-        signals.restore()
+    if supervisor.signals is not None:
+        supervisor.signals.restore()
     processes.ignore_warning_signal()  # restore() gave back the monitor's own disposition
-    link = getattr(supervisor, "link", None)
-    if link is not None:
-        link.forget_in_child()
+    if supervisor.store.link is not None:
+        supervisor.store.link.forget_in_child()
     local_id = os.environ.get("SLURM_LOCALID")
     os.environ.update(env)
     if local_id is not None:

@@ -1,4 +1,4 @@
-"""The supervisor's watch of its ranks' heartbeats, as a mixin.
+"""The supervisor's watch of its ranks' heartbeats, one part of the supervisor.
 
 Launcher-side hang detection (``nvrx.fault_tolerance``): a child that uses
 ``RankMonitorClient`` reports heartbeats and sections over ``rank_watch``;
@@ -21,55 +21,67 @@ import os
 import selectors
 import signal
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from nvrx import jobenv, monitor_boot, processes
 from nvrx.events.failures import UNRESPONSIVE, UNRESPONSIVE_SIGNATURE, hang_signature
 from nvrx.rank_beats import BeatSocket, RankBeats, Silence
 
 from .children import ExitStatus
+from .course import CourseTracker
+from .job_restart import JobRestart
+from .job_store import JobStore
+from .local_ranks import LocalRanks
+from .node_control import NodeControl
 from .policy import LastFault
 from .rank_watch import Hang, RankWatch
-from .store_link import StoreLink, StoreLinkError
-
-if TYPE_CHECKING:
-    from .children import Child
-    from .config import SupervisorConfig
+from .store_link import StoreLinkError
+from .workload_control import WorkloadControl
 
 log = logging.getLogger(__name__)
 
 LISTEN, CONNECTION, BEATS = "ft-listen", "ft", "beats"
-#: The selector data of every descriptor ``_on_watch`` reads.
+#: The selector data of every descriptor ``HangWatch.on_ready`` reads.
 WATCHED = (LISTEN, CONNECTION, BEATS)
 
 
 class HangWatch:
-    """Mixed into ``Supervisor``: owns ``self.watch`` and the kills it schedules."""
+    """Owns the rank watch and the beat socket, and the kills it schedules."""
 
-    config: SupervisorConfig
-    children: dict[int, Child]
-    stop_reason: str | None
-    _job_restart: int | None
-    link: StoreLink | None
-    watch: RankWatch | None = None
-    beat_socket: BeatSocket | None = None
-
-    def _start_watch(self) -> None:
-        self.watch = RankWatch()
-        self.beat_socket = BeatSocket(os.path.join(self.watch.directory, "beats.sock"))
-        self.beats = RankBeats()
+    def __init__(
+        self,
+        store: JobStore,
+        course: CourseTracker,
+        control: NodeControl,
+        ranks: LocalRanks,
+        beats: RankBeats,
+        workload: WorkloadControl,
+        job_restart: JobRestart,
+        store_lost: Callable[[str], bool],
+    ) -> None:
+        self.store, self.course, self.control, self.beats = store, course, control, beats
+        self.ranks = ranks
+        self.workload, self.job_restart, self.store_lost = workload, job_restart, store_lost
+        self.watch: RankWatch | None = None
+        self.beat_socket: BeatSocket | None = None
         self._hang_kills: dict[int, float] = {}  # child pid -> when SIGKILL follows
         self._hung: dict[int, LastFault] = {}  # child pid -> the hang that ended it
 
-    def _watch_env(self, env: dict[str, str]) -> None:
+    def start(self) -> None:
+        """Open the sockets, before any child starts: each one is told where they are."""
+        self.watch = RankWatch()
+        self.beat_socket = BeatSocket(os.path.join(self.watch.directory, "beats.sock"))
+
+    def child_env(self, env: dict[str, str]) -> None:
         """What a child needs to reach this supervisor's watch."""
         if self.watch is not None:
             env[jobenv.FT_SOCKET] = self.watch.path
-            env[jobenv.FT_CONFIG] = self.config.ft.to_json()
+            env[jobenv.FT_CONFIG] = self.store.config.ft.to_json()
         if self.beat_socket is not None:
             env[jobenv.RANK_BEATS] = self.beat_socket.path
 
-    def _register_watch(self, selector: selectors.BaseSelector) -> None:
+    def register(self, selector: selectors.BaseSelector) -> None:
+        """Register the watch's descriptors with the main loop's ``selector``."""
         if self.beat_socket is not None:
             selector.register(self.beat_socket.fileno(), selectors.EVENT_READ, BEATS)
         if self.watch is None:
@@ -78,7 +90,8 @@ class HangWatch:
         for fd in self.watch.connection_fds():
             selector.register(fd, selectors.EVENT_READ, CONNECTION)
 
-    def _on_watch(self, selector: selectors.BaseSelector, key: selectors.SelectorKey) -> None:
+    def on_ready(self, selector: selectors.BaseSelector, key: selectors.SelectorKey) -> None:
+        """Read the watch's descriptor ``key`` that ``selector`` found readable."""
         if key.data == BEATS:
             assert self.beat_socket is not None
             self.beats.record(self.beat_socket.receive())
@@ -91,14 +104,14 @@ class HangWatch:
         for what, watched, detail in self.watch.read(key.fd):
             ids = {"rank": watched.rank, "local_rank": watched.local_rank, "child_pid": watched.pid}
             if what in ("init", "timeouts"):
-                self._emit("timeouts_set", **ids, source=detail, timeouts=watched.timeouts.to_dict())
+                self.control.emit("timeouts_set", **ids, source=detail, timeouts=watched.timeouts.to_dict())
             elif what == "control":
-                self._on_control(watched, detail)
+                self.workload.on_control(watched, detail)
             elif what == "end":
                 selector.unregister(key.fd)
                 log.info("local rank %s stopped being monitored (%s)", watched.local_rank, detail)
 
-    def _watch_timeout(self, timeout: float | None) -> float | None:
+    def timeout(self, timeout: float | None) -> float | None:
         """``timeout`` shortened to the next hang deadline or pending kill."""
         if self.watch is None:
             return timeout
@@ -109,7 +122,8 @@ class HangWatch:
         wait = max(0.0, min(times) - time.monotonic())
         return wait if timeout is None else min(timeout, wait)
 
-    def _check_hangs(self) -> None:
+    def check(self) -> None:
+        """Act on the hangs and silences that are due, and on the kills they scheduled."""
         if self.watch is None:
             return
         now = time.monotonic()
@@ -117,7 +131,8 @@ class HangWatch:
             self._on_hang(hang)
         self._check_beats(now)
         for pid, when in list(self._hang_kills.items()):
-            child = next((c for c in self.children.values() if c.pid == pid and c.running), None)
+            children = self.ranks.children.values()
+            child = next((c for c in children if c.pid == pid and c.running), None)
             if child is None:
                 del self._hang_kills[pid]
             elif now >= when:
@@ -126,9 +141,9 @@ class HangWatch:
                 del self._hang_kills[pid]
 
     def _on_hang(self, hang: Hang) -> None:
-        if self.stop_reason is not None or self._job_restart is not None:
+        if self.course.stopping or self.job_restart.pending is not None:
             return  # its children are being stopped anyway
-        child = self.children.get(hang.local_rank)
+        child = self.ranks.children.get(hang.local_rank)
         if child is None or not child.running or hang.attempt not in (None, child.attempt):
             return  # an earlier attempt's connection, or the child ended meanwhile
         if hang.timeout == "section":
@@ -140,43 +155,44 @@ class HangWatch:
         child.signal_group(signal.SIGCONT)  # a stopped process cannot dump its stack
         stack = self.watch.stack(hang)
         ids = {"rank": hang.rank, "local_rank": hang.local_rank, "child_pid": child.pid}
-        self._emit(
+        self.control.emit(
             "hang", **ids, timeout=hang.timeout, section=hang.section, limit_s=hang.limit_s,
             stale_s=round(hang.stale_s, 3), stack=stack, message=message,
         )  # fmt: skip
         # The hang event alone tells the report (its stack, and why this child ended).
         self._hung[child.pid] = LastFault(hang_signature(hang.timeout), f"hang_{hang.timeout}")
-        term = self.config.ft.rank_termination_signal
+        term = self.store.config.ft.rank_termination_signal
         child.signal_group(term)
         if term != signal.SIGKILL:
-            self._hang_kills[child.pid] = time.monotonic() + self.config.grace_period
-        if self._job_wide(child.pid):
+            self._hang_kills[child.pid] = time.monotonic() + self.store.config.grace_period
+        if self.job_restart.job_wide(child.pid):
             # Its peers wait for it in a collective: restart the job now, before their own
             # deadlines pass and each of them is declared hung in turn.
             try:
-                self._job_failure(
+                self.job_restart.failure(
                     hang.local_rank, ExitStatus(None, int(term)), self._hung[child.pid]
                 )
             except StoreLinkError as exc:
-                self._store_unavailable(exc)
+                self.control.store_unavailable(exc)
 
     def _check_beats(self, now: float) -> None:
         """Take the ranks whose monitor fell silent out of their round."""
         if self.beat_socket is not None:  # beats that came while the loop was busy elsewhere
             self.beats.record(self.beat_socket.receive())
-        self.beats.sync({c.local_rank: c.attempt for c in self.children.values() if c.running})
+        self.beats.sync({c.local_rank: c.attempt for c in self.ranks.children.values() if c.running})
         silences = self.beats.due(now)
-        if not silences or self.link is None or self.link.lost is not None:
+        link = self.store.link
+        if not silences or link is None or link.lost is not None:
             return
         try:
-            if self.stop_reason is None and self._job_restart is None:
+            if not self.course.stopping and self.job_restart.pending is None:
                 for silence in silences:
                     self._on_silent_rank(silence)
         except StoreLinkError as exc:
-            if self.link.lost is not None:  # the store is gone: fail over, as its ``lost`` does
-                self._store_lost(self.link.lost)
+            if link.lost is not None:  # the store is gone: fail over, as its ``lost`` does
+                self.store_lost(link.lost)
             else:
-                self._store_unavailable(exc)
+                self.control.store_unavailable(exc)
 
     def _on_silent_rank(self, silence: Silence) -> None:
         """The rank leaves its round (its peers restart without waiting for it), then its
@@ -188,9 +204,9 @@ class HangWatch:
             "rank %d (local rank %d, pid %d) sent no heartbeat for %.1f s: unresponsive",
             rank, beat.local_rank, beat.pid, silence.silent_s,
         )  # fmt: skip
-        assert self.link is not None
-        self.link.leave_silent(beat.initial_rank, self.config.world_size, message)
-        self._emit(
+        assert self.store.link is not None
+        self.store.link.leave_silent(beat.initial_rank, self.store.config.world_size, message)
+        self.control.emit(
             "fault", fault_kind=UNRESPONSIVE, origin_rank=rank, rank=rank,
             round=beat.round if beat.round >= 0 else None,  # a common field: None, never -1
             local_rank=beat.local_rank, child_pid=beat.pid, message=message,
@@ -198,16 +214,16 @@ class HangWatch:
         )  # fmt: skip
         if _is_monitor(beat.monitor_pid):
             processes.signal_group(beat.monitor_pid, signal.SIGKILL)
-        child = self.children.get(beat.local_rank)
+        child = self.ranks.children.get(beat.local_rank)
         if child is not None and child.running and child.attempt == beat.attempt:
             self._hung[child.pid] = LastFault(UNRESPONSIVE_SIGNATURE, UNRESPONSIVE)
             child.signal_group(signal.SIGKILL)
 
-    def _hang_fault(self, pid: int) -> LastFault | None:
+    def hang_fault(self, pid: int) -> LastFault | None:
         """The hang that ended child ``pid``, when the watch declared one."""
         return self._hung.pop(pid, None) if self.watch is not None else None
 
-    def _close_watch(self) -> None:
+    def close(self) -> None:
         if self.beat_socket is not None:
             self.beat_socket.close()
         if self.watch is not None:

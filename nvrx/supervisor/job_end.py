@@ -1,4 +1,4 @@
-"""How a supervisor ends its part of the job (a mixin of ``Supervisor``).
+"""How a supervisor ends its part of the job.
 
 A training node reports its children done; the last one sets ``all_done``,
 which lets idle spares leave. Every slot claims its own end when it leaves,
@@ -13,53 +13,66 @@ import logging
 import os
 import selectors
 import time
-from typing import Any
+from collections.abc import Callable
 
 from nvrx.slurm import commands
 from nvrx.store.service import PROGRESS_EVERY_S
 
 from . import node_requeue
 from .config import STOP_KEY, StopRequest
+from .course import Course, CourseTracker
 from .exit_codes import ExitCode
+from .job_restart import JobRestart
+from .job_store import JobStore
+from .node_control import NodeControl
+from .node_messages import NodeMessages
 from .store_link import StoreLinkError
 
 log = logging.getLogger(__name__)
 
+#: Waits for one batch of the supervisor's inputs: ``poll(selector, timeout) -> store messages``.
+Poll = Callable[[selectors.BaseSelector, float | None], list[dict]]
+
 
 class JobEnd:
-    """The end of a supervisor's run; expects the attributes and methods of ``Supervisor``."""
+    """The end of a supervisor's run: report done, leave, and (the store host) wait for the others."""
 
-    config: Any
-    link: Any
-    roles: Any
-    service: Any
-    exit_code: int
-    stop_reason: str | None
-    _signalled: int | None
-    _all_ended: bool
-    _epoch: int
+    def __init__(
+        self,
+        store: JobStore,
+        course: CourseTracker,
+        control: NodeControl,
+        messages: NodeMessages,
+        job_restart: JobRestart,
+        requeue: Callable[[str | None], None],
+        selector: Callable[[], selectors.BaseSelector],
+        poll: Poll,
+    ) -> None:
+        self.store, self.course, self.control = store, course, control
+        self.messages, self.job_restart, self.requeue = messages, job_restart, requeue
+        self.selector, self.poll = selector, poll
 
-    def _finish(self) -> None:
+    def finish(self) -> None:
         """All local children ended: report this node done; node 0 keeps the store up until
         every other supervisor (spares too) has left or been declared lost."""
-        cfg = self.config
-        link = self.link
-        if link is None or link.lost is not None or self.roles is None:
+        store, control = self.store, self.control
+        cfg, link, roles = store.config, store.link, store.roles
+        if link is None or link.lost is not None or roles is None:
             return
-        if self.exit_code == ExitCode.FENCED:
+        if control.exit_code == ExitCode.FENCED:
             return  # the job went on without this node: nothing of it counts, nobody waits for it
-        if self.exit_code == ExitCode.EXCLUDED:
+        if control.exit_code == ExitCode.EXCLUDED:
             self._leave_as_lost()  # a rank asked to exclude this node (``workload_control``)
             return
         try:
-            if self.node_rank is not None:
-                self.roles.node_done()
+            if control.node_rank is not None:
+                roles.node_done()
         except StoreLinkError as exc:
             log.warning("could not report node %d done: %s", cfg.node_rank, exc)
             return
-        if self.service is not None and cfg.nnodes > 1:  # the store host
+        if store.service is not None and cfg.nnodes > 1:  # the store host
             self._wait_for_other_nodes(time.monotonic() + cfg.finish_timeout)
-            if self._epoch > 0 and self.exit_code == ExitCode.OK:
+            if store.epoch > 0 and control.exit_code == ExitCode.OK:
                 self._end_orphaned_job()
 
     def _end_orphaned_job(self) -> None:
@@ -67,10 +80,10 @@ class JobEnd:
         job_id = os.environ.get("SLURM_JOB_ID")
         if not job_id:
             return
-        self._emit(
+        self.control.emit(
             "job_stop",
             reason="the batch host was lost; nvrx ends the job in SLURM after its training ended",
-            exit_code=int(self.exit_code),
+            exit_code=int(self.control.exit_code),
         )
         try:
             node_requeue.end_orphaned_job(job_id)
@@ -79,7 +92,7 @@ class JobEnd:
 
     def _wait_for_other_nodes(self, deadline: float) -> None:
         """Wait for the other slots to end; every ``PROGRESS_EVERY_S`` a log line names them."""
-        selector = self._make_selector()
+        selector = self.selector()
         start = time.monotonic()
         note = start + PROGRESS_EVERY_S
         try:
@@ -91,12 +104,13 @@ class JobEnd:
             selector.close()
 
     def _note_waiting(self, start: float) -> None:
-        slots = [] if self.roles is None else self.roles.running_slots()
-        others = [s for s in slots if s != self.config.node_rank]
+        cfg, roles = self.store.config, self.store.roles
+        slots = [] if roles is None else roles.running_slots()
+        others = [s for s in slots if s != cfg.node_rank]
         log.warning(
             "still waiting for node slot(s) %s to finish, %.0f s of --finish-timeout %g s",
             ", ".join(map(str, others)) or "(unknown)",
-            time.monotonic() - start, self.config.finish_timeout,
+            time.monotonic() - start, cfg.finish_timeout,
         )  # fmt: skip
 
     def _other_nodes_done(
@@ -104,51 +118,67 @@ class JobEnd:
     ) -> bool:
         """One wait for the other nodes' end, until ``deadline`` or ``wake`` at most; True
         when waiting is over (done, lost, signalled, late)."""
+        control = self.control
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            if self.exit_code == ExitCode.OK:
-                self.exit_code = ExitCode.PEER_LOST
-            reason = f"other nodes did not finish within --finish-timeout {self.config.finish_timeout:g} s"
-            self.stop_reason = self.stop_reason or reason
-            self._emit("job_stop", reason=reason, exit_code=int(self.exit_code))
+            self._give_up_waiting()
             return True
-        if self._all_ended:
+        if self.messages.all_ended:
             return True
         wait = remaining if wake is None else min(remaining, max(0.0, wake - time.monotonic()))
-        for message in self._poll_once(selector, wait):
+        for message in self.poll(selector, wait):
             if message.get("event") == "lost":
                 return True
-            if self._on_node_message(message):
+            if self.messages.on_message(message):
                 continue
-            if message.get("key") == STOP_KEY and self.exit_code == ExitCode.OK:
-                self.exit_code = StopRequest.decode(message.get("value"), ExitCode.OK).exit_code
-        return self._all_ended or self._signalled is not None
+            if message.get("key") == STOP_KEY and control.exit_code == ExitCode.OK:
+                control.exit_code = StopRequest.decode(message.get("value"), ExitCode.OK).exit_code
+        return self.messages.all_ended or control.signalled is not None
 
-    def _leave_job(self) -> None:
+    def _give_up_waiting(self) -> None:
+        control = self.control
+        if control.exit_code == ExitCode.OK:
+            control.exit_code = ExitCode.PEER_LOST
+        reason = f"other nodes did not finish within --finish-timeout {self.store.config.finish_timeout:g} s"
+        if not self.course.stopping:
+            self.course.to(Course.STOPPING)
+            control.stop_reason = reason
+        control.emit("job_stop", reason=reason, exit_code=int(control.exit_code))
+
+    def leave_job(self) -> None:
         """Claim this slot's end, so that nobody declares it lost once it is gone."""
-        if self.roles is None or self.link is None or self.link.lost is not None:
+        link, roles = self.store.link, self.store.roles
+        if roles is None or link is None or link.lost is not None:
             return
-        if not self.link.ready:  # it never reached the store: a claim would wait for it in vain
+        if not link.ready:  # it never reached the store: a claim would wait for it in vain
             return
-        if self.exit_code == ExitCode.EXCLUDED:
+        if self.control.exit_code == ExitCode.EXCLUDED:
             return  # it declared itself lost
         try:
-            if not self.roles.leave():
+            if not roles.leave():
                 log.warning("this node had been declared lost by the others before it ended")
         except StoreLinkError as exc:
-            log.warning("could not record that node %d left: %s", self.config.node_rank, exc)
+            log.warning("could not record that node %d left: %s", self.store.config.node_rank, exc)
 
-    # provided by Supervisor
-    node_rank: int | None
-
-    def _make_selector(self) -> selectors.BaseSelector:
-        raise NotImplementedError
-
-    def _poll_once(self, selector: selectors.BaseSelector, timeout: float | None) -> list[dict]:
-        raise NotImplementedError
-
-    def _on_node_message(self, message: dict[str, Any]) -> bool:
-        raise NotImplementedError
-
-    def _emit(self, kind: str, **fields: object) -> None:
-        raise NotImplementedError
+    def _leave_as_lost(self) -> None:
+        """An excluded node declares its own slot lost once its children ended."""
+        link, roles = self.store.link, self.store.roles
+        if roles is None or link is None or not roles.enabled:
+            return
+        try:
+            loss = roles.declare({"slot": roles.slot, "silent_s": 0.0})
+        except StoreLinkError as exc:
+            log.warning("could not declare this excluded node lost: %s", exc)
+            return
+        if loss is not None and loss.action == "stop":  # tell the others, as _node_silent does
+            request = StopRequest(loss.reason, int(ExitCode.NODE_LOST), self.store.config.node_rank)
+            try:
+                link.set(STOP_KEY, request.encode())
+            except StoreLinkError as exc:
+                log.warning("could not tell the other nodes to stop: %s", exc)
+            self.requeue(loss.host)
+        try:
+            if loss is not None and loss.action == "spare":  # the others restart with the spare
+                self.job_restart.restart_for_lost_node(loss.node_rank, leaving=True)
+        except StoreLinkError as exc:
+            log.warning("could not announce the job-wide restart: %s", exc)

@@ -1,4 +1,4 @@
-"""Job-wide restarts (``--ft-restart-policy any-failed``), as a mixin of ``Supervisor``.
+"""Job-wide restarts (``--ft-restart-policy any-failed``), one part of the supervisor.
 
 A plain script's ranks cannot go on when one of them fails: the others block
 in a collective with it. So under ``any-failed`` one failure restarts every
@@ -35,9 +35,17 @@ from typing import Any
 
 from nvrx import jobenv
 from nvrx.events.failures import NODE_LOST_SIGNATURE
+from nvrx.rank_beats import RankBeats
 
-from .config import KEY_PREFIX
-from .policy import Decision, LastFault
+from .children import ExitStatus
+from .config import KEY_PREFIX, SupervisorConfig
+from .course import Course, CourseTracker
+from .job_store import JobStore
+from .local_ranks import LocalRanks
+from .node_control import NodeControl
+from .policy import Decision, LastFault, RestartPolicy
+from .store_link import StoreLink
+from .workload_control import WorkloadControl
 
 log = logging.getLogger(__name__)
 
@@ -51,73 +59,86 @@ def uses_wrapper(events_dir: str, pid: int) -> bool:
     return any(Path(events_dir).glob(f"wrapper-*-p{pid}-*.jsonl"))
 
 
+def job_wide(config: SupervisorConfig, beats: RankBeats, pid: int) -> bool:
+    """Whether the failure of child ``pid`` restarts the whole job (``--ft-restart-policy``)."""
+    policy = config.ft_restart_policy
+    if policy == "auto":  # a rank waiting to be admitted has no Wrapper events yet
+        wrapped = pid in beats.wrapper_pids or uses_wrapper(config.events_dir, pid)
+        return not wrapped
+    return policy == "any-failed"
+
+
 class JobRestart:
-    """Expects the attributes and methods of ``Supervisor``."""
+    """Restarts of the whole job, agreed through the store by every node."""
 
-    config: Any
-    watch: Any
-    beats: Any
-    link: Any
-    roles: Any
-    policy: Any
-    restarts: dict[int, int]
-    children: dict[int, Any]
-    stop_reason: str | None
-    _kill_at: float | None
-    _job_epoch: int = 0  # job-wide restarts this node has taken part in
-    _job_restart: int | None = None  # the epoch being restarted now, until the children start
-    _job_ready: int | None = None  # the last epoch this node counted itself ready for
+    def __init__(
+        self,
+        store: JobStore,
+        course: CourseTracker,
+        control: NodeControl,
+        ranks: LocalRanks,
+        policy: RestartPolicy,
+        beats: RankBeats,
+        workload: WorkloadControl,
+    ) -> None:
+        self.store, self.course, self.control, self.ranks = store, course, control, ranks
+        self.policy, self.beats, self.workload = policy, beats, workload
+        self.epoch = 0  # job-wide restarts this node has taken part in
+        self.pending: int | None = None  # the epoch being restarted now, until the children start
+        self._ready: int | None = None  # the last epoch this node counted itself ready for
 
-    def _job_wide(self, pid: int) -> bool:
+    @property
+    def _link(self) -> StoreLink:
+        link = self.store.link
+        assert link is not None  # every call comes from the store's messages or a decision
+        return link
+
+    def job_wide(self, pid: int) -> bool:
         """Whether the failure of child ``pid`` restarts the whole job."""
-        policy = self.config.ft_restart_policy
-        if policy == "auto":  # a rank waiting to be admitted has no Wrapper events yet
-            wrapped = pid in self.beats.wrapper_pids or uses_wrapper(self.config.events_dir, pid)
-            return not wrapped
-        return policy == "any-failed"
+        return job_wide(self.store.config, self.beats, pid)
 
-    def _failure_handled(self, local_rank: int, status: Any, pid: int, fault: LastFault | None) -> bool:
+    def failure_handled(
+        self, local_rank: int, status: ExitStatus, pid: int, fault: LastFault | None
+    ) -> bool:
         """A failure that is not one rank's restart: non-retryable, or job-wide; True when handled."""
-        if self._non_retryable(local_rank, pid):
+        if self.workload.non_retryable(local_rank, pid):
             return True
-        if self._job_wide(pid):
-            self._job_failure(local_rank, status, fault)
+        if self.job_wide(pid):
+            self.failure(local_rank, status, fault)
             return True
         return False
 
-    def _job_restarting(self) -> bool:
-        """A job-wide restart is under way here (the supervisor's loop goes on meanwhile)."""
-        return self._job_restart is not None and self.stop_reason is None
+    def watch(self) -> None:
+        """Be told of the next job-wide restart."""
+        self._link.watch(_key(self.epoch + 1, "begin"))
 
-    def _watch_job_restarts(self) -> None:
-        self.link.watch(_key(self._job_epoch + 1, "begin"))
-
-    def _job_failure(self, local_rank: int, status: Any, fault: LastFault | None) -> None:
+    def failure(self, local_rank: int, status: ExitStatus, fault: LastFault | None) -> None:
         """A child failed under a job-wide policy: claim the next restart, or follow the claim."""
-        if self._job_restart is not None:
+        if self.pending is not None:
             return  # it ended with the restart under way
-        epoch = self._job_epoch + 1  # (store errors reach the caller, which handles the store's loss)
-        if self.link.add(_key(epoch, "claim"), 1) != 1:
+        epoch = self.epoch + 1  # (store errors reach the caller, which handles the store's loss)
+        if self._link.add(_key(epoch, "claim"), 1) != 1:
             # Another failure of this epoch claimed it: restart now, without waiting for its
             # announcement (this node's loop must not end meanwhile). If that claim stops
             # the job instead, the stop request ends the wait.
-            self._begin_job_restart(epoch, None)
+            self._begin(epoch, None)
             return
+        control = self.control
         verdict = self.policy.decide(local_rank, status, fault)
-        rank = self.config.rank(local_rank, self.node_rank)
-        self._emit(
+        rank = self.store.config.rank(local_rank, control.node_rank)
+        control.emit(
             "restart_decision", local_rank=local_rank, global_rank=rank, scope="job",
             decision=verdict.decision.value, reason=verdict.reason,
             budget_left=verdict.budget_left, signature=verdict.signature,
         )  # fmt: skip
         if verdict.decision is not Decision.RESTART:
-            self.request_stop(verdict.reason, verdict.exit_code, broadcast=True)
+            control.request_stop(verdict.reason, verdict.exit_code, broadcast=True)
             return
-        cause = {"rank": rank, "node": self.node_rank, "signature": verdict.signature}
-        self.link.set(_key(epoch, "begin"), json.dumps(cause))
-        self._begin_job_restart(epoch, cause)  # here at once: the loop must not end meanwhile
+        cause = {"rank": rank, "node": control.node_rank, "signature": verdict.signature}
+        self._link.set(_key(epoch, "begin"), json.dumps(cause))
+        self._begin(epoch, cause)  # here at once: the loop must not end meanwhile
 
-    def _restart_for_lost_node(self, node_rank: int | None, leaving: bool = False) -> None:
+    def restart_for_lost_node(self, node_rank: int | None, leaving: bool = False) -> None:
         """A spare took over a lost node of a plain script: restart every rank with it.
 
         The survivors' ranks wait for the lost ones in a collective (or fail in turn), and the
@@ -129,74 +150,82 @@ class JobRestart:
         declarer whose ranks all ended announces nothing: they are done, and nothing here
         would count itself ready for the restart.
         """
-        if node_rank is None or self._job_restart is not None or not self.children:
+        children = self.ranks.children
+        if node_rank is None or self.pending is not None or not children:
             return
-        if not leaving and not self._running():
+        if not leaving and not self.ranks.running():
             return
-        if not all(self._job_wide(child.pid) for child in self.children.values()):
+        if not all(self.job_wide(child.pid) for child in children.values()):
             return  # Wrapper ranks restart in-process and wait for the spare's
-        epoch = self._job_epoch + 1
-        if self.link.add(_key(epoch, "claim"), 1) != 1:
-            self._begin_job_restart(epoch, None)  # another slot (or a failure) claimed it first
+        epoch = self.epoch + 1
+        if self._link.add(_key(epoch, "claim"), 1) != 1:
+            self._begin(epoch, None)  # another slot (or a failure) claimed it first
             return
-        rank = self.config.rank(0, node_rank)
+        rank = self.store.config.rank(0, node_rank)
         cause = {"rank": rank, "node": node_rank, "signature": NODE_LOST_SIGNATURE}
-        self.link.set(_key(epoch, "begin"), json.dumps(cause))
-        self._begin_job_restart(epoch, cause)
+        self._link.set(_key(epoch, "begin"), json.dumps(cause))
+        self._begin(epoch, cause)
 
-    def _on_job_message(self, message: dict[str, Any]) -> bool:
+    def on_message(self, message: dict[str, Any]) -> bool:
         """Act on a job-restart announcement or go-ahead; False for other messages."""
         key = message.get("key")
-        begin, go = _key(self._job_epoch + 1, "begin"), _key(self._job_epoch + 1, "go")
-        if key == begin and self._job_restart is None:
-            self._begin_job_restart(self._job_epoch + 1, message.get("value"))
+        begin, go = _key(self.epoch + 1, "begin"), _key(self.epoch + 1, "go")
+        if key == begin and self.pending is None:
+            self._begin(self.epoch + 1, message.get("value"))
             return True
-        if key == go and self._job_restart is not None:
+        if key == go and self.pending is not None:
             self._start_again()
             return True
         return key in (begin, go)
 
-    def _begin_job_restart(self, epoch: int, cause: Any) -> None:
-        if self.stop_reason is not None:
+    def _begin(self, epoch: int, cause: object) -> None:
+        if self.course.stopping:
             return
-        self._job_restart = epoch
-        self._emit("job_restart", epoch=epoch, phase="stopping", cause=_parse(cause))
+        self.pending = epoch
+        self.course.to(Course.RESTARTING)
+        self.control.emit("job_restart", epoch=epoch, phase="stopping", cause=_parse(cause))
         log.warning("job-wide restart %d: stopping this node's children", epoch)
-        self.link.watch(_key(epoch, "go"))
-        for child in self._running():
+        self._link.watch(_key(epoch, "go"))
+        for child in self.ranks.running():
             child.signal_group(signal.SIGTERM)
-        self._kill_at = time.monotonic() + self.config.grace_period
+        self.control.kill_at = time.monotonic() + self.store.config.grace_period
 
-    def _job_restart_progress(self) -> None:
+    def progress(self) -> None:
         """Once this node's children of a restarting epoch ended: ready; the last node says go."""
-        epoch = self._job_restart
-        if epoch is None or self._running() or self.stop_reason is not None:
+        epoch = self.pending
+        if epoch is None or self.ranks.running() or self.course.stopping:
             return
-        if self._job_ready == epoch:
+        if self._ready == epoch:
             return
-        self._job_ready = epoch
-        self._kill_at = None
-        ready = self.link.add(_key(epoch, "ready"), 1)
+        self._ready = epoch
+        self.control.kill_at = None
+        ready = self._link.add(_key(epoch, "ready"), 1)
         # every slot still in the job counts itself ready (a waiting spare too, at once)
-        nodes = len(self.roles.running_slots()) if self.roles is not None else self.config.nnodes
-        self._emit("job_restart", epoch=epoch, phase="ready", ready=ready, nodes=nodes)
+        roles = self.store.roles
+        nodes = len(roles.running_slots()) if roles is not None else self.store.config.nnodes
+        self.control.emit("job_restart", epoch=epoch, phase="ready", ready=ready, nodes=nodes)
         if ready >= nodes:
-            self.link.set(_key(epoch, "go"), "1")
+            self._link.set(_key(epoch, "go"), "1")
 
     def _start_again(self) -> None:
-        epoch = self._job_restart
+        epoch = self.pending
         assert epoch is not None
-        self._job_epoch, self._job_restart = epoch, None
-        self._watch_job_restarts()
-        if self.stop_reason is not None or self.node_rank is None:
+        self.epoch, self.pending = epoch, None
+        self.watch()
+        if self.course.stopping:
             return
-        for local_rank in range(self.config.nproc_per_node):  # a spare's too, if it took over meanwhile
-            self.restarts[local_rank] += 1
-            self._start_child(local_rank, jobenv.FRESH_START)
-        self._emit("job_restart", epoch=epoch, phase="started")
+        control = self.control
+        if control.node_rank is None:  # a spare that took no node rank meanwhile
+            self.course.to(Course.SPARE)
+            return
+        self.course.to(Course.TRAINING)
+        for local_rank in range(self.store.config.nproc_per_node):  # a spare's too, if it took over meanwhile
+            self.ranks.restarts[local_rank] += 1
+            control.start_child(local_rank, jobenv.FRESH_START)
+        control.emit("job_restart", epoch=epoch, phase="started")
 
 
-def _parse(value: Any) -> Any:
+def _parse(value: object) -> object:
     try:
         return json.loads(value) if isinstance(value, str) else value
     except ValueError:

@@ -1,4 +1,4 @@
-"""What a supervisor does with the node messages of its store agent (a mixin of ``Supervisor``).
+"""What a supervisor does with the node messages of its store agent.
 
 ``node_silent``: declare the slot lost (``NodeRoles.declare``) and stop the
 job when no spare is left below ``--min-nodes``; ``fenced``: this node was
@@ -12,43 +12,49 @@ that came (the wait at the end of node 0's run reads the flag).
 from __future__ import annotations
 
 import logging
-import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from nvrx import jobenv
-from nvrx.slurm import commands
 
-from . import node_keys, node_requeue, store_failover
+from . import node_keys, store_failover
 from .config import ALL_DONE_KEY, ALL_ENDED_KEY
+from .course import Course, CourseTracker
 from .exit_codes import ExitCode
+from .job_restart import JobRestart
+from .job_store import JobStore
+from .local_ranks import LocalRanks
+from .node_control import NodeControl
 from .store_link import StoreLinkError
 
 log = logging.getLogger(__name__)
 
 
 class NodeMessages:
-    """Handles node messages; expects the attributes and methods of ``Supervisor``."""
+    """Acts on the node messages of the store agent: lost slots, fencing, take-overs, the job's end."""
 
-    roles: Any
-    service: Any
-    preemption: Any
-    _epoch: int
-    config: Any
-    restarts: dict[int, int]
-    stop_reason: str | None
-    _all_done: bool
-    _all_ended: bool
-    _kill_at: float | None
+    def __init__(
+        self,
+        store: JobStore,
+        course: CourseTracker,
+        control: NodeControl,
+        ranks: LocalRanks,
+        job_restart: JobRestart,
+        requeue: Callable[[str | None], None],
+    ) -> None:
+        self.store, self.course, self.control, self.ranks = store, course, control, ranks
+        self.job_restart, self.requeue = job_restart, requeue
+        self.all_ended = False  # (node 0) every other slot has ended
 
-    def _on_node_message(self, message: dict[str, Any]) -> bool:
+    def on_message(self, message: dict[str, Any]) -> bool:
         """Act on ``message`` when it is about nodes; False when it is not."""
         try:
             return self._dispatch(message)
         except StoreLinkError as exc:  # the store's loss reaches the main loop as its own message
             log.warning("store failed while handling %s: %s", message, exc)
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            self.request_stop(
+            self.control.request_stop(
                 f"cannot handle node message {message}: {type(exc).__name__}: {exc}",
                 ExitCode.INTERNAL,
                 broadcast=True,
@@ -56,96 +62,75 @@ class NodeMessages:
         return True
 
     def _dispatch(self, message: dict[str, Any]) -> bool:
-        event, key = message.get("event"), message.get("key")
+        event, key, roles = message.get("event"), message.get("key"), self.store.roles
         if event == "node_silent":
             self._node_silent(message)
         elif event == "fenced":
-            self._fenced()
-        elif self.roles is not None and key == node_keys.assign(self.roles.slot):
+            self.fenced()
+        elif roles is not None and key == node_keys.assign(roles.slot):
             self._take_over(message.get("value"))
         elif key == ALL_DONE_KEY:
-            self._all_done = True
+            if self.course.state is Course.SPARE:  # every training node finished: no rank to take
+                self.course.to(Course.FINISHING)
         elif key == ALL_ENDED_KEY:
-            self._all_ended = True
+            self.all_ended = True
         else:
             return False
         return True
 
     def _node_silent(self, message: dict[str, Any]) -> None:
-        if self._fence_if_superseded():
+        if self.fence_if_superseded():
             return  # the others see this store host as lost: its silent peers moved on
+        assert self.store.roles is not None
         try:
-            loss = self.roles.declare(message)
+            loss = self.store.roles.declare(message)
         except StoreLinkError as exc:
             log.warning("could not declare slot %s lost: %s", message.get("slot"), exc)
             return
         if loss is not None and loss.action == "stop":
-            self.request_stop(loss.reason, ExitCode.NODE_LOST, broadcast=True)
-            self._requeue_without(loss.host)
+            self.control.request_stop(loss.reason, ExitCode.NODE_LOST, broadcast=True)
+            self.requeue(loss.host)
         try:
             if loss is not None and loss.action == "spare":
-                self._restart_for_lost_node(loss.node_rank)
+                self.job_restart.restart_for_lost_node(loss.node_rank)
         except StoreLinkError as exc:
-            self._store_unavailable(exc)
+            self.control.store_unavailable(exc)
 
-    def _requeue_without(self, host: str | None) -> None:
-        """Under SLURM, the job that stopped for a lost node runs again on other nodes."""
-        job_id = os.environ.get("SLURM_JOB_ID")
-        if not job_id or not host:
-            return
-        try:
-            excluded = node_requeue.requeue_excluding(job_id, [host])
-        except (commands.SlurmCommandError, OSError) as exc:
-            log.error("could not requeue job %s without %s: %s", job_id, host, exc)
-            return
-        if excluded is None:
-            return
-        count = None
-        if self.preemption is not None:  # the next run's node 0 then knows who requeued, and why
-            run = self.preemption.run_index
-            count = self.preemption.ledger.append("node_failure", run, issued_by="nvrx")
-        self._emit("requeue", cause="node_failure", count=count, excluded=excluded)
-
-    def _fenced(self) -> None:
-        if self.roles is None or self.roles.left or self.stop_reason is not None:
+    def fenced(self) -> None:
+        """This node was declared lost while it stalled: its children end now, without grace."""
+        roles = self.store.roles
+        if roles is None or roles.left or self.course.stopping:
             return  # it is leaving by itself (its own claim) or already stopping
-        self.request_stop(
+        self.control.request_stop(
             "this node was declared lost by the others (it was silent longer than "
-            f"--node-timeout {self.config.node_timeout:g} s); the job goes on without it",
+            f"--node-timeout {self.store.config.node_timeout:g} s); the job goes on without it",
             ExitCode.FENCED,
             broadcast=False,
         )
-        self._kill_at = time.monotonic()  # the job has moved on: no grace
+        self.control.kill_at = time.monotonic()  # the job has moved on: no grace
 
-    def _fence_if_superseded(self) -> bool:
+    def fence_if_superseded(self) -> bool:
         """A store host whose store was replaced while it stalled: the job went on without it."""
-        if self.service is None or not store_failover.superseded(
-            self.config.events_dir, self._epoch
+        store = self.store
+        if store.service is None or not store_failover.superseded(
+            store.config.events_dir, store.epoch
         ):
             return False
-        self._fenced()
+        self.fenced()
         return True
 
     def _take_over(self, value: str | None) -> None:
-        if self.stop_reason is not None or self.roles.node_rank is not None:
+        roles = self.store.roles
+        assert roles is not None
+        if self.course.stopping or roles.node_rank is not None:
             return
-        assignment = self.roles.take_over(value)
-        log.warning("spare slot %d takes over node rank %d", self.roles.slot, self.roles.node_rank)
-        if self._job_restart is not None:
+        assignment = roles.take_over(value)
+        log.warning("spare slot %d takes over node rank %d", roles.slot, roles.node_rank)
+        if self.job_restart.pending is not None:
             return  # a job-wide restart is under way: its go starts this node's ranks with all
-        for local_rank in range(self.config.nproc_per_node):
-            self.restarts[local_rank] = 1  # a replacement: it rejoins the running job
+        if self.course.state is Course.SPARE:
+            self.course.to(Course.TRAINING)
+        for local_rank in range(self.store.config.nproc_per_node):
+            self.ranks.restarts[local_rank] = 1  # a replacement: it rejoins the running job
             fresh = bool(assignment.get("fresh"))
-            self._start_child(local_rank, jobenv.FRESH_START if fresh else jobenv.TAKEOVER)
-
-    # provided by Supervisor
-    _job_restart: int | None
-
-    def request_stop(self, reason: str, exit_code: int, broadcast: bool) -> None:
-        raise NotImplementedError
-
-    def _start_child(self, local_rank: int, flag: str | None = None) -> None:
-        raise NotImplementedError
-
-    def _emit(self, kind: str, **fields: object) -> None:
-        raise NotImplementedError
+            self.control.start_child(local_rank, jobenv.FRESH_START if fresh else jobenv.TAKEOVER)

@@ -14,9 +14,14 @@ store host that took over ends it when the training is done.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import os
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from nvrx.slurm import commands
+
+if TYPE_CHECKING:
+    from .preemption import PreemptionHandler
 
 log = logging.getLogger(__name__)
 _NONE = ("", "(null)", "None")
@@ -48,3 +53,24 @@ def end_orphaned_job(job_id: str) -> None:
     """``scancel`` a job whose batch script died with its node, once its work is done."""
     log.warning("job %s lost its batch host: ending it now that its training is done", job_id)
     commands.cancel([job_id])
+
+
+def requeue_without(
+    host: str | None, preemption: PreemptionHandler | None, emit: Callable[..., None]
+) -> None:
+    """Under SLURM, the job that stopped for a lost node runs again on other nodes."""
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id or not host:
+        return
+    try:
+        excluded = requeue_excluding(job_id, [host])
+    except (commands.SlurmCommandError, OSError) as exc:
+        log.error("could not requeue job %s without %s: %s", job_id, host, exc)
+        return
+    if excluded is None:
+        return
+    count = None
+    if preemption is not None:  # the next run's node 0 then knows who requeued, and why
+        run = preemption.run_index
+        count = preemption.ledger.append("node_failure", run, issued_by="nvrx")
+    emit("requeue", cause="node_failure", count=count, excluded=excluded)

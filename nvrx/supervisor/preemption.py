@@ -375,7 +375,7 @@ class PreemptionHandler:
             return None
 
     @staticmethod
-    def _wait_for(condition: Any, deadline: float) -> bool:
+    def _wait_for(condition: Callable[[], bool], deadline: float) -> bool:
         while True:
             if condition():
                 return True
@@ -395,5 +395,5 @@ class PreemptionHandler:
     def _decision_path(self) -> Path:
         return self.dir / f"r{self.run_index}.decision"
 
-    def _emit(self, kind: str, **fields: Any) -> None:
+    def _emit(self, kind: str, **fields: object) -> None:
         (self._writer or get_writer("supervisor")).emit(kind, **fields)

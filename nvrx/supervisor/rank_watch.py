@@ -254,5 +254,5 @@ class RankWatch:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def _int(value: Any) -> int | None:
+def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None

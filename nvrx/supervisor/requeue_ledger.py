@@ -53,7 +53,7 @@ class RequeueLedger:
     def count(self, cause: str | None = None) -> int:
         return sum(1 for e in self.entries() if cause is None or e.get("cause") == cause)
 
-    def append(self, cause: str, run: int, **extra: Any) -> int:
+    def append(self, cause: str, run: int, **extra: object) -> int:
         """Record one requeue; returns the number of requeues recorded."""
         entries = self.entries()
         entries.append({"cause": cause, "run": run, "wall": time.time(), **extra})

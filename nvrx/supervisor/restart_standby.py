@@ -1,4 +1,4 @@
-"""A warm standby for process restarts, as a mixin of ``Supervisor``.
+"""A warm standby for process restarts, kept by one part of the supervisor.
 
 A restarted rank's first second or more goes to a fresh interpreter importing
 torch, while its peers wait for it. So once this node's children have all
@@ -36,27 +36,37 @@ local rank is piped, and routed as the rank's when it becomes one (``rank_output
 from __future__ import annotations
 
 import logging
-from typing import Any
+
+from .course import Course, CourseTracker
+from .job_store import JobStore
+from .local_ranks import LocalRanks
+from .node_control import NodeControl
+from .standby import Standbys
 
 log = logging.getLogger(__name__)
 
 
 class RestartStandby:
-    """Expects the attributes and methods of ``Supervisor``."""
+    """Keeps one standby ready for this node's next restart, while the node trains."""
 
-    config: Any
-    standbys: Any
-    children: dict[int, Any]
-    stop_reason: str | None
-    failing_over: bool
+    def __init__(
+        self,
+        store: JobStore,
+        standbys: Standbys,
+        course: CourseTracker,
+        control: NodeControl,
+        ranks: LocalRanks,
+    ) -> None:
+        self.store, self.standbys, self.course, self.control = store, standbys, course, control
+        self.ranks = ranks
 
-    def _keep_standby_ready(self) -> None:
+    def keep_ready(self) -> None:
         """Start a standby for the next restart when none waits and this node trains."""
-        cfg = self.config
-        if self.stop_reason is not None or self.failing_over or self._job_restarting():
-            return
-        node_rank = self.node_rank
-        if node_rank is None or len(self.children) < cfg.nproc_per_node or not self._running():
+        cfg = self.store.config
+        if self.course.state is not Course.TRAINING:
+            return  # stopping, failing over, restarting the job, or a spare
+        node_rank, ranks, control = self.control.node_rank, self.ranks, self.control
+        if node_rank is None or len(ranks.children) < cfg.nproc_per_node or not ranks.running():
             return  # a spare waiting, children not all started yet, or all ended
         local_ranks = range(cfg.nproc_per_node)
         pid = self.standbys.keep_ready(
@@ -64,13 +74,13 @@ class RestartStandby:
         )
         if pid is not None:
             log.info("warm standby for restarts: pid %d", pid)
-            self._emit("standby_start", standby_pid=pid, purpose="restart")
+            control.emit("standby_start", standby_pid=pid, purpose="restart")
 
-    def _on_standby_ready(self) -> None:
+    def on_ready(self) -> None:
         """The standby for restarts said it is warm (or ended: replaced at the next turn)."""
         ready = self.standbys.on_ready()
         if ready is not None:
             pid, warm_up_s = ready
-            self._emit(
+            self.control.emit(
                 "standby_ready", standby_pid=pid, purpose="restart", warm_up_s=round(warm_up_s, 3)
             )

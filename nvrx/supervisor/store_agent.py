@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import threading
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -138,7 +139,7 @@ class _Agent:
             startup_s=float(request.get("startup", timeout)),
         ).start()
 
-    def serve(self, lines: Any) -> None:
+    def serve(self, lines: Iterable[str]) -> None:
         self.send({"event": "ready"})
         for raw in lines:
             try:

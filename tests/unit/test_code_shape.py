@@ -35,8 +35,6 @@ LONG_FUNCTIONS: set[str] = {
 }
 #: Classes allowed to inherit from several classes of nvrx, as "module.Class".
 MIXIN_COMPOSITIONS: set[str] = {
-    # Goes when the supervisor is composed of the parts it now inherits.
-    "nvrx.supervisor.supervisor.Supervisor",
     # The reference's public types: each step is both a NestedRestarterCallback and the
     # plug-in type of its place in the Wrapper, and callers check both with isinstance.
     "nvrx.inprocess.nested_restarter.NestedRestarterHandlingCompleted",

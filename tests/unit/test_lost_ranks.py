@@ -4,13 +4,13 @@ that round names it (a real TCPStore, the ``base`` fixture), and restart it alon
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 from nvrx.inprocess import store as rstore
 from nvrx.inprocess.lost_ranks import leave_silent
 from nvrx.rank_beats import RankBeats
 from nvrx.store import keys, rounds
-from nvrx.supervisor.job_restart import JobRestart
+from nvrx.supervisor.config import SupervisorConfig
+from nvrx.supervisor.job_restart import job_wide
 from tests.unit.test_rank_beats import _beat
 
 
@@ -36,8 +36,6 @@ def test_a_process_whose_monitor_beat_is_a_wrapper_rank_before_it_wrote_any_even
     admitted (no Wrapper event yet) counts as one when its monitor beat."""
     beats = RankBeats()
     beats.record([_beat(pid=4242, round=-1, rank=-1)])
-    supervisor = SimpleNamespace(
-        config=SimpleNamespace(ft_restart_policy="auto", events_dir=str(tmp_path)), beats=beats
-    )
-    assert not JobRestart._job_wide(supervisor, 4242)
-    assert JobRestart._job_wide(supervisor, 4343)  # a plain script's process
+    config = SupervisorConfig(command=["train"], log_dir=str(tmp_path), ft_restart_policy="auto")
+    assert not job_wide(config, beats, 4242)
+    assert job_wide(config, beats, 4343)  # a plain script's process

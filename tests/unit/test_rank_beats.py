@@ -11,7 +11,11 @@ from typing import Any
 import pytest
 
 from nvrx.rank_beats import Beat, BeatSender, BeatSocket, RankBeats
+from nvrx.supervisor.config import SupervisorConfig
+from nvrx.supervisor.course import Course, CourseTracker
 from nvrx.supervisor.hang_watch import HangWatch
+from nvrx.supervisor.job_store import JobStore
+from nvrx.supervisor.local_ranks import LocalRanks
 from nvrx.supervisor.store_link import StoreLinkError
 
 
@@ -92,37 +96,45 @@ def test_a_bye_or_an_ended_child_is_no_silence() -> None:
     assert [s.beat.pid for s in beats.due(100.0)] == [300]
 
 
-class _Supervisor(HangWatch):
-    """The part of a supervisor that ``HangWatch`` reads, with one running child."""
+class _Node:
+    """The supervisor as ``HangWatch`` sees it (its ``NodeControl``), with one running child."""
 
     def __init__(self, link: Any) -> None:
         child = SimpleNamespace(local_rank=1, attempt=0, running=True, pid=5)
         child.signal_group = lambda signum: None
-        self.children = {1: child}
-        self.stop_reason, self._job_restart, self.link = None, None, link
-        self.config = SimpleNamespace(world_size=4)
         self.calls: list[str] = []
-        self._start_watch()
+        store = JobStore(SupervisorConfig(command=["train"], nproc_per_node=4))
+        store.link = link
+        ranks = LocalRanks(store, spawn=None, emit=self.emit)
+        ranks.children[1] = child
+        course = CourseTracker()
+        course.to(Course.TRAINING)
+        self.hangs = HangWatch(
+            store, course, self, ranks, RankBeats(), workload=None,
+            job_restart=SimpleNamespace(pending=None), store_lost=self._store_lost,
+        )  # fmt: skip
+        self.hangs.start()
+        self.beats, self.beat_socket = self.hangs.beats, self.hangs.beat_socket
 
-    def _emit(self, kind: str, **fields: Any) -> None:
+    def emit(self, kind: str, **fields: Any) -> None:
         pass
 
     def _store_lost(self, detail: str) -> bool:
         self.calls.append("lost")
         return True
 
-    def _store_unavailable(self, exc: Exception) -> None:
+    def store_unavailable(self, exc: Exception) -> None:
         self.calls.append("unavailable")
 
 
 def test_a_lost_store_link_does_not_spin_the_supervisor_loop() -> None:
-    sup = _Supervisor(SimpleNamespace(lost="store agent exited"))
+    sup = _Node(SimpleNamespace(lost="store agent exited"))
     try:
         sup.beats.record([_beat()], now=time.monotonic() - 1.0)
-        sup._check_hangs()
-        assert sup._watch_timeout(None) > 1.0  # the next deadline is the rank's timeout
+        sup.hangs.check()
+        assert sup.hangs.timeout(None) > 1.0  # the next deadline is the rank's timeout
     finally:
-        sup._close_watch()
+        sup.hangs.close()
 
 
 def test_a_store_lost_while_a_silent_rank_is_taken_out_is_failed_over() -> None:
@@ -131,13 +143,13 @@ def test_a_store_lost_while_a_silent_rank_is_taken_out_is_failed_over() -> None:
         raise StoreLinkError("lost during leave_silent")
 
     link = SimpleNamespace(lost=None, leave_silent=leave_silent)
-    sup = _Supervisor(link)
+    sup = _Node(link)
     try:
         sup.beats.record([_beat(pid=5)], now=time.monotonic() - 11.0)  # silent beyond 10 s
-        sup._check_hangs()
+        sup.hangs.check()
         assert sup.calls == ["lost"]  # a failover, not a stop of the job
     finally:
-        sup._close_watch()
+        sup.hangs.close()
 
 
 def test_beats_cost_the_store_nothing() -> None:
@@ -148,29 +160,29 @@ def test_beats_cost_the_store_nothing() -> None:
         add=lambda *a: requests.append("add"),
         leave_silent=lambda *a: requests.append("leave_silent"),
     )
-    sup = _Supervisor(link)
+    sup = _Node(link)
     try:
         for _ in range(5):
             sup.beats.record([_beat(pid=5)], now=time.monotonic())
-            sup._check_hangs()
+            sup.hangs.check()
         assert requests == []
     finally:
-        sup._close_watch()
+        sup.hangs.close()
 
 
 def test_beats_that_came_while_the_loop_was_busy_are_read_before_any_silence() -> None:
     left = []
     link = SimpleNamespace(lost=None, leave_silent=lambda *a: left.append(a))
-    sup = _Supervisor(link)
+    sup = _Node(link)
     sender = BeatSender(sup.beat_socket.path)
     try:
         sup.beats.record([_beat(pid=5)], now=time.monotonic() - 11.0)  # read long ago
         assert sender.send(_beat(pid=5))  # it beat while the supervisor was blocked elsewhere
-        sup._check_hangs()
+        sup.hangs.check()
         assert left == [] and sup.calls == []
     finally:
         sender.close()
-        sup._close_watch()
+        sup.hangs.close()
 
 
 def test_a_bye_waits_for_room_in_a_full_queue_where_a_beat_is_dropped(tmp_path) -> None:

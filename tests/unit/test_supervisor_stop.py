@@ -10,6 +10,7 @@ from pathlib import Path
 from nvrx import checkpoint_flag, processes
 from nvrx.supervisor.children import Child
 from nvrx.supervisor.config import SupervisorConfig
+from nvrx.supervisor.course import Course
 from nvrx.supervisor.exit_codes import ExitCode
 from nvrx.supervisor.preemption import PreemptionHandler
 from nvrx.supervisor.supervisor import Supervisor
@@ -33,21 +34,23 @@ def _supervisor(
     config = SupervisorConfig(
         command=["train"], nproc_per_node=nproc, log_dir=str(tmp_path), grace_period=1.0
     )
-    return Supervisor(config, spawn=spawn), started
+    sup = Supervisor(config, spawn=spawn)
+    sup.course.to(Course.TRAINING)  # what ``run`` does before it starts the children
+    return sup, started
 
 
 def test_a_spawn_failure_stops_the_started_ranks_and_starts_no_more(tmp_path: Path) -> None:
     sup, started = _supervisor(tmp_path, 3, fail_rank=1)
     try:
         for local_rank in range(3):
-            sup._start_child(local_rank)
+            sup.start_child(local_rank)
         assert started == [0]  # rank 2 is never started once the job stops
         assert sup.stop_reason is not None and "cannot start 'train'" in sup.stop_reason
         assert sup.exit_code == ExitCode.SPAWN_FAILED
-        assert sup.children[0].wait(30) is not None  # SIGTERMed by the stop
-        assert sup.children[0].status.signal == signal.SIGTERM
+        assert sup.ranks.children[0].wait(30) is not None  # SIGTERMed by the stop
+        assert sup.ranks.children[0].status.signal == signal.SIGTERM
     finally:
-        for child in sup.children.values():
+        for child in sup.ranks.children.values():
             processes.stop(child.proc, ask=signal.SIGKILL)
 
 
@@ -55,30 +58,30 @@ def test_a_child_that_stopped_on_another_nodes_flag_is_not_restarted(tmp_path: P
     sup, started = _supervisor(tmp_path, 1)
     job_dir = sup.config.events_dir
     sup.preemption = PreemptionHandler(job_dir, 0, 2, slurm=False, export_env=False)
-    sup._start_child(0)
+    sup.start_child(0)
     try:
         # node 1 raised the job's flag; this node's child checkpointed and exited 0
         checkpoint_flag.write_flag(
             sup.preemption.flag_path, {"cause": "preemption", "deadline_wall": time.time() + 30}
         )
-        sup.children[0].proc.send_signal(signal.SIGTERM)
-        sup.children[0].wait(30)
-        sup._decide(0, sup.children[0].status, sup.children[0].pid)
+        sup.ranks.children[0].proc.send_signal(signal.SIGTERM)
+        sup.ranks.children[0].wait(30)
+        sup._decide(0, sup.ranks.children[0].status, sup.ranks.children[0].pid)
         assert started == [0]  # not restarted
         assert sup.preemption.pending  # the flag became this node's warning
     finally:
-        for child in sup.children.values():
+        for child in sup.ranks.children.values():
             processes.stop(child.proc, ask=signal.SIGKILL)
 
 
 def test_a_second_stop_signal_kills_at_once(tmp_path: Path) -> None:
     sup, _ = _supervisor(tmp_path, 1)
-    sup._start_child(0)
+    sup.start_child(0)
     try:
         sup.request_stop("test", ExitCode.OK, broadcast=False)
-        assert sup._kill_at is not None and sup._kill_at > time.monotonic()
+        assert sup.kill_at is not None and sup.kill_at > time.monotonic()
         sup._on_signals([signal.SIGTERM])
-        assert sup._kill_at <= time.monotonic()
+        assert sup.kill_at <= time.monotonic()
     finally:
-        for child in sup.children.values():
+        for child in sup.ranks.children.values():
             processes.stop(child.proc, ask=signal.SIGKILL)

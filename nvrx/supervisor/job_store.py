@@ -1,0 +1,42 @@
+"""The job's store as one supervisor sees it: what names it, how to reach it, who hosts it.
+
+A store failover (``failover``) replaces most of it at once: the configuration
+(the next store's address), the link, the service when this slot hosts the
+next store, and the slots; the supervisor's parts all read it here, so they
+never hold a stale link or address.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nvrx.store.service import StoreService
+
+from .config import RESTARTS_KEY, SupervisorConfig
+from .node_roles import NodeRoles
+from .store_link import StoreLink, StoreLinkError
+
+
+@dataclass
+class JobStore:
+    """Where the job's store is now, and this slot's link to it."""
+
+    config: SupervisorConfig  # its master_addr/store_port name the store now
+    link: StoreLink | None = None  # None until the store agent starts
+    service: StoreService | None = None  # the store service this slot hosts, if any
+    roles: NodeRoles | None = None  # this slot's role, kept in the store; None until it starts
+    epoch: int = 0  # store failovers so far
+    slot: int = 0  # the slot hosting the store now
+    lost_slot: int = 0  # the slot that hosted it before the last failover
+    relinks: int = 0  # times the link was aimed at another store: the main loop re-registers it
+
+    @property
+    def usable(self) -> bool:
+        """A link that was started and has not lost its store."""
+        return self.link is not None and self.link.lost is None
+
+    def spend_restart(self) -> int:
+        """Count one restart in the job-wide budget; the count so far."""
+        if self.link is None:
+            raise StoreLinkError("no store link")
+        return self.link.add(RESTARTS_KEY, 1)
