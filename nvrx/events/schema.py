@@ -229,6 +229,8 @@ KINDS: dict[str, dict[str, str]] = {
         "cause": "preemption | time_limit | node_failure",
         "count": "requeues so far (null when not counted)",
         "excluded": "nodes the requeued job may not run on (node_failure)",
+        "answered": "lost nodes left out of excluded: they still ran a SLURM step, so their "
+        "supervisor was lost, not the node (node_failure)",
         "run": "which run of the job asked for the requeue (0 = the first submission)",
         "issued_by": "nvrx (the supervisor called scontrol requeue) | slurm (SLURM requeued it)",
     },

@@ -154,6 +154,25 @@ def show_job(job_id: int | str, *, env: Mapping[str, str] | None = None) -> dict
     return parse_key_values(lines[0])
 
 
+#: How long a node may take to run a no-op step before it is taken for silent.
+PROBE_TIMEOUT_S = 20.0
+
+
+def node_answers(
+    job_id: int | str, node: str, *, env: Mapping[str, str] | None = None,
+    timeout: float = PROBE_TIMEOUT_S,
+) -> bool:
+    """Whether ``node``'s slurmd runs a no-op step of job ``job_id`` (``srun --overlap -w NODE
+    true``) within ``timeout``: SLURM's own view of a node lags its death by its
+    ``SlurmdTimeout``, a step answers now. False on any failure, a timeout included."""
+    argv = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+            "--kill-on-bad-exit=1", "--quiet", "true"]  # fmt: skip
+    try:
+        return run_command(argv, env=env, check=False, timeout=timeout).returncode == 0
+    except SlurmCommandError:
+        return False
+
+
 def show_node(
     name: str, *, env: Mapping[str, str] | None = None, timeout: float = COMMAND_TIMEOUT_S
 ) -> dict[str, str] | None:

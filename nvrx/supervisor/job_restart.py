@@ -43,7 +43,7 @@ from .course import Course, CourseTracker
 from .job_store import JobStore
 from .local_ranks import LocalRanks
 from .node_control import NodeControl
-from .policy import Decision, LastFault, RestartPolicy
+from .policy import Decision, LastFault, RestartPolicy, root_cause_line
 from .store_link import StoreLink
 from .workload_control import WorkloadControl
 
@@ -132,6 +132,9 @@ class JobRestart:
             budget_left=verdict.budget_left, signature=verdict.signature,
         )  # fmt: skip
         if verdict.decision is not Decision.RESTART:
+            if verdict.decision is Decision.GIVE_UP:
+                events_dir = self.store.config.events_dir
+                log.error(root_cause_line(verdict, rank, control.node_rank, events_dir))
             control.request_stop(verdict.reason, verdict.exit_code, broadcast=True)
             return
         cause = {"rank": rank, "node": control.node_rank, "signature": verdict.signature}

@@ -3,7 +3,8 @@
 When the job cannot survive a loss, it is requeued held (``scontrol requeuehold``), its ``ExcNodeList``
 gains the lost nodes, and it is released: the next allocation never lands on
 a node that was just lost, and the job cannot start in between. A job
-submitted with ``--no-requeue`` is left alone.
+submitted with ``--no-requeue`` is left alone. A lost node that still runs a step of
+the job is not excluded: its supervisor was lost (killed, say), not the node.
 
 The batch script runs on the job's first node, with node 0's supervisor.
 When that node is lost, the job survives it (``--no-kill``), but nothing is
@@ -62,8 +63,15 @@ def requeue_without(
     job_id = os.environ.get("SLURM_JOB_ID")
     if not job_id or not host:
         return
+    # SLURM's node state lags a node's death by its SlurmdTimeout; a step answers now.
+    answered = commands.node_answers(job_id, host)
+    if answered:
+        log.warning(
+            "node %s still runs SLURM steps: its supervisor was lost, not the node; "
+            "requeued without excluding it", host,
+        )  # fmt: skip
     try:
-        excluded = requeue_excluding(job_id, [host])
+        excluded = requeue_excluding(job_id, [] if answered else [host])
     except (commands.SlurmCommandError, OSError) as exc:
         log.error("could not requeue job %s without %s: %s", job_id, host, exc)
         return
@@ -73,4 +81,7 @@ def requeue_without(
     if preemption is not None:  # the next run's node 0 then knows who requeued, and why
         run = preemption.run_index
         count = preemption.ledger.append("node_failure", run, issued_by="nvrx")
-    emit("requeue", cause="node_failure", count=count, excluded=excluded)
+    emit(
+        "requeue", cause="node_failure", count=count, excluded=excluded,
+        answered=[host] if answered else [],
+    )  # fmt: skip

@@ -12,6 +12,7 @@ import enum
 import json
 import logging
 import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,13 @@ class Verdict:
     signature: str | None = None
     budget_left: int | None = None
     exit_code: int = ExitCode.OK
+
+
+def root_cause_line(verdict: Verdict, rank: int, node: int | None, job_dir: Path) -> str:
+    """What a stopped job's log ends with: the failure that stopped it, and where to read more."""
+    where = f"rank {rank}" + (f" on node {node} ({socket.gethostname()})" if node is not None else "")
+    cause = verdict.signature or "no failure signature"
+    return f"root cause: {where}: {cause} ({verdict.reason}); nvrx-report {job_dir} tells the rest"
 
 
 def exit_signature(status: ExitStatus) -> str:

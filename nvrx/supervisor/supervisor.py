@@ -42,7 +42,7 @@ from .job_store import JobStore
 from .local_ranks import CannotSpawn, LocalRanks, Spawner
 from .node_messages import NodeMessages
 from .node_roles import NodeRoles
-from .policy import Decision, RestartPolicy, last_fault
+from .policy import Decision, RestartPolicy, last_fault, root_cause_line
 from .preemption import PreemptionHandler
 from .restart_standby import RestartStandby
 from .signals import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
@@ -250,6 +250,9 @@ class Supervisor:
             self.ranks.restarts[local_rank] += 1
             self.start_child(local_rank)
         else:
+            if verdict.decision is Decision.GIVE_UP:
+                rank = self.config.rank(local_rank, self.node_rank)
+                log.error(root_cause_line(verdict, rank, self.node_rank, self.config.events_dir))
             self.request_stop(verdict.reason, verdict.exit_code, broadcast=True)
 
     # -- stopping -----------------------------------------------------------------

@@ -178,6 +178,11 @@ def test_loop_breaker_stops_a_repeating_failure_with_code_5(tmp_path) -> None:
     assert "loop breaker" in give_up[0]["reason"] and "3 times in a row" in give_up[0]["reason"]
     assert job.events("job_stop")[0]["exit_code"] == 5
     assert len(job.events("child_start")) < 10
+    # One line says what stopped the job, on which rank, and where to read the rest.
+    causes = [line for line in job.output().splitlines() if "root cause:" in line]
+    assert len(causes) == 1, job.output()
+    assert "root cause: rank " in causes[0] and ": exit code 3 (loop breaker" in causes[0]
+    assert f"nvrx-report {job.log_dir / job.job_id} " in causes[0], causes[0]
 
 
 def _tree(pid: int) -> set[int]:
