@@ -18,7 +18,7 @@ from functools import partial
 from pathlib import Path
 from typing import TextIO
 
-from . import job_facts
+from . import job_facts, time_ledger
 from .activity import build_activity
 from .aggregate import aggregate_files, run_starts_of
 from .failure_groups import add_output_findings, build_failures
@@ -42,7 +42,7 @@ from .output_triage import Death, EventFacts, triage
 from .printable import Report
 from .process_rows import process_restarts
 from .progress import Progress
-from .rank_files import attach_rank_files
+from .rank_files import attach_rank_files, name_causes
 from .slurm_context import (
     default_search_dirs,
     find_output_files,
@@ -260,6 +260,7 @@ def _rounds(
     if not any(row.outcome_from == "wrapper" for row in timeline):
         # No Wrapper told its rounds: job-wide restarts, where there were some, tell them.
         timeline = job_restart_rounds(agg) or timeline
+    name_causes(timeline, process_rows)  # an exit code's exception, where its files tell it
     return timeline
 
 
@@ -339,7 +340,7 @@ def _summary(
     n_ranks = len(agg.ranks) if restricted or not agg.world_size else agg.world_size
     if not n_ranks and not restricted:
         n_ranks = world_of(agg)  # no rank wrote events: the supervisors' children
-    busy_s = agg.call_us / 1e6
+    busy_s = agg.call_us / 1e6 + time_ledger.unfinished_call_s(agg, losses)
     if agg.calls == 0 and job_facts.child_runtime_s(agg) > 0:
         # No Wrapper marked the training function: the supervised processes' lives stand in.
         busy_s = job_facts.child_runtime_s(agg)
@@ -348,7 +349,8 @@ def _summary(
             "training time is the run time of the supervised processes, start-up included"
         )
     training = busy_s / n_ranks if n_ranks else 0.0
-    goodput = (training / wall) if wall > 0 and n_ranks else None
+    ledger = time_ledger.build_ledger(agg, timeline, losses, training, wall)
+    goodput = (ledger.training_s / wall) if wall > 0 and n_ranks else None
     nodes = {n for n in agg.node_hosts}
     return Summary(
         job=job_id,
@@ -368,6 +370,7 @@ def _summary(
         interrupted_calls=agg.interrupted_calls,
         processes_relaunched=job_facts.relaunches(agg),
         slurm_nodes=slurm_runs[-1].node_list if slurm_runs else None,
+        time_ledger=ledger,
     )
 
 

@@ -17,6 +17,7 @@ from .build import build_report
 from .loading import ReportError
 from .render import FORMATS
 from .render_html import HTML
+from .text_doc import MIN_TEXT_WIDTH, TEXT_WIDTH
 
 EXIT_OK = 0
 EXIT_CANNOT_WRITE = 1
@@ -44,6 +45,16 @@ def parse_since(text: str, now: float | None = None) -> float:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return moment.timestamp()
+
+
+def _width(text: str) -> int:
+    """``--width``: 0 (no limit) or at least ``MIN_TEXT_WIDTH`` characters."""
+    value = int(text) if text.strip().isdigit() else -1
+    if value != 0 and value < MIN_TEXT_WIDTH:
+        raise argparse.ArgumentTypeError(
+            f"--width must be 0 (no limit) or at least {MIN_TEXT_WIDTH}, got {text!r}"
+        )
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -101,6 +112,14 @@ def _parser() -> argparse.ArgumentParser:
         help="processes reading event files (default: CPUs, at most 8)",
     )
     p.add_argument(
+        "--width",
+        type=_width,
+        default=TEXT_WIDTH,
+        metavar="N",
+        help=f"widest line of the table format, its cells wrapped to fit (default: {TEXT_WIDTH}; "
+        "0: no limit)",
+    )
+    p.add_argument(
         "-o",
         "--output",
         default=None,
@@ -132,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ReportError as exc:
         print(f"nvrx-report: {exc}", file=sys.stderr)
         return exc.exit_code
-    text = report.to_text(args.format)
+    text = report.to_text(args.format, width=args.width or None)
     if args.output:
         try:
             with open(args.output, "w", encoding="utf-8") as fh:

@@ -244,11 +244,15 @@ class FileFolder(KindHandlers):
         if self.first_wall <= self.last_wall:
             s.first_wall, s.last_wall = self.first_wall, self.last_wall
         last = self.last_event
-        if self.open_call is not None and last is not None:
-            boot, start = self.open_call
+        if (self.open_call is not None or self.open_wall is not None) and last is not None:
+            boot, start = self.open_call or (None, 0.0)
             mono = num(last.get("mono"))
-            if mono is not None and boot == as_str(last.get("boot")):
+            counted = 0.0
+            if self.open_call is not None and mono is not None and boot == as_str(last.get("boot")):
                 # The process vanished inside the function (killed): count up to its last event.
-                s.call_us += round(max(0.0, mono - start) * 1e6)
+                counted = max(0.0, mono - start)
+                s.call_us += round(counted * 1e6)
+            if self.open_wall is not None:
+                s.open_call = (self.open_wall, counted)
             s.interrupted_calls += 1
             s.vanished = s.ending_fault is None

@@ -2,8 +2,10 @@
 
 One lane per global rank (those ``--rank``/``--node`` kept, when they restricted the
 events), or one per node rank when there are more than ``MAX_RANK_LANES`` ranks, plus
-one per spare slot. A lane's periods, from the report's data (``Report.activity``,
-rounds, hangs):
+one per spare slot. A rank's lane is labelled with its node rank and the hosts it ran
+on, in order (``node-b→node-c`` when a spare took its node over), and each move to
+another host is marked where the new process started. A lane's periods, from the
+report's data (``Report.activity``, rounds, hangs):
 
 - alive: the lives of its processes (``child_start`` to its end), cut by the run's
   rounds into ``training`` (inside a round), ``restart`` (from a round's end to the
@@ -14,9 +16,11 @@ rounds, hangs):
   A job with no rounds trains all the time its processes live; a job with no
   supervisor events lives from the start of the run to its end. Rounds narrower than
   a pixel of the drawing are joined, in the colour they spend most time in;
-- ``dead``: from a process's end until its replacement started (or, after a
-  failure, until the run's end);
-- ``hung``: from a hang report until the process ended or its round did;
+- ``dead``: from a process's end until its replacement trained: the first round
+  that started after the replacement did (or its start, without such a round;
+  after a failure with no replacement, until the run's end);
+- ``hung``: from the rank's last progress (the hang report's ``stale_s`` before it)
+  until the process ended or its round did;
 - ``spare``: a spare slot standing by until it took over a node rank;
 - ``requeue``: the gap between two runs of the job (drawn across every lane).
 """
@@ -30,8 +34,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import pairwise
 
+from nvrx.events.failures import NODE_LOST_SIGNATURE
+
 from .activity import LOST
 from .model import FaultMark, Hang, ProcessSpan, ReportData, RunSpan, SpareSpan
+from .render_answer import verdict
 from .text_doc import secs
 
 log = logging.getLogger(__name__)
@@ -68,11 +75,22 @@ class Period:
 
 @dataclass
 class Mark:
-    """A fault mark on a lane, linking to its failure's block."""
+    """A fault mark on a lane, linking to its failure's block; ``also``: the signatures of the
+    same fault's other reports (a process's end after its exception), drawn as this one."""
 
     wall: float
     fault: FaultMark
     href: str
+    also: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Move:
+    """A rank's process started on another host than its previous one (a spare took over)."""
+
+    wall: float
+    from_host: str
+    to_host: str
 
 
 @dataclass
@@ -84,6 +102,9 @@ class Lane:
     label: str
     periods: list[Period] = field(default_factory=list)
     marks: list[Mark] = field(default_factory=list)
+    node: int | None = None  # node rank of a rank's lane (its last)
+    hosts: list[str] = field(default_factory=list)  # hosts it ran on, in order (``_place``)
+    moves: list[Move] = field(default_factory=list)
 
 
 @dataclass
@@ -96,6 +117,8 @@ class Lanes:
     lanes: list[Lane]
     rounds: list[tuple[float, float, str]]  # (start, end, label) of each round
     requeues: list[Period]
+    outcome: str = ""  # how the job ended (the summary's outcome)
+    verdict: str = ""  # render_answer.verdict of it: ok, failed or unfinished
 
 
 def _merge(pieces: Iterable[Piece]) -> list[Piece]:
@@ -196,12 +219,30 @@ class _Life:
     end: float
     ended: str | None
     node: int | None
+    place: str | None = None  # its host; with its slot when a host ran several (a local job)
+
+
+def _shared_hosts(processes: list[ProcessSpan]) -> set[str]:
+    """Hosts on which several supervisor slots ran processes (a local job's nodes)."""
+    slots: dict[str, set[int | None]] = {}
+    for p in processes:
+        if p.host is not None:
+            slots.setdefault(p.host, set()).add(p.slot)
+    return {host for host, seen in slots.items() if len(seen) > 1}
+
+
+def _place(p: ProcessSpan, shared: set[str]) -> str | None:
+    """Where ``p`` ran: its host, and its slot when that host ran several."""
+    if p.host is None:
+        return None
+    return f"{p.host} slot {p.slot}" if p.host in shared and p.slot is not None else p.host
 
 
 def _lives(report: ReportData, runs: list[RunSpan], end: float) -> dict[int, list[_Life]]:
     """Each rank's process lives, in order, with unknown starts and ends filled from the run's
     (an unknown end: the start of the rank's next process of the run, else the run's end)."""
     by_run = {r.run: r for r in runs}
+    shared = _shared_hosts(report.activity.processes)
     spans: dict[int, list[ProcessSpan]] = {}
     for p in report.activity.processes:
         if p.rank is not None and p.rank >= 0:
@@ -220,7 +261,7 @@ def _lives(report: ReportData, runs: list[RunSpan], end: float) -> dict[int, lis
             r1 = run.end_wall if run is not None and run.end_wall is not None else end
             a = p.start_wall if p.start_wall is not None else (r0 or 0.0)
             b = p.end_wall if p.end_wall is not None else later if later is not None else r1
-            out.append(_Life(p.run, a, max(a, b), p.ended, p.node))
+            out.append(_Life(p.run, a, max(a, b), p.ended, p.node, _place(p, shared)))
             if p.start_wall is not None:
                 later = p.start_wall
         lives[rank] = out[::-1]
@@ -245,27 +286,63 @@ def _alive(lives: Iterable[_Life], phases: dict[int, list[Piece]]) -> list[Perio
     return out
 
 
+def _trains(life: _Life, starts: list[float]) -> float:
+    """When the process of ``life`` first trained: the first round start (of its run's
+    sorted ``starts``) inside its life, else its own start."""
+    i = bisect_right(starts, life.start)
+    return starts[i] if i < len(starts) and starts[i] < life.end else life.start
+
+
 def _dead(
     lives: list[_Life],
     run_ends: dict[int, float],
     end: float,
     failed: set[tuple[int, int | None, float]],
     rank: int,
+    starts: dict[int, list[float]],
 ) -> list[Period]:
-    """One rank's dead gaps: until its next life of the run, or, after a failed end (or a lost
-    node) with no next life, until the run's end."""
+    """One rank's dead gaps: until its next life of the run trained (``_trains``), or, after
+    a failed end (or a lost node) with no next life, until the run's end."""
     out: list[Period] = []
     for i, life in enumerate(lives):
         nxt = lives[i + 1] if i + 1 < len(lives) and lives[i + 1].run == life.run else None
-        until = nxt.start if nxt is not None else run_ends.get(life.run, end)
+        until = _trains(nxt, starts.get(life.run, [])) if nxt is not None else run_ends.get(life.run, end)
         ended_badly = life.ended == LOST or (life.run, rank, round(life.end, 3)) in failed
         if nxt is None and not ended_badly:
             continue
         if until > life.end:
             what = f"process ended ({life.ended or 'unknown'})"
-            then = "until its replacement started" if nxt is not None else "never replaced"
+            then = "never replaced"
+            if nxt is not None:
+                then = f"until its replacement trained (started {secs(nxt.start - life.end)} after)"
             out.append(Period(life.end, until, DEAD, f"{what}, {then}: {secs(until - life.end)}"))
     return out
+
+
+def _placement(lives: list[_Life]) -> tuple[int | None, list[str], list[Move]]:
+    """A rank's last node rank, the hosts it ran on in order, and its moves between them."""
+    hosts: list[str] = []
+    moves: list[Move] = []
+    node = None
+    for life in lives:
+        node = life.node if life.node is not None else node
+        if life.place is None:
+            continue
+        if hosts and hosts[-1] != life.place:
+            moves.append(Move(life.start, hosts[-1], life.place))
+        if not hosts or hosts[-1] != life.place:
+            hosts.append(life.place)
+    return node, hosts, moves
+
+
+def _label(by: str, key: int, node: int | None, hosts: list[str]) -> str:
+    """``rank 2 · node 1 · node-b→node-c`` (a node lane: ``node 1 · node-b``)."""
+    parts = [f"{by} {key}"]
+    if by == "rank" and node is not None:
+        parts.append(f"node {node}")
+    if hosts:
+        parts.append("→".join(hosts))
+    return " · ".join(parts)
 
 
 def _hung(
@@ -275,19 +352,54 @@ def _hung(
     run_ends: dict[int, float],
     end: float,
 ) -> list[Period]:
-    """Each hang (with its index in ``report.hangs``) until its process, its round or its run ended."""
+    """Each hang (with its index in ``report.hangs``), from the rank's last progress until its
+    process, its round or its run ended."""
     out = []
     for i, h in hangs:
         if h.wall is None:
             continue
-        ends = [life.end for life in lives if life.start <= h.wall < life.end]
+        living = [life for life in lives if life.start <= h.wall < life.end]
+        ends = [life.end for life in living]
         round_end = round_ends.get((h.run, h.round))
         if round_end is not None and round_end > h.wall:
             ends.append(round_end)
         until = max(min(ends, default=run_ends.get(h.run, end)), h.wall)
-        note = f"hung ({h.timeout or '?'} timeout) for {secs(until - h.wall)}"
-        out.append(Period(h.wall, until, HUNG, note, f"#hang-{i}"))
+        # from its last progress: stale_s before the report, not before its process started
+        since = h.wall - (h.stale_s or 0.0)
+        since = max([since, *(life.start for life in living)])
+        note = (
+            f"hung ({h.timeout or '?'} timeout) for {secs(until - since)}: no progress from "
+            f"{secs(h.wall - since)} before its detection"
+        )
+        out.append(Period(since, until, HUNG, note, f"#hang-{i}"))
     return out
+
+
+def _minus(periods: list[Period], cover: list[Period]) -> list[Period]:
+    """``periods`` without the stretches that ``cover`` holds: a replacement that has not
+    trained yet is not training, a hung rank is not either."""
+    cuts = _merge((c.start, c.end, "") for c in cover)
+    if not cuts:
+        return periods
+    pieces: list[tuple[float, float, Period]] = []
+    for p in periods:
+        t = p.start
+        for a, b, _ in cuts[bisect_right(cuts, p.start, key=lambda c: c[1]) :]:
+            if a >= p.end:
+                break
+            if a > t:
+                pieces.append((t, a, p))
+            t = max(t, b)
+        if t < p.end:
+            pieces.append((t, p.end, p))
+    return [Period(a, b, p.kind, _alive_note(p, a, b), p.href) for a, b, p in pieces]
+
+
+def _alive_note(p: Period, a: float, b: float) -> str:
+    """The tooltip of the part ``[a, b]`` of ``p``."""
+    if (a, b) == (p.start, p.end) or p.kind not in _ALIVE_NOTES:
+        return p.note
+    return f"{_ALIVE_NOTES[p.kind]} for {secs(b - a)}"
 
 
 def _union(periods: Iterable[Period], kind: str, note: str) -> list[Period]:
@@ -353,24 +465,23 @@ def build_lanes(report: ReportData, fault_ids: dict[str, str], pixels: int = 120
     if by == "node":  # ranks no supervisor placed: their node by the usual layout
         per_node = -(-(min(s.ranks, MAX_RANKS) or max(ranks) + 1) // max(1, s.nodes))
         node_of = {rank: node_of.get(rank, rank // per_node) for rank in ranks}
-    hangs: dict[int, list[tuple[int, Hang]]] = {}
-    for i, h in enumerate(report.hangs):
-        if h.rank is not None:
-            hangs.setdefault(h.rank, []).append((i, h))
+    hangs = _hangs_by_rank(report.hangs)
+    starts = _round_starts(report)
     lanes: dict[int, Lane] = {}
     for key, of_lane in _members(ranks, by, node_of):
-        dead = [p for r in of_lane for p in _dead(lives.get(r, []), run_ends, end, failed, r)]
+        dead = [p for r in of_lane for p in _dead(lives.get(r, []), run_ends, end, failed, r, starts)]
         hung = [
             p for r in of_lane for p in _hung(hangs.get(r, []), lives.get(r, []), round_ends, run_ends, end)
         ]
-        alive = _alive((life for r in of_lane for life in lives.get(r, [])), phases)
+        mine = sorted((life for r in of_lane for life in lives.get(r, [])), key=lambda x: x.start)
         if by == "node":
             dead = _union(dead, DEAD, "some process of this node dead")
-        lanes[key] = Lane(by, key, f"{by} {key}", [*alive, *dead, *hung])
-    for m in act.faults:
-        key = _mark_lane(m, by, node_of)
-        if key in lanes and m.wall is not None and m.signature in fault_ids:
-            lanes[key].marks.append(Mark(m.wall, m, f"#{fault_ids[m.signature]}"))
+        alive = _minus(_alive(mine, phases), [*dead, *hung])
+        node, hosts, moves = _placement(mine)
+        lanes[key] = Lane(
+            by, key, _label(by, key, node, hosts), [*alive, *dead, *hung], [], node, hosts, moves
+        )
+    _add_marks(lanes, report, [(_mark_lane(m, by, node_of), m) for m in act.faults], fault_ids)
     out = [*lanes.values(), *_spare_lanes(act.spares, start, end)]
     rounds = [
         (r.start_wall, r.end_wall if r.end_wall is not None else end, f"round {r.round}")
@@ -378,7 +489,81 @@ def build_lanes(report: ReportData, fault_ids: dict[str, str], pixels: int = 120
         if r.start_wall is not None
     ]
     log.debug("timeline: %d lane(s) by %s", len(out), by)
-    return Lanes(start, end, by, out, rounds, _requeues(runs))
+    return Lanes(start, end, by, out, rounds, _requeues(runs), s.outcome, verdict(s))
+
+
+def _hangs_by_rank(hangs: list[Hang]) -> dict[int, list[tuple[int, Hang]]]:
+    """Each rank's hangs, with their index in the report's list (their block's id)."""
+    out: dict[int, list[tuple[int, Hang]]] = {}
+    for i, h in enumerate(hangs):
+        if h.rank is not None:
+            out.setdefault(h.rank, []).append((i, h))
+    return out
+
+
+def _add_marks(
+    lanes: dict[int, Lane],
+    report: ReportData,
+    marks: list[tuple[int | None, FaultMark]],
+    fault_ids: dict[str, str],
+) -> None:
+    """One mark per fault (``one_mark_per_fault``) on its lane, linked to its failure's block."""
+    for key, mark in one_mark_per_fault(report, marks):
+        if key is not None and key in lanes and mark.fault.signature in fault_ids:
+            mark.href = f"#{fault_ids[mark.fault.signature]}"
+            lanes[key].marks.append(mark)
+
+
+def _round_starts(report: ReportData) -> dict[int, list[float]]:
+    """Each run's round starts, sorted."""
+    starts: dict[int, list[float]] = {}
+    for r in report.timeline:
+        if r.start_wall is not None:
+            starts.setdefault(r.run, []).append(r.start_wall)
+    return {run: sorted(walls) for run, walls in starts.items()}
+
+
+def _round_at(report: ReportData, m: FaultMark) -> int | None:
+    """The round of mark ``m``: its own, else the last round started at or before it."""
+    if m.round is not None or m.wall is None:
+        return m.round
+    started = [r for r in report.timeline if r.start_wall is not None and r.start_wall <= m.wall]
+    return max(started, key=lambda r: (r.start_wall, r.round)).round if started else None
+
+
+def _consequence(report: ReportData, m: FaultMark, rnd: int | None) -> bool:
+    """Whether ``m`` follows from its round's cause: the round has a cause, and ``m`` is
+    neither it nor a fault of a rank the round counts as failing on its own."""
+    row = next((r for r in report.timeline if r.round == rnd and r.cause is not None), None)
+    if row is None or m.signature == row.cause or m.signature == NODE_LOST_SIGNATURE:
+        return False
+    return m.rank is not None and m.rank != row.first_rank and m.rank not in row.also_failed
+
+
+def one_mark_per_fault(
+    report: ReportData, marks: list[tuple[int | None, FaultMark]]
+) -> list[tuple[int | None, Mark]]:
+    """One mark per fault: the reports of one rank in one round (its exception, then its
+    process's end; a hang, then the kill) are one fault, drawn at the first of them, under
+    the round's cause when it is among them; a lost node is one fault, on its first rank's
+    lane; what other ranks wrote because of the round's fault (a peer's ``PeerLost``) is
+    its consequence, not a mark of its own. Marks without a wall are left out."""
+    causes = {(r.run, r.round): r.cause for r in report.timeline}
+    groups: dict[tuple, list[tuple[int | None, FaultMark]]] = {}
+    for key, m in sorted(marks, key=lambda km: (km[1].wall or 0.0, km[0] if km[0] is not None else -1)):
+        rnd = _round_at(report, m)
+        if m.wall is None or _consequence(report, m, rnd):
+            continue
+        who = ("node", m.node) if m.signature == NODE_LOST_SIGNATURE else ("lane", key)
+        groups.setdefault((*who, rnd), []).append((key, m))
+    out: list[tuple[int | None, Mark]] = []
+    for (_, _, rnd), items in groups.items():
+        told = set(causes.values()) if rnd is None else {c for (_, n), c in causes.items() if n == rnd}
+        key, first = next(((k, m) for k, m in items if m.signature in told), items[0])
+        wall = min(m.wall for _, m in items if m.wall is not None)
+        also = sorted({m.signature for _, m in items} - {first.signature})
+        out.append((key, Mark(wall, first, "", also)))
+    return out
 
 
 def _members(ranks: set[int], by: str, node_of: dict[int, int]) -> list[tuple[int, list[int]]]:

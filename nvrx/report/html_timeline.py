@@ -2,10 +2,16 @@
 
 x is the job's wall time, y one lane per rank (or node, or spare slot). Every
 lane is a ``<g class="lane" data-rank="N">`` (``data-node``, or ``class="lane
-spare"`` with ``data-slot``) holding its label and periods; each fault is a red
-diamond linking to its failure's block (``#fault-N``), each hang period to its
-stack (``#hang-N``). Every period and mark has a ``<title>`` tooltip. Text from
-the events is escaped; the SVG is well-formed XML, and refers to nothing outside it.
+spare"`` with ``data-slot``) holding its label and periods; a rank's lane also
+says its node rank and hosts (``data-node``, ``data-hosts``: comma-separated, in
+order), and each move of
+the rank to another host is a ``<g class="move">``. A period is a ``<rect
+class="p-KIND">`` with its wall times (``data-start``, ``data-end``); each fault
+is one red diamond (``class="fault"``) linking to its failure's block
+(``#fault-N``), each hang period to its stack (``#hang-N``). A strip at the right
+end says how the job ended, in its colour (``class="outcome"``,
+``data-outcome``). Every period and mark has a ``<title>`` tooltip. Text from the
+events is escaped; the SVG is well-formed XML, and refers to nothing outside it.
 """
 
 from __future__ import annotations
@@ -15,13 +21,16 @@ import time
 from html import escape
 
 from .html_lanes import DEAD, HUNG, IDLE, REQUEUE, RESTART, SPARE, TRAINING, Lane, Lanes, Period
+from .render_answer import FAILED, OK, UNFINISHED
 from .text_doc import secs, when
 
 log = logging.getLogger(__name__)
 
 WIDTH = 1360
-LABEL_W = 130
-RIGHT_PAD = 20
+LABEL_W = 230
+RIGHT_PAD = 28
+#: Width of the outcome strip, in the right padding.
+OUTCOME_W = 16
 PLOT_W = WIDTH - LABEL_W - RIGHT_PAD
 LEGEND_H = 26
 AXIS_H = 22
@@ -43,6 +52,13 @@ COLOURS = {
     REQUEUE: ("#c9ced6", "requeued (between runs)"),
 }
 FAULT_COLOUR = "#e0201b"
+#: verdict -> (colour, legend text) of the outcome strip and the page's outcome line.
+OUTCOME_COLOURS = {
+    OK: ("#2e9e44", "completed"),
+    FAILED: ("#e0201b", "FAILED"),
+    UNFINISHED: ("#f5c518", "not finished"),
+}
+MOVE_COLOUR = "#1565c0"
 #: Short periods that matter stay visible: at least this wide (px).
 _MIN_W = {DEAD: 3.0, HUNG: 3.0}
 
@@ -52,6 +68,8 @@ def css() -> str:
     rules = [f".p-{kind}{{fill:{fill}}}" for kind, (fill, _) in COLOURS.items()]
     rules += [
         f".fault{{fill:{FAULT_COLOUR};stroke:#fff;stroke-width:1}}",
+        *(f".outcome-{v}{{fill:{fill}}}" for v, (fill, _) in OUTCOME_COLOURS.items()),
+        f".move line{{stroke:{MOVE_COLOUR};stroke-width:2}}.move text{{fill:{MOVE_COLOUR}}}",
         "a:hover>.fault{stroke:#000;stroke-width:2}",
         ".lane-bg{fill:#f4f5f7}.lane-bg.odd{fill:#eceef1}",
         ".lane text,.axis text,.legend text,.rounds text{font:11px sans-serif;fill:#222}",
@@ -97,8 +115,8 @@ class _Svg:
         x0, x1 = self.x(a), self.x(b)
         w = max(x1 - x0, min_w)
         el = (
-            f'<rect class="{cls}" x="{x0:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}">'
-            f"<title>{escape(tip)}</title></rect>"
+            f'<rect class="{cls}" x="{x0:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" '
+            f'data-start="{a:.3f}" data-end="{b:.3f}"><title>{escape(tip)}</title></rect>'
         )
         self.parts.append(f'<a href="{escape(href)}">{el}</a>' if href else el)
 
@@ -163,6 +181,10 @@ def _diamond(cx: float, cy: float, r: float, cls: str, tip: str) -> str:
 def _lane(svg: _Svg, row: int, lane: Lane) -> None:
     y, h = svg.y(row), svg.lane_h
     data = f'data-{lane.kind}="{lane.ident}"'
+    if lane.kind == "rank" and lane.node is not None:
+        data += f' data-node="{lane.node}"'
+    if lane.hosts:
+        data += f' data-hosts="{escape(",".join(lane.hosts))}"'
     cls = "lane spare" if lane.kind == "slot" else "lane"
     svg.parts.append(f'<g class="{cls}" {data}>')
     odd = " odd" if row % 2 else ""
@@ -176,6 +198,14 @@ def _lane(svg: _Svg, row: int, lane: Lane) -> None:
     for p in sorted(lane.periods, key=lambda p: (order.get(p.kind, 0), p.start)):
         tip = f"{lane.label}: {p.note}, {when(p.start)} to {when(p.end)}"
         svg.rect(p.start, p.end, y + 1, inner, f"p-{p.kind}", tip, p.href, _MIN_W.get(p.kind, 1.0))
+    for move in lane.moves:
+        x = svg.x(move.wall)
+        tip = f"{lane.label}: moved from {move.from_host} to {move.to_host}, {when(move.wall)}"
+        svg.parts.append(
+            f'<g class="move" data-from="{escape(move.from_host)}" data-to="{escape(move.to_host)}">'
+            f'<line x1="{x:.1f}" y1="{y:.1f}" x2="{x:.1f}" y2="{y + h:.1f}"/>'
+            f"<title>{escape(tip)}</title></g>"
+        )
     drawn: dict[str, float] = {}
     for m in sorted(lane.marks, key=lambda m: m.wall):
         x = svg.x(m.wall)
@@ -185,7 +215,8 @@ def _lane(svg: _Svg, row: int, lane: Lane) -> None:
         drawn[m.fault.signature] = x
         f = m.fault
         rnd = f", round {f.round}" if f.round is not None else ""
-        tip = f"{f.signature}: rank {f.rank}, {f.host or '?'}{rnd}, {when(m.wall)}"
+        also = f" (then {'; '.join(m.also)})" if m.also else ""
+        tip = f"{f.signature}{also}: rank {f.rank}, {f.host or '?'}{rnd}, {when(m.wall)}"
         r = max(3.0, min(7.0, h / 2))
         svg.parts.append(f'<a href="{escape(m.href)}">{_diamond(x, y + h / 2, r, "fault", tip)}</a>')
     svg.parts.append("</g>")
@@ -195,6 +226,20 @@ def _requeues(svg: _Svg, bands: list[Period], bottom: float) -> None:
     top = svg.top
     for p in bands:
         svg.rect(p.start, p.end, top, bottom - top, "requeue-band", p.note)
+
+
+def _outcome(svg: _Svg, bottom: float) -> None:
+    """The strip right of the lanes, in the colour of how the job ended."""
+    if not svg.lanes.verdict:
+        return
+    said = OUTCOME_COLOURS.get(svg.lanes.verdict, ("", svg.lanes.verdict))[1]
+    x, top = WIDTH - RIGHT_PAD + (RIGHT_PAD - OUTCOME_W) / 2, svg.top
+    tip = f"job outcome: {said}: {svg.lanes.outcome}"
+    svg.parts.append(
+        f'<rect class="outcome outcome-{escape(svg.lanes.verdict)}" '
+        f'data-outcome="{escape(svg.lanes.verdict)}" x="{x:.1f}" y="{top:.1f}" '
+        f'width="{OUTCOME_W}" height="{max(bottom - top, 1.0):.1f}"><title>{escape(tip)}</title></rect>'
+    )
 
 
 def render_svg(lanes: Lanes) -> str:
@@ -209,6 +254,7 @@ def render_svg(lanes: Lanes) -> str:
     for row, lane in enumerate(lanes.lanes):
         _lane(svg, row, lane)
     _requeues(svg, lanes.requeues, svg.y(len(lanes.lanes)))
+    _outcome(svg, svg.y(len(lanes.lanes)))
     head = (
         f'<svg class="timeline" width="100%" style="max-width:{WIDTH}px" '
         f'viewBox="0 0 {WIDTH} {height:.0f}" role="img" aria-label="timeline by {lanes.by}">'

@@ -171,7 +171,10 @@ def final_outcome(
     end = next((e for e in ends if e["kind"] == "supervisor_end"), None)
     reason = (stop or {}).get("reason") or (end or {}).get("reason")
     code = (end or {}).get("exit_code", (stop or {}).get("exit_code"))
+    gave_up = _gave_up(job, timeline, last_run)
     if end is not None or stop is not None:
+        if code == 0 and gave_up is not None:  # the children's 130 is a clean stop to them
+            return gave_up, reason
         if code == 0:
             return "completed", reason
         return (f"failed (exit code {code})" if code is not None else "stopped"), reason
@@ -180,13 +183,22 @@ def final_outcome(
             return "completed", f"all {sum(job.wrapper_ends.values())} ranks completed"
         summary = ", ".join(f"{k}: {v}" for k, v in sorted(job.wrapper_ends.items()))
         worst = next((k for k in ("error", "restart_abort") if k in job.wrapper_ends), "mixed")
-        return worst, f"wrapper ends: {summary}"
+        return gave_up if worst == "restart_abort" and gave_up else worst, f"wrapper ends: {summary}"
     if timeline:
         return (
             "unfinished",
             f"no end event; last round {timeline[-1].round} {timeline[-1].outcome}",
         )
     return "unknown", "no end event (still running, or killed without a trace)"
+
+
+def _gave_up(job: JobSummary, timeline: list[RoundRow], run: int) -> str | None:
+    """``gave up: restart_abort after N rounds`` when a rank's Wrapper gave up restarting
+    (its ``wrapper_end`` outcome ``restart_abort``), N the rounds of the last run."""
+    if "restart_abort" not in job.wrapper_ends:
+        return None
+    rounds = sum(1 for row in timeline if row.run == run)
+    return f"gave up: restart_abort after {rounds} round{'' if rounds == 1 else 's'}"
 
 
 def skipped_dicts(skipped: Iterable[Skipped]) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ from nvrx.events.failures import (
     kind_of,
 )
 
+from .consequence import fault_shape
 from .file_summary import Ev, FileSummary, run_start
 from .merging import max_opt
 from .node_events import NODE_EVENT_KINDS, kept_node_event
@@ -75,6 +76,7 @@ class KindHandlers:
         # as the file's own round state would be merged).
         self.first_faults: dict[int, tuple[RoundState, RoundState]] = {}
         self.open_call: tuple[str | None, float] | None = None  # (boot, mono) of an unfinished call
+        self.open_wall: float | None = None  # wall of an unfinished call's call_start
 
     def round_of(self, rnd: Any) -> RoundState | None:
         """The state of round ``rnd``, made at its first event; None for an event of no round."""
@@ -116,6 +118,7 @@ class KindHandlers:
         self.s.ending_fault = None
         mono = num(e.get("mono"))
         self.open_call = (as_str(e.get("boot")), mono) if mono is not None else None
+        self.open_wall = wall
 
     def call_end(self, e: Ev, part: Part, rank: OInt, node: OInt, host: OStr, wall: OFloat) -> None:
         self.s.calls += 1
@@ -126,7 +129,7 @@ class KindHandlers:
                 duration = max(0.0, mono - self.open_call[1])
         if duration is not None and duration >= 0:
             self.s.call_us += round(duration * 1e6)
-        self.open_call = None
+        self.open_call = self.open_wall = None
 
     def fault(self, e: Ev, part: Part, rank: OInt, node: OInt, host: OStr, wall: OFloat) -> None:
         told_kind = e.get("fault_kind")
@@ -152,9 +155,10 @@ class KindHandlers:
         detected = num(e.get("detected_mono"))
         mono = detected if detected is not None else num(e.get("mono"))
         rnd, pid = as_int(e.get("round")), as_int(e.get("pid"))
+        shape = fault_shape(exc_type, message, sig)
         fault = LocalFault(
             rank, node, host, as_str(e.get("boot")), mono, wall, kind, sig,
-            seconds(e.get("detection_s")), rnd, pid,
+            seconds(e.get("detection_s")), rnd, pid, shape,
         )  # fmt: skip
         sig_kind = kind_of(sig)
         if sig_kind in (DEAD, UNRESPONSIVE):
@@ -172,8 +176,13 @@ class KindHandlers:
         if group is None:
             group = self.s.signatures[sig] = SignatureGroup()
         group.add(
-            rank, node, host, rnd, wall, pid, exc_type=exc_type, message=message, traceback=tb
-        )
+            rank, node, host, rnd, wall, pid,
+            exc_type=exc_type, message=message, traceback=tb, shape=shape,
+        )  # fmt: skip
+
+    def checkpoint(self, e: Ev, part: Part, rank: OInt, node: OInt, host: OStr, wall: OFloat) -> None:
+        if wall is not None and e.get("action") == "save":
+            self.s.checkpoint_saves.append(wall)
 
     def note_told(self, e: Ev) -> None:
         tb, exc_type = e.get("traceback"), e.get("exc_type")
@@ -210,6 +219,7 @@ class KindHandlers:
                 "wall": wall,
                 "timeout": as_str(e.get("timeout")),
                 "stack": as_str(e.get("stack")),
+                "stale_s": seconds(e.get("stale_s")),
             }
         )
 
@@ -267,6 +277,7 @@ DISPATCH: dict[str, tuple[Handler, bool]] = {
     "wrapper_end": (KindHandlers.wrapper_end, False),
     **{kind: (KindHandlers.node_event, False) for kind in NODE_EVENT_KINDS},
     "supervisor_start": (KindHandlers.supervisor_start, False),
+    "checkpoint": (KindHandlers.checkpoint, True),
 }
 UNHANDLED: tuple[Handler | None, bool] = (None, True)
 #: Declared kinds the report does not summarize, each with the reason. Their events still
@@ -284,6 +295,5 @@ NOT_SUMMARIZED: dict[str, str] = {
     "workload_control": "what a request changes is a job stop, whose reason names the rank and "
     "its request (job_stop); Continue changes nothing",
     "non_retryable": "the job stop it causes names the rank, the line and the pattern (job_stop)",
-    "checkpoint": "the application's own record: activity of its round",
     "progress": "the application's own record: activity of its round",
 }

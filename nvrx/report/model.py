@@ -49,6 +49,23 @@ class SlurmContext:
 
 
 @dataclass
+class TimeLedger:
+    """Where the job's wall time went; the parts sum to ``wall_s`` (``time_ledger``)."""
+
+    wall_s: float = 0.0
+    startup_s: float = 0.0  # each run's first supervisor start to its first round (training)
+    training_s: float = 0.0  # time in the training function that was kept (lost work left out)
+    lost_work_s: float = 0.0  # training since the last checkpoint save, lost to a fault or stop
+    detection_s: float = 0.0  # from each fault to its detection
+    restart_s: float = 0.0  # from each detection to the next round's start (rejoin wait out)
+    rejoin_wait_s: float = 0.0  # ranks waiting for replacements to rejoin
+    requeue_wait_s: float = 0.0  # between runs of a requeued job (in SLURM's queue)
+    other_s: float = 0.0  # the rest: shut-down, restarts without the Wrapper, gaps
+    # Whether ``checkpoint`` save events told the lost work (else it is 0, unknown).
+    lost_work_known: bool = False
+
+
+@dataclass
 class Summary:
     job: str | None
     nodes: int
@@ -69,6 +86,7 @@ class Summary:
     # failed included (``restarts.process`` counts only the failed ones).
     processes_relaunched: int = 0
     slurm_nodes: str | None = None  # the job's node list as sacct has it (last run)
+    time_ledger: TimeLedger = field(default_factory=TimeLedger)  # where the wall time went
 
 
 @dataclass
@@ -127,6 +145,7 @@ class Hang:
     wall: float | None
     timeout: str | None
     stack: str | None
+    stale_s: float | None = None  # how long it had made no progress when the hang was declared
 
 
 @dataclass
@@ -138,6 +157,9 @@ class RecordedError:
     message: str | None
     signature: str | None  # type and innermost user frame, as for an exception event
     traceback: str | None
+    # Where it was read: "error_file" (torch's @record), or "stderr" (the last traceback of
+    # the process's own stderr.log, when it wrote no error file).
+    source: str = "error_file"
 
 
 @dataclass
@@ -224,6 +246,8 @@ class SuspectNode:
     signatures: list[str]
     suspect: bool  # listed in ``exclude``
     lost: int = 0  # times this node was lost (declared lost by its peers)
+    # Why it is (or is not) excluded: the evidence against the node itself (``suspects``).
+    evidence: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .job_rounds import restart_cause
-from .values import as_str, count, int_list, num, seconds, str_dict
+from .values import as_str, count, int_list, num, seconds, str_dict, str_list
 
 #: Kinds of per-node events that mean "the job is being stopped on this host".
 STOP_KINDS = ("job_stop", "supervisor_end")
@@ -53,6 +53,7 @@ NODE_OWN_FIELDS: dict[str, Callable[[Any], Any]] = {
     "last_seen_wall": num,
     "slurm_state": str_dict,
     "ranks": int_list,
+    **dict.fromkeys(("excluded", "answered"), str_list),
 }
 
 

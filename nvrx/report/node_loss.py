@@ -4,7 +4,7 @@ A supervisor that falls silent is declared lost by a peer, which writes
 ``node_lost``; a spare that takes over its node rank writes ``node_takeover``.
 The lost node's ranks write nothing more, and what the survivors write while
 the job gets over the loss (their exceptions, hangs, process ends) follows
-from it: ``LossIndex.explains`` tells which, by wall time, so that the
+from it: ``LossIndex.explains`` tells which (``consequence``), so that the
 timeline, the failure groups and the suspect table blame the lost node.
 Supervisor events name their writer's *slot* as ``node``; a spare's slot holds
 the node rank it took over from its ``node_takeover`` on (``node_rank``).
@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .consequence import loss_explains
 from .model import NodeLoss, StoreFailover
 from .node_events import STOP_KINDS
 from .round_windows import RoundWindows
@@ -44,11 +45,12 @@ class LossIndex:
     # (run, slot) -> (wall, node rank) of a spare's takeover.
     takeovers: dict[tuple[int, int], tuple[float, int]] = field(default_factory=dict)
 
-    def explains(self, wall: float | None) -> NodeLoss | None:
-        """The loss that was being got over at ``wall``, if any."""
-        if wall is None:
-            return None
-        return next((loss for lo, hi, loss in self.windows if lo <= wall < hi), None)
+    def explains(self, wall: float | None, shape: str | None = None) -> NodeLoss | None:
+        """The loss that what a survivor wrote at ``wall`` (a fault of ``shape``, when it is
+        one) follows from, if any: ``consequence.loss_explains`` is the rule."""
+        return next(
+            (loss for _, hi, loss in self.windows if loss_explains(loss, hi, wall, shape)), None
+        )
 
     def of_slot(self, run: int, slot: Any, wall: float | None) -> NodeLoss | None:
         """The loss of slot ``slot`` when ``wall`` is at or after it: what its own supervisor
@@ -77,7 +79,15 @@ class LossIndex:
 
 def _recovery(job: JobSummary, loss: NodeLoss) -> tuple[float, int | None] | None:
     """(first round_start, world size) of the first round after the loss at full size again:
-    at the size before the loss (a spare took over), or of any size after a shrink."""
+    at the size before the loss (a spare took over), or of any size after a shrink; after a
+    stop, the first round of a later run (the job was requeued)."""
+    if loss.action == "stop":
+        later = [
+            (r.started_wall, r.world_size)
+            for (run, _), r in job.rounds.items()
+            if run > loss.run and r.started_wall is not None
+        ]
+        return min(later, key=lambda x: x[0], default=None)
     if loss.action not in ("spare", "shrink"):
         return None
     start = loss.start
@@ -206,7 +216,7 @@ def _end(job: JobSummary, loss: NodeLoss) -> float:
     """Until when the job was getting over ``loss``: its recovery; for a stop, the end of
     the run; for a lost spare, nothing to get over; else SAME_FAILURE_WINDOW_S past it."""
     start = loss.start
-    if loss.recovered_wall is not None:
+    if loss.recovered_wall is not None and loss.action != "stop":
         return loss.recovered_wall
     if loss.action == "none":
         return start

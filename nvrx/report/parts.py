@@ -38,10 +38,11 @@ class LocalFault:
     detection_s: float | None
     round: int | None = None
     pid: int | None = None
+    shape: str | None = None  # ``consequence.fault_shape``: follow-on, hardware or none
 
 
-#: One occurrence of a signature: (wall, rank, node, host, round).
-Seen = tuple[float | None, int | None, int | None, str | None, int | None]
+#: One occurrence of a signature: (wall, rank, node, host, round, shape of ``consequence``).
+Seen = tuple[float | None, int | None, int | None, str | None, int | None, str | None]
 
 #: Who an occurrence was: (wall, host, pid), unknowns last. Ties of time are broken by it, so
 #: that the order in which files are merged never changes which occurrence counts as first.
@@ -141,10 +142,11 @@ class SignatureGroup:
         exc_type: str | None = None,
         message: str | None = None,
         traceback: str | None = None,
+        shape: str | None = None,
     ) -> None:
         """One more occurrence, and its details."""
         self.count += 1
-        self.seen.append((wall, rank, node, host, rnd))
+        self.seen.append((wall, rank, node, host, rnd, shape))
         for target, value in ((self.ranks, rank), (self.nodes, node), (self.rounds, rnd)):
             if value is not None:
                 target.add(value)

@@ -7,11 +7,13 @@ from collections.abc import Callable
 
 from nvrx.events.failures import PEER
 
-from .model import ReportData
+from .failure_order import causes_first, is_follow_on
+from .model import ProcessRestart, ReportData
 from .process_rows import JOB_RESTART, NODE_LOST
+from .render_answer import answer_section, first_failure, no_exclude_reason
 from .render_losses import node_losses_section
-from .text_doc import Doc, ranks_text, secs, trim, when, where
-from .timeline import BY_NODE_LOSS
+from .stacks import stuck_first
+from .text_doc import TEXT_WIDTH, Doc, ranks_text, secs, trim, when, where
 
 FORMATS = ("table", "json", "markdown")
 
@@ -37,7 +39,7 @@ _EXPLAINED = {
 
 def _summary(doc: Doc, r: ReportData) -> None:
     s = r.summary
-    doc.heading(f"nvrx report: job {s.job or '?'}")
+    doc.heading("Summary")
     goodput = f"{s.goodput * 100:.1f} %" if s.goodput is not None else "-"
     rows = [
         ["job", s.job or "-"],
@@ -91,17 +93,12 @@ def _timeline(doc: Doc, r: ReportData) -> None:
     many_runs = r.summary.runs > 1
     rows = []
     for t in r.timeline:
-        first = "-"
-        if t.ordering == BY_NODE_LOSS:
-            first = f"lost node {where(t.first_node, t.first_host)}"
-        elif t.first_rank is not None or t.first_host is not None:
-            first = f"rank {t.first_rank} on {where(t.first_node, t.first_host)}"
         row = [
             str(t.round),
             when(t.start_wall),
             t.outcome,
             t.cause or "-",
-            first,
+            first_failure(t),
             t.ordering if t.first_rank is not None else "-",
             ranks_text(t.also_failed),
             str(t.peer_notified),
@@ -142,22 +139,26 @@ def _failures(doc: Doc, r: ReportData) -> None:
     if not r.failures:
         doc.text("no failures")
         return
+    failures = causes_first(r)
     rows = [
         [
             f.signature,
-            f.category,
+            f.category + (" (follow-on)" if is_follow_on(f) else ""),
             str(f.count),
             ranks_text(f.ranks),
             ", ".join(f.hosts) or ranks_text(f.nodes),
             ranks_text(f.rounds),
             f.source,
         ]
-        for f in r.failures
+        for f in failures
     ]
     doc.table(rows, ["signature", "kind", "count", "ranks", "hosts", "rounds", "source"])
-    for f in r.failures:
+    hung = {trim(h.stack) for h in r.hangs if h.stack}
+    for f in failures:
         body = trim(f.traceback) or (f.message or "")
-        if body:
+        if body in hung:
+            doc.text(f"[{f.signature}]: its stack is under Hangs")
+        elif body:
             doc.block(f"[{f.signature}]", body)
 
 
@@ -173,7 +174,7 @@ def _hangs(doc: Doc, r: ReportData) -> None:
     for h in r.hangs:
         if h.stack:  # a hang outside the Wrapper (its supervisor's) has no round
             in_round = "" if h.round is None else f" in round {h.round}"
-            doc.block(f"[rank {h.rank} stuck{in_round}]", trim(h.stack))
+            doc.block(f"[rank {h.rank} stuck{in_round}]", trim(stuck_first(h.stack)))
 
 
 def _round(value: int | None) -> str:
@@ -219,10 +220,15 @@ def _process_restarts(doc: Doc, r: ReportData) -> None:
     lines = [
         f"  rank {p.rank}, ended {when(p.wall)}: " + ", ".join(files)
         for p in r.process_restarts
-        if (files := ([p.error.path] if p.error is not None else []) + p.files)
+        if (files := _error_file(p) + p.files)
     ]
     if lines:
         doc.text(f"their files, under {r.reading.log_dir}:\n" + "\n".join(lines))
+
+
+def _error_file(p: ProcessRestart) -> list[str]:
+    """Its error file, when it wrote one (a cause read from ``stderr.log`` is among its files)."""
+    return [p.error.path] if p.error is not None and p.error.path not in p.files else []
 
 
 def _suspects(doc: Doc, r: ReportData) -> None:
@@ -248,14 +254,8 @@ def _suspects(doc: Doc, r: ReportData) -> None:
     doc.table(rows, [*headers, "signatures", "suspect"])
     if r.exclude:
         doc.text(f"next submission: --exclude={r.exclude}")
-    elif len(r.summary.hosts) < 2:
-        doc.text("no host to exclude: the job ran on one host, with no other to compare it with")
-    elif any(n.lost for n in r.suspects):
-        doc.text("no host to exclude: each lost node's host also ran nodes that stayed healthy")
     else:
-        doc.text(
-            "no host to exclude: every fault signature was seen on several hosts (code, not node)"
-        )
+        doc.text(f"no host to exclude: {no_exclude_reason(r)}")
 
 
 def _findings(doc: Doc, r: ReportData) -> None:
@@ -286,6 +286,7 @@ def _reading(doc: Doc, r: ReportData) -> None:
 
 #: The report's sections by name, in order; another renderer (``render_html``) reuses them.
 SECTIONS: dict[str, Callable[[Doc, ReportData], None]] = {
+    "answer": answer_section,
     "summary": _summary,
     "slurm": _slurm,
     "node_losses": node_losses_section,
@@ -299,13 +300,14 @@ SECTIONS: dict[str, Callable[[Doc, ReportData], None]] = {
 }
 
 
-def render(report: ReportData, format: str = "table") -> str:
-    """The report as ``table`` (terminal), ``markdown`` or ``json`` text."""
+def render(report: ReportData, format: str = "table", width: int | None = TEXT_WIDTH) -> str:
+    """The report as ``table`` (terminal, lines fitted to ``width``; None: no limit),
+    ``markdown`` or ``json`` text."""
     if format == "json":
         return json.dumps(report.to_dict(), indent=2, default=str) + "\n"
     if format not in FORMATS:
         raise ValueError(f"unknown report format {format!r}; choose one of {', '.join(FORMATS)}")
-    doc = Doc(markdown=format == "markdown")
+    doc = Doc(markdown=format == "markdown", width=width)
     for section in SECTIONS.values():
         section(doc, report)
     return doc.render()

@@ -17,13 +17,16 @@ from collections.abc import Callable, Sequence
 from html import escape
 from typing import Any
 
+from nvrx.events.failures import hang_signature
 from nvrx.version import __version__
 
+from .failure_order import causes_first, is_follow_on
 from .html_lanes import MAX_RANK_LANES, build_lanes
 from .html_timeline import PLOT_W, render_svg
 from .html_timeline import css as timeline_css
 from .model import ReportData
 from .render import SECTIONS
+from .stacks import stuck_first
 from .text_doc import Doc, ranks_text, when, where
 
 log = logging.getLogger(__name__)
@@ -38,6 +41,8 @@ thead th{background:#eef0f3}table.pairs th{background:#f6f7f9;font-weight:normal
 p{white-space:pre-wrap;margin:6px 0}pre{background:#f6f7f9;border:1px solid #e0e3e7;padding:8px;overflow:auto;margin:4px 0 10px}
 details{margin:4px 0}details>summary{cursor:pointer}details:target>summary,details[open]>summary{font-weight:bold}
 .timeline-wrap{overflow-x:auto;border:1px solid #d6d9de;padding:4px 0}footer{color:#777;margin-top:32px;font-size:12px}
+p.outcome{font-weight:bold;padding:6px 10px;border-radius:4px;color:#fff}
+p.outcome-ok{background:#2e7d32}p.outcome-failed{background:#c62828}p.outcome-unfinished{background:#f9a825;color:#1d1f23}
 """
 # Opens the <details> a followed link (a fault mark, a table link) points at.
 _SCRIPT = """
@@ -82,6 +87,11 @@ class HtmlDoc(Doc):
     def text(self, line: str) -> None:
         self.parts.append(f"<p>{escape(line)}</p>")
 
+    def outcome(self, line: str, verdict: str) -> None:
+        """How the job ended, in its colour: a failed job never looks like a healthy one."""
+        v = escape(verdict)
+        self.parts.append(f'<p class="outcome outcome-{v}" data-outcome="{v}">{escape(line)}</p>')
+
     def block(self, title: str, body: str, ident: str | None = None) -> None:
         attr = f' id="{escape(ident)}"' if ident else ""
         self.parts.append(
@@ -97,10 +107,12 @@ class HtmlDoc(Doc):
 
 
 def fault_ids(r: ReportData) -> dict[str, str]:
-    """Failure signature -> the id of its block (the first row of that signature)."""
+    """Failure signature -> the id of its block (the first row of that signature); a hang's
+    failure -> its hang's block, which holds the stack (printed once)."""
+    hung = {(h.stack or "").rstrip(): f"hang-{i}" for i, h in enumerate(r.hangs) if h.stack}
     ids: dict[str, str] = {}
     for i, f in enumerate(r.failures):
-        ids.setdefault(f.signature, f"fault-{i}")
+        ids.setdefault(f.signature, hung.get((f.traceback or "").rstrip(), f"fault-{i}"))
     return ids
 
 
@@ -130,10 +142,12 @@ def _failures(doc: HtmlDoc, r: ReportData) -> None:
     if not r.failures:
         doc.text("no failures")
         return
+    index = {id(f): i for i, f in enumerate(r.failures)}  # a block's id: its row in the data
+    ordered = causes_first(r)
     rows = [
         [
-            link(f"#fault-{i}", f.signature),
-            f.category,
+            link(f"#fault-{index[id(f)]}", f.signature),
+            f.category + (" (follow-on)" if is_follow_on(f) else ""),
             str(f.count),
             ranks_text(f.ranks),
             ", ".join(f.hosts) or ranks_text(f.nodes),
@@ -141,13 +155,16 @@ def _failures(doc: HtmlDoc, r: ReportData) -> None:
             when(f.first_wall),
             f.source,
         ]
-        for i, f in enumerate(r.failures)
+        for f in ordered
     ]
     doc.table(rows, ["signature", "kind", "count", "ranks", "hosts", "rounds", "first (UTC)", "source"])
-    for i, f in enumerate(r.failures):
+    hung = {(h.stack or "").rstrip(): i for i, h in enumerate(r.hangs) if h.stack}
+    for f in ordered:
         body = (f.traceback or "").rstrip() or f.message or "(no traceback or message in the events)"
+        if body in hung:  # each stack once: under Hangs
+            body = f"its stack is under Hangs (#hang-{hung[body]})"
         title = f"{f.signature} ({f.category}, {f.count}x, ranks {ranks_text(f.ranks)})"
-        doc.block(title, body, f"fault-{i}")
+        doc.block(title, body, f"fault-{index[id(f)]}")
 
 
 def _hangs(doc: HtmlDoc, r: ReportData) -> None:
@@ -167,8 +184,9 @@ def _hangs(doc: HtmlDoc, r: ReportData) -> None:
     doc.table(rows, ["rank", "where", "round", "timeout", "detected (UTC)"])
     for i, h in enumerate(r.hangs):
         in_round = "" if h.round is None else f" in round {h.round}"
-        body = (h.stack or "").rstrip() or "(no stack in the hang report)"
-        doc.block(f"rank {h.rank} stuck{in_round}, {when(h.wall)}", body, f"hang-{i}")
+        body = stuck_first((h.stack or "").rstrip()) or "(no stack in the hang report)"
+        what = hang_signature(h.timeout)
+        doc.block(f"rank {h.rank} stuck{in_round}: {what}, {when(h.wall)}", body, f"hang-{i}")
 
 
 def _sections() -> list[Callable[[HtmlDoc, ReportData], None]]:

@@ -1,10 +1,14 @@
 """Suspect nodes: node-level incidents per node (host and node rank), and the hosts to exclude.
 
-A host is suspect when one of its failure signatures was seen on that host and
-no other (and the job ran on several hosts): a signature seen on several hosts
-points at the code, not at a node. A lost node's host is suspect unless a node
-that stayed healthy ran on it too. Rows are per (host, node rank), so that
-several nodes of one host (local jobs) are told apart.
+A host is excluded only with evidence against the node itself, which each row
+carries (``evidence``): it was lost, no node that stayed healthy ran on it, and
+it did not run the SLURM step its requeue tried on it (a node that did lost only
+its supervisor: ``requeue.answered``); a fault of its
+own tells of its device or driver (``consequence.HARDWARE``); or it had
+repeated faults of its own (two or more) with a signature seen on no other
+host of a job on several hosts. A follow-on fault (``consequence``) and what a
+survivor wrote while a lost node was got over are never evidence. Rows are per
+(host, node rank), so that several nodes of one host (local jobs) are told apart.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ from nvrx.events.failures import (
     hang_signature,
     process_end_signature,
 )
+from nvrx.slurm.node_state import NodeHealth, node_health
 
 from .compact import exclude_list
+from .consequence import FOLLOW_ON, HARDWARE, fault_shape
 from .model import Failure, NodeLoss, ProcessRestart, RoundRow, SuspectNode
 from .round_windows import RoundWindows
 from .timeline import BY_NODE_LOSS
@@ -40,6 +46,9 @@ class _NodeTally:
     lost: list[NodeLoss] = field(default_factory=list)
     sigs: set[str] = field(default_factory=set)
     incidents: set[tuple[object, ...]] = field(default_factory=set)
+    # Incidents of its own (no follow-on fault, nothing a loss explains) -> their signature.
+    own: dict[tuple[object, ...], str] = field(default_factory=dict)
+    hardware: set[str] = field(default_factory=set)  # signatures of device or driver faults
 
 
 class _Tallies(dict[tuple[str, "int | None"], _NodeTally]):
@@ -70,17 +79,75 @@ def _slot_hosts(job: JobSummary) -> dict[tuple[int, object], set[str]]:
     return hosts
 
 
-def _lost_suspect(job: JobSummary, tally: _NodeTally, losses: LossIndex) -> bool:
-    """Whether a lost node's host can be excluded: no node that stayed healthy ran on it
-    (by the SLURM node name and by the host name its supervisor wrote)."""
+def _answered(job: JobSummary) -> set[tuple[int, str]]:
+    """(run, node) of lost nodes that still ran a SLURM step when the job was requeued for
+    them (the requeue's ``answered``): their supervisor was lost, not the node."""
+    return {
+        (e["run"], node)
+        for e in job.node_events
+        if e.get("kind") == "requeue"
+        for node in e.get("answered") or ()
+    }
+
+
+def _slurm_words(state: str | None) -> str:
+    """SLURM's state of a lost node when it was declared, for the evidence. A state that says
+    responding proves nothing: SLURM marks a dead node only after its SlurmdTimeout."""
+    if not state:
+        return "SLURM not asked"
+    if node_health(state) is NodeHealth.FAILED:
+        return f"SLURM {state}"
+    return f"SLURM {state} when declared (SLURM notices a dead node later)"
+
+
+def _loss_evidence(job: JobSummary, tally: _NodeTally, losses: LossIndex) -> list[tuple[bool, str]]:
+    """(against the node?, why) for each loss of the node: a lost node counts against its host
+    unless it still ran a SLURM step when the job was requeued for it, or a node that stayed
+    healthy ran on that host (by the SLURM node name and by the host name its supervisor
+    wrote)."""
     if not tally.lost:  # (the node events are scanned only for the few lost nodes)
-        return False
+        return []
     healthy, slot_hosts = _healthy_hosts(job, losses), _slot_hosts(job)
+    answered = _answered(job)
+    out = []
     for loss in tally.lost:
+        state = (loss.slurm_state or {}).get("State")
+        silent = f"silent {loss.silent_s:.1f} s" if loss.silent_s is not None else "silent"
         names = {loss.host} | slot_hosts.get((loss.run, loss.slot), set())
-        if not names & healthy.get(loss.run, set()):
-            return True
-    return False
+        if loss.host is not None and (loss.run, loss.host) in answered:
+            out.append((False, "supervisor lost, node still ran a SLURM step: not excluded"))
+        elif names & healthy.get(loss.run, set()):
+            out.append((False, "lost, but nodes that stayed healthy ran on its host: not excluded"))
+        else:
+            slurm = _slurm_words(state)
+            out.append((True, f"lost: {silent} to the job, {slurm}"))
+    return out
+
+
+def _add_hardware(
+    per: _Tallies, job: JobSummary, process_rows: list[ProcessRestart], losses: LossIndex | None
+) -> None:
+    """Faults of a node's own device or driver that no node loss explains."""
+    for sig, group in job.signatures.items():
+        for wall, _, node, host, _, shape in group.seen:
+            explained = losses is not None and losses.explains(wall, shape) is not None
+            if shape == HARDWARE and host is not None and not explained:
+                per.of(host, node).hardware.add(sig)
+    for p in process_rows:
+        error = p.error
+        if p.host is None or p.explained_by is not None or error is None:
+            continue
+        if fault_shape(error.exc_type, error.message, error.signature) == HARDWARE:
+            per.of(p.host, p.node).hardware.add(error.signature or error.exc_type or "error file")
+
+
+def _follow_on_signatures(job: JobSummary) -> set[str]:
+    """Signatures every occurrence of which is a follow-on fault (``consequence``)."""
+    return {
+        sig
+        for sig, group in job.signatures.items()
+        if group.seen and all(o[5] == FOLLOW_ON for o in group.seen)
+    }
 
 
 def _add_losses(per: _Tallies, timeline: list[RoundRow], losses: LossIndex) -> None:
@@ -121,7 +188,7 @@ def _death_incident(
 
 
 def _tally_rounds(
-    per: _Tallies, timeline: list[RoundRow]
+    per: _Tallies, timeline: list[RoundRow], follow_on: set[str]
 ) -> dict[tuple[int, int | None, str], list[RoundRow]]:
     """Each round's first failure on its node; the rounds a hang or a death explains, by
     (run, rank, how), so that such a hang or death is one incident with its round, not two."""
@@ -132,6 +199,8 @@ def _tally_rounds(
             s.first += 1
             s.sigs.add(row.cause)
             s.incidents.add(("round", row.run, row.round))
+            if row.ordering != BY_NODE_LOSS and row.cause not in follow_on:
+                s.own[("round", row.run, row.round)] = row.cause
             how = _incident_kind(row)
             if how in ("hang", "process_exit"):
                 explained.setdefault((row.run, row.first_rank, how), []).append(row)
@@ -153,15 +222,41 @@ def _tally_hangs_and_deaths(
         s.hangs += 1
         s.sigs.add(hang_signature(h.timeout))
         rows = [r for r in explained.get((h.run, h.rank, "hang"), []) if r.round == h.round]
-        s.incidents.add(("round", h.run, h.round) if rows else ("hang", h.run, h.round, h.rank))
+        incident = ("round", h.run, h.round) if rows else ("hang", h.run, h.round, h.rank)
+        s.incidents.add(incident)
+        s.own.setdefault(incident, hang_signature(h.timeout))
     windows = RoundWindows(job.rounds)
     for p in process_rows:
         if p.host is None or p.explained_by is not None:
             continue
         s = per.of(p.host, p.node)
         s.deaths += 1
-        s.sigs.add(process_end_signature(p.exit_code, p.signal))
-        s.incidents.add(_death_incident(windows, p, explained))
+        sig = process_end_signature(p.exit_code, p.signal)
+        s.sigs.add(sig)
+        incident = _death_incident(windows, p, explained)
+        s.incidents.add(incident)
+        s.own.setdefault(incident, sig)
+
+
+def _evidence(
+    job: JobSummary,
+    host: str,
+    s: _NodeTally,
+    hosts_of: dict[str, set[str]],
+    several_hosts: bool,
+    losses: LossIndex | None,
+) -> tuple[bool, list[str]]:
+    """Whether the node goes into ``--exclude``, and why (or why not)."""
+    against = (
+        _loss_evidence(job, s, losses) if losses is not None else []
+    ) + [(True, f"device or driver fault: {sig}") for sig in sorted(s.hardware)]
+    alone = sorted(sig for sig in s.own.values() if hosts_of.get(sig, {host}) <= {host})
+    if several_hosts and len(alone) >= 2:
+        shown = ", ".join(dict.fromkeys(alone))
+        against.append((True, f"{len(alone)} faults of its own seen on no other host: {shown}"))
+    elif alone and several_hosts:
+        against.append((False, f"one fault of its own ({alone[0]}): not enough to exclude"))
+    return any(flag for flag, _ in against), [why for _, why in against]
 
 
 def build_suspects(
@@ -171,38 +266,34 @@ def build_suspects(
     process_rows: list[ProcessRestart],
     losses: LossIndex | None = None,
 ) -> tuple[list[SuspectNode], str | None]:
-    """Node-level faults per node; a host is suspect when one of its signatures is seen
-    nowhere else, or it was lost and no healthy node shared it."""
+    """Node-level faults per node, and the hosts to exclude: only those with evidence against
+    the node itself (a loss SLURM confirms, a device fault, repeated faults of its own)."""
     hosts_of = {f.signature: set(f.hosts) for f in failures}
     per = _Tallies()
-    explained = _tally_rounds(per, timeline)
+    explained = _tally_rounds(per, timeline, _follow_on_signatures(job))
     _tally_hangs_and_deaths(per, job, process_rows, explained, losses)
     if losses is not None:
         _add_losses(per, timeline, losses)
+    _add_hardware(per, job, process_rows, losses)
     # On one host (a local job) "seen only here" compares it with nothing.
     several_hosts = len(job.hosts | {host for host, _ in per}) > 1
-    nodes = [
-        SuspectNode(
-            host=host,
-            node=node,
-            faults=len(s.incidents),
-            first_failures=s.first,
-            hangs=s.hangs,
-            deaths=s.deaths,
-            signatures=sorted(s.sigs),
-            suspect=(
-                several_hosts
-                and any(
-                    hosts_of.get(sig, {host}) <= {host}
-                    for sig in s.sigs
-                    if not (s.lost and sig == NODE_LOST_SIGNATURE)
-                )
+    nodes = []
+    for (host, node), s in per.items():
+        suspect, evidence = _evidence(job, host, s, hosts_of, several_hosts, losses)
+        nodes.append(
+            SuspectNode(
+                host=host,
+                node=node,
+                faults=len(s.incidents),
+                first_failures=s.first,
+                hangs=s.hangs,
+                deaths=s.deaths,
+                signatures=sorted(s.sigs),
+                suspect=suspect,
+                lost=len(s.lost),
+                evidence=evidence,
             )
-            or (losses is not None and _lost_suspect(job, s, losses)),
-            lost=len(s.lost),
         )
-        for (host, node), s in per.items()
-    ]
     nodes.sort(key=lambda n: (-n.faults, n.host, n.node if n.node is not None else -1))
     flagged = sorted({n.host for n in nodes if n.suspect})
     return nodes, (exclude_list(flagged) if flagged else None)

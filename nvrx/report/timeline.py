@@ -7,7 +7,8 @@ monotonic clocks are not comparable; the rank that ``peer`` faults name as
 only without it wall clocks do, which the timeline says (``ordering``). A
 round with no fault of its own is explained by a process death or a hang.
 A round that a lost node interrupted is explained by the loss: the faults
-written while the job got over it follow from it (``node_loss``).
+written while the job got over it follow from it (``node_loss``). A follow-on
+fault (``consequence``) is a round's cause only when no other fault is at hand.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from nvrx.events.failures import (
     process_end_signature,
 )
 
+from .consequence import FOLLOW_ON
 from .model import NodeLoss, ProcessRestart, RoundRow
 from .parts import LocalFault, RoundState, earlier, order_key
 from .process_rows import NODE_LOST
@@ -90,7 +92,7 @@ def _infer_outcomes(job: JobSummary, rows: list[RoundRow]) -> None:
 
 def _without_explained(r: RoundState, losses: LossIndex) -> RoundState:
     """``r`` without the faults written while a lost node was being got over."""
-    kept = {k: f for k, f in r.first_by_rank.items() if losses.explains(f.wall) is None}
+    kept = {k: f for k, f in r.first_by_rank.items() if losses.explains(f.wall, f.shape) is None}
     if len(kept) == len(r.first_by_rank):
         return r
     copy = RoundState()
@@ -177,8 +179,16 @@ def _clock(f: LocalFault) -> tuple[str, str | None]:
     return ("boot", f.boot) if f.boot is not None else ("host", f.host)
 
 
+def _own(r: RoundState) -> dict[int | None, LocalFault]:
+    """The round's faults that may be its cause: follow-on faults (``consequence``) only
+    when no fault of another shape is at hand."""
+    own = {k: f for k, f in r.first_by_rank.items() if f.shape != FOLLOW_ON}
+    return own or r.first_by_rank
+
+
 def _root(r: RoundState) -> tuple[LocalFault | None, str]:
-    faults = list(r.first_by_rank.values())
+    candidates = _own(r)
+    faults = list(candidates.values())
     if not faults:
         return None, "none"
     by_clock: dict[tuple[str, str | None], LocalFault] = {}
@@ -191,8 +201,8 @@ def _root(r: RoundState) -> tuple[LocalFault | None, str]:
         exact = only.boot is not None and only.mono is not None
         return only, "monotonic" if exact else "wall_clock"
     voted = r.voted_origin()
-    if voted is not None and voted in r.first_by_rank:
-        return r.first_by_rank[voted], "store_origin"
+    if voted is not None and voted in candidates:
+        return candidates[voted], "store_origin"
     return min(by_clock.values(), key=order_key), "wall_clock"
 
 
@@ -202,7 +212,8 @@ def _round_row(
     outcome = next((o for o in _OUTCOME_ORDER if o in r.outcomes), None)
     if outcome is None:
         outcome = next(iter(sorted(r.outcomes)), None) or "unfinished"
-    local_ranks = {rank for rank in r.first_by_rank if rank is not None}
+    local_ranks = {rank for rank in _own(r) if rank is not None}
+    followers = {rank for rank in r.first_by_rank if rank is not None} - local_ranks
     root_rank = root.rank if root is not None else None
     return RoundRow(
         run=run,
@@ -217,7 +228,7 @@ def _round_row(
         first_host=root.host if root is not None else None,
         ordering=ordering,
         also_failed=sorted(local_ranks - {root_rank}),
-        peer_notified=len((r.peer_ranks | r.restarted_ranks) - local_ranks),
+        peer_notified=len((r.peer_ranks | r.restarted_ranks | followers) - local_ranks),
         hang_ranks=sorted(r.hang_ranks),
         terminated_ranks=sorted(r.terminated),
         detection_s=root.detection_s if root is not None else None,

@@ -68,6 +68,13 @@ def int_list(value: Any) -> list[int] | None:
     return [n for n in map(as_int, value) if n is not None]
 
 
+def str_list(value: Any) -> list[str] | None:
+    """A list of texts (a requeue's node names), unusable items left out; not a list: None."""
+    if not isinstance(value, list):
+        return None
+    return [text for text in map(as_str, value) if text is not None]
+
+
 def str_dict(value: Any) -> dict[str, str] | None:
     """An object of text values (SLURM's State/Reason), other values left out; else None."""
     if not isinstance(value, dict):

@@ -119,7 +119,7 @@ def test_a_spare_node_takes_over_a_lost_node(tmp_path: Path) -> None:
     assert report.summary.restarts.node_loss == 1 and report.summary.restarts.process == 0
     assert [f.signature for f in report.failures] == ["node lost"], report.to_text()
     assert (report.timeline[0].cause, report.timeline[0].first_node) == ("node lost", 1)
-    assert "spare slot 2 took over node rank 1" in report.to_text()
+    assert "spare slot 2 took over node rank 1" in report.to_text(width=None)
 
 
 @pytest.mark.timeout(300)
@@ -139,7 +139,7 @@ def test_without_a_spare_the_job_shrinks_down_to_min_nodes(tmp_path: Path) -> No
     assert loss.recovery_s is not None and loss.world_size == 2
     assert report.summary.restarts.node_loss == 1
     assert [f.signature for f in report.failures] == ["node lost"], report.to_text()
-    assert "job shrank to 1 node" in report.to_text()
+    assert "job shrank to 1 node" in report.to_text(width=None)
 
 
 @pytest.mark.timeout(300)
@@ -194,7 +194,7 @@ def test_without_a_spare_or_allowance_the_job_stops_with_the_reason(tmp_path: Pa
     assert [f.signature for f in report.failures] == ["node lost"], report.to_text()
     assert (report.timeline[0].cause, report.timeline[0].first_node) == ("node lost", 1)
     assert report.summary.outcome == f"failed (exit code {int(ExitCode.NODE_LOST)})"
-    assert "job stopped: node lost, no spare" in report.to_text()
+    assert "job stopped: node lost, no spare" in report.to_text(width=None)
 
 
 def _processes_of_job(job_id: str) -> list[psutil.Process]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from nvrx.report import build_report
 from nvrx.supervisor.rank_logs import RankLogs, Std
 from nvrx.supervisor.standby import Standbys
 from tests.multiproc.test_supervisor_local import Job
@@ -135,3 +136,42 @@ def test_a_discarded_standby_leaves_no_process_and_no_thread() -> None:
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+PLAIN = textwrap.dedent(
+    """
+    import os
+
+    def step(rank):
+        raise RuntimeError(f"rank {rank} cannot go on")
+
+    if os.environ["RANK"] == "1" and os.environ["NVRX_RESTART_COUNT"] == "0":
+        step(os.environ["RANK"])
+    """
+)
+
+
+def test_a_plain_scripts_traceback_in_its_stderr_log_is_the_cause_in_the_report(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "plain.py"
+    script.write_text(PLAIN)
+    job = Job(
+        tmp_path, 1, 2, [sys.executable, str(script)], "--redirects", "2"
+    )  # any rank's failure restarts both: one round of the timeline ends with it
+    assert job.wait(150) == [0], job.output()
+    job_dir = job.log_dir / job.job_id
+    (first,) = (job_dir / "ranks" / "rank1").glob("attempt0-*")
+    assert not (first / "error.json").exists()  # no @record: the traceback is only in stderr.log
+    signature = "RuntimeError at plain.py:5 in step"
+    report = build_report(job_dir, sacct=False)
+    (row,) = [p for p in report.process_restarts if p.explained_by is None]
+    assert row.error is not None and row.error.source == "stderr"
+    assert row.error.path == f"ranks/rank1/{first.name}/stderr.log"
+    assert (row.error.signature, row.error.message) == (signature, "rank 1 cannot go on")
+    (failure,) = report.failures
+    assert failure.signature == signature and failure.ranks == [1]
+    assert failure.traceback is not None and 'raise RuntimeError(f"rank {rank}' in failure.traceback
+    causes = [(t.cause, t.first_rank, t.fault_kind) for t in report.timeline if t.cause]
+    assert causes == [(signature, 1, "exception")], report.to_text("table")
+    print(report.to_text("table"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -74,14 +75,25 @@ def raised(tmp_path_factory: pytest.TempPathFactory) -> Run:
     return _supervised_demo(tmp_path_factory.mktemp("exc"), f"exception:{FAULT_STEP}:2", *PER_PROCESS)
 
 
-def _check_time_accounting(run: Run) -> None:
+def _check_time_accounting(run: Run, checkpointed: bool = False) -> None:
+    """Times add up; ``checkpointed``: the demo saved every 10 steps and failed at step 12,
+    so the fault threw work away."""
     s = run.report.summary
     assert s.ranks == 4
     assert 0 < s.wall_time_s <= run.elapsed_s, (s.wall_time_s, run.elapsed_s)
     assert 0 < s.training_time_s <= s.wall_time_s
     assert s.training_time_s * s.ranks <= s.ranks * s.wall_time_s
     assert s.goodput is not None and 0 < s.goodput <= 1
-    assert s.goodput == pytest.approx(s.training_time_s / s.wall_time_s)
+    ledger = s.time_ledger  # goodput is the training kept: lost work since a checkpoint is not
+    assert s.goodput == pytest.approx(ledger.training_s / s.wall_time_s)
+    assert ledger.training_s == pytest.approx(s.training_time_s - ledger.lost_work_s)
+    parts = [
+        ledger.startup_s, ledger.training_s, ledger.lost_work_s, ledger.detection_s,
+        ledger.restart_s, ledger.rejoin_wait_s, ledger.requeue_wait_s, ledger.other_s,
+    ]  # fmt: skip
+    assert min(parts) >= 0 and math.fsum(parts) == pytest.approx(s.wall_time_s), ledger
+    if checkpointed:
+        assert ledger.lost_work_known and ledger.lost_work_s > 0, ledger
 
 
 def _cli_json(job_dir: Path) -> dict:
@@ -139,7 +151,7 @@ def test_sigkill_counts_one_process_restart_and_the_job_completes(killed: Run) -
 
 @pytest.mark.timeout(60)
 def test_sigkill_time_accounting_is_consistent_with_the_wall_time(killed: Run) -> None:
-    _check_time_accounting(killed)
+    _check_time_accounting(killed, checkpointed=True)
 
 
 @pytest.mark.timeout(60)
@@ -179,7 +191,7 @@ def test_a_kill_under_the_default_policy_is_one_job_wide_restart(tmp_path: Path)
     why = {p.rank: p.explained_by for p in r.process_restarts}
     assert why[3] is None and {why[0], why[1], why[2]} <= {"peer", "job_restart"}, why
     assert {n.node: (n.first_failures, n.deaths) for n in r.suspects} == {1: (1, 1)}
-    _check_time_accounting(run)
+    _check_time_accounting(run, checkpointed=True)
     assert "job-wide restarts         1" in r.to_text("table")
 
 
@@ -215,7 +227,7 @@ def test_exception_counts_one_process_restart(raised: Run) -> None:
     assert s.outcome == "completed" and s.reason == "all children ended"
     why = {p.rank: p.explained_by for p in raised.report.process_restarts}
     assert why == {0: "peer", 1: "peer", 2: "fault", 3: "peer"}
-    _check_time_accounting(raised)
+    _check_time_accounting(raised, checkpointed=True)
     check_schema(raised.report.to_dict(), json.loads(SCHEMA_PATH.read_text()))
 
 

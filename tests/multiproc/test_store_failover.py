@@ -78,8 +78,8 @@ def test_losing_the_store_host_fails_over_and_the_job_completes(tmp_path: Path) 
     assert loss.outcome.startswith(
         "spare slot 2 took over node rank 0; the job's store moved to slot 1 ("
     ), report.to_text()
-    assert "the job's store moved to slot 1" in report.to_text()
-    assert "unknown to this nvrx" not in report.to_text()
+    assert "the job's store moved to slot 1" in report.to_text(width=None)
+    assert "unknown to this nvrx" not in report.to_text(width=None)
 
 
 def _ready_for_failover(pid: int) -> dict[str, int]:

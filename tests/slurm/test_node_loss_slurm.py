@@ -100,7 +100,7 @@ def test_a_spare_node_takes_over_a_lost_node(slurm_cluster: LocalSlurmCluster, t
     lost = _events(job_dir, "node_lost")
     assert [(e["lost_host"], e["lost_node"], e["action"]) for e in lost] == [("node2", 1, "spare")]
     report = build_report(job_dir)  # with sacct: the resized allocation is no requeue
-    text = report.to_text()
+    text = report.to_text(width=None)
     assert "node2" in text and "--exclude=node2" in text, text
     assert report.summary.restarts.requeue == 0, text
     slurm_cluster.run(["scancel", str(job)], check=False)
@@ -134,7 +134,7 @@ def test_losing_the_batch_and_store_host_fails_over(
     lost = _events(job_dir, "node_lost")
     assert [(e["lost_host"], e["lost_node"], e["action"]) for e in lost] == [("node1", 0, "spare")]
     report = build_report(job_dir, sacct=False)
-    text = report.to_text()
+    text = report.to_text(width=None)
     (loss,) = report.node_losses
     assert loss.host == "node1" and loss.store_failover is not None, text
     assert loss.store_failover.successor == 1, text
@@ -174,11 +174,54 @@ def test_without_a_spare_the_job_is_requeued_without_the_lost_node(
     ]
     assert stops and stops[0]["exit_code"] == 8
     requeues = _events(job_dir, "requeue")
-    assert [(e["cause"], e.get("excluded"), e["count"]) for e in requeues] == [
-        ("node_failure", ["node2"], 1)
+    assert [(e["cause"], e.get("excluded"), e["count"], e.get("answered")) for e in requeues] == [
+        ("node_failure", ["node2"], 1, [])
     ]  # and the next run did not take it for a requeue SLURM made by itself
-    text = build_report(job_dir, sacct=False).to_text()
+    text = build_report(job_dir, sacct=False).to_text(width=None)
     assert "node2" in text and "--exclude=node2" in text, text
+    wait_until(
+        "no process of ours",
+        lambda: not _ours_left(job),
+        30,
+        state=lambda: _ours_left(job),
+    )
+
+
+def test_a_killed_supervisor_on_a_responding_node_is_not_excluded(
+    slurm_cluster: LocalSlurmCluster, tmp_path
+) -> None:
+    """node2's supervisor SIGKILLed, its slurmd up: the job stops for the lost slot (no
+    spare) and is requeued, but node2 answers SLURM, so neither the requeue nor the report
+    excludes it."""
+    out = tmp_path / "out.txt"
+    export = _export(tmp_path, NVRX_NPROC_PER_NODE="2")
+    job = _sbatch(
+        slurm_cluster, tmp_path, "-N2", "--time=10", f"--export={export}", "-o", str(out),
+        str(TEMPLATES / "train.sbatch"), *_demo(100),
+    )  # fmt: skip
+    job_dir = tmp_path / "logs" / str(job)
+    _wait_training(job_dir, out)
+    (start,) = [e for e in _events(job_dir, "supervisor_start") if e["node"] == 1]
+    psutil.Process(start["supervisor_pid"]).kill()
+    wait_until(
+        "the job to run again",
+        lambda: (commands.show_job(job, env=slurm_cluster.env) or {}).get("Restarts") == "1",
+        120,
+        state=lambda: out.read_text()[-3000:] if out.exists() else "no output yet",
+    )
+    assert slurm_cluster.wait_job(job, timeout=300) == "COMPLETED", out.read_text()[-4000:]
+    losses = _events(job_dir, "node_lost")
+    assert losses and losses[0]["lost_host"] == "node2", losses
+    lost = losses[0]
+    assert "NOT_RESPONDING" not in (lost["slurm_state"] or {}).get("State", ""), lost
+    info = commands.show_job(job, env=slurm_cluster.env)
+    assert info is not None and info.get("ExcNodeList") in (None, "", "(null)"), info
+    requeues = _events(job_dir, "requeue")
+    assert [(e["cause"], e.get("excluded"), e.get("answered")) for e in requeues] == [
+        ("node_failure", [], ["node2"])
+    ], requeues
+    report = build_report(job_dir, sacct=False)
+    assert report.exclude is None, report.to_text()
     wait_until(
         "no process of ours",
         lambda: not _ours_left(job),

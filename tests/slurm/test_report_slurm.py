@@ -85,5 +85,5 @@ def test_report_of_a_two_node_job_with_a_killed_rank(
     assert data["slurm"]["output_files"] == [str(out_file.resolve())]
     assert data["summary"]["outcome"] == s.outcome
     assert data["slurm"]["job"][0]["node_list"] == node_list
-    text = build_report(logs, job=str(job), sacct=True).to_text()
+    text = build_report(logs, job=str(job), sacct=True).to_text(width=None)
     assert "COMPLETED" in text and node_list in text and "rank 3 on" in text

@@ -226,7 +226,7 @@ def test_an_event_with_an_impossible_common_field_is_skipped_and_counted(
     assert fast.skipped[0].line == 2 and repr(field) in fast.skipped[0].reason
     report = build_report(job_dir, sacct=False)
     assert report.reading.skipped_count == 1
-    assert f"bad common field {field!r}" in report.to_text("table")
+    assert f"bad common field {field!r}" in report.to_text("table", width=None)
 
 
 def test_cli_on_a_corrupted_copy_in_a_subprocess(pristine: Path, tmp_path: Path) -> None:
@@ -241,7 +241,7 @@ def test_cli_on_a_corrupted_copy_in_a_subprocess(pristine: Path, tmp_path: Path)
     files[1].symlink_to(files[1])
     before = _snapshot(tmp_path)
     done = subprocess.run(
-        [sys.executable, "-m", "nvrx.report.cli", str(job_dir), "--no-sacct"],
+        [sys.executable, "-m", "nvrx.report.cli", str(job_dir), "--no-sacct", "--width", "0"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -123,9 +123,11 @@ def test_one_lane_per_rank_with_its_label(standard: tuple[Report, str]) -> None:
     report, page = standard
     lanes = _lanes(_svg(page))
     assert sorted(lanes) == [str(r) for r in range(report.summary.ranks)] == ["0", "1", "2", "3"]
-    for rank, g in lanes.items():
+    for rank, g in lanes.items():  # its node rank and host too: 2 ranks a node
+        node, host = int(rank) // 2, ("node-a", "node-b")[int(rank) // 2]
         labels = [t.text for t in g.iter("text")]
-        assert labels == [f"rank {rank}"]
+        assert labels == [f"rank {rank} · node {node} · {host}"]
+        assert (g.get("data-node"), g.get("data-hosts")) == (str(node), host)
 
 
 def test_lanes_show_training_restarts_the_killed_process_and_the_hang(
@@ -236,7 +238,7 @@ def test_event_text_is_escaped(tmp_path: Path) -> None:
     svg = _svg(page)  # the SVG's tooltips carry the texts too: still well-formed
     assert sorted(_lanes(svg)) == ["0", "1"]
     tips = [t.text or "" for t in svg.iter("title")]
-    assert any(EVIL in tip and tip.startswith("rank 1: hung") for tip in tips)  # the hang's timeout
+    assert any(EVIL in tip and tip.startswith("rank 1 · ") and ": hung (" in tip for tip in tips)
     assert any(f"evil{EVIL}host" in tip for tip in tips)  # a fault mark's host
     (ident,) = [h.removeprefix("#") for h, tip in _marks(_lanes(svg)["0"]) if tip.startswith("EvilError")]
     assert EVIL in parsed.by_id[ident]  # shown as text, in its block
@@ -273,9 +275,10 @@ def test_a_lost_node_its_spare_and_the_dead_time_between(tmp_path: Path) -> None
     assert sorted(lanes) == ["0", "1", "2", "3"]
     # ranks 2-3 died with slot 1 (last seen 11.4 s) until the spare's children started
     assert [r for r in lanes if "dead" in _kinds(lanes[r])] == ["2", "3"]
-    for rank in ("2", "3"):
-        [(href, tip)] = _marks(lanes[rank])
-        assert tip.startswith(f"node lost: rank {rank}") and href == "#fault-0"
+    # one loss, one mark: on the lost node's first rank
+    [(href, tip)] = _marks(lanes["2"])
+    assert tip.startswith("node lost: rank 2") and href == "#fault-0"
+    assert _marks(lanes["3"]) == []
     spares = [g for g in svg.iter("g") if g.get("class") == "lane spare"]
     assert [g.get("data-slot") for g in spares] == ["2"]
     assert _kinds(spares[0]) == {"spare"}
@@ -341,7 +344,7 @@ def test_many_ranks_get_one_lane_per_node(tmp_path: Path) -> None:
     svg = _svg(report.to_text("html"))
     lanes = _lanes(svg)
     assert sorted(lanes) == ["0", "1"]
-    assert [t.text for t in lanes["1"].iter("text")] == ["node 1"]
+    assert [t.text for t in lanes["1"].iter("text")] == ["node 1 · big-1"]
     assert "dead" in _kinds(lanes["1"]) and "dead" not in _kinds(lanes["0"])
     assert [tip.split(":")[0] for _, tip in _marks(lanes["1"])] == ["signal SIGKILL"]
     assert not _marks(lanes["0"])

@@ -132,7 +132,7 @@ def test_spare_takeover_is_listed_with_detection_recovery_and_action(spare: Repo
     assert loss.recovered_wall == pytest.approx(T0 + 17.6)
     assert loss.recovery_s == pytest.approx(17.6 - LAST_SEEN)
     assert loss.world_size == 4
-    text = spare.to_text()
+    text = spare.to_text(width=None)  # cells unwrapped
     assert "Lost nodes" in text
     assert "silent 3.003 s, seen by slot 0" in text
     assert "6.200 s (" in text and "world size 4)" in text
@@ -217,7 +217,7 @@ def test_survivors_are_not_blamed_and_the_lost_host_is_excluded(tmp_path: Path) 
     suspects = {(n.host, n.node): (n.lost, n.suspect) for n in report.suspects}
     assert suspects == {("node-b", 1): (1, True)}
     assert report.exclude == "node-b"
-    text = report.to_text()
+    text = report.to_text(width=None)  # cells unwrapped
     assert "next submission: --exclude=node-b\n" in text
     assert "SLURM: DOWN+NOT_RESPONDING (Not responding)" in text
 
@@ -465,3 +465,193 @@ def test_a_store_failover_is_told_with_the_loss_of_its_host(tmp_path: Path) -> N
 def test_a_loss_without_a_store_failover_has_none(spare: Report) -> None:
     assert spare.node_losses[0].store_failover is None
     assert spare.to_dict()["node_losses"][0]["store_failover"] is None
+
+
+GLOO_RESET = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection reset by peer"
+
+
+def _survivor_error(job: Job, t: float, exc_type: str, message: str) -> None:
+    """Rank 0 (node-a, a survivor) raises ``exc_type`` at ``t``, in round 0."""
+    job.ranks[0].at(
+        t, "fault", fault_kind="exception", origin_rank=0, exc_type=exc_type, message=message,
+        traceback=DIST_TRACEBACK.replace(
+            "torch.distributed.DistBackendError: NCCL communicator was aborted on rank 0",
+            f"{exc_type}: {message}",
+        ),
+    )  # fmt: skip
+
+
+def _store_host_loss(log_dir: Path, collateral_at: float) -> Report:
+    """node-b is lost; spare node-c takes over; node-a's rank 0 logs gloo's "Connection
+    reset by peer" at ``collateral_at`` (seconds after T0; node-b's last beat is LAST_SEEN)."""
+    job = Job(log_dir, {0: "node-a", 1: "node-b", 2: "node-c"}, nnodes=3, spares=1)
+    _before_the_loss(job)
+    _survivor_error(job, collateral_at, "RuntimeError", GLOO_RESET)
+    job.sup[2].at(DECLARED + 0.1, "node_takeover", node_rank=1, lost_slot=1, wait_s=0.1)
+    for rank in (2, 3):
+        job.start_rank(DECLARED + 0.11, rank, slot=2, node=1, attempt=1)
+    state = {"State": "DOWN+NOT_RESPONDING", "Reason": "Not responding"}
+    job.node_lost("spare", replaced_by=2, slurm_state=state)
+    job.round_restart(DECLARED + 0.2, [0, 1])
+    job.round_start(18.0, 1, [0, 1, 2, 3])
+    job.complete(26.0, [0, 1, 2, 3])
+    return job.close()
+
+
+@pytest.mark.parametrize("offset", [-0.033, 0.2], ids=["just_before", "just_after"])
+def test_a_survivors_collateral_error_near_the_last_beat_follows_from_the_loss(
+    tmp_path: Path, offset: float
+) -> None:
+    """A broken connection seen 33 ms before the lost node's last beat reached its peers
+    (or just after) is the loss's consequence: the lost node alone is blamed and excluded."""
+    report = _store_host_loss(tmp_path / "job", LAST_SEEN + offset)
+    first = report.timeline[0]
+    assert (first.cause, first.first_host, first.also_failed) == ("node lost", "node-b", [])
+    assert [f.signature for f in report.failures] == ["node lost"]
+    rows = {n.host: (n.first_failures, n.suspect) for n in report.suspects}
+    assert rows == {"node-b": (1, True)}
+    (lost,) = report.suspects
+    assert lost.evidence == ["lost: silent 3.0 s to the job, SLURM DOWN+NOT_RESPONDING"]
+    assert report.exclude == "node-b"
+
+
+def test_a_survivors_own_error_before_the_loss_stays_its_own_fault(tmp_path: Path) -> None:
+    """A ZeroDivisionError on a survivor 0.5 s before the node's last beat is no broken
+    connection: it is the round's cause, and one fault is not enough to exclude its node."""
+    job = Job(tmp_path / "job", {0: "node-a", 1: "node-b"}, nnodes=2, spares=0)
+    _before_the_loss(job)
+    _survivor_error(job, LAST_SEEN - 0.5, "ZeroDivisionError", "division by zero")
+    job.node_lost("shrink")
+    job.round_restart(DECLARED + 0.2, [0, 1])
+    report = job.close()
+    first = report.timeline[0]
+    assert (first.first_rank, first.cause) == (0, "ZeroDivisionError at train.py:40 in train")
+    assert {f.signature for f in report.failures} == {first.cause, "node lost"}
+    by_host = {n.host: n for n in report.suspects}
+    assert not by_host["node-a"].suspect
+    assert by_host["node-a"].evidence == [
+        "one fault of its own (ZeroDivisionError at train.py:40 in train): not enough to exclude"
+    ]
+    assert report.exclude == "node-b"  # lost, SLURM not asked: as before
+
+
+def test_a_killed_supervisor_on_a_responding_node_is_not_excluded(tmp_path: Path) -> None:
+    """node-b's supervisor is SIGKILLed: its peers declare it lost and requeue the job, but
+    node-b still runs the SLURM step the requeue tried on it (``answered``), so nothing tells
+    against the node."""
+    job = Job(tmp_path / "job", {0: "node-a", 1: "node-b"}, nnodes=2, spares=0)
+    _before_the_loss(job)
+    reason = "node lost, no spare: 1 nodes left, below --min-nodes 2"
+    job.node_lost("stop", slurm_state={"State": "MIXED", "Reason": "none"})
+    job.sup[0].at(DECLARED + 0.001, "job_stop", reason=reason, exit_code=8)
+    job.sup[0].at(
+        DECLARED + 0.5, "requeue", cause="node_failure", count=1, excluded=[], answered=["node-b"]
+    )
+    job.sup[0].at(DECLARED + 1.0, "supervisor_end", exit_code=8, reason=reason)
+    report = job.close()
+    (node_b,) = report.suspects
+    assert (node_b.host, node_b.lost, node_b.suspect) == ("node-b", 1, False)
+    assert node_b.evidence == ["supervisor lost, node still ran a SLURM step: not excluded"]
+    assert report.exclude is None
+
+
+def test_a_lost_node_slurm_still_calls_responding_is_excluded_without_a_step(
+    tmp_path: Path,
+) -> None:
+    """A crashed node looks MIXED to SLURM for its SlurmdTimeout: without a step that it ran,
+    its loss counts against it."""
+    job = Job(tmp_path / "job", {0: "node-a", 1: "node-b"}, nnodes=2, spares=0)
+    _before_the_loss(job)
+    job.node_lost("stop", slurm_state={"State": "MIXED", "Reason": "none"})
+    job.sup[0].at(
+        DECLARED + 0.5, "requeue", cause="node_failure", count=1, excluded=["node-b"], answered=[]
+    )
+    report = job.close()
+    (node_b,) = report.suspects
+    assert node_b.suspect and report.exclude == "node-b"
+    assert node_b.evidence == [
+        "lost: silent 3.0 s to the job, SLURM MIXED when declared (SLURM notices a dead node later)"
+    ]
+
+
+def _faults_on_node_b(log_dir: Path, messages: list[str]) -> Report:
+    """node-b's rank 2 raises ``messages[i]`` in round i; its peers stop for it."""
+    job = Job(log_dir, {0: "node-a", 1: "node-b"}, nnodes=2, spares=0)
+    for rank in range(4):
+        job.start_rank(0.5, rank, rank // 2, rank // 2)
+    for rnd, message in enumerate(messages):
+        t = 2.0 + 10 * rnd
+        job.round_start(t, rnd, [0, 1, 2, 3])
+        job.ranks[2].at(
+            t + 3, "fault", fault_kind="exception", origin_rank=2, exc_type="RuntimeError",
+            message=message, traceback=DIST_TRACEBACK.replace(
+                "torch.distributed.DistBackendError: NCCL communicator was aborted on rank 0",
+                f"RuntimeError: {message}",
+            ),
+        )  # fmt: skip
+        for rank in (0, 1, 3):
+            job.ranks[rank].at(t + 3.1, "fault", fault_kind="peer", origin_rank=2)
+        job.round_restart(t + 3.5, [0, 1, 2, 3])
+    return job.close()
+
+
+def test_a_node_with_repeated_faults_of_its_own_is_excluded(tmp_path: Path) -> None:
+    report = _faults_on_node_b(tmp_path / "job", ["bad value", "bad value"])
+    (node_b,) = report.suspects
+    assert (node_b.host, node_b.first_failures, node_b.suspect) == ("node-b", 2, True)
+    sig = "RuntimeError at train.py:40 in train"
+    assert node_b.evidence == [f"2 faults of its own seen on no other host: {sig}"]
+    assert report.exclude == "node-b"
+
+
+def test_one_fault_of_its_own_is_not_enough_but_a_device_fault_is(tmp_path: Path) -> None:
+    once = _faults_on_node_b(tmp_path / "once", ["bad value"])
+    assert once.exclude is None and not once.suspects[0].suspect
+    ecc = _faults_on_node_b(tmp_path / "ecc", ["CUDA error: uncorrectable ECC error encountered"])
+    (node_b,) = ecc.suspects
+    assert node_b.suspect and ecc.exclude == "node-b"
+    assert "device or driver fault: RuntimeError at train.py:40 in train" in node_b.evidence
+
+
+def test_a_follow_on_error_is_not_the_cause_when_another_fault_is_at_hand(tmp_path: Path) -> None:
+    """Rank 0's collective breaks (NCCL aborted) before rank 2's own error is written, on
+    another host with no store vote: rank 2's error is the cause, rank 0 a follower."""
+    job = Job(tmp_path / "job", {0: "node-a", 1: "node-b"}, nnodes=2, spares=0)
+    for rank in range(4):
+        job.start_rank(0.5, rank, rank // 2, rank // 2)
+    job.round_start(2.0, 0, [0, 1, 2, 3])
+    _survivor_error(job, 5.0, "torch.distributed.DistBackendError", "NCCL communicator was aborted")
+    job.ranks[2].at(5.2, "fault", fault_kind="exception", exc_type="ValueError", message="bad")
+    job.round_restart(5.5, [0, 1, 2, 3])
+    report = job.close()
+    first = report.timeline[0]
+    assert (first.first_rank, first.cause, first.also_failed) == (2, "ValueError", [])
+    assert first.peer_notified == 3  # rank 0's error followed; 1 and 3 restarted with it
+
+
+def test_a_job_stopped_by_a_loss_trains_again_after_its_requeue(tmp_path: Path) -> None:
+    """No spare: the loss stops run 0 (exit 8) and the job is requeued; run 1, on node-a and
+    node-c, trains again at world size 4 from 45 s: that is when it trained again."""
+    job = Job(tmp_path / "job", {0: "node-a", 1: "node-b"}, nnodes=2, spares=0)
+    _before_the_loss(job)
+    reason = "node lost, no spare: 1 nodes left, below --min-nodes 2"
+    job.node_lost("stop")
+    job.sup[0].at(DECLARED + 0.001, "job_stop", reason=reason, exit_code=8)
+    job.sup[0].at(DECLARED + 0.5, "requeue", cause="node_failure", count=1, excluded="node-b")
+    job.sup[0].at(DECLARED + 1.0, "supervisor_end", exit_code=8, reason=reason)
+    job.others.append(job.sup[1])
+    job.hosts[1] = "node-c"
+    job.sup[1] = Proc(job.dir, Host("node-c", 1), "supervisor")
+    for sup in job.sup.values():
+        sup.at(40.0, "supervisor_start", nnodes=2, nproc_per_node=2, spare_nodes=0)
+    for rank in range(4):
+        job.others.append(job.ranks[rank])
+        job.start_rank(40.5, rank, rank // 2, rank // 2)
+    job.round_start(45.0, 0, [0, 1, 2, 3])
+    job.complete(60.0, [0, 1, 2, 3])
+    report = job.close()
+    (loss,) = report.node_losses
+    assert loss.action == "stop" and loss.recovered_wall == pytest.approx(T0 + 45.0)
+    assert loss.recovery_s == pytest.approx(45.0 - LAST_SEEN) and loss.world_size == 4
+    assert "never (job stopped)" not in report.to_text()
+    assert report.summary.runs == 2

@@ -114,8 +114,14 @@ def test_suspect_nodes_and_exclude_string(report) -> None:
     b, a = by_host["node-b"], by_host["node-a"]
     assert (b.first_failures, b.hangs, b.deaths, b.faults) == (2, 1, 0, 2)
     assert (a.first_failures, a.deaths, a.faults) == (1, 1, 1)
-    assert a.suspect and b.suspect
-    assert report.exclude == "node-a,node-b"
+    # node-b failed first twice, with signatures seen nowhere else; node-a once: not enough
+    assert b.suspect and not a.suspect
+    assert b.evidence == [
+        "2 faults of its own seen on no other host: ValueError at train.py:12 in step, "
+        "hang (soft timeout)"
+    ]
+    assert a.evidence == ["one fault of its own (signal SIGKILL): not enough to exclude"]
+    assert report.exclude == "node-b"
 
 
 def _two_host_round(log_dir: Path, with_votes: bool) -> None:

@@ -1,0 +1,101 @@
+"""Causal attribution: which faults follow from another fault, and what tells against a node.
+
+This is the one rule the timeline, the failure groups, the suspect table and
+the HTML timeline apply (``docs/report.md``, *Causal attribution*):
+
+- a fault's *shape* is read once, when its event is folded: ``FOLLOW_ON``
+  when it tells that something else went first (a communication error about
+  a remote peer, a lost store connection, an abort by the Wrapper),
+  ``HARDWARE`` when it tells of the node's own device or driver, else none;
+- a node loss explains what a survivor wrote from the lost node's last beat
+  until the job got over the loss (its *loss window*), and a follow-on fault
+  written in the loss's detection window before that beat: up to ``silent_s``
+  (the node timeout) before it, since the survivor may see the broken
+  connection before the lost node's last heartbeat reaches its peers;
+- a follow-on fault is a round's first failure only when no fault of another
+  shape is at hand, and it is never evidence against its node.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from nvrx.events.failures import short_type
+
+if TYPE_CHECKING:
+    from .model import NodeLoss
+
+#: A fault that follows from another one's.
+FOLLOW_ON = "follow_on"
+#: A fault of the node's own device or driver.
+HARDWARE = "hardware"
+
+#: Exception types raised by a rank because another rank, the store or the Wrapper went first.
+_FOLLOW_ON_TYPES = frozenset(
+    {
+        "DistBackendError",
+        "DistNetworkError",
+        "DistStoreError",
+        "ConnectionResetError",
+        "ConnectionAbortedError",
+        "BrokenPipeError",
+        "RestartAbort",
+    }
+)
+#: Words of a message that tell of a remote peer or the store going away (lowercase).
+_FOLLOW_ON_WORDS = (
+    "connection reset by peer",
+    "connection closed by peer",
+    "connection refused",
+    "broken pipe",
+    "communicator was aborted",
+    "remote process exited",
+    "remote peer",
+    "peer closed",
+    "store connection",
+    "connection to the store",
+)
+#: Exception types that tell of the node's devices.
+_HARDWARE_TYPES = frozenset({"HealthCheckError"})
+#: Words of a message that tell of the node's device or driver (lowercase).
+_HARDWARE_WORDS = (
+    "ecc error",
+    "uncorrectable ecc",
+    "xid",
+    "unspecified launch failure",
+    "gpu is lost",
+    "fallen off the bus",
+    "unhandled system error",
+    "ncclsystemerror",
+    "nvlink",
+    "driver/library version mismatch",
+    "cuda driver",
+    "device health",
+)
+
+
+def fault_shape(exc_type: str | None, message: str | None, signature: str | None) -> str | None:
+    """``FOLLOW_ON``, ``HARDWARE`` or None, by a fault's exception type and message (its
+    signature stands in for the type when the event names none)."""
+    kind = short_type(exc_type) if exc_type else short_type((signature or "").split(" ")[0])
+    text = (message or "").lower()
+    if kind in _HARDWARE_TYPES or any(w in text for w in _HARDWARE_WORDS):
+        return HARDWARE
+    if kind in _FOLLOW_ON_TYPES or any(w in text for w in _FOLLOW_ON_WORDS):
+        return FOLLOW_ON
+    return None
+
+
+def loss_explains(
+    loss: NodeLoss, until: float, wall: float | None, shape: str | None = None
+) -> bool:
+    """Whether what a survivor wrote at ``wall`` follows from ``loss`` (window up to ``until``):
+    anything in the loss window, and a follow-on fault in the detection window before it."""
+    if wall is None:
+        return False
+    start = loss.start
+    if until <= start:  # a lost spare: nothing to get over
+        return False
+    if start <= wall < until:
+        return True
+    return shape == FOLLOW_ON and start - (loss.silent_s or 0.0) <= wall < start

@@ -1,0 +1,277 @@
+"""The report's first screen, the answer: how the job ended, each fault in time order with
+its root cause and what it cost, and which nodes to exclude next time, with the evidence.
+
+Everything here is also in the sections below it; this one puts it first, one line a fault.
+A fault that follows from another one (``consequence``: a peer's communication error, an
+abort by the Wrapper) is marked ``follow-on`` when it is a round's only cause at hand.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from nvrx.events.failures import kind_of, process_end_signature
+
+from .consequence import FOLLOW_ON, fault_shape
+from .model import NodeLoss, ProcessRestart, ReportData, RoundRow, Summary, SuspectNode
+from .render_losses import recovery
+from .text_doc import Doc, ranks_text, secs, when, where
+from .timeline import BY_NODE_LOSS
+
+#: What ``verdict`` says of a job's outcome.
+OK, FAILED, UNFINISHED = "ok", "failed", "unfinished"
+#: Outcomes (ours, or SLURM's states, lowercase) of a job that has not ended, or not said how.
+_UNFINISHED = ("unknown", "unfinished", "running", "pending", "requeued", "resizing", "suspended")
+#: At most this many faults are listed on the first screen; the sections below have them all.
+MAX_FAULT_LINES = 12
+
+
+def verdict(summary: Summary) -> str:
+    """``OK`` (the job completed), ``UNFINISHED`` (not ended, or not known) or ``FAILED``."""
+    outcome = summary.outcome.lower()
+    if outcome.startswith("completed"):
+        return OK
+    return UNFINISHED if outcome.startswith(_UNFINISHED) else FAILED
+
+
+def first_failure(row: RoundRow) -> str:
+    """Who failed first in ``row``: a rank and its node, or the lost node."""
+    if row.ordering == BY_NODE_LOSS:
+        return f"lost node {where(row.first_node, row.first_host)}"
+    if row.first_rank is not None or row.first_host is not None:
+        return f"rank {row.first_rank} on {where(row.first_node, row.first_host)}"
+    return "-"
+
+
+@dataclass
+class FaultLine:
+    """One fault as the first screen tells it."""
+
+    wall: float | None
+    kind: str
+    cause: str
+    first: str
+    round: str
+    recovered: str
+    cost: str
+
+
+def clock(wall: float | None) -> str:
+    """The time of day of ``wall`` (the summary gives the date)."""
+    return when(wall).partition(" ")[2] or when(wall)
+
+
+def _round_label(run: int, rnd: int | None, many_runs: bool) -> str:
+    text = "-" if rnd is None else str(rnd)
+    return f"{text} (run {run})" if many_runs else text
+
+
+def _follow_on(row: RoundRow) -> bool:
+    told = getattr(row, "explained_by", None) or getattr(row, "follow_on", None)
+    return bool(told) or fault_shape(None, None, row.cause) == FOLLOW_ON
+
+
+def _recovered(row: RoundRow, rows: list[RoundRow]) -> str:
+    later = [t for t in rows if (t.run, t.round) > (row.run, row.round)]
+    if any(t.run == row.run for t in later):
+        return "yes"
+    return "yes, requeued" if later else "no"
+
+
+def _loss_of(r: ReportData, run: int, rnd: int | None) -> NodeLoss | None:
+    return next((x for x in r.node_losses if (x.run, x.round) == (run, rnd) and x.ranks), None)
+
+
+def _loss_cost(loss: NodeLoss) -> str:
+    if loss.recovery_s is not None:
+        return f"trained again after {secs(loss.recovery_s)}"
+    return f"trained again after: {recovery(loss)}"
+
+
+def _round_cost(r: ReportData, row: RoundRow) -> str:
+    loss = _loss_of(r, row.run, row.round) if row.ordering == BY_NODE_LOSS else None
+    if loss is not None:
+        return _loss_cost(loss)
+    parts = []
+    if row.detection_s is not None:
+        parts.append(f"detection {secs(row.detection_s)}")
+    if row.restart_latency_s is not None:
+        parts.append(f"restart {secs(row.restart_latency_s)}")
+    return ", ".join(parts) or "-"
+
+
+def _fault_wall(r: ReportData, row: RoundRow) -> float | None:
+    """When ``row``'s cause was first seen inside it, else when the round ended."""
+    lo, hi = row.start_wall, row.end_wall
+    for f in r.failures:
+        at = f.first_wall
+        inside = at is not None and (lo is None or lo <= at) and (hi is None or at <= hi)
+        if f.signature == row.cause and inside:
+            return at
+    return hi if hi is not None else lo
+
+
+def _round_lines(r: ReportData) -> list[FaultLine]:
+    rows = sorted(r.timeline, key=lambda t: (t.run, t.round))
+    many = r.summary.runs > 1
+    return [
+        FaultLine(
+            _fault_wall(r, t),
+            (kind_of(t.cause) if t.cause else "-") + (" (follow-on)" if _follow_on(t) else ""),
+            t.cause or "-",
+            first_failure(t),
+            _round_label(t.run, t.round, many),
+            _recovered(t, rows),
+            _round_cost(r, t),
+        )
+        for t in rows
+        if t.cause is not None
+    ]
+
+
+def _loss_lines(r: ReportData) -> list[FaultLine]:
+    """Lost nodes that no round of the timeline names as its cause (no Wrapper, a spare)."""
+    told = {(t.run, t.round) for t in r.timeline if t.ordering == BY_NODE_LOSS}
+    many = r.summary.runs > 1
+    return [
+        FaultLine(
+            x.start if x.last_seen_wall is not None or x.declared_wall is not None else None,
+            "node",
+            "node lost",
+            f"lost node {where(x.node, x.host)}",
+            _round_label(x.run, x.round, many),
+            "no" if x.action == "stop" else f"yes ({x.action})",
+            _loss_cost(x),
+        )
+        for x in r.node_losses
+        if (x.run, x.round) not in told
+    ]
+
+
+def _process_line(p: ProcessRestart, rnd: str = "-") -> FaultLine:
+    told = p.error.signature if p.error is not None else None
+    kind = "exception" if told else ("signal" if p.signal else "exit")
+    return FaultLine(
+        p.wall,
+        kind,
+        told or process_end_signature(p.exit_code, p.signal),
+        f"rank {p.rank} on {where(p.node, p.host)}",
+        rnd,
+        "yes" if p.decision == "restart" and p.relaunch_s is not None else "no",
+        f"relaunch {secs(p.relaunch_s)}" if p.relaunch_s is not None else "-",
+    )
+
+
+def _uncaused_ends(r: ReportData) -> list[FaultLine]:
+    """Processes that failed on their own in a round with no cause (the last round of a job
+    that stopped: no restart followed to name it)."""
+    rows = sorted(r.timeline, key=lambda t: (t.run, t.round))
+    many = r.summary.runs > 1
+    out: list[FaultLine] = []
+    for i, row in enumerate(rows):
+        nxt = rows[i + 1].start_wall if i + 1 < len(rows) and rows[i + 1].run == row.run else None
+        lo, hi = row.start_wall or -math.inf, nxt if nxt is not None else math.inf
+        out += [
+            _process_line(p, _round_label(row.run, row.round, many))
+            for p in r.process_restarts
+            if row.cause is None and p.explained_by is None and p.run == row.run
+            and p.wall is not None and lo <= p.wall < hi
+        ]  # fmt: skip
+    return out
+
+
+def fault_lines(r: ReportData) -> list[FaultLine]:
+    """Every fault of the job, in time order: the rounds' causes, the processes that failed
+    on their own in a round with no cause, and the lost nodes; without rounds, the processes
+    that failed on their own; failing those, the failure signatures."""
+    lines = _round_lines(r) + _uncaused_ends(r) + _loss_lines(r)
+    if not r.timeline:
+        lines += [_process_line(p) for p in r.process_restarts if p.explained_by is None]
+    if not lines:
+        lines = [
+            FaultLine(
+                f.first_wall,
+                f.category,
+                f.signature,
+                f"ranks {ranks_text(f.ranks)}" if f.ranks else ", ".join(f.hosts) or "-",
+                ranks_text(f.rounds),
+                "-",
+                "-",
+            )
+            for f in r.failures
+        ]
+    return sorted(lines, key=lambda x: (x.wall is None, x.wall or 0.0))
+
+
+def no_exclude_reason(r: ReportData) -> str:
+    """Why no host is to be excluded."""
+    if not r.suspects:
+        return "no node-level faults"
+    if len(r.summary.hosts) < 2:
+        return "the job ran on one host, with no other to compare it with"
+    if any(n.lost for n in r.suspects):
+        return "each lost node's host also ran nodes that stayed healthy, or SLURM saw it respond"
+    return "no evidence against any node itself (a fault seen on several hosts is the code's)"
+
+
+def evidence(n: SuspectNode) -> list[str]:
+    """What tells against (or for) ``n``: its row's ``evidence``, else its incident counts."""
+    told: list[str] = list(getattr(n, "evidence", None) or [])
+    if told:
+        return told
+    counts = [
+        (n.lost, "lost"),
+        (n.first_failures, "first failure of a round"),
+        (n.hangs, "hang"),
+        (n.deaths, "process death"),
+    ]
+    said = [f"{what} x{count}" for count, what in counts if count]
+    if n.signatures:
+        said.append("signatures: " + "; ".join(n.signatures))
+    return said
+
+
+def _outcome(r: ReportData) -> str:
+    s = r.summary
+    said = {OK: "", FAILED: "FAILED: ", UNFINISHED: "NOT FINISHED: "}[verdict(s)]
+    reason = f" ({s.reason})" if s.reason else ""
+    goodput = f", goodput {s.goodput * 100:.1f} %" if s.goodput is not None else ""
+    size = f"{s.ranks} ranks on {s.nodes} node(s), {secs(s.wall_time_s)} wall{goodput}"
+    return f"outcome: {said}{s.outcome}{reason}; {size}"
+
+
+def answer_section(doc: Doc, r: ReportData) -> None:
+    """The first screen: outcome, faults in time order, exclusion advice with its evidence."""
+    doc.heading(f"nvrx report: job {r.summary.job or '?'}")
+    doc.outcome(_outcome(r), verdict(r.summary))
+    lines = fault_lines(r)
+    if not lines:
+        doc.text("faults: none")
+    else:
+        more = len(lines) - MAX_FAULT_LINES
+        shown = f" (first {MAX_FAULT_LINES}; {more} more below)" if more > 0 else ""
+        doc.text(f"faults, in time order{shown}:")
+        rows = [
+            [str(i), clock(x.wall), x.kind, x.cause, x.first, x.round, x.recovered, x.cost]
+            for i, x in enumerate(lines[:MAX_FAULT_LINES], start=1)
+        ]
+        headers = [
+            "#",
+            "at (UTC)",
+            "kind",
+            "root cause",
+            "first failure",
+            "round",
+            "recovered",
+            "cost",
+        ]
+        doc.table(rows, headers)
+    if r.exclude:
+        said = [f"exclude next time: --exclude={r.exclude}"]
+        said += [
+            f"  {where(n.node, n.host)}: {'; '.join(evidence(n))}" for n in r.suspects if n.suspect
+        ]
+        doc.text("\n".join(said))
+    else:
+        doc.text(f"exclude next time: nothing ({no_exclude_reason(r)})")

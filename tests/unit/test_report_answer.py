@@ -1,0 +1,166 @@
+"""The text report's first screen gives the answer (outcome, each fault in time order, the
+exclusion advice with its evidence), every line fits a terminal, and each stack is printed
+once, the user's stuck thread first."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from test_report_fixtures import HANG_STACK, JOB, write_standard_job
+from test_report_html import _evil_job, _requeued_job
+from test_report_job_restarts import _plain_job
+from test_report_node_loss import _spare_job
+from test_report_vocabulary import _demo_like_job
+
+from nvrx.report import Report, build_report
+from nvrx.report.cli import main
+from nvrx.report.failure_order import causes_first
+from nvrx.report.model import Failure
+from nvrx.report.render_answer import FAILED, OK, UNFINISHED, verdict
+from nvrx.report.stacks import stuck_first
+from nvrx.report.text_doc import TEXT_WIDTH
+
+#: Lines of a terminal's first screen.
+SCREEN_LINES = 25
+
+
+def _standard(log_dir: Path) -> Report:
+    write_standard_job(log_dir)
+    return build_report(log_dir, job=JOB, sacct=False)
+
+
+def _built(write: Callable[[Path], None]) -> Callable[[Path], Report]:
+    def build(log_dir: Path) -> Report:
+        write(log_dir)
+        return build_report(log_dir, sacct=False)
+
+    return build
+
+
+JOBS: dict[str, Callable[[Path], Report]] = {
+    "standard": _standard,
+    "demo_like": _built(_demo_like_job),
+    "evil": _built(_evil_job),
+    "requeued": _built(_requeued_job),
+    "plain_restart": _built(lambda d: _plain_job(d, True)),
+    "spare": lambda d: _spare_job(d, {0: "node-a", 1: "node-b", 2: "node-c"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_every_line_of_the_table_report_fits_120_columns(name: str, tmp_path: Path) -> None:
+    report = JOBS[name](tmp_path / "job")
+    text = report.to_text("table")
+    wide = [line for line in text.splitlines() if len(line) > TEXT_WIDTH]
+    assert wide == [], "\n".join(wide)
+    # unfitted, some of these reports are wider: the fitting is what keeps them in
+    assert report.to_text("table", width=None).count("\n") <= text.count("\n")
+
+
+def test_the_cli_fits_its_lines_and_width_0_does_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_standard_job(tmp_path)
+    assert main([str(tmp_path), "--no-sacct"]) == 0
+    assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= TEXT_WIDTH
+    assert main([str(tmp_path), "--no-sacct", "--width", "0"]) == 0
+    assert max(len(line) for line in capsys.readouterr().out.splitlines()) > TEXT_WIDTH
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--no-sacct", "--width", "7"])
+    assert "--width must be 0 (no limit) or at least" in capsys.readouterr().err
+
+
+def _first_screen(report: Report) -> list[str]:
+    lines = report.to_text("table").splitlines()
+    return lines[: lines.index("Summary")]
+
+
+def test_the_first_screen_says_the_outcome_each_fault_in_time_order_and_what_to_exclude(
+    tmp_path: Path,
+) -> None:
+    screen = _first_screen(_standard(tmp_path))
+    assert len(screen) <= SCREEN_LINES, "\n".join(screen)
+    text = "\n".join(screen)
+    assert screen[3].startswith("outcome: completed (training completed); 4 ranks on 2 node(s)")
+    # one row per fault, in time order: kind, cause, first rank and node, round, recovered, cost
+    rows = [line.split() for line in screen if line[:1].isdigit()]
+    assert [row[:3] for row in rows] == [
+        ["1", "22:13:30.000", "exception"],
+        ["2", "22:13:37.099", "signal"],
+        ["3", "22:14:05.000", "hang"],
+    ]
+    assert "ValueError at" in next(x for x in screen if x.startswith("1  "))
+    assert all("yes" in row for row in rows)  # each was recovered from
+    assert "rank 2 on node-b" in text and "rank 1 on node-a" in text and "rank 3 on node-b" in text
+    assert "exclude next time: --exclude=node-b" in text
+    evidence = next(line for line in screen if line.startswith("  node-b (node 1): "))
+    assert "ValueError at train.py:12 in step" in evidence
+
+
+def test_a_failed_job_says_so_first(tmp_path: Path) -> None:
+    report = _standard(tmp_path)
+    report.summary = dataclasses.replace(
+        report.summary, outcome="failed (exit code 4)", reason="restart budget exhausted"
+    )
+    screen = _first_screen(report)
+    assert screen[3].startswith("outcome: FAILED: failed (exit code 4) (restart budget exhausted)")
+    summary = report.summary
+    assert verdict(summary) == FAILED
+    assert verdict(dataclasses.replace(summary, outcome="COMPLETED (sacct, exit 0:0)")) == OK
+    assert verdict(dataclasses.replace(summary, outcome="unknown")) == UNFINISHED
+
+
+def test_a_follow_on_fault_comes_after_its_cause_even_when_written_before_it(
+    tmp_path: Path,
+) -> None:
+    report = _standard(tmp_path)
+    root = next(f for f in report.failures if f.signature.startswith("ValueError"))
+    assert root.first_wall is not None
+    peer = Failure(
+        signature="torch.distributed.DistBackendError at train.py:40 in sync",
+        category="exception", count=1, ranks=[0], nodes=[0], hosts=["node-a"], rounds=[0],
+        first_wall=root.first_wall - 0.5, exc_type="torch.distributed.DistBackendError",
+        message="Connection reset by peer", traceback=None, source="events",
+    )  # fmt: skip
+    report.failures.insert(0, peer)
+    ordered = [f.signature for f in causes_first(report)]
+    assert ordered.index(root.signature) < ordered.index(peer.signature)
+    assert ordered[0] == root.signature  # the round's cause is the first row
+    section = report.to_text("table", width=None).split("Failures by signature")[1]
+    line = next(x for x in section.splitlines() if x.startswith(peer.signature))
+    assert "exception (follow-on)" in line
+
+
+def test_a_hangs_stack_is_printed_once(tmp_path: Path) -> None:
+    text = _standard(tmp_path).to_text("table")
+    assert text.count("line 55 in all_reduce_grads") == 1
+    assert "[hang (soft timeout)]: its stack is under Hangs" in text
+
+
+NVRX_FIRST = (
+    "Thread 0x0001 (most recent call first):\n"
+    '  File "/venv/lib/python3.11/site-packages/nvrx/inprocess/monitor_thread.py", line 80 in run\n'
+    '  File "/usr/lib/python3.11/threading.py", line 1010 in _bootstrap_inner\n'
+    "\n"
+    "Thread 0x0002 (most recent call first):\n"
+    '  File "/venv/lib/python3.11/site-packages/nvrx/fault_tolerance/heartbeat.py", line 9 in beat\n'
+    "\n"
+    "Current thread 0x0003 (most recent call first):\n"
+    '  File "/venv/lib/python3.11/site-packages/nvrx/inprocess/wrap.py", line 120 in run\n'
+    '  File "/home/u/train.py", line 55 in all_reduce_grads\n'
+)
+
+
+def test_the_stuck_user_thread_comes_before_nvrxs_own_threads() -> None:
+    lines = stuck_first(NVRX_FIRST).splitlines()
+    assert lines[0] == "Current thread 0x0003 (most recent call first):"
+    assert [x for x in lines if x.startswith(("Thread", "Current"))] == [
+        "Current thread 0x0003 (most recent call first):",
+        "Thread 0x0001 (most recent call first):",
+        "Thread 0x0002 (most recent call first):",
+    ]
+    assert sorted(lines) == sorted(NVRX_FIRST.splitlines())  # nothing lost, nothing added
+    assert stuck_first(HANG_STACK) == HANG_STACK  # one thread: as it was

@@ -1,0 +1,202 @@
+"""nvrx-report's training time, goodput and time ledger on cancelled, failed and requeued jobs.
+
+One node, ranks under ``nvrx-supervise``: the supervisor's events name the child
+pid, and each rank's events carry that pid (as a real rank's do), so the report can
+end a call that never ended when its supervisor saw the process end. Times are
+seconds after ``T0``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_report_cli import SCHEMA_PATH, check_schema
+from test_report_fixtures import Host, Proc, write_standard_job
+
+from nvrx.report import Report, build_report
+from nvrx.report.model import TimeLedger
+
+HOST = Host("node-a", 0)
+
+
+class Rank:
+    """A training process: its events carry its own pid."""
+
+    def __init__(self, log_dir: Path, rank: int, pid: int) -> None:
+        self.proc, self.pid = Proc(log_dir, HOST, "wrapper", rank=rank), pid
+
+    def at(self, t: float, kind: str, **fields: Any) -> None:
+        self.proc.at(t, kind, pid=self.pid, **fields)
+
+
+class Node:
+    """A supervisor (slot 0) and the processes it starts."""
+
+    def __init__(self, log_dir: Path, t: float = 0.0) -> None:
+        self.dir = log_dir
+        self.sup = Proc(log_dir, HOST, "supervisor")
+        self.sup.at(t, "supervisor_start", nnodes=1, nproc_per_node=1, spare_nodes=0)
+        self.procs: list[Proc] = [self.sup]
+
+    def start(self, t: float, pid: int, attempt: int = 0) -> Rank:
+        self.sup.at(t, "child_start", local_rank=0, child_pid=pid, attempt=attempt, global_rank=0)
+        rank = Rank(self.dir, 0, pid)
+        self.procs.append(rank.proc)
+        return rank
+
+    def exit(self, t: float, pid: int, runtime: float, code: int | None, sig: str | None) -> None:
+        self.sup.at(
+            t, "child_exit", local_rank=0, child_pid=pid, exit_code=code, signal=sig,
+            runtime_s=runtime, global_rank=0,
+        )  # fmt: skip
+
+    def close(self) -> Report:
+        for proc in self.procs:
+            proc.close()
+        return build_report(self.dir, sacct=False)
+
+
+def _sums_to_the_wall_time(ledger: TimeLedger, wall: float) -> None:
+    parts = [
+        ledger.startup_s, ledger.training_s, ledger.lost_work_s, ledger.detection_s,
+        ledger.restart_s, ledger.rejoin_wait_s, ledger.requeue_wait_s, ledger.other_s,
+    ]  # fmt: skip
+    assert all(part >= 0 for part in parts), ledger
+    assert ledger.wall_s == wall
+    assert math.fsum(parts) == pytest.approx(wall, abs=1e-9)
+
+
+def _cancelled(log_dir: Path, save_at: float | None) -> Report:
+    """The Wrapper's call starts at 2.01 s; scancel SIGTERMs the child at 15 s, in the call."""
+    node = Node(log_dir)
+    rank = node.start(0.5, pid=4242)
+    rank.at(2.0, "round_start", round=0, world_size=1, initial_rank=0)
+    rank.at(2.01, "call_start", round=0, note="enter")
+    if save_at is not None:
+        rank.at(save_at, "checkpoint", round=0, path="/ckpt/c.pt", step=100, action="save")
+    node.exit(15.0, 4242, runtime=14.5, code=None, sig="SIGTERM")
+    node.sup.at(15.2, "supervisor_end", exit_code=143, reason="stopped by SIGTERM")
+    return node.close()
+
+
+def test_a_cancelled_job_trained_until_its_process_ended(tmp_path: Path) -> None:
+    """The rank's last event is its call_start: its call lasted until the supervisor saw
+    it end, not 0 s."""
+    report = _cancelled(tmp_path / "job", save_at=None)
+    s = report.summary
+    assert s.interrupted_calls == 1
+    assert s.training_time_s == pytest.approx(15.0 - 2.01)
+    assert s.goodput == pytest.approx((15.0 - 2.01) / 15.2)
+    ledger = s.time_ledger
+    assert ledger.startup_s == pytest.approx(2.0)
+    assert (ledger.lost_work_s, ledger.lost_work_known) == (0.0, False)
+    _sums_to_the_wall_time(ledger, s.wall_time_s)
+
+
+def test_a_cancelled_job_loses_the_work_since_its_last_checkpoint(tmp_path: Path) -> None:
+    report = _cancelled(tmp_path / "job", save_at=10.0)
+    s = report.summary
+    assert s.training_time_s == pytest.approx(15.0 - 2.01)  # time in the function
+    ledger = s.time_ledger
+    assert (ledger.lost_work_s, ledger.lost_work_known) == (pytest.approx(5.0), True)
+    assert ledger.training_s == pytest.approx(15.0 - 2.01 - 5.0)
+    assert s.goodput == pytest.approx(ledger.training_s / 15.2)
+    _sums_to_the_wall_time(ledger, s.wall_time_s)
+
+
+def test_a_failed_job_counts_only_the_work_its_checkpoints_kept(tmp_path: Path) -> None:
+    """No Wrapper: the child fails twice (exit 1) and the restart budget ends the job
+    (exit 4). Each failure throws away what it trained since the last save."""
+    node = Node(tmp_path / "job")
+    for attempt, (start, save, end) in enumerate(((0.5, 5.0, 10.0), (10.5, 15.0, 20.0))):
+        rank = node.start(start, pid=500 + attempt, attempt=attempt)
+        rank.at(save, "checkpoint", path="/ckpt/c.pt", step=10 * (attempt + 1), action="save")
+        node.exit(end, 500 + attempt, runtime=end - start, code=1, sig=None)
+        decision = "restart" if attempt == 0 else "stop"
+        node.sup.at(end + 0.1, "restart_decision", local_rank=0, decision=decision, reason="exit 1")
+    node.sup.at(20.2, "job_stop", reason="restart budget exhausted", exit_code=4)
+    node.sup.at(20.5, "supervisor_end", exit_code=4, reason="restart budget exhausted")
+    report = node.close()
+    s = report.summary
+    assert s.outcome == "failed (exit code 4)"
+    assert s.training_time_s == pytest.approx(9.5 + 9.5)  # the processes' run time
+    ledger = s.time_ledger
+    assert ledger.lost_work_s == pytest.approx(5.0 + 5.0)
+    assert s.goodput == pytest.approx((19.0 - 10.0) / 20.5)
+    _sums_to_the_wall_time(ledger, s.wall_time_s)
+
+
+def test_a_requeued_job_waits_in_the_queue_and_trains_again(tmp_path: Path) -> None:
+    """Run 0 checkpoints at 50 s and is requeued (its child ends at 50.6 s, in its call);
+    run 1 starts at 100 s, trains from 103 s and completes at 150 s."""
+    log_dir = tmp_path / "job"
+    node = Node(log_dir)
+    rank = node.start(0.5, pid=700)
+    rank.at(2.0, "round_start", round=0, world_size=1, initial_rank=0)
+    rank.at(2.01, "call_start", round=0, note="enter")
+    rank.at(50.0, "checkpoint", round=0, path="/ckpt/c.pt", step=500, action="save")
+    node.sup.at(50.2, "requeue", cause="time_limit", count=1, run=0, issued_by="nvrx")
+    node.exit(50.6, 700, runtime=50.1, code=None, sig="SIGTERM")
+    node.sup.at(51.0, "supervisor_end", exit_code=75, reason="requeued")
+    node.sup.at(100.0, "supervisor_start", nnodes=1, nproc_per_node=1, spare_nodes=0)
+    rank = node.start(100.5, pid=800)
+    rank.at(103.0, "round_start", round=0, world_size=1, initial_rank=0)
+    rank.at(103.01, "call_start", round=0, note="enter")
+    rank.at(150.0, "call_end", round=0, duration_s=46.99, outcome="completed")
+    rank.at(150.0, "round_end", round=0, outcome="completed", duration_s=47.0)
+    rank.at(150.1, "wrapper_end", outcome="completed", rounds=1)
+    node.exit(150.5, 800, runtime=50.0, code=0, sig=None)
+    node.sup.at(151.0, "supervisor_end", exit_code=0, reason="all children ended")
+    report = node.close()
+    s = report.summary
+    assert (s.runs, s.restarts.requeue, s.outcome) == (2, 1, "completed")
+    trained = (50.6 - 2.01) + 46.99
+    assert s.training_time_s == pytest.approx(trained)
+    ledger = s.time_ledger
+    assert ledger.requeue_wait_s == pytest.approx(100.0 - 51.0)
+    assert ledger.startup_s == pytest.approx(2.0 + 3.0)
+    assert ledger.lost_work_s == pytest.approx(0.6)  # the SIGTERM came 0.6 s after the save
+    assert s.goodput == pytest.approx((trained - 0.6) / 151.0)
+    _sums_to_the_wall_time(ledger, s.wall_time_s)
+    data = report.to_dict()
+    check_schema(data, json.loads(SCHEMA_PATH.read_text()))
+    assert data["summary"]["time_ledger"]["requeue_wait_s"] == pytest.approx(49.0)
+
+
+def test_restarts_of_the_wrapper_are_detection_restart_and_rejoin_time(tmp_path: Path) -> None:
+    """The standard job's three restarts: each round's detection and restart latency."""
+    write_standard_job(tmp_path / "job")
+    report = build_report(tmp_path / "job", sacct=False)
+    s = report.summary
+    ledger = s.time_ledger
+    restarts = [row for row in report.timeline if row.outcome == "restart"]
+    latency = sum(row.restart_latency_s or 0.0 for row in restarts)
+    rejoin = sum(row.phases.get("rejoin_wait", 0.0) for row in restarts)
+    assert ledger.restart_s + ledger.rejoin_wait_s == pytest.approx(latency)
+    assert ledger.rejoin_wait_s == pytest.approx(rejoin)
+    assert ledger.detection_s == pytest.approx(sum(row.detection_s or 0.0 for row in restarts))
+    assert ledger.training_s == pytest.approx(s.training_time_s)  # no checkpoint events
+    _sums_to_the_wall_time(ledger, s.wall_time_s)
+
+
+def test_a_wrapper_that_gave_up_is_not_a_completed_job(tmp_path: Path) -> None:
+    """RestartAbort: the Wrapper gives up after 2 rounds; its child exits 130 (a clean stop
+    to the supervisor, which ends with 0): the job gave up, it did not complete."""
+    node = Node(tmp_path / "job")
+    rank = node.start(0.5, pid=900)
+    for rnd in (0, 1):
+        rank.at(2.0 + 5 * rnd, "round_start", round=rnd, world_size=1, initial_rank=0)
+        rank.at(2.01 + 5 * rnd, "call_start", round=rnd, note="enter")
+        rank.at(4.0 + 5 * rnd, "call_end", round=rnd, duration_s=1.99, outcome="fault")
+        rank.at(4.0 + 5 * rnd, "fault", round=rnd, fault_kind="exception", exc_type="ValueError")
+        outcome = "restart" if rnd == 0 else "abort"
+        rank.at(4.5 + 5 * rnd, "round_end", round=rnd, outcome=outcome, duration_s=2.5)
+    rank.at(9.6, "wrapper_end", outcome="restart_abort", rounds=2)
+    node.exit(9.8, 900, runtime=9.3, code=130, sig=None)
+    node.sup.at(10.0, "supervisor_end", exit_code=0, reason="all children ended")
+    report = node.close()
+    assert report.summary.outcome == "gave up: restart_abort after 2 rounds"
