@@ -190,8 +190,10 @@ def resolve_job_dir(log_dir: str | os.PathLike[str] | None, job: str | None = No
         )
     if not base.is_dir():
         raise ReportError(f"log directory {str(base)!r} is not a directory")
-    _check_searchable(base)
     notes: list[str] = []
+    # A shared base may be entered without being listed: only what is listed is checked.
+    if job is None or not (base / job).is_dir():
+        _check_searchable(base)
     if job is not None and (base / job).is_dir():
         chosen, chosen_job = base / job, job
     elif _has_events(base):
@@ -200,7 +202,7 @@ def resolve_job_dir(log_dir: str | os.PathLike[str] | None, job: str | None = No
         try:
             jobs = sorted(d for d in base.iterdir() if d.is_dir() and event_files(d))
         except OSError as exc:
-            raise ReportError(
+            raise LogDirUnreadable(
                 f"cannot list log directory {str(base)!r}: {exc.strerror or exc}"
             ) from exc
         if job is not None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from .config import ConfigError
 
@@ -41,13 +40,34 @@ HABITS: tuple[tuple[tuple[str, ...], bool, str], ...] = (
         True,
         "is --grace-period here: seconds between SIGTERM and SIGKILL of the children",
     ),
+    (("--shutdown-timeout",), True, "is --grace-period here: seconds between SIGTERM and SIGKILL"),
+    (
+        ("--monitor-interval",),
+        True,
+        "is not needed: the supervisor is woken by each child's exit, it does not poll",
+    ),
+    (("--local-addr",), True, "is not taken: the ranks reach the store at --master-addr"),
+    (
+        ("--logs-specs", "--event-log-handler", "--duplicate-stdout-filters",
+         "--duplicate-stderr-filters"),
+        True,
+        "is not taken: ranks' output goes to --log-dir (see --redirects, --tee) and events to "
+        "<log dir>/<job>/ as JSON lines",
+    ),  # fmt: skip
+    (("--numa-binding",), True, "is not taken: bind ranks in the command after '--' (numactl)"),
+    (
+        ("--signals-to-handle",),
+        True,
+        "is not taken: the supervisor forwards SIGUSR1/SIGUSR2 and ends the job on SIGTERM/SIGINT",
+    ),
+    (("--virtual-local-rank",), False, "is not taken: LOCAL_RANK is each rank's own"),
 )
 
 
 class _Answer(argparse.Action):
     """Stops the parse with the habit's answer (``ConfigError``: exit 2, one line)."""
 
-    def __init__(self, option_strings: Sequence[str], dest: str, answer: str, **kwargs: Any):
+    def __init__(self, option_strings: Sequence[str], dest: str, answer: str, **kwargs: object):
         super().__init__(option_strings, dest, **kwargs)
         self.answer = answer
 

@@ -40,7 +40,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Path:
     """A new virtual environment with the wheel; its dependencies borrowed (``wheel_venv``)."""
-    return fresh_venv(tmp_path_factory.mktemp("venv") / "env", wheel, ("submitit", "cloudpickle"))
+    return fresh_venv(tmp_path_factory.mktemp("venv") / "env", wheel)
 
 
 def stop(job: subprocess.Popen[str]) -> None:

@@ -179,3 +179,34 @@ def test_an_unsearchable_log_directory_is_one_line_and_exit_1(unsearchable_job: 
     line = check_one_line("nvrx-report", done.stderr, 1)
     assert f"cannot read log directory {str(unsearchable_job)!r}" in line
     assert "chmod u+rx" in line
+
+
+def test_a_job_under_a_base_that_may_be_entered_but_not_listed_is_read(tmp_path: Path) -> None:
+    """Shared scratch often has mode 0o711: ``--job`` names the job, the base is never listed."""
+    folder = Path(tempfile.mkdtemp(prefix="nvrx-enter-only-"))
+    try:
+        write_standard_job(folder / JOB)
+        for path in [folder, *folder.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        folder.chmod(0o711)
+        uid, gid = _unprivileged_ids()
+        done = subprocess.run(
+            [sys.executable, "-c", AS_USER, str(uid), str(gid), str(folder), "--job", JOB,
+             "--no-sacct"], capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert f"job {JOB}" in done.stdout, done.stdout
+    finally:
+        folder.chmod(0o755)
+        shutil.rmtree(folder)
+
+
+def test_every_torchrun_option_is_taken_or_answered() -> None:
+    """An option torchrun gains shows here: nvrx-supervise takes it or answers it in one line."""
+    import torch.distributed.run as torchrun
+
+    from nvrx.supervisor.cli import build_parser
+
+    theirs = {s for a in torchrun.get_args_parser()._actions for s in a.option_strings}
+    ours = {s for a in build_parser()._actions for s in a.option_strings}
+    assert sorted(s for s in theirs if s not in ours and s.replace("_", "-") not in ours) == []
