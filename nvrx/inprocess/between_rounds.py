@@ -16,9 +16,11 @@ released it into that one already); then ``terminate`` runs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import death_between_rounds, rejoin
@@ -26,11 +28,11 @@ from . import store as rstore
 from .exception import RestartAbort
 from .fault_recording import record_exit
 from .health_check_base import run_check
-from .monitor_thread import RESTART_WAIT_S
+from .monitor_thread import DONE, RESTART_WAIT_S
 from .progress_watchdog import FLAG_RELEASED
 from .rank_assignment import RankAssignmentCtx, RankDiscarded
 from .round_call import RoundCall
-from .round_outcome import Leave
+from .round_outcome import Leave, Restart
 from .state import Mode, State
 from .supervision import supervised
 
@@ -40,9 +42,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def restart(call: RoundCall, run: RoundRun, fault: BaseException | None) -> Leave | None:
+def restart(call: RoundCall, run: RoundRun, outcome: Restart) -> Leave | None:
     """Take this rank into the next round; a ``Leave`` when it cannot go on."""
-    run.monitor.join(RESTART_WAIT_S)
+    fault = outcome.fault
+    log.warning(
+        "rank %s restarts after round %s: %r", call.state.rank, call.round, outcome.signal or fault
+    )
+    if run.monitor.woke.is_set():  # its abort, and the restart request, end the thread
+        run.monitor.join(RESTART_WAIT_S)
+    else:  # the function raised RankShouldRestart itself: no abort, as in the reference
+        run.monitor.stop.set()
     seen = run.monitor.seen_mono or time.monotonic()
     call.pending_latency_from = seen
     call.emit(
@@ -54,7 +63,7 @@ def restart(call: RoundCall, run: RoundRun, fault: BaseException | None) -> Leav
     round_state = call.state  # the next round gets a State of its own (``assign``)
     round_state.fn_exception = fault if isinstance(fault, Exception) else None
     try:
-        _next_round(call, run)
+        _next_round(call, run, outcome.signal)
     except BaseException as exc:
         _chain(exc, fault)
         # not on record yet: the round's fault was, this exit was not (a rejoin
@@ -92,14 +101,18 @@ def _context_chain(exc: BaseException) -> list[BaseException]:
     return chain
 
 
-def _next_round(call: RoundCall, run: RoundRun) -> None:
+def _next_round(call: RoundCall, run: RoundRun, signal: BaseException | None) -> None:
+    """``finalize``, the restart health check, the iteration barrier, then the next round's
+    rank assignment. A failure of the first two is caused by the round's ``signal``
+    (its ``RankShouldRestart``), as the reference chains it."""
     w = call.wrapper
-    if w.finalize is not None:
-        with call.phase("finalize"):
-            w.finalize(call.state.freeze())
-    if w.health_check is not None:
-        with call.phase("health_check"):
-            run_check(w.health_check, call.state.freeze(), "restart health check failed")
+    with _caused_by(signal):
+        if w.finalize is not None:
+            with call.phase("finalize"):
+                w.finalize(call.state.freeze())
+        if w.health_check is not None:
+            with call.phase("health_check"):
+                run_check(w.health_check, call.state.freeze(), "restart health check failed")
     # The window for concurrent faults is the iteration barrier itself: it releases
     # once every rank of the round has reported, by itself or (dead, hung, silent)
     # through its monitor or supervisor, and the last arrival reads every fault
@@ -109,6 +122,7 @@ def _next_round(call: RoundCall, run: RoundRun) -> None:
         base, rank, world_size = call.services.base_store, call.state.rank, call.state.world_size
         rstore.arrive_iteration(run.store, base, rank, world_size)  # type: ignore[arg-type]
         decision = rstore.wait_iteration(run.store, world_size, w.barrier_timeout)
+    _end_monitor(run)
     terminated = {int(r) for r in decision["terminated"]}
     if rank not in terminated:  # its monitor: the next round counts it (death_between_rounds)
         call.services.board.set_flag(FLAG_RELEASED, True)
@@ -127,6 +141,37 @@ def _next_round(call: RoundCall, run: RoundRun) -> None:
         assign(call, terminated)
     call.state.iteration = int(decision["job_restarts"])
     call.state.fn_exception = None
+
+
+@contextlib.contextmanager
+def _caused_by(signal: BaseException | None) -> Iterator[None]:
+    """An exception of the block gets ``signal`` as the cause at the end of its cause chain
+    (unless the two chains share an exception already: ``finalize`` re-raised the fault)."""
+    try:
+        yield
+    except Exception as exc:
+        if signal is not None:
+            chain = _cause_chain(exc)
+            if not {id(e) for e in chain} & {id(e) for e in _cause_chain(signal)}:
+                chain[-1].__cause__ = signal
+        raise
+
+
+def _cause_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and its causes, innermost last (a cycle ends it)."""
+    chain = [exc]
+    while (nxt := chain[-1].__cause__) is not None and all(nxt is not e for e in chain):
+        chain.append(nxt)
+    return chain
+
+
+def _end_monitor(run: RoundRun) -> None:
+    """End the round's monitor thread once every rank left the round (the iteration barrier
+    released): one the round's interruption never woke (its function raised
+    ``RankShouldRestart`` itself) would otherwise wait on for a day."""
+    if not run.monitor.woke.is_set():
+        rstore.interrupt(run.store, DONE)
+    run.monitor.join(RESTART_WAIT_S)
 
 
 def _take_back(call: RoundCall, store: Any, terminated: set[int]) -> set[int]:
@@ -176,8 +221,9 @@ def assign(call: RoundCall, terminated: set[int]) -> None:
     )
 
 
-def leave(call: RoundCall, store: Any, outcome: Leave) -> None:
-    """This rank leaves the job for good: let the others go on without it.
+def leave(call: RoundCall, store: Any, outcome: Leave) -> BaseException:
+    """This rank leaves the job for good: let the others go on without it; the exception it
+    leaves with (``outcome.exc``, or that of a failed ``terminate``, caused by it).
 
     Released into the next round already (its rejoin or rank assignment failed), it
     leaves that round, which counts it, as its monitor would for a death there
@@ -204,11 +250,14 @@ def leave(call: RoundCall, store: Any, outcome: Leave) -> None:
     )
     call.state.mode = Mode.TERMINATED
     if call.wrapper.terminate is None:
-        return
+        return outcome.exc
     try:
         call.wrapper.terminate(call.state.freeze())
     except Exception as term_exc:
-        log.error("terminate callback failed (ignored): %r", term_exc)
+        log.error("terminate callback failed: %r", term_exc)
+        term_exc.__cause__ = outcome.exc
+        return term_exc
+    return outcome.exc
 
 
 def _next_round_place(call: RoundCall, round_: int, rank: int) -> tuple[int, int] | None:

@@ -23,8 +23,8 @@ from nvrx.store import generations, keys, rounds
 
 from . import between_rounds, rejoin, rendezvous
 from . import store as rstore
-from .exception import InternalError, RestartAbort
-from .logging import setup_logger
+from .exception import RestartAbort
+from .logging import release_logger, setup_logger
 from .monitor_process import MonitorProcess
 from .monitor_thread import RESTART_WAIT_S, Delivery, RankShouldRestart, reraise_if_unraisable
 from .param_utils import substitute_param_value
@@ -39,6 +39,19 @@ from .wrapper_settings import WrapperSettings
 log = logging.getLogger(__name__)
 
 
+def _refuse_initialized_distributed() -> None:
+    """Raise ``ValueError``, as the reference does, when torch.distributed is initialized already:
+    each round's function must create its process group itself (a restart destroys it)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        raise ValueError(
+            "torch.distributed is already initialized when the Wrapper is entered: call "
+            "torch.distributed.destroy_process_group() before the wrapped function, and "
+            "init_process_group inside it"
+        )
+
+
 class CallWrapper:
     """One call of a wrapped function: its store, monitors and restart rounds.
 
@@ -50,14 +63,21 @@ class CallWrapper:
     """
 
     def __init__(self, wrapper: WrapperSettings) -> None:
-        import torch.distributed as dist
-
+        _refuse_initialized_distributed()
         setup_logger()
-        if dist.is_available() and dist.is_initialized():
-            raise InternalError(
-                "torch.distributed is already initialized: the wrapped function must call "
-                "init_process_group itself (destroy the process group before calling the Wrapper)"
-            )
+        try:
+            self._build(wrapper)
+        except BaseException:
+            release_logger()
+            raise
+        try:
+            self._setup()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _build(self, wrapper: WrapperSettings) -> None:
+        """The call's state, event writer and rank services (nothing started yet)."""
         self.wrapper = wrapper
         self.state = State.from_env()
         self.initial_rank: int = self.state.initial_rank  # type: ignore[assignment]
@@ -76,11 +96,6 @@ class CallWrapper:
         self.rounds_run = 0
         self.pending_latency_from: float | None = None  # when the fault behind a restart was seen
         self._first_terminated: set[int] = set()
-        try:
-            self._setup()
-        except BaseException:
-            self.shutdown()
-            raise
 
     # -- joining the job ------------------------------------------------------------------
     def _setup(self) -> None:
@@ -242,16 +257,16 @@ class CallWrapper:
             if isinstance(outcome, Completed):
                 return outcome.value
             if isinstance(outcome, Restart):
-                outcome = between_rounds.restart(self, run, outcome.fault)
+                outcome = between_rounds.restart(self, run, outcome)
             if isinstance(outcome, Leave):
                 # This rank's own leave restarts nothing here: the monitor thread only
                 # finishes an abort it began for a peer's fault, and is gone before we raise
                 # (unless the leave could not interrupt the round: ``MonitorThread.finish``).
                 run.monitor.stop.set()
-                between_rounds.leave(self, run.store, outcome)
+                exc = between_rounds.leave(self, run.store, outcome)
                 if not run.monitor.finish(RESTART_WAIT_S) and run.monitor.woke.is_set():
                     log.warning("the monitor thread's abort outlasted %.0f s; leaving anyway", RESTART_WAIT_S)
-                raise outcome.exc
+                raise exc
 
     def _run_completion(self) -> None:
         if self.wrapper.completion is None:
@@ -276,12 +291,21 @@ class CallWrapper:
             log.warning("termination barrier: %r", exc)
 
     def shutdown(self) -> None:
-        """Termination barrier (the store host waits for everyone), then stop monitors and the store."""
-        if self.services.base_store is not None:
-            self._termination_barrier()
-        self.services.stop()
-        self.delivery.uninstall_signal()
-        self.services.close()
+        """Termination barrier (the store host waits for everyone), then stop monitors and the
+        store; the ``nvrx.inprocess`` logger is put back as the caller left it."""
+        try:
+            if self.services.base_store is not None:
+                self._termination_barrier()
+            self.services.stop()
+            self.delivery.uninstall_signal()
+            self.services.close()
+        finally:
+            # A frame of the function that took this object (its ``CallWrapper``
+            # parameter) is in the traceback of the round's exception: neither may
+            # keep the store alive in that cycle until the garbage collector runs.
+            self.store = None
+            self.state.fn_exception = None
+            release_logger()
 
     def __enter__(self) -> CallWrapper:
         return self

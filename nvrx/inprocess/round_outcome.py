@@ -30,9 +30,12 @@ class Restart:
     Either this rank's own fault, or an exception that a peer's fault caused
     here (a collective failing once the monitor thread aborted the process
     groups; recorded as a ``peer`` fault); None when this rank raised nothing.
+    ``signal``: the ``RankShouldRestart`` that ended the round here, the cause
+    of an exception that ends the rank before the next round (as in the reference).
     """
 
     fault: BaseException | None
+    signal: BaseException | None = None
 
 
 @dataclasses.dataclass

@@ -111,7 +111,9 @@ class RoundRun:
             if self.fault is None and isinstance(restart.__context__, Exception):
                 self.fault = restart.__context__
             self._record(self.fault)
-            return Restart(self.fault)
+            if self.fault is not None and restart.__cause__ is None:
+                restart.__cause__ = self.fault
+            return Restart(self.fault, restart)
         except BaseException as exc:
             call.delivery.settle()  # a restart requested meanwhile is moot: this rank leaves
             call.services.board.leave_user()
@@ -190,6 +192,7 @@ class RoundRun:
         (this rank leaves).
         """
         delivery = self.call.delivery
+        log.error("rank %s faulted in round %s: %r", self.call.state.rank, self.call.round, exc)
         self.fault = self.fault or exc
         delivery.begin_wait()
         self.call.services.board.leave_user()

@@ -15,8 +15,9 @@ One round of the restart loop (every rank, keys under ``nvrx/r<round>/``):
 4. a ``BaseException`` (``RestartAbort``, ``RankDiscarded``, a failed
    ``finalize`` or health check, ``KeyboardInterrupt``...) takes this rank out:
    it registers itself terminated so the others go on, runs ``terminate`` and
-   re-raises. Under an nvrx supervisor ``RestartAbort`` exits the process with
-   code 130 ("stop cleanly, do not restart").
+   re-raises (a ``terminate`` that raises: its exception, caused by the first).
+   Under an nvrx supervisor ``RestartAbort`` exits the process with code 130
+   ("stop cleanly, do not restart").
 """
 
 from __future__ import annotations

@@ -249,31 +249,7 @@ def _normalized(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-#: Cases in which a rank leaves the call by an exception while the other goes on.
-LEAVING = ("fault_finalize", "fault_health_check", "hot_spare")
-TERMINATE_PENDING = (
-    "fix pending in nvrx/inprocess/between_rounds.py (the terminate call): a terminate callback "
-    "that raises is logged and ignored, the rank raises the exception that ended it; the reference "
-    "raises the callback's exception, chained to that one (raise terminate_exc from exit_exc)"
-)
-
-
-def _pending(case: str, reason: str) -> Any:
-    return pytest.param(case, marks=pytest.mark.xfail(strict=True, reason=reason))
-
-
-@pytest.mark.parametrize(
-    "case",
-    [c for c in CASES if c not in ("dist_initialized", "fault_terminate")]
-    + [
-        _pending("dist_initialized", "fix pending in nvrx/inprocess/call_wrapper.py CallWrapper.__init__: "
-                 "raises InternalError where the reference raises ValueError"),
-        _pending("fault_terminate", TERMINATE_PENDING),
-        _pending("should_restart", "fix pending in nvrx/inprocess/between_rounds.py restart(): "
-                 "run.monitor.join(RESTART_WAIT_S) waits 60 s per round when the function raised "
-                 "RankShouldRestart itself (no monitor thread request comes)"),
-    ],
-)  # fmt: skip
+@pytest.mark.parametrize("case", [*CASES, "should_restart"])
 def test_wrapper_outcome_matches(scenario, case):
     runs = scenario("wrapper_rounds.py", case, WORLD, timeout=35.0 if case == "should_restart" else 90.0)
     for rank in range(WORLD):
@@ -283,14 +259,7 @@ def test_wrapper_outcome_matches(scenario, case):
             assert our_exc["message"].startswith(ref_exc["message"]), (ref_exc, our_exc)
 
 
-@pytest.mark.parametrize(
-    "case",
-    [c for c in CASES if c not in ("fault_finalize", "fault_terminate")]
-    + [_pending("fault_finalize", "fix pending in nvrx/inprocess/between_rounds.py: the exception "
-                "of a failed finalize is raised without __cause__; the reference chains it to the "
-                "RankShouldRestart of the round"),
-       _pending("fault_terminate", TERMINATE_PENDING)],
-)  # fmt: skip
+@pytest.mark.parametrize("case", CASES)
 def test_wrapper_exception_has_the_same_direct_cause(scenario, case):
     runs = scenario("wrapper_rounds.py", case, WORLD)
     for rank in range(WORLD):
@@ -319,27 +288,15 @@ def test_the_wrapper_logs_under_its_own_package_name(scenario):
     assert runs["nvrx"][1]["reference_name_levels"] == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fix pending in nvrx/inprocess/call_wrapper.py CallWrapper: setup_logger() adds a "
-    "StreamHandler to nvrx.inprocess that no one removes; call nvrx.inprocess.logging."
-    "release_logger() when the call ends (CallWrapper.shutdown)",
-)
-def test_the_wrapper_leaves_no_logging_handler(scenario):
-    runs = scenario("wrapper_rounds.py", "fault_initialize", WORLD)
+@pytest.mark.parametrize("case", CASES)
+def test_the_wrapper_leaves_no_logging_handler(scenario, case):
+    runs = scenario("wrapper_rounds.py", case, WORLD)
     for rank in range(WORLD):
         assert runs["reference"][rank]["leftovers"]["handlers_added"] == []
         assert runs["nvrx"][rank]["leftovers"]["handlers_added"] == []
 
 
-@pytest.mark.parametrize(
-    "case",
-    [c for c in CASES if c not in LEAVING]
-    + [_pending(c, "fix pending in nvrx/inprocess/wrap.py / call_wrapper.py: when the call raises "
-                "on a rank that leaves, a store object stays reachable only through a reference "
-                "cycle of the exception's frames (found with the collector off); drop the call's "
-                "store references before re-raising") for c in LEAVING],
-)  # fmt: skip
+@pytest.mark.parametrize("case", CASES)
 def test_no_store_object_waits_for_the_garbage_collector(scenario, case):
     runs = scenario("wrapper_rounds.py", case, WORLD)
     for rank in range(WORLD):
@@ -347,12 +304,6 @@ def test_no_store_object_waits_for_the_garbage_collector(scenario, case):
         assert counts["nvrx"] <= counts["reference"], (rank, counts)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fix pending in nvrx/inprocess/round_run.py and between_rounds.py: a fault and a "
-    "restart are events only; the reference also logs them (ERROR on the faulting rank, "
-    "WARNING for the restart) to a handler the user attached to the Wrapper's logger",
-)
 def test_a_restart_reaches_the_users_log_handler(scenario):
     runs = scenario("wrapper_rounds.py", "fault_initialize", WORLD)
     for rank in range(WORLD):

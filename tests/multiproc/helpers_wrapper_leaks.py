@@ -1,14 +1,22 @@
-"""Child process of ``test_wrapper_leaks``: one wrapped function called several times in one process.
+"""Child process of ``test_wrapper_leaks``: one rank calling the same wrapped function many times.
 
-Run as ``python helpers_wrapper_leaks.py OUT.json MODE...`` with RANK=0,
-WORLD_SIZE=1 and MASTER_ADDR/MASTER_PORT set. Before the first call and after
-each call it takes a snapshot of what could be left behind (threads, child
-processes, the monitor process and what it started, store objects, TCP
-connections, open descriptors, log handlers of the root and ``nvrx`` loggers)
-and writes them all to OUT.json. The modes: ``ok`` (returns), ``restart``
-(raises in its first round, returns in the second), ``abort`` (raises
-``RestartAbort``: the Wrapper re-raises it). The garbage collector is off
-during the calls, so objects kept alive by reference cycles count as left behind.
+Run as ``python helpers_wrapper_leaks.py OUT.json MODE...`` with RANK, WORLD_SIZE and
+MASTER_ADDR/MASTER_PORT set; every rank of the job runs the same modes. Before the
+first call and after each call it takes a snapshot of what could be left behind
+(threads, child processes, the monitor process and what it started, store objects,
+TCP connections, connections to the Wrapper's store, open descriptors, the
+``/dev/shm`` entries the call used, log handlers of the root and ``nvrx`` loggers) and
+writes them all to OUT.json. The modes:
+
+* ``ok``: returns;
+* ``restart``: the last rank raises in its first round, the others train until the
+  Wrapper interrupts them; every rank returns from the second round;
+* ``abort``: every rank raises ``RestartAbort`` (the Wrapper re-raises it);
+* ``abort1``: the last rank raises ``RestartAbort``, so it leaves; the others train
+  until interrupted and return from the second round without it.
+
+The garbage collector is off during the calls and never runs before a snapshot, so
+objects kept alive by reference cycles count as left behind.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,28 +65,61 @@ def _alive(pid: int, create_time: float) -> bool:
         return False
 
 
-def snapshot(monitor_tree: list[tuple[int, float, str]]) -> dict[str, Any]:
+class CallRecord:
+    """What one call used, seen from inside its function: its monitor process tree and
+    the ``/dev/shm`` entries of the call (the progress board, the host group's files)."""
+
+    def __init__(self) -> None:
+        self.monitor_tree: list[tuple[int, float, str]] = []
+        self.shm: set[str] = set()
+
+    def see(self, call_wrapper: Any) -> None:
+        import psutil
+
+        self.shm.add(call_wrapper.services.board.path)
+        monitor = psutil.Process(call_wrapper.monitor_process.pid)
+        for proc in (monitor, *monitor.children(recursive=True)):
+            entry = (proc.pid, proc.create_time(), " ".join(proc.cmdline())[:160])
+            if entry not in self.monitor_tree:
+                self.monitor_tree.append(entry)
+            for f in proc.open_files():
+                if f.path.startswith("/dev/shm/"):
+                    self.shm.update({f.path, os.path.dirname(f.path)} - {"/dev/shm"})
+
+
+def snapshot(record: CallRecord, store_port: int) -> dict[str, Any]:
     """What this process holds now."""
     import psutil
     import torch.distributed as dist
 
     me = psutil.Process()
+    tcp = me.net_connections("tcp")
     return {
         "threads": sorted(t.name for t in threading.enumerate()),
         "children": sorted(
             f"{c.pid} {' '.join(c.cmdline())[:160]}" for c in me.children(recursive=True)
         ),
         "monitor_tree_alive": sorted(
-            f"{pid} {cmd}" for pid, created, cmd in monitor_tree if _alive(pid, created)
+            f"{pid} {cmd}" for pid, created, cmd in record.monitor_tree if _alive(pid, created)
         ),
         "stores": sorted(
             type(o).__qualname__ for o in gc.get_objects() if isinstance(o, dist.Store)
         ),
         "tcp": sorted(
-            f"{c.laddr.port} -> {c.raddr.port if c.raddr else '-'} {c.status}"
-            for c in me.net_connections("tcp")
+            f"{c.laddr.port} -> {c.raddr.port if c.raddr else '-'} {c.status}" for c in tcp
+        ),
+        "store_sockets": sorted(
+            f"fd {c.fd}: {c.laddr.port} -> {c.raddr.port} {c.status}"
+            for c in tcp
+            if c.raddr and store_port in (c.raddr.port, c.laddr.port)
         ),
         "fds": _fds(),
+        "shm_left": sorted(p for p in record.shm if os.path.exists(p)),
+        "board_mapped": sorted(
+            line.split(None, 5)[-1]
+            for line in Path("/proc/self/maps").read_text().splitlines()
+            if "nvrx-progress-" in line
+        ),
         "handlers": {
             name: sorted(type(h).__name__ for h in logger.handlers)
             for name, logger in _loggers().items()
@@ -86,36 +128,45 @@ def snapshot(monitor_tree: list[tuple[int, float, str]]) -> dict[str, Any]:
     }
 
 
+def _train_until_interrupted() -> None:
+    """Training steps until the Wrapper interrupts this rank (a peer faulted or left)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.01)  # one step
+    raise AssertionError("the Wrapper did not interrupt this rank within 60 s")
+
+
 def main(out: Path, modes: list[str]) -> int:
-    import psutil
     import torch  # noqa: F401 - imported before the baseline, as a training script does
 
     import nvrx.inprocess as inprocess
     from nvrx.inprocess.exception import RestartAbort
 
-    monitor_tree: list[tuple[int, float, str]] = []
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store_port = int(os.environ["MASTER_PORT"]) + 1
+    last = rank == world_size - 1
+    record = CallRecord()
     wrapper = {k: datetime.timedelta(seconds=v) for k, v in FAST.items()}
 
     @inprocess.Wrapper(**wrapper)
     def train(mode: str, call_wrapper: inprocess.CallWrapper | None = None) -> list[Any]:
-        monitor = psutil.Process(call_wrapper.monitor_process.pid)
-        for proc in (monitor, *monitor.children(recursive=True)):
-            entry = (proc.pid, proc.create_time(), " ".join(proc.cmdline())[:160])
-            if entry not in monitor_tree:
-                monitor_tree.append(entry)
-        if mode == "restart" and call_wrapper.iteration == 0:
-            raise RuntimeError("first round fails: the Wrapper restarts")
-        if mode == "abort":
+        record.see(call_wrapper)
+        first = call_wrapper.iteration == 0
+        if mode == "abort" or (mode == "abort1" and last):
             raise RestartAbort("the wrapped function asks to stop")
+        if mode in ("restart", "abort1") and first:
+            if last:
+                raise RuntimeError("first round fails: the Wrapper restarts")
+            _train_until_interrupted()
         return [mode, call_wrapper.iteration]
 
     # Only reference counting frees objects here: what a call leaves in a reference
     # cycle (alive until some later collection) shows in the snapshots.
     gc.collect()
     gc.disable()
-    report: dict[str, Any] = {"baseline": snapshot([]), "calls": []}
+    report: dict[str, Any] = {"baseline": snapshot(CallRecord(), store_port), "calls": []}
     for mode in modes:
-        monitor_tree.clear()
+        record = CallRecord()
         try:
             outcome: Any = train(mode)
         except RestartAbort as exc:
@@ -124,8 +175,9 @@ def main(out: Path, modes: list[str]) -> int:
             {
                 "mode": mode,
                 "outcome": outcome,
-                "monitor_tree": [f"{pid} {cmd}" for pid, _, cmd in monitor_tree],
-                "after": snapshot(monitor_tree),
+                "monitor_tree": [f"{pid} {cmd}" for pid, _, cmd in record.monitor_tree],
+                "shm_used": sorted(record.shm),
+                "after": snapshot(record, store_port),
             }
         )
     out.write_text(json.dumps(report, indent=1))

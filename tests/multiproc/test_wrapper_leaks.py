@@ -1,12 +1,14 @@
-"""A wrapped function called several times in one process leaves nothing of nvrx behind.
+"""A wrapped function called many times in one process leaves nothing of nvrx behind.
 
-One process (a single rank, WORLD_SIZE=1, its own store service) calls the
-same wrapped function four times: it returns, it restarts once then returns,
-it raises ``RestartAbort``, it returns again. After each call, the process
-must hold what it held before the first one: the same threads, no child
-process, no monitor process or store service still alive, no store object,
-no TCP connection, the same open descriptors, and no log handler but the one
-stream handler that ``nvrx.inprocess`` installs once per process.
+Two ranks (each a process, with the store service its rank 0 hosts) call the same
+wrapped function 20 times: it returns, it restarts once then returns, every rank
+raises ``RestartAbort``, or one rank raises ``RestartAbort`` and leaves while the
+other restarts without it and returns. After each call, each process must hold what
+it held before the first one: the same threads, no child process, no monitor
+process or store service still alive, no store object (counted with the garbage
+collector off, so one left in a reference cycle counts), no connection to the
+store, the same TCP connections and open descriptors, no ``/dev/shm`` entry the
+call used, and the same log handlers.
 
 A rank SIGKILLed with its monitor process and everything else it started leaves
 no progress board in ``/dev/shm``: the monitor removed its name when it mapped it.
@@ -23,57 +25,65 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers_inprocess import launch, rank_env
+from helpers_inprocess import free_port_pair, launch, rank_env
 
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(120)
-
 PROBE = Path(__file__).resolve().with_name("helpers_wrapper_leaks.py")
-MODES = ["ok", "restart", "abort", "ok"]
-OUTCOMES = [["ok", 0], ["restart", 1], "RestartAbort: the wrapped function asks to stop", ["ok", 0]]
+WORLD = 2
+MODES = ["ok", "restart", "abort", "abort1", "ok"] * 4
+STOP = "RestartAbort: the wrapped function asks to stop"
+#: What each rank's call of each mode ends in.
+OUTCOMES = {
+    "ok": [["ok", 0], ["ok", 0]],
+    "restart": [["restart", 1], ["restart", 1]],
+    "abort": [STOP, STOP],
+    "abort1": [["abort1", 1], STOP],
+}
 
 
-def _run_probe(tmp: Path) -> dict:
-    env = rank_env(tmp / "logs", job_id="leaks")
-    out = tmp / "report.json"
-    log = tmp / "probe.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, str(PROBE), str(out), *MODES],
-            env=env,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+def _run_probes(tmp: Path) -> list[dict]:
+    port = free_port_pair()
+    procs = []
+    for rank in range(WORLD):
+        env = rank_env(tmp / "logs", rank, WORLD, port, job_id="leaks")
+        with open(tmp / f"probe-{rank}.log", "wb") as fh:
+            procs.append(subprocess.Popen(
+                [sys.executable, str(PROBE), str(tmp / f"report-{rank}.json"), *MODES],
+                env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+            ))  # fmt: skip
+    codes = []
     try:
-        code = proc.wait(timeout=100)
+        for proc in procs:
+            codes.append(proc.wait(timeout=500))
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    output = log.read_text(errors="replace")
-    assert code == 0, output
-    return json.loads(out.read_text())
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    output = "\n".join((tmp / f"probe-{r}.log").read_text(errors="replace")[-3000:] for r in range(WORLD))
+    assert codes == [0] * WORLD, output
+    return [json.loads((tmp / f"report-{r}.json").read_text()) for r in range(WORLD)]
 
 
-def test_repeated_calls_leave_no_threads_processes_stores_or_handlers(tmp_path):
-    report = _run_probe(tmp_path)
-    base = report["baseline"]
-    # the one documented, once-per-process handler (docs/inprocess.md, Logging)
-    expected_handlers = dict(base["handlers"])
-    expected_handlers["nvrx.inprocess"] = ["StreamHandler"]
-    assert [c["outcome"] for c in report["calls"]] == OUTCOMES
-    for call in report["calls"]:
-        after, what = call["after"], f"after the {call['mode']!r} call"
-        assert call["monitor_tree"], f"{what}: the probe saw no monitor process"
-        assert after["threads"] == base["threads"], what
-        assert after["children"] == [], what
-        assert after["monitor_tree_alive"] == [], (what, call["monitor_tree"])
-        assert after["stores"] == base["stores"], what
-        assert after["tcp"] == base["tcp"], what
-        assert after["fds"] == base["fds"], what
-        assert after["handlers"] == expected_handlers, what
+@pytest.mark.timeout(600)
+def test_twenty_calls_of_two_ranks_leave_nothing_behind(tmp_path):
+    reports = _run_probes(tmp_path)
+    for rank, report in enumerate(reports):
+        base = report["baseline"]
+        assert [c["outcome"] for c in report["calls"]] == [OUTCOMES[m][rank] for m in MODES], rank
+        for i, call in enumerate(report["calls"]):
+            after, what = call["after"], f"rank {rank} after call {i} ({call['mode']!r})"
+            assert call["monitor_tree"] and call["shm_used"], f"{what}: the probe saw no monitor"
+            assert after["threads"] == base["threads"], what
+            assert after["children"] == [], what
+            assert after["monitor_tree_alive"] == [], (what, call["monitor_tree"])
+            assert after["stores"] == base["stores"], what
+            assert after["store_sockets"] == [], what
+            assert after["tcp"] == base["tcp"], what
+            assert after["fds"] == base["fds"], what
+            assert after["shm_left"] == [] and after["board_mapped"] == [], what
+            assert after["handlers"] == base["handlers"], what
 
 
 def _board_mappings(pid: int) -> list[str]:
@@ -85,6 +95,7 @@ def _board_mappings(pid: int) -> list[str]:
     return sorted({line.split(None, 5)[-1] for line in maps if "nvrx-progress-" in line})
 
 
+@pytest.mark.timeout(120)
 def test_a_rank_killed_with_its_monitor_leaves_no_progress_board_behind(tmp_path):
     ranks = launch(tmp_path, 1, fault="sleep", fault_ranks=[0], init_pg=False)  # defaults: 60 s
     try:

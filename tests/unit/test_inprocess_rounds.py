@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import logging
 import threading
 import time
 import traceback
@@ -21,7 +22,7 @@ import pytest
 from nvrx.inprocess import between_rounds, rejoin
 from nvrx.inprocess import store as rstore
 from nvrx.inprocess.exception import HealthCheckError, InternalError, RestartAbort
-from nvrx.inprocess.monitor_thread import RankShouldRestart
+from nvrx.inprocess.monitor_thread import RESTART_WAIT_S, Delivery, MonitorThread, RankShouldRestart
 from nvrx.inprocess.progress_watchdog import FLAG_RELEASED
 from nvrx.inprocess.round_outcome import Completed, Leave, Restart
 from nvrx.inprocess.round_run import RoundRun
@@ -146,7 +147,13 @@ class FakeCall:
 
 
 def _monitor():
-    return SimpleNamespace(seen_mono=None, abort_s=0.0, abort_ok=True, join=lambda timeout: None)
+    """A monitor thread that has woken: the restart came from it."""
+    woke = threading.Event()
+    woke.set()
+    return SimpleNamespace(
+        seen_mono=None, abort_s=0.0, abort_ok=True, join=lambda timeout: None,
+        woke=woke, stop=threading.Event(),
+    )  # fmt: skip
 
 
 def _run(call, store=None) -> RoundRun:
@@ -227,8 +234,8 @@ def test_a_failed_monitor_join_takes_the_leave_path(base):
 
 
 # -- between rounds ---------------------------------------------------------------------
-def _restart(call, fault):
-    return between_rounds.restart(call, _run(call), fault)
+def _restart(call, fault, signal=None):
+    return between_rounds.restart(call, _run(call), Restart(fault, signal))
 
 
 def test_restart_abort_in_finalize_records_the_exit_a_rejoin_leader_reads(base):
@@ -281,6 +288,66 @@ def test_a_failed_health_check_is_chained_below_its_cause(base):
     assert "own fault" in "".join(traceback.format_exception(outcome.exc))
 
 
+def test_a_failed_finalize_or_health_check_is_caused_by_the_rounds_restart(base):
+    """As in the reference: the exception that ends the rank between rounds has the round's
+    ``RankShouldRestart`` as its cause (a health check's: below its ``HealthCheckError``)."""
+
+    def finalize(state):
+        raise ValueError("finalize failed")
+
+    def check(state):
+        raise ValueError("sick")
+
+    fault = RuntimeError("own fault")
+    signal = RankShouldRestart("a rank faulted: restarting")
+    outcome = _restart(FakeCall(base, finalize=finalize), fault, signal)
+    assert isinstance(outcome, Leave) and outcome.exc.__cause__ is signal
+    outcome = _restart(FakeCall(base, health_check=check), fault, signal)
+    assert isinstance(outcome.exc, HealthCheckError)
+    assert str(outcome.exc.__cause__) == "sick" and outcome.exc.__cause__.__cause__ is signal
+
+
+def test_a_restart_the_function_asked_for_ends_its_monitor_without_abort(base, monkeypatch):
+    """The function raised ``RankShouldRestart`` itself: nothing interrupted the round, so its
+    monitor thread did not wake. The restart goes on without waiting for it, runs no
+    ``abort``, and the thread ends once every rank left the round."""
+    monkeypatch.setattr(State, "set_distributed_vars", lambda self: None)
+    aborts: list[Any] = []
+    call = FakeCall(base, rank_assignment=lambda ctx: ctx)
+    monitor = MonitorThread(
+        rstore.round_store(client.connect("127.0.0.1", base.port, timeout=10), 0),
+        keys.INTERRUPTED, [], Delivery(), aborts.append, call.state.freeze(),
+    )  # fmt: skip
+    monitor.start()
+    run = RoundRun(call, call.store, monitor, time.monotonic())
+    t0 = time.monotonic()
+    assert between_rounds.restart(call, run, Restart(None, RankShouldRestart("asked"))) is None
+    assert time.monotonic() - t0 < RESTART_WAIT_S
+    assert not monitor.is_alive() and aborts == [] and call.round == 1
+
+
+def test_a_restart_and_the_fault_behind_it_are_logged(base, caplog):
+    call = FakeCall(base)
+    with caplog.at_level(logging.INFO, logger="nvrx.inprocess"):
+        outcome = _run(call).run(_fails, (), {})
+        between_rounds.restart(call, _run(call), outcome)
+    levels = [(r.name, r.levelname) for r in caplog.records]
+    assert levels == [
+        ("nvrx.inprocess.round_run", "ERROR"), ("nvrx.inprocess.between_rounds", "WARNING"),
+    ], levels  # fmt: skip
+
+
+def test_a_terminate_that_raises_is_raised_caused_by_the_exit(base):
+    def terminate(state):
+        raise OSError("terminate failed")
+
+    call = FakeCall(base, terminate=terminate)
+    stop = RestartAbort("stop here")
+    left = between_rounds.leave(call, call.store, Leave(stop, False))
+    assert isinstance(left, OSError) and left.__cause__ is stop
+    assert between_rounds.leave(FakeCall(base), call.store, Leave(stop, True)) is stop
+
+
 def test_finalize_that_reraises_the_fault_makes_no_cycle(base):
     fault = RuntimeError("own fault")
 
@@ -289,6 +356,10 @@ def test_finalize_that_reraises_the_fault_makes_no_cycle(base):
 
     outcome = _restart(FakeCall(base, finalize=finalize), fault)
     assert outcome.exc is fault and fault.__context__ is None
+    signal = RankShouldRestart("a rank faulted: restarting")
+    signal.__cause__ = fault  # as ``RoundRun.run`` chains them
+    outcome = _restart(FakeCall(base, finalize=finalize), fault, signal)
+    assert outcome.exc is fault and fault.__cause__ is None
 
 
 def _two_ranks(base, **wrapper) -> list[FakeCall]:

@@ -64,7 +64,9 @@ def fault_rank(case: str) -> int:
     return 0 if case == "hot_spare" else 1
 
 
-def hooks(inprocess: Any, journal: list[Any], case: str, before_fault: Any) -> dict[str, Any]:
+def hooks(
+    inprocess: Any, journal: list[Any], case: str, before_fault: Any, all_stopping: Any
+) -> dict[str, Any]:
     """A recording instance of each hook; those ``case`` names raise on the faulting rank,
     after ``before_fault(iteration)``."""
 
@@ -83,6 +85,8 @@ def hooks(inprocess: Any, journal: list[Any], case: str, before_fault: Any) -> d
     class Init(inprocess.initialize.Initialize):
         def __call__(self, state: Any) -> Any:
             note("initialize", state)
+            if state.iteration >= retry.max_iterations:
+                all_stopping(state.iteration)
             return retry(state)
 
     class Abort(inprocess.abort.Abort):
@@ -148,6 +152,19 @@ def peer_in_function(case: str, store: Any) -> tuple[Any, Any]:
     return entered, before_fault
 
 
+def all_stopping(store: Any) -> Any:
+    """``stopping(it)``: each rank waits until every rank reached ``RetryController``'s
+    ``RestartAbort`` of round ``it``, so that no rank's leave restarts another before that
+    rank stops by itself (which rank gets there first is timing, not outcome)."""
+    rank, world_size = common.rank_env()
+
+    def stopping(it: int) -> None:
+        store.set(f"stopping{it}/{rank}", "1")
+        store.wait([f"stopping{it}/{r}" for r in range(world_size)], datetime.timedelta(seconds=60))
+
+    return stopping
+
+
 def wait_for_restart() -> None:
     """Training steps until the Wrapper interrupts this rank (a fault happened elsewhere)."""
     deadline = time.monotonic() + 60
@@ -209,7 +226,7 @@ def main() -> int:
         options["store_factory"] = LocalStore
     if case == "dist_initialized":
         dist.init_process_group("gloo", store=dist.PrefixStore("before", app_store), rank=rank, world_size=2)
-    wrapper = inprocess.Wrapper(**options, **hooks(inprocess, journal, case, before_fault), **timeouts)
+    wrapper = inprocess.Wrapper(**options, **hooks(inprocess, journal, case, before_fault, all_stopping(app_store)), **timeouts)
     record: dict[str, Any] = {"case": case, "rank": rank}
     try:
         record["returned"] = wrapper(train)()
