@@ -139,6 +139,8 @@ def test_losing_the_batch_and_store_host_fails_over(
     assert loss.host == "node1" and loss.store_failover is not None, text
     assert loss.store_failover.successor == 1, text
     assert "the job's store moved to slot 1" in text, text
+    # The survivors' errors at node1's death follow from it: only the lost node is excluded.
+    assert report.exclude == "node1", text
     wait_until(
         "no process of ours",
         lambda: not _ours_left(job),
