@@ -65,13 +65,17 @@ def fault_rank(case: str) -> int:
 
 
 def hooks(
-    inprocess: Any, journal: list[Any], case: str, before_fault: Any, all_stopping: Any
+    inprocess: Any, journal: list[Any], case: str, peer: tuple[Any, Any], all_stopping: Any
 ) -> dict[str, Any]:
     """A recording instance of each hook; those ``case`` names raise on the faulting rank,
-    after ``before_fault(iteration)``."""
+    after ``before_fault(iteration)``; a hot spare says ``entered(iteration)`` once its
+    health check of the round ran (it never runs the function)."""
+    entered, before_fault = peer
 
     def note(hook: str, state: Any) -> None:
         journal.append([hook, common.state_fields(state)])
+        if case == "hot_spare" and hook == "health_check" and state.initial_rank != fault_rank(case):
+            entered(state.iteration)
         named = ["health_check"] if case == "hot_spare" else case.removeprefix("fault_").split("+")
         once = hook in ("terminate", "completion")  # each runs once, at the end
         if hook in named and state.initial_rank == fault_rank(case) and (once or state.iteration == 0):
@@ -146,8 +150,7 @@ def peer_in_function(case: str, store: Any) -> tuple[Any, Any]:
         store.set(f"entered{it}", "1")
 
     def before_fault(it: int) -> None:
-        if case != "hot_spare":  # the spare never runs the function
-            store.wait([f"entered{it}"], datetime.timedelta(seconds=60))
+        store.wait([f"entered{it}"], datetime.timedelta(seconds=60))
 
     return entered, before_fault
 
@@ -226,7 +229,7 @@ def main() -> int:
         options["store_factory"] = LocalStore
     if case == "dist_initialized":
         dist.init_process_group("gloo", store=dist.PrefixStore("before", app_store), rank=rank, world_size=2)
-    wrapper = inprocess.Wrapper(**options, **hooks(inprocess, journal, case, before_fault, all_stopping(app_store)), **timeouts)
+    wrapper = inprocess.Wrapper(**options, **hooks(inprocess, journal, case, (entered, before_fault), all_stopping(app_store)), **timeouts)
     record: dict[str, Any] = {"case": case, "rank": rank}
     try:
         record["returned"] = wrapper(train)()
