@@ -194,6 +194,12 @@ KINDS: dict[str, dict[str, str]] = {
         "replaced_by": "slot of the spare that takes over, when action is spare",
         "ranks": "global ranks the lost node held",
     },
+    "node_probe": {
+        "lost_slot": "slot of the node declared lost",
+        "lost_host": "its SLURM node name",
+        "responding": "whether a no-op SLURM step ran on it (true: its supervisor was lost, not the node)",
+        "probe_s": "seconds the probe took (bounded by its timeout)",
+    },
     "node_takeover": {
         "node_rank": "node rank this spare supervisor takes over",
         "lost_slot": "slot of the lost node it replaces",

@@ -97,6 +97,7 @@ class AbortTorchDistributed(Abort):
             return state
         groups = _all_groups()
         if not groups and not dist.is_initialized() and not gloo_abort.creating():
+            self._destroy_all()  # an init cut short before its group existed counted its name
             return state
         self.collect_fr_trace(state)
         shut = gloo_abort.shutdown_sockets()
@@ -140,9 +141,29 @@ class AbortTorchDistributed(Abort):
             else:  # sub-groups without a default group: destroy them one by one
                 for pg in list(c10d._world.pg_map):
                     dist.destroy_process_group(pg)
-        except Exception as exc:
-            log.warning("destroy_process_group failed (%r); aborting the groups instead", exc)
-            c10d._abort_process_group()
+        except Exception as exc:  # a group caught halfway through its creation, say
+            log.debug("destroy_process_group failed (%r); clearing the groups instead", exc)
+            AbortTorchDistributed._forget_all_groups()
+
+    @staticmethod
+    def _forget_all_groups() -> None:
+        """Shut down every group torch knows and empty its registry, as destroying the
+        default group would: for groups that ``destroy_process_group`` cannot take, such as
+        one registered by an ``init_process_group`` the abort cut short."""
+        from torch.distributed import distributed_c10d as c10d
+
+        world = c10d._world
+        for pg in list(world.pg_map):
+            try:
+                pg.shutdown()
+            except Exception as exc:
+                log.debug("shutdown of process group %r failed: %r", pg, exc)
+        c10d._update_default_pg(None)
+        for table in (world.pg_map, world.pg_names, world.pg_group_ranks, world.pg_backend_config,
+                      world.pg_to_tag, world.tags_to_pg, world.pg_coalesce_state):  # fmt: skip
+            table.clear()
+        c10d._unregister_all_process_groups()
+        world.group_count = 0
 
     def collect_fr_trace(self, state: FrozenState) -> Path | None:
         """Write NCCL flight-recorder traces of this rank; returns the file, or None when off."""

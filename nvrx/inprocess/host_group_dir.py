@@ -61,8 +61,19 @@ def group_dir(job_key: str, host: str, root: str | None = None) -> Path:
     ``/dev/shm``, else the temporary directory, unless ``root`` says where)."""
     digest = hashlib.sha1(f"{job_key}\0{host}".encode()).hexdigest()[:16]
     path = _private_root(root) / digest
-    path.mkdir(mode=0o700, exist_ok=True)
+    _make(path)
     return path
+
+
+def _make(directory: Path) -> None:
+    """Make the group's ``directory``, and its private root again if the last group of the
+    root removed that meanwhile (``remove_group``)."""
+    while True:
+        try:
+            directory.mkdir(mode=0o700, exist_ok=True)
+            return
+        except FileNotFoundError:
+            _private_root(str(directory.parent.parent))
 
 
 def _held(path: Path) -> bool:
@@ -125,7 +136,7 @@ def group_locked(directory: Path, create: bool = False, wait: bool = True) -> It
     process holds it."""
     while True:
         if create:
-            directory.mkdir(mode=0o700, exist_ok=True)
+            _make(directory)
         try:
             lock = open(directory / LOCK, "a")  # noqa: SIM115 - closed below, or after the yield
         except FileNotFoundError:
@@ -159,6 +170,8 @@ def remove_group(directory: Path) -> None:
         os.unlink(directory / LOCK)
     with contextlib.suppress(OSError):
         directory.rmdir()
+    with contextlib.suppress(OSError):  # the private root, when this was its last group
+        directory.parent.rmdir()
 
 
 def remove_abandoned(root: Path, keep: Path) -> list[Path]:

@@ -173,7 +173,7 @@ def final_outcome(
     code = (end or {}).get("exit_code", (stop or {}).get("exit_code"))
     gave_up = _gave_up(job, timeline, last_run)
     if end is not None or stop is not None:
-        if code == 0 and gave_up is not None:  # the children's 130 is a clean stop to them
+        if code in (0, RANK_STOPPED_EXIT) and gave_up is not None:
             return gave_up, reason
         if code == 0:
             return "completed", reason
@@ -190,6 +190,11 @@ def final_outcome(
             f"no end event; last round {timeline[-1].round} {timeline[-1].outcome}",
         )
     return "unknown", "no end event (still running, or killed without a trace)"
+
+
+#: ``nvrx-supervise``'s exit code when a rank stopped the job with exit 130 (``RestartAbort``);
+#: older supervisors exited 0 for it.
+RANK_STOPPED_EXIT = 12
 
 
 def _gave_up(job: JobSummary, timeline: list[RoundRow], run: int) -> str | None:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .job_rounds import restart_cause
-from .values import as_str, count, int_list, num, seconds, str_dict, str_list
+from .values import as_str, count, flag, int_list, num, seconds, str_dict, str_list
 
 #: Kinds of per-node events that mean "the job is being stopped on this host".
 STOP_KINDS = ("job_stop", "supervisor_end")
@@ -33,6 +33,7 @@ NODE_EVENT_KINDS = frozenset(
         "store_end",
         "node_lost",
         "node_takeover",
+        "node_probe",
         "job_restart",
         "store_failover",
     }
@@ -44,7 +45,7 @@ NODE_OWN_FIELDS: dict[str, Callable[[Any], Any]] = {
     **dict.fromkeys(("local_rank", "child_pid", "attempt", "exit_code", "budget_left"), count),
     **dict.fromkeys(("count", "nnodes", "nproc_per_node", "global_rank", "spare_nodes"), count),
     **dict.fromkeys(("lost_node", "lost_slot", "seen_by", "replaced_by", "node_rank"), count),
-    **dict.fromkeys(("runtime_s", "wait_s", "silent_s", "duration_s"), seconds),
+    **dict.fromkeys(("runtime_s", "wait_s", "silent_s", "duration_s", "probe_s"), seconds),
     **dict.fromkeys(("signal", "decision", "reason", "signature", "action", "cause"), as_str),
     **dict.fromkeys(("lost_host", "files", "error_file", "phase", "scope"), as_str),
     **dict.fromkeys(("old_store", "new_store"), as_str),
@@ -54,6 +55,7 @@ NODE_OWN_FIELDS: dict[str, Callable[[Any], Any]] = {
     "slurm_state": str_dict,
     "ranks": int_list,
     **dict.fromkeys(("excluded", "answered"), str_list),
+    "responding": flag,
 }
 
 

@@ -61,6 +61,35 @@ def _summary(doc: Doc, r: ReportData) -> None:
     doc.pairs(rows)
 
 
+#: The ledger's parts, in its order, with the words the text report uses.
+LEDGER_PARTS = (
+    ("startup_s", "start-up"),
+    ("training_s", "training kept"),
+    ("lost_work_s", "work lost since the last checkpoint"),
+    ("detection_s", "fault detection"),
+    ("restart_s", "restart"),
+    ("rejoin_wait_s", "waiting for replacements to rejoin"),
+    ("requeue_wait_s", "requeue wait (in SLURM's queue)"),
+    ("other_s", "other (shut-down, process restarts, gaps)"),
+)
+
+
+def _time_ledger(doc: Doc, r: ReportData) -> None:
+    """Where the wall time went; the parts sum to it."""
+    ledger = r.summary.time_ledger
+    if not ledger.wall_s:
+        return
+    doc.heading("Where the time went")
+    rows = [
+        [words, secs(getattr(ledger, name)), f"{getattr(ledger, name) / ledger.wall_s:.1%}"]
+        for name, words in LEDGER_PARTS
+        if getattr(ledger, name) or name == "training_s"
+    ]
+    doc.table(rows, ["part", "time", "of wall"])
+    lost = "" if ledger.lost_work_known else "; no checkpoint events: work lost is not known"
+    doc.text(f"sum: {secs(ledger.wall_s)} wall{lost}")
+
+
 def _slurm(doc: Doc, r: ReportData) -> None:
     doc.heading("SLURM")
     sl = r.slurm
@@ -288,6 +317,7 @@ def _reading(doc: Doc, r: ReportData) -> None:
 SECTIONS: dict[str, Callable[[Doc, ReportData], None]] = {
     "answer": answer_section,
     "summary": _summary,
+    "time_ledger": _time_ledger,
     "slurm": _slurm,
     "node_losses": node_losses_section,
     "timeline": _timeline,

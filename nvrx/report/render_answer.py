@@ -275,3 +275,10 @@ def answer_section(doc: Doc, r: ReportData) -> None:
         doc.text("\n".join(said))
     else:
         doc.text(f"exclude next time: nothing ({no_exclude_reason(r)})")
+    kept = [
+        f"  kept {where(n.node, n.host)}: {'; '.join(n.evidence)}"
+        for n in r.suspects
+        if not n.suspect and n.evidence
+    ]
+    if kept:
+        doc.text("\n".join(["not excluded, though it had faults:", *kept]))

@@ -80,14 +80,15 @@ def _slot_hosts(job: JobSummary) -> dict[tuple[int, object], set[str]]:
 
 
 def _answered(job: JobSummary) -> set[tuple[int, str]]:
-    """(run, node) of lost nodes that still ran a SLURM step when the job was requeued for
-    them (the requeue's ``answered``): their supervisor was lost, not the node."""
-    return {
-        (e["run"], node)
-        for e in job.node_events
-        if e.get("kind") == "requeue"
-        for node in e.get("answered") or ()
-    }
+    """(run, node) of lost nodes that still ran a SLURM step when asked (a requeue's
+    ``answered``, a ``node_probe`` that answered): their supervisor was lost, not the node."""
+    out: set[tuple[int, str]] = set()
+    for e in job.node_events:
+        if e.get("kind") == "requeue":
+            out.update((e["run"], node) for node in e.get("answered") or ())
+        elif e.get("kind") == "node_probe" and e.get("responding") is True and e.get("lost_host"):
+            out.add((e["run"], e["lost_host"]))
+    return out
 
 
 def _slurm_words(state: str | None) -> str:

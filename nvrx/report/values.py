@@ -68,6 +68,11 @@ def int_list(value: Any) -> list[int] | None:
     return [n for n in map(as_int, value) if n is not None]
 
 
+def flag(value: Any) -> bool | None:
+    """A true/false value as written; anything else: None (unknown)."""
+    return value if isinstance(value, bool) else None
+
+
 def str_list(value: Any) -> list[str] | None:
     """A list of texts (a requeue's node names), unusable items left out; not a list: None."""
     if not isinstance(value, list):

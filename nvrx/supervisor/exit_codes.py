@@ -17,7 +17,7 @@ CLEAN_STOP_EXIT = 130
 class ExitCode(enum.IntEnum):
     """Exit codes of a supervisor; 128+N (N a signal number) means "stopped by signal N"."""
 
-    OK = 0  # every child completed, or a child asked for a clean stop (exit 130)
+    OK = 0  # every child completed (or a rank asked to shut the workload down)
     INTERNAL = 1  # a bug or an unexpected error in the supervisor itself
     USAGE = 2  # bad command line or configuration (the message names the fix)
     STORE_UNAVAILABLE = 3  # the job's store could not be reached or was lost
@@ -29,12 +29,13 @@ class ExitCode(enum.IntEnum):
     FENCED = 9  # this node was declared lost while it stalled; the job went on without it
     EXCLUDED = 10  # a rank asked to exclude this node (ExcludeThisNode); the job goes on without it
     NON_RETRYABLE = 11  # a rank failed with a non-retryable exception (--ft-non-retryable-exception-file)
+    RANK_STOPPED = 12  # a child exited 130 (RestartAbort: its Wrapper gave up): stopped, no restart
     REQUEUED = 75  # SLURM warned; children checkpointed, node 0 requeued the job
 
 
 #: One line per code, for docs/supervisor.md and for log messages.
 DESCRIPTIONS: dict[int, str] = {
-    ExitCode.OK: "all children completed, or a child asked for a clean stop (exit 130)",
+    ExitCode.OK: "all children completed, or a rank asked to shut the workload down",
     ExitCode.INTERNAL: "unexpected error inside the supervisor (see its log)",
     ExitCode.USAGE: "bad command line or configuration",
     ExitCode.STORE_UNAVAILABLE: "the job's store could not be reached, or was lost",
@@ -50,6 +51,9 @@ DESCRIPTIONS: dict[int, str] = {
     "stopped and it left the job as a lost node (a spare takes over, or the job stops)",
     ExitCode.NON_RETRYABLE: "a rank failed with an exception of --ft-non-retryable-exception-file: "
     "the job stopped without a restart",
+    ExitCode.RANK_STOPPED: "a child exited with 130 (RestartAbort: its in-process Wrapper gave "
+    "up, or the code asked to stop): every child was stopped, none restarted; training did not "
+    "complete",
     ExitCode.REQUEUED: "preemption or time-limit warning: checkpointed, job requeued (docs/submit.md)",
 }
 

@@ -34,6 +34,7 @@ from nvrx.slurm import commands
 
 from . import node_keys
 from .config import ALL_DONE_KEY, ALL_ENDED_KEY, ENDED_KEY, NODES_DONE_KEY, SupervisorConfig
+from .node_probe import NodeProbes
 from .store_link import StoreLink, StoreLinkError
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ class NodeRoles:
         self.node_rank: int | None = None if cfg.starts_as_spare else cfg.node_rank
         self.left = False
         self.store_slot = 0  # the slot hosting the store: its end is not counted in ENDED
+        self.probes = NodeProbes(emit)  # does a lost node still answer SLURM?
 
     @property
     def enabled(self) -> bool:
@@ -128,6 +130,8 @@ class NodeRoles:
             ranks=ranks,
         )
         log.warning("slot %d (%s) lost: %s", slot, host, loss.reason)
+        if loss.action in ("spare", "shrink"):  # a stop probes before its requeue
+            self.probes.start(slot, info.get("slurm_node"))
         if loss.action == "shrink":
             self._check_all_done()
         return loss

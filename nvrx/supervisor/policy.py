@@ -13,9 +13,10 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from nvrx.events.failures import PEER, fault_signature, process_end_signature
 from nvrx.events.reader import read_regular_file
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 
 class Decision(enum.StrEnum):
     RESTART = "restart"  # start a replacement for this local rank
-    STOP = "stop"  # clean stop of the whole job (exit 130)
+    STOP = "stop"  # a rank stopped the whole job (exit 130): no restart
     GIVE_UP = "give_up"  # a failure that restarts will not fix: stop the job with an error
     DONE = "done"  # the child completed; nothing to do
 
@@ -42,10 +43,21 @@ class Verdict:
     exit_code: int = ExitCode.OK
 
 
-def root_cause_line(verdict: Verdict, rank: int, node: int | None, job_dir: Path) -> str:
-    """What a stopped job's log ends with: the failure that stopped it, and where to read more."""
-    where = f"rank {rank}" + (f" on node {node} ({socket.gethostname()})" if node is not None else "")
+def root_cause_line(
+    verdict: Verdict,
+    rank: int,
+    node: int | None,
+    job_dir: Path,
+    fault: dict[str, object] | None = None,
+) -> str:
+    """What a stopped job's log ends with: the failure that stopped it, and where to read more.
+    ``fault``: the fault event behind it when another rank's (``last_round_fault``)."""
+    told: tuple[object, object, object] = (rank, node, socket.gethostname())
     cause = verdict.signature or "no failure signature"
+    if fault is not None:
+        told = (fault.get("rank"), fault.get("node"), fault.get("host"))
+        cause = str(fault.get("signature") or cause)
+    where = f"rank {told[0]}" + (f" on node {told[1]} ({told[2]})" if told[1] is not None else "")
     return f"root cause: {where}: {cause} ({verdict.reason}); nvrx-report {job_dir} tells the rest"
 
 
@@ -99,6 +111,21 @@ def last_fault(events_dir: str | os.PathLike[str], pid: int) -> LastFault | None
     return None if event is None else _fault_record(event)
 
 
+def _events(path: Path) -> Iterator[dict[str, Any]]:
+    """The events of one file that parse; none when it cannot be read."""
+    try:
+        lines = read_regular_file(path).splitlines()  # not a FIFO that never ends
+    except OSError:
+        return
+    for raw in lines:
+        try:
+            event = json.loads(raw)
+        except (ValueError, RecursionError):  # torn, or arrays nested too deep
+            continue
+        if isinstance(event, dict):
+            yield event
+
+
 def last_fault_event(events_dir: str | os.PathLike[str], pid: int) -> dict[str, object] | None:
     """The ``fault`` event that ended process ``pid`` (see ``last_fault``), as written."""
     directory = Path(events_dir)
@@ -106,22 +133,34 @@ def last_fault_event(events_dir: str | os.PathLike[str], pid: int) -> dict[str, 
         return None
     record = None
     for path in directory.glob(f"*-p{pid}-*.jsonl"):
-        try:
-            lines = read_regular_file(path).splitlines()  # not a FIFO that never ends
-        except OSError:
-            continue
-        for raw in lines:
-            try:
-                event = json.loads(raw)
-            except (ValueError, RecursionError):  # torn, or arrays nested too deep
-                continue
-            if not isinstance(event, dict):
-                continue
+        for event in _events(path):
             if event.get("kind") == "fault":
                 record = event
             elif event.get("kind") in ("round_start", "call_start"):
                 record = None  # that fault was recovered in-process; it did not end the child
     return record
+
+
+#: Fault kinds that tell of another fault, not of their own cause.
+_NOT_A_CAUSE = ("exit", "peer")
+
+
+def last_round_fault(events_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The first fault of the last round any rank of the job faulted in, of any process
+    (a Wrapper's or its monitor's): why a Wrapper gave up, rather than its ``RestartAbort``."""
+    directory = Path(events_dir)
+    best, best_key = None, None
+    for path in directory.glob("*.jsonl") if directory.is_dir() else ():
+        for event in _events(path):
+            if event.get("kind") != "fault" or event.get("fault_kind") in _NOT_A_CAUSE:
+                continue
+            rnd, wall = event.get("round"), event.get("wall")
+            if not isinstance(rnd, int) or not isinstance(wall, (int, float)):
+                continue
+            key = (rnd, -wall)
+            if best_key is None or key > best_key:
+                best, best_key = event, key
+    return best
 
 
 class RestartPolicy:
@@ -161,7 +200,12 @@ class RestartPolicy:
             self._streaks.pop(local_rank, None)
             return Verdict(Decision.DONE, "child completed")
         if status.code == CLEAN_STOP_EXIT:
-            return Verdict(Decision.STOP, "child asked for a clean stop (exit 130)")
+            return Verdict(
+                Decision.STOP,
+                "a rank stopped the job: exit 130 (RestartAbort: its Wrapper gave up)",
+                fault.signature if fault else None,
+                exit_code=ExitCode.RANK_STOPPED,
+            )
         signature = (fault.signature if fault else None) or exit_signature(status)
         last, count = self._streaks.get(local_rank, (None, 0))
         counted = fault is None or not fault.collateral

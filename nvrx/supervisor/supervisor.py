@@ -33,7 +33,7 @@ from . import node_requeue, preemption
 from .children import Child, ExitStatus, stop_children
 from .config import ALL_ENDED_KEY, STOP_KEY, StopRequest, SupervisorConfig
 from .course import Course, CourseTracker
-from .exit_codes import ExitCode, SupervisorError, for_signal
+from .exit_codes import CLEAN_STOP_EXIT, ExitCode, SupervisorError, for_signal
 from .failover import Failover
 from .hang_watch import WATCHED, HangWatch
 from .job_end import JobEnd
@@ -42,7 +42,7 @@ from .job_store import JobStore
 from .local_ranks import CannotSpawn, LocalRanks, Spawner
 from .node_messages import NodeMessages
 from .node_roles import NodeRoles
-from .policy import Decision, RestartPolicy, last_fault, root_cause_line
+from .policy import Decision, RestartPolicy, Verdict, last_fault, last_round_fault, root_cause_line
 from .preemption import PreemptionHandler
 from .restart_standby import RestartStandby
 from .signals import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
@@ -230,9 +230,9 @@ class Supervisor:
         if self.messages.fence_if_superseded():
             return
         hang = self.hang_watch.hang_fault(pid)
-        fault = None if status.code in (0, 130) else hang or last_fault(self.config.events_dir, pid)
+        fault = None if status.code == 0 else hang or last_fault(self.config.events_dir, pid)
         try:
-            failed = status.code not in (0, 130)
+            failed = status.code not in (0, CLEAN_STOP_EXIT)
             if failed and self.job_restart.failure_handled(local_rank, status, pid, fault):
                 return
             verdict = self.policy.decide(local_rank, status, fault)
@@ -250,9 +250,8 @@ class Supervisor:
             self.ranks.restarts[local_rank] += 1
             self.start_child(local_rank)
         else:
-            if verdict.decision is Decision.GIVE_UP:
-                rank = self.config.rank(local_rank, self.node_rank)
-                log.error(root_cause_line(verdict, rank, self.node_rank, self.config.events_dir))
+            if verdict.exit_code != ExitCode.OK:
+                self._log_root_cause(verdict, local_rank)
             self.request_stop(verdict.reason, verdict.exit_code, broadcast=True)
 
     # -- stopping -----------------------------------------------------------------
@@ -399,6 +398,8 @@ class Supervisor:
         self.failover.drop_prepared()
         self.standbys.discard()
         stop_children(list(self.ranks.children.values()), 0.0, ask=signal.SIGKILL)
+        if store.roles is not None:
+            store.roles.probes.close()
         if store.link is not None:
             self.job_end.leave_job()
             store.link.close()
@@ -410,6 +411,14 @@ class Supervisor:
             self.signals.restore()
 
     # -- helpers ------------------------------------------------------------------------
+    def _log_root_cause(self, verdict: Verdict, local_rank: int) -> None:
+        """One line for the failure that stops the job; after a Wrapper gave up, the fault
+        of its last round (any rank's), not its ``RestartAbort``."""
+        rank = self.config.rank(local_rank, self.node_rank)
+        where = self.config.events_dir
+        fault = last_round_fault(where) if verdict.decision is Decision.STOP else None
+        log.error(root_cause_line(verdict, rank, self.node_rank, where, fault))
+
     def _requeue_without(self, host: str | None) -> None:
         node_requeue.requeue_without(host, self.preemption, self.emit)
 

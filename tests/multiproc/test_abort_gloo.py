@@ -297,6 +297,46 @@ def test_abort_without_process_group_is_noop():
     assert not dist.is_initialized()
 
 
+class _CutShort(Exception):
+    """Stands for the Wrapper's restart exception landing inside ``init_process_group``."""
+
+
+def _cut_short(*args: object, **kwargs: object) -> None:
+    raise _CutShort
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["_new_process_group_helper", "_update_default_pg"])
+def test_abort_clears_an_init_process_group_cut_short(monkeypatch, where: str) -> None:
+    """A peer's fault can interrupt ``init_process_group`` before its group exists (its name
+    already counted) or after the group is registered but before it is the default group.
+    The abort leaves torch as a fresh process has it: the next round's group is named "0"
+    on every rank, and ``init_process_group`` works again."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    from nvrx.inprocess.abort import AbortTorchDistributed
+    from nvrx.inprocess.state import State
+
+    with monkeypatch.context() as patch:
+        patch.setattr(c10d, where, _cut_short)
+        with pytest.raises(_CutShort):
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    assert not dist.is_initialized() and c10d._world.group_count == 1
+    assert bool(c10d._world.pg_map) == (where == "_update_default_pg")
+    AbortTorchDistributed()(State(rank=0, world_size=1).freeze())
+    assert (c10d._world.pg_map, c10d._world.group_count) == ({}, 0)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert dist.get_backend() == "gloo" and c10d._world.pg_names[dist.group.WORLD] == "0"
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        assert t.item() == 1.0
+    finally:
+        dist.destroy_process_group()
+
+
 if __name__ == "__main__" and sys.argv[1:] == ["worker"]:
     _worker()
 if __name__ == "__main__" and sys.argv[1:] == ["wrapper"]:

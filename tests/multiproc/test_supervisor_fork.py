@@ -61,8 +61,8 @@ def test_failed_child_is_forked_again_and_the_monitor_exits_0(tmp_path) -> None:
 
 
 @pytest.mark.timeout(150)
-def test_clean_stop_of_the_forked_child_ends_the_monitor_with_0(tmp_path) -> None:
+def test_exit_130_of_the_forked_child_ends_the_monitor_with_12(tmp_path) -> None:
     result, events = _run(tmp_path, "clean_stop")
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 12, result.stdout + result.stderr
     assert [e["exit_code"] for e in events if e["kind"] == "child_exit"] == [130]
     assert not [e for e in events if e["kind"] == "restart_decision" and e["decision"] == "restart"]

@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from nvrx.events import read_dir
+from nvrx.report import build_report
 from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -129,7 +130,9 @@ def test_sigkilled_rank_is_replaced_and_the_job_completes_at_full_size(tmp_path)
 
 
 @pytest.mark.timeout(180)
-def test_exit_130_stops_every_child_on_both_nodes_with_exit_0(tmp_path) -> None:
+def test_exit_130_stops_every_child_on_both_nodes_with_exit_12(tmp_path) -> None:
+    """A rank's exit 130 (its Wrapper gave up) stops the whole job without a restart; the
+    training did not complete, so no supervisor says it did (exit 12, not 0)."""
     body = (
         "open(os.path.join(os.environ['NVRX_LOG_DIR'], f'ready-{RANK}'), 'w').close()\n"
         "if RANK == 3:\n"
@@ -142,7 +145,7 @@ def test_exit_130_stops_every_child_on_both_nodes_with_exit_0(tmp_path) -> None:
     )
     command = script(tmp_path, body)  # rank 3 stops the job once every rank runs
     job = Job(tmp_path, 2, 2, command, "--grace-period", "5")
-    assert job.wait(150) == [0, 0], job.output()
+    assert job.wait(150) == [12, 12], job.output()
     exits = job.events("child_exit")
     assert len(exits) == 4
     assert [e["exit_code"] for e in exits if e["global_rank"] == 3] == [130]
@@ -150,8 +153,46 @@ def test_exit_130_stops_every_child_on_both_nodes_with_exit_0(tmp_path) -> None:
     assert all(e["signal"] == "SIGTERM" for e in others), others
     assert not [e for e in job.events("restart_decision") if e["decision"] == "restart"]
     stops = job.events("job_stop")
-    assert {e["node"] for e in stops} == {0, 1} and all(e["exit_code"] == 0 for e in stops)
+    assert {e["node"] for e in stops} == {0, 1} and all(e["exit_code"] == 12 for e in stops)
     assert len(job.events("child_start")) == 4
+
+
+GIVES_UP = """
+import torch.distributed as dist
+import nvrx.inprocess as inprocess
+
+
+@inprocess.Wrapper(initialize=inprocess.initialize.RetryController(max_iterations=2))
+def train(call_wrapper: inprocess.CallWrapper = None) -> None:
+    if RANK == 1:  # at once, while rank 0 may still be inside init_process_group
+        raise RuntimeError(f"bad batch in round {call_wrapper.iteration}")
+    dist.init_process_group("gloo")
+    dist.barrier()
+
+
+train()
+"""
+
+
+@pytest.mark.timeout(200)
+def test_a_wrapper_that_gives_up_stops_the_job_with_code_12_and_its_cause(tmp_path) -> None:
+    """Rank 1 raises in every round, while rank 0 is in ``init_process_group``: each abort
+    leaves torch able to initialize again, the Wrapper gives up after its two rounds
+    (``RestartAbort``, exit 130), and the supervisor stops the job with exit 12 and one
+    root-cause line naming the rank and its exception; the report says it gave up."""
+    job = Job(tmp_path, 1, 2, script(tmp_path, GIVES_UP), "--grace-period", "5")
+    assert job.wait(150) == [12], job.output()
+    out = job.output()
+    assert "Process group cannot be None" not in out and "already registered" not in out, out
+    (stop,) = job.events("job_stop")
+    assert stop["exit_code"] == 12, out
+    assert "root cause: rank 1 on node 0" in out and "RuntimeError" in out, out
+    report = build_report(job.log_dir / job.job_id, sacct=False)
+    # rounds 0 and 1 trained; the ranks' initialize gave up in a later round
+    assert report.summary.outcome.startswith("gave up: restart_abort after "), report.to_text()
+    rounds = [(row.round, row.first_rank, row.cause) for row in report.timeline][:2]
+    cause = "RuntimeError at child.py:12 in train"
+    assert rounds == [(0, 1, cause), (1, 1, cause)], report.to_text()
 
 
 @pytest.mark.timeout(120)

@@ -99,6 +99,9 @@ def test_a_spare_node_takes_over_a_lost_node(slurm_cluster: LocalSlurmCluster, t
     assert final == {0, 1, 2, 3}, out.read_text()[-4000:]
     lost = _events(job_dir, "node_lost")
     assert [(e["lost_host"], e["lost_node"], e["action"]) for e in lost] == [("node2", 1, "spare")]
+    # the spare took over at once; a SLURM step tried on node2 afterwards found it dead
+    probes = _events(job_dir, "node_probe")
+    assert [(e["lost_host"], e["responding"]) for e in probes] == [("node2", False)], probes
     report = build_report(job_dir)  # with sacct: the resized allocation is no requeue
     text = report.to_text(width=None)
     assert "node2" in text and "--exclude=node2" in text, text

@@ -71,6 +71,19 @@ def test_the_last_live_member_removes_the_group_though_a_killed_member_left_its_
     assert not leader.dir.exists()
 
 
+def test_the_last_group_to_go_takes_its_private_root_with_it(tmp_path) -> None:
+    """``nvrx-<uid>`` is left only while a group is in it; a group made after it went makes
+    it again (private, 0700)."""
+    first, second = _group(tmp_path, "job-a"), _group(tmp_path, "job-b")
+    root = first.dir.parent
+    assert root.name == f"nvrx-{os.getuid()}" and first.join() and second.join()
+    assert first.leave() and root.is_dir()  # job-b's group is still in it
+    assert second.leave() and not root.exists()
+    again = _group(tmp_path, "job-c")
+    assert again.join() and (os.stat(root).st_mode & 0o777) == 0o700
+    assert again.leave() and not root.exists()
+
+
 FD_PROGRAM = (
     "import os, sys\n"
     "from pathlib import Path\n"

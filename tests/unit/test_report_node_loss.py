@@ -555,6 +555,38 @@ def test_a_killed_supervisor_on_a_responding_node_is_not_excluded(tmp_path: Path
     assert report.exclude is None
 
 
+@pytest.mark.parametrize("responding", [True, False])
+def test_a_spare_takeovers_probe_decides_whether_the_lost_node_is_excluded(
+    tmp_path: Path, responding: bool
+) -> None:
+    """A spare takes node-b's place at once; the probe that ran a SLURM step on node-b
+    afterwards (``node_probe``) tells whether its supervisor or the node was lost."""
+    job = Job(tmp_path / "job", {0: "node-a", 1: "node-b", 2: "node-c"}, nnodes=3, spares=1)
+    _before_the_loss(job)
+    job.sup[2].at(DECLARED + 0.1, "node_takeover", node_rank=1, lost_slot=1, wait_s=0.1)
+    job.node_lost("spare", replaced_by=2, slurm_state={"State": "MIXED", "Reason": "none"})
+    job.sup[0].at(
+        DECLARED + 0.4, "node_probe", lost_slot=1, lost_host="node-b", responding=responding,
+        probe_s=0.3,
+    )  # fmt: skip
+    job.round_restart(DECLARED + 0.2, [0, 1])
+    job.round_start(18.0, 1, [0, 1, 2, 3])
+    job.complete(26.0, [0, 1, 2, 3])
+    report = job.close()
+    (node_b,) = report.suspects
+    assert (node_b.host, node_b.lost, node_b.suspect) == ("node-b", 1, not responding)
+    assert report.exclude == (None if responding else "node-b")
+    if responding:
+        assert node_b.evidence == ["supervisor lost, node still ran a SLURM step: not excluded"]
+        text = report.to_text(width=None)
+        answer = text[: text.index("Summary")]  # on the first screen, with the advice
+        assert "exclude next time: nothing" in answer, answer
+        assert (
+            "kept node-b (node 1): supervisor lost, node still ran a SLURM step: not excluded"
+            in answer
+        ), answer
+
+
 def test_a_lost_node_slurm_still_calls_responding_is_excluded_without_a_step(
     tmp_path: Path,
 ) -> None:

@@ -200,3 +200,23 @@ def test_a_wrapper_that_gave_up_is_not_a_completed_job(tmp_path: Path) -> None:
     node.sup.at(10.0, "supervisor_end", exit_code=0, reason="all children ended")
     report = node.close()
     assert report.summary.outcome == "gave up: restart_abort after 2 rounds"
+
+
+def test_the_text_report_shows_the_ledger_that_sums_to_the_wall_time(tmp_path: Path) -> None:
+    """The failed job's ledger, as the text report prints it: each part with its seconds and
+    share of the wall time, and the sum."""
+    node = Node(tmp_path / "job")
+    rank = node.start(0.5, pid=500, attempt=0)
+    rank.at(5.0, "checkpoint", path="/ckpt/c.pt", step=10, action="save")
+    node.exit(10.0, 500, runtime=9.5, code=1, sig=None)
+    node.sup.at(10.2, "job_stop", reason="restart budget exhausted", exit_code=4)
+    node.sup.at(10.5, "supervisor_end", exit_code=4, reason="restart budget exhausted")
+    report = node.close()
+    ledger = report.summary.time_ledger
+    text = report.to_text(width=None)
+    section = text[text.index("Where the time went") :].split("\n\n\n")[0]
+    rows = {line.split("  ")[0]: line.split() for line in section.splitlines()}
+    assert rows["training kept"][-3:] == [f"{ledger.training_s:.3f}", "s", "42.9%"], section
+    lost = rows["work lost since the last checkpoint"]
+    assert lost[-3:] == [f"{ledger.lost_work_s:.3f}", "s", "47.6%"], section
+    assert f"sum: {ledger.wall_s:.1f} s wall" in section, section
