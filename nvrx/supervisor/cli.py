@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Supervise the training processes of one node: start the job's store (node 0), "
             "start --nproc-per-node children with RANK/WORLD_SIZE/... set, restart a child that "
-            "fails, and stop all children of all nodes when one asks for a clean stop (exit 130) "
+            "fails, and stop all children of all nodes when one stops the job (exit 130, RestartAbort) "
             "or the job cannot go on. Under srun the topology comes from SLURM; otherwise give "
             "--nnodes/--node-rank/--master-addr/--master-port to run several local supervisors as one job."
         ),
@@ -113,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="PORT",
-        help="port of the job's store on node 0 (default: the master port + 1)",
+        help="port of the job's store on node 0 (default: the master port + 3, past the "
+        "+1 and +2 that scripts in NVRx's layout take for their own stores)",
     )
     add(
         "--job-id",
@@ -276,9 +277,9 @@ def config_from_args(
             job = replace(job, job_id=args.job_id)
     else:
         job, picked = _local_job(args, env)
-    config = SupervisorConfig.for_job(
-        job,
+    config = SupervisorConfig(
         command=command,
+        job=job,
         max_restarts=args.max_restarts,
         loop_breaker=args.loop_breaker,
         grace_period=args.grace_period,

@@ -1,8 +1,9 @@
 """Configuration of one supervisor: topology of the job, restart policy, timeouts.
 
-The job's place (the job-environment contract, ``nvrx.jobenv.JobEnv``) comes
-from SLURM (one supervisor per node, ``job_from_slurm``) or, for development
-and tests, from explicit ``--nnodes/--node-rank/...`` options so that N local
+The job's place is the job-environment contract's ``nvrx.jobenv.JobEnv``, the
+one type for a job's topology, which the config holds as ``job``. It comes from
+SLURM (one supervisor per node, ``job_from_slurm``) or, for development and
+tests, from explicit ``--nnodes/--node-rank/...`` options so that N local
 supervisors form one job on a single machine.
 """
 
@@ -10,14 +11,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from nvrx import jobenv
 from nvrx.fault_tolerance.config import FaultToleranceConfig
-from nvrx.jobenv import DEFAULT_LOG_DIR, DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, JobEnv
-from nvrx.slurm.topology import Topology
+from nvrx.jobenv import DEFAULT_JOB_ID, JobEnv
+from nvrx.slurm import topology
 
 from .rank_logs import RankLogs
 
@@ -77,19 +78,22 @@ class ConfigError(ValueError):
     """A bad option or environment value; the message names what to fix."""
 
 
+def local_job(**values: Any) -> JobEnv:
+    """A config's job unless given: one local node of one rank on torch's default ports, job
+    id ``local``, whatever the environment; the ``JobEnv`` fields in ``values`` replace those."""
+    return replace(JobEnv.local(job_id=DEFAULT_JOB_ID, env={}), **values)
+
+
 @dataclass(frozen=True)
 class SupervisorConfig:
-    """Everything one supervisor needs; validated on construction."""
+    """Everything one supervisor needs; validated on construction.
+
+    ``job`` is the job's topology with all slots, spares included; ``job_env_for``
+    gives the one the training children see.
+    """
 
     command: list[str]
-    nproc_per_node: int = 1
-    nnodes: int = 1
-    node_rank: int = 0
-    master_addr: str = DEFAULT_MASTER_ADDR
-    master_port: int = DEFAULT_MASTER_PORT
-    store_port: int = DEFAULT_MASTER_PORT + 1
-    job_id: str = "local"
-    log_dir: str = DEFAULT_LOG_DIR
+    job: JobEnv = field(default_factory=local_job)
     max_restarts: int = DEFAULT_MAX_RESTARTS
     loop_breaker: int = DEFAULT_LOOP_BREAKER
     grace_period: float = DEFAULT_GRACE_PERIOD_S
@@ -182,6 +186,43 @@ class SupervisorConfig:
             if not ok:
                 raise ConfigError(message)
 
+    # The topology's values, read through the config; ``job`` holds them.
+    @property
+    def nproc_per_node(self) -> int:
+        return self.job.nproc_per_node
+
+    @property
+    def nnodes(self) -> int:
+        return self.job.nnodes
+
+    @property
+    def node_rank(self) -> int:
+        return self.job.node_rank
+
+    @property
+    def master_addr(self) -> str:
+        return self.job.master_addr
+
+    @property
+    def master_port(self) -> int:
+        return self.job.master_port
+
+    @property
+    def store_port(self) -> int:
+        return self.job.store_port
+
+    @property
+    def store_host(self) -> str:
+        return self.job.store_host
+
+    @property
+    def job_id(self) -> str:
+        return self.job.job_id
+
+    @property
+    def log_dir(self) -> str:
+        return self.job.log_dir
+
     @property
     def active_nodes(self) -> int:
         """Nodes that train from the start; the other ``spare_nodes`` slots wait as spares."""
@@ -201,26 +242,13 @@ class SupervisorConfig:
         return self.active_nodes * self.nproc_per_node
 
     @property
-    def store_host(self) -> str:
-        return self.master_addr
-
-    @property
     def job_env(self) -> JobEnv:
         """This supervisor's job as the job-environment contract (its slot as node rank)."""
         return self.job_env_for(self.node_rank)
 
     def job_env_for(self, node_rank: int) -> JobEnv:
         """The job as the children of training node ``node_rank`` see it (spares not counted)."""
-        return JobEnv(
-            job_id=self.job_id,
-            log_dir=self.log_dir,
-            nnodes=self.active_nodes,
-            node_rank=node_rank,
-            nproc_per_node=self.nproc_per_node,
-            master_addr=self.master_addr,
-            master_port=self.master_port,
-            store_port=self.store_port,
-        )
+        return replace(self.job, nnodes=self.active_nodes, node_rank=node_rank)
 
     @property
     def events_dir(self) -> Path:
@@ -257,21 +285,6 @@ class SupervisorConfig:
         job = self.job_env_for(self.node_rank if node_rank is None else node_rank)
         return job.child_env(local_rank, restart_count, base, self.extra_env, self.max_restarts)
 
-    @classmethod
-    def for_job(cls, job: JobEnv, **settings: Any) -> SupervisorConfig:
-        """A config for ``job`` with the policy ``settings`` (command, max_restarts, ...)."""
-        return cls(
-            nproc_per_node=job.nproc_per_node,
-            nnodes=job.nnodes,
-            node_rank=job.node_rank,
-            master_addr=job.master_addr,
-            master_port=job.master_port,
-            store_port=job.store_port,
-            job_id=job.job_id,
-            log_dir=job.log_dir,
-            **settings,
-        )
-
 
 def in_slurm_step(env: Mapping[str, str]) -> bool:
     """Whether this process is a task of a SLURM job step (srun)."""
@@ -297,9 +310,6 @@ def job_from_slurm(
     if store_port is not None:
         env[jobenv.STORE_PORT] = str(store_port)
     try:
-        topology = Topology.from_env(env)
+        return topology.job_from_slurm(env, nproc_per_node, log_dir)
     except ValueError as exc:
         raise ConfigError(f"cannot read the SLURM topology: {exc}") from exc
-    return topology.job_env(
-        nproc_per_node, str(log_dir or jobenv.log_dir_from(env)), env.get(jobenv.JOB_ID) or None
-    )

@@ -264,7 +264,8 @@ class Failover:
     def _connect(self, address: StoreAddress) -> bool:
         """Aim this slot at the store at ``address``: the configuration, the link, the roles."""
         store = self.store
-        store.config = replace(store.config, master_addr=address.host, store_port=address.port)
+        job = replace(store.config.job, master_addr=address.host, store_port=address.port)
+        store.config = replace(store.config, job=job)
         store.slot = address.slot
         store.relinks += 1
         try:

@@ -98,9 +98,9 @@ def fork_and_monitor(
     from .exit_codes import SupervisorError
     from .supervisor import Supervisor
 
-    config = SupervisorConfig.for_job(
-        _job(os.environ, log_dir),
+    config = SupervisorConfig(
         command=list(getattr(sys, "orig_argv", sys.argv)),
+        job=_job(os.environ, log_dir),
         max_restarts=max_restarts,
         loop_breaker=loop_breaker,
         grace_period=grace_period,

@@ -11,7 +11,7 @@ import pytest
 from nvrx.store import keys
 from nvrx.store.service import StoreService
 from nvrx.supervisor import node_keys
-from nvrx.supervisor.config import ALL_DONE_KEY, SupervisorConfig
+from nvrx.supervisor.config import ALL_DONE_KEY, SupervisorConfig, local_job
 from nvrx.supervisor.node_roles import NodeRoles
 from nvrx.supervisor.store_link import StoreLink
 
@@ -29,8 +29,11 @@ def link() -> Iterator[StoreLink]:
             agent.close()
 
 
-def _roles(link: StoreLink, events: list[dict[str, Any]], **options: Any) -> NodeRoles:
-    cfg = SupervisorConfig(["python", "train.py"], nnodes=3, nproc_per_node=2, **options)
+def _roles(
+    link: StoreLink, events: list[dict[str, Any]], node_rank: int = 0, **options: Any
+) -> NodeRoles:
+    job = local_job(nnodes=3, node_rank=node_rank, nproc_per_node=2)
+    cfg = SupervisorConfig(["python", "train.py"], job, **options)
     return NodeRoles(cfg, link, lambda kind, **fields: events.append({"kind": kind, **fields}))
 
 

@@ -9,7 +9,7 @@ from nvrx.inprocess import store as rstore
 from nvrx.inprocess.lost_ranks import leave_silent
 from nvrx.rank_beats import RankBeats
 from nvrx.store import keys, rounds
-from nvrx.supervisor.config import SupervisorConfig
+from nvrx.supervisor.config import SupervisorConfig, local_job
 from nvrx.supervisor.job_restart import job_wide
 from tests.unit.test_rank_beats import _beat
 
@@ -36,6 +36,7 @@ def test_a_process_whose_monitor_beat_is_a_wrapper_rank_before_it_wrote_any_even
     admitted (no Wrapper event yet) counts as one when its monitor beat."""
     beats = RankBeats()
     beats.record([_beat(pid=4242, round=-1, rank=-1)])
-    config = SupervisorConfig(command=["train"], log_dir=str(tmp_path), ft_restart_policy="auto")
+    job = local_job(log_dir=str(tmp_path))
+    config = SupervisorConfig(command=["train"], job=job, ft_restart_policy="auto")
     assert not job_wide(config, beats, 4242)
     assert job_wide(config, beats, 4343)  # a plain script's process

@@ -8,7 +8,7 @@ import pytest
 
 from nvrx.supervisor import store_failover
 from nvrx.supervisor.cli import main
-from nvrx.supervisor.config import ConfigError, SupervisorConfig
+from nvrx.supervisor.config import ConfigError, SupervisorConfig, local_job
 from nvrx.supervisor.node_watch import RingWatch
 from nvrx.supervisor.store_failover import StoreAddress
 
@@ -83,22 +83,23 @@ def test_an_election_settles_without_the_slots_that_never_announce(tmp_path: Pat
 
 
 @pytest.mark.parametrize(
-    ("settings", "message"),
+    ("nnodes", "settings", "message"),
     [
-        ({"nnodes": 2, "spare_nodes": 2}, "--spare-nodes must be in 0..1"),
-        ({"nnodes": 3, "spare_nodes": 1, "min_nodes": 3}, "--min-nodes must be in 1..2"),
-        ({"nnodes": 3, "min_nodes": 0}, "--min-nodes must be in 1..3"),
-        ({"nnodes": 2, "node_timeout": 1.5, "node_heartbeat": 1.0}, "--node-timeout must be at least"),
-        ({"nnodes": 2, "node_heartbeat": 0.0}, "--node-heartbeat must be > 0"),
+        (2, {"spare_nodes": 2}, "--spare-nodes must be in 0..1"),
+        (3, {"spare_nodes": 1, "min_nodes": 3}, "--min-nodes must be in 1..2"),
+        (3, {"min_nodes": 0}, "--min-nodes must be in 1..3"),
+        (2, {"node_timeout": 1.5, "node_heartbeat": 1.0}, "--node-timeout must be at least"),
+        (2, {"node_heartbeat": 0.0}, "--node-heartbeat must be > 0"),
     ],
 )
-def test_bad_node_options_name_the_fix(settings: dict, message: str) -> None:
+def test_bad_node_options_name_the_fix(nnodes: int, settings: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        SupervisorConfig(command=["true"], **settings)
+        SupervisorConfig(command=["true"], job=local_job(nnodes=nnodes), **settings)
 
 
 def test_spare_slots_are_the_last_ones_and_do_not_count_in_the_world() -> None:
-    cfg = SupervisorConfig(command=["true"], nnodes=4, node_rank=3, nproc_per_node=2, spare_nodes=1)
+    job = local_job(nnodes=4, node_rank=3, nproc_per_node=2)
+    cfg = SupervisorConfig(command=["true"], job=job, spare_nodes=1)
     assert cfg.active_nodes == 3 and cfg.starts_as_spare and cfg.world_size == 6
     assert cfg.least_nodes == 3  # never shrink unless --min-nodes says so
     env = cfg.child_env(1, 1, base={}, node_rank=1)

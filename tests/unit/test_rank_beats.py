@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from nvrx.rank_beats import Beat, BeatSender, BeatSocket, RankBeats
-from nvrx.supervisor.config import SupervisorConfig
+from nvrx.supervisor.config import SupervisorConfig, local_job
 from nvrx.supervisor.course import Course, CourseTracker
 from nvrx.supervisor.hang_watch import HangWatch
 from nvrx.supervisor.job_store import JobStore
@@ -103,7 +103,7 @@ class _Node:
         child = SimpleNamespace(local_rank=1, attempt=0, running=True, pid=5)
         child.signal_group = lambda signum: None
         self.calls: list[str] = []
-        store = JobStore(SupervisorConfig(command=["train"], nproc_per_node=4))
+        store = JobStore(SupervisorConfig(command=["train"], job=local_job(nproc_per_node=4)))
         store.link = link
         ranks = LocalRanks(store, spawn=None, emit=self.emit)
         ranks.children[1] = child

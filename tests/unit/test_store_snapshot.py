@@ -57,13 +57,13 @@ def test_the_ranks_marked_gone_outlive_the_store_host(tmp_path: Path) -> None:
     """What a supervisor's store keeps for its successor includes the ranks marked gone, so
     a new process generation after a failover does not wait for ranks lost before it."""
     from nvrx.store import gone_ranks
-    from nvrx.supervisor.config import SupervisorConfig
+    from nvrx.supervisor.config import SupervisorConfig, local_job
     from nvrx.supervisor.store_setup import snapshot_spec
 
     old = _server()
     gone_ranks.mark(old, [6, 7])
     old.set("nvrx/r3/terminated", "1,")  # a round's keys stay behind
-    cfg = SupervisorConfig(["python", "t.py"], nnodes=4, log_dir=str(tmp_path), job_id="j")
+    cfg = SupervisorConfig(["python", "t.py"], local_job(nnodes=4, log_dir=str(tmp_path), job_id="j"))
     spec = snapshot_spec(cfg)
     saved = snapshot.take(old, spec.prefixes, spec.exclude)
     new = _server()

@@ -48,12 +48,10 @@ def _free_port() -> int:
 
 
 def _node_1(port: int, timeout: float):
-    from nvrx.supervisor.config import SupervisorConfig
+    from nvrx.supervisor.config import SupervisorConfig, local_job
 
-    return SupervisorConfig(
-        ["python", "train.py"], nnodes=2, node_rank=1, nproc_per_node=1,
-        store_port=port, store_timeout=timeout,
-    )  # fmt: skip
+    job = local_job(nnodes=2, node_rank=1, store_port=port)
+    return SupervisorConfig(["python", "train.py"], job, store_timeout=timeout)
 
 
 def test_signals_during_a_supervisors_wait_are_kept_and_do_not_extend_it() -> None:

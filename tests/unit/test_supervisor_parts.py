@@ -7,14 +7,15 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from nvrx.supervisor.config import SupervisorConfig
+from nvrx.supervisor.config import SupervisorConfig, local_job
 from nvrx.supervisor.course import Course
 from nvrx.supervisor.node_control import NodeControl
 from nvrx.supervisor.supervisor import Supervisor
 
 
 def _supervisor(tmp_path: Path) -> Supervisor:
-    return Supervisor(SupervisorConfig(command=["train"], nproc_per_node=2, log_dir=str(tmp_path)))
+    job = local_job(nproc_per_node=2, log_dir=str(tmp_path))
+    return Supervisor(SupervisorConfig(command=["train"], job=job))
 
 
 def test_the_supervisor_is_what_its_parts_ask_for(tmp_path: Path) -> None:
@@ -31,7 +32,7 @@ def test_the_supervisor_is_what_its_parts_ask_for(tmp_path: Path) -> None:
 def test_a_new_store_address_is_the_configuration_of_every_part(tmp_path: Path) -> None:
     """A failover replaces the configuration once, in the job store: the supervisor and its parts see it."""
     sup = _supervisor(tmp_path)
-    moved = replace(sup.config, store_port=41000)
+    moved = replace(sup.config, job=replace(sup.config.job, store_port=41000))
     sup.store.config = moved
     assert sup.config is moved and sup.failover.store.config.store_port == 41000
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 
 import pytest
 
+from nvrx.jobenv import JobEnv
 from nvrx.supervisor.children import ExitStatus
-from nvrx.supervisor.config import ConfigError, SupervisorConfig
+from nvrx.supervisor.config import ConfigError, SupervisorConfig, local_job
 from nvrx.supervisor.exit_codes import ExitCode, describe, for_signal
 from nvrx.supervisor.policy import Decision, LastFault, RestartPolicy, exit_signature, last_fault
 from nvrx.supervisor.signals import SignalPipe
@@ -43,12 +45,12 @@ def test_completed_child_is_done_and_costs_nothing() -> None:
     assert verdict.decision is Decision.DONE and budget.used == 0
 
 
-def test_exit_130_stops_cleanly_without_spending_budget() -> None:
+def test_exit_130_stops_the_job_without_spending_budget_and_says_it_did_not_complete() -> None:
     budget = Budget()
     verdict = RestartPolicy(2, 3, budget.spend).decide(0, ExitStatus(130, None))
-    assert (
-        verdict.decision is Decision.STOP and verdict.exit_code == ExitCode.OK and budget.used == 0
-    )
+    assert (verdict.decision, verdict.exit_code, budget.used) == (
+        Decision.STOP, ExitCode.RANK_STOPPED, 0
+    )  # fmt: skip
 
 
 def test_budget_is_spent_then_exhausted() -> None:
@@ -154,9 +156,12 @@ def test_exit_codes_are_described() -> None:
 
 
 def _config(**overrides) -> SupervisorConfig:
-    values = {"command": ["python", "train.py"], "nproc_per_node": 2, "nnodes": 2, "node_rank": 1}
-    values.update(overrides)
-    return SupervisorConfig(**values)
+    """Node 1 of two, two ranks each; an override of a ``JobEnv`` field goes to the job."""
+    job_fields = {f.name for f in dataclasses.fields(JobEnv)}
+    job = {"nproc_per_node": 2, "nnodes": 2, "node_rank": 1}
+    job.update({k: v for k, v in overrides.items() if k in job_fields})
+    settings = {k: v for k, v in overrides.items() if k not in job_fields}
+    return SupervisorConfig(**{"command": ["python", "train.py"], **settings}, job=local_job(**job))
 
 
 def test_child_env_follows_the_contract(tmp_path) -> None:

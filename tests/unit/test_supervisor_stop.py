@@ -9,7 +9,7 @@ from pathlib import Path
 
 from nvrx import checkpoint_flag, processes
 from nvrx.supervisor.children import Child
-from nvrx.supervisor.config import SupervisorConfig
+from nvrx.supervisor.config import SupervisorConfig, local_job
 from nvrx.supervisor.course import Course
 from nvrx.supervisor.exit_codes import ExitCode
 from nvrx.supervisor.preemption import PreemptionHandler
@@ -31,9 +31,8 @@ def _supervisor(
             processes.start([sys.executable, "-c", "import time; time.sleep(60)"]),
         )
 
-    config = SupervisorConfig(
-        command=["train"], nproc_per_node=nproc, log_dir=str(tmp_path), grace_period=1.0
-    )
+    job = local_job(nproc_per_node=nproc, log_dir=str(tmp_path))
+    config = SupervisorConfig(command=["train"], job=job, grace_period=1.0)
     sup = Supervisor(config, spawn=spawn)
     sup.course.to(Course.TRAINING)  # what ``run`` does before it starts the children
     return sup, started
