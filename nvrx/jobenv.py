@@ -6,8 +6,10 @@ service, the event writer and the report read them back. The names, the
 defaults and the rules that derive one value from another (the store's port,
 the job's log directory) live here and nowhere else, so both sides agree.
 
-``JobEnv`` is one job as one process sees it. A supervisor builds it from its
-options or from SLURM (``nvrx.slurm.topology``) and hands ``child_env()`` to
+``JobEnv`` is one job as one process sees it, and the one type for a job's
+topology: nothing else carries node count, node rank, ranks per node, master
+host and ports. A supervisor builds it from its options or from SLURM
+(``nvrx.slurm.topology``), holds it in its config and hands ``child_env()`` to
 each child; anything else reads it with ``JobEnv.from_env()``.
 """
 
@@ -76,10 +78,18 @@ DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500
 #: Job id of events written outside any job.
 DEFAULT_JOB_ID = "local"
-#: Ports derived from a job id lie in [PORT_BASE, PORT_BASE + 2 * PORT_SLOTS): below
+#: The supervisor's store is on ``MASTER_PORT + STORE_PORT_OFFSET`` unless given: past the two
+#: ports NVRx's documented layout takes (the application's own store on ``MASTER_PORT + 1``,
+#: the in-process Wrapper's on ``MASTER_PORT + 2``), so a script in that layout runs
+#: unchanged under a supervisor.
+STORE_PORT_OFFSET = 3
+#: Each job derived from an id owns ``PORT_STRIDE`` consecutive ports from its
+#: ``MASTER_PORT``: room for that layout and the store, and no port of a neighbouring job.
+PORT_STRIDE = STORE_PORT_OFFSET + 1
+#: Ports derived from a job id lie in [PORT_BASE, PORT_BASE + PORT_STRIDE * PORT_SLOTS): below
 #: Linux's default ephemeral range (32768-60999), so outgoing connections never take them.
 PORT_BASE = 20000
-PORT_SLOTS = 5000
+PORT_SLOTS = 2500
 
 
 def ports_for_job(job_id: str) -> tuple[int, int]:
@@ -89,16 +99,19 @@ def ports_for_job(job_id: str) -> tuple[int, int]:
     two jobs sharing a node differ unless their ids agree modulo ``PORT_SLOTS``.
     """
     key = int(job_id) if job_id.isdigit() else zlib.crc32(job_id.encode())
-    master = PORT_BASE + 2 * (key % PORT_SLOTS)
+    master = PORT_BASE + PORT_STRIDE * (key % PORT_SLOTS)
     return master, store_port_for(master)
 
 
 def store_port_for(master_port: int) -> int:
-    """The store's port when none is given: the one after ``MASTER_PORT``.
-
-    Never ``MASTER_PORT`` itself, where torch's own rendezvous store may listen.
+    """The supervisor's store port when none is given: ``MASTER_PORT + STORE_PORT_OFFSET``
+    (below it when that passes the last port). Every node computes it alike from
+    ``MASTER_PORT``; it is never ``MASTER_PORT`` (torch's rendezvous) nor the two ports after
+    it, which scripts written for NVRx use for their own stores.
     """
-    return master_port + 1 if master_port < 65535 else master_port - 1
+    if master_port + STORE_PORT_OFFSET <= 65535:
+        return master_port + STORE_PORT_OFFSET
+    return master_port - STORE_PORT_OFFSET
 
 
 def resolve_ports(job_id: str, master_port: int | None, store_port: int | None) -> tuple[int, int]:

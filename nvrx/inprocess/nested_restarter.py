@@ -54,9 +54,10 @@ class NestedRestarterLogger(logging.Logger):
         self.set_connected_rank(None)
 
     def set_connected_rank(self, rank: int | None) -> None:
-        """The rank the lines are about, shown in their prefix."""
+        """The rank the lines are about (kept in ``rank``; the lines name the reference's
+        restarter logger, ``<name>.Restarter``, not the rank, as the reference's do)."""
         self.rank = rank
-        who = f"{self.name}@{self.hostname}:{'<none>' if rank is None else rank}"
+        who = f"{self.name}.Restarter"
         self._handler.setFormatter(logging.Formatter(f"[%(asctime)s] [ALWAYS] [{who}] %(message)s"))
 
     def log_for_restarter(self, message: str, *args: object, **kwargs: object) -> None:

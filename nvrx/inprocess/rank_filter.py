@@ -79,10 +79,20 @@ class AfterAssignment(rank_assignment.RankAssignment):
         return ctx
 
 
+def with_rank_filter(
+    assignment: rank_assignment.RankAssignment, rank_filter: RankFilter | None
+) -> rank_assignment.RankAssignment:
+    """``assignment``, followed by the old-style ``rank_filter`` when there is one: the rank
+    assignment a Wrapper runs (its ``rank_assignment`` attribute stays the one it was given,
+    as in the reference)."""
+    return assignment if rank_filter is None else AfterAssignment(assignment, rank_filter)
+
+
 __all__ = [
     "ActiveWorldSizeDivisibleBy",
     "AfterAssignment",
     "MaxActiveWorldSize",
     "RankFilter",
     "WorldSizeDivisibleBy",
+    "with_rank_filter",
 ]

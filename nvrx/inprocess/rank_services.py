@@ -67,9 +67,7 @@ class RankServices:
         w = self.wrapper
         kwargs = dict(w.store_kwargs)
         if issubclass(w.store_factory, rstore.TCPStore):
-            host, port = rstore.resolve_address(
-                kwargs.pop("host_name", None), kwargs.pop("port", None)
-            )
+            host, port = rstore.wrapper_address(kwargs)
             host_rank = kwargs.get("tcp_store_host_rank", rstore.TCPStore.TCP_STORE_HOST_RANK)
             self.host_store = (
                 store_client.external_store_address() is None and host_rank == self.initial_rank

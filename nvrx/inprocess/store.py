@@ -10,7 +10,10 @@ O(1) requests per rank, waits answered by the server.
 ``nvrx.store.service`` process (or uses ``NVRX_STORE_HOST``/``NVRX_STORE_PORT``),
 so a fault in training code never takes the store down. The port defaults to
 ``NVRX_STORE_PORT``, else ``MASTER_PORT + 1``: never ``MASTER_PORT`` itself,
-which torch's own rendezvous uses.
+which torch's own rendezvous uses. Under a supervisor (``NVRX_STORE_HOST``/
+``NVRX_STORE_PORT`` set) the Wrapper uses the supervisor's store whatever
+``store_kwargs`` name (``wrapper_address``): a script written for NVRx passes its
+own port there, which no nvrx store listens on.
 
 The module-level functions are the per-round protocol shared by the main
 process and the monitor process.
@@ -19,6 +22,7 @@ process and the monitor process.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import logging
 import os
@@ -27,7 +31,6 @@ from typing import Any
 
 import torch.distributed as dist
 
-from nvrx import jobenv
 from nvrx.store import barrier as nvrx_barrier
 from nvrx.store import faults as nvrx_faults
 from nvrx.store import keys, rounds
@@ -206,25 +209,36 @@ class FileStore(StoreMixin, dist.FileStore):
     """A torch FileStore with the reference helpers (tests, single host)."""
 
 
+def wrapper_address(kwargs: dict[str, Any]) -> tuple[str, int]:
+    """Where the Wrapper's ``TCPStore`` is; pops ``host_name``/``port`` from ``kwargs``.
+
+    Under a supervisor its store wins over the ones ``kwargs`` name: a script in NVRx's
+    layout gives the Wrapper a port of its own, where nothing of nvrx listens.
+    """
+    host, port = kwargs.pop("host_name", None), kwargs.pop("port", None)
+    external = external_store_address()
+    if external is not None and (host, port) != (None, None):
+        _say_ignored(host, port, external)
+        host = port = None
+    return resolve_address(host, port)
+
+
+@functools.cache
+def _say_ignored(host: str | None, port: int | None, external: tuple[str, int]) -> None:
+    log.info(
+        "store_kwargs name host_name=%s port=%s, ignored: the Wrapper uses the nvrx "
+        "supervisor's store at %s:%d (%s/%s), which every rank of the job shares",
+        host, port, *external, STORE_HOST_ENV, STORE_PORT_ENV,
+    )  # fmt: skip
+
+
 def resolve_address(host: str | None = None, port: int | None = None) -> tuple[str, int]:
     """Where the Wrapper's store is: explicit values, else the env contract, else MASTER_ADDR/MASTER_PORT+1."""
     external = external_store_address()
     if host is None:
         host = external[0] if external else os.environ.get("MASTER_ADDR")
     if port is None:
-        if external:
-            port = external[1]
-        else:
-            master_port = os.environ.get("MASTER_PORT")
-            if master_port is None:
-                raise ValueError(
-                    f"store port unknown: pass store_kwargs={{'port': ...}}, or set {STORE_PORT_ENV} "
-                    "or MASTER_PORT (the store then uses MASTER_PORT + 1)"
-                )
-            try:
-                port = jobenv.store_port_for(int(master_port))
-            except ValueError:
-                raise ValueError(f"MASTER_PORT must be an integer, got {master_port!r}") from None
+        port = external[1] if external else _standalone_port()
     if host is None:
         raise ValueError(
             f"store host unknown: pass store_kwargs={{'host_name': ...}}, or set {STORE_HOST_ENV} or MASTER_ADDR"
@@ -232,6 +246,22 @@ def resolve_address(host: str | None = None, port: int | None = None) -> tuple[s
     if not 0 < int(port) < 65536:
         raise ValueError(f"store port must be in 1..65535, got {port}")
     return host, int(port)
+
+
+def _standalone_port() -> int:
+    """``MASTER_PORT + 1`` (below it at the last port): the store a Wrapper without a
+    supervisor starts, never on torch's rendezvous port."""
+    master_port = os.environ.get("MASTER_PORT")
+    if master_port is None:
+        raise ValueError(
+            f"store port unknown: pass store_kwargs={{'port': ...}}, or set {STORE_PORT_ENV} "
+            "or MASTER_PORT (the store then uses MASTER_PORT + 1)"
+        )
+    try:
+        port = int(master_port)
+    except ValueError:
+        raise ValueError(f"MASTER_PORT must be an integer, got {master_port!r}") from None
+    return port + 1 if port < 65535 else port - 1
 
 
 # -- the per-round protocol --------------------------------------------------------

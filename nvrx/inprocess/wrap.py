@@ -42,7 +42,7 @@ from .finalize import Finalize
 from .health_check import HealthCheck
 from .initialize import Initialize
 from .rank_assignment import ActivateAllRanks, RankAssignment, ShiftRanks
-from .rank_filter import AfterAssignment, RankFilter
+from .rank_filter import RankFilter
 from .supervision import supervised
 from .terminate import Terminate
 
@@ -86,7 +86,8 @@ class Wrapper:
         factory the store runs in a separate service process started by rank
         ``tcp_store_host_rank`` (default 0), on ``NVRX_STORE_PORT`` or
         ``MASTER_PORT + 1``; with ``NVRX_STORE_HOST``/``NVRX_STORE_PORT`` set
-        (an nvrx supervisor) the external store is used and no rank hosts one.
+        (an nvrx supervisor) the external store is used, whatever host and port
+        ``store_kwargs`` name (said once at INFO), and no rank hosts one.
     initialize, abort, finalize, health_check, rank_assignment, completion,
         terminate: plug-ins (see their modules). ``abort`` defaults to a fresh
         ``AbortTorchDistributed()``, ``rank_assignment`` to a fresh
@@ -221,11 +222,7 @@ class Wrapper:
         self.finalize = finalize
         self.health_check = health_check
         self.rank_filter = rank_filter
-        self.rank_assignment = (
-            rank_assignment
-            if rank_filter is None
-            else AfterAssignment(rank_assignment, rank_filter)
-        )
+        self.rank_assignment = rank_assignment
         self.completion = completion
         self.terminate = terminate
 

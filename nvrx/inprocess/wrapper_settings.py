@@ -16,6 +16,7 @@ from .finalize import Finalize
 from .health_check_base import HealthCheck
 from .initialize import Initialize
 from .rank_assignment import RankAssignment
+from .rank_filter import RankFilter
 from .terminate import Terminate
 
 
@@ -29,6 +30,7 @@ class WrapperSettings(Protocol):
     finalize: Finalize | None
     health_check: HealthCheck | None
     rank_assignment: RankAssignment
+    rank_filter: RankFilter | None  # old style: runs after ``rank_assignment``
     completion: Completion | None
     terminate: Terminate | None
     monitor_process_logfile: str | None

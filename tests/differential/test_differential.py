@@ -28,6 +28,10 @@ CASES = [
     "hot_spare",
     "dist_initialized",
     "local_store_class",
+    "nested_restarter",
+    "nested_restarter_abort",
+    "hang_protection_off",
+    "rank_filter_logfile",
 ]
 
 
@@ -309,3 +313,40 @@ def test_a_restart_reaches_the_users_log_handler(scenario):
     for rank in range(WORLD):
         warned = {impl: bool({"WARNING", "ERROR", "CRITICAL"} & set(runs[impl][rank]["user_handler_levels"])) for impl in runs}
         assert warned == {"reference": True, "nvrx": True}, (rank, warned)
+
+
+def _without_repeats(lines: list[str]) -> list[str]:
+    """``lines`` with a line equal to the one before it left out: the reference's abort of the
+    last round races the rank's exit (``_normalized``), and prints its line again when it wins."""
+    return [line for i, line in enumerate(lines) if i == 0 or line != lines[i - 1]]
+
+
+@pytest.mark.parametrize("case", ["nested_restarter", "nested_restarter_abort"])
+def test_nested_restarter_lines_match(scenario, case):
+    """The lines an outer restarter follows: the same states and stages, in the same order,
+    printed by the same rank."""
+    runs = scenario("wrapper_rounds.py", case, WORLD)
+    for rank in range(WORLD):
+        lines = {impl: _without_repeats(runs[impl][rank]["restarter_lines"]) for impl in runs}
+        _same(lines["reference"], lines["nvrx"], f"{case} rank {rank} restarter lines")
+    assert runs["reference"][0]["restarter_lines"], "the reference printed no restarter line"
+
+
+def test_the_monitor_log_file_is_written_where_asked(scenario):
+    runs = scenario("wrapper_rounds.py", "rank_filter_logfile", WORLD)
+    for rank in range(WORLD):
+        written = {impl: runs[impl][rank]["monitor_logfile"] for impl in runs}
+        assert written == {"reference": True, "nvrx": True}, (rank, written)
+
+
+def test_the_new_cases_exercise_what_they_name(scenario):
+    """The cases above compare alike only if they ran their path: hang protection off
+    restarts nothing after the silence, the old-style rank filter is called."""
+    runs = scenario("wrapper_rounds.py", "hang_protection_off", WORLD)
+    for impl in runs:
+        assert [r["iteration"] for r in runs[impl][1]["rounds"]] == [0], impl
+        assert runs[impl][1]["returned"] is not None, impl
+    runs = scenario("wrapper_rounds.py", "rank_filter_logfile", WORLD)
+    for impl in runs:
+        assert [r["iteration"] for r in runs[impl][0]["rounds"]] == [0, 1], impl
+        assert any(e[0] == "rank_filter" for e in runs[impl][0]["journal"]), impl

@@ -70,6 +70,6 @@ def test_two_single_node_jobs_side_by_side_take_free_ports(tmp_path: Path) -> No
     ports_b = json.loads((tmp_path / "b.json").read_text())
     assert set(ports_a.values()).isdisjoint(ports_b.values())
     for ports in (ports_a, ports_b):
-        assert int(ports["NVRX_STORE_PORT"]) == int(ports["MASTER_PORT"]) + 1
+        assert int(ports["NVRX_STORE_PORT"]) == int(ports["MASTER_PORT"]) + 3
     assert _stated(ports_a) in err_a.read_text().splitlines()
     assert _stated(ports_b) in second.stderr.splitlines()

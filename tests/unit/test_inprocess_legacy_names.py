@@ -24,6 +24,7 @@ from nvrx.inprocess.rank_assignment import (
     RankDiscarded,
     ShiftRanks,
 )
+from nvrx.inprocess.rank_filter import with_rank_filter
 from nvrx.inprocess.state import Mode, State
 from nvrx.store.faults import FaultRecord
 from tests.support.store_ranks import run_ranks_with_store
@@ -42,13 +43,14 @@ def test_wrapper_rank_filter_warns_and_runs_after_every_assignment():
         flt = rank_filter.MaxActiveWorldSize(2)
     wrapper, messages = _wrapper_with_filter(flt)
     assert wrapper.rank_filter is flt
+    assert isinstance(wrapper.rank_assignment, Compose)  # kept as given (the default), as in NVRx
     assert any("Wrapper(rank_filter=...) is deprecated" in m for m in messages), messages
     # ShiftRanks drops rank 1, then the filter keeps 2 of the 3 survivors active.
     states = {}
     for rank in range(4):
         ctx = RankAssignmentCtx(State(rank=rank, world_size=4), None, {1})
         try:
-            states[rank] = wrapper.rank_assignment(ctx).state
+            states[rank] = with_rank_filter(wrapper.rank_assignment, wrapper.rank_filter)(ctx).state
         except RankDiscarded:
             states[rank] = None
     assert states[1] is None
@@ -61,7 +63,8 @@ def test_wrapper_rank_filter_accepts_a_composition_of_old_filters():
         warnings.simplefilter("ignore", DeprecationWarning)
         flt = Compose(rank_filter.WorldSizeDivisibleBy(2), rank_filter.MaxActiveWorldSize(5))
     wrapper, _ = _wrapper_with_filter(flt)
-    ctx = wrapper.rank_assignment(RankAssignmentCtx(State(rank=4, world_size=7), None, set()))
+    step = with_rank_filter(wrapper.rank_assignment, wrapper.rank_filter)
+    ctx = step(RankAssignmentCtx(State(rank=4, world_size=7), None, set()))
     assert ctx.state.active_world_size == 4 and ctx.state.mode == Mode.INACTIVE
 
 

@@ -97,6 +97,7 @@ class FakeCall:
             health_check=None,
             finalize=None,
             terminate=None,
+            rank_filter=None,
             monitor_thread_interval=0.1,
             completion_timeout=5.0,
             barrier_timeout=5.0,

@@ -11,7 +11,7 @@ import pytest
 
 from nvrx import jobenv
 from nvrx.jobenv import JobEnv
-from nvrx.slurm.topology import Topology
+from nvrx.slurm.topology import job_from_slurm
 from nvrx.supervisor.cli import config_from_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,22 +58,24 @@ def test_defaults_without_any_variable() -> None:
     assert jobenv.job_id_from({}) == "local"
     assert jobenv.log_dir_from({}) == Path("nvrx_logs")
     job = JobEnv.local(env={})
-    assert (job.master_port, job.store_port, job.job_id) == (29500, 29501, "local-29501")
-    assert job.job_dir == Path("nvrx_logs") / "local-29501"
+    assert (job.master_port, job.store_port, job.job_id) == (29500, 29503, "local-29503")
+    assert job.job_dir == Path("nvrx_logs") / "local-29503"
 
 
 def test_the_store_port_follows_master_port_everywhere() -> None:
-    assert jobenv.store_port_for(29500) == 29501
-    assert jobenv.store_port_for(65535) == 65534  # never past the last port, never MASTER_PORT
-    assert JobEnv.local(master_port=31000, env={}).store_port == 31001
-    assert JobEnv.from_env({"MASTER_PORT": "31000"}).store_port == 31001
+    # past MASTER_PORT + 1 and + 2, the ports of NVRx's layout; never past the last port
+    assert jobenv.store_port_for(29500) == 29503
+    assert jobenv.store_port_for(65535) == 65532
+    assert jobenv.store_port_for(65532) == 65535
+    assert JobEnv.local(master_port=31000, env={}).store_port == 31003
+    assert JobEnv.from_env({"MASTER_PORT": "31000"}).store_port == 31003
     slurm = {"SLURM_JOB_ID": "1234", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_NUM_NODES": "2",
              "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_NUM_NODES": "2",
              "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1"}  # fmt: skip
-    assert Topology.from_env({**slurm, "MASTER_PORT": "31000"}).store_port == 31001
-    derived = Topology.from_env(slurm)
+    assert job_from_slurm({**slurm, "MASTER_PORT": "31000"}).store_port == 31003
+    derived = job_from_slurm(slurm)
     assert (derived.master_port, derived.store_port) == jobenv.ports_for_job("1234")
-    assert derived.store_port == derived.master_port + 1
+    assert derived.store_port == derived.master_port + jobenv.STORE_PORT_OFFSET
 
 
 def test_supervisor_cli_builds_its_job_from_the_contract(tmp_path: Path) -> None:
@@ -95,7 +97,7 @@ def test_supervisor_cli_builds_its_job_from_the_contract(tmp_path: Path) -> None
     )
     assert config.job_env == JobEnv(job_id="j1", log_dir=str(tmp_path), nnodes=2, node_rank=1,
                                     nproc_per_node=2, master_addr="127.0.0.1",
-                                    master_port=25000, store_port=25001)  # fmt: skip
+                                    master_port=25000, store_port=25003)  # fmt: skip
     assert config.events_dir == tmp_path / "j1"
 
 
@@ -158,7 +160,7 @@ def test_supervisor_cli_under_slurm_keeps_the_environment_port_the_options_do_no
     config, _ = config_from_args(["--store-port", "25000", "--", "true"], env)
     assert (config.master_port, config.store_port) == (30000, 25000)
     config, _ = config_from_args(["--", "true"], env)
-    assert (config.master_port, config.store_port) == (30000, 30001)
+    assert (config.master_port, config.store_port) == (30000, 30003)
     assert (config.node_rank, config.nnodes, config.master_addr) == (1, 2, "n1")
     assert config.events_dir == tmp_path / "1234"  # the log dir of the env given, not os.environ
     config, _ = config_from_args(["--", "true"], {**env, "NVRX_JOB_ID": "mine"})

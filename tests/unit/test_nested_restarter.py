@@ -41,7 +41,7 @@ def test_callback_prints_state_and_stage_on_the_special_initial_rank(capsys, tmp
     lines = _lines(capsys)
     assert len(lines) == 2
     assert lines[0].endswith(LINE + "handling stage=processing") and "[ALWAYS]" in lines[0]
-    assert lines[1].endswith(LINE + "finalized") and ":3]" in lines[1]
+    assert lines[1].endswith(LINE + "finalized") and "[InprocessRestarter.Restarter]" in lines[1]
     got, _ = events.read_dir(tmp_path)
     assert [(e["state"], e["stage"]) for e in got if e["kind"] == "restarter_state"] == [
         ("handling", "processing"),
@@ -86,13 +86,14 @@ def test_reference_parameters_and_an_own_logger(capsys, tmp_path):
     assert isinstance(shared_logger(), NestedRestarterLogger)
 
 
-def test_the_logger_does_not_propagate_and_shows_its_rank(capsys):
+def test_the_logger_does_not_propagate_and_prints_the_references_prefix(capsys):
     logger = NestedRestarterLogger()
     assert logger.propagate is False and logger.name == "InprocessRestarter"
     logger.set_connected_rank(5)
+    assert logger.rank == 5
     logger.log_for_restarter("hello %s", "there")
     out = capsys.readouterr().out
-    assert "InprocessRestarter@" in out and ":5]" in out and out.rstrip().endswith("hello there")
+    assert out.rstrip().endswith("] [ALWAYS] [InprocessRestarter.Restarter] hello there"), out
 
 
 @pytest.mark.parametrize("cls", [NestedRestarterHandlingStarting, NestedRestarterFinalized])

@@ -100,8 +100,8 @@ def test_local_topology_and_defaults_without_slurm(tmp_path) -> None:
         ],
         env,
     )
-    assert (cfg.nnodes, cfg.node_rank, cfg.master_port, cfg.store_port) == (2, 1, 30000, 30001)
-    assert cfg.job_id == "local-30001" and cfg.command == ["python", "t.py"] and not verbose
+    assert (cfg.nnodes, cfg.node_rank, cfg.master_port, cfg.store_port) == (2, 1, 30000, 30003)
+    assert cfg.job_id == "local-30003" and cfg.command == ["python", "t.py"] and not verbose
 
 
 def test_explicit_topology_wins_over_slurm_variables() -> None:
@@ -171,7 +171,7 @@ def test_only_a_job_of_one_node_given_no_port_takes_free_ports(
 ) -> None:
     env = {"PATH": os.environ["PATH"]}
     cfg, _ = config_from_args(["--", "python"], env)
-    assert cfg.store_port == cfg.master_port + 1 and cfg.job_id == f"local-{cfg.store_port}"
+    assert cfg.store_port == cfg.master_port + 3 and cfg.job_id == f"local-{cfg.store_port}"
     assert capsys.readouterr().err == (
         f"nvrx-supervise: no --master-port given; using free ports {cfg.master_port} (ranks' "
         f"MASTER_PORT) and {cfg.store_port} (nvrx store)\n"
@@ -186,4 +186,4 @@ def test_only_a_job_of_one_node_given_no_port_takes_free_ports(
     ]:
         cfg, _ = config_from_args(argv, {**env, **env_more})
         assert "free ports" not in capsys.readouterr().err, argv
-    assert (cfg.master_port, cfg.store_port) == (30042, 30043)
+    assert (cfg.master_port, cfg.store_port) == (30042, 30045)

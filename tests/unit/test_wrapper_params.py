@@ -117,6 +117,28 @@ def test_store_port_never_defaults_to_master_port(monkeypatch):
         rstore.resolve_address()
 
 
+def test_under_a_supervisor_its_store_wins_over_store_kwargs_said_once(monkeypatch, caplog):
+    """A script in NVRx's layout names its own port in ``store_kwargs``; the supervisor's
+    store is the one every rank shares, so the Wrapper takes it and says so once."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.delenv("NVRX_STORE_HOST", raising=False)
+    monkeypatch.delenv("NVRX_STORE_PORT", raising=False)
+    kwargs = {"port": 29502, "timeout": 5}
+    assert rstore.wrapper_address(kwargs) == ("127.0.0.1", 29502)  # standalone: as given
+    assert kwargs == {"timeout": 5}
+    monkeypatch.setenv("NVRX_STORE_HOST", "storehost")
+    monkeypatch.setenv("NVRX_STORE_PORT", "29503")
+    caplog.set_level("INFO", logger=rstore.log.name)
+    for _ in range(2):
+        kwargs = {"host_name": "apphost", "port": 29502}
+        assert rstore.wrapper_address(kwargs) == ("storehost", 29503)
+        assert kwargs == {}
+    said = [r for r in caplog.records if r.name == rstore.log.name and r.levelname == "INFO"]
+    assert len(said) == 1
+    assert "apphost" in said[0].getMessage() and "storehost:29503" in said[0].getMessage()
+
+
 def test_file_store_mixin_barrier_works(tmp_path):
     store = rstore.FileStore(str(tmp_path / "fs"), 1)
     store.barrier([0], "g", 1, datetime.timedelta(seconds=5))

@@ -137,5 +137,41 @@ class Leftovers:
         }
 
 
+class StdoutLines:
+    """What is written to file descriptor 1 while active (``sys.stdout``, and handlers that
+    kept it), kept in ``path`` and copied back to the real stdout at the end."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.saved = -1
+
+    def __enter__(self) -> StdoutLines:
+        sys.stdout.flush()
+        self.saved = os.dup(1)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(fd, 1)
+        os.close(fd)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.stdout.flush()
+        os.dup2(self.saved, 1)
+        os.close(self.saved)
+        sys.stdout.write(self.path.read_text(errors="replace"))
+
+    def lines(self) -> list[str]:
+        return self.path.read_text(errors="replace").splitlines()
+
+
+#: What starts a line for NVRx's in-job restarter; the text before it is a timestamp.
+RESTARTER_MARK = "[NestedRestarter]"
+
+
+def restarter_lines(lines: list[str]) -> list[str]:
+    """The nested-restarter lines, from their level tag on (``[ALWAYS] [<logger>@<host>:<rank>]
+    [NestedRestarter] ...``): the timestamp before it differs from run to run."""
+    return [line[line.index("[ALWAYS]"):] for line in lines if RESTARTER_MARK in line and "[ALWAYS]" in line]
+
+
 def rank_env() -> tuple[int, int]:
     return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

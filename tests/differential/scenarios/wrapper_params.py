@@ -1,4 +1,5 @@
-"""``Wrapper``'s parameters, without running a call: defaults kept as attributes, refused values, ``enabled=False``.
+"""``Wrapper``'s parameters, without running a call: defaults kept as attributes, every
+parameter given a value other than its default, refused values, ``enabled=False``.
 
 Each outcome is the attribute's value (timedeltas in seconds, objects by class name) or
 the exception a construction raised, as the names of its classes a caller can catch.
@@ -47,10 +48,54 @@ def construct(inprocess: Any, **kwargs: Any) -> Any:
     return found
 
 
+def non_defaults(inprocess: Any) -> dict[str, Any]:
+    """A value other than the default for every parameter of the reference's ``Wrapper``."""
+    s = datetime.timedelta(seconds=1)
+
+    class Store(inprocess.store.TCPStore):
+        pass
+
+    class Finalize(inprocess.finalize.Finalize):
+        def __call__(self, state: Any) -> Any:
+            return state
+
+    class Health(inprocess.health_check.HealthCheck):
+        def __call__(self, state: Any) -> Any:
+            return state
+
+    class Completion(inprocess.completion.Completion):
+        def __call__(self, state: Any) -> Any:
+            return state
+
+    class Terminate(inprocess.terminate.Terminate):
+        def __call__(self, state: Any) -> Any:
+            return state
+
+    class Filter(inprocess.rank_filter.RankFilter):
+        def __call__(self, state: Any) -> Any:
+            return state
+
+    ra = inprocess.rank_assignment
+    return dict(
+        store_factory=Store, store_kwargs={"port": 4000, "timeout": 7 * s},
+        initialize=inprocess.initialize.RetryController(max_iterations=3), abort=None,
+        finalize=Finalize(), health_check=Health(),
+        rank_assignment=inprocess.Compose(ra.MaxActiveWorldSize(2), ra.ShiftRanks()),
+        rank_filter=Filter(), monitor_thread_interval=2 * s, monitor_process_interval=2 * s,
+        heartbeat_interval=2 * s, progress_watchdog_interval=2 * s, soft_timeout=30 * s,
+        hard_timeout=40 * s, heartbeat_timeout=20 * s, barrier_timeout=50 * s,
+        completion_timeout=60 * s, last_call_wait=2 * s, termination_grace_time=3 * s,
+        monitor_process_logfile="/tmp/monitor-{rank}.log", enabled=False,
+        completion=Completion(), terminate=Terminate(),
+    )  # fmt: skip
+
+
 def main() -> int:
     impl, out, _ = common.arguments()
     inprocess = common.module(impl, "inprocess")
-    common.module(impl, "inprocess.rank_assignment")
+    for sub in ("rank_assignment", "store", "initialize", "finalize", "health_check", "completion",
+                "terminate", "rank_filter"):
+        common.module(impl, f"inprocess.{sub}")
     s = datetime.timedelta(seconds=1)
     refused = {
         "soft_not_below_hard": dict(soft_timeout=5 * s, hard_timeout=5 * s),
@@ -69,6 +114,7 @@ def main() -> int:
 
     record = {
         "defaults": construct(inprocess),
+        "non_defaults": construct(inprocess, **non_defaults(inprocess)),
         "refused": {name: construct(inprocess, **kw) for name, kw in refused.items()},
         "disabled_returns_fn_itself": inprocess.Wrapper(enabled=False)(fn) is fn,
     }

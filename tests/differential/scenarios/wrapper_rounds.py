@@ -18,6 +18,16 @@ Every hook is a recording one; CASE names what goes wrong:
   active rank 0.
 * ``dist_initialized``: torch.distributed is initialized already when the call starts.
 * ``local_store_class``: ``store_factory`` is a store class defined in a function.
+* ``nested_restarter``: as ``restart``, with the nested-restarter callbacks composed into
+  ``initialize``, ``abort``, ``completion`` and ``terminate`` as the reference's example
+  wires them; the record keeps the ``[NestedRestarter]`` lines the rank printed.
+* ``nested_restarter_abort``: as ``max_iterations``, with those callbacks.
+* ``hang_protection_off``: soft, hard and heartbeat timeouts of days, which turn hang
+  detection off; rank 1 is silent in round 0 for longer than the timeouts of the other
+  cases (no ``ping``, no progress), and nothing restarts.
+* ``rank_filter_logfile``: as ``restart``, with an old-style ``rank_filter`` (a recording
+  ``rank_filter.RankFilter``) and ``monitor_process_logfile`` (absolute, with ``{rank}``);
+  the record says whether the rank's monitor log file exists after the call.
 
 A rank whose round has a fault elsewhere waits in a step loop for the Wrapper to
 interrupt it, as training code would be; a round without a fault runs a gloo all-reduce
@@ -30,6 +40,8 @@ import datetime
 import os
 import sys
 import time
+import warnings
+from pathlib import Path
 from typing import Any
 
 import common
@@ -48,13 +60,17 @@ TIMEOUTS = dict(
     last_call_wait=0.1,
     termination_grace_time=1,
 )
+#: Days: timeouts no training step reaches, which is how a caller turns hang protection off.
+HANG_PROTECTION_OFF = dict(soft_timeout=1, hard_timeout=2, heartbeat_timeout=1, barrier_timeout=3)
+#: Longer than the hard timeout of ``TIMEOUTS``, which would restart the rank.
+SILENCE_S = TIMEOUTS["hard_timeout"] + 1
 
 
 def fault_rounds(case: str) -> set[int]:
     """Rounds in which the faulting rank's function fails."""
-    if case in ("max_iterations", "fault_terminate"):
+    if case in ("max_iterations", "fault_terminate", "nested_restarter_abort"):
         return {0, 1}
-    if case in ("dist_initialized", "local_store_class"):
+    if case in ("dist_initialized", "local_store_class", "hang_protection_off"):
         return set()
     return {0}
 
@@ -155,6 +171,31 @@ def peer_in_function(case: str, store: Any) -> tuple[Any, Any]:
     return entered, before_fault
 
 
+def nested_restarter(inprocess: Any, hooks: dict[str, Any]) -> dict[str, Any]:
+    """``hooks`` with the nested-restarter callbacks composed in, in the reference example's
+    order: ``initialize``'s runs after the hook, ``abort``'s before it."""
+    nested = inprocess.nested_restarter
+    compose = inprocess.Compose
+    return dict(
+        hooks,
+        initialize=compose(nested.NestedRestarterHandlingCompleted(), hooks["initialize"]),
+        abort=compose(hooks["abort"], nested.NestedRestarterHandlingStarting()),
+        completion=compose(nested.NestedRestarterFinalized(), hooks["completion"]),
+        terminate=compose(nested.NestedRestarterAborted(), hooks["terminate"]),
+    )
+
+
+def rank_filter(inprocess: Any, journal: list[Any]) -> Any:
+    """An old-style rank filter that records the state it is given and changes nothing."""
+
+    class Recording(inprocess.rank_filter.RankFilter):
+        def __call__(self, state: Any) -> Any:
+            journal.append(["rank_filter", common.state_fields(state)])
+            return state
+
+    return Recording()
+
+
 def all_stopping(store: Any) -> Any:
     """``stopping(it)``: each rank waits until every rank reached ``RetryController``'s
     ``RestartAbort`` of round ``it``, so that no rank's leave restarts another before that
@@ -182,7 +223,8 @@ def main() -> int:
     import torch.distributed as dist
 
     inprocess = common.module(impl, "inprocess")
-    for sub in ("store", "initialize", "abort", "finalize", "health_check", "completion", "terminate"):
+    for sub in ("store", "initialize", "abort", "finalize", "health_check", "completion", "terminate",
+                "nested_restarter", "rank_filter"):
         common.module(impl, f"inprocess.{sub}")
     restart = common.module(impl, "inprocess.monitor_thread").RankShouldRestart
     rank, _ = common.rank_env()
@@ -206,6 +248,8 @@ def main() -> int:
         if it in failing:
             entered(it)
             wait_for_restart()
+        if case == "hang_protection_off" and rank == 1:
+            time.sleep(SILENCE_S)  # silent: no ping, no step
         dist.init_process_group("gloo", store=dist.PrefixStore(f"round{it}", app_store), rank=r, world_size=ws)
         total = torch.ones(1)
         with call_wrapper.atomic():
@@ -220,7 +264,13 @@ def main() -> int:
         by_reference_name = common.attach_user_handler(common.REFERENCE_LOGGER)
     leftovers = common.Leftovers()
     timeouts = {k: datetime.timedelta(seconds=v) for k, v in TIMEOUTS.items()}
+    if case == "hang_protection_off":
+        timeouts.update({k: datetime.timedelta(days=v) for k, v in HANG_PROTECTION_OFF.items()})
     options: dict[str, Any] = {"store_kwargs": {"port": port + 1}}
+    logfile = Path.cwd() / f"{impl}-monitor" / "monitor-{rank}.log"
+    if case == "rank_filter_logfile":
+        logfile.parent.mkdir(exist_ok=True)
+        options.update(rank_filter=rank_filter(inprocess, journal), monitor_process_logfile=str(logfile))
     if case == "local_store_class":
 
         class LocalStore(inprocess.store.TCPStore):
@@ -229,14 +279,22 @@ def main() -> int:
         options["store_factory"] = LocalStore
     if case == "dist_initialized":
         dist.init_process_group("gloo", store=dist.PrefixStore("before", app_store), rank=rank, world_size=2)
-    wrapper = inprocess.Wrapper(**options, **hooks(inprocess, journal, case, (entered, before_fault), all_stopping(app_store)), **timeouts)
+    plugins = hooks(inprocess, journal, case, (entered, before_fault), all_stopping(app_store))
+    if case.startswith("nested_restarter"):
+        plugins = nested_restarter(inprocess, plugins)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # rank_filter is deprecated in both
+        wrapper = inprocess.Wrapper(**options, **plugins, **timeouts)
     record: dict[str, Any] = {"case": case, "rank": rank}
-    try:
-        record["returned"] = wrapper(train)()
-        record["raised"] = None
-    except BaseException as exc:
-        record["returned"] = None
-        record["raised"] = common.exception_fields(exc)
+    with common.StdoutLines(Path.cwd() / f"{impl}-{rank}.stdout") as printed:
+        try:
+            record["returned"] = wrapper(train)()
+            record["raised"] = None
+        except BaseException as exc:
+            record["returned"] = None
+            record["raised"] = common.exception_fields(exc)
+    record["restarter_lines"] = common.restarter_lines(printed.lines())
+    record["monitor_logfile"] = Path(str(logfile).format(rank=rank)).is_file()
     record.update(journal=journal, rounds=rounds, leftovers=leftovers.after())
     record["user_handler_levels"] = sorted(set(handler.levels))
     record["reference_name_levels"] = sorted(set(by_reference_name.levels))
