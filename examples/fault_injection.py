@@ -6,7 +6,7 @@ a rank stuck in a blocking call does), ``kill`` (SIGKILL the process),
 ``node`` (lose the whole node: freeze, then SIGKILL, the rank's supervisor and
 every process below it, as a node that dies takes all of them at once),
 ``silent`` (freeze the Wrapper's monitor process of the rank, then the rank:
-alive, but no heartbeat) or ``exit130`` (ask for a clean stop of the whole
+alive, but no heartbeat) or ``exit130`` (stop the whole
 job). Each fault fires once per
 job: a marker file in the run directory remembers that it fired, so the
 restarted process (or the next in-process round) does not fire it again.

@@ -3,7 +3,7 @@
 Run under ``nvrx-supervise`` (see ``scripts/demo.sh``), which sets RANK,
 WORLD_SIZE and the NVRX_* variables. Faults (``--fault KIND:STEP:RANK`` or
 ``NVRX_DEMO_FAULTS``, see ``fault_injection.py``) make ranks raise, hang, die
-or ask for a clean stop; the job resumes from its last checkpoint and
+or stop the job (exit 130); the job resumes from its last checkpoint and
 finishes at full size.
 
 By default the training function runs inside the in-process ``Wrapper``:

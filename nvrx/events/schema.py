@@ -197,8 +197,10 @@ KINDS: dict[str, dict[str, str]] = {
     "node_probe": {
         "lost_slot": "slot of the node declared lost",
         "lost_host": "its SLURM node name",
-        "responding": "whether a no-op SLURM step ran on it (true: its supervisor was lost, not the node)",
+        "responding": "whether a no-op SLURM step ran on it (true: its supervisor was lost, "
+        "not the node; null: unknown, the supervisor ended first)",
         "probe_s": "seconds the probe took (bounded by its timeout)",
+        "note": "why the answer is false or unknown (null), when it is not the step's own exit",
     },
     "node_takeover": {
         "node_rank": "node rank this spare supervisor takes over",

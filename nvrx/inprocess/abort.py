@@ -143,7 +143,10 @@ class AbortTorchDistributed(Abort):
                     dist.destroy_process_group(pg)
         except Exception as exc:  # a group caught halfway through its creation, say
             log.debug("destroy_process_group failed (%r); clearing the groups instead", exc)
-            AbortTorchDistributed._forget_all_groups()
+            try:
+                AbortTorchDistributed._forget_all_groups()
+            except Exception as again:  # torch's private registry changed shape
+                log.warning("could not clear torch's process groups: %r (after %r)", again, exc)
 
     @staticmethod
     def _forget_all_groups() -> None:

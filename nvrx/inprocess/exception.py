@@ -20,7 +20,7 @@ class RestartAbort(BaseException):
     """Stop restarting: the rank (or the whole job) leaves the restart loop for good.
 
     A process that exits because of it should return ``exit_code`` (130), which
-    nvrx supervisors read as "stop cleanly, do not restart this process".
+    nvrx supervisors read as "stop the job, do not restart this process" (they exit 12).
     """
 
     CLEAN_EXIT_CODE = 130

@@ -17,7 +17,7 @@ One round of the restart loop (every rank, keys under ``nvrx/r<round>/``):
    it registers itself terminated so the others go on, runs ``terminate`` and
    re-raises (a ``terminate`` that raises: its exception, caused by the first).
    Under an nvrx supervisor ``RestartAbort`` exits the process with code 130
-   ("stop cleanly, do not restart").
+   ("stop the job, do not restart"; the supervisors exit 12).
 """
 
 from __future__ import annotations

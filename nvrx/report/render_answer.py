@@ -25,6 +25,8 @@ OK, FAILED, UNFINISHED = "ok", "failed", "unfinished"
 _UNFINISHED = ("unknown", "unfinished", "running", "pending", "requeued", "resizing", "suspended")
 #: At most this many faults are listed on the first screen; the sections below have them all.
 MAX_FAULT_LINES = 12
+#: Nodes kept out of ``--exclude`` named on the first screen, with their evidence.
+MAX_KEPT_LINES = 5
 
 
 def verdict(summary: Summary) -> str:
@@ -280,5 +282,8 @@ def answer_section(doc: Doc, r: ReportData) -> None:
         for n in r.suspects
         if not n.suspect and n.evidence
     ]
+    if len(kept) > MAX_KEPT_LINES:
+        more = len(kept) - MAX_KEPT_LINES
+        kept[MAX_KEPT_LINES:] = [f"  and {more} more (Suspect nodes, below; JSON: evidence)"]
     if kept:
         doc.text("\n".join(["not excluded, though it had faults:", *kept]))

@@ -91,6 +91,19 @@ def _answered(job: JobSummary) -> set[tuple[int, str]]:
     return out
 
 
+#: ``nvrx-supervise``'s exit code when a rank asked to exclude its node (``ExcludeThisNode``).
+EXCLUDED_EXIT = 10
+
+
+def _excluded_slots(job: JobSummary) -> set[tuple[int, object]]:
+    """(run, slot) of supervisors that left because a rank asked to exclude their node."""
+    return {
+        (e["run"], e.get("node"))
+        for e in job.node_events
+        if e.get("kind") == "supervisor_end" and e.get("exit_code") == EXCLUDED_EXIT
+    }
+
+
 def _slurm_words(state: str | None) -> str:
     """SLURM's state of a lost node when it was declared, for the evidence. A state that says
     responding proves nothing: SLURM marks a dead node only after its SlurmdTimeout."""
@@ -109,13 +122,15 @@ def _loss_evidence(job: JobSummary, tally: _NodeTally, losses: LossIndex) -> lis
     if not tally.lost:  # (the node events are scanned only for the few lost nodes)
         return []
     healthy, slot_hosts = _healthy_hosts(job, losses), _slot_hosts(job)
-    answered = _answered(job)
+    answered, excluded = _answered(job), _excluded_slots(job)
     out = []
     for loss in tally.lost:
         state = (loss.slurm_state or {}).get("State")
         silent = f"silent {loss.silent_s:.1f} s" if loss.silent_s is not None else "silent"
         names = {loss.host} | slot_hosts.get((loss.run, loss.slot), set())
-        if loss.host is not None and (loss.run, loss.host) in answered:
+        if (loss.run, loss.slot) in excluded:
+            out.append((True, "a rank asked to exclude this node (ExcludeThisNode)"))
+        elif loss.host is not None and (loss.run, loss.host) in answered:
             out.append((False, "supervisor lost, node still ran a SLURM step: not excluded"))
         elif names & healthy.get(loss.run, set()):
             out.append((False, "lost, but nodes that stayed healthy ran on its host: not excluded"))

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 #: The Wrapper's restart phase in which ranks wait for replacements to rejoin.
 REJOIN_PHASE = "rejoin_wait"
-#: Exit codes of a child that ended cleanly (done, or a clean stop it asked for).
+#: Exit codes of a child that ended cleanly (done, or a stop of the job it asked for).
 CLEAN_EXITS = (0, 130)
 
 

@@ -158,6 +158,12 @@ def show_job(job_id: int | str, *, env: Mapping[str, str] | None = None) -> dict
 PROBE_TIMEOUT_S = 20.0
 
 
+def node_answers_argv(job_id: int | str, node: str) -> list[str]:
+    """The no-op step of ``node_answers``: it exits 0 only if ``node`` runs it."""
+    return ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1",
+            f"--nodelist={node}", "--kill-on-bad-exit=1", "--quiet", "true"]  # fmt: skip
+
+
 def node_answers(
     job_id: int | str, node: str, *, env: Mapping[str, str] | None = None,
     timeout: float = PROBE_TIMEOUT_S,
@@ -165,8 +171,7 @@ def node_answers(
     """Whether ``node``'s slurmd runs a no-op step of job ``job_id`` (``srun --overlap -w NODE
     true``) within ``timeout``: SLURM's own view of a node lags its death by its
     ``SlurmdTimeout``, a step answers now. False on any failure, a timeout included."""
-    argv = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
-            "--kill-on-bad-exit=1", "--quiet", "true"]  # fmt: skip
+    argv = node_answers_argv(job_id, node)
     try:
         return run_command(argv, env=env, check=False, timeout=timeout).returncode == 0
     except SlurmCommandError:

@@ -80,8 +80,9 @@ class ConfigError(ValueError):
 
 def local_job(**values: Any) -> JobEnv:
     """A config's job unless given: one local node of one rank on torch's default ports, job
-    id ``local``, whatever the environment; the ``JobEnv`` fields in ``values`` replace those."""
-    return replace(JobEnv.local(job_id=DEFAULT_JOB_ID, env={}), **values)
+    id ``local``, whatever the environment; the ``JobEnv`` fields in ``values`` replace those
+    (the store's port follows a master port given without it, as in ``JobEnv.local``)."""
+    return JobEnv.local(**{"job_id": DEFAULT_JOB_ID, **values}, env={})
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Exit codes of ``nvrx-supervise`` and ``fork_and_monitor``: each one says why the job ended.
 
 Every supervisor of a job that stops for a job-wide reason (budget exhausted,
-loop breaker, a clean stop) returns the same code, because the reason travels
+loop breaker, a rank's RestartAbort) returns the same code, because the reason travels
 through the store with the stop request.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import signal
 
-#: A child exiting with this code asks for a clean stop of the whole job (``RestartAbort``).
+#: A child exiting with this code stops the whole job without a restart (``RestartAbort``).
 CLEAN_STOP_EXIT = 130
 
 

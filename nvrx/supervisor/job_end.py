@@ -44,7 +44,7 @@ class JobEnd:
         control: NodeControl,
         messages: NodeMessages,
         job_restart: JobRestart,
-        requeue: Callable[[str | None], None],
+        requeue: Callable[..., None],
         selector: Callable[[], selectors.BaseSelector],
         poll: Poll,
     ) -> None:
@@ -176,7 +176,7 @@ class JobEnd:
                 link.set(STOP_KEY, request.encode())
             except StoreLinkError as exc:
                 log.warning("could not tell the other nodes to stop: %s", exc)
-            self.requeue(loss.host)
+            self.requeue(loss.host, probe=False)  # a rank asked to exclude it: no question
         try:
             if loss is not None and loss.action == "spare":  # the others restart with the spare
                 self.job_restart.restart_for_lost_node(loss.node_rank, leaving=True)

@@ -3,57 +3,102 @@
 A node is declared lost when its supervisor falls silent; that says nothing of
 the node itself (a killed supervisor leaves a healthy node behind). When a spare
 takes the node's place or the job shrinks without it, the job does not wait:
-``NodeProbes`` runs one no-op SLURM step on the node (``commands.node_answers``)
-in a thread and records the answer as a ``node_probe`` event, which
-``nvrx-report`` reads before it advises excluding the node. A job that stops for
-the loss probes before its requeue instead (``node_requeue``).
+``NodeProbes`` starts one no-op SLURM step on the node (the command of
+``commands.node_answers``) as a child process, and the supervisor's loop polls
+it (its exit wakes the loop by SIGCHLD; ``deadline`` bounds the loop's wait), so
+no thread runs beside the supervisor's fork of children. Its answer is the
+``node_probe`` event, which ``nvrx-report`` reads before it advises excluding
+the node. A probe the job outlives is ended with it and recorded as unknown. A
+job that stops for the loss probes before its requeue instead (``node_requeue``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
+import signal
+import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from nvrx import processes
 from nvrx.slurm import commands
 
 log = logging.getLogger(__name__)
 
 
-class NodeProbes:
-    """The probes of lost nodes this supervisor started; ``close`` waits for them."""
+@dataclass
+class _Probe:
+    slot: int
+    host: str
+    proc: subprocess.Popen[bytes]
+    started: float  # time.monotonic()
 
-    def __init__(self, emit: Callable[..., None], job_id: str | None = None) -> None:
+
+class NodeProbes:
+    """The probes of lost nodes this supervisor started and has not recorded yet."""
+
+    def __init__(
+        self,
+        emit: Callable[..., None],
+        job_id: str | None = None,
+        timeout: float = commands.PROBE_TIMEOUT_S,
+    ) -> None:
         self._emit = emit
         self._job_id = job_id if job_id is not None else os.environ.get("SLURM_JOB_ID")
-        self._threads: list[threading.Thread] = []
+        self._timeout = timeout
+        self._running: list[_Probe] = []
 
     def start(self, slot: int, host: str | None) -> bool:
-        """Probe ``host`` (the SLURM node name of lost ``slot``) in the background; False when
-        there is nothing to ask (not under SLURM, or the host is unknown)."""
+        """Start probing ``host`` (the SLURM node name of lost ``slot``); False when there is
+        nothing to ask (not under SLURM, the host unknown) or ``srun`` cannot be started."""
         if not self._job_id or not host:
             return False
-        t = threading.Thread(
-            target=self._probe, args=(slot, host), name=f"nvrx-node-probe-{slot}", daemon=True
-        )
-        self._threads.append(t)
-        t.start()
+        try:
+            proc = processes.start(
+                commands.node_answers_argv(self._job_id, host),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+        except OSError as exc:
+            log.warning("cannot ask SLURM whether node %s answers: %s", host, exc)
+            return False
+        self._running.append(_Probe(slot, host, proc, time.monotonic()))
         return True
 
-    def _probe(self, slot: int, host: str) -> None:
-        began = time.monotonic()
-        answered = commands.node_answers(self._job_id or "", host)
-        took = round(time.monotonic() - began, 3)
-        if answered:
-            log.warning("lost slot %d: node %s still runs SLURM steps (its supervisor was lost, "
-                        "not the node)", slot, host)  # fmt: skip
-        self._emit("node_probe", lost_slot=slot, lost_host=host, responding=answered, probe_s=took)
+    def deadline(self) -> float | None:
+        """When the oldest running probe times out (``time.monotonic()``), None without one."""
+        return min((p.started + self._timeout for p in self._running), default=None)
 
-    def close(self, timeout: float = commands.PROBE_TIMEOUT_S + 5.0) -> None:
-        """Wait for the probes still running (each is bounded by its own timeout)."""
-        deadline = time.monotonic() + timeout
-        for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        self._threads = [t for t in self._threads if t.is_alive()]
+    def poll(self) -> None:
+        """Record each probe that ended or timed out (a timeout: the node did not answer)."""
+        now, still = time.monotonic(), []
+        for p in self._running:
+            code = p.proc.poll()
+            if code is None and now < p.started + self._timeout:
+                still.append(p)
+            elif code is None:
+                self._end(p, False, "no answer within the probe's timeout")
+            else:
+                self._end(p, code == 0, None)
+        self._running = still
+
+    def close(self) -> None:
+        """Record the probes that ended, and end the others (their answer stays unknown)."""
+        self.poll()
+        for p in self._running:
+            self._end(p, None, "the supervisor ended first")
+        self._running = []
+
+    def _end(self, p: _Probe, responding: bool | None, why: str | None) -> None:
+        if p.proc.poll() is None:
+            processes.signal_group(p.proc.pid, signal.SIGKILL)
+        p.proc.wait()
+        took = round(time.monotonic() - p.started, 3)
+        if responding:
+            log.warning("lost slot %d: node %s still runs SLURM steps (its supervisor was lost, "
+                        "not the node)", p.slot, p.host)  # fmt: skip
+        self._emit(
+            "node_probe", lost_slot=p.slot, lost_host=p.host, responding=responding, probe_s=took,
+            note=why,
+        )  # fmt: skip

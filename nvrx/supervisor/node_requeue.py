@@ -57,14 +57,18 @@ def end_orphaned_job(job_id: str) -> None:
 
 
 def requeue_without(
-    host: str | None, preemption: PreemptionHandler | None, emit: Callable[..., None]
+    host: str | None,
+    preemption: PreemptionHandler | None,
+    emit: Callable[..., None],
+    probe: bool = True,
 ) -> None:
-    """Under SLURM, the job that stopped for a lost node runs again on other nodes."""
+    """Under SLURM, the job that stopped for a lost node runs again on other nodes. ``probe``:
+    first ask whether the node still answers (not for a node that left on purpose)."""
     job_id = os.environ.get("SLURM_JOB_ID")
     if not job_id or not host:
         return
     # SLURM's node state lags a node's death by its SlurmdTimeout; a step answers now.
-    answered = commands.node_answers(job_id, host)
+    answered = probe and commands.node_answers(job_id, host)
     if answered:
         log.warning(
             "node %s still runs SLURM steps: its supervisor was lost, not the node; "

@@ -130,8 +130,8 @@ class NodeRoles:
             ranks=ranks,
         )
         log.warning("slot %d (%s) lost: %s", slot, host, loss.reason)
-        if loss.action in ("spare", "shrink"):  # a stop probes before its requeue
-            self.probes.start(slot, info.get("slurm_node"))
+        if loss.action in ("spare", "shrink") and slot != self.slot:  # (a stop probes at requeue)
+            self.probes.start(slot, info.get("slurm_node"))  # not a node that left on purpose
         if loss.action == "shrink":
             self._check_all_done()
         return loss

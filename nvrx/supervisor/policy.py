@@ -145,9 +145,12 @@ def last_fault_event(events_dir: str | os.PathLike[str], pid: int) -> dict[str, 
 _NOT_A_CAUSE = ("exit", "peer")
 
 
-def last_round_fault(events_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The first fault of the last round any rank of the job faulted in, of any process
-    (a Wrapper's or its monitor's): why a Wrapper gave up, rather than its ``RestartAbort``."""
+def last_round_fault(
+    events_dir: str | os.PathLike[str], since: float = 0.0
+) -> dict[str, Any] | None:
+    """The first fault of the last round any rank of the job faulted in since wall time
+    ``since`` (this run: round numbers start again after a requeue), of any process (a
+    Wrapper's or its monitor's): why a Wrapper gave up, rather than its ``RestartAbort``."""
     directory = Path(events_dir)
     best, best_key = None, None
     for path in directory.glob("*.jsonl") if directory.is_dir() else ():
@@ -155,7 +158,7 @@ def last_round_fault(events_dir: str | os.PathLike[str]) -> dict[str, Any] | Non
             if event.get("kind") != "fault" or event.get("fault_kind") in _NOT_A_CAUSE:
                 continue
             rnd, wall = event.get("round"), event.get("wall")
-            if not isinstance(rnd, int) or not isinstance(wall, (int, float)):
+            if not isinstance(rnd, int) or not isinstance(wall, (int, float)) or wall < since:
                 continue
             key = (rnd, -wall)
             if best_key is None or key > best_key:
@@ -202,7 +205,8 @@ class RestartPolicy:
         if status.code == CLEAN_STOP_EXIT:
             return Verdict(
                 Decision.STOP,
-                "a rank stopped the job: exit 130 (RestartAbort: its Wrapper gave up)",
+                "a rank stopped the job: exit 130 (RestartAbort: its Wrapper gave up; or a "
+                "shell's SIGINT)",
                 fault.signature if fault else None,
                 exit_code=ExitCode.RANK_STOPPED,
             )

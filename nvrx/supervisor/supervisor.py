@@ -72,6 +72,7 @@ class Supervisor:
         self.exit_code: int = ExitCode.OK
         self.signalled: int | None = None  # the last stop signal received
         self.kill_at: float | None = None  # when children still running after a stop get SIGKILL
+        self.started_wall = time.time()  # (again when ``run`` begins)
         self._compose()
 
     def _compose(self) -> None:
@@ -111,6 +112,7 @@ class Supervisor:
             rank=None,
             round=None,
         )
+        self.started_wall = time.time()
         self.writer.emit("supervisor_start", **cfg.start_fields(), supervisor_pid=os.getpid())
         reason = "all children ended"
         try:
@@ -250,9 +252,9 @@ class Supervisor:
             self.ranks.restarts[local_rank] += 1
             self.start_child(local_rank)
         else:
-            if verdict.exit_code != ExitCode.OK:
-                self._log_root_cause(verdict, local_rank)
             self.request_stop(verdict.reason, verdict.exit_code, broadcast=True)
+            if verdict.exit_code != ExitCode.OK:  # (after the others were told to stop)
+                self._log_root_cause(verdict, local_rank)
 
     # -- stopping -----------------------------------------------------------------
     def request_stop(self, reason: str, exit_code: int, broadcast: bool) -> None:
@@ -361,8 +363,9 @@ class Supervisor:
             self.reap()  # children that ended before the selector existed
             while self.running() or self.course.one_of(Course.SPARE, Course.RESTARTING):
                 self.restart_standby.keep_ready()  # once the children started; again after a restart
-                timeout = None if self.kill_at is None else max(0.0, self.kill_at - time.monotonic())
-                self._on_store_events(self._poll_once(selector, self.hang_watch.timeout(timeout)))
+                self._on_store_events(self._poll_once(selector, self._wait_s()))
+                if self.store.roles is not None:
+                    self.store.roles.probes.poll()
                 self.hang_watch.check()
                 self.job_restart.progress()
                 if self.store.relinks != relinks:  # failed over: the new link is registered
@@ -375,6 +378,14 @@ class Supervisor:
             self._handle_preemption()  # a warning that came with the last child's exit
         finally:
             selector.close()
+
+    def _wait_s(self) -> float | None:
+        """How long the loop may wait for what comes: until the kill deadline, a probe's
+        deadline or the hang watch's next look, whichever is first; None: no bound."""
+        roles = self.store.roles
+        wake = [t for t in (self.kill_at, roles and roles.probes.deadline()) if t is not None]
+        timeout = max(0.0, min(wake) - time.monotonic()) if wake else None
+        return self.hang_watch.timeout(timeout)
 
     def _handle_preemption(self) -> None:
         """After SLURM's warning (or another node's flag): let the children checkpoint and stop; node 0 requeues."""
@@ -416,11 +427,12 @@ class Supervisor:
         of its last round (any rank's), not its ``RestartAbort``."""
         rank = self.config.rank(local_rank, self.node_rank)
         where = self.config.events_dir
-        fault = last_round_fault(where) if verdict.decision is Decision.STOP else None
+        stopped = verdict.decision is Decision.STOP
+        fault = last_round_fault(where, since=self.started_wall) if stopped else None
         log.error(root_cause_line(verdict, rank, self.node_rank, where, fault))
 
-    def _requeue_without(self, host: str | None) -> None:
-        node_requeue.requeue_without(host, self.preemption, self.emit)
+    def _requeue_without(self, host: str | None, probe: bool = True) -> None:
+        node_requeue.requeue_without(host, self.preemption, self.emit, probe)
 
     def emit(self, kind: str, **fields: object) -> None:
         """Record one supervisor event (none before ``run`` configured the writer)."""

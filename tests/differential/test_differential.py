@@ -94,10 +94,17 @@ def test_the_references_round_store_shadows_its_own_barrier(scenario):
 # -- Wrapper parameters: defaults and refused values, no call ---------------------------
 
 
+#: Parameters of nvrx's Wrapper that the reference's has not (``docs/inprocess.md``).
+NVRX_ONLY_PARAMETERS = ["monitor_process_pidfile", "rejoin_timeout"]
+
+
 def test_wrapper_parameters_match(scenario):
     runs = scenario("wrapper_params.py")
     ref, ours = copy.deepcopy(runs["reference"][0]), copy.deepcopy(runs["nvrx"][0])
     ref["refused"].pop("seconds_as_float"), ours["refused"].pop("seconds_as_float")
+    # every parameter of the reference's Wrapper is given a value other than its default
+    assert ref.pop("left_default") == [], "a reference parameter left at its default"
+    assert ours.pop("left_default") == NVRX_ONLY_PARAMETERS
     _same(ref, ours, "Wrapper(...)")
 
 

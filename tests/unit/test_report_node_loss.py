@@ -587,6 +587,29 @@ def test_a_spare_takeovers_probe_decides_whether_the_lost_node_is_excluded(
         ), answer
 
 
+def test_a_node_a_rank_asked_to_exclude_is_excluded_though_it_answers(tmp_path: Path) -> None:
+    """node-b's rank asked to exclude its node (``ExcludeThisNode``): its supervisor left
+    with exit 10 and the spare took over. That the node still runs SLURM steps does not
+    clear it: the job's own code said it is unfit."""
+    job = Job(tmp_path / "job", {0: "node-a", 1: "node-b", 2: "node-c"}, nnodes=3, spares=1)
+    _before_the_loss(job)
+    job.sup[1].at(DECLARED - 0.05, "supervisor_end", exit_code=10, reason="excluded")
+    job.sup[2].at(DECLARED + 0.1, "node_takeover", node_rank=1, lost_slot=1, wait_s=0.1)
+    job.node_lost("spare", replaced_by=2, slurm_state={"State": "MIXED", "Reason": "none"})
+    job.sup[0].at(
+        DECLARED + 0.4, "node_probe", lost_slot=1, lost_host="node-b", responding=True,
+        probe_s=0.3,
+    )  # fmt: skip
+    job.round_restart(DECLARED + 0.2, [0, 1])
+    job.round_start(18.0, 1, [0, 1, 2, 3])
+    job.complete(26.0, [0, 1, 2, 3])
+    report = job.close()
+    (node_b,) = report.suspects
+    assert (node_b.host, node_b.suspect) == ("node-b", True)
+    assert node_b.evidence == ["a rank asked to exclude this node (ExcludeThisNode)"]
+    assert report.exclude == "node-b"
+
+
 def test_a_lost_node_slurm_still_calls_responding_is_excluded_without_a_step(
     tmp_path: Path,
 ) -> None:

@@ -301,3 +301,50 @@ def test_last_fault_skips_lines_nested_too_deep_and_odd_numbers(tmp_path) -> Non
     fifo = tmp_path / "app-n0-p78-abcd.jsonl"
     os.mkfifo(fifo)  # never ends a read: passed over
     assert last_fault(tmp_path, 78) is None
+
+
+def _fault(rank: int, rnd: int, wall: float, kind: str, signature: str) -> dict:
+    return {"kind": "fault", "rank": rank, "node": 0, "host": "h", "round": rnd, "wall": wall,
+            "fault_kind": kind, "signature": signature}  # fmt: skip
+
+
+def test_a_wrapper_that_gave_up_is_blamed_on_its_last_rounds_first_fault_of_this_run(
+    tmp_path,
+) -> None:
+    """The run before a requeue reached round 7; this run's Wrapper gave up in round 2. The
+    line names this run's round-2 fault, neither the earlier run's nor a RestartAbort
+    (``exit``) or a peer's collateral error."""
+    import json
+
+    from nvrx.supervisor.policy import Verdict, last_round_fault, root_cause_line
+
+    lines = {
+        "wrapper-n0-p1-a.jsonl": [_fault(0, 7, 100.0, "exception", "KeyError at old.py:1 in f")],
+        "wrapper-n0-p2-b.jsonl": [
+            _fault(1, 1, 205.0, "exception", "RuntimeError at train.py:9 in step"),
+            _fault(1, 2, 210.0, "exception", "RuntimeError at train.py:9 in step"),
+            _fault(1, 3, 212.0, "exit", "nvrx.inprocess.exception.RestartAbort at x.py:1 in f"),
+        ],
+        "wrapper-n0-p3-c.jsonl": [
+            _fault(0, 2, 210.1, "peer", "DistNetworkError at y.py:1 in g"),
+            _fault(0, 2, 209.9, "hang_soft", "hang_soft"),
+        ],
+    }
+    for name, events in lines.items():
+        (tmp_path / name).write_text("".join(json.dumps(e) + "\n" for e in events))
+    fault = last_round_fault(tmp_path, since=200.0)
+    assert fault is not None and (fault["rank"], fault["round"], fault["signature"]) == (
+        0, 2, "hang_soft"
+    )  # fmt: skip
+    assert last_round_fault(tmp_path)["signature"] == "KeyError at old.py:1 in f"
+    verdict = Verdict(Decision.STOP, "a rank stopped the job", "RestartAbort", exit_code=12)
+    line = root_cause_line(verdict, 1, 0, tmp_path, fault)
+    assert line.startswith("root cause: rank 0 on node 0 (h): hang_soft (a rank stopped the job)")
+    assert line.endswith(f"nvrx-report {tmp_path} tells the rest")
+
+
+def test_the_report_knows_the_supervisors_exit_codes() -> None:
+    from nvrx.report import job_facts, suspects
+
+    assert job_facts.RANK_STOPPED_EXIT == ExitCode.RANK_STOPPED
+    assert suspects.EXCLUDED_EXIT == ExitCode.EXCLUDED

@@ -9,6 +9,7 @@ CASE is unused.
 from __future__ import annotations
 
 import datetime
+import inspect
 import warnings
 from typing import Any
 
@@ -117,6 +118,10 @@ def main() -> int:
         "non_defaults": construct(inprocess, **non_defaults(inprocess)),
         "refused": {name: construct(inprocess, **kw) for name, kw in refused.items()},
         "disabled_returns_fn_itself": inprocess.Wrapper(enabled=False)(fn) is fn,
+        # parameters of this Wrapper that ``non_defaults`` leaves at their default
+        "left_default": sorted(
+            set(inspect.signature(inprocess.Wrapper).parameters) - set(non_defaults(inprocess))
+        ),
     }
     common.write(out, record)
     return 0
