@@ -34,6 +34,17 @@ log = logging.getLogger(__name__)
 Poll = Callable[[selectors.BaseSelector, float | None], list[dict]]
 
 
+#: Exit codes of a job that is over for good: after a store failover (the batch script died
+#: with node 0) nvrx ends its SLURM job, which would otherwise hold the allocation until its
+#: time limit. Not a requeue (75, 8), nor a signal (SLURM ends that job itself).
+FINAL_EXITS = (
+    ExitCode.OK,
+    ExitCode.RANK_STOPPED,
+    ExitCode.BUDGET_EXHAUSTED,
+    ExitCode.LOOP_BREAKER,
+    ExitCode.NON_RETRYABLE,
+)
+
 class JobEnd:
     """The end of a supervisor's run: report done, leave, and (the store host) wait for the others."""
 
@@ -72,7 +83,7 @@ class JobEnd:
             return
         if store.service is not None and cfg.nnodes > 1:  # the store host
             self._wait_for_other_nodes(time.monotonic() + cfg.finish_timeout)
-            if store.epoch > 0 and control.exit_code == ExitCode.OK:
+            if store.epoch > 0 and control.exit_code in FINAL_EXITS:
                 self._end_orphaned_job()
 
     def _end_orphaned_job(self) -> None:
