@@ -555,14 +555,14 @@ def test_a_killed_supervisor_on_a_responding_node_is_not_excluded(tmp_path: Path
     assert report.exclude is None
 
 
-@pytest.mark.parametrize("responding", [True, False])
-def test_a_spare_takeovers_probe_decides_whether_the_lost_node_is_excluded(
-    tmp_path: Path, responding: bool
-) -> None:
-    """A spare takes node-b's place at once; the probe that ran a SLURM step on node-b
-    afterwards (``node_probe``) tells whether its supervisor or the node was lost."""
-    job = Job(tmp_path / "job", {0: "node-a", 1: "node-b", 2: "node-c"}, nnodes=3, spares=1)
+def _spare_took_over(log_dir: Path, responding: bool, excluded_by_a_rank: bool = False) -> Report:
+    """A spare takes node-b's place at once; afterwards the probe of node-b (``node_probe``)
+    says whether it still runs SLURM steps. ``excluded_by_a_rank``: node-b's supervisor had
+    left with exit 10 (``ExcludeThisNode``)."""
+    job = Job(log_dir, {0: "node-a", 1: "node-b", 2: "node-c"}, nnodes=3, spares=1)
     _before_the_loss(job)
+    if excluded_by_a_rank:
+        job.sup[1].at(DECLARED - 0.05, "supervisor_end", exit_code=10, reason="excluded")
     job.sup[2].at(DECLARED + 0.1, "node_takeover", node_rank=1, lost_slot=1, wait_s=0.1)
     job.node_lost("spare", replaced_by=2, slurm_state={"State": "MIXED", "Reason": "none"})
     job.sup[0].at(
@@ -572,7 +572,16 @@ def test_a_spare_takeovers_probe_decides_whether_the_lost_node_is_excluded(
     job.round_restart(DECLARED + 0.2, [0, 1])
     job.round_start(18.0, 1, [0, 1, 2, 3])
     job.complete(26.0, [0, 1, 2, 3])
-    report = job.close()
+    return job.close()
+
+
+@pytest.mark.parametrize("responding", [True, False])
+def test_a_spare_takeovers_probe_decides_whether_the_lost_node_is_excluded(
+    tmp_path: Path, responding: bool
+) -> None:
+    """The probe that ran after the spare took over tells whether node-b's supervisor or
+    the node itself was lost."""
+    report = _spare_took_over(tmp_path / "job", responding)
     (node_b,) = report.suspects
     assert (node_b.host, node_b.lost, node_b.suspect) == ("node-b", 1, not responding)
     assert report.exclude == (None if responding else "node-b")
@@ -588,22 +597,9 @@ def test_a_spare_takeovers_probe_decides_whether_the_lost_node_is_excluded(
 
 
 def test_a_node_a_rank_asked_to_exclude_is_excluded_though_it_answers(tmp_path: Path) -> None:
-    """node-b's rank asked to exclude its node (``ExcludeThisNode``): its supervisor left
-    with exit 10 and the spare took over. That the node still runs SLURM steps does not
-    clear it: the job's own code said it is unfit."""
-    job = Job(tmp_path / "job", {0: "node-a", 1: "node-b", 2: "node-c"}, nnodes=3, spares=1)
-    _before_the_loss(job)
-    job.sup[1].at(DECLARED - 0.05, "supervisor_end", exit_code=10, reason="excluded")
-    job.sup[2].at(DECLARED + 0.1, "node_takeover", node_rank=1, lost_slot=1, wait_s=0.1)
-    job.node_lost("spare", replaced_by=2, slurm_state={"State": "MIXED", "Reason": "none"})
-    job.sup[0].at(
-        DECLARED + 0.4, "node_probe", lost_slot=1, lost_host="node-b", responding=True,
-        probe_s=0.3,
-    )  # fmt: skip
-    job.round_restart(DECLARED + 0.2, [0, 1])
-    job.round_start(18.0, 1, [0, 1, 2, 3])
-    job.complete(26.0, [0, 1, 2, 3])
-    report = job.close()
+    """node-b's rank asked to exclude its node (``ExcludeThisNode``): that the node still
+    runs SLURM steps does not clear it, the job's own code said it is unfit."""
+    report = _spare_took_over(tmp_path / "job", True, excluded_by_a_rank=True)
     (node_b,) = report.suspects
     assert (node_b.host, node_b.suspect) == ("node-b", True)
     assert node_b.evidence == ["a rank asked to exclude this node (ExcludeThisNode)"]
