@@ -8,7 +8,8 @@ takes the node's place or the job shrinks without it, the job does not wait:
 it (its exit wakes the loop by SIGCHLD; ``deadline`` bounds the loop's wait), so
 no thread runs beside the supervisor's fork of children. Its answer is the
 ``node_probe`` event, which ``nvrx-report`` reads before it advises excluding
-the node. A probe the job outlives is ended with it and recorded as unknown. A
+the node. A probe the supervisor outlives is ended with it and recorded as
+unknown; one whose supervisor is killed dies with it (``die_with_parent``). A
 job that stops for the loss probes before its requeue instead (``node_requeue``).
 """
 
@@ -57,7 +58,7 @@ class NodeProbes:
             return False
         try:
             proc = processes.start(
-                commands.node_answers_argv(self._job_id, host),
+                commands.node_answers_argv(self._job_id, host), die_with_parent=True,
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
         except OSError as exc:
