@@ -150,7 +150,8 @@ class HostGroup:
 
     def leave(self) -> bool:
         """Stop being a member (a leader steps down first). Once no live member is left, the
-        directory goes. Whether this was the last member and every other one left on purpose
+        directory goes, and with it those of groups on this host whose members all died (a
+        crashed node's, where nobody else would join again). Whether this was the last member and every other one left on purpose
         (none was killed, or failed): then nobody is to find the host silent. Never raises."""
         try:
             with group_locked(self.dir):
@@ -160,7 +161,8 @@ class HostGroup:
                 if live:
                     return False
                 remove_group(self.dir)
-                return dead == 0
+            remove_abandoned(self.dir.parent, keep=self.dir)
+            return dead == 0
         except OSError as exc:  # the directory went with the last member meanwhile
             log.info("leaving the host's group: %r", exc)
             return False

@@ -127,6 +127,20 @@ def test_a_stopped_member_still_counts_and_keeps_the_group(tmp_path, members) ->
         os.kill(frozen.pid, signal.SIGCONT)
 
 
+def test_the_last_monitor_to_leave_removes_the_groups_whose_monitors_all_died(
+    tmp_path, members
+) -> None:
+    """A crashed node's group (its monitors SIGKILLed) on the same host goes when the last
+    live monitor of another group leaves, and the private root with it."""
+    leader = _group(tmp_path, "job")
+    assert leader.join()
+    dead = group_dir("crashed node", "h1", root=str(tmp_path))  # after that join
+    _kill(_start(members, dead, rank=3))
+    assert (dead / f"{MEMBER}3").exists()
+    assert leader.leave() is True
+    assert not dead.exists() and not leader.dir.parent.exists()
+
+
 def test_a_joining_monitor_removes_the_groups_whose_monitors_all_died(tmp_path, members) -> None:
     dead = group_dir("killed job", "h0", root=str(tmp_path))
     for rank in (0, 1):
