@@ -9,17 +9,16 @@ because such a failure will not fix itself by restarting.
 from __future__ import annotations
 
 import enum
-import json
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nvrx.events.failures import PEER, fault_signature, process_end_signature
-from nvrx.events.reader import read_regular_file
+from nvrx.events.failures import EXIT, PEER, fault_signature, process_end_signature
+from nvrx.events.reader import iter_file
 
 from .children import ExitStatus
 from .exit_codes import CLEAN_STOP_EXIT, ExitCode
@@ -111,21 +110,6 @@ def last_fault(events_dir: str | os.PathLike[str], pid: int) -> LastFault | None
     return None if event is None else _fault_record(event)
 
 
-def _events(path: Path) -> Iterator[dict[str, Any]]:
-    """The events of one file that parse; none when it cannot be read."""
-    try:
-        lines = read_regular_file(path).splitlines()  # not a FIFO that never ends
-    except OSError:
-        return
-    for raw in lines:
-        try:
-            event = json.loads(raw)
-        except (ValueError, RecursionError):  # torn, or arrays nested too deep
-            continue
-        if isinstance(event, dict):
-            yield event
-
-
 def last_fault_event(events_dir: str | os.PathLike[str], pid: int) -> dict[str, object] | None:
     """The ``fault`` event that ended process ``pid`` (see ``last_fault``), as written."""
     directory = Path(events_dir)
@@ -133,7 +117,7 @@ def last_fault_event(events_dir: str | os.PathLike[str], pid: int) -> dict[str, 
         return None
     record = None
     for path in directory.glob(f"*-p{pid}-*.jsonl"):
-        for event in _events(path):
+        for event in iter_file(path):
             if event.get("kind") == "fault":
                 record = event
             elif event.get("kind") in ("round_start", "call_start"):
@@ -142,7 +126,7 @@ def last_fault_event(events_dir: str | os.PathLike[str], pid: int) -> dict[str, 
 
 
 #: Fault kinds that tell of another fault, not of their own cause.
-_NOT_A_CAUSE = ("exit", "peer")
+_NOT_A_CAUSE = (EXIT, PEER)
 
 
 def last_round_fault(
@@ -154,7 +138,7 @@ def last_round_fault(
     directory = Path(events_dir)
     best, best_key = None, None
     for path in directory.glob("*.jsonl") if directory.is_dir() else ():
-        for event in _events(path):
+        for event in iter_file(path):
             if event.get("kind") != "fault" or event.get("fault_kind") in _NOT_A_CAUSE:
                 continue
             rnd, wall = event.get("round"), event.get("wall")

@@ -72,7 +72,7 @@ class Supervisor:
         self.exit_code: int = ExitCode.OK
         self.signalled: int | None = None  # the last stop signal received
         self.kill_at: float | None = None  # when children still running after a stop get SIGKILL
-        self.started_wall = time.time()  # (again when ``run`` begins)
+        self.started_wall = time.time()  # this run's faults are those written after it
         self._compose()
 
     def _compose(self) -> None:
@@ -112,7 +112,6 @@ class Supervisor:
             rank=None,
             round=None,
         )
-        self.started_wall = time.time()
         self.writer.emit("supervisor_start", **cfg.start_fields(), supervisor_pid=os.getpid())
         reason = "all children ended"
         try:
