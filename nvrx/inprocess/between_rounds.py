@@ -23,12 +23,13 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from nvrx.store import rounds
+
 from . import death_between_rounds, rejoin
-from . import store as rstore
 from .exception import RestartAbort
 from .fault_recording import record_exit
 from .health_check_base import run_check
-from .monitor_thread import DONE, RESTART_WAIT_S
+from .monitor_thread import RESTART_WAIT_S
 from .progress_watchdog import FLAG_RELEASED
 from .rank_assignment import RankAssignmentCtx, RankDiscarded
 from .rank_filter import with_rank_filter
@@ -121,8 +122,8 @@ def _next_round(call: RoundCall, run: RoundRun, signal: BaseException | None) ->
     # ranks that had reported already.
     with call.phase("iteration_barrier"):
         base, rank, world_size = call.services.base_store, call.state.rank, call.state.world_size
-        rstore.arrive_iteration(run.store, base, rank, world_size)  # type: ignore[arg-type]
-        decision = rstore.wait_iteration(run.store, world_size, w.barrier_timeout)
+        rounds.arrive_iteration(run.store, base, rank, world_size)  # type: ignore[arg-type]
+        decision = rounds.wait_iteration(run.store, world_size, w.barrier_timeout)
     _end_monitor(run)
     terminated = {int(r) for r in decision["terminated"]}
     if rank not in terminated:  # its monitor: the next round counts it (death_between_rounds)
@@ -130,7 +131,7 @@ def _next_round(call: RoundCall, run: RoundRun, signal: BaseException | None) ->
     terminated -= _take_back(call, run.store, terminated)
     if terminated:
         call.emit("ranks_terminated", ranks=sorted(terminated))
-    faults = [dataclasses.asdict(r) | {"traceback": None} for r in rstore.fault_records(run.store)]
+    faults = [dataclasses.asdict(r) | {"traceback": None} for r in rounds.fault_records(run.store)]
     call.emit(
         "round_end",
         outcome="restart",
@@ -171,7 +172,7 @@ def _end_monitor(run: RoundRun) -> None:
     released): one the round's interruption never woke (its function raised
     ``RankShouldRestart`` itself) would otherwise wait on for a day."""
     if not run.monitor.woke.is_set():
-        rstore.interrupt(run.store, DONE)
+        rounds.interrupt(run.store, rounds.DONE)
     run.monitor.join(RESTART_WAIT_S)
 
 
@@ -268,10 +269,10 @@ def _next_round_place(call: RoundCall, round_: int, rank: int) -> tuple[int, int
     it, the call entered there; None where that place is not found (logged)."""
     w, base = call.wrapper, call.services.base_store
     found = death_between_rounds.place_in_next_round(
-        rstore, base, round_, call.initial_world_size, w.barrier_timeout, w.monitor_process_interval
+        base, round_, call.initial_world_size, w.barrier_timeout, w.monitor_process_interval
     )
     if found is not None:
-        death_between_rounds.publish_state(rstore, base, round_, rank, *found)
+        death_between_rounds.publish_state(base, round_, rank, *found)
         call.enter_round(round_ + 1)
         call.writer.update(round=round_ + 1, rank=found[0])
     return found
@@ -285,6 +286,6 @@ def _register_exit(
         return
     if not outcome.recorded and not isinstance(outcome.exc, RankDiscarded):
         record_exit(store, call.emit, rank, outcome.exc)
-    rstore.register_terminated(store, rank)
-    rstore.interrupt(store, "fault")
-    rstore.arrive_iteration(store, call.services.base_store, rank, world_size)
+    rounds.register_terminated(store, rank)
+    rounds.interrupt(store, "fault")
+    rounds.arrive_iteration(store, call.services.base_store, rank, world_size)

@@ -39,10 +39,9 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from nvrx.store import keys
+from nvrx.store import keys, rounds
 
 from .progress_watchdog import FLAG_RELEASED
 
@@ -66,13 +65,13 @@ def place_after_death(
     round's iteration barrier released it into the next, its state published there; None
     where its place is not found (logged), within ``barrier_timeout``."""
     try:
-        rounds, base = link.rounds, link.get()
+        base = link.get()
         place = place_in_next_round(
-            rounds, base, round_, cfg.initial_world_size, cfg.barrier_timeout,
+            base, round_, cfg.initial_world_size, cfg.barrier_timeout,
             cfg.monitor_process_interval, meanwhile,
         )  # fmt: skip
         if place is not None:
-            publish_state(rounds, base, round_, rank, *place)
+            publish_state(base, round_, rank, *place)
         return place
     except Exception as exc:  # the store failed, or the supervisor is gone: leave ``round_``
         log.warning("round %d: no place found for a rank dead before it: %r", round_ + 1, exc)
@@ -80,7 +79,6 @@ def place_after_death(
 
 
 def place_in_next_round(
-    rounds: ModuleType,
     base: Any,
     round_: int,
     ranks_bound: int,
@@ -157,9 +155,7 @@ def _wait_for_the_others(
             meanwhile()
 
 
-def publish_state(
-    rounds: ModuleType, base: Any, round_: int, rank: int, new_rank: int, world_size: int
-) -> None:
+def publish_state(base: Any, round_: int, rank: int, new_rank: int, world_size: int) -> None:
     """Publish the state the dead ``rank`` of round ``round_`` has as ``new_rank`` in the
     next round, as a rank does when it starts a round: a replacement process is admitted
     with it (``rejoin``). Its state of ``round_`` renumbered; active as there, under its

@@ -15,9 +15,8 @@ import logging
 from typing import Any
 
 from nvrx.store import faults as nvrx_faults
-from nvrx.store import keys
+from nvrx.store import keys, rounds
 
-from . import store as rstore
 from .fault_events import Emit, emit_fault
 
 log = logging.getLogger(__name__)
@@ -26,7 +25,7 @@ log = logging.getLogger(__name__)
 def _first_origin(store: Any) -> int | None:
     """The rank whose fault the store received first in this round, None when unknown."""
     with contextlib.suppress(Exception):
-        origins = rstore.fault_records(store)  # in the order the store received them
+        origins = rounds.fault_records(store)  # in the order the store received them
         if origins:
             return origins[0].rank
     return None
@@ -64,7 +63,7 @@ def record_rank_fault(
         return True
     emit_fault(emit, record, fault_kind="exception", origin_rank=rank, detection_s=0.0)
     try:
-        rstore.record_fault(store, record)
+        rounds.record_fault(store, record)
     except Exception as store_exc:
         log.error("could not record the fault in the store: %r", store_exc)
         return False
@@ -85,7 +84,7 @@ def record_exit(store: Any, emit: Emit, rank: int, exc: BaseException) -> None:
 def record_soft_hang(store: Any, emit: Emit, rank: int, message: str, stack: str) -> None:
     """The monitor saw no progress for ``soft_timeout``: record the fault (every rank restarts)."""
     record = nvrx_faults.FaultRecord(rank=rank, kind="hang_soft", message=message)
-    rstore.record_fault(store, record)
+    rounds.record_fault(store, record)
     emit_fault(
         emit,
         record,

@@ -2,7 +2,7 @@
 
 The ranks of a lost node (``leave_round``), and a rank whose monitor stopped
 beating to its supervisor (``leave_silent``: ``rank_beats``): run in the store
-agent (it holds torch's store client) by the supervisor that found it. Without
+agent (it holds the store client) by the supervisor that found it. Without
 a supervisor, the monitor that leads a host's heartbeats (``host_beats``)
 takes out the silent ranks of its host, and those of a silent host.
 
@@ -23,7 +23,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from nvrx.inprocess import store as rstore
 from nvrx.store import faults, generations, gone_ranks, keys, rounds
 from nvrx.store.barrier import BarrierOverflow
 
@@ -84,16 +83,16 @@ def leave_round(
         return {"round": None, "ranks": [], "out": []}
     # ranks left out when the round's generation opened are not in the round
     in_round = set(initial_ranks) - generations.gone_at_start(base, generations.of_round(base, round_))
-    round_store = rstore.round_store(base, round_)
+    round_store = rounds.round_store(base, round_)
     left, out = [], []
     for rank, world_size, initial in _round_ranks(
         round_store, in_round, initial_world_size, published
     ):
         out.append(initial)
-        if rank in rstore.terminated_ranks(round_store):
+        if rank in rounds.terminated_ranks(round_store):
             continue  # its own monitor, or an earlier declaration, already took it out
         record = faults.FaultRecord(rank=rank, kind=kind, message=message)
-        rstore.proxy_leave(round_store, base, rank, world_size, record)
+        rounds.proxy_leave(round_store, base, rank, world_size, record)
         left.append(rank)
         if on_left is not None:
             on_left(rank)

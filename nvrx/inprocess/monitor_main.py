@@ -18,7 +18,7 @@ which calls ``main``), one per rank, it reads the rank's ``ProgressBoard`` and a
   supervisor (``nvrx.rank_beats``); without one, to the monitor the host's
   monitors elected (``host_beats``). No heartbeat reaches the store from a rank.
 
-The program imports no torch itself; its link to the store does (``monitor_store``).
+The program imports no torch: its link to the store is nvrx's own client (``monitor_store``).
 Under a supervisor, unless it hosts the store, it says it watches at once and makes
 the link meanwhile: a ``hang`` event and a dead rank's ``fault`` event are written
 when seen; store records (and a hard hang's termination) wait for the link, beating
@@ -75,7 +75,7 @@ class _Monitor:
         self.sender = rank_beats.BeatSender(beats_path) if beats_path else None
         # Beats through the store, or a store to host, need the link before the watch.
         beside = self.sender is not None and not cfg.host_store
-        if not beside:  # torch now: beside the import of a store service launched by the boot
+        if not beside:  # now: beside the start of a store service launched by the boot
             monitor_store.preload()
         if early is not None:
             self.service = early.wait_started()

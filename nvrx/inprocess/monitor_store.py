@@ -1,7 +1,8 @@
 """The monitor process's link to the store, made beside its watch where nothing needs it yet.
 
-The store client and the modules that act on the store (``nvrx.inprocess.store``,
-``fault_recording``) import torch: seconds on a busy node. A monitor whose rank
+The store client is nvrx's own (``nvrx.store.wire``): the monitor imports no torch,
+unless the Wrapper was given a store factory of its own, which it then runs here. Even so
+the link is made only once something needs it. A monitor whose rank
 beats to its node's supervisor needs the store only once a fault happens, so it
 makes the link in a thread of its own (``start``) and watches meanwhile: what
 needs the store waits for the link (``wait``, while the monitor keeps beating).
@@ -38,9 +39,11 @@ class StoreUnavailable(RuntimeError):
 
 
 def preload() -> None:
-    """Import the modules that act on the store (and torch): ahead of a wait they can overlap
+    """Import the modules that act on the store: ahead of a wait they can overlap
     (the store service the monitor hosts starting; a standby's monitor started ahead)."""
-    from . import fault_recording, store  # noqa: F401
+    from nvrx.store import rounds  # noqa: F401
+
+    from . import fault_recording  # noqa: F401
 
 
 def connect(cfg: MonitorConfig) -> Any:
@@ -48,23 +51,23 @@ def connect(cfg: MonitorConfig) -> Any:
     if cfg.store_factory:
         factory, kwargs = pickle.loads(base64.b64decode(cfg.store_factory))
         return factory(**kwargs)
-    from nvrx.store import client  # torch
+    from nvrx.store.wire import WireStore
 
     host, port = cfg.store_host or "127.0.0.1", int(cfg.store_port or 0)
-    return client.connect(host, port, timeout=60)
+    return WireStore(host, port, timeout=60)
 
 
 def _connect_within(connect: Callable[[], Any], wait_s: float) -> Any:
     """``connect()``, tried again after each timeout of the client until ``wait_s`` has
     passed: node 0's store may come up after this node's monitors."""
-    from torch.distributed import DistNetworkError
+    from nvrx.store import errors
 
     deadline = time.monotonic() + wait_s
     pause = 0.05
     while True:
         try:
             return connect()
-        except DistNetworkError as exc:  # no answer within the client's own timeout
+        except errors.unreachable() as exc:  # no answer within the client's own timeout
             if time.monotonic() >= deadline:
                 raise
             log.info("the store does not answer yet, trying again: %s", exc)
@@ -98,9 +101,11 @@ class StoreLink:
 
     def _make(self, beside: bool = False) -> None:
         try:
-            from . import fault_recording, store  # torch
+            from nvrx.store import rounds
 
-            self._rounds, self._recording = store, fault_recording
+            from . import fault_recording
+
+            self._rounds, self._recording = rounds, fault_recording
             self._store = _connect_within(self._connect, self.wait_s)
         except BaseException as exc:  # kept for ``get`` and the watch loop
             if beside:  # no caller to raise it to
@@ -133,7 +138,7 @@ class StoreLink:
 
     @property
     def rounds(self) -> ModuleType:
-        """``nvrx.inprocess.store``, the round protocol on the store, once the link is made."""
+        """``nvrx.store.rounds``, the round protocol on the store, once the link is made."""
         self.get()
         assert self._rounds is not None
         return self._rounds

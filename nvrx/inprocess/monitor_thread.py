@@ -27,12 +27,14 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, NoReturn
 
+from nvrx.store import errors as store_errors
+from nvrx.store import rounds
+
 log = logging.getLogger(__name__)
 
 #: Signal that wakes a main thread blocked in an interruptible system call.
 WAKE_SIGNAL = signal.SIGRTMIN + 5
 
-DONE = "done"  # value of the interrupted key when a round completed without a fault
 
 #: Bound on the main thread waiting for its monitor thread: for the restart
 #: request after a fault was recorded (``Delivery.await_restart``), and for the
@@ -270,20 +272,16 @@ class MonitorThread(threading.Thread):
 
     def _wait_for_fault(self) -> bool:
         """Block until the round is interrupted; True for a fault, False when it completed or we stop."""
-        from torch.distributed import DistNetworkError, DistStoreError
-
         while True:
             try:
                 self.store.wait([self.interrupted_key], timedelta(seconds=self.chunk))
                 break
-            except DistNetworkError:
-                raise
-            except DistStoreError:
+            except store_errors.timeouts():
                 if self.stop.is_set():
                     return False
         self.woke.set()
         value = self.store.get(self.interrupted_key)
-        return value.decode(errors="replace") != DONE and not self.stop.is_set()
+        return value.decode(errors="replace") != rounds.DONE and not self.stop.is_set()
 
     def finish(self, timeout: float = RESTART_WAIT_S) -> bool:
         """This rank leaves: let an abort in progress end (up to ``timeout``); True when the thread ended.

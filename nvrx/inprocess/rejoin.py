@@ -34,11 +34,10 @@ import time
 from typing import Any
 
 from nvrx.store import barrier as nvrx_barrier
+from nvrx.store import errors as store_errors
 from nvrx.store import generations, gone_ranks, keys, rounds
 
-from . import store as rstore
 from .fault_recording import Emit
-from .monitor_thread import DONE
 from .state import Mode, State
 
 log = logging.getLogger(__name__)
@@ -143,17 +142,17 @@ def nobody_to_admit(base_store: Any) -> str | None:
     round_ = rounds.current_round(base_store)
     if round_ is None:
         return "the job has no round"
-    current = rstore.round_store(base_store, round_)
-    if current.check([keys.INTERRUPTED]) and current.get(keys.INTERRUPTED) == DONE.encode():
+    current = rounds.round_store(base_store, round_)
+    if current.check([keys.INTERRUPTED]) and current.get(keys.INTERRUPTED) == rounds.DONE.encode():
         return f"round {round_} completed"
     opened = nvrx_barrier.is_released(base_store, generations.initial_barrier(round_))
-    previous = None if opened or round_ == 0 else rstore.round_store(base_store, round_ - 1)
+    previous = None if opened or round_ == 0 else rounds.round_store(base_store, round_ - 1)
     if previous is not None and previous.check([keys.DECISION]):
         decision = json.loads(previous.get(keys.DECISION))
         world_size = decision.get("world_size")  # absent in a decision of an older version
         # a survivor that died after the decision is registered in that round too; the
         # ranks taken back then (``REJOIN``) run in this round, whatever that round says
-        terminated = set(decision["terminated"]) | rstore.terminated_ranks(previous)
+        terminated = set(decision["terminated"]) | rounds.terminated_ranks(previous)
         if previous.check([keys.REJOIN]):
             terminated -= {int(r) for r in json.loads(previous.get(keys.REJOIN))}
         if world_size is not None and set(range(int(world_size))) <= terminated:
@@ -163,13 +162,11 @@ def nobody_to_admit(base_store: Any) -> str | None:
 
 def _await(base_store: Any, key: str, timeout: float) -> bool:
     """Whether ``key`` was written within ``timeout`` seconds."""
-    from torch.distributed import DistStoreError
-
     if timeout <= 0:
         return bool(base_store.check([key]))
     try:
         base_store.wait([key], datetime.timedelta(seconds=timeout))
-    except DistStoreError:
+    except store_errors.timeouts():
         return False
     return True
 
@@ -220,7 +217,7 @@ def _candidates(store: Any, base_store: Any, terminated: set[int]) -> list[int]:
     ``RestartAbort``, nor those of a lost node that no spare node took over."""
     stopped = {
         rec.rank
-        for rec in rstore.fault_records(store)
+        for rec in rounds.fault_records(store)
         if rec.kind == "exit" and (rec.exc_type or "").endswith("RestartAbort")
     }
     candidates = []
@@ -242,11 +239,9 @@ def _admit(
     next_round: Admission,
 ) -> list[int]:
     """Wait for the replacements of ``candidates``, admit those that came, publish who came back."""
-    from torch.distributed import DistStoreError
-
     states = {t: json.loads(store.get(keys.rank_state(t))) for t in candidates}
     joins = {t: keys.join_request(states[t]["initial_rank"]) for t in candidates}
-    with contextlib.suppress(DistStoreError):  # some did not come back in time
+    with contextlib.suppress(*store_errors.timeouts()):  # some did not come back in time
         base_store.wait(list(joins.values()), datetime.timedelta(seconds=timeout))
     back = [t for t in candidates if base_store.check([joins[t]])]
     final = sorted(terminated - set(back))

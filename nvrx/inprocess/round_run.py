@@ -23,14 +23,13 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from nvrx.store import barrier as nvrx_barrier
-from nvrx.store import keys
+from nvrx.store import keys, rounds
 
 from . import gloo_abort, rejoin, rendezvous
-from . import store as rstore
 from .exception import InternalError
 from .fault_recording import record_rank_fault
 from .health_check_base import run_check
-from .monitor_thread import DONE, RESTART_WAIT_S, MonitorThread, RankShouldRestart
+from .monitor_thread import RESTART_WAIT_S, MonitorThread, RankShouldRestart
 from .progress_watchdog import FLAG_RELEASED
 from .round_call import RoundCall
 from .round_outcome import Completed, Leave, Outcome, Restart
@@ -70,7 +69,7 @@ class RoundRun:
         # starting the round (``death_between_rounds``: counted once its state is there)
         store.set(keys.rank_state(state.rank), rejoin.state_json(state))
         if call.round > call.generation:
-            rstore.commit_round_start(store, services.base_store, state.iteration)
+            rounds.commit_round_start(store, services.base_store, state.iteration)
         latency = None
         if call.pending_latency_from is not None:
             latency = started - call.pending_latency_from
@@ -84,9 +83,9 @@ class RoundRun:
         )
         call.delivery.reset()
         monitor = MonitorThread(
-            rstore.round_store(services.mt_store, call.round),
+            rounds.round_store(services.mt_store, call.round),
             keys.INTERRUPTED,
-            [nvrx_barrier.release_key(rstore.COMPLETION_BARRIER), keys.COMPLETED],
+            [nvrx_barrier.release_key(rounds.COMPLETION_BARRIER), keys.COMPLETED],
             call.delivery,
             call.wrapper.abort,
             state.freeze(),
@@ -165,19 +164,19 @@ class RoundRun:
 
     def _completion_barrier(self) -> None:
         call, store = self.call, self.store
-        name = rstore.COMPLETION_BARRIER
+        name = rounds.COMPLETION_BARRIER
         world_size = call.state.world_size
         nvrx_barrier.arrive(
             store,
             name,
             call.state.rank,  # type: ignore[arg-type]
             world_size,
-            before_release=lambda: rstore.interrupt(store, DONE),
+            before_release=lambda: rounds.interrupt(store, rounds.DONE),
         )
         nvrx_barrier.wait(
             store, name, world_size, call.wrapper.completion_timeout, range(world_size)
         )
-        if store.get(keys.INTERRUPTED).decode(errors="replace") != DONE:
+        if store.get(keys.INTERRUPTED).decode(errors="replace") != rounds.DONE:
             call.delivery.await_restart(RESTART_WAIT_S)
 
     # -- faults -----------------------------------------------------------------------

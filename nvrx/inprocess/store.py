@@ -15,8 +15,8 @@ which torch's own rendezvous uses. Under a supervisor (``NVRX_STORE_HOST``/
 ``store_kwargs`` name (``wrapper_address``): a script written for NVRx passes its
 own port there, which no nvrx store listens on.
 
-The module-level functions are the per-round protocol shared by the main
-process and the monitor process.
+The per-round protocol that the main process and the monitor process share is
+``nvrx.store.round``; its functions keep their names here too.
 """
 
 from __future__ import annotations
@@ -33,10 +33,22 @@ import torch.distributed as dist
 
 from nvrx.store import barrier as nvrx_barrier
 from nvrx.store import faults as nvrx_faults
-from nvrx.store import keys, rounds
+from nvrx.store import keys
 from nvrx.store.client import STORE_HOST_ENV, STORE_PORT_ENV, external_store_address
-
-from .monitor_thread import DONE
+from nvrx.store.rounds import (  # noqa: F401 - the protocol, under the names it had here
+    COMPLETION_BARRIER,
+    DONE,
+    ITERATION_BARRIER,
+    arrive_iteration,
+    commit_round_start,
+    fault_records,
+    interrupt,
+    proxy_leave,
+    record_fault,
+    register_terminated,
+    terminated_ranks,
+    wait_iteration,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +57,6 @@ BarrierTimeout = nvrx_barrier.BarrierTimeout
 BarrierOverflow = nvrx_barrier.BarrierOverflow
 
 INFINITE = datetime.timedelta.max
-
-ITERATION_BARRIER = "iteration"
-COMPLETION_BARRIER = "completion"
-
 
 def _seconds(timeout: datetime.timedelta | float | None) -> float:
     if timeout is None:
@@ -209,6 +217,12 @@ class FileStore(StoreMixin, dist.FileStore):
     """A torch FileStore with the reference helpers (tests, single host)."""
 
 
+def round_store(base: Any, round_: int) -> PrefixStore:
+    """The view of one restart round with the reference's helper methods, as the ranks'
+    code sees it (``CallWrapper.store``); nvrx's own protocol needs only ``rounds.round_store``."""
+    return PrefixStore(round_, base)
+
+
 def wrapper_address(kwargs: dict[str, Any]) -> tuple[str, int]:
     """Where the Wrapper's ``TCPStore`` is; pops ``host_name``/``port`` from ``kwargs``.
 
@@ -264,111 +278,3 @@ def _standalone_port() -> int:
     return port + 1 if port < 65535 else port - 1
 
 
-# -- the per-round protocol --------------------------------------------------------
-
-
-def round_store(base: Any, round_: int) -> PrefixStore:
-    """The store view of one restart round."""
-    return PrefixStore(round_, base)
-
-
-def record_fault(store: Any, record: nvrx_faults.FaultRecord) -> bool:
-    """Record a fault in the round and interrupt it; False when the round had completed already."""
-    nvrx_faults.append_record(store, keys.FAULT_LIST, record)
-    return interrupt(store, "fault")
-
-
-def interrupt(store: Any, value: str) -> bool:
-    """Set the round's interrupted key unless set; True when ``value`` (or a fault) holds now."""
-    current = store.compare_set(keys.INTERRUPTED, "", value)
-    # The key never changes once set, so writing its value again is safe, and a ``set``
-    # wakes the monitor threads waiting on it on every server: torch's legacy TCPStore
-    # backend (``use_libuv=False``) answers a ``compare_set`` without waking any waiter.
-    store.set(keys.INTERRUPTED, current)
-    text = current.decode(errors="replace") if isinstance(current, bytes) else str(current)
-    return text != DONE or value == DONE
-
-
-def fault_records(store: Any) -> list[nvrx_faults.FaultRecord]:
-    return nvrx_faults.read_records(store, keys.FAULT_LIST)
-
-
-def register_terminated(store: Any, rank: int) -> bool:
-    """Register ``rank`` (its rank in this round) as terminated; idempotent. True if new."""
-    if int(store.add(keys.terminated_flag(rank), 1)) != 1:
-        return False
-    store.append(keys.TERMINATED, f"{rank},")
-    return True
-
-
-def terminated_ranks(store: Any) -> set[int]:
-    if not store.check([keys.TERMINATED]):
-        return set()
-    raw = store.get(keys.TERMINATED).decode()
-    return {int(part) for part in raw.split(",") if part.strip()}
-
-
-def _publish_decision(store: Any, base: Any, world_size: int) -> None:
-    """Run by the last arrival at a round's iteration barrier, before anyone is released.
-
-    ``world_size`` is in the decision for a replacement process: a round whose
-    ranks all terminated has nobody left to take it back (``rejoin``).
-    """
-    # The restart is counted when the next round starts (commit_round_start), so
-    # a round that every rank leaves (RestartAbort everywhere) counts nothing.
-    decision = {
-        "terminated": sorted(terminated_ranks(store)),
-        "job_restarts": rounds.job_restarts(base) + 1,
-        "world_size": world_size,
-    }
-    round_ = getattr(store, "iteration", None)
-    if round_ is not None:
-        _clear_stale_keys(base, round_)
-        rounds.publish_round(base, round_ + 1)
-    store.set(keys.DECISION, json.dumps(decision))
-
-
-def _clear_stale_keys(base: Any, round_: int) -> None:
-    """Delete torch's rendezvous keys (every rank left its groups) and rounds older than the previous one."""
-    stale = tuple(keys.round_prefix(r) for r in range(max(0, round_ - 3), max(0, round_ - 1)))
-    try:
-        for key in base.list_keys():
-            if key.startswith(keys.TORCH_DEFAULT_PG_PREFIX) or (stale and key.startswith(stale)):
-                base.delete_key(key)
-    except Exception as exc:  # a store without list_keys: nothing to collect
-        log.debug("could not clear stale keys: %r", exc)
-
-
-def commit_round_start(store: Any, base: Any, job_restarts: int) -> None:
-    """The first rank to start a round after a restart records the new job restart count."""
-    if int(store.add(keys.STARTED, 1)) == 1 and rounds.job_restarts(base) < job_restarts:
-        rounds.set_job_restarts(base, job_restarts)
-
-
-def arrive_iteration(store: Any, base: Any, rank: int, world_size: int) -> None:
-    """Register ``rank`` at the round's iteration barrier (itself or by proxy)."""
-    nvrx_barrier.arrive(
-        store,
-        ITERATION_BARRIER,
-        rank,
-        world_size,
-        reentrant=True,
-        before_release=lambda: _publish_decision(store, base, world_size),
-    )
-
-
-def wait_iteration(store: Any, world_size: int, timeout: float) -> dict[str, Any]:
-    """Wait for the iteration barrier; returns the decision every rank reads alike."""
-    nvrx_barrier.wait(store, ITERATION_BARRIER, world_size, timeout, range(world_size))
-    return json.loads(store.get(keys.DECISION))
-
-
-def proxy_leave(
-    store: Any, base: Any, rank: int, world_size: int, record: nvrx_faults.FaultRecord | None
-) -> None:
-    """Everything peers need when ``rank`` leaves the round for good (it died or was killed)."""
-    if record is not None:
-        nvrx_faults.append_record(store, keys.FAULT_LIST, record)
-    register_terminated(store, rank)
-    interrupt(store, "fault")
-    arrive_iteration(store, base, rank, world_size)

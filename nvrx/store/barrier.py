@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
+from . import errors
+
 log = logging.getLogger(__name__)
 
 #: ``timeout`` value meaning "register the arrival, do not wait".
@@ -143,8 +145,6 @@ def wait(
     its signal handlers run (a ``KeyboardInterrupt``, the Wrapper's restart);
     None waits in one piece.
     """
-    from torch.distributed import DistNetworkError, DistStoreError
-
     if timeout <= NO_WAIT:
         return
     deadline = time.monotonic() + timeout
@@ -154,9 +154,7 @@ def wait(
         try:
             store.wait([release_key(name)], timedelta(seconds=left))
             return
-        except DistNetworkError:
-            raise
-        except DistStoreError:
+        except errors.timeouts():
             if chunk is None or time.monotonic() >= deadline:
                 break
     expected = list(participants) if participants is not None else list(range(count))

@@ -15,8 +15,8 @@ while the watched slot beats every beat after the first sends two requests.
 A slot that never beat is given ``startup_s`` (the store timeout: how long a
 node may take to reach the store) before it is reported.
 
-A store host that freezes (a hung node) does not reset its connections, and
-torch's store client may then block far longer than its timeout: a watchdog
+A store host that freezes (a hung node) does not reset its connections, and a
+store client may then block far longer than its timeout: a watchdog
 reports the store lost when one beat has been waiting for an answer longer
 than ``timeout``, so that the survivors fail over within seconds. (Time this
 process itself spent frozen between beats is no sign of the store: a thawed

@@ -4,8 +4,8 @@ The supervisor itself imports no torch, so that ``fork_and_monitor`` can fork
 replacement children from a process that holds no torch or socket state. This
 agent (started with ``python -m nvrx.supervisor.store_agent HOST PORT TIMEOUT``,
 or ``- - TIMEOUT`` to get the address later as a first stdin line, when it is
-started ahead during a store failover) owns the torch ``TCPStore`` clients
-instead and speaks JSON lines:
+started ahead during a store failover) owns the store clients instead (nvrx's own,
+``nvrx.store.wire``: the agent imports no torch either) and speaks JSON lines:
 
 * requests on stdin: ``{"id": 1, "op": "add"|"set"|"get"|"watch", "key": ..., ...}``;
   ``liveness`` starts the node heartbeat and watch (``node_watch``), ``leave_ranks``
@@ -29,6 +29,8 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
+from nvrx.store.wire import StoreGone, StoreTimeout, WireStore
+
 #: A watch waits in chunks of this length so a wait never depends on the client's timeout.
 #: A day: the renewals add nothing that counts to the store's load, and a connection is never
 #: idle for the five days after which a stateful firewall (Linux conntrack) forgets it.
@@ -37,23 +39,13 @@ _WATCH_CHUNK = timedelta(days=1)
 
 class _Agent:
     def __init__(self, host: str, port: int, timeout: float) -> None:
-        import torch.distributed as dist
-
-        self._dist = dist
         self.host, self.port = host, port
         self.timeout = timedelta(seconds=timeout)
         self._out_lock = threading.Lock()
         self.store = self._connect()
 
     def _connect(self, timeout: float | None = None) -> Any:
-        return self._dist.TCPStore(
-            self.host,
-            self.port,
-            world_size=None,
-            is_master=False,
-            timeout=self.timeout if timeout is None else timedelta(seconds=timeout),
-            wait_for_workers=False,
-        )
+        return WireStore(self.host, self.port, self.timeout if timeout is None else timeout)
 
     def send(self, message: dict[str, Any]) -> None:
         line = json.dumps(message, separators=(",", ":")) + "\n"
@@ -68,10 +60,10 @@ class _Agent:
                 try:
                     store.wait([key], _WATCH_CHUNK)
                     break
-                except self._dist.DistStoreError:
+                except StoreTimeout:
                     continue  # chunk elapsed without the key: wait again
             value = store.get(key).decode(errors="replace")
-        except Exception as exc:  # DistNetworkError: the server is gone
+        except Exception as exc:  # StoreGone: the server is gone
             self.send({"event": "lost", "message": f"{type(exc).__name__}: {exc}"})
             return
         self.send({"event": "key", "key": key, "value": value})
@@ -150,7 +142,7 @@ class _Agent:
                 continue
             try:
                 answer = self.handle(request)
-            except self._dist.DistNetworkError as exc:
+            except StoreGone as exc:
                 # the loss first: a supervisor that reads the failed answer knows it was a loss
                 self.send({"event": "lost", "message": f"{type(exc).__name__}: {exc}"})
                 self.send({"id": rid, "error": f"store lost: {exc}"})
@@ -163,7 +155,9 @@ class _Agent:
 
 def _address_from_stdin() -> tuple[str, int] | None:
     """The store's address as the first line on stdin (``{"host": ..., "port": ...}``)."""
-    import torch.distributed  # noqa: F401 - imported while the address is still unknown
+    from nvrx.inprocess import lost_ranks  # noqa: F401 - imported while the address is still unknown
+
+    from . import node_watch  # noqa: F401
 
     line = sys.stdin.readline()
     if not line:
@@ -197,8 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     agent.serve(sys.stdin)
     sys.stdout.flush()
-    # Watch threads are blocked inside torch's C++ store client: ending the interpreter
-    # around them aborts ("terminate called without an active exception").
+    # Watch threads may be blocked in a store wait of a day: nothing to wait for.
     os._exit(0)
 
 

@@ -1,17 +1,18 @@
-"""Under a supervisor, a Wrapper's monitor process watches before it has imported torch.
+"""Under a supervisor, a Wrapper's monitor process watches before its link to the store is made.
 
-Only its link to the store imports torch (``nvrx.inprocess.monitor_store``). Here every
-monitor process's ``import torch`` is held by a ``sitecustomize`` on the ranks'
-``PYTHONPATH`` (the monitor inherits the rank's environment) until the test's gate file
-exists, so "torch not imported yet" is a state the test controls rather than a race:
+The monitor makes its link in a thread of its own (``nvrx.inprocess.monitor_store``), whose
+first step imports the modules that act on the store (``fault_recording``). Here that
+import is held in every monitor process by a ``sitecustomize`` on the ranks' ``PYTHONPATH``
+(the monitor inherits the rank's environment) until the test's gate file exists, so "no
+link yet" is a state the test controls rather than a race:
 
 * the ranks enter their function, their monitors having said that they watch;
-* a hang is found, and its ``hang`` event written, while the monitor's torch is held;
+* a hang is found, and its ``hang`` event written, while the monitor's link is held;
   the fault's store record follows once the gate opens, and the job restarts in-process;
 * a rank's death is seen and its ``fault`` event (``dead``) written at once; the store
   part (the rank leaves its round) follows once the gate opens, and its replacement
   rejoins;
-* a monitor whose link cannot be made (its ``import torch`` fails) ends with a
+* a monitor whose link cannot be made (its imports fail) ends with a
   ``process_end`` event, and its rank, unwatched, leaves the job at its next round.
 """
 
@@ -34,15 +35,15 @@ SITECUSTOMIZE = textwrap.dedent(
     """
     import os, sys, time
 
-    class _HoldTorch:
+    class _HoldTheLink:
         def find_spec(self, name, path=None, target=None):
-            if name == "torch":
-                if os.environ.get("TEST_NO_TORCH_LOCAL_RANK") == os.environ["LOCAL_RANK"]:
+            if name == "nvrx.inprocess.fault_recording":
+                if os.environ.get("TEST_NO_LINK_LOCAL_RANK") == os.environ["LOCAL_RANK"]:
                     # refused once its rank is in round 0: the rank finds out at round 1
                     seen = os.path.join(os.environ["OUT_DIR"], f"seen-{os.environ['RANK']}-0.json")
                     while not os.path.exists(seen):
                         time.sleep(0.02)
-                    raise ImportError("torch withheld from this monitor by the test")
+                    raise ImportError("the store modules withheld from this monitor by the test")
                 while not os.path.exists(os.environ["TEST_MONITOR_GATE"]):
                     time.sleep(0.02)
             return None  # the usual finders import it
@@ -55,7 +56,7 @@ SITECUSTOMIZE = textwrap.dedent(
             return False
 
     if os.environ.get("TEST_MONITOR_GATE") and _in_a_monitor():
-        sys.meta_path.insert(0, _HoldTorch())
+        sys.meta_path.insert(0, _HoldTheLink())
     """
 )
 
@@ -70,7 +71,7 @@ TRAIN = textwrap.dedent(
 
     out, gate = Path(os.environ["OUT_DIR"]), Path(os.environ["TEST_MONITOR_GATE"])
     kill = os.environ.get("TEST_MODE") == "kill"
-    no_torch = os.environ.get("TEST_NO_TORCH_LOCAL_RANK")
+    no_link = os.environ.get("TEST_NO_LINK_LOCAL_RANK")
     first_process = os.environ.get("NVRX_RESTART_COUNT", "0") == "0"
 
     @inprocess.Wrapper(
@@ -89,7 +90,7 @@ TRAIN = textwrap.dedent(
             return
         if kill and os.environ["LOCAL_RANK"] == "1" and first_process:
             os.kill(os.getpid(), 9)
-        if no_torch is not None and os.environ["LOCAL_RANK"] == no_torch:  # its monitor ends
+        if no_link is not None and os.environ["LOCAL_RANK"] == no_link:  # its monitor ends
             while call_wrapper.monitor_process.proc.poll() is None:
                 time.sleep(0.02)
             raise RuntimeError("injected once this rank's monitor ended")  # round 1 next
@@ -119,7 +120,7 @@ def _job(tmp_path: Path, mode: str, max_restarts: int, **variables: str) -> tupl
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
     try:
-        # no warm standby: it would start a monitor ahead, whose torch is held as well
+        # no warm standby: it would start a monitor ahead, whose link is held as well
         job = Job(tmp_path, 1, 2, [sys.executable, str(script)], "--no-warm-standby",
                   "--max-restarts", str(max_restarts), "--tee", "3")  # fmt: skip
     finally:
@@ -139,7 +140,7 @@ def _monitor_events(job: Job, kind: str) -> list[dict]:
     return job.events(kind, component="monitor")
 
 
-def test_a_hang_is_found_before_the_monitor_has_imported_torch(tmp_path):
+def test_a_hang_is_found_before_the_monitor_has_its_link(tmp_path):
     job, out = _job(tmp_path, "hang", max_restarts=0)
     for rank in (0, 1):
         path = out / f"seen-{rank}-0.json"
@@ -150,7 +151,7 @@ def test_a_hang_is_found_before_the_monitor_has_imported_torch(tmp_path):
         60,
         state=job.output,
     )
-    # Found with torch held: nothing went to the store yet, so no rank restarted.
+    # Found with the link held: nothing went to the store yet, so no rank restarted.
     assert not (tmp_path / "gate").exists()
     assert not any(out.glob("seen-*-1.json"))
     (tmp_path / "gate").touch()
@@ -165,7 +166,7 @@ def test_a_hang_is_found_before_the_monitor_has_imported_torch(tmp_path):
     assert all(e["timeout"] == "soft" for e in _monitor_events(job, "hang"))
 
 
-def test_a_death_is_told_at_once_and_left_on_its_behalf_once_torch_is_there(tmp_path):
+def test_a_death_is_told_at_once_and_left_on_its_behalf_once_the_link_is_there(tmp_path):
     job, out = _job(tmp_path, "kill", max_restarts=1)
     seen = out / "seen-1-0.json"
     wait_until("rank 1 in its function", seen.exists, 120, state=job.output)
@@ -175,7 +176,7 @@ def test_a_death_is_told_at_once_and_left_on_its_behalf_once_torch_is_there(tmp_
         return [e for e in _monitor_events(job, "fault") if e["fault_kind"] == "dead"]
 
     wait_until("the monitor's fault event of the dead rank", dead, 60, state=job.output)
-    assert not (tmp_path / "gate").exists()  # written with the monitor's torch held
+    assert not (tmp_path / "gate").exists()  # written with the monitor's link held
     assert [e["origin_rank"] for e in dead()] == [1]
     assert dead()[0]["message"] == f"process {pid} died"
     (tmp_path / "gate").touch()
@@ -186,8 +187,8 @@ def test_a_death_is_told_at_once_and_left_on_its_behalf_once_torch_is_there(tmp_
 
 
 def test_a_monitor_without_a_link_ends_and_its_rank_leaves_at_the_next_round(tmp_path):
-    (tmp_path / "gate").touch()  # rank 0's monitor imports torch at once
-    job, out = _job(tmp_path, "hang", max_restarts=0, TEST_NO_TORCH_LOCAL_RANK="1")
+    (tmp_path / "gate").touch()  # rank 0's monitor makes its link at once
+    job, out = _job(tmp_path, "hang", max_restarts=0, TEST_NO_LINK_LOCAL_RANK="1")
     codes = job.wait(150)
     output = job.output()
     assert codes != [0], output
@@ -196,4 +197,4 @@ def test_a_monitor_without_a_link_ends_and_its_rank_leaves_at_the_next_round(tmp
     ends = [e for e in _monitor_events(job, "process_end") if e["rank"] == 1]
     assert [e["exit_code"] for e in ends] == [1], output
     assert "no link to the store" in ends[0]["reason"]
-    assert "torch withheld" in ends[0]["reason"]
+    assert "withheld" in ends[0]["reason"]

@@ -37,7 +37,7 @@ def _start(base, round_: int, rank: int, world_size: int, initial: int) -> None:
 
 
 def _place(base, wait_s: float = 10.0):
-    return place_in_next_round(rstore, base, 4, 4, wait_s, 0.05)
+    return place_in_next_round(base, 4, 4, wait_s, 0.05)
 
 
 def _placing(base, wait_s: float, found: list, looks: list[int]) -> threading.Thread:
@@ -50,7 +50,7 @@ def _placing(base, wait_s: float, found: list, looks: list[int]) -> threading.Th
         looks[who] += 1
 
     def run() -> None:
-        found.append(place_in_next_round(rstore, base, 4, 4, wait_s, 0.05, looked))
+        found.append(place_in_next_round(base, 4, 4, wait_s, 0.05, looked))
 
     thread = threading.Thread(target=run)
     thread.start()
@@ -188,7 +188,7 @@ def test_a_wait_given_up_meanwhile_is_not_counted_for_another_such_death(base):
             raise RuntimeError("supervisor gone")
 
     with pytest.raises(RuntimeError, match="supervisor gone"):
-        place_in_next_round(rstore, base, 4, 4, 60.0, 0.05, beat)
+        place_in_next_round(base, 4, 4, 60.0, 0.05, beat)
     assert len(looks) == 3
     assert _late_deaths(base, 5) == 0
 
@@ -206,7 +206,7 @@ def test_the_dead_ranks_state_is_published_under_its_new_number_for_its_replacem
     )  # fmt: skip
     view = rstore.round_store(base, 5)
     view.set(keys.rank_state(0), json.dumps({"world_size": 2, "active_world_size": 2}))
-    publish_state(rstore, base, 4, 3, 1, 2)
+    publish_state(base, 4, 3, 1, 2)
     state = json.loads(view.get(keys.rank_state(1)))
     assert state == {
         "rank": 1, "world_size": 2, "active_rank": 1, "active_world_size": 2,

@@ -12,6 +12,7 @@ import os
 import pickle
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -22,11 +23,18 @@ import pytest
 from nvrx import jobenv
 from nvrx.events import read_dir
 from nvrx.inprocess import fault_recording, monitor_store
-from nvrx.inprocess import store as rstore
 from nvrx.inprocess.monitor_process import ENTRY_POINT, PRESTART_ENTRY_POINT, MonitorConfig
 from nvrx.inprocess.progress_watchdog import FLAG_RELEASED, ProgressBoard
 from nvrx.rank_beats import BeatSocket
+from nvrx.store import rounds
 from tests.support.waiting import wait_until
+
+
+def _unused_port() -> int:
+    """A port nothing listens on: a link to a store there is still being tried for a minute."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def _config(target_pid: int, board_path: str, **fields) -> MonitorConfig:
@@ -34,7 +42,7 @@ def _config(target_pid: int, board_path: str, **fields) -> MonitorConfig:
     defaults = dict(
         initial_rank=0, monitor_process_interval=0.1, heartbeat_interval=0.5,
         heartbeat_timeout=30.0, soft_timeout=30.0, hard_timeout=60.0,
-        termination_grace_time=1.0, logfile=None,
+        termination_grace_time=1.0, logfile=None, store_port=_unused_port(),
     )  # fmt: skip
     return MonitorConfig(target_pid=target_pid, board_path=board_path, **{**defaults, **fields})
 
@@ -55,6 +63,11 @@ def test_the_monitor_program_and_the_package_import_no_torch():
     assert not _imports_torch("import nvrx.inprocess")
     assert not _imports_torch("import nvrx.inprocess.monitor_main")
     assert not _imports_torch("import nvrx.inprocess.monitor_store, nvrx.inprocess.fault_events")
+    assert not _imports_torch(
+        "import nvrx.store.rounds, nvrx.store.wire, nvrx.inprocess.fault_recording, "
+        "nvrx.inprocess.lost_ranks, nvrx.inprocess.death_between_rounds, "
+        "nvrx.supervisor.store_agent, nvrx.supervisor.node_watch"
+    )  # what the monitor and the store agent run on the store
     assert _imports_torch("from nvrx.inprocess import Wrapper")  # the Wrapper does
 
 
@@ -76,7 +89,7 @@ def test_a_link_made_here_gives_the_store_and_the_modules_that_act_on_it(base):
     link = monitor_store.StoreLink(lambda: base).make()
     assert link.made and link.error is None
     assert link.get() is base
-    assert link.rounds is rstore and link.recording is fault_recording
+    assert link.rounds is rounds and link.recording is fault_recording
 
 
 def test_a_link_made_beside_is_waited_for(base):
@@ -213,53 +226,48 @@ def test_a_supervised_monitor_says_it_watches_first_and_ends_when_its_link_fails
 
 # Run in the monitor program: exits 0 when ``import torch`` begins before the program waits
 # for the store service it launched (the two imports overlap), 3 when it begins after.
-SPY_ON_TORCH_AND_THE_SERVICE = """
-import builtins, os
-from nvrx.store import service
-waited = []
-real_wait = service.StoreService.wait_started
+SPY_ON_THE_LINK = """
+import os, sys
+from nvrx.inprocess import monitor_store
+real_make = monitor_store.StoreLink.make
 
-def wait_started(self, *args, **kwargs):
-    waited.append(1)
-    return real_wait(self, *args, **kwargs)
+def make(self):
+    link = real_make(self)
+    os._exit(3 if "torch" in sys.modules else 0)
 
-service.StoreService.wait_started = wait_started
-real_import = builtins.__import__
-
-def spy(name, *args, **kwargs):
-    if name == "torch" or name.startswith("torch."):
-        os._exit(3 if waited else 0)
-    return real_import(name, *args, **kwargs)
-
-builtins.__import__ = spy
+monitor_store.StoreLink.make = make
 """
 
 
-def test_a_monitor_that_hosts_the_store_imports_torch_while_the_service_does(tmp_path):
-    board = ProgressBoard()  # mapped first thing, before any import of torch
+def test_a_monitor_that_hosts_the_store_links_to_it_without_importing_torch(tmp_path):
+    """The store service it starts imports torch; the monitor, which talks to that store
+    through nvrx's own client, does not."""
+    board = ProgressBoard()
     cfg = dataclasses.asdict(
-        _config(os.getpid(), board.path, host_store=True, store_host="127.0.0.1")
+        _config(os.getpid(), board.path, host_store=True, store_host="127.0.0.1", store_port=0)
     )
     try:
         done = subprocess.run(
-            [sys.executable, "-c", SPY_ON_TORCH_AND_THE_SERVICE + ENTRY_POINT],
+            [sys.executable, "-c", SPY_ON_THE_LINK + ENTRY_POINT],
             input=(json.dumps(cfg) + "\n").encode(),
             check=False,
             timeout=120,
         )  # the launched service exits with its parent (its death signal)
     finally:
         board.close()
-    assert done.returncode == 0
+    assert done.returncode == 0  # 3: torch was imported by the time the link was made
 
 
-def test_a_monitor_started_ahead_has_imported_torch_when_it_says_so():
-    """A warm standby's monitor: its link's imports are done before ``{"imported": true}``."""
+def test_a_monitor_started_ahead_has_imported_its_store_modules_when_it_says_so():
+    """A warm standby's monitor: its link's imports are done before ``{"imported": true}``,
+    and none of them is torch."""
     spy = (
         "import os, sys\n"
         "real_write = sys.stdout.write\n"
         "def write(text):\n"
         "    if 'imported' in text:\n"
-        "        os._exit(5 if 'torch' in sys.modules else 3)\n"
+        "        loaded = 'nvrx.inprocess.fault_recording' in sys.modules\n"
+        "        os._exit(4 if 'torch' in sys.modules else 5 if loaded else 3)\n"
         "    return real_write(text)\n"
         "sys.stdout.write = write\n"
     )
@@ -269,7 +277,7 @@ def test_a_monitor_started_ahead_has_imported_torch_when_it_says_so():
         check=False,
         timeout=120,
     )
-    assert done.returncode == 5  # 3: said too early; 0: never said it (the spy saw nothing)
+    assert done.returncode == 5  # 3: said too early; 4: imported torch; 0: never said it
 
 
 @contextlib.contextmanager

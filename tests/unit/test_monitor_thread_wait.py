@@ -12,8 +12,9 @@ import time
 
 from nvrx.inprocess import monitor_thread
 from nvrx.inprocess import store as rstore
-from nvrx.inprocess.monitor_thread import DONE, Delivery, MonitorThread
+from nvrx.inprocess.monitor_thread import Delivery, MonitorThread
 from nvrx.store import client, keys
+from nvrx.store.rounds import DONE
 
 
 class CountingStore:

@@ -1,0 +1,142 @@
+"""nvrx's own store client against torch's real TCPStore server, on both of its backends.
+
+What one client writes the other reads, key for key (torch's client puts ``/`` before
+every key, and a ``PrefixStore`` joins with ``/``): a wire client that spoke the protocol
+slightly wrong would show here as a value the other side cannot find.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import threading
+import time
+
+import pytest
+import torch.distributed as dist
+
+from nvrx.store import barrier, errors, keys, rounds
+from nvrx.store.wire import StoreGone, StoreTimeout, WireStore
+
+
+@pytest.fixture(params=[True, False], ids=["libuv", "legacy"])
+def server(request: pytest.FixtureRequest):  # noqa: ANN201
+    store = dist.TCPStore(
+        "127.0.0.1", 0, None, True, datetime.timedelta(seconds=10),
+        wait_for_workers=False, use_libuv=request.param,
+    )  # fmt: skip
+    yield store
+    del store
+
+
+@pytest.fixture
+def wire(server: dist.TCPStore):  # noqa: ANN201
+    client = WireStore("127.0.0.1", server.port, timeout=10)
+    yield client
+    client.close()
+
+
+def test_values_written_by_one_client_are_read_by_the_other(server, wire) -> None:  # noqa: ANN001
+    wire.set("a", "1")
+    server.set("b", b"\x00\xffbytes")
+    assert server.get("a") == b"1"
+    assert wire.get("b") == b"\x00\xffbytes"
+    wire.multi_set(["m1", "m2"], ["p", b"q"])
+    assert server.multi_get(["m1", "m2"]) == [b"p", b"q"]
+    assert wire.multi_get(["a", "m2"]) == [b"1", b"q"]
+    assert sorted(wire.list_keys()) == ["a", "b", "m1", "m2"]
+    assert wire.num_keys() == server.num_keys()
+
+
+def test_counters_appends_and_compare_set_are_the_servers(server, wire) -> None:  # noqa: ANN001
+    assert wire.add("n", 3) == 3
+    assert server.add("n", 2) == 5
+    assert wire.add("n", -1) == 4
+    wire.append("list", "1,")
+    assert wire.check(["list"])  # answered, so the append before it was applied
+    server.append("list", "2,")
+    wire.append("list", "3,")
+    assert wire.get("list") == b"1,2,3,"
+    assert wire.compare_set("flag", "", "first") == b"first"
+    assert wire.compare_set("flag", "other", "second") == b"first"
+    assert server.compare_set("flag", "first", "third") == b"third"
+    assert wire.check(["flag", "n"]) and not wire.check(["flag", "absent"])
+    assert wire.delete_key("flag") and not wire.delete_key("flag")
+    assert not server.check(["flag"])
+
+
+def test_a_wait_returns_when_the_key_comes_and_times_out_otherwise(server, wire) -> None:  # noqa: ANN001
+    timer = threading.Timer(0.2, server.set, ("late", "1"))
+    timer.start()
+    wire.wait(["late"], datetime.timedelta(seconds=10))
+    timer.join()
+    with pytest.raises(StoreTimeout):
+        wire.wait(["never"], 0.2)
+    wire.set_timeout(0.2)
+    with pytest.raises(errors.timeouts()):
+        wire.get("never")
+    wire.set("after", "ok")  # the connection is still good after a timeout
+    assert server.get("after") == b"ok"
+
+
+def test_a_round_view_sees_the_keys_of_torchs_prefix_store(server, wire) -> None:  # noqa: ANN001
+    prefix = keys.round_prefix(3).rstrip("/")
+    torch_view = dist.PrefixStore(prefix, server)
+    wire_round, torch_round = rounds.round_store(wire, 3), rounds.round_store(server, 3)
+    torch_view.set("k", "v")
+    assert wire_round.get("k") == b"v" and torch_round.get("k") == b"v"
+    wire_round.set("w", "x")
+    assert torch_view.get("w") == b"x"
+    assert wire.get(f"{prefix}/w") == b"x"
+    assert wire_round.iteration == 3 and wire_round.base_store is wire
+
+
+def test_the_rounds_protocol_runs_on_either_client(server, wire) -> None:  # noqa: ANN001
+    wire_round, torch_round = rounds.round_store(wire, 0), rounds.round_store(server, 0)
+    assert rounds.register_terminated(wire_round, 2)
+    assert not rounds.register_terminated(torch_round, 2)
+    assert rounds.register_terminated(torch_round, 1)
+    assert rounds.terminated_ranks(wire_round) == {1, 2}
+    assert rounds.interrupt(wire_round, "fault")
+    assert torch_round.get(rounds.keys.INTERRUPTED) == b"fault"
+    barrier.arrive(wire_round, "t", 0, 2, reentrant=True)
+    barrier.arrive(wire_round, "t", 0, 2, reentrant=True)  # by its monitor too: counts once
+    assert not barrier.is_released(torch_round, "t")
+    barrier.arrive(torch_round, "t", 1, 2, reentrant=True)
+    barrier.wait(wire_round, "t", 2, 1.0)
+    barrier.arrive(wire_round, "u", 0, 2, reentrant=True)
+    with pytest.raises(barrier.BarrierTimeout) as timeout:
+        barrier.wait(wire_round, "u", 2, 0.2)
+    assert timeout.value.missing == [1]
+
+
+def test_a_store_that_is_gone_or_never_answers_is_unreachable() -> None:
+    port_holder = socket.socket()
+    port_holder.bind(("127.0.0.1", 0))
+    port = port_holder.getsockname()[1]
+    port_holder.close()
+    started = time.monotonic()
+    with pytest.raises(errors.unreachable()):
+        WireStore("127.0.0.1", port, timeout=0.3)
+    assert time.monotonic() - started < 30
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers
+        with pytest.raises(StoreGone, match="127.0.0.1"):
+            WireStore("127.0.0.1", silent.getsockname()[1], timeout=0.3)
+
+
+def test_a_server_that_ends_breaks_the_client_off() -> None:
+    server = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+    port = server.port
+    wire = WireStore("127.0.0.1", port, timeout=10)
+    wire.set("a", "1")
+    assert wire.get("a") == b"1"
+    del server
+    with pytest.raises(StoreGone, match=str(port)):
+        for _ in range(100):  # the first write after the close may still be buffered
+            wire.set("b", "2")
+            wire.get("b")
+
+
+def test_bad_use_is_named() -> None:
+    with pytest.raises(ValueError, match="1..65535"):
+        WireStore("127.0.0.1", 0)
