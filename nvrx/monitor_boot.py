@@ -1,11 +1,11 @@
-"""The first steps of a Wrapper's monitor process, before it imports torch.
+"""The first steps of a Wrapper's monitor process, before it imports the rest of nvrx.
 
-The monitor program (``nvrx.inprocess.monitor_main``) imports no torch; its
-link to the store does (``nvrx.inprocess.monitor_store``): seconds on a busy
-node. A monitor that hosts the job's store (the Wrapper without a supervisor,
-``tcp_store_host_rank``) launches the store service first, and then imports
-torch while the service imports it too, rather than after it. This module
-imports neither torch nor ``nvrx.inprocess``; both entry points of the program
+The monitor program (``nvrx.inprocess.monitor_main``) imports no torch: its link
+to the store is nvrx's own client (``nvrx.store.wire``). A monitor that hosts the
+job's store (the Wrapper without a supervisor, ``tcp_store_host_rank``) launches
+the store service first, which imports torch, and imports its own modules while
+the service starts, rather than after it. This module imports neither torch nor
+``nvrx.inprocess``; both entry points of the program
 are here, so that a monitor process is told by this module's name in its
 command line (``PROGRAM``).
 """
@@ -42,8 +42,8 @@ def main() -> NoReturn:
 
 
 def main_prestarted() -> NoReturn:
-    """Entry point of a program started ahead of its rank: its imports first (torch's too, for
-    its link to the store), then the rest."""
+    """Entry point of a program started ahead of its rank: its imports first (those of its
+    link to the store too), then the rest."""
     processes.ignore_warning_signal()
     from nvrx.inprocess import monitor_store
     from nvrx.inprocess.monitor_main import main as watch

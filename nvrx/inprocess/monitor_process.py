@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 #: Signal on which the rank's faulthandler dumps every thread's stack into the monitor's pipe.
 STACK_SIGNAL = signal.SIGRTMIN + 6
 #: The program's entry point, as started by ``MonitorProcess.start`` (``nvrx.monitor_boot``:
-#: SLURM's warning signal is ignored, and a store it hosts launched, before torch is imported).
+#: SLURM's warning signal is ignored, and a store it hosts launched, before the rest is imported).
 ENTRY_POINT = "from nvrx.monitor_boot import main; main()"
 #: A program started ahead (``prestart``) says when its imports are done: one line, before
 #: its ready message, which ``wait_prestarted`` reads (``MonitorProcess.wait_ready`` skips it).

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Longest wait for a link made beside the watch (torch's import, then the connection), and
+#: Longest wait for a link made beside the watch (its imports, then the connection), and
 #: for the store to answer: connecting again after each timeout of the client until then.
 LINK_WAIT_S = 180.0
 #: Longest pause between two tries (the pauses double from 50 ms): a client that fails

@@ -16,7 +16,7 @@ which torch's own rendezvous uses. Under a supervisor (``NVRX_STORE_HOST``/
 own port there, which no nvrx store listens on.
 
 The per-round protocol that the main process and the monitor process share is
-``nvrx.store.round``; its functions keep their names here too.
+``nvrx.store.rounds``; its functions keep their names here too.
 """
 
 from __future__ import annotations

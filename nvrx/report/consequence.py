@@ -40,6 +40,8 @@ _FOLLOW_ON_TYPES = frozenset(
         "ConnectionAbortedError",
         "BrokenPipeError",
         "RestartAbort",
+        "StoreGone",
+        "StoreTimeout",
     }
 )
 #: Words of a message that tell of a remote peer or the store going away (lowercase).

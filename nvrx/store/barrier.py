@@ -181,7 +181,8 @@ def barrier(
     native ``Store.barrier`` (the same add-then-wait in one C++ call, which
     releases the GIL once instead of per request) after a fire-and-forget
     arrival key, so ``store`` must be a ``torch.distributed.Store`` there
-    (``TypeError`` otherwise); the others use ``arrive`` + ``wait``.
+    (``TypeError`` otherwise: a ``wire.WireStore`` or a ``rounds.RoundView`` is not one);
+    the others use ``arrive`` + ``wait``.
     """
     if reentrant or before_release is not None or timeout <= NO_WAIT:
         arrive(store, name, rank, count, reentrant=reentrant, before_release=before_release)

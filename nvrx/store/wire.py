@@ -1,15 +1,14 @@
 """A client of torch's ``TCPStore`` server in plain Python, for processes that need no torch.
 
 nvrx's helper processes (a rank's monitor, the supervisor's store agent) talk to the job's
-store and to nothing else of torch. Importing torch costs each of them about 1.5 s of CPU
-and 200 MB; on a node that starts a dozen of them at once, that is the start-up of the
-job. This client speaks the server's wire protocol itself, with the method names and
+store and to nothing else of torch, and a node starts many of them at once, just when its
+ranks import torch themselves: an import of torch in each would slow the job's start
+and hold memory for nothing (``docs/architecture.md`` has the figures). This client speaks the server's wire protocol itself, with the method names and
 semantics of ``torch.distributed.TCPStore``'s client, so that nvrx's store code runs
 unchanged on either.
 
 The protocol, as torch 2.13's server reads it (``TCPStoreBackend.hpp`` names the query
-types; every integer is in the host's byte order, which is little-endian wherever torch
-runs): a request is one query-type byte followed by its arguments; a string or a byte
+types; every integer is in the host's byte order, as torch's client sends it): a request is one query-type byte followed by its arguments; a string or a byte
 string is a ``uint64`` length and the bytes; a key list is a ``uint64`` count and the
 strings. A client first sends ``VALIDATE`` with the magic number, then ``PING`` with a
 ``uint32`` nonce that the server sends back. torch's client puts ``/`` before every key;
@@ -35,19 +34,20 @@ query             arguments                                answer
 
 Errors are the two kinds nvrx's store code tells apart (``nvrx.store.errors``):
 ``StoreTimeout`` (a wait ran out; the connection is still good) and ``StoreGone`` (no
-connection, or it broke). A connection broken in the middle of a request is not
-reused: the next request connects again.
+connection, or it broke). A connection broken in the middle of a request stays broken,
+as torch's does: every later request raises ``StoreGone``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import socket
 import struct
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import timedelta
 
 MAGIC = 0x3C85F7CE
@@ -59,12 +59,9 @@ LIST_KEYS = 17
 READY = 0
 STOP_WAITING, WAIT_CANCELED = 0, 1
 
-_U8, _U32, _U64, _I64 = (
-    struct.Struct("<B"),
-    struct.Struct("<I"),
-    struct.Struct("<Q"),
-    struct.Struct("<q"),
-)
+_U8, _U32, _U64, _I64 = (struct.Struct(f"={c}") for c in "BIQq")  # host order, fixed sizes
+#: ``poll`` takes at most this many milliseconds.
+_POLL_MAX_MS = 2**31 - 1
 #: Pause between two tries to connect while the server is not up yet (doubling up to this).
 CONNECT_PAUSE_MAX_S = 1.0
 
@@ -100,8 +97,12 @@ class WireStore:
 
     The methods are those of ``torch.distributed.Store`` that nvrx uses, with torch's
     semantics: ``get`` and ``multi_get`` wait for their keys up to ``timeout``; ``wait``
-    takes its own timeout. One request at a time goes over the connection (a lock), so a
-    thread that blocks in ``wait`` holds up the others: give it its own ``clone``.
+    takes its own timeout; connecting is tried again until ``timeout`` while the server is
+    not up; a server that does not answer a request within ``timeout`` is taken for gone.
+    As with torch's client, a connection that broke stays broken: every later request
+    raises ``StoreGone`` (``clone`` connects anew). One request at a time goes over the
+    connection (a lock), so a thread that blocks in ``wait`` holds up the others: give it
+    its own ``clone``.
     """
 
     def __init__(self, host: str, port: int, timeout: timedelta | float = 300.0) -> None:
@@ -110,9 +111,8 @@ class WireStore:
         self.host, self.port = host, int(port)
         self._timeout = _seconds(timeout)
         self._lock = threading.Lock()
-        self._sock: socket.socket | None = None
-        with self._lock:
-            self._connect()
+        self._broken: StoreGone | None = None
+        self._sock = self._connect()
 
     # -- the connection -------------------------------------------------------------
 
@@ -122,18 +122,15 @@ class WireStore:
         return timedelta(seconds=self._timeout)
 
     def set_timeout(self, timeout: timedelta | float) -> None:
+        """The new default, applied from the next request on."""
         self._timeout = _seconds(timeout)
-        with self._lock:
-            if self._sock is not None:
-                self._sock.settimeout(self._timeout)
 
     def clone(self) -> WireStore:
-        """A second connection to the same server, with the same timeout."""
+        """A new connection to the same server, with the same timeout."""
         return WireStore(self.host, self.port, self._timeout)
 
     def close(self) -> None:
-        with self._lock:
-            self._drop()
+        self._break(StoreGone(f"store client of {self.host}:{self.port} closed"))
 
     def __enter__(self) -> WireStore:
         return self
@@ -141,15 +138,14 @@ class WireStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _connect(self) -> None:
-        """Connect, tried again while the server is not up, until the timeout; then validate."""
+    def _connect(self) -> socket.socket:
+        """A validated connection, tried again until the timeout while the server is not up
+        or drops the connection during the greeting (its listen backlog full)."""
         deadline = time.monotonic() + self._timeout
         pause = 0.05
         while True:
-            left = deadline - time.monotonic()
             try:
-                sock = socket.create_connection((self.host, self.port), timeout=max(left, 0.001))
-                break
+                return self._greet(deadline)
             except OSError as exc:
                 if time.monotonic() + pause >= deadline:
                     raise StoreGone(
@@ -158,54 +154,51 @@ class WireStore:
                     ) from exc
             time.sleep(pause)
             pause = min(2 * pause, CONNECT_PAUSE_MAX_S)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(self._timeout)  # a server that stops answering is a server gone
-        self._sock = sock
-        nonce = os.getpid() & 0xFFFFFFFF
-        self._send(_U8.pack(VALIDATE) + _U32.pack(MAGIC) + _U8.pack(PING) + _U32.pack(nonce))
-        if self._recv_value(_U32) != nonce:
-            self._drop()
-            raise StoreGone(f"the server at {self.host}:{self.port} is not a torch TCPStore")
 
-    def _drop(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-
-    def _send(self, data: bytes) -> None:
-        assert self._sock is not None
+    def _greet(self, deadline: float) -> socket.socket:
+        left = max(deadline - time.monotonic(), 0.001)
+        sock = socket.create_connection((self.host, self.port), timeout=left)
         try:
-            self._sock.sendall(data)
-        except OSError as exc:
-            self._drop()
-            raise StoreGone(f"store at {self.host}:{self.port}: {exc}") from exc
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            nonce = os.getpid() & 0xFFFFFFFF
+            sock.sendall(_U8.pack(VALIDATE) + _U32.pack(MAGIC) + _U8.pack(PING) + _U32.pack(nonce))
+            answer = _recv_exact(sock, _U32.size)
+            if _U32.unpack(answer)[0] != nonce:
+                raise ConnectionError(
+                    "the server answered the greeting wrongly: not a torch TCPStore"
+                )
+        except BaseException:
+            sock.close()
+            raise
+        return sock
 
-    def _recv_exact(self, size: int) -> bytes:
-        assert self._sock is not None
-        chunks, left = [], size
-        try:
-            while left:
-                chunk = self._sock.recv(left)
-                if not chunk:
-                    raise ConnectionError("the server closed the connection")
-                chunks.append(chunk)
-                left -= len(chunk)
-        except OSError as exc:  # a broken connection, or no answer within the timeout
-            self._drop()
-            raise StoreGone(f"store at {self.host}:{self.port}: {exc}") from exc
-        return b"".join(chunks)
+    def _break(self, error: StoreGone) -> None:
+        if self._broken is None:
+            self._broken = error
+        self._sock.close()
 
-    def _recv_value(self, kind: struct.Struct) -> int:
-        return kind.unpack(self._recv_exact(kind.size))[0]
-
-    def _recv_bytes(self) -> bytes:
-        return self._recv_exact(self._recv_value(_U64))
-
-    def _request(self, data: bytes) -> None:
-        """Send one request on the connection, connecting first if it was dropped."""
-        if self._sock is None:
-            self._connect()
-        self._send(data)
+    @contextlib.contextmanager
+    def _exchange(self) -> Iterator[socket.socket]:
+        """The connection, for one request and its whole answer, under the lock. A request
+        cut short (a broken connection, no answer in time, a signal handler's exception)
+        leaves the stream out of step: the connection is broken for good then."""
+        with self._lock:
+            if self._broken is not None:
+                raise StoreGone(str(self._broken))
+            self._sock.settimeout(self._timeout)
+            try:
+                yield self._sock
+            except StoreTimeout:
+                raise  # a wait ran out and was cancelled: the stream is in step
+            except OSError as exc:
+                gone = StoreGone(f"store at {self.host}:{self.port}: {exc!r}")
+                self._break(gone)
+                raise gone from exc
+            except BaseException as exc:
+                self._break(
+                    StoreGone(f"a request to {self.host}:{self.port} was cut short: {exc!r}")
+                )
+                raise
 
     # -- requests -------------------------------------------------------------------
 
@@ -218,12 +211,12 @@ class WireStore:
         return _U64.pack(len(keys)) + b"".join(self._key(k) for k in keys)
 
     def set(self, key: str, value: str | bytes) -> None:
-        with self._lock:
-            self._request(_U8.pack(SET) + self._key(key) + _string(_bytes(value)))
+        with self._exchange() as sock:
+            sock.sendall(_U8.pack(SET) + self._key(key) + _string(_bytes(value)))
 
     def append(self, key: str, value: str | bytes) -> None:
-        with self._lock:
-            self._request(_U8.pack(APPEND) + self._key(key) + _string(_bytes(value)))
+        with self._exchange() as sock:
+            sock.sendall(_U8.pack(APPEND) + self._key(key) + _string(_bytes(value)))
 
     def multi_set(self, keys: Sequence[str], values: Sequence[str | bytes]) -> None:
         if len(keys) != len(values):
@@ -233,77 +226,116 @@ class WireStore:
         pairs = b"".join(
             self._key(k) + _string(_bytes(v)) for k, v in zip(keys, values, strict=True)
         )
-        with self._lock:
-            self._request(_U8.pack(MULTI_SET) + _U64.pack(len(keys)) + pairs)
+        with self._exchange() as sock:
+            sock.sendall(_U8.pack(MULTI_SET) + _U64.pack(len(keys)) + pairs)
 
     def add(self, key: str, amount: int) -> int:
-        with self._lock:
-            self._request(_U8.pack(ADD) + self._key(key) + _I64.pack(int(amount)))
-            return self._recv_value(_I64)
+        with self._exchange() as sock:
+            sock.sendall(_U8.pack(ADD) + self._key(key) + _I64.pack(int(amount)))
+            return _recv_value(sock, _I64)
 
     def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
         """Set ``desired`` where the value is ``expected`` (or absent and ``expected`` empty);
         the value held afterwards."""
         body = self._key(key) + _string(_bytes(expected)) + _string(_bytes(desired))
-        with self._lock:
-            self._request(_U8.pack(COMPARE_SET) + body)
-            return self._recv_bytes()
+        with self._exchange() as sock:
+            sock.sendall(_U8.pack(COMPARE_SET) + body)
+            return _recv_bytes(sock)
 
     def check(self, keys: Iterable[str]) -> bool:
-        with self._lock:
-            self._request(_U8.pack(CHECK) + self._keys(keys))
-            return self._recv_value(_U8) == READY
+        with self._exchange() as sock:
+            sock.sendall(_U8.pack(CHECK) + self._keys(keys))
+            return _recv_value(sock, _U8) == READY
 
     def delete_key(self, key: str) -> bool:
-        with self._lock:
-            self._request(_U8.pack(DELETE_KEY) + self._key(key))
-            return self._recv_value(_I64) == 1
+        with self._exchange() as sock:
+            sock.sendall(_U8.pack(DELETE_KEY) + self._key(key))
+            return _recv_value(sock, _I64) == 1
 
     def num_keys(self) -> int:
-        with self._lock:
-            self._request(_U8.pack(GETNUMKEYS))
-            return self._recv_value(_I64)
+        with self._exchange() as sock:
+            sock.sendall(_U8.pack(GETNUMKEYS))
+            return _recv_value(sock, _I64)
 
     def list_keys(self) -> list[str]:
-        with self._lock:
-            self._request(_U8.pack(LIST_KEYS))
-            names = [self._recv_bytes().decode() for _ in range(self._recv_value(_I64))]
-        return [n[len(KEY_PREFIX) :] if n.startswith(KEY_PREFIX) else n for n in names]
+        with self._exchange() as sock:
+            sock.sendall(_U8.pack(LIST_KEYS))
+            names = [_recv_bytes(sock) for _ in range(_recv_value(sock, _I64))]
+        texts = [n.decode(errors="replace") for n in names]
+        return [n[len(KEY_PREFIX) :] if n.startswith(KEY_PREFIX) else n for n in texts]
 
     def get(self, key: str) -> bytes:
         """The value of ``key``, once it is there (``StoreTimeout`` after ``timeout``)."""
-        with self._lock:
-            self._wait([key], self._timeout)
-            self._request(_U8.pack(GET) + self._key(key))
-            return self._recv_bytes()
+        with self._exchange() as sock:
+            self._wait(sock, [key], self._timeout)
+            sock.sendall(_U8.pack(GET) + self._key(key))
+            return _recv_bytes(sock)
 
     def multi_get(self, keys: Sequence[str]) -> list[bytes]:
         keys = list(keys)
-        with self._lock:
-            self._wait(keys, self._timeout)
-            self._request(_U8.pack(MULTI_GET) + self._keys(keys))
-            return [self._recv_bytes() for _ in keys]
+        with self._exchange() as sock:
+            self._wait(sock, keys, self._timeout)
+            sock.sendall(_U8.pack(MULTI_GET) + self._keys(keys))
+            return [_recv_bytes(sock) for _ in keys]
 
     def wait(self, keys: Iterable[str], timeout: timedelta | float | None = None) -> None:
         """Block until every key of ``keys`` is there; ``StoreTimeout`` after ``timeout``
         (default: the client's)."""
-        with self._lock:
-            self._wait(list(keys), self._timeout if timeout is None else _seconds(timeout))
+        seconds = self._timeout if timeout is None else _seconds(timeout)
+        with self._exchange() as sock:
+            self._wait(sock, list(keys), seconds)
 
-    def _wait(self, keys: list[str], timeout: float) -> None:
-        self._request(_U8.pack(WAIT) + self._keys(keys))
-        if self._await(timeout) and self._recv_value(_U8) == STOP_WAITING:
+    def _wait(self, sock: socket.socket, keys: list[str], timeout: float) -> None:
+        """WAIT, answered by the server once the keys are there; cancelled after ``timeout``.
+        The keys coming just before the cancel count as there (torch raises then)."""
+        sock.sendall(_U8.pack(WAIT) + self._keys(keys))
+        if _answered_within(sock, timeout):
+            _expect(sock, STOP_WAITING, "WAIT")
             return
-        self._send(_U8.pack(CANCEL_WAIT))
-        if self._recv_value(_U8) == STOP_WAITING:  # the keys came just before the cancel
-            self._recv_value(_U8)  # its WAIT_CANCELED
+        sock.sendall(_U8.pack(CANCEL_WAIT))
+        answer = _recv_value(sock, _U8)
+        if answer == STOP_WAITING:
+            _expect(sock, WAIT_CANCELED, "CANCEL_WAIT")
             return
+        if answer != WAIT_CANCELED:
+            raise ConnectionError(f"the server answered CANCEL_WAIT with {answer}")
         raise StoreTimeout(f"keys {keys} not in the store within {timeout:g} s")
 
-    def _await(self, timeout: float) -> bool:
-        """Whether the server's answer arrives within ``timeout`` seconds."""
-        assert self._sock is not None
-        poller = select.poll()
-        poller.register(self._sock, select.POLLIN)
-        return bool(poller.poll(max(timeout, 0.0) * 1000))
 
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    chunks, left = [], size
+    while left:
+        chunk = sock.recv(min(left, 1 << 20))
+        if not chunk:
+            raise ConnectionError("the server closed the connection")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _recv_value(sock: socket.socket, kind: struct.Struct) -> int:
+    return kind.unpack(_recv_exact(sock, kind.size))[0]
+
+
+def _recv_bytes(sock: socket.socket) -> bytes:
+    return _recv_exact(sock, _recv_value(sock, _U64))
+
+
+def _expect(sock: socket.socket, value: int, query: str) -> None:
+    answer = _recv_value(sock, _U8)
+    if answer != value:
+        raise ConnectionError(f"the server answered {query} with {answer}, not {value}")
+
+
+def _answered_within(sock: socket.socket, timeout: float) -> bool:
+    """Whether the server's answer arrives within ``timeout`` seconds (a wait of weeks is
+    polled in slices: ``poll`` takes at most 2**31 - 1 ms)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    deadline = time.monotonic() + max(timeout, 0.0)
+    while True:
+        left_ms = (deadline - time.monotonic()) * 1000
+        if poller.poll(min(max(left_ms, 0.0), _POLL_MAX_MS)):
+            return True
+        if left_ms <= _POLL_MAX_MS:
+            return False

@@ -9,9 +9,8 @@ spare takes over its node rank as after any node loss. A store host that
 loses its own store service, or a job of one node, has nobody to fail over
 to: it stops as before (exit 3).
 
-What takes seconds (each program imports torch) is ready before it is
-needed: while the job runs, each supervisor keeps a store agent with torch
-imported that has no address yet, and the slot next in line (the lowest one
+What takes seconds is ready before it is needed: while the job runs, each
+supervisor keeps a store agent started that has no address yet, and the slot next in line (the lowest one
 but the store host's) keeps a store service held before it binds
 (``Failover.prepare``). When the store is lost, the held service is let go
 (stopped again if the election names another slot) and standbys for the
@@ -149,8 +148,8 @@ class Failover:
 
     def prepare(self) -> None:
         """While the job runs, keep ready what a failover would wait for first: a store
-        agent with torch imported and, on the slot next in line, a store service held
-        before it binds. Only where a failover can happen (node liveness on, 3 slots
+        agent started and, on the slot next in line, a store service (torch imported)
+        held before it binds. Only where a failover can happen (node liveness on, 3 slots
         or more, this slot not the store host) and warm standbys are on."""
         cfg = self.store.config
         if not (self._can_fail_over() and self._roles.enabled):

@@ -84,7 +84,7 @@ class NodeWatch(threading.Thread):
                     return
                 if self.stopped.wait(self.interval):
                     return
-        except Exception as exc:  # DistNetworkError and kin: the store is gone
+        except Exception as exc:  # StoreGone and kin: the store is gone
             self._lost(f"node watch: {type(exc).__name__}: {exc}")
 
     def _watchdog(self) -> None:

@@ -23,7 +23,7 @@ from nvrx import processes
 
 log = logging.getLogger(__name__)
 
-#: Seconds allowed for the agent to start (it imports torch) on top of the store timeout.
+#: Seconds allowed for the agent to start (its imports, on a busy node) on top of the store timeout.
 _AGENT_START_S = 60.0
 
 

@@ -151,7 +151,7 @@ class Supervisor:
         self.signals = SignalPipe((*STOP_SIGNALS, *FORWARD_SIGNALS, signal.SIGCHLD)).install()
         self.hang_watch.start()  # before any child: each one gets its socket
         check_store_port(cfg)
-        # The agent imports torch and retries connecting while the store comes up: start it first.
+        # The agent retries connecting while the store comes up: start it first.
         link = store.link = StoreLink(cfg.store_host, cfg.store_port, cfg.store_timeout).launch()
         store.service = launch_store(cfg)
         roles = store.roles = NodeRoles(cfg, link, self.emit)
@@ -234,6 +234,8 @@ class Supervisor:
         fault = None if status.code == 0 else hang or last_fault(self.config.events_dir, pid)
         try:
             failed = status.code not in (0, CLEAN_STOP_EXIT)
+            if failed and self._stopped_by_another_node():
+                return
             if failed and self.job_restart.failure_handled(local_rank, status, pid, fault):
                 return
             verdict = self.policy.decide(local_rank, status, fault)
@@ -304,6 +306,19 @@ class Supervisor:
         else:
             self.emit("signal_received", signal=name, action="kill children now")
             self.kill_at = time.monotonic()
+
+    def _stopped_by_another_node(self) -> bool:
+        """Whether the job is stopping because another node stopped it, the stop flag taken
+        from the store now rather than from its watch event: a node that stops the job sets
+        the flag before it ends its children, whose peers here then fail at once, and such a
+        failure must not count as a fault of this node (a restart decision, a claim)."""
+        link = self.store.link
+        if link is None or link.lost is not None:
+            return False
+        value = link.get(STOP_KEY)
+        if value is not None:
+            self._on_store_events([{"event": "key", "key": STOP_KEY, "value": value}])
+        return self.course.stopping
 
     def _on_store_events(self, messages: list[dict]) -> None:
         for message in messages:

@@ -8,7 +8,10 @@ slightly wrong would show here as a value the other side cannot find.
 from __future__ import annotations
 
 import datetime
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -75,8 +78,15 @@ def test_a_wait_returns_when_the_key_comes_and_times_out_otherwise(server, wire)
     wire.set_timeout(0.2)
     with pytest.raises(errors.timeouts()):
         wire.get("never")
-    wire.set("after", "ok")  # the connection is still good after a timeout
-    assert server.get("after") == b"ok"
+    wire.set_timeout(10)
+    assert wire.add("after", 1) == 1  # the stream is in step after each timeout
+    assert wire.check(["after"]) and wire.add("after", 1) == 2
+
+
+def test_a_wait_of_weeks_is_accepted(server, wire) -> None:  # noqa: ANN001
+    server.set("there", "1")
+    wire.wait(["there"], datetime.timedelta(days=30))  # longer than one poll() can wait
+    assert wire.add("n", 1) == 1
 
 
 def test_a_round_view_sees_the_keys_of_torchs_prefix_store(server, wire) -> None:  # noqa: ANN001
@@ -124,17 +134,52 @@ def test_a_store_that_is_gone_or_never_answers_is_unreachable() -> None:
             WireStore("127.0.0.1", silent.getsockname()[1], timeout=0.3)
 
 
-def test_a_server_that_ends_breaks_the_client_off() -> None:
-    server = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+@pytest.mark.parametrize("libuv", [True, False], ids=["libuv", "legacy"])
+def test_a_server_that_ends_breaks_the_client_off_for_good(libuv: bool) -> None:
+    server = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False, use_libuv=libuv)
     port = server.port
-    wire = WireStore("127.0.0.1", port, timeout=10)
-    wire.set("a", "1")
-    assert wire.get("a") == b"1"
-    del server
-    with pytest.raises(StoreGone, match=str(port)):
-        for _ in range(100):  # the first write after the close may still be buffered
-            wire.set("b", "2")
-            wire.get("b")
+    with WireStore("127.0.0.1", port, timeout=10) as wire:
+        wire.set("a", "1")
+        assert wire.get("a") == b"1"
+        del server
+        with pytest.raises(StoreGone, match=str(port)):
+            for _ in range(100):  # the first write after the close may still be buffered
+                wire.set("b", "2")
+                wire.get("b")
+        started = time.monotonic()
+        with pytest.raises(StoreGone):  # broken for good, as torch's client: no new connection
+            wire.add("c", 1)
+        assert time.monotonic() - started < 5
+
+
+SERVE = """
+import datetime, sys, time
+import torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=60), wait_for_workers=False)
+print(store.port, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_frozen_server_is_taken_for_gone_after_the_timeout_and_a_clone_works_once_it_thaws() -> None:
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        port = int(server.stdout.readline())
+        wire = WireStore("127.0.0.1", port, timeout=1.0)
+        assert wire.add("n", 1) == 1
+        server.send_signal(signal.SIGSTOP)
+        with pytest.raises(StoreGone, match="timed out"):
+            wire.add("n", 1)
+        server.send_signal(signal.SIGCONT)
+        with pytest.raises(StoreGone):
+            wire.add("n", 1)  # its stream may hold the late answer: never read again
+        clone = wire.clone()
+        assert clone.add("n", 0) >= 2
+    finally:
+        server.kill()
+        server.communicate()
 
 
 def test_bad_use_is_named() -> None:
