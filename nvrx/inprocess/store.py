@@ -58,6 +58,7 @@ BarrierOverflow = nvrx_barrier.BarrierOverflow
 
 INFINITE = datetime.timedelta.max
 
+
 def _seconds(timeout: datetime.timedelta | float | None) -> float:
     if timeout is None:
         return 300.0

@@ -1,5 +1,5 @@
 """Restart rounds in the store: the round counter, the job restart counter, and the keys
-of one round, with who writes them in which order (below ``RoundView``).
+of one round, with who writes them in which order.
 
 Round numbers name the key space of a restart round (``nvrx/r<round>/``).
 In-process restarts advance the round by one; a new process generation (every
@@ -7,6 +7,21 @@ process of the job restarted) starts at the next multiple of
 ``GENERATION_STEP`` above the last round the store saw, so its keys never
 collide with a previous generation's. The job restart counter counts
 in-process and process restarts together.
+
+The keys of one round live under ``keys.round_prefix(round)`` (a ``RoundView``). Who
+writes what in a round, in this order:
+
+1. the first rank to start it counts it (``commit_round_start``: ``STARTED``, and the
+   job restart counter when the round follows a restart);
+2. a rank that faults, or a monitor, supervisor agent or peer on its behalf, appends a
+   fault record (``FAULT_LIST``) and sets ``INTERRUPTED`` to ``fault``
+   (``record_fault``); a round that ends without one has ``INTERRUPTED`` set to ``done``;
+3. a rank that leaves for good is registered in ``TERMINATED`` (``register_terminated``,
+   or ``proxy_leave`` by whoever found it gone);
+4. every rank, or a proxy for it, arrives at the iteration barrier; the last arrival
+   writes ``DECISION`` (who left, the restart count, the world size) and publishes the
+   next round before anyone is released (``arrive_iteration``); every rank then reads
+   the same decision (``wait_iteration``).
 """
 
 from __future__ import annotations
@@ -69,22 +84,6 @@ def set_job_restarts(store: Any, value: int) -> None:
     """Record ``value`` restarts (used when a restarted round actually starts)."""
     store.set(keys.JOB_RESTARTS, str(int(value)))
 
-
-# -- one round: its keys under ``keys.round_prefix(round)`` ---------------------------
-#
-# Who writes what in a round, in this order:
-#
-# 1. the first rank to start it counts it (``commit_round_start``: ``STARTED``, and the
-#    job restart counter when the round follows a restart);
-# 2. a rank that faults, or a monitor, supervisor agent or peer on its behalf, appends a
-#    fault record (``FAULT_LIST``) and sets ``INTERRUPTED`` to ``fault``
-#    (``record_fault``); a round that ends without one has ``INTERRUPTED`` set to ``done``;
-# 3. a rank that leaves for good is registered in ``TERMINATED`` (``register_terminated``,
-#    or ``proxy_leave`` by whoever found it gone);
-# 4. every rank, or a proxy for it, arrives at the iteration barrier; the last arrival
-#    writes ``DECISION`` (who left, the restart count, the world size) and publishes the
-#    next round before anyone is released (``arrive_iteration``); every rank then reads
-#    the same decision (``wait_iteration``).
 
 #: Value of ``keys.INTERRUPTED`` when a round completed without a fault.
 DONE = "done"
