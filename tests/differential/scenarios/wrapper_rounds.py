@@ -7,7 +7,8 @@ Every hook is a recording one; CASE names what goes wrong:
 
 * ``restart``: rank 1's function raises in round 0; round 1 succeeds.
 * ``max_iterations``: rank 1's function raises in every round; ``RetryController``
-  stops the call at round 2 with ``RestartAbort``.
+  stops rank 1 at round 2 with ``RestartAbort``; rank 0, waiting in ``initialize`` of
+  round 2 until then, restarts without it and stops at round 3 the same way.
 * ``should_restart``: every rank's function raises ``RankShouldRestart`` itself in round 0
   to ask for a restart; round 1 succeeds.
 * ``fault_<hook>[+<hook>]``: as ``restart``, and each hook named raises on rank 1 in
@@ -81,7 +82,7 @@ def fault_rank(case: str) -> int:
 
 
 def hooks(
-    inprocess: Any, journal: list[Any], case: str, peer: tuple[Any, Any], all_stopping: Any
+    inprocess: Any, journal: list[Any], case: str, peer: tuple[Any, Any], stopping: Any
 ) -> dict[str, Any]:
     """A recording instance of each hook; those ``case`` names raise on the faulting rank,
     after ``before_fault(iteration)``; a hot spare says ``entered(iteration)`` once its
@@ -105,8 +106,8 @@ def hooks(
     class Init(inprocess.initialize.Initialize):
         def __call__(self, state: Any) -> Any:
             note("initialize", state)
-            if state.iteration >= retry.max_iterations:
-                all_stopping(state.iteration)
+            if state.iteration == retry.max_iterations:
+                stopping(state.iteration)
             return retry(state)
 
     class Abort(inprocess.abort.Abort):
@@ -196,15 +197,23 @@ def rank_filter(inprocess: Any, journal: list[Any]) -> Any:
     return Recording()
 
 
-def all_stopping(store: Any) -> Any:
-    """``stopping(it)``: each rank waits until every rank reached ``RetryController``'s
-    ``RestartAbort`` of round ``it``, so that no rank's leave restarts another before that
-    rank stops by itself (which rank gets there first is timing, not outcome)."""
+def stop_in_turn(store: Any) -> Any:
+    """``stopping(it)``, called in ``initialize`` of the round ``it`` where ``RetryController``
+    stops the call: the faulting rank returns (and stops) once every other rank is in that
+    ``initialize`` too; the others wait there for the restart its leave causes.
+
+    A rank's leave restarts every rank still in the round, so two ranks that each stopped
+    by themselves would race: one that is slow to raise after the other left restarts
+    instead. In turn, each rank's rounds are the same in every run."""
     rank, world_size = common.rank_env()
 
     def stopping(it: int) -> None:
+        if rank == fault_rank(""):
+            others = [f"stopping{it}/{r}" for r in range(world_size) if r != rank]
+            store.wait(others, datetime.timedelta(seconds=60))
+            return
         store.set(f"stopping{it}/{rank}", "1")
-        store.wait([f"stopping{it}/{r}" for r in range(world_size)], datetime.timedelta(seconds=60))
+        wait_for_restart()
 
     return stopping
 
@@ -279,7 +288,7 @@ def main() -> int:
         options["store_factory"] = LocalStore
     if case == "dist_initialized":
         dist.init_process_group("gloo", store=dist.PrefixStore("before", app_store), rank=rank, world_size=2)
-    plugins = hooks(inprocess, journal, case, (entered, before_fault), all_stopping(app_store))
+    plugins = hooks(inprocess, journal, case, (entered, before_fault), stop_in_turn(app_store))
     if case.startswith("nested_restarter"):
         plugins = nested_restarter(inprocess, plugins)
     with warnings.catch_warnings():
