@@ -8,6 +8,7 @@
 #   scripts/test.sh --repeat 5 -m slurm            the whole tier 5 times, each a new session (flake hunting)
 #   scripts/test.sh --repeat 20 tests/slurm/test_preemption.py::test_requeue_template_forwards_the_warning
 #   scripts/test.sh --repeat-each 5 tests/unit      each test 5 times within one session (fixtures shared)
+#   NVRX_TEST_WORKERS=1 scripts/test.sh -m unit     one test at a time, in the pytest process itself
 set -uo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -23,14 +24,24 @@ fi
 daemons() { ps -eo pid=,stat=,comm= | awk '$2 !~ /^Z/ && $3 ~ /^(slurmctld|slurmd|slurmdbd|mariadbd|munged)$/ {print $1" "$3}' | sort; }
 before=$(daemons)
 
+# Tests run in NVRX_TEST_WORKERS pytest-xdist workers (default 2): a multi-process test
+# spends much of its time waiting on its processes, so two share the machine's cores.
+# The SLURM tier and the differential tier each stay whole on one worker (tests/conftest.py).
+workers=${NVRX_TEST_WORKERS:-2}
+case "$workers" in
+    ''|*[!0-9]*|0) echo "test.sh: NVRX_TEST_WORKERS must be a whole number >= 1, got '$workers'" >&2; exit 2 ;;
+esac
+parallel=()
+[ "$workers" -gt 1 ] && parallel=(-n "$workers" --dist loadgroup)
+
 .venv/bin/ruff check . || { echo "test.sh: ruff check failed" >&2; exit 1; }
 if [ "${1:-}" = "--repeat" ]; then
     [ $# -ge 2 ] || { echo "test.sh: --repeat needs a number of rounds, e.g. --repeat 5" >&2; exit 2; }
     rounds=$2
     shift 2
-    .venv/bin/python scripts/repeat_tests.py "$rounds" "$@"
+    .venv/bin/python scripts/repeat_tests.py "$rounds" "${parallel[@]}" "$@"
 else
-    .venv/bin/python -m pytest "$@"
+    .venv/bin/python -m pytest "${parallel[@]}" "$@"
 fi
 rc=$?
 

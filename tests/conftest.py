@@ -1,4 +1,4 @@
-"""Shared test setup: tier markers by folder, ``--repeat-each N`` for flake hunting, loopback DNS stall avoidance."""
+"""Shared test setup: tier markers and worker groups by folder, ``--repeat-each N`` for flake hunting, loopback DNS stall avoidance."""
 
 from __future__ import annotations
 
@@ -14,16 +14,26 @@ os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
 _TIERS = {"unit", "multiproc", "slurm"}
 
 
+#: Folders whose tests share one costly session fixture (the local SLURM cluster, the
+#: differential tier's scenario runs): with ``-n N --dist loadgroup`` (pytest-xdist) each
+#: runs whole on one worker, which sets that fixture up once.
+_ONE_WORKER = {"slurm", "differential"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with the tier of the folder it lives in (tests/<tier>/...)."""
+    """Mark each test with the tier of the folder it lives in (tests/<tier>/...), and put the
+    tests of each folder of ``_ONE_WORKER`` in one xdist group."""
     root = Path(__file__).parent
     for item in items:
         try:
-            tier = Path(item.path).relative_to(root).parts[0]
+            folder = Path(item.path).relative_to(root).parts[0]
         except ValueError:
             continue
-        if tier in _TIERS and not item.get_closest_marker(tier):
-            item.add_marker(getattr(pytest.mark, tier))
+        if folder in _TIERS and not item.get_closest_marker(folder):
+            item.add_marker(getattr(pytest.mark, folder))
+        if folder in _ONE_WORKER:
+            item.add_marker(pytest.mark.xdist_group(folder))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -210,6 +210,7 @@ def test_a_frozen_node_of_a_plain_script_is_replaced_and_every_rank_restarts(tmp
     )  # fmt: skip
     try:
         wait_until("a checkpoint of rank 1", (tmp_path / "ck" / "rank1.json").exists, 120, state=job.output)
+        job.wait_for_beat(1)
         frozen = psutil.Process(job.procs[1].pid)
         for proc in [frozen, *frozen.children(recursive=True)]:
             proc.suspend()

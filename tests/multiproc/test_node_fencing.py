@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from datetime import timedelta
 from pathlib import Path
 
 import psutil
 import pytest
-import torch.distributed as dist
 from test_supervisor_local import Job, script
 
-from nvrx.supervisor import node_keys
 from nvrx.supervisor.exit_codes import ExitCode
 from tests.support.waiting import wait_until
 
@@ -58,8 +55,7 @@ def test_a_sigkilled_supervisor_takes_its_children_with_it(tmp_path: Path) -> No
 def test_a_node_that_thaws_after_it_was_declared_lost_is_fenced(tmp_path: Path) -> None:
     job = Job(tmp_path, 3, 2, script(tmp_path, BODY), "--spare-nodes", "1", *NODE_OPTIONS)
     wait_until("node 1's children", lambda: len(_child_pids(job, 1)) == 2, 60, state=job.output)
-    store = dist.TCPStore("127.0.0.1", job.store_port, None, False, timedelta(seconds=10))
-    wait_until("node 1 to beat in the store", lambda: store.add(node_keys.alive(1), 0) > 0, 30)
+    job.wait_for_beat(1)
     children = _child_pids(job, 1)
     frozen = _tree(job.procs[1].pid)
     for proc in frozen:

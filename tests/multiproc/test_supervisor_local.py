@@ -16,6 +16,8 @@ import pytest
 
 from nvrx.events import read_dir
 from nvrx.report import build_report
+from nvrx.store.wire import WireStore
+from nvrx.supervisor import node_keys
 from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,6 +80,20 @@ class Job:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         return codes
+
+    def wait_for_beat(self, slot: int, timeout: float = 60) -> None:
+        """Until ``slot``'s store agent has beaten in the store: a slot that never beat is
+        given the store timeout to arrive before it is reported, not the node timeout."""
+        store = WireStore("127.0.0.1", self.store_port, timeout=10)
+        try:
+            wait_until(
+                f"slot {slot} to beat in the store",
+                lambda: store.add(node_keys.alive(slot), 0) > 0,
+                timeout,
+                state=self.output,
+            )
+        finally:
+            store.close()
 
     def output(self) -> str:
         """Supervisor output and a digest of the supervisors' events (for assertion messages)."""

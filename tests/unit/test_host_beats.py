@@ -10,9 +10,12 @@ monitor is a ``HostBeats`` object, driven beat by beat with explicit monotonic t
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,15 @@ TIMEOUT = 0.5
 PERIOD = 0.05  # between two beats of a monitor in these tests
 LIMITS = Thresholds(TIMEOUT, PERIOD)  # a stalled leader replaced after 0.25 s, a host after 0.5
 WORLD = 4
+
+
+@pytest.fixture
+def sockets_dir() -> Iterator[Path]:
+    """A private directory with a short path: the host groups' Unix sockets live below it,
+    and a socket path has at most 107 bytes (pytest's own temporary paths can be longer)."""
+    path = Path(tempfile.mkdtemp(prefix="nvrx-hb-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 class Counting:
@@ -86,9 +98,9 @@ def _round(store: Any) -> Any:
     return view
 
 
-def test_the_first_monitor_of_a_host_leads_and_alone_talks_to_the_store(tmp_path, base) -> None:
+def test_the_first_monitor_of_a_host_leads_and_alone_talks_to_the_store(sockets_dir, base) -> None:
     store = Counting(base)
-    members = [Member(tmp_path, store, rank) for rank in range(3)]
+    members = [Member(sockets_dir, store, rank) for rank in range(3)]
     assert [m.leading for m in members] == [True, False, False]
     for now in (1.0, 1.1, 1.2):
         for m in reversed(members):
@@ -104,9 +116,9 @@ def test_the_first_monitor_of_a_host_leads_and_alone_talks_to_the_store(tmp_path
     assert all(m.faults() == [] for m in members)
 
 
-def test_a_follower_silent_for_its_timeout_is_taken_out_once(tmp_path, base) -> None:
+def test_a_follower_silent_for_its_timeout_is_taken_out_once(sockets_dir, base) -> None:
     view = _round(base)
-    leader, follower = Member(tmp_path, base, 0), Member(tmp_path, base, 1)
+    leader, follower = Member(sockets_dir, base, 0), Member(sockets_dir, base, 1)
     follower.beat(1.0)
     leader.beat(1.0)
     leader.beat(1.0 + TIMEOUT / 2)
@@ -118,11 +130,11 @@ def test_a_follower_silent_for_its_timeout_is_taken_out_once(tmp_path, base) -> 
     assert leader.arrived == [1]
 
 
-def test_a_leader_that_ends_hands_over_and_the_next_knows_the_hosts_ranks(tmp_path, base) -> None:
+def test_a_leader_that_ends_hands_over_and_the_next_knows_the_hosts_ranks(sockets_dir, base) -> None:
     """Rank 0's leader ends on purpose; rank 1 leads next. Rank 2, known to it only from the
     store (it never beat to it), is taken out when it stays silent; rank 0 is not."""
     view = _round(base)
-    a, b, c = (Member(tmp_path, base, rank) for rank in range(3))
+    a, b, c = (Member(sockets_dir, base, rank) for rank in range(3))
     b.beat(1.0)
     c.beat(1.0)
     a.beat(1.0)
@@ -150,9 +162,9 @@ LEADER_PROGRAM = (
 )
 
 
-def _leader_process(tmp_path: Path) -> subprocess.Popen[str]:
+def _leader_process(sockets_dir: Path) -> subprocess.Popen[str]:
     """Rank 0's monitor, leading the group of host h0, in a process of its own."""
-    directory = group_dir("job", "h0", root=str(tmp_path))
+    directory = group_dir("job", "h0", root=str(sockets_dir))
     proc = subprocess.Popen(
         [sys.executable, "-c", LEADER_PROGRAM, str(directory)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -169,15 +181,15 @@ def _stamp(leader: subprocess.Popen[str]) -> None:
 
 
 @pytest.mark.parametrize("seen", [True, False], ids=["seen-alive", "left-by-an-earlier-run"])
-def test_a_leader_that_died_is_replaced(tmp_path, base, seen) -> None:
+def test_a_leader_that_died_is_replaced(sockets_dir, base, seen) -> None:
     """A leader SIGKILLed leaves its socket behind: the follower's next beat is refused and
     it leads in its place. It takes the dead leader's rank out at once where it saw that
     leader stamp; files of a process it never saw alive (an earlier run of the job) name
     no rank of this job."""
     view = _round(base)
-    leader = _leader_process(tmp_path)
+    leader = _leader_process(sockets_dir)
     try:
-        follower = Member(tmp_path, base, 1)
+        follower = Member(sockets_dir, base, 1)
         assert not follower.leading
         follower.beat(1.0)
         if seen:
@@ -194,12 +206,12 @@ def test_a_leader_that_died_is_replaced(tmp_path, base, seen) -> None:
 
 
 def test_a_leader_that_stands_still_is_replaced_and_follows_when_it_comes_back(
-    tmp_path, base
+    sockets_dir, base
 ) -> None:
     """A leader that stops stamping (blocked, maybe) is replaced after half the timeout; its
     rank then has a full timeout to beat to the new leader. Back, it follows."""
     view = _round(base)
-    a, b = Member(tmp_path, base, 0), Member(tmp_path, base, 1)
+    a, b = Member(sockets_dir, base, 0), Member(sockets_dir, base, 1)
     a.beat(1.0)
     b.beat(1.0)
     b.beat(1.0 + TIMEOUT / 4)
@@ -216,11 +228,11 @@ def test_a_leader_that_stands_still_is_replaced_and_follows_when_it_comes_back(
     assert b.faults() == [(0, "unresponsive")]
 
 
-def test_a_stopped_leader_is_replaced_and_its_rank_taken_out_at_once(tmp_path, base) -> None:
+def test_a_stopped_leader_is_replaced_and_its_rank_taken_out_at_once(sockets_dir, base) -> None:
     view = _round(base)
-    leader = _leader_process(tmp_path)
+    leader = _leader_process(sockets_dir)
     try:
-        follower = Member(tmp_path, base, 1)
+        follower = Member(sockets_dir, base, 1)
         follower.beat(1.0)
         leader.send_signal(signal.SIGSTOP)
         wait_until("the leader stopped", lambda: psutil.Process(leader.pid).status() == "stopped", 10)
@@ -234,14 +246,14 @@ def test_a_stopped_leader_is_replaced_and_its_rank_taken_out_at_once(tmp_path, b
 
 
 def test_a_host_whose_leader_stands_still_is_not_taken_out_by_the_host_watching_it(
-    tmp_path, base
+    sockets_dir, base
 ) -> None:
     """Host h1's leader (rank 2) stands still; its follower (rank 3) replaces it after half
     the timeout and beats for the host, before h0 could find h1 silent: only rank 2 is
     taken out, by rank 3, once it has been silent for a full timeout more."""
     view = _round(base)
-    a = Member(tmp_path, base, 0, "h0")
-    c, d = Member(tmp_path, base, 2, "h1"), Member(tmp_path, base, 3, "h1")
+    a = Member(sockets_dir, base, 0, "h0")
+    c, d = Member(sockets_dir, base, 2, "h1"), Member(sockets_dir, base, 3, "h1")
     for now in (1.0, 1.1):
         for m in (d, c, a):
             m.beat(now)
@@ -257,14 +269,14 @@ def test_a_host_whose_leader_stands_still_is_not_taken_out_by_the_host_watching_
 
 
 @pytest.mark.parametrize("ends", ["silent", "ended", "one killed"])
-def test_a_silent_host_is_taken_out_by_the_host_that_watches_it(tmp_path, base, ends) -> None:
+def test_a_silent_host_is_taken_out_by_the_host_that_watches_it(sockets_dir, base, ends) -> None:
     """Hosts h0 (ranks 0, 1) and h1 (ranks 2, 3). h1 falls silent: h0's leader takes its
     ranks out; an h1 whose last monitor ended on purpose is nobody's fault. Where rank 3's
     monitor was killed first, rank 2's, ending on purpose, removes the directory but leaves
     the host's place: rank 3 is taken out."""
     view = _round(base)
-    a, b = Member(tmp_path, base, 0, "h0"), Member(tmp_path, base, 1, "h0")
-    c, d = Member(tmp_path, base, 2, "h1"), Member(tmp_path, base, 3, "h1")
+    a, b = Member(sockets_dir, base, 0, "h0"), Member(sockets_dir, base, 1, "h0")
+    c, d = Member(sockets_dir, base, 2, "h1"), Member(sockets_dir, base, 3, "h1")
     for now in (1.0, 1.2):
         for m in (b, a, d, c):
             m.beat(now)
@@ -293,12 +305,12 @@ def test_a_silent_host_is_taken_out_by_the_host_that_watches_it(tmp_path, base, 
 
 
 def test_a_rank_silent_before_its_round_is_taken_out_once_a_round_names_it(
-    tmp_path, base
+    sockets_dir, base
 ) -> None:
     """Rank 1 falls silent before any round names it: nothing to take it out of, and it
     does not pass for out at the termination barrier. Tried again later, once round 0
     names it, it is taken out."""
-    a, b = Member(tmp_path, base, 0), Member(tmp_path, base, 1)
+    a, b = Member(sockets_dir, base, 0), Member(sockets_dir, base, 1)
     b.beat(1.0)
     now = 1.0
     while now < 1.0 + TIMEOUT + 0.1:
@@ -315,10 +327,10 @@ def test_a_rank_silent_before_its_round_is_taken_out_once_a_round_names_it(
 
 
 def test_a_rank_that_ended_on_purpose_is_not_taken_out_though_its_bye_was_lost(
-    tmp_path, base
+    sockets_dir, base
 ) -> None:
     view = _round(base)
-    a, b = Member(tmp_path, base, 0), Member(tmp_path, base, 1)
+    a, b = Member(sockets_dir, base, 0), Member(sockets_dir, base, 1)
     b.beat(1.0)
     a.beat(1.0)
     base.append(keys.host_ended(b.hb.slot), "1,")  # its end, written; its bye never came
@@ -327,12 +339,12 @@ def test_a_rank_that_ended_on_purpose_is_not_taken_out_though_its_bye_was_lost(
 
 
 def test_groups_of_one_host_name_that_see_different_directories_beat_apart(
-    tmp_path, base
+    sockets_dir, base
 ) -> None:
     """Ranks of one host name whose /dev/shm are private (containers) form two groups: each
     has a place of its own in the ring, and neither watches the other's ranks."""
-    a = Member(tmp_path / "shm-a", base, 0, "node-1")
-    b = Member(tmp_path / "shm-b", base, 1, "node-1")
+    a = Member(sockets_dir / "shm-a", base, 0, "node-1")
+    b = Member(sockets_dir / "shm-b", base, 1, "node-1")
     assert a.leading and b.leading and a.hb.slot != b.hb.slot
     for now in (1.0, 1.2, 1.4, 1.6, 1.8):
         a.beat(now)
@@ -340,12 +352,12 @@ def test_groups_of_one_host_name_that_see_different_directories_beat_apart(
     assert a.faults() == [] and b.faults() == []
 
 
-def test_ending_never_raises_when_the_store_is_gone(tmp_path) -> None:
+def test_ending_never_raises_when_the_store_is_gone(sockets_dir) -> None:
     from nvrx.store import client
 
     server = client.serve("127.0.0.1", 0, timeout=10)
     store = client.connect("127.0.0.1", server.port, timeout=2)
-    a, b = Member(tmp_path, store, 0), Member(tmp_path, store, 1)
+    a, b = Member(sockets_dir, store, 0), Member(sockets_dir, store, 1)
     b.beat(1.0)
     a.beat(1.0)
     del server  # the store host ended first, as at the end of a job
@@ -371,12 +383,12 @@ class Failing(Counting):
 
 
 def test_a_leader_that_cannot_reach_the_store_stops_stamping_and_is_replaced(
-    tmp_path, base
+    sockets_dir, base
 ) -> None:
     """Rank 0's leader lost its link to the store: it leads on, but stamps no more, so rank
     1, whose link works, leads in its place and beats for the host; rank 0 follows."""
     broken = Failing(base)
-    a, b = Member(tmp_path, broken, 0), Member(tmp_path, base, 1)
+    a, b = Member(sockets_dir, broken, 0), Member(sockets_dir, base, 1)
     for now in (1.0, 1.1):
         b.beat(now)
         a.beat(now)
@@ -392,7 +404,7 @@ def test_a_leader_that_cannot_reach_the_store_stops_stamping_and_is_replaced(
     assert int(base.add(keys.host_alive(a.hb.slot), 0)) == beats + 1
 
 
-def test_a_take_out_the_store_failed_is_done_at_a_later_beat(tmp_path, base, monkeypatch) -> None:
+def test_a_take_out_the_store_failed_is_done_at_a_later_beat(sockets_dir, base, monkeypatch) -> None:
     """The store fails the first take-out of silent rank 1 (a reset connection, injected
     into the real ``leave_round``): the next beat does it."""
     from nvrx.inprocess import lost_ranks
@@ -407,7 +419,7 @@ def test_a_take_out_the_store_failed_is_done_at_a_later_beat(tmp_path, base, mon
 
     monkeypatch.setattr(lost_ranks, "leave_round", once_failing)
     view = _round(base)
-    a, b = Member(tmp_path, base, 0), Member(tmp_path, base, 1)
+    a, b = Member(sockets_dir, base, 0), Member(sockets_dir, base, 1)
     b.beat(1.0)
     a.beat(1.0)
     a.beat(1.0 + TIMEOUT + 0.1)
@@ -419,8 +431,8 @@ def test_a_take_out_the_store_failed_is_done_at_a_later_beat(tmp_path, base, mon
     assert a.faults() == [(1, "unresponsive")]
 
 
-def test_a_monitor_joining_while_the_last_one_leaves_makes_the_group_again(tmp_path) -> None:
-    directory = group_dir("job", "h0", root=str(tmp_path))
+def test_a_monitor_joining_while_the_last_one_leaves_makes_the_group_again(sockets_dir) -> None:
+    directory = group_dir("job", "h0", root=str(sockets_dir))
     first = HostGroup(directory, Leader(1000, 0, 2000), LIMITS.replace_s)
     assert first.join()
     assert first.leave() and not directory.exists()
@@ -430,12 +442,12 @@ def test_a_monitor_joining_while_the_last_one_leaves_makes_the_group_again(tmp_p
 
 
 def test_a_silent_host_whose_ranks_no_round_names_yet_keeps_its_place_until_they_are_out(
-    tmp_path, base
+    sockets_dir, base
 ) -> None:
     """h1 falls silent before any round: its place in the ring is not ended (a later leader
     would find it silent again) until its ranks are out, once round 0 names them."""
-    a = Member(tmp_path, base, 0, "h0")
-    c, d = Member(tmp_path, base, 2, "h1"), Member(tmp_path, base, 3, "h1")
+    a = Member(sockets_dir, base, 0, "h0")
+    c, d = Member(sockets_dir, base, 2, "h1"), Member(sockets_dir, base, 3, "h1")
     for now in (1.0, 1.1):
         for m in (d, c, a):
             m.beat(now)
@@ -451,8 +463,8 @@ def test_a_silent_host_whose_ranks_no_round_names_yet_keeps_its_place_until_they
     assert int(base.add(keys.host_claim(c.hb.slot), 0)) == 1
 
 
-def test_a_rank_that_beat_again_after_a_silence_is_found_silent_again(tmp_path, base) -> None:
-    a, b = Member(tmp_path, base, 0), Member(tmp_path, base, 1)
+def test_a_rank_that_beat_again_after_a_silence_is_found_silent_again(sockets_dir, base) -> None:
+    a, b = Member(sockets_dir, base, 0), Member(sockets_dir, base, 1)
     b.beat(1.0)
     a.beat(1.0)
     a.beat(1.0 + TIMEOUT + 0.1)  # silent, but in no round: nothing to take it out of
@@ -464,8 +476,8 @@ def test_a_rank_that_beat_again_after_a_silence_is_found_silent_again(tmp_path, 
     assert a.faults() == [(1, "unresponsive")]
 
 
-def test_replacing_a_leader_whose_group_directory_is_gone_declines_without_raising(tmp_path) -> None:
-    directory = group_dir("job", "h0", root=str(tmp_path))
+def test_replacing_a_leader_whose_group_directory_is_gone_declines_without_raising(sockets_dir) -> None:
+    directory = group_dir("job", "h0", root=str(sockets_dir))
     leader = HostGroup(directory, Leader(1000, 0, 2000), LIMITS.replace_s)
     follower = HostGroup(directory, Leader(1001, 1, 2001), LIMITS.replace_s)
     assert leader.join() and not follower.join()
