@@ -32,7 +32,7 @@ case "$workers" in
     ''|*[!0-9]*|0) echo "test.sh: NVRX_TEST_WORKERS must be a whole number >= 1, got '$workers'" >&2; exit 2 ;;
 esac
 parallel=()
-[ "$workers" -gt 1 ] && parallel=(-n "$workers" --dist loadgroup)
+[ "$workers" -gt 1 ] && parallel=(-n "$workers")
 
 .venv/bin/ruff check . || { echo "test.sh: ruff check failed" >&2; exit 1; }
 if [ "${1:-}" = "--repeat" ]; then

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,25 +16,37 @@ _TIERS = {"unit", "multiproc", "slurm"}
 
 
 #: Folders whose tests share one costly session fixture (the local SLURM cluster, the
-#: differential tier's scenario runs): with ``-n N --dist loadgroup`` (pytest-xdist) each
-#: runs whole on one worker, which sets that fixture up once.
+#: differential tier's scenario runs): under pytest-xdist (``-n N``) each runs whole on
+#: one worker, which sets that fixture up once (``pytest_xdist_make_scheduler``).
 _ONE_WORKER = {"slurm", "differential"}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with the tier of the folder it lives in (tests/<tier>/...), and put the
-    tests of each folder of ``_ONE_WORKER`` in one xdist group."""
+    """Mark each test with the tier of the folder it lives in (tests/<tier>/...)."""
     root = Path(__file__).parent
     for item in items:
         try:
-            folder = Path(item.path).relative_to(root).parts[0]
+            tier = Path(item.path).relative_to(root).parts[0]
         except ValueError:
             continue
-        if folder in _TIERS and not item.get_closest_marker(folder):
-            item.add_marker(getattr(pytest.mark, folder))
-        if folder in _ONE_WORKER:
-            item.add_marker(pytest.mark.xdist_group(folder))
+        if tier in _TIERS and not item.get_closest_marker(tier):
+            item.add_marker(getattr(pytest.mark, tier))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Tests go to the workers one at a time, except that each folder of ``_ONE_WORKER``
+    is one unit of work; the biggest units are handed out first."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FolderUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            parts = nodeid.split("/")
+            if len(parts) > 2 and parts[0] == "tests" and parts[1] in _ONE_WORKER:
+                return parts[1]
+            return nodeid
+
+    return FolderUnits(config, log)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

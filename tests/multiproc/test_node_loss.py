@@ -93,7 +93,7 @@ def _no_process_left(pids: list[int]) -> None:
 
 @pytest.mark.timeout(300)
 def test_a_spare_node_takes_over_a_lost_node(tmp_path: Path) -> None:
-    job = _demo_job(tmp_path, 3, "--spare-nodes", "1")
+    job = _demo_job(tmp_path, 3, "--spare-nodes", "1", "--warm-standby")
     killed, output = _lose_node_and_finish(job, 1, 4)
     lost = job.events("node_lost")
     assert [(e["lost_slot"], e["lost_node"], e["action"], e["replaced_by"]) for e in lost] == [

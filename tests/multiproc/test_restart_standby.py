@@ -61,6 +61,8 @@ class Watched:
     """A job of one supervisor and 2 Wrapper ranks, the processes seen under it, and waits."""
 
     def __init__(self, tmp_path: Path, *options: str) -> None:
+        if "--no-warm-standby" not in options:
+            options = ("--warm-standby", *options)
         script = tmp_path / "train.py"
         script.write_text(TRAIN)
         self.stop = tmp_path / "stop"
@@ -236,7 +238,7 @@ def test_a_job_wide_restart_takes_the_standby_for_one_of_its_ranks(tmp_path: Pat
     os.environ["GO_FILE"] = str(go)
     try:
         job = Job(tmp_path, 1, 2, [sys.executable, str(script)], "--max-restarts", "4",
-                  "--ft-restart-policy", "any-failed", "--grace-period", "3")  # fmt: skip
+                  "--ft-restart-policy", "any-failed", "--grace-period", "3", "--warm-standby")  # fmt: skip
     finally:
         del os.environ["GO_FILE"]
     seen: set[int] = set()

@@ -38,7 +38,7 @@ from tests.support.waiting import wait_until
 
 @pytest.mark.timeout(300)
 def test_losing_the_store_host_fails_over_and_the_job_completes(tmp_path: Path) -> None:
-    job = _demo_job(tmp_path, 3, "--spare-nodes", "1")
+    job = _demo_job(tmp_path, 3, "--spare-nodes", "1", "--warm-standby")
     killed, output = _lose_node_and_finish(job, 0, 4)
     failovers = job.events("store_failover")
     assert sorted(e["node"] for e in failovers) == [1, 2], output

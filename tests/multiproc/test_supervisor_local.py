@@ -37,11 +37,17 @@ def free_ports(n: int) -> list[int]:
 
 
 class Job:
-    """N local supervisors forming one job."""
+    """N local supervisors forming one job.
+
+    Without ``--warm-standby`` in ``options`` the job runs with ``--no-warm-standby``: a
+    standby imports torch ahead of a restart, CPU that only the tests of standbys need
+    (``test_restart_standby``, and those that pass ``--warm-standby``)."""
 
     def __init__(
         self, tmp_path: Path, nnodes: int, nproc: int, command: list[str], *options: str
     ) -> None:
+        if "--warm-standby" not in options and "--no-warm-standby" not in options:
+            options = ("--no-warm-standby", *options)
         self.log_dir = tmp_path / "logs"
         self.job_id = f"t{os.getpid()}-{time.monotonic_ns() % 10**9}"
         master, store = free_ports(2)
