@@ -18,25 +18,36 @@ _TIERS = {"unit", "multiproc", "slurm"}
 #: Folders whose tests share one costly session fixture (the local SLURM cluster, the
 #: differential tier's scenario runs): under pytest-xdist (``-n N``) each runs whole on
 #: one worker, which sets that fixture up once (``pytest_xdist_make_scheduler``).
-_ONE_WORKER = {"slurm", "differential"}
+_ONE_WORKER = ("slurm", "differential")
+#: The order in which xdist hands out units of work: the longest first, so that the
+#: unit tests' many short ones fill the end.
+_UNIT_ORDER = (*_ONE_WORKER, "multiproc", "unit")
+
+
+def _folder(item: pytest.Item) -> str:
+    try:
+        return Path(item.path).relative_to(Path(__file__).parent).parts[0]
+    except ValueError:
+        return ""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with the tier of the folder it lives in (tests/<tier>/...)."""
-    root = Path(__file__).parent
+    """Mark each test with the tier of the folder it lives in (tests/<tier>/...); in an
+    xdist worker, order them as ``_UNIT_ORDER`` says (every worker the same way)."""
     for item in items:
-        try:
-            tier = Path(item.path).relative_to(root).parts[0]
-        except ValueError:
-            continue
+        tier = _folder(item)
         if tier in _TIERS and not item.get_closest_marker(tier):
             item.add_marker(getattr(pytest.mark, tier))
+    if hasattr(config, "workerinput"):
+        rank = {folder: i for i, folder in enumerate(_UNIT_ORDER)}
+        items.sort(key=lambda item: rank.get(_folder(item), len(rank)))
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Tests go to the workers one at a time, except that each folder of ``_ONE_WORKER``
-    is one unit of work; the biggest units are handed out first."""
+    """Units of work for the xdist workers: each folder of ``_ONE_WORKER`` is one, every
+    other test file one (its module fixtures, a demo run for instance, are set up once),
+    handed out in the workers' collection order."""
     from xdist.scheduler import LoadScopeScheduling
 
     class FolderUnits(LoadScopeScheduling):
@@ -44,8 +55,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             parts = nodeid.split("/")
             if len(parts) > 2 and parts[0] == "tests" and parts[1] in _ONE_WORKER:
                 return parts[1]
-            return nodeid
+            return nodeid.split("::")[0]
 
+    config.option.loadscopereorder = False  # keep the order above, not the biggest unit first
     return FolderUnits(config, log)
 
 

@@ -93,7 +93,7 @@ def _ready_for_failover(pid: int) -> dict[str, int]:
 
 @pytest.mark.timeout(300)
 def test_a_frozen_store_host_is_failed_over_within_seconds(tmp_path: Path) -> None:
-    job = _demo_job(tmp_path, 3, "--spare-nodes", "1")
+    job = _demo_job(tmp_path, 3, "--spare-nodes", "1", "--warm-standby")  # keeps a failover ready
     wait_until(
         f"a checkpoint after step {KILL_AFTER_STEP}",
         lambda: any(e.get("step", 0) >= KILL_AFTER_STEP for e in job.events("progress", "app")),
