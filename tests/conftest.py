@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,45 +16,46 @@ _TIERS = {"unit", "multiproc", "slurm"}
 
 #: Folders whose tests share one costly session fixture (the local SLURM cluster, the
 #: differential tier's scenario runs): under pytest-xdist (``-n N``) each runs whole on
-#: one worker, which sets that fixture up once (``pytest_xdist_make_scheduler``).
+#: one worker, which sets that fixture up once (``pytest_xdist_make_scheduler``). That
+#: fixture lasts until its worker's session ends (the cluster's daemons idle meanwhile).
 _ONE_WORKER = ("slurm", "differential")
 #: The order in which xdist hands out units of work: the longest first, so that the
 #: unit tests' many short ones fill the end.
 _UNIT_ORDER = (*_ONE_WORKER, "multiproc", "unit")
 
 
-def _folder(item: pytest.Item) -> str:
-    try:
-        return Path(item.path).relative_to(Path(__file__).parent).parts[0]
-    except ValueError:
-        return ""
+def _folder(nodeid: str) -> str:
+    """The folder under tests/ of a test's node id (rootdir-relative: ``tests/<folder>/...``)."""
+    parts = nodeid.split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test with the tier of the folder it lives in (tests/<tier>/...); in an
     xdist worker, order them as ``_UNIT_ORDER`` says (every worker the same way)."""
     for item in items:
-        tier = _folder(item)
+        tier = _folder(item.nodeid)
         if tier in _TIERS and not item.get_closest_marker(tier):
             item.add_marker(getattr(pytest.mark, tier))
     if hasattr(config, "workerinput"):
         rank = {folder: i for i, folder in enumerate(_UNIT_ORDER)}
-        items.sort(key=lambda item: rank.get(_folder(item), len(rank)))
+        items.sort(key=lambda item: rank.get(_folder(item.nodeid), len(rank)))
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Units of work for the xdist workers: each folder of ``_ONE_WORKER`` is one, every
+    """Units of work for the xdist workers under ``-n N`` (xdist's default ``--dist load``;
+    another ``--dist`` given keeps its own): each folder of ``_ONE_WORKER`` is one, every
     other test file one (its module fixtures, a demo run for instance, are set up once),
     handed out in the workers' collection order."""
+    if config.getvalue("dist") != "load":
+        return None
     from xdist.scheduler import LoadScopeScheduling
 
     class FolderUnits(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            parts = nodeid.split("/")
-            if len(parts) > 2 and parts[0] == "tests" and parts[1] in _ONE_WORKER:
-                return parts[1]
-            return nodeid.split("::")[0]
+            folder = _folder(nodeid)
+            return folder if folder in _ONE_WORKER else nodeid.split("::")[0]
 
     config.option.loadscopereorder = False  # keep the order above, not the biggest unit first
     return FolderUnits(config, log)

@@ -239,12 +239,22 @@ def test_a_checkpoint_of_either_implementation_loads_in_both(scenario, tmp_path)
 # -- the Wrapper: 2 ranks, a fault in the function or a hook ------------------------------
 
 
+def _round_of(entry: list[Any]) -> int:
+    """The round of a journal entry: ``["fn", it]``, or a hook's state (its ``iteration``)."""
+    what, data = entry
+    if what == "fn":
+        return data
+    if what == "rank_assignment":
+        data = data["in"]
+    return data["iteration"] if isinstance(data, dict) and "iteration" in data else 0
+
+
 def _normalized(record: dict[str, Any]) -> dict[str, Any]:
     """The parts of a rank's record that must match, with the reference's timing-dependent
     abort of the last round (it races the rank's exit) and the deliberate ``mode`` of the
     state given to ``terminate`` taken out."""
     journal = copy.deepcopy(record["journal"])
-    last = max((e[1] for e in journal if e[0] == "fn"), default=0)
+    last = max((_round_of(e) for e in journal), default=0)  # the round the rank left in
     if record["raised"] is not None:
         journal = [e for e in journal if not (e[0] == "abort" and e[1]["iteration"] >= last)]
     for entry in journal:

@@ -215,7 +215,8 @@ def test_the_demos_node_fault_leaves_no_process_of_the_lost_node(
     (supervisor, ranks, their monitors, standbys) is gone, none of it left frozen, and the
     spare takes over."""
     monkeypatch.setenv("NVRX_DEMO_FAULTS", f"node:{KILL_AFTER_STEP}:2")
-    job = _demo_job(tmp_path, 3, "--spare-nodes", "1")
+    # standbys on: the lost node's standbys and what it kept ready for a failover must go too
+    job = _demo_job(tmp_path, 3, "--spare-nodes", "1", "--warm-standby")
     try:
         codes = job.wait(240)
         output = job.output()

@@ -39,9 +39,10 @@ def free_ports(n: int) -> list[int]:
 class Job:
     """N local supervisors forming one job.
 
-    Without ``--warm-standby`` in ``options`` the job runs with ``--no-warm-standby``: a
-    standby imports torch ahead of a restart, CPU that only the tests of standbys need
-    (``test_restart_standby``, and those that pass ``--warm-standby``)."""
+    Without ``--warm-standby`` in ``options`` the job runs with ``--no-warm-standby``:
+    no process started ahead with torch imported (the standbys, and the store agent and
+    held store service kept ready for a failover), CPU that only a test of those needs;
+    such a test passes ``--warm-standby``."""
 
     def __init__(
         self, tmp_path: Path, nnodes: int, nproc: int, command: list[str], *options: str

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,3 +19,13 @@ def base() -> Iterator[Any]:
     server = client.serve("127.0.0.1", 0, timeout=10)
     yield client.connect("127.0.0.1", server.port, timeout=10)
     del server
+
+
+@pytest.fixture
+def sockets_dir() -> Iterator[Path]:
+    """A private directory with a short path, for tests that bind Unix sockets below it: a
+    socket path has at most 107 bytes, and pytest's own temporary paths can be longer
+    (under pytest-xdist, for instance)."""
+    path = Path(tempfile.mkdtemp(prefix="nvrx-sock-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -10,12 +10,9 @@ monitor is a ``HostBeats`` object, driven beat by beat with explicit monotonic t
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +32,6 @@ TIMEOUT = 0.5
 PERIOD = 0.05  # between two beats of a monitor in these tests
 LIMITS = Thresholds(TIMEOUT, PERIOD)  # a stalled leader replaced after 0.25 s, a host after 0.5
 WORLD = 4
-
-
-@pytest.fixture
-def sockets_dir() -> Iterator[Path]:
-    """A private directory with a short path: the host groups' Unix sockets live below it,
-    and a socket path has at most 107 bytes (pytest's own temporary paths can be longer)."""
-    path = Path(tempfile.mkdtemp(prefix="nvrx-hb-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 class Counting:

@@ -6,9 +6,10 @@ training's own store (for ``init_process_group``) on MASTER_PORT + 2, hosted by 
 Every hook is a recording one; CASE names what goes wrong:
 
 * ``restart``: rank 1's function raises in round 0; round 1 succeeds.
-* ``max_iterations``: rank 1's function raises in every round; ``RetryController``
-  stops rank 1 at round 2 with ``RestartAbort``; rank 0, waiting in ``initialize`` of
-  round 2 until then, restarts without it and stops at round 3 the same way.
+* ``max_iterations``: rank 1's function raises in rounds 0 and 1; ``RetryController``
+  stops rank 1 in ``initialize`` of round 2 with ``RestartAbort``; rank 0, waiting in
+  ``initialize`` of round 2 until then, restarts without it and stops at round 3 the
+  same way.
 * ``should_restart``: every rank's function raises ``RankShouldRestart`` itself in round 0
   to ask for a restart; round 1 succeeds.
 * ``fault_<hook>[+<hook>]``: as ``restart``, and each hook named raises on rank 1 in
@@ -86,7 +87,8 @@ def hooks(
 ) -> dict[str, Any]:
     """A recording instance of each hook; those ``case`` names raise on the faulting rank,
     after ``before_fault(iteration)``; a hot spare says ``entered(iteration)`` once its
-    health check of the round ran (it never runs the function)."""
+    health check of the round ran (it never runs the function). ``initialize`` calls
+    ``stopping(iteration)`` in the round where ``RetryController`` stops the call."""
     entered, before_fault = peer
 
     def note(hook: str, state: Any) -> None:
@@ -197,10 +199,11 @@ def rank_filter(inprocess: Any, journal: list[Any]) -> Any:
     return Recording()
 
 
-def stop_in_turn(store: Any) -> Any:
+def stop_in_turn(store: Any, case: str) -> Any:
     """``stopping(it)``, called in ``initialize`` of the round ``it`` where ``RetryController``
-    stops the call: the faulting rank returns (and stops) once every other rank is in that
-    ``initialize`` too; the others wait there for the restart its leave causes.
+    first stops a rank: the faulting rank returns (and stops) once every other rank is in
+    that ``initialize`` too; the others wait there for the restart its leave causes, and
+    stop in round ``it + 1``.
 
     A rank's leave restarts every rank still in the round, so two ranks that each stopped
     by themselves would race: one that is slow to raise after the other left restarts
@@ -208,7 +211,7 @@ def stop_in_turn(store: Any) -> Any:
     rank, world_size = common.rank_env()
 
     def stopping(it: int) -> None:
-        if rank == fault_rank(""):
+        if rank == fault_rank(case):
             others = [f"stopping{it}/{r}" for r in range(world_size) if r != rank]
             store.wait(others, datetime.timedelta(seconds=60))
             return
@@ -288,7 +291,7 @@ def main() -> int:
         options["store_factory"] = LocalStore
     if case == "dist_initialized":
         dist.init_process_group("gloo", store=dist.PrefixStore("before", app_store), rank=rank, world_size=2)
-    plugins = hooks(inprocess, journal, case, (entered, before_fault), stop_in_turn(app_store))
+    plugins = hooks(inprocess, journal, case, (entered, before_fault), stop_in_turn(app_store, case))
     if case.startswith("nested_restarter"):
         plugins = nested_restarter(inprocess, plugins)
     with warnings.catch_warnings():
