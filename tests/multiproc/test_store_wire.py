@@ -7,6 +7,7 @@ slightly wrong would show here as a value the other side cannot find.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import signal
 import socket
@@ -14,12 +15,14 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 
 from nvrx.store import barrier, errors, keys, rounds
 from nvrx.store.wire import StoreGone, StoreTimeout, WireStore
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture(params=[True, False], ids=["libuv", "legacy"])
@@ -161,6 +164,16 @@ sys.stdin.read()
 """
 
 
+def _all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped: a SIGSTOP is sent at once, but a thread
+    running on another core stops only when it next leaves the kernel."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+    return bool(states) and all(state in ("T", "t") for state in states)
+
+
 def test_a_frozen_server_is_taken_for_gone_after_the_timeout_and_a_clone_works_once_it_thaws() -> None:
     server = subprocess.Popen(
         [sys.executable, "-c", SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -170,6 +183,7 @@ def test_a_frozen_server_is_taken_for_gone_after_the_timeout_and_a_clone_works_o
         wire = WireStore("127.0.0.1", port, timeout=1.0)
         assert wire.add("n", 1) == 1
         server.send_signal(signal.SIGSTOP)
+        wait_until("the server's threads to stop", lambda: _all_threads_stopped(server.pid), 10)
         with pytest.raises(StoreGone, match="timed out"):
             wire.add("n", 1)
         server.send_signal(signal.SIGCONT)
