@@ -113,10 +113,11 @@ def _group(cmd: list[str], timeout: float, leftovers: bool = False) -> tuple[int
 
 def _run(chromium: str, profile: Path, *args: str) -> str:
     """Run headless Chromium (its own profile, so that parallel runs do not share one);
-    its stdout. Its whole process group is killed after it, or on a timeout."""
+    its stdout. Its whole process group is killed after it, or on a timeout; its shared
+    memory files go to the temporary directory, not /dev/shm, where a killed one stays."""
     cmd = [
         chromium, "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run",
-        "--hide-scrollbars", f"--user-data-dir={profile}", *args,
+        "--disable-dev-shm-usage", "--hide-scrollbars", f"--user-data-dir={profile}", *args,
     ]  # fmt: skip
     code, out, err = _group(cmd, RUN_TIMEOUT_S, leftovers=True)
     assert code == 0, f"{' '.join(cmd)} exited {code}: {err[-2000:]}"
