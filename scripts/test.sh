@@ -12,6 +12,19 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
+# Tests run in NVRX_TEST_WORKERS pytest-xdist workers (default 2): a multi-process test
+# spends much of its time waiting on its processes, so two share the machine's cores.
+# The SLURM tier and the differential tier each stay whole on one worker (tests/conftest.py).
+workers=${NVRX_TEST_WORKERS:-2}
+case "$workers" in
+    ''|*[!0-9]*) workers_ok=0 ;;
+    *) [ "$((10#$workers))" -ge 1 ] && workers_ok=1 || workers_ok=0 ;;
+esac
+[ "$workers_ok" = 1 ] || { echo "test.sh: NVRX_TEST_WORKERS must be a whole number >= 1, got '$workers'" >&2; exit 2; }
+workers=$((10#$workers))
+parallel=()
+[ "$workers" -gt 1 ] && parallel=(-n "$workers")
+
 bash scripts/setup.sh || { echo "test.sh: setup failed" >&2; exit 1; }
 # The differential tier's reference (NVRx 0.4.1 in .venv-nvrx); without it that tier skips
 # and says why.
@@ -23,16 +36,6 @@ fi
 # Live (not zombie) SLURM/MariaDB/munge daemons, as "pid name" lines.
 daemons() { ps -eo pid=,stat=,comm= | awk '$2 !~ /^Z/ && $3 ~ /^(slurmctld|slurmd|slurmdbd|mariadbd|munged)$/ {print $1" "$3}' | sort; }
 before=$(daemons)
-
-# Tests run in NVRX_TEST_WORKERS pytest-xdist workers (default 2): a multi-process test
-# spends much of its time waiting on its processes, so two share the machine's cores.
-# The SLURM tier and the differential tier each stay whole on one worker (tests/conftest.py).
-workers=${NVRX_TEST_WORKERS:-2}
-case "$workers" in
-    ''|*[!0-9]*|0) echo "test.sh: NVRX_TEST_WORKERS must be a whole number >= 1, got '$workers'" >&2; exit 2 ;;
-esac
-parallel=()
-[ "$workers" -gt 1 ] && parallel=(-n "$workers")
 
 .venv/bin/ruff check . || { echo "test.sh: ruff check failed" >&2; exit 1; }
 if [ "${1:-}" = "--repeat" ]; then
