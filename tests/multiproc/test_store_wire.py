@@ -15,8 +15,8 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
+import psutil
 import pytest
 import torch.distributed as dist
 
@@ -167,11 +167,10 @@ sys.stdin.read()
 def _all_threads_stopped(pid: int) -> bool:
     """Whether every thread of ``pid`` is stopped: a SIGSTOP is sent at once, but a thread
     running on another core stops only when it next leaves the kernel."""
-    states = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
-            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
-    return bool(states) and all(state in ("T", "t") for state in states)
+    with contextlib.suppress(psutil.NoSuchProcess):  # a thread that ended meanwhile: ask again
+        threads = psutil.Process(pid).threads()
+        return all(psutil.Process(t.id).status() == psutil.STATUS_STOPPED for t in threads)
+    return False
 
 
 def test_a_frozen_server_is_taken_for_gone_after_the_timeout_and_a_clone_works_once_it_thaws() -> None:
