@@ -80,7 +80,9 @@ class LossIndex:
 def _recovery(job: JobSummary, loss: NodeLoss) -> tuple[float, int | None] | None:
     """(first round_start, world size) of the first round after the loss at full size again:
     at the size before the loss (a spare took over), or of any size after a shrink; after a
-    stop, the first round of a later run (the job was requeued)."""
+    stop, the first round of a later run (the job was requeued). A round that began before
+    the loss was declared is no recovery, whatever its size: the survivors may restart
+    between the node's last beat and its declaration, still counting the lost ranks."""
     if loss.action == "stop":
         later = [
             (r.started_wall, r.world_size)
@@ -91,6 +93,7 @@ def _recovery(job: JobSummary, loss: NodeLoss) -> tuple[float, int | None] | Non
     if loss.action not in ("spare", "shrink"):
         return None
     start = loss.start
+    declared = max(start, loss.declared_wall or start)
     rounds = sorted(
         (r.started_wall, r.world_size)
         for (run, _), r in job.rounds.items()
@@ -99,7 +102,7 @@ def _recovery(job: JobSummary, loss: NodeLoss) -> tuple[float, int | None] | Non
     before = [size for wall, size in rounds if wall <= start and size is not None]
     full = max(before, default=job.world_size or 0)
     for wall, size in rounds:
-        if wall > start and (loss.action == "shrink" or (size or 0) >= full):
+        if wall > declared and (loss.action == "shrink" or (size or 0) >= full):
             return wall, size
     return None
 
@@ -188,7 +191,22 @@ def _followed(job: JobSummary, loss: NodeLoss, windows: RoundWindows) -> None:
         loss.recovered_wall, loss.world_size = recovered
         loss.recovery_s = max(0.0, loss.recovered_wall - loss.start)
     silent = windows.round_at(loss.run, loss.start)
+    if silent is not None and _interrupted_before(job, loss, silent):
+        silent = windows.round_at(loss.run, loss.declared_wall)  # the loss came in a later round
     loss.round = silent if silent is not None else windows.round_at(loss.run, loss.declared_wall)
+
+
+def _interrupted_before(job: JobSummary, loss: NodeLoss, rnd: int) -> bool:
+    """Whether round ``rnd`` had a fault of its own before ``loss``'s node fell silent, one
+    that does not follow from the loss: the loss then did not interrupt that round (the
+    node's last beat came before the next round began, and the node died in that one)."""
+    state = job.rounds.get((loss.run, rnd))
+    if state is None:
+        return False
+    return any(
+        f.wall is not None and f.wall < loss.start and not loss_explains(loss, math.inf, f.wall, f.shape)
+        for f in state.first_by_rank.values()
+    )
 
 
 def _store_failover(job: JobSummary, loss: NodeLoss) -> StoreFailover | None:

@@ -139,6 +139,62 @@ def test_spare_takeover_is_listed_with_detection_recovery_and_action(spare: Repo
     assert "spare slot 2 took over node rank 1 (0.004 s after)" in text
 
 
+def test_a_round_begun_before_the_declaration_is_no_recovery(tmp_path: Path) -> None:
+    """The survivors restart at world size 4 between the node's last beat and its
+    declaration (they still count the lost ranks): the recovery is the round after the
+    spare took over, not that one."""
+    job = Job(tmp_path / "job", {0: "vm", 1: "vm", 2: "vm"}, nnodes=3, spares=1)
+    _before_the_loss(job)
+    job.round_restart(LAST_SEEN + 0.01, [0, 1])
+    job.round_start(LAST_SEEN + 0.03, 1, [0, 1])
+    for rank in (0, 1):  # round 1 is at world size 4: ranks 2 and 3 are not known lost yet
+        job.ranks[rank].round(1).at(LAST_SEEN + 0.04, "round_start", world_size=4)
+    job.sup[2].at(DECLARED - 0.05, "node_takeover", node_rank=1, lost_slot=1, wait_s=0.004)
+    for rank in (2, 3):
+        job.start_rank(DECLARED - 0.04, rank, slot=2, node=1, attempt=1)
+    job.node_lost("spare", replaced_by=2)
+    job.round_restart(DECLARED + 0.01, [0, 1])
+    job.round_start(17.6, 2, [0, 1, 2, 3])
+    job.complete(26.0, [0, 1, 2, 3])
+    (loss,) = job.close().node_losses
+    assert loss.recovered_wall == pytest.approx(T0 + 17.6)
+    assert loss.recovery_s == pytest.approx(17.6 - LAST_SEEN)
+
+
+def test_a_node_that_beat_last_in_a_round_another_fault_ended_is_lost_in_the_next(
+    tmp_path: Path,
+) -> None:
+    """Rank 0 raises in round 0; round 1 begins just after the lost node's last beat (its
+    ranks start it, then die): the loss interrupted round 1, not round 0, whose cause stays
+    rank 0's exception."""
+    job = Job(tmp_path / "job", {0: "vm", 1: "vm", 2: "vm"}, nnodes=3, spares=1)
+    _before_the_loss(job)
+    job.ranks[0].at(
+        9.0, "fault", fault_kind="exception", origin_rank=0, exc_type="RuntimeError",
+        message="bad value", traceback=DIST_TRACEBACK.replace(
+            "torch.distributed.DistBackendError: NCCL communicator was aborted on rank 0",
+            "RuntimeError: bad value",
+        ),
+    )  # fmt: skip
+    for rank in (1, 2, 3):
+        job.ranks[rank].at(9.1, "fault", fault_kind="peer", origin_rank=0)
+    job.round_restart(9.5, [0, 1, 2, 3])
+    job.round_start(LAST_SEEN + 0.03, 1, [0, 1, 2, 3])
+    job.sup[2].at(DECLARED - 0.05, "node_takeover", node_rank=1, lost_slot=1, wait_s=0.004)
+    for rank in (2, 3):
+        job.start_rank(DECLARED - 0.04, rank, slot=2, node=1, attempt=1)
+    job.node_lost("spare", replaced_by=2)
+    job.round_restart(DECLARED + 0.01, [0, 1])
+    job.round_start(17.6, 2, [0, 1, 2, 3])
+    job.complete(26.0, [0, 1, 2, 3])
+    report = job.close()
+    (loss,) = report.node_losses
+    assert loss.round == 1 and loss.recovered_wall == pytest.approx(T0 + 17.6)
+    causes = {row.round: row.cause for row in report.timeline}
+    assert causes[0] == "RuntimeError at train.py:40 in train"
+    assert causes[1] == "node lost"
+
+
 def test_node_losses_are_counted_beside_the_restarts(spare: Report) -> None:
     restarts = spare.summary.restarts
     # The Wrapper's round ended in a restart (in-process); the spare's two children are
