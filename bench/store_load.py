@@ -7,7 +7,7 @@ the server process lists the store's keys and copies the job-level ones to a fil
 
 The parties are SIMULATED: a few worker processes (``--workers``) speak torch's TCPStore
 wire protocol directly over plain sockets (the bytes of each request are the ones torch's
-client sends, with the real key names from ``nvrx.store.keys`` and
+client sends, with the real key names from ``nvrx.store.keys``, ``nvrx.store.rounds`` and
 ``nvrx.supervisor.node_keys``; a start-up check compares them with a real torch client and
 a real ``nvrx.store.barrier`` participant). What each simulated party sends, per
 ``--interval`` (1 s, the default of every period involved):
@@ -181,7 +181,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 # -- the keys of each pattern (real names) --------------------------------------------------------
 def key_names() -> dict[str, Any]:
     """The store keys the simulated parties use, from nvrx's own key modules."""
-    from nvrx.store import keys
+    from nvrx.store import keys, rounds
     from nvrx.supervisor import node_keys
     from nvrx.supervisor.config import STOP_KEY
 
@@ -191,12 +191,12 @@ def key_names() -> dict[str, Any]:
         restart_watch = job_key(1, "begin")
     except Exception:  # renamed: any second watched key costs the server the same
         restart_watch = STOP_KEY + "/job_restart"
-    r0 = keys.round_prefix(0)
+    r0 = rounds.round_prefix(0)
     return {
         "round": r0,
         "alive": keys.ROOT + "alive",  # the job's alive counter of the per-rank pattern (gone)
-        "interrupted": r0 + keys.INTERRUPTED,
-        "hb": [r0 + keys.heartbeat(0), keys.heartbeat],
+        "interrupted": r0 + rounds.INTERRUPTED,
+        "hb": [r0 + rounds.heartbeat(0), rounds.heartbeat],
         "node_alive": node_keys.alive,
         "node_claim": node_keys.claim,
         "watches": (STOP_KEY, restart_watch),
@@ -533,15 +533,15 @@ def _wire_check(host: str, port: int) -> None:
     """The raw requests mean to the server what torch's and nvrx's clients mean (fails loudly)."""
     from nvrx.inprocess import store as rstore
     from nvrx.store import barrier as nvrx_barrier
-    from nvrx.store import client, keys
+    from nvrx.store import client, rounds
 
     names = key_names()
     real = client.connect(host, port, timeout=30)
     raw = raw_connect(host, port)
-    raw.sendall(enc_add(names["round"] + keys.heartbeat(3), 5))
+    raw.sendall(enc_add(names["round"] + rounds.heartbeat(3), 5))
     assert struct.unpack("<q", _recv_exact(raw, 8))[0] == 5
     round_store = rstore.round_store(real, 0)
-    assert int(round_store.add(keys.heartbeat(3), 0)) == 5, "round prefix differs on the wire"
+    assert int(round_store.add(rounds.heartbeat(3), 0)) == 5, "round prefix differs on the wire"
     raw.sendall(enc_wait(names["interrupted"]))
     time.sleep(0.05)
     raw.sendall(CANCEL)

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from nvrx.store import faults as nvrx_faults
-from nvrx.store import keys
+from nvrx.store import rounds
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class InterruptionRecord:
 
 def interruption_records(store: Any) -> list[InterruptionRecord]:
     """The interruptions recorded in a round's store, in the order the store received them."""
-    records = nvrx_faults.read_records(store, keys.FAULT_LIST)
+    records = rounds.fault_records(store)
     return [InterruptionRecord.from_fault_record(r) for r in records]
 
 

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 from nvrx.store import rounds
 
-from . import death_between_rounds, rejoin
+from . import rejoin
 from .exception import RestartAbort
 from .fault_recording import record_exit
 from .health_check_base import run_check
 from .monitor_thread import RESTART_WAIT_S
-from .progress_watchdog import FLAG_RELEASED
+from .progress_watchdog import FLAG_RELEASED, released_into_next
 from .rank_assignment import RankAssignmentCtx, RankDiscarded
 from .rank_filter import with_rank_filter
 from .round_call import RoundCall
@@ -126,7 +126,7 @@ def _next_round(call: RoundCall, run: RoundRun, signal: BaseException | None) ->
         decision = rounds.wait_iteration(run.store, world_size, w.barrier_timeout)
     _end_monitor(run)
     terminated = {int(r) for r in decision["terminated"]}
-    if rank not in terminated:  # its monitor: the next round counts it (death_between_rounds)
+    if rank not in terminated:  # its monitor: the next round counts it (place_in_next_round)
         call.services.board.set_flag(FLAG_RELEASED, True)
     terminated -= _take_back(call, run.store, terminated)
     if terminated:
@@ -231,12 +231,12 @@ def leave(call: RoundCall, store: Any, outcome: Leave) -> BaseException:
 
     Released into the next round already (its rejoin or rank assignment failed), it
     leaves that round, which counts it, as its monitor would for a death there
-    (``death_between_rounds``), or the round it ends where its place there is not found;
+    (``rounds.place_in_next_round``), or the round it ends where its place there is not found;
     a rank that its assignment discarded is not counted there.
     """
     board = call.services.board
     info = board.read()
-    released = death_between_rounds.released(int(info["flags"]))
+    released = released_into_next(int(info["flags"]))
     board.set_flag(FLAG_RELEASED, False)
     rank, world_size = call.state.rank, call.state.world_size
     try:
@@ -268,11 +268,11 @@ def _next_round_place(call: RoundCall, round_: int, rank: int) -> tuple[int, int
     """This rank's (rank, world size) in round ``round_`` + 1, once every other rank started
     it, the call entered there; None where that place is not found (logged)."""
     w, base = call.wrapper, call.services.base_store
-    found = death_between_rounds.place_in_next_round(
+    found = rounds.place_in_next_round(
         base, round_, call.initial_world_size, w.barrier_timeout, w.monitor_process_interval
     )
     if found is not None:
-        death_between_rounds.publish_state(base, round_, rank, *found)
+        rounds.publish_state_after_death(base, round_, rank, *found)
         call.enter_round(round_ + 1)
         call.writer.update(round=round_ + 1, rank=found[0])
     return found

@@ -18,8 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from nvrx import events
-from nvrx.store import barrier as nvrx_barrier
-from nvrx.store import generations, keys, rounds
+from nvrx.store import rounds
 
 from . import between_rounds, rejoin, rendezvous
 from . import store as rstore
@@ -114,8 +113,8 @@ class CallWrapper:
         w = self.wrapper
         if not (restarted_process() and supervised()) or w.rejoin_timeout <= 0:
             return None
-        if not rejoin.job_alive(self.services.base_store):
-            return None
+        if rounds.current_round(self.services.base_store) is None:
+            return None  # no round to be taken back into
         wait_s = w.rejoin_timeout + w.barrier_timeout + w.soft_timeout
         return rejoin.request_admission(
             self.services.base_store,
@@ -131,7 +130,7 @@ class CallWrapper:
         self.generation = admission.generation
         self.services.board.set_generation(self.generation)
         self.enter_round(admission.round)
-        self.state = admission.rank_state(self.initial_rank, self.initial_world_size)
+        self.state = rejoin.admitted_state(admission, self.initial_rank, self.initial_world_size)
         self._first_terminated = set(admission.terminated)
         local_rank = os.environ.get("LOCAL_RANK", "")
         self.emit(
@@ -143,26 +142,21 @@ class CallWrapper:
 
     def _open_generation(self) -> None:
         """A new process generation: every process of the job meets at its initial barrier
-        (``nvrx.store.generations``); the ranks gone by then stay out of its first round."""
+        (``nvrx.store.rounds``); the ranks gone by then stay out of its first round."""
         base = self.services.base_store
         self.generation = rounds.generation_base(base)
         self.enter_round(self.generation)
         self.services.board.set_generation(self.generation)
         world = self.initial_world_size
         t0 = time.monotonic()
-        gone = generations.gone_in(base, world) - {self.initial_rank}
-        generations.arrive_for_gone(base, self.generation, world, gone)
-        generations.arrive(base, self.generation, self.initial_rank, world)
-        nvrx_barrier.wait(
-            base,
-            generations.initial_barrier(self.generation),
-            world,
-            self.wrapper.barrier_timeout,
-        )
+        gone = rounds.gone_in(base, world) - {self.initial_rank}
+        rounds.arrive_for_gone(base, self.generation, world, gone)
+        rounds.arrive_generation(base, self.generation, self.initial_rank, world)
+        rounds.wait_generation(base, self.generation, world, self.wrapper.barrier_timeout)
         self.emit(
             "restart_phase", phase="initial_barrier", duration_s=time.monotonic() - t0, ok=True
         )
-        self._first_terminated = generations.gone_at_start(base, self.generation)
+        self._first_terminated = rounds.gone_at_start(base, self.generation)
         self.state.iteration = rounds.job_restarts(base)
 
     def enter_round(self, round_: int) -> None:
@@ -279,14 +273,11 @@ class CallWrapper:
     # -- shutdown -----------------------------------------------------------------------
     def _termination_barrier(self) -> None:
         """Every rank arrives; the store host waits for everyone, since the store must serve until then."""
-        base = self.services.base_store
-        name = f"{keys.ROOT}g{self.generation}/termination"
+        base, world = self.services.base_store, self.initial_world_size
         try:
-            nvrx_barrier.arrive(
-                base, name, self.initial_rank, self.initial_world_size, reentrant=True
-            )
+            rounds.arrive_termination(base, self.generation, self.initial_rank, world)
             if self.services.host_store:
-                nvrx_barrier.wait(base, name, self.initial_world_size, self.wrapper.barrier_timeout)
+                rounds.wait_termination(base, self.generation, world, self.wrapper.barrier_timeout)
         except Exception as exc:
             log.warning("termination barrier: %r", exc)
 

@@ -15,7 +15,7 @@ import logging
 from typing import Any
 
 from nvrx.store import faults as nvrx_faults
-from nvrx.store import keys, rounds
+from nvrx.store import rounds
 
 from .fault_events import Emit, emit_fault
 
@@ -77,7 +77,7 @@ def _no_event(kind: str, **fields: Any) -> None:
 def record_exit(store: Any, emit: Emit, rank: int, exc: BaseException) -> None:
     """This rank leaves the job because of ``exc``: an ``exit`` record in the store, then its event."""
     record = nvrx_faults.from_exception(rank, exc, kind="exit")
-    nvrx_faults.append_record(store, keys.FAULT_LIST, record)
+    rounds.append_fault(store, record)
     emit_fault(emit, record, fault_kind="exit", origin_rank=rank)
 
 

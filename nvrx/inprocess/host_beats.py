@@ -8,7 +8,7 @@ many ranks the host runs. Each monitor writes its rank into its host's list
 once, before its rank goes on, and once more when it stops beating on purpose:
 what a leader watches, and what a silent host takes out. What is found silent
 is taken out of the running round as ``unresponsive``, with a ``fault`` event
-(``lost_ranks``):
+(``rounds.leave_round``):
 
 * a rank whose monitor stopped beating to the leader for its ``heartbeat_timeout``
   (unless its list says it ended on purpose);
@@ -284,12 +284,12 @@ class HostBeats:
     def _leave(self, ranks: list[int], message: str) -> list[int]:
         """Take ``ranks`` (initial ranks) out of the running round as unresponsive, each with
         its event as it leaves; those not out yet (in no round yet), to try again."""
-        from . import lost_ranks  # the store's round protocol: torch, loaded with the link
+        from nvrx.store import rounds  # the round protocol, loaded with the link
 
         def left(rank: int) -> None:
             announce_leave(self.emit, rank, FaultRecord(rank, "unresponsive", message=message))
 
-        done = lost_ranks.leave_round(
+        done = rounds.leave_round(
             self._store(), ranks, self.world_size, message, False, "unresponsive",
             published=True, on_left=left,
         )  # fmt: skip

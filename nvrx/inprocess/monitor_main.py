@@ -11,7 +11,7 @@ which calls ``main``), one per rank, it reads the rank's ``ProgressBoard`` and a
   behalf;
 * the rank's process died (pidfd, no polling): leave the round on its behalf, or
   the next one where the round's iteration barrier had released it into it
-  (``death_between_rounds``);
+  (``rounds.place_in_next_round``);
 * heartbeats: to one party of the rank's node, which alone talks to the store
   for the node's ranks and takes out a rank whose monitor stopped beating for
   ``heartbeat_timeout``: under a supervisor (``NVRX_RANK_BEATS``), to the
@@ -45,15 +45,19 @@ import time
 from typing import Any
 
 from nvrx import events, processes, rank_beats
-from nvrx.store import barrier as nvrx_barrier
-from nvrx.store import keys
 from nvrx.store.faults import FaultRecord
 
-from . import death_between_rounds, host_beats, monitor_store, monitor_target
+from . import host_beats, monitor_store, monitor_target
 from .fault_events import announce_leave
 from .logging import setup_monitor_logging
 from .monitor_process import STACK_SIGNAL, MonitorConfig
-from .progress_watchdog import FLAG_SHUTDOWN, FLAG_TIMEOUTS_OFF, FLAG_USER, ProgressBoard
+from .progress_watchdog import (
+    FLAG_SHUTDOWN,
+    FLAG_TIMEOUTS_OFF,
+    FLAG_USER,
+    ProgressBoard,
+    released_into_next,
+)
 
 log = logging.getLogger(__name__)
 
@@ -111,10 +115,6 @@ class _Monitor:
     def rank(self) -> int:
         return int(self.board.read()["rank"])
 
-    @property
-    def termination_barrier(self) -> str:
-        return f"{keys.ROOT}g{self.board.generation()}/termination"
-
     def _sync_round(self, info: dict[str, float]) -> None:
         round_ = int(info["round"])
         if round_ == self.round or round_ < 0:
@@ -150,8 +150,8 @@ class _Monitor:
 
     def _arrive_for(self, initial: int) -> None:
         """``initial`` is out of this generation: the store host need not wait for it at the end."""
-        barrier, size = self.termination_barrier, self.cfg.initial_world_size
-        nvrx_barrier.arrive(self.link.get(), barrier, initial, size, reentrant=True)
+        generation, size = self.board.generation(), self.cfg.initial_world_size
+        self.link.rounds.arrive_termination(self.link.get(), generation, initial, size)
 
     def _keep_store(self) -> None:
         """The rank is gone but hosts the store: serve until every rank passed the termination barrier."""
@@ -159,9 +159,10 @@ class _Monitor:
             return
         log.info("rank gone; keeping the store until the other ranks finish")
         try:
-            cfg = self.cfg
-            barrier = self.termination_barrier
-            nvrx_barrier.wait(self.link.get(), barrier, cfg.initial_world_size, cfg.keeper_timeout)
+            cfg, generation = self.cfg, self.board.generation()
+            self.link.rounds.wait_termination(
+                self.link.get(), generation, cfg.initial_world_size, cfg.keeper_timeout
+            )
         except Exception as exc:
             log.warning("stopping the store without the termination barrier: %r", exc)
 
@@ -334,16 +335,32 @@ class _Monitor:
         log.warning("rank process %s died", cfg.target_pid)
         self._stop_beating()
         place = (int(info["rank"]), int(info["world_size"]))
-        if death_between_rounds.released(flags) and self.round >= 0 and self._link_made():
-            found = death_between_rounds.place_after_death(
-                self.link, self.round, place[0], cfg, self._beat_now
-            )
+        if released_into_next(flags) and self.round >= 0 and self._link_made():
+            found = self._place_after_death(place[0])
             if found is not None:
                 self.round, place = self.round + 1, found
                 self.writer.update(round=self.round, rank=place[0])
         message = f"process {cfg.target_pid} died"
         self._leave(*place, FaultRecord(place[0], "dead", message=message), cfg.initial_rank)
         self._keep_store()
+
+    def _place_after_death(self, rank: int) -> tuple[int, int] | None:
+        """(rank, world size) in the next round of ``rank``, dead after this round's iteration
+        barrier released it there, its state published there; None where its place is not
+        found (logged) within ``barrier_timeout``."""
+        cfg, rounds = self.cfg, self.link.rounds
+        try:
+            base = self.link.get()
+            place = rounds.place_in_next_round(
+                base, self.round, cfg.initial_world_size, cfg.barrier_timeout,
+                cfg.monitor_process_interval, self._beat_now,
+            )  # fmt: skip
+            if place is not None:
+                rounds.publish_state_after_death(base, self.round, rank, *place)
+            return place
+        except Exception as exc:  # the store failed, or the supervisor is gone: leave this round
+            log.warning("round %d: no place found for a dead rank: %r", self.round + 1, exc)
+            return None
 
 
 def main(line: bytes | None = None, early: Any = None) -> int:

@@ -48,6 +48,13 @@ FLAG_SHUTDOWN = 4  # the Wrapper ended normally: the monitor process exits quiet
 FLAG_RELEASED = 8
 
 
+def released_into_next(flags: int) -> bool:
+    """Whether a board's ``flags`` say the round's iteration barrier released the rank into
+    the next round, which it has not started yet: a death or a leave then belongs to that
+    round (``nvrx.store.rounds.place_in_next_round``)."""
+    return bool(flags & FLAG_RELEASED)
+
+
 class ProgressBoard:
     """Shared progress record of one rank (see module doc); 128 bytes, 8-byte fields."""
 

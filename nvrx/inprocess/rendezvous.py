@@ -7,7 +7,7 @@ tries to host a server, so it works whichever process is rank 0 this round).
 ``RANK``/``WORLD_SIZE`` are the round's active rank and world size. Torch
 writes its rendezvous keys under ``default_pg/``; the Wrapper deletes them
 between rounds (after every rank left the previous round's groups) and when a
-process generation opens (``nvrx.store.generations``), so a round never reads
+process generation opens (``nvrx.store.rounds``), so a round never reads
 another round's addresses. The previous values come back when the
 Wrapper returns.
 """

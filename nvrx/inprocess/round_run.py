@@ -16,14 +16,12 @@ and returns one ``round_outcome``:
 
 from __future__ import annotations
 
-import datetime
 import logging
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from nvrx.store import barrier as nvrx_barrier
-from nvrx.store import keys, rounds
+from nvrx.store import rounds
 
 from . import gloo_abort, rejoin, rendezvous
 from .exception import InternalError
@@ -65,9 +63,7 @@ class RoundRun:
         services.board.set_round(call.round, state.rank, state.world_size, call.initial_rank)
         call.writer.update(rank=state.rank, round=call.round)
         rendezvous.apply(_round_env(call))
-        # for a replacement of this rank, and for the monitor of a rank that dies before
-        # starting the round (``death_between_rounds``: counted once its state is there)
-        store.set(keys.rank_state(state.rank), rejoin.state_json(state))
+        rounds.publish_rank_state(store, state.rank, rejoin.state_fields(state))
         if call.round > call.generation:
             rounds.commit_round_start(store, services.base_store, state.iteration)
         latency = None
@@ -84,8 +80,7 @@ class RoundRun:
         call.delivery.reset()
         monitor = MonitorThread(
             rounds.round_store(services.mt_store, call.round),
-            keys.INTERRUPTED,
-            [nvrx_barrier.release_key(rounds.COMPLETION_BARRIER), keys.COMPLETED],
+            *rounds.interrupt_watch(),
             call.delivery,
             call.wrapper.abort,
             state.freeze(),
@@ -153,9 +148,9 @@ class RoundRun:
         try:
             if call.state.active_rank is not None:
                 self._call_ended("completed")
-                self.store.set(keys.COMPLETED, "1")
+                rounds.mark_completed(self.store)
             else:  # a spare waits for the active ranks (or a fault) without a time limit
-                self.store.wait([keys.COMPLETED], datetime.timedelta(seconds=_FOREVER_S))
+                rounds.wait_completed(self.store, _FOREVER_S)
             self._completion_barrier()
         except InternalError as exc:  # waited for the restart request in vain already
             self._fault_then_restart(exc, retry=False)
@@ -163,20 +158,14 @@ class RoundRun:
             self._fault_then_restart(exc)
 
     def _completion_barrier(self) -> None:
-        call, store = self.call, self.store
-        name = rounds.COMPLETION_BARRIER
-        world_size = call.state.world_size
-        nvrx_barrier.arrive(
-            store,
-            name,
+        call = self.call
+        done = rounds.arrive_completion(
+            self.store,
             call.state.rank,  # type: ignore[arg-type]
-            world_size,
-            before_release=lambda: rounds.interrupt(store, rounds.DONE),
+            call.state.world_size,
+            call.wrapper.completion_timeout,
         )
-        nvrx_barrier.wait(
-            store, name, world_size, call.wrapper.completion_timeout, range(world_size)
-        )
-        if store.get(keys.INTERRUPTED).decode(errors="replace") != rounds.DONE:
+        if not done:
             call.delivery.await_restart(RESTART_WAIT_S)
 
     # -- faults -----------------------------------------------------------------------

@@ -1,44 +1,198 @@
-"""Restart rounds in the store: the round counter, the job restart counter, and the keys
-of one round, with who writes them in which order.
+"""The round protocol: every key of a restart round and of a process generation, who
+writes it, in which order. The Wrapper, its monitor process and the supervisor's store
+agent call the functions below; none of them spells a key.
 
-Round numbers name the key space of a restart round (``nvrx/r<round>/``).
-In-process restarts advance the round by one; a new process generation (every
-process of the job restarted) starts at the next multiple of
-``GENERATION_STEP`` above the last round the store saw, so its keys never
-collide with a previous generation's. The job restart counter counts
-in-process and process restarts together.
+Generations and rounds
+----------------------
+A *process generation* is every process of the job started anew (the job's start, a
+restart of all processes, a store failover). Its first round ``g`` is the next multiple
+of ``GENERATION_STEP`` above the last round the store saw, so no key of an earlier
+generation is read again. An in-process restart moves the job from round ``R`` to
+``R + 1``. The keys of round ``R`` live under ``nvrx/r<R>/`` (a ``RoundView``); a
+generation's two barriers under ``nvrx/g<g>/``. Ranks are named by their rank in the
+round, except where a process is meant across rounds (gone ranks, join requests,
+admissions, the termination barrier): there by its *initial* rank.
 
-The keys of one round live under ``keys.round_prefix(round)`` (a ``RoundView``). Who
-writes what in a round, in this order:
+The course of one round, as every rank sees it::
 
-1. the first rank to start it counts it (``commit_round_start``: ``STARTED``, and the
-   job restart counter when the round follows a restart);
-2. a rank that faults, or a monitor, supervisor agent or peer on its behalf, appends a
-   fault record (``FAULT_LIST``) and sets ``INTERRUPTED`` to ``fault``
-   (``record_fault``); a round that ends without one has ``INTERRUPTED`` set to ``done``;
-3. a rank that leaves for good is registered in ``TERMINATED`` (``register_terminated``,
-   or ``proxy_leave`` by whoever found it gone);
-4. every rank, or a proxy for it, arrives at the iteration barrier; the last arrival
-   writes ``DECISION`` (who left, the restart count, the world size) and publishes the
-   next round before anyone is released (``arrive_iteration``); every rank then reads
-   the same decision (``wait_iteration``).
+    generation g opens ──────────────┐   (initial barrier: OPEN_GENERATION)
+    iteration barrier of R-1 ────────┤   (DECIDED below)
+    admission of a replacement ──────┤   (ADMITTED below)
+                                     ▼
+                                  STARTED ──── every active rank returned ──► DONE
+                                     │          (completion barrier,             (the call
+                                     │           INTERRUPTED = "done")            returns)
+                      a fault: FAULT_LIST += record, INTERRUPTED = "fault"
+                                     ▼
+                                INTERRUPTED ── a rank that leaves for good: TERMINATED
+                                     │
+                      every rank (or a proxy for it) at the iteration barrier
+                                     ▼
+                                  DECIDED ──── the lowest survivor admits replacements
+                                     │         (join → admit, REJOIN): ADMITTED
+                                     └──────► round R+1: STARTED
+
+Who writes what, in this order
+------------------------------
+==========================  ==============================================  ==========
+key                          written by                                      when
+==========================  ==============================================  ==========
+``g<g>/initial``            every process of the generation, and someone     1
+                            for each rank gone (``arrive_generation``,
+                            ``arrive_for_gone``)
+``g<g>/gone``, ``round``,   the arrival that completes the initial barrier,  2
+``job_restarts``            before anyone is released (``_open_generation``)
+``r<R>/state/<rank>``       each rank as it starts the round                 3
+                            (``publish_rank_state``); the monitor of a rank
+                            dead on its way in, under a number nobody took
+                            (``publish_state_after_death``)
+``r<R>/started``            each rank as it starts the round; the first      3
+                            commits ``job_restarts`` (``commit_round_start``)
+``r<R>/faults``,            a rank that faults, or a monitor, agent or peer  4
+``r<R>/interrupted``        on its behalf (``record_fault``); the completing
+                            arrival at the completion barrier sets ``done``
+``r<R>/terminated``         a rank that leaves for good, or a proxy          5
+                            (``register_terminated``, ``proxy_leave``,
+                            ``leave_round``)
+``r<R>/iteration``,         every rank or proxy; the last arrival writes     6
+``r<R>/decision``,          the decision and publishes ``R + 1`` before the
+``round``                   release (``arrive_iteration``)
+``join/<i>``,               a replacement process (its pid), then the        7
+``admit/<i>/<pid>``,        lowest survivor of round R (its admission), which
+``r<R>/rejoin``             then lists the ranks that came back (``admit``)
+``r<R+1>/late_deaths``,     the monitor of a rank that the decision kept     7
+``r<R+1>/late_death_claim`` and that died before it started R + 1
+                            (``place_in_next_round``)
+``gone/<i>``, ``gone/all``  the supervisor that declares a node lost with    any
+                            no spare for it (``leave_round``)
+``g<g>/termination``        every rank as its call ends, and a proxy for a   last
+                            rank that is gone; the store's host waits for all
+==========================  ==============================================  ==========
+
+The job-level keys (``round``, ``job_restarts``, ``gone/``) outlive a store failover
+(``FAILOVER_KEYS``); the keys of rounds do not.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import logging
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from . import barrier, faults, keys
+from . import barrier, errors, faults, rank_lists
+from .client import delete_prefix
+from .keys import ROOT
 
 log = logging.getLogger(__name__)
 
 GENERATION_STEP = 100
 
+# -- keys --------------------------------------------------------------------------------
+#: Round the job is in now (int).
+CURRENT_ROUND = ROOT + "round"
+#: Restarts of the job so far, in-process and process restarts together (counter).
+JOB_RESTARTS = ROOT + "job_restarts"
+#: Torch's own keys written through the env:// rendezvous (``init_process_group``).
+TORCH_DEFAULT_PG_PREFIX = "default_pg/"
+#: Everything about ranks that will not come back.
+GONE_PREFIX = ROOT + "gone/"
+#: Append-only ``"r,"`` list of the initial ranks marked gone.
+GONE_LIST = GONE_PREFIX + "all"
+#: The job-level keys a store failover carries over to the next store.
+FAILOVER_KEYS = (CURRENT_ROUND, JOB_RESTARTS, GONE_PREFIX)
 
+# names inside one round's prefix
+INTERRUPTED = "interrupted"  # "fault" when any rank faults, "done" when the round completed
+FAULT_LIST = "faults"  # append-only JSON fault records, one per line (``nvrx.store.faults``)
+TERMINATED = "terminated"  # append-only "r," list of the round's ranks that left the job
+DECISION = "decision"  # JSON written by the last arrival at the iteration barrier
+REJOIN = "rejoin"  # JSON: ranks whose replacement process rejoined (written by the round's leader)
+COMPLETED = "completed"  # set by an active rank that returned: spares stop waiting
+STARTED = "started"  # counter: ranks that started the round
+LATE_DEATHS = "late_deaths"  # counter: ranks counted in the round that died before starting it
+ITERATION_BARRIER = "iteration"
+COMPLETION_BARRIER = "completion"
+#: Value of ``INTERRUPTED`` when a round completed without a fault.
+DONE = "done"
+
+
+def round_prefix(round_: int) -> str:
+    """Prefix of every key of restart round ``round_``."""
+    if round_ < 0:
+        raise ValueError(f"round must be >= 0, got {round_}")
+    return f"{ROOT}r{round_}/"
+
+
+def initial_barrier(generation: int) -> str:
+    """Name of the initial barrier of ``generation`` (its first round's number)."""
+    return f"{ROOT}g{generation}/initial"
+
+
+def termination_barrier(generation: int) -> str:
+    """Name of the barrier every rank of ``generation`` passes as its call ends."""
+    return f"{ROOT}g{generation}/termination"
+
+
+def _gone_record(generation: int) -> str:
+    return f"{ROOT}g{generation}/gone"
+
+
+def join_request(initial_rank: int) -> str:
+    """Set by a replacement process that wants to rejoin the job (value: its pid)."""
+    return f"{ROOT}join/{initial_rank}"
+
+
+def admission(initial_rank: int, pid: int) -> str:
+    """Set by the job for an admitted replacement process (value: JSON ``Admission``)."""
+    return f"{ROOT}admit/{initial_rank}/{pid}"
+
+
+def rank_gone(initial_rank: int) -> str:
+    """Set when the process of ``initial_rank`` will not come back."""
+    return f"{GONE_PREFIX}{initial_rank}"
+
+
+def heartbeat(rank: int) -> str:
+    """Per-rank heartbeat counter of a round: no monitor beats per rank any more (hosts
+    beat, ``nvrx.inprocess.host_beats``); ``bench/store_load.py`` sends the old pattern."""
+    return f"hb/{rank}"
+
+
+def rank_state(rank: int) -> str:
+    """JSON state of ``rank`` at the start of the round (read for a replacement of it)."""
+    return f"state/{rank}"
+
+
+def late_death_claim(rank: int) -> str:
+    """Counter by which the monitor of one rank that died before starting the round takes
+    ``rank``, a number of the round that no rank published its state under."""
+    return f"late_death_claim/{rank}"
+
+
+def terminated_flag(rank: int) -> str:
+    """Counter that makes registering ``rank`` as terminated in the round idempotent."""
+    return f"terminated_flag/{rank}"
+
+
+#: Every key name and key function above: code outside the store layer calls the
+#: protocol's functions instead (``tests/unit/test_round_protocol.py``).
+KEY_NAMES = frozenset(
+    {
+        "CURRENT_ROUND", "JOB_RESTARTS", "TORCH_DEFAULT_PG_PREFIX", "GONE_PREFIX", "GONE_LIST",
+        "INTERRUPTED", "FAULT_LIST", "TERMINATED", "DECISION", "REJOIN", "COMPLETED",
+        "STARTED", "LATE_DEATHS", "ITERATION_BARRIER", "COMPLETION_BARRIER",
+        "initial_barrier", "termination_barrier", "join_request", "admission", "rank_gone",
+        "heartbeat", "rank_state", "late_death_claim", "terminated_flag",
+    }
+)  # fmt: skip
+
+
+# -- counters of the job -----------------------------------------------------------------
 def _read_int(store: Any, key: str) -> int | None:
     if not store.check([key]):
         return None
@@ -47,12 +201,12 @@ def _read_int(store: Any, key: str) -> int | None:
 
 def current_round(store: Any) -> int | None:
     """The round the job is in, or None when no round started yet."""
-    return _read_int(store, keys.CURRENT_ROUND)
+    return _read_int(store, CURRENT_ROUND)
 
 
 def publish_round(store: Any, round_: int) -> None:
     """Record that the job is in ``round_`` now."""
-    store.set(keys.CURRENT_ROUND, str(int(round_)))
+    store.set(CURRENT_ROUND, str(int(round_)))
 
 
 def generation_base(store: Any, *, step: int = GENERATION_STEP) -> int:
@@ -72,25 +226,20 @@ def generation_base(store: Any, *, step: int = GENERATION_STEP) -> int:
 
 def count_job_restart(store: Any) -> int:
     """Count one more job restart; returns the new total."""
-    return int(store.add(keys.JOB_RESTARTS, 1))
+    return int(store.add(JOB_RESTARTS, 1))
 
 
 def job_restarts(store: Any) -> int:
     """Job restarts counted so far (in-process and process restarts)."""
-    return int(store.add(keys.JOB_RESTARTS, 0))
+    return int(store.add(JOB_RESTARTS, 0))
 
 
 def set_job_restarts(store: Any, value: int) -> None:
     """Record ``value`` restarts (used when a restarted round actually starts)."""
-    store.set(keys.JOB_RESTARTS, str(int(value)))
+    store.set(JOB_RESTARTS, str(int(value)))
 
 
-#: Value of ``keys.INTERRUPTED`` when a round completed without a fault.
-DONE = "done"
-ITERATION_BARRIER = "iteration"
-COMPLETION_BARRIER = "completion"
-
-
+# -- the view of one round ---------------------------------------------------------------
 class RoundView:
     """The keys of one restart round, on any store client (torch's or ``nvrx.store.wire``):
     every key under the round's prefix, joined as torch's ``PrefixStore`` joins them."""
@@ -98,7 +247,7 @@ class RoundView:
     def __init__(self, iteration: int, base_store: Any) -> None:
         self.iteration = iteration
         self.base_store = base_store
-        self.prefix = keys.round_prefix(iteration).rstrip("/")
+        self.prefix = round_prefix(iteration).rstrip("/")
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}"
@@ -147,47 +296,225 @@ def round_store(base: Any, round_: int) -> RoundView:
     return RoundView(round_, base)
 
 
+# -- gone ranks --------------------------------------------------------------------------
+# Ranks whose node was lost with no spare to take it over. Survivors deciding whose
+# replacement to wait for look at one rank's flag; a new generation reads the whole list.
+def mark_gone(store: Any, initial_ranks: Iterable[int]) -> None:
+    """Record that ``initial_ranks`` are gone for the rest of this run of the job."""
+    for rank in initial_ranks:
+        store.set(rank_gone(rank), "1")
+        rank_lists.add(store, GONE_LIST, rank)
+
+
+def is_gone(store: Any, initial_rank: int) -> bool:
+    """Whether ``initial_rank`` was marked gone."""
+    return bool(store.check([rank_gone(initial_rank)]))
+
+
+def all_gone(store: Any) -> set[int]:
+    """Every initial rank marked gone so far."""
+    return rank_lists.read(store, GONE_LIST)
+
+
+def gone_in(store: Any, world_size: int) -> set[int]:
+    """The initial ranks below ``world_size`` marked gone so far."""
+    return {r for r in all_gone(store) if 0 <= r < world_size}
+
+
+# -- a generation: its initial and termination barriers ----------------------------------
+# Ranks marked gone never come, so someone arrives for them: every rank of the generation
+# for the ones gone when it starts, and the supervisor that marks a rank gone for the
+# generation that is opening (or the next one). Any arrival may be the completing one,
+# so each carries the same opening.
+def clear_torch_keys(store: Any) -> int:
+    """Delete torch's rendezvous keys left by an earlier round."""
+    try:
+        return delete_prefix(store, TORCH_DEFAULT_PG_PREFIX)
+    except Exception as exc:  # a custom store without list_keys: keys stay, torch re-sets them
+        log.debug("could not clear torch rendezvous keys: %r", exc)
+        return 0
+
+
+def _open_generation(store: Any, generation: int, world_size: int) -> None:
+    clear_torch_keys(store)
+    if generation > 0:
+        count_job_restart(store)
+    store.set(_gone_record(generation), json.dumps(sorted(gone_in(store, world_size))))
+    publish_round(store, generation)
+
+
+def arrive_generation(store: Any, generation: int, rank: int, world_size: int) -> bool:
+    """Register ``rank`` (its own arrival, or one for a rank that will not come) at the
+    initial barrier of ``generation``; True when it completed and opened the generation."""
+    return barrier.arrive(
+        store,
+        initial_barrier(generation),
+        rank,
+        world_size,
+        reentrant=True,
+        before_release=lambda: _open_generation(store, generation, world_size),
+    )
+
+
+def arrive_for_gone(
+    store: Any, generation: int, world_size: int, ranks: Iterable[int] | None = None
+) -> None:
+    """Arrive for ``ranks`` (default: every rank marked gone) at ``generation``'s initial barrier."""
+    for rank in sorted(gone_in(store, world_size) if ranks is None else ranks):
+        if 0 <= rank < world_size:
+            arrive_generation(store, generation, rank, world_size)
+
+
+def wait_generation(store: Any, generation: int, world_size: int, timeout: float) -> None:
+    """Wait until ``generation``'s initial barrier released (it opened)."""
+    barrier.wait(store, initial_barrier(generation), world_size, timeout)
+
+
+def generation_of(store: Any, round_: int) -> int:
+    """The generation ``round_`` belongs to (its first round), as opened in ``store``.
+
+    Generations start at multiples of ``GENERATION_STEP`` but may run more rounds than
+    that: the next one starts above the last round published. So it is the highest
+    multiple at or below ``round_`` that opened in this store (none for a round restored
+    after a store failover: then the multiple at or below it, whose record is missing).
+    """
+    first = round_ - round_ % GENERATION_STEP
+    generation = first
+    while generation >= 0:
+        if store.check([_gone_record(generation)]):
+            return generation
+        generation -= GENERATION_STEP
+    return first
+
+
+def gone_at_start(store: Any, generation: int) -> set[int]:
+    """The ranks that were gone when ``generation`` opened; empty when it did not open in
+    this store (a round restored after a store failover)."""
+    if not store.check([_gone_record(generation)]):
+        return set()
+    return {int(r) for r in json.loads(store.get(_gone_record(generation)))}
+
+
+def generation_opened(store: Any, generation: int) -> bool:
+    """Whether the initial barrier of ``generation`` released."""
+    return barrier.is_released(store, initial_barrier(generation))
+
+
+def arrive_termination(store: Any, generation: int, initial_rank: int, world_size: int) -> None:
+    """``initial_rank`` (itself or by proxy) is done with ``generation``."""
+    name = termination_barrier(generation)
+    barrier.arrive(store, name, initial_rank, world_size, reentrant=True)
+
+
+def wait_termination(store: Any, generation: int, world_size: int, timeout: float) -> None:
+    """Wait until every rank of ``generation`` is done with it (the store's host)."""
+    barrier.wait(store, termination_barrier(generation), world_size, timeout)
+
+
+# -- one round: start, faults, completion ------------------------------------------------
+#: The fields of a rank's published state that a replacement of it needs.
+RANK_STATE_FIELDS = (
+    "rank", "world_size", "active_rank", "active_world_size", "initial_rank",
+    "initial_world_size", "mode",
+)  # fmt: skip
+
+
+def publish_rank_state(store: Any, rank: int, state: dict[str, Any]) -> None:
+    """A rank starts the round: its state, for a replacement of it and for the monitor of
+    a rank that dies before starting it (counted once its state is there)."""
+    store.set(rank_state(rank), json.dumps({k: state[k] for k in RANK_STATE_FIELDS}))
+
+
+def commit_round_start(store: Any, base: Any, restarts: int) -> None:
+    """The first rank to start a round after a restart records the new job restart count."""
+    if int(store.add(STARTED, 1)) == 1 and job_restarts(base) < restarts:
+        set_job_restarts(base, restarts)
+
+
+def interrupt_watch() -> tuple[str, list[str]]:
+    """What a rank's monitor thread waits on in a round: the key a fault interrupts it by,
+    and the keys whose write ends the round without one (completion, a spare's wake-up)."""
+    return INTERRUPTED, [barrier.release_key(COMPLETION_BARRIER), COMPLETED]
+
+
+def append_fault(store: Any, record: faults.FaultRecord) -> None:
+    """Add ``record`` to the round's fault records without interrupting it (a rank's exit)."""
+    faults.append_record(store, FAULT_LIST, record)
+
+
 def record_fault(store: Any, record: faults.FaultRecord) -> bool:
     """Record a fault in the round and interrupt it; False when the round had completed already."""
-    faults.append_record(store, keys.FAULT_LIST, record)
+    append_fault(store, record)
     return interrupt(store, "fault")
 
 
 def interrupt(store: Any, value: str) -> bool:
     """Set the round's interrupted key unless set; True when ``value`` (or a fault) holds now."""
-    current = store.compare_set(keys.INTERRUPTED, "", value)
+    current = store.compare_set(INTERRUPTED, "", value)
     # The key never changes once set, so writing its value again is safe, and a ``set``
     # wakes the monitor threads waiting on it on every server: torch's legacy TCPStore
     # backend (``use_libuv=False``) answers a ``compare_set`` without waking any waiter.
-    store.set(keys.INTERRUPTED, current)
+    store.set(INTERRUPTED, current)
     text = current.decode(errors="replace") if isinstance(current, bytes) else str(current)
     return text != DONE or value == DONE
 
 
+def completed(store: Any) -> bool:
+    """Whether the round ended without a fault (``INTERRUPTED`` is ``done``)."""
+    return store.check([INTERRUPTED]) and store.get(INTERRUPTED) == DONE.encode()
+
+
 def fault_records(store: Any) -> list[faults.FaultRecord]:
-    return faults.read_records(store, keys.FAULT_LIST)
+    """The round's fault records, in the order the store received them."""
+    return faults.read_records(store, FAULT_LIST)
+
+
+def mark_completed(store: Any) -> None:
+    """An active rank returned from its function: the round's spares stop waiting."""
+    store.set(COMPLETED, "1")
+
+
+def wait_completed(store: Any, timeout: float) -> None:
+    """A spare waits for an active rank to return (or a fault to restart it first)."""
+    store.wait([COMPLETED], timedelta(seconds=timeout))
+
+
+def arrive_completion(store: Any, rank: int, world_size: int, timeout: float) -> bool:
+    """The completion barrier of the round; True when it completed without a fault (a
+    fault of any rank before the last arrival interrupts it instead)."""
+    barrier.arrive(
+        store,
+        COMPLETION_BARRIER,
+        rank,
+        world_size,
+        before_release=lambda: interrupt(store, DONE),
+    )
+    barrier.wait(store, COMPLETION_BARRIER, world_size, timeout, range(world_size))
+    return completed(store)
 
 
 def register_terminated(store: Any, rank: int) -> bool:
     """Register ``rank`` (its rank in this round) as terminated; idempotent. True if new."""
-    if int(store.add(keys.terminated_flag(rank), 1)) != 1:
+    if int(store.add(terminated_flag(rank), 1)) != 1:
         return False
-    store.append(keys.TERMINATED, f"{rank},")
+    store.append(TERMINATED, f"{rank},")
     return True
 
 
 def terminated_ranks(store: Any) -> set[int]:
-    if not store.check([keys.TERMINATED]):
+    """The ranks of the round registered as terminated so far."""
+    if not store.check([TERMINATED]):
         return set()
-    raw = store.get(keys.TERMINATED).decode()
+    raw = store.get(TERMINATED).decode()
     return {int(part) for part in raw.split(",") if part.strip()}
 
 
+# -- the iteration barrier and its decision ----------------------------------------------
 def _publish_decision(store: Any, base: Any, world_size: int) -> None:
     """Run by the last arrival at a round's iteration barrier, before anyone is released.
 
     ``world_size`` is in the decision for a replacement process: a round whose
-    ranks all terminated has nobody left to take it back (``rejoin``).
+    ranks all terminated has nobody left to take it back (``nobody_to_admit``).
     """
     # The restart is counted when the next round starts (commit_round_start), so
     # a round that every rank leaves (RestartAbort everywhere) counts nothing.
@@ -200,24 +527,18 @@ def _publish_decision(store: Any, base: Any, world_size: int) -> None:
     if round_ is not None:
         _clear_stale_keys(base, round_)
         publish_round(base, round_ + 1)
-    store.set(keys.DECISION, json.dumps(decision))
+    store.set(DECISION, json.dumps(decision))
 
 
 def _clear_stale_keys(base: Any, round_: int) -> None:
     """Delete torch's rendezvous keys (every rank left its groups) and rounds older than the previous one."""
-    stale = tuple(keys.round_prefix(r) for r in range(max(0, round_ - 3), max(0, round_ - 1)))
+    stale = tuple(round_prefix(r) for r in range(max(0, round_ - 3), max(0, round_ - 1)))
     try:
         for key in base.list_keys():
-            if key.startswith(keys.TORCH_DEFAULT_PG_PREFIX) or (stale and key.startswith(stale)):
+            if key.startswith(TORCH_DEFAULT_PG_PREFIX) or (stale and key.startswith(stale)):
                 base.delete_key(key)
     except Exception as exc:  # a store without list_keys: nothing to collect
         log.debug("could not clear stale keys: %r", exc)
-
-
-def commit_round_start(store: Any, base: Any, restarts: int) -> None:
-    """The first rank to start a round after a restart records the new job restart count."""
-    if int(store.add(keys.STARTED, 1)) == 1 and job_restarts(base) < restarts:
-        set_job_restarts(base, restarts)
 
 
 def arrive_iteration(store: Any, base: Any, rank: int, world_size: int) -> None:
@@ -235,7 +556,7 @@ def arrive_iteration(store: Any, base: Any, rank: int, world_size: int) -> None:
 def wait_iteration(store: Any, world_size: int, timeout: float) -> dict[str, Any]:
     """Wait for the iteration barrier; returns the decision every rank reads alike."""
     barrier.wait(store, ITERATION_BARRIER, world_size, timeout, range(world_size))
-    return json.loads(store.get(keys.DECISION))
+    return json.loads(store.get(DECISION))
 
 
 def proxy_leave(
@@ -243,7 +564,370 @@ def proxy_leave(
 ) -> None:
     """Everything peers need when ``rank`` leaves the round for good (it died or was killed)."""
     if record is not None:
-        faults.append_record(store, keys.FAULT_LIST, record)
+        append_fault(store, record)
     register_terminated(store, rank)
     interrupt(store, "fault")
     arrive_iteration(store, base, rank, world_size)
+
+
+def kept_for_next(store: Any) -> int | None:
+    """How many ranks a round's decision keeps for the next round (None: it does not say)."""
+    decision = json.loads(store.get(DECISION))
+    if decision.get("world_size") is None:  # a decision of an older version
+        return None
+    terminated = {int(r) for r in decision["terminated"]}
+    terminated -= rejoined(store)  # replacements taken back into the next round
+    return int(decision["world_size"]) - len(terminated)
+
+
+# -- the rejoin of a replacement process -------------------------------------------------
+# The replacement posts ``join/<initial rank>`` = its pid and waits for its admission;
+# after the iteration barrier the lowest survivor waits for the join requests of the
+# terminated ranks, admits each replacement that came and lists them under ``REJOIN``.
+@dataclasses.dataclass
+class Admission:
+    """What a running job tells an admitted replacement (stored as JSON)."""
+
+    generation: int
+    round: int
+    state: dict[str, Any]  # the dead rank's state at the start of its last round
+    terminated: list[int]  # ranks that stay terminated in the round it joins
+    job_restarts: int
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Admission:
+        data = json.loads(text)
+        return cls(
+            generation=int(data["generation"]),
+            round=int(data["round"]),
+            state=dict(data["state"]),
+            terminated=[int(r) for r in data["terminated"]],
+            job_restarts=int(data["job_restarts"]),
+        )
+
+
+def post_join(base: Any, initial_rank: int, pid: int) -> None:
+    """Replacement side: ask to be taken back into the running job."""
+    base.set(join_request(initial_rank), str(pid))
+
+
+def await_admission(base: Any, initial_rank: int, pid: int, timeout: float) -> Admission | None:
+    """Replacement side: the admission of ``pid``, once written within ``timeout`` seconds."""
+    key = admission(initial_rank, pid)
+    if timeout <= 0:
+        if not base.check([key]):
+            return None
+    else:
+        try:
+            base.wait([key], timedelta(seconds=timeout))
+        except errors.timeouts():
+            return None
+    return Admission.from_json(base.get(key))
+
+
+def withdraw_join(base: Any, initial_rank: int) -> None:
+    """Replacement side: no longer waiting to be taken back."""
+    base.delete_key(join_request(initial_rank))
+
+
+def nobody_to_admit(base: Any) -> str | None:
+    """Why no survivor of the job can take a replacement back, or None when one may.
+
+    The job's round completed, or the iteration barrier of the round before it
+    found every rank terminated (each left by itself or through its monitor or
+    supervisor) or has been registered terminated since, and no rank was taken
+    back into this round, so nobody admits. The first round of a process
+    generation (its initial barrier released) has no round before it: an earlier
+    generation's last decision says nothing about the ranks of this one.
+    """
+    round_ = current_round(base)
+    if round_ is None:
+        return "the job has no round"
+    if completed(round_store(base, round_)):
+        return f"round {round_} completed"
+    if generation_opened(base, round_) or round_ == 0:
+        return None
+    previous = round_store(base, round_ - 1)
+    if not previous.check([DECISION]):
+        return None
+    decision = json.loads(previous.get(DECISION))
+    world_size = decision.get("world_size")  # absent in a decision of an older version
+    # a survivor that died after the decision is registered in that round too; the
+    # ranks taken back then (``REJOIN``) run in this round, whatever that round says
+    terminated = (set(decision["terminated"]) | terminated_ranks(previous)) - rejoined(previous)
+    if world_size is not None and set(range(int(world_size))) <= terminated:
+        return f"every rank of round {round_ - 1} left it"
+    return None
+
+
+def rejoin_candidates(store: Any, base: Any, terminated: set[int]) -> list[int]:
+    """Terminated ranks a replacement may come back for: not those that left by
+    ``RestartAbort``, nor those of a lost node that no spare node took over."""
+    stopped = {
+        rec.rank
+        for rec in fault_records(store)
+        if rec.kind == "exit" and (rec.exc_type or "").endswith("RestartAbort")
+    }
+    candidates = []
+    for t in sorted(terminated - stopped):
+        initial = t
+        if store.check([rank_state(t)]):
+            initial = int(json.loads(store.get(rank_state(t)))["initial_rank"])
+        if not is_gone(base, initial):
+            candidates.append(t)
+    return candidates
+
+
+def admit(
+    store: Any,
+    base: Any,
+    candidates: list[int],
+    terminated: set[int],
+    timeout: float,
+    next_round: Admission,
+) -> list[int]:
+    """Lowest survivor: wait for the replacements of ``candidates``, admit those that came
+    (``next_round`` with each one's state), publish who came back."""
+    states = {t: json.loads(store.get(rank_state(t))) for t in candidates}
+    joins = {t: join_request(states[t]["initial_rank"]) for t in candidates}
+    with contextlib.suppress(*errors.timeouts()):  # some did not come back in time
+        base.wait(list(joins.values()), timedelta(seconds=timeout))
+    back = [t for t in candidates if base.check([joins[t]])]
+    final = sorted(terminated - set(back))
+    for t in back:
+        pid = int(base.get(joins[t]))
+        base.delete_key(joins[t])
+        entry = dataclasses.replace(next_round, state=states[t], terminated=final)
+        base.set(admission(states[t]["initial_rank"], pid), entry.to_json())
+    store.set(REJOIN, json.dumps(back))
+    return back
+
+
+def await_rejoined(store: Any, timeout: float) -> set[int]:
+    """Other survivors: the ranks the lowest one took back, once it published them."""
+    store.wait([REJOIN], timedelta(seconds=timeout))
+    return rejoined(store)
+
+
+def rejoined(store: Any) -> set[int]:
+    """The ranks taken back into the round after this one (none until published)."""
+    if not store.check([REJOIN]):
+        return set()
+    return {int(r) for r in json.loads(store.get(REJOIN))}
+
+
+# -- a rank that dies between two rounds -------------------------------------------------
+# Round R's iteration barrier releases every rank into R + 1 with one decision. A rank
+# that dies after it, before it starts R + 1, is counted in R + 1 by that decision: its
+# monitor leaves R + 1 for it under the number whose state nobody published once every
+# other rank of R + 1 started it. ``STARTED`` counts those, ``LATE_DEATHS`` the ranks
+# that died (or left) so; where several did, each claims one unpublished number
+# (``late_death_claim``): R + 1's decision depends on which numbers left, not on who had
+# which. The number is only found where R + 1 has as many ranks as R kept: an assignment
+# that leaves out ranks R kept makes the dead rank's place unknown, and the monitor leaves
+# R instead. The store has no wait for a counter's value: the counters are read once per
+# ``every_s``.
+def place_in_next_round(
+    base: Any,
+    round_: int,
+    ranks_bound: int,
+    wait_s: float,
+    every_s: float,
+    meanwhile: Callable[[], None] | None = None,
+) -> tuple[int, int] | None:
+    """(rank, world size) in round ``round_`` + 1 of a rank that round ``round_``'s decision
+    kept and that died (or left) before starting it, once every other rank of it started it;
+    None after ``wait_s`` without that, where that round's size is not what round ``round_``
+    kept, or where every rank it kept died or left so before any started it.
+    ``ranks_bound``: no world size exceeds it (the job's initial one); ``meanwhile`` runs
+    between two looks (a monitor beats to its supervisor)."""
+    store, previous = round_store(base, round_ + 1), round_store(base, round_)
+    store.add(LATE_DEATHS, 1)
+    try:
+        size = _wait_for_the_others(store, previous, ranks_bound, wait_s, every_s, meanwhile)
+    except BaseException:  # the wait given up: not counted there (as below)
+        with contextlib.suppress(Exception):
+            store.add(LATE_DEATHS, -1)
+        raise
+    if size == 0:  # counted still: the others that died so see it too
+        log.warning("round %d: every rank left or died before starting it", round_ + 1)
+        return None
+    kept = kept_for_next(previous)  # after the wait: a rejoin may have taken replacements back
+    if size is None or kept != size:
+        store.add(LATE_DEATHS, -1)  # not counted there: another such death must not be
+        _say_unplaced(round_, size, kept, wait_s)
+        return None
+    for rank in range(size):
+        if store.check([rank_state(rank)]):
+            continue
+        if int(store.add(late_death_claim(rank), 1)) == 1:
+            return rank, size
+    log.warning("round %d: no number left unpublished for a rank that died before it", round_ + 1)
+    return None
+
+
+def _say_unplaced(round_: int, size: int | None, kept: int | None, wait_s: float) -> None:
+    if size is None:
+        log.warning("round %d: its ranks did not all start within %g s", round_ + 1, wait_s)
+        return
+    log.warning(
+        "round %d has %d ranks where round %d kept %s: its rank assignment left "
+        "ranks out, so the dead rank's number there is unknown",
+        round_ + 1, size, round_, kept,
+    )  # fmt: skip
+
+
+def _wait_for_the_others(
+    store: Any,
+    previous: Any,
+    ranks_bound: int,
+    wait_s: float,
+    every_s: float,
+    meanwhile: Callable[[], None] | None,
+) -> int | None:
+    """The world size of round ``store`` once its ranks that started and those that died
+    before starting it add up to it; 0 where none started and those that died so are as
+    many as round ``previous`` kept (read again each time: a rejoin may take replacements
+    back meanwhile); None after ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    size: int | None = None
+    while True:
+        started = int(store.add(STARTED, 0))
+        if started and size is None:
+            size = _world_size(store, ranks_bound)
+        late = int(store.add(LATE_DEATHS, 0))
+        if size is not None and started + late >= size:
+            return size
+        kept = None if started else kept_for_next(previous)
+        if kept is not None and late >= kept:
+            return 0
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(every_s)
+        if meanwhile is not None:
+            meanwhile()
+
+
+def publish_state_after_death(
+    base: Any, round_: int, rank: int, new_rank: int, world_size: int
+) -> None:
+    """Publish the state the dead ``rank`` of round ``round_`` has as ``new_rank`` in the
+    next round, as a rank does when it starts a round: a replacement process is admitted
+    with it. Its state of ``round_`` renumbered; active as there, under its new number,
+    with the next round's active world size (the usual rank assignments compute them so;
+    a replacement's own assignment computes them again anyway)."""
+    store = round_store(base, round_ + 1)
+    state = json.loads(round_store(base, round_).get(rank_state(rank)))
+    peer = _peer_state(store, world_size) or {}
+    active = state.get("active_rank") is not None
+    state.update(
+        rank=new_rank,
+        world_size=world_size,
+        active_rank=new_rank if active else None,
+        active_world_size=peer.get("active_world_size", state.get("active_world_size")),
+    )
+    store.set(rank_state(new_rank), json.dumps(state))
+
+
+def _world_size(store: Any, ranks_bound: int) -> int | None:
+    """The round's world size, from the first rank state published there."""
+    state = _peer_state(store, ranks_bound)
+    return None if state is None else int(state["world_size"])
+
+
+def _peer_state(store: Any, ranks_bound: int) -> dict[str, Any] | None:
+    """The first rank state published in the round (numbers below ``ranks_bound``)."""
+    for rank in range(ranks_bound):
+        if store.check([rank_state(rank)]):
+            return dict(json.loads(store.get(rank_state(rank))))
+    return None
+
+
+# -- ranks taken out of the round on another party's word --------------------------------
+# The ranks of a lost node, and a rank whose monitor went silent: nobody is left to record
+# the fault, so the declarer (the supervisor's store agent, or without a supervisor the
+# host's beating monitor) does what the rank's monitor would have done. A rank no spare
+# will replace is marked gone, and the declarer arrives for it at the initial barrier of
+# the generation that opens next. Jobs without the Wrapper have no round: nothing to do.
+def leave_round(
+    base: Any,
+    initial_ranks: list[int],
+    initial_world_size: int,
+    message: str,
+    gone: bool,
+    kind: str = "node_lost",
+    published: bool = False,
+    on_left: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Take ``initial_ranks`` out of the running round (a fault record of ``kind``); what was
+    done: the round, the ranks there that left it now, and ``out``, the initial ranks out of
+    it now (left now or before). ``published``: only those whose state in the round names
+    them (not a rank that waits to be admitted, whose number there is another's).
+    ``on_left``: called with each rank there as soon as it left (the rest may fail)."""
+    if gone:
+        mark_gone(base, initial_ranks)
+        _arrive_for_gone_next(base, initial_ranks, initial_world_size)
+    round_ = current_round(base)
+    if round_ is None:
+        return {"round": None, "ranks": [], "out": []}
+    # ranks left out when the round's generation opened are not in the round
+    in_round = set(initial_ranks) - gone_at_start(base, generation_of(base, round_))
+    store = round_store(base, round_)
+    left, out = [], []
+    for rank, world_size, initial in _round_ranks(store, in_round, initial_world_size, published):
+        out.append(initial)
+        if rank in terminated_ranks(store):
+            continue  # its own monitor, or an earlier declaration, already took it out
+        record = faults.FaultRecord(rank=rank, kind=kind, message=message)
+        proxy_leave(store, base, rank, world_size, record)
+        left.append(rank)
+        if on_left is not None:
+            on_left(rank)
+    log.info("ranks %s of round %s left it: %s", left, round_, message)
+    return {"round": round_, "ranks": left, "out": sorted(out)}
+
+
+def leave_silent(base: Any, initial_rank: int, initial_world_size: int, message: str) -> bool:
+    """Take the rank of ``initial_rank`` out of the running round as ``unresponsive``; False
+    when it was out already. The round is the job's current one, not the last one the
+    silent monitor told of: the rank may have moved on just before its monitor froze. A
+    rank not in that round (one waiting to be admitted) is left alone: its initial rank
+    may be another process's rank there."""
+    left = leave_round(
+        base, [initial_rank], initial_world_size, message, False, "unresponsive", published=True
+    )
+    return bool(left["ranks"])
+
+
+def _round_ranks(
+    store: Any, initial_ranks: set[int], initial_world_size: int, published: bool = False
+) -> list[tuple[int, int, int]]:
+    """(rank in the round, world size of the round, initial rank) of each of ``initial_ranks``
+    in the round; ``published``: only of those whose state there names them."""
+    found: dict[int, tuple[int, int]] = {}
+    world_size = initial_world_size
+    for rank in range(initial_world_size):
+        if not store.check([rank_state(rank)]):
+            continue
+        state = json.loads(store.get(rank_state(rank)))
+        world_size = int(state.get("world_size", world_size))
+        if int(state.get("initial_rank", -1)) in initial_ranks:
+            found[int(state["initial_rank"])] = (rank, world_size)
+    # a rank that has not written its state yet still has its initial rank
+    for initial in () if published else initial_ranks - set(found):
+        if initial < world_size:
+            found[initial] = (initial, world_size)
+    return sorted((rank, ws, initial) for initial, (rank, ws) in found.items())
+
+
+def _arrive_for_gone_next(base: Any, initial_ranks: list[int], world_size: int) -> None:
+    """Arrive for the gone ranks at the initial barrier of the generation that opens next
+    (or is opening now), so the others do not wait there for them."""
+    generation = generation_base(base)
+    try:
+        arrive_for_gone(base, generation, world_size, initial_ranks)
+    except barrier.BarrierOverflow:  # it opened with them meanwhile: the round takes them out
+        log.info("generation %d opened before ranks %s were marked gone", generation, initial_ranks)

@@ -16,7 +16,7 @@ increment of the slot's claim counter wins), and decides what the job does:
    (exit code 8).
 
 In every case the lost node's ranks leave the Wrapper's running round at once
-(``lost_ranks``), so that their peers stop waiting for them.
+(``rounds.leave_round``), so that their peers stop waiting for them.
 """
 
 from __future__ import annotations

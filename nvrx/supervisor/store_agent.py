@@ -10,7 +10,7 @@ started ahead during a store failover) owns the store clients instead (nvrx's ow
 * requests on stdin: ``{"id": 1, "op": "add"|"set"|"get"|"watch", "key": ..., ...}``;
   ``liveness`` starts the node heartbeat and watch (``node_watch``), ``leave_ranks``
   takes a lost node's ranks out of the Wrapper's running round and ``leave_silent``
-  a rank whose monitor stopped beating out of its round (``lost_ranks``)
+  a rank whose monitor stopped beating out of its round (``nvrx.store.rounds``)
 * answers on stdout: ``{"id": 1, "value": ...}`` or ``{"id": 1, "error": "..."}``
 * unsolicited lines: ``{"event": "ready"}``, ``{"event": "key", "key": k, "value": v}``
   when a watched key is set, ``{"event": "lost", "message": ...}`` when the store is gone,
@@ -90,10 +90,10 @@ class _Agent:
             self._start_liveness(request)
             return {"value": None}
         if op == "leave_ranks":
-            from nvrx.inprocess.lost_ranks import leave_round
+            from nvrx.store import rounds
 
             return {
-                "value": leave_round(
+                "value": rounds.leave_round(
                     self.store,
                     [int(r) for r in request["initial_ranks"]],
                     int(request["world_size"]),
@@ -102,10 +102,10 @@ class _Agent:
                 )
             }
         if op == "leave_silent":
-            from nvrx.inprocess.lost_ranks import leave_silent
+            from nvrx.store import rounds
 
             return {
-                "value": leave_silent(
+                "value": rounds.leave_silent(
                     self.store,
                     int(request["initial_rank"]),
                     int(request["world_size"]),
@@ -155,7 +155,7 @@ class _Agent:
 
 def _address_from_stdin() -> tuple[str, int] | None:
     """The store's address as the first line on stdin (``{"host": ..., "port": ...}``)."""
-    from nvrx.inprocess import lost_ranks  # noqa: F401 - imported while the address is still unknown
+    from nvrx.store import rounds  # noqa: F401 - imported while the address is still unknown
 
     from . import node_watch  # noqa: F401
 

@@ -233,7 +233,7 @@ class StoreLink:
     def leave_ranks(
         self, initial_ranks: list[int], world_size: int, message: str, gone: bool
     ) -> dict[str, Any]:
-        """Take a lost node's ranks out of the Wrapper's running round (``lost_ranks``)."""
+        """Take a lost node's ranks out of the Wrapper's running round (``rounds.leave_round``)."""
         return self.request(
             "leave_ranks",
             "node",
@@ -245,7 +245,7 @@ class StoreLink:
 
     def leave_silent(self, initial_rank: int, world_size: int, message: str) -> bool:
         """Take the rank of ``initial_rank``, whose monitor stopped beating, out of the running
-        round (``lost_ranks``); False when it was out already."""
+        round (``rounds.leave_silent``); False when it was out already."""
         return bool(
             self.request(
                 "leave_silent", "rank", initial_rank=initial_rank, world_size=world_size,

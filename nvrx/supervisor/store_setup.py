@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from nvrx.store import keys
+from nvrx.store import rounds
 from nvrx.store.service import (
     SnapshotSpec,
     StorePortInUse,
@@ -27,7 +27,7 @@ def snapshot_spec(cfg: SupervisorConfig, restore: bool = False) -> SnapshotSpec:
     path = store_failover.snapshot_path(cfg.events_dir)
     return SnapshotSpec(
         path,
-        prefixes=(KEY_PREFIX, keys.CURRENT_ROUND, keys.JOB_RESTARTS, keys.GONE_PREFIX),
+        prefixes=(KEY_PREFIX, *rounds.FAILOVER_KEYS),
         exclude=(node_keys.PREFIX + "alive/",),
         restore_from=path if restore else None,
     )

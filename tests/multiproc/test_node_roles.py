@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from nvrx.store import keys
+from nvrx.store import rounds
 from nvrx.store.service import StoreService
 from nvrx.supervisor import node_keys
 from nvrx.supervisor.config import ALL_DONE_KEY, SupervisorConfig, local_job
@@ -54,7 +54,7 @@ def test_a_node_lost_after_its_training_ended_costs_nothing(link: StoreLink) -> 
     )
     assert roles.declare(_lost(1)) is None  # once for the whole job
     assert link.add(node_keys.SHRUNK, 0) == 0  # the job did not shrink, nor stop
-    assert link.get(keys.GONE_LIST) == "2,3,"  # they will not come back: nobody waits for them
+    assert link.get(rounds.GONE_LIST) == "2,3,"  # they will not come back: nobody waits for them
     assert [(e["kind"], e["lost_slot"], e["action"], e["ranks"]) for e in events] == [
         ("node_lost", 1, "none", [2, 3])
     ]
@@ -78,7 +78,7 @@ def test_a_node_lost_in_training_without_spare_or_allowance_stops_the_job(
     loss = roles.declare(_lost(1))
     assert loss is not None and loss.action == "stop"
     assert loss.reason == "node lost, no spare: 2 nodes left, below --min-nodes 3"
-    assert link.get(keys.GONE_LIST) == "2,3,"
+    assert link.get(rounds.GONE_LIST) == "2,3,"
 
 
 class _Counting:

@@ -32,7 +32,7 @@ from test_node_loss import (
 
 from nvrx.events import read_dir
 from nvrx.report import build_report
-from nvrx.store import keys, snapshot
+from nvrx.store import rounds, snapshot
 from tests.support.waiting import wait_until
 
 
@@ -164,7 +164,7 @@ def _gone_in_snapshot(job) -> set[int]:
     """The initial ranks marked gone in the snapshots the store keeps for a successor."""
     gone: set[int] = set()
     for path in (job.log_dir / job.job_id / "store").glob("snapshot-*.json"):
-        listed = snapshot.read(path).get(keys.GONE_LIST, "")
+        listed = snapshot.read(path).get(rounds.GONE_LIST, "")
         gone |= {int(r) for r in listed.split(",") if r.strip().isdigit()}
     return gone
 

@@ -20,7 +20,7 @@ import psutil
 import pytest
 import torch.distributed as dist
 
-from nvrx.store import barrier, errors, keys, rounds
+from nvrx.store import barrier, errors, rounds
 from nvrx.store.wire import StoreGone, StoreTimeout, WireStore
 from tests.support.waiting import wait_until
 
@@ -93,7 +93,7 @@ def test_a_wait_of_weeks_is_accepted(server, wire) -> None:  # noqa: ANN001
 
 
 def test_a_round_view_sees_the_keys_of_torchs_prefix_store(server, wire) -> None:  # noqa: ANN001
-    prefix = keys.round_prefix(3).rstrip("/")
+    prefix = rounds.round_prefix(3).rstrip("/")
     torch_view = dist.PrefixStore(prefix, server)
     wire_round, torch_round = rounds.round_store(wire, 3), rounds.round_store(server, 3)
     torch_view.set("k", "v")
@@ -111,7 +111,7 @@ def test_the_rounds_protocol_runs_on_either_client(server, wire) -> None:  # noq
     assert rounds.register_terminated(torch_round, 1)
     assert rounds.terminated_ranks(wire_round) == {1, 2}
     assert rounds.interrupt(wire_round, "fault")
-    assert torch_round.get(rounds.keys.INTERRUPTED) == b"fault"
+    assert torch_round.get(rounds.INTERRUPTED) == b"fault"
     barrier.arrive(wire_round, "t", 0, 2, reentrant=True)
     barrier.arrive(wire_round, "t", 0, 2, reentrant=True)  # by its monitor too: counts once
     assert not barrier.is_released(torch_round, "t")

@@ -226,10 +226,10 @@ def test_a_new_generation_goes_on_without_the_ranks_marked_gone(tmp_path):
     ranks 0 and 2 meet without it and train at world size 2."""
     from helpers_inprocess import spawn
 
-    from nvrx.store import gone_ranks
+    from nvrx.store import rounds
 
     ranks, store, params = _external_store_job(tmp_path, 3)
-    gone_ranks.mark(store, [1])
+    rounds.mark_gone(store, [1])
     ranks.procs = [spawn(ranks, rank, params) for rank in (0, 2)]
     _trained_without_rank_1(ranks)
 
@@ -241,20 +241,19 @@ def test_a_rank_declared_gone_while_the_others_wait_to_start_is_not_waited_for(t
     fail)."""
     from helpers_inprocess import spawn
 
-    from nvrx.inprocess.lost_ranks import leave_round
-    from nvrx.store import barrier, generations
+    from nvrx.store import barrier, rounds
     from tests.support.waiting import wait_until
 
     ranks, store, params = _external_store_job(tmp_path, 3)
     ranks.procs = [spawn(ranks, rank, params) for rank in (0, 2)]
-    name = generations.initial_barrier(0)
+    name = rounds.initial_barrier(0)
     wait_until(
         "ranks 0 and 2 at the initial barrier",
         lambda: all(barrier.has_arrived(store, name, r) for r in (0, 2)),
         60,
         state=ranks.logs,
     )
-    leave_round(store, [1], 3, "node rank 1 lost: no spare", gone=True)
+    rounds.leave_round(store, [1], 3, "node rank 1 lost: no spare", gone=True)
     _trained_without_rank_1(ranks)
 
 

@@ -13,9 +13,9 @@ import time
 import pytest
 
 from nvrx.inprocess import store as rstore
-from nvrx.inprocess.death_between_rounds import place_in_next_round, publish_state, released
 from nvrx.inprocess.progress_watchdog import FLAG_RELEASED, FLAG_SHUTDOWN, FLAG_USER
-from nvrx.store import keys
+from nvrx.inprocess.progress_watchdog import released_into_next as released
+from nvrx.store import rounds
 from tests.support.waiting import wait_until
 
 
@@ -24,20 +24,20 @@ def _decide(base, round_: int, world_size: int, terminated: list[int], back=None
     view = rstore.round_store(base, round_)
     for rank in terminated:  # as the ranks, their monitors or supervisors did before it
         rstore.register_terminated(view, rank)
-    view.set(keys.DECISION, json.dumps({"terminated": terminated, "world_size": world_size}))
+    view.set(rounds.DECISION, json.dumps({"terminated": terminated, "world_size": world_size}))
     if back is not None:
-        view.set(keys.REJOIN, json.dumps(back))
+        view.set(rounds.REJOIN, json.dumps(back))
 
 
 def _start(base, round_: int, rank: int, world_size: int, initial: int) -> None:
     """What ``RoundRun.start`` writes: the rank's state, then the count of ranks started."""
     view = rstore.round_store(base, round_)
-    view.set(keys.rank_state(rank), json.dumps({"initial_rank": initial, "world_size": world_size}))
-    view.add(keys.STARTED, 1)
+    view.set(rounds.rank_state(rank), json.dumps({"initial_rank": initial, "world_size": world_size}))
+    view.add(rounds.STARTED, 1)
 
 
 def _place(base, wait_s: float = 10.0):
-    return place_in_next_round(base, 4, 4, wait_s, 0.05)
+    return rounds.place_in_next_round(base, 4, 4, wait_s, 0.05)
 
 
 def _placing(base, wait_s: float, found: list, looks: list[int]) -> threading.Thread:
@@ -50,7 +50,7 @@ def _placing(base, wait_s: float, found: list, looks: list[int]) -> threading.Th
         looks[who] += 1
 
     def run() -> None:
-        found.append(place_in_next_round(base, 4, 4, wait_s, 0.05, looked))
+        found.append(rounds.place_in_next_round(base, 4, 4, wait_s, 0.05, looked))
 
     thread = threading.Thread(target=run)
     thread.start()
@@ -58,7 +58,7 @@ def _placing(base, wait_s: float, found: list, looks: list[int]) -> threading.Th
 
 
 def _late_deaths(base, round_: int) -> int:
-    return int(rstore.round_store(base, round_).add(keys.LATE_DEATHS, 0))
+    return int(rstore.round_store(base, round_).add(rounds.LATE_DEATHS, 0))
 
 
 def test_only_the_flag_a_released_rank_sets_says_it_heads_into_the_next_round():
@@ -107,8 +107,8 @@ def test_no_place_where_the_rank_assignment_left_out_ranks_the_round_kept(base):
     _start(base, 5, 0, 2, initial=0)
     assert _place(base) is None
     view = rstore.round_store(base, 5)
-    assert not view.check([keys.late_death_claim(1)])
-    assert int(view.add(keys.LATE_DEATHS, 0)) == 0  # not counted for another such death
+    assert not view.check([rounds.late_death_claim(1)])
+    assert int(view.add(rounds.LATE_DEATHS, 0)) == 0  # not counted for another such death
 
 
 def test_no_place_when_the_next_round_never_has_all_its_ranks(base):
@@ -168,7 +168,7 @@ def test_replacements_taken_back_during_the_wait_count_among_the_ranks_kept(base
     # the dead rank's monitor looks while the rejoin is not done yet
     wait_until("a look of the dead rank's monitor", lambda: looks[0] >= 1, 10)
     assert found == []
-    rstore.round_store(base, 4).set(keys.REJOIN, json.dumps([1]))
+    rstore.round_store(base, 4).set(rounds.REJOIN, json.dumps([1]))
     for rank, initial in ((0, 0), (1, 1), (3, 3)):
         _start(base, 5, rank, 4, initial=initial)
     waiter.join(30)
@@ -188,7 +188,7 @@ def test_a_wait_given_up_meanwhile_is_not_counted_for_another_such_death(base):
             raise RuntimeError("supervisor gone")
 
     with pytest.raises(RuntimeError, match="supervisor gone"):
-        place_in_next_round(base, 4, 4, 60.0, 0.05, beat)
+        rounds.place_in_next_round(base, 4, 4, 60.0, 0.05, beat)
     assert len(looks) == 3
     assert _late_deaths(base, 5) == 0
 
@@ -198,16 +198,16 @@ def test_the_dead_ranks_state_is_published_under_its_new_number_for_its_replacem
     is renumbered, with round 5's active world size, and names its initial rank (a
     replacement is admitted by it)."""
     rstore.round_store(base, 4).set(
-        keys.rank_state(3),
+        rounds.rank_state(3),
         json.dumps(
             {"rank": 3, "world_size": 5, "active_rank": 3, "active_world_size": 5,
              "initial_rank": 4, "initial_world_size": 6, "mode": "ACTIVE"}
         ),
     )  # fmt: skip
     view = rstore.round_store(base, 5)
-    view.set(keys.rank_state(0), json.dumps({"world_size": 2, "active_world_size": 2}))
-    publish_state(base, 4, 3, 1, 2)
-    state = json.loads(view.get(keys.rank_state(1)))
+    view.set(rounds.rank_state(0), json.dumps({"world_size": 2, "active_world_size": 2}))
+    rounds.publish_state_after_death(base, 4, 3, 1, 2)
+    state = json.loads(view.get(rounds.rank_state(1)))
     assert state == {
         "rank": 1, "world_size": 2, "active_rank": 1, "active_world_size": 2,
         "initial_rank": 4, "initial_world_size": 6, "mode": "ACTIVE",

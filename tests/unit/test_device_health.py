@@ -70,7 +70,7 @@ def test_format_rank_set(monkeypatch):
 
 def test_record_interrupted_reaches_every_rank_of_the_round():
     from nvrx.inprocess import store as rstore
-    from nvrx.store import keys
+    from nvrx.store import rounds
 
     server = torch.distributed.TCPStore(
         "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=10)
@@ -84,7 +84,7 @@ def test_record_interrupted_reaches_every_rank_of_the_round():
         [InterruptionRecord(2, Interruption.HARD_TIMEOUT), InterruptionRecord(0, Interruption.MONITOR_PROCESS_EXCEPTION)]
     )
     writer.record_interrupted(InterruptionRecord(1, Interruption.EXCEPTION))
-    assert reader.get(keys.INTERRUPTED) == b"fault"
+    assert reader.get(rounds.INTERRUPTED) == b"fault"
     assert interruption_records(reader) == [
         InterruptionRecord(2, Interruption.HARD_TIMEOUT),
         InterruptionRecord(0, Interruption.MONITOR_PROCESS_EXCEPTION),

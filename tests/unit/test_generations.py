@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nvrx.store import barrier, client, generations, gone_ranks, keys, rounds
+from nvrx.store import barrier, client, rounds
 
 
 @pytest.fixture()
@@ -16,15 +16,15 @@ def store():
 
 
 def test_an_arrival_for_a_gone_rank_may_open_the_generation(store) -> None:
-    store.set(keys.TORCH_DEFAULT_PG_PREFIX + "0", "stale address")
-    assert not generations.arrive(store, 0, 0, 3)
-    assert not generations.arrive(store, 0, 2, 3)
-    gone_ranks.mark(store, [1])
-    generations.arrive_for_gone(store, 0, 3)  # the declarer's arrival completes the barrier
-    assert barrier.is_released(store, generations.initial_barrier(0))
+    store.set(rounds.TORCH_DEFAULT_PG_PREFIX + "0", "stale address")
+    assert not rounds.arrive_generation(store, 0, 0, 3)
+    assert not rounds.arrive_generation(store, 0, 2, 3)
+    rounds.mark_gone(store, [1])
+    rounds.arrive_for_gone(store, 0, 3)  # the declarer's arrival completes the barrier
+    assert barrier.is_released(store, rounds.initial_barrier(0))
     assert rounds.current_round(store) == 0
-    assert generations.gone_at_start(store, 0) == {1}
-    assert not store.check([keys.TORCH_DEFAULT_PG_PREFIX + "0"])
+    assert rounds.gone_at_start(store, 0) == {1}
+    assert not store.check([rounds.TORCH_DEFAULT_PG_PREFIX + "0"])
     assert rounds.job_restarts(store) == 0  # the job's first generation is no restart
 
 
@@ -32,22 +32,22 @@ def test_arrivals_for_gone_ranks_count_once_and_a_later_generation_counts_a_rest
     rounds.publish_round(store, 3)  # a generation ran before: the next one starts at 100
     generation = rounds.generation_base(store)
     assert generation == 100
-    gone_ranks.mark(store, [0, 3])
+    rounds.mark_gone(store, [0, 3])
     for _ in range(2):  # every rank arrives for the gone ones: each counts once
-        generations.arrive_for_gone(store, generation, 4)
-    assert not barrier.is_released(store, generations.initial_barrier(generation))
-    assert not generations.arrive(store, generation, 1, 4)
-    assert generations.arrive(store, generation, 2, 4)
-    assert generations.gone_at_start(store, generation) == {0, 3}
+        rounds.arrive_for_gone(store, generation, 4)
+    assert not barrier.is_released(store, rounds.initial_barrier(generation))
+    assert not rounds.arrive_generation(store, generation, 1, 4)
+    assert rounds.arrive_generation(store, generation, 2, 4)
+    assert rounds.gone_at_start(store, generation) == {0, 3}
     assert rounds.current_round(store) == generation
     assert rounds.job_restarts(store) == 1
 
 
 def test_ranks_outside_the_world_and_unopened_generations(store) -> None:
-    gone_ranks.mark(store, [5, 1])
-    assert generations.gone_in(store, 4) == {1}
-    assert generations.gone_at_start(store, 0) == set()  # never opened in this store
-    assert [generations.of_round(store, r) for r in (0, 99, 100, 257)] == [0, 0, 100, 200]
+    rounds.mark_gone(store, [5, 1])
+    assert rounds.gone_in(store, 4) == {1}
+    assert rounds.gone_at_start(store, 0) == set()  # never opened in this store
+    assert [rounds.generation_of(store, r) for r in (0, 99, 100, 257)] == [0, 0, 100, 200]
 
 
 def test_a_generation_of_more_rounds_than_the_step_keeps_its_record(store) -> None:
@@ -55,13 +55,13 @@ def test_a_generation_of_more_rounds_than_the_step_keeps_its_record(store) -> No
     200's (which never opened), and the ranks gone at its start are still known there."""
     rounds.publish_round(store, 7)
     generation = rounds.generation_base(store)
-    gone_ranks.mark(store, [2])
-    generations.arrive_for_gone(store, generation, 3)
-    assert not generations.arrive(store, generation, 0, 3)
-    assert generations.arrive(store, generation, 1, 3)
+    rounds.mark_gone(store, [2])
+    rounds.arrive_for_gone(store, generation, 3)
+    assert not rounds.arrive_generation(store, generation, 0, 3)
+    assert rounds.arrive_generation(store, generation, 1, 3)
     rounds.publish_round(store, generation + 150)
-    assert generations.of_round(store, generation + 150) == generation == 100
-    assert generations.gone_at_start(store, generations.of_round(store, 250)) == {2}
+    assert rounds.generation_of(store, generation + 150) == generation == 100
+    assert rounds.gone_at_start(store, rounds.generation_of(store, 250)) == {2}
     assert rounds.generation_base(store) == 300  # the next one starts above round 250
 
 
@@ -71,13 +71,12 @@ def test_a_supervisor_does_not_take_out_a_rank_that_was_gone_when_a_long_generat
     """Rank 2 was gone when generation 100 opened and round 250 of it runs without it: a late
     declaration about rank 2 must not take it out of that round (its arrival would count
     for a rank that is not there)."""
-    from nvrx.inprocess.lost_ranks import leave_round
 
     rounds.publish_round(store, 7)
     generation = rounds.generation_base(store)
-    gone_ranks.mark(store, [2])
-    generations.arrive_for_gone(store, generation, 3)
-    generations.arrive(store, generation, 0, 3)
-    generations.arrive(store, generation, 1, 3)
+    rounds.mark_gone(store, [2])
+    rounds.arrive_for_gone(store, generation, 3)
+    rounds.arrive_generation(store, generation, 0, 3)
+    rounds.arrive_generation(store, generation, 1, 3)
     rounds.publish_round(store, generation + 150)
-    assert leave_round(store, [2], 3, "node lost", gone=False)["ranks"] == []
+    assert rounds.leave_round(store, [2], 3, "node lost", gone=False)["ranks"] == []

@@ -82,7 +82,7 @@ def _round(store: Any) -> Any:
     rounds.publish_round(store, 0)
     view = rstore.round_store(store, 0)
     for rank in range(WORLD):
-        view.set(keys.rank_state(rank), json.dumps({"initial_rank": rank, "world_size": WORLD}))
+        view.set(rounds.rank_state(rank), json.dumps({"initial_rank": rank, "world_size": WORLD}))
     return view
 
 
@@ -395,9 +395,8 @@ def test_a_leader_that_cannot_reach_the_store_stops_stamping_and_is_replaced(
 def test_a_take_out_the_store_failed_is_done_at_a_later_beat(sockets_dir, base, monkeypatch) -> None:
     """The store fails the first take-out of silent rank 1 (a reset connection, injected
     into the real ``leave_round``): the next beat does it."""
-    from nvrx.inprocess import lost_ranks
 
-    real, calls = lost_ranks.leave_round, []
+    real, calls = rounds.leave_round, []
 
     def once_failing(*args: Any, **kwargs: Any) -> Any:
         calls.append(args[1])
@@ -405,7 +404,7 @@ def test_a_take_out_the_store_failed_is_done_at_a_later_beat(sockets_dir, base, 
             raise ConnectionResetError("the store's connection was reset")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(lost_ranks, "leave_round", once_failing)
+    monkeypatch.setattr(rounds, "leave_round", once_failing)
     view = _round(base)
     a, b = Member(sockets_dir, base, 0), Member(sockets_dir, base, 1)
     b.beat(1.0)

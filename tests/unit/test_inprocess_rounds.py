@@ -28,7 +28,7 @@ from nvrx.inprocess.round_outcome import Completed, Leave, Restart
 from nvrx.inprocess.round_run import RoundRun
 from nvrx.inprocess.state import Mode, State
 from nvrx.store import barrier as nvrx_barrier
-from nvrx.store import client, keys
+from nvrx.store import client, rounds
 
 
 class FakeDelivery:
@@ -253,7 +253,7 @@ def test_restart_abort_in_finalize_records_the_exit_a_rejoin_leader_reads(base):
     assert not call.services.board.flags & FLAG_RELEASED
     exits = [r for r in rstore.fault_records(round_store) if r.kind == "exit"]
     assert [(r.rank, r.exc_type) for r in exits] == [(0, "nvrx.inprocess.exception.RestartAbort")]
-    assert rejoin._candidates(round_store, base, {0}) == []  # no replacement is awaited for it
+    assert rounds.rejoin_candidates(round_store, base, {0}) == []  # no replacement is awaited for it
     assert [e["outcome"] for e in call.kinds("round_end")] == ["abort"]
     assert call.state.mode == Mode.TERMINATED
 
@@ -262,9 +262,9 @@ def test_a_rank_marked_gone_is_not_awaited_for_a_rejoin(base):
     """A lost node's rank that no spare takes over: survivors shrink at once instead of waiting."""
     round_store = rstore.round_store(base, 0)
     for rank in (0, 1, 2):
-        round_store.set(keys.rank_state(rank), json.dumps({"initial_rank": rank + 10}))
-    base.set(keys.rank_gone(11), "1")
-    assert rejoin._candidates(round_store, base, {1, 2}) == [2]
+        round_store.set(rounds.rank_state(rank), json.dumps({"initial_rank": rank + 10}))
+    base.set(rounds.rank_gone(11), "1")
+    assert rounds.rejoin_candidates(round_store, base, {1, 2}) == [2]
 
 
 def test_an_exception_between_rounds_is_chained_to_the_rounds_fault(base):
@@ -317,7 +317,7 @@ def test_a_restart_the_function_asked_for_ends_its_monitor_without_abort(base, m
     call = FakeCall(base, rank_assignment=lambda ctx: ctx)
     monitor = MonitorThread(
         rstore.round_store(client.connect("127.0.0.1", base.port, timeout=10), 0),
-        keys.INTERRUPTED, [], Delivery(), aborts.append, call.state.freeze(),
+        rounds.INTERRUPTED, [], Delivery(), aborts.append, call.state.freeze(),
     )  # fmt: skip
     monitor.start()
     run = RoundRun(call, call.store, monitor, time.monotonic())
@@ -398,7 +398,7 @@ def test_the_restart_goes_on_once_every_rank_reported_without_sleeping_last_call
     for t in threads:
         t.join(60)  # far below an hour: the restart did not sleep last_call_wait
     assert outcomes == {0: None, 1: None}
-    decision = json.loads(rstore.round_store(base, 0).get(keys.DECISION))
+    decision = json.loads(rstore.round_store(base, 0).get(rounds.DECISION))
     assert decision["world_size"] == 2  # what a replacement's look reads
     for call in calls:
         assert call.round == 1
@@ -421,7 +421,7 @@ def test_a_rank_released_into_the_next_round_that_leaves_leaves_that_round(base,
     calls = _two_ranks(base, rank_assignment=assign)
     round_0 = rstore.round_store(base, 0)
     for rank, call in enumerate(calls):
-        round_0.set(keys.rank_state(rank), rejoin.state_json(call.state))  # round 0 started
+        rounds.publish_rank_state(round_0, rank, rejoin.state_fields(call.state))  # round 0 started
     outcomes: dict[int, Any] = {}
     threads = [
         threading.Thread(target=lambda r=r: outcomes.update({r: _restart(calls[r], None)}))
@@ -437,15 +437,15 @@ def test_a_rank_released_into_the_next_round_that_leaves_leaves_that_round(base,
     leaving = threading.Thread(target=between_rounds.leave, args=(calls[1], round_0, left))
     leaving.start()
     round_1 = rstore.round_store(base, 1)
-    round_1.set(keys.rank_state(0), rejoin.state_json(calls[0].state))
-    round_1.add(keys.STARTED, 1)  # rank 0 starts round 1 (``RoundRun.start``)
+    rounds.publish_rank_state(round_1, 0, rejoin.state_fields(calls[0].state))
+    round_1.add(rounds.STARTED, 1)  # rank 0 starts round 1 (``RoundRun.start``)
     leaving.join(30)
     assert not leaving.is_alive()
     exits = [(r.rank, r.message) for r in rstore.fault_records(round_1) if r.kind == "exit"]
     assert exits == [(1, "rank assignment failed")]
     assert not [r for r in rstore.fault_records(round_0) if r.kind == "exit"]
-    assert rstore.terminated_ranks(round_1) == {1} and round_1.check([keys.rank_state(1)])
-    assert nvrx_barrier.has_arrived(round_1, rstore.ITERATION_BARRIER, 1)
+    assert rstore.terminated_ranks(round_1) == {1} and round_1.check([rounds.rank_state(1)])
+    assert nvrx_barrier.has_arrived(round_1, rounds.ITERATION_BARRIER, 1)
     assert not calls[1].services.board.flags & FLAG_RELEASED
 
 
@@ -456,11 +456,11 @@ def test_a_rank_released_whose_rejoin_fails_leaves_the_next_round(base):
     updates: list[dict] = []
     call.writer = SimpleNamespace(update=lambda **fields: updates.append(fields))
     round_0, round_1 = rstore.round_store(base, 0), rstore.round_store(base, 1)
-    round_0.set(keys.rank_state(0), rejoin.state_json(call.state))
-    round_0.set(keys.DECISION, json.dumps({"terminated": [], "world_size": 2}))
+    rounds.publish_rank_state(round_0, 0, rejoin.state_fields(call.state))
+    round_0.set(rounds.DECISION, json.dumps({"terminated": [], "world_size": 2}))
     other = State(**{**vars(call.state), "rank": 1, "active_rank": 1, "initial_rank": 1})
-    round_1.set(keys.rank_state(1), rejoin.state_json(other))
-    round_1.add(keys.STARTED, 1)  # the other rank started round 1
+    rounds.publish_rank_state(round_1, 1, rejoin.state_fields(other))
+    round_1.add(rounds.STARTED, 1)  # the other rank started round 1
     call.services.board.set_flag(FLAG_RELEASED, True)
     between_rounds.leave(call, round_0, Leave(ConnectionError("store write failed"), False))
     assert call.round == 1 and updates == [{"round": 1, "rank": 0}]
@@ -475,23 +475,23 @@ def test_a_job_without_a_round_takes_nobody_back() -> None:
     from nvrx.store import rounds
 
     store = HashStore()
-    assert not rejoin.job_alive(store)  # no round yet: start a generation
+    assert rounds.current_round(store) is None  # no round yet: start a generation
     rounds.publish_round(store, 3)
-    assert rejoin.job_alive(store)
+    assert rounds.current_round(store) is not None
 
 
-def _admission() -> rejoin.Admission:
-    return rejoin.Admission(generation=0, round=4, state={}, terminated=[], job_restarts=1)
+def _admission() -> rounds.Admission:
+    return rounds.Admission(generation=0, round=4, state={}, terminated=[], job_restarts=1)
 
 
 def _answer_after(store: Any, delay: float) -> threading.Thread:
     """A survivor that admits the pending replacement of initial rank 1 after ``delay``."""
 
     def run() -> None:
-        store.wait([keys.join_request(1)], datetime.timedelta(seconds=10))
-        pid = int(store.get(keys.join_request(1)))
+        store.wait([rounds.join_request(1)], datetime.timedelta(seconds=10))
+        pid = int(store.get(rounds.join_request(1)))
         time.sleep(delay)  # a survivor busy restarting
-        store.set(keys.admission(1, pid), _admission().to_json())
+        store.set(rounds.admission(1, pid), _admission().to_json())
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -509,7 +509,7 @@ def _restarted_job(terminated: list[int] | None, world_size: int = 2):
     rounds.publish_round(store, 3)
     if terminated is not None:
         decision = {"terminated": terminated, "job_restarts": 1, "world_size": world_size}
-        rstore.round_store(store, 2).set(keys.DECISION, json.dumps(decision))
+        rstore.round_store(store, 2).set(rounds.DECISION, json.dumps(decision))
     return store
 
 
@@ -533,7 +533,7 @@ def test_a_job_whose_every_rank_left_is_given_up_at_the_first_look() -> None:
     got = rejoin.request_admission(store, 1, 30.0, lambda *a, **k: None, heartbeat_interval=0.3)
     assert got is None
     assert time.monotonic() - t0 < 10.0  # not the 30 s timeout
-    assert not store.check([keys.join_request(1)])  # the request is withdrawn
+    assert not store.check([rounds.join_request(1)])  # the request is withdrawn
 
 
 @pytest.mark.timeout(20)
@@ -543,13 +543,13 @@ def test_a_job_whose_last_ranks_leave_while_the_replacement_waits_is_given_up() 
     rstore.round_store(store, 2)  # round 2 runs its restart: no decision yet
 
     def last_arrival() -> None:
-        store.wait([keys.join_request(1)], datetime.timedelta(seconds=10))  # it asked first
+        store.wait([rounds.join_request(1)], datetime.timedelta(seconds=10))  # it asked first
         decision = {"terminated": [0, 1], "job_restarts": 1, "world_size": 2}
-        rstore.round_store(store, 2).set(keys.DECISION, json.dumps(decision))
+        rstore.round_store(store, 2).set(rounds.DECISION, json.dumps(decision))
 
     threading.Thread(target=last_arrival, daemon=True).start()
     got = rejoin.request_admission(store, 1, 30.0, lambda *a, **k: None, heartbeat_interval=0.2)
-    assert got is None and not store.check([keys.join_request(1)])
+    assert got is None and not store.check([rounds.join_request(1)])
 
 
 def test_the_first_round_of_a_generation_does_not_read_the_last_generations_decision() -> None:
@@ -557,49 +557,49 @@ def test_the_first_round_of_a_generation_does_not_read_the_last_generations_deci
     100 that in-process restarts reached (no generation opened there) reads round 99's."""
     from torch.distributed import HashStore
 
-    from nvrx.store import barrier, generations, rounds
+    from nvrx.store import barrier, rounds
 
     store = HashStore()
     step = rounds.GENERATION_STEP
     rounds.publish_round(store, step)
     decision = {"terminated": [0, 1], "job_restarts": 1, "world_size": 2}
-    rstore.round_store(store, step - 1).set(keys.DECISION, json.dumps(decision))
-    assert rejoin.nobody_to_admit(store) == "every rank of round 99 left it"
-    store.set(barrier.release_key(generations.initial_barrier(step)), "1")  # opened here
-    assert rejoin.nobody_to_admit(store) is None
+    rstore.round_store(store, step - 1).set(rounds.DECISION, json.dumps(decision))
+    assert rounds.nobody_to_admit(store) == "every rank of round 99 left it"
+    store.set(barrier.release_key(rounds.initial_barrier(step)), "1")  # opened here
+    assert rounds.nobody_to_admit(store) is None
 
 
 def test_a_survivor_that_died_after_the_decision_counts_as_gone() -> None:
     """The last survivor died in ``take_back``: its monitor registered it in the decided round."""
     store = _restarted_job([1])
-    assert rejoin.nobody_to_admit(store) is None
+    assert rounds.nobody_to_admit(store) is None
     rstore.register_terminated(rstore.round_store(store, 2), 0)
-    assert rejoin.nobody_to_admit(store) == "every rank of round 2 left it"
+    assert rounds.nobody_to_admit(store) == "every rank of round 2 left it"
 
 
 def test_a_rank_taken_back_at_the_last_restart_is_a_survivor() -> None:
     """Rank 1 rejoined at round 2's restart, then rank 0 died before round 3 started (its
     monitor registered it in round 2): rank 1 runs, and may admit rank 0's replacement."""
     store = _restarted_job([1])
-    rstore.round_store(store, 2).set(keys.REJOIN, json.dumps([1]))
+    rstore.round_store(store, 2).set(rounds.REJOIN, json.dumps([1]))
     rstore.register_terminated(rstore.round_store(store, 2), 1)  # its death in round 2
     rstore.register_terminated(rstore.round_store(store, 2), 0)
-    assert rejoin.nobody_to_admit(store) is None
+    assert rounds.nobody_to_admit(store) is None
 
 
 def test_a_decision_without_a_world_size_is_no_reason_to_give_up() -> None:
     """Written by an older version: the replacement waits, as it would for a live job."""
     store = _restarted_job(None)
     decision = {"terminated": [0, 1], "job_restarts": 1}
-    rstore.round_store(store, 2).set(keys.DECISION, json.dumps(decision))
-    assert rejoin.nobody_to_admit(store) is None
+    rstore.round_store(store, 2).set(rounds.DECISION, json.dumps(decision))
+    assert rounds.nobody_to_admit(store) is None
 
 
 @pytest.mark.timeout(20)
 def test_a_completed_job_is_given_up() -> None:
     store = _restarted_job(None)
-    rstore.round_store(store, 3).set(keys.INTERRUPTED, "done")
-    assert rejoin.nobody_to_admit(store) == "round 3 completed"
+    rstore.round_store(store, 3).set(rounds.INTERRUPTED, "done")
+    assert rounds.nobody_to_admit(store) == "round 3 completed"
     got = rejoin.request_admission(store, 1, 30.0, lambda *a, **k: None, heartbeat_interval=0.2)
     assert got is None
 
@@ -607,7 +607,7 @@ def test_a_completed_job_is_given_up() -> None:
 @pytest.mark.timeout(20)
 def test_a_job_with_a_survivor_is_waited_for_beyond_many_intervals() -> None:
     store = _restarted_job([1])
-    assert rejoin.nobody_to_admit(store) is None
+    assert rounds.nobody_to_admit(store) is None
     _answer_after(store, 1.0)  # five looks at the job before the admission comes
     got = rejoin.request_admission(store, 1, 30.0, lambda *a, **k: None, heartbeat_interval=0.2)
     assert got == _admission()

@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 
 from nvrx.inprocess import store as rstore
-from nvrx.inprocess.lost_ranks import leave_silent
 from nvrx.rank_beats import RankBeats
-from nvrx.store import keys, rounds
+from nvrx.store import rounds
 from nvrx.supervisor.config import SupervisorConfig, local_job
 from nvrx.supervisor.job_restart import job_wide
 from tests.unit.test_rank_beats import _beat
@@ -23,11 +22,11 @@ def test_a_silent_rank_waiting_to_be_admitted_does_not_take_out_the_rank_of_its_
     store = base
     rounds.publish_round(store, 5)
     view = rstore.round_store(store, 5)
-    view.set(keys.rank_state(0), json.dumps({"initial_rank": 1, "world_size": 2}))
-    view.set(keys.rank_state(1), json.dumps({"initial_rank": 2, "world_size": 2}))
-    assert not leave_silent(store, 0, 3, "no heartbeat for 10.0 s")
+    view.set(rounds.rank_state(0), json.dumps({"initial_rank": 1, "world_size": 2}))
+    view.set(rounds.rank_state(1), json.dumps({"initial_rank": 2, "world_size": 2}))
+    assert not rounds.leave_silent(store, 0, 3, "no heartbeat for 10.0 s")
     assert rstore.terminated_ranks(view) == set()
-    assert leave_silent(store, 1, 3, "no heartbeat for 10.0 s")
+    assert rounds.leave_silent(store, 1, 3, "no heartbeat for 10.0 s")
     assert rstore.terminated_ranks(view) == {0}
 
 

@@ -66,7 +66,6 @@ def test_the_monitor_program_and_the_package_import_no_torch():
     assert not _imports_torch("import nvrx.inprocess.monitor_store, nvrx.inprocess.fault_events")
     assert not _imports_torch(
         "import nvrx.store.rounds, nvrx.store.wire, nvrx.inprocess.fault_recording, "
-        "nvrx.inprocess.lost_ranks, nvrx.inprocess.death_between_rounds, "
         "nvrx.supervisor.store_agent, nvrx.supervisor.node_watch"
     )  # what the monitor and the store agent run on the store
     assert _imports_torch("from nvrx.inprocess import Wrapper")  # the Wrapper does

@@ -13,7 +13,7 @@ import time
 from nvrx.inprocess import monitor_thread
 from nvrx.inprocess import store as rstore
 from nvrx.inprocess.monitor_thread import Delivery, MonitorThread
-from nvrx.store import client, keys
+from nvrx.store import client, rounds
 from nvrx.store.rounds import DONE
 
 
@@ -38,7 +38,7 @@ def _thread(base, aborts: list, **kw) -> tuple[MonitorThread, CountingStore, Del
     store = CountingStore(rstore.round_store(base.clone(), 0))
     delivery = Delivery()
     thread = MonitorThread(
-        store, keys.INTERRUPTED, [], delivery, lambda state: aborts.append(state), "frozen", **kw
+        store, rounds.INTERRUPTED, [], delivery, lambda state: aborts.append(state), "frozen", **kw
     )
     thread.start()
     assert store.waiting.wait(10)
@@ -118,7 +118,7 @@ def test_finish_returns_at_once_when_the_thread_ended_without_waking():
             raise DistNetworkError("the store is gone")
 
     delivery = Delivery()
-    thread = MonitorThread(GoneStore(), keys.INTERRUPTED, [], delivery, None, "frozen")
+    thread = MonitorThread(GoneStore(), rounds.INTERRUPTED, [], delivery, None, "frozen")
     thread.start()
     assert delivery.requested.wait(10)  # the failure restarts the rank
     thread.join(10)

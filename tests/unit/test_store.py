@@ -243,10 +243,10 @@ def test_a_duck_typed_store_serves_every_barrier_but_the_plain_one():
 
 
 def test_keys_are_namespaced_per_round():
-    assert keys.round_prefix(0) != keys.round_prefix(1)
-    assert keys.round_prefix(12).startswith(keys.ROOT)
+    assert rounds.round_prefix(0) != rounds.round_prefix(1)
+    assert rounds.round_prefix(12).startswith(keys.ROOT)
     with pytest.raises(ValueError, match="round must be >= 0, got -1"):
-        keys.round_prefix(-1)
+        rounds.round_prefix(-1)
 
 
 def test_external_store_address_validation():

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from nvrx.inprocess import store as rstore
-from nvrx.store import faults, keys, rounds
+from nvrx.store import faults, rounds
 
 
 def test_fault_interrupts_the_round_unless_it_completed(base):
@@ -38,7 +38,7 @@ def test_iteration_barrier_publishes_one_decision(base):
     rstore.register_terminated(r3, 1)
     for rank in (0, 2):
         rstore.arrive_iteration(r3, base, rank, 3)
-    assert not r3.check([keys.DECISION])
+    assert not r3.check([rounds.DECISION])
     rstore.arrive_iteration(r3, base, 1, 3)  # the dead rank, by proxy, completes it
     decision = rstore.wait_iteration(r3, 3, 5.0)
     assert decision == {"terminated": [1], "job_restarts": 1, "world_size": 3}
@@ -56,7 +56,7 @@ def test_proxy_leave_does_everything_peers_wait_for(base):
     r0 = rstore.round_store(base, 0)
     rstore.arrive_iteration(r0, base, 0, 2)
     rstore.proxy_leave(r0, base, 1, 2, faults.FaultRecord(rank=1, kind="dead", message="gone"))
-    assert json.loads(r0.get(keys.DECISION))["terminated"] == [1]
+    assert json.loads(r0.get(rounds.DECISION))["terminated"] == [1]
     assert base.get("nvrx/r0/interrupted") == b"fault"
     assert rstore.fault_records(r0)[0].kind == "dead"
 

@@ -56,26 +56,26 @@ def test_an_unreadable_snapshot_restores_nothing(tmp_path: Path) -> None:
 def test_the_ranks_marked_gone_outlive_the_store_host(tmp_path: Path) -> None:
     """What a supervisor's store keeps for its successor includes the ranks marked gone, so
     a new process generation after a failover does not wait for ranks lost before it."""
-    from nvrx.store import gone_ranks
+    from nvrx.store import rounds
     from nvrx.supervisor.config import SupervisorConfig, local_job
     from nvrx.supervisor.store_setup import snapshot_spec
 
     old = _server()
-    gone_ranks.mark(old, [6, 7])
+    rounds.mark_gone(old, [6, 7])
     old.set("nvrx/r3/terminated", "1,")  # a round's keys stay behind
     cfg = SupervisorConfig(["python", "t.py"], local_job(nnodes=4, log_dir=str(tmp_path), job_id="j"))
     spec = snapshot_spec(cfg)
     saved = snapshot.take(old, spec.prefixes, spec.exclude)
     new = _server()
     snapshot.restore(new, saved)
-    assert gone_ranks.all_gone(new) == {6, 7}
-    assert gone_ranks.is_gone(new, 7) and not gone_ranks.is_gone(new, 5)
+    assert rounds.all_gone(new) == {6, 7}
+    assert rounds.is_gone(new, 7) and not rounds.is_gone(new, 5)
     assert not new.check(["nvrx/r3/terminated"])
-    gone_ranks.mark(new, [0, 1])  # the store host's own ranks, declared by its successor
-    assert gone_ranks.all_gone(new) == {0, 1, 6, 7}
+    rounds.mark_gone(new, [0, 1])  # the store host's own ranks, declared by its successor
+    assert rounds.all_gone(new) == {0, 1, 6, 7}
 
 
 def test_no_rank_is_gone_in_a_new_store() -> None:
-    from nvrx.store import gone_ranks
+    from nvrx.store import rounds
 
-    assert gone_ranks.all_gone(_server()) == set()
+    assert rounds.all_gone(_server()) == set()
