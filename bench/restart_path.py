@@ -2,9 +2,10 @@
 
 Two ranks run a wrapped function under the in-process Wrapper (no supervisor, one host).
 Rank 1 raises in the first round; a profile hook set on its main thread just before the
-raise records every frame of ``nvrx/`` that runs (called, returned from, unwound) until
-the function is entered again in the next round, where the hook is removed. The bench
-prints those files with the number of frames seen in each, and their count.
+raise records every function of ``nvrx/`` called, and every frame unwound or returned
+from, until the function is entered again in the next round, where the hook is removed.
+Module bodies (a module imported for the first time on the way) are not counted. The
+bench prints those files with the number of calls into each, and their count.
 
     .venv/bin/python bench/restart_path.py [--repeats 1] [--keep]
 
@@ -33,7 +34,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from free_ports import free_port_run  # noqa: E402
 
-PACKAGE = Path(__file__).resolve().parents[1] / "nvrx"
 SETTINGS = dict(
     soft_timeout=20.0,
     hard_timeout=40.0,
@@ -47,13 +47,15 @@ def _rank(out: Path) -> int:
     import nvrx.inprocess as inprocess
 
     rank = int(os.environ["RANK"])
-    root = str(PACKAGE) + os.sep
+    package = Path(inprocess.__file__).resolve().parents[1]  # the nvrx that runs
+    root = str(package) + os.sep
     frames: collections.Counter[str] = collections.Counter()
 
     def hook(frame: FrameType, event: str, arg: Any) -> None:
-        path = frame.f_code.co_filename
-        if path.startswith(root):
-            frames[os.path.relpath(path, PACKAGE.parent)] += 1
+        code = frame.f_code
+        if code.co_filename.startswith(root) and code.co_name != "<module>":
+            path = os.path.relpath(code.co_filename, package.parent)
+            frames[path] += 1 if event == "call" else 0
 
     def fn(call_wrapper: inprocess.CallWrapper) -> None:
         if call_wrapper.iteration > 0:
@@ -91,18 +93,21 @@ def _run(out: Path) -> dict[str, int]:
                 )
             )
     deadline = time.monotonic() + 180
-    for proc in procs:
-        try:
+    try:
+        for proc in procs:
             proc.wait(max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        for proc in procs:  # each leads its own process group: its monitor goes with it
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     codes = [p.returncode for p in procs]
-    if codes != [0, 0] or not (out / "path.json").exists():
-        raise RuntimeError(
-            f"the job did not restart and complete (exit codes {codes}); logs in {out}"
-        )
-    return dict(json.loads((out / "path.json").read_text()))
+    path = out / "path.json"
+    if codes != [0, 0] or not path.exists() or not json.loads(path.read_text()):
+        raise RuntimeError(f"no restart path recorded (exit codes {codes}); logs in {out}")
+    return dict(json.loads(path.read_text()))
 
 
 def main() -> int:

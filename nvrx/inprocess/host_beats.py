@@ -284,7 +284,7 @@ class HostBeats:
     def _leave(self, ranks: list[int], message: str) -> list[int]:
         """Take ``ranks`` (initial ranks) out of the running round as unresponsive, each with
         its event as it leaves; those not out yet (in no round yet), to try again."""
-        from nvrx.store import rounds  # the round protocol, loaded with the link
+        from nvrx.store import rounds
 
         def left(rank: int) -> None:
             announce_leave(self.emit, rank, FaultRecord(rank, "unresponsive", message=message))

@@ -348,9 +348,9 @@ class _Monitor:
         """(rank, world size) in the next round of ``rank``, dead after this round's iteration
         barrier released it there, its state published there; None where its place is not
         found (logged) within ``barrier_timeout``."""
-        cfg, rounds = self.cfg, self.link.rounds
+        cfg = self.cfg
         try:
-            base = self.link.get()
+            rounds, base = self.link.rounds, self.link.get()
             place = rounds.place_in_next_round(
                 base, self.round, cfg.initial_world_size, cfg.barrier_timeout,
                 cfg.monitor_process_interval, self._beat_now,

@@ -35,7 +35,7 @@ from nvrx.store import barrier as nvrx_barrier
 from nvrx.store import faults as nvrx_faults
 from nvrx.store import rounds as nvrx_rounds
 from nvrx.store.client import STORE_HOST_ENV, STORE_PORT_ENV, external_store_address
-from nvrx.store.rounds import (  # noqa: F401 - the protocol, under the names it had here
+from nvrx.store.rounds import (  # noqa: F401 - functions of the protocol, re-exported here
     DONE,
     arrive_iteration,
     commit_round_start,
@@ -207,7 +207,7 @@ class PrefixStore(StoreMixin, dist.PrefixStore):
     """A view of ``store`` with every key under the prefix of restart round ``iteration``."""
 
     def __init__(self, iteration: int, store: Any) -> None:
-        dist.PrefixStore.__init__(self, nvrx_rounds.round_prefix(iteration).rstrip("/"), store)
+        dist.PrefixStore.__init__(self, nvrx_rounds.RoundView(iteration, store).prefix, store)
         self.base_store = store
         self.iteration = iteration
 

@@ -11,11 +11,11 @@ generation is read again. An in-process restart moves the job from round ``R`` t
 ``R + 1``. The keys of round ``R`` live under ``nvrx/r<R>/`` (a ``RoundView``); a
 generation's two barriers under ``nvrx/g<g>/``. Ranks are named by their rank in the
 round, except where a process is meant across rounds (gone ranks, join requests,
-admissions, the termination barrier): there by its *initial* rank.
+admissions, a generation's two barriers): there by its *initial* rank.
 
 The course of one round, as every rank sees it::
 
-    generation g opens ──────────────┐   (initial barrier: OPEN_GENERATION)
+    generation g opens ──────────────┐   (its initial barrier, steps 1-2 below)
     iteration barrier of R-1 ────────┤   (DECIDED below)
     admission of a replacement ──────┤   (ADMITTED below)
                                      ▼
@@ -32,42 +32,45 @@ The course of one round, as every rank sees it::
                                      │         (join → admit, REJOIN): ADMITTED
                                      └──────► round R+1: STARTED
 
-Who writes what, in this order
-------------------------------
-==========================  ==============================================  ==========
-key                          written by                                      when
-==========================  ==============================================  ==========
-``g<g>/initial``            every process of the generation, and someone     1
-                            for each rank gone (``arrive_generation``,
-                            ``arrive_for_gone``)
-``g<g>/gone``, ``round``,   the arrival that completes the initial barrier,  2
-``job_restarts``            before anyone is released (``_open_generation``)
-``r<R>/state/<rank>``       each rank as it starts the round                 3
-                            (``publish_rank_state``); the monitor of a rank
-                            dead on its way in, under a number nobody took
-                            (``publish_state_after_death``)
-``r<R>/started``            each rank as it starts the round; the first      3
-                            commits ``job_restarts`` (``commit_round_start``)
-``r<R>/faults``,            a rank that faults, or a monitor, agent or peer  4
-``r<R>/interrupted``        on its behalf (``record_fault``); the completing
-                            arrival at the completion barrier sets ``done``
-``r<R>/terminated``         a rank that leaves for good, or a proxy          5
-                            (``register_terminated``, ``proxy_leave``,
-                            ``leave_round``)
-``r<R>/iteration``,         every rank or proxy; the last arrival writes     6
-``r<R>/decision``,          the decision and publishes ``R + 1`` before the
-``round``                   release (``arrive_iteration``)
-``join/<i>``,               a replacement process (its pid), then the        7
-``admit/<i>/<pid>``,        lowest survivor of round R (its admission), which
-``r<R>/rejoin``             then lists the ranks that came back (``admit``)
-``r<R+1>/late_deaths``,     the monitor of a rank that the decision kept     7
-``r<R+1>/late_death_claim`` and that died before it started R + 1
-                            (``place_in_next_round``)
-``gone/<i>``, ``gone/all``  the supervisor that declares a node lost with    any
-                            no spare for it (``leave_round``)
-``g<g>/termination``        every rank as its call ends, and a proxy for a   last
-                            rank that is gone; the store's host waits for all
-==========================  ==============================================  ==========
+Who writes what
+---------------
+In this order:
+
+1. ``g<g>/initial``: every process of the generation arrives, and someone for each rank
+   gone (``arrive_generation``, ``arrive_for_gone``).
+2. ``job_restarts``, ``g<g>/gone`` (the ranks gone at the opening), ``round``: the
+   arrival that completes the initial barrier, in this order, after clearing torch's
+   ``default_pg/`` keys, before anyone is released (``_open_generation``).
+3. ``r<R>/state/<rank>``: each rank as it starts the round (``publish_rank_state``); for
+   a rank that died or left on its way in, under a number nobody took, its monitor or the
+   rank itself (``publish_state_after_death``). ``r<R>/started``: each rank as it starts
+   a round after a restart (not a generation's first round); the first one commits
+   ``job_restarts`` (``commit_round_start``).
+4. ``r<R>/faults`` and ``r<R>/interrupted``: a rank that faults, or a monitor, agent or
+   peer on its behalf (``record_fault``). ``r<R>/completed``: an active rank that returned
+   (``mark_completed``); a spare waits on it. ``r<R>/completion``: every rank that
+   completed; its last arrival sets ``interrupted`` to ``done`` before the release
+   (``arrive_completion``). On a fault, each rank's monitor thread writes ``completed``
+   and that barrier's release key (``interrupt_watch``), to wake those waiting there.
+5. ``r<R>/terminated`` and ``r<R>/terminated_flag/<r>``: a rank that leaves for good, or
+   a proxy (``register_terminated``, ``proxy_leave``, ``leave_round``).
+6. ``r<R>/iteration``, ``r<R>/decision``, ``round``: every rank or proxy arrives; the
+   last arrival writes the decision and publishes ``R + 1`` before the release
+   (``arrive_iteration``).
+7. ``admit/<i>/<pid>``, then ``r<R>/rejoin``: the lowest survivor of round R, after the
+   decision, admits each replacement that asked, then lists the ranks that came back
+   (``admit``). ``r<R+1>/late_deaths`` and ``r<R+1>/late_death_claim/<n>``: the monitor
+   of a rank that the decision kept and that died before it started R + 1, or such a
+   rank leaving by itself (``place_in_next_round``).
+8. ``g<g>/termination``: every rank as its call ends, and a proxy for a rank that is
+   gone; the store's host waits for all (``arrive_termination``, ``wait_termination``).
+
+At any time: ``join/<i>``, a replacement process (its pid), withdrawn when it gives up
+(``post_join``, ``withdraw_join``). ``gone/<i>`` and ``gone/all``, the supervisor that
+declares a node lost with no spare for it (``leave_round``).
+
+Keys of the user's plug-ins live under a round's prefix too (the rank assignment's
+``nvrx_tree/`` and ``nvrx_filter/``): they belong to those plug-ins, not to this protocol.
 
 The job-level keys (``round``, ``job_restarts``, ``gone/``) outlive a store failover
 (``FAILOVER_KEYS``); the keys of rounds do not.
@@ -112,7 +115,7 @@ FAULT_LIST = "faults"  # append-only JSON fault records, one per line (``nvrx.st
 TERMINATED = "terminated"  # append-only "r," list of the round's ranks that left the job
 DECISION = "decision"  # JSON written by the last arrival at the iteration barrier
 REJOIN = "rejoin"  # JSON: ranks whose replacement process rejoined (written by the round's leader)
-COMPLETED = "completed"  # set by an active rank that returned: spares stop waiting
+COMPLETED = "completed"  # an active rank returned (or a fault): spares stop waiting
 STARTED = "started"  # counter: ranks that started the round
 LATE_DEATHS = "late_deaths"  # counter: ranks counted in the round that died before starting it
 ITERATION_BARRIER = "iteration"
@@ -157,12 +160,6 @@ def rank_gone(initial_rank: int) -> str:
     return f"{GONE_PREFIX}{initial_rank}"
 
 
-def heartbeat(rank: int) -> str:
-    """Per-rank heartbeat counter of a round: no monitor beats per rank any more (hosts
-    beat, ``nvrx.inprocess.host_beats``); ``bench/store_load.py`` sends the old pattern."""
-    return f"hb/{rank}"
-
-
 def rank_state(rank: int) -> str:
     """JSON state of ``rank`` at the start of the round (read for a replacement of it)."""
     return f"state/{rank}"
@@ -186,8 +183,8 @@ KEY_NAMES = frozenset(
         "CURRENT_ROUND", "JOB_RESTARTS", "TORCH_DEFAULT_PG_PREFIX", "GONE_PREFIX", "GONE_LIST",
         "INTERRUPTED", "FAULT_LIST", "TERMINATED", "DECISION", "REJOIN", "COMPLETED",
         "STARTED", "LATE_DEATHS", "ITERATION_BARRIER", "COMPLETION_BARRIER",
-        "initial_barrier", "termination_barrier", "join_request", "admission", "rank_gone",
-        "heartbeat", "rank_state", "late_death_claim", "terminated_flag",
+        "round_prefix", "initial_barrier", "termination_barrier", "join_request", "admission", "rank_gone",
+        "rank_state", "late_death_claim", "terminated_flag",
     }
 )  # fmt: skip
 
@@ -432,8 +429,9 @@ def commit_round_start(store: Any, base: Any, restarts: int) -> None:
 
 
 def interrupt_watch() -> tuple[str, list[str]]:
-    """What a rank's monitor thread waits on in a round: the key a fault interrupts it by,
-    and the keys whose write ends the round without one (completion, a spare's wake-up)."""
+    """What a rank's monitor thread waits on in a round: the key a fault interrupts it by;
+    and the keys it writes when it wakes on one, so that ranks waiting to complete (at the
+    completion barrier, or a spare for ``COMPLETED``) wake too."""
     return INTERRUPTED, [barrier.release_key(COMPLETION_BARRIER), COMPLETED]
 
 
@@ -490,7 +488,7 @@ def arrive_completion(store: Any, rank: int, world_size: int, timeout: float) ->
         before_release=lambda: interrupt(store, DONE),
     )
     barrier.wait(store, COMPLETION_BARRIER, world_size, timeout, range(world_size))
-    return completed(store)
+    return store.get(INTERRUPTED) == DONE.encode()  # set by now: the release, or a fault
 
 
 def register_terminated(store: Any, rank: int) -> bool:
@@ -709,7 +707,7 @@ def admit(
 def await_rejoined(store: Any, timeout: float) -> set[int]:
     """Other survivors: the ranks the lowest one took back, once it published them."""
     store.wait([REJOIN], timedelta(seconds=timeout))
-    return rejoined(store)
+    return {int(r) for r in json.loads(store.get(REJOIN))}
 
 
 def rejoined(store: Any) -> set[int]:

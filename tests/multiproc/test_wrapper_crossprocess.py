@@ -1,4 +1,4 @@
-"""The Wrapper with an external store (as under an nvrx supervisor): process rounds."""
+"""The Wrapper with an external store (as under an nvrx supervisor): process generations."""
 
 from __future__ import annotations
 

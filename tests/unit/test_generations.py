@@ -1,4 +1,4 @@
-"""nvrx.store.generations: a generation's initial barrier with ranks that will not come
+"""A generation (nvrx.store.rounds): a generation's initial barrier with ranks that will not come
 (real TCPStore on loopback)."""
 
 from __future__ import annotations
