@@ -83,6 +83,14 @@ def _parser() -> argparse.ArgumentParser:
         "the tables and a timeline of every rank (training, restarts, dead, hung, spare and "
         "requeue periods, each fault a click away from its traceback); write it with -o FILE",
     )
+    _add_filters(p)
+    _add_sources(p)
+    _add_output(p)
+    return p
+
+
+def _add_filters(p: argparse.ArgumentParser) -> None:
+    """Which events the report reads: one rank, one node, from a time on."""
     p.add_argument(
         "--rank", type=int, default=None, metavar="R", help="only events of global rank R"
     )
@@ -90,6 +98,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--since", type=parse_since, default=None, metavar="T", help="only events after T"
     )
+
+
+def _add_sources(p: argparse.ArgumentParser) -> None:
+    """What else the report reads: SLURM's and submitit's output files."""
     p.add_argument(
         "--slurm-output",
         nargs="+",
@@ -104,6 +116,10 @@ def _parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="submitit folder holding <job>_<task>_log.out/err files (repeatable)",
     )
+
+
+def _add_output(p: argparse.ArgumentParser) -> None:
+    """How the report reads and writes: sacct, workers, width, the output file."""
     p.add_argument("--no-sacct", action="store_true", help="do not ask sacct")
     p.add_argument(
         "--workers",
@@ -127,7 +143,6 @@ def _parser() -> argparse.ArgumentParser:
         help="write the report to FILE instead of stdout (with --format html: the page to open "
         "in a browser, e.g. -o report.html)",
     )
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,7 +11,7 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from nvrx import jobenv
@@ -46,8 +46,8 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"{message} (see {PROG} --help)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+def _new_parser() -> _Parser:
+    return _Parser(
         prog=PROG,
         usage=f"{PROG} [options] -- COMMAND [ARGS...]",
         description=(
@@ -65,12 +65,38 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
 
+
+#: Adds an option under its dashed name and torchrun's underscore spelling.
+Add = Callable[..., None]
+
+
+def _adder(parser: argparse.ArgumentParser) -> Add:
     def add(*names: str, **kwargs: object) -> None:
         """An option under its dashed name and torchrun's underscore spelling."""
         aliases = ["--" + n[2:].replace("-", "_") for n in names if n.startswith("--")]
         parser.add_argument(*names, *(a for a in aliases if a not in names), **kwargs)  # type: ignore[arg-type]
 
+    return add
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``nvrx-supervise``, by group, then the training command."""
+    parser = _new_parser()
+    add = _adder(parser)
     add("--version", action="version", version=f"{PROG} {__version__}")
+    _add_topology(add)
+    _add_restarts(add)
+    _add_nodes(add)
+    _add_output(add)
+    ft_options.add_options(add)
+    torchrun_habits.add_answers(add)
+    add("--verbose", "-v", action="store_true", help="log each decision to stderr")
+    add("command", nargs=argparse.REMAINDER, help="the training command, after '--'")
+    return parser
+
+
+def _add_topology(add: Add) -> None:
+    """How many processes, where node 0 is, which ports, the job's id and log folder."""
     add(
         "--nproc-per-node",
         default="1",
@@ -128,6 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help=f"base log directory; events go to DIR/<job id>/ (default: ${jobenv.LOG_DIR}, else ./{DEFAULT_LOG_DIR})",
     )
+
+
+def _add_restarts(add: Add) -> None:
+    """The restart budget, the loop breaker and the time limits of stops and waits."""
     add(
         "--max-restarts",
         type=int,
@@ -163,6 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help=f"seconds node 0 keeps the store up for other nodes after its own children ended (default {DEFAULT_FINISH_TIMEOUT_S:g})",
     )
+
+
+def _add_nodes(add: Add) -> None:
+    """Spare nodes, warm standbys, shrinking, and how a lost node is found."""
     add(
         "--spare-nodes",
         type=int,
@@ -208,6 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help=f"seconds between node heartbeats in the store (default {DEFAULT_NODE_HEARTBEAT_S:g})",
     )
+
+
+def _add_output(add: Add) -> None:
+    """Where each rank's output goes, as torchrun's options say."""
     streams = "0 none, 1 stdout, 2 stderr, 3 both; or per local rank, e.g. 0:3,1:2"
     add(
         "--redirects", "-r", default="0", metavar="STD",
@@ -225,11 +263,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="as torchrun: only these local ranks' output reaches this console; the files of "
         "--redirects/--tee are written for every rank (default: all)",
     )  # fmt: skip
-    ft_options.add_options(add)
-    torchrun_habits.add_answers(add)
-    add("--verbose", "-v", action="store_true", help="log each decision to stderr")
-    add("command", nargs=argparse.REMAINDER, help="the training command, after '--'")
-    return parser
 
 
 def _resolve_command(command: list[str]) -> list[str]:

@@ -117,7 +117,17 @@ class SupervisorConfig:
             raise ConfigError(
                 "no training command: put it after '--', e.g. nvrx-supervise -- python train.py"
             )
-        checks = [
+        for ok, message in [
+            *self._topology_checks(),
+            *self._restart_checks(),
+            *self._node_checks(),
+        ]:
+            if not ok:
+                raise ConfigError(message)
+
+    def _topology_checks(self) -> list[tuple[bool, str]]:
+        """(holds, what to fix) for the topology: sizes, ranks, ports, address, job id."""
+        return [
             (self.nproc_per_node >= 1, f"--nproc-per-node must be >= 1, got {self.nproc_per_node}"),
             (self.nnodes >= 1, f"--nnodes must be >= 1, got {self.nnodes}"),
             (
@@ -136,6 +146,16 @@ class SupervisorConfig:
                 self.store_port != self.master_port,
                 f"--store-port must differ from --master-port (both {self.store_port})",
             ),
+            (bool(self.master_addr), "--master-addr must not be empty"),
+            (
+                bool(self.job_id) and "/" not in self.job_id,
+                f"--job-id must be a non-empty name without '/', got {self.job_id!r}",
+            ),
+        ]
+
+    def _restart_checks(self) -> list[tuple[bool, str]]:
+        """(holds, what to fix) for restarts and the time limits of stops and waits."""
+        return [
             (self.max_restarts >= 0, f"--max-restarts must be >= 0, got {self.max_restarts}"),
             (
                 self.ft_restart_policy in RESTART_POLICIES,
@@ -157,7 +177,11 @@ class SupervisorConfig:
                 self.finish_timeout > 0,
                 f"--finish-timeout must be > 0 seconds, got {self.finish_timeout}",
             ),
-            (bool(self.master_addr), "--master-addr must not be empty"),
+        ]
+
+    def _node_checks(self) -> list[tuple[bool, str]]:
+        """(holds, what to fix) for spare nodes, shrinking and node liveness."""
+        return [
             (
                 0 <= self.spare_nodes < self.nnodes,
                 f"--spare-nodes must be in 0..{self.nnodes - 1} (smaller than --nnodes "
@@ -178,14 +202,7 @@ class SupervisorConfig:
                 f"({self.node_heartbeat:g} s), so that one late beat is no loss; "
                 f"got {self.node_timeout:g}",
             ),
-            (
-                bool(self.job_id) and "/" not in self.job_id,
-                f"--job-id must be a non-empty name without '/', got {self.job_id!r}",
-            ),
         ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
 
     # The topology's values, read through the config; ``job`` holds them.
     @property

@@ -44,7 +44,7 @@ class _Agent:
         self._out_lock = threading.Lock()
         self.store = self._connect()
 
-    def _connect(self, timeout: float | None = None) -> Any:
+    def _connect(self, timeout: float | None = None) -> WireStore:
         return WireStore(self.host, self.port, self.timeout if timeout is None else timeout)
 
     def send(self, message: dict[str, Any]) -> None:

@@ -240,7 +240,7 @@ class Supervisor:
                 return
             verdict = self.policy.decide(local_rank, status, fault)
         except StoreLinkError as exc:
-            self.store_unavailable(exc)
+            self._store_failed(exc)
             return
         if verdict.decision is Decision.DONE:
             return
@@ -277,6 +277,16 @@ class Supervisor:
         for child in self.running():
             child.signal_group(signal.SIGTERM)
         self.kill_at = time.monotonic() + self.config.grace_period
+
+    def _store_failed(self, exc: StoreLinkError) -> None:
+        """A store request failed: fail over where the store was lost (a child of a plain
+        script dies with the store host, before the agent's ``lost`` comes through the
+        loop), else stop."""
+        link = self.store.link
+        if link is not None and link.lost is not None:
+            self.failover.store_lost(link.lost)
+        else:
+            self.store_unavailable(exc)
 
     def store_unavailable(self, exc: Exception) -> None:
         """The store cannot be used (and it was not lost: nothing to fail over from): stop."""

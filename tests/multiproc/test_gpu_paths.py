@@ -312,6 +312,13 @@ def _wrapper_nccl() -> dict:
     return {"calls": calls, "result": train()}
 
 
+def _waits_for_the_gpu(thread_id: int) -> bool:
+    """Whether the thread's innermost Python frame is ``torch.cuda.synchronize``: blocked in
+    C there on a collective that cannot complete (or about to be)."""
+    frame = sys._current_frames().get(thread_id)
+    return frame is not None and frame.f_code.co_name == "synchronize"
+
+
 def _nccl_blocked() -> dict:
     import threading
 
@@ -332,9 +339,12 @@ def _nccl_blocked() -> dict:
     else:
         abort = AbortTorchDistributed()
         aborted_at: list[float] = []
+        main = threading.get_ident()
 
-        def abort_later() -> None:
-            time.sleep(2)
+        def abort_later() -> None:  # once the main thread waits for the GPU, not before
+            deadline = time.monotonic() + 30
+            while not _waits_for_the_gpu(main) and time.monotonic() < deadline:
+                time.sleep(0.01)
             aborted_at.append(time.monotonic())
             abort(_state())
 

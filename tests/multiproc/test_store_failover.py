@@ -82,6 +82,20 @@ def test_losing_the_store_host_fails_over_and_the_job_completes(tmp_path: Path) 
     assert "unknown to this nvrx" not in report.to_text(width=None)
 
 
+@pytest.mark.timeout(300)
+def test_a_plain_script_fails_over_when_the_store_host_is_lost(tmp_path: Path) -> None:
+    """Without the Wrapper, the ranks of the other nodes die with the store host: their
+    supervisors fail over (the store found lost by their agents, or while deciding on a
+    failed child) instead of stopping the job, and the spare takes node rank 0."""
+    job = _demo_job(tmp_path, 3, "--spare-nodes", "1", demo=("--no-wrapper",))
+    killed, output = _lose_node_and_finish(job, 0, 4)
+    failovers = job.events("store_failover")
+    assert sorted(e["node"] for e in failovers) == [1, 2], output
+    stops = [e for e in job.events("job_stop") if e["node"] != 0]
+    assert not [e for e in stops if "store" in e["reason"]], stops
+    _no_process_left(killed)
+
+
 def _ready_for_failover(pid: int) -> dict[str, int]:
     """Store agents and held store services among the children of supervisor ``pid``."""
     lines = [" ".join(p.cmdline()) for p in psutil.Process(pid).children()]

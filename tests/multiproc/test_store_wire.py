@@ -71,11 +71,28 @@ def test_counters_appends_and_compare_set_are_the_servers(server, wire) -> None:
     assert not server.check(["flag"])
 
 
+def _innermost(thread: threading.Thread) -> str | None:
+    """The name of the function the thread runs innermost now (None once it ended)."""
+    frame = sys._current_frames().get(thread.ident) if thread.ident is not None else None
+    return None if frame is None else frame.f_code.co_name
+
+
 def test_a_wait_returns_when_the_key_comes_and_times_out_otherwise(server, wire) -> None:  # noqa: ANN001
-    timer = threading.Timer(0.2, server.set, ("late", "1"))
-    timer.start()
-    wire.wait(["late"], datetime.timedelta(seconds=10))
-    timer.join()
+    errors_seen: list[BaseException] = []
+
+    def wait_for_late() -> None:
+        try:
+            wire.wait(["late"], datetime.timedelta(seconds=10))
+        except BaseException as exc:
+            errors_seen.append(exc)
+
+    waiter = threading.Thread(target=wait_for_late)
+    waiter.start()
+    # the key comes once the WAIT is sent and its answer awaited, not before
+    wait_until("the WAIT in flight", lambda: _innermost(waiter) == "_answered_within", 10, 0.01)
+    server.set("late", "1")
+    waiter.join(10)
+    assert not waiter.is_alive() and errors_seen == []
     with pytest.raises(StoreTimeout):
         wire.wait(["never"], 0.2)
     wire.set_timeout(0.2)

@@ -25,10 +25,6 @@ MAX_FUNCTION_LINES = 60
 MAX_DEPTH = 4
 #: Functions allowed past MAX_FUNCTION_LINES, as "path:qualified name": each goes when it is split.
 LONG_FUNCTIONS: set[str] = {
-    # nvrx/supervisor is being reworked: these go with it.
-    "nvrx/supervisor/cli.py:build_parser",
-    "nvrx/supervisor/config.py:SupervisorConfig.__post_init__",
-    "nvrx/report/cli.py:_parser",  # to split by option group
     # The per-event loop, its state in locals: a split costs a call per event for millions
     # of events (bench/report_speed.py).
     "nvrx/report/file_fold.py:FileFolder.fold",

@@ -67,18 +67,19 @@ def emit_calls(package: Path) -> Iterator[EmitCall]:
         for call, function in _calls_in(None, tree):
             func = call.func
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-            if name not in EMITTERS or not call.args:
+            keyword = next((k.value for k in call.keywords if k.arg == "kind"), None)
+            if name not in EMITTERS or not (call.args or keyword is not None):
                 continue
             if isinstance(func, ast.Attribute) and _is_super_call(func.value):
                 continue
-            first = call.args[0]
+            first = call.args[0] if call.args else keyword
             literal = isinstance(first, ast.Constant) and isinstance(first.value, str)
             forwarded = isinstance(first, ast.Name) and first.id == "kind"
             yield EmitCall(
                 where=f"{path.relative_to(package.parent)}:{call.lineno}",
                 kind=first.value if literal else None,
                 forwarded=forwarded and "kind" in _parameters(function),
-                fields=tuple(k.arg for k in call.keywords if k.arg is not None),
+                fields=tuple(k.arg for k in call.keywords if k.arg not in (None, "kind")),
             )
 
 
@@ -113,6 +114,8 @@ def test_every_emitted_kind_and_field_is_declared() -> None:
         ('writer.emit("fault", no_such_field=1)', "fault.no_such_field is not documented"),
         ('self._emit("store_failover", epoch=1, planet="mars")', "store_failover.planet"),
         ("emit(some_kind)", "the kind is not a string literal"),
+        ('emit(kind="no_such_kind")', "kind 'no_such_kind' is not declared"),
+        ('emit(kind="fault", planet="mars")', "fault.planet is not documented"),
     ],
 )
 def test_an_undeclared_emit_is_caught(tmp_path: Path, line: str, expected: str) -> None:
