@@ -90,6 +90,26 @@ class Job:
         return build_report(self.dir, sacct=False, **build)
 
 
+def _raises(job: Job, rank: int, t: float, exc_type: str, message: str) -> None:
+    """``rank`` raises ``exc_type`` at ``t`` in its current round, from the training code."""
+    job.ranks[rank].at(
+        t, "fault", fault_kind="exception", origin_rank=rank, exc_type=exc_type, message=message,
+        traceback=DIST_TRACEBACK.replace(
+            "torch.distributed.DistBackendError: NCCL communicator was aborted on rank 0",
+            f"{exc_type}: {message}",
+        ),
+    )  # fmt: skip
+
+
+def _spare_takes_over(job: Job) -> None:
+    """Spare slot 2 takes node rank 1 just before slot 0 declares slot 1 lost; its
+    children start as ranks 2 and 3."""
+    job.sup[2].at(DECLARED - 0.05, "node_takeover", node_rank=1, lost_slot=1, wait_s=0.004)
+    for rank in (2, 3):
+        job.start_rank(DECLARED - 0.04, rank, slot=2, node=1, attempt=1)
+    job.node_lost("spare", replaced_by=2)
+
+
 def _before_the_loss(job: Job) -> None:
     """Round 0 at world size 4: ranks 0-1 on slot 0, ranks 2-3 on slot 1; slot 1 dies at ~12 s."""
     for rank in range(4):
@@ -103,10 +123,7 @@ def _spare_job(log_dir: Path, hosts: dict[int, str]) -> Report:
     """Spare slot 2 takes over node rank 1; its children rejoin; round 1 at world size 4."""
     job = Job(log_dir, hosts, nnodes=3, spares=1)
     _before_the_loss(job)
-    job.sup[2].at(DECLARED - 0.05, "node_takeover", node_rank=1, lost_slot=1, wait_s=0.004)
-    for rank in (2, 3):
-        job.start_rank(DECLARED - 0.04, rank, slot=2, node=1, attempt=1)
-    job.node_lost("spare", replaced_by=2)
+    _spare_takes_over(job)
     job.round_restart(DECLARED + 0.01, [0, 1])
     job.round_start(17.6, 1, [0, 1, 2, 3])
     job.complete(26.0, [0, 1, 2, 3])
@@ -149,10 +166,7 @@ def test_a_round_begun_before_the_declaration_is_no_recovery(tmp_path: Path) -> 
     job.round_start(LAST_SEEN + 0.03, 1, [0, 1])
     for rank in (0, 1):  # round 1 is at world size 4: ranks 2 and 3 are not known lost yet
         job.ranks[rank].round(1).at(LAST_SEEN + 0.04, "round_start", world_size=4)
-    job.sup[2].at(DECLARED - 0.05, "node_takeover", node_rank=1, lost_slot=1, wait_s=0.004)
-    for rank in (2, 3):
-        job.start_rank(DECLARED - 0.04, rank, slot=2, node=1, attempt=1)
-    job.node_lost("spare", replaced_by=2)
+    _spare_takes_over(job)
     job.round_restart(DECLARED + 0.01, [0, 1])
     job.round_start(17.6, 2, [0, 1, 2, 3])
     job.complete(26.0, [0, 1, 2, 3])
@@ -169,21 +183,12 @@ def test_a_node_that_beat_last_in_a_round_another_fault_ended_is_lost_in_the_nex
     rank 0's exception."""
     job = Job(tmp_path / "job", {0: "vm", 1: "vm", 2: "vm"}, nnodes=3, spares=1)
     _before_the_loss(job)
-    job.ranks[0].at(
-        9.0, "fault", fault_kind="exception", origin_rank=0, exc_type="RuntimeError",
-        message="bad value", traceback=DIST_TRACEBACK.replace(
-            "torch.distributed.DistBackendError: NCCL communicator was aborted on rank 0",
-            "RuntimeError: bad value",
-        ),
-    )  # fmt: skip
+    _raises(job, 0, 9.0, "RuntimeError", "bad value")
     for rank in (1, 2, 3):
         job.ranks[rank].at(9.1, "fault", fault_kind="peer", origin_rank=0)
     job.round_restart(9.5, [0, 1, 2, 3])
     job.round_start(LAST_SEEN + 0.03, 1, [0, 1, 2, 3])
-    job.sup[2].at(DECLARED - 0.05, "node_takeover", node_rank=1, lost_slot=1, wait_s=0.004)
-    for rank in (2, 3):
-        job.start_rank(DECLARED - 0.04, rank, slot=2, node=1, attempt=1)
-    job.node_lost("spare", replaced_by=2)
+    _spare_takes_over(job)
     job.round_restart(DECLARED + 0.01, [0, 1])
     job.round_start(17.6, 2, [0, 1, 2, 3])
     job.complete(26.0, [0, 1, 2, 3])
@@ -299,13 +304,7 @@ def test_output_lines_of_the_lost_node_are_told_by_its_loss(tmp_path: Path) -> N
 def test_a_fault_before_the_loss_is_still_its_own_failure(tmp_path: Path) -> None:
     job = Job(tmp_path / "job", {0: "node-a", 1: "node-b"}, nnodes=2, spares=0)
     _before_the_loss(job)
-    job.ranks[0].at(
-        8.0, "fault", fault_kind="exception", origin_rank=0, exc_type="ValueError",
-        message="bad batch", traceback=DIST_TRACEBACK.replace(
-            "torch.distributed.DistBackendError: NCCL communicator was aborted on rank 0",
-            "ValueError: bad batch",
-        ),
-    )  # fmt: skip
+    _raises(job, 0, 8.0, "ValueError", "bad batch")
     job.node_lost("shrink")
     job.round_restart(DECLARED + 0.2, [0, 1])
     report = job.close()
@@ -489,10 +488,7 @@ def test_a_store_failover_is_told_with_the_loss_of_its_host(tmp_path: Path) -> N
     with its own duration); the successor's (slot 0 here, the lowest survivor) is told."""
     job = Job(tmp_path / "job", {0: "a", 1: "b", 2: "c"}, nnodes=3, spares=1)
     _before_the_loss(job)
-    job.sup[2].at(DECLARED - 0.05, "node_takeover", node_rank=1, lost_slot=1, wait_s=0.004)
-    for rank in (2, 3):
-        job.start_rank(DECLARED - 0.04, rank, slot=2, node=1, attempt=1)
-    job.node_lost("spare", replaced_by=2)
+    _spare_takes_over(job)
     for slot, took in ((2, 1.9), (0, 1.25)):
         job.sup[slot].at(
             DECLARED + 0.5, "store_failover", epoch=1, old_store="b:29501",
@@ -528,13 +524,7 @@ GLOO_RESET = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection re
 
 def _survivor_error(job: Job, t: float, exc_type: str, message: str) -> None:
     """Rank 0 (node-a, a survivor) raises ``exc_type`` at ``t``, in round 0."""
-    job.ranks[0].at(
-        t, "fault", fault_kind="exception", origin_rank=0, exc_type=exc_type, message=message,
-        traceback=DIST_TRACEBACK.replace(
-            "torch.distributed.DistBackendError: NCCL communicator was aborted on rank 0",
-            f"{exc_type}: {message}",
-        ),
-    )  # fmt: skip
+    _raises(job, 0, t, exc_type, message)
 
 
 def _store_host_loss(log_dir: Path, collateral_at: float) -> Report:
@@ -689,13 +679,7 @@ def _faults_on_node_b(log_dir: Path, messages: list[str]) -> Report:
     for rnd, message in enumerate(messages):
         t = 2.0 + 10 * rnd
         job.round_start(t, rnd, [0, 1, 2, 3])
-        job.ranks[2].at(
-            t + 3, "fault", fault_kind="exception", origin_rank=2, exc_type="RuntimeError",
-            message=message, traceback=DIST_TRACEBACK.replace(
-                "torch.distributed.DistBackendError: NCCL communicator was aborted on rank 0",
-                f"RuntimeError: {message}",
-            ),
-        )  # fmt: skip
+        _raises(job, 2, t + 3, "RuntimeError", message)
         for rank in (0, 1, 3):
             job.ranks[rank].at(t + 3.1, "fault", fault_kind="peer", origin_rank=2)
         job.round_restart(t + 3.5, [0, 1, 2, 3])
