@@ -35,7 +35,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from nvrx.store.ring_watch import RingWatch
 
@@ -48,12 +48,19 @@ log = logging.getLogger(__name__)
 OWN_CLAIM_EVERY = 600
 
 
+class Counters(Protocol):
+    """What the watch needs of a store client (``nvrx.store.wire.WireStore`` in the agent):
+    counters to bump and read."""
+
+    def add(self, key: str, amount: int) -> int: ...
+
+
 class NodeWatch(threading.Thread):
     """The agent's liveness thread: beats for ``own`` and sends reports through ``send``."""
 
     def __init__(
         self,
-        connect: Callable[[], Any],
+        connect: Callable[[], Counters],
         send: Callable[[dict[str, Any]], None],
         own: int,
         nslots: int,
@@ -100,7 +107,7 @@ class NodeWatch(threading.Thread):
             self.stopped.set()
             self._send({"event": "lost", "message": message})
 
-    def _tick(self, store: Any) -> bool:
+    def _tick(self, store: Counters) -> bool:
         """One beat and one look; False once this slot is fenced off."""
         count = int(store.add(node_keys.alive(self.own), 1))
         self._beats += 1
