@@ -81,8 +81,10 @@ def _recovery(job: JobSummary, loss: NodeLoss) -> tuple[float, int | None] | Non
     """(first round_start, world size) of the first round after the loss at full size again:
     at the size before the loss (a spare took over), or of any size after a shrink; after a
     stop, the first round of a later run (the job was requeued). A round that began before
-    the loss was declared is no recovery, whatever its size: the survivors may restart
-    between the node's last beat and its declaration, still counting the lost ranks."""
+    the loss was declared is no recovery at full size: the survivors may restart between
+    the node's last beat and its declaration, still counting the lost ranks. A smaller
+    round after a shrink is, even before the declaration's event: the declarer takes the
+    ranks out of the round before it writes that event."""
     if loss.action == "stop":
         later = [
             (r.started_wall, r.world_size)
@@ -102,7 +104,11 @@ def _recovery(job: JobSummary, loss: NodeLoss) -> tuple[float, int | None] | Non
     before = [size for wall, size in rounds if wall <= start and size is not None]
     full = max(before, default=job.world_size or 0)
     for wall, size in rounds:
-        if wall > declared and (loss.action == "shrink" or (size or 0) >= full):
+        if wall <= start:
+            continue
+        if loss.action == "shrink" and (wall > declared or (size or 0) < full):
+            return wall, size  # smaller: its survivors went on (it may begin before the event)
+        if loss.action == "spare" and wall > declared and (size or 0) >= full:
             return wall, size
     return None
 
