@@ -2,10 +2,11 @@
 
 A gloo collective blocked in C++ ignores ``ProcessGroup.abort()``,
 ``destroy_process_group()`` and Python async exceptions: it returns only when
-its timeout expires or one of its connections fails. Shutting a connected
-socket down (``shutdown(2)``, from any thread, through a duplicate descriptor)
-makes the pending read fail at once, so the collective raises within
-milliseconds and the blocked thread is back in Python.
+its timeout expires or one of its connections fails. Shutting down the
+reading side of a connected socket (``shutdown(2)``, from any thread, through
+a duplicate descriptor) makes the pending read fail at once, so the collective
+raises within milliseconds and the blocked thread is back in Python; why only
+reads, see ``shutdown_sockets``.
 
 To touch only gloo's connections, process group constructions are observed
 while tracking is on (``install``/``uninstall``, or ``with tracking():``; the
@@ -243,6 +244,7 @@ def uninstall() -> None:
         _installs -= 1
         if _installs:
             return
+        _close_held()
         from torch.distributed import distributed_c10d as c10d
 
         if getattr(c10d, _FACTORY, None) is _patched:
@@ -315,9 +317,18 @@ def shutdown_sockets(group_names: Iterable[str] | None = None) -> int:
     With None, also those a group creation in flight waits on (``_creation_sockets``):
     ``init_process_group`` waiting in its rendezvous for a rank that died returns too.
     Safe to call from any thread while another thread is blocked on those
-    sockets. Returns the number of sockets shut down. The descriptors stay open
-    (gloo closes them when the group is destroyed); records are dropped.
+    sockets. Returns the number of sockets shut down. Records are dropped.
+
+    gloo fails the operations waiting on a connection when a read on it fails,
+    but not a send that is queued because its write failed: that one waits for
+    the group's timeout. A write fails once the peer's socket is closed or shut
+    down for writing (it answers with a reset), so only reads are shut down:
+    gloo sees end-of-file, fails the connection and closes its descriptor, and
+    a duplicate of each socket is held open until the next call (or the last
+    ``uninstall``) so that the peers' writes still succeed meanwhile. Every
+    peer ends its own reads when it aborts.
     """
+    release_held()
     with _lock:
         names = list(_groups) if group_names is None else [n for n in group_names if n in _groups]
         wanted: set[int] = set()
@@ -326,30 +337,48 @@ def shutdown_sockets(group_names: Iterable[str] | None = None) -> int:
         starts = list(_creating.values()) if group_names is None else []
     if starts:
         wanted |= _creation_sockets(starts)
-    if not wanted:
-        return 0
-    count = 0
-    for inode, fd in _socket_inodes().items():
-        if inode not in wanted:
-            continue
-        try:
-            dup = os.dup(fd)
-        except OSError:
-            continue  # closed since the listing
-        try:
-            if os.fstat(dup).st_ino != inode:
-                continue  # the descriptor was reused for another socket meanwhile
-            sock = socket.socket(fileno=dup)
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-                count += 1
-            except OSError:
-                pass  # not connected (any more): nothing to interrupt
-            finally:
-                sock.detach()
-        finally:
-            os.close(dup)
+    held = [sock for inode, fd in _socket_inodes().items() if inode in wanted
+            if (sock := _hold(inode, fd)) is not None]
+    count = sum(_shutdown_reads(sock) for sock in held)
+    with _lock:
+        _held.extend(held)
     return count
+
+
+def release_held() -> None:
+    """Close the sockets the last ``shutdown_sockets`` kept open."""
+    with _lock:
+        _close_held()
+
+
+def _close_held() -> None:
+    """``release_held`` with the lock held."""
+    for sock in _held:
+        sock.close()
+    _held.clear()
+
+
+_held: list[socket.socket] = []  # duplicates kept open by the last shutdown_sockets
+
+
+def _hold(inode: int, fd: int) -> socket.socket | None:
+    """A duplicate of ``fd`` if it still is socket ``inode``, else None."""
+    try:
+        dup = os.dup(fd)
+    except OSError:
+        return None  # closed since the listing
+    if os.fstat(dup).st_ino != inode:
+        os.close(dup)  # the descriptor was reused for another socket meanwhile
+        return None
+    return socket.socket(fileno=dup)
+
+
+def _shutdown_reads(sock: socket.socket) -> bool:
+    try:
+        sock.shutdown(socket.SHUT_RD)
+        return True
+    except OSError:
+        return False  # not connected (any more): nothing to interrupt
 
 
 __all__ = [
@@ -358,6 +387,7 @@ __all__ = [
     "installed",
     "mark_user_code",
     "protect_port",
+    "release_held",
     "shutdown_sockets",
     "tracked_groups",
     "tracking",

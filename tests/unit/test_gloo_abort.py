@@ -201,3 +201,43 @@ def test_an_abort_during_a_creation_cuts_what_it_may_wait_on_and_nothing_else(
     finally:
         for sock in (*opened, store, other):
             sock.close()
+
+
+def test_an_abort_ends_our_reads_and_leaves_the_peers_writes_working_until_released(original):
+    """gloo fails the waits on a connection when its read fails, but leaves a send whose write
+    failed queued until the group's timeout; a peer's write fails once our socket is closed or
+    shut for writing. So an abort shuts down reads only, and holds the socket open after gloo
+    closed its descriptor, until ``release_held``: meanwhile the peer writes on."""
+    import select
+    import socket
+
+    links: list[socket.socket] = []
+
+    def factory(*args, **kwargs):  # gloo listens and connects while the group is made
+        links.append(socket.create_server(("127.0.0.1", 0)))
+        links.append(socket.create_connection(links[0].getsockname()))
+        return _Group()
+
+    c10d._new_process_group_helper = factory
+    try:
+        assert gloo_abort.install()
+        c10d._new_process_group_helper()
+        ours, peer = links[1], links[0].accept()[0]
+        links.append(peer)
+        assert gloo_abort.shutdown_sockets() == 1
+        ours.settimeout(5)
+        assert ours.recv(1) == b""  # the read a collective waits on ends at once
+        ours.close()  # as gloo does once its read failed
+        for _ in range(5):
+            peer.sendall(b"x")
+            assert select.select([peer], [], [], 0.05)[0] == [], "the peer was reset"
+        assert peer.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+        gloo_abort.release_held()
+        with pytest.raises((BrokenPipeError, ConnectionResetError)):
+            while True:  # the reset comes back for the first write after the close
+                peer.sendall(b"x")
+                select.select([peer], [], [], 1.0)
+    finally:
+        gloo_abort.release_held()
+        for sock in links:
+            sock.close()
