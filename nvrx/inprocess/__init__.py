@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .compose import Compose
+    from .kept_state import KeptState, RngState
     from .state import FrozenState, Mode, State
     from .wrap import CallWrapper, Wrapper
 
@@ -22,7 +23,9 @@ _NAMES = {
     "CallWrapper": "wrap",
     "Compose": "compose",
     "FrozenState": "state",
+    "KeptState": "kept_state",
     "Mode": "state",
+    "RngState": "kept_state",
     "State": "state",
     "Wrapper": "wrap",
 }
@@ -31,7 +34,9 @@ __all__ = [
     "CallWrapper",
     "Compose",
     "FrozenState",
+    "KeptState",
     "Mode",
+    "RngState",
     "State",
     "Wrapper",
     "abort",
@@ -42,6 +47,7 @@ __all__ = [
     "finalize",
     "health_check",
     "initialize",
+    "kept_state",
     "monitor_thread",
     "nested_restarter",
     "progress_watchdog",

@@ -1,0 +1,92 @@
+"""KeptState.restore_agreed: the ranks of a gloo group restore the newest step all of them hold.
+
+Three real processes on loopback. Each trains the same model from the same seed and commits
+steps; the ranks' last commits differ as after a fault during a commit (rank 2 lost its last
+one), and every rank must restore the same step with bit-identical parameters and optimizer
+state. When one rank holds nothing (a replacement process), every rank gets None.
+
+Run as a script (``python test_kept_state_agreement.py RANK PORT CASE``) it is one rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+
+WORLD = 3
+CASES = {
+    # case: steps each rank commits
+    "one_behind": {0: [1, 2, 3], 1: [1, 2, 3], 2: [1, 2]},
+    "one_empty": {0: [1, 2], 1: [1, 2], 2: []},
+}
+
+
+def _rank(rank: int, port: int, case: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from nvrx.inprocess.kept_state import KeptState
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+        timeout=timedelta(seconds=60),
+    )
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    kept = KeptState()
+    kept.register("model", model)
+    kept.register("optimizer", optimizer)
+    for step in range(1, 4):
+        optimizer.zero_grad()
+        model(torch.full((2, 4), float(step))).sum().backward()
+        optimizer.step()
+        if step in CASES[case][rank]:
+            kept.commit(step)
+    restored = kept.restore_agreed()
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    moments = torch.cat([s["exp_avg"].flatten() for s in optimizer.state_dict()["state"].values()])
+    print(json.dumps({"restored": restored, "params": flat.tolist(), "moments": moments.tolist()}))
+    dist.destroy_process_group()
+
+
+def _run(case: str, port: int) -> list[dict]:
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, str(rank), str(port), case],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+        )
+        for rank in range(WORLD)
+    ]
+    outputs = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+        assert proc.returncode == 0, err[-2000:]
+        outputs.append(json.loads(out.strip().splitlines()[-1]))
+    return outputs
+
+
+@pytest.mark.parametrize(("case", "expected"), [("one_behind", 2), ("one_empty", None)])
+def test_every_rank_restores_the_newest_step_all_hold(case, expected):
+    from helpers_inprocess import free_port_pair
+
+    ranks = _run(case, free_port_pair())
+    assert [r["restored"] for r in ranks] == [expected] * WORLD
+    if expected is not None:  # the same step everywhere: the same bits everywhere
+        assert all(r["params"] == ranks[0]["params"] for r in ranks)
+        assert all(r["moments"] == ranks[0]["moments"] for r in ranks)
+
+
+if __name__ == "__main__":
+    _rank(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])

@@ -1,0 +1,207 @@
+"""KeptState: a rank's training state committed into host memory and restored from it."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from nvrx.inprocess.kept_state import KeptState, RngState
+
+
+def _job(seed: int = 0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    return model, optimizer, scheduler
+
+
+def _train(model, optimizer, scheduler, steps: int) -> None:
+    for _ in range(steps):
+        optimizer.zero_grad()
+        model(torch.randn(4, 8)).pow(2).mean().backward()
+        optimizer.step()
+        scheduler.step()
+
+
+def _snapshot(model, optimizer, scheduler) -> dict:
+    return {
+        "model": {k: v.clone() for k, v in model.state_dict().items()},
+        "optimizer": {
+            i: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()}
+            for i, s in optimizer.state_dict()["state"].items()
+        },
+        "lr": [g["lr"] for g in optimizer.param_groups],
+        "scheduler": scheduler.state_dict(),
+    }
+
+
+def _assert_same(a: dict, b: dict) -> None:
+    assert a["model"].keys() == b["model"].keys()
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    assert a["optimizer"].keys() == b["optimizer"].keys()
+    for i in a["optimizer"]:
+        for key, value in a["optimizer"][i].items():
+            other = b["optimizer"][i][key]
+            assert torch.equal(value, other) if torch.is_tensor(value) else value == other, (i, key)
+    assert a["lr"] == b["lr"] and a["scheduler"] == b["scheduler"]
+
+
+def _kept(model, optimizer, scheduler, every: int = 1) -> KeptState:
+    kept = KeptState(every=every)
+    kept.register("model", model)
+    kept.register("optimizer", optimizer)
+    kept.register("scheduler", scheduler)
+    return kept
+
+
+def test_restore_brings_back_the_last_commit_bit_for_bit():
+    job = _job()
+    kept = _kept(*job)
+    assert kept.restore() is None and kept.step is None  # nothing kept yet
+    _train(*job, steps=3)
+    assert kept.commit(3)
+    at_3 = _snapshot(*job)
+    _train(*job, steps=2)
+    assert not torch.equal(job[0][0].weight, at_3["model"]["0.weight"])
+    assert kept.restore() == 3
+    _assert_same(_snapshot(*job), at_3)
+
+
+def test_training_on_after_a_restore_matches_training_that_never_faulted():
+    faulted, clean = _job(seed=1), _job(seed=1)
+    kept = _kept(*faulted)
+    kept.register("rng", RngState())
+    torch.manual_seed(7)
+    _train(*faulted, steps=2)
+    kept.commit(2)
+    _train(*faulted, steps=1)  # the step the fault interrupts: lost
+    kept.restore()
+    _train(*faulted, steps=3)
+    torch.manual_seed(7)
+    _train(*clean, steps=5)
+    _assert_same(_snapshot(*faulted), _snapshot(*clean))
+
+
+class _FailsOnce:
+    """A state that raises in its second ``state_dict``: a fault during a commit."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.value = 0
+
+    def state_dict(self) -> dict:
+        self.calls += 1
+        if self.calls == 2:
+            raise RuntimeError("fault during the commit")
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = state["value"]
+
+
+def test_a_fault_during_a_commit_leaves_the_previous_commit_whole():
+    job = _job()
+    kept = KeptState()
+    kept.register("model", job[0])
+    kept.register("counter", counter := _FailsOnce())  # copied after the model
+    _train(*job, steps=1)
+    kept.commit(1)
+    at_1 = _snapshot(*job)
+    _train(*job, steps=1)
+    counter.value = 2
+    with pytest.raises(RuntimeError, match="fault during the commit"):
+        kept.commit(2)  # the model was copied into the other slot, then the fault
+    assert kept.step == 1
+    assert kept.restore() == 1
+    for key, value in at_1["model"].items():
+        assert torch.equal(job[0].state_dict()[key], value)
+    assert counter.value == 0
+    counter.value = 3
+    assert kept.commit(3) and kept.restore() == 3 and counter.value == 3  # committing works on
+
+
+def test_commits_reuse_their_buffers_and_restored_state_does_not_share_them():
+    job = _job()
+    kept = _kept(*job)
+    size = sum(p.numel() * p.element_size() for p in job[0].parameters())
+    _train(*job, steps=1)
+    kept.commit(1)
+    kept.commit(2)
+    slot_buffers = {t.data_ptr() for slot in kept._slots for t in _tensors(slot.states)}
+    assert kept.memory_bytes() >= 2 * size * 3  # parameters, Adam's two moments, in two slots
+    _train(*job, steps=1)
+    kept.commit(3)
+    kept.commit(4)
+    assert {t.data_ptr() for slot in kept._slots for t in _tensors(slot.states)} == slot_buffers
+    kept.restore()
+    live = {t.data_ptr() for t in _tensors(job[1].state_dict()["state"])}
+    live |= {p.data_ptr() for p in job[0].parameters()}
+    assert not live & slot_buffers  # a later commit never writes into the live state
+
+
+def _tensors(value):
+    if torch.is_tensor(value):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+
+
+def test_every_k_steps_commits_only_multiples_of_k():
+    job = _job()
+    kept = _kept(*job, every=3)
+    assert [kept.commit(step) for step in range(1, 7)] == [False, False, True, False, False, True]
+    assert kept.step == 6
+
+
+def test_rng_state_restores_the_same_random_numbers():
+    kept = KeptState()
+    kept.register("rng", RngState())
+    kept.commit(0)
+    expected = (random.random(), torch.rand(3))
+    random.random(), torch.rand(3)
+    kept.restore()
+    got = (random.random(), torch.rand(3))
+    assert got[0] == expected[0] and torch.equal(got[1], expected[1])
+
+
+def test_bad_use_is_refused_with_what_to_fix():
+    kept = KeptState()
+    with pytest.raises(RuntimeError, match=r"nothing is registered; call register\(name, obj\) first"):
+        kept.commit(1)
+    with pytest.raises(TypeError, match=r"register\('step'\): int has no state_dict or load_state_dict"):
+        kept.register("step", 5)
+    kept.register("model", torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="'model' is registered already"):
+        kept.register("model", torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="`every` must be an int ≥ 1, got 0"):
+        KeptState(every=0)
+    with pytest.raises(ValueError, match="step must be an int ≥ 0, got -1"):
+        kept.commit(-1)
+
+
+def test_the_commit_before_the_last_can_be_restored_too():
+    """The step every rank holds may be a rank's previous commit (it had committed one more
+    when the fault came): both complete commits can be restored."""
+    job = _job()
+    kept = _kept(*job)
+    _train(*job, steps=1)
+    kept.commit(1)
+    at_1 = _snapshot(*job)
+    _train(*job, steps=1)
+    kept.commit(2)
+    at_2 = _snapshot(*job)
+    assert kept.steps() == [2, 1]
+    assert kept.restore(1) == 1
+    _assert_same(_snapshot(*job), at_1)
+    assert kept.restore() == 2
+    _assert_same(_snapshot(*job), at_2)
+    with pytest.raises(ValueError, match=r"step 7 is not kept; the steps kept are \[2, 1\]"):
+        kept.restore(7)
