@@ -23,9 +23,11 @@ the last complete commit when that copy has finished (checked at the next commit
 restore), so the step does not wait for it.
 
 Ranks may hold different steps after a fault (one was committing when it came):
-``restore_agreed`` restores the newest step every rank holds, through one collective of the
-new process group. Handing state to a rank that holds none (a replacement process, a
-spare) is not done here: such a rank makes ``restore_agreed`` return None on every rank.
+``restore_agreed`` restores the newest step every rank that holds kept state holds, through
+one collective of the new process group, and broadcasts it to the ranks that hold none (a
+replacement process, a spare) from the lowest rank that holds it. That suits data
+parallelism, where every rank holds the whole state; sharded state (replica groups) is not
+handled here.
 """
 
 from __future__ import annotations
@@ -179,16 +181,44 @@ class KeptState:
 
     def restore_agreed(self, group: Any = None) -> int | None:
         """Restore the newest step that every rank of ``group`` (the default process group
-        when None) holds; the step, None when no step is held by all (restore your
-        checkpoint then). A collective: every rank of the group calls it, after
+        when None) holding kept state holds, and hand it to the ranks that hold none (a
+        replacement process, a spare): they receive it from the lowest rank that holds it,
+        which suits data parallelism, where every rank holds the whole state. The step
+        restored, None when no step is held by every holder, or nobody holds any (restore
+        your checkpoint then). A collective: every rank of the group calls it, after
         ``init_process_group`` in the round that follows a fault."""
         import torch.distributed as dist
 
-        held = self.steps()
         everyone: list[Any] = [None] * dist.get_world_size(group)
-        dist.all_gather_object(everyone, held, group=group)
-        common = set(everyone[0]).intersection(*everyone[1:])
-        return self.restore(max(common)) if common else None
+        dist.all_gather_object(everyone, self.steps(), group=group)
+        holders = [rank for rank, steps in enumerate(everyone) if steps]
+        common = set(everyone[holders[0]]).intersection(*(everyone[r] for r in holders[1:])) if holders else set()
+        if not common:
+            return None
+        step = max(common)
+        if everyone[dist.get_rank(group)]:
+            self.restore(step)
+        if len(holders) < len(everyone):
+            self._hand_over(step, holders[0], group)
+        return step
+
+    def _hand_over(self, step: int, source: int, group: Any) -> None:
+        """Broadcast the commit of ``step`` from ``source`` (a rank of ``group``); the ranks
+        that hold no kept state load it, the other holders drop what they receive."""
+        import torch.distributed as dist
+
+        me = dist.get_rank(group)
+        with self._lock:
+            states = self._slot_of(step).states if me == source else None
+            skeleton = [_skeleton(states)]
+            src = source if group is None else dist.get_global_rank(group, source)
+            dist.broadcast_object_list(skeleton, src=src, group=group)
+            received = _fill(skeleton[0], lambda t: _broadcast(t, src, group, me == source))
+            if me == source or self._last is not None:
+                return
+            for name, obj in self._objects.items():
+                if name in received:
+                    obj.load_state_dict(received[name])
 
     def _complete_steps(self) -> list[int | None]:
         if self._last is None:
@@ -268,6 +298,53 @@ class _Copier:
             into.copy_(tensor, non_blocking=True)
             tensor.record_stream(self._stream)
         return into
+
+
+class _TensorSpec:
+    """Where a tensor stands in a broadcast skeleton: its shape and dtype."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.shape, self.dtype = tuple(tensor.shape), tensor.dtype
+        self.tensor = tensor  # on the source only; not pickled
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"shape": self.shape, "dtype": self.dtype, "tensor": None}
+
+
+def _skeleton(value: Any) -> Any:
+    """``value`` with every tensor replaced by a ``_TensorSpec`` (sent as an object)."""
+    if isinstance(value, torch.Tensor):
+        return _TensorSpec(value)
+    if isinstance(value, dict):
+        return _like(value, [(k, _skeleton(v)) for k, v in value.items()])
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)([_skeleton(v) for v in value])
+    return value
+
+
+def _fill(value: Any, tensor_of: Callable[[_TensorSpec], torch.Tensor]) -> Any:
+    """The skeleton ``value`` with each ``_TensorSpec`` replaced by ``tensor_of(spec)``, in order."""
+    if isinstance(value, _TensorSpec):
+        return tensor_of(value)
+    if isinstance(value, dict):
+        return _like(value, [(k, _fill(v, tensor_of)) for k, v in value.items()])
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)([_fill(v, tensor_of) for v in value])
+    return value
+
+
+def _broadcast(spec: _TensorSpec, src: int, group: Any, sending: bool) -> torch.Tensor:
+    """One tensor of the hand-over, sent from ``src``: ours when sending, else a new one.
+    NCCL moves device tensors only: there it travels through the current CUDA device."""
+    import torch.distributed as dist
+
+    tensor = spec.tensor if sending else torch.empty(spec.shape, dtype=spec.dtype)
+    if dist.get_backend(group) != "nccl":
+        dist.broadcast(tensor, src=src, group=group)
+        return tensor
+    on_device = tensor.to(torch.cuda.current_device())
+    dist.broadcast(on_device, src=src, group=group)
+    return on_device.cpu()
 
 
 def _fresh(value: Any) -> Any:

@@ -1,9 +1,12 @@
-"""KeptState.restore_agreed: the ranks of a gloo group restore the newest step all of them hold.
+"""KeptState.restore_agreed: the ranks of a gloo group restore the newest step all holders
+hold, and a rank that holds none receives it from a peer.
 
 Three real processes on loopback. Each trains the same model from the same seed and commits
 steps; the ranks' last commits differ as after a fault during a commit (rank 2 lost its last
 one), and every rank must restore the same step with bit-identical parameters and optimizer
-state. When one rank holds nothing (a replacement process), every rank gets None.
+state. A rank that holds nothing (a replacement process: a model of its own seed, never
+trained, an optimizer without state) must end with the same bits as the others; when no
+rank holds anything, every rank gets None.
 
 Run as a script (``python test_kept_state_agreement.py RANK PORT CASE``) it is one rank.
 """
@@ -22,7 +25,8 @@ WORLD = 3
 CASES = {
     # case: steps each rank commits
     "one_behind": {0: [1, 2, 3], 1: [1, 2, 3], 2: [1, 2]},
-    "one_empty": {0: [1, 2], 1: [1, 2], 2: []},
+    "one_replaced": {0: [1, 2], 1: [1, 2], 2: None},  # None: a new process, nothing trained
+    "none_kept": {0: [], 1: [], 2: []},
 }
 
 
@@ -36,21 +40,23 @@ def _rank(rank: int, port: int, case: str) -> None:
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
         timeout=timedelta(seconds=60),
     )
-    torch.manual_seed(0)
+    commits = CASES[case][rank]
+    torch.manual_seed(0 if commits is not None else 99)
     model = torch.nn.Linear(4, 4)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
     kept = KeptState()
     kept.register("model", model)
     kept.register("optimizer", optimizer)
-    for step in range(1, 4):
+    for step in range(1, 4) if commits is not None else ():
         optimizer.zero_grad()
         model(torch.full((2, 4), float(step))).sum().backward()
         optimizer.step()
-        if step in CASES[case][rank]:
+        if step in commits:
             kept.commit(step)
     restored = kept.restore_agreed()
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
-    moments = torch.cat([s["exp_avg"].flatten() for s in optimizer.state_dict()["state"].values()])
+    state = optimizer.state_dict()["state"].values()
+    moments = torch.cat([s["exp_avg"].flatten() for s in state]) if state else torch.empty(0)
     print(json.dumps({"restored": restored, "params": flat.tolist(), "moments": moments.tolist()}))
     dist.destroy_process_group()
 
@@ -77,13 +83,14 @@ def _run(case: str, port: int) -> list[dict]:
     return outputs
 
 
-@pytest.mark.parametrize(("case", "expected"), [("one_behind", 2), ("one_empty", None)])
-def test_every_rank_restores_the_newest_step_all_hold(case, expected):
+@pytest.mark.parametrize(("case", "expected"), [("one_behind", 2), ("one_replaced", 2), ("none_kept", None)])
+def test_every_rank_restores_the_newest_step_all_holders_hold(case, expected):
     from helpers_inprocess import free_port_pair
 
     ranks = _run(case, free_port_pair())
     assert [r["restored"] for r in ranks] == [expected] * WORLD
     if expected is not None:  # the same step everywhere: the same bits everywhere
+        assert ranks[0]["moments"]
         assert all(r["params"] == ranks[0]["params"] for r in ranks)
         assert all(r["moments"] == ranks[0]["moments"] for r in ranks)
 
