@@ -9,7 +9,7 @@ the progress (model, optimizer, scheduler, data position, RNG states: anything w
     kept = KeptState()
     kept.register("model", model)
     kept.register("optimizer", optimizer)
-    kept.register("rng", RngState())
+    kept.register("rng", RngState(), per_rank=True)
     for step in range(kept.restore_agreed() or 0, steps):   # None: nothing every rank kept
         train_step()
         kept.commit(step + 1)
@@ -18,21 +18,23 @@ Two slots: a commit writes the slot that is not the last complete commit, and ma
 last only once every object was copied, so a fault during a commit (an exception, a
 restart raised in the middle) leaves the previous commit whole. Tensors are copied into
 buffers kept from one commit to the next (allocated again only when a shape or dtype
-changes); CUDA tensors go to pinned host buffers on a side stream, and the slot becomes
-the last complete commit when that copy has finished (checked at the next commit or
-restore), so the step does not wait for it.
+changes). A CUDA tensor is first cloned on the device (on the current stream, so the next
+step's in-place updates do not race the copy), then copied to a pinned host buffer on a
+side stream; the slot becomes the last complete commit when that copy has finished
+(checked at the next commit or restore), so the step does not wait for the host copy, but
+the next commit waits for the previous one.
 
 Ranks may hold different steps after a fault (one was committing when it came):
 ``restore_agreed`` restores the newest step every rank that holds kept state holds, through
-one collective of the new process group, and broadcasts it to the ranks that hold none (a
-replacement process, a spare) from the lowest rank that holds it. That suits data
-parallelism, where every rank holds the whole state; sharded state (replica groups) is not
-handled here.
+one collective of the new process group, and hands it to the ranks that hold none (a
+replacement process, a spare) from the lowest rank that holds it (``state_handover``),
+except the objects registered ``per_rank`` (RNG states, a data position), which those
+ranks keep. That suits data parallelism, where every rank holds the whole model state;
+sharded state (replica groups) is not handled here.
 """
 
 from __future__ import annotations
 
-import copy
 import random
 import threading
 from collections.abc import Callable
@@ -40,8 +42,12 @@ from typing import Any, Protocol
 
 import torch
 
+from nvrx.inprocess import state_handover, state_tree
+
 
 class Stateful(Protocol):
+    """What ``KeptState`` keeps: an object that gives and takes its state."""
+
     def state_dict(self) -> Any: ...
 
     def load_state_dict(self, state: Any) -> Any: ...
@@ -81,18 +87,19 @@ class _Slot:
     """One copy of every registered object's state, with the buffers its tensors live in."""
 
     def __init__(self) -> None:
-        self.step: int | None = None
+        self.step: int | None = None  # set only once the copy is complete
+        self.pending_step: int | None = None  # the step of a device copy that may still run
         self.states: dict[str, Any] = {}
-        self.copied: Any = None  # a CUDA event while a device-to-host copy may still run
+        self.copied: Any = None  # the CUDA event that device copy ends with
 
     def finished(self) -> bool:
         """Whether the copy into this slot is complete (waits for nothing)."""
         return self.copied is None or self.copied.query()
 
     def wait(self) -> None:
+        """Wait for the device copy into this slot, if one runs."""
         if self.copied is not None:
             self.copied.synchronize()
-            self.copied = None
 
 
 class KeptState:
@@ -107,14 +114,17 @@ class KeptState:
             raise ValueError(f"KeptState: `every` must be an int ≥ 1, got {every!r}")
         self.every = every
         self._objects: dict[str, Stateful] = {}
+        self._per_rank: set[str] = set()
         self._slots = (_Slot(), _Slot())
         self._last: int | None = None  # index of the last complete commit's slot
         self._pending: int | None = None  # index of a slot whose device copy may still run
         self._stream: Any = None
         self._lock = threading.Lock()
 
-    def register(self, name: str, obj: Stateful) -> None:
-        """Keep ``obj``'s state under ``name`` from the next commit on."""
+    def register(self, name: str, obj: Stateful, per_rank: bool = False) -> None:
+        """Keep ``obj``'s state under ``name`` from the next commit on. ``per_rank``: a state
+        that differs between ranks by design (RNG states, a data position): not handed to a
+        rank that holds none by ``restore_agreed``."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"KeptState.register: name must be a non-empty str, got {name!r}")
         missing = [m for m in ("state_dict", "load_state_dict") if not callable(getattr(obj, m, None))]
@@ -127,6 +137,8 @@ class KeptState:
             if name in self._objects:
                 raise ValueError(f"KeptState.register: {name!r} is registered already")
             self._objects[name] = obj
+            if per_rank:
+                self._per_rank.add(name)
 
     @property
     def step(self) -> int | None:
@@ -153,40 +165,48 @@ class KeptState:
             for name, obj in self._objects.items():
                 slot.states[name] = copier.copy(obj.state_dict(), slot.states.get(name))
             slot.copied = copier.finish()
-            slot.step = step
             if slot.copied is None:
-                self._last = index
+                slot.step, self._last = step, index
             else:
-                self._pending = index
+                slot.pending_step, self._pending = step, index
             return True
 
     def steps(self) -> list[int]:
         """The steps of the complete commits held, newest first (at most two)."""
         with self._lock:
             self._settle(wait=True)
-            return [step for step in self._complete_steps() if step is not None]
+            return self._complete_steps()
 
     def restore(self, step: int | None = None) -> int | None:
         """Load a complete commit into the registered objects: that of ``step`` (one of
-        ``steps()``), else the last; the step loaded, None when nothing is kept."""
+        ``steps()``), else the last; the step loaded, None when nothing is kept. Loading the
+        older commit drops the newer one: it belongs to a course the job abandoned."""
         with self._lock:
             self._settle(wait=True)
             if self._last is None:
                 return None
-            slot = self._slot_of(step)
+            index = self._index_of(step)
+            slot = self._slots[index]
+            late = [name for name in self._objects if name not in slot.states]
+            if late:
+                raise ValueError(f"KeptState.restore: step {slot.step} holds no state of {late}, "
+                                 "registered after it was committed")
             for name, obj in self._objects.items():
-                if name in slot.states:
-                    obj.load_state_dict(_fresh(slot.states[name]))
+                obj.load_state_dict(_fresh(slot.states[name]))
+            if index != self._last:
+                self._slots[self._last].step = None
+                self._last = index
             return slot.step
 
     def restore_agreed(self, group: Any = None) -> int | None:
         """Restore the newest step that every rank of ``group`` (the default process group
         when None) holding kept state holds, and hand it to the ranks that hold none (a
-        replacement process, a spare): they receive it from the lowest rank that holds it,
-        which suits data parallelism, where every rank holds the whole state. The step
-        restored, None when no step is held by every holder, or nobody holds any (restore
-        your checkpoint then). A collective: every rank of the group calls it, after
-        ``init_process_group`` in the round that follows a fault."""
+        replacement process, a spare) from the lowest rank that holds it; objects
+        registered ``per_rank`` are not handed over. The step restored, None when no step
+        is held by every holder, or nobody holds any (restore your checkpoint then). A
+        collective: every rank of the group calls it, after ``init_process_group`` in the
+        round that follows a fault. The collectives all come before any local load, so
+        that a load that fails on one rank leaves no other waiting in one."""
         import torch.distributed as dist
 
         everyone: list[Any] = [None] * dist.get_world_size(group)
@@ -196,48 +216,50 @@ class KeptState:
         if not common:
             return None
         step = max(common)
-        if everyone[dist.get_rank(group)]:
-            self.restore(step)
+        received = None
         if len(holders) < len(everyone):
-            self._hand_over(step, holders[0], group)
+            received = state_handover.broadcast_state(self._shared(step, holders[0], group), holders[0], group)
+        if everyone[dist.get_rank(group)]:
+            return self.restore(step)
+        self._load(received)
         return step
-
-    def _hand_over(self, step: int, source: int, group: Any) -> None:
-        """Broadcast the commit of ``step`` from ``source`` (a rank of ``group``); the ranks
-        that hold no kept state load it, the other holders drop what they receive."""
-        import torch.distributed as dist
-
-        me = dist.get_rank(group)
-        with self._lock:
-            states = self._slot_of(step).states if me == source else None
-            skeleton = [_skeleton(states)]
-            src = source if group is None else dist.get_global_rank(group, source)
-            dist.broadcast_object_list(skeleton, src=src, group=group)
-            received = _fill(skeleton[0], lambda t: _broadcast(t, src, group, me == source))
-            if me == source or self._last is not None:
-                return
-            for name, obj in self._objects.items():
-                if name in received:
-                    obj.load_state_dict(received[name])
-
-    def _complete_steps(self) -> list[int | None]:
-        if self._last is None:
-            return []
-        return [self._slots[self._last].step, self._slots[1 - self._last].step]
-
-    def _slot_of(self, step: int | None) -> _Slot:
-        if step is None:
-            return self._slots[self._last]  # type: ignore[index]
-        for slot in self._slots:
-            if slot.step == step and slot.step is not None:
-                return slot
-        held = [s for s in self._complete_steps() if s is not None]
-        raise ValueError(f"KeptState.restore: step {step} is not kept; the steps kept are {held}")
 
     def memory_bytes(self) -> int:
         """Bytes of tensor buffers held by both slots."""
         with self._lock:
-            return sum(_tensor_bytes(s.states) for s in self._slots)
+            return sum(state_tree.nbytes(s.states) for s in self._slots)
+
+    def _shared(self, step: int, source: int, group: Any) -> dict[str, Any] | None:
+        """What the hand-over sends: on ``source``, the commit of ``step`` without the
+        per-rank states; None elsewhere."""
+        import torch.distributed as dist
+
+        if dist.get_rank(group) != source:
+            return None
+        with self._lock:
+            states = self._slots[self._index_of(step)].states
+            return {name: state for name, state in states.items() if name not in self._per_rank}
+
+    def _load(self, received: dict[str, Any]) -> None:
+        """Load a hand-over's states; a registered object it lacks that is not per-rank is an error."""
+        missing = [n for n in self._objects if n not in received and n not in self._per_rank]
+        if missing:
+            raise ValueError(f"KeptState.restore_agreed: the hand-over holds no state of {missing}; "
+                             "register the same objects on every rank")
+        for name, obj in self._objects.items():
+            if name in received:
+                obj.load_state_dict(received[name])
+
+    def _complete_steps(self) -> list[int]:
+        return sorted((s.step for s in self._slots if s.step is not None), reverse=True)
+
+    def _index_of(self, step: int | None) -> int:
+        if step is None:
+            return self._last  # type: ignore[return-value]
+        for index, slot in enumerate(self._slots):
+            if slot.step == step:
+                return index
+        raise ValueError(f"KeptState.restore: step {step} is not kept; the steps kept are {self._complete_steps()}")
 
     def _settle(self, wait: bool) -> None:
         """Make a pending device copy the last complete commit once it has finished."""
@@ -248,6 +270,7 @@ class KeptState:
             slot.wait()
         if slot.finished():
             slot.copied = None
+            slot.step, slot.pending_step = slot.pending_step, None
             self._last, self._pending = self._pending, None
 
     def _side_stream(self) -> Any:
@@ -264,15 +287,7 @@ class _Copier:
         self._stream: Any = None
 
     def copy(self, value: Any, into: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return self._tensor(value, into if isinstance(into, torch.Tensor) else None)
-        if isinstance(value, dict):
-            old = into if isinstance(into, dict) else {}
-            return _like(value, [(k, self.copy(v, old.get(k))) for k, v in value.items()])
-        if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-            old = into if isinstance(into, (list, tuple)) and len(into) == len(value) else [None] * len(value)
-            return type(value)([self.copy(v, o) for v, o in zip(value, old, strict=True)])
-        return copy.deepcopy(value)
+        return state_tree.map_leaves(value, self._tensor, into)
 
     def finish(self) -> Any:
         """A CUDA event the copies end with, None when none ran on a device."""
@@ -285,97 +300,29 @@ class _Copier:
     def _tensor(self, tensor: torch.Tensor, into: torch.Tensor | None) -> torch.Tensor:
         tensor = tensor.detach()
         on_device = tensor.device.type == "cuda"
-        if into is None or into.shape != tensor.shape or into.dtype != tensor.dtype \
-                or into.device.type != "cpu" or into.is_pinned() != on_device:
+        reusable = (
+            into is not None and into.shape == tensor.shape and into.dtype == tensor.dtype
+            and into.device.type == "cpu" and into.is_pinned() == on_device
+        )
+        if not reusable:
             into = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=on_device)
         if not on_device:
             into.copy_(tensor)
             return into
+        staging = tensor.clone()  # on the current stream: later in-place updates leave it alone
         if self._stream is None:
             self._stream = self._side_stream()
-            self._stream.wait_stream(torch.cuda.current_stream(tensor.device))
+        self._stream.wait_stream(torch.cuda.current_stream(tensor.device))
         with torch.cuda.stream(self._stream):
-            into.copy_(tensor, non_blocking=True)
-            tensor.record_stream(self._stream)
+            into.copy_(staging, non_blocking=True)
+        staging.record_stream(self._stream)
         return into
-
-
-class _TensorSpec:
-    """Where a tensor stands in a broadcast skeleton: its shape and dtype."""
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.shape, self.dtype = tuple(tensor.shape), tensor.dtype
-        self.tensor = tensor  # on the source only; not pickled
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"shape": self.shape, "dtype": self.dtype, "tensor": None}
-
-
-def _skeleton(value: Any) -> Any:
-    """``value`` with every tensor replaced by a ``_TensorSpec`` (sent as an object)."""
-    if isinstance(value, torch.Tensor):
-        return _TensorSpec(value)
-    if isinstance(value, dict):
-        return _like(value, [(k, _skeleton(v)) for k, v in value.items()])
-    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)([_skeleton(v) for v in value])
-    return value
-
-
-def _fill(value: Any, tensor_of: Callable[[_TensorSpec], torch.Tensor]) -> Any:
-    """The skeleton ``value`` with each ``_TensorSpec`` replaced by ``tensor_of(spec)``, in order."""
-    if isinstance(value, _TensorSpec):
-        return tensor_of(value)
-    if isinstance(value, dict):
-        return _like(value, [(k, _fill(v, tensor_of)) for k, v in value.items()])
-    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)([_fill(v, tensor_of) for v in value])
-    return value
-
-
-def _broadcast(spec: _TensorSpec, src: int, group: Any, sending: bool) -> torch.Tensor:
-    """One tensor of the hand-over, sent from ``src``: ours when sending, else a new one.
-    NCCL moves device tensors only: there it travels through the current CUDA device."""
-    import torch.distributed as dist
-
-    tensor = spec.tensor if sending else torch.empty(spec.shape, dtype=spec.dtype)
-    if dist.get_backend(group) != "nccl":
-        dist.broadcast(tensor, src=src, group=group)
-        return tensor
-    on_device = tensor.to(torch.cuda.current_device())
-    dist.broadcast(on_device, src=src, group=group)
-    return on_device.cpu()
 
 
 def _fresh(value: Any) -> Any:
     """``value`` with every tensor cloned: loaders may keep the tensors they are given
     (an optimizer does), and the slot's buffers are written again by later commits."""
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, dict):
-        return _like(value, [(k, _fresh(v)) for k, v in value.items()])
-    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)([_fresh(v) for v in value])
-    return copy.deepcopy(value)
-
-
-def _like(mapping: dict, items: list[tuple[Any, Any]]) -> dict:
-    """A mapping of ``mapping``'s type holding ``items`` (a plain dict where that type
-    cannot be built from pairs, as ``defaultdict``)."""
-    try:
-        return type(mapping)(items)
-    except TypeError:
-        return dict(items)
-
-
-def _tensor_bytes(value: Any) -> int:
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, dict):
-        return sum(_tensor_bytes(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(_tensor_bytes(v) for v in value)
-    return 0
+    return state_tree.map_leaves(value, lambda t, _: t.clone())
 
 
 __all__ = ["KeptState", "RngState", "Stateful"]

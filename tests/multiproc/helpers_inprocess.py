@@ -38,6 +38,17 @@ FAST = dict(
 )
 
 
+def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
+    """``proc``'s stdout and stderr once it ended; its process group is killed when it did
+    not end within ``timeout`` seconds (``communicate`` then raises)."""
+    try:
+        return proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def free_port_pair() -> int:
     """A port p with p and p+1 free (MASTER_PORT and the store's MASTER_PORT + 1)."""
     for _ in range(100):

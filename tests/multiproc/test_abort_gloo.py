@@ -267,12 +267,9 @@ def test_wrapper_tracks_group_creation_only_during_the_call(tmp_path):
         text=True,
         start_new_session=True,
     )
-    try:
-        stdout, stderr = proc.communicate(timeout=100)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-            proc.wait()
+    from helpers_inprocess import finish
+
+    stdout, stderr = finish(proc, 100)
     assert proc.returncode == 0, stderr[-3000:]
     out = json.loads([ln for ln in stdout.splitlines() if ln.startswith("{")][-1])
     assert out == {

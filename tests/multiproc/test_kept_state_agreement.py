@@ -4,9 +4,10 @@ hold, and a rank that holds none receives it from a peer.
 Three real processes on loopback. Each trains the same model from the same seed and commits
 steps; the ranks' last commits differ as after a fault during a commit (rank 2 lost its last
 one), and every rank must restore the same step with bit-identical parameters and optimizer
-state. A rank that holds nothing (a replacement process: a model of its own seed, never
-trained, an optimizer without state) must end with the same bits as the others; when no
-rank holds anything, every rank gets None.
+state, although each rank changed its parameters differently after its last commit. A
+rank that holds nothing (a replacement process: a model of its own seed, never trained, an
+optimizer without state) must end with the same bits as the others, and keep its own
+per-rank state; when no rank holds anything, every rank gets None.
 
 Run as a script (``python test_kept_state_agreement.py RANK PORT CASE``) it is one rank.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from datetime import timedelta
@@ -28,6 +30,19 @@ CASES = {
     "one_replaced": {0: [1, 2], 1: [1, 2], 2: None},  # None: a new process, nothing trained
     "none_kept": {0: [], 1: [], 2: []},
 }
+
+
+class _Position:
+    """A per-rank state (where the rank's data shard stands): never handed to another rank."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def state_dict(self) -> dict:
+        return {"at": self.at}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.at = state["at"]
 
 
 def _rank(rank: int, port: int, case: str) -> None:
@@ -44,21 +59,36 @@ def _rank(rank: int, port: int, case: str) -> None:
     torch.manual_seed(0 if commits is not None else 99)
     model = torch.nn.Linear(4, 4)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    position = _Position(100 * rank)
     kept = KeptState()
     kept.register("model", model)
     kept.register("optimizer", optimizer)
+    kept.register("position", position, per_rank=True)
+    at_2 = None
     for step in range(1, 4) if commits is not None else ():
         optimizer.zero_grad()
         model(torch.full((2, 4), float(step))).sum().backward()
         optimizer.step()
         if step in commits:
             kept.commit(step)
+        if step == 2:
+            at_2 = _params(model)
+    with torch.no_grad():  # what each rank did after its last commit differs: restore must undo it
+        for p in model.parameters():
+            p.add_(rank + 1)
+    position.at += 1
     restored = kept.restore_agreed()
-    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
     state = optimizer.state_dict()["state"].values()
     moments = torch.cat([s["exp_avg"].flatten() for s in state]) if state else torch.empty(0)
-    print(json.dumps({"restored": restored, "params": flat.tolist(), "moments": moments.tolist()}))
+    print(json.dumps({"restored": restored, "params": _params(model), "at_2": at_2,
+                      "moments": moments.tolist(), "position": position.at}))
     dist.destroy_process_group()
+
+
+def _params(model) -> list[float]:
+    import torch
+
+    return torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
 
 
 def _run(case: str, port: int) -> list[dict]:
@@ -70,16 +100,19 @@ def _run(case: str, port: int) -> list[dict]:
         )
         for rank in range(WORLD)
     ]
+    from helpers_inprocess import finish
+
     outputs = []
-    for proc in procs:
-        try:
-            out, err = proc.communicate(timeout=120)
-        finally:
+    try:
+        for proc in procs:
+            out, err = finish(proc, 120)
+            assert proc.returncode == 0, err[-2000:]
+            outputs.append(json.loads(out.strip().splitlines()[-1]))
+    finally:  # a rank that failed leaves the others waiting in a collective
+        for proc in procs:
             if proc.poll() is None:
-                os.killpg(proc.pid, 9)
+                os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        assert proc.returncode == 0, err[-2000:]
-        outputs.append(json.loads(out.strip().splitlines()[-1]))
     return outputs
 
 
@@ -89,10 +122,16 @@ def test_every_rank_restores_the_newest_step_all_holders_hold(case, expected):
 
     ranks = _run(case, free_port_pair())
     assert [r["restored"] for r in ranks] == [expected] * WORLD
-    if expected is not None:  # the same step everywhere: the same bits everywhere
-        assert ranks[0]["moments"]
-        assert all(r["params"] == ranks[0]["params"] for r in ranks)
-        assert all(r["moments"] == ranks[0]["moments"] for r in ranks)
+    if expected is None:
+        return
+    assert ranks[0]["moments"]
+    for rank, got in enumerate(ranks):  # step 2's bits everywhere
+        assert got["params"] == ranks[0]["at_2"], rank
+        assert got["moments"] == ranks[0]["moments"], rank
+    holders = [r for r in range(WORLD) if CASES[case][r] is not None]
+    assert [ranks[r]["position"] for r in range(WORLD)] == [
+        100 * r if r in holders else 100 * r + 1 for r in range(WORLD)  # kept, not handed over
+    ]
 
 
 if __name__ == "__main__":

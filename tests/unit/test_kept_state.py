@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from nvrx.inprocess.kept_state import KeptState, RngState
+from nvrx.inprocess.state_tree import tensors
 
 
 def _job(seed: int = 0):
@@ -115,7 +116,7 @@ def test_a_fault_during_a_commit_leaves_the_previous_commit_whole():
     counter.value = 2
     with pytest.raises(RuntimeError, match="fault during the commit"):
         kept.commit(2)  # the model was copied into the other slot, then the fault
-    assert kept.step == 1
+    assert kept.step == 1 and kept.steps() == [1]
     assert kept.restore() == 1
     for key, value in at_1["model"].items():
         assert torch.equal(job[0].state_dict()[key], value)
@@ -131,27 +132,16 @@ def test_commits_reuse_their_buffers_and_restored_state_does_not_share_them():
     _train(*job, steps=1)
     kept.commit(1)
     kept.commit(2)
-    slot_buffers = {t.data_ptr() for slot in kept._slots for t in _tensors(slot.states)}
+    slot_buffers = {t.data_ptr() for slot in kept._slots for t in tensors(slot.states)}
     assert kept.memory_bytes() >= 2 * size * 3  # parameters, Adam's two moments, in two slots
     _train(*job, steps=1)
     kept.commit(3)
     kept.commit(4)
-    assert {t.data_ptr() for slot in kept._slots for t in _tensors(slot.states)} == slot_buffers
+    assert {t.data_ptr() for slot in kept._slots for t in tensors(slot.states)} == slot_buffers
     kept.restore()
-    live = {t.data_ptr() for t in _tensors(job[1].state_dict()["state"])}
+    live = {t.data_ptr() for t in tensors(job[1].state_dict()["state"])}
     live |= {p.data_ptr() for p in job[0].parameters()}
     assert not live & slot_buffers  # a later commit never writes into the live state
-
-
-def _tensors(value):
-    if torch.is_tensor(value):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
 
 
 def test_every_k_steps_commits_only_multiples_of_k():
@@ -187,9 +177,11 @@ def test_bad_use_is_refused_with_what_to_fix():
         kept.commit(-1)
 
 
-def test_the_commit_before_the_last_can_be_restored_too():
+def test_the_commit_before_the_last_can_be_restored_and_then_is_the_last():
     """The step every rank holds may be a rank's previous commit (it had committed one more
-    when the fault came): both complete commits can be restored."""
+    when the fault came): both complete commits can be restored. Restoring the older one
+    drops the newer (the job abandoned that course), so the next commit cannot overwrite
+    what was restored, and a later restore of the same step number loads the new commit."""
     job = _job()
     kept = _kept(*job)
     _train(*job, steps=1)
@@ -197,11 +189,52 @@ def test_the_commit_before_the_last_can_be_restored_too():
     at_1 = _snapshot(*job)
     _train(*job, steps=1)
     kept.commit(2)
-    at_2 = _snapshot(*job)
     assert kept.steps() == [2, 1]
     assert kept.restore(1) == 1
     _assert_same(_snapshot(*job), at_1)
-    assert kept.restore() == 2
-    _assert_same(_snapshot(*job), at_2)
+    assert kept.steps() == [1] and kept.step == 1
+    _train(*job, steps=1)
+    kept.commit(2)  # step 2 again, on the course taken after the restore
+    new_2 = _snapshot(*job)
+    assert kept.steps() == [2, 1]
+    _train(*job, steps=1)
+    assert kept.restore(2) == 2
+    _assert_same(_snapshot(*job), new_2)
     with pytest.raises(ValueError, match=r"step 7 is not kept; the steps kept are \[2, 1\]"):
         kept.restore(7)
+
+
+def test_state_dict_metadata_and_namedtuples_come_back_as_they_were():
+    import collections
+
+    Pair = collections.namedtuple("Pair", "a b")
+
+    class Holder:
+        def __init__(self) -> None:
+            self.state = None
+
+        def state_dict(self):
+            return {"pair": Pair(torch.ones(2), 3), "items": [torch.zeros(1), (1, "x")]}
+
+        def load_state_dict(self, state) -> None:
+            self.state = state
+
+    model = torch.nn.Linear(2, 2)
+    holder = Holder()
+    kept = KeptState()
+    kept.register("model", model)
+    kept.register("holder", holder)
+    kept.commit(0)
+    assert kept._slots[1].states["model"]._metadata == model.state_dict()._metadata
+    kept.restore()
+    assert isinstance(holder.state["pair"], Pair) and holder.state["pair"].b == 3
+    assert torch.equal(holder.state["pair"].a, torch.ones(2)) and holder.state["items"][1] == (1, "x")
+
+
+def test_an_object_registered_after_the_commit_is_named_at_restore():
+    kept = KeptState()
+    kept.register("model", torch.nn.Linear(2, 2))
+    kept.commit(0)
+    kept.register("optimizer", torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1))
+    with pytest.raises(ValueError, match=r"step 0 holds no state of \['optimizer'\], registered after"):
+        kept.restore()
