@@ -119,7 +119,7 @@ class KeptState:
         self._last: int | None = None  # index of the last complete commit's slot
         self._pending: int | None = None  # index of a slot whose device copy may still run
         self._stream: Any = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # user state_dict/load_state_dict may ask for step
 
     def register(self, name: str, obj: Stateful, per_rank: bool = False) -> None:
         """Keep ``obj``'s state under ``name`` from the next commit on. ``per_rank``: a state
