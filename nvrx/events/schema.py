@@ -228,6 +228,14 @@ KINDS: dict[str, dict[str, str]] = {
         "RunTime": "scontrol's RunTime then",
         "PreemptTime": "scontrol's PreemptTime then",
     },
+    "state_restored": {
+        "source": "memory (this rank's own kept state) | peer (it held none; received from a "
+        "peer) | none (no step held by every rank: the caller falls back to its checkpoint)",
+        "step": "the step restored (null for none)",
+        "newest_step": "the newest step any rank of the group had kept: the commits after "
+        "step up to it are lost, and so is the step that was running at the fault",
+        "duration_s": "seconds the agreement, hand-over and load took on this rank",
+    },
     "checkpoint": {
         "path": "checkpoint written or loaded",
         "step": "training step",

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -81,6 +82,12 @@ def _numpy() -> Any:
     except ImportError:
         return None
     return numpy
+
+
+class EventSink(Protocol):
+    """Where ``restore_agreed`` records what it did: a ``CallWrapper`` or an ``EventWriter``."""
+
+    def emit(self, kind: str, **fields: Any) -> Any: ...
 
 
 class _Slot:
@@ -198,7 +205,7 @@ class KeptState:
                 self._last = index
             return slot.step
 
-    def restore_agreed(self, group: Any = None) -> int | None:
+    def restore_agreed(self, group: Any = None, events: EventSink | None = None) -> int | None:
         """Restore the newest step that every rank of ``group`` (the default process group
         when None) holding kept state holds, and hand it to the ranks that hold none (a
         replacement process, a spare) from the lowest rank that holds it; objects
@@ -206,23 +213,36 @@ class KeptState:
         is held by every holder, or nobody holds any (restore your checkpoint then). A
         collective: every rank of the group calls it, after ``init_process_group`` in the
         round that follows a fault. The collectives all come before any local load, so
-        that a load that fails on one rank leaves no other waiting in one."""
+        that a load that fails on one rank leaves no other waiting in one. ``events``
+        (the ``CallWrapper``, say) gets one ``state_restored`` event."""
         import torch.distributed as dist
 
+        start = time.monotonic()
         everyone: list[Any] = [None] * dist.get_world_size(group)
         dist.all_gather_object(everyone, self.steps(), group=group)
+        step, source = self._agree(everyone, group)
+        if events is not None:
+            newest = max((max(steps) for steps in everyone if steps), default=None)
+            events.emit("state_restored", source=source, step=step, newest_step=newest,
+                        duration_s=time.monotonic() - start)
+        return step
+
+    def _agree(self, everyone: list[list[int]], group: Any) -> tuple[int | None, str]:
+        """The step restored and where from (memory, peer, none), given every rank's steps."""
+        import torch.distributed as dist
+
         holders = [rank for rank, steps in enumerate(everyone) if steps]
         common = set(everyone[holders[0]]).intersection(*(everyone[r] for r in holders[1:])) if holders else set()
         if not common:
-            return None
+            return None, "none"
         step = max(common)
         received = None
         if len(holders) < len(everyone):
             received = state_handover.broadcast_state(self._shared(step, holders[0], group), holders[0], group)
         if everyone[dist.get_rank(group)]:
-            return self.restore(step)
+            return self.restore(step), "memory"
         self._load(received)
-        return step
+        return step, "peer"
 
     def memory_bytes(self) -> int:
         """Bytes of tensor buffers held by both slots."""
@@ -325,4 +345,4 @@ def _fresh(value: Any) -> Any:
     return state_tree.map_leaves(value, lambda t, _: t.clone())
 
 
-__all__ = ["KeptState", "RngState", "Stateful"]
+__all__ = ["EventSink", "KeptState", "RngState", "Stateful"]

@@ -284,6 +284,7 @@ UNHANDLED: tuple[Handler | None, bool] = (None, True)
 #: count as activity of the round they are filed under. Every kind of ``schema.KINDS`` is
 #: in ``DISPATCH`` or here, never both.
 NOT_SUMMARIZED: dict[str, str] = {
+    "state_restored": "not summarized yet: the steps lost per fault are still to be shown from it",
     "process_start": "a process's start is its file's first event; child_start tells more",
     "process_end": "a process's end is its file's last event; child_exit tells how a child ended",
     "rank_change": "round_start carries each rank's active rank and the round's world size",

@@ -49,6 +49,7 @@ def _rank(rank: int, port: int, case: str) -> None:
     import torch
     import torch.distributed as dist
 
+    from nvrx.events import EventWriter
     from nvrx.inprocess.kept_state import KeptState
 
     dist.init_process_group(
@@ -77,7 +78,7 @@ def _rank(rank: int, port: int, case: str) -> None:
         for p in model.parameters():
             p.add_(rank + 1)
     position.at += 1
-    restored = kept.restore_agreed()
+    restored = kept.restore_agreed(events=EventWriter(os.environ["EVENTS_DIR"], "app", {"rank": rank}))
     state = optimizer.state_dict()["state"].values()
     moments = torch.cat([s["exp_avg"].flatten() for s in state]) if state else torch.empty(0)
     print(json.dumps({"restored": restored, "params": _params(model), "at_2": at_2,
@@ -91,12 +92,12 @@ def _params(model) -> list[float]:
     return torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
 
 
-def _run(case: str, port: int) -> list[dict]:
+def _run(case: str, port: int, events_dir: str) -> list[dict]:
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, str(rank), str(port), case],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), EVENTS_DIR=events_dir),
         )
         for rank in range(WORLD)
     ]
@@ -117,11 +118,20 @@ def _run(case: str, port: int) -> list[dict]:
 
 
 @pytest.mark.parametrize(("case", "expected"), [("one_behind", 2), ("one_replaced", 2), ("none_kept", None)])
-def test_every_rank_restores_the_newest_step_all_holders_hold(case, expected):
+def test_every_rank_restores_the_newest_step_all_holders_hold(case, expected, tmp_path):
     from helpers_inprocess import free_port_pair
 
-    ranks = _run(case, free_port_pair())
+    from nvrx.events.reader import read_dir
+
+    ranks = _run(case, free_port_pair(), str(tmp_path))
     assert [r["restored"] for r in ranks] == [expected] * WORLD
+    restores = {e["rank"]: e for e in read_dir(tmp_path)[0] if e["kind"] == "state_restored"}
+    assert sorted(restores) == list(range(WORLD))
+    sources = {r: ("none" if expected is None else "memory" if CASES[case][r] else "peer") for r in range(WORLD)}
+    newest = max((max(c) for c in CASES[case].values() if c), default=None)
+    for rank, event in restores.items():
+        assert (event["source"], event["step"], event["newest_step"]) == (sources[rank], expected, newest)
+        assert event["duration_s"] >= 0
     if expected is None:
         return
     assert ranks[0]["moments"]
