@@ -1,0 +1,129 @@
+"""Straggler scores: which ranks (and nodes) run their steps slower than the job's others.
+
+Each rank's step times (its own work, not the time it waits for others in collectives:
+in synchronous training every rank's wall-clock step is the slowest one's) are kept in a
+sliding window of the last ``window`` steps. A rank's *score* is the job's reference time
+divided by the rank's own window median, capped at 1; the reference is the lower quartile
+of the ranks' window medians (the job's fast ranks: half the job turning slow does not
+move it, where the median would). 1 for a rank as fast as the reference, 0.77 for one
+30 % slower. Medians make a score indifferent to one outlier step (a checkpoint, a page
+fault); the ratio makes it indifferent to the whole job slowing down (an evaluation, a
+shared file system). NVRx's relative score divides by the fastest rank instead.
+
+A rank is *named* a straggler when its score stays below ``threshold`` for ``confirm``
+consecutive evaluations, and *cleared* when it stays at or above ``clear_at`` (higher:
+a rank slowed just past the threshold does not flap between the two) as long. A rank that
+turns slow at step ``s`` has a window of slow steps only from ``s + window``: evaluated
+at every step, it is named by ``s + rule.detection_bound`` when its slowdown is clear of
+the noise. A node's score is the median of its ranks' scores, named and cleared by the
+same rule.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class StragglerRule:
+    """When a rank counts as slow. ``threshold`` is a score (0..1): 0.85 names a rank about
+    18 % slower than the job's middle; NVRx's default, 0.75, only one 33 % slower."""
+
+    window: int = 30
+    threshold: float = 0.85
+    confirm: int = 8
+    clear_at: float = 0.92
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.window, int) or self.window < 3:
+            raise ValueError(f"StragglerRule: window must be an int ≥ 3, got {self.window!r}")
+        if not 0 < self.threshold < 1:
+            raise ValueError(f"StragglerRule: threshold must be in (0, 1), got {self.threshold!r}")
+        if not isinstance(self.confirm, int) or self.confirm < 1:
+            raise ValueError(f"StragglerRule: confirm must be an int ≥ 1, got {self.confirm!r}")
+        if not self.threshold <= self.clear_at <= 1:
+            raise ValueError(
+                f"StragglerRule: clear_at must be in [threshold, 1] = [{self.threshold}, 1], got {self.clear_at!r}"
+            )
+
+    @property
+    def detection_bound(self) -> int:
+        """Steps from a rank turning clearly slow to its naming, evaluated at every step."""
+        return self.window + self.confirm
+
+
+@dataclass(frozen=True)
+class Change:
+    """A rank or node named a straggler (``slow``) or cleared (``recovered``)."""
+
+    of: str  # "rank" | "node"
+    who: Hashable
+    state: str  # "slow" | "recovered"
+    score: float
+
+
+@dataclass
+class _Verdict:
+    slow: bool = False
+    streak: int = 0  # consecutive evaluations that disagree with ``slow``
+
+    def judge(self, score: float, rule: StragglerRule) -> bool:
+        """Count one evaluation; True when the verdict flips."""
+        slow_now = score < (rule.clear_at if self.slow else rule.threshold)
+        self.streak = self.streak + 1 if slow_now != self.slow else 0
+        if self.streak < rule.confirm:
+            return False
+        self.slow, self.streak = slow_now, 0
+        return True
+
+
+@dataclass
+class StepScores:
+    """Step times per rank, their scores, and the stragglers they name (see the module)."""
+
+    rule: StragglerRule = field(default_factory=StragglerRule)
+    _times: dict[Hashable, deque[float]] = field(default_factory=dict)
+    _verdicts: dict[tuple[str, Hashable], _Verdict] = field(default_factory=dict)
+
+    def record(self, rank: Hashable, seconds: float) -> None:
+        """One step of ``rank`` took ``seconds`` of its own work."""
+        if not seconds >= 0:
+            raise ValueError(f"StepScores.record: seconds must be ≥ 0, got {seconds!r}")
+        self._times.setdefault(rank, deque(maxlen=self.rule.window)).append(float(seconds))
+
+    def scores(self) -> dict[Hashable, float]:
+        """Each rank's score, once every rank has a full window (empty before)."""
+        if len(self._times) < 2 or any(len(t) < self.rule.window for t in self._times.values()):
+            return {}
+        medians = {rank: statistics.median(times) for rank, times in self._times.items()}
+        reference = statistics.quantiles(medians.values(), n=4, method="inclusive")[0]
+        return {rank: min(1.0, reference / m) if m > 0 else 1.0 for rank, m in medians.items()}
+
+    def node_scores(self, node_of: Mapping[Hashable, Hashable]) -> dict[Hashable, float]:
+        """Each node's score: the median of its ranks' (``node_of`` maps rank to node)."""
+        by_node: dict[Hashable, list[float]] = {}
+        for rank, score in self.scores().items():
+            by_node.setdefault(node_of[rank], []).append(score)
+        return {node: statistics.median(scores) for node, scores in by_node.items()}
+
+    def evaluate(self, scores: Mapping[Hashable, float], of: str = "rank") -> list[Change]:
+        """Judge ``scores`` of ranks (``scores()``) or of nodes (``node_scores()``, with
+        ``of="node"``) once; what changed."""
+        if of not in ("rank", "node"):
+            raise ValueError(f"StepScores.evaluate: of must be 'rank' or 'node', got {of!r}")
+        changes = []
+        for who, score in scores.items():
+            verdict = self._verdicts.setdefault((of, who), _Verdict())
+            if verdict.judge(score, self.rule):
+                changes.append(Change(of, who, "slow" if verdict.slow else "recovered", score))
+        return changes
+
+    def slow(self, of: str = "rank") -> set[Hashable]:
+        """The ranks (or nodes) named stragglers now."""
+        return {who for (kind, who), verdict in self._verdicts.items() if kind == of and verdict.slow}
+
+
+__all__ = ["Change", "StepScores", "StragglerRule"]
