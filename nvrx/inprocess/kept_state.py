@@ -27,8 +27,8 @@ the next commit waits for the previous one.
 Ranks may hold different steps after a fault (one was committing when it came):
 ``restore_agreed`` restores the newest step every rank that holds kept state holds, through
 one collective of the new process group, and hands it to the ranks that hold none (a
-replacement process, a spare) from the lowest rank that holds it (``state_handover``),
-except the objects registered ``per_rank`` (RNG states, a data position), which those
+replacement process, a spare) from the lowest rank that holds it, point to point
+(``state_handover``), except the objects registered ``per_rank`` (RNG states, a data position), which those
 ranks keep. That suits data parallelism, where every rank holds the whole model state;
 sharded state (replica groups) is not handled here.
 """
@@ -236,12 +236,12 @@ class KeptState:
         if not common:
             return None, "none"
         step = max(common)
-        received = None
-        if len(holders) < len(everyone):
-            received = state_handover.broadcast_state(self._shared(step, holders[0], group), holders[0], group)
-        if everyone[dist.get_rank(group)]:
+        me, receivers = dist.get_rank(group), [r for r, steps in enumerate(everyone) if not steps]
+        if me == holders[0] and receivers:
+            state_handover.send_state(self._shared(step), receivers, group)
+        if everyone[me]:
             return self.restore(step), "memory"
-        self._load(received)
+        self._load(state_handover.recv_state(holders[0], group))
         return step, "peer"
 
     def memory_bytes(self) -> int:
@@ -249,13 +249,8 @@ class KeptState:
         with self._lock:
             return sum(state_tree.nbytes(s.states) for s in self._slots)
 
-    def _shared(self, step: int, source: int, group: Any) -> dict[str, Any] | None:
-        """What the hand-over sends: on ``source``, the commit of ``step`` without the
-        per-rank states; None elsewhere."""
-        import torch.distributed as dist
-
-        if dist.get_rank(group) != source:
-            return None
+    def _shared(self, step: int) -> dict[str, Any]:
+        """What the hand-over sends: the commit of ``step`` without the per-rank states."""
         with self._lock:
             states = self._slots[self._index_of(step)].states
             return {name: state for name, state in states.items() if name not in self._per_rank}
