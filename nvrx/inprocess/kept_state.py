@@ -128,10 +128,12 @@ class KeptState:
         self._stream: Any = None
         self._lock = threading.RLock()  # user state_dict/load_state_dict may ask for step
 
-    def register(self, name: str, obj: Stateful, per_rank: bool = False) -> None:
+    def register(self, name: str, obj: Stateful, per_rank: bool = False, replace: bool = False) -> None:
         """Keep ``obj``'s state under ``name`` from the next commit on. ``per_rank``: a state
         that differs between ranks by design (RNG states, a data position): not handed to a
-        rank that holds none by ``restore_agreed``."""
+        rank that holds none by ``restore_agreed``. ``replace``: ``name`` may be registered
+        already, and now means ``obj`` (code that builds its model anew in every round
+        registers the new one; the commits kept under the name are restored into it)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"KeptState.register: name must be a non-empty str, got {name!r}")
         missing = [m for m in ("state_dict", "load_state_dict") if not callable(getattr(obj, m, None))]
@@ -141,11 +143,13 @@ class KeptState:
                 "register objects with state_dict()/load_state_dict(), or wrap the value in one"
             )
         with self._lock:
-            if name in self._objects:
-                raise ValueError(f"KeptState.register: {name!r} is registered already")
+            if name in self._objects and not replace:
+                raise ValueError(f"KeptState.register: {name!r} is registered already (replace=True to rebind it)")
             self._objects[name] = obj
             if per_rank:
                 self._per_rank.add(name)
+            else:
+                self._per_rank.discard(name)
 
     @property
     def step(self) -> int | None:

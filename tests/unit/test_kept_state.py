@@ -169,7 +169,7 @@ def test_bad_use_is_refused_with_what_to_fix():
     with pytest.raises(TypeError, match=r"register\('step'\): int has no state_dict or load_state_dict"):
         kept.register("step", 5)
     kept.register("model", torch.nn.Linear(2, 2))
-    with pytest.raises(ValueError, match="'model' is registered already"):
+    with pytest.raises(ValueError, match=r"'model' is registered already \(replace=True to rebind it\)"):
         kept.register("model", torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="`every` must be an int ≥ 1, got 0"):
         KeptState(every=0)
@@ -238,3 +238,16 @@ def test_an_object_registered_after_the_commit_is_named_at_restore():
     kept.register("optimizer", torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1))
     with pytest.raises(ValueError, match=r"step 0 holds no state of \['optimizer'\], registered after"):
         kept.restore()
+
+
+def test_a_model_built_anew_in_a_round_takes_the_state_kept_under_its_name():
+    job = _job(seed=3)
+    kept = _kept(*job)
+    _train(*job, steps=2)
+    kept.commit(2)
+    at_2 = _snapshot(*job)
+    rebuilt = _job(seed=4)  # the next round builds its model, optimizer and scheduler again
+    for name, obj in zip(("model", "optimizer", "scheduler"), rebuilt, strict=True):
+        kept.register(name, obj, replace=True)
+    assert kept.restore() == 2
+    _assert_same(_snapshot(*rebuilt), at_2)
