@@ -70,15 +70,17 @@ def _nccl_backends(groups: list[Any]) -> list[Any]:
 class AbortTorchDistributed(Abort):
     """Interrupt and destroy all ``torch.distributed`` process groups (gloo and NCCL).
 
-    Steps: dump NCCL flight-recorder traces when enabled; shut down the TCP
-    connections of every gloo group (a blocked gloo collective then fails in
-    milliseconds instead of at its timeout); abort NCCL communicators; abort and
+    Steps: dump NCCL flight-recorder traces when enabled; shut down the reads of
+    the TCP connections of every gloo group (a blocked gloo collective then
+    fails in milliseconds instead of at its timeout; peers are not woken, each
+    rank must run its own abort); abort NCCL communicators; abort and
     destroy every group and clear torch's group registry, so that
     ``init_process_group`` works again. A no-op when no group exists.
 
     Only gloo groups created while ``gloo_abort`` tracks group creation have
     known connections: the Wrapper tracks for the length of each call; used
-    on its own, create the groups inside ``with gloo_abort.tracking():``.
+    on its own, create the groups and train inside ``with gloo_abort.tracking():``
+    (see docs/abort.md).
 
     Args:
         torch_fr_trace_path: directory for flight-recorder dumps (one

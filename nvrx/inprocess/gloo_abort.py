@@ -50,6 +50,7 @@ _groups: dict[str, set[int]] = {}  # group name -> inodes of its TCP sockets
 _protected_ports: set[int] = set()
 _opened_before: set[int] = set()  # socket inodes open when user code began (the Wrapper's own)
 _creating: dict[int, set[int]] = {}  # group creations in flight -> socket inodes open at their start
+_held: list[socket.socket] = []  # duplicates of shut-down connections, kept open (shutdown_sockets)
 
 
 @dataclass(frozen=True)
@@ -321,14 +322,15 @@ def shutdown_sockets(group_names: Iterable[str] | None = None) -> int:
 
     gloo fails the operations waiting on a connection when a read on it fails,
     but not a send that is queued because its write failed: that one waits for
-    the group's timeout. A write fails once the peer's socket is closed or shut
-    down for writing (it answers with a reset), so only reads are shut down:
-    gloo sees end-of-file, fails the connection and closes its descriptor, and
-    a duplicate of each socket is held open until the next call (or the last
-    ``uninstall``) so that the peers' writes still succeed meanwhile. Every
-    peer ends its own reads when it aborts.
+    the group's timeout. A write fails once the peer's socket is closed, or shut
+    down in both directions (it answers with a reset), so only reads are shut
+    down: gloo sees end-of-file, fails the connection and closes its descriptor,
+    and a duplicate of each socket is held open until ``release_held`` (the
+    Wrapper calls it when the next round starts, by when every peer has run its
+    own abort; the last ``uninstall`` too), so that the peers' writes still
+    succeed meanwhile. A peer that never aborts is therefore not woken by this
+    one: it waits until the release, or its timeout.
     """
-    release_held()
     with _lock:
         names = list(_groups) if group_names is None else [n for n in group_names if n in _groups]
         wanted: set[int] = set()
@@ -337,16 +339,21 @@ def shutdown_sockets(group_names: Iterable[str] | None = None) -> int:
         starts = list(_creating.values()) if group_names is None else []
     if starts:
         wanted |= _creation_sockets(starts)
-    held = [sock for inode, fd in _socket_inodes().items() if inode in wanted
-            if (sock := _hold(inode, fd)) is not None]
+    held: list[socket.socket] = []
+    for inode, fd in _socket_inodes().items():
+        sock = _hold(inode, fd) if inode in wanted else None
+        if sock is not None:
+            held.append(sock)
     count = sum(_shutdown_reads(sock) for sock in held)
     with _lock:
         _held.extend(held)
+        if not _installs:  # tracking ended meanwhile: nobody would release them
+            _close_held()
     return count
 
 
 def release_held() -> None:
-    """Close the sockets the last ``shutdown_sockets`` kept open."""
+    """Close the sockets ``shutdown_sockets`` kept open: once every peer has aborted."""
     with _lock:
         _close_held()
 
@@ -356,9 +363,6 @@ def _close_held() -> None:
     for sock in _held:
         sock.close()
     _held.clear()
-
-
-_held: list[socket.socket] = []  # duplicates kept open by the last shutdown_sockets
 
 
 def _hold(inode: int, fd: int) -> socket.socket | None:
@@ -374,6 +378,7 @@ def _hold(inode: int, fd: int) -> socket.socket | None:
 
 
 def _shutdown_reads(sock: socket.socket) -> bool:
+    """End the socket's reads (the peer is told nothing); False when not connected."""
     try:
         sock.shutdown(socket.SHUT_RD)
         return True

@@ -128,6 +128,7 @@ class RoundRun:
             call.delivery.enter_user()
             call.services.board.enter_user()
             gloo_abort.mark_user_code()  # the store clients open now are the Wrapper's
+            gloo_abort.release_held()  # every peer ran its abort before this round began
             if w.initialize is not None:
                 w.initialize(state.freeze())
             if w.health_check is not None:
