@@ -10,9 +10,14 @@ By default the training function runs inside the in-process ``Wrapper``:
 
 * an exception or a hang (caught by the soft timeout) restarts every rank
   in-process: no process ends, each rank re-enters the function, calls
-  ``init_process_group`` again and resumes from the last checkpoint;
+  ``init_process_group`` again and resumes from the step it kept in memory;
 * a dead process is replaced by its supervisor, while its peers restart
-  in-process and wait for the replacement to rejoin the next round.
+  in-process and wait for the replacement to rejoin the next round; the
+  replacement receives the kept state from a peer.
+
+Each rank commits its model and optimizer state to memory after every step
+(``KeptState``); the file checkpoint is read only when no live rank holds the
+state (``--no-kept-state``: always, as the demo did before kept state).
 
 ``--no-wrapper`` keeps the plain script: every fault costs a process restart
 of all ranks (a peer of a failed rank sees gloo's "connection closed" and
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
+import functools
 import os
 import sys
 import time
@@ -82,6 +88,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--no-wrapper",
         action="store_true",
         help="plain script: every fault restarts the processes of all ranks",
+    )
+    wrapper.add_argument(
+        "--no-kept-state",
+        action="store_true",
+        help="resume every round from the file checkpoint instead of the state kept in memory",
     )
     wrapper.add_argument(
         "--soft-timeout",
@@ -239,6 +250,10 @@ class Trainer:
                 )  # outside the except block: a restart here has no context
             raise PeerLost(f"{what} failed: {failure}") from failure
 
+    def resume_checkpoint(self) -> int | None:
+        """``resume`` for ``KeptState``'s fallback: None when there was nothing to load."""
+        return self.resume() or None
+
     def resume(self) -> int:
         """Load the latest checkpoint; every rank then takes rank 0's step and weights.
 
@@ -316,16 +331,20 @@ def train_loop(
     start: int,
     before_step: Callable[[], None],
     atomic: Callable[[], contextlib.AbstractContextManager[None]],
+    kept: Any = None,
 ) -> None:
-    """Steps ``start+1 .. --steps``: a checkpoint (rank 0, inside ``atomic``) and a progress event every few steps."""
+    """Steps ``start+1 .. --steps``, each committed to ``kept`` when given and told by a
+    progress event; a file checkpoint (rank 0, inside ``atomic``) every few steps."""
     writer = events.get_writer()
     for step in range(start + 1, trainer.args.steps + 1):
         before_step()
         trainer.step(step)
+        if kept is not None:
+            kept.commit(step)
         if trainer.checkpoint_due(step):
             with atomic():
                 trainer.save(step)
-            writer.emit("progress", step=step, loss=trainer.loss)
+        writer.emit("progress", step=step, loss=trainer.loss)
 
 
 def run_dir_of(args: argparse.Namespace) -> Path:
@@ -365,6 +384,22 @@ def make_wrapper(args: argparse.Namespace) -> Any:
     )
 
 
+@functools.cache
+def process_kept_state() -> Any:
+    """This process's ``KeptState``: it outlives the rounds, as the process does."""
+    from nvrx.inprocess import KeptState
+
+    return KeptState()
+
+
+def kept_state(trainer: Trainer) -> Any:
+    """The process's ``KeptState``, bound to this round's new model and optimizer."""
+    kept = process_kept_state()
+    kept.register("model", trainer.model, replace=True)
+    kept.register("optimizer", trainer.opt, replace=True)
+    return kept
+
+
 def wrapped_round(args: argparse.Namespace, call_wrapper: CallWrapper | None = None) -> None:
     """One round inside the Wrapper: join a fresh process group, resume, train to the end.
 
@@ -377,14 +412,18 @@ def wrapped_round(args: argparse.Namespace, call_wrapper: CallWrapper | None = N
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
     events.get_writer().update(rank=dist.get_rank())
     trainer = Trainer(args, run_dir, peer_wait=args.soft_timeout / 2)
-    start = trainer.resume()
+    kept = None if args.no_kept_state else kept_state(trainer)
+    if kept is None:
+        start = trainer.resume()
+    else:
+        start = kept.restore_agreed(events=call_wrapper, checkpoint=trainer.resume_checkpoint) or 0
     iteration = call_wrapper.iteration if call_wrapper is not None else 0
     say(
         f"[demo] rank {trainer.rank}/{trainer.world} pid {os.getpid()} starts at step {start} "
         f"(iteration {iteration}, process restart {os.environ.get('NVRX_RESTART_COUNT', '0')})"
     )
     atomic = call_wrapper.atomic if call_wrapper is not None else _no_guard
-    train_loop(trainer, start, lambda: None, atomic)
+    train_loop(trainer, start, lambda: None, atomic, kept)
     trainer.finish()
 
 

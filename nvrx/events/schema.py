@@ -230,10 +230,14 @@ KINDS: dict[str, dict[str, str]] = {
     },
     "state_restored": {
         "source": "memory (this rank's own kept state) | peer (it held none; received from a "
-        "peer) | none (no step held by every rank: the caller falls back to its checkpoint)",
-        "step": "the step restored (null for none)",
+        "peer of its replica group) | checkpoint (no live peer held some shard, or nothing was "
+        "kept: the user's checkpoint callback loaded it) | none (the same, and the callback "
+        "found no checkpoint, or none was given: the caller restores its checkpoint itself)",
+        "step": "the step restored (null when nothing was)",
         "newest_step": "the newest step any rank of the group had kept: the commits after "
         "step up to it are lost, and so is the step that was running at the fault",
+        "committed_wall": "when this rank committed the step it restored (source memory; "
+        "null otherwise): the work after it, up to the fault, is lost",
         "duration_s": "seconds the agreement, hand-over and load took on this rank",
     },
     "checkpoint": {

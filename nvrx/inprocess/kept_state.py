@@ -10,7 +10,8 @@ the progress (model, optimizer, scheduler, data position, RNG states: anything w
     kept.register("model", model)
     kept.register("optimizer", optimizer)
     kept.register("rng", RngState(), per_rank=True)
-    for step in range(kept.restore_agreed() or 0, steps):   # None: nothing every rank kept
+    start = kept.restore_agreed(checkpoint=load_checkpoint)  # in every round
+    for step in range(start or 0, steps):
         train_step()
         kept.commit(step + 1)
 
@@ -27,10 +28,11 @@ the next commit waits for the previous one.
 Ranks may hold different steps after a fault (one was committing when it came):
 ``restore_agreed`` restores the newest step every rank that holds kept state holds, through
 one collective of the new process group, and hands it to the ranks that hold none (a
-replacement process, a spare) from the lowest rank that holds it, point to point
-(``state_handover``), except the objects registered ``per_rank`` (RNG states, a data position), which those
-ranks keep. That suits data parallelism, where every rank holds the whole model state;
-sharded state (replica groups) is not handled here.
+replacement process, a spare) point to point (``state_handover``), each from the lowest
+holder of its replica group: every rank in data parallelism, the ranks that hold the same
+shard in a sharded job. Objects registered ``per_rank`` (RNG states, a data position) are
+not handed over; those ranks keep their own. When a shard has no holder left, the ranks
+fall back to the user's checkpoint, through a callback.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -98,6 +100,7 @@ class _Slot:
         self.pending_step: int | None = None  # the step of a device copy that may still run
         self.states: dict[str, Any] = {}
         self.copied: Any = None  # the CUDA event that device copy ends with
+        self.wall: float | None = None  # when the step was committed (time.time())
 
     def finished(self) -> bool:
         """Whether the copy into this slot is complete (waits for nothing)."""
@@ -128,7 +131,9 @@ class KeptState:
         self._stream: Any = None
         self._lock = threading.RLock()  # user state_dict/load_state_dict may ask for step
 
-    def register(self, name: str, obj: Stateful, per_rank: bool = False, replace: bool = False) -> None:
+    def register(
+        self, name: str, obj: Stateful, per_rank: bool = False, replace: bool = False
+    ) -> None:
         """Keep ``obj``'s state under ``name`` from the next commit on. ``per_rank``: a state
         that differs between ranks by design (RNG states, a data position): not handed to a
         rank that holds none by ``restore_agreed``. ``replace``: ``name`` may be registered
@@ -136,7 +141,9 @@ class KeptState:
         registers the new one; the commits kept under the name are restored into it)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"KeptState.register: name must be a non-empty str, got {name!r}")
-        missing = [m for m in ("state_dict", "load_state_dict") if not callable(getattr(obj, m, None))]
+        missing = [
+            m for m in ("state_dict", "load_state_dict") if not callable(getattr(obj, m, None))
+        ]
         if missing:
             raise TypeError(
                 f"KeptState.register({name!r}): {type(obj).__name__} has no {' or '.join(missing)}; "
@@ -144,7 +151,9 @@ class KeptState:
             )
         with self._lock:
             if name in self._objects and not replace:
-                raise ValueError(f"KeptState.register: {name!r} is registered already (replace=True to rebind it)")
+                raise ValueError(
+                    f"KeptState.register: {name!r} is registered already (replace=True to rebind it)"
+                )
             self._objects[name] = obj
             if per_rank:
                 self._per_rank.add(name)
@@ -165,13 +174,15 @@ class KeptState:
             raise ValueError(f"KeptState.commit: step must be an int ≥ 0, got {step!r}")
         with self._lock:
             if not self._objects:
-                raise RuntimeError("KeptState.commit: nothing is registered; call register(name, obj) first")
+                raise RuntimeError(
+                    "KeptState.commit: nothing is registered; call register(name, obj) first"
+                )
             if step % self.every:
                 return False
             self._settle(wait=True)
             index = 0 if self._last == 1 else 1
             slot = self._slots[index]
-            slot.step = None  # torn until the copy below completes
+            slot.step, slot.wall = None, time.time()  # torn until the copy below completes
             copier = _Copier(self._side_stream)
             for name, obj in self._objects.items():
                 slot.states[name] = copier.copy(obj.state_dict(), slot.states.get(name))
@@ -200,8 +211,10 @@ class KeptState:
             slot = self._slots[index]
             late = [name for name in self._objects if name not in slot.states]
             if late:
-                raise ValueError(f"KeptState.restore: step {slot.step} holds no state of {late}, "
-                                 "registered after it was committed")
+                raise ValueError(
+                    f"KeptState.restore: step {slot.step} holds no state of {late}, "
+                    "registered after it was committed"
+                )
             for name, obj in self._objects.items():
                 obj.load_state_dict(_fresh(slot.states[name]))
             if index != self._last:
@@ -209,44 +222,91 @@ class KeptState:
                 self._last = index
             return slot.step
 
-    def restore_agreed(self, group: Any = None, events: EventSink | None = None) -> int | None:
+    def restore_agreed(
+        self,
+        group: Any = None,
+        events: EventSink | None = None,
+        replica_groups: Sequence[Sequence[int]] | None = None,
+        checkpoint: Callable[[], int | None] | None = None,
+    ) -> int | None:
         """Restore the newest step that every rank of ``group`` (the default process group
-        when None) holding kept state holds, and hand it to the ranks that hold none (a
-        replacement process, a spare) from the lowest rank that holds it; objects
-        registered ``per_rank`` are not handed over. The step restored, None when no step
-        is held by every holder, or nobody holds any (restore your checkpoint then). A
-        collective: every rank of the group calls it, after ``init_process_group`` in the
-        round that follows a fault. The collectives all come before any local load, so
-        that a load that fails on one rank leaves no other waiting in one. ``events``
-        (the ``CallWrapper``, say) gets one ``state_restored`` event."""
+        when None) holding kept state holds, handing it to each rank that holds none (a
+        replacement process, a spare) from the lowest holder of its replica group.
+
+        ``replica_groups``: the ranks of ``group`` that hold the same shard, one list per
+        shard, covering every rank once (None: one group of every rank, data parallelism).
+        Objects registered ``per_rank`` are never handed over. When some shard has no
+        holder left (every replica of it lost), or no step is held by every holder, or
+        nobody holds any (the first round), the commits kept are dropped and
+        ``checkpoint()`` runs on every rank: it loads the user's checkpoint and returns
+        its step (None: there was none); without ``checkpoint`` the result is None and
+        the caller restores its checkpoint itself.
+
+        The step restored is returned. A collective: every rank of the group calls it with
+        the same ``replica_groups``, after ``init_process_group`` in each round. The
+        collectives all come before any local load, so that a load that fails on one
+        rank leaves no other waiting in one. ``events`` (the ``CallWrapper``, say) gets
+        one ``state_restored`` event: source (memory, peer, checkpoint, none), step,
+        newest step kept anywhere, duration."""
         import torch.distributed as dist
 
         start = time.monotonic()
-        everyone: list[Any] = [None] * dist.get_world_size(group)
+        world = dist.get_world_size(group)
+        replicas = _replica_groups(replica_groups, world)
+        everyone: list[Any] = [None] * world
         dist.all_gather_object(everyone, self.steps(), group=group)
-        step, source = self._agree(everyone, group)
+        plan = _HandOver.plan(everyone, replicas)
+        if plan is None:
+            step, source = self._fall_back(checkpoint)
+        else:
+            step, source = self._follow(plan, bool(everyone[dist.get_rank(group)]), group)
         if events is not None:
             newest = max((max(steps) for steps in everyone if steps), default=None)
-            events.emit("state_restored", source=source, step=step, newest_step=newest,
-                        duration_s=time.monotonic() - start)
+            events.emit(
+                "state_restored",
+                source=source,
+                step=step,
+                newest_step=newest,
+                committed_wall=self._wall_of(step) if source == "memory" else None,
+                duration_s=time.monotonic() - start,
+            )
         return step
 
-    def _agree(self, everyone: list[list[int]], group: Any) -> tuple[int | None, str]:
-        """The step restored and where from (memory, peer, none), given every rank's steps."""
+    def _follow(self, plan: _HandOver, holder: bool, group: Any) -> tuple[int, str]:
+        """Send the agreed step to the ranks this one serves, then load it: from this rank's
+        memory when it is a ``holder``, else as received from its source."""
         import torch.distributed as dist
 
-        holders = [rank for rank, steps in enumerate(everyone) if steps]
-        common = set(everyone[holders[0]]).intersection(*(everyone[r] for r in holders[1:])) if holders else set()
-        if not common:
+        me = dist.get_rank(group)
+        receivers = plan.receivers_of(me)
+        if receivers:
+            state_handover.send_state(self._shared(plan.step), receivers, group)
+        if holder:
+            self.restore(plan.step)
+            return plan.step, "memory"
+        self._load(state_handover.recv_state(plan.sources[me], group))
+        return plan.step, "peer"
+
+    def _fall_back(self, checkpoint: Callable[[], int | None] | None) -> tuple[int | None, str]:
+        """Drop the commits kept (they belong to a course the job leaves) and run ``checkpoint``."""
+        self.forget()
+        if checkpoint is None:
             return None, "none"
-        step = max(common)
-        me, receivers = dist.get_rank(group), [r for r, steps in enumerate(everyone) if not steps]
-        if me == holders[0] and receivers:
-            state_handover.send_state(self._shared(step), receivers, group)
-        if everyone[me]:
-            return self.restore(step), "memory"
-        self._load(state_handover.recv_state(holders[0], group))
-        return step, "peer"
+        step = checkpoint()
+        if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+            raise TypeError(
+                "KeptState.restore_agreed: checkpoint() must return the step it loaded "
+                f"(an int) or None, got {step!r}"
+            )
+        return step, "none" if step is None else "checkpoint"
+
+    def forget(self) -> None:
+        """Drop every commit kept; the buffers stay, for the next commits."""
+        with self._lock:
+            self._settle(wait=True)
+            for slot in self._slots:
+                slot.step = None
+            self._last = None
 
     def memory_bytes(self) -> int:
         """Bytes of tensor buffers held by both slots."""
@@ -263,11 +323,17 @@ class KeptState:
         """Load a hand-over's states; a registered object it lacks that is not per-rank is an error."""
         missing = [n for n in self._objects if n not in received and n not in self._per_rank]
         if missing:
-            raise ValueError(f"KeptState.restore_agreed: the hand-over holds no state of {missing}; "
-                             "register the same objects on every rank")
+            raise ValueError(
+                f"KeptState.restore_agreed: the hand-over holds no state of {missing}; "
+                "register the same objects on every rank"
+            )
         for name, obj in self._objects.items():
             if name in received:
                 obj.load_state_dict(received[name])
+
+    def _wall_of(self, step: int | None) -> float | None:
+        with self._lock:
+            return next((s.wall for s in self._slots if s.step is not None and s.step == step), None)
 
     def _complete_steps(self) -> list[int]:
         return sorted((s.step for s in self._slots if s.step is not None), reverse=True)
@@ -278,7 +344,9 @@ class KeptState:
         for index, slot in enumerate(self._slots):
             if slot.step == step:
                 return index
-        raise ValueError(f"KeptState.restore: step {step} is not kept; the steps kept are {self._complete_steps()}")
+        raise ValueError(
+            f"KeptState.restore: step {step} is not kept; the steps kept are {self._complete_steps()}"
+        )
 
     def _settle(self, wait: bool) -> None:
         """Make a pending device copy the last complete commit once it has finished."""
@@ -296,6 +364,56 @@ class KeptState:
         if self._stream is None:
             self._stream = torch.cuda.Stream()
         return self._stream
+
+
+class _HandOver:
+    """Who loads what in ``restore_agreed``: the agreed step, and for each rank that holds
+    none the holder of its replica group it receives from."""
+
+    def __init__(self, step: int, sources: dict[int, int]) -> None:
+        self.step = step
+        self.sources = sources  # receiving rank -> sending rank
+
+    @classmethod
+    def plan(cls, everyone: list[list[int]], replicas: list[list[int]]) -> _HandOver | None:
+        """The plan given every rank's kept steps; None when no step is held by every holder
+        or some replica group has no holder left."""
+        holders = [rank for rank, steps in enumerate(everyone) if steps]
+        if not holders:
+            return None
+        common = set(everyone[holders[0]]).intersection(*(everyone[r] for r in holders[1:]))
+        sources: dict[int, int] = {}
+        for ranks in replicas:
+            held = [r for r in ranks if everyone[r]]
+            if not held:
+                return None
+            sources.update({r: held[0] for r in ranks if not everyone[r]})
+        return cls(max(common), sources) if common else None
+
+    def receivers_of(self, rank: int) -> list[int]:
+        return sorted(r for r, source in self.sources.items() if source == rank)
+
+
+def _replica_groups(groups: Sequence[Sequence[int]] | None, world: int) -> list[list[int]]:
+    """``groups`` checked to cover ranks 0..world-1 once each; None means one group of all."""
+    if groups is None:
+        return [list(range(world))]
+    listed = [r for ranks in groups for r in ranks]
+    wrong = sorted(
+        {r for r in listed if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < world},
+        key=str,
+    )
+    twice = sorted({r for r in listed if listed.count(r) > 1 and r not in wrong})
+    missing = sorted(set(range(world)) - set(listed))
+    if wrong or twice or missing or not all(groups):
+        raise ValueError(
+            f"KeptState.restore_agreed: replica_groups must cover the group's ranks 0..{world - 1} "
+            f"once each, in non-empty groups; got {[list(g) for g in groups]}"
+            + (f" (not ranks: {wrong})" if wrong else "")
+            + (f" (more than once: {twice})" if twice else "")
+            + (f" (missing: {missing})" if missing else "")
+        )
+    return [list(ranks) for ranks in groups]
 
 
 class _Copier:
@@ -320,8 +438,11 @@ class _Copier:
         tensor = tensor.detach()
         on_device = tensor.device.type == "cuda"
         reusable = (
-            into is not None and into.shape == tensor.shape and into.dtype == tensor.dtype
-            and into.device.type == "cpu" and into.is_pinned() == on_device
+            into is not None
+            and into.shape == tensor.shape
+            and into.dtype == tensor.dtype
+            and into.device.type == "cpu"
+            and into.is_pinned() == on_device
         )
         if not reusable:
             into = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=on_device)

@@ -8,6 +8,10 @@ once per module:
   the job finishes with all 4 ranks.
 * ``raised_and_hung``: rank 1 raises, later rank 3 hangs in ``time.sleep``.
   Both cost an in-process restart only: no process ends before the job does.
+
+After each fault the ranks resume from the step they kept in memory, the replacement
+of the killed rank from a peer's: no step they finished is trained again, where the
+file checkpoint (every 5 steps) would lose up to 4.
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ from nvrx.report import Report, build_report
 STEPS = 40
 KILLED_RANK = 2  # node 1, local rank 0
 KILL_STEP = 12
-RAISE_RANK, RAISE_STEP = 1, 8  # resumes from the checkpoint of step 5
-HANG_RANK, HANG_STEP = 3, 22  # resumes from the checkpoint of step 20
+RAISE_RANK, RAISE_STEP = 1, 8  # resumes from step 7 kept in memory (the file has step 5)
+HANG_RANK, HANG_STEP = 3, 22  # resumes from step 21 (the file has step 20)
 
 
 @dataclass
@@ -167,6 +171,18 @@ def test_report_counts_one_process_restart_and_one_in_process_round(killed: Demo
     assert row.rejoin_wait_s == first.phases["rejoin_wait"] == max(waits), killed.output
 
 
+@pytest.mark.timeout(60)
+def test_the_replacement_takes_the_kept_state_from_a_peer_and_no_step_is_lost(
+    killed: DemoRun,
+) -> None:
+    restores = [e for e in killed.of("state_restored") if e["round"] > 0]
+    assert sorted((e["rank"], e["source"], e["step"]) for e in restores) == [
+        (r, "peer" if r == KILLED_RANK else "memory", KILL_STEP - 1) for r in range(4)
+    ]
+    assert {e["newest_step"] for e in restores} == {KILL_STEP - 1}
+    assert not [e for e in killed.of("checkpoint", "app") if e["action"] == "load"]
+
+
 # -- an exception and a hang: in-process restarts only ----------------------------------
 
 
@@ -191,12 +207,17 @@ def test_exception_and_hang_restart_in_process_without_any_process_restart(
             (e["round"], e["outcome"]) for e in run.of("round_end", "wrapper") if e["rank"] == rank
         ]
         assert ends == [(0, "restart"), (1, "restart"), (2, "completed")], (rank, ends)
-        loads = [
-            e["step"]
-            for e in run.of("checkpoint", "app")
-            if e["rank"] == rank and e["action"] == "load"
+        restores = [
+            (e["round"], e["source"], e["step"], e["newest_step"])
+            for e in run.of("state_restored")
+            if e["rank"] == rank
         ]
-        assert loads == [5, 20], (rank, loads)  # each round resumed from the last checkpoint
+        assert restores == [
+            (0, "none", None, None),
+            (1, "memory", RAISE_STEP - 1, RAISE_STEP - 1),
+            (2, "memory", HANG_STEP - 1, HANG_STEP - 1),
+        ], (rank, restores)  # the step before the fault, not the file's
+        assert not [e for e in run.of("checkpoint", "app") if e["action"] == "load"]
 
     s = run.report.summary
     assert (s.restarts.in_process, s.restarts.process, s.restarts.requeue) == (2, 0, 0)
