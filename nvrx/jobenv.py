@@ -62,6 +62,9 @@ EVENTS_FSYNC = "NVRX_EVENTS_FSYNC"
 RESULT_DIR = "NVRX_RESULT_DIR"
 FR_TRACE_PATH = "NVRX_FR_TRACE_PATH"
 MONITOR_DEBUG = "NVRX_MONITOR_DEBUG"
+#: The address the job's store listens on: ``all`` for every interface (default: the address
+#: the other nodes reach it at, alone).
+STORE_BIND = "NVRX_STORE_BIND"
 #: The host a Wrapper rank runs on, as its monitor names it to the others (default: SLURM's
 #: node name, else the host name): ranks of one host share one heartbeat party without a
 #: supervisor (``nvrx.inprocess.host_beats``). Tests give processes of one machine several.

@@ -134,7 +134,8 @@ KINDS: dict[str, dict[str, str]] = {
         "supervisor_pid": "pid of the supervisor",
     },
     "store_start": {
-        "addr": "bind address",
+        "addr": "the address clients reach the store at",
+        "listen": "the address it listens on (all: every interface)",
         "port": "bind port",
         "restored_keys": "job-level keys restored from the job directory's snapshot (after a failover)",
     },

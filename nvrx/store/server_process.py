@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import ctypes
 import errno
+import ipaddress
 import json
 import logging
 import os
@@ -23,6 +24,8 @@ import threading
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from nvrx import jobenv
 
 from . import snapshot
 from .snapshot import SnapshotSpec
@@ -60,29 +63,82 @@ def _report(ready_fd: int | None, message: dict) -> None:
         os.close(ready_fd)
 
 
-def _bind(host: str, port: int) -> tuple[Any, str | None]:
-    """A torch ``TCPStore`` server bound at ``host:port``, or None and why it could not bind."""
+#: ``--bind`` (or ``$NVRX_STORE_BIND``) value that listens on every interface.
+BIND_ALL = "all"
+
+
+def _listener(bind: str, port: int) -> socket.socket | None:
+    """A listening socket on ``bind:port`` for the store; None to let torch listen on every
+    interface (its own behaviour): ``bind`` is ``all``, a name that does not resolve here,
+    or a host name that resolves to a loopback address here although it is not
+    ``localhost`` (as a Debian ``/etc/hosts`` maps a machine's own name to 127.0.1.1,
+    where the other nodes could not reach it)."""
+    if bind in (BIND_ALL, "0.0.0.0", "::"):
+        return None
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        log.warning("store: %s does not resolve here (%s): listening on every interface", bind, exc)
+        return None
+    if _names_loopback(bind, address[0]):
+        log.warning(
+            "store: %s resolves to %s here, which other nodes cannot reach: listening on every "
+            "interface (set NVRX_STORE_BIND to this node's address to listen on it alone)",
+            bind, address[0],
+        )  # fmt: skip
+        return None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _names_loopback(bind: str, resolved: str) -> bool:
+    """Whether ``bind`` is a host name (not an address, not ``localhost``) of a loopback address."""
+    try:
+        ipaddress.ip_address(bind)
+        return False
+    except ValueError:
+        return bind != "localhost" and ipaddress.ip_address(resolved).is_loopback
+
+
+def _bind(host: str, port: int, bind: str) -> tuple[Any, str]:
+    """A torch ``TCPStore`` server listening on ``bind`` at ``port`` (clients reach it at
+    ``host``) and the address it listens on (``all``); or None and why it could not bind."""
     import torch.distributed as dist
 
     try:
+        listener = _listener(bind, port)
+        listening = listener.getsockname()[0] if listener is not None else BIND_ALL
         store = dist.TCPStore(
             host,
-            port,
+            listener.getsockname()[1] if listener is not None else port,
             world_size=None,
             is_master=True,
             timeout=timedelta(seconds=30),
             wait_for_workers=False,
+            master_listen_fd=listener.detach() if listener is not None else None,
         )
     except Exception as exc:  # torch raises DistNetworkError/RuntimeError on bind failures
         in_use = "EADDRINUSE" in str(exc) or "address already in use" in str(exc).lower()
         return None, "in_use" if in_use else f"{type(exc).__name__}: {exc}"
-    return store, None
+    return store, listening
 
 
 def _serve_until(
-    stop: threading.Event, store: Any, host: str, ready_fd: int | None, spec: SnapshotSpec | None
+    stop: threading.Event,
+    store: Any,
+    where: tuple[str, str],
+    ready_fd: int | None,
+    spec: SnapshotSpec | None,
 ) -> None:
-    """Restore the snapshot, keep it up to date and serve ``store`` until ``stop`` is set."""
+    """Restore the snapshot, keep it up to date and serve ``store`` until ``stop`` is set;
+    ``where``: the address clients reach it at, and the address it listens on."""
     from nvrx import events
 
     writer = events.configure("store")
@@ -91,7 +147,9 @@ def _serve_until(
     if spec is not None:
         keeper = snapshot.Keeper(store, spec.path, spec.prefixes, spec.exclude)
         keeper.start()
-    writer.emit("store_start", addr=host, port=store.port, restored_keys=restored)
+    writer.emit(
+        "store_start", addr=where[0], listen=where[1], port=store.port, restored_keys=restored
+    )
     _report(ready_fd, {"port": store.port, "pid": os.getpid()})
     stop.wait()
     if keeper is not None:
@@ -106,6 +164,7 @@ def _serve(
     parent_pid: int | None,
     spec: SnapshotSpec | None = None,
     held: bool = False,
+    bind: str | None = None,
 ) -> int:
     stop = threading.Event()
     holding = held
@@ -129,11 +188,11 @@ def _serve(
         if not sys.stdin.buffer.readline():
             return 0  # never released: not needed
         holding = False
-    store, error = _bind(host, port)
+    store, listening = _bind(host, port, bind or host)
     if store is None:
-        _report(ready_fd, {"error": error})
+        _report(ready_fd, {"error": listening})
         return 2
-    _serve_until(stop, store, host, ready_fd, spec)
+    _serve_until(stop, store, (host, listening), ready_fd, spec)
     del store
     return 0
 
@@ -152,7 +211,16 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m nvrx.store.service",
         description="Serve an nvrx store (torch TCPStore) until SIGTERM or the parent dies.",
     )
-    parser.add_argument("--host", default="0.0.0.0", help="address to bind (default: all)")
+    parser.add_argument(
+        "--host", default="0.0.0.0", help="address clients reach the store at (default: all)"
+    )
+    parser.add_argument(
+        "--bind",
+        default=os.environ.get(jobenv.STORE_BIND) or None,
+        metavar="ADDR",
+        help=f"address to listen on, '{BIND_ALL}' for every interface (default: "
+        "$NVRX_STORE_BIND, else the --host address only)",
+    )
     parser.add_argument("--port", type=int, required=True, help="TCP port; 0 picks a free one")
     parser.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
@@ -187,4 +255,4 @@ def main(argv: list[str] | None = None) -> int:
             tuple(args.snapshot_exclude),
             args.restore,
         )
-    return _serve(args.host, args.port, args.ready_fd, args.parent_pid, spec, args.held)
+    return _serve(args.host, args.port, args.ready_fd, args.parent_pid, spec, args.held, args.bind)

@@ -151,3 +151,34 @@ def test_a_held_store_serves_only_once_released_and_ends_unreleased() -> None:
     wait_until("the unused service to load torch", lambda: _torch_loaded(pid), 60)
     assert unused.stop() == 0  # it ended at the end of its stdin (or its SIGTERM), not killed
     assert not psutil.pid_exists(pid)
+
+
+def _connects(address: str, port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((address, port), timeout=5):
+            return True
+    except ConnectionRefusedError:
+        return False
+
+
+@pytest.mark.timeout(120)
+def test_the_store_listens_only_on_the_address_clients_reach_it_at(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 127.0.0.2 is another address of this machine (all of 127/8 is loopback): a client
+    # there is refused, as one on another interface of a node would be.
+    monkeypatch.delenv("NVRX_STORE_BIND", raising=False)
+    with StoreService("127.0.0.1", 0, job_id="bound", log_dir=tmp_path) as svc:
+        assert _client(svc.port).add("reached", 1) == 1
+        assert not _connects("127.0.0.2", svc.port)
+    monkeypatch.setenv("NVRX_STORE_BIND", "all")  # the override: every interface, as torch does
+    with StoreService("127.0.0.1", 0, job_id="all", log_dir=tmp_path) as svc:
+        assert _connects("127.0.0.2", svc.port)
+        assert _client(svc.port).add("reached", 1) == 1
+    starts = {job: read_dir(tmp_path / job)[0][0] for job in ("bound", "all")}
+    assert {job: (e["kind"], e["addr"], e["listen"]) for job, e in starts.items()} == {
+        "bound": ("store_start", "127.0.0.1", "127.0.0.1"),
+        "all": ("store_start", "127.0.0.1", "all"),
+    }
