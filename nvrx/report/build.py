@@ -43,6 +43,7 @@ from .printable import Report
 from .process_rows import process_restarts
 from .progress import Progress
 from .rank_files import attach_rank_files, name_causes
+from .restores import build_restores
 from .slurm_context import (
     default_search_dirs,
     find_output_files,
@@ -214,7 +215,7 @@ def build_report(
     losses = node_losses(agg)
     process_rows = process_restarts(agg, losses)
     attach_rank_files(process_rows, job_dir.path, notes)
-    timeline = _rounds(agg, process_rows, losses)
+    timeline = _rounds(agg, process_rows, losses, notes)
     failures = build_failures(agg, process_rows, losses)
     facts = job_facts.output_facts(agg, process_rows, losses)
     findings, explained = _log_findings(
@@ -226,8 +227,6 @@ def build_report(
     suspects, exclude = build_suspects(agg, timeline, failures, process_rows, losses)
     requeues = sacct_requeues(slurm)
     restarts = job_facts.restarts(agg, timeline, requeues, process_rows, len(losses.losses))
-    if any(row.ordering == "wall_clock" and row.first_rank is not None for row in timeline):
-        notes.append(_WALL_CLOCK_NOTE)
     return Report(
         summary=_summary(agg, job_id, timeline, restarts, losses, slurm, kept is not None, notes),
         timeline=timeline,
@@ -242,6 +241,7 @@ def build_report(
         generated_at=time.time(),
         node_losses=losses.losses,
         activity=activity,
+        restores=build_restores(agg, timeline),
     )
 
 
@@ -253,14 +253,17 @@ _WALL_CLOCK_NOTE = (
 
 
 def _rounds(
-    agg: JobSummary, process_rows: list[ProcessRestart], losses: LossIndex
+    agg: JobSummary, process_rows: list[ProcessRestart], losses: LossIndex, notes: list[str]
 ) -> list[RoundRow]:
-    """The timeline's rows: the Wrapper's rounds, else the job-wide restarts, if any."""
+    """The timeline's rows: the Wrapper's rounds, else the job-wide restarts, if any; a note
+    when some round's first failure was ordered by wall clock."""
     timeline = build_timeline(agg, process_rows, losses)
     if not any(row.outcome_from == "wrapper" for row in timeline):
         # No Wrapper told its rounds: job-wide restarts, where there were some, tell them.
         timeline = job_restart_rounds(agg) or timeline
     name_causes(timeline, process_rows)  # an exit code's exception, where its files tell it
+    if any(row.ordering == "wall_clock" and row.first_rank is not None for row in timeline):
+        notes.append(_WALL_CLOCK_NOTE)
     return timeline
 
 
@@ -349,7 +352,7 @@ def _summary(
             "training time is the run time of the supervised processes, start-up included"
         )
     training = busy_s / n_ranks if n_ranks else 0.0
-    ledger = time_ledger.build_ledger(agg, timeline, losses, training, wall)
+    ledger = time_ledger.build_ledger(agg, timeline, losses, training, wall, n_ranks)
     goodput = (ledger.training_s / wall) if wall > 0 and n_ranks else None
     nodes = {n for n in agg.node_hosts}
     return Summary(

@@ -66,7 +66,7 @@ class FileSummary:
     # (wall of its call_start, seconds counted up to the file's last event) of a call that
     # never ended: its process's end, known only job-wide, ends it (``time_ledger``).
     open_call: tuple[float, float] | None = None
-    checkpoint_saves: list[float] = field(default_factory=list)  # walls of checkpoint saves
+    state_saves: list[float] = field(default_factory=list)  # checkpoint saves, restored commits
     # The process's events stop inside the training function with no fault: it died unexplained.
     vanished: bool = False
     rounds: dict[int, RoundState] = field(default_factory=dict)

@@ -78,7 +78,7 @@ class JobSummary:
     interrupted_calls: int = merged(SUM)
     # (host, pid, rank, wall of its call_start, seconds counted) of each call that never ended.
     open_calls: list[tuple[str | None, int | None, int | None, float, float]] = merged(EXTEND)
-    checkpoint_saves: list[float] = merged(EXTEND)  # walls of the application's checkpoint saves
+    state_saves: list[float] = merged(EXTEND)  # walls of checkpoint saves and restored kept commits
     # Processes whose events stop inside the training function with no fault (died unexplained).
     vanished: list[Death] = merged(EXTEND)
     fault_ended_ranks: set[int] = merged(UNION)  # ranks of processes whose last event is a fault
@@ -152,7 +152,7 @@ class JobSummary:
         for ends in self.ending_faults.values():
             ends.sort()
         self.open_calls.sort(key=lambda c: (c[3], c[0] or "", c[1] if c[1] is not None else -1))
-        self.checkpoint_saves.sort()
+        self.state_saves.sort()
 
     def part_of(self, fs: FileSummary) -> JobSummary:
         """``fs`` as a one-file job summary, its events filed under the runs known here."""
@@ -174,7 +174,7 @@ class JobSummary:
         part.calls, part.call_us = fs.calls, fs.call_us
         part.interrupted_calls, part.wrapper_ends = fs.interrupted_calls, fs.wrapper_ends
         part.told_signatures, part.told_types = fs.told_signatures, fs.told_types
-        part.checkpoint_saves = fs.checkpoint_saves
+        part.state_saves = fs.state_saves
         if fs.ending_fault is not None and fs.pid is not None and fs.last_wall is not None:
             part.ending_faults = {(fs.host, fs.pid): [(fs.last_wall, fs.ending_fault)]}
         for pid, wall in fs.hung_children:

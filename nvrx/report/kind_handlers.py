@@ -24,7 +24,7 @@ from nvrx.events.failures import (
 
 from .consequence import fault_shape
 from .file_summary import Ev, FileSummary, run_start
-from .merging import max_opt
+from .merging import max_opt, min_opt
 from .node_events import NODE_EVENT_KINDS, kept_node_event
 from .parts import LocalFault, RoundState, SignatureGroup
 from .values import MAX_COUNT, MAX_SECONDS, as_int, as_str, count, num, seconds
@@ -181,8 +181,35 @@ class KindHandlers:
         )  # fmt: skip
 
     def checkpoint(self, e: Ev, part: Part, rank: OInt, node: OInt, host: OStr, wall: OFloat) -> None:
-        if wall is not None and e.get("action") == "save":
-            self.s.checkpoint_saves.append(wall)
+        action = e.get("action")
+        if wall is not None and action == "save":
+            self.s.state_saves.append(wall)
+        if action == "load" and part is not None:  # a restore, past the first round (``restores``)
+            part.loaded_ranks.add(rank)
+            part.loaded_step = min_opt(part.loaded_step, count(e.get("step")))
+            part.restored_wall = min_opt(part.restored_wall, wall)
+
+    def state_restored(self, e: Ev, part: Part, rank: OInt, node: OInt, host: OStr, wall: OFloat) -> None:
+        if part is None:
+            return
+        source = as_str(e.get("source")) or "unknown"
+        part.restored_by.setdefault(source, set()).add(rank)
+        if source != "none":
+            part.restored_step = min_opt(part.restored_step, count(e.get("step")))
+        part.kept_newest = max_opt(part.kept_newest, count(e.get("newest_step")))
+        committed = num(e.get("committed_wall"))
+        if committed is not None:  # the state of that moment survived the fault: a save
+            self.s.state_saves.append(committed)
+        part.restored_wall = min_opt(part.restored_wall, wall)
+
+    def progress(self, e: Ev, part: Part, rank: OInt, node: OInt, host: OStr, wall: OFloat) -> None:
+        step = e.get("step")
+        if type(step) is not int or not -MAX_COUNT <= step <= MAX_COUNT:  # (count, inline)
+            step = count(step)
+        if part is not None and step is not None and (
+            part.progress_step is None or step > part.progress_step
+        ):
+            part.progress_step = step
 
     def note_told(self, e: Ev) -> None:
         tb, exc_type = e.get("traceback"), e.get("exc_type")
@@ -278,13 +305,14 @@ DISPATCH: dict[str, tuple[Handler, bool]] = {
     **{kind: (KindHandlers.node_event, False) for kind in NODE_EVENT_KINDS},
     "supervisor_start": (KindHandlers.supervisor_start, False),
     "checkpoint": (KindHandlers.checkpoint, True),
+    "state_restored": (KindHandlers.state_restored, True),
+    "progress": (KindHandlers.progress, True),
 }
 UNHANDLED: tuple[Handler | None, bool] = (None, True)
 #: Declared kinds the report does not summarize, each with the reason. Their events still
 #: count as activity of the round they are filed under. Every kind of ``schema.KINDS`` is
 #: in ``DISPATCH`` or here, never both.
 NOT_SUMMARIZED: dict[str, str] = {
-    "state_restored": "not summarized yet: the steps lost per fault are still to be shown from it",
     "process_start": "a process's start is its file's first event; child_start tells more",
     "process_end": "a process's end is its file's last event; child_exit tells how a child ended",
     "rank_change": "round_start carries each rank's active rank and the round's world size",
@@ -296,5 +324,4 @@ NOT_SUMMARIZED: dict[str, str] = {
     "workload_control": "what a request changes is a job stop, whose reason names the rank and "
     "its request (job_stop); Continue changes nothing",
     "non_retryable": "the job stop it causes names the rank, the line and the pattern (job_stop)",
-    "progress": "the application's own record: activity of its round",
 }

@@ -55,7 +55,7 @@ class TimeLedger:
     wall_s: float = 0.0
     startup_s: float = 0.0  # each run's first supervisor start to its first round (training)
     training_s: float = 0.0  # time in the training function that was kept (lost work left out)
-    lost_work_s: float = 0.0  # training since the last checkpoint save, lost to a fault or stop
+    lost_work_s: float = 0.0  # training since the state was last saved, lost to a fault or stop
     detection_s: float = 0.0  # from each fault to its detection
     restart_s: float = 0.0  # from each detection to the next round's start (rejoin wait out)
     rejoin_wait_s: float = 0.0  # ranks waiting for replacements to rejoin
@@ -235,6 +235,25 @@ class NodeLoss:
 
 
 @dataclass
+class Restore:
+    """A round that began by restoring the training state, and the training steps it lost."""
+
+    run: int
+    round: int
+    wall: float | None  # its first ``state_restored`` or checkpoint load
+    # The fault it follows: the first fault of the round before (its signature), and who.
+    cause: str | None
+    first_rank: int | None
+    # Ranks per source: memory | peer | checkpoint (kept state's callback, or a checkpoint
+    # load event) | none (nothing restored).
+    sources: dict[str, int]
+    restored: bool  # False: no rank restored anything (training started over from step 0)
+    step: int | None  # the step restored; None when nothing was, or its step is not known
+    newest_step: int | None  # the newest step reached before it (``restores``)
+    steps_lost: int | None  # newest_step - step (- 0 when nothing was restored); None: unknown
+
+
+@dataclass
 class SuspectNode:
     host: str
     node: int | None
@@ -360,6 +379,7 @@ class ReportData:
     generated_at: float
     node_losses: list[NodeLoss] = field(default_factory=list)
     activity: Activity = field(default_factory=Activity)
+    restores: list[Restore] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         data = {"schema": REPORT_SCHEMA_NAME, "schema_version": REPORT_SCHEMA_VERSION}

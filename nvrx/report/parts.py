@@ -18,6 +18,7 @@ from .merging import (
     MIN,
     SUM,
     UNION,
+    UNION_EACH,
     merge_fields,
     merged,
 )
@@ -93,6 +94,17 @@ class RoundState:
     # tell the same hang.
     hang_faults: set[int | None] = merged(UNION)
     terminated: set[int] = merged(UNION)
+    # What the round restored and how far training had come (``restores``): the ranks of its
+    # ``state_restored`` events by source, the step they restored (memory, peer, checkpoint)
+    # and the newest step any rank had kept; the ranks and step of its checkpoint loads; its
+    # first restore event; the newest step of its ``progress`` events.
+    restored_by: dict[str, set[int | None]] = merged(UNION_EACH)
+    restored_step: int | None = merged(MIN)
+    kept_newest: int | None = merged(MAX)
+    loaded_ranks: set[int | None] = merged(UNION)
+    loaded_step: int | None = merged(MIN)
+    restored_wall: float | None = merged(MIN)
+    progress_step: int | None = merged(MAX)
 
     def add_fault(self, fault: LocalFault) -> None:
         seen = self.first_by_rank.get(fault.rank)

@@ -12,6 +12,7 @@ from .model import ProcessRestart, ReportData
 from .process_rows import JOB_RESTART, NODE_LOST
 from .render_answer import answer_section, first_failure, no_exclude_reason
 from .render_losses import node_losses_section
+from .render_restores import restores_section
 from .stacks import stuck_first
 from .text_doc import TEXT_WIDTH, Doc, ranks_text, secs, trim, when, where
 
@@ -65,7 +66,7 @@ def _summary(doc: Doc, r: ReportData) -> None:
 LEDGER_PARTS = (
     ("startup_s", "start-up"),
     ("training_s", "training kept"),
-    ("lost_work_s", "work lost since the last checkpoint"),
+    ("lost_work_s", "work lost since the state was last saved"),
     ("detection_s", "fault detection"),
     ("restart_s", "restart"),
     ("rejoin_wait_s", "waiting for replacements to rejoin"),
@@ -86,7 +87,7 @@ def _time_ledger(doc: Doc, r: ReportData) -> None:
         if getattr(ledger, name) or name == "training_s"
     ]
     doc.table(rows, ["part", "time", "of wall"])
-    lost = "" if ledger.lost_work_known else "; no checkpoint events: work lost is not known"
+    lost = "" if ledger.lost_work_known else "; no checkpoint or kept-state events: work lost is not known"
     doc.text(f"sum: {secs(ledger.wall_s)} wall{lost}")
 
 
@@ -321,6 +322,7 @@ SECTIONS: dict[str, Callable[[Doc, ReportData], None]] = {
     "slurm": _slurm,
     "node_losses": node_losses_section,
     "timeline": _timeline,
+    "restores": restores_section,
     "failures": _failures,
     "hangs": _hangs,
     "process_restarts": _process_restarts,

@@ -1,12 +1,15 @@
 """Where the job's wall time went (``TimeLedger``), and the calls that never ended.
 
 The ledger splits the wall time into start-up, kept training, work lost since
-the last checkpoint (the union of the spans from the last save to each fault,
-stop or unclean process end, when ``checkpoint`` events tell the saves), fault
+the state was last saved (the union of the spans from the last save to each fault,
+stop or unclean process end, when ``checkpoint`` saves or the ``committed_wall`` of a
+kept-state restore tell the saves), fault
 detection, restart, rejoin wait, requeue wait and the rest, so that the parts sum to the wall time: each part is capped at what
 the parts before it left, in the order of ``TimeLedger``'s fields, and
 ``other_s`` takes the remainder. Training is the per-rank time in the
-training function; the other parts are read off the job's runs and rounds.
+training function, less the lost work and the faults' detection (ranks wait in the
+function until a hang's timeout or a lost node's silence tells); the other parts are
+read off the job's runs and rounds.
 """
 
 from __future__ import annotations
@@ -67,17 +70,19 @@ def _startup_s(job: JobSummary, spans: list[tuple[float, float]]) -> float:
 
 
 def _fault_wall(job: JobSummary, row: RoundRow, losses: LossIndex) -> float | None:
-    """When the round's first fault happened: the lost node's last beat, else its earliest fault."""
+    """When the round's first fault happened: the lost node's last beat, else its earliest
+    fault, less the time it took to detect it (a hang is written when its timeout passed)."""
     lost = [x.start for x in losses.losses if (x.run, x.round) == (row.run, row.round)]
     r = job.rounds.get((row.run, row.round))
-    walls = [f.wall for f in r.first_by_rank.values() if f.wall is not None] if r else []
+    faults = r.first_by_rank.values() if r else ()
+    walls = [f.wall - (f.detection_s or 0.0) for f in faults if f.wall is not None]
     return min(lost or walls, default=None)
 
 
 def _since_save(job: JobSummary, end: float, began: float) -> tuple[float, float] | None:
     """(since, end): the training from the last checkpoint save before ``end`` (or from
     ``began``, if later) that a fault or stop at ``end`` threw away."""
-    saves = job.checkpoint_saves
+    saves = job.state_saves
     i = bisect.bisect_right(saves, end)
     since = max(saves[i - 1], began) if i else began
     return (since, end) if end > since else None
@@ -130,23 +135,38 @@ def _restart_parts(
     return detection, max(0.0, (latency or 0.0) - rejoin), rejoin
 
 
+def _waiting_share(row: RoundRow, losses: LossIndex, ranks: int) -> float:
+    """The share of ranks that wait in the function while the round's fault goes undetected:
+    all of them, less the ranks of a node lost in that round (their processes are gone)."""
+    lost = {r for x in losses.losses if (x.run, x.round) == (row.run, row.round) for r in x.ranks}
+    return max(0.0, 1.0 - len(lost) / ranks) if ranks else 1.0
+
+
 def build_ledger(
-    job: JobSummary, timeline: list[RoundRow], losses: LossIndex, training_s: float, wall_s: float
+    job: JobSummary,
+    timeline: list[RoundRow],
+    losses: LossIndex,
+    training_s: float,
+    wall_s: float,
+    ranks: int = 0,
 ) -> TimeLedger:
-    """The ledger of ``wall_s``, with ``training_s`` the per-rank time in the function."""
+    """The ledger of ``wall_s``, with ``training_s`` the per-rank time in the function of
+    ``ranks`` ranks (0: unknown, every rank counts as waiting through a detection)."""
     spans = _run_spans(job)
     requeue = sum((max(0.0, b[0] - a[1]) for a, b in zip(spans, spans[1:], strict=False)), 0.0)
-    lost = _covered(_lost_spans(job, timeline, losses)) if job.checkpoint_saves else 0.0
-    detection = restart = rejoin = 0.0
+    lost = _covered(_lost_spans(job, timeline, losses)) if job.state_saves else 0.0
+    detection = restart = rejoin = waiting = 0.0
     for row in timeline:
         fault = _fault_wall(job, row, losses)
         if row.outcome == "restart":
             parts = _restart_parts(job, row, fault)
             detection, restart, rejoin = detection + parts[0], restart + parts[1], rejoin + parts[2]
+            waiting += parts[0] * _waiting_share(row, losses, ranks)
     wanted = {
         "requeue_wait_s": requeue,
         "startup_s": _startup_s(job, spans),
-        "training_s": max(0.0, training_s - lost),
+        # ranks wait in the function while a fault goes undetected: not training either
+        "training_s": max(0.0, training_s - lost - waiting),
         "lost_work_s": lost,
         "detection_s": detection,
         "rejoin_wait_s": rejoin,
@@ -158,5 +178,5 @@ def build_ledger(
         left -= kept[name]
     other = max(0.0, wall_s) - math.fsum(kept.values())
     return TimeLedger(
-        wall_s=max(0.0, wall_s), other_s=other, lost_work_known=bool(job.checkpoint_saves), **kept
+        wall_s=max(0.0, wall_s), other_s=other, lost_work_known=bool(job.state_saves), **kept
     )

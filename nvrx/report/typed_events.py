@@ -50,6 +50,7 @@ RANK_KINDS = (
     "wrapper_end",
     "checkpoint",
     "progress",
+    "state_restored",
 )
 
 

@@ -86,7 +86,9 @@ def _check_time_accounting(run: Run, checkpointed: bool = False) -> None:
     assert s.goodput is not None and 0 < s.goodput <= 1
     ledger = s.time_ledger  # goodput is the training kept: lost work since a checkpoint is not
     assert s.goodput == pytest.approx(ledger.training_s / s.wall_time_s)
-    assert ledger.training_s == pytest.approx(s.training_time_s - ledger.lost_work_s)
+    assert ledger.training_s == pytest.approx(
+        s.training_time_s - ledger.lost_work_s - ledger.detection_s
+    )
     parts = [
         ledger.startup_s, ledger.training_s, ledger.lost_work_s, ledger.detection_s,
         ledger.restart_s, ledger.rejoin_wait_s, ledger.requeue_wait_s, ledger.other_s,
