@@ -410,14 +410,14 @@ def wrapped_round(args: argparse.Namespace, call_wrapper: CallWrapper | None = N
 
     run_dir = run_dir_of(args)
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
-    events.get_writer().update(rank=dist.get_rank())
+    iteration = call_wrapper.iteration if call_wrapper is not None else 0
+    events.get_writer().update(rank=dist.get_rank(), round=iteration)  # the Wrapper's round
     trainer = Trainer(args, run_dir, peer_wait=args.soft_timeout / 2)
     kept = None if args.no_kept_state else kept_state(trainer)
     if kept is None:
         start = trainer.resume()
     else:
         start = kept.restore_agreed(events=call_wrapper, checkpoint=trainer.resume_checkpoint) or 0
-    iteration = call_wrapper.iteration if call_wrapper is not None else 0
     say(
         f"[demo] rank {trainer.rank}/{trainer.world} pid {os.getpid()} starts at step {start} "
         f"(iteration {iteration}, process restart {os.environ.get('NVRX_RESTART_COUNT', '0')})"

@@ -81,8 +81,11 @@ def record_exit(store: Any, emit: Emit, rank: int, exc: BaseException) -> None:
     emit_fault(emit, record, fault_kind="exit", origin_rank=rank)
 
 
-def record_soft_hang(store: Any, emit: Emit, rank: int, message: str, stack: str) -> None:
-    """The monitor saw no progress for ``soft_timeout``: record the fault (every rank restarts)."""
+def record_soft_hang(
+    store: Any, emit: Emit, rank: int, message: str, stack: str, stale_s: float
+) -> None:
+    """The monitor saw no progress for ``stale_s`` (past ``soft_timeout``): record the fault
+    (every rank restarts); it happened at the last progress, ``stale_s`` before now."""
     record = nvrx_faults.FaultRecord(rank=rank, kind="hang_soft", message=message)
     rounds.record_fault(store, record)
     emit_fault(
@@ -92,4 +95,5 @@ def record_soft_hang(store: Any, emit: Emit, rank: int, message: str, stack: str
         origin_rank=rank,
         signature="hang_soft",
         traceback=stack,
+        detection_s=stale_s,
     )

@@ -237,7 +237,9 @@ class _Monitor:
         if self.round >= 0:
             message = f"no progress for {stale:.1f} s (soft timeout {self.cfg.soft_timeout:g} s)"
             store = self._round_store()
-            self.link.recording.record_soft_hang(store, self.writer.emit, self.rank, message, stack)
+            self.link.recording.record_soft_hang(
+                store, self.writer.emit, self.rank, message, stack, stale
+            )
 
     def _hard_timeout(self, stale: float, info: dict[str, float], pidfd: int | None) -> None:
         cfg = self.cfg

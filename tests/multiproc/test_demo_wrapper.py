@@ -181,6 +181,8 @@ def test_the_replacement_takes_the_kept_state_from_a_peer_and_no_step_is_lost(
     ]
     assert {e["newest_step"] for e in restores} == {KILL_STEP - 1}
     assert not [e for e in killed.of("checkpoint", "app") if e["action"] == "load"]
+    (row,) = killed.report.restores
+    assert (row.sources, row.step, row.steps_lost) == ({"memory": 3, "peer": 1}, KILL_STEP - 1, 0)
 
 
 # -- an exception and a hang: in-process restarts only ----------------------------------
@@ -218,6 +220,11 @@ def test_exception_and_hang_restart_in_process_without_any_process_restart(
             (2, "memory", HANG_STEP - 1, HANG_STEP - 1),
         ], (rank, restores)  # the step before the fault, not the file's
         assert not [e for e in run.of("checkpoint", "app") if e["action"] == "load"]
+    rows = [(r.round, r.sources, r.step, r.steps_lost) for r in run.report.restores]
+    assert rows == [
+        (1, {"memory": 4}, RAISE_STEP - 1, 0),
+        (2, {"memory": 4}, HANG_STEP - 1, 0),
+    ], run.report.to_text()
 
     s = run.report.summary
     assert (s.restarts.in_process, s.restarts.process, s.restarts.requeue) == (2, 0, 0)

@@ -118,6 +118,11 @@ def test_a_spare_node_takes_over_a_lost_node(tmp_path: Path) -> None:
     assert loss.recovery_s is not None and loss.recovery_s > 3 and loss.world_size == 4
     assert report.summary.restarts.node_loss == 1 and report.summary.restarts.process == 0
     assert [f.signature for f in report.failures] == ["node lost"], report.to_text()
+    # the spare's ranks take the kept state from a survivor: at most the running step lost
+    (restore,) = report.restores
+    assert restore.sources == {"memory": 2, "peer": 2} and restore.cause == "node lost"
+    assert restore.steps_lost is not None and restore.steps_lost <= 1, report.to_text()
+    assert restore.step >= KILL_AFTER_STEP
     assert (report.timeline[0].cause, report.timeline[0].first_node) == ("node lost", 1)
     assert "spare slot 2 took over node rank 1" in report.to_text(width=None)
 

@@ -131,7 +131,7 @@ def test_fault_events_keep_their_fields(base):
     assert rstore.fault_records(r0)[-1].kind == "exit"
 
     r1 = rstore.round_store(base, 1)
-    fr.record_soft_hang(r1, emit, 0, "stuck", "stack")
+    fr.record_soft_hang(r1, emit, 0, "stuck", "stack", 5.5)
     kind, fields = events.pop()
     assert fields == [
         "fault_kind",
@@ -140,8 +140,10 @@ def test_fault_events_keep_their_fields(base):
         "signature",
         "detected_mono",
         "traceback",
+        "detection_s",
     ]
     assert values[-1]["signature"] == "hang_soft" and values[-1]["traceback"] == "stack"
+    assert values[-1]["detection_s"] == 5.5  # the fault was the last progress, this long ago
     from nvrx.inprocess.fault_events import announce_leave
 
     dead = faults.FaultRecord(rank=1, kind="dead", message="x")
