@@ -172,6 +172,20 @@ def test_report_counts_one_process_restart_and_one_in_process_round(killed: Demo
 
 
 @pytest.mark.timeout(60)
+def test_every_fault_resumes_the_same_training_as_if_none_had_happened(
+    killed: DemoRun, raised_and_hung: DemoRun
+) -> None:
+    # The demo's training is deterministic: a restore that was not bit-exact on some rank
+    # (the replacement's state from a peer, or a survivor's from memory) changes the
+    # averaged gradients, and so every rank's last loss.
+    def last_losses(run: DemoRun) -> dict[int, float]:
+        return {e["rank"]: e["loss"] for e in run.of("progress", "app") if e["step"] == STEPS}
+
+    assert last_losses(killed) == last_losses(raised_and_hung)
+    assert len(last_losses(killed)) == 4
+
+
+@pytest.mark.timeout(60)
 def test_the_replacement_takes_the_kept_state_from_a_peer_and_no_step_is_lost(
     killed: DemoRun,
 ) -> None:

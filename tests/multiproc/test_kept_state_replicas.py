@@ -69,7 +69,7 @@ def _rank(rank: int, port: int, case: str) -> None:
                 p.fill_(float(CHECKPOINT_STEP))
         return CHECKPOINT_STEP
 
-    events = EventWriter(os.environ["EVENTS_DIR"], "app", {"rank": rank})
+    events = EventWriter(os.environ["EVENTS_DIR"], "app", {"rank": rank, "round": 1})
     try:
         restored = kept.restore_agreed(events=events, replica_groups=groups, checkpoint=load_checkpoint)
     except ValueError as exc:
@@ -143,6 +143,12 @@ def test_every_replica_of_a_shard_lost_restores_the_checkpoint_on_every_rank(tmp
     assert {r: (e["source"], e["step"], e["newest_step"]) for r, e in restores.items()} == {
         r: ("checkpoint", CHECKPOINT_STEP, 3) for r in range(WORLD)
     }
+    from nvrx.report import build_report
+
+    report = build_report(tmp_path, sacct=False)
+    (row,) = report.restores  # the report says where the state came from
+    assert (row.sources, row.step, row.newest_step) == ({"checkpoint": WORLD}, CHECKPOINT_STEP, 7)
+    assert "checkpoint (4 ranks)" in report.to_text(width=None)
 
 
 def test_replica_groups_that_miss_a_rank_are_refused_on_every_rank(tmp_path):
