@@ -12,18 +12,25 @@ standby for restarts (the default) and without it (``--no-warm-standby``).
   default settings: the supervisor restarts rank 1 alone, rank 0 restarts
   in-process and waits for the replacement to rejoin.
 
+``--kill-at early`` kills instead at a random time (seeded, ``--seed``) between both
+ranks training and the job's first minute, without waiting for the standby: what a
+fault early in a job costs, while the standby may still be importing. ``--kill-at both``
+(the default) runs both kinds and prints them side by side.
+
 Targets (issue 14, with the standby and the Wrapper's default settings):
 kill -> replacement in the training function < 0.5 s, kill -> every rank
 training again < 1 s. The table shows each median, its target and
 median/target (< 1 meets it), and cold/warm: how much faster the standby made it.
 
     .venv/bin/python bench/process_restart.py [--wrapper] [--repeats 3] [--standby on|off|both]
+        [--kill-at warm|early|both] [--seed 0]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import signal
 import statistics
 import subprocess
@@ -40,6 +47,8 @@ from free_ports import free_ports  # noqa: E402
 
 TARGET_ENTER_S = 0.5
 TARGET_ALL_S = 1.0
+#: An early kill lands this long after the launch at the latest: the job's first minute.
+EARLY_WITHIN_S = 60.0
 
 CHILD = r"""
 import os, time
@@ -109,7 +118,9 @@ def _kinds(events: list[dict], kind: str) -> list[dict]:
     return [e for e in events if e["kind"] == kind]
 
 
-def one_run(workdir: Path, wrapper: bool, standby: bool) -> Run:
+def one_run(workdir: Path, wrapper: bool, standby: bool, kill_at: float | None = None) -> Run:
+    """One job, one kill: once the standby is warm (``kill_at`` None), else ``kill_at``
+    seconds after the launch (or as soon as both ranks train, if that is later)."""
     master, store = free_ports(2)
     workdir.mkdir(parents=True, exist_ok=True)
     child = workdir / "child.py"
@@ -119,6 +130,7 @@ def one_run(workdir: Path, wrapper: bool, standby: bool) -> Run:
            "--store-port", str(store), "--job-id", job, "--log-dir", str(workdir), "--max-restarts", "10",
            "--grace-period", "2", "--warm-standby" if standby else "--no-warm-standby",
            "--", sys.executable, str(child)]  # fmt: skip
+    launched = time.monotonic()
     sup = subprocess.Popen(
         cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -134,7 +146,9 @@ def one_run(workdir: Path, wrapper: bool, standby: bool) -> Run:
             return ranks == {0, 1}
 
         _wait_for(ready, 120, "both ranks training")
-        if standby:  # as in a long job: the standby did its imports before the fault
+        if kill_at is not None:  # early in the job: whatever the standby is doing
+            time.sleep(max(0.0, launched + kill_at - time.monotonic()))  # the drawn moment
+        elif standby:  # as in a long job: the standby did its imports before the fault
             _wait_for(lambda: _kinds(events(), "standby_ready"), 120, "the standby to be warm")
         victim = [e for e in events() if e["kind"] == "child_start" and e["global_rank"] == 1][-1][
             "child_pid"
@@ -184,7 +198,7 @@ def _row(name: str, runs: list[Run], cold: list[Run] | None) -> str:
             f"{statistics.median(r.all_s for r in cold) / everyone:5.2f}x"
         )
     return (
-        f"{name:<22} {len(runs):>4} {warm:>4} | {enter:6.2f} s  {TARGET_ENTER_S:.1f} s "
+        f"{name:<28} {len(runs):>4} {warm:>4} | {enter:6.2f} s  {TARGET_ENTER_S:.1f} s "
         f"{enter / TARGET_ENTER_S:5.2f} | {everyone:6.2f} s  {TARGET_ALL_S:.1f} s "
         f"{everyone / TARGET_ALL_S:5.2f} | {speedup}"
     )
@@ -195,30 +209,40 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--wrapper", action="store_true", help="the job inside the Wrapper")
     parser.add_argument("--standby", choices=("on", "off", "both"), default="both")
+    parser.add_argument("--kill-at", choices=("warm", "early", "both"), default="both")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the early kills' moments")
     args = parser.parse_args()
     mode = "wrapper" if args.wrapper else "plain"
     settings = {"both": (True, False), "on": (True,), "off": (False,)}[args.standby]
-    results: dict[bool, list[Run]] = {}
+    kinds = {"both": ("warm", "early"), "warm": ("warm",), "early": ("early",)}[args.kill_at]
+    draw = random.Random(args.seed)
+    results: dict[tuple[bool, str], list[Run]] = {}
     with tempfile.TemporaryDirectory(prefix="nvrx-bench-") as tmp:
         for standby in settings:
-            runs = results.setdefault(standby, [])
-            for i in range(args.repeats):
-                run = one_run(Path(tmp) / f"{mode}-{standby}-{i}", args.wrapper, standby)
-                runs.append(run)
-                print(
-                    f"{mode}, standby {'on' if standby else 'off'}, run {i}: kill -> replacement in "
-                    f"training fn {run.enter_s:.2f} s, -> all ranks training {run.all_s:.2f} s "
-                    f"({run.warm} of {run.restarted} replacements warm)",
-                    flush=True,
-                )
+            for kind in kinds:
+                runs = results.setdefault((standby, kind), [])
+                for i in range(args.repeats):
+                    at = draw.uniform(0.0, EARLY_WITHIN_S) if kind == "early" else None
+                    where = Path(tmp) / f"{mode}-{standby}-{kind}-{i}"
+                    run = one_run(where, args.wrapper, standby, at)
+                    runs.append(run)
+                    when = f"kill at {at:.1f} s (or once training)" if at is not None else "warm kill"
+                    print(
+                        f"{mode}, standby {'on' if standby else 'off'}, {when}, run {i}: kill -> "
+                        f"replacement in training fn {run.enter_s:.2f} s, -> all ranks training "
+                        f"{run.all_s:.2f} s ({run.warm} of {run.restarted} replacements warm)",
+                        flush=True,
+                    )
     print()
-    print(f"{'':<22} {'runs':>4} {'warm':>4} | kill -> replacement in fn | kill -> all ranks "
+    print(f"{'':<28} {'runs':>4} {'warm':>4} | kill -> replacement in fn | kill -> all ranks "
           f"training | cold/warm")  # fmt: skip
-    print(f"{'mode, standby':<22} {'':>4} {'':>4} | median target ratio     | median target "
+    print(f"{'mode, standby, kill':<28} {'':>4} {'':>4} | median target ratio     | median target "
           f"ratio     | fn    all")  # fmt: skip
     for standby in settings:
-        cold = results.get(False) if standby else None
-        print(_row(f"{mode}, {'on' if standby else 'off'}", results[standby], cold))
+        for kind in kinds:
+            cold = results.get((False, kind)) if standby else None
+            name = f"{mode}, {'on' if standby else 'off'}, {kind}"
+            print(_row(name, results[(standby, kind)], cold))
     print(f"(ratio = median / target: < 1 meets the issue's target; {os.cpu_count()} CPUs)")
     return 0
 
