@@ -228,7 +228,7 @@ class Trainer:
             parse_faults(args.fault, os.environ.get("NVRX_DEMO_FAULTS")), self.rank, run_dir
         )
         self.model = build_model(torch)
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.05)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.05, momentum=0.5)  # state to keep
         self.loss = 0.0
 
     def _collective(self, what: str, start: Callable[[], Any]) -> None:

@@ -235,8 +235,9 @@ KINDS: dict[str, dict[str, str]] = {
         "kept: the user's checkpoint callback loaded it) | none (the same, and the callback "
         "found no checkpoint, or none was given: the caller restores its checkpoint itself)",
         "step": "the step restored (null when nothing was)",
-        "newest_step": "the newest step any rank of the group had kept: the commits after "
-        "step up to it are lost, and so is the step that was running at the fault",
+        "newest_step": "the newest step any rank of the group had kept: the finished steps "
+        "after step up to it are lost (the step running at the fault is trained again in "
+        "any case, and not counted)",
         "committed_wall": "when this rank committed the step it restored (source memory; "
         "null otherwise): the work after it, up to the fault, is lost",
         "duration_s": "seconds the agreement, hand-over and load took on this rank",

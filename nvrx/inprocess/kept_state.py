@@ -26,18 +26,18 @@ side stream; the slot becomes the last complete commit when that copy has finish
 the next commit waits for the previous one.
 
 Ranks may hold different steps after a fault (one was committing when it came):
-``restore_agreed`` restores the newest step every rank that holds kept state holds, through
-one collective of the new process group, and hands it to the ranks that hold none (a
-replacement process, a spare) point to point (``state_handover``), each from the lowest
-holder of its replica group: every rank in data parallelism, the ranks that hold the same
-shard in a sharded job. Objects registered ``per_rank`` (RNG states, a data position) are
-not handed over; those ranks keep their own. When a shard has no holder left, the ranks
-fall back to the user's checkpoint, through a callback.
+``restore_agreed`` restores the newest step that a holder of every replica group holds,
+through one collective of the new process group, and hands it point to point
+(``state_handover``) to the ranks that do not hold it (a replacement process, a spare, a
+rank a commit behind), each from a holder of its replica group: any rank in data
+parallelism, the ranks that hold the same shard in a sharded job (``state_plan`` says
+who sends what to whom). Objects registered ``per_rank`` (RNG states, a data position)
+are not handed over; those ranks keep their own. When a shard has no holder left, the
+ranks fall back to the user's checkpoint, through a callback.
 """
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -45,7 +45,9 @@ from typing import Any, Protocol
 
 import torch
 
-from nvrx.inprocess import state_handover, state_tree
+from nvrx.inprocess import state_handover, state_plan, state_tree
+from nvrx.inprocess.rng_state import RngState
+from nvrx.inprocess.state_copy import Copier, fresh
 
 
 class Stateful(Protocol):
@@ -54,36 +56,6 @@ class Stateful(Protocol):
     def state_dict(self) -> Any: ...
 
     def load_state_dict(self, state: Any) -> Any: ...
-
-
-class RngState:
-    """The random number generators' states (Python, torch CPU and CUDA, NumPy) as a Stateful."""
-
-    def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            state["cuda"] = torch.cuda.get_rng_state_all()
-        numpy = _numpy()
-        if numpy is not None:
-            state["numpy"] = numpy.random.get_state()
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        random.setstate(state["python"])
-        torch.set_rng_state(state["torch"])
-        if "cuda" in state:
-            torch.cuda.set_rng_state_all(state["cuda"])
-        numpy = _numpy()
-        if "numpy" in state and numpy is not None:
-            numpy.random.set_state(state["numpy"])
-
-
-def _numpy() -> Any:
-    try:
-        import numpy
-    except ImportError:
-        return None
-    return numpy
 
 
 class EventSink(Protocol):
@@ -129,6 +101,8 @@ class KeptState:
         self._last: int | None = None  # index of the last complete commit's slot
         self._pending: int | None = None  # index of a slot whose device copy may still run
         self._stream: Any = None
+        self._course = 0  # the course of the commits: a new one begins at each fallback
+        self._shard: int | None = None  # the replica group they are of, once known
         self._lock = threading.RLock()  # user state_dict/load_state_dict may ask for step
 
     def register(
@@ -183,7 +157,7 @@ class KeptState:
             index = 0 if self._last == 1 else 1
             slot = self._slots[index]
             slot.step, slot.wall = None, time.time()  # torn until the copy below completes
-            copier = _Copier(self._side_stream)
+            copier = Copier(self._side_stream)
             for name, obj in self._objects.items():
                 slot.states[name] = copier.copy(obj.state_dict(), slot.states.get(name))
             slot.copied = copier.finish()
@@ -216,7 +190,7 @@ class KeptState:
                     "registered after it was committed"
                 )
             for name, obj in self._objects.items():
-                obj.load_state_dict(_fresh(slot.states[name]))
+                obj.load_state_dict(fresh(slot.states[name]))
             if index != self._last:
                 self._slots[self._last].step = None
                 self._last = index
@@ -229,39 +203,47 @@ class KeptState:
         replica_groups: Sequence[Sequence[int]] | None = None,
         checkpoint: Callable[[], int | None] | None = None,
     ) -> int | None:
-        """Restore the newest step that every rank of ``group`` (the default process group
-        when None) holding kept state holds, handing it to each rank that holds none (a
-        replacement process, a spare) from the lowest holder of its replica group.
+        """Restore the newest step that a holder of every replica group holds, and hand it
+        to each rank that holds none of it (a replacement process, a spare, a rank that now
+        stands for another shard) from a holder of its group (``state_plan``).
 
-        ``replica_groups``: the ranks of ``group`` that hold the same shard, one list per
-        shard, covering every rank once (None: one group of every rank, data parallelism).
-        Objects registered ``per_rank`` are never handed over. When some shard has no
-        holder left (every replica of it lost), or no step is held by every holder, or
-        nobody holds any (the first round), the commits kept are dropped and
-        ``checkpoint()`` runs on every rank: it loads the user's checkpoint and returns
-        its step (None: there was none); without ``checkpoint`` the result is None and
-        the caller restores its checkpoint itself.
+        ``group``: the process group (the default one when None). ``replica_groups``: the
+        ranks of ``group`` that hold the same shard, one list per shard, covering every
+        rank once (None: one group of every rank, data parallelism). Objects registered
+        ``per_rank`` are never handed over. When some group has no holder of a common step
+        (every replica of a shard lost), or nobody holds any (the first round), the
+        commits kept are dropped and ``checkpoint()`` runs on every rank: it loads the
+        user's checkpoint and returns its step (None: there was none); without
+        ``checkpoint`` the result is None and the caller restores its checkpoint itself.
 
-        The step restored is returned. A collective: every rank of the group calls it with
-        the same ``replica_groups``, after ``init_process_group`` in each round. The
-        collectives all come before any local load, so that a load that fails on one
-        rank leaves no other waiting in one. ``events`` (the ``CallWrapper``, say) gets
-        one ``state_restored`` event: source (memory, peer, checkpoint, none), step,
-        newest step kept anywhere, duration."""
+        The step restored is returned. A collective: every rank of the group calls it,
+        after ``init_process_group`` at the start of every round (the commits that follow
+        belong to the shard it gives the rank). The collectives all come before any local
+        load, and what each rank holds and registered is gathered first, so every rank
+        takes the same course: the same error on every rank when they registered
+        different objects or passed different groups. ``events`` (the ``CallWrapper``,
+        say) gets one ``state_restored`` event: source (memory, peer, checkpoint, none),
+        step, newest step kept anywhere, when the step was committed, duration."""
         import torch.distributed as dist
 
         start = time.monotonic()
-        world = dist.get_world_size(group)
-        replicas = _replica_groups(replica_groups, world)
+        world, me = dist.get_world_size(group), dist.get_rank(group)
         everyone: list[Any] = [None] * world
-        dist.all_gather_object(everyone, self.steps(), group=group)
-        plan = _HandOver.plan(everyone, replicas)
+        dist.all_gather_object(everyone, self._held(replica_groups), group=group)
+        state_plan.check_alike(everyone)
+        replicas = state_plan.replica_groups(replica_groups, world)
+        shard = next(g for g, ranks in enumerate(replicas) if me in ranks)
+        plan = state_plan.plan(everyone, replicas)
         if plan is None:
             step, source = self._fall_back(checkpoint)
+            course = max(h.course for h in everyone) + 1
         else:
-            step, source = self._follow(plan, bool(everyone[dist.get_rank(group)]), group)
+            step, source = self._follow(plan, group)
+            course = plan.course
+        with self._lock:
+            self._course, self._shard = course, shard
         if events is not None:
-            newest = max((max(steps) for steps in everyone if steps), default=None)
+            newest = max((max(h.steps) for h in everyone if h.steps), default=None)
             events.emit(
                 "state_restored",
                 source=source,
@@ -272,19 +254,34 @@ class KeptState:
             )
         return step
 
-    def _follow(self, plan: _HandOver, holder: bool, group: Any) -> tuple[int, str]:
+    def _held(self, groups: Sequence[Sequence[int]] | None) -> state_plan.Held:
+        """What this rank brings to the agreement (``state_plan.Held``)."""
+        steps = self.steps()
+        with self._lock:
+            names = tuple(sorted((n, n in self._per_rank) for n in self._objects))
+            return state_plan.Held(
+                steps=tuple(steps),
+                course=self._course,
+                shard=self._shard,
+                names=tuple(f"{n}{' (per rank)' if per_rank else ''}" for n, per_rank in names),
+                groups=tuple(tuple(g) for g in groups) if groups is not None else (),
+            )
+
+    def _follow(self, plan: state_plan.HandOver, group: Any) -> tuple[int, str]:
         """Send the agreed step to the ranks this one serves, then load it: from this rank's
-        memory when it is a ``holder``, else as received from its source."""
+        memory, or, a receiver, as its source sends it (its own commits then dropped)."""
         import torch.distributed as dist
 
         me = dist.get_rank(group)
         receivers = plan.receivers_of(me)
         if receivers:
             state_handover.send_state(self._shared(plan.step), receivers, group)
-        if holder:
+        if me not in plan.sources:
             self.restore(plan.step)
             return plan.step, "memory"
-        self._load(state_handover.recv_state(plan.sources[me], group))
+        received = state_handover.recv_state(plan.sources[me], group)
+        self.forget()
+        self._load(received)
         return plan.step, "peer"
 
     def _fall_back(self, checkpoint: Callable[[], int | None] | None) -> tuple[int | None, str]:
@@ -341,8 +338,9 @@ class KeptState:
     def _index_of(self, step: int | None) -> int:
         if step is None:
             return self._last  # type: ignore[return-value]
-        for index, slot in enumerate(self._slots):
-            if slot.step == step:
+        order = [self._last, 1 - self._last] if self._last is not None else [0, 1]
+        for index in order:  # the last commit first: a step committed twice is its newer copy
+            if self._slots[index].step == step:
                 return index
         raise ValueError(
             f"KeptState.restore: step {step} is not kept; the steps kept are {self._complete_steps()}"
@@ -366,103 +364,4 @@ class KeptState:
         return self._stream
 
 
-class _HandOver:
-    """Who loads what in ``restore_agreed``: the agreed step, and for each rank that holds
-    none the holder of its replica group it receives from."""
-
-    def __init__(self, step: int, sources: dict[int, int]) -> None:
-        self.step = step
-        self.sources = sources  # receiving rank -> sending rank
-
-    @classmethod
-    def plan(cls, everyone: list[list[int]], replicas: list[list[int]]) -> _HandOver | None:
-        """The plan given every rank's kept steps; None when no step is held by every holder
-        or some replica group has no holder left."""
-        holders = [rank for rank, steps in enumerate(everyone) if steps]
-        if not holders:
-            return None
-        common = set(everyone[holders[0]]).intersection(*(everyone[r] for r in holders[1:]))
-        sources: dict[int, int] = {}
-        for ranks in replicas:
-            held = [r for r in ranks if everyone[r]]
-            if not held:
-                return None
-            sources.update({r: held[0] for r in ranks if not everyone[r]})
-        return cls(max(common), sources) if common else None
-
-    def receivers_of(self, rank: int) -> list[int]:
-        return sorted(r for r, source in self.sources.items() if source == rank)
-
-
-def _replica_groups(groups: Sequence[Sequence[int]] | None, world: int) -> list[list[int]]:
-    """``groups`` checked to cover ranks 0..world-1 once each; None means one group of all."""
-    if groups is None:
-        return [list(range(world))]
-    listed = [r for ranks in groups for r in ranks]
-    wrong = sorted(
-        {r for r in listed if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < world},
-        key=str,
-    )
-    twice = sorted({r for r in listed if listed.count(r) > 1 and r not in wrong})
-    missing = sorted(set(range(world)) - set(listed))
-    if wrong or twice or missing or not all(groups):
-        raise ValueError(
-            f"KeptState.restore_agreed: replica_groups must cover the group's ranks 0..{world - 1} "
-            f"once each, in non-empty groups; got {[list(g) for g in groups]}"
-            + (f" (not ranks: {wrong})" if wrong else "")
-            + (f" (more than once: {twice})" if twice else "")
-            + (f" (missing: {missing})" if missing else "")
-        )
-    return [list(ranks) for ranks in groups]
-
-
-class _Copier:
-    """Copies one commit's states into a slot's buffers, reusing them where shapes match."""
-
-    def __init__(self, side_stream: Callable[[], Any]) -> None:
-        self._side_stream = side_stream
-        self._stream: Any = None
-
-    def copy(self, value: Any, into: Any) -> Any:
-        return state_tree.map_leaves(value, self._tensor, into)
-
-    def finish(self) -> Any:
-        """A CUDA event the copies end with, None when none ran on a device."""
-        if self._stream is None:
-            return None
-        event = torch.cuda.Event()
-        event.record(self._stream)
-        return event
-
-    def _tensor(self, tensor: torch.Tensor, into: torch.Tensor | None) -> torch.Tensor:
-        tensor = tensor.detach()
-        on_device = tensor.device.type == "cuda"
-        reusable = (
-            into is not None
-            and into.shape == tensor.shape
-            and into.dtype == tensor.dtype
-            and into.device.type == "cpu"
-            and into.is_pinned() == on_device
-        )
-        if not reusable:
-            into = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=on_device)
-        if not on_device:
-            into.copy_(tensor)
-            return into
-        staging = tensor.clone()  # on the current stream: later in-place updates leave it alone
-        if self._stream is None:
-            self._stream = self._side_stream()
-        self._stream.wait_stream(torch.cuda.current_stream(tensor.device))
-        with torch.cuda.stream(self._stream):
-            into.copy_(staging, non_blocking=True)
-        staging.record_stream(self._stream)
-        return into
-
-
-def _fresh(value: Any) -> Any:
-    """``value`` with every tensor cloned: loaders may keep the tensors they are given
-    (an optimizer does), and the slot's buffers are written again by later commits."""
-    return state_tree.map_leaves(value, lambda t, _: t.clone())
-
-
-__all__ = ["EventSink", "KeptState", "RngState", "Stateful"]
+__all__ = ["EventSink", "KeptState", "RngState", "Stateful"]  # RngState: from rng_state

@@ -135,11 +135,16 @@ def _restart_parts(
     return detection, max(0.0, (latency or 0.0) - rejoin), rejoin
 
 
-def _waiting_share(row: RoundRow, losses: LossIndex, ranks: int) -> float:
-    """The share of ranks that wait in the function while the round's fault goes undetected:
-    all of them, less the ranks of a node lost in that round (their processes are gone)."""
-    lost = {r for x in losses.losses if (x.run, x.round) == (row.run, row.round) for r in x.ranks}
-    return max(0.0, 1.0 - len(lost) / ranks) if ranks else 1.0
+def _waiting_share(job: JobSummary, row: RoundRow, losses: LossIndex, ranks: int) -> float:
+    """The share of the job's ranks that wait in the function while the round's fault goes
+    undetected: the round's ranks (after a shrink, fewer than the job's), less those of a
+    node lost in that round (their processes are gone)."""
+    if not ranks:
+        return 1.0
+    r = job.rounds.get((row.run, row.round))
+    size = r.world_size if r is not None and r.world_size else ranks
+    lost = {k for x in losses.losses if (x.run, x.round) == (row.run, row.round) for k in x.ranks}
+    return min(1.0, max(0.0, (size - len(lost)) / ranks))
 
 
 def build_ledger(
@@ -161,7 +166,7 @@ def build_ledger(
         if row.outcome == "restart":
             parts = _restart_parts(job, row, fault)
             detection, restart, rejoin = detection + parts[0], restart + parts[1], rejoin + parts[2]
-            waiting += parts[0] * _waiting_share(row, losses, ranks)
+            waiting += parts[0] * _waiting_share(job, row, losses, ranks)
     wanted = {
         "requeue_wait_s": requeue,
         "startup_s": _startup_s(job, spans),

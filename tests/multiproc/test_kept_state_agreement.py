@@ -1,10 +1,11 @@
-"""KeptState.restore_agreed: the ranks of a gloo group restore the newest step all holders
-hold, and a rank that holds none receives it from a peer.
+"""KeptState.restore_agreed: the ranks of a gloo group restore the newest step a holder
+holds, and a rank that holds none of it receives it from a peer.
 
 Three real processes on loopback. Each trains the same model from the same seed and commits
 steps; the ranks' last commits differ as after a fault during a commit (rank 2 lost its last
-one), and every rank must restore the same step with bit-identical parameters and optimizer
-state, although each rank changed its parameters differently after its last commit. A
+one), and every rank must restore the newest step with bit-identical parameters and optimizer
+state (rank 2 receives it from a peer), although each rank changed its parameters
+differently after its last commit. A
 rank that holds nothing (a replacement process: a model of its own seed, never trained, an
 optimizer without state) must end with the same bits as the others, and keep its own
 per-rank state; when no rank holds anything, every rank gets None.
@@ -65,15 +66,14 @@ def _rank(rank: int, port: int, case: str) -> None:
     kept.register("model", model)
     kept.register("optimizer", optimizer)
     kept.register("position", position, per_rank=True)
-    at_2 = None
+    at_step: dict[int, list[float]] = {}
     for step in range(1, 4) if commits is not None else ():
         optimizer.zero_grad()
         model(torch.full((2, 4), float(step))).sum().backward()
         optimizer.step()
         if step in commits:
             kept.commit(step)
-        if step == 2:
-            at_2 = _params(model)
+        at_step[step] = _params(model)
     with torch.no_grad():  # what each rank did after its last commit differs: restore must undo it
         for p in model.parameters():
             p.add_(rank + 1)
@@ -81,7 +81,7 @@ def _rank(rank: int, port: int, case: str) -> None:
     restored = kept.restore_agreed(events=EventWriter(os.environ["EVENTS_DIR"], "app", {"rank": rank}))
     state = optimizer.state_dict()["state"].values()
     moments = torch.cat([s["exp_avg"].flatten() for s in state]) if state else torch.empty(0)
-    print(json.dumps({"restored": restored, "params": _params(model), "at_2": at_2,
+    print(json.dumps({"restored": restored, "params": _params(model), "at_step": at_step,
                       "moments": moments.tolist(), "position": position.at}))
     dist.destroy_process_group()
 
@@ -117,7 +117,7 @@ def _run(case: str, port: int, events_dir: str) -> list[dict]:
     return outputs
 
 
-@pytest.mark.parametrize(("case", "expected"), [("one_behind", 2), ("one_replaced", 2), ("none_kept", None)])
+@pytest.mark.parametrize(("case", "expected"), [("one_behind", 3), ("one_replaced", 2), ("none_kept", None)])
 def test_every_rank_restores_the_newest_step_all_holders_hold(case, expected, tmp_path):
     from helpers_inprocess import free_port_pair
 
@@ -127,7 +127,10 @@ def test_every_rank_restores_the_newest_step_all_holders_hold(case, expected, tm
     assert [r["restored"] for r in ranks] == [expected] * WORLD
     restores = {e["rank"]: e for e in read_dir(tmp_path)[0] if e["kind"] == "state_restored"}
     assert sorted(restores) == list(range(WORLD))
-    sources = {r: ("none" if expected is None else "memory" if CASES[case][r] else "peer") for r in range(WORLD)}
+    sources = {
+        r: "none" if expected is None else "memory" if expected in (CASES[case][r] or ()) else "peer"
+        for r in range(WORLD)
+    }
     newest = max((max(c) for c in CASES[case].values() if c), default=None)
     for rank, event in restores.items():
         assert (event["source"], event["step"], event["newest_step"]) == (sources[rank], expected, newest)
@@ -135,12 +138,12 @@ def test_every_rank_restores_the_newest_step_all_holders_hold(case, expected, tm
     if expected is None:
         return
     assert ranks[0]["moments"]
-    for rank, got in enumerate(ranks):  # step 2's bits everywhere
-        assert got["params"] == ranks[0]["at_2"], rank
+    for rank, got in enumerate(ranks):  # the restored step's bits everywhere
+        assert got["params"] == ranks[0]["at_step"][str(expected)], rank
         assert got["moments"] == ranks[0]["moments"], rank
-    holders = [r for r in range(WORLD) if CASES[case][r] is not None]
-    assert [ranks[r]["position"] for r in range(WORLD)] == [
-        100 * r if r in holders else 100 * r + 1 for r in range(WORLD)  # kept, not handed over
+    holders = [r for r in range(WORLD) if expected in (CASES[case][r] or ())]
+    assert [ranks[r]["position"] for r in range(WORLD)] == [  # a receiver keeps its own
+        100 * r if r in holders else 100 * r + 1 for r in range(WORLD)  # not handed over
     ]
 
 

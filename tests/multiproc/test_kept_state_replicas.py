@@ -22,7 +22,7 @@ from datetime import timedelta
 
 WORLD = 4
 REPLICAS = [[0, 2], [1, 3]]
-CHECKPOINT_STEP = 7
+CHECKPOINT_STEP = 1
 CASES = {
     # case: (ranks that are replacements and hold nothing, replica groups)
     "shard_from_replica": ({3}, REPLICAS),
@@ -147,7 +147,8 @@ def test_every_replica_of_a_shard_lost_restores_the_checkpoint_on_every_rank(tmp
 
     report = build_report(tmp_path, sacct=False)
     (row,) = report.restores  # the report says where the state came from
-    assert (row.sources, row.step, row.newest_step) == ({"checkpoint": WORLD}, CHECKPOINT_STEP, 7)
+    assert (row.sources, row.step, row.newest_step) == ({"checkpoint": WORLD}, CHECKPOINT_STEP, 3)
+    assert row.steps_lost == 2  # the steps kept after the checkpoint, on the lost replicas too
     assert "checkpoint (4 ranks)" in report.to_text(width=None)
 
 

@@ -221,3 +221,41 @@ def test_the_text_report_shows_the_ledger_that_sums_to_the_wall_time(tmp_path: P
     lost = rows["work lost since the state was last saved"]
     assert lost[-3:] == [f"{ledger.lost_work_s:.3f}", "s", "47.6%"], section
     assert f"sum: {ledger.wall_s:.1f} s wall" in section, section
+
+
+def _hung_then_restored(log_dir: Path, committed: float) -> Report:
+    """Round 0: the rank hangs after its last progress at 7 s; the soft timeout fires at
+    12 s (5 s without progress). Round 1 restores the kept step,
+    committed at ``committed`` s, and completes at 20 s."""
+    from test_report_fixtures import T0
+
+    node = Node(log_dir)
+    rank = node.start(0.5, pid=900)
+    rank.at(2.0, "round_start", round=0, world_size=1, initial_rank=0)
+    rank.at(2.01, "call_start", round=0, note="enter")
+    rank.at(12.0, "fault", round=0, fault_kind="hang_soft", origin_rank=0, signature="hang_soft",
+            message="no progress for 5.0 s (soft timeout 5 s)", detection_s=5.0)  # fmt: skip
+    rank.at(12.1, "call_end", round=0, duration_s=10.09, outcome="restart")
+    rank.at(12.1, "round_end", round=0, outcome="restart", duration_s=10.1)
+    rank.at(12.5, "round_start", round=1, world_size=1, initial_rank=0)
+    rank.at(12.51, "call_start", round=1, note="enter")
+    rank.at(12.6, "state_restored", round=1, source="memory", step=70, newest_step=70,
+            committed_wall=T0 + committed, duration_s=0.01)  # fmt: skip
+    rank.at(20.0, "call_end", round=1, duration_s=7.49, outcome="completed")
+    rank.at(20.0, "round_end", round=1, outcome="completed", duration_s=7.5)
+    rank.at(20.1, "wrapper_end", outcome="completed", rounds=2)
+    node.exit(20.5, 900, runtime=20.0, code=0, sig=None)
+    node.sup.at(21.0, "supervisor_end", exit_code=0, reason="all children ended")
+    return node.close()
+
+
+def test_a_hang_counts_as_detection_and_a_kept_state_restore_as_a_save(tmp_path: Path) -> None:
+    """The hang's 5 s without progress are detection, not lost work; the work lost ends
+    where the fault began (7 s) and starts at the restored step's commit (6.9 s)."""
+    s = _hung_then_restored(tmp_path / "job", committed=6.9).summary
+    ledger = s.time_ledger
+    assert ledger.lost_work_known
+    assert ledger.lost_work_s == pytest.approx(0.1)
+    assert ledger.detection_s == pytest.approx(5.0)
+    assert ledger.training_s == pytest.approx(10.09 + 7.49 - 0.1 - 5.0)
+    _sums_to_the_wall_time(ledger, s.wall_time_s)

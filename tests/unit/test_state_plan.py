@@ -1,0 +1,83 @@
+"""The hand-over plan of ``KeptState.restore_agreed``: what every rank derives from what
+every rank holds (``nvrx.inprocess.state_plan``), without processes."""
+
+from __future__ import annotations
+
+import pytest
+
+from nvrx.inprocess.state_plan import Held, check_alike, plan, replica_groups
+
+GROUPS = [[0, 2], [1, 3]]  # 2 replicas of 2 shards
+
+
+def _held(steps=(), course=0, shard=None, names=("model",), groups=()) -> Held:
+    return Held(tuple(steps), course, shard, tuple(names), tuple(groups))
+
+
+def _of(*steps_and_shards) -> list[Held]:
+    return [_held(steps, shard=shard) for steps, shard in steps_and_shards]
+
+
+def test_each_shard_comes_from_a_holder_of_its_own_replica_group():
+    got = plan(_of(((3, 2), 0), ((3, 2), 1), ((), None), ((), None)), GROUPS)
+    assert (got.step, got.sources) == (3, {2: 0, 3: 1})
+    assert got.receivers_of(0) == [2] and got.receivers_of(1) == [3]
+
+
+def test_the_step_is_the_newest_some_holder_of_every_group_holds():
+    # rank 2 is a commit behind: rank 0 holds step 3 of shard 0, so rank 2 receives it
+    got = plan(_of(((3, 2), 0), ((3, 2), 1), ((2, 1), 0), ((3, 2), 1)), GROUPS)
+    assert (got.step, got.sources) == (3, {2: 0})
+    # no holder of shard 1 has step 3: step 2, which every group has
+    got = plan(_of(((3, 2), 0), ((2, 1), 1), ((3, 2), 0), ((2, 1), 1)), GROUPS)
+    assert (got.step, got.sources) == (2, {})
+
+
+def test_no_plan_when_a_shard_has_no_holder_or_nothing_is_kept():
+    assert plan(_of(((3, 2), 0), ((), None), ((3, 2), 0), ((), None)), GROUPS) is None
+    assert plan(_of(((), None), ((), None), ((), None), ((), None)), GROUPS) is None
+    assert plan(_of(((5,), 0), ((3,), 1), ((5,), 0), ((3,), 1)), GROUPS) is None  # no common step
+
+
+def test_a_survivor_renumbered_into_another_group_receives_its_new_shard():
+    # rank 3 left; the survivors were shifted down: the new rank 2 committed shard 1 (as
+    # old rank 3), and a new rank 3 holds nothing. Rank 2 must not serve its shard-1 state
+    # as shard 0's: it receives shard 0 from rank 0, and rank 3 shard 1 from rank 1.
+    got = plan(_of(((4,), 0), ((4,), 1), ((4,), 1), ((), None)), GROUPS)
+    assert (got.step, got.sources) == (4, {2: 0, 3: 1})
+
+
+def test_commits_of_an_abandoned_course_do_not_count():
+    everyone = [_held((7,), course=1), _held((7,), course=1), _held((9, 8), course=0)]
+    got = plan(everyone, [[0, 1, 2]])
+    assert (got.step, got.course, got.sources) == (7, 1, {2: 0})
+
+
+def test_receivers_are_spread_over_the_holders_of_their_group():
+    everyone = [_held((5,), shard=0)] * 2 + [_held()] * 4
+    got = plan(everyone, [list(range(6))])
+    assert got.sources == {2: 0, 3: 1, 4: 0, 5: 1}
+
+
+def test_ranks_that_registered_or_grouped_differently_are_told_alike():
+    with pytest.raises(ValueError, match="registered different objects"):
+        check_alike([_held(names=("model",)), _held(names=("model", "optimizer"))])
+    with pytest.raises(ValueError, match="passed different replica_groups"):
+        check_alike([_held(groups=((0, 1),)), _held(groups=((0,), (1,)))])
+    check_alike([_held(), _held()])
+
+
+@pytest.mark.parametrize(
+    ("groups", "says"),
+    [
+        ([[0, 1], [1, 2]], "(more than once: [1])"),
+        ([[0, 1], [2, 3]], "(not ranks: 3)"),
+        ([[0], [1]], "(missing: [2])"),
+        ([[0, 1, 2], []], "in non-empty groups"),
+    ],
+)
+def test_replica_groups_must_cover_every_rank_once(groups, says):
+    with pytest.raises(ValueError, match="replica_groups must cover the group's ranks 0..2") as err:
+        replica_groups(groups, 3)
+    assert says in str(err.value)
+    assert replica_groups(None, 3) == [[0, 1, 2]]
