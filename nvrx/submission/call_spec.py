@@ -2,7 +2,8 @@
 
 ``nvrx.submit`` writes it into the job folder before submission; every rank's
 ``run_callable`` loads it; a checkpoint (``checkpointing``) replaces it with the
-call the next run makes.
+call the next run makes. Written owner-only, loaded only when it is the user's own
+(``private_files``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import cloudpickle
 
-from nvrx.atomic_file import replace_file
+from nvrx.submission.private_files import check_private, write_private
 
 
 def dump_spec(
@@ -28,12 +29,14 @@ def dump_spec(
         data = cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
     except Exception as exc:
         raise TypeError(f"cannot pickle {fn!r} with its arguments for the job: {exc}") from exc
-    return replace_file(path, data)
+    return write_private(path, data)
 
 
 def load_spec(
     path: str | os.PathLike[str],
 ) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+    """What ``dump_spec`` wrote, once ``path`` proved to be the user's own (``private_files``)."""
+    check_private(path)
     with open(path, "rb") as fh:
         fn, args, kwargs = cloudpickle.load(fh)
     return fn, args, kwargs

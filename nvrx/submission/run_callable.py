@@ -26,9 +26,9 @@ from typing import Any
 import cloudpickle
 
 from nvrx import jobenv
-from nvrx.atomic_file import replace_file
 from nvrx.submission.call_spec import load_spec
 from nvrx.submission.checkpointing import CheckpointGuard, CheckpointStop, checkpoint_method
+from nvrx.submission.private_files import check_private, write_private
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +41,16 @@ def result_path(result_dir: str | os.PathLike[str], rank: int) -> Path:
 
 def write_outcome(result_dir: str | os.PathLike[str], rank: int, outcome: tuple[str, Any]) -> Path:
     """Store one rank's ``(status, value)`` atomically (a reader never sees half a file)."""
-    return replace_file(result_path(result_dir, rank), cloudpickle.dumps(outcome))
+    return write_private(result_path(result_dir, rank), cloudpickle.dumps(outcome))
 
 
 def read_outcome(result_dir: str | os.PathLike[str], rank: int) -> tuple[str, Any] | None:
-    """A rank's ``(status, value)``, or None when it wrote none."""
+    """A rank's ``(status, value)``, or None when it wrote none; only a file of the user's
+    own is unpickled (``private_files``)."""
+    path = result_path(result_dir, rank)
     try:
-        with open(result_path(result_dir, rank), "rb") as fh:
+        check_private(path)
+        with open(path, "rb") as fh:
             status, value = cloudpickle.load(fh)
     except FileNotFoundError:
         return None

@@ -44,6 +44,7 @@ from nvrx.submission.conventions import (
 )
 from nvrx.submission.job import NvrxJob
 from nvrx.submission.node_task import NodeSpec, run_node
+from nvrx.submission.private_files import make_private_dir
 from nvrx.supervisor.preemption import (
     DEFAULT_MAX_TIME_LIMIT_REQUEUES,
     DEFAULT_SIGNAL_DELAY_S,
@@ -102,6 +103,8 @@ class Executor:
         import submitit
 
         self.folder = Path(folder).absolute()
+        if not self.folder.exists():  # a new one is the user's alone (``private_files``)
+            make_private_dir(self.folder)
         try:
             self._executor = submitit.AutoExecutor(folder=self.folder / "%j", cluster=cluster)
         except (ValueError, RuntimeError, AssertionError) as exc:

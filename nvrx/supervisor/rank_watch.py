@@ -17,6 +17,7 @@ import os
 import select
 import shutil
 import socket
+import struct
 import tempfile
 import time
 from typing import Any
@@ -106,10 +107,16 @@ class RankWatch:
         return self._dir
 
     def accept(self) -> int | None:
-        """Take one waiting connection; its descriptor (to watch for packets), or None."""
+        """Take one waiting connection; its descriptor (to watch for packets), or None. A
+        peer of another user is refused (``SO_PEERCRED``), whatever reached the socket."""
         try:
             conn, _ = self._listener.accept()
         except BlockingIOError:
+            return None
+        pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        if uid != os.geteuid():
+            log.warning("refused a fault-tolerance connection of pid %d: uid %d is not this user's", pid, uid)
+            conn.close()
             return None
         conn.setblocking(False)
         self.watched[conn.fileno()] = Watched(conn)

@@ -3,6 +3,10 @@ what each message does to the deadlines, the stack request, computed and restore
 
 from __future__ import annotations
 
+import os
+import select
+import socket
+
 import pytest
 
 from nvrx import jobenv
@@ -185,3 +189,32 @@ def test_a_long_tmpdir_still_gives_a_usable_socket(tmp_path, monkeypatch):
         client.shutdown_workload_monitoring()
     finally:
         watch.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="connecting as another user needs root")
+def test_a_peer_of_another_user_is_refused_even_when_it_reaches_the_socket(watch):
+    os.chmod(watch.directory, 0o755)  # open the way, as a careless setup would
+    os.chmod(watch.path, 0o777)
+    pid = os.fork()
+    if pid == 0:  # the other user: connects, then waits until the supervisor closes it
+        code = 1
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            peer = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            peer.connect(watch.path)
+            peer.settimeout(30)
+            code = 0 if peer.recv(1) == b"" else 2
+        finally:
+            os._exit(code)
+    try:
+        assert select.select([watch.fileno()], [], [], 30)[0], "the other user never connected"
+        assert watch.accept() is None  # refused, not watched
+        assert watch.watched == {}
+    finally:
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0  # its connection was closed
+    mine = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    mine.connect(watch.path)
+    assert watch.accept() is not None  # this user's own peer is taken
+    mine.close()

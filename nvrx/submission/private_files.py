@@ -1,0 +1,57 @@
+"""Files that submission unpickles: written owner-only, and read only when they are the user's.
+
+Unpickling a file runs whatever code it names, so a file another user could have written
+must never be loaded: the call a job runs (``call_spec``) and each rank's result
+(``run_callable``) are written with mode 0o600 into directories of mode 0o700, and before
+one is read, it and its directory must belong to the reading user and be writable by
+nobody else (``check_private``): a job folder on a shared file system that another user
+could write into is refused with what to fix, not trusted.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from nvrx.atomic_file import replace_file
+
+#: Permission bits that let someone other than the owner change a file or a directory.
+_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+
+
+def make_private_dir(path: str | os.PathLike[str]) -> Path:
+    """``path`` (and its missing parents) created; ``path`` itself owner-only (0o700)."""
+    directory = Path(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    if directory.stat().st_uid == os.geteuid():
+        directory.chmod(0o700)
+    return directory
+
+
+def write_private(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Replace ``path`` by ``data`` atomically, owner-only, in an owner-only directory."""
+    make_private_dir(Path(path).parent)
+    return replace_file(path, data, mode=0o600)
+
+
+def check_private(path: str | os.PathLike[str]) -> None:
+    """Raise ``PermissionError`` unless ``path`` and its directory belong to this user and
+    nobody else can write them (``FileNotFoundError`` when it does not exist)."""
+    target = Path(path)
+    for what, place in (("file", target), ("directory", target.parent)):
+        info = place.stat()
+        if info.st_uid != os.geteuid():
+            raise PermissionError(
+                f"refusing to unpickle {target}: its {what} {place} belongs to uid "
+                f"{info.st_uid}, not to this user (uid {os.geteuid()}); submit from a folder "
+                "of your own"
+            )
+        if info.st_mode & _OTHERS_WRITE:
+            raise PermissionError(
+                f"refusing to unpickle {target}: its {what} {place} is writable by others "
+                f"(mode {stat.filemode(info.st_mode)}); run `chmod go-w {place}`"
+            )
+
+
+__all__ = ["check_private", "make_private_dir", "write_private"]
