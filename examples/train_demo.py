@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import faulthandler
 import functools
+import hashlib
 import os
 import sys
 import time
@@ -301,6 +302,14 @@ class Trainer:
         self.loss = float(loss.detach())
         time.sleep(self.args.step_time)
 
+    def digest(self) -> str:
+        """A digest of the model's and the optimizer's state: in data-parallel training it is
+        the same on every rank after every step, a replacement's and a spare's included."""
+        sha = hashlib.sha256()
+        for tensor in [*self.model.state_dict().values(), *_optimizer_tensors(self.opt)]:
+            sha.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        return sha.hexdigest()[:16]
+
     def checkpoint_due(self, step: int) -> bool:
         return step % self.args.checkpoint_every == 0 or step == self.args.steps
 
@@ -319,6 +328,12 @@ class Trainer:
                 f"loss {self.loss:.4f}; events in {events.job_log_dir()}"
             )
         self.dist.destroy_process_group()
+
+
+def _optimizer_tensors(opt: Any) -> list[Any]:
+    """The tensors of an optimizer's state (momentum buffers...), in a fixed order."""
+    state = opt.state_dict()["state"]
+    return [v for key in sorted(state) for _, v in sorted(state[key].items()) if hasattr(v, "numpy")]
 
 
 @contextlib.contextmanager
@@ -344,7 +359,7 @@ def train_loop(
         if trainer.checkpoint_due(step):
             with atomic():
                 trainer.save(step)
-        writer.emit("progress", step=step, loss=trainer.loss)
+        writer.emit("progress", step=step, loss=trainer.loss, state_digest=trainer.digest())
 
 
 def run_dir_of(args: argparse.Namespace) -> Path:

@@ -257,5 +257,11 @@ KINDS: dict[str, dict[str, str]] = {
         "issued_by": "nvrx (the supervisor called scontrol requeue) | slurm (SLURM requeued it)",
     },
     # -- application progress (demo, examples) ---------------------------
-    "progress": {"step": "training step reached", "loss": "loss value, when known"},
+    "progress": {
+        "step": "training step reached",
+        "loss": "loss value, when known",
+        "state_digest": "a digest of the rank's model and optimizer state after the step, "
+        "when the application gives one (the demo's: equal on every rank of its "
+        "data-parallel job)",
+    },
 }

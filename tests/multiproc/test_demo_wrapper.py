@@ -94,6 +94,19 @@ def raised_and_hung(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
     return _run_demo(tmp_path_factory.mktemp("exc_hang"), faults)
 
 
+def same_state_on_every_rank(progress: list[dict], ranks: int, from_round: int) -> None:
+    """After each step of the rounds from ``from_round`` on, every rank's model and optimizer
+    state has one digest: a rank that restored from memory or received the state from a
+    peer holds the same bits as the others."""
+    digests: dict[tuple[int, int], dict[int, str]] = defaultdict(dict)
+    for e in progress:
+        if e["round"] is not None and e["round"] >= from_round:
+            digests[(e["round"], e["step"])][e["rank"]] = e["state_digest"]
+    assert digests
+    for (rnd, step), by_rank in digests.items():
+        assert len(by_rank) == ranks and len(set(by_rank.values())) == 1, (rnd, step, by_rank)
+
+
 def _completed_at_full_size(run: DemoRun) -> None:
     assert run.codes == [0, 0], run.output
     final = {e["rank"] for e in run.of("progress", "app") if e["step"] == STEPS}
@@ -197,6 +210,7 @@ def test_the_replacement_takes_the_kept_state_from_a_peer_and_no_step_is_lost(
     assert not [e for e in killed.of("checkpoint", "app") if e["action"] == "load"]
     (row,) = killed.report.restores
     assert (row.sources, row.step, row.steps_lost) == ({"memory": 3, "peer": 1}, KILL_STEP - 1, 0)
+    same_state_on_every_rank(killed.of("progress", "app"), 4, from_round=0)
 
 
 # -- an exception and a hang: in-process restarts only ----------------------------------
@@ -234,6 +248,7 @@ def test_exception_and_hang_restart_in_process_without_any_process_restart(
             (2, "memory", HANG_STEP - 1, HANG_STEP - 1),
         ], (rank, restores)  # the step before the fault, not the file's
         assert not [e for e in run.of("checkpoint", "app") if e["action"] == "load"]
+    same_state_on_every_rank(run.of("progress", "app"), 4, from_round=0)
     rows = [(r.round, r.sources, r.step, r.steps_lost) for r in run.report.restores]
     assert rows == [
         (1, {"memory": 4}, RAISE_STEP - 1, 0),

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from test_demo_wrapper import same_state_on_every_rank
 from test_supervisor_local import DEMO, Job
 
 from nvrx import jobenv
@@ -123,6 +124,8 @@ def test_a_spare_node_takes_over_a_lost_node(tmp_path: Path) -> None:
     assert restore.sources == {"memory": 2, "peer": 2} and restore.cause == "node lost"
     assert restore.steps_lost is not None and restore.steps_lost <= 1, report.to_text()
     assert restore.step >= KILL_AFTER_STEP
+    progress = job.events("progress", component="app")
+    same_state_on_every_rank(progress, 4, from_round=restore.round)  # the spare's ranks too
     assert (report.timeline[0].cause, report.timeline[0].first_node) == ("node lost", 1)
     assert "spare slot 2 took over node rank 1" in report.to_text(width=None)
 
