@@ -49,6 +49,32 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
             proc.wait()
 
 
+def run_rank_scripts(script: str, world: int, args: list[str], env: dict[str, str]) -> list[dict]:
+    """Run ``script RANK *args`` once per rank, together; each rank's last stdout line as
+    JSON, in rank order. A rank that fails fails the caller, and the others (left waiting
+    in a collective, maybe) are killed with their process groups."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, script, str(rank), *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), **env),
+        )  # fmt: skip
+        for rank in range(world)
+    ]
+    outputs = []
+    try:
+        for proc in procs:
+            out, err = finish(proc, 120)
+            assert proc.returncode == 0, err[-2000:]
+            outputs.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return outputs
+
+
 def free_port_pair() -> int:
     """A port p with p and p+1 free (MASTER_PORT and the store's MASTER_PORT + 1)."""
     for _ in range(100):

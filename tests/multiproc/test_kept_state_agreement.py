@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 from datetime import timedelta
 
@@ -83,6 +81,7 @@ def _rank(rank: int, port: int, case: str) -> None:
     moments = torch.cat([s["exp_avg"].flatten() for s in state]) if state else torch.empty(0)
     print(json.dumps({"restored": restored, "params": _params(model), "at_step": at_step,
                       "moments": moments.tolist(), "position": position.at}))
+    dist.barrier()  # no rank tears its group down while others still hand state over
     dist.destroy_process_group()
 
 
@@ -93,28 +92,9 @@ def _params(model) -> list[float]:
 
 
 def _run(case: str, port: int, events_dir: str) -> list[dict]:
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(rank), str(port), case],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), EVENTS_DIR=events_dir),
-        )
-        for rank in range(WORLD)
-    ]
-    from helpers_inprocess import finish
+    from helpers_inprocess import run_rank_scripts
 
-    outputs = []
-    try:
-        for proc in procs:
-            out, err = finish(proc, 120)
-            assert proc.returncode == 0, err[-2000:]
-            outputs.append(json.loads(out.strip().splitlines()[-1]))
-    finally:  # a rank that failed leaves the others waiting in a collective
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    return outputs
+    return run_rank_scripts(__file__, WORLD, [str(port), case], {"EVENTS_DIR": events_dir})
 
 
 @pytest.mark.parametrize(("case", "expected"), [("one_behind", 3), ("one_replaced", 2), ("none_kept", None)])
