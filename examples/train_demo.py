@@ -307,7 +307,10 @@ class Trainer:
         the same on every rank after every step, a replacement's and a spare's included."""
         sha = hashlib.sha256()
         for tensor in [*self.model.state_dict().values(), *_optimizer_tensors(self.opt)]:
+            sha.update(f"{tuple(tensor.shape)} {tensor.dtype}".encode())
             sha.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.opt.param_groups]
+        sha.update(repr(groups).encode())  # learning rate, momentum...
         return sha.hexdigest()[:16]
 
     def checkpoint_due(self, step: int) -> bool:

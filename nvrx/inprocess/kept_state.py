@@ -26,12 +26,12 @@ side stream; the slot becomes the last complete commit when that copy has finish
 the next commit waits for the previous one.
 
 Ranks may hold different steps after a fault (one was committing when it came):
-``restore_agreed`` restores the newest step that a holder of every replica group holds,
-through one collective of the new process group, and hands it point to point
-(``state_handover``) to the ranks that do not hold it (a replacement process, a spare, a
-rank a commit behind), each from a holder of its replica group: any rank in data
-parallelism, the ranks that hold the same shard in a sharded job (``state_plan`` says
-who sends what to whom). Objects registered ``per_rank`` (RNG states, a data position)
+``restore_agreed`` restores the newest step that a holder of every shard holds, through
+one collective of the new process group, and hands it point to point (``state_handover``)
+to the ranks that do not hold it (a replacement process, a spare, a rank a commit behind,
+a rank renumbered into another replica group), each from a holder of the shard its group
+holds: any rank in data parallelism, a rank that committed that shard in a sharded job
+(``state_plan`` says who sends what to whom). Objects registered ``per_rank`` (RNG states, a data position)
 are not handed over; those ranks keep their own. When a shard has no holder left, the
 ranks fall back to the user's checkpoint, through a callback.
 """
@@ -101,7 +101,7 @@ class KeptState:
         self._last: int | None = None  # index of the last complete commit's slot
         self._pending: int | None = None  # index of a slot whose device copy may still run
         self._stream: Any = None
-        self._course = 0  # the course of the commits: a new one begins at each fallback
+        self._course = 0.0  # the course of the commits: a new one begins at each fallback
         self._shard: int | None = None  # the replica group they are of, once known
         self._lock = threading.RLock()  # user state_dict/load_state_dict may ask for step
 
@@ -183,14 +183,15 @@ class KeptState:
                 return None
             index = self._index_of(step)
             slot = self._slots[index]
-            late = [name for name in self._objects if name not in slot.states]
+            late = [n for n in self._objects if n not in slot.states and n not in self._per_rank]
             if late:
                 raise ValueError(
                     f"KeptState.restore: step {slot.step} holds no state of {late}, "
                     "registered after it was committed"
                 )
             for name, obj in self._objects.items():
-                obj.load_state_dict(fresh(slot.states[name]))
+                if name in slot.states:  # a per-rank state registered since stays as it is
+                    obj.load_state_dict(fresh(slot.states[name]))
             if index != self._last:
                 self._slots[self._last].step = None
                 self._last = index
@@ -203,14 +204,14 @@ class KeptState:
         replica_groups: Sequence[Sequence[int]] | None = None,
         checkpoint: Callable[[], int | None] | None = None,
     ) -> int | None:
-        """Restore the newest step that a holder of every replica group holds, and hand it
-        to each rank that holds none of it (a replacement process, a spare, a rank that now
-        stands for another shard) from a holder of its group (``state_plan``).
+        """Restore the newest step that a holder of every shard holds, and hand it to each
+        rank that holds none of it (a replacement process, a spare, a rank that now stands
+        for another shard) from a rank that holds its group's shard (``state_plan``).
 
         ``group``: the process group (the default one when None). ``replica_groups``: the
         ranks of ``group`` that hold the same shard, one list per shard, covering every
         rank once (None: one group of every rank, data parallelism). Objects registered
-        ``per_rank`` are never handed over. When some group has no holder of a common step
+        ``per_rank`` are never handed over. When some shard has no holder of a common step
         (every replica of a shard lost), or nobody holds any (the first round), the
         commits kept are dropped and ``checkpoint()`` runs on every rank: it loads the
         user's checkpoint and returns its step (None: there was none); without
@@ -236,19 +237,18 @@ class KeptState:
         plan = state_plan.plan(everyone, replicas)
         if plan is None:
             step, source = self._fall_back(checkpoint)
-            course = max(h.course for h in everyone) + 1
+            course = state_plan.new_course(everyone)
         else:
             step, source = self._follow(plan, group)
             course = plan.course
         with self._lock:
             self._course, self._shard = course, shard
         if events is not None:
-            newest = max((max(h.steps) for h in everyone if h.steps), default=None)
             events.emit(
                 "state_restored",
                 source=source,
                 step=step,
-                newest_step=newest,
+                newest_step=state_plan.newest_step(everyone),
                 committed_wall=self._wall_of(step) if source == "memory" else None,
                 duration_s=time.monotonic() - start,
             )
@@ -265,21 +265,25 @@ class KeptState:
                 shard=self._shard,
                 names=tuple(f"{n}{' (per rank)' if per_rank else ''}" for n, per_rank in names),
                 groups=tuple(tuple(g) for g in groups) if groups is not None else (),
+                now=time.time(),
             )
 
     def _follow(self, plan: state_plan.HandOver, group: Any) -> tuple[int, str]:
-        """Send the agreed step to the ranks this one serves, then load it: from this rank's
-        memory, or, a receiver, as its source sends it (its own commits then dropped)."""
+        """Send the agreed step to the ranks this one serves and receive it if this rank is
+        served, in the plan's order; then load it: from this rank's memory, or as its source
+        sent it (this rank's own commits then dropped, those it served included)."""
         import torch.distributed as dist
 
         me = dist.get_rank(group)
-        receivers = plan.receivers_of(me)
-        if receivers:
-            state_handover.send_state(self._shared(plan.step), receivers, group)
+        received: Any = None
+        for source, receiver in plan.transfers():
+            if source == me:
+                state_handover.send_state(self._shared(plan.step), [receiver], group)
+            elif receiver == me:
+                received = state_handover.recv_state(source, group)
         if me not in plan.sources:
             self.restore(plan.step)
             return plan.step, "memory"
-        received = state_handover.recv_state(plan.sources[me], group)
         self.forget()
         self._load(received)
         return plan.step, "peer"

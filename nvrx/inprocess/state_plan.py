@@ -1,26 +1,33 @@
 """Who restores what after a fault: the plan every rank derives from what every rank holds.
 
 ``KeptState.restore_agreed`` gathers one ``Held`` per rank of the round's group (the steps
-it kept, the course and the shard they belong to, what it registered and the replica
-groups it was given) and each rank computes the same ``HandOver`` from that list:
+it kept, the course and the shard they belong to, what it registered, the replica groups
+it was given, its clock) and each rank computes the same ``HandOver`` from that list:
 
 * only the commits of the current course count: a course begins whenever the job falls
-  back to its checkpoint, so a rank that missed that (one that was inactive) and holds
-  commits numbered like the new course's is not taken for a holder;
-* a rank holds its replica group's shard only if it committed that shard: under
-  renumbered ranks a survivor may hold another group's shard, and is then a receiver;
-* the step restored is the newest that some holder of every replica group holds;
-  holders without it are receivers too;
-* each receiver is served by a holder of its group that has the step, receivers spread
-  over them in turn, so that a spare node's ranks are not all served by one rank.
+  back to its checkpoint, stamped with the wall clock of that fallback, so that a rank
+  that missed it (one that was inactive) does not pass commits of an abandoned course,
+  numbered like the new course's steps, for the job's state;
+* a rank holds shard ``g`` only if it committed shard ``g``: under renumbered ranks a
+  survivor may stand for another group than the one it committed for; it then serves
+  the shard it holds to the ranks that need it, and receives its new group's shard;
+* commits made before any agreement (no shard known yet) are taken for the shard of the
+  group the rank is in now: no renumbering can have happened to a rank before it agreed;
+* the step restored is the newest that some holder of every shard holds; holders
+  without it are receivers too;
+* each receiver is served by a holder of its group's shard that has the step,
+  receivers spread over them in turn, so that a spare node's ranks are not all served
+  by one rank. ``HandOver.transfers`` orders the transfers alike on every rank, so that
+  a rank that both sends and receives never waits on a rank that waits on it.
 
-No plan (``None``): some group has no holder of a common step; the ranks fall back to the
+No plan (``None``): some shard has no holder of a common step; the ranks fall back to the
 user's checkpoint. Ranks that disagree on what they registered or on the replica groups
 raise the same error on every rank, instead of hanging in a hand-over that does not match.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,10 +38,11 @@ class Held:
     """What one rank brings to the agreement."""
 
     steps: tuple[int, ...]  # complete commits, newest first
-    course: int  # the course they belong to
+    course: float  # the course they belong to (the wall clock of its fallback; 0: none yet)
     shard: int | None  # the replica group whose shard they are (None: not yet known)
     names: tuple[str, ...]  # the objects registered for hand-over (not per rank)
-    groups: tuple[tuple[int, ...], ...]  # the replica groups this rank was given
+    groups: tuple[tuple[int, ...], ...]  # the replica groups this rank was given (): None
+    now: float = 0.0  # this rank's wall clock when it joined the agreement
 
 
 @dataclass(frozen=True)
@@ -42,11 +50,16 @@ class HandOver:
     """The agreed step, its course, and for each receiving rank the rank that sends to it."""
 
     step: int
-    course: int
+    course: float
     sources: dict[int, int]
 
     def receivers_of(self, rank: int) -> list[int]:
         return sorted(r for r, source in self.sources.items() if source == rank)
+
+    def transfers(self) -> list[tuple[int, int]]:
+        """(source, receiver) pairs in one order for every rank: each rank does its own in
+        this order, so the first transfer not done always has both its ranks at it."""
+        return sorted((source, receiver) for receiver, source in self.sources.items())
 
 
 def replica_groups(groups: Sequence[Sequence[int]] | None, world: int) -> list[list[int]]:
@@ -72,10 +85,11 @@ def replica_groups(groups: Sequence[Sequence[int]] | None, world: int) -> list[l
 
 def check_alike(everyone: list[Held]) -> None:
     """Raise, on every rank alike, when the ranks registered different objects or were given
-    different replica groups."""
+    different replica groups (None and one group of every rank are alike)."""
+    every_rank = (tuple(range(len(everyone))),)
     for what, values in (
         ("registered different objects", [h.names for h in everyone]),
-        ("passed different replica_groups", [h.groups for h in everyone]),
+        ("passed different replica_groups", [h.groups or every_rank for h in everyone]),
     ):
         if len(set(values)) > 1:
             by_rank = {rank: list(v) for rank, v in enumerate(values)}
@@ -87,10 +101,14 @@ def check_alike(everyone: list[Held]) -> None:
 
 def plan(everyone: list[Held], groups: list[list[int]]) -> HandOver | None:
     """The hand-over every rank derives from ``everyone`` (see the module)."""
-    current = max((h.course for h in everyone if h.steps), default=None)
+    current = current_course(everyone)
     if current is None:
         return None
-    holders = [_holders(everyone, g, ranks, current) for g, ranks in enumerate(groups)]
+    shards = [_shard_of(h, r, groups) for r, h in enumerate(everyone)]
+    holders = [
+        [r for r, h in enumerate(everyone) if h.steps and h.course == current and shards[r] == g]
+        for g in range(len(groups))
+    ]
     common = set.intersection(*(set().union(*(everyone[r].steps for r in held)) for held in holders))
     if not common:
         return None
@@ -103,13 +121,27 @@ def plan(everyone: list[Held], groups: list[list[int]]) -> HandOver | None:
     return HandOver(step, current, sources)
 
 
-def _holders(everyone: list[Held], shard: int, ranks: list[int], course: int) -> list[int]:
-    """The ranks of group ``shard`` whose commits are of that shard, in the current course."""
-    return [
-        r
-        for r in ranks
-        if everyone[r].steps and everyone[r].course == course and everyone[r].shard in (None, shard)
-    ]
+def current_course(everyone: list[Held]) -> float | None:
+    """The course of the newest commits anyone holds; None when nobody holds any."""
+    return max((h.course for h in everyone if h.steps), default=None)
 
 
-__all__ = ["HandOver", "Held", "check_alike", "plan", "replica_groups"]
+def newest_step(everyone: list[Held]) -> int | None:
+    """The newest step committed in the current course, by anyone."""
+    current = current_course(everyone)
+    return max((max(h.steps) for h in everyone if h.steps and h.course == current), default=None)
+
+
+def new_course(everyone: list[Held]) -> float:
+    """The course a fallback begins: its wall clock, later than every course the ranks knew."""
+    return max(max(h.now for h in everyone), math.nextafter(max(h.course for h in everyone), math.inf))
+
+
+def _shard_of(held: Held, rank: int, groups: list[list[int]]) -> int:
+    """The shard ``rank``'s commits are of: the one it was told, else its group's now."""
+    if held.shard is not None:
+        return held.shard
+    return next(g for g, ranks in enumerate(groups) if rank in ranks)
+
+
+__all__ = ["HandOver", "Held", "check_alike", "current_course", "new_course", "newest_step", "plan", "replica_groups"]

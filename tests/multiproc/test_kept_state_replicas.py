@@ -5,8 +5,10 @@ each shard is its own model, trained on its own data, the same on both of its re
 A rank that holds nothing (a replacement process: a model of its own seed, never trained)
 must end with the bits of its replica, not of the other shard's ranks. When both replicas
 of shard 1 are lost, no peer holds it: every rank drops its commits and runs the checkpoint
-callback. Replica groups that do not cover every rank are refused on every rank, before
-any collective.
+callback. Replica groups that do not cover every rank are refused on every rank. Over two
+rounds in the same processes, a rank lost and the ranks above it shifted down (a spare
+last) moves a holder of each shard into the other replica group: each serves the shard it
+holds to the ranks that need it, and no checkpoint is read.
 
 Run as a script (``python test_kept_state_replicas.py RANK PORT CASE``) it is one rank.
 """
@@ -82,10 +84,72 @@ def _rank(rank: int, port: int, case: str) -> None:
     dist.destroy_process_group()
 
 
-def _run(case: str, port: int, events_dir: str) -> list[dict]:
+SHIFTED = {0: 0, 2: 1, 3: 2, 4: 3}  # process -> rank in round 2: process 1 lost, 4 a spare
+
+
+def _shifted(process: int, port: int) -> None:
+    """Round 1 on port ``port``: processes 0..3 train their shard and commit; round 2 on
+    ``port + 1``: the ranks renumbered as ``SHIFTED`` restore, the params of each printed."""
+    import torch
+    import torch.distributed as dist
+
+    from nvrx.events import EventWriter
+    from nvrx.inprocess.kept_state import KeptState
+
+    kept = KeptState()
+    torch.manual_seed(100 + process)
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
+    kept.register("model", model)
+    kept.register("optimizer", optimizer)
+    events = EventWriter(os.environ["EVENTS_DIR"], "app", {"rank": process, "round": 1})
+    if process < WORLD:
+        _join(port, process)
+        shard = _shard(process)
+        kept.restore_agreed(replica_groups=REPLICAS, checkpoint=lambda: _seed(model, shard))
+        for step in range(1, 4):
+            optimizer.zero_grad()
+            model(torch.full((2, 4), float(step + 10 * shard))).sum().backward()
+            optimizer.step()
+            kept.commit(step)
+        dist.barrier()
+        dist.destroy_process_group()
+    if process not in SHIFTED:
+        print(json.dumps({"left": process}))
+        return
+    rank = SHIFTED[process]
+    _join(port + 1, rank)
+    events = EventWriter(os.environ["EVENTS_DIR"], "app", {"rank": rank, "round": 2})
+    restored = kept.restore_agreed(events=events, replica_groups=REPLICAS, checkpoint=lambda: 0)
+    params = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
+    momenta = [s["momentum_buffer"].flatten().tolist() for s in optimizer.state_dict()["state"].values()]
+    print(json.dumps({"rank": rank, "restored": restored, "params": params, "moments": momenta}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _join(port: int, rank: int) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+        timeout=timedelta(seconds=60),
+    )  # fmt: skip
+
+
+def _seed(model, shard: int) -> int:
+    """The checkpoint of round 1: the same weights on both replicas of a shard."""
+    import torch
+
+    torch.manual_seed(shard)
+    model.load_state_dict(type(model)(4, 4).state_dict())
+    return 0
+
+
+def _run(case: str, port: int, events_dir: str, world: int = WORLD) -> list[dict]:
     from helpers_inprocess import run_rank_scripts
 
-    return run_rank_scripts(__file__, WORLD, [str(port), case], {"EVENTS_DIR": events_dir})
+    return run_rank_scripts(__file__, world, [str(port), case], {"EVENTS_DIR": events_dir})
 
 
 def _restores(events_dir) -> dict[int, dict]:
@@ -132,6 +196,25 @@ def test_every_replica_of_a_shard_lost_restores_the_checkpoint_on_every_rank(tmp
     assert "checkpoint (4 ranks)" in report.to_text(width=None)
 
 
+def test_ranks_shifted_into_the_other_group_serve_the_shard_they_hold(tmp_path):
+    from helpers_inprocess import free_port_pair
+
+    got = {r["rank"]: r for r in _run("shifted", free_port_pair(), str(tmp_path), WORLD + 1) if "rank" in r}
+    assert sorted(got) == [0, 1, 2, 3] and {r["restored"] for r in got.values()} == {3}
+    # rank 2 (old rank 3, shard 1) now in shard 0's group; rank 1 (old 2, shard 0) in shard 1's
+    assert got[2]["params"] == got[0]["params"] and got[2]["moments"] == got[0]["moments"]
+    assert got[1]["params"] == got[3]["params"] and got[1]["moments"] == got[3]["moments"]
+    assert got[1]["params"] != got[0]["params"] and got[1]["moments"]
+    second = {e["rank"]: e["source"] for e in _restores_of_round(tmp_path, 2)}
+    assert second == {0: "memory", 1: "peer", 2: "peer", 3: "peer"}
+
+
+def _restores_of_round(events_dir, round_: int) -> list[dict]:
+    from nvrx.events.reader import read_dir
+
+    return [e for e in read_dir(events_dir)[0] if e["kind"] == "state_restored" and e["round"] == round_]
+
+
 def test_replica_groups_that_miss_a_rank_are_refused_on_every_rank(tmp_path):
     from helpers_inprocess import free_port_pair
 
@@ -143,4 +226,7 @@ def test_replica_groups_that_miss_a_rank_are_refused_on_every_rank(tmp_path):
 
 
 if __name__ == "__main__":
-    _rank(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    if sys.argv[3] == "shifted":
+        _shifted(int(sys.argv[1]), int(sys.argv[2]))
+    else:
+        _rank(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])

@@ -240,6 +240,18 @@ def test_an_object_registered_after_the_commit_is_named_at_restore():
         kept.restore()
 
 
+def test_a_per_rank_state_registered_after_the_commit_stays_as_it_is():
+    # as a rank that receives the step keeps its own per-rank states: no rank raises alone
+    kept = KeptState()
+    kept.register("model", torch.nn.Linear(2, 2))
+    kept.commit(0)
+    rng = RngState()
+    kept.register("rng", rng, per_rank=True)
+    before = torch.get_rng_state()
+    assert kept.restore() == 0
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 def test_a_model_built_anew_in_a_round_takes_the_state_kept_under_its_name():
     job = _job(seed=3)
     kept = _kept(*job)

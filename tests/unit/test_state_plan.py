@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import pytest
 
-from nvrx.inprocess.state_plan import Held, check_alike, plan, replica_groups
+from nvrx.inprocess.state_plan import (
+    Held,
+    check_alike,
+    new_course,
+    newest_step,
+    plan,
+    replica_groups,
+)
 
 GROUPS = [[0, 2], [1, 3]]  # 2 replicas of 2 shards
 
 
-def _held(steps=(), course=0, shard=None, names=("model",), groups=()) -> Held:
-    return Held(tuple(steps), course, shard, tuple(names), tuple(groups))
+def _held(steps=(), course=0.0, shard=None, names=("model",), groups=(), now=0.0) -> Held:
+    return Held(tuple(steps), course, shard, tuple(names), tuple(groups), now)
 
 
 def _of(*steps_and_shards) -> list[Held]:
@@ -47,6 +54,50 @@ def test_a_survivor_renumbered_into_another_group_receives_its_new_shard():
     assert (got.step, got.sources) == (4, {2: 0, 3: 1})
 
 
+def test_a_rank_shifted_into_the_other_group_serves_the_shard_it_holds():
+    # interleaved groups, rank 1 lost, the ranks above shifted down and a spare last: the new
+    # rank 1 committed shard 0 (as old rank 2), the new rank 2 shard 1 (as old rank 3). Each
+    # serves the shard it holds to the rank of the other group that needs it, and receives.
+    got = plan(_of(((6, 5), 0), ((6, 5), 0), ((6, 5), 1), ((), None)), GROUPS)
+    assert (got.step, got.sources) == (6, {1: 2, 2: 0, 3: 2})
+    assert got.transfers() == [(0, 2), (2, 1), (2, 3)]
+
+
+def test_transfers_never_wait_on_each_other():
+    # a rank that sends and receives: every rank walks plan.transfers() in order, doing its
+    # own part; simulated, each step completes the first transfer whose two ranks are at it
+    for everyone in (
+        _of(((6,), 0), ((6,), 0), ((6,), 1), ((), None)),
+        _of(((6,), 1), ((6,), 0), ((6,), 1), ((6,), 0)),
+        _of(((6,), 1), ((6,), 1), ((6,), 0), ((6,), 0)),
+    ):
+        transfers = plan(everyone, GROUPS).transfers()
+        todo = {r: [t for t in transfers if r in t] for r in range(4)}
+        while any(todo.values()):
+            ready = [t for t in transfers if all(todo[r] and todo[r][0] == t for r in t)]
+            assert ready, f"the ranks wait on each other: {todo}"
+            for r in ready[0]:
+                todo[r].pop(0)
+
+
+def test_commits_made_before_any_agreement_are_of_the_ranks_group_now():
+    # shard None: committed before the first restore_agreed told the rank its shard
+    got = plan(_of(((3,), None), ((3,), None), ((), None), ((), None)), GROUPS)
+    assert (got.step, got.sources) == (3, {2: 0, 3: 1})  # not rank 0 serving both groups
+    assert plan(_of(((3,), None), ((), None), ((3,), None), ((), None)), GROUPS) is None
+
+
+def test_a_fallback_begins_a_course_later_than_every_course_known():
+    everyone = [_held((5,), course=100.0, now=90.0), _held(now=95.0)]
+    assert new_course(everyone) > 100.0  # a clock that went back still moves the course on
+    assert new_course([_held(course=100.0, now=250.0), _held(now=260.0)]) == 260.0
+
+
+def test_the_newest_step_reported_is_of_the_current_course():
+    everyone = [_held((7,), course=2.0), _held((9, 8), course=1.0)]
+    assert newest_step(everyone) == 7
+
+
 def test_commits_of_an_abandoned_course_do_not_count():
     everyone = [_held((7,), course=1), _held((7,), course=1), _held((9, 8), course=0)]
     got = plan(everyone, [[0, 1, 2]])
@@ -65,6 +116,7 @@ def test_ranks_that_registered_or_grouped_differently_are_told_alike():
     with pytest.raises(ValueError, match="passed different replica_groups"):
         check_alike([_held(groups=((0, 1),)), _held(groups=((0,), (1,)))])
     check_alike([_held(), _held()])
+    check_alike([_held(), _held(groups=((0, 1),))])  # None is one group of every rank
 
 
 @pytest.mark.parametrize(
