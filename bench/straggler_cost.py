@@ -1,10 +1,19 @@
-"""What straggler scoring costs: ``StepScores.record`` per rank-step, and one evaluation.
+"""What straggler scoring costs: the rank's timing path per step, and the store's traffic.
 
-``record`` is what a rank's timing path adds to each step; ``scores()`` plus ``evaluate``
-is what the job's scorer spends per evaluation, for ``--ranks`` ranks (one evaluation per
-step at most). Times are medians of ``--repeats`` batches.
+* ``RankMonitorClient.record_step`` per step, with a real supervisor socket (``RankWatch``)
+  at the other end: what a rank's timing path adds to each step (the times are sent
+  together, at most every 0.25 s).
+* ``StepScores.record`` per rank-step, and one evaluation (``scores()`` plus ``evaluate``)
+  over ``--ranks`` ranks: what a supervisor spends.
+* The store traffic of the live path: ``--hosts`` supervisors' ``StepTimes`` (the real
+  class, each with a full window for its share of ``--ranks`` ranks) publish and, on the
+  first, score against a real torch ``TCPStore`` on loopback; the requests and bytes one
+  interval (``step_times.PUBLISH_S``) costs, counted at the link they use. Requests grow
+  with hosts, not ranks; bytes with ranks (one median per rank).
 
-    .venv/bin/python bench/straggler_cost.py [--ranks 4 16 64] [--repeats 5]
+Times are medians of ``--repeats`` batches.
+
+    .venv/bin/python bench/straggler_cost.py [--ranks 4 16 64] [--hosts 2 4] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from nvrx.straggler import StepScores  # noqa: E402
+from nvrx.supervisor.step_times import PUBLISH_S  # noqa: E402
 
 _BATCH = 100_000
 
@@ -50,19 +60,143 @@ def evaluate_us(ranks: int, repeats: int) -> float:
     return statistics.median(runs)
 
 
+def record_step_ns(repeats: int) -> float:
+    """Median nanoseconds of one ``record_step`` call, its batched sends included."""
+    import os
+    import tempfile
+
+    from nvrx import jobenv
+    from nvrx.fault_tolerance import RankMonitorClient
+    from nvrx.supervisor.rank_watch import RankWatch
+
+    watch = RankWatch()
+    os.environ[jobenv.FT_SOCKET] = watch.path
+    os.environ.setdefault("TMPDIR", tempfile.gettempdir())
+    client = RankMonitorClient()
+    client.init_workload_monitoring()
+    fd = watch.accept()
+    batches = []
+    try:
+        for _ in range(repeats):
+            start = time.perf_counter_ns()
+            for _ in range(_BATCH):
+                client.record_step(0.1)
+            batches.append((time.perf_counter_ns() - start) / _BATCH)
+            watch.read(fd)  # as the supervisor's loop would, so the socket never fills
+    finally:
+        client.shutdown_workload_monitoring()
+        watch.close()
+    return statistics.median(batches)
+
+
+class _CountingLink:
+    """What ``StepTimes`` uses of a store link, over a real ``TCPStore`` client: each request
+    it makes is counted, with the bytes of its key and value."""
+
+    lost = None
+
+    def __init__(self, store) -> None:
+        self.store, self.requests, self.bytes = store, 0, 0
+
+    def set(self, key: str, value: str) -> None:
+        self.requests, self.bytes = self.requests + 1, self.bytes + len(key) + len(value)
+        self.store.set(key, value)
+
+    def get(self, key: str) -> str | None:
+        self.requests += 1
+        if not self.store.check([key]):
+            self.bytes += len(key)
+            return None
+        value = self.store.get(key).decode()
+        self.bytes += len(key) + len(value)
+        return value
+
+    def add(self, key: str, amount: int) -> int:
+        self.requests, self.bytes = self.requests + 1, self.bytes + len(key)
+        return self.store.add(key, amount)
+
+
+class _Node:
+    """The supervisor as ``StepTimes`` sees it."""
+
+    def __init__(self, node_rank: int) -> None:
+        self.node_rank, self.events = node_rank, []
+
+    def emit(self, kind: str, **fields) -> None:
+        self.events.append(kind)
+
+    def request_stop(self, reason: str, exit_code: int, broadcast: bool) -> None:
+        raise AssertionError(f"no node should leave here: {reason}")
+
+
+def store_traffic(ranks: int, hosts: int, intervals: int = 20) -> tuple[float, float, float]:
+    """(requests, bytes, scoring µs) per publication interval, the whole job together."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from nvrx.jobenv import JobEnv
+    from nvrx.supervisor.config import SupervisorConfig
+    from nvrx.supervisor.course import Course, CourseTracker
+    from nvrx.supervisor.job_store import JobStore
+    from nvrx.supervisor.step_times import StepTimes
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from free_ports import free_ports
+
+    port = free_ports(1)[0]
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=30))  # fmt: skip
+    per_host, parts = ranks // hosts, []
+    for host in range(hosts):
+        job = JobEnv.local(nnodes=hosts, node_rank=host, nproc_per_node=per_host, job_id="bench")
+        store = JobStore(SupervisorConfig(command=["train"], job=job))
+        store.link = _CountingLink(dist.TCPStore("127.0.0.1", port, is_master=False,
+                                                 timeout=timedelta(seconds=30)))  # fmt: skip
+        store.service = server if host == 0 else None  # the first hosts the store: it scores
+        course = CourseTracker()
+        course.to(Course.TRAINING)
+        times = StepTimes(store, course, _Node(host))
+        parts.append(times)
+    scoring = []
+    for interval in range(intervals):
+        for host, times in enumerate(parts):
+            for r in range(host * per_host, (host + 1) * per_host):
+                times.record(r, [random.lognormvariate(0, 0.05) for _ in range(times.rule.window)])
+            times._next = 0.0  # due now: one interval passed
+            start = time.perf_counter_ns()
+            times.check()
+            if host == 0 and interval:
+                scoring.append((time.perf_counter_ns() - start) / 1000)
+    links = [t.store.link for t in parts]
+    total_requests = sum(link.requests for link in links) / intervals
+    total_bytes = sum(link.bytes for link in links) / intervals
+    return total_requests, total_bytes, statistics.median(scoring)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[4, 16, 64], help="job sizes (default 4 16 64)")
+    parser.add_argument("--hosts", type=int, nargs="+", default=[2, 4], help="hosts (default 2 4)")
     parser.add_argument("--repeats", type=int, default=5, help="batches timed (default 5)")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     if min(args.ranks) < 2:
         parser.error(f"--ranks must each be >= 2, got {args.ranks}")
+    if min(args.hosts) < 1 or any(r % h for r in args.ranks for h in args.hosts):
+        parser.error(f"--hosts must each be >= 1 and divide every --ranks, got {args.hosts}")
     random.seed(0)
-    print(f"record: {record_ns(args.repeats):.0f} ns per rank-step")
+    print(f"rank's timing path: record_step {record_step_ns(args.repeats):.0f} ns per step")
+    print(f"supervisor: StepScores.record {record_ns(args.repeats):.0f} ns per rank-step")
     for ranks in args.ranks:
         print(f"evaluate {ranks:3d} ranks: {evaluate_us(ranks, args.repeats):.0f} µs per evaluation")
+    print(f"store traffic per {PUBLISH_S:g} s interval, the whole job (real TCPStore on loopback):")
+    for hosts in args.hosts:
+        for ranks in args.ranks:
+            requests, size, scoring = store_traffic(ranks, hosts)
+            print(f"  {hosts} hosts, {ranks:3d} ranks: {requests:4.0f} requests, {size:6.0f} bytes; "
+                  f"publishing and scoring on the store's host {scoring:.0f} µs")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+#: Set to 1 in the environment of a node's supervisor whose ranks ``--slow`` slows down.
+SLOW_ENV = "FT_EXAMPLE_SLOW_NODE"
+
 
 def options(description: str, hang_places: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
@@ -31,6 +34,10 @@ def options(description: str, hang_places: list[str]) -> argparse.Namespace:
                         + (f"; WHERE is one of {', '.join(hang_places)}" if hang_places else ""))  # fmt: skip
     parser.add_argument("--fail", default=None, metavar="RANK:STEP",
                         help="this rank raises once at this step (first attempt only)")  # fmt: skip
+    parser.add_argument("--slow", default=None, metavar="STEP:FACTOR",
+                        help="from this step on, the 'compute' of the ranks started with "
+                        f"${SLOW_ENV}=1 in their environment (a node's supervisor started with "
+                        "it) takes FACTOR times as long: a slow node")  # fmt: skip
     parser.add_argument("--control", default=None, metavar="RANK:STEP:ACTION",
                         help="this rank sends a workload-control request (ExcludeThisNode or "
                         "ShutdownWorkload) at this step (first attempt only)")  # fmt: skip
@@ -43,12 +50,25 @@ def setup() -> tuple[int, int]:
     return dist.get_rank(), int(os.environ.get("NVRX_RESTART_COUNT", "0"))
 
 
-def train_step(weights: torch.Tensor, step_time: float) -> None:
-    """One data-parallel step: local 'compute', then the gradient all_reduce."""
-    time.sleep(step_time)
+def train_step(weights: torch.Tensor, step_time: float, client: Any = None) -> None:
+    """One data-parallel step: local 'compute', then the gradient all_reduce; with a
+    ``RankMonitorClient``, the compute's time (not the all_reduce's wait) is recorded."""
+    if client is None:
+        time.sleep(step_time)
+    else:
+        with client.timed_step():
+            time.sleep(step_time)
     grad = torch.ones_like(weights)
     dist.all_reduce(grad)
     weights -= 0.01 * grad / dist.get_world_size()
+
+
+def step_time(base: float, spec: str | None, step: int) -> float:
+    """The 'compute' time of ``step``: ``base``, times FACTOR of ``--slow`` on a slow node."""
+    if spec is None or os.environ.get(SLOW_ENV) != "1":
+        return base
+    start, factor = spec.split(":")
+    return base * float(factor) if step >= int(start) else base
 
 
 def should_hang(spec: str | None, rank: int, attempt: int, step: int, where: str | None = None) -> bool:

@@ -4,7 +4,8 @@
         --ft-initial-rank-heartbeat-timeout 60 --ft-rank-heartbeat-timeout 10 \\
         -- python examples/ft_heartbeats.py --calc-after 5 --hang 1:12
 
-Each step sends one heartbeat. After ``--calc-after`` steps the ranks compute
+Each step sends one heartbeat, and records the time of its compute (not of its wait in
+the all_reduce) for the supervisor's straggler scores. After ``--calc-after`` steps the ranks compute
 the heartbeat timeouts from the gaps they saw (times ``--ft-safety-factor``)
 and keep them in their checkpoints: a restarted process loads them, so the
 tighter timeouts stay in force. ``--hang 1:12`` makes rank 1 stop at step 12
@@ -41,7 +42,7 @@ def main() -> None:
     for step in range(start, args.steps):
         ft_common.maybe_fail(args.fail, rank, attempt, step)
         ft_common.maybe_control(client, args.control, rank, attempt, step)
-        ft_common.train_step(weights, args.step_time)
+        ft_common.train_step(weights, ft_common.step_time(args.step_time, args.slow, step), client)
         if ft_common.should_hang(args.hang, rank, attempt, step):
             ft_common.hang()  # before this step's heartbeat: the peers send theirs, then wait
         client.send_heartbeat()

@@ -43,7 +43,7 @@ def main() -> None:
         ft_common.maybe_fail(args.fail, rank, attempt, step)
         ft_common.maybe_control(client, args.control, rank, attempt, step)
         client.start_section("step")
-        ft_common.train_step(weights, args.step_time)
+        ft_common.train_step(weights, ft_common.step_time(args.step_time, args.slow, step))
         if ft_common.should_hang(args.hang, rank, attempt, step, "step"):
             ft_common.hang()  # after the all_reduce: the peers end this step and wait in the next
         client.end_section("step")

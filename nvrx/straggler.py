@@ -17,6 +17,11 @@ turns slow at step ``s`` has a window of slow steps only from ``s + window``: ev
 at every step, it is named by ``s + rule.detection_bound`` when its slowdown is clear of
 the noise. A node's score is the median of its ranks' scores, named and cleared by the
 same rule.
+
+A job's scorer need not hold every rank's steps: ``scores_of`` scores the window medians
+that each node computes for its own ranks, and ``evaluate`` counts a verdict's streak in
+steps (``steps``: how many steps the job made since the last evaluation), so that an
+evaluation every few steps names a rank after as many steps as one at every step would.
 """
 
 from __future__ import annotations
@@ -29,13 +34,13 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class StragglerRule:
-    """When a rank counts as slow. ``threshold`` is a score (0..1): 0.85 names a rank about
-    18 % slower than the job's middle; NVRx's default, 0.75, only one 33 % slower."""
+    """When a rank counts as slow. ``threshold`` is a score (0..1): 0.8 names a rank 25 %
+    slower than the job's fast ranks; NVRx's default, 0.75, only one 33 % slower."""
 
-    window: int = 30
-    threshold: float = 0.85
-    confirm: int = 8
-    clear_at: float = 0.92
+    window: int = 20
+    threshold: float = 0.8
+    confirm: int = 6
+    clear_at: float = 0.9
 
     def __post_init__(self) -> None:
         if not isinstance(self.window, int) or self.window < 3:
@@ -70,10 +75,10 @@ class _Verdict:
     slow: bool = False
     streak: int = 0  # consecutive evaluations that disagree with ``slow``
 
-    def judge(self, score: float, rule: StragglerRule) -> bool:
-        """Count one evaluation; True when the verdict flips."""
+    def judge(self, score: float, rule: StragglerRule, steps: int = 1) -> bool:
+        """Count one evaluation, ``steps`` steps after the last; True when the verdict flips."""
         slow_now = score < (rule.clear_at if self.slow else rule.threshold)
-        self.streak = self.streak + 1 if slow_now != self.slow else 0
+        self.streak = self.streak + steps if slow_now != self.slow else 0
         if self.streak < rule.confirm:
             return False
         self.slow, self.streak = slow_now, 0
@@ -94,30 +99,31 @@ class StepScores:
             raise ValueError(f"StepScores.record: seconds must be ≥ 0, got {seconds!r}")
         self._times.setdefault(rank, deque(maxlen=self.rule.window)).append(float(seconds))
 
+    def medians(self) -> dict[Hashable, float]:
+        """Each rank's median step time over its window, for the ranks whose window is full."""
+        full = {rank: t for rank, t in self._times.items() if len(t) == self.rule.window}
+        return {rank: statistics.median(times) for rank, times in full.items()}
+
     def scores(self) -> dict[Hashable, float]:
         """Each rank's score, once every rank has a full window (empty before)."""
-        if len(self._times) < 2 or any(len(t) < self.rule.window for t in self._times.values()):
-            return {}
-        medians = {rank: statistics.median(times) for rank, times in self._times.items()}
-        reference = statistics.quantiles(medians.values(), n=4, method="inclusive")[0]
-        return {rank: min(1.0, reference / m) if m > 0 else 1.0 for rank, m in medians.items()}
+        medians = self.medians()
+        return scores_of(medians) if len(medians) == len(self._times) else {}
 
     def node_scores(self, node_of: Mapping[Hashable, Hashable]) -> dict[Hashable, float]:
         """Each node's score: the median of its ranks' (``node_of`` maps rank to node)."""
-        by_node: dict[Hashable, list[float]] = {}
-        for rank, score in self.scores().items():
-            by_node.setdefault(node_of[rank], []).append(score)
-        return {node: statistics.median(scores) for node, scores in by_node.items()}
+        return node_scores_of(self.scores(), node_of)
 
-    def evaluate(self, scores: Mapping[Hashable, float], of: str = "rank") -> list[Change]:
+    def evaluate(
+        self, scores: Mapping[Hashable, float], of: str = "rank", steps: int = 1
+    ) -> list[Change]:
         """Judge ``scores`` of ranks (``scores()``) or of nodes (``node_scores()``, with
-        ``of="node"``) once; what changed."""
+        ``of="node"``) once, ``steps`` steps after the last evaluation; what changed."""
         if of not in ("rank", "node"):
             raise ValueError(f"StepScores.evaluate: of must be 'rank' or 'node', got {of!r}")
         changes = []
         for who, score in scores.items():
             verdict = self._verdicts.setdefault((of, who), _Verdict())
-            if verdict.judge(score, self.rule):
+            if verdict.judge(score, self.rule, steps):
                 changes.append(Change(of, who, "slow" if verdict.slow else "recovered", score))
         return changes
 
@@ -126,4 +132,27 @@ class StepScores:
         return {who for (kind, who), verdict in self._verdicts.items() if kind == of and verdict.slow}
 
 
-__all__ = ["Change", "StepScores", "StragglerRule"]
+def reference_of(medians: Mapping[Hashable, float]) -> float:
+    """The job's reference step time: the lower quartile of the ranks' medians (two or more)."""
+    return statistics.quantiles(medians.values(), n=4, method="inclusive")[0]
+
+
+def scores_of(medians: Mapping[Hashable, float]) -> dict[Hashable, float]:
+    """Each rank's score from the window medians of every rank (empty for fewer than two)."""
+    if len(medians) < 2:
+        return {}
+    reference = reference_of(medians)
+    return {rank: min(1.0, reference / m) if m > 0 else 1.0 for rank, m in medians.items()}
+
+
+def node_scores_of(
+    scores: Mapping[Hashable, float], node_of: Mapping[Hashable, Hashable]
+) -> dict[Hashable, float]:
+    """Each node's score: the median of its ranks' scores."""
+    by_node: dict[Hashable, list[float]] = {}
+    for rank, score in scores.items():
+        by_node.setdefault(node_of[rank], []).append(score)
+    return {node: statistics.median(values) for node, values in by_node.items()}
+
+
+__all__ = ["Change", "StepScores", "StragglerRule", "node_scores_of", "reference_of", "scores_of"]

@@ -195,6 +195,26 @@ KINDS: dict[str, dict[str, str]] = {
         "replaced_by": "slot of the spare that takes over, when action is spare",
         "ranks": "global ranks the lost node held",
     },
+    "straggler": {
+        "of": "rank | node: what was named or cleared",
+        "state": "slow (named a straggler) | recovered (cleared)",
+        "who": "the global rank (of rank) or the slot (of node) named",
+        "node_rank": "the training node rank of that node (of node), or of the rank's node",
+        "slot": "the slot of the node (of node), or of the rank's node",
+        "straggler_host": "host of that node",
+        "ranks": "global ranks of that node (of node)",
+        "score": "job reference step time / its own median step time, at most 1 (1: as fast as "
+        "the job's fast ranks)",
+        "median_s": "its median step time (own work) over the window",
+        "reference_s": "the job's reference step time: the lower quartile of the ranks' medians",
+        "slower_pct": "how much slower than the reference, in percent",
+        "step": "the step count its ranks had reached when it was judged (the least of them)",
+        "window": "steps each median covers",
+        "threshold": "score under which a rank or node is named",
+        "action": "report (only named) | exclude (its supervisor is asked to leave the job, a "
+        "spare taking over) | none (exclude asked, but no spare is free: only named)",
+        "source": "where the step times came from: record_step | section NAME",
+    },
     "node_probe": {
         "lost_slot": "slot of the node declared lost",
         "lost_host": "its SLURM node name",

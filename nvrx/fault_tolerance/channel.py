@@ -12,6 +12,8 @@ it receives ``STACK_SIGNAL``. Messages are a verb, then a space and a payload:
   ``E``: every open section ends;
 * ``t {json}``: new timeouts (computed by the client);
 * ``w {json}``: a workload-control request (``action``, ``description``);
+* ``T [s, ...]``: the durations of the rank's last steps (its own work, in seconds),
+  batched by ``record_step``, for straggler scores;
 * ``bye``: monitoring ends (``shutdown_workload_monitoring``).
 """
 
@@ -21,10 +23,10 @@ import json
 import signal
 from typing import Any
 
-INIT, HEARTBEAT, SECTION_START, SECTION_END, END_ALL, TIMEOUTS, CONTROL, SHUTDOWN = (
-    "init", "h", "s", "e", "E", "t", "w", "bye",
+INIT, HEARTBEAT, SECTION_START, SECTION_END, END_ALL, TIMEOUTS, CONTROL, STEPS, SHUTDOWN = (
+    "init", "h", "s", "e", "E", "t", "w", "T", "bye",
 )  # fmt: skip
-VERBS = (INIT, HEARTBEAT, SECTION_START, SECTION_END, END_ALL, TIMEOUTS, CONTROL, SHUTDOWN)
+VERBS = (INIT, HEARTBEAT, SECTION_START, SECTION_END, END_ALL, TIMEOUTS, CONTROL, STEPS, SHUTDOWN)
 #: Largest message; a section name or the timeouts must fit.
 MAX_MESSAGE = 64 * 1024
 #: Asks a monitored rank for its Python stack (faulthandler, every thread).
@@ -45,6 +47,6 @@ def decode(data: bytes) -> tuple[str, Any]:
     verb, _, rest = text.partition(" ")
     if verb not in VERBS:
         raise ValueError(f"unknown fault-tolerance message {text[:60]!r}")
-    if verb in (INIT, TIMEOUTS, CONTROL):
+    if verb in (INIT, TIMEOUTS, CONTROL, STEPS):
         return verb, json.loads(rest)
     return verb, rest if rest else None

@@ -9,8 +9,12 @@ hung: its stack goes into a ``hang`` event, then its process group gets the
 configured termination signal (SIGKILL after the supervisor's grace period)
 and the supervisor's restart policy takes over.
 
+``record_step(seconds)`` (or a ``timed_step()`` block around the step's own work, not
+its wait in collectives) gives the supervisor the step times it scores stragglers by.
+
 A section change is one packet on a local socket, sent without waiting;
-nothing is ever answered. Heartbeats are counted in the rank and sent at most
+nothing is ever answered. Step times are kept here and sent together at most every
+``STEP_PACKET_INTERVAL_S``. Heartbeats are counted in the rank and sent at most
 every ``HEARTBEAT_PACKET_INTERVAL_S`` (0.1 s, or 1/50 of the heartbeat timeout
 when that is shorter), so a loop may call ``send_heartbeat()`` at any rate.
 """
@@ -24,7 +28,7 @@ import os
 import select
 import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from nvrx import jobenv
@@ -41,6 +45,8 @@ SEND_WAIT_S = 5.0
 #: Heartbeats closer together than this (or than 1/50 of the heartbeat timeout, if shorter)
 #: are counted here but not sent: the supervisor's view lags the rank by less than that.
 HEARTBEAT_PACKET_INTERVAL_S = 0.1
+#: Step times are sent together, at most this often (and when ``STEP_BATCH`` are kept).
+STEP_PACKET_INTERVAL_S, STEP_BATCH = 0.25, 256
 
 
 class RankMonitorClientError(RuntimeError):
@@ -57,6 +63,7 @@ class RankMonitorClient:
         self.cfg: FaultToleranceConfig | None = None
         self.timeouts: Timeouts | None = None  # in force, once monitoring began
         self.dropped_heartbeats = 0
+        self.dropped_steps = 0
         self._restored: Timeouts | None = None  # from load_state_dict() before init
         self._sock: socket.socket | None = None
         self._stack_out: Any = None
@@ -64,6 +71,8 @@ class RankMonitorClient:
         self._lost = False
         self._next_packet = 0.0
         self._packet_interval = HEARTBEAT_PACKET_INTERVAL_S
+        self._steps: list[float] = []
+        self._next_steps = 0.0
 
     # -- NVRx's view of the state ---------------------------------------------------------
     @property
@@ -128,6 +137,8 @@ class RankMonitorClient:
 
     def shutdown_workload_monitoring(self) -> None:
         """Stop being monitored (the supervisor forgets this rank's timeouts). Idempotent."""
+        if self._sock is not None:
+            self._flush_steps(time.monotonic())
         sock, self._sock = self._sock, None
         if sock is None:
             return
@@ -154,6 +165,36 @@ class RankMonitorClient:
             self.dropped_heartbeats += 1  # the supervisor lags; the next one will do
         except OSError as exc:
             self._lose(exc)
+
+    def record_step(self, seconds: float) -> None:
+        """One step took ``seconds`` of this rank's own work (not its wait for peers in
+        collectives): what straggler scores compare. Cheap enough for every step."""
+        if self._sock is None:
+            raise RankMonitorClientError("record_step: call init_workload_monitoring() first")
+        if not seconds >= 0:
+            raise ValueError(f"record_step: seconds must be a number ≥ 0, got {seconds!r}")
+        self._steps.append(seconds)
+        now = time.monotonic()
+        if now >= self._next_steps or len(self._steps) >= STEP_BATCH:
+            self._flush_steps(now)
+
+    @contextlib.contextmanager
+    def timed_step(self) -> Iterator[None]:
+        """``record_step`` the time the block takes (wrap the step's compute in it)."""
+        start = time.perf_counter()
+        yield
+        self.record_step(time.perf_counter() - start)
+
+    def _flush_steps(self, now: float) -> None:
+        steps, self._steps = self._steps, []
+        self._next_steps = now + STEP_PACKET_INTERVAL_S
+        if steps and self._sock is not None:
+            try:
+                self._sock.send(channel.encode(channel.STEPS, steps), socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                self.dropped_steps += len(steps)  # the supervisor lags: these are not scored
+            except OSError as exc:
+                self._lose(exc)
 
     def start_section(self, section: str) -> None:
         """Section ``section`` begins; its timeout (if any) runs until ``end_section``."""

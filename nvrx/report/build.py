@@ -51,6 +51,7 @@ from .slurm_context import (
     runs,
     sacct_requeues,
 )
+from .stragglers import build_stragglers
 from .summarize import Filters, summarize_file
 from .suspects import build_suspects
 from .timeline import build_timeline
@@ -199,12 +200,11 @@ def build_report(
 ) -> Report:
     """Read one job's events (and, when available, ``sacct`` and its output files) into a ``Report``.
 
-    ``log_dir`` is the job's own event directory or the base holding one
-    directory per job (default: the job-environment contract's, ``nvrx.jobenv``); ``job``
-    picks the job there. ``rank``/``node``/``since`` (epoch seconds) restrict
-    the events considered. ``progress``: a terminal to show files read on (``progress``);
-    nothing is shown on a stream that is not one. Raises ``ReportError`` when there is
-    nothing to read.
+    ``log_dir`` is the job's own event directory or the base holding one directory per job
+    (default: the job-environment contract's, ``nvrx.jobenv``); ``job`` picks the job there.
+    ``rank``/``node``/``since`` (epoch seconds) restrict the events considered. ``progress``:
+    a terminal to show files read on (``progress``); nothing is shown on a stream that is
+    not one. Raises ``ReportError`` when there is nothing to read.
     """
     job_dir = resolve_job_dir(log_dir, job)
     filters = Filters(job=job, rank=rank, node=node, since=since)
@@ -224,7 +224,8 @@ def build_report(
     add_output_findings(failures, findings, explained)
     kept = sorted(agg.ranks) if rank is not None or node is not None else None
     activity = build_activity(agg, timeline, failures, process_rows, losses, kept)
-    suspects, exclude = build_suspects(agg, timeline, failures, process_rows, losses)
+    stragglers = build_stragglers(agg)
+    suspects, exclude = build_suspects(agg, timeline, failures, process_rows, losses, stragglers)
     requeues = sacct_requeues(slurm)
     restarts = job_facts.restarts(agg, timeline, requeues, process_rows, len(losses.losses))
     return Report(
@@ -242,6 +243,7 @@ def build_report(
         node_losses=losses.losses,
         activity=activity,
         restores=build_restores(agg, timeline),
+        stragglers=stragglers,
     )
 
 

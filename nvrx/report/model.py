@@ -254,6 +254,35 @@ class Restore:
 
 
 @dataclass
+class Straggler:
+    """A rank or node named slow (a ``straggler`` event), and until when it stayed so."""
+
+    run: int
+    of: str  # rank | node
+    who: int | None  # the global rank (of rank) or the slot (of node)
+    node: int | None  # the training node rank of the node (the rank's node, of rank)
+    slot: int | None
+    host: str | None
+    ranks: list[int]  # the node's global ranks (of node)
+    start_wall: float | None  # when it was named slow
+    step: int | None  # the step its ranks had reached then
+    end_wall: float | None  # its ``recovered`` event; None: slow until its run ended
+    end_step: int | None
+    recovered: bool
+    # The evidence, as it was named: its median step time against the job's reference.
+    slower_pct: float | None
+    median_s: float | None
+    reference_s: float | None
+    score: float | None
+    threshold: float | None
+    window: int | None  # steps each median covers
+    source: str | None  # record_step | section NAME
+    action: str  # report | exclude | none (exclude asked, no spare free) | unknown
+    replaced_by: int | None  # slot of the spare that took its place (action exclude)
+    replaced_wall: float | None  # when that spare took over (or the node was declared lost)
+
+
+@dataclass
 class SuspectNode:
     host: str
     node: int | None
@@ -265,6 +294,7 @@ class SuspectNode:
     signatures: list[str]
     suspect: bool  # listed in ``exclude``
     lost: int = 0  # times this node was lost (declared lost by its peers)
+    slow: int = 0  # times it was named a straggler and stayed slow, or was excluded for it
     # Why it is (or is not) excluded: the evidence against the node itself (``suspects``).
     evidence: list[str] = field(default_factory=list)
 
@@ -380,6 +410,7 @@ class ReportData:
     node_losses: list[NodeLoss] = field(default_factory=list)
     activity: Activity = field(default_factory=Activity)
     restores: list[Restore] = field(default_factory=list)
+    stragglers: list[Straggler] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         data = {"schema": REPORT_SCHEMA_NAME, "schema_version": REPORT_SCHEMA_VERSION}

@@ -36,6 +36,7 @@ NODE_EVENT_KINDS = frozenset(
         "node_probe",
         "job_restart",
         "store_failover",
+        "straggler",
     }
 )
 #: Common fields of per-node events kept as read (the reader checked them).
@@ -56,6 +57,10 @@ NODE_OWN_FIELDS: dict[str, Callable[[Any], Any]] = {
     "ranks": int_list,
     **dict.fromkeys(("excluded", "answered"), str_list),
     "responding": flag,
+    # A straggler's: what was named, where, and the step times that named it.
+    **dict.fromkeys(("of", "state", "straggler_host", "source"), as_str),
+    **dict.fromkeys(("who", "slot", "step", "window"), count),
+    **dict.fromkeys(("score", "median_s", "reference_s", "slower_pct", "threshold"), num),
 }
 
 

@@ -13,6 +13,7 @@ from .process_rows import JOB_RESTART, NODE_LOST
 from .render_answer import answer_section, first_failure, no_exclude_reason
 from .render_losses import node_losses_section
 from .render_restores import restores_section
+from .render_stragglers import stragglers_section
 from .stacks import stuck_first
 from .text_doc import TEXT_WIDTH, Doc, ranks_text, secs, trim, when, where
 
@@ -266,6 +267,7 @@ def _suspects(doc: Doc, r: ReportData) -> None:
     if not r.suspects:
         doc.text("no node-level faults")
         return
+    slow = any(n.slow for n in r.suspects)  # a column only when some node was slow
     rows = [
         [
             n.host,
@@ -275,13 +277,14 @@ def _suspects(doc: Doc, r: ReportData) -> None:
             str(n.hangs),
             str(n.deaths),
             str(n.lost),
+            *([str(n.slow)] if slow else []),
             "; ".join(n.signatures),
             "yes" if n.suspect else "no",
         ]
         for n in r.suspects
     ]
     headers = ["host", "node", "faults", "first failures", "hangs", "deaths", "lost"]
-    doc.table(rows, [*headers, "signatures", "suspect"])
+    doc.table(rows, [*headers, *(["slow"] if slow else []), "signatures", "suspect"])
     if r.exclude:
         doc.text(f"next submission: --exclude={r.exclude}")
     else:
@@ -323,6 +326,7 @@ SECTIONS: dict[str, Callable[[Doc, ReportData], None]] = {
     "node_losses": node_losses_section,
     "timeline": _timeline,
     "restores": restores_section,
+    "stragglers": stragglers_section,
     "failures": _failures,
     "hangs": _hangs,
     "process_restarts": _process_restarts,

@@ -6,13 +6,16 @@ it did not run the SLURM step its requeue tried on it (a node that did lost only
 its supervisor: ``requeue.answered``); a fault of its
 own tells of its device or driver (``consequence.HARDWARE``); or it had
 repeated faults of its own (two or more) with a signature seen on no other
-host of a job on several hosts. A follow-on fault (``consequence``) and what a
-survivor wrote while a lost node was got over are never evidence. Rows are per
+host of a job on several hosts; or it was slow, not failed: named a straggler
+and never recovered, or excluded for slowness (``stragglers``). A follow-on
+fault (``consequence``) and what a survivor wrote while a lost node was got
+over are never evidence. Rows are per
 (host, node rank), so that several nodes of one host (local jobs) are told apart.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -29,8 +32,9 @@ from nvrx.slurm.node_state import NodeHealth, node_health
 
 from .compact import exclude_list
 from .consequence import FOLLOW_ON, HARDWARE, fault_shape
-from .model import Failure, NodeLoss, ProcessRestart, RoundRow, SuspectNode
+from .model import Failure, NodeLoss, ProcessRestart, RoundRow, Straggler, SuspectNode
 from .round_windows import RoundWindows
+from .stragglers import EXCLUDE, held_against, slower, step_times
 from .timeline import BY_NODE_LOSS
 
 if TYPE_CHECKING:
@@ -49,6 +53,7 @@ class _NodeTally:
     # Incidents of its own (no follow-on fault, nothing a loss explains) -> their signature.
     own: dict[tuple[object, ...], str] = field(default_factory=dict)
     hardware: set[str] = field(default_factory=set)  # signatures of device or driver faults
+    slow: list[Straggler] = field(default_factory=list)  # namings that count against it
 
 
 class _Tallies(dict[tuple[str, "int | None"], _NodeTally]):
@@ -123,12 +128,15 @@ def _loss_evidence(job: JobSummary, tally: _NodeTally, losses: LossIndex) -> lis
         return []
     healthy, slot_hosts = _healthy_hosts(job, losses), _slot_hosts(job)
     answered, excluded = _answered(job), _excluded_slots(job)
+    slow_left = {(x.run, x.slot) for x in tally.slow if x.action == EXCLUDE}
     out = []
     for loss in tally.lost:
         state = (loss.slurm_state or {}).get("State")
         silent = f"silent {loss.silent_s:.1f} s" if loss.silent_s is not None else "silent"
         names = {loss.host} | slot_hosts.get((loss.run, loss.slot), set())
-        if (loss.run, loss.slot) in excluded:
+        if (loss.run, loss.slot) in slow_left:
+            out.append((True, "left the job when excluded for slowness: not a failure"))
+        elif (loss.run, loss.slot) in excluded:
             out.append((True, "a rank asked to exclude this node (ExcludeThisNode)"))
         elif loss.host is not None and (loss.run, loss.host) in answered:
             out.append((False, "supervisor lost, node still ran a SLURM step: not excluded"))
@@ -155,6 +163,24 @@ def _add_hardware(
             continue
         if fault_shape(error.exc_type, error.message, error.signature) == HARDWARE:
             per.of(p.host, p.node).hardware.add(error.signature or error.exc_type or "error file")
+
+
+def _add_stragglers(per: _Tallies, stragglers: Sequence[Straggler]) -> None:
+    """Nodes named slow that never recovered, or were excluded for slowness."""
+    for x in stragglers:
+        if held_against(x) and x.host is not None:
+            per.of(x.host, x.node).slow.append(x)
+
+
+def _slow_evidence(x: Straggler) -> str:
+    """Why a slow node is excluded: its slowdown, which is no failure."""
+    at = f" at step {x.step}" if x.step is not None else ""
+    if x.action == EXCLUDE:
+        spare = f", spare slot {x.replaced_by} took over" if x.replaced_by is not None else ""
+        done = f"excluded for slowness{at}{spare}"
+    else:
+        done = f"named slow{at}, never recovered"
+    return f"slow, not failed: {slower(x)} than the job ({step_times(x)}); {done}"
 
 
 def _follow_on_signatures(job: JobSummary) -> set[str]:
@@ -263,9 +289,9 @@ def _evidence(
     losses: LossIndex | None,
 ) -> tuple[bool, list[str]]:
     """Whether the node goes into ``--exclude``, and why (or why not)."""
-    against = (
-        _loss_evidence(job, s, losses) if losses is not None else []
-    ) + [(True, f"device or driver fault: {sig}") for sig in sorted(s.hardware)]
+    against = [(True, _slow_evidence(x)) for x in s.slow]
+    against += _loss_evidence(job, s, losses) if losses is not None else []
+    against += [(True, f"device or driver fault: {sig}") for sig in sorted(s.hardware)]
     alone = sorted(sig for sig in s.own.values() if hosts_of.get(sig, {host}) <= {host})
     if several_hosts and len(alone) >= 2:
         shown = ", ".join(dict.fromkeys(alone))
@@ -281,9 +307,11 @@ def build_suspects(
     failures: list[Failure],
     process_rows: list[ProcessRestart],
     losses: LossIndex | None = None,
+    stragglers: Sequence[Straggler] = (),
 ) -> tuple[list[SuspectNode], str | None]:
     """Node-level faults per node, and the hosts to exclude: only those with evidence against
-    the node itself (a loss SLURM confirms, a device fault, repeated faults of its own)."""
+    the node itself (a loss SLURM confirms, a device fault, repeated faults of its own, a
+    slowness that lasted or got it excluded)."""
     hosts_of = {f.signature: set(f.hosts) for f in failures}
     per = _Tallies()
     explained = _tally_rounds(per, timeline, _follow_on_signatures(job))
@@ -291,6 +319,7 @@ def build_suspects(
     if losses is not None:
         _add_losses(per, timeline, losses)
     _add_hardware(per, job, process_rows, losses)
+    _add_stragglers(per, stragglers)
     # On one host (a local job) "seen only here" compares it with nothing.
     several_hosts = len(job.hosts | {host for host, _ in per}) > 1
     nodes = []
@@ -307,6 +336,7 @@ def build_suspects(
                 signatures=sorted(s.sigs),
                 suspect=suspect,
                 lost=len(s.lost),
+                slow=len(s.slow),
                 evidence=evidence,
             )
         )

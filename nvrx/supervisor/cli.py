@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from nvrx import jobenv
 from nvrx.jobenv import DEFAULT_LOG_DIR, DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, JobEnv
+from nvrx.straggler import StragglerRule
 from nvrx.version import __version__
 
 from . import free_ports, ft_options, nproc, rank_logs, torchrun_env, torchrun_habits
@@ -27,6 +28,7 @@ from .config import (
     DEFAULT_NODE_HEARTBEAT_S,
     DEFAULT_NODE_TIMEOUT_S,
     DEFAULT_STORE_TIMEOUT_S,
+    STRAGGLER_ACTIONS,
     ConfigError,
     SupervisorConfig,
     in_slurm_step,
@@ -88,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_restarts(add)
     _add_nodes(add)
     _add_output(add)
+    _add_stragglers(add)
     ft_options.add_options(add)
     torchrun_habits.add_answers(add)
     add("--verbose", "-v", action="store_true", help="log each decision to stderr")
@@ -244,6 +247,28 @@ def _add_nodes(add: Add) -> None:
     )
 
 
+def _add_stragglers(add: Add) -> None:
+    """Which step times name slow ranks and nodes, and what is done about a slow node."""
+    add(
+        "--straggler-action", choices=STRAGGLER_ACTIONS, default="report",
+        help="a node whose ranks' step times (from RankMonitorClient.record_step or "
+        "--straggler-section) stay slower than the job's fast ranks is named in a 'straggler' "
+        "event and in nvrx-report (report); exclude also has it leave the job when a spare node "
+        "is free, the spare taking its place (default report)",
+    )  # fmt: skip
+    add(
+        "--straggler-section", default=None, metavar="NAME",
+        help="take the durations of the fault-tolerance section NAME as the ranks' step times "
+        "(a section around the step's own work, not its wait in collectives; default: only "
+        "what ranks pass to record_step)",
+    )  # fmt: skip
+    add(
+        "--straggler-threshold", type=float, default=StragglerRule.threshold, metavar="SCORE",
+        help="a rank (or node) is named when its score, the job's fast ranks' step time over "
+        f"its own, stays below SCORE (default {StragglerRule.threshold:g}: 25 %% slower)",
+    )  # fmt: skip
+
+
 def _add_output(add: Add) -> None:
     """Where each rank's output goes, as torchrun's options say."""
     streams = "0 none, 1 stdout, 2 stderr, 3 both; or per local rank, e.g. 0:3,1:2"
@@ -324,6 +349,9 @@ def config_from_args(
         ft=ft_options.config_from(args),
         ft_restart_policy=args.ft_restart_policy,
         non_retryable_patterns=ft_options.non_retryable_patterns(args),
+        straggler_action=args.straggler_action,
+        straggler_section=args.straggler_section,
+        straggler_threshold=args.straggler_threshold,
     )
     if picked:
         print(

@@ -19,6 +19,7 @@ from nvrx import jobenv
 from nvrx.fault_tolerance.config import FaultToleranceConfig
 from nvrx.jobenv import DEFAULT_JOB_ID, JobEnv
 from nvrx.slurm import topology
+from nvrx.straggler import StragglerRule
 
 from .rank_logs import RankLogs
 
@@ -41,6 +42,11 @@ ALL_DONE_KEY = KEY_PREFIX + "all_done"
 ENDED_KEY = KEY_PREFIX + "ended"
 #: Set when every slot but the store host's has ended: it may take the store down.
 ALL_ENDED_KEY = KEY_PREFIX + "all_ended"
+
+
+#: What the store's host does about a node named a straggler: name it, or also have it leave
+#: the job when a spare is free to take its place (``step_times``).
+STRAGGLER_ACTIONS = ("report", "exclude")
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,9 @@ class SupervisorConfig:
     ft: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)  # --ft-*
     ft_restart_policy: str = "auto"  # auto | any-failed | min-healthy (``job_restart``)
     non_retryable_patterns: list[str] = field(default_factory=list)  # ``non_retryable``
+    straggler_action: str = "report"  # report | exclude (``step_times``)
+    straggler_section: str | None = None  # a section whose durations are step times
+    straggler_threshold: float = StragglerRule.threshold
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -202,7 +211,22 @@ class SupervisorConfig:
                 f"({self.node_heartbeat:g} s), so that one late beat is no loss; "
                 f"got {self.node_timeout:g}",
             ),
+            (
+                self.straggler_action in STRAGGLER_ACTIONS,
+                f"--straggler-action must be one of {', '.join(STRAGGLER_ACTIONS)}, "
+                f"got {self.straggler_action!r}",
+            ),
+            (
+                0 < self.straggler_threshold < 1,
+                f"--straggler-threshold must be in (0, 1), got {self.straggler_threshold:g}",
+            ),
         ]
+
+    @property
+    def straggler_rule(self) -> StragglerRule:
+        """When a rank or node counts as a straggler (``--straggler-threshold``)."""
+        clear_at = min(1.0, max(self.straggler_threshold, StragglerRule.clear_at))
+        return StragglerRule(threshold=self.straggler_threshold, clear_at=clear_at)
 
     # The topology's values, read through the config; ``job`` holds them.
     @property
@@ -290,6 +314,11 @@ class SupervisorConfig:
             "loop_breaker": self.loop_breaker,
             "fault_tolerance": json.loads(self.ft.to_json()),
             "restart_policy": self.ft_restart_policy,
+            "stragglers": {
+                "action": self.straggler_action,
+                "section": self.straggler_section,
+                "threshold": self.straggler_threshold,
+            },
         }
 
     def child_env(

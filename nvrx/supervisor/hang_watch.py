@@ -35,6 +35,7 @@ from .local_ranks import LocalRanks
 from .node_control import NodeControl
 from .policy import LastFault
 from .rank_watch import Hang, RankWatch
+from .step_times import StepTimes
 from .store_link import StoreLinkError
 from .workload_control import WorkloadControl
 
@@ -58,10 +59,12 @@ class HangWatch:
         workload: WorkloadControl,
         job_restart: JobRestart,
         store_lost: Callable[[str], bool],
+        step_times: StepTimes,
     ) -> None:
         self.store, self.course, self.control, self.beats = store, course, control, beats
         self.ranks = ranks
         self.workload, self.job_restart, self.store_lost = workload, job_restart, store_lost
+        self.step_times = step_times
         self.watch: RankWatch | None = None
         self.beat_socket: BeatSocket | None = None
         self._hang_kills: dict[int, float] = {}  # child pid -> when SIGKILL follows
@@ -69,7 +72,7 @@ class HangWatch:
 
     def start(self) -> None:
         """Open the sockets, before any child starts: each one is told where they are."""
-        self.watch = RankWatch()
+        self.watch = RankWatch(self.store.config.straggler_section)
         self.beat_socket = BeatSocket(os.path.join(self.watch.directory, "beats.sock"))
 
     def child_env(self, env: dict[str, str]) -> None:
@@ -107,6 +110,8 @@ class HangWatch:
                 self.control.emit("timeouts_set", **ids, source=detail, timeouts=watched.timeouts.to_dict())
             elif what == "control":
                 self.workload.on_control(watched, detail)
+            elif what == "steps":
+                self.step_times.record(watched.rank, detail)
             elif what == "end":
                 selector.unregister(key.fd)
                 log.info("local rank %s stopped being monitored (%s)", watched.local_rank, detail)

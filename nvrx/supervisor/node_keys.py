@@ -52,3 +52,16 @@ def spare_taken(slot: int) -> str:
 def assign(slot: int) -> str:
     """Set for spare ``slot``: JSON with the node rank it takes over and the lost slot."""
     return f"{PREFIX}assign/{slot}"
+
+
+def step_times(slot: int) -> str:
+    """JSON the slot's supervisor rewrites every ``step_times.PUBLISH_S`` while its ranks
+    record steps: its node rank, host, and for each of its ranks whose window is full
+    ``[steps recorded, median step time]``. Read by the supervisor that hosts the store."""
+    return f"{PREFIX}steps/{slot}"
+
+
+#: JSON the store's host writes when it asks nodes named stragglers to leave the job
+#: (``--straggler-action exclude``, a spare free): ``{"exclude": [slots]}``. Every
+#: supervisor reads it after publishing its step times; a slot listed leaves.
+STRAGGLERS = PREFIX + "stragglers"

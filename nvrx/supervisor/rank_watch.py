@@ -82,10 +82,15 @@ class Hang:
     stale_s: float
 
 
+#: What ``RankWatch.read`` tells the supervisor: (what, the rank, the detail).
+Told = tuple[str, Watched, Any]
+
+
 class RankWatch:
     """Listens for monitored ranks of this node; see the module doc."""
 
-    def __init__(self) -> None:
+    def __init__(self, timed_section: str | None = None) -> None:
+        self.timed_section = timed_section  # its durations are the ranks' step times
         self._dir = tempfile.mkdtemp(prefix="nvrx-ft-")  # private (0700): only this user connects
         self.path = os.path.join(self._dir, "supervisor.sock")
         if len(self.path.encode()) > MAX_SOCKET_PATH:  # a long $TMPDIR: Unix socket paths are short
@@ -122,15 +127,16 @@ class RankWatch:
         self.watched[conn.fileno()] = Watched(conn)
         return conn.fileno()
 
-    def read(self, fd: int, now: float | None = None) -> list[tuple[str, Watched, Any]]:
+    def read(self, fd: int, now: float | None = None) -> list[Told]:
         """Apply every waiting packet of connection ``fd``; returns what the supervisor should log:
         ``("init", w, source)``, ``("timeouts", w, source)``, ``("control", w, request)``,
-        ``("end", w, "bye" | "closed")``;
+        ``("steps", w, [seconds, ...])`` (sent by the rank, or the durations of the section
+        named ``timed_section``), ``("end", w, "bye" | "closed")``;
         a source is where the timeouts came from: config, restored or computed."""
         watched = self.watched.get(fd)
         if watched is None:
             return []
-        told: list[tuple[str, Watched, Any]] = []
+        told: list[Told] = []
         while True:
             try:
                 data, fds, _, _ = socket.recv_fds(watched.conn, channel.MAX_MESSAGE, 1)
@@ -157,31 +163,42 @@ class RankWatch:
             elif fds:
                 for extra in fds:
                     os.close(extra)
-            if verb == channel.HEARTBEAT:
-                watched.last_heartbeat = stamp
-            elif verb == channel.SECTION_START and payload:
-                watched.open[payload] = stamp
-                watched.outside_since = None
-            elif verb == channel.SECTION_END and payload:
-                watched.open.pop(payload, None)
-                if not watched.open:
-                    watched.outside_since = stamp
-            elif verb == channel.END_ALL:
-                watched.open.clear()
-                watched.outside_since = stamp
-            elif verb == channel.TIMEOUTS:
-                try:
-                    watched.timeouts = Timeouts.from_dict(payload["timeouts"])
-                except (KeyError, TypeError, ValueError) as exc:
-                    log.warning("local rank %s sent bad timeouts: %r", watched.local_rank, exc)
-                    continue
-                told.append(("timeouts", watched, str(payload.get("source", "client"))))
-            elif verb == channel.CONTROL:
-                told.append(("control", watched, payload))
-            elif verb == channel.SHUTDOWN:
+            if verb == channel.SHUTDOWN:
                 told.append(("end", watched, "bye"))
                 self._drop(fd)
                 return told
+            self._apply(watched, verb, payload, stamp, told)
+
+    def _apply(
+        self, watched: Watched, verb: str, payload: Any, stamp: float, told: list[Told]
+    ) -> None:
+        """Apply one message (not ``init`` or ``bye``) of ``watched``; add to ``told`` what
+        the supervisor should hear of it."""
+        if verb == channel.HEARTBEAT:
+            watched.last_heartbeat = stamp
+        elif verb == channel.SECTION_START and payload:
+            watched.open[payload] = stamp
+            watched.outside_since = None
+        elif verb == channel.SECTION_END and payload:
+            began = watched.open.pop(payload, None)
+            if payload == self.timed_section and began is not None:
+                told.append(("steps", watched, [stamp - began]))
+            if not watched.open:
+                watched.outside_since = stamp
+        elif verb == channel.END_ALL:
+            watched.open.clear()
+            watched.outside_since = stamp
+        elif verb == channel.TIMEOUTS:
+            try:
+                watched.timeouts = Timeouts.from_dict(payload["timeouts"])
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("local rank %s sent bad timeouts: %r", watched.local_rank, exc)
+                return
+            told.append(("timeouts", watched, str(payload.get("source", "client"))))
+        elif verb == channel.CONTROL:
+            told.append(("control", watched, payload))
+        elif verb == channel.STEPS and _seconds(payload):
+            told.append(("steps", watched, payload))
 
     def _init(self, watched: Watched, hello: dict[str, Any], fds: list[int], now: float) -> None:
         watched.local_rank = _int(hello.get("local_rank"))
@@ -259,6 +276,13 @@ class RankWatch:
             self._drop(fd)
         self._listener.close()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _seconds(value: object) -> bool:
+    """Whether ``value`` is a list of step times (numbers ≥ 0)."""
+    return isinstance(value, list) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in value
+    )
 
 
 def _int(value: object) -> int | None:

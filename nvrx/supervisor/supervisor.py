@@ -13,7 +13,8 @@ other concern is a part it owns and wires at construction: the children of its
 local ranks (``local_ranks``), the rank watch (``hang_watch``), job-wide
 restarts (``job_restart``), node messages (``node_messages``), store failover
 (``failover``), the ranks' requests (``workload_control``), the standby for
-restarts (``restart_standby``) and the end of the run (``job_end``). They share
+restarts (``restart_standby``), straggler scores (``step_times``) and the end of the
+run (``job_end``). They share
 the job's store (``job_store``) and see the supervisor as a ``NodeControl``.
 """
 
@@ -47,6 +48,7 @@ from .preemption import PreemptionHandler
 from .restart_standby import RestartStandby
 from .signals import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
 from .standby import READY_KEY, Standbys
+from .step_times import StepTimes
 from .store_link import StoreLink, StoreLinkError
 from .store_setup import await_store_or_stop, check_store_port, launch_store
 from .workload_control import WorkloadControl
@@ -81,12 +83,13 @@ class Supervisor:
         beats = RankBeats()
         ranks = self.ranks
         self.workload = WorkloadControl(store, self, ranks)
+        self.step_times = StepTimes(store, course, self)
         self.job_restart = JobRestart(store, course, self, ranks, self.policy, beats, self.workload)
         self.messages = NodeMessages(store, course, self, ranks, self.job_restart, requeue)
         self.failover = Failover(store, course, self, ranks, self.standbys, requeue)
         self.hang_watch = HangWatch(
             store, course, self, ranks, beats, self.workload, self.job_restart,
-            self.failover.store_lost,
+            self.failover.store_lost, self.step_times,
         )  # fmt: skip
         self.restart_standby = RestartStandby(store, self.standbys, course, self, ranks)
         self.job_end = JobEnd(
@@ -391,6 +394,7 @@ class Supervisor:
                 if self.store.roles is not None:
                     self.store.roles.probes.poll()
                 self.hang_watch.check()
+                self.step_times.check()
                 self.job_restart.progress()
                 if self.store.relinks != relinks:  # failed over: the new link is registered
                     selector.close()
@@ -409,7 +413,7 @@ class Supervisor:
         roles = self.store.roles
         wake = [t for t in (self.kill_at, roles and roles.probes.deadline()) if t is not None]
         timeout = max(0.0, min(wake) - time.monotonic()) if wake else None
-        return self.hang_watch.timeout(timeout)
+        return self.step_times.timeout(self.hang_watch.timeout(timeout))
 
     def _handle_preemption(self) -> None:
         """After SLURM's warning (or another node's flag): let the children checkpoint and stop; node 0 requeues."""

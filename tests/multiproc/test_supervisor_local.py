@@ -45,8 +45,9 @@ class Job:
     such a test passes ``--warm-standby``."""
 
     def __init__(
-        self, tmp_path: Path, nnodes: int, nproc: int, command: list[str], *options: str
-    ) -> None:
+        self, tmp_path: Path, nnodes: int, nproc: int, command: list[str], *options: str,
+        node_env: dict[int, dict[str, str]] | None = None,
+    ) -> None:  # fmt: skip
         if "--warm-standby" not in options and "--no-warm-standby" not in options:
             options = ("--no-warm-standby", *options)
         self.log_dir = tmp_path / "logs"
@@ -68,7 +69,8 @@ class Job:
             with out.open("w") as sink:
                 self.procs.append(
                     subprocess.Popen(
-                        cmd, cwd=tmp_path, env=dict(os.environ), stdout=sink, stderr=subprocess.STDOUT,
+                        cmd, cwd=tmp_path, env={**os.environ, **(node_env or {}).get(node, {})},
+                        stdout=sink, stderr=subprocess.STDOUT,
                         text=True, start_new_session=True,
                     )
                 )  # fmt: skip

@@ -218,3 +218,45 @@ def test_a_peer_of_another_user_is_refused_even_when_it_reaches_the_socket(watch
     mine.connect(watch.path)
     assert watch.accept() is not None  # this user's own peer is taken
     mine.close()
+
+
+def test_step_times_reach_the_watch_in_batches_and_a_timed_section_gives_its_durations(
+    watch, monkeypatch
+):
+    from nvrx.fault_tolerance import client as client_module
+
+    client = RankMonitorClient()
+    fd, _ = _connect(watch, client)
+    monkeypatch.setattr(client_module, "STEP_PACKET_INTERVAL_S", 3600.0)
+    client.record_step(0.5)  # the first goes at once, then they wait for the interval
+    for seconds in (0.1, 0.2, 0.3):
+        client.record_step(seconds)
+    with client.timed_step():
+        pass
+    assert [(t[0], t[2]) for t in watch.read(fd)] == [("steps", [0.5])]
+    client.shutdown_workload_monitoring()  # sends what is kept
+    told = watch.read(fd)
+    assert [t[0] for t in told] == ["steps", "end"]
+    assert told[0][2][:3] == [0.1, 0.2, 0.3] and 0 <= told[0][2][3] < 1.0
+    with pytest.raises(RankMonitorClientError, match="record_step: call init_workload_monitoring"):
+        client.record_step(0.1)
+
+    watch.timed_section = "compute"
+    client = RankMonitorClient()
+    fd, _ = _connect(watch, client)
+    client.start_section("compute")
+    watch.read(fd, now=101.0)
+    client.end_section("compute")
+    client.start_section("other")
+    client.end_section("other")
+    assert [(t[0], t[2]) for t in watch.read(fd, now=101.25)] == [("steps", [0.25])]
+
+
+def test_bad_step_times_are_refused_by_the_client_and_ignored_by_the_watch(watch):
+    client = RankMonitorClient()
+    fd, _ = _connect(watch, client)
+    with pytest.raises(ValueError, match="seconds must be a number ≥ 0, got -1"):
+        client.record_step(-1)
+    for bad in (b"T [-1.0]", b'T ["x"]', b'T {"a": 1}', b"T [true]"):
+        client._sock.send(bad)  # what a broken rank could send
+    assert watch.read(fd) == []

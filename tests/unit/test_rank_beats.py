@@ -16,6 +16,7 @@ from nvrx.supervisor.course import Course, CourseTracker
 from nvrx.supervisor.hang_watch import HangWatch
 from nvrx.supervisor.job_store import JobStore
 from nvrx.supervisor.local_ranks import LocalRanks
+from nvrx.supervisor.step_times import StepTimes
 from nvrx.supervisor.store_link import StoreLinkError
 
 
@@ -112,6 +113,7 @@ class _Node:
         self.hangs = HangWatch(
             store, course, self, ranks, RankBeats(), workload=None,
             job_restart=SimpleNamespace(pending=None), store_lost=self._store_lost,
+            step_times=StepTimes(store, course, self),
         )  # fmt: skip
         self.hangs.start()
         self.beats, self.beat_socket = self.hangs.beats, self.hangs.beat_socket

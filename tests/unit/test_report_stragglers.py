@@ -1,0 +1,200 @@
+"""nvrx-report on stragglers: the *Stragglers* section, and slow nodes in the exclusion advice.
+
+A job of 2 nodes x 2 ranks under the Wrapper, one round that completes, written with the
+real ``EventWriter``. The supervisor of slot 0 (it hosts the store) writes the
+``straggler`` events, as the live path does: ``component`` supervisor, ``rank`` null.
+Times are seconds after ``T0``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from test_report_cli import SCHEMA_PATH, check_schema
+from test_report_fixtures import Host, Proc
+
+from nvrx.report import Report, build_report
+
+HOSTS = {0: "node-a", 1: "node-b"}
+SPARE = Host("node-c", 2)
+HEADING = "Stragglers"
+#: Node 1 (slot 1, ranks 2-3) as the supervisor names it: 35 % slower than the job.
+SLOW_NODE: dict[str, Any] = {
+    "of": "node", "who": 1, "node_rank": 1, "slot": 1, "straggler_host": "node-b",
+    "ranks": [2, 3], "score": 0.741, "median_s": 1.35, "reference_s": 1.0,
+    "slower_pct": 35.0, "window": 20, "threshold": 0.85, "source": "record_step",
+}  # fmt: skip
+#: Rank 3 alone, on node 1.
+SLOW_RANK: dict[str, Any] = {
+    "of": "rank", "who": 3, "node_rank": 1, "slot": 1, "straggler_host": "node-b",
+    "score": 0.8, "median_s": 1.25, "reference_s": 1.0, "slower_pct": 25.0,
+    "window": 20, "threshold": 0.85, "source": "section step",
+}  # fmt: skip
+
+
+class Job:
+    """Two supervisors (slot = node rank) and their ranks; ``finish`` ends and reads it."""
+
+    def __init__(self, log_dir: Path, spares: int = 0) -> None:
+        self.dir = log_dir
+        self.sup = {n: Proc(log_dir, Host(name, n), "supervisor") for n, name in HOSTS.items()}
+        nnodes = len(HOSTS) + spares
+        for sup in self.sup.values():
+            sup.at(0.0, "supervisor_start", nnodes=nnodes, nproc_per_node=2, spare_nodes=spares)
+        self.ranks = {
+            r: Proc(log_dir, Host(HOSTS[r // 2], r // 2), "wrapper", rank=r) for r in range(4)
+        }
+        for r, p in self.ranks.items():
+            self.sup[r // 2].at(0.5, "child_start", local_rank=r % 2, child_pid=100 + r, attempt=0)
+            p.round(0).at(1.0, "round_start", world_size=4, initial_rank=r)
+            p.at(1.01, "call_start", note="enter")
+
+    def straggler(
+        self, t: float, state: str, step: int, action: str = "report", **named: Any
+    ) -> None:
+        self.sup[0].at(t, "straggler", state=state, step=step, action=action, **named)
+
+    def finish(self, t: float = 100.0) -> Report:
+        for r, p in self.ranks.items():
+            p.at(t, "call_end", duration_s=t - 1.0, outcome="completed")
+            p.at(t, "round_end", outcome="completed")
+            self.sup[r // 2].at(
+                t + 0.1, "child_exit", local_rank=r % 2, child_pid=100 + r, exit_code=0
+            )
+        for sup in self.sup.values():
+            sup.at(t + 0.2, "supervisor_end", exit_code=0, reason="completed")
+        for p in [*self.sup.values(), *self.ranks.values()]:
+            p.close()
+        return build_report(self.dir, sacct=False, workers=1)
+
+
+def _section(text: str) -> str:
+    """The text of the section, up to the next heading."""
+    assert f"\n{HEADING}\n" in text, text
+    body = text.split(f"\n{HEADING}\n", 1)[1].split("\n", 1)[1]  # past the heading's underline
+    return body.split("\n==", 1)[0]
+
+
+def _answer(text: str) -> str:
+    """The first screen, up to the summary."""
+    return text.split("\nSummary\n", 1)[0]
+
+
+def test_a_node_slow_to_the_end_is_in_the_section_and_excluded_as_slow(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    job.straggler(40.0, "slow", 120, **SLOW_NODE)
+    report = job.finish()
+
+    [x] = report.stragglers
+    assert (x.of, x.node, x.slot, x.host, x.ranks) == ("node", 1, 1, "node-b", [2, 3])
+    assert (x.step, x.recovered, x.end_wall) == (120, False, None)
+    assert (x.action, x.slower_pct) == ("report", 35.0)
+    text = report.to_text(width=None)
+    section = _section(text)
+    assert "node 1 (slot 1, ranks 2-3)" in section and "node-b" in section
+    assert "(+40.0 s), step 120" in section  # the job began at T0, with its supervisors
+    assert "end of job (still slow)" in section
+    assert "35.0 % slower" in section
+    assert "median 1.350 s vs reference 1.000 s over 20 steps" in section
+    assert "from record_step" in section
+
+    assert report.exclude == "node-b"
+    [node] = report.suspects
+    assert (node.host, node.node, node.suspect, node.slow, node.faults) == ("node-b", 1, True, 1, 0)
+    why = ("slow, not failed: 35.0 % slower than the job (median 1.350 s vs reference 1.000 s "
+           "over 20 steps); named slow at step 120, never recovered")  # fmt: skip
+    assert node.evidence == [why]
+    answer = _answer(text)
+    assert "exclude next time: --exclude=node-b" in answer
+    assert f"node-b (node 1): {why}" in answer
+    assert "faults: none" in answer  # slowness is no fault
+
+    suspects = text.split("\nSuspect nodes\n", 1)[1]
+    header = suspects.split("\n", 3)[2].split()
+    assert header[header.index("lost") + 1] == "slow"
+
+    data = json.loads(report.to_text("json"))
+    check_schema(data, json.loads(SCHEMA_PATH.read_text()))
+    assert data["stragglers"][0]["recovered"] is False
+    assert data["suspects"][0]["slow"] == 1
+    assert f">{HEADING}<" in report.to_text("html")
+
+
+def test_a_node_slow_to_the_end_with_no_spare_free_is_excluded(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    job.straggler(40.0, "slow", 120, action="none", **SLOW_NODE)
+    report = job.finish()
+
+    assert "none: exclude asked, no spare free" in _section(report.to_text(width=None))
+    assert report.exclude == "node-b"
+    assert report.suspects[0].evidence[0].startswith("slow, not failed: 35.0 % slower")
+
+
+def test_a_node_that_recovered_is_shown_until_then_and_not_excluded(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    job.straggler(40.0, "slow", 120, **SLOW_NODE)
+    job.straggler(70.0, "recovered", 180, **{**SLOW_NODE, "score": 0.97, "slower_pct": 3.0})
+    report = job.finish()
+
+    [x] = report.stragglers
+    assert (x.recovered, x.end_step, x.slower_pct) == (True, 180, 35.0)  # as it was named
+    section = _section(report.to_text(width=None))
+    assert "recovered" in section and "(+70.0 s), step 180" in section
+    assert "end of job" not in section
+    assert report.exclude is None and report.suspects == []
+
+
+def test_a_node_excluded_for_slowness_names_its_spare_and_is_excluded_as_slow(
+    tmp_path: Path,
+) -> None:
+    job = Job(tmp_path, spares=1)
+    spare = Proc(tmp_path, SPARE, "supervisor")
+    spare.at(0.0, "supervisor_start", nnodes=3, nproc_per_node=2, spare_nodes=1)
+    job.straggler(40.0, "slow", 120, **SLOW_NODE)
+    job.straggler(50.0, "slow", 140, action="exclude", **SLOW_NODE)  # asked to leave
+    job.sup[0].at(
+        52.0, "node_lost", lost_node=1, lost_slot=1, lost_host="node-b", silent_s=1.0,
+        seen_by=0, action="spare", replaced_by=2, ranks=[2, 3],
+    )  # fmt: skip
+    spare.at(52.5, "node_takeover", node_rank=1, lost_slot=1, wait_s=0.5)
+    spare.close()
+    report = job.finish()
+
+    [x] = report.stragglers  # named twice, one row: the later naming asked to exclude it
+    assert (x.action, x.replaced_by, x.step, x.recovered) == ("exclude", 2, 120, False)
+    section = _section(report.to_text(width=None))
+    assert "exclude: spare slot 2 took over" in section
+    assert "left the job" in section and "(+52.5 s)" in section  # the spare's takeover
+    assert report.exclude == "node-b"
+    [node] = [n for n in report.suspects if n.host == "node-b"]
+    assert node.evidence == [
+        "slow, not failed: 35.0 % slower than the job (median 1.350 s vs reference 1.000 s "
+        "over 20 steps); excluded for slowness at step 120, spare slot 2 took over",
+        "left the job when excluded for slowness: not a failure",
+    ]
+
+
+def test_a_rank_named_alone_is_in_the_section_and_not_excluded(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    job.straggler(30.0, "slow", 90, **SLOW_RANK)
+    report = job.finish()
+
+    [x] = report.stragglers
+    assert (x.of, x.who, x.node, x.recovered) == ("rank", 3, 1, False)
+    section = _section(report.to_text(width=None))
+    assert "rank 3 (node 1)" in section and "25.0 % slower" in section
+    assert "from section step" in section
+    assert report.exclude is None and report.suspects == []
+
+
+def test_a_job_without_stragglers_has_no_section_and_no_new_advice(tmp_path: Path) -> None:
+    report = Job(tmp_path).finish()
+
+    assert report.stragglers == []
+    text = report.to_text(width=None)
+    assert f"\n{HEADING}\n" not in text
+    assert report.exclude is None and report.suspects == []
+    assert "exclude next time: nothing (no node-level faults)" in _answer(text)
+    assert json.loads(report.to_text("json"))["stragglers"] == []
