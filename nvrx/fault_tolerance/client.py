@@ -21,6 +21,7 @@ when that is shorter), so a loop may call ``send_heartbeat()`` at any rate.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import faulthandler
 import logging
@@ -73,6 +74,7 @@ class RankMonitorClient:
         self._packet_interval = HEARTBEAT_PACKET_INTERVAL_S
         self._steps: list[float] = []
         self._next_steps = 0.0
+        self._gpu: _GpuTimes | None = None  # timed_step(cuda=True)'s events
 
     # -- NVRx's view of the state ---------------------------------------------------------
     @property
@@ -179,11 +181,25 @@ class RankMonitorClient:
             self._flush_steps(now)
 
     @contextlib.contextmanager
-    def timed_step(self) -> Iterator[None]:
-        """``record_step`` the time the block takes (wrap the step's compute in it)."""
-        start = time.perf_counter()
+    def timed_step(self, cuda: bool = False) -> Iterator[None]:
+        """``record_step`` the time the block takes (wrap the step's compute in it).
+
+        ``cuda``: the time the GPU spends on the block's work, between two CUDA events on
+        the current stream, not the host's time (the host only queues kernels). Its time is
+        recorded once the GPU has passed the second event, seen at a later step: the step
+        never waits for it."""
+        if not cuda:
+            start = time.perf_counter()
+            yield
+            self.record_step(time.perf_counter() - start)
+            return
+        if self._gpu is None:
+            self._gpu = _GpuTimes()
+        begin = self._gpu.mark()
         yield
-        self.record_step(time.perf_counter() - start)
+        self._gpu.close(begin)
+        for seconds in self._gpu.finished():
+            self.record_step(seconds)
 
     def _flush_steps(self, now: float) -> None:
         steps, self._steps = self._steps, []
@@ -361,6 +377,41 @@ class RankMonitorClient:
         if not self._lost:
             self._lost = True
             log.error("lost the supervisor's socket (%s): this rank is no longer monitored", exc)
+
+
+class _GpuTimes:
+    """Pairs of CUDA events around timed blocks, read once the GPU has passed them."""
+
+    #: Blocks the GPU may lag behind by before the oldest is waited for (bounded memory).
+    MAX_PENDING = 64
+
+    def __init__(self) -> None:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RankMonitorClientError(
+                "timed_step(cuda=True): CUDA is not available here; use timed_step()"
+            )
+        self._torch = torch
+        self._pending: collections.deque[tuple[Any, Any]] = collections.deque()
+
+    def mark(self) -> Any:
+        event = self._torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def close(self, begin: Any) -> None:
+        self._pending.append((begin, self.mark()))
+        if len(self._pending) > self.MAX_PENDING:
+            self._pending[0][1].synchronize()
+
+    def finished(self) -> list[float]:
+        """Seconds of each block the GPU has finished since the last call, oldest first."""
+        done = []
+        while self._pending and self._pending[0][1].query():
+            begin, end = self._pending.popleft()
+            done.append(begin.elapsed_time(end) / 1000)
+        return done
 
 
 def _restored_from(state: Any) -> Timeouts | None:

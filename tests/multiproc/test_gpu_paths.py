@@ -16,7 +16,9 @@ assert stays broken), started by the test: ``python test_gpu_paths.py
   once ``AbortTorchDistributed`` runs;
 - ``KeptState`` commits CUDA state into pinned host buffers without a race with the
   next step's in-place updates, keeps the previous commit whole through a fault during
-  a commit, and ``restore_agreed`` over NCCL restores the step on the device.
+  a commit, and ``restore_agreed`` over NCCL restores the step on the device;
+- ``RankMonitorClient.timed_step(cuda=True)`` records the GPU time of a block without the
+  host waiting for it.
 """
 
 from __future__ import annotations
@@ -143,6 +145,14 @@ def test_kept_state_commits_cuda_state_into_pinned_memory_and_restores_it(tmp_pa
     assert out["raced_update_kept_out"] is True, out
     assert out["after_failed_commit"] == [3, True], out
     assert out["agreed"] == {"step": 3, "same_bits": True}, out
+
+
+def test_a_step_timed_on_the_gpu_is_recorded_without_the_host_waiting(tmp_path):
+    out = _one(tmp_path, "gpu_step_time")
+    assert out["host_block_s"] < 0.5 * out["kernel_s"], out  # the host only queued the kernel
+    assert len(out["recorded"]) == 3, out
+    for seconds in out["recorded"]:
+        assert abs(seconds - out["kernel_s"]) < 0.25 * out["kernel_s"], out
 
 
 @pytest.mark.skipif(_cuda_devices() < 2, reason="needs 2 GPUs, one per NCCL rank")
@@ -458,7 +468,44 @@ def _kept_state_cuda() -> dict:
     return result
 
 
+def _gpu_step_time() -> dict:
+    import torch
+
+    from nvrx import jobenv
+    from nvrx.fault_tolerance import RankMonitorClient
+    from nvrx.supervisor.rank_watch import RankWatch
+
+    watch = RankWatch()
+    os.environ[jobenv.FT_SOCKET] = watch.path
+    client = RankMonitorClient()
+    client.init_workload_monitoring()
+    fd = watch.accept()
+    cycles = 50_000_000
+    torch.cuda._sleep(cycles)  # warm
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    kernel_s = begin.elapsed_time(end) / 1000
+    host = []
+    for _ in range(3):
+        start = time.perf_counter()
+        with client.timed_step(cuda=True):
+            torch.cuda._sleep(cycles)
+        host.append(time.perf_counter() - start)
+    torch.cuda.synchronize()
+    with client.timed_step(cuda=True):  # a later step reads what the GPU finished
+        pass
+    torch.cuda.synchronize()
+    client.shutdown_workload_monitoring()
+    recorded = [s for what, _, values in watch.read(fd) if what == "steps" for s in values]
+    watch.close()
+    return {"kernel_s": kernel_s, "host_block_s": max(host), "recorded": recorded[:3]}
+
+
 SCENARIOS = {
+    "gpu_step_time": _gpu_step_time,
     "kept_state_cuda": _kept_state_cuda,
     "device_checks": _device_checks,
     "health_ok": _health_ok,

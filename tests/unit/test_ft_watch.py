@@ -260,3 +260,15 @@ def test_bad_step_times_are_refused_by_the_client_and_ignored_by_the_watch(watch
     for bad in (b"T [-1.0]", b'T ["x"]', b'T {"a": 1}', b"T [true]"):
         client._sock.send(bad)  # what a broken rank could send
     assert watch.read(fd) == []
+
+
+def test_timing_on_the_gpu_without_cuda_says_what_to_use(watch):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here: tests/multiproc/test_gpu_paths.py times on it")
+    client = RankMonitorClient()
+    _connect(watch, client)
+    with pytest.raises(RankMonitorClientError, match=r"CUDA is not available here; use timed_step\(\)"):
+        with client.timed_step(cuda=True):
+            pass
