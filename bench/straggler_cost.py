@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from nvrx.straggler import StepScores  # noqa: E402
 from nvrx.supervisor.step_times import PUBLISH_S  # noqa: E402
 
-_BATCH = 100_000
+_BATCH, _CHUNK = 100_000, 1000
 
 
 def record_ns(repeats: int) -> float:
@@ -60,10 +60,11 @@ def evaluate_us(ranks: int, repeats: int) -> float:
     return statistics.median(runs)
 
 
-def record_step_ns(repeats: int) -> float:
-    """Median nanoseconds of one ``record_step`` call, its batched sends included."""
+def record_step_ns(repeats: int) -> tuple[float, float, int]:
+    """Median nanoseconds of one ``record_step`` call and of one ``timed_step()`` block (an
+    empty one), their batched sends included; and the step times the socket dropped. The
+    watch is read between chunks of calls, as the supervisor's loop reads it meanwhile."""
     import os
-    import tempfile
 
     from nvrx import jobenv
     from nvrx.fault_tolerance import RankMonitorClient
@@ -71,22 +72,36 @@ def record_step_ns(repeats: int) -> float:
 
     watch = RankWatch()
     os.environ[jobenv.FT_SOCKET] = watch.path
-    os.environ.setdefault("TMPDIR", tempfile.gettempdir())
     client = RankMonitorClient()
     client.init_workload_monitoring()
     fd = watch.accept()
-    batches = []
-    try:
-        for _ in range(repeats):
+
+    def timed(loop) -> float:
+        spent = 0
+        for _ in range(_BATCH // _CHUNK):
             start = time.perf_counter_ns()
-            for _ in range(_BATCH):
-                client.record_step(0.1)
-            batches.append((time.perf_counter_ns() - start) / _BATCH)
-            watch.read(fd)  # as the supervisor's loop would, so the socket never fills
+            loop()
+            spent += time.perf_counter_ns() - start
+            watch.read(fd)
+        return spent / _BATCH
+
+    def records() -> None:
+        for _ in range(_CHUNK):
+            client.record_step(0.1)
+
+    def blocks() -> None:  # as a training loop writes it
+        for _ in range(_CHUNK):
+            with client.timed_step():
+                pass
+
+    try:
+        record = statistics.median(timed(records) for _ in range(repeats))
+        timed_block = statistics.median(timed(blocks) for _ in range(repeats))
+        dropped = client.dropped_steps
     finally:
         client.shutdown_workload_monitoring()
         watch.close()
-    return statistics.median(batches)
+    return record, timed_block, dropped
 
 
 class _CountingLink:
@@ -162,7 +177,7 @@ def store_traffic(ranks: int, hosts: int, intervals: int = 20) -> tuple[float, f
     for interval in range(intervals):
         for host, times in enumerate(parts):
             for r in range(host * per_host, (host + 1) * per_host):
-                times.record(r, [random.lognormvariate(0, 0.05) for _ in range(times.rule.window)])
+                times.record(r, [random.lognormvariate(0, 0.05) for _ in range(times.local.rule.window)])
             times._next = 0.0  # due now: one interval passed
             start = time.perf_counter_ns()
             times.check()
@@ -187,7 +202,9 @@ def main() -> None:
     if min(args.hosts) < 1 or any(r % h for r in args.ranks for h in args.hosts):
         parser.error(f"--hosts must each be >= 1 and divide every --ranks, got {args.hosts}")
     random.seed(0)
-    print(f"rank's timing path: record_step {record_step_ns(args.repeats):.0f} ns per step")
+    record, block, dropped = record_step_ns(args.repeats)
+    print(f"rank's timing path: record_step {record:.0f} ns per step, an empty timed_step() "
+          f"block {block:.0f} ns; step times dropped on a full socket: {dropped}")
     print(f"supervisor: StepScores.record {record_ns(args.repeats):.0f} ns per rank-step")
     for ranks in args.ranks:
         print(f"evaluate {ranks:3d} ranks: {evaluate_us(ranks, args.repeats):.0f} µs per evaluation")

@@ -45,6 +45,9 @@ STANDBY_READY_FD = "NVRX_STANDBY_READY_FD"
 FT_SOCKET = "NVRX_FT_SOCKET"
 #: The supervisor's ``FaultToleranceConfig``, as JSON.
 FT_CONFIG = "NVRX_FT_CONFIG"
+#: A fault-tolerance section whose durations the rank records as its step times
+#: (``--straggler-section``), measured by the rank's client.
+STRAGGLER_SECTION = "NVRX_STRAGGLER_SECTION"
 #: The supervisor's socket for the heartbeats of the Wrapper's monitors (``nvrx.rank_beats``).
 RANK_BEATS = "NVRX_RANK_BEATS"
 # -- settings a user or a template may give --------------------------------------------

@@ -41,6 +41,7 @@ class StragglerRule:
     threshold: float = 0.8
     confirm: int = 6
     clear_at: float = 0.9
+    looks: int = 3  # evaluations the verdict must hold through too, however many steps each
 
     def __post_init__(self) -> None:
         if not isinstance(self.window, int) or self.window < 3:
@@ -49,6 +50,8 @@ class StragglerRule:
             raise ValueError(f"StragglerRule: threshold must be in (0, 1), got {self.threshold!r}")
         if not isinstance(self.confirm, int) or self.confirm < 1:
             raise ValueError(f"StragglerRule: confirm must be an int ≥ 1, got {self.confirm!r}")
+        if not isinstance(self.looks, int) or self.looks < 1:
+            raise ValueError(f"StragglerRule: looks must be an int ≥ 1, got {self.looks!r}")
         if not self.threshold <= self.clear_at <= 1:
             raise ValueError(
                 f"StragglerRule: clear_at must be in [threshold, 1] = [{self.threshold}, 1], got {self.clear_at!r}"
@@ -73,15 +76,20 @@ class Change:
 @dataclass
 class _Verdict:
     slow: bool = False
-    streak: int = 0  # consecutive evaluations that disagree with ``slow``
+    streak: int = 0  # steps of the consecutive evaluations that disagree with ``slow``
+    looks: int = 0  # how many such evaluations
 
     def judge(self, score: float, rule: StragglerRule, steps: int = 1) -> bool:
-        """Count one evaluation, ``steps`` steps after the last; True when the verdict flips."""
+        """Count one evaluation, ``steps`` steps after the last; True when the verdict flips:
+        it disagreed for ``rule.confirm`` steps and at least ``rule.looks`` evaluations."""
         slow_now = score < (rule.clear_at if self.slow else rule.threshold)
-        self.streak = self.streak + steps if slow_now != self.slow else 0
-        if self.streak < rule.confirm:
+        if slow_now == self.slow:
+            self.streak = self.looks = 0
             return False
-        self.slow, self.streak = slow_now, 0
+        self.streak, self.looks = self.streak + steps, self.looks + 1
+        if self.streak < rule.confirm or self.looks < rule.looks:
+            return False
+        self.slow, self.streak, self.looks = slow_now, 0, 0
         return True
 
 
@@ -98,6 +106,10 @@ class StepScores:
         if not seconds >= 0:
             raise ValueError(f"StepScores.record: seconds must be ≥ 0, got {seconds!r}")
         self._times.setdefault(rank, deque(maxlen=self.rule.window)).append(float(seconds))
+
+    def forget(self, rank: Hashable) -> None:
+        """Drop ``rank``'s window: its process was started anew, its first steps warm up."""
+        self._times.pop(rank, None)
 
     def medians(self) -> dict[Hashable, float]:
         """Each rank's median step time over its window, for the ranks whose window is full."""
@@ -138,11 +150,13 @@ def reference_of(medians: Mapping[Hashable, float]) -> float:
 
 
 def scores_of(medians: Mapping[Hashable, float]) -> dict[Hashable, float]:
-    """Each rank's score from the window medians of every rank (empty for fewer than two)."""
+    """Each rank's score from the window medians of every rank (empty for fewer than two);
+    ranks whose median is 0 (no work timed) are not scored and set no reference."""
+    medians = {rank: m for rank, m in medians.items() if m > 0}
     if len(medians) < 2:
         return {}
     reference = reference_of(medians)
-    return {rank: min(1.0, reference / m) if m > 0 else 1.0 for rank, m in medians.items()}
+    return {rank: min(1.0, reference / m) for rank, m in medians.items()}
 
 
 def node_scores_of(

@@ -25,11 +25,12 @@ import collections
 import contextlib
 import faulthandler
 import logging
+import math
 import os
 import select
 import socket
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from nvrx import jobenv
@@ -75,6 +76,9 @@ class RankMonitorClient:
         self._steps: list[float] = []
         self._next_steps = 0.0
         self._gpu: _GpuTimes | None = None  # timed_step(cuda=True)'s events
+        self._timed_section: str | None = None  # $NVRX_STRAGGLER_SECTION: its time is a step's
+        self._timed_began: float | None = None
+        self._host_timer = _StepTimer(self, None)
 
     # -- NVRx's view of the state ---------------------------------------------------------
     @property
@@ -105,6 +109,7 @@ class RankMonitorClient:
             )
         raw = os.environ.get(jobenv.FT_CONFIG)
         self.cfg = FaultToleranceConfig.from_json(raw) if raw else FaultToleranceConfig()
+        self._timed_section = os.environ.get(jobenv.STRAGGLER_SECTION) or None
         log.setLevel(self.cfg.log_level)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
@@ -140,7 +145,7 @@ class RankMonitorClient:
     def shutdown_workload_monitoring(self) -> None:
         """Stop being monitored (the supervisor forgets this rank's timeouts). Idempotent."""
         if self._sock is not None:
-            self._flush_steps(time.monotonic())
+            self._flush_steps(time.perf_counter())
         sock, self._sock = self._sock, None
         if sock is None:
             return
@@ -173,33 +178,31 @@ class RankMonitorClient:
         collectives): what straggler scores compare. Cheap enough for every step."""
         if self._sock is None:
             raise RankMonitorClientError("record_step: call init_workload_monitoring() first")
-        if not seconds >= 0:
-            raise ValueError(f"record_step: seconds must be a number ≥ 0, got {seconds!r}")
+        value = float(seconds)
+        if not 0 <= value < math.inf:
+            raise ValueError(f"record_step: seconds must be a finite number ≥ 0, got {seconds!r}")
+        self._add_step(value, time.perf_counter())
+
+    def _add_step(self, seconds: float, now: float) -> None:
+        """Keep one step time; send what is kept when due (``now``: ``time.perf_counter()``)."""
         self._steps.append(seconds)
-        now = time.monotonic()
         if now >= self._next_steps or len(self._steps) >= STEP_BATCH:
             self._flush_steps(now)
 
-    @contextlib.contextmanager
-    def timed_step(self, cuda: bool = False) -> Iterator[None]:
-        """``record_step`` the time the block takes (wrap the step's compute in it).
+    def timed_step(self, cuda: bool = False) -> _StepTimer:
+        """A ``with`` block whose time is ``record_step``-ed (wrap the step's compute in it).
 
         ``cuda``: the time the GPU spends on the block's work, between two CUDA events on
         the current stream, not the host's time (the host only queues kernels). Its time is
         recorded once the GPU has passed the second event, seen at a later step: the step
         never waits for it."""
+        if self._sock is None:
+            raise RankMonitorClientError("timed_step: call init_workload_monitoring() first")
         if not cuda:
-            start = time.perf_counter()
-            yield
-            self.record_step(time.perf_counter() - start)
-            return
+            return self._host_timer  # one for every step: not nested, nothing to allocate
         if self._gpu is None:
             self._gpu = _GpuTimes()
-        begin = self._gpu.mark()
-        yield
-        self._gpu.close(begin)
-        for seconds in self._gpu.finished():
-            self.record_step(seconds)
+        return _StepTimer(self, self._gpu)
 
     def _flush_steps(self, now: float) -> None:
         steps, self._steps = self._steps, []
@@ -217,7 +220,10 @@ class RankMonitorClient:
         obs = self._monitoring("start_section")
         if section in obs.open:
             raise RankMonitorClientError(f"start_section({section!r}): the section is open already")
-        obs.section_start(section, time.monotonic())
+        now = time.monotonic()
+        obs.section_start(section, now)
+        if section == self._timed_section:
+            self._timed_began = now
         self._send(channel.encode(channel.SECTION_START, section))
 
     def end_section(self, section: str) -> None:
@@ -225,8 +231,12 @@ class RankMonitorClient:
         obs = self._monitoring("end_section")
         if section not in obs.open:
             raise RankMonitorClientError(f"end_section({section!r}): the section is not open")
-        obs.section_end(section, time.monotonic())
+        now = time.monotonic()
+        obs.section_end(section, now)
         self._send(channel.encode(channel.SECTION_END, section))
+        if section == self._timed_section and self._timed_began is not None:
+            self.record_step(now - self._timed_began)
+            self._timed_began = None
 
     def end_all_sections(self) -> None:
         """Every open section ends."""
@@ -377,6 +387,27 @@ class RankMonitorClient:
         if not self._lost:
             self._lost = True
             log.error("lost the supervisor's socket (%s): this rank is no longer monitored", exc)
+
+
+class _StepTimer:
+    """``RankMonitorClient.timed_step``'s block: its time (host or GPU) recorded at its end."""
+
+    __slots__ = ("_client", "_gpu", "_begin")
+
+    def __init__(self, client: RankMonitorClient, gpu: _GpuTimes | None) -> None:
+        self._client, self._gpu, self._begin = client, gpu, None
+
+    def __enter__(self) -> None:
+        self._begin = self._gpu.mark() if self._gpu is not None else time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._gpu is None:
+            end = time.perf_counter()
+            self._client._add_step(end - self._begin, end)  # type: ignore[operator]
+            return
+        self._gpu.close(self._begin)
+        for seconds in self._gpu.finished():
+            self._client.record_step(seconds)
 
 
 class _GpuTimes:

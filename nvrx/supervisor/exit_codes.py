@@ -27,7 +27,7 @@ class ExitCode(enum.IntEnum):
     SPAWN_FAILED = 7  # the training command could not be started (not found, not executable)
     NODE_LOST = 8  # a node was lost, no spare was left and the job fell below --min-nodes
     FENCED = 9  # this node was declared lost while it stalled; the job went on without it
-    EXCLUDED = 10  # a rank asked to exclude this node (ExcludeThisNode); the job goes on without it
+    EXCLUDED = 10  # excluded (ExcludeThisNode, or a straggler under --straggler-action exclude)
     NON_RETRYABLE = 11  # a rank failed with a non-retryable exception (--ft-non-retryable-exception-file)
     RANK_STOPPED = 12  # a child exited 130 (RestartAbort: its Wrapper gave up): stopped, no restart
     REQUEUED = 75  # SLURM warned; children checkpointed, node 0 requeued the job
@@ -47,8 +47,9 @@ DESCRIPTIONS: dict[int, str] = {
     "fewer than --min-nodes nodes remained",
     ExitCode.FENCED: "this node was declared lost by the others while it stalled (frozen, "
     "overloaded); its children were ended and the job went on without it",
-    ExitCode.EXCLUDED: "a rank asked to exclude this node (ExcludeThisNode): its children were "
-    "stopped and it left the job as a lost node (a spare takes over, or the job stops)",
+    ExitCode.EXCLUDED: "a rank asked to exclude this node (ExcludeThisNode), or it was named a "
+    "straggler under --straggler-action exclude: its children were stopped and it left the job "
+    "as a lost node (a spare takes over, or the job stops)",
     ExitCode.NON_RETRYABLE: "a rank failed with an exception of --ft-non-retryable-exception-file: "
     "the job stopped without a restart",
     ExitCode.RANK_STOPPED: "a child exited with 130 (RestartAbort: its in-process Wrapper gave "

@@ -72,7 +72,7 @@ class HangWatch:
 
     def start(self) -> None:
         """Open the sockets, before any child starts: each one is told where they are."""
-        self.watch = RankWatch(self.store.config.straggler_section)
+        self.watch = RankWatch()
         self.beat_socket = BeatSocket(os.path.join(self.watch.directory, "beats.sock"))
 
     def child_env(self, env: dict[str, str]) -> None:
@@ -80,6 +80,8 @@ class HangWatch:
         if self.watch is not None:
             env[jobenv.FT_SOCKET] = self.watch.path
             env[jobenv.FT_CONFIG] = self.store.config.ft.to_json()
+            if self.store.config.straggler_section:
+                env[jobenv.STRAGGLER_SECTION] = self.store.config.straggler_section
         if self.beat_socket is not None:
             env[jobenv.RANK_BEATS] = self.beat_socket.path
 
@@ -112,6 +114,8 @@ class HangWatch:
                 self.workload.on_control(watched, detail)
             elif what == "steps":
                 self.step_times.record(watched.rank, detail)
+            if what == "init":  # a new process of the rank: its first steps warm up
+                self.step_times.restart(watched.rank)
             elif what == "end":
                 selector.unregister(key.fd)
                 log.info("local rank %s stopped being monitored (%s)", watched.local_rank, detail)

@@ -89,8 +89,7 @@ Told = tuple[str, Watched, Any]
 class RankWatch:
     """Listens for monitored ranks of this node; see the module doc."""
 
-    def __init__(self, timed_section: str | None = None) -> None:
-        self.timed_section = timed_section  # its durations are the ranks' step times
+    def __init__(self) -> None:
         self._dir = tempfile.mkdtemp(prefix="nvrx-ft-")  # private (0700): only this user connects
         self.path = os.path.join(self._dir, "supervisor.sock")
         if len(self.path.encode()) > MAX_SOCKET_PATH:  # a long $TMPDIR: Unix socket paths are short
@@ -130,8 +129,7 @@ class RankWatch:
     def read(self, fd: int, now: float | None = None) -> list[Told]:
         """Apply every waiting packet of connection ``fd``; returns what the supervisor should log:
         ``("init", w, source)``, ``("timeouts", w, source)``, ``("control", w, request)``,
-        ``("steps", w, [seconds, ...])`` (sent by the rank, or the durations of the section
-        named ``timed_section``), ``("end", w, "bye" | "closed")``;
+        ``("steps", w, [seconds, ...])``, ``("end", w, "bye" | "closed")``;
         a source is where the timeouts came from: config, restored or computed."""
         watched = self.watched.get(fd)
         if watched is None:
@@ -180,9 +178,7 @@ class RankWatch:
             watched.open[payload] = stamp
             watched.outside_since = None
         elif verb == channel.SECTION_END and payload:
-            began = watched.open.pop(payload, None)
-            if payload == self.timed_section and began is not None:
-                told.append(("steps", watched, [stamp - began]))
+            watched.open.pop(payload, None)
             if not watched.open:
                 watched.outside_since = stamp
         elif verb == channel.END_ALL:

@@ -22,13 +22,13 @@ from .signals import STOP_SIGNALS, SignalPipe
 
 def snapshot_spec(cfg: SupervisorConfig, restore: bool = False) -> SnapshotSpec:
     """What the store keeps a copy of for a successor: the supervisors' keys (not the
-    heartbeats), the Wrapper's job-level counters and the ranks marked gone
+    heartbeats or the step times of straggler scores), the Wrapper's job-level counters and the ranks marked gone
     (``store_failover``)."""
     path = store_failover.snapshot_path(cfg.events_dir)
     return SnapshotSpec(
         path,
         prefixes=(KEY_PREFIX, *rounds.FAILOVER_KEYS),
-        exclude=(node_keys.PREFIX + "alive/",),
+        exclude=(node_keys.PREFIX + "alive/", node_keys.PREFIX + "steps/"),
         restore_from=path if restore else None,
     )
 

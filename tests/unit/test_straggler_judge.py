@@ -1,0 +1,165 @@
+"""The store's host judging a running job (``StragglerJudge``), against a real TCPStore:
+what each slot publishes is written as a node's ``StepTimes`` writes it."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from nvrx.jobenv import JobEnv
+from nvrx.supervisor import node_keys
+from nvrx.supervisor.config import SupervisorConfig
+from nvrx.supervisor.course import Course, CourseTracker
+from nvrx.supervisor.job_store import JobStore
+from nvrx.supervisor.step_times import StepTimes
+from nvrx.supervisor.straggler_judge import STALE_S, StragglerJudge
+
+
+class _Link:
+    """What the judge uses of a store link, over a real ``TCPStore`` client."""
+
+    lost = None
+
+    def __init__(self, store) -> None:
+        self.store = store
+
+    def set(self, key: str, value: str) -> None:
+        self.store.set(key, value)
+
+    def get(self, key: str) -> str | None:
+        return self.store.get(key).decode() if self.store.check([key]) else None
+
+    def add(self, key: str, amount: int) -> int:
+        return self.store.add(key, amount)
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.node_rank, self.events, self.stops = 0, [], []
+
+    def emit(self, kind: str, **fields) -> None:
+        self.events.append(fields)
+
+    def request_stop(self, reason: str, exit_code: int, broadcast: bool) -> None:
+        self.stops.append((reason, exit_code))
+
+
+@pytest.fixture
+def store():
+    from nvrx.supervisor.free_ports import free_pair
+
+    port = free_pair("127.0.0.1")[0]
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=10))  # fmt: skip
+    yield server
+
+
+def _judge(store, nnodes=2, spares=0, action="report", slot=0):
+    job = JobEnv.local(nnodes=nnodes, node_rank=slot, nproc_per_node=2, job_id="t")
+    cfg = SupervisorConfig(command=["train"], job=job, spare_nodes=spares, straggler_action=action)
+    job_store = JobStore(cfg)
+    job_store.link = _Link(store)
+    node = _Node()
+    return StragglerJudge(job_store, node), node
+
+
+class _Job:
+    """Each slot's published medians, step by step: ``medians`` per rank, ``slot_of`` rank."""
+
+    def __init__(self, store, slot_of: dict[int, int]) -> None:
+        self.store, self.slot_of = store, slot_of
+        self.steps = dict.fromkeys(slot_of, 0)
+
+    def publish(self, medians: dict[int, float], steps: int = 3, moving=None) -> None:
+        for rank in self.steps:
+            if moving is None or rank in moving:
+                self.steps[rank] += steps
+        for slot in set(self.slot_of.values()):
+            ranks = {str(r): [self.steps[r], medians[r]] for r, s in self.slot_of.items() if s == slot}
+            payload = {"node_rank": slot, "host": f"h{slot}", "ranks": ranks}
+            self.store.set(node_keys.step_times(slot), json.dumps(payload))
+
+
+TWO_NODES = {0: 0, 1: 0, 2: 1, 3: 1}
+HEALTHY = {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}
+NODE_1_SLOW = {0: 1.0, 1: 1.0, 2: 1.5, 3: 1.5}
+
+
+def _looks(judge, job, medians, looks, start=0.0, **publish):
+    for i in range(looks):
+        job.publish(medians, **publish)
+        judge.look(start + i)
+
+
+def _named(node, of="node"):
+    return [(e["who"], e["state"]) for e in node.events if e["of"] == of]
+
+
+def test_a_slow_node_is_named_after_enough_steps_and_looks_not_at_one_look(store):
+    judge, node = _judge(store)
+    job = _Job(store, TWO_NODES)
+    _looks(judge, job, NODE_1_SLOW, 1, steps=100)  # the first look only counts from here
+    _looks(judge, job, NODE_1_SLOW, 1, start=1, steps=100)  # many steps, but one look
+    assert node.events == []
+    _looks(judge, job, NODE_1_SLOW, 2, start=2, steps=100)
+    assert _named(node) == [(1, "slow")]
+    [event] = [e for e in node.events if e["of"] == "node"]
+    assert (event["ranks"], event["slower_pct"], event["action"]) == ([2, 3], 50.0, "report")
+
+
+def test_a_rank_that_stopped_counting_holds_no_one_back_and_sets_no_reference(store):
+    judge, node = _judge(store)
+    job = _Job(store, TWO_NODES)
+    slow = {0: 0.1, 1: 1.0, 2: 2.0, 3: 2.0}
+    _looks(judge, job, slow, 1)
+    # rank 0 stops (a rank left inactive, say): it holds the looks back for a while only,
+    # then its old fast median drops out of the reference too
+    _looks(judge, job, slow, 8, start=STALE_S + 1, moving={1, 2, 3})
+    assert _named(node) == [(1, "slow")]
+    assert {e["reference_s"] for e in node.events} == {1.5}  # of ranks 1-3, not rank 0's
+
+
+def test_a_healthy_job_and_a_job_slow_as_a_whole_name_no_one(store):
+    judge, node = _judge(store)
+    job = _Job(store, TWO_NODES)
+    _looks(judge, job, HEALTHY, 10)
+    _looks(judge, job, {r: 2.0 for r in HEALTHY}, 10, start=10)
+    assert node.events == []
+
+
+def test_one_spare_is_promised_to_one_slow_node_and_never_to_the_stores_own(store):
+    judge, node = _judge(store, nnodes=4, spares=1, action="exclude")
+    slots = {0: 0, 1: 0, 2: 1, 3: 1, 4: 2, 5: 2}
+    job = _Job(store, slots)
+    _looks(judge, job, {0: 1.0, 1: 1.0, 2: 1.5, 3: 1.5, 4: 1.6, 5: 1.6}, 5)
+    actions = {e["who"]: e["action"] for e in node.events if e["of"] == "node"}
+    assert sorted(actions.values()) == ["exclude", "none"], actions
+    listed = [k for k, a in actions.items() if a == "exclude"]
+    assert json.loads(store.get(node_keys.STRAGGLERS)) == {"exclude": listed}
+
+
+def test_the_stores_own_slot_is_never_excluded(store):
+    judge, node = _judge(store, nnodes=3, spares=1, action="exclude")
+    job = _Job(store, TWO_NODES)
+    _looks(judge, job, {0: 1.5, 1: 1.5, 2: 1.0, 3: 1.0}, 5)
+    assert [(e["who"], e["action"]) for e in node.events if e["of"] == "node"] == [(0, "none")]
+
+
+def test_unreadable_values_in_the_store_are_skipped_not_fatal(store, caplog):
+    judge, node = _judge(store)
+    course = CourseTracker()
+    course.to(Course.TRAINING)
+    times = StepTimes(judge.store, course, node)
+    times.judge.store.service = object()  # this slot hosts the store: it judges
+    times.record(0, [0.1] * 30)
+    store.set(node_keys.step_times(1), "{not json")
+    times._next = 0.0  # due
+    times.check()
+    assert "unreadable value in the store" in caplog.text
+    assert times.timeout(30.0) > 0  # and the next look waits for its interval
+    times.store.link, times._next = None, 0.0  # the store is not usable: no spinning either
+    times.check()
+    assert times.timeout(30.0) > 0
