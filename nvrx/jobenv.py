@@ -48,6 +48,9 @@ FT_CONFIG = "NVRX_FT_CONFIG"
 #: A fault-tolerance section whose durations the rank records as its step times
 #: (``--straggler-section``), measured by the rank's client.
 STRAGGLER_SECTION = "NVRX_STRAGGLER_SECTION"
+#: The job's secret, hex (``nvrx.store.seal``): set by ``nvrx-srun`` or by the user, read
+#: and removed from the environment by the supervisor, never passed to a child.
+JOB_SECRET = "NVRX_JOB_SECRET"
 #: The supervisor's socket for the heartbeats of the Wrapper's monitors (``nvrx.rank_beats``).
 RANK_BEATS = "NVRX_RANK_BEATS"
 # -- settings a user or a template may give --------------------------------------------
@@ -292,6 +295,7 @@ class JobEnv:
         torchrun's variables with torchrun's meaning, then nvrx's own."""
         env = dict(os.environ if base is None else base)
         env.update(extra or {})
+        env.pop(JOB_SECRET, None)  # the job's secret stays with the supervisors
         if sets_omp_default(env, self.nproc_per_node):
             env["OMP_NUM_THREADS"] = "1"
         rank = str(self.rank(local_rank))

@@ -195,6 +195,12 @@ KINDS: dict[str, dict[str, str]] = {
         "replaced_by": "slot of the spare that takes over, when action is spare",
         "ranks": "global ranks the lost node held",
     },
+    "rejected_write": {
+        "key": "the store key whose value was refused",
+        "reason": "why: no valid seal (not written by this job's supervisors in this run: "
+        "forged, or replayed from another key or run)",
+        "value_bytes": "length of the refused value (the value itself is not recorded)",
+    },
     "straggler": {
         "of": "rank | node: what was named or cleared",
         "state": "slow (named a straggler) | recovered (cleared)",

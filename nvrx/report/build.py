@@ -43,6 +43,7 @@ from .printable import Report
 from .process_rows import process_restarts
 from .progress import Progress
 from .rank_files import attach_rank_files, name_causes
+from .rejected_writes import build_rejected_writes
 from .restores import build_restores
 from .slurm_context import (
     default_search_dirs,
@@ -242,9 +243,17 @@ def build_report(
         generated_at=time.time(),
         node_losses=losses.losses,
         activity=activity,
-        restores=build_restores(agg, timeline),
-        stragglers=stragglers,
+        **_told_by_events(agg, timeline, stragglers),
     )
+
+
+def _told_by_events(agg: JobSummary, timeline: list[RoundRow], stragglers: list) -> dict:
+    """The report's lists built from one kind of event each: restores, stragglers, rejected writes."""
+    return {
+        "restores": build_restores(agg, timeline),
+        "stragglers": stragglers,
+        "rejected_writes": build_rejected_writes(agg),
+    }
 
 
 _WALL_CLOCK_NOTE = (

@@ -266,9 +266,14 @@ class Straggler:
     ranks: list[int]  # the node's global ranks (of node)
     start_wall: float | None  # when it was named slow
     step: int | None  # the step its ranks had reached then
-    end_wall: float | None  # its ``recovered`` event; None: slow until its run ended
-    end_step: int | None
-    recovered: bool
+    # When it stopped counting as slow (see end_reason); None: slow until its run ended.
+    end_wall: float | None
+    end_step: int | None  # the step of its ``recovered`` event
+    recovered: bool  # end_reason == "recovered"
+    # recovered (its ``recovered`` event) | store failover (the scorer moved: not known
+    # whether it recovered) | node left (its node left the job for a spare, or was lost)
+    # | None: still slow when its run ended.
+    end_reason: str | None
     # The evidence, as it was named: its median step time against the job's reference.
     slower_pct: float | None
     median_s: float | None
@@ -280,6 +285,18 @@ class Straggler:
     action: str  # report | exclude | none (exclude asked, no spare free) | unknown
     replaced_by: int | None  # slot of the spare that took its place (action exclude)
     replaced_wall: float | None  # when that spare took over (or the node was declared lost)
+
+
+@dataclass
+class RejectedWrite:
+    """A control value in the store whose seal did not verify (``rejected_write``)."""
+
+    run: int
+    wall: float | None
+    node: int | None  # the slot of the supervisor that refused it
+    key: str | None
+    reason: str | None
+    value_bytes: int | None
 
 
 @dataclass
@@ -411,6 +428,7 @@ class ReportData:
     activity: Activity = field(default_factory=Activity)
     restores: list[Restore] = field(default_factory=list)
     stragglers: list[Straggler] = field(default_factory=list)
+    rejected_writes: list[RejectedWrite] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         data = {"schema": REPORT_SCHEMA_NAME, "schema_version": REPORT_SCHEMA_VERSION}

@@ -37,6 +37,7 @@ NODE_EVENT_KINDS = frozenset(
         "job_restart",
         "store_failover",
         "straggler",
+        "rejected_write",
     }
 )
 #: Common fields of per-node events kept as read (the reader checked them).
@@ -61,6 +62,9 @@ NODE_OWN_FIELDS: dict[str, Callable[[Any], Any]] = {
     **dict.fromkeys(("of", "state", "straggler_host", "source"), as_str),
     **dict.fromkeys(("who", "slot", "step", "window"), count),
     **dict.fromkeys(("score", "median_s", "reference_s", "slower_pct", "threshold"), num),
+    # A rejected write's: the key and the size of the value refused.
+    "key": as_str,
+    "value_bytes": count,
 }
 
 

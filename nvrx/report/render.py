@@ -12,6 +12,7 @@ from .model import ProcessRestart, ReportData
 from .process_rows import JOB_RESTART, NODE_LOST
 from .render_answer import answer_section, first_failure, no_exclude_reason
 from .render_losses import node_losses_section
+from .render_rejected_writes import rejected_writes_section
 from .render_restores import restores_section
 from .render_stragglers import stragglers_section
 from .stacks import stuck_first
@@ -327,6 +328,7 @@ SECTIONS: dict[str, Callable[[Doc, ReportData], None]] = {
     "timeline": _timeline,
     "restores": restores_section,
     "stragglers": stragglers_section,
+    "rejected_writes": rejected_writes_section,
     "failures": _failures,
     "hangs": _hangs,
     "process_restarts": _process_restarts,

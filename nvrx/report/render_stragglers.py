@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .model import ReportData, Straggler
-from .stragglers import EXCLUDE, NODE, slower, step_times
+from .stragglers import BY_FAILOVER, BY_LEAVING, BY_RECOVERY, EXCLUDE, NODE, slower, step_times
 from .text_doc import Doc, ranks_text, secs, when
 
 #: How a straggler is named and when it is excluded, printed under the table.
@@ -34,10 +34,14 @@ def _at(wall: float | None, step: int | None, start: float | None) -> str:
 
 
 def _until(x: Straggler, start: float | None, many_runs: bool) -> str:
-    if x.recovered:
+    """How its row ended: recovered, left, unknown after a store failover, or still slow."""
+    if x.end_reason == BY_RECOVERY:
         return "recovered " + _at(x.end_wall, x.end_step, start)
-    if x.replaced_by is not None:
-        return "left the job " + _at(x.replaced_wall, None, start)
+    if x.end_reason == BY_FAILOVER:  # the new scorer never clears what the old one named
+        return "unknown: the store failed over at " + _at(x.end_wall, None, start)
+    if x.end_reason == BY_LEAVING:
+        left = "left the job " if x.of == NODE else "left with its node "
+        return left + _at(x.end_wall, None, start)
     end = f"end of run {x.run}" if many_runs else "end of job"
     return f"{end} (still slow)"
 

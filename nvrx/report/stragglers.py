@@ -8,7 +8,14 @@ same rank or node in that run, else to the run's end. A ``slow`` event while it 
 still slow adds nothing but an exclusion (``action=exclude``), which a later event
 may ask for. A node excluded for slowness leaves the job to a spare: the first
 ``node_takeover`` of its slot after it was named (else a ``node_lost`` that names a
-spare) says which spare, and when.
+spare) says which spare, and when; its row ends there.
+
+Two things end a row without a recovery. A ``store_failover`` moves the scoring to
+another supervisor, which judges afresh and never clears what the old one named: a
+row still open then ends at the failover, whether it recovered is not known. A rank's
+``recovered`` event from another slot than the one it was named on is its rank
+going on on a spare, not the slow host recovering: the row ends when its node left
+(its slot's ``node_takeover``, else its ``node_lost``; else at that event).
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ SLOW, RECOVERED = "slow", "recovered"
 NODE, RANK = "node", "rank"
 #: The action of a node whose supervisor was asked to leave the job for a spare.
 EXCLUDE = "exclude"
+#: Why a row stopped counting as slow (``Straggler.end_reason``; None: slow to its run's end).
+BY_RECOVERY, BY_FAILOVER, BY_LEAVING = "recovered", "store failover", "node left"
 
 
 def _wall(e: dict[str, Any]) -> float:
@@ -46,6 +55,7 @@ def _named(e: dict[str, Any]) -> Straggler:
         end_wall=None,
         end_step=None,
         recovered=False,
+        end_reason=None,
         slower_pct=e.get("slower_pct"),
         median_s=e.get("median_s"),
         reference_s=e.get("reference_s"),
@@ -80,39 +90,109 @@ def _replace(job: JobSummary, x: Straggler) -> None:
         x.replaced_by, x.replaced_wall = slot, e.get("wall")
 
 
+def _end(x: Straggler, wall: float | None, reason: str, step: int | None = None) -> None:
+    """Close ``x`` at ``wall`` for ``reason``; only a recovery makes it ``recovered``."""
+    x.end_wall, x.end_step, x.end_reason = wall, step, reason
+    x.recovered = reason == BY_RECOVERY
+
+
+def _left_wall(job: JobSummary, x: Straggler) -> float | None:
+    """When the node of ``x`` left its run after ``x`` was named: its slot's first
+    ``node_takeover`` (the spare's), else its first ``node_lost``; None when neither is told."""
+    moves = [
+        e for e in job.node_events
+        if e.get("kind") in ("node_takeover", "node_lost") and e["run"] == x.run
+        and x.slot is not None and e.get("lost_slot") == x.slot
+        and _wall(e) >= (x.start_wall or 0.0)
+    ]  # fmt: skip
+    if not moves:
+        return None
+    return min(moves, key=lambda e: (e.get("kind") != "node_takeover", _wall(e))).get("wall")
+
+
+def _moved(x: Straggler, e: dict[str, Any]) -> bool:
+    """Whether ``e``, a ``recovered`` of rank row ``x``, comes from another slot: the rank
+    goes on on a spare, so its old host did not recover."""
+    return x.of == RANK and None not in (x.slot, e.get("slot")) and e.get("slot") != x.slot
+
+
+class _Scan:
+    """The rows so far and those still open, as the events are read in time order."""
+
+    def __init__(self, job: JobSummary) -> None:
+        self.job = job
+        self.rows: list[Straggler] = []
+        self.open: dict[tuple[int, str, Any], Straggler] = {}
+        self.failovers: set[tuple[int, Any]] = set()  # (run, epoch) already seen
+
+    def straggler(self, e: dict[str, Any]) -> None:
+        """A rank or node named slow, named again, or cleared."""
+        key = (e["run"], e["of"], e.get("who"))
+        x, state = self.open.get(key), e.get("state")
+        if state == SLOW and x is None:
+            self.open[key] = _named(e)
+            self.rows.append(self.open[key])
+        elif state == SLOW and x is not None and e.get("action") == EXCLUDE:
+            x.action = EXCLUDE  # named again, now asked to leave
+        elif state == RECOVERED and x is not None:
+            if _moved(x, e):
+                left = _left_wall(self.job, x)
+                _end(x, e.get("wall") if left is None else left, BY_LEAVING)
+            else:
+                _end(x, e.get("wall"), BY_RECOVERY, e.get("step"))
+            del self.open[key]
+
+    def failover(self, e: dict[str, Any]) -> None:
+        """The store moved: the scorer starts afresh, so what is open ends here, unknown.
+        Every survivor writes the failover; the first of its epoch is when it happened."""
+        epoch = e.get("epoch")
+        tag = (e["run"], epoch if epoch is not None else e.get("wall"))
+        if tag in self.failovers:
+            return
+        self.failovers.add(tag)
+        for key, x in list(self.open.items()):
+            if x.run == e["run"] and (x.start_wall or 0.0) < _wall(e):
+                _end(x, e.get("wall"), BY_FAILOVER)
+                del self.open[key]
+
+
+def _left_for_spare(x: Straggler) -> None:
+    """A node excluded for slowness ends when its spare took over, unless it ended before."""
+    if x.replaced_wall is None or x.end_reason not in (None, BY_FAILOVER):
+        return
+    if x.end_reason is None or x.replaced_wall <= (x.end_wall or 0.0):
+        _end(x, x.replaced_wall, BY_LEAVING)
+
+
 def build_stragglers(job: JobSummary) -> list[Straggler]:
     """Every rank and node named slow, in the order they were named."""
     events = sorted(
         (
             e
             for e in job.node_events
-            if e.get("kind") == "straggler" and e.get("of") in (NODE, RANK)
+            if (e.get("kind") == "straggler" and e.get("of") in (NODE, RANK))
+            or e.get("kind") == "store_failover"
         ),
         key=_wall,
     )
-    slow: dict[tuple[int, str, Any], Straggler] = {}
-    rows: list[Straggler] = []
+    scan = _Scan(job)
     for e in events:
-        key = (e["run"], e["of"], e.get("who"))
-        x, state = slow.get(key), e.get("state")
-        if state == SLOW and x is None:
-            slow[key] = _named(e)
-            rows.append(slow[key])
-        elif state == SLOW and x is not None and e.get("action") == EXCLUDE:
-            x.action = EXCLUDE  # named again, now asked to leave
-        elif state == RECOVERED and x is not None:
-            x.end_wall, x.end_step, x.recovered = e.get("wall"), e.get("step"), True
-            del slow[key]
-    for x in rows:
+        if e.get("kind") == "store_failover":
+            scan.failover(e)
+        else:
+            scan.straggler(e)
+    for x in scan.rows:
         _replace(job, x)
-    return rows
+        _left_for_spare(x)
+    return scan.rows
 
 
 def held_against(x: Straggler) -> bool:
     """Whether ``x`` counts against its node in the exclusion advice: a node still slow
-    when its run ended, or one excluded for slowness. A node that recovered, and a rank
+    when its run ended, or one excluded for slowness. A node that recovered, one whose
+    scoring moved away with a store failover (not known to be slow after), and a rank
     named alone, do not."""
-    return x.of == NODE and (not x.recovered or x.action == EXCLUDE)
+    return x.of == NODE and (x.end_reason is None or x.action == EXCLUDE)
 
 
 def slower(x: Straggler) -> str:

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from nvrx import jobenv
+from nvrx.store.seal import new_secret
 from nvrx.version import __version__
 
 PROG = "nvrx-srun"
@@ -100,6 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
+    # One secret for the job step's supervisors (nvrx.store.seal): srun passes it to each.
+    os.environ.setdefault(jobenv.JOB_SECRET, new_secret())
     sys.stdout.flush()
     os.execv(command[0], command)
     return 0  # not reached

@@ -32,7 +32,7 @@ from nvrx.store.service import StoreService
 
 from . import store_failover
 from .children import stop_children
-from .config import ALL_ENDED_KEY, STOP_KEY
+from .config import ALL_ENDED_KEY
 from .course import Course, CourseTracker
 from .exit_codes import ExitCode
 from .job_store import JobStore
@@ -273,7 +273,8 @@ class Failover:
             else:
                 store.link = StoreLink(address.host, address.port, store.config.store_timeout).launch()
             store.link.wait_ready()
-            store.link.watch(STOP_KEY)
+            if store.stop is not None:
+                store.stop.watch(store.link)
             if store.service is not None:
                 store.link.watch(ALL_ENDED_KEY)
             self._roles.relink(store.config, store.link, address.slot)

@@ -19,13 +19,14 @@ from nvrx.slurm import commands
 from nvrx.store.service import PROGRESS_EVERY_S
 
 from . import node_requeue
-from .config import STOP_KEY, StopRequest
+from .config import StopRequest
 from .course import Course, CourseTracker
 from .exit_codes import ExitCode
 from .job_restart import JobRestart
 from .job_store import JobStore
 from .node_control import NodeControl
 from .node_messages import NodeMessages
+from .stop_flag import StopFlag
 from .store_link import StoreLinkError
 
 log = logging.getLogger(__name__)
@@ -142,8 +143,11 @@ class JobEnd:
                 return True
             if self.messages.on_message(message):
                 continue
-            if message.get("key") == STOP_KEY and control.exit_code == ExitCode.OK:
-                control.exit_code = StopRequest.decode(message.get("value"), ExitCode.OK).exit_code
+            flag = self.store.stop
+            if StopFlag.owns(message.get("key")) and control.exit_code == ExitCode.OK and flag:
+                request = flag.request_of(str(message["key"]), str(message.get("value")), ExitCode.OK)
+                if request is not None:
+                    control.exit_code = request.exit_code
         return self.messages.all_ended or control.signalled is not None
 
     def _give_up_waiting(self) -> None:
@@ -184,7 +188,8 @@ class JobEnd:
         if loss is not None and loss.action == "stop":  # tell the others, as _node_silent does
             request = StopRequest(loss.reason, int(ExitCode.NODE_LOST), self.store.config.node_rank)
             try:
-                link.set(STOP_KEY, request.encode())
+                if self.store.stop is not None:
+                    self.store.stop.write(link, request)
             except StoreLinkError as exc:
                 log.warning("could not tell the other nodes to stop: %s", exc)
             self.requeue(loss.host, probe=False)  # a rank asked to exclude it: no question

@@ -14,6 +14,7 @@ from nvrx.store.service import StoreService
 
 from .config import RESTARTS_KEY, SupervisorConfig
 from .node_roles import NodeRoles
+from .stop_flag import StopFlag
 from .store_link import StoreLink, StoreLinkError
 
 
@@ -29,6 +30,7 @@ class JobStore:
     slot: int = 0  # the slot hosting the store now
     lost_slot: int = 0  # the slot that hosted it before the last failover
     relinks: int = 0  # times the link was aimed at another store: the main loop re-registers it
+    stop: StopFlag | None = None  # the job's stop flag, once the job's secret is known
 
     @property
     def usable(self) -> bool:

@@ -7,7 +7,7 @@ or ``- - TIMEOUT`` to get the address later as a first stdin line, when it is
 started ahead during a store failover) owns the store clients instead (nvrx's own,
 ``nvrx.store.wire``: the agent imports no torch either) and speaks JSON lines:
 
-* requests on stdin: ``{"id": 1, "op": "add"|"set"|"get"|"watch", "key": ..., ...}``;
+* requests on stdin: ``{"id": 1, "op": "add"|"set"|"get"|"compare_set"|"watch", "key": ..., ...}``;
   ``liveness`` starts the node heartbeat and watch (``node_watch``), ``leave_ranks``
   takes a lost node's ranks out of the Wrapper's running round and ``leave_silent``
   a rank whose monitor stopped beating out of its round (``nvrx.store.rounds``)
@@ -77,6 +77,9 @@ class _Agent:
         if op == "set":
             self.store.set(key, str(request.get("value", "")))
             return {"value": None}
+        if op == "compare_set":
+            expected, desired = str(request.get("expected", "")), str(request["desired"])
+            return {"value": self.store.compare_set(key, expected, desired).decode(errors="replace")}
         if op == "get":
             if not self.store.check([key]):
                 return {"value": None}

@@ -212,6 +212,11 @@ class StoreLink:
     def get(self, key: str) -> str | None:
         return self.request("get", key)
 
+    def compare_set(self, key: str, expected: str, desired: str) -> str:
+        """Set ``key`` to ``desired`` if it holds ``expected`` ("": if it is not set); the
+        value it holds after (``desired`` when this call set it)."""
+        return str(self.request("compare_set", key, expected=expected, desired=desired))
+
     def watch(self, key: str) -> None:
         """Have ``read_events`` return ``{"event": "key", "key": key, "value": ...}`` once ``key`` is set."""
         self.request("watch", key)

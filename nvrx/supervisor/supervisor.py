@@ -27,12 +27,13 @@ import selectors
 import signal
 import time
 
-from nvrx import events
+from nvrx import events, jobenv
 from nvrx.rank_beats import RankBeats
+from nvrx.store import seal
 
-from . import node_requeue, preemption
+from . import job_secret, node_requeue, preemption
 from .children import Child, ExitStatus, stop_children
-from .config import ALL_ENDED_KEY, STOP_KEY, StopRequest, SupervisorConfig
+from .config import ALL_ENDED_KEY, ConfigError, StopRequest, SupervisorConfig
 from .course import Course, CourseTracker
 from .exit_codes import CLEAN_STOP_EXIT, ExitCode, SupervisorError, for_signal
 from .failover import Failover
@@ -49,6 +50,7 @@ from .restart_standby import RestartStandby
 from .signals import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
 from .standby import READY_KEY, Standbys
 from .step_times import StepTimes
+from .stop_flag import StopFlag
 from .store_link import StoreLink, StoreLinkError
 from .store_setup import await_store_or_stop, check_store_port, launch_store
 from .workload_control import WorkloadControl
@@ -107,6 +109,7 @@ class Supervisor:
         """Supervise until done. Raises ``SupervisorError`` for failures before supervision
         begins (a port in use, a store that never answers: its children are ended then)."""
         cfg = self.config
+        job_secret.private_job_dir(cfg.events_dir)
         self.writer = events.configure(
             "supervisor",
             directory=cfg.events_dir,
@@ -146,6 +149,8 @@ class Supervisor:
         """Bring up the store, the watch and the children; the stop signal that came before
         the store answered, if one did."""
         cfg, store = self.config, self.store
+        if cfg.node_rank == 0 or jobenv.JOB_SECRET in os.environ:
+            self._know_secret()  # at once: slot 0 writes it for the others, or it was given
         # SLURM's warning (--signal=USR2@N): flag file, checkpoint, requeue (docs/submit.md)
         self.preemption = PreemptionHandler.from_env(
             cfg.node_rank, cfg.nnodes, job_dir=cfg.events_dir, writer=self.writer
@@ -182,13 +187,26 @@ class Supervisor:
     def _connect_link(self, link: StoreLink, roles: NodeRoles) -> None:
         try:
             link.wait_ready()
-            link.watch(STOP_KEY)
+            if self.store.stop is None:
+                self._know_secret()
+            self.store.stop.watch(link)  # type: ignore[union-attr]
             self.job_restart.watch()
             if self.store.service is not None and self.config.nnodes > 1:
                 link.watch(ALL_ENDED_KEY)
             roles.start()
         except StoreLinkError as exc:
             self.store_unavailable(exc)
+
+    def _know_secret(self, wait: bool = True) -> None:
+        """The job's secret (``job_secret``), which seals the stop flag: slot 0 and a slot
+        given it know it at start, the others once the store answers (slot 0 wrote it by
+        then) or when they stop the job before that, if they can read it already."""
+        try:
+            self.store.stop = StopFlag(job_secret.resolve(self.config, wait), seal.run_of_job())
+        except ConfigError as exc:
+            if wait:
+                raise SupervisorError(ExitCode.USAGE, str(exc)) from None
+            log.warning("cannot tell the other nodes to stop yet: %s", exc)
 
     # -- children -----------------------------------------------------------------
     def start_child(self, local_rank: int, flag: str | None = None) -> None:
@@ -270,9 +288,12 @@ class Supervisor:
         log.warning("stopping the job: %s", reason)
         self.emit("job_stop", reason=reason, exit_code=int(exit_code))
         link = self.store.link
-        if broadcast and link is not None and link.lost is None:
+        if broadcast and link is not None and link.lost is None and self.store.stop is None:
+            self._know_secret(wait=False)
+        flag = self.store.stop
+        if broadcast and link is not None and link.lost is None and flag is not None:
             try:
-                link.set(STOP_KEY, StopRequest(reason, int(exit_code), self.config.node_rank).encode())
+                flag.write(link, StopRequest(reason, int(exit_code), self.config.node_rank))
             except StoreLinkError as exc:
                 log.warning("could not tell the other nodes to stop: %s", exc)
         # Ask now; the loop SIGKILLs what still runs after the grace period and
@@ -325,12 +346,12 @@ class Supervisor:
         from the store now rather than from its watch event: a node that stops the job sets
         the flag before it ends its children, whose peers here then fail at once, and such a
         failure must not count as a fault of this node (a restart decision, a claim)."""
-        link = self.store.link
-        if link is None or link.lost is not None:
+        link, flag = self.store.link, self.store.stop
+        if link is None or link.lost is not None or flag is None:
             return False
-        value = link.get(STOP_KEY)
-        if value is not None:
-            self._on_store_events([{"event": "key", "key": STOP_KEY, "value": value}])
+        request = flag.read(link, ExitCode.INTERNAL)
+        if request is not None:
+            self._stopped_by(request)
         return self.course.stopping
 
     def _on_store_events(self, messages: list[dict]) -> None:
@@ -340,13 +361,33 @@ class Supervisor:
             if message.get("event") == "lost":
                 if self.failover.store_lost(str(message.get("message"))):
                     return  # failed over: what else came through the old link is void
-            elif message.get("key") == STOP_KEY and not self.course.stopping:
-                request = StopRequest.decode(message.get("value"), ExitCode.INTERNAL)
-                self.request_stop(
-                    f"node {request.node} stopped the job: {request.reason}",
-                    request.exit_code,
-                    broadcast=False,
-                )
+            elif StopFlag.owns(message.get("key")):
+                self._on_stop_value(str(message["key"]), str(message.get("value", "")))
+
+    def _on_stop_value(self, key: str, value: str) -> None:
+        """A watched key of the stop flag was set: stop, or reject it and watch on."""
+        flag, link = self.store.stop, self.store.link
+        if flag is None or link is None:
+            return
+        verdict = flag.on_value(key, value, ExitCode.INTERNAL)
+        if verdict.request is not None:
+            self._stopped_by(verdict.request)
+            return
+        if self.store.service is not None:  # one record per forged value: the store's host
+            self.emit("rejected_write", key=key, reason=verdict.rejected, value_bytes=len(value))
+        log.warning("rejected a value of %s: %s", key, verdict.rejected)
+        try:
+            flag.watch(link)
+        except StoreLinkError as exc:
+            self._store_failed(exc)
+
+    def _stopped_by(self, request: StopRequest) -> None:
+        if not self.course.stopping:
+            self.request_stop(
+                f"node {request.node} stopped the job: {request.reason}",
+                request.exit_code,
+                broadcast=False,
+            )
 
     # -- loop -----------------------------------------------------------------------
     def _make_selector(self) -> selectors.BaseSelector:

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from test_report_cli import SCHEMA_PATH, check_schema
 from test_report_fixtures import Host, Proc
 
@@ -89,7 +90,7 @@ def test_a_node_slow_to_the_end_is_in_the_section_and_excluded_as_slow(tmp_path:
 
     [x] = report.stragglers
     assert (x.of, x.node, x.slot, x.host, x.ranks) == ("node", 1, 1, "node-b", [2, 3])
-    assert (x.step, x.recovered, x.end_wall) == (120, False, None)
+    assert (x.step, x.recovered, x.end_wall, x.end_reason) == (120, False, None, None)
     assert (x.action, x.slower_pct) == ("report", 35.0)
     text = report.to_text(width=None)
     section = _section(text)
@@ -118,6 +119,7 @@ def test_a_node_slow_to_the_end_is_in_the_section_and_excluded_as_slow(tmp_path:
     data = json.loads(report.to_text("json"))
     check_schema(data, json.loads(SCHEMA_PATH.read_text()))
     assert data["stragglers"][0]["recovered"] is False
+    assert data["stragglers"][0]["end_reason"] is None
     assert data["suspects"][0]["slow"] == 1
     assert f">{HEADING}<" in report.to_text("html")
 
@@ -140,6 +142,7 @@ def test_a_node_that_recovered_is_shown_until_then_and_not_excluded(tmp_path: Pa
 
     [x] = report.stragglers
     assert (x.recovered, x.end_step, x.slower_pct) == (True, 180, 35.0)  # as it was named
+    assert x.end_reason == "recovered"
     section = _section(report.to_text(width=None))
     assert "recovered" in section and "(+70.0 s), step 180" in section
     assert "end of job" not in section
@@ -164,6 +167,7 @@ def test_a_node_excluded_for_slowness_names_its_spare_and_is_excluded_as_slow(
 
     [x] = report.stragglers  # named twice, one row: the later naming asked to exclude it
     assert (x.action, x.replaced_by, x.step, x.recovered) == ("exclude", 2, 120, False)
+    assert (x.end_reason, x.end_wall) == ("node left", x.replaced_wall)
     section = _section(report.to_text(width=None))
     assert "exclude: spare slot 2 took over" in section
     assert "left the job" in section and "(+52.5 s)" in section  # the spare's takeover
@@ -174,6 +178,108 @@ def test_a_node_excluded_for_slowness_names_its_spare_and_is_excluded_as_slow(
         "over 20 steps); excluded for slowness at step 120, spare slot 2 took over",
         "left the job when excluded for slowness: not a failure",
     ]
+
+
+def _failover(job: Job, t: float) -> None:
+    """The store, hosted by slot 0, fails over to slot 1: its scoring moves there."""
+    job.sup[1].at(
+        t, "store_failover", epoch=1, old_store="node-a:29503", new_store="node-b:29503",
+        successor=1, lost_slot=0, duration_s=2.0,
+    )  # fmt: skip
+
+
+def test_a_node_still_slow_at_a_store_failover_ends_there_and_is_not_excluded(
+    tmp_path: Path,
+) -> None:
+    job = Job(tmp_path)
+    job.straggler(40.0, "slow", 120, **SLOW_NODE)
+    _failover(job, 60.0)  # the new scorer starts afresh: no recovered ever comes
+    report = job.finish()
+
+    [x] = report.stragglers
+    assert (x.end_reason, x.recovered, x.end_step) == ("store failover", False, None)
+    assert x.end_wall is not None and x.start_wall is not None
+    assert x.end_wall - x.start_wall == pytest.approx(20.0)
+    section = _section(report.to_text(width=None))
+    assert "unknown: the store failed over at" in section and "(+60.0 s)" in section
+    assert "(still slow)" not in section
+    assert report.exclude is None and report.suspects == []
+    data = json.loads(report.to_text("json"))
+    check_schema(data, json.loads(SCHEMA_PATH.read_text()))
+    assert data["stragglers"][0]["end_reason"] == "store failover"
+
+
+def test_a_store_failover_told_by_each_survivor_ends_only_what_was_open_at_the_first(
+    tmp_path: Path,
+) -> None:
+    job = Job(tmp_path)
+    job.straggler(40.0, "slow", 120, **SLOW_RANK)
+    _failover(job, 60.0)
+    job.straggler(61.0, "slow", 180, **SLOW_RANK)  # named afresh by the new scorer
+    # The same failover (its epoch), as another survivor tells it later.
+    job.sup[0].at(
+        61.5, "store_failover", epoch=1, old_store="node-a:29503", new_store="node-b:29503",
+        successor=1, lost_slot=0, duration_s=2.5,
+    )  # fmt: skip
+    report = job.finish()
+
+    first, second = report.stragglers
+    assert (first.end_reason, second.end_reason) == ("store failover", None)
+    assert "end of job (still slow)" in _section(report.to_text(width=None))
+
+
+def test_a_node_excluded_for_slowness_before_a_store_failover_is_still_excluded(
+    tmp_path: Path,
+) -> None:
+    job = Job(tmp_path)
+    job.straggler(40.0, "slow", 120, **SLOW_NODE)
+    job.straggler(50.0, "slow", 140, action="exclude", **SLOW_NODE)
+    _failover(job, 60.0)
+    report = job.finish()
+
+    [x] = report.stragglers
+    assert (x.end_reason, x.action, x.recovered) == ("store failover", "exclude", False)
+    assert report.exclude == "node-b"
+    [node] = report.suspects
+    assert node.slow == 1
+    assert node.evidence[0].endswith("excluded for slowness at step 120")
+
+
+@pytest.mark.parametrize(("takeover", "left_s"), [(True, 52.5), (False, 52.0)])
+def test_a_rank_going_on_on_a_spare_did_not_recover_but_left_with_its_node(
+    tmp_path: Path, takeover: bool, left_s: float
+) -> None:
+    """It left at the spare's takeover, else when its node was declared lost."""
+    job = Job(tmp_path, spares=1)
+    spare = Proc(tmp_path, SPARE, "supervisor")
+    spare.at(0.0, "supervisor_start", nnodes=3, nproc_per_node=2, spare_nodes=1)
+    job.straggler(30.0, "slow", 90, **{**SLOW_RANK, "who": 2})  # on slot 1
+    job.sup[0].at(
+        52.0, "node_lost", lost_node=1, lost_slot=1, lost_host="node-b", silent_s=1.0,
+        seen_by=0, action="spare", replaced_by=2, ranks=[2, 3],
+    )  # fmt: skip
+    if takeover:
+        spare.at(52.5, "node_takeover", node_rank=1, lost_slot=1, wait_s=0.5)
+    spare.close()
+    # Rank 2 goes on on the spare (slot 2), at the pace of the job: not node-b recovering.
+    on_spare = {**SLOW_RANK, "who": 2, "slot": 2, "straggler_host": "node-c", "score": 0.97}
+    job.straggler(70.0, "recovered", 180, **on_spare)
+    report = job.finish()
+
+    [x] = report.stragglers
+    assert (x.of, x.who, x.slot, x.host) == ("rank", 2, 1, "node-b")
+    assert (x.end_reason, x.recovered, x.end_step) == ("node left", False, None)
+    assert x.end_wall is not None and x.start_wall is not None
+    assert x.end_wall - x.start_wall == pytest.approx(left_s - 30.0)
+    section = _section(report.to_text(width=None))
+    assert "left with its node" in section and f"(+{left_s:.1f} s)" in section
+    assert "recovered" not in section
+    data = json.loads(report.to_text("json"))
+    check_schema(data, json.loads(SCHEMA_PATH.read_text()))
+    assert (data["stragglers"][0]["end_reason"], data["stragglers"][0]["recovered"]) == (
+        "node left",
+        False,
+    )
 
 
 def test_a_rank_named_alone_is_in_the_section_and_not_excluded(tmp_path: Path) -> None:

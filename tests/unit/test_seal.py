@@ -1,0 +1,103 @@
+"""Sealed control values (``nvrx.store.seal``) and the job's secret (``job_secret``)."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from nvrx import jobenv
+from nvrx.jobenv import JobEnv
+from nvrx.store.seal import new_secret, parse_secret, seal, unseal
+from nvrx.supervisor import job_secret
+from nvrx.supervisor.config import ConfigError, SupervisorConfig
+from nvrx.supervisor.stop_flag import StopFlag
+
+SECRET = bytes.fromhex(new_secret())
+
+
+def test_a_sealed_value_unseals_only_for_its_key_run_and_secret():
+    value = seal(SECRET, "k/1", '{"reason": "x"}', run=0)
+    assert unseal(SECRET, "k/1", value, run=0) == '{"reason": "x"}'
+    assert unseal(SECRET, "k/2", value, run=0) is None  # copied under another key
+    assert unseal(SECRET, "k/1", value, run=1) is None  # replayed in another run
+    assert unseal(bytes(32), "k/1", value, run=0) is None  # sealed without the secret
+    assert unseal(SECRET, "k/1", value.replace("x", "y", 1), run=0) is None  # altered
+    assert unseal(SECRET, "k/1", '{"reason": "x"}', run=0) is None  # no seal at all
+    with pytest.raises(ValueError, match="cannot hold the separator"):
+        seal(SECRET, "k", "a\x1fb", run=0)
+
+
+def test_a_secret_given_must_be_long_hex_and_the_error_never_shows_it():
+    with pytest.raises(ValueError, match=r"\$NVRX_JOB_SECRET must be hexadecimal") as err:
+        parse_secret("not-hex-zz", "$NVRX_JOB_SECRET")
+    assert "not-hex-zz" not in str(err.value)
+    with pytest.raises(ValueError, match="at least 16 bytes, got 4"):
+        parse_secret("00112233", "$NVRX_JOB_SECRET")
+
+
+def _config(tmp_path, slot: int) -> SupervisorConfig:
+    job = JobEnv.local(nnodes=2, node_rank=slot, nproc_per_node=1, job_id="j", log_dir=str(tmp_path))
+    return SupervisorConfig(command=["train"], job=job, store_timeout=1.0)
+
+
+def test_slot_0_writes_the_secret_owner_only_and_the_others_read_it(tmp_path, monkeypatch):
+    monkeypatch.delenv(jobenv.JOB_SECRET, raising=False)
+    first, second = _config(tmp_path, 0), _config(tmp_path, 1)
+    job_secret.private_job_dir(first.events_dir)
+    assert stat.S_IMODE(first.events_dir.stat().st_mode) == 0o700
+    secret = job_secret.resolve(first)
+    path = first.events_dir / job_secret.SECRET_FILE
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert job_secret.resolve(second) == secret == job_secret.resolve(first)  # a requeue keeps it
+    assert [p.name for p in first.events_dir.iterdir()] == [job_secret.SECRET_FILE]  # no draft left
+    path.chmod(0o644)
+    with pytest.raises(ConfigError, match="must be this user's and owner-only"):
+        job_secret.resolve(second)
+
+
+def test_the_variable_wins_and_leaves_the_environment(tmp_path, monkeypatch):
+    given = new_secret()
+    monkeypatch.setenv(jobenv.JOB_SECRET, given)
+    assert job_secret.resolve(_config(tmp_path, 1)) == bytes.fromhex(given)
+    assert jobenv.JOB_SECRET not in os.environ  # nothing the supervisor starts inherits it
+    assert not (tmp_path / "j" / job_secret.SECRET_FILE).exists()
+
+
+def test_without_the_variable_or_slot_0s_file_the_error_says_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.delenv(jobenv.JOB_SECRET, raising=False)
+    with pytest.raises(ConfigError, match=r"set the variable alike on every node, or put the log"):
+        job_secret.resolve(_config(tmp_path, 1))
+
+
+def test_a_childs_environment_never_holds_the_secret(monkeypatch):
+    monkeypatch.setenv(jobenv.JOB_SECRET, new_secret())
+    env = JobEnv.local(nnodes=1, node_rank=0, nproc_per_node=1).child_env(0, 0)
+    assert jobenv.JOB_SECRET not in env
+
+
+class _Keys(dict):
+    """Keys as the store holds them, for the stop flag's chain (``compare_set``, ``get``)."""
+
+    def compare_set(self, key: str, expected: str, desired: str) -> str:
+        if self.get(key, "") == expected:
+            self[key] = desired
+        return self[key]
+
+
+def test_the_stop_flag_passes_over_forged_values_and_watchers_follow():
+    from nvrx.supervisor.config import StopRequest
+
+    keys = _Keys({StopFlag.key(1): "forged", StopFlag.key(2): "forged too"})
+    writer, watcher = StopFlag(SECRET, 0), StopFlag(SECRET, 0)
+    writer.write(keys, StopRequest("done", 3, 1))
+    assert set(keys) == {StopFlag.key(g) for g in (1, 2, 3)}
+    for generation in (1, 2):
+        seen = watcher.on_value(StopFlag.key(generation), keys[StopFlag.key(generation)], 1)
+        assert seen.request is None and "no valid seal" in seen.rejected
+    assert watcher.watching == 3
+    assert watcher.on_value(StopFlag.key(3), keys[StopFlag.key(3)], 1).request == StopRequest("done", 3, 1)
+    assert watcher.read(keys, 1) == StopRequest("done", 3, 1)
+    StopFlag(SECRET, 0).write(keys, StopRequest("later", 4, 0))  # another node: the job stops already
+    assert len(keys) == 3
