@@ -190,6 +190,7 @@ def key_names() -> dict[str, Any]:
     from nvrx.store import keys, rounds
     from nvrx.supervisor import node_keys
     from nvrx.supervisor.config import STOP_KEY
+    from nvrx.supervisor.stop_flag import StopFlag
 
     try:
         from nvrx.supervisor.job_restart import _key as job_key
@@ -205,7 +206,7 @@ def key_names() -> dict[str, Any]:
         "hb": [r0 + _heartbeat(0), _heartbeat],
         "node_alive": node_keys.alive,
         "node_claim": node_keys.claim,
-        "watches": (STOP_KEY, restart_watch),
+        "watches": (StopFlag.key(1), restart_watch),
     }
 
 

@@ -62,10 +62,13 @@ def unseal(secret: bytes, key: str, value: str, run: int) -> str | None:
     """The payload of ``value`` when it was sealed for ``key`` in run ``run`` with
     ``secret``; None otherwise (no seal, a wrong one, another key or run)."""
     payload, sep, mac = value.rpartition(SEPARATOR)
-    if not sep or not mac.startswith(_MAC):
+    if not sep or not mac.startswith(_MAC) or not mac.isascii():
         return None
-    expected = _mac(secret, key, payload, run)
-    return payload if hmac.compare_digest(mac[len(_MAC) :], expected) else None
+    try:
+        expected = _mac(secret, key, payload, run)
+    except UnicodeEncodeError:  # a payload no writer of ours makes (lone surrogates)
+        return None
+    return payload if hmac.compare_digest(mac[len(_MAC) :].encode(), expected.encode()) else None
 
 
 def _mac(secret: bytes, key: str, payload: str, run: int) -> str:

@@ -129,6 +129,7 @@ def _become_child(supervisor: Supervisor, env: dict[str, str]) -> None:
     processes.ignore_warning_signal()  # restore() gave back the monitor's own disposition
     if supervisor.store.link is not None:
         supervisor.store.link.forget_in_child()
+    supervisor.store.stop = None  # the job's secret stays with the monitor
     local_id = os.environ.get("SLURM_LOCALID")
     os.environ.update(env)
     if local_id is not None:

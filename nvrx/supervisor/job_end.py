@@ -190,6 +190,8 @@ class JobEnd:
             try:
                 if self.store.stop is not None:
                     self.store.stop.write(link, request)
+                else:
+                    log.warning("could not tell the other nodes to stop: the job's secret is unknown")
             except StoreLinkError as exc:
                 log.warning("could not tell the other nodes to stop: %s", exc)
             self.requeue(loss.host, probe=False)  # a rank asked to exclude it: no question

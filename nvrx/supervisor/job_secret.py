@@ -25,13 +25,22 @@ from .config import ConfigError, SupervisorConfig
 SECRET_FILE = "secret"
 #: Seconds between two looks for slot 0's secret file (a file's creation wakes no one here).
 LOOK_S = 0.05
+#: Longest wait for it: slot 0 writes it before its store starts, so a slot that reached the
+#: store and still finds no file sees another folder than slot 0's.
+MAX_WAIT_S = 30.0
 
 
 def private_job_dir(directory: Path) -> None:
-    """Make ``directory`` (the job's folder) and keep it to its owner (mode 0700)."""
+    """Make ``directory`` (the job's folder) and keep it to its owner (mode 0700);
+    ``ConfigError`` when it is another user's or a link."""
     directory.mkdir(parents=True, exist_ok=True)
-    info = directory.stat()
-    if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) != 0o700:
+    info = os.lstat(directory)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise ConfigError(
+            f"the job folder {directory} must be a folder of this user (uid {os.getuid()}), "
+            f"not a link or another user's (owner uid {info.st_uid}): choose another --log-dir or --job-id"
+        )
+    if stat.S_IMODE(info.st_mode) != 0o700:
         directory.chmod(0o700)
 
 
@@ -45,18 +54,25 @@ def resolve(cfg: SupervisorConfig, wait: bool = True) -> bytes:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     path = cfg.events_dir / SECRET_FILE
-    if cfg.node_rank == 0:
-        _create(path)
-    return _read(path, time.monotonic() + (cfg.store_timeout if wait else 0.0))
+    try:
+        if cfg.node_rank == 0:
+            _create(path)
+        return _read(path, time.monotonic() + (min(cfg.store_timeout, MAX_WAIT_S) if wait else 0.0))
+    except OSError as exc:
+        raise ConfigError(f"cannot keep the job's secret in {path}: {exc.strerror or exc}") from None
 
 
 def _create(path: Path) -> None:
     """Write a new secret to ``path`` unless it exists (a requeued run keeps the job's):
     written whole beside it first, then linked in, so no reader sees half of it."""
     draft = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with contextlib.suppress(FileNotFoundError):
+        draft.unlink()  # left by a process of this pid killed in here: never followed
+    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as out:
         out.write(new_secret())
+        out.flush()
+        os.fsync(out.fileno())
     try:
         with contextlib.suppress(FileExistsError):
             os.link(draft, path)
@@ -73,11 +89,14 @@ def _read(path: Path, deadline: float) -> bytes:
                 "system every node shares)"
             )
         time.sleep(LOOK_S)
-    info = path.stat()
-    if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
-        raise ConfigError(f"{path} must be this user's and owner-only (mode 0600)")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd) as file:
+        info = os.fstat(file.fileno())
+        if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
+            raise ConfigError(f"{path} must be this user's and owner-only (mode 0600)")
+        text = file.read()
     try:
-        return parse_secret(path.read_text(), str(path))
+        return parse_secret(text, str(path))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

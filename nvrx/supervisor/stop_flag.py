@@ -3,10 +3,13 @@
 Keys ``nvrx_supervisor/stop/g1``, ``g2``, ...; each holds at most one value, a
 ``StopRequest`` sealed for its key and the job's run (``nvrx.store.seal``).
 
-* A supervisor that stops the job puts its sealed request into the first generation whose
-  key is free (``compare_set`` against "not set"); it stops there too when the key already
-  holds a request that unseals (another node stopped the job first). A key holding
-  anything else (a forged or replayed value) is passed over.
+* A supervisor that stops the job puts its sealed request into the first generation,
+  from the one it watches itself, whose key is not set (``compare_set`` against "not
+  set", after a ``get``: torch takes an empty value for "not set"); it stops there too
+  when the key already holds a request that unseals (another node stopped the job
+  first). A key holding anything else (forged, replayed, empty) is passed over. Starting
+  from its own watch, it never writes behind the watchers, even where a forged key they
+  passed was deleted since.
 * Every supervisor watches one generation, from ``g1``. When the watched key is set, a
   value that unseals is the job's stop; any other value is rejected (the supervisor that
   hosts the store records one ``rejected_write`` event for it) and the watch moves to the
@@ -16,7 +19,9 @@ Keys ``nvrx_supervisor/stop/g1``, ``g2``, ...; each holds at most one value, a
 
 What stays open (``docs/security.md``): a client without the secret can still overwrite
 a key after a valid request was written and before a node read it (as it can delete any
-key), and fill many generations ahead, each costing the watchers one rejection.
+key), and fill generations ahead: past ``MAX_GENERATIONS`` a stop is no longer written
+(a denial of service, as deleting keys is). A supervisor records the first
+``MAX_REJECTIONS_TOLD`` rejections as events, then only counts them in its log.
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ from .config import STOP_KEY, StopRequest
 log = logging.getLogger(__name__)
 
 #: Generations a writer passes over at most before it gives up (a flood of forged values).
-MAX_GENERATIONS = 10_000
+MAX_GENERATIONS = 1000
+#: Rejected values a supervisor records as events (the rest only in its log).
+MAX_REJECTIONS_TOLD = 100
 _PREFIX = STOP_KEY + "/g"
 
 
@@ -50,6 +57,7 @@ class StopFlag:
     def __init__(self, secret: bytes, run: int) -> None:
         self.secret, self.run = secret, run
         self.watching = 1
+        self.rejections = 0
 
     @staticmethod
     def key(generation: int) -> str:
@@ -61,12 +69,16 @@ class StopFlag:
         return isinstance(key, str) and key.startswith(_PREFIX) and key[len(_PREFIX) :].isdigit()
 
     def write(self, link: Any, request: StopRequest) -> None:
-        """Put ``request`` into the first free generation (see the module)."""
-        for generation in range(1, MAX_GENERATIONS + 1):
+        """Put ``request`` into the first free generation from the one watched (see the module)."""
+        for generation in range(self.watching, MAX_GENERATIONS + 1):
             key = self.key(generation)
-            sealed = seal(self.secret, key, request.encode(), self.run)
-            held = link.compare_set(key, "", sealed)
-            if held == sealed or unseal(self.secret, key, held, self.run) is not None:
+            held = link.get(key)
+            if held is None:
+                sealed = seal(self.secret, key, request.encode(), self.run)
+                held = link.compare_set(key, "", sealed)
+                if held == sealed:
+                    return
+            if unseal(self.secret, key, held, self.run) is not None:
                 return
         log.error("could not write the stop flag: %d generations hold forged values", MAX_GENERATIONS)
 
@@ -82,6 +94,7 @@ class StopFlag:
             return StopValue(request)
         if key == self.key(self.watching):
             self.watching += 1
+        self.rejections += 1
         return StopValue(None, "no valid seal: not written by this job's supervisors in this run")
 
     def request_of(self, key: str, value: str, default_exit: int) -> StopRequest | None:
@@ -102,4 +115,4 @@ class StopFlag:
         return None
 
 
-__all__ = ["MAX_GENERATIONS", "StopFlag", "StopValue"]
+__all__ = ["MAX_GENERATIONS", "MAX_REJECTIONS_TOLD", "StopFlag", "StopValue"]

@@ -116,7 +116,8 @@ class _Agent:
                 )
             }
         raise ValueError(
-            f"unknown op {op!r}: expected add, set, get, watch, liveness, leave_ranks or leave_silent"
+            f"unknown op {op!r}: expected add, set, get, compare_set, watch, liveness, leave_ranks "
+            "or leave_silent"
         )
 
     def _start_liveness(self, request: dict[str, Any]) -> None:

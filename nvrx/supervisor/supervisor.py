@@ -50,7 +50,7 @@ from .restart_standby import RestartStandby
 from .signals import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
 from .standby import READY_KEY, Standbys
 from .step_times import StepTimes
-from .stop_flag import StopFlag
+from .stop_flag import MAX_REJECTIONS_TOLD, StopFlag
 from .store_link import StoreLink, StoreLinkError
 from .store_setup import await_store_or_stop, check_store_port, launch_store
 from .workload_control import WorkloadControl
@@ -73,6 +73,7 @@ class Supervisor:
         self.writer: events.EventWriter | None = None
         self.preemption: PreemptionHandler | None = None
         self.stop_reason: str | None = None  # why the job stops, once it does
+        self._pending_stop: StopRequest | None = None  # to tell the others once it can
         self.exit_code: int = ExitCode.OK
         self.signalled: int | None = None  # the last stop signal received
         self.kill_at: float | None = None  # when children still running after a stop get SIGKILL
@@ -109,7 +110,6 @@ class Supervisor:
         """Supervise until done. Raises ``SupervisorError`` for failures before supervision
         begins (a port in use, a store that never answers: its children are ended then)."""
         cfg = self.config
-        job_secret.private_job_dir(cfg.events_dir)
         self.writer = events.configure(
             "supervisor",
             directory=cfg.events_dir,
@@ -149,6 +149,10 @@ class Supervisor:
         """Bring up the store, the watch and the children; the stop signal that came before
         the store answered, if one did."""
         cfg, store = self.config, self.store
+        try:
+            job_secret.private_job_dir(cfg.events_dir)
+        except ConfigError as exc:
+            raise SupervisorError(ExitCode.USAGE, str(exc)) from None
         if cfg.node_rank == 0 or jobenv.JOB_SECRET in os.environ:
             self._know_secret()  # at once: slot 0 writes it for the others, or it was given
         # SLURM's warning (--signal=USR2@N): flag file, checkpoint, requeue (docs/submit.md)
@@ -190,6 +194,8 @@ class Supervisor:
             if self.store.stop is None:
                 self._know_secret()
             self.store.stop.watch(link)  # type: ignore[union-attr]
+            if self._pending_stop is not None:  # a stop made before the secret was known
+                self.store.stop.write(link, self._pending_stop)  # type: ignore[union-attr]
             self.job_restart.watch()
             if self.store.service is not None and self.config.nnodes > 1:
                 link.watch(ALL_ENDED_KEY)
@@ -290,10 +296,12 @@ class Supervisor:
         link = self.store.link
         if broadcast and link is not None and link.lost is None and self.store.stop is None:
             self._know_secret(wait=False)
-        flag = self.store.stop
+        flag, request = self.store.stop, StopRequest(reason, int(exit_code), self.config.node_rank)
+        if broadcast and flag is None:
+            self._pending_stop = request  # written once the secret is known (``_connect_link``)
         if broadcast and link is not None and link.lost is None and flag is not None:
             try:
-                flag.write(link, StopRequest(reason, int(exit_code), self.config.node_rank))
+                flag.write(link, request)
             except StoreLinkError as exc:
                 log.warning("could not tell the other nodes to stop: %s", exc)
         # Ask now; the loop SIGKILLs what still runs after the grace period and
@@ -373,9 +381,11 @@ class Supervisor:
         if verdict.request is not None:
             self._stopped_by(verdict.request)
             return
-        if self.store.service is not None:  # one record per forged value: the store's host
-            self.emit("rejected_write", key=key, reason=verdict.rejected, value_bytes=len(value))
-        log.warning("rejected a value of %s: %s", key, verdict.rejected)
+        told = flag.rejections <= MAX_REJECTIONS_TOLD
+        if self.store.service is not None and told:  # one record per forged value: the store's host
+            size = len(value.encode(errors="replace"))
+            self.emit("rejected_write", key=key, reason=verdict.rejected, value_bytes=size)
+        log.warning("rejected a value of %s (%d so far): %s", key, flag.rejections, verdict.rejected)
         try:
             flag.watch(link)
         except StoreLinkError as exc:

@@ -2,9 +2,10 @@
 of every file the job leaves.
 
 2 local nodes x 2 ranks of ``examples/ft_heartbeats.py`` under ``nvrx-supervise``. A
-foreign client that reaches the store writes a stop flag it made up, and one sealed for
-another run of the job (a replay): the job trains on to completion at full size and the
-supervisor that hosts the store records one ``rejected_write`` event for each. After such
+foreign client that reaches the store writes a stop flag it made up, one sealed for
+another run of the job (a replay), one not even UTF-8 and an empty one: the job trains on
+to completion at full size and the supervisor that hosts the store records one
+``rejected_write`` event for each. After such
 forgeries a real stop (a node's supervisor gets SIGTERM) still stops every node. The job's
 secret appears in none of the events, logs, error files, supervisor outputs or the report.
 """
@@ -18,10 +19,12 @@ import stat
 import subprocess
 import sys
 
+import psutil
 import pytest
 from test_supervisor_local import REPO, Job
 
-from nvrx.store.seal import seal
+from nvrx import jobenv
+from nvrx.store.seal import new_secret, seal
 from nvrx.store.wire import WireStore
 from nvrx.supervisor.job_secret import SECRET_FILE
 from nvrx.supervisor.stop_flag import StopFlag
@@ -33,10 +36,18 @@ HEARTBEATS = [sys.executable, str(REPO / "examples" / "ft_heartbeats.py")]
 COMMON = ("--max-restarts", "4", "--grace-period", "2", "--ft-safety-factor", "60")
 
 
-def _job(tmp_path, steps: int, *options: str) -> Job:
+def _job(tmp_path, steps: int, *options: str, node_env=None) -> Job:
     command = [*HEARTBEATS, "--steps", str(steps), "--step-time", "0.2",
                "--checkpoint-dir", str(tmp_path / "ck")]  # fmt: skip
-    return Job(tmp_path, 2, 2, command, *COMMON, *options)
+    return Job(tmp_path, 2, 2, command, *COMMON, *options, node_env=node_env)
+
+
+def _environ(process: psutil.Process) -> str:
+    """The environment ``process`` started with, as text ("" once it ended)."""
+    try:
+        return "\n".join(f"{k}={v}" for k, v in process.environ().items())
+    except psutil.Error:
+        return ""
 
 
 def _secret(job: Job) -> str:
@@ -53,7 +64,9 @@ def _forge(job: Job) -> list[str]:
     store.set(StopFlag.key(1), forged)
     other_run = seal(bytes.fromhex(_secret(job)), StopFlag.key(2), forged, run=7)
     store.set(StopFlag.key(2), other_run)  # a value the job sealed, but for another run
-    return [StopFlag.key(1), StopFlag.key(2)]
+    store.set(StopFlag.key(3), b"\xff\xfe" + "\x1fmac=é".encode())  # not even UTF-8
+    store.set(StopFlag.key(4), "")  # empty: torch's compare_set takes it for "not set"
+    return [StopFlag.key(g) for g in (1, 2, 3, 4)]
 
 
 def test_forged_and_replayed_stop_flags_are_rejected_and_the_job_trains_on(tmp_path):
@@ -76,7 +89,7 @@ def test_forged_and_replayed_stop_flags_are_rejected_and_the_job_trains_on(tmp_p
 def test_a_real_stop_after_forged_values_still_stops_every_node(tmp_path):
     job = _job(tmp_path, 2000)
     _forge(job)
-    wait_until("the forged values to be rejected", lambda: len(job.events("rejected_write")) == 2, 60)
+    wait_until("the forged values to be rejected", lambda: len(job.events("rejected_write")) == 4, 60)
     os.kill(job.procs[1].pid, signal.SIGTERM)
     codes = job.wait(120)
     assert codes[1] != 0 and codes[0] == codes[1], (codes, job.output())  # node 0 stopped too
@@ -84,18 +97,29 @@ def test_a_real_stop_after_forged_values_still_stops_every_node(tmp_path):
     assert stop["reason"].startswith("node 1 stopped the job: received SIGTERM"), stop
 
 
-def test_the_jobs_secret_is_in_no_file_it_leaves_and_its_folder_is_private(tmp_path):
-    job = _job(tmp_path, 30, "--tee", "3")  # each rank's output in its own files too
+@pytest.mark.parametrize("given", [False, True], ids=["slot-0-writes-it", "from-the-environment"])
+def test_the_jobs_secret_is_in_no_file_it_leaves_and_its_folder_is_private(tmp_path, given):
+    secret = new_secret()
+    env = {jobenv.JOB_SECRET: secret} if given else {}
+    job = _job(tmp_path, 40, "--tee", "3", node_env={0: env, 1: env})  # rank output in files too
+    wait_until("every rank to start", lambda: len(job.events("child_start")) == 4, 120)
+    started = [p for sup in job.procs for p in psutil.Process(sup.pid).children(recursive=True)]
+    environments = [_environ(p) for p in started]
+    assert len(environments) >= 6 and not [e for e in environments if secret in e]
     assert job.wait(240) == [0, 0], job.output()
     job_dir = job.log_dir / job.job_id
-    secret = _secret(job)
+    assert (job_dir / SECRET_FILE).exists() != given
+    secret = secret if given else _secret(job)
     assert stat.S_IMODE(job_dir.stat().st_mode) == 0o700
-    assert stat.S_IMODE((job_dir / SECRET_FILE).stat().st_mode) == 0o600
+    if not given:
+        assert stat.S_IMODE((job_dir / SECRET_FILE).stat().st_mode) == 0o600
     report = subprocess.run(
         [sys.executable, "-m", "nvrx.report", str(job_dir)], capture_output=True, text=True,
         timeout=120, check=True,
     )  # fmt: skip
     files = [p for p in job_dir.rglob("*") if p.is_file() and p.name != SECRET_FILE]
+    if given:
+        assert stat.S_IMODE(job_dir.stat().st_mode) == 0o700
     assert any(p.suffix == ".jsonl" for p in files) and any(p.name == "stdout.log" for p in files)
     holding = [str(p) for p in files if secret in p.read_text(errors="replace")]
     holding += [str(p) for p in job.outputs if secret in p.read_text(errors="replace")]

@@ -27,6 +27,8 @@ def test_a_sealed_value_unseals_only_for_its_key_run_and_secret():
     assert unseal(SECRET, "k/1", '{"reason": "x"}', run=0) is None  # no seal at all
     with pytest.raises(ValueError, match="cannot hold the separator"):
         seal(SECRET, "k", "a\x1fb", run=0)
+    for odd in ("x\x1fmac=é", "x\x1fmac=\ufffd\ufffd", "\ud800\x1fmac=00", "", "\x1f"):
+        assert unseal(SECRET, "k/1", odd, run=0) is None  # refused, never raised
 
 
 def test_a_secret_given_must_be_long_hex_and_the_error_never_shows_it():
@@ -101,3 +103,31 @@ def test_the_stop_flag_passes_over_forged_values_and_watchers_follow():
     assert watcher.read(keys, 1) == StopRequest("done", 3, 1)
     StopFlag(SECRET, 0).write(keys, StopRequest("later", 4, 0))  # another node: the job stops already
     assert len(keys) == 3
+
+
+def test_a_writer_never_writes_behind_the_watchers_nor_over_an_empty_value():
+    from nvrx.supervisor.config import StopRequest
+
+    keys = _Keys({StopFlag.key(1): ""})  # torch would take "" for "not set" in compare_set
+    writer = StopFlag(SECRET, 0)
+    writer.write(keys, StopRequest("stop", 3, 1))
+    assert keys[StopFlag.key(1)] == ""  # passed over, not written into
+    assert StopFlag(SECRET, 0).request_of(StopFlag.key(2), keys[StopFlag.key(2)], 1).reason == "stop"
+    assert StopFlag(SECRET, 0).read(keys, 1).reason == "stop"  # a reader walks past g1 too
+
+    keys = _Keys({StopFlag.key(1): "forged"})
+    node = StopFlag(SECRET, 0)
+    node.on_value(StopFlag.key(1), "forged", 1)  # rejected: it watches g2 now
+    del keys[StopFlag.key(1)]  # the forger deletes what the watchers passed
+    node.write(keys, StopRequest("stop", 3, 1))
+    assert set(keys) == {StopFlag.key(2)}  # where the watchers wait, not the freed g1
+
+
+def test_a_job_folder_of_another_user_is_refused(tmp_path):
+    if os.getuid() != 0:
+        pytest.skip("needs root to give a folder to another user")
+    folder = tmp_path / "job"
+    folder.mkdir()
+    os.chown(folder, 12345, 12345)
+    with pytest.raises(ConfigError, match="must be a folder of this user"):
+        job_secret.private_job_dir(folder)
