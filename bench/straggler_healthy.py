@@ -1,0 +1,73 @@
+"""False positives of straggler scores: a healthy job of N minutes must name no one.
+
+Starts ``--nodes`` local supervisors (``nvrx-supervise``) of ``--nproc`` ranks each running
+``examples/ft_heartbeats.py`` (each rank times its step's compute with
+``RankMonitorClient.timed_step``), with steps of ``--step-time`` seconds for about
+``--minutes`` minutes, on this machine as it is (other work beside it adds the noise a
+shared node has), then prints the job's exit codes, its wall time and every ``straggler``
+event it wrote (none, for a healthy job).
+
+    .venv/bin/python bench/straggler_healthy.py [--minutes 10] [--nodes 2] [--nproc 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+from free_ports import free_ports  # noqa: E402
+
+from nvrx.events import read_dir  # noqa: E402
+
+
+def run(minutes: float, nodes: int, nproc: int, step_time: float, out: Path) -> dict:
+    steps = int(minutes * 60 / step_time)
+    master, store = free_ports(2)
+    job_id = f"healthy{os.getpid()}"
+    command = [sys.executable, str(REPO / "examples" / "ft_heartbeats.py"), "--steps", str(steps),
+               "--step-time", str(step_time), "--checkpoint-every", "100",
+               "--checkpoint-dir", str(out / "ck")]  # fmt: skip
+    procs = []
+    start = time.monotonic()
+    for node in range(nodes):
+        cmd = [sys.executable, "-m", "nvrx.supervisor.cli", "--nnodes", str(nodes),
+               "--node-rank", str(node), "--nproc-per-node", str(nproc), "--master-port",
+               str(master), "--store-port", str(store), "--job-id", job_id, "--log-dir",
+               str(out / "logs"), "--no-warm-standby", "--ft-safety-factor", "60", "--", *command]  # fmt: skip
+        with open(out / f"supervisor-{node}.out", "w") as sink:
+            procs.append(subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT,
+                                          start_new_session=True))  # fmt: skip
+    codes = [p.wait() for p in procs]
+    found, _ = read_dir(out / "logs" / job_id)
+    return {
+        "exit_codes": codes,
+        "wall_s": round(time.monotonic() - start, 1),
+        "steps": steps,
+        "straggler_events": [e for e in found if e["kind"] == "straggler"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=10.0, help="length of the job (default 10)")
+    parser.add_argument("--nodes", type=int, default=2, help="local supervisors (default 2)")
+    parser.add_argument("--nproc", type=int, default=2, help="ranks per node (default 2)")
+    parser.add_argument("--step-time", type=float, default=0.2, help="seconds of compute per step (default 0.2)")
+    args = parser.parse_args()
+    if args.minutes <= 0 or args.nodes < 2 or args.nproc < 1 or args.step_time <= 0:
+        parser.error("--minutes and --step-time must be > 0, --nodes >= 2, --nproc >= 1")
+    with tempfile.TemporaryDirectory(prefix="nvrx-bench-healthy-") as out:
+        print(json.dumps(run(args.minutes, args.nodes, args.nproc, args.step_time, Path(out))))
+
+
+if __name__ == "__main__":
+    main()
