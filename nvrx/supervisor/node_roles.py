@@ -26,7 +26,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,9 +164,7 @@ class NodeRoles:
 
     def _take_spare(self) -> int | None:
         """The lowest spare slot that is alive and not taken yet, now taken; None when none is."""
-        for spare in range(self.cfg.active_nodes, self.cfg.nnodes):
-            if self.link.add(node_keys.claim(spare), 0) > 0:
-                continue  # it ended or was lost itself
+        for spare in _alive_spares(self.cfg, self.link):
             if self.link.add(node_keys.spare_taken(spare), 1) == 1:
                 return spare
         return None
@@ -260,3 +258,16 @@ def _slurm_state(node: str | None) -> dict[str, str] | None:
     if info is None:
         return None
     return {k: info[k] for k in ("State", "Reason") if k in info}
+
+
+def _alive_spares(cfg: SupervisorConfig, link: Any) -> Iterator[int]:
+    """The spare slots, lowest first, that have not ended nor been lost themselves."""
+    for spare in range(cfg.active_nodes, cfg.nnodes):
+        if link.add(node_keys.claim(spare), 0) == 0:
+            yield spare
+
+
+def free_spares(cfg: SupervisorConfig, link: Any) -> int:
+    """How many spare slots are alive and not taken yet (nothing is taken here)."""
+    alive = _alive_spares(cfg, link)
+    return sum(1 for spare in alive if link.add(node_keys.spare_taken(spare), 0) == 0)

@@ -30,8 +30,9 @@ from .course import Course, CourseTracker
 from .exit_codes import ExitCode
 from .job_store import JobStore
 from .node_control import NodeControl
+from .node_roles import free_spares
 from .store_link import StoreLinkError
-from .straggler_judge import StragglerJudge, free_spares
+from .straggler_judge import StragglerJudge
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class StepTimes:
 
     def timeout(self, timeout: float | None) -> float | None:
         """``timeout`` shortened to the next publication or look, once there is one to make."""
-        if not self.counts and self.store.service is None:
+        if self._idle:
             return timeout
         wait = max(0.0, self._next - time.monotonic())
         return wait if timeout is None else min(timeout, wait)
@@ -79,7 +80,7 @@ class StepTimes:
         if now < self._next:
             return
         self._next = now + PUBLISH_S
-        if not self.store.usable or (not self.counts and self.store.service is None):
+        if not self.store.usable or self._idle:
             return
         try:
             if self.counts:
@@ -92,6 +93,11 @@ class StepTimes:
             log.warning("straggler scores skipped: %s", exc)
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("straggler scores skipped: unreadable value in the store (%s)", exc)
+
+    @property
+    def _idle(self) -> bool:
+        """Nothing to publish (no rank recorded a step) and no job to judge (no store here)."""
+        return not self.counts and self.store.service is None
 
     def _publish(self) -> None:
         medians = self.local.medians()
@@ -112,7 +118,8 @@ class StepTimes:
         raw = link.get(node_keys.STRAGGLERS)  # type: ignore[union-attr]
         if raw is None or slot not in json.loads(raw).get("exclude", []):
             return
-        if not free_spares(self.store):  # taken meanwhile (a node lost): leaving would shrink the job
+        # a spare taken meanwhile (a node lost): leaving now would shrink the job
+        if not free_spares(self.store.config, self.store.link):
             if not self._stays:
                 log.warning("named a straggler and asked to leave, but no spare is free: staying")
             self._stays = True

@@ -31,6 +31,7 @@ from nvrx.straggler import Change, StepScores, node_scores_of, reference_of, sco
 from . import node_keys
 from .job_store import JobStore
 from .node_control import NodeControl
+from .node_roles import free_spares
 
 #: Least seconds a rank's step count may stand still before it is left out of the scores;
 #: more where steps are long (``STALE_STEPS`` of the job's slowest median).
@@ -137,7 +138,9 @@ class StragglerJudge:
         if slot in self._excluded:
             return True
         pending = {s for s in self._excluded if s in view.slot_of.values()}  # not gone yet
-        if slot == self.store.config.node_rank or free_spares(self.store) <= len(pending):
+        if slot == self.store.config.node_rank:
+            return False
+        if free_spares(self.store.config, self.store.link) <= len(pending):
             return False
         self._excluded.add(slot)
         listed = json.dumps({"exclude": sorted(self._excluded)})
@@ -145,15 +148,4 @@ class StragglerJudge:
         return True
 
 
-def free_spares(store: JobStore) -> int:
-    """How many spare slots are alive and not taken yet."""
-    cfg, link = store.config, store.link
-    return sum(
-        1
-        for spare in range(cfg.active_nodes, cfg.nnodes)
-        if link.add(node_keys.claim(spare), 0) == 0  # type: ignore[union-attr]
-        and link.add(node_keys.spare_taken(spare), 0) == 0  # type: ignore[union-attr]
-    )
-
-
-__all__ = ["STALE_S", "STALE_STEPS", "StragglerJudge", "free_spares"]
+__all__ = ["STALE_S", "STALE_STEPS", "StragglerJudge"]
