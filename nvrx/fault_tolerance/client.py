@@ -77,7 +77,6 @@ class RankMonitorClient:
         self._next_steps = 0.0
         self._gpu: _GpuTimes | None = None  # timed_step(cuda=True)'s events
         self._timed_section: str | None = None  # $NVRX_STRAGGLER_SECTION: its time is a step's
-        self._timed_began: float | None = None
         self._host_timer = _StepTimer(self, None)
 
     # -- NVRx's view of the state ---------------------------------------------------------
@@ -220,10 +219,7 @@ class RankMonitorClient:
         obs = self._monitoring("start_section")
         if section in obs.open:
             raise RankMonitorClientError(f"start_section({section!r}): the section is open already")
-        now = time.monotonic()
-        obs.section_start(section, now)
-        if section == self._timed_section:
-            self._timed_began = now
+        obs.section_start(section, time.monotonic())
         self._send(channel.encode(channel.SECTION_START, section))
 
     def end_section(self, section: str) -> None:
@@ -231,12 +227,11 @@ class RankMonitorClient:
         obs = self._monitoring("end_section")
         if section not in obs.open:
             raise RankMonitorClientError(f"end_section({section!r}): the section is not open")
-        now = time.monotonic()
+        now, began = time.monotonic(), obs.open[section]
         obs.section_end(section, now)
         self._send(channel.encode(channel.SECTION_END, section))
-        if section == self._timed_section and self._timed_began is not None:
-            self.record_step(now - self._timed_began)
-            self._timed_began = None
+        if section == self._timed_section:
+            self.record_step(now - began)
 
     def end_all_sections(self) -> None:
         """Every open section ends."""
