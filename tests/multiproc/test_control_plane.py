@@ -101,8 +101,10 @@ def test_a_real_stop_after_forged_values_still_stops_every_node(tmp_path):
 def test_the_jobs_secret_is_in_no_file_it_leaves_and_its_folder_is_private(tmp_path, given):
     secret = new_secret()
     env = {jobenv.JOB_SECRET: secret} if given else {}
-    job = _job(tmp_path, 40, "--tee", "3", node_env={0: env, 1: env})  # rank output in files too
+    # rank output in files too; warm standbys on, so that their environments are checked too
+    job = _job(tmp_path, 40, "--tee", "3", "--warm-standby", node_env={0: env, 1: env})
     wait_until("every rank to start", lambda: len(job.events("child_start")) == 4, 120)
+    wait_until("a warm standby to start", lambda: job.events("standby_start"), 120)
     started = [p for sup in job.procs for p in psutil.Process(sup.pid).children(recursive=True)]
     environments = [_environ(p) for p in started]
     assert len(environments) >= 6 and not [e for e in environments if secret in e]
