@@ -7,6 +7,12 @@ back in the function" (wall clock, one host). The overhead is the median step
 time of the wrapped loop against the same loop unwrapped.
 
     .venv/bin/python bench/restart_latency.py [--ranks 4] [--step 20] [--faults exception,hang,sigkill]
+    .venv/bin/python bench/restart_latency.py --sealed-pairs 5 [--ranks 4]
+
+``--sealed-pairs N`` measures instead what sealing the fault records costs a restart:
+N exception restarts with the records plain (as without a supervisor) interleaved with N
+whose processes hold a job secret (``$NVRX_JOB_SECRET_FILE``, as a supervisor's ranks
+do, so every record is sealed and every read checks the seals); both medians.
 
 Targets on a 2-core machine: exception <= 0.5 s with every rank retained
 (the Wrapper does not sleep ``last_call_wait``); hang <= soft_timeout + 1 s; overhead <= 2 % per 1 ms step.
@@ -175,6 +181,37 @@ def _median_step(out: Path, n: int) -> float:
     return statistics.median(per_rank)
 
 
+def _sealed_pairs(n: int, step: int, pairs: int, keep: bool) -> int:
+    """Exception restarts with plain and with sealed fault records, interleaved."""
+    from nvrx import jobenv
+    from nvrx.store.seal import new_secret
+
+    secret_dir = Path(tempfile.mkdtemp(prefix="nvrx-bench-secret-"))
+    secret_file = secret_dir / "secret"
+    secret_file.write_text(new_secret())
+    secret_file.chmod(0o600)
+    latencies: dict[str, list[float]] = {"plain": [], "sealed": []}
+    dirs = [secret_dir]
+    for pair in range(pairs):  # each goes first in every other pair: no order effect
+        for kind in ("plain", "sealed") if pair % 2 == 0 else ("sealed", "plain"):
+            os.environ.pop(jobenv.JOB_SECRET_FILE, None)
+            if kind == "sealed":
+                os.environ[jobenv.JOB_SECRET_FILE] = str(secret_file)
+            out = _run(n, "wrapped", "exception", step, step + 20)
+            dirs.append(out)
+            latencies[kind].append(_latency(out, n, list(range(n))))
+    os.environ.pop(jobenv.JOB_SECRET_FILE, None)
+    plain, sealed = (statistics.median(latencies[k]) for k in ("plain", "sealed"))
+    print(f"exception restart, {n} ranks, median of {pairs}: plain records {plain:.3f} s, "
+          f"sealed records {sealed:.3f} s ({sealed - plain:+.3f} s)")  # fmt: skip
+    print("  plain:  " + " ".join(f"{x:.3f}" for x in latencies["plain"]))
+    print("  sealed: " + " ".join(f"{x:.3f}" for x in latencies["sealed"]))
+    if not keep:
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+    return 0
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--rank":
         out, mode, fault, fault_step, steps = sys.argv[2:7]
@@ -193,9 +230,13 @@ def main() -> int:
         "--overhead-repeats", type=int, default=2, help="plain/wrapped pairs, interleaved"
     )
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
+    parser.add_argument("--sealed-pairs", type=int, default=0, metavar="N",
+                        help="only compare exception restarts with plain and sealed fault records, N of each")  # fmt: skip
     args = parser.parse_args()
     os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
     n = args.ranks
+    if args.sealed_pairs > 0:
+        return _sealed_pairs(n, args.step, args.sealed_pairs, args.keep)
     print(f"ranks={n} settings: " + ", ".join(f"{k}={v:g}" for k, v in SETTINGS.items()))
     dirs = []
     for fault in [f for f in args.faults.split(",") if f]:

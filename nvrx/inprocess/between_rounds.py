@@ -131,7 +131,16 @@ def _next_round(call: RoundCall, run: RoundRun, signal: BaseException | None) ->
     terminated -= _take_back(call, run.store, terminated)
     if terminated:
         call.emit("ranks_terminated", ranks=sorted(terminated))
-    faults = [dataclasses.asdict(r) | {"traceback": None} for r in rounds.fault_records(run.store)]
+    checked = rounds.checked_fault_records(run.store)
+    if checked.forged and rank == min(set(range(world_size)) - terminated, default=None):
+        call.emit(  # one record of the forged entries: the round's lowest rank that goes on
+            "rejected_write",
+            key=rounds.fault_list_key(run.store),
+            reason=f"{checked.forged} fault records with no valid seal: not written by this "
+            "job's processes in this round",
+            value_bytes=checked.forged_bytes,
+        )
+    faults = [dataclasses.asdict(r) | {"traceback": None} for r in checked.records]
     call.emit(
         "round_end",
         outcome="restart",

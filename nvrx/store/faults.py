@@ -1,7 +1,11 @@
 """Fault records kept in the store as JSON (never as a parsed ``repr``).
 
 Each rank appends its records, one JSON object per line, to one key of the
-round; readers get structured ``FaultRecord`` objects back.
+round; readers get structured ``FaultRecord`` objects back. In a job whose processes
+hold the job's secret (``nvrx.store.seal.job_sealer``: a supervisor started them) each
+record is an entry of a sealed list instead, for the key and the round it belongs to: a
+record that a client without the secret appended, or one copied from another round or
+run, is skipped and counted, never read as a fault.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import traceback
 from typing import Any
 
 from nvrx.events import failures
+
+from .seal import Sealer
 
 log = logging.getLogger(__name__)
 
@@ -71,23 +77,55 @@ def from_exception(rank: int, exc: BaseException, kind: str = "exception") -> Fa
     )
 
 
-def append_record(store: Any, key: str, record: FaultRecord) -> None:
-    """Append ``record`` to the list kept at ``key`` (one line of JSON)."""
-    store.append(key, record.to_json() + "\n")
+@dataclasses.dataclass(frozen=True)
+class CheckedRecords:
+    """The records read at a key, and what was skipped there for a seal that did not verify."""
+
+    records: list[FaultRecord]
+    forged: int = 0  # entries that did not unseal
+    forged_bytes: int = 0
 
 
-def read_records(store: Any, key: str) -> list[FaultRecord]:
-    """Every record appended at ``key`` (an empty list when none); bad lines are logged and skipped."""
+def append_record(
+    store: Any, key: str, record: FaultRecord, sealer: Sealer | None = None, sealed_as: str = ""
+) -> None:
+    """Append ``record`` to the list kept at ``key``: one line of JSON, or with ``sealer``
+    one sealed entry for ``sealed_as`` (the key's full name, round included)."""
+    if sealer is None:
+        store.append(key, record.to_json() + "\n")
+    else:
+        store.append(key, sealer.entry(sealed_as or key, record.to_json()))
+
+
+def read_records(
+    store: Any, key: str, sealer: Sealer | None = None, sealed_as: str = ""
+) -> list[FaultRecord]:
+    """Every record appended at ``key`` that can be trusted (see ``read_checked``)."""
+    return read_checked(store, key, sealer, sealed_as).records
+
+
+def read_checked(
+    store: Any, key: str, sealer: Sealer | None = None, sealed_as: str = ""
+) -> CheckedRecords:
+    """Every record appended at ``key`` that can be trusted (none when the key is not set):
+    with ``sealer`` the entries sealed for ``sealed_as``, the others counted as forged.
+    Unreadable lines are logged and skipped."""
     if not store.check([key]):
-        return []
+        return CheckedRecords([])
     raw = store.get(key)
     text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+    forged = forged_bytes = 0
+    if sealer is None:
+        lines = text.splitlines()
+    else:
+        sealed = sealer.entries(sealed_as or key, text)
+        lines, forged, forged_bytes = list(sealed.valid), sealed.invalid, sealed.invalid_bytes
     records = []
-    for line in text.splitlines():
+    for line in lines:
         if not line.strip():
             continue
         try:
             records.append(FaultRecord.from_json(line))
         except (ValueError, TypeError) as exc:
             log.warning("skipping unreadable fault record at %s: %s", key, exc)
-    return records
+    return CheckedRecords(records, forged, forged_bytes)

@@ -87,7 +87,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from . import barrier, errors, faults, rank_lists
+from . import barrier, errors, faults, rank_lists, seal
 from .client import delete_prefix
 from .keys import ROOT
 
@@ -436,8 +436,9 @@ def interrupt_watch() -> tuple[str, list[str]]:
 
 
 def append_fault(store: Any, record: faults.FaultRecord) -> None:
-    """Add ``record`` to the round's fault records without interrupting it (a rank's exit)."""
-    faults.append_record(store, FAULT_LIST, record)
+    """Add ``record`` to the round's fault records without interrupting it (a rank's exit);
+    sealed for this round when the job has a secret (``seal.job_sealer``)."""
+    faults.append_record(store, FAULT_LIST, record, seal.job_sealer(), fault_list_key(store))
 
 
 def record_fault(store: Any, record: faults.FaultRecord) -> bool:
@@ -464,7 +465,22 @@ def completed(store: Any) -> bool:
 
 def fault_records(store: Any) -> list[faults.FaultRecord]:
     """The round's fault records, in the order the store received them."""
-    return faults.read_records(store, FAULT_LIST)
+    return checked_fault_records(store).records
+
+
+def checked_fault_records(store: Any) -> faults.CheckedRecords:
+    """The round's fault records that can be trusted, and how many entries were not (a
+    seal that did not verify: appended by a client without the job's secret, or copied
+    from another round or run)."""
+    return faults.read_checked(store, FAULT_LIST, seal.job_sealer(), fault_list_key(store))
+
+
+def fault_list_key(store: Any) -> str:
+    """The full name of the round's fault list, which its records are sealed for, so that
+    no record counts in another round (a view of a round, ``RoundView`` or the Wrapper's
+    ``PrefixStore``, knows its ``iteration``)."""
+    iteration = getattr(store, "iteration", None)
+    return FAULT_LIST if iteration is None else round_prefix(int(iteration)) + FAULT_LIST
 
 
 def mark_completed(store: Any) -> None:

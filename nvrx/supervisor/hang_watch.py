@@ -70,10 +70,12 @@ class HangWatch:
         self._hang_kills: dict[int, float] = {}  # child pid -> when SIGKILL follows
         self._hung: dict[int, LastFault] = {}  # child pid -> the hang that ended it
 
-    def start(self) -> None:
-        """Open the sockets, before any child starts: each one is told where they are."""
+    def start(self) -> str:
+        """Open the sockets, before any child starts: each one is told where they are.
+        Returns their private directory (owner-only, removed at the end)."""
         self.watch = RankWatch()
         self.beat_socket = BeatSocket(os.path.join(self.watch.directory, "beats.sock"))
+        return self.watch.directory
 
     def child_env(self, env: dict[str, str]) -> None:
         """What a child needs to reach this supervisor's watch."""

@@ -5,8 +5,10 @@ the user sets it for supervisors started by hand), else the file ``secret`` in t
 folder (``<log dir>/<job id>``, the folder every node writes its events to): slot 0 creates
 it (owner-only, once) and the other slots wait for it. Either way the supervisor takes the
 variable out of its environment, so that nothing it starts (its store agent, the store,
-standbys, training ranks) inherits it. The job's folder is made owner-only: nobody else
-reads the secret, the events or the rank logs there.
+standbys, training ranks) inherits it; they get ``$NVRX_JOB_SECRET_FILE`` instead, the path
+of an owner-only file that holds it (``share``), and read it only to seal and check the
+Wrapper's fault records. The job's folder is made owner-only: nobody else reads the
+secret, the events or the rank logs there.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from pathlib import Path
 
 from nvrx import jobenv
-from nvrx.store.seal import new_secret, parse_secret
+from nvrx.store.seal import new_secret, parse_secret, read_secret_file
 
 from .config import ConfigError, SupervisorConfig
 
@@ -62,6 +64,21 @@ def resolve(cfg: SupervisorConfig, wait: bool = True) -> bytes:
         raise ConfigError(f"cannot keep the job's secret in {path}: {exc.strerror or exc}") from None
 
 
+def share(cfg: SupervisorConfig, given: bytes | None, private_dir: str) -> Path:
+    """Tell the processes this supervisor starts where the job's secret is
+    (``$NVRX_JOB_SECRET_FILE``, set in this process's environment, which they inherit):
+    the job folder's file, or, for a secret ``given`` in the environment, an owner-only
+    copy in ``private_dir`` (this supervisor's runtime folder, removed with it)."""
+    path = cfg.events_dir / SECRET_FILE
+    if given is not None:
+        path = Path(private_dir) / SECRET_FILE
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(given.hex())
+    os.environ[jobenv.JOB_SECRET_FILE] = str(path)
+    return path
+
+
 def _create(path: Path) -> None:
     """Write a new secret to ``path`` unless it exists (a requeued run keeps the job's):
     written whole beside it first, then linked in, so no reader sees half of it."""
@@ -89,16 +106,10 @@ def _read(path: Path, deadline: float) -> bytes:
                 "system every node shares)"
             )
         time.sleep(LOOK_S)
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd) as file:
-        info = os.fstat(file.fileno())
-        if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
-            raise ConfigError(f"{path} must be this user's and owner-only (mode 0600)")
-        text = file.read()
     try:
-        return parse_secret(text, str(path))
+        return read_secret_file(path)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
 
-__all__ = ["SECRET_FILE", "private_job_dir", "resolve"]
+__all__ = ["SECRET_FILE", "private_job_dir", "resolve", "share"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nvrx.store.seal import Sealer
 from nvrx.store.service import StoreService
 
 from .config import RESTARTS_KEY, SupervisorConfig
@@ -31,6 +32,11 @@ class JobStore:
     lost_slot: int = 0  # the slot that hosted it before the last failover
     relinks: int = 0  # times the link was aimed at another store: the main loop re-registers it
     stop: StopFlag | None = None  # the job's stop flag, once the job's secret is known
+
+    @property
+    def sealer(self) -> Sealer | None:
+        """What seals the job's control keys, once the job's secret is known."""
+        return None if self.stop is None else self.stop.sealer
 
     @property
     def usable(self) -> bool:

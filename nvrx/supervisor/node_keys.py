@@ -6,9 +6,22 @@ in training a slot holds: slot ``s`` holds node rank ``s`` when ``s`` is below
 the active node count, else it starts as a spare and may take over the node
 rank of a lost slot. One liveness key per slot: store load grows with nodes,
 never with ranks.
+
+A slot's end is decided once, by its *claim*: a sealed list (``nvrx.store.seal``) to which
+the slot itself appends when it leaves cleanly, and a supervisor that found it silent
+when it declares it lost; the first entry that unseals wins (``claim_entry``,
+``claims``). An entry a client without the job's secret appended is skipped: it neither
+ends a healthy slot nor keeps a lost one from being declared. Whoever declared the slot
+lost then adds ``FENCE`` to its ``alive`` counter; the slot's next beat shows it, and the
+slot reads its claim to learn whether a valid declaration stands behind it.
 """
 
 from __future__ import annotations
+
+import json
+import secrets
+
+from nvrx.store.seal import SealedList, Sealer
 
 from .config import KEY_PREFIX
 
@@ -29,9 +42,22 @@ def alive(slot: int) -> str:
 
 
 def claim(slot: int) -> str:
-    """Counter whose first increment decides a slot's end, once: it left cleanly, or a
-    watcher declared it lost. A slot found claimed by someone else was fenced off."""
+    """Sealed list whose first valid entry decides a slot's end, once: it left cleanly, or
+    a watcher declared it lost. A slot found claimed by someone else was fenced off."""
     return f"{PREFIX}claim/{slot}"
+
+
+def claim_entry(sealer: Sealer, slot: int, by: int) -> tuple[str, str]:
+    """An entry claiming the end of ``slot`` for slot ``by``, to append to ``claim(slot)``;
+    and its payload, which ``claims(...).first`` equals when this entry won."""
+    payload = json.dumps({"by": by, "nonce": secrets.token_hex(8)}, separators=(",", ":"))
+    return sealer.entry(claim(slot), payload), payload
+
+
+def claims(sealer: Sealer, slot: int, value: str | None) -> SealedList:
+    """The claim of ``slot`` as read (``value``; None: not set): its entries that unseal,
+    the first deciding, and the fragments that do not."""
+    return sealer.entries(claim(slot), value)
 
 
 def info(slot: int) -> str:

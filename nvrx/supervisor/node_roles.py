@@ -5,6 +5,10 @@ this slot and reports a watched slot that fell silent (``node_watch``); the
 supervisor then declares it lost here, once for the whole job (the first
 increment of the slot's claim counter wins), and decides what the job does:
 
+Every read of a slot's end goes through its claim (``node_keys.claims``): only an entry
+sealed with the job's secret ends a slot, so a client without it can neither declare a
+healthy node lost nor hide a lost one.
+
 1. **spare**: the lowest free spare slot that is still alive takes the lost
    node rank (spares are handed out by one atomic counter each, so two losses
    never get the same spare); its children join the running job through the
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nvrx.slurm import commands
+from nvrx.store.seal import Sealer
 
 from . import node_keys
 from .config import ALL_DONE_KEY, ALL_ENDED_KEY, ENDED_KEY, NODES_DONE_KEY, SupervisorConfig
@@ -59,8 +64,14 @@ class Loss:
 class NodeRoles:
     """This slot's role (training node rank, or spare) and its handling of lost slots."""
 
-    def __init__(self, cfg: SupervisorConfig, link: StoreLink, emit: Callable[..., None]) -> None:
-        self.cfg, self.link, self._emit = cfg, link, emit
+    def __init__(
+        self,
+        cfg: SupervisorConfig,
+        link: StoreLink,
+        emit: Callable[..., None],
+        sealer: Callable[[], Sealer | None],
+    ) -> None:
+        self.cfg, self.link, self._emit, self._sealer = cfg, link, emit, sealer
         self.slot = cfg.node_rank
         self.node_rank: int | None = None if cfg.starts_as_spare else cfg.node_rank
         self.left = False
@@ -164,7 +175,7 @@ class NodeRoles:
 
     def _take_spare(self) -> int | None:
         """The lowest spare slot that is alive and not taken yet, now taken; None when none is."""
-        for spare in _alive_spares(self.cfg, self.link):
+        for spare in self._alive_spares():
             if self.link.add(node_keys.spare_taken(spare), 1) == 1:
                 return spare
         return None
@@ -195,9 +206,34 @@ class NodeRoles:
         if not self.enabled:
             return slots
         try:
-            return [s for s in slots if self.link.add(node_keys.claim(s), 0) == 0]
+            return [s for s in slots if not self.ended(s)]
         except StoreLinkError:
             return slots
+
+    def ended(self, slot: int) -> bool:
+        """Whether ``slot``'s claim holds a valid entry: it left, or was declared lost.
+        (Before the job's secret is known, nothing can have ended: the claims need it.)"""
+        sealer = self._sealer()
+        if sealer is None:
+            return False
+        return bool(node_keys.claims(sealer, slot, self.link.get(node_keys.claim(slot))).valid)
+
+    def free_spares(self) -> int:
+        """How many spare slots are alive and not taken yet (nothing is taken here)."""
+        alive = self._alive_spares()
+        return sum(1 for spare in alive if self.link.add(node_keys.spare_taken(spare), 0) == 0)
+
+    def _alive_spares(self) -> Iterator[int]:
+        """The spare slots, lowest first, that have not ended nor been lost themselves."""
+        for spare in range(self.cfg.active_nodes, self.cfg.nnodes):
+            if not self.ended(spare):
+                yield spare
+
+    def _known_sealer(self) -> Sealer:
+        sealer = self._sealer()
+        if sealer is None:
+            raise StoreLinkError("the job's secret is not known yet: no slot's end can be claimed")
+        return sealer
 
     def _training_nodes(self) -> int:
         return self.cfg.active_nodes - self.link.add(node_keys.SHRUNK, 0)
@@ -205,13 +241,20 @@ class NodeRoles:
     # -- ends of slots ------------------------------------------------------------------
     def _end(self, slot: int) -> bool:
         """Claim the end of ``slot``; True for the one caller that got it."""
-        if self.link.add(node_keys.claim(slot), 1) != 1:
+        if not self._claim(slot):
             return False
         if slot != self.slot:  # declared lost: its own next beat shows it (node_watch)
             self.link.add(node_keys.alive(slot), node_keys.FENCE)
         if slot != self.store_slot and self.link.add(ENDED_KEY, 1) >= self.cfg.nnodes - 1:
             self.link.set(ALL_ENDED_KEY, "1")  # every slot but the store host's
         return True
+
+    def _claim(self, slot: int) -> bool:
+        """Append this slot's claim on the end of ``slot``; True when it is the first valid one."""
+        sealer, key = self._known_sealer(), node_keys.claim(slot)
+        entry, mine = node_keys.claim_entry(sealer, slot, self.slot)
+        self.link.append(key, entry)
+        return node_keys.claims(sealer, slot, self.link.get(key)).first == mine
 
     def leave(self) -> bool:
         """This slot ends cleanly; False when the others had declared it lost already."""
@@ -258,16 +301,3 @@ def _slurm_state(node: str | None) -> dict[str, str] | None:
     if info is None:
         return None
     return {k: info[k] for k in ("State", "Reason") if k in info}
-
-
-def _alive_spares(cfg: SupervisorConfig, link: Any) -> Iterator[int]:
-    """The spare slots, lowest first, that have not ended nor been lost themselves."""
-    for spare in range(cfg.active_nodes, cfg.nnodes):
-        if link.add(node_keys.claim(spare), 0) == 0:
-            yield spare
-
-
-def free_spares(cfg: SupervisorConfig, link: Any) -> int:
-    """How many spare slots are alive and not taken yet (nothing is taken here)."""
-    alive = _alive_spares(cfg, link)
-    return sum(1 for spare in alive if link.add(node_keys.spare_taken(spare), 0) == 0)

@@ -24,9 +24,16 @@ node first learns whether it was fenced.)
 
 A slot is fenced off when the others declared it lost while it was stalled (a
 frozen node that thaws): whoever declared it adds ``node_keys.FENCE`` to its
-counter right after taking its claim, so the slot's own next beat, whenever
-the declaration lands, returns a count at or above ``FENCE``. It is reported
-as ``fenced``, and its supervisor ends its children, for the job has moved on.
+counter right after appending its claim, so the slot's own next beat, whenever
+the declaration lands, returns a count at or above ``FENCE``. The slot then reads
+its claim: a valid entry (``node_keys.claims``) means it is reported as
+``fenced``, and its supervisor ends its children, for the job has moved on. A
+fence with no valid claim behind it, or claim entries that do not unseal, were
+written by a client without the job's secret: they are reported as ``rejected``
+(once per forged fence or batch of new forged entries) and the slot beats on; the
+next real fence is one more ``FENCE`` above the count seen. The watch reads the
+claims with the job's secret (``seal.job_sealer``: the agent reads it from the file its
+supervisor names).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from nvrx.store.ring_watch import RingWatch
+from nvrx.store.seal import SealedList, Sealer
 
 from . import node_keys
 
@@ -46,13 +54,19 @@ log = logging.getLogger(__name__)
 #: Beats between two reads of this slot's own claim: only for a declarer that ended
 #: between its claim and its fence (the fence is what normally tells a slot).
 OWN_CLAIM_EVERY = 600
+#: Asked of the store as both the expected and the new value, to read a key in one request:
+#: an unset key answers it back unchanged, a set one answers its value. No writer of ours
+#: ever writes it.
+_UNSET = "\x00unset"
 
 
 class Counters(Protocol):
     """What the watch needs of a store client (``nvrx.store.wire.WireStore`` in the agent):
-    counters to bump and read."""
+    counters to bump and read, and a compare-and-set to read a claim in one request."""
 
     def add(self, key: str, amount: int) -> int: ...
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes: ...
 
 
 class NodeWatch(threading.Thread):
@@ -66,16 +80,19 @@ class NodeWatch(threading.Thread):
         nslots: int,
         interval: float,
         timeout: float,
+        sealer: Sealer,
         startup_s: float | None = None,
     ) -> None:
         super().__init__(name="node-watch", daemon=True)
-        self._connect, self._send = connect, send
+        self._connect, self._send, self.sealer = connect, send, sealer
         self.own, self.interval = own, interval
         self.ring = RingWatch(own, nslots, timeout, startup_s)
         self.timeout = timeout
         self.stopped = threading.Event()
         self._beat_started: float | None = None  # while a beat waits for the store
         self._beats = 0
+        self._fence_floor = 0  # a count at or above this plus FENCE is a fence to look into
+        self._forged_seen = 0  # entries of the own claim that did not unseal, reported already
         self._reported = threading.Lock()  # one "lost" report, from the beats or the watchdog
 
     def run(self) -> None:
@@ -111,11 +128,9 @@ class NodeWatch(threading.Thread):
         """One beat and one look; False once this slot is fenced off."""
         count = int(store.add(node_keys.alive(self.own), 1))
         self._beats += 1
-        fenced = count >= node_keys.FENCE
+        fence = count >= self._fence_floor + node_keys.FENCE
         own_claim = (self._beats - 1) % OWN_CLAIM_EVERY == 0  # the first beat, then rarely
-        if not fenced and own_claim:
-            fenced = int(store.add(node_keys.claim(self.own), 0)) > 0
-        if fenced:
+        if (fence or own_claim) and self._ended(store, count, fence):
             self._send({"event": "fenced", "slot": self.own})
             return False
         if own_claim and self._beats > 1:
@@ -123,7 +138,7 @@ class NodeWatch(threading.Thread):
         ring = self.ring
         while ring.target is not None:
             beats = int(store.add(node_keys.alive(ring.target), 0))
-            if not ring.stood_still(beats) or int(store.add(node_keys.claim(ring.target), 0)) == 0:
+            if not ring.stood_still(beats) or not self._claims(store, ring.target).valid:
                 break
             ring.ended_slot(ring.target)
         if ring.target is None:
@@ -133,3 +148,31 @@ class NodeWatch(threading.Thread):
             log.warning("slot %s silent for %.1f s", report["slot"], report["silent_s"])
             self._send(report)
         return True
+
+    def _claims(self, store: Counters, slot: int) -> SealedList:
+        key = node_keys.claim(slot)
+        raw = store.compare_set(key, _UNSET, _UNSET)
+        value = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+        return node_keys.claims(self.sealer, slot, None if value == _UNSET else value)
+
+    def _ended(self, store: Counters, count: int, fence: bool) -> bool:
+        """Whether this slot's claim holds a valid entry; reports what was forged of it."""
+        claims = self._claims(store, self.own)
+        if claims.valid:
+            return True
+        forged = claims.invalid - self._forged_seen
+        if forged > 0 or fence:
+            self._forged_seen = claims.invalid
+            key = node_keys.claim(self.own) if forged > 0 else node_keys.alive(self.own)
+            reason = (
+                f"{forged} claim entries with no valid seal: not a declaration of this job's "
+                "supervisors in this run"
+                if forged > 0
+                else "a fence with no valid claim behind it: not added by this job's supervisors"
+            )
+            log.warning("rejected a forged end of slot %d: %s", self.own, reason)
+            size = claims.invalid_bytes if forged > 0 else 0
+            self._send({"event": "rejected", "key": key, "reason": reason, "value_bytes": size})
+        if fence:
+            self._fence_floor = count - count % node_keys.FENCE
+        return False

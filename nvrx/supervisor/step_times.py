@@ -30,7 +30,6 @@ from .course import Course, CourseTracker
 from .exit_codes import ExitCode
 from .job_store import JobStore
 from .node_control import NodeControl
-from .node_roles import free_spares
 from .store_link import StoreLinkError
 from .straggler_judge import StragglerJudge
 
@@ -119,7 +118,8 @@ class StepTimes:
         if raw is None or slot not in json.loads(raw).get("exclude", []):
             return
         # a spare taken meanwhile (a node lost): leaving now would shrink the job
-        if not free_spares(self.store.config, self.store.link):
+        roles = self.store.roles
+        if roles is None or not roles.free_spares():
             if not self._stays:
                 log.warning("named a straggler and asked to leave, but no spare is free: staying")
             self._stays = True

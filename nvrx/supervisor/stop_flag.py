@@ -30,7 +30,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from nvrx.store.seal import seal, unseal
+from nvrx.store.seal import Sealer, seal, unseal
 
 from .config import STOP_KEY, StopRequest
 
@@ -56,6 +56,7 @@ class StopFlag:
 
     def __init__(self, secret: bytes, run: int) -> None:
         self.secret, self.run = secret, run
+        self.sealer = Sealer(secret, run)  # the same secret seals the job's other control keys
         self.watching = 1
         self.rejections = 0
 

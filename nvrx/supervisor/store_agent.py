@@ -7,8 +7,9 @@ or ``- - TIMEOUT`` to get the address later as a first stdin line, when it is
 started ahead during a store failover) owns the store clients instead (nvrx's own,
 ``nvrx.store.wire``: the agent imports no torch either) and speaks JSON lines:
 
-* requests on stdin: ``{"id": 1, "op": "add"|"set"|"get"|"compare_set"|"watch", "key": ..., ...}``;
-  ``liveness`` starts the node heartbeat and watch (``node_watch``), ``leave_ranks``
+* requests on stdin: ``{"id": 1, "op": "add"|"set"|"append"|"get"|"compare_set"|"watch",
+  "key": ..., ...}``; ``liveness`` starts the node heartbeat and watch (``node_watch``,
+  which reads the slots' claims with the job's secret, ``seal.job_sealer``), ``leave_ranks``
   takes a lost node's ranks out of the Wrapper's running round and ``leave_silent``
   a rank whose monitor stopped beating out of its round (``nvrx.store.rounds``)
 * answers on stdout: ``{"id": 1, "value": ...}`` or ``{"id": 1, "error": "..."}``
@@ -77,6 +78,9 @@ class _Agent:
         if op == "set":
             self.store.set(key, str(request.get("value", "")))
             return {"value": None}
+        if op == "append":
+            self.store.append(key, str(request.get("value", "")))
+            return {"value": None}
         if op == "compare_set":
             expected, desired = str(request.get("expected", "")), str(request["desired"])
             return {"value": self.store.compare_set(key, expected, desired).decode(errors="replace")}
@@ -116,14 +120,19 @@ class _Agent:
                 )
             }
         raise ValueError(
-            f"unknown op {op!r}: expected add, set, get, compare_set, watch, liveness, leave_ranks "
+            f"unknown op {op!r}: expected add, set, append, get, compare_set, watch, liveness, leave_ranks "
             "or leave_silent"
         )
 
     def _start_liveness(self, request: dict[str, Any]) -> None:
+        from nvrx.store.seal import job_sealer
+
         from .node_watch import NodeWatch
 
         timeout = float(request["timeout"])
+        sealer = job_sealer()
+        if sealer is None:
+            raise ValueError("no job secret: $NVRX_JOB_SECRET_FILE is not set (the supervisor sets it)")
         NodeWatch(
             # a store host that froze must not hold a beat longer than a node may be silent
             lambda: self._connect(timeout),
@@ -132,6 +141,7 @@ class _Agent:
             nslots=int(request["nslots"]),
             interval=float(request["interval"]),
             timeout=timeout,
+            sealer=sealer,
             startup_s=float(request.get("startup", timeout)),
         ).start()
 

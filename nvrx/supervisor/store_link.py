@@ -209,6 +209,9 @@ class StoreLink:
     def set(self, key: str, value: str) -> None:
         self.request("set", key, value=value)
 
+    def append(self, key: str, value: str) -> None:
+        self.request("append", key, value=value)
+
     def get(self, key: str) -> str | None:
         return self.request("get", key)
 

@@ -31,7 +31,6 @@ from nvrx.straggler import Change, StepScores, node_scores_of, reference_of, sco
 from . import node_keys
 from .job_store import JobStore
 from .node_control import NodeControl
-from .node_roles import free_spares
 
 #: Least seconds a rank's step count may stand still before it is left out of the scores;
 #: more where steps are long (``STALE_STEPS`` of the job's slowest median).
@@ -140,7 +139,8 @@ class StragglerJudge:
         pending = {s for s in self._excluded if s in view.slot_of.values()}  # not gone yet
         if slot == self.store.config.node_rank:
             return False
-        if free_spares(self.store.config, self.store.link) <= len(pending):
+        roles = self.store.roles
+        if roles is None or roles.free_spares() <= len(pending):
             return False
         self._excluded.add(slot)
         listed = json.dumps({"exclude": sorted(self._excluded)})

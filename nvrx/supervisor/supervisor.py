@@ -74,6 +74,7 @@ class Supervisor:
         self.preemption: PreemptionHandler | None = None
         self.stop_reason: str | None = None  # why the job stops, once it does
         self._pending_stop: StopRequest | None = None  # to tell the others once it can
+        self._rejections = 0  # control values refused for their seal (``_rejected``)
         self.exit_code: int = ExitCode.OK
         self.signalled: int | None = None  # the last stop signal received
         self.kill_at: float | None = None  # when children still running after a stop get SIGKILL
@@ -153,7 +154,8 @@ class Supervisor:
             job_secret.private_job_dir(cfg.events_dir)
         except ConfigError as exc:
             raise SupervisorError(ExitCode.USAGE, str(exc)) from None
-        if cfg.node_rank == 0 or jobenv.JOB_SECRET in os.environ:
+        given = jobenv.JOB_SECRET in os.environ
+        if cfg.node_rank == 0 or given:
             self._know_secret()  # at once: slot 0 writes it for the others, or it was given
         # SLURM's warning (--signal=USR2@N): flag file, checkpoint, requeue (docs/submit.md)
         self.preemption = PreemptionHandler.from_env(
@@ -161,12 +163,14 @@ class Supervisor:
         )
         self.preemption.start()
         self.signals = SignalPipe((*STOP_SIGNALS, *FORWARD_SIGNALS, signal.SIGCHLD)).install()
-        self.hang_watch.start()  # before any child: each one gets its socket
+        private_dir = self.hang_watch.start()  # before any child: each one gets its socket
+        flag = self.store.stop
+        job_secret.share(cfg, flag.secret if given and flag is not None else None, private_dir)
         check_store_port(cfg)
         # The agent retries connecting while the store comes up: start it first.
         link = store.link = StoreLink(cfg.store_host, cfg.store_port, cfg.store_timeout).launch()
         store.service = launch_store(cfg)
-        roles = store.roles = NodeRoles(cfg, link, self.emit)
+        roles = store.roles = NodeRoles(cfg, link, self.emit, lambda: store.sealer)
         self._start_children()
         stop, later = await_store_or_stop(cfg, store.service, self.signals)
         if stop is not None:
@@ -371,6 +375,9 @@ class Supervisor:
                     return  # failed over: what else came through the old link is void
             elif StopFlag.owns(message.get("key")):
                 self._on_stop_value(str(message["key"]), str(message.get("value", "")))
+            elif message.get("event") == "rejected":  # a forged end of this slot (node_watch)
+                self._rejected(str(message.get("key")), str(message.get("reason")),
+                               int(message.get("value_bytes") or 0))  # fmt: skip
 
     def _on_stop_value(self, key: str, value: str) -> None:
         """A watched key of the stop flag was set: stop, or reject it and watch on."""
@@ -381,15 +388,20 @@ class Supervisor:
         if verdict.request is not None:
             self._stopped_by(verdict.request)
             return
-        told = flag.rejections <= MAX_REJECTIONS_TOLD
-        if self.store.service is not None and told:  # one record per forged value: the store's host
-            size = len(value.encode(errors="replace"))
-            self.emit("rejected_write", key=key, reason=verdict.rejected, value_bytes=size)
-        log.warning("rejected a value of %s (%d so far): %s", key, flag.rejections, verdict.rejected)
+        if self.store.service is not None:  # one record per forged value: the store's host
+            self._rejected(key, str(verdict.rejected), len(value.encode(errors="replace")))
         try:
             flag.watch(link)
         except StoreLinkError as exc:
             self._store_failed(exc)
+
+    def _rejected(self, key: str, reason: str, size: int) -> None:
+        """Record a control value refused for its seal: an event for each of the first
+        ``MAX_REJECTIONS_TOLD``, then only the log."""
+        self._rejections += 1
+        if self._rejections <= MAX_REJECTIONS_TOLD:
+            self.emit("rejected_write", key=key, reason=reason, value_bytes=size)
+        log.warning("rejected a value of %s (%d so far): %s", key, self._rejections, reason)
 
     def _stopped_by(self, request: StopRequest) -> None:
         if not self.course.stopping:

@@ -5,7 +5,13 @@ of every file the job leaves.
 foreign client that reaches the store writes a stop flag it made up, one sealed for
 another run of the job (a replay), one not even UTF-8 and an empty one: the job trains on
 to completion at full size and the supervisor that hosts the store records one
-``rejected_write`` event for each. After such
+``rejected_write`` event for each. So it does after a forged node-lost declaration (a claim
+on node 1's end and the fence a declarer adds to its beat counter) and the same
+declaration sealed with the job's secret but for another run: node 1 records one event
+for each and trains on. A Wrapper job (the demo) gets a made-up fault record and a real
+one replayed from an earlier round, each with an interruption of its round: neither is
+read as a fault, each is one ``rejected_write`` event, and the job trains to the end at
+full size. After such
 forgeries a real stop (a node's supervisor gets SIGTERM) still stops every node. The job's
 secret appears in none of the events, logs, error files, supervisor outputs or the report.
 """
@@ -24,8 +30,11 @@ import pytest
 from test_supervisor_local import REPO, Job
 
 from nvrx import jobenv
-from nvrx.store.seal import new_secret, seal
+from nvrx.store import rounds
+from nvrx.store.faults import FaultRecord
+from nvrx.store.seal import Sealer, new_secret, seal
 from nvrx.store.wire import WireStore
+from nvrx.supervisor import node_keys
 from nvrx.supervisor.job_secret import SECRET_FILE
 from nvrx.supervisor.stop_flag import StopFlag
 from tests.support.waiting import wait_until
@@ -33,6 +42,7 @@ from tests.support.waiting import wait_until
 pytestmark = pytest.mark.timeout(300)
 
 HEARTBEATS = [sys.executable, str(REPO / "examples" / "ft_heartbeats.py")]
+DEMO = [sys.executable, str(REPO / "examples" / "train_demo.py")]
 COMMON = ("--max-restarts", "4", "--grace-period", "2", "--ft-safety-factor", "60")
 
 
@@ -69,12 +79,35 @@ def _forge(job: Job) -> list[str]:
     return [StopFlag.key(g) for g in (1, 2, 3, 4)]
 
 
+def _declare_node_1_lost(job: Job, store: WireStore, sealer: Sealer) -> None:
+    """Declare slot 1 lost as a supervisor does (a claim, then a fence), sealed by ``sealer``."""
+    store.append(node_keys.claim(1), node_keys.claim_entry(sealer, 1, by=0)[0])
+    store.add(node_keys.alive(1), node_keys.FENCE)
+
+
+def _forge_node_loss(job: Job) -> list[str]:
+    """A forged declaration that node 1 is lost, then the job's own for another run (a
+    replay), each once the one before was rejected: the keys of the events they make."""
+    store = WireStore("127.0.0.1", job.store_port, timeout=10)
+    key = node_keys.claim(1)
+
+    def rejected() -> int:
+        return len([e for e in job.events("rejected_write") if e["key"] == key])
+
+    _declare_node_1_lost(job, store, Sealer(bytes(32), 0))  # a secret of the forger's own
+    wait_until("the forged declaration to be rejected", lambda: rejected() == 1, 60)
+    _declare_node_1_lost(job, store, Sealer(bytes.fromhex(_secret(job)), run=7))
+    wait_until("the replayed declaration to be rejected", lambda: rejected() == 2, 60)
+    return [key] * 2
+
+
 def test_forged_and_replayed_stop_flags_are_rejected_and_the_job_trains_on(tmp_path):
-    job = _job(tmp_path, 90)
-    keys = _forge(job)
+    job = _job(tmp_path, 150)
+    keys = _forge(job) + _forge_node_loss(job)
     assert job.wait(240) == [0, 0], job.output()
     rejected = job.events("rejected_write")
-    assert sorted(e["key"] for e in rejected) == keys, rejected  # one event per forged value
+    assert sorted(e["key"] for e in rejected) == sorted(keys), rejected  # one per forged value
+    assert not job.events("node_lost"), job.output()
     assert not [e for e in job.events("job_stop") if "forged" in e["reason"]], job.output()
     done = [e for e in job.events("child_exit") if e["exit_code"] == 0]
     assert len(done) == 4, job.output()  # every rank of both nodes trained to the end
@@ -83,7 +116,45 @@ def test_forged_and_replayed_stop_flags_are_rejected_and_the_job_trains_on(tmp_p
         [sys.executable, "-m", "nvrx.report", str(job.log_dir / job.job_id), "--format", "json"],
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
-    assert [r["key"] for r in json.loads(report.stdout)["rejected_writes"]] == keys
+    assert sorted(r["key"] for r in json.loads(report.stdout)["rejected_writes"]) == sorted(keys)
+
+
+def _forge_a_fault(job: Job, store: WireStore, entry: bytes) -> str:
+    """Append ``entry`` to the running round's fault list and interrupt the round, as a
+    faulting rank does, once the round trains; the key, after its rejection."""
+    key_of = lambda: rounds.round_prefix(rounds.current_round(store) or 0) + rounds.FAULT_LIST  # noqa: E731
+    rejected = lambda: [e["key"] for e in job.events("rejected_write", component=None)]  # noqa: E731
+    seen, steps = len(rejected()), len(job.events("progress", component="app"))
+    wait_until("the round to train", lambda: len(job.events("progress", component="app")) > steps + 4, 120)
+    key = key_of()
+    store.append(key, entry)
+    rounds.interrupt(rounds.round_store(store, rounds.current_round(store)), "fault")
+    wait_until(f"the entry at {key} to be rejected", lambda: len(rejected()) == seen + 1, 120,
+               state=job.output)  # fmt: skip
+    assert rejected()[-1] == key
+    return key
+
+
+def test_forged_and_replayed_fault_records_are_not_faults_and_the_job_trains_on(tmp_path):
+    command = [*DEMO, "--steps", "150", "--step-time", "0.1", "--checkpoint-every", "5",
+               "--soft-timeout", "10", "--hard-timeout", "20", "--fault", "exception:5:1"]  # fmt: skip
+    job = Job(tmp_path, 2, 2, command, "--max-restarts", "8", "--grace-period", "2")
+    restarts = lambda: [e for e in job.events("round_end", component=None) if e["outcome"] == "restart"]  # noqa: E731
+    wait_until("the injected fault's restart", restarts, 120, state=job.output)
+    store = WireStore("127.0.0.1", job.store_port, timeout=10)
+    real_round = rounds.current_round(store) - 1  # type: ignore[operator]
+    real = store.get(rounds.round_prefix(real_round) + rounds.FAULT_LIST)  # rank 1's, sealed
+    made_up = FaultRecord(rank=3, kind="exit", exc_type="RestartAbort", message="forged")
+    keys = [_forge_a_fault(job, store, (made_up.to_json() + "\n").encode()),
+            _forge_a_fault(job, store, real)]  # fmt: skip
+    assert job.wait(240) == [0, 0], job.output()
+    assert [e["key"] for e in job.events("rejected_write", component=None)] == keys
+    ends = job.events("round_end", component=None)
+    recorded = [f for e in ends for f in e.get("faults") or []]
+    assert {(f["rank"], f["kind"]) for f in recorded} == {(1, "exception")}, recorded  # the real one
+    assert len({e["round"] for e in ends if e.get("faults")}) == 1, ends  # in its round only
+    done = [e for e in job.events("child_exit") if e["exit_code"] == 0]
+    assert len(done) == 4, job.output()  # every rank of both nodes trained to the end
 
 
 def test_a_real_stop_after_forged_values_still_stops_every_node(tmp_path):

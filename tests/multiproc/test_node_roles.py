@@ -9,11 +9,14 @@ from typing import Any
 import pytest
 
 from nvrx.store import rounds
+from nvrx.store.seal import Sealer
 from nvrx.store.service import StoreService
 from nvrx.supervisor import node_keys
 from nvrx.supervisor.config import ALL_DONE_KEY, SupervisorConfig, local_job
 from nvrx.supervisor.node_roles import NodeRoles
 from nvrx.supervisor.store_link import StoreLink
+
+SEALER = Sealer(bytes(range(32)), 0)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -34,7 +37,8 @@ def _roles(
 ) -> NodeRoles:
     job = local_job(nnodes=3, node_rank=node_rank, nproc_per_node=2)
     cfg = SupervisorConfig(["python", "train.py"], job, **options)
-    return NodeRoles(cfg, link, lambda kind, **fields: events.append({"kind": kind, **fields}))
+    emit = lambda kind, **fields: events.append({"kind": kind, **fields})  # noqa: E731
+    return NodeRoles(cfg, link, emit, lambda: SEALER)
 
 
 def _lost(slot: int) -> dict[str, Any]:
@@ -91,6 +95,10 @@ class _Counting:
         self.requests += 1
         return int(self.store.add(key, amount))
 
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        self.requests += 1
+        return self.store.compare_set(key, expected, desired)
+
 
 def test_a_declaration_fences_the_lost_slot_at_its_next_beat_and_a_leave_does_not(
     link: StoreLink,
@@ -101,12 +109,15 @@ def test_a_declaration_fences_the_lost_slot_at_its_next_beat_and_a_leave_does_no
     events: list[dict[str, Any]] = []
     store = _Counting(client.connect("127.0.0.1", link.port, timeout=30))
     sent: list[dict[str, Any]] = []
-    watch = NodeWatch(lambda: store, sent.append, own=1, nslots=3, interval=1.0, timeout=5.0)
+    watch = NodeWatch(
+        lambda: store, sent.append, own=1, nslots=3, interval=1.0, timeout=5.0, sealer=SEALER
+    )
     assert watch._tick(store) and watch._tick(store)  # slot 1 beats: alive so far
     _roles(link, events).declare(_lost(1))  # slot 0's supervisor declares it lost
     store.requests = 0
     assert not watch._tick(store)
-    assert sent == [{"event": "fenced", "slot": 1}] and store.requests == 1  # the beat told it
+    # the beat showed the fence; the claim behind it was read and holds a valid declaration
+    assert sent == [{"event": "fenced", "slot": 1}] and store.requests == 2
     # a clean leave claims the slot without fencing it
     leaving = _roles(link, events, node_rank=2)
     assert leaving.leave()

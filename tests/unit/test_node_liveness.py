@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from nvrx.store.seal import Sealer
 from nvrx.supervisor import store_failover
 from nvrx.supervisor.cli import main
 from nvrx.supervisor.config import ConfigError, SupervisorConfig, local_job
@@ -132,6 +136,21 @@ class _CountingStore:
         self.requests += 1
         return int(self.store.add(key, amount))
 
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        self.requests += 1
+        return self.store.compare_set(key, expected, desired)
+
+
+SEALER = Sealer(bytes(range(32)), 0)
+FORGER = Sealer(bytes(range(1, 33)), 0)  # a client with another secret
+
+
+def _claim(store, slot: int, by: int, sealer=SEALER) -> None:
+    """Append a claim on ``slot``'s end as ``NodeRoles`` does (``FORGER``: a forged one)."""
+    from nvrx.supervisor import node_keys
+
+    store.store.append(node_keys.claim(slot), node_keys.claim_entry(sealer, slot, by)[0])
+
 
 def _watch(monkeypatch, own: int = 0):
     from nvrx.supervisor import node_watch
@@ -140,7 +159,7 @@ def _watch(monkeypatch, own: int = 0):
     monkeypatch.setattr(node_watch.time, "monotonic", lambda: clock[0])
     store, sent = _CountingStore(), []
     watch = node_watch.NodeWatch(
-        lambda: store, sent.append, own=own, nslots=3, interval=1.0, timeout=4.0
+        lambda: store, sent.append, own=own, nslots=3, interval=1.0, timeout=4.0, sealer=SEALER
     )
     return watch, store, sent, clock
 
@@ -158,7 +177,7 @@ def test_a_node_watch_sends_two_requests_per_beat_and_still_sees_ends(monkeypatc
         assert watch._tick(store)
     assert store.requests == 2 * (node_watch.OWN_CLAIM_EVERY - 1)  # beat + one read, no claims
     # slot 1 ends (its claim is taken) and stops beating: the watch moves on to slot 2
-    store.store.add(node_keys.claim(1), 1)
+    _claim(store, 1, by=1)
     store.requests = 0
     clock[0] += 1.0
     assert watch._tick(store)
@@ -200,13 +219,13 @@ def test_a_slot_declared_lost_learns_it_from_its_own_next_beat(monkeypatch) -> N
     assert watch._tick(store)
     clock[0] += 3.0  # frozen past half the timeout: late, not declared lost yet
     assert watch._tick(store)
-    store.store.add(node_keys.claim(0), 1)  # the declaration lands after that beat,
+    _claim(store, 0, by=2)  # the declaration lands after that beat,
     store.store.add(node_keys.alive(0), node_keys.FENCE)  # as NodeRoles._end makes it
     store.requests = 0
     clock[0] += 1.0
     assert not watch._tick(store)
     assert sent == [{"event": "fenced", "slot": 0}]
-    assert store.requests == 1  # the beat alone
+    assert store.requests == 2  # the beat, and the claim behind the fence it showed
 
 
 def test_a_claim_without_its_fence_is_found_by_the_rare_own_claim_read(monkeypatch) -> None:
@@ -215,7 +234,7 @@ def test_a_claim_without_its_fence_is_found_by_the_rare_own_claim_read(monkeypat
 
     watch, store, sent, clock = _watch(monkeypatch)
     assert watch._tick(store)
-    store.store.add(node_keys.claim(0), 1)
+    _claim(store, 0, by=2)
     for _ in range(node_watch.OWN_CLAIM_EVERY - 1):
         clock[0] += 1.0
         store.store.add(node_keys.alive(1), 1)
@@ -228,9 +247,101 @@ def test_a_claim_without_its_fence_is_found_by_the_rare_own_claim_read(monkeypat
 
 def test_a_watch_started_on_a_store_that_failed_over_reads_its_claim_first(monkeypatch) -> None:
     """A successor store keeps the claims, not the counters (nor their fences)."""
-    from nvrx.supervisor import node_keys
 
     watch, store, sent, _clock = _watch(monkeypatch)
-    store.store.add(node_keys.claim(0), 1)  # restored from the snapshot
+    _claim(store, 0, by=2)  # restored from the snapshot
     assert not watch._tick(store)
     assert sent == [{"event": "fenced", "slot": 0}]
+
+
+def test_a_forged_fence_and_claim_are_rejected_once_and_a_real_one_still_fences(
+    monkeypatch,
+) -> None:
+    """A client without the job's secret appends a claim and adds a fence, as a declarer
+    would: the slot reports one rejection and beats on; a later real declaration fences it."""
+    from nvrx.supervisor import node_keys
+
+    watch, store, sent, clock = _watch(monkeypatch)
+    assert watch._tick(store)
+    _claim(store, 0, by=2, sealer=FORGER)
+    store.store.add(node_keys.alive(0), node_keys.FENCE)
+    for _ in range(3):
+        clock[0] += 1.0
+        store.store.add(node_keys.alive(1), 1)
+        assert watch._tick(store)
+    [rejected] = sent
+    assert rejected["event"] == "rejected" and rejected["key"] == node_keys.claim(0)
+    assert rejected["value_bytes"] > 0
+    store.store.add(node_keys.alive(0), node_keys.FENCE)  # a fence alone: one more rejection
+    clock[0] += 1.0
+    assert watch._tick(store)
+    assert [m["key"] for m in sent] == [node_keys.claim(0), node_keys.alive(0)]
+    _claim(store, 0, by=2)  # the real declaration, behind the forged entry
+    store.store.add(node_keys.alive(0), node_keys.FENCE)
+    clock[0] += 1.0
+    assert not watch._tick(store)
+    assert sent[-1] == {"event": "fenced", "slot": 0} and len(sent) == 3
+
+
+def test_a_forged_claim_neither_ends_a_watched_slot_nor_hides_a_real_end(monkeypatch) -> None:
+
+    watch, store, sent, clock = _watch(monkeypatch)
+    assert watch._tick(store) and watch.ring.target == 1
+    _claim(store, 1, by=0, sealer=FORGER)  # slot 1 falls silent with a forged claim on it
+    for _ in range(6):
+        clock[0] += 1.0
+        assert watch._tick(store)
+    assert watch.ring.target == 1  # still watched: the forged claim ended nothing
+    assert [(m["event"], m["slot"]) for m in sent] == [("node_silent", 1)]
+    _claim(store, 1, by=0)  # slot 0 declares it lost, after the forged entry
+    clock[0] += 1.0
+    assert watch._tick(store) and watch.ring.target == 2
+
+
+def test_a_sealed_claim_from_an_earlier_run_ends_nothing() -> None:
+    from nvrx.supervisor import node_keys
+
+    earlier = Sealer(SEALER.secret, run=0)
+    entry, _ = node_keys.claim_entry(earlier, 1, by=0)
+    assert node_keys.claims(Sealer(SEALER.secret, run=1), 1, entry).valid == ()
+    assert node_keys.claims(Sealer(SEALER.secret, run=1), 2, None).invalid == 0
+    assert node_keys.claims(earlier, 2, entry).invalid == 1  # another slot's key: refused too
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to act as another user (uid 65534)")
+def test_another_user_can_neither_announce_nor_claim_a_failover_epoch() -> None:
+    """The failover election is not in the store but in the job's folder, which is
+    owner-only: a process of another user that reaches the folder's parent can neither
+    take part in an election nor claim the next store for an address of its own."""
+    from nvrx.supervisor.job_secret import private_job_dir
+
+    parent = Path(tempfile.mkdtemp(prefix="nvrx-election-"))
+    try:
+        parent.chmod(0o755)  # the log folder: others may look into it
+        job_dir = parent / "job"
+        private_job_dir(job_dir)
+        store_failover.announce(job_dir, 1, 0)  # a survivor's own announcement
+        pid = os.fork()
+        if pid == 0:  # the other user
+            refused = 0
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                for attempt in (
+                    lambda: store_failover.announce(job_dir, 1, 5),
+                    lambda: store_failover.claim(job_dir, StoreAddress("elsewhere", 1, 5, 1)),
+                    lambda: store_failover.publish(job_dir, StoreAddress("elsewhere", 1, 5, 1)),
+                ):
+                    try:
+                        attempt()
+                    except PermissionError:
+                        refused += 1
+            finally:
+                os._exit(refused)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 3  # each attempt refused
+        assert store_failover.elect(job_dir, 1, {0}, 0.0, 1) == 0
+        assert not store_failover.claimed(job_dir, 1)
+        assert store_failover.read_address(store_failover.epoch_dir(job_dir, 1) / "store.json") is None
+    finally:
+        shutil.rmtree(parent)

@@ -9,7 +9,7 @@ import pytest
 
 from nvrx import jobenv
 from nvrx.jobenv import JobEnv
-from nvrx.store.seal import new_secret, parse_secret, seal, unseal
+from nvrx.store.seal import Sealer, new_secret, parse_secret, seal, unseal
 from nvrx.supervisor import job_secret
 from nvrx.supervisor.config import ConfigError, SupervisorConfig
 from nvrx.supervisor.stop_flag import StopFlag
@@ -25,7 +25,7 @@ def test_a_sealed_value_unseals_only_for_its_key_run_and_secret():
     assert unseal(bytes(32), "k/1", value, run=0) is None  # sealed without the secret
     assert unseal(SECRET, "k/1", value.replace("x", "y", 1), run=0) is None  # altered
     assert unseal(SECRET, "k/1", '{"reason": "x"}', run=0) is None  # no seal at all
-    with pytest.raises(ValueError, match="cannot hold the separator"):
+    with pytest.raises(ValueError, match="cannot hold the separators"):
         seal(SECRET, "k", "a\x1fb", run=0)
     for odd in ("x\x1fmac=é", "x\x1fmac=\ufffd\ufffd", "\ud800\x1fmac=00", "", "\x1f"):
         assert unseal(SECRET, "k/1", odd, run=0) is None  # refused, never raised
@@ -131,3 +131,56 @@ def test_a_job_folder_of_another_user_is_refused(tmp_path):
     os.chown(folder, 12345, 12345)
     with pytest.raises(ConfigError, match="must be a folder of this user"):
         job_secret.private_job_dir(folder)
+
+
+def test_a_sealed_list_skips_forged_fragments_and_keeps_its_order():
+    sealer, forger = Sealer(SECRET, 0), Sealer(bytes(32), 0)
+    value = "".join(
+        [
+            "no end: a fragment that would swallow the next entry",  # appended first
+            sealer.entry("k", "first"),
+            forger.entry("k", "forged"),
+            sealer.entry("other", "copied from another key"),
+            sealer.entry("k", "second"),
+        ]
+    )
+    found = sealer.entries("k", value)
+    assert found.valid == ("first", "second") and found.first == "first"
+    assert found.invalid == 3 and found.invalid_bytes > 0
+    assert Sealer(SECRET, 1).entries("k", value).valid == ()  # another run: nothing counts
+    assert sealer.entries("k", None).first is None
+    assert SECRET.hex() not in repr(sealer)
+
+
+def test_fault_records_are_sealed_for_their_round_and_forged_ones_are_counted(tmp_path, monkeypatch):
+    from torch.distributed import HashStore
+
+    from nvrx.store import faults, rounds
+    from nvrx.store import seal as seal_module
+
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(SECRET.hex())
+    secret_file.chmod(0o600)
+    monkeypatch.setenv(jobenv.JOB_SECRET_FILE, str(secret_file))
+    base = HashStore()
+    round_3, round_4 = rounds.round_store(base, 3), rounds.round_store(base, 4)
+    rounds.append_fault(round_3, faults.FaultRecord(rank=1, kind="exception", message="real"))
+    forged = faults.FaultRecord(rank=2, kind="exit", exc_type="RestartAbort")
+    round_3.append(rounds.FAULT_LIST, forged.to_json() + "\n")  # as a client without the secret
+    checked = rounds.checked_fault_records(round_3)
+    assert [(r.rank, r.message) for r in checked.records] == [(1, "real")] and checked.forged == 1
+    # the real record copied into the next round is no fault there
+    round_4.append(rounds.FAULT_LIST, base.get(rounds.round_prefix(3) + rounds.FAULT_LIST))
+    assert rounds.fault_records(round_4) == [] and rounds.checked_fault_records(round_4).forged == 2
+    # without a supervisor (no secret file), records are plain JSON lines, as before
+    monkeypatch.delenv(jobenv.JOB_SECRET_FILE)
+    plain = rounds.round_store(HashStore(), 0)
+    rounds.append_fault(plain, faults.FaultRecord(rank=0, kind="exception"))
+    assert plain.get(rounds.FAULT_LIST).decode().startswith("{")
+    assert [r.rank for r in rounds.fault_records(plain)] == [0]
+    # a secret file others can read is refused, naming the fix
+    secret_file.chmod(0o640)
+    monkeypatch.setenv(jobenv.JOB_SECRET_FILE, str(secret_file))
+    monkeypatch.setattr(seal_module, "_job_sealer", None)
+    with pytest.raises(ValueError, match="owner-only"):
+        seal_module.job_sealer()

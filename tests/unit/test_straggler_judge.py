@@ -10,10 +10,12 @@ import pytest
 import torch.distributed as dist
 
 from nvrx.jobenv import JobEnv
+from nvrx.store.seal import Sealer
 from nvrx.supervisor import node_keys
 from nvrx.supervisor.config import SupervisorConfig
 from nvrx.supervisor.course import Course, CourseTracker
 from nvrx.supervisor.job_store import JobStore
+from nvrx.supervisor.node_roles import NodeRoles
 from nvrx.supervisor.step_times import StepTimes
 from nvrx.supervisor.straggler_judge import STALE_S, StragglerJudge
 
@@ -34,6 +36,9 @@ class _Link:
 
     def add(self, key: str, amount: int) -> int:
         return self.store.add(key, amount)
+
+    def append(self, key: str, value: str) -> None:
+        self.store.append(key, value)
 
 
 class _Node:
@@ -63,6 +68,8 @@ def _judge(store, nnodes=2, spares=0, action="report", slot=0):
     job_store = JobStore(cfg)
     job_store.link = _Link(store)
     node = _Node()
+    sealer = Sealer(bytes(range(32)), 0)
+    job_store.roles = NodeRoles(cfg, job_store.link, node.emit, lambda: sealer)  # type: ignore[arg-type]
     return StragglerJudge(job_store, node), node
 
 
