@@ -1,10 +1,15 @@
-"""What sealing control values costs: the MAC itself, and the stop flag against a real store.
+"""What sealing control values costs: the MAC itself, the stop flag and sealed lists
+against a real store.
 
 * ``seal`` and ``unseal`` of a stop request (HMAC-SHA256 over key, run and payload): what a
   supervisor spends per sealed write and per read.
 * ``StopFlag.write`` and ``StopFlag.read`` against a real torch ``TCPStore`` on loopback
   (with ``--forged`` forged generations ahead, as a forger could leave them), next to one
   plain ``set`` and ``get`` of the same request unsealed: what a stop costs now.
+
+* ``count_up`` of a sealed list (the restart budget, nodes ready: append, read, check
+  every entry) with ``--entries`` entries in it already, next to the plain ``add`` it
+  replaces: what a restart's budget and ready counts cost now.
 
 No training step seals anything: the stop flag is written once per stop, read once per
 failed child (``_stopped_by_another_node``), so the per-step cost is zero and the cost per
@@ -26,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from free_ports import free_ports  # noqa: E402
 
-from nvrx.store.seal import new_secret, seal, unseal  # noqa: E402
+from nvrx.store import sealed_keys  # noqa: E402
+from nvrx.store.seal import Sealer, new_secret, seal, unseal  # noqa: E402
 from nvrx.supervisor.config import StopRequest  # noqa: E402
 from nvrx.supervisor.stop_flag import StopFlag  # noqa: E402
 
@@ -42,6 +48,9 @@ class _Link:
 
     def compare_set(self, key: str, expected: str, desired: str) -> str:
         return self.store.compare_set(key, expected, desired).decode()
+
+    def append(self, key: str, value: str) -> None:
+        self.store.append(key, value)
 
 
 def _median_us(action, repeats: int) -> float:
@@ -95,11 +104,35 @@ def store_us(repeats: int, forged: int) -> dict[str, float]:
     }
 
 
+def list_us(repeats: int, entries: int) -> tuple[float, float]:
+    """Median µs of one ``count_up`` on a sealed list holding ``entries``, and of a plain add."""
+    import torch.distributed as dist
+
+    port = free_ports(1)[0]
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=30))  # fmt: skip
+    sealer = Sealer(bytes.fromhex(new_secret()), 0)
+    sealed, plain = [], []
+    for i in range(repeats):
+        link = _Link(dist.PrefixStore(f"list{i}/", server))
+        for _ in range(entries):
+            sealed_keys.count_up(link, sealer, "count", 0)
+        start = time.perf_counter_ns()
+        assert sealed_keys.count_up(link, sealer, "count", 0) == entries + 1
+        sealed.append((time.perf_counter_ns() - start) / 1000)
+        start = time.perf_counter_ns()
+        link.store.add("plain", 1)
+        plain.append((time.perf_counter_ns() - start) / 1000)
+    return statistics.median(sealed), statistics.median(plain)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=200, help="timed repeats (default 200)")
     parser.add_argument("--forged", type=int, nargs="+", default=[0, 10],
                         help="forged generations ahead of the stop (default 0 10)")  # fmt: skip
+    parser.add_argument("--entries", type=int, nargs="+", default=[0, 10, 100],
+                        help="entries already in a sealed list (default 0 10 100)")  # fmt: skip
     args = parser.parse_args()
     if args.repeats < 1 or min(args.forged) < 0:
         parser.error(f"--repeats must be >= 1 and --forged >= 0, got {args.repeats}, {args.forged}")
@@ -109,6 +142,9 @@ def main() -> None:
         r = store_us(args.repeats, forged)
         print(f"{forged:3d} forged ahead: stop write {r['write']:.0f} µs, read {r['read']:.0f} µs "
               f"(a plain set + get of the same request: {r['plain']:.0f} µs)")  # fmt: skip
+    for entries in args.entries:
+        sealed, plain = list_us(max(args.repeats // 4, 1), entries)
+        print(f"{entries:3d} entries: sealed count_up {sealed:.0f} µs (a plain add: {plain:.0f} µs)")
 
 
 if __name__ == "__main__":

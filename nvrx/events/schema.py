@@ -197,8 +197,8 @@ KINDS: dict[str, dict[str, str]] = {
     },
     "rejected_write": {
         "key": "the store key whose value was refused",
-        "reason": "why: no valid seal (not written by this job's supervisors in this run: "
-        "forged, or replayed from another key or run)",
+        "reason": "why: no valid seal (not written by this job's processes in this run: "
+        "forged, or replayed from another key, round or run)",
         "value_bytes": "length of the refused value (the value itself is not recorded)",
     },
     "straggler": {

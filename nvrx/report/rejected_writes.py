@@ -1,9 +1,10 @@
 """Rejected writes: control values in the store that no process of the job wrote.
 
-The supervisor that hosts the job's store records a ``rejected_write`` event for each value
-of a sealed control key (the stop flag) whose seal did not verify: forged by a process
-without the job's secret, or replayed from another key or run. The job acted on none of
-them; the report lists them, as a sign that something else reaches the job's store.
+One process of the job (``docs/security.md`` names which, key by key) records a
+``rejected_write`` event for each value of a sealed control key whose seal did not verify:
+forged by a process without the job's secret, or replayed from another key, round or run.
+The job acted on none of them; the report lists them, as a sign that something else
+reaches the job's store.
 """
 
 from __future__ import annotations

@@ -34,13 +34,18 @@ DEFAULT_NODE_TIMEOUT_S = 5.0
 KEY_PREFIX = "nvrx_supervisor/"
 #: ``--ft-restart-policy`` values (``job_restart``).
 RESTART_POLICIES = ("auto", "any-failed", "min-healthy")
+#: Every key below is sealed with the job's secret (``nvrx.store.sealed_keys``).
+#: Sealed chain of stop requests (``stop_flag``).
 STOP_KEY = KEY_PREFIX + "stop"
+#: Sealed count: restarts spent from the job-wide budget.
 RESTARTS_KEY = KEY_PREFIX + "restarts"
+#: Sealed count: training nodes whose children all ended.
 NODES_DONE_KEY = KEY_PREFIX + "nodes_done"
+#: Sealed chain set when every training node is done: waiting spares leave.
 ALL_DONE_KEY = KEY_PREFIX + "all_done"
-#: Counter: slots that ended (left, or were declared lost).
+#: Sealed count: slots that ended (left, or were declared lost).
 ENDED_KEY = KEY_PREFIX + "ended"
-#: Set when every slot but the store host's has ended: it may take the store down.
+#: Sealed chain set when every slot but the store host's has ended: it may take the store down.
 ALL_ENDED_KEY = KEY_PREFIX + "all_ended"
 
 

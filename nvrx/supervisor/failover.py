@@ -275,9 +275,9 @@ class Failover:
             store.link.wait_ready()
             if store.stop is not None:
                 store.stop.watch(store.link)
-            if store.service is not None:
-                store.link.watch(ALL_ENDED_KEY)
             self._roles.relink(store.config, store.link, address.slot)
+            if store.service is not None:
+                self._roles.watch_chain(ALL_ENDED_KEY)
         except StoreLinkError as exc:
             log.error("cannot use the successor store %s:%s: %s", address.host, address.port, exc)
             return False

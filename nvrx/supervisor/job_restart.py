@@ -4,9 +4,9 @@ A plain script's ranks cannot go on when one of them fails: the others block
 in a collective with it. So under ``any-failed`` one failure restarts every
 rank of every node together, as one restart of the job:
 
-1. the supervisor that sees a failure claims restart ``e`` (an atomic add in
-   the store; only the first claim of ``e`` counts), takes one unit of the
-   budget through the restart policy (loop breaker included) and announces
+1. the supervisor that sees a failure claims restart ``e`` (a sealed list in
+   the store: only the first claim of ``e`` that unseals counts), takes one unit
+   of the budget through the restart policy (loop breaker included) and announces
    ``e``; a failure on another node of the same epoch finds the claim taken
    and only follows;
 2. every supervisor, told of ``e`` by its watch, stops its children (SIGTERM,
@@ -17,6 +17,13 @@ rank of every node together, as one restart of the job:
    them opens a new generation at once instead of asking a job that no
    longer runs to take it back): no old process is left to meet a new one in
    ``init_process_group``'s rendezvous.
+
+Every key of it is sealed with the job's secret (``nvrx.store.sealed_keys``): the claim
+and the count of nodes ready are sealed lists, the announcement and the go-ahead sealed
+chains; the supervisor that hosts the store records a value rejected there as a
+``rejected_write`` event. A client without the secret can neither restart the job, nor
+let nodes start again before every node is ready, nor take the restart from the node
+that claimed it.
 
 ``min-healthy`` restarts only the failed rank (the Wrapper's way: its peers
 restart in-process and wait for the replacement). ``auto`` (the default) takes
@@ -36,6 +43,9 @@ from typing import Any
 from nvrx import jobenv
 from nvrx.events.failures import NODE_LOST_SIGNATURE
 from nvrx.rank_beats import RankBeats
+from nvrx.store import sealed_keys
+from nvrx.store.seal import Sealer
+from nvrx.store.sealed_keys import SealedChain
 
 from .children import ExitStatus
 from .config import KEY_PREFIX, SupervisorConfig
@@ -44,7 +54,7 @@ from .job_store import JobStore
 from .local_ranks import LocalRanks
 from .node_control import NodeControl
 from .policy import Decision, LastFault, RestartPolicy, root_cause_line
-from .store_link import StoreLink
+from .store_link import StoreLink, StoreLinkError
 from .workload_control import WorkloadControl
 
 log = logging.getLogger(__name__)
@@ -86,12 +96,29 @@ class JobRestart:
         self.epoch = 0  # job-wide restarts this node has taken part in
         self.pending: int | None = None  # the epoch being restarted now, until the children start
         self._ready: int | None = None  # the last epoch this node counted itself ready for
+        self._announced: SealedChain | None = None  # the next epoch's announcement, watched
+        self._go: SealedChain | None = None  # the pending epoch's go-ahead, watched
 
     @property
     def _link(self) -> StoreLink:
         link = self.store.link
         assert link is not None  # every call comes from the store's messages or a decision
         return link
+
+    @property
+    def _sealer(self) -> Sealer:
+        sealer = self.store.sealer
+        if sealer is None:
+            raise StoreLinkError("the job's secret is not known yet: no restart can be agreed")
+        return sealer
+
+    def _claim(self, epoch: int) -> bool:
+        """Claim restart ``epoch`` for this slot; True when this claim is the first valid one."""
+        slot = self.store.config.node_rank
+        return sealed_keys.claim(self._link, self._sealer, _key(epoch, "claim"), slot)
+
+    def _announce(self, epoch: int, cause: dict[str, Any]) -> None:
+        SealedChain(_key(epoch, "begin"), self._sealer).write(self._link, json.dumps(cause))
 
     def job_wide(self, pid: int) -> bool:
         """Whether the failure of child ``pid`` restarts the whole job."""
@@ -110,14 +137,15 @@ class JobRestart:
 
     def watch(self) -> None:
         """Be told of the next job-wide restart."""
-        self._link.watch(_key(self.epoch + 1, "begin"))
+        self._announced = SealedChain(_key(self.epoch + 1, "begin"), self._sealer)
+        self._announced.watch(self._link)
 
     def failure(self, local_rank: int, status: ExitStatus, fault: LastFault | None) -> None:
         """A child failed under a job-wide policy: claim the next restart, or follow the claim."""
         if self.pending is not None:
             return  # it ended with the restart under way
         epoch = self.epoch + 1  # (store errors reach the caller, which handles the store's loss)
-        if self._link.add(_key(epoch, "claim"), 1) != 1:
+        if not self._claim(epoch):
             # Another failure of this epoch claimed it: restart now, without waiting for its
             # announcement (this node's loop must not end meanwhile). If that claim stops
             # the job instead, the stop request ends the wait.
@@ -138,7 +166,7 @@ class JobRestart:
             control.request_stop(verdict.reason, verdict.exit_code, broadcast=True)
             return
         cause = {"rank": rank, "node": control.node_rank, "signature": verdict.signature}
-        self._link.set(_key(epoch, "begin"), json.dumps(cause))
+        self._announce(epoch, cause)
         self._begin(epoch, cause)  # here at once: the loop must not end meanwhile
 
     def restart_for_lost_node(self, node_rank: int | None, leaving: bool = False) -> None:
@@ -161,25 +189,37 @@ class JobRestart:
         if not all(self.job_wide(child.pid) for child in children.values()):
             return  # Wrapper ranks restart in-process and wait for the spare's
         epoch = self.epoch + 1
-        if self._link.add(_key(epoch, "claim"), 1) != 1:
+        if not self._claim(epoch):
             self._begin(epoch, None)  # another slot (or a failure) claimed it first
             return
         rank = self.store.config.rank(0, node_rank)
         cause = {"rank": rank, "node": node_rank, "signature": NODE_LOST_SIGNATURE}
-        self._link.set(_key(epoch, "begin"), json.dumps(cause))
+        self._announce(epoch, cause)
         self._begin(epoch, cause)
 
     def on_message(self, message: dict[str, Any]) -> bool:
         """Act on a job-restart announcement or go-ahead; False for other messages."""
-        key = message.get("key")
-        begin, go = _key(self.epoch + 1, "begin"), _key(self.epoch + 1, "go")
-        if key == begin and self.pending is None:
-            self._begin(self.epoch + 1, message.get("value"))
+        key, value = message.get("key"), str(message.get("value", ""))
+        for chain in (self._announced, self._go):
+            if chain is None or not chain.owns(key):
+                continue
+            seen = chain.on_value(str(key), value)
+            if seen.payload is None:
+                self._rejected(chain, str(key), value, str(seen.rejected))
+            elif chain is self._announced and self.pending is None:
+                self._begin(self.epoch + 1, seen.payload)
+            elif chain is self._go and self.pending is not None:
+                self._start_again()
             return True
-        if key == go and self.pending is not None:
-            self._start_again()
-            return True
-        return key in (begin, go)
+        return False
+
+    def _rejected(self, chain: SealedChain, key: str, value: str, reason: str) -> None:
+        """A forged value in a watched chain: recorded once (by the store's host), watched past."""
+        if self.store.service is not None:
+            size = len(value.encode(errors="replace"))
+            self.control.emit("rejected_write", key=key, reason=reason, value_bytes=size)
+        log.warning("rejected a value of %s: %s", key, reason)
+        chain.watch(self._link)
 
     def _begin(self, epoch: int, cause: object) -> None:
         if self.course.stopping:
@@ -188,7 +228,8 @@ class JobRestart:
         self.course.to(Course.RESTARTING)
         self.control.emit("job_restart", epoch=epoch, phase="stopping", cause=_parse(cause))
         log.warning("job-wide restart %d: stopping this node's children", epoch)
-        self._link.watch(_key(epoch, "go"))
+        self._go = SealedChain(_key(epoch, "go"), self._sealer)
+        self._go.watch(self._link)
         for child in self.ranks.running():
             child.signal_group(signal.SIGTERM)
         self.control.kill_at = time.monotonic() + self.store.config.grace_period
@@ -202,13 +243,14 @@ class JobRestart:
             return
         self._ready = epoch
         self.control.kill_at = None
-        ready = self._link.add(_key(epoch, "ready"), 1)
+        slot = self.store.config.node_rank
+        ready = sealed_keys.count_up(self._link, self._sealer, _key(epoch, "ready"), slot)
         # every slot still in the job counts itself ready (a waiting spare too, at once)
         roles = self.store.roles
         nodes = len(roles.running_slots()) if roles is not None else self.store.config.nnodes
         self.control.emit("job_restart", epoch=epoch, phase="ready", ready=ready, nodes=nodes)
         if ready >= nodes:
-            self._link.set(_key(epoch, "go"), "1")
+            SealedChain(_key(epoch, "go"), self._sealer).write(self._link, "1")
 
     def _start_again(self) -> None:
         epoch = self.pending

@@ -8,8 +8,10 @@ never hold a stale link or address.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
+from nvrx.store import sealed_keys
 from nvrx.store.seal import Sealer
 from nvrx.store.service import StoreService
 
@@ -32,6 +34,9 @@ class JobStore:
     lost_slot: int = 0  # the slot that hosted it before the last failover
     relinks: int = 0  # times the link was aimed at another store: the main loop re-registers it
     stop: StopFlag | None = None  # the job's stop flag, once the job's secret is known
+    #: Records a value refused for its seal: (key, reason, size) -> the supervisor's event.
+    rejected: Callable[[str, str, int], None] | None = None
+    _told: set[tuple[str, int]] = field(default_factory=set)  # (key, hash of value) told once
 
     @property
     def sealer(self) -> Sealer | None:
@@ -43,8 +48,35 @@ class JobStore:
         """A link that was started and has not lost its store."""
         return self.link is not None and self.link.lost is None
 
-    def spend_restart(self) -> int:
-        """Count one restart in the job-wide budget; the count so far."""
+    def _known_sealer(self) -> Sealer:
+        if self.sealer is None:
+            raise StoreLinkError("the job's secret is not known yet: no control value can be sealed")
+        return self.sealer
+
+    def set_sealed(self, key: str, payload: str) -> None:
+        """Set ``key`` to ``payload`` sealed for it (a value polled, not watched)."""
         if self.link is None:
             raise StoreLinkError("no store link")
-        return self.link.add(RESTARTS_KEY, 1)
+        self.link.set(key, self._known_sealer().seal(key, payload))
+
+    def get_sealed(self, key: str, tell: bool = True) -> str | None:
+        """The payload ``key`` holds if the job sealed it, else None (not set, or refused:
+        each refused value is told once, through ``rejected``, when ``tell``)."""
+        if self.link is None:
+            raise StoreLinkError("no store link")
+        value = self.link.get(key)
+        if value is None:
+            return None
+        payload = self._known_sealer().unseal(key, value)
+        seen = (key, hash(value))
+        if payload is None and tell and self.rejected is not None and seen not in self._told:
+            self._told.add(seen)
+            self.rejected(key, sealed_keys.NO_VALID_SEAL, len(value.encode(errors="replace")))
+        return payload
+
+    def spend_restart(self) -> int:
+        """Count one restart in the job-wide budget (a sealed list: a client without the
+        job's secret cannot spend it); the count so far."""
+        if self.link is None:
+            raise StoreLinkError("no store link")
+        return sealed_keys.count_up(self.link, self._known_sealer(), RESTARTS_KEY, self.config.node_rank)

@@ -9,8 +9,8 @@ never with ranks.
 
 A slot's end is decided once, by its *claim*: a sealed list (``nvrx.store.seal``) to which
 the slot itself appends when it leaves cleanly, and a supervisor that found it silent
-when it declares it lost; the first entry that unseals wins (``claim_entry``,
-``claims``). An entry a client without the job's secret appended is skipped: it neither
+when it declares it lost; the first entry that unseals wins (``nvrx.store.sealed_keys``;
+``claims`` reads one). An entry a client without the job's secret appended is skipped: it neither
 ends a healthy slot nor keeps a lost one from being declared. Whoever declared the slot
 lost then adds ``FENCE`` to its ``alive`` counter; the slot's next beat shows it, and the
 slot reads its claim to learn whether a valid declaration stands behind it.
@@ -18,15 +18,12 @@ slot reads its claim to learn whether a valid declaration stands behind it.
 
 from __future__ import annotations
 
-import json
-import secrets
-
 from nvrx.store.seal import SealedList, Sealer
 
 from .config import KEY_PREFIX
 
 PREFIX = KEY_PREFIX + "node/"
-#: Counter: node ranks lost with no spare to take them over (the job shrank by as many).
+#: Sealed count: node ranks lost with no spare to take them over (the job shrank by as many).
 SHRUNK = PREFIX + "shrunk"
 
 
@@ -47,13 +44,6 @@ def claim(slot: int) -> str:
     return f"{PREFIX}claim/{slot}"
 
 
-def claim_entry(sealer: Sealer, slot: int, by: int) -> tuple[str, str]:
-    """An entry claiming the end of ``slot`` for slot ``by``, to append to ``claim(slot)``;
-    and its payload, which ``claims(...).first`` equals when this entry won."""
-    payload = json.dumps({"by": by, "nonce": secrets.token_hex(8)}, separators=(",", ":"))
-    return sealer.entry(claim(slot), payload), payload
-
-
 def claims(sealer: Sealer, slot: int, value: str | None) -> SealedList:
     """The claim of ``slot`` as read (``value``; None: not set): its entries that unseal,
     the first deciding, and the fragments that do not."""
@@ -61,33 +51,34 @@ def claims(sealer: Sealer, slot: int, value: str | None) -> SealedList:
 
 
 def info(slot: int) -> str:
-    """JSON about the slot: host, SLURM node name, supervisor pid, the node rank it holds."""
+    """Sealed JSON about the slot: host, SLURM node name, supervisor pid, the node rank it holds."""
     return f"{PREFIX}info/{slot}"
 
 
 def done(slot: int) -> str:
-    """Set when the slot's children all ended: a loss after that costs the job nothing."""
+    """Sealed chain set when the slot's children all ended: a loss after that costs nothing."""
     return f"{PREFIX}done/{slot}"
 
 
 def spare_taken(slot: int) -> str:
-    """Counter whose first increment gives spare ``slot`` to one lost node rank."""
+    """Sealed list whose first valid entry gives spare ``slot`` to one lost node rank."""
     return f"{PREFIX}spare_taken/{slot}"
 
 
 def assign(slot: int) -> str:
-    """Set for spare ``slot``: JSON with the node rank it takes over and the lost slot."""
+    """Sealed chain for spare ``slot``: JSON with the node rank it takes over and the lost
+    slot, written by the supervisor that took the spare; the spare watches it."""
     return f"{PREFIX}assign/{slot}"
 
 
 def step_times(slot: int) -> str:
-    """JSON the slot's supervisor rewrites every ``step_times.PUBLISH_S`` while its ranks
+    """Sealed JSON the slot's supervisor rewrites every ``step_times.PUBLISH_S`` while its ranks
     record steps: its node rank, host, and for each of its ranks whose window is full
     ``[steps recorded, median step time]``. Read by the supervisor that hosts the store."""
     return f"{PREFIX}steps/{slot}"
 
 
-#: JSON the store's host writes when it asks nodes named stragglers to leave the job
+#: Sealed JSON the store's host writes when it asks nodes named stragglers to leave the job
 #: (``--straggler-action exclude``, a spare free): ``{"exclude": [slots]}``. Every
 #: supervisor reads it after publishing its step times; a slot listed leaves.
 STRAGGLERS = PREFIX + "stragglers"

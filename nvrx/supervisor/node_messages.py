@@ -2,8 +2,9 @@
 
 ``node_silent``: declare the slot lost (``NodeRoles.declare``) and stop the
 job when no spare is left below ``--min-nodes``; ``fenced``: this node was
-declared lost while it stalled, so its children end now; an assignment: this
-spare takes over a lost node rank and starts its children as replacements
+declared lost while it stalled, so its children end now; the values of the sealed
+chains the slot watches (``NodeRoles.on_chain_value``: one that does not unseal is
+recorded and watched past), an assignment: this spare takes over a lost node rank and starts its children as replacements
 (restart count 1), which rejoin the running job; ``all_done``: a spare that
 was never needed leaves; ``all_ended`` (node 0): every other slot has ended, whenever
 that came (the wait at the end of node 0's run reads the flag).
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nvrx import jobenv
+from nvrx.store.sealed_keys import ChainValue
 
 from . import node_keys, store_failover
 from .config import ALL_DONE_KEY, ALL_ENDED_KEY
@@ -67,16 +69,25 @@ class NodeMessages:
             self._node_silent(message)
         elif event == "fenced":
             self.fenced()
-        elif roles is not None and key == node_keys.assign(roles.slot):
-            self._take_over(message.get("value"))
-        elif key == ALL_DONE_KEY:
-            if self.course.state is Course.SPARE:  # every training node finished: no rank to take
-                self.course.to(Course.FINISHING)
-        elif key == ALL_ENDED_KEY:
-            self.all_ended = True
+        elif roles is not None and roles.chain_value(key) is not None:
+            self._on_chain(roles.on_chain_value(str(key), str(message.get("value", ""))))
         else:
             return False
         return True
+
+    def _on_chain(self, seen: tuple[str, ChainValue] | None) -> None:
+        """A watched sealed chain holds a value (one rejected was recorded and watched past)."""
+        roles = self.store.roles
+        if seen is None or seen[1].payload is None or roles is None:
+            return
+        base, payload = seen[0], seen[1].payload
+        if base == node_keys.assign(roles.slot):
+            self._take_over(payload)
+        elif base == ALL_DONE_KEY:
+            if self.course.state is Course.SPARE:  # every training node finished: no rank to take
+                self.course.to(Course.FINISHING)
+        elif base == ALL_ENDED_KEY:
+            self.all_ended = True
 
     def _node_silent(self, message: dict[str, Any]) -> None:
         if self.fence_if_superseded():

@@ -5,9 +5,13 @@ this slot and reports a watched slot that fell silent (``node_watch``); the
 supervisor then declares it lost here, once for the whole job (the first
 increment of the slot's claim counter wins), and decides what the job does:
 
-Every read of a slot's end goes through its claim (``node_keys.claims``): only an entry
-sealed with the job's secret ends a slot, so a client without it can neither declare a
-healthy node lost nor hide a lost one.
+Every key here that steers the job is sealed with the job's secret
+(``nvrx.store.sealed_keys``): a slot's end, a spare taken, the count of nodes the job
+shrank by, of nodes done and ended are sealed lists; a spare's assignment and the flags
+"every training node is done" and "every other slot ended" are sealed chains, whose
+watchers record a value they reject as a ``rejected_write`` event. A client without the
+secret can neither declare a healthy node lost, nor hide a lost one, nor hand a spare a
+node rank, nor end the job's waits.
 
 1. **spare**: the lowest free spare slot that is still alive takes the lost
    node rank (spares are handed out by one atomic counter each, so two losses
@@ -35,7 +39,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from nvrx.slurm import commands
+from nvrx.store import sealed_keys
 from nvrx.store.seal import Sealer
+from nvrx.store.sealed_keys import ChainValue, SealedChain
 
 from . import node_keys
 from .config import ALL_DONE_KEY, ALL_ENDED_KEY, ENDED_KEY, NODES_DONE_KEY, SupervisorConfig
@@ -77,6 +83,7 @@ class NodeRoles:
         self.left = False
         self.store_slot = 0  # the slot hosting the store: its end is not counted in ENDED
         self.probes = NodeProbes(emit)  # does a lost node still answer SLURM?
+        self._watched: dict[str, SealedChain] = {}  # sealed chains this slot waits on
 
     @property
     def enabled(self) -> bool:
@@ -93,8 +100,60 @@ class NodeRoles:
             self.slot, cfg.nnodes, cfg.node_heartbeat, cfg.node_timeout, cfg.store_timeout
         )
         if self.node_rank is None:
-            self.link.watch(node_keys.assign(self.slot))
-            self.link.watch(ALL_DONE_KEY)
+            self.watch_chain(node_keys.assign(self.slot))
+            self.watch_chain(ALL_DONE_KEY)
+
+    # -- sealed keys ----------------------------------------------------------------
+    def _known_sealer(self) -> Sealer:
+        sealer = self._sealer()
+        if sealer is None:
+            raise StoreLinkError("the job's secret is not known yet: no control key can be sealed")
+        return sealer
+
+    def _chain(self, base: str) -> SealedChain:
+        return SealedChain(base, self._known_sealer())
+
+    def watch_chain(self, base: str) -> None:
+        """Wait on the sealed chain at ``base`` (``chain_value`` tells what it holds)."""
+        chain = self._watched[base] = self._chain(base)
+        chain.watch(self.link)
+
+    def chain_value(self, key: object) -> tuple[str, SealedChain] | None:
+        """The base and chain of a watched chain that owns ``key``; None for other keys."""
+        for base, chain in self._watched.items():
+            if chain.owns(key):
+                return base, chain
+        return None
+
+    def on_chain_value(self, key: str, value: str) -> tuple[str, ChainValue] | None:
+        """What watched ``key`` holds: its chain's base and payload; a value rejected is
+        recorded (``rejected_write``, by the slot that stands for its watchers) and the watch
+        moves on. None when ``key`` is no watched chain's."""
+        found = self.chain_value(key)
+        if found is None:
+            return None
+        base, chain = found
+        seen = chain.on_value(key, value)
+        if seen.payload is None:
+            if base != ALL_DONE_KEY or self.slot == self.cfg.active_nodes:  # the lowest spare
+                self._emit("rejected_write", key=key, reason=seen.rejected,
+                           value_bytes=len(value.encode(errors="replace")))  # fmt: skip
+            log.warning("rejected a value of %s: %s", key, seen.rejected)
+            chain.watch(self.link)
+        return base, seen
+
+    def _count_up(self, key: str) -> int:
+        return sealed_keys.count_up(self.link, self._known_sealer(), key, self.slot)
+
+    def _count(self, key: str) -> int:
+        return sealed_keys.count(self.link, self._known_sealer(), key)
+
+    def _set_flag(self, base: str) -> None:
+        self._chain(base).write(self.link, "1")
+
+    def flag_set(self, base: str) -> bool:
+        """Whether the sealed flag at ``base`` was set by the job."""
+        return self._chain(base).read(self.link) is not None
 
     def _publish_info(self) -> None:
         info = {
@@ -103,7 +162,8 @@ class NodeRoles:
             "pid": os.getpid(),
             "node_rank": self.node_rank,
         }
-        self.link.set(node_keys.info(self.slot), json.dumps(info))
+        key = node_keys.info(self.slot)
+        self.link.set(key, self._known_sealer().seal(key, json.dumps(info)))
 
     # -- a lost slot ----------------------------------------------------------------
     def relink(self, cfg: SupervisorConfig, link: StoreLink, store_slot: int) -> None:
@@ -150,7 +210,7 @@ class NodeRoles:
     def _decide(self, slot: int, host: str | None, node_rank: int | None, fresh: bool) -> Loss:
         if node_rank is None:
             return Loss(slot, host, None, "none", None, self._training_nodes(), "a spare was lost")
-        if self.link.get(node_keys.done(slot)) or self.link.get(ALL_DONE_KEY):
+        if self.flag_set(node_keys.done(slot)) or self.flag_set(ALL_DONE_KEY):
             reason = "its training had ended: nothing to replace"
             return Loss(slot, host, node_rank, "none", None, self._training_nodes(), reason)
         spare = self._take_spare()
@@ -161,10 +221,10 @@ class NodeRoles:
                 "declared_wall": time.time(),
                 "fresh": fresh,
             }
-            self.link.set(node_keys.assign(spare), json.dumps(assignment))
+            self._chain(node_keys.assign(spare)).write(self.link, json.dumps(assignment))
             reason = f"spare slot {spare} takes over node rank {node_rank}"
             return Loss(slot, host, node_rank, "spare", spare, self._training_nodes(), reason)
-        remaining = self.cfg.active_nodes - self.link.add(node_keys.SHRUNK, 1)
+        remaining = self.cfg.active_nodes - self._count_up(node_keys.SHRUNK)
         if remaining >= self.cfg.least_nodes:
             reason = f"no spare left: the job goes on with {remaining} nodes"
             return Loss(slot, host, node_rank, "shrink", None, remaining, reason)
@@ -176,20 +236,22 @@ class NodeRoles:
     def _take_spare(self) -> int | None:
         """The lowest spare slot that is alive and not taken yet, now taken; None when none is."""
         for spare in self._alive_spares():
-            if self.link.add(node_keys.spare_taken(spare), 1) == 1:
+            if sealed_keys.claim(self.link, self._known_sealer(), node_keys.spare_taken(spare), self.slot):
                 return spare
         return None
 
     def _info(self, slot: int) -> dict[str, Any]:
         try:
-            info = json.loads(self.link.get(node_keys.info(slot)) or "{}")
+            key = node_keys.info(slot)
+            value = self.link.get(key)
+            info = json.loads(self._known_sealer().unseal(key, value) or "{}") if value else {}
         except ValueError:
             info = {}
         return info if isinstance(info, dict) else {}
 
     def _held_node_rank(self, slot: int, info: dict[str, Any]) -> int | None:
         """The node rank ``slot`` held: its own, or the one it was assigned as a spare."""
-        assigned = self.link.get(node_keys.assign(slot))
+        assigned = self._chain(node_keys.assign(slot)).read(self.link)
         if assigned:
             return int(json.loads(assigned)["node_rank"])
         if slot >= self.cfg.active_nodes:
@@ -214,14 +276,13 @@ class NodeRoles:
         """Whether ``slot``'s claim holds a valid entry: it left, or was declared lost.
         (Before the job's secret is known, nothing can have ended: the claims need it.)"""
         sealer = self._sealer()
-        if sealer is None:
-            return False
-        return bool(node_keys.claims(sealer, slot, self.link.get(node_keys.claim(slot))).valid)
+        return sealer is not None and sealed_keys.claimed(self.link, sealer, node_keys.claim(slot))
 
     def free_spares(self) -> int:
         """How many spare slots are alive and not taken yet (nothing is taken here)."""
+        sealer = self._known_sealer()
         alive = self._alive_spares()
-        return sum(1 for spare in alive if self.link.add(node_keys.spare_taken(spare), 0) == 0)
+        return sum(1 for s in alive if not sealed_keys.claimed(self.link, sealer, node_keys.spare_taken(s)))
 
     def _alive_spares(self) -> Iterator[int]:
         """The spare slots, lowest first, that have not ended nor been lost themselves."""
@@ -229,14 +290,9 @@ class NodeRoles:
             if not self.ended(spare):
                 yield spare
 
-    def _known_sealer(self) -> Sealer:
-        sealer = self._sealer()
-        if sealer is None:
-            raise StoreLinkError("the job's secret is not known yet: no slot's end can be claimed")
-        return sealer
 
     def _training_nodes(self) -> int:
-        return self.cfg.active_nodes - self.link.add(node_keys.SHRUNK, 0)
+        return self.cfg.active_nodes - self._count(node_keys.SHRUNK)
 
     # -- ends of slots ------------------------------------------------------------------
     def _end(self, slot: int) -> bool:
@@ -245,16 +301,13 @@ class NodeRoles:
             return False
         if slot != self.slot:  # declared lost: its own next beat shows it (node_watch)
             self.link.add(node_keys.alive(slot), node_keys.FENCE)
-        if slot != self.store_slot and self.link.add(ENDED_KEY, 1) >= self.cfg.nnodes - 1:
-            self.link.set(ALL_ENDED_KEY, "1")  # every slot but the store host's
+        if slot != self.store_slot and self._count_up(ENDED_KEY) >= self.cfg.nnodes - 1:
+            self._set_flag(ALL_ENDED_KEY)  # every slot but the store host's
         return True
 
     def _claim(self, slot: int) -> bool:
         """Append this slot's claim on the end of ``slot``; True when it is the first valid one."""
-        sealer, key = self._known_sealer(), node_keys.claim(slot)
-        entry, mine = node_keys.claim_entry(sealer, slot, self.slot)
-        self.link.append(key, entry)
-        return node_keys.claims(sealer, slot, self.link.get(key)).first == mine
+        return sealed_keys.claim(self.link, self._known_sealer(), node_keys.claim(slot), self.slot)
 
     def leave(self) -> bool:
         """This slot ends cleanly; False when the others had declared it lost already."""
@@ -265,13 +318,13 @@ class NodeRoles:
 
     def node_done(self) -> None:
         """This node's children all ended: count it; the last training node sets ALL_DONE."""
-        self.link.set(node_keys.done(self.slot), "1")
-        self.link.add(NODES_DONE_KEY, 1)
+        self._set_flag(node_keys.done(self.slot))
+        self._count_up(NODES_DONE_KEY)
         self._check_all_done()
 
     def _check_all_done(self) -> None:
-        if self.link.add(NODES_DONE_KEY, 0) >= self._training_nodes():
-            self.link.set(ALL_DONE_KEY, "1")
+        if self._count(NODES_DONE_KEY) >= self._training_nodes():
+            self._set_flag(ALL_DONE_KEY)
 
     # -- a spare takes over -------------------------------------------------------------
     def take_over(self, value: str | None) -> dict[str, Any]:

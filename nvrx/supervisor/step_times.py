@@ -107,14 +107,14 @@ class StepTimes:
             "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
             "ranks": {str(r): [self.counts[r], m] for r, m in sorted(medians.items())},
         }
-        key = node_keys.step_times(self.store.config.node_rank)
-        self.store.link.set(key, json.dumps(payload))  # type: ignore[union-attr]
+        self.store.set_sealed(node_keys.step_times(self.store.config.node_rank), json.dumps(payload))
 
     def _leave_if_excluded(self) -> None:
         if self.course.state is not Course.TRAINING:
             return
-        link, slot = self.store.link, self.store.config.node_rank
-        raw = link.get(node_keys.STRAGGLERS)  # type: ignore[union-attr]
+        slot = self.store.config.node_rank
+        # every node reads the list: the store's host, which wrote it, tells a forged one
+        raw = self.store.get_sealed(node_keys.STRAGGLERS, tell=self.store.service is not None)
         if raw is None or slot not in json.loads(raw).get("exclude", []):
             return
         # a spare taken meanwhile (a node lost): leaving now would shrink the job

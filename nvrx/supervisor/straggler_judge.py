@@ -86,9 +86,9 @@ class StragglerJudge:
             self._tell(change, view)
 
     def _read(self, now: float) -> _View:
-        view, link = _View(), self.store.link
+        view = _View()
         for slot in range(self.store.config.nnodes):
-            raw = link.get(node_keys.step_times(slot))  # type: ignore[union-attr]
+            raw = self.store.get_sealed(node_keys.step_times(slot))
             if raw is not None:
                 self._take(slot, json.loads(raw), now, view)
         stale = max(STALE_S, STALE_STEPS * max(view.medians.values(), default=0.0))
@@ -144,7 +144,7 @@ class StragglerJudge:
             return False
         self._excluded.add(slot)
         listed = json.dumps({"exclude": sorted(self._excluded)})
-        self.store.link.set(node_keys.STRAGGLERS, listed)  # type: ignore[union-attr]
+        self.store.set_sealed(node_keys.STRAGGLERS, listed)
         return True
 
 

@@ -171,6 +171,7 @@ class Supervisor:
         link = store.link = StoreLink(cfg.store_host, cfg.store_port, cfg.store_timeout).launch()
         store.service = launch_store(cfg)
         roles = store.roles = NodeRoles(cfg, link, self.emit, lambda: store.sealer)
+        store.rejected = self._rejected
         self._start_children()
         stop, later = await_store_or_stop(cfg, store.service, self.signals)
         if stop is not None:
@@ -202,7 +203,7 @@ class Supervisor:
                 self.store.stop.write(link, self._pending_stop)  # type: ignore[union-attr]
             self.job_restart.watch()
             if self.store.service is not None and self.config.nnodes > 1:
-                link.watch(ALL_ENDED_KEY)
+                roles.watch_chain(ALL_ENDED_KEY)
             roles.start()
         except StoreLinkError as exc:
             self.store_unavailable(exc)

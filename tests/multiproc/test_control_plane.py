@@ -11,7 +11,9 @@ declaration sealed with the job's secret but for another run: node 1 records one
 for each and trains on. A Wrapper job (the demo) gets a made-up fault record and a real
 one replayed from an earlier round, each with an interruption of its round: neither is
 read as a fault, each is one ``rejected_write`` event, and the job trains to the end at
-full size. After such
+full size. A plain script's job gets a forged restart claim, announcement, go-ahead and
+spent budget before a real failure: none restarts it, the real failure restarts it once,
+and the budget counts only that restart. After such
 forgeries a real stop (a node's supervisor gets SIGTERM) still stops every node. The job's
 secret appears in none of the events, logs, error files, supervisor outputs or the report.
 """
@@ -33,8 +35,10 @@ from nvrx import jobenv
 from nvrx.store import rounds
 from nvrx.store.faults import FaultRecord
 from nvrx.store.seal import Sealer, new_secret, seal
+from nvrx.store.sealed_keys import entry_payload, key_of
 from nvrx.store.wire import WireStore
 from nvrx.supervisor import node_keys
+from nvrx.supervisor.config import RESTARTS_KEY
 from nvrx.supervisor.job_secret import SECRET_FILE
 from nvrx.supervisor.stop_flag import StopFlag
 from tests.support.waiting import wait_until
@@ -60,6 +64,14 @@ def _environ(process: psutil.Process) -> str:
         return ""
 
 
+def _secret_file(process: psutil.Process) -> str | None:
+    """The ``$NVRX_JOB_SECRET_FILE`` ``process`` started with (None once it ended)."""
+    try:
+        return process.environ().get(jobenv.JOB_SECRET_FILE)
+    except psutil.Error:
+        return None
+
+
 def _secret(job: Job) -> str:
     return (job.log_dir / job.job_id / SECRET_FILE).read_text().strip()
 
@@ -81,7 +93,7 @@ def _forge(job: Job) -> list[str]:
 
 def _declare_node_1_lost(job: Job, store: WireStore, sealer: Sealer) -> None:
     """Declare slot 1 lost as a supervisor does (a claim, then a fence), sealed by ``sealer``."""
-    store.append(node_keys.claim(1), node_keys.claim_entry(sealer, 1, by=0)[0])
+    store.append(node_keys.claim(1), sealer.entry(node_keys.claim(1), entry_payload(0)))
     store.add(node_keys.alive(1), node_keys.FENCE)
 
 
@@ -157,6 +169,29 @@ def test_forged_and_replayed_fault_records_are_not_faults_and_the_job_trains_on(
     assert len(done) == 4, job.output()  # every rank of both nodes trained to the end
 
 
+def test_forged_restart_claims_neither_restart_the_job_nor_spend_or_block_a_real_one(tmp_path):
+    command = [*HEARTBEATS, "--steps", "60", "--step-time", "0.2", "--checkpoint-dir",
+               str(tmp_path / "ck"), "--fail", "3:30"]  # fmt: skip
+    job = Job(tmp_path, 2, 2, command, "--max-restarts", "2", "--grace-period", "2",
+              "--ft-safety-factor", "60")  # fmt: skip
+    wait_until("every rank to start", lambda: len(job.events("child_start")) == 4, 120)
+    store, forger = WireStore("127.0.0.1", job.store_port, timeout=10), Sealer(bytes(32), 0)
+    restart = "nvrx_supervisor/job_restart/1/"
+    store.append(restart + "claim", forger.entry(restart + "claim", entry_payload(1)))
+    for _ in range(3):  # the whole budget and more, as a node spends it
+        store.append(RESTARTS_KEY, forger.entry(RESTARTS_KEY, entry_payload(1)))
+    store.set(key_of(restart + "go", 1), "1")  # an early go-ahead, waiting for the restart
+    begin = key_of(restart + "begin", 1)
+    store.set(begin, json.dumps({"rank": 0, "node": 0, "signature": "forged"}))
+    assert job.wait(240) == [0, 0], job.output()
+    rejected = [e["key"] for e in job.events("rejected_write")]
+    assert sorted(rejected) == sorted([begin, key_of(restart + "go", 1)]), rejected
+    started = [e for e in job.events("job_restart") if e["phase"] == "started"]
+    assert sorted(e["node"] for e in started) == [0, 1] and {e["epoch"] for e in started} == {1}
+    [decision] = job.events("restart_decision")
+    assert decision["global_rank"] == 3 and decision["budget_left"] == 1, decision  # 1 of 2 spent
+
+
 def test_a_real_stop_after_forged_values_still_stops_every_node(tmp_path):
     job = _job(tmp_path, 2000)
     _forge(job)
@@ -179,7 +214,12 @@ def test_the_jobs_secret_is_in_no_file_it_leaves_and_its_folder_is_private(tmp_p
     started = [p for sup in job.procs for p in psutil.Process(sup.pid).children(recursive=True)]
     environments = [_environ(p) for p in started]
     assert len(environments) >= 6 and not [e for e in environments if secret in e]
+    # instead, each gets the path of an owner-only file that holds it
+    secret_files = {_secret_file(p) for p in started} - {None}
+    assert secret_files and all(stat.S_IMODE(os.stat(f).st_mode) == 0o600 for f in secret_files)
     assert job.wait(240) == [0, 0], job.output()
+    if given:  # the copy in each supervisor's runtime folder went with it
+        assert not [f for f in secret_files if os.path.exists(f)], secret_files
     job_dir = job.log_dir / job.job_id
     assert (job_dir / SECRET_FILE).exists() != given
     secret = secret if given else _secret(job)

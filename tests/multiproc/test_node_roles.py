@@ -3,18 +3,21 @@ the declaration decides when the lost node's training had already ended, or had 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from nvrx.store import rounds
+from nvrx.store import rounds, sealed_keys
 from nvrx.store.seal import Sealer
+from nvrx.store.sealed_keys import SealedChain
 from nvrx.store.service import StoreService
 from nvrx.supervisor import node_keys
 from nvrx.supervisor.config import ALL_DONE_KEY, SupervisorConfig, local_job
 from nvrx.supervisor.node_roles import NodeRoles
 from nvrx.supervisor.store_link import StoreLink
+from tests.support.waiting import wait_until
 
 SEALER = Sealer(bytes(range(32)), 0)
 
@@ -48,7 +51,7 @@ def _lost(slot: int) -> dict[str, Any]:
 def test_a_node_lost_after_its_training_ended_costs_nothing(link: StoreLink) -> None:
     events: list[dict[str, Any]] = []
     roles = _roles(link, events)  # no spare, no --min-nodes: a loss in training stops the job
-    link.set(node_keys.done(1), "1")
+    SealedChain(node_keys.done(1), SEALER).write(link, "1")
     loss = roles.declare(_lost(1))
     assert loss is not None
     assert (loss.action, loss.node_rank, loss.reason) == (
@@ -57,7 +60,7 @@ def test_a_node_lost_after_its_training_ended_costs_nothing(link: StoreLink) -> 
         "its training had ended: nothing to replace",
     )
     assert roles.declare(_lost(1)) is None  # once for the whole job
-    assert link.add(node_keys.SHRUNK, 0) == 0  # the job did not shrink, nor stop
+    assert sealed_keys.count(link, SEALER, node_keys.SHRUNK) == 0  # no shrink, nor stop
     assert link.get(rounds.GONE_LIST) == "2,3,"  # they will not come back: nobody waits for them
     assert [(e["kind"], e["lost_slot"], e["action"], e["ranks"]) for e in events] == [
         ("node_lost", 1, "none", [2, 3])
@@ -67,10 +70,10 @@ def test_a_node_lost_after_its_training_ended_costs_nothing(link: StoreLink) -> 
 def test_a_node_lost_after_the_whole_job_trained_costs_nothing(link: StoreLink) -> None:
     events: list[dict[str, Any]] = []
     roles = _roles(link, events)
-    link.set(ALL_DONE_KEY, "1")
+    SealedChain(ALL_DONE_KEY, SEALER).write(link, "1")
     loss = roles.declare(_lost(2))
     assert loss is not None and loss.action == "none"
-    assert link.add(node_keys.SHRUNK, 0) == 0
+    assert sealed_keys.count(link, SEALER, node_keys.SHRUNK) == 0
     assert [(e["lost_slot"], e["action"]) for e in events] == [(2, "none")]
 
 
@@ -122,3 +125,30 @@ def test_a_declaration_fences_the_lost_slot_at_its_next_beat_and_a_leave_does_no
     leaving = _roles(link, events, node_rank=2)
     assert leaving.leave()
     assert 0 <= link.add(node_keys.alive(2), 0) < node_keys.FENCE
+
+
+def _key_events(link: StoreLink) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    wait_until("a watched key", lambda: found.extend(e for e in link.read_events() if "key" in e) or found, 30)
+    return found
+
+
+def test_a_forged_assignment_is_rejected_and_the_spare_takes_the_real_one(link: StoreLink) -> None:
+    """A client without the job's secret hands spare slot 2 a node rank: the spare records
+    one rejection and waits on; the real assignment, written past the forged value, counts."""
+    events: list[dict[str, Any]] = []
+    spare = _roles(link, events, node_rank=2, spare_nodes=1)
+    spare.watch_chain(node_keys.assign(2))
+    forged = json.dumps({"node_rank": 0, "lost_slot": 0})
+    link.set(sealed_keys.key_of(node_keys.assign(2), 1), forged)
+    [seen] = _key_events(link)
+    base, value = spare.on_chain_value(seen["key"], seen["value"])  # type: ignore[misc]
+    assert value.payload is None and spare.node_rank is None
+    assert [(e["kind"], e["key"]) for e in events] == [("rejected_write", seen["key"])]
+    declarer = _roles(link, events, node_rank=0, spare_nodes=1)
+    loss = declarer.declare(_lost(1))
+    assert loss is not None and (loss.action, loss.replaced_by) == ("spare", 2)
+    [seen] = _key_events(link)
+    assert seen["key"] == sealed_keys.key_of(node_keys.assign(2), 2)
+    base, value = spare.on_chain_value(seen["key"], seen["value"])  # type: ignore[misc]
+    assert base == node_keys.assign(2) and spare.take_over(value.payload)["node_rank"] == 1

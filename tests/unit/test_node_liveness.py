@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from nvrx.store.seal import Sealer
+from nvrx.store.sealed_keys import entry_payload
 from nvrx.supervisor import store_failover
 from nvrx.supervisor.cli import main
 from nvrx.supervisor.config import ConfigError, SupervisorConfig, local_job
@@ -149,7 +150,7 @@ def _claim(store, slot: int, by: int, sealer=SEALER) -> None:
     """Append a claim on ``slot``'s end as ``NodeRoles`` does (``FORGER``: a forged one)."""
     from nvrx.supervisor import node_keys
 
-    store.store.append(node_keys.claim(slot), node_keys.claim_entry(sealer, slot, by)[0])
+    store.store.append(node_keys.claim(slot), sealer.entry(node_keys.claim(slot), entry_payload(by)))
 
 
 def _watch(monkeypatch, own: int = 0):
@@ -302,7 +303,7 @@ def test_a_sealed_claim_from_an_earlier_run_ends_nothing() -> None:
     from nvrx.supervisor import node_keys
 
     earlier = Sealer(SEALER.secret, run=0)
-    entry, _ = node_keys.claim_entry(earlier, 1, by=0)
+    entry = earlier.entry(node_keys.claim(1), entry_payload(0))
     assert node_keys.claims(Sealer(SEALER.secret, run=1), 1, entry).valid == ()
     assert node_keys.claims(Sealer(SEALER.secret, run=1), 2, None).invalid == 0
     assert node_keys.claims(earlier, 2, entry).invalid == 1  # another slot's key: refused too

@@ -17,6 +17,7 @@ from nvrx.supervisor.course import Course, CourseTracker
 from nvrx.supervisor.job_store import JobStore
 from nvrx.supervisor.node_roles import NodeRoles
 from nvrx.supervisor.step_times import StepTimes
+from nvrx.supervisor.stop_flag import StopFlag
 from nvrx.supervisor.straggler_judge import STALE_S, StragglerJudge
 
 
@@ -43,7 +44,7 @@ class _Link:
 
 class _Node:
     def __init__(self) -> None:
-        self.node_rank, self.events, self.stops = 0, [], []
+        self.node_rank, self.events, self.stops, self.rejected = 0, [], [], []
 
     def emit(self, kind: str, **fields) -> None:
         self.events.append(fields)
@@ -68,8 +69,9 @@ def _judge(store, nnodes=2, spares=0, action="report", slot=0):
     job_store = JobStore(cfg)
     job_store.link = _Link(store)
     node = _Node()
-    sealer = Sealer(bytes(range(32)), 0)
-    job_store.roles = NodeRoles(cfg, job_store.link, node.emit, lambda: sealer)  # type: ignore[arg-type]
+    job_store.stop = StopFlag(SEALER.secret, SEALER.run)
+    job_store.roles = NodeRoles(cfg, job_store.link, node.emit, lambda: job_store.sealer)  # type: ignore[arg-type]
+    job_store.rejected = lambda key, reason, size: node.rejected.append(key)
     return StragglerJudge(job_store, node), node
 
 
@@ -87,9 +89,11 @@ class _Job:
         for slot in set(self.slot_of.values()):
             ranks = {str(r): [self.steps[r], medians[r]] for r, s in self.slot_of.items() if s == slot}
             payload = {"node_rank": slot, "host": f"h{slot}", "ranks": ranks}
-            self.store.set(node_keys.step_times(slot), json.dumps(payload))
+            key = node_keys.step_times(slot)
+            self.store.set(key, SEALER.seal(key, json.dumps(payload)))
 
 
+SEALER = Sealer(bytes(range(32)), 0)
 TWO_NODES = {0: 0, 1: 0, 2: 1, 3: 1}
 HEALTHY = {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}
 NODE_1_SLOW = {0: 1.0, 1: 1.0, 2: 1.5, 3: 1.5}
@@ -145,7 +149,8 @@ def test_one_spare_is_promised_to_one_slow_node_and_never_to_the_stores_own(stor
     actions = {e["who"]: e["action"] for e in node.events if e["of"] == "node"}
     assert sorted(actions.values()) == ["exclude", "none"], actions
     listed = [k for k, a in actions.items() if a == "exclude"]
-    assert json.loads(store.get(node_keys.STRAGGLERS)) == {"exclude": listed}
+    sealed = store.get(node_keys.STRAGGLERS).decode()
+    assert json.loads(SEALER.unseal(node_keys.STRAGGLERS, sealed)) == {"exclude": listed}
 
 
 def test_the_stores_own_slot_is_never_excluded(store):
@@ -162,7 +167,7 @@ def test_unreadable_values_in_the_store_are_skipped_not_fatal(store, caplog):
     times = StepTimes(judge.store, course, node)
     times.judge.store.service = object()  # this slot hosts the store: it judges
     times.record(0, [0.1] * 30)
-    store.set(node_keys.step_times(1), "{not json")
+    store.set(node_keys.step_times(1), SEALER.seal(node_keys.step_times(1), "{not json"))
     times._next = 0.0  # due
     times.check()
     assert "unreadable value in the store" in caplog.text
@@ -170,3 +175,18 @@ def test_unreadable_values_in_the_store_are_skipped_not_fatal(store, caplog):
     times.store.link, times._next = None, 0.0  # the store is not usable: no spinning either
     times.check()
     assert times.timeout(30.0) > 0
+
+
+def test_step_times_without_the_jobs_seal_are_told_once_and_name_no_one(store):
+    """A client without the job's secret publishes slow medians for node 1: they are not
+    read, each forged value is told once however often it is read, and nobody is named."""
+    judge, node = _judge(store)
+    job = _Job(store, {0: 0, 1: 0})  # node 0's ranks publish; node 1's medians are forged
+    key = node_keys.step_times(1)
+    for forged_steps in (1000, 2000):
+        forged = {"node_rank": 1, "host": "h1", "ranks": {"2": [forged_steps, 9.0], "3": [forged_steps, 9.0]}}
+        store.set(key, json.dumps(forged))
+        for i in range(6):
+            job.publish({0: 1.0, 1: 1.0})
+            judge.look(float(i))
+    assert node.events == [] and node.rejected == [key, key]
