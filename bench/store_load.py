@@ -272,7 +272,8 @@ def run_worker(cfg: dict[str, Any]) -> dict[str, Any]:
         else:
             tick = (enc_add(names["node_alive"](node), 1), enc_add(names["node_alive"](watched), 0))
         # its own claim at one beat in OWN_CLAIM_EVERY (each node at its own beat), in place of
-        # the watched count
+        # the watched count: one request (a compare-and-set that reads the sealed claim list;
+        # modelled by the add of the same key, the load is the same)
         claim_tick = None if per_rank else (tick[0], enc_add(names["node_claim"](node), 0))
         jobs.append((rng.random() * interval, tick, True, claim_tick, node))
         if per_rank:

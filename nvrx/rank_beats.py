@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import socket
+import struct
 import time
 from typing import Any
 
@@ -135,13 +136,18 @@ class BeatSender:
 
 
 class BeatSocket:
-    """The supervisor's end: a datagram socket bound at ``path`` (in a private directory)."""
+    """The supervisor's end: a datagram socket bound at ``path`` (in a private directory).
+
+    The kernel tells the sender's credentials with each datagram (``SO_PASSCRED``): a beat
+    of another user, that reached the socket anyway, is dropped."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         self._sock.bind(path)
         self._sock.setblocking(False)
+        self.refused = 0  # datagrams of other users dropped
 
     def fileno(self) -> int:
         return self._sock.fileno()
@@ -151,9 +157,14 @@ class BeatSocket:
         beats = []
         while True:
             try:
-                data = self._sock.recv(MAX_DATAGRAM)
+                data, ancillary, _, _ = self._sock.recvmsg(MAX_DATAGRAM, _CREDENTIALS_SPACE)
             except (BlockingIOError, InterruptedError):
                 return beats
+            uid = _sender_uid(ancillary)
+            if uid != os.geteuid():
+                self.refused += 1
+                log.warning("dropped a rank beat of uid %s: not this user's (%d so far)", uid, self.refused)
+                continue
             try:
                 beats.append(Beat.decode(data))
             except ValueError as exc:
@@ -166,6 +177,17 @@ class BeatSocket:
         if unlink:
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
+
+
+_CREDENTIALS_SPACE = socket.CMSG_SPACE(struct.calcsize("3i"))
+
+
+def _sender_uid(ancillary: list[tuple[int, int, bytes]]) -> int | None:
+    """The sender's uid from a datagram's ``SCM_CREDENTIALS`` (pid, uid, gid); None without."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(data) >= 12:
+            return int(struct.unpack("3i", data[:12])[1])
+    return None
 
 
 # -- which ranks stopped beating ------------------------------------------------------

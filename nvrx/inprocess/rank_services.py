@@ -19,8 +19,9 @@ import os
 import pickle
 from typing import Any
 
-from nvrx import events
+from nvrx import events, jobenv
 from nvrx.store import client as store_client
+from nvrx.store import seal
 
 from . import store as rstore
 from .logging import monitor_logfile_path
@@ -137,10 +138,21 @@ class RankServices:
 
             wait_for_store(*self.store_address, w.barrier_timeout)
         self.base_store = w.store_factory(**self._store_kwargs)
+        self._read_job_secret()
         try:  # the monitor thread blocks in wait(): it needs a connection of its own
             self.mt_store = self.base_store.clone()
         except (RuntimeError, AttributeError, NotImplementedError):
             self.mt_store = w.store_factory(**self._store_kwargs)
+
+    @staticmethod
+    def _read_job_secret() -> None:
+        """Under a supervisor, read the job's secret now, which seals this rank's fault
+        records (``seal.job_sealer``): a file that cannot be read fails the start, naming
+        it, not the first fault."""
+        try:
+            seal.job_sealer()
+        except (OSError, ValueError) as exc:
+            raise RuntimeError(f"cannot read the job's secret (${jobenv.JOB_SECRET_FILE}): {exc}") from exc
 
     def start_watchdog(self) -> None:
         self.watchdog = ProgressWatchdog(

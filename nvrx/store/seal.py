@@ -137,9 +137,11 @@ class Sealer:
     run: int = 0
 
     def seal(self, key: str, payload: str) -> str:
+        """``payload`` sealed for ``key`` in this run."""
         return seal(self.secret, key, payload, self.run)
 
     def unseal(self, key: str, value: str) -> str | None:
+        """The payload of ``value`` if it was sealed for ``key`` in this run, else None."""
         return unseal(self.secret, key, value, self.run)
 
     def entry(self, key: str, payload: str) -> str:

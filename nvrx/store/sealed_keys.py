@@ -8,20 +8,23 @@ supervisor's ``StoreLink``).
 assignment, a job restart's announcement): keys ``<base>/g1``, ``g2``, ..., each set at
 most once, to a value sealed for its own key.
 
-* A writer puts its value into the first generation, from the one it watches itself,
-  whose key is not set (``compare_set`` against "not set", after a ``get``: torch takes an
-  empty value for "not set"); it stops where a key already holds a value that unseals
-  (another writer came first: that value is the chain's). A key holding anything else
-  (forged, replayed, empty) is passed over. Starting from its own watch, it never
-  writes behind the watchers, even where a forged key they passed was deleted since.
+* A writer puts its value into the first generation, from the one it watches itself
+  (``g1`` for a writer that does not watch the chain), whose key is not set
+  (``compare_set`` against "not set", after a ``get``: torch takes an empty value for
+  "not set"); it stops where a key already holds a value that unseals (another writer
+  came first: that value is the chain's). A key holding anything else (forged, replayed,
+  empty) is passed over. A writer that watches the chain never writes behind its own
+  watch, even where a forged key it passed was deleted since; one that does not watch it
+  can, once a forged key was deleted (deleting keys is open to anyone, as said below).
 * A watcher watches one generation, from ``g1``. A value that unseals is the chain's; any
   other is rejected and the watch moves to the next generation, where the writer wrote.
 * ``read`` walks the chain from ``g1`` to the first key not set.
 
 **A sealed list** is one key that many append entries to (``Sealer.entry``): a claim (the
 first entry that unseals wins: a slot's end, a restart, a spare), or a count (the distinct
-entries that unseal: restarts spent, nodes ready). Entries carry a random nonce, so a
-valid entry copied again counts once, and a forged one counts never.
+entries that unseal: restarts spent, nodes ready; an appender learns its own entry's
+place, as from an atomic ``add``). Entries carry a random nonce, so a valid entry copied
+again counts once, and a forged one counts never.
 
 What stays open (``docs/security.md``): a client can still delete or overwrite a key, and
 fill a chain's ``MAX_GENERATIONS`` ahead (a denial of service, as flooding the store is).
@@ -42,7 +45,7 @@ log = logging.getLogger(__name__)
 #: Generations a writer passes over at most before it gives up (a flood of forged values).
 MAX_GENERATIONS = 1000
 #: Why a value or an entry is refused, as ``rejected_write`` events say it.
-NO_VALID_SEAL = "no valid seal: not written by this job's supervisors in this run"
+NO_VALID_SEAL = "no valid seal: not written by this job's processes in this run"
 
 
 @dataclass
@@ -61,12 +64,12 @@ class SealedChain:
         self.watching = 1
 
     def key(self, generation: int) -> str:
+        """The key of ``generation`` of this chain."""
         return key_of(self.base, generation)
 
     def owns(self, key: object) -> bool:
         """Whether ``key`` is one of this chain's."""
-        prefix = f"{self.base}/g"
-        return isinstance(key, str) and key.startswith(prefix) and key[len(prefix) :].isdigit()
+        return owned_by(self.base, key)
 
     def write(self, link: Any, payload: str) -> str | None:
         """Put ``payload`` into the first free generation from the one watched; the chain's
@@ -118,6 +121,12 @@ def key_of(base: str, generation: int) -> str:
     return f"{base}/g{generation}"
 
 
+def owned_by(base: str, key: object) -> bool:
+    """Whether ``key`` is a generation of the chain at ``base``."""
+    prefix = f"{base}/g"
+    return isinstance(key, str) and key.startswith(prefix) and key[len(prefix) :].isdigit()
+
+
 def entry_payload(by: int, **fields: Any) -> str:
     """An entry's payload: who appends it, what it says, and a nonce that makes it unique."""
     return json.dumps({"by": by, **fields, "nonce": secrets.token_hex(8)}, separators=(",", ":"))
@@ -151,8 +160,12 @@ def count(link: Any, sealer: Sealer, key: str) -> int:
 
 
 def count_up(link: Any, sealer: Sealer, key: str, by: int, **fields: Any) -> int:
-    """Append one entry for ``by`` to the count at ``key``; the count after."""
-    return len(set(append_entry(link, sealer, key, entry_payload(by, **fields)).valid))
+    """Append one entry for ``by`` to the count at ``key``; its place among the distinct
+    valid entries, from 1: the count the store's ``add`` would have returned to it, so
+    that two appending at once never read the same count."""
+    mine = entry_payload(by, **fields)
+    valid = list(dict.fromkeys(append_entry(link, sealer, key, mine).valid))
+    return valid.index(mine) + 1 if mine in valid else len(valid)
 
 
 __all__ = [
@@ -167,5 +180,6 @@ __all__ = [
     "count_up",
     "entry_payload",
     "key_of",
+    "owned_by",
     "read_list",
 ]

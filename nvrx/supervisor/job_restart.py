@@ -118,7 +118,11 @@ class JobRestart:
         return sealed_keys.claim(self._link, self._sealer, _key(epoch, "claim"), slot)
 
     def _announce(self, epoch: int, cause: dict[str, Any]) -> None:
-        SealedChain(_key(epoch, "begin"), self._sealer).write(self._link, json.dumps(cause))
+        """Announce restart ``epoch``, through the chain this node watches (never behind it)."""
+        chain = self._announced
+        if chain is None or chain.base != _key(epoch, "begin"):
+            chain = SealedChain(_key(epoch, "begin"), self._sealer)
+        chain.write(self._link, json.dumps(cause))
 
     def job_wide(self, pid: int) -> bool:
         """Whether the failure of child ``pid`` restarts the whole job."""
@@ -199,7 +203,13 @@ class JobRestart:
 
     def on_message(self, message: dict[str, Any]) -> bool:
         """Act on a job-restart announcement or go-ahead; False for other messages."""
-        key, value = message.get("key"), str(message.get("value", ""))
+        try:
+            return self._on_chain_value(message.get("key"), str(message.get("value", "")))
+        except StoreLinkError as exc:  # the store's loss reaches the main loop as its own message
+            log.warning("store failed while handling %s: %s", message.get("key"), exc)
+            return True
+
+    def _on_chain_value(self, key: object, value: str) -> bool:
         for chain in (self._announced, self._go):
             if chain is None or not chain.owns(key):
                 continue
@@ -215,10 +225,10 @@ class JobRestart:
 
     def _rejected(self, chain: SealedChain, key: str, value: str, reason: str) -> None:
         """A forged value in a watched chain: recorded once (by the store's host), watched past."""
-        if self.store.service is not None:
-            size = len(value.encode(errors="replace"))
-            self.control.emit("rejected_write", key=key, reason=reason, value_bytes=size)
-        log.warning("rejected a value of %s: %s", key, reason)
+        if self.store.service is not None and self.store.rejected is not None:
+            self.store.rejected(key, reason, len(value.encode(errors="replace")))
+        else:
+            log.warning("rejected a value of %s: %s", key, reason)
         chain.watch(self._link)
 
     def _begin(self, epoch: int, cause: object) -> None:
@@ -250,7 +260,8 @@ class JobRestart:
         nodes = len(roles.running_slots()) if roles is not None else self.store.config.nnodes
         self.control.emit("job_restart", epoch=epoch, phase="ready", ready=ready, nodes=nodes)
         if ready >= nodes:
-            SealedChain(_key(epoch, "go"), self._sealer).write(self._link, "1")
+            chain = self._go if self._go is not None else SealedChain(_key(epoch, "go"), self._sealer)
+            chain.write(self._link, "1")  # through the chain watched here: never behind it
 
     def _start_again(self) -> None:
         epoch = self.pending

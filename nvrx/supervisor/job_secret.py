@@ -69,12 +69,15 @@ def share(cfg: SupervisorConfig, given: bytes | None, private_dir: str) -> Path:
     (``$NVRX_JOB_SECRET_FILE``, set in this process's environment, which they inherit):
     the job folder's file, or, for a secret ``given`` in the environment, an owner-only
     copy in ``private_dir`` (this supervisor's runtime folder, removed with it)."""
-    path = cfg.events_dir / SECRET_FILE
+    path = (cfg.events_dir / SECRET_FILE).absolute()  # a rank may change its directory
     if given is not None:
-        path = Path(private_dir) / SECRET_FILE
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(given.hex())
+        path = Path(private_dir).absolute() / SECRET_FILE
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(given.hex())
+        except OSError as exc:
+            raise ConfigError(f"cannot keep the job's secret in {path}: {exc.strerror or exc}") from None
     os.environ[jobenv.JOB_SECRET_FILE] = str(path)
     return path
 

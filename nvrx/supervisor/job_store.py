@@ -36,7 +36,7 @@ class JobStore:
     stop: StopFlag | None = None  # the job's stop flag, once the job's secret is known
     #: Records a value refused for its seal: (key, reason, size) -> the supervisor's event.
     rejected: Callable[[str, str, int], None] | None = None
-    _told: set[tuple[str, int]] = field(default_factory=set)  # (key, hash of value) told once
+    _told: dict[str, int] = field(default_factory=dict)  # key -> hash of the value told last
 
     @property
     def sealer(self) -> Sealer | None:
@@ -68,9 +68,8 @@ class JobStore:
         if value is None:
             return None
         payload = self._known_sealer().unseal(key, value)
-        seen = (key, hash(value))
-        if payload is None and tell and self.rejected is not None and seen not in self._told:
-            self._told.add(seen)
+        if payload is None and tell and self.rejected is not None and self._told.get(key) != hash(value):
+            self._told[key] = hash(value)
             self.rejected(key, sealed_keys.NO_VALID_SEAL, len(value.encode(errors="replace")))
         return payload
 

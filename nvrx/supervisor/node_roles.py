@@ -3,18 +3,10 @@
 Slots and node ranks are described in ``node_keys``. The store agent beats for
 this slot and reports a watched slot that fell silent (``node_watch``); the
 supervisor then declares it lost here, once for the whole job (the first
-increment of the slot's claim counter wins), and decides what the job does:
-
-Every key here that steers the job is sealed with the job's secret
-(``nvrx.store.sealed_keys``): a slot's end, a spare taken, the count of nodes the job
-shrank by, of nodes done and ended are sealed lists; a spare's assignment and the flags
-"every training node is done" and "every other slot ended" are sealed chains, whose
-watchers record a value they reject as a ``rejected_write`` event. A client without the
-secret can neither declare a healthy node lost, nor hide a lost one, nor hand a spare a
-node rank, nor end the job's waits.
+valid entry of the slot's claim wins), and decides what the job does:
 
 1. **spare**: the lowest free spare slot that is still alive takes the lost
-   node rank (spares are handed out by one atomic counter each, so two losses
+   node rank (spares are handed out by one claim each, so two losses
    never get the same spare); its children join the running job through the
    Wrapper's rejoin path, and the world size does not change;
 2. **shrink**: no spare left, but at least ``--min-nodes`` nodes remain: the
@@ -25,6 +17,13 @@ node rank, nor end the job's waits.
 
 In every case the lost node's ranks leave the Wrapper's running round at once
 (``rounds.leave_round``), so that their peers stop waiting for them.
+
+Every key here that steers the job is sealed with the job's secret
+(``nvrx.store.sealed_keys``): a slot's end, a spare taken, the count of nodes the job
+shrank by, of nodes done and ended are sealed lists; a spare's assignment and the flags
+"every training node is done" and "every other slot ended" are sealed chains, whose
+watchers record a value they reject as a ``rejected_write`` event; each slot's info is a
+sealed value. A value that does not unseal is never acted on.
 """
 
 from __future__ import annotations
@@ -76,8 +75,14 @@ class NodeRoles:
         link: StoreLink,
         emit: Callable[..., None],
         sealer: Callable[[], Sealer | None],
+        rejected: Callable[[str, str, int], None] | None = None,
     ) -> None:
+        """``sealer``: the job's, once known; ``rejected``: records a value refused for its
+        seal (key, reason, size), by default as a ``rejected_write`` event."""
         self.cfg, self.link, self._emit, self._sealer = cfg, link, emit, sealer
+        self._rejected = rejected or (
+            lambda key, reason, size: emit("rejected_write", key=key, reason=reason, value_bytes=size)
+        )
         self.slot = cfg.node_rank
         self.node_rank: int | None = None if cfg.starts_as_spare else cfg.node_rank
         self.left = False
@@ -136,9 +141,7 @@ class NodeRoles:
         seen = chain.on_value(key, value)
         if seen.payload is None:
             if base != ALL_DONE_KEY or self.slot == self.cfg.active_nodes:  # the lowest spare
-                self._emit("rejected_write", key=key, reason=seen.rejected,
-                           value_bytes=len(value.encode(errors="replace")))  # fmt: skip
-            log.warning("rejected a value of %s: %s", key, seen.rejected)
+                self._rejected(key, str(seen.rejected), len(value.encode(errors="replace")))
             chain.watch(self.link)
         return base, seen
 

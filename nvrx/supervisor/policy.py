@@ -1,7 +1,8 @@
 """Restart decisions: the job-wide budget and the loop breaker.
 
-The budget counts process restarts of the whole job in the store (one atomic
-``add`` per restart), so a node cannot outspend it by restarting quickly. The
+The budget counts process restarts of the whole job in the store (one entry of a
+sealed list per restart, each spender learning its own entry's place, as from an
+atomic ``add``), so a node cannot outspend it by restarting quickly. The
 loop breaker stops a job whose local rank fails the same way K times in a row,
 because such a failure will not fix itself by restarting.
 """
@@ -153,8 +154,8 @@ def last_round_fault(
 class RestartPolicy:
     """Decides what to do when a child ends.
 
-    ``spend_restart`` atomically takes one restart from the job-wide budget and
-    returns how many restarts the job has used so far (the store counter).
+    ``spend_restart`` takes one restart from the job-wide budget and returns how many
+    restarts the job had used once it took it (its place in the store's count).
     """
 
     def __init__(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nvrx.store.seal import Sealer
-from nvrx.store.sealed_keys import MAX_GENERATIONS, SealedChain, key_of
+from nvrx.store.sealed_keys import MAX_GENERATIONS, SealedChain, key_of, owned_by
 
 from .config import STOP_KEY, StopRequest
 
@@ -51,7 +51,7 @@ class StopFlag:
     @staticmethod
     def owns(key: object) -> bool:
         """Whether ``key`` is one of the chain's."""
-        return isinstance(key, str) and key.startswith(STOP_KEY + "/g") and key[len(STOP_KEY) + 2 :].isdigit()
+        return owned_by(STOP_KEY, key)
 
     def write(self, link: Any, request: StopRequest) -> None:
         """Put ``request`` into the chain, unless another node's request is there first."""

@@ -165,13 +165,16 @@ class Supervisor:
         self.signals = SignalPipe((*STOP_SIGNALS, *FORWARD_SIGNALS, signal.SIGCHLD)).install()
         private_dir = self.hang_watch.start()  # before any child: each one gets its socket
         flag = self.store.stop
-        job_secret.share(cfg, flag.secret if given and flag is not None else None, private_dir)
+        try:
+            job_secret.share(cfg, flag.secret if given and flag is not None else None, private_dir)
+        except ConfigError as exc:
+            raise SupervisorError(ExitCode.USAGE, str(exc)) from None
         check_store_port(cfg)
         # The agent retries connecting while the store comes up: start it first.
         link = store.link = StoreLink(cfg.store_host, cfg.store_port, cfg.store_timeout).launch()
         store.service = launch_store(cfg)
-        roles = store.roles = NodeRoles(cfg, link, self.emit, lambda: store.sealer)
         store.rejected = self._rejected
+        roles = store.roles = NodeRoles(cfg, link, self.emit, lambda: store.sealer, self._rejected)
         self._start_children()
         stop, later = await_store_or_stop(cfg, store.service, self.signals)
         if stop is not None:
@@ -391,6 +394,8 @@ class Supervisor:
             return
         if self.store.service is not None:  # one record per forged value: the store's host
             self._rejected(key, str(verdict.rejected), len(value.encode(errors="replace")))
+        else:
+            log.warning("rejected a value of %s: %s", key, verdict.rejected)
         try:
             flag.watch(link)
         except StoreLinkError as exc:

@@ -209,3 +209,35 @@ def test_a_bye_waits_for_room_in_a_full_queue_where_a_beat_is_dropped(tmp_path) 
     finally:
         sender.close()
         sock.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="sending as another user needs root")
+def test_a_beat_of_another_user_is_dropped_even_when_it_reaches_the_socket() -> None:
+    import shutil
+    import socket
+    import tempfile
+
+    open_dir = tempfile.mkdtemp(prefix="nvrx-beats-", dir="/tmp")
+    os.chmod(open_dir, 0o777)  # open the way, as a careless setup would
+    sock = BeatSocket(os.path.join(open_dir, "beats.sock"))
+    os.chmod(sock.path, 0o777)
+    pid = os.fork()
+    if pid == 0:  # the other user: sends a beat that would look like rank 1's
+        code = 1
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            peer = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            peer.sendto(_beat().encode(), sock.path)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0  # it was sent
+    mine = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    mine.sendto(_beat(initial=2).encode(), sock.path)
+    try:
+        assert [b.initial_rank for b in sock.receive()] == [2] and sock.refused == 1
+    finally:
+        sock.close()
+        shutil.rmtree(open_dir)

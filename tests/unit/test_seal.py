@@ -184,3 +184,26 @@ def test_fault_records_are_sealed_for_their_round_and_forged_ones_are_counted(tm
     monkeypatch.setattr(seal_module, "_job_sealer", None)
     with pytest.raises(ValueError, match="owner-only"):
         seal_module.job_sealer()
+
+
+def test_two_appending_to_a_sealed_count_at_once_read_their_own_places():
+    """As with an atomic ``add``: each appender learns its own entry's place, even when the
+    other's entry lands between its append and its read; forged and copied entries count never."""
+    from nvrx.store import sealed_keys
+
+    sealer, forger = Sealer(SECRET, 0), Sealer(bytes(32), 0)
+    values: dict[str, str] = {}
+
+    class Link:
+        def get(self, key: str) -> str | None:
+            return values.get(key)
+
+        def append(self, key: str, value: str) -> None:
+            values[key] = values.get(key, "") + value
+            if len(values[key]) < 400:  # another node appends right after this one, once
+                values[key] += forger.entry(key, "forged") + sealer.entry(key, sealed_keys.entry_payload(9))
+
+    assert sealed_keys.count_up(Link(), sealer, "budget", 0) == 1  # first, though two are in
+    values["budget"] += values["budget"].split("\x1e")[1].join(["\x1e", "\x1e"])  # a copy
+    assert sealed_keys.count(Link(), sealer, "budget") == 2
+    assert sealed_keys.count_up(Link(), sealer, "budget", 1) == 3

@@ -14,6 +14,7 @@ from nvrx.store.seal import Sealer
 from nvrx.supervisor import node_keys
 from nvrx.supervisor.config import SupervisorConfig
 from nvrx.supervisor.course import Course, CourseTracker
+from nvrx.supervisor.exit_codes import ExitCode
 from nvrx.supervisor.job_store import JobStore
 from nvrx.supervisor.node_roles import NodeRoles
 from nvrx.supervisor.step_times import StepTimes
@@ -190,3 +191,19 @@ def test_step_times_without_the_jobs_seal_are_told_once_and_name_no_one(store):
             job.publish({0: 1.0, 1: 1.0})
             judge.look(float(i))
     assert node.events == [] and node.rejected == [key, key]
+
+
+def test_a_forged_exclusion_list_makes_no_node_leave_and_a_sealed_one_does(store):
+    judge, node = _judge(store, nnodes=3, spares=1, action="exclude", slot=1)
+    course = CourseTracker()
+    course.to(Course.TRAINING)
+    times = StepTimes(judge.store, course, node)
+    times.record(0, [0.1] * 30)
+    store.set(node_keys.STRAGGLERS, json.dumps({"exclude": [1]}))  # no seal: not the job's
+    times._next = 0.0
+    times.check()
+    assert node.stops == []
+    store.set(node_keys.STRAGGLERS, SEALER.seal(node_keys.STRAGGLERS, json.dumps({"exclude": [1]})))
+    times._next = 0.0
+    times.check()
+    assert [code for _, code in node.stops] == [ExitCode.EXCLUDED]
