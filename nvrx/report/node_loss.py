@@ -25,6 +25,7 @@ from .same_failure import SAME_FAILURE_WINDOW_S
 
 if TYPE_CHECKING:
     from .job_summary import JobSummary
+    from .parts import LocalFault
 
 log = logging.getLogger(__name__)
 
@@ -205,14 +206,24 @@ def _followed(job: JobSummary, loss: NodeLoss, windows: RoundWindows) -> None:
 def _interrupted_before(job: JobSummary, loss: NodeLoss, rnd: int) -> bool:
     """Whether round ``rnd`` had a fault of its own before ``loss``'s node fell silent, one
     that does not follow from the loss: the loss then did not interrupt that round (the
-    node's last beat came before the next round began, and the node died in that one)."""
+    node's last beat came before the next round began, and the node died in that one). A
+    fault counts from its onset: a hang from the rank's last progress (its detection time
+    less ``detection_s``), for it may be told only after the node's last beat."""
     state = job.rounds.get((loss.run, rnd))
     if state is None:
         return False
     return any(
-        f.wall is not None and f.wall < loss.start and not loss_explains(loss, math.inf, f.wall, f.shape)
+        onset is not None and onset < loss.start and not loss_explains(loss, math.inf, onset, f.shape)
         for f in state.first_by_rank.values()
+        for onset in [_onset(f)]
     )
+
+
+def _onset(fault: LocalFault) -> float | None:
+    """When ``fault`` began: its time less the time it took to detect it."""
+    if fault.wall is None:
+        return None
+    return fault.wall - (fault.detection_s or 0.0)
 
 
 def _store_failover(job: JobSummary, loss: NodeLoss) -> StoreFailover | None:

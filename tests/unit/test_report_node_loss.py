@@ -200,6 +200,32 @@ def test_a_node_that_beat_last_in_a_round_another_fault_ended_is_lost_in_the_nex
     assert causes[1] == "node lost"
 
 
+def test_a_hang_detected_after_the_last_beat_but_begun_before_keeps_its_round(
+    tmp_path: Path,
+) -> None:
+    """Rank 3 stops making progress at 5.9 s; its monitor tells the hang at 11.5 s, just
+    after the node's last beat (11.4 s), and round 1 begins; the node dies in round 1. The
+    hang began long before the node fell silent: round 0's cause stays the hang, and the
+    loss interrupted round 1."""
+    job = Job(tmp_path / "job", {0: "vm", 1: "vm", 2: "vm"}, nnodes=3, spares=1)
+    _before_the_loss(job)
+    monitor = job.monitor(3, node=1, slot=1)
+    monitor.round(0).at(LAST_SEEN + 0.1, "hang", timeout="soft", stale_s=5.6)
+    monitor.at(LAST_SEEN + 0.1, "fault", fault_kind="hang_soft", origin_rank=3,
+               signature="hang_soft", detection_s=5.6)  # fmt: skip
+    job.round_restart(LAST_SEEN + 0.12, [0, 1, 2, 3])
+    job.round_start(LAST_SEEN + 0.35, 1, [0, 1, 2, 3])
+    _spare_takes_over(job)
+    job.round_restart(DECLARED + 0.01, [0, 1])
+    job.round_start(17.6, 2, [0, 1, 2, 3])
+    job.complete(26.0, [0, 1, 2, 3])
+    report = job.close()
+    (loss,) = report.node_losses
+    assert loss.round == 1
+    causes = {row.round: row.cause for row in report.timeline}
+    assert causes[0] == "hang (soft timeout)" and causes[1] == "node lost", causes
+
+
 def test_node_losses_are_counted_beside_the_restarts(spare: Report) -> None:
     restarts = spare.summary.restarts
     # The Wrapper's round ended in a restart (in-process); the spare's two children are
