@@ -293,7 +293,6 @@ class NodeRoles:
             if not self.ended(spare):
                 yield spare
 
-
     def _training_nodes(self) -> int:
         return self.cfg.active_nodes - self._count(node_keys.SHRUNK)
 
