@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 
 #: Longest Unix socket path Linux takes (``sun_path`` holds 108 bytes with its NUL).
 MAX_SOCKET_PATH = 107
+#: Name prefix of a supervisor's private directory (its sockets, a copy of the job's secret).
+PREFIX = "nvrx-ft-"
+#: A directory younger than this is never swept: its supervisor may not listen yet.
+SWEEP_AFTER_S = 60.0
 #: Longest wait for a hung rank's stack to start, and the pause that ends it.
 STACK_WAIT_S, STACK_QUIET_S = 2.0, 0.2
 
@@ -82,6 +86,42 @@ class Hang:
     stale_s: float
 
 
+def sweep_abandoned(parent: str, now: float | None = None) -> list[str]:
+    """Remove the private directories under ``parent`` that supervisors of this user left
+    when they were killed (SIGKILL leaves no time to clean up): those whose socket no longer
+    listens, older than ``SWEEP_AFTER_S``. Returns the ones removed."""
+    now = time.time() if now is None else now
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(parent):
+            if entry.name.startswith(PREFIX) and _abandoned(entry, now):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry.path)
+    if removed:
+        log.info("removed %d directories of killed supervisors under %s", len(removed), parent)
+    return removed
+
+
+def _abandoned(entry: os.DirEntry[str], now: float) -> bool:
+    try:
+        info = entry.stat(follow_symlinks=False)
+    except OSError:
+        return False
+    own = entry.is_dir(follow_symlinks=False) and info.st_uid == os.geteuid()
+    if not own or now - info.st_mtime < SWEEP_AFTER_S:
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        probe.connect(os.path.join(entry.path, "supervisor.sock"))
+    except (ConnectionRefusedError, FileNotFoundError):
+        return True  # nobody listens there any more
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return False
+
+
 #: What ``RankWatch.read`` tells the supervisor: (what, the rank, the detail).
 Told = tuple[str, Watched, Any]
 
@@ -90,11 +130,13 @@ class RankWatch:
     """Listens for monitored ranks of this node; see the module doc."""
 
     def __init__(self) -> None:
-        self._dir = tempfile.mkdtemp(prefix="nvrx-ft-")  # private (0700): only this user connects
+        sweep_abandoned(tempfile.gettempdir())
+        self._dir = tempfile.mkdtemp(prefix=PREFIX)  # private (0700): only this user connects
         self.path = os.path.join(self._dir, "supervisor.sock")
         if len(self.path.encode()) > MAX_SOCKET_PATH:  # a long $TMPDIR: Unix socket paths are short
             os.rmdir(self._dir)
-            self._dir = tempfile.mkdtemp(prefix="nvrx-ft-", dir="/tmp")
+            sweep_abandoned("/tmp")
+            self._dir = tempfile.mkdtemp(prefix=PREFIX, dir="/tmp")
             self.path = os.path.join(self._dir, "supervisor.sock")
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._listener.bind(self.path)

@@ -36,6 +36,7 @@ from nvrx.store import rounds
 from nvrx.store.faults import FaultRecord
 from nvrx.store.seal import Sealer, new_secret, seal
 from nvrx.store.sealed_keys import entry_payload, key_of
+from nvrx.store.service import wait_for_store
 from nvrx.store.wire import WireStore
 from nvrx.supervisor import node_keys
 from nvrx.supervisor.config import RESTARTS_KEY
@@ -64,6 +65,13 @@ def _environ(process: psutil.Process) -> str:
         return ""
 
 
+def _foreign_client(job: Job) -> WireStore:
+    """A client of the job's store that is none of the job's processes, once the store answers
+    (the ranks start while node 0's store is still coming up)."""
+    wait_for_store("127.0.0.1", job.store_port, 120)
+    return WireStore("127.0.0.1", job.store_port, timeout=10)
+
+
 def _secret_file(process: psutil.Process) -> str | None:
     """The ``$NVRX_JOB_SECRET_FILE`` ``process`` started with (None once it ended)."""
     try:
@@ -81,7 +89,7 @@ def _forge(job: Job) -> list[str]:
     wait_until("every rank to start", lambda: len(job.events("child_start")) == 4, 120)
     secret = job.log_dir / job.job_id / SECRET_FILE
     wait_until("slot 0 to write the job's secret", secret.exists, 120)
-    store = WireStore("127.0.0.1", job.store_port, timeout=10)
+    store = _foreign_client(job)
     forged = json.dumps({"reason": "forged", "exit_code": 0, "node": 0})
     store.set(StopFlag.key(1), forged)
     other_run = seal(bytes.fromhex(_secret(job)), StopFlag.key(2), forged, run=7)
@@ -100,7 +108,7 @@ def _declare_node_1_lost(job: Job, store: WireStore, sealer: Sealer) -> None:
 def _forge_node_loss(job: Job) -> list[str]:
     """A forged declaration that node 1 is lost, then the job's own for another run (a
     replay), each once the one before was rejected: the keys of the events they make."""
-    store = WireStore("127.0.0.1", job.store_port, timeout=10)
+    store = _foreign_client(job)
     key = node_keys.claim(1)
 
     def rejected() -> int:
@@ -153,7 +161,7 @@ def test_forged_and_replayed_fault_records_are_not_faults_and_the_job_trains_on(
     job = Job(tmp_path, 2, 2, command, "--max-restarts", "8", "--grace-period", "2")
     restarts = lambda: [e for e in job.events("round_end", component=None) if e["outcome"] == "restart"]  # noqa: E731
     wait_until("the injected fault's restart", restarts, 120, state=job.output)
-    store = WireStore("127.0.0.1", job.store_port, timeout=10)
+    store = _foreign_client(job)
     real_round = rounds.current_round(store) - 1  # type: ignore[operator]
     real = store.get(rounds.round_prefix(real_round) + rounds.FAULT_LIST)  # rank 1's, sealed
     made_up = FaultRecord(rank=3, kind="exit", exc_type="RestartAbort", message="forged")
@@ -175,7 +183,7 @@ def test_forged_restart_claims_neither_restart_the_job_nor_spend_or_block_a_real
     job = Job(tmp_path, 2, 2, command, "--max-restarts", "2", "--grace-period", "2",
               "--ft-safety-factor", "60")  # fmt: skip
     wait_until("every rank to start", lambda: len(job.events("child_start")) == 4, 120)
-    store, forger = WireStore("127.0.0.1", job.store_port, timeout=10), Sealer(bytes(32), 0)
+    store, forger = _foreign_client(job), Sealer(bytes(32), 0)
     restart = "nvrx_supervisor/job_restart/1/"
     store.append(restart + "claim", forger.entry(restart + "claim", entry_payload(1)))
     for _ in range(3):  # the whole budget and more, as a node spends it

@@ -282,3 +282,31 @@ def test_timing_on_the_gpu_without_cuda_says_what_to_use(watch):
     with pytest.raises(RankMonitorClientError, match=r"CUDA is not available here; use timed_step\(\)"):
         with client.timed_step(cuda=True):
             pass
+
+
+def test_directories_of_killed_supervisors_are_swept_and_live_or_young_ones_kept(tmp_path, monkeypatch):
+    """A supervisor killed with SIGKILL leaves its private directory (sockets, a copy of the
+    job's secret); the next one on the host removes it once nobody listens there."""
+    from nvrx.supervisor import rank_watch
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(rank_watch.tempfile, "tempdir", None)  # TMPDIR read again
+    live = RankWatch()  # a running supervisor's
+    dead = tmp_path / f"{rank_watch.PREFIX}killed"
+    dead.mkdir(mode=0o700)
+    bound = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    bound.bind(str(dead / "supervisor.sock"))
+    bound.close()  # its process is gone: the file stays, nobody listens
+    (dead / "secret").write_text("00" * 32)
+    young = tmp_path / f"{rank_watch.PREFIX}starting"
+    young.mkdir(mode=0o700)  # just made: its supervisor binds next
+    other = tmp_path / "not-ours"
+    other.mkdir()
+    old = rank_watch.time.time() - 2 * rank_watch.SWEEP_AFTER_S
+    for d in (dead, os.path.dirname(live.path)):
+        os.utime(d, (old, old))
+    try:
+        assert rank_watch.sweep_abandoned(str(tmp_path)) == [str(dead)]
+        assert os.path.exists(live.path) and young.exists() and other.exists()
+    finally:
+        live.close()
