@@ -44,7 +44,6 @@ from nvrx import jobenv
 from nvrx.events.failures import NODE_LOST_SIGNATURE
 from nvrx.rank_beats import RankBeats
 from nvrx.store import sealed_keys
-from nvrx.store.seal import Sealer
 from nvrx.store.sealed_keys import SealedChain
 
 from .children import ExitStatus
@@ -105,23 +104,16 @@ class JobRestart:
         assert link is not None  # every call comes from the store's messages or a decision
         return link
 
-    @property
-    def _sealer(self) -> Sealer:
-        sealer = self.store.sealer
-        if sealer is None:
-            raise StoreLinkError("the job's secret is not known yet: no restart can be agreed")
-        return sealer
-
     def _claim(self, epoch: int) -> bool:
         """Claim restart ``epoch`` for this slot; True when this claim is the first valid one."""
         slot = self.store.config.node_rank
-        return sealed_keys.claim(self._link, self._sealer, _key(epoch, "claim"), slot)
+        return sealed_keys.claim(self._link, self.store.known_sealer(), _key(epoch, "claim"), slot)
 
     def _announce(self, epoch: int, cause: dict[str, Any]) -> None:
         """Announce restart ``epoch``, through the chain this node watches (never behind it)."""
         chain = self._announced
         if chain is None or chain.base != _key(epoch, "begin"):
-            chain = SealedChain(_key(epoch, "begin"), self._sealer)
+            chain = SealedChain(_key(epoch, "begin"), self.store.known_sealer())
         chain.write(self._link, json.dumps(cause))
 
     def job_wide(self, pid: int) -> bool:
@@ -141,7 +133,7 @@ class JobRestart:
 
     def watch(self) -> None:
         """Be told of the next job-wide restart."""
-        self._announced = SealedChain(_key(self.epoch + 1, "begin"), self._sealer)
+        self._announced = SealedChain(_key(self.epoch + 1, "begin"), self.store.known_sealer())
         self._announced.watch(self._link)
 
     def failure(self, local_rank: int, status: ExitStatus, fault: LastFault | None) -> None:
@@ -238,7 +230,7 @@ class JobRestart:
         self.course.to(Course.RESTARTING)
         self.control.emit("job_restart", epoch=epoch, phase="stopping", cause=_parse(cause))
         log.warning("job-wide restart %d: stopping this node's children", epoch)
-        self._go = SealedChain(_key(epoch, "go"), self._sealer)
+        self._go = SealedChain(_key(epoch, "go"), self.store.known_sealer())
         self._go.watch(self._link)
         for child in self.ranks.running():
             child.signal_group(signal.SIGTERM)
@@ -254,13 +246,13 @@ class JobRestart:
         self._ready = epoch
         self.control.kill_at = None
         slot = self.store.config.node_rank
-        ready = sealed_keys.count_up(self._link, self._sealer, _key(epoch, "ready"), slot)
+        ready = sealed_keys.count_up(self._link, self.store.known_sealer(), _key(epoch, "ready"), slot)
         # every slot still in the job counts itself ready (a waiting spare too, at once)
         roles = self.store.roles
         nodes = len(roles.running_slots()) if roles is not None else self.store.config.nnodes
         self.control.emit("job_restart", epoch=epoch, phase="ready", ready=ready, nodes=nodes)
         if ready >= nodes:
-            chain = self._go if self._go is not None else SealedChain(_key(epoch, "go"), self._sealer)
+            chain = self._go if self._go is not None else SealedChain(_key(epoch, "go"), self.store.known_sealer())
             chain.write(self._link, "1")  # through the chain watched here: never behind it
 
     def _start_again(self) -> None:

@@ -48,7 +48,8 @@ class JobStore:
         """A link that was started and has not lost its store."""
         return self.link is not None and self.link.lost is None
 
-    def _known_sealer(self) -> Sealer:
+    def known_sealer(self) -> Sealer:
+        """The job's sealer; ``StoreLinkError`` while the job's secret is not known yet."""
         if self.sealer is None:
             raise StoreLinkError("the job's secret is not known yet: no control value can be sealed")
         return self.sealer
@@ -57,7 +58,7 @@ class JobStore:
         """Set ``key`` to ``payload`` sealed for it (a value polled, not watched)."""
         if self.link is None:
             raise StoreLinkError("no store link")
-        self.link.set(key, self._known_sealer().seal(key, payload))
+        self.link.set(key, self.known_sealer().seal(key, payload))
 
     def get_sealed(self, key: str, tell: bool = True) -> str | None:
         """The payload ``key`` holds if the job sealed it, else None (not set, or refused:
@@ -67,7 +68,7 @@ class JobStore:
         value = self.link.get(key)
         if value is None:
             return None
-        payload = self._known_sealer().unseal(key, value)
+        payload = self.known_sealer().unseal(key, value)
         if payload is None and tell and self.rejected is not None and self._told.get(key) != hash(value):
             self._told[key] = hash(value)
             self.rejected(key, sealed_keys.NO_VALID_SEAL, len(value.encode(errors="replace")))
@@ -78,4 +79,4 @@ class JobStore:
         job's secret cannot spend it); the count so far."""
         if self.link is None:
             raise StoreLinkError("no store link")
-        return sealed_keys.count_up(self.link, self._known_sealer(), RESTARTS_KEY, self.config.node_rank)
+        return sealed_keys.count_up(self.link, self.known_sealer(), RESTARTS_KEY, self.config.node_rank)

@@ -35,7 +35,6 @@ class StopFlag:
     """This supervisor's view of the stop chain, with the job's sealer."""
 
     def __init__(self, secret: bytes, run: int) -> None:
-        self.secret, self.run = secret, run
         self.sealer = Sealer(secret, run)  # the same secret seals the job's other control keys
         self._chain = SealedChain(STOP_KEY, self.sealer)
 

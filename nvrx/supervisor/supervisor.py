@@ -166,7 +166,7 @@ class Supervisor:
         private_dir = self.hang_watch.start()  # before any child: each one gets its socket
         flag = self.store.stop
         try:
-            job_secret.share(cfg, flag.secret if given and flag is not None else None, private_dir)
+            job_secret.share(cfg, flag.sealer.secret if given and flag is not None else None, private_dir)
         except ConfigError as exc:
             raise SupervisorError(ExitCode.USAGE, str(exc)) from None
         check_store_port(cfg)
