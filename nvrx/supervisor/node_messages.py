@@ -4,8 +4,8 @@
 job when no spare is left below ``--min-nodes``; ``fenced``: this node was
 declared lost while it stalled, so its children end now; the values of the sealed
 chains the slot watches (``NodeRoles.on_chain_value``: one that does not unseal is
-recorded and watched past), an assignment: this spare takes over a lost node rank and starts its children as replacements
-(restart count 1), which rejoin the running job; ``all_done``: a spare that
+recorded and watched past), an assignment: this spare takes over a lost node rank and
+starts its children as replacements (restart count 1), which rejoin the running job; ``all_done``: a spare that
 was never needed leaves; ``all_ended`` (node 0): every other slot has ended, whenever
 that came (the wait at the end of node 0's run reads the flag).
 """
@@ -69,18 +69,19 @@ class NodeMessages:
             self._node_silent(message)
         elif event == "fenced":
             self.fenced()
-        elif roles is not None and roles.chain_value(key) is not None:
-            self._on_chain(roles.on_chain_value(str(key), str(message.get("value", ""))))
+        elif roles is not None and (
+            seen := roles.on_chain_value(key, str(message.get("value", "")))
+        ) is not None:
+            self._on_chain(*seen)
         else:
             return False
         return True
 
-    def _on_chain(self, seen: tuple[str, ChainValue] | None) -> None:
+    def _on_chain(self, base: str, seen: ChainValue) -> None:
         """A watched sealed chain holds a value (one rejected was recorded and watched past)."""
-        roles = self.store.roles
-        if seen is None or seen[1].payload is None or roles is None:
+        roles, payload = self.store.roles, seen.payload
+        if payload is None or roles is None:
             return
-        base, payload = seen[0], seen[1].payload
         if base == node_keys.assign(roles.slot):
             self._take_over(payload)
         elif base == ALL_DONE_KEY:

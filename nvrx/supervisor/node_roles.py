@@ -119,29 +119,29 @@ class NodeRoles:
         return SealedChain(base, self._known_sealer())
 
     def watch_chain(self, base: str) -> None:
-        """Wait on the sealed chain at ``base`` (``chain_value`` tells what it holds)."""
+        """Wait on the sealed chain at ``base`` (``on_chain_value`` tells what it holds)."""
         chain = self._watched[base] = self._chain(base)
         chain.watch(self.link)
 
-    def chain_value(self, key: object) -> tuple[str, SealedChain] | None:
+    def _chain_of(self, key: object) -> tuple[str, SealedChain] | None:
         """The base and chain of a watched chain that owns ``key``; None for other keys."""
         for base, chain in self._watched.items():
             if chain.owns(key):
                 return base, chain
         return None
 
-    def on_chain_value(self, key: str, value: str) -> tuple[str, ChainValue] | None:
+    def on_chain_value(self, key: object, value: str) -> tuple[str, ChainValue] | None:
         """What watched ``key`` holds: its chain's base and payload; a value rejected is
         recorded (``rejected_write``, by the slot that stands for its watchers) and the watch
         moves on. None when ``key`` is no watched chain's."""
-        found = self.chain_value(key)
+        found = self._chain_of(key)
         if found is None:
             return None
         base, chain = found
-        seen = chain.on_value(key, value)
+        seen = chain.on_value(str(key), value)
         if seen.payload is None:
             if base != ALL_DONE_KEY or self.slot == self.cfg.active_nodes:  # the lowest spare
-                self._rejected(key, str(seen.rejected), len(value.encode(errors="replace")))
+                self._rejected(str(key), str(seen.rejected), len(value.encode(errors="replace")))
             chain.watch(self.link)
         return base, seen
 

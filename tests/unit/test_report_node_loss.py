@@ -175,6 +175,15 @@ def test_a_round_begun_before_the_declaration_is_no_recovery(tmp_path: Path) -> 
     assert loss.recovery_s == pytest.approx(17.6 - LAST_SEEN)
 
 
+def _lost_in_round_1_and_trained_again(job: Job) -> Report:
+    """Round 1 runs when the spare takes over; round 2, at full size, trains to the end."""
+    _spare_takes_over(job)
+    job.round_restart(DECLARED + 0.01, [0, 1])
+    job.round_start(17.6, 2, [0, 1, 2, 3])
+    job.complete(26.0, [0, 1, 2, 3])
+    return job.close()
+
+
 def test_a_node_that_beat_last_in_a_round_another_fault_ended_is_lost_in_the_next(
     tmp_path: Path,
 ) -> None:
@@ -188,11 +197,7 @@ def test_a_node_that_beat_last_in_a_round_another_fault_ended_is_lost_in_the_nex
         job.ranks[rank].at(9.1, "fault", fault_kind="peer", origin_rank=0)
     job.round_restart(9.5, [0, 1, 2, 3])
     job.round_start(LAST_SEEN + 0.03, 1, [0, 1, 2, 3])
-    _spare_takes_over(job)
-    job.round_restart(DECLARED + 0.01, [0, 1])
-    job.round_start(17.6, 2, [0, 1, 2, 3])
-    job.complete(26.0, [0, 1, 2, 3])
-    report = job.close()
+    report = _lost_in_round_1_and_trained_again(job)
     (loss,) = report.node_losses
     assert loss.round == 1 and loss.recovered_wall == pytest.approx(T0 + 17.6)
     causes = {row.round: row.cause for row in report.timeline}
@@ -215,11 +220,7 @@ def test_a_hang_detected_after_the_last_beat_but_begun_before_keeps_its_round(
                signature="hang_soft", detection_s=5.6)  # fmt: skip
     job.round_restart(LAST_SEEN + 0.12, [0, 1, 2, 3])
     job.round_start(LAST_SEEN + 0.35, 1, [0, 1, 2, 3])
-    _spare_takes_over(job)
-    job.round_restart(DECLARED + 0.01, [0, 1])
-    job.round_start(17.6, 2, [0, 1, 2, 3])
-    job.complete(26.0, [0, 1, 2, 3])
-    report = job.close()
+    report = _lost_in_round_1_and_trained_again(job)
     (loss,) = report.node_losses
     assert loss.round == 1
     causes = {row.round: row.cause for row in report.timeline}
