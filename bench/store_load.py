@@ -31,8 +31,8 @@ a real ``nvrx.store.barrier`` participant). What each simulated party sends, per
     nothing to the store for a beat), plus every rank's monitor thread holding one wait on
     the round's interrupted key, renewed every ``monitor_thread.WAIT_CHUNK_S`` (a WAIT and
     a CANCEL_WAIT then); barrier arrivals per rank, as the Wrapper's barriers still are.
-    The Wrapper alone sends the same now: its ranks beat to the monitor their host's
-    monitors elected (``nvrx.inprocess.host_beats``), which beats for the host as a
+    The Wrapper alone sends the same now: its ranks beat to their host's node agent
+    (``nvrx.inprocess.node_agent``), which beats for the host as a
     node's store agent does, without the rare read of its own claim.
 
 In every pattern each node also holds the store agent's key watches (one connection each,

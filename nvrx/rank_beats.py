@@ -3,7 +3,7 @@
 Under a supervisor, each rank's monitor process sends its heartbeat to the
 supervisor of its node (``NVRX_RANK_BEATS``: the path of a Unix datagram
 socket) instead of writing it to the job's store. Without one, the monitors of
-a host send theirs to the monitor they elected (``nvrx.inprocess.host_beats``).
+a host send theirs to the host's node agent (``nvrx.inprocess.node_agent``).
 That party alone talks to the store for the whole node, so the store's load
 grows with the number of nodes, not ranks (``docs/inprocess.md``, "Hangs and
 dead ranks"). ``RankBeats`` tells which of the node's ranks stopped beating.
@@ -141,11 +141,14 @@ class BeatSocket:
     The kernel tells the sender's credentials with each datagram (``SO_PASSCRED``): a beat
     of another user, that reached the socket anyway, is dropped."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, fd: int | None = None) -> None:
+        """Bind a socket at ``path``; or, given ``fd``, take over the one bound there by
+        the process that started this one (and passed its descriptor on)."""
         self.path = path
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM, fileno=fd)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-        self._sock.bind(path)
+        if fd is None:
+            self._sock.bind(path)
         self._sock.setblocking(False)
         self.refused = 0  # datagrams of other users dropped
 

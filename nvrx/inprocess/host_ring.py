@@ -1,10 +1,11 @@
 """A host's place in the store without a supervisor: its slot, its counter, its lists of ranks.
 
-The leader of a host's monitors (``host_beats``) beats for the host in the ring
-of hosts (``nvrx.store.ring_watch``): ``HostRing``. Its slot is handed out once
-per host; each monitor writes its rank in the host's list, and again in the
-list of those that ended on purpose. ``Thresholds`` says how long a stalled
-leader, and a silent host, stand before they are replaced, or taken out.
+The node agent of a host (``node_agent``) beats for the host in the ring of
+hosts (``nvrx.store.ring_watch``): ``HostRing``. Its slot is handed out once
+per host; each monitor writes its rank in the host's list (``list_rank``), and
+again in the list of those that ended on purpose (``list_ended``).
+``Thresholds`` says how long a rank's take-out waits before it is tried again,
+and how long a silent host stands before its ranks are taken out.
 """
 
 from __future__ import annotations
@@ -30,6 +31,16 @@ def register(store: Any, host: str) -> int:
     return taken
 
 
+def list_rank(store: Any, slot: int, rank: int) -> None:
+    """``rank`` runs on host ``slot``: what its agent, and the host watching it, go by."""
+    rank_lists.add(store, keys.host_ranks(slot), rank)
+
+
+def list_ended(store: Any, slot: int, rank: int) -> None:
+    """The monitor of ``rank`` on host ``slot`` stops beating on purpose."""
+    rank_lists.add(store, keys.host_ended(slot), rank)
+
+
 def ended_ranks(store: Any, slot: int) -> set[int]:
     """The ranks of host ``slot`` whose monitor stopped beating on purpose."""
     return rank_lists.read(store, keys.host_ended(slot))
@@ -42,9 +53,10 @@ def live_ranks(store: Any, slot: int) -> list[int]:
 
 @dataclass(frozen=True)
 class Thresholds:
-    """How long a stalled leader stands before it is replaced, and a host before it is
-    taken out: the second always the longer, by the time a replacement takes, so that a
-    host whose leader stalled is not taken out while a healthy monitor of it could lead."""
+    """How long a rank's take-out waits before it is tried again (``replace_s``), and how
+    long a host's counter stands still before the host is taken out (``host_s``): the
+    longer, by a few beats, so that an agent started again after its predecessor died
+    beats before its host is found silent."""
 
     timeout: float  # heartbeat_timeout: a rank's
     period: float  # between two beats of a monitor: heartbeat + monitor-process interval
@@ -59,12 +71,12 @@ class Thresholds:
 
     @property
     def stall_s(self) -> float:
-        """A leader that did not look at the store this long does not count that time."""
+        """An agent that did not look at the store this long does not count that time."""
         return 2 * self.period + self.timeout / 4
 
 
 class HostRing:
-    """The leader's part in the store: its host's counter, the watch of the next host."""
+    """The agent's part in the store: its host's counter, the watch of the next host."""
 
     def __init__(self, store: Any, slot: int, limits: Thresholds) -> None:
         self.store, self.slot, self.limits = store, slot, limits
@@ -80,7 +92,7 @@ class HostRing:
 
     def tick(self, now: float, wall: float) -> dict[str, Any] | None:
         """One beat for this host and one look at the next; a report when that one newly
-        went silent (as ``RingWatch.observe``). Time this leader itself did not look (a
+        went silent (as ``RingWatch.observe``). Time this agent itself did not look (a
         stall, or a store that did not answer) is nobody's silence. A slot that never beat
         has its end read at every look: a slot its host took twice ends at its second."""
         store, ring, limits = self.store, self.ring, self.limits

@@ -15,8 +15,8 @@ which calls ``main``), one per rank, it reads the rank's ``ProgressBoard`` and a
 * heartbeats: to one party of the rank's node, which alone talks to the store
   for the node's ranks and takes out a rank whose monitor stopped beating for
   ``heartbeat_timeout``: under a supervisor (``NVRX_RANK_BEATS``), to the
-  supervisor (``nvrx.rank_beats``); without one, to the monitor the host's
-  monitors elected (``host_beats``). No heartbeat reaches the store from a rank.
+  supervisor (``nvrx.rank_beats``); without one, to its host's node agent
+  (``node_agent``). No heartbeat reaches the store from a rank.
 
 The program imports no torch: its link to the store is nvrx's own client (``monitor_store``).
 Under a supervisor, unless it hosts the store, it says it watches at once and makes
@@ -47,7 +47,7 @@ from typing import Any
 from nvrx import events, processes, rank_beats
 from nvrx.store.faults import FaultRecord
 
-from . import host_beats, monitor_store, monitor_target
+from . import monitor_store, monitor_target, node_agent
 from .fault_events import announce_leave
 from .logging import setup_monitor_logging
 from .monitor_process import STACK_SIGNAL, MonitorConfig
@@ -100,8 +100,8 @@ class _Monitor:
         self.link = monitor_store.StoreLink(functools.partial(monitor_store.connect, cfg))
         (self.link.start if beside else self.link.make)()
         self.host = None
-        if self.sender is None:  # the Wrapper alone: the host's monitors elect who beats
-            self.host = host_beats.join(cfg, self.link.get, self.writer.emit, self._arrive_for)
+        if self.sender is None:  # the Wrapper alone: beats go to the host's node agent
+            self.host = node_agent.AgentLink(cfg, self.link.get)
 
     def _round_store(self) -> Any:
         """The store view of the current round; waits for the link to the store, beating."""
@@ -124,8 +124,6 @@ class _Monitor:
         self.writer.update(round=round_, rank=int(info["rank"]) if info["rank"] >= 0 else None)
         ws, rank = int(info["world_size"]), int(info["rank"])
         self.place = (rank, ws)  # this rank in the round, for beats outside the watch loop
-        if self.host is not None:
-            self.host.new_round(time.monotonic())
 
     def _stack(self) -> str:
         return monitor_target.dump_stack(self.cfg.target_pid, self.cfg.stack_fd, STACK_SIGNAL)
@@ -173,12 +171,12 @@ class _Monitor:
         self.next_hb = now + self.cfg.heartbeat_interval
         beat = self._beat(int(info["rank"]), int(info["world_size"]))
         if self.host is not None:
-            self.host.beat(beat, now)
+            self.host.beat(beat)
         elif self.sender is not None:
             self.sender.send(beat)
 
     def _stop_beating(self, failed: bool = False) -> None:
-        """Beating ends (``failed``: not on purpose): a host's leader hands over first."""
+        """Beating ends (``failed``: not on purpose: the node agent finds the rank silent)."""
         if self.host is not None:
             host, self.host = self.host, None
             host.end(failed)
@@ -273,7 +271,7 @@ class _Monitor:
         ready = {"ready": True, "pid": os.getpid(), "port": cfg.store_port}
         # known to whoever watches it before its rank goes on (a rank dead since: the watch sees it)
         if self.host is not None:
-            self.host.beat(self._beat(*self.place), time.monotonic())
+            self.host.beat(self._beat(*self.place))
         elif self.sender is not None:
             self.sender.send(self._beat(*self.place))
         with contextlib.suppress(BrokenPipeError):
@@ -295,12 +293,8 @@ class _Monitor:
     def _watch(self, pidfd: int | None, poller: Any) -> None:
         """Until shutdown, the rank's death or its termination: one look per interval."""
         stdin = sys.stdin.fileno()
-        beats: int | None = None  # the host's beat socket, while this monitor leads
         while True:
-            beats = self._poll_beats(poller, beats)
             ready = poller.poll(self.cfg.monitor_process_interval * 1000)
-            if self.host is not None and any(fd == beats for fd, _ in ready):
-                self.host.drain(time.monotonic())
             info = self.board.read()
             if int(info["flags"]) & FLAG_SHUTDOWN:
                 return
@@ -317,17 +311,6 @@ class _Monitor:
                 self.link.get()  # after a beat: the supervisor then finds this one silent
             if self._check_progress(now, info, pidfd):
                 return
-
-    def _poll_beats(self, poller: Any, polled: int | None) -> int | None:
-        """Wait on the host's beat socket too while this monitor leads it: its queue is short."""
-        fd = self.host.fileno if self.host is not None else None
-        if fd != polled:
-            if polled is not None:
-                with contextlib.suppress(KeyError, ValueError):
-                    poller.unregister(polled)
-            if fd is not None:
-                poller.register(fd, select.POLLIN)
-        return fd
 
     def _rank_died(self) -> None:
         info = self.board.read()

@@ -1,6 +1,6 @@
 """A ring of liveness counters: which party one party watches, and when that one went silent.
 
-Each party (a node's supervisor, or a host's elected monitor without one) bumps
+Each party (a node's supervisor, or a host's node agent without one) bumps
 its own counter in the store every interval and reads the counter of the next
 party in the ring that has not ended: each party is watched by exactly one
 other, and the load is two requests per party per interval. ``RingWatch`` is

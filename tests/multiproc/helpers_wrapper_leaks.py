@@ -71,6 +71,7 @@ class CallRecord:
 
     def __init__(self) -> None:
         self.monitor_tree: list[tuple[int, float, str]] = []
+        self.agents: list[tuple[int, float]] = []  # the host's, not the call's: end by themselves
         self.shm: set[str] = set()
 
     def see(self, call_wrapper: Any) -> None:
@@ -80,7 +81,9 @@ class CallRecord:
         monitor = psutil.Process(call_wrapper.monitor_process.pid)
         for proc in (monitor, *monitor.children(recursive=True)):
             entry = (proc.pid, proc.create_time(), " ".join(proc.cmdline())[:160])
-            if entry not in self.monitor_tree:
+            if "nvrx.inprocess.node_agent" in proc.cmdline():
+                self.agents.append(entry[:2])
+            elif entry not in self.monitor_tree:
                 self.monitor_tree.append(entry)
             for f in proc.open_files():
                 if f.path.startswith("/dev/shm/"):
@@ -165,8 +168,10 @@ def main(out: Path, modes: list[str]) -> int:
     gc.collect()
     gc.disable()
     report: dict[str, Any] = {"baseline": snapshot(CallRecord(), store_port), "calls": []}
+    calls: list[CallRecord] = []
     for mode in modes:
         record = CallRecord()
+        calls.append(record)
         try:
             outcome: Any = train(mode)
         except RestartAbort as exc:
@@ -180,6 +185,12 @@ def main(out: Path, modes: list[str]) -> int:
                 "after": snapshot(record, store_port),
             }
         )
+    agents = {agent for call in calls for agent in call.agents}
+    deadline = time.monotonic() + 30
+    while any(_alive(*agent) for agent in agents) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    report["agents_seen"] = len(agents)
+    report["agents_left"] = sorted(pid for pid, created in agents if _alive(pid, created))
     out.write_text(json.dumps(report, indent=1))
     return 0
 

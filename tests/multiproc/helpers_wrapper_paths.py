@@ -21,7 +21,8 @@ file paths as given), with ``completion``/``terminate`` callbacks that write
   ``health_check`` raises ``RuntimeError``;
 * ``unresponsive``: stops its monitor process (no more heartbeats), then
   itself (``SIGSTOP``): alive, but silent; the other ranks wait inside
-  ``disable_hang_protection()`` until the restart ends the wait.
+  ``disable_hang_protection()`` until the restart ends the wait;
+* ``host_silent``: as ``unresponsive``, but it stops its host's node agent first.
 
 Every call appends one JSON line to ``calls-<rank>.jsonl`` (with the command
 lines of the monitor process's children, and the content of
@@ -30,6 +31,7 @@ lines of the monitor process's children, and the content of
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -39,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 from helpers_inprocess import Ranks, _catastrophic_regex, free_port_pair, rank_env
 
 from nvrx import jobenv
@@ -67,6 +70,20 @@ def launch(tmp: Path, world_size: int, hosts: list[str] | None = None, **params:
                 )
             )
     return ranks
+
+
+def node_agents(log_dir: str | Path, host: str | None = None) -> list[psutil.Process]:
+    """The node agents of the job that logs to ``log_dir`` (of ``host`` only: its
+    ``NVRX_HOST_ID``)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if "nvrx.inprocess.node_agent" not in (proc.info["cmdline"] or []):
+                continue
+            env = proc.environ()
+            if env.get(jobenv.LOG_DIR) == str(log_dir) and host in (None, env.get(jobenv.HOST_ID)):
+                found.append(proc)
+    return found
 
 
 def _wait_for_every_rank(tmp: Path, iteration: int, world_size: int) -> None:
@@ -171,11 +188,14 @@ def _rank_main(tmp: Path) -> int:
             elif scenario == "sigterm_ignored":
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
                 _catastrophic_regex()
-            elif scenario == "unresponsive":
+            elif scenario in ("unresponsive", "host_silent"):
                 _wait_for_every_rank(tmp, it, int(os.environ["WORLD_SIZE"]))
+                if scenario == "host_silent":
+                    for agent in node_agents(os.environ[jobenv.LOG_DIR], os.environ[jobenv.HOST_ID]):
+                        agent.send_signal(signal.SIGSTOP)
                 os.kill(call_wrapper.monitor_process.pid, signal.SIGSTOP)
                 os.kill(os.getpid(), signal.SIGSTOP)
-        elif it == 0 and scenario == "unresponsive":
+        elif it == 0 and scenario in ("unresponsive", "host_silent"):
             with call_wrapper.disable_hang_protection():
                 time.sleep(300)  # ended by the restart that the silent rank's peer starts
         elif it == 0 and initial_rank == 0 and scenario in ("finalize_fails", "health_fails"):

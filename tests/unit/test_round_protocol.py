@@ -34,12 +34,8 @@ KEY_LAYOUT = PACKAGE / "store" / "keys.py"
 ROUNDS = "nvrx.store.rounds"
 KEYS = "nvrx.store.keys"
 #: The modules that may import ``nvrx.store.keys``: the protocol, and the keys of host
-#: liveness without a supervisor (the host ring and its beats).
-KEY_LAYOUT_USERS = {
-    PROTOCOL,
-    PACKAGE / "inprocess" / "host_ring.py",
-    PACKAGE / "inprocess" / "host_beats.py",
-}
+#: liveness without a supervisor (the host ring).
+KEY_LAYOUT_USERS = {PROTOCOL, PACKAGE / "inprocess" / "host_ring.py"}
 
 
 def _modules() -> list[Path]:

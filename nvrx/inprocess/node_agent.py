@@ -1,0 +1,425 @@
+"""The node agent of a Wrapper job without a supervisor: one process per host beats for the host.
+
+The monitor processes of a host's ranks send their beats (``nvrx.rank_beats``,
+the format a supervisor reads) to one agent process of that host and job. It
+alone talks to the store about liveness, so the store's load grows with hosts,
+not ranks. The agent runs no user code: a rank that hangs cannot hang it.
+
+Where it listens: an abstract Unix datagram socket named from the user, the job's
+store and the host (``agent_address``); the kernel frees the name when the agent
+ends, however it ends, so no file is left on any file system.
+
+Who starts it (``AgentLink``): a rank's monitor writes its rank into its host's
+list in the store (``host_ring``) before its rank goes on, then beats to the
+agent. A beat that finds nobody listening binds the address itself: binding is
+the host's lock, one monitor wins and the others' beats queue in its socket.
+The winner starts the agent on that socket (``python -m nvrx.inprocess.node_agent``,
+in a session of its own, so that it outlives the monitor that started it; that
+monitor reaps it if it ends first). An agent that died is started again the same
+way and takes the same place in the ring.
+
+What the agent does every heartbeat period:
+
+1. reads the beats that came (another user's are dropped);
+2. bumps its host's counter in the store and reads the next host's
+   (``host_ring.HostRing``, one ring of hosts);
+3. takes out of the running round, as ``unresponsive`` with a ``fault`` event
+   (``rounds.leave_round``): a rank of its host whose monitor stopped beating
+   for the rank's ``heartbeat_timeout`` (unless it said it ended on purpose);
+   and, once a watched host's counter stood still for ``Thresholds.host_s``,
+   that host's listed ranks. A rank in no round yet, or a take-out the store
+   failed, is tried again ``Thresholds.replace_s`` later.
+
+It ends when every rank of its host it knows of ended on purpose or was taken
+out, ending its host's place in the ring first so that nobody finds it
+silent; and when the store stays unreachable for ``Thresholds.host_s`` (the
+job ended or was killed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import hashlib
+import json
+import logging
+import os
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from nvrx import events, jobenv, processes
+from nvrx.rank_beats import Beat, BeatSender, BeatSocket, RankBeats
+from nvrx.store.faults import FaultRecord
+from nvrx.store.wire import WireStore
+
+from . import monitor_store
+from .fault_events import announce_leave
+from .host_ring import (
+    HostRing,
+    Thresholds,
+    ended_ranks,
+    list_ended,
+    list_rank,
+    live_ranks,
+    register,
+)
+from .monitor_process import MonitorConfig
+
+log = logging.getLogger(__name__)
+
+#: An agent that no monitor beat to for this long after it started ends (its starter died).
+IDLE_START_S = 60.0
+
+
+def job_key(cfg: MonitorConfig) -> str:
+    """What tells the job apart on this host: its store."""
+    return f"{cfg.store_host}:{cfg.store_port}:{cfg.store_factory or ''}"
+
+
+def agent_address(cfg: MonitorConfig, host: str) -> str:
+    """The abstract socket name of ``host``'s agent in ``cfg``'s job, for this user."""
+    digest = hashlib.sha1(f"{os.geteuid()}\0{job_key(cfg)}\0{host}".encode()).hexdigest()[:24]
+    return f"\0nvrx-node-agent-{digest}"
+
+
+def host_key(cfg: MonitorConfig, host: str) -> str:
+    """The host's name in the store's ring: one slot per host and job."""
+    digest = hashlib.sha1(f"{job_key(cfg)}\0{host}".encode()).hexdigest()[:16]
+    return f"{host}/{digest}"
+
+
+def limits_of(cfg: MonitorConfig) -> Thresholds:
+    return Thresholds(cfg.heartbeat_timeout, cfg.heartbeat_interval + cfg.monitor_process_interval)
+
+
+# -- the monitor's end --------------------------------------------------------------------
+class AgentLink:
+    """One monitor's beats to its host's agent, which it starts when none listens."""
+
+    def __init__(self, cfg: MonitorConfig, store: Callable[[], Any]) -> None:
+        self.cfg, self._store = cfg, store
+        self.host = jobenv.host_id()
+        self.slot = register(store(), host_key(cfg, self.host))
+        list_rank(store(), self.slot, cfg.initial_rank)
+        self.sender = BeatSender(
+            agent_address(cfg, self.host), "this host's node agent", logging.INFO
+        )
+        self._started: subprocess.Popen[bytes] | None = None
+
+    def beat(self, beat: Beat) -> None:
+        """Send ``beat``; where no agent listens, bind its socket (the host's lock: one
+        monitor wins) and start an agent on it. The beat waits in that socket's queue."""
+        self._reap()
+        if self.sender.send(beat) or not self.sender.listener_gone or self._started is not None:
+            return
+        try:
+            sock = BeatSocket(self.sender.path)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            return  # another monitor of the host bound it first: its agent starts
+        try:
+            self._started = start_agent(self.cfg, sock.fileno())
+        finally:
+            sock.close(unlink=False)
+        self.sender.send(beat)
+
+    def _reap(self) -> None:
+        if self._started is not None and self._started.poll() is not None:
+            self._started = None
+
+    def end(self, failed: bool = False) -> None:
+        """This monitor stops beating: on purpose (its rank ended, died or hung, and this
+        monitor took care of it), it says so in the store and to the agent; ``failed``, it
+        says nothing and the agent finds its rank silent. Never raises."""
+        if not failed:
+            try:
+                list_ended(self._store(), self.slot, self.cfg.initial_rank)
+            except Exception as exc:  # the store may be gone at the job's end
+                log.info("could not write that this monitor ends: %r", exc)
+            bye = Beat(initial_rank=self.cfg.initial_rank, pid=self.cfg.target_pid, bye=True)
+            self.sender.send(bye, wait_s=1.0)
+        self.sender.close()
+        self._reap()
+
+
+def start_agent(cfg: MonitorConfig, fd: int) -> subprocess.Popen[bytes]:
+    """Start a node agent for ``cfg``'s job and host, in a session of its own, on the
+    socket ``fd`` bound at its address."""
+    config = json.dumps(dataclasses.asdict(dataclasses.replace(cfg, env=None)))
+    return subprocess.Popen(
+        [sys.executable, "-m", "nvrx.inprocess.node_agent", str(fd), config],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+        pass_fds=(fd,),
+    )
+
+
+# -- the agent ------------------------------------------------------------------------------
+@dataclasses.dataclass
+class _Out:
+    """A rank of this host to take out of the running round: why, and when to try."""
+
+    message: str
+    at: float
+
+
+class NodeAgent:
+    """The agent's loop (see the module docstring): ``run`` until its host's ranks ended."""
+
+    def __init__(
+        self,
+        cfg: MonitorConfig,
+        sock: BeatSocket,
+        emit: Callable[..., Any],
+        host: str,
+        store: Any = None,
+    ) -> None:
+        self.cfg, self.sock, self.emit, self.host = cfg, sock, emit, host
+        self.limits = limits_of(cfg)
+        self.store: Any = None
+        self.ring: HostRing | None = None
+        self.slot = -1
+        self.table = RankBeats()
+        self.heard: set[int] = set()  # ranks whose monitor beat here
+        self.done: set[int] = set()  # ranks that ended on purpose, or were taken out
+        self._out: dict[int, _Out] = {}
+        self._silent_hosts: dict[int, dict[str, Any]] = {}
+        self._refresh_at = 0.0
+        self._reached = time.monotonic()  # the last time the store answered
+        self._failing = False
+        if store is not None:
+            self._attach(store, self._reached)
+
+    def run(self) -> None:
+        """Until ``finished``: the beats as they come, the host's tick every interval."""
+        started = time.monotonic()
+        next_tick = started
+        while not self.finished(time.monotonic(), started):
+            wait = max(0.0, next_tick - time.monotonic())
+            readable, _, _ = select.select([self.sock], [], [], wait)
+            now = time.monotonic()
+            if readable:
+                self._receive(now)
+            if now >= next_tick:
+                next_tick = now + self.cfg.heartbeat_interval
+                self._guarded(self._tick, now)
+
+    def step(self, now: float) -> bool:
+        """One look at ``now``: the beats that came, then the tick; whether the store answered."""
+        self._receive(now)
+        return self._guarded(self._tick, now)
+
+    def finished(self, now: float, started: float) -> bool:
+        """Whether the agent may end (see the module docstring)."""
+        if now - self._reached > self.limits.host_s:
+            log.warning("the store did not answer for %.1f s: the job is gone", now - self._reached)
+            return True
+        if not self.heard:
+            return now - started > max(IDLE_START_S, self.cfg.heartbeat_timeout)
+        if self.heard - self.done or self._out:
+            return False
+        with_store = self._guarded(self._end_place, now)
+        return with_store or now - self._reached > self.limits.host_s
+
+    def _end_place(self, now: float) -> None:
+        """Every rank this agent heard of is done: end the host's place unless a listed
+        rank still lives (one that never beat here yet). Raises to say 'not yet'."""
+        listed = set(live_ranks(self.store, self.slot)) - self.done
+        if listed:
+            raise _NotYet(f"ranks {sorted(listed)} of this host are still listed")
+        assert self.ring is not None
+        self.ring.claim(self.slot)
+        log.info("every rank of this host ended: the agent ends")
+
+    def _guarded(self, step: Callable[[float], None], now: float) -> bool:
+        """Run ``step``; whether it reached the store. A store that fails is told once."""
+        try:
+            if self.store is None:
+                self._connect(now)
+            step(now)
+        except _NotYet:
+            self._reached = now
+            return False
+        except Exception as exc:
+            if not self._failing:
+                log.warning("this host's beats did not reach the store: %r", exc)
+            self._failing = True
+            self._drop_store()  # connect again next time: the store may serve again there
+            return False
+        if self._failing:
+            log.info("this host's beats reach the store again")
+        self._failing, self._reached = False, now
+        return True
+
+    def _drop_store(self) -> None:
+        if self.store is not None and hasattr(self.store, "close"):
+            with contextlib.suppress(Exception):
+                self.store.close()
+        self.store, self.ring = None, None
+
+    def _connect(self, now: float) -> None:
+        """Connect (within ``host_s`` unless a store factory says otherwise)."""
+        cfg = self.cfg
+        if cfg.store_factory:
+            store = monitor_store.connect(cfg)
+        else:
+            host, port = cfg.store_host or "127.0.0.1", int(cfg.store_port or 0)
+            store = WireStore(host, port, timeout=self.limits.host_s)
+        self._attach(store, now)
+
+    def _attach(self, store: Any, now: float) -> None:
+        """Use ``store``: take the host's slot in the ring, watch the host's listed ranks."""
+        self.store = store
+        self.slot = register(store, host_key(self.cfg, self.host))
+        self.ring = HostRing(store, self.slot, self.limits)
+        self._watch_listed(now)
+        self._refresh_at = now + self.limits.host_s
+
+    def _tick(self, now: float) -> None:
+        """The host's beat, the look at the next host, then what the silences call for."""
+        assert self.ring is not None
+        report = self.ring.tick(now, time.time())
+        if report is not None:  # the ring moves on; the host's place ends once its ranks are out
+            self.ring.ring.ended_slot(report["slot"])
+            log.warning("host slot %s silent for %.1f s", report["slot"], report["silent_s"])
+            self._silent_hosts[report["slot"]] = {**report, "at": now}
+        for s in self.table.due(now):
+            self._queue([s.beat.initial_rank], f"no heartbeat for {s.silent_s:.1f} s", now)
+        if now >= self._refresh_at:
+            self._refresh_at = now + self.limits.host_s
+            self.ring.refresh()
+            self._watch_listed(now)
+        self._take_out_due(now)
+        for slot, silent in list(self._silent_hosts.items()):
+            if silent["at"] <= now:
+                self._take_out_host(slot, silent, now)
+
+    def _watch_listed(self, now: float) -> None:
+        """Each listed live rank not heard of yet gets a full timeout to beat here."""
+        for rank in live_ranks(self.store, self.slot):
+            if rank not in self.table.ranks and rank not in self.done:
+                self.table.record([Beat(rank, pid=0, timeout=self.limits.timeout)], now)
+
+    def _receive(self, now: float) -> None:
+        """The beats that came; a rank beating again is no longer to take out."""
+        beats = self.sock.receive()
+        for b in beats:
+            held = self.table.ranks.get(b.initial_rank)
+            if b.bye:
+                self.done.add(b.initial_rank)
+                self._out.pop(b.initial_rank, None)
+                if held is not None:
+                    del self.table.ranks[b.initial_rank]
+                continue
+            self.heard.add(b.initial_rank)
+            self.done.discard(b.initial_rank)
+            self._out.pop(b.initial_rank, None)
+        self.table.record([b for b in beats if not b.bye], now)
+        for b in beats:  # beating again: a later silence is a new one
+            held = self.table.ranks.get(b.initial_rank)
+            if not b.bye and held is not None:
+                held.declared = False
+
+    def _queue(self, ranks: list[int], message: str, now: float) -> None:
+        for rank in ranks:
+            self._out.setdefault(rank, _Out(message, now))
+
+    def _take_out_due(self, now: float) -> None:
+        """Take this host's ranks due out of the running round; one that ended on purpose
+        meanwhile (its bye lost) is left alone."""
+        due = {rank: out for rank, out in self._out.items() if out.at <= now}
+        if not due:
+            return
+        ended = ended_ranks(self.store, self.slot)
+        for rank in [r for r in due if r in ended]:
+            del self._out[rank], due[rank]
+            self.done.add(rank)
+        by_message: dict[str, list[int]] = {}
+        for rank, out in due.items():
+            out.at = now + self.limits.replace_s  # unless it is out below
+            by_message.setdefault(out.message, []).append(rank)
+        for message, ranks in by_message.items():
+            self._leave(ranks, message)
+
+    def _take_out_host(self, slot: int, silent: dict[str, Any], now: float) -> None:
+        """Take the ranks of silent host ``slot`` out; end its place in the ring once they
+        all are. Until then another agent that finds it silent does so again."""
+        assert self.ring is not None
+        ranks = live_ranks(self.store, slot)
+        message = f"its host sent no heartbeat for {silent['silent_s']:.1f} s"
+        if ranks and self._leave(ranks, message, own=False):
+            silent["at"] = now + self.limits.replace_s
+            return
+        self.ring.claim(slot)
+        del self._silent_hosts[slot]
+
+    def _leave(self, ranks: list[int], message: str, own: bool = True) -> list[int]:
+        """Take ``ranks`` (initial ranks) out of the running round as unresponsive, each with
+        its event as it leaves; those not out yet (in no round yet), to try again."""
+        from nvrx.store import rounds
+
+        def left(rank: int) -> None:
+            announce_leave(self.emit, rank, FaultRecord(rank, "unresponsive", message=message))
+
+        size = self.cfg.initial_world_size
+        done = rounds.leave_round(
+            self.store, ranks, size, message, False, "unresponsive", published=True, on_left=left
+        )
+        if done["out"]:  # they will not pass the termination barrier
+            generation = rounds.generation_of(self.store, done["round"])
+            for initial in done["out"]:
+                rounds.arrive_termination(self.store, generation, initial, size)
+        for initial in done["out"]:
+            self._out.pop(initial, None)
+            if own:
+                self.done.add(initial)
+        later = [r for r in ranks if r not in done["out"]]
+        log.log(
+            logging.WARNING if done["ranks"] else logging.INFO,
+            "ranks %s taken out (%s)%s", done["ranks"], message,
+            f"; initial ranks {later} are in no round yet: again later" if later else "",
+        )  # fmt: skip
+        return later
+
+
+class _NotYet(Exception):
+    """The store answered, but the agent may not end yet."""
+
+
+def _setup_logging(path: str | None) -> None:
+    handler: logging.Handler = logging.FileHandler(path) if path else logging.StreamHandler()
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s nvrx.node_agent %(levelname)s: %(message)s")
+    )
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if jobenv.flag_in(None, jobenv.MONITOR_DEBUG) else logging.INFO)
+
+
+def main(argv: list[str]) -> int:
+    """Serve on the socket of descriptor ``argv[0]`` as the agent of the job and host of
+    ``argv[1]`` (a ``MonitorConfig`` in JSON)."""
+    processes.ignore_warning_signal()
+    fd, cfg = int(argv[0]), MonitorConfig(**json.loads(argv[1]))
+    _setup_logging(cfg.logfile)
+    sock = BeatSocket(agent_address(cfg, jobenv.host_id()), fd)
+    context = dict(cfg.events_context or events.context_from_env())
+    context.update(rank=None, round=None)
+    writer = events.EventWriter(cfg.events_dir or events.job_log_dir(), "node_agent", context)
+    log.info("node agent of host %s serving (pid %d)", jobenv.host_id(), os.getpid())
+    try:
+        NodeAgent(cfg, sock, writer.emit, jobenv.host_id()).run()
+    finally:
+        sock.close(unlink=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

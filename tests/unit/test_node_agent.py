@@ -1,0 +1,355 @@
+"""The node agent of a Wrapper job without a supervisor (``nvrx.inprocess.node_agent``).
+
+In-process: each host's agent is a ``NodeAgent`` on a real datagram socket at an
+abstract address, beside a real TCPStore (the ``base`` fixture), driven step by step
+with explicit monotonic times; each rank's monitor is a real ``BeatSender``. Then the
+real thing: monitors' ``AgentLink`` start one agent process per host, which beats,
+comes back after it is killed, and ends by itself, leaving no file behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from nvrx.inprocess import node_agent
+from nvrx.inprocess import store as rstore
+from nvrx.inprocess.host_ring import list_ended, list_rank, live_ranks, register
+from nvrx.inprocess.monitor_process import MonitorConfig
+from nvrx.rank_beats import Beat, BeatSender, BeatSocket
+from nvrx.store import barrier, client, keys, rounds
+from tests.support.waiting import wait_until
+
+TIMEOUT = 0.5
+INTERVAL = 0.05
+WORLD = 4
+
+
+def _config(**fields: Any) -> MonitorConfig:
+    values: dict[str, Any] = dict(
+        target_pid=0, board_path="", initial_rank=0, monitor_process_interval=0.0,
+        heartbeat_interval=INTERVAL, heartbeat_timeout=TIMEOUT, soft_timeout=60.0,
+        hard_timeout=60.0, termination_grace_time=1.0, logfile=None,
+        store_host="127.0.0.1", store_port=1, initial_world_size=WORLD,
+    )  # fmt: skip
+    values.update(fields)
+    return MonitorConfig(**values)
+
+
+CFG = _config()
+LIMITS = node_agent.limits_of(CFG)
+
+
+class Counting:
+    """A store client that counts the requests it passes on."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.requests = store, 0
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.store, name)
+
+        def counted(*args: Any) -> Any:
+            self.requests += 1
+            return method(*args)
+
+        return counted
+
+
+class Host:
+    """One host: its agent on an abstract socket, the monitors of its ranks, the events."""
+
+    def __init__(self, store: Any, name: str, ranks: list[int]) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.address = f"\0nvrx-test-{uuid.uuid4().hex}"
+        self.sock = BeatSocket(self.address)
+        slot = register(store, node_agent.host_key(CFG, name))
+        for rank in ranks:  # what each monitor writes before its rank goes on
+            list_rank(store, slot, rank)
+        emit = lambda kind, **f: self.events.append((kind, f))  # noqa: E731
+        self.agent = node_agent.NodeAgent(CFG, self.sock, emit, name, store=store)
+        self.monitors = {rank: BeatSender(self.address) for rank in ranks}
+
+    def beat(self, *ranks: int, bye: bool = False) -> None:
+        for rank in ranks:
+            beat = Beat(rank, pid=2000 + rank, rank=rank, world_size=WORLD, round=0,
+                        timeout=TIMEOUT, bye=bye)  # fmt: skip
+            assert self.monitors[rank].send(beat)
+
+    def faults(self) -> list[tuple[int, str]]:
+        return sorted((f["origin_rank"], f["fault_kind"]) for k, f in self.events if k == "fault")
+
+    def close(self) -> None:
+        self.sock.close(unlink=False)
+        for sender in self.monitors.values():
+            sender.close()
+
+
+@pytest.fixture
+def hosts(base):
+    made: list[Host] = []
+
+    def make(name: str, ranks: list[int], store: Any = None) -> Host:
+        made.append(Host(base if store is None else store, name, ranks))
+        return made[-1]
+
+    yield make
+    for host in made:
+        host.close()
+
+
+def _round(store: Any) -> Any:
+    """Round 0 at world size ``WORLD``, each rank at its initial rank."""
+    rounds.publish_round(store, 0)
+    view = rstore.round_store(store, 0)
+    for rank in range(WORLD):
+        view.set(rounds.rank_state(rank), json.dumps({"initial_rank": rank, "world_size": WORLD}))
+    return view
+
+
+def _termination_arrivals(store: Any) -> int:
+    return int(store.add(barrier._count_key(rounds.termination_barrier(0)), 0))
+
+
+def test_only_the_agent_talks_to_the_store_two_requests_per_tick(base, hosts) -> None:
+    counted = Counting(base)
+    h = hosts("h0", [0, 1, 2], store=counted)
+    t = time.monotonic()
+    for i in range(3):
+        h.beat(0, 1, 2)
+        h.agent.step(t + i * INTERVAL)
+    before = counted.requests
+    for i in range(3, 6):
+        h.beat(0, 1, 2)
+        h.agent.step(t + i * INTERVAL)
+    # its counter and the next host's counter: none per rank (one host: no next host)
+    assert counted.requests - before == 3
+    assert int(base.add(keys.host_alive(h.agent.slot), 0)) == 6
+    assert h.faults() == []
+
+
+def test_a_rank_silent_for_its_timeout_is_taken_out_once(base, hosts) -> None:
+    view = _round(base)
+    h = hosts("h0", [0, 1])
+    t = time.monotonic()
+    h.beat(0, 1)
+    h.agent.step(t)
+    h.beat(0)
+    h.agent.step(t + TIMEOUT / 2)
+    assert rstore.terminated_ranks(view) == set()
+    for dt in (TIMEOUT + 0.1, 2 * TIMEOUT + 0.2):
+        h.beat(0)
+        h.agent.step(t + dt)
+    assert rstore.terminated_ranks(view) == {1}
+    assert h.faults() == [(1, "unresponsive")]
+    assert _termination_arrivals(base) == 1  # nobody waits for it at the end
+    assert h.agent.done == {1}
+
+
+def test_a_rank_that_said_bye_or_ended_in_the_store_is_not_taken_out(base, hosts) -> None:
+    view = _round(base)
+    h = hosts("h0", [0, 1, 2])
+    t = time.monotonic()
+    h.beat(0, 1, 2)
+    h.agent.step(t)
+    h.beat(1, bye=True)
+    list_ended(base, h.agent.slot, 2)  # its end, written; its bye never came
+    h.beat(0)
+    h.agent.step(t + TIMEOUT + 0.1)
+    h.beat(0)
+    h.agent.step(t + TIMEOUT + 0.1 + LIMITS.replace_s)
+    assert rstore.terminated_ranks(view) == set() and h.faults() == []
+
+
+def test_a_listed_rank_that_never_beat_gets_a_full_timeout_then_is_taken_out(base, hosts) -> None:
+    """Rank 1's monitor wrote it in the host's list but its beats never came (the agent
+    started after it died)."""
+    view = _round(base)
+    h = hosts("h0", [0, 1])
+    t = time.monotonic()
+    h.beat(0)
+    h.agent.step(t + TIMEOUT / 2)
+    assert rstore.terminated_ranks(view) == set()
+    h.beat(0)
+    h.agent.step(t + TIMEOUT + 0.1)
+    assert rstore.terminated_ranks(view) == {1}
+
+
+def test_a_rank_silent_before_its_round_is_taken_out_once_a_round_names_it(base, hosts) -> None:
+    h = hosts("h0", [0, 1])
+    t = time.monotonic()
+    h.beat(0, 1)
+    h.agent.step(t)
+    h.beat(0)
+    h.agent.step(t + TIMEOUT + 0.1)
+    assert h.faults() == []  # in no round: nothing to take it out of
+    view = _round(base)
+    h.agent.step(t + TIMEOUT + 0.2)  # too early to try again
+    assert rstore.terminated_ranks(view) == set()
+    h.agent.step(t + TIMEOUT + 0.1 + LIMITS.replace_s)
+    assert rstore.terminated_ranks(view) == {1}
+    assert h.faults() == [(1, "unresponsive")]
+
+
+def test_a_rank_that_beat_again_after_a_silence_is_found_silent_again(base, hosts) -> None:
+    h = hosts("h0", [1])
+    t = time.monotonic()
+    h.beat(1)
+    h.agent.step(t)
+    h.agent.step(t + TIMEOUT + 0.1)  # silent, in no round
+    h.beat(1)
+    h.agent.step(t + 2)
+    view = _round(base)
+    h.agent.step(t + 2 + TIMEOUT + 0.1)
+    assert rstore.terminated_ranks(view) == {1}
+
+
+def test_a_silent_host_is_taken_out_by_the_agent_watching_it(base, hosts) -> None:
+    view = _round(base)
+    a, b = hosts("h0", [0, 1]), hosts("h1", [2, 3])
+    t = time.monotonic()
+    for i in range(3):
+        a.beat(0, 1), b.beat(2, 3)
+        a.agent.step(t + i * INTERVAL), b.agent.step(t + i * INTERVAL)
+    now = t + 2 * INTERVAL
+    while not a.faults() and now < t + 3 * LIMITS.host_s:  # h1's agent stopped beating
+        now += INTERVAL
+        a.beat(0, 1)
+        a.agent.step(now)
+    assert now - t >= LIMITS.host_s
+    assert rstore.terminated_ranks(view) == {2, 3}
+    assert a.faults() == [(2, "unresponsive"), (3, "unresponsive")]
+    assert all(f["message"].startswith("its host sent no heartbeat") for _, f in a.events)
+    assert int(base.add(keys.host_claim(b.agent.slot), 0)) == 1  # its place ended
+    assert a.agent.done == set()  # not its own ranks
+
+
+def test_an_agent_ends_once_its_ranks_ended_and_ends_its_place_in_the_ring(base, hosts) -> None:
+    h = hosts("h0", [0, 1])
+    t = time.monotonic()
+    h.beat(0, 1)
+    h.agent.step(t)
+    assert not h.agent.finished(t, t)
+    h.beat(0, bye=True)
+    h.agent.step(t + INTERVAL)
+    assert not h.agent.finished(t + INTERVAL, t)
+    h.beat(1, bye=True)
+    h.agent.step(t + 2 * INTERVAL)
+    assert h.agent.finished(t + 2 * INTERVAL, t)
+    assert int(base.add(keys.host_claim(h.agent.slot), 0)) == 1
+
+
+def test_an_agent_whose_store_is_gone_ends() -> None:
+    server = client.serve("127.0.0.1", 0, timeout=10)
+    store = client.connect("127.0.0.1", server.port, timeout=2)
+    h = Host(store, "h0", [0])
+    try:
+        t = time.monotonic()
+        h.beat(0)
+        assert h.agent.step(t)
+        del server
+        wait_until("a failing store", lambda: not h.agent.step(time.monotonic()), 30)
+        assert not h.agent.finished(time.monotonic(), t)
+        assert h.agent.finished(time.monotonic() + LIMITS.host_s + 0.1, t)
+    finally:
+        h.close()
+
+
+# -- the real agent process ------------------------------------------------------------
+def _agents(address: str) -> list[psutil.Process]:
+    """Agent processes of this test (their configuration names its store port)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if "nvrx.inprocess.node_agent" in cmd and address in cmd[-1]:
+            found.append(proc)
+    return found
+
+
+def _shm() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+@pytest.fixture
+def served(tmp_path, monkeypatch):
+    server = client.serve("127.0.0.1", 0, timeout=10)
+    monkeypatch.setenv("NVRX_HOST_ID", f"h-{uuid.uuid4().hex[:8]}")
+    cfg = _config(store_port=server.port, heartbeat_interval=0.1, heartbeat_timeout=2.0,
+                  events_dir=str(tmp_path / "events"))  # fmt: skip
+    store = client.connect("127.0.0.1", server.port, timeout=10)
+    yield cfg, store
+    for agent in _agents(f'"store_port": {server.port}'):
+        agent.kill()
+    del server
+
+
+def _link(cfg: MonitorConfig, store: Any, rank: int) -> node_agent.AgentLink:
+    return node_agent.AgentLink(_config(**{**cfg.__dict__, "initial_rank": rank}), lambda: store)
+
+
+def _beat(rank: int, bye: bool = False) -> Beat:
+    return Beat(rank, pid=os.getpid(), rank=rank, world_size=WORLD, round=0, timeout=2.0, bye=bye)
+
+
+def test_the_monitors_of_a_host_start_one_agent_that_beats_and_ends_by_itself(served) -> None:
+    cfg, store = served
+    shm_before = _shm()
+    links = [_link(cfg, store, rank) for rank in range(3)]
+    for rank, link in enumerate(links):  # all find no agent: the first to bind starts it
+        link.beat(_beat(rank))
+    port = f'"store_port": {cfg.store_port}'
+    agents = _agents(port)
+    assert len(agents) == 1 and agents[0].ppid() == os.getpid()
+    assert os.getsid(agents[0].pid) == agents[0].pid  # a session of its own
+    slot = links[0].slot
+    wait_until("the host's beats", lambda: int(store.add(keys.host_alive(slot), 0)) >= 3, 30)
+    assert live_ranks(store, slot) == [0, 1, 2]
+    for link in links:
+        link.end()
+    assert psutil.wait_procs(agents, timeout=30)[1] == []
+    links[0]._reap()
+    assert int(store.add(keys.host_claim(slot), 0)) == 1
+    assert _shm() == shm_before
+
+
+def test_a_killed_agent_is_started_again_and_keeps_the_hosts_place(served) -> None:
+    cfg, store = served
+    link = _link(cfg, store, 0)
+    link.beat(_beat(0))
+    port = f'"store_port": {cfg.store_port}'
+    first = _agents(port)
+    wait_until("beats", lambda: int(store.add(keys.host_alive(link.slot), 0)) >= 2, 30)
+    first[0].send_signal(signal.SIGKILL)
+    first[0].wait(10)
+    wait_until(
+        "a second agent",
+        lambda: link.beat(_beat(0)) or len(_agents(port)) == 1,
+        30,
+    )
+    second = _agents(port)
+    assert second[0].pid != first[0].pid
+    before = int(store.add(keys.host_alive(link.slot), 0))
+    wait_until("beats", lambda: int(store.add(keys.host_alive(link.slot), 0)) > before + 2, 30)
+    assert int(store.add(keys.HOST_COUNT, 0)) == 1  # the same slot
+    link.end()
+    assert psutil.wait_procs(second, timeout=30)[1] == []
+
+
+def test_an_agent_logs_to_the_monitors_log_file(served, tmp_path: Path) -> None:
+    cfg, store = served
+    log = tmp_path / "monitor.log"
+    link = _link(_config(**{**cfg.__dict__, "logfile": str(log)}), store, 0)
+    link.beat(_beat(0))
+    wait_until("the agent's log", lambda: log.exists() and "serving" in log.read_text(), 30)
+    link.end()
+    agents = _agents(f'"store_port": {cfg.store_port}')
+    assert psutil.wait_procs(agents, timeout=30)[1] == []
+    assert "every rank of this host ended" in log.read_text()
