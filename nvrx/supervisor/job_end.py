@@ -63,6 +63,8 @@ class JobEnd:
         self.store, self.course, self.control = store, course, control
         self.messages, self.job_restart, self.requeue = messages, job_restart, requeue
         self.selector, self.poll = selector, poll
+        #: (the store host) every slot ended: the job is over, its store's files serve nobody
+        self.over = False
 
     def finish(self) -> None:
         """All local children ended: report this node done; node 0 keeps the store up until
@@ -84,6 +86,7 @@ class JobEnd:
             return
         if store.service is not None and cfg.nnodes > 1:  # the store host
             self._wait_for_other_nodes(time.monotonic() + cfg.finish_timeout)
+            self.over = self.messages.all_ended
             if store.epoch > 0 and control.exit_code in FINAL_EXITS:
                 self._end_orphaned_job()
 

@@ -161,7 +161,10 @@ def prepare_dir(job_dir: Path, rank: int, attempt: int, slot: int) -> Path | Non
     """Make ``rank_dir`` for a process about to start; None (logged) when it cannot be made."""
     directory = rank_dir(job_dir, rank, attempt, slot)
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except FileNotFoundError:  # a parent left empty was removed meanwhile (``error_file``)
+            directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         log.warning("cannot make %s: %s (no error file, no log files)", directory, exc)
         return None
@@ -170,13 +173,16 @@ def prepare_dir(job_dir: Path, rank: int, attempt: int, slot: int) -> Path | Non
 
 def error_file(directory: Path | None, job_dir: Path) -> str | None:
     """The error file an ended process wrote (relative to ``job_dir``), or None; a directory
-    left empty (no error, no routed stream) is removed."""
+    left empty (no error, no routed stream) is removed, and so are its parents left empty."""
     if directory is None:
         return None
     path = directory / ERROR_FILE
     with contextlib.suppress(OSError):
         if path.stat().st_size > 0:
             return str(path.relative_to(job_dir))
-    with contextlib.suppress(OSError):
-        directory.rmdir()
+    for empty in (directory, directory.parent, directory.parent.parent):  # attempt, rank, ranks
+        try:
+            empty.rmdir()
+        except OSError:  # not empty: another start's files, kept
+            break
     return None

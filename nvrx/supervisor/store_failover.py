@@ -3,8 +3,10 @@
 The job directory (``<log dir>/<job id>``) is on a file system every node
 sees (the checkpoint flag relies on it too), and it is where the survivors
 meet, since the store is gone. Each run of the job (``SLURM_RESTART_COUNT``)
-has its own failover directory and snapshot, and node 0 clears them when it
-starts, so nothing of an earlier run with the same job id is read. For
+has its own failover directory and snapshot; node 0 clears those of every run
+when it starts, so nothing of an earlier run with the same job id is read, and
+removes its run's once every slot ended (``forget_run``): only a killed run's
+stay until the next run starts. For
 failover ``epoch`` (1 for the first):
 
 1. every survivor writes ``failover/e<epoch>/alive-<slot>``;
@@ -30,6 +32,7 @@ the store timeout.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -71,9 +74,21 @@ def snapshot_path(job_dir: Path) -> Path:
 
 
 def reset(job_dir: Path) -> None:
-    """Node 0, before this run's first store: forget failovers of an earlier run of this id."""
-    shutil.rmtree(job_dir / "failover" / _run(), ignore_errors=True)
-    snapshot_path(job_dir).unlink(missing_ok=True)
+    """Node 0, before this run's first store: forget the failovers and snapshots of every
+    earlier run of this id (one killed left them; no later run reads them)."""
+    for run in (job_dir / "failover").glob("run*"):
+        shutil.rmtree(run, ignore_errors=True)
+    for snapshot in (job_dir / "store").glob("snapshot-run*.json"):
+        snapshot.unlink(missing_ok=True)
+
+
+def forget_run(job_dir: Path) -> None:
+    """The store host, once every slot ended and its store stopped: this run's failover
+    files and snapshot serve nobody any more (a requeued run starts from none)."""
+    reset(job_dir)
+    for directory in (job_dir / "failover", job_dir / "store"):
+        with contextlib.suppress(OSError):  # another run's files still there: kept
+            directory.rmdir()
 
 
 def withdraw(job_dir: Path, epoch: int, slot: int) -> None:

@@ -31,7 +31,7 @@ from nvrx import events, jobenv
 from nvrx.rank_beats import RankBeats
 from nvrx.store import seal
 
-from . import job_secret, node_requeue, preemption
+from . import job_secret, node_requeue, preemption, store_failover
 from .children import Child, ExitStatus, stop_children
 from .config import ALL_ENDED_KEY, ConfigError, StopRequest, SupervisorConfig
 from .course import Course, CourseTracker
@@ -513,6 +513,8 @@ class Supervisor:
             store.link.close()
         if store.service is not None:
             store.service.stop()
+            if self.job_end.over:
+                store_failover.forget_run(self.config.events_dir)
         self.standbys.close_outputs()  # the last lines of each routed stream
         self.hang_watch.close()
         if self.signals is not None:

@@ -204,6 +204,8 @@ def test_a_real_stop_after_forged_values_still_stops_every_node(tmp_path):
     job = _job(tmp_path, 2000)
     _forge(job)
     wait_until("the forged values to be rejected", lambda: len(job.events("rejected_write")) == 4, 60)
+    # node 1 in touch with the store (its ranks start before that): its stop must reach it
+    job.wait_for_beat(1)
     os.kill(job.procs[1].pid, signal.SIGTERM)
     codes = job.wait(120)
     assert codes[1] != 0 and codes[0] == codes[1], (codes, job.output())  # node 0 stopped too

@@ -346,3 +346,23 @@ def test_another_user_can_neither_announce_nor_claim_a_failover_epoch() -> None:
         assert store_failover.read_address(store_failover.epoch_dir(job_dir, 1) / "store.json") is None
     finally:
         shutil.rmtree(parent)
+
+
+def test_node_0_forgets_every_earlier_runs_failover_files_and_a_run_its_own_at_its_end(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A killed run leaves its snapshot and failover files (its store host could not tell
+    its kill from its loss): the next run's node 0 removes them; a run that ended removes
+    its own, and the folders once empty."""
+    for run in ("0", "1"):
+        monkeypatch.setenv("SLURM_RESTART_COUNT", run)
+        store_failover.snapshot_path(tmp_path).parent.mkdir(exist_ok=True)
+        store_failover.snapshot_path(tmp_path).write_text("{}")
+        store_failover.announce(tmp_path, 1, 0)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    store_failover.reset(tmp_path)
+    assert list((tmp_path / "store").iterdir()) == [] and list((tmp_path / "failover").iterdir()) == []
+    store_failover.snapshot_path(tmp_path).write_text("{}")
+    store_failover.announce(tmp_path, 1, 0)
+    store_failover.forget_run(tmp_path)
+    assert list(tmp_path.iterdir()) == []

@@ -97,7 +97,10 @@ def test_each_start_gets_its_own_directory_and_an_unused_one_goes(tmp_path: Path
     assert first is not None and first.is_dir()
     assert first.parent == tmp_path / "ranks" / "rank3"
     assert first.name.startswith(f"attempt0-slot1-p{os.getpid()}-")
+    kept = prepare_dir(tmp_path, 2, 0, 1)
     assert error_file(first, tmp_path) is None and not first.exists()
+    assert not first.parent.exists() and (tmp_path / "ranks").is_dir()  # rank 2's still there
+    assert error_file(kept, tmp_path) is None and not (tmp_path / "ranks").exists()
     again = prepare_dir(tmp_path, 3, 1, 1)
     assert again is not None
     (again / "error.json").write_text("{}")
