@@ -23,7 +23,9 @@ ranks" is its last rank's. Each variant runs ``--repeats`` times (interleaved) a
 medians are printed. Then the supervisor runs once more under ``python -X importtime`` and
 the imports of its own process are summed by package.
 
-Target (issue 14): a supervisor's children run within 2 s of its start.
+Targets: a supervisor's children run within 2 s of its start (issue 14); the last rank of a
+Wrapper job enters its function at most 0.5 s after a plain script's, under the same
+supervisor (issue 37; paired runs, printed for the unsupervised pair too).
 
 Run as root (or where ``unshare -rn`` is allowed) it re-executes itself in a private network
 namespace, so that loopback connections do not stall on reverse DNS (torch's store does a
@@ -55,6 +57,7 @@ import private_netns  # noqa: E402
 from free_ports import free_port_run  # noqa: E402
 
 TARGET_CHILDREN_S = 2.0
+TARGET_WRAPPER_LAG_S = 0.5
 VARIANTS = ("plain", "wrapper", "supervised", "supervised-wrapper", "supervised-cold")
 DEFAULT_VARIANTS = VARIANTS[:4]
 MARK = "NVRX_STARTUP"
@@ -444,9 +447,31 @@ def main() -> int:
                 end = _median(runs[v], "job_end", "last")
                 if v != "plain" and base and end:
                     print(f"  {v:<20} job finished {end - base:+6.2f} s after plain's ({end / base:4.2f} x)")
+        _wrapper_lag(runs, variants)
         if not args.no_importtime:
             importtime(args, tmp)
     return 0
+
+
+def _wrapper_lag(runs: dict[str, list[Run]], variants: list[str]) -> None:
+    """Target (issue 37): the last rank of a Wrapper job enters its function at most
+    ``TARGET_WRAPPER_LAG_S`` after a plain script's, under the same launcher; the runs are
+    interleaved, so run i of one is paired with run i of the other."""
+    for plain, wrapped in (("plain", "wrapper"), ("supervised", "supervised-wrapper")):
+        if plain not in variants or wrapped not in variants:
+            continue
+        lags = []
+        for a, b in zip(runs[plain], runs[wrapped], strict=True):
+            entered = (_pick(a, "fn_entered", "last"), _pick(b, "fn_entered", "last"))
+            if not a.problems and not b.problems and None not in entered:
+                lags.append(entered[1] - entered[0])
+        if lags:
+            lag = statistics.median(lags)
+            print(
+                f"  {wrapped:<20} last rank in the function {lag:+6.2f} s after {plain}'s "
+                f"(median of {len(lags)} paired runs; target <= {TARGET_WRAPPER_LAG_S:g} s: "
+                f"ratio {lag / TARGET_WRAPPER_LAG_S:5.2f}, <= 1 meets)"
+            )
 
 
 if __name__ == "__main__":
