@@ -152,13 +152,17 @@ def start_agent(cfg: MonitorConfig, fd: int) -> subprocess.Popen[bytes]:
     """Start a node agent for ``cfg``'s job and host, in a session of its own, on the
     socket ``fd`` bound at its address."""
     config = json.dumps(dataclasses.asdict(dataclasses.replace(cfg, env=None)))
-    return subprocess.Popen(
-        [sys.executable, "-m", "nvrx.inprocess.node_agent", str(fd), config],
-        stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nvrx.inprocess.node_agent", str(fd)],
+        stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         start_new_session=True,
         pass_fds=(fd,),
     )
+    assert proc.stdin is not None
+    with contextlib.suppress(BrokenPipeError), proc.stdin:  # its configuration, not in ``ps``
+        proc.stdin.write(config.encode() + b"\n")
+    return proc
 
 
 # -- the agent ------------------------------------------------------------------------------
@@ -198,18 +202,22 @@ class NodeAgent:
             self._attach(store, self._reached)
 
     def run(self) -> None:
-        """Until ``finished``: the beats as they come, the host's tick every interval."""
+        """Until ``finished`` (asked at each tick): the beats as they come, the host's tick
+        every interval."""
         started = time.monotonic()
         next_tick = started
-        while not self.finished(time.monotonic(), started):
+        while True:
             wait = max(0.0, next_tick - time.monotonic())
             readable, _, _ = select.select([self.sock], [], [], wait)
             now = time.monotonic()
             if readable:
                 self._receive(now)
-            if now >= next_tick:
-                next_tick = now + self.cfg.heartbeat_interval
-                self._guarded(self._tick, now)
+            if now < next_tick:
+                continue
+            next_tick = now + self.cfg.heartbeat_interval
+            self._guarded(self._tick, now)
+            if self.finished(now, started):
+                return
 
     def step(self, now: float) -> bool:
         """One look at ``now``: the beats that came, then the tick; whether the store answered."""
@@ -404,10 +412,10 @@ def _setup_logging(path: str | None) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Serve on the socket of descriptor ``argv[0]`` as the agent of the job and host of
-    ``argv[1]`` (a ``MonitorConfig`` in JSON)."""
+    """Serve on the socket of descriptor ``argv[0]`` as the agent of the job and host of the
+    ``MonitorConfig`` (JSON) on the first line of stdin."""
     processes.ignore_warning_signal()
-    fd, cfg = int(argv[0]), MonitorConfig(**json.loads(argv[1]))
+    fd, cfg = int(argv[0]), MonitorConfig(**json.loads(sys.stdin.readline()))
     _setup_logging(cfg.logfile)
     sock = BeatSocket(agent_address(cfg, jobenv.host_id()), fd)
     context = dict(cfg.events_context or events.context_from_env())

@@ -9,6 +9,7 @@ comes back after it is killed, and ends by itself, leaving no file behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -264,13 +265,14 @@ def test_an_agent_whose_store_is_gone_ends() -> None:
 
 
 # -- the real agent process ------------------------------------------------------------
-def _agents(address: str) -> list[psutil.Process]:
-    """Agent processes of this test (their configuration names its store port)."""
+def _agents(host: str) -> list[psutil.Process]:
+    """Agent processes of this test (their environment names its host)."""
     found = []
     for proc in psutil.process_iter(["cmdline"]):
-        cmd = proc.info["cmdline"] or []
-        if "nvrx.inprocess.node_agent" in cmd and address in cmd[-1]:
-            found.append(proc)
+        with contextlib.suppress(psutil.Error):
+            if "nvrx.inprocess.node_agent" in (proc.info["cmdline"] or []):
+                if proc.environ().get("NVRX_HOST_ID") == host:
+                    found.append(proc)
     return found
 
 
@@ -281,12 +283,13 @@ def _shm() -> set[str]:
 @pytest.fixture
 def served(tmp_path, monkeypatch):
     server = client.serve("127.0.0.1", 0, timeout=10)
-    monkeypatch.setenv("NVRX_HOST_ID", f"h-{uuid.uuid4().hex[:8]}")
+    host = f"h-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("NVRX_HOST_ID", host)
     cfg = _config(store_port=server.port, heartbeat_interval=0.1, heartbeat_timeout=2.0,
                   events_dir=str(tmp_path / "events"))  # fmt: skip
     store = client.connect("127.0.0.1", server.port, timeout=10)
     yield cfg, store
-    for agent in _agents(f'"store_port": {server.port}'):
+    for agent in _agents(host):
         agent.kill()
     del server
 
@@ -305,10 +308,11 @@ def test_the_monitors_of_a_host_start_one_agent_that_beats_and_ends_by_itself(se
     links = [_link(cfg, store, rank) for rank in range(3)]
     for rank, link in enumerate(links):  # all find no agent: the first to bind starts it
         link.beat(_beat(rank))
-    port = f'"store_port": {cfg.store_port}'
-    agents = _agents(port)
+    agents = _agents(os.environ["NVRX_HOST_ID"])
     assert len(agents) == 1 and agents[0].ppid() == os.getpid()
     assert os.getsid(agents[0].pid) == agents[0].pid  # a session of its own
+    assert agents[0].cmdline()[-2:] == ["nvrx.inprocess.node_agent", agents[0].cmdline()[-1]]
+    assert agents[0].cmdline()[-1].isdigit()  # its socket; its configuration came on stdin
     slot = links[0].slot
     wait_until("the host's beats", lambda: int(store.add(keys.host_alive(slot), 0)) >= 3, 30)
     assert live_ranks(store, slot) == [0, 1, 2]
@@ -324,17 +328,17 @@ def test_a_killed_agent_is_started_again_and_keeps_the_hosts_place(served) -> No
     cfg, store = served
     link = _link(cfg, store, 0)
     link.beat(_beat(0))
-    port = f'"store_port": {cfg.store_port}'
-    first = _agents(port)
+    host = os.environ["NVRX_HOST_ID"]
+    first = _agents(host)
     wait_until("beats", lambda: int(store.add(keys.host_alive(link.slot), 0)) >= 2, 30)
     first[0].send_signal(signal.SIGKILL)
     first[0].wait(10)
     wait_until(
         "a second agent",
-        lambda: link.beat(_beat(0)) or len(_agents(port)) == 1,
+        lambda: link.beat(_beat(0)) or len(_agents(host)) == 1,
         30,
     )
-    second = _agents(port)
+    second = _agents(host)
     assert second[0].pid != first[0].pid
     before = int(store.add(keys.host_alive(link.slot), 0))
     wait_until("beats", lambda: int(store.add(keys.host_alive(link.slot), 0)) > before + 2, 30)
@@ -350,6 +354,6 @@ def test_an_agent_logs_to_the_monitors_log_file(served, tmp_path: Path) -> None:
     link.beat(_beat(0))
     wait_until("the agent's log", lambda: log.exists() and "serving" in log.read_text(), 30)
     link.end()
-    agents = _agents(f'"store_port": {cfg.store_port}')
+    agents = _agents(os.environ["NVRX_HOST_ID"])
     assert psutil.wait_procs(agents, timeout=30)[1] == []
     assert "every rank of this host ended" in log.read_text()
