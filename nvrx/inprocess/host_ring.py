@@ -19,8 +19,22 @@ from nvrx.store.ring_watch import RingWatch
 
 
 def register(store: Any, host: str) -> int:
-    """The ring slot of ``host``, taken by its first monitor to ask."""
-    key = keys.host_slot(host)
+    """The ring slot of ``host``: the one its first monitor to ask took, unless that slot
+    ended since (its agent ended with the ranks it knew): then the host's next one."""
+    for generation in range(MAX_SLOTS_PER_HOST):
+        slot = _slot(store, f"{host}#{generation}")
+        if not claimed(store, slot):
+            return slot
+    raise RuntimeError(f"host {host} ended {MAX_SLOTS_PER_HOST} places in the ring: no more")
+
+
+#: How many times one host's place in the ring may end and be taken again.
+MAX_SLOTS_PER_HOST = 1000
+
+
+def _slot(store: Any, name: str) -> int:
+    """The slot named ``name``, taken once (compare-and-set: the first to ask decides)."""
+    key = keys.host_slot(name)
     if store.check([key]):
         return int(store.get(key))
     slot = int(store.add(keys.HOST_COUNT, 1)) - 1
@@ -29,6 +43,11 @@ def register(store: Any, host: str) -> int:
     if taken != slot:  # another monitor of the host took one first: this one is never used
         store.add(keys.host_claim(slot), 1)
     return taken
+
+
+def claimed(store: Any, slot: int) -> bool:
+    """Whether host ``slot``'s place in the ring ended."""
+    return int(store.add(keys.host_claim(slot), 0)) > 0
 
 
 def list_rank(store: Any, slot: int, rank: int) -> None:

@@ -62,6 +62,7 @@ from .fault_events import announce_leave
 from .host_ring import (
     HostRing,
     Thresholds,
+    claimed,
     ended_ranks,
     list_ended,
     list_rank,
@@ -88,9 +89,18 @@ def agent_address(cfg: MonitorConfig, host: str) -> str:
 
 
 def host_key(cfg: MonitorConfig, host: str) -> str:
-    """The host's name in the store's ring: one slot per host and job."""
-    digest = hashlib.sha1(f"{job_key(cfg)}\0{host}".encode()).hexdigest()[:16]
-    return f"{host}/{digest}"
+    """The host's name in the store's ring, per job: a host name shared by processes in
+    different network namespaces (containers) names as many hosts, each with its agent."""
+    digest = hashlib.sha1(f"{job_key(cfg)}\0{host}\0{_net_namespace()}".encode()).hexdigest()
+    return f"{host}/{digest[:16]}"
+
+
+def _net_namespace() -> int:
+    """This process's network namespace (abstract socket names are per namespace)."""
+    try:
+        return os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        return 0
 
 
 def limits_of(cfg: MonitorConfig) -> Thresholds:
@@ -104,27 +114,40 @@ class AgentLink:
     def __init__(self, cfg: MonitorConfig, store: Callable[[], Any]) -> None:
         self.cfg, self._store = cfg, store
         self.host = jobenv.host_id()
-        self.slot = register(store(), host_key(cfg, self.host))
-        list_rank(store(), self.slot, cfg.initial_rank)
+        self.slot = self._listed(store())
         self.sender = BeatSender(
             agent_address(cfg, self.host), "this host's node agent", logging.INFO
         )
         self._started: subprocess.Popen[bytes] | None = None
 
+    def _listed(self, store: Any) -> int:
+        """Write this rank into its host's list; the slot. A slot whose agent ended its place
+        meanwhile (it had not seen this rank yet) is left for the host's next one."""
+        key = host_key(self.cfg, self.host)
+        while True:
+            slot = register(store, key)
+            list_rank(store, slot, self.cfg.initial_rank)
+            if not claimed(store, slot):
+                return slot
+
     def beat(self, beat: Beat) -> None:
         """Send ``beat``; where no agent listens, bind its socket (the host's lock: one
-        monitor wins) and start an agent on it. The beat waits in that socket's queue."""
+        monitor wins) and start an agent on it. The beat waits in that socket's queue.
+        Never raises: an agent that cannot start is tried again at the next beat."""
         self._reap()
         if self.sender.send(beat) or not self.sender.listener_gone or self._started is not None:
             return
         try:
             sock = BeatSocket(self.sender.path)
         except OSError as exc:
-            if exc.errno != errno.EADDRINUSE:
-                raise
-            return  # another monitor of the host bound it first: its agent starts
+            if exc.errno != errno.EADDRINUSE:  # else another monitor bound it: its agent starts
+                log.warning("cannot listen for this host's node agent: %s", exc)
+            return
         try:
             self._started = start_agent(self.cfg, sock.fileno())
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("cannot start this host's node agent: %s", exc)
+            return
         finally:
             sock.close(unlink=False)
         self.sender.send(beat)
@@ -156,6 +179,7 @@ def start_agent(cfg: MonitorConfig, fd: int) -> subprocess.Popen[bytes]:
         [sys.executable, "-m", "nvrx.inprocess.node_agent", str(fd)],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,  # never a launcher's pipe held open: it logs to a file
         start_new_session=True,
         pass_fds=(fd,),
     )
@@ -196,6 +220,7 @@ class NodeAgent:
         self._out: dict[int, _Out] = {}
         self._silent_hosts: dict[int, dict[str, Any]] = {}
         self._refresh_at = 0.0
+        self._round = -1  # the latest round a beat named
         self._reached = time.monotonic()  # the last time the store answered
         self._failing = False
         if store is not None:
@@ -271,6 +296,7 @@ class NodeAgent:
             with contextlib.suppress(Exception):
                 self.store.close()
         self.store, self.ring = None, None
+        self._silent_hosts.clear()  # found in that store; the next may be another job's call
 
     def _connect(self, now: float) -> None:
         """Connect (within ``host_s`` unless a store factory says otherwise)."""
@@ -316,24 +342,22 @@ class NodeAgent:
                 self.table.record([Beat(rank, pid=0, timeout=self.limits.timeout)], now)
 
     def _receive(self, now: float) -> None:
-        """The beats that came; a rank beating again is no longer to take out."""
-        beats = self.sock.receive()
-        for b in beats:
-            held = self.table.ranks.get(b.initial_rank)
+        """The beats that came, in order; a rank beating again is no longer to take out,
+        and a round not seen before has the ring and the host's list looked at again."""
+        for b in self.sock.receive():
+            self._out.pop(b.initial_rank, None)
             if b.bye:
                 self.done.add(b.initial_rank)
-                self._out.pop(b.initial_rank, None)
-                if held is not None:
-                    del self.table.ranks[b.initial_rank]
+                self.table.ranks.pop(b.initial_rank, None)
                 continue
             self.heard.add(b.initial_rank)
             self.done.discard(b.initial_rank)
-            self._out.pop(b.initial_rank, None)
-        self.table.record([b for b in beats if not b.bye], now)
-        for b in beats:  # beating again: a later silence is a new one
+            self.table.record([b], now)
             held = self.table.ranks.get(b.initial_rank)
-            if not b.bye and held is not None:
+            if held is not None:  # a later silence is a new one
                 held.declared = False
+            if b.round > self._round:
+                self._round, self._refresh_at = b.round, now
 
     def _queue(self, ranks: list[int], message: str, now: float) -> None:
         for rank in ranks:
@@ -424,6 +448,9 @@ def main(argv: list[str]) -> int:
     log.info("node agent of host %s serving (pid %d)", jobenv.host_id(), os.getpid())
     try:
         NodeAgent(cfg, sock, writer.emit, jobenv.host_id()).run()
+    except Exception:
+        log.exception("the node agent failed")  # its stderr is closed: said in its log
+        return 1
     finally:
         sock.close(unlink=False)
     return 0

@@ -86,7 +86,10 @@ class JobEnd:
             return
         if store.service is not None and cfg.nnodes > 1:  # the store host
             self._wait_for_other_nodes(time.monotonic() + cfg.finish_timeout)
-            self.over = self.messages.all_ended
+            # not after a stop for lost nodes: the "lost" may be a majority cut off from this
+            # host, electing a successor from the snapshot
+            ended = control.exit_code in FINAL_EXITS or control.signalled is not None
+            self.over = self.messages.all_ended and ended
             if store.epoch > 0 and control.exit_code in FINAL_EXITS:
                 self._end_orphaned_job()
 

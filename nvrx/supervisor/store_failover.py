@@ -85,7 +85,8 @@ def reset(job_dir: Path) -> None:
 def forget_run(job_dir: Path) -> None:
     """The store host, once every slot ended and its store stopped: this run's failover
     files and snapshot serve nobody any more (a requeued run starts from none)."""
-    reset(job_dir)
+    shutil.rmtree(job_dir / "failover" / _run(), ignore_errors=True)
+    snapshot_path(job_dir).unlink(missing_ok=True)
     for directory in (job_dir / "failover", job_dir / "store"):
         with contextlib.suppress(OSError):  # another run's files still there: kept
             directory.rmdir()

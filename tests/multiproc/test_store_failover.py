@@ -14,7 +14,6 @@ past every round used before:
 
 from __future__ import annotations
 
-import json
 import signal
 from pathlib import Path
 
@@ -65,10 +64,9 @@ def test_losing_the_store_host_fails_over_and_the_job_completes(tmp_path: Path) 
     before = [r for wall, r in rounds if wall < switch]
     after = [r for wall, r in rounds if wall > switch]
     assert before and after and min(after) > max(before), rounds
-    address = json.loads(
-        (job.log_dir / job.job_id / "failover" / "run0" / "e1" / "store.json").read_text()
-    )
-    assert address["slot"] == 1
+    # the new store host removed the run's failover files and snapshot once every slot ended
+    job_dir = job.log_dir / job.job_id
+    assert not (job_dir / "failover").exists() and not (job_dir / "store").exists()
     _no_process_left(killed)
     report = build_report(job.log_dir / job.job_id, sacct=False)
     (loss,) = report.node_losses

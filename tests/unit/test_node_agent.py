@@ -231,6 +231,48 @@ def test_a_silent_host_is_taken_out_by_the_agent_watching_it(base, hosts) -> Non
     assert all(f["message"].startswith("its host sent no heartbeat") for _, f in a.events)
     assert int(base.add(keys.host_claim(b.agent.slot), 0)) == 1  # its place ended
     assert a.agent.done == set()  # not its own ranks
+    assert _termination_arrivals(base) == 2  # nobody waits for them at the end
+
+
+def test_a_host_whose_place_ended_takes_a_new_one_that_is_watched(base, hosts) -> None:
+    """h1's only rank ends early and its agent ends the host's place; rank 3 of h1 starts
+    later: it takes h1's next place, where its agent beats and h0's agent watches it."""
+    view = _round(base)
+    a, b = hosts("h0", [0, 1]), hosts("h1", [2])
+    t = time.monotonic()
+    a.beat(0, 1), b.beat(2)
+    a.agent.step(t), b.agent.step(t)
+    b.beat(2, bye=True)
+    b.agent.step(t + INTERVAL)
+    assert b.agent.finished(t + INTERVAL, t)
+    ended = b.agent.slot
+    late = hosts("h1", [3])
+    assert late.agent.slot != ended and live_ranks(base, late.agent.slot) == [3]
+    now = t + INTERVAL
+    late.beat(3)
+    late.agent.step(now)
+    while not a.faults() and now < t + 4 * LIMITS.host_s:  # h1's new agent stops beating
+        now += INTERVAL
+        a.beat(0, 1)
+        a.agent.step(now)
+    assert a.faults() == [(3, "unresponsive")]
+    assert rstore.terminated_ranks(view) == {3}
+
+
+def test_a_bye_that_comes_with_the_ranks_last_beat_ends_its_watch(base, hosts) -> None:
+    view = _round(base)
+    h = hosts("h0", [0, 1])
+    t = time.monotonic()
+    h.beat(0, 1)
+    h.agent.step(t)
+    h.beat(1)
+    h.beat(1, bye=True)  # read in one batch with the beat before it
+    h.beat(0)
+    h.agent.step(t + INTERVAL)
+    assert 1 in h.agent.done and 1 not in h.agent.table.ranks
+    h.beat(0)
+    h.agent.step(t + TIMEOUT + 0.2)
+    assert rstore.terminated_ranks(view) == set() and h.faults() == []
 
 
 def test_an_agent_ends_once_its_ranks_ended_and_ends_its_place_in_the_ring(base, hosts) -> None:
@@ -306,7 +348,7 @@ def test_the_monitors_of_a_host_start_one_agent_that_beats_and_ends_by_itself(se
     cfg, store = served
     shm_before = _shm()
     links = [_link(cfg, store, rank) for rank in range(3)]
-    for rank, link in enumerate(links):  # all find no agent: the first to bind starts it
+    for rank, link in enumerate(links):  # the first finds no agent and starts it; the others beat to it
         link.beat(_beat(rank))
     agents = _agents(os.environ["NVRX_HOST_ID"])
     assert len(agents) == 1 and agents[0].ppid() == os.getpid()
@@ -357,3 +399,29 @@ def test_an_agent_logs_to_the_monitors_log_file(served, tmp_path: Path) -> None:
     agents = _agents(os.environ["NVRX_HOST_ID"])
     assert psutil.wait_procs(agents, timeout=30)[1] == []
     assert "every rank of this host ended" in log.read_text()
+
+
+def test_a_monitor_that_cannot_start_the_agent_says_so_and_beats_on(served, monkeypatch) -> None:
+    """Another monitor of the host bound the agent's name between this one's refused beat
+    and its own bind: it leaves the start to that one. A start that fails (a fork refused)
+    frees the name again. Neither raises into the monitor."""
+    cfg, store = served
+    link = _link(cfg, store, 0)
+
+    def refused(beat: Beat, wait_s: float = 0.0) -> bool:
+        link.sender.listener_gone = True
+        return False
+
+    monkeypatch.setattr(link.sender, "send", refused)
+    other = BeatSocket(link.sender.path)  # the other monitor's bind
+    link.beat(_beat(0))
+    assert link._started is None and _agents(os.environ["NVRX_HOST_ID"]) == []
+    other.close(unlink=False)
+
+    def no_fork(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(node_agent, "start_agent", no_fork)
+    link.beat(_beat(0))
+    assert link._started is None
+    BeatSocket(link.sender.path).close(unlink=False)  # the name is free again
