@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from tests.support.ports import free_port_run
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
@@ -29,23 +30,9 @@ SCENARIO_TIMEOUT_S = 90.0
 def free_ports(count: int, avoid: range = range(0)) -> int:
     """A port p such that p .. p+count-1 are free on loopback now and none is in ``avoid``."""
     for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count > 65535 or set(range(base, base + count)) & set(avoid):
-            continue
-        held = []
-        try:
-            for port in range(base + 1, base + count):
-                s = socket.socket()
-                held.append(s)
-                s.bind(("127.0.0.1", port))
+        base = free_port_run(count)
+        if not set(range(base, base + count)) & set(avoid):
             return base
-        except OSError:
-            continue
-        finally:
-            for s in held:
-                s.close()
     raise RuntimeError(f"no {count} consecutive free ports found on 127.0.0.1")
 
 

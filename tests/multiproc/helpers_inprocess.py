@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -77,19 +76,9 @@ def run_rank_scripts(script: str, world: int, args: list[str], env: dict[str, st
 
 def free_port_pair() -> int:
     """A port p with p and p+1 free (MASTER_PORT and the store's MASTER_PORT + 1)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port >= 65535:
-            continue
-        try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair found")
+    from tests.support.ports import free_port_run  # the test process's, not a rank's, import
+
+    return free_port_run(2)
 
 
 @dataclass

@@ -20,6 +20,7 @@ import pytest
 
 from nvrx import jobenv
 from nvrx.events import read_dir
+from tests.support.ports import free_port_run
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -39,11 +40,8 @@ def _free(port: int) -> bool:
 def free_block() -> int:
     """A port P with P .. P + 2 and the supervisor's default store port for P all free."""
     for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        wanted = [port, port + 1, port + 2, jobenv.store_port_for(port)]
-        if max(wanted) < 65536 and all(_free(p) for p in wanted):
+        port = free_port_run(3)
+        if _free(jobenv.store_port_for(port)):
             return port
     raise RuntimeError("no free block of ports found")
 

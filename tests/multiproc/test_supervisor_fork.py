@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from nvrx.events import read_dir
+from tests.support.ports import free_port_run
 
 SCRIPT = """
 import os, sys
@@ -29,9 +29,7 @@ print('child done', flush=True)
 
 
 def _run(tmp_path, mode: str) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port_run(2) + 1
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, NVRX_LOG_DIR=str(tmp_path / "logs"), NVRX_JOB_ID="fork", MASTER_PORT=str(port - 1 or 2),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,22 +17,11 @@ from nvrx.events import read_dir
 from nvrx.report import build_report
 from nvrx.store.wire import WireStore
 from nvrx.supervisor import node_keys
+from tests.support.ports import free_ports
 from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "examples" / "train_demo.py"
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free ports (held open together so they differ)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class Job:

@@ -1,0 +1,60 @@
+"""Free TCP ports for the tests' jobs, picked below the kernel's ephemeral range.
+
+A port is only free when it is picked: the job binds it later. A port of the ephemeral
+range (``net.ipv4.ip_local_port_range``) can be taken meanwhile by any outgoing
+connection of another test (every store client makes some), and the job then fails with
+EADDRINUSE. Ports below that range are never handed out to outgoing connections; each
+pick is random there and checked free, so two tests that run at once rarely meet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import socket
+from collections.abc import Iterable
+
+#: Lowest port picked: above the well-known and most registered services' ports.
+LOWEST = 10000
+
+
+def _ephemeral_start() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _all_free(ports: Iterable[int], host: str) -> bool:
+    with contextlib.ExitStack() as stack:
+        try:
+            for port in ports:
+                stack.enter_context(socket.socket()).bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_run(
+    n: int = 1, host: str = "127.0.0.1", also: Iterable[int] = (), tries: int = 200
+) -> int:
+    """A port p with p .. p + n - 1 free on ``host``, and the ports ``p + d`` for each offset
+    ``d`` in ``also`` (a job's other ports at fixed distances)."""
+    top = _ephemeral_start() - max([n, *[d + 1 for d in also]])
+    offsets = [*range(n), *also]
+    for _ in range(tries):
+        port = random.randint(LOWEST, top)
+        if _all_free((port + d for d in offsets), host):
+            return port
+    raise RuntimeError(f"no run of {n} free ports found on {host} below {top}")
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct free ports (each one its own pick)."""
+    picked: list[int] = []
+    while len(picked) < n:
+        port = free_port_run(1, host)
+        if port not in picked:
+            picked.append(port)
+    return picked
