@@ -191,8 +191,8 @@ def _faults(
             marks.setdefault(key, FaultMark(sig, rank, node, host, rnd, wall))
 
     for sig, group in job.signatures.items():
-        for wall, rank, node, host, rnd, shape in group.seen:
-            if losses.explains(wall, shape) is None:
+        for wall, rank, node, host, rnd, shape, onset in group.seen:
+            if losses.explains(onset, shape) is None:  # a fault begun before the loss is its own
                 add(sig, rank, node, host, rnd, wall)
     for p in process_rows:
         if p.explained_by is None:

@@ -110,7 +110,7 @@ def _drop_explained(groups: dict[str, SignatureGroup], losses: LossIndex) -> Non
     """Take out the occurrences written while the job got over a lost node."""
     for sig in list(groups):
         group = groups[sig]
-        left = [o for o in group.seen if losses.explains(o[0], o[5]) is None]
+        left = [o for o in group.seen if losses.explains(o[6], o[5]) is None]  # from its onset
         if len(left) == len(group.seen):
             continue
         if not left:

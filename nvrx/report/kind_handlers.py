@@ -178,6 +178,7 @@ class KindHandlers:
         group.add(
             rank, node, host, rnd, wall, pid,
             exc_type=exc_type, message=message, traceback=tb, shape=shape,
+            detection_s=fault.detection_s,
         )  # fmt: skip
 
     def checkpoint(self, e: Ev, part: Part, rank: OInt, node: OInt, host: OStr, wall: OFloat) -> None:

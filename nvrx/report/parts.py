@@ -43,7 +43,9 @@ class LocalFault:
 
 
 #: One occurrence of a signature: (wall, rank, node, host, round, shape of ``consequence``).
-Seen = tuple[float | None, int | None, int | None, str | None, int | None, str | None]
+#: One occurrence: wall (detected), rank, node, host, round, shape, and its onset (the wall
+#: minus its detection time: a hang began a timeout before it was seen).
+Seen = tuple[float | None, int | None, int | None, str | None, int | None, str | None, float | None]
 
 #: Who an occurrence was: (wall, host, pid), unknowns last. Ties of time are broken by it, so
 #: that the order in which files are merged never changes which occurrence counts as first.
@@ -155,10 +157,12 @@ class SignatureGroup:
         message: str | None = None,
         traceback: str | None = None,
         shape: str | None = None,
+        detection_s: float | None = None,
     ) -> None:
         """One more occurrence, and its details."""
         self.count += 1
-        self.seen.append((wall, rank, node, host, rnd, shape))
+        onset = wall - detection_s if wall is not None and detection_s else wall
+        self.seen.append((wall, rank, node, host, rnd, shape, onset))
         for target, value in ((self.ranks, rank), (self.nodes, node), (self.rounds, rnd)):
             if value is not None:
                 target.add(value)

@@ -153,8 +153,8 @@ def _add_hardware(
 ) -> None:
     """Faults of a node's own device or driver that no node loss explains."""
     for sig, group in job.signatures.items():
-        for wall, _, node, host, _, shape in group.seen:
-            explained = losses is not None and losses.explains(wall, shape) is not None
+        for _, _, node, host, _, shape, onset in group.seen:
+            explained = losses is not None and losses.explains(onset, shape) is not None
             if shape == HARDWARE and host is not None and not explained:
                 per.of(host, node).hardware.add(sig)
     for p in process_rows:

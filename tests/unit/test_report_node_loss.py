@@ -225,6 +225,10 @@ def test_a_hang_detected_after_the_last_beat_but_begun_before_keeps_its_round(
     assert loss.round == 1
     causes = {row.round: row.cause for row in report.timeline}
     assert causes[0] == "hang (soft timeout)" and causes[1] == "node lost", causes
+    # the hang is a fault of its own, not one the loss explains: its own mark on the page
+    hangs = [m for m in report.activity.faults if m.signature == "hang (soft timeout)"]
+    assert [(m.rank, m.round) for m in hangs] == [(3, 0)]
+    assert "hang (soft timeout)" in {f.signature for f in report.failures}
 
 
 def test_node_losses_are_counted_beside_the_restarts(spare: Report) -> None:
