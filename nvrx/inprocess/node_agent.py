@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -397,8 +398,11 @@ class NodeAgent:
         its event as it leaves; those not out yet (in no round yet), to try again."""
         from nvrx.store import rounds
 
-        def left(rank: int) -> None:
-            announce_leave(self.emit, rank, FaultRecord(rank, "unresponsive", message=message))
+        round_ = rounds.current_round(self.store)
+
+        def left(rank: int) -> None:  # its event names it and its round, as its monitor's would
+            emit = functools.partial(self.emit, rank=rank, round=round_)
+            announce_leave(emit, rank, FaultRecord(rank, "unresponsive", message=message))
 
         size = self.cfg.initial_world_size
         done = rounds.leave_round(

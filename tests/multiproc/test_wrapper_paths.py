@@ -247,6 +247,7 @@ def test_a_live_rank_that_stops_answering_is_taken_out_by_its_peer(tmp_path, sil
             assert ranks.result(rank) == {"iteration": 1, "rank": str(i), "world_size": "2"}
         faults = _unresponsive(ranks)
         assert [f["origin_rank"] for f in faults] == [silent], ranks.logs()
+        assert (faults[0]["rank"], faults[0]["round"]) == (silent, 0)  # the report files it so
         message = faults[0]["message"]
         assert message.startswith("no heartbeat for "), faults
         assert float(message.split()[3]) >= FAST["heartbeat_timeout"], faults
@@ -270,6 +271,7 @@ def test_a_host_whose_ranks_all_stop_answering_is_taken_out_by_the_host_watching
             assert ranks.result(rank) == {"iteration": 1, "rank": str(rank), "world_size": "2"}
         faults = _unresponsive(ranks)
         assert sorted(f["origin_rank"] for f in faults) == [2, 3], ranks.logs()
+        assert sorted((f["rank"], f["round"]) for f in faults) == [(2, 0), (3, 0)]
         assert all(f["message"].startswith("its host sent no heartbeat for ") for f in faults)
         logs = tmp_path / "logs"
         stopped = node_agents(logs, "b")

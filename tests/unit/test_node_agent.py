@@ -151,6 +151,7 @@ def test_a_rank_silent_for_its_timeout_is_taken_out_once(base, hosts) -> None:
         h.agent.step(t + dt)
     assert rstore.terminated_ranks(view) == {1}
     assert h.faults() == [(1, "unresponsive")]
+    assert [(f["rank"], f["round"]) for _, f in h.events] == [(1, 0)]  # as its monitor's would
     assert _termination_arrivals(base) == 1  # nobody waits for it at the end
     assert h.agent.done == {1}
 
