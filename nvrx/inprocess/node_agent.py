@@ -32,10 +32,8 @@ What the agent does every heartbeat period:
 
 It ends when every rank of its host it knows of ended on purpose or was taken
 out, ending its host's place in the ring first so that nobody finds it
-silent; when the store stays unreachable for ``Thresholds.host_s`` (the job
-ended or was killed); and when no monitor beat for twice that (its ranks and
-their monitors are gone, whatever the store says). A monitor that beats later
-finds nobody and starts another.
+silent; and when the store stays unreachable for ``Thresholds.host_s`` (the
+job ended or was killed).
 """
 
 from __future__ import annotations
@@ -224,7 +222,6 @@ class NodeAgent:
         self._silent_hosts: dict[int, dict[str, Any]] = {}
         self._refresh_at = 0.0
         self._round = -1  # the latest round a beat named
-        self._last_beat = time.monotonic()  # the last time any monitor beat here
         self._reached = time.monotonic()  # the last time the store answered
         self._failing = False
         if store is not None:
@@ -258,9 +255,6 @@ class NodeAgent:
         if now - self._reached > self.limits.host_s:
             log.warning("the store did not answer for %.1f s: the job is gone", now - self._reached)
             return True
-        if self.heard and now - self._last_beat > 2 * self.limits.host_s:
-            log.warning("no monitor beat for %.1f s: the host's ranks are gone", now - self._last_beat)
-            return True  # any silent rank was taken out by now (or its store answers nobody)
         if not self.heard:
             return now - started > max(IDLE_START_S, self.cfg.heartbeat_timeout)
         if self.heard - self.done or self._out:
@@ -352,7 +346,6 @@ class NodeAgent:
         """The beats that came, in order; a rank beating again is no longer to take out,
         and a round not seen before has the ring and the host's list looked at again."""
         for b in self.sock.receive():
-            self._last_beat = now
             self._out.pop(b.initial_rank, None)
             if b.bye:
                 self.done.add(b.initial_rank)

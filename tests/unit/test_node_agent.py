@@ -291,18 +291,6 @@ def test_an_agent_ends_once_its_ranks_ended_and_ends_its_place_in_the_ring(base,
     assert int(base.add(keys.host_claim(h.agent.slot), 0)) == 1
 
 
-def test_an_agent_that_no_monitor_beats_to_any_more_ends(base, hosts) -> None:
-    """Its ranks and their monitors were killed; the store lives on (another job's, or one
-    that outlives the call): the agent ends after twice the time a silent host stands."""
-    h = hosts("h0", [0])
-    t = time.monotonic()
-    h.beat(0)
-    h.agent.step(t)
-    assert not h.agent.finished(t + LIMITS.host_s, t)
-    h.agent.step(t + 2 * LIMITS.host_s + 0.1)  # the store answers
-    assert h.agent.finished(t + 2 * LIMITS.host_s + 0.2, t)
-
-
 def test_an_agent_whose_store_is_gone_ends() -> None:
     server = client.serve("127.0.0.1", 0, timeout=10)
     store = client.connect("127.0.0.1", server.port, timeout=2)
