@@ -76,6 +76,9 @@ log = logging.getLogger(__name__)
 
 #: An agent that no monitor beat to for this long after it started ends (its starter died).
 IDLE_START_S = 60.0
+#: The longest the agent waits for a store that does not answer before it ends (the job is
+#: gone; were it not, the next beat that finds no agent starts one), whatever the timeouts.
+STORE_GONE_S = 60.0
 
 
 def job_key(cfg: MonitorConfig) -> str:
@@ -252,7 +255,7 @@ class NodeAgent:
 
     def finished(self, now: float, started: float) -> bool:
         """Whether the agent may end (see the module docstring)."""
-        if now - self._reached > self.limits.host_s:
+        if now - self._reached > min(self.limits.host_s, STORE_GONE_S):
             log.warning("the store did not answer for %.1f s: the job is gone", now - self._reached)
             return True
         if not self.heard:
@@ -260,7 +263,7 @@ class NodeAgent:
         if self.heard - self.done or self._out:
             return False
         with_store = self._guarded(self._end_place, now)
-        return with_store or now - self._reached > self.limits.host_s
+        return with_store or self.store is None  # every rank ended, and the store is gone
 
     def _end_place(self, now: float) -> None:
         """Every rank this agent heard of is done: end the host's place unless a listed
@@ -306,7 +309,7 @@ class NodeAgent:
             store = monitor_store.connect(cfg)
         else:
             host, port = cfg.store_host or "127.0.0.1", int(cfg.store_port or 0)
-            store = WireStore(host, port, timeout=self.limits.host_s)
+            store = WireStore(host, port, timeout=min(self.limits.host_s, STORE_GONE_S))
         self._attach(store, now)
 
     def _attach(self, store: Any, now: float) -> None:

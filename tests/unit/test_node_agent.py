@@ -291,6 +291,28 @@ def test_an_agent_ends_once_its_ranks_ended_and_ends_its_place_in_the_ring(base,
     assert int(base.add(keys.host_claim(h.agent.slot), 0)) == 1
 
 
+def test_an_agent_whose_ranks_all_ended_ends_though_its_store_is_gone() -> None:
+    """With a day's heartbeat timeout (as a job may set), still at once."""
+    server = client.serve("127.0.0.1", 0, timeout=10)
+    store = client.connect("127.0.0.1", server.port, timeout=2)
+    slow = _config(heartbeat_timeout=86400.0, store_port=server.port)
+    sock = BeatSocket(f"\0nvrx-test-{uuid.uuid4().hex}")
+    agent = node_agent.NodeAgent(slow, sock, lambda kind, **f: None, "h0", store=store)
+    try:
+        sender = BeatSender(sock.path)
+        t = time.monotonic()
+        sender.send(_beat(0))
+        assert agent.step(t)
+        sender.send(_beat(0, bye=True))
+        agent.step(t + INTERVAL)
+        del server  # the store ended first, as at the end of a job
+        started = time.monotonic()
+        wait_until("the agent may end", lambda: agent.finished(time.monotonic(), t), 30)
+        assert time.monotonic() - started < node_agent.STORE_GONE_S
+    finally:
+        sock.close(unlink=False)
+
+
 def test_an_agent_whose_store_is_gone_ends() -> None:
     server = client.serve("127.0.0.1", 0, timeout=10)
     store = client.connect("127.0.0.1", server.port, timeout=2)
