@@ -185,10 +185,14 @@ def main(out: Path, modes: list[str]) -> int:
                 "after": snapshot(record, store_port),
             }
         )
+    import psutil
+
     agents = {agent for call in calls for agent in call.agents}
-    deadline = time.monotonic() + 30
-    while any(_alive(*agent) for agent in agents) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    live = []
+    for pid, created in agents:  # each one's end, waited on (not a process that reused its pid)
+        if _alive(pid, created):
+            live.append(psutil.Process(pid))
+    psutil.wait_procs(live, timeout=30)
     report["agents_seen"] = len(agents)
     report["agents_left"] = sorted(pid for pid, created in agents if _alive(pid, created))
     out.write_text(json.dumps(report, indent=1))
