@@ -4,7 +4,8 @@ A training node reports its children done; the last one sets ``all_done``,
 which lets idle spares leave. Every slot claims its own end when it leaves,
 so that nobody declares it lost once it is gone. Node 0 hosts the store, so it
 waits until every other slot has ended (left, or been declared lost) before
-it takes the store down, at most ``--finish-timeout``.
+it takes the store down, at most ``--finish-timeout`` (``SIGNALLED_WAIT_S`` once a
+stop signal came: the others received it too).
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ FINAL_EXITS = (
     ExitCode.NON_RETRYABLE,
 )
 
+#: How long the store host, stopped by a signal, still waits for the other slots to end: a
+#: cancelled job's supervisors all receive it at once and end within their children's grace,
+#: well before SLURM's kill; past it the host takes its store down whoever is left.
+SIGNALLED_WAIT_S = 10.0
+
+
 class JobEnd:
     """The end of a supervisor's run: report done, leave, and (the store host) wait for the others."""
 
@@ -65,6 +72,7 @@ class JobEnd:
         self.selector, self.poll = selector, poll
         #: (the store host) every slot ended: the job is over, its store's files serve nobody
         self.over = False
+        self._signal_seen: float | None = None
 
     def finish(self) -> None:
         """All local children ended: report this node done; node 0 keeps the store up until
@@ -114,12 +122,20 @@ class JobEnd:
         start = time.monotonic()
         note = start + PROGRESS_EVERY_S
         try:
-            while not self._other_nodes_done(selector, deadline, note):
+            while not self._other_nodes_done(selector, self._signalled_deadline(deadline), note):
                 if time.monotonic() >= note:
                     self._note_waiting(start)
                     note = time.monotonic() + PROGRESS_EVERY_S
         finally:
             selector.close()
+
+    def _signalled_deadline(self, deadline: float) -> float:
+        """A stop signal shortens the wait to ``SIGNALLED_WAIT_S`` from when it was seen."""
+        if self.control.signalled is None:
+            return deadline
+        if self._signal_seen is None:
+            self._signal_seen = time.monotonic()
+        return min(deadline, self._signal_seen + SIGNALLED_WAIT_S)
 
     def _note_waiting(self, start: float) -> None:
         cfg, roles = self.store.config, self.store.roles
@@ -138,10 +154,11 @@ class JobEnd:
         when waiting is over (done, lost, signalled, late)."""
         control = self.control
         remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            self._give_up_waiting()
-            return True
         if self.messages.all_ended:
+            return True
+        if remaining <= 0:
+            if control.signalled is None:
+                self._give_up_waiting()
             return True
         wait = remaining if wake is None else min(remaining, max(0.0, wake - time.monotonic()))
         for message in self.poll(selector, wait):
@@ -154,7 +171,7 @@ class JobEnd:
                 request = flag.request_of(str(message["key"]), str(message.get("value")), ExitCode.OK)
                 if request is not None:
                     control.exit_code = request.exit_code
-        return self.messages.all_ended or control.signalled is not None
+        return self.messages.all_ended
 
     def _give_up_waiting(self) -> None:
         control = self.control

@@ -283,6 +283,9 @@ def test_sigterm_forwards_then_kills_and_leaves_no_process_behind(tmp_path) -> N
     assert [(e["node"], e["signal"]) for e in received] == [(0, "SIGTERM")]
     exits = {(e["node"], e["local_rank"]): e["signal"] for e in job.events("child_exit")}
     assert exits[(0, 1)] == "SIGKILL" and exits[(0, 0)] == "SIGTERM"
+    # node 1 ends a grace period after node 0 was signalled; node 0 kept the store up for it
+    assert "could not report node 1 done" not in job.output(), job.output()
+    assert not list((job.log_dir / job.job_id).glob("store/snapshot-run*.json")), job.output()
 
 
 def _node_1_without_its_store(
