@@ -9,7 +9,8 @@ time of the wrapped loop against the same loop unwrapped.
     .venv/bin/python bench/restart_latency.py [--ranks 4] [--step 20] [--faults exception,hang,sigkill]
     .venv/bin/python bench/restart_latency.py --sealed-pairs 5 [--ranks 4]
 
-``--sealed-pairs N`` measures instead what sealing the fault records costs a restart:
+``--sealed-pairs N`` measures instead what sealing the fault records and the round's
+interruption costs a restart:
 N exception restarts with the records plain (as without a supervisor) interleaved with N
 whose processes hold a job secret (``$NVRX_JOB_SECRET_FILE``, as a supervisor's ranks
 do, so every record is sealed and every read checks the seals); both medians.

@@ -1,12 +1,13 @@
 """Delivering a restart to the main thread, and the thread that watches for faults.
 
 ``MonitorThread`` blocks in one server-side ``wait`` on the round's
-``interrupted`` key, which every way out of a round sets (a fault, a rank that
-leaves, the completion barrier): it asks the store nothing while the round
-runs, however long. When any rank records a fault it wakes the round's
-completion barrier, runs ``Abort`` (so that a main thread blocked in a
-collective returns to Python) and then raises ``RankShouldRestart`` in the
-main thread: through a signal whose handler raises it (the signal also
+interruption (``rounds.interrupted_key``), which every way out of a round sets (a
+fault, a rank that leaves, the completion barrier): it asks the store nothing while
+the round runs, however long. A job with a secret seals the interruption; one that
+does not unseal (a forged write) is passed over and the thread waits on. When any
+rank records a fault it wakes the round's completion barrier, runs ``Abort`` (so
+that a main thread blocked in a collective returns to Python) and then raises
+``RankShouldRestart`` in the main thread: through a signal whose handler raises it (the signal also
 interrupts blocking system calls such as ``time.sleep``), or, when the Wrapper
 does not run in the main thread, with ``PyThreadState_SetAsyncExc``.
 
@@ -239,17 +240,16 @@ class MonitorThread(threading.Thread):
     def __init__(
         self,
         store: Any,
-        interrupted_key: str,
-        wake_keys: list[str],
         delivery: Delivery,
         abort: Callable[[Any], Any] | None,
         frozen_state: Any,
         chunk: float = WAIT_CHUNK_S,
+        on_rejected: Callable[[rounds.Interruption], None] | None = None,
     ) -> None:
         super().__init__(name="nvrx-monitor-thread", daemon=True)
         self.store = store
-        self.interrupted_key = interrupted_key
-        self.wake_keys = wake_keys
+        self.wake_keys = rounds.interrupt_wake_keys()
+        self.on_rejected = on_rejected  # an interruption whose seal did not verify
         self.delivery = delivery
         self.abort = abort
         self.frozen_state = frozen_state
@@ -271,17 +271,26 @@ class MonitorThread(threading.Thread):
             self.delivery.deliver(f"monitor thread failed: {exc!r}")
 
     def _wait_for_fault(self) -> bool:
-        """Block until the round is interrupted; True for a fault, False when it completed or we stop."""
+        """Block until the round is interrupted; True for a fault, False when it completed or
+        we stop. An interruption that does not unseal is passed over (``on_rejected``)."""
+        generation = 1
         while True:
+            key = rounds.interrupted_key(generation)
             try:
-                self.store.wait([self.interrupted_key], timedelta(seconds=self.chunk))
-                break
+                self.store.wait([key], timedelta(seconds=self.chunk))
             except store_errors.timeouts():
                 if self.stop.is_set():
                     return False
+                continue
+            found = rounds.read_interruption(self.store, generation)
+            if found.value is not None:
+                break
+            log.warning("passed over an interruption of the round with no valid seal at %s", found.key)
+            if self.on_rejected is not None:
+                self.on_rejected(found)
+            generation += 1
         self.woke.set()
-        value = self.store.get(self.interrupted_key)
-        return value.decode(errors="replace") != rounds.DONE and not self.stop.is_set()
+        return found.value != rounds.DONE and not self.stop.is_set()
 
     def finish(self, timeout: float = RESTART_WAIT_S) -> bool:
         """This rank leaves: let an abort in progress end (up to ``timeout``); True when the thread ended.

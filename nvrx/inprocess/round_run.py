@@ -16,6 +16,7 @@ and returns one ``round_outcome``:
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -80,10 +81,10 @@ class RoundRun:
         call.delivery.reset()
         monitor = MonitorThread(
             rounds.round_store(services.mt_store, call.round),
-            *rounds.interrupt_watch(),
             call.delivery,
             call.wrapper.abort,
             state.freeze(),
+            on_rejected=functools.partial(_rejected, call) if state.rank == 0 else None,
         )
         monitor.start()
         return cls(call, store, monitor, started)
@@ -240,3 +241,13 @@ def _round_env(call: RoundCall) -> dict[str, str | None]:
         "RANK": None if state.active_rank is None else str(state.active_rank),
         "WORLD_SIZE": None if state.active_world_size is None else str(state.active_world_size),
     }
+
+
+def _rejected(call: RoundCall, found: rounds.Interruption) -> None:
+    """The round's rank 0 records an interruption that every rank passed over (no valid seal)."""
+    call.emit(
+        "rejected_write",
+        key=found.key,
+        reason="an interruption with no valid seal: not written by this job's processes in this round",
+        value_bytes=found.size,
+    )

@@ -47,11 +47,14 @@ In this order:
    a round after a restart (not a generation's first round); the first one commits
    ``job_restarts`` (``commit_round_start``).
 4. ``r<R>/faults`` and ``r<R>/interrupted``: a rank that faults, or a monitor, agent or
-   peer on its behalf (``record_fault``). ``r<R>/completed``: an active rank that returned
+   peer on its behalf (``record_fault``). With the job's secret both are sealed for their
+   round: a record that does not unseal is skipped, an interruption that does not is
+   passed over and the next generation (``interrupted/g2``, ...) is written and watched
+   (``interrupted_key``). ``r<R>/completed``: an active rank that returned
    (``mark_completed``); a spare waits on it. ``r<R>/completion``: every rank that
    completed; its last arrival sets ``interrupted`` to ``done`` before the release
    (``arrive_completion``). On a fault, each rank's monitor thread writes ``completed``
-   and that barrier's release key (``interrupt_watch``), to wake those waiting there.
+   and that barrier's release key (``interrupt_wake_keys``), to wake those waiting there.
 5. ``r<R>/terminated`` and ``r<R>/terminated_flag/<r>``: a rank that leaves for good, or
    a proxy (``register_terminated``, ``proxy_leave``, ``leave_round``).
 6. ``r<R>/iteration``, ``r<R>/decision``, ``round``: every rank or proxy arrives; the
@@ -90,6 +93,7 @@ from typing import Any
 from . import barrier, errors, faults, rank_lists, seal
 from .client import delete_prefix
 from .keys import ROOT
+from .sealed_keys import MAX_GENERATIONS
 
 log = logging.getLogger(__name__)
 
@@ -428,11 +432,63 @@ def commit_round_start(store: Any, base: Any, restarts: int) -> None:
         set_job_restarts(base, restarts)
 
 
-def interrupt_watch() -> tuple[str, list[str]]:
-    """What a rank's monitor thread waits on in a round: the key a fault interrupts it by;
-    and the keys it writes when it wakes on one, so that ranks waiting to complete (at the
-    completion barrier, or a spare for ``COMPLETED``) wake too."""
-    return INTERRUPTED, [barrier.release_key(COMPLETION_BARRIER), COMPLETED]
+def interrupt_wake_keys() -> list[str]:
+    """The keys a rank's monitor thread writes when it wakes on an interruption, so that
+    ranks waiting to complete (at the completion barrier, or a spare for ``COMPLETED``)
+    wake too."""
+    return [barrier.release_key(COMPLETION_BARRIER), COMPLETED]
+
+
+def interrupted_key(generation: int) -> str:
+    """Generation ``generation`` (from 1) of the round's interruption: ``INTERRUPTED``,
+    then ``INTERRUPTED/g2``, ... Without a secret only the first is ever written; with one,
+    a value that does not unseal there sends writers and watchers to the next."""
+    return INTERRUPTED if generation == 1 else f"{INTERRUPTED}/g{generation}"
+
+
+def _full_key(store: Any, key: str) -> str:
+    """``key`` of ``store``'s round with its round's prefix (what a seal binds to), for a
+    view of a round that knows its ``iteration``."""
+    iteration = getattr(store, "iteration", None)
+    return key if iteration is None else round_prefix(int(iteration)) + key
+
+
+@dataclasses.dataclass
+class Interruption:
+    """One generation of a round's interruption as read (``value`` None: it did not unseal)."""
+
+    generation: int
+    value: str | None  # "fault", "done", ...; None when rejected
+    key: str  # the full key, round prefix included
+    size: int  # bytes of the value read
+
+
+def read_interruption(store: Any, generation: int) -> Interruption:
+    """The value of ``generation`` of the round's interruption, which is set: unsealed with
+    the job's secret when it has one (``seal.job_sealer``); ``value`` None when it does not
+    unseal (forged, or replayed from another round or run)."""
+    key = interrupted_key(generation)
+    return _interruption_of(store, generation, store.get(key))
+
+
+def _interruption_of(store: Any, generation: int, raw: bytes | str) -> Interruption:
+    key = _full_key(store, interrupted_key(generation))
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+    sealer = seal.job_sealer()
+    value = text if sealer is None else sealer.unseal(key, text)
+    return Interruption(generation, value, key, len(raw))
+
+
+def interruption(store: Any) -> str | None:
+    """The round's interruption if it was interrupted (the first generation that unseals),
+    else None."""
+    for generation in range(1, MAX_GENERATIONS + 1):
+        if not store.check([interrupted_key(generation)]):
+            return None
+        found = read_interruption(store, generation)
+        if found.value is not None:
+            return found.value
+    return None
 
 
 def append_fault(store: Any, record: faults.FaultRecord) -> None:
@@ -448,19 +504,28 @@ def record_fault(store: Any, record: faults.FaultRecord) -> bool:
 
 
 def interrupt(store: Any, value: str) -> bool:
-    """Set the round's interrupted key unless set; True when ``value`` (or a fault) holds now."""
-    current = store.compare_set(INTERRUPTED, "", value)
-    # The key never changes once set, so writing its value again is safe, and a ``set``
-    # wakes the monitor threads waiting on it on every server: torch's legacy TCPStore
-    # backend (``use_libuv=False``) answers a ``compare_set`` without waking any waiter.
-    store.set(INTERRUPTED, current)
-    text = current.decode(errors="replace") if isinstance(current, bytes) else str(current)
-    return text != DONE or value == DONE
+    """Interrupt the round with ``value`` unless it was interrupted; True when ``value`` (or
+    a fault) holds now. The first generation of ``interrupted_key`` that is unset or holds
+    a value that unseals decides; one holding anything else is passed over."""
+    sealer = seal.job_sealer()
+    for generation in range(1, MAX_GENERATIONS + 1):
+        key = interrupted_key(generation)
+        mine = value if sealer is None else sealer.seal(_full_key(store, key), value)
+        current = store.compare_set(key, "", mine)
+        # The key never changes once set, so writing its value again is safe, and a ``set``
+        # wakes the monitor threads waiting on it on every server: torch's legacy TCPStore
+        # backend (``use_libuv=False``) answers a ``compare_set`` without waking any waiter.
+        store.set(key, current)
+        held = _interruption_of(store, generation, current).value
+        if held is not None:
+            return held != DONE or value == DONE
+    log.error("could not interrupt the round: every generation holds a forged value")
+    return value != DONE
 
 
 def completed(store: Any) -> bool:
-    """Whether the round ended without a fault (``INTERRUPTED`` is ``done``)."""
-    return store.check([INTERRUPTED]) and store.get(INTERRUPTED) == DONE.encode()
+    """Whether the round ended without a fault (its interruption is ``done``)."""
+    return interruption(store) == DONE
 
 
 def fault_records(store: Any) -> list[faults.FaultRecord]:
@@ -504,7 +569,7 @@ def arrive_completion(store: Any, rank: int, world_size: int, timeout: float) ->
         before_release=lambda: interrupt(store, DONE),
     )
     barrier.wait(store, COMPLETION_BARRIER, world_size, timeout, range(world_size))
-    return store.get(INTERRUPTED) == DONE.encode()  # set by now: the release, or a fault
+    return interruption(store) == DONE  # set by now: the release, or a fault
 
 
 def register_terminated(store: Any, rank: int) -> bool:

@@ -8,10 +8,11 @@ to completion at full size and the supervisor that hosts the store records one
 ``rejected_write`` event for each. So it does after a forged node-lost declaration (a claim
 on node 1's end and the fence a declarer adds to its beat counter) and the same
 declaration sealed with the job's secret but for another run: node 1 records one event
-for each and trains on. A Wrapper job (the demo) gets a made-up fault record and a real
-one replayed from an earlier round, each with an interruption of its round: neither is
-read as a fault, each is one ``rejected_write`` event, and the job trains to the end at
-full size. A plain script's job gets a forged restart claim, announcement, go-ahead and
+for each and trains on. A Wrapper job (the demo) gets a made-up fault record with a forged
+interruption of its round, and in a later round a real record and a real interruption
+replayed from the earlier one: no interruption restarts a round, no record is read as a
+fault when a real fault restarts the round, each is one ``rejected_write`` event, and the
+job trains to the end at full size. A plain script's job gets a forged restart claim, announcement, go-ahead and
 spent budget before a real failure: none restarts it, the real failure restarts it once,
 and the budget counts only that restart. After such
 forgeries a real stop (a node's supervisor gets SIGTERM) still stops every node. The job's
@@ -139,40 +140,51 @@ def test_forged_and_replayed_stop_flags_are_rejected_and_the_job_trains_on(tmp_p
     assert sorted(r["key"] for r in json.loads(report.stdout)["rejected_writes"]) == sorted(keys)
 
 
-def _forge_a_fault(job: Job, store: WireStore, entry: bytes) -> str:
-    """Append ``entry`` to the running round's fault list and interrupt the round, as a
-    faulting rank does, once the round trains; the key, after its rejection."""
-    key_of = lambda: rounds.round_prefix(rounds.current_round(store) or 0) + rounds.FAULT_LIST  # noqa: E731
+def _forge_in_round(job: Job, store: WireStore, entry: bytes, interruption: bytes) -> int:
+    """Once the running round trains: append ``entry`` to its fault list and write
+    ``interruption`` at its interruption, as a faulting rank does; the round, after the
+    interruption's rejection (the fault list is read only when a real fault restarts it)."""
     rejected = lambda: [e["key"] for e in job.events("rejected_write", component=None)]  # noqa: E731
     seen, steps = len(rejected()), len(job.events("progress", component="app"))
     wait_until("the round to train", lambda: len(job.events("progress", component="app")) > steps + 4, 120)
-    key = key_of()
-    store.append(key, entry)
-    rounds.interrupt(rounds.round_store(store, rounds.current_round(store)), "fault")
-    wait_until(f"the entry at {key} to be rejected", lambda: len(rejected()) == seen + 1, 120,
-               state=job.output)  # fmt: skip
-    assert rejected()[-1] == key
-    return key
+    round_ = rounds.current_round(store) or 0
+    prefix = rounds.round_prefix(round_)
+    store.append(prefix + rounds.FAULT_LIST, entry)
+    store.set(prefix + rounds.INTERRUPTED, interruption)
+    wait_until(f"the interruption of round {round_} to be rejected", lambda: len(rejected()) == seen + 1,
+               120, state=job.output)  # fmt: skip
+    assert rejected()[-1] == prefix + rounds.INTERRUPTED
+    return round_
+
+
+def _rounds_with_faults(job: Job) -> set[int]:
+    return {e["round"] for e in job.events("round_end", component=None) if e.get("faults")}
 
 
 def test_forged_and_replayed_fault_records_are_not_faults_and_the_job_trains_on(tmp_path):
-    command = [*DEMO, "--steps", "150", "--step-time", "0.1", "--checkpoint-every", "5",
-               "--soft-timeout", "10", "--hard-timeout", "20", "--fault", "exception:5:1"]  # fmt: skip
+    command = [*DEMO, "--steps", "170", "--step-time", "0.15", "--checkpoint-every", "5",
+               "--soft-timeout", "10", "--hard-timeout", "20",
+               "--fault", "exception:50:1", "--fault", "exception:110:1"]  # fmt: skip
     job = Job(tmp_path, 2, 2, command, "--max-restarts", "8", "--grace-period", "2")
-    restarts = lambda: [e for e in job.events("round_end", component=None) if e["outcome"] == "restart"]  # noqa: E731
-    wait_until("the injected fault's restart", restarts, 120, state=job.output)
     store = _foreign_client(job)
-    real_round = rounds.current_round(store) - 1  # type: ignore[operator]
-    real = store.get(rounds.round_prefix(real_round) + rounds.FAULT_LIST)  # rank 1's, sealed
     made_up = FaultRecord(rank=3, kind="exit", exc_type="RestartAbort", message="forged")
-    keys = [_forge_a_fault(job, store, (made_up.to_json() + "\n").encode()),
-            _forge_a_fault(job, store, real)]  # fmt: skip
+    first = _forge_in_round(job, store, (made_up.to_json() + "\n").encode(), b"fault")
+    wait_until("the first injected fault's restart", lambda: first in _rounds_with_faults(job), 120,
+               state=job.output)  # fmt: skip
+    prefix = rounds.round_prefix(first)
+    real = store.get(prefix + rounds.FAULT_LIST)  # rank 1's, sealed, after the made-up one
+    interrupted = store.get(prefix + rounds.interrupted_key(2))  # the real one, sealed for round 0
+    second = _forge_in_round(job, store, real, interrupted)
     assert job.wait(240) == [0, 0], job.output()
-    assert [e["key"] for e in job.events("rejected_write", component=None)] == keys
+    assert second > first
+    keys = [e["key"] for e in job.events("rejected_write", component=None)]
+    expected = [rounds.round_prefix(r) + key for r in (first, second)
+                for key in (rounds.INTERRUPTED, rounds.FAULT_LIST)]  # fmt: skip
+    assert sorted(keys) == sorted(expected), keys
     ends = job.events("round_end", component=None)
     recorded = [f for e in ends for f in e.get("faults") or []]
-    assert {(f["rank"], f["kind"]) for f in recorded} == {(1, "exception")}, recorded  # the real one
-    assert len({e["round"] for e in ends if e.get("faults")}) == 1, ends  # in its round only
+    assert {(f["rank"], f["kind"]) for f in recorded} == {(1, "exception")}, recorded  # the real ones
+    assert _rounds_with_faults(job) == {first, second}, ends  # each in its own round only
     done = [e for e in job.events("child_exit") if e["exit_code"] == 0]
     assert len(done) == 4, job.output()  # every rank of both nodes trained to the end
 

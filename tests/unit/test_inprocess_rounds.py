@@ -317,7 +317,7 @@ def test_a_restart_the_function_asked_for_ends_its_monitor_without_abort(base, m
     call = FakeCall(base, rank_assignment=lambda ctx: ctx)
     monitor = MonitorThread(
         rstore.round_store(client.connect("127.0.0.1", base.port, timeout=10), 0),
-        rounds.INTERRUPTED, [], Delivery(), aborts.append, call.state.freeze(),
+        Delivery(), aborts.append, call.state.freeze(),
     )  # fmt: skip
     monitor.start()
     run = RoundRun(call, call.store, monitor, time.monotonic())

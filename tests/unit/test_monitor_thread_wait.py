@@ -38,7 +38,7 @@ def _thread(base, aborts: list, **kw) -> tuple[MonitorThread, CountingStore, Del
     store = CountingStore(rstore.round_store(base.clone(), 0))
     delivery = Delivery()
     thread = MonitorThread(
-        store, rounds.INTERRUPTED, [], delivery, lambda state: aborts.append(state), "frozen", **kw
+        store, delivery, lambda state: aborts.append(state), "frozen", **kw
     )
     thread.start()
     assert store.waiting.wait(10)
@@ -73,6 +73,28 @@ def test_a_rank_that_leaves_stops_its_thread_without_an_abort(base):
     rstore.interrupt(rstore.round_store(base, 0), "fault")
     assert thread.finish(10)
     assert not delivery.requested.is_set() and aborts == []
+
+
+def test_a_forged_interruption_is_passed_over_and_the_real_one_ends_the_wait(base, tmp_path, monkeypatch):
+    """With the job's secret, a value at the round's interruption that does not unseal is
+    reported once and the thread waits on (a second wait); the real fault then restarts."""
+    from nvrx import jobenv
+
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(bytes(range(32)).hex())
+    secret_file.chmod(0o600)
+    monkeypatch.setenv(jobenv.JOB_SECRET_FILE, str(secret_file))
+    aborts: list = []
+    rejected: list = []
+    thread, store, delivery = _thread(base, aborts, on_rejected=rejected.append)
+    store.waiting.clear()
+    rstore.round_store(base, 0).set(rounds.INTERRUPTED, "fault")  # a client without the secret
+    assert store.waiting.wait(10)  # waiting again, on the next generation
+    assert [r.key for r in rejected] == ["nvrx/r0/interrupted"] and not delivery.requested.is_set()
+    rstore.record_fault(rstore.round_store(base, 0), rstore.nvrx_faults.FaultRecord(rank=1, kind="exception"))
+    assert delivery.requested.wait(10)
+    thread.join(10)
+    assert aborts == ["frozen"] and store.waits == 2 and len(rejected) == 1
 
 
 def test_a_thread_that_nobody_wakes_is_left_to_its_renewal(base, monkeypatch):
@@ -118,7 +140,7 @@ def test_finish_returns_at_once_when_the_thread_ended_without_waking():
             raise DistNetworkError("the store is gone")
 
     delivery = Delivery()
-    thread = MonitorThread(GoneStore(), rounds.INTERRUPTED, [], delivery, None, "frozen")
+    thread = MonitorThread(GoneStore(), delivery, None, "frozen")
     thread.start()
     assert delivery.requested.wait(10)  # the failure restarts the rank
     thread.join(10)

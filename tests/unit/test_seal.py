@@ -207,3 +207,35 @@ def test_two_appending_to_a_sealed_count_at_once_read_their_own_places():
     values["budget"] += values["budget"].split("\x1e")[1].join(["\x1e", "\x1e"])  # a copy
     assert sealed_keys.count(Link(), sealer, "budget") == 2
     assert sealed_keys.count_up(Link(), sealer, "budget", 1) == 3
+
+
+def test_a_rounds_interruption_is_sealed_and_a_forged_or_replayed_one_is_passed_over(
+    tmp_path, monkeypatch
+):
+    """With the job's secret, an interruption that does not unseal neither completes nor
+    faults the round; the real one goes to the next generation, and reads as the round's."""
+    from torch.distributed import HashStore
+
+    from nvrx.store import rounds
+
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(SECRET.hex())
+    secret_file.chmod(0o600)
+    monkeypatch.setenv(jobenv.JOB_SECRET_FILE, str(secret_file))
+    base = HashStore()
+    round_3, round_4 = rounds.round_store(base, 3), rounds.round_store(base, 4)
+    round_3.set(rounds.INTERRUPTED, rounds.DONE)  # as a client without the secret
+    assert rounds.interruption(round_3) is None and not rounds.completed(round_3)
+    assert rounds.read_interruption(round_3, 1).value is None
+    assert rounds.interrupt(round_3, "fault")  # the real fault, in generation 2
+    assert rounds.interruption(round_3) == "fault" and not rounds.completed(round_3)
+    assert rounds.read_interruption(round_3, 2).key == rounds.round_prefix(3) + "interrupted/g2"
+    assert not rounds.interrupt(round_3, rounds.DONE) or rounds.interruption(round_3) == "fault"
+    # the real value copied into the next round is no interruption there
+    round_4.set(rounds.INTERRUPTED, base.get(rounds.round_prefix(3) + rounds.interrupted_key(2)))
+    assert rounds.interruption(round_4) is None
+    assert rounds.interrupt(round_4, rounds.DONE) and rounds.completed(round_4)
+    # without a secret the interruption is a plain value at its first key, as before
+    monkeypatch.delenv(jobenv.JOB_SECRET_FILE)
+    plain = rounds.round_store(HashStore(), 0)
+    assert rounds.interrupt(plain, "fault") and plain.get(rounds.INTERRUPTED) == b"fault"
