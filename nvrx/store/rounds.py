@@ -297,24 +297,52 @@ def round_store(base: Any, round_: int) -> RoundView:
     return RoundView(round_, base)
 
 
+# -- sealed values ------------------------------------------------------------------------
+# With the job's secret (``seal.job_sealer``: processes a supervisor started), the values
+# that steer the Wrapper are sealed for their full key; without one they are plain.
+def _sealed(key: str, payload: str) -> str:
+    sealer = seal.job_sealer()
+    return payload if sealer is None else sealer.seal(key, payload)
+
+
+def _unsealed(key: str, raw: bytes | str) -> str | None:
+    """The payload of ``raw`` read at ``key``; None when it does not unseal."""
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+    sealer = seal.job_sealer()
+    return text if sealer is None else sealer.unseal(key, text)
+
+
 # -- gone ranks --------------------------------------------------------------------------
 # Ranks whose node was lost with no spare to take it over. Survivors deciding whose
 # replacement to wait for look at one rank's flag; a new generation reads the whole list.
+# Both are sealed: a forged one would leave a healthy rank out of the job.
 def mark_gone(store: Any, initial_ranks: Iterable[int]) -> None:
     """Record that ``initial_ranks`` are gone for the rest of this run of the job."""
+    sealer = seal.job_sealer()
     for rank in initial_ranks:
-        store.set(rank_gone(rank), "1")
-        rank_lists.add(store, GONE_LIST, rank)
+        store.set(rank_gone(rank), _sealed(rank_gone(rank), "1"))
+        if sealer is None:
+            rank_lists.add(store, GONE_LIST, rank)
+        else:
+            store.append(GONE_LIST, sealer.entry(GONE_LIST, str(int(rank))))
 
 
 def is_gone(store: Any, initial_rank: int) -> bool:
     """Whether ``initial_rank`` was marked gone."""
-    return bool(store.check([rank_gone(initial_rank)]))
+    key = rank_gone(initial_rank)
+    return bool(store.check([key])) and _unsealed(key, store.get(key)) is not None
 
 
 def all_gone(store: Any) -> set[int]:
     """Every initial rank marked gone so far."""
-    return rank_lists.read(store, GONE_LIST)
+    sealer = seal.job_sealer()
+    if sealer is None:
+        return rank_lists.read(store, GONE_LIST)
+    if not store.check([GONE_LIST]):
+        return set()
+    raw = store.get(GONE_LIST)
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+    return {int(r) for r in sealer.entries(GONE_LIST, text).valid if r.isdigit()}
 
 
 def gone_in(store: Any, world_size: int) -> set[int]:
@@ -340,7 +368,8 @@ def _open_generation(store: Any, generation: int, world_size: int) -> None:
     clear_torch_keys(store)
     if generation > 0:
         count_job_restart(store)
-    store.set(_gone_record(generation), json.dumps(sorted(gone_in(store, world_size))))
+    key = _gone_record(generation)
+    store.set(key, _sealed(key, json.dumps(sorted(gone_in(store, world_size)))))
     publish_round(store, generation)
 
 
@@ -391,9 +420,11 @@ def generation_of(store: Any, round_: int) -> int:
 def gone_at_start(store: Any, generation: int) -> set[int]:
     """The ranks that were gone when ``generation`` opened; empty when it did not open in
     this store (a round restored after a store failover)."""
-    if not store.check([_gone_record(generation)]):
+    key = _gone_record(generation)
+    if not store.check([key]):
         return set()
-    return {int(r) for r in json.loads(store.get(_gone_record(generation)))}
+    record = _unsealed(key, store.get(key))
+    return set() if record is None else {int(r) for r in json.loads(record)}
 
 
 def generation_opened(store: Any, generation: int) -> bool:
@@ -473,10 +504,7 @@ def read_interruption(store: Any, generation: int) -> Interruption:
 
 def _interruption_of(store: Any, generation: int, raw: bytes | str) -> Interruption:
     key = _full_key(store, interrupted_key(generation))
-    text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
-    sealer = seal.job_sealer()
-    value = text if sealer is None else sealer.unseal(key, text)
-    return Interruption(generation, value, key, len(raw))
+    return Interruption(generation, _unsealed(key, raw), key, len(raw))
 
 
 def interruption(store: Any) -> str | None:
@@ -507,10 +535,9 @@ def interrupt(store: Any, value: str) -> bool:
     """Interrupt the round with ``value`` unless it was interrupted; True when ``value`` (or
     a fault) holds now. The first generation of ``interrupted_key`` that is unset or holds
     a value that unseals decides; one holding anything else is passed over."""
-    sealer = seal.job_sealer()
     for generation in range(1, MAX_GENERATIONS + 1):
         key = interrupted_key(generation)
-        mine = value if sealer is None else sealer.seal(_full_key(store, key), value)
+        mine = _sealed(_full_key(store, key), value)
         current = store.compare_set(key, "", mine)
         # The key never changes once set, so writing its value again is safe, and a ``set``
         # wakes the monitor threads waiting on it on every server: torch's legacy TCPStore

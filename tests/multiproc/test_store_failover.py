@@ -32,6 +32,8 @@ from test_node_loss import (
 from nvrx.events import read_dir
 from nvrx.report import build_report
 from nvrx.store import rounds, snapshot
+from nvrx.store.seal import Sealer, read_secret_file
+from nvrx.supervisor.job_secret import SECRET_FILE
 from tests.support.waiting import wait_until
 
 
@@ -173,11 +175,14 @@ def test_a_warning_after_losing_the_store_host_is_decided_by_its_successor(
 
 
 def _gone_in_snapshot(job) -> set[int]:
-    """The initial ranks marked gone in the snapshots the store keeps for a successor."""
+    """The initial ranks marked gone in the snapshots the store keeps for a successor (a
+    sealed list: read with the job's secret)."""
+    job_dir = job.log_dir / job.job_id
+    sealer = Sealer(read_secret_file(job_dir / SECRET_FILE), 0)
     gone: set[int] = set()
-    for path in (job.log_dir / job.job_id / "store").glob("snapshot-*.json"):
-        listed = snapshot.read(path).get(rounds.GONE_LIST, "")
-        gone |= {int(r) for r in listed.split(",") if r.strip().isdigit()}
+    for path in (job_dir / "store").glob("snapshot-*.json"):
+        listed = sealer.entries(rounds.GONE_LIST, snapshot.read(path).get(rounds.GONE_LIST))
+        gone |= {int(r) for r in listed.valid}
     return gone
 
 

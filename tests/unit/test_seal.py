@@ -239,3 +239,34 @@ def test_a_rounds_interruption_is_sealed_and_a_forged_or_replayed_one_is_passed_
     monkeypatch.delenv(jobenv.JOB_SECRET_FILE)
     plain = rounds.round_store(HashStore(), 0)
     assert rounds.interrupt(plain, "fault") and plain.get(rounds.INTERRUPTED) == b"fault"
+
+
+def test_gone_ranks_are_sealed_and_a_forged_one_leaves_no_rank_out(tmp_path, monkeypatch):
+    """With the job's secret, a rank is gone only by a sealed flag and list entry; a forged
+    flag, entry or record of a generation's gone ranks leaves nobody out."""
+    from torch.distributed import HashStore
+
+    from nvrx.store import rounds
+
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(SECRET.hex())
+    secret_file.chmod(0o600)
+    monkeypatch.setenv(jobenv.JOB_SECRET_FILE, str(secret_file))
+    base = HashStore()
+    rounds.mark_gone(base, [2, 3])
+    base.set(rounds.rank_gone(5), "1")  # as a client without the secret
+    base.append(rounds.GONE_LIST, "7,")
+    assert rounds.is_gone(base, 2) and not rounds.is_gone(base, 5) and not rounds.is_gone(base, 7)
+    assert rounds.all_gone(base) == {2, 3} and rounds.gone_in(base, 3) == {2}
+    assert rounds.gone_in(base, 8) == {2, 3}
+    rounds.arrive_for_gone(base, 0, 4)  # ranks 2 and 3, for whom nobody comes
+    assert not rounds.arrive_generation(base, 0, 0, 4)
+    assert rounds.arrive_generation(base, 0, 1, 4)  # opens generation 0, recording who is gone
+    assert rounds.gone_at_start(base, 0) == {2, 3}
+    base.set(f"{rounds.ROOT}g100/gone", "[0, 1]")  # a forged record of a generation's gone ranks
+    assert rounds.gone_at_start(base, 100) == set()
+    # without a secret: plain flags and an "r," list, as before
+    monkeypatch.delenv(jobenv.JOB_SECRET_FILE)
+    plain = HashStore()
+    rounds.mark_gone(plain, [4])
+    assert plain.get(rounds.GONE_LIST) == b"4," and rounds.is_gone(plain, 4)
