@@ -74,7 +74,8 @@ from .monitor_process import MonitorConfig
 
 log = logging.getLogger(__name__)
 
-#: An agent that no monitor beat to for this long after it started ends (its starter died).
+#: An agent that no monitor beat to for this long after it started ends (its starter died
+#: before its first beat was read), whatever the heartbeat timeout.
 IDLE_START_S = 60.0
 #: The longest the agent waits for a store that does not answer before it ends (the job is
 #: gone; were it not, the next beat that finds no agent starts one), whatever the timeouts.
@@ -258,8 +259,8 @@ class NodeAgent:
         if now - self._reached > min(self.limits.host_s, STORE_GONE_S):
             log.warning("the store did not answer for %.1f s: the job is gone", now - self._reached)
             return True
-        if not self.heard:
-            return now - started > max(IDLE_START_S, self.cfg.heartbeat_timeout)
+        if not self.heard:  # its starter's first beat waits in the socket before it starts
+            return now - started > IDLE_START_S
         if self.heard - self.done or self._out:
             return False
         with_store = self._guarded(self._end_place, now)

@@ -313,6 +313,19 @@ def test_an_agent_whose_ranks_all_ended_ends_though_its_store_is_gone() -> None:
         sock.close(unlink=False)
 
 
+def test_an_agent_that_no_monitor_beat_to_ends_within_its_idle_bound(base) -> None:
+    """Its starter died before its first beat was read: with a day's heartbeat timeout too."""
+    slow = _config(heartbeat_timeout=86400.0)
+    sock = BeatSocket(f"\0nvrx-test-{uuid.uuid4().hex}")
+    agent = node_agent.NodeAgent(slow, sock, lambda kind, **f: None, "h0", store=base)
+    try:
+        t = time.monotonic()
+        assert agent.step(t) and not agent.finished(t, t)
+        assert agent.finished(t + node_agent.IDLE_START_S + 0.1, t)
+    finally:
+        sock.close(unlink=False)
+
+
 def test_an_agent_whose_store_is_gone_ends() -> None:
     server = client.serve("127.0.0.1", 0, timeout=10)
     store = client.connect("127.0.0.1", server.port, timeout=2)
