@@ -274,7 +274,7 @@ class MonitorThread(threading.Thread):
         """Block until the round is interrupted; True for a fault, False when it completed or
         we stop. An interruption that does not unseal is passed over (``on_rejected``)."""
         generation = 1
-        while True:
+        while generation <= rounds.MAX_GENERATIONS:
             key = rounds.interrupted_key(generation)
             try:
                 self.store.wait([key], timedelta(seconds=self.chunk))
@@ -289,6 +289,9 @@ class MonitorThread(threading.Thread):
             if self.on_rejected is not None:
                 self.on_rejected(found)
             generation += 1
+        else:  # as ``rounds.interrupt`` gives up: a fault, so that the round ends somehow
+            log.error("every generation of the round's interruption holds a forged value")
+            found = rounds.Interruption(generation, "fault", key, 0)
         self.woke.set()
         return found.value != rounds.DONE and not self.stop.is_set()
 

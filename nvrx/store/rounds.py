@@ -411,7 +411,8 @@ def generation_of(store: Any, round_: int) -> int:
     first = round_ - round_ % GENERATION_STEP
     generation = first
     while generation >= 0:
-        if store.check([_gone_record(generation)]):
+        key = _gone_record(generation)
+        if store.check([key]) and _unsealed(key, store.get(key)) is not None:
             return generation
         generation -= GENERATION_STEP
     return first
@@ -479,9 +480,13 @@ def interrupted_key(generation: int) -> str:
 
 def _full_key(store: Any, key: str) -> str:
     """``key`` of ``store``'s round with its round's prefix (what a seal binds to), for a
-    view of a round that knows its ``iteration``."""
+    view of a round that knows its ``iteration`` (``RoundView``, the Wrapper's store)."""
     iteration = getattr(store, "iteration", None)
-    return key if iteration is None else round_prefix(int(iteration)) + key
+    if iteration is None:
+        if seal.job_sealer() is not None:  # its seal would bind to no round: nobody could read it
+            raise TypeError(f"{type(store).__name__} is no view of one round (no 'iteration')")
+        return key
+    return round_prefix(int(iteration)) + key
 
 
 @dataclasses.dataclass

@@ -47,9 +47,10 @@ FINAL_EXITS = (
     ExitCode.NON_RETRYABLE,
 )
 
-#: How long the store host, stopped by a signal, still waits for the other slots to end: a
-#: cancelled job's supervisors all receive it at once and end within their children's grace,
-#: well before SLURM's kill; past it the host takes its store down whoever is left.
+#: How long the store host, stopped by a signal, still waits for the other slots to end
+#: (at least; their children's ``--grace-period`` and a little more when longer): a cancelled
+#: job's supervisors all receive it at once and end within their children's grace; past it
+#: the host takes its store down whoever is left.
 SIGNALLED_WAIT_S = 10.0
 
 
@@ -135,7 +136,8 @@ class JobEnd:
             return deadline
         if self._signal_seen is None:
             self._signal_seen = time.monotonic()
-        return min(deadline, self._signal_seen + SIGNALLED_WAIT_S)
+        wait = max(SIGNALLED_WAIT_S, self.store.config.grace_period + 2.0)
+        return min(deadline, self._signal_seen + wait)
 
     def _note_waiting(self, start: float) -> None:
         cfg, roles = self.store.config, self.store.roles

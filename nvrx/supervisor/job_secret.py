@@ -7,7 +7,7 @@ it (owner-only, once) and the other slots wait for it. Either way the supervisor
 variable out of its environment, so that nothing it starts (its store agent, the store,
 standbys, training ranks) inherits it; they get ``$NVRX_JOB_SECRET_FILE`` instead, the path
 of an owner-only file that holds it (``share``), and read it only to seal and check the
-Wrapper's fault records. The job's folder is made owner-only: nobody else reads the
+control values (``docs/security.md``). The job's folder is made owner-only: nobody else reads the
 secret, the events or the rank logs there.
 """
 

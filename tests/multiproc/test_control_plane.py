@@ -185,6 +185,8 @@ def test_forged_and_replayed_fault_records_are_not_faults_and_the_job_trains_on(
     recorded = [f for e in ends for f in e.get("faults") or []]
     assert {(f["rank"], f["kind"]) for f in recorded} == {(1, "exception")}, recorded  # the real ones
     assert _rounds_with_faults(job) == {first, second}, ends  # each in its own round only
+    restarts = [e for e in ends if e["outcome"] == "restart"]
+    assert len(restarts) == 2 * 4, ends  # the two real faults' rounds on 4 ranks: no other
     done = [e for e in job.events("child_exit") if e["exit_code"] == 0]
     assert len(done) == 4, job.output()  # every rank of both nodes trained to the end
 

@@ -321,7 +321,9 @@ def test_an_agent_that_no_monitor_beat_to_ends_within_its_idle_bound(base) -> No
     try:
         t = time.monotonic()
         assert agent.step(t) and not agent.finished(t, t)
-        assert agent.finished(t + node_agent.IDLE_START_S + 0.1, t)
+        idle = node_agent.IDLE_START_S
+        assert agent.step(t + idle - 1) and not agent.finished(t + idle - 1, t)
+        assert agent.step(t + idle) and agent.finished(t + idle + 0.1, t)  # its store answers
     finally:
         sock.close(unlink=False)
 

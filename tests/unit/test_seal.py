@@ -230,7 +230,7 @@ def test_a_rounds_interruption_is_sealed_and_a_forged_or_replayed_one_is_passed_
     assert rounds.interrupt(round_3, "fault")  # the real fault, in generation 2
     assert rounds.interruption(round_3) == "fault" and not rounds.completed(round_3)
     assert rounds.read_interruption(round_3, 2).key == rounds.round_prefix(3) + "interrupted/g2"
-    assert not rounds.interrupt(round_3, rounds.DONE) or rounds.interruption(round_3) == "fault"
+    assert rounds.interrupt(round_3, rounds.DONE) and rounds.interruption(round_3) == "fault"  # a fault holds
     # the real value copied into the next round is no interruption there
     round_4.set(rounds.INTERRUPTED, base.get(rounds.round_prefix(3) + rounds.interrupted_key(2)))
     assert rounds.interruption(round_4) is None
