@@ -410,8 +410,9 @@ def test_a_killed_agent_is_started_again_and_keeps_the_hosts_place(served) -> No
     link = _link(cfg, store, 0)
     link.beat(_beat(0))
     host = os.environ["NVRX_HOST_ID"]
-    first = _agents(host)
     wait_until("beats", lambda: int(store.add(keys.host_alive(link.slot), 0)) >= 2, 30)
+    wait_until("the host's one agent", lambda: len(_agents(host)) == 1, 30)
+    first = _agents(host)
     first[0].send_signal(signal.SIGKILL)
     first[0].wait(10)
     wait_until(
