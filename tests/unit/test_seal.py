@@ -17,6 +17,16 @@ from nvrx.supervisor.stop_flag import StopFlag
 SECRET = bytes.fromhex(new_secret())
 
 
+def _job_secret_file(tmp_path, monkeypatch):
+    """``SECRET`` in an owner-only file named by ``$NVRX_JOB_SECRET_FILE``, as a supervisor
+    gives it to the processes it starts."""
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(SECRET.hex())
+    secret_file.chmod(0o600)
+    monkeypatch.setenv(jobenv.JOB_SECRET_FILE, str(secret_file))
+    return secret_file
+
+
 def test_a_sealed_value_unseals_only_for_its_key_run_and_secret():
     value = seal(SECRET, "k/1", '{"reason": "x"}', run=0)
     assert unseal(SECRET, "k/1", value, run=0) == '{"reason": "x"}'
@@ -158,10 +168,7 @@ def test_fault_records_are_sealed_for_their_round_and_forged_ones_are_counted(tm
     from nvrx.store import faults, rounds
     from nvrx.store import seal as seal_module
 
-    secret_file = tmp_path / "secret"
-    secret_file.write_text(SECRET.hex())
-    secret_file.chmod(0o600)
-    monkeypatch.setenv(jobenv.JOB_SECRET_FILE, str(secret_file))
+    secret_file = _job_secret_file(tmp_path, monkeypatch)
     base = HashStore()
     round_3, round_4 = rounds.round_store(base, 3), rounds.round_store(base, 4)
     rounds.append_fault(round_3, faults.FaultRecord(rank=1, kind="exception", message="real"))
@@ -218,10 +225,7 @@ def test_a_rounds_interruption_is_sealed_and_a_forged_or_replayed_one_is_passed_
 
     from nvrx.store import rounds
 
-    secret_file = tmp_path / "secret"
-    secret_file.write_text(SECRET.hex())
-    secret_file.chmod(0o600)
-    monkeypatch.setenv(jobenv.JOB_SECRET_FILE, str(secret_file))
+    _job_secret_file(tmp_path, monkeypatch)
     base = HashStore()
     round_3, round_4 = rounds.round_store(base, 3), rounds.round_store(base, 4)
     round_3.set(rounds.INTERRUPTED, rounds.DONE)  # as a client without the secret
@@ -248,10 +252,7 @@ def test_gone_ranks_are_sealed_and_a_forged_one_leaves_no_rank_out(tmp_path, mon
 
     from nvrx.store import rounds
 
-    secret_file = tmp_path / "secret"
-    secret_file.write_text(SECRET.hex())
-    secret_file.chmod(0o600)
-    monkeypatch.setenv(jobenv.JOB_SECRET_FILE, str(secret_file))
+    _job_secret_file(tmp_path, monkeypatch)
     base = HashStore()
     rounds.mark_gone(base, [2, 3])
     base.set(rounds.rank_gone(5), "1")  # as a client without the secret
