@@ -305,11 +305,14 @@ def _sealed(key: str, payload: str) -> str:
     return payload if sealer is None else sealer.seal(key, payload)
 
 
+def _text(raw: bytes | str) -> str:
+    return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+
+
 def _unsealed(key: str, raw: bytes | str) -> str | None:
     """The payload of ``raw`` read at ``key``; None when it does not unseal."""
-    text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
     sealer = seal.job_sealer()
-    return text if sealer is None else sealer.unseal(key, text)
+    return _text(raw) if sealer is None else sealer.unseal(key, _text(raw))
 
 
 # -- gone ranks --------------------------------------------------------------------------
@@ -340,9 +343,8 @@ def all_gone(store: Any) -> set[int]:
         return rank_lists.read(store, GONE_LIST)
     if not store.check([GONE_LIST]):
         return set()
-    raw = store.get(GONE_LIST)
-    text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
-    return {int(r) for r in sealer.entries(GONE_LIST, text).valid if r.isdigit()}
+    entries = sealer.entries(GONE_LIST, _text(store.get(GONE_LIST)))
+    return {int(r) for r in entries.valid if r.isdigit()}
 
 
 def gone_in(store: Any, world_size: int) -> set[int]:
@@ -478,15 +480,13 @@ def interrupted_key(generation: int) -> str:
     return INTERRUPTED if generation == 1 else f"{INTERRUPTED}/g{generation}"
 
 
-def _full_key(store: Any, key: str) -> str:
-    """``key`` of ``store``'s round with its round's prefix (what a seal binds to), for a
-    view of a round that knows its ``iteration`` (``RoundView``, the Wrapper's store)."""
-    iteration = getattr(store, "iteration", None)
-    if iteration is None:
-        if seal.job_sealer() is not None:  # its seal would bind to no round: nobody could read it
-            raise TypeError(f"{type(store).__name__} is no view of one round (no 'iteration')")
-        return key
-    return round_prefix(int(iteration)) + key
+def _interruption_key(store: Any, generation: int) -> str:
+    """The full key of ``generation`` of ``store``'s round's interruption, which its seal
+    binds to. The Wrapper's store and the monitor threads' ``RoundView`` know their round;
+    a seal for a store that does not would bind to no round, and nobody could read it."""
+    if getattr(store, "iteration", None) is None and seal.job_sealer() is not None:
+        raise TypeError(f"{type(store).__name__} is no view of one round (no 'iteration')")
+    return _round_key(store, interrupted_key(generation))
 
 
 @dataclasses.dataclass
@@ -503,12 +503,11 @@ def read_interruption(store: Any, generation: int) -> Interruption:
     """The value of ``generation`` of the round's interruption, which is set: unsealed with
     the job's secret when it has one (``seal.job_sealer``); ``value`` None when it does not
     unseal (forged, or replayed from another round or run)."""
-    key = interrupted_key(generation)
-    return _interruption_of(store, generation, store.get(key))
+    raw = store.get(interrupted_key(generation))
+    return _interruption_of(generation, _interruption_key(store, generation), raw)
 
 
-def _interruption_of(store: Any, generation: int, raw: bytes | str) -> Interruption:
-    key = _full_key(store, interrupted_key(generation))
+def _interruption_of(generation: int, key: str, raw: bytes | str) -> Interruption:
     return Interruption(generation, _unsealed(key, raw), key, len(raw))
 
 
@@ -541,14 +540,13 @@ def interrupt(store: Any, value: str) -> bool:
     a fault) holds now. The first generation of ``interrupted_key`` that is unset or holds
     a value that unseals decides; one holding anything else is passed over."""
     for generation in range(1, MAX_GENERATIONS + 1):
-        key = interrupted_key(generation)
-        mine = _sealed(_full_key(store, key), value)
-        current = store.compare_set(key, "", mine)
+        key, sealed_for = interrupted_key(generation), _interruption_key(store, generation)
+        current = store.compare_set(key, "", _sealed(sealed_for, value))
         # The key never changes once set, so writing its value again is safe, and a ``set``
         # wakes the monitor threads waiting on it on every server: torch's legacy TCPStore
         # backend (``use_libuv=False``) answers a ``compare_set`` without waking any waiter.
         store.set(key, current)
-        held = _interruption_of(store, generation, current).value
+        held = _interruption_of(generation, sealed_for, current).value
         if held is not None:
             return held != DONE or value == DONE
     log.error("could not interrupt the round: every generation holds a forged value")
@@ -576,8 +574,14 @@ def fault_list_key(store: Any) -> str:
     """The full name of the round's fault list, which its records are sealed for, so that
     no record counts in another round (a view of a round, ``RoundView`` or the Wrapper's
     ``PrefixStore``, knows its ``iteration``)."""
+    return _round_key(store, FAULT_LIST)
+
+
+def _round_key(store: Any, key: str) -> str:
+    """``key`` of ``store``'s round with the round's prefix, for a view of a round that
+    knows its ``iteration``; ``key`` itself otherwise."""
     iteration = getattr(store, "iteration", None)
-    return FAULT_LIST if iteration is None else round_prefix(int(iteration)) + FAULT_LIST
+    return key if iteration is None else round_prefix(int(iteration)) + key
 
 
 def mark_completed(store: Any) -> None:
