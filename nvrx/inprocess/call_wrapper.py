@@ -20,7 +20,7 @@ from typing import Any
 from nvrx import events
 from nvrx.store import rounds
 
-from . import between_rounds, rejoin, rendezvous
+from . import between_rounds, rejoin
 from . import store as rstore
 from .exception import RestartAbort
 from .logging import release_logger, setup_logger
@@ -30,7 +30,7 @@ from .param_utils import substitute_param_value
 from .progress_watchdog import FLAG_TIMEOUTS_OFF, ProgressWatchdog
 from .rank_services import RankServices
 from .round_outcome import Completed, Leave, Outcome, Restart
-from .round_run import RoundRun
+from .round_run import RoundRun, preserved_environment
 from .state import State
 from .supervision import restarted_process, supervised, taking_over
 from .wrapper_settings import WrapperSettings
@@ -227,8 +227,9 @@ class CallWrapper:
     ) -> Any:
         outcome = "error"
         try:
-            with reraise_if_unraisable(RankShouldRestart), rendezvous.preserved_environment():
-                ret = self._run_rounds(fn, args, kwargs)
+            with reraise_if_unraisable(RankShouldRestart), preserved_environment():
+                # the same arguments every round: the CallWrapper is bound once
+                ret = self._run_rounds(fn, *self.arguments_for(fn, args, kwargs))
             self._run_completion()
             outcome = "completed"
             return ret

@@ -48,7 +48,7 @@ from nvrx import events, processes, rank_beats
 from nvrx.store.faults import FaultRecord
 
 from . import monitor_store, monitor_target, node_agent
-from .fault_events import announce_leave
+from .fault_recording import announce_leave
 from .logging import setup_monitor_logging
 from .monitor_process import STACK_SIGNAL, MonitorConfig
 from .progress_watchdog import (

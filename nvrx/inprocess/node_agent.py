@@ -59,7 +59,7 @@ from nvrx.store.faults import FaultRecord
 from nvrx.store.wire import WireStore
 
 from . import monitor_store
-from .fault_events import announce_leave
+from .fault_recording import announce_leave
 from .host_ring import (
     HostRing,
     Thresholds,

@@ -37,7 +37,7 @@ from .state import Mode, State
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Admission", "admitted_state", "request_admission", "state_fields", "take_back"]
+__all__ = ["Admission", "admitted_state", "request_admission", "take_back"]
 
 
 def admitted_state(admission: Admission, initial_rank: int, initial_world_size: int) -> State:
@@ -46,13 +46,6 @@ def admitted_state(admission: Admission, initial_rank: int, initial_world_size: 
     state.initial_rank, state.initial_world_size = initial_rank, initial_world_size
     state.iteration = admission.job_restarts
     return state
-
-
-def state_fields(state: State) -> dict[str, Any]:
-    """The part of a rank's state a replacement of it needs (published at every round start)."""
-    data = {name: getattr(state, name) for name in rounds.RANK_STATE_FIELDS if name != "mode"}
-    data["mode"] = state.mode.name
-    return data
 
 
 def request_admission(

@@ -12,19 +12,33 @@ and returns one ``round_outcome``:
 * any other ``BaseException``, until the round's ``round_end`` event is
   written: ``Leave``;
 * otherwise ``Completed``.
+
+The rendezvous environment of a round: a plain ``init_process_group()`` inside
+the wrapped function rendezvouses on the Wrapper's store. For every round
+``MASTER_ADDR``/``MASTER_PORT`` name the store, and
+``TORCHELASTIC_USE_AGENT_STORE=True`` makes every rank a client of it (no rank
+tries to host a server, so it works whichever process is rank 0 this round);
+``RANK``/``WORLD_SIZE`` are the round's active rank and world size. Torch
+writes its rendezvous keys under ``default_pg/``; the Wrapper deletes them
+between rounds (after every rank left the previous round's groups) and when a
+process generation opens (``nvrx.store.rounds``), so a round never reads
+another round's addresses. The previous values come back when the Wrapper
+returns (``preserved_environment``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NoReturn
 
 from nvrx.store import rounds
 
-from . import gloo_abort, rejoin, rendezvous
+from . import gloo_abort
 from .exception import InternalError
 from .fault_recording import record_rank_fault
 from .health_check_base import run_check
@@ -63,8 +77,8 @@ class RoundRun:
         services.board.set_flag(FLAG_RELEASED, False)  # first: never with the new round
         services.board.set_round(call.round, state.rank, state.world_size, call.initial_rank)
         call.writer.update(rank=state.rank, round=call.round)
-        rendezvous.apply(_round_env(call))
-        rounds.publish_rank_state(store, state.rank, rejoin.state_fields(state))
+        apply_env(_round_env(call))
+        rounds.publish_rank_state(store, state.rank, state)
         if call.round > call.generation:
             rounds.commit_round_start(store, services.base_store, state.iteration)
         latency = None
@@ -137,8 +151,7 @@ class RoundRun:
             if state.mode != Mode.ACTIVE or state.active_rank is None:
                 return None
             self._call_started_now()
-            call_args, call_kwargs = call.arguments_for(fn, args, kwargs)
-            return fn(*call_args, **call_kwargs)
+            return fn(*args, **kwargs)
         except Exception as exc:  # RankShouldRestart is no Exception: it passes
             self._fault_then_restart(exc)
 
@@ -229,11 +242,59 @@ class RoundRun:
         self.call.emit("call_end", duration_s=duration, outcome=outcome)
 
 
+# -- the round's rendezvous environment ----------------------------------------------------
+_MANAGED = (
+    "RANK",
+    "WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_RESTART_COUNT",
+)
+
+
+def round_env(
+    store_host: str,
+    store_port: int,
+    active_rank: int | None,
+    active_world_size: int | None,
+    round_: int,
+) -> dict[str, str | None]:
+    """Variables for one round (None removes a variable, e.g. ``RANK`` on a spare)."""
+    return {
+        "MASTER_ADDR": store_host,
+        "MASTER_PORT": str(store_port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_RESTART_COUNT": str(round_),
+        "RANK": None if active_rank is None else str(active_rank),
+        "WORLD_SIZE": None if active_world_size is None else str(active_world_size),
+    }
+
+
+def apply_env(env: Mapping[str, str | None]) -> None:
+    """Set the variables of ``env``; a None value removes its variable."""
+    for name, value in env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@contextlib.contextmanager
+def preserved_environment() -> Iterator[None]:
+    """Restore the variables a round sets to their values at entry."""
+    saved = {name: os.environ.get(name) for name in _MANAGED}
+    try:
+        yield
+    finally:
+        apply_env(saved)
+
+
 def _round_env(call: RoundCall) -> dict[str, str | None]:
-    """Rendezvous variables of the round (``rendezvous.round_env``; a custom store: RANK, WORLD_SIZE)."""
+    """Rendezvous variables of the round (``round_env``; a custom store: RANK, WORLD_SIZE)."""
     state = call.state
     if call.services.store_address is not None:
-        return rendezvous.round_env(
+        return round_env(
             *call.services.store_address, state.active_rank, state.active_world_size, call.round
         )
     # a custom store: the function brings its own rendezvous

@@ -83,6 +83,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import json
 import logging
 import time
@@ -454,10 +455,13 @@ RANK_STATE_FIELDS = (
 )  # fmt: skip
 
 
-def publish_rank_state(store: Any, rank: int, state: dict[str, Any]) -> None:
-    """A rank starts the round: its state, for a replacement of it and for the monitor of
+def publish_rank_state(store: Any, rank: int, state: Any) -> None:
+    """A rank starts the round: the ``RANK_STATE_FIELDS`` of its ``state`` (an object with
+    those attributes; an enum by its name), for a replacement of it and for the monitor of
     a rank that dies before starting it (counted once its state is there)."""
-    store.set(rank_state(rank), json.dumps({k: state[k] for k in RANK_STATE_FIELDS}))
+    fields = {k: getattr(state, k) for k in RANK_STATE_FIELDS}
+    fields.update({k: v.name for k, v in fields.items() if isinstance(v, enum.Enum)})
+    store.set(rank_state(rank), json.dumps(fields))
 
 
 def commit_round_start(store: Any, base: Any, restarts: int) -> None:

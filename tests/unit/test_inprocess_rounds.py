@@ -421,7 +421,7 @@ def test_a_rank_released_into_the_next_round_that_leaves_leaves_that_round(base,
     calls = _two_ranks(base, rank_assignment=assign)
     round_0 = rstore.round_store(base, 0)
     for rank, call in enumerate(calls):
-        rounds.publish_rank_state(round_0, rank, rejoin.state_fields(call.state))  # round 0 started
+        rounds.publish_rank_state(round_0, rank, call.state)  # round 0 started
     outcomes: dict[int, Any] = {}
     threads = [
         threading.Thread(target=lambda r=r: outcomes.update({r: _restart(calls[r], None)}))
@@ -437,7 +437,7 @@ def test_a_rank_released_into_the_next_round_that_leaves_leaves_that_round(base,
     leaving = threading.Thread(target=between_rounds.leave, args=(calls[1], round_0, left))
     leaving.start()
     round_1 = rstore.round_store(base, 1)
-    rounds.publish_rank_state(round_1, 0, rejoin.state_fields(calls[0].state))
+    rounds.publish_rank_state(round_1, 0, calls[0].state)
     round_1.add(rounds.STARTED, 1)  # rank 0 starts round 1 (``RoundRun.start``)
     leaving.join(30)
     assert not leaving.is_alive()
@@ -456,10 +456,10 @@ def test_a_rank_released_whose_rejoin_fails_leaves_the_next_round(base):
     updates: list[dict] = []
     call.writer = SimpleNamespace(update=lambda **fields: updates.append(fields))
     round_0, round_1 = rstore.round_store(base, 0), rstore.round_store(base, 1)
-    rounds.publish_rank_state(round_0, 0, rejoin.state_fields(call.state))
+    rounds.publish_rank_state(round_0, 0, call.state)
     round_0.set(rounds.DECISION, json.dumps({"terminated": [], "world_size": 2}))
     other = State(**{**vars(call.state), "rank": 1, "active_rank": 1, "initial_rank": 1})
-    rounds.publish_rank_state(round_1, 1, rejoin.state_fields(other))
+    rounds.publish_rank_state(round_1, 1, other)
     round_1.add(rounds.STARTED, 1)  # the other rank started round 1
     call.services.board.set_flag(FLAG_RELEASED, True)
     between_rounds.leave(call, round_0, Leave(ConnectionError("store write failed"), False))

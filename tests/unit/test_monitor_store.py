@@ -63,7 +63,7 @@ def _imports_torch(code: str) -> bool:
 def test_the_monitor_program_and_the_package_import_no_torch():
     assert not _imports_torch("import nvrx.inprocess")
     assert not _imports_torch("import nvrx.inprocess.monitor_main")
-    assert not _imports_torch("import nvrx.inprocess.monitor_store, nvrx.inprocess.fault_events")
+    assert not _imports_torch("import nvrx.inprocess.monitor_store, nvrx.inprocess.fault_recording")
     assert not _imports_torch(
         "import nvrx.store.rounds, nvrx.store.wire, nvrx.inprocess.fault_recording, "
         "nvrx.supervisor.store_agent, nvrx.supervisor.node_watch"

@@ -8,10 +8,19 @@ ranks run the function. Compose them with ``Compose``, filters first in the
 argument list (they run last). ``Tree`` does both from a topology and is used alone.
 """
 
-from .activation import ActivateAllRanks, ActiveWorldSizeDivisibleBy, MaxActiveWorldSize
-from .base import RankAssignment, RankAssignmentCtx, RankDiscarded, RankFilter, terminated_set
+from .base import (
+    ActivateAllRanks,
+    ActiveWorldSizeDivisibleBy,
+    FillGaps,
+    MaxActiveWorldSize,
+    RankAssignment,
+    RankAssignmentCtx,
+    RankDiscarded,
+    RankFilter,
+    ShiftRanks,
+    terminated_set,
+)
 from .grouped_filter import FilterCountGroupedByKey, FilterGroupedByKey
-from .renumbering import FillGaps, ShiftRanks
 from .tree import Layer, LayerFlag, Tree
 
 __all__ = [

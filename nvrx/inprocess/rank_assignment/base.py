@@ -1,4 +1,11 @@
-"""The contract of a rank assignment: its context, base classes and the shared checks."""
+"""Rank assignments: the contract (context, base classes, shared checks), and the assignments
+that need no topology.
+
+Renumbering (``ShiftRanks``, ``FillGaps``) closes the gaps that terminated ranks leave, so
+the healthy ranks are 0..n-1; filters (``ActivateAllRanks``, ``MaxActiveWorldSize``,
+``ActiveWorldSizeDivisibleBy``) choose which of them run the function (active) and which
+wait (spares). ``Tree`` (``tree``) does both from a topology.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .. import exception
-from ..state import State
+from ..state import Mode, State
 
 
 class RankDiscarded(exception.RestartError):
@@ -75,3 +82,116 @@ def positive_int(owner: str, name: str, value: Any, allow_none: bool = False) ->
 def group_key(key_or_fn: object | Callable[[State], object], state: State) -> str:
     key = key_or_fn(state) if callable(key_or_fn) else key_or_fn
     return str(key)
+
+
+# -- renumbering -----------------------------------------------------------------------------
+def _surviving(ctx: RankAssignmentCtx) -> tuple[int, set[int]]:
+    """This rank and the terminated ones; ``RankDiscarded`` when this rank is one of them."""
+    terminated = terminated_set(ctx.terminated_ranks)
+    rank = ctx.state.rank
+    if rank is None or rank in terminated:
+        raise RankDiscarded(f"rank {rank} is terminated (terminated ranks: {sorted(terminated)})")
+    return rank, terminated
+
+
+class ShiftRanks(RankAssignment):
+    """Close the gaps of terminated ranks by shifting the higher ranks down; order is kept.
+
+    ``0 X 2 3 X X 6 7`` becomes ``0 2 3 6 7`` (new ranks 0..4).
+    """
+
+    def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
+        rank, terminated = _surviving(ctx)
+        below = sum(1 for t in terminated if t < rank)
+        ctx.state = dataclasses.replace(
+            ctx.state, rank=rank - below, world_size=ctx.state.world_size - len(terminated)
+        )
+        ctx.terminated_ranks = set()
+        return ctx
+
+
+class FillGaps(RankAssignment):
+    """Keep the lowest ranks in place; the highest healthy ranks move into the gaps.
+
+    ``0 X 2 3 X X 6 7`` becomes ``0 6 2 3 7``: rank ``r >= new_world_size``
+    takes the ``(r - new_world_size)``-th lowest terminated index.
+    """
+
+    def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
+        rank, terminated = _surviving(ctx)
+        new_world_size = ctx.state.world_size - len(terminated)
+        if rank >= new_world_size:
+            gaps = sorted(t for t in terminated if t < new_world_size)
+            movers = sorted(
+                r for r in range(new_world_size, ctx.state.world_size) if r not in terminated
+            )
+            rank = gaps[movers.index(rank)]
+        ctx.state = dataclasses.replace(ctx.state, rank=rank, world_size=new_world_size)
+        ctx.terminated_ranks = set()
+        return ctx
+
+
+# -- filters --------------------------------------------------------------------------------
+def _activate_below(ctx: RankAssignmentCtx, active_world_size: int) -> RankAssignmentCtx:
+    state = ctx.state
+    if state.rank is not None and state.rank < active_world_size:
+        mode, active_rank = Mode.ACTIVE, state.rank
+    else:
+        mode, active_rank = Mode.INACTIVE, None
+    ctx.state = dataclasses.replace(
+        state, mode=mode, active_rank=active_rank, active_world_size=active_world_size
+    )
+    return ctx
+
+
+def _current_active_world_size(state: State) -> int:
+    if state.active_world_size is None:
+        return state.world_size
+    return min(state.active_world_size, state.world_size)
+
+
+class ActivateAllRanks(RankFilter):
+    """Every healthy rank is active: ``active_rank = rank``, ``active_world_size = world_size``."""
+
+    def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
+        ctx.state = dataclasses.replace(
+            ctx.state,
+            mode=Mode.ACTIVE,
+            active_rank=ctx.state.rank,
+            active_world_size=ctx.state.world_size,
+        )
+        return ctx
+
+
+class MaxActiveWorldSize(RankFilter):
+    """At most ``max_active_world_size`` ranks are active (the lowest ranks); the rest are spares.
+
+    Args:
+        max_active_world_size: limit, None for no limit.
+    """
+
+    def __init__(self, max_active_world_size: int | None = None) -> None:
+        positive_int("MaxActiveWorldSize", "max_active_world_size", max_active_world_size, True)
+        self.max_active_world_size = max_active_world_size
+
+    def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
+        size = _current_active_world_size(ctx.state)
+        if self.max_active_world_size is not None:
+            size = min(size, self.max_active_world_size)
+        return _activate_below(ctx, size)
+
+
+class ActiveWorldSizeDivisibleBy(RankFilter):
+    """Round the active world size down to a multiple of ``divisor``; the rest are spares.
+
+    Args:
+        divisor: the active world size is made divisible by it.
+    """
+
+    def __init__(self, divisor: int = 1) -> None:
+        positive_int("ActiveWorldSizeDivisibleBy", "divisor", divisor)
+        self.divisor = divisor
+
+    def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
+        size = _current_active_world_size(ctx.state)
+        return _activate_below(ctx, size // self.divisor * self.divisor)
