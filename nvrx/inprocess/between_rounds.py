@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from nvrx.store import rounds
+from nvrx.store.faults import CheckedRecords
 
 from . import rejoin
 from .exception import RestartAbort
@@ -132,14 +133,8 @@ def _next_round(call: RoundCall, run: RoundRun, signal: BaseException | None) ->
     if terminated:
         call.emit("ranks_terminated", ranks=sorted(terminated))
     checked = rounds.checked_fault_records(run.store)
-    if checked.forged and rank == min(set(range(world_size)) - terminated, default=None):
-        call.emit(  # one record of the forged entries: the round's lowest rank that goes on
-            "rejected_write",
-            key=rounds.fault_list_key(run.store),
-            reason=f"{checked.forged} fault records with no valid seal: not written by this "
-            "job's processes in this round",
-            value_bytes=checked.forged_bytes,
-        )
+    if rank == min(set(range(world_size)) - terminated, default=None):
+        _report_forged(call, run.store, checked, decision)
     faults = [dataclasses.asdict(r) | {"traceback": None} for r in checked.records]
     call.emit(
         "round_end",
@@ -152,6 +147,27 @@ def _next_round(call: RoundCall, run: RoundRun, signal: BaseException | None) ->
         assign(call, terminated)
     call.state.iteration = int(decision["job_restarts"])
     call.state.fn_exception = None
+
+
+def _report_forged(
+    call: RoundCall, store: Any, checked: CheckedRecords, decision: dict[str, Any]
+) -> None:
+    """The round's lowest rank that goes on records the entries of the round's fault list
+    and terminated list that did not unseal, one event each list."""
+    forged_terminated, terminated_bytes = decision.get("forged_terminated", (0, 0))
+    lists = (
+        (rounds.fault_list_key(store), checked.forged, checked.forged_bytes, "fault records"),
+        (rounds.terminated_list_key(store), forged_terminated, terminated_bytes, "terminated ranks"),
+    )
+    for key, forged, size, what in lists:
+        if forged:
+            call.emit(
+                "rejected_write",
+                key=key,
+                reason=f"{forged} {what} with no valid seal: not written by this job's "
+                "processes in this round",
+                value_bytes=size,
+            )
 
 
 @contextlib.contextmanager

@@ -56,10 +56,14 @@ In this order:
    (``arrive_completion``). On a fault, each rank's monitor thread writes ``completed``
    and that barrier's release key (``interrupt_wake_keys``), to wake those waiting there.
 5. ``r<R>/terminated`` and ``r<R>/terminated_flag/<r>``: a rank that leaves for good, or
-   a proxy (``register_terminated``, ``proxy_leave``, ``leave_round``).
+   a proxy (``register_terminated``, ``proxy_leave``, ``leave_round``). With the job's
+   secret each entry of the list is sealed for its round; one that does not unseal is
+   skipped (and counted in the decision).
 6. ``r<R>/iteration``, ``r<R>/decision``, ``round``: every rank or proxy arrives; the
    last arrival writes the decision and publishes ``R + 1`` before the release
-   (``arrive_iteration``).
+   (``arrive_iteration``). With the job's secret the decision is sealed for its round; a
+   rank that reads one that does not unseal (overwritten after the release) acts on none
+   (``ForgedDecision``).
 7. ``admit/<i>/<pid>``, then ``r<R>/rejoin``: the lowest survivor of round R, after the
    decision, admits each replacement that asked, then lists the ranks that came back
    (``admit``). ``r<R+1>/late_deaths`` and ``r<R+1>/late_death_claim/<n>``: the monitor
@@ -117,7 +121,7 @@ FAILOVER_KEYS = (CURRENT_ROUND, JOB_RESTARTS, GONE_PREFIX)
 # names inside one round's prefix
 INTERRUPTED = "interrupted"  # "fault" when any rank faults, "done" when the round completed
 FAULT_LIST = "faults"  # append-only JSON fault records, one per line (``nvrx.store.faults``)
-TERMINATED = "terminated"  # append-only "r," list of the round's ranks that left the job
+TERMINATED = "terminated"  # append-only list of the round's ranks that left the job
 DECISION = "decision"  # JSON written by the last arrival at the iteration barrier
 REJOIN = "rejoin"  # JSON: ranks whose replacement process rejoined (written by the round's leader)
 COMPLETED = "completed"  # an active rank returned (or a fault): spares stop waiting
@@ -581,6 +585,11 @@ def fault_list_key(store: Any) -> str:
     return _round_key(store, FAULT_LIST)
 
 
+def terminated_list_key(store: Any) -> str:
+    """The full name of the round's terminated list, which its entries are sealed for."""
+    return _round_key(store, TERMINATED)
+
+
 def _round_key(store: Any, key: str) -> str:
     """``key`` of ``store``'s round with the round's prefix, for a view of a round that
     knows its ``iteration``; ``key`` itself otherwise."""
@@ -613,19 +622,49 @@ def arrive_completion(store: Any, rank: int, world_size: int, timeout: float) ->
 
 
 def register_terminated(store: Any, rank: int) -> bool:
-    """Register ``rank`` (its rank in this round) as terminated; idempotent. True if new."""
-    if int(store.add(terminated_flag(rank), 1)) != 1:
+    """Register ``rank`` (its rank in this round) as terminated; idempotent. True if new.
+
+    With the job's secret the entry is sealed for the round's list: a flag that a client
+    without the secret set ahead does not keep the real entry out."""
+    first = int(store.add(terminated_flag(rank), 1)) == 1
+    sealer = seal.job_sealer()
+    if sealer is None:
+        if first:
+            store.append(TERMINATED, f"{rank},")
+        return first
+    if not first and rank in terminated_ranks(store):
         return False
-    store.append(TERMINATED, f"{rank},")
+    store.append(TERMINATED, sealer.entry(terminated_list_key(store), str(rank)))
     return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Terminated:
+    """The round's terminated ranks as read, and what was skipped there (no valid seal)."""
+
+    ranks: set[int]
+    forged: int = 0
+    forged_bytes: int = 0
 
 
 def terminated_ranks(store: Any) -> set[int]:
     """The ranks of the round registered as terminated so far."""
+    return checked_terminated(store).ranks
+
+
+def checked_terminated(store: Any) -> Terminated:
+    """The round's terminated ranks that can be trusted: with the job's secret the entries
+    sealed for this round's list, the others counted (a client without the secret could
+    otherwise make a healthy rank leave at the next restart, or hide a real end)."""
     if not store.check([TERMINATED]):
-        return set()
-    raw = store.get(TERMINATED).decode()
-    return {int(part) for part in raw.split(",") if part.strip()}
+        return Terminated(set())
+    text = _text(store.get(TERMINATED))
+    sealer = seal.job_sealer()
+    if sealer is None:
+        return Terminated({int(part) for part in text.split(",") if part.strip()})
+    entries = sealer.entries(terminated_list_key(store), text)
+    ranks = {int(e) for e in entries.valid if e.isdigit()}
+    return Terminated(ranks, entries.invalid, entries.invalid_bytes)
 
 
 # -- the iteration barrier and its decision ----------------------------------------------
@@ -637,16 +676,37 @@ def _publish_decision(store: Any, base: Any, world_size: int) -> None:
     """
     # The restart is counted when the next round starts (commit_round_start), so
     # a round that every rank leaves (RestartAbort everywhere) counts nothing.
+    terminated = checked_terminated(store)
     decision = {
-        "terminated": sorted(terminated_ranks(store)),
+        "terminated": sorted(terminated.ranks),
         "job_restarts": job_restarts(base) + 1,
         "world_size": world_size,
     }
+    if terminated.forged:  # the round's lowest rank that goes on tells it
+        decision["forged_terminated"] = [terminated.forged, terminated.forged_bytes]
     round_ = getattr(store, "iteration", None)
     if round_ is not None:
         _clear_stale_keys(base, round_)
         publish_round(base, round_ + 1)
-    store.set(DECISION, json.dumps(decision))
+    store.set(DECISION, _sealed(_round_key(store, DECISION), json.dumps(decision)))
+
+
+class ForgedDecision(RuntimeError):
+    """A round's decision that does not unseal: a client without the job's secret
+    overwrote the one the last arrival wrote, which is lost; no rank may act on it."""
+
+
+def decision_of(store: Any) -> dict[str, Any]:
+    """The round's decision, which is set (``ForgedDecision`` when it does not unseal)."""
+    key = _round_key(store, DECISION)
+    raw = store.get(DECISION)
+    payload = _unsealed(key, raw)
+    if payload is None:
+        raise ForgedDecision(
+            f"the decision at {key} ({len(raw)} bytes) has no valid seal: not written by "
+            "this job's processes in this round"
+        )
+    return dict(json.loads(payload))
 
 
 def _clear_stale_keys(base: Any, round_: int) -> None:
@@ -675,7 +735,7 @@ def arrive_iteration(store: Any, base: Any, rank: int, world_size: int) -> None:
 def wait_iteration(store: Any, world_size: int, timeout: float) -> dict[str, Any]:
     """Wait for the iteration barrier; returns the decision every rank reads alike."""
     barrier.wait(store, ITERATION_BARRIER, world_size, timeout, range(world_size))
-    return json.loads(store.get(DECISION))
+    return decision_of(store)
 
 
 def proxy_leave(
@@ -691,7 +751,7 @@ def proxy_leave(
 
 def kept_for_next(store: Any) -> int | None:
     """How many ranks a round's decision keeps for the next round (None: it does not say)."""
-    decision = json.loads(store.get(DECISION))
+    decision = decision_of(store)
     if decision.get("world_size") is None:  # a decision of an older version
         return None
     terminated = {int(r) for r in decision["terminated"]}
@@ -772,7 +832,7 @@ def nobody_to_admit(base: Any) -> str | None:
     previous = round_store(base, round_ - 1)
     if not previous.check([DECISION]):
         return None
-    decision = json.loads(previous.get(DECISION))
+    decision = decision_of(previous)
     world_size = decision.get("world_size")  # absent in a decision of an older version
     # a survivor that died after the decision is registered in that round too; the
     # ranks taken back then (``REJOIN``) run in this round, whatever that round says

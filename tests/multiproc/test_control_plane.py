@@ -140,16 +140,20 @@ def test_forged_and_replayed_stop_flags_are_rejected_and_the_job_trains_on(tmp_p
     assert sorted(r["key"] for r in json.loads(report.stdout)["rejected_writes"]) == sorted(keys)
 
 
-def _forge_in_round(job: Job, store: WireStore, entry: bytes, interruption: bytes) -> int:
-    """Once the running round trains: append ``entry`` to its fault list and write
-    ``interruption`` at its interruption, as a faulting rank does; the round, after the
-    interruption's rejection (the fault list is read only when a real fault restarts it)."""
+def _forge_in_round(
+    job: Job, store: WireStore, entry: bytes, interruption: bytes, terminated: bytes
+) -> int:
+    """Once the running round trains: append ``entry`` to its fault list and ``terminated``
+    to its terminated ranks, and write ``interruption`` at its interruption, as a faulting
+    or leaving rank does; the round, after the interruption's rejection (the two lists are
+    read only when a real fault restarts it)."""
     rejected = lambda: [e["key"] for e in job.events("rejected_write", component=None)]  # noqa: E731
     seen, steps = len(rejected()), len(job.events("progress", component="app"))
     wait_until("the round to train", lambda: len(job.events("progress", component="app")) > steps + 4, 120)
     round_ = rounds.current_round(store) or 0
     prefix = rounds.round_prefix(round_)
     store.append(prefix + rounds.FAULT_LIST, entry)
+    store.append(prefix + rounds.TERMINATED, terminated)
     store.set(prefix + rounds.INTERRUPTED, interruption)
     wait_until(f"the interruption of round {round_} to be rejected", lambda: len(rejected()) == seen + 1,
                120, state=job.output)  # fmt: skip
@@ -168,18 +172,18 @@ def test_forged_and_replayed_fault_records_are_not_faults_and_the_job_trains_on(
     job = Job(tmp_path, 2, 2, command, "--max-restarts", "8", "--grace-period", "2")
     store = _foreign_client(job)
     made_up = FaultRecord(rank=3, kind="exit", exc_type="RestartAbort", message="forged")
-    first = _forge_in_round(job, store, (made_up.to_json() + "\n").encode(), b"fault")
+    first = _forge_in_round(job, store, (made_up.to_json() + "\n").encode(), b"fault", b"0,")
     wait_until("the first injected fault's restart", lambda: first in _rounds_with_faults(job), 120,
                state=job.output)  # fmt: skip
     prefix = rounds.round_prefix(first)
     real = store.get(prefix + rounds.FAULT_LIST)  # rank 1's, sealed, after the made-up one
     interrupted = store.get(prefix + rounds.interrupted_key(2))  # the real one, sealed for round 0
-    second = _forge_in_round(job, store, real, interrupted)
+    second = _forge_in_round(job, store, real, interrupted, real)  # a real value, elsewhere
     assert job.wait(240) == [0, 0], job.output()
     assert second > first
     keys = [e["key"] for e in job.events("rejected_write", component=None)]
     expected = [rounds.round_prefix(r) + key for r in (first, second)
-                for key in (rounds.INTERRUPTED, rounds.FAULT_LIST)]  # fmt: skip
+                for key in (rounds.INTERRUPTED, rounds.FAULT_LIST, rounds.TERMINATED)]  # fmt: skip
     assert sorted(keys) == sorted(expected), keys
     ends = job.events("round_end", component=None)
     recorded = [f for e in ends for f in e.get("faults") or []]

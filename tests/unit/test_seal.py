@@ -271,3 +271,39 @@ def test_gone_ranks_are_sealed_and_a_forged_one_leaves_no_rank_out(tmp_path, mon
     plain = HashStore()
     rounds.mark_gone(plain, [4])
     assert plain.get(rounds.GONE_LIST) == b"4," and rounds.is_gone(plain, 4)
+
+
+def test_a_rounds_terminated_ranks_and_decision_are_sealed(tmp_path, monkeypatch):
+    """With the job's secret, a forged terminated entry makes no healthy rank leave, a flag
+    set ahead keeps no real end out, a replayed entry counts in no other round, and the
+    decision of a round reads only as its last arrival sealed it."""
+    from torch.distributed import HashStore
+
+    from nvrx.store import rounds
+
+    _job_secret_file(tmp_path, monkeypatch)
+    base = HashStore()
+    round_3, round_4 = rounds.round_store(base, 3), rounds.round_store(base, 4)
+    round_3.append(rounds.TERMINATED, "0,")  # as a client without the secret
+    round_3.add(rounds.terminated_flag(1), 1)  # ... which also sets rank 1's flag ahead
+    assert rounds.register_terminated(round_3, 1)  # the real end is registered all the same
+    assert not rounds.register_terminated(round_3, 1)  # and once
+    checked = rounds.checked_terminated(round_3)
+    assert checked.ranks == {1} and checked.forged == 1 and checked.forged_bytes == 2
+    # the last arrival's decision leaves the forged rank 0 in and says what it skipped
+    for rank in range(3):
+        rounds.arrive_iteration(round_3, base, rank, 3)
+    decision = rounds.wait_iteration(round_3, 3, 5.0)
+    assert decision["terminated"] == [1] and decision["forged_terminated"] == [1, 2]
+    # the real entry and decision copied into the next round count for nothing there
+    round_4.append(rounds.TERMINATED, base.get(rounds.round_prefix(3) + rounds.TERMINATED))
+    assert rounds.terminated_ranks(round_4) == set()
+    round_4.set(rounds.DECISION, base.get(rounds.round_prefix(3) + rounds.DECISION))
+    with pytest.raises(rounds.ForgedDecision, match="no valid seal"):
+        rounds.decision_of(round_4)
+    # without a secret: a plain "r," list and plain JSON, as before
+    monkeypatch.delenv(jobenv.JOB_SECRET_FILE)
+    plain = rounds.round_store(HashStore(), 0)
+    assert rounds.register_terminated(plain, 2) and plain.get(rounds.TERMINATED) == b"2,"
+    rounds.arrive_iteration(plain, HashStore(), 0, 1)
+    assert rounds.decision_of(plain)["terminated"] == [2]
