@@ -1,19 +1,20 @@
 """Heartbeats of a node's Wrapper ranks to one party of the node: one datagram socket per node.
 
-Under a supervisor, each rank's monitor process sends its heartbeat to the
-supervisor of its node (``NVRX_RANK_BEATS``: the path of a Unix datagram
-socket) instead of writing it to the job's store. Without one, the monitors of
-a host send theirs to the host's node agent (``nvrx.inprocess.node_agent``).
-That party alone talks to the store for the whole node, so the store's load
-grows with the number of nodes, not ranks (``docs/inprocess.md``, "Hangs and
-dead ranks"). ``RankBeats`` tells which of the node's ranks stopped beating.
+Each rank's monitor process sends its heartbeat to its node's agent process
+instead of writing it to the job's store. Under a supervisor, to a Unix datagram
+socket the supervisor binds (``NVRX_RANK_BEATS``: its path) and its store agent
+reads (``nvrx.supervisor.store_agent``); without one, the monitors of a host send
+theirs to the host's node agent (``nvrx.inprocess.node_agent``). That agent alone
+talks to the store for the whole node, so the store's load grows with the number
+of nodes, not ranks (``docs/inprocess.md``, "Hangs and dead ranks"). ``RankBeats``
+tells which of the node's ranks stopped beating.
 
 A beat says who beats and where it is (initial rank, local rank and restart
 count, rank and world size of its round, the round, the pids of the rank
-and of its monitor) and how long the supervisor may wait
+and of its monitor) and how long the agent may wait
 for the next one (``heartbeat_timeout``). ``bye`` says the monitor stops
 beating on purpose (the rank ended or left the job): no silence to declare.
-No torch here: both the monitor process and the supervisor import this.
+No torch here: the monitor process, the agents and the supervisor import this.
 """
 
 from __future__ import annotations

@@ -922,7 +922,7 @@ def place_in_next_round(
     None after ``wait_s`` without that, where that round's size is not what round ``round_``
     kept, or where every rank it kept died or left so before any started it.
     ``ranks_bound``: no world size exceeds it (the job's initial one); ``meanwhile`` runs
-    between two looks (a monitor beats to its supervisor)."""
+    between two looks (a monitor beats to its node's agent)."""
     store, previous = round_store(base, round_ + 1), round_store(base, round_)
     store.add(LATE_DEATHS, 1)
     try:

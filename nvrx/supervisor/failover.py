@@ -158,7 +158,7 @@ class Failover:
             return
         if self._prepared_link is None or not self._prepared_link.running:
             try:
-                self._prepared_link = StoreLink(None, None, cfg.store_timeout).launch()
+                self._prepared_link = StoreLink(None, None, cfg.store_timeout, self.store.beats_fd).launch()
             except OSError as exc:
                 log.warning("cannot keep a store agent ready for a failover: %s", exc)
         if self._prepared_service is None and self._next_in_line():
@@ -185,7 +185,7 @@ class Failover:
             link = None
         if link is None:
             try:
-                link = StoreLink(None, None, cfg.store_timeout).launch()
+                link = StoreLink(None, None, cfg.store_timeout, self.store.beats_fd).launch()
             except OSError as exc:
                 log.warning("cannot start the next store agent ahead: %s", exc)
         if service is not None and not (service.alive and self._next_in_line()):
@@ -271,7 +271,9 @@ class Failover:
             if self._ahead_link is not None and self._ahead_link.running:
                 store.link, self._ahead_link = self._ahead_link.aim(address.host, address.port), None
             else:
-                store.link = StoreLink(address.host, address.port, store.config.store_timeout).launch()
+                store.link = StoreLink(
+                    address.host, address.port, store.config.store_timeout, store.beats_fd
+                ).launch()
             store.link.wait_ready()
             if store.stop is not None:
                 store.stop.watch(store.link)

@@ -7,11 +7,13 @@ the rank's stack, sends the configured termination signal to the child's
 process group (SIGKILL after the grace period if it still runs), and the
 restart policy decides as for any failure.
 
-The Wrapper's monitor processes beat to the supervisor too (``rank_beats``),
-not to the store (a beat costs the store nothing), and the supervisor takes
-a rank whose monitor stayed silent beyond its ``heartbeat_timeout`` out of
-its round (an ``unresponsive`` fault, as a peer's monitor does for a rank
-without a supervisor).
+The Wrapper's monitor processes beat to a socket the supervisor binds for them
+(``rank_beats``), not to the store (a beat costs the store nothing); the store
+agent reads it (``store_agent.BeatWatch``), as the node agent does without a
+supervisor. When the agent tells of a rank whose monitor stayed silent beyond
+its ``heartbeat_timeout``, the supervisor has the agent take the rank out of
+its round (an ``unresponsive`` fault, as the node agent does for a rank
+without a supervisor) and kills it and its monitor.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ import selectors
 import signal
 import time
 from collections.abc import Callable
+from typing import Any
 
 from nvrx import jobenv, monitor_boot, processes
 from nvrx.events.failures import UNRESPONSIVE, UNRESPONSIVE_SIGNATURE, hang_signature
-from nvrx.rank_beats import BeatSocket, RankBeats, Silence
+from nvrx.rank_beats import Beat, BeatSocket
 
 from .children import ExitStatus
 from .course import CourseTracker
@@ -41,13 +44,14 @@ from .workload_control import WorkloadControl
 
 log = logging.getLogger(__name__)
 
-LISTEN, CONNECTION, BEATS = "ft-listen", "ft", "beats"
+LISTEN, CONNECTION = "ft-listen", "ft"
 #: The selector data of every descriptor ``HangWatch.on_ready`` reads.
-WATCHED = (LISTEN, CONNECTION, BEATS)
+WATCHED = (LISTEN, CONNECTION)
 
 
 class HangWatch:
-    """Owns the rank watch and the beat socket, and the kills it schedules."""
+    """Owns the rank watch and the beat socket (which the store agent reads), and the kills
+    they call for."""
 
     def __init__(
         self,
@@ -55,14 +59,15 @@ class HangWatch:
         course: CourseTracker,
         control: NodeControl,
         ranks: LocalRanks,
-        beats: RankBeats,
+        wrapper_pids: set[int],
         workload: WorkloadControl,
         job_restart: JobRestart,
         store_lost: Callable[[str], bool],
         step_times: StepTimes,
     ) -> None:
-        self.store, self.course, self.control, self.beats = store, course, control, beats
+        self.store, self.course, self.control = store, course, control
         self.ranks = ranks
+        self.wrapper_pids = wrapper_pids  # processes whose monitor beat: Wrapper ranks
         self.workload, self.job_restart, self.store_lost = workload, job_restart, store_lost
         self.step_times = step_times
         self.watch: RankWatch | None = None
@@ -77,6 +82,12 @@ class HangWatch:
         self.beat_socket = BeatSocket(os.path.join(self.watch.directory, "beats.sock"))
         return self.watch.directory
 
+    @property
+    def beats_fd(self) -> int | None:
+        """The beat socket's descriptor, for the store agent; kept open here (never read), so
+        that a monitor's beat finds the socket even between two agents."""
+        return None if self.beat_socket is None else self.beat_socket.fileno()
+
     def child_env(self, env: dict[str, str]) -> None:
         """What a child needs to reach this supervisor's watch."""
         if self.watch is not None:
@@ -89,8 +100,6 @@ class HangWatch:
 
     def register(self, selector: selectors.BaseSelector) -> None:
         """Register the watch's descriptors with the main loop's ``selector``."""
-        if self.beat_socket is not None:
-            selector.register(self.beat_socket.fileno(), selectors.EVENT_READ, BEATS)
         if self.watch is None:
             return
         selector.register(self.watch.fileno(), selectors.EVENT_READ, LISTEN)
@@ -99,10 +108,6 @@ class HangWatch:
 
     def on_ready(self, selector: selectors.BaseSelector, key: selectors.SelectorKey) -> None:
         """Read the watch's descriptor ``key`` that ``selector`` found readable."""
-        if key.data == BEATS:
-            assert self.beat_socket is not None
-            self.beats.record(self.beat_socket.receive())
-            return
         assert self.watch is not None
         if key.data == LISTEN:
             while (fd := self.watch.accept()) is not None:
@@ -126,7 +131,7 @@ class HangWatch:
         """``timeout`` shortened to the next hang deadline or pending kill."""
         if self.watch is None:
             return timeout
-        deadlines = (self.watch.next_deadline(), self.beats.next_deadline(), *self._hang_kills.values())
+        deadlines = (self.watch.next_deadline(), *self._hang_kills.values())
         times = [t for t in deadlines if t is not None]
         if not times:
             return timeout
@@ -140,7 +145,6 @@ class HangWatch:
         now = time.monotonic()
         for hang in self.watch.due(now):
             self._on_hang(hang)
-        self._check_beats(now)
         for pid, when in list(self._hang_kills.items()):
             children = self.ranks.children.values()
             child = next((c for c in children if c.pid == pid and c.running), None)
@@ -186,34 +190,41 @@ class HangWatch:
             except StoreLinkError as exc:
                 self.control.store_unavailable(exc)
 
-    def _check_beats(self, now: float) -> None:
-        """Take the ranks whose monitor fell silent out of their round."""
-        if self.beat_socket is not None:  # beats that came while the loop was busy elsewhere
-            self.beats.record(self.beat_socket.receive())
-        self.beats.sync({c.local_rank: c.attempt for c in self.ranks.children.values() if c.running})
-        silences = self.beats.due(now)
+    def on_message(self, message: dict[str, Any]) -> bool:
+        """What the store agent tells of the rank beats (``store_agent.BeatWatch``); whether
+        ``message`` was one of those."""
+        event = message.get("event")
+        if event == "wrapper_pid":
+            self.wrapper_pids.add(int(message["pid"]))
+            return True
+        if event != "rank_silent":
+            return False
+        beat, silent_s = Beat(**message["beat"]), float(message["silent_s"])
+        child = self.ranks.children.get(beat.local_rank)
+        if child is None or not child.running or child.attempt != beat.attempt:
+            return True  # a child that ended is no silent rank
         link = self.store.link
-        if not silences or link is None or link.lost is not None:
-            return
+        if self.course.stopping or self.job_restart.pending is not None:
+            return True  # its children are being stopped anyway
+        if link is None or link.lost is not None:
+            return True  # the store is gone: the children are stopped for a failover
         try:
-            if not self.course.stopping and self.job_restart.pending is None:
-                for silence in silences:
-                    self._on_silent_rank(silence)
+            self._on_silent_rank(beat, silent_s)
         except StoreLinkError as exc:
             if link.lost is not None:  # the store is gone: fail over, as its ``lost`` does
                 self.store_lost(link.lost)
             else:
                 self.control.store_unavailable(exc)
+        return True
 
-    def _on_silent_rank(self, silence: Silence) -> None:
+    def _on_silent_rank(self, beat: Beat, silent_s: float) -> None:
         """The rank leaves its round (its peers restart without waiting for it), then its
         process and its frozen monitor are killed: the policy restarts it like a dead one."""
-        beat = silence.beat
         rank = beat.rank if beat.rank >= 0 else beat.initial_rank  # no rank number known yet
-        message = f"no heartbeat for {silence.silent_s:.1f} s"
+        message = f"no heartbeat for {silent_s:.1f} s"
         log.warning(
             "rank %d (local rank %d, pid %d) sent no heartbeat for %.1f s: unresponsive",
-            rank, beat.local_rank, beat.pid, silence.silent_s,
+            rank, beat.local_rank, beat.pid, silent_s,
         )  # fmt: skip
         assert self.store.link is not None
         self.store.link.leave_silent(beat.initial_rank, self.store.config.world_size, message)
@@ -225,10 +236,9 @@ class HangWatch:
         )  # fmt: skip
         if _is_monitor(beat.monitor_pid):
             processes.signal_group(beat.monitor_pid, signal.SIGKILL)
-        child = self.ranks.children.get(beat.local_rank)
-        if child is not None and child.running and child.attempt == beat.attempt:
-            self._hung[child.pid] = LastFault(UNRESPONSIVE_SIGNATURE, UNRESPONSIVE)
-            child.signal_group(signal.SIGKILL)
+        child = self.ranks.children[beat.local_rank]  # running: ``on_message`` checked it
+        self._hung[child.pid] = LastFault(UNRESPONSIVE_SIGNATURE, UNRESPONSIVE)
+        child.signal_group(signal.SIGKILL)
 
     def hang_fault(self, pid: int) -> LastFault | None:
         """The hang that ended child ``pid``, when the watch declared one."""

@@ -42,7 +42,6 @@ from typing import Any
 
 from nvrx import jobenv
 from nvrx.events.failures import NODE_LOST_SIGNATURE
-from nvrx.rank_beats import RankBeats
 from nvrx.store import sealed_keys
 from nvrx.store.sealed_keys import SealedChain
 
@@ -68,11 +67,12 @@ def uses_wrapper(events_dir: str, pid: int) -> bool:
     return any(Path(events_dir).glob(f"wrapper-*-p{pid}-*.jsonl"))
 
 
-def job_wide(config: SupervisorConfig, beats: RankBeats, pid: int) -> bool:
-    """Whether the failure of child ``pid`` restarts the whole job (``--ft-restart-policy``)."""
+def job_wide(config: SupervisorConfig, wrapper_pids: set[int], pid: int) -> bool:
+    """Whether the failure of child ``pid`` restarts the whole job (``--ft-restart-policy``);
+    ``wrapper_pids``: the processes whose Wrapper monitor beat."""
     policy = config.ft_restart_policy
     if policy == "auto":  # a rank waiting to be admitted has no Wrapper events yet
-        wrapped = pid in beats.wrapper_pids or uses_wrapper(config.events_dir, pid)
+        wrapped = pid in wrapper_pids or uses_wrapper(config.events_dir, pid)
         return not wrapped
     return policy == "any-failed"
 
@@ -87,11 +87,11 @@ class JobRestart:
         control: NodeControl,
         ranks: LocalRanks,
         policy: RestartPolicy,
-        beats: RankBeats,
+        wrapper_pids: set[int],
         workload: WorkloadControl,
     ) -> None:
         self.store, self.course, self.control, self.ranks = store, course, control, ranks
-        self.policy, self.beats, self.workload = policy, beats, workload
+        self.policy, self.wrapper_pids, self.workload = policy, wrapper_pids, workload
         self.epoch = 0  # job-wide restarts this node has taken part in
         self.pending: int | None = None  # the epoch being restarted now, until the children start
         self._ready: int | None = None  # the last epoch this node counted itself ready for
@@ -118,7 +118,7 @@ class JobRestart:
 
     def job_wide(self, pid: int) -> bool:
         """Whether the failure of child ``pid`` restarts the whole job."""
-        return job_wide(self.store.config, self.beats, pid)
+        return job_wide(self.store.config, self.wrapper_pids, pid)
 
     def failure_handled(
         self, local_rank: int, status: ExitStatus, pid: int, fault: LastFault | None

@@ -33,6 +33,7 @@ class JobStore:
     slot: int = 0  # the slot hosting the store now
     lost_slot: int = 0  # the slot that hosted it before the last failover
     relinks: int = 0  # times the link was aimed at another store: the main loop re-registers it
+    beats_fd: int | None = None  # the socket of the node's rank beats, which each agent reads
     stop: StopFlag | None = None  # the job's stop flag, once the job's secret is known
     #: Records a value refused for its seal: (key, reason, size) -> the supervisor's event.
     rejected: Callable[[str, str, int], None] | None = None

@@ -15,21 +15,37 @@ started ahead during a store failover) owns the store clients instead (nvrx's ow
 * answers on stdout: ``{"id": 1, "value": ...}`` or ``{"id": 1, "error": "..."}``
 * unsolicited lines: ``{"event": "ready"}``, ``{"event": "key", "key": k, "value": v}``
   when a watched key is set, ``{"event": "lost", "message": ...}`` when the store is gone,
-  ``{"event": "node_silent", "slot": s, ...}`` and ``{"event": "fenced", ...}`` from the node watch.
+  ``{"event": "node_silent", "slot": s, ...}`` and ``{"event": "fenced", ...}`` from the node
+  watch; ``{"event": "wrapper_pid", "pid": p}`` and ``{"event": "rank_silent", "beat": {...},
+  "silent_s": s}`` from the rank beats.
+
+The rank beats: the Wrapper's monitor processes of the node beat to the socket the
+supervisor bound for them (``nvrx.rank_beats``, ``NVRX_RANK_BEATS``); the supervisor
+passes its descriptor to this agent (``BEATS_FD``), which alone reads it, as the node
+agent of a job without a supervisor reads its host's (``nvrx.inprocess.node_agent``).
+The agent says which processes beat (they run the Wrapper) and which rank's monitor fell
+silent beyond its ``heartbeat_timeout``; the supervisor, which knows its children, has
+the silent rank taken out of its round (``leave_silent``) and kills it. An agent started
+ahead without an address reads no beat before it is given one: until then the agent it
+will replace reads them.
 
 It exits when stdin closes (its supervisor ended) and never outlives it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import select
 import sys
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
+from nvrx.rank_beats import BeatSocket, RankBeats
 from nvrx.store.wire import StoreGone, StoreTimeout, WireStore
 
 #: A watch waits in chunks of this length so a wait never depends on the client's timeout.
@@ -38,21 +54,26 @@ from nvrx.store.wire import StoreGone, StoreTimeout, WireStore
 _WATCH_CHUNK = timedelta(days=1)
 
 
+_OUT_LOCK = threading.Lock()
+
+
+def _send_line(message: dict[str, Any]) -> None:
+    """Write one message to the supervisor (from any thread of the agent)."""
+    line = json.dumps(message, separators=(",", ":")) + "\n"
+    with _OUT_LOCK:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
 class _Agent:
     def __init__(self, host: str, port: int, timeout: float) -> None:
         self.host, self.port = host, port
         self.timeout = timedelta(seconds=timeout)
-        self._out_lock = threading.Lock()
+        self.send = _send_line
         self.store = self._connect()
 
     def _connect(self, timeout: float | None = None) -> WireStore:
         return WireStore(self.host, self.port, self.timeout if timeout is None else timeout)
-
-    def send(self, message: dict[str, Any]) -> None:
-        line = json.dumps(message, separators=(",", ":")) + "\n"
-        with self._out_lock:
-            sys.stdout.write(line)
-            sys.stdout.flush()
 
     def _watch(self, key: str) -> None:
         try:
@@ -167,6 +188,33 @@ class _Agent:
             self.send(answer)
 
 
+class BeatWatch(threading.Thread):
+    """Reads the node's rank beats from socket ``fd`` and sends what the supervisor acts on."""
+
+    def __init__(self, fd: int, send: Callable[[dict[str, Any]], None]) -> None:
+        super().__init__(name="rank-beats", daemon=True)
+        self.sock = BeatSocket("the supervisor's rank beats", fd)
+        self.send = send
+        self.beats = RankBeats()
+
+    def run(self) -> None:
+        while True:
+            deadline = self.beats.next_deadline()
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            select.select([self.sock], [], [], wait)
+            self.step(time.monotonic())
+
+    def step(self, now: float) -> None:
+        """Read the beats waiting (before any silence is judged), then tell what is new."""
+        received = self.sock.receive()
+        for pid in {b.pid for b in received} - self.beats.wrapper_pids:
+            self.send({"event": "wrapper_pid", "pid": pid})
+        self.beats.record(received, now)
+        for silence in self.beats.due(now):
+            beat = dataclasses.asdict(silence.beat)
+            self.send({"event": "rank_silent", "beat": beat, "silent_s": round(silence.silent_s, 3)})
+
+
 def _address_from_stdin() -> tuple[str, int] | None:
     """The store's address as the first line on stdin (``{"host": ..., "port": ...}``)."""
     from nvrx.store import rounds  # noqa: F401 - imported while the address is still unknown
@@ -182,12 +230,14 @@ def _address_from_stdin() -> tuple[str, int] | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 3:
+    if len(args) not in (3, 4):
         print(
-            "usage: python -m nvrx.supervisor.store_agent HOST|- PORT|- TIMEOUT_S", file=sys.stderr
+            "usage: python -m nvrx.supervisor.store_agent HOST|- PORT|- TIMEOUT_S [BEATS_FD]",
+            file=sys.stderr,
         )
         return 2
     timeout = float(args[2])
+    beats_fd = int(args[3]) if len(args) == 4 else None
     if args[0] == "-":  # started ahead: the address comes on stdin
         address = _address_from_stdin()
         if address is None:
@@ -195,13 +245,12 @@ def main(argv: list[str] | None = None) -> int:
         host, port = address
     else:
         host, port = args[0], int(args[1])
+    if beats_fd is not None:  # the beats need no store: read them from the start
+        BeatWatch(beats_fd, _send_line).start()
     try:
         agent = _Agent(host, port, timeout)
     except Exception as exc:
-        sys.stdout.write(
-            json.dumps({"event": "lost", "message": f"{type(exc).__name__}: {exc}"}) + "\n"
-        )
-        sys.stdout.flush()
+        _send_line({"event": "lost", "message": f"{type(exc).__name__}: {exc}"})
         return 3
     agent.serve(sys.stdin)
     sys.stdout.flush()

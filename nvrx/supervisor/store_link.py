@@ -39,9 +39,13 @@ class StoreLink:
     or the store was lost) for the caller's main loop.
     """
 
-    def __init__(self, host: str | None, port: int | None, timeout: float = 60.0) -> None:
-        """``host``/``port`` None: the agent starts without them and waits for ``aim``."""
+    def __init__(
+        self, host: str | None, port: int | None, timeout: float = 60.0, beats_fd: int | None = None
+    ) -> None:
+        """``host``/``port`` None: the agent starts without them and waits for ``aim``.
+        ``beats_fd``: the socket of the node's rank beats, which the agent reads."""
         self.host, self.port, self.timeout = host, port, timeout
+        self.beats_fd = beats_fd
         self._proc: subprocess.Popen[bytes] | None = None
         self._to_agent: int | None = None
         self._from_agent: int | None = None
@@ -82,9 +86,15 @@ class StoreLink:
             "-" if self.port is None else str(self.port),
             f"{self.timeout:g}",
         ]
+        passed: tuple[int, ...] = ()
+        if self.beats_fd is not None:
+            cmd.append(str(self.beats_fd))
+            passed = (self.beats_fd,)
         try:
             # dies with the supervisor even when blocked on a store that froze
-            self._proc = processes.start(cmd, stdin=req_r, stdout=ans_w, die_with_parent=True)
+            self._proc = processes.start(
+                cmd, stdin=req_r, stdout=ans_w, die_with_parent=True, pass_fds=passed
+            )
         finally:
             os.close(req_r)
             os.close(ans_w)

@@ -28,7 +28,6 @@ import signal
 import time
 
 from nvrx import events, jobenv
-from nvrx.rank_beats import RankBeats
 from nvrx.store import seal
 
 from . import job_secret, node_requeue, preemption, store_failover
@@ -84,15 +83,17 @@ class Supervisor:
     def _compose(self) -> None:
         """Build the parts, each with what it needs."""
         store, course, requeue = self.store, self.course, self._requeue_without
-        beats = RankBeats()
         ranks = self.ranks
+        wrapper_pids: set[int] = set()  # processes whose monitor beat: Wrapper ranks
         self.workload = WorkloadControl(store, self, ranks)
         self.step_times = StepTimes(store, course, self)
-        self.job_restart = JobRestart(store, course, self, ranks, self.policy, beats, self.workload)
+        self.job_restart = JobRestart(
+            store, course, self, ranks, self.policy, wrapper_pids, self.workload
+        )
         self.messages = NodeMessages(store, course, self, ranks, self.job_restart, requeue)
         self.failover = Failover(store, course, self, ranks, self.standbys, requeue)
         self.hang_watch = HangWatch(
-            store, course, self, ranks, beats, self.workload, self.job_restart,
+            store, course, self, ranks, wrapper_pids, self.workload, self.job_restart,
             self.failover.store_lost, self.step_times,
         )  # fmt: skip
         self.restart_standby = RestartStandby(store, self.standbys, course, self, ranks)
@@ -171,7 +172,10 @@ class Supervisor:
             raise SupervisorError(ExitCode.USAGE, str(exc)) from None
         check_store_port(cfg)
         # The agent retries connecting while the store comes up: start it first.
-        link = store.link = StoreLink(cfg.store_host, cfg.store_port, cfg.store_timeout).launch()
+        store.beats_fd = self.hang_watch.beats_fd
+        link = store.link = StoreLink(
+            cfg.store_host, cfg.store_port, cfg.store_timeout, store.beats_fd
+        ).launch()
         store.service = launch_store(cfg)
         store.rejected = self._rejected
         roles = store.roles = NodeRoles(cfg, link, self.emit, lambda: store.sealer, self._rejected)
@@ -373,6 +377,8 @@ class Supervisor:
     def _on_store_events(self, messages: list[dict]) -> None:
         for message in messages:
             if self.messages.on_message(message) or self.job_restart.on_message(message):
+                continue
+            if self.hang_watch.on_message(message):
                 continue
             if message.get("event") == "lost":
                 if self.failover.store_lost(str(message.get("message"))):

@@ -6,11 +6,9 @@ from __future__ import annotations
 import json
 
 from nvrx.inprocess import store as rstore
-from nvrx.rank_beats import RankBeats
 from nvrx.store import rounds
 from nvrx.supervisor.config import SupervisorConfig, local_job
 from nvrx.supervisor.job_restart import job_wide
-from tests.unit.test_rank_beats import _beat
 
 
 def test_a_silent_rank_waiting_to_be_admitted_does_not_take_out_the_rank_of_its_number(
@@ -33,9 +31,8 @@ def test_a_silent_rank_waiting_to_be_admitted_does_not_take_out_the_rank_of_its_
 def test_a_process_whose_monitor_beat_is_a_wrapper_rank_before_it_wrote_any_event(tmp_path):
     """Under ``--ft-restart-policy auto`` a Wrapper rank restarts alone: one that waited to be
     admitted (no Wrapper event yet) counts as one when its monitor beat."""
-    beats = RankBeats()
-    beats.record([_beat(pid=4242, round=-1, rank=-1)])
+    wrapper_pids = {4242}  # the store agent told of its monitor's beat (``wrapper_pid``)
     job = local_job(log_dir=str(tmp_path))
     config = SupervisorConfig(command=["train"], job=job, ft_restart_policy="auto")
-    assert not job_wide(config, beats, 4242)
-    assert job_wide(config, beats, 4343)  # a plain script's process
+    assert not job_wide(config, wrapper_pids, 4242)
+    assert job_wide(config, wrapper_pids, 4343)  # a plain script's process

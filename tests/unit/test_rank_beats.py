@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import select
+import signal
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -17,6 +20,7 @@ from nvrx.supervisor.hang_watch import HangWatch
 from nvrx.supervisor.job_store import JobStore
 from nvrx.supervisor.local_ranks import LocalRanks
 from nvrx.supervisor.step_times import StepTimes
+from nvrx.supervisor.store_agent import BeatWatch
 from nvrx.supervisor.store_link import StoreLinkError
 
 
@@ -101,25 +105,24 @@ class _Node:
     """The supervisor as ``HangWatch`` sees it (its ``NodeControl``), with one running child."""
 
     def __init__(self, link: Any) -> None:
-        child = SimpleNamespace(local_rank=1, attempt=0, running=True, pid=5)
-        child.signal_group = lambda signum: None
+        self.child = SimpleNamespace(local_rank=1, attempt=0, running=True, pid=5)
+        self.child.signal_group = lambda signum: self.calls.append(f"signal {signum}")
         self.calls: list[str] = []
         store = JobStore(SupervisorConfig(command=["train"], job=local_job(nproc_per_node=4)))
         store.link = link
         ranks = LocalRanks(store, spawn=None, emit=self.emit)
-        ranks.children[1] = child
+        ranks.children[1] = self.child
         course = CourseTracker()
         course.to(Course.TRAINING)
         self.hangs = HangWatch(
-            store, course, self, ranks, RankBeats(), workload=None,
+            store, course, self, ranks, set(), workload=None,
             job_restart=SimpleNamespace(pending=None), store_lost=self._store_lost,
             step_times=StepTimes(store, course, self),
         )  # fmt: skip
         self.hangs.start()
-        self.beats, self.beat_socket = self.hangs.beats, self.hangs.beat_socket
 
     def emit(self, kind: str, **fields: Any) -> None:
-        pass
+        self.calls.append(kind)
 
     def _store_lost(self, detail: str) -> bool:
         self.calls.append("lost")
@@ -129,12 +132,32 @@ class _Node:
         self.calls.append("unavailable")
 
 
-def test_a_lost_store_link_does_not_spin_the_supervisor_loop() -> None:
+def _silent(beat: Beat, silent_s: float = 11.0) -> dict[str, Any]:
+    """What the store agent says of a rank whose monitor fell silent."""
+    return {"event": "rank_silent", "beat": dataclasses.asdict(beat), "silent_s": silent_s}
+
+
+def test_a_silent_rank_is_taken_out_then_killed_and_an_ended_child_is_no_silence() -> None:
+    left: list[tuple] = []
+    sup = _Node(SimpleNamespace(lost=None, leave_silent=lambda *a: left.append(a)))
+    try:
+        assert sup.hangs.on_message(_silent(_beat(pid=5, attempt=1)))  # an earlier attempt's
+        assert left == [] and sup.calls == []
+        assert sup.hangs.on_message(_silent(_beat(pid=5)))
+        assert left == [(1, 4, "no heartbeat for 11.0 s")]
+        assert sup.calls == ["fault", f"signal {int(signal.SIGKILL)}"]
+        assert sup.hangs.hang_fault(5).fault_kind == "unresponsive"
+        assert sup.hangs.on_message({"event": "wrapper_pid", "pid": 77})
+        assert sup.hangs.wrapper_pids == {77} and not sup.hangs.on_message({"event": "key"})
+    finally:
+        sup.hangs.close()
+
+
+def test_a_lost_store_link_neither_takes_a_rank_out_nor_schedules_anything() -> None:
     sup = _Node(SimpleNamespace(lost="store agent exited"))
     try:
-        sup.beats.record([_beat()], now=time.monotonic() - 1.0)
-        sup.hangs.check()
-        assert sup.hangs.timeout(None) > 1.0  # the next deadline is the rank's timeout
+        assert sup.hangs.on_message(_silent(_beat(pid=5)))
+        assert sup.calls == [] and sup.hangs.timeout(None) is None
     finally:
         sup.hangs.close()
 
@@ -147,44 +170,76 @@ def test_a_store_lost_while_a_silent_rank_is_taken_out_is_failed_over() -> None:
     link = SimpleNamespace(lost=None, leave_silent=leave_silent)
     sup = _Node(link)
     try:
-        sup.beats.record([_beat(pid=5)], now=time.monotonic() - 11.0)  # silent beyond 10 s
-        sup.hangs.check()
+        sup.hangs.on_message(_silent(_beat(pid=5)))
         assert sup.calls == ["lost"]  # a failover, not a stop of the job
     finally:
         sup.hangs.close()
 
 
-def test_beats_cost_the_store_nothing() -> None:
-    """Only a silence reaches the store: a node of beating ranks adds no request to it."""
-    requests: list[str] = []
-    link = SimpleNamespace(
-        lost=None,
-        add=lambda *a: requests.append("add"),
-        leave_silent=lambda *a: requests.append("leave_silent"),
-    )
-    sup = _Node(link)
+def _watch(tmp_path) -> tuple[BeatWatch, BeatSender, list[dict[str, Any]]]:
+    """The store agent's reader of a socket bound as the supervisor binds it."""
+    bound = BeatSocket(str(tmp_path / "beats.sock"))
+    told: list[dict[str, Any]] = []
+    watch = BeatWatch(os.dup(bound.fileno()), told.append)
+    bound.close(unlink=False)
+    return watch, BeatSender(str(tmp_path / "beats.sock")), told
+
+
+def test_beats_cost_the_store_nothing_and_a_new_process_is_told_once(tmp_path) -> None:
+    """The agent reads beats without a store: only a silence leads to a request."""
+    watch, sender, told = _watch(tmp_path)
     try:
         for _ in range(5):
-            sup.beats.record([_beat(pid=5)], now=time.monotonic())
-            sup.hangs.check()
-        assert requests == []
-    finally:
-        sup.hangs.close()
-
-
-def test_beats_that_came_while_the_loop_was_busy_are_read_before_any_silence() -> None:
-    left = []
-    link = SimpleNamespace(lost=None, leave_silent=lambda *a: left.append(a))
-    sup = _Node(link)
-    sender = BeatSender(sup.beat_socket.path)
-    try:
-        sup.beats.record([_beat(pid=5)], now=time.monotonic() - 11.0)  # read long ago
-        assert sender.send(_beat(pid=5))  # it beat while the supervisor was blocked elsewhere
-        sup.hangs.check()
-        assert left == [] and sup.calls == []
+            assert sender.send(_beat(pid=5))
+            watch.step(time.monotonic())
+        assert told == [{"event": "wrapper_pid", "pid": 5}]
+        watch.step(time.monotonic() + 11.0)  # its monitor fell silent beyond 10 s
+        [silent] = told[1:]
+        assert silent["event"] == "rank_silent" and Beat(**silent["beat"]) == _beat(pid=5)
+        watch.step(time.monotonic() + 12.0)
+        assert len(told) == 2  # each silence told once
     finally:
         sender.close()
-        sup.hangs.close()
+
+
+def test_beats_that_came_while_the_agent_was_busy_are_read_before_any_silence(tmp_path) -> None:
+    watch, sender, told = _watch(tmp_path)
+    try:
+        watch.beats.record([_beat(pid=5)], now=time.monotonic() - 11.0)  # read long ago
+        assert sender.send(_beat(pid=5))  # it beat while the agent was blocked elsewhere
+        watch.step(time.monotonic())
+        assert [m["event"] for m in told] == []  # pid 5 was known already
+    finally:
+        sender.close()
+
+
+@pytest.mark.timeout(120)
+def test_the_store_agent_reads_the_beats_of_the_socket_it_is_given(tmp_path) -> None:
+    """The store agent, a real process, reads the socket its supervisor passes it and
+    tells of a rank that stops beating."""
+    from nvrx.store.service import StoreService
+    from nvrx.supervisor.store_link import StoreLink
+
+    bound = BeatSocket(str(tmp_path / "beats.sock"))
+    service = StoreService("127.0.0.1", 0, node=None).launch()
+    link = StoreLink(None, None, timeout=30, beats_fd=bound.fileno()).launch()
+    sender = BeatSender(bound.path)
+    try:
+        service.wait_started(60)
+        link.aim("127.0.0.1", service.port).wait_ready()
+        assert sender.send(_beat(pid=5, timeout=0.5))
+        told: list[dict[str, Any]] = []
+        while not [m for m in told if m["event"] == "rank_silent"]:
+            select.select([link.fileno()], [], [], 30)  # the agent's next message
+            told.extend(link.read_events())
+            assert link.lost is None, told
+        assert told[0] == {"event": "wrapper_pid", "pid": 5}
+        assert Beat(**told[-1]["beat"]).pid == 5 and told[-1]["silent_s"] >= 0.5
+    finally:
+        sender.close()
+        link.close()
+        service.stop()
+        bound.close()
 
 
 def test_a_bye_waits_for_room_in_a_full_queue_where_a_beat_is_dropped(tmp_path) -> None:
