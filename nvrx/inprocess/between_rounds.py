@@ -33,7 +33,6 @@ from .health_check_base import run_check
 from .monitor_thread import RESTART_WAIT_S
 from .progress_watchdog import FLAG_RELEASED, released_into_next
 from .rank_assignment import RankAssignmentCtx, RankDiscarded
-from .rank_filter import with_rank_filter
 from .round_call import RoundCall
 from .round_outcome import Leave, Restart
 from .state import Mode, State
@@ -229,8 +228,7 @@ def assign(call: RoundCall, terminated: set[int]) -> None:
     """Run the ``rank_assignment`` plug-in, then an old-style ``rank_filter``; the rank's State
     for the next round."""
     old = dataclasses.replace(call.state)
-    step = with_rank_filter(call.wrapper.rank_assignment, call.wrapper.rank_filter)
-    ctx = step(RankAssignmentCtx(call.state, call.store, set(terminated)))
+    ctx = call.assignment(RankAssignmentCtx(call.state, call.store, set(terminated)))
     new = ctx.state
     if new.rank is not None and new.active_rank is None and new.mode == Mode.INITIALIZED:
         new = dataclasses.replace(

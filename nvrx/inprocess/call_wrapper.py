@@ -28,6 +28,7 @@ from .monitor_process import MonitorProcess
 from .monitor_thread import RESTART_WAIT_S, Delivery, RankShouldRestart, reraise_if_unraisable
 from .param_utils import substitute_param_value
 from .progress_watchdog import FLAG_TIMEOUTS_OFF, ProgressWatchdog
+from .rank_filter import with_rank_filter
 from .rank_services import RankServices
 from .round_outcome import Completed, Leave, Outcome, Restart
 from .round_run import RoundRun, preserved_environment
@@ -78,6 +79,8 @@ class CallWrapper:
     def _build(self, wrapper: WrapperSettings) -> None:
         """The call's state, event writer and rank services (nothing started yet)."""
         self.wrapper = wrapper
+        # the rank_assignment plug-in, then an old-style rank_filter: one step, every round
+        self.assignment = with_rank_filter(wrapper.rank_assignment, wrapper.rank_filter)
         self.state = State.from_env()
         self.initial_rank: int = self.state.initial_rank  # type: ignore[assignment]
         self.initial_world_size: int = self.state.initial_world_size  # type: ignore[assignment]

@@ -8,13 +8,13 @@ do not import the call.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from nvrx import events
 
 from .monitor_thread import Delivery
+from .rank_assignment import RankAssignment
 from .rank_services import RankServices
 from .state import State
 from .wrapper_settings import WrapperSettings
@@ -24,6 +24,7 @@ class RoundCall(Protocol):
     """One call of a wrapped function, as its rounds see it."""
 
     wrapper: WrapperSettings
+    assignment: RankAssignment  # the rank assignment, then an old-style rank filter
     state: State
     initial_rank: int
     initial_world_size: int
@@ -40,7 +41,3 @@ class RoundCall(Protocol):
     def phase(self, phase: str) -> AbstractContextManager[None]: ...
 
     def enter_round(self, round_: int) -> None: ...
-
-    def arguments_for(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]: ...

@@ -106,6 +106,7 @@ class FakeCall:
             monitor_process_interval=0.05,
         )
         vars(self.wrapper).update(wrapper)
+        self.assignment = getattr(self.wrapper, "rank_assignment", None)
         self.state = State(
             rank=0,
             world_size=world_size,
