@@ -137,7 +137,8 @@ class BeatSender:
 
 
 class BeatSocket:
-    """The supervisor's end: a datagram socket bound at ``path`` (in a private directory).
+    """The receiving end: a datagram socket bound at ``path`` (a supervisor's, in its private
+    directory; a node agent's, an abstract name), read by the node's agent process.
 
     The kernel tells the sender's credentials with each datagram (``SO_PASSCRED``): a beat
     of another user, that reached the socket anyway, is dropped."""
@@ -221,16 +222,22 @@ class RankBeats:
 
     def __init__(self) -> None:
         self.ranks: dict[int, Beating] = {}
-        self._ended: dict[int, int] = {}  # local rank -> its last attempt that ended
+        self._latest: dict[int, int] = {}  # local rank -> the latest attempt that beat
         self.wrapper_pids: set[int] = set()  # processes whose monitor beat: Wrapper ranks
 
     def record(self, beats: list[Beat], now: float | None = None) -> None:
-        """Apply received beats: a ``bye`` or the beat of an ended process ends the watch."""
+        """Apply received beats: a ``bye`` ends the watch of its process. A beat of an
+        earlier attempt of a local rank than one that beat already is passed over: the
+        monitor of a child that ended may beat on (its own process group) while it takes
+        care of its rank, and must not stand for the replacement's."""
         now = time.monotonic() if now is None else now
         for beat in beats:
             self.wrapper_pids.add(beat.pid)
-            if beat.attempt <= self._ended.get(beat.local_rank, -1):
-                continue  # queued before its child ended
+            if beat.local_rank >= 0:
+                latest = self._latest.setdefault(beat.local_rank, beat.attempt)
+                if beat.attempt < latest:
+                    continue
+                self._latest[beat.local_rank] = beat.attempt
             current = self.ranks.get(beat.initial_rank)
             if beat.bye:
                 if current is not None and current.beat.pid == beat.pid:
@@ -240,15 +247,6 @@ class RankBeats:
                 self.ranks[beat.initial_rank] = Beating(beat, now)
             else:
                 current.beat, current.last = beat, now
-
-    def sync(self, running: dict[int, int]) -> None:
-        """Forget the ranks whose child is not running any more: ``running`` maps each running
-        child's local rank to its attempt. A child that ended is no silent rank."""
-        for initial, beating in list(self.ranks.items()):
-            local_rank, attempt = beating.beat.local_rank, beating.beat.attempt
-            if running.get(local_rank) != attempt:
-                self._ended[local_rank] = max(attempt, self._ended.get(local_rank, -1))
-                del self.ranks[initial]
 
     def due(self, now: float) -> list[Silence]:
         """Ranks silent beyond their timeout, each named once per silence."""

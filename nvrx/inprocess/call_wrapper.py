@@ -98,6 +98,7 @@ class CallWrapper:
         self.rounds_run = 0
         self.pending_latency_from: float | None = None  # when the fault behind a restart was seen
         self._first_terminated: set[int] = set()
+        self._arguments: tuple[tuple[Any, ...], dict[str, Any]] | None = None
 
     # -- joining the job ------------------------------------------------------------------
     def _setup(self) -> None:
@@ -205,8 +206,12 @@ class CallWrapper:
     def arguments_for(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """``args``/``kwargs`` for ``fn``, this object passed to parameters annotated ``CallWrapper``."""
-        return substitute_param_value(fn, args, kwargs, {CallWrapper: self})
+        """``args``/``kwargs`` for ``fn``, this object passed to parameters annotated
+        ``CallWrapper``: bound at the first round that runs ``fn`` (a binding that fails
+        is that round's fault), the same ones every round after."""
+        if self._arguments is None:
+            self._arguments = substitute_param_value(fn, args, kwargs, {CallWrapper: self})
+        return self._arguments
 
     # -- events -------------------------------------------------------------------------
     def emit(self, kind: str, **fields: Any) -> None:
@@ -231,8 +236,7 @@ class CallWrapper:
         outcome = "error"
         try:
             with reraise_if_unraisable(RankShouldRestart), preserved_environment():
-                # the same arguments every round: the CallWrapper is bound once
-                ret = self._run_rounds(fn, *self.arguments_for(fn, args, kwargs))
+                ret = self._run_rounds(fn, args, kwargs)
             self._run_completion()
             outcome = "completed"
             return ret

@@ -8,6 +8,7 @@ do not import the call.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -41,3 +42,7 @@ class RoundCall(Protocol):
     def phase(self, phase: str) -> AbstractContextManager[None]: ...
 
     def enter_round(self, round_: int) -> None: ...
+
+    def arguments_for(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]: ...

@@ -151,7 +151,8 @@ class RoundRun:
             if state.mode != Mode.ACTIVE or state.active_rank is None:
                 return None
             self._call_started_now()
-            return fn(*args, **kwargs)
+            call_args, call_kwargs = call.arguments_for(fn, args, kwargs)
+            return fn(*call_args, **call_kwargs)
         except Exception as exc:  # RankShouldRestart is no Exception: it passes
             self._fault_then_restart(exc)
 

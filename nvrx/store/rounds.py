@@ -181,7 +181,9 @@ def late_death_claim(rank: int) -> str:
 
 
 def terminated_flag(rank: int) -> str:
-    """Counter that makes registering ``rank`` as terminated in the round idempotent."""
+    """Counter bumped by each registration of ``rank`` as terminated in the round: the
+    first writes its entry; with the job's secret a later one writes it too unless a valid
+    entry stands (a flag set ahead by a client without the secret keeps no end out)."""
     return f"terminated_flag/{rank}"
 
 
@@ -622,7 +624,9 @@ def arrive_completion(store: Any, rank: int, world_size: int, timeout: float) ->
 
 
 def register_terminated(store: Any, rank: int) -> bool:
-    """Register ``rank`` (its rank in this round) as terminated; idempotent. True if new.
+    """Register ``rank`` (its rank in this round) as terminated; True if this call wrote its
+    entry. Readers take the list as a set, so two registrations at once (a rank and its
+    monitor) may both write one.
 
     With the job's secret the entry is sealed for the round's list: a flag that a client
     without the secret set ahead does not keep the real entry out."""

@@ -139,7 +139,7 @@ class HangWatch:
         return wait if timeout is None else min(timeout, wait)
 
     def check(self) -> None:
-        """Act on the hangs and silences that are due, and on the kills they scheduled."""
+        """Act on the hangs that are due, and on the kills they scheduled."""
         if self.watch is None:
             return
         now = time.monotonic()

@@ -193,7 +193,7 @@ class BeatWatch(threading.Thread):
 
     def __init__(self, fd: int, send: Callable[[dict[str, Any]], None]) -> None:
         super().__init__(name="rank-beats", daemon=True)
-        self.sock = BeatSocket("the supervisor's rank beats", fd)
+        self.sock = BeatSocket("", fd)  # bound by the supervisor, which removes it
         self.send = send
         self.beats = RankBeats()
 

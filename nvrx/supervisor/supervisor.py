@@ -375,7 +375,10 @@ class Supervisor:
         return self.course.stopping
 
     def _on_store_events(self, messages: list[dict]) -> None:
+        link, relinks = self.store.link, self.store.relinks
         for message in messages:
+            if self.store.link is not link or self.store.relinks != relinks:
+                return  # failed over: what else came through the old link is void
             if self.messages.on_message(message) or self.job_restart.on_message(message):
                 continue
             if self.hang_watch.on_message(message):

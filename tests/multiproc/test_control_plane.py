@@ -178,7 +178,7 @@ def test_forged_and_replayed_fault_records_are_not_faults_and_the_job_trains_on(
     prefix = rounds.round_prefix(first)
     real = store.get(prefix + rounds.FAULT_LIST)  # rank 1's, sealed, after the made-up one
     interrupted = store.get(prefix + rounds.interrupted_key(2))  # the real one, sealed for round 0
-    second = _forge_in_round(job, store, real, interrupted, real)  # a real value, elsewhere
+    second = _forge_in_round(job, store, real, interrupted, real)  # sealed for another key
     assert job.wait(240) == [0, 0], job.output()
     assert second > first
     keys = [e["key"] for e in job.events("rejected_write", component=None)]

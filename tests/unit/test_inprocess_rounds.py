@@ -24,6 +24,7 @@ from nvrx.inprocess import store as rstore
 from nvrx.inprocess.exception import HealthCheckError, InternalError, RestartAbort
 from nvrx.inprocess.monitor_thread import RESTART_WAIT_S, Delivery, MonitorThread, RankShouldRestart
 from nvrx.inprocess.progress_watchdog import FLAG_RELEASED
+from nvrx.inprocess.rank_filter import with_rank_filter
 from nvrx.inprocess.round_outcome import Completed, Leave, Restart
 from nvrx.inprocess.round_run import RoundRun
 from nvrx.inprocess.state import Mode, State
@@ -106,7 +107,7 @@ class FakeCall:
             monitor_process_interval=0.05,
         )
         vars(self.wrapper).update(wrapper)
-        self.assignment = getattr(self.wrapper, "rank_assignment", None)
+        self.assignment = with_rank_filter(getattr(self.wrapper, "rank_assignment", None), None)
         self.state = State(
             rank=0,
             world_size=world_size,

@@ -89,16 +89,14 @@ def test_a_rank_is_declared_once_when_its_timeout_passes() -> None:
     assert [s.beat.round for s in beats.due(212.0)] == [4]
 
 
-def test_a_bye_or_an_ended_child_is_no_silence() -> None:
+def test_a_bye_ends_a_watch_and_an_ended_attempts_monitor_stands_for_no_replacement() -> None:
     beats = RankBeats()
     beats.record([_beat(1, 100, local_rank=1), _beat(2, 200, local_rank=2)], now=0.0)
     beats.record([_beat(1, 100, local_rank=1, bye=True)], now=1.0)
-    beats.sync({2: 1})  # local rank 2 runs its attempt 1 now: attempt 0 ended
-    assert beats.due(100.0) == []
-    beats.record([_beat(2, 200, local_rank=2)], now=2.0)  # queued before attempt 0 ended
-    assert beats.due(100.0) == []
     beats.record([_beat(2, 300, local_rank=2, attempt=1)], now=3.0)  # its replacement
-    assert [s.beat.pid for s in beats.due(100.0)] == [300]
+    beats.record([_beat(2, 200, local_rank=2)], now=4.0)  # attempt 0's monitor beats on
+    [silence] = beats.due(100.0)  # the replacement's silence, since its own last beat
+    assert silence.beat.pid == 300 and silence.silent_s == 97.0
 
 
 class _Node:
@@ -141,7 +139,7 @@ def test_a_silent_rank_is_taken_out_then_killed_and_an_ended_child_is_no_silence
     left: list[tuple] = []
     sup = _Node(SimpleNamespace(lost=None, leave_silent=lambda *a: left.append(a)))
     try:
-        assert sup.hangs.on_message(_silent(_beat(pid=5, attempt=1)))  # an earlier attempt's
+        assert sup.hangs.on_message(_silent(_beat(pid=5, attempt=1)))  # not the running attempt's
         assert left == [] and sup.calls == []
         assert sup.hangs.on_message(_silent(_beat(pid=5)))
         assert left == [(1, 4, "no heartbeat for 11.0 s")]
@@ -181,7 +179,7 @@ def _watch(tmp_path) -> tuple[BeatWatch, BeatSender, list[dict[str, Any]]]:
     bound = BeatSocket(str(tmp_path / "beats.sock"))
     told: list[dict[str, Any]] = []
     watch = BeatWatch(os.dup(bound.fileno()), told.append)
-    bound.close(unlink=False)
+    bound.close(unlink=False)  # the watch's copy keeps the socket
     return watch, BeatSender(str(tmp_path / "beats.sock")), told
 
 
@@ -200,6 +198,7 @@ def test_beats_cost_the_store_nothing_and_a_new_process_is_told_once(tmp_path) -
         assert len(told) == 2  # each silence told once
     finally:
         sender.close()
+        watch.sock.close(unlink=False)
 
 
 def test_beats_that_came_while_the_agent_was_busy_are_read_before_any_silence(tmp_path) -> None:
@@ -211,6 +210,7 @@ def test_beats_that_came_while_the_agent_was_busy_are_read_before_any_silence(tm
         assert [m["event"] for m in told] == []  # pid 5 was known already
     finally:
         sender.close()
+        watch.sock.close(unlink=False)
 
 
 @pytest.mark.timeout(120)
