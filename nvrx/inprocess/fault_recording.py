@@ -3,63 +3,25 @@
 Faults are described by the rank itself (its own exception, an exception that
 a peer's fault caused, its exit from the job) and by its monitor process on
 its behalf (a hang, its death, an unresponsive peer). Every ``fault`` event is
-built by ``emit_fault`` from a ``FaultRecord``, so they all share one shape.
-The store record is what the other ranks act on; the event is what the report
-reads. The monitor process writes a fault's event as soon as it sees the fault,
-even while its link to the store is still being made (``monitor_store``); the
-store record follows. No torch here: the monitor process and the node agent
-import this.
+built by ``nvrx.store.faults.emit_fault`` from a ``FaultRecord``, so they all
+share one shape. The store record is what the other ranks act on; the event is
+what the report reads. The monitor process writes a fault's event as soon as it
+sees the fault, even while its link to the store is still being made
+(``monitor_store``, which imports this module as its first step); the store
+record follows. No torch here.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from nvrx.store import faults as nvrx_faults
 from nvrx.store import rounds
-from nvrx.store.faults import FaultRecord
+from nvrx.store.faults import Emit, FaultRecord, emit_fault
 
 log = logging.getLogger(__name__)
-
-#: Writes one event: ``emit(kind, **fields)`` (an ``EventWriter.emit`` or a wrapper of it).
-Emit = Callable[..., Any]
-
-
-def emit_fault(
-    emit: Emit,
-    record: FaultRecord,
-    *,
-    fault_kind: str,
-    origin_rank: int | None,
-    **fields: Any,
-) -> None:
-    """Emit the ``fault`` event of ``record``: kind, the rank it is blamed on, what and when.
-
-    ``exc_type`` and ``traceback`` are left out when the record has none (a
-    record the monitor process made); ``fields`` add to or override the
-    record's values (``detected_mono`` of a peer fault, the ``signature`` of a
-    monitor fault).
-    """
-    event: dict[str, Any] = {"fault_kind": fault_kind, "origin_rank": origin_rank}
-    if record.exc_type is not None:
-        event["exc_type"] = record.exc_type
-    event["message"] = record.message
-    if record.traceback is not None:
-        event["traceback"] = record.traceback
-    event["signature"] = record.signature
-    event["detected_mono"] = record.detected_mono
-    event.update(fields)
-    emit("fault", **event)
-
-
-def announce_leave(emit: Emit, rank: int, record: FaultRecord) -> None:
-    """The event of the monitor taking ``rank`` out of its round (it died, hung or went
-    silent); ``store.proxy_leave`` is the store's part."""
-    emit_fault(emit, record, fault_kind=record.kind, origin_rank=rank, signature=record.kind)
-
 
 def _first_origin(store: Any) -> int | None:
     """The rank whose fault the store received first in this round, None when unknown."""

@@ -45,10 +45,9 @@ import time
 from typing import Any
 
 from nvrx import events, processes, rank_beats
-from nvrx.store.faults import FaultRecord
+from nvrx.store.faults import FaultRecord, announce_leave
 
 from . import monitor_store, monitor_target, node_agent
-from .fault_recording import announce_leave
 from .logging import setup_monitor_logging
 from .monitor_process import STACK_SIGNAL, MonitorConfig
 from .progress_watchdog import (

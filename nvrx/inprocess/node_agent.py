@@ -55,11 +55,10 @@ from typing import Any
 
 from nvrx import events, jobenv, processes
 from nvrx.rank_beats import Beat, BeatSender, BeatSocket, RankBeats
-from nvrx.store.faults import FaultRecord
+from nvrx.store.faults import FaultRecord, announce_leave
 from nvrx.store.wire import WireStore
 
 from . import monitor_store
-from .fault_recording import announce_leave
 from .host_ring import (
     HostRing,
     Thresholds,

@@ -30,9 +30,9 @@ import time
 from typing import Any
 
 from nvrx.store import rounds
+from nvrx.store.faults import Emit
 from nvrx.store.rounds import Admission
 
-from .fault_recording import Emit
 from .state import Mode, State
 
 log = logging.getLogger(__name__)

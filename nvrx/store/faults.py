@@ -6,6 +6,10 @@ hold the job's secret (``nvrx.store.seal.job_sealer``: a supervisor started them
 record is an entry of a sealed list instead, for the key and the round it belongs to: a
 record that a client without the secret appended, or one copied from another round or
 run, is skipped and counted, never read as a fault.
+
+The ``fault`` event of a record (``emit_fault``) is built here too, so that the record
+and its event have one shape, and so that a monitor process can write a fault's event
+before its link to the store is made (``nvrx.inprocess.monitor_store``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import socket
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from nvrx.events import failures
@@ -129,3 +134,40 @@ def read_checked(
         except (ValueError, TypeError) as exc:
             log.warning("skipping unreadable fault record at %s: %s", key, exc)
     return CheckedRecords(records, forged, forged_bytes)
+
+
+#: Writes one event: ``emit(kind, **fields)`` (an ``EventWriter.emit`` or a wrapper of it).
+Emit = Callable[..., Any]
+
+
+def emit_fault(
+    emit: Emit,
+    record: FaultRecord,
+    *,
+    fault_kind: str,
+    origin_rank: int | None,
+    **fields: Any,
+) -> None:
+    """Emit the ``fault`` event of ``record``: kind, the rank it is blamed on, what and when.
+
+    ``exc_type`` and ``traceback`` are left out when the record has none (a
+    record the monitor process made); ``fields`` add to or override the
+    record's values (``detected_mono`` of a peer fault, the ``signature`` of a
+    monitor fault).
+    """
+    event: dict[str, Any] = {"fault_kind": fault_kind, "origin_rank": origin_rank}
+    if record.exc_type is not None:
+        event["exc_type"] = record.exc_type
+    event["message"] = record.message
+    if record.traceback is not None:
+        event["traceback"] = record.traceback
+    event["signature"] = record.signature
+    event["detected_mono"] = record.detected_mono
+    event.update(fields)
+    emit("fault", **event)
+
+
+def announce_leave(emit: Emit, rank: int, record: FaultRecord) -> None:
+    """The event of the monitor taking ``rank`` out of its round (it died, hung or went
+    silent); ``store.proxy_leave`` is the store's part."""
+    emit_fault(emit, record, fault_kind=record.kind, origin_rank=rank, signature=record.kind)

@@ -63,7 +63,7 @@ def _imports_torch(code: str) -> bool:
 def test_the_monitor_program_and_the_package_import_no_torch():
     assert not _imports_torch("import nvrx.inprocess")
     assert not _imports_torch("import nvrx.inprocess.monitor_main")
-    assert not _imports_torch("import nvrx.inprocess.monitor_store, nvrx.inprocess.fault_recording")
+    assert not _imports_torch("import nvrx.inprocess.monitor_store, nvrx.store.faults")
     assert not _imports_torch(
         "import nvrx.store.rounds, nvrx.store.wire, nvrx.inprocess.fault_recording, "
         "nvrx.supervisor.store_agent, nvrx.supervisor.node_watch"
@@ -260,6 +260,18 @@ def test_a_monitor_that_hosts_the_store_links_to_it_without_importing_torch(tmp_
     finally:
         board.close()
     assert done.returncode == 0  # 3: torch was imported by the time the link was made
+
+
+def test_the_monitor_program_leaves_the_store_modules_to_its_link():
+    """The monitor writes a fault's event before its link is made: the program imports the
+    event's builder (``nvrx.store.faults``), and the link's first step the modules that act
+    on the store (``fault_recording``), which a slow file system or a held import delays."""
+    check = (
+        "import sys, nvrx.inprocess.monitor_main, nvrx.inprocess.node_agent\n"
+        "sys.exit(3 if 'nvrx.inprocess.fault_recording' in sys.modules else 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", check], check=False, timeout=120)
+    assert done.returncode == 0
 
 
 def test_a_monitor_started_ahead_has_imported_its_store_modules_when_it_says_so():

@@ -144,7 +144,7 @@ def test_fault_events_keep_their_fields(base):
     ]
     assert values[-1]["signature"] == "hang_soft" and values[-1]["traceback"] == "stack"
     assert values[-1]["detection_s"] == 5.5  # the fault was the last progress, this long ago
-    from nvrx.inprocess.fault_recording import announce_leave
+    from nvrx.store.faults import announce_leave
 
     dead = faults.FaultRecord(rank=1, kind="dead", message="x")
     announce_leave(emit, 1, dead)  # the monitor's event, at once
