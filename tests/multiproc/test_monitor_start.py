@@ -3,8 +3,9 @@
 The monitor makes its link in a thread of its own (``nvrx.inprocess.monitor_store``), whose
 first step imports the modules that act on the store (``fault_recording``). Here that
 import is held in every monitor process by a ``sitecustomize`` on the ranks' ``PYTHONPATH``
-(the monitor inherits the rank's environment) until the test's gate file exists, so "no
-link yet" is a state the test controls rather than a race:
+(the monitor inherits the rank's environment) until the test's gate file exists (at most
+300 s, so that a failed test leaves no monitor behind), so "no link yet" is a state the
+test controls rather than a race:
 
 * the ranks enter their function, their monitors having said that they watch;
 * a hang is found, and its ``hang`` event written, while the monitor's link is held;
@@ -35,17 +36,21 @@ SITECUSTOMIZE = textwrap.dedent(
     """
     import os, sys, time
 
+    HOLD_S = 300  # a test that failed never opens the gate: its monitors then go on
+
+    def _until(path):
+        deadline = time.monotonic() + HOLD_S
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
     class _HoldTheLink:
         def find_spec(self, name, path=None, target=None):
             if name == "nvrx.inprocess.fault_recording":
                 if os.environ.get("TEST_NO_LINK_LOCAL_RANK") == os.environ["LOCAL_RANK"]:
                     # refused once its rank is in round 0: the rank finds out at round 1
-                    seen = os.path.join(os.environ["OUT_DIR"], f"seen-{os.environ['RANK']}-0.json")
-                    while not os.path.exists(seen):
-                        time.sleep(0.02)
+                    _until(os.path.join(os.environ["OUT_DIR"], f"seen-{os.environ['RANK']}-0.json"))
                     raise ImportError("the store modules withheld from this monitor by the test")
-                while not os.path.exists(os.environ["TEST_MONITOR_GATE"]):
-                    time.sleep(0.02)
+                _until(os.environ["TEST_MONITOR_GATE"])
             return None  # the usual finders import it
 
     def _in_a_monitor():
