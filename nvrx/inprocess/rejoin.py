@@ -68,7 +68,12 @@ def request_admission(
     chunk = max(heartbeat_interval, 0.01) if look else timeout
     while True:
         wait_s = min(chunk, t0 + timeout - time.monotonic())
-        admission = rounds.await_admission(base_store, initial_rank, pid, wait_s)
+        try:
+            admission = rounds.await_admission(base_store, initial_rank, pid, wait_s)
+        except rounds.ForgedAdmission as forged:
+            _refused(emit, forged.key, forged.value_bytes, "an admission with no valid seal")
+            log.warning("%s: starting a new generation", forged)
+            return rounds.withdraw_join(base_store, initial_rank)
         if admission is not None:
             break
         if time.monotonic() >= t0 + timeout:
@@ -108,12 +113,24 @@ def take_back(
         return set()
     t0 = time.monotonic()
     if state.rank == min(survivors):
-        back = set(
-            rounds.admit(store, base_store, candidates, terminated, leader_timeout, next_round)
+        admitted = rounds.admit(
+            store, base_store, candidates, terminated, leader_timeout, next_round
         )
+        for key, size in admitted.refused.items():
+            _refused(emit, key, size, "a join request with no valid seal, or naming a process admitted before")
+        back = set(admitted.back)
     else:
         back = rounds.await_rejoined(store, follower_timeout)
     emit("restart_phase", phase="rejoin_wait", duration_s=time.monotonic() - t0, ok=True)
     for t in sorted(back):
         emit("rejoin", rank_rejoined=t, wait_s=time.monotonic() - t0)
     return back
+
+
+def _refused(emit: Emit, key: str, value_bytes: int, what: str) -> None:
+    emit(
+        "rejected_write",
+        key=key,
+        reason=f"{what}: not written by this job's processes in this run",
+        value_bytes=value_bytes,
+    )

@@ -66,7 +66,10 @@ In this order:
    (``ForgedDecision``).
 7. ``admit/<i>/<pid>``, then ``r<R>/rejoin``: the lowest survivor of round R, after the
    decision, admits each replacement that asked, then lists the ranks that came back
-   (``admit``). ``r<R+1>/late_deaths`` and ``r<R+1>/late_death_claim/<n>``: the monitor
+   (``admit``). With the job's secret both are sealed, and so is the join request they
+   answer: a request that does not unseal, or names a process admitted before, admits
+   nobody; an admission or a list that does not unseal is acted on by nobody
+   (``ForgedAdmission``, ``ForgedDecision``). ``r<R+1>/late_deaths`` and ``r<R+1>/late_death_claim/<n>``: the monitor
    of a rank that the decision kept and that died before it started R + 1, or such a
    rank leaving by itself (``place_in_next_round``).
 8. ``g<g>/termination``: every rank as its call ends, and a proxy for a rank that is
@@ -792,13 +795,29 @@ class Admission:
         )
 
 
+class ForgedAdmission(RuntimeError):
+    """An admission that does not unseal: a client without the job's secret wrote it where
+    the job admits this process; the process may not act on it."""
+
+    def __init__(self, key: str, value_bytes: int) -> None:
+        super().__init__(
+            f"the admission at {key} ({value_bytes} bytes) has no valid seal: not written "
+            "by this job's processes in this run"
+        )
+        self.key = key
+        self.value_bytes = value_bytes
+
+
 def post_join(base: Any, initial_rank: int, pid: int) -> None:
-    """Replacement side: ask to be taken back into the running job."""
-    base.set(join_request(initial_rank), str(pid))
+    """Replacement side: ask to be taken back into the running job (the pid sealed for its
+    key with the job's secret)."""
+    key = join_request(initial_rank)
+    base.set(key, _sealed(key, str(pid)))
 
 
 def await_admission(base: Any, initial_rank: int, pid: int, timeout: float) -> Admission | None:
-    """Replacement side: the admission of ``pid``, once written within ``timeout`` seconds."""
+    """Replacement side: the admission of ``pid``, once written within ``timeout`` seconds
+    (``ForgedAdmission`` when it does not unseal)."""
     key = admission(initial_rank, pid)
     if timeout <= 0:
         if not base.check([key]):
@@ -808,7 +827,11 @@ def await_admission(base: Any, initial_rank: int, pid: int, timeout: float) -> A
             base.wait([key], timedelta(seconds=timeout))
         except errors.timeouts():
             return None
-    return Admission.from_json(base.get(key))
+    raw = base.get(key)
+    payload = _unsealed(key, raw)
+    if payload is None:
+        raise ForgedAdmission(key, len(raw))
+    return Admission.from_json(payload)
 
 
 def withdraw_join(base: Any, initial_rank: int) -> None:
@@ -836,11 +859,16 @@ def nobody_to_admit(base: Any) -> str | None:
     previous = round_store(base, round_ - 1)
     if not previous.check([DECISION]):
         return None
-    decision = decision_of(previous)
+    try:
+        decision = decision_of(previous)
+        # a survivor that died after the decision is registered in that round too; the
+        # ranks taken back then (``REJOIN``) run in this round, whatever that round says
+        back = rejoined(previous)
+    except ForgedDecision as exc:  # overwritten after the survivors read it: they may admit
+        log.warning("cannot tell whether anyone can admit this process: %s", exc)
+        return None
     world_size = decision.get("world_size")  # absent in a decision of an older version
-    # a survivor that died after the decision is registered in that round too; the
-    # ranks taken back then (``REJOIN``) run in this round, whatever that round says
-    terminated = (set(decision["terminated"]) | terminated_ranks(previous)) - rejoined(previous)
+    terminated = (set(decision["terminated"]) | terminated_ranks(previous)) - back
     if world_size is not None and set(range(int(world_size))) <= terminated:
         return f"every rank of round {round_ - 1} left it"
     return None
@@ -864,6 +892,15 @@ def rejoin_candidates(store: Any, base: Any, terminated: set[int]) -> list[int]:
     return candidates
 
 
+@dataclasses.dataclass(frozen=True)
+class Admitted:
+    """What the lowest survivor did with the join requests: the ranks taken back, and the
+    requests refused (``{key: value bytes}``: no valid seal, or a pid admitted before)."""
+
+    back: list[int]
+    refused: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
 def admit(
     store: Any,
     base: Any,
@@ -871,35 +908,68 @@ def admit(
     terminated: set[int],
     timeout: float,
     next_round: Admission,
-) -> list[int]:
+) -> Admitted:
     """Lowest survivor: wait for the replacements of ``candidates``, admit those that came
-    (``next_round`` with each one's state), publish who came back."""
+    (``next_round`` with each one's state), publish who came back.
+
+    A join request that does not unseal, or that names a process admitted before (a
+    sealed request copied back), admits nobody: a client without the job's secret could
+    otherwise bring a rank back that no process runs."""
     states = {t: json.loads(store.get(rank_state(t))) for t in candidates}
     joins = {t: join_request(states[t]["initial_rank"]) for t in candidates}
     with contextlib.suppress(*errors.timeouts()):  # some did not come back in time
         base.wait(list(joins.values()), timedelta(seconds=timeout))
-    back = [t for t in candidates if base.check([joins[t]])]
-    final = sorted(terminated - set(back))
-    for t in back:
-        pid = int(base.get(joins[t]))
+    pids, refused = {}, {}
+    for t in candidates:
+        pid, refused_bytes = _join_pid(base, joins[t], states[t]["initial_rank"])
+        if pid is not None:
+            pids[t] = pid
+        elif refused_bytes:
+            refused[joins[t]] = refused_bytes
+    final = sorted(terminated - set(pids))
+    for t, pid in pids.items():
         base.delete_key(joins[t])
         entry = dataclasses.replace(next_round, state=states[t], terminated=final)
-        base.set(admission(states[t]["initial_rank"], pid), entry.to_json())
-    store.set(REJOIN, json.dumps(back))
-    return back
+        key = admission(states[t]["initial_rank"], pid)
+        base.set(key, _sealed(key, entry.to_json()))
+    store.set(REJOIN, _sealed(_round_key(store, REJOIN), json.dumps(sorted(pids))))
+    return Admitted(sorted(pids), refused)
+
+
+def _join_pid(base: Any, key: str, initial_rank: int) -> tuple[int | None, int]:
+    """(pid, 0) for a join request to admit; (None, its size) for one refused (no valid
+    seal, or its process was admitted before); (None, 0) where none is posted."""
+    if not base.check([key]):
+        return None, 0
+    raw = base.get(key)
+    payload = _unsealed(key, raw)
+    if payload is None or not payload.isdigit():
+        return None, max(len(raw), 1)
+    if base.check([admission(initial_rank, int(payload))]):
+        return None, max(len(raw), 1)
+    return int(payload), 0
 
 
 def await_rejoined(store: Any, timeout: float) -> set[int]:
     """Other survivors: the ranks the lowest one took back, once it published them."""
     store.wait([REJOIN], timedelta(seconds=timeout))
-    return {int(r) for r in json.loads(store.get(REJOIN))}
+    return rejoined(store)
 
 
 def rejoined(store: Any) -> set[int]:
-    """The ranks taken back into the round after this one (none until published)."""
+    """The ranks taken back into the round after this one (none until published);
+    ``ForgedDecision`` when the list does not unseal (it is part of that decision)."""
     if not store.check([REJOIN]):
         return set()
-    return {int(r) for r in json.loads(store.get(REJOIN))}
+    key = _round_key(store, REJOIN)
+    raw = store.get(REJOIN)
+    payload = _unsealed(key, raw)
+    if payload is None:
+        raise ForgedDecision(
+            f"the ranks taken back at {key} ({len(raw)} bytes) have no valid seal: not "
+            "written by this job's processes in this round"
+        )
+    return {int(r) for r in json.loads(payload)}
 
 
 # -- a rank that dies between two rounds -------------------------------------------------

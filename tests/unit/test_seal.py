@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 
@@ -307,3 +308,100 @@ def test_a_rounds_terminated_ranks_and_decision_are_sealed(tmp_path, monkeypatch
     assert rounds.register_terminated(plain, 2) and plain.get(rounds.TERMINATED) == b"2,"
     rounds.arrive_iteration(plain, HashStore(), 0, 1)
     assert rounds.decision_of(plain)["terminated"] == [2]
+
+
+def test_a_replacements_join_request_admission_and_the_ranks_taken_back_are_sealed(
+    tmp_path, monkeypatch
+):
+    """With the job's secret, a forged join request, or a sealed one copied back after its
+    process was admitted, brings no rank back; an admission or a list of ranks taken back
+    that does not unseal is acted on by nobody."""
+    from torch.distributed import HashStore
+
+    from nvrx.store import rounds
+
+    _job_secret_file(tmp_path, monkeypatch)
+    base = HashStore()
+    round_2, round_3 = rounds.round_store(base, 2), rounds.round_store(base, 2 + 1)
+    for rank in range(3):  # initial rank = rank in round 2
+        round_2.set(rounds.rank_state(rank), json.dumps({"initial_rank": rank}))
+    next_round = rounds.Admission(generation=0, round=3, state={}, terminated=[], job_restarts=1)
+    rounds.post_join(base, 1, 4242)  # the real replacement of rank 1
+    base.set(rounds.join_request(2), "999")  # as a client without the secret
+    admitted = rounds.admit(round_2, base, [1, 2], {1, 2}, 5.0, next_round)
+    assert admitted.back == [1]
+    assert admitted.refused == {rounds.join_request(2): 3}
+    assert rounds.await_admission(base, 1, 4242, 1.0).terminated == [2]
+    assert rounds.rejoined(round_2) == {1} and rounds.await_rejoined(round_2, 1.0) == {1}
+    # the admitted request copied back: its process was admitted already, nobody comes back
+    base.set(rounds.join_request(1), rounds._sealed(rounds.join_request(1), "4242"))
+    round_3.set(rounds.rank_state(1), json.dumps({"initial_rank": 1}))
+    replayed = rounds.admit(round_3, base, [1], {1}, 5.0, next_round)
+    assert replayed.back == [] and list(replayed.refused) == [rounds.join_request(1)]
+    # a forged admission, and round 2's list copied into round 3, are refused
+    base.set(rounds.admission(0, 77), next_round.to_json())
+    with pytest.raises(rounds.ForgedAdmission, match="no valid seal"):
+        rounds.await_admission(base, 0, 77, 1.0)
+    round_3.set(rounds.REJOIN, base.get(rounds.round_prefix(2) + rounds.REJOIN))
+    with pytest.raises(rounds.ForgedDecision, match="no valid seal"):
+        rounds.rejoined(round_3)
+    # without a secret: plain values, as before
+    monkeypatch.delenv(jobenv.JOB_SECRET_FILE)
+    plain = HashStore()
+    rounds.post_join(plain, 0, 5)
+    assert plain.get(rounds.join_request(0)) == b"5"
+
+
+def test_a_replacement_given_a_forged_admission_records_it_and_starts_a_new_generation(
+    tmp_path, monkeypatch
+):
+    """The replacement acts on no admission that does not unseal: it says so in one
+    ``rejected_write`` event, withdraws its request and starts a generation of its own."""
+    import threading
+    from datetime import timedelta
+
+    from torch.distributed import HashStore
+
+    from nvrx.inprocess import rejoin
+    from nvrx.store import rounds
+
+    _job_secret_file(tmp_path, monkeypatch)
+    base = HashStore()
+    rounds.publish_round(base, 3)
+    forged = rounds.Admission(generation=0, round=3, state={}, terminated=[], job_restarts=1)
+
+    def forger() -> None:  # reads the request (anyone can), answers without the secret
+        base.wait([rounds.join_request(1)], timedelta(seconds=10))
+        base.set(rounds.admission(1, os.getpid()), forged.to_json())
+
+    threading.Thread(target=forger, daemon=True).start()
+    events = []
+    got = rejoin.request_admission(
+        base, 1, 30.0, lambda kind, **f: events.append((kind, f)), heartbeat_interval=5.0
+    )
+    assert got is None and not base.check([rounds.join_request(1)])
+    assert [kind for kind, _ in events] == ["rejected_write"]
+    assert events[0][1]["key"] == rounds.admission(1, os.getpid())
+    assert events[0][1]["value_bytes"] == len(forged.to_json())
+
+
+def test_a_forged_decision_or_list_of_ranks_taken_back_tells_a_replacement_nothing(
+    tmp_path, monkeypatch
+):
+    """A replacement that looks whether anyone can admit it acts on no forged value of the
+    round before: it waits on (None), as where that round has not decided yet."""
+    from torch.distributed import HashStore
+
+    from nvrx.store import rounds
+
+    _job_secret_file(tmp_path, monkeypatch)
+    base = HashStore()
+    rounds.publish_round(base, 3)
+    round_2 = rounds.round_store(base, 2)
+    forged = {"terminated": [0, 1], "job_restarts": 1, "world_size": 2}  # "every rank left"
+    round_2.set(rounds.DECISION, json.dumps(forged))
+    assert rounds.nobody_to_admit(base) is None
+    round_2.set(rounds.DECISION, rounds._sealed(rounds.round_prefix(2) + rounds.DECISION, json.dumps(forged)))
+    assert rounds.nobody_to_admit(base) == "every rank of round 2 left it"
+    round_2.set(rounds.REJOIN, "[]")
+    assert rounds.nobody_to_admit(base) is None
