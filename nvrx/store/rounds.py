@@ -43,7 +43,9 @@ In this order:
    ``default_pg/`` keys, before anyone is released (``_open_generation``).
 3. ``r<R>/state/<rank>``: each rank as it starts the round (``publish_rank_state``); for
    a rank that died or left on its way in, under a number nobody took, its monitor or the
-   rank itself (``publish_state_after_death``). ``r<R>/started``: each rank as it starts
+   rank itself (``publish_state_after_death``). With the job's secret a state is sealed
+   for its round; one that does not unseal is read as none (``read_rank_state``).
+   ``r<R>/started``: each rank as it starts
    a round after a restart (not a generation's first round); the first one commits
    ``job_restarts`` (``commit_round_start``).
 4. ``r<R>/faults`` and ``r<R>/interrupted``: a rank that faults, or a monitor, agent or
@@ -470,7 +472,29 @@ def publish_rank_state(store: Any, rank: int, state: Any) -> None:
     a rank that dies before starting it (counted once its state is there)."""
     fields = {k: getattr(state, k) for k in RANK_STATE_FIELDS}
     fields.update({k: v.name for k, v in fields.items() if isinstance(v, enum.Enum)})
-    store.set(rank_state(rank), json.dumps(fields))
+    _set_rank_state(store, rank, fields)
+
+
+def _set_rank_state(store: Any, rank: int, fields: dict[str, Any]) -> None:
+    """Write ``rank``'s state in ``store``'s round, sealed for it with the job's secret."""
+    key = rank_state(rank)
+    store.set(key, _sealed(_round_key(store, key), json.dumps(fields)))
+
+
+def read_rank_state(store: Any, rank: int) -> dict[str, Any] | None:
+    """``rank``'s state in ``store``'s round; None when none is published there, or the one
+    there does not unseal (a client without the job's secret could otherwise have a lost
+    node's ranks, or a silent one, taken for a healthy rank's, or hand a replacement a
+    state of its own making)."""
+    key = rank_state(rank)
+    if not store.check([key]):
+        return None
+    payload = _unsealed(_round_key(store, key), store.get(key))
+    if payload is None:
+        log.warning("round %s: the state of rank %d has no valid seal: ignored",
+                    getattr(store, "iteration", "?"), rank)  # fmt: skip
+        return None
+    return dict(json.loads(payload))
 
 
 def commit_round_start(store: Any, base: Any, restarts: int) -> None:
@@ -884,10 +908,9 @@ def rejoin_candidates(store: Any, base: Any, terminated: set[int]) -> list[int]:
     }
     candidates = []
     for t in sorted(terminated - stopped):
-        initial = t
-        if store.check([rank_state(t)]):
-            initial = int(json.loads(store.get(rank_state(t)))["initial_rank"])
-        if not is_gone(base, initial):
+        state = read_rank_state(store, t)
+        initial = t if state is None else int(state["initial_rank"])
+        if state is not None and not is_gone(base, initial):
             candidates.append(t)
     return candidates
 
@@ -915,7 +938,8 @@ def admit(
     A join request that does not unseal, or that names a process admitted before (a
     sealed request copied back), admits nobody: a client without the job's secret could
     otherwise bring a rank back that no process runs."""
-    states = {t: json.loads(store.get(rank_state(t))) for t in candidates}
+    states = {t: read_rank_state(store, t) for t in candidates}
+    candidates = [t for t in candidates if states[t] is not None]
     joins = {t: join_request(states[t]["initial_rank"]) for t in candidates}
     with contextlib.suppress(*errors.timeouts()):  # some did not come back in time
         base.wait(list(joins.values()), timedelta(seconds=timeout))
@@ -1014,7 +1038,7 @@ def place_in_next_round(
         _say_unplaced(round_, size, kept, wait_s)
         return None
     for rank in range(size):
-        if store.check([rank_state(rank)]):
+        if read_rank_state(store, rank) is not None:
             continue
         if int(store.add(late_death_claim(rank), 1)) == 1:
             return rank, size
@@ -1073,7 +1097,9 @@ def publish_state_after_death(
     with the next round's active world size (the usual rank assignments compute them so;
     a replacement's own assignment computes them again anyway)."""
     store = round_store(base, round_ + 1)
-    state = json.loads(round_store(base, round_).get(rank_state(rank)))
+    state = read_rank_state(round_store(base, round_), rank)
+    if state is None:
+        raise ValueError(f"round {round_}: rank {rank} published no state with a valid seal")
     peer = _peer_state(store, world_size) or {}
     active = state.get("active_rank") is not None
     state.update(
@@ -1082,7 +1108,7 @@ def publish_state_after_death(
         active_rank=new_rank if active else None,
         active_world_size=peer.get("active_world_size", state.get("active_world_size")),
     )
-    store.set(rank_state(new_rank), json.dumps(state))
+    _set_rank_state(store, new_rank, state)
 
 
 def _world_size(store: Any, ranks_bound: int) -> int | None:
@@ -1094,8 +1120,9 @@ def _world_size(store: Any, ranks_bound: int) -> int | None:
 def _peer_state(store: Any, ranks_bound: int) -> dict[str, Any] | None:
     """The first rank state published in the round (numbers below ``ranks_bound``)."""
     for rank in range(ranks_bound):
-        if store.check([rank_state(rank)]):
-            return dict(json.loads(store.get(rank_state(rank))))
+        state = read_rank_state(store, rank)
+        if state is not None:
+            return state
     return None
 
 
@@ -1163,9 +1190,9 @@ def _round_ranks(
     found: dict[int, tuple[int, int]] = {}
     world_size = initial_world_size
     for rank in range(initial_world_size):
-        if not store.check([rank_state(rank)]):
+        state = read_rank_state(store, rank)
+        if state is None:
             continue
-        state = json.loads(store.get(rank_state(rank)))
         world_size = int(state.get("world_size", world_size))
         if int(state.get("initial_rank", -1)) in initial_ranks:
             found[int(state["initial_rank"])] = (rank, world_size)

@@ -324,7 +324,7 @@ def test_a_replacements_join_request_admission_and_the_ranks_taken_back_are_seal
     base = HashStore()
     round_2, round_3 = rounds.round_store(base, 2), rounds.round_store(base, 2 + 1)
     for rank in range(3):  # initial rank = rank in round 2
-        round_2.set(rounds.rank_state(rank), json.dumps({"initial_rank": rank}))
+        rounds._set_rank_state(round_2, rank, {"initial_rank": rank})
     next_round = rounds.Admission(generation=0, round=3, state={}, terminated=[], job_restarts=1)
     rounds.post_join(base, 1, 4242)  # the real replacement of rank 1
     base.set(rounds.join_request(2), "999")  # as a client without the secret
@@ -335,7 +335,7 @@ def test_a_replacements_join_request_admission_and_the_ranks_taken_back_are_seal
     assert rounds.rejoined(round_2) == {1} and rounds.await_rejoined(round_2, 1.0) == {1}
     # the admitted request copied back: its process was admitted already, nobody comes back
     base.set(rounds.join_request(1), rounds._sealed(rounds.join_request(1), "4242"))
-    round_3.set(rounds.rank_state(1), json.dumps({"initial_rank": 1}))
+    rounds._set_rank_state(round_3, 1, {"initial_rank": 1})
     replayed = rounds.admit(round_3, base, [1], {1}, 5.0, next_round)
     assert replayed.back == [] and list(replayed.refused) == [rounds.join_request(1)]
     # a forged admission, and round 2's list copied into round 3, are refused
@@ -405,3 +405,38 @@ def test_a_forged_decision_or_list_of_ranks_taken_back_tells_a_replacement_nothi
     assert rounds.nobody_to_admit(base) == "every rank of round 2 left it"
     round_2.set(rounds.REJOIN, "[]")
     assert rounds.nobody_to_admit(base) is None
+
+
+def test_a_forged_rank_state_has_no_healthy_rank_taken_out_nor_handed_to_a_replacement(
+    tmp_path, monkeypatch
+):
+    """With the job's secret, a rank's state in a round counts only as its rank sealed it:
+    a forged one that names a silent rank's initial rank has nobody else taken out, and a
+    rank that died is not renumbered from a forged state."""
+    from types import SimpleNamespace
+
+    from torch.distributed import HashStore
+
+    from nvrx.store import rounds
+
+    _job_secret_file(tmp_path, monkeypatch)
+    base = HashStore()
+    rounds.publish_round(base, 2)
+    round_2 = rounds.round_store(base, 2)
+    for rank in (0, 1):
+        state = dict.fromkeys(rounds.RANK_STATE_FIELDS, None) | {
+            "rank": rank, "world_size": 2, "initial_rank": rank, "initial_world_size": 2,
+        }  # fmt: skip
+        rounds.publish_rank_state(round_2, rank, SimpleNamespace(**state))
+    assert rounds.read_rank_state(round_2, 1)["initial_rank"] == 1
+    forged = {"rank": 1, "world_size": 2, "initial_rank": 0}  # "rank 1 runs initial rank 0"
+    round_2.set(rounds.rank_state(1), json.dumps(forged))
+    assert rounds.read_rank_state(round_2, 1) is None
+    assert rounds.leave_silent(base, 0, 2, "no heartbeat")  # initial rank 0 is silent
+    assert rounds.terminated_ranks(round_2) == {0}  # rank 0 only, never the healthy rank 1
+    # the real state copied into another round is no state there
+    round_3 = rounds.round_store(base, 3)
+    round_3.set(rounds.rank_state(0), base.get(rounds.round_prefix(2) + rounds.rank_state(0)))
+    assert rounds.read_rank_state(round_3, 0) is None
+    with pytest.raises(ValueError, match="no state with a valid seal"):
+        rounds.publish_state_after_death(base, 2, 1, 0, 2)
