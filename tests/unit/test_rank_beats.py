@@ -296,3 +296,40 @@ def test_a_beat_of_another_user_is_dropped_even_when_it_reaches_the_socket() -> 
     finally:
         sock.close()
         shutil.rmtree(open_dir)
+
+
+def test_an_agent_started_ahead_reads_no_beat_before_it_has_an_address(tmp_path, monkeypatch) -> None:
+    """An agent started ahead for a failover leaves the beats to the agent it will replace
+    until it is given the store's address: while it waits for one it runs no beat reader and
+    the socket keeps every beat; given none, it ends without reading any."""
+    import threading
+
+    from nvrx.supervisor import store_agent
+
+    bound = BeatSocket(str(tmp_path / "beats.sock"))
+    sender = BeatSender(bound.path)
+    waiting, release = threading.Event(), threading.Event()
+
+    def address_later() -> None:  # the supervisor has not sent the address yet
+        waiting.set()
+        release.wait(60)
+        return None  # ... and never does: the failover did not need this agent
+
+    monkeypatch.setattr(store_agent, "_address_from_stdin", address_later)
+    ended: list[int] = []
+    fd = os.dup(bound.fileno())  # as passed to the agent process
+    agent = threading.Thread(target=lambda: ended.append(store_agent.main(["-", "-", "5", str(fd)])))
+    try:
+        assert sender.send(_beat(pid=7))
+        agent.start()
+        assert waiting.wait(60)
+        assert "rank-beats" not in {t.name for t in threading.enumerate()}
+        release.set()
+        agent.join(60)
+        assert ended == [0]
+        assert [b.pid for b in bound.receive()] == [7]  # left for the agent that reads them
+    finally:
+        release.set()
+        os.close(fd)
+        sender.close()
+        bound.close()
