@@ -151,22 +151,16 @@ def _next_round(call: RoundCall, run: RoundRun, signal: BaseException | None) ->
 def _report_forged(
     call: RoundCall, store: Any, checked: CheckedRecords, decision: dict[str, Any]
 ) -> None:
-    """The round's lowest rank that goes on records the entries of the round's fault list
-    and terminated list that did not unseal, one event each list."""
-    forged_terminated, terminated_bytes = decision.get("forged_terminated", (0, 0))
-    lists = (
-        (rounds.fault_list_key(store), checked.forged, checked.forged_bytes, "fault records"),
-        (rounds.terminated_list_key(store), forged_terminated, terminated_bytes, "terminated ranks"),
-    )
-    for key, forged, size, what in lists:
-        if forged:
-            call.emit(
-                "rejected_write",
-                key=key,
-                reason=f"{forged} {what} with no valid seal: not written by this job's "
-                "processes in this round",
-                value_bytes=size,
-            )
+    """The round's lowest rank that goes on records the entries that did not unseal in the
+    lists its restart read (``rounds.forged_at_restart``): one event each list."""
+    for forged in rounds.forged_at_restart(store, checked, decision):
+        call.emit(
+            "rejected_write",
+            key=forged.key,
+            reason=f"{forged.entries} {forged.what} with no valid seal: not written by this "
+            "job's processes here (forged, or copied from another key, round or run)",
+            value_bytes=forged.value_bytes,
+        )
 
 
 @contextlib.contextmanager

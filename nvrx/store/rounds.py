@@ -45,9 +45,10 @@ In this order:
    a rank that died or left on its way in, under a number nobody took, its monitor or the
    rank itself (``publish_state_after_death``). With the job's secret a state is sealed
    for its round; one that does not unseal is read as none (``read_rank_state``).
-   ``r<R>/started``: each rank as it starts
-   a round after a restart (not a generation's first round); the first one commits
-   ``job_restarts`` (``commit_round_start``).
+   ``r<R>/started``: each rank as it starts a round after a restart (not a generation's
+   first round); the first one counts the restart in ``job_restarts``
+   (``commit_round_start``), which with the job's secret is a sealed list, one entry per
+   restart (the iteration barrier's last arrival drops and reports forged ones).
 4. ``r<R>/faults`` and ``r<R>/interrupted``: a rank that faults, or a monitor, agent or
    peer on its behalf (``record_fault``). With the job's secret both are sealed for their
    round: a record that does not unseal is skipped, an interruption that does not is
@@ -237,19 +238,45 @@ def generation_base(store: Any, *, step: int = GENERATION_STEP) -> int:
     return (last // step + 1) * step
 
 
-def count_job_restart(store: Any) -> int:
-    """Count one more job restart; returns the new total."""
-    return int(store.add(JOB_RESTARTS, 1))
+# The job's restart count: one more as a round starts after an in-process restart, and as a
+# later process generation opens. With the job's secret it is a sealed list, one entry per
+# restart naming the round or generation it began, counted as the distinct entries that
+# unseal (a copied entry counts once, a forged one never: a client could otherwise spend
+# the Wrapper's ``max_iterations`` and stop the job); without one, a counter.
+def count_job_restart(store: Any, began: str) -> int:
+    """Count the restart that began ``began`` (a round or generation, as ``r7`` or ``g100``:
+    the same restart counted twice counts once); returns the new total."""
+    sealer = seal.job_sealer()
+    if sealer is None:
+        return int(store.add(JOB_RESTARTS, 1))
+    store.append(JOB_RESTARTS, sealer.entry(JOB_RESTARTS, began))
+    return job_restarts(store)
 
 
 def job_restarts(store: Any) -> int:
     """Job restarts counted so far (in-process and process restarts)."""
-    return int(store.add(JOB_RESTARTS, 0))
+    sealer = seal.job_sealer()
+    if sealer is None:
+        return int(store.add(JOB_RESTARTS, 0))
+    if not store.check([JOB_RESTARTS]):
+        return 0
+    return len(set(sealer.entries(JOB_RESTARTS, _text(store.get(JOB_RESTARTS))).valid))
 
 
-def set_job_restarts(store: Any, value: int) -> None:
-    """Record ``value`` restarts (used when a restarted round actually starts)."""
-    store.set(JOB_RESTARTS, str(int(value)))
+def _restarts_without_forged(store: Any) -> tuple[int, int, int]:
+    """(restarts, forged entries, their bytes): the count, and the entries that did not
+    unseal, which are dropped from the list (unless an entry came meanwhile) so that the
+    decision that found them is the only one to count them."""
+    sealer = seal.job_sealer()
+    if sealer is None or not store.check([JOB_RESTARTS]):
+        return job_restarts(store), 0, 0
+    raw = _text(store.get(JOB_RESTARTS))
+    entries = sealer.entries(JOB_RESTARTS, raw)
+    valid = list(dict.fromkeys(entries.valid))
+    if entries.invalid:
+        kept = "".join(sealer.entry(JOB_RESTARTS, began) for began in valid)
+        store.compare_set(JOB_RESTARTS, raw, kept)
+    return len(valid), entries.invalid, entries.invalid_bytes
 
 
 # -- the view of one round ---------------------------------------------------------------
@@ -381,7 +408,7 @@ def clear_torch_keys(store: Any) -> int:
 def _open_generation(store: Any, generation: int, world_size: int) -> None:
     clear_torch_keys(store)
     if generation > 0:
-        count_job_restart(store)
+        count_job_restart(store, f"g{generation}")
     key = _gone_record(generation)
     store.set(key, _sealed(key, json.dumps(sorted(gone_in(store, world_size)))))
     publish_round(store, generation)
@@ -498,9 +525,10 @@ def read_rank_state(store: Any, rank: int) -> dict[str, Any] | None:
 
 
 def commit_round_start(store: Any, base: Any, restarts: int) -> None:
-    """The first rank to start a round after a restart records the new job restart count."""
+    """The first rank to start a round after a restart counts it, up to ``restarts`` (the
+    count its decision gave)."""
     if int(store.add(STARTED, 1)) == 1 and job_restarts(base) < restarts:
-        set_job_restarts(base, restarts)
+        count_job_restart(base, f"r{store.iteration}")
 
 
 def interrupt_wake_keys() -> list[str]:
@@ -614,6 +642,30 @@ def fault_list_key(store: Any) -> str:
     return _round_key(store, FAULT_LIST)
 
 
+@dataclasses.dataclass(frozen=True)
+class Forged:
+    """Entries of one list that did not unseal, as a restart found them."""
+
+    key: str  # the list's full name
+    what: str  # what its entries are
+    entries: int
+    value_bytes: int
+
+
+def forged_at_restart(store: Any, checked: faults.CheckedRecords, decision: dict[str, Any]) -> list[Forged]:
+    """The forged entries a round's restart found: in its fault list (``checked``, as read),
+    in its terminated list and in the job's restart count (both counted by the decision's
+    last arrival); one per list that had any."""
+    forged_terminated = decision.get("forged_terminated", (0, 0))
+    forged_restarts = decision.get("forged_restarts", (0, 0))
+    found = (
+        Forged(fault_list_key(store), "fault records", checked.forged, checked.forged_bytes),
+        Forged(terminated_list_key(store), "terminated ranks", *forged_terminated),
+        Forged(JOB_RESTARTS, "job restarts", *forged_restarts),
+    )
+    return [f for f in found if f.entries]
+
+
 def terminated_list_key(store: Any) -> str:
     """The full name of the round's terminated list, which its entries are sealed for."""
     return _round_key(store, TERMINATED)
@@ -708,13 +760,16 @@ def _publish_decision(store: Any, base: Any, world_size: int) -> None:
     # The restart is counted when the next round starts (commit_round_start), so
     # a round that every rank leaves (RestartAbort everywhere) counts nothing.
     terminated = checked_terminated(store)
+    restarts, forged, forged_bytes = _restarts_without_forged(base)
     decision = {
         "terminated": sorted(terminated.ranks),
-        "job_restarts": job_restarts(base) + 1,
+        "job_restarts": restarts + 1,
         "world_size": world_size,
     }
     if terminated.forged:  # the round's lowest rank that goes on tells it
         decision["forged_terminated"] = [terminated.forged, terminated.forged_bytes]
+    if forged:
+        decision["forged_restarts"] = [forged, forged_bytes]
     round_ = getattr(store, "iteration", None)
     if round_ is not None:
         _clear_stale_keys(base, round_)

@@ -172,6 +172,7 @@ def test_forged_and_replayed_fault_records_are_not_faults_and_the_job_trains_on(
     job = Job(tmp_path, 2, 2, command, "--max-restarts", "8", "--grace-period", "2")
     store = _foreign_client(job)
     made_up = FaultRecord(rank=3, kind="exit", exc_type="RestartAbort", message="forged")
+    store.append(rounds.JOB_RESTARTS, b"1000")  # restarts spent, as a forger would count them
     first = _forge_in_round(job, store, (made_up.to_json() + "\n").encode(), b"fault", b"0,")
     wait_until("the first injected fault's restart", lambda: first in _rounds_with_faults(job), 120,
                state=job.output)  # fmt: skip
@@ -184,13 +185,15 @@ def test_forged_and_replayed_fault_records_are_not_faults_and_the_job_trains_on(
     keys = [e["key"] for e in job.events("rejected_write", component=None)]
     expected = [rounds.round_prefix(r) + key for r in (first, second)
                 for key in (rounds.INTERRUPTED, rounds.FAULT_LIST, rounds.TERMINATED)]  # fmt: skip
-    assert sorted(keys) == sorted(expected), keys
+    assert sorted(keys) == sorted([*expected, rounds.JOB_RESTARTS]), keys  # each once
     ends = job.events("round_end", component=None)
     recorded = [f for e in ends for f in e.get("faults") or []]
     assert {(f["rank"], f["kind"]) for f in recorded} == {(1, "exception")}, recorded  # the real ones
     assert _rounds_with_faults(job) == {first, second}, ends  # each in its own round only
     restarts = [e for e in ends if e["outcome"] == "restart"]
     assert len(restarts) == 2 * 4, ends  # the two real faults' rounds on 4 ranks: no other
+    starts = job.events("round_start", component=None)
+    assert max(e["iteration"] for e in starts) == 2, starts  # the forged 1000 not counted
     done = [e for e in job.events("child_exit") if e["exit_code"] == 0]
     assert len(done) == 4, job.output()  # every rank of both nodes trained to the end
 

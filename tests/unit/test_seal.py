@@ -440,3 +440,38 @@ def test_a_forged_rank_state_has_no_healthy_rank_taken_out_nor_handed_to_a_repla
     assert rounds.read_rank_state(round_3, 0) is None
     with pytest.raises(ValueError, match="no state with a valid seal"):
         rounds.publish_state_after_death(base, 2, 1, 0, 2)
+
+
+def test_the_jobs_restart_count_counts_only_its_own_sealed_restarts(tmp_path, monkeypatch):
+    """With the job's secret, a client that bumps the restart count, or copies a restart's
+    entry again, spends none of ``max_iterations``: each restart counts once."""
+    from torch.distributed import HashStore
+
+    from nvrx.store import rounds
+
+    _job_secret_file(tmp_path, monkeypatch)
+    base = HashStore()
+    assert rounds.job_restarts(base) == 0
+    round_1 = rounds.round_store(base, 1)
+    rounds.commit_round_start(round_1, base, 1)  # the first rank to start round 1
+    rounds.commit_round_start(round_1, base, 1)  # ... and the next: counted once
+    assert rounds.job_restarts(base) == 1
+    with pytest.raises(ValueError):  # the store refuses to add to a list
+        base.add(rounds.JOB_RESTARTS, 1000)  # as a client without the secret
+    base.append(rounds.JOB_RESTARTS, "1000")
+    entry = base.get(rounds.JOB_RESTARTS)[: -len("1000")]
+    base.append(rounds.JOB_RESTARTS, entry)  # round 1's entry again
+    assert rounds.job_restarts(base) == 1
+    assert rounds.count_job_restart(base, "g100") == 2  # a process generation opened
+    # the iteration barrier decides from the trusted count
+    round_2 = rounds.round_store(base, 2)
+    for rank in range(2):
+        rounds.arrive_iteration(round_2, base, rank, 2)
+    decision = rounds.wait_iteration(round_2, 2, 5.0)
+    assert decision["job_restarts"] == 3
+    assert decision["forged_restarts"] == [1, 4]  # "1000"; the copy counts once, no more
+    round_3 = rounds.round_store(base, 3)  # the forged entry was dropped: counted once
+    for rank in range(2):
+        rounds.arrive_iteration(round_3, base, rank, 2)
+    assert "forged_restarts" not in rounds.wait_iteration(round_3, 2, 5.0)
+    assert rounds.job_restarts(base) == 2

@@ -202,7 +202,7 @@ def test_rounds_generation_base_jumps_past_last_round(server):
     rounds.publish_round(store, 103)
     assert rounds.generation_base(store) == 200
     assert rounds.job_restarts(store) == 0
-    assert rounds.count_job_restart(store) == 1
+    assert rounds.count_job_restart(store, "g100") == 1
     assert rounds.job_restarts(store) == 1
 
 
