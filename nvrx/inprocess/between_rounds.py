@@ -285,6 +285,9 @@ def _next_round_place(call: RoundCall, round_: int, rank: int) -> tuple[int, int
     """This rank's (rank, world size) in round ``round_`` + 1, once every other rank started
     it, the call entered there; None where that place is not found (logged)."""
     w, base = call.wrapper, call.services.base_store
+    if rounds.read_rank_state(rounds.round_store(base, round_), rank) is None:
+        log.warning("round %d: rank %d has no state to carry over", round_, rank)
+        return None
     found = rounds.place_in_next_round(
         base, round_, call.initial_world_size, w.barrier_timeout, w.monitor_process_interval
     )

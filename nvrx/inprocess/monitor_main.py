@@ -335,6 +335,9 @@ class _Monitor:
         cfg = self.cfg
         try:
             rounds, base = self.link.rounds, self.link.get()
+            if rounds.read_rank_state(rounds.round_store(base, self.round), rank) is None:
+                log.warning("round %d: rank %d has no state to carry over", self.round, rank)
+                return None
             place = rounds.place_in_next_round(
                 base, self.round, cfg.initial_world_size, cfg.barrier_timeout,
                 cfg.monitor_process_interval, self._beat_now,

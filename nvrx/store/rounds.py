@@ -96,6 +96,7 @@ import dataclasses
 import enum
 import json
 import logging
+import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
@@ -243,13 +244,14 @@ def generation_base(store: Any, *, step: int = GENERATION_STEP) -> int:
 # restart naming the round or generation it began, counted as the distinct entries that
 # unseal (a copied entry counts once, a forged one never: a client could otherwise spend
 # the Wrapper's ``max_iterations`` and stop the job); without one, a counter.
-def count_job_restart(store: Any, began: str) -> int:
+def count_job_restart(store: Any, began: str = "") -> int:
     """Count the restart that began ``began`` (a round or generation, as ``r7`` or ``g100``:
-    the same restart counted twice counts once); returns the new total."""
+    the same restart counted twice counts once; none given: a restart of its own); returns
+    the new total."""
     sealer = seal.job_sealer()
     if sealer is None:
         return int(store.add(JOB_RESTARTS, 1))
-    store.append(JOB_RESTARTS, sealer.entry(JOB_RESTARTS, began))
+    store.append(JOB_RESTARTS, sealer.entry(JOB_RESTARTS, began or f"x{secrets.token_hex(8)}"))
     return job_restarts(store)
 
 
@@ -270,8 +272,8 @@ def _restarts_without_forged(store: Any) -> tuple[int, int, int]:
     sealer = seal.job_sealer()
     if sealer is None or not store.check([JOB_RESTARTS]):
         return job_restarts(store), 0, 0
-    raw = _text(store.get(JOB_RESTARTS))
-    entries = sealer.entries(JOB_RESTARTS, raw)
+    raw = store.get(JOB_RESTARTS)  # compared as read: a forged value need not be UTF-8
+    entries = sealer.entries(JOB_RESTARTS, _text(raw))
     valid = list(dict.fromkeys(entries.valid))
     if entries.invalid:
         kept = "".join(sealer.entry(JOB_RESTARTS, began) for began in valid)
@@ -527,7 +529,11 @@ def read_rank_state(store: Any, rank: int) -> dict[str, Any] | None:
 def commit_round_start(store: Any, base: Any, restarts: int) -> None:
     """The first rank to start a round after a restart counts it, up to ``restarts`` (the
     count its decision gave)."""
-    if int(store.add(STARTED, 1)) == 1 and job_restarts(base) < restarts:
+    if int(store.add(STARTED, 1)) != 1 or job_restarts(base) >= restarts:
+        return
+    if seal.job_sealer() is None:
+        base.set(JOB_RESTARTS, str(int(restarts)))
+    else:
         count_job_restart(base, f"r{store.iteration}")
 
 
@@ -1087,13 +1093,17 @@ def place_in_next_round(
     if size == 0:  # counted still: the others that died so see it too
         log.warning("round %d: every rank left or died before starting it", round_ + 1)
         return None
-    kept = kept_for_next(previous)  # after the wait: a rejoin may have taken replacements back
+    try:  # after the wait: a rejoin may have taken replacements back
+        kept = kept_for_next(previous)
+    except ForgedDecision as exc:
+        log.warning("round %d: %s", round_, exc)
+        kept = None
     if size is None or kept != size:
         store.add(LATE_DEATHS, -1)  # not counted there: another such death must not be
         _say_unplaced(round_, size, kept, wait_s)
         return None
     for rank in range(size):
-        if read_rank_state(store, rank) is not None:
+        if store.check([rank_state(rank)]):  # even one that does not unseal: a number in use
             continue
         if int(store.add(late_death_claim(rank), 1)) == 1:
             return rank, size
@@ -1251,9 +1261,10 @@ def _round_ranks(
         world_size = int(state.get("world_size", world_size))
         if int(state.get("initial_rank", -1)) in initial_ranks:
             found[int(state["initial_rank"])] = (rank, world_size)
-    # a rank that has not written its state yet still has its initial rank
+    # a rank that has not written its state yet still has its initial rank, where no
+    # state stands at that number (one that does not unseal may hide another rank's)
     for initial in () if published else initial_ranks - set(found):
-        if initial < world_size:
+        if initial < world_size and not store.check([rank_state(initial)]):
             found[initial] = (initial, world_size)
     return sorted((rank, ws, initial) for initial, (rank, ws) in found.items())
 

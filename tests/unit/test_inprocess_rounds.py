@@ -255,6 +255,7 @@ def test_restart_abort_in_finalize_records_the_exit_a_rejoin_leader_reads(base):
     assert not call.services.board.flags & FLAG_RELEASED
     exits = [r for r in rstore.fault_records(round_store) if r.kind == "exit"]
     assert [(r.rank, r.exc_type) for r in exits] == [(0, "nvrx.inprocess.exception.RestartAbort")]
+    round_store.set(rounds.rank_state(0), json.dumps({"initial_rank": 0}))  # it started the round
     assert rounds.rejoin_candidates(round_store, base, {0}) == []  # no replacement is awaited for it
     assert [e["outcome"] for e in call.kinds("round_end")] == ["abort"]
     assert call.state.mode == Mode.TERMINATED
@@ -267,6 +268,8 @@ def test_a_rank_marked_gone_is_not_awaited_for_a_rejoin(base):
         round_store.set(rounds.rank_state(rank), json.dumps({"initial_rank": rank + 10}))
     base.set(rounds.rank_gone(11), "1")
     assert rounds.rejoin_candidates(round_store, base, {1, 2}) == [2]
+    # a rank with no state in the round: nothing to admit a replacement with, none awaited
+    assert rounds.rejoin_candidates(round_store, base, {2, 3}) == [2]
 
 
 def test_an_exception_between_rounds_is_chained_to_the_rounds_fault(base):

@@ -348,8 +348,15 @@ def test_a_replacements_join_request_admission_and_the_ranks_taken_back_are_seal
     # without a secret: plain values, as before
     monkeypatch.delenv(jobenv.JOB_SECRET_FILE)
     plain = HashStore()
+    plain_round = rounds.round_store(plain, 2)
+    plain_round.set(rounds.rank_state(0), json.dumps({"initial_rank": 0}))
+    assert rounds.read_rank_state(plain_round, 0) == {"initial_rank": 0}
     rounds.post_join(plain, 0, 5)
     assert plain.get(rounds.join_request(0)) == b"5"
+    assert rounds.admit(plain_round, plain, [0], {0}, 5.0, next_round).back == [0]
+    assert json.loads(plain.get(rounds.admission(0, 5)))["round"] == 3
+    assert plain.get(rounds.round_prefix(2) + rounds.REJOIN) == b"[0]"
+    assert rounds.rejoined(plain_round) == {0}
 
 
 def test_a_replacement_given_a_forged_admission_records_it_and_starts_a_new_generation(
@@ -440,6 +447,18 @@ def test_a_forged_rank_state_has_no_healthy_rank_taken_out_nor_handed_to_a_repla
     assert rounds.read_rank_state(round_3, 0) is None
     with pytest.raises(ValueError, match="no state with a valid seal"):
         rounds.publish_state_after_death(base, 2, 1, 0, 2)
+    # a lost node's rank whose state there does not unseal is not taken for the rank whose
+    # number equals its initial rank: that number runs initial rank 1
+    round_5 = rounds.round_store(base, 5)
+    rounds.publish_round(base, 5)
+    for rank, initial in ((0, 0), (2, 1)):
+        state = dict.fromkeys(rounds.RANK_STATE_FIELDS, None) | {
+            "rank": rank, "world_size": 3, "initial_rank": initial, "initial_world_size": 3,
+        }  # fmt: skip
+        rounds.publish_rank_state(round_5, rank, SimpleNamespace(**state))
+    round_5.set(rounds.rank_state(1), json.dumps({"initial_rank": 2, "world_size": 3}))  # forged
+    left = rounds.leave_round(base, [2], 3, "node lost", False)
+    assert left["ranks"] == [] and rounds.terminated_ranks(round_5) == set()
 
 
 def test_the_jobs_restart_count_counts_only_its_own_sealed_restarts(tmp_path, monkeypatch):
@@ -458,8 +477,8 @@ def test_the_jobs_restart_count_counts_only_its_own_sealed_restarts(tmp_path, mo
     assert rounds.job_restarts(base) == 1
     with pytest.raises(ValueError):  # the store refuses to add to a list
         base.add(rounds.JOB_RESTARTS, 1000)  # as a client without the secret
-    base.append(rounds.JOB_RESTARTS, "1000")
-    entry = base.get(rounds.JOB_RESTARTS)[: -len("1000")]
+    base.append(rounds.JOB_RESTARTS, b"\xff\xfe1000")  # not even UTF-8
+    entry = base.get(rounds.JOB_RESTARTS)[: -len(b"\xff\xfe1000")]
     base.append(rounds.JOB_RESTARTS, entry)  # round 1's entry again
     assert rounds.job_restarts(base) == 1
     assert rounds.count_job_restart(base, "g100") == 2  # a process generation opened
@@ -469,7 +488,7 @@ def test_the_jobs_restart_count_counts_only_its_own_sealed_restarts(tmp_path, mo
         rounds.arrive_iteration(round_2, base, rank, 2)
     decision = rounds.wait_iteration(round_2, 2, 5.0)
     assert decision["job_restarts"] == 3
-    assert decision["forged_restarts"] == [1, 4]  # "1000"; the copy counts once, no more
+    assert decision["forged_restarts"] == [1, 10]  # the forged bytes as read; the copy: once
     round_3 = rounds.round_store(base, 3)  # the forged entry was dropped: counted once
     for rank in range(2):
         rounds.arrive_iteration(round_3, base, rank, 2)
