@@ -788,17 +788,23 @@ class ForgedDecision(RuntimeError):
     overwrote the one the last arrival wrote, which is lost; no rank may act on it."""
 
 
-def decision_of(store: Any) -> dict[str, Any]:
-    """The round's decision, which is set (``ForgedDecision`` when it does not unseal)."""
-    key = _round_key(store, DECISION)
-    raw = store.get(DECISION)
-    payload = _unsealed(key, raw)
+def _decided(store: Any, key: str, what: str) -> Any:
+    """The JSON value at the round's ``key``, which is set (``ForgedDecision``, naming it
+    ``what``, when it does not unseal)."""
+    full = _round_key(store, key)
+    raw = store.get(key)
+    payload = _unsealed(full, raw)
     if payload is None:
         raise ForgedDecision(
-            f"the decision at {key} ({len(raw)} bytes) has no valid seal: not written by "
-            "this job's processes in this round"
+            f"{what} at {full} ({len(raw)} bytes) has no valid seal: not written by this "
+            "job's processes in this round"
         )
-    return dict(json.loads(payload))
+    return json.loads(payload)
+
+
+def decision_of(store: Any) -> dict[str, Any]:
+    """The round's decision, which is set (``ForgedDecision`` when it does not unseal)."""
+    return dict(_decided(store, DECISION, "the decision"))
 
 
 def _clear_stale_keys(base: Any, round_: int) -> None:
@@ -1046,15 +1052,7 @@ def rejoined(store: Any) -> set[int]:
     ``ForgedDecision`` when the list does not unseal (it is part of that decision)."""
     if not store.check([REJOIN]):
         return set()
-    key = _round_key(store, REJOIN)
-    raw = store.get(REJOIN)
-    payload = _unsealed(key, raw)
-    if payload is None:
-        raise ForgedDecision(
-            f"the ranks taken back at {key} ({len(raw)} bytes) have no valid seal: not "
-            "written by this job's processes in this round"
-        )
-    return {int(r) for r in json.loads(payload)}
+    return {int(r) for r in _decided(store, REJOIN, "the list of ranks taken back")}
 
 
 # -- a rank that dies between two rounds -------------------------------------------------
