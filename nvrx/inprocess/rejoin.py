@@ -117,7 +117,8 @@ def take_back(
             store, base_store, candidates, terminated, leader_timeout, next_round
         )
         for key, size in admitted.refused.items():
-            _refused(emit, key, size, "a join request with no valid seal, or naming a process admitted before")
+            what = "a join request with no valid seal, or naming a process admitted before"
+            _refused(emit, key, size, what)
         back = set(admitted.back)
     else:
         back = rounds.await_rejoined(store, follower_timeout)

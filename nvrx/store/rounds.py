@@ -72,9 +72,9 @@ In this order:
    (``admit``). With the job's secret both are sealed, and so is the join request they
    answer: a request that does not unseal, or names a process admitted before, admits
    nobody; an admission or a list that does not unseal is acted on by nobody
-   (``ForgedAdmission``, ``ForgedDecision``). ``r<R+1>/late_deaths`` and ``r<R+1>/late_death_claim/<n>``: the monitor
-   of a rank that the decision kept and that died before it started R + 1, or such a
-   rank leaving by itself (``place_in_next_round``).
+   (``ForgedAdmission``, ``ForgedDecision``). ``r<R+1>/late_deaths`` and
+   ``r<R+1>/late_death_claim/<n>``: the monitor of a rank that the decision kept and that
+   died before it started R + 1, or such a rank leaving by itself (``place_in_next_round``).
 8. ``g<g>/termination``: every rank as its call ends, and a proxy for a rank that is
    gone; the store's host waits for all (``arrive_termination``, ``wait_termination``).
 
@@ -658,7 +658,9 @@ class Forged:
     value_bytes: int
 
 
-def forged_at_restart(store: Any, checked: faults.CheckedRecords, decision: dict[str, Any]) -> list[Forged]:
+def forged_at_restart(
+    store: Any, checked: faults.CheckedRecords, decision: dict[str, Any]
+) -> list[Forged]:
     """The forged entries a round's restart found: in its fault list (``checked``, as read),
     in its terminated list and in the job's restart count (both counted by the decision's
     last arrival); one per list that had any."""
