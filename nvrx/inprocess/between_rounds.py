@@ -285,14 +285,10 @@ def _next_round_place(call: RoundCall, round_: int, rank: int) -> tuple[int, int
     """This rank's (rank, world size) in round ``round_`` + 1, once every other rank started
     it, the call entered there; None where that place is not found (logged)."""
     w, base = call.wrapper, call.services.base_store
-    if rounds.read_rank_state(rounds.round_store(base, round_), rank) is None:
-        log.warning("round %d: rank %d has no state to carry over", round_, rank)
-        return None
-    found = rounds.place_in_next_round(
-        base, round_, call.initial_world_size, w.barrier_timeout, w.monitor_process_interval
+    found = rounds.carry_over_death(
+        base, round_, rank, call.initial_world_size, w.barrier_timeout, w.monitor_process_interval
     )
     if found is not None:
-        rounds.publish_state_after_death(base, round_, rank, *found)
         call.enter_round(round_ + 1)
         call.writer.update(round=round_ + 1, rank=found[0])
     return found

@@ -335,16 +335,10 @@ class _Monitor:
         cfg = self.cfg
         try:
             rounds, base = self.link.rounds, self.link.get()
-            if rounds.read_rank_state(rounds.round_store(base, self.round), rank) is None:
-                log.warning("round %d: rank %d has no state to carry over", self.round, rank)
-                return None
-            place = rounds.place_in_next_round(
-                base, self.round, cfg.initial_world_size, cfg.barrier_timeout,
+            return rounds.carry_over_death(
+                base, self.round, rank, cfg.initial_world_size, cfg.barrier_timeout,
                 cfg.monitor_process_interval, self._beat_now,
             )  # fmt: skip
-            if place is not None:
-                rounds.publish_state_after_death(base, self.round, rank, *place)
-            return place
         except Exception as exc:  # the store failed, or the supervisor is gone: leave this round
             log.warning("round %d: no place found for a dead rank: %r", self.round + 1, exc)
             return None

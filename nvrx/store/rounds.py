@@ -251,8 +251,12 @@ def count_job_restart(store: Any, began: str = "") -> int:
     sealer = seal.job_sealer()
     if sealer is None:
         return int(store.add(JOB_RESTARTS, 1))
-    store.append(JOB_RESTARTS, sealer.entry(JOB_RESTARTS, began or f"x{secrets.token_hex(8)}"))
+    _append_restart(store, sealer, began or f"x{secrets.token_hex(8)}")
     return job_restarts(store)
+
+
+def _append_restart(store: Any, sealer: seal.Sealer, began: str) -> None:
+    store.append(JOB_RESTARTS, sealer.entry(JOB_RESTARTS, began))
 
 
 def job_restarts(store: Any) -> int:
@@ -531,10 +535,11 @@ def commit_round_start(store: Any, base: Any, restarts: int) -> None:
     count its decision gave)."""
     if int(store.add(STARTED, 1)) != 1 or job_restarts(base) >= restarts:
         return
-    if seal.job_sealer() is None:
+    sealer = seal.job_sealer()
+    if sealer is None:
         base.set(JOB_RESTARTS, str(int(restarts)))
-    else:
-        count_job_restart(base, f"r{store.iteration}")
+    else:  # no read back: the total is not needed here
+        _append_restart(base, sealer, f"r{store.iteration}")
 
 
 def interrupt_wake_keys() -> list[str]:
@@ -1161,10 +1166,40 @@ def publish_state_after_death(
     with it. Its state of ``round_`` renumbered; active as there, under its new number,
     with the next round's active world size (the usual rank assignments compute them so;
     a replacement's own assignment computes them again anyway)."""
-    store = round_store(base, round_ + 1)
     state = read_rank_state(round_store(base, round_), rank)
     if state is None:
         raise ValueError(f"round {round_}: rank {rank} published no state with a valid seal")
+    _publish_carried(base, round_, state, new_rank, world_size)
+
+
+def carry_over_death(
+    base: Any,
+    round_: int,
+    rank: int,
+    ranks_bound: int,
+    wait_s: float,
+    every_s: float,
+    meanwhile: Callable[[], None] | None = None,
+) -> tuple[int, int] | None:
+    """A rank that died (or left) after round ``round_``'s decision kept it, before it
+    started round ``round_`` + 1: its (rank, world size) there (``place_in_next_round``),
+    its state published under it (``publish_state_after_death``); None where that place is
+    not found, or its state in ``round_`` cannot be read (none, or none that unseals: it
+    then claims no number there)."""
+    state = read_rank_state(round_store(base, round_), rank)
+    if state is None:
+        log.warning("round %d: rank %d has no state to carry over", round_, rank)
+        return None
+    place = place_in_next_round(base, round_, ranks_bound, wait_s, every_s, meanwhile)
+    if place is not None:
+        _publish_carried(base, round_, state, *place)
+    return place
+
+
+def _publish_carried(
+    base: Any, round_: int, state: dict[str, Any], new_rank: int, world_size: int
+) -> None:
+    store = round_store(base, round_ + 1)
     peer = _peer_state(store, world_size) or {}
     active = state.get("active_rank") is not None
     state.update(
