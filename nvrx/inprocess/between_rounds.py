@@ -33,7 +33,7 @@ from .health_check_base import run_check
 from .monitor_thread import RESTART_WAIT_S
 from .progress_watchdog import FLAG_RELEASED, released_into_next
 from .rank_assignment import RankAssignmentCtx, RankDiscarded
-from .round_call import RoundCall
+from .round_call import RoundCall, forged_reporter
 from .round_outcome import Leave, Restart
 from .state import Mode, State
 from .supervision import supervised
@@ -122,7 +122,8 @@ def _next_round(call: RoundCall, run: RoundRun, signal: BaseException | None) ->
     # ranks that had reported already.
     with call.phase("iteration_barrier"):
         base, rank, world_size = call.services.base_store, call.state.rank, call.state.world_size
-        rounds.arrive_iteration(run.store, base, rank, world_size)  # type: ignore[arg-type]
+        on_forged = forged_reporter(call)
+        rounds.arrive_iteration(run.store, base, rank, world_size, on_forged)  # type: ignore[arg-type]
         decision = rounds.wait_iteration(run.store, world_size, w.barrier_timeout)
     _end_monitor(run)
     terminated = {int(r) for r in decision["terminated"]}
@@ -304,4 +305,6 @@ def _register_exit(
         record_exit(store, call.emit, rank, outcome.exc)
     rounds.register_terminated(store, rank)
     rounds.interrupt(store, "fault")
-    rounds.arrive_iteration(store, call.services.base_store, rank, world_size)
+    rounds.arrive_iteration(
+        store, call.services.base_store, rank, world_size, forged_reporter(call)
+    )

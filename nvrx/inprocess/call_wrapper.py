@@ -30,6 +30,7 @@ from .param_utils import substitute_param_value
 from .progress_watchdog import FLAG_TIMEOUTS_OFF, ProgressWatchdog
 from .rank_filter import with_rank_filter
 from .rank_services import RankServices
+from .round_call import forged_reporter
 from .round_outcome import Completed, Leave, Outcome, Restart
 from .round_run import RoundRun, preserved_environment
 from .state import State
@@ -154,8 +155,9 @@ class CallWrapper:
         world = self.initial_world_size
         t0 = time.monotonic()
         gone = rounds.gone_in(base, world) - {self.initial_rank}
-        rounds.arrive_for_gone(base, self.generation, world, gone)
-        rounds.arrive_generation(base, self.generation, self.initial_rank, world)
+        on_forged = forged_reporter(self)
+        rounds.arrive_for_gone(base, self.generation, world, gone, on_forged)
+        rounds.arrive_generation(base, self.generation, self.initial_rank, world, on_forged)
         rounds.wait_generation(base, self.generation, world, self.wrapper.barrier_timeout)
         self.emit(
             "restart_phase", phase="initial_barrier", duration_s=time.monotonic() - t0, ok=True
@@ -283,7 +285,8 @@ class CallWrapper:
         """Every rank arrives; the store host waits for everyone, since the store must serve until then."""
         base, world = self.services.base_store, self.initial_world_size
         try:
-            rounds.arrive_termination(base, self.generation, self.initial_rank, world)
+            on_forged = forged_reporter(self)
+            rounds.arrive_termination(base, self.generation, self.initial_rank, world, on_forged)
             if self.services.host_store:
                 rounds.wait_termination(base, self.generation, world, self.wrapper.barrier_timeout)
         except Exception as exc:

@@ -248,7 +248,6 @@ class MonitorThread(threading.Thread):
     ) -> None:
         super().__init__(name="nvrx-monitor-thread", daemon=True)
         self.store = store
-        self.wake_keys = rounds.interrupt_wake_keys()
         self.on_rejected = on_rejected  # an interruption whose seal did not verify
         self.delivery = delivery
         self.abort = abort
@@ -313,8 +312,7 @@ class MonitorThread(threading.Thread):
     def _restart_main_thread(self) -> None:
         """Wake waiting ranks, run ``abort`` (the main thread may be blocked in a collective), deliver."""
         self.seen_mono = time.monotonic()
-        for key in self.wake_keys:  # wakes ranks waiting to complete (and spares)
-            self.store.set(key, "interrupted")
+        rounds.wake_completion(self.store)  # ranks waiting to complete, and spares
         with self.delivery.atomic_lock:
             t0 = time.monotonic()
             try:

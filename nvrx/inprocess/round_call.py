@@ -46,3 +46,19 @@ class RoundCall(Protocol):
     def arguments_for(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]]: ...
+
+
+def forged_reporter(call: RoundCall) -> Callable[[str, int], None]:
+    """What a barrier or a signal of the round protocol calls when this rank's own value took
+    the place of a forged one (``rounds.OnForged``): one ``rejected_write`` event."""
+
+    def report(key: str, value_bytes: int) -> None:
+        call.emit(
+            "rejected_write",
+            key=key,
+            reason="a barrier's value with no valid seal: not written by this job's "
+            "processes here (forged, or copied from another key, round or run)",
+            value_bytes=value_bytes,
+        )
+
+    return report

@@ -44,7 +44,7 @@ from .fault_recording import record_rank_fault
 from .health_check_base import run_check
 from .monitor_thread import RESTART_WAIT_S, MonitorThread, RankShouldRestart
 from .progress_watchdog import FLAG_RELEASED
-from .round_call import RoundCall
+from .round_call import RoundCall, forged_reporter
 from .round_outcome import Completed, Leave, Outcome, Restart
 from .state import Mode
 
@@ -164,7 +164,7 @@ class RoundRun:
         try:
             if call.state.active_rank is not None:
                 self._call_ended("completed")
-                rounds.mark_completed(self.store)
+                rounds.mark_completed(self.store, forged_reporter(call))
             else:  # a spare waits for the active ranks (or a fault) without a time limit
                 rounds.wait_completed(self.store, _FOREVER_S)
             self._completion_barrier()
@@ -180,6 +180,7 @@ class RoundRun:
             call.state.rank,  # type: ignore[arg-type]
             call.state.world_size,
             call.wrapper.completion_timeout,
+            forged_reporter(call),
         )
         if not done:
             call.delivery.await_restart(RESTART_WAIT_S)

@@ -10,8 +10,27 @@ ranks that never came.
 A *reentrant* arrival is idempotent: a rank may be registered twice (by
 itself and by its monitor process on its behalf) and still counts once.
 
+**Sealed barriers** (``sealing`` given: the job's secret, under a supervisor): a client
+without the secret could otherwise release a round early (a forged release key or a
+forged ``add`` to the count) or keep a rank's arrival out (a forged arrival key written
+ahead of it). So each arrival key holds a value sealed for it, with a nonce (a value that
+does not unseal is overwritten; one that does is an arrival on record); the count only
+says who looks: an arrival that brings it to ``count`` or more reads every participant's
+arrival key (``range(count)``) and completes the barrier only when each one unseals, and
+of those that find it complete, the one that takes the closing key releases. The release
+is a *signal*: keys ``<name>/go``, ``<name>/go/g2``, ..., where the releaser puts a sealed
+value into the first generation not set and a waiter that reads a value that does not
+unseal waits on the next generation. A forged value passed over is reported (``Sealing``'s
+``report``) by the one process whose own value took its place: the arrival that
+overwrote it, the signaller that wrote the next generation (where that process has a
+``report``: a rank's Wrapper does; a proxy in a monitor process, a node agent or a
+supervisor only logs it). What stays open: a forged *negative* ``add`` to the count, or a
+valid value overwritten after it was written (an arrival, the closing, a release), holds
+the barrier until its timeout (a denial of service, as deleting keys is).
+
 These functions take any object with torch's ``Store`` API (``set``, ``add``,
-``wait``, ``check``), with one exception: ``barrier`` runs a plain barrier
+``wait``, ``check``; a sealed barrier also ``get``, ``multi_get`` and ``compare_set``),
+with one exception: ``barrier`` runs a plain barrier
 (neither reentrant nor with ``before_release``, and a timeout) as torch's
 native ``Store.barrier``, called unbound (``Store.barrier(store, ...)``) so
 that a store class that redefines ``barrier``
@@ -23,12 +42,16 @@ that a store class that redefines ``barrier``
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from . import errors
+from .seal import Sealer
+from .sealed_keys import MAX_GENERATIONS
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +92,118 @@ class BarrierOverflow(BarrierError):
         self.count = count
 
 
+@dataclass(frozen=True)
+class Sealing:
+    """How a sealed barrier's keys are sealed: the job's ``sealer``, the ``full_key`` a key
+    of the store view has (a round's view adds the round's prefix: a seal binds to it), and
+    who is told of a forged value this process passed over (its full key, its length)."""
+
+    sealer: Sealer
+    full_key: Callable[[str], str] = lambda key: key
+    report: Callable[[str, int], None] | None = None
+
+    def seal(self, key: str, payload: str) -> bytes:
+        """``payload`` sealed for ``key`` of the view."""
+        return self.sealer.seal(self.full_key(key), payload).encode()
+
+    def valid(self, key: str, raw: bytes | str) -> bool:
+        """Whether ``raw``, read at ``key`` of the view, unseals."""
+        text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+        return self.sealer.unseal(self.full_key(key), text) is not None
+
+    def passed_over(self, forged: list[tuple[str, int]]) -> None:
+        """Report the forged values (key of the view, length) this process's value replaced."""
+        for key, size in forged:
+            log.warning("passed over a value with no valid seal at %s", self.full_key(key))
+            if self.report is not None:
+                self.report(self.full_key(key), size)
+
+
+def _take(store: Any, key: str, sealing: Sealing) -> bool:
+    """Put a sealed value of this process's own at ``key``; False when a value that unseals
+    stands there (another process's), True when this one's does now (a forged one was
+    overwritten, and reported). ``BarrierError`` when forged values keep coming."""
+    mine = sealing.seal(key, secrets.token_hex(8))
+    expected: bytes = b""
+    forged: list[tuple[str, int]] = []
+    for _ in range(MAX_GENERATIONS):
+        held = bytes(store.compare_set(key, expected, mine))
+        if held == mine:
+            sealing.passed_over(forged)
+            return True
+        if sealing.valid(key, held):
+            return False
+        if held != expected:
+            forged.append((key, len(held)))
+        # torch answers a compare_set on a key deleted meanwhile with the value expected
+        expected = held if store.check([key]) else b""
+    raise BarrierError(f"could not write {sealing.full_key(key)}: forged values keep replacing it")
+
+
+def signal_key(key: str, generation: int) -> str:
+    """Generation ``generation`` (from 1) of the signal at ``key``: ``key``, ``key/g2``, ..."""
+    return key if generation == 1 else f"{key}/g{generation}"
+
+
+def signal(store: Any, key: str, sealing: Sealing | None, what: str = "1") -> None:
+    """Raise the one-time signal at ``key`` (a barrier's release, a wake-up): set it without
+    ``sealing``; with it, a sealed value in the first generation not set, unless one that
+    unseals stands before it (raised already)."""
+    if sealing is None:
+        store.set(key, what)
+        return
+    forged: list[tuple[str, int]] = []
+    for generation in range(1, MAX_GENERATIONS + 1):
+        at = signal_key(key, generation)
+        mine = sealing.seal(at, f"{what}:{secrets.token_hex(8)}")
+        held = bytes(store.compare_set(at, "", mine))
+        # a ``set`` wakes waiters on every server: torch's legacy backend answers a
+        # ``compare_set`` without waking any (the key never changes once set)
+        store.set(at, held)
+        if held == mine:
+            sealing.passed_over(forged)
+            return
+        if sealing.valid(at, held):
+            return
+        forged.append((at, len(held)))
+    log.error("could not raise %s: every generation holds a forged value", key)
+
+
+def raised(store: Any, key: str, sealing: Sealing | None) -> bool:
+    """Whether the signal at ``key`` was raised (a generation that unseals, with ``sealing``)."""
+    for generation in range(1, MAX_GENERATIONS + 1):
+        at = signal_key(key, generation)
+        if not store.check([at]):
+            return False
+        if sealing is None or sealing.valid(at, store.get(at)):
+            return True
+    return False
+
+
+def await_signal(
+    store: Any, key: str, timeout: float, sealing: Sealing | None, chunk: float | None = None
+) -> bool:
+    """Wait up to ``timeout`` seconds for the signal at ``key``; False when it did not come.
+    ``chunk`` splits the wait as ``wait`` says."""
+    deadline = time.monotonic() + timeout
+    step = timeout if chunk is None or chunk <= 0 else min(chunk, timeout)
+    generation = 1
+    while generation <= MAX_GENERATIONS:
+        at = signal_key(key, generation)
+        left = max(min(step, deadline - time.monotonic()), 0.001)
+        try:
+            store.wait([at], timedelta(seconds=left))
+        except errors.timeouts():
+            if chunk is None or time.monotonic() >= deadline:
+                return False
+            continue
+        if sealing is None or sealing.valid(at, store.get(at)):
+            return True
+        log.warning("a signal with no valid seal at %s: waiting on", sealing.full_key(at))
+        generation += 1
+    return False
+
+
 def _count_key(name: str) -> str:
     return f"{name}/n"
 
@@ -78,8 +213,12 @@ def _arrival_key(name: str, rank: int) -> str:
 
 
 def release_key(name: str) -> str:
-    """Key set when barrier ``name`` completes."""
+    """Key set when barrier ``name`` completes (the first generation of its signal)."""
     return f"{name}/go"
+
+
+def _closing_key(name: str) -> str:
+    return f"{name}/closing"
 
 
 def arrive(
@@ -90,14 +229,18 @@ def arrive(
     *,
     reentrant: bool = False,
     before_release: Callable[[], None] | None = None,
+    sealing: Sealing | None = None,
 ) -> bool:
     """Register ``rank`` at barrier ``name`` of ``count`` participants; True if it completed it.
 
     ``before_release`` runs on the completing arrival only, before the release
     key is set, so what it writes is visible to every rank that is released.
+    With ``sealing`` the barrier is sealed (see above): every arrival is reentrant.
     """
     if count < 1:
         raise ValueError(f"barrier {name!r}: count must be >= 1, got {count}")
+    if sealing is not None:
+        return _arrive_sealed(store, name, rank, count, before_release, sealing)
     if reentrant:
         if int(store.add(_arrival_key(name, rank), 1)) != 1:
             return False  # already registered (by itself or by proxy)
@@ -114,19 +257,67 @@ def arrive(
     return False
 
 
-def has_arrived(store: Any, name: str, rank: int) -> bool:
+def _arrive_sealed(
+    store: Any,
+    name: str,
+    rank: int,
+    count: int,
+    before_release: Callable[[], None] | None,
+    sealing: Sealing,
+) -> bool:
+    if not _take(store, _arrival_key(name, rank), sealing):
+        return False  # already registered (by itself or by proxy)
+    return _count_and_close(store, name, count, before_release, sealing)
+
+
+def _count_and_close(
+    store: Any,
+    name: str,
+    count: int,
+    before_release: Callable[[], None] | None,
+    sealing: Sealing,
+) -> bool:
+    """An arrival registered: count it, and release the barrier if it is complete and no
+    other arrival that found it complete took the closing first; True when this one did."""
+    if int(store.add(_count_key(name), 1)) < count or not _all_arrived(store, name, count, sealing):
+        return False
+    if not _take(store, _closing_key(name), sealing):
+        return False  # another arrival found it complete too, and releases
+    if before_release is not None:
+        before_release()
+    signal(store, release_key(name), sealing)
+    return True
+
+
+def _all_arrived(store: Any, name: str, count: int, sealing: Sealing) -> bool:
+    """Whether every participant's arrival key holds a value that unseals (a count reached
+    by forged ``add``s is not a barrier complete)."""
+    keys = [_arrival_key(name, r) for r in range(count)]
+    if not store.check(keys):
+        return False
+    return all(
+        sealing.valid(key, raw) for key, raw in zip(keys, store.multi_get(keys), strict=True)
+    )
+
+
+def has_arrived(store: Any, name: str, rank: int, sealing: Sealing | None = None) -> bool:
     """Whether ``rank`` is registered at barrier ``name``."""
-    return bool(store.check([_arrival_key(name, rank)]))
+    key = _arrival_key(name, rank)
+    if not store.check([key]):
+        return False
+    return sealing is None or sealing.valid(key, store.get(key))
 
 
-def is_released(store: Any, name: str) -> bool:
+def is_released(store: Any, name: str, sealing: Sealing | None = None) -> bool:
     """Whether barrier ``name`` has completed."""
-    return bool(store.check([release_key(name)]))
+    return raised(store, release_key(name), sealing)
 
 
-def missing_ranks(store: Any, name: str, participants: Iterable[int]) -> list[int]:
+def missing_ranks(
+    store: Any, name: str, participants: Iterable[int], sealing: Sealing | None = None
+) -> list[int]:
     """Participants not registered at barrier ``name`` (one request each: timeout path only)."""
-    return [r for r in participants if not has_arrived(store, name, r)]
+    return [r for r in participants if not has_arrived(store, name, r, sealing)]
 
 
 def wait(
@@ -137,28 +328,22 @@ def wait(
     participants: Iterable[int] | None = None,
     *,
     chunk: float | None = None,
+    sealing: Sealing | None = None,
 ) -> None:
     """Block until barrier ``name`` completes; ``BarrierTimeout`` after ``timeout`` seconds.
 
     ``chunk`` (seconds) splits the wait into server-answered waits of at most
     that long, so that the calling thread is back in Python between them and
     its signal handlers run (a ``KeyboardInterrupt``, the Wrapper's restart);
-    None waits in one piece.
+    None waits in one piece. ``sealing``: a sealed barrier (a release that does
+    not unseal is waited past).
     """
     if timeout <= NO_WAIT:
         return
-    deadline = time.monotonic() + timeout
-    step = timeout if chunk is None or chunk <= 0 else min(chunk, timeout)
-    while True:
-        left = max(min(step, deadline - time.monotonic()), 0.001)
-        try:
-            store.wait([release_key(name)], timedelta(seconds=left))
-            return
-        except errors.timeouts():
-            if chunk is None or time.monotonic() >= deadline:
-                break
+    if await_signal(store, release_key(name), timeout, sealing, chunk):
+        return
     expected = list(participants) if participants is not None else list(range(count))
-    raise BarrierTimeout(name, count, missing_ranks(store, name, expected), timeout)
+    raise BarrierTimeout(name, count, missing_ranks(store, name, expected, sealing), timeout)
 
 
 def barrier(

@@ -40,7 +40,8 @@ In this order:
    gone (``arrive_generation``, ``arrive_for_gone``).
 2. ``job_restarts``, ``g<g>/gone`` (the ranks gone at the opening), ``round``: the
    arrival that completes the initial barrier, in this order, after clearing torch's
-   ``default_pg/`` keys, before anyone is released (``_open_generation``).
+   ``default_pg/`` keys, before anyone is released (``_open_generation``). With the job's
+   secret ``round`` is a sealed list whose highest entry counts (``current_round``).
 3. ``r<R>/state/<rank>``: each rank as it starts the round (``publish_rank_state``); for
    a rank that died or left on its way in, under a number nobody took, its monitor or the
    rank itself (``publish_state_after_death``). With the job's secret a state is sealed
@@ -56,8 +57,10 @@ In this order:
    (``interrupted_key``). ``r<R>/completed``: an active rank that returned
    (``mark_completed``); a spare waits on it. ``r<R>/completion``: every rank that
    completed; its last arrival sets ``interrupted`` to ``done`` before the release
-   (``arrive_completion``). On a fault, each rank's monitor thread writes ``completed``
-   and that barrier's release key (``interrupt_wake_keys``), to wake those waiting there.
+   (``arrive_completion``). On a fault, each rank's monitor thread raises ``completed``
+   and that barrier's release (``wake_completion``), to wake those waiting there. With
+   the job's secret every barrier is sealed, and ``completed`` and the releases are
+   signals that a forged value does not raise (``nvrx.store.barrier``).
 5. ``r<R>/terminated`` and ``r<R>/terminated_flag/<r>``: a rank that leaves for good, or
    a proxy (``register_terminated``, ``proxy_leave``, ``leave_round``). With the job's
    secret each entry of the list is sealed for its round; one that does not unseal is
@@ -112,7 +115,7 @@ log = logging.getLogger(__name__)
 GENERATION_STEP = 100
 
 # -- keys --------------------------------------------------------------------------------
-#: Round the job is in now (int).
+#: Round the job is in now (int; with the job's secret a sealed list, see ``current_round``).
 CURRENT_ROUND = ROOT + "round"
 #: Restarts of the job so far, in-process and process restarts together (counter).
 JOB_RESTARTS = ROOT + "job_restarts"
@@ -214,14 +217,34 @@ def _read_int(store: Any, key: str) -> int | None:
     return int(store.get(key))
 
 
+# The round the job is in. With the job's secret a sealed list, read as the highest entry
+# that unseals: rounds only grow within a run, so an entry copied again changes nothing,
+# and a forged one (a low round, from which a new generation would number its rounds into
+# the keys of an earlier one; a value that is no number) is skipped. A publication
+# replaces the list it read by its own entry (forged entries go with it), or appends its
+# entry when the list changed meanwhile. Without a secret, a plain number.
 def current_round(store: Any) -> int | None:
     """The round the job is in, or None when no round started yet."""
-    return _read_int(store, CURRENT_ROUND)
+    sealer = seal.job_sealer()
+    if sealer is None:
+        return _read_int(store, CURRENT_ROUND)
+    if not store.check([CURRENT_ROUND]):
+        return None
+    entries = sealer.entries(CURRENT_ROUND, _text(store.get(CURRENT_ROUND)))
+    published = [int(e) for e in entries.valid if e.isdigit()]
+    return max(published) if published else None
 
 
 def publish_round(store: Any, round_: int) -> None:
     """Record that the job is in ``round_`` now."""
-    store.set(CURRENT_ROUND, str(int(round_)))
+    sealer = seal.job_sealer()
+    if sealer is None:
+        store.set(CURRENT_ROUND, str(int(round_)))
+        return
+    entry = sealer.entry(CURRENT_ROUND, str(int(round_)))
+    read = store.get(CURRENT_ROUND) if store.check([CURRENT_ROUND]) else b""
+    if bytes(store.compare_set(CURRENT_ROUND, read, entry)) != entry.encode():
+        store.append(CURRENT_ROUND, entry)
 
 
 def generation_base(store: Any, *, step: int = GENERATION_STEP) -> int:
@@ -360,6 +383,19 @@ def _unsealed(key: str, raw: bytes | str) -> str | None:
     return _text(raw) if sealer is None else sealer.unseal(key, _text(raw))
 
 
+#: Told of a forged value a process passed over (its full key, its length in bytes).
+OnForged = Callable[[str, int], None]
+
+
+def _sealing(store: Any, on_forged: OnForged | None = None) -> barrier.Sealing | None:
+    """How the barriers and signals of ``store`` (a round's view or the base store) are
+    sealed; None without the job's secret."""
+    sealer = seal.job_sealer()
+    if sealer is None:
+        return None
+    return barrier.Sealing(sealer, lambda key: _round_key(store, key), on_forged)
+
+
 # -- gone ranks --------------------------------------------------------------------------
 # Ranks whose node was lost with no spare to take it over. Survivors deciding whose
 # replacement to wait for look at one rank's flag; a new generation reads the whole list.
@@ -420,9 +456,13 @@ def _open_generation(store: Any, generation: int, world_size: int) -> None:
     publish_round(store, generation)
 
 
-def arrive_generation(store: Any, generation: int, rank: int, world_size: int) -> bool:
+def arrive_generation(
+    store: Any, generation: int, rank: int, world_size: int, on_forged: OnForged | None = None
+) -> bool:
     """Register ``rank`` (its own arrival, or one for a rank that will not come) at the
-    initial barrier of ``generation``; True when it completed and opened the generation."""
+    initial barrier of ``generation``; True when it completed and opened the generation.
+    With the job's secret the barrier is sealed (``on_forged``: told of a forged value
+    this arrival replaced)."""
     return barrier.arrive(
         store,
         initial_barrier(generation),
@@ -430,21 +470,26 @@ def arrive_generation(store: Any, generation: int, rank: int, world_size: int) -
         world_size,
         reentrant=True,
         before_release=lambda: _open_generation(store, generation, world_size),
+        sealing=_sealing(store, on_forged),
     )
 
 
 def arrive_for_gone(
-    store: Any, generation: int, world_size: int, ranks: Iterable[int] | None = None
+    store: Any,
+    generation: int,
+    world_size: int,
+    ranks: Iterable[int] | None = None,
+    on_forged: OnForged | None = None,
 ) -> None:
     """Arrive for ``ranks`` (default: every rank marked gone) at ``generation``'s initial barrier."""
     for rank in sorted(gone_in(store, world_size) if ranks is None else ranks):
         if 0 <= rank < world_size:
-            arrive_generation(store, generation, rank, world_size)
+            arrive_generation(store, generation, rank, world_size, on_forged)
 
 
 def wait_generation(store: Any, generation: int, world_size: int, timeout: float) -> None:
     """Wait until ``generation``'s initial barrier released (it opened)."""
-    barrier.wait(store, initial_barrier(generation), world_size, timeout)
+    barrier.wait(store, initial_barrier(generation), world_size, timeout, sealing=_sealing(store))
 
 
 def generation_of(store: Any, round_: int) -> int:
@@ -477,18 +522,26 @@ def gone_at_start(store: Any, generation: int) -> set[int]:
 
 def generation_opened(store: Any, generation: int) -> bool:
     """Whether the initial barrier of ``generation`` released."""
-    return barrier.is_released(store, initial_barrier(generation))
+    return barrier.is_released(store, initial_barrier(generation), _sealing(store))
 
 
-def arrive_termination(store: Any, generation: int, initial_rank: int, world_size: int) -> None:
+def arrive_termination(
+    store: Any,
+    generation: int,
+    initial_rank: int,
+    world_size: int,
+    on_forged: OnForged | None = None,
+) -> None:
     """``initial_rank`` (itself or by proxy) is done with ``generation``."""
     name = termination_barrier(generation)
-    barrier.arrive(store, name, initial_rank, world_size, reentrant=True)
+    sealing = _sealing(store, on_forged)
+    barrier.arrive(store, name, initial_rank, world_size, reentrant=True, sealing=sealing)
 
 
 def wait_termination(store: Any, generation: int, world_size: int, timeout: float) -> None:
     """Wait until every rank of ``generation`` is done with it (the store's host)."""
-    barrier.wait(store, termination_barrier(generation), world_size, timeout)
+    name = termination_barrier(generation)
+    barrier.wait(store, name, world_size, timeout, sealing=_sealing(store))
 
 
 # -- one round: start, faults, completion ------------------------------------------------
@@ -542,11 +595,13 @@ def commit_round_start(store: Any, base: Any, restarts: int) -> None:
         _append_restart(base, sealer, f"r{store.iteration}")
 
 
-def interrupt_wake_keys() -> list[str]:
-    """The keys a rank's monitor thread writes when it wakes on an interruption, so that
-    ranks waiting to complete (at the completion barrier, or a spare for ``COMPLETED``)
-    wake too."""
-    return [barrier.release_key(COMPLETION_BARRIER), COMPLETED]
+def wake_completion(store: Any) -> None:
+    """Wake the ranks of the round waiting to complete (at the completion barrier, or a
+    spare for ``COMPLETED``): a rank's monitor thread, as it wakes on an interruption. They
+    read the interruption next. Not reported: every rank's monitor does it."""
+    sealing = _sealing(store)
+    barrier.signal(store, barrier.release_key(COMPLETION_BARRIER), sealing, "interrupted")
+    barrier.signal(store, COMPLETED, sealing, "interrupted")
 
 
 def interrupted_key(generation: int) -> str:
@@ -691,27 +746,33 @@ def _round_key(store: Any, key: str) -> str:
     return key if iteration is None else round_prefix(int(iteration)) + key
 
 
-def mark_completed(store: Any) -> None:
-    """An active rank returned from its function: the round's spares stop waiting."""
-    store.set(COMPLETED, "1")
+def mark_completed(store: Any, on_forged: OnForged | None = None) -> None:
+    """An active rank returned from its function: the round's spares stop waiting. With the
+    job's secret a signal (``barrier.signal``): a forged one wakes no spare."""
+    barrier.signal(store, COMPLETED, _sealing(store, on_forged))
 
 
 def wait_completed(store: Any, timeout: float) -> None:
     """A spare waits for an active rank to return (or a fault to restart it first)."""
-    store.wait([COMPLETED], timedelta(seconds=timeout))
+    if not barrier.await_signal(store, COMPLETED, timeout, _sealing(store)):
+        raise errors.StoreTimeout(f"no active rank of the round completed within {timeout:g} s")
 
 
-def arrive_completion(store: Any, rank: int, world_size: int, timeout: float) -> bool:
+def arrive_completion(
+    store: Any, rank: int, world_size: int, timeout: float, on_forged: OnForged | None = None
+) -> bool:
     """The completion barrier of the round; True when it completed without a fault (a
     fault of any rank before the last arrival interrupts it instead)."""
+    sealing = _sealing(store, on_forged)
     barrier.arrive(
         store,
         COMPLETION_BARRIER,
         rank,
         world_size,
         before_release=lambda: interrupt(store, DONE),
+        sealing=sealing,
     )
-    barrier.wait(store, COMPLETION_BARRIER, world_size, timeout, range(world_size))
+    barrier.wait(store, COMPLETION_BARRIER, world_size, timeout, range(world_size), sealing=sealing)
     return interruption(store) == DONE  # set by now: the release, or a fault
 
 
@@ -825,7 +886,9 @@ def _clear_stale_keys(base: Any, round_: int) -> None:
         log.debug("could not clear stale keys: %r", exc)
 
 
-def arrive_iteration(store: Any, base: Any, rank: int, world_size: int) -> None:
+def arrive_iteration(
+    store: Any, base: Any, rank: int, world_size: int, on_forged: OnForged | None = None
+) -> None:
     """Register ``rank`` at the round's iteration barrier (itself or by proxy)."""
     barrier.arrive(
         store,
@@ -834,12 +897,14 @@ def arrive_iteration(store: Any, base: Any, rank: int, world_size: int) -> None:
         world_size,
         reentrant=True,
         before_release=lambda: _publish_decision(store, base, world_size),
+        sealing=_sealing(store, on_forged),
     )
 
 
 def wait_iteration(store: Any, world_size: int, timeout: float) -> dict[str, Any]:
     """Wait for the iteration barrier; returns the decision every rank reads alike."""
-    barrier.wait(store, ITERATION_BARRIER, world_size, timeout, range(world_size))
+    sealing = _sealing(store)
+    barrier.wait(store, ITERATION_BARRIER, world_size, timeout, range(world_size), sealing=sealing)
     return decision_of(store)
 
 

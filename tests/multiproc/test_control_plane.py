@@ -150,7 +150,7 @@ def _forge_in_round(
     rejected = lambda: [e["key"] for e in job.events("rejected_write", component=None)]  # noqa: E731
     seen, steps = len(rejected()), len(job.events("progress", component="app"))
     wait_until("the round to train", lambda: len(job.events("progress", component="app")) > steps + 4, 120)
-    round_ = rounds.current_round(store) or 0
+    round_ = max(e["round"] for e in job.events("round_start", component=None))  # it trains in
     prefix = rounds.round_prefix(round_)
     store.append(prefix + rounds.FAULT_LIST, entry)
     store.append(prefix + rounds.TERMINATED, terminated)
@@ -159,6 +159,17 @@ def _forge_in_round(
                120, state=job.output)  # fmt: skip
     assert rejected()[-1] == prefix + rounds.INTERRUPTED
     return round_
+
+
+def _forge_barriers(store: WireStore, round_: int, name: str) -> list[str]:
+    """Ahead of round ``round_``'s barrier ``name``: one arrival more in its count, rank 2's
+    arrival and the barrier's release, as a client without the secret writes them; the
+    keys of the two values, each of which a rank's own value takes the place of."""
+    prefix = f"{rounds.round_prefix(round_)}{name}/"
+    store.add(prefix + "n", 1)
+    store.set(prefix + "a/2", b"1")
+    store.set(prefix + "go", b"1")
+    return [prefix + "a/2", prefix + "go"]
 
 
 def _rounds_with_faults(job: Job) -> set[int]:
@@ -174,17 +185,21 @@ def test_forged_and_replayed_fault_records_are_not_faults_and_the_job_trains_on(
     made_up = FaultRecord(rank=3, kind="exit", exc_type="RestartAbort", message="forged")
     store.append(rounds.JOB_RESTARTS, b"1000")  # restarts spent, as a forger would count them
     first = _forge_in_round(job, store, (made_up.to_json() + "\n").encode(), b"fault", b"0,")
+    barriers = _forge_barriers(store, first, rounds.ITERATION_BARRIER)  # before its fault ends it
     wait_until("the first injected fault's restart", lambda: first in _rounds_with_faults(job), 120,
                state=job.output)  # fmt: skip
     prefix = rounds.round_prefix(first)
     real = store.get(prefix + rounds.FAULT_LIST)  # rank 1's, sealed, after the made-up one
     interrupted = store.get(prefix + rounds.interrupted_key(2))  # the real one, sealed for round 0
     second = _forge_in_round(job, store, real, interrupted, real)  # sealed for another key
+    barriers += _forge_barriers(store, second + 1, rounds.COMPLETION_BARRIER)  # the last round
+    store.set(rounds.round_prefix(second + 1) + rounds.COMPLETED, b"1")
     assert job.wait(240) == [0, 0], job.output()
     assert second > first
     keys = [e["key"] for e in job.events("rejected_write", component=None)]
     expected = [rounds.round_prefix(r) + key for r in (first, second)
                 for key in (rounds.INTERRUPTED, rounds.FAULT_LIST, rounds.TERMINATED)]  # fmt: skip
+    expected += [*barriers, rounds.round_prefix(second + 1) + rounds.COMPLETED]
     assert sorted(keys) == sorted([*expected, rounds.JOB_RESTARTS]), keys  # each once
     ends = job.events("round_end", component=None)
     recorded = [f for e in ends for f in e.get("faults") or []]

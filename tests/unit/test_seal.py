@@ -494,3 +494,33 @@ def test_the_jobs_restart_count_counts_only_its_own_sealed_restarts(tmp_path, mo
         rounds.arrive_iteration(round_3, base, rank, 2)
     assert "forged_restarts" not in rounds.wait_iteration(round_3, 2, 5.0)
     assert rounds.job_restarts(base) == 2
+
+
+def test_the_round_the_job_is_in_reads_only_its_own_sealed_rounds(tmp_path, monkeypatch):
+    """With the job's secret, a forged low round (from which a new generation would number
+    its rounds into the keys of an earlier one) or a value that is no number changes neither
+    the round nor the next generation's first round; a round copied again counts once."""
+    from torch.distributed import HashStore
+
+    from nvrx.store import rounds
+
+    _job_secret_file(tmp_path, monkeypatch)
+    base = HashStore()
+    assert rounds.current_round(base) is None and rounds.generation_base(base) == 0
+    rounds.publish_round(base, 0)
+    rounds.publish_round(base, 103)
+    base.append(rounds.CURRENT_ROUND, "0")  # as a client without the secret
+    base.append(rounds.CURRENT_ROUND, Sealer(SECRET, 0).entry(rounds.CURRENT_ROUND, "7"))  # copied back
+    base.append(rounds.CURRENT_ROUND, Sealer(SECRET, 0).entry("nvrx/job_restarts", "900"))  # another key's
+    base.append(rounds.CURRENT_ROUND, b"\xff not a round")
+    assert rounds.current_round(base) == 103 and rounds.generation_base(base) == 200
+    rounds.publish_round(base, 104)
+    listed = Sealer(SECRET, 0).entries(rounds.CURRENT_ROUND, base.get(rounds.CURRENT_ROUND).decode(errors="replace"))
+    assert listed.valid == ("104",) and listed.invalid == 0  # the list it read replaced
+    base.append(rounds.CURRENT_ROUND, base.get(rounds.CURRENT_ROUND))  # copied again
+    assert rounds.current_round(base) == 104
+    # without a secret: a plain number, as before
+    monkeypatch.delenv(jobenv.JOB_SECRET_FILE)
+    plain = HashStore()
+    rounds.publish_round(plain, 5)
+    assert plain.get(rounds.CURRENT_ROUND) == b"5" and rounds.current_round(plain) == 5
