@@ -64,25 +64,20 @@ def request_admission(
     """
     pid = os.getpid()
     t0 = time.monotonic()
-    rounds.post_join(base_store, initial_rank, pid)
+    posted = rounds.post_join(base_store, initial_rank, pid)
     chunk = max(heartbeat_interval, 0.01) if look else timeout
     while True:
         wait_s = min(chunk, t0 + timeout - time.monotonic())
-        try:
-            admission = rounds.await_admission(base_store, initial_rank, pid, wait_s)
-        except rounds.ForgedAdmission as forged:
-            _refused(emit, forged.key, forged.value_bytes, "an admission with no valid seal")
-            log.warning("%s: starting a new generation", forged)
-            return rounds.withdraw_join(base_store, initial_rank)
+        admission = rounds.await_admission(base_store, initial_rank, pid, wait_s)
         if admission is not None:
             break
         if time.monotonic() >= t0 + timeout:
             log.warning("not admitted back into the running job: starting a new generation")
-            return rounds.withdraw_join(base_store, initial_rank)
+            return rounds.withdraw_join(base_store, posted)
         reason = rounds.nobody_to_admit(base_store) if look else None
         if reason is not None:
             log.info("%s: nobody can take this process back; starting a new generation", reason)
-            return rounds.withdraw_join(base_store, initial_rank)
+            return rounds.withdraw_join(base_store, posted)
     emit("restart_phase", phase="rejoin_wait", duration_s=time.monotonic() - t0, ok=True)
     return admission
 
@@ -117,7 +112,7 @@ def take_back(
             store, base_store, candidates, terminated, leader_timeout, next_round
         )
         for key, size in admitted.refused.items():
-            what = "a join request with no valid seal, or naming a process admitted before"
+            what = "a join request or admission with no valid seal, or a request naming a process admitted before"
             _refused(emit, key, size, what)
         back = set(admitted.back)
     else:

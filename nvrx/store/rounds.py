@@ -73,9 +73,10 @@ In this order:
 7. ``admit/<i>/<pid>``, then ``r<R>/rejoin``: the lowest survivor of round R, after the
    decision, admits each replacement that asked, then lists the ranks that came back
    (``admit``). With the job's secret both are sealed, and so is the join request they
-   answer: a request that does not unseal, or names a process admitted before, admits
-   nobody; an admission or a list that does not unseal is acted on by nobody
-   (``ForgedAdmission``, ``ForgedDecision``). ``r<R+1>/late_deaths`` and
+   answer: the request and the admission are chains (``join/<i>/g2``, ...) written past
+   forged values and read past them; a request that does not unseal, or names a process
+   admitted before, admits nobody; a list that does not unseal is acted on by nobody
+   (``ForgedDecision``). ``r<R+1>/late_deaths`` and
    ``r<R+1>/late_death_claim/<n>``: the monitor of a rank that the decision kept and that
    died before it started R + 1, or such a rank leaving by itself (``place_in_next_round``).
 8. ``g<g>/termination``: every rank as its call ends, and a proxy for a rank that is
@@ -958,48 +959,69 @@ class Admission:
         )
 
 
-class ForgedAdmission(RuntimeError):
-    """An admission that does not unseal: a client without the job's secret wrote it where
-    the job admits this process; the process may not act on it."""
+# With the job's secret a join request and an admission are chains (``join/<i>``,
+# ``join/<i>/g2``, ...; the same for an admission): a writer puts its value into the first
+# generation not set, so a forged value written ahead neither ends the lowest survivor's
+# wait for the real request nor makes a replacement read a forged admission; readers pass
+# over what does not unseal. A join request is written past any value (an earlier
+# replacement's that was never withdrawn too), and the survivor takes the last valid one.
+def _chain_write(base: Any, key: str, payload: str, past_valid: bool) -> tuple[str | None, list]:
+    """Put ``payload``, sealed, into the first generation of the chain at ``key`` not set;
+    (the key written, or None where a value that unseals stood first and not
+    ``past_valid``; the forged values passed over, as (key, bytes))."""
+    sealer = seal.job_sealer()
+    forged: list[tuple[str, int]] = []
+    for generation in range(1, MAX_GENERATIONS + 1):
+        at = barrier.signal_key(key, generation)
+        value = sealer.seal(at, payload).encode()  # type: ignore[union-attr]
+        held = bytes(base.compare_set(at, "", value))
+        if held == value:
+            base.set(at, value)  # a compare_set wakes no waiter on torch's legacy backend
+            return at, forged
+        if sealer.unseal(at, _text(held)) is None:  # type: ignore[union-attr]
+            forged.append((at, len(held)))
+        elif not past_valid:
+            return None, forged
+    raise RuntimeError(f"could not write {key}: {MAX_GENERATIONS} generations are taken")
 
-    def __init__(self, key: str, value_bytes: int) -> None:
-        super().__init__(
-            f"the admission at {key} ({value_bytes} bytes) has no valid seal: not written "
-            "by this job's processes in this run"
-        )
-        self.key = key
-        self.value_bytes = value_bytes
 
-
-def post_join(base: Any, initial_rank: int, pid: int) -> None:
-    """Replacement side: ask to be taken back into the running job (the pid sealed for its
-    key with the job's secret)."""
+def post_join(base: Any, initial_rank: int, pid: int) -> str:
+    """Replacement side: ask to be taken back into the running job; the key written (to
+    withdraw). With the job's secret the pid is sealed, in the first free generation."""
     key = join_request(initial_rank)
-    base.set(key, _sealed(key, str(pid)))
+    if seal.job_sealer() is None:
+        base.set(key, str(pid))
+        return key
+    return str(_chain_write(base, key, str(pid), past_valid=True)[0])
 
 
 def await_admission(base: Any, initial_rank: int, pid: int, timeout: float) -> Admission | None:
-    """Replacement side: the admission of ``pid``, once written within ``timeout`` seconds
-    (``ForgedAdmission`` when it does not unseal)."""
+    """Replacement side: the admission of ``pid``, once written within ``timeout`` seconds;
+    one that does not unseal is passed over (the survivor writes past it)."""
     key = admission(initial_rank, pid)
-    if timeout <= 0:
-        if not base.check([key]):
-            return None
-    else:
-        try:
-            base.wait([key], timedelta(seconds=timeout))
-        except errors.timeouts():
-            return None
-    raw = base.get(key)
-    payload = _unsealed(key, raw)
-    if payload is None:
-        raise ForgedAdmission(key, len(raw))
-    return Admission.from_json(payload)
+    deadline = time.monotonic() + max(timeout, 0.0)
+    for generation in range(1, MAX_GENERATIONS + 1):
+        at = barrier.signal_key(key, generation)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            if not base.check([at]):
+                return None
+        else:
+            try:
+                base.wait([at], timedelta(seconds=left))
+            except errors.timeouts():
+                return None
+        raw = base.get(at)
+        payload = _unsealed(at, raw)
+        if payload is not None:
+            return Admission.from_json(payload)
+        log.warning("passed over an admission with no valid seal at %s (%d bytes)", at, len(raw))
+    return None
 
 
-def withdraw_join(base: Any, initial_rank: int) -> None:
-    """Replacement side: no longer waiting to be taken back."""
-    base.delete_key(join_request(initial_rank))
+def withdraw_join(base: Any, key: str) -> None:
+    """Replacement side: no longer waiting to be taken back (``key``: the one it posted)."""
+    base.delete_key(key)
 
 
 def nobody_to_admit(base: Any) -> str | None:
@@ -1079,24 +1101,96 @@ def admit(
     otherwise bring a rank back that no process runs."""
     states = {t: read_rank_state(store, t) for t in candidates}
     candidates = [t for t in candidates if states[t] is not None]
-    joins = {t: join_request(states[t]["initial_rank"]) for t in candidates}
-    with contextlib.suppress(*errors.timeouts()):  # some did not come back in time
-        base.wait(list(joins.values()), timedelta(seconds=timeout))
-    pids, refused = {}, {}
-    for t in candidates:
-        pid, refused_bytes = _join_pid(base, joins[t], states[t]["initial_rank"])
-        if pid is not None:
-            pids[t] = pid
-        elif refused_bytes:
-            refused[joins[t]] = refused_bytes
+    initial = {t: int(states[t]["initial_rank"]) for t in candidates}
+    if seal.job_sealer() is None:
+        joins = _plain_joins(base, initial, timeout)
+    else:
+        joins = _sealed_joins(base, initial, time.monotonic() + timeout)
+    pids = {t: join.pid for t, join in joins.items() if join.pid is not None}
+    refused = {key: size for join in joins.values() for key, size in join.refused}
     final = sorted(terminated - set(pids))
     for t, pid in pids.items():
-        base.delete_key(joins[t])
+        for key in joins[t].read:
+            base.delete_key(key)
         entry = dataclasses.replace(next_round, state=states[t], terminated=final)
-        key = admission(states[t]["initial_rank"], pid)
-        base.set(key, _sealed(key, entry.to_json()))
+        refused.update(_write_admission(base, admission(initial[t], pid), entry.to_json()))
     store.set(REJOIN, _sealed(_round_key(store, REJOIN), json.dumps(sorted(pids))))
     return Admitted(sorted(pids), refused)
+
+
+@dataclasses.dataclass
+class _Join:
+    """A replacement's join request as the lowest survivor read it: the pid to admit (None:
+    none), the keys read (deleted once it is admitted) and those refused, with their size."""
+
+    pid: int | None = None
+    read: list[str] = dataclasses.field(default_factory=list)
+    refused: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+
+
+def _plain_joins(base: Any, initial: dict[int, int], timeout: float) -> dict[int, _Join]:
+    """Without a secret: one key per request, waited for together."""
+    keys = {t: join_request(i) for t, i in initial.items()}
+    with contextlib.suppress(*errors.timeouts()):  # some did not come back in time
+        base.wait(list(keys.values()), timedelta(seconds=timeout))
+    joins = {}
+    for t, i in initial.items():
+        pid, size = _join_pid(base, keys[t], i)
+        joins[t] = _Join(pid, [keys[t]], [(keys[t], size)] if size else [])
+    return joins
+
+
+def _sealed_joins(base: Any, initial: dict[int, int], deadline: float) -> dict[int, _Join]:
+    """With the secret: each request's chain, up to ``deadline``; the last valid request of
+    a process not admitted before is the one to admit."""
+    joins = {}
+    for t, i in initial.items():
+        join = joins[t] = _Join()
+        key = join_request(i)
+        for generation in range(1, MAX_GENERATIONS + 1):
+            at = barrier.signal_key(key, generation)
+            if not _arrived_by(base, at, deadline if join.pid is None else 0.0):
+                break
+            pid, size = _join_pid(base, at, i)
+            join.read.append(at)
+            if pid is not None:
+                join.pid = pid
+            elif size:
+                join.refused.append((at, size))
+        for refused, _ in join.refused:  # its wait is over: nothing written now is read
+            base.delete_key(refused)
+    return joins
+
+
+def _arrived_by(base: Any, key: str, deadline: float) -> bool:
+    """Whether ``key`` is set, waiting for it until ``deadline`` (monotonic)."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return bool(base.check([key]))
+    try:
+        base.wait([key], timedelta(seconds=left))
+    except errors.timeouts():
+        return False
+    return True
+
+
+def _write_admission(base: Any, key: str, payload: str) -> dict[str, int]:
+    """Admit at ``key`` (past forged values with the secret); the forged values passed over."""
+    if seal.job_sealer() is None:
+        base.set(key, payload)
+        return {}
+    return dict(_chain_write(base, key, payload, past_valid=False)[1])
+
+
+def _admitted_before(base: Any, initial_rank: int, pid: int) -> bool:
+    key = admission(initial_rank, pid)
+    for generation in range(1, MAX_GENERATIONS + 1):
+        at = barrier.signal_key(key, generation)
+        if not base.check([at]):
+            return False
+        if _unsealed(at, base.get(at)) is not None:
+            return True
+    return False
 
 
 def _join_pid(base: Any, key: str, initial_rank: int) -> tuple[int | None, int]:
@@ -1108,7 +1202,7 @@ def _join_pid(base: Any, key: str, initial_rank: int) -> tuple[int | None, int]:
     payload = _unsealed(key, raw)
     if payload is None or not payload.isdigit():
         return None, max(len(raw), 1)
-    if base.check([admission(initial_rank, int(payload))]):
+    if _admitted_before(base, initial_rank, int(payload)):
         return None, max(len(raw), 1)
     return int(payload), 0
 
