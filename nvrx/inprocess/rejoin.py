@@ -65,6 +65,8 @@ def request_admission(
     pid = os.getpid()
     t0 = time.monotonic()
     posted = rounds.post_join(base_store, initial_rank, pid)
+    if posted is None:  # every generation of the request is taken (logged)
+        return None
     chunk = max(heartbeat_interval, 0.01) if look else timeout
     while True:
         wait_s = min(chunk, t0 + timeout - time.monotonic())
@@ -112,7 +114,10 @@ def take_back(
             store, base_store, candidates, terminated, leader_timeout, next_round
         )
         for key, size in admitted.refused.items():
-            what = "a join request or admission with no valid seal, or a request naming a process admitted before"
+            what = (
+                "a join request or admission with no valid seal, or a request naming a "
+                "process admitted before"
+            )
             _refused(emit, key, size, what)
         back = set(admitted.back)
     else:

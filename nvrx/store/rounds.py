@@ -82,8 +82,9 @@ In this order:
 8. ``g<g>/termination``: every rank as its call ends, and a proxy for a rank that is
    gone; the store's host waits for all (``arrive_termination``, ``wait_termination``).
 
-At any time: ``join/<i>``, a replacement process (its pid), withdrawn when it gives up
-(``post_join``, ``withdraw_join``). ``gone/<i>`` and ``gone/all``, the supervisor that
+At any time: ``join/<i>`` (with the job's secret a chain: ``join/<i>/g2``, ...), a
+replacement process (its pid), withdrawn when it gives up (``post_join``,
+``withdraw_join``). ``gone/<i>`` and ``gone/all``, the supervisor that
 declares a node lost with no spare for it (``leave_round``).
 
 Keys of the user's plug-ins live under a round's prefix too (the rank assignment's
@@ -965,10 +966,17 @@ class Admission:
 # wait for the real request nor makes a replacement read a forged admission; readers pass
 # over what does not unseal. A join request is written past any value (an earlier
 # replacement's that was never withdrawn too), and the survivor takes the last valid one.
+# A request withdrawn, taken or refused is overwritten by a sealed ``TAKEN``, never
+# deleted: a reader stops at the first generation not set, so a hole would hide the
+# requests written after it.
+_TAKEN = "-"
+
+
 def _chain_write(base: Any, key: str, payload: str, past_valid: bool) -> tuple[str | None, list]:
     """Put ``payload``, sealed, into the first generation of the chain at ``key`` not set;
     (the key written, or None where a value that unseals stood first and not
-    ``past_valid``; the forged values passed over, as (key, bytes))."""
+    ``past_valid``, or every generation is taken (logged); the forged values passed over,
+    as (key, bytes))."""
     sealer = seal.job_sealer()
     forged: list[tuple[str, int]] = []
     for generation in range(1, MAX_GENERATIONS + 1):
@@ -982,17 +990,19 @@ def _chain_write(base: Any, key: str, payload: str, past_valid: bool) -> tuple[s
             forged.append((at, len(held)))
         elif not past_valid:
             return None, forged
-    raise RuntimeError(f"could not write {key}: {MAX_GENERATIONS} generations are taken")
+    log.error("could not write %s: its %d generations are taken", key, MAX_GENERATIONS)
+    return None, forged
 
 
-def post_join(base: Any, initial_rank: int, pid: int) -> str:
+def post_join(base: Any, initial_rank: int, pid: int) -> str | None:
     """Replacement side: ask to be taken back into the running job; the key written (to
-    withdraw). With the job's secret the pid is sealed, in the first free generation."""
+    withdraw; None: none could be). With the job's secret the pid is sealed, in the first
+    free generation."""
     key = join_request(initial_rank)
     if seal.job_sealer() is None:
         base.set(key, str(pid))
         return key
-    return str(_chain_write(base, key, str(pid), past_valid=True)[0])
+    return _chain_write(base, key, str(pid), past_valid=True)[0]
 
 
 def await_admission(base: Any, initial_rank: int, pid: int, timeout: float) -> Admission | None:
@@ -1019,9 +1029,19 @@ def await_admission(base: Any, initial_rank: int, pid: int, timeout: float) -> A
     return None
 
 
-def withdraw_join(base: Any, key: str) -> None:
+def withdraw_join(base: Any, key: str | None) -> None:
     """Replacement side: no longer waiting to be taken back (``key``: the one it posted)."""
-    base.delete_key(key)
+    if key is not None:
+        _take_out(base, key)
+
+
+def _take_out(base: Any, key: str) -> None:
+    """A join request read or withdrawn: deleted without the job's secret, else ``TAKEN``."""
+    sealer = seal.job_sealer()
+    if sealer is None:
+        base.delete_key(key)
+    else:
+        base.set(key, sealer.seal(key, _TAKEN))
 
 
 def nobody_to_admit(base: Any) -> str | None:
@@ -1109,11 +1129,14 @@ def admit(
     pids = {t: join.pid for t, join in joins.items() if join.pid is not None}
     refused = {key: size for join in joins.values() for key, size in join.refused}
     final = sorted(terminated - set(pids))
-    for t, pid in pids.items():
+    for t, pid in list(pids.items()):
         for key in joins[t].read:
-            base.delete_key(key)
+            _take_out(base, key)
         entry = dataclasses.replace(next_round, state=states[t], terminated=final)
-        refused.update(_write_admission(base, admission(initial[t], pid), entry.to_json()))
+        written, forged = _write_admission(base, admission(initial[t], pid), entry.to_json())
+        refused.update(forged)
+        if not written:
+            del pids[t]
     store.set(REJOIN, _sealed(_round_key(store, REJOIN), json.dumps(sorted(pids))))
     return Admitted(sorted(pids), refused)
 
@@ -1157,8 +1180,8 @@ def _sealed_joins(base: Any, initial: dict[int, int], deadline: float) -> dict[i
                 join.pid = pid
             elif size:
                 join.refused.append((at, size))
-        for refused, _ in join.refused:  # its wait is over: nothing written now is read
-            base.delete_key(refused)
+        for refused, _ in join.refused:
+            _take_out(base, refused)
     return joins
 
 
@@ -1174,12 +1197,14 @@ def _arrived_by(base: Any, key: str, deadline: float) -> bool:
     return True
 
 
-def _write_admission(base: Any, key: str, payload: str) -> dict[str, int]:
-    """Admit at ``key`` (past forged values with the secret); the forged values passed over."""
+def _write_admission(base: Any, key: str, payload: str) -> tuple[bool, dict[str, int]]:
+    """Admit at ``key`` (past forged values with the secret); whether it was written, and
+    the forged values passed over."""
     if seal.job_sealer() is None:
         base.set(key, payload)
-        return {}
-    return dict(_chain_write(base, key, payload, past_valid=False)[1])
+        return True, {}
+    written, forged = _chain_write(base, key, payload, past_valid=False)
+    return written is not None, dict(forged)
 
 
 def _admitted_before(base: Any, initial_rank: int, pid: int) -> bool:
@@ -1200,6 +1225,8 @@ def _join_pid(base: Any, key: str, initial_rank: int) -> tuple[int | None, int]:
         return None, 0
     raw = base.get(key)
     payload = _unsealed(key, raw)
+    if payload == _TAKEN and seal.job_sealer() is not None:
+        return None, 0
     if payload is None or not payload.isdigit():
         return None, max(len(raw), 1)
     if _admitted_before(base, initial_rank, int(payload)):

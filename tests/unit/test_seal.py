@@ -370,11 +370,14 @@ def test_a_replacements_join_request_admission_and_the_ranks_taken_back_are_seal
     _later(base.waited_on(rounds.join_request(2) + "/g2"), lambda: rounds.post_join(base, 2, 5252))
     admitted = rounds.admit(round_2, base, [1, 2], {1, 2}, 30.0, next_round)
     assert admitted.back == [1, 2]
-    assert admitted.refused == {rounds.join_request(2): 3, rounds.admission(2, 5252): len(forged_admission)}
+    forged = {rounds.join_request(2): 3, rounds.admission(2, 5252): len(forged_admission)}
+    assert admitted.refused == forged
     assert rounds.await_admission(base, 1, 4242, 1.0).terminated == []
-    assert rounds.await_admission(base, 2, 5252, 1.0).round == 3  # the real one, past the forged
+    assert rounds.await_admission(base, 2, 5252, 1.0).state == {"initial_rank": 2}  # past the forged
     assert rounds.rejoined(round_2) == {1, 2} and rounds.await_rejoined(round_2, 1.0) == {1, 2}
-    assert not base.check([rounds.join_request(2)])  # the forged request went with the wait
+    # the forged request and the requests read are taken out, not deleted (no hole)
+    taken = [rounds.join_request(2), rounds.join_request(2) + "/g2", rounds.join_request(1)]
+    assert [rounds._join_pid(base, key, 0) for key in taken] == [(None, 0)] * 3
     # the admitted request copied back: its process was admitted already, nobody comes back
     base.set(rounds.join_request(1), rounds._sealed(rounds.join_request(1), "4242"))
     rounds._set_rank_state(round_3, 1, {"initial_rank": 1})
@@ -396,6 +399,34 @@ def test_a_replacements_join_request_admission_and_the_ranks_taken_back_are_seal
     assert json.loads(plain.get(rounds.admission(0, 5)))["round"] == 3
     assert plain.get(rounds.round_prefix(2) + rounds.REJOIN) == b"[0]"
     assert rounds.rejoined(plain_round) == {0}
+
+
+def test_a_request_withdrawn_or_taken_leaves_no_hole_and_the_newest_request_wins(
+    tmp_path, monkeypatch
+):
+    """With the job's secret a request is taken out by a sealed mark, not deleted: a
+    request written after one that is withdrawn later is still read, and of a stale
+    request (never withdrawn) and a newer one, the newer is admitted."""
+    from torch.distributed import HashStore
+
+    from nvrx.store import rounds
+
+    _job_secret_file(tmp_path, monkeypatch)
+    base = HashStore()
+    next_round = rounds.Admission(generation=0, round=3, state={}, terminated=[], job_restarts=1)
+    round_2, round_3 = rounds.round_store(base, 2), rounds.round_store(base, 3)
+    for view in (round_2, round_3):
+        rounds._set_rank_state(view, 0, {"initial_rank": 0})
+    first = rounds.post_join(base, 0, 111)
+    rounds.post_join(base, 0, 222)  # while the first still asks
+    rounds.withdraw_join(base, first)  # which then gives up
+    assert rounds.admit(round_2, base, [0], {0}, 5.0, next_round) == rounds.Admitted([0], {})
+    assert rounds.await_admission(base, 0, 222, 1.0) is not None
+    rounds.post_join(base, 0, 333)  # a replacement that dies without withdrawing
+    rounds.post_join(base, 0, 444)
+    assert rounds.admit(round_3, base, [0], {0}, 5.0, next_round).back == [0]
+    assert rounds.await_admission(base, 0, 444, 1.0) is not None
+    assert not base.check([rounds.admission(0, 333)])
 
 
 def test_a_replacement_reads_its_admission_past_a_forged_one_written_ahead(tmp_path, monkeypatch):
