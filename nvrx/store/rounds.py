@@ -1207,17 +1207,6 @@ def _write_admission(base: Any, key: str, payload: str) -> tuple[bool, dict[str,
     return written is not None, dict(forged)
 
 
-def _admitted_before(base: Any, initial_rank: int, pid: int) -> bool:
-    key = admission(initial_rank, pid)
-    for generation in range(1, MAX_GENERATIONS + 1):
-        at = barrier.signal_key(key, generation)
-        if not base.check([at]):
-            return False
-        if _unsealed(at, base.get(at)) is not None:
-            return True
-    return False
-
-
 def _join_pid(base: Any, key: str, initial_rank: int) -> tuple[int | None, int]:
     """(pid, 0) for a join request to admit; (None, its size) for one refused (no valid
     seal, or its process was admitted before); (None, 0) where none is posted."""
@@ -1229,7 +1218,7 @@ def _join_pid(base: Any, key: str, initial_rank: int) -> tuple[int | None, int]:
         return None, 0
     if payload is None or not payload.isdigit():
         return None, max(len(raw), 1)
-    if _admitted_before(base, initial_rank, int(payload)):
+    if barrier.raised(base, admission(initial_rank, int(payload)), _sealing(base)):
         return None, max(len(raw), 1)
     return int(payload), 0
 
