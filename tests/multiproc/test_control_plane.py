@@ -8,7 +8,8 @@ to completion at full size and the supervisor that hosts the store records one
 ``rejected_write`` event for each. So it does after a forged node-lost declaration (a claim
 on node 1's end and the fence a declarer adds to its beat counter) and the same
 declaration sealed with the job's secret but for another run: node 1 records one event
-for each and trains on. A Wrapper job (the demo) gets a made-up fault record with a forged
+for each and trains on; so does node 0, the store host, in a job of 3 nodes that could fail
+over, after the same two declarations of its own slot: no store moves. A Wrapper job (the demo) gets a made-up fault record with a forged
 interruption of its round, and in a later round a real record and a real interruption
 replayed from the earlier one: no interruption restarts a round, no record is read as a
 fault when a real fault restarts the round, each is one ``rejected_write`` event, and the
@@ -52,10 +53,10 @@ DEMO = [sys.executable, str(REPO / "examples" / "train_demo.py")]
 COMMON = ("--max-restarts", "4", "--grace-period", "2", "--ft-safety-factor", "60")
 
 
-def _job(tmp_path, steps: int, *options: str, node_env=None) -> Job:
+def _job(tmp_path, steps: int, *options: str, node_env=None, nnodes=2, nproc=2) -> Job:
     command = [*HEARTBEATS, "--steps", str(steps), "--step-time", "0.2",
                "--checkpoint-dir", str(tmp_path / "ck")]  # fmt: skip
-    return Job(tmp_path, 2, 2, command, *COMMON, *options, node_env=node_env)
+    return Job(tmp_path, nnodes, nproc, command, *COMMON, *options, node_env=node_env)
 
 
 def _environ(process: psutil.Process) -> str:
@@ -100,24 +101,24 @@ def _forge(job: Job) -> list[str]:
     return [StopFlag.key(g) for g in (1, 2, 3, 4)]
 
 
-def _declare_node_1_lost(job: Job, store: WireStore, sealer: Sealer) -> None:
-    """Declare slot 1 lost as a supervisor does (a claim, then a fence), sealed by ``sealer``."""
-    store.append(node_keys.claim(1), sealer.entry(node_keys.claim(1), entry_payload(0)))
-    store.add(node_keys.alive(1), node_keys.FENCE)
+def _declare_lost(store: WireStore, slot: int, sealer: Sealer) -> None:
+    """Declare ``slot`` lost as a supervisor does (a claim, then a fence), sealed by ``sealer``."""
+    store.append(node_keys.claim(slot), sealer.entry(node_keys.claim(slot), entry_payload(0)))
+    store.add(node_keys.alive(slot), node_keys.FENCE)
 
 
-def _forge_node_loss(job: Job) -> list[str]:
-    """A forged declaration that node 1 is lost, then the job's own for another run (a
+def _forge_node_loss(job: Job, slot: int = 1) -> list[str]:
+    """A forged declaration that node ``slot`` is lost, then the job's own for another run (a
     replay), each once the one before was rejected: the keys of the events they make."""
     store = _foreign_client(job)
-    key = node_keys.claim(1)
+    key = node_keys.claim(slot)
 
     def rejected() -> int:
         return len([e for e in job.events("rejected_write") if e["key"] == key])
 
-    _declare_node_1_lost(job, store, Sealer(bytes(32), 0))  # a secret of the forger's own
+    _declare_lost(store, slot, Sealer(bytes(32), 0))  # a secret of the forger's own
     wait_until("the forged declaration to be rejected", lambda: rejected() == 1, 60)
-    _declare_node_1_lost(job, store, Sealer(bytes.fromhex(_secret(job)), run=7))
+    _declare_lost(store, slot, Sealer(bytes.fromhex(_secret(job)), run=7))
     wait_until("the replayed declaration to be rejected", lambda: rejected() == 2, 60)
     return [key] * 2
 
@@ -138,6 +139,24 @@ def test_forged_and_replayed_stop_flags_are_rejected_and_the_job_trains_on(tmp_p
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     assert sorted(r["key"] for r in json.loads(report.stdout)["rejected_writes"]) == sorted(keys)
+
+
+def test_a_forged_claim_that_the_store_host_is_lost_moves_no_store(tmp_path):
+    """The failover's own election is files in the owner-only job folder (another user's
+    attempt is refused by the file system: ``tests/unit/test_node_liveness.py``); what a store
+    client can write towards a failover is a declaration that the store host's slot is lost,
+    which would fence node 0 off, its store with it. Forged, and replayed from another run,
+    in a job of 3 nodes (a failover possible): node 0 rejects both and the store stays."""
+    job = _job(tmp_path, 150, nnodes=3, nproc=1)
+    wait_until("every rank to start", lambda: len(job.events("child_start")) == 3, 120)
+    job.wait_for_beat(0)
+    keys = _forge_node_loss(job, slot=0)
+    assert job.wait(240) == [0, 0, 0], job.output()
+    rejected = job.events("rejected_write")
+    assert [(e["node"], e["key"]) for e in rejected] == [(0, k) for k in keys], rejected
+    assert not job.events("store_failover") and not job.events("node_lost"), job.output()
+    done = [e for e in job.events("child_exit") if e["exit_code"] == 0]
+    assert len(done) == 3, job.output()  # every rank of the three nodes trained to the end
 
 
 def _forge_in_round(
