@@ -27,6 +27,10 @@ INTERPRETERS = {"nvrx": Path(sys.executable), "reference": REFERENCE_PYTHON}
 SCENARIO_TIMEOUT_S = 90.0
 
 
+class ScenarioTimedOut(AssertionError):
+    """A rank of a scenario ran past its timeout (it was killed)."""
+
+
 def free_ports(count: int, avoid: range = range(0)) -> int:
     """A port p such that p .. p+count-1 are free on loopback now and none is in ``avoid``."""
     for _ in range(200):
@@ -84,7 +88,8 @@ def run(
         out = tmp / f"{impl}-{rank}.json"
         if code != 0 or not out.exists():
             text = (tmp / f"{impl}-{rank}.log").read_text(errors="replace")[-4000:]
-            raise AssertionError(f"{impl} {script} {case} rank {rank}: exit {code}, output:\n{text}")
+            failure = ScenarioTimedOut if code is None else AssertionError
+            raise failure(f"{impl} {script} {case} rank {rank}: exit {code}, output:\n{text}")
         records.append(json.loads(out.read_text()))
     return records
 
