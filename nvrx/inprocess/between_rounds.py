@@ -33,8 +33,8 @@ from .health_check_base import run_check
 from .monitor_thread import RESTART_WAIT_S
 from .progress_watchdog import FLAG_RELEASED, released_into_next
 from .rank_assignment import RankAssignmentCtx, RankDiscarded
-from .round_call import RoundCall, forged_reporter
 from .round_outcome import Leave, Restart
+from .round_run import RoundCall, forged_reporter
 from .state import Mode, State
 from .supervision import supervised
 

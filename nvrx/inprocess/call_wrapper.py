@@ -30,9 +30,8 @@ from .param_utils import substitute_param_value
 from .progress_watchdog import FLAG_TIMEOUTS_OFF, ProgressWatchdog
 from .rank_filter import with_rank_filter
 from .rank_services import RankServices
-from .round_call import forged_reporter
 from .round_outcome import Completed, Leave, Outcome, Restart
-from .round_run import RoundRun, preserved_environment
+from .round_run import RoundRun, forged_reporter, preserved_environment
 from .state import State
 from .supervision import restarted_process, supervised, taking_over
 from .wrapper_settings import WrapperSettings
@@ -60,7 +59,7 @@ class CallWrapper:
     ``CallWrapper``; offers ``iteration``, ``ping()``, ``atomic()`` and
     ``disable_hang_protection()``. The other attributes serve the restart
     machinery (``round_run``, ``between_rounds``), which reads them as a
-    ``round_call.RoundCall``.
+    ``round_run.RoundCall``.
     """
 
     def __init__(self, wrapper: WrapperSettings) -> None:

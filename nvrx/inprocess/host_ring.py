@@ -117,17 +117,14 @@ class HostRing:
         store, ring, limits = self.store, self.ring, self.limits
         started = time.monotonic()
         store.add(keys.host_alive(self.slot), 1)
-        while ring.target is not None:
-            beats = int(store.add(keys.host_alive(ring.target), 0))
-            still = ring.stood_still(beats) and (
-                beats == 0 or ring.still_for(now) > limits.timeout / 2
-            )
-            if not still or int(store.add(keys.host_claim(ring.target), 0)) == 0:
-                break
-            ring.ended_slot(ring.target)
+        beats = ring.look(
+            lambda slot: int(store.add(keys.host_alive(slot), 0)),
+            lambda slot, beats: (beats == 0 or ring.still_for(now) > limits.timeout / 2)
+            and int(store.add(keys.host_claim(slot), 0)) > 0,
+        )
         took = time.monotonic() - started
         last, self._last_tick = self._last_tick, now
-        if ring.target is None:
+        if beats is None:
             return None
         if took > limits.stall_s or (last is not None and now - last > limits.stall_s):
             ring.restart_clock(now)

@@ -24,6 +24,10 @@ between rounds (after every rank left the previous round's groups) and when a
 process generation opens (``nvrx.store.rounds``), so a round never reads
 another round's addresses. The previous values come back when the Wrapper
 returns (``preserved_environment``).
+
+A round reads and changes the call it belongs to (``call_wrapper.CallWrapper``)
+through ``RoundCall``, which stands below the call: the call runs its rounds
+(here and in ``between_rounds``), and the rounds do not import the call.
 """
 
 from __future__ import annotations
@@ -34,23 +38,70 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, NoReturn
+from contextlib import AbstractContextManager
+from typing import Any, NoReturn, Protocol
 
+from nvrx import events
 from nvrx.store import rounds
 
 from . import gloo_abort
 from .exception import InternalError
 from .fault_recording import record_rank_fault
 from .health_check_base import run_check
-from .monitor_thread import RESTART_WAIT_S, MonitorThread, RankShouldRestart
+from .monitor_thread import RESTART_WAIT_S, Delivery, MonitorThread, RankShouldRestart
 from .progress_watchdog import FLAG_RELEASED
-from .round_call import RoundCall, forged_reporter
+from .rank_assignment import RankAssignment
+from .rank_services import RankServices
 from .round_outcome import Completed, Leave, Outcome, Restart
-from .state import Mode
+from .state import Mode, State
+from .wrapper_settings import WrapperSettings
 
 log = logging.getLogger(__name__)
 
 _FOREVER_S = 365 * 86400.0
+
+
+class RoundCall(Protocol):
+    """One call of a wrapped function, as its rounds see it."""
+
+    wrapper: WrapperSettings
+    assignment: RankAssignment  # the rank assignment, then an old-style rank filter
+    state: State
+    initial_rank: int
+    initial_world_size: int
+    writer: events.EventWriter
+    services: RankServices
+    delivery: Delivery
+    store: Any  # the store of the current round
+    round: int
+    generation: int
+    pending_latency_from: float | None  # when the fault behind a restart was seen
+
+    def emit(self, kind: str, **fields: Any) -> None: ...
+
+    def phase(self, phase: str) -> AbstractContextManager[None]: ...
+
+    def enter_round(self, round_: int) -> None: ...
+
+    def arguments_for(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]: ...
+
+
+def forged_reporter(call: RoundCall) -> Callable[[str, int], None]:
+    """What a barrier or a signal of the round protocol calls when this rank's own value took
+    the place of a forged one (``rounds.OnForged``): one ``rejected_write`` event."""
+
+    def report(key: str, value_bytes: int) -> None:
+        call.emit(
+            "rejected_write",
+            key=key,
+            reason="a barrier's value with no valid seal: not written by this job's "
+            "processes here (forged, or copied from another key, round or run)",
+            value_bytes=value_bytes,
+        )
+
+    return report
 
 
 class RoundRun:

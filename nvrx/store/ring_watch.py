@@ -9,6 +9,7 @@ the bookkeeping of one watcher, no store in it: its owner reads the counters.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -64,6 +65,19 @@ class RingWatch:
     def stood_still(self, beats: int) -> bool:
         """Whether the target's counter read ``beats`` again: it may have ended."""
         return beats == self._value
+
+    def look(
+        self, read_beats: Callable[[int], int], has_ended: Callable[[int, int], bool]
+    ) -> int | None:
+        """Read the target's counter (``read_beats(slot)``), moving past each target whose
+        counter stood still and that ``has_ended(slot, beats)`` (its end is read only then):
+        the counter of the target watched now, None when no slot is left to watch."""
+        while self.target is not None:
+            beats = read_beats(self.target)
+            if not self.stood_still(beats) or not has_ended(self.target, beats):
+                return beats
+            self.ended_slot(self.target)
+        return None
 
     def observe(self, beats: int, now: float, wall: float) -> dict[str, Any] | None:
         """The target's counter read at ``now``; a ``node_silent`` report when it newly went silent."""

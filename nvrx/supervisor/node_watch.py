@@ -135,15 +135,13 @@ class NodeWatch(threading.Thread):
             return False
         if own_claim and self._beats > 1:
             return True  # the claim was this beat's second request: the ring's look waits a beat
-        ring = self.ring
-        while ring.target is not None:
-            beats = int(store.add(node_keys.alive(ring.target), 0))
-            if not ring.stood_still(beats) or not self._claims(store, ring.target).valid:
-                break
-            ring.ended_slot(ring.target)
-        if ring.target is None:
+        beats = self.ring.look(
+            lambda slot: int(store.add(node_keys.alive(slot), 0)),
+            lambda slot, _: self._claims(store, slot).valid,
+        )
+        if beats is None:
             return True
-        report = ring.observe(beats, time.monotonic(), time.time())
+        report = self.ring.observe(beats, time.monotonic(), time.time())
         if report is not None:
             log.warning("slot %s silent for %.1f s", report["slot"], report["silent_s"])
             self._send(report)

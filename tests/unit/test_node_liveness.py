@@ -48,6 +48,28 @@ def test_a_target_is_reported_once_after_timeout_without_a_beat() -> None:
     assert ring.observe(9, now=21.0, wall=111.0) is None
 
 
+def test_a_look_moves_past_ended_targets_and_reads_an_end_only_when_a_counter_stood_still() -> None:
+    ring = RingWatch(own=0, nslots=4, timeout=3.0)
+    counters, ended, asked = {1: 5, 2: 7, 3: 2}, {1, 2}, []
+
+    def has_ended(slot: int, beats: int) -> bool:
+        asked.append((slot, beats))
+        return slot in ended
+
+    assert ring.look(counters.get, has_ended) == 5  # a first read: it did not stand still yet
+    assert ring.observe(5, now=1.0, wall=1.0) is None and asked == []
+    assert ring.look(counters.get, has_ended) == 7  # 1 stood still and ended: on to 2, read once
+    assert asked == [(1, 5)] and ring.target == 2
+    ring.observe(7, now=2.0, wall=2.0)
+    counters[2] = 8  # it beat: its end is not read
+    assert ring.look(counters.get, has_ended) == 8 and asked == [(1, 5)] and ring.target == 2
+    ring.observe(8, now=3.0, wall=3.0)
+    assert ring.look(counters.get, has_ended) == 2 and ring.target == 3  # 2 stood still, ended
+    ring.observe(2, now=4.0, wall=4.0)
+    ended.add(3)
+    assert ring.look(counters.get, has_ended) is None and ring.target is None  # alone
+
+
 def test_a_slot_that_never_beat_is_given_the_startup_time() -> None:
     ring = RingWatch(own=0, nslots=2, timeout=1.0, startup_s=30.0)
     assert ring.observe(0, now=0.0, wall=0.0) is None
