@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nvrx.store import rounds
 from nvrx.store.faults import CheckedRecords
@@ -34,12 +34,9 @@ from .monitor_thread import RESTART_WAIT_S
 from .progress_watchdog import FLAG_RELEASED, released_into_next
 from .rank_assignment import RankAssignmentCtx, RankDiscarded
 from .round_outcome import Leave, Restart
-from .round_run import RoundCall, forged_reporter
+from .round_run import RoundCall, RoundRun, forged_reporter
 from .state import Mode, State
 from .supervision import supervised
-
-if TYPE_CHECKING:
-    from .round_run import RoundRun
 
 log = logging.getLogger(__name__)
 

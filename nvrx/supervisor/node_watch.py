@@ -31,7 +31,10 @@ its claim: a valid entry (``node_keys.claims``) means it is reported as
 fence with no valid claim behind it, or claim entries that do not unseal, were
 written by a client without the job's secret: they are reported as ``rejected``
 (once per forged fence or batch of new forged entries) and the slot beats on; the
-next real fence is one more ``FENCE`` above the count seen. The watch reads the
+next real fence is one more ``FENCE`` above the count seen. A beat that reads its
+counter at or below what its last beat read was set back by such a client (deleted, or a
+negative amount added, which holds the slot still for its watcher): it is reported as
+``rejected`` too; its watcher may still find the slot silent. The watch reads the
 claims with the job's secret (``seal.job_sealer``: the agent reads it from the file its
 supervisor names).
 """
@@ -93,6 +96,7 @@ class NodeWatch(threading.Thread):
         self._beats = 0
         self._fence_floor = 0  # a count at or above this plus FENCE is a fence to look into
         self._forged_seen = 0  # entries of the own claim that did not unseal, reported already
+        self._last_count: int | None = None  # what this slot's last beat read of its counter
         self._reported = threading.Lock()  # one "lost" report, from the beats or the watchdog
 
     def run(self) -> None:
@@ -128,6 +132,7 @@ class NodeWatch(threading.Thread):
         """One beat and one look; False once this slot is fenced off."""
         count = int(store.add(node_keys.alive(self.own), 1))
         self._beats += 1
+        self._check_counter(count)
         fence = count >= self._fence_floor + node_keys.FENCE
         own_claim = (self._beats - 1) % OWN_CLAIM_EVERY == 0  # the first beat, then rarely
         if (fence or own_claim) and self._ended(store, count, fence):
@@ -146,6 +151,21 @@ class NodeWatch(threading.Thread):
             log.warning("slot %s silent for %.1f s", report["slot"], report["silent_s"])
             self._send(report)
         return True
+
+    def _check_counter(self, count: int) -> None:
+        """Only this slot adds to its counter but for a declarer's fence, which raises it: a
+        count at or below the last one means a client set it back (deleted it, or added a
+        negative amount), which holds this slot still in its watcher's eyes. Each set-back is
+        reported; it cannot be undone (see docs/security.md, what stays open)."""
+        last, self._last_count = self._last_count, count
+        if last is None or count > last:
+            return
+        reason = (
+            f"this slot's beat counter was set back from {last} to {count - 1} before this beat: "
+            "not a write of this job's supervisors (held still, this slot may be found silent)"
+        )
+        log.warning("rejected a change of slot %d's beat counter: %s", self.own, reason)
+        self._send({"event": "rejected", "key": node_keys.alive(self.own), "reason": reason, "value_bytes": 0})
 
     def _claims(self, store: Counters, slot: int) -> SealedList:
         key = node_keys.claim(slot)

@@ -388,7 +388,7 @@ class Supervisor:
                     return  # failed over: what else came through the old link is void
             elif StopFlag.owns(message.get("key")):
                 self._on_stop_value(str(message["key"]), str(message.get("value", "")))
-            elif message.get("event") == "rejected":  # a forged end of this slot (node_watch)
+            elif message.get("event") == "rejected":  # a forged end, or a set-back beat, of this slot
                 self._rejected(str(message.get("key")), str(message.get("reason")),
                                int(message.get("value_bytes") or 0))  # fmt: skip
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import warnings
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -15,21 +15,21 @@ from differential_harness import REFERENCE_PYTHON, ScenarioTimedOut, free_ports,
 IMPLEMENTATIONS = ("reference", "nvrx")
 
 
-def _result(
-    impl: str, future: Future[list[dict[str, Any]]], script: str, tmp: Path, case: str, world_size: int,
-    timeout: float,
-) -> list[dict[str, Any]]:
-    """The records of one implementation's run. A reference rank that ran past its timeout
-    (seen, rarely, with NVRx 0.4.1 on a loaded machine: one rank never exited, its peer ended
-    normally) is the oracle's own fault, not nvrx's: the reference runs once more, alone,
-    with a warning that shows the first run's output. nvrx is never run again."""
+def _records(
+    futures: dict[str, Future[list[dict[str, Any]]]], again: Callable[[], list[dict[str, Any]]]
+) -> dict[str, list[dict[str, Any]]]:
+    """Each implementation's records once both runs ended. A reference rank that ran past its
+    timeout (seen, rarely, with NVRx 0.4.1 on a loaded machine: one rank never exited, its
+    peer ended normally) is the oracle's own fault, not nvrx's: the reference runs once more
+    (``again``), alone, with a warning that shows the first run's output. nvrx never runs
+    twice, and a failed nvrx run is told first."""
+    wait(futures.values())
+    ours = futures["nvrx"].result()
     try:
-        return future.result()
+        return {"reference": futures["reference"].result(), "nvrx": ours}
     except ScenarioTimedOut as exc:
-        if impl != "reference":
-            raise
         warnings.warn(f"the reference ran past its timeout and runs once more: {exc}", stacklevel=1)
-        return run("reference", script, tmp / "reference-again", case, world_size, timeout, free_ports(3))
+        return {"reference": again(), "nvrx": ours}
 
 
 @pytest.fixture(scope="session")
@@ -69,7 +69,11 @@ def scenario(
                     impl: pool.submit(run, impl, script, tmp, case, world_size, timeout, port)
                     for impl, port in zip(IMPLEMENTATIONS, ports, strict=True)
                 }
-                done[key] = {impl: _result(impl, f, script, tmp, case, world_size, timeout) for impl, f in futures.items()}
+
+            def again() -> list[dict[str, Any]]:
+                return run("reference", script, tmp / "reference-again", case, world_size, timeout, free_ports(3))
+
+            done[key] = _records(futures, again)
         return done[key]
 
     return records

@@ -1,23 +1,24 @@
 """Only the job steers the job: forged and replayed stop flags, and the job's secret kept out
 of every file the job leaves.
 
-2 local nodes x 2 ranks of ``examples/ft_heartbeats.py`` under ``nvrx-supervise``. A
-foreign client that reaches the store writes a stop flag it made up, one sealed for
-another run of the job (a replay), one not even UTF-8 and an empty one: the job trains on
-to completion at full size and the supervisor that hosts the store records one
-``rejected_write`` event for each. So it does after a forged node-lost declaration (a claim
-on node 1's end and the fence a declarer adds to its beat counter) and the same
-declaration sealed with the job's secret but for another run: node 1 records one event
-for each and trains on; so does node 0, the store host, in a job of 3 nodes that could fail
-over, after the same two declarations of its own slot: no store moves. A Wrapper job (the demo) gets a made-up fault record with a forged
+2 local nodes x 2 ranks of ``examples/ft_heartbeats.py`` under ``nvrx-supervise``. A foreign
+client that reaches the store writes a stop flag it made up, one sealed for another run of
+the job (a replay), one not even UTF-8 and an empty one: the job trains on to completion at
+full size and the supervisor that hosts the store records one ``rejected_write`` event for
+each. So it does after a forged node-lost declaration (a claim on node 1's end and the fence
+a declarer adds to its beat counter) and the same declaration sealed with the job's secret
+but for another run: node 1 records one event for each and trains on; so does node 0, the
+store host, in a job of 3 nodes that could fail over, after the same two declarations of its
+own slot: no store moves. A Wrapper job (the demo) gets a made-up fault record with a forged
 interruption of its round, and in a later round a real record and a real interruption
 replayed from the earlier one: no interruption restarts a round, no record is read as a
 fault when a real fault restarts the round, each is one ``rejected_write`` event, and the
-job trains to the end at full size. A plain script's job gets a forged restart claim, announcement, go-ahead and
-spent budget before a real failure: none restarts it, the real failure restarts it once,
-and the budget counts only that restart. After such
-forgeries a real stop (a node's supervisor gets SIGTERM) still stops every node. The job's
-secret appears in none of the events, logs, error files, supervisor outputs or the report.
+job trains to the end at full size. A plain script's job gets a forged restart claim,
+announcement, go-ahead and spent budget before a real failure: none restarts it, the real
+failure restarts it once, and the budget counts only that restart. After such forgeries a
+real stop (a node's supervisor gets SIGTERM) still stops every node. The job's secret
+appears in none of the events, logs, error files (a rank of a plain job fails once),
+supervisor outputs or the report, neither there nor in the demo job's.
 """
 
 from __future__ import annotations
@@ -53,9 +54,9 @@ DEMO = [sys.executable, str(REPO / "examples" / "train_demo.py")]
 COMMON = ("--max-restarts", "4", "--grace-period", "2", "--ft-safety-factor", "60")
 
 
-def _job(tmp_path, steps: int, *options: str, node_env=None, nnodes=2, nproc=2) -> Job:
+def _job(tmp_path, steps: int, *options: str, node_env=None, nnodes=2, nproc=2, fail=None) -> Job:
     command = [*HEARTBEATS, "--steps", str(steps), "--step-time", "0.2",
-               "--checkpoint-dir", str(tmp_path / "ck")]  # fmt: skip
+               "--checkpoint-dir", str(tmp_path / "ck"), *(("--fail", fail) if fail else ())]  # fmt: skip
     return Job(tmp_path, nnodes, nproc, command, *COMMON, *options, node_env=node_env)
 
 
@@ -142,11 +143,11 @@ def test_forged_and_replayed_stop_flags_are_rejected_and_the_job_trains_on(tmp_p
 
 
 def test_a_forged_claim_that_the_store_host_is_lost_moves_no_store(tmp_path):
-    """The failover's own election is files in the owner-only job folder (another user's
-    attempt is refused by the file system: ``tests/unit/test_node_liveness.py``); what a store
-    client can write towards a failover is a declaration that the store host's slot is lost,
-    which would fence node 0 off, its store with it. Forged, and replayed from another run,
-    in a job of 3 nodes (a failover possible): node 0 rejects both and the store stays."""
+    """The failover's own election is files in the owner-only job folder, out of a store
+    client's reach; what such a client can write towards a failover is a declaration that
+    the store host's slot is lost, which would fence node 0 off, its store with it. Forged,
+    and replayed from another run, in a job of 3 nodes (a failover possible): node 0
+    rejects both and the store stays."""
     job = _job(tmp_path, 150, nnodes=3, nproc=1)
     wait_until("every rank to start", lambda: len(job.events("child_start")) == 3, 120)
     job.wait_for_beat(0)
@@ -230,6 +231,8 @@ def test_forged_and_replayed_fault_records_are_not_faults_and_the_job_trains_on(
     assert max(e["iteration"] for e in starts) == 2, starts  # the forged 1000 not counted
     done = [e for e in job.events("child_exit") if e["exit_code"] == 0]
     assert len(done) == 4, job.output()  # every rank of both nodes trained to the end
+    files = _secret_nowhere(job, _secret(job))  # a demo job with faults and forged values
+    assert {"wrapper", "supervisor"} <= {p.name.split("-")[0] for p in files if p.suffix == ".jsonl"}, files
 
 
 def test_forged_restart_claims_neither_restart_the_job_nor_spend_or_block_a_real_one(tmp_path):
@@ -273,7 +276,8 @@ def test_the_jobs_secret_is_in_no_file_it_leaves_and_its_folder_is_private(tmp_p
     secret = new_secret()
     env = {jobenv.JOB_SECRET: secret} if given else {}
     # rank output in files too; warm standbys on, so that their environments are checked too
-    job = _job(tmp_path, 40, "--tee", "3", "--warm-standby", node_env={0: env, 1: env})
+    # rank 3 fails once: its error file is among the files searched
+    job = _job(tmp_path, 40, "--tee", "3", "--warm-standby", node_env={0: env, 1: env}, fail="3:20")
     wait_until("every rank to start", lambda: len(job.events("child_start")) == 4, 120)
     wait_until("a warm standby to start", lambda: job.events("standby_start"), 120)
     started = [p for sup in job.procs for p in psutil.Process(sup.pid).children(recursive=True)]
@@ -291,14 +295,23 @@ def test_the_jobs_secret_is_in_no_file_it_leaves_and_its_folder_is_private(tmp_p
     assert stat.S_IMODE(job_dir.stat().st_mode) == 0o700
     if not given:
         assert stat.S_IMODE((job_dir / SECRET_FILE).stat().st_mode) == 0o600
+    files = _secret_nowhere(job, secret)
+    if given:
+        assert stat.S_IMODE(job_dir.stat().st_mode) == 0o700
+    names = {p.name for p in files}
+    assert {"stdout.log", "error.json"} <= names and any(p.suffix == ".jsonl" for p in files), names
+
+
+def _secret_nowhere(job: Job, secret: str) -> list:
+    """The files the job left (its folder but the secret file, the supervisors' outputs),
+    once none of them nor its report holds ``secret``."""
+    job_dir = job.log_dir / job.job_id
     report = subprocess.run(
         [sys.executable, "-m", "nvrx.report", str(job_dir)], capture_output=True, text=True,
         timeout=120, check=True,
     )  # fmt: skip
     files = [p for p in job_dir.rglob("*") if p.is_file() and p.name != SECRET_FILE]
-    if given:
-        assert stat.S_IMODE(job_dir.stat().st_mode) == 0o700
-    assert any(p.suffix == ".jsonl" for p in files) and any(p.name == "stdout.log" for p in files)
     holding = [str(p) for p in files if secret in p.read_text(errors="replace")]
     holding += [str(p) for p in job.outputs if secret in p.read_text(errors="replace")]
     assert holding == [] and secret not in report.stdout + report.stderr
+    return files + job.outputs

@@ -388,3 +388,26 @@ def test_node_0_forgets_every_earlier_runs_failover_files_and_a_run_its_own_at_i
     store_failover.announce(tmp_path, 1, 0)
     store_failover.forget_run(tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_beat_counter_set_back_by_another_client_is_reported_at_each_set_back(monkeypatch) -> None:
+    """Deleting a slot's counter, or adding a negative amount after each beat, holds the slot
+    still for its watcher: the slot's next beat reads a count not above its last and reports
+    it; a fence (which raises the count) is no set-back."""
+    from nvrx.supervisor import node_keys
+
+    watch, store, sent, clock = _watch(monkeypatch, own=1)
+    alive = node_keys.alive(1)
+    for _ in range(3):
+        assert watch._tick(store)
+        clock[0] += 1.0
+    assert sent == []
+    store.store.add(alive, -1)  # held still: the next beat reads what the last one did
+    assert watch._tick(store)
+    store.store.delete_key(alive)  # deleted: the next beat reads 1
+    assert watch._tick(store)
+    assert [(r["event"], r["key"]) for r in sent] == [("rejected", alive)] * 2
+    assert "set back from 3 to 2" in sent[0]["reason"] and "from 3 to 0" in sent[1]["reason"]
+    store.store.add(alive, 5)  # another client's beat: more, not less
+    assert watch._tick(store)
+    assert len(sent) == 2
