@@ -102,8 +102,9 @@ class NodeRoles:
         self._publish_info()
         cfg = self.cfg
         self.link.start_liveness(
-            self.slot, cfg.nnodes, cfg.node_heartbeat, cfg.node_timeout, cfg.store_timeout
-        )
+            self.slot, cfg.nnodes, cfg.node_heartbeat, cfg.node_timeout, cfg.store_timeout,
+            str(cfg.events_dir),
+        )  # fmt: skip
         if self.node_rank is None:
             self.watch_chain(node_keys.assign(self.slot))
             self.watch_chain(ALL_DONE_KEY)

@@ -34,7 +34,12 @@ written by a client without the job's secret: they are reported as ``rejected``
 next real fence is one more ``FENCE`` above the count seen. A beat that reads its
 counter at or below what its last beat read was set back by such a client (deleted, or a
 negative amount added, which holds the slot still for its watcher): it is reported as
-``rejected`` too; its watcher may still find the slot silent. The watch reads the
+``rejected`` too, and from then on the slot also stamps each beat in a file of the job
+folder (``store_failover.beats_dir``: owner-only, which no other user's process can
+write). A watcher whose target's counter stands still reads that file, and while the
+stamp moves it does not find the target silent (it logs that its beats are held still in
+the store): a store client cannot get a healthy node declared lost that way where the job
+folder is shared by the nodes (as a store failover needs it). The watch reads the
 claims with the job's secret (``seal.job_sealer``: the agent reads it from the file its
 supervisor names).
 """
@@ -42,15 +47,17 @@ supervisor names).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 from nvrx.store.ring_watch import RingWatch
 from nvrx.store.seal import SealedList, Sealer
 
-from . import node_keys
+from . import node_keys, store_failover
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +92,7 @@ class NodeWatch(threading.Thread):
         timeout: float,
         sealer: Sealer,
         startup_s: float | None = None,
+        job_dir: str | None = None,
     ) -> None:
         super().__init__(name="node-watch", daemon=True)
         self._connect, self._send, self.sealer = connect, send, sealer
@@ -97,6 +105,10 @@ class NodeWatch(threading.Thread):
         self._fence_floor = 0  # a count at or above this plus FENCE is a fence to look into
         self._forged_seen = 0  # entries of the own claim that did not unseal, reported already
         self._last_count: int | None = None  # what this slot's last beat read of its counter
+        self._beats_dir = None if job_dir is None else store_failover.beats_dir(Path(job_dir))
+        self._stamping = False  # once this slot's counter was set back: beats in the job folder too
+        self._stamps: dict[int, str | None] = {}  # what this watch last read of a target's stamp
+        self._held: set[int] = set()  # targets whose store beats are held still, said once
         self._reported = threading.Lock()  # one "lost" report, from the beats or the watchdog
 
     def run(self) -> None:
@@ -133,6 +145,8 @@ class NodeWatch(threading.Thread):
         count = int(store.add(node_keys.alive(self.own), 1))
         self._beats += 1
         self._check_counter(count)
+        if self._stamping:
+            self._stamp()
         fence = count >= self._fence_floor + node_keys.FENCE
         own_claim = (self._beats - 1) % OWN_CLAIM_EVERY == 0  # the first beat, then rarely
         if (fence or own_claim) and self._ended(store, count, fence):
@@ -146,7 +160,10 @@ class NodeWatch(threading.Thread):
         )
         if beats is None:
             return True
-        report = self.ring.observe(beats, time.monotonic(), time.time())
+        now = time.monotonic()
+        if self.ring.stood_still(beats) and self._stamp_moved(self.ring.target):
+            self.ring.restart_clock(now)  # alive: its store beats are held still
+        report = self.ring.observe(beats, now, time.time())
         if report is not None:
             log.warning("slot %s silent for %.1f s", report["slot"], report["silent_s"])
             self._send(report)
@@ -156,16 +173,45 @@ class NodeWatch(threading.Thread):
         """Only this slot adds to its counter but for a declarer's fence, which raises it: a
         count at or below the last one means a client set it back (deleted it, or added a
         negative amount), which holds this slot still in its watcher's eyes. Each set-back is
-        reported; it cannot be undone (see docs/security.md, what stays open)."""
+        reported, and from the first the slot stamps its beats in the job folder too."""
         last, self._last_count = self._last_count, count
         if last is None or count > last:
             return
         reason = (
             f"this slot's beat counter was set back from {last} to {count - 1} before this beat: "
-            "not a write of this job's supervisors (held still, this slot may be found silent)"
+            "not a write of this job's supervisors (held still in the store, this slot stamps "
+            "its beats in the job folder for its watcher)"
         )
         log.warning("rejected a change of slot %d's beat counter: %s", self.own, reason)
         self._send({"event": "rejected", "key": node_keys.alive(self.own), "reason": reason, "value_bytes": 0})
+        self._stamping = self._beats_dir is not None
+
+    def _stamp(self) -> None:
+        """This beat in the job folder, written whole (a reader never sees half of it)."""
+        assert self._beats_dir is not None
+        try:
+            self._beats_dir.mkdir(parents=True, exist_ok=True)
+            part = self._beats_dir / f".{self.own}.part"
+            part.write_text(str(self._beats))
+            os.replace(part, self._beats_dir / str(self.own))
+        except OSError as exc:
+            log.warning("cannot stamp this slot's beat in the job folder: %s", exc)
+
+    def _stamp_moved(self, slot: int | None) -> bool:
+        """Whether ``slot``'s stamp in the job folder changed since this watch last read it."""
+        if self._beats_dir is None or slot is None:
+            return False
+        try:
+            stamp: str | None = (self._beats_dir / str(slot)).read_text()
+        except OSError:
+            stamp = None
+        last, self._stamps[slot] = self._stamps.get(slot), stamp
+        moved = stamp is not None and last is not None and stamp != last
+        if moved and slot not in self._held:
+            self._held.add(slot)
+            log.warning("slot %d's beat counter stands still in the store, but it stamps its beats "
+                        "in the job folder: held still by another client, not silent", slot)  # fmt: skip
+        return moved
 
     def _claims(self, store: Counters, slot: int) -> SealedList:
         key = node_keys.claim(slot)

@@ -164,6 +164,7 @@ class _Agent:
             timeout=timeout,
             sealer=sealer,
             startup_s=float(request.get("startup", timeout)),
+            job_dir=request.get("job_dir"),
         ).start()
 
     def serve(self, lines: Iterable[str]) -> None:

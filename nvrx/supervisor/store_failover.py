@@ -68,6 +68,12 @@ def epoch_dir(job_dir: Path, epoch: int) -> Path:
     return job_dir / "failover" / _run() / f"e{epoch}"
 
 
+def beats_dir(job_dir: Path) -> Path:
+    """Where a slot whose beats in the store are held still stamps its beats instead
+    (``node_watch``): removed with this run's failover files."""
+    return job_dir / "failover" / _run() / "beats"
+
+
 def snapshot_path(job_dir: Path) -> Path:
     """Where the store service of this run keeps its snapshot of the job-level keys."""
     return job_dir / "store" / f"snapshot-{_run()}.json"

@@ -235,9 +235,10 @@ class StoreLink:
         self.request("watch", key)
 
     def start_liveness(
-        self, slot: int, nslots: int, interval: float, timeout: float, startup: float
+        self, slot: int, nslots: int, interval: float, timeout: float, startup: float, job_dir: str
     ) -> None:
-        """Have the agent beat for ``slot`` and watch the next slot (``node_watch``)."""
+        """Have the agent beat for ``slot`` and watch the next slot (``node_watch``); the job
+        folder holds the beats of a slot whose counter another client holds still."""
         self.request(
             "liveness",
             "node",
@@ -246,6 +247,7 @@ class StoreLink:
             interval=interval,
             timeout=timeout,
             startup=startup,
+            job_dir=job_dir,
         )
 
     def leave_ranks(

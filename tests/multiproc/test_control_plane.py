@@ -160,6 +160,38 @@ def test_a_forged_claim_that_the_store_host_is_lost_moves_no_store(tmp_path):
     assert len(done) == 3, job.output()  # every rank of the three nodes trained to the end
 
 
+def _hold_still(store: WireStore, key: str, until) -> None:
+    """Set the counter at ``key`` back to what it read first after each add, until ``until()``."""
+    held = store.add(key, 0)
+    while not until():
+        now = store.add(key, 0)
+        if now > held:
+            store.add(key, held - now)
+
+
+def test_a_live_slot_whose_beats_are_held_still_in_the_store_is_not_declared_lost(tmp_path):
+    """A foreign client sets node 1's beat counter back after each of its beats, for longer
+    than the node timeout: node 1 records each set-back and stamps its beats in the job
+    folder, node 0 (its watcher) reads the stamps and declares nothing; the job trains to
+    the end at full size, and the stamps go with the run's failover files."""
+    job = _job(tmp_path, 150, nproc=1)
+    wait_until("every rank to start", lambda: len(job.events("child_start")) == 2, 120)
+    job.wait_for_beat(1)
+    store, alive = _foreign_client(job), node_keys.alive(1)
+
+    def set_backs() -> int:
+        return len([e for e in job.events("rejected_write") if e["key"] == alive])
+
+    _hold_still(store, alive, lambda: set_backs() >= 8)  # 8 beats: past the 5 s node timeout
+    assert job.wait(240) == [0, 0], job.output()
+    assert not job.events("node_lost"), job.output()
+    rejected = job.events("rejected_write")
+    assert {(e["node"], e["key"]) for e in rejected} == {(1, alive)}, rejected
+    done = [e for e in job.events("child_exit") if e["exit_code"] == 0]
+    assert len(done) == 2, job.output()
+    assert not (job.log_dir / job.job_id / "failover").exists()
+
+
 def _forge_in_round(
     job: Job, store: WireStore, entry: bytes, interruption: bytes, terminated: bytes
 ) -> int:

@@ -411,3 +411,52 @@ def test_a_beat_counter_set_back_by_another_client_is_reported_at_each_set_back(
     store.store.add(alive, 5)  # another client's beat: more, not less
     assert watch._tick(store)
     assert len(sent) == 2
+
+
+def _pair(monkeypatch, job_dir):
+    """Slot 0 watching slot 1 on one store, with ``job_dir`` as their job folder."""
+    from nvrx.supervisor import node_watch
+
+    clock = [100.0]
+    monkeypatch.setattr(node_watch.time, "monotonic", lambda: clock[0])
+    store, sent = _CountingStore(), {0: [], 1: []}
+    watches = [
+        node_watch.NodeWatch(lambda: store, sent[own].append, own=own, nslots=2, interval=1.0,
+                             timeout=4.0, sealer=SEALER, job_dir=job_dir)
+        for own in (0, 1)
+    ]  # fmt: skip
+    return watches, store, sent, clock
+
+
+def _held_still(watches, store, clock, beats: int, slot_1_beats: bool = True) -> None:
+    """``beats`` intervals in which a client sets slot 1's counter back after each of its beats."""
+    from nvrx.supervisor import node_keys
+
+    for _ in range(beats):
+        if slot_1_beats:
+            assert watches[1]._tick(store)
+            store.store.add(node_keys.alive(1), -1)
+        assert watches[0]._tick(store)
+        clock[0] += 1.0
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["job-folder", "no-job-folder"])
+def test_a_slot_held_still_in_the_store_is_not_found_silent_while_it_stamps_the_job_folder(
+    monkeypatch, tmp_path, shared
+) -> None:
+    """A client sets slot 1's counter back after each of its beats, for four times the node
+    timeout: slot 1 reports each set-back, and its watcher, which reads its stamps in the
+    job folder, does not find it silent (without the folder it does, as before). Once slot 1
+    stops beating altogether, it is found silent within the timeout."""
+    from nvrx.supervisor import node_keys, store_failover
+
+    watches, store, sent, clock = _pair(monkeypatch, str(tmp_path) if shared else None)
+    _held_still(watches, store, clock, 16)
+    assert [r["key"] for r in sent[1]] == [node_keys.alive(1)] * 15  # each set-back but the last
+    silent = [r for r in sent[0] if r["event"] == "node_silent"]
+    if not shared:
+        assert [r["slot"] for r in silent] == [1]  # a healthy node found silent
+        return
+    assert silent == [] and (store_failover.beats_dir(tmp_path) / "1").exists()
+    _held_still(watches, store, clock, 6, slot_1_beats=False)  # slot 1 dies
+    assert [r["slot"] for r in sent[0] if r["event"] == "node_silent"] == [1]
