@@ -59,7 +59,8 @@ class RingWatch:
         return 0.0 if self._value is None else now - self._changed
 
     def restart_clock(self, now: float) -> None:
-        """Count the target's silence from ``now``: the watcher did not look before."""
+        """Count the target's silence from ``now``: the watcher did not look before, or it
+        learnt otherwise that the target is alive."""
         self._changed = now
 
     def stood_still(self, beats: int) -> bool:

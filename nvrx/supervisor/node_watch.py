@@ -35,11 +35,14 @@ next real fence is one more ``FENCE`` above the count seen. A beat that reads it
 counter at or below what its last beat read was set back by such a client (deleted, or a
 negative amount added, which holds the slot still for its watcher): it is reported as
 ``rejected`` too, and from then on the slot also stamps each beat in a file of the job
-folder (``store_failover.beats_dir``: owner-only, which no other user's process can
-write). A watcher whose target's counter stands still reads that file, and while the
-stamp moves it does not find the target silent (it logs that its beats are held still in
-the store): a store client cannot get a healthy node declared lost that way where the job
-folder is shared by the nodes (as a store failover needs it). The watch reads the
+folder (``store_failover.beats_dir``, per store: owner-only, which no other user's process
+can write). A watcher whose target's counter stands still reads that file, and while the
+stamp moves (or once it appears) it does not find the target silent (it logs that its
+beats are held still in the store). So a client that sets a slot's counter back after its
+beats does not get a healthy node declared lost where the job folder is shared by the
+nodes (as a store failover needs it) and the node timeout is at least three heartbeats;
+one that times its writes around both the slot's beats and the watcher's reads still can
+(docs/security.md). The watch reads the
 claims with the job's secret (``seal.job_sealer``: the agent reads it from the file its
 supervisor names).
 """
@@ -93,6 +96,7 @@ class NodeWatch(threading.Thread):
         sealer: Sealer,
         startup_s: float | None = None,
         job_dir: str | None = None,
+        store_name: str = "",
     ) -> None:
         super().__init__(name="node-watch", daemon=True)
         self._connect, self._send, self.sealer = connect, send, sealer
@@ -105,7 +109,10 @@ class NodeWatch(threading.Thread):
         self._fence_floor = 0  # a count at or above this plus FENCE is a fence to look into
         self._forged_seen = 0  # entries of the own claim that did not unseal, reported already
         self._last_count: int | None = None  # what this slot's last beat read of its counter
-        self._beats_dir = None if job_dir is None else store_failover.beats_dir(Path(job_dir))
+        # per store: a slot cut off with an old store beats there, not for the new one's ring
+        self._beats_dir = (
+            None if job_dir is None else store_failover.beats_dir(Path(job_dir)) / store_name
+        )
         self._stamping = False  # once this slot's counter was set back: beats in the job folder too
         self._stamps: dict[int, str | None] = {}  # what this watch last read of a target's stamp
         self._held: set[int] = set()  # targets whose store beats are held still, said once
@@ -160,8 +167,10 @@ class NodeWatch(threading.Thread):
         )
         if beats is None:
             return True
-        now = time.monotonic()
-        if self.ring.stood_still(beats) and self._stamp_moved(self.ring.target):
+        now, target = time.monotonic(), self.ring.target
+        if not self.ring.stood_still(beats):
+            self._stamps.pop(target, None)  # a later stretch reads its stamp afresh
+        elif self._stamp_moved(target):
             self.ring.restart_clock(now)  # alive: its store beats are held still
         report = self.ring.observe(beats, now, time.time())
         if report is not None:
@@ -183,8 +192,11 @@ class NodeWatch(threading.Thread):
             "its beats in the job folder for its watcher)"
         )
         log.warning("rejected a change of slot %d's beat counter: %s", self.own, reason)
-        self._send({"event": "rejected", "key": node_keys.alive(self.own), "reason": reason, "value_bytes": 0})
+        key = node_keys.alive(self.own)
+        self._send({"event": "rejected", "key": key, "reason": reason, "value_bytes": 0})
         self._stamping = self._beats_dir is not None
+        # a forged fence set back: a real one later counts from where the counter is now
+        self._fence_floor = min(self._fence_floor, count - count % node_keys.FENCE)
 
     def _stamp(self) -> None:
         """This beat in the job folder, written whole (a reader never sees half of it)."""
@@ -198,15 +210,17 @@ class NodeWatch(threading.Thread):
             log.warning("cannot stamp this slot's beat in the job folder: %s", exc)
 
     def _stamp_moved(self, slot: int | None) -> bool:
-        """Whether ``slot``'s stamp in the job folder changed since this watch last read it."""
+        """Whether ``slot``'s stamp in the job folder changed (or appeared) since this watch
+        last read it in this stretch of its counter standing still."""
         if self._beats_dir is None or slot is None:
             return False
         try:
             stamp: str | None = (self._beats_dir / str(slot)).read_text()
         except OSError:
             stamp = None
-        last, self._stamps[slot] = self._stamps.get(slot), stamp
-        moved = stamp is not None and last is not None and stamp != last
+        read_before, last = slot in self._stamps, self._stamps.get(slot)
+        self._stamps[slot] = stamp
+        moved = read_before and stamp is not None and stamp != last
         if moved and slot not in self._held:
             self._held.add(slot)
             log.warning("slot %d's beat counter stands still in the store, but it stamps its beats "

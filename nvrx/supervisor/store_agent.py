@@ -165,6 +165,7 @@ class _Agent:
             sealer=sealer,
             startup_s=float(request.get("startup", timeout)),
             job_dir=request.get("job_dir"),
+            store_name=f"{self.host}-{self.port}",
         ).start()
 
     def serve(self, lines: Iterable[str]) -> None:

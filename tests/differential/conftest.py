@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import warnings
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +18,11 @@ IMPLEMENTATIONS = ("reference", "nvrx")
 def _records(
     futures: dict[str, Future[list[dict[str, Any]]]], again: Callable[[], list[dict[str, Any]]]
 ) -> dict[str, list[dict[str, Any]]]:
-    """Each implementation's records once both runs ended. A reference rank that ran past its
-    timeout (seen, rarely, with NVRx 0.4.1 on a loaded machine: one rank never exited, its
-    peer ended normally) is the oracle's own fault, not nvrx's: the reference runs once more
-    (``again``), alone, with a warning that shows the first run's output. nvrx never runs
-    twice, and a failed nvrx run is told first."""
-    wait(futures.values())
+    """Each implementation's records, once both runs ended (their pool was shut down). A
+    reference rank that ran past its timeout (seen, rarely, with NVRx 0.4.1 on a loaded
+    machine: one rank never exited, its peer ended normally) is the oracle's own fault, not
+    nvrx's: the reference runs once more (``again``), alone, with a warning that shows the
+    first run's output. nvrx never runs twice, and a failed nvrx run is told first."""
     ours = futures["nvrx"].result()
     try:
         return {"reference": futures["reference"].result(), "nvrx": ours}

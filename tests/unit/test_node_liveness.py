@@ -422,7 +422,7 @@ def _pair(monkeypatch, job_dir):
     store, sent = _CountingStore(), {0: [], 1: []}
     watches = [
         node_watch.NodeWatch(lambda: store, sent[own].append, own=own, nslots=2, interval=1.0,
-                             timeout=4.0, sealer=SEALER, job_dir=job_dir)
+                             timeout=3.0, sealer=SEALER, job_dir=job_dir)  # three beats
         for own in (0, 1)
     ]  # fmt: skip
     return watches, store, sent, clock
@@ -444,8 +444,8 @@ def _held_still(watches, store, clock, beats: int, slot_1_beats: bool = True) ->
 def test_a_slot_held_still_in_the_store_is_not_found_silent_while_it_stamps_the_job_folder(
     monkeypatch, tmp_path, shared
 ) -> None:
-    """A client sets slot 1's counter back after each of its beats, for four times the node
-    timeout: slot 1 reports each set-back, and its watcher, which reads its stamps in the
+    """A client sets slot 1's counter back after each of its beats, for five times the node
+    timeout (three heartbeats, the least this holds for): slot 1 reports each set-back, and its watcher, which reads its stamps in the
     job folder, does not find it silent (without the folder it does, as before). Once slot 1
     stops beating altogether, it is found silent within the timeout."""
     from nvrx.supervisor import node_keys, store_failover
@@ -458,5 +458,45 @@ def test_a_slot_held_still_in_the_store_is_not_found_silent_while_it_stamps_the_
         assert [r["slot"] for r in silent] == [1]  # a healthy node found silent
         return
     assert silent == [] and (store_failover.beats_dir(tmp_path) / "1").exists()
-    _held_still(watches, store, clock, 6, slot_1_beats=False)  # slot 1 dies
+    _held_still(watches, store, clock, 5, slot_1_beats=False)  # slot 1 dies
     assert [r["slot"] for r in sent[0] if r["event"] == "node_silent"] == [1]
+
+
+def test_a_forged_fence_set_back_does_not_hide_a_real_fence_after_it(monkeypatch) -> None:
+    """A forged fence raises the count a real one is measured from; a client that then takes
+    it back (a set-back) must not leave a later real fence below that mark."""
+    from nvrx.supervisor import node_keys
+
+    watch, store, sent, clock = _watch(monkeypatch)
+    assert watch._tick(store)
+    _claim(store, 0, by=2, sealer=FORGER)
+    store.store.add(node_keys.alive(0), node_keys.FENCE)
+    clock[0] += 1.0
+    assert watch._tick(store)  # rejected: no valid claim behind the fence
+    store.store.add(node_keys.alive(0), -node_keys.FENCE)  # the forged fence taken back
+    clock[0] += 1.0
+    assert watch._tick(store)
+    assert [r["key"] for r in sent] == [node_keys.claim(0), node_keys.alive(0)]
+    _claim(store, 0, by=2)  # a real declaration, then its fence
+    store.store.add(node_keys.alive(0), node_keys.FENCE)
+    clock[0] += 1.0
+    assert not watch._tick(store)
+    assert sent[-1] == {"event": "fenced", "slot": 0}
+
+
+def test_a_stamp_counts_when_it_appears_or_changes_within_a_stretch_not_when_found_there(
+    monkeypatch, tmp_path
+) -> None:
+    from nvrx.supervisor import store_failover
+
+    watches, _store, _sent, _clock = _pair(monkeypatch, str(tmp_path))
+    watch, stamp = watches[0], store_failover.beats_dir(tmp_path) / "1"
+    assert not watch._stamp_moved(1)  # absent, first read
+    stamp.parent.mkdir(parents=True)
+    stamp.write_text("7")
+    assert watch._stamp_moved(1)  # it appeared: the slot started stamping
+    assert not watch._stamp_moved(1)  # the same stamp: no beat since
+    watch._stamps.pop(1)  # the counter moved: a new stretch
+    assert not watch._stamp_moved(1)  # an old stamp found there is no beat
+    stamp.write_text("8")
+    assert watch._stamp_moved(1)
