@@ -41,7 +41,7 @@ from nvrx.store.faults import FaultRecord
 from nvrx.store.seal import Sealer, new_secret, seal
 from nvrx.store.sealed_keys import entry_payload, key_of
 from nvrx.store.service import wait_for_store
-from nvrx.store.wire import WireStore
+from nvrx.store.wire import StoreGone, WireStore
 from nvrx.supervisor import node_keys
 from nvrx.supervisor.config import RESTARTS_KEY
 from nvrx.supervisor.job_secret import SECRET_FILE
@@ -190,7 +190,10 @@ def test_a_live_slot_whose_beats_are_held_still_in_the_store_is_not_declared_los
     def set_backs() -> int:
         return len([e for e in job.events("rejected_write") if e["key"] == alive])
 
-    _hold_still(store, alive, lambda: set_backs() >= 8, job)  # 8 beats: past the 5 s node timeout
+    try:
+        _hold_still(store, alive, lambda: set_backs() >= 8, job)  # 8 beats: past the 5 s node timeout
+    except StoreGone:
+        pytest.fail(f"the store went away while node 1 was held still (declared lost?):\n{job.output()}")
     assert job.wait(240) == [0, 0], job.output()
     assert not job.events("node_lost"), job.output()
     assert "slot 1's beat counter stands still in the store, but it stamps" in job.output()
