@@ -109,9 +109,8 @@ class NodeWatch(threading.Thread):
         self._fence_floor = 0  # a count at or above this plus FENCE is a fence to look into
         self._forged_seen = 0  # entries of the own claim that did not unseal, reported already
         self._last_count: int | None = None  # what this slot's last beat read of its counter
-        # per store: a slot cut off with an old store beats there, not for the new one's ring
         self._beats_dir = (
-            None if job_dir is None else store_failover.beats_dir(Path(job_dir)) / store_name
+            None if job_dir is None else store_failover.beats_dir(Path(job_dir), store_name)
         )
         self._stamping = False  # once this slot's counter was set back: beats in the job folder too
         self._stamps: dict[int, str | None] = {}  # what this watch last read of a target's stamp

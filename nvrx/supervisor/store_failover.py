@@ -68,10 +68,11 @@ def epoch_dir(job_dir: Path, epoch: int) -> Path:
     return job_dir / "failover" / _run() / f"e{epoch}"
 
 
-def beats_dir(job_dir: Path) -> Path:
-    """Where a slot whose beats in the store are held still stamps its beats instead
-    (``node_watch``): removed with this run's failover files."""
-    return job_dir / "failover" / _run() / "beats"
+def beats_dir(job_dir: Path, store: str) -> Path:
+    """Where a slot whose beats in ``store`` (its host and port) are held still stamps its
+    beats instead (``node_watch``): one folder per store, so that a node cut off with an old
+    store does not stamp for the ring of the new one; removed with this run's failover files."""
+    return job_dir / "failover" / _run() / "beats" / store
 
 
 def snapshot_path(job_dir: Path) -> Path:

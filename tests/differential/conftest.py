@@ -3,32 +3,15 @@
 from __future__ import annotations
 
 import subprocess
-import warnings
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from differential_harness import REFERENCE_PYTHON, ScenarioTimedOut, free_ports, run
+from differential_harness import REFERENCE_PYTHON, both_records, free_ports, run
 
 IMPLEMENTATIONS = ("reference", "nvrx")
-
-
-def _records(
-    futures: dict[str, Future[list[dict[str, Any]]]], again: Callable[[], list[dict[str, Any]]]
-) -> dict[str, list[dict[str, Any]]]:
-    """Each implementation's records, once both runs ended (their pool was shut down). A
-    reference rank that ran past its timeout (seen, rarely, with NVRx 0.4.1 on a loaded
-    machine: one rank never exited, its peer ended normally) is the oracle's own fault, not
-    nvrx's: the reference runs once more (``again``), alone, with a warning that shows the
-    first run's output. nvrx never runs twice, and a failed nvrx run is told first."""
-    ours = futures["nvrx"].result()
-    try:
-        return {"reference": futures["reference"].result(), "nvrx": ours}
-    except ScenarioTimedOut as exc:
-        warnings.warn(f"the reference ran past its timeout and runs once more: {exc}", stacklevel=1)
-        return {"reference": again(), "nvrx": ours}
 
 
 @pytest.fixture(scope="session")
@@ -72,7 +55,7 @@ def scenario(
             def again() -> list[dict[str, Any]]:
                 return run("reference", script, tmp / "reference-again", case, world_size, timeout, free_ports(3))
 
-            done[key] = _records(futures, again)
+            done[key] = both_records(futures, again)
         return done[key]
 
     return records

@@ -413,8 +413,12 @@ def test_a_beat_counter_set_back_by_another_client_is_reported_at_each_set_back(
     assert len(sent) == 2
 
 
-def _pair(monkeypatch, job_dir):
-    """Slot 0 watching slot 1 on one store, with ``job_dir`` as their job folder."""
+STORE_NAME = "127.0.0.1-29501"
+
+
+def _pair(monkeypatch, job_dir, names=(STORE_NAME, STORE_NAME)):
+    """Slot 0 watching slot 1 on one store, with ``job_dir`` as their job folder; ``names``,
+    the store each slot's watch says it beats in (its host and port)."""
     from nvrx.supervisor import node_watch
 
     clock = [100.0]
@@ -422,7 +426,8 @@ def _pair(monkeypatch, job_dir):
     store, sent = _CountingStore(), {0: [], 1: []}
     watches = [
         node_watch.NodeWatch(lambda: store, sent[own].append, own=own, nslots=2, interval=1.0,
-                             timeout=3.0, sealer=SEALER, job_dir=job_dir)  # three beats
+                             timeout=3.0, sealer=SEALER, job_dir=job_dir,
+                             store_name=names[own])  # three beats
         for own in (0, 1)
     ]  # fmt: skip
     return watches, store, sent, clock
@@ -457,8 +462,24 @@ def test_a_slot_held_still_in_the_store_is_not_found_silent_while_it_stamps_the_
     if not shared:
         assert [r["slot"] for r in silent] == [1]  # a healthy node found silent
         return
-    assert silent == [] and (store_failover.beats_dir(tmp_path) / "1").exists()
+    assert silent == [] and (store_failover.beats_dir(tmp_path, STORE_NAME) / "1").exists()
     _held_still(watches, store, clock, 5, slot_1_beats=False)  # slot 1 dies
+    assert [r["slot"] for r in sent[0] if r["event"] == "node_silent"] == [1]
+
+
+def test_a_slot_that_stamps_for_another_store_does_not_keep_its_watcher_quiet(
+    monkeypatch, tmp_path
+) -> None:
+    """Slot 1 beats in an old store (cut off with it after a failover) and stamps there; its
+    watcher, in the new store's ring, reads the new store's stamps: slot 1 is found silent."""
+    from nvrx.supervisor import store_failover
+
+    watches, store, sent, clock = _pair(
+        monkeypatch, str(tmp_path), names=(STORE_NAME, "127.0.0.1-29999")
+    )
+    _held_still(watches, store, clock, 16)
+    assert (store_failover.beats_dir(tmp_path, "127.0.0.1-29999") / "1").exists()
+    assert not (store_failover.beats_dir(tmp_path, STORE_NAME) / "1").exists()
     assert [r["slot"] for r in sent[0] if r["event"] == "node_silent"] == [1]
 
 
@@ -490,7 +511,7 @@ def test_a_stamp_counts_when_it_appears_or_changes_within_a_stretch_not_when_fou
     from nvrx.supervisor import store_failover
 
     watches, _store, _sent, _clock = _pair(monkeypatch, str(tmp_path))
-    watch, stamp = watches[0], store_failover.beats_dir(tmp_path) / "1"
+    watch, stamp = watches[0], store_failover.beats_dir(tmp_path, STORE_NAME) / "1"
     assert not watch._stamp_moved(1)  # absent, first read
     stamp.parent.mkdir(parents=True)
     stamp.write_text("7")
