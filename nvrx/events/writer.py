@@ -24,13 +24,6 @@ from .schema import SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
 
-# The variables are named by the job-environment contract (nvrx.jobenv), and nowhere else.
-LOG_DIR_ENV = jobenv.LOG_DIR
-JOB_ID_ENV = jobenv.JOB_ID
-NODE_RANK_ENV = jobenv.NODE_RANK
-FSYNC_ENV = jobenv.EVENTS_FSYNC
-DEFAULT_LOG_BASE = jobenv.DEFAULT_LOG_DIR
-
 
 def _read_boot_id() -> str:
     try:
@@ -64,7 +57,7 @@ def _int_or_none(value: str | None) -> int | None:
 def context_from_env(env: dict[str, str] | None = None) -> dict[str, Any]:
     """Default event context of this process, read from the variables nvrx and SLURM set."""
     env = os.environ if env is None else env
-    node = _int_or_none(env.get(NODE_RANK_ENV))
+    node = _int_or_none(env.get(jobenv.NODE_RANK))
     if node is None:
         node = _int_or_none(env.get("SLURM_NODEID"))
     return {
@@ -94,7 +87,7 @@ class EventWriter:
         self.component = component
         self._context: dict[str, Any] = {"job": None, "node": None, "rank": None, "round": None}
         self._context.update(context or {})
-        self._fsync = os.environ.get(FSYNC_ENV) == "1" if fsync is None else fsync
+        self._fsync = os.environ.get(jobenv.EVENTS_FSYNC) == "1" if fsync is None else fsync
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._pid = -1

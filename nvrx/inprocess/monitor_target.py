@@ -32,7 +32,6 @@ def open_pidfd(pid: int) -> int | None:
 
 
 alive = processes.alive
-wait_exit = processes.wait_exit
 
 
 def terminate(pid: int, pidfd: int | None, grace_s: float) -> None:

@@ -54,8 +54,6 @@ BarrierError = nvrx_barrier.BarrierError
 BarrierTimeout = nvrx_barrier.BarrierTimeout
 BarrierOverflow = nvrx_barrier.BarrierOverflow
 
-INFINITE = datetime.timedelta.max
-
 
 def _seconds(timeout: datetime.timedelta | float | None) -> float:
     if timeout is None:

@@ -20,8 +20,7 @@ from .model import Failure, ReportData
 
 def is_follow_on(f: Failure) -> bool:
     """Whether ``f`` tells that another fault went first (``consequence.fault_shape``)."""
-    told = getattr(f, "explained_by", None) or getattr(f, "follow_on", None)
-    return bool(told) or fault_shape(f.exc_type, f.message, f.signature) == FOLLOW_ON
+    return fault_shape(f.exc_type, f.message, f.signature) == FOLLOW_ON
 
 
 def _time(value: float | None) -> float:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from nvrx.events.failures import kind_of, process_end_signature
 
 from .consequence import FOLLOW_ON, fault_shape
-from .model import NodeLoss, ProcessRestart, ReportData, RoundRow, Summary, SuspectNode
+from .model import NodeLoss, ProcessRestart, ReportData, RoundRow, Summary
 from .render_losses import recovery
 from .text_doc import Doc, ranks_text, secs, when, where
 from .timeline import BY_NODE_LOSS
@@ -69,11 +69,6 @@ def _round_label(run: int, rnd: int | None, many_runs: bool) -> str:
     return f"{text} (run {run})" if many_runs else text
 
 
-def _follow_on(row: RoundRow) -> bool:
-    told = getattr(row, "explained_by", None) or getattr(row, "follow_on", None)
-    return bool(told) or fault_shape(None, None, row.cause) == FOLLOW_ON
-
-
 def _recovered(row: RoundRow, rows: list[RoundRow]) -> str:
     later = [t for t in rows if (t.run, t.round) > (row.run, row.round)]
     if any(t.run == row.run for t in later):
@@ -120,7 +115,7 @@ def _round_lines(r: ReportData) -> list[FaultLine]:
     return [
         FaultLine(
             _fault_wall(r, t),
-            (kind_of(t.cause) if t.cause else "-") + (" (follow-on)" if _follow_on(t) else ""),
+            (kind_of(t.cause) if t.cause else "-") + (" (follow-on)" if fault_shape(None, None, t.cause) == FOLLOW_ON else ""),
             t.cause or "-",
             first_failure(t),
             _round_label(t.run, t.round, many),
@@ -217,23 +212,6 @@ def no_exclude_reason(r: ReportData) -> str:
     return "no evidence against any node itself (a fault seen on several hosts is the code's)"
 
 
-def evidence(n: SuspectNode) -> list[str]:
-    """What tells against (or for) ``n``: its row's ``evidence``, else its incident counts."""
-    told: list[str] = list(getattr(n, "evidence", None) or [])
-    if told:
-        return told
-    counts = [
-        (n.lost, "lost"),
-        (n.first_failures, "first failure of a round"),
-        (n.hangs, "hang"),
-        (n.deaths, "process death"),
-    ]
-    said = [f"{what} x{count}" for count, what in counts if count]
-    if n.signatures:
-        said.append("signatures: " + "; ".join(n.signatures))
-    return said
-
-
 def _outcome(r: ReportData) -> str:
     s = r.summary
     said = {OK: "", FAILED: "FAILED: ", UNFINISHED: "NOT FINISHED: "}[verdict(s)]
@@ -272,7 +250,7 @@ def answer_section(doc: Doc, r: ReportData) -> None:
     if r.exclude:
         said = [f"exclude next time: --exclude={r.exclude}"]
         said += [
-            f"  {where(n.node, n.host)}: {'; '.join(evidence(n))}" for n in r.suspects if n.suspect
+            f"  {where(n.node, n.host)}: {'; '.join(n.evidence)}" for n in r.suspects if n.suspect
         ]
         doc.text("\n".join(said))
     else:
