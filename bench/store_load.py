@@ -22,8 +22,8 @@ a real ``nvrx.store.barrier`` participant). What each simulated party sends, per
     ``add(claim(watched), 0)``, ``add(alive(watched), 0)``: four requests, one after the
     other); barrier arrivals per rank.
 ``per-node`` (everything aggregated per node)
-    only every node's supervisor: its store agent's ``NodeWatch._tick`` (``add`` of its
-    ``alive`` counter, ``add(alive(watched), 0)``; the claims are read only when they can
+    only every node's supervisor: its store agent's tick in the ring (``nvrx.store.ring``:
+    ``add`` of its ``alive`` counter, ``add(alive(watched), 0)``; the claims are read only when they can
     matter, and its own claim once every ``OWN_CLAIM_EVERY`` beats in place of the watched
     count, each node at a beat of its own): 2 requests per node; barrier arrivals per node.
 ``product`` (a Wrapper job under supervisors now)
@@ -32,8 +32,8 @@ a real ``nvrx.store.barrier`` participant). What each simulated party sends, per
     the round's interrupted key, renewed every ``monitor_thread.WAIT_CHUNK_S`` (a WAIT and
     a CANCEL_WAIT then); barrier arrivals per rank, as the Wrapper's barriers still are.
     The Wrapper alone sends the same now: its ranks beat to their host's node agent
-    (``nvrx.inprocess.node_agent``), which beats for the host as a
-    node's store agent does, without the rare read of its own claim.
+    (``nvrx.inprocess.node_agent``), which beats for the host in the same ring as a
+    node's store agent does.
 
 In every pattern each node also holds the store agent's key watches (one connection each,
 a ``wait`` on the stop key and on the next job restart, re-armed once a day).
@@ -614,7 +614,7 @@ def run_one(pattern: str, nodes: int, args: argparse.Namespace, tmp: str) -> Out
         host, port = service.host, service.port
         from nvrx.inprocess.monitor_thread import WAIT_CHUNK_S
         from nvrx.store import client
-        from nvrx.supervisor.node_watch import OWN_CLAIM_EVERY
+        from nvrx.store.ring import OWN_CLAIM_EVERY
         from nvrx.supervisor.store_agent import _WATCH_CHUNK
 
         probe_key = "nvrx/bench/probe"

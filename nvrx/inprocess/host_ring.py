@@ -1,21 +1,23 @@
-"""A host's place in the store without a supervisor: its slot, its counter, its lists of ranks.
+"""A host's place in the store without a supervisor: its slot, its lists of ranks.
 
-The node agent of a host (``node_agent``) beats for the host in the ring of
-hosts (``nvrx.store.ring_watch``): ``HostRing``. Its slot is handed out once
-per host; each monitor writes its rank in the host's list (``list_rank``), and
-again in the list of those that ended on purpose (``list_ended``).
-``Thresholds`` says how long a rank's take-out waits before it is tried again,
-and how long a silent host stands before its ranks are taken out.
+The node agent of a host (``node_agent``) beats for the host in the ring of hosts
+(``nvrx.store.ring``, under ``keys.HOSTS_PREFIX``: ``RING``; the job has no secret, so
+its claims are plain). A host's slot is handed out once per host; each monitor writes
+its rank in the host's list (``list_rank``), and again in the list of those that ended
+on purpose (``list_ended``). ``Thresholds`` says how long a rank's take-out waits before
+it is tried again, and how long a silent host stands before its ranks are taken out.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
-from nvrx.store import keys, rank_lists
-from nvrx.store.ring_watch import RingWatch
+from nvrx.store import keys, rank_lists, ring
+
+#: The ring of hosts, and its claims: plain entries (no job secret without a supervisor).
+RING = ring.RingKeys(keys.HOSTS_PREFIX)
+ENTRIES = ring.Unsealed()
 
 
 def register(store: Any, host: str) -> int:
@@ -41,13 +43,36 @@ def _slot(store: Any, name: str) -> int:
     got = store.compare_set(key, "", str(slot))
     taken = int(got.decode() if isinstance(got, bytes) else got)
     if taken != slot:  # another monitor of the host took one first: this one is never used
-        store.add(keys.host_claim(slot), 1)
+        end_place(store, slot)
     return taken
 
 
 def claimed(store: Any, slot: int) -> bool:
     """Whether host ``slot``'s place in the ring ended."""
-    return int(store.add(keys.host_claim(slot), 0)) > 0
+    return bool(ring.read_claims(store, RING, ENTRIES, slot).valid)
+
+
+def end_place(store: Any, slot: int) -> bool:
+    """End host ``slot``'s place in the ring (its ranks all ended, or it was never used);
+    False when it was ended already."""
+    return ring.claim(store, RING, ENTRIES, slot, slot)
+
+
+def declare_lost(store: Any, slot: int, by: int) -> bool:
+    """Host ``by``'s agent ends silent host ``slot``'s place, and fences it (``nvrx.store.ring``)."""
+    return ring.declare_lost(store, RING, ENTRIES, slot, by)
+
+
+def host_count(store: Any) -> int:
+    """How many host slots were handed out: the size of the ring."""
+    return int(store.add(keys.HOST_COUNT, 0))
+
+
+def place(store: Any, slot: int, limits: Thresholds) -> ring.RingPlace:
+    """Host ``slot``'s part in the ring of hosts (a silent host stands ``limits.host_s``)."""
+    return ring.RingPlace(
+        RING, slot, host_count(store), limits.host_s, ENTRIES, stall_s=limits.stall_s
+    )
 
 
 def list_rank(store: Any, slot: int, rank: int) -> None:
@@ -92,45 +117,3 @@ class Thresholds:
     def stall_s(self) -> float:
         """An agent that did not look at the store this long does not count that time."""
         return 2 * self.period + self.timeout / 4
-
-
-class HostRing:
-    """The agent's part in the store: its host's counter, the watch of the next host."""
-
-    def __init__(self, store: Any, slot: int, limits: Thresholds) -> None:
-        self.store, self.slot, self.limits = store, slot, limits
-        self.ring = RingWatch(slot, self.count(), limits.host_s)
-        self._last_tick: float | None = None
-
-    def count(self) -> int:
-        return int(self.store.add(keys.HOST_COUNT, 0))
-
-    def refresh(self) -> None:
-        """Hosts whose first monitor came after this one's last look: take them in the ring."""
-        self.ring.resize(self.count())
-
-    def tick(self, now: float, wall: float) -> dict[str, Any] | None:
-        """One beat for this host and one look at the next; a report when that one newly
-        went silent (as ``RingWatch.observe``). Time this agent itself did not look (a
-        stall, or a store that did not answer) is nobody's silence. A slot that never beat
-        has its end read at every look: a slot its host took twice ends at its second."""
-        store, ring, limits = self.store, self.ring, self.limits
-        started = time.monotonic()
-        store.add(keys.host_alive(self.slot), 1)
-        beats = ring.look(
-            lambda slot: int(store.add(keys.host_alive(slot), 0)),
-            lambda slot, beats: (beats == 0 or ring.still_for(now) > limits.timeout / 2)
-            and int(store.add(keys.host_claim(slot), 0)) > 0,
-        )
-        took = time.monotonic() - started
-        last, self._last_tick = self._last_tick, now
-        if beats is None:
-            return None
-        if took > limits.stall_s or (last is not None and now - last > limits.stall_s):
-            ring.restart_clock(now)
-            return None
-        return ring.observe(beats, now, wall)
-
-    def claim(self, slot: int) -> bool:
-        """Take the end of ``slot``; False when it was ended already (by itself or another)."""
-        return int(self.store.add(keys.host_claim(slot), 1)) == 1

@@ -21,8 +21,8 @@ way and takes the same place in the ring.
 What the agent does every heartbeat period:
 
 1. reads the beats that came (another user's are dropped);
-2. bumps its host's counter in the store and reads the next host's
-   (``host_ring.HostRing``, one ring of hosts);
+2. ticks its host's place in the ring of hosts (``nvrx.store.ring``, the ring the
+   supervisors' slots beat in too: its counter bumped, the next host's read);
 3. takes out of the running round, as ``unresponsive`` with a ``fault`` event
    (``rounds.leave_round``): a rank of its host whose monitor stopped beating
    for the rank's ``heartbeat_timeout`` (unless it said it ended on purpose);
@@ -56,19 +56,11 @@ from typing import Any
 from nvrx import events, jobenv, processes
 from nvrx.rank_beats import Beat, BeatSender, BeatSocket, RankBeats
 from nvrx.store.faults import FaultRecord, announce_leave
+from nvrx.store.ring import RingPlace
 from nvrx.store.wire import WireStore
 
-from . import monitor_store
-from .host_ring import (
-    HostRing,
-    Thresholds,
-    claimed,
-    ended_ranks,
-    list_ended,
-    list_rank,
-    live_ranks,
-    register,
-)
+from . import host_ring, monitor_store
+from .host_ring import Thresholds, claimed, ended_ranks, list_ended, list_rank, live_ranks, register
 from .monitor_process import MonitorConfig
 
 log = logging.getLogger(__name__)
@@ -216,7 +208,7 @@ class NodeAgent:
         self.cfg, self.sock, self.emit, self.host = cfg, sock, emit, host
         self.limits = limits_of(cfg)
         self.store: Any = None
-        self.ring: HostRing | None = None
+        self.place: RingPlace | None = None  # this host's part in the ring of hosts
         self.slot = -1
         self.table = RankBeats()
         self.heard: set[int] = set()  # ranks whose monitor beat here
@@ -271,8 +263,7 @@ class NodeAgent:
         listed = set(live_ranks(self.store, self.slot)) - self.done
         if listed:
             raise _NotYet(f"ranks {sorted(listed)} of this host are still listed")
-        assert self.ring is not None
-        self.ring.claim(self.slot)
+        host_ring.end_place(self.store, self.slot)
         log.info("every rank of this host ended: the agent ends")
 
     def _guarded(self, step: Callable[[float], None], now: float) -> bool:
@@ -299,7 +290,7 @@ class NodeAgent:
         if self.store is not None and hasattr(self.store, "close"):
             with contextlib.suppress(Exception):
                 self.store.close()
-        self.store, self.ring = None, None
+        self.store, self.place = None, None
         self._silent_hosts.clear()  # found in that store; the next may be another job's call
 
     def _connect(self, now: float) -> None:
@@ -316,28 +307,38 @@ class NodeAgent:
         """Use ``store``: take the host's slot in the ring, watch the host's listed ranks."""
         self.store = store
         self.slot = register(store, host_key(self.cfg, self.host))
-        self.ring = HostRing(store, self.slot, self.limits)
+        self.place = host_ring.place(store, self.slot, self.limits)
         self._watch_listed(now)
         self._refresh_at = now + self.limits.host_s
 
     def _tick(self, now: float) -> None:
         """The host's beat, the look at the next host, then what the silences call for."""
-        assert self.ring is not None
-        report = self.ring.tick(now, time.time())
-        if report is not None:  # the ring moves on; the host's place ends once its ranks are out
-            self.ring.ring.ended_slot(report["slot"])
-            log.warning("host slot %s silent for %.1f s", report["slot"], report["silent_s"])
-            self._silent_hosts[report["slot"]] = {**report, "at": now}
+        assert self.place is not None
+        if not self.place.fenced:
+            for report in self.place.tick(self.store, now, time.time()):
+                self._heard_from_ring(report, now)
         for s in self.table.due(now):
             self._queue([s.beat.initial_rank], f"no heartbeat for {s.silent_s:.1f} s", now)
         if now >= self._refresh_at:
             self._refresh_at = now + self.limits.host_s
-            self.ring.refresh()
+            self.place.ring.resize(host_ring.host_count(self.store))
             self._watch_listed(now)
         self._take_out_due(now)
         for slot, silent in list(self._silent_hosts.items()):
             if silent["at"] <= now:
                 self._take_out_host(slot, silent, now)
+
+    def _heard_from_ring(self, report: dict[str, Any], now: float) -> None:
+        """What this host's tick found: a host newly silent (the ring moves on; its place
+        ends once its ranks are out), this host fenced off (another host found it silent
+        while it stalled, and took its ranks out: it beats no more), a forged write."""
+        if report["event"] == "node_silent":
+            assert self.place is not None
+            self.place.ring.ended_slot(report["slot"])
+            self._silent_hosts[report["slot"]] = {**report, "at": now}
+        elif report["event"] == "fenced":
+            log.warning("another host found this one silent and took its ranks out: it beats "
+                        "no more in the ring of hosts")  # fmt: skip
 
     def _watch_listed(self, now: float) -> None:
         """Each listed live rank not heard of yet gets a full timeout to beat here."""
@@ -387,13 +388,12 @@ class NodeAgent:
     def _take_out_host(self, slot: int, silent: dict[str, Any], now: float) -> None:
         """Take the ranks of silent host ``slot`` out; end its place in the ring once they
         all are. Until then another agent that finds it silent does so again."""
-        assert self.ring is not None
         ranks = live_ranks(self.store, slot)
         message = f"its host sent no heartbeat for {silent['silent_s']:.1f} s"
         if ranks and self._leave(ranks, message, own=False):
             silent["at"] = now + self.limits.replace_s
             return
-        self.ring.claim(slot)
+        host_ring.declare_lost(self.store, slot, self.slot)
         del self._silent_hosts[slot]
 
     def _leave(self, ranks: list[int], message: str, own: bool = True) -> list[int]:

@@ -11,7 +11,8 @@ from __future__ import annotations
 ROOT = "nvrx/"
 
 #: Without a supervisor, one node agent per host beats for the host's ranks
-#: (``nvrx.inprocess.node_agent``): a host's *slot* is its place in the ring of hosts.
+#: (``nvrx.inprocess.node_agent``): a host's *slot* is its place in the ring of hosts
+#: (``nvrx.store.ring``: ``alive/<slot>`` and ``claim/<slot>`` under this prefix).
 HOSTS_PREFIX = ROOT + "host/"
 #: Counter: host slots handed out (a slot taken twice by one host is ended at once).
 HOST_COUNT = HOSTS_PREFIX + "count"
@@ -20,17 +21,6 @@ HOST_COUNT = HOSTS_PREFIX + "count"
 def host_slot(host: str) -> str:
     """The slot of ``host`` (compare-and-set once: the first monitor of the host to ask decides it)."""
     return f"{HOSTS_PREFIX}slot/{host}"
-
-
-def host_alive(slot: int) -> str:
-    """Counter the node agent of host ``slot`` bumps every heartbeat interval."""
-    return f"{HOSTS_PREFIX}alive/{slot}"
-
-
-def host_claim(slot: int) -> str:
-    """Counter whose first increment ends host ``slot``: its ranks all ended, or the host
-    that watches it found it silent and took its ranks out."""
-    return f"{HOSTS_PREFIX}claim/{slot}"
 
 
 def host_ranks(slot: int) -> str:

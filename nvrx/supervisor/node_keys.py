@@ -7,18 +7,14 @@ the active node count, else it starts as a spare and may take over the node
 rank of a lost slot. One liveness key per slot: store load grows with nodes,
 never with ranks.
 
-A slot's end is decided once, by its *claim*: a sealed list (``nvrx.store.seal``) to which
-the slot itself appends when it leaves cleanly, and a supervisor that found it silent
-when it declares it lost; the first entry that unseals wins (``nvrx.store.sealed_keys``;
-``claims`` reads one). An entry a client without the job's secret appended is skipped: it neither
-ends a healthy slot nor keeps a lost one from being declared. Whoever declared the slot
-lost then adds ``FENCE`` to its ``alive`` counter; the slot's next beat shows it, and the
-slot reads its claim to learn whether a valid declaration stands behind it.
+The slots' liveness is the ring of ``nvrx.store.ring`` (``RING``: a slot's ``alive`` counter
+and its ``claim``, sealed with the job's secret, whose first valid entry decides its end:
+it left cleanly, or a supervisor that found it silent declared it lost and fenced it).
 """
 
 from __future__ import annotations
 
-from nvrx.store.seal import SealedList, Sealer
+from nvrx.store.ring import FENCE, RingKeys
 
 from .config import KEY_PREFIX
 
@@ -27,27 +23,13 @@ PREFIX = KEY_PREFIX + "node/"
 SHRUNK = PREFIX + "shrunk"
 
 
-#: Added to a slot's ``alive`` counter by whoever declared it lost, right after taking its
-#: ``claim``: the slot's own next beat (an ``add`` that returns the counter) then shows it
-#: was fenced off, with no request of its own. Far above any count of beats.
-FENCE = 1 << 40
+#: The ring of slots: ``alive/<slot>`` and ``claim/<slot>`` under ``PREFIX``.
+RING = RingKeys(PREFIX)
+alive = RING.alive
+claim = RING.claim
 
-
-def alive(slot: int) -> str:
-    """Counter the slot's store agent bumps every heartbeat interval (``FENCE`` once lost)."""
-    return f"{PREFIX}alive/{slot}"
-
-
-def claim(slot: int) -> str:
-    """Sealed list whose first valid entry decides a slot's end, once: it left cleanly, or
-    a watcher declared it lost. A slot found claimed by someone else was fenced off."""
-    return f"{PREFIX}claim/{slot}"
-
-
-def claims(sealer: Sealer, slot: int, value: str | None) -> SealedList:
-    """The claim of ``slot`` as read (``value``; None: not set): its entries that unseal,
-    the first deciding, and the fragments that do not."""
-    return sealer.entries(claim(slot), value)
+__all__ = ["FENCE", "PREFIX", "RING", "SHRUNK", "STRAGGLERS", "alive", "assign", "claim", "done",
+           "info", "spare_taken", "step_times"]  # fmt: skip
 
 
 def info(slot: int) -> str:

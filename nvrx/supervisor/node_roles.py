@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nvrx.slurm import commands
-from nvrx.store import sealed_keys
+from nvrx.store import ring, sealed_keys
 from nvrx.store.seal import Sealer
 from nvrx.store.sealed_keys import ChainValue, SealedChain
 
@@ -280,7 +280,7 @@ class NodeRoles:
         """Whether ``slot``'s claim holds a valid entry: it left, or was declared lost.
         (Before the job's secret is known, nothing can have ended: the claims need it.)"""
         sealer = self._sealer()
-        return sealer is not None and sealed_keys.claimed(self.link, sealer, node_keys.claim(slot))
+        return sealer is not None and bool(ring.read_claims(self.link, node_keys.RING, sealer, slot).valid)
 
     def free_spares(self) -> int:
         """How many spare slots are alive and not taken yet (nothing is taken here)."""
@@ -299,18 +299,15 @@ class NodeRoles:
 
     # -- ends of slots ------------------------------------------------------------------
     def _end(self, slot: int) -> bool:
-        """Claim the end of ``slot``; True for the one caller that got it."""
-        if not self._claim(slot):
+        """Claim the end of ``slot`` (this slot's own, or another declared lost and fenced:
+        its own next beat shows it); True for the one caller that got it."""
+        sealer = self._known_sealer()
+        end = ring.claim if slot == self.slot else ring.declare_lost
+        if not end(self.link, node_keys.RING, sealer, slot, self.slot):
             return False
-        if slot != self.slot:  # declared lost: its own next beat shows it (node_watch)
-            self.link.add(node_keys.alive(slot), node_keys.FENCE)
         if slot != self.store_slot and self._count_up(ENDED_KEY) >= self.cfg.nnodes - 1:
             self._set_flag(ALL_ENDED_KEY)  # every slot but the store host's
         return True
-
-    def _claim(self, slot: int) -> bool:
-        """Append this slot's claim on the end of ``slot``; True when it is the first valid one."""
-        return sealed_keys.claim(self.link, self._known_sealer(), node_keys.claim(slot), self.slot)
 
     def leave(self) -> bool:
         """This slot ends cleanly; False when the others had declared it lost already."""

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from nvrx.store.ring import OWN_CLAIM_EVERY, RingWatch
 from nvrx.store.seal import Sealer
 from nvrx.store.sealed_keys import entry_payload
 from nvrx.supervisor import store_failover
 from nvrx.supervisor.cli import main
 from nvrx.supervisor.config import ConfigError, SupervisorConfig, local_job
-from nvrx.supervisor.node_watch import RingWatch
 from nvrx.supervisor.store_failover import StoreAddress
 
 
@@ -188,17 +188,17 @@ def _watch(monkeypatch, own: int = 0):
 
 
 def test_a_node_watch_sends_two_requests_per_beat_and_still_sees_ends(monkeypatch) -> None:
-    from nvrx.supervisor import node_keys, node_watch
+    from nvrx.supervisor import node_keys
 
     watch, store, sent, clock = _watch(monkeypatch)
     assert watch._tick(store)  # the first beat reads its own claim too
     assert watch.ring.target == 1 and store.requests == 3
     store.requests = 0
-    for _ in range(node_watch.OWN_CLAIM_EVERY - 1):
+    for _ in range(OWN_CLAIM_EVERY - 1):
         clock[0] += 1.0
         store.store.add(node_keys.alive(1), 1)  # slot 1 beats
         assert watch._tick(store)
-    assert store.requests == 2 * (node_watch.OWN_CLAIM_EVERY - 1)  # beat + one read, no claims
+    assert store.requests == 2 * (OWN_CLAIM_EVERY - 1)  # beat + one read, no claims
     # slot 1 ends (its claim is taken) and stops beating: the watch moves on to slot 2
     _claim(store, 1, by=1)
     store.requests = 0
@@ -217,11 +217,11 @@ def test_a_node_watch_sends_two_requests_per_beat_and_still_sees_ends(monkeypatc
 def test_no_beat_after_the_first_sends_more_than_two_requests(monkeypatch) -> None:
     """While the watched slot beats, store load is two requests per node per interval, the rare
     own-claim read included; its silence is still reported."""
-    from nvrx.supervisor import node_keys, node_watch
+    from nvrx.supervisor import node_keys
 
     watch, store, sent, clock = _watch(monkeypatch)
     assert watch._tick(store)
-    for beat in range(3 * node_watch.OWN_CLAIM_EVERY):
+    for beat in range(3 * OWN_CLAIM_EVERY):
         store.requests = 0
         clock[0] += 1.0
         store.store.add(node_keys.alive(1), 1)  # slot 1 beats
@@ -253,12 +253,12 @@ def test_a_slot_declared_lost_learns_it_from_its_own_next_beat(monkeypatch) -> N
 
 def test_a_claim_without_its_fence_is_found_by_the_rare_own_claim_read(monkeypatch) -> None:
     """A declarer that ended between its claim and its fence: the slot still learns it."""
-    from nvrx.supervisor import node_keys, node_watch
+    from nvrx.supervisor import node_keys
 
     watch, store, sent, clock = _watch(monkeypatch)
     assert watch._tick(store)
     _claim(store, 0, by=2)
-    for _ in range(node_watch.OWN_CLAIM_EVERY - 1):
+    for _ in range(OWN_CLAIM_EVERY - 1):
         clock[0] += 1.0
         store.store.add(node_keys.alive(1), 1)
         assert watch._tick(store)
@@ -326,9 +326,10 @@ def test_a_sealed_claim_from_an_earlier_run_ends_nothing() -> None:
 
     earlier = Sealer(SEALER.secret, run=0)
     entry = earlier.entry(node_keys.claim(1), entry_payload(0))
-    assert node_keys.claims(Sealer(SEALER.secret, run=1), 1, entry).valid == ()
-    assert node_keys.claims(Sealer(SEALER.secret, run=1), 2, None).invalid == 0
-    assert node_keys.claims(earlier, 2, entry).invalid == 1  # another slot's key: refused too
+    later = Sealer(SEALER.secret, run=1)
+    assert later.entries(node_keys.claim(1), entry).valid == ()
+    assert later.entries(node_keys.claim(2), None).invalid == 0
+    assert earlier.entries(node_keys.claim(2), entry).invalid == 1  # another slot's key: refused too
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to act as another user (uid 65534)")
@@ -512,12 +513,12 @@ def test_a_stamp_counts_when_it_appears_or_changes_within_a_stretch_not_when_fou
 
     watches, _store, _sent, _clock = _pair(monkeypatch, str(tmp_path))
     watch, stamp = watches[0], store_failover.beats_dir(tmp_path, STORE_NAME) / "1"
-    assert not watch._stamp_moved(1)  # absent, first read
+    assert not watch.place._stamp_moved(1)  # absent, first read
     stamp.parent.mkdir(parents=True)
     stamp.write_text("7")
-    assert watch._stamp_moved(1)  # it appeared: the slot started stamping
-    assert not watch._stamp_moved(1)  # the same stamp: no beat since
-    watch._stamps.pop(1)  # the counter moved: a new stretch
-    assert not watch._stamp_moved(1)  # an old stamp found there is no beat
+    assert watch.place._stamp_moved(1)  # it appeared: the slot started stamping
+    assert not watch.place._stamp_moved(1)  # the same stamp: no beat since
+    watch.place._stamp_read.pop(1)  # the counter moved: a new stretch
+    assert not watch.place._stamp_moved(1)  # an old stamp found there is no beat
     stamp.write_text("8")
-    assert watch._stamp_moved(1)
+    assert watch.place._stamp_moved(1)

@@ -42,6 +42,9 @@ class _Link:
     def append(self, key: str, value: str) -> None:
         self.store.append(key, value)
 
+    def compare_set(self, key: str, expected: str, desired: str) -> str:
+        return self.store.compare_set(key, expected, desired).decode()
+
 
 class _Node:
     def __init__(self) -> None:
