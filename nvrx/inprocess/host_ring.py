@@ -59,7 +59,8 @@ def end_place(store: Any, slot: int) -> bool:
 
 
 def declare_lost(store: Any, slot: int, by: int) -> bool:
-    """Host ``by``'s agent ends silent host ``slot``'s place, and fences it (``nvrx.store.ring``)."""
+    """Host ``by``'s agent ends silent host ``slot``'s place and fences it
+    (``nvrx.store.ring``)."""
     return ring.declare_lost(store, RING, ENTRIES, slot, by)
 
 

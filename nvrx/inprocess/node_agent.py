@@ -209,6 +209,7 @@ class NodeAgent:
         self.limits = limits_of(cfg)
         self.store: Any = None
         self.place: RingPlace | None = None  # this host's part in the ring of hosts
+        self.fenced = False  # another host declared this one lost: out of the ring for good
         self.slot = -1
         self.table = RankBeats()
         self.heard: set[int] = set()  # ranks whose monitor beat here
@@ -306,6 +307,8 @@ class NodeAgent:
     def _attach(self, store: Any, now: float) -> None:
         """Use ``store``: take the host's slot in the ring, watch the host's listed ranks."""
         self.store = store
+        if self.fenced:  # its slot is ended: no new one, the ring goes on without this host
+            return
         self.slot = register(store, host_key(self.cfg, self.host))
         self.place = host_ring.place(store, self.slot, self.limits)
         self._watch_listed(now)
@@ -313,32 +316,36 @@ class NodeAgent:
 
     def _tick(self, now: float) -> None:
         """The host's beat, the look at the next host, then what the silences call for."""
-        assert self.place is not None
-        if not self.place.fenced:
-            for report in self.place.tick(self.store, now, time.time()):
-                self._heard_from_ring(report, now)
+        if self.place is None:  # fenced off: the store is still read, to know it answers
+            host_ring.host_count(self.store)
+        elif not self.place.tick(self.store, now, time.time(), lambda r: self._heard(r, now)):
+            self.place, self.fenced = None, True
         for s in self.table.due(now):
             self._queue([s.beat.initial_rank], f"no heartbeat for {s.silent_s:.1f} s", now)
         if now >= self._refresh_at:
             self._refresh_at = now + self.limits.host_s
-            self.place.ring.resize(host_ring.host_count(self.store))
+            if self.place is not None:
+                self.place.ring.resize(host_ring.host_count(self.store))
             self._watch_listed(now)
         self._take_out_due(now)
         for slot, silent in list(self._silent_hosts.items()):
             if silent["at"] <= now:
                 self._take_out_host(slot, silent, now)
 
-    def _heard_from_ring(self, report: dict[str, Any], now: float) -> None:
-        """What this host's tick found: a host newly silent (the ring moves on; its place
-        ends once its ranks are out), this host fenced off (another host found it silent
-        while it stalled, and took its ranks out: it beats no more), a forged write."""
+    def _heard(self, report: dict[str, Any], now: float) -> None:
+        """What this host's tick found (a ``rejected`` write the ring logged already): a
+        host newly silent (the ring moves on; its place ends once its ranks are out), or
+        this host fenced off (another host found it silent while it stalled and took its
+        ranks out: it beats no more, and takes no new place)."""
         if report["event"] == "node_silent":
             assert self.place is not None
             self.place.ring.ended_slot(report["slot"])
             self._silent_hosts[report["slot"]] = {**report, "at": now}
         elif report["event"] == "fenced":
-            log.warning("another host found this one silent and took its ranks out: it beats "
-                        "no more in the ring of hosts")  # fmt: skip
+            log.warning(
+                "another host found this one silent and took its ranks out: it beats no "
+                "more in the ring of hosts"
+            )
 
     def _watch_listed(self, now: float) -> None:
         """Each listed live rank not heard of yet gets a full timeout to beat here."""

@@ -67,21 +67,27 @@ class RingKeys:
         return f"{self.prefix}alive/{slot}"
 
     def claim(self, slot: int) -> str:
-        """List whose first valid entry decides party ``slot``'s end: it left, or was declared lost."""
+        """List whose first valid entry decides party ``slot``'s end: it left, or was
+        declared lost."""
         return f"{self.prefix}claim/{slot}"
 
 
 class Unsealed:
-    """The entries of a ring's claims where the job has no secret: plain, each one valid."""
+    """The entries of a ring's claims where the job has no secret: plain, each one valid
+    (``Sealer``'s ``entry`` and ``entries``, without the seal)."""
 
     def entry(self, key: str, payload: str) -> str:
+        """``payload`` as one entry of the list at ``key``, to append."""
         return f"{ENTRY}{payload}{ENTRY}"
 
     def entries(self, key: str, value: str | None) -> SealedList:
+        """The list ``value`` read at ``key`` (None: not set): every entry, in order."""
         return SealedList(tuple(f for f in (value or "").split(ENTRY) if f))
 
 
 Entries = Sealer | Unsealed
+#: Where a party's tick sends what it finds (``node_silent``, ``rejected``, ``fenced``).
+Report = Callable[[dict[str, Any]], None]
 
 
 class Counters(Protocol):
@@ -90,7 +96,7 @@ class Counters(Protocol):
 
     def add(self, key: str, amount: int) -> int: ...
 
-    def compare_set(self, key: str, expected: str, desired: str) -> bytes: ...
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes | str: ...
 
 
 def read_claims(store: Counters, keys: RingKeys, entries: Entries, slot: int) -> SealedList:
@@ -185,7 +191,8 @@ class RingWatch:
         return None
 
     def observe(self, beats: int, now: float, wall: float) -> dict[str, Any] | None:
-        """The target's counter read at ``now``; a ``node_silent`` report when it newly went silent."""
+        """The target's counter read at ``now``; a ``node_silent`` report when it newly went
+        silent."""
         if self.target is None:
             return None
         if beats != self._value:
@@ -238,31 +245,32 @@ class RingPlace:
         self._stamp_read: dict[int, str | None] = {}  # a target's stamp, as last read
         self._held: set[int] = set()  # targets whose store beats are held still, said once
 
-    def tick(self, store: Counters, now: float, wall: float) -> list[dict[str, Any]]:
-        """One beat and one look (``now``: monotonic seconds, ``wall``: epoch seconds); the
-        reports, in order. After a ``fenced`` report the party has ended: no more ticks."""
+    def tick(self, store: Counters, now: float, wall: float, report: Report) -> bool:
+        """One beat and one look (``now``: monotonic seconds, ``wall``: epoch seconds); what
+        it finds goes to ``report`` as it is found. False once the party was fenced off
+        (a ``fenced`` report): it has ended, and ticks no more."""
         started, last = time.monotonic(), self._last_tick
         self._last_tick = now
-        reports: list[dict[str, Any]] = []
         count = int(store.add(self.keys.alive(self.own), 1))
         self._beats += 1
-        self._check_counter(count, reports)
+        self._check_counter(count, report)
         if self._stamping:
             self._stamp()
         fence = count >= self._fence_floor + FENCE
         own_claim = (self._beats - 1) % OWN_CLAIM_EVERY == 0  # the first beat, then rarely
-        if (fence or own_claim) and self._ended(store, count, fence, reports):
+        if (fence or own_claim) and self._ended(store, count, fence, report):
             self.fenced = True
-            return [*reports, {"event": "fenced", "slot": self.own}]
+            report({"event": "fenced", "slot": self.own})
+            return False
         if own_claim and self._beats > 1:
-            return reports  # the claim was this beat's second request: the look waits a beat
+            return True  # the claim was this beat's second request: the look waits a beat
         beats = self.ring.look(
             lambda slot: int(store.add(self.keys.alive(slot), 0)),
             lambda slot, _: bool(read_claims(store, self.keys, self.entries, slot).valid),
         )
         if beats is not None and not self._stalled(started, last, now):
-            self._observe(beats, now, wall, reports)
-        return reports
+            self._observe(beats, now, wall, report)
+        return True
 
     def _stalled(self, started: float, last: float | None, now: float) -> bool:
         """Whether this party itself did not look for longer than ``stall_s`` (its requests
@@ -276,18 +284,18 @@ class RingPlace:
             return True
         return False
 
-    def _observe(self, beats: int, now: float, wall: float, reports: list[dict[str, Any]]) -> None:
+    def _observe(self, beats: int, now: float, wall: float, report: Report) -> None:
         target = self.ring.target
         if not self.ring.stood_still(beats) and target is not None:
             self._stamp_read.pop(target, None)  # a later stretch reads its stamp afresh
         elif self._stamp_moved(target):
             self.ring.restart_clock(now)  # alive: its store beats are held still
-        report = self.ring.observe(beats, now, wall)
-        if report is not None:
-            log.warning("slot %s silent for %.1f s", report["slot"], report["silent_s"])
-            reports.append(report)
+        silent = self.ring.observe(beats, now, wall)
+        if silent is not None:
+            log.warning("slot %s silent for %.1f s", silent["slot"], silent["silent_s"])
+            report(silent)
 
-    def _check_counter(self, count: int, reports: list[dict[str, Any]]) -> None:
+    def _check_counter(self, count: int, report: Report) -> None:
         """Only this party adds to its counter but for a declarer's fence, which raises it: a
         count at or below the last one means a client set it back (deleted it, or added a
         negative amount), which holds this party still in its watcher's eyes. Each set-back
@@ -295,14 +303,15 @@ class RingPlace:
         last, self._last_count = self._last_count, count
         if last is None or count > last:
             return
+        stamps = ", this slot stamps its beats in the job folder for its watcher"
+        stamps = stamps if self.stamps is not None else ""
         reason = (
             f"this slot's beat counter was set back from {last} to {count - 1} before this beat: "
-            "not a write of this job's parties (held still in the store, this slot stamps "
-            "its beats in the job folder for its watcher)"
+            f"not a write of {self._writers()} (held still in the store{stamps})"
         )
         log.warning("rejected a change of slot %d's beat counter: %s", self.own, reason)
         key = self.keys.alive(self.own)
-        reports.append({"event": "rejected", "key": key, "reason": reason, "value_bytes": 0})
+        report({"event": "rejected", "key": key, "reason": reason, "value_bytes": 0})
         self._stamping = self.stamps is not None
         # a forged fence set back: a real one later counts from where the counter is now
         self._fence_floor = min(self._fence_floor, count - count % FENCE)
@@ -332,13 +341,19 @@ class RingPlace:
         moved = read_before and stamp is not None and stamp != last
         if moved and slot not in self._held:
             self._held.add(slot)
-            log.warning("slot %d's beat counter stands still in the store, but it stamps its beats "
-                        "in the job folder: held still by another client, not silent", slot)  # fmt: skip
+            log.warning(
+                "slot %d's beat counter stands still in the store, but it stamps its beats in "
+                "the job folder: held still by another client, not silent",
+                slot,
+            )
         return moved
 
-    def _ended(
-        self, store: Counters, count: int, fence: bool, reports: list[dict[str, Any]]
-    ) -> bool:
+    def _writers(self) -> str:
+        """Who writes this ring's keys: what a write of another client is not."""
+        sealed = isinstance(self.entries, Sealer)
+        return "this job's supervisors" if sealed else "this job's node agents"
+
+    def _ended(self, store: Counters, count: int, fence: bool, report: Report) -> bool:
         """Whether this party's claim holds a valid entry; reports what was forged of it."""
         claims = read_claims(store, self.keys, self.entries, self.own)
         if claims.valid:
@@ -348,14 +363,14 @@ class RingPlace:
             self._forged_seen = claims.invalid
             key = self.keys.claim(self.own) if forged > 0 else self.keys.alive(self.own)
             reason = (
-                f"{forged} claim entries with no valid seal: not a declaration of this job's "
-                "supervisors in this run"
+                f"{forged} claim entries with no valid seal: not a declaration of "
+                f"{self._writers()} in this run"
                 if forged > 0
-                else "a fence with no valid claim behind it: not added by this job's supervisors"
+                else f"a fence with no valid claim behind it: not added by {self._writers()}"
             )
             log.warning("rejected a forged end of slot %d: %s", self.own, reason)
             size = claims.invalid_bytes if forged > 0 else 0
-            reports.append({"event": "rejected", "key": key, "reason": reason, "value_bytes": size})
+            report({"event": "rejected", "key": key, "reason": reason, "value_bytes": size})
         if fence:
             self._fence_floor = count - count % FENCE
         return False

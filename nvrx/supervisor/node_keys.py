@@ -14,7 +14,8 @@ it left cleanly, or a supervisor that found it silent declared it lost and fence
 
 from __future__ import annotations
 
-from nvrx.store.ring import FENCE, RingKeys
+from nvrx.store.ring import FENCE as FENCE  # whoever declares a slot lost adds it
+from nvrx.store.ring import RingKeys
 
 from .config import KEY_PREFIX
 
@@ -23,13 +24,19 @@ PREFIX = KEY_PREFIX + "node/"
 SHRUNK = PREFIX + "shrunk"
 
 
-#: The ring of slots: ``alive/<slot>`` and ``claim/<slot>`` under ``PREFIX``.
+#: The ring of slots (``nvrx.store.ring``): a slot's ``alive`` counter and its ``claim``.
 RING = RingKeys(PREFIX)
-alive = RING.alive
-claim = RING.claim
 
-__all__ = ["FENCE", "PREFIX", "RING", "SHRUNK", "STRAGGLERS", "alive", "assign", "claim", "done",
-           "info", "spare_taken", "step_times"]  # fmt: skip
+
+def alive(slot: int) -> str:
+    """Counter the slot's store agent bumps every heartbeat interval (``FENCE`` more once lost)."""
+    return RING.alive(slot)
+
+
+def claim(slot: int) -> str:
+    """Sealed list whose first valid entry decides a slot's end, once: it left cleanly, or
+    a watcher declared it lost. A slot found claimed by someone else was fenced off."""
+    return RING.claim(slot)
 
 
 def info(slot: int) -> str:

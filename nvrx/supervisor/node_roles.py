@@ -280,7 +280,9 @@ class NodeRoles:
         """Whether ``slot``'s claim holds a valid entry: it left, or was declared lost.
         (Before the job's secret is known, nothing can have ended: the claims need it.)"""
         sealer = self._sealer()
-        return sealer is not None and bool(ring.read_claims(self.link, node_keys.RING, sealer, slot).valid)
+        if sealer is None:
+            return False
+        return bool(ring.read_claims(self.link, node_keys.RING, sealer, slot).valid)
 
     def free_spares(self) -> int:
         """How many spare slots are alive and not taken yet (nothing is taken here)."""

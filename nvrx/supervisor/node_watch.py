@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nvrx.store.ring import Counters, RingPlace
+from nvrx.store.ring import Counters, RingPlace, RingWatch
 from nvrx.store.seal import Sealer
 
 from . import node_keys, store_failover
@@ -70,8 +70,8 @@ class NodeWatch(threading.Thread):
         self._reported = threading.Lock()  # one "lost" report, from the beats or the watchdog
 
     @property
-    def ring(self) -> Any:
-        """The watch's bookkeeping (``nvrx.store.ring.RingWatch``)."""
+    def ring(self) -> RingWatch:
+        """Whom this slot watches, and since when its counter stood still."""
         return self.place.ring
 
     def run(self) -> None:
@@ -104,7 +104,6 @@ class NodeWatch(threading.Thread):
             self._send({"event": "lost", "message": message})
 
     def _tick(self, store: Counters) -> bool:
-        """One tick of this slot's place; False once it is fenced off."""
-        for report in self.place.tick(store, time.monotonic(), time.time()):
-            self._send(report)
-        return not self.place.fenced
+        """One tick of this slot's place, its reports sent as they come; False once it is
+        fenced off."""
+        return self.place.tick(store, time.monotonic(), time.time(), self._send)

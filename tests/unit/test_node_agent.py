@@ -34,10 +34,10 @@ INTERVAL = 0.05
 WORLD = 4
 
 
-
 def _claims(store, slot: int) -> int:
     """How many entries end host ``slot``'s place in the ring."""
     return len(ring.read_claims(store, RING, ENTRIES, slot).valid)
+
 
 def _config(**fields: Any) -> MonitorConfig:
     values: dict[str, Any] = dict(
@@ -238,13 +238,17 @@ def test_a_silent_host_is_taken_out_by_the_agent_watching_it(base, hosts) -> Non
     assert _claims(base, b.agent.slot) == 1  # its place ended
     assert a.agent.done == set()  # not its own ranks
     assert _termination_arrivals(base) == 2  # nobody waits for them at the end
-    # h1's agent thaws: its next beat shows the fence, it reads the claim and beats no more
-    fenced = int(base.add(RING.alive(b.agent.slot), 0))
+    # h1's agent thaws: its next beat shows the fence, it reads the claim and beats no more,
+    # not even in a place of its own after its store connection was made again
+    fenced, slot = int(base.add(RING.alive(b.agent.slot), 0)), b.agent.slot
     assert fenced >= ring.FENCE
-    b.agent.step(now + INTERVAL)
-    b.agent.step(now + 2 * INTERVAL)
-    assert b.agent.place is not None and b.agent.place.fenced
-    assert int(base.add(RING.alive(b.agent.slot), 0)) == fenced + 1
+    assert b.agent.step(now + INTERVAL) and b.agent.fenced
+    b.agent._drop_store()
+    b.agent._attach(base, now + 2 * INTERVAL)  # connected again (this test's store: no address)
+    assert b.agent.step(now + 2 * INTERVAL)  # the store answers
+    assert b.agent.slot == slot and b.agent.place is None
+    assert int(base.add(RING.alive(slot), 0)) == fenced + 1
+    assert int(base.add(keys.HOST_COUNT, 0)) == 2  # no new place taken
 
 
 def test_a_host_whose_place_ended_takes_a_new_one_that_is_watched(base, hosts) -> None:
@@ -350,9 +354,10 @@ def test_an_agent_whose_store_is_gone_ends() -> None:
         assert h.agent.step(t)
         del server
         wait_until("a failing store", lambda: not h.agent.step(time.monotonic()), 30)
-        # judged from the last answer (at t), whatever the failing requests took
-        assert not h.agent.finished(t + LIMITS.host_s / 2, t)
-        assert h.agent.finished(t + LIMITS.host_s + 0.1, t)
+        # judged from the last answer, whatever the failing requests took
+        reached = h.agent._reached
+        assert not h.agent.finished(reached + LIMITS.host_s / 2, t)
+        assert h.agent.finished(reached + LIMITS.host_s + 0.1, t)
     finally:
         h.close()
 
