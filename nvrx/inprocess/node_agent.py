@@ -307,6 +307,8 @@ class NodeAgent:
     def _attach(self, store: Any, now: float) -> None:
         """Use ``store``: take the host's slot in the ring, watch the host's listed ranks."""
         self.store = store
+        if self.slot >= 0 and not self.fenced and claimed(store, self.slot):
+            self._fence()  # declared lost before this agent's tick could see it
         if self.fenced:  # its slot is ended: no new one, the ring goes on without this host
             return
         self.slot = register(store, host_key(self.cfg, self.host))
@@ -319,7 +321,7 @@ class NodeAgent:
         if self.place is None:  # fenced off: the store is still read, to know it answers
             host_ring.host_count(self.store)
         elif not self.place.tick(self.store, now, time.time(), lambda r: self._heard(r, now)):
-            self.place, self.fenced = None, True
+            self._fence()
         for s in self.table.due(now):
             self._queue([s.beat.initial_rank], f"no heartbeat for {s.silent_s:.1f} s", now)
         if now >= self._refresh_at:
@@ -332,20 +334,25 @@ class NodeAgent:
             if silent["at"] <= now:
                 self._take_out_host(slot, silent, now)
 
+    def _fence(self) -> None:
+        """Another host found this one silent while it stalled, took its ranks out and ended
+        its place: it beats no more and takes no new place. The hosts it found silent are
+        left to the host that fenced it, which watches them now."""
+        log.warning(
+            "another host found this one silent and took its ranks out: it beats no more in "
+            "the ring of hosts"
+        )
+        self.place, self.fenced = None, True
+        self._silent_hosts.clear()
+
     def _heard(self, report: dict[str, Any], now: float) -> None:
-        """What this host's tick found (a ``rejected`` write the ring logged already): a
-        host newly silent (the ring moves on; its place ends once its ranks are out), or
-        this host fenced off (another host found it silent while it stalled and took its
-        ranks out: it beats no more, and takes no new place)."""
+        """What this host's tick found that it acts on: a host newly silent (the ring moves
+        on; its place ends once its ranks are out). A ``rejected`` write the ring logged;
+        ``fenced`` comes with the tick's end (``_fence``)."""
         if report["event"] == "node_silent":
             assert self.place is not None
             self.place.ring.ended_slot(report["slot"])
             self._silent_hosts[report["slot"]] = {**report, "at": now}
-        elif report["event"] == "fenced":
-            log.warning(
-                "another host found this one silent and took its ranks out: it beats no "
-                "more in the ring of hosts"
-            )
 
     def _watch_listed(self, now: float) -> None:
         """Each listed live rank not heard of yet gets a full timeout to beat here."""

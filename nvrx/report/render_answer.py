@@ -69,6 +69,11 @@ def _round_label(run: int, rnd: int | None, many_runs: bool) -> str:
     return f"{text} (run {run})" if many_runs else text
 
 
+def _follow_on(row: RoundRow) -> bool:
+    """Whether the round's cause tells that another fault went first."""
+    return fault_shape(None, None, row.cause) == FOLLOW_ON
+
+
 def _recovered(row: RoundRow, rows: list[RoundRow]) -> str:
     later = [t for t in rows if (t.run, t.round) > (row.run, row.round)]
     if any(t.run == row.run for t in later):
@@ -115,7 +120,7 @@ def _round_lines(r: ReportData) -> list[FaultLine]:
     return [
         FaultLine(
             _fault_wall(r, t),
-            (kind_of(t.cause) if t.cause else "-") + (" (follow-on)" if fault_shape(None, None, t.cause) == FOLLOW_ON else ""),
+            (kind_of(t.cause) if t.cause else "-") + (" (follow-on)" if _follow_on(t) else ""),
             t.cause or "-",
             first_failure(t),
             _round_label(t.run, t.round, many),

@@ -235,7 +235,6 @@ class RingPlace:
         self.keys, self.own, self.entries = keys, own, entries
         self.ring = RingWatch(own, nslots, timeout, startup_s)
         self.stamps, self.stall_s = stamps, stall_s
-        self.fenced = False
         self._beats = 0
         self._fence_floor = 0  # a count at or above this plus FENCE is a fence to look into
         self._forged_seen = 0  # entries of the own claim that did not unseal, reported already
@@ -259,7 +258,6 @@ class RingPlace:
         fence = count >= self._fence_floor + FENCE
         own_claim = (self._beats - 1) % OWN_CLAIM_EVERY == 0  # the first beat, then rarely
         if (fence or own_claim) and self._ended(store, count, fence, report):
-            self.fenced = True
             report({"event": "fenced", "slot": self.own})
             return False
         if own_claim and self._beats > 1:

@@ -61,6 +61,8 @@ class NodeWatch(threading.Thread):
         super().__init__(name="node-watch", daemon=True)
         self._connect, self._send = connect, send
         self.interval, self.timeout = interval, timeout
+        if job_dir is not None and not store_name:
+            raise ValueError("with a job folder, store_name is needed: stamps are per store")
         stamps = None if job_dir is None else store_failover.beats_dir(Path(job_dir), store_name)
         self.place = RingPlace(
             node_keys.RING, own, nslots, timeout, sealer, startup_s, stamps=stamps

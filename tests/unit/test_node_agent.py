@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
-from nvrx.inprocess import node_agent
+from nvrx.inprocess import host_ring, node_agent
 from nvrx.inprocess import store as rstore
 from nvrx.inprocess.host_ring import ENTRIES, RING, list_ended, list_rank, live_ranks, register
 from nvrx.inprocess.monitor_process import MonitorConfig
@@ -249,6 +249,35 @@ def test_a_silent_host_is_taken_out_by_the_agent_watching_it(base, hosts) -> Non
     assert b.agent.slot == slot and b.agent.place is None
     assert int(base.add(RING.alive(slot), 0)) == fenced + 1
     assert int(base.add(keys.HOST_COUNT, 0)) == 2  # no new place taken
+    b.agent._drop_store()
+    b.agent._attach(_Gone(), now + 3 * INTERVAL)  # fenced, it still finds a store gone
+    assert not b.agent.step(now + 3 * INTERVAL)
+
+
+class _Gone:
+    """A store that no longer answers."""
+
+    def __getattr__(self, name: str) -> Any:
+        def gone(*args: Any) -> Any:
+            raise ConnectionError("the store is gone")
+
+        return gone
+
+
+def test_a_host_declared_lost_while_its_connection_was_down_takes_no_new_place(base, hosts):
+    """h1 is declared lost while its agent's store connection is down: connected again, the
+    agent finds its place ended by another and stays out of the ring."""
+    a, b = hosts("h0", [0]), hosts("h1", [1])
+    t = time.monotonic()
+    a.agent.step(t), b.agent.step(t)
+    b.agent._drop_store()
+    host_ring.declare_lost(base, b.agent.slot, a.agent.slot)
+    counted, slot = int(base.add(RING.alive(b.agent.slot), 0)), b.agent.slot
+    b.agent._attach(base, t + INTERVAL)
+    assert b.agent.fenced and b.agent.slot == slot
+    assert b.agent.step(t + 2 * INTERVAL)
+    assert int(base.add(RING.alive(slot), 0)) == counted  # no beat
+    assert int(base.add(keys.HOST_COUNT, 0)) == 2  # no new place taken
 
 
 def test_a_host_whose_place_ended_takes_a_new_one_that_is_watched(base, hosts) -> None:
@@ -349,15 +378,23 @@ def test_an_agent_whose_store_is_gone_ends() -> None:
     store = client.connect("127.0.0.1", server.port, timeout=2)
     h = Host(store, "h0", [0])
     try:
-        t = time.monotonic()
+        t = last_ok = time.monotonic()
         h.beat(0)
         assert h.agent.step(t)
         del server
-        wait_until("a failing store", lambda: not h.agent.step(time.monotonic()), 30)
+
+        def failed() -> bool:  # a step may still be answered while the server goes
+            nonlocal last_ok
+            now = time.monotonic()
+            if h.agent.step(now):
+                last_ok = now
+                return False
+            return True
+
+        wait_until("a failing store", failed, 30)
         # judged from the last answer, whatever the failing requests took
-        reached = h.agent._reached
-        assert not h.agent.finished(reached + LIMITS.host_s / 2, t)
-        assert h.agent.finished(reached + LIMITS.host_s + 0.1, t)
+        assert not h.agent.finished(last_ok + LIMITS.host_s / 2, t)
+        assert h.agent.finished(last_ok + LIMITS.host_s + 0.1, t)
     finally:
         h.close()
 

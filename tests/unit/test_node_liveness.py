@@ -414,6 +414,30 @@ def test_a_beat_counter_set_back_by_another_client_is_reported_at_each_set_back(
     assert len(sent) == 2
 
 
+def test_a_set_back_is_reported_before_a_look_that_fails(monkeypatch) -> None:
+    """What a tick found goes out as it is found: a set-back's report is sent even when the
+    look at the watched slot then fails (the store went)."""
+    from nvrx.supervisor import node_keys
+
+    watch, store, sent, clock = _watch(monkeypatch)
+    for _ in range(2):
+        assert watch._tick(store)
+        clock[0] += 1.0
+    store.store.add(node_keys.alive(0), -1)
+    real_add = store.add
+
+    def add(key: str, amount: int) -> int:
+        if key != node_keys.alive(0):
+            raise ConnectionError("the store is gone")
+        return real_add(key, amount)
+
+    monkeypatch.setattr(store, "add", add)
+    with pytest.raises(ConnectionError):
+        watch._tick(store)
+    assert [r["event"] for r in sent] == ["rejected"]
+    assert "not a write of this job's supervisors" in sent[0]["reason"]
+
+
 STORE_NAME = "127.0.0.1-29501"
 
 
