@@ -108,11 +108,9 @@ def read_claims(store: Counters, keys: RingKeys, entries: Entries, slot: int) ->
 
 
 def claim(store: Any, keys: RingKeys, entries: Entries, slot: int, by: int) -> bool:
-    """Claim party ``slot``'s end for ``by`` (``store``: ``append`` besides); True when this
-    claim is the first valid one."""
-    key, mine = keys.claim(slot), sealed_keys.entry_payload(by)
-    store.append(key, entries.entry(key, mine))
-    return read_claims(store, keys, entries, slot).first == mine
+    """Claim party ``slot``'s end for ``by`` (``store``: ``append`` and ``get`` besides);
+    True when this claim is the first valid one."""
+    return sealed_keys.claim(store, entries, keys.claim(slot), by)
 
 
 def declare_lost(store: Any, keys: RingKeys, entries: Entries, slot: int, by: int) -> bool:
@@ -163,10 +161,6 @@ class RingWatch:
         self.ended.add(slot)
         if slot == self.target:
             self._move(slot)
-
-    def still_for(self, now: float) -> float:
-        """How long the target's counter has read the same (0 before a first read)."""
-        return 0.0 if self._value is None else now - self._changed
 
     def restart_clock(self, now: float) -> None:
         """Count the target's silence from ``now``: the watcher did not look before, or it

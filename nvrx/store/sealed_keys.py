@@ -133,8 +133,11 @@ def entry_payload(by: int, **fields: Any) -> str:
 
 
 def read_list(link: Any, sealer: Sealer, key: str) -> SealedList:
-    """The sealed list at ``key`` as it is now."""
-    return sealer.entries(key, link.get(key))
+    """The sealed list at ``key`` as it is now (``link``: a store link, which answers text
+    or None, or a store client, which answers bytes)."""
+    value = link.get(key)
+    text = value.decode(errors="replace") if isinstance(value, bytes) else value
+    return sealer.entries(key, text)
 
 
 def append_entry(link: Any, sealer: Sealer, key: str, payload: str) -> SealedList:
