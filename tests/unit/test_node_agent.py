@@ -142,6 +142,28 @@ def test_only_the_agent_talks_to_the_store_two_requests_per_tick(base, hosts) ->
     assert h.faults() == []
 
 
+def test_a_tick_reads_the_next_hosts_counter_and_its_claim_only_while_it_stands_still(
+    base, hosts
+) -> None:
+    """Two requests per tick while the next host beats; one more, for its claim, while its
+    counter stands still."""
+    counted = Counting(base)
+    b = hosts("h1", [1])  # first: h0, which registers after it, watches it from the start
+    a = hosts("h0", [0], store=counted)
+    t = time.monotonic()
+    for i in range(2):  # the first tick reads h0's own claim besides
+        a.beat(0), b.beat(1)
+        b.agent.step(t + i * INTERVAL), a.agent.step(t + i * INTERVAL)
+    before = counted.requests
+    a.beat(0), b.beat(1)
+    b.agent.step(t + 2 * INTERVAL), a.agent.step(t + 2 * INTERVAL)
+    assert counted.requests - before == 2  # its counter, h1's counter
+    before = counted.requests
+    a.beat(0)
+    a.agent.step(t + 3 * INTERVAL)  # h1 did not beat
+    assert counted.requests - before == 3  # its counter, h1's counter, h1's claim
+
+
 def test_a_rank_silent_for_its_timeout_is_taken_out_once(base, hosts) -> None:
     view = _round(base)
     h = hosts("h0", [0, 1])
