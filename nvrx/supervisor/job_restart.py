@@ -6,8 +6,9 @@ rank of every node together, as one restart of the job:
 
 1. the supervisor that sees a failure claims restart ``e`` (a sealed list in
    the store: only the first claim of ``e`` that unseals counts), takes one unit
-   of the budget through the restart policy (loop breaker included) and announces
-   ``e``; a failure on another node of the same epoch finds the claim taken
+   of the budget through the restart policy (loop breaker included: the streak of
+   failures in a row is the job's, carried from each announcement to the next) and
+   announces ``e``; a failure on another node of the same epoch finds the claim taken
    and only follows;
 2. every supervisor, told of ``e`` by its watch, stops its children (SIGTERM,
    SIGKILL after ``--grace-period``; their exits are part of the restart,
@@ -109,6 +110,20 @@ class JobRestart:
         slot = self.store.config.node_rank
         return sealed_keys.claim(self._link, self.store.known_sealer(), _key(epoch, "claim"), slot)
 
+    def _streak_before(self, epoch: int) -> tuple[str | None, int]:
+        """The loop breaker's streak as restart ``epoch - 1`` announced it: the same failure
+        counts in a row across the job, whichever node claimed each restart. A restart for a
+        lost node, or one announced without a streak, starts none."""
+        if epoch <= 1:
+            return None, 0
+        chain = SealedChain(_key(epoch - 1, "begin"), self.store.known_sealer())
+        streak = _parse(chain.read(self._link) or "")
+        streak = streak.get("streak") if isinstance(streak, dict) else None
+        if not (isinstance(streak, list) and len(streak) == 2 and isinstance(streak[1], int)):
+            return None, 0
+        signature = streak[0] if isinstance(streak[0], str) else None
+        return signature, max(0, streak[1])
+
     def _announce(self, epoch: int, cause: dict[str, Any]) -> None:
         """Announce restart ``epoch``, through the chain this node watches (never behind it)."""
         chain = self._announced
@@ -148,7 +163,7 @@ class JobRestart:
             self._begin(epoch, None)
             return
         control = self.control
-        verdict = self.policy.decide(local_rank, status, fault)
+        verdict = self.policy.decide(local_rank, status, fault, self._streak_before(epoch))
         rank = self.store.config.rank(local_rank, control.node_rank)
         control.emit(
             "restart_decision", local_rank=local_rank, global_rank=rank, scope="job",
@@ -162,6 +177,7 @@ class JobRestart:
             control.request_stop(verdict.reason, verdict.exit_code, broadcast=True)
             return
         cause = {"rank": rank, "node": control.node_rank, "signature": verdict.signature}
+        cause["streak"] = list(verdict.streak)
         self._announce(epoch, cause)
         self._begin(epoch, cause)  # here at once: the loop must not end meanwhile
 

@@ -41,6 +41,9 @@ class Verdict:
     signature: str | None = None
     budget_left: int | None = None
     exit_code: int = ExitCode.OK
+    #: The failure signature in a row after this failure and how often it came (a collateral
+    #: failure leaves the streak before it): what the next job-wide decision starts from.
+    streak: tuple[str | None, int] = (None, 0)
 
 
 def root_cause_line(
@@ -176,13 +179,22 @@ class RestartPolicy:
         return signature, count
 
     def decide(
-        self, local_rank: int, status: ExitStatus, fault: LastFault | None = None
+        self,
+        local_rank: int,
+        status: ExitStatus,
+        fault: LastFault | None = None,
+        job_streak: tuple[str | None, int] | None = None,
     ) -> Verdict:
         """Verdict for a child of ``local_rank`` that ended with ``status``.
 
         A collateral failure (``fault.collateral``: the child only lost a peer)
         spends budget but does not count towards the loop breaker, so that the
         ranks around one repeated real fault are not mistaken for a loop.
+
+        ``job_streak``: for a failure that restarts the whole job, the signature of the
+        job-wide restart before it and how often it came in a row (the store keeps them).
+        The streak is then the job's, not the local rank's: whichever rank of whichever
+        node fails first, the same failure again is the same loop.
         """
         if status.code == 0:
             self._streaks.pop(local_rank, None)
@@ -196,18 +208,21 @@ class RestartPolicy:
                 exit_code=ExitCode.RANK_STOPPED,
             )
         signature = (fault.signature if fault else None) or exit_signature(status)
-        last, count = self._streaks.get(local_rank, (None, 0))
-        counted = fault is None or not fault.collateral
-        if counted:
+        last, count = job_streak if job_streak is not None else self.streak(local_rank)
+        if fault is None or not fault.collateral:
             count = count + 1 if last == signature else 1
-            self._streaks[local_rank] = (signature, count)
-        if counted and self.loop_breaker and count >= self.loop_breaker:
-            return Verdict(
-                Decision.GIVE_UP,
-                f"loop breaker: local rank {local_rank} failed with {signature} {count} times in a row",
-                signature,
-                exit_code=ExitCode.LOOP_BREAKER,
-            )
+            if job_streak is None:
+                self._streaks[local_rank] = (signature, count)
+            if self.loop_breaker and count >= self.loop_breaker:
+                who = f"local rank {local_rank}" if job_streak is None else "the job"
+                return Verdict(
+                    Decision.GIVE_UP,
+                    f"loop breaker: {who} failed with {signature} {count} times in a row",
+                    signature,
+                    exit_code=ExitCode.LOOP_BREAKER,
+                    streak=(signature, count),
+                )
+            last = signature
         used = self._spend()
         left = self.max_restarts - used
         if left < 0:
@@ -218,4 +233,6 @@ class RestartPolicy:
                 budget_left=0,
                 exit_code=ExitCode.BUDGET_EXHAUSTED,
             )
-        return Verdict(Decision.RESTART, f"child failed ({status})", signature, budget_left=left)
+        return Verdict(
+            Decision.RESTART, f"child failed ({status})", signature, budget_left=left, streak=(last, count)
+        )

@@ -231,12 +231,32 @@ def test_loop_breaker_stops_a_repeating_failure_with_code_5(tmp_path) -> None:
     assert len(give_up) == 1 and give_up[0]["signature"] == "exit code 3"
     assert "loop breaker" in give_up[0]["reason"] and "3 times in a row" in give_up[0]["reason"]
     assert job.events("job_stop")[0]["exit_code"] == 5
-    assert len(job.events("child_start")) < 10
+    # both ranks fail in each round, either may be seen first: three job-wide decisions
+    decisions = [e["decision"] for e in job.events("restart_decision")]
+    assert decisions == ["restart", "restart", "give_up"], job.output()
+    assert len(job.events("child_start")) == 6, job.output()
     # One line says what stopped the job, on which rank, and where to read the rest.
     causes = [line for line in job.output().splitlines() if "root cause:" in line]
     assert len(causes) == 1, job.output()
     assert "root cause: rank " in causes[0] and ": exit code 3 (loop breaker" in causes[0]
     assert f"nvrx-report {job.log_dir / job.job_id} " in causes[0], causes[0]
+
+
+@pytest.mark.timeout(180)
+def test_the_loop_breaker_counts_a_job_wide_failure_whichever_node_sees_it_first(tmp_path) -> None:
+    # the failing rank alternates between the nodes: each node sees every other failure
+    command = script(tmp_path, "if RANK == RESTART % 2: sys.exit(3)\ntime.sleep(600)\n")
+    job = Job(tmp_path, 2, 1, command, "--max-restarts", "50", "--loop-breaker", "3")
+    assert job.wait(150) == [5, 5], job.output()
+    decisions = sorted(job.events("restart_decision"), key=lambda e: e["wall"])
+    assert [(e["node"], e["decision"]) for e in decisions] == [
+        (0, "restart"), (1, "restart"), (0, "give_up")
+    ], job.output()  # fmt: skip
+    assert decisions[-1]["reason"] == "loop breaker: the job failed with exit code 3 3 times in a row"
+    # each announcement carries the streak on to the next restart's claimer
+    stops = [e for e in job.events("job_restart") if e["phase"] == "stopping" and e.get("cause")]
+    streaks = {e["epoch"]: e["cause"]["streak"] for e in stops}
+    assert streaks == {1: ["exit code 3", 1], 2: ["exit code 3", 2]}, job.output()
 
 
 def _tree(pid: int) -> set[int]:

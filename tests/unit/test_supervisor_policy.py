@@ -98,6 +98,29 @@ def test_collateral_failures_spend_budget_but_never_break_the_loop() -> None:
     assert budget.used == 5
 
 
+def test_a_job_wide_streak_is_the_jobs_whichever_local_rank_fails_first() -> None:
+    # job-wide restarts: each decision starts from the streak the one before announced
+    policy = RestartPolicy(100, 3, Budget().spend)
+    first = policy.decide(0, ExitStatus(3, None), None, (None, 0))
+    assert (first.decision, first.streak) == (Decision.RESTART, ("exit code 3", 1))
+    second = policy.decide(1, ExitStatus(3, None), None, first.streak)
+    assert (second.decision, second.streak) == (Decision.RESTART, ("exit code 3", 2))
+    third = policy.decide(0, ExitStatus(3, None), None, second.streak)
+    assert third.decision is Decision.GIVE_UP and third.exit_code == ExitCode.LOOP_BREAKER
+    assert third.reason == "loop breaker: the job failed with exit code 3 3 times in a row"
+    # the local ranks' own streaks are not touched by job-wide decisions
+    assert policy.streak(0) == (None, 0) and policy.streak(1) == (None, 0)
+
+
+def test_a_collateral_failure_carries_the_job_wide_streak_before_it_on() -> None:
+    policy = RestartPolicy(100, 3, Budget().spend)
+    peer = LastFault("PeerLost@train.py:5", "peer")
+    verdict = policy.decide(0, ExitStatus(1, None), peer, ("exit code 3", 2))
+    assert (verdict.decision, verdict.streak) == (Decision.RESTART, ("exit code 3", 2))
+    verdict = policy.decide(1, ExitStatus(3, None), None, verdict.streak)
+    assert verdict.decision is Decision.GIVE_UP
+
+
 def test_policy_rejects_negative_limits() -> None:
     with pytest.raises(ValueError, match="max_restarts"):
         RestartPolicy(-1, 3, Budget().spend)
