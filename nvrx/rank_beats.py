@@ -53,6 +53,7 @@ class Beat:
     interval: float = 1.0
     timeout: float = 30.0
     monitor_pid: int = 0  # the monitor process that beats (it leads its own process group)
+    slot: int = -1  # without a supervisor: the host's ring slot its rank is listed in
     bye: bool = False
 
     def encode(self) -> bytes:
@@ -67,7 +68,7 @@ class Beat:
         except (TypeError, ValueError) as exc:
             raise ValueError(f"not a rank beat: {data[:200]!r} ({exc})") from None
         ids = (beat.initial_rank, beat.pid, beat.local_rank, beat.attempt, beat.rank,
-               beat.world_size, beat.round, beat.monitor_pid)  # fmt: skip
+               beat.world_size, beat.round, beat.monitor_pid, beat.slot)  # fmt: skip
         times = (beat.interval, beat.timeout)  # a supervisor computes deadlines with them
         if not all(isinstance(i, int) for i in ids) or not all(
             isinstance(t, (int, float)) and math.isfinite(t) for t in times

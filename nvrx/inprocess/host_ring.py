@@ -10,6 +10,7 @@ it is tried again, and how long a silent host stands before its ranks are taken 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,19 @@ def _slot(store: Any, name: str) -> int:
 def claimed(store: Any, slot: int) -> bool:
     """Whether host ``slot``'s place in the ring ended."""
     return bool(ring.read_claims(store, RING, ENTRIES, slot).valid)
+
+
+def declared_lost(store: Any, slot: int) -> bool:
+    """Whether another host's agent ended host ``slot``'s place (found it silent), rather
+    than its own agent (its ranks all ended)."""
+    first = ring.read_claims(store, RING, ENTRIES, slot).first
+    if first is None:
+        return False
+    try:
+        by = json.loads(first).get("by")
+    except (ValueError, AttributeError):
+        return True  # not an entry of ours: the place is ended all the same, not by itself
+    return by != slot
 
 
 def end_place(store: Any, slot: int) -> bool:

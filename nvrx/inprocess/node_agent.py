@@ -30,6 +30,10 @@ What the agent does every heartbeat period:
    that host's listed ranks. A rank in no round yet, or a take-out the store
    failed, is tried again ``Thresholds.replace_s`` later.
 
+Its place in the ring is the slot its ranks listed themselves in (their beats name it).
+Another host that found it silent while it stalled has ended that place and fenced it:
+then the agent beats no more and takes nobody out (``_fence``).
+
 It ends when every rank of its host it knows of ended on purpose or was taken
 out, ending its host's place in the ring first so that nobody finds it
 silent; and when the store stays unreachable for ``Thresholds.host_s`` (the
@@ -131,6 +135,7 @@ class AgentLink:
         monitor wins) and start an agent on it. The beat waits in that socket's queue.
         Never raises: an agent that cannot start is tried again at the next beat."""
         self._reap()
+        beat = dataclasses.replace(beat, slot=self.slot)  # the agent's place is its ranks'
         if self.sender.send(beat) or not self.sender.listener_gone or self._started is not None:
             return
         try:
@@ -211,6 +216,7 @@ class NodeAgent:
         self.place: RingPlace | None = None  # this host's part in the ring of hosts
         self.fenced = False  # another host declared this one lost: out of the ring for good
         self.slot = -1
+        self._listed_in = -1  # the slot the ranks that beat here are listed in
         self.table = RankBeats()
         self.heard: set[int] = set()  # ranks whose monitor beat here
         self.done: set[int] = set()  # ranks that ended on purpose, or were taken out
@@ -305,10 +311,16 @@ class NodeAgent:
         self._attach(store, now)
 
     def _attach(self, store: Any, now: float) -> None:
-        """Use ``store``: take the host's slot in the ring, watch the host's listed ranks."""
+        """Use ``store``: take the host's slot in the ring, watch the host's listed ranks.
+
+        The slot is the one its ranks listed themselves in, as their beats say. Another
+        host may have declared it lost while this agent could not tick (it stalled before
+        its first tick, or its connection was down): then it is fenced at once."""
         self.store = store
-        if self.slot >= 0 and not self.fenced and claimed(store, self.slot):
-            self._fence()  # declared lost before this agent's tick could see it
+        if self.slot < 0:
+            self.slot = self._listed_in
+        if self.slot >= 0 and not self.fenced and host_ring.declared_lost(store, self.slot):
+            self._fence()
         if self.fenced:  # its slot is ended: no new one, the ring goes on without this host
             return
         self.slot = register(store, host_key(self.cfg, self.host))
@@ -318,10 +330,13 @@ class NodeAgent:
 
     def _tick(self, now: float) -> None:
         """The host's beat, the look at the next host, then what the silences call for."""
-        if self.place is None:  # fenced off: the store is still read, to know it answers
+        if self.fenced:  # the store is still read, to know it answers
             host_ring.host_count(self.store)
-        elif not self.place.tick(self.store, now, time.time(), lambda r: self._heard(r, now)):
+            return
+        assert self.place is not None
+        if not self.place.tick(self.store, now, time.time(), lambda r: self._heard(r, now)):
             self._fence()
+            return
         for s in self.table.due(now):
             self._queue([s.beat.initial_rank], f"no heartbeat for {s.silent_s:.1f} s", now)
         if now >= self._refresh_at:
@@ -336,14 +351,17 @@ class NodeAgent:
 
     def _fence(self) -> None:
         """Another host found this one silent while it stalled, took its ranks out and ended
-        its place: it beats no more and takes no new place. The hosts it found silent are
-        left to the host that fenced it, which watches them now."""
+        its place: it beats no more, takes no new place and takes nobody out, neither its
+        own ranks (they are out already) nor the hosts it found silent (the host that
+        fenced it watches them now). It ends once its ranks say they ended, or with the
+        store."""
         log.warning(
             "another host found this one silent and took its ranks out: it beats no more in "
             "the ring of hosts"
         )
         self.place, self.fenced = None, True
         self._silent_hosts.clear()
+        self._out.clear()
 
     def _heard(self, report: dict[str, Any], now: float) -> None:
         """What this host's tick found that it acts on: a host newly silent (the ring moves
@@ -371,6 +389,7 @@ class NodeAgent:
                 continue
             self.heard.add(b.initial_rank)
             self.done.discard(b.initial_rank)
+            self._listed_in = max(self._listed_in, b.slot)
             self.table.record([b], now)
             held = self.table.ranks.get(b.initial_rank)
             if held is not None:  # a later silence is a new one

@@ -24,6 +24,10 @@ file paths as given), with ``completion``/``terminate`` callbacks that write
   ``disable_hang_protection()`` until the restart ends the wait;
 * ``host_silent``: as ``unresponsive``, but it stops its host's node agent first.
 
+With ``params["hold_after_restart"]``, the ranks that call the function again in round 1
+wait there (hang protection off) until the file ``release`` exists, so that the job and
+its store are still up while the test looks at the frozen ranks' host.
+
 Every call appends one JSON line to ``calls-<rank>.jsonl`` (with the command
 lines of the monitor process's children, and the content of
 ``monitor_process_pidfile`` and what that pid runs, when a pidfile is set).
@@ -91,6 +95,14 @@ def _wait_for_every_rank(tmp: Path, iteration: int, world_size: int) -> None:
     deadline = time.monotonic() + 30
     while len(list(tmp.glob(f"entered-{iteration}-*"))) < world_size:
         assert time.monotonic() < deadline, "the other ranks never called the function"
+        time.sleep(0.01)
+
+
+def _wait_for(path: Path, timeout: float) -> None:
+    """Until the test creates ``path``."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} was never created"
         time.sleep(0.01)
 
 
@@ -198,6 +210,9 @@ def _rank_main(tmp: Path) -> int:
         elif it == 0 and scenario in ("unresponsive", "host_silent"):
             with call_wrapper.disable_hang_protection():
                 time.sleep(300)  # ended by the restart that the silent rank's peer starts
+        elif it == 1 and params.get("hold_after_restart"):
+            with call_wrapper.disable_hang_protection():
+                _wait_for(tmp / "release", 120)
         elif it == 0 and initial_rank == 0 and scenario in ("finalize_fails", "health_fails"):
             _wait_for_every_rank(tmp, it, int(os.environ["WORLD_SIZE"]))
             raise RuntimeError("injected fault on rank 0")

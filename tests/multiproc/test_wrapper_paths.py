@@ -27,6 +27,7 @@ from helpers_wrapper_paths import launch, node_agents
 from test_wrapper import FAST
 
 from nvrx import monitor_boot
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -227,6 +228,48 @@ def _unresponsive(ranks):
         f for f in _kinds(ranks.events(), "fault", component="node_agent")
         if f["fault_kind"] == "unresponsive"
     ]  # fmt: skip
+
+
+def test_a_host_that_thaws_while_the_job_trains_on_finds_itself_fenced(tmp_path):
+    # As above, but ranks 0 and 1 hold in round 1, so the store still serves when the agent
+    # of "b" is resumed alone: it reads that its place was ended while it stalled, says so,
+    # and beats no more; the job it was taken out of goes on at world size 2 unharmed.
+    wrapper = dict(FAST, monitor_process_logfile=str(tmp_path / "monitor-{rank}.log"))
+    ranks = launch(
+        tmp_path, 4, wrapper=wrapper, scenario="host_silent", fault_ranks=[2, 3],
+        hosts=["a", "a", "b", "b"], hold_after_restart=True,
+    )  # fmt: skip
+    logs = tmp_path / "logs"
+    try:
+        wait_until(
+            "ranks 0 and 1 to call the function again",
+            lambda: all((tmp_path / f"entered-1-{r}").exists() for r in (0, 1)),
+            90,
+            state=ranks.logs,
+        )
+        stopped = node_agents(logs, "b")
+        assert [p.status() for p in stopped] == [psutil.STATUS_STOPPED]
+        for agent in stopped:
+            agent.send_signal(signal.SIGCONT)
+
+        def fenced() -> bool:
+            text = "".join(p.read_text() for p in tmp_path.glob("monitor-[23].log"))
+            return "beats no more in the ring of hosts" in text
+
+        wait_until("b's agent to find itself fenced", fenced, 60, state=ranks.logs)
+        assert all(p.is_running() for p in stopped), "a fenced agent ends with its job, not before"
+        (tmp_path / "release").touch()
+        for rank in (0, 1):
+            assert ranks.procs[rank].wait(60) == 0, ranks.logs()
+            assert ranks.result(rank) == {"iteration": 1, "rank": str(rank), "world_size": "2"}
+        assert sorted(f["origin_rank"] for f in _unresponsive(ranks)) == [2, 3], ranks.logs()
+        _resume_and_end(ranks, [2, 3])
+        _, alive = psutil.wait_procs(stopped + node_agents(logs, "a"), timeout=60)
+        assert not alive, alive
+    finally:
+        _kill_frozen(ranks, [2, 3])
+        for agent in node_agents(logs):
+            agent.kill()
 
 
 @pytest.mark.parametrize("silent", [2, 0], ids=["rank-2", "rank-0"])

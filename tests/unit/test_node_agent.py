@@ -302,6 +302,51 @@ def test_a_host_declared_lost_while_its_connection_was_down_takes_no_new_place(b
     assert int(base.add(keys.HOST_COUNT, 0)) == 2  # no new place taken
 
 
+def test_an_agent_that_stalled_before_its_first_tick_finds_its_host_fenced(base, hosts):
+    """h1's agent stalls before it ever connects; h0 finds h1 silent, takes its ranks out
+    and fences it. Thawed, the agent takes the place its ranks' beats name, finds it ended by
+    another, and stays out: no new place, no beat, none of its ranks taken out again; it
+    ends once they say they ended."""
+    view = _round(base)
+    a = hosts("h0", [0, 1])
+    slot = register(base, node_agent.host_key(CFG, "h1"))
+    for rank in (2, 3):  # what h1's monitors wrote before their ranks went on
+        list_rank(base, slot, rank)
+    t = now = time.monotonic()
+    while not a.faults() and now < t + 3 * LIMITS.host_s:  # h1 never beats
+        now += INTERVAL
+        a.beat(0, 1)
+        a.agent.step(now)
+    for _ in range(2):  # its ranks are out: the next look ends h1's place
+        now += LIMITS.replace_s
+        a.beat(0, 1)
+        a.agent.step(now)
+    assert rstore.terminated_ranks(view) == {2, 3} and host_ring.declared_lost(base, slot)
+    events: list[tuple[str, dict[str, Any]]] = []
+    address = f"\0nvrx-test-{uuid.uuid4().hex}"
+    sock, sender = BeatSocket(address), BeatSender(address)
+    try:
+        agent = node_agent.NodeAgent(CFG, sock, lambda k, **f: events.append((k, f)), "h1")
+        for rank in (2, 3):  # the beats that waited in its socket while it stalled
+            assert sender.send(Beat(rank, pid=2000 + rank, round=0, timeout=TIMEOUT, slot=slot))
+        agent._receive(now)
+        agent._attach(base, now)  # its first connection (this test's store: no address)
+        assert agent.fenced and agent.slot == slot and agent.place is None
+        assert int(base.add(keys.HOST_COUNT, 0)) == 2  # no new place taken
+        counted = int(base.add(RING.alive(slot), 0))
+        for i in range(1, 4 * int(TIMEOUT / INTERVAL)):  # its ranks stay silent, past TIMEOUT
+            assert agent.step(now + i * INTERVAL)
+        assert int(base.add(RING.alive(slot), 0)) == counted  # no beat
+        assert events == [] and not agent.finished(now + i * INTERVAL, now)
+        for rank in (2, 3):
+            assert sender.send(Beat(rank, pid=2000 + rank, slot=slot, bye=True))
+        agent.step(now + (i + 1) * INTERVAL)
+        assert agent.finished(now + (i + 1) * INTERVAL, now)
+    finally:
+        sock.close(unlink=False)
+        sender.close()
+
+
 def test_a_host_whose_place_ended_takes_a_new_one_that_is_watched(base, hosts) -> None:
     """h1's only rank ends early and its agent ends the host's place; rank 3 of h1 starts
     later: it takes h1's next place, where its agent beats and h0's agent watches it."""
