@@ -11,7 +11,8 @@ tells which of the node's ranks stopped beating.
 
 A beat says who beats and where it is (initial rank, local rank and restart
 count, rank and world size of its round, the round, the pids of the rank
-and of its monitor) and how long the agent may wait
+and of its monitor, and without a supervisor the host's ring slot its rank is
+listed in) and how long the agent may wait
 for the next one (``heartbeat_timeout``). ``bye`` says the monitor stops
 beating on purpose (the rank ended or left the job): no silence to declare.
 No torch here: the monitor process, the agents and the supervisor import this.
@@ -57,7 +58,12 @@ class Beat:
     bye: bool = False
 
     def encode(self) -> bytes:
-        return json.dumps(dataclasses.asdict(self), separators=(",", ":")).encode()
+        """The beat as one datagram; a field at its default that an older reader does not
+        know (``slot``) is left out, so that it reads the beat all the same."""
+        fields = dataclasses.asdict(self)
+        if self.slot < 0:
+            del fields["slot"]
+        return json.dumps(fields, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> Beat:

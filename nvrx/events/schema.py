@@ -91,7 +91,9 @@ KINDS: dict[str, dict[str, str]] = {
     "job_restart": {
         "epoch": "job-wide restart number (--ft-restart-policy any-failed)",
         "phase": "stopping (children stopped) | ready (this slot's ended) | started",
-        "cause": "rank, node and signature of the failure that started it, and the loop breaker's streak after it as [signature, count] (stopping)",
+        "cause": "rank, node and signature of the failure that started it, and the loop "
+        "breaker's streak after it as [signature, count] (stopping; null where this node "
+        "followed a claim before it read the announcement)",
         "ready": "slots ready so far (ready)",
         "nodes": "slots the restart waits for (ready)",
     },

@@ -30,9 +30,12 @@ What the agent does every heartbeat period:
    that host's listed ranks. A rank in no round yet, or a take-out the store
    failed, is tried again ``Thresholds.replace_s`` later.
 
-Its place in the ring is the slot its ranks listed themselves in (their beats name it).
+Its place in the ring is the slot its ranks listed themselves in (their beats name it;
+where the host's previous agent ended that place, its ranks all gone, the host's next).
 Another host that found it silent while it stalled has ended that place and fenced it:
-then the agent beats no more and takes nobody out (``_fence``).
+then the agent beats no more and takes nobody out (``_fence``); it ends once its ranks
+ended or fell silent, or when a rank of the host beats for a later place, whose agent
+the next beat then starts.
 
 It ends when every rank of its host it knows of ended on purpose or was taken
 out, ending its host's place in the ring first so that nobody finds it
@@ -259,6 +262,9 @@ class NodeAgent:
             return True
         if not self.heard:  # its starter's first beat waits in the socket before it starts
             return now - started > IDLE_START_S
+        if self.fenced and self._listed_in > self.slot:
+            log.info("a rank of this host beats for its next place: the agent for it starts")
+            return True
         if self.heard - self.done or self._out:
             return False
         with_store = self._guarded(self._end_place, now)
@@ -266,7 +272,11 @@ class NodeAgent:
 
     def _end_place(self, now: float) -> None:
         """Every rank this agent heard of is done: end the host's place unless a listed
-        rank still lives (one that never beat here yet). Raises to say 'not yet'."""
+        rank still lives (one that never beat here yet). Raises to say 'not yet'. A fenced
+        agent's place ended already, and the host that ended it took its listed ranks out."""
+        if self.fenced:
+            log.info("every rank of this host ended or fell silent: the fenced agent ends")
+            return
         listed = set(live_ranks(self.store, self.slot)) - self.done
         if listed:
             raise _NotYet(f"ranks {sorted(listed)} of this host are still listed")
@@ -301,7 +311,10 @@ class NodeAgent:
         self._silent_hosts.clear()  # found in that store; the next may be another job's call
 
     def _connect(self, now: float) -> None:
-        """Connect (within ``host_s`` unless a store factory says otherwise)."""
+        """Connect (within ``host_s`` unless a store factory says otherwise), once a beat
+        said which place is its ranks'."""
+        if self.slot < 0 and self._listed_in < 0 and not self.heard:
+            raise _NotYet("no beat came yet")
         cfg = self.cfg
         if cfg.store_factory:
             store = monitor_store.connect(cfg)
@@ -332,6 +345,7 @@ class NodeAgent:
         """The host's beat, the look at the next host, then what the silences call for."""
         if self.fenced:  # the store is still read, to know it answers
             host_ring.host_count(self.store)
+            self.done.update(s.beat.initial_rank for s in self.table.due(now))  # out already
             return
         assert self.place is not None
         if not self.place.tick(self.store, now, time.time(), lambda r: self._heard(r, now)):
@@ -341,8 +355,7 @@ class NodeAgent:
             self._queue([s.beat.initial_rank], f"no heartbeat for {s.silent_s:.1f} s", now)
         if now >= self._refresh_at:
             self._refresh_at = now + self.limits.host_s
-            if self.place is not None:
-                self.place.ring.resize(host_ring.host_count(self.store))
+            self.place.ring.resize(host_ring.host_count(self.store))
             self._watch_listed(now)
         self._take_out_due(now)
         for slot, silent in list(self._silent_hosts.items()):

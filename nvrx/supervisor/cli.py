@@ -173,7 +173,9 @@ def _add_restarts(add: Add) -> None:
         type=int,
         default=DEFAULT_LOOP_BREAKER,
         metavar="K",
-        help=f"stop the job when a local rank fails with the same signature K times in a row; 0 disables (default {DEFAULT_LOOP_BREAKER})",
+        help=f"stop the job when a local rank fails with the same signature K times in a row (a "
+        "job-wide restart's: when the job does, whichever rank fails first); 0 disables "
+        f"(default {DEFAULT_LOOP_BREAKER})",
     )
     add(
         "--grace-period",

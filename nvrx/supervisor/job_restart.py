@@ -111,18 +111,13 @@ class JobRestart:
         return sealed_keys.claim(self._link, self.store.known_sealer(), _key(epoch, "claim"), slot)
 
     def _streak_before(self, epoch: int) -> tuple[str | None, int]:
-        """The loop breaker's streak as restart ``epoch - 1`` announced it: the same failure
-        counts in a row across the job, whichever node claimed each restart. A restart for a
-        lost node, or one announced without a streak, starts none."""
+        """The loop breaker's streak as restart ``epoch - 1`` announced it (``streak_of``):
+        the same failure counts in a row across the job, whichever node claimed each
+        restart."""
         if epoch <= 1:
             return None, 0
         chain = SealedChain(_key(epoch - 1, "begin"), self.store.known_sealer())
-        streak = _parse(chain.read(self._link) or "")
-        streak = streak.get("streak") if isinstance(streak, dict) else None
-        if not (isinstance(streak, list) and len(streak) == 2 and isinstance(streak[1], int)):
-            return None, 0
-        signature = streak[0] if isinstance(streak[0], str) else None
-        return signature, max(0, streak[1])
+        return streak_of(chain.read(self._link))
 
     def _announce(self, epoch: int, cause: dict[str, Any]) -> None:
         """Announce restart ``epoch``, through the chain this node watches (never behind it)."""
@@ -189,7 +184,8 @@ class JobRestart:
         declared the loss: the lost slot's watcher in the ring of slots (a training slot,
         whose own ranks tell whether the job runs the Wrapper), or the leaving node itself
         after ``ExcludeThisNode`` (``leaving``: it stopped its ranks already), which only
-        announces it. A node loss spends no unit of the budget (``node_lost`` counts it). A
+        announces it. A node loss spends no unit of the budget (``node_lost`` counts it), and
+        carries the loop breaker's streak on as it found it: it is no failure of the script. A
         declarer whose ranks all ended announces nothing: they are done, and nothing here
         would count itself ready for the restart.
         """
@@ -206,6 +202,7 @@ class JobRestart:
             return
         rank = self.store.config.rank(0, node_rank)
         cause = {"rank": rank, "node": node_rank, "signature": NODE_LOST_SIGNATURE}
+        cause["streak"] = list(self._streak_before(epoch))  # neither broken nor made longer
         self._announce(epoch, cause)
         self._begin(epoch, cause)
 
@@ -287,6 +284,19 @@ class JobRestart:
             self.ranks.restarts[local_rank] += 1
             control.start_child(local_rank, jobenv.FRESH_START)
         control.emit("job_restart", epoch=epoch, phase="started")
+
+
+def streak_of(announcement: str | None) -> tuple[str | None, int]:
+    """The loop breaker's streak in a job-wide restart's announcement (its cause's
+    ``streak``: ``[signature, count]``); none in one without it, as an older version wrote."""
+    cause = _parse(announcement or "")
+    streak = cause.get("streak") if isinstance(cause, dict) else None
+    if not isinstance(streak, list) or len(streak) != 2:
+        return None, 0
+    signature, count = streak
+    if not isinstance(signature, str) or type(count) is not int or count < 1:
+        return None, 0
+    return signature, count
 
 
 def _parse(value: object) -> object:

@@ -3,8 +3,9 @@
 The budget counts process restarts of the whole job in the store (one entry of a
 sealed list per restart, each spender learning its own entry's place, as from an
 atomic ``add``), so a node cannot outspend it by restarting quickly. The
-loop breaker stops a job whose local rank fails the same way K times in a row,
-because such a failure will not fix itself by restarting.
+loop breaker stops a job whose local rank fails the same way K times in a row (for a
+job-wide restart, whose job does, whichever rank fails first), because such a failure
+will not fix itself by restarting.
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ class Verdict:
     signature: str | None = None
     budget_left: int | None = None
     exit_code: int = ExitCode.OK
-    #: The failure signature in a row after this failure and how often it came (a collateral
-    #: failure leaves the streak before it): what the next job-wide decision starts from.
+    #: Of a RESTART: the failure signature in a row after this failure and how often it came
+    #: (a collateral failure leaves the streak before it), where the next job-wide decision
+    #: starts from.
     streak: tuple[str | None, int] = (None, 0)
 
 
@@ -208,21 +210,16 @@ class RestartPolicy:
                 exit_code=ExitCode.RANK_STOPPED,
             )
         signature = (fault.signature if fault else None) or exit_signature(status)
-        last, count = job_streak if job_streak is not None else self.streak(local_rank)
-        if fault is None or not fault.collateral:
-            count = count + 1 if last == signature else 1
-            if job_streak is None:
-                self._streaks[local_rank] = (signature, count)
-            if self.loop_breaker and count >= self.loop_breaker:
-                who = f"local rank {local_rank}" if job_streak is None else "the job"
-                return Verdict(
-                    Decision.GIVE_UP,
-                    f"loop breaker: {who} failed with {signature} {count} times in a row",
-                    signature,
-                    exit_code=ExitCode.LOOP_BREAKER,
-                    streak=(signature, count),
-                )
-            last = signature
+        streak = self._count(local_rank, signature, fault, job_streak)
+        collateral = fault is not None and fault.collateral
+        if self.loop_breaker and not collateral and streak[1] >= self.loop_breaker:
+            who = f"local rank {local_rank}" if job_streak is None else "the job"
+            return Verdict(
+                Decision.GIVE_UP,
+                f"loop breaker: {who} failed with {signature} {streak[1]} times in a row",
+                signature,
+                exit_code=ExitCode.LOOP_BREAKER,
+            )
         used = self._spend()
         left = self.max_restarts - used
         if left < 0:
@@ -233,6 +230,23 @@ class RestartPolicy:
                 budget_left=0,
                 exit_code=ExitCode.BUDGET_EXHAUSTED,
             )
-        return Verdict(
-            Decision.RESTART, f"child failed ({status})", signature, budget_left=left, streak=(last, count)
-        )
+        reason = f"child failed ({status})"
+        return Verdict(Decision.RESTART, reason, signature, budget_left=left, streak=streak)
+
+    def _count(
+        self,
+        local_rank: int,
+        signature: str,
+        fault: LastFault | None,
+        job_streak: tuple[str | None, int] | None,
+    ) -> tuple[str | None, int]:
+        """The streak once this failure is counted: the job's (``job_streak``) or the local
+        rank's, one longer for the same signature, a new one for another; a collateral
+        failure leaves it as it was."""
+        last, count = job_streak if job_streak is not None else self.streak(local_rank)
+        if fault is not None and fault.collateral:
+            return last, count
+        streak = (signature, count + 1 if last == signature else 1)
+        if job_streak is None:
+            self._streaks[local_rank] = streak
+        return streak

@@ -302,49 +302,95 @@ def test_a_host_declared_lost_while_its_connection_was_down_takes_no_new_place(b
     assert int(base.add(keys.HOST_COUNT, 0)) == 2  # no new place taken
 
 
-def test_an_agent_that_stalled_before_its_first_tick_finds_its_host_fenced(base, hosts):
-    """h1's agent stalls before it ever connects; h0 finds h1 silent, takes its ranks out
-    and fences it. Thawed, the agent takes the place its ranks' beats name, finds it ended by
-    another, and stays out: no new place, no beat, none of its ranks taken out again; it
-    ends once they say they ended."""
+def _h1_declared_lost(base: Any, a: Host) -> int:
+    """h1's ranks 2 and 3 listed in its slot, which never beats: h0 takes them out of round
+    0 and ends h1's place (the path above); h1's slot."""
     view = _round(base)
-    a = hosts("h0", [0, 1])
     slot = register(base, node_agent.host_key(CFG, "h1"))
     for rank in (2, 3):  # what h1's monitors wrote before their ranks went on
         list_rank(base, slot, rank)
     t = now = time.monotonic()
-    while not a.faults() and now < t + 3 * LIMITS.host_s:  # h1 never beats
+    while not host_ring.claimed(base, slot) and now < t + 5 * LIMITS.host_s:
         now += INTERVAL
         a.beat(0, 1)
         a.agent.step(now)
-    for _ in range(2):  # its ranks are out: the next look ends h1's place
-        now += LIMITS.replace_s
-        a.beat(0, 1)
-        a.agent.step(now)
-    assert rstore.terminated_ranks(view) == {2, 3} and host_ring.declared_lost(base, slot)
-    events: list[tuple[str, dict[str, Any]]] = []
-    address = f"\0nvrx-test-{uuid.uuid4().hex}"
-    sock, sender = BeatSocket(address), BeatSender(address)
-    try:
-        agent = node_agent.NodeAgent(CFG, sock, lambda k, **f: events.append((k, f)), "h1")
-        for rank in (2, 3):  # the beats that waited in its socket while it stalled
-            assert sender.send(Beat(rank, pid=2000 + rank, round=0, timeout=TIMEOUT, slot=slot))
-        agent._receive(now)
-        agent._attach(base, now)  # its first connection (this test's store: no address)
-        assert agent.fenced and agent.slot == slot and agent.place is None
-        assert int(base.add(keys.HOST_COUNT, 0)) == 2  # no new place taken
-        counted = int(base.add(RING.alive(slot), 0))
-        for i in range(1, 4 * int(TIMEOUT / INTERVAL)):  # its ranks stay silent, past TIMEOUT
-            assert agent.step(now + i * INTERVAL)
-        assert int(base.add(RING.alive(slot), 0)) == counted  # no beat
-        assert events == [] and not agent.finished(now + i * INTERVAL, now)
-        for rank in (2, 3):
-            assert sender.send(Beat(rank, pid=2000 + rank, slot=slot, bye=True))
-        agent.step(now + (i + 1) * INTERVAL)
-        assert agent.finished(now + (i + 1) * INTERVAL, now)
-    finally:
-        sock.close(unlink=False)
-        sender.close()
+    assert host_ring.declared_lost(base, slot) and rstore.terminated_ranks(view) == {2, 3}
+    return slot
+
+
+class _Thawed:
+    """An agent of h1 that never ran before (it stalled before its first tick)."""
+
+    def __init__(self, base: Any) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        address = f"\0nvrx-test-{uuid.uuid4().hex}"
+        self.sock, self.sender = BeatSocket(address), BeatSender(address)
+        emit = lambda kind, **f: self.events.append((kind, f))  # noqa: E731
+        self.agent = node_agent.NodeAgent(_config(store_port=base.port), self.sock, emit, "h1")
+
+    def beat(self, rank: int, slot: int, bye: bool = False) -> None:
+        assert self.sender.send(Beat(rank, pid=2000 + rank, timeout=TIMEOUT, slot=slot, bye=bye))
+
+    def close(self) -> None:
+        self.agent._drop_store()
+        self.sock.close(unlink=False)
+        self.sender.close()
+
+
+@pytest.fixture
+def thawed(base):
+    made = _Thawed(base)
+    yield made
+    made.close()
+
+
+def test_an_agent_that_stalled_before_its_first_tick_finds_its_host_fenced(base, hosts, thawed):
+    """h1's agent stalls before it ever connects; h0 finds h1 silent, takes its ranks out
+    and fences it. Thawed, the agent takes the place its ranks' beats name, finds it ended by
+    another, and stays out: no new place, no beat, nobody taken out; it ends once its ranks
+    ended or fell silent."""
+    slot = _h1_declared_lost(base, hosts("h0", [0, 1]))
+    agent, now = thawed.agent, time.monotonic()
+    assert not agent.step(now) and agent.store is None  # no beat yet: its place is unknown
+    thawed.beat(2, slot), thawed.beat(3, slot)  # they waited in its socket while it stalled
+    assert agent.step(now)  # its first connection
+    assert agent.fenced and agent.slot == slot and agent.place is None
+    assert int(base.add(keys.HOST_COUNT, 0)) == 2  # no new place taken
+    counted = int(base.add(RING.alive(slot), 0))
+    for i in range(1, 4 * int(TIMEOUT / INTERVAL)):  # rank 2 beats on, rank 3 falls silent
+        thawed.beat(2, slot)
+        assert agent.step(now + i * INTERVAL)
+        assert not agent.finished(now + i * INTERVAL, now)
+    assert int(base.add(RING.alive(slot), 0)) == counted  # no beat
+    assert thawed.events == [] and agent.done == {3}
+    thawed.beat(2, slot, bye=True)
+    agent.step(now + (i + 1) * INTERVAL)
+    assert agent.finished(now + (i + 1) * INTERVAL, now)
+    assert _claims(base, slot) == 1  # no claim of its own added
+
+
+def test_a_fenced_agent_ends_when_a_rank_of_its_host_beats_for_a_later_place(base, hosts, thawed):
+    slot = _h1_declared_lost(base, hosts("h0", [0, 1]))
+    agent, now = thawed.agent, time.monotonic()
+    thawed.beat(2, slot)
+    assert agent.step(now) and agent.fenced
+    later = register(base, node_agent.host_key(CFG, "h1"))  # a rank that starts on h1 now
+    assert later != slot
+    thawed.beat(4, later)
+    agent.step(now + INTERVAL)
+    assert agent.finished(now + INTERVAL, now)  # the next beat starts the agent of that place
+
+
+def test_an_agent_whose_ranks_place_its_predecessor_ended_takes_the_hosts_next(base, thawed):
+    """A place ended by the host's own agent (its ranks all ended) is no fence: an agent
+    started later for a rank listed there takes the host's next place."""
+    slot = register(base, node_agent.host_key(CFG, "h1"))
+    list_rank(base, slot, 2)
+    assert host_ring.end_place(base, slot) and not host_ring.declared_lost(base, slot)
+    thawed.beat(2, slot)
+    assert thawed.agent.step(time.monotonic())
+    assert not thawed.agent.fenced and thawed.agent.slot != slot
+    assert int(base.add(keys.HOST_COUNT, 0)) == 2
 
 
 def test_a_host_whose_place_ended_takes_a_new_one_that_is_watched(base, hosts) -> None:

@@ -30,6 +30,14 @@ def _beat(initial: int = 1, pid: int = 100, *, local_rank: int = 1, attempt: int
     return Beat(initial, pid, local_rank, attempt, **fields)
 
 
+def test_a_beat_names_its_hosts_slot_only_where_it_has_one() -> None:
+    # under a supervisor no slot: its beat is what an nvrx without the field reads too
+    plain = _beat()
+    assert b'"slot"' not in plain.encode() and Beat.decode(plain.encode()) == plain
+    placed = _beat(slot=3)
+    assert Beat.decode(placed.encode()) == placed and Beat.decode(placed.encode()).slot == 3
+
+
 def test_a_beat_crosses_the_socket_and_garbage_is_dropped(tmp_path) -> None:
     sock = BeatSocket(str(tmp_path / "beats.sock"))
     sender = BeatSender(sock.path)

@@ -13,6 +13,7 @@ from nvrx.jobenv import JobEnv
 from nvrx.supervisor.children import ExitStatus
 from nvrx.supervisor.config import ConfigError, SupervisorConfig, local_job
 from nvrx.supervisor.exit_codes import ExitCode, describe, for_signal
+from nvrx.supervisor.job_restart import streak_of
 from nvrx.supervisor.policy import Decision, LastFault, RestartPolicy, exit_signature, last_fault
 from nvrx.supervisor.signals import SignalPipe
 
@@ -119,6 +120,23 @@ def test_a_collateral_failure_carries_the_job_wide_streak_before_it_on() -> None
     assert (verdict.decision, verdict.streak) == (Decision.RESTART, ("exit code 3", 2))
     verdict = policy.decide(1, ExitStatus(3, None), None, verdict.streak)
     assert verdict.decision is Decision.GIVE_UP
+
+
+@pytest.mark.parametrize(
+    "announcement, streak",
+    [
+        ('{"rank": 1, "signature": "exit code 3", "streak": ["exit code 3", 2]}', ("exit code 3", 2)),
+        ('{"rank": 1, "signature": "exit code 3"}', (None, 0)),  # an older version's
+        ('{"streak": ["exit code 3", true]}', (None, 0)),
+        ('{"streak": ["exit code 3", 0]}', (None, 0)),
+        ('{"streak": [3, 2]}', (None, 0)),
+        ('["exit code 3", 2]', (None, 0)),
+        ("not json", (None, 0)),
+        (None, (None, 0)),  # no announcement
+    ],
+)
+def test_a_job_wide_restart_reads_the_streak_its_predecessor_announced(announcement, streak) -> None:
+    assert streak_of(announcement) == streak
 
 
 def test_policy_rejects_negative_limits() -> None:
