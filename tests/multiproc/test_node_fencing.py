@@ -1,5 +1,6 @@
 """No orphans after a node loss: a SIGKILLed supervisor takes its children with it, and a
-frozen node that thaws after the others declared it lost ends its children and exits 9."""
+frozen node that thaws after the others declared it lost (the store's host too, after the
+store failed over) ends its children and exits 9."""
 
 from __future__ import annotations
 
@@ -75,3 +76,60 @@ def test_a_node_that_thaws_after_it_was_declared_lost_is_fenced(tmp_path: Path) 
     stop = [e for e in job.events("job_stop") if e["node"] == 1]
     assert stop and "declared lost by the others" in stop[0]["reason"], output
     assert [(e["lost_slot"], e["action"]) for e in job.events("node_lost")] == [(1, "spare")]
+
+
+@pytest.mark.timeout(180)
+def test_a_store_host_that_thaws_after_the_failover_is_fenced(
+    tmp_path: Path,
+) -> None:
+    # node 0 (the store's host, the store service in its tree) freezes; the survivors fail the
+    # store over and the spare takes node rank 0. Thawed, node 0 must not train beside it
+    # (two stores, two rank 0s): it finds it was declared lost, ends its children, exits 9.
+    body = "time.sleep(120 if RESTART == 0 else 4)\n"
+    job = Job(tmp_path, 3, 1, script(tmp_path, body), "--spare-nodes", "1", *NODE_OPTIONS)
+    wait_until("the ranks' children", lambda: len(_child_pids(job, 0)) == 1, 60, state=job.output)
+    for slot in (1, 2):
+        job.wait_for_beat(slot)
+    children = _child_pids(job, 0)
+    frozen = _tree(job.procs[0].pid)
+    for proc in frozen:
+        proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_until(
+            "the spare to take node rank 0 over",
+            lambda: any(e["node_rank"] == 0 for e in job.events("node_takeover")),
+            90,
+            state=job.output,
+        )
+    finally:
+        for proc in frozen:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.send_signal(signal.SIGCONT)
+    wait_until("the thawed node to end its children", lambda: all(_gone(p) for p in children), 30)
+    codes = job.wait(90)
+    output = job.output()
+    assert codes == [ExitCode.FENCED, 0, 0], output
+    stop = [e for e in job.events("job_stop") if e["node"] == 0]
+    assert stop and "declared lost by the others" in stop[0]["reason"], output
+    assert {(e["epoch"], e["lost_slot"]) for e in job.events("store_failover")} == {(1, 0)}, output
+    assert len(_child_pids(job, 0)) == 1, output  # node 0 started nothing once thawed
+
+
+@pytest.mark.timeout(150)
+def test_a_two_node_job_that_loses_its_store_host_stops_with_3_and_elects_no_store(
+    tmp_path: Path,
+) -> None:
+    # a failover needs more than half of the job's slots: one survivor of two elects nothing
+    job = Job(tmp_path, 2, 1, script(tmp_path, "time.sleep(120)\n"), *NODE_OPTIONS)
+    wait_until("node 1's child", lambda: len(_child_pids(job, 1)) == 1, 60, state=job.output)
+    job.wait_for_beat(1)
+    children = _child_pids(job, 1)
+    for proc in _tree(job.procs[0].pid):  # node 0 and its store service, lost at once
+        proc.kill()
+    codes = job.wait(120)
+    output = job.output()
+    assert codes == [-signal.SIGKILL, 3], output
+    assert all(_gone(p) for p in children), output
+    assert not job.events("store_failover"), output
+    stop = [e for e in job.events("job_stop") if e["node"] == 1]
+    assert stop and stop[0]["exit_code"] == 3, output

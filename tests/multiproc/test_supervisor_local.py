@@ -259,6 +259,98 @@ def test_the_loop_breaker_counts_a_job_wide_failure_whichever_node_sees_it_first
     assert streaks == {1: ["exit code 3", 1], 2: ["exit code 3", 2]}, job.output()
 
 
+@pytest.mark.timeout(120)
+def test_per_rank_restarts_share_one_budget_and_every_node_stops_with_code_4(tmp_path) -> None:
+    # min-healthy: each failed rank restarts alone. Node 0 spends two of the job's three
+    # restarts, then node 1 spends the last one and finds the budget used up at its next
+    # failure (with a budget per node it would have two left)
+    body = (
+        "from pathlib import Path\n"
+        "d = Path(os.environ['NVRX_LOG_DIR'])\n"
+        "(d / f'start-{RANK}-{RESTART}').touch()\n"
+        "if RANK == 0 and RESTART < 2:\n"
+        "    sys.exit(1 + RESTART)\n"
+        "if RANK == 0:\n"
+        "    time.sleep(600)\n"
+        "deadline = time.monotonic() + 60\n"
+        "while not (d / 'start-0-2').exists() and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        "sys.exit(10 + RESTART)\n"
+    )  # a new signature every time: no loop
+    job = Job(tmp_path, 2, 1, script(tmp_path, body), "--ft-restart-policy", "min-healthy",
+              "--max-restarts", "3")  # fmt: skip
+    assert job.wait(100) == [4, 4], job.output()
+    decisions = sorted(job.events("restart_decision"), key=lambda e: e["wall"])
+    assert not [e for e in decisions if e.get("scope") == "job"], decisions  # each rank alone
+    told = [(e["node"], e["decision"], e["budget_left"]) for e in decisions]
+    assert told == [(0, "restart", 2), (0, "restart", 1), (1, "restart", 0), (1, "give_up", 0)]
+    assert "budget exhausted" in decisions[-1]["reason"]
+    assert sorted(e["node"] for e in job.events("job_stop") if e["exit_code"] == 4) == [0, 1]
+
+
+@pytest.mark.timeout(120)
+def test_a_per_rank_loop_stops_every_node_with_code_5(tmp_path) -> None:
+    command = script(tmp_path, "sys.exit(3)\n")
+    job = Job(tmp_path, 2, 1, command, "--ft-restart-policy", "min-healthy",
+              "--max-restarts", "50", "--loop-breaker", "2")  # fmt: skip
+    assert job.wait(100) == [5, 5], job.output()
+    give_up = [e for e in job.events("restart_decision") if e["decision"] == "give_up"]
+    assert give_up and all("local rank 0 failed with exit code 3 2 times" in e["reason"] for e in give_up)
+    assert sorted(e["node"] for e in job.events("job_stop") if e["exit_code"] == 5) == [0, 1]
+
+
+@pytest.mark.timeout(180)
+def test_a_job_wide_restart_kills_a_rank_that_ignores_sigterm_before_any_rank_starts_again(
+    tmp_path,
+) -> None:
+    # rank 1 ignores SIGTERM: the restart's SIGKILL after --grace-period ends it, and no rank
+    # of the next epoch starts while an old one lives (they would meet in the rendezvous)
+    body = (
+        "from pathlib import Path\n"
+        "d = Path(os.environ['NVRX_LOG_DIR'])\n"
+        "(d / f'pid-{RANK}-{RESTART}').write_text(str(os.getpid()))\n"
+        "if RESTART == 0 and RANK == 1:\n"
+        "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "    time.sleep(600)\n"
+        "if RESTART == 0:\n"
+        "    deadline = time.monotonic() + 60\n"
+        "    while not (d / 'pid-1-0').exists() and time.monotonic() < deadline:\n"
+        "        time.sleep(0.01)\n"
+        "    sys.exit(1)\n"
+        "if RANK == 0:\n"
+        "    try:\n"
+        "        os.kill(int((d / 'pid-1-0').read_text()), 0)\n"
+        "        (d / 'old-peer').write_text('alive')\n"
+        "    except ProcessLookupError:\n"
+        "        (d / 'old-peer').write_text('gone')\n"
+    )
+    command = script(tmp_path, body)
+    job = Job(tmp_path, 2, 1, command, "--grace-period", "3", "--max-restarts", "2")
+    assert job.wait(150) == [0, 0], job.output()
+    assert [e["decision"] for e in job.events("restart_decision")] == ["restart"], job.output()
+    exits = {(e["node"], e["attempt"]): e["signal"] for e in job.events("child_exit")}
+    assert exits[(1, 0)] == "SIGKILL", exits  # it ignored the restart's SIGTERM
+    assert (job.log_dir / "old-peer").read_text() == "gone"
+    ready = [e["wall"] for e in job.events("job_restart") if e["phase"] == "ready"]
+    again = [e["wall"] for e in job.events("child_start") if e["attempt"] == 1]
+    assert len(ready) == 2 and len(again) == 2 and max(ready) <= min(again), job.output()
+
+
+@pytest.mark.timeout(150)
+def test_node_0_waits_for_the_others_only_for_the_finish_timeout_then_exits_6(tmp_path) -> None:
+    # node 1's rank never ends: node 0 keeps the store up for it --finish-timeout long, then
+    # stops with 6; node 1 loses the store (two nodes: no failover) and stops with 3
+    command = script(tmp_path, "if RANK == 1:\n    time.sleep(600)\n")
+    job = Job(tmp_path, 2, 1, command, "--finish-timeout", "3")
+    assert job.wait(120) == [6, 3], job.output()
+    stops = {e["node"]: e for e in job.events("job_stop")}
+    assert stops[0]["exit_code"] == 6 and "--finish-timeout" in stops[0]["reason"], stops
+    assert stops[1]["exit_code"] == 3, stops
+    pids = [e["child_pid"] for e in job.events("child_start")]
+    assert len(pids) == 2
+    assert not [p for p in pids if psutil.pid_exists(p)], "a child outlived its supervisor"
+
+
 def _tree(pid: int) -> set[int]:
     try:
         return {p.pid for p in psutil.Process(pid).children(recursive=True)}
