@@ -20,7 +20,7 @@ import sys
 import psutil
 import pytest
 from test_node_loss import kill_tree
-from test_supervisor_local import REPO, Job
+from test_supervisor_local import REPO, Job, script
 
 from tests.support.waiting import wait_until
 
@@ -233,6 +233,36 @@ def test_a_frozen_node_of_a_plain_script_is_replaced_and_every_rank_restarts(tmp
     started = [e["node"] for e in job.events("job_restart") if e["phase"] == "started"]
     assert sorted(started) == [0, 2], started  # one job-wide restart, the spare in it
     assert "rank 1: done" in job.output() and "rank 0: done" in job.output()
+
+
+HANG_IGNORING_SIGTERM = """\
+from nvrx.fault_tolerance import RankMonitorClient
+client = RankMonitorClient()
+client.init_workload_monitoring()
+for _ in range(3):
+    client.send_heartbeat()
+if RANK == 1 and RESTART == 0:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(600)
+client.shutdown_workload_monitoring()
+"""
+
+
+def test_a_hung_rank_that_ignores_the_termination_signal_is_killed_after_the_grace_period(tmp_path):
+    # only the hang watch ends it (min-healthy: no job-wide restart stops the others)
+    grace = 2.0
+    job = Job(tmp_path, 1, 2, script(tmp_path, HANG_IGNORING_SIGTERM),
+              "--ft-restart-policy", "min-healthy", "--ft-rank-termination-signal", "SIGTERM",
+              "--ft-initial-rank-heartbeat-timeout", "60", "--ft-rank-heartbeat-timeout", "2",
+              "--grace-period", str(grace), "--max-restarts", "1")  # fmt: skip
+    assert job.wait(120) == [0], job.output()
+    [hang] = job.events("hang")
+    assert hang["rank"] == 1, hang
+    [killed] = [e for e in job.events("child_exit") if e["global_rank"] == 1 and e["attempt"] == 0]
+    assert killed["signal"] == "SIGKILL", killed  # SIGTERM, ignored, then SIGKILL
+    assert killed["wall"] - hang["wall"] >= grace, (hang, killed)  # not at once
+    again = [e for e in job.events("child_exit") if e["global_rank"] == 1 and e["attempt"] == 1]
+    assert [e["exit_code"] for e in again] == [0], job.output()
 
 
 def test_a_non_retryable_failure_stops_the_job_at_its_first_occurrence(tmp_path):
