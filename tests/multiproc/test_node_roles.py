@@ -36,9 +36,13 @@ def link() -> Iterator[StoreLink]:
 
 
 def _roles(
-    link: StoreLink, events: list[dict[str, Any]], node_rank: int = 0, **options: Any
+    link: StoreLink,
+    events: list[dict[str, Any]],
+    node_rank: int = 0,
+    nnodes: int = 3,
+    **options: Any,
 ) -> NodeRoles:
-    job = local_job(nnodes=3, node_rank=node_rank, nproc_per_node=2)
+    job = local_job(nnodes=nnodes, node_rank=node_rank, nproc_per_node=2)
     cfg = SupervisorConfig(["python", "train.py"], job, **options)
     emit = lambda kind, **fields: events.append({"kind": kind, **fields})  # noqa: E731
     return NodeRoles(cfg, link, emit, lambda: SEALER)
@@ -152,3 +156,30 @@ def test_a_forged_assignment_is_rejected_and_the_spare_takes_the_real_one(link: 
     assert seen["key"] == sealed_keys.key_of(node_keys.assign(2), 2)
     base, value = spare.on_chain_value(seen["key"], seen["value"])  # type: ignore[misc]
     assert base == node_keys.assign(2) and spare.take_over(value.payload)["node_rank"] == 1
+
+
+def test_each_loss_gets_the_lowest_spare_alive_and_not_taken(link: StoreLink) -> None:
+    # slots 0 and 1 train, 2 and 3 are spares: node rank 1 is lost twice, the second time
+    # as the spare that had taken it over
+    events: list[dict[str, Any]] = []
+    roles = _roles(link, events, nnodes=4, spare_nodes=2)
+    first = roles.declare(_lost(1))
+    assert first is not None and (first.action, first.node_rank, first.replaced_by) == ("spare", 1, 2)
+    second = roles.declare(_lost(2))
+    assert second is not None
+    assert (second.action, second.node_rank, second.replaced_by) == ("spare", 1, 3)
+    assert [(e["lost_slot"], e["action"], e["replaced_by"]) for e in events] == [
+        (1, "spare", 2), (2, "spare", 3)
+    ]  # fmt: skip
+
+
+def test_a_lost_spare_is_never_handed_out(link: StoreLink) -> None:
+    events: list[dict[str, Any]] = []
+    roles = _roles(link, events, nnodes=4, spare_nodes=2)
+    spare = roles.declare(_lost(2))
+    assert spare is not None and (spare.action, spare.node_rank) == ("none", None)
+    assert spare.reason == "a spare was lost"
+    loss = roles.declare(_lost(1))
+    assert loss is not None and (loss.action, loss.replaced_by) == ("spare", 3)
+    third = roles.declare(_lost(0))  # no spare alive and free is left
+    assert third is not None and third.action == "stop", third
