@@ -155,11 +155,12 @@ def test_losing_the_batch_and_store_host_fails_over(
 def test_without_a_spare_the_job_is_requeued_without_the_lost_node(
     slurm_cluster: LocalSlurmCluster, tmp_path
 ) -> None:
+    # submitted with --exclude=node4: the requeue adds node2 and keeps node4 out
     out = tmp_path / "out.txt"
     export = _export(tmp_path, NVRX_NPROC_PER_NODE="2")
     job = _sbatch(
-        slurm_cluster, tmp_path, "-N2", "--time=10", f"--export={export}", "-o", str(out),
-        str(TEMPLATES / "train.sbatch"), *_demo(100),
+        slurm_cluster, tmp_path, "-N2", "--time=10", "--exclude=node4", f"--export={export}",
+        "-o", str(out), str(TEMPLATES / "train.sbatch"), *_demo(100),
     )  # fmt: skip
     job_dir = tmp_path / "logs" / str(job)
     _wait_training(job_dir, out)
@@ -172,18 +173,48 @@ def test_without_a_spare_the_job_is_requeued_without_the_lost_node(
     )
     assert slurm_cluster.wait_job(job, timeout=300) == "COMPLETED", out.read_text()[-4000:]
     info = commands.show_job(job, env=slurm_cluster.env)
-    assert info is not None and info["ExcNodeList"] == "node2", info
-    assert "node2" not in commands.show_hostnames(info["NodeList"], env=slurm_cluster.env)
+    assert info is not None, info
+    excluded = commands.show_hostnames(info["ExcNodeList"], env=slurm_cluster.env)
+    assert set(excluded) == {"node2", "node4"}, info
+    ran_on = commands.show_hostnames(info["NodeList"], env=slurm_cluster.env)
+    assert not {"node2", "node4"} & set(ran_on), info
     stops = [
         e for e in _events(job_dir, "job_stop") if e["reason"].startswith("node lost, no spare")
     ]
     assert stops and stops[0]["exit_code"] == 8
     requeues = _events(job_dir, "requeue")
     assert [(e["cause"], e.get("excluded"), e["count"], e.get("answered")) for e in requeues] == [
-        ("node_failure", ["node2"], 1, [])
+        ("node_failure", ["node4", "node2"], 1, [])
     ]  # and the next run did not take it for a requeue SLURM made by itself
     text = build_report(job_dir, sacct=False).to_text(width=None)
     assert "node2" in text and "--exclude=node2" in text, text
+    wait_until(
+        "no process of ours",
+        lambda: not _ours_left(job),
+        30,
+        state=lambda: _ours_left(job),
+    )
+
+
+def test_a_job_submitted_with_no_requeue_stops_for_a_lost_node_and_is_not_requeued(
+    slurm_cluster: LocalSlurmCluster, tmp_path
+) -> None:
+    out = tmp_path / "out.txt"
+    export = _export(tmp_path, NVRX_NPROC_PER_NODE="1")
+    job = _sbatch(
+        slurm_cluster, tmp_path, "-N2", "--time=10", "--no-requeue", f"--export={export}",
+        "-o", str(out), str(TEMPLATES / "train.sbatch"), *_demo(100),
+    )  # fmt: skip
+    job_dir = tmp_path / "logs" / str(job)
+    _wait_training(job_dir, out)
+    slurm_cluster.crash_node("node2")
+    assert slurm_cluster.wait_job(job, timeout=300) != "COMPLETED", out.read_text()[-4000:]
+    stops = [e for e in _events(job_dir, "job_stop") if e["node"] == 0]
+    assert stops and stops[0]["exit_code"] == 8, out.read_text()[-4000:]
+    assert not _events(job_dir, "requeue"), out.read_text()[-4000:]
+    info = commands.show_job(job, env=slurm_cluster.env)
+    assert info is not None and info.get("Restarts") == "0", info
+    assert "not requeueable" in out.read_text(), out.read_text()[-4000:]
     wait_until(
         "no process of ours",
         lambda: not _ours_left(job),
