@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 from test_supervisor_local import DEMO, Job
 
@@ -43,6 +44,7 @@ class DemoRun:
     output: str
     events: list[dict]
     report: Report
+    job_dir: Path
 
     def of(self, kind: str, component: str | None = None) -> list[dict]:
         return [
@@ -67,6 +69,14 @@ class DemoRun:
         return dict(starts)
 
 
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waits only to be reaped)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _run_demo(tmp: Path, faults: str) -> DemoRun:
     """The demo job (Wrapper on, its default) with ``faults`` in NVRX_DEMO_FAULTS."""
     command = [
@@ -79,8 +89,9 @@ def _run_demo(tmp: Path, faults: str) -> DemoRun:
     codes = job.wait(240)
     job_dir = job.log_dir / job.job_id
     return DemoRun(
-        codes, job.output(), job.events(component=None), build_report(job_dir, sacct=False)
-    )
+        codes, job.output(), job.events(component=None), build_report(job_dir, sacct=False),
+        job_dir,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -334,3 +345,7 @@ def test_a_rank_whose_monitor_falls_silent_is_found_by_its_supervisor_and_replac
     rejoined = [e["pid"] for e in run.of("rejoin", "wrapper") if e.get("rank_rejoined") is None]
     assert rejoined == [replacement]
     assert run.report.summary.restarts.process == 1
+    # the frozen rank and its frozen monitor were both ended, by the supervisor, not by this
+    # test's clean-up (which runs after)
+    frozen = [int(p) for p in (run.job_dir / "run" / "silenced.pids").read_text().split()]
+    assert len(frozen) == 2 and not [p for p in frozen if _alive(p)], frozen
