@@ -263,6 +263,8 @@ class NodeAgent:
         if not self.heard:  # its starter's first beat waits in the socket before it starts
             return now - started > IDLE_START_S
         if self.fenced and self._listed_in > self.slot:
+            # the next beat starts the agent of that place (one started by a beat of this
+            # place is fenced too, and ends at the later place's next beat)
             log.info("a rank of this host beats for its next place: the agent for it starts")
             return True
         if self.heard - self.done or self._out:
@@ -312,8 +314,8 @@ class NodeAgent:
 
     def _connect(self, now: float) -> None:
         """Connect (within ``host_s`` unless a store factory says otherwise), once a beat
-        said which place is its ranks'."""
-        if self.slot < 0 and self._listed_in < 0 and not self.heard:
+        came: it names the place of its ranks."""
+        if not self.heard:
             raise _NotYet("no beat came yet")
         cfg = self.cfg
         if cfg.store_factory:
@@ -365,15 +367,17 @@ class NodeAgent:
     def _fence(self) -> None:
         """Another host found this one silent while it stalled, took its ranks out and ended
         its place: it beats no more, takes no new place and takes nobody out, neither its
-        own ranks (they are out already) nor the hosts it found silent (the host that
-        fenced it watches them now). It ends once its ranks say they ended, or with the
-        store."""
+        own ranks (they are out already: those it was about to take out count as ended) nor
+        the hosts it found silent (the host that fenced it watches them now). It ends once
+        its ranks ended or fell silent, with the store, or when a rank of the host beats for
+        a later place (``finished``)."""
         log.warning(
             "another host found this one silent and took its ranks out: it beats no more in "
             "the ring of hosts"
         )
         self.place, self.fenced = None, True
         self._silent_hosts.clear()
+        self.done.update(self._out)
         self._out.clear()
 
     def _heard(self, report: dict[str, Any], now: float) -> None:
@@ -440,6 +444,11 @@ class NodeAgent:
             silent["at"] = now + self.limits.replace_s
             return
         host_ring.declare_lost(self.store, slot, self.slot)
+        # a monitor lists its rank, then reads the claim: one that listed it while the place
+        # was ending saw no claim and stays there, so the list is read once more after it
+        if set(live_ranks(self.store, slot)) - set(ranks):
+            silent["at"] = now + self.limits.replace_s  # taken out at the next pass
+            return
         del self._silent_hosts[slot]
 
     def _leave(self, ranks: list[int], message: str, own: bool = True) -> list[int]:
@@ -475,7 +484,8 @@ class NodeAgent:
 
 
 class _NotYet(Exception):
-    """The store answered, but the agent may not end yet."""
+    """Not yet: the agent may not end (the store answered), or may not connect (no beat
+    came yet)."""
 
 
 def _setup_logging(path: str | None) -> None:

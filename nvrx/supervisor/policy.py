@@ -3,9 +3,9 @@
 The budget counts process restarts of the whole job in the store (one entry of a
 sealed list per restart, each spender learning its own entry's place, as from an
 atomic ``add``), so a node cannot outspend it by restarting quickly. The
-loop breaker stops a job whose local rank fails the same way K times in a row (for a
-job-wide restart, whose job does, whichever rank fails first), because such a failure
-will not fix itself by restarting.
+loop breaker stops a job whose local rank fails the same way K times in a row (for
+job-wide restarts: when the job does, whichever rank fails first), because such a
+failure will not fix itself by restarting.
 """
 
 from __future__ import annotations

@@ -133,3 +133,34 @@ def test_a_two_node_job_that_loses_its_store_host_stops_with_3_and_elects_no_sto
     assert not job.events("store_failover"), output
     stop = [e for e in job.events("job_stop") if e["node"] == 1]
     assert stop and stop[0]["exit_code"] == 3, output
+
+
+@pytest.mark.timeout(180)
+def test_a_lost_nodes_restart_carries_the_loop_breakers_streak_on(tmp_path: Path) -> None:
+    # rank 0 exits 3, node 1 is lost, rank 0 exits 3 again: with --loop-breaker 2 that is
+    # the same failure twice in a row (the node loss between is no failure of the script)
+    body = (
+        "from pathlib import Path\n"
+        "d = Path(os.environ['NVRX_LOG_DIR'])\n"
+        "(d / f'start-{RANK}-{RESTART}').touch()\n"
+        "if RANK == 0 and RESTART != 1:\n"
+        "    sys.exit(3)\n"
+        "time.sleep(120)\n"
+    )
+    job = Job(tmp_path, 3, 1, script(tmp_path, body), "--spare-nodes", "1",
+              "--loop-breaker", "2", "--max-restarts", "10", *NODE_OPTIONS)  # fmt: skip
+    started = job.log_dir / "start-1-1"
+    wait_until("rank 1 to start again", started.exists, 90, state=job.output)
+    job.wait_for_beat(1)
+    for proc in reversed(_tree(job.procs[1].pid)):  # node 1 lost, at once
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    codes = job.wait(120)
+    output = job.output()
+    assert codes[0] == codes[2] == ExitCode.LOOP_BREAKER, output
+    decisions = sorted(job.events("restart_decision"), key=lambda e: e["wall"])
+    assert [e["decision"] for e in decisions] == ["restart", "give_up"], output
+    assert "the job failed with exit code 3 2 times in a row" in decisions[-1]["reason"]
+    stops = [e for e in job.events("job_restart") if e["phase"] == "stopping" and e.get("cause")]
+    lost = {e["cause"]["signature"]: e["cause"]["streak"] for e in stops}
+    assert lost.get("node lost") == ["exit code 3", 1], stops

@@ -276,6 +276,63 @@ def test_a_silent_host_is_taken_out_by_the_agent_watching_it(base, hosts) -> Non
     assert not b.agent.step(now + 3 * INTERVAL)
 
 
+class _ListsOnClaim:
+    """The real store, where a monitor lists ``rank`` in host ``slot`` just as the place is
+    ended: before the first append to ``slot``'s claim."""
+
+    def __init__(self, store: Any, slot: int, rank: int) -> None:
+        self.store, self.slot, self.rank, self.listed = store, slot, rank, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def append(self, key: str, value: str) -> Any:
+        if key == RING.claim(self.slot) and not self.listed:
+            self.listed = True
+            list_rank(self.store, self.slot, self.rank)
+        return self.store.append(key, value)
+
+
+def test_a_rank_listed_while_its_silent_host_is_declared_lost_is_taken_out_too(base, hosts):
+    """Rank 3's monitor lists it on silent h1 between h0's read of h1's list and h0's claim:
+    it read no claim, so it stays on h1; h0 reads the list again and takes it out too."""
+    view = _round(base)
+    slot = register(base, node_agent.host_key(CFG, "h1"))
+    list_rank(base, slot, 2)
+    store = _ListsOnClaim(base, slot, 3)
+    a = hosts("h0", [0, 1], store=store)
+    t = now = time.monotonic()
+    while rstore.terminated_ranks(view) != {2, 3} and now < t + 5 * LIMITS.host_s:
+        now += INTERVAL
+        a.beat(0, 1)
+        a.agent.step(now)
+    assert store.listed and host_ring.declared_lost(base, slot)
+    assert rstore.terminated_ranks(view) == {2, 3}
+    assert a.faults() == [(2, "unresponsive"), (3, "unresponsive")]
+    assert a.agent._silent_hosts == {}  # done with h1
+
+
+def test_a_fenced_agent_counts_a_rank_it_was_about_to_take_out_as_ended(base, hosts) -> None:
+    """h1's rank 3 falls silent before any round names it: its take-out waits. h1 is then
+    declared lost: fenced, its agent counts rank 3 as out with the rest, and ends once rank
+    2 says it ended."""
+    b = hosts("h1", [2, 3])
+    t = now = time.monotonic()
+    b.beat(2, 3)
+    b.agent.step(now)
+    while 3 not in b.agent._out and now < t + 4 * TIMEOUT:  # rank 3 stopped beating
+        now += INTERVAL
+        b.beat(2)
+        b.agent.step(now)
+    assert 3 in b.agent._out and 3 not in b.agent.done and b.agent.heard == {2, 3}
+    host_ring.declare_lost(base, b.agent.slot, 0)
+    b.beat(2)
+    assert b.agent.step(now + INTERVAL) and b.agent.fenced
+    b.beat(2, bye=True)
+    b.agent.step(now + 2 * INTERVAL)
+    assert b.agent.finished(now + 2 * INTERVAL, t)
+
+
 class _Gone:
     """A store that no longer answers."""
 
@@ -306,7 +363,7 @@ def _h1_declared_lost(base: Any, a: Host) -> int:
     """h1's ranks 2 and 3 listed in its slot, which never beats: h0 takes them out of round
     0 and ends h1's place (the path above); h1's slot."""
     view = _round(base)
-    slot = register(base, node_agent.host_key(CFG, "h1"))
+    slot = register(base, _h1(base))
     for rank in (2, 3):  # what h1's monitors wrote before their ranks went on
         list_rank(base, slot, rank)
     t = now = time.monotonic()
@@ -316,6 +373,11 @@ def _h1_declared_lost(base: Any, a: Host) -> int:
         a.agent.step(now)
     assert host_ring.declared_lost(base, slot) and rstore.terminated_ranks(view) == {2, 3}
     return slot
+
+
+def _h1(base: Any) -> str:
+    """Host h1's name in the store, as its agent connected to ``base`` names it."""
+    return node_agent.host_key(_config(store_port=base.port), "h1")
 
 
 class _Thawed:
@@ -370,11 +432,13 @@ def test_an_agent_that_stalled_before_its_first_tick_finds_its_host_fenced(base,
 
 
 def test_a_fenced_agent_ends_when_a_rank_of_its_host_beats_for_a_later_place(base, hosts, thawed):
+    """A rank started on h1 after h1 was declared lost lists itself in h1's next place; its
+    beat ends the fenced agent, so that its next one starts the agent of that place."""
     slot = _h1_declared_lost(base, hosts("h0", [0, 1]))
     agent, now = thawed.agent, time.monotonic()
     thawed.beat(2, slot)
     assert agent.step(now) and agent.fenced
-    later = register(base, node_agent.host_key(CFG, "h1"))  # a rank that starts on h1 now
+    later = register(base, _h1(base))  # a rank that starts on h1 now
     assert later != slot
     thawed.beat(4, later)
     agent.step(now + INTERVAL)
@@ -384,12 +448,13 @@ def test_a_fenced_agent_ends_when_a_rank_of_its_host_beats_for_a_later_place(bas
 def test_an_agent_whose_ranks_place_its_predecessor_ended_takes_the_hosts_next(base, thawed):
     """A place ended by the host's own agent (its ranks all ended) is no fence: an agent
     started later for a rank listed there takes the host's next place."""
-    slot = register(base, node_agent.host_key(CFG, "h1"))
+    slot = register(base, _h1(base))
     list_rank(base, slot, 2)
     assert host_ring.end_place(base, slot) and not host_ring.declared_lost(base, slot)
     thawed.beat(2, slot)
     assert thawed.agent.step(time.monotonic())
     assert not thawed.agent.fenced and thawed.agent.slot != slot
+    assert thawed.agent.slot == register(base, _h1(base))  # h1's next place
     assert int(base.add(keys.HOST_COUNT, 0)) == 2
 
 
