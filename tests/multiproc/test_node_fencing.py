@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -36,6 +37,21 @@ def _tree(pid: int) -> list[psutil.Process]:
     return [root, *root.children(recursive=True)]
 
 
+@contextlib.contextmanager
+def _frozen(pid: int) -> Iterator[None]:
+    """The process tree of ``pid`` stopped (a hung node) for the block, then continued."""
+    tree = _tree(pid)
+    for proc in tree:
+        proc.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for proc in tree:
+            # a process of the tree may end while stopped (SIGKILL still acts): nothing to thaw
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.send_signal(signal.SIGCONT)
+
+
 # node 1's first children would sleep for 2 minutes: only being killed ends them in time
 BODY = "time.sleep(120 if RANK >= 2 and RESTART == 0 else 6)\n"
 
@@ -58,16 +74,8 @@ def test_a_node_that_thaws_after_it_was_declared_lost_is_fenced(tmp_path: Path) 
     wait_until("node 1's children", lambda: len(_child_pids(job, 1)) == 2, 60, state=job.output)
     job.wait_for_beat(1)
     children = _child_pids(job, 1)
-    frozen = _tree(job.procs[1].pid)
-    for proc in frozen:
-        proc.send_signal(signal.SIGSTOP)
-    try:
+    with _frozen(job.procs[1].pid):
         wait_until("node 1 declared lost", lambda: job.events("node_lost"), 30, state=job.output)
-    finally:
-        for proc in frozen:
-            # a process of the tree may end while stopped (SIGKILL still acts): nothing to thaw
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.send_signal(signal.SIGCONT)
     wait_until("the thawed node to end its children", lambda: all(_gone(p) for p in children), 10)
     codes = job.wait(60)
     output = job.output()
@@ -91,20 +99,13 @@ def test_a_store_host_that_thaws_after_the_failover_is_fenced(
     for slot in (1, 2):
         job.wait_for_beat(slot)
     children = _child_pids(job, 0)
-    frozen = _tree(job.procs[0].pid)
-    for proc in frozen:
-        proc.send_signal(signal.SIGSTOP)
-    try:
+    with _frozen(job.procs[0].pid):
         wait_until(
             "the spare to take node rank 0 over",
             lambda: any(e["node_rank"] == 0 for e in job.events("node_takeover")),
             90,
             state=job.output,
         )
-    finally:
-        for proc in frozen:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.send_signal(signal.SIGCONT)
     wait_until("the thawed node to end its children", lambda: all(_gone(p) for p in children), 30)
     codes = job.wait(90)
     output = job.output()

@@ -80,6 +80,23 @@ def _sbatch(cluster: LocalSlurmCluster, tmp_path: Path, *args: str) -> int:
     return int(done.stdout.strip().split(";")[0])
 
 
+def _node2_lost(
+    cluster: LocalSlurmCluster, tmp_path: Path, nproc: str, *options: str
+) -> tuple[int, Path, Path]:
+    """``train.sbatch`` on two nodes without a spare (sbatch ``options`` added) trains, then
+    node2 crashes: the job's id, its directory and its output file."""
+    out = tmp_path / "out.txt"
+    export = _export(tmp_path, NVRX_NPROC_PER_NODE=nproc)
+    job = _sbatch(
+        cluster, tmp_path, "-N2", "--time=10", *options, f"--export={export}", "-o", str(out),
+        str(TEMPLATES / "train.sbatch"), *_demo(100),
+    )  # fmt: skip
+    job_dir = tmp_path / "logs" / str(job)
+    _wait_training(job_dir, out)
+    cluster.crash_node("node2")
+    return job, job_dir, out
+
+
 def _spare_job(cluster: LocalSlurmCluster, tmp_path: Path) -> tuple[int, Path, Path]:
     out = tmp_path / "out.txt"
     export = _export(tmp_path, NVRX_NPROC_PER_NODE="2", NVRX_SPARE_NODES="1")
@@ -156,15 +173,7 @@ def test_without_a_spare_the_job_is_requeued_without_the_lost_node(
     slurm_cluster: LocalSlurmCluster, tmp_path
 ) -> None:
     # submitted with --exclude=node4: the requeue adds node2 and keeps node4 out
-    out = tmp_path / "out.txt"
-    export = _export(tmp_path, NVRX_NPROC_PER_NODE="2")
-    job = _sbatch(
-        slurm_cluster, tmp_path, "-N2", "--time=10", "--exclude=node4", f"--export={export}",
-        "-o", str(out), str(TEMPLATES / "train.sbatch"), *_demo(100),
-    )  # fmt: skip
-    job_dir = tmp_path / "logs" / str(job)
-    _wait_training(job_dir, out)
-    slurm_cluster.crash_node("node2")
+    job, job_dir, out = _node2_lost(slurm_cluster, tmp_path, "2", "--exclude=node4")
     # requeued held, node2 excluded, released: it runs again on its own, on other nodes
     wait_until(
         "the job to run again",
@@ -199,15 +208,7 @@ def test_without_a_spare_the_job_is_requeued_without_the_lost_node(
 def test_a_job_submitted_with_no_requeue_stops_for_a_lost_node_and_is_not_requeued(
     slurm_cluster: LocalSlurmCluster, tmp_path
 ) -> None:
-    out = tmp_path / "out.txt"
-    export = _export(tmp_path, NVRX_NPROC_PER_NODE="1")
-    job = _sbatch(
-        slurm_cluster, tmp_path, "-N2", "--time=10", "--no-requeue", f"--export={export}",
-        "-o", str(out), str(TEMPLATES / "train.sbatch"), *_demo(100),
-    )  # fmt: skip
-    job_dir = tmp_path / "logs" / str(job)
-    _wait_training(job_dir, out)
-    slurm_cluster.crash_node("node2")
+    job, job_dir, out = _node2_lost(slurm_cluster, tmp_path, "1", "--no-requeue")
     assert slurm_cluster.wait_job(job, timeout=300) != "COMPLETED", out.read_text()[-4000:]
     stops = [e for e in _events(job_dir, "job_stop") if e["node"] == 0]
     assert stops and stops[0]["exit_code"] == 8, out.read_text()[-4000:]
