@@ -19,6 +19,7 @@ from submitit.helpers import Checkpointable
 from nvrx.events import read_dir
 from nvrx.submission.job import JobFailed
 from nvrx.submission.submit import Executor, submit
+from nvrx.supervisor.exit_codes import ExitCode
 
 
 def rank_and_value(value: int) -> tuple[int, int, str]:
@@ -161,6 +162,25 @@ def test_local_checkpoint_returning_none_ends_the_job_unrequeued(tmp_path: Path)
     assert stops == ["not requeued: the submitted callable's checkpoint returned None (no requeue)"]
     assert [(e["exit_code"], e["signal"]) for e in _warned_run_exits(events)] == [(0, None)]
     assert len({e["pid"] for e in events if e["kind"] == "supervisor_start"}) == 1  # one run
+
+
+def fails_on_rank_1() -> None:
+    if int(os.environ["RANK"]) == 1:
+        raise ValueError("bad batch")
+
+
+@pytest.mark.timeout(150)
+def test_a_failed_job_names_its_node_exit_code_and_events_folder(tmp_path: Path) -> None:
+    job = submit(
+        fails_on_rank_1, folder=tmp_path, cluster="local", nproc_per_node=2, timeout_min=2,
+        supervise_args=["--max-restarts", "0"],
+    )  # fmt: skip
+    with pytest.raises(JobFailed) as failed:
+        job.results(timeout=120)
+    message = str(failed.value)
+    assert f"on node 0 of job {job.job_id} exited {int(ExitCode.BUDGET_EXHAUSTED)}" in message
+    assert str(job.log_dir) in message, message
+    assert job.report(sacct=False).to_dict()["summary"]["outcome"] == "failed (exit code 4)"
 
 
 @pytest.mark.timeout(150)

@@ -75,6 +75,11 @@ def _ours_left(job: int) -> list[str]:
     return left
 
 
+def _wait_none_of_ours(job: int) -> None:
+    """Until no process of SLURM job ``job`` is left."""
+    wait_until("no process of ours", lambda: not _ours_left(job), 30, state=lambda: _ours_left(job))
+
+
 def _sbatch(cluster: LocalSlurmCluster, tmp_path: Path, *args: str) -> int:
     done = cluster.run(["sbatch", "--parsable", *args], cwd=tmp_path)
     return int(done.stdout.strip().split(";")[0])
@@ -124,12 +129,7 @@ def test_a_spare_node_takes_over_a_lost_node(slurm_cluster: LocalSlurmCluster, t
     assert "node2" in text and "--exclude=node2" in text, text
     assert report.summary.restarts.requeue == 0, text
     slurm_cluster.run(["scancel", str(job)], check=False)
-    wait_until(
-        "no process of ours",
-        lambda: not _ours_left(job),
-        30,
-        state=lambda: _ours_left(job),
-    )
+    _wait_none_of_ours(job)
 
 
 def test_losing_the_batch_and_store_host_fails_over(
@@ -161,12 +161,7 @@ def test_losing_the_batch_and_store_host_fails_over(
     assert "the job's store moved to slot 1" in text, text
     # The survivors' errors at node1's death follow from it: only the lost node is excluded.
     assert report.exclude == "node1", text
-    wait_until(
-        "no process of ours",
-        lambda: not _ours_left(job),
-        30,
-        state=lambda: _ours_left(job),
-    )
+    _wait_none_of_ours(job)
 
 
 def test_without_a_spare_the_job_is_requeued_without_the_lost_node(
@@ -197,12 +192,7 @@ def test_without_a_spare_the_job_is_requeued_without_the_lost_node(
     ]  # and the next run did not take it for a requeue SLURM made by itself
     text = build_report(job_dir, sacct=False).to_text(width=None)
     assert "node2" in text and "--exclude=node2" in text, text
-    wait_until(
-        "no process of ours",
-        lambda: not _ours_left(job),
-        30,
-        state=lambda: _ours_left(job),
-    )
+    _wait_none_of_ours(job)
 
 
 def test_a_job_submitted_with_no_requeue_stops_for_a_lost_node_and_is_not_requeued(
@@ -216,12 +206,7 @@ def test_a_job_submitted_with_no_requeue_stops_for_a_lost_node_and_is_not_requeu
     info = commands.show_job(job, env=slurm_cluster.env)
     assert info is not None and info.get("Restarts") == "0", info
     assert "not requeueable" in out.read_text(), out.read_text()[-4000:]
-    wait_until(
-        "no process of ours",
-        lambda: not _ours_left(job),
-        30,
-        state=lambda: _ours_left(job),
-    )
+    _wait_none_of_ours(job)
 
 
 def test_a_killed_supervisor_on_a_responding_node_is_not_excluded(
@@ -259,9 +244,4 @@ def test_a_killed_supervisor_on_a_responding_node_is_not_excluded(
     ], requeues
     report = build_report(job_dir, sacct=False)
     assert report.exclude is None, report.to_text()
-    wait_until(
-        "no process of ours",
-        lambda: not _ours_left(job),
-        30,
-        state=lambda: _ours_left(job),
-    )
+    _wait_none_of_ours(job)

@@ -13,6 +13,7 @@ import pytest
 from nvrx.events import read_dir
 from nvrx.slurm import commands
 from nvrx.submission.submit import submit
+from nvrx.supervisor.warning_cause import parse_duration
 from tests.support.waiting import wait_until
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "sbatch_templates"
@@ -40,7 +41,17 @@ def train_until_warned(ckpt_dir: str, steps_after_resume: int) -> dict:
     return {"rank": rank, "run": run, "resumed_from": start, "final": step}
 
 
-def _check_resumed(job, ckpt: Path, nranks: int, cause: str) -> None:
+def _expected_window(decided: dict, cause: str, grace_time: float) -> float:
+    """What docs/submit.md says the window is, from what the deciding node read: the time
+    left (a time limit) or the partition's GraceTime (a preemption), less a margin of a
+    quarter of it, at most 10 s."""
+    left = grace_time
+    if cause == "time_limit":
+        left = parse_duration(decided["TimeLimit"]) - parse_duration(decided["RunTime"])
+    return left - min(10.0, 0.25 * left)
+
+
+def _check_resumed(job, ckpt: Path, nranks: int, cause: str, grace_time: float) -> None:
     results = job.results(timeout=120)
     for rank, result in enumerate(results):
         assert result["rank"] == rank
@@ -52,6 +63,10 @@ def _check_resumed(job, ckpt: Path, nranks: int, cause: str) -> None:
     warnings = [e for e in events if e["kind"] == "preempt_signal"]
     assert {e["node"] for e in warnings} == {0, 1}
     assert {e["cause"] for e in warnings} == {cause}
+    decided = [e for e in warnings if e["decided_by"] == "scontrol"]  # the others read its flag
+    assert decided, warnings
+    for e in decided:
+        assert e["window_s"] == pytest.approx(_expected_window(e, cause, grace_time), abs=0.06), e
     requeues = [e for e in events if e["kind"] == "requeue"]
     assert [(e["node"], e["cause"], e["count"]) for e in requeues] == [(0, cause, 1)]
     saves = [e for e in events if e["kind"] == "checkpoint" and e["action"] == "save"]
@@ -82,7 +97,7 @@ def test_preempted_job_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path:
     high = slurm_cluster.sbatch("sleep 1\n", "-p", slurm_cluster.high_partition, every_node, f"-c{cpus}")
     assert slurm_cluster.wait_job(high, timeout=90) == "COMPLETED"
     slurm_cluster.start_soon_when_requeued(int(job.job_id), 60)
-    _check_resumed(job, ckpt, 4, "preemption")
+    _check_resumed(job, ckpt, 4, "preemption", slurm_cluster.kill_wait)  # its GraceTime
 
 
 @pytest.mark.timeout(300)
@@ -104,7 +119,7 @@ def test_time_limit_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path: Pa
     wait_until("every rank to train", lambda: len(list(ckpt.glob("started-run0-*"))) == 4, 90)
     # the resumed run must finish, not be warned again: a longer limit for it
     slurm_cluster.start_soon_when_requeued(int(job.job_id), 120, time_limit_min=10)
-    _check_resumed(job, ckpt, 4, "time_limit")
+    _check_resumed(job, ckpt, 4, "time_limit", slurm_cluster.kill_wait)
     info = commands.show_job(job.job_id, env=slurm_cluster.env)
     assert info is not None and info["Restarts"] == "1"
 

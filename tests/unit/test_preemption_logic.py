@@ -237,6 +237,20 @@ def test_time_limit_requeues_are_capped(tmp_path: Path) -> None:
     assert other.act(_no_children, cause="preemption").requeued
 
 
+def test_preemptions_and_other_requeues_leave_the_time_limit_cap_untouched(tmp_path: Path) -> None:
+    job_dir = tmp_path / "job"
+    ledger = RequeueLedger(job_dir / "preempt" / "requeues.json")
+    ledger.append("preemption", 0)
+    ledger.append("node_failure", 1)
+    handler = PreemptionHandler(
+        job_dir, 0, 1, slurm=False, local_requeue=True, max_time_limit_requeues=1, export_env=False
+    )
+    handler.on_signal(signal.SIGUSR2)
+    decision = handler.act(_no_children, cause="time_limit")
+    assert decision.requeued, decision.reason
+    assert ledger.count("time_limit") == 1 and ledger.count() == 3
+
+
 def _two_local_nodes(job_dir: Path) -> list[PreemptionHandler]:
     """The handlers of a two-node job without SLURM (submitit's local requeue); node 0 started."""
     handlers = [

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_report_fixtures import JOB, Host, Proc, write_standard_job
+from test_report_fixtures import JOB, T0, Host, Proc, write_standard_job
 
 from nvrx.report import REPORT_SCHEMA_VERSION, build_report
 from nvrx.report.cli import main, parse_since
@@ -349,3 +349,23 @@ def test_console_script_runs_without_torch(job_dir: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["summary"]["job"] == JOB
+
+
+@pytest.mark.parametrize("newest", [JOB, "100"])
+def test_without_job_the_newest_job_of_the_base_is_reported_and_the_report_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], newest: str
+) -> None:
+    write_standard_job(tmp_path / JOB)
+    other = Proc(tmp_path / "100", Host("node-a", 0), "supervisor", job="100")
+    other.at(0.0, "supervisor_start", nnodes=1, nproc_per_node=1, command="python t.py")
+    other.close()
+    for job in (JOB, "100"):  # file times decide, not names: either may be the newer
+        stamp = T0 + (3600 if job == newest else 0)
+        for path in (tmp_path / job).rglob("*.jsonl"):
+            os.utime(path, (stamp, stamp))
+    assert main([str(tmp_path), "--no-sacct", "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["summary"]["job"] == newest
+    older = "100" if newest == JOB else JOB
+    said = f"reporting the newest, {newest} (others: {older}; pass --job)"
+    assert any(said in note for note in report["reading"]["notes"]), report["reading"]

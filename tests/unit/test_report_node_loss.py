@@ -10,6 +10,7 @@ children write as node rank 1, the one it took over. Times are seconds after ``T
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -253,6 +254,17 @@ def test_the_lost_node_is_the_first_failure_of_the_round_it_interrupted(spare: R
         ("node lost", "node", [2, 3], [1])
     ]
     assert "lost node vm (node 1)" in spare.to_text()
+
+
+def test_ranks_of_the_lost_node_are_not_counted_as_waiting_for_its_detection(
+    spare: Report,
+) -> None:
+    # 4 ranks; the lost node's 2 were gone, the other 2 waited in the function 3.003 s
+    ledger = spare.summary.time_ledger
+    assert ledger.detection_s == pytest.approx(3.003) and ledger.lost_work_s == 0.0
+    assert ledger.training_s == pytest.approx(spare.summary.training_time_s - 3.003 * 2 / 4)
+    parts = [v for k, v in vars(ledger).items() if k.endswith("_s") and k != "wall_s"]
+    assert math.fsum(parts) == pytest.approx(ledger.wall_s)
 
 
 def test_json_of_a_node_loss_follows_the_schema(spare: Report) -> None:
@@ -702,17 +714,18 @@ def test_a_lost_node_slurm_still_calls_responding_is_excluded_without_a_step(
     ]
 
 
-def _faults_on_node_b(log_dir: Path, messages: list[str]) -> Report:
-    """node-b's rank 2 raises ``messages[i]`` in round i; its peers stop for it."""
+def _faults_on_node_b(log_dir: Path, messages: list[str], raisers: list[int] | None = None) -> Report:
+    """Rank ``raisers[i]`` (rank 2, on node-b, by default) raises ``messages[i]`` in round
+    i; its peers stop for it."""
     job = Job(log_dir, {0: "node-a", 1: "node-b"}, nnodes=2, spares=0)
     for rank in range(4):
         job.start_rank(0.5, rank, rank // 2, rank // 2)
     for rnd, message in enumerate(messages):
-        t = 2.0 + 10 * rnd
+        t, raiser = 2.0 + 10 * rnd, (raisers or [2] * len(messages))[rnd]
         job.round_start(t, rnd, [0, 1, 2, 3])
-        _raises(job, 2, t + 3, "RuntimeError", message)
-        for rank in (0, 1, 3):
-            job.ranks[rank].at(t + 3.1, "fault", fault_kind="peer", origin_rank=2)
+        _raises(job, raiser, t + 3, "RuntimeError", message)
+        for rank in {0, 1, 2, 3} - {raiser}:
+            job.ranks[rank].at(t + 3.1, "fault", fault_kind="peer", origin_rank=raiser)
         job.round_restart(t + 3.5, [0, 1, 2, 3])
     return job.close()
 
@@ -724,6 +737,16 @@ def test_a_node_with_repeated_faults_of_its_own_is_excluded(tmp_path: Path) -> N
     sig = "RuntimeError at train.py:40 in train"
     assert node_b.evidence == [f"2 faults of its own seen on no other host: {sig}"]
     assert report.exclude == "node-b"
+
+
+def test_a_fault_seen_on_several_hosts_is_the_codes_and_excludes_no_node(tmp_path: Path) -> None:
+    """The same error twice on node-b, then once on node-a: the code's, not node-b's."""
+    report = _faults_on_node_b(tmp_path / "job", ["bad value"] * 3, raisers=[2, 2, 0])
+    assert report.exclude is None and not [s for s in report.suspects if s.suspect]
+    evidence = [line for s in report.suspects for line in s.evidence]
+    assert not [line for line in evidence if "seen on no other host" in line], evidence
+    text = report.to_text("table", width=None)
+    assert "a fault seen on several hosts is the code's" in text, text
 
 
 def test_one_fault_of_its_own_is_not_enough_but_a_device_fault_is(tmp_path: Path) -> None:
