@@ -41,9 +41,10 @@ def _tree(pid: int) -> list[psutil.Process]:
 def _frozen(pid: int) -> Iterator[None]:
     """The process tree of ``pid`` stopped (a hung node) for the block, then continued."""
     tree = _tree(pid)
-    for proc in tree:
-        proc.send_signal(signal.SIGSTOP)
     try:
+        for proc in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):  # it ended meanwhile
+                proc.send_signal(signal.SIGSTOP)
         yield
     finally:
         for proc in tree:

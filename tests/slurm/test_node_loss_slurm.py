@@ -86,12 +86,12 @@ def _sbatch(cluster: LocalSlurmCluster, tmp_path: Path, *args: str) -> int:
 
 
 def _node2_lost(
-    cluster: LocalSlurmCluster, tmp_path: Path, nproc: str, *options: str
+    cluster: LocalSlurmCluster, tmp_path: Path, nproc: int, *options: str
 ) -> tuple[int, Path, Path]:
     """``train.sbatch`` on two nodes without a spare (sbatch ``options`` added) trains, then
     node2 crashes: the job's id, its directory and its output file."""
     out = tmp_path / "out.txt"
-    export = _export(tmp_path, NVRX_NPROC_PER_NODE=nproc)
+    export = _export(tmp_path, NVRX_NPROC_PER_NODE=str(nproc))
     job = _sbatch(
         cluster, tmp_path, "-N2", "--time=10", *options, f"--export={export}", "-o", str(out),
         str(TEMPLATES / "train.sbatch"), *_demo(100),
@@ -168,7 +168,7 @@ def test_without_a_spare_the_job_is_requeued_without_the_lost_node(
     slurm_cluster: LocalSlurmCluster, tmp_path
 ) -> None:
     # submitted with --exclude=node4: the requeue adds node2 and keeps node4 out
-    job, job_dir, out = _node2_lost(slurm_cluster, tmp_path, "2", "--exclude=node4")
+    job, job_dir, out = _node2_lost(slurm_cluster, tmp_path, 2, "--exclude=node4")
     # requeued held, node2 excluded, released: it runs again on its own, on other nodes
     wait_until(
         "the job to run again",
@@ -198,7 +198,7 @@ def test_without_a_spare_the_job_is_requeued_without_the_lost_node(
 def test_a_job_submitted_with_no_requeue_stops_for_a_lost_node_and_is_not_requeued(
     slurm_cluster: LocalSlurmCluster, tmp_path
 ) -> None:
-    job, job_dir, out = _node2_lost(slurm_cluster, tmp_path, "1", "--no-requeue")
+    job, job_dir, out = _node2_lost(slurm_cluster, tmp_path, 1, "--no-requeue")
     assert slurm_cluster.wait_job(job, timeout=300) != "COMPLETED", out.read_text()[-4000:]
     stops = [e for e in _events(job_dir, "job_stop") if e["node"] == 0]
     assert stops and stops[0]["exit_code"] == 8, out.read_text()[-4000:]

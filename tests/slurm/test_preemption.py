@@ -44,7 +44,7 @@ def train_until_warned(ckpt_dir: str, steps_after_resume: int) -> dict:
 def _expected_window(decided: dict, cause: str, grace_time: float) -> float:
     """What docs/submit.md says the window is, from what the deciding node read: the time
     left (a time limit) or the partition's GraceTime (a preemption), less a margin of a
-    quarter of it, at most 10 s."""
+    quarter of it, at most 10 s (these windows are well above the floor of 1 s)."""
     left = grace_time
     if cause == "time_limit":
         left = parse_duration(decided["TimeLimit"]) - parse_duration(decided["RunTime"])
