@@ -42,6 +42,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,20 +91,24 @@ def node_agents(log_dir: str | Path, host: str | None = None) -> list[psutil.Pro
     return found
 
 
+def _wait_until(condition: Callable[[], bool], timeout: float, never: str) -> None:
+    """Until ``condition()`` holds (another process's file: no event to wait on here);
+    AssertionError saying ``never`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, never
+        time.sleep(0.01)
+
+
 def _wait_for_every_rank(tmp: Path, iteration: int, world_size: int) -> None:
     """Until every rank called the function in ``iteration``, so that each one has a call there."""
-    deadline = time.monotonic() + 30
-    while len(list(tmp.glob(f"entered-{iteration}-*"))) < world_size:
-        assert time.monotonic() < deadline, "the other ranks never called the function"
-        time.sleep(0.01)
+    called = lambda: len(list(tmp.glob(f"entered-{iteration}-*"))) >= world_size  # noqa: E731
+    _wait_until(called, 30, "the other ranks never called the function")
 
 
 def _wait_for(path: Path, timeout: float) -> None:
     """Until the test creates ``path``."""
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path.name} was never created"
-        time.sleep(0.01)
+    _wait_until(path.exists, timeout, f"{path.name} was never created")
 
 
 class LeaveJob(BaseException):

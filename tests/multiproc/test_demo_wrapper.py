@@ -25,9 +25,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import pytest
-from test_supervisor_local import DEMO, Job
+from test_supervisor_local import DEMO, Job, _alive
 
 from nvrx.report import Report, build_report
 
@@ -67,14 +66,6 @@ class DemoRun:
         for e in sorted(self.of("child_start", "supervisor"), key=lambda e: e["wall"]):
             starts[e["global_rank"]].append(e)
         return dict(starts)
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie waits only to be reaped)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _run_demo(tmp: Path, faults: str) -> DemoRun:
@@ -348,4 +339,4 @@ def test_a_rank_whose_monitor_falls_silent_is_found_by_its_supervisor_and_replac
     # the frozen rank and its frozen monitor were both ended, by the supervisor, not by this
     # test's clean-up (which runs after)
     frozen = [int(p) for p in (run.job_dir / "run" / "silenced.pids").read_text().split()]
-    assert len(frozen) == 2 and not [p for p in frozen if _alive(p)], frozen
+    assert len(frozen) == 2 and not _alive(set(frozen)), frozen

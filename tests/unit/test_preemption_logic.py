@@ -210,43 +210,33 @@ def test_stubborn_child_is_ended_at_the_deadline(
     assert took < 60  # bounded: window + SIGTERM grace, never the child's 120 s
 
 
-def test_time_limit_requeues_are_capped(tmp_path: Path) -> None:
-    job_dir = tmp_path / "job"
+def _warned(
+    job_dir: Path, before: list[str], cap: int, cause: str
+) -> tuple[WarningOutcome, RequeueLedger]:
+    """Node 0 of a one-node job without SLURM, whose ledger holds requeues of the causes
+    ``before``, acts on a warning of ``cause`` under a cap of ``cap`` time-limit requeues."""
     ledger = RequeueLedger(job_dir / "preempt" / "requeues.json")
-    ledger.append("time_limit", 0)
-    ledger.append("preemption", 1)
+    for run, earlier in enumerate(before):
+        ledger.append(earlier, run)
     handler = PreemptionHandler(
-        job_dir, 0, 1, slurm=False, local_requeue=True, max_time_limit_requeues=1, export_env=False
-    )
+        job_dir, 0, 1, slurm=False, local_requeue=True, max_time_limit_requeues=cap,
+        export_env=False,
+    )  # fmt: skip
     handler.on_signal(signal.SIGUSR2)
-    decision = handler.act(_no_children, cause="time_limit")
+    return handler.act(_no_children, cause=cause), ledger
+
+
+def test_time_limit_requeues_are_capped(tmp_path: Path) -> None:
+    decision, ledger = _warned(tmp_path / "job", ["time_limit", "preemption"], 1, "time_limit")
     assert not decision.requeued
     assert "1 time-limit requeue(s) already used" in decision.reason
     assert ledger.count() == 2  # nothing added
     # preemptions are not capped
-    other = PreemptionHandler(
-        tmp_path / "job2",
-        0,
-        1,
-        slurm=False,
-        local_requeue=True,
-        max_time_limit_requeues=0,
-        export_env=False,
-    )
-    other.on_signal(signal.SIGUSR2)
-    assert other.act(_no_children, cause="preemption").requeued
+    assert _warned(tmp_path / "job2", [], 0, "preemption")[0].requeued
 
 
 def test_preemptions_and_other_requeues_leave_the_time_limit_cap_untouched(tmp_path: Path) -> None:
-    job_dir = tmp_path / "job"
-    ledger = RequeueLedger(job_dir / "preempt" / "requeues.json")
-    ledger.append("preemption", 0)
-    ledger.append("node_failure", 1)
-    handler = PreemptionHandler(
-        job_dir, 0, 1, slurm=False, local_requeue=True, max_time_limit_requeues=1, export_env=False
-    )
-    handler.on_signal(signal.SIGUSR2)
-    decision = handler.act(_no_children, cause="time_limit")
+    decision, ledger = _warned(tmp_path / "job", ["preemption", "node_failure"], 1, "time_limit")
     assert decision.requeued, decision.reason
     assert ledger.count("time_limit") == 1 and ledger.count() == 3
 
