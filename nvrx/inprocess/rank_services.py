@@ -2,7 +2,8 @@
 
 Started in this order: the progress board, the monitor process (which starts
 the store service when this rank hosts the store, so that the store outlives
-the rank), the store connections (one for the main thread, one for the
+the rank; a rank that does not host it first waits for an earlier call's
+store at the same address to close), the store connections (one for the main thread, one for the
 monitor thread, which blocks in ``wait``), then the progress watchdog.
 Stopped in this order (``stop``, then ``close``): the board's shutdown flag
 is set, the monitor process is stopped and reaped, the watchdog stopped (and
@@ -17,6 +18,7 @@ import faulthandler
 import logging
 import os
 import pickle
+import time
 from typing import Any
 
 from nvrx import events, jobenv
@@ -48,6 +50,7 @@ class RankServices:
         self.writer = writer
         self.board = ProgressBoard()
         self.host_store = False  # this rank's monitor process hosts the store
+        self.rank_hosted = False  # some rank's monitor process hosts it, for this call only
         self.store_address: tuple[str, int] | None = None
         self.base_store: Any = None
         self.mt_store: Any = None  # the monitor thread's own connection
@@ -60,6 +63,7 @@ class RankServices:
     def start(self) -> None:
         """Monitor process and store connections (the watchdog comes later: ``start_watchdog``)."""
         self._resolve_store()
+        self._await_earlier_store_closed()
         self._start_monitor()
         self._connect_store()
 
@@ -70,12 +74,33 @@ class RankServices:
         if issubclass(w.store_factory, rstore.TCPStore):
             host, port = rstore.wrapper_address(kwargs)
             host_rank = kwargs.get("tcp_store_host_rank", rstore.TCPStore.TCP_STORE_HOST_RANK)
-            self.host_store = (
-                store_client.external_store_address() is None and host_rank == self.initial_rank
-            )
+            self.rank_hosted = store_client.external_store_address() is None and host_rank >= 0
+            self.host_store = self.rank_hosted and host_rank == self.initial_rank
             self.store_address = (host, port)
             kwargs.update(host_name=host, port=port)
         self._store_kwargs = kwargs
+
+    def _await_earlier_store_closed(self) -> None:
+        """A store a rank hosts lives for one call, and its host closes it once every rank
+        passed the termination barrier: a rank that does not host it and calls again at
+        once could reach that store, about to close. Wait until the store at the address
+        is this call's (``rounds.await_earlier_call_closed``)."""
+        if not self.rank_hosted or self.host_store or self.store_address is None:
+            return
+        from nvrx.store import errors, rounds
+        from nvrx.store.service import wait_for_store
+
+        host, port = self.store_address
+        deadline = time.monotonic() + self.wrapper.barrier_timeout
+        while True:
+            wait_for_store(host, port, deadline - time.monotonic())
+            try:
+                store = self.wrapper.store_factory(**self._store_kwargs)
+                if not rounds.await_earlier_call_closed(store, deadline - time.monotonic()):
+                    return
+            except errors.unreachable():
+                pass  # it closed while this rank connected or read it
+            log.info("the previous call's store at %s:%s closed; connecting to this call's", host, port)
 
     def _monitor_config(self) -> MonitorConfig:
         w = self.wrapper

@@ -81,6 +81,10 @@ In this order:
    died before it started R + 1, or such a rank leaving by itself (``place_in_next_round``).
 8. ``g<g>/termination``: every rank as its call ends, and a proxy for a rank that is
    gone; the store's host waits for all (``arrive_termination``, ``wait_termination``).
+   A store that a rank hosts then closes: it lives for one call. A rank that does not
+   host it and calls again may find it still open; it tells it by its ``round`` (this
+   call's store has none before its initial barrier, which that rank has not passed)
+   and waits for it to close (``await_earlier_call_closed``) before it connects again.
 
 At any time: ``join/<i>`` (with the job's secret a chain: ``join/<i>/g2``, ...), a
 replacement process (its pid), withdrawn when it gives up (``post_join``,
@@ -544,6 +548,24 @@ def wait_termination(store: Any, generation: int, world_size: int, timeout: floa
     """Wait until every rank of ``generation`` is done with it (the store's host)."""
     name = termination_barrier(generation)
     barrier.wait(store, name, world_size, timeout, sealing=_sealing(store))
+
+
+def await_earlier_call_closed(store: Any, timeout: float) -> bool:
+    """Whether ``store``, hosted by a rank and reached before this rank's initial barrier,
+    is an earlier call's (step 8 above); if so, return once it closed. A store still open
+    after ``timeout`` raises ``TimeoutError``."""
+    if current_round(store) is None:
+        return False
+    try:
+        store.wait([ROOT + "never_set"], timedelta(seconds=max(timeout, 0.001)))
+    except errors.unreachable():
+        return True  # closed, as meant: the wait on a key no one sets ends only so
+    except errors.timeouts():
+        pass
+    raise TimeoutError(
+        f"the store still serves an earlier call's rounds (round {current_round(store)}) "
+        f"{timeout:g} s later: its host rank did not close it"
+    )
 
 
 # -- one round: start, faults, completion ------------------------------------------------
