@@ -62,6 +62,7 @@ class RankServices:
     # -- start --------------------------------------------------------------------------
     def start(self) -> None:
         """Monitor process and store connections (the watchdog comes later: ``start_watchdog``)."""
+        self._read_job_secret()
         self._resolve_store()
         self._await_earlier_store_closed()
         self._start_monitor()
@@ -74,33 +75,57 @@ class RankServices:
         if issubclass(w.store_factory, rstore.TCPStore):
             host, port = rstore.wrapper_address(kwargs)
             host_rank = kwargs.get("tcp_store_host_rank", rstore.TCPStore.TCP_STORE_HOST_RANK)
-            self.rank_hosted = store_client.external_store_address() is None and host_rank >= 0
+            self.rank_hosted = (
+                store_client.external_store_address() is None
+                and isinstance(host_rank, int)
+                and host_rank >= 0
+            )
             self.host_store = self.rank_hosted and host_rank == self.initial_rank
             self.store_address = (host, port)
             kwargs.update(host_name=host, port=port)
         self._store_kwargs = kwargs
 
     def _await_earlier_store_closed(self) -> None:
-        """A store a rank hosts lives for one call, and its host closes it once every rank
-        passed the termination barrier: a rank that does not host it and calls again at
-        once could reach that store, about to close. Wait until the store at the address
-        is this call's (``rounds.await_earlier_call_closed``)."""
+        """A store a rank hosts serves one call, and its host closes it once every rank
+        ended that call: a rank that does not host it and calls again at once could reach
+        that store, about to close. Wait until the store at the address is this call's."""
         if not self.rank_hosted or self.host_store or self.store_address is None:
             return
-        from nvrx.store import errors, rounds
         from nvrx.store.service import wait_for_store
 
         host, port = self.store_address
-        deadline = time.monotonic() + self.wrapper.barrier_timeout
+        timeout, start = self.wrapper.barrier_timeout, time.monotonic()
         while True:
-            wait_for_store(host, port, deadline - time.monotonic())
-            try:
-                store = self.wrapper.store_factory(**self._store_kwargs)
-                if not rounds.await_earlier_call_closed(store, deadline - time.monotonic()):
-                    return
-            except errors.unreachable():
-                pass  # it closed while this rank connected or read it
-            log.info("the previous call's store at %s:%s closed; connecting to this call's", host, port)
+            wait_for_store(host, port, timeout, since=start)
+            closed = self._earlier_store_closed(start + timeout - time.monotonic())
+            if closed is None:
+                return
+            if not closed:
+                raise TimeoutError(
+                    f"the store at {host}:{port} still serves this rank's earlier call of the "
+                    f"wrapped function after barrier_timeout ({timeout:g} s): the rank that hosts "
+                    "it closes it once every rank ended that call. Let every rank end a call "
+                    "before any calls again, or raise barrier_timeout"
+                )
+            log.info("the earlier call's store at %s:%s closed", host, port)
+
+    def _earlier_store_closed(self, remaining: float) -> bool | None:
+        """None: the store at the address is this call's. Otherwise it is the one where this
+        rank ended its earlier call: True once it closed, False when it is still open after
+        ``remaining`` seconds. The client made here is gone when this returns."""
+        from nvrx.store import errors, rounds
+
+        try:
+            store = self.wrapper.store_factory(**self._store_kwargs)
+            if not rounds.ended_here(store, self.initial_rank):
+                return None
+            log.info(
+                "the store found is this rank's earlier call's, which its host closes once "
+                "every rank ended that call: waiting up to %.0f s for it to close", remaining,
+            )  # fmt: skip
+            return rounds.await_close(store, remaining)
+        except errors.unreachable():
+            return True  # it closed while this rank connected or read it
 
     def _monitor_config(self) -> MonitorConfig:
         w = self.wrapper
@@ -163,7 +188,6 @@ class RankServices:
 
             wait_for_store(*self.store_address, w.barrier_timeout)
         self.base_store = w.store_factory(**self._store_kwargs)
-        self._read_job_secret()
         try:  # the monitor thread blocks in wait(): it needs a connection of its own
             self.mt_store = self.base_store.clone()
         except (RuntimeError, AttributeError, NotImplementedError):

@@ -81,10 +81,10 @@ In this order:
    died before it started R + 1, or such a rank leaving by itself (``place_in_next_round``).
 8. ``g<g>/termination``: every rank as its call ends, and a proxy for a rank that is
    gone; the store's host waits for all (``arrive_termination``, ``wait_termination``).
-   A store that a rank hosts then closes: it lives for one call. A rank that does not
-   host it and calls again may find it still open; it tells it by its ``round`` (this
-   call's store has none before its initial barrier, which that rank has not passed)
-   and waits for it to close (``await_earlier_call_closed``) before it connects again.
+   A store that a rank hosts then closes: it serves one call, whose only generation is
+   0. A rank that does not host it and calls again may find it still open: a store
+   where that rank arrived here is an earlier call's (``ended_here``), and the rank
+   waits for it to close (``await_close``) before it connects again.
 
 At any time: ``join/<i>`` (with the job's secret a chain: ``join/<i>/g2``, ...), a
 replacement process (its pid), withdrawn when it gives up (``post_join``,
@@ -131,6 +131,8 @@ TORCH_DEFAULT_PG_PREFIX = "default_pg/"
 GONE_PREFIX = ROOT + "gone/"
 #: Append-only ``"r,"`` list of the initial ranks marked gone.
 GONE_LIST = GONE_PREFIX + "all"
+#: A key no one sets: a wait on it ends only when the store closes (``await_close``).
+NEVER_SET = ROOT + "never_set"
 #: The job-level keys a store failover carries over to the next store.
 FAILOVER_KEYS = (CURRENT_ROUND, JOB_RESTARTS, GONE_PREFIX)
 
@@ -208,7 +210,7 @@ def terminated_flag(rank: int) -> str:
 KEY_NAMES = frozenset(
     {
         "CURRENT_ROUND", "JOB_RESTARTS", "TORCH_DEFAULT_PG_PREFIX", "GONE_PREFIX", "GONE_LIST",
-        "INTERRUPTED", "FAULT_LIST", "TERMINATED", "DECISION", "REJOIN", "COMPLETED",
+        "NEVER_SET", "INTERRUPTED", "FAULT_LIST", "TERMINATED", "DECISION", "REJOIN", "COMPLETED",
         "STARTED", "LATE_DEATHS", "ITERATION_BARRIER", "COMPLETION_BARRIER",
         "round_prefix", "initial_barrier", "termination_barrier", "join_request", "admission", "rank_gone",
         "rank_state", "late_death_claim", "terminated_flag",
@@ -550,22 +552,21 @@ def wait_termination(store: Any, generation: int, world_size: int, timeout: floa
     barrier.wait(store, name, world_size, timeout, sealing=_sealing(store))
 
 
-def await_earlier_call_closed(store: Any, timeout: float) -> bool:
-    """Whether ``store``, hosted by a rank and reached before this rank's initial barrier,
-    is an earlier call's (step 8 above); if so, return once it closed. A store still open
-    after ``timeout`` raises ``TimeoutError``."""
-    if current_round(store) is None:
-        return False
+def ended_here(store: Any, initial_rank: int) -> bool:
+    """Whether ``initial_rank`` ended a call in ``store``: it arrived at the termination
+    barrier of generation 0, the only generation of a store that a rank hosts."""
+    return barrier.has_arrived(store, termination_barrier(0), initial_rank, _sealing(store))
+
+
+def await_close(store: Any, timeout: float) -> bool:
+    """True once ``store`` closed; False when it is still open after ``timeout``."""
     try:
-        store.wait([ROOT + "never_set"], timedelta(seconds=max(timeout, 0.001)))
+        store.wait([NEVER_SET], timedelta(seconds=max(timeout, 0.001)))
     except errors.unreachable():
-        return True  # closed, as meant: the wait on a key no one sets ends only so
+        return True
     except errors.timeouts():
-        pass
-    raise TimeoutError(
-        f"the store still serves an earlier call's rounds (round {current_round(store)}) "
-        f"{timeout:g} s later: its host rank did not close it"
-    )
+        return False
+    return False  # someone set it: the store is open
 
 
 # -- one round: start, faults, completion ------------------------------------------------

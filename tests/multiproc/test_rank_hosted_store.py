@@ -1,5 +1,5 @@
-"""A store that a rank hosts lives for one call of the wrapped function: a rank that does
-not host it and calls again waits until the earlier call's store, about to close, is gone.
+"""A store that a rank hosts serves one call of the wrapped function: a rank that does not
+host it and calls again waits until the earlier call's store, about to close, is gone.
 
 Without the wait, that rank arrived at the initial barrier of the old store, whose host
 then closed it: the rank failed and its peer timed out at the new store's barrier.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -22,7 +23,6 @@ from nvrx.inprocess.rank_services import RankServices
 from nvrx.store import rounds
 from nvrx.store.client import STORE_HOST_ENV, STORE_PORT_ENV
 from nvrx.store.service import StoreService
-from tests.support.waiting import wait_until
 
 
 def _client(port: int) -> dist.TCPStore:
@@ -33,48 +33,114 @@ def _connections_to(port: int) -> list[object]:
     return [c for c in psutil.Process().net_connections("tcp") if c.raddr and c.raddr.port == port]
 
 
+def _end_call(port: int, initial_rank: int) -> None:
+    """What a rank's earlier call left in the store at ``port``: its termination arrival."""
+    client = _client(port)
+    rounds.arrive_termination(client, 0, initial_rank, 2)
+
+
 @pytest.mark.timeout(60)
-def test_a_fresh_store_is_this_calls_and_an_open_earlier_one_times_out() -> None:
+def test_a_store_where_the_rank_ended_a_call_is_told_apart_and_its_close_awaited() -> None:
     with StoreService("127.0.0.1", 0) as svc:
         client = _client(svc.port)
-        assert rounds.await_earlier_call_closed(client, 5.0) is False
-        rounds.publish_round(client, 0)
-        with pytest.raises(TimeoutError, match=r"earlier call's rounds \(round 0\) 0.5 s later"):
-            rounds.await_earlier_call_closed(client, 0.5)
+        assert not rounds.ended_here(client, 1)
+        _end_call(svc.port, 0)
+        assert not rounds.ended_here(client, 1)  # another rank's end says nothing of rank 1's
+        _end_call(svc.port, 1)
+        assert rounds.ended_here(client, 1)
+        assert rounds.await_close(client, 0.5) is False  # still open
+        closed: list[bool] = []
+        waiter = threading.Thread(target=lambda: closed.append(rounds.await_close(client, 60)))
+        waiter.start()
+    waiter.join(60)
+    assert closed == [True]
+
+
+@pytest.fixture
+def rank1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RankServices]:
+    """Rank 1's services of a 2-rank call whose store rank 0 hosts (none of them started)."""
+    for name in (STORE_HOST_ENV, STORE_PORT_ENV):
+        monkeypatch.delenv(name, raising=False)
+    writer = events.EventWriter(tmp_path, "wrapper", {"job": "j", "node": 0, "rank": 1})
+    holder: dict[str, RankServices] = {}
+
+    def make(port: int, barrier_timeout: float = 120.0) -> RankServices:
+        kwargs = {"host_name": "127.0.0.1", "port": port}
+        wrapper = Wrapper(store_kwargs=kwargs, barrier_timeout=barrier_timeout)
+        holder["services"] = services = RankServices(wrapper, 1, 2, writer)
+        services._resolve_store()
+        assert services.rank_hosted and not services.host_store
+        return services
+
+    yield make  # type: ignore[misc]
+    if "services" in holder:
+        holder["services"].close()  # its progress board, its event file
+    else:
+        writer.close()
 
 
 @pytest.mark.timeout(120)
 def test_a_rank_that_calls_again_connects_only_once_the_earlier_calls_store_closed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    rank1, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in (STORE_HOST_ENV, STORE_PORT_ENV):
-        monkeypatch.delenv(name, raising=False)
     old = StoreService("127.0.0.1", 0).start()
     port = old.port
-    client = _client(port)
-    rounds.publish_round(client, 0)  # the earlier call ran a round in it
-    del client
-    wrapper = Wrapper(store_kwargs={"host_name": "127.0.0.1", "port": port}, barrier_timeout=120)
-    writer = events.EventWriter(tmp_path, "wrapper", {"job": "j", "node": 0, "rank": 1})
-    services = RankServices(wrapper, 1, 2, writer)  # rank 1: rank 0 hosts the store
-    services._resolve_store()
-    assert services.rank_hosted and not services.host_store
+    _end_call(port, 1)
+    services = rank1(port)
+    found_earlier = threading.Event()
+    ended_here = rounds.ended_here
+
+    def spy(store: object, initial_rank: int) -> bool:
+        ended = ended_here(store, initial_rank)
+        if ended:
+            found_earlier.set()
+        return ended
+
+    monkeypatch.setattr(rounds, "ended_here", spy)
     returned: list[float] = []
-    waiter = threading.Thread(
-        target=lambda: returned.append(services._await_earlier_store_closed() or time.monotonic())
-    )
+    failed: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            services._await_earlier_store_closed()
+            returned.append(time.monotonic())
+        except BaseException as exc:
+            failed.append(exc)
+
+    waiter = threading.Thread(target=wait)
     new = None
     try:
         waiter.start()
-        wait_until("rank 1 connected to the earlier call's store", lambda: _connections_to(port), 30)
+        assert found_earlier.wait(60), "the rank did not look at the earlier call's store"
+        assert waiter.is_alive(), (returned, failed)  # it waits while that store is open
+        stopping = time.monotonic()
         old.stop()
         new = StoreService("127.0.0.1", port).start()
-        new_up = time.monotonic()
         waiter.join(60)
-        assert returned and returned[0] >= new_up, "it went on before this call's store was up"
-        assert rounds.current_round(_client(port)) is None  # what it now reaches is the new one
+        assert not failed and returned and returned[0] > stopping, (returned, failed)
+        assert _connections_to(port) == [], "the rank's probe of the stores stayed connected"
     finally:
         old.stop()
         if new is not None:
             new.stop()
-        writer.close()
+
+
+@pytest.mark.timeout(120)
+def test_an_earlier_calls_store_still_open_after_barrier_timeout_is_a_clear_error(rank1) -> None:
+    with StoreService("127.0.0.1", 0) as old:
+        _end_call(old.port, 1)
+        services = rank1(old.port, barrier_timeout=91.0)
+        services.wrapper.barrier_timeout = 1.0  # past the Wrapper's checks: fail fast
+        expected = rf"127.0.0.1:{old.port} still serves this rank's earlier call .* \(1 s\)"
+        with pytest.raises(TimeoutError, match=expected):
+            services._await_earlier_store_closed()
+        assert _connections_to(old.port) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_fresh_store_is_joined_at_once(rank1) -> None:
+    with StoreService("127.0.0.1", 0) as svc:
+        _end_call(svc.port, 0)  # the host's arrival says nothing of rank 1
+        services = rank1(svc.port)
+        services._await_earlier_store_closed()
+        assert _connections_to(svc.port) == []
