@@ -75,11 +75,7 @@ class RankServices:
         if issubclass(w.store_factory, rstore.TCPStore):
             host, port = rstore.wrapper_address(kwargs)
             host_rank = kwargs.get("tcp_store_host_rank", rstore.TCPStore.TCP_STORE_HOST_RANK)
-            self.rank_hosted = (
-                store_client.external_store_address() is None
-                and isinstance(host_rank, int)
-                and host_rank >= 0
-            )
+            self.rank_hosted = store_client.external_store_address() is None and host_rank >= 0
             self.host_store = self.rank_hosted and host_rank == self.initial_rank
             self.store_address = (host, port)
             kwargs.update(host_name=host, port=port)

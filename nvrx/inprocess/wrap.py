@@ -186,6 +186,14 @@ class Wrapper:
             )
         if store_kwargs is not None and not isinstance(store_kwargs, dict):
             raise TypeError(f"Wrapper: store_kwargs must be a dict or None, got {store_kwargs!r}")
+        default = rstore.TCPStore.TCP_STORE_HOST_RANK
+        host_rank = (store_kwargs or {}).get("tcp_store_host_rank", default)
+        if type(host_rank) is not int or host_rank < -1:
+            raise ValueError(
+                "Wrapper: store_kwargs['tcp_store_host_rank'] must be the rank whose monitor "
+                "process hosts the store (an int >= 0), or -1 for an external store, "
+                f"got {host_rank!r}"
+            )
         self.store_factory = store_factory
         self.store_kwargs = dict(store_kwargs or {})
 

@@ -50,6 +50,12 @@ def test_default_plugins_are_not_shared_between_wrappers():
         ),
         ({"last_call_wait": -1}, "last_call_wait must be >= 0, got -1 s"),
         (
+            {"store_kwargs": {"tcp_store_host_rank": None}},
+            "store_kwargs['tcp_store_host_rank'] must be the rank whose monitor process hosts "
+            "the store (an int >= 0), or -1 for an external store, got None",
+        ),
+        ({"store_kwargs": {"tcp_store_host_rank": -2}}, "or -1 for an external store, got -2"),
+        (
             {"monitor_process_logfile": "relative/{rank}.log"},
             "monitor_process_logfile must be an absolute path",
         ),
