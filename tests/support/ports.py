@@ -1,10 +1,15 @@
-"""Free TCP ports for the tests' jobs, picked below the kernel's ephemeral range.
+"""Free TCP ports for the tests' jobs, picked below the kernel's ephemeral range and
+outside the range of the ports nvrx derives from job ids.
 
 A port is only free when it is picked: the job binds it later. A port of the ephemeral
 range (``net.ipv4.ip_local_port_range``) can be taken meanwhile by any outgoing
 connection of another test (every store client makes some), and the job then fails with
 EADDRINUSE. Ports below that range are never handed out to outgoing connections; each
 pick is random there and checked free, so two tests that run at once rarely meet.
+
+The jobs of the local SLURM cluster, and the supervisors started without ports, take the
+ports their job id maps to (``nvrx.jobenv.ports_for_job``): a test that picked one of
+those before such a job bound it would make that job fail. So no pick lies there.
 """
 
 from __future__ import annotations
@@ -14,8 +19,12 @@ import random
 import socket
 from collections.abc import Iterable
 
+from nvrx import jobenv
+
 #: Lowest port picked: above the well-known and most registered services' ports.
 LOWEST = 10000
+#: The ports nvrx derives from job ids: never picked.
+DERIVED = range(jobenv.PORT_BASE, jobenv.PORT_BASE + jobenv.PORT_STRIDE * jobenv.PORT_SLOTS)
 
 
 def _ephemeral_start() -> int:
@@ -41,10 +50,14 @@ def free_port_run(
 ) -> int:
     """A port p with p .. p + n - 1 free on ``host``, and the ports ``p + d`` for each offset
     ``d`` in ``also`` (a job's other ports at fixed distances)."""
-    top = _ephemeral_start() - max([n, *[d + 1 for d in also]])
     offsets = [*range(n), *also]
+    low, high = min(offsets), max(offsets)
+    top = _ephemeral_start() - high - 1
+    candidates = [
+        p for p in range(LOWEST - low, top + 1) if p + low not in DERIVED and p + high not in DERIVED
+    ]
     for _ in range(tries):
-        port = random.randint(LOWEST, top)
+        port = random.choice(candidates)
         if _all_free((port + d for d in offsets), host):
             return port
     raise RuntimeError(f"no run of {n} free ports found on {host} below {top}")
