@@ -19,6 +19,7 @@ import logging
 import os
 import pickle
 import time
+from datetime import timedelta
 from typing import Any
 
 from nvrx import events, jobenv
@@ -61,7 +62,9 @@ class RankServices:
 
     # -- start --------------------------------------------------------------------------
     def start(self) -> None:
-        """Monitor process and store connections (the watchdog comes later: ``start_watchdog``)."""
+        """The job's secret read, the store located (and, for a rank that does not host it,
+        an earlier call's store there waited out), then the monitor process and the store
+        connections (the watchdog comes later: ``start_watchdog``)."""
         self._read_job_secret()
         self._resolve_store()
         self._await_earlier_store_closed()
@@ -74,8 +77,14 @@ class RankServices:
         kwargs = dict(w.store_kwargs)
         if issubclass(w.store_factory, rstore.TCPStore):
             host, port = rstore.wrapper_address(kwargs)
-            host_rank = kwargs.get("tcp_store_host_rank", rstore.TCPStore.TCP_STORE_HOST_RANK)
+            host_rank = kwargs.get("tcp_store_host_rank", w.store_factory.TCP_STORE_HOST_RANK)
             self.rank_hosted = store_client.external_store_address() is None and host_rank >= 0
+            if self.rank_hosted and host_rank >= self.initial_world_size:
+                raise ValueError(
+                    f"store_kwargs['tcp_store_host_rank'] is {host_rank}, but the job's ranks are "
+                    f"0..{self.initial_world_size - 1} (WORLD_SIZE): no rank would host the "
+                    "store. Name one of them, or -1 for an external store"
+                )
             self.host_store = self.rank_hosted and host_rank == self.initial_rank
             self.store_address = (host, port)
             kwargs.update(host_name=host, port=port)
@@ -111,17 +120,21 @@ class RankServices:
         ``remaining`` seconds. The client made here is gone when this returns."""
         from nvrx.store import errors, rounds
 
+        limit = timedelta(seconds=max(remaining, 0.001))  # for the connect too
+        store = None
         try:
-            store = self.wrapper.store_factory(**self._store_kwargs)
+            store = self.wrapper.store_factory(**dict(self._store_kwargs, timeout=limit))
             if not rounds.ended_here(store, self.initial_rank):
                 return None
             log.info(
                 "the store found is this rank's earlier call's, which its host closes once "
-                "every rank ended that call: waiting up to %.0f s for it to close", remaining,
+                "every rank ended that call: waiting up to %.1f s for it to close", remaining,
             )  # fmt: skip
             return rounds.await_close(store, remaining)
         except errors.unreachable():
             return True  # it closed while this rank connected or read it
+        finally:
+            store = None  # not kept by the traceback of anything else raised here
 
     def _monitor_config(self) -> MonitorConfig:
         w = self.wrapper

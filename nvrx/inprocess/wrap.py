@@ -26,6 +26,7 @@ import contextlib
 import datetime
 import functools
 import logging
+import numbers
 import os
 import warnings
 from collections.abc import Callable
@@ -72,6 +73,24 @@ def _check_instance(name: str, value: Any, cls: type, allow_none: bool = True) -
             f"Wrapper: {name} must be an instance of {cls.__module__}.{cls.__qualname__}"
             f"{' or None' if allow_none else ''}, got {value!r}"
         )
+
+
+def _host_rank(value: Any, store_factory: type) -> int:
+    """``store_kwargs['tcp_store_host_rank']`` as an int: None is the store class's
+    ``TCP_STORE_HOST_RANK``, as in the reference; a rank, or -1 for an external store."""
+    if value is None:
+        return int(store_factory.TCP_STORE_HOST_RANK)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(
+            "Wrapper: store_kwargs['tcp_store_host_rank'] must be an int (the rank whose "
+            f"monitor process hosts the store, or -1 for an external store), got {value!r}"
+        )
+    if value < -1:
+        raise ValueError(
+            "Wrapper: store_kwargs['tcp_store_host_rank'] must be a rank (>= 0), or -1 for an "
+            f"external store, got {value}"
+        )
+    return int(value)
 
 
 class Wrapper:
@@ -186,16 +205,11 @@ class Wrapper:
             )
         if store_kwargs is not None and not isinstance(store_kwargs, dict):
             raise TypeError(f"Wrapper: store_kwargs must be a dict or None, got {store_kwargs!r}")
-        default = rstore.TCPStore.TCP_STORE_HOST_RANK
-        host_rank = (store_kwargs or {}).get("tcp_store_host_rank", default)
-        if type(host_rank) is not int or host_rank < -1:
-            raise ValueError(
-                "Wrapper: store_kwargs['tcp_store_host_rank'] must be the rank whose monitor "
-                "process hosts the store (an int >= 0), or -1 for an external store, "
-                f"got {host_rank!r}"
-            )
         self.store_factory = store_factory
         self.store_kwargs = dict(store_kwargs or {})
+        kwargs = self.store_kwargs
+        if issubclass(store_factory, rstore.TCPStore) and "tcp_store_host_rank" in kwargs:
+            kwargs["tcp_store_host_rank"] = _host_rank(kwargs["tcp_store_host_rank"], store_factory)
 
     def _set_plugins(
         self,

@@ -41,6 +41,16 @@ class NodeSpec:
     env: dict[str, str] = field(default_factory=dict)
 
 
+def _local_ports(job_id: str, supervise_args: list[str]) -> list[str]:
+    """Ports for a job of submitit's local executor, which every node derives from the job
+    id alike (no SLURM to agree through); none where ``supervise_args`` name them: the
+    caller's own win."""
+    if any(a.split("=")[0] in ("--master-port", "--store-port") for a in supervise_args):
+        return []
+    master_port, store_port = jobenv.ports_for_job(f"local-{job_id}")
+    return ["--master-port", str(master_port), "--store-port", str(store_port)]
+
+
 def supervise_argv() -> list[str]:
     """How to start ``nvrx-supervise`` with the interpreter running this code."""
     return [sys.executable, "-m", "nvrx.supervisor.cli"]
@@ -61,8 +71,7 @@ def run_node(spec: NodeSpec) -> dict[str, Any]:
     env[RESULT_DIR_ENV] = str(result_dir)
     argv = [*supervise_argv(), "--nproc-per-node", str(spec.nproc_per_node), *spec.supervise_args]
     if not env.get("SLURM_JOB_ID"):
-        master_port, store_port = jobenv.ports_for_job(f"local-{job_id}")
-        argv += ["--master-port", str(master_port), "--store-port", str(store_port)]
+        argv += _local_ports(job_id, spec.supervise_args)
     argv += ["--", *spec.command]
     local_ranks = [node * spec.nproc_per_node + k for k in range(spec.nproc_per_node)]
     for rank in local_ranks:  # a requeued run must not return the results of the run before

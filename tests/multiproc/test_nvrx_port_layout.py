@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -28,22 +27,9 @@ APP = Path(__file__).resolve().parent / "app_nvrx_port_layout.py"
 WORLD_SIZE = 2
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def free_block() -> int:
     """A port P with P .. P + 2 and the supervisor's default store port for P all free."""
-    for _ in range(100):
-        port = free_port_run(3)
-        if _free(jobenv.store_port_for(port)):
-            return port
-    raise RuntimeError("no free block of ports found")
+    return free_port_run(3, also=(jobenv.STORE_PORT_OFFSET,))
 
 
 @pytest.mark.parametrize("store_port", ["default", "elsewhere"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -57,26 +57,25 @@ def test_a_store_where_the_rank_ended_a_call_is_told_apart_and_its_close_awaited
 
 
 @pytest.fixture
-def rank1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RankServices]:
-    """Rank 1's services of a 2-rank call whose store rank 0 hosts (none of them started)."""
+def rank1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., RankServices]]:
+    """Makes rank 1's services of a 2-rank call whose store rank 0 hosts (none started)."""
     for name in (STORE_HOST_ENV, STORE_PORT_ENV):
         monkeypatch.delenv(name, raising=False)
-    writer = events.EventWriter(tmp_path, "wrapper", {"job": "j", "node": 0, "rank": 1})
-    holder: dict[str, RankServices] = {}
+    made: list[RankServices] = []
 
     def make(port: int, barrier_timeout: float = 120.0) -> RankServices:
         kwargs = {"host_name": "127.0.0.1", "port": port}
         wrapper = Wrapper(store_kwargs=kwargs, barrier_timeout=barrier_timeout)
-        holder["services"] = services = RankServices(wrapper, 1, 2, writer)
+        writer = events.EventWriter(tmp_path, "wrapper", {"job": "j", "node": 0, "rank": 1})
+        services = RankServices(wrapper, 1, 2, writer)
+        made.append(services)
         services._resolve_store()
         assert services.rank_hosted and not services.host_store
         return services
 
-    yield make  # type: ignore[misc]
-    if "services" in holder:
-        holder["services"].close()  # its progress board, its event file
-    else:
-        writer.close()
+    yield make
+    for services in made:
+        services.close()  # its progress board, its event file
 
 
 @pytest.mark.timeout(120)
@@ -144,3 +143,19 @@ def test_a_fresh_store_is_joined_at_once(rank1) -> None:
         services = rank1(svc.port)
         services._await_earlier_store_closed()
         assert _connections_to(svc.port) == []
+
+
+def test_a_host_rank_outside_the_job_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in (STORE_HOST_ENV, STORE_PORT_ENV):
+        monkeypatch.delenv(name, raising=False)
+    kwargs = {"host_name": "127.0.0.1", "port": 29999, "tcp_store_host_rank": 2}
+    writer = events.EventWriter(tmp_path, "wrapper", {"job": "j", "node": 0, "rank": 1})
+    services = RankServices(Wrapper(store_kwargs=kwargs), 1, 2, writer)
+    try:
+        expected = r"tcp_store_host_rank'\] is 2, but the job's ranks are 0..1 \(WORLD_SIZE\)"
+        with pytest.raises(ValueError, match=expected):
+            services._resolve_store()
+    finally:
+        services.close()

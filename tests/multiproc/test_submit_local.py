@@ -20,6 +20,7 @@ from nvrx.events import read_dir
 from nvrx.submission.job import JobFailed
 from nvrx.submission.submit import Executor, submit
 from nvrx.supervisor.exit_codes import ExitCode
+from tests.support.ports import free_ports
 
 
 def rank_and_value(value: int) -> tuple[int, int, str]:
@@ -75,11 +76,16 @@ def _warned_run_exits(events: list[dict]) -> list[dict]:
 
 
 @pytest.mark.timeout(120)
-def test_local_submit_returns_every_rank(tmp_path: Path) -> None:
+def test_local_submit_returns_every_rank_and_takes_the_ports_it_is_given(tmp_path: Path) -> None:
+    master, store = free_ports(2)
     job = submit(
-        rank_and_value, args=(7,), folder=tmp_path, cluster="local", nproc_per_node=2, timeout_min=2
-    )
+        rank_and_value, args=(7,), folder=tmp_path, cluster="local", nproc_per_node=2,
+        timeout_min=2, supervise_args=["--master-port", str(master), f"--store-port={store}"],
+    )  # fmt: skip
     assert job.results(timeout=100) == [(0, 7, "1"), (1, 7, "1")]
+    events, _ = read_dir(job.log_dir)
+    [start] = [e for e in events if e["kind"] == "supervisor_start"]
+    assert start["store"].endswith(f":{store}"), start  # not the ports of the job id
     assert job.result() == (0, 7, "1")
     assert job.log_dir == tmp_path / "nvrx_logs" / job.job_id
     summary = job.report(sacct=False).to_dict()["summary"]

@@ -59,9 +59,9 @@ class _Node:
 
 @pytest.fixture
 def store():
-    from nvrx.supervisor.free_ports import free_pair
+    from tests.support.ports import free_port_run
 
-    port = free_pair("127.0.0.1")[0]
+    port = free_port_run()
     server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                            timeout=timedelta(seconds=10))  # fmt: skip
     yield server

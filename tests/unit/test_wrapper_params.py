@@ -50,11 +50,10 @@ def test_default_plugins_are_not_shared_between_wrappers():
         ),
         ({"last_call_wait": -1}, "last_call_wait must be >= 0, got -1 s"),
         (
-            {"store_kwargs": {"tcp_store_host_rank": None}},
-            "store_kwargs['tcp_store_host_rank'] must be the rank whose monitor process hosts "
-            "the store (an int >= 0), or -1 for an external store, got None",
+            {"store_kwargs": {"tcp_store_host_rank": -2}},
+            "store_kwargs['tcp_store_host_rank'] must be a rank (>= 0), or -1 for an external "
+            "store, got -2",
         ),
-        ({"store_kwargs": {"tcp_store_host_rank": -2}}, "or -1 for an external store, got -2"),
         (
             {"monitor_process_logfile": "relative/{rank}.log"},
             "monitor_process_logfile must be an absolute path",
@@ -80,6 +79,12 @@ def test_bad_values_name_the_parameter(kwargs, message):
             "store_factory must be a subclass of nvrx.inprocess.store.StoreMixin",
         ),
         ({"enabled": 1}, "enabled must be a bool, got 1"),
+        (
+            {"store_kwargs": {"tcp_store_host_rank": "0"}},
+            "store_kwargs['tcp_store_host_rank'] must be an int (the rank whose monitor process "
+            "hosts the store, or -1 for an external store), got '0'",
+        ),
+        ({"store_kwargs": {"tcp_store_host_rank": True}}, "must be an int (the rank whose"),
         ({"rank_assignment": None}, "rank_assignment must be an instance of"),
     ],
 )
@@ -87,6 +92,21 @@ def test_bad_types_name_the_parameter(kwargs, message):
     with pytest.raises(TypeError) as info:
         Wrapper(**kwargs)
     assert message in str(info.value)
+
+
+def test_tcp_store_host_rank_none_is_the_store_class_default_and_any_integer_a_rank():
+    class HostOnTwo(rstore.TCPStore):
+        TCP_STORE_HOST_RANK = 2
+
+    def host_rank(value, factory=rstore.TCPStore):
+        wrapper = Wrapper(store_factory=factory, store_kwargs={"tcp_store_host_rank": value})
+        return wrapper.store_kwargs["tcp_store_host_rank"]
+
+    assert host_rank(None) == 0 and host_rank(None, HostOnTwo) == 2
+    numpy = pytest.importorskip("numpy")
+    assert type(host_rank(numpy.int64(1))) is int and host_rank(numpy.int64(1)) == 1
+    # a store class other than TCPStore: the key is its own business
+    assert Wrapper(store_factory=rstore.FileStore, store_kwargs={"tcp_store_host_rank": "x"})
 
 
 def test_timedelta_and_seconds_are_equivalent():
