@@ -82,9 +82,9 @@ In this order:
 8. ``g<g>/termination``: every rank as its call ends, and a proxy for a rank that is
    gone; the store's host waits for all (``arrive_termination``, ``wait_termination``).
    A store that a rank hosts then closes: it serves one call, whose only generation is
-   0. A rank that does not host it and calls again may find it still open: a store
-   where that rank arrived here is an earlier call's (``ended_here``), and the rank
-   waits for it to close (``await_close``) before it connects again.
+   0. A rank that does not host it and calls again may find it still open: a store that
+   holds that rank's own arrival at this barrier is an earlier call's (``ended_here``),
+   and the rank waits for it to close (``await_close``) before it connects again.
 
 At any time: ``join/<i>`` (with the job's secret a chain: ``join/<i>/g2``, ...), a
 replacement process (its pid), withdrawn when it gives up (``post_join``,
@@ -210,8 +210,8 @@ def terminated_flag(rank: int) -> str:
 KEY_NAMES = frozenset(
     {
         "CURRENT_ROUND", "JOB_RESTARTS", "TORCH_DEFAULT_PG_PREFIX", "GONE_PREFIX", "GONE_LIST",
-        "NEVER_SET", "INTERRUPTED", "FAULT_LIST", "TERMINATED", "DECISION", "REJOIN", "COMPLETED",
-        "STARTED", "LATE_DEATHS", "ITERATION_BARRIER", "COMPLETION_BARRIER",
+        "INTERRUPTED", "FAULT_LIST", "TERMINATED", "DECISION", "REJOIN", "COMPLETED",
+        "STARTED", "LATE_DEATHS", "ITERATION_BARRIER", "COMPLETION_BARRIER", "NEVER_SET",
         "round_prefix", "initial_barrier", "termination_barrier", "join_request", "admission", "rank_gone",
         "rank_state", "late_death_claim", "terminated_flag",
     }
