@@ -42,7 +42,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +49,12 @@ import psutil
 from helpers_inprocess import Ranks, _catastrophic_regex, free_port_pair, rank_env
 
 from nvrx import jobenv
+from tests.support.waiting import wait_until
 
 HERE = Path(__file__).resolve()
+#: The checkout: on each rank's PYTHONPATH, so that this file, run as a rank, imports
+#: ``tests.support`` as the test process does.
+ROOT = HERE.parents[2]
 
 
 def launch(tmp: Path, world_size: int, hosts: list[str] | None = None, **params: Any) -> Ranks:
@@ -62,6 +65,7 @@ def launch(tmp: Path, world_size: int, hosts: list[str] | None = None, **params:
     (tmp / "params.json").write_text(json.dumps(params))
     for rank in range(world_size):
         env = rank_env(tmp / "logs", rank, world_size, ranks.port)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
         if hosts is not None:
             env[jobenv.HOST_ID] = hosts[rank]
         with open(tmp / f"rank-{rank}.log", "ab") as out:
@@ -91,24 +95,15 @@ def node_agents(log_dir: str | Path, host: str | None = None) -> list[psutil.Pro
     return found
 
 
-def _wait_until(condition: Callable[[], bool], timeout: float, never: str) -> None:
-    """Until ``condition()`` holds (another process's file: no event to wait on here);
-    AssertionError saying ``never`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, never
-        time.sleep(0.01)
-
-
 def _wait_for_every_rank(tmp: Path, iteration: int, world_size: int) -> None:
     """Until every rank called the function in ``iteration``, so that each one has a call there."""
     called = lambda: len(list(tmp.glob(f"entered-{iteration}-*"))) >= world_size  # noqa: E731
-    _wait_until(called, 30, "the other ranks never called the function")
+    wait_until(f"every rank to call the function in iteration {iteration}", called, 30, 0.01)
 
 
 def _wait_for(path: Path, timeout: float) -> None:
     """Until the test creates ``path``."""
-    _wait_until(path.exists, timeout, f"{path.name} was never created")
+    wait_until(f"the test to create {path.name}", path.exists, timeout, 0.01)
 
 
 class LeaveJob(BaseException):
