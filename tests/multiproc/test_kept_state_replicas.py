@@ -74,6 +74,7 @@ def _rank(rank: int, port: int, case: str) -> None:
         restored = kept.restore_agreed(events=events, replica_groups=groups, checkpoint=load_checkpoint)
     except ValueError as exc:
         print(json.dumps({"error": str(exc)}))
+        dist.barrier()  # a rank that tore its group down alone once aborted in gloo at exit
         dist.destroy_process_group()
         return
     state = optimizer.state_dict()["state"].values()
