@@ -70,6 +70,10 @@ otherwise it sets RES_OPTIONS and says so.
     .venv/bin/python bench/store_load.py [--nodes 64,1024,2048] [--ranks 8] [--interval 1.0]
         [--duration 10] [--patterns per-rank,per-node,product]
 
+``--real-agents`` measures instead the store requests per barrier with real node agents
+and real barrier clients (``bench/store_load_agents.py`` says how), for 4, 16 and 64 ranks
+on 2 hosts, with the agents and without.
+
 Targets (issue 14): store requests/s <= 2 x nodes at a 1 s interval; a barrier across 8,192
 ranks (1,024 nodes x 8) under that load with p99 < 150 ms.
 """
@@ -764,6 +768,10 @@ def _report(rows: list[Outcome], args: argparse.Namespace) -> None:
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         return _worker_main()
+    if "--real-agents" in sys.argv[1:]:  # real node agents, real ranks' barrier clients
+        import store_load_agents
+
+        return store_load_agents.main([a for a in sys.argv[1:] if a != "--real-agents"])
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

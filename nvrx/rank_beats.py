@@ -172,7 +172,7 @@ class BeatSocket:
                 data, ancillary, _, _ = self._sock.recvmsg(MAX_DATAGRAM, _CREDENTIALS_SPACE)
             except (BlockingIOError, InterruptedError):
                 return beats
-            uid = _sender_uid(ancillary)
+            uid = sender_uid(ancillary)
             if uid != os.geteuid():
                 self.refused += 1
                 log.warning("dropped a rank beat of uid %s: not this user's (%d so far)", uid, self.refused)
@@ -194,7 +194,7 @@ class BeatSocket:
 _CREDENTIALS_SPACE = socket.CMSG_SPACE(struct.calcsize("3i"))
 
 
-def _sender_uid(ancillary: list[tuple[int, int, bytes]]) -> int | None:
+def sender_uid(ancillary: list[tuple[int, int, bytes]]) -> int | None:
     """The sender's uid from a datagram's ``SCM_CREDENTIALS`` (pid, uid, gid); None without."""
     for level, kind, data in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(data) >= 12:

@@ -25,6 +25,7 @@ from typing import Any
 
 from nvrx.store import rounds
 from nvrx.store.faults import CheckedRecords
+from nvrx.store.host_barrier import Meeting
 
 from . import rejoin
 from .exception import RestartAbort
@@ -119,9 +120,10 @@ def _next_round(call: RoundCall, run: RoundRun, signal: BaseException | None) ->
     # ranks that had reported already.
     with call.phase("iteration_barrier"):
         base, rank, world_size = call.services.base_store, call.state.rank, call.state.world_size
+        meeting = Meeting("iteration", call.round, world_size)
         on_forged = forged_reporter(call)
-        rounds.arrive_iteration(run.store, base, rank, world_size, on_forged)  # type: ignore[arg-type]
-        decision = rounds.wait_iteration(run.store, world_size, w.barrier_timeout)
+        call.services.barriers.meet(base, meeting, rank, w.barrier_timeout, on_forged=on_forged)  # type: ignore[arg-type]
+        decision = rounds.decision_of(run.store)
     _end_monitor(run)
     terminated = {int(r) for r in decision["terminated"]}
     if rank not in terminated:  # its monitor: the next round counts it (place_in_next_round)

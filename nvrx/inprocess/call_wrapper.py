@@ -19,6 +19,7 @@ from typing import Any
 
 from nvrx import events
 from nvrx.store import rounds
+from nvrx.store.host_barrier import Meeting
 
 from . import between_rounds, rejoin
 from . import store as rstore
@@ -156,8 +157,9 @@ class CallWrapper:
         gone = rounds.gone_in(base, world) - {self.initial_rank}
         on_forged = forged_reporter(self)
         rounds.arrive_for_gone(base, self.generation, world, gone, on_forged)
-        rounds.arrive_generation(base, self.generation, self.initial_rank, world, on_forged)
-        rounds.wait_generation(base, self.generation, world, self.wrapper.barrier_timeout)
+        initial = Meeting("initial", self.generation, world)
+        timeout = self.wrapper.barrier_timeout
+        self.services.barriers.meet(base, initial, self.initial_rank, timeout, on_forged=on_forged)
         self.emit(
             "restart_phase", phase="initial_barrier", duration_s=time.monotonic() - t0, ok=True
         )
@@ -284,10 +286,11 @@ class CallWrapper:
         """Every rank arrives; the store host waits for everyone, since the store must serve until then."""
         base, world = self.services.base_store, self.initial_world_size
         try:
-            on_forged = forged_reporter(self)
-            rounds.arrive_termination(base, self.generation, self.initial_rank, world, on_forged)
-            if self.services.host_store:
-                rounds.wait_termination(base, self.generation, world, self.wrapper.barrier_timeout)
+            ended = Meeting("termination", self.generation, world)
+            self.services.barriers.meet(
+                base, ended, self.initial_rank, self.wrapper.barrier_timeout,
+                wait=self.services.host_store, on_forged=forged_reporter(self),
+            )  # fmt: skip
         except Exception as exc:
             log.warning("termination barrier: %r", exc)
 

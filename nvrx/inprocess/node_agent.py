@@ -37,6 +37,10 @@ then the agent beats no more and takes nobody out (``_fence``); it ends once its
 ended or fell silent, or when a rank of the host beats for a later place, whose agent
 the next beat then starts.
 
+It also meets the round protocol's barriers for its host's ranks, in a thread of its own
+(``nvrx.store.host_barrier``, ``start_relay``): one arrival and one wait at the store for
+all of them.
+
 It ends when every rank of its host it knows of ended on purpose or was taken
 out, ending its host's place in the ring first so that nobody finds it
 silent; and when the store stays unreachable for ``Thresholds.host_s`` (the
@@ -63,6 +67,7 @@ from typing import Any
 from nvrx import events, jobenv, processes
 from nvrx.rank_beats import Beat, BeatSender, BeatSocket, RankBeats
 from nvrx.store.faults import FaultRecord, announce_leave
+from nvrx.store.host_barrier import BarrierRelay, relay_address
 from nvrx.store.ring import RingPlace
 from nvrx.store.wire import WireStore
 
@@ -108,6 +113,29 @@ def _net_namespace() -> int:
 
 def limits_of(cfg: MonitorConfig) -> Thresholds:
     return Thresholds(cfg.heartbeat_timeout, cfg.heartbeat_interval + cfg.monitor_process_interval)
+
+
+def connect_store(cfg: MonitorConfig) -> Any:
+    """A connection to ``cfg``'s store (within ``host_s``, unless a store factory says otherwise)."""
+    if cfg.store_factory:
+        return monitor_store.connect(cfg)
+    host, port = cfg.store_host or "127.0.0.1", int(cfg.store_port or 0)
+    return WireStore(host, port, timeout=min(limits_of(cfg).host_s, STORE_GONE_S))
+
+
+def start_relay(cfg: MonitorConfig, host: str) -> BarrierRelay | None:
+    """The host's barrier relay (``nvrx.store.host_barrier``) for ``cfg``'s job; None with a
+    store factory of the user's (its ranks meet at the store themselves) or where another
+    agent of this host still holds the address (its ranks' arrivals go to that one)."""
+    if cfg.store_factory:
+        return None
+    address = relay_address(agent_address(cfg, host))
+    try:
+        relay = BarrierRelay(address, lambda: connect_store(cfg))
+    except OSError as exc:
+        log.info("no barrier relay in this agent: %s", exc)
+        return None
+    return relay.start()
 
 
 # -- the monitor's end --------------------------------------------------------------------
@@ -229,6 +257,8 @@ class NodeAgent:
         self._round = -1  # the latest round a beat named
         self._reached = time.monotonic()  # the last time the store answered
         self._failing = False
+        #: The host's barrier relay, told how many ranks the agent serves (``_receive``).
+        self.relay: BarrierRelay | None = None
         if store is not None:
             self._attach(store, self._reached)
 
@@ -317,13 +347,7 @@ class NodeAgent:
         came: it names the place of its ranks."""
         if not self.heard:
             raise _NotYet("no beat came yet")
-        cfg = self.cfg
-        if cfg.store_factory:
-            store = monitor_store.connect(cfg)
-        else:
-            host, port = cfg.store_host or "127.0.0.1", int(cfg.store_port or 0)
-            store = WireStore(host, port, timeout=min(self.limits.host_s, STORE_GONE_S))
-        self._attach(store, now)
+        self._attach(connect_store(self.cfg), now)
 
     def _attach(self, store: Any, now: float) -> None:
         """Use ``store``: take the host's slot in the ring, watch the host's listed ranks.
@@ -413,6 +437,8 @@ class NodeAgent:
                 held.declared = False
             if b.round > self._round:
                 self._round, self._refresh_at = b.round, now
+        if self.relay is not None:
+            self.relay.local_ranks = len(self.heard - self.done)
 
     def _queue(self, ranks: list[int], message: str, now: float) -> None:
         for rank in ranks:
@@ -509,13 +535,17 @@ def main(argv: list[str]) -> int:
     context.update(rank=None, round=None)
     writer = events.EventWriter(cfg.events_dir or events.job_log_dir(), "node_agent", context)
     log.info("node agent of host %s serving (pid %d)", jobenv.host_id(), os.getpid())
+    agent = NodeAgent(cfg, sock, writer.emit, jobenv.host_id())
+    agent.relay = start_relay(cfg, jobenv.host_id())
     try:
-        NodeAgent(cfg, sock, writer.emit, jobenv.host_id()).run()
+        agent.run()
     except Exception:
         log.exception("the node agent failed")  # its stderr is closed: said in its log
         return 1
     finally:
         sock.close(unlink=False)
+        if agent.relay is not None:
+            agent.relay.close()
     return 0
 
 

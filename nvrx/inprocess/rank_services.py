@@ -14,6 +14,7 @@ dropped and the call's event file closed.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import faulthandler
 import logging
 import os
@@ -22,10 +23,12 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from nvrx import events, jobenv
+from nvrx import events, jobenv, rank_beats
 from nvrx.store import client as store_client
 from nvrx.store import seal
+from nvrx.store.host_barrier import HostBarrierClient, relay_address
 
+from . import node_agent
 from . import store as rstore
 from .logging import monitor_logfile_path
 from .monitor_process import STACK_SIGNAL, MonitorConfig, MonitorProcess
@@ -59,6 +62,9 @@ class RankServices:
         self.watchdog: ProgressWatchdog | None = None
         self._store_kwargs: dict[str, Any] = {}
         self._stack_fd: int | None = None
+        #: The way to the round protocol's barriers: through the host's node agent when the
+        #: Wrapper runs without a supervisor, else at the store itself.
+        self.barriers = HostBarrierClient(None)
 
     # -- start --------------------------------------------------------------------------
     def start(self) -> None:
@@ -173,6 +179,10 @@ class RankServices:
         if self.host_store and self.store_address is not None:
             self.store_address = (self.store_address[0], int(ready["port"]))
             self._store_kwargs["port"] = self.store_address[1]
+        if self.store_address is not None and rank_beats.socket_path() is None:
+            config = dataclasses.replace(self.monitor.config, store_port=self.store_address[1])
+            agent = node_agent.agent_address(config, jobenv.host_id())
+            self.barriers = HostBarrierClient(relay_address(agent))
         if w.monitor_process_pidfile is not None and self.monitor.pid is not None:
             path = monitor_logfile_path(w.monitor_process_pidfile, self.initial_rank)
             with open(path, "w") as fh:  # type: ignore[arg-type]

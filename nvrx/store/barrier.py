@@ -8,7 +8,13 @@ The per-rank arrival keys are read only when a barrier times out, to name the
 ranks that never came.
 
 A *reentrant* arrival is idempotent: a rank may be registered twice (by
-itself and by its monitor process on its behalf) and still counts once.
+itself and by its monitor process on its behalf) and still counts once. Its
+participants are the ranks ``0..count-1``: an arrival that brings the count to
+``count`` or more checks that each of their arrival keys is there (one ``check``),
+and of those that find it complete, the one whose ``add`` of the closing key
+returns 1 releases. So a host's agent may register all of its ranks at once
+(``arrive_group``: one ``multi_set`` and one ``add``), even ranks registered
+before: the count may run past ``count``, the keys decide.
 
 **Sealed barriers** (``sealing`` given: the job's secret, under a supervisor): a client
 without the secret could otherwise release a round early (a forged release key or a
@@ -244,8 +250,8 @@ def arrive(
     if reentrant:
         if int(store.add(_arrival_key(name, rank), 1)) != 1:
             return False  # already registered (by itself or by proxy)
-    else:
-        store.set(_arrival_key(name, rank), "1")
+        return _count_and_close(store, name, count, 1, before_release, None)
+    store.set(_arrival_key(name, rank), "1")
     arrived = int(store.add(_count_key(name), 1))
     if arrived > count:
         raise BarrierOverflow(name, count, arrived, rank)
@@ -267,34 +273,77 @@ def _arrive_sealed(
 ) -> bool:
     if not _take(store, _arrival_key(name, rank), sealing):
         return False  # already registered (by itself or by proxy)
-    return _count_and_close(store, name, count, before_release, sealing)
+    return _count_and_close(store, name, count, 1, before_release, sealing)
+
+
+def arrive_group(
+    store: Any,
+    name: str,
+    ranks: Iterable[int],
+    count: int,
+    *,
+    before_release: Callable[[], None] | None = None,
+    sealing: Sealing | None = None,
+) -> bool:
+    """Register ``ranks`` at reentrant barrier ``name`` of ``count`` participants in two
+    requests whatever their number (a host's agent for the host's ranks); True if this
+    arrival completed it (``before_release`` ran, the release is raised).
+
+    The arrival keys are written in one ``multi_set`` and the count raised by their number
+    in one ``add``: a rank registered before (by itself, by a proxy) is counted again, so
+    the count only says who looks, and the keys decide (as for every reentrant arrival).
+    Over a sealed barrier's arrival key that holds a value, valid or forged, this writes
+    its own (an arrival is an arrival; a forged value overwritten is not reported)."""
+    if count < 1:
+        raise ValueError(f"barrier {name!r}: count must be >= 1, got {count}")
+    ranks = sorted(set(ranks))
+    if not ranks:
+        return False
+    keys = [_arrival_key(name, r) for r in ranks]
+    if sealing is None:
+        values: list[str | bytes] = ["1"] * len(keys)
+    else:
+        values = [sealing.seal(key, secrets.token_hex(8)) for key in keys]
+    store.multi_set(keys, values)
+    return _count_and_close(store, name, count, len(ranks), before_release, sealing)
 
 
 def _count_and_close(
     store: Any,
     name: str,
     count: int,
+    arrivals: int,
     before_release: Callable[[], None] | None,
-    sealing: Sealing,
+    sealing: Sealing | None,
 ) -> bool:
-    """An arrival registered: count it, and release the barrier if it is complete and no
-    other arrival that found it complete took the closing first; True when this one did."""
-    if int(store.add(_count_key(name), 1)) < count or not _all_arrived(store, name, count, sealing):
+    """``arrivals`` registered: count them, and release the barrier if it is complete and no
+    other arrival that found it complete took the closing first; True when this one did.
+
+    Every arrival writes its keys before it counts, so the arrival whose ``add`` comes last
+    finds every key written: the barrier completes whatever the count says beyond that."""
+    if int(store.add(_count_key(name), arrivals)) < count:
         return False
-    if not _take(store, _closing_key(name), sealing):
-        return False  # another arrival found it complete too, and releases
+    if not _all_arrived(store, name, count, sealing):
+        return False
+    if sealing is None:
+        if int(store.add(_closing_key(name), 1)) != 1:
+            return False  # another arrival found it complete too, and releases
+    elif not _take(store, _closing_key(name), sealing):
+        return False
     if before_release is not None:
         before_release()
     signal(store, release_key(name), sealing)
     return True
 
 
-def _all_arrived(store: Any, name: str, count: int, sealing: Sealing) -> bool:
-    """Whether every participant's arrival key holds a value that unseals (a count reached
-    by forged ``add``s is not a barrier complete)."""
+def _all_arrived(store: Any, name: str, count: int, sealing: Sealing | None) -> bool:
+    """Whether every participant's arrival key is there, and with ``sealing`` holds a value
+    that unseals (a count reached by forged ``add``s is not a barrier complete)."""
     keys = [_arrival_key(name, r) for r in range(count)]
     if not store.check(keys):
         return False
+    if sealing is None:
+        return True
     return all(
         sealing.valid(key, raw) for key, raw in zip(keys, store.multi_get(keys), strict=True)
     )

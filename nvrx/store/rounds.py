@@ -471,15 +471,7 @@ def arrive_generation(
     initial barrier of ``generation``; True when it completed and opened the generation.
     With the job's secret the barrier is sealed (``on_forged``: told of a forged value
     this arrival replaced)."""
-    return barrier.arrive(
-        store,
-        initial_barrier(generation),
-        rank,
-        world_size,
-        reentrant=True,
-        before_release=lambda: _open_generation(store, generation, world_size),
-        sealing=_sealing(store, on_forged),
-    )
+    return arrive_one(store, "initial", generation, rank, world_size, on_forged)
 
 
 def arrive_for_gone(
@@ -541,9 +533,7 @@ def arrive_termination(
     on_forged: OnForged | None = None,
 ) -> None:
     """``initial_rank`` (itself or by proxy) is done with ``generation``."""
-    name = termination_barrier(generation)
-    sealing = _sealing(store, on_forged)
-    barrier.arrive(store, name, initial_rank, world_size, reentrant=True, sealing=sealing)
+    arrive_one(store, "termination", generation, initial_rank, world_size, on_forged)
 
 
 def wait_termination(store: Any, generation: int, world_size: int, timeout: float) -> None:
@@ -775,6 +765,60 @@ def mark_completed(store: Any, on_forged: OnForged | None = None) -> None:
     """An active rank returned from its function: the round's spares stop waiting. With the
     job's secret a signal (``barrier.signal``): a forged one wakes no spare."""
     barrier.signal(store, COMPLETED, _sealing(store, on_forged))
+
+
+# -- the barriers a host's agent arrives at for its ranks (``nvrx.store.host_barrier``) ----
+#: Which: a generation's initial and termination barriers, a round's iteration barrier
+#: (``at`` is the generation or the round). The completion barrier is not among them: a
+#: fault interrupts it, and each rank's own arrival decides whether it completed.
+HOST_BARRIERS = ("initial", "iteration", "termination")
+
+
+def _host_barrier(
+    base: Any, kind: str, at: int, world_size: int
+) -> tuple[Any, str, Callable[[], None] | None]:
+    """The store view, name and ``before_release`` of barrier ``kind`` of ``at``."""
+    if kind == "initial":
+        return base, initial_barrier(at), lambda: _open_generation(base, at, world_size)
+    if kind == "termination":
+        return base, termination_barrier(at), None
+    if kind == "iteration":
+        store = round_store(base, at)
+        return store, ITERATION_BARRIER, lambda: _publish_decision(store, base, world_size)
+    raise ValueError(f"no barrier {kind!r}: one of {', '.join(HOST_BARRIERS)}")
+
+
+def arrive_group(base: Any, kind: str, at: int, ranks: Iterable[int], world_size: int) -> bool:
+    """Register ``ranks`` at barrier ``kind`` of ``at`` in one arrival (``barrier.arrive_group``),
+    as each would register itself; True when this arrival completed and released it."""
+    store, name, before_release = _host_barrier(base, kind, at, world_size)
+    return barrier.arrive_group(
+        store, name, ranks, world_size, before_release=before_release, sealing=_sealing(store)
+    )
+
+
+def arrive_one(
+    base: Any, kind: str, at: int, rank: int, world_size: int, on_forged: OnForged | None = None
+) -> bool:
+    """``rank``'s own arrival (or a proxy's) at barrier ``kind`` of ``at``; True when it
+    completed and released it."""
+    store, name, before_release = _host_barrier(base, kind, at, world_size)
+    sealing = _sealing(store, on_forged)
+    return barrier.arrive(
+        store, name, rank, world_size, reentrant=True, before_release=before_release, sealing=sealing
+    )
+
+
+def await_barrier(base: Any, kind: str, at: int, world_size: int, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for barrier ``kind`` of ``at`` to release; whether it did."""
+    store, name, _ = _host_barrier(base, kind, at, world_size)
+    return barrier.await_signal(store, barrier.release_key(name), timeout, _sealing(store))
+
+
+def wait_barrier(base: Any, kind: str, at: int, world_size: int, timeout: float) -> None:
+    """Wait for barrier ``kind`` of ``at`` (``BarrierTimeout`` naming who is missing)."""
+    store, name, _ = _host_barrier(base, kind, at, world_size)
+    barrier.wait(store, name, world_size, max(timeout, 0.001), sealing=_sealing(store))
 
 
 def wait_completed(store: Any, timeout: float) -> None:

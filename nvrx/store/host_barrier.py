@@ -1,0 +1,343 @@
+"""The round protocol's barriers met per host: a host's ranks arrive at its agent, the agent
+arrives once at the store and holds one wait there for all of them.
+
+Without it every rank arrives and waits at the job's store itself, so a barrier costs the
+store a few requests per rank. Through its host's agent (the node agent of a Wrapper job
+without a supervisor, ``nvrx.inprocess.node_agent``) it costs a few per host: one
+``multi_set`` of the arrivals and one ``add`` (``rounds.arrive_group``), one ``WAIT`` on
+the release, whatever the number of ranks of the host. The barriers met this way are
+``rounds.HOST_BARRIERS``; the agent closes one as a rank would (their ``before_release``
+is protocol code, not user code).
+
+Messages (JSON datagrams on Unix sockets with abstract names; a receiver drops a
+datagram of another user, as ``nvrx.rank_beats`` does), in this order:
+
+1. ``arrive`` rank → agent, at ``relay_address``: ``kind``, ``at`` (the generation or
+   round), ``world``, ``rank``, ``wait`` (False: only arrive, as a rank that does not host
+   the store at the termination barrier), ``timeout`` (how long the rank waits at most) and
+   ``reply`` (the abstract name the rank listens at, bound for this barrier).
+2. The agent holds a barrier's arrivals until as many came as its host has ranks it serves
+   (``BarrierRelay.local_ranks``), or ``LINGER_S`` after the first; then, in a thread with
+   a store connection of its own, it arrives for all of them at once.
+3. ``arrived`` agent → each of those ranks, once the store took the arrival.
+4. ``released`` agent → each of those that wait, once the barrier released; nothing when
+   its wait ran out (the rank's own deadline names who is missing).
+
+What a rank does when the agent is not there: no agent bound at the address (the send is
+refused), or no ``arrived`` within ``ACK_S``: it arrives and waits at the store itself (an
+arrival is reentrant: one the agent made too counts once). While it waits for
+``released`` it sends its arrival again every ``RESEND_S``: an agent that started since
+arrives for it again and waits (harmless, as above); one that is gone is found by a
+refused send, and the rank waits at the store itself for the time left.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import errno
+import json
+import logging
+import os
+import secrets
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from nvrx.rank_beats import MAX_DATAGRAM, sender_uid
+
+from . import rounds
+
+log = logging.getLogger(__name__)
+
+#: How long the agent holds a barrier's first arrivals for the rest of its host's ranks.
+LINGER_S = 1.0
+#: How long a rank waits for ``arrived`` before it arrives at the store itself.
+ACK_S = LINGER_S + 4.0
+#: How often a waiting rank sends its arrival again (and so finds an agent that is gone).
+RESEND_S = 5.0
+#: How many of the latest barriers the agent remembers who it arrived for.
+KEPT_MEETINGS = 16
+
+_CREDENTIALS_SPACE = socket.CMSG_SPACE(12)
+
+
+def relay_address(agent_address: str) -> str:
+    """The abstract name the agent at ``agent_address`` takes barrier arrivals at."""
+    return f"{agent_address}-barriers"
+
+
+@dataclasses.dataclass(frozen=True)
+class Meeting:
+    """One barrier: which (``rounds.HOST_BARRIERS``), of which generation or round, of how
+    many participants."""
+
+    kind: str
+    at: int
+    world: int
+
+
+def _datagram_socket(address: str | None) -> socket.socket:
+    """A datagram socket that is told its senders' credentials, bound at ``address``."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    if address is not None:
+        sock.bind(address)
+    return sock
+
+
+def _receive(sock: socket.socket) -> dict[str, Any] | None:
+    """One message of this user from ``sock`` (blocking as the socket is set); None for a
+    datagram of another user or one that is not a message."""
+    data, ancillary, _, _ = sock.recvmsg(MAX_DATAGRAM, _CREDENTIALS_SPACE)
+    if sender_uid(ancillary) != os.geteuid():
+        log.warning("dropped a barrier message of another user")
+        return None
+    try:
+        message = json.loads(data)
+    except ValueError:
+        log.warning("dropped a barrier message that is not JSON: %r", data[:80])
+        return None
+    return message if isinstance(message, dict) else None
+
+
+# -- the rank's end -----------------------------------------------------------------------
+class HostBarrierClient:
+    """A rank's way to its host's agent (``meet``), or to the store itself without one."""
+
+    def __init__(self, address: str | None) -> None:
+        self.address = address
+
+    def meet(
+        self,
+        base: Any,
+        meeting: Meeting,
+        rank: int,
+        timeout: float,
+        wait: bool = True,
+        on_forged: rounds.OnForged | None = None,
+    ) -> None:
+        """Arrive at ``meeting`` as ``rank`` and, with ``wait``, wait for its release
+        (``BarrierTimeout`` after ``timeout`` seconds, naming who is missing)."""
+        deadline = time.monotonic() + timeout
+        if self.address is not None:
+            reply = f"\0nvrx-barrier-rank-{secrets.token_hex(8)}"
+            with _datagram_socket(reply) as sock:
+                if self._through_agent(sock, reply, meeting, rank, deadline, wait):
+                    return
+        # (again, where the agent took it but is gone: an arrival counts once)
+        rounds.arrive_one(base, meeting.kind, meeting.at, rank, meeting.world, on_forged)
+        if wait:
+            left = deadline - time.monotonic()
+            rounds.wait_barrier(base, meeting.kind, meeting.at, meeting.world, left)
+
+    def _through_agent(
+        self,
+        sock: socket.socket,
+        reply: str,
+        meeting: Meeting,
+        rank: int,
+        deadline: float,
+        wait: bool,
+    ) -> bool:
+        """Arrive through the agent; whether it is done (False: the rank waits at the store,
+        after its own arrival unless the agent took it)."""
+        arrival = dataclasses.asdict(meeting) | {
+            "op": "arrive", "rank": rank, "wait": wait, "reply": reply,
+            "timeout": max(deadline - time.monotonic(), 0.0),
+        }  # fmt: skip
+        if not self._send(sock, arrival) or not self._await(sock, meeting, "arrived", ACK_S):
+            return False
+        while wait:
+            if self._await(sock, meeting, "released", min(RESEND_S, deadline - time.monotonic())):
+                return True
+            if time.monotonic() >= deadline or not self._send(sock, arrival):
+                return False
+        return True
+
+    def _send(self, sock: socket.socket, message: dict[str, Any]) -> bool:
+        """Send ``message`` to the agent; False when none is bound there (or its queue is full)."""
+        assert self.address is not None
+        sock.settimeout(ACK_S)  # an agent that stopped reading its queue is not waited on
+        try:
+            sock.sendto(json.dumps(message).encode(), self.address)
+        except OSError as exc:
+            if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT, errno.EAGAIN):
+                log.warning("barrier arrival to this host's agent failed: %s", exc)
+            return False
+        return True
+
+    @staticmethod
+    def _await(sock: socket.socket, meeting: Meeting, op: str, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the agent's ``op`` about ``meeting``; whether it came."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            try:
+                message = _receive(sock)
+            except TimeoutError:
+                return False
+            if message is not None and message.get("op") == op and _meeting_of(message) == meeting:
+                return True
+        return False
+
+
+def _meeting_of(message: dict[str, Any]) -> Meeting | None:
+    """The meeting a message names; None for one that names none."""
+    try:
+        meeting = Meeting(str(message["kind"]), int(message["at"]), int(message["world"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    if meeting.kind not in rounds.HOST_BARRIERS or meeting.at < 0 or meeting.world < 1:
+        return None
+    return meeting
+
+
+# -- the agent's end ----------------------------------------------------------------------
+@dataclasses.dataclass
+class _Batch:
+    """Arrivals at one meeting the agent holds: each rank's reply address, whether it
+    waits, the longest wait asked for, and when the first came."""
+
+    first: float
+    replies: dict[int, str] = dataclasses.field(default_factory=dict)
+    waiting: set[int] = dataclasses.field(default_factory=set)
+    timeout: float = 0.0
+
+
+class BarrierRelay:
+    """The agent's end: a thread that takes its host's arrivals at ``address`` and meets
+    each barrier for them (``connect`` gives a store connection; one per barrier in
+    progress, kept for the next once it is done)."""
+
+    def __init__(self, address: str, connect: Callable[[], Any]) -> None:
+        self.address, self._connect = address, connect
+        #: How many ranks of this host the agent serves now (set by the agent): a barrier's
+        #: arrivals go to the store once that many came.
+        self.local_ranks = 0
+        self._sock = _datagram_socket(address)
+        self._sock.setblocking(False)
+        self._held: dict[Meeting, _Batch] = {}
+        self._busy: dict[Meeting, set[int]] = {}  # ranks of the meetings in progress
+        #: Ranks whose arrival went to the store, for the latest meetings: a host's rank that
+        #: comes after the others went does not wait ``LINGER_S`` for them.
+        self._sent: collections.OrderedDict[Meeting, set[int]] = collections.OrderedDict()
+        self._idle: list[Any] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="nvrx-barrier-relay", daemon=True)
+
+    def start(self) -> BarrierRelay:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop taking arrivals; barriers in progress end with their waits."""
+        self._stop.set()
+        self._thread.join()
+        self._sock.close()
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for store in idle:
+            _close(store)
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            due = min((b.first + LINGER_S for b in self._held.values()), default=None)
+            wait = 0.2 if due is None else min(max(due - time.monotonic(), 0.0), 0.2)
+            readable, _, _ = select.select([self._sock], [], [], wait)
+            if readable:
+                self._take_arrivals(time.monotonic())
+            self._flush_due(time.monotonic())
+
+    def _take_arrivals(self, now: float) -> None:
+        while True:
+            try:
+                message = _receive(self._sock)
+            except (BlockingIOError, InterruptedError):
+                return
+            meeting = None if message is None else _meeting_of(message)
+            if meeting is None or message is None or message.get("op") != "arrive":
+                continue
+            self._hold(meeting, message, now)
+
+    def _hold(self, meeting: Meeting, message: dict[str, Any], now: float) -> None:
+        rank, reply = int(message["rank"]), str(message["reply"])
+        with self._lock:
+            if rank in self._busy.get(meeting, ()):
+                return  # sent again while the agent waits for it: it is answered then
+            batch = self._held.setdefault(meeting, _Batch(now))
+        batch.replies[rank] = reply
+        if message.get("wait", True):
+            batch.waiting.add(rank)
+        batch.timeout = max(batch.timeout, float(message.get("timeout", 0.0)))
+
+    def _flush_due(self, now: float) -> None:
+        for meeting, batch in list(self._held.items()):
+            came = self._sent.get(meeting, set()) | set(batch.replies)
+            if len(came) >= self.local_ranks or now >= batch.first + LINGER_S:
+                del self._held[meeting]
+                self._sent[meeting] = came
+                self._sent.move_to_end(meeting)
+                while len(self._sent) > KEPT_MEETINGS:
+                    self._sent.popitem(last=False)
+                with self._lock:
+                    self._busy.setdefault(meeting, set()).update(batch.replies)
+                threading.Thread(
+                    target=self._meet, args=(meeting, batch), name="nvrx-barrier", daemon=True
+                ).start()
+
+    def _meet(self, meeting: Meeting, batch: _Batch) -> None:
+        """Arrive for the batch, answer ``arrived``, wait once, answer ``released``."""
+        store = None
+        try:
+            store = self._store()
+            ranks = sorted(batch.replies)
+            closed = rounds.arrive_group(store, meeting.kind, meeting.at, ranks, meeting.world)
+            log.info("barrier %s %d: arrived for ranks %s%s", meeting.kind, meeting.at, ranks,
+                     " and released it" if closed else "")  # fmt: skip
+            self._answer(batch, batch.replies, "arrived", meeting)
+            waiting = {r: batch.replies[r] for r in batch.waiting}
+            if waiting and rounds.await_barrier(
+                store, meeting.kind, meeting.at, meeting.world, batch.timeout
+            ):
+                self._answer(batch, waiting, "released", meeting)
+        except Exception as exc:  # the ranks arrive at the store themselves
+            log.warning("barrier %s %d for ranks %s failed: %r", meeting.kind, meeting.at,
+                        sorted(batch.replies), exc)  # fmt: skip
+            _close(store)
+            store = None
+        finally:
+            with self._lock:
+                busy = self._busy.get(meeting, set())
+                busy.difference_update(batch.replies)
+                if not busy:
+                    self._busy.pop(meeting, None)
+                if store is not None and not self._stop.is_set():
+                    self._idle.append(store)
+                    store = None
+            _close(store)
+
+    def _store(self) -> Any:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return self._connect()
+
+    def _answer(self, batch: _Batch, to: dict[int, str], op: str, meeting: Meeting) -> None:
+        message = json.dumps(dataclasses.asdict(meeting) | {"op": op}).encode()
+        for rank, reply in to.items():
+            try:
+                self._sock.sendto(message, reply)
+            except OSError as exc:  # it gave up on the agent, or ended: nothing to tell
+                log.debug("could not tell rank %d %s: %s", rank, op, exc)
+
+
+def _close(store: Any) -> None:
+    if store is not None and hasattr(store, "close"):
+        with contextlib.suppress(Exception):
+            store.close()

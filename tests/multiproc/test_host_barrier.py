@@ -1,0 +1,225 @@
+"""The round protocol's barriers met per host (``nvrx.store.host_barrier``), on a real store.
+
+A host's ranks arrive at their agent's relay, which arrives for all of them in one
+``multi_set`` and one ``add`` and holds one wait on the release: what the store serves for
+a host does not grow with its ranks. A rank whose agent is absent, silent or gone meets
+the barrier at the store itself. In a Wrapper job without a supervisor, the node agent
+meets the barriers of the ranks of its host.
+"""
+
+from __future__ import annotations
+
+import collections
+import secrets
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nvrx.store import barrier, host_barrier, rounds
+from nvrx.store.host_barrier import BarrierRelay, HostBarrierClient, Meeting
+from nvrx.store.seal import Sealer
+from nvrx.store.service import StoreService
+from nvrx.store.wire import WireStore
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+class Counting:
+    """A store client that counts the requests made through it, by method."""
+
+    def __init__(self, store: WireStore, counts: collections.Counter[str]) -> None:
+        self.store, self.counts = store, counts
+
+    def __getattr__(self, name: str):
+        method = getattr(self.store, name)
+        if name in ("close", "timeout", "clone", "set_timeout"):
+            return method
+
+        def counted(*args, **kwargs):
+            self.counts[name] += 1
+            return method(*args, **kwargs)
+
+        return counted
+
+
+@pytest.fixture(scope="module")
+def port() -> Iterator[int]:
+    with StoreService("127.0.0.1", 0) as service:
+        yield service.port
+
+
+def _client(port: int) -> WireStore:
+    return WireStore("127.0.0.1", port, timeout=10)
+
+
+def _fresh(port: int) -> str:
+    """A barrier name of its own in the module's store."""
+    return f"test/{secrets.token_hex(4)}"
+
+
+def _address() -> str:
+    return f"\0nvrx-test-relay-{secrets.token_hex(6)}"
+
+
+def test_a_group_arrival_takes_two_requests_and_counts_a_rank_once(port):
+    counts: collections.Counter[str] = collections.Counter()
+    store, name, opened = Counting(_client(port), counts), _fresh(port), []
+    assert not barrier.arrive_group(store, name, [0, 1], 3, before_release=lambda: opened.append(1))
+    assert counts == {"multi_set": 1, "add": 1}
+    assert not barrier.arrive(store, name, 1, 3, reentrant=True)  # registered: no count
+    assert not barrier.is_released(store, name)
+    # ranks 0 and 1 again with 2: the count runs past 3, the keys say it is complete
+    assert barrier.arrive_group(store, name, [0, 1, 2], 3, before_release=lambda: opened.append(2))
+    assert opened == [2] and barrier.is_released(store, name)
+    assert not barrier.arrive_group(store, name, [2], 3, before_release=lambda: opened.append(3))
+    assert opened == [2]  # released once
+    assert not barrier.arrive(store, name, 0, 3, reentrant=True)
+
+
+def test_a_count_past_the_participants_is_not_a_barrier_complete(port):
+    """Rank 0 twice (by itself, then in its host's group): the count says 3 of 3 while
+    rank 2 never came; nobody releases, and the timeout names rank 2."""
+    store, name = _client(port), _fresh(port)
+    barrier.arrive(store, name, 0, 3, reentrant=True)
+    assert not barrier.arrive_group(store, name, [0, 1], 3)
+    assert int(store.add(f"{name}/n", 0)) == 3 and not barrier.is_released(store, name)
+    with pytest.raises(barrier.BarrierTimeout) as caught:
+        barrier.wait(store, name, 3, 0.2)
+    assert caught.value.missing == [2]
+
+
+def test_a_sealed_group_arrival_overwrites_a_forged_arrival(port):
+    store, name = _client(port), _fresh(port)
+    sealing = barrier.Sealing(Sealer(b"k" * 32, 0))
+    store.set(f"{name}/a/1", "forged")
+    assert not barrier.arrive_group(store, name, [0], 2, sealing=sealing)
+    assert not barrier.has_arrived(store, name, 1, sealing)
+    assert barrier.arrive_group(store, name, [1], 2, sealing=sealing)
+    assert barrier.is_released(store, name, sealing)
+    assert not barrier.is_released(store, name, barrier.Sealing(Sealer(b"x" * 32, 0)))
+
+
+def _meet_all(port: int, address: str | None, meeting: Meeting, ranks, timeout=20.0) -> list:
+    """Each of ``ranks`` meets ``meeting`` in a thread of its own; what each raised."""
+    raised: list = [None] * len(ranks)
+
+    def one(i: int, rank: int) -> None:
+        try:
+            HostBarrierClient(address).meet(_client(port), meeting, rank, timeout)
+        except Exception as exc:
+            raised[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i, r)) for i, r in enumerate(ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return raised
+
+
+def _relay(port: int, counts: collections.Counter[str], local: int) -> BarrierRelay:
+    relay = BarrierRelay(_address(), lambda: Counting(_client(port), counts))
+    relay.local_ranks = local
+    return relay.start()
+
+
+def _requests_of_one_host(port: int, ranks: int) -> dict[str, int]:
+    """The requests one relay makes for ``ranks`` ranks of its host at the initial barrier
+    of a generation of their own, which opens (its ``before_release`` ran in the relay)."""
+    counts: collections.Counter[str] = collections.Counter()
+    relay = _relay(port, counts, ranks)
+    generation = 1000 * ranks
+    try:
+        raised = _meet_all(port, relay.address, Meeting("initial", generation, ranks), range(ranks))
+    finally:
+        relay.close()
+    assert raised == [None] * ranks
+    assert rounds.current_round(_client(port)) == generation
+    return dict(counts)
+
+
+def test_a_host_meets_a_barrier_with_the_same_requests_whatever_its_ranks(port):
+    two, sixteen = _requests_of_one_host(port, 2), _requests_of_one_host(port, 16)
+    assert two == sixteen
+    assert two["multi_set"] == 1 and two["wait"] == 1  # one arrival, one wait for the host
+
+
+def test_two_hosts_meet_one_barrier_each_through_its_relay(port):
+    counts: collections.Counter[str] = collections.Counter()
+    relays = [_relay(port, counts, 3), _relay(port, counts, 3)]
+    meeting, raised = Meeting("termination", 7, 6), [None] * 6
+    try:
+        threads = [
+            threading.Thread(target=lambda h=h: raised.__setitem__(
+                slice(3 * h, 3 * h + 3), _meet_all(port, relays[h].address, meeting, range(3 * h, 3 * h + 3))))
+            for h in (0, 1)
+        ]  # fmt: skip
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for relay in relays:
+            relay.close()
+    assert raised == [None] * 6
+    assert counts["multi_set"] == 2 and counts["wait"] == 2
+
+
+def test_ranks_without_an_agent_meet_at_the_store(port):
+    meeting = Meeting("termination", 11, 3)
+    assert _meet_all(port, _address(), meeting, range(3)) == [None] * 3  # nothing bound there
+    assert rounds.await_barrier(_client(port), "termination", 11, 3, 1.0)
+
+
+def test_a_rank_whose_agent_does_not_answer_arrives_itself(port, monkeypatch):
+    monkeypatch.setattr(host_barrier, "ACK_S", 0.3)
+    address = _address()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as silent:
+        silent.bind(address)  # bound, never read
+        assert _meet_all(port, address, Meeting("termination", 12, 2), range(2)) == [None, None]
+
+
+def test_a_rank_whose_agent_ends_while_it_waits_is_released_at_the_store(port, monkeypatch):
+    """Rank 0's arrival went through the relay, which then ends: rank 0 finds it gone at
+    its next resend and waits at the store, where rank 1 (without an agent) completes it."""
+    monkeypatch.setattr(host_barrier, "RESEND_S", 0.2)
+    counts: collections.Counter[str] = collections.Counter()
+    relay = _relay(port, counts, 1)
+    meeting, done = Meeting("termination", 13, 2), threading.Event()
+    first = threading.Thread(target=lambda: (_meet_all(port, relay.address, meeting, [0]) == [None]) and done.set())
+    first.start()
+    from tests.support.waiting import wait_until
+
+    name = rounds.termination_barrier(13)
+    wait_until("the relay's arrival", lambda: barrier.has_arrived(_client(port), name, 0), 10)
+    relay.close()
+    assert _meet_all(port, None, meeting, [1]) == [None]
+    first.join(20)
+    assert done.is_set()
+
+
+def test_a_barrier_that_times_out_through_the_relay_names_who_is_missing(port):
+    counts: collections.Counter[str] = collections.Counter()
+    relay = _relay(port, counts, 2)
+    try:
+        raised = _meet_all(port, relay.address, Meeting("termination", 14, 3), [0, 1], timeout=1.0)
+    finally:
+        relay.close()
+    assert all(isinstance(e, barrier.BarrierTimeout) and e.missing == [2] for e in raised), raised
+
+
+def test_a_wrapper_job_without_supervisor_meets_its_barriers_at_the_node_agent(tmp_path):
+    """4 ranks on one host, rank 1 raises once: the node agent arrives once for all four at
+    the round's iteration barrier and at the termination barrier (its log says so)."""
+    from helpers_inprocess import FAST, launch
+
+    wrapper = dict(FAST, monitor_process_logfile=str(tmp_path / "monitor-{rank}.log"))
+    ranks = launch(tmp_path / "job", 4, wrapper=wrapper, fault="exception", fault_ranks=[1])
+    assert ranks.wait(120) == [0, 0, 0, 0], ranks.logs()
+    logs = "".join(p.read_text(errors="replace") for p in tmp_path.glob("monitor-*.log"))
+    assert "barrier iteration 0: arrived for ranks [0, 1, 2, 3]" in logs, logs
+    assert "barrier termination 0: arrived for ranks [0, 1, 2, 3]" in logs, logs
