@@ -164,6 +164,11 @@ class BeatSocket:
     def fileno(self) -> int:
         return self._sock.fileno()
 
+    def bound_at(self) -> str:
+        """Where the socket is bound (also one taken over by its descriptor)."""
+        name = self._sock.getsockname()
+        return name.decode(errors="surrogateescape") if isinstance(name, bytes) else str(name)
+
     def receive(self) -> list[Beat]:
         """Every beat waiting now; malformed datagrams are logged and dropped."""
         beats = []

@@ -123,18 +123,11 @@ def connect_store(cfg: MonitorConfig) -> Any:
     return WireStore(host, port, timeout=min(limits_of(cfg).host_s, STORE_GONE_S))
 
 
-def start_relay(cfg: MonitorConfig, host: str) -> BarrierRelay | None:
-    """The host's barrier relay (``nvrx.store.host_barrier``) for ``cfg``'s job; None with a
-    store factory of the user's (its ranks meet at the store themselves) or where another
-    agent of this host still holds the address (its ranks' arrivals go to that one)."""
-    if cfg.store_factory:
-        return None
-    address = relay_address(agent_address(cfg, host))
-    try:
-        relay = BarrierRelay(address, lambda: connect_store(cfg))
-    except OSError as exc:
-        log.info("no barrier relay in this agent: %s", exc)
-        return None
+def start_relay(cfg: MonitorConfig, host: str) -> BarrierRelay:
+    """The host's barrier relay (``nvrx.store.host_barrier``) for ``cfg``'s job. ``OSError``
+    where another agent of this host still holds its address (the one this agent follows,
+    ending: its ranks' arrivals go there until it is gone)."""
+    relay = BarrierRelay(relay_address(agent_address(cfg, host)), lambda: connect_store(cfg))
     return relay.start()
 
 
@@ -257,8 +250,11 @@ class NodeAgent:
         self._round = -1  # the latest round a beat named
         self._reached = time.monotonic()  # the last time the store answered
         self._failing = False
-        #: The host's barrier relay, told how many ranks the agent serves (``_receive``).
+        #: The host's barrier relay, told how many ranks the agent serves (``_receive``);
+        #: started at each tick until it is (``_keep_relay``), unless ``relays`` is False.
         self.relay: BarrierRelay | None = None
+        self.relays = not cfg.store_factory  # a store of the user's: its ranks meet there
+        self._relay_refused = False
         if store is not None:
             self._attach(store, self._reached)
 
@@ -276,9 +272,32 @@ class NodeAgent:
             if now < next_tick:
                 continue
             next_tick = now + self.cfg.heartbeat_interval
+            self._keep_relay()
             self._guarded(self._tick, now)
             if self.finished(now, started):
                 return
+
+    def _keep_relay(self) -> None:
+        """Start the host's barrier relay where it does not run yet."""
+        if self.relay is not None or not self.relays:
+            return
+        try:
+            self.relay = start_relay(self.cfg, self.host)
+        except OSError as exc:
+            if not self._relay_refused:
+                log.info("no barrier relay yet (%s): this host's ranks meet the barriers at the "
+                         "store until it starts", exc)  # fmt: skip
+            self._relay_refused = True
+            return
+        self.relay.local_ranks = len(self.heard - self.done)
+        log.info("meets the barriers of this host's ranks")
+
+    def close(self) -> None:
+        """Stop the barrier relay (before the beat socket is closed: the next agent of the
+        host may bind both at once)."""
+        if self.relay is not None:
+            self.relay.close()
+            self.relay = None
 
     def step(self, now: float) -> bool:
         """One look at ``now``: the beats that came, then the tick; whether the store answered."""
@@ -535,17 +554,17 @@ def main(argv: list[str]) -> int:
     context.update(rank=None, round=None)
     writer = events.EventWriter(cfg.events_dir or events.job_log_dir(), "node_agent", context)
     log.info("node agent of host %s serving (pid %d)", jobenv.host_id(), os.getpid())
-    agent = NodeAgent(cfg, sock, writer.emit, jobenv.host_id())
-    agent.relay = start_relay(cfg, jobenv.host_id())
+    agent = None
     try:
+        agent = NodeAgent(cfg, sock, writer.emit, jobenv.host_id())
         agent.run()
     except Exception:
         log.exception("the node agent failed")  # its stderr is closed: said in its log
         return 1
     finally:
+        if agent is not None:
+            agent.close()
         sock.close(unlink=False)
-        if agent.relay is not None:
-            agent.relay.close()
     return 0
 
 

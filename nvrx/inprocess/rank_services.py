@@ -26,7 +26,7 @@ from typing import Any
 from nvrx import events, jobenv, rank_beats
 from nvrx.store import client as store_client
 from nvrx.store import seal
-from nvrx.store.host_barrier import HostBarrierClient, relay_address
+from nvrx.store.host_barrier import HostBarrierClient, relay_address, supervised_relay_address
 
 from . import node_agent
 from . import store as rstore
@@ -179,14 +179,22 @@ class RankServices:
         if self.host_store and self.store_address is not None:
             self.store_address = (self.store_address[0], int(ready["port"]))
             self._store_kwargs["port"] = self.store_address[1]
-        if self.store_address is not None and rank_beats.socket_path() is None:
-            config = dataclasses.replace(self.monitor.config, store_port=self.store_address[1])
-            agent = node_agent.agent_address(config, jobenv.host_id())
-            self.barriers = HostBarrierClient(relay_address(agent))
+        self.barriers = HostBarrierClient(self._relay())
         if w.monitor_process_pidfile is not None and self.monitor.pid is not None:
             path = monitor_logfile_path(w.monitor_process_pidfile, self.initial_rank)
             with open(path, "w") as fh:  # type: ignore[arg-type]
                 fh.write(f"{self.monitor.pid}\n")
+
+    def _relay(self) -> str | None:
+        """Where this host's agent takes barrier arrivals: the supervisor's store agent, else
+        the node agent; None with a store factory of the user's (no agent connects to it)."""
+        if self.store_address is None or self.monitor is None:
+            return None
+        beats = rank_beats.socket_path()
+        if beats is not None:
+            return supervised_relay_address(beats)
+        config = dataclasses.replace(self.monitor.config, store_port=self.store_address[1])
+        return relay_address(node_agent.agent_address(config, jobenv.host_id()))
 
     def check_monitor(self) -> None:
         """Raise ``RuntimeError`` when the monitor process ended while this rank runs: nothing

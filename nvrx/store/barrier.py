@@ -8,13 +8,14 @@ The per-rank arrival keys are read only when a barrier times out, to name the
 ranks that never came.
 
 A *reentrant* arrival is idempotent: a rank may be registered twice (by
-itself and by its monitor process on its behalf) and still counts once. Its
-participants are the ranks ``0..count-1``: an arrival that brings the count to
-``count`` or more checks that each of their arrival keys is there (one ``check``),
-and of those that find it complete, the one whose ``add`` of the closing key
-returns 1 releases. So a host's agent may register all of its ranks at once
-(``arrive_group``: one ``multi_set`` and one ``add``), even ranks registered
-before: the count may run past ``count``, the keys decide.
+itself and by its monitor process on its behalf) and still counts once. The
+round protocol's barriers (``by_keys``) go further: their participants are the
+ranks ``0..count-1``, and an arrival that brings the count to ``count`` or more
+checks that each of their arrival keys is there (one ``check``); of those that
+find it complete, the one whose ``add`` of the closing key returns 1 releases.
+So a host's agent may register all of its ranks at once (``arrive_group``: one
+``multi_set`` and one ``add``), even ranks registered before: the count may run
+past ``count``, the keys decide.
 
 **Sealed barriers** (``sealing`` given: the job's secret, under a supervisor): a client
 without the secret could otherwise release a round early (a forged release key or a
@@ -236,12 +237,17 @@ def arrive(
     reentrant: bool = False,
     before_release: Callable[[], None] | None = None,
     sealing: Sealing | None = None,
+    by_keys: bool = False,
 ) -> bool:
     """Register ``rank`` at barrier ``name`` of ``count`` participants; True if it completed it.
 
     ``before_release`` runs on the completing arrival only, before the release
     key is set, so what it writes is visible to every rank that is released.
     With ``sealing`` the barrier is sealed (see above): every arrival is reentrant.
+    ``by_keys`` (reentrant): the participants are the ranks ``0..count-1`` and the
+    barrier completes by their keys, so that group arrivals (``arrive_group``) may
+    meet it too; without it a reentrant barrier of any rank ids completes at the
+    ``count``-th distinct rank (``BarrierOverflow`` past it).
     """
     if count < 1:
         raise ValueError(f"barrier {name!r}: count must be >= 1, got {count}")
@@ -250,8 +256,10 @@ def arrive(
     if reentrant:
         if int(store.add(_arrival_key(name, rank), 1)) != 1:
             return False  # already registered (by itself or by proxy)
-        return _count_and_close(store, name, count, 1, before_release, None)
-    store.set(_arrival_key(name, rank), "1")
+        if by_keys:
+            return _count_and_close(store, name, count, 1, before_release, None)
+    else:
+        store.set(_arrival_key(name, rank), "1")
     arrived = int(store.add(_count_key(name), 1))
     if arrived > count:
         raise BarrierOverflow(name, count, arrived, rank)
@@ -409,7 +417,8 @@ def barrier(
     """Arrive at barrier ``name`` and wait for all ``count`` participants.
 
     ``participants`` (the rank ids expected, default ``range(count)``) is only
-    used to name the missing ranks when the barrier times out.
+    used to name the missing ranks when the barrier times out (a barrier met
+    ``by_keys`` or sealed expects ``range(count)`` whatever it says).
 
     A plain barrier (not reentrant, no ``before_release``) runs as torch's
     native ``Store.barrier`` (the same add-then-wait in one C++ call, which

@@ -3,7 +3,8 @@ arrives once at the store and holds one wait there for all of them.
 
 Without it every rank arrives and waits at the job's store itself, so a barrier costs the
 store a few requests per rank. Through its host's agent (the node agent of a Wrapper job
-without a supervisor, ``nvrx.inprocess.node_agent``) it costs a few per host: one
+without a supervisor, ``nvrx.inprocess.node_agent``; under one, the supervisor's store
+agent, ``nvrx.supervisor.store_agent``) it costs a few per host: one
 ``multi_set`` of the arrivals and one ``add`` (``rounds.arrive_group``), one ``WAIT`` on
 the release, whatever the number of ranks of the host. The barriers met this way are
 ``rounds.HOST_BARRIERS``; the agent closes one as a rank would (their ``before_release``
@@ -12,7 +13,7 @@ is protocol code, not user code).
 Messages (JSON datagrams on Unix sockets with abstract names; a receiver drops a
 datagram of another user, as ``nvrx.rank_beats`` does), in this order:
 
-1. ``arrive`` rank → agent, at ``relay_address``: ``kind``, ``at`` (the generation or
+1. ``arrive`` rank → agent, at ``relay_address`` (``supervised_relay_address``): ``kind``, ``at`` (the generation or
    round), ``world``, ``rank``, ``wait`` (False: only arrive, as a rank that does not host
    the store at the termination barrier), ``timeout`` (how long the rank waits at most) and
    ``reply`` (the abstract name the rank listens at, bound for this barrier).
@@ -37,6 +38,7 @@ import collections
 import contextlib
 import dataclasses
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -54,14 +56,17 @@ from . import rounds
 
 log = logging.getLogger(__name__)
 
-#: How long the agent holds a barrier's first arrivals for the rest of its host's ranks.
-LINGER_S = 1.0
+#: How long the agent holds a barrier's first arrivals for the rest of its host's ranks
+#: (where it serves ranks that do not come: a spare outside the round, one taken out).
+LINGER_S = 0.2
 #: How long a rank waits for ``arrived`` before it arrives at the store itself.
 ACK_S = LINGER_S + 4.0
 #: How often a waiting rank sends its arrival again (and so finds an agent that is gone).
 RESEND_S = 5.0
 #: How many of the latest barriers the agent remembers who it arrived for.
 KEPT_MEETINGS = 16
+#: The longest wait the agent holds for a rank, whatever the rank asks.
+MAX_WAIT_S = 7 * 24 * 3600.0
 
 _CREDENTIALS_SPACE = socket.CMSG_SPACE(12)
 
@@ -69,6 +74,13 @@ _CREDENTIALS_SPACE = socket.CMSG_SPACE(12)
 def relay_address(agent_address: str) -> str:
     """The abstract name the agent at ``agent_address`` takes barrier arrivals at."""
     return f"{agent_address}-barriers"
+
+
+def supervised_relay_address(beats_path: str) -> str:
+    """The abstract name where the store agent of the supervisor whose ranks beat to
+    ``beats_path`` (``NVRX_RANK_BEATS``) takes barrier arrivals, for this user."""
+    digest = hashlib.sha1(f"{os.geteuid()}\0{beats_path}".encode()).hexdigest()[:24]
+    return f"\0nvrx-barriers-{digest}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,16 +136,29 @@ class HostBarrierClient:
         """Arrive at ``meeting`` as ``rank`` and, with ``wait``, wait for its release
         (``BarrierTimeout`` after ``timeout`` seconds, naming who is missing)."""
         deadline = time.monotonic() + timeout
-        if self.address is not None:
-            reply = f"\0nvrx-barrier-rank-{secrets.token_hex(8)}"
-            with _datagram_socket(reply) as sock:
-                if self._through_agent(sock, reply, meeting, rank, deadline, wait):
-                    return
+        if self.address is not None and self._met_through_agent(meeting, rank, deadline, wait):
+            return
         # (again, where the agent took it but is gone: an arrival counts once)
         rounds.arrive_one(base, meeting.kind, meeting.at, rank, meeting.world, on_forged)
         if wait:
             left = deadline - time.monotonic()
             rounds.wait_barrier(base, meeting.kind, meeting.at, meeting.world, left)
+
+    def _met_through_agent(self, meeting: Meeting, rank: int, deadline: float, wait: bool) -> bool:
+        """Arrive (and wait) through the agent, on a reply socket of this call; whether it
+        is done (False: the rank meets it at the store)."""
+        reply = f"\0nvrx-barrier-rank-{secrets.token_hex(8)}"
+        try:
+            sock = _datagram_socket(reply)
+        except OSError as exc:
+            log.warning("no socket to hear this host's agent (%s): meeting the barrier at the store", exc)
+            return False
+        with sock:
+            try:  # connected: a full queue is waited on, and only the agent's replies come
+                sock.connect(self.address)
+            except OSError:
+                return False  # nobody bound there
+            return self._through_agent(sock, reply, meeting, rank, deadline, wait)
 
     def _through_agent(
         self,
@@ -146,30 +171,37 @@ class HostBarrierClient:
     ) -> bool:
         """Arrive through the agent; whether it is done (False: the rank waits at the store,
         after its own arrival unless the agent took it)."""
-        arrival = dataclasses.asdict(meeting) | {
-            "op": "arrive", "rank": rank, "wait": wait, "reply": reply,
-            "timeout": max(deadline - time.monotonic(), 0.0),
-        }  # fmt: skip
-        if not self._send(sock, arrival) or not self._await(sock, meeting, "arrived", ACK_S):
+        arrival = dataclasses.asdict(meeting) | {"op": "arrive", "rank": rank, "wait": wait, "reply": reply}
+        if not self._send(sock, arrival, deadline):
+            return False
+        if not self._await(sock, meeting, "arrived", min(ACK_S, deadline - time.monotonic())):
             return False
         while wait:
             if self._await(sock, meeting, "released", min(RESEND_S, deadline - time.monotonic())):
                 return True
-            if time.monotonic() >= deadline or not self._send(sock, arrival):
+            if time.monotonic() >= deadline or not self._send(sock, arrival, deadline):
                 return False
         return True
 
-    def _send(self, sock: socket.socket, message: dict[str, Any]) -> bool:
-        """Send ``message`` to the agent; False when none is bound there (or its queue is full)."""
-        assert self.address is not None
-        sock.settimeout(ACK_S)  # an agent that stopped reading its queue is not waited on
-        try:
-            sock.sendto(json.dumps(message).encode(), self.address)
-        except OSError as exc:
-            if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT, errno.EAGAIN):
-                log.warning("barrier arrival to this host's agent failed: %s", exc)
-            return False
-        return True
+    @staticmethod
+    def _send(sock: socket.socket, arrival: dict[str, Any], deadline: float) -> bool:
+        """Send ``arrival``, with the time the rank has left, to the agent; False when it is
+        gone, or its queue stays full for ``ACK_S`` (an agent that stopped reading)."""
+        message = arrival | {"timeout": round(max(deadline - time.monotonic(), 0.0), 3)}
+        data = json.dumps(message).encode()
+        until = min(time.monotonic() + ACK_S, deadline)
+        while True:
+            try:
+                sock.send(data, socket.MSG_DONTWAIT)
+                return True
+            except BlockingIOError:
+                left = until - time.monotonic()
+                if left <= 0 or not select.select([], [sock], [], left)[1]:
+                    return False
+            except OSError as exc:
+                if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+                    log.warning("barrier arrival to this host's agent failed: %s", exc)
+                return False
 
     @staticmethod
     def _await(sock: socket.socket, meeting: Meeting, op: str, timeout: float) -> bool:
@@ -195,6 +227,35 @@ def _meeting_of(message: dict[str, Any]) -> Meeting | None:
     if meeting.kind not in rounds.HOST_BARRIERS or meeting.at < 0 or meeting.world < 1:
         return None
     return meeting
+
+
+@dataclasses.dataclass(frozen=True)
+class _Arrival:
+    """An ``arrive`` message, checked."""
+
+    meeting: Meeting
+    rank: int
+    reply: str
+    wait: bool
+    timeout: float
+
+    @classmethod
+    def of(cls, message: dict[str, Any] | None) -> _Arrival | None:
+        """The arrival ``message`` says; None (logged) for one that is not a whole arrival."""
+        meeting = None if message is None else _meeting_of(message)
+        if message is None or meeting is None or message.get("op") != "arrive":
+            return None
+        try:
+            arrival = cls(
+                meeting, int(message["rank"]), str(message["reply"]), bool(message.get("wait", True)),
+                min(max(float(message.get("timeout", 0.0)), 0.0), MAX_WAIT_S),
+            )  # fmt: skip
+        except (KeyError, TypeError, ValueError, OverflowError):
+            arrival = None
+        if arrival is None or not 0 <= arrival.rank < meeting.world or not arrival.reply:
+            log.warning("dropped a barrier arrival that does not say what it needs: %.200r", message)
+            return None
+        return arrival
 
 
 # -- the agent's end ----------------------------------------------------------------------
@@ -236,7 +297,8 @@ class BarrierRelay:
         return self
 
     def close(self) -> None:
-        """Stop taking arrivals; barriers in progress end with their waits."""
+        """Stop taking arrivals. The barriers in progress go on in their threads until their
+        waits end or the process does (their ranks then meet them at the store)."""
         self._stop.set()
         self._thread.join()
         self._sock.close()
@@ -247,12 +309,18 @@ class BarrierRelay:
 
     def _serve(self) -> None:
         while not self._stop.is_set():
-            due = min((b.first + LINGER_S for b in self._held.values()), default=None)
-            wait = 0.2 if due is None else min(max(due - time.monotonic(), 0.0), 0.2)
-            readable, _, _ = select.select([self._sock], [], [], wait)
-            if readable:
-                self._take_arrivals(time.monotonic())
-            self._flush_due(time.monotonic())
+            try:
+                self._serve_once()
+            except Exception:  # an error in one barrier's bookkeeping is not the relay's end
+                log.exception("the barrier relay failed to serve an arrival")
+
+    def _serve_once(self) -> None:
+        due = min((b.first + LINGER_S for b in self._held.values()), default=None)
+        wait = 0.2 if due is None else min(max(due - time.monotonic(), 0.0), 0.2)
+        readable, _, _ = select.select([self._sock], [], [], wait)
+        if readable:
+            self._take_arrivals(time.monotonic())
+        self._flush_due(time.monotonic())
 
     def _take_arrivals(self, now: float) -> None:
         while True:
@@ -260,21 +328,20 @@ class BarrierRelay:
                 message = _receive(self._sock)
             except (BlockingIOError, InterruptedError):
                 return
-            meeting = None if message is None else _meeting_of(message)
-            if meeting is None or message is None or message.get("op") != "arrive":
-                continue
-            self._hold(meeting, message, now)
+            arrival = _Arrival.of(message)
+            if arrival is not None:
+                self._hold(arrival, now)
 
-    def _hold(self, meeting: Meeting, message: dict[str, Any], now: float) -> None:
-        rank, reply = int(message["rank"]), str(message["reply"])
+    def _hold(self, arrival: _Arrival, now: float) -> None:
+        meeting, rank = arrival.meeting, arrival.rank
         with self._lock:
             if rank in self._busy.get(meeting, ()):
                 return  # sent again while the agent waits for it: it is answered then
             batch = self._held.setdefault(meeting, _Batch(now))
-        batch.replies[rank] = reply
-        if message.get("wait", True):
+        batch.replies[rank] = arrival.reply
+        if arrival.wait:
             batch.waiting.add(rank)
-        batch.timeout = max(batch.timeout, float(message.get("timeout", 0.0)))
+        batch.timeout = max(batch.timeout, arrival.timeout)
 
     def _flush_due(self, now: float) -> None:
         for meeting, batch in list(self._held.items()):

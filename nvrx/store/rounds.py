@@ -805,8 +805,9 @@ def arrive_one(
     store, name, before_release = _host_barrier(base, kind, at, world_size)
     sealing = _sealing(store, on_forged)
     return barrier.arrive(
-        store, name, rank, world_size, reentrant=True, before_release=before_release, sealing=sealing
-    )
+        store, name, rank, world_size,
+        reentrant=True, before_release=before_release, sealing=sealing, by_keys=True,
+    )  # fmt: skip
 
 
 def await_barrier(base: Any, kind: str, at: int, world_size: int, timeout: float) -> bool:
@@ -967,6 +968,7 @@ def arrive_iteration(
         reentrant=True,
         before_release=lambda: _publish_decision(store, base, world_size),
         sealing=_sealing(store, on_forged),
+        by_keys=True,
     )
 
 
@@ -1549,8 +1551,4 @@ def _round_ranks(
 def _arrive_for_gone_next(base: Any, initial_ranks: list[int], world_size: int) -> None:
     """Arrive for the gone ranks at the initial barrier of the generation that opens next
     (or is opening now), so the others do not wait there for them."""
-    generation = generation_base(base)
-    try:
-        arrive_for_gone(base, generation, world_size, initial_ranks)
-    except barrier.BarrierOverflow:  # it opened with them meanwhile: the round takes them out
-        log.info("generation %d opened before ranks %s were marked gone", generation, initial_ranks)
+    arrive_for_gone(base, generation_base(base), world_size, initial_ranks)

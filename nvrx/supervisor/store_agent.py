@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import select
 import sys
@@ -46,6 +47,7 @@ from datetime import timedelta
 from typing import Any
 
 from nvrx.rank_beats import BeatSocket, RankBeats
+from nvrx.store.host_barrier import BarrierRelay, supervised_relay_address
 from nvrx.store.wire import StoreGone, StoreTimeout, WireStore
 
 #: A watch waits in chunks of this length so a wait never depends on the client's timeout.
@@ -55,6 +57,8 @@ _WATCH_CHUNK = timedelta(days=1)
 
 
 _OUT_LOCK = threading.Lock()
+
+log = logging.getLogger(__name__)
 
 
 def _send_line(message: dict[str, Any]) -> None:
@@ -198,6 +202,8 @@ class BeatWatch(threading.Thread):
         self.sock = BeatSocket("", fd)  # bound by the supervisor, which removes it
         self.send = send
         self.beats = RankBeats()
+        #: The node's barrier relay, told how many ranks beat here (``step``).
+        self.relay: BarrierRelay | None = None
 
     def run(self) -> None:
         while True:
@@ -212,9 +218,37 @@ class BeatWatch(threading.Thread):
         for pid in {b.pid for b in received} - self.beats.wrapper_pids:
             self.send({"event": "wrapper_pid", "pid": pid})
         self.beats.record(received, now)
+        if self.relay is not None:
+            self.relay.local_ranks = len(self.beats.ranks)
         for silence in self.beats.due(now):
             beat = dataclasses.asdict(silence.beat)
             self.send({"event": "rank_silent", "beat": beat, "silent_s": round(silence.silent_s, 3)})
+
+
+def _log_to_stderr() -> None:
+    """Warnings to the supervisor's stderr, which this agent shares; the barriers it meets
+    for the node's ranks too (one line per barrier)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s nvrx.store_agent %(levelname)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    logging.getLogger("nvrx.store.host_barrier").setLevel(logging.INFO)
+    log.setLevel(logging.INFO)
+
+
+def _start_relay(beats: BeatSocket, connect: Callable[[], Any]) -> BarrierRelay | None:
+    """The node's barrier relay (``nvrx.store.host_barrier``) at the name its ranks find from
+    their beat socket; None where the agent this one replaces still holds it (its ranks
+    then meet the barriers at the store themselves once that one's store is gone)."""
+    path = beats.bound_at()
+    try:
+        relay = BarrierRelay(supervised_relay_address(path), connect).start()
+        log.info("meets the barriers of this node's ranks")
+        return relay
+    except OSError as exc:
+        log.info("no barrier relay in this store agent: %s", exc)
+        return None
 
 
 def _address_from_stdin() -> tuple[str, int] | None:
@@ -240,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     timeout = float(args[2])
     beats_fd = int(args[3]) if len(args) == 4 else None
+    _log_to_stderr()
     if args[0] == "-":  # started ahead: the address comes on stdin
         address = _address_from_stdin()
         if address is None:
@@ -247,8 +282,10 @@ def main(argv: list[str] | None = None) -> int:
         host, port = address
     else:
         host, port = args[0], int(args[1])
-    if beats_fd is not None:  # the beats need no store: read them from the start
-        BeatWatch(beats_fd, _send_line).start()
+    if beats_fd is not None:  # the beats and the barriers need no store yet: from the start
+        watch = BeatWatch(beats_fd, _send_line)
+        watch.relay = _start_relay(watch.sock, lambda: WireStore(host, port, timeout))
+        watch.start()
     try:
         agent = _Agent(host, port, timeout)
     except Exception as exc:

@@ -202,6 +202,36 @@ def test_a_rank_whose_agent_ends_while_it_waits_is_released_at_the_store(port, m
     assert done.is_set()
 
 
+def test_a_relay_that_waits_for_a_rank_that_does_not_come_goes_after_its_linger(port):
+    """The relay serves 3 ranks, 2 come (the third is outside the barrier): it arrives for
+    the two once ``LINGER_S`` passed, in one arrival."""
+    counts: collections.Counter[str] = collections.Counter()
+    relay = _relay(port, counts, 3)
+    try:
+        assert _meet_all(port, relay.address, Meeting("termination", 15, 2), [0, 1]) == [None, None]
+    finally:
+        relay.close()
+    assert counts["multi_set"] == 1 and counts["wait"] == 1
+
+
+def test_a_relay_drops_what_is_not_an_arrival_and_serves_on(port):
+    counts: collections.Counter[str] = collections.Counter()
+    relay = _relay(port, counts, 1)
+    junk = [b"not json", b"[1, 2]", b'{"op": "arrive"}',
+            b'{"op": "arrive", "kind": "termination", "at": 16, "world": 1, "rank": 0, '
+            b'"reply": "x", "timeout": "soon"}',
+            b'{"op": "arrive", "kind": "termination", "at": 16, "world": 1, "rank": 9, "reply": "x"}',
+            b'{"op": "arrive", "kind": "nope", "at": 16, "world": 1, "rank": 0, "reply": "x"}']  # fmt: skip
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+            for datagram in junk:
+                sender.sendto(datagram, relay.address)
+        assert _meet_all(port, relay.address, Meeting("termination", 16, 1), [0]) == [None]
+    finally:
+        relay.close()
+    assert counts["multi_set"] == 1  # the one real arrival
+
+
 def test_a_barrier_that_times_out_through_the_relay_names_who_is_missing(port):
     counts: collections.Counter[str] = collections.Counter()
     relay = _relay(port, counts, 2)
@@ -223,3 +253,34 @@ def test_a_wrapper_job_without_supervisor_meets_its_barriers_at_the_node_agent(t
     logs = "".join(p.read_text(errors="replace") for p in tmp_path.glob("monitor-*.log"))
     assert "barrier iteration 0: arrived for ranks [0, 1, 2, 3]" in logs, logs
     assert "barrier termination 0: arrived for ranks [0, 1, 2, 3]" in logs, logs
+
+
+RAISES_ONCE = """
+import torch.distributed as dist
+import nvrx.inprocess as inprocess
+
+
+@inprocess.Wrapper()
+def train(call_wrapper: inprocess.CallWrapper = None) -> None:
+    dist.init_process_group("gloo")
+    if RANK == 1 and call_wrapper.iteration == 0:
+        raise RuntimeError("bad batch")
+    dist.barrier()
+
+
+train()
+"""
+
+
+@pytest.mark.timeout(240)
+def test_under_a_supervisor_the_store_agent_meets_the_barriers_of_its_node(tmp_path):
+    """2 nodes of 2 Wrapper ranks, rank 1 raises once: each node's store agent arrives once
+    for its two ranks at the round's iteration barrier (the supervisors' output says so),
+    and the job completes."""
+    from test_supervisor_local import Job, script
+
+    job = Job(tmp_path, 2, 2, script(tmp_path, RAISES_ONCE))
+    assert job.wait(180) == [0, 0], job.output()
+    out = job.output()
+    assert "barrier iteration 0: arrived for ranks [0, 1]" in out, out
+    assert "barrier iteration 0: arrived for ranks [2, 3]" in out, out

@@ -30,6 +30,7 @@ from nvrx.inprocess.round_run import RoundRun
 from nvrx.inprocess.state import Mode, State
 from nvrx.store import barrier as nvrx_barrier
 from nvrx.store import client, rounds
+from nvrx.store.host_barrier import HostBarrierClient
 
 
 class FakeDelivery:
@@ -118,8 +119,9 @@ class FakeCall:
             mode=Mode.ACTIVE,
         )
         self.services = SimpleNamespace(
-            base_store=base, board=FakeBoard(), check_monitor=lambda: None
-        )
+            base_store=base, board=FakeBoard(), check_monitor=lambda: None,
+            barriers=HostBarrierClient(None),  # no host agent: at the store itself
+        )  # fmt: skip
         self.delivery = FakeDelivery()
         self.round = self.generation = 0
         self.store = rstore.round_store(base, 0)

@@ -69,6 +69,17 @@ def test_reentrant_arrival_counts_once(server):
     assert B.is_released(store, "b3")
 
 
+def test_a_reentrant_barrier_of_any_rank_ids_completes_at_its_count(server):
+    """The reference's API names its participants freely: ranks 1 and 3 of a barrier of 2
+    release it (only the round protocol's barriers, ``by_keys``, expect ranks 0..count-1)."""
+    store = _client(server)
+    assert B.arrive(store, "b3x", 3, 2, reentrant=True) is False
+    assert B.arrive(store, "b3x", 1, 2, reentrant=True) is True
+    assert B.is_released(store, "b3x")
+    with pytest.raises(B.BarrierOverflow, match="b3x"):
+        B.arrive(store, "b3x", 5, 2, reentrant=True)
+
+
 def test_non_reentrant_double_arrival_overflows(server):
     store = _client(server)
     B.arrive(store, "b4", 0, 1)
