@@ -58,6 +58,8 @@ JOB_SECRET = "NVRX_JOB_SECRET"
 JOB_SECRET_FILE = "NVRX_JOB_SECRET_FILE"
 #: The supervisor's socket for the heartbeats of the Wrapper's monitors (``nvrx.rank_beats``).
 RANK_BEATS = "NVRX_RANK_BEATS"
+#: The level the supervisor logs at, for its store agent's lines (``logging`` level name).
+AGENT_LOG_LEVEL = "NVRX_AGENT_LOG_LEVEL"
 # -- settings a user or a template may give --------------------------------------------
 PREEMPT_SIGNAL = "NVRX_PREEMPT_SIGNAL"
 SIGNAL_DELAY_S = "NVRX_SIGNAL_DELAY_S"

@@ -62,8 +62,8 @@ class RankServices:
         self.watchdog: ProgressWatchdog | None = None
         self._store_kwargs: dict[str, Any] = {}
         self._stack_fd: int | None = None
-        #: The way to the round protocol's barriers: through the host's node agent when the
-        #: Wrapper runs without a supervisor, else at the store itself.
+        #: The way to the round protocol's barriers: through the host's agent (``_relay``),
+        #: else at the store itself.
         self.barriers = HostBarrierClient(None)
 
     # -- start --------------------------------------------------------------------------

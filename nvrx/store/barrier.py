@@ -251,13 +251,16 @@ def arrive(
     """
     if count < 1:
         raise ValueError(f"barrier {name!r}: count must be >= 1, got {count}")
+    if by_keys and not reentrant:
+        raise ValueError(f"barrier {name!r}: only a reentrant barrier completes by its keys")
     if sealing is not None:
         return _arrive_sealed(store, name, rank, count, before_release, sealing)
     if reentrant:
-        if int(store.add(_arrival_key(name, rank), 1)) != 1:
-            return False  # already registered (by itself or by proxy)
-        if by_keys:
+        first = int(store.add(_arrival_key(name, rank), 1)) == 1
+        if by_keys:  # counted again all the same: a group arrival may have ended before its add
             return _count_and_close(store, name, count, 1, before_release, None)
+        if not first:
+            return False  # already registered (by itself or by proxy)
     else:
         store.set(_arrival_key(name, rank), "1")
     arrived = int(store.add(_count_key(name), 1))
@@ -279,8 +282,9 @@ def _arrive_sealed(
     before_release: Callable[[], None] | None,
     sealing: Sealing,
 ) -> bool:
-    if not _take(store, _arrival_key(name, rank), sealing):
-        return False  # already registered (by itself or by proxy)
+    # registered before (by itself, a proxy, a group) or now: counted all the same, as a
+    # group arrival may have ended between its keys and its count
+    _take(store, _arrival_key(name, rank), sealing)
     return _count_and_close(store, name, count, 1, before_release, sealing)
 
 
@@ -293,15 +297,16 @@ def arrive_group(
     before_release: Callable[[], None] | None = None,
     sealing: Sealing | None = None,
 ) -> bool:
-    """Register ``ranks`` at reentrant barrier ``name`` of ``count`` participants in two
-    requests whatever their number (a host's agent for the host's ranks); True if this
-    arrival completed it (``before_release`` ran, the release is raised).
+    """Register ``ranks`` at barrier ``name`` of ``count`` participants, met ``by_keys``, as
+    one arrival (a host's agent for the host's ranks); True if it completed the barrier
+    (``before_release`` ran, the release is raised).
 
-    The arrival keys are written in one ``multi_set`` and the count raised by their number
-    in one ``add``: a rank registered before (by itself, by a proxy) is counted again, so
-    the count only says who looks, and the keys decide (as for every reentrant arrival).
-    Over a sealed barrier's arrival key that holds a value, valid or forged, this writes
-    its own (an arrival is an arrival; a forged value overwritten is not reported)."""
+    Unsealed, two requests whatever the number of ranks: the arrival keys in one
+    ``multi_set``, the count raised by their number in one ``add`` (a rank registered
+    before, by itself or a proxy, is counted again: the count only says who looks, the
+    keys decide). Sealed, each arrival key is taken as a rank's own arrival takes it (one
+    ``compare_set`` each: a forged value in its place is overwritten and reported, which a
+    ``multi_set`` could not tell), then the one ``add``."""
     if count < 1:
         raise ValueError(f"barrier {name!r}: count must be >= 1, got {count}")
     ranks = sorted(set(ranks))
@@ -309,10 +314,10 @@ def arrive_group(
         return False
     keys = [_arrival_key(name, r) for r in ranks]
     if sealing is None:
-        values: list[str | bytes] = ["1"] * len(keys)
+        store.multi_set(keys, ["1"] * len(keys))
     else:
-        values = [sealing.seal(key, secrets.token_hex(8)) for key in keys]
-    store.multi_set(keys, values)
+        for key in keys:
+            _take(store, key, sealing)
     return _count_and_close(store, name, count, len(ranks), before_release, sealing)
 
 
@@ -393,7 +398,9 @@ def wait(
     that long, so that the calling thread is back in Python between them and
     its signal handlers run (a ``KeyboardInterrupt``, the Wrapper's restart);
     None waits in one piece. ``sealing``: a sealed barrier (a release that does
-    not unseal is waited past).
+    not unseal is waited past). ``participants`` name the missing ranks on a
+    timeout (default ``range(count)``, the only participants of a barrier met
+    ``by_keys`` or sealed).
     """
     if timeout <= NO_WAIT:
         return
@@ -417,8 +424,7 @@ def barrier(
     """Arrive at barrier ``name`` and wait for all ``count`` participants.
 
     ``participants`` (the rank ids expected, default ``range(count)``) is only
-    used to name the missing ranks when the barrier times out (a barrier met
-    ``by_keys`` or sealed expects ``range(count)`` whatever it says).
+    used to name the missing ranks when the barrier times out.
 
     A plain barrier (not reentrant, no ``before_release``) runs as torch's
     native ``Store.barrier`` (the same add-then-wait in one C++ call, which

@@ -10,26 +10,38 @@ the release, whatever the number of ranks of the host. The barriers met this way
 ``rounds.HOST_BARRIERS``; the agent closes one as a rank would (their ``before_release``
 is protocol code, not user code).
 
-Messages (JSON datagrams on Unix sockets with abstract names; a receiver drops a
-datagram of another user, as ``nvrx.rank_beats`` does), in this order:
+Messages (JSON datagrams on Unix sockets: the node agent's at an abstract name, the store
+agent's in its supervisor's private directory, the ranks' at abstract names; a receiver
+drops a datagram of another user, as ``nvrx.rank_beats`` does), in this order:
 
-1. ``arrive`` rank → agent, at ``relay_address`` (``supervised_relay_address``): ``kind``, ``at`` (the generation or
-   round), ``world``, ``rank``, ``wait`` (False: only arrive, as a rank that does not host
-   the store at the termination barrier), ``timeout`` (how long the rank waits at most) and
-   ``reply`` (the abstract name the rank listens at, bound for this barrier).
+1. ``arrive`` rank → agent, at ``relay_address`` (``supervised_relay_address``): ``kind``,
+   ``at`` (the generation or round), ``world``, ``rank``, ``wait`` (False: only arrive, as a
+   rank that does not host the store at the termination barrier), ``timeout`` (how long
+   the rank waits at most) and ``reply`` (the abstract name the rank listens at, bound for
+   this barrier).
 2. The agent holds a barrier's arrivals until as many came as its host has ranks it serves
-   (``BarrierRelay.local_ranks``), or ``LINGER_S`` after the first; then, in a thread with
-   a store connection of its own, it arrives for all of them at once.
-3. ``arrived`` agent → each of those ranks, once the store took the arrival.
+   (``BarrierRelay.local_ranks``: those that beat to it), or ``LINGER_S`` after the first
+   came; then, in a thread with a store connection of its own, it arrives for all of them
+   at once. (Ranks that come later are a batch of their own.)
+3. ``arrived`` agent → each of those ranks, once the store took the arrival. To the lowest
+   of them it carries ``forged``: the values with no valid seal the arrival (or its
+   closing, or its release) replaced, as (key, size) pairs, which that rank reports as
+   its own arrival would have (a sealed barrier: ``nvrx.store.barrier``).
 4. ``released`` agent → each of those that wait, once the barrier released; nothing when
    its wait ran out (the rank's own deadline names who is missing).
+5. ``failed`` agent → each of them, where the store failed the agent: they meet the
+   barrier at the store themselves at once.
 
-What a rank does when the agent is not there: no agent bound at the address (the send is
-refused), or no ``arrived`` within ``ACK_S``: it arrives and waits at the store itself (an
-arrival is reentrant: one the agent made too counts once). While it waits for
-``released`` it sends its arrival again every ``RESEND_S``: an agent that started since
-arrives for it again and waits (harmless, as above); one that is gone is found by a
-refused send, and the rank waits at the store itself for the time left.
+A sealed barrier costs the agent one ``compare_set`` per rank for the arrivals (a
+``multi_set`` cannot tell the forged values it overwrites), one ``add`` and one wait.
+
+What a rank does when the agent is not there: no agent bound at the address (the rank's
+socket, connected to it for the barrier, is refused), or no ``arrived`` within ``ACK_S``:
+it arrives and waits at the store itself (an arrival is reentrant: one the agent made too
+counts once). While it waits for ``released`` it sends its arrival again every
+``RESEND_S`` to the agent it connected to (one that lost track of it arrives for it again:
+harmless, as above); an agent that is gone is found by the refused send, and the rank
+waits at the store itself for the time left.
 """
 
 from __future__ import annotations
@@ -38,7 +50,6 @@ import collections
 import contextlib
 import dataclasses
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -77,10 +88,10 @@ def relay_address(agent_address: str) -> str:
 
 
 def supervised_relay_address(beats_path: str) -> str:
-    """The abstract name where the store agent of the supervisor whose ranks beat to
-    ``beats_path`` (``NVRX_RANK_BEATS``) takes barrier arrivals, for this user."""
-    digest = hashlib.sha1(f"{os.geteuid()}\0{beats_path}".encode()).hexdigest()[:24]
-    return f"\0nvrx-barriers-{digest}"
+    """Where the store agent of the supervisor whose ranks beat to ``beats_path``
+    (``NVRX_RANK_BEATS``) takes barrier arrivals: beside it, in the supervisor's private
+    directory (no other user can bind or reach it there)."""
+    return os.path.join(os.path.dirname(beats_path), "barriers.sock")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +147,8 @@ class HostBarrierClient:
         """Arrive at ``meeting`` as ``rank`` and, with ``wait``, wait for its release
         (``BarrierTimeout`` after ``timeout`` seconds, naming who is missing)."""
         deadline = time.monotonic() + timeout
-        if self.address is not None and self._met_through_agent(meeting, rank, deadline, wait):
+        through = self.address is not None
+        if through and self._met_through_agent(meeting, rank, deadline, wait, on_forged):
             return
         # (again, where the agent took it but is gone: an arrival counts once)
         rounds.arrive_one(base, meeting.kind, meeting.at, rank, meeting.world, on_forged)
@@ -144,7 +156,14 @@ class HostBarrierClient:
             left = deadline - time.monotonic()
             rounds.wait_barrier(base, meeting.kind, meeting.at, meeting.world, left)
 
-    def _met_through_agent(self, meeting: Meeting, rank: int, deadline: float, wait: bool) -> bool:
+    def _met_through_agent(
+        self,
+        meeting: Meeting,
+        rank: int,
+        deadline: float,
+        wait: bool,
+        on_forged: rounds.OnForged | None,
+    ) -> bool:
         """Arrive (and wait) through the agent, on a reply socket of this call; whether it
         is done (False: the rank meets it at the store)."""
         reply = f"\0nvrx-barrier-rank-{secrets.token_hex(8)}"
@@ -158,7 +177,7 @@ class HostBarrierClient:
                 sock.connect(self.address)
             except OSError:
                 return False  # nobody bound there
-            return self._through_agent(sock, reply, meeting, rank, deadline, wait)
+            return self._through_agent(sock, reply, meeting, rank, deadline, wait, on_forged)
 
     def _through_agent(
         self,
@@ -168,14 +187,20 @@ class HostBarrierClient:
         rank: int,
         deadline: float,
         wait: bool,
+        on_forged: rounds.OnForged | None,
     ) -> bool:
-        """Arrive through the agent; whether it is done (False: the rank waits at the store,
+        """Arrive through the agent (telling ``on_forged`` of the forged values its arrival
+        replaced, where the agent says this rank tells them); whether it is done (False: the rank waits at the store,
         after its own arrival unless the agent took it)."""
         arrival = dataclasses.asdict(meeting) | {"op": "arrive", "rank": rank, "wait": wait, "reply": reply}
         if not self._send(sock, arrival, deadline):
             return False
-        if not self._await(sock, meeting, "arrived", min(ACK_S, deadline - time.monotonic())):
+        arrived = self._await(sock, meeting, "arrived", min(ACK_S, deadline - time.monotonic()))
+        if arrived is None:
             return False
+        for key, size in arrived.get("forged", []):  # values the agent's arrival replaced
+            if on_forged is not None:
+                on_forged(str(key), int(size))
         while wait:
             if self._await(sock, meeting, "released", min(RESEND_S, deadline - time.monotonic())):
                 return True
@@ -190,6 +215,7 @@ class HostBarrierClient:
         message = arrival | {"timeout": round(max(deadline - time.monotonic(), 0.0), 3)}
         data = json.dumps(message).encode()
         until = min(time.monotonic() + ACK_S, deadline)
+        sock.setblocking(False)  # the socket's timeout, set for a receive, would wait first
         while True:
             try:
                 sock.send(data, socket.MSG_DONTWAIT)
@@ -204,25 +230,32 @@ class HostBarrierClient:
                 return False
 
     @staticmethod
-    def _await(sock: socket.socket, meeting: Meeting, op: str, timeout: float) -> bool:
-        """Wait up to ``timeout`` s for the agent's ``op`` about ``meeting``; whether it came."""
+    def _await(
+        sock: socket.socket, meeting: Meeting, op: str, timeout: float
+    ) -> dict[str, Any] | None:
+        """The agent's ``op`` about ``meeting``, within ``timeout`` s; None when it did not
+        come, or the agent said it ``failed``."""
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
             sock.settimeout(left)
             try:
                 message = _receive(sock)
-            except TimeoutError:
-                return False
-            if message is not None and message.get("op") == op and _meeting_of(message) == meeting:
-                return True
-        return False
+            except (TimeoutError, OSError):
+                return None
+            if message is None or _meeting_of(message) != meeting:
+                continue
+            if message.get("op") == "failed":
+                return None
+            if message.get("op") == op:
+                return message
+        return None
 
 
 def _meeting_of(message: dict[str, Any]) -> Meeting | None:
     """The meeting a message names; None for one that names none."""
     try:
         meeting = Meeting(str(message["kind"]), int(message["at"]), int(message["world"]))
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):
         return None
     if meeting.kind not in rounds.HOST_BARRIERS or meeting.at < 0 or meeting.world < 1:
         return None
@@ -245,14 +278,16 @@ class _Arrival:
         meeting = None if message is None else _meeting_of(message)
         if message is None or meeting is None or message.get("op") != "arrive":
             return None
+        wait = message.get("wait", True)
         try:
             arrival = cls(
-                meeting, int(message["rank"]), str(message["reply"]), bool(message.get("wait", True)),
+                meeting, int(message["rank"]), str(message["reply"]), wait is True,
                 min(max(float(message.get("timeout", 0.0)), 0.0), MAX_WAIT_S),
             )  # fmt: skip
         except (KeyError, TypeError, ValueError, OverflowError):
             arrival = None
-        if arrival is None or not 0 <= arrival.rank < meeting.world or not arrival.reply:
+        bad = arrival is None or not isinstance(wait, bool) or not arrival.reply
+        if bad or not 0 <= arrival.rank < meeting.world:  # type: ignore[union-attr]
             log.warning("dropped a barrier arrival that does not say what it needs: %.200r", message)
             return None
         return arrival
@@ -284,6 +319,7 @@ class BarrierRelay:
         self._sock.setblocking(False)
         self._held: dict[Meeting, _Batch] = {}
         self._busy: dict[Meeting, set[int]] = {}  # ranks of the meetings in progress
+        self._waiting: dict[int, tuple[Meeting, dict[int, str]]] = {}  # by batch: who waits
         #: Ranks whose arrival went to the store, for the latest meetings: a host's rank that
         #: comes after the others went does not wait ``LINGER_S`` for them.
         self._sent: collections.OrderedDict[Meeting, set[int]] = collections.OrderedDict()
@@ -297,10 +333,14 @@ class BarrierRelay:
         return self
 
     def close(self) -> None:
-        """Stop taking arrivals. The barriers in progress go on in their threads until their
-        waits end or the process does (their ranks then meet them at the store)."""
+        """Stop taking arrivals; the ranks that wait on a barrier in progress are told
+        ``failed``, and wait at the store themselves from now on."""
         self._stop.set()
         self._thread.join()
+        with self._lock:
+            waiting, self._waiting = list(self._waiting.values()), {}
+        for meeting, replies in waiting:
+            self._answer(replies, {"op": "failed"}, meeting)
         self._sock.close()
         with self._lock:
             idle, self._idle = self._idle, []
@@ -359,27 +399,30 @@ class BarrierRelay:
                 ).start()
 
     def _meet(self, meeting: Meeting, batch: _Batch) -> None:
-        """Arrive for the batch, answer ``arrived``, wait once, answer ``released``."""
+        """Arrive for the batch, answer ``arrived``, wait once, answer ``released``; on an
+        error, answer ``failed`` (the ranks meet the barrier at the store at once)."""
         store = None
         try:
-            store = self._store()
-            ranks = sorted(batch.replies)
-            closed = rounds.arrive_group(store, meeting.kind, meeting.at, ranks, meeting.world)
-            log.info("barrier %s %d: arrived for ranks %s%s", meeting.kind, meeting.at, ranks,
-                     " and released it" if closed else "")  # fmt: skip
-            self._answer(batch, batch.replies, "arrived", meeting)
             waiting = {r: batch.replies[r] for r in batch.waiting}
+            with self._lock:  # from here on, ``close`` tells them
+                self._waiting[id(batch)] = (meeting, dict(batch.replies))
+            store = self._arrive(meeting, batch)
             if waiting and rounds.await_barrier(
                 store, meeting.kind, meeting.at, meeting.world, batch.timeout
             ):
-                self._answer(batch, waiting, "released", meeting)
-        except Exception as exc:  # the ranks arrive at the store themselves
+                with self._lock:
+                    told = self._waiting.pop(id(batch), None) is None  # failed by ``close``
+                if not told:
+                    self._answer(waiting, {"op": "released"}, meeting)
+        except Exception as exc:
             log.warning("barrier %s %d for ranks %s failed: %r", meeting.kind, meeting.at,
                         sorted(batch.replies), exc)  # fmt: skip
+            self._answer(batch.replies, {"op": "failed"}, meeting)
             _close(store)
             store = None
         finally:
             with self._lock:
+                self._waiting.pop(id(batch), None)
                 busy = self._busy.get(meeting, set())
                 busy.difference_update(batch.replies)
                 if not busy:
@@ -389,19 +432,37 @@ class BarrierRelay:
                     store = None
             _close(store)
 
-    def _store(self) -> Any:
+    def _arrive(self, meeting: Meeting, batch: _Batch) -> Any:
+        """Arrive for the batch and answer ``arrived``; the store connection it used. A kept
+        connection that fails (its store closed since) is replaced once: an arrival made
+        twice counts once."""
+        ranks, forged = sorted(batch.replies), []
+        report = lambda key, size: forged.append([key, size])  # noqa: E731
         with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        return self._connect()
+            kept = self._idle.pop() if self._idle else None
+        for store in ([kept] if kept is not None else []) + [None]:
+            store = store or self._connect()
+            try:
+                closed = rounds.arrive_group(store, meeting.kind, meeting.at, ranks, meeting.world, report)
+                break
+            except Exception:
+                _close(store)
+                if store is not kept:
+                    raise
+        log.info("barrier %s %d: arrived for ranks %s%s", meeting.kind, meeting.at, ranks,
+                 " and released it" if closed else "")  # fmt: skip
+        # the forged values this arrival replaced: the batch's lowest rank reports them
+        self._answer({ranks[0]: batch.replies[ranks[0]]}, {"op": "arrived", "forged": forged}, meeting)
+        self._answer({r: batch.replies[r] for r in ranks[1:]}, {"op": "arrived"}, meeting)
+        return store
 
-    def _answer(self, batch: _Batch, to: dict[int, str], op: str, meeting: Meeting) -> None:
-        message = json.dumps(dataclasses.asdict(meeting) | {"op": op}).encode()
+    def _answer(self, to: dict[int, str], what: dict[str, Any], meeting: Meeting) -> None:
+        message = json.dumps(dataclasses.asdict(meeting) | what).encode()
         for rank, reply in to.items():
             try:
                 self._sock.sendto(message, reply)
             except OSError as exc:  # it gave up on the agent, or ended: nothing to tell
-                log.debug("could not tell rank %d %s: %s", rank, op, exc)
+                log.debug("could not tell rank %d %s: %s", rank, what["op"], exc)
 
 
 def _close(store: Any) -> None:

@@ -487,11 +487,6 @@ def arrive_for_gone(
             arrive_generation(store, generation, rank, world_size, on_forged)
 
 
-def wait_generation(store: Any, generation: int, world_size: int, timeout: float) -> None:
-    """Wait until ``generation``'s initial barrier released (it opened)."""
-    barrier.wait(store, initial_barrier(generation), world_size, timeout, sealing=_sealing(store))
-
-
 def generation_of(store: Any, round_: int) -> int:
     """The generation ``round_`` belongs to (its first round), as opened in ``store``.
 
@@ -788,12 +783,21 @@ def _host_barrier(
     raise ValueError(f"no barrier {kind!r}: one of {', '.join(HOST_BARRIERS)}")
 
 
-def arrive_group(base: Any, kind: str, at: int, ranks: Iterable[int], world_size: int) -> bool:
+def arrive_group(
+    base: Any,
+    kind: str,
+    at: int,
+    ranks: Iterable[int],
+    world_size: int,
+    on_forged: OnForged | None = None,
+) -> bool:
     """Register ``ranks`` at barrier ``kind`` of ``at`` in one arrival (``barrier.arrive_group``),
-    as each would register itself; True when this arrival completed and released it."""
+    as each would register itself; True when this arrival completed and released it.
+    ``on_forged``: told of each forged value it replaced (an arrival's, the release's)."""
     store, name, before_release = _host_barrier(base, kind, at, world_size)
+    sealing = _sealing(store, on_forged)
     return barrier.arrive_group(
-        store, name, ranks, world_size, before_release=before_release, sealing=_sealing(store)
+        store, name, ranks, world_size, before_release=before_release, sealing=sealing
     )
 
 

@@ -19,6 +19,10 @@ started ahead during a store failover) owns the store clients instead (nvrx's ow
   watch; ``{"event": "wrapper_pid", "pid": p}`` and ``{"event": "rank_silent", "beat": {...},
   "silent_s": s}`` from the rank beats.
 
+The barriers: the node's Wrapper ranks arrive at the round protocol's barriers through this
+agent (``nvrx.store.host_barrier``: a ``BarrierRelay`` at the socket beside the beat
+socket), which arrives for them at the store at once.
+
 The rank beats: the Wrapper's monitor processes of the node beat to the socket the
 supervisor bound for them (``nvrx.rank_beats``, ``NVRX_RANK_BEATS``); the supervisor
 passes its descriptor to this agent (``BEATS_FD``), which alone reads it, as the node
@@ -34,6 +38,7 @@ It exits when stdin closes (its supervisor ended) and never outlives it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -46,6 +51,7 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
+from nvrx import jobenv
 from nvrx.rank_beats import BeatSocket, RankBeats
 from nvrx.store.host_barrier import BarrierRelay, supervised_relay_address
 from nvrx.store.wire import StoreGone, StoreTimeout, WireStore
@@ -226,29 +232,33 @@ class BeatWatch(threading.Thread):
 
 
 def _log_to_stderr() -> None:
-    """Warnings to the supervisor's stderr, which this agent shares; the barriers it meets
-    for the node's ranks too (one line per barrier)."""
+    """Log to the supervisor's stderr, which this agent shares, at the supervisor's level
+    (``--verbose``: INFO, with a line for each barrier met for the node's ranks)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s nvrx.store_agent %(levelname)s: %(message)s"))
+    pid = os.getpid()
+    handler.setFormatter(logging.Formatter(f"%(asctime)s nvrx.store_agent[{pid}] %(levelname)s %(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)
-    root.setLevel(logging.WARNING)
-    logging.getLogger("nvrx.store.host_barrier").setLevel(logging.INFO)
-    log.setLevel(logging.INFO)
+    level = logging.getLevelName(os.environ.get(jobenv.AGENT_LOG_LEVEL, "WARNING"))
+    root.setLevel(level if isinstance(level, int) else logging.WARNING)
 
 
 def _start_relay(beats: BeatSocket, connect: Callable[[], Any]) -> BarrierRelay | None:
-    """The node's barrier relay (``nvrx.store.host_barrier``) at the name its ranks find from
-    their beat socket; None where the agent this one replaces still holds it (its ranks
-    then meet the barriers at the store themselves once that one's store is gone)."""
-    path = beats.bound_at()
+    """The node's barrier relay (``nvrx.store.host_barrier``) at the path its ranks find
+    beside their beat socket, in the supervisor's private directory. A socket left there
+    (by the agent this one replaces, even one that still runs) is replaced: the node's
+    ranks send their arrivals here from now on. None (logged) where it cannot bind."""
+    path = supervised_relay_address(beats.bound_at())
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
     try:
-        relay = BarrierRelay(supervised_relay_address(path), connect).start()
-        log.info("meets the barriers of this node's ranks")
-        return relay
+        relay = BarrierRelay(path, connect).start()
     except OSError as exc:
-        log.info("no barrier relay in this store agent: %s", exc)
+        log.warning("no barrier relay for this node's ranks (%s): they meet the barriers at "
+                    "the store", exc)  # fmt: skip
         return None
+    log.info("meets the barriers of this node's ranks")
+    return relay
 
 
 def _address_from_stdin() -> tuple[str, int] | None:

@@ -19,12 +19,17 @@ import time
 from collections import deque
 from typing import Any
 
-from nvrx import processes
+from nvrx import jobenv, processes
 
 log = logging.getLogger(__name__)
 
 #: Seconds allowed for the agent to start (its imports, on a busy node) on top of the store timeout.
 _AGENT_START_S = 60.0
+
+
+def _log_level() -> str:
+    """The level this supervisor logs at (``--verbose``: INFO), for its agent to log at too."""
+    return logging.getLevelName(logging.getLogger().getEffectiveLevel())
 
 
 class StoreLinkError(RuntimeError):
@@ -93,8 +98,9 @@ class StoreLink:
         try:
             # dies with the supervisor even when blocked on a store that froze
             self._proc = processes.start(
-                cmd, stdin=req_r, stdout=ans_w, die_with_parent=True, pass_fds=passed
-            )
+                cmd, stdin=req_r, stdout=ans_w, die_with_parent=True, pass_fds=passed,
+                env={**os.environ, jobenv.AGENT_LOG_LEVEL: _log_level()},
+            )  # fmt: skip
         finally:
             os.close(req_r)
             os.close(ans_w)
