@@ -312,11 +312,12 @@ class BarrierRelay:
 
     def __init__(self, address: str, connect: Callable[[], Any]) -> None:
         self.address, self._connect = address, connect
-        #: How many ranks of this host the agent serves now (set by the agent): a barrier's
-        #: arrivals go to the store once that many came.
-        self.local_ranks = 0
+        self._local_ranks = 0
         self._sock = _datagram_socket(address)
         self._sock.setblocking(False)
+        self._wake, self._woken = socket.socketpair()  # a new count is looked at at once
+        for end in (self._wake, self._woken):
+            end.setblocking(False)
         self._held: dict[Meeting, _Batch] = {}
         self._busy: dict[Meeting, set[int]] = {}  # ranks of the meetings in progress
         self._waiting: dict[int, tuple[Meeting, dict[int, str]]] = {}  # by batch: who waits
@@ -327,6 +328,20 @@ class BarrierRelay:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="nvrx-barrier-relay", daemon=True)
+
+    @property
+    def local_ranks(self) -> int:
+        """How many ranks of this host the agent serves now (set by the agent, from the
+        ranks that beat to it): a barrier's arrivals go to the store once that many came."""
+        return self._local_ranks
+
+    @local_ranks.setter
+    def local_ranks(self, count: int) -> None:
+        if count == self._local_ranks:
+            return
+        self._local_ranks = count  # fewer (a rank died): a held batch may be whole now
+        with contextlib.suppress(OSError):
+            self._wake.send(b"!")
 
     def start(self) -> BarrierRelay:
         self._thread.start()
@@ -342,6 +357,8 @@ class BarrierRelay:
         for meeting, replies in waiting:
             self._answer(replies, {"op": "failed"}, meeting)
         self._sock.close()
+        self._wake.close()
+        self._woken.close()
         with self._lock:
             idle, self._idle = self._idle, []
         for store in idle:
@@ -357,8 +374,11 @@ class BarrierRelay:
     def _serve_once(self) -> None:
         due = min((b.first + LINGER_S for b in self._held.values()), default=None)
         wait = 0.2 if due is None else min(max(due - time.monotonic(), 0.0), 0.2)
-        readable, _, _ = select.select([self._sock], [], [], wait)
-        if readable:
+        readable, _, _ = select.select([self._sock, self._woken], [], [], wait)
+        if self._woken in readable:
+            with contextlib.suppress(OSError):
+                self._woken.recv(4096)
+        if self._sock in readable:
             self._take_arrivals(time.monotonic())
         self._flush_due(time.monotonic())
 
