@@ -107,9 +107,13 @@ class Meeting:
 def _datagram_socket(address: str | None) -> socket.socket:
     """A datagram socket that is told its senders' credentials, bound at ``address``."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-    if address is not None:
-        sock.bind(address)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        if address is not None:
+            sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
     return sock
 
 
@@ -190,20 +194,21 @@ class HostBarrierClient:
         on_forged: rounds.OnForged | None,
     ) -> bool:
         """Arrive through the agent (telling ``on_forged`` of the forged values its arrival
-        replaced, where the agent says this rank tells them); whether it is done (False: the rank waits at the store,
-        after its own arrival unless the agent took it)."""
+        replaced, where the agent says this rank tells them); whether it is done (False:
+        the rank arrives and waits at the store itself)."""
         arrival = dataclasses.asdict(meeting) | {"op": "arrive", "rank": rank, "wait": wait, "reply": reply}
         if not self._send(sock, arrival, deadline):
             return False
         arrived = self._await(sock, meeting, "arrived", min(ACK_S, deadline - time.monotonic()))
-        if arrived is None:
+        if arrived is None or arrived["op"] == "failed":
             return False
         for key, size in arrived.get("forged", []):  # values the agent's arrival replaced
             if on_forged is not None:
                 on_forged(str(key), int(size))
         while wait:
-            if self._await(sock, meeting, "released", min(RESEND_S, deadline - time.monotonic())):
-                return True
+            released = self._await(sock, meeting, "released", min(RESEND_S, deadline - time.monotonic()))
+            if released is not None:
+                return released["op"] == "released"
             if time.monotonic() >= deadline or not self._send(sock, arrival, deadline):
                 return False
         return True
@@ -233,8 +238,8 @@ class HostBarrierClient:
     def _await(
         sock: socket.socket, meeting: Meeting, op: str, timeout: float
     ) -> dict[str, Any] | None:
-        """The agent's ``op`` about ``meeting``, within ``timeout`` s; None when it did not
-        come, or the agent said it ``failed``."""
+        """The agent's ``op`` about ``meeting``, or its ``failed``, within ``timeout`` s;
+        None when neither came."""
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
             sock.settimeout(left)
@@ -242,12 +247,9 @@ class HostBarrierClient:
                 message = _receive(sock)
             except (TimeoutError, OSError):
                 return None
-            if message is None or _meeting_of(message) != meeting:
-                continue
-            if message.get("op") == "failed":
-                return None
-            if message.get("op") == op:
-                return message
+            if message is not None and _meeting_of(message) == meeting:
+                if message.get("op") in (op, "failed"):
+                    return message
         return None
 
 
@@ -275,8 +277,11 @@ class _Arrival:
     @classmethod
     def of(cls, message: dict[str, Any] | None) -> _Arrival | None:
         """The arrival ``message`` says; None (logged) for one that is not a whole arrival."""
-        meeting = None if message is None else _meeting_of(message)
-        if message is None or meeting is None or message.get("op") != "arrive":
+        if message is None:
+            return None
+        meeting = _meeting_of(message)
+        if meeting is None or message.get("op") != "arrive":
+            log.warning("dropped a barrier message that is no arrival: %.200r", message)
             return None
         wait = message.get("wait", True)
         try:
@@ -351,6 +356,8 @@ class BarrierRelay:
         """Stop taking arrivals; the ranks that wait on a barrier in progress are told
         ``failed``, and wait at the store themselves from now on."""
         self._stop.set()
+        with contextlib.suppress(OSError):
+            self._wake.send(b"!")
         self._thread.join()
         with self._lock:
             waiting, self._waiting = list(self._waiting.values()), {}
@@ -373,7 +380,7 @@ class BarrierRelay:
 
     def _serve_once(self) -> None:
         due = min((b.first + LINGER_S for b in self._held.values()), default=None)
-        wait = 0.2 if due is None else min(max(due - time.monotonic(), 0.0), 0.2)
+        wait = None if due is None else max(due - time.monotonic(), 0.0)
         readable, _, _ = select.select([self._sock, self._woken], [], [], wait)
         if self._woken in readable:
             with contextlib.suppress(OSError):
@@ -412,8 +419,9 @@ class BarrierRelay:
                 self._sent.move_to_end(meeting)
                 while len(self._sent) > KEPT_MEETINGS:
                     self._sent.popitem(last=False)
-                with self._lock:
+                with self._lock:  # from here on, ``close`` tells them
                     self._busy.setdefault(meeting, set()).update(batch.replies)
+                    self._waiting[id(batch)] = (meeting, dict(batch.replies))
                 threading.Thread(
                     target=self._meet, args=(meeting, batch), name="nvrx-barrier", daemon=True
                 ).start()
@@ -423,9 +431,9 @@ class BarrierRelay:
         error, answer ``failed`` (the ranks meet the barrier at the store at once)."""
         store = None
         try:
+            if self._stop.is_set():
+                return  # ``close`` told them
             waiting = {r: batch.replies[r] for r in batch.waiting}
-            with self._lock:  # from here on, ``close`` tells them
-                self._waiting[id(batch)] = (meeting, dict(batch.replies))
             store = self._arrive(meeting, batch)
             if waiting and rounds.await_barrier(
                 store, meeting.kind, meeting.at, meeting.world, batch.timeout

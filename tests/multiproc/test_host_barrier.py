@@ -320,6 +320,52 @@ def test_ranks_whose_relay_cannot_reach_the_store_meet_at_the_store_at_once(port
         relay.close()
 
 
+@pytest.mark.timeout(60)
+def test_ranks_whose_relay_fails_while_they_wait_meet_at_the_store_at_once(port, monkeypatch):
+    """The relay arrived for both ranks (and released the barrier), then its wait fails: it
+    says so, and the ranks find the release at the store (a resend would come only after
+    this test's timeout)."""
+    monkeypatch.setattr(host_barrier, "RESEND_S", 3600.0)
+    monkeypatch.setattr(host_barrier, "LINGER_S", 30.0)
+
+    class WaitFails(Counting):
+        def wait(self, *args, **kwargs):
+            raise ConnectionResetError("the store dropped the wait")
+
+    counts: collections.Counter[str] = collections.Counter()
+    relay = BarrierRelay(_address(), lambda: WaitFails(_client(port), counts))
+    relay.local_ranks = 2
+    relay.start()
+    try:
+        raised = _meet_all(port, relay.address, Meeting("termination", 25, 2), [0, 1])
+    finally:
+        relay.close()
+    assert raised == [None, None] and counts["multi_set"] == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_held_batch_goes_once_the_agent_serves_fewer_ranks(port, monkeypatch):
+    """The relay holds two ranks' arrivals for a third of its host (``LINGER_S`` made longer
+    than this test's timeout); that rank ends (the agent serves 2 now): they go at once."""
+    from tests.support.waiting import wait_until
+
+    monkeypatch.setattr(host_barrier, "LINGER_S", 3600.0)
+    counts: collections.Counter[str] = collections.Counter()
+    relay = _relay(port, counts, 3)
+    raised: list = []
+    try:
+        ranks = threading.Thread(
+            target=lambda: raised.extend(_meet_all(port, relay.address, Meeting("termination", 26, 2), [0, 1]))
+        )
+        ranks.start()
+        wait_until("both arrivals held", lambda: sum(len(b.replies) for b in list(relay._held.values())) == 2, 20)
+        relay.local_ranks = 2
+        ranks.join()
+    finally:
+        relay.close()
+    assert raised == [None, None] and counts["multi_set"] == 1
+
+
 def test_a_barrier_that_times_out_through_the_relay_names_who_is_missing(port):
     counts: collections.Counter[str] = collections.Counter()
     relay = _relay(port, counts, 2)
