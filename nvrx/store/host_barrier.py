@@ -133,6 +133,19 @@ def _receive(sock: socket.socket) -> dict[str, Any] | None:
 
 
 # -- the rank's end -----------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """One rank's meeting of one barrier: which, as whom, until when, whether it waits, who
+    reports forged values, and the abstract name it hears the agent at."""
+
+    meeting: Meeting
+    rank: int
+    deadline: float
+    wait: bool
+    on_forged: rounds.OnForged | None
+    reply: str = dataclasses.field(default_factory=lambda: f"\0nvrx-barrier-rank-{secrets.token_hex(8)}")
+
+
 class HostBarrierClient:
     """A rank's way to its host's agent (``meet``), or to the store itself without one."""
 
@@ -150,29 +163,20 @@ class HostBarrierClient:
     ) -> None:
         """Arrive at ``meeting`` as ``rank`` and, with ``wait``, wait for its release
         (``BarrierTimeout`` after ``timeout`` seconds, naming who is missing)."""
-        deadline = time.monotonic() + timeout
-        through = self.address is not None
-        if through and self._met_through_agent(meeting, rank, deadline, wait, on_forged):
+        call = _Call(meeting, rank, time.monotonic() + timeout, wait, on_forged)
+        if self.address is not None and self._met_through_agent(call):
             return
         # (again, where the agent took it but is gone: an arrival counts once)
         rounds.arrive_one(base, meeting.kind, meeting.at, rank, meeting.world, on_forged)
         if wait:
-            left = deadline - time.monotonic()
+            left = call.deadline - time.monotonic()
             rounds.wait_barrier(base, meeting.kind, meeting.at, meeting.world, left)
 
-    def _met_through_agent(
-        self,
-        meeting: Meeting,
-        rank: int,
-        deadline: float,
-        wait: bool,
-        on_forged: rounds.OnForged | None,
-    ) -> bool:
+    def _met_through_agent(self, call: _Call) -> bool:
         """Arrive (and wait) through the agent, on a reply socket of this call; whether it
         is done (False: the rank meets it at the store)."""
-        reply = f"\0nvrx-barrier-rank-{secrets.token_hex(8)}"
         try:
-            sock = _datagram_socket(reply)
+            sock = _datagram_socket(call.reply)
         except OSError as exc:
             log.warning("no socket to hear this host's agent (%s): meeting the barrier at the store", exc)
             return False
@@ -181,22 +185,14 @@ class HostBarrierClient:
                 sock.connect(self.address)
             except OSError:
                 return False  # nobody bound there
-            return self._through_agent(sock, reply, meeting, rank, deadline, wait, on_forged)
+            return self._through_agent(sock, call)
 
-    def _through_agent(
-        self,
-        sock: socket.socket,
-        reply: str,
-        meeting: Meeting,
-        rank: int,
-        deadline: float,
-        wait: bool,
-        on_forged: rounds.OnForged | None,
-    ) -> bool:
+    def _through_agent(self, sock: socket.socket, call: _Call) -> bool:
         """Arrive through the agent (telling ``on_forged`` of the forged values its arrival
         replaced, where the agent says this rank tells them); whether it is done (False:
         the rank arrives and waits at the store itself)."""
-        arrival = dataclasses.asdict(meeting) | {"op": "arrive", "rank": rank, "wait": wait, "reply": reply}
+        meeting, deadline, wait, on_forged = call.meeting, call.deadline, call.wait, call.on_forged
+        arrival = dataclasses.asdict(meeting) | {"op": "arrive", "rank": call.rank, "wait": wait, "reply": call.reply}
         if not self._send(sock, arrival, deadline):
             return False
         arrived = self._await(sock, meeting, "arrived", min(ACK_S, deadline - time.monotonic()))
