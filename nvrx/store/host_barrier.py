@@ -431,9 +431,11 @@ class BarrierRelay:
                 return  # ``close`` told them
             waiting = {r: batch.replies[r] for r in batch.waiting}
             store = self._arrive(meeting, batch)
-            if waiting and rounds.await_barrier(
+            released = bool(waiting) and rounds.await_barrier(
                 store, meeting.kind, meeting.at, meeting.world, batch.timeout
-            ):
+            )
+            store = self._keep(store)  # before the ranks hear: their next barrier reuses it
+            if released:
                 with self._lock:
                     told = self._waiting.pop(id(batch), None) is None  # failed by ``close``
                 if not told:
@@ -451,10 +453,16 @@ class BarrierRelay:
                 busy.difference_update(batch.replies)
                 if not busy:
                     self._busy.pop(meeting, None)
-                if store is not None and not self._stop.is_set():
-                    self._idle.append(store)
-                    store = None
             _close(store)
+
+    def _keep(self, store: Any) -> Any:
+        """Put a store connection back in the pool; ``None``, or the connection itself when
+        the relay is closing (the caller closes it)."""
+        with self._lock:
+            if self._stop.is_set():
+                return store
+            self._idle.append(store)
+        return None
 
     def _arrive(self, meeting: Meeting, batch: _Batch) -> Any:
         """Arrive for the batch and answer ``arrived``; the store connection it used. A kept

@@ -293,6 +293,7 @@ def test_a_relay_whose_kept_connection_broke_arrives_on_a_new_one(port, monkeypa
     relay = _relay(port, counts, 2)
     try:
         assert _meet_all(port, relay.address, Meeting("termination", 22, 2), [0, 1]) == [None] * 2
+        assert len(relay._idle) == 1  # kept before the ranks heard of the release
         for kept in relay._idle:
             kept.store.close()
         assert _meet_all(port, relay.address, Meeting("termination", 23, 2), [0, 1]) == [None] * 2
