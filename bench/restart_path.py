@@ -7,7 +7,7 @@ from, until the function is entered again in the next round, where the hook is r
 Module bodies (a module imported for the first time on the way) are not counted. The
 bench prints those files with the number of calls into each, and their count.
 
-    .venv/bin/python bench/restart_path.py [--repeats 1] [--keep]
+    .venv/bin/python bench/restart_path.py [--repeats 1] [--keep] [--functions]
 
 The path covers the main thread only: the raise, the fault's record, the iteration
 barrier, the rank assignment and the re-entry. The rank's monitor thread (which waits on
@@ -55,7 +55,7 @@ def _rank(out: Path) -> int:
         code = frame.f_code
         if code.co_filename.startswith(root) and code.co_name != "<module>":
             path = os.path.relpath(code.co_filename, package.parent)
-            frames[path] += 1 if event == "call" else 0
+            frames[f"{path}::{code.co_name}"] += 1 if event == "call" else 0
 
     def fn(call_wrapper: inprocess.CallWrapper) -> None:
         if call_wrapper.iteration > 0:
@@ -118,20 +118,29 @@ def main() -> int:
     )
     parser.add_argument("--repeats", type=int, default=1, help="runs; the union is printed")
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
+    parser.add_argument(
+        "--functions", action="store_true", help="also print the functions called in each file"
+    )
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
     os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
-    total: collections.Counter[str] = collections.Counter()
+    calls: collections.Counter[str] = collections.Counter()
     for _ in range(args.repeats):
         out = Path(tempfile.mkdtemp(prefix="nvrx-bench-path-"))
         try:
-            total.update(_run(out))
+            calls.update(_run(out))
         finally:
             if not args.keep:
                 shutil.rmtree(out, ignore_errors=True)
+    total: collections.Counter[str] = collections.Counter()
+    for where, count in calls.items():
+        total[where.partition("::")[0]] += count
     for path, count in sorted(total.items()):
         print(f"{count:6d}  {path}")
+        for where, n in sorted(calls.items()) if args.functions else ():
+            if where.startswith(path + "::"):
+                print(f"{n:14d}  {where.partition('::')[2]}")
     print(f"restart_path: {len(total)} distinct nvrx/ files between the raise and the re-entry")
     return 0
 

@@ -304,6 +304,7 @@ def _register_exit(
         record_exit(store, call.emit, rank, outcome.exc)
     rounds.register_terminated(store, rank)
     rounds.interrupt(store, "fault")
-    rounds.arrive_iteration(
-        store, call.services.base_store, rank, world_size, forged_reporter(call)
-    )
+    rounds.arrive_one(
+        call.services.base_store, "iteration", store.iteration, rank, world_size,
+        forged_reporter(call),
+    )  # fmt: skip

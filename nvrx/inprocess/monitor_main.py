@@ -148,7 +148,7 @@ class _Monitor:
     def _arrive_for(self, initial: int) -> None:
         """``initial`` is out of this generation: the store host need not wait for it at the end."""
         generation, size = self.board.generation(), self.cfg.initial_world_size
-        self.link.rounds.arrive_termination(self.link.get(), generation, initial, size)
+        self.link.rounds.arrive_one(self.link.get(), "termination", generation, initial, size)
 
     def _keep_store(self) -> None:
         """The rank is gone but hosts the store: serve until every rank passed the termination barrier."""
@@ -157,9 +157,10 @@ class _Monitor:
         log.info("rank gone; keeping the store until the other ranks finish")
         try:
             cfg, generation = self.cfg, self.board.generation()
-            self.link.rounds.wait_termination(
-                self.link.get(), generation, cfg.initial_world_size, cfg.keeper_timeout
-            )
+            self.link.rounds.wait_barrier(
+                self.link.get(), "termination", generation, cfg.initial_world_size,
+                cfg.keeper_timeout,
+            )  # fmt: skip
         except Exception as exc:
             log.warning("stopping the store without the termination barrier: %r", exc)
 

@@ -514,7 +514,7 @@ class NodeAgent:
         if done["out"]:  # they will not pass the termination barrier
             generation = rounds.generation_of(self.store, done["round"])
             for initial in done["out"]:
-                rounds.arrive_termination(self.store, generation, initial, size)
+                rounds.arrive_one(self.store, "termination", generation, initial, size)
         for initial in done["out"]:
             self._out.pop(initial, None)
             if own:

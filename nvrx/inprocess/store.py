@@ -37,7 +37,6 @@ from nvrx.store import rounds as nvrx_rounds
 from nvrx.store.client import STORE_HOST_ENV, STORE_PORT_ENV, external_store_address
 from nvrx.store.rounds import (  # noqa: F401 - functions of the protocol, re-exported here
     DONE,
-    arrive_iteration,
     commit_round_start,
     fault_records,
     interrupt,
@@ -45,7 +44,6 @@ from nvrx.store.rounds import (  # noqa: F401 - functions of the protocol, re-ex
     record_fault,
     register_terminated,
     terminated_ranks,
-    wait_iteration,
 )
 
 log = logging.getLogger(__name__)

@@ -67,7 +67,7 @@ In this order:
    skipped (and counted in the decision).
 6. ``r<R>/iteration``, ``r<R>/decision``, ``round``: every rank or proxy arrives; the
    last arrival writes the decision and publishes ``R + 1`` before the release
-   (``arrive_iteration``). With the job's secret the decision is sealed for its round; a
+   (``arrive_one``, ``wait_barrier`` and ``decision_of``). With the job's secret the decision is sealed for its round; a
    rank that reads one that does not unseal (overwritten after the release) acts on none
    (``ForgedDecision``).
 7. ``admit/<i>/<pid>``, then ``r<R>/rejoin``: the lowest survivor of round R, after the
@@ -80,7 +80,7 @@ In this order:
    ``r<R+1>/late_death_claim/<n>``: the monitor of a rank that the decision kept and that
    died before it started R + 1, or such a rank leaving by itself (``place_in_next_round``).
 8. ``g<g>/termination``: every rank as its call ends, and a proxy for a rank that is
-   gone; the store's host waits for all (``arrive_termination``, ``wait_termination``).
+   gone; the store's host waits for all (``arrive_one``, ``wait_barrier``).
    A store that a rank hosts then closes: it serves one call, whose only generation is
    0. A rank that does not host it and calls again may find it still open: a store that
    holds that rank's own arrival at this barrier is an earlier call's (``ended_here``),
@@ -520,23 +520,6 @@ def generation_opened(store: Any, generation: int) -> bool:
     return barrier.is_released(store, initial_barrier(generation), _sealing(store))
 
 
-def arrive_termination(
-    store: Any,
-    generation: int,
-    initial_rank: int,
-    world_size: int,
-    on_forged: OnForged | None = None,
-) -> None:
-    """``initial_rank`` (itself or by proxy) is done with ``generation``."""
-    arrive_one(store, "termination", generation, initial_rank, world_size, on_forged)
-
-
-def wait_termination(store: Any, generation: int, world_size: int, timeout: float) -> None:
-    """Wait until every rank of ``generation`` is done with it (the store's host)."""
-    name = termination_barrier(generation)
-    barrier.wait(store, name, world_size, timeout, sealing=_sealing(store))
-
-
 def ended_here(store: Any, initial_rank: int) -> bool:
     """Whether ``initial_rank`` ended a call in ``store``: it arrived at the termination
     barrier of generation 0, the only generation of a store that a rank hosts."""
@@ -960,29 +943,6 @@ def _clear_stale_keys(base: Any, round_: int) -> None:
         log.debug("could not clear stale keys: %r", exc)
 
 
-def arrive_iteration(
-    store: Any, base: Any, rank: int, world_size: int, on_forged: OnForged | None = None
-) -> None:
-    """Register ``rank`` at the round's iteration barrier (itself or by proxy)."""
-    barrier.arrive(
-        store,
-        ITERATION_BARRIER,
-        rank,
-        world_size,
-        reentrant=True,
-        before_release=lambda: _publish_decision(store, base, world_size),
-        sealing=_sealing(store, on_forged),
-        by_keys=True,
-    )
-
-
-def wait_iteration(store: Any, world_size: int, timeout: float) -> dict[str, Any]:
-    """Wait for the iteration barrier; returns the decision every rank reads alike."""
-    sealing = _sealing(store)
-    barrier.wait(store, ITERATION_BARRIER, world_size, timeout, range(world_size), sealing=sealing)
-    return decision_of(store)
-
-
 def proxy_leave(
     store: Any, base: Any, rank: int, world_size: int, record: faults.FaultRecord | None
 ) -> None:
@@ -991,7 +951,7 @@ def proxy_leave(
         append_fault(store, record)
     register_terminated(store, rank)
     interrupt(store, "fault")
-    arrive_iteration(store, base, rank, world_size)
+    arrive_one(base, "iteration", store.iteration, rank, world_size)
 
 
 def kept_for_next(store: Any) -> int | None:

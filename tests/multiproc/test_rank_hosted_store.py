@@ -36,7 +36,7 @@ def _connections_to(port: int) -> list[object]:
 def _end_call(port: int, initial_rank: int) -> None:
     """What a rank's earlier call left in the store at ``port``: its termination arrival."""
     client = _client(port)
-    rounds.arrive_termination(client, 0, initial_rank, 2)
+    rounds.arrive_one(client, "termination", 0, initial_rank, 2)
 
 
 @pytest.mark.timeout(60)

@@ -294,8 +294,8 @@ def test_a_rounds_terminated_ranks_and_decision_are_sealed(tmp_path, monkeypatch
     assert checked.ranks == {1} and checked.forged == 1 and checked.forged_bytes == 2
     # the last arrival's decision leaves the forged rank 0 in and says what it skipped
     for rank in range(3):
-        rounds.arrive_iteration(round_3, base, rank, 3)
-    decision = rounds.wait_iteration(round_3, 3, 5.0)
+        rounds.arrive_one(base, "iteration", round_3.iteration, rank, 3)
+    decision = _decision(base, round_3, 3)
     assert decision["terminated"] == [1] and decision["forged_terminated"] == [1, 2]
     # the real entry and decision copied into the next round count for nothing there
     round_4.append(rounds.TERMINATED, base.get(rounds.round_prefix(3) + rounds.TERMINATED))
@@ -307,8 +307,16 @@ def test_a_rounds_terminated_ranks_and_decision_are_sealed(tmp_path, monkeypatch
     monkeypatch.delenv(jobenv.JOB_SECRET_FILE)
     plain = rounds.round_store(HashStore(), 0)
     assert rounds.register_terminated(plain, 2) and plain.get(rounds.TERMINATED) == b"2,"
-    rounds.arrive_iteration(plain, HashStore(), 0, 1)
+    rounds.arrive_one(plain.base_store, "iteration", 0, 0, 1)
     assert rounds.decision_of(plain)["terminated"] == [2]
+
+
+def _decision(base, round_store, world_size: int) -> dict:
+    """The decision of ``round_store``'s iteration barrier, once it released."""
+    from nvrx.store import rounds
+
+    rounds.wait_barrier(base, "iteration", round_store.iteration, world_size, 5.0)
+    return rounds.decision_of(round_store)
 
 
 class _WaitSpy:
@@ -556,14 +564,14 @@ def test_the_jobs_restart_count_counts_only_its_own_sealed_restarts(tmp_path, mo
     # the iteration barrier decides from the trusted count
     round_2 = rounds.round_store(base, 2)
     for rank in range(2):
-        rounds.arrive_iteration(round_2, base, rank, 2)
-    decision = rounds.wait_iteration(round_2, 2, 5.0)
+        rounds.arrive_one(base, "iteration", round_2.iteration, rank, 2)
+    decision = _decision(base, round_2, 2)
     assert decision["job_restarts"] == 3
     assert decision["forged_restarts"] == [1, 10]  # the forged bytes as read; the copy: once
     round_3 = rounds.round_store(base, 3)  # the forged entry was dropped: counted once
     for rank in range(2):
-        rounds.arrive_iteration(round_3, base, rank, 2)
-    assert "forged_restarts" not in rounds.wait_iteration(round_3, 2, 5.0)
+        rounds.arrive_one(base, "iteration", round_3.iteration, rank, 2)
+    assert "forged_restarts" not in _decision(base, round_3, 2)
     assert rounds.job_restarts(base) == 2
 
 

@@ -37,10 +37,11 @@ def test_iteration_barrier_publishes_one_decision(base):
     r3 = rstore.round_store(base, 3)
     rstore.register_terminated(r3, 1)
     for rank in (0, 2):
-        rstore.arrive_iteration(r3, base, rank, 3)
+        rounds.arrive_one(base, "iteration", r3.iteration, rank, 3)
     assert not r3.check([rounds.DECISION])
-    rstore.arrive_iteration(r3, base, 1, 3)  # the dead rank, by proxy, completes it
-    decision = rstore.wait_iteration(r3, 3, 5.0)
+    rounds.arrive_one(base, "iteration", r3.iteration, 1, 3)  # the dead rank, by proxy, completes it
+    rounds.wait_barrier(base, "iteration", 3, 3, 5.0)
+    decision = rounds.decision_of(r3)
     assert decision == {"terminated": [1], "job_restarts": 1, "world_size": 3}
     assert rounds.current_round(base) == 4
     assert not base.check(["default_pg/0//rank_0"])  # torch's rendezvous keys are gone
@@ -54,7 +55,7 @@ def test_iteration_barrier_publishes_one_decision(base):
 
 def test_proxy_leave_does_everything_peers_wait_for(base):
     r0 = rstore.round_store(base, 0)
-    rstore.arrive_iteration(r0, base, 0, 2)
+    rounds.arrive_one(base, "iteration", r0.iteration, 0, 2)
     rstore.proxy_leave(r0, base, 1, 2, faults.FaultRecord(rank=1, kind="dead", message="gone"))
     assert json.loads(r0.get(rounds.DECISION))["terminated"] == [1]
     assert base.get("nvrx/r0/interrupted") == b"fault"
