@@ -467,21 +467,35 @@ def train_wrapped(args: argparse.Namespace) -> int:
 # -- plain script (--no-wrapper) ------------------------------------------------------------
 
 
-def join_generation(store: Any, rank: int) -> int:
-    """Process-group generation this process joins.
+def join_generation(store: Any, rank: int, world: int, timeout: float) -> int:
+    """Process-group generation this process joins, once every rank joined it.
 
     A process that replaces one of this rank declares the generation its
     predecessor died in broken, once (compare-and-set), and everyone joins the
     current generation. Peers of the dead process fail in their collectives,
     and their replacements find the generation already moved on. Counting
     starts instead would drift for good once a rank failed twice in a round.
+    The ones already waiting in a generation declared broken are told at once
+    and join the next: none waits out a timeout for peers that went elsewhere.
     """
+    while True:
+        generation = _enter_generation(store, rank)
+        ready = f"demo/join{generation}/ready"
+        if store.add(f"demo/join{generation}/arrived", 1) == world:
+            store.compare_set(ready, "", "all")
+        store.wait([ready], timedelta(seconds=timeout))
+        if store.get(ready) == b"all":
+            return generation
+
+
+def _enter_generation(store: Any, rank: int) -> int:
     current = int(store.add("demo/generation", 0))
     key = f"demo/generation_of/{rank}"
     if store.check([key]):
         previous = int(store.get(key))
         if previous == current:
             store.compare_set("demo/generation", str(previous), str(previous + 1))
+            store.compare_set(f"demo/join{previous}/ready", "", "broken")
         current = int(store.add("demo/generation", 0))
     store.set(key, str(current))
     return current
@@ -501,7 +515,7 @@ def train_plain(args: argparse.Namespace) -> int:
         timeout=timedelta(seconds=60),
         wait_for_workers=False,
     )
-    generation = join_generation(store, rank)
+    generation = join_generation(store, rank, world, 3 * args.pg_timeout)
     writer.update(round=generation)
     writer.emit("process_start", argv=sys.argv, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(

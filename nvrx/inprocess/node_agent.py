@@ -277,6 +277,11 @@ class NodeAgent:
             if self.finished(now, started):
                 return
 
+    @property
+    def live(self) -> set[int]:
+        """The ranks of this host the agent heard of and that did not end."""
+        return self.heard - self.done
+
     def _keep_relay(self) -> None:
         """Start the host's barrier relay where it does not run yet."""
         if self.relay is not None or not self.relays:
@@ -289,7 +294,7 @@ class NodeAgent:
                          "store until it starts", exc)  # fmt: skip
             self._relay_refused = True
             return
-        self.relay.local_ranks = len(self.heard - self.done)
+        self.relay.local_ranks = len(self.live)
         log.info("meets the barriers of this host's ranks")
 
     def close(self) -> None:
@@ -316,7 +321,7 @@ class NodeAgent:
             # place is fenced too, and ends at the later place's next beat)
             log.info("a rank of this host beats for its next place: the agent for it starts")
             return True
-        if self.heard - self.done or self._out:
+        if self.live or self._out:
             return False
         with_store = self._guarded(self._end_place, now)
         return with_store or self.store is None  # every rank ended, and the store is gone
@@ -457,7 +462,7 @@ class NodeAgent:
             if b.round > self._round:
                 self._round, self._refresh_at = b.round, now
         if self.relay is not None:
-            self.relay.local_ranks = len(self.heard - self.done)
+            self.relay.local_ranks = len(self.live)
 
     def _queue(self, ranks: list[int], message: str, now: float) -> None:
         for rank in ranks:
