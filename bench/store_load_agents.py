@@ -16,7 +16,10 @@ The agents' ring ticks and the ranks' host lists are other keys, not counted. On
 barrier (its agents start, hear their ranks) comes before the measured ones.
 
     .venv/bin/python bench/store_load.py --real-agents [--agent-ranks 4,16,64] [--hosts 2]
-        [--barriers 5]
+        [--barriers 5] [--sealed]
+
+``--sealed`` gives the job a secret (``NVRX_JOB_SECRET_FILE``), as a supervisor does: every
+barrier is sealed.
 
 Target (issue 37): requests per barrier for 4, 16 and 64 ranks on 2 hosts within 10 % of
 each other with agents.
@@ -263,11 +266,15 @@ def _await_bound(address: str, timeout: float = 60.0) -> None:
 
 
 # -- the runs -------------------------------------------------------------------------------
-def run(mode: str, world: int, hosts: int, barriers: int, logdir: str) -> dict[str, Any]:
-    """One job of ``world`` ranks on ``hosts`` hosts; requests per measured barrier."""
+def run(
+    mode: str, world: int, hosts: int, barriers: int, logdir: str, secret: str | None = None
+) -> dict[str, Any]:
+    """One job of ``world`` ranks on ``hosts`` hosts; requests per measured barrier.
+    ``secret``: the job secret's file (sealed barriers)."""
     from nvrx.store.service import StoreService
 
     per_host = world // hosts
+    sealed = {jobenv.JOB_SECRET_FILE: secret} if secret else {}
     with StoreService("127.0.0.1", 0) as service:
         proxy = CountingProxy(service.port)
         drivers = []
@@ -275,7 +282,7 @@ def run(mode: str, world: int, hosts: int, barriers: int, logdir: str) -> dict[s
             spec = {"mode": mode, "port": proxy.port, "world": world, "barriers": barriers,
                     "ranks": list(range(h * per_host, (h + 1) * per_host)),
                     "log": os.path.join(logdir, f"{mode}-{world}-host{h}.log")}  # fmt: skip
-            env = dict(os.environ, PYTHONPATH=ROOT, **{jobenv.HOST_ID: f"bench-host-{h}"})
+            env = dict(os.environ, PYTHONPATH=ROOT, **{jobenv.HOST_ID: f"bench-host-{h}"}, **sealed)
             drivers.append(subprocess.Popen(
                 [sys.executable, __file__, "--drive", json.dumps(spec)], env=env,
                 stdout=subprocess.PIPE, start_new_session=True,
@@ -296,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hosts", type=int, default=2, help="simulated hosts")
     parser.add_argument("--barriers", type=int, default=5, help="measured barriers per job")
     parser.add_argument("--modes", default=",".join(MODES), help="agents, direct")
+    parser.add_argument("--sealed", action="store_true", help="with a job secret, as under a supervisor")
     parser.add_argument("--drive", help=argparse.SUPPRESS)
     args, _ = parser.parse_known_args(argv)
     if args.drive:
@@ -304,11 +312,18 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="nvrx-store-load-agents-") as logdir:
+        secret = None
+        if args.sealed:
+            from nvrx.store.seal import new_secret
+
+            secret = os.path.join(logdir, "secret")
+            with open(os.open(secret, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+                f.write(new_secret())
         for mode in args.modes.split(","):
             for world in (int(n) for n in args.agent_ranks.split(",")):
-                rows.append(run(mode, world, args.hosts, args.barriers, logdir))
+                rows.append(run(mode, world, args.hosts, args.barriers, logdir, secret))
                 r = rows[-1]
-                print(f"{r['mode']:>7} {r['ranks']:>4} ranks on {r['hosts']} hosts: "
+                print(f"{r['mode']:>7}{' sealed' if secret else ''} {r['ranks']:>4} ranks on {r['hosts']} hosts: "
                       f"{r['mean']:.1f} store requests per barrier {r['per_barrier']}, "
                       f"{r['seconds'] * 1000:.1f} ms per barrier (slowest rank)"
                       + (f"  FAILURES {r['failures']}" if r["failures"] else ""), flush=True)  # fmt: skip

@@ -14,8 +14,8 @@ ranks ``0..count-1``, and an arrival that brings the count to ``count`` or more
 checks that each of their arrival keys is there (one ``check``); of those that
 find it complete, the one whose ``add`` of the closing key returns 1 releases.
 So a host's agent may register all of its ranks at once (``arrive_group``: one
-``multi_set`` and one ``add``), even ranks registered before: the count may run
-past ``count``, the keys decide.
+``multi_set`` and one ``add``; sealed, one entry of the barrier's group list and one
+``add``), even ranks registered before: the count may run past ``count``, the keys decide.
 
 **Sealed barriers** (``sealing`` given: the job's secret, under a supervisor): a client
 without the secret could otherwise release a round early (a forged release key or a
@@ -23,8 +23,10 @@ forged ``add`` to the count) or keep a rank's arrival out (a forged arrival key 
 ahead of it). So each arrival key holds a value sealed for it, with a nonce (a value that
 does not unseal is overwritten; one that does is an arrival on record); the count only
 says who looks: an arrival that brings it to ``count`` or more reads every participant's
-arrival key (``range(count)``) and completes the barrier only when each one unseals, and
-of those that find it complete, the one that takes the closing key releases. The release
+arrival key (``range(count)``) and completes the barrier only when each one unseals or a
+valid entry of the group list (``<name>/group``, a sealed list a host's agent appends its
+ranks to) names that rank, and of those that find it complete, the one that takes the
+closing key releases; it also reports the group list's forged entries. The release
 is a *signal*: keys ``<name>/go``, ``<name>/go/g2``, ..., where the releaser puts a sealed
 value into the first generation not set and a waiter that reads a value that does not
 unseal waits on the next generation. A forged value passed over is reported (``Sealing``'s
@@ -57,7 +59,7 @@ from datetime import timedelta
 from typing import Any
 
 from . import errors
-from .seal import Sealer
+from .seal import SealedList, Sealer
 from .sealed_keys import MAX_GENERATIONS
 
 log = logging.getLogger(__name__)
@@ -117,6 +119,15 @@ class Sealing:
         """Whether ``raw``, read at ``key`` of the view, unseals."""
         text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
         return self.sealer.unseal(self.full_key(key), text) is not None
+
+    def entry(self, key: str, payload: str) -> bytes:
+        """``payload`` as one entry of the sealed list at ``key`` of the view, to append."""
+        return self.sealer.entry(self.full_key(key), payload).encode()
+
+    def entries(self, key: str, raw: bytes | str) -> SealedList:
+        """The sealed list ``raw`` read at ``key`` of the view."""
+        text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+        return self.sealer.entries(self.full_key(key), text)
 
     def passed_over(self, forged: list[tuple[str, int]]) -> None:
         """Report the forged values (key of the view, length) this process's value replaced."""
@@ -228,6 +239,10 @@ def _closing_key(name: str) -> str:
     return f"{name}/closing"
 
 
+def _group_key(name: str) -> str:
+    return f"{name}/group"
+
+
 def arrive(
     store: Any,
     name: str,
@@ -301,23 +316,23 @@ def arrive_group(
     one arrival (a host's agent for the host's ranks); True if it completed the barrier
     (``before_release`` ran, the release is raised).
 
-    Unsealed, two requests whatever the number of ranks: the arrival keys in one
-    ``multi_set``, the count raised by their number in one ``add`` (a rank registered
-    before, by itself or a proxy, is counted again: the count only says who looks, the
-    keys decide). Sealed, each arrival key is taken as a rank's own arrival takes it (one
-    ``compare_set`` each: a forged value in its place is overwritten and reported, which a
-    ``multi_set`` could not tell), then the one ``add``."""
+    Two requests whatever the number of ranks, then the one ``add`` that raises the count
+    by their number (a rank registered before, by itself or a proxy, is counted again: the
+    count only says who looks, the arrivals decide). Unsealed, the arrival keys in one
+    ``multi_set``. Sealed, one entry naming the ranks appended to the barrier's group list
+    (an append overwrites nothing: a forged entry there stands beside the real ones and
+    counts for nothing); the ranks' own arrival keys are not written, so a forged value
+    there is neither read nor reported for a rank the group names."""
     if count < 1:
         raise ValueError(f"barrier {name!r}: count must be >= 1, got {count}")
     ranks = sorted(set(ranks))
     if not ranks:
         return False
-    keys = [_arrival_key(name, r) for r in ranks]
     if sealing is None:
-        store.multi_set(keys, ["1"] * len(keys))
+        store.multi_set([_arrival_key(name, r) for r in ranks], ["1"] * len(ranks))
     else:
-        for key in keys:
-            _take(store, key, sealing)
+        listed = ",".join(map(str, ranks))
+        store.append(_group_key(name), sealing.entry(_group_key(name), f"{listed}:{secrets.token_hex(8)}"))
     return _count_and_close(store, name, count, len(ranks), before_release, sealing)
 
 
@@ -336,34 +351,58 @@ def _count_and_close(
     finds every key written: the barrier completes whatever the count says beyond that."""
     if int(store.add(_count_key(name), arrivals)) < count:
         return False
-    if not _all_arrived(store, name, count, sealing):
+    complete, forged = _all_arrived(store, name, count, sealing)
+    if not complete:
         return False
     if sealing is None:
         if int(store.add(_closing_key(name), 1)) != 1:
             return False  # another arrival found it complete too, and releases
     elif not _take(store, _closing_key(name), sealing):
         return False
+    if sealing is not None:
+        sealing.passed_over(forged)  # the group list's forged entries, by the one that closed
     if before_release is not None:
         before_release()
     signal(store, release_key(name), sealing)
     return True
 
 
-def _all_arrived(store: Any, name: str, count: int, sealing: Sealing | None) -> bool:
-    """Whether every participant's arrival key is there, and with ``sealing`` holds a value
-    that unseals (a count reached by forged ``add``s is not a barrier complete)."""
-    keys = [_arrival_key(name, r) for r in range(count)]
-    if not store.check(keys):
-        return False
-    if sealing is None:
-        return True
-    return all(
-        sealing.valid(key, raw) for key, raw in zip(keys, store.multi_get(keys), strict=True)
-    )
+def _all_arrived(
+    store: Any, name: str, count: int, sealing: Sealing | None
+) -> tuple[bool, list[tuple[str, int]]]:
+    """Whether every participant arrived: its arrival key is there, and with ``sealing``
+    holds a value that unseals or an entry of the group list that unseals names it (a count
+    reached by forged ``add``s is not a barrier complete); and the group list's forged
+    entries (its key, their length)."""
+    listed, forged = _listed(store, name, sealing)
+    keys = [_arrival_key(name, r) for r in range(count) if r not in listed]
+    if keys and not store.check(keys):
+        return False, forged
+    if sealing is None or not keys:
+        return True, forged
+    raws = store.multi_get(keys)
+    return all(sealing.valid(key, raw) for key, raw in zip(keys, raws, strict=True)), forged
+
+
+def _listed(
+    store: Any, name: str, sealing: Sealing | None
+) -> tuple[set[int], list[tuple[str, int]]]:
+    """The ranks the group list's valid entries name, and its forged entries (none
+    without ``sealing``: an unsealed group writes the arrival keys)."""
+    key = _group_key(name)
+    if sealing is None or not store.check([key]):
+        return set(), []
+    entries = sealing.entries(key, store.get(key))
+    ranks = {int(r) for payload in entries.valid for r in payload.partition(":")[0].split(",")}
+    return ranks, [(key, entries.invalid_bytes)] if entries.invalid else []
 
 
 def has_arrived(store: Any, name: str, rank: int, sealing: Sealing | None = None) -> bool:
     """Whether ``rank`` is registered at barrier ``name``."""
+    return _key_arrived(store, name, rank, sealing) or rank in _listed(store, name, sealing)[0]
+
+
+def _key_arrived(store: Any, name: str, rank: int, sealing: Sealing | None) -> bool:
     key = _arrival_key(name, rank)
     if not store.check([key]):
         return False
@@ -379,7 +418,8 @@ def missing_ranks(
     store: Any, name: str, participants: Iterable[int], sealing: Sealing | None = None
 ) -> list[int]:
     """Participants not registered at barrier ``name`` (one request each: timeout path only)."""
-    return [r for r in participants if not has_arrived(store, name, r, sealing)]
+    listed = _listed(store, name, sealing)[0]
+    return [r for r in participants if r not in listed and not _key_arrived(store, name, r, sealing)]
 
 
 def wait(

@@ -38,7 +38,7 @@ from test_supervisor_local import REPO, Job
 from nvrx import jobenv
 from nvrx.store import rounds
 from nvrx.store.faults import FaultRecord
-from nvrx.store.seal import Sealer, new_secret, seal
+from nvrx.store.seal import ENTRY, Sealer, new_secret, seal
 from nvrx.store.sealed_keys import entry_payload, key_of
 from nvrx.store.service import wait_for_store
 from nvrx.store.wire import StoreGone, WireStore
@@ -227,15 +227,22 @@ def _forge_in_round(
     return round_
 
 
-def _forge_barriers(store: WireStore, round_: int, name: str) -> list[str]:
+def _forge_barriers(store: WireStore, round_: int, name: str, per_host: bool = False) -> list[str]:
     """Ahead of round ``round_``'s barrier ``name``: one arrival more in its count, rank 2's
     arrival and the barrier's release, as a client without the secret writes them; the
-    keys of the two values, each of which a rank's own value takes the place of."""
+    keys of the two values, each of which the rank whose own value takes its place reports.
+    ``per_host``: a barrier the hosts' agents meet for their ranks, which write no arrival
+    key of a rank (an entry of the barrier's group list names them): there rank 2's forged
+    arrival is such an entry, which the rank that closes the barrier reports."""
     prefix = f"{rounds.round_prefix(round_)}{name}/"
     store.add(prefix + "n", 1)
-    store.set(prefix + "a/2", b"1")
+    arrival = prefix + ("group" if per_host else "a/2")
+    if per_host:
+        store.append(arrival, f"{ENTRY}2:forged{ENTRY}".encode())
+    else:
+        store.set(arrival, b"1")
     store.set(prefix + "go", b"1")
-    return [prefix + "a/2", prefix + "go"]
+    return [arrival, prefix + "go"]
 
 
 def _rounds_with_faults(job: Job) -> set[int]:
@@ -251,7 +258,7 @@ def test_forged_and_replayed_fault_records_are_not_faults_and_the_job_trains_on(
     made_up = FaultRecord(rank=3, kind="exit", exc_type="RestartAbort", message="forged")
     store.append(rounds.JOB_RESTARTS, b"1000")  # restarts spent, as a forger would count them
     first = _forge_in_round(job, store, (made_up.to_json() + "\n").encode(), b"fault", b"0,")
-    barriers = _forge_barriers(store, first, rounds.ITERATION_BARRIER)  # before its fault ends it
+    barriers = _forge_barriers(store, first, rounds.ITERATION_BARRIER, per_host=True)  # before its fault ends it
     wait_until("the first injected fault's restart", lambda: first in _rounds_with_faults(job), 120,
                state=job.output)  # fmt: skip
     prefix = rounds.round_prefix(first)

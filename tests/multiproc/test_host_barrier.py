@@ -21,7 +21,7 @@ import pytest
 
 from nvrx.store import barrier, host_barrier, rounds
 from nvrx.store.host_barrier import BarrierRelay, HostBarrierClient, Meeting
-from nvrx.store.seal import Sealer
+from nvrx.store.seal import ENTRY, Sealer
 from nvrx.store.service import StoreService
 from nvrx.store.wire import WireStore
 
@@ -92,15 +92,28 @@ def test_a_count_past_the_participants_is_not_a_barrier_complete(port):
     assert caught.value.missing == [2]
 
 
-def test_a_sealed_group_arrival_overwrites_a_forged_arrival(port):
-    store, name = _client(port), _fresh(port)
-    sealing = barrier.Sealing(Sealer(b"k" * 32, 0))
+def test_a_sealed_group_arrival_is_one_append_and_forged_arrivals_keep_nobody_out(port):
+    """Forged: rank 1's arrival key, and an entry of the group list naming ranks 1 and 2
+    (sealed with another secret). Neither counts; the groups' own entries meet the barrier
+    past them, and the arrival that closes it reports the forged entry once."""
+    counts: collections.Counter[str] = collections.Counter()
+    store, name = Counting(_client(port), counts), _fresh(port)
+    reports: list[tuple[str, int]] = []
+    sealing = barrier.Sealing(Sealer(b"k" * 32, 0), report=lambda key, size: reports.append((key, size)))
     store.set(f"{name}/a/1", "forged")
-    assert not barrier.arrive_group(store, name, [0], 2, sealing=sealing)
+    forged = Sealer(b"x" * 32, 0).entry(f"{name}/group", "1,2:00")
+    store.append(f"{name}/group", forged)
+    counts.clear()
+    assert not barrier.arrive_group(store, name, [0, 2], 3, sealing=sealing)
+    assert (counts["append"], counts["multi_set"], counts["compare_set"]) == (1, 0, 0)
     assert not barrier.has_arrived(store, name, 1, sealing)
-    assert barrier.arrive_group(store, name, [1], 2, sealing=sealing)
+    assert barrier.has_arrived(store, name, 2, sealing) and barrier.has_arrived(store, name, 0, sealing)
+    assert barrier.missing_ranks(store, name, range(3), sealing) == [1]
+    assert reports == []  # not closed yet: nobody reported it
+    assert barrier.arrive_group(store, name, [1], 3, sealing=sealing)
     assert barrier.is_released(store, name, sealing)
     assert not barrier.is_released(store, name, barrier.Sealing(Sealer(b"x" * 32, 0)))
+    assert reports == [(f"{name}/group", len(forged) - 2)]  # the entry without its two marks
 
 
 def _meet_all(port: int, address: str | None, meeting: Meeting, ranks, timeout=20.0) -> list:
@@ -244,12 +257,13 @@ def test_a_relay_drops_what_is_not_an_arrival_and_serves_on(port):
     assert counts["multi_set"] == 1  # the one real arrival
 
 
-def test_with_the_jobs_secret_a_forged_arrival_the_relay_replaces_is_reported_by_a_rank(
+def test_with_the_jobs_secret_a_forged_group_entry_is_reported_by_a_rank(
     port, tmp_path, monkeypatch
 ):
-    """A forged arrival of rank 1 stands ahead of the host's arrival: the relay takes rank
-    1's key past it, and the batch's lowest rank reports it once (as rank 1's own arrival
-    would have); the barrier releases."""
+    """A forged entry naming both ranks stands in the barrier's group list ahead of the
+    host's arrival: the relay's own entry meets the barrier, the relay closes it, and the
+    batch's lowest rank reports the forged entry once (as a rank that closed it itself
+    would have)."""
     from nvrx import jobenv
     from nvrx.store.seal import new_secret
 
@@ -259,7 +273,7 @@ def test_with_the_jobs_secret_a_forged_arrival_the_relay_replaces_is_reported_by
     monkeypatch.setenv(jobenv.JOB_SECRET_FILE, str(secret))
     monkeypatch.setattr(host_barrier, "LINGER_S", 30.0)
     name = rounds.termination_barrier(21)
-    _client(port).set(f"{name}/a/1", "forged")
+    _client(port).append(f"{name}/group", f"{ENTRY}0,1:00{ENTRY}")
     counts: collections.Counter[str] = collections.Counter()
     relay, reports, raised = _relay(port, counts, 2), [], []
 
@@ -280,8 +294,9 @@ def test_with_the_jobs_secret_a_forged_arrival_the_relay_replaces_is_reported_by
             t.join()
     finally:
         relay.close()
-    assert raised == [] and reports == [(0, f"{name}/a/1", len("forged"))]
-    assert counts["multi_set"] == 0 and counts["compare_set"] >= 2 and counts["wait"] == 1
+    assert raised == [] and reports == [(0, f"{name}/group", len("0,1:00"))]
+    assert counts["append"] == 1 and counts["multi_set"] == 0 and counts["wait"] == 1
+    assert counts["compare_set"] == 2  # the closing and the release: no arrival key taken
 
 
 def test_a_relay_whose_kept_connection_broke_arrives_on_a_new_one(port, monkeypatch):
