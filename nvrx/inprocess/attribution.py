@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import logging
 from collections.abc import Iterable
 from typing import Any
 
 from nvrx.store import faults as nvrx_faults
 from nvrx.store import rounds
-
-log = logging.getLogger(__name__)
 
 
 class Interruption(enum.Enum):

@@ -87,16 +87,18 @@ def _chain(exc: BaseException, fault: BaseException | None) -> None:
     """
     if fault is None:
         return
-    chain = _context_chain(exc)
+    chain = _links(exc, "__context__")
     ids = {id(link) for link in chain}
-    if chain[-1].__context__ is None and not any(id(e) in ids for e in _context_chain(fault)):
+    shared = any(id(e) in ids for e in _links(fault, "__context__"))
+    if chain[-1].__context__ is None and not shared:
         chain[-1].__context__ = fault
 
 
-def _context_chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and its contexts, innermost last (a cycle ends it)."""
+def _links(exc: BaseException, attr: str) -> list[BaseException]:
+    """``exc`` and its ``attr`` links (``__context__`` or ``__cause__``), innermost last
+    (a cycle ends it)."""
     chain = [exc]
-    while (nxt := chain[-1].__context__) is not None and all(nxt is not e for e in chain):
+    while (nxt := getattr(chain[-1], attr)) is not None and all(nxt is not e for e in chain):
         chain.append(nxt)
     return chain
 
@@ -171,18 +173,10 @@ def _caused_by(signal: BaseException | None) -> Iterator[None]:
         yield
     except Exception as exc:
         if signal is not None:
-            chain = _cause_chain(exc)
-            if not {id(e) for e in chain} & {id(e) for e in _cause_chain(signal)}:
+            chain = _links(exc, "__cause__")
+            if not {id(e) for e in chain} & {id(e) for e in _links(signal, "__cause__")}:
                 chain[-1].__cause__ = signal
         raise
-
-
-def _cause_chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and its causes, innermost last (a cycle ends it)."""
-    chain = [exc]
-    while (nxt := chain[-1].__cause__) is not None and all(nxt is not e for e in chain):
-        chain.append(nxt)
-    return chain
 
 
 def _end_monitor(run: RoundRun) -> None:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from nvrx import events
+from nvrx import events, jobenv
 from nvrx.store import rounds
 from nvrx.store.host_barrier import Meeting
 
@@ -34,7 +34,7 @@ from .rank_services import RankServices
 from .round_outcome import Completed, Leave, Outcome, Restart
 from .round_run import RoundRun, forged_reporter, preserved_environment
 from .state import State
-from .supervision import restarted_process, supervised, taking_over
+from .supervision import restarted_process, supervised
 from .wrapper_settings import WrapperSettings
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,8 @@ class CallWrapper:
             wait_s,
             self.emit,
             heartbeat_interval=w.heartbeat_interval,
-            look=not taking_over(),
+            # a spare node taking over a lost one: the job told its supervisor it runs, no need to look
+            look=not jobenv.flag_in(None, jobenv.TAKEOVER),
         )
 
     def _resume(self, admission: rejoin.Admission) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import abc
 import datetime
-import logging
 import os
 import threading
 from collections.abc import Callable
@@ -12,8 +11,6 @@ from typing import Any
 
 from . import exception
 from .state import FrozenState
-
-log = logging.getLogger(__name__)
 
 
 class Finalize(abc.ABC):

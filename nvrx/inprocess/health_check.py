@@ -7,7 +7,6 @@ The reference offers every check from this module: the device checks of
 from __future__ import annotations
 
 import datetime
-import logging
 import os
 import threading
 
@@ -16,8 +15,6 @@ from .device_health import ChainedGPUHealthCheck, ChainedNicHealthCheck, Chained
 from .finalize import as_seconds
 from .health_check_base import HealthCheck
 from .state import FrozenState
-
-log = logging.getLogger(__name__)
 
 
 class CudaHealthCheck(HealthCheck):

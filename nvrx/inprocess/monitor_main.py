@@ -256,7 +256,7 @@ class _Monitor:
                 store = self._round_store()
                 self.link.rounds.register_terminated(store, rank)
         finally:  # a rank that hangs is ended, store or not
-            monitor_target.terminate(cfg.target_pid, pidfd, cfg.termination_grace_time)
+            processes.stop_foreign(cfg.target_pid, pidfd, cfg.termination_grace_time)
         self._leave(rank, ws, record, cfg.initial_rank)
         self._keep_store()
 

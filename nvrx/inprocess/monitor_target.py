@@ -1,23 +1,21 @@
-"""The rank process as its monitor process sees it: alive or not, its stack, its termination.
+"""The rank process as its monitor process sees it: alive or not, and its stack.
 
 The rank is not the monitor's child (the monitor is the rank's child), so it
 cannot be reaped or waited for with ``waitpid``: its exit is awaited on a
 pidfd, and a zombie counts as dead. It is signalled alone, never as a group:
 it need not lead a process group (``torchrun`` or ``srun`` may have started it
-in theirs), so ``nvrx.processes.signal_group`` would reach other processes.
+in theirs), so ``nvrx.processes.signal_group`` would reach other processes
+(the monitor ends it with ``nvrx.processes.stop_foreign``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import select
 import time
 
 from nvrx import processes
-
-log = logging.getLogger(__name__)
 
 _STACK_WAIT_S = 2.0  # longest wait for the first bytes of a stack dump
 _STACK_TAIL_S = 0.2  # a dump is complete when no more bytes come for this long
@@ -32,11 +30,6 @@ def open_pidfd(pid: int) -> int | None:
 
 
 alive = processes.alive
-
-
-def terminate(pid: int, pidfd: int | None, grace_s: float) -> None:
-    """End the rank: ``nvrx.processes.stop_foreign`` (SIGCONT+SIGTERM, grace, SIGKILL), alone."""
-    processes.stop_foreign(pid, pidfd, grace_s)
 
 
 def _drain(fd: int) -> None:

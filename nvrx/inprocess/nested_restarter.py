@@ -26,8 +26,6 @@ from .initialize import Initialize
 from .state import FrozenState
 from .terminate import Terminate
 
-log = logging.getLogger(__name__)
-
 
 class _StdoutHandler(logging.StreamHandler):
     """Writes to the ``sys.stdout`` of the moment (it may be replaced after the handler exists)."""

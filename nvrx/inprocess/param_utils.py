@@ -10,12 +10,9 @@ cannot be resolved, are left alone instead of breaking the call.
 from __future__ import annotations
 
 import inspect
-import logging
 import typing
 from collections.abc import Callable
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 
 def _names_type(annotation: Any, target: type) -> bool:

@@ -23,7 +23,6 @@ import contextlib
 import ctypes
 import dataclasses
 import datetime
-import logging
 import mmap
 import os
 import struct
@@ -32,8 +31,6 @@ import tempfile
 import threading
 import time
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 _LAYOUT = struct.Struct(
     "<ddqqqqqd"

@@ -36,7 +36,6 @@ from nvrx.store import faults as nvrx_faults
 from nvrx.store import rounds as nvrx_rounds
 from nvrx.store.client import STORE_HOST_ENV, STORE_PORT_ENV, external_store_address
 from nvrx.store.rounds import (  # noqa: F401 - functions of the protocol, re-exported here
-    DONE,
     commit_round_start,
     fault_records,
     interrupt,

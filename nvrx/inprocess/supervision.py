@@ -24,9 +24,3 @@ def restarted_process() -> bool:
     return jobenv.int_from(None, jobenv.RESTART_COUNT, 0) > 0 and not jobenv.flag_in(
         None, jobenv.FRESH_START
     )
-
-
-def taking_over() -> bool:
-    """Whether this process belongs to a spare node taking over a lost node of a running job
-    (``NVRX_TAKEOVER``): its supervisor was just told so by that job, so no need to look."""
-    return jobenv.flag_in(None, jobenv.TAKEOVER)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
-import logging
 import numbers
 import os
 import warnings
@@ -39,7 +38,7 @@ from .call_wrapper import CallWrapper
 from .completion import Completion
 from .compose import Compose
 from .exception import RestartAbort
-from .finalize import Finalize
+from .finalize import Finalize, as_seconds
 from .health_check import HealthCheck
 from .initialize import Initialize
 from .rank_assignment import ActivateAllRanks, RankAssignment, ShiftRanks
@@ -47,22 +46,8 @@ from .rank_filter import RankFilter
 from .supervision import supervised
 from .terminate import Terminate
 
-log = logging.getLogger(__name__)
-
 _DEFAULT = object()  # "build a fresh default instance for this Wrapper"
 _Timing = datetime.timedelta | float
-
-
-def _seconds(name: str, value: Any) -> float:
-    if isinstance(value, datetime.timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        raise TypeError(f"Wrapper: {name} must be a datetime.timedelta or seconds, got {value!r}")
-    if seconds < 0:
-        raise ValueError(f"Wrapper: {name} must be >= 0, got {seconds:g} s")
-    return seconds
 
 
 def _check_instance(name: str, value: Any, cls: type, allow_none: bool = True) -> None:
@@ -280,22 +265,26 @@ class Wrapper:
         rejoin_timeout: _Timing,
     ) -> None:
         """Each period and timeout in seconds, then their order checked (``_validate``)."""
-        self.monitor_thread_interval = _seconds("monitor_thread_interval", monitor_thread_interval)
-        self.monitor_process_interval = _seconds(
-            "monitor_process_interval", monitor_process_interval
+        self.monitor_thread_interval = as_seconds(
+            monitor_thread_interval, "Wrapper: monitor_thread_interval"
         )
-        self.heartbeat_interval = _seconds("heartbeat_interval", heartbeat_interval)
-        self.progress_watchdog_interval = _seconds(
-            "progress_watchdog_interval", progress_watchdog_interval
+        self.monitor_process_interval = as_seconds(
+            monitor_process_interval, "Wrapper: monitor_process_interval"
         )
-        self.soft_timeout = _seconds("soft_timeout", soft_timeout)
-        self.hard_timeout = _seconds("hard_timeout", hard_timeout)
-        self.heartbeat_timeout = _seconds("heartbeat_timeout", heartbeat_timeout)
-        self.barrier_timeout = _seconds("barrier_timeout", barrier_timeout)
-        self.completion_timeout = _seconds("completion_timeout", completion_timeout)
-        self.last_call_wait = _seconds("last_call_wait", last_call_wait)
-        self.termination_grace_time = _seconds("termination_grace_time", termination_grace_time)
-        self.rejoin_timeout = _seconds("rejoin_timeout", rejoin_timeout)
+        self.heartbeat_interval = as_seconds(heartbeat_interval, "Wrapper: heartbeat_interval")
+        self.progress_watchdog_interval = as_seconds(
+            progress_watchdog_interval, "Wrapper: progress_watchdog_interval"
+        )
+        self.soft_timeout = as_seconds(soft_timeout, "Wrapper: soft_timeout")
+        self.hard_timeout = as_seconds(hard_timeout, "Wrapper: hard_timeout")
+        self.heartbeat_timeout = as_seconds(heartbeat_timeout, "Wrapper: heartbeat_timeout")
+        self.barrier_timeout = as_seconds(barrier_timeout, "Wrapper: barrier_timeout")
+        self.completion_timeout = as_seconds(completion_timeout, "Wrapper: completion_timeout")
+        self.last_call_wait = as_seconds(last_call_wait, "Wrapper: last_call_wait")
+        self.termination_grace_time = as_seconds(
+            termination_grace_time, "Wrapper: termination_grace_time"
+        )
+        self.rejoin_timeout = as_seconds(rejoin_timeout, "Wrapper: rejoin_timeout")
         self._validate()
 
     def _validate(self) -> None:

@@ -21,7 +21,6 @@ from .text_doc import MIN_TEXT_WIDTH, TEXT_WIDTH
 
 EXIT_OK = 0
 EXIT_CANNOT_WRITE = 1
-EXIT_NOTHING_TO_READ = 2
 _RELATIVE = re.compile(r"^(?P<n>\d+(\.\d+)?)(?P<unit>[smhd])$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 

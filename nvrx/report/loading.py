@@ -173,17 +173,12 @@ def _newest_mtime(files: list[Path]) -> float:
     return best
 
 
-def default_log_dir() -> Path:
-    """The job-environment contract's log directory (``nvrx.jobenv.log_dir_from``)."""
-    return jobenv.log_dir_from()
-
-
 def resolve_job_dir(log_dir: str | os.PathLike[str] | None, job: str | None = None) -> JobDir:
     """Pick the job directory under ``log_dir`` (a job's own directory or the base holding jobs).
 
     Raises ``ReportError`` naming the directory when there is nothing to read.
     """
-    base = Path(log_dir) if log_dir is not None else default_log_dir()
+    base = Path(log_dir) if log_dir is not None else jobenv.log_dir_from()
     if not base.exists():
         raise ReportError(
             f"log directory {str(base)!r} does not exist (pass LOG_DIR or set {jobenv.LOG_DIR})"

@@ -8,7 +8,6 @@ machine-friendly forms (``-o``/``--parsable2``), never from human tables.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import signal
@@ -16,8 +15,6 @@ import subprocess
 from collections.abc import Mapping, Sequence
 
 from nvrx import processes
-
-logger = logging.getLogger(__name__)
 
 #: Default time limit of one client command, in seconds.
 COMMAND_TIMEOUT_S = 30.0

@@ -24,11 +24,8 @@ brackets all raise ``ValueError`` quoting the input.
 from __future__ import annotations
 
 import itertools
-import logging
 import re
 from collections.abc import Iterable
-
-logger = logging.getLogger(__name__)
 
 #: Refuse to expand more names than this (a typo like ``n[1-999999999]``).
 MAX_HOSTS = 1 << 20

@@ -7,15 +7,12 @@ port picked by the host.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
 from nvrx import jobenv
-
-log = logging.getLogger(__name__)
 
 STORE_HOST_ENV = jobenv.STORE_HOST
 STORE_PORT_ENV = jobenv.STORE_PORT

@@ -64,12 +64,6 @@ class FaultRecord:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
-def exception_signature(exc: BaseException) -> str:
-    """Stable signature of an exception (``ValueError at train.py:12 in step``): its type and
-    innermost frame of user code, as ``nvrx.events.failures`` spells it for every reader."""
-    return failures.exception_signature_of(exc)
-
-
 def from_exception(rank: int, exc: BaseException, kind: str = "exception") -> FaultRecord:
     """A fault record describing ``exc`` raised on ``rank``."""
     return FaultRecord(
@@ -78,7 +72,7 @@ def from_exception(rank: int, exc: BaseException, kind: str = "exception") -> Fa
         exc_type=failures.exception_type_of(exc),
         message=str(exc),
         traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-        signature=exception_signature(exc),
+        signature=failures.exception_signature_of(exc),
     )
 
 

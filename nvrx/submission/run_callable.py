@@ -15,7 +15,6 @@ next run makes, and the process ends without a result.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 import traceback
@@ -29,8 +28,6 @@ from nvrx import jobenv
 from nvrx.submission.call_spec import load_spec
 from nvrx.submission.checkpointing import CheckpointGuard, CheckpointStop, checkpoint_method
 from nvrx.submission.private_files import check_private, write_private
-
-log = logging.getLogger(__name__)
 
 RESULT_DIR_ENV = jobenv.RESULT_DIR
 

@@ -8,7 +8,6 @@ reaps them.
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import time
@@ -19,8 +18,6 @@ from pathlib import Path
 from nvrx import processes
 
 from .rank_output import RankOutput
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,6 @@ from .config import (
 )
 from .exit_codes import ExitCode, exit_code_help
 
-log = logging.getLogger(__name__)
-
 PROG = "nvrx-supervise"
 
 

@@ -17,7 +17,6 @@ separate agent process), so every fork happens from a clean process.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from collections.abc import Mapping
@@ -42,8 +41,6 @@ from .config import (
 
 if TYPE_CHECKING:
     from .supervisor import Supervisor
-
-log = logging.getLogger(__name__)
 
 
 class _BecomeChild(BaseException):

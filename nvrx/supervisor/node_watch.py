@@ -27,7 +27,6 @@ from the file its supervisor names).
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -38,8 +37,6 @@ from nvrx.store.ring import Counters, RingPlace, RingWatch
 from nvrx.store.seal import Sealer
 
 from . import node_keys, store_failover
-
-log = logging.getLogger(__name__)
 
 
 class NodeWatch(threading.Thread):

@@ -11,7 +11,6 @@ failure will not fix itself by restarting.
 from __future__ import annotations
 
 import enum
-import logging
 import os
 import socket
 from collections.abc import Callable
@@ -24,8 +23,6 @@ from nvrx.events.reader import iter_file
 
 from .children import ExitStatus
 from .exit_codes import CLEAN_STOP_EXIT, ExitCode
-
-log = logging.getLogger(__name__)
 
 
 class Decision(enum.StrEnum):

@@ -213,13 +213,6 @@ class PreemptionHandler:
             return None
         return flag
 
-    def install(self) -> None:
-        """Make ``on_signal`` the handler of the warning signal (main thread only).
-
-        Supervisors that route signals through their own loop call ``on_signal`` instead.
-        """
-        signal.signal(self.signum, self.on_signal)
-
     # -- start-up -------------------------------------------------------------------
     def start(self) -> None:
         """Once at start-up: drop a stale flag of this run (node 0) and record requeues

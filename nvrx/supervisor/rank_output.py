@@ -130,7 +130,7 @@ class StreamPump:
         if self._file_fd is None:
             return
         try:
-            _write_all(self._file_fd, data)
+            write_all(self._file_fd, data)
         except OSError as exc:
             log.warning("writing %s failed: %s; the rest of this %s is not kept", self._path, exc, self.name)
             os.close(self._file_fd)
@@ -138,10 +138,11 @@ class StreamPump:
 
     def _show(self, data: bytes) -> None:
         with contextlib.suppress(OSError):  # a console gone must not stop the file copy
-            _write_all(self._console_fd, data)
+            write_all(self._console_fd, data)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd``: one ``os.write`` may take only part of it."""
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]

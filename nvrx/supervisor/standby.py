@@ -55,7 +55,7 @@ from nvrx import processes
 
 from .children import Child
 from .rank_logs import RankLogs
-from .rank_output import DRAIN_TIMEOUT_S, RankOutput
+from .rank_output import DRAIN_TIMEOUT_S, RankOutput, write_all
 from .standby_process import FD_ENV, READY_FD_ENV
 
 log = logging.getLogger(__name__)
@@ -154,7 +154,7 @@ class Standby:
             return None
         message = json.dumps({"argv": list(argv), "env": dict(env)}).encode()
         try:
-            _write_all(self._write_end, message)
+            write_all(self._write_end, message)
         except OSError as exc:
             log.warning("standby pid %d cannot take the rank (%s): starting cold", self.pid, exc)
             self.discard()
@@ -196,12 +196,6 @@ def _end_helpers(pid: int) -> None:
         with contextlib.suppress(OSError):
             if os.getpgid(helper.pid) == helper.pid:
                 processes.signal_group(helper.pid, signal.SIGKILL)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 class Standbys:

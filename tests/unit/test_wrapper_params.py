@@ -48,7 +48,7 @@ def test_default_plugins_are_not_shared_between_wrappers():
             {"progress_watchdog_interval": 61},
             "progress_watchdog_interval (61 s) must be < soft_timeout (60 s)",
         ),
-        ({"last_call_wait": -1}, "last_call_wait must be >= 0, got -1 s"),
+        ({"last_call_wait": -1}, "Wrapper: last_call_wait must not be negative, got -1"),
         (
             {"store_kwargs": {"tcp_store_host_rank": -2}},
             "store_kwargs['tcp_store_host_rank'] must be a rank (>= 0), or -1 for an external "
