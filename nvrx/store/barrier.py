@@ -15,7 +15,7 @@ checks that each of their arrival keys is there (one ``check``); of those that
 find it complete, the one whose ``add`` of the closing key returns 1 releases.
 So a host's agent may register all of its ranks at once (``arrive_group``: one
 ``multi_set`` and one ``add``; sealed, one entry of the barrier's group list and one
-``add``), even ranks registered before: the count may run past ``count``, the keys decide.
+``add``), even ranks registered before: the count may run past ``count``, the arrivals decide.
 
 **Sealed barriers** (``sealing`` given: the job's secret, under a supervisor): a client
 without the secret could otherwise release a round early (a forged release key or a
@@ -38,7 +38,7 @@ valid value overwritten after it was written (an arrival, the closing, a release
 the barrier until its timeout (a denial of service, as deleting keys is).
 
 These functions take any object with torch's ``Store`` API (``set``, ``add``,
-``wait``, ``check``; a sealed barrier also ``get``, ``multi_get`` and ``compare_set``),
+``wait``, ``check``; a sealed barrier also ``get``, ``multi_get``, ``compare_set`` and ``append``),
 with one exception: ``barrier`` runs a plain barrier
 (neither reentrant nor with ``before_release``, and a timeout) as torch's
 native ``Store.barrier``, called unbound (``Store.barrier(store, ...)``) so
@@ -316,7 +316,7 @@ def arrive_group(
     one arrival (a host's agent for the host's ranks); True if it completed the barrier
     (``before_release`` ran, the release is raised).
 
-    Two requests whatever the number of ranks, then the one ``add`` that raises the count
+    One write whatever the number of ranks, and one ``add`` that raises the count
     by their number (a rank registered before, by itself or a proxy, is counted again: the
     count only says who looks, the arrivals decide). Unsealed, the arrival keys in one
     ``multi_set``. Sealed, one entry naming the ranks appended to the barrier's group list
@@ -393,7 +393,8 @@ def _listed(
     if sealing is None or not store.check([key]):
         return set(), []
     entries = sealing.entries(key, store.get(key))
-    ranks = {int(r) for payload in entries.valid for r in payload.partition(":")[0].split(",")}
+    named = (r for payload in entries.valid for r in payload.partition(":")[0].split(","))
+    ranks = {int(r) for r in named if r.isdigit()}
     return ranks, [(key, entries.invalid_bytes)] if entries.invalid else []
 
 
@@ -417,7 +418,8 @@ def is_released(store: Any, name: str, sealing: Sealing | None = None) -> bool:
 def missing_ranks(
     store: Any, name: str, participants: Iterable[int], sealing: Sealing | None = None
 ) -> list[int]:
-    """Participants not registered at barrier ``name`` (one request each: timeout path only)."""
+    """Participants not registered at barrier ``name`` (a request or two each, and the
+    group list read once when sealed: timeout path only)."""
     listed = _listed(store, name, sealing)[0]
     return [r for r in participants if r not in listed and not _key_arrived(store, name, r, sealing)]
 
