@@ -101,6 +101,10 @@ class BarrierOverflow(BarrierError):
         self.count = count
 
 
+def _text(raw: bytes | str) -> str:
+    return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+
+
 @dataclass(frozen=True)
 class Sealing:
     """How a sealed barrier's keys are sealed: the job's ``sealer``, the ``full_key`` a key
@@ -117,8 +121,7 @@ class Sealing:
 
     def valid(self, key: str, raw: bytes | str) -> bool:
         """Whether ``raw``, read at ``key`` of the view, unseals."""
-        text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
-        return self.sealer.unseal(self.full_key(key), text) is not None
+        return self.sealer.unseal(self.full_key(key), _text(raw)) is not None
 
     def entry(self, key: str, payload: str) -> bytes:
         """``payload`` as one entry of the sealed list at ``key`` of the view, to append."""
@@ -126,8 +129,7 @@ class Sealing:
 
     def entries(self, key: str, raw: bytes | str) -> SealedList:
         """The sealed list ``raw`` read at ``key`` of the view."""
-        text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
-        return self.sealer.entries(self.full_key(key), text)
+        return self.sealer.entries(self.full_key(key), _text(raw))
 
     def passed_over(self, forged: list[tuple[str, int]]) -> None:
         """Report the forged values (key of the view, length) this process's value replaced."""
@@ -357,9 +359,9 @@ def _count_and_close(
     if sealing is None:
         if int(store.add(_closing_key(name), 1)) != 1:
             return False  # another arrival found it complete too, and releases
-    elif not _take(store, _closing_key(name), sealing):
-        return False
-    if sealing is not None:
+    else:
+        if not _take(store, _closing_key(name), sealing):
+            return False
         sealing.passed_over(forged)  # the group list's forged entries, by the one that closed
     if before_release is not None:
         before_release()
