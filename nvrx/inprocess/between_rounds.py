@@ -23,13 +23,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from nvrx.store import rounds
+from nvrx.store import faults, rounds
 from nvrx.store.faults import CheckedRecords
 from nvrx.store.host_barrier import Meeting
 
 from . import rejoin
 from .exception import RestartAbort
-from .fault_recording import record_exit
 from .health_check_base import run_check
 from .monitor_thread import RESTART_WAIT_S
 from .progress_watchdog import FLAG_RELEASED, released_into_next
@@ -295,7 +294,9 @@ def _register_exit(
     if rank is None:
         return
     if not outcome.recorded and not isinstance(outcome.exc, RankDiscarded):
-        record_exit(store, call.emit, rank, outcome.exc)
+        record = faults.from_exception(rank, outcome.exc, kind="exit")
+        rounds.append_fault(store, record)
+        faults.emit_fault(call.emit, record, fault_kind="exit", origin_rank=rank)
     rounds.register_terminated(store, rank)
     rounds.interrupt(store, "fault")
     rounds.arrive_one(

@@ -45,7 +45,7 @@ import time
 from typing import Any
 
 from nvrx import events, processes, rank_beats
-from nvrx.store.faults import FaultRecord, announce_leave
+from nvrx.store.faults import FaultRecord, announce_leave, emit_fault
 
 from . import monitor_store, monitor_target, node_agent
 from .logging import setup_monitor_logging
@@ -78,8 +78,6 @@ class _Monitor:
         self.sender = rank_beats.BeatSender(beats_path) if beats_path else None
         # Beats through the store, or a store to host, need the link before the watch.
         beside = self.sender is not None and not cfg.host_store
-        if not beside:  # now: beside the start of a store service launched by the boot
-            monitor_store.preload()
         if early is not None:
             self.service = early.wait_started()
         elif cfg.host_store:
@@ -234,10 +232,13 @@ class _Monitor:
         log.warning("rank %s made no progress for %.1f s: soft timeout", self.rank, stale)
         if self.round >= 0:
             message = f"no progress for {stale:.1f} s (soft timeout {self.cfg.soft_timeout:g} s)"
-            store = self._round_store()
-            self.link.recording.record_soft_hang(
-                store, self.writer.emit, self.rank, message, stack, stale
-            )
+            record = FaultRecord(rank=self.rank, kind="hang_soft", message=message)
+            store = self._round_store()  # beats on while it waits for the link
+            self.link.rounds.record_fault(store, record)
+            emit_fault(
+                self.writer.emit, record, fault_kind="hang_soft", origin_rank=self.rank,
+                signature="hang_soft", traceback=stack, detection_s=stale,
+            )  # fmt: skip
 
     def _hard_timeout(self, stale: float, info: dict[str, float], pidfd: int | None) -> None:
         cfg = self.cfg

@@ -38,14 +38,6 @@ class StoreUnavailable(RuntimeError):
     """The link to the store could not be made (the error it met is the cause)."""
 
 
-def preload() -> None:
-    """Import the modules that act on the store: ahead of a wait they can overlap
-    (the store service the monitor hosts starting; a standby's monitor started ahead)."""
-    from nvrx.store import rounds  # noqa: F401
-
-    from . import fault_recording  # noqa: F401
-
-
 def connect(cfg: MonitorConfig) -> Any:
     """A client of the store ``cfg`` names: its store factory, else its host and port."""
     if cfg.store_factory:
@@ -84,7 +76,6 @@ class StoreLink:
         self._done = threading.Event()
         self._store: Any = None
         self._rounds: ModuleType | None = None
-        self._recording: ModuleType | None = None
         self.error: BaseException | None = None  # what making the link met, once it failed
 
     def make(self) -> StoreLink:
@@ -103,9 +94,7 @@ class StoreLink:
         try:
             from nvrx.store import rounds
 
-            from . import fault_recording
-
-            self._rounds, self._recording = rounds, fault_recording
+            self._rounds = rounds
             self._store = _connect_within(self._connect, self.wait_s)
         except BaseException as exc:  # kept for ``get`` and the watch loop
             if beside:  # no caller to raise it to
@@ -142,10 +131,3 @@ class StoreLink:
         self.get()
         assert self._rounds is not None
         return self._rounds
-
-    @property
-    def recording(self) -> ModuleType:
-        """``nvrx.inprocess.fault_recording``, once the link is made."""
-        self.get()
-        assert self._recording is not None
-        return self._recording

@@ -42,11 +42,10 @@ from contextlib import AbstractContextManager
 from typing import Any, NoReturn, Protocol
 
 from nvrx import events
-from nvrx.store import rounds
+from nvrx.store import faults, rounds
 
 from . import gloo_abort
 from .exception import InternalError
-from .fault_recording import record_rank_fault
 from .health_check_base import run_check
 from .monitor_thread import RESTART_WAIT_S, Delivery, MonitorThread, RankShouldRestart
 from .progress_watchdog import FLAG_RELEASED
@@ -264,7 +263,7 @@ class RoundRun:
             delivery.await_restart(RESTART_WAIT_S)
 
     def _record(self, exc: BaseException | None) -> None:
-        """Put this rank's fault on record once (see ``fault_recording.record_rank_fault``).
+        """Put this rank's fault on record once (see ``record_rank_fault``).
 
         Called again after a failed store write, it retries the write only:
         the fault's event was written by the first call.
@@ -293,6 +292,56 @@ class RoundRun:
         duration = time.monotonic() - self._call_started
         self._call_started = None
         self.call.emit("call_end", duration_s=duration, outcome=outcome)
+
+
+# -- the record of this rank's fault ------------------------------------------------------
+def record_rank_fault(
+    store: Any,
+    emit: faults.Emit,
+    rank: int | None,
+    exc: BaseException,
+    peer_seen_mono: float | None,
+    *,
+    event: bool = True,
+) -> bool:
+    """Record an exception of this rank: its own fault, or the consequence of a peer's.
+
+    Every ``fault`` event is built by ``faults.emit_fault`` from a ``FaultRecord``; the
+    store record is what the other ranks act on, the event is what the report reads.
+    Once the monitor thread has seen another rank's fault (``peer_seen_mono``) it aborts
+    the process groups, which makes pending collectives here fail: such an exception is
+    a ``peer`` fault naming the rank that faulted first, and is not written to the store.
+    Returns whether the fault is on record (False when the store could not be written).
+    ``event=False``: a second attempt at the store write, whose event the first emitted.
+    """
+    record = faults.from_exception(rank if rank is not None else -1, exc)
+    emit = emit if event else _no_event
+    if peer_seen_mono is not None:
+        origin = _first_origin(store)
+        faults.emit_fault(
+            emit, record, fault_kind="peer", origin_rank=origin, detected_mono=peer_seen_mono
+        )
+        return True
+    faults.emit_fault(emit, record, fault_kind="exception", origin_rank=rank, detection_s=0.0)
+    try:
+        rounds.record_fault(store, record)
+    except Exception as store_exc:
+        log.error("could not record the fault in the store: %r", store_exc)
+        return False
+    return True
+
+
+def _first_origin(store: Any) -> int | None:
+    """The rank whose fault the store received first in this round, None when unknown."""
+    with contextlib.suppress(Exception):
+        origins = rounds.fault_records(store)  # in the order the store received them
+        if origins:
+            return origins[0].rank
+    return None
+
+
+def _no_event(kind: str, **fields: Any) -> None:
+    """An ``Emit`` that writes nothing."""
 
 
 # -- the round's rendezvous environment ----------------------------------------------------

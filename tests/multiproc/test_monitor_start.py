@@ -1,8 +1,7 @@
 """Under a supervisor, a Wrapper's monitor process watches before its link to the store is made.
 
-The monitor makes its link in a thread of its own (``nvrx.inprocess.monitor_store``), whose
-first step imports the modules that act on the store (``fault_recording``). Here that
-import is held in every monitor process by a ``sitecustomize`` on the ranks' ``PYTHONPATH``
+The monitor makes its link in a thread of its own (``nvrx.inprocess.monitor_store``). Here
+its connection is held in every monitor process by a ``sitecustomize`` on the ranks' ``PYTHONPATH``
 (the monitor inherits the rank's environment) until the test's gate file exists (at most
 300 s, so that a failed test leaves no monitor behind), so "no link yet" is a state the
 test controls rather than a race:
@@ -43,15 +42,15 @@ SITECUSTOMIZE = textwrap.dedent(
         while not os.path.exists(path) and time.monotonic() < deadline:
             time.sleep(0.02)
 
-    class _HoldTheLink:
-        def find_spec(self, name, path=None, target=None):
-            if name == "nvrx.inprocess.fault_recording":
-                if os.environ.get("TEST_NO_LINK_LOCAL_RANK") == os.environ["LOCAL_RANK"]:
-                    # refused once its rank is in round 0: the rank finds out at round 1
-                    _until(os.path.join(os.environ["OUT_DIR"], f"seen-{os.environ['RANK']}-0.json"))
-                    raise ImportError("the store modules withheld from this monitor by the test")
-                _until(os.environ["TEST_MONITOR_GATE"])
-            return None  # the usual finders import it
+    def _held(connect):
+        def connect_at_the_gate(cfg):
+            if os.environ.get("TEST_NO_LINK_LOCAL_RANK") == os.environ["LOCAL_RANK"]:
+                # refused once its rank is in round 0: the rank finds out at round 1
+                _until(os.path.join(os.environ["OUT_DIR"], f"seen-{os.environ['RANK']}-0.json"))
+                raise ConnectionRefusedError("the store withheld from this monitor by the test")
+            _until(os.environ["TEST_MONITOR_GATE"])
+            return connect(cfg)
+        return connect_at_the_gate
 
     def _in_a_monitor():
         try:
@@ -61,7 +60,9 @@ SITECUSTOMIZE = textwrap.dedent(
             return False
 
     if os.environ.get("TEST_MONITOR_GATE") and _in_a_monitor():
-        sys.meta_path.insert(0, _HoldTheLink())
+        from nvrx.inprocess import monitor_store
+
+        monitor_store.connect = _held(monitor_store.connect)
     """
 )
 

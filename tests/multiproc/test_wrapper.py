@@ -71,7 +71,9 @@ def test_gil_released_hang_restarts_everyone_by_soft_timeout(tmp_path):
     assert hangs and all(h["timeout"] == "soft" for h in hangs)
     stacks = "\n".join(h["stack"] for h in hangs)
     assert "helpers_inprocess.py" in stacks and "train" in stacks
-    assert any(f["fault_kind"] == "hang_soft" for f in _kinds(events, "fault", component="monitor"))
+    soft = [f for f in _kinds(events, "fault", component="monitor") if f["fault_kind"] == "hang_soft"]
+    assert soft and all(f["signature"] == "hang_soft" for f in soft)
+    assert all("train" in f["traceback"] and f["detection_s"] > 0 for f in soft)
 
 
 def test_gil_held_hang_is_killed_and_the_rest_shift_ranks(tmp_path):

@@ -22,7 +22,7 @@ import pytest
 
 from nvrx import jobenv
 from nvrx.events import read_dir
-from nvrx.inprocess import fault_recording, monitor_store
+from nvrx.inprocess import monitor_store
 from nvrx.inprocess.monitor_process import ENTRY_POINT, PRESTART_ENTRY_POINT, MonitorConfig
 from nvrx.inprocess.progress_watchdog import FLAG_RELEASED, ProgressBoard
 from nvrx.rank_beats import BeatSocket
@@ -65,7 +65,7 @@ def test_the_monitor_program_and_the_package_import_no_torch():
     assert not _imports_torch("import nvrx.inprocess.monitor_main")
     assert not _imports_torch("import nvrx.inprocess.monitor_store, nvrx.store.faults")
     assert not _imports_torch(
-        "import nvrx.store.rounds, nvrx.store.wire, nvrx.inprocess.fault_recording, "
+        "import nvrx.store.rounds, nvrx.store.wire, "
         "nvrx.supervisor.store_agent, nvrx.supervisor.node_watch"
     )  # what the monitor and the store agent run on the store
     assert _imports_torch("from nvrx.inprocess import Wrapper")  # the Wrapper does
@@ -89,7 +89,7 @@ def test_a_link_made_here_gives_the_store_and_the_modules_that_act_on_it(base):
     link = monitor_store.StoreLink(lambda: base).make()
     assert link.made and link.error is None
     assert link.get() is base
-    assert link.rounds is rounds and link.recording is fault_recording
+    assert link.rounds is rounds
 
 
 def test_a_link_made_beside_is_waited_for(base):
@@ -262,18 +262,6 @@ def test_a_monitor_that_hosts_the_store_links_to_it_without_importing_torch(tmp_
     assert done.returncode == 0  # 3: torch was imported by the time the link was made
 
 
-def test_the_monitor_program_leaves_the_store_modules_to_its_link():
-    """The monitor writes a fault's event before its link is made: the program imports the
-    event's builder (``nvrx.store.faults``), and the link's first step the modules that act
-    on the store (``fault_recording``), which a slow file system or a held import delays."""
-    check = (
-        "import sys, nvrx.inprocess.monitor_main, nvrx.inprocess.node_agent\n"
-        "sys.exit(3 if 'nvrx.inprocess.fault_recording' in sys.modules else 0)"
-    )
-    done = subprocess.run([sys.executable, "-c", check], check=False, timeout=120)
-    assert done.returncode == 0
-
-
 def test_a_monitor_started_ahead_has_imported_its_store_modules_when_it_says_so():
     """A warm standby's monitor: its link's imports are done before ``{"imported": true}``,
     and none of them is torch."""
@@ -282,7 +270,7 @@ def test_a_monitor_started_ahead_has_imported_its_store_modules_when_it_says_so(
         "real_write = sys.stdout.write\n"
         "def write(text):\n"
         "    if 'imported' in text:\n"
-        "        loaded = 'nvrx.inprocess.fault_recording' in sys.modules\n"
+        "        loaded = 'nvrx.store.rounds' in sys.modules\n"
         "        os._exit(4 if 'torch' in sys.modules else 5 if loaded else 3)\n"
         "    return real_write(text)\n"
         "sys.stdout.write = write\n"
