@@ -38,6 +38,7 @@ ranks fall back to the user's checkpoint, through a callback.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -46,8 +47,6 @@ from typing import Any, Protocol
 import torch
 
 from nvrx.inprocess import state_handover, state_plan, state_tree
-from nvrx.inprocess.rng_state import RngState
-from nvrx.inprocess.state_copy import Copier, fresh
 
 
 class Stateful(Protocol):
@@ -157,7 +156,7 @@ class KeptState:
             index = 0 if self._last == 1 else 1
             slot = self._slots[index]
             slot.step, slot.wall = None, time.time()  # torn until the copy below completes
-            copier = Copier(self._side_stream)
+            copier = state_tree.Copier(self._side_stream)
             for name, obj in self._objects.items():
                 slot.states[name] = copier.copy(obj.state_dict(), slot.states.get(name))
             slot.copied = copier.finish()
@@ -191,7 +190,7 @@ class KeptState:
                 )
             for name, obj in self._objects.items():
                 if name in slot.states:  # a per-rank state registered since stays as it is
-                    obj.load_state_dict(fresh(slot.states[name]))
+                    obj.load_state_dict(state_tree.fresh(slot.states[name]))
             if index != self._last:
                 self._slots[self._last].step = None
                 self._last = index
@@ -368,4 +367,34 @@ class KeptState:
         return self._stream
 
 
-__all__ = ["EventSink", "KeptState", "RngState", "Stateful"]  # RngState: from rng_state
+class RngState:
+    """The random number generators' states (Python, torch CPU and CUDA, NumPy) as a Stateful."""
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        numpy = _numpy()
+        if numpy is not None:
+            state["numpy"] = numpy.random.get_state()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        random.setstate(state["python"])
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state:
+            torch.cuda.set_rng_state_all(state["cuda"])
+        numpy = _numpy()
+        if "numpy" in state and numpy is not None:
+            numpy.random.set_state(state["numpy"])
+
+
+def _numpy() -> Any:
+    try:
+        import numpy
+    except ImportError:
+        return None
+    return numpy
+
+
+__all__ = ["EventSink", "KeptState", "RngState", "Stateful"]

@@ -19,7 +19,7 @@ from nvrx.jobenv import DEFAULT_LOG_DIR, DEFAULT_MASTER_ADDR, DEFAULT_MASTER_POR
 from nvrx.straggler import StragglerRule
 from nvrx.version import __version__
 
-from . import free_ports, ft_options, nproc, rank_logs, torchrun_env, torchrun_habits
+from . import free_ports, ft_options, nproc, rank_logs, torchrun
 from .config import (
     DEFAULT_FINISH_TIMEOUT_S,
     DEFAULT_GRACE_PERIOD_S,
@@ -58,7 +58,7 @@ def _new_parser() -> _Parser:
             "--nnodes/--node-rank/--master-addr/--master-port to run several local supervisors as one job."
         ),
         epilog="As with torchrun, an option not given falls back to $PET_<OPTION> for "
-        + ", ".join("--" + d.replace("_", "-") for d in torchrun_env.OPTIONS)
+        + ", ".join("--" + d.replace("_", "-") for d in torchrun.OPTIONS)
         + " (e.g. $PET_NPROC_PER_NODE); under srun the topology ones are ignored: SLURM gives "
         "the topology.\n\n" + exit_code_help(),
         allow_abbrev=False,  # with two spellings per option, abbreviations would be ambiguous
@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output(add)
     _add_stragglers(add)
     ft_options.add_options(add)
-    torchrun_habits.add_answers(add)
+    torchrun.add_answers(add)
     add("--verbose", "-v", action="store_true", help="log each decision to stderr")
     add("command", nargs=argparse.REMAINDER, help="the training command, after '--'")
     return parser
@@ -108,7 +108,7 @@ def _add_topology(add: Add) -> None:
     )
     add(
         "--nnodes",
-        type=torchrun_habits.node_count,
+        type=torchrun.node_count,
         default=None,
         metavar="N",
         help="nodes in the job (default: SLURM, else 1)",
@@ -314,14 +314,14 @@ def config_from_args(
     """Parse ``argv`` (without the program name) into (config, verbose); ``ConfigError`` on bad input."""
     env = os.environ if env is None else env
     parser = build_parser()
-    parser.set_defaults(**torchrun_env.fallbacks(env))
+    parser.set_defaults(**torchrun.fallbacks(env))
     args = parser.parse_args(list(argv))
     command = _resolve_command(list(args.command))
     asked = str(args.nproc_per_node)
     try:
         args.nproc_per_node = nproc.resolve(asked, env)
     except ValueError as exc:
-        source = "" if torchrun_env.given(argv, "nproc_per_node") else " (from $PET_NPROC_PER_NODE)"
+        source = "" if torchrun.given(argv, "nproc_per_node") else " (from $PET_NPROC_PER_NODE)"
         raise ConfigError(f"{exc}{source}") from exc
     if asked in nproc.KEYWORDS:
         print(f"{PROG}: --nproc-per-node {asked}: {args.nproc_per_node}", file=sys.stderr)
@@ -398,7 +398,7 @@ def _rank_logs(
         taken = [
             f"$PET_{dest.upper()}"
             for dest, short in (("redirects", "-r"), ("tee", "-t"), ("local_ranks_filter", None))
-            if f"PET_{dest.upper()}" in env and not torchrun_env.given(argv, dest, short)
+            if f"PET_{dest.upper()}" in env and not torchrun.given(argv, dest, short)
         ]
         source = f" (values from {', '.join(taken)})" if taken else ""
         raise ConfigError(f"{exc}{source}") from exc

@@ -1,17 +1,54 @@
-"""torchrun options that ``nvrx-supervise`` does not take, each answered with why and the nvrx way.
+"""What a torchrun user brings to ``nvrx-supervise``: its variables and its options.
 
-A user coming from torchrun types its options out of habit; argparse alone would only say
-"unrecognized arguments". Each one here is a hidden option of the parser whose use stops
-the parse with one line: why nvrx does not need it and what to give instead. Only options
-before the training command are seen: the command after ``--`` is passed on untouched.
+torchrun reads every option it is not given from ``PET_<OPTION>``; nvrx does so for
+the options the two share (``fallbacks``). Under srun the topology ones are ignored:
+SLURM gives the topology.
+
+A user coming from torchrun also types the options nvrx does not take, out of habit;
+argparse alone would only say "unrecognized arguments". Each one here (``HABITS``) is a
+hidden option of the parser whose use stops the parse with one line: why nvrx does not
+need it and what to give instead. Only options before the training command are seen:
+the command after ``--`` is passed on untouched.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from .config import ConfigError
+from .config import ConfigError, in_slurm_step
+
+#: Options (argparse names) that fall back to ``$PET_<OPTION>`` (e.g. ``PET_NPROC_PER_NODE``).
+OPTIONS = (
+    "nproc_per_node", "max_restarts", "nnodes", "node_rank", "master_addr", "master_port",
+    "redirects", "tee", "local_ranks_filter",
+)  # fmt: skip
+TOPOLOGY = ("nnodes", "node_rank", "master_addr", "master_port")
+_INTEGER = ("max_restarts", "nnodes", "node_rank", "master_port")
+
+
+def fallbacks(env: Mapping[str, str]) -> dict[str, str]:
+    """torchrun's ``$PET_<OPTION>`` values, as defaults for the options not given."""
+    found = {}
+    for dest in OPTIONS:
+        name = f"PET_{dest.upper()}"
+        if name not in env or (dest in TOPOLOGY and in_slurm_step(env)):
+            continue
+        value = env[name]
+        if dest in _INTEGER and not value.strip().isdigit():
+            option = "--" + dest.replace("_", "-")
+            raise ConfigError(f"${name} (for {option}) must be a whole number, got {value!r}")
+        found[dest] = value
+    return found
+
+
+def given(argv: Sequence[str], dest: str, short: str | None = None) -> bool:
+    """Whether the option ``dest`` (or its ``short`` form) is on the command line, before the
+    training command."""
+    head = list(argv)[: list(argv).index("--")] if "--" in argv else list(argv)
+    spellings = ("--" + dest.replace("_", "-"), "--" + dest, *([short] if short else []))
+    return any(a in spellings or a.startswith(tuple(s + "=" for s in spellings)) for a in head)
+
 
 _STORE = (
     "is not needed: node 0's supervisor hosts the job's store (give --master-addr/--master-port "
