@@ -12,7 +12,9 @@ itself and by its monitor process on its behalf) and still counts once. The
 round protocol's barriers (``by_keys``) go further: their participants are the
 ranks ``0..count-1``, and an arrival that brings the count to ``count`` or more
 checks that each of their arrival keys is there (one ``check``); of those that
-find it complete, the one whose ``add`` of the closing key returns 1 releases.
+find it complete, the one whose token the closing key takes (a ``compare_set`` from
+empty) releases; an arrival tried again with the same token (its connection broke after
+it took the closing) finds the token its own and releases too.
 So a host's agent may register all of its ranks at once (``arrive_group``: one
 ``multi_set`` and one ``add``; sealed, one entry of the barrier's group list and one
 ``add``), even ranks registered before: the count may run past ``count``, the arrivals decide.
@@ -139,11 +141,13 @@ class Sealing:
                 self.report(self.full_key(key), size)
 
 
-def _take(store: Any, key: str, sealing: Sealing) -> bool:
+def _take(store: Any, key: str, sealing: Sealing, token: str | None = None) -> bool:
     """Put a sealed value of this process's own at ``key``; False when a value that unseals
     stands there (another process's), True when this one's does now (a forged one was
-    overwritten, and reported). ``BarrierError`` when forged values keep coming."""
-    mine = sealing.seal(key, secrets.token_hex(8))
+    overwritten, and reported). ``token``: what makes the value this one's (a fresh one
+    when None); a second try with the same token finds its own value and takes it again.
+    ``BarrierError`` when forged values keep coming."""
+    mine = sealing.seal(key, token or secrets.token_hex(8))
     expected: bytes = b""
     forged: list[tuple[str, int]] = []
     for _ in range(MAX_GENERATIONS):
@@ -313,10 +317,12 @@ def arrive_group(
     *,
     before_release: Callable[[], None] | None = None,
     sealing: Sealing | None = None,
+    closer: str | None = None,
 ) -> bool:
     """Register ``ranks`` at barrier ``name`` of ``count`` participants, met ``by_keys``, as
     one arrival (a host's agent for the host's ranks); True if it completed the barrier
-    (``before_release`` ran, the release is raised).
+    (``before_release`` ran, the release is raised). ``closer``: this arrival's token at
+    the closing, the same for each try of one arrival (``_count_and_close``).
 
     One write whatever the number of ranks, and one ``add`` that raises the count
     by their number (a rank registered before, by itself or a proxy, is counted again: the
@@ -335,7 +341,7 @@ def arrive_group(
     else:
         listed = ",".join(map(str, ranks))
         store.append(_group_key(name), sealing.entry(_group_key(name), f"{listed}:{secrets.token_hex(8)}"))
-    return _count_and_close(store, name, count, len(ranks), before_release, sealing)
+    return _count_and_close(store, name, count, len(ranks), before_release, sealing, closer)
 
 
 def _count_and_close(
@@ -345,22 +351,27 @@ def _count_and_close(
     arrivals: int,
     before_release: Callable[[], None] | None,
     sealing: Sealing | None,
+    closer: str | None = None,
 ) -> bool:
     """``arrivals`` registered: count them, and release the barrier if it is complete and no
     other arrival that found it complete took the closing first; True when this one did.
 
     Every arrival writes its keys before it counts, so the arrival whose ``add`` comes last
-    finds every key written: the barrier completes whatever the count says beyond that."""
+    finds every key written: the barrier completes whatever the count says beyond that.
+    The closing holds the closer's token (``closer``, a fresh one when None): an arrival
+    tried again with the same token after its connection broke, even once it took the
+    closing, finds the closing its own and releases the barrier itself."""
     if int(store.add(_count_key(name), arrivals)) < count:
         return False
     complete, forged = _all_arrived(store, name, count, sealing)
     if not complete:
         return False
+    closer = closer or secrets.token_hex(8)
     if sealing is None:
-        if int(store.add(_closing_key(name), 1)) != 1:
+        if bytes(store.compare_set(_closing_key(name), "", closer)) != closer.encode():
             return False  # another arrival found it complete too, and releases
     else:
-        if not _take(store, _closing_key(name), sealing):
+        if not _take(store, _closing_key(name), sealing, closer):
             return False
         sealing.passed_over(forged)  # the group list's forged entries, by the one that closed
     if before_release is not None:

@@ -467,15 +467,18 @@ class BarrierRelay:
     def _arrive(self, meeting: Meeting, batch: _Batch) -> Any:
         """Arrive for the batch and answer ``arrived``; the store connection it used. A kept
         connection that fails (its store closed since) is replaced once: an arrival made
-        twice counts once."""
-        ranks, forged = sorted(batch.replies), []
+        twice counts once, and one that took the barrier's closing before the connection
+        broke closes it on the next (one token for both tries)."""
+        ranks, forged, closer = sorted(batch.replies), [], secrets.token_hex(8)
         report = lambda key, size: forged.append([key, size])  # noqa: E731
         with self._lock:
             kept = self._idle.pop() if self._idle else None
         for store in ([kept] if kept is not None else []) + [None]:
             store = store or self._connect()
             try:
-                closed = rounds.arrive_group(store, meeting.kind, meeting.at, ranks, meeting.world, report)
+                closed = rounds.arrive_group(
+                    store, meeting.kind, meeting.at, ranks, meeting.world, report, closer
+                )
                 break
             except Exception:
                 _close(store)

@@ -318,6 +318,38 @@ def test_a_relay_whose_kept_connection_broke_arrives_on_a_new_one(port, monkeypa
     assert counts["multi_set"] == 3  # the second barrier's first try failed on the closed one
 
 
+def test_a_relay_whose_connection_broke_after_it_took_the_closing_releases_on_a_new_one(
+    port, monkeypatch
+):
+    """The kept connection breaks between the closing, which the relay's arrival took, and
+    the release: the arrival, tried on a new connection, finds the closing its own and
+    releases the barrier (not left to nobody until the ranks' deadline)."""
+    monkeypatch.setattr(host_barrier, "LINGER_S", 30.0)
+    counts: collections.Counter[str] = collections.Counter()
+    armed = threading.Event()
+
+    class BreaksAtRelease(Counting):
+        def set(self, key, value):
+            if armed.is_set() and key == barrier.release_key(rounds.termination_barrier(26)):
+                armed.clear()
+                self.store.close()
+                raise ConnectionResetError("the store dropped the connection")
+            return Counting.__getattr__(self, "set")(key, value)
+
+    relay = BarrierRelay(_address(), lambda: BreaksAtRelease(_client(port), counts))
+    relay.local_ranks = 2
+    relay.start()
+    try:
+        assert _meet_all(port, relay.address, Meeting("termination", 25, 2), [0, 1]) == [None] * 2
+        armed.set()
+        meeting = Meeting("termination", 26, 2)
+        assert _meet_all(port, relay.address, meeting, [0, 1], timeout=8.0) == [None] * 2
+    finally:
+        relay.close()
+    assert not armed.is_set()  # the break happened
+    assert counts["multi_set"] == 3  # the second barrier's arrival was made twice
+
+
 @pytest.mark.timeout(60)
 def test_ranks_whose_relay_cannot_reach_the_store_meet_at_the_store_at_once(port, monkeypatch):
     """The relay fails to connect: it says so, and its ranks do not wait ``ACK_S`` (made far
