@@ -61,7 +61,7 @@ from datetime import timedelta
 from typing import Any
 
 from . import errors
-from .seal import SealedList, Sealer
+from .seal import SealedList, Sealer, text_of
 from .sealed_keys import MAX_GENERATIONS
 
 log = logging.getLogger(__name__)
@@ -103,10 +103,6 @@ class BarrierOverflow(BarrierError):
         self.count = count
 
 
-def _text(raw: bytes | str) -> str:
-    return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
-
-
 @dataclass(frozen=True)
 class Sealing:
     """How a sealed barrier's keys are sealed: the job's ``sealer``, the ``full_key`` a key
@@ -123,7 +119,7 @@ class Sealing:
 
     def valid(self, key: str, raw: bytes | str) -> bool:
         """Whether ``raw``, read at ``key`` of the view, unseals."""
-        return self.sealer.unseal(self.full_key(key), _text(raw)) is not None
+        return self.sealer.unseal(self.full_key(key), text_of(raw)) is not None
 
     def entry(self, key: str, payload: str) -> bytes:
         """``payload`` as one entry of the sealed list at ``key`` of the view, to append."""
@@ -131,7 +127,7 @@ class Sealing:
 
     def entries(self, key: str, raw: bytes | str) -> SealedList:
         """The sealed list ``raw`` read at ``key`` of the view."""
-        return self.sealer.entries(self.full_key(key), _text(raw))
+        return self.sealer.entries(self.full_key(key), text_of(raw))
 
     def passed_over(self, forged: list[tuple[str, int]]) -> None:
         """Report the forged values (key of the view, length) this process's value replaced."""

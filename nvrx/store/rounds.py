@@ -238,7 +238,7 @@ def current_round(store: Any) -> int | None:
         return _read_int(store, CURRENT_ROUND)
     if not store.check([CURRENT_ROUND]):
         return None
-    entries = sealer.entries(CURRENT_ROUND, _text(store.get(CURRENT_ROUND)))
+    entries = sealer.entries(CURRENT_ROUND, seal.text_of(store.get(CURRENT_ROUND)))
     published = [int(e) for e in entries.valid if e.isdigit()]
     return max(published) if published else None
 
@@ -297,7 +297,7 @@ def job_restarts(store: Any) -> int:
         return int(store.add(JOB_RESTARTS, 0))
     if not store.check([JOB_RESTARTS]):
         return 0
-    return len(set(sealer.entries(JOB_RESTARTS, _text(store.get(JOB_RESTARTS))).valid))
+    return len(set(sealer.entries(JOB_RESTARTS, seal.text_of(store.get(JOB_RESTARTS))).valid))
 
 
 def _restarts_without_forged(store: Any) -> tuple[int, int, int]:
@@ -308,7 +308,7 @@ def _restarts_without_forged(store: Any) -> tuple[int, int, int]:
     if sealer is None or not store.check([JOB_RESTARTS]):
         return job_restarts(store), 0, 0
     raw = store.get(JOB_RESTARTS)  # compared as read: a forged value need not be UTF-8
-    entries = sealer.entries(JOB_RESTARTS, _text(raw))
+    entries = sealer.entries(JOB_RESTARTS, seal.text_of(raw))
     valid = list(dict.fromkeys(entries.valid))
     if entries.invalid:
         kept = "".join(sealer.entry(JOB_RESTARTS, began) for began in valid)
@@ -381,14 +381,10 @@ def _sealed(key: str, payload: str) -> str:
     return payload if sealer is None else sealer.seal(key, payload)
 
 
-def _text(raw: bytes | str) -> str:
-    return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
-
-
 def _unsealed(key: str, raw: bytes | str) -> str | None:
     """The payload of ``raw`` read at ``key``; None when it does not unseal."""
     sealer = seal.job_sealer()
-    return _text(raw) if sealer is None else sealer.unseal(key, _text(raw))
+    return seal.text_of(raw) if sealer is None else sealer.unseal(key, seal.text_of(raw))
 
 
 #: Told of a forged value a process passed over (its full key, its length in bytes).
@@ -432,7 +428,7 @@ def all_gone(store: Any) -> set[int]:
         return rank_lists.read(store, GONE_LIST)
     if not store.check([GONE_LIST]):
         return set()
-    entries = sealer.entries(GONE_LIST, _text(store.get(GONE_LIST)))
+    entries = sealer.entries(GONE_LIST, seal.text_of(store.get(GONE_LIST)))
     return {int(r) for r in entries.valid if r.isdigit()}
 
 
@@ -875,7 +871,7 @@ def checked_terminated(store: Any) -> Terminated:
     otherwise make a healthy rank leave at the next restart, or hide a real end)."""
     if not store.check([TERMINATED]):
         return Terminated(set())
-    text = _text(store.get(TERMINATED))
+    text = seal.text_of(store.get(TERMINATED))
     sealer = seal.job_sealer()
     if sealer is None:
         return Terminated({int(part) for part in text.split(",") if part.strip()})
@@ -1022,7 +1018,7 @@ def _chain_write(base: Any, key: str, payload: str, past_valid: bool) -> tuple[s
         if held == value:
             base.set(at, value)  # a compare_set wakes no waiter on torch's legacy backend
             return at, forged
-        if sealer.unseal(at, _text(held)) is None:  # type: ignore[union-attr]
+        if sealer.unseal(at, seal.text_of(held)) is None:  # type: ignore[union-attr]
             forged.append((at, len(held)))
         elif not past_valid:
             return None, forged

@@ -93,6 +93,11 @@ def run_of_job(env: dict[str, str] | None = None) -> int:
     return int(jobenv.seconds_from(env, "SLURM_RESTART_COUNT", 0))
 
 
+def text_of(raw: bytes | str) -> str:
+    """A value read from the store as the text a seal covers (bytes decoded, others as text)."""
+    return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+
+
 def seal(secret: bytes, key: str, payload: str, run: int) -> str:
     """``payload`` sealed for ``key`` in run ``run``."""
     if SEPARATOR in payload or ENTRY in payload:
