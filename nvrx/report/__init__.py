@@ -7,10 +7,9 @@ printed one. Reads files only: no torch, no writes to the logs.
 
 from nvrx.events.failures import parse_traceback
 
-from .build import build_report
+from .build import Report, build_report
 from .loading import ReportError
 from .model import REPORT_SCHEMA_NAME, REPORT_SCHEMA_VERSION
-from .printable import Report
 
 __all__ = [
     "REPORT_SCHEMA_NAME",

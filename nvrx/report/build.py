@@ -1,8 +1,11 @@
 """``build_report``: a job's log directory (and SLURM's records) in, a ``Report`` out.
 
-Event files are summarized in worker processes when there are many of them
-(one file per process, so they are independent), and merged as they come.
-Nothing here writes to the log directory.
+``Report`` is the report's data (``model.ReportData``) with its printed forms: the
+renderers read ``ReportData``; ``Report``, above them, hands itself to the one its
+format asks for. Event files are folded into one ``JobSummary`` (``aggregate_files``:
+the unit of work of a worker process), in worker processes when there are many of them
+(one file per process, so they are independent), and merged as they come. Nothing here
+writes to the log directory.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -20,9 +23,9 @@ from typing import TextIO
 
 from . import job_facts, time_ledger
 from .activity import build_activity
-from .aggregate import aggregate_files, run_starts_of
+from .compact import compress_ints
 from .failure_groups import add_output_findings, build_failures
-from .filter_match import check_named
+from .file_summary import FileSummary
 from .job_rounds import job_restart_rounds, world_of
 from .job_summary import JobSummary
 from .loading import JobDir, ReportError, resolve_job_dir
@@ -31,6 +34,8 @@ from .model import (
     LogFinding,
     ProcessRestart,
     Reading,
+    RejectedWrite,
+    ReportData,
     Restarts,
     RoundRow,
     SlurmContext,
@@ -39,11 +44,11 @@ from .model import (
 from .node_loss import LossIndex, node_losses
 from .output_scan import scan_output_file
 from .output_triage import Death, EventFacts, triage
-from .printable import Report
 from .process_rows import process_restarts
 from .progress import Progress
 from .rank_files import attach_rank_files, name_causes
-from .rejected_writes import build_rejected_writes
+from .render import render
+from .render_html import render_html
 from .restores import build_restores
 from .slurm_context import (
     default_search_dirs,
@@ -53,8 +58,9 @@ from .slurm_context import (
     sacct_requeues,
 )
 from .stragglers import build_stragglers
-from .summarize import Filters, summarize_file
+from .summarize import Filters, fold_file, summarize_file
 from .suspects import build_suspects
+from .text_doc import TEXT_WIDTH
 from .timeline import build_timeline
 
 #: Below this many rank files holding fewer bytes, worker processes cost more than they save.
@@ -90,10 +96,46 @@ def _chunks(files: list[Path], sizes: dict[Path, int], n: int) -> list[list[Path
     return [sorted(chunk, key=order.__getitem__) for chunk in chunks]
 
 
+def aggregate_files(
+    paths: Sequence[str | os.PathLike[str]],
+    filters: Filters | None = None,
+    run_starts: dict[str, list[float]] | None = None,
+) -> JobSummary:
+    """Summarize and merge ``paths`` into one ``JobSummary`` (the unit of work of a worker process).
+
+    When the job ran once (each supervisor started once), every file's rounds are of run 0,
+    and the files fold them straight into the job's: no round state of a file is merged.
+    A file that starts a run itself, or is damaged, has the files folded one by one instead.
+    """
+    job = JobSummary.starting(run_starts)
+    if job.runs == 1:
+        for path in paths:
+            fs = fold_file(path, filters, job_rounds=job.rounds)
+            if fs is None or fs.run_starts:
+                break
+            job.add(fs)
+        else:
+            return job
+        job = JobSummary.starting(run_starts)
+    for path in paths:
+        job.add(summarize_file(path, filters))
+    return job
+
+
+def run_starts_of(summaries: Iterable[FileSummary]) -> dict[str, list[float]]:
+    """``supervisor_start`` wall times per ``run_key`` in ``summaries``: where each job run begins."""
+    starts: dict[str, list[float]] = {}
+    for fs in summaries:
+        for key, wall in fs.run_starts:
+            starts.setdefault(key, []).append(wall)
+    return starts
+
+
 def _aggregate(
     files: Sequence[Path], filters: Filters, workers: int, progress: Progress
 ) -> JobSummary:
-    """All files folded into one ``JobSummary``; in worker processes when there are many.
+    """All files folded into one ``JobSummary`` (``aggregate_files``); in worker processes
+    when there are many.
 
     Per-node files go first, in this process: their ``supervisor_start``
     events date the job's runs, which workers need to file rounds under.
@@ -186,6 +228,17 @@ def _log_findings(
     return judged.findings, judged.explained
 
 
+class Report(ReportData):
+    """The whole report; ``to_dict`` is the JSON contract, ``to_text`` renders it."""
+
+    def to_text(self, format: str = "table", width: int | None = TEXT_WIDTH) -> str:
+        """Render as ``table`` (default), ``markdown``, ``json`` or ``html`` (a whole page).
+        ``width``: the widest line of ``table`` (cells wrapped to fit; None: no limit)."""
+        if format == "html":
+            return render_html(self)
+        return render(self, format, width)
+
+
 def build_report(
     log_dir: str | os.PathLike[str] | None = None,
     job: str | None = None,
@@ -252,8 +305,28 @@ def _told_by_events(agg: JobSummary, timeline: list[RoundRow], stragglers: list)
     return {
         "restores": build_restores(agg, timeline),
         "stragglers": stragglers,
-        "rejected_writes": build_rejected_writes(agg),
+        "rejected_writes": _rejected_writes(agg),
     }
+
+
+def _rejected_writes(agg: JobSummary) -> list[RejectedWrite]:
+    """Every ``rejected_write`` event, in the order they were recorded: a value of a sealed
+    control key whose seal did not verify (forged by a process without the job's secret, or
+    replayed from another key, round or run). One process of the job records them
+    (``docs/security.md`` names which, key by key); the job acted on none of them, and the
+    report lists them as a sign that something else reaches the job's store."""
+    found = [e for e in agg.node_events if e.get("kind") == "rejected_write"]
+    return [
+        RejectedWrite(
+            run=e["run"],
+            wall=e.get("wall"),
+            node=e.get("node"),
+            key=e.get("key"),
+            reason=e.get("reason"),
+            value_bytes=e.get("value_bytes"),
+        )
+        for e in sorted(found, key=lambda e: e.get("wall") or 0.0)
+    ]
 
 
 _WALL_CLOCK_NOTE = (
@@ -309,7 +382,7 @@ def _read_events(
     if agg.events_used == 0:
         if filters.job is not None or filters.rank is not None:  # do they exist at all?
             everything = _aggregate(job_dir.files, Filters(), workers, Progress(0))
-            check_named(filters, everything.jobs, everything.ranks, job_dir.path)
+            _check_named(filters, everything.jobs, everything.ranks, job_dir.path)
         notes.append("no event matches the --job/--rank/--node/--since filters")
     if len(agg.jobs) > 1 and filters.job is None:
         notes.append(
@@ -324,6 +397,20 @@ def _read_events(
             "counted up to the process's last event"
         )
     return agg
+
+
+def _check_named(filters: Filters, jobs: set[str], ranks: set[int], directory: Path) -> None:
+    """``ReportError`` (exit 2) when ``filters`` ask for a job or rank that none of the events
+    of ``directory`` (``jobs``, ``ranks``: what they hold) names; the error says what is there.
+    Without it a typo'd job id or a rank beyond the job's world would print an empty report
+    and exit 0."""
+    if filters.job is not None and jobs and filters.job not in jobs:
+        raise ReportError(
+            f"no job {filters.job!r} in {str(directory)!r}: jobs {', '.join(sorted(jobs))}"
+        )
+    if filters.rank is not None and filters.rank not in ranks:
+        there = f"ranks {compress_ints(ranks)}" if ranks else "no rank wrote events"
+        raise ReportError(f"no rank {filters.rank} in {str(directory)!r}: {there}")
 
 
 def _summary(
@@ -402,4 +489,4 @@ def _reading(log_dir: Path, agg: JobSummary, notes: list[str]) -> Reading:
     )
 
 
-__all__ = ["ReportError", "build_report"]
+__all__ = ["Report", "ReportError", "build_report"]

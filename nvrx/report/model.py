@@ -410,7 +410,7 @@ class Reading:
 
 @dataclass
 class ReportData:
-    """The whole report's data; ``to_dict`` is the JSON contract. ``printable.Report`` adds
+    """The whole report's data; ``to_dict`` is the JSON contract. ``build.Report`` adds
     ``to_text``: the renderers read this type, so it knows none of them."""
 
     summary: Summary

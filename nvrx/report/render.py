@@ -12,7 +12,6 @@ from .model import ProcessRestart, ReportData
 from .process_rows import JOB_RESTART, NODE_LOST
 from .render_answer import answer_section, first_failure, no_exclude_reason
 from .render_losses import node_losses_section
-from .render_rejected_writes import rejected_writes_section
 from .render_restores import restores_section
 from .render_stragglers import stragglers_section
 from .stacks import stuck_first
@@ -164,6 +163,23 @@ def _timeline(doc: Doc, r: ReportData) -> None:
             )
         doc.text("Phase latency per round (slowest rank):")
         doc.table(rows, (["run"] if many_runs else []) + ["round", "detection", *names])
+
+
+def _rejected_writes(doc: Doc, r: ReportData) -> None:
+    """Control values in the store the job did not write: one row per rejected value;
+    nothing when there was none."""
+    if not r.rejected_writes:
+        return
+    doc.heading("Rejected writes")
+    rows = [
+        [when(x.wall), str(x.run), x.key or "-", str(x.value_bytes or 0), x.reason or "-"]
+        for x in r.rejected_writes
+    ]
+    doc.table(rows, ["when (UTC)", "run", "key", "bytes", "why"])
+    doc.text(
+        "values of the job's control keys without a valid seal: not acted on; something that "
+        "is not this job reaches its store (docs/security.md)"
+    )
 
 
 def _failures(doc: Doc, r: ReportData) -> None:
@@ -328,7 +344,7 @@ SECTIONS: dict[str, Callable[[Doc, ReportData], None]] = {
     "timeline": _timeline,
     "restores": restores_section,
     "stragglers": stragglers_section,
-    "rejected_writes": rejected_writes_section,
+    "rejected_writes": _rejected_writes,
     "failures": _failures,
     "hangs": _hangs,
     "process_restarts": _process_restarts,

@@ -27,7 +27,7 @@ from test_report_fixtures import write_standard_job
 from nvrx.events.reader import ReadStats
 from nvrx.events.schema import KINDS
 from nvrx.events.validation import all_usual, usable_event
-from nvrx.report import aggregate, build_report, file_fold, loading, summarize, typed_events
+from nvrx.report import build, build_report, file_fold, loading, summarize, typed_events
 from nvrx.report.file_fold import FileFolder
 from nvrx.report.file_summary import FileSummary
 from nvrx.report.kind_handlers import DISPATCH
@@ -121,9 +121,9 @@ def _rounds(job_dir: Path) -> dict[Any, Any]:
     """The round states of the job's rank files aggregated as a worker process does."""
     files = sorted(job_dir.glob("*.jsonl"))
     node_files = [p for p in files if p.name.startswith(("supervisor-", "store-"))]
-    starts = aggregate.run_starts_of(summarize.summarize_file(p) for p in node_files)
+    starts = build.run_starts_of(summarize.summarize_file(p) for p in node_files)
     rank_files = [p for p in files if p not in node_files]
-    return aggregate.aggregate_files(rank_files, None, starts).rounds
+    return build.aggregate_files(rank_files, None, starts).rounds
 
 
 def _careful(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -132,7 +132,7 @@ def _careful(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(loading, "parse_file", lambda path: None)
     monkeypatch.setattr(summarize, "read_whole_lines", lambda path: None)
     monkeypatch.setattr(file_fold, "EVENT_FIELDS", itemgetter("no such field"))
-    monkeypatch.setattr(aggregate, "fold_file", lambda *args, **kwargs: None)
+    monkeypatch.setattr(build, "fold_file", lambda *args, **kwargs: None)
 
 
 def _mutate_second_event_of_round_0(job_dir: Path, mutation: Mutation) -> None:
@@ -336,7 +336,7 @@ def test_rounds_folded_into_the_job_equal_the_files_rounds_merged(
     fast, fast_rounds = _report(job_dir), _rounds(job_dir)
     assert fast["summary"]["runs"] == (2 if rank_file_starts_a_run else 1)
     assert any(run == 1 for run, _ in fast_rounds) == rank_file_starts_a_run
-    monkeypatch.setattr(aggregate, "fold_file", lambda *args, **kwargs: None)
+    monkeypatch.setattr(build, "fold_file", lambda *args, **kwargs: None)
     assert fast == _report(job_dir)
     assert fast_rounds == _rounds(job_dir)
 

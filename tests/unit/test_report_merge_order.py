@@ -23,7 +23,7 @@ from test_report_vocabulary import _demo_like_job
 
 from nvrx.report import build as build_module
 from nvrx.report import build_report
-from nvrx.report.aggregate import aggregate_files, run_starts_of
+from nvrx.report.build import aggregate_files, run_starts_of
 from nvrx.report.job_summary import JobSummary
 from nvrx.report.summarize import Filters, summarize_file
 
