@@ -43,9 +43,12 @@ def main() -> NoReturn:
 
 def main_prestarted() -> NoReturn:
     """Entry point of a program started ahead of its rank: its imports first (those of its
-    link to the store too: the program imports the round protocol), then the rest."""
+    link to the store too), then the rest."""
     processes.ignore_warning_signal()
+    from nvrx.inprocess import monitor_store
     from nvrx.inprocess.monitor_main import main as watch
+
+    monitor_store.preload()
 
     sys.stdout.write(IMPORTED_LINE)
     sys.stdout.flush()

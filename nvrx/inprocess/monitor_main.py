@@ -47,7 +47,7 @@ from typing import Any
 from nvrx import events, processes, rank_beats
 from nvrx.store.faults import FaultRecord, announce_leave, emit_fault
 
-from . import monitor_store, monitor_target, node_agent
+from . import monitor_store, monitor_target
 from .logging import setup_monitor_logging
 from .monitor_process import STACK_SIGNAL, MonitorConfig
 from .progress_watchdog import (
@@ -78,6 +78,8 @@ class _Monitor:
         self.sender = rank_beats.BeatSender(beats_path) if beats_path else None
         # Beats through the store, or a store to host, need the link before the watch.
         beside = self.sender is not None and not cfg.host_store
+        if not beside:  # now: beside the start of a store service launched by the boot
+            monitor_store.preload()
         if early is not None:
             self.service = early.wait_started()
         elif cfg.host_store:
@@ -98,6 +100,8 @@ class _Monitor:
         (self.link.start if beside else self.link.make)()
         self.host = None
         if self.sender is None:  # the Wrapper alone: beats go to the host's node agent
+            from . import node_agent  # not under a supervisor, which reads the beats itself
+
             self.host = node_agent.AgentLink(cfg, self.link.get)
 
     def _round_store(self) -> Any:

@@ -38,6 +38,14 @@ class StoreUnavailable(RuntimeError):
     """The link to the store could not be made (the error it met is the cause)."""
 
 
+def preload() -> None:
+    """Import the modules that act on the store (the round protocol): ahead of a wait they
+    can overlap (the store service the monitor hosts starting; a standby's monitor started
+    ahead). The program itself does not import them: under a supervisor its link is made
+    beside the watch, and they with it."""
+    from nvrx.store import rounds  # noqa: F401
+
+
 def connect(cfg: MonitorConfig) -> Any:
     """A client of the store ``cfg`` names: its store factory, else its host and port."""
     if cfg.store_factory:

@@ -262,6 +262,20 @@ def test_a_monitor_that_hosts_the_store_links_to_it_without_importing_torch(tmp_
     assert done.returncode == 0  # 3: torch was imported by the time the link was made
 
 
+def test_the_monitor_program_leaves_the_store_modules_to_its_link():
+    """The monitor writes a fault's event before its link is made: the program imports the
+    event's builder (``nvrx.store.faults``), and its link the round protocol
+    (``nvrx.store.rounds``), beside the watch under a supervisor; the node agent's module,
+    for a rank without a supervisor, is imported only then."""
+    check = (
+        "import sys, nvrx.inprocess.monitor_main\n"
+        "loaded = {'nvrx.store.rounds', 'nvrx.inprocess.node_agent'} & set(sys.modules)\n"
+        "sys.exit(3 if loaded else 0 if 'nvrx.store.faults' in sys.modules else 4)"
+    )
+    done = subprocess.run([sys.executable, "-c", check], check=False, timeout=120)
+    assert done.returncode == 0
+
+
 def test_a_monitor_started_ahead_has_imported_its_store_modules_when_it_says_so():
     """A warm standby's monitor: its link's imports are done before ``{"imported": true}``,
     and none of them is torch."""

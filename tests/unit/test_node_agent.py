@@ -27,6 +27,7 @@ from nvrx.inprocess.host_ring import ENTRIES, RING, list_ended, list_rank, live_
 from nvrx.inprocess.monitor_process import MonitorConfig
 from nvrx.rank_beats import Beat, BeatSender, BeatSocket
 from nvrx.store import barrier, client, keys, ring, rounds
+from nvrx.store.wire import WireStore
 from tests.support.waiting import wait_until
 
 TIMEOUT = 0.5
@@ -400,7 +401,13 @@ class _Thawed:
 
 
 @pytest.fixture
-def thawed(base):
+def thawed(base, monkeypatch):
+    # The agent connects at its first step, within its host threshold (0.5 s here) by
+    # default; the test's store server may stall on a reverse-DNS look-up for longer
+    # (``tests/conftest.py``), and the connection's timeout is not what these tests test.
+    monkeypatch.setattr(
+        node_agent, "connect_store", lambda cfg: WireStore("127.0.0.1", cfg.store_port, timeout=30)
+    )
     made = _Thawed(base)
     yield made
     made.close()
