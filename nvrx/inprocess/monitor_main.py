@@ -80,6 +80,9 @@ class _Monitor:
         beside = self.sender is not None and not cfg.host_store
         if not beside:  # now: beside the start of a store service launched by the boot
             monitor_store.preload()
+        agents = None
+        if self.sender is None:  # the Wrapper alone: beats go to the host's node agent
+            from . import node_agent as agents  # not under a supervisor, which reads them
         if early is not None:
             self.service = early.wait_started()
         elif cfg.host_store:
@@ -98,11 +101,7 @@ class _Monitor:
         self.child = rank_beats.child_of_supervisor()
         self.link = monitor_store.StoreLink(functools.partial(monitor_store.connect, cfg))
         (self.link.start if beside else self.link.make)()
-        self.host = None
-        if self.sender is None:  # the Wrapper alone: beats go to the host's node agent
-            from . import node_agent  # not under a supervisor, which reads the beats itself
-
-            self.host = node_agent.AgentLink(cfg, self.link.get)
+        self.host = None if agents is None else agents.AgentLink(cfg, self.link.get)
 
     def _round_store(self) -> Any:
         """The store view of the current round; waits for the link to the store, beating."""

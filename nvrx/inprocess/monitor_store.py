@@ -41,8 +41,8 @@ class StoreUnavailable(RuntimeError):
 def preload() -> None:
     """Import the modules that act on the store (the round protocol): ahead of a wait they
     can overlap (the store service the monitor hosts starting; a standby's monitor started
-    ahead). The program itself does not import them: under a supervisor its link is made
-    beside the watch, and they with it."""
+    ahead). Importing the monitor's program does not import them: under a supervisor its
+    link, made beside the watch, imports them there."""
     from nvrx.store import rounds  # noqa: F401
 
 

@@ -1,7 +1,7 @@
 """What the report keeps of one event file (``FileSummary``), and where the job's runs begin.
 
 One file is one process: ``file_fold`` fills a summary event by event, in a
-worker process when there are many files, and ``aggregate`` merges them.
+worker process when there are many files, and ``build.aggregate_files`` merges them.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Their common fields are kept as read (the reader checked them), their own fields
 made the type the report expects (None when unusable). Whether a child's exit
 was a failure or part of a stop is decided once all of them are known
-(``aggregate``, ``process_rows``).
+(``build.aggregate_files``, ``process_rows``).
 """
 
 from __future__ import annotations

@@ -40,7 +40,8 @@ valid value overwritten after it was written (an arrival, the closing, a release
 the barrier until its timeout (a denial of service, as deleting keys is).
 
 These functions take any object with torch's ``Store`` API (``set``, ``add``,
-``wait``, ``check``; a sealed barrier also ``get``, ``multi_get``, ``compare_set`` and ``append``),
+``wait``, ``check``; one that completes ``by_keys`` also ``compare_set`` (returning bytes); a
+sealed barrier also ``get``, ``multi_get`` and ``append``),
 with one exception: ``barrier`` runs a plain barrier
 (neither reentrant nor with ``before_release``, and a timeout) as torch's
 native ``Store.barrier``, called unbound (``Store.barrier(store, ...)``) so
@@ -356,20 +357,25 @@ def _count_and_close(
     finds every key written: the barrier completes whatever the count says beyond that.
     The closing holds the closer's token (``closer``, a fresh one when None): an arrival
     tried again with the same token after its connection broke, even once it took the
-    closing, finds the closing its own and releases the barrier itself."""
+    closing, finds the closing its own and releases the barrier itself: it runs
+    ``before_release`` again (which must bear that: the round protocol's count a restart
+    once and write the same values again), unless the release is raised already (one
+    request more, made only by an arrival that has a ``closer`` to try again with)."""
     if int(store.add(_count_key(name), arrivals)) < count:
         return False
     complete, forged = _all_arrived(store, name, count, sealing)
     if not complete:
         return False
-    closer = closer or secrets.token_hex(8)
+    token = closer or secrets.token_hex(8)
     if sealing is None:
-        if bytes(store.compare_set(_closing_key(name), "", closer)) != closer.encode():
+        if bytes(store.compare_set(_closing_key(name), "", token)) != token.encode():
             return False  # another arrival found it complete too, and releases
     else:
-        if not _take(store, _closing_key(name), sealing, closer):
+        if not _take(store, _closing_key(name), sealing, token):
             return False
         sealing.passed_over(forged)  # the group list's forged entries, by the one that closed
+    if closer is not None and raised(store, release_key(name), sealing):
+        return True  # a try before this one released it (its answer was lost)
     if before_release is not None:
         before_release()
     signal(store, release_key(name), sealing)

@@ -32,8 +32,9 @@ drops a datagram of another user, as ``nvrx.rank_beats`` does), in this order:
 5. ``failed`` agent → each of them, where the store failed the agent: they meet the
    barrier at the store themselves at once.
 
-A sealed barrier costs the agent one ``compare_set`` per rank for the arrivals (a
-``multi_set`` cannot tell the forged values it overwrites), one ``add`` and one wait.
+A sealed barrier costs the agent one ``append`` (one entry of the barrier's group list naming
+its ranks: ``nvrx.store.barrier``), one ``add`` and one wait, plus the reads of the arrivals
+when its count completes the barrier.
 
 What a rank does when the agent is not there: no agent bound at the address (the rank's
 socket, connected to it for the barrier, is refused), or no ``arrived`` within ``ACK_S``:
@@ -486,7 +487,9 @@ class BarrierRelay:
                     raise
         log.info("barrier %s %d: arrived for ranks %s%s", meeting.kind, meeting.at, ranks,
                  " and released it" if closed else "")  # fmt: skip
-        # the forged values this arrival replaced: the batch's lowest rank reports them
+        # the forged values this arrival replaced (once, over both tries): the batch's lowest
+        # rank reports them
+        forged = [list(f) for f in dict.fromkeys(map(tuple, forged))]
         self._answer({ranks[0]: batch.replies[ranks[0]]}, {"op": "arrived", "forged": forged}, meeting)
         self._answer({r: batch.replies[r] for r in ranks[1:]}, {"op": "arrived"}, meeting)
         return store

@@ -281,6 +281,8 @@ def count_job_restart(store: Any, began: str = "") -> int:
     the new total."""
     sealer = seal.job_sealer()
     if sealer is None:
+        if began and int(store.add(f"{JOB_RESTARTS}/{began}", 1)) != 1:
+            return job_restarts(store)  # counted before
         return int(store.add(JOB_RESTARTS, 1))
     _append_restart(store, sealer, began or f"x{secrets.token_hex(8)}")
     return job_restarts(store)

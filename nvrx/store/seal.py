@@ -172,4 +172,4 @@ def _mac(secret: bytes, key: str, payload: str, run: int) -> str:
     return hmac.new(secret, message, hashlib.sha256).hexdigest()[:_DIGITS]
 
 
-__all__ = ["ENTRY", "MIN_SECRET_BYTES", "SEPARATOR", "SealedList", "Sealer", "job_sealer", "new_secret", "parse_secret", "read_secret_file", "run_of_job", "seal", "unseal"]
+__all__ = ["ENTRY", "MIN_SECRET_BYTES", "SEPARATOR", "SealedList", "Sealer", "job_sealer", "new_secret", "parse_secret", "read_secret_file", "run_of_job", "seal", "text_of", "unseal"]

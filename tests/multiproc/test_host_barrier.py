@@ -350,6 +350,37 @@ def test_a_relay_whose_connection_broke_after_it_took_the_closing_releases_on_a_
     assert counts["multi_set"] == 3  # the second barrier's arrival was made twice
 
 
+def test_an_arrival_tried_again_while_it_opened_a_generation_opens_it_once(port):
+    """The arrival that closes a generation's initial barrier loses its connection while it
+    opens the generation (its restart counted already): tried again with the same token, it
+    opens it again and releases, and the restart counts once; tried once more after the
+    release, it runs nothing again; another token does not close it."""
+    store, generation = _client(port), 500_000 + secrets.randbelow(10_000) * 100
+    armed = threading.Event()
+    armed.set()
+
+    class BreaksAtPublish(Counting):
+        def set(self, key, value):
+            if armed.is_set() and key == rounds.CURRENT_ROUND:
+                armed.clear()
+                raise ConnectionResetError("the store dropped the connection")
+            return Counting.__getattr__(self, "set")(key, value)
+
+    counts: collections.Counter[str] = collections.Counter()
+    release = barrier.release_key(rounds.initial_barrier(generation))
+    before = rounds.job_restarts(store)
+    with pytest.raises(ConnectionResetError):
+        rounds.arrive_group(BreaksAtPublish(_client(port), counts), "initial", generation, [0, 1], 2, None, "a")
+    assert rounds.job_restarts(store) == before + 1 and not barrier.raised(store, release, None)
+    assert rounds.arrive_group(_client(port), "initial", generation, [0, 1], 2, None, "a")
+    assert rounds.job_restarts(store) == before + 1 and barrier.raised(store, release, None)
+    torch_key = f"{rounds.TORCH_DEFAULT_PG_PREFIX}test-{secrets.token_hex(4)}"
+    store.set(torch_key, "written by a released rank")
+    assert rounds.arrive_group(_client(port), "initial", generation, [0, 1], 2, None, "a")
+    assert store.check([torch_key])  # the generation was not opened again: nothing cleared
+    assert not rounds.arrive_group(_client(port), "initial", generation, [0, 1], 2, None, "b")
+
+
 @pytest.mark.timeout(60)
 def test_ranks_whose_relay_cannot_reach_the_store_meet_at_the_store_at_once(port, monkeypatch):
     """The relay fails to connect: it says so, and its ranks do not wait ``ACK_S`` (made far

@@ -12,7 +12,7 @@ test controls rather than a race:
 * a rank's death is seen and its ``fault`` event (``dead``) written at once; the store
   part (the rank leaves its round) follows once the gate opens, and its replacement
   rejoins;
-* a monitor whose link cannot be made (its imports fail) ends with a
+* a monitor whose link cannot be made (its connection is refused) ends with a
   ``process_end`` event, and its rank, unwatched, leaves the job at its next round.
 """
 

@@ -312,6 +312,9 @@ def test_a_rank_leaving_between_two_rounds_leaves_the_round_it_was_heading_into(
     _monitor_faults_but_no_timeout(ranks)
     exits = [f for f in _kinds(ranks.events(), "fault") if f["fault_kind"] == "exit"]
     assert [(f["round"], f["rank"]) for f in exits] == [(1, 2)], ranks.logs()
+    exit_fault = exits[0]  # built from the exception, as the rank's own faults are
+    assert exit_fault["origin_rank"] == 2 and exit_fault["exc_type"].endswith("RuntimeError")
+    assert exit_fault["signature"] and "RuntimeError" in exit_fault["traceback"]
 
 
 def test_a_rank_dying_before_init_process_group_does_not_hold_the_others_in_its_rendezvous(
