@@ -17,10 +17,10 @@ import ipaddress
 import json
 import logging
 import os
+import select
 import signal
 import socket
 import sys
-import threading
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -131,13 +131,13 @@ def _bind(host: str, port: int, bind: str) -> tuple[Any, str]:
 
 
 def _serve_until(
-    stop: threading.Event,
+    stop: _StopSignals,
     store: Any,
     where: tuple[str, str],
     ready_fd: int | None,
     spec: SnapshotSpec | None,
 ) -> None:
-    """Restore the snapshot, keep it up to date and serve ``store`` until ``stop`` is set;
+    """Restore the snapshot, keep it up to date and serve ``store`` until a stop signal;
     ``where``: the address clients reach it at, and the address it listens on."""
     from nvrx import events
 
@@ -157,6 +157,45 @@ def _serve_until(
     writer.emit("store_end", reason="stopped by signal")
 
 
+class _StopSignals:
+    """SIGTERM and SIGINT (the parent's death sends SIGTERM too), as something the main
+    thread waits for.
+
+    The kernel hands a signal sent to the process to any of its threads that takes it: the
+    TCPStore server's own thread, torch's. Python runs its handler on the main thread only,
+    once that thread runs Python again: a main thread blocked in a lock never would, and
+    the server would serve on. So the main thread waits in ``select`` on the wakeup
+    descriptor, which the signal's C-level handler writes the signal's number to, whichever
+    thread it runs on."""
+
+    def __init__(self) -> None:
+        self._wake, wake_write = os.pipe()
+        for fd in (self._wake, wake_write):
+            os.set_blocking(fd, False)
+        signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+        self.received = False
+        for signum in _STOP:
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.received = True
+
+    def wait(self, other: int | None = None) -> bool:
+        """Until a stop signal came (True) or ``other`` is readable (False)."""
+        watched = [self._wake] if other is None else [self._wake, other]
+        while not self.received:
+            ready, _, _ = select.select(watched, [], [])
+            with contextlib.suppress(BlockingIOError):
+                if set(os.read(self._wake, 512)) & {int(signum) for signum in _STOP}:
+                    self.received = True  # its handler may not have run yet
+            if other in ready and not self.received:
+                return False
+        return True
+
+
+_STOP = (signal.SIGTERM, signal.SIGINT)
+
+
 def _serve(
     host: str,
     port: int,
@@ -166,16 +205,7 @@ def _serve(
     held: bool = False,
     bind: str | None = None,
 ) -> int:
-    stop = threading.Event()
-    holding = held
-
-    def on_signal(signum: int, _frame: object) -> None:
-        if holding:
-            raise SystemExit(0)  # interrupts the wait for the release
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = _StopSignals()
     _die_with_parent()
     if parent_pid is not None and os.getppid() != parent_pid:
         return 1  # the parent died before the death signal was armed
@@ -185,9 +215,8 @@ def _serve(
     import torch.distributed  # noqa: F401  (a held server has torch imported before its release)
 
     if held:
-        if not sys.stdin.buffer.readline():
-            return 0  # never released: not needed
-        holding = False
+        if stop.wait(sys.stdin.fileno()) or not sys.stdin.buffer.readline():
+            return 0  # stopped, or never released: not needed
     store, listening = _bind(host, port, bind or host)
     if store is None:
         _report(ready_fd, {"error": listening})

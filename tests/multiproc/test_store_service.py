@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -55,6 +57,46 @@ def test_port_in_use_is_a_clear_error() -> None:
     with StoreService("127.0.0.1", 0) as svc:
         with pytest.raises(StorePortInUse, match=f"127.0.0.1:{svc.port} is already in use"):
             StoreService("127.0.0.1", svc.port).start()
+
+
+_TGKILL = {"x86_64": 234, "aarch64": 131}  # the syscall's number
+
+
+def _signal_thread(pid: int, tid: int, signum: int) -> None:
+    """Send ``signum`` to thread ``tid`` of process ``pid`` (``tgkill``), not to the process."""
+    number = _TGKILL.get(os.uname().machine)
+    if number is None:
+        pytest.skip(f"tgkill's syscall number is not known here ({os.uname().machine})")
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(number, pid, tid, int(signum)) != 0:
+        raise OSError(ctypes.get_errno(), f"tgkill({pid}, {tid}, {signum})")
+
+
+@pytest.mark.timeout(120)
+def test_stop_signals_that_come_in_a_burst_or_to_another_thread_stop_it(tmp_path: Path) -> None:
+    """The kernel hands a signal sent to the service to any of its threads (the TCPStore
+    server's own, torch's), and a stop may come more than once (the parent's death sends
+    SIGTERM too, a stop sends its own): the service ends all the same, with one
+    ``store_end`` event. (Its handler used to set a ``threading.Event``: a signal that
+    came while an earlier one's handler held the event's lock deadlocked the service,
+    about one burst in six.)"""
+    for attempt in range(3):
+        svc = StoreService("127.0.0.1", 0, job_id=f"svc{attempt}", log_dir=tmp_path).start()
+        try:
+            pid = svc.pid
+            assert pid is not None
+            others = [t.id for t in psutil.Process(pid).threads() if t.id != pid]
+            assert others, "the server runs threads of its own"
+            _signal_thread(pid, others[0], signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                for signum in [signal.SIGTERM, signal.SIGINT] * 100:
+                    os.kill(pid, signum)
+            wait_until("the service to end", lambda: not svc.alive, 20)  # noqa: B023
+        finally:
+            code = svc.stop()
+        assert code == 0
+        events, _ = read_dir(tmp_path / f"svc{attempt}")
+        assert [e["reason"] for e in events if e["kind"] == "store_end"] == ["stopped by signal"]
 
 
 @pytest.mark.timeout(60)
