@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from nvrx import jobenv
+from nvrx.signal_pipe import SignalPipe
 
 from . import snapshot
 from .snapshot import SnapshotSpec
@@ -131,7 +132,7 @@ def _bind(host: str, port: int, bind: str) -> tuple[Any, str]:
 
 
 def _serve_until(
-    stop: _StopSignals,
+    signals: SignalPipe,
     store: Any,
     where: tuple[str, str],
     ready_fd: int | None,
@@ -151,49 +152,22 @@ def _serve_until(
         "store_start", addr=where[0], listen=where[1], port=store.port, restored_keys=restored
     )
     _report(ready_fd, {"port": store.port, "pid": os.getpid()})
-    stop.wait()
+    _stopped(signals)
     if keeper is not None:
         keeper.stop()
     writer.emit("store_end", reason="stopped by signal")
 
 
-class _StopSignals:
-    """SIGTERM and SIGINT (the parent's death sends SIGTERM too), as something the main
-    thread waits for.
-
-    The kernel hands a signal sent to the process to any of its threads that takes it: the
-    TCPStore server's own thread, torch's. Python runs its handler on the main thread only,
-    once that thread runs Python again: a main thread blocked in a lock never would, and
-    the server would serve on. So the main thread waits in ``select`` on the wakeup
-    descriptor, which the signal's C-level handler writes the signal's number to, whichever
-    thread it runs on."""
-
-    def __init__(self) -> None:
-        self._wake, wake_write = os.pipe()
-        for fd in (self._wake, wake_write):
-            os.set_blocking(fd, False)
-        signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
-        self.received = False
-        for signum in _STOP:
-            signal.signal(signum, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: object) -> None:
-        self.received = True
-
-    def wait(self, other: int | None = None) -> bool:
-        """Until a stop signal came (True) or ``other`` is readable (False)."""
-        watched = [self._wake] if other is None else [self._wake, other]
-        while not self.received:
-            ready, _, _ = select.select(watched, [], [])
-            with contextlib.suppress(BlockingIOError):
-                if set(os.read(self._wake, 512)) & {int(signum) for signum in _STOP}:
-                    self.received = True  # its handler may not have run yet
-            if other in ready and not self.received:
-                return False
-        return True
-
-
-_STOP = (signal.SIGTERM, signal.SIGINT)
+def _stopped(signals: SignalPipe, other: int | None = None) -> bool:
+    """Wait until a stop signal came (True) or ``other`` is readable (False). Waiting on the
+    signal pipe, not in a handler: see ``nvrx.signal_pipe``."""
+    watched = [signals.fileno()] if other is None else [signals.fileno(), other]
+    while True:
+        ready, _, _ = select.select(watched, [], [])
+        if signals.read():
+            return True
+        if other in ready:
+            return False
 
 
 def _serve(
@@ -205,7 +179,7 @@ def _serve(
     held: bool = False,
     bind: str | None = None,
 ) -> int:
-    stop = _StopSignals()
+    signals = SignalPipe((signal.SIGTERM, signal.SIGINT)).install()
     _die_with_parent()
     if parent_pid is not None and os.getppid() != parent_pid:
         return 1  # the parent died before the death signal was armed
@@ -215,13 +189,13 @@ def _serve(
     import torch.distributed  # noqa: F401  (a held server has torch imported before its release)
 
     if held:
-        if stop.wait(sys.stdin.fileno()) or not sys.stdin.buffer.readline():
+        if _stopped(signals, sys.stdin.fileno()) or not sys.stdin.buffer.readline():
             return 0  # stopped, or never released: not needed
     store, listening = _bind(host, port, bind or host)
     if store is None:
         _report(ready_fd, {"error": listening})
         return 2
-    _serve_until(stop, store, (host, listening), ready_fd, spec)
+    _serve_until(signals, store, (host, listening), ready_fd, spec)
     del store
     return 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from nvrx.signal_pipe import STOP_SIGNALS, SignalPipe
 from nvrx.store import rounds
 from nvrx.store.service import (
     SnapshotSpec,
@@ -17,7 +18,6 @@ from nvrx.store.service import (
 from . import node_keys, store_failover
 from .config import KEY_PREFIX, SupervisorConfig
 from .exit_codes import ExitCode, SupervisorError
-from .signals import STOP_SIGNALS, SignalPipe
 
 
 def snapshot_spec(cfg: SupervisorConfig, restore: bool = False) -> SnapshotSpec:

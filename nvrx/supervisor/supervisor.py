@@ -28,6 +28,7 @@ import signal
 import time
 
 from nvrx import events, jobenv
+from nvrx.signal_pipe import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
 from nvrx.store import seal
 
 from . import job_secret, node_requeue, preemption, store_failover
@@ -46,7 +47,6 @@ from .node_roles import NodeRoles
 from .policy import Decision, RestartPolicy, Verdict, last_fault, last_round_fault, root_cause_line
 from .preemption import PreemptionHandler
 from .restart_standby import RestartStandby
-from .signals import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
 from .standby import READY_KEY, Standbys
 from .step_times import StepTimes
 from .stop_flag import MAX_REJECTIONS_TOLD, StopFlag

@@ -62,8 +62,8 @@ def test_signals_during_a_supervisors_wait_are_kept_and_do_not_extend_it() -> No
     import threading
     import time
 
+    from nvrx.signal_pipe import SignalPipe
     from nvrx.supervisor.exit_codes import SupervisorError
-    from nvrx.supervisor.signals import SignalPipe
     from nvrx.supervisor.store_setup import await_store_or_stop
 
     cfg = _node_1(_free_port(), timeout=2.0)
@@ -96,7 +96,7 @@ def test_a_stop_signal_during_a_supervisors_wait_is_returned_with_what_came_befo
     import os
     import signal
 
-    from nvrx.supervisor.signals import SignalPipe
+    from nvrx.signal_pipe import SignalPipe
     from nvrx.supervisor.store_setup import await_store_or_stop
 
     cfg = _node_1(_free_port(), timeout=60.0)

@@ -10,12 +10,12 @@ import signal
 import pytest
 
 from nvrx.jobenv import JobEnv
+from nvrx.signal_pipe import SignalPipe
 from nvrx.supervisor.children import ExitStatus
 from nvrx.supervisor.config import ConfigError, SupervisorConfig, local_job
 from nvrx.supervisor.exit_codes import ExitCode, describe, for_signal
 from nvrx.supervisor.job_restart import streak_of
 from nvrx.supervisor.policy import Decision, LastFault, RestartPolicy, exit_signature, last_fault
-from nvrx.supervisor.signals import SignalPipe
 
 
 class Budget:

@@ -2,7 +2,12 @@
 
 ``signal.set_wakeup_fd`` makes the C-level handler write each signal's number
 to a pipe; the Python handlers installed here are no-ops, so no work ever runs
-inside a handler and a blocked ``select`` wakes up at once.
+inside a handler and a blocked ``select`` wakes up at once. Both matter: the kernel
+hands a signal sent to a process to any of its threads, and Python runs its handler
+only on the main thread once that thread runs Python again (never, for a main thread
+blocked in a lock); and a handler that takes a lock (``threading.Event.set``) deadlocks
+when a second signal comes while it holds it. The supervisor's loop and the store
+service wait on this pipe.
 """
 
 from __future__ import annotations
@@ -13,9 +18,9 @@ import signal
 from collections.abc import Iterable
 from types import FrameType
 
-#: Signals that stop the job: scancel, time limit, preemption, Ctrl-C.
+#: Signals that stop the supervisor's job: scancel, time limit, preemption, Ctrl-C.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-#: Signals passed on to the children unchanged (SLURM's --signal warnings before a time limit).
+#: Signals a supervisor passes on to its children unchanged (SLURM's --signal warnings).
 FORWARD_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 
 
