@@ -315,11 +315,13 @@ def arrive_group(
     before_release: Callable[[], None] | None = None,
     sealing: Sealing | None = None,
     closer: str | None = None,
+    again: bool = False,
 ) -> bool:
     """Register ``ranks`` at barrier ``name`` of ``count`` participants, met ``by_keys``, as
     one arrival (a host's agent for the host's ranks); True if it completed the barrier
     (``before_release`` ran, the release is raised). ``closer``: this arrival's token at
-    the closing, the same for each try of one arrival (``_count_and_close``).
+    the closing, the same for each try of one arrival; ``again``: a try after the first
+    (``_count_and_close``).
 
     One write whatever the number of ranks, and one ``add`` that raises the count
     by their number (a rank registered before, by itself or a proxy, is counted again: the
@@ -338,7 +340,7 @@ def arrive_group(
     else:
         listed = ",".join(map(str, ranks))
         store.append(_group_key(name), sealing.entry(_group_key(name), f"{listed}:{secrets.token_hex(8)}"))
-    return _count_and_close(store, name, count, len(ranks), before_release, sealing, closer)
+    return _count_and_close(store, name, count, len(ranks), before_release, sealing, closer, again)
 
 
 def _count_and_close(
@@ -349,6 +351,7 @@ def _count_and_close(
     before_release: Callable[[], None] | None,
     sealing: Sealing | None,
     closer: str | None = None,
+    again: bool = False,
 ) -> bool:
     """``arrivals`` registered: count them, and release the barrier if it is complete and no
     other arrival that found it complete took the closing first; True when this one did.
@@ -360,7 +363,7 @@ def _count_and_close(
     closing, finds the closing its own and releases the barrier itself: it runs
     ``before_release`` again (which must bear that: the round protocol's count a restart
     once and write the same values again), unless the release is raised already (one
-    request more, made only by an arrival that has a ``closer`` to try again with)."""
+    request more, made only by a try ``again``)."""
     if int(store.add(_count_key(name), arrivals)) < count:
         return False
     complete, forged = _all_arrived(store, name, count, sealing)
@@ -374,7 +377,7 @@ def _count_and_close(
         if not _take(store, _closing_key(name), sealing, token):
             return False
         sealing.passed_over(forged)  # the group list's forged entries, by the one that closed
-    if closer is not None and raised(store, release_key(name), sealing):
+    if again and raised(store, release_key(name), sealing):
         return True  # a try before this one released it (its answer was lost)
     if before_release is not None:
         before_release()

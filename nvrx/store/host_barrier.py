@@ -474,11 +474,13 @@ class BarrierRelay:
         report = lambda key, size: forged.append([key, size])  # noqa: E731
         with self._lock:
             kept = self._idle.pop() if self._idle else None
-        for store in ([kept] if kept is not None else []) + [None]:
+        tries = ([kept] if kept is not None else []) + [None]
+        for again, store in enumerate(tries):
             store = store or self._connect()
             try:
                 closed = rounds.arrive_group(
-                    store, meeting.kind, meeting.at, ranks, meeting.world, report, closer
+                    store, meeting.kind, meeting.at, ranks, meeting.world, report, closer,
+                    again=bool(again),
                 )
                 break
             except Exception:

@@ -772,16 +772,18 @@ def arrive_group(
     world_size: int,
     on_forged: OnForged | None = None,
     closer: str | None = None,
+    again: bool = False,
 ) -> bool:
     """Register ``ranks`` at barrier ``kind`` of ``at`` in one arrival (``barrier.arrive_group``),
     as each would register itself; True when this arrival completed and released it.
     ``on_forged``: told of each forged value it replaced (an arrival's, the release's).
-    ``closer``: the arrival's token, the same for each of its tries (see ``barrier``)."""
+    ``closer``: the arrival's token, the same for each of its tries; ``again``: a try after
+    the first (see ``barrier``)."""
     store, name, before_release = _host_barrier(base, kind, at, world_size)
     sealing = _sealing(store, on_forged)
     return barrier.arrive_group(
         store, name, ranks, world_size,
-        before_release=before_release, sealing=sealing, closer=closer,
+        before_release=before_release, sealing=sealing, closer=closer, again=again,
     )  # fmt: skip
 
 

@@ -182,6 +182,8 @@ def test_two_hosts_meet_one_barrier_each_through_its_relay(port, monkeypatch):
             relay.close()
     assert raised == [None] * 6
     assert counts["multi_set"] == 2 and counts["wait"] == 2
+    # the closer's one look at the arrivals, its closing, its release: no more on a first try
+    assert counts["check"] == 1 and counts["compare_set"] == 1 and counts["set"] == 1
 
 
 def test_ranks_without_an_agent_meet_at_the_store(port):
@@ -372,11 +374,12 @@ def test_an_arrival_tried_again_while_it_opened_a_generation_opens_it_once(port)
     with pytest.raises(ConnectionResetError):
         rounds.arrive_group(BreaksAtPublish(_client(port), counts), "initial", generation, [0, 1], 2, None, "a")
     assert rounds.job_restarts(store) == before + 1 and not barrier.raised(store, release, None)
-    assert rounds.arrive_group(_client(port), "initial", generation, [0, 1], 2, None, "a")
+    again = {"on_forged": None, "closer": "a", "again": True}
+    assert rounds.arrive_group(_client(port), "initial", generation, [0, 1], 2, **again)
     assert rounds.job_restarts(store) == before + 1 and barrier.raised(store, release, None)
     torch_key = f"{rounds.TORCH_DEFAULT_PG_PREFIX}test-{secrets.token_hex(4)}"
     store.set(torch_key, "written by a released rank")
-    assert rounds.arrive_group(_client(port), "initial", generation, [0, 1], 2, None, "a")
+    assert rounds.arrive_group(_client(port), "initial", generation, [0, 1], 2, **again)
     assert store.check([torch_key])  # the generation was not opened again: nothing cleared
     assert not rounds.arrive_group(_client(port), "initial", generation, [0, 1], 2, None, "b")
 
