@@ -29,16 +29,20 @@ supervisor (issue 37; paired runs, printed for the unsupervised pair too).
 
 Run as root (or where ``unshare -rn`` is allowed) it re-executes itself in a private network
 namespace, so that loopback connections do not stall on reverse DNS (torch's store does a
-lookup per connection); otherwise it sets RES_OPTIONS and says so.
+lookup per connection); otherwise it sets RES_OPTIONS and says so. It first caches nvrx's
+bytecode (``compileall``), as an installed package has it: where ``PYTHONDONTWRITEBYTECODE`` is
+set, each process would otherwise compile every nvrx module it imports (``--no-compile``).
 
     .venv/bin/python bench/startup.py [--repeats 3] [--nproc 4]
-        [--variants plain,wrapper,supervised,supervised-wrapper]
+        [--variants plain,wrapper,supervised,supervised-wrapper] [--no-compile]
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import compileall
+import importlib.util
 import os
 import re
 import statistics
@@ -377,6 +381,11 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=180.0, help="s before a job is killed")
     parser.add_argument("--no-importtime", action="store_true", help="skip the import analysis")
     parser.add_argument("--no-netns", action="store_true", help="stay in this network namespace")
+    parser.add_argument(
+        "--no-compile", action="store_true",
+        help="leave nvrx's modules as they are: where no bytecode is cached, every process "
+        "compiles the ones it imports",
+    )  # fmt: skip
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     for v in variants:
@@ -390,6 +399,8 @@ def main() -> int:
         f"{args.nproc} ranks, {args.repeats} runs per variant, {os.cpu_count()} CPUs, "
         f"load average {os.getloadavg()[0]:.1f} at the start"
     )
+    if not args.no_compile:
+        _compile_nvrx()
     t = time.monotonic()
     subprocess.run([sys.executable, "-c", "import torch"], check=True, capture_output=True)
     print(f"one `python -c 'import torch'` alone: {time.monotonic() - t:.2f} s (how loaded this box is)")
@@ -451,6 +462,19 @@ def main() -> int:
         if not args.no_importtime:
             importtime(args, tmp)
     return 0
+
+
+def _compile_nvrx() -> None:
+    """Cache nvrx's bytecode, as an installed package has it (pip compiles what it
+    installs). Where ``PYTHONDONTWRITEBYTECODE`` is set, as on some shared machines, an
+    editable checkout is compiled anew by every process at every import: for a Wrapper
+    rank that is a tenth of a second or more of compiling at its start."""
+    spec = importlib.util.find_spec("nvrx")
+    assert spec is not None and spec.submodule_search_locations
+    for directory in spec.submodule_search_locations:
+        compileall.compile_dir(directory, quiet=1)
+    told = " (PYTHONDONTWRITEBYTECODE is set here)" if sys.dont_write_bytecode else ""
+    print(f"nvrx's bytecode cached, as an installed package's is{told}; --no-compile leaves it")
 
 
 def _wrapper_lag(runs: dict[str, list[Run]], variants: list[str]) -> None:

@@ -236,6 +236,7 @@ class RankBeats:
         self.ranks: dict[int, Beating] = {}
         self._latest: dict[int, int] = {}  # local rank -> the latest attempt that beat
         self.wrapper_pids: set[int] = set()  # processes whose monitor beat: Wrapper ranks
+        self.in_round_pids: set[int] = set()  # those that beat from a round: they train
 
     def record(self, beats: list[Beat], now: float | None = None) -> None:
         """Apply received beats: a ``bye`` ends the watch of its process. A beat of an
@@ -245,6 +246,8 @@ class RankBeats:
         now = time.monotonic() if now is None else now
         for beat in beats:
             self.wrapper_pids.add(beat.pid)
+            if beat.round >= 0:
+                self.in_round_pids.add(beat.pid)
             if beat.local_rank >= 0:
                 latest = self._latest.setdefault(beat.local_rank, beat.attempt)
                 if beat.attempt < latest:

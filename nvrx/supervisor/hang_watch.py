@@ -123,6 +123,8 @@ class HangWatch:
                 self.step_times.record(watched.rank, detail)
             if what == "init":  # a new process of the rank: its first steps warm up
                 self.step_times.restart(watched.rank)
+                if watched.pid is not None:
+                    self.ranks.told_training(watched.pid)
             elif what == "end":
                 selector.unregister(key.fd)
                 log.info("local rank %s stopped being monitored (%s)", watched.local_rank, detail)
@@ -196,6 +198,9 @@ class HangWatch:
         event = message.get("event")
         if event == "wrapper_pid":
             self.wrapper_pids.add(int(message["pid"]))
+            return True
+        if event == "rank_in_round":
+            self.ranks.told_training(int(message["pid"]))
             return True
         if event != "rank_silent":
             return False

@@ -68,6 +68,12 @@ class LocalRanks:
         """The children still running."""
         return [c for c in self.children.values() if c.running]
 
+    def told_training(self, pid: int) -> None:
+        """The running child ``pid`` told it trains (``Child.training``)."""
+        for child in self.running():
+            if child.pid == pid:
+                child.training = True
+
     def reap(self, node_rank: int | None, ended: Callable[[int, ExitStatus, int], None]) -> None:
         """Record each child that ended, then call ``ended(local_rank, status, pid)`` for it
         (before the next one is looked at: what it decides may start a child)."""

@@ -1,8 +1,8 @@
 """A warm standby for process restarts, kept by one part of the supervisor.
 
 A restarted rank's first second or more goes to a fresh interpreter importing
-torch, while its peers wait for it. So once this node's children have all
-started, the supervisor keeps one standby (``standby``; ``Standbys.keep_ready``)
+torch, while its peers wait for it. So once this node's children train, the
+supervisor keeps one standby (``standby``; ``Standbys.keep_ready``)
 for the whole node, whatever ``--nproc-per-node``: the next child started on
 this node, of whichever local rank (a per-rank restart, or the first rank of a
 job-wide restart; the others start cold), becomes it, if it is warm. One still
@@ -10,10 +10,13 @@ importing stays for a later restart and the rank starts cold, so a standby is
 never slower than a fresh interpreter (a script that imports nothing heavy
 starts faster cold than a standby that imports torch first).
 
-The next standby is started at the next turn of the loop, right after the
-replacement (a fork: it costs the restart nothing); never before the children
-started (it would slow their start), nor while the job stops, a store failover
-runs or a job-wide restart waits for its children to end. ``standby_start``
+A standby imports torch, and on a node with few cores it would slow the ranks' own
+start. So the first one is started once every child of the node told that it trains
+(``Child.training``: its Wrapper monitor beat from a round, or its fault-tolerance
+client connected), or ``UNTOLD_WAIT_S`` after the last child started when one did not
+tell (a script that uses neither tells nothing). The next one is started the same way
+after a replacement (a fork, which costs the restart nothing), and never while the job
+stops, a store failover runs or a job-wide restart waits for its children to end. ``standby_start``
 tells its pid, ``standby_ready`` when it is warm (it and the Wrapper monitor it
 started ahead are past their imports; the supervisor's selector wakes on it).
 One that died before it was needed is replaced, with a warning; after
@@ -36,6 +39,7 @@ local rank is piped, and routed as the rank's when it becomes one (``rank_output
 from __future__ import annotations
 
 import logging
+import time
 
 from .course import Course, CourseTracker
 from .job_store import JobStore
@@ -44,6 +48,10 @@ from .node_control import NodeControl
 from .standby import Standbys
 
 log = logging.getLogger(__name__)
+
+#: How long after its last child started a node waits for a child that does not tell
+#: it trains, before it starts the standby anyway.
+UNTOLD_WAIT_S = 5.0
 
 
 class RestartStandby:
@@ -68,6 +76,8 @@ class RestartStandby:
         node_rank, ranks, control = self.control.node_rank, self.ranks, self.control
         if node_rank is None or len(ranks.children) < cfg.nproc_per_node or not ranks.running():
             return  # a spare waiting, children not all started yet, or all ended
+        if self.deadline() is not None:
+            return  # its children still start: it would compete with their imports
         local_ranks = range(cfg.nproc_per_node)
         pid = self.standbys.keep_ready(
             cfg.command, lambda: cfg.child_env(0, 1, node_rank=node_rank), local_ranks
@@ -75,6 +85,15 @@ class RestartStandby:
         if pid is not None:
             log.info("warm standby for restarts: pid %d", pid)
             control.emit("standby_start", standby_pid=pid, purpose="restart")
+
+    def deadline(self) -> float | None:
+        """When this node stops waiting for its children to tell they train (the loop's
+        wake-up); None when they told, or the wait is over."""
+        running = self.ranks.running()
+        if not self.standbys.enabled or not running or all(c.training for c in running):
+            return None
+        end = max(child.started for child in running) + UNTOLD_WAIT_S
+        return end if end > time.monotonic() else None
 
     def on_ready(self) -> None:
         """The standby for restarts said it is warm (or ended: replaced at the next turn)."""

@@ -467,7 +467,7 @@ class Supervisor:
         try:
             self.reap()  # children that ended before the selector existed
             while self.running() or self.course.one_of(Course.SPARE, Course.RESTARTING):
-                self.restart_standby.keep_ready()  # once the children started; again after a restart
+                self.restart_standby.keep_ready()  # once the children train; again after a restart
                 self._on_store_events(self._poll_once(selector, self._wait_s()))
                 if self.store.roles is not None:
                     self.store.roles.probes.poll()
@@ -487,9 +487,11 @@ class Supervisor:
 
     def _wait_s(self) -> float | None:
         """How long the loop may wait for what comes: until the kill deadline, a probe's
-        deadline or the hang watch's next look, whichever is first; None: no bound."""
+        deadline, the end of the standby's wait for the children or the hang watch's next
+        look, whichever is first; None: no bound."""
         roles = self.store.roles
-        wake = [t for t in (self.kill_at, roles and roles.probes.deadline()) if t is not None]
+        deadlines = (self.kill_at, roles and roles.probes.deadline(), self.restart_standby.deadline())
+        wake = [t for t in deadlines if t is not None]
         timeout = max(0.0, min(wake) - time.monotonic()) if wake else None
         return self.step_times.timeout(self.hang_watch.timeout(timeout))
 

@@ -1,5 +1,5 @@
 """The warm standby for process restarts (``nvrx.supervisor.restart_standby``): once a node's
-children started, its supervisor keeps one standby ready, which becomes the next rank it
+children train, its supervisor keeps one standby ready, which becomes the next rank it
 restarts, and prepares the next one right away; ``--no-warm-standby`` restarts cold."""
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ TRAIN = textwrap.dedent(
 
     stop = Path(os.environ["STOP_FILE"])
     app = events.configure("app")
+    if os.environ["RANK"] == "1":
+        time.sleep(float(os.environ["RANK1_LATE_S"]))  # a rank that takes longer to start
 
     @inprocess.Wrapper()
     def train(call_wrapper: inprocess.CallWrapper = None):
@@ -60,20 +62,21 @@ TRAIN = textwrap.dedent(
 class Watched:
     """A job of one supervisor and 2 Wrapper ranks, the processes seen under it, and waits."""
 
-    def __init__(self, tmp_path: Path, *options: str) -> None:
+    def __init__(self, tmp_path: Path, *options: str, rank1_late_s: float = 0.0) -> None:
         if "--no-warm-standby" not in options:
             options = ("--warm-standby", *options)
         script = tmp_path / "train.py"
         script.write_text(TRAIN)
         self.stop = tmp_path / "stop"
         os.environ["STOP_FILE"] = str(self.stop)
+        os.environ["RANK1_LATE_S"] = str(rank1_late_s)
         try:
             # local rank 0 tee'd, local rank 1 to its files only: the standby, which may
             # become either, routes its streams once it knows which
             self.job = Job(tmp_path, 1, 2, [sys.executable, str(script)], "--max-restarts", "8",
                            "--tee", "3", "--local-ranks-filter", "0", *options)  # fmt: skip
         finally:
-            del os.environ["STOP_FILE"]
+            del os.environ["STOP_FILE"], os.environ["RANK1_LATE_S"]
         self.seen: set[int] = set()
 
     def until(self, what: str, condition: Callable[[], object]) -> None:
@@ -158,7 +161,7 @@ def _completed_at_full_size(watched: Watched, codes: list[int | None]) -> None:
 
 @pytest.mark.timeout(420)
 def test_each_killed_rank_is_replaced_by_the_standby_prepared_before(tmp_path: Path) -> None:
-    with Watched(tmp_path) as watched:
+    with Watched(tmp_path, rank1_late_s=2.0) as watched:
         first = watched.kill_rank1(standbys_ready=1)
         second = watched.kill_rank1(standbys_ready=2)
         watched.until("the third standby to be warm", lambda: len(watched.ready()) >= 3)
@@ -172,8 +175,14 @@ def test_each_killed_rank_is_replaced_by_the_standby_prepared_before(tmp_path: P
     starts = sorted(job.events("child_start"), key=lambda e: e["wall"])
     initial = [e for e in starts if e["attempt"] == 0]
     assert [e["warm"] for e in initial] == [False, False]
-    # no standby before the children started; each next one right after a replacement
-    assert job.events("standby_start")[0]["wall"] >= max(e["wall"] for e in initial)
+    # no standby before both ranks train (past their imports and the initial barrier, in
+    # the round their monitor beats from), though rank 0 beat 2 s before rank 1 started
+    # the Wrapper; each next one right after a replacement
+    phases = job.events("restart_phase", component="wrapper")
+    initial_pids = {e["child_pid"] for e in initial}
+    passed = [e for e in phases if e["phase"] == "initial_barrier" and e["pid"] in initial_pids]
+    assert len(passed) == 2, job.output()
+    assert job.events("standby_start")[0]["wall"] >= max(e["wall"] for e in passed + initial)
     replacements = [e for e in starts if e["attempt"] > 0]
     assert [(e["local_rank"], e["attempt"], e["warm"]) for e in replacements] == [
         (1, 1, True),

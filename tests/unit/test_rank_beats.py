@@ -198,12 +198,28 @@ def test_beats_cost_the_store_nothing_and_a_new_process_is_told_once(tmp_path) -
         for _ in range(5):
             assert sender.send(_beat(pid=5))
             watch.step(time.monotonic())
-        assert told == [{"event": "wrapper_pid", "pid": 5}]
+        assert told == [{"event": "wrapper_pid", "pid": 5}, {"event": "rank_in_round", "pid": 5}]
         watch.step(time.monotonic() + 11.0)  # its monitor fell silent beyond 10 s
-        [silent] = told[1:]
+        [silent] = told[2:]
         assert silent["event"] == "rank_silent" and Beat(**silent["beat"]) == _beat(pid=5)
         watch.step(time.monotonic() + 12.0)
-        assert len(told) == 2  # each silence told once
+        assert len(told) == 3  # each silence told once
+    finally:
+        sender.close()
+        watch.sock.close(unlink=False)
+
+
+def test_a_process_is_told_in_a_round_once_from_its_first_beat_in_one(tmp_path) -> None:
+    """What the supervisor waits for before it starts a standby: the rank trains."""
+    watch, sender, told = _watch(tmp_path)
+    try:
+        assert sender.send(_beat(pid=6, round=-1))  # its monitor is up, before the first round
+        watch.step(time.monotonic())
+        assert told == [{"event": "wrapper_pid", "pid": 6}]
+        for round_ in (0, 0, 1):
+            assert sender.send(_beat(pid=6, round=round_))
+            watch.step(time.monotonic())
+        assert told[1:] == [{"event": "rank_in_round", "pid": 6}]
     finally:
         sender.close()
         watch.sock.close(unlink=False)
@@ -241,7 +257,7 @@ def test_the_store_agent_reads_the_beats_of_the_socket_it_is_given(tmp_path) -> 
             select.select([link.fileno()], [], [], 30)  # the agent's next message
             told.extend(link.read_events())
             assert link.lost is None, told
-        assert told[0] == {"event": "wrapper_pid", "pid": 5}
+        assert told[:2] == [{"event": "wrapper_pid", "pid": 5}, {"event": "rank_in_round", "pid": 5}]
         assert Beat(**told[-1]["beat"]).pid == 5 and told[-1]["silent_s"] >= 0.5
     finally:
         sender.close()

@@ -4,9 +4,17 @@ stop at once."""
 
 from __future__ import annotations
 
+import signal
+import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
+from nvrx import processes
+from nvrx.supervisor import restart_standby
+from nvrx.supervisor.children import Child
 from nvrx.supervisor.config import SupervisorConfig, local_job
 from nvrx.supervisor.course import Course
 from nvrx.supervisor.node_control import NodeControl
@@ -46,3 +54,47 @@ def test_a_stop_moves_the_course_once_and_starts_nothing_more(tmp_path: Path) ->
     assert (sup.stop_reason, sup.exit_code) == ("test", 1)
     sup.start_child(0)
     assert sup.ranks.children == {}
+
+
+def test_the_standby_for_restarts_waits_until_the_children_tell_they_train(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A standby imports torch: started while the ranks still import theirs, it would slow
+    them. It waits for each child to tell it trains (its Wrapper monitor's beat from a round,
+    or its fault-tolerance client's connection), or ``UNTOLD_WAIT_S`` when one tells nothing."""
+    sup = _supervisor(tmp_path)
+    sup.course.to(Course.TRAINING)
+    started: list[range] = []
+    monkeypatch.setattr(sup.standbys, "keep_ready", lambda _c, _e, ranks: started.append(ranks) or 4321)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    children = [Child(i, 0, processes.start(sleeper)) for i in range(2)]
+    wait = sup.restart_standby
+    try:
+        sup.ranks.children.update(enumerate(children))
+        wait.keep_ready()
+        assert started == []  # neither told
+        deadline = wait.deadline()
+        assert deadline == max(c.started for c in children) + restart_standby.UNTOLD_WAIT_S
+        now = time.monotonic()
+        assert sup._wait_s() <= deadline - now  # the loop wakes for it
+        assert sup.hang_watch.on_message({"event": "rank_in_round", "pid": children[0].pid})
+        wait.keep_ready()
+        assert started == [] and children[0].training and not children[1].training
+        sup.ranks.told_training(children[1].pid)  # what a fault-tolerance client's init does
+        assert wait.deadline() is None
+        wait.keep_ready()
+        assert started == [range(2)]
+
+        # a script that tells nothing: the standby comes once the wait is over
+        for child in children:
+            child.training, child.started = False, time.monotonic() - restart_standby.UNTOLD_WAIT_S
+        assert wait.deadline() is None
+        wait.keep_ready()
+        assert started == [range(2), range(2)]
+        sup.standbys.enabled = False  # --no-warm-standby: nothing to wake up for
+        children[0].started = time.monotonic()
+        assert wait.deadline() is None
+    finally:
+        for child in children:
+            child.signal_group(signal.SIGKILL)
+            child.proc.wait()
