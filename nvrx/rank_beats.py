@@ -235,8 +235,10 @@ class RankBeats:
     def __init__(self) -> None:
         self.ranks: dict[int, Beating] = {}
         self._latest: dict[int, int] = {}  # local rank -> the latest attempt that beat
-        self.wrapper_pids: set[int] = set()  # processes whose monitor beat: Wrapper ranks
-        self.in_round_pids: set[int] = set()  # those that beat from a round: they train
+        #: Processes whose monitor beats (Wrapper ranks), and those of them that beat from
+        #: a round (they train); a process leaves both with its monitor's ``bye``.
+        self.wrapper_pids: set[int] = set()
+        self.in_round_pids: set[int] = set()
 
     def record(self, beats: list[Beat], now: float | None = None) -> None:
         """Apply received beats: a ``bye`` ends the watch of its process. A beat of an
@@ -245,9 +247,7 @@ class RankBeats:
         care of its rank, and must not stand for the replacement's."""
         now = time.monotonic() if now is None else now
         for beat in beats:
-            self.wrapper_pids.add(beat.pid)
-            if beat.round >= 0:
-                self.in_round_pids.add(beat.pid)
+            self._note_pid(beat)
             if beat.local_rank >= 0:
                 latest = self._latest.setdefault(beat.local_rank, beat.attempt)
                 if beat.attempt < latest:
@@ -262,6 +262,15 @@ class RankBeats:
                 self.ranks[beat.initial_rank] = Beating(beat, now)
             else:
                 current.beat, current.last = beat, now
+
+    def _note_pid(self, beat: Beat) -> None:
+        if beat.bye:  # a later process with its pid, or its next Wrapper call, is new again
+            self.wrapper_pids.discard(beat.pid)
+            self.in_round_pids.discard(beat.pid)
+            return
+        self.wrapper_pids.add(beat.pid)
+        if beat.round >= 0:
+            self.in_round_pids.add(beat.pid)
 
     def due(self, now: float) -> list[Silence]:
         """Ranks silent beyond their timeout, each named once per silence."""

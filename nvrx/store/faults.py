@@ -26,7 +26,7 @@ from typing import Any
 
 from nvrx.events import failures
 
-from .seal import Sealer
+from .seal import Sealer, text_of
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def read_checked(
     if not store.check([key]):
         return CheckedRecords([])
     raw = store.get(key)
-    text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+    text = text_of(raw)
     forged = forged_bytes = 0
     if sealer is None:
         lines = text.splitlines()

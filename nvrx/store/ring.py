@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from . import sealed_keys
-from .seal import ENTRY, SealedList, Sealer
+from .seal import ENTRY, SealedList, Sealer, text_of
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def read_claims(store: Counters, keys: RingKeys, entries: Entries, slot: int) ->
     """Party ``slot``'s claim as it is now, in one request."""
     key = keys.claim(slot)
     raw = store.compare_set(key, _UNSET, _UNSET)
-    value = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+    value = text_of(raw)
     return entries.entries(key, None if value == _UNSET else value)
 
 

@@ -69,8 +69,11 @@ class Child:
         self.started = time.monotonic()
         self.status: ExitStatus | None = None
         self.warm = False  # a standby became this child (``standby``)
+        #: It tells how far it is: its Wrapper monitor beat (``restart_standby`` waits for
+        #: such a child until it trains).
+        self.tells = False
         #: It told it trains: its Wrapper monitor beat from a round, or a fault-tolerance
-        #: client connected (``restart_standby`` waits for it).
+        #: client connected.
         self.training = False
         self.output: RankOutput | None = None  # its streams, when routed (``rank_output``)
         self.directory: Path | None = None  # its error file and log files (``rank_logs``)

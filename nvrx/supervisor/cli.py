@@ -27,6 +27,7 @@ from .config import (
     DEFAULT_MAX_RESTARTS,
     DEFAULT_NODE_HEARTBEAT_S,
     DEFAULT_NODE_TIMEOUT_S,
+    DEFAULT_STANDBY_WAIT_S,
     DEFAULT_STORE_TIMEOUT_S,
     STRAGGLER_ACTIONS,
     ConfigError,
@@ -219,6 +220,16 @@ def _add_nodes(add: Add) -> None:
         "lost node), a node's ranks while a store failover is under way. Only for commands of "
         "the form 'python script.py ...' or 'python -m module ...'; others start cold. "
         "--no-warm-standby (or $NVRX_WARM_STANDBY=0) starts every process cold (default: on)",
+    )
+    add(
+        "--standby-wait",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="a node's standby for restarts starts once its children train (a Wrapper rank in "
+        "its round, a fault-tolerance client connected); for a script that tells neither, this "
+        "long after its last child started, about when its imports are done "
+        f"(default: $NVRX_STANDBY_WAIT_S, else {DEFAULT_STANDBY_WAIT_S:g})",
     )
     add(
         "--min-nodes",
@@ -419,6 +430,9 @@ def _node_settings(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str
             "node_timeout": args.node_timeout
             if args.node_timeout is not None
             else jobenv.seconds_from(env, jobenv.NODE_TIMEOUT_S, DEFAULT_NODE_TIMEOUT_S),
+            "standby_wait": args.standby_wait
+            if args.standby_wait is not None
+            else jobenv.seconds_from(env, jobenv.STANDBY_WAIT_S, DEFAULT_STANDBY_WAIT_S),
         }
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc

@@ -30,6 +30,8 @@ DEFAULT_STORE_TIMEOUT_S = 60.0
 DEFAULT_FINISH_TIMEOUT_S = 300.0
 DEFAULT_NODE_HEARTBEAT_S = 1.0
 DEFAULT_NODE_TIMEOUT_S = 5.0
+#: How long a node waits for children that tell nothing before it starts its restart standby.
+DEFAULT_STANDBY_WAIT_S = 5.0
 
 KEY_PREFIX = "nvrx_supervisor/"
 #: ``--ft-restart-policy`` values (``job_restart``).
@@ -117,6 +119,7 @@ class SupervisorConfig:
     node_timeout: float = DEFAULT_NODE_TIMEOUT_S
     node_liveness: bool = True  # off where a "node" is one rank (fork_and_monitor)
     warm_standby: bool = True  # start children ahead where foreseeable (``standby``)
+    standby_wait: float = DEFAULT_STANDBY_WAIT_S  # children that tell nothing (``restart_standby``)
     extra_env: dict[str, str] = field(default_factory=dict)
     rank_logs: RankLogs = field(default_factory=RankLogs)  # --redirects, --tee, ...
     ft: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)  # --ft-*
@@ -215,6 +218,10 @@ class SupervisorConfig:
                 f"--node-timeout must be at least twice --node-heartbeat "
                 f"({self.node_heartbeat:g} s), so that one late beat is no loss; "
                 f"got {self.node_timeout:g}",
+            ),
+            (
+                self.standby_wait >= 0,
+                f"--standby-wait must be >= 0 seconds, got {self.standby_wait:g}",
             ),
             (
                 self.straggler_action in STRAGGLER_ACTIONS,

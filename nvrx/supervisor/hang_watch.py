@@ -124,7 +124,7 @@ class HangWatch:
             if what == "init":  # a new process of the rank: its first steps warm up
                 self.step_times.restart(watched.rank)
                 if watched.pid is not None:
-                    self.ranks.told_training(watched.pid)
+                    self.ranks.told(watched.pid, training=True)
             elif what == "end":
                 selector.unregister(key.fd)
                 log.info("local rank %s stopped being monitored (%s)", watched.local_rank, detail)
@@ -198,9 +198,10 @@ class HangWatch:
         event = message.get("event")
         if event == "wrapper_pid":
             self.wrapper_pids.add(int(message["pid"]))
+            self.ranks.told(int(message["pid"]), training=False)
             return True
         if event == "rank_in_round":
-            self.ranks.told_training(int(message["pid"]))
+            self.ranks.told(int(message["pid"]), training=True)
             return True
         if event != "rank_silent":
             return False

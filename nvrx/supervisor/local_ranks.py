@@ -68,11 +68,13 @@ class LocalRanks:
         """The children still running."""
         return [c for c in self.children.values() if c.running]
 
-    def told_training(self, pid: int) -> None:
-        """The running child ``pid`` told it trains (``Child.training``)."""
+    def told(self, pid: int, training: bool) -> None:
+        """The running child ``pid`` told of itself (``Child.tells``): that it trains or,
+        with ``training`` False, only that it will tell when it does."""
         for child in self.running():
             if child.pid == pid:
-                child.training = True
+                child.tells = True
+                child.training = child.training or training
 
     def reap(self, node_rank: int | None, ended: Callable[[int, ExitStatus, int], None]) -> None:
         """Record each child that ended, then call ``ended(local_rank, status, pid)`` for it

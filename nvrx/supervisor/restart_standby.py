@@ -13,12 +13,14 @@ starts faster cold than a standby that imports torch first).
 A standby imports torch, and on a node with few cores it would slow the ranks' own
 start. So the first one is started once every child of the node told that it trains
 (``Child.training``: its Wrapper monitor beat from a round, or its fault-tolerance
-client connected), or ``UNTOLD_WAIT_S`` after the last child started when one did not
-tell (a script that uses neither tells nothing). The next one is started the same way
-after a replacement (a fork, which costs the restart nothing), and never while the job
-stops, a store failover runs or a job-wide restart waits for its children to end. ``standby_start``
-tells its pid, ``standby_ready`` when it is warm (it and the Wrapper monitor it
-started ahead are past their imports; the supervisor's selector wakes on it).
+client connected). The node's children run one command: once one of them told anything
+(a Wrapper monitor beats first before its round), the node waits for all of them. A
+script that uses neither tells nothing, and gets its standby ``--standby-wait`` after
+its last child started. The next one is started the same way after a replacement, and
+never while the job stops, a store failover runs or a job-wide restart waits for its
+children to end.
+``standby_start`` tells its pid, ``standby_ready`` when it is warm (it and the Wrapper
+monitor it started ahead are past their imports; the supervisor's selector wakes on it).
 One that died before it was needed is replaced, with a warning; after
 ``standby.MAX_DEATHS`` such deaths restarts start cold. It is discarded at the
 end, with the monitor process it started ahead.
@@ -49,10 +51,6 @@ from .standby import Standbys
 
 log = logging.getLogger(__name__)
 
-#: How long after its last child started a node waits for a child that does not tell
-#: it trains, before it starts the standby anyway.
-UNTOLD_WAIT_S = 5.0
-
 
 class RestartStandby:
     """Keeps one standby ready for this node's next restart, while the node trains."""
@@ -76,7 +74,7 @@ class RestartStandby:
         node_rank, ranks, control = self.control.node_rank, self.ranks, self.control
         if node_rank is None or len(ranks.children) < cfg.nproc_per_node or not ranks.running():
             return  # a spare waiting, children not all started yet, or all ended
-        if self.deadline() is not None:
+        if self._waiting():
             return  # its children still start: it would compete with their imports
         local_ranks = range(cfg.nproc_per_node)
         pid = self.standbys.keep_ready(
@@ -86,13 +84,20 @@ class RestartStandby:
             log.info("warm standby for restarts: pid %d", pid)
             control.emit("standby_start", standby_pid=pid, purpose="restart")
 
-    def deadline(self) -> float | None:
-        """When this node stops waiting for its children to tell they train (the loop's
-        wake-up); None when they told, or the wait is over."""
+    def _waiting(self) -> bool:
+        """Whether the standby waits for a child that did not tell it trains."""
         running = self.ranks.running()
-        if not self.standbys.enabled or not running or all(c.training for c in running):
+        if all(child.training for child in running):
+            return False
+        return any(child.tells for child in running) or self.deadline() is not None
+
+    def deadline(self) -> float | None:
+        """When the wait for children that tell nothing ends (the loop wakes for it); None
+        when it is over, or no child is waited for that way."""
+        running = self.ranks.running()
+        if not self.standbys.enabled or not running or any(c.tells for c in running):
             return None
-        end = max(child.started for child in running) + UNTOLD_WAIT_S
+        end = max(child.started for child in running) + self.store.config.standby_wait
         return end if end > time.monotonic() else None
 
     def on_ready(self) -> None:

@@ -9,7 +9,7 @@ store failover begins, while the new store comes up. At takeover the
 supervisor hands each standby the rank's environment and command, and the
 standby runs the script as ``__main__``, as a fresh interpreter would.
 
-A process restart waits the same way: once its children have started, every
+A process restart waits the same way: once its children train, every
 training supervisor keeps one more standby, for whichever local rank it restarts
 next (``Standbys.keep_ready``; when and why: ``restart_standby``).
 

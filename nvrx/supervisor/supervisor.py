@@ -490,8 +490,8 @@ class Supervisor:
         deadline, the end of the standby's wait for the children or the hang watch's next
         look, whichever is first; None: no bound."""
         roles = self.store.roles
-        deadlines = (self.kill_at, roles and roles.probes.deadline(), self.restart_standby.deadline())
-        wake = [t for t in deadlines if t is not None]
+        probe = roles and roles.probes.deadline()
+        wake = [t for t in (self.kill_at, probe, self.restart_standby.deadline()) if t is not None]
         timeout = max(0.0, min(wake) - time.monotonic()) if wake else None
         return self.step_times.timeout(self.hang_watch.timeout(timeout))
 

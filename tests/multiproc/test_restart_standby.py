@@ -1,6 +1,7 @@
 """The warm standby for process restarts (``nvrx.supervisor.restart_standby``): once a node's
 children train, its supervisor keeps one standby ready, which becomes the next rank it
-restarts, and prepares the next one right away; ``--no-warm-standby`` restarts cold."""
+restarts, and prepares the next one once the replacement trains; ``--no-warm-standby``
+restarts cold."""
 
 from __future__ import annotations
 
@@ -64,7 +65,9 @@ class Watched:
 
     def __init__(self, tmp_path: Path, *options: str, rank1_late_s: float = 0.0) -> None:
         if "--no-warm-standby" not in options:
-            options = ("--warm-standby", *options)
+            # a long --standby-wait: each standby waits until the ranks train, however long
+            # their first beat takes on a loaded machine
+            options = ("--warm-standby", "--standby-wait", "600", *options)
         script = tmp_path / "train.py"
         script.write_text(TRAIN)
         self.stop = tmp_path / "stop"
@@ -177,7 +180,7 @@ def test_each_killed_rank_is_replaced_by_the_standby_prepared_before(tmp_path: P
     assert [e["warm"] for e in initial] == [False, False]
     # no standby before both ranks train (past their imports and the initial barrier, in
     # the round their monitor beats from), though rank 0 beat 2 s before rank 1 started
-    # the Wrapper; each next one right after a replacement
+    # the Wrapper; each next one after a replacement
     phases = job.events("restart_phase", component="wrapper")
     initial_pids = {e["child_pid"] for e in initial}
     passed = [e for e in phases if e["phase"] == "initial_barrier" and e["pid"] in initial_pids]
@@ -275,6 +278,10 @@ def test_a_job_wide_restart_takes_the_standby_for_one_of_its_ranks(tmp_path: Pat
     assert again[0]["child_pid"] == standby
     assert [e["epoch"] for e in job.events("job_restart") if e["phase"] == "started"] == [1]
     assert len(later) <= 1  # prepared after the restart (unless the job ended first)
+    # a script that tells nothing: its standby came --standby-wait (5 s) after its children
+    first = [e for e in job.events("child_start") if e["attempt"] == 0]
+    standby_start = job.events("standby_start")[0]["wall"]
+    assert standby_start - max(e["wall"] for e in first) >= 4.9, job.output()
     assert _alive(seen) == set()
 
 

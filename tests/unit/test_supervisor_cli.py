@@ -132,6 +132,26 @@ def test_warm_standby_option_and_variable(options, env_value, expected) -> None:
     assert cfg.warm_standby is expected
 
 
+@pytest.mark.parametrize(
+    ("options", "env_value", "expected"),
+    [([], None, 5.0), ([], "30", 30.0), (["--standby-wait", "0"], "30", 0.0)],
+)
+def test_standby_wait_option_and_variable(options, env_value, expected) -> None:
+    env = {"PATH": os.environ["PATH"]}
+    if env_value is not None:
+        env["NVRX_STANDBY_WAIT_S"] = env_value
+    cfg, _ = config_from_args([*options, "--", "python", "t.py"], env)
+    assert cfg.standby_wait == expected
+
+
+def test_a_negative_standby_wait_is_an_error() -> None:
+    env = {"PATH": os.environ["PATH"]}
+    with pytest.raises(ConfigError, match=r"--standby-wait must be >= 0 seconds, got -1"):
+        config_from_args(["--standby-wait", "-1", "--", "python", "t.py"], env)
+    with pytest.raises(ConfigError, match=r"NVRX_STANDBY_WAIT_S='x' is not a number"):
+        config_from_args(["--", "python", "t.py"], dict(env, NVRX_STANDBY_WAIT_S="x"))
+
+
 def test_a_warm_standby_variable_that_is_not_0_or_1_is_an_error() -> None:
     env = {"PATH": os.environ["PATH"], "NVRX_WARM_STANDBY": "off"}
     with pytest.raises(ConfigError, match=r"\$NVRX_WARM_STANDBY must be 0 or 1, got 'off'"):

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from nvrx import processes
-from nvrx.supervisor import restart_standby
 from nvrx.supervisor.children import Child
 from nvrx.supervisor.config import SupervisorConfig, local_job
 from nvrx.supervisor.course import Course
@@ -61,33 +60,42 @@ def test_the_standby_for_restarts_waits_until_the_children_tell_they_train(
 ) -> None:
     """A standby imports torch: started while the ranks still import theirs, it would slow
     them. It waits for each child to tell it trains (its Wrapper monitor's beat from a round,
-    or its fault-tolerance client's connection), or ``UNTOLD_WAIT_S`` when one tells nothing."""
+    or its fault-tolerance client's connection); for all of them once one told anything (a
+    Wrapper monitor beats first before its round); ``standby_wait`` when none tells."""
     sup = _supervisor(tmp_path)
     sup.course.to(Course.TRAINING)
     started: list[range] = []
-    monkeypatch.setattr(sup.standbys, "keep_ready", lambda _c, _e, ranks: started.append(ranks) or 4321)
+    monkeypatch.setattr(sup.standbys, "keep_ready", lambda _c, _e, r: started.append(r) or 4321)
     sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
     children = [Child(i, 0, processes.start(sleeper)) for i in range(2)]
-    wait = sup.restart_standby
+    wait, wait_s = sup.restart_standby, sup.config.standby_wait
     try:
         sup.ranks.children.update(enumerate(children))
         wait.keep_ready()
         assert started == []  # neither told
         deadline = wait.deadline()
-        assert deadline == max(c.started for c in children) + restart_standby.UNTOLD_WAIT_S
+        assert deadline == max(c.started for c in children) + wait_s
         now = time.monotonic()
         assert sup._wait_s() <= deadline - now  # the loop wakes for it
+        assert sup.hang_watch.on_message({"event": "wrapper_pid", "pid": children[0].pid})
+        assert wait.deadline() is None  # its peers will tell too: no end to the wait
+        children[1].started = time.monotonic() - wait_s
+        wait.keep_ready()
+        assert started == [] and children[0].tells and not children[0].training
         assert sup.hang_watch.on_message({"event": "rank_in_round", "pid": children[0].pid})
         wait.keep_ready()
-        assert started == [] and children[0].training and not children[1].training
-        sup.ranks.told_training(children[1].pid)  # what a fault-tolerance client's init does
-        assert wait.deadline() is None
+        assert started == [] and children[0].training and not children[1].tells
+        sup.ranks.told(children[1].pid, training=True)  # what a fault-tolerance client's init does
         wait.keep_ready()
         assert started == [range(2)]
 
         # a script that tells nothing: the standby comes once the wait is over
         for child in children:
-            child.training, child.started = False, time.monotonic() - restart_standby.UNTOLD_WAIT_S
+            child.tells = child.training = False
+        children[0].started = time.monotonic()
+        wait.keep_ready()
+        assert len(started) == 1 and wait.deadline() == children[0].started + wait_s
+        children[0].started = time.monotonic() - wait_s
         assert wait.deadline() is None
         wait.keep_ready()
         assert started == [range(2), range(2)]
