@@ -416,7 +416,8 @@ def _rank_logs(
 
 
 def _node_settings(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, object]:
-    """Spare nodes, minimum nodes and node timeout: the option, else the template's variable."""
+    """Spare nodes, minimum nodes, warm standbys and node timeout: the option, else the
+    template's variable."""
     try:
         min_nodes = jobenv.int_from(env, jobenv.MIN_NODES, 0) or None
         return {

@@ -32,6 +32,7 @@ DEFAULT_NODE_HEARTBEAT_S = 1.0
 DEFAULT_NODE_TIMEOUT_S = 5.0
 #: How long a node waits for children that tell nothing before it starts its restart standby.
 DEFAULT_STANDBY_WAIT_S = 5.0
+MAX_STANDBY_WAIT_S = 86400.0  # a day: what the supervisor's loop can wait at once
 
 KEY_PREFIX = "nvrx_supervisor/"
 #: ``--ft-restart-policy`` values (``job_restart``).
@@ -220,8 +221,9 @@ class SupervisorConfig:
                 f"got {self.node_timeout:g}",
             ),
             (
-                self.standby_wait >= 0,
-                f"--standby-wait must be >= 0 seconds, got {self.standby_wait:g}",
+                0 <= self.standby_wait <= MAX_STANDBY_WAIT_S,
+                f"--standby-wait must be in 0..{MAX_STANDBY_WAIT_S:g} seconds, "
+                f"got {self.standby_wait:g}",
             ),
             (
                 self.straggler_action in STRAGGLER_ACTIONS,

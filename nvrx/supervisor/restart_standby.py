@@ -14,11 +14,13 @@ A standby imports torch, and on a node with few cores it would slow the ranks' o
 start. So the first one is started once every child of the node told that it trains
 (``Child.training``: its Wrapper monitor beat from a round, or its fault-tolerance
 client connected). The node's children run one command: once one of them told anything
-(a Wrapper monitor beats first before its round), the node waits for all of them. A
-script that uses neither tells nothing, and gets its standby ``--standby-wait`` after
-its last child started. The next one is started the same way after a replacement, and
-never while the job stops, a store failover runs or a job-wide restart waits for its
-children to end.
+(a Wrapper monitor beats first, before its round), the node waits for all of them, then
+and after any later restart, and says so in its log past ``--standby-wait``. A script
+that uses neither tells nothing, and gets its standby ``--standby-wait`` after its last
+child started; so does a first start whose imports take longer than that, since a Wrapper
+rank tells only once it calls the Wrapper. The next one is started the same way after a
+replacement, and never while the job stops, a store failover runs or a job-wide restart
+waits for its children to end.
 ``standby_start`` tells its pid, ``standby_ready`` when it is warm (it and the Wrapper
 monitor it started ahead are past their imports; the supervisor's selector wakes on it).
 One that died before it was needed is replaced, with a warning; after
@@ -65,6 +67,8 @@ class RestartStandby:
     ) -> None:
         self.store, self.standbys, self.course, self.control = store, standbys, course, control
         self.ranks = ranks
+        self._tells = False  # a child of this node told of itself: the command tells
+        self._said: tuple[int, ...] = ()  # the children a log line said the standby waits for
 
     def keep_ready(self) -> None:
         """Start a standby for the next restart when none waits and this node trains."""
@@ -85,17 +89,32 @@ class RestartStandby:
             control.emit("standby_start", standby_pid=pid, purpose="restart")
 
     def _waiting(self) -> bool:
-        """Whether the standby waits for a child that did not tell it trains."""
+        """Whether the standby waits for a child that did not tell it trains: until
+        ``--standby-wait`` after the last child started, and on while its command tells."""
         running = self.ranks.running()
+        self._tells = self._tells or any(child.tells for child in running)
         if all(child.training for child in running):
             return False
-        return any(child.tells for child in running) or self.deadline() is not None
+        if self.deadline() is not None:
+            return True
+        if not self._tells:
+            return False  # a script that tells nothing
+        late = tuple(child.pid for child in running if not child.training)
+        if late != self._said:
+            self._said = late
+            log.info(
+                "the standby for restarts waits for local ranks %s to train (their Wrapper "
+                "in a round, or a fault-tolerance client connected); restarts start cold "
+                "until then", sorted(c.local_rank for c in running if not c.training),
+            )  # fmt: skip
+        return True
 
     def deadline(self) -> float | None:
-        """When the wait for children that tell nothing ends (the loop wakes for it); None
-        when it is over, or no child is waited for that way."""
+        """When the wait for children that do not tell they train reaches
+        ``--standby-wait`` after the last one started (the loop wakes for it); None once
+        it did, or when no child is waited for."""
         running = self.ranks.running()
-        if not self.standbys.enabled or not running or any(c.tells for c in running):
+        if not self.standbys.enabled or not running or all(c.training for c in running):
             return None
         end = max(child.started for child in running) + self.store.config.standby_wait
         return end if end > time.monotonic() else None

@@ -16,9 +16,10 @@ started ahead during a store failover) owns the store clients instead (nvrx's ow
 * unsolicited lines: ``{"event": "ready"}``, ``{"event": "key", "key": k, "value": v}``
   when a watched key is set, ``{"event": "lost", "message": ...}`` when the store is gone,
   ``{"event": "node_silent", "slot": s, ...}`` and ``{"event": "fenced", ...}`` from the node
-  watch; ``{"event": "wrapper_pid", "pid": p}`` (its first beat), ``{"event":
-  "rank_in_round", "pid": p}`` (its first beat from a round: its training function runs)
-  and ``{"event": "rank_silent", "beat": {...}, "silent_s": s}`` from the rank beats.
+  watch; ``{"event": "wrapper_pid", "pid": p}`` (its first beat, again after its bye),
+  ``{"event": "rank_in_round", "pid": p}`` (its first beat from a round: its training
+  function runs) and ``{"event": "rank_silent", "beat": {...}, "silent_s": s}`` from the
+  rank beats.
 
 The barriers: the node's Wrapper ranks arrive at the round protocol's barriers through this
 agent (``nvrx.store.host_barrier``: a ``BarrierRelay`` at the socket beside the beat
@@ -222,9 +223,10 @@ class BeatWatch(threading.Thread):
     def step(self, now: float) -> None:
         """Read the beats waiting (before any silence is judged), then tell what is new."""
         received = self.sock.receive()
-        for pid in {b.pid for b in received} - self.beats.wrapper_pids:
+        beating = [b for b in received if not b.bye]
+        for pid in {b.pid for b in beating} - self.beats.wrapper_pids:
             self.send({"event": "wrapper_pid", "pid": pid})
-        for pid in {b.pid for b in received if b.round >= 0} - self.beats.in_round_pids:
+        for pid in {b.pid for b in beating if b.round >= 0} - self.beats.in_round_pids:
             self.send({"event": "rank_in_round", "pid": pid})
         self.beats.record(received, now)
         if self.relay is not None:

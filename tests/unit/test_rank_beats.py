@@ -223,6 +223,9 @@ def test_a_process_is_told_in_a_round_once_from_its_first_beat_in_one(tmp_path) 
         # its monitor ends; a later process with the same pid is told again
         assert sender.send(_beat(pid=6, round=1, bye=True))
         watch.step(time.monotonic())
+        assert sender.send(_beat(pid=7, round=1, bye=True))  # a bye alone tells nothing
+        watch.step(time.monotonic())
+        assert len(told) == 2
         assert sender.send(_beat(pid=6, round=0))
         watch.step(time.monotonic())
         assert [m["event"] for m in told[2:]] == ["wrapper_pid", "rank_in_round"]

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import stat
+import threading
 
 import pytest
 
@@ -342,14 +343,16 @@ class _WaitSpy:
         return getattr(self.store, name)
 
 
-def _later(event, action) -> None:
-    import threading
+def _later(event, action) -> threading.Thread:
+    """Run ``action`` on a thread once ``event`` is set; the thread, to join."""
 
     def run() -> None:
         assert event.wait(30)
         action()
 
-    threading.Thread(target=run, daemon=True).start()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
 
 
 def test_a_replacements_join_request_admission_and_the_ranks_taken_back_are_sealed(
@@ -459,13 +462,14 @@ def test_a_replacement_reads_its_admission_past_a_forged_one_written_ahead(tmp_p
         base.set(rounds.admission(1, os.getpid()), forged.to_json())
         admitted.append(rounds.admit(round_2, base, [1], {1}, 10.0, real))
 
-    _later(base.waited_on(rounds.admission(1, os.getpid())), forger_then_survivor)
+    survivor_thread = _later(base.waited_on(rounds.admission(1, os.getpid())), forger_then_survivor)
     events = []
     got = rejoin.request_admission(
         base, 1, 30.0, lambda kind, **f: events.append((kind, f)), heartbeat_interval=5.0
     )
     assert got is not None and got.job_restarts == 1  # the real admission
     assert [kind for kind, _ in events] == ["restart_phase"]  # the replacement acted on none
+    survivor_thread.join(30)  # its admit returns after the replacement read the admission
     [survivor] = admitted
     assert survivor.back == [1]
     assert survivor.refused == {rounds.admission(1, os.getpid()): len(forged.to_json())}

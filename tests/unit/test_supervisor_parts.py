@@ -4,6 +4,7 @@ stop at once."""
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 import time
@@ -56,51 +57,78 @@ def test_a_stop_moves_the_course_once_and_starts_nothing_more(tmp_path: Path) ->
 
 
 def test_the_standby_for_restarts_waits_until_the_children_tell_they_train(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A standby imports torch: started while the ranks still import theirs, it would slow
     them. It waits for each child to tell it trains (its Wrapper monitor's beat from a round,
-    or its fault-tolerance client's connection); for all of them once one told anything (a
-    Wrapper monitor beats first before its round); ``standby_wait`` when none tells."""
+    or its fault-tolerance client's connection); with no end once one told anything (a
+    Wrapper monitor beats first, before its round), then and after later restarts; else
+    ``standby_wait`` after the last child started."""
     sup = _supervisor(tmp_path)
     sup.course.to(Course.TRAINING)
     started: list[range] = []
     monkeypatch.setattr(sup.standbys, "keep_ready", lambda _c, _e, r: started.append(r) or 4321)
     sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
-    children = [Child(i, 0, processes.start(sleeper)) for i in range(2)]
+    children: list[Child] = []
     wait, wait_s = sup.restart_standby, sup.config.standby_wait
-    try:
+
+    def start_children() -> None:
+        for child in children:
+            child.signal_group(signal.SIGKILL)
+            child.proc.wait()
+        children[:] = [Child(i, 0, processes.start(sleeper)) for i in range(2)]
         sup.ranks.children.update(enumerate(children))
+
+    def long_ago() -> None:
+        for child in children:
+            child.started = time.monotonic() - wait_s
+
+    try:
+        # a script that tells nothing: the standby comes once the wait is over
+        start_children()
         wait.keep_ready()
-        assert started == []  # neither told
+        assert started == []
         deadline = wait.deadline()
         assert deadline == max(c.started for c in children) + wait_s
         now = time.monotonic()
         assert sup._wait_s() <= deadline - now  # the loop wakes for it
-        assert sup.hang_watch.on_message({"event": "wrapper_pid", "pid": children[0].pid})
-        assert wait.deadline() is None  # its peers will tell too: no end to the wait
-        children[1].started = time.monotonic() - wait_s
-        wait.keep_ready()
-        assert started == [] and children[0].tells and not children[0].training
-        assert sup.hang_watch.on_message({"event": "rank_in_round", "pid": children[0].pid})
-        wait.keep_ready()
-        assert started == [] and children[0].training and not children[1].tells
-        sup.ranks.told(children[1].pid, training=True)  # what a fault-tolerance client's init does
+        long_ago()
+        assert wait.deadline() is None
         wait.keep_ready()
         assert started == [range(2)]
 
-        # a script that tells nothing: the standby comes once the wait is over
+        # a Wrapper script: rank 0's monitor beats; the node waits for both, past the wait
+        start_children()
+        assert sup.hang_watch.on_message({"event": "wrapper_pid", "pid": children[0].pid})
+        long_ago()
+        with caplog.at_level(logging.INFO, logger="nvrx.supervisor.restart_standby"):
+            wait.keep_ready()
+            wait.keep_ready()
+        assert started == [range(2)] and children[0].tells and not children[0].training
+        said = [r.getMessage() for r in caplog.records if "waits for local ranks" in r.message]
+        assert said == [
+            "the standby for restarts waits for local ranks [0, 1] to train (their Wrapper in a "
+            "round, or a fault-tolerance client connected); restarts start cold until then"
+        ]  # once
+        assert sup.hang_watch.on_message({"event": "rank_in_round", "pid": children[0].pid})
+        wait.keep_ready()
+        assert started == [range(2)] and children[0].training and not children[1].tells
+        sup.ranks.told(children[1].pid, training=True)  # what a fault-tolerance client's init does
+        wait.keep_ready()
+        assert started == [range(2)] * 2
+
+        # after a job-wide restart nobody told yet, and the command is known to tell
+        start_children()
+        long_ago()
+        wait.keep_ready()
+        assert started == [range(2)] * 2 and wait.deadline() is None
         for child in children:
-            child.tells = child.training = False
-        children[0].started = time.monotonic()
+            sup.ranks.told(child.pid, training=True)
         wait.keep_ready()
-        assert len(started) == 1 and wait.deadline() == children[0].started + wait_s
-        children[0].started = time.monotonic() - wait_s
-        assert wait.deadline() is None
-        wait.keep_ready()
-        assert started == [range(2), range(2)]
+        assert started == [range(2)] * 3
+
         sup.standbys.enabled = False  # --no-warm-standby: nothing to wake up for
-        children[0].started = time.monotonic()
+        start_children()
         assert wait.deadline() is None
     finally:
         for child in children:
