@@ -229,6 +229,13 @@ class Silence:
     silent_s: float
 
 
+def in_running_round(beat: Beat) -> bool:
+    """Whether the rank that beat meets the barriers of the running round: one that beats
+    from a round, or a first process of its rank whose beat from its first round may not have
+    come yet; not a replacement that waits to be admitted (a later attempt, in no round)."""
+    return beat.round >= 0 or beat.attempt == 0
+
+
 class RankBeats:
     """The latest beat of each local rank's monitor, by initial rank."""
 

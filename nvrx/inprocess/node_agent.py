@@ -65,7 +65,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nvrx import events, jobenv, processes
-from nvrx.rank_beats import Beat, BeatSender, BeatSocket, RankBeats
+from nvrx.rank_beats import Beat, BeatSender, BeatSocket, RankBeats, in_running_round
 from nvrx.store.faults import FaultRecord, announce_leave
 from nvrx.store.host_barrier import BarrierRelay, relay_address
 from nvrx.store.ring import RingPlace
@@ -282,6 +282,14 @@ class NodeAgent:
         """The ranks of this host the agent heard of and that did not end."""
         return self.heard - self.done
 
+    def _count_ranks(self) -> None:
+        """Tell the relay how many ranks it serves, and how many of them meet the barriers of
+        the running round."""
+        assert self.relay is not None
+        held = [self.table.ranks.get(rank) for rank in self.live]
+        self.relay.local_ranks = len(held)
+        self.relay.round_ranks = sum(1 for b in held if b is not None and in_running_round(b.beat))
+
     def _keep_relay(self) -> None:
         """Start the host's barrier relay where it does not run yet."""
         if self.relay is not None or not self.relays:
@@ -294,7 +302,7 @@ class NodeAgent:
                          "store until it starts", exc)  # fmt: skip
             self._relay_refused = True
             return
-        self.relay.local_ranks = len(self.live)
+        self._count_ranks()
         log.info("meets the barriers of this host's ranks")
 
     def close(self) -> None:
@@ -462,7 +470,7 @@ class NodeAgent:
             if b.round > self._round:
                 self._round, self._refresh_at = b.round, now
         if self.relay is not None:
-            self.relay.local_ranks = len(self.live)
+            self._count_ranks()
 
     def _queue(self, ranks: list[int], message: str, now: float) -> None:
         for rank in ranks:

@@ -20,8 +20,9 @@ drops a datagram of another user, as ``nvrx.rank_beats`` does), in this order:
    the rank waits at most) and ``reply`` (the abstract name the rank listens at, bound for
    this barrier).
 2. The agent holds a barrier's arrivals until as many came as its host has ranks it serves
-   (``BarrierRelay.local_ranks``: those that beat to it), or ``LINGER_S`` after the first
-   came; then, in a thread with a store connection of its own, it arrives for all of them
+   (``BarrierRelay.local_ranks``: those that beat to it; for the barriers of a round, less a
+   replacement that waits to be admitted, which meets none of them: ``round_ranks``), or
+   ``LINGER_S`` after the first came; then, in a thread with a store connection of its own, it arrives for all of them
    at once. (Ranks that come later are a batch of their own.)
 3. ``arrived`` agent → each of those ranks, once the store took the arrival. To the lowest
    of them it carries ``forged``: the values with no valid seal the arrival (or its
@@ -315,6 +316,7 @@ class BarrierRelay:
     def __init__(self, address: str, connect: Callable[[], Any]) -> None:
         self.address, self._connect = address, connect
         self._local_ranks = 0
+        self._in_round: int | None = None
         self._sock = _datagram_socket(address)
         self._sock.setblocking(False)
         self._wake, self._woken = socket.socketpair()  # a new count is looked at at once
@@ -339,11 +341,32 @@ class BarrierRelay:
 
     @local_ranks.setter
     def local_ranks(self, count: int) -> None:
-        if count == self._local_ranks:
-            return
-        self._local_ranks = count  # fewer (a rank died): a held batch may be whole now
+        if count != self._local_ranks:
+            self._local_ranks = count  # fewer (a rank died): a held batch may be whole now
+            self._recount()
+
+    @property
+    def round_ranks(self) -> int | None:
+        """Of ``local_ranks``, how many an ``iteration`` or ``termination`` barrier waits for
+        (set by the agent: ``rank_beats.in_running_round``). None: all of them."""
+        return self._in_round
+
+    @round_ranks.setter
+    def round_ranks(self, count: int | None) -> None:
+        if count != self._in_round:
+            self._in_round = count
+            self._recount()
+
+    def _recount(self) -> None:
+        """A new count is looked at at once."""
         with contextlib.suppress(OSError):
             self._wake.send(b"!")
+
+    def _expected(self, kind: str) -> int:
+        """How many arrivals of this host a barrier of ``kind`` waits for."""
+        if kind == "initial" or self._in_round is None:
+            return self._local_ranks
+        return min(self._in_round, self._local_ranks)
 
     def start(self) -> BarrierRelay:
         self._thread.start()
@@ -410,7 +433,7 @@ class BarrierRelay:
     def _flush_due(self, now: float) -> None:
         for meeting, batch in list(self._held.items()):
             came = self._sent.get(meeting, set()) | set(batch.replies)
-            if len(came) >= self.local_ranks or now >= batch.first + LINGER_S:
+            if len(came) >= self._expected(meeting.kind) or now >= batch.first + LINGER_S:
                 del self._held[meeting]
                 self._sent[meeting] = came
                 self._sent.move_to_end(meeting)

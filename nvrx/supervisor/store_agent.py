@@ -54,7 +54,7 @@ from datetime import timedelta
 from typing import Any
 
 from nvrx import jobenv
-from nvrx.rank_beats import BeatSocket, RankBeats
+from nvrx.rank_beats import BeatSocket, RankBeats, in_running_round
 from nvrx.store.host_barrier import BarrierRelay, supervised_relay_address
 from nvrx.store.wire import StoreGone, StoreTimeout, WireStore
 
@@ -230,7 +230,9 @@ class BeatWatch(threading.Thread):
             self.send({"event": "rank_in_round", "pid": pid})
         self.beats.record(received, now)
         if self.relay is not None:
-            self.relay.local_ranks = len(self.beats.ranks)
+            ranks = self.beats.ranks.values()
+            self.relay.local_ranks = len(ranks)
+            self.relay.round_ranks = sum(1 for b in ranks if in_running_round(b.beat))
         for silence in self.beats.due(now):
             beat = dataclasses.asdict(silence.beat)
             self.send({"event": "rank_silent", "beat": beat, "silent_s": round(silence.silent_s, 3)})

@@ -162,6 +162,24 @@ def test_a_host_meets_a_barrier_with_the_same_requests_whatever_its_ranks(port, 
     assert two["multi_set"] == 1 and two["wait"] == 1  # one arrival, one wait for the host
 
 
+def test_a_barrier_of_a_round_does_not_wait_for_a_replacement_not_admitted_yet(port, monkeypatch):
+    """A replacement waiting to be admitted meets none of the round's barriers: the relay
+    does not hold its peers' arrival for it (it held them ``LINGER_S`` before). The initial
+    barrier, met before any round, waits for every rank that beats."""
+    monkeypatch.setattr(host_barrier, "LINGER_S", 600.0)  # only the counts end a hold
+    counts: collections.Counter[str] = collections.Counter()
+    relay = _relay(port, counts, 2)
+    relay.round_ranks = 1
+    at = 700_000 + secrets.randbelow(10_000) * 100
+    try:
+        assert _meet_all(port, relay.address, Meeting("termination", at, 1), [0]) == [None]
+        assert counts["multi_set"] == 1
+        assert _meet_all(port, relay.address, Meeting("initial", at, 2), [0, 1]) == [None] * 2
+        assert counts["multi_set"] == 2  # both ranks in one arrival: held for the second
+    finally:
+        relay.close()
+
+
 def test_two_hosts_meet_one_barrier_each_through_its_relay(port, monkeypatch):
     monkeypatch.setattr(host_barrier, "LINGER_S", 30.0)
     counts: collections.Counter[str] = collections.Counter()

@@ -229,6 +229,14 @@ def test_a_process_is_told_in_a_round_once_from_its_first_beat_in_one(tmp_path) 
         assert sender.send(_beat(pid=6, round=0))
         watch.step(time.monotonic())
         assert [m["event"] for m in told[2:]] == ["wrapper_pid", "rank_in_round"]
+        # the barrier relay: a replacement of rank 2 beats, waiting to be admitted (no round
+        # yet): it meets no barrier of the round; a first process of rank 3 before its first
+        # beat from a round does
+        watch.relay = SimpleNamespace(local_ranks=0, round_ranks=None)
+        assert sender.send(_beat(initial=2, pid=8, local_rank=2, attempt=1, round=-1))
+        assert sender.send(_beat(initial=3, pid=9, local_rank=3, attempt=0, round=-1))
+        watch.step(time.monotonic())
+        assert (watch.relay.local_ranks, watch.relay.round_ranks) == (3, 2)
     finally:
         sender.close()
         watch.sock.close(unlink=False)
