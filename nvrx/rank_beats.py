@@ -232,7 +232,10 @@ class Silence:
 def in_running_round(beat: Beat) -> bool:
     """Whether the rank that beat meets the barriers of the running round: one that beats
     from a round, or a first process of its rank whose beat from its first round may not have
-    come yet; not a replacement that waits to be admitted (a later attempt, in no round)."""
+    come yet. Not a later attempt (one a supervisor started: a replacement waiting to be
+    admitted, or a process of a job-wide restart, a failover or a spare's takeover) until it
+    beats from a round, which its monitor does at its first look in one; an arrival it makes
+    before that costs the store a few more requests, nothing else."""
     return beat.round >= 0 or beat.attempt == 0
 
 

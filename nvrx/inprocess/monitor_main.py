@@ -121,6 +121,7 @@ class _Monitor:
             return
         self.round = round_
         self.soft_fired = False
+        self.next_hb = 0.0  # the next look beats: its agent learns of the round at once
         self.writer.update(round=round_, rank=int(info["rank"]) if info["rank"] >= 0 else None)
         ws, rank = int(info["world_size"]), int(info["rank"])
         self.place = (rank, ws)  # this rank in the round, for beats outside the watch loop

@@ -20,9 +20,10 @@ drops a datagram of another user, as ``nvrx.rank_beats`` does), in this order:
    the rank waits at most) and ``reply`` (the abstract name the rank listens at, bound for
    this barrier).
 2. The agent holds a barrier's arrivals until as many came as its host has ranks it serves
-   (``BarrierRelay.local_ranks``: those that beat to it; for the barriers of a round, less a
-   replacement that waits to be admitted, which meets none of them: ``round_ranks``), or
-   ``LINGER_S`` after the first came; then, in a thread with a store connection of its own, it arrives for all of them
+   (``BarrierRelay.local_ranks``: those that beat to it; for the barriers of a round, those
+   of them ``rank_beats.in_running_round`` counts, ``round_ranks``: not a replacement that
+   waits to be admitted, which meets none of them), or ``LINGER_S`` after the first came;
+   then, in a thread with a store connection of its own, it arrives for all of them
    at once. (Ranks that come later are a batch of their own.)
 3. ``arrived`` agent → each of those ranks, once the store took the arrival. To the lowest
    of them it carries ``forged``: the values with no valid seal the arrival (or its

@@ -163,19 +163,40 @@ def test_a_host_meets_a_barrier_with_the_same_requests_whatever_its_ranks(port, 
 
 
 def test_a_barrier_of_a_round_does_not_wait_for_a_replacement_not_admitted_yet(port, monkeypatch):
-    """A replacement waiting to be admitted meets none of the round's barriers: the relay
-    does not hold its peers' arrival for it (it held them ``LINGER_S`` before). The initial
-    barrier, met before any round, waits for every rank that beats."""
+    """A replacement waiting to be admitted meets none of the round's barriers: once the
+    agent counts it out, the relay sends its peer's held arrival at once (it held it
+    ``LINGER_S`` before). The initial barrier, met before any round, waits for every rank
+    that beats."""
+    from tests.support.waiting import wait_until
+
     monkeypatch.setattr(host_barrier, "LINGER_S", 600.0)  # only the counts end a hold
     counts: collections.Counter[str] = collections.Counter()
     relay = _relay(port, counts, 2)
-    relay.round_ranks = 1
     at = 700_000 + secrets.randbelow(10_000) * 100
+
+    def meet_in_thread(meeting: Meeting, rank: int) -> tuple[threading.Thread, list]:
+        raised: list = []
+        thread = threading.Thread(
+            target=lambda: raised.extend(_meet_all(port, relay.address, meeting, [rank]))
+        )
+        thread.start()
+        wait_until("the arrival held", lambda: meeting in relay._held, 20)
+        return thread, raised
+
     try:
-        assert _meet_all(port, relay.address, Meeting("termination", at, 1), [0]) == [None]
-        assert counts["multi_set"] == 1
-        assert _meet_all(port, relay.address, Meeting("initial", at, 2), [0, 1]) == [None] * 2
-        assert counts["multi_set"] == 2  # both ranks in one arrival: held for the second
+        # rank 1's replacement beats: counted among the host's ranks, not the round's
+        thread, raised = meet_in_thread(Meeting("termination", at, 1), 0)
+        relay.round_ranks = 1  # the agent's count: sent at once, not after LINGER_S
+        thread.join(30)
+        assert raised == [None] and counts["multi_set"] == 1
+
+        initial = Meeting("initial", at, 2)
+        thread, raised = meet_in_thread(initial, 0)
+        assert _meet_all(port, relay.address, Meeting("termination", at + 1, 1), [0]) == [None]
+        assert initial in relay._held  # the relay looked again since, and still holds it
+        assert _meet_all(port, relay.address, initial, [1]) == [None]
+        thread.join(30)
+        assert raised == [None] and counts["multi_set"] == 3  # both ranks in one arrival
     finally:
         relay.close()
 
