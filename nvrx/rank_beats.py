@@ -239,25 +239,35 @@ def in_running_round(beat: Beat) -> bool:
     return beat.round >= 0 or beat.attempt == 0
 
 
+@dataclasses.dataclass
+class NewPids:
+    """What a batch of beats told first: processes whose monitor beats (they run the
+    Wrapper), and processes whose monitor beats from a round (they train). A process is new
+    again after its monitor's ``bye`` (a later process with its pid, or its next call)."""
+
+    wrapper: list[int] = dataclasses.field(default_factory=list)
+    in_round: list[int] = dataclasses.field(default_factory=list)
+
+
 class RankBeats:
     """The latest beat of each local rank's monitor, by initial rank."""
 
     def __init__(self) -> None:
         self.ranks: dict[int, Beating] = {}
         self._latest: dict[int, int] = {}  # local rank -> the latest attempt that beat
-        #: Processes whose monitor beats (Wrapper ranks), and those of them that beat from
-        #: a round (they train); a process leaves both with its monitor's ``bye``.
-        self.wrapper_pids: set[int] = set()
-        self.in_round_pids: set[int] = set()
+        self._wrapper_pids: set[int] = set()  # told in ``NewPids.wrapper``, until a bye
+        self._in_round_pids: set[int] = set()  # told in ``NewPids.in_round``, until a bye
 
-    def record(self, beats: list[Beat], now: float | None = None) -> None:
+    def record(self, beats: list[Beat], now: float | None = None) -> NewPids:
         """Apply received beats: a ``bye`` ends the watch of its process. A beat of an
         earlier attempt of a local rank than one that beat already is passed over: the
         monitor of a child that ended may beat on (its own process group) while it takes
-        care of its rank, and must not stand for the replacement's."""
+        care of its rank, and must not stand for the replacement's. Returns the processes
+        the beats told of first."""
         now = time.monotonic() if now is None else now
+        new = NewPids()
         for beat in beats:
-            self._note_pid(beat)
+            self._note_pid(beat, new)
             if beat.local_rank >= 0:
                 latest = self._latest.setdefault(beat.local_rank, beat.attempt)
                 if beat.attempt < latest:
@@ -272,15 +282,19 @@ class RankBeats:
                 self.ranks[beat.initial_rank] = Beating(beat, now)
             else:
                 current.beat, current.last = beat, now
+        return new
 
-    def _note_pid(self, beat: Beat) -> None:
-        if beat.bye:  # a later process with its pid, or its next Wrapper call, is new again
-            self.wrapper_pids.discard(beat.pid)
-            self.in_round_pids.discard(beat.pid)
+    def _note_pid(self, beat: Beat, new: NewPids) -> None:
+        if beat.bye:
+            self._wrapper_pids.discard(beat.pid)
+            self._in_round_pids.discard(beat.pid)
             return
-        self.wrapper_pids.add(beat.pid)
-        if beat.round >= 0:
-            self.in_round_pids.add(beat.pid)
+        if beat.pid not in self._wrapper_pids:
+            self._wrapper_pids.add(beat.pid)
+            new.wrapper.append(beat.pid)
+        if beat.round >= 0 and beat.pid not in self._in_round_pids:
+            self._in_round_pids.add(beat.pid)
+            new.in_round.append(beat.pid)
 
     def due(self, now: float) -> list[Silence]:
         """Ranks silent beyond their timeout, each named once per silence."""

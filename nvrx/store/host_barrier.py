@@ -317,7 +317,7 @@ class BarrierRelay:
     def __init__(self, address: str, connect: Callable[[], Any]) -> None:
         self.address, self._connect = address, connect
         self._local_ranks = 0
-        self._in_round: int | None = None
+        self._round_ranks: int | None = None
         self._sock = _datagram_socket(address)
         self._sock.setblocking(False)
         self._wake, self._woken = socket.socketpair()  # a new count is looked at at once
@@ -350,12 +350,12 @@ class BarrierRelay:
     def round_ranks(self) -> int | None:
         """Of ``local_ranks``, how many an ``iteration`` or ``termination`` barrier waits for
         (set by the agent: ``rank_beats.in_running_round``). None: all of them."""
-        return self._in_round
+        return self._round_ranks
 
     @round_ranks.setter
     def round_ranks(self, count: int | None) -> None:
-        if count != self._in_round:
-            self._in_round = count
+        if count != self._round_ranks:
+            self._round_ranks = count
             self._recount()
 
     def _recount(self) -> None:
@@ -365,9 +365,9 @@ class BarrierRelay:
 
     def _expected(self, kind: str) -> int:
         """How many arrivals of this host a barrier of ``kind`` waits for."""
-        if kind == "initial" or self._in_round is None:
+        if kind == "initial" or self._round_ranks is None:
             return self._local_ranks
-        return min(self._in_round, self._local_ranks)
+        return min(self._round_ranks, self._local_ranks)
 
     def start(self) -> BarrierRelay:
         self._thread.start()

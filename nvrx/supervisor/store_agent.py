@@ -222,13 +222,11 @@ class BeatWatch(threading.Thread):
 
     def step(self, now: float) -> None:
         """Read the beats waiting (before any silence is judged), then tell what is new."""
-        received = self.sock.receive()
-        beating = [b for b in received if not b.bye]
-        for pid in {b.pid for b in beating} - self.beats.wrapper_pids:
+        new = self.beats.record(self.sock.receive(), now)
+        for pid in new.wrapper:
             self.send({"event": "wrapper_pid", "pid": pid})
-        for pid in {b.pid for b in beating if b.round >= 0} - self.beats.in_round_pids:
+        for pid in new.in_round:
             self.send({"event": "rank_in_round", "pid": pid})
-        self.beats.record(received, now)
         if self.relay is not None:
             ranks = self.beats.ranks.values()
             self.relay.local_ranks = len(ranks)

@@ -229,6 +229,11 @@ def test_a_process_is_told_in_a_round_once_from_its_first_beat_in_one(tmp_path) 
         assert sender.send(_beat(pid=6, round=0))
         watch.step(time.monotonic())
         assert [m["event"] for m in told[2:]] == ["wrapper_pid", "rank_in_round"]
+        # a bye and the next call's first beat read in one look: the call is told too
+        assert sender.send(_beat(pid=6, round=1, bye=True))
+        assert sender.send(_beat(pid=6, round=-1))
+        watch.step(time.monotonic())
+        assert told[4:] == [{"event": "wrapper_pid", "pid": 6}]
         # the barrier relay: a replacement of rank 2 beats, waiting to be admitted (no round
         # yet): it meets no barrier of the round; a first process of rank 3 before its first
         # beat from a round does
