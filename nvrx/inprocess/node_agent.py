@@ -65,7 +65,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nvrx import events, jobenv, processes
-from nvrx.rank_beats import Beat, BeatSender, BeatSocket, RankBeats, in_running_round
+from nvrx.rank_beats import Beat, BeatSender, BeatSocket, RankBeats
 from nvrx.store.faults import FaultRecord, announce_leave
 from nvrx.store.host_barrier import BarrierRelay, relay_address
 from nvrx.store.ring import RingPlace
@@ -286,9 +286,8 @@ class NodeAgent:
         """Tell the relay how many ranks it serves, and how many of them meet the barriers of
         the running round."""
         assert self.relay is not None
-        held = [self.table.ranks.get(rank) for rank in self.live]
-        self.relay.local_ranks = len(held)
-        self.relay.round_ranks = sum(1 for b in held if b is not None and in_running_round(b.beat))
+        held = (self.table.ranks.get(rank) for rank in self.live)
+        self.relay.serve(None if b is None else b.beat for b in held)
 
     def _keep_relay(self) -> None:
         """Start the host's barrier relay where it does not run yet."""

@@ -61,10 +61,10 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from nvrx.rank_beats import MAX_DATAGRAM, sender_uid
+from nvrx.rank_beats import MAX_DATAGRAM, Beat, in_running_round, sender_uid
 
 from . import rounds
 
@@ -357,6 +357,14 @@ class BarrierRelay:
         if count != self._round_ranks:
             self._round_ranks = count
             self._recount()
+
+    def serve(self, beats: Iterable[Beat | None]) -> None:
+        """Serve the ranks whose latest beats are ``beats`` (None: a rank the agent knows of
+        whose beat it holds no more): ``local_ranks`` counts them all, ``round_ranks`` those
+        that meet the running round's barriers (``rank_beats.in_running_round``)."""
+        held = list(beats)
+        self.local_ranks = len(held)
+        self.round_ranks = sum(1 for b in held if b is not None and in_running_round(b))
 
     def _recount(self) -> None:
         """A new count is looked at at once."""

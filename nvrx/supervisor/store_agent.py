@@ -54,7 +54,7 @@ from datetime import timedelta
 from typing import Any
 
 from nvrx import jobenv
-from nvrx.rank_beats import BeatSocket, RankBeats, in_running_round
+from nvrx.rank_beats import BeatSocket, RankBeats
 from nvrx.store.host_barrier import BarrierRelay, supervised_relay_address
 from nvrx.store.wire import StoreGone, StoreTimeout, WireStore
 
@@ -228,9 +228,7 @@ class BeatWatch(threading.Thread):
         for pid in new.in_round:
             self.send({"event": "rank_in_round", "pid": pid})
         if self.relay is not None:
-            ranks = self.beats.ranks.values()
-            self.relay.local_ranks = len(ranks)
-            self.relay.round_ranks = sum(1 for b in ranks if in_running_round(b.beat))
+            self.relay.serve(b.beat for b in self.beats.ranks.values())
         for silence in self.beats.due(now):
             beat = dataclasses.asdict(silence.beat)
             self.send({"event": "rank_silent", "beat": beat, "silent_s": round(silence.silent_s, 3)})

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from nvrx.rank_beats import Beat, BeatSender, BeatSocket, RankBeats
+from nvrx.store.host_barrier import BarrierRelay
 from nvrx.supervisor.config import SupervisorConfig, local_job
 from nvrx.supervisor.course import Course, CourseTracker
 from nvrx.supervisor.hang_watch import HangWatch
@@ -237,12 +238,14 @@ def test_a_process_is_told_in_a_round_once_from_its_first_beat_in_one(tmp_path) 
         # the barrier relay: a replacement of rank 2 beats, waiting to be admitted (no round
         # yet): it meets no barrier of the round; a first process of rank 3 before its first
         # beat from a round does
-        watch.relay = SimpleNamespace(local_ranks=0, round_ranks=None)
+        watch.relay = BarrierRelay(f"\0nvrx-test-relay-{os.getpid()}", lambda: None).start()
         assert sender.send(_beat(initial=2, pid=8, local_rank=2, attempt=1, round=-1))
         assert sender.send(_beat(initial=3, pid=9, local_rank=3, attempt=0, round=-1))
         watch.step(time.monotonic())
         assert (watch.relay.local_ranks, watch.relay.round_ranks) == (3, 2)
     finally:
+        if watch.relay is not None:
+            watch.relay.close()
         sender.close()
         watch.sock.close(unlink=False)
 
