@@ -11,7 +11,6 @@ import os
 import signal
 import sys
 import textwrap
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -409,12 +408,13 @@ def test_no_standby_for_a_command_it_cannot_run_nor_when_turned_off() -> None:
     assert Standbys(enabled=False).keep_ready([sys.executable, "train.py"], _env, range(2)) is None
 
 
-def test_starting_the_standby_takes_milliseconds() -> None:
-    """It must not delay the restart it follows: the supervisor only forks it."""
+def test_starting_the_standby_does_not_wait_for_its_imports() -> None:
+    """It must not delay the restart it follows: the supervisor only forks it, and the
+    standby is still importing torch when ``keep_ready`` returns."""
     pool = Standbys()
     try:
-        t0 = time.monotonic()
-        assert pool.keep_ready([sys.executable, "train.py"], _env, range(2))
-        assert time.monotonic() - t0 < 1.0
+        pid = pool.keep_ready([sys.executable, "train.py"], _env, range(2))
+        assert pid is not None and pool._for_restart is not None
+        assert pool._for_restart.poll_ready() is None
     finally:
         pool.discard()

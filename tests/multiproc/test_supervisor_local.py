@@ -403,6 +403,34 @@ def test_sigterm_forwards_then_kills_and_leaves_no_process_behind(tmp_path) -> N
     assert not list((job.log_dir / job.job_id).glob("store/snapshot-run*.json")), job.output()
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGHUP])
+def test_sigusr1_goes_to_the_children_and_sigint_or_sighup_stops_the_job(tmp_path, stop) -> None:
+    """docs/supervisor.md, "Signals": a forwarded signal reaches the children's process
+    groups, a stop signal ends the job with the shell's code for it."""
+    body = (
+        "def usr1(signum, frame):\n"
+        "    open(os.path.join(os.environ['NVRX_LOG_DIR'], f'usr1-{RANK}'), 'w').close()\n"
+        "signal.signal(signal.SIGUSR1, usr1)\n"
+        "open(os.path.join(os.environ['NVRX_LOG_DIR'], f'ready-{RANK}'), 'w').close()\n"
+        "while True: time.sleep(600)\n"
+    )
+    job = Job(tmp_path, 1, 2, script(tmp_path, body), "--grace-period", "5")
+    def files(prefix: str) -> int:
+        assert all(p.poll() is None for p in job.procs), job.output()
+        return len(list(job.log_dir.glob(f"{prefix}-*")))
+
+    wait_until("both children to be ready", lambda: files("ready") == 2, 60, state=job.output)
+    os.kill(job.procs[0].pid, signal.SIGUSR1)
+    wait_until("both children to get SIGUSR1", lambda: files("usr1") == 2, 30, state=job.output)
+    os.kill(job.procs[0].pid, stop)
+    assert job.wait(60) == [128 + int(stop)], job.output()
+    received = [(e["signal"], e["action"]) for e in job.events("signal_received")]
+    assert received == [("SIGUSR1", "forwarded to children"), (stop.name, "stop the job")]
+    exits = {e["local_rank"]: e["signal"] for e in job.events("child_exit")}
+    assert exits == {0: "SIGTERM", 1: "SIGTERM"}, job.output()
+
+
 def _node_1_without_its_store(
     tmp_path: Path, store_timeout: int, then: Any
 ) -> tuple[int, str, set[int], dict[str, Any], int]:

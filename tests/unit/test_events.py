@@ -131,3 +131,20 @@ def test_write_failure_is_counted_not_raised(tmp_path: Path) -> None:
     writer = EventWriter(blocker / "sub", "app", {"job": "j"})  # parent is a file
     event = writer.emit("progress", step=1)
     assert event["kind"] == "progress" and writer.dropped == 1
+
+
+def test_fsync_after_each_event_only_where_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``NVRX_EVENTS_FSYNC=1`` flushes each event to the disk (to survive a crash of the
+    host, not only of the process); by default the kernel's page cache holds it."""
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    monkeypatch.delenv("NVRX_EVENTS_FSYNC", raising=False)
+    EventWriter(tmp_path / "plain", "test").emit("job_start")
+    assert synced == []
+    monkeypatch.setenv("NVRX_EVENTS_FSYNC", "1")
+    writer = EventWriter(tmp_path / "synced", "test")
+    writer.emit("job_start")
+    writer.emit("job_end")
+    assert len(synced) == 2
+    assert [e["kind"] for e in read_dir(tmp_path / "synced")[0]] == ["job_start", "job_end"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import subprocess
@@ -164,3 +165,25 @@ def test_nvrx_references_constructors_and_yaml_writer(tmp_path):
     with pytest.raises(ValueError, match="no fault tolerance configuration given"):
         FaultToleranceConfig.from_args(argparse.Namespace(ft_cfg_path=None))
 
+
+
+def test_every_yaml_only_setting_of_the_docs_is_accepted_with_a_warning_and_ignored(tmp_path, caplog):
+    """docs/fault_tolerance.md lists NVRx's settings that nvrx accepts and does not use: each
+    is accepted, warned about once, and changes nothing; the list is the code's."""
+    from pathlib import Path
+
+    from nvrx.fault_tolerance.config import IGNORED_FIELDS
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "fault_tolerance.md").read_text()
+    [row] = [line for line in doc.splitlines() if "accepted with a warning and ignored" in line]
+    listed = row.split("|")[1].replace("`", "").replace(" ", "").split(",")
+    assert sorted(listed) == sorted(IGNORED_FIELDS)
+    path = tmp_path / "ft.yaml"
+    path.write_text("fault_tolerance:\n" + "".join(f"  {name}: 1\n" for name in listed))
+    with caplog.at_level(logging.WARNING, logger="nvrx.fault_tolerance.config"):
+        cfg = _ft("--ft-cfg-path", str(path))
+    warned = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
+    assert len(warned) == len(listed), warned
+    assert all(any(repr(name) in line for line in warned) for name in listed)
+    used = lambda c: {k: v for k, v in json.loads(c.to_json()).items() if k not in IGNORED_FIELDS}  # noqa: E731
+    assert used(cfg) == used(_ft())  # NVRx 0.4.1's five are kept as attributes, unused

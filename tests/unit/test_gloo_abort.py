@@ -243,3 +243,21 @@ def test_an_abort_ends_our_reads_and_leaves_the_peers_writes_working_until_relea
         gloo_abort.release_held()
         for sock in links:
             sock.close()
+
+
+@pytest.mark.parametrize("missing", ["proc", "factory"])
+def test_without_proc_or_torchs_factory_install_says_so_and_patches_nothing(original, monkeypatch, caplog, missing):
+    """docs/abort.md, "Limits": off Linux (no ``/proc``), or with a torch that dropped its
+    private group factory, ``install`` returns False with a warning and leaves torch alone."""
+    if missing == "proc":
+        monkeypatch.setattr(gloo_abort, "_PROC_FD", "/nonexistent/proc/self/fd")
+    else:
+        monkeypatch.delattr(c10d, gloo_abort._FACTORY)
+    with caplog.at_level("WARNING", logger=gloo_abort.__name__):
+        assert gloo_abort.install() is False
+        with gloo_abort.tracking() as active:
+            assert active is False
+    assert not gloo_abort.installed()
+    assert "cannot be interrupted" in caplog.text
+    if missing == "proc":
+        assert getattr(c10d, gloo_abort._FACTORY) is original

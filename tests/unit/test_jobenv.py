@@ -34,6 +34,9 @@ def test_child_environment_follows_the_documented_contract(tmp_path: Path) -> No
         "2",
     )
     assert (env["NVRX_RESTART_COUNT"], env["NVRX_SUPERVISED"]) == ("3", "1")
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"  # set where the user did not
+    kept = job.child_env(1, 0, base={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"})
+    assert kept["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"  # kept where the user did
     # every NVRX_* name of the contract table in docs/conventions.md is one the child gets
     documented = set()
     for line in (

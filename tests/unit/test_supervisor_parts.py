@@ -134,3 +134,22 @@ def test_the_standby_for_restarts_waits_until_the_children_tell_they_train(
         for child in children:
             child.signal_group(signal.SIGKILL)
             child.proc.wait()
+
+
+def test_a_flood_of_forged_control_values_is_told_as_events_only_up_to_a_cap(tmp_path: Path, caplog) -> None:
+    """A client without the job's secret may write forged values without end: the first
+    ``MAX_REJECTIONS_TOLD`` are events (docs/security.md), every one of them is logged."""
+    from nvrx.events import EventWriter, read_dir
+    from nvrx.supervisor.stop_flag import MAX_REJECTIONS_TOLD
+
+    sup = _supervisor(tmp_path)
+    sup.writer = EventWriter(tmp_path / "events", "supervisor")
+    with caplog.at_level(logging.WARNING, logger="nvrx.supervisor.supervisor"):
+        for _ in range(MAX_REJECTIONS_TOLD + 5):
+            sup._rejected("nvrx/stop", "no valid seal", 12)
+    events, _ = read_dir(tmp_path / "events")
+    assert [e["kind"] for e in events] == ["rejected_write"] * MAX_REJECTIONS_TOLD
+    assert events[0]["key"] == "nvrx/stop" and events[0]["value_bytes"] == 12
+    logged = [r for r in caplog.records if "rejected a value of nvrx/stop" in r.getMessage()]
+    assert len(logged) == MAX_REJECTIONS_TOLD + 5
+    assert f"({MAX_REJECTIONS_TOLD + 5} so far)" in logged[-1].getMessage()
