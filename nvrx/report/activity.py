@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from nvrx.events.failures import NODE_LOST_SIGNATURE, hang_signature, process_end_signature
 
+from .failure_groups import untold_hangs
 from .model import (
     Activity,
     Failure,
@@ -29,7 +30,7 @@ from .model import (
     RunSpan,
     SpareSpan,
 )
-from .process_rows import events_by_slot
+from .process_rows import events_by_slot, nprocs
 
 if TYPE_CHECKING:
     from .job_summary import JobSummary
@@ -41,16 +42,6 @@ log = logging.getLogger(__name__)
 LOST = "node lost"
 
 _LIFE_KINDS = ("child_start", "child_exit")
-
-
-def _nprocs(job: JobSummary) -> dict[int, int]:
-    """Run -> children per node, as its ``supervisor_start`` events say."""
-    out: dict[int, int] = {}
-    for e in job.node_events:
-        nproc = e.get("nproc_per_node")
-        if e.get("kind") == "supervisor_start" and isinstance(nproc, int) and nproc > 0:
-            out.setdefault(e["run"], nproc)
-    return out
 
 
 def _runs(job: JobSummary, timeline: Sequence[RoundRow]) -> list[RunSpan]:
@@ -122,12 +113,12 @@ def _processes(job: JobSummary, losses: LossIndex) -> list[ProcessSpan]:
     """Each ``child_start`` paired with the next ``child_exit`` of its slot and local rank."""
     by_slot = events_by_slot(job, _LIFE_KINDS)
     spans: list[ProcessSpan] = []
-    nprocs = _nprocs(job)
+    per_node = nprocs(job)
     of_slot: dict[tuple[int, Any], list[NodeLoss]] = {}
     for loss in losses.losses:
         of_slot.setdefault((loss.run, loss.slot), []).append(loss)
     for key, events in by_slot.items():
-        span = partial(_span, nprocs, losses, of_slot.get(key[:2], []), key)
+        span = partial(_span, per_node, losses, of_slot.get(key[:2], []), key)
         # at one time, the old process's exit comes before its replacement's start
         events.sort(key=lambda e: (e.get("wall") or 0.0, e["kind"] != "child_exit"))
         started: dict[str, Any] | None = None
@@ -198,11 +189,8 @@ def _faults(
         if p.explained_by is None:
             told = p.error.signature if p.error is not None else None
             add(told or process_end_signature(p.exit_code, p.signal), p.rank, p.node, p.host, None, p.wall)
-    # as in the failure table: a hang that a hang fault of its rank and round tells is that fault
-    hang_faults = {(run, rnd, rank) for (run, rnd), r in job.rounds.items() for rank in r.hang_faults}
-    for h in job.hangs:
-        if (h.run, h.round, h.rank) not in hang_faults and losses.explains(h.wall) is None:
-            add(hang_signature(h.timeout), h.rank, h.node, h.host, h.round, h.wall)
+    for h in untold_hangs(job, losses):  # as in the failure table
+        add(hang_signature(h.timeout), h.rank, h.node, h.host, h.round, h.wall)
     for loss in losses.losses:
         wall = loss.start if math.isfinite(loss.start) else None
         for rank in loss.ranks or [None]:

@@ -10,6 +10,7 @@ writes to the log directory.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import multiprocessing
 import os
@@ -209,12 +210,11 @@ def _log_findings(
     items = []
     for path in unique:
         try:
-            scanned = scan_output_file(path)
+            items.extend(scan_output_file(path))
         except OSError as exc:
             notes.append(f"cannot read output file {str(path)!r}: {exc.strerror or exc}; skipped")
             continue
         slurm.output_files.append(str(path))
-        items.extend(scanned.items)
     judged = triage(items, facts)
     if judged.in_events:
         notes.append(
@@ -280,8 +280,7 @@ def build_report(
     activity = build_activity(agg, timeline, failures, process_rows, losses, kept)
     stragglers = build_stragglers(agg)
     suspects, exclude = build_suspects(agg, timeline, failures, process_rows, losses, stragglers)
-    requeues = sacct_requeues(slurm)
-    restarts = job_facts.restarts(agg, timeline, requeues, process_rows, len(losses.losses))
+    restarts = job_facts.restarts(agg, timeline, sacct_requeues(slurm), process_rows, len(losses.losses))
     return Report(
         summary=_summary(agg, job_id, timeline, restarts, losses, slurm, kept is not None, notes),
         timeline=timeline,
@@ -296,17 +295,10 @@ def build_report(
         generated_at=time.time(),
         node_losses=losses.losses,
         activity=activity,
-        **_told_by_events(agg, timeline, stragglers),
+        restores=build_restores(agg, timeline),
+        stragglers=stragglers,
+        rejected_writes=_rejected_writes(agg),
     )
-
-
-def _told_by_events(agg: JobSummary, timeline: list[RoundRow], stragglers: list) -> dict:
-    """The report's lists built from one kind of event each: restores, stragglers, rejected writes."""
-    return {
-        "restores": build_restores(agg, timeline),
-        "stragglers": stragglers,
-        "rejected_writes": _rejected_writes(agg),
-    }
 
 
 def _rejected_writes(agg: JobSummary) -> list[RejectedWrite]:
@@ -484,7 +476,7 @@ def _reading(log_dir: Path, agg: JobSummary, notes: list[str]) -> Reading:
         events_used=agg.events_used,
         unknown_kinds=dict(sorted(agg.unknown_kinds.items())),
         skipped_count=agg.skipped_count,
-        skipped=job_facts.skipped_dicts(agg.skipped),
+        skipped=[dataclasses.asdict(s) for s in agg.skipped],
         notes=notes,
     )
 

@@ -20,7 +20,7 @@ from nvrx.events.failures import (
     process_end_signature,
 )
 
-from .model import Failure, LogFinding, ProcessRestart
+from .model import Failure, Hang, LogFinding, ProcessRestart
 from .parts import LocalFault, SignatureGroup
 from .same_failure import SAME_FAILURE_WINDOW_S, same_process_end
 
@@ -99,11 +99,7 @@ def _drop_merged(
             del groups[sig]
             continue
         left = [f for f in monitored if f.signature == sig and all(f is not m for m in merged)]
-        group.ranks = {f.rank for f in left if f.rank is not None}
-        group.nodes = {f.node for f in left if f.node is not None}
-        group.hosts = {f.host for f in left if f.host is not None}
-        group.rounds = {f.round for f in left if f.round is not None}
-        group.first_wall = min((f.wall for f in left if f.wall is not None), default=None)
+        _refill(group, [(f.wall, f.rank, f.node, f.host, f.round) for f in left])
 
 
 def _drop_explained(groups: dict[str, SignatureGroup], losses: LossIndex) -> None:
@@ -117,11 +113,16 @@ def _drop_explained(groups: dict[str, SignatureGroup], losses: LossIndex) -> Non
             del groups[sig]
             continue
         group.count, group.seen = len(left), left
-        group.ranks = {o[1] for o in left if o[1] is not None}
-        group.nodes = {o[2] for o in left if o[2] is not None}
-        group.hosts = {o[3] for o in left if o[3] is not None}
-        group.rounds = {o[4] for o in left if o[4] is not None}
-        group.first_wall = min((o[0] for o in left if o[0] is not None), default=None)
+        _refill(group, left)
+
+
+def _refill(group: SignatureGroup, left: list[tuple]) -> None:
+    """``group``'s places and first time from the occurrences ``left``, each (wall, rank,
+    node, host, round, ...) as in ``SignatureGroup.seen``."""
+    group.ranks, group.nodes, group.hosts, group.rounds = (
+        {o[i] for o in left if o[i] is not None} for i in (1, 2, 3, 4)
+    )
+    group.first_wall = min((o[0] for o in left if o[0] is not None), default=None)
 
 
 def _add_losses(groups: dict[str, SignatureGroup], losses: LossIndex) -> None:
@@ -135,33 +136,25 @@ def _add_losses(groups: dict[str, SignatureGroup], losses: LossIndex) -> None:
         part.ranks.update(loss.ranks)
 
 
-def _add_hangs(
-    job: JobSummary, groups: dict[str, SignatureGroup], losses: LossIndex | None
-) -> None:
+def untold_hangs(job: JobSummary, losses: LossIndex) -> list[Hang]:
     """Hangs that no hang fault of the same rank and round already tells (nor a lost node)."""
     told = {(run, rnd, rank) for (run, rnd), r in job.rounds.items() for rank in r.hang_faults}
-    for h in job.hangs:
-        if (h.run, h.round, h.rank) in told:
-            continue
-        if losses is not None and losses.explains(h.wall) is not None:
-            continue
-        part = _group(groups, hang_signature(h.timeout))
-        part.add(h.rank, h.node, h.host, h.round, h.wall, traceback=h.stack)
+    return [h for h in job.hangs if (h.run, h.round, h.rank) not in told and losses.explains(h.wall) is None]
 
 
 def build_failures(
-    job: JobSummary, process_rows: list[ProcessRestart], losses: LossIndex | None = None
+    job: JobSummary, process_rows: list[ProcessRestart], losses: LossIndex
 ) -> list[Failure]:
     """Failure groups: faults of the events, failed processes, hangs that no fault names,
     lost nodes (instead of what the job wrote while it got over each loss)."""
     groups = {sig: _copy(g) for sig, g in job.signatures.items()}
-    if losses is not None and losses.losses:
+    if losses.losses:
         _drop_explained(groups, losses)
     merged = _add_deaths(job, groups, process_rows)
     _drop_merged(groups, job.monitor_deaths, merged)
-    _add_hangs(job, groups, losses)
-    if losses is not None:
-        _add_losses(groups, losses)
+    for h in untold_hangs(job, losses):
+        _group(groups, hang_signature(h.timeout)).add(h.rank, h.node, h.host, h.round, h.wall, traceback=h.stack)
+    _add_losses(groups, losses)
     out = [
         Failure(
             signature=sig,

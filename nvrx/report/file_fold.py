@@ -23,7 +23,7 @@ from nvrx.events.validation import (
     usual_process_fields,
 )
 
-from .file_summary import Ev, FileSummary
+from .file_summary import Ev
 from .kind_handlers import DISPATCH, UNHANDLED, KindHandlers, OInt, OStr, phase_ended
 from .parts import RoundState
 from .typed_events import RECORD_TYPES
@@ -58,7 +58,6 @@ def _widen(part: RoundState, first: float, last: float) -> None:
             part.last_wall = last
 
 
-_UNSEEN = object()
 _INF = float("inf")
 
 
@@ -69,21 +68,6 @@ class FileFolder(KindHandlers):
     event of the file is folded; with filters, the caller notes them from all events).
     ``job_rounds``: a job's round states of run 0 to file rounds under (else the summary's).
     """
-
-    def __init__(
-        self,
-        summary: FileSummary,
-        run_starts: bool = False,
-        job_rounds: dict[Any, RoundState] | None = None,
-    ) -> None:
-        super().__init__(summary, run_starts, job_rounds)
-        self.last_event: Ev | None = None
-        self.first_wall = _INF
-        self.last_wall = -_INF
-        self._raw: tuple[Any, ...] = (_UNSEEN,) * 4  # host, node, rank, job of the last event
-        self._ctx: tuple[OStr, OInt, OInt] = (None, None, None)  # host, node, rank
-        self._round: Any = _UNSEEN  # round of the last event filed under one, and its state
-        self._part: RoundState | None = None
 
     def _context(self, event: Ev, raw: tuple[Any, ...]) -> tuple[OStr, OInt, OInt]:
         """Host, node and rank of ``event`` whose (host, node, rank, job) ``raw`` changed."""

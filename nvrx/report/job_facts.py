@@ -7,7 +7,7 @@ the facts of the events that judging the output files needs
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nvrx.events.failures import (
@@ -19,7 +19,6 @@ from nvrx.events.failures import (
     short_type,
     signature_type,
 )
-from nvrx.events.reader import Skipped
 
 from .job_rounds import job_wide_restarts
 from .job_summary import JobSummary
@@ -118,14 +117,14 @@ def event_signatures(job: JobSummary) -> tuple[set[str], set[str]]:
 
 
 def output_facts(
-    job: JobSummary, process_rows: Sequence[ProcessRestart], losses: LossIndex | None = None
+    job: JobSummary, process_rows: Sequence[ProcessRestart], losses: LossIndex
 ) -> EventFacts:
     """What judging the output files needs from the events (``output_triage``). A lost
     node's end is told by its ``node_lost``: its ranks and srun task (slot) are known."""
     signatures, bare_types = event_signatures(job)
     facts = EventFacts(signatures=signatures, bare_types=bare_types)
-    lost_ranks = losses.lost_ranks() if losses is not None else set()
-    if losses is not None and losses.losses:
+    lost_ranks = losses.lost_ranks()
+    if losses.losses:
         facts.lost_slots = {slot for _, slot in losses.lost_slots()}
         facts.slurm_causes.add("node_failure")
     for p in process_rows:
@@ -205,6 +204,3 @@ def _gave_up(job: JobSummary, timeline: list[RoundRow], run: int) -> str | None:
     rounds = sum(1 for row in timeline if row.run == run)
     return f"gave up: restart_abort after {rounds} round{'' if rounds == 1 else 's'}"
 
-
-def skipped_dicts(skipped: Iterable[Skipped]) -> list[dict[str, Any]]:
-    return [{"path": s.path, "line": s.line, "reason": s.reason} for s in skipped]

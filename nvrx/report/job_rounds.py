@@ -84,7 +84,7 @@ def job_restart_rounds(job: JobSummary) -> list[RoundRow]:
             rows.append(row)
             start = max(started, default=None)
         last = max(epochs)
-        rows.append(_row(job, run, last, start, max(_walls(job, run, "supervisor_end"), default=None), _run_end(job, run)))
+        rows.append(_row(job, run, last, start, max(_walls(job, run, "supervisor_end"), default=None), run_end(job, run)))
     return rows
 
 
@@ -105,11 +105,8 @@ def _row(
         and h.rank is not None
     ]
     return RoundRow(
-        run=run, round=rnd, start_wall=start, end_wall=end, outcome=outcome, cause=None,
-        fault_kind=None, first_rank=None, first_node=None, first_host=None, ordering="none",
-        also_failed=[], peer_notified=0, hang_ranks=sorted({h.rank for h in hangs if h.rank is not None}),
-        terminated_ranks=[], detection_s=None, phases={}, failed_phases=[],
-        restart_latency_s=None, outcome_from=FROM_JOB_RESTARTS,
+        run=run, round=rnd, start_wall=start, end_wall=end, outcome=outcome,
+        hang_ranks=sorted({h.rank for h in hangs if h.rank is not None}), outcome_from=FROM_JOB_RESTARTS,
     )  # fmt: skip
 
 
@@ -144,7 +141,7 @@ def _walls(job: JobSummary, run: int, kind: str) -> list[float]:
     return [e["wall"] for e in job.node_events if e["run"] == run and e.get("kind") == kind and "wall" in e]
 
 
-def _run_end(job: JobSummary, run: int) -> str:
+def run_end(job: JobSummary, run: int) -> str:
     """How the run's last stretch ended: its supervisors' exit codes."""
     codes = [
         e.get("exit_code")

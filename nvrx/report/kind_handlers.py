@@ -8,6 +8,7 @@ the reader checked only the common ones.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +34,7 @@ OInt = int | None
 OStr = str | None
 OFloat = float | None
 Part = RoundState | None
+_UNSEEN = object()
 
 
 def _seconds(value: Any) -> float | None:
@@ -77,6 +79,15 @@ class KindHandlers:
         self.first_faults: dict[int, tuple[RoundState, RoundState]] = {}
         self.open_call: tuple[str | None, float] | None = None  # (boot, mono) of an unfinished call
         self.open_wall: float | None = None  # wall of an unfinished call's call_start
+        # The fold's state between two calls (``FileFolder.fold``): the file's walls, its last
+        # event, the (host, node, rank, job) of the last event and its context, the round of
+        # the last event filed under one and its state.
+        self.first_wall, self.last_wall = math.inf, -math.inf
+        self.last_event: Ev | None = None
+        self._raw: tuple[Any, ...] = (_UNSEEN,) * 4
+        self._ctx: tuple[OStr, OInt, OInt] = (None, None, None)
+        self._round: Any = _UNSEEN
+        self._part: RoundState | None = None
 
     def round_of(self, rnd: Any) -> RoundState | None:
         """The state of round ``rnd``, made at its first event; None for an event of no round."""
@@ -100,10 +111,8 @@ class KindHandlers:
         if size is not None and size > s.world_size:
             s.world_size = size
         if part is not None:  # when, and at what size, the round began (node-loss recovery)
-            if wall is not None and (part.started_wall is None or wall < part.started_wall):
-                part.started_wall = wall
-            if size is not None and (part.world_size is None or size > part.world_size):
-                part.world_size = size
+            part.started_wall = min_opt(part.started_wall, wall)
+            part.world_size = max_opt(part.world_size, size)
         # The restart latency of the previous round is known only when this one starts, so a
         # writer may put it here instead of on the previous round's round_end.
         latency = _seconds(e.get("restart_latency_s"))
@@ -259,11 +268,7 @@ class KindHandlers:
             outcome = as_str(outcome)
         outcome = outcome or "unknown"
         part.outcomes[outcome] = part.outcomes.get(outcome, 0) + 1
-        latency = _seconds(e.get("restart_latency_s"))
-        if latency is not None and (
-            part.restart_latency_s is None or latency > part.restart_latency_s
-        ):
-            part.restart_latency_s = latency
+        part.restart_latency_s = max_opt(part.restart_latency_s, _seconds(e.get("restart_latency_s")))
         if outcome == "restart" and rank is not None:
             part.restarted_ranks.add(rank)
 

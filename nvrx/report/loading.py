@@ -17,6 +17,7 @@ import os
 import re
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
@@ -124,15 +125,16 @@ def split_lines(data: bytes) -> list[bytes] | None:
     return lines
 
 
-def parse_lines(data: bytes) -> list[Any] | None:
+def parse_lines(data: bytes, parse: Callable[[bytes], Any] | None = None) -> list[Any] | None:
     """The values of whole lines ``data`` (``read_whole_lines``), one per line, unchecked; None
     when a line is not exactly one JSON value (blank, torn over lines, or merged with another)
-    or is one the reader alone can judge (``split_lines``)."""
+    or is one the reader alone can judge (``split_lines``). ``parse``: one line's parser
+    (default ``parse_json``; ``typed_events`` gives its decoder), failing with a ValueError."""
     lines = split_lines(data)
     if lines is None:
         return None
     try:
-        return list(map(parse_json, lines))
+        return list(map(parse or parse_json, lines))
     except (ValueError, RecursionError):
         return None
 

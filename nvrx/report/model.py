@@ -98,20 +98,20 @@ class RoundRow:
     start_wall: float | None
     end_wall: float | None
     outcome: str
-    cause: str | None  # signature of the first fault
-    fault_kind: str | None
-    first_rank: int | None
-    first_node: int | None
-    first_host: str | None
-    ordering: str  # how "first" was decided: monotonic | store_origin | wall_clock | process_exit | hang | none
-    also_failed: list[int]  # other ranks with a fault of their own (after the first)
-    peer_notified: int  # ranks that stopped only because a peer faulted
-    hang_ranks: list[int]
-    terminated_ranks: list[int]
-    detection_s: float | None
-    phases: dict[str, float]  # phase -> longest duration over ranks (the critical path)
-    failed_phases: list[str]
-    restart_latency_s: float | None
+    cause: str | None = None  # signature of the first fault
+    fault_kind: str | None = None
+    first_rank: int | None = None
+    first_node: int | None = None
+    first_host: str | None = None
+    ordering: str = "none"  # how "first" was decided: monotonic | store_origin | wall_clock | process_exit | hang | none
+    also_failed: list[int] = field(default_factory=list)  # other ranks with a fault of their own (after the first)
+    peer_notified: int = 0  # ranks that stopped only because a peer faulted
+    hang_ranks: list[int] = field(default_factory=list)
+    terminated_ranks: list[int] = field(default_factory=list)
+    detection_s: float | None = None
+    phases: dict[str, float] = field(default_factory=dict)  # phase -> longest duration over ranks (the critical path)
+    failed_phases: list[str] = field(default_factory=list)
+    restart_latency_s: float | None = None
     # "wrapper": round_end events gave the outcome; "inferred": none did (processes restarted by
     # their supervisor start the next round; the last round takes the job's end).
     outcome_from: str = "wrapper"
@@ -153,10 +153,10 @@ class RecordedError:
     """What a process wrote to its error file (torch's ``@record``) before it died."""
 
     path: str  # relative to the job's log directory
-    exc_type: str | None
-    message: str | None
-    signature: str | None  # type and innermost user frame, as for an exception event
-    traceback: str | None
+    exc_type: str | None = None
+    message: str | None = None
+    signature: str | None = None  # type and innermost user frame, as for an exception event
+    traceback: str | None = None
     # Where it was read: "error_file" (torch's @record), or "stderr" (the last traceback of
     # the process's own stderr.log, when it wrote no error file).
     source: str = "error_file"
@@ -215,13 +215,13 @@ class NodeLoss:
     slurm_state: dict[str, str] | None  # SLURM's State/Reason of the node, when asked
     action: str  # spare | shrink | stop | none
     replaced_by: int | None  # spare slot that took over its node rank
-    takeover_s: float | None  # declared lost -> the spare's takeover (its node_takeover)
-    round: int | None  # the round it interrupted
-    recovered_wall: float | None  # first round_start of the job training at full size again
-    recovery_s: float | None  # last_seen_wall -> recovered_wall
-    world_size: int | None  # world size of that round
-    fenced: bool  # its supervisor came back, found itself declared lost, and stopped (exit 9)
-    outcome: str  # what happened, in words
+    takeover_s: float | None = None  # declared lost -> the spare's takeover (its node_takeover)
+    round: int | None = None  # the round it interrupted
+    recovered_wall: float | None = None  # first round_start of the job training at full size again
+    recovery_s: float | None = None  # last_seen_wall -> recovered_wall
+    world_size: int | None = None  # world size of that round
+    fenced: bool = False  # its supervisor came back, found itself declared lost, and stopped (exit 9)
+    outcome: str = ""  # what happened, in words
     store_failover: StoreFailover | None = None  # the job's store moved off this node
 
     @property
@@ -267,24 +267,24 @@ class Straggler:
     start_wall: float | None  # when it was named slow
     step: int | None  # the step its ranks had reached then
     # When it stopped counting as slow (see end_reason); None: slow until its run ended.
-    end_wall: float | None
-    end_step: int | None  # the step of its ``recovered`` event
-    recovered: bool  # end_reason == "recovered"
+    end_wall: float | None = None
+    end_step: int | None = None  # the step of its ``recovered`` event
+    recovered: bool = False  # end_reason == "recovered"
     # recovered (its ``recovered`` event) | store failover (the scorer moved: not known
     # whether it recovered) | node left (its node left the job for a spare, or was lost)
     # | None: still slow when its run ended.
-    end_reason: str | None
+    end_reason: str | None = None
     # The evidence, as it was named: its median step time against the job's reference.
-    slower_pct: float | None
-    median_s: float | None
-    reference_s: float | None
-    score: float | None
-    threshold: float | None
-    window: int | None  # steps each median covers
-    source: str | None  # record_step | section NAME
-    action: str  # report | exclude | none (exclude asked, no spare free) | unknown
-    replaced_by: int | None  # slot of the spare that took its place (action exclude)
-    replaced_wall: float | None  # when that spare took over (or the node was declared lost)
+    slower_pct: float | None = None
+    median_s: float | None = None
+    reference_s: float | None = None
+    score: float | None = None
+    threshold: float | None = None
+    window: int | None = None  # steps each median covers
+    source: str | None = None  # record_step | section NAME
+    action: str = "unknown"  # report | exclude | none (exclude asked, no spare free) | unknown
+    replaced_by: int | None = None  # slot of the spare that took its place (action exclude)
+    replaced_wall: float | None = None  # when that spare took over (or the node was declared lost)
 
 
 @dataclass

@@ -25,7 +25,6 @@ from .same_failure import SAME_FAILURE_WINDOW_S
 
 if TYPE_CHECKING:
     from .job_summary import JobSummary
-    from .parts import LocalFault
 
 log = logging.getLogger(__name__)
 
@@ -169,13 +168,6 @@ def _loss(e: dict[str, Any]) -> NodeLoss:
         slurm_state=e.get("slurm_state"),
         action=e.get("action") or "unknown",
         replaced_by=e.get("replaced_by"),
-        takeover_s=None,
-        round=None,
-        recovered_wall=None,
-        recovery_s=None,
-        world_size=None,
-        fenced=False,
-        outcome="",
     )
 
 
@@ -213,17 +205,9 @@ def _interrupted_before(job: JobSummary, loss: NodeLoss, rnd: int) -> bool:
     if state is None:
         return False
     return any(
-        onset is not None and onset < loss.start and not loss_explains(loss, math.inf, onset, f.shape)
+        f.onset is not None and f.onset < loss.start and not loss_explains(loss, math.inf, f.onset, f.shape)
         for f in state.first_by_rank.values()
-        for onset in [_onset(f)]
     )
-
-
-def _onset(fault: LocalFault) -> float | None:
-    """When ``fault`` began: its time less the time it took to detect it."""
-    if fault.wall is None:
-        return None
-    return fault.wall - (fault.detection_s or 0.0)
 
 
 def _store_failover(job: JobSummary, loss: NodeLoss) -> StoreFailover | None:

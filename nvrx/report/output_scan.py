@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from nvrx.events.failures import (
@@ -297,22 +297,16 @@ def scan_lines(lines: Iterable[str], path: str, task: int | None = None) -> Iter
     yield from scanner.close()
 
 
-@dataclass
-class ScannedFile:
-    path: str
-    items: list[OutputItem] = field(default_factory=list)
-
-
 _SUBMITIT_TASK = re.compile(r"_([0-9]{1,9})_log\.(out|err)$")
 
 
-def scan_output_file(path: Path) -> ScannedFile:
+def scan_output_file(path: Path) -> list[OutputItem]:
     """Every item of one output file; a submitit file ``<job>_<task>_log.out`` is one task's."""
     match = _SUBMITIT_TASK.search(path.name)
     task = int(match[1]) if match else None
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
-            return ScannedFile(str(path), list(scan_lines(fh, str(path), task)))
+            return list(scan_lines(fh, str(path), task))
     except OSError as exc:
         log.warning("cannot read %s: %s", path, exc)
         raise

@@ -41,6 +41,11 @@ class LocalFault:
     pid: int | None = None
     shape: str | None = None  # ``consequence.fault_shape``: follow-on, hardware or none
 
+    @property
+    def onset(self) -> float | None:
+        """When it began: its time less the time it took to detect it (a hang's timeout)."""
+        return None if self.wall is None else self.wall - (self.detection_s or 0.0)
+
 
 #: One occurrence of a signature: (wall, rank, node, host, round, shape of ``consequence``).
 #: One occurrence: wall (detected), rank, node, host, round, shape, and its onset (the wall

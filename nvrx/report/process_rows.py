@@ -47,18 +47,14 @@ def _stop_walls(job: JobSummary) -> dict[tuple[int, Any, str | None], float]:
     return stops
 
 
-def _global_rank(job: JobSummary, run: int, node: Any, local_rank: Any) -> int | None:
-    """``node * nproc_per_node + local_rank``, the supervisor's rank layout."""
-    if node is None or local_rank is None:
-        return None
+def nprocs(job: JobSummary) -> dict[int, int]:
+    """Run -> children per node, as its ``supervisor_start`` events say."""
+    out: dict[int, int] = {}
     for e in job.node_events:
-        if (
-            e.get("kind") == "supervisor_start"
-            and e["run"] == run
-            and e.get("nproc_per_node") is not None
-        ):
-            return node * e["nproc_per_node"] + local_rank
-    return None
+        nproc = e.get("nproc_per_node")
+        if e.get("kind") == "supervisor_start" and isinstance(nproc, int) and nproc > 0:
+            out.setdefault(e["run"], nproc)
+    return out
 
 
 def _ending_fault(job: JobSummary, host: Any, pid: Any, wall: Any, runtime: Any) -> str | None:
@@ -103,20 +99,20 @@ def _restart_windows(job: JobSummary) -> dict[tuple[int, Any], list[tuple[float,
 
 
 def _peers_wait(
-    job: JobSummary, windows: RoundWindows | None, run: int, wall: float | None
+    job: JobSummary, windows: RoundWindows, run: int, wall: float | None
 ) -> float | None:
     """How long the Wrapper's ranks waited for replacements to rejoin (``rejoin_wait``) in the
     restart of the round that ran when a process ended at ``wall`` (the round whose window
     holds it: ``round_windows``, as the timeline places deaths); None without one."""
-    rnd = windows.round_at(run, wall) if windows is not None else None
+    rnd = windows.round_at(run, wall)
     return None if rnd is None else job.rounds[(run, rnd)].phases.get("rejoin_wait")
 
 
 def _explained(
     job: JobSummary,
     e: dict[str, Any],
-    losses: LossIndex | None,
-    restarts: dict[tuple[int, Any], list[tuple[float, float]]] | None = None,
+    losses: LossIndex,
+    restarts: dict[tuple[int, Any], list[tuple[float, float]]],
 ) -> str | None:
     """PEER or "fault" by the process's own last fault; else JOB_RESTART when its supervisor
     stopped it for a job-wide restart; else NODE_LOST when it ended while the job got over a
@@ -126,7 +122,7 @@ def _explained(
     if own is None and wall is not None and restarts:
         if any(lo <= wall <= hi for lo, hi in restarts.get((run, e.get("node")), [])):
             return JOB_RESTART
-    if own == PEER or losses is None:
+    if own == PEER:
         return own
     if losses.explains(wall) is not None or losses.of_slot(run, e.get("node"), wall) is not None:
         return NODE_LOST
@@ -137,17 +133,17 @@ def _row(
     job: JobSummary,
     e: dict[str, Any],
     later: list[dict[str, Any]],
-    losses: LossIndex | None,
-    start: dict[str, Any] | None = None,
-    restarts: dict[tuple[int, Any], list[tuple[float, float]]] | None = None,
-    windows: RoundWindows | None = None,
+    losses: LossIndex,
+    start: dict[str, Any] | None,
+    restarts: dict[tuple[int, Any], list[tuple[float, float]]],
+    windows: RoundWindows,
 ) -> ProcessRestart:
     """The row of one failed ``child_exit``, with the decision and replacement after it
     (``later``: its slot's events up to the slot's next ``child_exit``; ``start``: its own
     ``child_start``). Its node is the node rank its slot held then (a spare's, the one it
     took over). Its error file and log files are only named here (``rank_files`` reads them)."""
     run, host, local_rank, wall = e["run"], e.get("host"), e.get("local_rank"), e.get("wall")
-    node = losses.node_rank(run, e.get("node"), wall) if losses is not None else e.get("node")
+    node = losses.node_rank(run, e.get("node"), wall)
     rank = e.get("global_rank")
     decision = next((x for x in later if x.get("kind") == "restart_decision"), None)
     restart = next((x for x in later if x.get("kind") == "child_start"), None)
@@ -159,7 +155,7 @@ def _row(
         node=node,
         host=host,
         local_rank=local_rank,
-        rank=rank if rank is not None else _global_rank(job, run, node, local_rank),
+        rank=rank,
         wall=wall,
         exit_code=e.get("exit_code"),
         signal=e.get("signal"),
@@ -170,7 +166,7 @@ def _row(
         rejoin_wait_s=_peers_wait(job, windows, run, wall) if restart is not None else None,
         explained_by=_explained(job, e, losses, restarts),
         files=[start["files"]] if start is not None and isinstance(start.get("files"), str) else [],
-        error=RecordedError(e["error_file"], None, None, None, None)
+        error=RecordedError(e["error_file"])
         if isinstance(e.get("error_file"), str)
         else None,
     )
@@ -189,7 +185,7 @@ def events_by_slot(
     return by_slot
 
 
-def process_restarts(job: JobSummary, losses: LossIndex | None = None) -> list[ProcessRestart]:
+def process_restarts(job: JobSummary, losses: LossIndex) -> list[ProcessRestart]:
     """Failed child processes, paired with the decision and replacement that followed."""
     stops = _stop_walls(job)
     restarts = _restart_windows(job)
@@ -209,5 +205,9 @@ def process_restarts(job: JobSummary, losses: LossIndex | None = None) -> list[P
                 )  # fmt: skip
                 later = events[i + 1 : end]
                 rows.append(_row(job, events[i], later, losses, start, restarts, windows))
+    per_node = nprocs(job)  # a row without its global rank: the supervisor's rank layout
+    for p in rows:
+        if p.rank is None and None not in (p.node, p.local_rank) and p.run in per_node:
+            p.rank = p.node * per_node[p.run] + p.local_rank
     rows.sort(key=lambda p: p.wall or 0.0)
     return rows

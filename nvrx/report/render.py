@@ -8,7 +8,7 @@ from collections.abc import Callable
 from nvrx.events.failures import PEER
 
 from .failure_order import causes_first, is_follow_on
-from .model import ProcessRestart, ReportData
+from .model import Failure, Hang, ProcessRestart, ReportData
 from .process_rows import JOB_RESTART, NODE_LOST
 from .render_answer import answer_section, first_failure, no_exclude_reason
 from .render_losses import node_losses_section
@@ -188,19 +188,8 @@ def _failures(doc: Doc, r: ReportData) -> None:
         doc.text("no failures")
         return
     failures = causes_first(r)
-    rows = [
-        [
-            f.signature,
-            f.category + (" (follow-on)" if is_follow_on(f) else ""),
-            str(f.count),
-            ranks_text(f.ranks),
-            ", ".join(f.hosts) or ranks_text(f.nodes),
-            ranks_text(f.rounds),
-            f.source,
-        ]
-        for f in failures
-    ]
-    doc.table(rows, ["signature", "kind", "count", "ranks", "hosts", "rounds", "source"])
+    rows = [[f.signature, *failure_cells(f), f.source] for f in failures]
+    doc.table(rows, ["signature", *FAILURE_HEADERS, "source"])
     hung = {trim(h.stack) for h in r.hangs if h.stack}
     for f in failures:
         body = trim(f.traceback) or (f.message or "")
@@ -210,23 +199,32 @@ def _failures(doc: Doc, r: ReportData) -> None:
             doc.block(f"[{f.signature}]", body)
 
 
+#: The columns of a failure's row between its signature and its source (``failure_cells``).
+FAILURE_HEADERS = ["kind", "count", "ranks", "hosts", "rounds"]
+#: The columns of a hang's row after its rank (``hang_cells``).
+HANG_HEADERS = ["where", "round", "timeout", "detected (UTC)"]
+
+
+def failure_cells(f: Failure) -> list[str]:
+    """A failure's row between its signature and its source (the HTML page's too)."""
+    kind = f.category + (" (follow-on)" if is_follow_on(f) else "")
+    return [kind, str(f.count), ranks_text(f.ranks), ", ".join(f.hosts) or ranks_text(f.nodes), ranks_text(f.rounds)]
+
+
+def hang_cells(h: Hang) -> list[str]:
+    """A hang's row after its rank (the HTML page's too)."""
+    return [where(h.node, h.host), "-" if h.round is None else str(h.round), h.timeout or "-", when(h.wall)]
+
+
 def _hangs(doc: Doc, r: ReportData) -> None:
     if not r.hangs:
         return
     doc.heading("Hangs")
-    rows = [
-        [str(h.rank), where(h.node, h.host), _round(h.round), h.timeout or "-", when(h.wall)]
-        for h in r.hangs
-    ]
-    doc.table(rows, ["rank", "where", "round", "timeout", "detected (UTC)"])
+    doc.table([[str(h.rank), *hang_cells(h)] for h in r.hangs], ["rank", *HANG_HEADERS])
     for h in r.hangs:
         if h.stack:  # a hang outside the Wrapper (its supervisor's) has no round
             in_round = "" if h.round is None else f" in round {h.round}"
             doc.block(f"[rank {h.rank} stuck{in_round}]", trim(stuck_first(h.stack)))
-
-
-def _round(value: int | None) -> str:
-    return "-" if value is None else str(value)
 
 
 def _process_restarts(doc: Doc, r: ReportData) -> None:

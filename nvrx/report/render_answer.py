@@ -17,7 +17,7 @@ from .consequence import FOLLOW_ON, fault_shape
 from .model import NodeLoss, ProcessRestart, ReportData, RoundRow, Summary
 from .render_losses import recovery
 from .text_doc import Doc, ranks_text, secs, when, where
-from .timeline import BY_NODE_LOSS
+from .timeline import BY_NODE_LOSS, loss_of
 
 #: What ``verdict`` says of a job's outcome.
 OK, FAILED, UNFINISHED = "ok", "failed", "unfinished"
@@ -81,10 +81,6 @@ def _recovered(row: RoundRow, rows: list[RoundRow]) -> str:
     return "yes, requeued" if later else "no"
 
 
-def _loss_of(r: ReportData, run: int, rnd: int | None) -> NodeLoss | None:
-    return next((x for x in r.node_losses if (x.run, x.round) == (run, rnd) and x.ranks), None)
-
-
 def _loss_cost(loss: NodeLoss) -> str:
     if loss.recovery_s is not None:
         return f"trained again after {secs(loss.recovery_s)}"
@@ -92,7 +88,7 @@ def _loss_cost(loss: NodeLoss) -> str:
 
 
 def _round_cost(r: ReportData, row: RoundRow) -> str:
-    loss = _loss_of(r, row.run, row.round) if row.ordering == BY_NODE_LOSS else None
+    loss = loss_of(r.node_losses, row.run, row.round) if row.ordering == BY_NODE_LOSS else None
     if loss is not None:
         return _loss_cost(loss)
     parts = []

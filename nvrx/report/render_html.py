@@ -20,14 +20,14 @@ from typing import Any
 from nvrx.events.failures import hang_signature
 from nvrx.version import __version__
 
-from .failure_order import causes_first, is_follow_on
+from .failure_order import causes_first
 from .html_lanes import MAX_RANK_LANES, build_lanes
 from .html_timeline import PLOT_W, render_svg
 from .html_timeline import css as timeline_css
 from .model import ReportData
-from .render import SECTIONS
+from .render import FAILURE_HEADERS, HANG_HEADERS, SECTIONS, failure_cells, hang_cells
 from .stacks import stuck_first
-from .text_doc import Doc, ranks_text, when, where
+from .text_doc import Doc, ranks_text, when
 
 log = logging.getLogger(__name__)
 
@@ -145,19 +145,10 @@ def _failures(doc: HtmlDoc, r: ReportData) -> None:
     index = {id(f): i for i, f in enumerate(r.failures)}  # a block's id: its row in the data
     ordered = causes_first(r)
     rows = [
-        [
-            link(f"#fault-{index[id(f)]}", f.signature),
-            f.category + (" (follow-on)" if is_follow_on(f) else ""),
-            str(f.count),
-            ranks_text(f.ranks),
-            ", ".join(f.hosts) or ranks_text(f.nodes),
-            ranks_text(f.rounds),
-            when(f.first_wall),
-            f.source,
-        ]
+        [link(f"#fault-{index[id(f)]}", f.signature), *failure_cells(f), when(f.first_wall), f.source]
         for f in ordered
     ]
-    doc.table(rows, ["signature", "kind", "count", "ranks", "hosts", "rounds", "first (UTC)", "source"])
+    doc.table(rows, ["signature", *FAILURE_HEADERS, "first (UTC)", "source"])
     hung = {(h.stack or "").rstrip(): i for i, h in enumerate(r.hangs) if h.stack}
     for f in ordered:
         body = (f.traceback or "").rstrip() or f.message or "(no traceback or message in the events)"
@@ -171,17 +162,8 @@ def _hangs(doc: HtmlDoc, r: ReportData) -> None:
     if not r.hangs:
         return
     doc.heading("Hangs")
-    rows = [
-        [
-            link(f"#hang-{i}", f"rank {h.rank}"),
-            where(h.node, h.host),
-            "-" if h.round is None else str(h.round),
-            h.timeout or "-",
-            when(h.wall),
-        ]
-        for i, h in enumerate(r.hangs)
-    ]
-    doc.table(rows, ["rank", "where", "round", "timeout", "detected (UTC)"])
+    rows = [[link(f"#hang-{i}", f"rank {h.rank}"), *hang_cells(h)] for i, h in enumerate(r.hangs)]
+    doc.table(rows, ["rank", *HANG_HEADERS])
     for i, h in enumerate(r.hangs):
         in_round = "" if h.round is None else f" in round {h.round}"
         body = stuck_first((h.stack or "").rstrip()) or "(no stack in the hang report)"

@@ -117,17 +117,10 @@ def find_output_files(
     for folder in submitit_folders:
         for suffix in ("out", "err"):
             found.extend(p for p in Path(folder).glob(f"{job}_*_log.{suffix}") if p.is_file())
-    unique: dict[Path, None] = {}
-    for path in found:
-        unique.setdefault(path.resolve(), None)
-    return list(unique)
+    return list(dict.fromkeys(path.resolve() for path in found))
 
 
 def default_search_dirs(job_dir: Path) -> list[Path]:
     """Where ``slurm-<job>.out`` usually is: the submit directory (cwd) and near the logs."""
     dirs = [Path(os.getcwd()), job_dir, job_dir.parent, job_dir.parent.parent]
-    unique: dict[Path, None] = {}
-    for d in dirs:
-        if d.is_dir():
-            unique.setdefault(d.resolve(), None)
-    return list(unique)
+    return list(dict.fromkeys(d.resolve() for d in dirs if d.is_dir()))

@@ -52,10 +52,6 @@ def _named(e: dict[str, Any]) -> Straggler:
         ranks=sorted(e.get("ranks") or []),
         start_wall=e.get("wall"),
         step=e.get("step"),
-        end_wall=None,
-        end_step=None,
-        recovered=False,
-        end_reason=None,
         slower_pct=e.get("slower_pct"),
         median_s=e.get("median_s"),
         reference_s=e.get("reference_s"),
@@ -64,50 +60,40 @@ def _named(e: dict[str, Any]) -> Straggler:
         window=e.get("window"),
         source=e.get("source"),
         action=e.get("action") or "unknown",
-        replaced_by=None,
-        replaced_wall=None,
     )
 
 
-def _spare_of(e: dict[str, Any], x: Straggler) -> int | None:
-    """The spare slot that ``e`` says took over ``x``'s slot, if it says one."""
-    if e["run"] != x.run or e.get("lost_slot") != x.slot or _wall(e) < (x.start_wall or 0.0):
-        return None
+def _leaving(job: JobSummary, x: Straggler, spare: bool = False) -> dict[str, Any] | None:
+    """The event that tells when the node of ``x`` left its run after ``x`` was named: its
+    slot's first ``node_takeover`` (the spare's), else its first ``node_lost``; ``spare``:
+    only one that names the spare (a takeover's writer, a ``node_lost`` with action spare)."""
+    moves = [
+        e for e in job.node_events
+        if e.get("kind") in ("node_takeover", "node_lost") and e["run"] == x.run
+        and x.slot is not None and e.get("lost_slot") == x.slot
+        and _wall(e) >= (x.start_wall or 0.0) and (not spare or _spare(e) is not None)
+    ]  # fmt: skip
+    return min(moves, key=lambda e: (e.get("kind") != "node_takeover", _wall(e)), default=None)
+
+
+def _spare(e: dict[str, Any]) -> int | None:
+    """The spare slot a ``node_takeover`` (its writer) or a spare's ``node_lost`` names."""
     if e.get("kind") == "node_takeover":
         return e.get("node")  # a supervisor event names its writer's slot
-    if e.get("kind") == "node_lost" and e.get("action") == "spare":
-        return e.get("replaced_by")
-    return None
+    return e.get("replaced_by") if e.get("action") == "spare" else None
 
 
 def _replace(job: JobSummary, x: Straggler) -> None:
     """Note the spare that took the place of ``x``, a node excluded for slowness, and when."""
-    if x.of != NODE or x.action != EXCLUDE or x.slot is None:
-        return
-    told = [(s, e) for e in job.node_events if (s := _spare_of(e, x)) is not None]
-    if told:  # the spare's own takeover first, else the declaration that names the spare
-        slot, e = min(told, key=lambda t: (t[1].get("kind") != "node_takeover", _wall(t[1])))
-        x.replaced_by, x.replaced_wall = slot, e.get("wall")
+    e = _leaving(job, x, spare=True) if x.of == NODE and x.action == EXCLUDE else None
+    if e is not None:  # the spare's own takeover first, else the declaration that names the spare
+        x.replaced_by, x.replaced_wall = _spare(e), e.get("wall")
 
 
 def _end(x: Straggler, wall: float | None, reason: str, step: int | None = None) -> None:
     """Close ``x`` at ``wall`` for ``reason``; only a recovery makes it ``recovered``."""
     x.end_wall, x.end_step, x.end_reason = wall, step, reason
     x.recovered = reason == BY_RECOVERY
-
-
-def _left_wall(job: JobSummary, x: Straggler) -> float | None:
-    """When the node of ``x`` left its run after ``x`` was named: its slot's first
-    ``node_takeover`` (the spare's), else its first ``node_lost``; None when neither is told."""
-    moves = [
-        e for e in job.node_events
-        if e.get("kind") in ("node_takeover", "node_lost") and e["run"] == x.run
-        and x.slot is not None and e.get("lost_slot") == x.slot
-        and _wall(e) >= (x.start_wall or 0.0)
-    ]  # fmt: skip
-    if not moves:
-        return None
-    return min(moves, key=lambda e: (e.get("kind") != "node_takeover", _wall(e))).get("wall")
 
 
 def _moved(x: Straggler, e: dict[str, Any]) -> bool:
@@ -136,7 +122,7 @@ class _Scan:
             x.action = EXCLUDE  # named again, now asked to leave
         elif state == RECOVERED and x is not None:
             if _moved(x, e):
-                left = _left_wall(self.job, x)
+                left = (_leaving(self.job, x) or {}).get("wall")
                 _end(x, e.get("wall") if left is None else left, BY_LEAVING)
             else:
                 _end(x, e.get("wall"), BY_RECOVERY, e.get("step"))

@@ -65,17 +65,6 @@ class _Tallies(dict[tuple[str, "int | None"], _NodeTally]):
         return self.setdefault((host, node), _NodeTally())
 
 
-def _healthy_hosts(job: JobSummary, losses: LossIndex) -> dict[int, set[str]]:
-    """Per run, the hosts of supervisors (slots) that were never lost."""
-    lost = losses.lost_slots()
-    healthy: dict[int, set[str]] = {}
-    for e in job.node_events:
-        run, slot, host = e["run"], e.get("node"), e.get("host")
-        if e.get("component") == "supervisor" and host is not None and (run, slot) not in lost:
-            healthy.setdefault(run, set()).add(host)
-    return healthy
-
-
 def _slot_hosts(job: JobSummary) -> dict[tuple[int, object], set[str]]:
     hosts: dict[tuple[int, object], set[str]] = {}
     for e in job.node_events:
@@ -126,7 +115,11 @@ def _loss_evidence(job: JobSummary, tally: _NodeTally, losses: LossIndex) -> lis
     wrote)."""
     if not tally.lost:  # (the node events are scanned only for the few lost nodes)
         return []
-    healthy, slot_hosts = _healthy_hosts(job, losses), _slot_hosts(job)
+    slot_hosts, lost = _slot_hosts(job), losses.lost_slots()
+    healthy: dict[int, set[str]] = {}  # per run, the hosts of supervisors never lost
+    for (run, slot), hosts in slot_hosts.items():
+        if (run, slot) not in lost:
+            healthy.setdefault(run, set()).update(hosts)
     answered, excluded = _answered(job), _excluded_slots(job)
     slow_left = {(x.run, x.slot) for x in tally.slow if x.action == EXCLUDE}
     out = []
@@ -149,13 +142,12 @@ def _loss_evidence(job: JobSummary, tally: _NodeTally, losses: LossIndex) -> lis
 
 
 def _add_hardware(
-    per: _Tallies, job: JobSummary, process_rows: list[ProcessRestart], losses: LossIndex | None
+    per: _Tallies, job: JobSummary, process_rows: list[ProcessRestart], losses: LossIndex
 ) -> None:
     """Faults of a node's own device or driver that no node loss explains."""
     for sig, group in job.signatures.items():
         for _, _, node, host, _, shape, onset in group.seen:
-            explained = losses is not None and losses.explains(onset, shape) is not None
-            if shape == HARDWARE and host is not None and not explained:
+            if shape == HARDWARE and host is not None and losses.explains(onset, shape) is None:
                 per.of(host, node).hardware.add(sig)
     for p in process_rows:
         error = p.error
@@ -254,11 +246,11 @@ def _tally_hangs_and_deaths(
     job: JobSummary,
     process_rows: list[ProcessRestart],
     explained: dict[tuple[int, int | None, str], list[RoundRow]],
-    losses: LossIndex | None,
+    losses: LossIndex,
 ) -> None:
     """The hangs no node loss explains, and the process ends nothing else explains."""
     for h in job.hangs:
-        if h.host is None or (losses is not None and losses.explains(h.wall) is not None):
+        if h.host is None or losses.explains(h.wall) is not None:
             continue
         s = per.of(h.host, h.node)
         s.hangs += 1
@@ -286,11 +278,11 @@ def _evidence(
     s: _NodeTally,
     hosts_of: dict[str, set[str]],
     several_hosts: bool,
-    losses: LossIndex | None,
+    losses: LossIndex,
 ) -> tuple[bool, list[str]]:
     """Whether the node goes into ``--exclude``, and why (or why not)."""
     against = [(True, _slow_evidence(x)) for x in s.slow]
-    against += _loss_evidence(job, s, losses) if losses is not None else []
+    against += _loss_evidence(job, s, losses)
     against += [(True, f"device or driver fault: {sig}") for sig in sorted(s.hardware)]
     alone = sorted(sig for sig in s.own.values() if hosts_of.get(sig, {host}) <= {host})
     if several_hosts and len(alone) >= 2:
@@ -306,8 +298,8 @@ def build_suspects(
     timeline: list[RoundRow],
     failures: list[Failure],
     process_rows: list[ProcessRestart],
-    losses: LossIndex | None = None,
-    stragglers: Sequence[Straggler] = (),
+    losses: LossIndex,
+    stragglers: Sequence[Straggler],
 ) -> tuple[list[SuspectNode], str | None]:
     """Node-level faults per node, and the hosts to exclude: only those with evidence against
     the node itself (a loss SLURM confirms, a device fault, repeated faults of its own, a
@@ -316,8 +308,7 @@ def build_suspects(
     per = _Tallies()
     explained = _tally_rounds(per, timeline, _follow_on_signatures(job))
     _tally_hangs_and_deaths(per, job, process_rows, explained, losses)
-    if losses is not None:
-        _add_losses(per, timeline, losses)
+    _add_losses(per, timeline, losses)
     _add_hardware(per, job, process_rows, losses)
     _add_stragglers(per, stragglers)
     # On one host (a local job) "seen only here" compares it with nothing.

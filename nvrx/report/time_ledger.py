@@ -37,7 +37,7 @@ def unfinished_call_s(job: JobSummary, losses: LossIndex) -> float:
     exits: dict[tuple[str | None, int], list[float]] = {}
     for e in job.node_events:
         pid, wall = e.get("child_pid"), e.get("wall")
-        if e.get("kind") == "child_exit" and isinstance(pid, int) and _number(wall):
+        if e.get("kind") == "child_exit" and isinstance(pid, int) and wall is not None:
             exits.setdefault((e.get("host"), pid), []).append(wall)
     extra = 0.0
     for host, pid, rank, start, counted in job.open_calls:
@@ -53,7 +53,7 @@ def _run_spans(job: JobSummary) -> list[tuple[float, float]]:
     spans: dict[int, list[float]] = {}
     for e in job.node_events:
         wall = e.get("wall")
-        if _number(wall):
+        if wall is not None:
             spans.setdefault(e["run"], []).append(wall)
     if not spans and job.first_wall is not None and job.last_wall is not None:
         return [(job.first_wall, job.last_wall)]
@@ -75,7 +75,7 @@ def _fault_wall(job: JobSummary, row: RoundRow, losses: LossIndex) -> float | No
     lost = [x.start for x in losses.losses if (x.run, x.round) == (row.run, row.round)]
     r = job.rounds.get((row.run, row.round))
     faults = r.first_by_rank.values() if r else ()
-    walls = [f.wall - (f.detection_s or 0.0) for f in faults if f.wall is not None]
+    walls = [f.onset for f in faults if f.onset is not None]
     return min(lost or walls, default=None)
 
 
@@ -103,7 +103,7 @@ def _lost_spans(
     for e in job.node_events:
         wall, runtime = e.get("wall"), e.get("runtime_s")
         clean = e.get("exit_code") in CLEAN_EXITS and e.get("signal") is None
-        if e.get("kind") == "child_exit" and not clean and _number(wall) and _number(runtime):
+        if e.get("kind") == "child_exit" and not clean and wall is not None and runtime is not None:
             spans.append(_since_save(job, wall, wall - runtime))
     return [x for x in spans if x is not None]
 
@@ -116,10 +116,6 @@ def _covered(spans: list[tuple[float, float]]) -> float:
             total += hi - max(lo, reach)
             reach = hi
     return total
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _restart_parts(

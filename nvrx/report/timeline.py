@@ -27,6 +27,7 @@ from nvrx.events.failures import (
 )
 
 from .consequence import FOLLOW_ON
+from .job_rounds import run_end
 from .model import NodeLoss, ProcessRestart, RoundRow
 from .parts import LocalFault, RoundState, earlier, order_key
 from .process_rows import NODE_LOST
@@ -45,7 +46,7 @@ _OUTCOME_ORDER = ("restart", "abort", "terminated", "completed")
 
 
 def build_timeline(
-    job: JobSummary, process_rows: Sequence[ProcessRestart] = (), losses: LossIndex | None = None
+    job: JobSummary, process_rows: Sequence[ProcessRestart], losses: LossIndex
 ) -> list[RoundRow]:
     """One row per (run, round). Rounds with no fault event of their own are explained by
     a process death (from its supervisor) or a hang report inside the round, if any; a
@@ -53,11 +54,11 @@ def build_timeline(
     rows = []
     windows = RoundWindows(job.rounds)
     for (run, rnd), r in sorted(job.rounds.items()):
-        if losses is not None and losses.losses:
+        if losses.losses:
             r = _without_explained(r, losses)
         root, ordering = _root(r)
         row = _round_row(run, rnd, r, root, ordering)
-        loss = _loss_of(losses, run, rnd)
+        loss = loss_of(losses.losses, run, rnd)
         if loss is not None and (root is None or (root.wall or 0.0) >= loss.start):
             _blame_loss(row, r, loss)
         elif row.first_rank is None and row.first_host is None:
@@ -76,17 +77,14 @@ def _infer_outcomes(job: JobSummary, rows: list[RoundRow]) -> None:
     last_round: dict[int, int] = {}
     for row in rows:
         last_round[row.run] = max(last_round.get(row.run, row.round), row.round)
-    end_codes: dict[int, list[Any]] = {}
-    for e in job.node_events:
-        if e.get("kind") == "supervisor_end":
-            end_codes.setdefault(e["run"], []).append(e.get("exit_code"))
+    ended = {run: run_end(job, run) for run in last_round}
     for row in rows:
         if job.rounds[(row.run, row.round)].outcomes:
             continue
         row.outcome_from = "inferred"
         if row.round < last_round[row.run]:
             row.outcome = "restart"
-        elif end_codes.get(row.run) and all(c == 0 for c in end_codes[row.run]):
+        elif ended[row.run] == "completed":
             row.outcome = "completed"
 
 
@@ -101,11 +99,9 @@ def _without_explained(r: RoundState, losses: LossIndex) -> RoundState:
     return copy
 
 
-def _loss_of(losses: LossIndex | None, run: int, rnd: int) -> NodeLoss | None:
+def loss_of(losses: Sequence[NodeLoss], run: int, rnd: int) -> NodeLoss | None:
     """The loss that interrupted round ``rnd`` (a lost spare held no ranks: it interrupts none)."""
-    if losses is None:
-        return None
-    return next((x for x in losses.losses if (x.run, x.round) == (run, rnd) and x.ranks), None)
+    return next((x for x in losses if (x.run, x.round) == (run, rnd) and x.ranks), None)
 
 
 def _blame_loss(row: RoundRow, r: RoundState, loss: NodeLoss) -> None:

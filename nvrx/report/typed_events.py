@@ -25,7 +25,7 @@ from typing import Annotated, Any, Union
 from nvrx.events.schema import COMMON_FIELDS, KINDS
 from nvrx.events.validation import MAX_ID, MAX_MONO, MAX_VERSION, MAX_WALL
 
-from .loading import split_lines
+from .loading import parse_lines
 
 try:  # optional: without it every file is read as dicts
     import msgspec
@@ -114,13 +114,7 @@ def decode_records(data: bytes) -> list[Any] | None:
     alone can judge (``loading.split_lines``)."""
     if _DECODER is None or not data.endswith(b"\n") or not _utf8(data):
         return None
-    lines = split_lines(data)
-    if lines is None:
-        return None
-    try:
-        return list(map(_DECODER.decode, lines))
-    except (ValueError, RecursionError):  # msgspec's errors are ValueErrors
-        return None
+    return parse_lines(data, _DECODER.decode)  # msgspec's errors are ValueErrors
 
 
 __all__ = ["RANK_KINDS", "RECORD_TYPES", "decode_records"]
