@@ -9,7 +9,11 @@ rank records a fault it wakes the round's completion barrier, runs ``Abort`` (so
 that a main thread blocked in a collective returns to Python) and then raises
 ``RankShouldRestart`` in the main thread: through a signal whose handler raises it (the signal also
 interrupts blocking system calls such as ``time.sleep``), or, when the Wrapper
-does not run in the main thread, with ``PyThreadState_SetAsyncExc``.
+does not run in the main thread, with ``PyThreadState_SetAsyncExc``. A signal that lands
+in the few bytecodes before a blocking call (a ``time.sleep`` right after the abort made
+a collective fail) interrupts nothing: its handler runs once the call returns. So the
+thread signals again, sooner first, until the main thread took the restart
+(``Delivery.keep_waking``).
 
 ``Delivery`` is the small state machine the two threads share, so that the
 restart is raised exactly once and only while the main thread runs user code.
@@ -52,6 +56,12 @@ WAIT_CHUNK_S = 24 * 3600.0
 
 #: How long ``MonitorThread.finish`` waits for a thread that has not woken yet.
 WAKE_WAIT_S = 5.0
+
+#: The first wait before the restart's signal is sent again (``Delivery.keep_waking``),
+#: doubled each time up to ``RESIGNAL_MAX_S``; no signal is sent again after ``RESIGNAL_FOR_S``.
+RESIGNAL_FIRST_S = 0.002
+RESIGNAL_MAX_S = 0.1
+RESIGNAL_FOR_S = 2.0
 
 
 class RankShouldRestart(BaseException):
@@ -120,9 +130,22 @@ class Delivery:
         self.lock = threading.Lock()
         self.atomic_lock = threading.RLock()
         self.requested = threading.Event()
+        self.taken = threading.Event()  # set while no restart waits raised (``keep_waking``)
         self.state = self.IDLE
         self.message = ""
         self._signal_installed = False
+
+    @property
+    def state(self) -> int:
+        return self._state
+
+    @state.setter
+    def state(self, state: int) -> None:
+        self._state = state
+        if state == self.RAISED:
+            self.taken.clear()
+        else:
+            self.taken.set()
 
     # main thread --------------------------------------------------------------
     def install_signal(self) -> None:
@@ -233,6 +256,18 @@ class Delivery:
                     async_raise(self.main_ident, RankShouldRestart)
             self.requested.set()
 
+    def keep_waking(self) -> None:
+        """Signal the main thread again while it has not taken the restart raised by
+        ``deliver`` (``RESIGNAL_FOR_S`` at most): the first signal may have landed just
+        before a blocking call, which it then did not interrupt."""
+        delay, deadline = RESIGNAL_FIRST_S, time.monotonic() + RESIGNAL_FOR_S
+        while self._signal_installed and not self.taken.wait(delay):
+            with self.lock:
+                if self.state != self.RAISED or time.monotonic() > deadline:
+                    return
+                signal.pthread_kill(self.main_ident, WAKE_SIGNAL)
+            delay = min(2 * delay, RESIGNAL_MAX_S)
+
 
 class MonitorThread(threading.Thread):
     """Waits for the round's interruption and turns it into a restart of this rank."""
@@ -323,6 +358,7 @@ class MonitorThread(threading.Thread):
                 log.critical("abort failed: %r", exc)
             self.abort_s = time.monotonic() - t0
             self.delivery.deliver("a rank faulted: restarting")
+        self.delivery.keep_waking()
 
 
 @contextlib.contextmanager
