@@ -251,7 +251,9 @@ def test_abort_unblocks_gloo_collectives_and_gloo_reinitializes(tmp_path):
             assert out["warmup_sub"] == len(SUBGROUP), out
             assert out["round1_sub"] == len(SUBGROUP), out
     latencies = {o["rank"]: round(o["raise_latency_s"], 3) for o in results if o["rank"] != VICTIM}
+    calls = {o["rank"]: round(o["abort_call_s"], 4) for o in results if o["rank"] != VICTIM}
     print(f"abort -> raise latency per blocked rank (s): {latencies}")
+    print(f"AbortTorchDistributed() call per blocked rank (s): {calls}")
 
 
 @pytest.mark.timeout(120)

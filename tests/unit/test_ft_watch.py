@@ -310,3 +310,39 @@ def test_directories_of_killed_supervisors_are_swept_and_live_or_young_ones_kept
         assert os.path.exists(live.path) and young.exists() and other.exists()
     finally:
         live.close()
+
+
+def test_the_stack_of_a_process_that_holds_the_gil(watch, monkeypatch):
+    """docs/fault_tolerance.md: the stack comes from ``faulthandler``'s signal handler, which
+    needs no GIL: a rank stuck in C code that holds it (a builtin's loop) still tells where."""
+    import subprocess
+    import sys
+    import textwrap
+
+    _config(monkeypatch, rank_heartbeat_timeout=1)
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent("""
+            from nvrx.fault_tolerance import RankMonitorClient
+            client = RankMonitorClient()
+            client.init_workload_monitoring()
+            client.send_heartbeat()
+            def hold_the_gil():
+                print("holding", flush=True)
+                return sum(range(10**15))  # C code: the GIL is never released
+            hold_the_gil()
+        """)],
+        stdout=subprocess.PIPE, text=True, env=dict(os.environ),
+    )  # fmt: skip
+    try:
+        assert select.select([watch], [], [], 60)[0], "the child never connected"
+        fd = watch.accept()
+        assert fd is not None
+        assert child.stdout is not None and child.stdout.readline() == "holding\n"
+        told = watch.read(fd, now=100.0)
+        assert [t[0] for t in told][:1] == ["init"], told
+        [hang] = watch.due(1000.0)
+        stack = watch.stack(hang)
+        assert stack is not None and "in hold_the_gil" in stack, stack
+    finally:
+        child.kill()
+        child.wait()

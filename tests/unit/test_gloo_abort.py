@@ -261,3 +261,24 @@ def test_without_proc_or_torchs_factory_install_says_so_and_patches_nothing(orig
     assert "cannot be interrupted" in caplog.text
     if missing == "proc":
         assert getattr(c10d, gloo_abort._FACTORY) is original
+
+
+def test_a_descriptor_number_reused_by_another_socket_is_left_alone():
+    """docs/abort.md: a recorded socket is shut down through a duplicate of its descriptor
+    whose inode is checked first; the number, reused by a socket opened since, is not it."""
+    import socket
+
+    first = socket.socket()
+    fd, inode = first.fileno(), os.fstat(first.fileno()).st_ino
+    held = gloo_abort._hold(inode, fd)
+    assert held is not None
+    held.close()
+    first.close()
+    second = socket.socket()
+    try:
+        if second.fileno() != fd:
+            pytest.skip("the kernel gave the new socket another descriptor number")
+        assert gloo_abort._hold(inode, fd) is None
+        assert second.fileno() == fd and os.fstat(fd).st_ino != inode  # still open, untouched
+    finally:
+        second.close()
