@@ -87,6 +87,28 @@ def test_replacement_of_a_dead_process_rejoins_and_the_job_keeps_its_size(tmp_pa
         assert not [e for e in events if e["kind"] == "ranks_terminated"]
 
 
+
+def test_a_replacement_that_does_not_come_within_rejoin_timeout_leaves_the_job_smaller(tmp_path):
+    """docs/inprocess.md: the lowest survivor waits ``rejoin_timeout`` for the replacement of a
+    dead process; when none comes (its supervisor could not start one), the rank assignment
+    decides: ``ShiftRanks``, the default, goes on without it."""
+    with StoreService("127.0.0.1", 0, node=None) as service:
+        env = {
+            "NVRX_STORE_HOST": "127.0.0.1",
+            "NVRX_STORE_PORT": str(service.port),
+            "NVRX_SUPERVISED": "1",
+        }
+        ranks = launch(tmp_path, 3, wrapper=dict(FAST, rejoin_timeout=2), fault="sigkill", fault_ranks=[1], env=env)
+        assert ranks.procs[1].wait(60) == -9, ranks.logs()
+        codes = ranks.wait(90)
+        assert (codes[0], codes[2]) == (0, 0), ranks.logs()
+        for rank in (0, 2):
+            result = ranks.result(rank)
+            assert result["world"] == 2 and result["peers"] == [0, 2], ranks.logs()  # initial ranks
+        waits = [e for e in ranks.events() if e["kind"] == "restart_phase" and e["phase"] == "rejoin_wait"]
+        assert waits and all(e["duration_s"] >= 2 for e in waits if e["rank"] == 0), waits
+        assert not [e for e in ranks.events() if e["kind"] == "rejoin" and e.get("rank_rejoined") == 1]
+
 def test_the_replacement_of_a_rank_dead_between_two_rounds_rejoins_at_once(tmp_path):
     """Rank 2 dies in its rank assignment for round 1 (round 0's barrier counted it there):
     its monitor takes it out of round 1, and its replacement, started as a supervisor
