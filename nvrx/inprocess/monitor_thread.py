@@ -13,7 +13,8 @@ does not run in the main thread, with ``PyThreadState_SetAsyncExc``. A signal th
 in the few bytecodes before a blocking call (a ``time.sleep`` right after the abort made
 a collective fail) interrupts nothing: its handler runs once the call returns. So the
 thread signals again, sooner first, until the main thread took the restart
-(``Delivery.keep_waking``).
+(``Delivery.keep_waking``; the signal's route only: ``PyThreadState_SetAsyncExc``
+interrupts no blocking call at all).
 
 ``Delivery`` is the small state machine the two threads share, so that the
 restart is raised exactly once and only while the main thread runs user code.
@@ -303,6 +304,7 @@ class MonitorThread(threading.Thread):
             self.error = exc
             log.error("monitor thread failed: %r", exc)
             self.delivery.deliver(f"monitor thread failed: {exc!r}")
+            self.delivery.keep_waking()
 
     def _wait_for_fault(self) -> bool:
         """Block until the round is interrupted; True for a fault, False when it completed or

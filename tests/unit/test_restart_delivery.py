@@ -43,7 +43,7 @@ def test_a_restart_signalled_just_before_a_blocking_call_still_interrupts_it(mon
         delivery.enter_user()
         with pytest.raises(RankShouldRestart, match="restarting"):
             monitor.start()
-            time.sleep(60)  # a sleep the first signal did not interrupt would run to its end
+            time.sleep(10)  # a sleep the first signal did not interrupt would run to its end
         delivery.caught()
         monitor.join(10)
         assert not monitor.is_alive()  # it stops once the restart is taken
@@ -51,3 +51,37 @@ def test_a_restart_signalled_just_before_a_blocking_call_still_interrupts_it(mon
     finally:
         delivery.uninstall_signal()
 
+
+
+def test_the_monitor_thread_wakes_a_main_thread_that_missed_the_first_signal(base, monkeypatch) -> None:
+    """The same through a real monitor thread, woken by a fault recorded in a real store:
+    after its abort it delivers the restart and keeps waking the main thread."""
+    from nvrx.inprocess import store as rstore
+    from nvrx.inprocess.monitor_thread import MonitorThread
+
+    sent: list[int] = []
+    real_kill = signal.pthread_kill
+
+    def kill(thread_id: int, signum: int) -> None:
+        sent.append(signum)
+        if len(sent) > 1:
+            real_kill(thread_id, signum)
+
+    monkeypatch.setattr(signal, "pthread_kill", kill)
+    delivery = Delivery()
+    delivery.install_signal()
+    aborted = threading.Event()
+    thread = MonitorThread(rstore.round_store(base.clone(), 0), delivery, lambda _: aborted.set(), "frozen")
+    thread.start()
+    try:
+        delivery.enter_user()
+        fault = rstore.nvrx_faults.FaultRecord(rank=1, kind="exception")
+        with pytest.raises(RankShouldRestart):
+            rstore.record_fault(rstore.round_store(base, 0), fault)
+            time.sleep(10)  # the user's blocking call, which the first signal does not reach
+        delivery.caught()
+        thread.join(10)
+        assert aborted.is_set() and not thread.is_alive() and len(sent) >= 2
+    finally:
+        thread.stop.set()
+        delivery.uninstall_signal()
