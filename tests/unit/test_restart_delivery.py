@@ -21,12 +21,9 @@ def _deliver_later(delivery: Delivery) -> threading.Thread:
     return threading.Thread(target=deliver, name="test-delivery")
 
 
-def test_a_restart_signalled_just_before_a_blocking_call_still_interrupts_it(monkeypatch) -> None:
-    """A signal that lands in the bytecodes before ``time.sleep`` interrupts nothing: its
-    handler runs once the sleep returned (a rank whose collective failed, then waited for
-    the restart, waited for all of it). The kernel's timing cannot be forced here, so the
-    first signal is dropped, as such a signal is lost to the sleep; the ones after it wake
-    the main thread."""
+def _first_signal_dropped(monkeypatch) -> list[int]:
+    """``pthread_kill`` drops its first signal, as a signal that lands just before a blocking
+    call is lost to it; the signals asked for, in order."""
     sent: list[int] = []
     real_kill = signal.pthread_kill
 
@@ -36,6 +33,16 @@ def test_a_restart_signalled_just_before_a_blocking_call_still_interrupts_it(mon
             real_kill(thread_id, signum)
 
     monkeypatch.setattr(signal, "pthread_kill", kill)
+    return sent
+
+
+def test_a_restart_signalled_just_before_a_blocking_call_still_interrupts_it(monkeypatch) -> None:
+    """A signal that lands in the bytecodes before ``time.sleep`` interrupts nothing: its
+    handler runs once the sleep returned (a rank whose collective failed, then waited for
+    the restart, waited for all of it). The kernel's timing cannot be forced here, so the
+    first signal is dropped, as such a signal is lost to the sleep; the ones after it wake
+    the main thread."""
+    sent = _first_signal_dropped(monkeypatch)
     delivery = Delivery()
     delivery.install_signal()
     monitor = _deliver_later(delivery)
@@ -59,15 +66,7 @@ def test_the_monitor_thread_wakes_a_main_thread_that_missed_the_first_signal(bas
     from nvrx.inprocess import store as rstore
     from nvrx.inprocess.monitor_thread import MonitorThread
 
-    sent: list[int] = []
-    real_kill = signal.pthread_kill
-
-    def kill(thread_id: int, signum: int) -> None:
-        sent.append(signum)
-        if len(sent) > 1:
-            real_kill(thread_id, signum)
-
-    monkeypatch.setattr(signal, "pthread_kill", kill)
+    sent = _first_signal_dropped(monkeypatch)
     delivery = Delivery()
     delivery.install_signal()
     aborted = threading.Event()
