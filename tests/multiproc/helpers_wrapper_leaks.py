@@ -34,6 +34,8 @@ from typing import Any
 
 from helpers_inprocess import FAST  # this file runs as a script: its folder is on sys.path
 
+from tests.support.waiting import wait_until
+
 
 def _loggers() -> dict[str, logging.Logger]:
     found = {"<root>": logging.getLogger()}
@@ -65,11 +67,34 @@ def _alive(pid: int, create_time: float) -> bool:
         return False
 
 
-class CallRecord:
-    """What one call used, seen from inside its function: its monitor process tree and
-    the ``/dev/shm`` entries of the call (the progress board, the host group's files)."""
+AGENT = "nvrx.inprocess.node_agent"
 
-    def __init__(self) -> None:
+
+def _job_agents(master_port: str) -> list[tuple[int, float]]:
+    """The node agents of this job: started by a monitor of one of its ranks, they keep
+    the ranks' environment, whose ``MASTER_PORT`` (as it was before the first call: the
+    Wrapper sets its own) no other job on this machine has."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline", "create_time"]):
+        try:
+            if AGENT in (proc.info["cmdline"] or ()) and (
+                proc.environ().get("MASTER_PORT") == master_port
+            ):
+                found.append((proc.pid, proc.info["create_time"]))
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+class CallRecord:
+    """What one call used, seen from inside its function: its monitor process tree, the
+    host's node agent and the ``/dev/shm`` entries of the call (the progress board, the
+    host group's files)."""
+
+    def __init__(self, master_port: str = "") -> None:  # the job's, read before any call
+        self.master_port = master_port
         self.monitor_tree: list[tuple[int, float, str]] = []
         self.agents: list[tuple[int, float]] = []  # the host's, not the call's: end by themselves
         self.shm: set[str] = set()
@@ -81,13 +106,24 @@ class CallRecord:
         monitor = psutil.Process(call_wrapper.monitor_process.pid)
         for proc in (monitor, *monitor.children(recursive=True)):
             entry = (proc.pid, proc.create_time(), " ".join(proc.cmdline())[:160])
-            if "nvrx.inprocess.node_agent" in proc.cmdline():
-                self.agents.append(entry[:2])
-            elif entry not in self.monitor_tree:
+            if AGENT not in proc.cmdline() and entry not in self.monitor_tree:
                 self.monitor_tree.append(entry)
             for f in proc.open_files():
                 if f.path.startswith("/dev/shm/"):
                     self.shm.update({f.path, os.path.dirname(f.path)} - {"/dev/shm"})
+        self.agents += [a for a in self._wait_for_agent() if a not in self.agents]
+
+    def _wait_for_agent(self) -> list[tuple[int, float]]:
+        """The host's agent: started by whichever monitor of the host beat first, maybe
+        after this function began, or still the one of the previous call, ending."""
+        agents: list[tuple[int, float]] = []
+
+        def found() -> bool:
+            agents[:] = _job_agents(self.master_port)
+            return bool(agents)
+
+        wait_until("this host's node agent", found, timeout=30, interval=0.05)
+        return agents
 
 
 def snapshot(record: CallRecord, store_port: int) -> dict[str, Any]:
@@ -146,9 +182,10 @@ def main(out: Path, modes: list[str]) -> int:
     from nvrx.inprocess.exception import RestartAbort
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    store_port = int(os.environ["MASTER_PORT"]) + 1
+    master_port = os.environ["MASTER_PORT"]
+    store_port = int(master_port) + 1
     last = rank == world_size - 1
-    record = CallRecord()
+    record = CallRecord(master_port)
     wrapper = {k: datetime.timedelta(seconds=v) for k, v in FAST.items()}
 
     @inprocess.Wrapper(**wrapper)
@@ -170,7 +207,7 @@ def main(out: Path, modes: list[str]) -> int:
     report: dict[str, Any] = {"baseline": snapshot(CallRecord(), store_port), "calls": []}
     calls: list[CallRecord] = []
     for mode in modes:
-        record = CallRecord()
+        record = CallRecord(master_port)
         calls.append(record)
         try:
             outcome: Any = train(mode)

@@ -31,6 +31,8 @@ from helpers_inprocess import free_port_pair, launch, rank_env
 from tests.support.waiting import wait_until
 
 PROBE = Path(__file__).resolve().with_name("helpers_wrapper_leaks.py")
+#: On each rank's PYTHONPATH: the probe imports ``tests.support`` as the test process does.
+ROOT = PROBE.parents[2]
 WORLD = 2
 MODES = ["ok", "restart", "abort", "abort1", "ok"] * 4
 STOP = "RestartAbort: the wrapped function asks to stop"
@@ -48,6 +50,7 @@ def _run_probes(tmp: Path) -> list[dict]:
     procs = []
     for rank in range(WORLD):
         env = rank_env(tmp / "logs", rank, WORLD, port, job_id="leaks")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
         with open(tmp / f"probe-{rank}.log", "wb") as fh:
             procs.append(subprocess.Popen(
                 [sys.executable, str(PROBE), str(tmp / f"report-{rank}.json"), *MODES],
