@@ -27,10 +27,11 @@ import json
 import logging
 import math
 import os
+import select
 import socket
 import struct
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from nvrx import jobenv
 
@@ -309,3 +310,72 @@ class RankBeats:
         """When ``due`` may next have something to say."""
         times = [b.deadline for b in self.ranks.values() if not b.declared]
         return min(times) if times else None
+
+
+class Duty(Protocol):
+    """What a node's agent does with what its ``BeatLoop`` reads: without a supervisor, the
+    host's node agent takes silent ranks out itself (``nvrx.inprocess.node_agent``); under
+    one, the store agent tells its supervisor (``nvrx.supervisor.store_agent``)."""
+
+    def received(self, beats: list[Beat], new: NewPids, now: float) -> None:
+        """``beats`` were read at ``now`` (and recorded: ``new`` is what they told first)."""
+
+    def silent(self, silence: Silence, now: float) -> None:
+        """A rank's monitor fell silent beyond its timeout (told once per silence)."""
+
+    def interval(self) -> float | None:
+        """How often ``tick`` runs; None: not (yet)."""
+
+    def tick(self, now: float) -> bool:
+        """The node's beat in the ring of liveness, and what the duty does at each; False:
+        the agent ends."""
+
+
+class BeatLoop:
+    """The loop of a node's agent, the same with or without a supervisor: the beats as they
+    come, each read before any silence is judged; a rank's silence at its deadline; the
+    duty's tick every interval. ``run`` until a tick says the agent ends."""
+
+    def __init__(self, sock: BeatSocket | None, duty: Duty) -> None:
+        """``sock`` None: no rank beats here (the ticks alone)."""
+        self.sock, self.duty = sock, duty
+        self.beats = RankBeats()
+        self._woken, self._wake = socket.socketpair()
+        for end in (self._woken, self._wake):
+            end.setblocking(False)
+
+    def wake(self) -> None:
+        """Have the loop ask its duty's interval again (any thread: a tick that starts)."""
+        with contextlib.suppress(OSError):
+            self._wake.send(b"!")
+
+    def look(self, now: float) -> None:
+        """The beats waiting, then the silences due at ``now``."""
+        beats = [] if self.sock is None else self.sock.receive()
+        self.duty.received(beats, self.beats.record(beats, now), now)
+        for silence in self.beats.due(now):
+            self.duty.silent(silence, now)
+
+    def run(self) -> None:
+        next_tick = time.monotonic()
+        while True:
+            interval = self.duty.interval()
+            due = [self.beats.next_deadline(), None if interval is None else next_tick]
+            soonest = min((t for t in due if t is not None), default=None)
+            wait = None if soonest is None else max(0.0, soonest - time.monotonic())
+            readable = [s for s in (self.sock, self._woken) if s is not None]
+            if self._woken in select.select(readable, [], [], wait)[0]:
+                with contextlib.suppress(OSError):
+                    self._woken.recv(64)
+            now = time.monotonic()
+            self.look(now)
+            if interval is None or now < next_tick:
+                continue
+            next_tick = now + interval
+            if not self.duty.tick(now):
+                return
+
+    def close(self) -> None:
+        """Close the wake-up pair (the beat socket is its owner's)."""
+        self._woken.close()
+        self._wake.close()

@@ -18,9 +18,12 @@ in a session of its own, so that it outlives the monitor that started it; that
 monitor reaps it if it ends first). An agent that died is started again the same
 way and takes the same place in the ring.
 
-What the agent does every heartbeat period:
+Its loop is the one a supervisor's store agent runs (``rank_beats.BeatLoop``): the beats
+as they come (another user's are dropped), a rank's silence at its deadline, and every
+heartbeat period the host's tick. What differs is the duty: this agent takes silent
+ranks and hosts out itself, where the store agent tells its supervisor. At each tick it
 
-1. reads the beats that came (another user's are dropped);
+1. starts the host's barrier relay where it does not run yet (below);
 2. ticks its host's place in the ring of hosts (``nvrx.store.ring``, the ring the
    supervisors' slots beat in too: its counter bumped, the next host's read);
 3. takes out of the running round, as ``unresponsive`` with a ``fault`` event
@@ -57,7 +60,6 @@ import hashlib
 import json
 import logging
 import os
-import select
 import subprocess
 import sys
 import time
@@ -65,7 +67,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nvrx import events, jobenv, processes
-from nvrx.rank_beats import Beat, BeatSender, BeatSocket, RankBeats
+from nvrx.rank_beats import Beat, BeatLoop, BeatSender, BeatSocket, NewPids, Silence
 from nvrx.store.faults import FaultRecord, announce_leave
 from nvrx.store.host_barrier import BarrierRelay, relay_address
 from nvrx.store.ring import RingPlace
@@ -241,7 +243,8 @@ class NodeAgent:
         self.fenced = False  # another host declared this one lost: out of the ring for good
         self.slot = -1
         self._listed_in = -1  # the slot the ranks that beat here are listed in
-        self.table = RankBeats()
+        self.loop = BeatLoop(sock, self)
+        self.table = self.loop.beats
         self.heard: set[int] = set()  # ranks whose monitor beat here
         self.done: set[int] = set()  # ranks that ended on purpose, or were taken out
         self._out: dict[int, _Out] = {}
@@ -255,27 +258,25 @@ class NodeAgent:
         self.relay: BarrierRelay | None = None
         self.relays = not cfg.store_factory  # a store of the user's: its ranks meet there
         self._relay_refused = False
+        self._started = time.monotonic()
         if store is not None:
             self._attach(store, self._reached)
 
     def run(self) -> None:
         """Until ``finished`` (asked at each tick): the beats as they come, the host's tick
-        every interval."""
-        started = time.monotonic()
-        next_tick = started
-        while True:
-            wait = max(0.0, next_tick - time.monotonic())
-            readable, _, _ = select.select([self.sock], [], [], wait)
-            now = time.monotonic()
-            if readable:
-                self._receive(now)
-            if now < next_tick:
-                continue
-            next_tick = now + self.cfg.heartbeat_interval
-            self._keep_relay()
-            self._guarded(self._tick, now)
-            if self.finished(now, started):
-                return
+        every interval (``BeatLoop``)."""
+        self._started = time.monotonic()
+        self.loop.run()
+
+    def interval(self) -> float:
+        return self.cfg.heartbeat_interval
+
+    def tick(self, now: float) -> bool:
+        """The host's tick (the relay started where it does not run yet); False once the
+        agent may end."""
+        self._keep_relay()
+        self._guarded(self._tick, now)
+        return not self.finished(now, self._started)
 
     @property
     def live(self) -> set[int]:
@@ -310,10 +311,11 @@ class NodeAgent:
         if self.relay is not None:
             self.relay.close()
             self.relay = None
+        self.loop.close()
 
     def step(self, now: float) -> bool:
         """One look at ``now``: the beats that came, then the tick; whether the store answered."""
-        self._receive(now)
+        self.loop.look(now)
         return self._guarded(self._tick, now)
 
     def finished(self, now: float, started: float) -> bool:
@@ -402,14 +404,11 @@ class NodeAgent:
         """The host's beat, the look at the next host, then what the silences call for."""
         if self.fenced:  # the store is still read, to know it answers
             host_ring.host_count(self.store)
-            self.done.update(s.beat.initial_rank for s in self.table.due(now))  # out already
             return
         assert self.place is not None
-        if not self.place.tick(self.store, now, time.time(), lambda r: self._heard(r, now)):
+        if not self.place.tick(self.store, now, time.time(), lambda r: self._found(r, now)):
             self._fence()
             return
-        for s in self.table.due(now):
-            self._queue([s.beat.initial_rank], f"no heartbeat for {s.silent_s:.1f} s", now)
         if now >= self._refresh_at:
             self._refresh_at = now + self.limits.host_s
             self.place.ring.resize(host_ring.host_count(self.store))
@@ -435,7 +434,7 @@ class NodeAgent:
         self.done.update(self._out)
         self._out.clear()
 
-    def _heard(self, report: dict[str, Any], now: float) -> None:
+    def _found(self, report: dict[str, Any], now: float) -> None:
         """What this host's tick found that it acts on: a host newly silent (the ring moves
         on; its place ends once its ranks are out). A ``rejected`` write the ring logged;
         ``fenced`` comes with the tick's end (``_fence``)."""
@@ -450,19 +449,18 @@ class NodeAgent:
             if rank not in self.table.ranks and rank not in self.done:
                 self.table.record([Beat(rank, pid=0, timeout=self.limits.timeout)], now)
 
-    def _receive(self, now: float) -> None:
-        """The beats that came, in order; a rank beating again is no longer to take out,
-        and a round not seen before has the ring and the host's list looked at again."""
-        for b in self.sock.receive():
+    def received(self, beats: list[Beat], new: NewPids, now: float) -> None:
+        """The beats that came, in order (recorded in ``table``); a rank beating again is no
+        longer to take out, and a round not seen before has the ring and the host's list
+        looked at again."""
+        for b in beats:
             self._out.pop(b.initial_rank, None)
             if b.bye:
                 self.done.add(b.initial_rank)
-                self.table.ranks.pop(b.initial_rank, None)
                 continue
             self.heard.add(b.initial_rank)
             self.done.discard(b.initial_rank)
             self._listed_in = max(self._listed_in, b.slot)
-            self.table.record([b], now)
             held = self.table.ranks.get(b.initial_rank)
             if held is not None:  # a later silence is a new one
                 held.declared = False
@@ -470,6 +468,18 @@ class NodeAgent:
                 self._round, self._refresh_at = b.round, now
         if self.relay is not None:
             self._count_ranks()
+
+    def silent(self, silence: Silence, now: float) -> None:
+        """A rank silent for its timeout is taken out at the next tick; one that ended on
+        purpose (its bye read: its listed place may still be watched) is not, and a fenced
+        agent counts it as out already."""
+        rank = silence.beat.initial_rank
+        if rank in self.done:
+            return
+        if self.fenced:
+            self.done.add(rank)
+            return
+        self._queue([rank], f"no heartbeat for {silence.silent_s:.1f} s", now)
 
     def _queue(self, ranks: list[int], message: str, now: float) -> None:
         for rank in ranks:

@@ -316,8 +316,7 @@ class BarrierRelay:
 
     def __init__(self, address: str, connect: Callable[[], Any]) -> None:
         self.address, self._connect = address, connect
-        self._local_ranks = 0
-        self._round_ranks: int | None = None
+        self._counts: tuple[int, int | None] = (0, None)  # local_ranks, round_ranks
         self._sock = _datagram_socket(address)
         self._sock.setblocking(False)
         self._wake, self._woken = socket.socketpair()  # a new count is looked at at once
@@ -338,24 +337,19 @@ class BarrierRelay:
     def local_ranks(self) -> int:
         """How many ranks of this host the agent serves now (set by the agent, from the
         ranks that beat to it): a barrier's arrivals go to the store once that many came."""
-        return self._local_ranks
-
-    @local_ranks.setter
-    def local_ranks(self, count: int) -> None:
-        if count != self._local_ranks:
-            self._local_ranks = count  # fewer (a rank died): a held batch may be whole now
-            self._recount()
+        return self._counts[0]
 
     @property
     def round_ranks(self) -> int | None:
         """Of ``local_ranks``, how many an ``iteration`` or ``termination`` barrier waits for
         (set by the agent: ``rank_beats.in_running_round``). None: all of them."""
-        return self._round_ranks
+        return self._counts[1]
 
-    @round_ranks.setter
-    def round_ranks(self, count: int | None) -> None:
-        if count != self._round_ranks:
-            self._round_ranks = count
+    def count(self, local: int, in_round: int | None = None) -> None:
+        """Serve ``local`` ranks, ``in_round`` of them meeting the running round's barriers
+        (None: all), both set at once; fewer (a rank died): a held batch may be whole now."""
+        if (local, in_round) != self._counts:
+            self._counts = (local, in_round)
             self._recount()
 
     def serve(self, beats: Iterable[Beat | None]) -> None:
@@ -363,8 +357,7 @@ class BarrierRelay:
         whose beat it holds no more): ``local_ranks`` counts them all, ``round_ranks`` those
         that meet the running round's barriers (``rank_beats.in_running_round``)."""
         held = list(beats)
-        self.local_ranks = len(held)
-        self.round_ranks = sum(1 for b in held if b is not None and in_running_round(b))
+        self.count(len(held), sum(1 for b in held if b is not None and in_running_round(b)))
 
     def _recount(self) -> None:
         """A new count is looked at at once."""
@@ -373,9 +366,10 @@ class BarrierRelay:
 
     def _expected(self, kind: str) -> int:
         """How many arrivals of this host a barrier of ``kind`` waits for."""
-        if kind == "initial" or self._round_ranks is None:
-            return self._local_ranks
-        return min(self._round_ranks, self._local_ranks)
+        local, in_round = self._counts  # one read: the agent sets both at once
+        if kind == "initial" or in_round is None:
+            return local
+        return min(in_round, local)
 
     def start(self) -> BarrierRelay:
         self._thread.start()

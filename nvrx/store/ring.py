@@ -1,6 +1,6 @@
 """The ring of liveness: each party beats in the store and watches the next party's beat.
 
-The parties are a job's nodes (each supervisor's store agent, ``nvrx.supervisor.node_watch``:
+The parties are a job's nodes (each supervisor's store agent, ``nvrx.supervisor.store_agent``:
 *slots*, with the job's secret) or, without a supervisor, its hosts (each host's node agent,
 ``nvrx.inprocess.node_agent``, no secret). Each party has two keys under its ring's prefix
 (``RingKeys``); who writes what, in which order:

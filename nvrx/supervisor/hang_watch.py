@@ -9,10 +9,10 @@ restart policy decides as for any failure.
 
 The Wrapper's monitor processes beat to a socket the supervisor binds for them
 (``rank_beats``), not to the store (a beat costs the store nothing); the store
-agent reads it (``store_agent.BeatWatch``), as the node agent does without a
-supervisor. When the agent tells of a rank whose monitor stayed silent beyond
-its ``heartbeat_timeout``, the supervisor has the agent take the rank out of
-its round (an ``unresponsive`` fault, as the node agent does for a rank
+agent reads it (``store_agent.NodeDuty``) in the loop the node agent runs without a
+supervisor (``rank_beats.BeatLoop``). When the agent tells of a rank whose monitor
+stayed silent beyond its ``heartbeat_timeout``, the supervisor has the agent take the
+rank out of its round (an ``unresponsive`` fault, as the node agent does for a rank
 without a supervisor) and kills it and its monitor.
 """
 
@@ -193,7 +193,7 @@ class HangWatch:
                 self.control.store_unavailable(exc)
 
     def on_message(self, message: dict[str, Any]) -> bool:
-        """What the store agent tells of the rank beats (``store_agent.BeatWatch``); whether
+        """What the store agent tells of the rank beats (``store_agent.NodeDuty``); whether
         ``message`` was one of those."""
         event = message.get("event")
         if event == "wrapper_pid":

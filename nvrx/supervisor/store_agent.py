@@ -8,7 +8,7 @@ started ahead during a store failover) owns the store clients instead (nvrx's ow
 ``nvrx.store.wire``: the agent imports no torch either) and speaks JSON lines:
 
 * requests on stdin: ``{"id": 1, "op": "add"|"set"|"append"|"get"|"compare_set"|"watch",
-  "key": ..., ...}``; ``liveness`` starts the node heartbeat and watch (``node_watch``,
+  "key": ..., ...}``; ``liveness`` starts the node heartbeat and watch (``NodeDuty``,
   which reads the slots' claims with the job's secret, ``seal.job_sealer``), ``leave_ranks``
   takes a lost node's ranks out of the Wrapper's running round and ``leave_silent``
   a rank whose monitor stopped beating out of its round (``nvrx.store.rounds``)
@@ -27,11 +27,12 @@ socket), which arrives for them at the store at once.
 
 The rank beats: the Wrapper's monitor processes of the node beat to the socket the
 supervisor bound for them (``nvrx.rank_beats``, ``NVRX_RANK_BEATS``); the supervisor
-passes its descriptor to this agent (``BEATS_FD``), which alone reads it, as the node
-agent of a job without a supervisor reads its host's (``nvrx.inprocess.node_agent``).
-The agent says which processes beat (they run the Wrapper) and which rank's monitor fell
-silent beyond its ``heartbeat_timeout``; the supervisor, which knows its children, has
-the silent rank taken out of its round (``leave_silent``) and kills it. An agent started
+passes its descriptor to this agent (``BEATS_FD``), which alone reads it, in the loop the
+node agent of a job without a supervisor runs (``rank_beats.BeatLoop``; its duty here is
+``NodeDuty``, which also beats for the node's slot in the ring). The agent says which
+processes beat (they run the Wrapper) and which rank's monitor fell silent beyond its
+``heartbeat_timeout``; the supervisor, which knows its children, has the silent rank
+taken out of its round (``leave_silent``) and kills it. An agent started
 ahead without an address reads no beat before it is given one: until then the agent it
 will replace reads them.
 
@@ -45,18 +46,22 @@ import dataclasses
 import json
 import logging
 import os
-import select
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from nvrx import jobenv
-from nvrx.rank_beats import BeatSocket, RankBeats
+from nvrx.rank_beats import Beat, BeatLoop, BeatSocket, NewPids, Silence
 from nvrx.store.host_barrier import BarrierRelay, supervised_relay_address
+from nvrx.store.ring import Counters, RingPlace
+from nvrx.store.seal import Sealer
 from nvrx.store.wire import StoreGone, StoreTimeout, WireStore
+
+from . import node_keys, store_failover
 
 #: A watch waits in chunks of this length so a wait never depends on the client's timeout.
 #: A day: the renewals add nothing that counts to the store's load, and a connection is never
@@ -78,8 +83,8 @@ def _send_line(message: dict[str, Any]) -> None:
 
 
 class _Agent:
-    def __init__(self, host: str, port: int, timeout: float) -> None:
-        self.host, self.port = host, port
+    def __init__(self, host: str, port: int, timeout: float, node: NodeDuty) -> None:
+        self.host, self.port, self.node = host, port, node
         self.timeout = timedelta(seconds=timeout)
         self.send = _send_line
         self.store = self._connect()
@@ -160,25 +165,17 @@ class _Agent:
     def _start_liveness(self, request: dict[str, Any]) -> None:
         from nvrx.store.seal import job_sealer
 
-        from .node_watch import NodeWatch
-
         timeout = float(request["timeout"])
         sealer = job_sealer()
         if sealer is None:
             raise ValueError("no job secret: $NVRX_JOB_SECRET_FILE is not set (the supervisor sets it)")
-        NodeWatch(
-            # a store host that froze must not hold a beat longer than a node may be silent
-            lambda: self._connect(timeout),
-            self.send,
-            own=int(request["slot"]),
-            nslots=int(request["nslots"]),
-            interval=float(request["interval"]),
-            timeout=timeout,
-            sealer=sealer,
-            startup_s=float(request.get("startup", timeout)),
-            job_dir=request.get("job_dir"),
+        place = slot_place(
+            int(request["slot"]), int(request["nslots"]), timeout, sealer,
+            startup_s=float(request.get("startup", timeout)), job_dir=request.get("job_dir"),
             store_name=f"{self.host}-{self.port}",
-        ).start()
+        )  # fmt: skip
+        # a store host that froze must not hold a beat longer than a node may be silent
+        self.node.watch_ring(place, lambda: self._connect(timeout), float(request["interval"]), timeout)
 
     def serve(self, lines: Iterable[str]) -> None:
         self.send({"event": "ready"})
@@ -202,36 +199,131 @@ class _Agent:
             self.send(answer)
 
 
-class BeatWatch(threading.Thread):
-    """Reads the node's rank beats from socket ``fd`` and sends what the supervisor acts on."""
+class NodeDuty:
+    """The store agent as its node's agent (the duty of its ``BeatLoop``): it tells its
+    supervisor what the rank beats say and what the node's beat in the ring of slots finds;
+    the supervisor decides (it knows its children, and node roles follow).
 
-    def __init__(self, fd: int, send: Callable[[dict[str, Any]], None]) -> None:
-        super().__init__(name="rank-beats", daemon=True)
-        self.sock = BeatSocket("", fd)  # bound by the supervisor, which removes it
+    Once asked (``watch_ring``), every ``interval`` the loop ticks this slot's place in the
+    ring (``nvrx.store.ring``: its beat, its look at the next slot that has not ended, the
+    claims and fences read with the job's secret) and tells what the tick found: a slot
+    newly silent for ``timeout`` (``node_silent``, which the supervisor declares lost), a
+    write of a client without the secret (``rejected``), this slot fenced off (``fenced``:
+    its supervisor ends its children, for the job has moved on; the slot beats no more). A
+    slot that never beat is given ``startup_s`` (the store timeout: how long a node may
+    take to reach the store) before it is reported.
+
+    A store host that freezes (a hung node) does not reset its connections, and a store
+    client may then block far longer than its timeout: a watchdog reports the store lost
+    when one beat has been waiting for an answer longer than ``timeout``, so that the
+    survivors fail over within seconds. (Time this process itself spent frozen between
+    beats is no sign of the store: a thawed node first learns whether it was fenced.) The
+    beats of the node's ranks wait in their socket meanwhile.
+
+    A client that sets this slot's counter back after its beats holds it still for its
+    watcher; the slot then stamps its beats in the job folder too
+    (``store_failover.beats_dir``, per store: owner-only, which no other user's process can
+    write), which its watcher reads while the counter stands still. So such a client does
+    not get a healthy node declared lost where the job folder is shared by the nodes (as a
+    store failover needs it) and the node timeout is at least three heartbeats; one that
+    times its writes around both the slot's beats and the watcher's reads still can
+    (docs/security.md).
+    """
+
+    def __init__(self, send: Callable[[dict[str, Any]], None], sock: BeatSocket | None) -> None:
         self.send = send
-        self.beats = RankBeats()
-        #: The node's barrier relay, told how many ranks beat here (``step``).
+        self.loop = BeatLoop(sock, self)
+        #: The node's barrier relay, told how many ranks beat here (``received``).
         self.relay: BarrierRelay | None = None
+        self.place: RingPlace | None = None  # this slot's, once ``watch_ring``
+        self._connect: Callable[[], Counters] | None = None
+        self._store: Counters | None = None
+        self._interval, self.timeout = 0.0, 0.0
+        self.stopped = threading.Event()  # fenced, or the store lost: no more beats
+        self._beat_started: float | None = None  # while a beat waits for the store
+        self._reported = threading.Lock()  # one "lost" report, from the beats or the watchdog
 
-    def run(self) -> None:
-        while True:
-            deadline = self.beats.next_deadline()
-            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            select.select([self.sock], [], [], wait)
-            self.step(time.monotonic())
-
-    def step(self, now: float) -> None:
-        """Read the beats waiting (before any silence is judged), then tell what is new."""
-        new = self.beats.record(self.sock.receive(), now)
+    def received(self, beats: list[Beat], new: NewPids, now: float) -> None:
+        """Tell the processes that beat first (they run the Wrapper) and that beat from a
+        round first (they train); give the relay its counts."""
         for pid in new.wrapper:
             self.send({"event": "wrapper_pid", "pid": pid})
         for pid in new.in_round:
             self.send({"event": "rank_in_round", "pid": pid})
         if self.relay is not None:
-            self.relay.serve(b.beat for b in self.beats.ranks.values())
-        for silence in self.beats.due(now):
-            beat = dataclasses.asdict(silence.beat)
-            self.send({"event": "rank_silent", "beat": beat, "silent_s": round(silence.silent_s, 3)})
+            self.relay.serve(b.beat for b in self.loop.beats.ranks.values())
+
+    def silent(self, silence: Silence, now: float) -> None:
+        beat = dataclasses.asdict(silence.beat)
+        self.send({"event": "rank_silent", "beat": beat, "silent_s": round(silence.silent_s, 3)})
+
+    def interval(self) -> float | None:
+        return None if self.place is None or self.stopped.is_set() else self._interval
+
+    def watch_ring(
+        self, place: RingPlace, connect: Callable[[], Counters], interval: float, timeout: float
+    ) -> None:
+        """Beat in ``place`` every ``interval`` from now on (any thread), with a connection
+        of ``connect``'s whose beat may wait ``timeout`` at most."""
+        if self.place is not None:
+            raise ValueError(f"this agent beats for slot {self.place.own} already")
+        self._connect, self._interval, self.timeout = connect, interval, timeout
+        self.place = place
+        threading.Thread(target=self._watchdog, name="node-watchdog", daemon=True).start()
+        self.loop.wake()
+
+    def tick(self, now: float) -> bool:
+        """This slot's beat; the loop goes on whatever it finds (the agent ends with its
+        supervisor)."""
+        if self.stopped.is_set() or self._connect is None:
+            return True
+        try:
+            if self._store is None:
+                self._store = self._connect()
+            self._beat_started = time.monotonic()
+            alive = self.beat(self._store, now)
+            self._beat_started = None
+            if not alive:
+                self.stopped.set()
+        except Exception as exc:  # StoreGone and kin: the store is gone
+            self._lost(f"node watch: {type(exc).__name__}: {exc}")
+        return True
+
+    def beat(self, store: Counters, now: float) -> bool:
+        """One tick of this slot's place, its reports sent as they come; False once it is
+        fenced off."""
+        assert self.place is not None
+        return self.place.tick(store, now, time.time(), self.send)
+
+    def _watchdog(self) -> None:
+        while not self.stopped.wait(self._interval):
+            started = self._beat_started
+            late = 0.0 if started is None else time.monotonic() - started
+            if late > self.timeout:
+                self._lost(f"the store did not answer a heartbeat for {late:.1f} s")
+                return
+
+    def _lost(self, message: str) -> None:
+        if self._reported.acquire(blocking=False):
+            self.stopped.set()
+            self.send({"event": "lost", "message": message})
+
+
+def slot_place(
+    own: int,
+    nslots: int,
+    timeout: float,
+    sealer: Sealer,
+    startup_s: float | None = None,
+    job_dir: str | None = None,
+    store_name: str = "",
+) -> RingPlace:
+    """Slot ``own``'s place in the ring of ``nslots`` slots, read with ``sealer`` (the job's
+    secret); with ``job_dir``, its beats stamped in the folder of the store ``store_name``."""
+    if job_dir is not None and not store_name:
+        raise ValueError("with a job folder, store_name is needed: stamps are per store")
+    stamps = None if job_dir is None else store_failover.beats_dir(Path(job_dir), store_name)
+    return RingPlace(node_keys.RING, own, nslots, timeout, sealer, startup_s, stamps=stamps)
 
 
 def _log_to_stderr() -> None:
@@ -268,8 +360,6 @@ def _address_from_stdin() -> tuple[str, int] | None:
     """The store's address as the first line on stdin (``{"host": ..., "port": ...}``)."""
     from nvrx.store import rounds  # noqa: F401 - imported while the address is still unknown
 
-    from . import node_watch  # noqa: F401
-
     line = sys.stdin.readline()
     if not line:
         return None
@@ -295,12 +385,13 @@ def main(argv: list[str] | None = None) -> int:
         host, port = address
     else:
         host, port = args[0], int(args[1])
-    if beats_fd is not None:  # the beats and the barriers need no store yet: from the start
-        watch = BeatWatch(beats_fd, _send_line)
-        watch.relay = _start_relay(watch.sock, lambda: WireStore(host, port, timeout))
-        watch.start()
+    sock = None if beats_fd is None else BeatSocket("", beats_fd)  # the supervisor's to remove
+    node = NodeDuty(_send_line, sock)
+    if sock is not None:  # the beats and the barriers need no store yet: from the start
+        node.relay = _start_relay(sock, lambda: WireStore(host, port, timeout))
+    threading.Thread(target=node.loop.run, name="node-agent", daemon=True).start()
     try:
-        agent = _Agent(host, port, timeout)
+        agent = _Agent(host, port, timeout, node)
     except Exception as exc:
         _send_line({"event": "lost", "message": f"{type(exc).__name__}: {exc}"})
         return 3

@@ -243,7 +243,7 @@ class StoreLink:
     def start_liveness(
         self, slot: int, nslots: int, interval: float, timeout: float, startup: float, job_dir: str
     ) -> None:
-        """Have the agent beat for ``slot`` and watch the next slot (``node_watch``); the job
+        """Have the agent beat for ``slot`` and watch the next slot (``store_agent.NodeDuty``); the job
         folder holds the beats of a slot whose counter another client holds still."""
         self.request(
             "liveness",

@@ -136,7 +136,7 @@ def _meet_all(port: int, address: str | None, meeting: Meeting, ranks, timeout=2
 
 def _relay(port: int, counts: collections.Counter[str], local: int) -> BarrierRelay:
     relay = BarrierRelay(_address(), lambda: Counting(_client(port), counts))
-    relay.local_ranks = local
+    relay.count(local)
     return relay.start()
 
 
@@ -186,7 +186,7 @@ def test_a_barrier_of_a_round_does_not_wait_for_a_replacement_not_admitted_yet(p
     try:
         # rank 1's replacement beats: counted among the host's ranks, not the round's
         thread, raised = meet_in_thread(Meeting("termination", at, 1), 0)
-        relay.round_ranks = 1  # the agent's count: sent at once, not after LINGER_S
+        relay.count(relay.local_ranks, 1)  # the agent's count: sent at once, not after LINGER_S
         thread.join(30)
         assert raised == [None] and counts["multi_set"] == 1
 
@@ -378,7 +378,7 @@ def test_a_relay_whose_connection_broke_after_it_took_the_closing_releases_on_a_
             return Counting.__getattr__(self, "set")(key, value)
 
     relay = BarrierRelay(_address(), lambda: BreaksAtRelease(_client(port), counts))
-    relay.local_ranks = 2
+    relay.count(2)
     relay.start()
     try:
         assert _meet_all(port, relay.address, Meeting("termination", 25, 2), [0, 1]) == [None] * 2
@@ -433,7 +433,7 @@ def test_ranks_whose_relay_cannot_reach_the_store_meet_at_the_store_at_once(port
         raise ConnectionRefusedError("no store here")
 
     relay = BarrierRelay(_address(), unreachable)
-    relay.local_ranks = 2
+    relay.count(2)
     relay.start()
     try:
         assert _meet_all(port, relay.address, Meeting("termination", 24, 2), [0, 1]) == [None] * 2
@@ -455,7 +455,7 @@ def test_ranks_whose_relay_fails_while_they_wait_meet_at_the_store_at_once(port,
 
     counts: collections.Counter[str] = collections.Counter()
     relay = BarrierRelay(_address(), lambda: WaitFails(_client(port), counts))
-    relay.local_ranks = 2
+    relay.count(2)
     relay.start()
     try:
         raised = _meet_all(port, relay.address, Meeting("termination", 25, 2), [0, 1])
@@ -480,7 +480,7 @@ def test_a_held_batch_goes_once_the_agent_serves_fewer_ranks(port, monkeypatch):
         )
         ranks.start()
         wait_until("both arrivals held", lambda: sum(len(b.replies) for b in list(relay._held.values())) == 2, 20)
-        relay.local_ranks = 2
+        relay.count(2)
         ranks.join()
     finally:
         relay.close()

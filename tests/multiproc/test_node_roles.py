@@ -4,6 +4,7 @@ the declaration decides when the lost node's training had already ended, or had 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -111,18 +112,17 @@ def test_a_declaration_fences_the_lost_slot_at_its_next_beat_and_a_leave_does_no
     link: StoreLink,
 ) -> None:
     from nvrx.store import client
-    from nvrx.supervisor.node_watch import NodeWatch
+    from nvrx.supervisor.store_agent import NodeDuty, slot_place
 
     events: list[dict[str, Any]] = []
     store = _Counting(client.connect("127.0.0.1", link.port, timeout=30))
     sent: list[dict[str, Any]] = []
-    watch = NodeWatch(
-        lambda: store, sent.append, own=1, nslots=3, interval=1.0, timeout=5.0, sealer=SEALER
-    )
-    assert watch._tick(store) and watch._tick(store)  # slot 1 beats: alive so far
+    watch = NodeDuty(sent.append, None)
+    watch.place = slot_place(own=1, nslots=3, timeout=5.0, sealer=SEALER)
+    assert watch.beat(store, time.monotonic()) and watch.beat(store, time.monotonic())  # alive
     _roles(link, events).declare(_lost(1))  # slot 0's supervisor declares it lost
     store.requests = 0
-    assert not watch._tick(store)
+    assert not watch.beat(store, time.monotonic())
     # the beat showed the fence; the claim behind it was read and holds a valid declaration
     assert sent == [{"event": "fenced", "slot": 1}] and store.requests == 2
     # a clean leave claims the slot without fencing it

@@ -66,7 +66,7 @@ def test_the_monitor_program_and_the_package_import_no_torch():
     assert not _imports_torch("import nvrx.inprocess.monitor_store, nvrx.store.faults")
     assert not _imports_torch(
         "import nvrx.store.rounds, nvrx.store.wire, "
-        "nvrx.supervisor.store_agent, nvrx.supervisor.node_watch"
+        "nvrx.supervisor.store_agent"
     )  # what the monitor and the store agent run on the store
     assert _imports_torch("from nvrx.inprocess import Wrapper")  # the Wrapper does
 

@@ -175,40 +175,51 @@ def _claim(store, slot: int, by: int, sealer=SEALER) -> None:
     store.store.append(node_keys.claim(slot), sealer.entry(node_keys.claim(slot), entry_payload(by)))
 
 
-def _watch(monkeypatch, own: int = 0):
-    from nvrx.supervisor import node_watch
+class _Slot:
+    """A store agent's node duty beating in its slot's place at the test's ``clock``."""
 
+    def __init__(self, sent: list, clock: list[float], **place) -> None:
+        from nvrx.supervisor.store_agent import NodeDuty, slot_place
+
+        self.duty, self.clock = NodeDuty(sent.append, None), clock
+        self.duty.place = self.place = slot_place(sealer=SEALER, **place)
+
+    @property
+    def ring(self):
+        return self.place.ring
+
+    def tick(self, store) -> bool:
+        return self.duty.beat(store, self.clock[0])
+
+
+def _watch(monkeypatch, own: int = 0):
     clock = [100.0]
-    monkeypatch.setattr(node_watch.time, "monotonic", lambda: clock[0])
     store, sent = _CountingStore(), []
-    watch = node_watch.NodeWatch(
-        lambda: store, sent.append, own=own, nslots=3, interval=1.0, timeout=4.0, sealer=SEALER
-    )
-    return watch, store, sent, clock
+    return _Slot(sent, clock, own=own, nslots=3, timeout=4.0), store, sent, clock
 
 
 def test_a_node_watch_sends_two_requests_per_beat_and_still_sees_ends(monkeypatch) -> None:
     from nvrx.supervisor import node_keys
 
     watch, store, sent, clock = _watch(monkeypatch)
-    assert watch._tick(store)  # the first beat reads its own claim too
+    assert watch.tick(store)  # the first beat reads its own claim too
     assert watch.ring.target == 1 and store.requests == 3
     store.requests = 0
     for _ in range(OWN_CLAIM_EVERY - 1):
         clock[0] += 1.0
         store.store.add(node_keys.alive(1), 1)  # slot 1 beats
-        assert watch._tick(store)
+        assert watch.tick(store)
     assert store.requests == 2 * (OWN_CLAIM_EVERY - 1)  # beat + one read, no claims
     # slot 1 ends (its claim is taken) and stops beating: the watch moves on to slot 2
     _claim(store, 1, by=1)
     store.requests = 0
     clock[0] += 1.0
-    assert watch._tick(store)
+    assert watch.tick(store)
     # beat OWN_CLAIM_EVERY + 1 reads its own claim in place of slot 1's count: two requests
     assert watch.ring.target == 1 and store.requests == 2
     store.requests = 0
     clock[0] += 1.0
-    assert watch._tick(store)
+    assert watch.tick(store)
     assert watch.ring.target == 2 and sent == []
     # the next beat: slot 1's count stood still, so its claim, then slot 2's count
     assert store.requests == 1 + 2 + 1
@@ -220,16 +231,16 @@ def test_no_beat_after_the_first_sends_more_than_two_requests(monkeypatch) -> No
     from nvrx.supervisor import node_keys
 
     watch, store, sent, clock = _watch(monkeypatch)
-    assert watch._tick(store)
+    assert watch.tick(store)
     for beat in range(3 * OWN_CLAIM_EVERY):
         store.requests = 0
         clock[0] += 1.0
         store.store.add(node_keys.alive(1), 1)  # slot 1 beats
-        assert watch._tick(store)
+        assert watch.tick(store)
         assert store.requests == 2, beat
     for _ in range(6):  # slot 1 falls silent (timeout 4 s): its claim is read too meanwhile
         clock[0] += 1.0
-        assert watch._tick(store)
+        assert watch.tick(store)
     assert [(r["event"], r["slot"]) for r in sent] == [("node_silent", 1)]
 
 
@@ -239,14 +250,14 @@ def test_a_slot_declared_lost_learns_it_from_its_own_next_beat(monkeypatch) -> N
     from nvrx.supervisor import node_keys
 
     watch, store, sent, clock = _watch(monkeypatch)
-    assert watch._tick(store)
+    assert watch.tick(store)
     clock[0] += 3.0  # frozen past half the timeout: late, not declared lost yet
-    assert watch._tick(store)
+    assert watch.tick(store)
     _claim(store, 0, by=2)  # the declaration lands after that beat,
     store.store.add(node_keys.alive(0), node_keys.FENCE)  # as NodeRoles._end makes it
     store.requests = 0
     clock[0] += 1.0
-    assert not watch._tick(store)
+    assert not watch.tick(store)
     assert sent == [{"event": "fenced", "slot": 0}]
     assert store.requests == 2  # the beat, and the claim behind the fence it showed
 
@@ -256,15 +267,15 @@ def test_a_claim_without_its_fence_is_found_by_the_rare_own_claim_read(monkeypat
     from nvrx.supervisor import node_keys
 
     watch, store, sent, clock = _watch(monkeypatch)
-    assert watch._tick(store)
+    assert watch.tick(store)
     _claim(store, 0, by=2)
     for _ in range(OWN_CLAIM_EVERY - 1):
         clock[0] += 1.0
         store.store.add(node_keys.alive(1), 1)
-        assert watch._tick(store)
+        assert watch.tick(store)
     assert sent == []
     clock[0] += 1.0
-    assert not watch._tick(store)
+    assert not watch.tick(store)
     assert sent == [{"event": "fenced", "slot": 0}]
 
 
@@ -273,7 +284,7 @@ def test_a_watch_started_on_a_store_that_failed_over_reads_its_claim_first(monke
 
     watch, store, sent, _clock = _watch(monkeypatch)
     _claim(store, 0, by=2)  # restored from the snapshot
-    assert not watch._tick(store)
+    assert not watch.tick(store)
     assert sent == [{"event": "fenced", "slot": 0}]
 
 
@@ -285,40 +296,40 @@ def test_a_forged_fence_and_claim_are_rejected_once_and_a_real_one_still_fences(
     from nvrx.supervisor import node_keys
 
     watch, store, sent, clock = _watch(monkeypatch)
-    assert watch._tick(store)
+    assert watch.tick(store)
     _claim(store, 0, by=2, sealer=FORGER)
     store.store.add(node_keys.alive(0), node_keys.FENCE)
     for _ in range(3):
         clock[0] += 1.0
         store.store.add(node_keys.alive(1), 1)
-        assert watch._tick(store)
+        assert watch.tick(store)
     [rejected] = sent
     assert rejected["event"] == "rejected" and rejected["key"] == node_keys.claim(0)
     assert rejected["value_bytes"] > 0
     store.store.add(node_keys.alive(0), node_keys.FENCE)  # a fence alone: one more rejection
     clock[0] += 1.0
-    assert watch._tick(store)
+    assert watch.tick(store)
     assert [m["key"] for m in sent] == [node_keys.claim(0), node_keys.alive(0)]
     _claim(store, 0, by=2)  # the real declaration, behind the forged entry
     store.store.add(node_keys.alive(0), node_keys.FENCE)
     clock[0] += 1.0
-    assert not watch._tick(store)
+    assert not watch.tick(store)
     assert sent[-1] == {"event": "fenced", "slot": 0} and len(sent) == 3
 
 
 def test_a_forged_claim_neither_ends_a_watched_slot_nor_hides_a_real_end(monkeypatch) -> None:
 
     watch, store, sent, clock = _watch(monkeypatch)
-    assert watch._tick(store) and watch.ring.target == 1
+    assert watch.tick(store) and watch.ring.target == 1
     _claim(store, 1, by=0, sealer=FORGER)  # slot 1 falls silent with a forged claim on it
     for _ in range(6):
         clock[0] += 1.0
-        assert watch._tick(store)
+        assert watch.tick(store)
     assert watch.ring.target == 1  # still watched: the forged claim ended nothing
     assert [(m["event"], m["slot"]) for m in sent] == [("node_silent", 1)]
     _claim(store, 1, by=0)  # slot 0 declares it lost, after the forged entry
     clock[0] += 1.0
-    assert watch._tick(store) and watch.ring.target == 2
+    assert watch.tick(store) and watch.ring.target == 2
 
 
 def test_a_sealed_claim_from_an_earlier_run_ends_nothing() -> None:
@@ -400,17 +411,17 @@ def test_a_beat_counter_set_back_by_another_client_is_reported_at_each_set_back(
     watch, store, sent, clock = _watch(monkeypatch, own=1)
     alive = node_keys.alive(1)
     for _ in range(3):
-        assert watch._tick(store)
+        assert watch.tick(store)
         clock[0] += 1.0
     assert sent == []
     store.store.add(alive, -1)  # held still: the next beat reads what the last one did
-    assert watch._tick(store)
+    assert watch.tick(store)
     store.store.delete_key(alive)  # deleted: the next beat reads 1
-    assert watch._tick(store)
+    assert watch.tick(store)
     assert [(r["event"], r["key"]) for r in sent] == [("rejected", alive)] * 2
     assert "set back from 3 to 2" in sent[0]["reason"] and "from 3 to 0" in sent[1]["reason"]
     store.store.add(alive, 5)  # another client's beat: more, not less
-    assert watch._tick(store)
+    assert watch.tick(store)
     assert len(sent) == 2
 
 
@@ -421,7 +432,7 @@ def test_a_set_back_is_reported_before_a_look_that_fails(monkeypatch) -> None:
 
     watch, store, sent, clock = _watch(monkeypatch)
     for _ in range(2):
-        assert watch._tick(store)
+        assert watch.tick(store)
         clock[0] += 1.0
     store.store.add(node_keys.alive(0), -1)
     real_add = store.add
@@ -433,7 +444,7 @@ def test_a_set_back_is_reported_before_a_look_that_fails(monkeypatch) -> None:
 
     monkeypatch.setattr(store, "add", add)
     with pytest.raises(ConnectionError):
-        watch._tick(store)
+        watch.tick(store)
     assert [r["event"] for r in sent] == ["rejected"]
     assert "not a write of this job's supervisors" in sent[0]["reason"]
 
@@ -444,15 +455,11 @@ STORE_NAME = "127.0.0.1-29501"
 def _pair(monkeypatch, job_dir, names=(STORE_NAME, STORE_NAME)):
     """Slot 0 watching slot 1 on one store, with ``job_dir`` as their job folder; ``names``,
     the store each slot's watch says it beats in (its host and port)."""
-    from nvrx.supervisor import node_watch
-
     clock = [100.0]
-    monkeypatch.setattr(node_watch.time, "monotonic", lambda: clock[0])
     store, sent = _CountingStore(), {0: [], 1: []}
     watches = [
-        node_watch.NodeWatch(lambda: store, sent[own].append, own=own, nslots=2, interval=1.0,
-                             timeout=3.0, sealer=SEALER, job_dir=job_dir,
-                             store_name=names[own])  # three beats
+        _Slot(sent[own], clock, own=own, nslots=2, timeout=3.0, job_dir=job_dir,
+              store_name=names[own])  # three beats
         for own in (0, 1)
     ]  # fmt: skip
     return watches, store, sent, clock
@@ -464,9 +471,9 @@ def _held_still(watches, store, clock, beats: int, slot_1_beats: bool = True) ->
 
     for _ in range(beats):
         if slot_1_beats:
-            assert watches[1]._tick(store)
+            assert watches[1].tick(store)
             store.store.add(node_keys.alive(1), -1)
-        assert watches[0]._tick(store)
+        assert watches[0].tick(store)
         clock[0] += 1.0
 
 
@@ -514,19 +521,19 @@ def test_a_forged_fence_set_back_does_not_hide_a_real_fence_after_it(monkeypatch
     from nvrx.supervisor import node_keys
 
     watch, store, sent, clock = _watch(monkeypatch)
-    assert watch._tick(store)
+    assert watch.tick(store)
     _claim(store, 0, by=2, sealer=FORGER)
     store.store.add(node_keys.alive(0), node_keys.FENCE)
     clock[0] += 1.0
-    assert watch._tick(store)  # rejected: no valid claim behind the fence
+    assert watch.tick(store)  # rejected: no valid claim behind the fence
     store.store.add(node_keys.alive(0), -node_keys.FENCE)  # the forged fence taken back
     clock[0] += 1.0
-    assert watch._tick(store)
+    assert watch.tick(store)
     assert [r["key"] for r in sent] == [node_keys.claim(0), node_keys.alive(0)]
     _claim(store, 0, by=2)  # a real declaration, then its fence
     store.store.add(node_keys.alive(0), node_keys.FENCE)
     clock[0] += 1.0
-    assert not watch._tick(store)
+    assert not watch.tick(store)
     assert sent[-1] == {"event": "fenced", "slot": 0}
 
 

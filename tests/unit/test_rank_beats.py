@@ -21,7 +21,7 @@ from nvrx.supervisor.hang_watch import HangWatch
 from nvrx.supervisor.job_store import JobStore
 from nvrx.supervisor.local_ranks import LocalRanks
 from nvrx.supervisor.step_times import StepTimes
-from nvrx.supervisor.store_agent import BeatWatch
+from nvrx.supervisor.store_agent import NodeDuty
 from nvrx.supervisor.store_link import StoreLinkError
 
 
@@ -183,11 +183,11 @@ def test_a_store_lost_while_a_silent_rank_is_taken_out_is_failed_over() -> None:
         sup.hangs.close()
 
 
-def _watch(tmp_path) -> tuple[BeatWatch, BeatSender, list[dict[str, Any]]]:
+def _watch(tmp_path) -> tuple[NodeDuty, BeatSender, list[dict[str, Any]]]:
     """The store agent's reader of a socket bound as the supervisor binds it."""
     bound = BeatSocket(str(tmp_path / "beats.sock"))
     told: list[dict[str, Any]] = []
-    watch = BeatWatch(os.dup(bound.fileno()), told.append)
+    watch = NodeDuty(told.append, BeatSocket("", os.dup(bound.fileno())))
     bound.close(unlink=False)  # the watch's copy keeps the socket
     return watch, BeatSender(str(tmp_path / "beats.sock")), told
 
@@ -198,16 +198,16 @@ def test_beats_cost_the_store_nothing_and_a_new_process_is_told_once(tmp_path) -
     try:
         for _ in range(5):
             assert sender.send(_beat(pid=5))
-            watch.step(time.monotonic())
+            watch.loop.look(time.monotonic())
         assert told == [{"event": "wrapper_pid", "pid": 5}, {"event": "rank_in_round", "pid": 5}]
-        watch.step(time.monotonic() + 11.0)  # its monitor fell silent beyond 10 s
+        watch.loop.look(time.monotonic() + 11.0)  # its monitor fell silent beyond 10 s
         [silent] = told[2:]
         assert silent["event"] == "rank_silent" and Beat(**silent["beat"]) == _beat(pid=5)
-        watch.step(time.monotonic() + 12.0)
+        watch.loop.look(time.monotonic() + 12.0)
         assert len(told) == 3  # each silence told once
     finally:
         sender.close()
-        watch.sock.close(unlink=False)
+        watch.loop.sock.close(unlink=False)
 
 
 def test_a_process_is_told_in_a_round_once_from_its_first_beat_in_one(tmp_path) -> None:
@@ -215,25 +215,25 @@ def test_a_process_is_told_in_a_round_once_from_its_first_beat_in_one(tmp_path) 
     watch, sender, told = _watch(tmp_path)
     try:
         assert sender.send(_beat(pid=6, round=-1))  # its monitor is up, before the first round
-        watch.step(time.monotonic())
+        watch.loop.look(time.monotonic())
         assert told == [{"event": "wrapper_pid", "pid": 6}]
         for round_ in (0, 0, 1):
             assert sender.send(_beat(pid=6, round=round_))
-            watch.step(time.monotonic())
+            watch.loop.look(time.monotonic())
         assert told[1:] == [{"event": "rank_in_round", "pid": 6}]
         # its monitor ends; a later process with the same pid is told again
         assert sender.send(_beat(pid=6, round=1, bye=True))
-        watch.step(time.monotonic())
+        watch.loop.look(time.monotonic())
         assert sender.send(_beat(pid=7, round=1, bye=True))  # a bye alone tells nothing
-        watch.step(time.monotonic())
+        watch.loop.look(time.monotonic())
         assert len(told) == 2
         assert sender.send(_beat(pid=6, round=0))
-        watch.step(time.monotonic())
+        watch.loop.look(time.monotonic())
         assert [m["event"] for m in told[2:]] == ["wrapper_pid", "rank_in_round"]
         # a bye and the next call's first beat read in one look: the call is told too
         assert sender.send(_beat(pid=6, round=1, bye=True))
         assert sender.send(_beat(pid=6, round=-1))
-        watch.step(time.monotonic())
+        watch.loop.look(time.monotonic())
         assert told[4:] == [{"event": "wrapper_pid", "pid": 6}]
         # the barrier relay: a replacement of rank 2 beats, waiting to be admitted (no round
         # yet): it meets no barrier of the round; a first process of rank 3 before its first
@@ -241,25 +241,25 @@ def test_a_process_is_told_in_a_round_once_from_its_first_beat_in_one(tmp_path) 
         watch.relay = BarrierRelay(f"\0nvrx-test-relay-{os.getpid()}", lambda: None).start()
         assert sender.send(_beat(initial=2, pid=8, local_rank=2, attempt=1, round=-1))
         assert sender.send(_beat(initial=3, pid=9, local_rank=3, attempt=0, round=-1))
-        watch.step(time.monotonic())
+        watch.loop.look(time.monotonic())
         assert (watch.relay.local_ranks, watch.relay.round_ranks) == (3, 2)
     finally:
         if watch.relay is not None:
             watch.relay.close()
         sender.close()
-        watch.sock.close(unlink=False)
+        watch.loop.sock.close(unlink=False)
 
 
 def test_beats_that_came_while_the_agent_was_busy_are_read_before_any_silence(tmp_path) -> None:
     watch, sender, told = _watch(tmp_path)
     try:
-        watch.beats.record([_beat(pid=5)], now=time.monotonic() - 11.0)  # read long ago
+        watch.loop.beats.record([_beat(pid=5)], now=time.monotonic() - 11.0)  # read long ago
         assert sender.send(_beat(pid=5))  # it beat while the agent was blocked elsewhere
-        watch.step(time.monotonic())
+        watch.loop.look(time.monotonic())
         assert [m["event"] for m in told] == []  # pid 5 was known already
     finally:
         sender.close()
-        watch.sock.close(unlink=False)
+        watch.loop.sock.close(unlink=False)
 
 
 @pytest.mark.timeout(120)
