@@ -324,7 +324,7 @@ class Duty(Protocol):
         """A rank's monitor fell silent beyond its timeout (told once per silence)."""
 
     def interval(self) -> float | None:
-        """How often ``tick`` runs; None: not (yet)."""
+        """How often ``tick`` runs; None: never (read again after each look)."""
 
     def tick(self, now: float) -> bool:
         """The node's beat in the ring of liveness, and what the duty does at each; False:
@@ -336,22 +336,13 @@ class BeatLoop:
     come, each read before any silence is judged; a rank's silence at its deadline; the
     duty's tick every interval. ``run`` until a tick says the agent ends."""
 
-    def __init__(self, sock: BeatSocket | None, duty: Duty) -> None:
-        """``sock`` None: no rank beats here (the ticks alone)."""
+    def __init__(self, sock: BeatSocket, duty: Duty) -> None:
         self.sock, self.duty = sock, duty
         self.beats = RankBeats()
-        self._woken, self._wake = socket.socketpair()
-        for end in (self._woken, self._wake):
-            end.setblocking(False)
-
-    def wake(self) -> None:
-        """Have the loop ask its duty's interval again (any thread: a tick that starts)."""
-        with contextlib.suppress(OSError):
-            self._wake.send(b"!")
 
     def look(self, now: float) -> None:
         """The beats waiting, then the silences due at ``now``."""
-        beats = [] if self.sock is None else self.sock.receive()
+        beats = self.sock.receive()
         self.duty.received(beats, self.beats.record(beats, now), now)
         for silence in self.beats.due(now):
             self.duty.silent(silence, now)
@@ -363,10 +354,7 @@ class BeatLoop:
             due = [self.beats.next_deadline(), None if interval is None else next_tick]
             soonest = min((t for t in due if t is not None), default=None)
             wait = None if soonest is None else max(0.0, soonest - time.monotonic())
-            readable = [s for s in (self.sock, self._woken) if s is not None]
-            if self._woken in select.select(readable, [], [], wait)[0]:
-                with contextlib.suppress(OSError):
-                    self._woken.recv(64)
+            select.select([self.sock], [], [], wait)
             now = time.monotonic()
             self.look(now)
             if interval is None or now < next_tick:
@@ -374,8 +362,3 @@ class BeatLoop:
             next_tick = now + interval
             if not self.duty.tick(now):
                 return
-
-    def close(self) -> None:
-        """Close the wake-up pair (the beat socket is its owner's)."""
-        self._woken.close()
-        self._wake.close()

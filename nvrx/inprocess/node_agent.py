@@ -18,10 +18,11 @@ in a session of its own, so that it outlives the monitor that started it; that
 monitor reaps it if it ends first). An agent that died is started again the same
 way and takes the same place in the ring.
 
-Its loop is the one a supervisor's store agent runs (``rank_beats.BeatLoop``): the beats
-as they come (another user's are dropped), a rank's silence at its deadline, and every
-heartbeat period the host's tick. What differs is the duty: this agent takes silent
-ranks and hosts out itself, where the store agent tells its supervisor. At each tick it
+Its loop reads the beats as a supervisor's store agent does (``rank_beats.BeatLoop``):
+as they come (another user's are dropped), a rank's silence at its deadline. What
+differs is the duty: this agent takes silent ranks and hosts out itself, where the store
+agent tells its supervisor, and ticks from the loop every heartbeat period, where the
+store agent beats in a thread of its own. At each tick it
 
 1. starts the host's barrier relay where it does not run yet (below);
 2. ticks its host's place in the ring of hosts (``nvrx.store.ring``, the ring the
@@ -253,7 +254,7 @@ class NodeAgent:
         self._round = -1  # the latest round a beat named
         self._reached = time.monotonic()  # the last time the store answered
         self._failing = False
-        #: The host's barrier relay, told how many ranks the agent serves (``_receive``);
+        #: The host's barrier relay, told how many ranks the agent serves (``received``);
         #: started at each tick until it is (``_keep_relay``), unless ``relays`` is False.
         self.relay: BarrierRelay | None = None
         self.relays = not cfg.store_factory  # a store of the user's: its ranks meet there
@@ -311,7 +312,6 @@ class NodeAgent:
         if self.relay is not None:
             self.relay.close()
             self.relay = None
-        self.loop.close()
 
     def step(self, now: float) -> bool:
         """One look at ``now``: the beats that came, then the tick; whether the store answered."""

@@ -8,7 +8,7 @@ started ahead during a store failover) owns the store clients instead (nvrx's ow
 ``nvrx.store.wire``: the agent imports no torch either) and speaks JSON lines:
 
 * requests on stdin: ``{"id": 1, "op": "add"|"set"|"append"|"get"|"compare_set"|"watch",
-  "key": ..., ...}``; ``liveness`` starts the node heartbeat and watch (``NodeDuty``,
+  "key": ..., ...}``; ``liveness`` starts the node's beat in the ring (``NodeDuty``,
   which reads the slots' claims with the job's secret, ``seal.job_sealer``), ``leave_ranks``
   takes a lost node's ranks out of the Wrapper's running round and ``leave_silent``
   a rank whose monitor stopped beating out of its round (``nvrx.store.rounds``)
@@ -204,7 +204,7 @@ class NodeDuty:
     supervisor what the rank beats say and what the node's beat in the ring of slots finds;
     the supervisor decides (it knows its children, and node roles follow).
 
-    Once asked (``watch_ring``), every ``interval`` the loop ticks this slot's place in the
+    Once asked (``watch_ring``), every ``interval`` it beats in this slot's place in the
     ring (``nvrx.store.ring``: its beat, its look at the next slot that has not ended, the
     claims and fences read with the job's secret) and tells what the tick found: a slot
     newly silent for ``timeout`` (``node_silent``, which the supervisor declares lost), a
@@ -218,7 +218,9 @@ class NodeDuty:
     when one beat has been waiting for an answer longer than ``timeout``, so that the
     survivors fail over within seconds. (Time this process itself spent frozen between
     beats is no sign of the store: a thawed node first learns whether it was fenced.) The
-    beats of the node's ranks wait in their socket meanwhile.
+    ring's beat runs in a thread of its own, not in the loop: a slow store never holds the
+    ranks' beats (a ``bye`` that found their socket's queue full would be lost, and its
+    rank, still running, found silent).
 
     A client that sets this slot's counter back after its beats holds it still for its
     watcher; the slot then stamps its beats in the job folder too
@@ -231,13 +233,13 @@ class NodeDuty:
     """
 
     def __init__(self, send: Callable[[dict[str, Any]], None], sock: BeatSocket | None) -> None:
+        """``sock``: the node's rank beats (None: no Wrapper beats here)."""
         self.send = send
-        self.loop = BeatLoop(sock, self)
+        self.loop = None if sock is None else BeatLoop(sock, self)
         #: The node's barrier relay, told how many ranks beat here (``received``).
         self.relay: BarrierRelay | None = None
         self.place: RingPlace | None = None  # this slot's, once ``watch_ring``
-        self._connect: Callable[[], Counters] | None = None
-        self._store: Counters | None = None
+        self.ring_thread: threading.Thread | None = None  # its beats, until fenced or lost
         self._interval, self.timeout = 0.0, 0.0
         self.stopped = threading.Event()  # fenced, or the store lost: no more beats
         self._beat_started: float | None = None  # while a beat waits for the store
@@ -250,44 +252,47 @@ class NodeDuty:
             self.send({"event": "wrapper_pid", "pid": pid})
         for pid in new.in_round:
             self.send({"event": "rank_in_round", "pid": pid})
-        if self.relay is not None:
+        if self.relay is not None and self.loop is not None:
             self.relay.serve(b.beat for b in self.loop.beats.ranks.values())
 
     def silent(self, silence: Silence, now: float) -> None:
         beat = dataclasses.asdict(silence.beat)
         self.send({"event": "rank_silent", "beat": beat, "silent_s": round(silence.silent_s, 3)})
 
-    def interval(self) -> float | None:
-        return None if self.place is None or self.stopped.is_set() else self._interval
+    def interval(self) -> None:
+        return None  # the ring's beat has a thread of its own (``watch_ring``)
+
+    def tick(self, now: float) -> bool:
+        return True
 
     def watch_ring(
         self, place: RingPlace, connect: Callable[[], Counters], interval: float, timeout: float
     ) -> None:
-        """Beat in ``place`` every ``interval`` from now on (any thread), with a connection
-        of ``connect``'s whose beat may wait ``timeout`` at most."""
+        """Beat in ``place`` every ``interval`` from now on, with a connection of
+        ``connect``'s whose beat may wait ``timeout`` at most."""
         if self.place is not None:
             raise ValueError(f"this agent beats for slot {self.place.own} already")
-        self._connect, self._interval, self.timeout = connect, interval, timeout
-        self.place = place
-        threading.Thread(target=self._watchdog, name="node-watchdog", daemon=True).start()
-        self.loop.wake()
+        self.place, self._interval, self.timeout = place, interval, timeout
+        self.ring_thread = threading.Thread(
+            target=self._beat_ring, args=(connect,), name="node-watch", daemon=True
+        )
+        self.ring_thread.start()
 
-    def tick(self, now: float) -> bool:
-        """This slot's beat; the loop goes on whatever it finds (the agent ends with its
-        supervisor)."""
-        if self.stopped.is_set() or self._connect is None:
-            return True
+    def _beat_ring(self, connect: Callable[[], Counters]) -> None:
+        threading.Thread(target=self._watchdog, name="node-watchdog", daemon=True).start()
         try:
-            if self._store is None:
-                self._store = self._connect()
-            self._beat_started = time.monotonic()
-            alive = self.beat(self._store, now)
-            self._beat_started = None
-            if not alive:
-                self.stopped.set()
+            store = connect()
+            while not self.stopped.is_set():
+                self._beat_started = time.monotonic()
+                alive = self.beat(store, self._beat_started)
+                self._beat_started = None
+                if not alive:
+                    self.stopped.set()  # fenced off
+                    return
+                if self.stopped.wait(self._interval):
+                    return
         except Exception as exc:  # StoreGone and kin: the store is gone
             self._lost(f"node watch: {type(exc).__name__}: {exc}")
-        return True
 
     def beat(self, store: Counters, now: float) -> bool:
         """One tick of this slot's place, its reports sent as they come; False once it is
@@ -389,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     node = NodeDuty(_send_line, sock)
     if sock is not None:  # the beats and the barriers need no store yet: from the start
         node.relay = _start_relay(sock, lambda: WireStore(host, port, timeout))
-    threading.Thread(target=node.loop.run, name="node-agent", daemon=True).start()
+        assert node.loop is not None
+        threading.Thread(target=node.loop.run, name="rank-beats", daemon=True).start()
     try:
         agent = _Agent(host, port, timeout, node)
     except Exception as exc:

@@ -313,6 +313,37 @@ def test_a_rank_listed_while_its_silent_host_is_declared_lost_is_taken_out_too(b
     assert a.agent._silent_hosts == {}  # done with h1
 
 
+def test_a_listed_rank_whose_first_word_is_its_bye_is_not_taken_out(base, hosts) -> None:
+    """Rank 1 was listed, then its call ended before its monitor's first beat reached the
+    agent, and its end could not be written in the store: its bye alone says so. The
+    agent watched it from the list meanwhile (a beat of no process): it is not silent."""
+    view = _round(base)
+    h = hosts("h0", [0, 1])
+    t = time.monotonic()
+    h.beat(0)
+    h.agent.step(t)  # rank 1 is watched from the host's list
+    h.beat(1, bye=True)
+    for dt in (TIMEOUT + 0.1, TIMEOUT + 0.1 + LIMITS.replace_s):
+        h.beat(0)
+        h.agent.step(t + dt)
+    assert rstore.terminated_ranks(view) == set() and h.faults() == []
+    assert h.agent.done == {1} and h.agent._out == {}
+
+
+def test_a_fenced_agent_ends_once_its_last_rank_fell_silent(base, hosts) -> None:
+    b = hosts("h1", [2])
+    t = time.monotonic()
+    b.beat(2)
+    b.agent.step(t)
+    host_ring.declare_lost(base, b.agent.slot, 0)
+    b.beat(2)
+    assert b.agent.step(t + INTERVAL) and b.agent.fenced
+    assert not b.agent.finished(t + INTERVAL, t)
+    b.agent.step(t + INTERVAL + TIMEOUT + 0.1)  # rank 2 stopped beating: out already
+    assert b.agent.done == {2} and b.agent._out == {} and b.faults() == []
+    assert b.agent.finished(t + INTERVAL + TIMEOUT + 0.1, t)
+
+
 def test_a_fenced_agent_counts_a_rank_it_was_about_to_take_out_as_ended(base, hosts) -> None:
     """h1's rank 3 falls silent before any round names it: its take-out waits. h1 is then
     declared lost: fenced, its agent counts rank 3 as out with the rest, and ends once rank

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +18,7 @@ from nvrx.supervisor import store_failover
 from nvrx.supervisor.cli import main
 from nvrx.supervisor.config import ConfigError, SupervisorConfig, local_job
 from nvrx.supervisor.store_failover import StoreAddress
+from tests.support.waiting import wait_until
 
 
 def test_each_slot_watches_the_next_one_that_has_not_ended() -> None:
@@ -553,3 +556,64 @@ def test_a_stamp_counts_when_it_appears_or_changes_within_a_stretch_not_when_fou
     assert not watch.place._stamp_moved(1)  # an old stamp found there is no beat
     stamp.write_text("8")
     assert watch.place._stamp_moved(1)
+
+
+class _Frozen:
+    """A store host that froze: a request waits until ``thawed`` (its connection stays
+    open), then fails."""
+
+    def __init__(self) -> None:
+        self.thawed = threading.Event()
+
+    def add(self, key: str, amount: int) -> int:
+        self.thawed.wait()
+        raise ConnectionError("the store came back too late")
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        return self.add(key, 0)
+
+
+def test_the_store_agents_ring_beat_has_a_thread_of_its_own_until_fenced() -> None:
+    from nvrx.supervisor import node_keys
+    from nvrx.supervisor.store_agent import NodeDuty, slot_place
+
+    store, sent = _CountingStore(), []
+    duty = NodeDuty(sent.append, None)
+    duty.watch_ring(slot_place(0, 3, 4.0, SEALER), lambda: store, interval=0.02, timeout=4.0)
+    wait_until("three beats", lambda: int(store.store.add(node_keys.alive(0), 0)) >= 3, 30)
+    with pytest.raises(ValueError, match="beats for slot 0 already"):
+        duty.watch_ring(slot_place(0, 3, 4.0, SEALER), lambda: store, interval=0.02, timeout=4.0)
+    _claim(store, 0, by=2)
+    store.store.add(node_keys.alive(0), node_keys.FENCE)  # declared lost, as NodeRoles does
+    assert duty.ring_thread is not None
+    duty.ring_thread.join(30)
+    assert not duty.ring_thread.is_alive() and duty.stopped.is_set()
+    assert sent == [{"event": "fenced", "slot": 0}]
+
+
+def test_a_store_that_holds_a_ring_beat_past_the_timeout_is_reported_lost_once() -> None:
+    from nvrx.supervisor.store_agent import NodeDuty, slot_place
+
+    frozen, sent = _Frozen(), []
+    duty = NodeDuty(sent.append, None)
+    duty.watch_ring(slot_place(0, 3, 0.2, SEALER), lambda: frozen, interval=0.05, timeout=0.2)
+    wait_until("the store reported lost", lambda: sent, 30)
+    frozen.thawed.set()  # the beat then fails as well: not told a second time
+    assert duty.ring_thread is not None
+    duty.ring_thread.join(30)
+    assert [m["event"] for m in sent] == ["lost"], sent
+    assert sent[0]["message"].startswith("the store did not answer a heartbeat for ")
+
+
+def test_a_store_that_cannot_be_reached_is_reported_lost() -> None:
+    from nvrx.supervisor.store_agent import NodeDuty, slot_place
+
+    def refused() -> Any:
+        raise ConnectionRefusedError("nobody listens")
+
+    sent: list[dict[str, Any]] = []
+    duty = NodeDuty(sent.append, None)
+    duty.watch_ring(slot_place(0, 3, 1.0, SEALER), refused, interval=0.05, timeout=1.0)
+    assert duty.ring_thread is not None
+    duty.ring_thread.join(30)
+    assert sent == [{"event": "lost", "message": "node watch: ConnectionRefusedError: nobody listens"}]

@@ -7,13 +7,15 @@ import dataclasses
 import os
 import select
 import signal
+import threading
 import time
+import uuid
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from nvrx.rank_beats import Beat, BeatSender, BeatSocket, RankBeats
+from nvrx.rank_beats import Beat, BeatLoop, BeatSender, BeatSocket, NewPids, RankBeats, Silence
 from nvrx.store.host_barrier import BarrierRelay
 from nvrx.supervisor.config import SupervisorConfig, local_job
 from nvrx.supervisor.course import Course, CourseTracker
@@ -23,6 +25,7 @@ from nvrx.supervisor.local_ranks import LocalRanks
 from nvrx.supervisor.step_times import StepTimes
 from nvrx.supervisor.store_agent import NodeDuty
 from nvrx.supervisor.store_link import StoreLinkError
+from tests.support.waiting import wait_until
 
 
 def _beat(initial: int = 1, pid: int = 100, *, local_rank: int = 1, attempt: int = 0, **kw) -> Beat:
@@ -383,3 +386,50 @@ def test_an_agent_started_ahead_reads_no_beat_before_it_has_an_address(tmp_path,
         os.close(fd)
         sender.close()
         bound.close()
+
+
+class _Told:
+    """A duty that notes what its ``BeatLoop`` tells it (the loop is what is tested), ticking
+    every ``interval`` once one is given, until ``ticks`` ticks ran."""
+
+    def __init__(self, ticks: int) -> None:
+        self.told: list[tuple[str, Any]] = []
+        self.every: float | None = None
+        self.ticks = ticks
+
+    def received(self, beats: list[Beat], new: NewPids, now: float) -> None:
+        self.told.extend(("beat", b.pid) for b in beats)
+
+    def silent(self, silence: Silence, now: float) -> None:
+        self.told.append(("silent", silence.beat.pid))
+
+    def interval(self) -> float | None:
+        return self.every
+
+    def tick(self, now: float) -> bool:
+        self.told.append(("tick", now))
+        return len([t for t in self.told if t[0] == "tick"]) < self.ticks
+
+
+def test_the_beat_loop_tells_a_silence_at_its_deadline_and_ticks_until_its_duty_ends() -> None:
+    sock = BeatSocket(f"\0nvrx-test-loop-{uuid.uuid4().hex}")
+    sender = BeatSender(sock.path)
+    duty = _Told(ticks=3)
+    ended = threading.Event()
+    loop = BeatLoop(sock, duty)
+    thread = threading.Thread(target=lambda: (loop.run(), ended.set()), daemon=True)
+    try:
+        thread.start()
+        assert sender.send(_beat(pid=5, timeout=0.2))
+        # no beat comes after it and no tick is due: the loop wakes for the deadline
+        wait_until("the silence told", lambda: ("silent", 5) in duty.told, 30)
+        assert duty.told == [("beat", 5), ("silent", 5)] and not ended.is_set()
+        duty.every = 0.05
+        assert sender.send(_beat(pid=6))  # the loop reads the interval again after a look
+        assert ended.wait(30), duty.told  # the third tick ends it
+        ticks = [t for kind, t in duty.told if kind == "tick"]
+        assert len(ticks) == 3 and ticks[2] - ticks[0] >= 2 * 0.05
+        assert ("beat", 6) in duty.told and duty.told.count(("silent", 5)) == 1
+    finally:
+        sender.close()
+        sock.close(unlink=False)
