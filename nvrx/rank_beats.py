@@ -281,8 +281,8 @@ class RankBeats:
                 continue
             if current is None or current.beat.pid != beat.pid or current.beat.round != beat.round:
                 self.ranks[beat.initial_rank] = Beating(beat, now)
-            else:
-                current.beat, current.last = beat, now
+            else:  # a beat ends a silence: a later one is a new one
+                current.beat, current.last, current.declared = beat, now, False
         return new
 
     def _note_pid(self, beat: Beat, new: NewPids) -> None:
@@ -298,7 +298,7 @@ class RankBeats:
             new.in_round.append(beat.pid)
 
     def due(self, now: float) -> list[Silence]:
-        """Ranks silent beyond their timeout, each named once per silence."""
+        """Ranks silent beyond their timeout, each named once per silence (a beat ends one)."""
         found = []
         for beating in self.ranks.values():
             if not beating.declared and now > beating.deadline:

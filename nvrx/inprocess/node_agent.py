@@ -461,9 +461,6 @@ class NodeAgent:
             self.heard.add(b.initial_rank)
             self.done.discard(b.initial_rank)
             self._listed_in = max(self._listed_in, b.slot)
-            held = self.table.ranks.get(b.initial_rank)
-            if held is not None:  # a later silence is a new one
-                held.declared = False
             if b.round > self._round:
                 self._round, self._refresh_at = b.round, now
         if self.relay is not None:

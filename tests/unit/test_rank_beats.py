@@ -87,7 +87,7 @@ def test_a_sender_knows_when_the_supervisor_is_gone_closed_or_killed(tmp_path) -
         sender.close()
 
 
-def test_a_rank_is_declared_once_when_its_timeout_passes() -> None:
+def test_a_rank_is_declared_once_per_silence_when_its_timeout_passes() -> None:
     beats = RankBeats()
     beats.record([_beat()], now=100.0)
     assert beats.next_deadline() == 110.0  # its heartbeat timeout (10 s)
@@ -97,6 +97,8 @@ def test_a_rank_is_declared_once_when_its_timeout_passes() -> None:
     (silence,) = beats.due(115.5)
     assert silence.beat == _beat() and silence.silent_s == pytest.approx(10.5)
     assert beats.due(200.0) == []  # named once
+    beats.record([_beat()], now=200.5)  # the same process beats again: its silence ended
+    assert [s.silent_s for s in beats.due(211.0)] == [pytest.approx(10.5)]
     beats.record([_beat(round=4)], now=201.0)  # it beats again in a new round: watched again
     assert [s.beat.round for s in beats.due(212.0)] == [4]
 
