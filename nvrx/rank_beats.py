@@ -31,6 +31,7 @@ import select
 import socket
 import struct
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from nvrx import jobenv
@@ -339,13 +340,29 @@ class BeatLoop:
     def __init__(self, sock: BeatSocket, duty: Duty) -> None:
         self.sock, self.duty = sock, duty
         self.beats = RankBeats()
+        self.failures = 0  # the duty's calls that raised
 
     def look(self, now: float) -> None:
-        """The beats waiting, then the silences due at ``now``."""
+        """The beats waiting, then the silences due at ``now``. The table has them before
+        the duty is told: a duty that raises loses no beat and no silence after it."""
         beats = self.sock.receive()
-        self.duty.received(beats, self.beats.record(beats, now), now)
+        new = self.beats.record(beats, now)
+        self._tell(self.duty.received, beats, new, now)
         for silence in self.beats.due(now):
-            self.duty.silent(silence, now)
+            self._tell(self.duty.silent, silence, now)
+
+    def _tell(self, call: Callable[..., Any], *args: Any) -> Any:
+        """``call(*args)``; an exception is logged (with its traceback the first time) and
+        the loop goes on: a fault in one duty's call never ends the node's liveness."""
+        try:
+            return call(*args)
+        except Exception:
+            self.failures += 1
+            if self.failures == 1:
+                log.exception("the node agent's %s failed; its loop goes on", call.__name__)
+            else:
+                log.error("the node agent's %s failed again (%d failures)", call.__name__, self.failures)
+            return None
 
     def run(self) -> None:
         next_tick = time.monotonic()
@@ -360,5 +377,5 @@ class BeatLoop:
             if interval is None or now < next_tick:
                 continue
             next_tick = now + interval
-            if not self.duty.tick(now):
+            if self._tell(self.duty.tick, now) is False:
                 return

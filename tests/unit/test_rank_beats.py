@@ -435,3 +435,47 @@ def test_the_beat_loop_tells_a_silence_at_its_deadline_and_ticks_until_its_duty_
     finally:
         sender.close()
         sock.close(unlink=False)
+
+
+class _Failing(_Told):
+    """A duty whose first ``received`` and first ``tick`` raise."""
+
+    def __init__(self, ticks: int) -> None:
+        super().__init__(ticks)
+        self.raised: set[str] = set()
+
+    def _once(self, what: str) -> None:
+        if what not in self.raised:
+            self.raised.add(what)
+            raise RuntimeError(f"a fault in the duty's {what}")
+
+    def received(self, beats: list[Beat], new: NewPids, now: float) -> None:
+        self._once("received")
+        super().received(beats, new, now)
+
+    def tick(self, now: float) -> bool:
+        self._once("tick")
+        return super().tick(now)
+
+
+def test_a_duty_that_raises_loses_no_silence_and_the_loop_goes_on(caplog) -> None:
+    sock = BeatSocket(f"\0nvrx-test-loop-{uuid.uuid4().hex}")
+    sender = BeatSender(sock.path)
+    duty = _Failing(ticks=2)
+    ended = threading.Event()
+    loop = BeatLoop(sock, duty)
+    thread = threading.Thread(target=lambda: (loop.run(), ended.set()), daemon=True)
+    try:
+        thread.start()
+        assert sender.send(_beat(pid=5, timeout=0.2))  # its received raises: recorded all the same
+        wait_until("the silence told", lambda: ("silent", 5) in duty.told, 30)
+        assert duty.told == [("silent", 5)] and loop.failures == 1
+        duty.every = 0.05
+        assert sender.send(_beat(pid=6))
+        assert ended.wait(30), duty.told  # the first tick raised, two more ran
+        assert duty.raised == {"received", "tick"} and loop.failures == 2
+        assert ("beat", 6) in duty.told and len([t for t in duty.told if t[0] == "tick"]) == 2
+        assert "a fault in the duty's received" in caplog.text
+    finally:
+        sender.close()
+        sock.close(unlink=False)
