@@ -195,16 +195,16 @@ class _Slot:
         return self.duty.beat(store, self.clock[0])
 
 
-def _watch(monkeypatch, own: int = 0):
+def _watch(own: int = 0):
     clock = [100.0]
     store, sent = _CountingStore(), []
     return _Slot(sent, clock, own=own, nslots=3, timeout=4.0), store, sent, clock
 
 
-def test_a_node_watch_sends_two_requests_per_beat_and_still_sees_ends(monkeypatch) -> None:
+def test_a_node_watch_sends_two_requests_per_beat_and_still_sees_ends() -> None:
     from nvrx.supervisor import node_keys
 
-    watch, store, sent, clock = _watch(monkeypatch)
+    watch, store, sent, clock = _watch()
     assert watch.tick(store)  # the first beat reads its own claim too
     assert watch.ring.target == 1 and store.requests == 3
     store.requests = 0
@@ -228,12 +228,12 @@ def test_a_node_watch_sends_two_requests_per_beat_and_still_sees_ends(monkeypatc
     assert store.requests == 1 + 2 + 1
 
 
-def test_no_beat_after_the_first_sends_more_than_two_requests(monkeypatch) -> None:
+def test_no_beat_after_the_first_sends_more_than_two_requests() -> None:
     """While the watched slot beats, store load is two requests per node per interval, the rare
     own-claim read included; its silence is still reported."""
     from nvrx.supervisor import node_keys
 
-    watch, store, sent, clock = _watch(monkeypatch)
+    watch, store, sent, clock = _watch()
     assert watch.tick(store)
     for beat in range(3 * OWN_CLAIM_EVERY):
         store.requests = 0
@@ -247,12 +247,12 @@ def test_no_beat_after_the_first_sends_more_than_two_requests(monkeypatch) -> No
     assert [(r["event"], r["slot"]) for r in sent] == [("node_silent", 1)]
 
 
-def test_a_slot_declared_lost_learns_it_from_its_own_next_beat(monkeypatch) -> None:
+def test_a_slot_declared_lost_learns_it_from_its_own_next_beat() -> None:
     """A thawed slot's first beat may come before the others' declaration lands: the fence
     that the declaration adds to its counter shows at its next beat, with no claim read."""
     from nvrx.supervisor import node_keys
 
-    watch, store, sent, clock = _watch(monkeypatch)
+    watch, store, sent, clock = _watch()
     assert watch.tick(store)
     clock[0] += 3.0  # frozen past half the timeout: late, not declared lost yet
     assert watch.tick(store)
@@ -265,11 +265,11 @@ def test_a_slot_declared_lost_learns_it_from_its_own_next_beat(monkeypatch) -> N
     assert store.requests == 2  # the beat, and the claim behind the fence it showed
 
 
-def test_a_claim_without_its_fence_is_found_by_the_rare_own_claim_read(monkeypatch) -> None:
+def test_a_claim_without_its_fence_is_found_by_the_rare_own_claim_read() -> None:
     """A declarer that ended between its claim and its fence: the slot still learns it."""
     from nvrx.supervisor import node_keys
 
-    watch, store, sent, clock = _watch(monkeypatch)
+    watch, store, sent, clock = _watch()
     assert watch.tick(store)
     _claim(store, 0, by=2)
     for _ in range(OWN_CLAIM_EVERY - 1):
@@ -282,23 +282,21 @@ def test_a_claim_without_its_fence_is_found_by_the_rare_own_claim_read(monkeypat
     assert sent == [{"event": "fenced", "slot": 0}]
 
 
-def test_a_watch_started_on_a_store_that_failed_over_reads_its_claim_first(monkeypatch) -> None:
+def test_a_watch_started_on_a_store_that_failed_over_reads_its_claim_first() -> None:
     """A successor store keeps the claims, not the counters (nor their fences)."""
 
-    watch, store, sent, _clock = _watch(monkeypatch)
+    watch, store, sent, _clock = _watch()
     _claim(store, 0, by=2)  # restored from the snapshot
     assert not watch.tick(store)
     assert sent == [{"event": "fenced", "slot": 0}]
 
 
-def test_a_forged_fence_and_claim_are_rejected_once_and_a_real_one_still_fences(
-    monkeypatch,
-) -> None:
+def test_a_forged_fence_and_claim_are_rejected_once_and_a_real_one_still_fences() -> None:
     """A client without the job's secret appends a claim and adds a fence, as a declarer
     would: the slot reports one rejection and beats on; a later real declaration fences it."""
     from nvrx.supervisor import node_keys
 
-    watch, store, sent, clock = _watch(monkeypatch)
+    watch, store, sent, clock = _watch()
     assert watch.tick(store)
     _claim(store, 0, by=2, sealer=FORGER)
     store.store.add(node_keys.alive(0), node_keys.FENCE)
@@ -320,9 +318,9 @@ def test_a_forged_fence_and_claim_are_rejected_once_and_a_real_one_still_fences(
     assert sent[-1] == {"event": "fenced", "slot": 0} and len(sent) == 3
 
 
-def test_a_forged_claim_neither_ends_a_watched_slot_nor_hides_a_real_end(monkeypatch) -> None:
+def test_a_forged_claim_neither_ends_a_watched_slot_nor_hides_a_real_end() -> None:
 
-    watch, store, sent, clock = _watch(monkeypatch)
+    watch, store, sent, clock = _watch()
     assert watch.tick(store) and watch.ring.target == 1
     _claim(store, 1, by=0, sealer=FORGER)  # slot 1 falls silent with a forged claim on it
     for _ in range(6):
@@ -405,13 +403,13 @@ def test_node_0_forgets_every_earlier_runs_failover_files_and_a_run_its_own_at_i
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_beat_counter_set_back_by_another_client_is_reported_at_each_set_back(monkeypatch) -> None:
+def test_a_beat_counter_set_back_by_another_client_is_reported_at_each_set_back() -> None:
     """Deleting a slot's counter, or adding a negative amount after each beat, holds the slot
     still for its watcher: the slot's next beat reads a count not above its last and reports
     it; a fence (which raises the count) is no set-back."""
     from nvrx.supervisor import node_keys
 
-    watch, store, sent, clock = _watch(monkeypatch, own=1)
+    watch, store, sent, clock = _watch(own=1)
     alive = node_keys.alive(1)
     for _ in range(3):
         assert watch.tick(store)
@@ -433,7 +431,7 @@ def test_a_set_back_is_reported_before_a_look_that_fails(monkeypatch) -> None:
     look at the watched slot then fails (the store went)."""
     from nvrx.supervisor import node_keys
 
-    watch, store, sent, clock = _watch(monkeypatch)
+    watch, store, sent, clock = _watch()
     for _ in range(2):
         assert watch.tick(store)
         clock[0] += 1.0
@@ -455,7 +453,7 @@ def test_a_set_back_is_reported_before_a_look_that_fails(monkeypatch) -> None:
 STORE_NAME = "127.0.0.1-29501"
 
 
-def _pair(monkeypatch, job_dir, names=(STORE_NAME, STORE_NAME)):
+def _pair(job_dir, names=(STORE_NAME, STORE_NAME)):
     """Slot 0 watching slot 1 on one store, with ``job_dir`` as their job folder; ``names``,
     the store each slot's watch says it beats in (its host and port)."""
     clock = [100.0]
@@ -482,7 +480,7 @@ def _held_still(watches, store, clock, beats: int, slot_1_beats: bool = True) ->
 
 @pytest.mark.parametrize("shared", [True, False], ids=["job-folder", "no-job-folder"])
 def test_a_slot_held_still_in_the_store_is_not_found_silent_while_it_stamps_the_job_folder(
-    monkeypatch, tmp_path, shared
+    tmp_path, shared
 ) -> None:
     """A client sets slot 1's counter back after each of its beats, for five times the node
     timeout (three heartbeats, the least this holds for): slot 1 reports each set-back, and its watcher, which reads its stamps in the
@@ -490,7 +488,7 @@ def test_a_slot_held_still_in_the_store_is_not_found_silent_while_it_stamps_the_
     stops beating altogether, it is found silent within the timeout."""
     from nvrx.supervisor import node_keys, store_failover
 
-    watches, store, sent, clock = _pair(monkeypatch, str(tmp_path) if shared else None)
+    watches, store, sent, clock = _pair(str(tmp_path) if shared else None)
     _held_still(watches, store, clock, 16)
     assert [r["key"] for r in sent[1]] == [node_keys.alive(1)] * 15  # each set-back but the last
     silent = [r for r in sent[0] if r["event"] == "node_silent"]
@@ -503,14 +501,14 @@ def test_a_slot_held_still_in_the_store_is_not_found_silent_while_it_stamps_the_
 
 
 def test_a_slot_that_stamps_for_another_store_does_not_keep_its_watcher_quiet(
-    monkeypatch, tmp_path
+    tmp_path
 ) -> None:
     """Slot 1 beats in an old store (cut off with it after a failover) and stamps there; its
     watcher, in the new store's ring, reads the new store's stamps: slot 1 is found silent."""
     from nvrx.supervisor import store_failover
 
     watches, store, sent, clock = _pair(
-        monkeypatch, str(tmp_path), names=(STORE_NAME, "127.0.0.1-29999")
+        str(tmp_path), names=(STORE_NAME, "127.0.0.1-29999")
     )
     _held_still(watches, store, clock, 16)
     assert (store_failover.beats_dir(tmp_path, "127.0.0.1-29999") / "1").exists()
@@ -518,12 +516,12 @@ def test_a_slot_that_stamps_for_another_store_does_not_keep_its_watcher_quiet(
     assert [r["slot"] for r in sent[0] if r["event"] == "node_silent"] == [1]
 
 
-def test_a_forged_fence_set_back_does_not_hide_a_real_fence_after_it(monkeypatch) -> None:
+def test_a_forged_fence_set_back_does_not_hide_a_real_fence_after_it() -> None:
     """A forged fence raises the count a real one is measured from; a client that then takes
     it back (a set-back) must not leave a later real fence below that mark."""
     from nvrx.supervisor import node_keys
 
-    watch, store, sent, clock = _watch(monkeypatch)
+    watch, store, sent, clock = _watch()
     assert watch.tick(store)
     _claim(store, 0, by=2, sealer=FORGER)
     store.store.add(node_keys.alive(0), node_keys.FENCE)
@@ -541,11 +539,11 @@ def test_a_forged_fence_set_back_does_not_hide_a_real_fence_after_it(monkeypatch
 
 
 def test_a_stamp_counts_when_it_appears_or_changes_within_a_stretch_not_when_found_there(
-    monkeypatch, tmp_path
+    tmp_path
 ) -> None:
     from nvrx.supervisor import store_failover
 
-    watches, _store, _sent, _clock = _pair(monkeypatch, str(tmp_path))
+    watches, _store, _sent, _clock = _pair(str(tmp_path))
     watch, stamp = watches[0], store_failover.beats_dir(tmp_path, STORE_NAME) / "1"
     assert not watch.place._stamp_moved(1)  # absent, first read
     stamp.parent.mkdir(parents=True)
