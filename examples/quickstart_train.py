@@ -5,6 +5,8 @@ Rank 1 raises at step 5 of the first round; every rank restarts in-process and t
 training finishes. ``nvrx-report nvrx_logs`` then shows the fault and the restart.
 """
 
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 
@@ -13,7 +15,9 @@ import nvrx.inprocess as inprocess
 
 @inprocess.Wrapper(initialize=inprocess.initialize.RetryController(max_iterations=3))
 def train(call_wrapper: inprocess.CallWrapper = None) -> None:
-    dist.init_process_group("gloo")  # RANK, WORLD_SIZE, MASTER_* come from the environment
+    # RANK, WORLD_SIZE, MASTER_* come from the environment; a timeout shorter than the
+    # Wrapper's hard_timeout (90 s), so that a collective gloo leaves stuck ends in-process
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     model = torch.nn.Linear(8, 1)
     for step in range(20):
         if dist.get_rank() == 1 and call_wrapper.iteration == 0 and step == 5:

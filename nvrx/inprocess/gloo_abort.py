@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import os
 import socket
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from nvrx import jobenv
@@ -51,6 +53,8 @@ _protected_ports: set[int] = set()
 _opened_before: set[int] = set()  # socket inodes open when user code began (the Wrapper's own)
 _creating: dict[int, set[int]] = {}  # group creations in flight -> socket inodes open at their start
 _held: list[socket.socket] = []  # duplicates of shut-down connections, kept open (shutdown_sockets)
+_timeout_limit: float | None = None  # a gloo group's timeout should be shorter (advise_timeout_below)
+_advised = False  # the advice was logged (once per process)
 
 
 @dataclass(frozen=True)
@@ -174,11 +178,48 @@ def _tracking(factory: Any) -> Any:
             pg = result[0] if isinstance(result, tuple) else result
             name = getattr(pg, "group_name", None) or f"unnamed-{id(pg)}"
             _record(str(name), _new_group_sockets(before, before_listen))
+            _advise(factory, args, kwargs, str(name))
         except Exception:  # tracking must never break group creation
             log.exception("could not record the sockets of a new process group")
         return result
 
     return create_group
+
+
+def advise_timeout_below(seconds: float | None) -> None:
+    """From now on, say once (a warning) when a gloo group is created with a timeout of
+    ``seconds`` or more (None: say nothing). The Wrapper passes its hard timeout: a rank
+    that gloo keeps in a collective after an abort (docs/abort.md, Limits) returns only at
+    its group's timeout, and a longer one means the rank is replaced instead."""
+    global _timeout_limit
+    with _lock:
+        _timeout_limit = seconds
+
+
+def _advise(factory: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> None:
+    """The warning of ``advise_timeout_below`` for a group made by ``factory(*args, **kwargs)``;
+    nothing where its arguments do not say a gloo backend and a timeout."""
+    global _advised
+    with _lock:
+        limit, said = _timeout_limit, _advised
+    if limit is None or said:
+        return
+    try:
+        given = inspect.signature(factory).bind_partial(*args, **kwargs).arguments
+    except (TypeError, ValueError):
+        return  # a factory of another shape: nothing to read
+    timeout, backend = given.get("timeout"), str(given.get("backend", "")).lower()
+    if "gloo" not in backend or not isinstance(timeout, timedelta) or timeout.total_seconds() < limit:
+        return
+    with _lock:
+        _advised = True
+    log.warning(
+        "gloo group %s has a %.0f s timeout, not shorter than the Wrapper's hard_timeout "
+        "(%.0f s): a rank that gloo keeps in a collective after an abort (docs/abort.md, "
+        "Limits) is then ended at the hard timeout instead of restarting in-process; pass "
+        "timeout= to init_process_group and new_group",
+        name, timeout.total_seconds(), limit,
+    )  # fmt: skip
 
 
 def _group_factory_module() -> Any:
@@ -387,6 +428,7 @@ def _shutdown_reads(sock: socket.socket) -> bool:
 
 
 __all__ = [
+    "advise_timeout_below",
     "creating",
     "install",
     "installed",

@@ -282,3 +282,51 @@ def test_a_descriptor_number_reused_by_another_socket_is_left_alone():
         assert second.fileno() == fd and os.fstat(fd).st_ino != inode  # still open, untouched
     finally:
         second.close()
+
+
+@pytest.fixture()
+def advice():
+    """The Wrapper's advice set for one test, and undone after it."""
+    yield gloo_abort.advise_timeout_below
+    gloo_abort.advise_timeout_below(None)
+    gloo_abort._advised = False
+
+
+def test_torchs_factory_still_takes_the_backend_and_timeout_the_advice_reads(original) -> None:
+    import inspect
+
+    assert {"backend", "timeout"} <= set(inspect.signature(original).parameters)
+
+
+@pytest.mark.parametrize("seconds, advised", [(1800, True), (90, True), (20, False)])
+def test_a_gloo_group_with_a_timeout_not_below_the_hard_timeout_is_advised_once(
+    tmp_path, original, advice, caplog, seconds, advised
+) -> None:
+    """A real one-rank gloo group, made through torch's factory while tracking is on."""
+    import datetime
+
+    import torch.distributed as dist
+
+    advice(90.0)
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    timeout = datetime.timedelta(seconds=seconds)
+    with gloo_abort.tracking():
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=timeout)
+        try:
+            dist.new_group([0], timeout=timeout)  # a second group: said once only
+        finally:
+            dist.destroy_process_group()
+    said = [r.getMessage() for r in caplog.records if "hard_timeout" in r.getMessage()]
+    assert len(said) == (1 if advised else 0), said
+    if advised:
+        assert f"{seconds} s timeout" in said[0] and "(90 s)" in said[0], said
+
+
+def test_without_the_advice_set_nothing_is_said(tmp_path, original, caplog) -> None:
+    import torch.distributed as dist
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    with gloo_abort.tracking():
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        dist.destroy_process_group()
+    assert not [r for r in caplog.records if "hard_timeout" in r.getMessage()]
