@@ -335,34 +335,41 @@ class Duty(Protocol):
 class BeatLoop:
     """The loop of a node's agent, the same with or without a supervisor: the beats as they
     come, each read before any silence is judged; a rank's silence at its deadline; the
-    duty's tick every interval. ``run`` until a tick says the agent ends."""
+    duty's tick every interval. ``run`` until a tick says the agent ends, or raises (the
+    agent ends with it: without a supervisor, the next beat that finds no agent starts one).
+    A ``received`` or ``silent`` that raises is logged and the loop goes on."""
 
     def __init__(self, sock: BeatSocket, duty: Duty) -> None:
         self.sock, self.duty = sock, duty
         self.beats = RankBeats()
         self.failures = 0  # the duty's calls that raised
+        self._failed: set[str] = set()  # the duty's methods that raised once (traceback logged)
 
     def look(self, now: float) -> None:
-        """The beats waiting, then the silences due at ``now``. The table has them before
-        the duty is told: a duty that raises loses no beat and no silence after it."""
+        """The beats waiting, then the silences due at ``now``. The table has the beats
+        before the duty is told, so a ``received`` that raises loses no beat for the
+        silences to come (what that call had still to tell is lost), and a ``silent`` that
+        raises does not keep the silences after it from being told."""
         beats = self.sock.receive()
         new = self.beats.record(beats, now)
         self._tell(self.duty.received, beats, new, now)
         for silence in self.beats.due(now):
             self._tell(self.duty.silent, silence, now)
 
-    def _tell(self, call: Callable[..., Any], *args: Any) -> Any:
-        """``call(*args)``; an exception is logged (with its traceback the first time) and
-        the loop goes on: a fault in one duty's call never ends the node's liveness."""
+    def _tell(self, call: Callable[..., Any], *args: Any) -> None:
+        """``call(*args)``; an exception is logged (its traceback the first time this method
+        raises) and the loop goes on: a fault in telling one beat or silence never ends the
+        node's liveness."""
         try:
-            return call(*args)
-        except Exception:
+            call(*args)
+        except Exception as exc:
             self.failures += 1
-            if self.failures == 1:
+            if call.__name__ not in self._failed:
+                self._failed.add(call.__name__)
                 log.exception("the node agent's %s failed; its loop goes on", call.__name__)
             else:
-                log.error("the node agent's %s failed again (%d failures)", call.__name__, self.failures)
-            return None
+                log.error("the node agent's %s failed again (%d failures in all): %r",
+                          call.__name__, self.failures, exc)  # fmt: skip
 
     def run(self) -> None:
         next_tick = time.monotonic()
@@ -377,5 +384,5 @@ class BeatLoop:
             if interval is None or now < next_tick:
                 continue
             next_tick = now + interval
-            if self._tell(self.duty.tick, now) is False:
+            if not self.duty.tick(now):  # one that raises ends the loop: the agent ends
                 return

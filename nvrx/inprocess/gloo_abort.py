@@ -174,13 +174,17 @@ def _tracking(factory: Any) -> Any:
         finally:
             with _lock:
                 del _creating[token]
+        name = "?"
         try:
             pg = result[0] if isinstance(result, tuple) else result
-            name = getattr(pg, "group_name", None) or f"unnamed-{id(pg)}"
-            _record(str(name), _new_group_sockets(before, before_listen))
-            _advise(factory, args, kwargs, str(name))
+            name = str(getattr(pg, "group_name", None) or f"unnamed-{id(pg)}")
+            _record(name, _new_group_sockets(before, before_listen))
         except Exception:  # tracking must never break group creation
             log.exception("could not record the sockets of a new process group")
+        try:
+            _advise(factory, args, kwargs, name)
+        except Exception:  # nor may the advice
+            log.exception("could not read the timeout of a new process group")
         return result
 
     return create_group
@@ -198,21 +202,26 @@ def advise_timeout_below(seconds: float | None) -> None:
 
 def _advise(factory: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> None:
     """The warning of ``advise_timeout_below`` for a group made by ``factory(*args, **kwargs)``;
-    nothing where its arguments do not say a gloo backend and a timeout."""
+    nothing where its arguments do not say a gloo backend and a timeout. A backend not
+    named (``undefined``) is gloo's on a CPU and beside NCCL's on a GPU: gloo is in it."""
     global _advised
     with _lock:
-        limit, said = _timeout_limit, _advised
-    if limit is None or said:
+        limit = None if _advised else _timeout_limit
+    if limit is None:
         return
     try:
         given = inspect.signature(factory).bind_partial(*args, **kwargs).arguments
     except (TypeError, ValueError):
         return  # a factory of another shape: nothing to read
     timeout, backend = given.get("timeout"), str(given.get("backend", "")).lower()
-    if "gloo" not in backend or not isinstance(timeout, timedelta) or timeout.total_seconds() < limit:
+    if "gloo" not in backend and backend != "undefined":
+        return
+    if not isinstance(timeout, timedelta) or timeout.total_seconds() < limit:
         return
     with _lock:
-        _advised = True
+        said, _advised = _advised, True
+    if said:
+        return
     log.warning(
         "gloo group %s has a %.0f s timeout, not shorter than the Wrapper's hard_timeout "
         "(%.0f s): a rank that gloo keeps in a collective after an abort (docs/abort.md, "

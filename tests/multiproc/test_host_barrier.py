@@ -519,7 +519,7 @@ def test_a_wrapper_job_without_supervisor_meets_its_barriers_at_the_node_agent(t
     assert _met(logs, "termination 0") == {0, 1, 2, 3}, logs
 
 
-# The group's timeout is shorter than the Wrapper's soft timeout, as docs/abort.md asks:
+# The group's timeout is well below the Wrapper's hard timeout, as docs/abort.md asks:
 # a rank that gloo keeps in a collective after the abort (its known race: a queued send
 # it does not fail) then restarts in-process too, rather than at the hard timeout in a
 # new process that meets the barriers as a replacement.

@@ -139,13 +139,15 @@ def test_the_wrapper_restores_the_factory_when_the_call_raises(original, monkeyp
     def train():
         seen["installed"] = gloo_abort.installed()
         seen["patched"] = c10d._new_process_group_helper is not original
+        seen["advice"] = gloo_abort._timeout_limit
         raise KeyboardInterrupt("the call ends by an exception")
 
     monkeypatch.setattr(wrap, "CallWrapper", FakeCallWrapper)
     with pytest.raises(KeyboardInterrupt):
         Wrapper()(train)()
-    assert seen == {"installed": True, "patched": True}
+    assert seen == {"installed": True, "patched": True, "advice": 90.0}  # its hard timeout
     assert c10d._new_process_group_helper is original and not gloo_abort.installed()
+    assert gloo_abort._timeout_limit is None  # tracking by hand after it is not advised
 
 
 def test_an_abort_during_a_creation_cuts_what_it_may_wait_on_and_nothing_else(
@@ -284,12 +286,12 @@ def test_a_descriptor_number_reused_by_another_socket_is_left_alone():
         second.close()
 
 
-@pytest.fixture()
-def advice():
-    """The Wrapper's advice set for one test, and undone after it."""
-    yield gloo_abort.advise_timeout_below
-    gloo_abort.advise_timeout_below(None)
-    gloo_abort._advised = False
+@pytest.fixture(autouse=True)
+def no_advice(monkeypatch):
+    """Each test starts with no advice set and none given yet (a Wrapper run in this
+    process before, by this file or another, may have set both)."""
+    monkeypatch.setattr(gloo_abort, "_timeout_limit", None)
+    monkeypatch.setattr(gloo_abort, "_advised", False)
 
 
 def test_torchs_factory_still_takes_the_backend_and_timeout_the_advice_reads(original) -> None:
@@ -298,35 +300,50 @@ def test_torchs_factory_still_takes_the_backend_and_timeout_the_advice_reads(ori
     assert {"backend", "timeout"} <= set(inspect.signature(original).parameters)
 
 
-@pytest.mark.parametrize("seconds, advised", [(1800, True), (90, True), (20, False)])
-def test_a_gloo_group_with_a_timeout_not_below_the_hard_timeout_is_advised_once(
-    tmp_path, original, advice, caplog, seconds, advised
-) -> None:
-    """A real one-rank gloo group, made through torch's factory while tracking is on."""
-    import datetime
-
+def _one_rank_group(tmp_path, **init: object) -> None:
+    """A real one-rank group, and a second one (its timeout as the first's), made through
+    torch's factory while tracking is on."""
     import torch.distributed as dist
 
-    advice(90.0)
     store = dist.FileStore(str(tmp_path / "store"), 1)
-    timeout = datetime.timedelta(seconds=seconds)
     with gloo_abort.tracking():
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=timeout)
+        dist.init_process_group(store=store, rank=0, world_size=1, **init)
         try:
-            dist.new_group([0], timeout=timeout)  # a second group: said once only
+            dist.new_group([0], **{k: v for k, v in init.items() if k == "timeout"})
         finally:
             dist.destroy_process_group()
-    said = [r.getMessage() for r in caplog.records if "hard_timeout" in r.getMessage()]
-    assert len(said) == (1 if advised else 0), said
-    if advised:
-        assert f"{seconds} s timeout" in said[0] and "(90 s)" in said[0], said
+
+
+def _said(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "hard_timeout" in r.getMessage()]
+
+
+@pytest.mark.parametrize(
+    "init, said_s",
+    [
+        ({"backend": "gloo", "timeout": 1800}, 1800),
+        ({"backend": "gloo", "timeout": 90}, 90),
+        ({"backend": "gloo", "timeout": 20}, None),
+        ({"backend": "gloo"}, 1800),  # torch's default timeout: the case the advice is for
+        ({}, 1800),  # no backend named: gloo's on a CPU
+    ],
+    ids=["1800s", "90s", "20s", "default-timeout", "no-backend"],
+)
+def test_a_gloo_group_with_a_timeout_not_below_the_hard_timeout_is_advised_once(
+    tmp_path, original, caplog, init, said_s
+) -> None:
+    import datetime
+
+    if "timeout" in init:
+        init = {**init, "timeout": datetime.timedelta(seconds=init["timeout"])}
+    gloo_abort.advise_timeout_below(90.0)
+    _one_rank_group(tmp_path, **init)
+    said = _said(caplog)
+    assert len(said) == (0 if said_s is None else 1), said  # once for both groups
+    if said_s is not None:
+        assert f"{said_s} s timeout" in said[0] and "(90 s)" in said[0], said
 
 
 def test_without_the_advice_set_nothing_is_said(tmp_path, original, caplog) -> None:
-    import torch.distributed as dist
-
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    with gloo_abort.tracking():
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-        dist.destroy_process_group()
-    assert not [r for r in caplog.records if "hard_timeout" in r.getMessage()]
+    _one_rank_group(tmp_path, backend="gloo")
+    assert not _said(caplog)

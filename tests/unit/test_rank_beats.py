@@ -438,24 +438,23 @@ def test_the_beat_loop_tells_a_silence_at_its_deadline_and_ticks_until_its_duty_
 
 
 class _Failing(_Told):
-    """A duty whose first ``received`` and first ``tick`` raise."""
+    """A duty whose first ``received`` and every ``silent`` of pid 5 raise."""
 
     def __init__(self, ticks: int) -> None:
         super().__init__(ticks)
-        self.raised: set[str] = set()
-
-    def _once(self, what: str) -> None:
-        if what not in self.raised:
-            self.raised.add(what)
-            raise RuntimeError(f"a fault in the duty's {what}")
+        self.raised: list[str] = []
 
     def received(self, beats: list[Beat], new: NewPids, now: float) -> None:
-        self._once("received")
+        if not self.raised:
+            self.raised.append("received")
+            raise RuntimeError("a fault in the duty's received")
         super().received(beats, new, now)
 
-    def tick(self, now: float) -> bool:
-        self._once("tick")
-        return super().tick(now)
+    def silent(self, silence: Silence, now: float) -> None:
+        if silence.beat.pid == 5:
+            self.raised.append("silent")
+            raise RuntimeError("a fault in the duty's silent")
+        super().silent(silence, now)
 
 
 def test_a_duty_that_raises_loses_no_silence_and_the_loop_goes_on(caplog) -> None:
@@ -467,15 +466,37 @@ def test_a_duty_that_raises_loses_no_silence_and_the_loop_goes_on(caplog) -> Non
     thread = threading.Thread(target=lambda: (loop.run(), ended.set()), daemon=True)
     try:
         thread.start()
-        assert sender.send(_beat(pid=5, timeout=0.2))  # its received raises: recorded all the same
-        wait_until("the silence told", lambda: ("silent", 5) in duty.told, 30)
-        assert duty.told == [("silent", 5)] and loop.failures == 1
+        # pid 5's received raises: the table has its beat all the same, and its silence
+        # comes (its silent raises too); pid 6's silence after it is told
+        assert sender.send(_beat(pid=5, timeout=0.2))
+        wait_until("pid 5's silence", lambda: duty.raised == ["received", "silent"], 30)
+        assert sender.send(_beat(pid=6, initial=2, timeout=0.2))
+        wait_until("pid 6's silence told", lambda: ("silent", 6) in duty.told, 30)
+        assert duty.told == [("beat", 6), ("silent", 6)] and loop.failures == 2
         duty.every = 0.05
-        assert sender.send(_beat(pid=6))
-        assert ended.wait(30), duty.told  # the first tick raised, two more ran
-        assert duty.raised == {"received", "tick"} and loop.failures == 2
-        assert ("beat", 6) in duty.told and len([t for t in duty.told if t[0] == "tick"]) == 2
-        assert "a fault in the duty's received" in caplog.text
+        assert sender.send(_beat(pid=7, initial=3))
+        assert ended.wait(30), duty.told  # the loop ticks on, until its duty ends it
+        text = caplog.text
+        assert "received failed; its loop goes on" in text and "a fault in the duty's received" in text
+        assert "silent failed; its loop goes on" in text
     finally:
         sender.close()
+        sock.close(unlink=False)
+
+
+class _TickFails(_Told):
+    def tick(self, now: float) -> bool:
+        raise RuntimeError("a fault in the duty's tick")
+
+
+def test_a_tick_that_raises_ends_the_loop_with_it() -> None:
+    """The agent ends with it (the node agent's ``main`` logs it): one that went on would
+    never ask ``finished``, and kept its host's address for good."""
+    sock = BeatSocket(f"\0nvrx-test-loop-{uuid.uuid4().hex}")
+    duty = _TickFails(ticks=1)
+    duty.every = 0.01
+    try:
+        with pytest.raises(RuntimeError, match="tick"):
+            BeatLoop(sock, duty).run()
+    finally:
         sock.close(unlink=False)
