@@ -53,7 +53,7 @@ _protected_ports: set[int] = set()
 _opened_before: set[int] = set()  # socket inodes open when user code began (the Wrapper's own)
 _creating: dict[int, set[int]] = {}  # group creations in flight -> socket inodes open at their start
 _held: list[socket.socket] = []  # duplicates of shut-down connections, kept open (shutdown_sockets)
-_timeout_limit: float | None = None  # a gloo group's timeout should be shorter (advise_timeout_below)
+_advice: list[float] = []  # hard timeouts a gloo group's timeout should be shorter than (tracking)
 _advised = False  # the advice was logged (once per process)
 
 
@@ -190,38 +190,26 @@ def _tracking(factory: Any) -> Any:
     return create_group
 
 
-def advise_timeout_below(seconds: float | None) -> None:
-    """From now on, say once (a warning) when a gloo group is created with a timeout of
-    ``seconds`` or more (None: say nothing). The Wrapper passes its hard timeout: a rank
-    that gloo keeps in a collective after an abort (docs/abort.md, Limits) returns only at
-    its group's timeout, and a longer one means the rank is replaced instead."""
-    global _timeout_limit
-    with _lock:
-        _timeout_limit = seconds
-
-
 def _advise(factory: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> None:
-    """The warning of ``advise_timeout_below`` for a group made by ``factory(*args, **kwargs)``;
-    nothing where its arguments do not say a gloo backend and a timeout. A backend not
-    named (``undefined``) is gloo's on a CPU and beside NCCL's on a GPU: gloo is in it."""
+    """The warning of ``tracking(advise_below=...)`` for a group made by
+    ``factory(*args, **kwargs)``, said once per process; nothing where its arguments do not
+    say a gloo backend and a timeout. A backend not named (``undefined``) is gloo's on a
+    CPU and beside NCCL's on a GPU: gloo is in it."""
     global _advised
-    with _lock:
-        limit = None if _advised else _timeout_limit
-    if limit is None:
+    if _advised or not _advice:  # read without the lock: the test-and-set below decides
         return
     try:
         given = inspect.signature(factory).bind_partial(*args, **kwargs).arguments
     except (TypeError, ValueError):
         return  # a factory of another shape: nothing to read
     timeout, backend = given.get("timeout"), str(given.get("backend", "")).lower()
-    if "gloo" not in backend and backend != "undefined":
-        return
-    if not isinstance(timeout, timedelta) or timeout.total_seconds() < limit:
+    if ("gloo" not in backend and backend != "undefined") or not isinstance(timeout, timedelta):
         return
     with _lock:
-        said, _advised = _advised, True
-    if said:
-        return
+        limit = min(_advice, default=None)
+        if _advised or limit is None or timeout.total_seconds() < limit:
+            return
+        _advised = True
     log.warning(
         "gloo group %s has a %.0f s timeout, not shorter than the Wrapper's hard_timeout "
         "(%.0f s): a rank that gloo keeps in a collective after an abort (docs/abort.md, "
@@ -312,12 +300,25 @@ def installed() -> bool:
 
 
 @contextlib.contextmanager
-def tracking() -> Iterator[bool]:
-    """Record the sockets of groups created inside the block; yields whether recording works."""
+def tracking(advise_below: float | None = None) -> Iterator[bool]:
+    """Record the sockets of groups created inside the block; yields whether recording works.
+
+    With ``advise_below`` (the Wrapper passes its hard timeout), a gloo group created inside
+    the block with a timeout of that many seconds or more is named in one warning per
+    process: a rank that gloo keeps in a collective after an abort (docs/abort.md, Limits)
+    returns only at its group's timeout, and a longer one means the rank is replaced
+    instead of restarted in-process. Blocks nest; the shortest advice of those open counts.
+    """
     active = install()
+    if active and advise_below is not None:
+        with _lock:
+            _advice.append(advise_below)
     try:
         yield active
     finally:
+        if active and advise_below is not None:
+            with _lock:
+                _advice.remove(advise_below)
         if active:
             uninstall()
 
@@ -437,7 +438,6 @@ def _shutdown_reads(sock: socket.socket) -> bool:
 
 
 __all__ = [
-    "advise_timeout_below",
     "creating",
     "install",
     "installed",

@@ -331,12 +331,8 @@ class Wrapper:
     def _call(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """One call of ``fn`` under a fresh ``CallWrapper`` (held by this frame only)."""
         # gloo groups created during the call are tracked, so abort can interrupt them
-        gloo_abort.advise_timeout_below(self.hard_timeout)
-        try:
-            with gloo_abort.tracking(), CallWrapper(self) as call_wrapper:
-                return call_wrapper(fn, args, kwargs)
-        finally:
-            gloo_abort.advise_timeout_below(None)  # tracking by hand has no hard timeout
+        with gloo_abort.tracking(advise_below=self.hard_timeout), CallWrapper(self) as call_wrapper:
+            return call_wrapper(fn, args, kwargs)
 
 
 _NVRX_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep

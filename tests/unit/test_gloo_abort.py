@@ -139,15 +139,15 @@ def test_the_wrapper_restores_the_factory_when_the_call_raises(original, monkeyp
     def train():
         seen["installed"] = gloo_abort.installed()
         seen["patched"] = c10d._new_process_group_helper is not original
-        seen["advice"] = gloo_abort._timeout_limit
+        seen["advice"] = list(gloo_abort._advice)
         raise KeyboardInterrupt("the call ends by an exception")
 
     monkeypatch.setattr(wrap, "CallWrapper", FakeCallWrapper)
     with pytest.raises(KeyboardInterrupt):
         Wrapper()(train)()
-    assert seen == {"installed": True, "patched": True, "advice": 90.0}  # its hard timeout
+    assert seen == {"installed": True, "patched": True, "advice": [90.0]}  # its hard timeout
     assert c10d._new_process_group_helper is original and not gloo_abort.installed()
-    assert gloo_abort._timeout_limit is None  # tracking by hand after it is not advised
+    assert gloo_abort._advice == []  # tracking by hand after it is not advised
 
 
 def test_an_abort_during_a_creation_cuts_what_it_may_wait_on_and_nothing_else(
@@ -290,7 +290,7 @@ def test_a_descriptor_number_reused_by_another_socket_is_left_alone():
 def no_advice(monkeypatch):
     """Each test starts with no advice set and none given yet (a Wrapper run in this
     process before, by this file or another, may have set both)."""
-    monkeypatch.setattr(gloo_abort, "_timeout_limit", None)
+    monkeypatch.setattr(gloo_abort, "_advice", [])
     monkeypatch.setattr(gloo_abort, "_advised", False)
 
 
@@ -300,13 +300,13 @@ def test_torchs_factory_still_takes_the_backend_and_timeout_the_advice_reads(ori
     assert {"backend", "timeout"} <= set(inspect.signature(original).parameters)
 
 
-def _one_rank_group(tmp_path, **init: object) -> None:
+def _one_rank_group(tmp_path, advise_below: float | None = None, **init: object) -> None:
     """A real one-rank group, and a second one (its timeout as the first's), made through
     torch's factory while tracking is on."""
     import torch.distributed as dist
 
     store = dist.FileStore(str(tmp_path / "store"), 1)
-    with gloo_abort.tracking():
+    with gloo_abort.tracking(advise_below=advise_below):
         dist.init_process_group(store=store, rank=0, world_size=1, **init)
         try:
             dist.new_group([0], **{k: v for k, v in init.items() if k == "timeout"})
@@ -336,8 +336,7 @@ def test_a_gloo_group_with_a_timeout_not_below_the_hard_timeout_is_advised_once(
 
     if "timeout" in init:
         init = {**init, "timeout": datetime.timedelta(seconds=init["timeout"])}
-    gloo_abort.advise_timeout_below(90.0)
-    _one_rank_group(tmp_path, **init)
+    _one_rank_group(tmp_path, advise_below=90.0, **init)
     said = _said(caplog)
     assert len(said) == (0 if said_s is None else 1), said  # once for both groups
     if said_s is not None:
@@ -347,3 +346,18 @@ def test_a_gloo_group_with_a_timeout_not_below_the_hard_timeout_is_advised_once(
 def test_without_the_advice_set_nothing_is_said(tmp_path, original, caplog) -> None:
     _one_rank_group(tmp_path, backend="gloo")
     assert not _said(caplog)
+
+
+def test_an_inner_tracking_that_ends_leaves_the_outer_ones_advice(tmp_path, original, caplog) -> None:
+    """Blocks nest (a Wrapper called inside another's call): the inner one's end takes only
+    its own advice away, and the shortest of those open counts."""
+    import datetime
+
+    with gloo_abort.tracking(advise_below=90.0):
+        with gloo_abort.tracking(advise_below=600.0):
+            assert gloo_abort._advice == [90.0, 600.0]
+        assert gloo_abort._advice == [90.0]
+        _one_rank_group(tmp_path, backend="gloo", timeout=datetime.timedelta(seconds=120))
+    assert gloo_abort._advice == []
+    said = _said(caplog)
+    assert len(said) == 1 and "120 s timeout" in said[0] and "(90 s)" in said[0], said

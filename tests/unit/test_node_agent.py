@@ -111,6 +111,8 @@ def hosts(base):
     yield make
     for host in made:
         host.close()
+    # a duty call that raised is only logged by the loop: here it is a failure of the test
+    assert [host.agent.loop.failures for host in made] == [0] * len(made)
 
 
 def _round(store: Any) -> Any:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import select
@@ -10,6 +11,7 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -413,15 +415,25 @@ class _Told:
         return len([t for t in self.told if t[0] == "tick"]) < self.ticks
 
 
-def test_the_beat_loop_tells_a_silence_at_its_deadline_and_ticks_until_its_duty_ends() -> None:
+@contextlib.contextmanager
+def _running(duty: _Told) -> Iterator[tuple[BeatSender, BeatLoop, threading.Event]]:
+    """A beat loop of ``duty`` running in a thread; a sender to it; an event set when it ends."""
     sock = BeatSocket(f"\0nvrx-test-loop-{uuid.uuid4().hex}")
     sender = BeatSender(sock.path)
-    duty = _Told(ticks=3)
     ended = threading.Event()
     loop = BeatLoop(sock, duty)
     thread = threading.Thread(target=lambda: (loop.run(), ended.set()), daemon=True)
     try:
         thread.start()
+        yield sender, loop, ended
+    finally:
+        sender.close()
+        sock.close(unlink=False)
+
+
+def test_the_beat_loop_tells_a_silence_at_its_deadline_and_ticks_until_its_duty_ends() -> None:
+    duty = _Told(ticks=3)
+    with _running(duty) as (sender, _loop, ended):
         assert sender.send(_beat(pid=5, timeout=0.2))
         # no beat comes after it and no tick is due: the loop wakes for the deadline
         wait_until("the silence told", lambda: ("silent", 5) in duty.told, 30)
@@ -432,9 +444,6 @@ def test_the_beat_loop_tells_a_silence_at_its_deadline_and_ticks_until_its_duty_
         ticks = [t for kind, t in duty.told if kind == "tick"]
         assert len(ticks) == 3 and ticks[2] - ticks[0] >= 2 * 0.05
         assert ("beat", 6) in duty.told and duty.told.count(("silent", 5)) == 1
-    finally:
-        sender.close()
-        sock.close(unlink=False)
 
 
 class _Failing(_Told):
@@ -458,14 +467,8 @@ class _Failing(_Told):
 
 
 def test_a_duty_that_raises_loses_no_silence_and_the_loop_goes_on(caplog) -> None:
-    sock = BeatSocket(f"\0nvrx-test-loop-{uuid.uuid4().hex}")
-    sender = BeatSender(sock.path)
     duty = _Failing(ticks=2)
-    ended = threading.Event()
-    loop = BeatLoop(sock, duty)
-    thread = threading.Thread(target=lambda: (loop.run(), ended.set()), daemon=True)
-    try:
-        thread.start()
+    with _running(duty) as (sender, loop, ended):
         # pid 5's received raises: the table has its beat all the same, and its silence
         # comes (its silent raises too); pid 6's silence after it is told
         assert sender.send(_beat(pid=5, timeout=0.2))
@@ -479,9 +482,6 @@ def test_a_duty_that_raises_loses_no_silence_and_the_loop_goes_on(caplog) -> Non
         text = caplog.text
         assert "received failed; its loop goes on" in text and "a fault in the duty's received" in text
         assert "silent failed; its loop goes on" in text
-    finally:
-        sender.close()
-        sock.close(unlink=False)
 
 
 class _TickFails(_Told):
