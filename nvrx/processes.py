@@ -329,6 +329,57 @@ def alive(pid: int) -> bool:
         return False
 
 
+def boot_id() -> str | None:
+    """This host's boot (the kernel's ``boot_id``): processes that share it share a host and
+    its pids; None where the kernel does not say."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip() or None
+    except OSError:
+        return None
+
+
+def _pid_namespace() -> int | None:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def _state_and_start(pid: int) -> tuple[str, str] | None:
+    """Process ``pid``'s state letter and start time (clock ticks since boot); None when no
+    process has that pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], fields[19]  # fields 3 and 22 of proc(5)
+
+
+def identity(pid: int | None = None) -> str | None:
+    """A name of process ``pid`` (this one by default) that no other process has, on any host
+    or at any time: its host's boot, its pid namespace, its pid and its start time. None
+    where ``/proc`` does not say (``gone`` then cannot tell either)."""
+    pid = os.getpid() if pid is None else pid
+    boot, namespace, stat = boot_id(), _pid_namespace(), _state_and_start(pid)
+    if boot is None or namespace is None or stat is None:
+        return None
+    return f"{boot}/{namespace}/{pid}/{stat[1]}"
+
+
+def gone(name: str) -> bool:
+    """Whether the process of ``identity`` ``name`` is known to have ended: one of this
+    host's boot and pid namespace whose pid runs no process now, a zombie, or a later
+    process. False where that cannot be told here (another host or namespace, a name that
+    is no identity)."""
+    boot, namespace, pid, start = (name.split("/") + ["", "", "", ""])[:4]
+    if not pid.isdigit() or (boot, namespace) != (boot_id(), str(_pid_namespace())):
+        return False
+    stat = _state_and_start(int(pid))
+    return stat is None or stat[0] in ("Z", "X") or stat[1] != start
+
+
 def wait_exit(pid: int, pidfd: int | None, timeout: float) -> bool:
     """Wait up to ``timeout`` s for ``pid`` (not necessarily our child) to exit; whether it did.
 

@@ -18,21 +18,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from nvrx import jobenv
+from nvrx import jobenv, processes
 
 from .schema import SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
 
 
-def _read_boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return socket.gethostname()
-
-
-_BOOT_ID = _read_boot_id()
+_BOOT_ID = processes.boot_id() or socket.gethostname()
 # Under SLURM several "nodes" may share one kernel (and name); the node name is what users exclude.
 _HOST = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 

@@ -59,7 +59,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
+
+from nvrx import processes
 
 from . import errors
 from .seal import SealedList, Sealer, text_of
@@ -81,10 +83,13 @@ class BarrierTimeout(BarrierError):
     def __init__(self, name: str, expected: int, missing: list[int], timeout: float) -> None:
         shown = missing[:32]
         more = f" and {len(missing) - len(shown)} more" if len(missing) > len(shown) else ""
-        super().__init__(
-            f"barrier {name!r} timed out after {timeout:g} s: {len(missing)} of {expected} "
-            f"participants missing, ranks {shown}{more}"
+        why = (
+            f"{len(missing)} of {expected} participants missing, ranks {shown}{more}"
+            if missing
+            else f"all {expected} participants arrived, but the arrival that took its closing "
+            "did not release it (its process hung, or ended on another host)"
         )
+        super().__init__(f"barrier {name!r} timed out after {timeout:g} s: {why}")
         self.name = name
         self.expected = expected
         self.missing = missing
@@ -138,11 +143,11 @@ class Sealing:
                 self.report(self.full_key(key), size)
 
 
-def _take(store: Any, key: str, sealing: Sealing, token: str | None = None) -> bool:
-    """Put a sealed value of this process's own at ``key``; False when a value that unseals
-    stands there (another process's), True when this one's does now (a forged one was
-    overwritten, and reported). ``token``: what makes the value this one's (a fresh one
-    when None); a second try with the same token finds its own value and takes it again.
+def _take(store: Any, key: str, sealing: Sealing, token: str | None = None) -> bytes | None:
+    """Put a sealed value of this process's own at ``key``: None once it stands there (a
+    forged one was overwritten, and reported); else the value that unseals standing there
+    (another process's). ``token``: what makes the value this one's (a fresh one when
+    None); a second try with the same token finds its own value and takes it again.
     ``BarrierError`` when forged values keep coming."""
     mine = sealing.seal(key, token or secrets.token_hex(8))
     expected: bytes = b""
@@ -151,9 +156,9 @@ def _take(store: Any, key: str, sealing: Sealing, token: str | None = None) -> b
         held = bytes(store.compare_set(key, expected, mine))
         if held == mine:
             sealing.passed_over(forged)
-            return True
+            return None
         if sealing.valid(key, held):
-            return False
+            return held
         if held != expected:
             forged.append((key, len(held)))
         # torch answers a compare_set on a key deleted meanwhile with the value expected
@@ -240,6 +245,41 @@ def release_key(name: str) -> str:
 
 def _closing_key(name: str) -> str:
     return f"{name}/closing"
+
+
+def closer_token() -> str:
+    """A fresh token for an arrival at the closing of a barrier, naming its process
+    (``processes.identity``): an arrival of the same host that finds the closing held by a
+    process that ended meanwhile takes it over (``_take_closing``)."""
+    return f"{secrets.token_hex(8)}@{processes.identity() or ''}"
+
+
+def _take_closing(
+    store: Any, name: str, token: str, sealing: Sealing | None
+) -> Literal["taken", "taken over", "held"]:
+    """Take barrier ``name``'s closing for ``token``: ``taken`` (from empty, or found its own:
+    a try again), ``taken over`` from a closer that ended before it released (a process of
+    this host: ``processes.gone``), or ``held`` by another arrival."""
+    key = _closing_key(name)
+    if sealing is None:
+        held = bytes(store.compare_set(key, "", token))
+        if held == token.encode():
+            return "taken"
+        holder, mine = held.decode(errors="replace"), token.encode()
+    else:
+        found = _take(store, key, sealing, token)
+        if found is None:
+            return "taken"
+        held, mine = found, sealing.seal(key, token)
+        holder = sealing.sealer.unseal(sealing.full_key(key), text_of(found)) or ""
+    _, at, identity = holder.partition("@")
+    if not at or not processes.gone(identity):
+        return "held"
+    if bytes(store.compare_set(key, held, mine)) != mine:
+        return "held"  # another arrival took it over first
+    log.warning("barrier %s: the arrival that took its closing ended before it released; "
+                "this one closes it", name)  # fmt: skip
+    return "taken over"
 
 
 def _group_key(name: str) -> str:
@@ -363,22 +403,22 @@ def _count_and_close(
     closing, finds the closing its own and releases the barrier itself: it runs
     ``before_release`` again (which must bear that: the round protocol's count a restart
     once and write the same values again), unless the release is raised already (one
-    request more, made only by a try ``again``)."""
+    request more, made only by a try ``again``). So does an arrival that finds the closing
+    held by a process of this host that ended before it released (a host's agent killed
+    while it closed the barrier for its ranks: they arrive themselves, or through the
+    agent that replaces it): it takes the closing over (``_take_closing``)."""
     if int(store.add(_count_key(name), arrivals)) < count:
         return False
     complete, forged = _all_arrived(store, name, count, sealing)
     if not complete:
         return False
-    token = closer or secrets.token_hex(8)
-    if sealing is None:
-        if bytes(store.compare_set(_closing_key(name), "", token)) != token.encode():
-            return False  # another arrival found it complete too, and releases
-    else:
-        if not _take(store, _closing_key(name), sealing, token):
-            return False
+    took = _take_closing(store, name, closer or closer_token(), sealing)
+    if took == "held":
+        return False  # another arrival found it complete too, and releases
+    if sealing is not None:
         sealing.passed_over(forged)  # the group list's forged entries, by the one that closed
-    if again and raised(store, release_key(name), sealing):
-        return True  # a try before this one released it (its answer was lost)
+    if (again or took == "taken over") and raised(store, release_key(name), sealing):
+        return True  # a try before this one, or the closer it took over from, released it
     if before_release is not None:
         before_release()
     signal(store, release_key(name), sealing)

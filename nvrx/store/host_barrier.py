@@ -44,7 +44,10 @@ it arrives and waits at the store itself (an arrival is reentrant: one the agent
 counts once). While it waits for ``released`` it sends its arrival again every
 ``RESEND_S`` to the agent it connected to (one that lost track of it arrives for it again:
 harmless, as above); an agent that is gone is found by the refused send, and the rank
-waits at the store itself for the time left.
+waits at the store itself for the time left. An agent that ended while it closed a
+barrier (it took the closing, and did not release) leaves the closing to the first of its
+host's arrivals that comes after it: the rank's own at the store, or that of the agent
+that replaces it (``barrier.closer_token`` names the closer's process).
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ from typing import Any
 
 from nvrx.rank_beats import MAX_DATAGRAM, Beat, in_running_round, sender_uid
 
-from . import rounds
+from . import barrier, rounds
 
 log = logging.getLogger(__name__)
 
@@ -496,7 +499,7 @@ class BarrierRelay:
         connection that fails (its store closed since) is replaced once: an arrival made
         twice counts once, and one that took the barrier's closing before the connection
         broke closes it on the next (one token for both tries)."""
-        ranks, forged, closer = sorted(batch.replies), [], secrets.token_hex(8)
+        ranks, forged, closer = sorted(batch.replies), [], barrier.closer_token()
         report = lambda key, size: forged.append([key, size])  # noqa: E731
         with self._lock:
             kept = self._idle.pop() if self._idle else None

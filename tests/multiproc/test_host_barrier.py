@@ -10,6 +10,7 @@ meets the barriers of the ranks of its host.
 from __future__ import annotations
 
 import collections
+import os
 import secrets
 import socket
 import sys
@@ -389,6 +390,52 @@ def test_a_relay_whose_connection_broke_after_it_took_the_closing_releases_on_a_
         relay.close()
     assert not armed.is_set()  # the break happened
     assert counts["multi_set"] == 3  # the second barrier's arrival was made twice
+
+
+_KILLED_WHILE_CLOSING = """
+import os, signal, sys
+from nvrx.store.host_barrier import BarrierRelay
+from nvrx.store.wire import WireStore
+
+class KilledAtRelease(WireStore):
+    def set(self, key, value):
+        if key.endswith("/go"):  # the closing is taken: the release is the next write
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().set(key, value)
+
+relay = BarrierRelay("\\0" + sys.argv[1], lambda: KilledAtRelease("127.0.0.1", int(sys.argv[2]), 10))
+relay.count(2)
+relay.start()
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_ranks_whose_agent_was_killed_while_it_closed_their_barrier_close_it(port, monkeypatch):
+    """A host's agent (its relay, in a process of its own) takes the closing of the barrier
+    its arrival completed and is killed before it releases: its ranks, which heard no
+    ``arrived``, arrive at the store themselves, and the first finds the closing held by a
+    process of its host that ended: it closes the barrier, well before its timeout."""
+    import subprocess
+
+    monkeypatch.setattr(host_barrier, "ACK_S", 1.0)
+    address, root = _address(), str(Path(__file__).parents[2])
+    agent = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WHILE_CLOSING, address[1:], str(port)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=root,
+        env={**os.environ, "PYTHONPATH": root},
+    )  # fmt: skip
+    try:
+        assert agent.stdout.readline() == b"ready\n"
+        at = 800_000 + secrets.randbelow(10_000) * 100
+        raised = _meet_all(port, address, Meeting("termination", at, 2), [0, 1], timeout=60.0)
+        assert agent.wait(timeout=30) == -9  # killed at the release, after it took the closing
+    finally:
+        agent.kill()
+        agent.wait()
+    assert raised == [None, None]
+    store, name = _client(port), rounds.termination_barrier(at)
+    assert barrier.has_arrived(store, name, 0) and barrier.has_arrived(store, name, 1)
 
 
 def test_an_arrival_tried_again_while_it_opened_a_generation_opens_it_once(port):

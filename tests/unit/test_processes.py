@@ -236,3 +236,25 @@ def test_exit_now_keeps_what_was_written_and_the_exit_code(tmp_path: Path) -> No
     assert done.returncode == 3
     assert done.stdout == "printed before the exit"
     assert "logged before the exit" in log_file.read_text()
+
+
+def test_an_identity_is_gone_once_its_process_ended_and_only_then() -> None:
+    """A running process is not gone; killed, it is, as a zombie and once reaped; a name of
+    another boot or namespace, or no identity at all, cannot be told gone here."""
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        name = processes.identity(child.pid)
+        assert name is not None and not processes.gone(name)
+        assert not processes.gone(processes.identity())  # this process
+        boot, namespace, pid, start = name.split("/")
+        assert processes.gone(f"{boot}/{namespace}/{pid}/{int(start) + 1}")  # a later process
+        assert not processes.gone(f"another-boot/{namespace}/{pid}/{int(start) + 1}")
+        assert not processes.gone(f"{boot}/1/{pid}/{int(start) + 1}")  # another namespace
+        assert not processes.gone("abcdef") and not processes.gone("")
+        child.kill()
+        wait_until("a zombie", lambda: processes._state_and_start(child.pid)[0] == "Z", 30)
+        assert processes.gone(name)
+    finally:
+        child.kill()
+        child.wait()
+    assert processes.gone(name)
