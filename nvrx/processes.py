@@ -339,22 +339,30 @@ def boot_id() -> str | None:
         return None
 
 
-def _pid_namespace() -> int | None:
+def _pid_namespace(pid: int | str = "self") -> int | None:
     try:
-        return os.stat("/proc/self/ns/pid").st_ino
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
     except OSError:
         return None
 
 
-def _state_and_start(pid: int) -> tuple[str, str] | None:
-    """Process ``pid``'s state letter and start time (clock ticks since boot); None when no
-    process has that pid."""
+def _proc_is_ours() -> bool:
+    """Whether ``/proc`` shows this process's pid namespace (not one mounted for another)."""
+    try:
+        return os.readlink("/proc/self") == str(os.getpid())
+    except OSError:
+        return False
+
+
+def _stat(pid: int) -> tuple[str, str, int] | None:
+    """Process ``pid``'s state letter, start time (clock ticks since boot) and number of
+    threads (fields 3, 22 and 20 of proc(5)); None when they cannot be read."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
             fields = fh.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        return fields[0], fields[19], int(fields[17])
+    except (OSError, IndexError, ValueError):
         return None
-    return fields[0], fields[19]  # fields 3 and 22 of proc(5)
 
 
 def identity(pid: int | None = None) -> str | None:
@@ -362,22 +370,39 @@ def identity(pid: int | None = None) -> str | None:
     or at any time: its host's boot, its pid namespace, its pid and its start time. None
     where ``/proc`` does not say (``gone`` then cannot tell either)."""
     pid = os.getpid() if pid is None else pid
-    boot, namespace, stat = boot_id(), _pid_namespace(), _state_and_start(pid)
-    if boot is None or namespace is None or stat is None:
+    boot, namespace, stat = boot_id(), _pid_namespace(pid), _stat(pid)
+    if boot is None or namespace is None or stat is None or not _proc_is_ours():
         return None
     return f"{boot}/{namespace}/{pid}/{stat[1]}"
 
 
 def gone(name: str) -> bool:
     """Whether the process of ``identity`` ``name`` is known to have ended: one of this
-    host's boot and pid namespace whose pid runs no process now, a zombie, or a later
-    process. False where that cannot be told here (another host or namespace, a name that
-    is no identity)."""
+    host's boot and pid namespace whose pid no process has now, whose process is a zombie
+    (and no thread of it runs), or a later process. False wherever that cannot be told
+    here: another host or namespace, a ``/proc`` that cannot be read (another user's
+    process it hides), a name that is no identity."""
     boot, namespace, pid, start = (name.split("/") + ["", "", "", ""])[:4]
-    if not pid.isdigit() or (boot, namespace) != (boot_id(), str(_pid_namespace())):
+    if not (pid.isdigit() and start.isdigit()) or not _proc_is_ours():
         return False
-    stat = _state_and_start(int(pid))
-    return stat is None or stat[0] in ("Z", "X") or stat[1] != start
+    if (boot, namespace) != (boot_id(), str(_pid_namespace())):
+        return False
+    stat = _stat(int(pid))
+    if stat is None:
+        return _no_process(int(pid))
+    state, started, threads = stat
+    return started != start or (state in ("Z", "X") and threads <= 1)
+
+
+def _no_process(pid: int) -> bool:
+    """Whether no process has ``pid`` (not: one this process may not signal)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def wait_exit(pid: int, pidfd: int | None, timeout: float) -> bool:

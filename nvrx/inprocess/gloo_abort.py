@@ -310,17 +310,27 @@ def tracking(advise_below: float | None = None) -> Iterator[bool]:
     instead of restarted in-process. Blocks nest; the shortest advice of those open counts.
     """
     active = install()
-    if active and advise_below is not None:
-        with _lock:
-            _advice.append(advise_below)
     try:
-        yield active
+        with _advising(advise_below if active else None):
+            yield active
     finally:
-        if active and advise_below is not None:
-            with _lock:
-                _advice.remove(advise_below)
         if active:
             uninstall()
+
+
+@contextlib.contextmanager
+def _advising(seconds: float | None) -> Iterator[None]:
+    """Hold the advice ``seconds`` (None: none) for the block (``tracking``)."""
+    if seconds is None:
+        yield
+        return
+    with _lock:
+        _advice.append(seconds)
+    try:
+        yield
+    finally:
+        with _lock:
+            _advice.remove(seconds)
 
 
 def mark_user_code() -> None:

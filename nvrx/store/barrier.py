@@ -86,8 +86,9 @@ class BarrierTimeout(BarrierError):
         why = (
             f"{len(missing)} of {expected} participants missing, ranks {shown}{more}"
             if missing
-            else f"all {expected} participants arrived, but the arrival that took its closing "
-            "did not release it (its process hung, or ended on another host)"
+            else f"all {expected} participants arrived, but the arrival that completed it did "
+            "not release it in time (its process hung or ended, where no arrival after it "
+            "could tell)"
         )
         super().__init__(f"barrier {name!r} timed out after {timeout:g} s: {why}")
         self.name = name
@@ -143,12 +144,14 @@ class Sealing:
                 self.report(self.full_key(key), size)
 
 
-def _take(store: Any, key: str, sealing: Sealing, token: str | None = None) -> bytes | None:
-    """Put a sealed value of this process's own at ``key``: None once it stands there (a
-    forged one was overwritten, and reported); else the value that unseals standing there
-    (another process's). ``token``: what makes the value this one's (a fresh one when
-    None); a second try with the same token finds its own value and takes it again.
-    ``BarrierError`` when forged values keep coming."""
+def _take(
+    store: Any, key: str, sealing: Sealing, token: str | None = None
+) -> tuple[bool, bytes]:
+    """Put a sealed value of this process's own at ``key``: whether it stands there now (a
+    forged one was overwritten, and reported), and the value that does (this one's, or
+    another process's that unseals). ``token``: what makes the value this one's (a fresh
+    one when None); a second try with the same token finds its own value and takes it
+    again. ``BarrierError`` when forged values keep coming."""
     mine = sealing.seal(key, token or secrets.token_hex(8))
     expected: bytes = b""
     forged: list[tuple[str, int]] = []
@@ -156,9 +159,9 @@ def _take(store: Any, key: str, sealing: Sealing, token: str | None = None) -> b
         held = bytes(store.compare_set(key, expected, mine))
         if held == mine:
             sealing.passed_over(forged)
-            return None
+            return True, held
         if sealing.valid(key, held):
-            return held
+            return False, held
         if held != expected:
             forged.append((key, len(held)))
         # torch answers a compare_set on a key deleted meanwhile with the value expected
@@ -259,7 +262,9 @@ def _take_closing(
 ) -> Literal["taken", "taken over", "held"]:
     """Take barrier ``name``'s closing for ``token``: ``taken`` (from empty, or found its own:
     a try again), ``taken over`` from a closer that ended before it released (a process of
-    this host: ``processes.gone``), or ``held`` by another arrival."""
+    this host: ``processes.gone``), or ``held`` by another arrival (or by a closer that
+    ended after it released: its release is raised again, to wake waiters the store's
+    ``compare_set`` did not)."""
     key = _closing_key(name)
     if sealing is None:
         held = bytes(store.compare_set(key, "", token))
@@ -267,13 +272,16 @@ def _take_closing(
             return "taken"
         holder, mine = held.decode(errors="replace"), token.encode()
     else:
-        found = _take(store, key, sealing, token)
-        if found is None:
+        taken, held = _take(store, key, sealing, token)
+        if taken:
             return "taken"
-        held, mine = found, sealing.seal(key, token)
-        holder = sealing.sealer.unseal(sealing.full_key(key), text_of(found)) or ""
+        mine = sealing.seal(key, token)
+        holder = sealing.sealer.unseal(sealing.full_key(key), text_of(held)) or ""
     _, at, identity = holder.partition("@")
     if not at or not processes.gone(identity):
+        return "held"
+    if raised(store, release_key(name), sealing):
+        signal(store, release_key(name), sealing)
         return "held"
     if bytes(store.compare_set(key, held, mine)) != mine:
         return "held"  # another arrival took it over first
@@ -418,7 +426,8 @@ def _count_and_close(
     if sealing is not None:
         sealing.passed_over(forged)  # the group list's forged entries, by the one that closed
     if (again or took == "taken over") and raised(store, release_key(name), sealing):
-        return True  # a try before this one, or the closer it took over from, released it
+        return True  # a try before this one released it (its answer was lost), or a
+        # write of the closer taken over from reached the store only now
     if before_release is not None:
         before_release()
     signal(store, release_key(name), sealing)

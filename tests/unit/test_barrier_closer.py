@@ -86,12 +86,41 @@ def test_a_closing_held_by_a_process_that_runs_or_cannot_be_told_is_left_to_it(
 
 
 @pytest.mark.parametrize("sealing", SEALINGS.values(), ids=SEALINGS.keys())
-def test_a_closer_that_ended_after_its_release_is_not_run_again(ended, sealing) -> None:
+def test_a_closer_that_ended_after_its_release_is_not_taken_over(ended, sealing, caplog) -> None:
     store, opened = _store(), []
     assert barrier.arrive_group(store, "b", [0, 1], 2, before_release=lambda: opened.append("closer"),
                                 sealing=sealing, closer=f"t@{ended}")  # fmt: skip
-    assert _rank_arrives(store, "b", sealing, opened)  # it finds the release: done
-    assert opened == ["closer"]
+    assert not _rank_arrives(store, "b", sealing, opened)  # released already: not by it
+    assert opened == ["closer"] and "this one closes it" not in caplog.text
+    assert barrier.raised(store, barrier.release_key("b"), sealing)
+
+
+class _RacedAtTakeOver:
+    """A store on which, when an arrival is about to take the closing over, another arrival
+    comes first and does the same."""
+
+    def __init__(self, store, other) -> None:
+        self.store, self.other = store, other
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+    def compare_set(self, key, expected, desired):
+        if key.endswith("/closing") and expected and self.other is not None:
+            other, self.other = self.other, None
+            other()
+        return self.store.compare_set(key, expected, desired)
+
+
+@pytest.mark.parametrize("sealing", SEALINGS.values(), ids=SEALINGS.keys())
+def test_of_two_arrivals_that_take_a_closing_over_at_once_one_closes(ended, sealing) -> None:
+    store, opened = _store(), []
+    _closed_by(store, "b", f"t@{ended}", sealing, opened)
+    second = lambda: opened.append(("second", _rank_arrives(store, "b", sealing, opened, "second")))  # noqa: E731
+    raced = _RacedAtTakeOver(store, second)
+    assert not _rank_arrives(raced, "b", sealing, opened, who="first")
+    assert opened == ["closer", "second", ("second", True)]
+    assert barrier.raised(store, barrier.release_key("b"), sealing)
 
 
 def test_a_closer_token_names_this_process() -> None:
@@ -107,4 +136,4 @@ def test_a_timeout_with_every_participant_there_says_the_closer_did_not_release(
     with pytest.raises(barrier.BarrierTimeout) as caught:
         barrier.wait(store, "b", 2, 0.1)
     assert caught.value.missing == []
-    assert "all 2 participants arrived, but the arrival that took its closing" in str(caught.value)
+    assert "all 2 participants arrived, but the arrival that completed it did not release it" in str(caught.value)

@@ -251,10 +251,26 @@ def test_an_identity_is_gone_once_its_process_ended_and_only_then() -> None:
         assert not processes.gone(f"another-boot/{namespace}/{pid}/{int(start) + 1}")
         assert not processes.gone(f"{boot}/1/{pid}/{int(start) + 1}")  # another namespace
         assert not processes.gone("abcdef") and not processes.gone("")
+        assert not processes.gone(f"{boot}/{namespace}/{pid}/x")  # no start time
         child.kill()
-        wait_until("a zombie", lambda: processes._state_and_start(child.pid)[0] == "Z", 30)
+        wait_until("a zombie", lambda: processes._stat(child.pid)[0] == "Z", 30)
         assert processes.gone(name)
     finally:
         child.kill()
         child.wait()
     assert processes.gone(name)
+
+
+def test_a_process_whose_proc_entry_cannot_be_read_is_not_called_gone(monkeypatch) -> None:
+    """``/proc`` mounted with ``hidepid`` hides (or refuses) another user's processes: such
+    a process still runs, as far as anyone here can tell."""
+    name = processes.identity()
+    real_open = open
+
+    def refused(path, *args, **kwargs):
+        if str(path).endswith("/stat"):
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", refused)
+    assert not processes.gone(name)
