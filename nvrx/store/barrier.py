@@ -425,9 +425,10 @@ def _count_and_close(
         return False  # another arrival found it complete too, and releases
     if sealing is not None:
         sealing.passed_over(forged)  # the group list's forged entries, by the one that closed
+    # released by a try before this one (its answer was lost), or by a write of the closer
+    # taken over from that reached the store only now
     if (again or took == "taken over") and raised(store, release_key(name), sealing):
-        return True  # a try before this one released it (its answer was lost), or a
-        # write of the closer taken over from reached the store only now
+        return True
     if before_release is not None:
         before_release()
     signal(store, release_key(name), sealing)
