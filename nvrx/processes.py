@@ -365,11 +365,27 @@ def _stat(pid: int) -> tuple[str, str, int] | None:
         return None
 
 
+_own_identity: tuple[int, str] | None = None  # (pid, its identity): read once per process
+
+
 def identity(pid: int | None = None) -> str | None:
     """A name of process ``pid`` (this one by default) that no other process has, on any host
     or at any time: its host's boot, its pid namespace, its pid and its start time. None
-    where ``/proc`` does not say (``gone`` then cannot tell either)."""
-    pid = os.getpid() if pid is None else pid
+    where ``/proc`` does not say (``gone`` then cannot tell either). This process's own is
+    read once (a forked child, another pid, reads its own)."""
+    global _own_identity
+    if pid is not None:
+        return _identity_of(pid)
+    own = _own_identity
+    if own is None or own[0] != os.getpid():
+        name = _identity_of(os.getpid())
+        if name is None:
+            return None
+        own = _own_identity = (os.getpid(), name)
+    return own[1]
+
+
+def _identity_of(pid: int) -> str | None:
     boot, namespace, stat = boot_id(), _pid_namespace(pid), _stat(pid)
     if boot is None or namespace is None or stat is None or not _proc_is_ours():
         return None

@@ -274,3 +274,27 @@ def test_a_process_whose_proc_entry_cannot_be_read_is_not_called_gone(monkeypatc
 
     monkeypatch.setattr("builtins.open", refused)
     assert not processes.gone(name)
+
+
+def test_a_process_reads_its_own_identity_once_and_a_forked_child_its_own(monkeypatch) -> None:
+    """A barrier's closer names itself at every closing: its own name is read from ``/proc``
+    once, and a child forked after that names itself, not its parent."""
+    own = processes.identity()
+    assert own is not None and own == processes.identity(os.getpid())
+    monkeypatch.setattr(processes, "_stat", lambda pid: None)  # /proc is not read again
+    assert processes.identity() == own
+    monkeypatch.undo()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its own name, through the cache its parent filled
+        os.close(read)
+        os.write(write, (processes.identity() or "").encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child_says = pipe.read()
+    try:
+        assert child_says and child_says != own
+        assert child_says == processes.identity(pid)  # a zombie until reaped: /proc still says
+    finally:
+        os.waitpid(pid, 0)
