@@ -336,7 +336,7 @@ def _rounds(
     timeline = build_timeline(agg, process_rows, losses)
     if not any(row.outcome_from == "wrapper" for row in timeline):
         # No Wrapper told its rounds: job-wide restarts, where there were some, tell them.
-        timeline = job_restart_rounds(agg) or timeline
+        timeline = job_restart_rounds(agg, losses) or timeline
     name_causes(timeline, process_rows)  # an exit code's exception, where its files tell it
     if any(row.ordering == "wall_clock" and row.first_rank is not None for row in timeline):
         notes.append(_WALL_CLOCK_NOTE)

@@ -7,7 +7,8 @@ starts stretch ``e``. Each stretch becomes one timeline row: the failure the
 restart announced (its supervisor won the restart's claim in the store, so no
 clock decides who was first), the hangs inside it, and how long the restart
 took, from the first node stopping its children to the last node starting them
-again. The last stretch ends as the run's supervisors did.
+again. The last stretch ends as the run's supervisors did. A restart announced for
+a lost node is that loss's round (``BY_NODE_LOSS``), as a Wrapper round it interrupted is.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-from nvrx.events.failures import kind_of
+from nvrx.events.failures import NODE, kind_of
 
-from .model import RoundRow
+from .model import BY_NODE_LOSS, NodeLoss, RoundRow
 from .values import as_str, count
 
 if TYPE_CHECKING:
     from .job_summary import JobSummary
+    from .node_loss import LossIndex
 
 #: ``ordering`` of a row whose first failure the job-wide restart's claim named.
 BY_RESTART_CLAIM = "job_restart"
@@ -56,7 +58,7 @@ def world_of(job: JobSummary) -> int:
     return max([*sizes, len(started)], default=0)
 
 
-def job_restart_rounds(job: JobSummary) -> list[RoundRow]:
+def job_restart_rounds(job: JobSummary, losses: LossIndex) -> list[RoundRow]:
     """One row per stretch of each run that had a job-wide restart; none for other runs."""
     by_run: dict[int, dict[int, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for e in job.node_events:
@@ -72,9 +74,10 @@ def job_restart_rounds(job: JobSummary) -> list[RoundRow]:
             end = min(stopping, default=None)
             cause = next((e["cause"] for e in events if e.get("cause")), None) or {}
             row = _row(job, run, epoch - 1, start, end, "restart")
-            _name_cause(job, row, run, cause, world)
             if end is not None and started:
                 row.restart_latency_s = max(started) - end
+            _name_cause(job, row, cause, world, losses)
+            if end is not None and started:
                 ready = [e["wall"] for e in events if e.get("phase") == "ready"]
                 if ready:
                     row.phases = {
@@ -110,26 +113,68 @@ def _row(
     )  # fmt: skip
 
 
-def _name_cause(job: JobSummary, row: RoundRow, run: int, cause: dict[str, Any], ranks: int) -> None:
+def restart_ended(row: RoundRow) -> float | None:
+    """When the job-wide restart that ended ``row`` had started every node's children again
+    (its end, where it has no start): a failure of the stretch is told by then, whatever the
+    hosts' clocks."""
+    if row.end_wall is None:
+        return None
+    return row.end_wall + max(0.0, row.restart_latency_s or 0.0)
+
+
+def _name_cause(
+    job: JobSummary, row: RoundRow, cause: dict[str, Any], ranks: int, losses: LossIndex
+) -> None:
     """The announced failure as the row's first failure; every other rank restarted with it."""
     row.cause = cause.get("signature")
     row.first_rank, row.first_node = cause.get("rank"), cause.get("node")
     if row.cause is not None:
         row.fault_kind = kind_of(row.cause)
-    if row.first_rank is not None:
+    loss = _lost_node(row, losses) if row.fault_kind == NODE else None
+    if loss is not None:
+        row.ordering, row.fault_kind, row.detection_s = BY_NODE_LOSS, "node_lost", loss.silent_s
+        row.first_host, loss.round = loss.host, row.round
+    elif row.first_rank is not None:
         row.ordering = BY_RESTART_CLAIM
-        row.first_host = next(
-            (
-                e.get("host")
-                for e in job.node_events
-                if e["run"] == run and e.get("node") == row.first_node and e.get("host")
-            ),
-            None,
-        )
+        row.first_host = _host_of_node(job, row, losses)
     row.also_failed = [r for r in row.hang_ranks if r != row.first_rank]
     row.peer_notified = (
         max(0, ranks - 1 - len(row.also_failed)) if row.first_rank is not None else ranks
     )
+
+
+def _lost_node(row: RoundRow, losses: LossIndex) -> NodeLoss | None:
+    """The loss of the node rank a restart for a lost node announced: that run's, declared
+    in the stretch and not yet a round's."""
+    until = restart_ended(row)
+    return next(
+        (
+            x
+            for x in losses.losses
+            if x.run == row.run and x.node == row.first_node and x.round is None
+            and _within(x.declared_wall or x.start, row.start_wall, until)
+        ),
+        None,
+    )
+
+
+def _host_of_node(job: JobSummary, row: RoundRow, losses: LossIndex) -> str | None:
+    """The host that held the announced node rank when the stretch ended: the slot of that
+    number, or the spare that took it over (its events name the slot, not the node rank);
+    not a slot lost by then."""
+    at = restart_ended(row)
+    hosts = {
+        e.get("node"): e.get("host")
+        for e in job.node_events
+        if e["run"] == row.run and isinstance(e.get("node"), int) and e.get("host")
+    }
+    held = [
+        host
+        for slot, host in hosts.items()
+        if losses.node_rank(row.run, slot, at) == row.first_node
+        and losses.of_slot(row.run, slot, at) is None
+    ]
+    return held[0] if held else None
 
 
 def _within(wall: float, start: float | None, end: float | None) -> bool:

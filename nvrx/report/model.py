@@ -103,7 +103,7 @@ class RoundRow:
     first_rank: int | None = None
     first_node: int | None = None
     first_host: str | None = None
-    ordering: str = "none"  # how "first" was decided: monotonic | store_origin | wall_clock | process_exit | hang | none
+    ordering: str = "none"  # how "first" was decided: monotonic | store_origin | wall_clock | process_exit | hang | node_lost | job_restart | none
     also_failed: list[int] = field(default_factory=list)  # other ranks with a fault of their own (after the first)
     peer_notified: int = 0  # ranks that stopped only because a peer faulted
     hang_ranks: list[int] = field(default_factory=list)
@@ -115,6 +115,10 @@ class RoundRow:
     # "wrapper": round_end events gave the outcome; "inferred": none did (processes restarted by
     # their supervisor start the next round; the last round takes the job's end).
     outcome_from: str = "wrapper"
+
+
+#: ``RoundRow.ordering`` of a round that a lost node explains.
+BY_NODE_LOSS = "node_lost"
 
 
 @dataclass

@@ -32,10 +32,10 @@ from nvrx.slurm.node_state import NodeHealth, node_health
 
 from .compact import exclude_list
 from .consequence import FOLLOW_ON, HARDWARE, fault_shape
-from .model import Failure, NodeLoss, ProcessRestart, RoundRow, Straggler, SuspectNode
+from .job_rounds import BY_RESTART_CLAIM, FROM_JOB_RESTARTS, restart_ended
+from .model import BY_NODE_LOSS, Failure, NodeLoss, ProcessRestart, RoundRow, Straggler, SuspectNode
 from .round_windows import RoundWindows
 from .stragglers import EXCLUDE, held_against, slower, step_times
-from .timeline import BY_NODE_LOSS
 
 if TYPE_CHECKING:
     from .job_summary import JobSummary
@@ -200,7 +200,11 @@ def _add_losses(per: _Tallies, timeline: list[RoundRow], losses: LossIndex) -> N
 
 def _incident_kind(row: RoundRow) -> str:
     """What else tells of the round's first failure: a hang report ("hang"), a process's end
-    ("process_exit"), whether the round was explained by it or a monitor's fault said it."""
+    ("process_exit"), whether the round was explained by it or a monitor's fault said it. A
+    job-wide restart's failure is one of those two: the supervisor that announced it saw a
+    rank's process end or its heartbeats stop."""
+    if row.ordering == BY_RESTART_CLAIM:
+        return "hang" if row.fault_kind == HANG else "process_exit"
     kind = FAULT_KINDS.get(row.fault_kind or "")
     if row.ordering == "process_exit" or kind in (DEAD, UNRESPONSIVE):
         return "process_exit"
@@ -216,9 +220,21 @@ def _death_incident(
     otherwise one of its own."""
     rnd = windows.round_at(p.run, p.wall)
     rows = explained.get((p.run, p.rank, "process_exit"), [])
-    if rnd is not None and any(r.round == rnd for r in rows):
-        return ("round", p.run, rnd)
+    row = next((r for r in rows if _in_row(r, rnd, p.wall)), None)
+    if row is not None:
+        return ("round", p.run, row.round)
     return ("death", p.run, p.host, p.local_rank, p.wall)
+
+
+def _in_row(row: RoundRow, rnd: int | None, wall: float | None) -> bool:
+    """Whether a hang or death in round ``rnd`` at ``wall`` is in ``row``: a Wrapper round by
+    its number; a stretch between job-wide restarts, which no rank numbers, by its time."""
+    if row.outcome_from != FROM_JOB_RESTARTS:
+        return rnd is not None and row.round == rnd
+    until = restart_ended(row)
+    return wall is not None and (row.start_wall is None or wall >= row.start_wall) and (
+        until is None or wall <= until
+    )
 
 
 def _tally_rounds(
@@ -255,8 +271,8 @@ def _tally_hangs_and_deaths(
         s = per.of(h.host, h.node)
         s.hangs += 1
         s.sigs.add(hang_signature(h.timeout))
-        rows = [r for r in explained.get((h.run, h.rank, "hang"), []) if r.round == h.round]
-        incident = ("round", h.run, h.round) if rows else ("hang", h.run, h.round, h.rank)
+        row = next((r for r in explained.get((h.run, h.rank, "hang"), []) if _in_row(r, h.round, h.wall)), None)
+        incident = ("round", h.run, row.round) if row is not None else ("hang", h.run, h.round, h.rank)
         s.incidents.add(incident)
         s.own.setdefault(incident, hang_signature(h.timeout))
     windows = RoundWindows(job.rounds)

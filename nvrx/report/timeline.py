@@ -28,7 +28,7 @@ from nvrx.events.failures import (
 
 from .consequence import FOLLOW_ON
 from .job_rounds import run_end
-from .model import NodeLoss, ProcessRestart, RoundRow
+from .model import BY_NODE_LOSS, NodeLoss, ProcessRestart, RoundRow
 from .parts import LocalFault, RoundState, earlier, order_key
 from .process_rows import NODE_LOST
 from .round_windows import RoundWindows, Window
@@ -37,9 +37,6 @@ from .same_failure import same_process_end
 if TYPE_CHECKING:
     from .job_summary import JobSummary
     from .node_loss import LossIndex
-
-#: ``ordering`` of a round that a lost node explains.
-BY_NODE_LOSS = "node_lost"
 
 #: Round outcomes, most telling first, when ranks disagree.
 _OUTCOME_ORDER = ("restart", "abort", "terminated", "completed")

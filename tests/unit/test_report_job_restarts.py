@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from test_report_fixtures import HANG_STACK, Host, Proc
+import pytest
+from test_report_fixtures import HANG_STACK, T0, Host, Proc
 
 from nvrx.report import build_report
 
@@ -76,3 +77,112 @@ def test_a_job_wide_restart_is_one_timeline_row_with_its_cause(tmp_path: Path) -
     assert "job-wide restarts         1" in text
     assert "rank 3 on n1 (node 1)" in text
     assert [h.rank for h in report.hangs] == [3] and "all_reduce_grads" in report.hangs[0].stack
+
+
+def _job_wide_failures(log_dir: Path, failures: list[str], skew: float = 0.0) -> None:
+    """2 nodes x 1 rank of a plain script; rank 1 (node 1, its wall clock ``skew`` s ahead)
+    fails once per stretch as ``failures`` say ("exit": exit code 1, "hang": no heartbeat),
+    and every rank restarts together after each, as ``any-failed`` does; then it completes."""
+    hosts = [Host("n0", 0), Host("n1", 1, skew=skew)]
+    sups = [Proc(log_dir, h, "supervisor") for h in hosts]
+    for i, sup in enumerate(sups):
+        sup.at(0.0, "supervisor_start", nnodes=2, nproc_per_node=1, command=["train.py"])
+        sup.at(0.5, "child_start", local_rank=0, child_pid=100 + i, global_rank=i, attempt=0)
+    for epoch, how in enumerate(failures, start=1):
+        t, pid = 30.0 * epoch, 100 * epoch
+        signature = "exit code 1" if how == "exit" else "hang (heartbeat timeout)"
+        if how == "exit":
+            sups[1].at(t, "child_exit", local_rank=0, child_pid=pid + 1, global_rank=1, exit_code=1,
+                       signal=None, runtime_s=29.0, attempt=epoch - 1)  # fmt: skip
+        else:
+            sups[1].at(t, "hang", rank=1, local_rank=0, child_pid=pid + 1, timeout="heartbeat", stack=HANG_STACK)
+        sups[1].at(t + 0.05, "restart_decision", local_rank=0, global_rank=1, scope="job", decision="restart",
+                   reason="child failed", budget_left=9, signature=signature)  # fmt: skip
+        for i, sup in enumerate(sups):
+            sup.at(t + 0.1, "job_restart", epoch=epoch, phase="stopping",
+                   cause={"rank": 1, "node": 1, "signature": signature})  # fmt: skip
+            if i == 0 or how == "hang":
+                sup.at(t + 0.3, "child_exit", local_rank=0, child_pid=pid + i, global_rank=i, exit_code=None,
+                       signal="SIGTERM", runtime_s=29.0, attempt=epoch - 1)  # fmt: skip
+            sup.at(t + 1.0, "job_restart", epoch=epoch, phase="ready", ready=i + 1, nodes=2)
+            sup.at(t + 1.5, "child_start", local_rank=0, child_pid=pid + 100 + i, global_rank=i, attempt=epoch)
+            sup.at(t + 1.5, "job_restart", epoch=epoch, phase="started")
+    end = 30.0 * (len(failures) + 1)
+    for i, sup in enumerate(sups):
+        sup.at(end, "child_exit", local_rank=0, child_pid=100 * len(failures) + 100 + i, global_rank=i,
+               exit_code=0, signal=None, runtime_s=28.0, attempt=len(failures))  # fmt: skip
+        sup.at(end + 0.1, "supervisor_end", exit_code=0, reason="all children ended")
+        sup.close()
+
+
+@pytest.mark.parametrize("how", ["exit", "hang"])
+@pytest.mark.parametrize("skew", [0.0, 0.5], ids=["same-clock", "clock-ahead"])
+def test_one_failure_that_restarted_the_job_is_one_fault_and_no_reason_to_exclude(
+    tmp_path: Path, how: str, skew: float
+) -> None:
+    """The failure a job-wide restart announced and the process end or hang report behind it
+    are one incident (before: two, and its node was excluded for one crash); two failures of
+    the same node in two stretches are two, and exclude it."""
+    _job_wide_failures(tmp_path / "one", [how], skew)
+    report = build_report(tmp_path / "one", sacct=False)
+    [n1] = [n for n in report.suspects if n.host == "n1"]
+    assert n1.faults == 1 and not n1.suspect, n1.evidence
+    assert report.exclude is None, report.to_text(width=None)
+    _job_wide_failures(tmp_path / "two", [how, how], skew)
+    report = build_report(tmp_path / "two", sacct=False)
+    [n1] = [n for n in report.suspects if n.host == "n1"]
+    assert n1.faults == 2 and n1.suspect, n1.evidence
+    assert report.exclude == "n1"
+
+
+def _spare_then_failure(log_dir: Path, responding: bool) -> None:
+    """Slot 1 (n1) is lost, spare slot 2 (n2) takes node rank 1 and every rank restarts
+    (epoch 1, cause "node lost"); later rank 1, now on n2, exits with code 1 (epoch 2)."""
+    hosts = [Host("n0", 0), Host("n1", 1), Host("n2", 2)]
+    sups = [Proc(log_dir, h, "supervisor") for h in hosts]
+    for sup in sups:
+        sup.at(0.0, "supervisor_start", nnodes=3, spare_nodes=1, nproc_per_node=1, command=["train.py"])
+    for i in (0, 1):
+        sups[i].at(0.5, "child_start", local_rank=0, child_pid=100 + i, global_rank=i, attempt=0)
+    sups[0].at(20.0, "node_lost", lost_node=1, lost_slot=1, lost_host="n1", silent_s=10.0,
+               last_seen_wall=T0 + 10.0, seen_by=0, action="spare", replaced_by=2, ranks=[1])  # fmt: skip
+    sups[0].at(20.2, "node_probe", lost_slot=1, lost_host="n1", responding=responding, probe_s=0.5)
+    sups[2].at(20.5, "node_takeover", node_rank=1, lost_slot=1, wait_s=0.5)
+    stretches = [(21.0, "node lost"), (50.0, "exit code 1")]
+    for epoch, (t, signature) in enumerate(stretches, start=1):
+        if epoch == 2:
+            sups[2].at(t - 0.2, "child_exit", local_rank=0, child_pid=300, global_rank=1, exit_code=1,
+                       signal=None, runtime_s=28.0, attempt=0)  # fmt: skip
+            sups[2].at(t - 0.1, "restart_decision", local_rank=0, global_rank=1, scope="job",
+                       decision="restart", reason="child failed", budget_left=5, signature=signature)  # fmt: skip
+        for i in (0, 2):
+            sups[i].at(t, "job_restart", epoch=epoch, phase="stopping",
+                       cause={"rank": 1, "node": 1, "signature": signature})  # fmt: skip
+            sups[i].at(t + 0.5, "job_restart", epoch=epoch, phase="ready", ready=2, nodes=2)
+            sups[i].at(t + 1.0, "job_restart", epoch=epoch, phase="started")
+            sups[i].at(t + 1.0, "child_start", local_rank=0, child_pid=100 * epoch + 100 + i,
+                       global_rank=min(i, 1), attempt=epoch)  # fmt: skip
+    for i in (0, 2):
+        sups[i].at(80.0, "supervisor_end", exit_code=0, reason="all children ended")
+    for sup in sups:
+        sup.close()
+
+
+@pytest.mark.parametrize("responding", [False, True], ids=["node-dead", "node-responding"])
+def test_a_job_wide_restart_for_a_lost_node_is_its_loss_and_a_later_failure_is_the_spares(
+    tmp_path: Path, responding: bool
+) -> None:
+    """The restart a lost node caused is that loss's round, counted once (before: a loss and a
+    fault of its own, which excluded a node whose SLURM step answered); a failure of its node
+    rank after a spare took it over is the spare's host (before: the lost host's, by slot)."""
+    _spare_then_failure(tmp_path, responding)
+    report = build_report(tmp_path, sacct=False)
+    lost, failed, _ = report.timeline
+    assert (lost.cause, lost.ordering, lost.first_host) == ("node lost", "node_lost", "n1")
+    assert lost.detection_s == 10.0 and report.node_losses[0].round == 0
+    assert (failed.cause, failed.ordering, failed.first_rank, failed.first_host) == ("exit code 1", "job_restart", 1, "n2")
+    faults = {n.host: (n.faults, n.suspect) for n in report.suspects}
+    assert faults == {"n1": (1, not responding), "n2": (1, False)}, report.to_text(width=None)
+    assert report.exclude == (None if responding else "n1")
+    first_screen = report.to_text(width=None).split("faults, in time order:")[1].split("exclude next time")[0]
+    assert first_screen.count("node lost") == 1, first_screen  # the loss once, as its round
