@@ -38,7 +38,7 @@ from .course import Course, CourseTracker
 from .exit_codes import CLEAN_STOP_EXIT, ExitCode, SupervisorError, for_signal
 from .failover import Failover
 from .hang_watch import WATCHED, HangWatch
-from .job_end import JobEnd
+from .job_end import FINAL_EXITS, JobEnd
 from .job_restart import JobRestart
 from .job_store import JobStore
 from .local_ranks import CannotSpawn, LocalRanks, Spawner
@@ -499,6 +499,8 @@ class Supervisor:
         """After SLURM's warning (or another node's flag): let the children checkpoint and stop; node 0 requeues."""
         if self.preemption is None:
             return
+        if self.course.stopping and self.exit_code in FINAL_EXITS:
+            return  # it stops for good (a rank stopped it, the budget is spent): no requeue
         if not (self.preemption.pending or self.preemption.adopt_flag()):
             return
         roles = self.store.roles

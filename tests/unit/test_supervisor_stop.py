@@ -7,7 +7,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from nvrx import checkpoint_flag, processes
+from nvrx.supervisor import preemption
 from nvrx.supervisor.children import Child
 from nvrx.supervisor.config import SupervisorConfig, local_job
 from nvrx.supervisor.course import Course
@@ -81,6 +84,33 @@ def test_a_second_stop_signal_kills_at_once(tmp_path: Path) -> None:
         assert sup.kill_at is not None and sup.kill_at > time.monotonic()
         sup._on_signals([signal.SIGTERM])
         assert sup.kill_at <= time.monotonic()
+    finally:
+        for child in sup.ranks.children.values():
+            processes.stop(child.proc, ask=signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    "final", [ExitCode.RANK_STOPPED, ExitCode.BUDGET_EXHAUSTED, ExitCode.LOOP_BREAKER], ids=lambda c: c.name
+)
+def test_a_warning_while_the_job_stops_for_good_requeues_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, final: ExitCode
+) -> None:
+    """A rank stopped the job (exit 130) or its restarts are spent; SLURM's warning in the
+    stop's grace period must not requeue it (before: ``scontrol requeue`` and exit 75)."""
+    requeued: list[str] = []
+    monkeypatch.setattr(preemption.commands, "requeue", lambda job, **kw: requeued.append(job))
+    sup, _ = _supervisor(tmp_path, 1)
+    sup.preemption = PreemptionHandler(
+        sup.config.events_dir, 0, 1, job_id="123", slurm=True, preempt_window_s=2.0, export_env=False
+    )
+    monkeypatch.setattr(sup.preemption, "_job_info", lambda: None)
+    sup.store.service = object()  # the store host: the one that would requeue
+    try:
+        sup.start_child(0)
+        sup.request_stop("stopped for good", final, broadcast=False)
+        sup.preemption.on_signal(signal.SIGUSR2)
+        sup._handle_preemption()
+        assert (sup.exit_code, requeued, sup.preemption.ledger.count()) == (final, [], 0)
     finally:
         for child in sup.ranks.children.values():
             processes.stop(child.proc, ask=signal.SIGKILL)
