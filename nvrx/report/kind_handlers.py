@@ -172,6 +172,9 @@ class KindHandlers:
         sig_kind = kind_of(sig)
         if sig_kind in (DEAD, UNRESPONSIVE):
             self.s.monitor_deaths.append(fault)
+        child = as_int(e.get("child_pid"))
+        if child is not None and wall is not None and sig_kind == UNRESPONSIVE:
+            self.s.hung_children.append((child, wall))  # a supervisor's: it kills the child
         if part is not None:
             firsts = self.first_faults.get(id(part))
             if firsts is None:

@@ -398,3 +398,33 @@ def test_a_death_before_its_rounds_round_start_is_that_rounds_in_every_table(
     assert late.rejoin_wait_s == row.phases["rejoin_wait"] == 3.0
     first = next(p for p in report.process_restarts if p.local_rank == 0)
     assert first.rejoin_wait_s == report.timeline[0].phases["rejoin_wait"] == 2.0
+
+
+def test_a_rank_its_supervisor_found_unresponsive_and_killed_is_reported_unresponsive(tmp_path: Path) -> None:
+    """The supervisor's ``unresponsive`` fault, then the SIGKILL it sent: one failure, told as
+    what it was (before: the kill's ``signal SIGKILL`` took its place)."""
+    d = tmp_path / JOB
+    hosts = {0: Host("node-a", 0), 1: Host("node-b", 1)}
+    sups = {n: Proc(d, h, "supervisor") for n, h in hosts.items()}
+    for sup in sups.values():
+        sup.at(0.0, "supervisor_start", nnodes=2, nproc_per_node=2, command="x", store="node-a:1")
+    ranks = {r: Proc(d, hosts[r // 2], "wrapper", rank=r) for r in range(4)}
+    for r, proc in ranks.items():
+        sups[r // 2].at(0.5, "child_start", local_rank=r % 2, child_pid=100 + r, attempt=0, global_rank=r)
+        proc.round(0).at(1.0, "round_start", world_size=4, active_world_size=4, active_rank=r, initial_rank=r)
+        proc.at(1.1, "call_start", note="x")
+    ranks[3].close()  # frozen: it writes nothing more
+    sups[1].at(30.0, "fault", fault_kind="unresponsive", origin_rank=3, rank=3, round=0, local_rank=1,
+               child_pid=103, message="no heartbeat for 20.0 s", signature="unresponsive (no heartbeat)",
+               detected_mono=hosts[1].mono0 + 30.0)  # fmt: skip
+    sups[1].at(30.2, "child_exit", local_rank=1, child_pid=103, exit_code=None, signal="SIGKILL",
+               runtime_s=29.7, global_rank=3, attempt=0)  # fmt: skip
+    for r in (0, 1, 2):
+        ranks[r].at(30.5, "fault", fault_kind="peer", origin_rank=3, message="rank 3 left")
+        ranks[r].at(30.9, "round_end", outcome="restart", duration_s=30)
+    for proc in [*sups.values(), *ranks.values()]:
+        proc.close()
+    report = build_report(d, sacct=False)
+    [row] = report.timeline
+    assert (row.first_rank, row.first_host, row.cause) == (3, "node-b", "unresponsive (no heartbeat)")
+    assert [(f.signature, f.count) for f in report.failures] == [("unresponsive (no heartbeat)", 1)]
