@@ -32,8 +32,10 @@ to the ranks that do not hold it (a replacement process, a spare, a rank a commi
 a rank renumbered into another replica group), each from a holder of the shard its group
 holds: any rank in data parallelism, a rank that committed that shard in a sharded job
 (``state_plan`` says who sends what to whom). Objects registered ``per_rank`` (RNG states, a data position)
-are not handed over; those ranks keep their own. When a shard has no holder left, the
-ranks fall back to the user's checkpoint, through a callback.
+are not handed over; those ranks keep their own. A rank that receives the step keeps it
+as its commit of that step, of its new group's shard, so that it can serve it in turn if
+a second fault comes before its next commit. When a shard has no holder left, the ranks
+fall back to the user's checkpoint, through a callback.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ class _Slot:
         self.pending_step: int | None = None  # the step of a device copy that may still run
         self.states: dict[str, Any] = {}
         self.copied: Any = None  # the CUDA event that device copy ends with
-        self.wall: float | None = None  # when the step was committed (time.time())
+        self.wall: float | None = None  # when the step was committed or received (time.time())
 
     def finished(self) -> bool:
         """Whether the copy into this slot is complete (waits for nothing)."""
@@ -152,19 +154,25 @@ class KeptState:
                 )
             if step % self.every:
                 return False
-            self._settle(wait=True)
-            index = 0 if self._last == 1 else 1
-            slot = self._slots[index]
-            slot.step, slot.wall = None, time.time()  # torn until the copy below completes
-            copier = state_tree.Copier(self._side_stream)
-            for name, obj in self._objects.items():
-                slot.states[name] = copier.copy(obj.state_dict(), slot.states.get(name))
-            slot.copied = copier.finish()
-            if slot.copied is None:
-                slot.step, self._last = step, index
-            else:
-                slot.pending_step, self._pending = step, index
+            self._write(step, {})
             return True
+
+    def _write(self, step: int, given: dict[str, Any]) -> None:
+        """Commit ``step`` into the slot that is not the last complete commit: the states in
+        ``given`` (a hand-over's), and every other registered object's own."""
+        self._settle(wait=True)
+        index = 0 if self._last == 1 else 1
+        slot = self._slots[index]
+        slot.step, slot.wall = None, time.time()  # torn until the copy below completes
+        copier = state_tree.Copier(self._side_stream)
+        for name, obj in self._objects.items():
+            state = given[name] if name in given else obj.state_dict()
+            slot.states[name] = copier.copy(state, slot.states.get(name))
+        slot.copied = copier.finish()
+        if slot.copied is None:
+            slot.step, self._last = step, index
+        else:
+            slot.pending_step, self._pending = step, index
 
     def steps(self) -> list[int]:
         """The steps of the complete commits held, newest first (at most two)."""
@@ -270,7 +278,8 @@ class KeptState:
     def _follow(self, plan: state_plan.HandOver, group: Any) -> tuple[int, str]:
         """Send the agreed step to the ranks this one serves and receive it if this rank is
         served, in the plan's order; then load it: from this rank's memory, or as its source
-        sent it (this rank's own commits then dropped, those it served included)."""
+        sent it (this rank's own commits then dropped, those it served included, and what
+        it received kept as its commit of the step)."""
         import torch.distributed as dist
 
         me = dist.get_rank(group)
@@ -284,7 +293,7 @@ class KeptState:
             self.restore(plan.step)
             return plan.step, "memory"
         self.forget()
-        self._load(received)
+        self._take(plan.step, received)
         return plan.step, "peer"
 
     def _fall_back(self, checkpoint: Callable[[], int | None] | None) -> tuple[int | None, str]:
@@ -319,17 +328,22 @@ class KeptState:
             states = self._slots[self._index_of(step)].states
             return {name: state for name, state in states.items() if name not in self._per_rank}
 
-    def _load(self, received: dict[str, Any]) -> None:
-        """Load a hand-over's states; a registered object it lacks that is not per-rank is an error."""
+    def _take(self, step: int, received: dict[str, Any]) -> None:
+        """Keep a hand-over's states as this rank's commit of ``step``, with its own per-rank
+        states, as if it had committed them (so that it holds the step, should its source be
+        lost before the next commit), then load them; a registered object the hand-over
+        lacks that is not per-rank is an error."""
         missing = [n for n in self._objects if n not in received and n not in self._per_rank]
         if missing:
             raise ValueError(
                 f"KeptState.restore_agreed: the hand-over holds no state of {missing}; "
                 "register the same objects on every rank"
             )
-        for name, obj in self._objects.items():
-            if name in received:
-                obj.load_state_dict(received[name])
+        with self._lock:
+            self._write(step, received)  # copied before a loader can keep or change them
+            for name, obj in self._objects.items():
+                if name in received:
+                    obj.load_state_dict(received[name])
 
     def _wall_of(self, step: int | None) -> float | None:
         with self._lock:

@@ -7,7 +7,9 @@ it was given, its clock) and each rank computes the same ``HandOver`` from that 
 * only the commits of the current course count: a course begins whenever the job falls
   back to its checkpoint, stamped with the wall clock of that fallback, so that a rank
   that missed it (one that was inactive) does not pass commits of an abandoned course,
-  numbered like the new course's steps, for the job's state;
+  numbered like the new course's steps, for the job's state. The current course is the
+  newest any rank is on: until a rank commits in it, no rank holds a step of it, and the
+  ranks fall back again rather than take up the abandoned one;
 * a rank holds shard ``g`` only if it committed shard ``g``: under renumbered ranks a
   survivor may stand for another group than the one it committed for; it then serves
   the shard it holds to the ranks that need it, and receives its new group's shard;
@@ -20,9 +22,10 @@ it was given, its clock) and each rank computes the same ``HandOver`` from that 
   by one rank. ``HandOver.transfers`` orders the transfers alike on every rank, so that
   a rank that both sends and receives never waits on a rank that waits on it.
 
-No plan (``None``): some shard has no holder of a common step; the ranks fall back to the
-user's checkpoint. Ranks that disagree on what they registered or on the replica groups
-raise the same error on every rank, instead of hanging in a hand-over that does not match.
+No plan (``None``): some shard has no holder of a common step of the current course; the
+ranks fall back to the user's checkpoint. Ranks that disagree on what they registered or
+on the replica groups raise the same error on every rank, instead of hanging in a
+hand-over that does not match.
 """
 
 from __future__ import annotations
@@ -122,8 +125,10 @@ def plan(everyone: list[Held], groups: list[list[int]]) -> HandOver | None:
 
 
 def current_course(everyone: list[Held]) -> float | None:
-    """The course of the newest commits anyone holds; None when nobody holds any."""
-    return max((h.course for h in everyone if h.steps), default=None)
+    """The newest course any rank is on, whether or not it holds commits of it: a rank on
+    an older course missed the fallback that began this one, and its commits are of an
+    abandoned course even while no rank has committed in this one yet. None for no rank."""
+    return max((h.course for h in everyone), default=None)
 
 
 def newest_step(everyone: list[Held]) -> int | None:

@@ -2,9 +2,9 @@
 values that ``state_dict()`` returns, rebuilt with each tensor mapped, and copied into host
 buffers kept from one commit to the next.
 
-Containers keep their type and attributes (a module's state dict carries its versions in
-``_metadata``); plain values are deep-copied, so a rebuilt tree shares nothing mutable with
-the one it came from.
+Containers keep their type, attributes and order (a module's state dict carries its
+versions in ``_metadata``, a ``defaultdict`` its default factory); plain values are
+deep-copied, so a rebuilt tree shares nothing mutable with the one it came from.
 
 ``Copier``: a CPU tensor is copied into a buffer of the same shape and dtype (allocated
 again only when they change). A CUDA tensor is first cloned on the device, on the current
@@ -56,12 +56,27 @@ def nbytes(value: Any) -> int:
 
 
 def _mapping_like(mapping: dict, items: list[tuple[Any, Any]]) -> dict:
-    """A mapping of ``mapping``'s type and attributes holding ``items`` (a plain dict where
-    that type cannot be built from pairs, as ``defaultdict``)."""
-    try:
-        out = type(mapping)(items)
-    except TypeError:
+    """A mapping of ``mapping``'s type and attributes holding ``items``, in their order.
+
+    Not built by calling the type with the pairs: a ``Counter`` would count them, a
+    ``defaultdict`` takes its default factory first, and a subclass's constructor may take
+    other arguments. A subclass is rebuilt from a shallow copy (which keeps what its copy
+    protocol keeps: a default factory, the attributes), emptied and filled item by item; one
+    that cannot be copied or filled so is refused, by name, rather than turned into another
+    type."""
+    if type(mapping) is dict:
         return dict(items)
+    try:
+        out = copy.copy(mapping)
+        out.clear()
+        for key, value in items:
+            out[key] = value
+    except Exception as error:
+        kind = f"{type(mapping).__module__}.{type(mapping).__qualname__}"
+        raise TypeError(
+            f"cannot rebuild a {kind} of the kept state: a dict subclass must support "
+            f"copy.copy, clear() and item assignment ({type(error).__name__}: {error})"
+        ) from error
     attributes = getattr(mapping, "__dict__", None)
     if attributes:
         out.__dict__.update(copy.deepcopy(attributes))

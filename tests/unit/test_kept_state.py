@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import random
+from collections import Counter, OrderedDict, defaultdict
 
 import pytest
 import torch
 
+from nvrx.inprocess import state_handover
 from nvrx.inprocess.kept_state import KeptState, RngState
-from nvrx.inprocess.state_tree import tensors
+from nvrx.inprocess.state_plan import Held
+from nvrx.inprocess.state_tree import fresh, tensors
 
 
 def _job(seed: int = 0):
@@ -283,3 +286,115 @@ def test_a_step_committed_twice_restores_its_newer_copy():
         kept.commit(5)
     value.v = 0
     assert kept.restore(5) == 5 and value.v == 3
+
+
+class _Holder:
+    """Gives the state it was built with and keeps the state it is given."""
+
+    def __init__(self, state=None) -> None:
+        self.state = state
+
+    def state_dict(self):
+        return self.state
+
+    def load_state_dict(self, state) -> None:
+        self.state = state
+
+
+def _containers() -> dict:
+    return {
+        "seen": Counter({"b": 1, "a": 3}),
+        "by": defaultdict(list, {"z": [torch.ones(1)], "y": []}),
+        "order": OrderedDict([("2", torch.zeros(2)), ("1", 1)]),
+        "plain": {"k": 2, "j": torch.ones(1)},
+    }
+
+
+def _assert_alike(got: dict, expected: dict) -> None:
+    for key, value in expected.items():
+        assert type(got[key]) is type(value) and list(got[key]) == list(value), (key, got[key])
+    assert got["seen"] == expected["seen"] and got["by"].default_factory is list
+    assert torch.equal(got["by"]["z"][0], torch.ones(1)) and got["by"]["y"] == []
+    assert torch.equal(got["order"]["2"], torch.zeros(2)) and got["order"]["1"] == 1
+    assert got["plain"]["k"] == 2 and torch.equal(got["plain"]["j"], torch.ones(1))
+
+
+def test_counters_defaultdicts_and_ordered_dicts_come_back_of_their_type_in_their_order():
+    _assert_alike(fresh(_containers()), _containers())
+    holder, kept = _Holder(_containers()), KeptState()
+    kept.register("holder", holder)
+    kept.commit(0)
+    holder.state = None
+    kept.restore()
+    _assert_alike(holder.state, _containers())
+    assert holder.state["by"]["new"] == []  # the default factory still makes missing values
+
+
+class _Named(dict):
+    """A dict whose constructor takes a name, not pairs."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+
+class _ReadOnly(dict):
+    def __setitem__(self, key, value) -> None:
+        raise TypeError("read-only")
+
+
+def test_a_dict_subclass_comes_back_of_its_type_or_is_refused_by_name():
+    named = _Named("layer")
+    named["w"] = torch.ones(1)
+    got = fresh({"named": named})["named"]
+    assert type(got) is _Named and got.name == "layer" and torch.equal(got["w"], torch.ones(1))
+    kept = KeptState()
+    kept.register("holder", _Holder({"frozen": _ReadOnly(a=torch.ones(1))}))
+    with pytest.raises(TypeError, match=r"cannot rebuild a [\w.]*\._ReadOnly of the kept state"):
+        kept.commit(0)
+    assert kept.steps() == []
+
+
+def _restore_agreed(monkeypatch, kept: KeptState, everyone: list, me: int, received=None, **kwargs):
+    """``kept.restore_agreed`` as rank ``me`` of a group whose other ranks bring the ``Held``
+    of ``everyone`` (this rank's own stands at ``me``); a receive gets ``received``."""
+    import torch.distributed as dist
+
+    def gather(out: list, held: Held, group=None) -> None:
+        out[:] = [held if rank == me else other for rank, other in enumerate(everyone)]
+
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: len(everyone))
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: me)
+    monkeypatch.setattr(dist, "all_gather_object", gather)
+    monkeypatch.setattr(state_handover, "recv_state", lambda source, group=None: received)
+    monkeypatch.setattr(state_handover, "send_state", lambda state, receivers, group=None: None)
+    return kept.restore_agreed(**kwargs)
+
+
+def test_a_rank_that_received_the_step_holds_it_for_the_next_fault(monkeypatch):
+    # 2 replicas x 2 shards: rank 3 (replaced) receives shard 1 from rank 1, then rank 1 dies
+    # before the next commit: rank 3 is the only holder of shard 1 left, and serves it
+    groups = [[0, 2], [1, 3]]
+
+    def held(steps=(), shard=None) -> Held:
+        names, given = ("model", "rng (per rank)"), ((0, 2), (1, 3))
+        return Held(tuple(steps), 7.0 if steps else 0.0, shard, names, given)
+
+    model, peer = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    kept = KeptState()
+    kept.register("model", model)
+    kept.register("rng", RngState(), per_rank=True)
+    everyone = [held((5,), 0), held((5,), 1), held((5,), 0), None]
+    received = {"model": peer.state_dict()}
+    step = _restore_agreed(monkeypatch, kept, everyone, 3, received, replica_groups=groups)
+    assert step == 5 and kept.steps() == [5]
+    mine = kept._held(groups)
+    assert (mine.steps, mine.course, mine.shard) == ((5,), 7.0, 1)
+    with torch.no_grad():
+        model.weight.add_(1.0)  # trained on, not committed, when the second fault comes
+    everyone = [held((5,), 0), held(), held((5,), 0), None]
+    events = []
+    sink = type("Sink", (), {"emit": lambda self, kind, **fields: events.append(fields)})()
+    assert _restore_agreed(monkeypatch, kept, everyone, 3, replica_groups=groups, events=sink) == 5
+    assert events[0]["source"] == "memory"
+    assert torch.equal(model.weight, peer.weight) and torch.equal(model.bias, peer.bias)

@@ -133,3 +133,12 @@ def test_replica_groups_must_cover_every_rank_once(groups, says):
         replica_groups(groups, 3)
     assert says in str(err.value)
     assert replica_groups(None, 3) == [[0, 1, 2]]
+
+
+def test_an_abandoned_course_does_not_come_back_before_the_new_course_commits():
+    # a fallback began course 2 and nobody has committed since; a rank that missed it comes
+    # back with course 1's commits: they are not handed over, the ranks fall back again
+    everyone = [_held(course=2.0), _held(course=2.0), _held((9, 8), course=1.0)]
+    assert plan(everyone, [[0, 1, 2]]) is None
+    assert newest_step(everyone) is None
+    assert new_course(everyone) > 2.0
