@@ -6,7 +6,9 @@ the HTML timeline apply (``docs/report.md``, *Causal attribution*):
 - a fault's *shape* is read once, when its event is folded: ``FOLLOW_ON``
   when it tells that something else went first (a communication error about
   a remote peer, a lost store connection, an abort by the Wrapper),
-  ``HARDWARE`` when it tells of the node's own device or driver, else none;
+  ``HARDWARE`` when it tells of the node's own device or driver, else none. NCCL's
+  "unhandled system error" is a failed system call: the node's own only when the
+  message names no remote peer (the survivors of a peer's death get it too);
 - a node loss explains what a survivor wrote from the lost node's last beat
   until the job got over the loss (its *loss window*), and a follow-on fault
   written in the loss's detection window before that beat: up to ``silent_s``
@@ -18,6 +20,7 @@ the HTML timeline apply (``docs/report.md``, *Causal attribution*):
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from nvrx.events.failures import short_type
@@ -59,21 +62,15 @@ _FOLLOW_ON_WORDS = (
 )
 #: Exception types that tell of the node's devices.
 _HARDWARE_TYPES = frozenset({"HealthCheckError"})
-#: Words of a message that tell of the node's device or driver (lowercase).
-_HARDWARE_WORDS = (
-    "ecc error",
-    "uncorrectable ecc",
-    "xid",
-    "unspecified launch failure",
-    "gpu is lost",
-    "fallen off the bus",
-    "unhandled system error",
-    "ncclsystemerror",
-    "nvlink",
-    "driver/library version mismatch",
-    "cuda driver",
-    "device health",
+#: Words of a message that tell of the node's device or driver (lowercase), whatever else
+#: it says.
+_HARDWARE_WORDS = re.compile(
+    r"ecc error|uncorrectable ecc|\bxid\b|unspecified launch failure|gpu is lost|"
+    r"fallen off the bus|nvlink|driver/library version mismatch|cuda driver|device health"
 )
+#: Words of a message that tell of the node's device or driver unless it also tells of a
+#: remote peer: a system call NCCL made failed (a socket to a peer that died, as well).
+_SYSTEM_WORDS = ("unhandled system error", "ncclsystemerror")
 
 
 def fault_shape(exc_type: str | None, message: str | None, signature: str | None) -> str | None:
@@ -81,9 +78,12 @@ def fault_shape(exc_type: str | None, message: str | None, signature: str | None
     signature stands in for the type when the event names none)."""
     kind = short_type(exc_type) if exc_type else short_type((signature or "").split(" ")[0])
     text = (message or "").lower()
-    if kind in _HARDWARE_TYPES or any(w in text for w in _HARDWARE_WORDS):
+    if kind in _HARDWARE_TYPES or _HARDWARE_WORDS.search(text):
         return HARDWARE
-    if kind in _FOLLOW_ON_TYPES or any(w in text for w in _FOLLOW_ON_WORDS):
+    peer = any(w in text for w in _FOLLOW_ON_WORDS)
+    if not peer and any(w in text for w in _SYSTEM_WORDS):
+        return HARDWARE
+    if kind in _FOLLOW_ON_TYPES or peer:
         return FOLLOW_ON
     return None
 

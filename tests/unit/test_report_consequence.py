@@ -28,6 +28,15 @@ from nvrx.report.consequence import FOLLOW_ON, HARDWARE, fault_shape
             None,
             HARDWARE,
         ),
+        (  # a survivor of a peer's death: NCCL's system error names the remote peer
+            "torch.distributed.DistBackendError",
+            "NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error, ncclSystemError: "
+            "Connection closed by remote peer 10.0.0.2<54321>",
+            None,
+            FOLLOW_ON,
+        ),
+        ("RuntimeError", "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus", None, HARDWARE),
+        ("KeyError", "'taxid'", None, None),  # a word that holds "xid" is no Xid
         ("ZeroDivisionError", "division by zero", None, None),
         ("ValueError", "bad batch 17", "ValueError at train.py:12 in step", None),
         (None, None, "signal SIGKILL", None),
