@@ -67,10 +67,23 @@ def signal_from_name(name: str, what: str = WARNING_SIGNAL_ENV) -> int:
         raise ValueError(f"{what}={name!r} is not a signal name (e.g. USR2)") from None
 
 
+#: The signals SLURM may warn a job with (``sbatch --signal``): one that stops it (TERM) would
+#: be ignored by every process nvrx starts, and one outside the supervisor's would end it.
+WARNING_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+
+
 def warning_signal(env: Mapping[str, str] | None = None) -> int:
-    """SLURM's warning signal for this job: ``$NVRX_PREEMPT_SIGNAL``, default SIGUSR2."""
+    """SLURM's warning signal for this job: ``$NVRX_PREEMPT_SIGNAL``, default SIGUSR2;
+    ValueError naming the variable for anything but USR1 or USR2."""
     env = os.environ if env is None else env
-    return signal_from_name(env.get(WARNING_SIGNAL_ENV) or DEFAULT_WARNING_SIGNAL)
+    name = env.get(WARNING_SIGNAL_ENV) or DEFAULT_WARNING_SIGNAL
+    signum = signal_from_name(name)
+    if signum not in WARNING_SIGNALS:
+        raise ValueError(
+            f"{WARNING_SIGNAL_ENV}={name!r}: the warning signal must be USR1 or USR2 (the one of "
+            "sbatch --signal=USR2@SECONDS); TERM, INT and HUP stop the job"
+        )
+    return signum
 
 
 def ignore_warning_signal() -> None:

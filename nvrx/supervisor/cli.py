@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from nvrx import jobenv
+from nvrx import jobenv, processes
 from nvrx.jobenv import DEFAULT_LOG_DIR, DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, JobEnv
 from nvrx.straggler import StragglerRule
 from nvrx.version import __version__
@@ -327,6 +327,10 @@ def config_from_args(
     parser = build_parser()
     parser.set_defaults(**torchrun.fallbacks(env))
     args = parser.parse_args(list(argv))
+    try:
+        processes.warning_signal(env)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     command = _resolve_command(list(args.command))
     asked = str(args.nproc_per_node)
     try:

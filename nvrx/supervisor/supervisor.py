@@ -162,8 +162,9 @@ class Supervisor:
         self.preemption = PreemptionHandler.from_env(
             cfg.node_rank, cfg.nnodes, job_dir=cfg.events_dir, writer=self.writer
         )
-        self.preemption.start()
+        # first: a warning while ``start`` asks sacct about past runs waits in the pipe
         self.signals = SignalPipe((*STOP_SIGNALS, *FORWARD_SIGNALS, signal.SIGCHLD)).install()
+        self.preemption.start()
         private_dir = self.hang_watch.start()  # before any child: each one gets its socket
         flag = self.store.stop
         try:

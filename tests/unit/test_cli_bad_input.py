@@ -210,3 +210,21 @@ def test_every_torchrun_option_is_taken_or_answered() -> None:
     theirs = {s for a in torchrun.get_args_parser()._actions for s in a.option_strings}
     ours = {s for a in build_parser()._actions for s in a.option_strings}
     assert sorted(s for s in theirs if s not in ours and s.replace("_", "-") not in ours) == []
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ("bogus", "NVRX_PREEMPT_SIGNAL='bogus' is not a signal name"),
+        ("TERM", "NVRX_PREEMPT_SIGNAL='TERM': the warning signal must be USR1 or USR2"),
+        ("ALRM", "NVRX_PREEMPT_SIGNAL='ALRM': the warning signal must be USR1 or USR2"),
+    ],
+)
+def test_a_bad_warning_signal_is_one_line_and_exit_2(
+    value: str, fragment: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: a traceback and exit 1 for a name that is no signal; TERM was taken, and every
+    process nvrx started ignored scancel's SIGTERM; ALRM ended the supervisor."""
+    monkeypatch.setenv("NVRX_PREEMPT_SIGNAL", value)
+    assert supervise_cli.main(["--nproc-per-node", "1", "--", "python", "x.py"]) == 2
+    assert fragment in check_one_line("nvrx-supervise", capsys.readouterr().err, 2)
