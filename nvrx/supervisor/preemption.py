@@ -18,7 +18,9 @@ The supervisor of each node owns one ``PreemptionHandler``:
   nodes still in the job (not those declared lost or ended) and runs
   ``scontrol requeue`` once, unless the cap on time-limit requeues is
   reached. Every node returns the same ``WarningOutcome``; its ``exit_code`` is what
-  the supervisor should exit with.
+  the supervisor should exit with. A stop signal (scancel) while it waits ends the wait:
+  no requeue, the signal's exit code (the supervisor reads its signals meanwhile,
+  ``stopped``).
 
 Files live in ``<job log dir>/preempt/``: ``r<run>.flag`` (the flag children
 read), ``r<run>.node<k>.done`` (node k's children are done),
@@ -263,6 +265,7 @@ class PreemptionHandler:
         cause: str | None = None,
         decider: bool | None = None,
         running: Callable[[], Iterable[int]] | None = None,
+        stopped: Callable[[], int | None] | None = None,
     ) -> WarningOutcome:
         """Handle a pending warning: flag, stop the children, requeue from the decider.
 
@@ -270,8 +273,10 @@ class PreemptionHandler:
         exit until ``exit_by`` (monotonic), then ends the rest. ``cause`` overrides the
         classification. ``decider``: whether this node decides (default: node 0; after a
         store failover, the store host); ``running()``: the nodes it waits for (default:
-        all). Blocks for the window, the stop, and elsewhere the decision (bounded).
-        Idempotent: a second call returns the first decision.
+        all); ``stopped()``: the stop signal the supervisor received meanwhile, if any (it
+        reads its signals when called), which ends the waits without a requeue. Blocks for
+        the window, the stop, and elsewhere the decision (bounded). Idempotent: a second
+        call returns the first decision.
         """
         if self._decision is not None:
             return self._decision
@@ -302,12 +307,14 @@ class PreemptionHandler:
             write_flag(self.flag_path, {**fields, "run": self.run_index})
         stop_children(time.monotonic() + max(0.0, deadline - time.time()))
         write_flag(self._done_path(self.node_rank), {"wall": time.time()})
+        stopped = stopped or (lambda: None)
         if (self.node_rank == 0) if decider is None else decider:
-            self._wait_for(lambda: self._all_done(running), deadline)
-            decision = self._decide(cause)
+            self._wait_for(lambda: self._all_done(running) or stopped() is not None, deadline)
+            signum = stopped()
+            decision = self._decide(cause) if signum is None else self._stopped(cause, signum)
             write_flag(self._decision_path(), decision.to_dict())
         else:
-            decision = self._await_decision(cause, deadline + 15.0)
+            decision = self._await_decision(cause, deadline + 15.0, stopped)
         self._decision = decision
         log.warning("after the %s warning: %s", cause, decision.reason)
         return decision
@@ -346,9 +353,20 @@ class PreemptionHandler:
         reason = f"requeued job {self.job_id} ({cause}, requeue {count})"
         return WarningOutcome(cause, True, EXIT_REQUEUED, reason, count)
 
-    def _await_decision(self, cause: str, deadline: float) -> WarningOutcome:
+    def _stopped(self, cause: str, signum: int) -> WarningOutcome:
+        """The outcome of a warning a stop signal cut short: the job was cancelled."""
+        reason = f"not requeued: stopped by {signal.Signals(signum).name} during the warning"
+        return WarningOutcome(cause, False, 128 + signum, reason, self.ledger.count())
+
+    def _await_decision(
+        self, cause: str, deadline: float, stopped: Callable[[], int | None]
+    ) -> WarningOutcome:
         path = self._decision_path()
-        if self._wait_for(path.exists, deadline):
+        decided = self._wait_for(lambda: path.exists() or stopped() is not None, deadline)
+        signum = stopped()
+        if signum is not None:
+            return self._stopped(cause, signum)
+        if decided:
             try:
                 return WarningOutcome(**json.loads(path.read_text()))
             except (OSError, ValueError, TypeError) as exc:

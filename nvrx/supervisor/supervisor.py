@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import select
 import selectors
 import signal
 import time
@@ -506,14 +507,32 @@ class Supervisor:
             return
         roles = self.store.roles
         decision = self.preemption.act(
-            lambda exit_by: stop_children(self.running(), preemption.TERM_GRACE_S, exit_by),
+            self._checkpoint_then_stop,
             decider=self.store.service is not None,  # the store host: node 0, or its successor
             running=None if roles is None else roles.running_slots,
+            stopped=self._stop_signal,
         )
         if not self.course.stopping:
             self.request_stop(decision.reason, decision.exit_code, broadcast=False)
         else:
             self.exit_code = decision.exit_code
+
+    def _checkpoint_then_stop(self, exit_by: float) -> None:
+        """Let the children checkpoint and exit until ``exit_by`` (monotonic), with the
+        signals read as they come: a child's end is reaped, a stop signal (scancel) stops the
+        job at once and ends the wait; then end what still runs."""
+        while self.running() and self.signalled is None and self.signals is not None:
+            left = exit_by - time.monotonic()
+            if left <= 0 or not select.select([self.signals], [], [], left)[0]:
+                break
+            self._on_signals(self.signals.read())
+        stop_children(self.running(), preemption.TERM_GRACE_S, None if self.signalled else exit_by)
+
+    def _stop_signal(self) -> int | None:
+        """The stop signal received so far, with the signals that came meanwhile handled."""
+        if self.signals is not None:
+            self._on_signals(self.signals.read())
+        return self.signalled
 
     def _cleanup(self) -> None:
         store = self.store

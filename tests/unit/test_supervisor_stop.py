@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import sys
 import time
@@ -10,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from nvrx import checkpoint_flag, processes
+from nvrx.signal_pipe import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
 from nvrx.supervisor import preemption
 from nvrx.supervisor.children import Child
 from nvrx.supervisor.config import SupervisorConfig, local_job
@@ -112,5 +115,40 @@ def test_a_warning_while_the_job_stops_for_good_requeues_nothing(
         sup._handle_preemption()
         assert (sup.exit_code, requeued, sup.preemption.ledger.count()) == (final, [], 0)
     finally:
+        for child in sup.ranks.children.values():
+            processes.stop(child.proc, ask=signal.SIGKILL)
+
+
+@pytest.mark.parametrize("decider", [True, False], ids=["store-host", "other-node"])
+def test_a_stop_signal_during_the_warning_stops_the_job_without_a_requeue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, decider: bool
+) -> None:
+    """scancel while the children checkpoint for a warning: the supervisor reads it at once,
+    ends its children, and nobody requeues the cancelled job (before: its signals were not
+    read until the window ended, and the store host ran ``scontrol requeue`` after it)."""
+    requeued: list[str] = []
+    monkeypatch.setattr(preemption.commands, "requeue", lambda job, **kw: requeued.append(job))
+    sup, _ = _supervisor(tmp_path, 1)
+    sup.preemption = PreemptionHandler(
+        sup.config.events_dir, 0 if decider else 1, 2, job_id="123", slurm=True,
+        preempt_window_s=120.0, export_env=False,
+    )  # fmt: skip
+    monkeypatch.setattr(sup.preemption, "_job_info", lambda: None)
+    if decider:
+        sup.store.service = object()
+    sup.signals = SignalPipe((*STOP_SIGNALS, *FORWARD_SIGNALS, signal.SIGCHLD)).install()
+    try:
+        sup.start_child(0)  # a child that ignores the flag: it would run out the window
+        sup.preemption.on_signal(signal.SIGUSR2)
+        os.kill(os.getpid(), signal.SIGTERM)  # scancel, with the warning
+        sup._handle_preemption()
+        deadline = json.loads(sup.preemption.flag_path.read_text())["deadline_wall"]
+        assert time.time() < deadline  # the window was cut short
+        decision = sup.preemption.decision
+        assert decision is not None and not decision.requeued and requeued == []
+        assert sup.signalled == signal.SIGTERM and sup.exit_code == 128 + signal.SIGTERM
+        assert not sup.running()  # ended and reaped
+    finally:
+        sup.signals.restore()
         for child in sup.ranks.children.values():
             processes.stop(child.proc, ask=signal.SIGKILL)
