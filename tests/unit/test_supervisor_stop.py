@@ -119,13 +119,18 @@ def test_a_warning_while_the_job_stops_for_good_requeues_nothing(
             processes.stop(child.proc, ask=signal.SIGKILL)
 
 
-@pytest.mark.parametrize("decider", [True, False], ids=["store-host", "other-node"])
+@pytest.mark.parametrize(
+    ("decider", "job_state"),
+    [(True, "CANCELLED"), (True, None), (False, "CANCELLED"), (True, "RUNNING")],
+    ids=["store-host", "store-host-no-slurm-answer", "other-node", "store-host-time-limit"],
+)
 def test_a_stop_signal_during_the_warning_stops_the_job_without_a_requeue(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, decider: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, decider: bool, job_state: str | None
 ) -> None:
     """scancel while the children checkpoint for a warning: the supervisor reads it at once,
     ends its children, and nobody requeues the cancelled job (before: its signals were not
-    read until the window ended, and the store host ran ``scontrol requeue`` after it)."""
+    read until the window ended, and the store host ran ``scontrol requeue`` after it). A
+    SIGTERM of the time limit itself (SLURM does not say CANCELLED) still requeues."""
     requeued: list[str] = []
     monkeypatch.setattr(preemption.commands, "requeue", lambda job, **kw: requeued.append(job))
     sup, _ = _supervisor(tmp_path, 1)
@@ -133,9 +138,16 @@ def test_a_stop_signal_during_the_warning_stops_the_job_without_a_requeue(
         sup.config.events_dir, 0 if decider else 1, 2, job_id="123", slurm=True,
         preempt_window_s=120.0, export_env=False,
     )  # fmt: skip
-    monkeypatch.setattr(sup.preemption, "_job_info", lambda: None)
+    info = None if job_state is None else {"JobState": job_state}
+    monkeypatch.setattr(sup.preemption, "_job_info", lambda: info)
     if decider:
         sup.store.service = object()
+    if not decider:  # the store host decided: the job was cancelled
+        sup.preemption._decision_path().parent.mkdir(parents=True, exist_ok=True)
+        sup.preemption._decision_path().write_text(json.dumps(
+            {"cause": "unknown", "requeued": False, "exit_code": 143,
+             "reason": "not requeued: stopped by SIGTERM during the warning", "requeue_count": 0}
+        ))  # fmt: skip
     sup.signals = SignalPipe((*STOP_SIGNALS, *FORWARD_SIGNALS, signal.SIGCHLD)).install()
     try:
         sup.start_child(0)  # a child that ignores the flag: it would run out the window
@@ -145,9 +157,14 @@ def test_a_stop_signal_during_the_warning_stops_the_job_without_a_requeue(
         deadline = json.loads(sup.preemption.flag_path.read_text())["deadline_wall"]
         assert time.time() < deadline  # the window was cut short
         decision = sup.preemption.decision
-        assert decision is not None and not decision.requeued and requeued == []
-        assert sup.signalled == signal.SIGTERM and sup.exit_code == 128 + signal.SIGTERM
         assert not sup.running()  # ended and reaped
+        assert sup.signalled == signal.SIGTERM
+        if job_state == "RUNNING":
+            assert decision is not None and decision.requeued and requeued == ["123"]
+            assert sup.exit_code == 75
+            return
+        assert decision is not None and not decision.requeued and requeued == []
+        assert sup.exit_code == 128 + signal.SIGTERM
     finally:
         sup.signals.restore()
         for child in sup.ranks.children.values():
