@@ -43,6 +43,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -73,6 +74,7 @@ class _Slot:
         self.pending_step: int | None = None  # the step of a device copy that may still run
         self.states: dict[str, Any] = {}
         self.copied: Any = None  # the CUDA event that device copy ends with
+        self.interrupted = False  # a fault came before that copy finished: it is no commit
         self.wall: float | None = None  # when the step was committed or received (time.time())
 
     def finished(self) -> bool:
@@ -83,6 +85,17 @@ class _Slot:
         """Wait for the device copy into this slot, if one runs."""
         if self.copied is not None:
             self.copied.synchronize()
+
+
+#: Every kept state of this process, told of a fault before its collectives are aborted.
+_LIVE: weakref.WeakSet[KeptState] = weakref.WeakSet()
+
+
+def interrupted() -> None:
+    """A fault interrupted the round: every kept state of this process drops a device copy
+    that had not finished (``KeptState.interrupted``)."""
+    for kept in list(_LIVE):
+        kept.interrupted()
 
 
 class KeptState:
@@ -105,6 +118,7 @@ class KeptState:
         self._course = 0.0  # the course of the commits: a new one begins at each fallback
         self._shard: int | None = None  # the replica group they are of, once known
         self._lock = threading.RLock()  # user state_dict/load_state_dict may ask for step
+        _LIVE.add(self)
 
     def register(
         self, name: str, obj: Stateful, per_rank: bool = False, replace: bool = False
@@ -164,6 +178,7 @@ class KeptState:
         index = 0 if self._last == 1 else 1
         slot = self._slots[index]
         slot.step, slot.wall = None, time.time()  # torn until the copy below completes
+        slot.interrupted = False
         copier = state_tree.Copier(self._side_stream)
         for name, obj in self._objects.items():
             state = given[name] if name in given else obj.state_dict()
@@ -370,10 +385,23 @@ class KeptState:
         slot = self._slots[self._pending]
         if wait:
             slot.wait()
-        if slot.finished():
+        if slot.interrupted:  # what it copied may have been computed after an aborted collective
+            slot.copied, slot.pending_step, slot.interrupted = None, None, False
+            self._pending = None
+        elif slot.finished():
             slot.copied = None
             slot.step, slot.pending_step = slot.pending_step, None
             self._last, self._pending = self._pending, None
+
+    def interrupted(self) -> None:
+        """A fault interrupted the step (called before the abort of its collectives): a
+        device copy not finished by now is queued behind them, and would copy what the
+        kernels after an aborted collective computed (an optimizer step over gradients never
+        reduced); it becomes no commit. Takes no lock: the main thread may hold it, waiting
+        for that very copy."""
+        index = self._pending
+        if index is not None and not self._slots[index].finished():
+            self._slots[index].interrupted = True
 
     def _side_stream(self) -> Any:
         if self._stream is None:

@@ -398,3 +398,44 @@ def test_a_rank_that_received_the_step_holds_it_for_the_next_fault(monkeypatch):
     assert _restore_agreed(monkeypatch, kept, everyone, 3, replica_groups=groups, events=sink) == 5
     assert events[0]["source"] == "memory"
     assert torch.equal(model.weight, peer.weight) and torch.equal(model.bias, peer.bias)
+
+
+class _DeviceCopy:
+    """Stands for the CUDA event a device copy ends with: it runs until ``done``."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True  # the stream ran on (after an abort, over what it computed then)
+
+
+@pytest.mark.parametrize("finished_first", [False, True], ids=["copy-running", "copy-finished"])
+def test_a_device_copy_not_finished_when_a_fault_came_is_no_commit(monkeypatch, finished_first):
+    """On a GPU a commit's copy is queued behind the step's collectives: one still running at
+    the fault would copy what ran after an aborted collective. It is dropped, the commit
+    before it stands; a copy that had finished is the commit."""
+    from nvrx.inprocess import kept_state, state_tree
+
+    copies: list[_DeviceCopy] = []
+
+    def finish(self) -> _DeviceCopy:
+        copies.append(_DeviceCopy())
+        return copies[-1]
+
+    model = torch.nn.Linear(2, 2)
+    kept = KeptState()
+    kept.register("model", model)
+    kept.commit(1)  # on the CPU: complete at once
+    monkeypatch.setattr(state_tree.Copier, "finish", finish)
+    kept.commit(2)
+    copies[-1].done = finished_first
+    kept_state.interrupted()  # the monitor thread, before the abort
+    copies[-1].done = True  # the aborted collective let the stream run on
+    assert kept.steps() == ([2, 1] if finished_first else [1])
+    kept.commit(3)  # the slot is reused, and this copy is no interrupted one
+    copies[-1].done = True
+    assert kept.steps()[0] == 3

@@ -84,3 +84,42 @@ def test_the_monitor_thread_wakes_a_main_thread_that_missed_the_first_signal(bas
     finally:
         thread.stop.set()
         delivery.uninstall_signal()
+
+
+def test_the_monitor_thread_tells_kept_state_of_the_fault_before_its_abort(base, monkeypatch) -> None:
+    """A kept state's device copy still running when the round's fault comes is marked before
+    the abort lets the stream run on (``KeptState.interrupted``)."""
+    import torch
+
+    from nvrx.inprocess import kept_state, state_tree
+    from nvrx.inprocess import store as rstore
+    from nvrx.inprocess.monitor_thread import MonitorThread
+
+    class Running:  # a device copy behind the step's collectives
+        def query(self) -> bool:
+            return False
+
+    kept = kept_state.KeptState()
+    kept.register("model", torch.nn.Linear(1, 1))
+    monkeypatch.setattr(state_tree.Copier, "finish", lambda self: Running())
+    kept.commit(1)
+    marked_before_abort: list[bool] = []
+    delivery = Delivery()
+    delivery.install_signal()
+
+    def abort(_: object) -> None:
+        marked_before_abort.append(kept._slots[kept._pending].interrupted)
+
+    thread = MonitorThread(rstore.round_store(base.clone(), 0), delivery, abort, "frozen")
+    thread.start()
+    try:
+        delivery.enter_user()
+        with pytest.raises(RankShouldRestart):
+            rstore.record_fault(rstore.round_store(base, 0), rstore.nvrx_faults.FaultRecord(rank=1, kind="exception"))
+            thread.join(30)  # the restart comes while this rank waits
+        delivery.caught()
+        thread.join(10)
+        assert marked_before_abort == [True]
+    finally:
+        thread.stop.set()
+        delivery.uninstall_signal()
