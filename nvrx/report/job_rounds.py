@@ -74,21 +74,30 @@ def job_restart_rounds(job: JobSummary, losses: LossIndex) -> list[RoundRow]:
             end = min(stopping, default=None)
             cause = next((e["cause"] for e in events if e.get("cause")), None) or {}
             row = _row(job, run, epoch - 1, start, end, "restart")
-            if end is not None and started:
-                row.restart_latency_s = max(started) - end
+            _time_restart(row, events, end, started)
             _name_cause(job, row, cause, world, losses)
-            if end is not None and started:
-                ready = [e["wall"] for e in events if e.get("phase") == "ready"]
-                if ready:
-                    row.phases = {
-                        "stop children": max(ready) - end,
-                        "start children": max(started) - max(ready),
-                    }
             rows.append(row)
             start = max(started, default=None)
         last = max(epochs)
         rows.append(_row(job, run, last, start, max(_walls(job, run, "supervisor_end"), default=None), run_end(job, run)))
     return rows
+
+
+def _time_restart(
+    row: RoundRow, events: list[dict[str, Any]], end: float | None, started: list[float]
+) -> None:
+    """How long the restart took, from the first node stopping its children to the last one
+    starting them again, and its two phases. These are several hosts' wall clocks: a span
+    that their skew makes negative counts as none."""
+    if end is None or not started:
+        return
+    row.restart_latency_s = max(0.0, max(started) - end)
+    ready = [e["wall"] for e in events if e.get("phase") == "ready"]
+    if ready:
+        row.phases = {
+            "stop children": max(0.0, max(ready) - end),
+            "start children": max(0.0, max(started) - max(ready)),
+        }
 
 
 def _row(

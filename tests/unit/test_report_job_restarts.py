@@ -186,3 +186,16 @@ def test_a_job_wide_restart_for_a_lost_node_is_its_loss_and_a_later_failure_is_t
     assert report.exclude == (None if responding else "n1")
     first_screen = report.to_text(width=None).split("faults, in time order:")[1].split("exclude next time")[0]
     assert first_screen.count("node lost") == 1, first_screen  # the loss once, as its round
+
+
+def test_a_restart_span_that_clock_skew_makes_negative_counts_as_none() -> None:
+    """The last node's ``ready`` is stamped by a clock ahead of the one that stamped the last
+    ``started``: that phase is 0, not negative."""
+    from nvrx.report.job_rounds import _time_restart
+    from nvrx.report.model import RoundRow
+
+    row = RoundRow(run=0, round=0, start_wall=0.0, end_wall=10.0, outcome="restart")
+    events = [{"phase": "ready", "wall": 12.5}, {"phase": "ready", "wall": 11.0}]
+    _time_restart(row, events, 10.0, [12.0, 11.5])
+    assert row.restart_latency_s == 2.0
+    assert row.phases == {"stop children": 2.5, "start children": 0.0}
