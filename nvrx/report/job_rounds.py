@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from nvrx.events.failures import NODE, kind_of
 
 from .model import BY_NODE_LOSS, NodeLoss, RoundRow
-from .values import as_str, count
 
 if TYPE_CHECKING:
     from .job_summary import JobSummary
@@ -29,17 +28,6 @@ if TYPE_CHECKING:
 BY_RESTART_CLAIM = "job_restart"
 #: ``outcome_from`` of such rows.
 FROM_JOB_RESTARTS = "job_restart"
-
-
-def restart_cause(value: Any) -> dict[str, Any] | None:
-    """A ``job_restart`` event's cause as the report keeps it: rank, node and signature."""
-    if not isinstance(value, dict):
-        return None
-    return {
-        "rank": count(value.get("rank")),
-        "node": count(value.get("node")),
-        "signature": as_str(value.get("signature")),
-    }
 
 
 def world_of(job: JobSummary) -> int:

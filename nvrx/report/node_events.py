@@ -11,8 +11,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .job_rounds import restart_cause
 from .values import as_str, count, flag, int_list, num, seconds, str_dict, str_list
+
+
+def restart_cause(value: Any) -> dict[str, Any] | None:
+    """A ``job_restart`` event's cause as the report keeps it: rank, node and signature."""
+    if not isinstance(value, dict):
+        return None
+    return {
+        "rank": count(value.get("rank")),
+        "node": count(value.get("node")),
+        "signature": as_str(value.get("signature")),
+    }
+
 
 #: Kinds of per-node events that mean "the job is being stopped on this host".
 STOP_KINDS = ("job_stop", "supervisor_end")
