@@ -156,10 +156,25 @@ def _lost_node(row: RoundRow, losses: LossIndex) -> NodeLoss | None:
 
 
 def _host_of_node(job: JobSummary, row: RoundRow, losses: LossIndex) -> str | None:
-    """The host that held the announced node rank when the stretch ended: the slot of that
-    number, or the spare that took it over (its events name the slot, not the node rank);
-    not a slot lost by then."""
-    at = restart_ended(row)
+    """The host of the announced failure: that of the supervisor that decided the job-wide
+    restart for the failed rank in the stretch, else the one that held the announced node
+    rank when the restart began (the slot of that number, or a spare that took it over:
+    events name the slot, not the node rank), not one lost by then."""
+    until = restart_ended(row)
+    decided = [
+        e["host"]
+        for e in job.node_events
+        if e["run"] == row.run and e.get("kind") == "restart_decision" and e.get("scope") == "job"
+        and e.get("global_rank") == row.first_rank and e.get("host") and "wall" in e
+        and _within(e["wall"], row.start_wall, until)
+    ]
+    if decided:
+        return decided[-1]
+    return _holder(job, row, losses, row.end_wall)
+
+
+def _holder(job: JobSummary, row: RoundRow, losses: LossIndex, at: float | None) -> str | None:
+    """The host whose slot held ``row``'s announced node rank at ``at``, not lost by then."""
     hosts = {
         e.get("node"): e.get("host")
         for e in job.node_events

@@ -199,3 +199,42 @@ def test_a_restart_span_that_clock_skew_makes_negative_counts_as_none() -> None:
     _time_restart(row, events, 10.0, [12.0, 11.5])
     assert row.restart_latency_s == 2.0
     assert row.phases == {"stop children": 2.5, "start children": 0.0}
+
+
+@pytest.mark.parametrize("decision_event", [True, False], ids=["decision-read", "slot-at-the-restart"])
+def test_a_failure_whose_node_was_lost_during_the_restart_is_its_own_hosts(
+    tmp_path: Path, decision_event: bool
+) -> None:
+    """Rank 1 on n1 exits with code 1 and restarts the job; then n1 falls silent and spare
+    n2 takes node rank 1 before the restart ends: the failure is n1's, once (not the spare's,
+    which held the node rank only after it)."""
+    hosts = [Host("n0", 0), Host("n1", 1), Host("n2", 2)]
+    sups = [Proc(tmp_path, h, "supervisor") for h in hosts]
+    for sup in sups:
+        sup.at(0.0, "supervisor_start", nnodes=3, spare_nodes=1, nproc_per_node=1, command=["train.py"])
+    for i in (0, 1):
+        sups[i].at(0.5, "child_start", local_rank=0, child_pid=100 + i, global_rank=i, attempt=0)
+    sups[1].at(30.0, "child_exit", local_rank=0, child_pid=101, global_rank=1, exit_code=1, signal=None,
+               runtime_s=29.0, attempt=0)  # fmt: skip
+    if decision_event:
+        sups[1].at(30.05, "restart_decision", local_rank=0, global_rank=1, scope="job", decision="restart",
+                   reason="child failed", budget_left=5, signature="exit code 1")  # fmt: skip
+    for i in (0, 1):
+        sups[i].at(30.1, "job_restart", epoch=1, phase="stopping", cause={"rank": 1, "node": 1, "signature": "exit code 1"})
+    sups[0].at(30.3, "child_exit", local_rank=0, child_pid=100, global_rank=0, exit_code=None, signal="SIGTERM",
+               runtime_s=29.0, attempt=0)  # fmt: skip
+    sups[0].at(41.0, "node_lost", lost_node=1, lost_slot=1, lost_host="n1", silent_s=10.0,
+               last_seen_wall=T0 + 31.0, seen_by=0, action="spare", replaced_by=2, ranks=[1])  # fmt: skip
+    sups[2].at(41.5, "node_takeover", node_rank=1, lost_slot=1, wait_s=0.5)
+    for i in (0, 2):
+        sups[i].at(42.0, "job_restart", epoch=1, phase="ready", ready=2, nodes=2)
+        sups[i].at(42.5, "job_restart", epoch=1, phase="started")
+        sups[i].at(42.5, "child_start", local_rank=0, child_pid=200 + i, global_rank=min(i, 1), attempt=1)
+        sups[i].at(80.0, "supervisor_end", exit_code=0, reason="all children ended")
+    for sup in sups:
+        sup.close()
+    report = build_report(tmp_path, sacct=False)
+    failed = report.timeline[0]
+    assert (failed.cause, failed.first_rank, failed.first_host) == ("exit code 1", 1, "n1")
+    faulted = sorted(n.host for n in report.suspects if n.faults)
+    assert faulted == ["n1"], [(n.host, n.faults, n.evidence) for n in report.suspects]
