@@ -266,8 +266,9 @@ KINDS: dict[str, dict[str, str]] = {
         "newest_step": "the newest step any rank of the group had kept: the finished steps "
         "after step up to it are lost (the step running at the fault is trained again in "
         "any case, and not counted)",
-        "committed_wall": "when this rank committed the step it restored (source memory; "
-        "null otherwise): the work after it, up to the fault, is lost",
+        "committed_wall": "when this rank committed the step it restored, or received it "
+        "from a peer after an earlier fault (source memory; null otherwise): the work after "
+        "it, up to the fault, is lost",
         "duration_s": "seconds the agreement, hand-over and load took on this rank",
     },
     "checkpoint": {

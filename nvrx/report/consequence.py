@@ -65,7 +65,7 @@ _HARDWARE_TYPES = frozenset({"HealthCheckError"})
 #: Words of a message that tell of the node's device or driver (lowercase), whatever else
 #: it says.
 _HARDWARE_WORDS = re.compile(
-    r"ecc error|uncorrectable ecc|\bxid\b|unspecified launch failure|gpu is lost|"
+    r"ecc error|uncorrectable ecc|(?<![a-z])xid(?![a-z])|unspecified launch failure|gpu is lost|"
     r"fallen off the bus|nvlink|driver/library version mismatch|cuda driver|device health"
 )
 #: Words of a message that tell of the node's device or driver unless it also tells of a

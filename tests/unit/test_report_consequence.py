@@ -37,6 +37,7 @@ from nvrx.report.consequence import FOLLOW_ON, HARDWARE, fault_shape
         ),
         ("RuntimeError", "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus", None, HARDWARE),
         ("KeyError", "'taxid'", None, None),  # a word that holds "xid" is no Xid
+        ("RuntimeError", "DCGM_FR_XID_ERROR: xid79 on GPU 3", None, HARDWARE),
         ("ZeroDivisionError", "division by zero", None, None),
         ("ValueError", "bad batch 17", "ValueError at train.py:12 in step", None),
         (None, None, "signal SIGKILL", None),

@@ -93,7 +93,9 @@ def test_a_second_stop_signal_kills_at_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "final", [ExitCode.RANK_STOPPED, ExitCode.BUDGET_EXHAUSTED, ExitCode.LOOP_BREAKER], ids=lambda c: c.name
+    "final",
+    [ExitCode.OK, ExitCode.RANK_STOPPED, ExitCode.BUDGET_EXHAUSTED, ExitCode.LOOP_BREAKER, ExitCode.NON_RETRYABLE],
+    ids=lambda c: c.name,
 )
 def test_a_warning_while_the_job_stops_for_good_requeues_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, final: ExitCode
