@@ -234,15 +234,15 @@ class HangWatch:
         )  # fmt: skip
         assert self.store.link is not None
         self.store.link.leave_silent(beat.initial_rank, self.store.config.world_size, message)
+        child = self.ranks.children[beat.local_rank]  # running: ``on_message`` checked it
         self.control.emit(
             "fault", fault_kind=UNRESPONSIVE, origin_rank=rank, rank=rank,
             round=beat.round if beat.round >= 0 else None,  # a common field: None, never -1
-            local_rank=beat.local_rank, child_pid=beat.pid, message=message,
+            local_rank=beat.local_rank, child_pid=child.pid, message=message,
             signature=UNRESPONSIVE_SIGNATURE, detected_mono=time.monotonic(),
         )  # fmt: skip
         if _is_monitor(beat.monitor_pid):
             processes.signal_group(beat.monitor_pid, signal.SIGKILL)
-        child = self.ranks.children[beat.local_rank]  # running: ``on_message`` checked it
         self._hung[child.pid] = LastFault(UNRESPONSIVE_SIGNATURE, UNRESPONSIVE)
         child.signal_group(signal.SIGKILL)
 

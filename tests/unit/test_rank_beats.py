@@ -122,6 +122,7 @@ class _Node:
         self.child = SimpleNamespace(local_rank=1, attempt=0, running=True, pid=5)
         self.child.signal_group = lambda signum: self.calls.append(f"signal {signum}")
         self.calls: list[str] = []
+        self.events: list[dict[str, Any]] = []
         store = JobStore(SupervisorConfig(command=["train"], job=local_job(nproc_per_node=4)))
         store.link = link
         ranks = LocalRanks(store, spawn=None, emit=self.emit)
@@ -137,6 +138,7 @@ class _Node:
 
     def emit(self, kind: str, **fields: Any) -> None:
         self.calls.append(kind)
+        self.events.append({"kind": kind, **fields})
 
     def _store_lost(self, detail: str) -> bool:
         self.calls.append("lost")
@@ -163,6 +165,18 @@ def test_a_silent_rank_is_taken_out_then_killed_and_an_ended_child_is_no_silence
         assert sup.hangs.hang_fault(5).fault_kind == "unresponsive"
         assert sup.hangs.on_message({"event": "wrapper_pid", "pid": 77})
         assert sup.hangs.wrapper_pids == {77} and not sup.hangs.on_message({"event": "key"})
+    finally:
+        sup.hangs.close()
+
+
+def test_a_silent_rank_under_a_shell_is_named_by_the_child_its_supervisor_kills() -> None:
+    """The rank beats from its own process (pid 6) under the supervisor's child, a shell
+    (pid 5): the fault names the child that is killed, whose end the report then explains."""
+    sup = _Node(SimpleNamespace(lost=None, leave_silent=lambda *a: None))
+    try:
+        assert sup.hangs.on_message(_silent(_beat(pid=6)))
+        [fault] = [e for e in sup.events if e["kind"] == "fault"]
+        assert fault["child_pid"] == 5 and fault["fault_kind"] == "unresponsive"
     finally:
         sup.hangs.close()
 
