@@ -17,14 +17,14 @@ import signal
 from collections.abc import Mapping
 from typing import Any
 
-from nvrx import jobenv
+from nvrx import jobenv, processes
 from nvrx.processes import DEFAULT_WARNING_SIGNAL, signal_from_name
 
 #: submitit's variable naming the warning signal (read by submitit as ``SIG<name>``).
 SUBMITIT_SIGNAL_ENV = "SUBMITIT_PREEMPT_SIGNAL"
 NVRX_SIGNAL_ENV = jobenv.PREEMPT_SIGNAL
-#: Signals nvrx's supervisors can take as the warning (they listen for both; NCCL may use USR1).
-WARNING_SIGNALS = ("USR1", "USR2")
+#: Signals nvrx's supervisors can take as the warning, as SLURM names them (``processes``).
+WARNING_SIGNALS = tuple(s.name.removeprefix("SIG") for s in processes.WARNING_SIGNALS)
 #: nvrx's setting -> submitit's names of the same setting, and what the setting is.
 ALIASES: dict[str, tuple[tuple[str, ...], str]] = {
     "signal_delay_s": (("slurm_signal_delay_s",), "seconds of warning before the time limit"),
