@@ -103,7 +103,9 @@ class RoundRow:
     first_rank: int | None = None
     first_node: int | None = None
     first_host: str | None = None
-    ordering: str = "none"  # how "first" was decided: monotonic | store_origin | wall_clock | process_exit | hang | node_lost | job_restart | none
+    # how "first" was decided: monotonic | store_origin | wall_clock | process_exit | hang |
+    # node_lost | job_restart | none
+    ordering: str = "none"
     also_failed: list[int] = field(default_factory=list)  # other ranks with a fault of their own (after the first)
     peer_notified: int = 0  # ranks that stopped only because a peer faulted
     hang_ranks: list[int] = field(default_factory=list)

@@ -271,8 +271,9 @@ def _tally_hangs_and_deaths(
         s = per.of(h.host, h.node)
         s.hangs += 1
         s.sigs.add(hang_signature(h.timeout))
-        row = next((r for r in explained.get((h.run, h.rank, "hang"), []) if _in_row(r, h.round, h.wall)), None)
-        incident = ("round", h.run, row.round) if row is not None else ("hang", h.run, h.round, h.rank)
+        rows = explained.get((h.run, h.rank, "hang"), [])
+        row = next((r for r in rows if _in_row(r, h.round, h.wall)), None)
+        incident = ("hang", h.run, h.round, h.rank) if row is None else ("round", h.run, row.round)
         s.incidents.add(incident)
         s.own.setdefault(incident, hang_signature(h.timeout))
     windows = RoundWindows(job.rounds)
