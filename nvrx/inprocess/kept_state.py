@@ -74,12 +74,14 @@ class _Slot:
         self.pending_step: int | None = None  # the step of a device copy that may still run
         self.states: dict[str, Any] = {}
         self.copied: Any = None  # the CUDA event that device copy ends with
+        self.device_queued: float | None = None  # when that copy was queued (time.monotonic())
         self.interrupted = False  # a fault came before that copy finished: it is no commit
         self.wall: float | None = None  # when the step was committed or received (time.time())
 
     def finished(self) -> bool:
         """Whether the copy into this slot is complete (waits for nothing)."""
-        return self.copied is None or self.copied.query()
+        copied = self.copied  # once: the main thread may settle it meanwhile
+        return copied is None or copied.query()
 
     def wait(self) -> None:
         """Wait for the device copy into this slot, if one runs."""
@@ -87,15 +89,15 @@ class _Slot:
             self.copied.synchronize()
 
 
-#: Every kept state of this process, told of a fault before its collectives are aborted.
+#: Every kept state of this process, told of a fault around the abort of its collectives.
 _LIVE: weakref.WeakSet[KeptState] = weakref.WeakSet()
 
 
-def interrupted() -> None:
-    """A fault interrupted the round: every kept state of this process drops a device copy
-    that had not finished (``KeptState.interrupted``)."""
+def interrupted(since: float) -> None:
+    """A fault at ``since`` (``time.monotonic()``) interrupted the round: every kept state
+    of this process drops the device copies it may have spoilt (``KeptState.interrupted``)."""
     for kept in list(_LIVE):
-        kept.interrupted()
+        kept.interrupted(since)
 
 
 class KeptState:
@@ -178,7 +180,7 @@ class KeptState:
         index = 0 if self._last == 1 else 1
         slot = self._slots[index]
         slot.step, slot.wall = None, time.time()  # torn until the copy below completes
-        slot.interrupted = False
+        slot.interrupted, slot.device_queued = False, None
         copier = state_tree.Copier(self._side_stream)
         for name, obj in self._objects.items():
             state = given[name] if name in given else obj.state_dict()
@@ -187,6 +189,7 @@ class KeptState:
         if slot.copied is None:
             slot.step, self._last = step, index
         else:
+            slot.device_queued = time.monotonic()
             slot.pending_step, self._pending = step, index
 
     def steps(self) -> list[int]:
@@ -379,29 +382,38 @@ class KeptState:
         )
 
     def _settle(self, wait: bool) -> None:
-        """Make a pending device copy the last complete commit once it has finished."""
-        if self._pending is None:
-            return
-        slot = self._slots[self._pending]
-        if wait:
-            slot.wait()
-        if slot.interrupted:  # what it copied may have been computed after an aborted collective
-            slot.copied, slot.pending_step, slot.interrupted = None, None, False
-            self._pending = None
-        elif slot.finished():
-            slot.copied = None
-            slot.step, slot.pending_step = slot.pending_step, None
-            self._last, self._pending = self._pending, None
+        """Make a pending device copy the last complete commit once it has finished; drop
+        the commits a fault spoilt (``interrupted``): the one before stands."""
+        if self._pending is not None:
+            slot = self._slots[self._pending]
+            if wait:
+                slot.wait()
+            if slot.interrupted:  # it may copy what ran after an aborted collective
+                slot.copied, slot.pending_step, slot.interrupted = None, None, False
+                self._pending = None
+            elif slot.finished():
+                slot.copied = None
+                slot.step, slot.pending_step = slot.pending_step, None
+                self._last, self._pending = self._pending, None
+        if self._last is not None and self._slots[self._last].interrupted:
+            self._slots[self._last].step, self._slots[self._last].interrupted = None, False
+            other = self._slots[1 - self._last]
+            self._last = 1 - self._last if other.step is not None and not other.interrupted else None
 
-    def interrupted(self) -> None:
-        """A fault interrupted the step (called before the abort of its collectives): a
-        device copy not finished by now is queued behind them, and would copy what the
+    def interrupted(self, since: float) -> None:
+        """A fault at ``since`` interrupted the step; called before the abort of its
+        collectives and again after it. A device copy queued behind them would copy what the
         kernels after an aborted collective computed (an optimizer step over gradients never
-        reduced); it becomes no commit. Takes no lock: the main thread may hold it, waiting
-        for that very copy."""
-        index = self._pending
-        if index is not None and not self._slots[index].finished():
-            self._slots[index].interrupted = True
+        reduced): one not finished before the fault, or queued after it, becomes no commit
+        (the main thread drops it at its next look, ``_settle``). A commit made without a
+        device copy is whole. Takes no lock: the main thread may hold it, waiting for that
+        very copy."""
+        pending = self._pending
+        for index, slot in enumerate(self._slots):
+            queued = slot.device_queued
+            late = queued is not None and queued >= since
+            if late or (index == pending and not slot.finished()):
+                slot.interrupted = True
 
     def _side_stream(self) -> Any:
         if self._stream is None:

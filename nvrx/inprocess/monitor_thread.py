@@ -352,18 +352,31 @@ class MonitorThread(threading.Thread):
         rounds.wake_completion(self.store)  # ranks waiting to complete, and spares
         with self.delivery.atomic_lock:
             t0 = time.monotonic()
-            kept = sys.modules.get("nvrx.inprocess.kept_state")  # imported where one is used
-            if kept is not None:
-                kept.interrupted()
+            _tell_kept_state(self.seen_mono)
             try:
                 if self.abort is not None:
                     self.abort(self.frozen_state)
             except Exception as exc:
                 self.abort_ok = False
                 log.critical("abort failed: %r", exc)
+            _tell_kept_state(self.seen_mono)  # the copies queued while the abort ran
             self.abort_s = time.monotonic() - t0
             self.delivery.deliver("a rank faulted: restarting")
         self.delivery.keep_waking()
+
+
+def _tell_kept_state(since: float) -> None:
+    """Tell this process's kept states that a fault at ``since`` interrupted the step, so
+    that no device copy it spoilt becomes a commit (``kept_state.interrupted``); nothing
+    where none was made (the module is imported where one is). A failure here is logged:
+    it never keeps the abort from running."""
+    kept = sys.modules.get("nvrx.inprocess.kept_state")
+    if kept is None:
+        return
+    try:
+        kept.interrupted(since)
+    except Exception as exc:  # a CUDA error a query raises, a set changed while read
+        log.error("kept state not told of the fault: %r", exc)
 
 
 @contextlib.contextmanager

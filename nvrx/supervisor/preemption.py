@@ -18,11 +18,11 @@ The supervisor of each node owns one ``PreemptionHandler``:
   nodes still in the job (not those declared lost or ended) and runs
   ``scontrol requeue`` once, unless the cap on time-limit requeues is
   reached. Every node returns the same ``WarningOutcome``; its ``exit_code`` is what
-  the supervisor should exit with. A stop signal while it waits ends the wait (the
-  supervisor reads its signals meanwhile, ``stopped``): where it cancelled the job
-  (scancel: SLURM says CANCELLED; or no SLURM to ask) nobody requeues it, and every node
-  exits with the signal's code; a time limit's or preemption's own SIGTERM requeues as
-  the warning would have.
+  the supervisor should exit with. A stop signal while it waits (the supervisor reads its
+  signals meanwhile, ``stopped``) ends the wait: the job was cancelled (scancel), nobody
+  requeues it, and every node exits with the signal's code. SLURM's own SIGTERM at the
+  time limit or at the end of a preemption's grace comes after the window, which ends a
+  margin before the job must have stopped (``warning_cause.window_s``): after the decision.
 
 Files live in ``<job log dir>/preempt/``: ``r<run>.flag`` (the flag children
 read), ``r<run>.node<k>.done`` (node k's children are done),
@@ -313,8 +313,7 @@ class PreemptionHandler:
         if (self.node_rank == 0) if decider is None else decider:
             self._wait_for(lambda: self._all_done(running) or stopped() is not None, deadline)
             signum = stopped()
-            cancelled = signum is not None and self._cancelled()
-            decision = self._stopped(cause, signum) if cancelled else self._decide(cause)
+            decision = self._decide(cause) if signum is None else self._stopped(cause, signum)
             write_flag(self._decision_path(), decision.to_dict())
         else:
             decision = self._await_decision(cause, deadline + 15.0, stopped)
@@ -356,13 +355,6 @@ class PreemptionHandler:
         reason = f"requeued job {self.job_id} ({cause}, requeue {count})"
         return WarningOutcome(cause, True, EXIT_REQUEUED, reason, count)
 
-    def _cancelled(self) -> bool:
-        """Whether the stop signal that came in the window cancelled the job: SLURM says
-        CANCELLED, or there is no SLURM to ask (a user stopped it). The time limit's or a
-        preemption's own SIGTERM leaves the job in another state: its requeue stands."""
-        info = self._job_info()
-        return info is None or str(info.get("JobState", "")).startswith("CANCELLED")
-
     def _stopped(self, cause: str, signum: int) -> WarningOutcome:
         """The outcome of a warning a stop signal cut short: the job was cancelled."""
         reason = f"not requeued: stopped by {signal.Signals(signum).name} during the warning"
@@ -375,7 +367,8 @@ class PreemptionHandler:
         path = self._decision_path()
 
         def decided() -> bool:
-            stopped()  # signals are handled as they come: a second stop kills at once
+            stopped()  # signals are handled as they come (a stop here ends no wait: the
+            # decider, which gets the same scancel, says whether the job is requeued)
             return path.exists()
 
         if self._wait_for(decided, deadline):

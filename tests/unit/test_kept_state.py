@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from collections import Counter, OrderedDict, defaultdict
 
 import pytest
@@ -433,9 +434,36 @@ def test_a_device_copy_not_finished_when_a_fault_came_is_no_commit(monkeypatch, 
     monkeypatch.setattr(state_tree.Copier, "finish", finish)
     kept.commit(2)
     copies[-1].done = finished_first
-    kept_state.interrupted()  # the monitor thread, before the abort
+    fault = time.monotonic()
+    kept_state.interrupted(fault)  # the monitor thread, before the abort
     copies[-1].done = True  # the aborted collective let the stream run on
+    kept_state.interrupted(fault)  # and after it
     assert kept.steps() == ([2, 1] if finished_first else [1])
     kept.commit(3)  # the slot is reused, and this copy is no interrupted one
     copies[-1].done = True
     assert kept.steps()[0] == 3
+
+
+def test_a_device_copy_queued_after_the_fault_is_no_commit_and_a_cpu_commit_is(monkeypatch):
+    """The main thread may queue a step's commit while the abort runs: behind the aborted
+    collectives, it is dropped even once finished, and the commit before it stands; a commit
+    without a device copy (gloo on the CPU: a collective that failed raised) is whole."""
+    from nvrx.inprocess import kept_state, state_tree
+
+    kept = KeptState()
+    kept.register("model", torch.nn.Linear(2, 2))
+    kept.commit(1)
+    fault = time.monotonic()
+    kept_state.interrupted(fault)  # before the abort: nothing pending
+    kept.commit(2)  # on the CPU, while the abort runs
+    kept_state.interrupted(fault)
+    assert kept.steps() == [2, 1]
+    copy = _DeviceCopy()
+    monkeypatch.setattr(state_tree.Copier, "finish", lambda self: copy)
+    fault = time.monotonic()
+    kept_state.interrupted(fault)
+    kept.commit(3)  # a device copy queued while the abort runs
+    copy.done = True
+    assert kept.steps() == [3, 2]  # it finished before the abort ended
+    kept_state.interrupted(fault)  # the pass after the abort
+    assert kept.steps() == [2]

@@ -429,3 +429,19 @@ def test_a_refusing_checkpoint_record_stops_scontrol_requeue_and_a_stale_one_is_
     assert not decision.requeued and requeued == []
     assert decision.reason == "not requeued: the checkpoint returned None"
     assert warned(tmp_path / "stale", None).requeued and requeued == ["4242"]
+
+
+def test_a_node_stopped_in_the_window_takes_the_deciders_word_else_its_signal(tmp_path: Path) -> None:
+    """A node other than the decider that got a stop signal while it waited still takes the
+    decision where one came (the decider got the same scancel, or none); where none came in
+    time, it exits with its signal's code, not as if nothing had stopped it."""
+    node1 = _two_local_nodes(tmp_path / "job")[1]
+    node1.on_signal(signal.SIGUSR2)
+    stopped = lambda: int(signal.SIGTERM)  # noqa: E731
+    late = node1._await_decision("preemption", time.time(), stopped)
+    assert (late.requeued, late.exit_code) == (False, 128 + signal.SIGTERM)
+    assert late.reason == "not requeued: stopped by SIGTERM during the warning"
+    decided = WarningOutcome("preemption", True, 75, "requeued", 1)
+    node1._decision_path().parent.mkdir(parents=True, exist_ok=True)
+    node1._decision_path().write_text(json.dumps(decided.to_dict()))
+    assert node1._await_decision("preemption", time.time() + 60, stopped) == decided

@@ -135,15 +135,20 @@ def test_one_failure_that_restarted_the_job_is_one_fault_and_no_reason_to_exclud
     assert report.exclude == "n1"
 
 
-def _spare_then_failure(log_dir: Path, responding: bool) -> None:
-    """Slot 1 (n1) is lost, spare slot 2 (n2) takes node rank 1 and every rank restarts
-    (epoch 1, cause "node lost"); later rank 1, now on n2, exits with code 1 (epoch 2)."""
-    hosts = [Host("n0", 0), Host("n1", 1), Host("n2", 2)]
-    sups = [Proc(log_dir, h, "supervisor") for h in hosts]
+def _two_nodes_and_a_spare(log_dir: Path) -> list[Proc]:
+    """The supervisors of slots 0 and 1 (n0, n1: a rank each) and of spare slot 2 (n2)."""
+    sups = [Proc(log_dir, Host(f"n{slot}", slot), "supervisor") for slot in range(3)]
     for sup in sups:
         sup.at(0.0, "supervisor_start", nnodes=3, spare_nodes=1, nproc_per_node=1, command=["train.py"])
     for i in (0, 1):
         sups[i].at(0.5, "child_start", local_rank=0, child_pid=100 + i, global_rank=i, attempt=0)
+    return sups
+
+
+def _spare_then_failure(log_dir: Path, responding: bool) -> None:
+    """Slot 1 (n1) is lost, spare slot 2 (n2) takes node rank 1 and every rank restarts
+    (epoch 1, cause "node lost"); later rank 1, now on n2, exits with code 1 (epoch 2)."""
+    sups = _two_nodes_and_a_spare(log_dir)
     sups[0].at(20.0, "node_lost", lost_node=1, lost_slot=1, lost_host="n1", silent_s=10.0,
                last_seen_wall=T0 + 10.0, seen_by=0, action="spare", replaced_by=2, ranks=[1])  # fmt: skip
     sups[0].at(20.2, "node_probe", lost_slot=1, lost_host="n1", responding=responding, probe_s=0.5)
@@ -208,12 +213,7 @@ def test_a_failure_whose_node_was_lost_during_the_restart_is_its_own_hosts(
     """Rank 1 on n1 exits with code 1 and restarts the job; then n1 falls silent and spare
     n2 takes node rank 1 before the restart ends: the failure is n1's, once (not the spare's,
     which held the node rank only after it)."""
-    hosts = [Host("n0", 0), Host("n1", 1), Host("n2", 2)]
-    sups = [Proc(tmp_path, h, "supervisor") for h in hosts]
-    for sup in sups:
-        sup.at(0.0, "supervisor_start", nnodes=3, spare_nodes=1, nproc_per_node=1, command=["train.py"])
-    for i in (0, 1):
-        sups[i].at(0.5, "child_start", local_rank=0, child_pid=100 + i, global_rank=i, attempt=0)
+    sups = _two_nodes_and_a_spare(tmp_path)
     sups[1].at(30.0, "child_exit", local_rank=0, child_pid=101, global_rank=1, exit_code=1, signal=None,
                runtime_s=29.0, attempt=0)  # fmt: skip
     if decision_event:

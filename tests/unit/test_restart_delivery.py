@@ -86,9 +86,13 @@ def test_the_monitor_thread_wakes_a_main_thread_that_missed_the_first_signal(bas
         delivery.uninstall_signal()
 
 
-def test_the_monitor_thread_tells_kept_state_of_the_fault_before_its_abort(base, monkeypatch) -> None:
+@pytest.mark.parametrize("query_fails", [False, True], ids=["copy-running", "cuda-error"])
+def test_the_monitor_thread_tells_kept_state_of_the_fault_before_its_abort(
+    base, monkeypatch, query_fails: bool
+) -> None:
     """A kept state's device copy still running when the round's fault comes is marked before
-    the abort lets the stream run on (``KeptState.interrupted``)."""
+    the abort lets the stream run on (``KeptState.interrupted``); a CUDA error its query
+    raises is logged and the abort runs all the same."""
     import torch
 
     from nvrx.inprocess import kept_state, state_tree
@@ -97,6 +101,8 @@ def test_the_monitor_thread_tells_kept_state_of_the_fault_before_its_abort(base,
 
     class Running:  # a device copy behind the step's collectives
         def query(self) -> bool:
+            if query_fails:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
             return False
 
     kept = kept_state.KeptState()
@@ -119,7 +125,7 @@ def test_the_monitor_thread_tells_kept_state_of_the_fault_before_its_abort(base,
             thread.join(30)  # the restart comes while this rank waits
         delivery.caught()
         thread.join(10)
-        assert marked_before_abort == [True]
+        assert marked_before_abort == [not query_fails]
     finally:
         thread.stop.set()
         delivery.uninstall_signal()
