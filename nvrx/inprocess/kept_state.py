@@ -404,21 +404,29 @@ class KeptState:
         """A fault at ``since`` interrupted the step; called before the abort of its
         collectives and again after it. A device copy queued behind them would copy what the
         kernels after an aborted collective computed (an optimizer step over gradients never
-        reduced): one not finished before the fault, or queued after it, becomes no commit
-        (the main thread drops it at its next look, ``_settle``). A commit made without a
-        device copy is whole. Takes no lock: the main thread may hold it, waiting for that
-        very copy."""
+        reduced): one not finished before the fault (or whose device cannot say), or queued
+        after it, becomes no commit (the main thread drops it at its next look, ``_settle``).
+        A commit made without a device copy is whole. Takes no lock: the main thread may hold
+        it, waiting for that very copy."""
         pending = self._pending
         for index, slot in enumerate(self._slots):
             queued = slot.device_queued
             late = queued is not None and queued >= since
-            if late or (index == pending and not slot.finished()):
+            if late or (index == pending and not _finished(slot)):
                 slot.interrupted = True
 
     def _side_stream(self) -> Any:
         if self._stream is None:
             self._stream = torch.cuda.Stream()
         return self._stream
+
+
+def _finished(slot: _Slot) -> bool:
+    """Whether ``slot``'s copy finished; not where the device cannot say (a CUDA error)."""
+    try:
+        return slot.finished()
+    except Exception:
+        return False
 
 
 class RngState:

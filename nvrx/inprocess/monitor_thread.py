@@ -352,24 +352,25 @@ class MonitorThread(threading.Thread):
         rounds.wake_completion(self.store)  # ranks waiting to complete, and spares
         with self.delivery.atomic_lock:
             t0 = time.monotonic()
-            _tell_kept_state(self.seen_mono)
+            tell_kept_state(self.seen_mono)
             try:
                 if self.abort is not None:
                     self.abort(self.frozen_state)
             except Exception as exc:
                 self.abort_ok = False
                 log.critical("abort failed: %r", exc)
-            _tell_kept_state(self.seen_mono)  # the copies queued while the abort ran
+            tell_kept_state(self.seen_mono)  # the copies queued while the abort ran
             self.abort_s = time.monotonic() - t0
             self.delivery.deliver("a rank faulted: restarting")
         self.delivery.keep_waking()
 
 
-def _tell_kept_state(since: float) -> None:
+def tell_kept_state(since: float) -> None:
     """Tell this process's kept states that a fault at ``since`` interrupted the step, so
-    that no device copy it spoilt becomes a commit (``kept_state.interrupted``); nothing
-    where none was made (the module is imported where one is). A failure here is logged:
-    it never keeps the abort from running."""
+    that no device copy it spoilt becomes a commit (``kept_state.interrupted``): the
+    monitor thread before its abort and after it, the main thread once it took the
+    restart (no commit follows). Nothing where none was made (the module is imported
+    where one is). A failure here is logged: it never keeps the abort from running."""
     kept = sys.modules.get("nvrx.inprocess.kept_state")
     if kept is None:
         return

@@ -47,7 +47,13 @@ from nvrx.store import faults, rounds
 from . import gloo_abort
 from .exception import InternalError
 from .health_check_base import run_check
-from .monitor_thread import RESTART_WAIT_S, Delivery, MonitorThread, RankShouldRestart
+from .monitor_thread import (
+    RESTART_WAIT_S,
+    Delivery,
+    MonitorThread,
+    RankShouldRestart,
+    tell_kept_state,
+)
 from .progress_watchdog import FLAG_RELEASED
 from .rank_assignment import RankAssignment
 from .rank_services import RankServices
@@ -165,6 +171,7 @@ class RoundRun:
             call.emit("round_end", outcome="completed", duration_s=time.monotonic() - self.started)
         except RankShouldRestart as restart:
             call.delivery.caught()
+            tell_kept_state(self.monitor.seen_mono or time.monotonic())  # a commit raced it
             call.services.board.leave_user()
             self._call_ended("restart")  # a peer's fault cut the call short
             if self.fault is None and isinstance(restart.__context__, Exception):

@@ -276,9 +276,10 @@ class PreemptionHandler:
         classification. ``decider``: whether this node decides (default: node 0; after a
         store failover, the store host); ``running()``: the nodes it waits for (default:
         all); ``stopped()``: the stop signal the supervisor received meanwhile, if any (it
-        reads its signals when called), which ends the waits without a requeue. Blocks for
-        the window, the stop, and elsewhere the decision (bounded). Idempotent: a second
-        call returns the first decision.
+        reads its signals when called): on the decider it ends the wait, without a requeue;
+        elsewhere the decider's word is awaited all the same, the signal's code taken where
+        none comes. Blocks for the window, the stop, and elsewhere the decision (bounded).
+        Idempotent: a second call returns the first decision.
         """
         if self._decision is not None:
             return self._decision

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from nvrx.inprocess import between_rounds, rejoin
+from nvrx.inprocess import between_rounds, rejoin, round_run
 from nvrx.inprocess import store as rstore
 from nvrx.inprocess.exception import HealthCheckError, InternalError, RestartAbort
 from nvrx.inprocess.monitor_thread import RESTART_WAIT_S, Delivery, MonitorThread, RankShouldRestart
@@ -182,6 +182,16 @@ def test_a_fault_restarts_the_round_with_this_ranks_fault(base):
     outcome = _run(call).run(_fails, (), {})
     assert isinstance(outcome, Restart) and str(outcome.fault) == "own fault"
     assert [r.kind for r in rstore.fault_records(call.store)] == ["exception"]
+
+
+def test_the_main_thread_that_took_the_restart_tells_kept_state_of_the_fault(base, monkeypatch):
+    """A commit the main thread queued after the monitor thread's last look at kept state
+    is caught here: no commit follows the restart taken."""
+    told: list[float] = []
+    monkeypatch.setattr(round_run, "tell_kept_state", told.append)
+    before = time.monotonic()
+    assert isinstance(_run(FakeCall(base)).run(_fails, (), {}), Restart)
+    assert len(told) == 1 and told[0] >= before  # the monitor saw none: the time it is taken
 
 
 def test_a_restart_request_later_than_the_wait_still_restarts(base):

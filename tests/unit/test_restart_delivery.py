@@ -87,12 +87,13 @@ def test_the_monitor_thread_wakes_a_main_thread_that_missed_the_first_signal(bas
 
 
 @pytest.mark.parametrize("query_fails", [False, True], ids=["copy-running", "cuda-error"])
-def test_the_monitor_thread_tells_kept_state_of_the_fault_before_its_abort(
+def test_the_monitor_thread_tells_kept_state_of_the_fault_before_and_after_its_abort(
     base, monkeypatch, query_fails: bool
 ) -> None:
     """A kept state's device copy still running when the round's fault comes is marked before
-    the abort lets the stream run on (``KeptState.interrupted``); a CUDA error its query
-    raises is logged and the abort runs all the same."""
+    the abort lets the stream run on (``KeptState.interrupted``), also where the device
+    cannot say (a CUDA error its query raises); one the main thread queues while the abort
+    runs is dropped after it, though finished."""
     import torch
 
     from nvrx.inprocess import kept_state, state_tree
@@ -105,6 +106,9 @@ def test_the_monitor_thread_tells_kept_state_of_the_fault_before_its_abort(
                 raise RuntimeError("CUDA error: an illegal memory access was encountered")
             return False
 
+        def synchronize(self) -> None:  # the abort lets the stream run on
+            pass
+
     kept = kept_state.KeptState()
     kept.register("model", torch.nn.Linear(1, 1))
     monkeypatch.setattr(state_tree.Copier, "finish", lambda self: Running())
@@ -113,8 +117,14 @@ def test_the_monitor_thread_tells_kept_state_of_the_fault_before_its_abort(
     delivery = Delivery()
     delivery.install_signal()
 
+    class Finished(Running):  # a device copy the main thread queued while the abort ran
+        def query(self) -> bool:
+            return True
+
     def abort(_: object) -> None:
         marked_before_abort.append(kept._slots[kept._pending].interrupted)
+        monkeypatch.setattr(state_tree.Copier, "finish", lambda self: Finished())
+        kept.commit(2)  # it settles the interrupted copy first: nothing complete is left
 
     thread = MonitorThread(rstore.round_store(base.clone(), 0), delivery, abort, "frozen")
     thread.start()
@@ -125,7 +135,8 @@ def test_the_monitor_thread_tells_kept_state_of_the_fault_before_its_abort(
             thread.join(30)  # the restart comes while this rank waits
         delivery.caught()
         thread.join(10)
-        assert marked_before_abort == [not query_fails]
+        assert marked_before_abort == [True]
+        assert kept.steps() == []  # step 1's copy was spoilt, step 2's queued during the abort
     finally:
         thread.stop.set()
         delivery.uninstall_signal()

@@ -135,7 +135,8 @@ def test_a_stop_signal_during_the_warning_stops_the_job_without_a_requeue(
         sup.config.events_dir, 0 if decider else 1, 2, job_id="123", slurm=True,
         preempt_window_s=120.0, export_env=False,
     )  # fmt: skip
-    monkeypatch.setattr(sup.preemption, "_job_info", lambda: None)
+    # what scontrol shows of a job being cancelled: not CANCELLED, while its steps end
+    monkeypatch.setattr(sup.preemption, "_job_info", lambda: {"JobState": "COMPLETING"})
     if decider:
         sup.store.service = object()
     if not decider:  # the store host decided: the job was cancelled
