@@ -124,7 +124,7 @@ class PreemptionHandler:
         self.preempt_window_s = preempt_window_s
         self.local_requeue = local_requeue
         self._writer = writer
-        self.ledger = RequeueLedger(self.dir / "requeues.json")
+        self.ledger = RequeueLedger(self.dir / "requeues.json", run_index if slurm else 0)
         # Without SLURM there is no restart count: the ledger counts the runs.
         self.run_index = run_index if slurm else self.ledger.count()
         self.flag_path = flag_path_for(self.job_dir, self.run_index)

@@ -3,6 +3,7 @@ record of a submitted callable's checkpoint (``r<run>.checkpoint``), which may r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -31,31 +32,45 @@ class WarningOutcome:
 
 
 class RequeueLedger:
-    """The job's requeues so far (``requeues.json``), written by node 0 only."""
+    """The job's requeues so far (``requeues.json``), written by node 0 only.
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    A file that cannot be read (a stale NFS handle, a write of another tool) counts as
+    ``runs_before`` requeues of unknown cause, each counted against every cap: each requeue
+    of the job began a run, so no more were made. The next requeue recorded keeps it beside
+    the new ledger, as ``requeues.json.unreadable``, instead of writing over it."""
+
+    def __init__(self, path: str | os.PathLike[str], runs_before: int = 0) -> None:
         self.path = Path(path)
+        self.runs_before = runs_before
 
     def entries(self) -> list[dict[str, Any]]:
+        return self._read()[0]
+
+    def _read(self) -> tuple[list[dict[str, Any]], bool]:
+        """The entries, and whether the file could be read (a missing one is empty)."""
         try:
             data = json.loads(self.path.read_text())
         except FileNotFoundError:
-            return []
+            return [], True
         except (OSError, ValueError) as exc:
             log.warning(
-                "requeue ledger %s unreadable (%s); counting from SLURM_RESTART_COUNT",
-                self.path,
-                exc,
-            )
-            return []
-        return [e for e in data if isinstance(e, dict)] if isinstance(data, list) else []
+                "requeue ledger %s unreadable (%s); counting %d requeue(s) of unknown cause "
+                "from SLURM_RESTART_COUNT", self.path, exc, self.runs_before,
+            )  # fmt: skip
+            return [{"cause": None, "run": run} for run in range(self.runs_before)], False
+        entries = [e for e in data if isinstance(e, dict)] if isinstance(data, list) else []
+        return entries, True
 
     def count(self, cause: str | None = None) -> int:
-        return sum(1 for e in self.entries() if cause is None or e.get("cause") == cause)
+        """Requeues recorded (of ``cause``; one of unknown cause counts for every cause)."""
+        return sum(1 for e in self.entries() if cause is None or e.get("cause") in (cause, None))
 
     def append(self, cause: str, run: int, **extra: object) -> int:
         """Record one requeue; returns the number of requeues recorded."""
-        entries = self.entries()
+        entries, readable = self._read()
+        if not readable:
+            with contextlib.suppress(OSError):
+                os.replace(self.path, self.path.with_name(self.path.name + ".unreadable"))
         entries.append({"cause": cause, "run": run, "wall": time.time(), **extra})
         write_json_atomic(self.path, entries)
         return len(entries)

@@ -445,3 +445,16 @@ def test_a_node_stopped_in_the_window_takes_the_deciders_word_else_its_signal(tm
     node1._decision_path().parent.mkdir(parents=True, exist_ok=True)
     node1._decision_path().write_text(json.dumps(decided.to_dict()))
     assert node1._await_decision("preemption", time.time() + 60, stopped) == decided
+
+
+def test_an_unreadable_ledger_counts_every_earlier_run_and_is_kept_not_overwritten(tmp_path: Path) -> None:
+    """Before: an unreadable ledger counted no requeue (the time-limit cap was bypassed) and
+    the next requeue wrote over it with one entry."""
+    path = tmp_path / "requeues.json"
+    path.write_text('[{"cause": "time_limit", "run": 0}, {"cause": "time_li')  # a torn write
+    ledger = RequeueLedger(path, runs_before=2)  # the third run of the job
+    assert ledger.count("time_limit") == 2 and ledger.count("preemption") == 2
+    assert ledger.append("time_limit", 2) == 3
+    assert (tmp_path / "requeues.json.unreadable").read_text().endswith('"time_li')
+    assert [e["cause"] for e in ledger.entries()] == [None, None, "time_limit"]
+    assert ledger.count("time_limit") == 3 and ledger.count("preemption") == 2
