@@ -80,13 +80,17 @@ class Job:
 
     def wait_for_beat(self, slot: int, timeout: float = 60) -> None:
         """Until ``slot``'s store agent has beaten in the store: a slot that never beat is
-        given the store timeout to arrive before it is reported, not the node timeout."""
-        store = WireStore("127.0.0.1", self.store_port, timeout=10)
+        given the store timeout to arrive before it is reported, not the node timeout.
+
+        The children start while node 0's store service still imports torch, so the store
+        may only answer well after they run: the connection is given the whole ``timeout``."""
+        deadline = time.monotonic() + timeout
+        store = WireStore("127.0.0.1", self.store_port, timeout=timeout)
         try:
             wait_until(
                 f"slot {slot} to beat in the store",
                 lambda: store.add(node_keys.alive(slot), 0) > 0,
-                timeout,
+                max(1.0, deadline - time.monotonic()),
                 state=self.output,
             )
         finally:
