@@ -79,7 +79,9 @@ class _Slot:
         self.wall: float | None = None  # when the step was committed or received (time.time())
 
     def finished(self) -> bool:
-        """Whether the copy into this slot is complete (waits for nothing)."""
+        """Whether the copy into this slot is complete (waits for nothing). A device that
+        cannot say raises its error: the main thread's commit and restore must see it, where
+        a fault's look (``_finished``) only needs a no."""
         copied = self.copied  # once: the main thread may settle it meanwhile
         return copied is None or copied.query()
 
@@ -395,10 +397,11 @@ class KeptState:
                 slot.copied = None
                 slot.step, slot.pending_step = slot.pending_step, None
                 self._last, self._pending = self._pending, None
-        if self._last is not None and self._slots[self._last].interrupted:
-            self._slots[self._last].step, self._slots[self._last].interrupted = None, False
-            other = self._slots[1 - self._last]
-            self._last = 1 - self._last if other.step is not None and not other.interrupted else None
+        last = self._last
+        if last is not None and self._slots[last].interrupted:
+            self._slots[last].step, self._slots[last].interrupted = None, False
+            other = self._slots[1 - last]
+            self._last = 1 - last if other.step is not None and not other.interrupted else None
 
     def interrupted(self, since: float) -> None:
         """A fault at ``since`` interrupted the step; called before the abort of its

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from nvrx.events.failures import NODE, kind_of
 
-from .model import BY_NODE_LOSS, NodeLoss, RoundRow
+from .model import NodeLoss, RoundRow
 
 if TYPE_CHECKING:
     from .job_summary import JobSummary
@@ -129,8 +129,7 @@ def _name_cause(
         row.fault_kind = kind_of(row.cause)
     loss = _lost_node(row, losses) if row.fault_kind == NODE else None
     if loss is not None:
-        row.ordering, row.fault_kind, row.detection_s = BY_NODE_LOSS, "node_lost", loss.silent_s
-        row.first_host, loss.round = loss.host, row.round
+        row.blame_node_loss(loss)
     elif row.first_rank is not None:
         row.ordering = BY_RESTART_CLAIM
         row.first_host = _host_of_node(job, row, losses)

@@ -118,6 +118,13 @@ class RoundRow:
     # their supervisor start the next round; the last round takes the job's end).
     outcome_from: str = "wrapper"
 
+    def blame_node_loss(self, loss: NodeLoss) -> None:
+        """``loss`` is this round's first failure: its host, its silence as the detection
+        time; and this is the loss's round."""
+        self.fault_kind, self.ordering = "node_lost", BY_NODE_LOSS
+        self.first_host, self.detection_s = loss.host, loss.silent_s
+        loss.round = self.round
+
 
 #: ``RoundRow.ordering`` of a round that a lost node explains.
 BY_NODE_LOSS = "node_lost"

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from nvrx.events.failures import kind_of, process_end_signature
 
 from .consequence import FOLLOW_ON, fault_shape
-from .model import NodeLoss, ProcessRestart, ReportData, RoundRow, Summary
+from .model import BY_NODE_LOSS, NodeLoss, ProcessRestart, ReportData, RoundRow, Summary
 from .render_losses import recovery
 from .text_doc import Doc, ranks_text, secs, when, where
-from .timeline import BY_NODE_LOSS, loss_of
+from .timeline import loss_of
 
 #: What ``verdict`` says of a job's outcome.
 OK, FAILED, UNFINISHED = "ok", "failed", "unfinished"

@@ -28,7 +28,7 @@ from nvrx.events.failures import (
 
 from .consequence import FOLLOW_ON
 from .job_rounds import run_end
-from .model import BY_NODE_LOSS, NodeLoss, ProcessRestart, RoundRow
+from .model import NodeLoss, ProcessRestart, RoundRow
 from .parts import LocalFault, RoundState, earlier, order_key
 from .process_rows import NODE_LOST
 from .round_windows import RoundWindows, Window
@@ -103,9 +103,9 @@ def loss_of(losses: Sequence[NodeLoss], run: int, rnd: int) -> NodeLoss | None:
 
 def _blame_loss(row: RoundRow, r: RoundState, loss: NodeLoss) -> None:
     """The lost node is the round's first failure; its silence was the detection time."""
-    row.cause, row.fault_kind, row.ordering = NODE_LOST_SIGNATURE, "node_lost", BY_NODE_LOSS
+    row.blame_node_loss(loss)
+    row.cause, row.first_node = NODE_LOST_SIGNATURE, loss.node
     row.first_rank = loss.ranks[0] if loss.ranks else None
-    row.first_node, row.first_host, row.detection_s = loss.node, loss.host, loss.silent_s
     lost = set(loss.ranks)
     local = {rank for rank in r.first_by_rank if rank is not None}
     row.also_failed = sorted(local - lost)
