@@ -51,7 +51,7 @@ def _new_shm(before: set[str]) -> set[str]:
         return not new
 
     try:
-        wait_until("no new entry in /dev/shm", settled, 20)
+        wait_until("no new entry in /dev/shm", settled, 60)
     except AssertionError:
         pass
     return new

@@ -107,7 +107,7 @@ def test_a_warm_standby_routes_its_output_to_the_rank_it_becomes(
     child = pool.spawn(command, 0, 1, {**os.environ, "RANK": "7"}, directory)
     try:
         assert child.warm
-        assert child.wait(60) is not None and child.status is not None and child.status.ok
+        assert child.wait(150) is not None and child.status is not None and child.status.ok
         pool.close_outputs()
         assert not [t for t in threading.enumerate() if t.name.startswith("nvrx-std")]
         assert (directory / "stdout.log").read_text() == "hello from 7\nbye\n"

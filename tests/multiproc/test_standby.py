@@ -18,7 +18,9 @@ import pytest
 from nvrx.supervisor.standby import Standby, Standbys, can_run
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(120)
+#: A standby imports torch and starts its monitor process before it reads its activation:
+#: on a loaded machine that alone may take a minute.
+pytestmark = pytest.mark.timeout(240)
 
 PROBE = textwrap.dedent(
     """
@@ -63,7 +65,7 @@ def test_a_script_runs_as_main_with_the_rank_environment(tmp_path: Path) -> None
     argv = [sys.executable, str(script), "--lr", "0.1"]
     child = standby.activate(argv, _env(PROBE_OUT=str(out), MARK="rank 3", EXIT_WITH="3"), 1, 2)
     assert child is not None and child.warm and (child.local_rank, child.attempt) == (1, 2)
-    status = child.wait(60)
+    status = child.wait(150)
     assert status is not None and status.code == 3
     seen = json.loads(out.read_text())
     assert seen["name"] == "__main__" and seen["file"] == str(script)
@@ -101,7 +103,7 @@ def test_a_relative_or_linked_script_gets_what_python_gives_it(
     out.unlink()
     child = Standby(sys.executable, _env()).activate(argv, _env(PROBE_OUT=str(out)), 0, 1)
     assert child is not None
-    status = child.wait(60)
+    status = child.wait(150)
     assert status is not None and status.code == 0
     warm = json.loads(out.read_text())
     for key in ("name", "file", "argv", "path0", "main_names"):
@@ -130,7 +132,7 @@ def test_a_module_runs_as_main(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     argv = [sys.executable, "-m", "trainer.probe", "x"]
     child = standby.activate(argv, _env(PROBE_OUT=str(out)), 0, 1)
     assert child is not None
-    status = child.wait(60)
+    status = child.wait(150)
     assert status is not None and status.code == 0
     seen = json.loads(out.read_text())
     assert seen["name"] == "__main__"
@@ -145,7 +147,7 @@ def test_an_exception_ends_it_like_a_fresh_interpreter(
     standby = Standby(sys.executable, _env())
     child = standby.activate([sys.executable, str(script)], _env(), 0, 1)
     assert child is not None
-    status = child.wait(60)
+    status = child.wait(150)
     assert status is not None and status.code == 1
     err = capfd.readouterr().err
     assert "Traceback" in err and "RuntimeError: boom in the script" in err, err
@@ -160,7 +162,7 @@ def test_sigterm_ends_it_like_a_fresh_interpreter(tmp_path: Path) -> None:
     standby = Standby(sys.executable, _env())
     child = standby.activate([sys.executable, str(script)], _env(), 0, 1)
     assert child is not None
-    wait_until("the script to start", ready.exists, 60)
+    wait_until("the script to start", ready.exists, 150)
     child.signal_group(signal.SIGTERM)
     status = child.wait(30)
     assert status is not None and status.signal == signal.SIGTERM
@@ -210,7 +212,7 @@ def test_no_standby_when_turned_off(tmp_path: Path) -> None:
     assert pool.start([sys.executable, str(script)], range(2), _env()) == 0
     child = pool.spawn([sys.executable, str(script)], 0, 0, _env(RANK="0"), tmp_path)
     assert not child.warm
-    status = child.wait(60)
+    status = child.wait(150)
     assert status is not None and status.code == 0
 
 

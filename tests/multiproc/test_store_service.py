@@ -121,7 +121,7 @@ def test_service_exits_when_its_parent_dies(tmp_path: Path) -> None:
         pytest.fail("store service outlived the process that started it")
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(120)
 def test_wait_for_store_names_host_and_port() -> None:
     with StoreService("127.0.0.1", 0) as svc:
         port = svc.port

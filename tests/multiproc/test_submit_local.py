@@ -97,7 +97,8 @@ def test_local_submit_returns_every_rank_and_takes_the_ports_it_is_given(tmp_pat
 def test_local_warning_checkpoints_requeues_and_resumes(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    # the warning comes 45 s before the 1-minute limit, i.e. ~15 s after the start
+    # the warning comes 35 s before the 1-minute limit, i.e. ~25 s after the start: time for
+    # the ranks of a loaded machine to start and take a step first
     job = submit(
         train_until_warned,
         args=(str(ckpt), 5),
@@ -105,7 +106,7 @@ def test_local_warning_checkpoints_requeues_and_resumes(tmp_path: Path) -> None:
         cluster="local",
         nproc_per_node=2,
         timeout_min=1,
-        signal_delay_s=45,
+        signal_delay_s=35,
     )
     results = job.results(timeout=150)
     for rank, result in enumerate(results):
@@ -134,7 +135,7 @@ def test_local_checkpointable_is_checkpointed_requeued_and_resumed(tmp_path: Pat
         cluster="local",
         nproc_per_node=2,
         timeout_min=1,
-        signal_delay_s=50,  # the warning ~10 s after the start
+        signal_delay_s=40,  # the warning ~20 s after the start
     )
     results = job.results(timeout=150)
     for rank, result in enumerate(results):

@@ -9,7 +9,7 @@ from test_wrapper import FAST
 from nvrx.store import client, rounds
 from nvrx.store.service import StoreService
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)  # three generations of ranks, each importing torch
 
 
 def test_restarted_processes_get_a_fresh_key_space_and_count_job_restarts(tmp_path):
