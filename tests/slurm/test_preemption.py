@@ -104,8 +104,9 @@ def test_preempted_job_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path:
 def test_time_limit_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    # 2-minute limit, warning 50 s before it: SLURM may send it up to 60 s early, so between
-    # 10 s and 70 s in. Not earlier: a warning sent before the job step runs reaches nobody.
+    # 2-minute limit, warning 35 s before it: SLURM may send it up to 60 s early, so between
+    # 25 s and 85 s in. Not earlier: a warning sent before the job step's ranks run (on a
+    # loaded machine, many seconds after the start) reaches nobody.
     job = submit(
         train_until_warned,
         args=(str(ckpt), 5),
@@ -113,7 +114,7 @@ def test_time_limit_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path: Pa
         nodes=2,
         nproc_per_node=2,
         timeout_min=2,
-        signal_delay_s=50,
+        signal_delay_s=35,
         cpus_per_task=1,
     )
     wait_until("every rank to train", lambda: len(list(ckpt.glob("started-run0-*"))) == 4, 90)
