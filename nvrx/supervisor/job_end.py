@@ -5,7 +5,9 @@ which lets idle spares leave. Every slot claims its own end when it leaves,
 so that nobody declares it lost once it is gone. Node 0 hosts the store, so it
 waits until every other slot has ended (left, or been declared lost) before
 it takes the store down, at most ``--finish-timeout`` (``SIGNALLED_WAIT_S`` once a
-stop signal came: the others received it too).
+stop signal came: the others received it too). SLURM's warning may reach it while it waits:
+it still decides for the job then (``on_warning``), since the nodes that still train
+checkpoint and wait for its decision.
 """
 
 from __future__ import annotations
@@ -67,10 +69,13 @@ class JobEnd:
         requeue: Callable[..., None],
         selector: Callable[[], selectors.BaseSelector],
         poll: Poll,
+        on_warning: Callable[[], None],
     ) -> None:
         self.store, self.course, self.control = store, course, control
         self.messages, self.job_restart, self.requeue = messages, job_restart, requeue
         self.selector, self.poll = selector, poll
+        #: acts on SLURM's warning (or another node's flag) if one is pending; else nothing
+        self.on_warning = on_warning
         #: (the store host) every slot ended: the job is over, its store's files serve nobody
         self.over = False
         self._signal_seen: float | None = None
@@ -118,12 +123,15 @@ class JobEnd:
             log.error("could not end job %s: %s", job_id, exc)
 
     def _wait_for_other_nodes(self, deadline: float) -> None:
-        """Wait for the other slots to end; every ``PROGRESS_EVERY_S`` a log line names them."""
+        """Wait for the other slots to end; every ``PROGRESS_EVERY_S`` a log line names them.
+        A warning that comes meanwhile is decided on at once (the others await the decision)."""
         selector = self.selector()
         start = time.monotonic()
         note = start + PROGRESS_EVERY_S
         try:
+            self.on_warning()
             while not self._other_nodes_done(selector, self._signalled_deadline(deadline), note):
+                self.on_warning()
                 if time.monotonic() >= note:
                     self._note_waiting(start)
                     note = time.monotonic() + PROGRESS_EVERY_S

@@ -11,7 +11,8 @@ The supervisor of each node owns one ``PreemptionHandler``:
 - ``on_signal(signum)`` when the warning signal arrives: it only sets a flag,
   so it is safe inside a signal handler;
 - ``act(stop_children)`` from the supervisor's main loop when ``pending`` is true
-  (or ``adopt_flag()`` found another node's flag): it writes the job's flag file
+  (or ``adopt_flag()`` found another node's flag), and from the store host's wait for the
+  other nodes once its own children ended: it writes the job's flag file
   (``nvrx.checkpoint_flag``), has the supervisor stop its children, which
   checkpoint and exit within the warning window, and then the deciding node
   (node 0, or the node that hosts the store after a failover) waits for the

@@ -34,7 +34,7 @@ from nvrx.store import seal
 
 from . import job_secret, node_requeue, preemption, store_failover
 from .children import Child, ExitStatus, stop_children
-from .config import ALL_ENDED_KEY, ConfigError, StopRequest, SupervisorConfig
+from .config import ALL_DONE_KEY, ALL_ENDED_KEY, ConfigError, StopRequest, SupervisorConfig
 from .course import Course, CourseTracker
 from .exit_codes import CLEAN_STOP_EXIT, ExitCode, SupervisorError, for_signal
 from .failover import Failover
@@ -75,6 +75,7 @@ class Supervisor:
         self.stop_reason: str | None = None  # why the job stops, once it does
         self._pending_stop: StopRequest | None = None  # to tell the others once it can
         self._rejections = 0  # control values refused for their seal (``_rejected``)
+        self._warning_after_the_end = False  # told that a warning came after training ended
         self.exit_code: int = ExitCode.OK
         self.signalled: int | None = None  # the last stop signal received
         self.kill_at: float | None = None  # when children still running after a stop get SIGKILL
@@ -100,7 +101,7 @@ class Supervisor:
         self.restart_standby = RestartStandby(store, self.standbys, course, self, ranks)
         self.job_end = JobEnd(
             store, course, self, self.messages, self.job_restart, requeue,
-            self._make_selector, self._poll_once,
+            self._make_selector, self._poll_once, self._warned_while_finishing,
         )  # fmt: skip
 
     @property
@@ -516,6 +517,25 @@ class Supervisor:
             self.request_stop(decision.reason, decision.exit_code, broadcast=False)
         else:
             self.exit_code = decision.exit_code
+
+    def _warned_while_finishing(self) -> None:
+        """(The store host, its children ended, waiting for the other nodes) a warning now is
+        decided on as in the loop, for the nodes that still train and await the decision;
+        not once every training node finished: nobody awaits it, and a requeue would run
+        a finished training again."""
+        preemption, roles = self.preemption, self.store.roles
+        if preemption is None or not (preemption.pending or preemption.adopt_flag()):
+            return
+        try:
+            finished = roles is not None and roles.flag_set(ALL_DONE_KEY)
+        except StoreLinkError as exc:
+            log.warning("cannot tell whether every node finished (%s): deciding on the warning", exc)
+            finished = False
+        if not finished:
+            self._handle_preemption()
+        elif not self._warning_after_the_end:
+            self._warning_after_the_end = True
+            log.warning("a warning after every training node finished: nothing to checkpoint or requeue")
 
     def _checkpoint_then_stop(self, exit_by: float) -> None:
         """Let the children checkpoint and exit until ``exit_by`` (monotonic), with the

@@ -358,6 +358,43 @@ def test_node_0_waits_for_the_others_only_for_the_finish_timeout_then_exits_6(tm
     assert len(pids) == 2 and not [p for p in pids if _alive({p})], "a child outlived its node"
 
 
+@pytest.mark.timeout(240)
+def test_a_warning_while_node_0_waits_for_the_others_is_decided_for_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node 0's rank ended and its supervisor waits for node 1, whose rank still trains;
+    SLURM's warning reaches node 0 there: it raises the job's flag, node 1's rank checkpoints
+    and exits, and node 0 decides for both (before, nobody decided: node 1's rank trained on
+    and both supervisors were still waiting here)."""
+    monkeypatch.setenv("NVRX_PREEMPT_WINDOW_S", "60")
+    command = script(tmp_path, (
+        "from nvrx.checkpoint_flag import preemption_requested\n"
+        "while RANK == 1 and not preemption_requested():\n"
+        "    time.sleep(0.1)  # a training step\n"
+        "print(f'rank {RANK} ends', flush=True)\n"
+    ))  # fmt: skip
+    job = Job(tmp_path, 2, 1, command, "--finish-timeout", "600")
+    store = WireStore("127.0.0.1", job.store_port, timeout=60)
+    try:
+        wait_until(
+            "node 0 to report its rank done and wait for node 1",
+            lambda: any(k.startswith(node_keys.done(0) + "/") for k in store.list_keys()),
+            120,
+            state=job.output,
+        )
+    finally:
+        store.close()
+    job.procs[0].send_signal(signal.SIGUSR2)
+    codes = job.wait(120)
+    output = job.output()
+    assert codes == [128 + signal.SIGUSR2] * 2, output
+    ends = {e["node"]: e["reason"] for e in job.events("supervisor_end")}
+    assert ends == {n: "not requeued: not running under SLURM" for n in (0, 1)}, output
+    assert {e["node"] for e in job.events("preempt_signal")} == {0, 1}, output
+    exits = {e["node"]: e["exit_code"] for e in job.events("child_exit")}
+    assert exits == {0: 0, 1: 0}, output  # node 1's rank ended on the flag, not killed
+
+
 def _tree(pid: int) -> set[int]:
     try:
         return {p.pid for p in psutil.Process(pid).children(recursive=True)}

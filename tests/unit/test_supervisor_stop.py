@@ -15,7 +15,7 @@ from nvrx import checkpoint_flag, processes
 from nvrx.signal_pipe import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
 from nvrx.supervisor import preemption
 from nvrx.supervisor.children import Child
-from nvrx.supervisor.config import SupervisorConfig, local_job
+from nvrx.supervisor.config import ALL_DONE_KEY, SupervisorConfig, local_job
 from nvrx.supervisor.course import Course
 from nvrx.supervisor.exit_codes import ExitCode
 from nvrx.supervisor.preemption import PreemptionHandler
@@ -162,3 +162,46 @@ def test_a_stop_signal_during_the_warning_stops_the_job_without_a_requeue(
         sup.signals.restore()
         for child in sup.ranks.children.values():
             processes.stop(child.proc, ask=signal.SIGKILL)
+
+
+class _Roles:
+    """What the store host's warning decision asks of its node roles: whether every training
+    node finished (the job's ``all_done`` flag) and which slots are still in the job."""
+
+    def __init__(self, all_done: bool) -> None:
+        self.all_done = all_done
+
+    def flag_set(self, base: str) -> bool:
+        assert base == ALL_DONE_KEY
+        return self.all_done
+
+    def running_slots(self) -> list[int]:
+        return [0]
+
+
+@pytest.mark.parametrize("all_done", [False, True], ids=["others-train", "all-finished"])
+def test_a_warning_while_the_store_host_waits_for_the_others_is_decided_unless_all_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, all_done: bool
+) -> None:
+    """The store host's children ended and it waits for the other nodes: a warning then is
+    decided on (before: nobody decided, and the nodes still training gave up 15 s after the
+    window, unrequeued); once every training node finished, nothing is requeued."""
+    requeued: list[str] = []
+    monkeypatch.setattr(preemption.commands, "requeue", lambda job, **kw: requeued.append(job))
+    sup, _ = _supervisor(tmp_path, 1)
+    sup.preemption = PreemptionHandler(
+        sup.config.events_dir, 0, 1, job_id="123", slurm=True, preempt_window_s=2.0, export_env=False
+    )
+    monkeypatch.setattr(sup.preemption, "_job_info", lambda: None)
+    sup.store.service = object()
+    sup.store.roles = _Roles(all_done)  # type: ignore[assignment]
+    sup.course.to(Course.FINISHING)  # what ``run`` does once its children ended
+    sup.preemption.on_signal(signal.SIGUSR2)
+    sup._warned_while_finishing()
+    if all_done:
+        assert (sup.preemption.decision, requeued, sup.exit_code) == (None, [], ExitCode.OK)
+        assert sup.course.state is Course.FINISHING
+    else:
+        decision = sup.preemption.decision
+        assert decision is not None and decision.requeued and requeued == ["123"]
+        assert sup.exit_code == preemption.EXIT_REQUEUED and sup.course.stopping
