@@ -69,13 +69,15 @@ class JobEnd:
         requeue: Callable[..., None],
         selector: Callable[[], selectors.BaseSelector],
         poll: Poll,
-        on_warning: Callable[[], None],
+        on_warning: Callable[[], bool],
     ) -> None:
         self.store, self.course, self.control = store, course, control
         self.messages, self.job_restart, self.requeue = messages, job_restart, requeue
         self.selector, self.poll = selector, poll
-        #: acts on SLURM's warning (or another node's flag) if one is pending; else nothing
+        #: decides on SLURM's warning (or another node's flag) if one is pending: True if it did
         self.on_warning = on_warning
+        #: (the store host) a stop another node asked for while this one waited for the others
+        self.stop_request: StopRequest | None = None
         #: (the store host) every slot ended: the job is over, its store's files serve nobody
         self.over = False
         self._signal_seen: float | None = None
@@ -129,14 +131,22 @@ class JobEnd:
         start = time.monotonic()
         note = start + PROGRESS_EVERY_S
         try:
-            self.on_warning()
+            deadline = self._after_warning(deadline)
             while not self._other_nodes_done(selector, self._signalled_deadline(deadline), note):
-                self.on_warning()
+                deadline = self._after_warning(deadline)
                 if time.monotonic() >= note:
                     self._note_waiting(start)
                     note = time.monotonic() + PROGRESS_EVERY_S
         finally:
             selector.close()
+
+    def _after_warning(self, deadline: float) -> float:
+        """Decide on a pending warning; the wait's deadline, with the others given time to
+        leave after a decision (the decision's wait is not theirs to make up)."""
+        if not self.on_warning():
+            return deadline
+        leave = max(SIGNALLED_WAIT_S, self.store.config.grace_period + 2.0)
+        return max(deadline, time.monotonic() + leave)
 
     def _signalled_deadline(self, deadline: float) -> float:
         """A stop signal shortens the wait to ``SIGNALLED_WAIT_S`` from when it was seen."""
@@ -180,7 +190,7 @@ class JobEnd:
             if StopFlag.owns(message.get("key")) and control.exit_code == ExitCode.OK and flag:
                 request = flag.request_of(str(message["key"]), str(message.get("value")), ExitCode.OK)
                 if request is not None:
-                    control.exit_code = request.exit_code
+                    self.stop_request, control.exit_code = request, request.exit_code
         return self.messages.all_ended
 
     def _give_up_waiting(self) -> None:

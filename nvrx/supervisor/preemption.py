@@ -269,6 +269,7 @@ class PreemptionHandler:
         decider: bool | None = None,
         running: Callable[[], Iterable[int]] | None = None,
         stopped: Callable[[], int | None] | None = None,
+        finished: Callable[[], bool] | None = None,
     ) -> WarningOutcome:
         """Handle a pending warning: flag, stop the children, requeue from the decider.
 
@@ -279,7 +280,10 @@ class PreemptionHandler:
         all); ``stopped()``: the stop signal the supervisor received meanwhile, if any (it
         reads its signals when called): on the decider it ends the wait, without a requeue;
         elsewhere the decider's word is awaited all the same, the signal's code taken where
-        none comes. Blocks for the window, the stop, and elsewhere the decision (bounded).
+        none comes. ``finished()`` (the decider, once every node is done): whether the
+        training had ended on every node without the warning; then nothing is requeued, and
+        the outcome keeps exit code 0. Blocks for the window, the stop, and elsewhere the
+        decision (bounded).
         Idempotent: a second call returns the first decision.
         """
         if self._decision is not None:
@@ -315,7 +319,12 @@ class PreemptionHandler:
         if (self.node_rank == 0) if decider is None else decider:
             self._wait_for(lambda: self._all_done(running) or stopped() is not None, deadline)
             signum = stopped()
-            decision = self._decide(cause) if signum is None else self._stopped(cause, signum)
+            if signum is not None:
+                decision = self._stopped(cause, signum)
+            elif finished is not None and finished():
+                decision = self._ended_before(cause)
+            else:
+                decision = self._decide(cause)
             write_flag(self._decision_path(), decision.to_dict())
         else:
             decision = self._await_decision(cause, deadline + 15.0, stopped)
@@ -361,6 +370,11 @@ class PreemptionHandler:
         """The outcome of a warning a stop signal cut short: the job was cancelled."""
         reason = f"not requeued: stopped by {signal.Signals(signum).name} during the warning"
         return WarningOutcome(cause, False, 128 + signum, reason, self.ledger.count())
+
+    def _ended_before(self, cause: str) -> WarningOutcome:
+        """The outcome of a warning that came once training had ended on every node."""
+        reason = "not requeued: the training had ended on every node before the warning"
+        return WarningOutcome(cause, False, 0, reason, self.ledger.count())
 
     def _await_decision(
         self, cause: str, deadline: float, stopped: Callable[[], int | None]

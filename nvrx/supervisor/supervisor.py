@@ -27,6 +27,7 @@ import select
 import selectors
 import signal
 import time
+from collections.abc import Callable
 
 from nvrx import events, jobenv
 from nvrx.signal_pipe import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
@@ -75,7 +76,6 @@ class Supervisor:
         self.stop_reason: str | None = None  # why the job stops, once it does
         self._pending_stop: StopRequest | None = None  # to tell the others once it can
         self._rejections = 0  # control values refused for their seal (``_rejected``)
-        self._warning_after_the_end = False  # told that a warning came after training ended
         self.exit_code: int = ExitCode.OK
         self.signalled: int | None = None  # the last stop signal received
         self.kill_at: float | None = None  # when children still running after a stop get SIGKILL
@@ -469,6 +469,7 @@ class Supervisor:
         selector, relinks = self._make_selector(), self.store.relinks
         try:
             self.reap()  # children that ended before the selector existed
+            self._handle_preemption()  # a warning read while the store came up
             while self.running() or self.course.one_of(Course.SPARE, Course.RESTARTING):
                 self.restart_standby.keep_ready()  # once the children train; again after a restart
                 self._on_store_events(self._poll_once(selector, self._wait_s()))
@@ -498,44 +499,49 @@ class Supervisor:
         timeout = max(0.0, min(wake) - time.monotonic()) if wake else None
         return self.step_times.timeout(self.hang_watch.timeout(timeout))
 
-    def _handle_preemption(self) -> None:
-        """After SLURM's warning (or another node's flag): let the children checkpoint and stop; node 0 requeues."""
+    def _handle_preemption(self, finished: Callable[[], bool] | None = None) -> bool:
+        """After SLURM's warning (or another node's flag): let the children checkpoint and
+        stop; node 0 requeues (``PreemptionHandler.act``, which ``finished`` is passed to).
+        True when it decided now."""
         if self.preemption is None:
-            return
+            return False
         if self.course.stopping and self.exit_code in FINAL_EXITS:
-            return  # it stops for good (a rank stopped it, the budget is spent): no requeue
+            return False  # it stops for good (a rank stopped it, the budget is spent): no requeue
         if not (self.preemption.pending or self.preemption.adopt_flag()):
-            return
+            return False
         roles = self.store.roles
         decision = self.preemption.act(
             self._checkpoint_then_stop,
             decider=self.store.service is not None,  # the store host: node 0, or its successor
             running=None if roles is None else roles.running_slots,
             stopped=self._stop_signal,
+            finished=finished,
         )
         if not self.course.stopping:
             self.request_stop(decision.reason, decision.exit_code, broadcast=False)
         else:
             self.exit_code = decision.exit_code
+        return True
 
-    def _warned_while_finishing(self) -> None:
-        """(The store host, its children ended, waiting for the other nodes) a warning now is
-        decided on as in the loop, for the nodes that still train and await the decision;
-        not once every training node finished: nobody awaits it, and a requeue would run
-        a finished training again."""
-        preemption, roles = self.preemption, self.store.roles
-        if preemption is None or not (preemption.pending or preemption.adopt_flag()):
-            return
+    def _warned_while_finishing(self) -> bool:
+        """(The store host, its children ended, waiting for the other nodes) decide on a
+        warning as in the loop: the nodes that still train checkpoint and await the decision.
+        Nothing is requeued where another node stopped the job for good meanwhile, nor, after
+        a clean finish here, where every training node's children had ended before the
+        warning (a requeue would run a finished training again). True when it decided now."""
+        if self.job_end.stop_request is not None and self.exit_code in FINAL_EXITS:
+            return False
+        clean = not self.course.stopping and self.exit_code == ExitCode.OK
+        return self._handle_preemption(finished=self._every_node_ended if clean else None)
+
+    def _every_node_ended(self) -> bool:
+        """Whether every training node's children ended (the job's ``all_done``)."""
+        roles = self.store.roles
         try:
-            finished = roles is not None and roles.flag_set(ALL_DONE_KEY)
+            return roles is not None and roles.flag_set(ALL_DONE_KEY)
         except StoreLinkError as exc:
-            log.warning("cannot tell whether every node finished (%s): deciding on the warning", exc)
-            finished = False
-        if not finished:
-            self._handle_preemption()
-        elif not self._warning_after_the_end:
-            self._warning_after_the_end = True
-            log.warning("a warning after every training node finished: nothing to checkpoint or requeue")
+            log.warning("cannot tell whether every node's children ended (%s): taken as not", exc)
+            return False
 
     def _checkpoint_then_stop(self, exit_by: float) -> None:
         """Let the children checkpoint and exit until ``exit_by`` (monotonic), with the

@@ -34,16 +34,19 @@ class Job:
 
     def __init__(
         self, tmp_path: Path, nnodes: int, nproc: int, command: list[str], *options: str,
-        node_env: dict[int, dict[str, str]] | None = None,
+        node_env: dict[int, dict[str, str]] | None = None, later: frozenset[int] = frozenset(),
     ) -> None:  # fmt: skip
+        """``later``: nodes whose supervisor the test starts itself (``start``)."""
         if "--warm-standby" not in options and "--no-warm-standby" not in options:
             options = ("--no-warm-standby", *options)
+        self.tmp_path = tmp_path
         self.log_dir = tmp_path / "logs"
         self.job_id = f"t{os.getpid()}-{time.monotonic_ns() % 10**9}"
         master, store = free_ports(2)
         self.store_port = store
-        self.procs: list[subprocess.Popen[str]] = []
+        self.started: dict[int, subprocess.Popen[str]] = {}
         self.outputs: list[Path] = []
+        self._launch: list[tuple[list[str], dict[str, str]]] = []
         for node in range(nnodes):
             cmd = [
                 sys.executable, "-m", "nvrx.supervisor.cli",
@@ -52,16 +55,26 @@ class Job:
                 "--job-id", self.job_id, "--log-dir", str(self.log_dir), *options, "--", *command,
             ]  # fmt: skip
             # a file, not a pipe: nobody reads until the end, and a full pipe would block the job
-            out = tmp_path / f"supervisor-{self.job_id}-{node}.out"
-            self.outputs.append(out)
-            with out.open("w") as sink:
-                self.procs.append(
-                    subprocess.Popen(
-                        cmd, cwd=tmp_path, env={**os.environ, **(node_env or {}).get(node, {})},
-                        stdout=sink, stderr=subprocess.STDOUT,
-                        text=True, start_new_session=True,
-                    )
-                )  # fmt: skip
+            self.outputs.append(tmp_path / f"supervisor-{self.job_id}-{node}.out")
+            self.outputs[-1].touch()  # read for the output even where a node never started
+            self._launch.append((cmd, {**os.environ, **(node_env or {}).get(node, {})}))
+        for node in range(nnodes):
+            if node not in later:
+                self.start(node)
+
+    def start(self, node: int) -> None:
+        """Start ``node``'s supervisor."""
+        cmd, env = self._launch[node]
+        with self.outputs[node].open("w") as sink:
+            self.started[node] = subprocess.Popen(
+                cmd, cwd=self.tmp_path, env=env, stdout=sink, stderr=subprocess.STDOUT,
+                text=True, start_new_session=True,
+            )  # fmt: skip
+
+    @property
+    def procs(self) -> list[subprocess.Popen[str]]:
+        """The supervisors started, in node order (every node's, once all started)."""
+        return [self.started[node] for node in sorted(self.started)]
 
     def wait(self, timeout: float) -> list[int | None]:
         """Exit codes of the supervisors; None for one still running at the deadline (then killed)."""
@@ -359,13 +372,14 @@ def test_node_0_waits_for_the_others_only_for_the_finish_timeout_then_exits_6(tm
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("warned", [0, 1], ids=["node-0-warned", "node-1-warned"])
 def test_a_warning_while_node_0_waits_for_the_others_is_decided_for_the_job(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, warned: int
 ) -> None:
     """Node 0's rank ended and its supervisor waits for node 1, whose rank still trains;
-    SLURM's warning reaches node 0 there: it raises the job's flag, node 1's rank checkpoints
-    and exits, and node 0 decides for both (before, nobody decided: node 1's rank trained on
-    and both supervisors were still waiting here)."""
+    SLURM's warning reaches one node there (node 0 itself, or node 1, whose flag node 0 takes
+    up): node 1's rank checkpoints and exits, and node 0 decides for both (before, nobody
+    decided: node 1 waited for the decision in vain, or its rank trained on)."""
     monkeypatch.setenv("NVRX_PREEMPT_WINDOW_S", "60")
     command = script(tmp_path, (
         "from nvrx.checkpoint_flag import preemption_requested\n"
@@ -384,15 +398,48 @@ def test_a_warning_while_node_0_waits_for_the_others_is_decided_for_the_job(
         )
     finally:
         store.close()
-    job.procs[0].send_signal(signal.SIGUSR2)
+    job.procs[warned].send_signal(signal.SIGUSR2)
     codes = job.wait(120)
     output = job.output()
     assert codes == [128 + signal.SIGUSR2] * 2, output
     ends = {e["node"]: e["reason"] for e in job.events("supervisor_end")}
     assert ends == {n: "not requeued: not running under SLURM" for n in (0, 1)}, output
     assert {e["node"] for e in job.events("preempt_signal")} == {0, 1}, output
-    exits = {e["node"]: e["exit_code"] for e in job.events("child_exit")}
-    assert exits == {0: 0, 1: 0}, output  # node 1's rank ended on the flag, not killed
+    exits = sorted((e["node"], e["exit_code"]) for e in job.events("child_exit"))
+    assert exits == [(0, 0), (1, 0)], output  # node 1's rank ended on the flag, not killed
+
+
+@pytest.mark.timeout(240)
+def test_a_warning_that_came_while_waiting_for_the_store_is_acted_on_once_it_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node 1 started its rank and waits for node 0's store when SLURM's warning reaches it:
+    once the store answers it raises the job's flag at once, and both ranks checkpoint and
+    exit (before, the warning waited for the next thing to wake the supervisor's loop: here
+    none came, and the ranks trained on)."""
+    monkeypatch.setenv("NVRX_PREEMPT_WINDOW_S", "60")
+    command = script(tmp_path, (
+        "open(os.path.join(os.environ['NVRX_LOG_DIR'], f'started-{RANK}'), 'w').close()\n"
+        "from nvrx.checkpoint_flag import preemption_requested\n"
+        "while not preemption_requested():\n"
+        "    time.sleep(0.1)  # a training step\n"
+    ))  # fmt: skip
+    job = Job(tmp_path, 2, 1, command, later=frozenset({0}))
+    wait_until(
+        "node 1's rank to start while the store is away",
+        lambda: (job.log_dir / "started-1").exists() or job.started[1].poll() is not None,
+        120,
+        state=job.output,
+    )
+    job.started[1].send_signal(signal.SIGUSR2)  # nobody serves the store yet: it cannot answer
+    job.start(0)
+    codes = job.wait(120)
+    output = job.output()
+    assert codes == [128 + signal.SIGUSR2] * 2, output
+    ends = {e["node"]: e["reason"] for e in job.events("supervisor_end")}
+    assert ends == {n: "not requeued: not running under SLURM" for n in (0, 1)}, output
+    exits = sorted((e["node"], e["exit_code"]) for e in job.events("child_exit"))
+    assert exits == [(0, 0), (1, 0)], output  # both ranks ended on the flag
 
 
 def _tree(pid: int) -> set[int]:

@@ -15,10 +15,11 @@ from nvrx import checkpoint_flag, processes
 from nvrx.signal_pipe import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
 from nvrx.supervisor import preemption
 from nvrx.supervisor.children import Child
-from nvrx.supervisor.config import ALL_DONE_KEY, SupervisorConfig, local_job
+from nvrx.supervisor.config import ALL_DONE_KEY, StopRequest, SupervisorConfig, local_job
 from nvrx.supervisor.course import Course
 from nvrx.supervisor.exit_codes import ExitCode
 from nvrx.supervisor.preemption import PreemptionHandler
+from nvrx.supervisor.stop_flag import StopFlag
 from nvrx.supervisor.supervisor import Supervisor
 
 
@@ -166,7 +167,7 @@ def test_a_stop_signal_during_the_warning_stops_the_job_without_a_requeue(
 
 class _Roles:
     """What the store host's warning decision asks of its node roles: whether every training
-    node finished (the job's ``all_done`` flag) and which slots are still in the job."""
+    node's children ended (the job's ``all_done`` flag) and which slots are still in the job."""
 
     def __init__(self, all_done: bool) -> None:
         self.all_done = all_done
@@ -178,14 +179,14 @@ class _Roles:
     def running_slots(self) -> list[int]:
         return [0]
 
+    def on_chain_value(self, key: object, value: str) -> None:
+        return None  # no chain of the node roles is watched here
 
-@pytest.mark.parametrize("all_done", [False, True], ids=["others-train", "all-finished"])
-def test_a_warning_while_the_store_host_waits_for_the_others_is_decided_unless_all_finished(
+
+def _finishing_store_host(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, all_done: bool
-) -> None:
-    """The store host's children ended and it waits for the other nodes: a warning then is
-    decided on (before: nobody decided, and the nodes still training gave up 15 s after the
-    window, unrequeued); once every training node finished, nothing is requeued."""
+) -> tuple[Supervisor, list[str]]:
+    """A store host (SLURM job 123) whose children ended: it waits for the other nodes."""
     requeued: list[str] = []
     monkeypatch.setattr(preemption.commands, "requeue", lambda job, **kw: requeued.append(job))
     sup, _ = _supervisor(tmp_path, 1)
@@ -196,12 +197,45 @@ def test_a_warning_while_the_store_host_waits_for_the_others_is_decided_unless_a
     sup.store.service = object()
     sup.store.roles = _Roles(all_done)  # type: ignore[assignment]
     sup.course.to(Course.FINISHING)  # what ``run`` does once its children ended
+    return sup, requeued
+
+
+@pytest.mark.parametrize("all_done", [False, True], ids=["others-train", "all-ended"])
+def test_a_warning_while_the_store_host_waits_for_the_others_is_decided(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, all_done: bool
+) -> None:
+    """The store host's children ended and it waits for the other nodes: a warning then is
+    decided on (before: nobody decided, and the nodes still training gave up 15 s after the
+    window, unrequeued); where every training node's children had ended, the decision
+    requeues nothing and the job's exit code stays 0."""
+    sup, requeued = _finishing_store_host(tmp_path, monkeypatch, all_done)
     sup.preemption.on_signal(signal.SIGUSR2)
-    sup._warned_while_finishing()
+    assert sup._warned_while_finishing()
+    decision = sup.preemption.decision
+    assert decision is not None and sup.course.stopping
+    written = json.loads(sup.preemption._decision_path().read_text())
+    assert written == decision.to_dict()  # what the other nodes read
     if all_done:
-        assert (sup.preemption.decision, requeued, sup.exit_code) == (None, [], ExitCode.OK)
-        assert sup.course.state is Course.FINISHING
+        assert (decision.requeued, requeued, sup.exit_code) == (False, [], ExitCode.OK)
+        assert "had ended on every node" in decision.reason
     else:
-        decision = sup.preemption.decision
-        assert decision is not None and decision.requeued and requeued == ["123"]
-        assert sup.exit_code == preemption.EXIT_REQUEUED and sup.course.stopping
+        assert decision.requeued and requeued == ["123"]
+        assert sup.exit_code == preemption.EXIT_REQUEUED
+
+
+@pytest.mark.parametrize("code", [ExitCode.OK, ExitCode.NON_RETRYABLE], ids=lambda c: c.name)
+def test_a_warning_after_another_node_stopped_the_job_for_good_requeues_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: ExitCode
+) -> None:
+    """While the store host waits for the others, another node stops the job for good (a
+    workload's clean end, a non-retryable failure): a warning then requeues nothing."""
+    sup, requeued = _finishing_store_host(tmp_path, monkeypatch, False)
+    flag = sup.store.stop = StopFlag(b"s" * 32, 0)
+    key = StopFlag.key(1)
+    value = flag.sealer.seal(key, StopRequest("stopped for good", int(code), 1).encode())
+    sup.job_end.poll = lambda selector, timeout: [{"event": "value", "key": key, "value": value}]
+    assert not sup.job_end._other_nodes_done(None, time.monotonic() + 60)  # type: ignore[arg-type]
+    assert sup.job_end.stop_request is not None and sup.exit_code == code
+    sup.preemption.on_signal(signal.SIGUSR2)
+    assert not sup._warned_while_finishing()
+    assert (sup.preemption.decision, requeued, sup.exit_code) == (None, [], code)
