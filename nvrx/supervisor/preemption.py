@@ -280,11 +280,10 @@ class PreemptionHandler:
         all); ``stopped()``: the stop signal the supervisor received meanwhile, if any (it
         reads its signals when called): on the decider it ends the wait, without a requeue;
         elsewhere the decider's word is awaited all the same, the signal's code taken where
-        none comes. ``finished()`` (the decider, once every node is done): whether the
-        training had ended on every node without the warning; then nothing is requeued, and
-        the outcome keeps exit code 0. Blocks for the window, the stop, and elsewhere the
-        decision (bounded).
-        Idempotent: a second call returns the first decision.
+        none comes. ``finished()`` (the decider, once every node is done): whether training
+        had ended on every node without the warning: then no requeue, and exit code 0.
+        Blocks for the window, the stop, and elsewhere the decision (bounded). Idempotent:
+        a second call returns the first decision.
         """
         if self._decision is not None:
             return self._decision
@@ -317,19 +316,32 @@ class PreemptionHandler:
         write_flag(self._done_path(self.node_rank), {"wall": time.time()})
         stopped = stopped or (lambda: None)
         if (self.node_rank == 0) if decider is None else decider:
-            self._wait_for(lambda: self._all_done(running) or stopped() is not None, deadline)
-            signum = stopped()
-            if signum is not None:
-                decision = self._stopped(cause, signum)
-            elif finished is not None and finished():
-                decision = self._ended_before(cause)
-            else:
-                decision = self._decide(cause)
-            write_flag(self._decision_path(), decision.to_dict())
+            decision = self._decide_for_all(cause, deadline, running, stopped, finished)
         else:
             decision = self._await_decision(cause, deadline + 15.0, stopped)
         self._decision = decision
         log.warning("after the %s warning: %s", cause, decision.reason)
+        return decision
+
+    def _decide_for_all(
+        self,
+        cause: str,
+        deadline: float,
+        running: Callable[[], Iterable[int]] | None,
+        stopped: Callable[[], int | None],
+        finished: Callable[[], bool] | None,
+    ) -> WarningOutcome:
+        """(The decider) wait for the nodes still in the job until ``deadline`` (wall), decide,
+        and write the decision the other nodes read."""
+        self._wait_for(lambda: self._all_done(running) or stopped() is not None, deadline)
+        signum = stopped()
+        if signum is not None:
+            decision = self._stopped(cause, signum)
+        elif finished is not None and finished():
+            decision = self._ended_before(cause)
+        else:
+            decision = self._decide(cause)
+        write_flag(self._decision_path(), decision.to_dict())
         return decision
 
     def _decide(self, cause: str) -> WarningOutcome:
