@@ -195,9 +195,9 @@ class JobEnd:
 
     def _give_up_waiting(self) -> None:
         control = self.control
-        if control.exit_code == ExitCode.OK:
-            control.exit_code = ExitCode.PEER_LOST
         reason = f"other nodes did not finish within --finish-timeout {self.store.config.finish_timeout:g} s"
+        if control.exit_code == ExitCode.OK:
+            control.exit_code, control.stop_reason = ExitCode.PEER_LOST, reason
         if not self.course.stopping:
             self.course.to(Course.STOPPING)
             control.stop_reason = reason

@@ -383,6 +383,24 @@ class PreemptionHandler:
         reason = f"not requeued: stopped by {signal.Signals(signum).name} during the warning"
         return WarningOutcome(cause, False, 128 + signum, reason, self.ledger.count())
 
+    def decline(self, reason: str, exit_code: int) -> WarningOutcome | None:
+        """(The decider) the job stops for good while a warning is pending here or another
+        node's flag is raised: no requeue, and a decision with the stop's exit code, which the
+        nodes that acted on the flag await. None where there is nothing to decline."""
+        if self._decision is not None:
+            return None
+        flag = self._current_flag()
+        if flag is None and self._pending is None:
+            return None
+        cause = str(flag["cause"]) if flag and flag.get("cause") in CAUSES else "unknown"
+        decision = WarningOutcome(
+            cause, False, int(exit_code), f"not requeued: {reason}", self.ledger.count()
+        )
+        write_flag(self._decision_path(), decision.to_dict())
+        self._decision = decision
+        log.warning("a %s warning while the job stops for good: %s", cause, decision.reason)
+        return decision
+
     def _ended_before(self, cause: str) -> WarningOutcome:
         """The outcome of a warning that came once training had ended on every node."""
         reason = "not requeued: the training had ended on every node before the warning"

@@ -469,10 +469,11 @@ class Supervisor:
         selector, relinks = self._make_selector(), self.store.relinks
         try:
             self.reap()  # children that ended before the selector existed
-            self._handle_preemption()  # a warning read while the store came up
+            first = True  # the first look waits for nothing: what came while the store came up
             while self.running() or self.course.one_of(Course.SPARE, Course.RESTARTING):
                 self.restart_standby.keep_ready()  # once the children train; again after a restart
-                self._on_store_events(self._poll_once(selector, self._wait_s()))
+                wait, first = 0.0 if first else self._wait_s(), False
+                self._on_store_events(self._poll_once(selector, wait))
                 if self.store.roles is not None:
                     self.store.roles.probes.poll()
                 self.hang_watch.check()
@@ -506,7 +507,8 @@ class Supervisor:
         if self.preemption is None:
             return False
         if self.course.stopping and self.exit_code in FINAL_EXITS:
-            return False  # it stops for good (a rank stopped it, the budget is spent): no requeue
+            self._decline_warning()  # it stops for good (a rank stopped it, the budget is spent)
+            return False
         if not (self.preemption.pending or self.preemption.adopt_flag()):
             return False
         roles = self.store.roles
@@ -530,9 +532,17 @@ class Supervisor:
         a clean finish here, where every training node's children had ended before the
         warning (a requeue would run a finished training again). True when it decided now."""
         if self.job_end.stop_request is not None and self.exit_code in FINAL_EXITS:
+            self._decline_warning()
             return False
         clean = not self.course.stopping and self.exit_code == ExitCode.OK
         return self._handle_preemption(finished=self._every_node_ended if clean else None)
+
+    def _decline_warning(self) -> None:
+        """(The store host, the job stopping for good) no requeue for a warning; the nodes that
+        acted on its flag read the stop's exit code as the decision."""
+        if self.preemption is not None and self.store.service is not None:
+            reason = self.stop_reason or f"the job stops with exit code {self.exit_code}"
+            self.preemption.decline(reason, self.exit_code)
 
     def _every_node_ended(self) -> bool:
         """Whether every training node's children ended (the job's ``all_done``)."""

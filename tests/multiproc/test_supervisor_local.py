@@ -73,11 +73,13 @@ class Job:
 
     @property
     def procs(self) -> list[subprocess.Popen[str]]:
-        """The supervisors started, in node order (every node's, once all started)."""
+        """The supervisors started, in node order: index them by node only once every node
+        started (before, ``started[node]``)."""
         return [self.started[node] for node in sorted(self.started)]
 
     def wait(self, timeout: float) -> list[int | None]:
         """Exit codes of the supervisors; None for one still running at the deadline (then killed)."""
+        assert len(self.started) == len(self._launch), "start every node before waiting for them"
         deadline = time.monotonic() + timeout
         codes: list[int | None] = []
         for proc in self.procs:

@@ -13,7 +13,7 @@ import pytest
 
 from nvrx import checkpoint_flag, processes
 from nvrx.signal_pipe import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
-from nvrx.supervisor import preemption
+from nvrx.supervisor import job_end, preemption
 from nvrx.supervisor.children import Child
 from nvrx.supervisor.config import ALL_DONE_KEY, StopRequest, SupervisorConfig, local_job
 from nvrx.supervisor.course import Course
@@ -102,7 +102,8 @@ def test_a_warning_while_the_job_stops_for_good_requeues_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, final: ExitCode
 ) -> None:
     """A rank stopped the job (exit 130) or its restarts are spent; SLURM's warning in the
-    stop's grace period must not requeue it (before: ``scontrol requeue`` and exit 75)."""
+    stop's grace period must not requeue it (before: ``scontrol requeue`` and exit 75), and
+    the decision the other nodes await says so, with the stop's exit code."""
     requeued: list[str] = []
     monkeypatch.setattr(preemption.commands, "requeue", lambda job, **kw: requeued.append(job))
     sup, _ = _supervisor(tmp_path, 1)
@@ -117,6 +118,9 @@ def test_a_warning_while_the_job_stops_for_good_requeues_nothing(
         sup.preemption.on_signal(signal.SIGUSR2)
         sup._handle_preemption()
         assert (sup.exit_code, requeued, sup.preemption.ledger.count()) == (final, [], 0)
+        # a node that acted on the flag reads the stop's exit code, not "no decision in time"
+        written = json.loads(sup.preemption._decision_path().read_text())
+        assert (written["requeued"], written["exit_code"]) == (False, final)
     finally:
         for child in sup.ranks.children.values():
             processes.stop(child.proc, ask=signal.SIGKILL)
@@ -238,4 +242,22 @@ def test_a_warning_after_another_node_stopped_the_job_for_good_requeues_nothing(
     assert sup.job_end.stop_request is not None and sup.exit_code == code
     sup.preemption.on_signal(signal.SIGUSR2)
     assert not sup._warned_while_finishing()
-    assert (sup.preemption.decision, requeued, sup.exit_code) == (None, [], code)
+    assert (requeued, sup.exit_code) == ([], code)
+    # the nodes that acted on the warning read the stop's exit code as the decision
+    written = json.loads(sup.preemption._decision_path().read_text())
+    assert (written["requeued"], written["exit_code"]) == (False, code)
+    assert "not requeued" in written["reason"]
+
+
+def test_the_store_hosts_wait_for_the_others_goes_on_after_its_decision(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The time the store host spends deciding on a warning is not taken from the other
+    nodes' time to end (``--finish-timeout``): they are given the stop's wait after it."""
+    sup, _ = _finishing_store_host(tmp_path, monkeypatch, False)
+    decided = iter([True, False])
+    sup.job_end.on_warning = lambda: next(decided)
+    past = time.monotonic() - 1.0  # --finish-timeout ran out while it decided
+    extended = sup.job_end._after_warning(past)
+    assert extended >= time.monotonic() + job_end.SIGNALLED_WAIT_S - 1.0
+    assert sup.job_end._after_warning(past) == past  # nothing decided: the deadline stands
