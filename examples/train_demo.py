@@ -82,7 +82,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="inject a fault (repeatable; also NVRX_DEMO_FAULTS, comma-separated)",
     )
     p.add_argument(
-        "--pg-timeout", type=float, default=20.0, help="gloo collective timeout in seconds"
+        "--pg-timeout",
+        type=float,
+        default=None,
+        help="gloo collective timeout in seconds (default: 2/3 of --hard-timeout under the "
+        "Wrapper, which wants it below its hard timeout, see docs/abort.md; 20 for a plain script)",
     )
     wrapper = p.add_argument_group("in-process Wrapper")
     wrapper.add_argument(
@@ -145,6 +149,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(
             f"need 0 < --soft-timeout < --hard-timeout, got {args.soft_timeout:g} and {args.hard_timeout:g}"
         )
+    if args.pg_timeout is None:
+        args.pg_timeout = 20.0 if args.no_wrapper else round(args.hard_timeout * 2 / 3, 1)
+    if args.pg_timeout <= 0:
+        p.error(f"--pg-timeout must be > 0, got {args.pg_timeout:g}")
     return args
 
 

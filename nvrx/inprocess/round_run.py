@@ -254,7 +254,12 @@ class RoundRun:
         (this rank leaves).
         """
         delivery = self.call.delivery
-        log.error("rank %s faulted in round %s: %r", self.call.state.rank, self.call.round, exc)
+        rank, round_ = self.call.state.rank, self.call.round
+        if self.monitor.seen_mono is None:
+            log.error("rank %s faulted in round %s: %r", rank, round_, exc)
+        else:  # recorded as a ``peer`` fault: the abort of a peer's fault failed this rank
+            log.warning("rank %s raised %r in round %s after another rank's fault, whose "
+                        "abort ended its collectives", rank, exc, round_)  # fmt: skip
         self.fault = self.fault or exc
         delivery.begin_wait()
         self.call.services.board.leave_user()

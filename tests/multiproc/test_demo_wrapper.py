@@ -119,6 +119,18 @@ def _completed_at_full_size(run: DemoRun) -> None:
     assert len(run.of("wrapper_end", "wrapper")) == 4  # a killed process writes none
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("which", ["killed", "raised_and_hung"])
+def test_the_demo_gives_its_groups_a_timeout_below_the_hard_timeout(
+    which: str, request: pytest.FixtureRequest
+) -> None:
+    """The demo follows docs/abort.md: its gloo groups time out before the Wrapper's hard
+    timeout, so the Wrapper has no advice to give (its warning names the logger)."""
+    run: DemoRun = request.getfixturevalue(which)
+    assert "nvrx.inprocess.between_rounds" in run.output  # the Wrapper's warnings reach it
+    assert "nvrx.inprocess.gloo_abort" not in run.output
+
+
 # -- a SIGKILLed child: one process restart, the peers restart in-process -------------
 
 

@@ -355,6 +355,23 @@ def test_a_restart_and_the_fault_behind_it_are_logged(base, caplog):
     ], levels  # fmt: skip
 
 
+def test_an_exception_after_a_peers_fault_is_logged_as_its_consequence(base, caplog):
+    """The monitor thread saw another rank's fault and aborted the groups, so this rank's
+    collective failed: a warning that says so, no error naming this rank as faulted, and
+    the event calls it a ``peer`` fault (the report reads that)."""
+    call = FakeCall(base)
+    monitor = _monitor()
+    monitor.seen_mono = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="nvrx.inprocess.round_run"):
+        outcome = RoundRun(call, call.store, monitor, time.monotonic()).run(_fails, (), {})
+    assert isinstance(outcome, Restart)
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "rank 0 raised RuntimeError('own fault') in round 0 after another rank's "
+                    "fault, whose abort ended its collectives"),
+    ]  # fmt: skip
+    assert [e["fault_kind"] for e in call.kinds("fault")] == ["peer"]
+
+
 def test_a_terminate_that_raises_is_raised_caused_by_the_exit(base):
     def terminate(state):
         raise OSError("terminate failed")
