@@ -43,9 +43,10 @@ def free_ports(count: int, avoid: range = range(0)) -> int:
     raise RuntimeError(f"no {count} consecutive free ports found on 127.0.0.1")
 
 
-def _env(rank: int, world_size: int, port: int) -> dict[str, str]:
+def _env(rank: int, world_size: int, port: int, temp: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NVRX_", "PYTEST_"))}
     env.update(
+        TMPDIR=str(temp),
         RANK=str(rank),
         LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world_size),
@@ -72,17 +73,20 @@ def run(
     Every rank must end within ``timeout`` seconds of the start. ``port``: MASTER_PORT (the
     next two must be free too), by default three free ports found now.
 
-    Raises AssertionError naming the rank and showing its output when a rank does not
-    exit 0 or writes no record in time."""
+    Each rank has a temporary folder of its own (``TMPDIR``); an nvrx rank must leave it
+    empty. Raises AssertionError naming the rank and showing its output when a rank does
+    not exit 0, writes no record in time or, for nvrx, leaves a file in that folder."""
     tmp.mkdir(parents=True, exist_ok=True)
     port = port or free_ports(3)
-    procs = []
+    procs, temps = [], []
     for rank in range(world_size):
+        temps.append(tmp / f"{impl}-{rank}-tmp")
+        temps[-1].mkdir(exist_ok=True)
         log = open(tmp / f"{impl}-{rank}.log", "wb")  # noqa: SIM115 - closed below
         cmd = [str(INTERPRETERS[impl]), str(SCENARIOS / script), impl, str(tmp / f"{impl}-{rank}.json")]
         procs.append((subprocess.Popen(
-            cmd + ([case] if case else []), env=_env(rank, world_size, port), stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp,
+            cmd + ([case] if case else []), env=_env(rank, world_size, port, temps[-1]),
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp,
         ), log))  # fmt: skip
     deadline = time.monotonic() + timeout
     codes = [_reap(proc, log, deadline) for proc, log in procs]
@@ -94,6 +98,9 @@ def run(
             failure = ScenarioTimedOut if code is None else AssertionError
             raise failure(f"{impl} {script} {case} rank {rank}: exit {code}, output:\n{text}")
         records.append(json.loads(out.read_text()))
+    if impl == "nvrx":
+        left = {rank: sorted(p.name for p in temp.iterdir()) for rank, temp in enumerate(temps)}
+        assert not any(left.values()), f"nvrx {script} {case} left in its TMPDIR: {left}"
     return records
 
 

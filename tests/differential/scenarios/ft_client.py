@@ -97,14 +97,15 @@ def launcher_side(impl: str, cfg: Any) -> Any:
         import torch.multiprocessing
 
         server_module = common.module(impl, "fault_tolerance.rank_monitor_server")
-        path = os.path.join(tempfile.mkdtemp(), "rmon.socket")
-        proc = server_module.RankMonitorServer.run_in_subprocess(cfg, path, mp_ctx=torch.multiprocessing)
-        os.environ["FT_RANK_MONITOR_IPC_SOCKET"] = path
-        try:
-            yield
-        finally:
-            proc.terminate()
-            proc.join(30)
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "rmon.socket")
+            proc = server_module.RankMonitorServer.run_in_subprocess(cfg, path, mp_ctx=torch.multiprocessing)
+            os.environ["FT_RANK_MONITOR_IPC_SOCKET"] = path
+            try:
+                yield
+            finally:
+                proc.terminate()
+                proc.join(30)
     else:
         from nvrx.supervisor.rank_watch import RankWatch
 
@@ -204,8 +205,8 @@ def main() -> int:
     impl, out, case = common.arguments()
     global PUBLIC
     ft = PUBLIC = common.module(impl, "fault_tolerance")
-    tmp = Path(tempfile.mkdtemp())
-    record: dict[str, Any] = {"config": config_record(ft, tmp)}
+    with tempfile.TemporaryDirectory() as tmp:
+        record: dict[str, Any] = {"config": config_record(ft, Path(tmp))}
     client = ft.RankMonitorClient()
     record["fresh"] = client_view(client)
     record["public"] = {
