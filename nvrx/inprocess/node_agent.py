@@ -47,8 +47,9 @@ all of them.
 
 It ends when every rank of its host it knows of ended on purpose or was taken
 out, ending its host's place in the ring first so that nobody finds it
-silent; and when the store stays unreachable for ``Thresholds.host_s`` (the
-job ended or was killed).
+silent (a store it lost by then is tried for ``ENDING_STORE_S`` only: the job
+ended with it); and when the store stays unreachable for ``Thresholds.host_s``
+(``STORE_GONE_S`` at most: the job ended or was killed).
 """
 
 from __future__ import annotations
@@ -86,6 +87,9 @@ IDLE_START_S = 60.0
 #: The longest the agent waits for a store that does not answer before it ends (the job is
 #: gone; were it not, the next beat that finds no agent starts one), whatever the timeouts.
 STORE_GONE_S = 60.0
+#: The longest an agent whose ranks all ended tries to reach a store it lost, to end its
+#: host's place: a store that does not answer by then ended with the job.
+ENDING_STORE_S = 5.0
 
 
 def job_key(cfg: MonitorConfig) -> str:
@@ -118,12 +122,13 @@ def limits_of(cfg: MonitorConfig) -> Thresholds:
     return Thresholds(cfg.heartbeat_timeout, cfg.heartbeat_interval + cfg.monitor_process_interval)
 
 
-def connect_store(cfg: MonitorConfig) -> Any:
-    """A connection to ``cfg``'s store (within ``host_s``, unless a store factory says otherwise)."""
+def connect_store(cfg: MonitorConfig, within: float = STORE_GONE_S) -> Any:
+    """A connection to ``cfg``'s store, whose connecting and requests wait ``host_s`` at
+    most, and ``within`` (unless a store factory says otherwise)."""
     if cfg.store_factory:
         return monitor_store.connect(cfg)
     host, port = cfg.store_host or "127.0.0.1", int(cfg.store_port or 0)
-    return WireStore(host, port, timeout=min(limits_of(cfg).host_s, STORE_GONE_S))
+    return WireStore(host, port, timeout=min(limits_of(cfg).host_s, within))
 
 
 def start_relay(cfg: MonitorConfig, host: str) -> BarrierRelay:
@@ -254,6 +259,7 @@ class NodeAgent:
         self._round = -1  # the latest round a beat named
         self._reached = time.monotonic()  # the last time the store answered
         self._failing = False
+        self._unreached_at: float | None = None  # the look whose connecting failed last
         #: The host's barrier relay, told how many ranks the agent serves (``received``);
         #: started at each tick until it is (``_keep_relay``), unless ``relays`` is False.
         self.relay: BarrierRelay | None = None
@@ -332,6 +338,8 @@ class NodeAgent:
             return True
         if self.live or self._out:
             return False
+        if self.store is None and self._unreached_at == now:
+            return True  # every rank ended, and this look's tick could not reach the store
         with_store = self._guarded(self._end_place, now)
         return with_store or self.store is None  # every rank ended, and the store is gone
 
@@ -376,11 +384,17 @@ class NodeAgent:
         self._silent_hosts.clear()  # found in that store; the next may be another job's call
 
     def _connect(self, now: float) -> None:
-        """Connect (within ``host_s`` unless a store factory says otherwise), once a beat
-        came: it names the place of its ranks."""
+        """Connect (within ``host_s`` unless a store factory says otherwise; once every rank
+        ended, within ``ENDING_STORE_S``), once a beat came: it names the place of its ranks."""
         if not self.heard:
             raise _NotYet("no beat came yet")
-        self._attach(connect_store(self.cfg), now)
+        ending = not self.live and not self._out
+        try:
+            store = connect_store(self.cfg, ENDING_STORE_S if ending else STORE_GONE_S)
+        except Exception:
+            self._unreached_at = now
+            raise
+        self._attach(store, now)
 
     def _attach(self, store: Any, now: float) -> None:
         """Use ``store``: take the host's slot in the ring, watch the host's listed ranks.

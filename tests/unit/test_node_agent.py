@@ -439,7 +439,8 @@ def thawed(base, monkeypatch):
     # default; the test's store server may stall on a reverse-DNS look-up for longer
     # (``tests/conftest.py``), and the connection's timeout is not what these tests test.
     monkeypatch.setattr(
-        node_agent, "connect_store", lambda cfg: WireStore("127.0.0.1", cfg.store_port, timeout=30)
+        node_agent, "connect_store",
+        lambda cfg, within: WireStore("127.0.0.1", cfg.store_port, timeout=30),
     )
     made = _Thawed(base)
     yield made
@@ -572,6 +573,34 @@ def test_an_agent_whose_ranks_all_ended_ends_though_its_store_is_gone() -> None:
         started = time.monotonic()
         wait_until("the agent may end", lambda: agent.finished(time.monotonic(), t), 30)
         assert time.monotonic() - started < node_agent.STORE_GONE_S
+    finally:
+        sock.close(unlink=False)
+
+
+def test_an_agent_that_lost_its_store_before_the_last_bye_ends_soon_after_it() -> None:
+    """At a job's end the store may go before the agent reads its ranks' byes: a tick failed
+    and dropped the connection. With a day's heartbeat timeout the agent then waited
+    ``STORE_GONE_S`` to connect again; once every rank ended it tries for
+    ``ENDING_STORE_S`` only."""
+    server = client.serve("127.0.0.1", 0, timeout=10)
+    store = client.connect("127.0.0.1", server.port, timeout=2)
+    slow = _config(heartbeat_timeout=86400.0, store_port=server.port)
+    sock = BeatSocket(f"\0nvrx-test-{uuid.uuid4().hex}")
+    agent = node_agent.NodeAgent(slow, sock, lambda kind, **f: None, "h0", store=store)
+    try:
+        sender = BeatSender(sock.path)
+        t = time.monotonic()
+        sender.send(_beat(0))
+        assert agent.step(t)
+        del server
+        wait_until("a tick that fails", lambda: not agent.step(time.monotonic()), 30)
+        assert agent.store is None and agent.live == {0}  # dropped while its rank lives
+        sender.send(_beat(0, bye=True))
+        now = time.monotonic()
+        assert not agent.step(now)  # one look, as the loop's: the bye, then the tick
+        assert not agent.live
+        assert agent.finished(now, t)  # that look could not reach the store: no other try
+        assert time.monotonic() - now < node_agent.STORE_GONE_S
     finally:
         sock.close(unlink=False)
 
