@@ -47,9 +47,10 @@ all of them.
 
 It ends when every rank of its host it knows of ended on purpose or was taken
 out, ending its host's place in the ring first so that nobody finds it
-silent (a store it lost by then is tried for ``ENDING_STORE_S`` only: the job
-ended with it); and when the store stays unreachable for ``Thresholds.host_s``
-(``STORE_GONE_S`` at most: the job ended or was killed).
+silent (a store that fails it by then ended with the job: it is not waited for,
+and connecting to it again is tried for ``ENDING_STORE_S`` only); and when the
+store stays unreachable for ``Thresholds.host_s`` (``STORE_GONE_S`` at most:
+the job ended or was killed).
 """
 
 from __future__ import annotations
@@ -259,7 +260,7 @@ class NodeAgent:
         self._round = -1  # the latest round a beat named
         self._reached = time.monotonic()  # the last time the store answered
         self._failing = False
-        self._unreached_at: float | None = None  # the look whose connecting failed last
+        self._unreached_at: float | None = None  # the last look whose store failed
         #: The host's barrier relay, told how many ranks the agent serves (``received``);
         #: started at each tick until it is (``_keep_relay``), unless ``relays`` is False.
         self.relay: BarrierRelay | None = None
@@ -338,8 +339,8 @@ class NodeAgent:
             return True
         if self.live or self._out:
             return False
-        if self.store is None and self._unreached_at == now:
-            return True  # every rank ended, and this look's tick could not reach the store
+        if self._unreached_at == now:
+            return True  # every rank ended, and this look's tick found the store gone
         with_store = self._guarded(self._end_place, now)
         return with_store or self.store is None  # every rank ended, and the store is gone
 
@@ -368,7 +369,7 @@ class NodeAgent:
         except Exception as exc:
             if not self._failing:
                 log.warning("this host's beats did not reach the store: %r", exc)
-            self._failing = True
+            self._failing, self._unreached_at = True, now
             self._drop_store()  # connect again next time: the store may serve again there
             return False
         if self._failing:
@@ -389,12 +390,7 @@ class NodeAgent:
         if not self.heard:
             raise _NotYet("no beat came yet")
         ending = not self.live and not self._out
-        try:
-            store = connect_store(self.cfg, ENDING_STORE_S if ending else STORE_GONE_S)
-        except Exception:
-            self._unreached_at = now
-            raise
-        self._attach(store, now)
+        self._attach(connect_store(self.cfg, ENDING_STORE_S if ending else STORE_GONE_S), now)
 
     def _attach(self, store: Any, now: float) -> None:
         """Use ``store``: take the host's slot in the ring, watch the host's listed ranks.

@@ -605,6 +605,33 @@ def test_an_agent_that_lost_its_store_before_the_last_bye_ends_soon_after_it() -
         sock.close(unlink=False)
 
 
+def test_an_agent_whose_last_bye_came_as_the_store_ended_ends_without_connecting_again(
+    monkeypatch,
+) -> None:
+    """A job without a supervisor ends: the last monitors say bye and rank 0's monitor
+    stops the store. The look that reads the byes finds the store gone and the agent ends
+    there: it does not connect again to end a place nobody watches any more."""
+    server = client.serve("127.0.0.1", 0, timeout=10)
+    store = client.connect("127.0.0.1", server.port, timeout=2)
+    slow = _config(heartbeat_timeout=86400.0, store_port=server.port)
+    sock = BeatSocket(f"\0nvrx-test-{uuid.uuid4().hex}")
+    agent = node_agent.NodeAgent(slow, sock, lambda kind, **f: None, "h0", store=store)
+    connects: list[float] = []
+    monkeypatch.setattr(node_agent, "connect_store", lambda cfg, within: connects.append(within))
+    try:
+        sender = BeatSender(sock.path)
+        t = time.monotonic()
+        sender.send(_beat(0))
+        assert agent.step(t)
+        sender.send(_beat(0, bye=True))
+        del server
+        now = time.monotonic()
+        assert not agent.step(now)  # the bye read, then a tick the store did not answer
+        assert agent.finished(now, t) and connects == []
+    finally:
+        sock.close(unlink=False)
+
+
 def test_an_agent_that_no_monitor_beat_to_ends_within_its_idle_bound(base) -> None:
     """Its starter died before its first beat was read: with a day's heartbeat timeout too."""
     slow = _config(heartbeat_timeout=86400.0)
