@@ -150,7 +150,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"need 0 < --soft-timeout < --hard-timeout, got {args.soft_timeout:g} and {args.hard_timeout:g}"
         )
     if args.pg_timeout is None:
-        args.pg_timeout = 20.0 if args.no_wrapper else round(args.hard_timeout * 2 / 3, 1)
+        args.pg_timeout = 20.0 if args.no_wrapper else args.hard_timeout * 2 / 3
     if args.pg_timeout <= 0:
         p.error(f"--pg-timeout must be > 0, got {args.pg_timeout:g}")
     return args

@@ -47,10 +47,10 @@ all of them.
 
 It ends when every rank of its host it knows of ended on purpose or was taken
 out, ending its host's place in the ring first so that nobody finds it
-silent (a store that fails it by then ended with the job: it is not waited for,
-and connecting to it again is tried for ``ENDING_STORE_S`` only); and when the
-store stays unreachable for ``Thresholds.host_s`` (``STORE_GONE_S`` at most:
-the job ended or was killed).
+silent (a store whose server refused or closed its connection by then ended
+with the job: it is not waited for; one that failed otherwise is connected to
+again for ``ENDING_STORE_S`` at most); and when the store stays unreachable for
+``Thresholds.host_s`` (``STORE_GONE_S`` at most: the job ended or was killed).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ from nvrx.rank_beats import Beat, BeatLoop, BeatSender, BeatSocket, NewPids, Sil
 from nvrx.store.faults import FaultRecord, announce_leave
 from nvrx.store.host_barrier import BarrierRelay, relay_address
 from nvrx.store.ring import RingPlace
-from nvrx.store.wire import WireStore
+from nvrx.store.wire import StoreGone, WireStore
 
 from . import host_ring, monitor_store
 from .host_ring import Thresholds, claimed, ended_ranks, list_ended, list_rank, live_ranks, register
@@ -123,13 +123,23 @@ def limits_of(cfg: MonitorConfig) -> Thresholds:
     return Thresholds(cfg.heartbeat_timeout, cfg.heartbeat_interval + cfg.monitor_process_interval)
 
 
-def connect_store(cfg: MonitorConfig, within: float = STORE_GONE_S) -> Any:
-    """A connection to ``cfg``'s store, whose connecting and requests wait ``host_s`` at
-    most, and ``within`` (unless a store factory says otherwise)."""
+def connect_store(cfg: MonitorConfig, connect_within: float = STORE_GONE_S) -> Any:
+    """A connection to ``cfg``'s store whose requests wait ``host_s`` (``STORE_GONE_S`` at
+    most), and whose connecting that or ``connect_within`` (unless a store factory says
+    otherwise)."""
     if cfg.store_factory:
         return monitor_store.connect(cfg)
     host, port = cfg.store_host or "127.0.0.1", int(cfg.store_port or 0)
-    return WireStore(host, port, timeout=min(limits_of(cfg).host_s, within))
+    limit = min(limits_of(cfg).host_s, STORE_GONE_S)
+    store = WireStore(host, port, timeout=min(limit, connect_within))
+    store.set_timeout(limit)
+    return store
+
+
+def _server_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` says the store's server is not there: it refused, reset or closed
+    the connection (not a request or a connection that timed out)."""
+    return isinstance(exc, StoreGone) and isinstance(exc.__cause__, ConnectionError)
 
 
 def start_relay(cfg: MonitorConfig, host: str) -> BarrierRelay:
@@ -260,7 +270,7 @@ class NodeAgent:
         self._round = -1  # the latest round a beat named
         self._reached = time.monotonic()  # the last time the store answered
         self._failing = False
-        self._unreached_at: float | None = None  # the last look whose store failed
+        self._gone_at: float | None = None  # the last look whose store's server was gone
         #: The host's barrier relay, told how many ranks the agent serves (``received``);
         #: started at each tick until it is (``_keep_relay``), unless ``relays`` is False.
         self.relay: BarrierRelay | None = None
@@ -339,8 +349,8 @@ class NodeAgent:
             return True
         if self.live or self._out:
             return False
-        if self._unreached_at == now:
-            return True  # every rank ended, and this look's tick found the store gone
+        if self._gone_at == now:
+            return True  # every rank ended, and this look's tick found the server gone
         with_store = self._guarded(self._end_place, now)
         return with_store or self.store is None  # every rank ended, and the store is gone
 
@@ -369,7 +379,9 @@ class NodeAgent:
         except Exception as exc:
             if not self._failing:
                 log.warning("this host's beats did not reach the store: %r", exc)
-            self._failing, self._unreached_at = True, now
+            self._failing = True
+            if _server_gone(exc):
+                self._gone_at = now
             self._drop_store()  # connect again next time: the store may serve again there
             return False
         if self._failing:

@@ -257,9 +257,9 @@ class RoundRun:
         rank, round_ = self.call.state.rank, self.call.round
         if self.monitor.seen_mono is None:
             log.error("rank %s faulted in round %s: %r", rank, round_, exc)
-        else:  # recorded as a ``peer`` fault: the abort of a peer's fault failed this rank
-            log.warning("rank %s raised %r in round %s after another rank's fault, whose "
-                        "abort ended its collectives", rank, exc, round_)  # fmt: skip
+        else:  # recorded as a ``peer`` fault: the round's abort failed this rank
+            log.warning("rank %s raised %r in round %s after the round was interrupted, whose "
+                        "abort ends its collectives", rank, exc, round_)  # fmt: skip
         self.fault = self.fault or exc
         delivery.begin_wait()
         self.call.services.board.leave_user()

@@ -356,9 +356,9 @@ def test_a_restart_and_the_fault_behind_it_are_logged(base, caplog):
 
 
 def test_an_exception_after_a_peers_fault_is_logged_as_its_consequence(base, caplog):
-    """The monitor thread saw another rank's fault and aborted the groups, so this rank's
-    collective failed: a warning that says so, no error naming this rank as faulted, and
-    the event calls it a ``peer`` fault (the report reads that)."""
+    """The monitor thread saw the round interrupted (another rank's fault) and aborted the
+    groups, so this rank's collective failed: a warning that says so, no error naming this
+    rank as faulted, and the event calls it a ``peer`` fault (the report reads that)."""
     call = FakeCall(base)
     monitor = _monitor()
     monitor.seen_mono = time.monotonic()
@@ -366,8 +366,8 @@ def test_an_exception_after_a_peers_fault_is_logged_as_its_consequence(base, cap
         outcome = RoundRun(call, call.store, monitor, time.monotonic()).run(_fails, (), {})
     assert isinstance(outcome, Restart)
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
-        ("WARNING", "rank 0 raised RuntimeError('own fault') in round 0 after another rank's "
-                    "fault, whose abort ended its collectives"),
+        ("WARNING", "rank 0 raised RuntimeError('own fault') in round 0 after the round was "
+                    "interrupted, whose abort ends its collectives"),
     ]  # fmt: skip
     assert [e["fault_kind"] for e in call.kinds("fault")] == ["peer"]
 

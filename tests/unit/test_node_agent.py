@@ -440,7 +440,7 @@ def thawed(base, monkeypatch):
     # (``tests/conftest.py``), and the connection's timeout is not what these tests test.
     monkeypatch.setattr(
         node_agent, "connect_store",
-        lambda cfg, within: WireStore("127.0.0.1", cfg.store_port, timeout=30),
+        lambda cfg, connect_within=0.0: WireStore("127.0.0.1", cfg.store_port, timeout=30),
     )
     made = _Thawed(base)
     yield made
@@ -577,11 +577,18 @@ def test_an_agent_whose_ranks_all_ended_ends_though_its_store_is_gone() -> None:
         sock.close(unlink=False)
 
 
-def test_an_agent_that_lost_its_store_before_the_last_bye_ends_soon_after_it() -> None:
+def test_an_agent_that_lost_its_store_before_the_last_bye_ends_soon_after_it(monkeypatch) -> None:
     """At a job's end the store may go before the agent reads its ranks' byes: a tick failed
     and dropped the connection. With a day's heartbeat timeout the agent then waited
     ``STORE_GONE_S`` to connect again; once every rank ended it tries for
-    ``ENDING_STORE_S`` only."""
+    ``ENDING_STORE_S`` only, and a refused connection ends it without another try."""
+    connect, withins = node_agent.connect_store, []
+
+    def recorded(cfg: MonitorConfig, connect_within: float = node_agent.STORE_GONE_S) -> Any:
+        withins.append(connect_within)
+        return connect(cfg, connect_within)
+
+    monkeypatch.setattr(node_agent, "connect_store", recorded)
     server = client.serve("127.0.0.1", 0, timeout=10)
     store = client.connect("127.0.0.1", server.port, timeout=2)
     slow = _config(heartbeat_timeout=86400.0, store_port=server.port)
@@ -599,8 +606,8 @@ def test_an_agent_that_lost_its_store_before_the_last_bye_ends_soon_after_it() -
         now = time.monotonic()
         assert not agent.step(now)  # one look, as the loop's: the bye, then the tick
         assert not agent.live
-        assert agent.finished(now, t)  # that look could not reach the store: no other try
-        assert time.monotonic() - now < node_agent.STORE_GONE_S
+        assert agent.finished(now, t)  # that look's connection was refused: no other try
+        assert withins == [node_agent.ENDING_STORE_S]
     finally:
         sock.close(unlink=False)
 
@@ -612,12 +619,14 @@ def test_an_agent_whose_last_bye_came_as_the_store_ended_ends_without_connecting
     stops the store. The look that reads the byes finds the store gone and the agent ends
     there: it does not connect again to end a place nobody watches any more."""
     server = client.serve("127.0.0.1", 0, timeout=10)
-    store = client.connect("127.0.0.1", server.port, timeout=2)
+    store = WireStore("127.0.0.1", server.port, timeout=2)  # the agent's own client
     slow = _config(heartbeat_timeout=86400.0, store_port=server.port)
     sock = BeatSocket(f"\0nvrx-test-{uuid.uuid4().hex}")
     agent = node_agent.NodeAgent(slow, sock, lambda kind, **f: None, "h0", store=store)
     connects: list[float] = []
-    monkeypatch.setattr(node_agent, "connect_store", lambda cfg, within: connects.append(within))
+    monkeypatch.setattr(
+        node_agent, "connect_store", lambda cfg, connect_within=0.0: connects.append(connect_within)
+    )
     try:
         sender = BeatSender(sock.path)
         t = time.monotonic()

@@ -97,7 +97,7 @@ def launcher_side(impl: str, cfg: Any) -> Any:
         import torch.multiprocessing
 
         server_module = common.module(impl, "fault_tolerance.rank_monitor_server")
-        with tempfile.TemporaryDirectory() as folder:
+        with tempfile.TemporaryDirectory(dir="/tmp") as folder:  # a short path for the socket
             path = os.path.join(folder, "rmon.socket")
             proc = server_module.RankMonitorServer.run_in_subprocess(cfg, path, mp_ctx=torch.multiprocessing)
             os.environ["FT_RANK_MONITOR_IPC_SOCKET"] = path
