@@ -15,6 +15,7 @@ import os
 import signal
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -555,26 +556,35 @@ def test_an_agent_ends_once_its_ranks_ended_and_ends_its_place_in_the_ring(base,
     assert _claims(base, h.agent.slot) == 1
 
 
-def test_an_agent_whose_ranks_all_ended_ends_though_its_store_is_gone() -> None:
-    """With a day's heartbeat timeout (as a job may set), still at once."""
-    server = client.serve("127.0.0.1", 0, timeout=10)
-    store = client.connect("127.0.0.1", server.port, timeout=2)
-    slow = _config(heartbeat_timeout=86400.0, store_port=server.port)
+@contextlib.contextmanager
+def _slow_job(own_client: bool = False) -> Iterator[tuple[list[Any], node_agent.NodeAgent, BeatSender]]:
+    """An agent with a day's heartbeat timeout (as a job may set) whose rank 0 beat once,
+    connected to a store that serves until its list (``servers``) is emptied; with
+    ``own_client``, through the agent's own client as ``connect_store`` makes it."""
+    servers = [client.serve("127.0.0.1", 0, timeout=10)]
+    port = servers[0].port
+    store = WireStore("127.0.0.1", port, timeout=2) if own_client else client.connect("127.0.0.1", port, timeout=2)
     sock = BeatSocket(f"\0nvrx-test-{uuid.uuid4().hex}")
+    slow = _config(heartbeat_timeout=86400.0, store_port=port)
     agent = node_agent.NodeAgent(slow, sock, lambda kind, **f: None, "h0", store=store)
     try:
         sender = BeatSender(sock.path)
-        t = time.monotonic()
         sender.send(_beat(0))
-        assert agent.step(t)
-        sender.send(_beat(0, bye=True))
-        agent.step(t + INTERVAL)
-        del server  # the store ended first, as at the end of a job
-        started = time.monotonic()
-        wait_until("the agent may end", lambda: agent.finished(time.monotonic(), t), 30)
-        assert time.monotonic() - started < node_agent.STORE_GONE_S
+        assert agent.step(time.monotonic())
+        yield servers, agent, sender
     finally:
         sock.close(unlink=False)
+
+
+def test_an_agent_whose_ranks_all_ended_ends_though_its_store_is_gone() -> None:
+    """With a day's heartbeat timeout, still at once."""
+    with _slow_job() as (servers, agent, sender):
+        t = time.monotonic()
+        sender.send(_beat(0, bye=True))
+        agent.step(t)
+        servers.clear()  # the store ended first, as at the end of a job
+        wait_until("the agent may end", lambda: agent.finished(time.monotonic(), t), 30)
+        assert time.monotonic() - t < node_agent.STORE_GONE_S
 
 
 def test_an_agent_that_lost_its_store_before_the_last_bye_ends_soon_after_it(monkeypatch) -> None:
@@ -589,27 +599,16 @@ def test_an_agent_that_lost_its_store_before_the_last_bye_ends_soon_after_it(mon
         return connect(cfg, connect_within)
 
     monkeypatch.setattr(node_agent, "connect_store", recorded)
-    server = client.serve("127.0.0.1", 0, timeout=10)
-    store = client.connect("127.0.0.1", server.port, timeout=2)
-    slow = _config(heartbeat_timeout=86400.0, store_port=server.port)
-    sock = BeatSocket(f"\0nvrx-test-{uuid.uuid4().hex}")
-    agent = node_agent.NodeAgent(slow, sock, lambda kind, **f: None, "h0", store=store)
-    try:
-        sender = BeatSender(sock.path)
-        t = time.monotonic()
-        sender.send(_beat(0))
-        assert agent.step(t)
-        del server
+    with _slow_job() as (servers, agent, sender):
+        servers.clear()
         wait_until("a tick that fails", lambda: not agent.step(time.monotonic()), 30)
         assert agent.store is None and agent.live == {0}  # dropped while its rank lives
         sender.send(_beat(0, bye=True))
         now = time.monotonic()
         assert not agent.step(now)  # one look, as the loop's: the bye, then the tick
         assert not agent.live
-        assert agent.finished(now, t)  # that look's connection was refused: no other try
+        assert agent.finished(now, now)  # that look's connection was refused: no other try
         assert withins == [node_agent.ENDING_STORE_S]
-    finally:
-        sock.close(unlink=False)
 
 
 def test_an_agent_whose_last_bye_came_as_the_store_ended_ends_without_connecting_again(
@@ -618,27 +617,16 @@ def test_an_agent_whose_last_bye_came_as_the_store_ended_ends_without_connecting
     """A job without a supervisor ends: the last monitors say bye and rank 0's monitor
     stops the store. The look that reads the byes finds the store gone and the agent ends
     there: it does not connect again to end a place nobody watches any more."""
-    server = client.serve("127.0.0.1", 0, timeout=10)
-    store = WireStore("127.0.0.1", server.port, timeout=2)  # the agent's own client
-    slow = _config(heartbeat_timeout=86400.0, store_port=server.port)
-    sock = BeatSocket(f"\0nvrx-test-{uuid.uuid4().hex}")
-    agent = node_agent.NodeAgent(slow, sock, lambda kind, **f: None, "h0", store=store)
     connects: list[float] = []
-    monkeypatch.setattr(
-        node_agent, "connect_store", lambda cfg, connect_within=0.0: connects.append(connect_within)
-    )
-    try:
-        sender = BeatSender(sock.path)
-        t = time.monotonic()
-        sender.send(_beat(0))
-        assert agent.step(t)
+    with _slow_job(own_client=True) as (servers, agent, sender):
+        monkeypatch.setattr(
+            node_agent, "connect_store", lambda cfg, connect_within=0.0: connects.append(connect_within)
+        )
         sender.send(_beat(0, bye=True))
-        del server
+        servers.clear()
         now = time.monotonic()
         assert not agent.step(now)  # the bye read, then a tick the store did not answer
-        assert agent.finished(now, t) and connects == []
-    finally:
-        sock.close(unlink=False)
+        assert agent.finished(now, now) and connects == []
 
 
 def test_an_agent_that_no_monitor_beat_to_ends_within_its_idle_bound(base) -> None:
