@@ -301,6 +301,11 @@ class NodeAgent:
         """The ranks of this host the agent heard of and that did not end."""
         return self.heard - self.done
 
+    @property
+    def settled(self) -> bool:
+        """Every rank this agent heard of ended, and none waits to be taken out."""
+        return not self.live and not self._out
+
     def _count_ranks(self) -> None:
         """Tell the relay how many ranks it serves, and how many of them meet the barriers of
         the running round."""
@@ -347,7 +352,7 @@ class NodeAgent:
             # place is fenced too, and ends at the later place's next beat)
             log.info("a rank of this host beats for its next place: the agent for it starts")
             return True
-        if self.live or self._out:
+        if not self.settled:
             return False
         if self._gone_at == now:
             return True  # every rank ended, and this look's tick found the server gone
@@ -401,8 +406,8 @@ class NodeAgent:
         ended, within ``ENDING_STORE_S``), once a beat came: it names the place of its ranks."""
         if not self.heard:
             raise _NotYet("no beat came yet")
-        ending = not self.live and not self._out
-        self._attach(connect_store(self.cfg, ENDING_STORE_S if ending else STORE_GONE_S), now)
+        within = ENDING_STORE_S if self.settled else STORE_GONE_S
+        self._attach(connect_store(self.cfg, within), now)
 
     def _attach(self, store: Any, now: float) -> None:
         """Use ``store``: take the host's slot in the ring, watch the host's listed ranks.
