@@ -69,7 +69,8 @@ def preemption_requested() -> bool:
 
 
 def preemption_info() -> dict[str, Any] | None:
-    """What the supervisor wrote in the flag (``cause``, ``signal``, ``deadline_wall``), or None."""
+    """What the supervisor wrote in the flag (``cause``, ``signal``, ``deadline_wall``); None
+    when there is no flag, ``{}`` when one is there but cannot be read as a JSON object."""
     path = flag_path()
     try:
         text = path.read_text()

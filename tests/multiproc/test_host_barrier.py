@@ -300,6 +300,35 @@ def test_a_relay_drops_what_is_not_an_arrival_and_serves_on(port):
     assert counts["multi_set"] == 1  # the one real arrival
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="sending as another user needs root")
+def test_a_relay_drops_an_arrival_of_another_user(port):
+    """An arrival of uid 65534 at the relay's abstract name (which any user of the host can
+    reach) for a barrier of one rank is not met: the one arrival the relay makes is the
+    real rank's, at the next barrier."""
+    counts: collections.Counter[str] = collections.Counter()
+    relay = _relay(port, counts, 1)
+    forged = (b'{"op": "arrive", "kind": "termination", "at": 30, "world": 1, "rank": 0, '
+              b'"reply": "x"}')  # fmt: skip
+    pid = os.fork()
+    if pid == 0:  # the other user
+        code = 1
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+                sender.sendto(forged, relay.address)
+            code = 0
+        finally:
+            os._exit(code)
+    try:
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0  # it was sent
+        assert _meet_all(port, relay.address, Meeting("termination", 31, 1), [0]) == [None]
+    finally:
+        relay.close()
+    assert counts["multi_set"] == 1  # the real rank's arrival only
+
+
 def test_with_the_jobs_secret_a_forged_group_entry_is_reported_by_a_rank(
     port, tmp_path, monkeypatch
 ):

@@ -138,6 +138,39 @@ def test_a_discarded_standby_leaves_no_process_and_no_thread() -> None:
             os.kill(pid, 0)
 
 
+def test_closing_waits_a_bounded_time_for_a_pipe_a_leftover_holds_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child starts a process of its own session (out of reach of its group's kill) that
+    keeps its stdout, and exits: the supervisor's wait for that stream's last lines ends at
+    ``DRAIN_TIMEOUT_S`` while the leftover still runs, with what the child wrote kept."""
+    from nvrx.supervisor import standby
+
+    monkeypatch.setattr(standby, "DRAIN_TIMEOUT_S", 1.0)
+    leftover = tmp_path / "leftover.pid"
+    script = (
+        "import subprocess, sys\n"
+        "p = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+        f"open({str(leftover)!r}, 'w').write(str(p.pid))\n"
+        "print('last line', flush=True)\n"
+    )
+    pool = Standbys(enabled=False, logs=RankLogs(redirects=Std.ALL))
+    child = pool.spawn([sys.executable, "-c", script], 0, 0, {**os.environ, "RANK": "0"}, tmp_path)
+    pid = None
+    try:
+        assert child.proc.wait(timeout=60) == 0
+        pid = int(leftover.read_text())
+        pool.close_outputs()
+        os.kill(pid, 0)  # still there, holding the pipe: the wait did not wait for it
+        assert (tmp_path / "stdout.log").read_text() == "last line\n"
+    finally:
+        if pid is not None:
+            os.kill(pid, 9)
+    pump = child.output.pumps["stdout"]
+    pump._thread.join(60)  # the leftover's end closes the pipe
+    assert pump.done()
+
+
 PLAIN = textwrap.dedent(
     """
     import os

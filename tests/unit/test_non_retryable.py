@@ -27,6 +27,12 @@ def test_patterns_skip_comments_and_empty_lines(tmp_path):
     assert config.non_retryable_patterns == ["insufficient shared memory (shm)", "CUDA out of memory"]
 
 
+def test_a_hash_after_the_start_of_a_line_is_part_of_its_pattern(tmp_path):
+    path = tmp_path / "patterns.txt"
+    path.write_text("NCCL error  # from the fabric\n")
+    assert load_patterns(path) == ["NCCL error  # from the fabric"]
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [(None, "No such file"), ("# only a comment\n\n", "no pattern in it"), (b"\xff\xfe\x00", "not a text file")],

@@ -136,6 +136,32 @@ def test_the_standby_for_restarts_waits_until_the_children_tell_they_train(
             child.proc.wait()
 
 
+def test_no_standby_for_restarts_starts_while_the_job_stops_fails_over_or_restarts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Children that train would get their standby; not while the course is elsewhere."""
+    sup = _supervisor(tmp_path)
+    started: list[range] = []
+    monkeypatch.setattr(sup.standbys, "keep_ready", lambda _c, _e, r: started.append(r) or 4321)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    children = [Child(i, 0, processes.start(sleeper)) for i in range(2)]
+    sup.ranks.children.update(enumerate(children))
+    try:
+        for child in children:
+            sup.ranks.told(child.pid, training=True)
+        for state in (Course.RESTARTING, Course.FAILING_OVER, Course.STOPPING):
+            sup.course.state = state
+            sup.restart_standby.keep_ready()
+        assert started == []
+        sup.course.state = Course.TRAINING
+        sup.restart_standby.keep_ready()
+        assert started == [range(2)]
+    finally:
+        for child in children:
+            child.signal_group(signal.SIGKILL)
+            child.proc.wait()
+
+
 def test_a_flood_of_forged_control_values_is_told_as_events_only_up_to_a_cap(tmp_path: Path, caplog) -> None:
     """A client without the job's secret may write forged values without end: the first
     ``MAX_REJECTIONS_TOLD`` are events (docs/security.md), every one of them is logged."""
