@@ -23,7 +23,7 @@ from nvrx.supervisor.preemption import (
     PreemptionHandler,
 )
 from nvrx.supervisor.requeue_ledger import RequeueLedger, WarningOutcome, write_checkpoint_record
-from nvrx.supervisor.warning_cause import classify, parse_duration
+from nvrx.supervisor.warning_cause import classify, parse_duration, window_s
 from tests.support.waiting import wait_until
 
 
@@ -88,6 +88,18 @@ def test_classify_by_preempt_time_and_time_left() -> None:
     # no time limit: a warning can only be a preemption (or a manual signal)
     assert classify({"TimeLimit": "UNLIMITED", "RunTime": "00:10:00"}, 90) == "preemption"
     assert classify(None, 90) == "unknown"
+
+
+@pytest.mark.parametrize("run_time", ["00:00:59", "00:01:00", "00:01:05"])
+def test_a_time_limit_window_is_never_under_one_second(run_time: str) -> None:
+    info = {"TimeLimit": "00:01:00", "RunTime": run_time}
+    assert window_s(info, "time_limit", 90, None) == 1.0
+
+
+@pytest.mark.parametrize(("given", "window"), [(0.0, 1.0), (0.5, 1.0), (1.2, 1.0), (2.0, 1.5)])
+def test_a_short_preemption_window_is_never_under_one_second(given: float, window: float) -> None:
+    assert window_s(None, "preemption", 90, given) == window
+    assert window_s(None, "time_limit", given, None) == window
 
 
 def test_signal_from_name() -> None:

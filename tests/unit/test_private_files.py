@@ -12,6 +12,7 @@ import pytest
 from nvrx.submission.call_spec import dump_spec, load_spec
 from nvrx.submission.private_files import check_private
 from nvrx.submission.run_callable import read_outcome, result_path, write_outcome
+from nvrx.submission.submit import Executor
 
 
 def _mode(path: Path) -> int:
@@ -51,3 +52,17 @@ def test_a_pickle_of_another_user_is_not_loaded(tmp_path: Path) -> None:
     os.chown(spec, 65534, 65534)  # nobody
     with pytest.raises(PermissionError, match="belongs to uid 65534, not to this user"):
         check_private(spec)
+
+
+def test_a_new_executor_folder_is_owner_only_whatever_the_umask(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o755)
+    previous = os.umask(0o022)
+    try:
+        new = Executor(tmp_path / "jobs" / "new", cluster="local").folder
+        kept = Executor(shared, cluster="local").folder
+    finally:
+        os.umask(previous)
+    assert new == tmp_path / "jobs" / "new" and _mode(new) == 0o700
+    assert kept == shared and _mode(kept) == 0o755

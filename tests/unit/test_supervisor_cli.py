@@ -208,3 +208,19 @@ def test_only_a_job_of_one_node_given_no_port_takes_free_ports(
         cfg, _ = config_from_args(argv, {**env, **env_more})
         assert "free ports" not in capsys.readouterr().err, argv
     assert (cfg.master_port, cfg.store_port) == (30042, 30045)
+
+
+@pytest.mark.parametrize(
+    ("abbreviation", "full"),
+    [
+        ("--nproc-per", "--nproc-per-node"),
+        ("--max-rest", "--max-restarts"),
+        ("--max_rest", "--max_restarts"),
+    ],
+)
+def test_an_abbreviated_long_option_is_rejected_naming_it(abbreviation: str, full: str) -> None:
+    env = {"PATH": os.environ["PATH"]}
+    topology = ["--nnodes", "1", "--master-port", "30050"]
+    config_from_args([*topology, full, "2", "--", "python"], env)
+    with pytest.raises(ConfigError, match=f"unrecognized arguments: {abbreviation} "):
+        config_from_args([*topology, abbreviation, "2", "--", "python"], env)

@@ -17,6 +17,7 @@ import pytest
 
 from nvrx.report.slurm_context import find_output_files
 from nvrx.slurm import srun_cli, template_cli
+from nvrx.store.seal import MIN_SECRET_BYTES, parse_secret
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 SRUN = "/opt/nvrx env/bin/nvrx-srun"  # a space: the path must be quoted where it is used
@@ -131,6 +132,21 @@ def test_nvrx_srun_builds_one_supervisor_per_node(tmp_path: Path) -> None:
         "--kill-on-bad-exit=0", "--no-kill", "--unbuffered", "--cpu-bind=none", "--label",
         "/py", "-m", "nvrx.supervisor", "--nproc-per-node", "2", "--", "python", "t.py",
     ]  # fmt: skip
+
+
+def test_nvrx_srun_gives_its_step_a_fresh_secret_unless_one_is_set(tmp_path: Path) -> None:
+    (tmp_path / "srun").write_text('#!/bin/sh\nprintf %s "$NVRX_JOB_SECRET" > "$0.secret"\n')
+    (tmp_path / "srun").chmod(0o755)
+    env = {"SLURM_JOB_ID": "7", "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+    cli = [sys.executable, "-m", "nvrx.slurm.srun_cli", "--", "python", "t.py"]
+    secrets = []
+    for given in (None, None, "ab" * MIN_SECRET_BYTES):
+        step_env = env if given is None else {**env, "NVRX_JOB_SECRET": given}
+        done = subprocess.run(cli, env=step_env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        secrets.append((tmp_path / "srun.secret").read_text())
+    assert len(parse_secret(secrets[0], "srun's environment")) >= MIN_SECRET_BYTES
+    assert secrets[0] != secrets[1] and secrets[2] == "ab" * MIN_SECRET_BYTES
 
 
 @pytest.mark.parametrize(

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import datetime
+import sys
 
 import pytest
 
 from nvrx.inprocess import Wrapper
 from nvrx.inprocess import store as rstore
-from nvrx.inprocess.abort import AbortTorchDistributed
+from nvrx.inprocess.abort import Abort, AbortTorchDistributed, AbortTransformerEngine
 from nvrx.inprocess.compose import Compose
+from nvrx.inprocess.state import State
 
 
 def test_defaults_match_the_reference():
@@ -173,3 +175,12 @@ def test_file_store_mixin_barrier_works(tmp_path):
     assert store.get_terminated_ranks() == {1, 3}
     store.send_state({"a": 1}, 0)
     assert store.get_states([0]) == [{"a": 1}]
+
+
+def test_abort_transformer_engine_without_te_returns_the_state_it_was_given(monkeypatch):
+    for name in ("transformer_engine", "transformer_engine.pytorch"):
+        monkeypatch.setitem(sys.modules, name, None)  # not installed, even where it is
+    frozen = State(rank=0, world_size=1).freeze()
+    step = AbortTransformerEngine()
+    assert isinstance(step, Abort) and step(frozen) is frozen
+    assert Compose(AbortTransformerEngine(), AbortTorchDistributed())(frozen) is frozen
