@@ -132,6 +132,10 @@ def test_preemption_requested_follows_the_file(
     checkpoint_flag.write_flag(flag, {"cause": "preemption"})
     assert checkpoint_flag.preemption_requested()
     assert checkpoint_flag.preemption_info() == {"cause": "preemption"}
+    for unreadable in ("{not json", "[1, 2]"):  # a flag is there: requested, nothing known
+        flag.write_text(unreadable)
+        assert checkpoint_flag.preemption_requested()
+        assert checkpoint_flag.preemption_info() == {}
 
 
 def _spawn_trainers(tmp_path: Path, n: int) -> tuple[list[Child], list[Path]]:
