@@ -128,6 +128,15 @@ def test_any_failed_restarts_every_rank_of_every_node_once(tmp_path, fault, opti
     phases = [(e["node"], e["phase"]) for e in job.events("job_restart")]
     for node in (0, 1):
         assert [p for n, p in phases if n == node] == ["stopping", "ready", "started"], phases
+    # no process of the old epoch is left to meet a new one: every old child ended, then every
+    # slot was ready, before any slot started its children again (one host: one clock)
+    walls = {(e["node"], e["phase"]): e["wall"] for e in job.events("job_restart") if e["epoch"] == 1}
+    ready = [walls[(node, "ready")] for node in (0, 1)]
+    started = [walls[(node, "started")] for node in (0, 1)]
+    old_ends = [e["wall"] for e in job.events("child_exit") if e["attempt"] == 0]
+    new_starts = [e["wall"] for e in job.events("child_start") if e["attempt"] == 1]
+    assert len(old_ends) == len(new_starts) == 4, job.output()
+    assert max(old_ends) < max(ready) < min(started) and max(ready) < min(new_starts), walls
     # the claimer names the failure it saw first (peers fail at nearly the same moment)
     causes = [e["cause"] for e in job.events("job_restart") if e.get("cause")]
     assert causes and all(c == causes[0] for c in causes), causes  # one announced cause

@@ -346,3 +346,47 @@ def test_the_stack_of_a_process_that_holds_the_gil(watch, monkeypatch):
     finally:
         child.kill()
         child.wait()
+
+
+def _heartbeats_received(watch, client, seconds: float) -> tuple[list[tuple[float, float]], float]:
+    """``send_heartbeat()`` in a tight loop for ``seconds`` (and 3 packets); for each call whose packet the
+    watch received, the monotonic times right before and after the call (the client's own
+    reading of the clock lies between), and the loop's duration."""
+    import time
+
+    fd, _ = _connect(watch, client)
+    watched = watch.watched[fd]
+    received = []
+    start = time.monotonic()
+    while (before := time.monotonic()) - start < seconds or len(received) < 3:  # a stall
+        client.send_heartbeat()
+        after = time.monotonic()
+        watch.read(fd, now=before)  # a packet sent by this call is waiting already: stamped `before`
+        if watched.last_heartbeat == before:
+            received.append((before, after))
+    duration = time.monotonic() - start
+    client.shutdown_workload_monitoring()
+    return received, duration
+
+
+@pytest.mark.parametrize(
+    ("heartbeat_timeout", "interval", "other"),
+    [(30.0, 0.1, 30.0 / 50), (1.0, 1.0 / 50, 0.1)],
+    ids=["0.1s", "a-50th-of-the-timeout"],
+)
+def test_heartbeats_reach_the_supervisor_at_most_every_0_1_s_or_a_50th_of_the_heartbeat_timeout(
+    watch, monkeypatch, heartbeat_timeout, interval, other
+):
+    """docs/fault_tolerance.md: heartbeats are counted in the rank and sent at most every 0.1 s,
+    or 1/50 of the heartbeat timeout when that is shorter, however often the loop calls."""
+    import itertools
+
+    _config(monkeypatch, rank_heartbeat_timeout=heartbeat_timeout)
+    client = RankMonitorClient()
+    received, duration = _heartbeats_received(watch, client, 0.5)
+    assert client.dropped_heartbeats == 0
+    assert 2 <= len(received) <= duration / interval + 2, (len(received), duration)
+    # from before one sending call to after the next (the client's own gap lies within):
+    # never under the interval, and once at least under the other candidate, not in force
+    gaps = [after - before for (before, _), (_, after) in itertools.pairwise(received)]
+    assert interval - 1e-9 <= min(gaps) < other, sorted(gaps)[:3]

@@ -361,3 +361,94 @@ def test_an_inner_tracking_that_ends_leaves_the_outer_ones_advice(tmp_path, orig
     assert gloo_abort._advice == []
     said = _said(caplog)
     assert len(said) == 1 and "120 s timeout" in said[0] and "(90 s)" in said[0], said
+
+
+def test_a_connection_to_or_from_a_port_given_to_protect_port_is_never_recorded_nor_shut_down(
+    original, monkeypatch
+):
+    """docs/abort.md: a port passed to ``protect_port`` is left out as ``$MASTER_PORT`` is. Made
+    with the group on real loopback sockets: a client of that port and the connection a
+    server of this process accepts on it (its listener opened with the group, so only the
+    protection leaves it out) survive the abort; the group's connection to another port is
+    recorded and shut down."""
+    import socket
+
+    from nvrx import jobenv
+
+    monkeypatch.setattr(gloo_abort, "_protected_ports", set())  # protect_port lasts for the process
+    for name in ("MASTER_PORT", jobenv.STORE_PORT):
+        monkeypatch.delenv(name, raising=False)
+    protected = socket.socket()
+    protected.bind(("127.0.0.1", 0))  # listening only once the group is being made
+    gloo_abort.protect_port(protected.getsockname()[1])
+    links: list[socket.socket] = []
+
+    def factory(*args, **kwargs):
+        protected.listen()
+        links.append(socket.create_connection(protected.getsockname()))  # to the protected port
+        links.append(protected.accept()[0])  # from it
+        links.append(socket.create_server(("127.0.0.1", 0)))  # gloo's listener, and its link
+        links.append(socket.create_connection(links[-1].getsockname()))
+        return _Group()
+
+    c10d._new_process_group_helper = factory
+    try:
+        assert gloo_abort.install()
+        c10d._new_process_group_helper()
+        to_protected, from_protected, _, gloos = links
+        assert gloo_abort.tracked_groups()["g"] == {os.fstat(gloos.fileno()).st_ino}
+        assert gloo_abort.shutdown_sockets(["g"]) == 1
+        gloos.settimeout(5)
+        assert gloos.recv(1) == b""  # shut down: end-of-file at once
+        for sender, receiver in ((to_protected, from_protected), (from_protected, to_protected)):
+            sender.sendall(b"ping")  # the protected connection still works both ways
+            receiver.settimeout(5)
+            assert receiver.recv(4) == b"ping"
+    finally:
+        gloo_abort.release_held()
+        for sock in (*links, protected):
+            sock.close()
+
+
+@pytest.mark.parametrize("shut_down", ["after_the_last_uninstall", "before_it"])
+def test_sockets_shut_down_are_released_by_the_last_uninstall_or_at_once_after_it(original, shut_down):
+    """docs/abort.md: the last ``uninstall()`` releases the sockets an abort holds, and an
+    abort after it (``AbortTorchDistributed`` by hand once tracking ended) holds nothing:
+    nobody would release them. Released, and gloo's own descriptor closed, the peer's
+    writes fail (while held, they succeed: the test above)."""
+    import select
+    import socket
+
+    links: list[socket.socket] = []
+
+    def factory(*args, **kwargs):  # gloo listens and connects while the group is made
+        links.append(socket.create_server(("127.0.0.1", 0)))
+        links.append(socket.create_connection(links[0].getsockname()))
+        return _Group()
+
+    c10d._new_process_group_helper = factory
+    try:
+        assert gloo_abort.install()
+        c10d._new_process_group_helper()
+        ours, peer = links[1], links[0].accept()[0]
+        links.append(peer)
+        if shut_down == "after_the_last_uninstall":
+            gloo_abort.uninstall()  # the group's record stays
+        assert gloo_abort.shutdown_sockets(["g"]) == 1
+        ours.settimeout(5)
+        assert ours.recv(1) == b""
+        ours.close()  # as gloo does once its read failed
+        if shut_down == "before_it":
+            peer.sendall(b"x")
+            assert select.select([peer], [], [], 0.05)[0] == [], "the peer got end-of-file or a reset"
+            gloo_abort.uninstall()
+        peer.settimeout(5)
+        with pytest.raises((BrokenPipeError, ConnectionResetError)):
+            for _ in range(50):  # the reset comes back for the first write after the close
+                peer.sendall(b"x")
+                select.select([peer], [], [], 0.1)
+            pytest.fail("the peer's writes still succeed: the shut-down socket is still held")
+    finally:
+        gloo_abort.release_held()
+        for sock in links:
+            sock.close()

@@ -607,3 +607,61 @@ def test_the_round_the_job_is_in_reads_only_its_own_sealed_rounds(tmp_path, monk
     plain = HashStore()
     rounds.publish_round(plain, 5)
     assert plain.get(rounds.CURRENT_ROUND) == b"5" and rounds.current_round(plain) == 5
+
+
+@pytest.mark.timeout(120)
+def test_a_stop_request_is_not_written_into_a_chain_whose_generations_are_all_filled_ahead():
+    """docs/security.md, "What stays open": a client without the secret that fills a chain's
+    1000 generations (``MAX_GENERATIONS``) ahead leaves nothing more written there: the
+    supervisor's writer, through a real store agent and service, passes over each and
+    gives up; no key past them is set, and a reader finds no request."""
+    from nvrx.store import client
+    from nvrx.store.sealed_keys import MAX_GENERATIONS
+    from nvrx.store.service import StoreService
+    from nvrx.supervisor.config import StopRequest
+    from nvrx.supervisor.store_link import StoreLink
+
+    assert MAX_GENERATIONS == 1000
+    with StoreService("127.0.0.1", 0, node=None) as service:
+        link = StoreLink("127.0.0.1", service.port, timeout=30).launch()
+        try:
+            link.wait_ready()
+            forger = client.connect("127.0.0.1", service.port, timeout=30)  # no secret
+            keys = [StopFlag.key(g) for g in range(1, MAX_GENERATIONS + 1)]
+            for key in keys:
+                forger.set(key, "forged")
+            StopFlag(SECRET, 0).write(link, StopRequest("stop", 3, 1))
+            assert not forger.check([StopFlag.key(MAX_GENERATIONS + 1)])  # nothing past them
+            assert set(forger.multi_get(keys)) == {b"forged"}  # nor in them
+            assert StopFlag(SECRET, 0).read(link, 1) is None
+        finally:
+            link.close()
+
+
+def test_a_ranks_join_requests_past_max_generations_in_a_run_are_not_written_and_it_does_not_rejoin(
+    tmp_path, monkeypatch, base, caplog
+):
+    """docs/security.md, "What stays open": each join request of a rank takes a generation of
+    its chain for the run (a request withdrawn is marked taken, never deleted), so once
+    ``MAX_GENERATIONS`` requests were written the next one is not (logged) and that
+    replacement's rejoin fails at once. Real TCPStore; ``MAX_GENERATIONS`` (1000) set to 5,
+    for the n-th request reads n generations."""
+    from nvrx.inprocess import rejoin
+    from nvrx.store import barrier, rounds, sealed_keys
+
+    assert rounds.MAX_GENERATIONS == sealed_keys.MAX_GENERATIONS == 1000
+    monkeypatch.setattr(rounds, "MAX_GENERATIONS", 5)
+    _job_secret_file(tmp_path, monkeypatch)
+    chain = [barrier.signal_key(rounds.join_request(0), g) for g in range(1, 7)]
+    for pid, key in enumerate(chain[:5], start=100):  # replacements that asked and gave up
+        assert rounds.post_join(base, 0, pid) == key
+        rounds.withdraw_join(base, key)
+    with caplog.at_level("ERROR", logger=rounds.__name__):
+        assert rounds.post_join(base, 0, 105) is None
+        assert "5 generations are taken" in caplog.text
+        events = []
+        got = rejoin.request_admission(
+            base, 0, 30.0, lambda kind, **f: events.append(kind), heartbeat_interval=5.0
+        )
+    assert got is None and events == []
+    assert not base.check([chain[5]]) and caplog.text.count("generations are taken") == 2
