@@ -3,9 +3,8 @@
 The public API follows ``nvidia_resiliency_ext.inprocess``: the same names
 under the same module paths, with the same parameters and defaults, except
 what the compatibility table of docs/inprocess.md marks ``internal`` (the
-monitor thread and process, the sibling monitor, the store's round protocol,
-``param_utils`` and ``utils``) or ``missing`` (the chained NVML/NIC health
-checks); the table also says where behaviour differs on purpose.
+monitor process, the sibling monitor and ``param_utils``); the table also says
+where behaviour differs on purpose (``fixed``).
 """
 
 import importlib

@@ -20,7 +20,7 @@ import contextlib
 import os
 import signal
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,11 +68,11 @@ class DemoRun:
         return dict(starts)
 
 
-def _run_demo(tmp: Path, faults: str) -> DemoRun:
+def _run_demo(tmp: Path, faults: str, *demo_args: str) -> DemoRun:
     """The demo job (Wrapper on, its default) with ``faults`` in NVRX_DEMO_FAULTS."""
     command = [
         sys.executable, str(DEMO), "--steps", str(STEPS), "--checkpoint-every", "5",
-        "--step-time", "0.05", "--soft-timeout", "5", "--hard-timeout", "15",
+        "--step-time", "0.05", "--soft-timeout", "5", "--hard-timeout", "15", *demo_args,
     ]  # fmt: skip
     with pytest.MonkeyPatch.context() as env:
         env.setitem(os.environ, "NVRX_DEMO_FAULTS", faults)
@@ -230,6 +230,24 @@ def test_the_replacement_takes_the_kept_state_from_a_peer_and_no_step_is_lost(
     (row,) = killed.report.restores
     assert (row.sources, row.step, row.steps_lost) == ({"memory": 3, "peer": 1}, KILL_STEP - 1, 0)
     same_state_on_every_rank(killed.of("progress", "app"), 4, from_round=0)
+
+
+@pytest.mark.timeout(300)
+def test_without_kept_state_a_fault_resumes_from_the_file_checkpoint(
+    tmp_path: Path, killed: DemoRun
+) -> None:
+    """``--no-kept-state``: every rank loads the last file checkpoint (step 5) after the
+    exception at step 8 and trains steps 6 and 7 again, to the same end."""
+    run = _run_demo(tmp_path, f"exception:{RAISE_STEP}:{RAISE_RANK}", "--no-kept-state")
+    _completed_at_full_size(run)
+    assert not run.of("state_restored")
+    loads = [(e["rank"], e["step"]) for e in run.of("checkpoint", "app") if e["action"] == "load"]
+    assert sorted(loads) == [(r, 5) for r in range(4)], loads
+    trained = Counter((e["rank"], e["step"]) for e in run.of("progress", "app"))
+    assert {step for (_, step), n in trained.items() if n > 1} == {6, 7}, trained
+    assert trained[(RAISE_RANK, RAISE_STEP)] == 1  # the step it raised in did not finish
+    last = {e["rank"]: e["loss"] for e in run.of("progress", "app") if e["step"] == STEPS}
+    assert last == {e["rank"]: e["loss"] for e in killed.of("progress", "app") if e["step"] == STEPS}
 
 
 # -- an exception and a hang: in-process restarts only ----------------------------------

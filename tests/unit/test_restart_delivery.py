@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import signal
 import threading
 import time
@@ -140,3 +141,33 @@ def test_the_monitor_thread_tells_kept_state_of_the_fault_before_and_after_its_a
     finally:
         thread.stop.set()
         delivery.uninstall_signal()
+
+
+def test_the_signal_is_sent_again_at_doubling_waits_and_no_longer_than_its_limit(monkeypatch) -> None:
+    """A main thread that never takes the restart gets the signal again after 2 ms, then
+    after waits that double up to ``RESIGNAL_MAX_S``, until ``RESIGNAL_FOR_S`` (here 0.5 s)
+    passed: each wait is at least its step of the schedule, and no more signals come than
+    the schedule holds within that time."""
+    from nvrx.inprocess import monitor_thread
+
+    monkeypatch.setattr(monitor_thread, "RESIGNAL_FOR_S", 0.5)
+    sent: list[float] = []
+    monkeypatch.setattr(signal, "pthread_kill", lambda _thread, _signum: sent.append(time.monotonic()))
+    delivery = Delivery()
+    delivery.install_signal()
+    try:
+        delivery.enter_user()
+        start = time.monotonic()
+        delivery.deliver("a rank faulted: restarting")  # the first signal, never taken
+        delivery.keep_waking()
+        ended = time.monotonic()
+    finally:
+        delivery.uninstall_signal()
+    schedule, delay = [], monitor_thread.RESIGNAL_FIRST_S
+    while sum(schedule) <= 0.5:
+        schedule.append(delay)
+        delay = min(2 * delay, monitor_thread.RESIGNAL_MAX_S)
+    gaps = [b - a for a, b in itertools.pairwise(sent)]
+    assert 2 <= len(sent) <= len(schedule) + 1, (len(sent), schedule)
+    assert all(gap >= step - 1e-4 for gap, step in zip(gaps, schedule, strict=False)), (gaps, schedule)
+    assert ended >= start + 0.5  # it kept trying for all of it

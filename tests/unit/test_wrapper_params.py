@@ -175,6 +175,9 @@ def test_file_store_mixin_barrier_works(tmp_path):
     assert store.get_terminated_ranks() == {1, 3}
     store.send_state({"a": 1}, 0)
     assert store.get_states([0]) == [{"a": 1}]
+    store.send_key(["k", 2], 1)
+    store.send_key("other", 0)
+    assert store.get_keys([1, 0]) == [["k", 2], "other"] and store.get_keys([]) == []
 
 
 def test_abort_transformer_engine_without_te_returns_the_state_it_was_given(monkeypatch):
