@@ -95,7 +95,7 @@ def _add_filters(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--node", type=int, default=None, metavar="N", help="only events of node rank N")
     p.add_argument(
-        "--since", type=parse_since, default=None, metavar="T", help="only events after T"
+        "--since", type=parse_since, default=None, metavar="T", help="only events at or after T"
     )
 
 
@@ -144,11 +144,20 @@ def _add_output(p: argparse.ArgumentParser) -> None:
     )
 
 
+class _OneLine(logging.Formatter):
+    """``nvrx-report: warning: ...``, as every program of nvrx says a warning."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"nvrx-report: {record.levelname.lower()}: {record.getMessage()}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Print (or write, -o) the report; exit 2 when there is nothing to read (or --job/--rank
     name nothing there), 1 when the log directory cannot be read or -o FILE cannot be written."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="nvrx-report: %(levelname)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(_OneLine())
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     try:
         report = build_report(
             args.log_dir,

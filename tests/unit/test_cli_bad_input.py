@@ -228,3 +228,15 @@ def test_a_bad_warning_signal_is_one_line_and_exit_2(
     monkeypatch.setenv("NVRX_PREEMPT_SIGNAL", value)
     assert supervise_cli.main(["--nproc-per-node", "1", "--", "python", "x.py"]) == 2
     assert fragment in check_one_line("nvrx-supervise", capsys.readouterr().err, 2)
+
+
+def test_a_report_warning_is_one_line_in_the_warning_form(job_dir: Path) -> None:
+    """An output file that cannot be read (``/proc/self/mem``: opened, its read fails) is a
+    warning and a note of the report, which is printed all the same (exit 0)."""
+    argv = [sys.executable, "-m", "nvrx.report", str(job_dir), "--no-sacct",
+            "--slurm-output", "/proc/self/mem"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    line = check_one_line("nvrx-report", done.stderr, 0)
+    assert line.startswith("nvrx-report: warning: cannot read /proc/"), line
+    assert "cannot read output file" in done.stdout
