@@ -33,6 +33,36 @@ def test_event_has_common_fields_and_context(tmp_path: Path) -> None:
     assert first["pid"] == os.getpid() and first["v"] == events.SCHEMA_VERSION
 
 
+def test_events_are_written_whatever_logging_is_set_to(tmp_path: Path) -> None:
+    """Events are not log records: with every log level off, and a handler on the root logger
+    that fails on any record, each event is written, and nothing reaches the handler."""
+    import logging
+
+    class Refuse(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            raise AssertionError(f"an event went through logging: {record.getMessage()}")
+
+    refuse = Refuse(level=logging.NOTSET)
+    root = logging.getLogger()
+    root.addHandler(refuse)
+    logging.disable(logging.CRITICAL)
+    try:
+        writer = EventWriter(tmp_path, "wrapper", {"job": "7"})
+        writer.emit("round_start", world_size=2)
+        writer.emit("fault", fault_kind="exception")
+    finally:
+        logging.disable(logging.NOTSET)
+        root.removeHandler(refuse)
+    got, _ = read_dir(tmp_path)
+    assert [e["kind"] for e in got] == ["round_start", "fault"]
+    writer = EventWriter(tmp_path / "loud", "wrapper", {"job": "7"})
+    root.addHandler(refuse)
+    try:
+        writer.emit("round_start", world_size=2)  # log levels on: still not a record
+    finally:
+        root.removeHandler(refuse)
+
+
 def test_unserializable_field_is_written_as_text(tmp_path: Path) -> None:
     writer = EventWriter(tmp_path, "app", {"job": "j"})
     writer.emit("progress", step=object.__new__(object), path=tmp_path)
