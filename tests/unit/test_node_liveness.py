@@ -603,6 +603,32 @@ def test_a_store_that_holds_a_ring_beat_past_the_timeout_is_reported_lost_once()
     assert sent[0]["message"].startswith("the store did not answer a heartbeat for ")
 
 
+def test_a_frozen_store_does_not_hold_the_ranks_beats(tmp_path: Path) -> None:
+    """While the ring's beat waits for a store that froze, the node's rank beats are read
+    and told as they come: the beat loop does not wait for the store."""
+    import time
+
+    from nvrx.rank_beats import Beat, BeatSender, BeatSocket
+    from nvrx.supervisor.store_agent import NodeDuty, slot_place
+
+    frozen, sent = _Frozen(), []
+    sock = BeatSocket(str(tmp_path / "beats.sock"))
+    duty = NodeDuty(sent.append, sock)
+    duty.watch_ring(slot_place(0, 3, 60.0, SEALER), lambda: frozen, interval=0.05, timeout=60.0)
+    try:
+        wait_until("the ring's beat to wait for the store", lambda: duty._beat_started is not None, 30)
+        assert BeatSender(sock.path).send(Beat(initial_rank=0, pid=4242, round=0))
+        assert duty.loop is not None
+        wait_until("the beat told", lambda: duty.loop.look(time.monotonic()) or sent, 30)
+        assert sent[:2] == [{"event": "wrapper_pid", "pid": 4242}, {"event": "rank_in_round", "pid": 4242}]
+        assert duty._beat_started is not None  # the ring's beat still waits
+    finally:
+        frozen.thawed.set()
+        if duty.ring_thread is not None:
+            duty.ring_thread.join(30)
+        sock.close()
+
+
 def test_a_store_that_cannot_be_reached_is_reported_lost() -> None:
     from nvrx.supervisor.store_agent import NodeDuty, slot_place
 
