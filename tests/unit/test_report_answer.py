@@ -12,7 +12,7 @@ import pytest
 from test_report_fixtures import HANG_STACK, JOB, write_standard_job
 from test_report_html import _evil_job, _requeued_job
 from test_report_job_restarts import _plain_job
-from test_report_node_loss import _spare_job
+from test_report_node_loss import _faults_in_turn, _spare_job
 from test_report_vocabulary import _demo_like_job
 
 from nvrx.report import Report, build_report
@@ -98,6 +98,30 @@ def test_the_first_screen_says_the_outcome_each_fault_in_time_order_and_what_to_
     assert "exclude next time: --exclude=node-b" in text
     evidence = next(line for line in screen if line.startswith("  node-b (node 1): "))
     assert "ValueError at train.py:12 in step" in evidence
+
+
+def test_the_first_screen_lists_at_most_12_faults_and_the_sections_below_have_them_all(
+    tmp_path: Path,
+) -> None:
+    """docs/report.md: "At most 12 rows; the sections below have them all": 14 rounds, each
+    ended by a fault of its own, give the first 12 rows in time order and say 2 more are
+    below, where the restart timeline has all 14."""
+    report = _faults_in_turn(tmp_path / "job", [f"bad value {i}" for i in range(14)])
+    lines = report.to_text("table", width=None).splitlines()
+    screen = lines[: lines.index("Summary")]
+    assert "faults, in time order (first 12; 2 more below):" in screen
+    rows = [line.split() for line in screen if line[:1].isdigit()]
+    assert [row[0] for row in rows] == [str(i) for i in range(1, 13)]
+    rounds = [row[row.index("(node") + 2] for row in rows]  # the column after the node
+    assert rounds == [str(rnd) for rnd in range(12)]  # the first 12, in time order
+    timeline = lines[lines.index("Restart timeline") : lines.index("Failures by signature")]
+    told = [line.split()[0] for line in timeline if "RuntimeError at train.py:40" in line]
+    assert told == [str(rnd) for rnd in range(14)]
+    # 12 faults fit with nothing said of more
+    few = _faults_in_turn(tmp_path / "few", [f"bad value {i}" for i in range(12)])
+    text = few.to_text("table", width=None)
+    assert "faults, in time order:" in text and "more below" not in text
+    assert "\n12  " in text
 
 
 def test_a_failed_job_says_so_first(tmp_path: Path) -> None:

@@ -130,6 +130,29 @@ def test_markdown_output_is_pasteable(job_dir: Path, capsys: pytest.CaptureFixtu
     assert "```\nTraceback (most recent call last):" in out
 
 
+def test_markdown_is_never_wrapped_whatever_the_width(
+    job_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/report.md: "Markdown is never wrapped (its tables cannot be)": --width 40, the
+    narrowest width there is, leaves the Markdown as it is unlimited, a table row a line."""
+    assert main([str(job_dir), "--format", "markdown", "--no-sacct", "--width", "40"]) == 0
+    narrow = capsys.readouterr().out
+    assert main([str(job_dir), "--format", "markdown", "--no-sacct", "--width", "0"]) == 0
+    assert narrow == capsys.readouterr().out
+    report = build_report(job_dir, sacct=False)
+    assert report.to_text("markdown", width=40) == report.to_text("markdown", width=None)
+    # rows longer than the width, each still on one line with all of its cells
+    timeline = narrow.split("## Restart timeline", 1)[1].split("\n\n")[1].splitlines()
+    assert timeline[0].startswith("| round ") and timeline[1].startswith("|--")
+    assert all(len(row) > 40 for row in timeline)
+    assert len({row.count("|") for row in timeline}) == 1
+    assert len(timeline) == 2 + 4  # header, rule, one line for each of the 4 rounds
+    # a cell wider than the width stays whole, beside its row's other cells
+    row_0 = next(row for row in timeline if row.startswith("| 0 "))
+    assert "| ValueError at train.py:12 in step |" in row_0
+    assert "| rank 2 on node-b (node 1) |" in row_0
+
+
 def test_base_dir_with_job_option_and_output_file(job_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "r.md"
     assert (

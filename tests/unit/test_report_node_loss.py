@@ -353,6 +353,26 @@ def test_a_fault_before_the_loss_is_still_its_own_failure(tmp_path: Path) -> Non
     assert {f.signature for f in report.failures} == {first.cause, "node lost"}
 
 
+@pytest.mark.parametrize(("after", "explained"), [(29.0, True), (31.0, False)])
+def test_without_a_recovery_the_loss_window_ends_30_s_after_the_declaration(
+    tmp_path: Path, after: float, explained: bool
+) -> None:
+    """docs/report.md: the loss window runs, "without a recovery in the events, to 30 s after
+    the declaration": a survivor's error 29 s after it follows from the loss (no failure of
+    its own, not in the round's ``also failed``); one 31 s after it is a failure again."""
+    job = Job(tmp_path / "job", {0: "node-a", 1: "node-b"}, nnodes=2, spares=0)
+    _before_the_loss(job)
+    job.node_lost("shrink")  # and no round after it: no recovery
+    _raises(job, 0, DECLARED + after, "ValueError", "bad batch")
+    report = job.close()
+    (loss,) = report.node_losses
+    assert loss.recovered_wall is None and loss.declared_wall == pytest.approx(T0 + DECLARED)
+    own = "ValueError at train.py:40 in train"
+    assert [f.signature for f in report.failures] == ["node lost"] + ([] if explained else [own])
+    first = report.timeline[0]
+    assert (first.cause, first.also_failed) == ("node lost", [] if explained else [0])
+
+
 def test_shrink_recovers_at_the_next_round_of_any_size(tmp_path: Path) -> None:
     job = Job(tmp_path / "job", {0: "vm", 1: "vm"}, nnodes=2, spares=0)
     _before_the_loss(job)

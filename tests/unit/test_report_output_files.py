@@ -209,6 +209,18 @@ def test_a_log_line_inside_a_traceback_does_not_end_it() -> None:
     ]
 
 
+@pytest.mark.parametrize(("foreign", "found"), [(200, True), (201, False)])
+def test_up_to_200_lines_of_other_processes_are_passed_over_inside_a_traceback(
+    foreign: int, found: bool
+) -> None:
+    """docs/report.md: an unindented line inside a traceback "is passed over, up to 200 such
+    lines": with 200 of them the traceback is still read, with 201 it is given up."""
+    lines = ["Traceback (most recent call last):", '  File "train.py", line 3, in f']
+    epochs = [f"Epoch: {i} loss 0.5" for i in range(foreign)]
+    read = _scan(*lines, *epochs, "ValueError: boom")
+    assert read == ([(TRACEBACK, "ValueError at train.py:3 in f")] if found else [])
+
+
 def test_odd_numbers_in_output_lines_are_not_read_as_numbers() -> None:
     assert _scan("9" * 5000 + ": hello", "[rank" + "9" * 5000 + "]: hello") == []
     assert _scan("srun: error: n1: task 0: Exited with exit code " + "9" * 5000) == []

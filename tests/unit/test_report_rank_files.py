@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from nvrx.report.model import ProcessRestart, RecordedError, RoundRow
 from nvrx.report.rank_files import attach_rank_files, name_causes
 
@@ -51,6 +53,38 @@ def test_without_an_error_file_the_last_traceback_of_stderr_is_the_cause(tmp_pat
         and 'raise RuntimeError("loss is nan")' in row.error.traceback
     )
     assert notes == []
+
+
+#: docs/report.md: "the last traceback in the file's last 256 KiB is read".
+TAIL_BYTES = 256 * 1024
+
+
+@pytest.mark.parametrize(
+    ("after", "read"),
+    [
+        (TAIL_BYTES - len(TRACEBACK) - 100, True),  # its first line 100 bytes inside the tail
+        (TAIL_BYTES + 100, False),  # its last line 100 bytes before the tail
+    ],
+    ids=["inside", "before"],
+)
+def test_only_the_last_256_kib_of_stderr_are_searched(
+    tmp_path: Path, after: int, read: bool
+) -> None:
+    """A traceback followed by ``after`` bytes of other lines, with more before it: read when
+    it lies within the file's last 256 KiB, not when it ended before them."""
+    line = "step 0000 loss 0.5\n"  # 19 bytes; no traceback in any run of these
+    before = line * (2 * TAIL_BYTES // len(line))
+    pad = after % len(line)
+    rest = ("x" * (pad - 1) + "\n" if pad else "") + line * (after // len(line))
+    text = before + TRACEBACK + rest
+    assert len(rest) == after and len(text) > 2 * TAIL_BYTES
+    _lay_out(tmp_path, text)
+    row = _row()
+    attach_rank_files([row], tmp_path, [])
+    if read:
+        assert row.error is not None and row.error.signature == "RuntimeError at train.py:12 in step"
+    else:
+        assert row.error is None
 
 
 def test_the_error_file_wins_over_stderr(tmp_path: Path) -> None:

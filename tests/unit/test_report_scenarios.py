@@ -428,3 +428,43 @@ def test_a_rank_its_supervisor_found_unresponsive_and_killed_is_reported_unrespo
     [row] = report.timeline
     assert (row.first_rank, row.first_host, row.cause) == (3, "node-b", "unresponsive (no heartbeat)")
     assert [(f.signature, f.count) for f in report.failures] == [("unresponsive (no heartbeat)", 1)]
+
+
+def test_a_restart_phase_that_failed_is_marked_failed(tmp_path: Path) -> None:
+    """docs/report.md: "A phase that failed is marked ``FAILED``": one rank's
+    ``iteration_barrier`` of round 0 ends with ``ok`` false; its cell in the phase table of
+    the restart timeline says so (the slowest rank's time, then FAILED), no other does."""
+    h = Host("solo", 0)
+    ranks = [Proc(tmp_path, h, "wrapper", rank=r) for r in range(2)]
+    for p in ranks:
+        p.round(0).at(1.0, "round_start", world_size=2)
+        p.at(1.1, "call_start")
+    ranks[1].at(5.0, "fault", fault_kind="exception", exc_type="ValueError", message="bad")
+    ranks[0].at(5.1, "fault", fault_kind="peer", origin_rank=1)
+    for r, p in enumerate(ranks):
+        p.at(5.2, "restart_phase", phase="abort", duration_s=0.1, ok=True)
+        p.at(5.5, "restart_phase", phase="iteration_barrier", duration_s=0.2 + r, ok=r != 0)
+        p.at(6.0, "round_end", outcome="restart")
+    for p in ranks:
+        p.round(1).at(7.0, "round_start", world_size=2)
+        p.at(7.5, "restart_phase", phase="iteration_barrier", duration_s=0.4, ok=True)
+        p.at(9.0, "round_end", outcome="completed")
+    for p in ranks:
+        p.close()
+    report = build_report(tmp_path, sacct=False)
+    assert [(row.round, row.failed_phases) for row in report.timeline] == [
+        (0, ["iteration_barrier"]),
+        (1, []),
+    ]
+    assert report.to_dict()["timeline"][0]["failed_phases"] == ["iteration_barrier"]
+    text = report.to_text("table", width=None)
+    table = text.split("Phase latency per round (slowest rank):", 1)[1].strip("\n")
+    table = table.split("\n\n", 1)[0]
+    header, _, *rows = table.splitlines()
+    assert header.split() == ["round", "detection", "abort", "iteration_barrier"]
+    assert [row.split() for row in rows] == [
+        ["0", "-", "0.100", "s", "1.200", "s", "FAILED"],
+        ["1", "-", "-", "0.400", "s"],
+    ]
+    markdown = report.to_text("markdown")
+    assert "| 1.200 s FAILED " in markdown and markdown.count("FAILED") == 1

@@ -178,6 +178,38 @@ def test_a_death_after_a_hang_is_one_row_beside_the_hang(tmp_path: Path) -> None
     assert _rows(report) == [("hang (soft timeout)", 1, [0], [0]), ("signal SIGKILL", 1, [0], [0])]
 
 
+@pytest.mark.parametrize(
+    "fault",
+    [
+        {"fault_kind": "dead", "signature": "dead"},  # the monitor's "dead"
+        {"fault_kind": "signal", "signature": "signal:SIGKILL"},  # the end's own signature
+    ],
+    ids=["dead", "same_signature"],
+)
+@pytest.mark.parametrize(("gap", "count"), [(29.0, 1), (31.0, 2)])
+def test_a_death_a_monitor_reported_within_30_s_is_counted_once(
+    tmp_path: Path, fault: dict[str, str], gap: float, count: int
+) -> None:
+    """docs/report.md: "a process death that a monitor already reported as a fault event
+    (same signature, same host, within 30 s) is counted once": the monitor's fault, then the
+    supervisor's SIGKILL of the same rank ``gap`` s later: one failure at 29 s, two at 31 s."""
+    h = Host("solo", 0)
+    sup = Proc(tmp_path, h, "supervisor")
+    sup.at(0.0, "supervisor_start", nnodes=1, nproc_per_node=1)
+    rank = Proc(tmp_path, h, "wrapper", rank=0).round(0)
+    rank.at(1.0, "round_start", world_size=1)
+    rank.at(1.1, "call_start")
+    monitor = Proc(tmp_path, h, "monitor", rank=0).round(0)
+    monitor.at(10.0, "fault", origin_rank=0, **fault)
+    sup.at(10.0 + gap, "child_exit", local_rank=0, child_pid=50, signal="SIGKILL", runtime_s=gap)
+    for p in (sup, rank, monitor):
+        p.close()
+    report = build_report(tmp_path, sacct=False)
+    assert sum(f.count for f in report.failures) == count
+    if count == 1:
+        assert _rows(report) == [("signal SIGKILL", 1, [0], [0])]
+
+
 def test_a_dead_rank_no_supervisor_saw_stays_when_another_death_is_merged(tmp_path: Path) -> None:
     a, b = Host("a", 0), Host("b", 1)
     sup = Proc(tmp_path, a, "supervisor")
