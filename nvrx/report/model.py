@@ -103,6 +103,7 @@ class RoundRow:
     first_rank: int | None = None
     first_node: int | None = None
     first_host: str | None = None
+    first_wall: float | None = None  # when the first fault was told (its event), where known
     # how "first" was decided: monotonic | store_origin | wall_clock | process_exit | hang |
     # node_lost | job_restart | none
     ordering: str = "none"
@@ -123,6 +124,7 @@ class RoundRow:
         time; and this is the loss's round."""
         self.fault_kind, self.ordering = "node_lost", BY_NODE_LOSS
         self.first_host, self.detection_s = loss.host, loss.silent_s
+        self.first_wall = loss.declared_wall
         loss.round = self.round
 
 

@@ -100,8 +100,11 @@ def _round_cost(r: ReportData, row: RoundRow) -> str:
 
 
 def _fault_wall(r: ReportData, row: RoundRow) -> float | None:
-    """When ``row``'s cause was first seen inside it, else when the round ended."""
+    """When ``row``'s first fault was told, else when its cause was first seen inside it,
+    else when the round ended."""
     lo, hi = row.start_wall, row.end_wall
+    if row.first_wall is not None:
+        return row.first_wall
     for f in r.failures:
         at = f.first_wall
         inside = at is not None and (lo is None or lo <= at) and (hi is None or at <= hi)

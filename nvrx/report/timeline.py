@@ -116,6 +116,7 @@ def _blame(row: RoundRow, r: RoundState, how: str, cause: str, kind: str, who: A
     """Name ``who`` (a process row or a hang) as the first failure of ``row``."""
     row.cause, row.fault_kind, row.ordering = cause, kind, how
     row.first_rank, row.first_node, row.first_host = who.rank, who.node, who.host
+    row.first_wall = who.wall
     row.peer_notified = len((r.peer_ranks | r.restarted_ranks) - {who.rank} - set(r.first_by_rank))
 
 
@@ -219,6 +220,7 @@ def _round_row(
         first_rank=root_rank,
         first_node=root.node if root is not None else None,
         first_host=root.host if root is not None else None,
+        first_wall=root.wall if root is not None else None,
         ordering=ordering,
         also_failed=sorted(local_ranks - {root_rank}),
         peer_notified=len((r.peer_ranks | r.restarted_ranks | followers) - local_ranks),

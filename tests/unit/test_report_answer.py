@@ -21,7 +21,7 @@ from nvrx.report.failure_order import causes_first
 from nvrx.report.model import Failure
 from nvrx.report.render_answer import FAILED, OK, UNFINISHED, verdict
 from nvrx.report.stacks import stuck_first
-from nvrx.report.text_doc import TEXT_WIDTH
+from nvrx.report.text_doc import TEXT_WIDTH, when
 
 #: Lines of a terminal's first screen.
 SCREEN_LINES = 25
@@ -122,6 +122,20 @@ def test_the_first_screen_lists_at_most_12_faults_and_the_sections_below_have_th
     text = few.to_text("table", width=None)
     assert "faults, in time order:" in text and "more below" not in text
     assert "\n12  " in text
+
+
+def test_each_fault_row_gives_the_time_its_fault_was_told_in_its_round(tmp_path: Path) -> None:
+    """The same error in three rounds: each row of the first screen has the time of that
+    round's fault (3 s into it), not only the first one's, nor the round's end."""
+    report = _faults_in_turn(tmp_path / "job", ["bad value"] * 3)
+    rows = [t for t in report.timeline if t.cause]
+    assert len(rows) == 3
+    assert [t.first_wall - t.start_wall for t in rows] == pytest.approx([3.0] * 3)
+    text = report.to_text("table", width=None)
+    screen = text[: text.index("\nSummary")]
+    clock = [when(t.first_wall).split()[-1] for t in rows]  # the screen gives the time of day
+    ends = [when(t.end_wall).split()[-1] for t in rows]
+    assert all(c in screen for c in clock) and not any(e in screen for e in ends), screen
 
 
 def test_a_failed_job_says_so_first(tmp_path: Path) -> None:
