@@ -13,8 +13,8 @@ thread and, about 1 s later, its main thread tries one way to end it:
 
 The figure is the seconds from that call until the all_reduce returned or raised, capped at
 the timeout plus ``--margin``; a way "only ends it at the timeout" when that took at least
-80 % of the timeout. The seconds since the thread entered all_reduce (about 1 s more) are
-shown too: at the timeout they equal it.
+80 % of the timeout (counted from when the thread entered all_reduce, about 1 s before the
+call: at the timeout it equals it).
 
     .venv/bin/python bench/gloo_blocked_collective.py [--timeout 8] [--margin 5]
 """
@@ -173,6 +173,7 @@ def _blocked(port: int, method: str, timeout_s: float, cap_s: float) -> None:
 
 
 def _available(method: str) -> bool:
+    """Whether this torch offers ``method`` at all."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
@@ -185,6 +186,7 @@ def _available(method: str) -> bool:
 
 
 def _end(procs: list[subprocess.Popen]) -> None:
+    """Kill each rank's process group, then reap the ranks."""
     for proc in procs:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -195,6 +197,7 @@ def _end(procs: list[subprocess.Popen]) -> None:
 
 
 def _start(rank: int, method: str, port: int, args: argparse.Namespace, log: IO) -> subprocess.Popen:
+    """One rank: this script as ``--worker``, in a session of its own, its output to ``log``."""
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
     env.setdefault("RES_OPTIONS", "timeout:1 attempts:1")  # bounds reverse-DNS stalls
     cmd = [sys.executable, __file__, "--timeout", str(args.timeout), "--margin", str(args.margin),
@@ -234,6 +237,8 @@ def _run(method: str, args: argparse.Namespace) -> tuple[dict[str, Any] | None, 
 
 
 def _row(method: str, result: dict[str, Any] | None, timeout_s: float, cap_s: float) -> list[str]:
+    """The table's row of ``method``; whether the collective ended only at its timeout is read
+    from its time in all_reduce, which the timeout bounds."""
     if result is None:
         return [method, "-", "-", "-", "-", "no result (see rank 0's output below)"]
     seconds = result["seconds"]
@@ -241,12 +246,13 @@ def _row(method: str, result: dict[str, Any] | None, timeout_s: float, cap_s: fl
         return [method, f">{cap_s:g}", "-", "yes (not by the cap)", result["call"], "still blocked"]
     if seconds < 0:
         return [method, "-", "-", "-", result["call"], f"before the call: {result['raised']}"]
-    at_timeout = "yes" if seconds >= AT_TIMEOUT * timeout_s else "no"
+    at_timeout = "yes" if result["since_start"] >= AT_TIMEOUT * timeout_s else "no"
     return [method, f"{seconds:.2f}", f"{result['since_start']:.2f}", at_timeout, result["call"],
             result["raised"]]
 
 
 def _table(rows: list[list[str]]) -> None:
+    """Print ``rows`` under their heading, in columns (the last one as it comes)."""
     head = ["method", "s after call", "s in all_reduce", "only at timeout", "the call",
             "the collective raised"]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head) - 1)]
@@ -256,6 +262,7 @@ def _table(rows: list[list[str]]) -> None:
 
 
 def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse a timeout or margin the measure cannot use, naming it."""
     if args.timeout <= 1:
         parser.error(f"--timeout must be > 1 s, got {args.timeout}")
     if args.margin <= 0:
@@ -263,6 +270,7 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    """A rank (``--worker``), or the bench: a pair of ranks per method, then the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--timeout", type=float, default=8.0,
                         help="the gloo group's timeout in seconds (default 8)")

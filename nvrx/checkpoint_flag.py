@@ -76,7 +76,7 @@ def preemption_info() -> dict[str, Any] | None:
         text = path.read_text()
     except FileNotFoundError:
         return None
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         log.warning("cannot read preemption flag %s: %s", path, exc)
         return {}
     try:

@@ -14,8 +14,8 @@ and returns one ``round_outcome``:
 * otherwise ``Completed``.
 
 The rendezvous environment of a round: a plain ``init_process_group()`` inside
-the wrapped function rendezvouses on the Wrapper's store. For every round
-``MASTER_ADDR``/``MASTER_PORT`` name the store, and
+the wrapped function rendezvouses on the Wrapper's store. For every round with a TCP
+store ``MASTER_ADDR``/``MASTER_PORT`` name the store, and
 ``TORCHELASTIC_USE_AGENT_STORE=True`` makes every rank a client of it (no rank
 tries to host a server, so it works whichever process is rank 0 this round);
 ``RANK``/``WORLD_SIZE`` are the round's active rank and world size. Torch

@@ -145,10 +145,15 @@ def _add_output(p: argparse.ArgumentParser) -> None:
 
 
 class _OneLine(logging.Formatter):
-    """``nvrx-report: warning: ...``, as every program of nvrx says a warning."""
+    """``nvrx-report: warning: ...``: the form docs/conventions.md gives a command-line
+    program's warnings (a traceback, where a record has one, follows it)."""
+
+    def __init__(self) -> None:
+        super().__init__("nvrx-report: %(level)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        return f"nvrx-report: {record.levelname.lower()}: {record.getMessage()}"
+        record.level = record.levelname.lower()
+        return super().format(record)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

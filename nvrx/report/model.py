@@ -124,7 +124,7 @@ class RoundRow:
         time; and this is the loss's round."""
         self.fault_kind, self.ordering = "node_lost", BY_NODE_LOSS
         self.first_host, self.detection_s = loss.host, loss.silent_s
-        self.first_wall = loss.declared_wall
+        self.first_wall = loss.start if math.isfinite(loss.start) else None
         loss.round = self.round
 
 

@@ -232,7 +232,7 @@ def test_the_replacement_takes_the_kept_state_from_a_peer_and_no_step_is_lost(
     same_state_on_every_rank(killed.of("progress", "app"), 4, from_round=0)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)  # its own demo run, and the killed one's where not run yet
 def test_without_kept_state_a_fault_resumes_from_the_file_checkpoint(
     tmp_path: Path, killed: DemoRun
 ) -> None:

@@ -3,6 +3,7 @@ and the report that points at them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -150,22 +151,21 @@ def test_closing_waits_a_bounded_time_for_a_pipe_a_leftover_holds_open(
     leftover = tmp_path / "leftover.pid"
     script = (
         "import subprocess, sys\n"
-        "p = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+        "p = subprocess.Popen(['sleep', '120'], start_new_session=True)\n"
         f"open({str(leftover)!r}, 'w').write(str(p.pid))\n"
         "print('last line', flush=True)\n"
     )
     pool = Standbys(enabled=False, logs=RankLogs(redirects=Std.ALL))
     child = pool.spawn([sys.executable, "-c", script], 0, 0, {**os.environ, "RANK": "0"}, tmp_path)
-    pid = None
     try:
         assert child.proc.wait(timeout=60) == 0
-        pid = int(leftover.read_text())
         pool.close_outputs()
-        os.kill(pid, 0)  # still there, holding the pipe: the wait did not wait for it
+        os.kill(int(leftover.read_text()), 0)  # still there, holding the pipe: not waited for
         assert (tmp_path / "stdout.log").read_text() == "last line\n"
     finally:
-        if pid is not None:
-            os.kill(pid, 9)
+        if leftover.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(leftover.read_text()), 9)
     pump = child.output.pumps["stdout"]
     pump._thread.join(60)  # the leftover's end closes the pipe
     assert pump.done()

@@ -56,10 +56,13 @@ def test_events_are_written_whatever_logging_is_set_to(tmp_path: Path) -> None:
     got, _ = read_dir(tmp_path)
     assert [e["kind"] for e in got] == ["round_start", "fault"]
     writer = EventWriter(tmp_path / "loud", "wrapper", {"job": "7"})
+    level = root.level
     root.addHandler(refuse)
+    root.setLevel(logging.DEBUG)
     try:
-        writer.emit("round_start", world_size=2)  # log levels on: still not a record
+        writer.emit("round_start", world_size=2)  # every level on: still not a record
     finally:
+        root.setLevel(level)
         root.removeHandler(refuse)
 
 

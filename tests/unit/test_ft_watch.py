@@ -359,6 +359,7 @@ def _heartbeats_received(watch, client, seconds: float) -> tuple[list[tuple[floa
     received = []
     start = time.monotonic()
     while (before := time.monotonic()) - start < seconds or len(received) < 3:  # a stall
+        assert before - start < 60, f"{len(received)} heartbeats reached the watch in 60 s"
         client.send_heartbeat()
         after = time.monotonic()
         watch.read(fd, now=before)  # a packet sent by this call is waiting already: stamped `before`

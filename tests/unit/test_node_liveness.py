@@ -615,6 +615,8 @@ def test_a_frozen_store_does_not_hold_the_ranks_beats(tmp_path: Path) -> None:
     sock = BeatSocket(str(tmp_path / "beats.sock"))
     duty = NodeDuty(sent.append, sock)
     duty.watch_ring(slot_place(0, 3, 60.0, SEALER), lambda: frozen, interval=0.05, timeout=60.0)
+    thaw = threading.Timer(60, frozen.thawed.set)  # a loop that waited for the store fails, not hangs
+    thaw.start()
     try:
         wait_until("the ring's beat to wait for the store", lambda: duty._beat_started is not None, 30)
         assert BeatSender(sock.path).send(Beat(initial_rank=0, pid=4242, round=0))
@@ -623,6 +625,7 @@ def test_a_frozen_store_does_not_hold_the_ranks_beats(tmp_path: Path) -> None:
         assert sent[:2] == [{"event": "wrapper_pid", "pid": 4242}, {"event": "rank_in_round", "pid": 4242}]
         assert duty._beat_started is not None  # the ring's beat still waits
     finally:
+        thaw.cancel()
         frozen.thawed.set()
         if duty.ring_thread is not None:
             duty.ring_thread.join(30)

@@ -132,8 +132,11 @@ def test_preemption_requested_follows_the_file(
     checkpoint_flag.write_flag(flag, {"cause": "preemption"})
     assert checkpoint_flag.preemption_requested()
     assert checkpoint_flag.preemption_info() == {"cause": "preemption"}
-    for unreadable in ("{not json", "[1, 2]"):  # a flag is there: requested, nothing known
-        flag.write_text(unreadable)
+    for unreadable in ("{not json", "[1, 2]", b"\xff\xfe{"):  # requested, nothing known
+        if isinstance(unreadable, bytes):
+            flag.write_bytes(unreadable)
+        else:
+            flag.write_text(unreadable)
         assert checkpoint_flag.preemption_requested()
         assert checkpoint_flag.preemption_info() == {}
 

@@ -249,6 +249,8 @@ def test_the_lost_node_is_the_first_failure_of_the_round_it_interrupted(spare: R
     )
     assert (first.first_rank, first.first_node, first.first_host) == (2, 1, "vm")
     assert first.detection_s == 3.003 and first.peer_notified == 2
+    (loss,) = spare.node_losses
+    assert first.first_wall == loss.last_seen_wall == loss.start  # its row's time: its last beat
     assert [(f.signature, f.category, f.ranks, f.nodes) for f in spare.failures] == [
         ("node lost", "node", [2, 3], [1])
     ]
