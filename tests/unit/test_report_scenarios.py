@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from test_report_fixtures import JOB, T0, Host, Proc, write_standard_job
 
+from nvrx.events import read_dir
 from nvrx.report import build_report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -308,6 +309,11 @@ def test_filters_rank_node_since(report, standard) -> None:
     assert node_b.summary.hosts == ["node-b"]
     late = build_report(log_dir, sacct=False, since=T0 + 40.0)
     assert [r.round for r in late.timeline] == [2, 3]
+    # an event at T itself is kept ("at or after T"), one just before it is not
+    at = min(e["wall"] for e in read_dir(log_dir)[0] if e["wall"] >= T0 + 40.0)
+    kept = build_report(log_dir, sacct=False, since=at).reading.events_used
+    assert kept == build_report(log_dir, sacct=False, since=at - 1e-6).reading.events_used
+    assert kept > build_report(log_dir, sacct=False, since=at + 1e-6).reading.events_used
 
 
 def _generator():
