@@ -112,7 +112,8 @@ def _add_topology(add: Add) -> None:
         type=torchrun.node_count,
         default=None,
         metavar="N",
-        help="nodes in the job (default: SLURM, else 1)",
+        help="nodes in the job (default: SLURM, else 1; under srun, giving --nnodes, --node-rank "
+        "or --master-addr takes all three from the command line, not from SLURM)",
     )
     add(
         "--node-rank",
@@ -132,17 +133,18 @@ def _add_topology(add: Add) -> None:
         type=int,
         default=None,
         metavar="PORT",
-        help="port for torch's own rendezvous, passed to children as MASTER_PORT (default: from the "
-        "SLURM job id; a job of one node without --store-port takes a free pair and says which; "
-        f"else {DEFAULT_MASTER_PORT})",
+        help="port for torch's own rendezvous, passed to children as MASTER_PORT (default: "
+        "under SLURM $MASTER_PORT, else from the job id; a job of one node without --store-port takes a "
+        f"free pair and says which; else {DEFAULT_MASTER_PORT})",
     )
     add(
         "--store-port",
         type=int,
         default=None,
         metavar="PORT",
-        help="port of the job's store on node 0 (default: the master port + 3, past the "
-        "+1 and +2 that scripts in NVRx's layout take for their own stores)",
+        help="port of the job's store on node 0 (default: under SLURM $NVRX_STORE_PORT, else the master "
+        "port + 3, past the +1 and +2 that scripts in NVRx's layout take for their own stores; - 3 "
+        "where + 3 would pass 65535)",
     )
     add(
         "--job-id",
@@ -181,7 +183,9 @@ def _add_restarts(add: Add) -> None:
         type=float,
         default=DEFAULT_GRACE_PERIOD_S,
         metavar="S",
-        help=f"seconds children get after SIGTERM before their process groups are killed (default {DEFAULT_GRACE_PERIOD_S:g}); keep it below SLURM's KillWait",
+        help=f"seconds children get after SIGTERM before their process groups are killed (default {DEFAULT_GRACE_PERIOD_S:g}; "
+        "at the end of SLURM's warning window they get 5 s, when the store was lost 1 s); keep it "
+        "below SLURM's KillWait",
     )
     add(
         "--store-timeout",
@@ -209,7 +213,9 @@ def _add_nodes(add: Add) -> None:
         help="of the job's --nnodes supervisors (under SLURM: its nodes), the last K start as "
         "spares: their supervisor runs and watches the store, with no training ranks; when a "
         "node is lost, the lowest free spare takes "
-        "its node rank and its children rejoin the running job (default: $NVRX_SPARE_NODES, else 0)",
+        "its node rank and its children rejoin the running job, where the job still has its store "
+        "(a lost store host needs a majority of the slots to fail over) (default: "
+        "$NVRX_SPARE_NODES, else 0)",
     )
     add(
         "--warm-standby",
@@ -265,7 +271,7 @@ def _add_stragglers(add: Add) -> None:
         help="a node whose ranks' step times (from RankMonitorClient.record_step or "
         "--straggler-section) stay slower than the job's fast ranks is named in a 'straggler' "
         "event and in nvrx-report (report); exclude also has it leave the job when a spare node "
-        "is free, the spare taking its place (default report)",
+        "is free, the spare taking its place (never the node hosting the store) (default report)",
     )  # fmt: skip
     add(
         "--straggler-section", default=None, metavar="NAME",
