@@ -224,3 +224,48 @@ def test_an_abbreviated_long_option_is_rejected_naming_it(abbreviation: str, ful
     config_from_args([*topology, full, "2", "--", "python"], env)
     with pytest.raises(ConfigError, match=f"unrecognized arguments: {abbreviation} "):
         config_from_args([*topology, abbreviation, "2", "--", "python"], env)
+
+
+def _topology(nnodes: int = 3) -> list[str]:
+    return ["--nnodes", str(nnodes), "--node-rank", "0", "--master-port", "30060"]
+
+
+def test_a_bare_command_line_gets_the_defaults_its_help_gives() -> None:
+    cfg, _ = config_from_args([*_topology(), "--", "python"], {"PATH": os.environ["PATH"]})
+    got = (cfg.max_restarts, cfg.loop_breaker, cfg.grace_period, cfg.store_timeout,
+           cfg.node_heartbeat, cfg.node_timeout, cfg.straggler_threshold, cfg.straggler_action,
+           cfg.spare_nodes, cfg.min_nodes, cfg.warm_standby)  # fmt: skip
+    assert got == (10, 3, 5.0, 60.0, 1.0, 5.0, 0.8, "report", 0, None, True)
+    assert (cfg.job.master_port, cfg.job.store_port) == (30060, 30063)
+
+
+def test_the_templates_variables_set_the_node_options_that_are_not_given() -> None:
+    env = {"PATH": os.environ["PATH"], "NVRX_SPARE_NODES": "1", "NVRX_MIN_NODES": "2",
+           "NVRX_NODE_TIMEOUT_S": "7"}  # fmt: skip
+    cfg, _ = config_from_args([*_topology(), "--", "python"], env)
+    assert (cfg.spare_nodes, cfg.min_nodes, cfg.node_timeout) == (1, 2, 7.0)
+    given = ["--spare-nodes", "0", "--min-nodes", "1", "--node-timeout", "4"]
+    cfg, _ = config_from_args([*_topology(), *given, "--", "python"], env)
+    assert (cfg.spare_nodes, cfg.min_nodes, cfg.node_timeout) == (0, 1, 4.0)
+    cfg, _ = config_from_args([*_topology(), "--", "python"], {**env, "NVRX_MIN_NODES": "0"})
+    assert cfg.min_nodes is None  # 0: never shrink
+
+
+def test_the_straggler_options_reach_the_configuration() -> None:
+    argv = [*_topology(), "--straggler-action", "exclude", "--straggler-section", "step",
+            "--straggler-threshold", "0.6", "--", "python"]  # fmt: skip
+    cfg, _ = config_from_args(argv, {"PATH": os.environ["PATH"]})
+    assert (cfg.straggler_action, cfg.straggler_section, cfg.straggler_threshold) == (
+        "exclude", "step", 0.6,
+    )  # fmt: skip
+
+
+def test_torchruns_topology_variables_are_the_defaults_outside_slurm() -> None:
+    env = {"PATH": os.environ["PATH"], "PET_NNODES": "4", "PET_NODE_RANK": "2",
+           "PET_MASTER_ADDR": "10.0.0.7", "PET_MASTER_PORT": "30070"}  # fmt: skip
+    cfg, _ = config_from_args(["--", "python"], env)
+    assert (cfg.job.nnodes, cfg.job.node_rank, cfg.job.master_addr, cfg.job.master_port) == (
+        4, 2, "10.0.0.7", 30070,
+    )  # fmt: skip
+    cfg, _ = config_from_args(["--node-rank", "1", "--", "python"], env)
+    assert cfg.job.node_rank == 1  # an option given wins

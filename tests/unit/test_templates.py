@@ -115,6 +115,9 @@ def test_nvrx_template_writes_lists_and_refuses_to_overwrite(tmp_path: Path) -> 
     assert f'NVRX_SRUN="${{NVRX_SRUN:-{beside.absolute()}}}"' in out.read_text()
     again = subprocess.run([*cli, "train_spares", "-o", str(out)], capture_output=True, text=True)
     assert again.returncode == 2 and "exists: give --force" in again.stderr
+    out.write_text("an older job\n")
+    forced = subprocess.run([*cli, "train", "-o", str(out), "--force"], capture_output=True, text=True)
+    assert forced.returncode == 0 and out.read_text().startswith("#!/bin/bash\n# train.sbatch:")
     listing = subprocess.run(cli, capture_output=True, text=True, check=True).stdout
     assert all(name in listing for name in NAMES)
     bad = subprocess.run([*cli, "nosuch"], capture_output=True, text=True)
