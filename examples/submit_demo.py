@@ -6,7 +6,7 @@
 Each rank averages a gradient with gloo ``all_reduce`` every step. When SLURM
 warns the job (time limit or preemption, ``--signal-delay`` seconds ahead),
 ``nvrx.preemption_requested()`` turns true: rank 0 saves the step and the
-weights, every rank returns, and node 0 requeues the job; the next run loads
+weights, every rank returns, and the store's host requeues the job; the next run loads
 the checkpoint and goes on. ``--timeout-min 1 --signal-delay 45`` shows a
 time-limit requeue within about a minute.
 """

@@ -43,8 +43,8 @@ with N the allocation's nodes and {{python}} the interpreter of this nvrx. A nod
 fails ends neither the step nor the other supervisors (--no-kill, --kill-on-bad-exit=0):
 they notice the loss and go on (submit with sbatch --no-kill too, or SLURM ends the
 job). scancel's signals reach every supervisor, which passes them to its training
-processes and reaps them; SLURM's time-limit or preemption warning (USR2) has it raise the
-checkpoint flag instead (docs/submit.md). SUPERVISOR OPTIONS: nvrx-supervise --help.
+processes and reaps them; SLURM's time-limit or preemption warning ($NVRX_PREEMPT_SIGNAL,
+USR2 in the templates) has it raise the checkpoint flag instead (docs/submit.md). SUPERVISOR OPTIONS: nvrx-supervise --help.
 More srun options: NVRX_SRUN_ARGS (e.g. "--cpu-bind=none").
 """
 

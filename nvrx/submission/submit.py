@@ -10,7 +10,7 @@ command (list or string) is run as it is.
 Submission asks SLURM for the warning signal (``--signal=USR2@signal_delay_s``,
 to every task; ``SUBMITIT_PREEMPT_SIGNAL`` or ``NVRX_PREEMPT_SIGNAL`` picks
 another) and marks the job requeueable; the supervisor turns the signal into the
-flag of ``nvrx.checkpoint_flag`` and node 0 requeues the job
+flag of ``nvrx.checkpoint_flag`` and the store's host requeues the job
 (``nvrx.supervisor.preemption``). A callable with submitit's checkpoint method
 is checkpointed on rank 0 first (``nvrx.submission.checkpointing``). A requeued
 run leaves no submitit result, so ``NvrxJob.result()`` returns the result of the

@@ -113,7 +113,8 @@ def _add_topology(add: Add) -> None:
         default=None,
         metavar="N",
         help="nodes in the job (default: SLURM, else 1; under srun, giving --nnodes, --node-rank "
-        "or --master-addr takes all three from the command line, not from SLURM)",
+        "or --master-addr takes all three from the command line, not from SLURM, those not given "
+        f"being 1, 0 and {DEFAULT_MASTER_ADDR})",
     )
     add(
         "--node-rank",
@@ -134,7 +135,7 @@ def _add_topology(add: Add) -> None:
         default=None,
         metavar="PORT",
         help="port for torch's own rendezvous, passed to children as MASTER_PORT (default: "
-        "under SLURM $MASTER_PORT, else from the job id; a job of one node without --store-port takes a "
+        "under SLURM $MASTER_PORT, else one derived from SLURM's job id; elsewhere a job of one node without --store-port takes a "
         f"free pair and says which; else {DEFAULT_MASTER_PORT})",
     )
     add(
@@ -142,8 +143,8 @@ def _add_topology(add: Add) -> None:
         type=int,
         default=None,
         metavar="PORT",
-        help="port of the job's store on node 0 (default: under SLURM $NVRX_STORE_PORT, else the master "
-        "port + 3, past the +1 and +2 that scripts in NVRx's layout take for their own stores; - 3 "
+        help="port of the job's store on node 0 (default: under SLURM $NVRX_STORE_PORT if set; else the "
+        "master port + 3, past the +1 and +2 that scripts in NVRx's layout take for their own stores; - 3 "
         "where + 3 would pass 65535)",
     )
     add(
@@ -184,7 +185,7 @@ def _add_restarts(add: Add) -> None:
         default=DEFAULT_GRACE_PERIOD_S,
         metavar="S",
         help=f"seconds children get after SIGTERM before their process groups are killed (default {DEFAULT_GRACE_PERIOD_S:g}; "
-        "at the end of SLURM's warning window they get 5 s, when the store was lost 1 s); keep it "
+        "at the end of SLURM's warning window they get 5 s, at a store failover 1 s); keep it "
         "below SLURM's KillWait",
     )
     add(
@@ -213,8 +214,8 @@ def _add_nodes(add: Add) -> None:
         help="of the job's --nnodes supervisors (under SLURM: its nodes), the last K start as "
         "spares: their supervisor runs and watches the store, with no training ranks; when a "
         "node is lost, the lowest free spare takes "
-        "its node rank and its children rejoin the running job, where the job still has its store "
-        "(a lost store host needs a majority of the slots to fail over) (default: "
+        "its node rank and its children rejoin the running job; when the lost node hosted the "
+        "store, a majority of the slots elects the next one and every rank starts again (default: "
         "$NVRX_SPARE_NODES, else 0)",
     )
     add(

@@ -30,7 +30,7 @@ class ExitCode(enum.IntEnum):
     EXCLUDED = 10  # excluded (ExcludeThisNode, or a straggler under --straggler-action exclude)
     NON_RETRYABLE = 11  # a rank failed with a non-retryable exception (--ft-non-retryable-exception-file)
     RANK_STOPPED = 12  # a child exited 130 (RestartAbort: its Wrapper gave up): stopped, no restart
-    REQUEUED = 75  # SLURM warned; children checkpointed, node 0 requeued the job
+    REQUEUED = 75  # SLURM warned; children checkpointed, the store's host requeued the job
 
 
 #: One line per code, for docs/supervisor.md and for log messages.

@@ -37,7 +37,8 @@ def add_options(add: Callable[..., None]) -> None:
     """Register ``--ft-cfg-path`` and every ``--ft-<setting>`` through the CLI's ``add``."""
     add("--ft-cfg-path", default=None, metavar="FILE",
         help="YAML file whose 'fault_tolerance' mapping sets the --ft-* timeouts and settings "
-        "(not --ft-restart-policy nor --ft-non-retryable-exception-file; needs PyYAML: "
+        "(not --ft-restart-policy nor --ft-non-retryable-exception-file: another key there is "
+        "an error; needs PyYAML: "
         "pip install 'nvrx[yaml]'); an --ft-<setting> given here wins over the file")  # fmt: skip
     add("--ft-restart-policy", default="auto", metavar="POLICY",
         help="any-failed: a failed rank restarts every rank of every node together, one unit "

@@ -502,7 +502,7 @@ class Supervisor:
 
     def _handle_preemption(self, finished: Callable[[], bool] | None = None) -> bool:
         """After SLURM's warning (or another node's flag): let the children checkpoint and
-        stop; node 0 requeues (``PreemptionHandler.act``, which ``finished`` is passed to).
+        stop; the store's host requeues (``PreemptionHandler.act``, which ``finished`` is passed to).
         True when it decided now."""
         if self.preemption is None:
             return False

@@ -230,7 +230,7 @@ def _topology(nnodes: int = 3) -> list[str]:
     return ["--nnodes", str(nnodes), "--node-rank", "0", "--master-port", "30060"]
 
 
-def test_a_bare_command_line_gets_the_defaults_its_help_gives() -> None:
+def test_options_not_given_take_the_defaults_the_help_gives() -> None:
     cfg, _ = config_from_args([*_topology(), "--", "python"], {"PATH": os.environ["PATH"]})
     got = (cfg.max_restarts, cfg.loop_breaker, cfg.grace_period, cfg.store_timeout,
            cfg.node_heartbeat, cfg.node_timeout, cfg.straggler_threshold, cfg.straggler_action,
