@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import select
+import socket
+from collections.abc import Iterator
 
 import pytest
 from torch.distributed import distributed_c10d as c10d
@@ -205,14 +209,10 @@ def test_an_abort_during_a_creation_cuts_what_it_may_wait_on_and_nothing_else(
             sock.close()
 
 
-def test_an_abort_ends_our_reads_and_leaves_the_peers_writes_working_until_released(original):
-    """gloo fails the waits on a connection when its read fails, but leaves a send whose write
-    failed queued until the group's timeout; a peer's write fails once our socket is closed or
-    shut down both ways. So an abort shuts down reads only, and holds the socket open after
-    gloo closed its descriptor, until ``release_held``: meanwhile the peer writes on."""
-    import select
-    import socket
-
+@contextlib.contextmanager
+def _a_group_link() -> Iterator[tuple[socket.socket, socket.socket]]:
+    """Tracking installed, one group made whose connection gloo opens while it is made: our
+    end and the peer's; released and closed at the end."""
     links: list[socket.socket] = []
 
     def factory(*args, **kwargs):  # gloo listens and connects while the group is made
@@ -224,8 +224,30 @@ def test_an_abort_ends_our_reads_and_leaves_the_peers_writes_working_until_relea
     try:
         assert gloo_abort.install()
         c10d._new_process_group_helper()
-        ours, peer = links[1], links[0].accept()[0]
-        links.append(peer)
+        links.append(links[0].accept()[0])
+        yield links[1], links[2]
+    finally:
+        gloo_abort.release_held()
+        for sock in links:
+            sock.close()
+
+
+def _peer_writes_fail(peer: socket.socket, otherwise: str) -> None:
+    """The peer's writes fail: the reset comes back for the first write after our close."""
+    peer.settimeout(5)
+    with pytest.raises((BrokenPipeError, ConnectionResetError)):
+        for _ in range(50):
+            peer.sendall(b"x")
+            select.select([peer], [], [], 0.1)
+        pytest.fail(otherwise)
+
+
+def test_an_abort_ends_our_reads_and_leaves_the_peers_writes_working_until_released(original):
+    """gloo fails the waits on a connection when its read fails, but leaves a send whose write
+    failed queued until the group's timeout; a peer's write fails once our socket is closed or
+    shut down both ways. So an abort shuts down reads only, and holds the socket open after
+    gloo closed its descriptor, until ``release_held``: meanwhile the peer writes on."""
+    with _a_group_link() as (ours, peer):
         assert gloo_abort.shutdown_sockets() == 1
         ours.settimeout(5)
         assert ours.recv(1) == b""  # the read a collective waits on ends at once
@@ -235,16 +257,7 @@ def test_an_abort_ends_our_reads_and_leaves_the_peers_writes_working_until_relea
             assert select.select([peer], [], [], 0.05)[0] == [], "the peer got end-of-file or a reset"
         assert peer.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
         gloo_abort.release_held()
-        peer.settimeout(5)
-        with pytest.raises((BrokenPipeError, ConnectionResetError)):
-            for _ in range(50):  # the reset comes back for the first write after the close
-                peer.sendall(b"x")
-                select.select([peer], [], [], 0.1)
-            pytest.fail("the peer's writes still succeed after release_held")
-    finally:
-        gloo_abort.release_held()
-        for sock in links:
-            sock.close()
+        _peer_writes_fail(peer, "the peer's writes still succeed after release_held")
 
 
 @pytest.mark.parametrize("missing", ["proc", "factory"])
@@ -416,22 +429,7 @@ def test_sockets_shut_down_are_released_by_the_last_uninstall_or_at_once_after_i
     abort after it (``AbortTorchDistributed`` by hand once tracking ended) holds nothing:
     nobody would release them. Released, and gloo's own descriptor closed, the peer's
     writes fail (while held, they succeed: the test above)."""
-    import select
-    import socket
-
-    links: list[socket.socket] = []
-
-    def factory(*args, **kwargs):  # gloo listens and connects while the group is made
-        links.append(socket.create_server(("127.0.0.1", 0)))
-        links.append(socket.create_connection(links[0].getsockname()))
-        return _Group()
-
-    c10d._new_process_group_helper = factory
-    try:
-        assert gloo_abort.install()
-        c10d._new_process_group_helper()
-        ours, peer = links[1], links[0].accept()[0]
-        links.append(peer)
+    with _a_group_link() as (ours, peer):
         if shut_down == "after_the_last_uninstall":
             gloo_abort.uninstall()  # the group's record stays
         assert gloo_abort.shutdown_sockets(["g"]) == 1
@@ -442,13 +440,4 @@ def test_sockets_shut_down_are_released_by_the_last_uninstall_or_at_once_after_i
             peer.sendall(b"x")
             assert select.select([peer], [], [], 0.05)[0] == [], "the peer got end-of-file or a reset"
             gloo_abort.uninstall()
-        peer.settimeout(5)
-        with pytest.raises((BrokenPipeError, ConnectionResetError)):
-            for _ in range(50):  # the reset comes back for the first write after the close
-                peer.sendall(b"x")
-                select.select([peer], [], [], 0.1)
-            pytest.fail("the peer's writes still succeed: the shut-down socket is still held")
-    finally:
-        gloo_abort.release_held()
-        for sock in links:
-            sock.close()
+        _peer_writes_fail(peer, "the peer's writes still succeed: the shut-down socket is still held")

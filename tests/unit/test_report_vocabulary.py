@@ -158,16 +158,21 @@ def _rows(report) -> list[tuple[str, int, list[int], list[int]]]:
     return sorted((f.signature, f.count, f.ranks, f.rounds) for f in report.failures)
 
 
-def test_a_death_after_a_hang_is_one_row_beside_the_hang(tmp_path: Path) -> None:
-    """The monitor reports a hang, then the rank dead; its supervisor saw the SIGKILL: two
-    failures (the hang, the death), not three (hang, dead process, signal SIGKILL)."""
+def _one_rank_in_its_call(tmp_path: Path) -> tuple[Proc, Proc, Proc]:
+    """One host, one rank: its supervisor, its Wrapper in round 0's call, and its monitor."""
     h = Host("solo", 0)
     sup = Proc(tmp_path, h, "supervisor")
     sup.at(0.0, "supervisor_start", nnodes=1, nproc_per_node=1)
     rank = Proc(tmp_path, h, "wrapper", rank=0).round(0)
     rank.at(1.0, "round_start", world_size=1)
     rank.at(1.1, "call_start")
-    monitor = Proc(tmp_path, h, "monitor", rank=0).round(0)
+    return sup, rank, Proc(tmp_path, h, "monitor", rank=0).round(0)
+
+
+def test_a_death_after_a_hang_is_one_row_beside_the_hang(tmp_path: Path) -> None:
+    """The monitor reports a hang, then the rank dead; its supervisor saw the SIGKILL: two
+    failures (the hang, the death), not three (hang, dead process, signal SIGKILL)."""
+    sup, rank, monitor = _one_rank_in_its_call(tmp_path)
     monitor.at(10.0, "hang", timeout="soft", stack=HANG_STACK)
     monitor.at(10.0, "fault", fault_kind="hang_soft", signature="hang_soft")
     monitor.at(15.0, "fault", fault_kind="dead", signature="dead")
@@ -193,13 +198,7 @@ def test_a_death_a_monitor_reported_within_30_s_is_counted_once(
     """docs/report.md: "a process death that a monitor already reported as a fault event
     (same signature, same host, within 30 s) is counted once": the monitor's fault, then the
     supervisor's SIGKILL of the same rank ``gap`` s later: one failure at 29 s, two at 31 s."""
-    h = Host("solo", 0)
-    sup = Proc(tmp_path, h, "supervisor")
-    sup.at(0.0, "supervisor_start", nnodes=1, nproc_per_node=1)
-    rank = Proc(tmp_path, h, "wrapper", rank=0).round(0)
-    rank.at(1.0, "round_start", world_size=1)
-    rank.at(1.1, "call_start")
-    monitor = Proc(tmp_path, h, "monitor", rank=0).round(0)
+    sup, rank, monitor = _one_rank_in_its_call(tmp_path)
     monitor.at(10.0, "fault", origin_rank=0, **fault)
     sup.at(10.0 + gap, "child_exit", local_rank=0, child_pid=50, signal="SIGKILL", runtime_s=gap)
     for p in (sup, rank, monitor):
