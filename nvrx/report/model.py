@@ -103,7 +103,7 @@ class RoundRow:
     first_rank: int | None = None
     first_node: int | None = None
     first_host: str | None = None
-    first_wall: float | None = None  # when the first fault was told (its event), where known
+    first_wall: float | None = None  # when the first fault was told (its event; a lost node's last beat)
     # how "first" was decided: monotonic | store_origin | wall_clock | process_exit | hang |
     # node_lost | job_restart | none
     ordering: str = "none"
