@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     add = _adder(parser)
     add("--version", action="version", version=f"{PROG} {__version__}")
     _add_topology(add)
+    _add_ports(add)
+    _add_job_files(add)
     _add_restarts(add)
     _add_nodes(add)
     _add_output(add)
@@ -98,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_topology(add: Add) -> None:
-    """How many processes, where node 0 is, which ports, the job's id and log folder."""
+    """How many processes on how many nodes, and where node 0 is."""
     add(
         "--nproc-per-node",
         default="1",
@@ -129,6 +131,10 @@ def _add_topology(add: Add) -> None:
         metavar="HOST",
         help=f"host of node 0; the store runs there (default: first SLURM node, else {DEFAULT_MASTER_ADDR})",
     )
+
+
+def _add_ports(add: Add) -> None:
+    """torch's rendezvous port and the job's store port."""
     add(
         "--master-port",
         type=int,
@@ -147,6 +153,10 @@ def _add_topology(add: Add) -> None:
         "master port + 3, past the +1 and +2 that scripts in NVRx's layout take for their own stores; - 3 "
         "where + 3 would pass 65535)",
     )
+
+
+def _add_job_files(add: Add) -> None:
+    """The job's id and where its events and logs go."""
     add(
         "--job-id",
         default=None,
