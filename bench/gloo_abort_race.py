@@ -38,6 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from free_ports import free_port_run  # noqa: E402
 
+from nvrx import processes  # noqa: E402
+
 WORLD = 4
 FAULTY = 2
 MODES = ("reads", "both")
@@ -136,19 +138,9 @@ def _run(mode: str, grace: float, seed: int, log_dir: Path) -> str:
         return "ok"
     finally:
         flags.set("end", "1")
-        _end(ranks)
+        processes.stop_all(ranks, ask=signal.SIGKILL)
         for log in logs:
             log.close()
-
-
-def _end(procs: list[subprocess.Popen]) -> None:
-    for proc in procs:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    for proc in procs:
-        proc.wait()
 
 
 def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -40,6 +40,8 @@ sys.dont_write_bytecode = True  # no __pycache__ left behind by the import below
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from free_ports import free_ports  # noqa: E402
 
+from nvrx import processes  # noqa: E402
+
 METHODS = ("pg.abort", "pg.shutdown", "destroy_process_group", "_abort_process_group",
            "async exception", "peer killed (control)")
 AT_TIMEOUT = 0.8  # share of the timeout from which a collective "returned at the timeout"
@@ -185,17 +187,6 @@ def _available(method: str) -> bool:
     return True
 
 
-def _end(procs: list[subprocess.Popen]) -> None:
-    """Kill each rank's process group, then reap the ranks."""
-    for proc in procs:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    for proc in procs:
-        proc.wait()
-
-
 def _start(rank: int, method: str, port: int, args: argparse.Namespace, log: IO) -> subprocess.Popen:
     """One rank: this script as ``--worker``, in a session of its own, its output to ``log``."""
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
@@ -231,7 +222,7 @@ def _run(method: str, args: argparse.Namespace) -> tuple[dict[str, Any] | None, 
         except subprocess.TimeoutExpired:
             pass
         finally:
-            _end(procs)
+            processes.stop_all(procs, ask=signal.SIGKILL)
         del store
         return _result(log0)
 

@@ -26,6 +26,23 @@ def _supervisor(tmp_path: Path) -> Supervisor:
     return Supervisor(SupervisorConfig(command=["train"], job=job))
 
 
+_SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
+
+
+def _start_children(sup: Supervisor, children: list[Child]) -> None:
+    """Local ranks 0 and 1 as processes that exist until ``_end_children``: the standby
+    for restarts reads their pids and start times; they run nothing."""
+    _end_children(children)
+    children[:] = [Child(i, 0, processes.start(_SLEEPER)) for i in range(2)]
+    sup.ranks.children.update(enumerate(children))
+
+
+def _end_children(children: list[Child]) -> None:
+    for child in children:
+        child.signal_group(signal.SIGKILL)
+        child.proc.wait()
+
+
 def test_the_supervisor_is_what_its_parts_ask_for(tmp_path: Path) -> None:
     sup = _supervisor(tmp_path)
     assert isinstance(sup, NodeControl)
@@ -68,16 +85,8 @@ def test_the_standby_for_restarts_waits_until_the_children_tell_they_train(
     sup.course.to(Course.TRAINING)
     started: list[range] = []
     monkeypatch.setattr(sup.standbys, "keep_ready", lambda _c, _e, r: started.append(r) or 4321)
-    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
     children: list[Child] = []
     wait, wait_s = sup.restart_standby, sup.config.standby_wait
-
-    def start_children() -> None:
-        for child in children:
-            child.signal_group(signal.SIGKILL)
-            child.proc.wait()
-        children[:] = [Child(i, 0, processes.start(sleeper)) for i in range(2)]
-        sup.ranks.children.update(enumerate(children))
 
     def long_ago() -> None:
         for child in children:
@@ -85,7 +94,7 @@ def test_the_standby_for_restarts_waits_until_the_children_tell_they_train(
 
     try:
         # a script that tells nothing: the standby comes once the wait is over
-        start_children()
+        _start_children(sup, children)
         wait.keep_ready()
         assert started == []
         deadline = wait.deadline()
@@ -98,7 +107,7 @@ def test_the_standby_for_restarts_waits_until_the_children_tell_they_train(
         assert started == [range(2)]
 
         # a Wrapper script: rank 0's monitor beats; the node waits for both, past the wait
-        start_children()
+        _start_children(sup, children)
         assert sup.hang_watch.on_message({"event": "wrapper_pid", "pid": children[0].pid})
         long_ago()
         with caplog.at_level(logging.INFO, logger="nvrx.supervisor.restart_standby"):
@@ -118,7 +127,7 @@ def test_the_standby_for_restarts_waits_until_the_children_tell_they_train(
         assert started == [range(2)] * 2
 
         # after a job-wide restart nobody told yet, and the command is known to tell
-        start_children()
+        _start_children(sup, children)
         long_ago()
         wait.keep_ready()
         assert started == [range(2)] * 2 and wait.deadline() is None
@@ -128,12 +137,10 @@ def test_the_standby_for_restarts_waits_until_the_children_tell_they_train(
         assert started == [range(2)] * 3
 
         sup.standbys.enabled = False  # --no-warm-standby: nothing to wake up for
-        start_children()
+        _start_children(sup, children)
         assert wait.deadline() is None
     finally:
-        for child in children:
-            child.signal_group(signal.SIGKILL)
-            child.proc.wait()
+        _end_children(children)
 
 
 def test_no_standby_for_restarts_starts_while_the_job_stops_fails_over_or_restarts(
@@ -143,10 +150,9 @@ def test_no_standby_for_restarts_starts_while_the_job_stops_fails_over_or_restar
     sup = _supervisor(tmp_path)
     started: list[range] = []
     monkeypatch.setattr(sup.standbys, "keep_ready", lambda _c, _e, r: started.append(r) or 4321)
-    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
-    children = [Child(i, 0, processes.start(sleeper)) for i in range(2)]
-    sup.ranks.children.update(enumerate(children))
+    children: list[Child] = []
     try:
+        _start_children(sup, children)
         for child in children:
             sup.ranks.told(child.pid, training=True)
         for state in (Course.RESTARTING, Course.FAILING_OVER, Course.STOPPING):
@@ -157,9 +163,7 @@ def test_no_standby_for_restarts_starts_while_the_job_stops_fails_over_or_restar
         sup.restart_standby.keep_ready()
         assert started == [range(2)]
     finally:
-        for child in children:
-            child.signal_group(signal.SIGKILL)
-            child.proc.wait()
+        _end_children(children)
 
 
 def test_a_flood_of_forged_control_values_is_told_as_events_only_up_to_a_cap(tmp_path: Path, caplog) -> None:

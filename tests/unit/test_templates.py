@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from nvrx import processes
 from nvrx.report.slurm_context import find_output_files
 from nvrx.slurm import srun_cli, template_cli
 from nvrx.store.seal import MIN_SECRET_BYTES, parse_secret
+from tests.support.waiting import wait_until
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 SRUN = "/opt/nvrx env/bin/nvrx-srun"  # a space: the path must be quoted where it is used
@@ -90,6 +93,55 @@ def test_a_template_runs_nvrx_srun_with_the_command_and_settings(tmp_path: Path,
     assert env["NVRX_LOG_DIR"] == f"{tmp_path}/nvrx_logs"
     assert env["NVRX_SIGNAL_DELAY_S"] in ("60", "90")
     assert "supervisors ended with exit code 0" in done.stdout
+
+
+def _signal_recording_srun(tmp_path: Path) -> Path:
+    """A stand-in for nvrx-srun that writes each USR2 and TERM it receives to ``got`` and
+    exits 143 at TERM; ``ready`` holds its pid once its traps are set."""
+    fake = tmp_path / "recording srun"
+    fake.write_text(
+        "#!/bin/bash\n"
+        f'got="{tmp_path}/got"\n'
+        "sleep 600 & held=$!\n"  # something to wait on, which a trapped signal interrupts
+        'trap \'echo USR2 >> "$got"\' USR2\n'
+        'trap \'echo TERM >> "$got"; kill "$held"; exit 143\' TERM\n'
+        f'echo $$ > "{tmp_path}/ready.tmp" && mv "{tmp_path}/ready.tmp" "{tmp_path}/ready"\n'
+        'while kill -0 "$held" 2>/dev/null; do wait "$held"; done\n'
+    )
+    fake.chmod(0o755)
+    return fake
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (a shell's ``trap``)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(caught >> (signum - 1) & 1)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_template_forwards_the_warning_and_a_stop_to_nvrx_srun(tmp_path: Path, name: str) -> None:
+    """SLURM signals the batch shell (``--signal=B:USR2@N``, ``scancel``): the template passes
+    USR2 on to its nvrx-srun and keeps waiting for it, then TERM, and ends with its code."""
+    script = tmp_path / f"{name}.sbatch"
+    script.write_text(template_cli.render(name, str(_signal_recording_srun(tmp_path))))
+    slurm = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_JOB_NUM_NODES": "3",
+             "SLURM_SUBMIT_DIR": str(tmp_path), "PATH": os.environ["PATH"]}  # fmt: skip
+    shell = subprocess.Popen(["bash", str(script), "true"], env=slurm, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    got = tmp_path / "got"
+    try:
+        wait_until("the stand-in nvrx-srun to set its traps", (tmp_path / "ready").exists, 30)
+        wait_until("the template to trap USR2", lambda: _catches(shell.pid, signal.SIGUSR2), 30)
+        shell.send_signal(signal.SIGUSR2)
+        wait_until("USR2 to reach nvrx-srun", lambda: got.exists() and got.read_text() == "USR2\n", 30)
+        assert shell.poll() is None  # the template waits on for its supervisors
+        shell.send_signal(signal.SIGTERM)
+        out, _ = shell.communicate(timeout=30)
+    finally:
+        processes.stop(shell, ask=signal.SIGKILL)
+    assert got.read_text() == "USR2\nTERM\n"
+    assert shell.returncode == 143 and "supervisors ended with exit code 143" in out, out
 
 
 def test_a_template_exits_with_the_supervisors_code(tmp_path: Path) -> None:
