@@ -10,7 +10,7 @@ store and the host (``agent_address``); the kernel frees the name when the agent
 ends, however it ends, so no file is left on any file system.
 
 Who starts it (``AgentLink``): a rank's monitor writes its rank into its host's
-list in the store (``host_ring``) before its rank goes on, then beats to the
+list in the store (``nvrx.store.host_ring``) before its rank goes on, then beats to the
 agent. A beat that finds nobody listening binds the address itself: binding is
 the host's lock, one monitor wins and the others' beats queue in its socket.
 The winner starts the agent on that socket (``python -m nvrx.inprocess.node_agent``,
@@ -71,13 +71,22 @@ from typing import Any
 
 from nvrx import events, jobenv, processes
 from nvrx.rank_beats import Beat, BeatLoop, BeatSender, BeatSocket, NewPids, Silence
+from nvrx.store import host_ring
 from nvrx.store.faults import FaultRecord, announce_leave
 from nvrx.store.host_barrier import BarrierRelay, relay_address
+from nvrx.store.host_ring import (
+    Thresholds,
+    claimed,
+    ended_ranks,
+    list_ended,
+    list_rank,
+    live_ranks,
+    register,
+)
 from nvrx.store.ring import RingPlace
 from nvrx.store.wire import StoreGone, WireStore
 
-from . import host_ring, monitor_store
-from .host_ring import Thresholds, claimed, ended_ranks, list_ended, list_rank, live_ranks, register
+from . import monitor_store
 from .monitor_process import MonitorConfig
 
 log = logging.getLogger(__name__)

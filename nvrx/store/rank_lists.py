@@ -2,7 +2,7 @@
 
 Adding a rank is one ``append``, however many parties add at once; a reader gets
 the whole list with one ``get`` (the gone ranks, a host's ranks and those of its
-monitors that ended: ``rounds.all_gone``, ``nvrx.inprocess.host_ring``).
+monitors that ended: ``rounds.all_gone``, ``host_ring``).
 """
 
 from __future__ import annotations

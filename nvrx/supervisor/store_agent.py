@@ -8,8 +8,9 @@ started ahead during a store failover) owns the store clients instead (nvrx's ow
 ``nvrx.store.wire``: the agent imports no torch either) and speaks JSON lines:
 
 * requests on stdin: ``{"id": 1, "op": "add"|"set"|"append"|"get"|"compare_set"|"watch",
-  "key": ..., ...}``; ``liveness`` starts the node's beat in the ring (``NodeDuty``,
-  which reads the slots' claims with the job's secret, ``seal.job_sealer``), ``leave_ranks``
+  "key": ..., ...}``; ``liveness`` starts the node's beat in the ring whose keys'
+  prefix it names (``NodeDuty``, which reads the slots' claims with the job's secret,
+  ``seal.job_sealer``, and stamps its beats in the folder ``stamps`` where given), ``leave_ranks``
   takes a lost node's ranks out of the Wrapper's running round and ``leave_silent``
   a rank whose monitor stopped beating out of its round (``nvrx.store.rounds``)
 * answers on stdout: ``{"id": 1, "value": ...}`` or ``{"id": 1, "error": "..."}``
@@ -57,11 +58,8 @@ from typing import Any
 from nvrx import jobenv
 from nvrx.rank_beats import Beat, BeatLoop, BeatSocket, NewPids, Silence
 from nvrx.store.host_barrier import BarrierRelay, supervised_relay_address
-from nvrx.store.ring import Counters, RingPlace
-from nvrx.store.seal import Sealer
+from nvrx.store.ring import Counters, RingKeys, RingPlace
 from nvrx.store.wire import StoreGone, StoreTimeout, WireStore
-
-from . import node_keys, store_failover
 
 #: A watch waits in chunks of this length so a wait never depends on the client's timeout.
 #: A day: the renewals add nothing that counts to the store's load, and a connection is never
@@ -169,10 +167,10 @@ class _Agent:
         sealer = job_sealer()
         if sealer is None:
             raise ValueError("no job secret: $NVRX_JOB_SECRET_FILE is not set (the supervisor sets it)")
-        place = slot_place(
-            int(request["slot"]), int(request["nslots"]), timeout, sealer,
-            startup_s=float(request.get("startup", timeout)), job_dir=request.get("job_dir"),
-            store_name=f"{self.host}-{self.port}",
+        stamps = request.get("stamps")
+        place = RingPlace(
+            RingKeys(str(request["ring"])), int(request["slot"]), int(request["nslots"]), timeout,
+            sealer, float(request.get("startup", timeout)), None if stamps is None else Path(stamps),
         )  # fmt: skip
         # a store host that froze must not hold a beat longer than a node may be silent
         self.node.watch_ring(place, lambda: self._connect(timeout), float(request["interval"]), timeout)
@@ -223,9 +221,9 @@ class NodeDuty:
     rank, still running, found silent).
 
     A client that sets this slot's counter back after its beats holds it still for its
-    watcher; the slot then stamps its beats in the job folder too
-    (``store_failover.beats_dir``, per store: owner-only, which no other user's process can
-    write), which its watcher reads while the counter stands still. So such a client does
+    watcher; the slot then stamps its beats in the folder its supervisor names, in the job
+    folder (per store: owner-only, which no other user's process can write), which its
+    watcher reads while the counter stands still. So such a client does
     not get a healthy node declared lost where the job folder is shared by the nodes (as a
     store failover needs it) and the node timeout is at least three heartbeats; one that
     times its writes around both the slot's beats and the watcher's reads still can
@@ -312,23 +310,6 @@ class NodeDuty:
         if self._reported.acquire(blocking=False):
             self.stopped.set()
             self.send({"event": "lost", "message": message})
-
-
-def slot_place(
-    own: int,
-    nslots: int,
-    timeout: float,
-    sealer: Sealer,
-    startup_s: float | None = None,
-    job_dir: str | None = None,
-    store_name: str = "",
-) -> RingPlace:
-    """Slot ``own``'s place in the ring of ``nslots`` slots, read with ``sealer`` (the job's
-    secret); with ``job_dir``, its beats stamped in the folder of the store ``store_name``."""
-    if job_dir is not None and not store_name:
-        raise ValueError("with a job folder, store_name is needed: stamps are per store")
-    stamps = None if job_dir is None else store_failover.beats_dir(Path(job_dir), store_name)
-    return RingPlace(node_keys.RING, own, nslots, timeout, sealer, startup_s, stamps=stamps)
 
 
 def _log_to_stderr() -> None:

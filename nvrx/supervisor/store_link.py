@@ -17,9 +17,12 @@ import subprocess
 import sys
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 from nvrx import jobenv, processes
+
+from . import node_keys, store_failover
 
 log = logging.getLogger(__name__)
 
@@ -243,17 +246,19 @@ class StoreLink:
     def start_liveness(
         self, slot: int, nslots: int, interval: float, timeout: float, startup: float, job_dir: str
     ) -> None:
-        """Have the agent beat for ``slot`` and watch the next slot (``store_agent.NodeDuty``); the job
-        folder holds the beats of a slot whose counter another client holds still."""
+        """Have the agent beat for ``slot`` and watch the next slot in the ring of slots
+        (``node_keys.RING``, ``store_agent.NodeDuty``); the job folder holds the beats of a
+        slot whose counter another client holds still, in a folder per store."""
         self.request(
             "liveness",
             "node",
+            ring=node_keys.RING.prefix,
             slot=slot,
             nslots=nslots,
             interval=interval,
             timeout=timeout,
             startup=startup,
-            job_dir=job_dir,
+            stamps=str(store_failover.beats_dir(Path(job_dir), f"{self.host}-{self.port}")),
         )
 
     def leave_ranks(

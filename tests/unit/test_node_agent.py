@@ -22,12 +22,12 @@ from typing import Any
 import psutil
 import pytest
 
-from nvrx.inprocess import host_ring, node_agent
+from nvrx.inprocess import node_agent
 from nvrx.inprocess import store as rstore
-from nvrx.inprocess.host_ring import ENTRIES, RING, list_ended, list_rank, live_ranks, register
 from nvrx.inprocess.monitor_process import MonitorConfig
 from nvrx.rank_beats import Beat, BeatSender, BeatSocket
-from nvrx.store import barrier, client, keys, ring, rounds
+from nvrx.store import barrier, client, host_ring, keys, ring, rounds
+from nvrx.store.host_ring import ENTRIES, RING, list_ended, list_rank, live_ranks, register
 from nvrx.store.wire import WireStore
 from tests.support.waiting import wait_until
 

@@ -182,7 +182,8 @@ class _Slot:
     """A store agent's node duty beating in its slot's place at the test's ``clock``."""
 
     def __init__(self, sent: list, clock: list[float], **place) -> None:
-        from nvrx.supervisor.store_agent import NodeDuty, slot_place
+        from nvrx.supervisor.node_keys import slot_place
+        from nvrx.supervisor.store_agent import NodeDuty
 
         self.duty, self.clock = NodeDuty(sent.append, None), clock
         self.duty.place = self.place = slot_place(sealer=SEALER, **place)
@@ -573,7 +574,8 @@ class _Frozen:
 
 def test_the_store_agents_ring_beat_has_a_thread_of_its_own_until_fenced() -> None:
     from nvrx.supervisor import node_keys
-    from nvrx.supervisor.store_agent import NodeDuty, slot_place
+    from nvrx.supervisor.node_keys import slot_place
+    from nvrx.supervisor.store_agent import NodeDuty
 
     store, sent = _CountingStore(), []
     duty = NodeDuty(sent.append, None)
@@ -590,7 +592,8 @@ def test_the_store_agents_ring_beat_has_a_thread_of_its_own_until_fenced() -> No
 
 
 def test_a_store_that_holds_a_ring_beat_past_the_timeout_is_reported_lost_once() -> None:
-    from nvrx.supervisor.store_agent import NodeDuty, slot_place
+    from nvrx.supervisor.node_keys import slot_place
+    from nvrx.supervisor.store_agent import NodeDuty
 
     frozen, sent = _Frozen(), []
     duty = NodeDuty(sent.append, None)
@@ -609,7 +612,8 @@ def test_a_frozen_store_does_not_hold_the_ranks_beats(tmp_path: Path) -> None:
     import time
 
     from nvrx.rank_beats import Beat, BeatSender, BeatSocket
-    from nvrx.supervisor.store_agent import NodeDuty, slot_place
+    from nvrx.supervisor.node_keys import slot_place
+    from nvrx.supervisor.store_agent import NodeDuty
 
     frozen, sent = _Frozen(), []
     sock = BeatSocket(str(tmp_path / "beats.sock"))
@@ -633,7 +637,8 @@ def test_a_frozen_store_does_not_hold_the_ranks_beats(tmp_path: Path) -> None:
 
 
 def test_a_store_that_cannot_be_reached_is_reported_lost() -> None:
-    from nvrx.supervisor.store_agent import NodeDuty, slot_place
+    from nvrx.supervisor.node_keys import slot_place
+    from nvrx.supervisor.store_agent import NodeDuty
 
     def refused() -> Any:
         raise ConnectionRefusedError("nobody listens")

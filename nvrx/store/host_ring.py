@@ -1,6 +1,6 @@
 """A host's place in the store without a supervisor: its slot, its lists of ranks.
 
-The node agent of a host (``node_agent``) beats for the host in the ring of hosts
+The node agent of a host without a supervisor (``nvrx.inprocess.node_agent``) beats for the host in the ring of hosts
 (``nvrx.store.ring``, under ``keys.HOSTS_PREFIX``: ``RING``; the job has no secret, so
 its claims are plain). A host's slot is handed out once per host; each monitor writes
 its rank in the host's list (``list_rank``), and again in the list of those that ended
@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from nvrx.store import keys, rank_lists, ring
+from . import keys, rank_lists, ring
 
 #: The ring of hosts, and its claims: plain entries (no job secret without a supervisor).
 RING = ring.RingKeys(keys.HOSTS_PREFIX)
