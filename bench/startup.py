@@ -116,7 +116,7 @@ class Run:
 #: Helper processes told apart by their command lines: (name, what the command line holds).
 HELPERS = (
     ("store_process", "nvrx.store.service"),
-    ("agent_process", "nvrx.supervisor.store_agent"),
+    ("agent_process", "nvrx.node_agent"),
     ("standby_process", "nvrx.supervisor.standby_process"),
     ("monitor_process", "nvrx.monitor_boot"),
 )

@@ -32,7 +32,7 @@ a real ``nvrx.store.barrier`` participant). What each simulated party sends, per
     the round's interrupted key, renewed every ``monitor_thread.WAIT_CHUNK_S`` (a WAIT and
     a CANCEL_WAIT then); barrier arrivals per rank, as the Wrapper's barriers still are.
     The Wrapper alone sends the same now: its ranks beat to their host's node agent
-    (``nvrx.inprocess.node_agent``), which beats for the host in the same ring as a
+    (``nvrx.node_agent``), which beats for the host in the same ring as a
     node's store agent does.
 
 In every pattern each node also holds the store agent's key watches (one connection each,
@@ -617,9 +617,9 @@ def run_one(pattern: str, nodes: int, args: argparse.Namespace, tmp: str) -> Out
     try:
         host, port = service.host, service.port
         from nvrx.inprocess.monitor_thread import WAIT_CHUNK_S
+        from nvrx.node_agent.supervised import _WATCH_CHUNK
         from nvrx.store import client
         from nvrx.store.ring import OWN_CLAIM_EVERY
-        from nvrx.supervisor.store_agent import _WATCH_CHUNK
 
         probe_key = "nvrx/bench/probe"
         client.connect(host, port, timeout=30).set(probe_key, "x" * 64)

@@ -3,8 +3,8 @@
 What runs, all of it real nvrx code: a job store (``nvrx.store.service.StoreService``, a torch
 ``TCPStore`` server in a process of its own) behind a counting proxy; per simulated host a
 driver process whose threads are that host's ranks (``NVRX_HOST_ID`` tells the hosts apart). Each
-rank beats to its host's node agent as a rank's monitor does (``node_agent.AgentLink``, which
-starts the agent, ``python -m nvrx.inprocess.node_agent``, in a session of its own) and
+rank beats to its host's node agent as a rank's monitor does (``agent_link.AgentLink``, which
+starts the agent, ``python -m nvrx.node_agent host``, in a session of its own) and
 meets the barriers as the Wrapper's ranks do (``host_barrier.HostBarrierClient.meet``), at
 a generation's termination barrier, where every rank waits for all. ``direct`` is the same
 without agents: each rank meets the barrier at the store itself.
@@ -181,7 +181,8 @@ def _config(rank: int, world: int, port: int, logfile: str) -> Any:
 def drive(spec: dict[str, Any]) -> int:
     """One host's ranks meet ``barriers`` termination barriers (generations 1..): beats to
     the host's agent (``agents``) or none (``direct``). Ends its agent and waits for it."""
-    from nvrx.inprocess import node_agent
+    from nvrx.inprocess.agent_link import AgentLink
+    from nvrx.node_agent.host import HostConfig, agent_address
     from nvrx.rank_beats import Beat
     from nvrx.store.host_barrier import HostBarrierClient, Meeting, relay_address
     from nvrx.store.wire import WireStore
@@ -189,10 +190,10 @@ def drive(spec: dict[str, Any]) -> int:
     port, world, ranks = spec["port"], spec["world"], spec["ranks"]
     store = lambda: WireStore("127.0.0.1", port, timeout=60)  # noqa: E731
     configs = [_config(r, world, port, spec["log"]) for r in ranks]
-    links = [node_agent.AgentLink(c, store) for c in configs] if spec["mode"] == "agents" else []
+    links = [AgentLink(c, store) for c in configs] if spec["mode"] == "agents" else []
     address = None
     if links:
-        address = relay_address(node_agent.agent_address(configs[0], os.environ[jobenv.HOST_ID]))
+        address = relay_address(agent_address(HostConfig.of(configs[0]), os.environ[jobenv.HOST_ID]))
     stop, passes = threading.Event(), [0]
     heard = threading.Condition()
 

@@ -81,7 +81,7 @@ MONITOR_DEBUG = "NVRX_MONITOR_DEBUG"
 STORE_BIND = "NVRX_STORE_BIND"
 #: The host a Wrapper rank runs on, as its monitor names it to the others (default: SLURM's
 #: node name, else the host name): ranks of one host share one heartbeat party without a
-#: supervisor (``nvrx.inprocess.node_agent``). Tests give processes of one machine several.
+#: supervisor (``nvrx.node_agent.host``). Tests give processes of one machine several.
 HOST_ID = "NVRX_HOST_ID"
 #: Set (not 0) for the listing form of ``inprocess.utils.format_rank_set``, as in NVRx.
 LOG_RANK_FORMAT_VERBOSE = "NVRX_LOG_RANK_FORMAT_VERBOSE"

@@ -16,7 +16,7 @@ which calls ``main``), one per rank, it reads the rank's ``ProgressBoard`` and a
   for the node's ranks and takes out a rank whose monitor stopped beating for
   ``heartbeat_timeout``: under a supervisor (``NVRX_RANK_BEATS``), to the
   supervisor (``nvrx.rank_beats``); without one, to its host's node agent
-  (``node_agent``). No heartbeat reaches the store from a rank.
+  (``agent_link``, ``nvrx.node_agent``). No heartbeat reaches the store from a rank.
 
 The program imports no torch: its link to the store is nvrx's own client (``monitor_store``).
 Under a supervisor, unless it hosts the store, it says it watches at once and makes
@@ -82,7 +82,7 @@ class _Monitor:
             monitor_store.preload()
         agents = None
         if self.sender is None:  # the Wrapper alone: beats go to the host's node agent
-            from . import node_agent as agents  # not under a supervisor, which reads them
+            from . import agent_link as agents  # not under a supervisor, which reads them
         if early is not None:
             self.service = early.wait_started()
         elif cfg.host_store:

@@ -12,9 +12,7 @@ before it says it watches (``make``).
 
 from __future__ import annotations
 
-import base64
 import logging
-import pickle
 import threading
 import time
 from collections.abc import Callable
@@ -49,8 +47,9 @@ def preload() -> None:
 def connect(cfg: MonitorConfig) -> Any:
     """A client of the store ``cfg`` names: its store factory, else its host and port."""
     if cfg.store_factory:
-        factory, kwargs = pickle.loads(base64.b64decode(cfg.store_factory))
-        return factory(**kwargs)
+        from nvrx.store.client import factory_store
+
+        return factory_store(cfg.store_factory)
     from nvrx.store.wire import WireStore
 
     host, port = cfg.store_host or "127.0.0.1", int(cfg.store_port or 0)

@@ -24,11 +24,11 @@ from datetime import timedelta
 from typing import Any
 
 from nvrx import events, jobenv, rank_beats
+from nvrx.node_agent.host import HostConfig, agent_address
 from nvrx.store import client as store_client
 from nvrx.store import seal
 from nvrx.store.host_barrier import HostBarrierClient, relay_address, supervised_relay_address
 
-from . import node_agent
 from . import store as rstore
 from .logging import monitor_logfile_path
 from .monitor_process import STACK_SIGNAL, MonitorConfig, MonitorProcess
@@ -194,7 +194,7 @@ class RankServices:
         if beats is not None:
             return supervised_relay_address(beats)
         config = dataclasses.replace(self.monitor.config, store_port=self.store_address[1])
-        return relay_address(node_agent.agent_address(config, jobenv.host_id()))
+        return relay_address(agent_address(HostConfig.of(config), jobenv.host_id()))
 
     def check_monitor(self) -> None:
         """Raise ``RuntimeError`` when the monitor process ended while this rank runs: nothing

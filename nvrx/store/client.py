@@ -7,7 +7,9 @@ port picked by the host.
 
 from __future__ import annotations
 
+import base64
 import os
+import pickle
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -37,6 +39,13 @@ def external_store_address(env: Mapping[str, str] | None = None) -> tuple[str, i
     if not 0 < port_number < 65536:
         raise ValueError(f"{STORE_PORT_ENV} must be in 1..65535, got {port_number}")
     return host, port_number
+
+
+def factory_store(encoded: str) -> Any:
+    """The store that ``encoded`` (base64 of a pickled ``(factory, kwargs)``, a store of the
+    user's that the Wrapper was given) makes, in a process of nvrx's own."""
+    factory, kwargs = pickle.loads(base64.b64decode(encoded))
+    return factory(**kwargs)
 
 
 def connect(host: str, port: int, timeout: float = DEFAULT_TIMEOUT_S) -> Any:

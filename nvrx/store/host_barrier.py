@@ -3,8 +3,8 @@ arrives once at the store and holds one wait there for all of them.
 
 Without it every rank arrives and waits at the job's store itself, so a barrier costs the
 store a few requests per rank. Through its host's agent (the node agent of a Wrapper job
-without a supervisor, ``nvrx.inprocess.node_agent``; under one, the supervisor's store
-agent, ``nvrx.supervisor.store_agent``) it costs a few per host: one
+without a supervisor, ``nvrx.node_agent.host``; under one, the supervisor's store
+agent, ``nvrx.node_agent.supervised``) it costs a few per host: one
 ``multi_set`` of the arrivals and one ``add`` (``rounds.arrive_group``), one ``WAIT`` on
 the release, whatever the number of ranks of the host. The barriers met this way are
 ``rounds.HOST_BARRIERS``; the agent closes one as a rank would (their ``before_release``

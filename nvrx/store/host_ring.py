@@ -1,10 +1,10 @@
 """A host's place in the store without a supervisor: its slot, its lists of ranks.
 
-The node agent of a host without a supervisor (``nvrx.inprocess.node_agent``) beats for the host in the ring of hosts
-(``nvrx.store.ring``, under ``keys.HOSTS_PREFIX``: ``RING``; the job has no secret, so
-its claims are plain). A host's slot is handed out once per host; each monitor writes
-its rank in the host's list (``list_rank``), and again in the list of those that ended
-on purpose (``list_ended``). ``Thresholds`` says how long a rank's take-out waits before
+The node agent of a host without a supervisor (``nvrx.node_agent.host``) beats for the
+host in the ring of hosts (``nvrx.store.ring``, under ``keys.HOSTS_PREFIX``: ``RING``; the
+job has no secret, so its claims are plain). A host's slot is handed out once per host;
+each monitor writes its rank in the host's list (``list_rank``), and again in the list of
+those that ended on purpose (``list_ended``). ``Thresholds`` says how long a rank's take-out waits before
 it is tried again, and how long a silent host stands before its ranks are taken out.
 """
 

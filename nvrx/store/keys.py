@@ -11,7 +11,7 @@ from __future__ import annotations
 ROOT = "nvrx/"
 
 #: Without a supervisor, one node agent per host beats for the host's ranks
-#: (``nvrx.inprocess.node_agent``): a host's *slot* is its place in the ring of hosts
+#: (``nvrx.node_agent.host``): a host's *slot* is its place in the ring of hosts
 #: (``nvrx.store.ring``: ``alive/<slot>`` and ``claim/<slot>`` under this prefix).
 HOSTS_PREFIX = ROOT + "host/"
 #: Counter: host slots handed out (a slot taken twice by one host is ended at once).

@@ -1,8 +1,8 @@
 """The ring of liveness: each party beats in the store and watches the next party's beat.
 
-The parties are a job's nodes (each supervisor's store agent, ``nvrx.supervisor.store_agent``:
+The parties are a job's nodes (each supervisor's store agent, ``nvrx.node_agent.supervised``:
 *slots*, with the job's secret) or, without a supervisor, its hosts (each host's node agent,
-``nvrx.inprocess.node_agent``, no secret). Each party has two keys under its ring's prefix
+``nvrx.node_agent.host``, no secret). Each party has two keys under its ring's prefix
 (``RingKeys``); who writes what, in which order:
 
 1. ``alive/<slot>``, a counter: the party adds 1 every interval (its *beat*) and reads the

@@ -8,9 +8,9 @@ process group (SIGKILL after the grace period if it still runs), and the
 restart policy decides as for any failure.
 
 The Wrapper's monitor processes beat to a socket the supervisor binds for them
-(``rank_beats``), not to the store (a beat costs the store nothing); the store
-agent reads it (``store_agent.NodeDuty``) in the loop the node agent runs without a
-supervisor (``rank_beats.BeatLoop``). When the agent tells of a rank whose monitor
+(``rank_beats``), not to the store (a beat costs the store nothing); the node's
+agent reads it (``nvrx.node_agent.supervised.NodeDuty``) in the loop it runs without
+a supervisor too (``rank_beats.BeatLoop``). When the agent tells of a rank whose monitor
 stayed silent beyond its ``heartbeat_timeout``, the supervisor has the agent take the
 rank out of its round (an ``unresponsive`` fault, as the node agent does for a rank
 without a supervisor) and kills it and its monitor.
@@ -193,8 +193,8 @@ class HangWatch:
                 self.control.store_unavailable(exc)
 
     def on_message(self, message: dict[str, Any]) -> bool:
-        """What the store agent tells of the rank beats (``store_agent.NodeDuty``); whether
-        ``message`` was one of those."""
+        """What the node's agent tells of the rank beats
+        (``nvrx.node_agent.supervised.NodeDuty``); whether ``message`` was one of those."""
         event = message.get("event")
         if event == "wrapper_pid":
             self.wrapper_pids.add(int(message["pid"]))

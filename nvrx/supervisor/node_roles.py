@@ -1,8 +1,8 @@
 """A supervisor's part in surviving a lost node: its node rank, spares, declaring a node lost.
 
-Slots and node ranks are described in ``node_keys``. The store agent beats for
-this slot and reports a watched slot that fell silent (``store_agent.NodeDuty``); the
-supervisor then declares it lost here, once for the whole job (the first
+Slots and node ranks are described in ``node_keys``. The node's agent beats for
+this slot and reports a watched slot that fell silent
+(``nvrx.node_agent.supervised.NodeDuty``); the supervisor then declares it lost here, once for the whole job (the first
 valid entry of the slot's claim wins), and decides what the job does:
 
 1. **spare**: the lowest free spare slot that is still alive takes the lost

@@ -70,8 +70,8 @@ def epoch_dir(job_dir: Path, epoch: int) -> Path:
 
 def beats_dir(job_dir: Path, store: str) -> Path:
     """Where a slot whose beats in ``store`` (its host and port) are held still stamps its
-    beats instead (``nvrx.store.ring.RingPlace``, for ``store_agent.NodeDuty``): one folder per
-    store, so that a node cut off with an old store does not stamp for the ring of the new
+    beats instead (``nvrx.store.ring.RingPlace``, for
+    ``nvrx.node_agent.supervised.NodeDuty``): one folder per store, so that a node cut off with an old store does not stamp for the ring of the new
     one; removed with this run's failover files."""
     return job_dir / "failover" / _run() / "beats" / store
 

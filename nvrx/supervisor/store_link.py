@@ -1,6 +1,6 @@
 """Supervisor side of the store agent: requests over raw pipes, no threads.
 
-See ``store_agent`` for why the store client lives in a process of its own.
+See ``nvrx.node_agent.supervised`` for why the store client lives in a process of its own.
 The link holds only raw file descriptors and starts no thread, so a process
 that owns one can still ``fork`` safely (``fork_and_monitor``): the child
 closes the descriptors and inherits no lock.
@@ -89,7 +89,8 @@ class StoreLink:
             "-W",
             "ignore::UserWarning",  # torch's "Failed to initialize NumPy" on every start
             "-m",
-            "nvrx.supervisor.store_agent",
+            "nvrx.node_agent",
+            "supervised",
             "-" if self.host is None else self.host,
             "-" if self.port is None else str(self.port),
             f"{self.timeout:g}",
@@ -247,8 +248,8 @@ class StoreLink:
         self, slot: int, nslots: int, interval: float, timeout: float, startup: float, job_dir: str
     ) -> None:
         """Have the agent beat for ``slot`` and watch the next slot in the ring of slots
-        (``node_keys.RING``, ``store_agent.NodeDuty``); the job folder holds the beats of a
-        slot whose counter another client holds still, in a folder per store."""
+        (``node_keys.RING``, ``nvrx.node_agent.supervised.NodeDuty``); the job folder holds
+        the beats of a slot whose counter another client holds still, in a folder per store."""
         self.request(
             "liveness",
             "node",

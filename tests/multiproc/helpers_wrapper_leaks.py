@@ -67,7 +67,9 @@ def _alive(pid: int, create_time: float) -> bool:
         return False
 
 
-AGENT = "nvrx.inprocess.node_agent"
+def is_host_agent(cmdline: list[str] | None) -> bool:
+    """Whether ``cmdline`` is a host's node agent's (``python -m nvrx.node_agent host FD``)."""
+    return (cmdline or [])[-3:-1] == ["nvrx.node_agent", "host"]
 
 
 def _job_agents(master_port: str) -> list[tuple[int, float]]:
@@ -79,7 +81,7 @@ def _job_agents(master_port: str) -> list[tuple[int, float]]:
     found = []
     for proc in psutil.process_iter(["cmdline", "create_time"]):
         try:
-            if AGENT in (proc.info["cmdline"] or ()) and (
+            if is_host_agent(proc.info["cmdline"]) and (
                 proc.environ().get("MASTER_PORT") == master_port
             ):
                 found.append((proc.pid, proc.info["create_time"]))
@@ -106,7 +108,7 @@ class CallRecord:
         monitor = psutil.Process(call_wrapper.monitor_process.pid)
         for proc in (monitor, *monitor.children(recursive=True)):
             entry = (proc.pid, proc.create_time(), " ".join(proc.cmdline())[:160])
-            if AGENT not in proc.cmdline() and entry not in self.monitor_tree:
+            if not is_host_agent(proc.cmdline()) and entry not in self.monitor_tree:
                 self.monitor_tree.append(entry)
             for f in proc.open_files():
                 if f.path.startswith("/dev/shm/"):

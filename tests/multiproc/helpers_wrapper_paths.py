@@ -87,7 +87,7 @@ def node_agents(log_dir: str | Path, host: str | None = None) -> list[psutil.Pro
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error):
-            if "nvrx.inprocess.node_agent" not in (proc.info["cmdline"] or []):
+            if (proc.info["cmdline"] or [])[-3:-1] != ["nvrx.node_agent", "host"]:
                 continue
             env = proc.environ()
             if env.get(jobenv.LOG_DIR) == str(log_dir) and host in (None, env.get(jobenv.HOST_ID)):

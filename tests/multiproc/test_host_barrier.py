@@ -634,6 +634,6 @@ def test_under_a_supervisor_the_store_agent_meets_the_barriers_of_its_node(tmp_p
     job = Job(tmp_path, 2, 2, script(tmp_path, RAISES_ONCE), "--verbose")
     assert job.wait(180) == [0, 0], job.output()
     out = job.output()
-    node = {line.split("nvrx.store_agent[")[1].split("]")[0] for line in out.splitlines()
+    node = {line.split("nvrx.node_agent[")[1].split("]")[0] for line in out.splitlines()
             if "barrier iteration 0: arrived for ranks" in line}  # fmt: skip
     assert _met(out, "iteration 0") == {0, 1, 2, 3} and len(node) == 2, out  # one agent a node

@@ -111,9 +111,9 @@ class _Counting:
 def test_a_declaration_fences_the_lost_slot_at_its_next_beat_and_a_leave_does_not(
     link: StoreLink,
 ) -> None:
+    from nvrx.node_agent.supervised import NodeDuty
     from nvrx.store import client
     from nvrx.supervisor.node_keys import slot_place
-    from nvrx.supervisor.store_agent import NodeDuty
 
     events: list[dict[str, Any]] = []
     store = _Counting(client.connect("127.0.0.1", link.port, timeout=30))

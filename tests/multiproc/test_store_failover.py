@@ -100,7 +100,7 @@ def _ready_for_failover(pid: int) -> dict[str, int]:
     """Store agents and held store services among the children of supervisor ``pid``."""
     lines = [" ".join(p.cmdline()) for p in psutil.Process(pid).children()]
     return {
-        "agents": sum("nvrx.supervisor.store_agent" in line for line in lines),
+        "agents": sum("-m nvrx.node_agent supervised" in line for line in lines),
         "held stores": sum("nvrx.store.service" in line and "--held" in line for line in lines),
     }
 

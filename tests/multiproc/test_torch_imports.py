@@ -1,5 +1,5 @@
 """Which processes of a job import torch: the ranks, the store service and the warm standbys,
-and none of the helpers (a rank's monitor, the supervisor's store agents), which talk to the
+and none of the helpers (a rank's monitor, the supervisor's node agents), which talk to the
 store through nvrx's own client. Each import of torch costs a node about 1.5 s of CPU and
 200 MB, at the moment the whole job starts.
 
@@ -47,7 +47,7 @@ def _role(argv: list[str]) -> str:
     if ENTRY_POINT in text or "main_prestarted" in text:
         return "monitor"
     for role, mark in (
-        ("rank", QUICKSTART.name), ("store agent", "store_agent"),
+        ("rank", QUICKSTART.name), ("node agent", "nvrx.node_agent"),
         ("store service", "store.service"), ("standby", "standby"), ("supervisor", "nvrx-supervise"),
     ):  # fmt: skip
         if mark in text:
@@ -77,7 +77,7 @@ def test_only_ranks_store_services_and_standbys_import_torch(tmp_path: Path) -> 
     roles = {line["pid"]: _role(line["argv"]) for line in lines if line["kind"] == "start"}
     started = sorted(roles.values())
     with_torch = sorted(roles[line["pid"]] for line in lines if line["kind"] == "torch")
-    # the helpers ran: two monitors at least (one per rank), a store agent
-    assert started.count("monitor") >= 2 and "store agent" in started, started
+    # the helpers ran: two monitors at least (one per rank), a node agent
+    assert started.count("monitor") >= 2 and "node agent" in started, started
     assert set(with_torch) <= {"rank", "store service", "standby"}, (with_torch, started)
     assert with_torch.count("rank") == 2, with_torch

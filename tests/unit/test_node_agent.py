@@ -1,4 +1,5 @@
-"""The node agent of a Wrapper job without a supervisor (``nvrx.inprocess.node_agent``).
+"""The node agent of a Wrapper job without a supervisor (``nvrx.node_agent.host``), and a monitor's
+link to it (``nvrx.inprocess.agent_link``).
 
 In-process: each host's agent is a ``NodeAgent`` on a real datagram socket at an
 abstract address, beside a real TCPStore (the ``base`` fixture), driven step by step
@@ -22,9 +23,11 @@ from typing import Any
 import psutil
 import pytest
 
-from nvrx.inprocess import node_agent
+from nvrx.inprocess import agent_link
 from nvrx.inprocess import store as rstore
 from nvrx.inprocess.monitor_process import MonitorConfig
+from nvrx.node_agent import host as node_agent
+from nvrx.node_agent.host import HostConfig
 from nvrx.rank_beats import Beat, BeatSender, BeatSocket
 from nvrx.store import barrier, client, host_ring, keys, ring, rounds
 from nvrx.store.host_ring import ENTRIES, RING, list_ended, list_rank, live_ranks, register
@@ -53,7 +56,7 @@ def _config(**fields: Any) -> MonitorConfig:
 
 
 CFG = _config()
-LIMITS = node_agent.limits_of(CFG)
+LIMITS = node_agent.limits_of(HostConfig.of(CFG))
 
 
 class Counting:
@@ -79,11 +82,11 @@ class Host:
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.address = f"\0nvrx-test-{uuid.uuid4().hex}"
         self.sock = BeatSocket(self.address)
-        slot = register(store, node_agent.host_key(CFG, name))
+        slot = register(store, node_agent.host_key(HostConfig.of(CFG), name))
         for rank in ranks:  # what each monitor writes before its rank goes on
             list_rank(store, slot, rank)
         emit = lambda kind, **f: self.events.append((kind, f))  # noqa: E731
-        self.agent = node_agent.NodeAgent(CFG, self.sock, emit, name, store=store)
+        self.agent = node_agent.NodeAgent(HostConfig.of(CFG), self.sock, emit, name, store=store)
         self.monitors = {rank: BeatSender(self.address) for rank in ranks}
 
     def beat(self, *ranks: int, bye: bool = False) -> None:
@@ -301,7 +304,7 @@ def test_a_rank_listed_while_its_silent_host_is_declared_lost_is_taken_out_too(b
     """Rank 3's monitor lists it on silent h1 between h0's read of h1's list and h0's claim:
     it read no claim, so it stays on h1; h0 reads the list again and takes it out too."""
     view = _round(base)
-    slot = register(base, node_agent.host_key(CFG, "h1"))
+    slot = register(base, node_agent.host_key(HostConfig.of(CFG), "h1"))
     list_rank(base, slot, 2)
     store = _ListsOnClaim(base, slot, 3)
     a = hosts("h0", [0, 1], store=store)
@@ -412,7 +415,7 @@ def _h1_declared_lost(base: Any, a: Host) -> int:
 
 def _h1(base: Any) -> str:
     """Host h1's name in the store, as its agent connected to ``base`` names it."""
-    return node_agent.host_key(_config(store_port=base.port), "h1")
+    return node_agent.host_key(HostConfig.of(_config(store_port=base.port)), "h1")
 
 
 class _Thawed:
@@ -423,7 +426,7 @@ class _Thawed:
         address = f"\0nvrx-test-{uuid.uuid4().hex}"
         self.sock, self.sender = BeatSocket(address), BeatSender(address)
         emit = lambda kind, **f: self.events.append((kind, f))  # noqa: E731
-        self.agent = node_agent.NodeAgent(_config(store_port=base.port), self.sock, emit, "h1")
+        self.agent = node_agent.NodeAgent(HostConfig.of(_config(store_port=base.port)), self.sock, emit, "h1")
 
     def beat(self, rank: int, slot: int, bye: bool = False) -> None:
         assert self.sender.send(Beat(rank, pid=2000 + rank, timeout=TIMEOUT, slot=slot, bye=bye))
@@ -566,7 +569,7 @@ def _slow_job(own_client: bool = False) -> Iterator[tuple[list[Any], node_agent.
     store = WireStore("127.0.0.1", port, timeout=2) if own_client else client.connect("127.0.0.1", port, timeout=2)
     sock = BeatSocket(f"\0nvrx-test-{uuid.uuid4().hex}")
     slow = _config(heartbeat_timeout=86400.0, store_port=port)
-    agent = node_agent.NodeAgent(slow, sock, lambda kind, **f: None, "h0", store=store)
+    agent = node_agent.NodeAgent(HostConfig.of(slow), sock, lambda kind, **f: None, "h0", store=store)
     try:
         sender = BeatSender(sock.path)
         sender.send(_beat(0))
@@ -594,7 +597,7 @@ def test_an_agent_that_lost_its_store_before_the_last_bye_ends_soon_after_it(mon
     ``ENDING_STORE_S`` only, and a refused connection ends it without another try."""
     connect, withins = node_agent.connect_store, []
 
-    def recorded(cfg: MonitorConfig, connect_within: float = node_agent.STORE_GONE_S) -> Any:
+    def recorded(cfg: HostConfig, connect_within: float = node_agent.STORE_GONE_S) -> Any:
         withins.append(connect_within)
         return connect(cfg, connect_within)
 
@@ -633,7 +636,7 @@ def test_an_agent_that_no_monitor_beat_to_ends_within_its_idle_bound(base) -> No
     """Its starter died before its first beat was read: with a day's heartbeat timeout too."""
     slow = _config(heartbeat_timeout=86400.0)
     sock = BeatSocket(f"\0nvrx-test-{uuid.uuid4().hex}")
-    agent = node_agent.NodeAgent(slow, sock, lambda kind, **f: None, "h0", store=base)
+    agent = node_agent.NodeAgent(HostConfig.of(slow), sock, lambda kind, **f: None, "h0", store=base)
     try:
         t = time.monotonic()
         assert agent.step(t) and not agent.finished(t, t)
@@ -676,7 +679,7 @@ def _agents(host: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error):
-            if "nvrx.inprocess.node_agent" in (proc.info["cmdline"] or []):
+            if "nvrx.node_agent" in (proc.info["cmdline"] or []):
                 if proc.environ().get("NVRX_HOST_ID") == host:
                     found.append(proc)
     return found
@@ -700,8 +703,8 @@ def served(tmp_path, monkeypatch):
     del server
 
 
-def _link(cfg: MonitorConfig, store: Any, rank: int) -> node_agent.AgentLink:
-    return node_agent.AgentLink(_config(**{**cfg.__dict__, "initial_rank": rank}), lambda: store)
+def _link(cfg: MonitorConfig, store: Any, rank: int) -> agent_link.AgentLink:
+    return agent_link.AgentLink(_config(**{**cfg.__dict__, "initial_rank": rank}), lambda: store)
 
 
 def _beat(rank: int, bye: bool = False) -> Beat:
@@ -717,7 +720,7 @@ def test_the_monitors_of_a_host_start_one_agent_that_beats_and_ends_by_itself(se
     agents = _agents(os.environ["NVRX_HOST_ID"])
     assert len(agents) == 1 and agents[0].ppid() == os.getpid()
     assert os.getsid(agents[0].pid) == agents[0].pid  # a session of its own
-    assert agents[0].cmdline()[-2:] == ["nvrx.inprocess.node_agent", agents[0].cmdline()[-1]]
+    assert agents[0].cmdline()[-3:] == ["nvrx.node_agent", "host", agents[0].cmdline()[-1]]
     assert agents[0].cmdline()[-1].isdigit()  # its socket; its configuration came on stdin
     slot = links[0].slot
     wait_until("the host's beats", lambda: int(store.add(RING.alive(slot), 0)) >= 3, 30)
@@ -787,7 +790,7 @@ def test_a_monitor_that_cannot_start_the_agent_says_so_and_beats_on(served, monk
     def no_fork(*args: Any, **kwargs: Any) -> Any:
         raise OSError(11, "Resource temporarily unavailable")
 
-    monkeypatch.setattr(node_agent, "start_agent", no_fork)
+    monkeypatch.setattr(agent_link, "start_agent", no_fork)
     link.beat(_beat(0))
     assert link._started is None
     BeatSocket(link.sender.path).close(unlink=False)  # the name is free again

@@ -182,8 +182,8 @@ class _Slot:
     """A store agent's node duty beating in its slot's place at the test's ``clock``."""
 
     def __init__(self, sent: list, clock: list[float], **place) -> None:
+        from nvrx.node_agent.supervised import NodeDuty
         from nvrx.supervisor.node_keys import slot_place
-        from nvrx.supervisor.store_agent import NodeDuty
 
         self.duty, self.clock = NodeDuty(sent.append, None), clock
         self.duty.place = self.place = slot_place(sealer=SEALER, **place)
@@ -573,9 +573,9 @@ class _Frozen:
 
 
 def test_the_store_agents_ring_beat_has_a_thread_of_its_own_until_fenced() -> None:
+    from nvrx.node_agent.supervised import NodeDuty
     from nvrx.supervisor import node_keys
     from nvrx.supervisor.node_keys import slot_place
-    from nvrx.supervisor.store_agent import NodeDuty
 
     store, sent = _CountingStore(), []
     duty = NodeDuty(sent.append, None)
@@ -592,8 +592,8 @@ def test_the_store_agents_ring_beat_has_a_thread_of_its_own_until_fenced() -> No
 
 
 def test_a_store_that_holds_a_ring_beat_past_the_timeout_is_reported_lost_once() -> None:
+    from nvrx.node_agent.supervised import NodeDuty
     from nvrx.supervisor.node_keys import slot_place
-    from nvrx.supervisor.store_agent import NodeDuty
 
     frozen, sent = _Frozen(), []
     duty = NodeDuty(sent.append, None)
@@ -611,9 +611,9 @@ def test_a_frozen_store_does_not_hold_the_ranks_beats(tmp_path: Path) -> None:
     and told as they come: the beat loop does not wait for the store."""
     import time
 
+    from nvrx.node_agent.supervised import NodeDuty
     from nvrx.rank_beats import Beat, BeatSender, BeatSocket
     from nvrx.supervisor.node_keys import slot_place
-    from nvrx.supervisor.store_agent import NodeDuty
 
     frozen, sent = _Frozen(), []
     sock = BeatSocket(str(tmp_path / "beats.sock"))
@@ -637,8 +637,8 @@ def test_a_frozen_store_does_not_hold_the_ranks_beats(tmp_path: Path) -> None:
 
 
 def test_a_store_that_cannot_be_reached_is_reported_lost() -> None:
+    from nvrx.node_agent.supervised import NodeDuty
     from nvrx.supervisor.node_keys import slot_place
-    from nvrx.supervisor.store_agent import NodeDuty
 
     def refused() -> Any:
         raise ConnectionRefusedError("nobody listens")

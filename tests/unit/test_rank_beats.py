@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from nvrx.node_agent.supervised import NodeDuty
 from nvrx.rank_beats import Beat, BeatLoop, BeatSender, BeatSocket, NewPids, RankBeats, Silence
 from nvrx.store.host_barrier import BarrierRelay
 from nvrx.supervisor.config import SupervisorConfig, local_job
@@ -25,7 +26,6 @@ from nvrx.supervisor.hang_watch import HangWatch
 from nvrx.supervisor.job_store import JobStore
 from nvrx.supervisor.local_ranks import LocalRanks
 from nvrx.supervisor.step_times import StepTimes
-from nvrx.supervisor.store_agent import NodeDuty
 from nvrx.supervisor.store_link import StoreLinkError
 from tests.support.waiting import wait_until
 
@@ -375,7 +375,7 @@ def test_an_agent_started_ahead_reads_no_beat_before_it_has_an_address(tmp_path,
     the socket keeps every beat; given none, it ends without reading any."""
     import threading
 
-    from nvrx.supervisor import store_agent
+    from nvrx.node_agent import supervised
 
     bound = BeatSocket(str(tmp_path / "beats.sock"))
     sender = BeatSender(bound.path)
@@ -386,10 +386,10 @@ def test_an_agent_started_ahead_reads_no_beat_before_it_has_an_address(tmp_path,
         release.wait(60)
         return None  # ... and never does: the failover did not need this agent
 
-    monkeypatch.setattr(store_agent, "_address_from_stdin", address_later)
+    monkeypatch.setattr(supervised, "_address_from_stdin", address_later)
     ended: list[int] = []
     fd = os.dup(bound.fileno())  # as passed to the agent process
-    agent = threading.Thread(target=lambda: ended.append(store_agent.main(["-", "-", "5", str(fd)])))
+    agent = threading.Thread(target=lambda: ended.append(supervised.main(["-", "-", "5", str(fd)])))
     try:
         assert sender.send(_beat(pid=7))
         agent.start()

@@ -197,7 +197,7 @@ def test_relative_imports_are_resolved_from_the_modules_package():
     node = ast.parse("from ..store import keys\n").body[0]
     assert isinstance(node, ast.ImportFrom)
     assert _imported(node, "nvrx.inprocess") == "nvrx.store"
-    assert _package(PACKAGE / "inprocess" / "node_agent.py") == "nvrx.inprocess"
+    assert _package(PACKAGE / "inprocess" / "agent_link.py") == "nvrx.inprocess"
 
 
 def test_every_key_of_the_protocol_is_listed_and_every_listed_one_is_there():

@@ -1,7 +1,7 @@
-"""The node agent of a Wrapper job without a supervisor: one process per host beats for the host.
+"""The node agent's duty in a Wrapper job without a supervisor: it decides for its host.
 
-The monitor processes of a host's ranks send their beats (``nvrx.rank_beats``,
-the format a supervisor reads) to one agent process of that host and job. It
+The monitor processes of a host's ranks send their beats (``nvrx.rank_beats``) to
+one agent process of that host and job (``python -m nvrx.node_agent host FD``). It
 alone talks to the store about liveness, so the store's load grows with hosts,
 not ranks. The agent runs no user code: a rank that hangs cannot hang it.
 
@@ -9,20 +9,20 @@ Where it listens: an abstract Unix datagram socket named from the user, the job'
 store and the host (``agent_address``); the kernel frees the name when the agent
 ends, however it ends, so no file is left on any file system.
 
-Who starts it (``AgentLink``): a rank's monitor writes its rank into its host's
-list in the store (``nvrx.store.host_ring``) before its rank goes on, then beats to the
-agent. A beat that finds nobody listening binds the address itself: binding is
-the host's lock, one monitor wins and the others' beats queue in its socket.
-The winner starts the agent on that socket (``python -m nvrx.inprocess.node_agent``,
-in a session of its own, so that it outlives the monitor that started it; that
-monitor reaps it if it ends first). An agent that died is started again the same
-way and takes the same place in the ring.
+Who starts it (``nvrx.inprocess.agent_link``): a rank's monitor writes its rank into
+its host's list in the store (``nvrx.store.host_ring``) before its rank goes on, then
+beats to the agent. A beat that finds nobody listening binds the address itself:
+binding is the host's lock, one monitor wins and the others' beats queue in its
+socket. The winner starts the agent on that socket, in a session of its own, so that
+it outlives the monitor that started it (that monitor reaps it if it ends first), and
+gives it its ``HostConfig``. An agent that died is started again the same way and takes
+the same place in the ring.
 
-Its loop reads the beats as a supervisor's store agent does (``rank_beats.BeatLoop``):
+Its loop reads the beats as the agent under a supervisor does (``rank_beats.BeatLoop``):
 as they come (another user's are dropped), a rank's silence at its deadline. What
-differs is the duty: this agent takes silent ranks and hosts out itself, where the store
-agent tells its supervisor, and ticks from the loop every heartbeat period, where the
-store agent beats in a thread of its own. At each tick it
+differs is the duty (``nvrx.node_agent``): this one takes silent ranks and hosts out
+itself, where the supervised one tells its supervisor, and ticks from the loop every
+heartbeat period, where the supervised one beats in a thread of its own. At each tick it
 
 1. starts the host's barrier relay where it does not run yet (below);
 2. ticks its host's place in the ring of hosts (``nvrx.store.ring``, the ring the
@@ -57,37 +57,25 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import functools
 import hashlib
 import json
 import logging
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 from nvrx import events, jobenv, processes
-from nvrx.rank_beats import Beat, BeatLoop, BeatSender, BeatSocket, NewPids, Silence
+from nvrx.rank_beats import Beat, BeatLoop, BeatSocket, NewPids, Silence
 from nvrx.store import host_ring
+from nvrx.store.client import factory_store
 from nvrx.store.faults import FaultRecord, announce_leave
 from nvrx.store.host_barrier import BarrierRelay, relay_address
-from nvrx.store.host_ring import (
-    Thresholds,
-    claimed,
-    ended_ranks,
-    list_ended,
-    list_rank,
-    live_ranks,
-    register,
-)
+from nvrx.store.host_ring import Thresholds, ended_ranks, live_ranks, register
 from nvrx.store.ring import RingPlace
 from nvrx.store.wire import StoreGone, WireStore
-
-from . import monitor_store
-from .monitor_process import MonitorConfig
 
 log = logging.getLogger(__name__)
 
@@ -102,18 +90,41 @@ STORE_GONE_S = 60.0
 ENDING_STORE_S = 5.0
 
 
-def job_key(cfg: MonitorConfig) -> str:
+@dataclasses.dataclass
+class HostConfig:
+    """What a host's agent needs of its job: where the store is, the ranks' heartbeat
+    timing, the world size, where to log and write events (the part of the ranks'
+    monitor configuration that their agent shares)."""
+
+    store_host: str | None
+    store_port: int | None
+    store_factory: str | None  # base64 pickle of (factory, kwargs): a store of the user's
+    heartbeat_interval: float
+    heartbeat_timeout: float
+    monitor_process_interval: float
+    initial_world_size: int
+    logfile: str | None = None
+    events_dir: str | None = None
+    events_context: dict | None = None
+
+    @classmethod
+    def of(cls, config: Any) -> HostConfig:
+        """The fields of this class out of ``config`` (a monitor's configuration)."""
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
+
+
+def job_key(cfg: HostConfig) -> str:
     """What tells the job apart on this host: its store."""
     return f"{cfg.store_host}:{cfg.store_port}:{cfg.store_factory or ''}"
 
 
-def agent_address(cfg: MonitorConfig, host: str) -> str:
+def agent_address(cfg: HostConfig, host: str) -> str:
     """The abstract socket name of ``host``'s agent in ``cfg``'s job, for this user."""
     digest = hashlib.sha1(f"{os.geteuid()}\0{job_key(cfg)}\0{host}".encode()).hexdigest()[:24]
     return f"\0nvrx-node-agent-{digest}"
 
 
-def host_key(cfg: MonitorConfig, host: str) -> str:
+def host_key(cfg: HostConfig, host: str) -> str:
     """The host's name in the store's ring, per job: a host name shared by processes in
     different network namespaces (containers) names as many hosts, each with its agent."""
     digest = hashlib.sha1(f"{job_key(cfg)}\0{host}\0{_net_namespace()}".encode()).hexdigest()
@@ -128,16 +139,16 @@ def _net_namespace() -> int:
         return 0
 
 
-def limits_of(cfg: MonitorConfig) -> Thresholds:
+def limits_of(cfg: HostConfig) -> Thresholds:
     return Thresholds(cfg.heartbeat_timeout, cfg.heartbeat_interval + cfg.monitor_process_interval)
 
 
-def connect_store(cfg: MonitorConfig, connect_within: float = STORE_GONE_S) -> Any:
+def connect_store(cfg: HostConfig, connect_within: float = STORE_GONE_S) -> Any:
     """A connection to ``cfg``'s store whose requests wait ``host_s`` (``STORE_GONE_S`` at
     most), and whose connecting that or ``connect_within`` (unless a store factory says
     otherwise)."""
     if cfg.store_factory:
-        return monitor_store.connect(cfg)
+        return factory_store(cfg.store_factory)
     host, port = cfg.store_host or "127.0.0.1", int(cfg.store_port or 0)
     limit = min(limits_of(cfg).host_s, STORE_GONE_S)
     store = WireStore(host, port, timeout=min(limit, connect_within))
@@ -151,7 +162,7 @@ def _server_gone(exc: BaseException) -> bool:
     return isinstance(exc, StoreGone) and isinstance(exc.__cause__, ConnectionError)
 
 
-def start_relay(cfg: MonitorConfig, host: str) -> BarrierRelay:
+def start_relay(cfg: HostConfig, host: str) -> BarrierRelay:
     """The host's barrier relay (``nvrx.store.host_barrier``) for ``cfg``'s job. ``OSError``
     where another agent of this host still holds its address (the one this agent follows,
     ending: its ranks' arrivals go there until it is gone)."""
@@ -159,90 +170,6 @@ def start_relay(cfg: MonitorConfig, host: str) -> BarrierRelay:
     return relay.start()
 
 
-# -- the monitor's end --------------------------------------------------------------------
-class AgentLink:
-    """One monitor's beats to its host's agent, which it starts when none listens."""
-
-    def __init__(self, cfg: MonitorConfig, store: Callable[[], Any]) -> None:
-        self.cfg, self._store = cfg, store
-        self.host = jobenv.host_id()
-        self.slot = self._listed(store())
-        self.sender = BeatSender(
-            agent_address(cfg, self.host), "this host's node agent", logging.INFO
-        )
-        self._started: subprocess.Popen[bytes] | None = None
-
-    def _listed(self, store: Any) -> int:
-        """Write this rank into its host's list; the slot. A slot whose agent ended its place
-        meanwhile (it had not seen this rank yet) is left for the host's next one."""
-        key = host_key(self.cfg, self.host)
-        while True:
-            slot = register(store, key)
-            list_rank(store, slot, self.cfg.initial_rank)
-            if not claimed(store, slot):
-                return slot
-
-    def beat(self, beat: Beat) -> None:
-        """Send ``beat``; where no agent listens, bind its socket (the host's lock: one
-        monitor wins) and start an agent on it. The beat waits in that socket's queue.
-        Never raises: an agent that cannot start is tried again at the next beat."""
-        self._reap()
-        beat = dataclasses.replace(beat, slot=self.slot)  # the agent's place is its ranks'
-        if self.sender.send(beat) or not self.sender.listener_gone or self._started is not None:
-            return
-        try:
-            sock = BeatSocket(self.sender.path)
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE:  # else another monitor bound it: its agent starts
-                log.warning("cannot listen for this host's node agent: %s", exc)
-            return
-        try:
-            self._started = start_agent(self.cfg, sock.fileno())
-        except (OSError, subprocess.SubprocessError) as exc:
-            log.warning("cannot start this host's node agent: %s", exc)
-            return
-        finally:
-            sock.close(unlink=False)
-        self.sender.send(beat)
-
-    def _reap(self) -> None:
-        if self._started is not None and self._started.poll() is not None:
-            self._started = None
-
-    def end(self, failed: bool = False) -> None:
-        """This monitor stops beating: on purpose (its rank ended, died or hung, and this
-        monitor took care of it), it says so in the store and to the agent; ``failed``, it
-        says nothing and the agent finds its rank silent. Never raises."""
-        if not failed:
-            try:
-                list_ended(self._store(), self.slot, self.cfg.initial_rank)
-            except Exception as exc:  # the store may be gone at the job's end
-                log.info("could not write that this monitor ends: %r", exc)
-            bye = Beat(initial_rank=self.cfg.initial_rank, pid=self.cfg.target_pid, bye=True)
-            self.sender.send(bye, wait_s=1.0)
-        self.sender.close()
-        self._reap()
-
-
-def start_agent(cfg: MonitorConfig, fd: int) -> subprocess.Popen[bytes]:
-    """Start a node agent for ``cfg``'s job and host, in a session of its own, on the
-    socket ``fd`` bound at its address."""
-    config = json.dumps(dataclasses.asdict(dataclasses.replace(cfg, env=None)))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "nvrx.inprocess.node_agent", str(fd)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,  # never a launcher's pipe held open: it logs to a file
-        start_new_session=True,
-        pass_fds=(fd,),
-    )
-    assert proc.stdin is not None
-    with contextlib.suppress(BrokenPipeError), proc.stdin:  # its configuration, not in ``ps``
-        proc.stdin.write(config.encode() + b"\n")
-    return proc
-
-
-# -- the agent ------------------------------------------------------------------------------
 @dataclasses.dataclass
 class _Out:
     """A rank of this host to take out of the running round: why, and when to try."""
@@ -256,7 +183,7 @@ class NodeAgent:
 
     def __init__(
         self,
-        cfg: MonitorConfig,
+        cfg: HostConfig,
         sock: BeatSocket,
         emit: Callable[..., Any],
         host: str,
@@ -600,9 +527,12 @@ def _setup_logging(path: str | None) -> None:
 
 def main(argv: list[str]) -> int:
     """Serve on the socket of descriptor ``argv[0]`` as the agent of the job and host of the
-    ``MonitorConfig`` (JSON) on the first line of stdin."""
+    ``HostConfig`` (JSON) on the first line of stdin."""
+    if len(argv) != 1 or not argv[0].isdigit():
+        print("usage: python -m nvrx.node_agent host FD (a HostConfig as JSON on stdin)", file=sys.stderr)
+        return 2
     processes.ignore_warning_signal()
-    fd, cfg = int(argv[0]), MonitorConfig(**json.loads(sys.stdin.readline()))
+    fd, cfg = int(argv[0]), HostConfig(**json.loads(sys.stdin.readline()))
     _setup_logging(cfg.logfile)
     sock = BeatSocket(agent_address(cfg, jobenv.host_id()), fd)
     context = dict(cfg.events_context or events.context_from_env())
@@ -622,6 +552,3 @@ def main(argv: list[str]) -> int:
         sock.close(unlink=False)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

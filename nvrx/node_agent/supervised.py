@@ -1,10 +1,11 @@
-"""The supervisor's store agent: a small process that talks to the job's TCPStore for it.
+"""The node agent's duty under a supervisor: it tells its supervisor, and is its store client.
 
 The supervisor itself imports no torch, so that ``fork_and_monitor`` can fork
-replacement children from a process that holds no torch or socket state. This
-agent (started with ``python -m nvrx.supervisor.store_agent HOST PORT TIMEOUT``,
-or ``- - TIMEOUT`` to get the address later as a first stdin line, when it is
-started ahead during a store failover) owns the store clients instead (nvrx's own,
+replacement children from a process that holds no torch or socket state. Its node
+agent (the supervisor's *store agent*, started with
+``python -m nvrx.node_agent supervised HOST PORT TIMEOUT [BEATS_FD]``, or ``- -`` for
+HOST and PORT to get the address later as a first stdin line, when it is started ahead
+during a store failover) owns the store clients instead (nvrx's own,
 ``nvrx.store.wire``: the agent imports no torch either) and speaks JSON lines:
 
 * requests on stdin: ``{"id": 1, "op": "add"|"set"|"append"|"get"|"compare_set"|"watch",
@@ -30,7 +31,8 @@ The rank beats: the Wrapper's monitor processes of the node beat to the socket t
 supervisor bound for them (``nvrx.rank_beats``, ``NVRX_RANK_BEATS``); the supervisor
 passes its descriptor to this agent (``BEATS_FD``), which alone reads it, in the loop the
 node agent of a job without a supervisor runs (``rank_beats.BeatLoop``; its duty here is
-``NodeDuty``, which also beats for the node's slot in the ring). The agent says which
+``NodeDuty``, which also beats for the node's slot in the ring; there it is
+``nvrx.node_agent.host.NodeAgent``). The agent says which
 processes beat (they run the Wrapper) and which rank's monitor fell silent beyond its
 ``heartbeat_timeout``; the supervisor, which knows its children, has the silent rank
 taken out of its round (``leave_silent``) and kills it. An agent started
@@ -317,7 +319,7 @@ def _log_to_stderr() -> None:
     (``--verbose``: INFO, with a line for each barrier met for the node's ranks)."""
     handler = logging.StreamHandler(sys.stderr)
     pid = os.getpid()
-    handler.setFormatter(logging.Formatter(f"%(asctime)s nvrx.store_agent[{pid}] %(levelname)s %(message)s"))
+    handler.setFormatter(logging.Formatter(f"%(asctime)s nvrx.node_agent[{pid}] %(levelname)s %(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)
     level = logging.getLevelName(os.environ.get(jobenv.AGENT_LOG_LEVEL, "WARNING"))
@@ -353,11 +355,12 @@ def _address_from_stdin() -> tuple[str, int] | None:
     return str(address["host"]), int(address["port"])
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+def main(args: list[str]) -> int:
+    """Serve the supervisor on stdin and stdout for the store at ``args`` (see the module
+    docstring), reading the node's rank beats on descriptor ``BEATS_FD`` where given."""
     if len(args) not in (3, 4):
         print(
-            "usage: python -m nvrx.supervisor.store_agent HOST|- PORT|- TIMEOUT_S [BEATS_FD]",
+            "usage: python -m nvrx.node_agent supervised HOST|- PORT|- TIMEOUT_S [BEATS_FD]",
             file=sys.stderr,
         )
         return 2
@@ -386,7 +389,3 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.flush()
     # Watch threads may be blocked in a store wait of a day: nothing to wait for.
     os._exit(0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
