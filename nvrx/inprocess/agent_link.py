@@ -113,4 +113,3 @@ def start_agent(cfg: MonitorConfig, fd: int) -> subprocess.Popen[bytes]:
     with contextlib.suppress(BrokenPipeError), proc.stdin:  # its configuration, not in ``ps``
         proc.stdin.write(config.encode() + b"\n")
     return proc
-

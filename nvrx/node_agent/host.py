@@ -529,7 +529,8 @@ def main(argv: list[str]) -> int:
     """Serve on the socket of descriptor ``argv[0]`` as the agent of the job and host of the
     ``HostConfig`` (JSON) on the first line of stdin."""
     if len(argv) != 1 or not argv[0].isdigit():
-        print("usage: python -m nvrx.node_agent host FD (a HostConfig as JSON on stdin)", file=sys.stderr)
+        usage = "usage: python -m nvrx.node_agent host FD (a HostConfig as JSON on stdin)"
+        print(usage, file=sys.stderr)
         return 2
     processes.ignore_warning_signal()
     fd, cfg = int(argv[0]), HostConfig(**json.loads(sys.stdin.readline()))
@@ -551,4 +552,3 @@ def main(argv: list[str]) -> int:
             agent.close()
         sock.close(unlink=False)
     return 0
-

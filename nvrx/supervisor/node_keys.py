@@ -15,13 +15,16 @@ it left cleanly, or a supervisor that found it silent declared it lost and fence
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nvrx.store.ring import FENCE as FENCE  # whoever declares a slot lost adds it
 from nvrx.store.ring import RingKeys, RingPlace
-from nvrx.store.seal import Sealer
 
 from . import store_failover
 from .config import KEY_PREFIX
+
+if TYPE_CHECKING:
+    from nvrx.store.seal import Sealer
 
 PREFIX = KEY_PREFIX + "node/"
 #: Sealed count: node ranks lost with no spare to take them over (the job shrank by as many).

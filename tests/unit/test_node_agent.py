@@ -679,7 +679,7 @@ def _agents(host: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error):
-            if "nvrx.node_agent" in (proc.info["cmdline"] or []):
+            if (proc.info["cmdline"] or [])[-3:-1] == ["nvrx.node_agent", "host"]:
                 if proc.environ().get("NVRX_HOST_ID") == host:
                     found.append(proc)
     return found
