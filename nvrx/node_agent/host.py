@@ -9,20 +9,11 @@ Where it listens: an abstract Unix datagram socket named from the user, the job'
 store and the host (``agent_address``); the kernel frees the name when the agent
 ends, however it ends, so no file is left on any file system.
 
-Who starts it (``nvrx.inprocess.agent_link``): a rank's monitor writes its rank into
-its host's list in the store (``nvrx.store.host_ring``) before its rank goes on, then
-beats to the agent. A beat that finds nobody listening binds the address itself:
-binding is the host's lock, one monitor wins and the others' beats queue in its
-socket. The winner starts the agent on that socket, in a session of its own, so that
-it outlives the monitor that started it (that monitor reaps it if it ends first), and
-gives it its ``HostConfig``. An agent that died is started again the same way and takes
-the same place in the ring.
-
-Its loop reads the beats as the agent under a supervisor does (``rank_beats.BeatLoop``):
-as they come (another user's are dropped), a rank's silence at its deadline. What
-differs is the duty (``nvrx.node_agent``): this one takes silent ranks and hosts out
-itself, where the supervised one tells its supervisor, and ticks from the loop every
-heartbeat period, where the supervised one beats in a thread of its own. At each tick it
+The first monitor of the host whose beat finds no agent starts it, with its
+``HostConfig`` (``nvrx.inprocess.agent_link``); one that died is started again the same
+way and takes the same place in the ring. Its loop reads the beats as every node agent
+does (``rank_beats.BeatLoop``); its duty (``nvrx.node_agent``) takes silent ranks and
+hosts out itself and ticks from the loop every heartbeat period. At each tick it
 
 1. starts the host's barrier relay where it does not run yet (below);
 2. ticks its host's place in the ring of hosts (``nvrx.store.ring``, the ring the
