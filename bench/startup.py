@@ -17,7 +17,8 @@ Every time is in seconds from the launch (the bench's ``Popen``) and comes from 
 the processes write (``supervisor_start``, ``store_start``, ``child_start``, the Wrapper's
 ``call_start``/``call_end``...; ``nvrx.events``), from lines the child script prints at its
 first line of code, after ``import torch``, on entering the function and so on, and, for the
-store service, the store agent and the warm standby, from their process start (psutil)
+store service, the node agent (the store agent under a supervisor, the host's agent
+without one) and the warm standby, from their process start (psutil)
 and the agent's connection to the store (psutil polls it every 20 ms). A phase "of the
 ranks" is its last rank's. Each variant runs ``--repeats`` times (interleaved) and the
 medians are printed. Then the supervisor runs once more under ``python -X importtime`` and
@@ -124,7 +125,7 @@ HELPERS = (
 
 class ProcessWatch(threading.Thread):
     """Polls the launched processes' descendants every 20 ms: when each helper process
-    (``HELPERS``) started, and when the store agent's connection to the store was up."""
+    (``HELPERS``) started, and when the node agent's connection to the store was up."""
 
     def __init__(self, pids: list[int], store_port: int | None, mono0: float) -> None:
         super().__init__(name="process-watch", daemon=True)
@@ -269,10 +270,10 @@ def run_job(variant: str, args: argparse.Namespace, tmp: Path, index: int) -> Ru
 #: Rows of the table: (label, key, which value of the ranks: "first" | "last").
 ROWS: list[tuple[str, str, str]] = [
     ("supervisor: supervisor_start event", "supervisor_start", "first"),
-    ("store agent process started", "agent_process", "first"),
+    ("node agent process started", "agent_process", "first"),
     ("store service process started", "store_process", "first"),
     ("store reachable (store_start event)", "store_start", "first"),
-    ("store agent connected to the store", "agent_connected", "first"),
+    ("node agent connected to the store", "agent_connected", "first"),
     ("first child started (child_start)", "child_start", "first"),
     ("last child started (child_start)", "child_start", "last"),
     ("warm standby started", "standby_process", "first"),
