@@ -96,13 +96,6 @@ def append_record(
         store.append(key, sealer.entry(sealed_as or key, record.to_json()))
 
 
-def read_records(
-    store: Any, key: str, sealer: Sealer | None = None, sealed_as: str = ""
-) -> list[FaultRecord]:
-    """Every record appended at ``key`` that can be trusted (see ``read_checked``)."""
-    return read_checked(store, key, sealer, sealed_as).records
-
-
 def read_checked(
     store: Any, key: str, sealer: Sealer | None = None, sealed_as: str = ""
 ) -> CheckedRecords:

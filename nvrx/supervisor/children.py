@@ -8,7 +8,6 @@ reaps them.
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from collections.abc import Mapping, Sequence
@@ -32,12 +31,6 @@ class ExitStatus:
         if returncode < 0:
             return cls(None, -returncode)
         return cls(returncode, None)
-
-    @classmethod
-    def from_wait_status(cls, status: int) -> ExitStatus:
-        if os.WIFSIGNALED(status):
-            return cls(None, os.WTERMSIG(status))
-        return cls(os.WEXITSTATUS(status), None)
 
     @property
     def signal_name(self) -> str | None:

@@ -14,17 +14,10 @@ it left cleanly, or a supervisor that found it silent declared it lost and fence
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING
-
 from nvrx.store.ring import FENCE as FENCE  # whoever declares a slot lost adds it
-from nvrx.store.ring import RingKeys, RingPlace
+from nvrx.store.ring import RingKeys
 
-from . import store_failover
 from .config import KEY_PREFIX
-
-if TYPE_CHECKING:
-    from nvrx.store.seal import Sealer
 
 PREFIX = KEY_PREFIX + "node/"
 #: Sealed count: node ranks lost with no spare to take them over (the job shrank by as many).
@@ -33,24 +26,6 @@ SHRUNK = PREFIX + "shrunk"
 
 #: The ring of slots (``nvrx.store.ring``): a slot's ``alive`` counter and its ``claim``.
 RING = RingKeys(PREFIX)
-
-
-def slot_place(
-    own: int,
-    nslots: int,
-    timeout: float,
-    sealer: Sealer,
-    startup_s: float | None = None,
-    job_dir: str | None = None,
-    store_name: str = "",
-) -> RingPlace:
-    """Slot ``own``'s place in the ring of ``nslots`` slots, read with ``sealer`` (the job's
-    secret); with ``job_dir``, its beats stamped in the folder of the store ``store_name``
-    (what the store agent builds from its ``liveness`` request)."""
-    if job_dir is not None and not store_name:
-        raise ValueError("with a job folder, store_name is needed: stamps are per store")
-    stamps = None if job_dir is None else store_failover.beats_dir(Path(job_dir), store_name)
-    return RingPlace(RING, own, nslots, timeout, sealer, startup_s, stamps=stamps)
 
 
 def alive(slot: int) -> str:

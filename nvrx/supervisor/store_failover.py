@@ -137,11 +137,6 @@ def elect(
         time.sleep(_LOOK_S)
 
 
-def announced(job_dir: Path, epoch: int) -> bool:
-    """Whether any survivor announced itself for ``epoch``: a failover is under way."""
-    return bool(_alive_slots(job_dir, epoch))
-
-
 def claim(job_dir: Path, address: StoreAddress) -> bool:
     """Claim ``address.epoch`` for the store at ``address``; False when another slot did first."""
     path = epoch_dir(job_dir, address.epoch) / "claim.json"

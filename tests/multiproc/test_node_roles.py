@@ -113,13 +113,14 @@ def test_a_declaration_fences_the_lost_slot_at_its_next_beat_and_a_leave_does_no
 ) -> None:
     from nvrx.node_agent.supervised import NodeDuty
     from nvrx.store import client
-    from nvrx.supervisor.node_keys import slot_place
+    from nvrx.store.ring import RingPlace
+    from nvrx.supervisor import node_keys
 
     events: list[dict[str, Any]] = []
     store = _Counting(client.connect("127.0.0.1", link.port, timeout=30))
     sent: list[dict[str, Any]] = []
     watch = NodeDuty(sent.append, None)
-    watch.place = slot_place(own=1, nslots=3, timeout=5.0, sealer=SEALER)
+    watch.place = RingPlace(node_keys.RING, 1, 3, 5.0, SEALER)
     assert watch.beat(store, time.monotonic()) and watch.beat(store, time.monotonic())  # alive
     _roles(link, events).declare(_lost(1))  # slot 0's supervisor declares it lost
     store.requests = 0

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from nvrx.store.ring import OWN_CLAIM_EVERY, RingWatch
+from nvrx.store.ring import OWN_CLAIM_EVERY, RingPlace, RingWatch
 from nvrx.store.seal import Sealer
 from nvrx.store.sealed_keys import entry_payload
-from nvrx.supervisor import store_failover
+from nvrx.supervisor import node_keys, store_failover
 from nvrx.supervisor.cli import main
 from nvrx.supervisor.config import ConfigError, SupervisorConfig, local_job
 from nvrx.supervisor.store_failover import StoreAddress
@@ -102,7 +102,7 @@ def test_a_minority_cut_off_never_elects_a_store(tmp_path: Path) -> None:
     store_failover.announce(tmp_path, 1, 2)
     assert store_failover.elect(tmp_path, 1, expected={1, 2, 3}, settle_s=0.2, nslots=4) is None
     store_failover.withdraw(tmp_path, 1, 2)
-    assert not store_failover.announced(tmp_path, 1)
+    assert not list(store_failover.epoch_dir(tmp_path, 1).glob("alive-*"))  # none announced
 
 
 def test_an_election_settles_without_the_slots_that_never_announce(tmp_path: Path) -> None:
@@ -168,12 +168,26 @@ class _CountingStore:
 
 
 SEALER = Sealer(bytes(range(32)), 0)
+
+
+def slot_place(
+    own: int,
+    nslots: int,
+    timeout: float,
+    sealer: Sealer,
+    startup_s: float | None = None,
+    job_dir: str | None = None,
+    store_name: str = "",
+) -> RingPlace:
+    """Slot ``own``'s place in the supervisors' ring, as its node agent builds it from its
+    supervisor's ``liveness`` request: with ``job_dir``, stamps in the store's folder."""
+    stamps = None if job_dir is None else store_failover.beats_dir(Path(job_dir), store_name)
+    return RingPlace(node_keys.RING, own, nslots, timeout, sealer, startup_s, stamps)
 FORGER = Sealer(bytes(range(1, 33)), 0)  # a client with another secret
 
 
 def _claim(store, slot: int, by: int, sealer=SEALER) -> None:
     """Append a claim on ``slot``'s end as ``NodeRoles`` does (``FORGER``: a forged one)."""
-    from nvrx.supervisor import node_keys
 
     store.store.append(node_keys.claim(slot), sealer.entry(node_keys.claim(slot), entry_payload(by)))
 
@@ -183,7 +197,6 @@ class _Slot:
 
     def __init__(self, sent: list, clock: list[float], **place) -> None:
         from nvrx.node_agent.supervised import NodeDuty
-        from nvrx.supervisor.node_keys import slot_place
 
         self.duty, self.clock = NodeDuty(sent.append, None), clock
         self.duty.place = self.place = slot_place(sealer=SEALER, **place)
@@ -203,8 +216,6 @@ def _watch(own: int = 0):
 
 
 def test_a_node_watch_sends_two_requests_per_beat_and_still_sees_ends() -> None:
-    from nvrx.supervisor import node_keys
-
     watch, store, sent, clock = _watch()
     assert watch.tick(store)  # the first beat reads its own claim too
     assert watch.ring.target == 1 and store.requests == 3
@@ -232,7 +243,6 @@ def test_a_node_watch_sends_two_requests_per_beat_and_still_sees_ends() -> None:
 def test_no_beat_after_the_first_sends_more_than_two_requests() -> None:
     """While the watched slot beats, store load is two requests per node per interval, the rare
     own-claim read included; its silence is still reported."""
-    from nvrx.supervisor import node_keys
 
     watch, store, sent, clock = _watch()
     assert watch.tick(store)
@@ -251,7 +261,6 @@ def test_no_beat_after_the_first_sends_more_than_two_requests() -> None:
 def test_a_slot_declared_lost_learns_it_from_its_own_next_beat() -> None:
     """A thawed slot's first beat may come before the others' declaration lands: the fence
     that the declaration adds to its counter shows at its next beat, with no claim read."""
-    from nvrx.supervisor import node_keys
 
     watch, store, sent, clock = _watch()
     assert watch.tick(store)
@@ -268,7 +277,6 @@ def test_a_slot_declared_lost_learns_it_from_its_own_next_beat() -> None:
 
 def test_a_claim_without_its_fence_is_found_by_the_rare_own_claim_read() -> None:
     """A declarer that ended between its claim and its fence: the slot still learns it."""
-    from nvrx.supervisor import node_keys
 
     watch, store, sent, clock = _watch()
     assert watch.tick(store)
@@ -295,7 +303,6 @@ def test_a_watch_started_on_a_store_that_failed_over_reads_its_claim_first() -> 
 def test_a_forged_fence_and_claim_are_rejected_once_and_a_real_one_still_fences() -> None:
     """A client without the job's secret appends a claim and adds a fence, as a declarer
     would: the slot reports one rejection and beats on; a later real declaration fences it."""
-    from nvrx.supervisor import node_keys
 
     watch, store, sent, clock = _watch()
     assert watch.tick(store)
@@ -320,7 +327,6 @@ def test_a_forged_fence_and_claim_are_rejected_once_and_a_real_one_still_fences(
 
 
 def test_a_forged_claim_neither_ends_a_watched_slot_nor_hides_a_real_end() -> None:
-
     watch, store, sent, clock = _watch()
     assert watch.tick(store) and watch.ring.target == 1
     _claim(store, 1, by=0, sealer=FORGER)  # slot 1 falls silent with a forged claim on it
@@ -335,8 +341,6 @@ def test_a_forged_claim_neither_ends_a_watched_slot_nor_hides_a_real_end() -> No
 
 
 def test_a_sealed_claim_from_an_earlier_run_ends_nothing() -> None:
-    from nvrx.supervisor import node_keys
-
     earlier = Sealer(SEALER.secret, run=0)
     entry = earlier.entry(node_keys.claim(1), entry_payload(0))
     later = Sealer(SEALER.secret, run=1)
@@ -408,7 +412,6 @@ def test_a_beat_counter_set_back_by_another_client_is_reported_at_each_set_back(
     """Deleting a slot's counter, or adding a negative amount after each beat, holds the slot
     still for its watcher: the slot's next beat reads a count not above its last and reports
     it; a fence (which raises the count) is no set-back."""
-    from nvrx.supervisor import node_keys
 
     watch, store, sent, clock = _watch(own=1)
     alive = node_keys.alive(1)
@@ -430,7 +433,6 @@ def test_a_beat_counter_set_back_by_another_client_is_reported_at_each_set_back(
 def test_a_set_back_is_reported_before_a_look_that_fails(monkeypatch) -> None:
     """What a tick found goes out as it is found: a set-back's report is sent even when the
     look at the watched slot then fails (the store went)."""
-    from nvrx.supervisor import node_keys
 
     watch, store, sent, clock = _watch()
     for _ in range(2):
@@ -469,7 +471,6 @@ def _pair(job_dir, names=(STORE_NAME, STORE_NAME)):
 
 def _held_still(watches, store, clock, beats: int, slot_1_beats: bool = True) -> None:
     """``beats`` intervals in which a client sets slot 1's counter back after each of its beats."""
-    from nvrx.supervisor import node_keys
 
     for _ in range(beats):
         if slot_1_beats:
@@ -487,7 +488,6 @@ def test_a_slot_held_still_in_the_store_is_not_found_silent_while_it_stamps_the_
     timeout (three heartbeats, the least this holds for): slot 1 reports each set-back, and its watcher, which reads its stamps in the
     job folder, does not find it silent (without the folder it does, as before). Once slot 1
     stops beating altogether, it is found silent within the timeout."""
-    from nvrx.supervisor import node_keys, store_failover
 
     watches, store, sent, clock = _pair(str(tmp_path) if shared else None)
     _held_still(watches, store, clock, 16)
@@ -520,7 +520,6 @@ def test_a_slot_that_stamps_for_another_store_does_not_keep_its_watcher_quiet(
 def test_a_forged_fence_set_back_does_not_hide_a_real_fence_after_it() -> None:
     """A forged fence raises the count a real one is measured from; a client that then takes
     it back (a set-back) must not leave a later real fence below that mark."""
-    from nvrx.supervisor import node_keys
 
     watch, store, sent, clock = _watch()
     assert watch.tick(store)
@@ -574,8 +573,6 @@ class _Frozen:
 
 def test_the_store_agents_ring_beat_has_a_thread_of_its_own_until_fenced() -> None:
     from nvrx.node_agent.supervised import NodeDuty
-    from nvrx.supervisor import node_keys
-    from nvrx.supervisor.node_keys import slot_place
 
     store, sent = _CountingStore(), []
     duty = NodeDuty(sent.append, None)
@@ -593,7 +590,6 @@ def test_the_store_agents_ring_beat_has_a_thread_of_its_own_until_fenced() -> No
 
 def test_a_store_that_holds_a_ring_beat_past_the_timeout_is_reported_lost_once() -> None:
     from nvrx.node_agent.supervised import NodeDuty
-    from nvrx.supervisor.node_keys import slot_place
 
     frozen, sent = _Frozen(), []
     duty = NodeDuty(sent.append, None)
@@ -613,7 +609,6 @@ def test_a_frozen_store_does_not_hold_the_ranks_beats(tmp_path: Path) -> None:
 
     from nvrx.node_agent.supervised import NodeDuty
     from nvrx.rank_beats import Beat, BeatSender, BeatSocket
-    from nvrx.supervisor.node_keys import slot_place
 
     frozen, sent = _Frozen(), []
     sock = BeatSocket(str(tmp_path / "beats.sock"))
@@ -638,7 +633,6 @@ def test_a_frozen_store_does_not_hold_the_ranks_beats(tmp_path: Path) -> None:
 
 def test_a_store_that_cannot_be_reached_is_reported_lost() -> None:
     from nvrx.node_agent.supervised import NodeDuty
-    from nvrx.supervisor.node_keys import slot_place
 
     def refused() -> Any:
         raise ConnectionRefusedError("nobody listens")

@@ -191,11 +191,11 @@ def test_fault_record_json_roundtrip(server):
     faults.append_record(
         store, "r0/faults", faults.FaultRecord(rank=1, kind="hang_soft", message="stuck")
     )
-    got = faults.read_records(store, "r0/faults")
+    got = faults.read_checked(store, "r0/faults").records
     assert [r.rank for r in got] == [3, 1]
     assert got[0] == record
     assert got[1].kind == "hang_soft"
-    assert faults.read_records(store, "none") == []
+    assert faults.read_checked(store, "none").records == []
 
 
 def test_fault_record_rejects_unknown_kind():

@@ -29,15 +29,13 @@ class Budget:
         return self.used
 
 
-def test_exit_status_from_returncode_and_wait_status() -> None:
+def test_exit_status_from_returncode() -> None:
     killed = ExitStatus.from_returncode(-signal.SIGKILL)
     assert (
         killed.signal == signal.SIGKILL and killed.code is None and killed.signal_name == "SIGKILL"
     )
     assert str(killed) == "killed by SIGKILL"
     assert ExitStatus.from_returncode(3) == ExitStatus(3, None)
-    assert ExitStatus.from_wait_status(7 << 8) == ExitStatus(7, None)
-    assert ExitStatus.from_wait_status(signal.SIGTERM).signal == signal.SIGTERM
 
 
 def test_completed_child_is_done_and_costs_nothing() -> None:
