@@ -114,7 +114,6 @@ def test_a_declaration_fences_the_lost_slot_at_its_next_beat_and_a_leave_does_no
     from nvrx.node_agent.supervised import NodeDuty
     from nvrx.store import client
     from nvrx.store.ring import RingPlace
-    from nvrx.supervisor import node_keys
 
     events: list[dict[str, Any]] = []
     store = _Counting(client.connect("127.0.0.1", link.port, timeout=30))

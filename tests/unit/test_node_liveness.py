@@ -168,6 +168,7 @@ class _CountingStore:
 
 
 SEALER = Sealer(bytes(range(32)), 0)
+FORGER = Sealer(bytes(range(1, 33)), 0)  # a client with another secret
 
 
 def slot_place(
@@ -183,12 +184,10 @@ def slot_place(
     supervisor's ``liveness`` request: with ``job_dir``, stamps in the store's folder."""
     stamps = None if job_dir is None else store_failover.beats_dir(Path(job_dir), store_name)
     return RingPlace(node_keys.RING, own, nslots, timeout, sealer, startup_s, stamps)
-FORGER = Sealer(bytes(range(1, 33)), 0)  # a client with another secret
 
 
 def _claim(store, slot: int, by: int, sealer=SEALER) -> None:
     """Append a claim on ``slot``'s end as ``NodeRoles`` does (``FORGER``: a forged one)."""
-
     store.store.append(node_keys.claim(slot), sealer.entry(node_keys.claim(slot), entry_payload(by)))
 
 
@@ -243,7 +242,6 @@ def test_a_node_watch_sends_two_requests_per_beat_and_still_sees_ends() -> None:
 def test_no_beat_after_the_first_sends_more_than_two_requests() -> None:
     """While the watched slot beats, store load is two requests per node per interval, the rare
     own-claim read included; its silence is still reported."""
-
     watch, store, sent, clock = _watch()
     assert watch.tick(store)
     for beat in range(3 * OWN_CLAIM_EVERY):
@@ -261,7 +259,6 @@ def test_no_beat_after_the_first_sends_more_than_two_requests() -> None:
 def test_a_slot_declared_lost_learns_it_from_its_own_next_beat() -> None:
     """A thawed slot's first beat may come before the others' declaration lands: the fence
     that the declaration adds to its counter shows at its next beat, with no claim read."""
-
     watch, store, sent, clock = _watch()
     assert watch.tick(store)
     clock[0] += 3.0  # frozen past half the timeout: late, not declared lost yet
@@ -277,7 +274,6 @@ def test_a_slot_declared_lost_learns_it_from_its_own_next_beat() -> None:
 
 def test_a_claim_without_its_fence_is_found_by_the_rare_own_claim_read() -> None:
     """A declarer that ended between its claim and its fence: the slot still learns it."""
-
     watch, store, sent, clock = _watch()
     assert watch.tick(store)
     _claim(store, 0, by=2)
@@ -303,7 +299,6 @@ def test_a_watch_started_on_a_store_that_failed_over_reads_its_claim_first() -> 
 def test_a_forged_fence_and_claim_are_rejected_once_and_a_real_one_still_fences() -> None:
     """A client without the job's secret appends a claim and adds a fence, as a declarer
     would: the slot reports one rejection and beats on; a later real declaration fences it."""
-
     watch, store, sent, clock = _watch()
     assert watch.tick(store)
     _claim(store, 0, by=2, sealer=FORGER)
@@ -412,7 +407,6 @@ def test_a_beat_counter_set_back_by_another_client_is_reported_at_each_set_back(
     """Deleting a slot's counter, or adding a negative amount after each beat, holds the slot
     still for its watcher: the slot's next beat reads a count not above its last and reports
     it; a fence (which raises the count) is no set-back."""
-
     watch, store, sent, clock = _watch(own=1)
     alive = node_keys.alive(1)
     for _ in range(3):
@@ -433,7 +427,6 @@ def test_a_beat_counter_set_back_by_another_client_is_reported_at_each_set_back(
 def test_a_set_back_is_reported_before_a_look_that_fails(monkeypatch) -> None:
     """What a tick found goes out as it is found: a set-back's report is sent even when the
     look at the watched slot then fails (the store went)."""
-
     watch, store, sent, clock = _watch()
     for _ in range(2):
         assert watch.tick(store)
@@ -471,7 +464,6 @@ def _pair(job_dir, names=(STORE_NAME, STORE_NAME)):
 
 def _held_still(watches, store, clock, beats: int, slot_1_beats: bool = True) -> None:
     """``beats`` intervals in which a client sets slot 1's counter back after each of its beats."""
-
     for _ in range(beats):
         if slot_1_beats:
             assert watches[1].tick(store)
@@ -488,7 +480,6 @@ def test_a_slot_held_still_in_the_store_is_not_found_silent_while_it_stamps_the_
     timeout (three heartbeats, the least this holds for): slot 1 reports each set-back, and its watcher, which reads its stamps in the
     job folder, does not find it silent (without the folder it does, as before). Once slot 1
     stops beating altogether, it is found silent within the timeout."""
-
     watches, store, sent, clock = _pair(str(tmp_path) if shared else None)
     _held_still(watches, store, clock, 16)
     assert [r["key"] for r in sent[1]] == [node_keys.alive(1)] * 15  # each set-back but the last
@@ -520,7 +511,6 @@ def test_a_slot_that_stamps_for_another_store_does_not_keep_its_watcher_quiet(
 def test_a_forged_fence_set_back_does_not_hide_a_real_fence_after_it() -> None:
     """A forged fence raises the count a real one is measured from; a client that then takes
     it back (a set-back) must not leave a later real fence below that mark."""
-
     watch, store, sent, clock = _watch()
     assert watch.tick(store)
     _claim(store, 0, by=2, sealer=FORGER)
