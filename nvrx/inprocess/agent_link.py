@@ -38,17 +38,18 @@ class AgentLink:
 
     def __init__(self, cfg: MonitorConfig, store: Callable[[], Any]) -> None:
         self.cfg, self._store = cfg, store
+        self.agent_cfg = HostConfig.of(cfg)  # what the host's agent is given of the job
         self.host = jobenv.host_id()
         self.slot = self._listed(store())
         self.sender = BeatSender(
-            agent_address(HostConfig.of(cfg), self.host), "this host's node agent", logging.INFO
+            agent_address(self.agent_cfg, self.host), "this host's node agent", logging.INFO
         )
         self._started: subprocess.Popen[bytes] | None = None
 
     def _listed(self, store: Any) -> int:
         """Write this rank into its host's list; the slot. A slot whose agent ended its place
         meanwhile (it had not seen this rank yet) is left for the host's next one."""
-        key = host_key(HostConfig.of(self.cfg), self.host)
+        key = host_key(self.agent_cfg, self.host)
         while True:
             slot = register(store, key)
             list_rank(store, slot, self.cfg.initial_rank)
@@ -70,7 +71,7 @@ class AgentLink:
                 log.warning("cannot listen for this host's node agent: %s", exc)
             return
         try:
-            self._started = start_agent(self.cfg, sock.fileno())
+            self._started = start_agent(self.agent_cfg, sock.fileno())
         except (OSError, subprocess.SubprocessError) as exc:
             log.warning("cannot start this host's node agent: %s", exc)
             return
@@ -97,10 +98,10 @@ class AgentLink:
         self._reap()
 
 
-def start_agent(cfg: MonitorConfig, fd: int) -> subprocess.Popen[bytes]:
+def start_agent(cfg: HostConfig, fd: int) -> subprocess.Popen[bytes]:
     """Start a node agent for ``cfg``'s job and host, in a session of its own, on the
     socket ``fd`` bound at its address."""
-    config = json.dumps(dataclasses.asdict(HostConfig.of(cfg)))
+    config = json.dumps(dataclasses.asdict(cfg))
     proc = subprocess.Popen(
         [sys.executable, "-m", "nvrx.node_agent", "host", str(fd)],
         stdin=subprocess.PIPE,
