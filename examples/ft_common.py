@@ -101,14 +101,46 @@ def hang() -> None:
     time.sleep(3600)
 
 
-def load(directory: str, rank: int) -> dict[str, Any] | None:
-    path = Path(directory, f"rank{rank}.json")
+def _read(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def save(directory: str, rank: int, step: int, weights: torch.Tensor, ft_state: dict[str, Any]) -> None:
-    path = Path(directory, f"rank{rank}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _write(path: Path, checkpoint: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"step": step, "weights": weights.tolist(), "ft": ft_state}))
+    tmp.write_text(json.dumps(checkpoint))
     tmp.replace(path)
+
+
+def load(directory: str, rank: int) -> dict[str, Any] | None:
+    """The checkpoint of the newest step that every rank saved; None: start from step 0.
+
+    A collective: every rank calls it once after ``setup``. Each rank saves its own file
+    after the step's all_reduce, so a restart that stops the ranks between their saves
+    finds some of them one save ahead of the others (never more: a rank that saved a step
+    had its peers in that step's all_reduce, past their previous save). Each rank keeps
+    its previous save too, the ranks agree on the oldest newest step, and a rank that
+    was ahead drops its newer save, so every rank resumes from the same step.
+    """
+    latest, previous = Path(directory, f"rank{rank}.json"), Path(directory, f"rank{rank}.prev.json")
+    held = {c["step"]: c for c in (_read(latest), _read(previous)) if c is not None}
+    agreed = torch.tensor([max(held, default=-1)])
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    step = int(agreed.item())
+    if step < 0:
+        return None
+    if step not in held:
+        raise RuntimeError(f"rank {rank}: the ranks agreed on step {step}, whose checkpoint "
+                           f"this rank no longer holds (it holds {sorted(held)}) in {directory}")
+    if max(held) != step:  # this rank was one save ahead: that save goes
+        previous.replace(latest)
+    return held[step]
+
+
+def save(directory: str, rank: int, step: int, weights: torch.Tensor, ft_state: dict[str, Any]) -> None:
+    """This rank's checkpoint of ``step``; the one it replaces is kept as the previous one."""
+    latest = Path(directory, f"rank{rank}.json")
+    latest.parent.mkdir(parents=True, exist_ok=True)
+    held = _read(latest)
+    if held is not None and held["step"] < step:
+        latest.replace(latest.with_name(f"rank{rank}.prev.json"))
+    _write(latest, {"step": step, "weights": weights.tolist(), "ft": ft_state})

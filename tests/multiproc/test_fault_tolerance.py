@@ -157,6 +157,21 @@ def test_any_failed_restarts_every_rank_of_every_node_once(tmp_path, fault, opti
     by_end = told.startswith(("exit code", "signal "))
     assert first[1] == told or (by_end and first[1].startswith("RuntimeError at ")), rows
 
+def test_ranks_stopped_between_their_saves_resume_the_examples_from_one_step(tmp_path):
+    # A job-wide restart can stop rank 0 after its save of step 5 and rank 1 before its own:
+    # the example's ranks must agree on step 0, or they run different numbers of all_reduces.
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    saved = {"rank0.json": 5, "rank0.prev.json": 0, "rank1.json": 0}
+    for name, step in saved.items():
+        (ck / name).write_text(json.dumps({"step": step, "weights": [0.0] * 4, "ft": {}}))
+    job = Job(tmp_path, 1, 2, [*HEARTBEATS, "--steps", "12", "--checkpoint-dir", str(ck)], *COMMON)
+    assert job.wait(240) == [0], job.output()
+    assert not job.events("restart_decision"), job.output()
+    steps = {path.name: json.loads(path.read_text())["step"] for path in ck.glob("*.json")}
+    assert steps == {"rank0.json": 10, "rank0.prev.json": 5, "rank1.json": 10, "rank1.prev.json": 5}, steps
+
+
 
 def _stops(job):
     return {e["node"]: e["reason"] for e in job.events("job_stop")}

@@ -61,6 +61,7 @@ def test_counters_appends_and_compare_set_are_the_servers(server, wire) -> None:
     wire.append("list", "1,")
     assert wire.check(["list"])  # answered, so the append before it was applied
     server.append("list", "2,")
+    assert server.check(["list"])  # torch's APPEND is not answered either: order it the same way
     wire.append("list", "3,")
     assert wire.get("list") == b"1,2,3,"
     assert wire.compare_set("flag", "", "first") == b"first"
