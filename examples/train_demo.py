@@ -330,7 +330,7 @@ class Trainer:
             _record_checkpoint(self.ckpt, step, "save")
 
     def finish(self) -> None:
-        """Agree on the final world size, tell it (rank 0), leave the process group."""
+        """Agree on the final world size, tell it (rank 0), leave the process group together."""
         final = self.torch.tensor([1.0])
         self._collective("final all_reduce", lambda: self.dist.all_reduce(final, async_op=True))
         if self.rank == 0:
@@ -338,6 +338,8 @@ class Trainer:
                 f"[demo] finished {self.args.steps} steps at world size {int(final.item())}, "
                 f"loss {self.loss:.4f}; events in {events.job_log_dir()}"
             )
+        # gloo can abort a process at exit when a peer tore its group down first
+        self._collective("final barrier", lambda: self.dist.barrier(async_op=True))
         self.dist.destroy_process_group()
 
 

@@ -127,6 +127,7 @@ def test_the_rounds_protocol_runs_on_either_client(server, wire) -> None:  # noq
     assert rounds.register_terminated(wire_round, 2)
     assert not rounds.register_terminated(torch_round, 2)
     assert rounds.register_terminated(torch_round, 1)
+    assert torch_round.check([rounds.TERMINATED])  # its APPEND is unanswered: order it first
     assert rounds.terminated_ranks(wire_round) == {1, 2}
     assert rounds.interrupt(wire_round, "fault")
     assert torch_round.get(rounds.INTERRUPTED) == b"fault"
