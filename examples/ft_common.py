@@ -101,6 +101,11 @@ def hang() -> None:
     time.sleep(3600)
 
 
+def _files(directory: str, rank: int) -> tuple[Path, Path]:
+    """This rank's latest save and the one before it."""
+    return Path(directory, f"rank{rank}.json"), Path(directory, f"rank{rank}.prev.json")
+
+
 def _read(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
@@ -118,10 +123,10 @@ def load(directory: str, rank: int) -> dict[str, Any] | None:
     after the step's all_reduce, so a restart that stops the ranks between their saves
     finds some of them one save ahead of the others (never more: a rank that saved a step
     had its peers in that step's all_reduce, past their previous save). Each rank keeps
-    its previous save too, the ranks agree on the oldest newest step, and a rank that
-    was ahead drops its newer save, so every rank resumes from the same step.
+    its previous save too, the ranks agree on the oldest of their newest steps, and a
+    rank that was ahead drops its newer save, so every rank resumes from the same step.
     """
-    latest, previous = Path(directory, f"rank{rank}.json"), Path(directory, f"rank{rank}.prev.json")
+    latest, previous = _files(directory, rank)
     held = {c["step"]: c for c in (_read(latest), _read(previous)) if c is not None}
     agreed = torch.tensor([max(held, default=-1)])
     dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
@@ -138,9 +143,9 @@ def load(directory: str, rank: int) -> dict[str, Any] | None:
 
 def save(directory: str, rank: int, step: int, weights: torch.Tensor, ft_state: dict[str, Any]) -> None:
     """This rank's checkpoint of ``step``; the one it replaces is kept as the previous one."""
-    latest = Path(directory, f"rank{rank}.json")
+    latest, previous = _files(directory, rank)
     latest.parent.mkdir(parents=True, exist_ok=True)
     held = _read(latest)
     if held is not None and held["step"] < step:
-        latest.replace(latest.with_name(f"rank{rank}.prev.json"))
+        latest.replace(previous)
     _write(latest, {"step": step, "weights": weights.tolist(), "ft": ft_state})

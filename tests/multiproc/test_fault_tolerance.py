@@ -157,6 +157,7 @@ def test_any_failed_restarts_every_rank_of_every_node_once(tmp_path, fault, opti
     by_end = told.startswith(("exit code", "signal "))
     assert first[1] == told or (by_end and first[1].startswith("RuntimeError at ")), rows
 
+
 def test_ranks_stopped_between_their_saves_resume_the_examples_from_one_step(tmp_path):
     # A job-wide restart can stop rank 0 after its save of step 5 and rank 1 before its own:
     # the example's ranks must agree on step 0, or they run different numbers of all_reduces.
@@ -170,7 +171,6 @@ def test_ranks_stopped_between_their_saves_resume_the_examples_from_one_step(tmp
     assert not job.events("restart_decision"), job.output()
     steps = {path.name: json.loads(path.read_text())["step"] for path in ck.glob("*.json")}
     assert steps == {"rank0.json": 10, "rank0.prev.json": 5, "rank1.json": 10, "rank1.prev.json": 5}, steps
-
 
 
 def _stops(job):
