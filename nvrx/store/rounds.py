@@ -1,5 +1,5 @@
 """The round protocol: every key of a restart round and of a process generation, who
-writes it, in which order. The Wrapper, its monitor process and the supervisor's store
+writes it, in which order. The Wrapper, its monitor process and the supervisor's node
 agent call the functions below; none of them spells a key.
 
 Generations and rounds
@@ -44,7 +44,7 @@ In this order:
    secret ``round`` is a sealed list whose highest entry counts (``current_round``).
 3. ``r<R>/state/<rank>``: each rank as it starts the round (``publish_rank_state``); for
    a rank that died or left on its way in, under a number nobody took, its monitor or the
-   rank itself (``publish_state_after_death``). With the job's secret a state is sealed
+   rank itself (``carry_over_death``). With the job's secret a state is sealed
    for its round; one that does not unseal is read as none (``read_rank_state``).
    ``r<R>/started``: each rank as it starts a round after a restart (not a generation's
    first round); the first one counts the restart in ``job_restarts``
@@ -1369,20 +1369,6 @@ def _wait_for_the_others(
             meanwhile()
 
 
-def publish_state_after_death(
-    base: Any, round_: int, rank: int, new_rank: int, world_size: int
-) -> None:
-    """Publish the state the dead ``rank`` of round ``round_`` has as ``new_rank`` in the
-    next round, as a rank does when it starts a round: a replacement process is admitted
-    with it. Its state of ``round_`` renumbered; active as there, under its new number,
-    with the next round's active world size (the usual rank assignments compute them so;
-    a replacement's own assignment computes them again anyway)."""
-    state = read_rank_state(round_store(base, round_), rank)
-    if state is None:
-        raise ValueError(f"round {round_}: rank {rank} published no state with a valid seal")
-    _publish_carried(base, round_, state, new_rank, world_size)
-
-
 def carry_over_death(
     base: Any,
     round_: int,
@@ -1394,22 +1380,17 @@ def carry_over_death(
 ) -> tuple[int, int] | None:
     """A rank that died (or left) after round ``round_``'s decision kept it, before it
     started round ``round_`` + 1: its (rank, world size) there (``place_in_next_round``),
-    its state published under it (``publish_state_after_death``); None where that place is
-    not found, or its state in ``round_`` cannot be read (none, or none that unseals: it
-    then claims no number there)."""
+    its state of round ``round_`` published there under it, renumbered (a replacement is
+    admitted with it); None where that place is not found, or its state in ``round_``
+    cannot be read (none, or none that unseals: it then claims no number there)."""
     state = read_rank_state(round_store(base, round_), rank)
     if state is None:
         log.warning("round %d: rank %d has no state to carry over", round_, rank)
         return None
     place = place_in_next_round(base, round_, ranks_bound, wait_s, every_s, meanwhile)
-    if place is not None:
-        _publish_carried(base, round_, state, *place)
-    return place
-
-
-def _publish_carried(
-    base: Any, round_: int, state: dict[str, Any], new_rank: int, world_size: int
-) -> None:
+    if place is None:
+        return None
+    new_rank, world_size = place
     store = round_store(base, round_ + 1)
     peer = _peer_state(store, world_size) or {}
     active = state.get("active_rank") is not None
@@ -1420,6 +1401,7 @@ def _publish_carried(
         active_world_size=peer.get("active_world_size", state.get("active_world_size")),
     )
     _set_rank_state(store, new_rank, state)
+    return place
 
 
 def _world_size(store: Any, ranks_bound: int) -> int | None:
@@ -1439,7 +1421,7 @@ def _peer_state(store: Any, ranks_bound: int) -> dict[str, Any] | None:
 
 # -- ranks taken out of the round on another party's word --------------------------------
 # The ranks of a lost node, and a rank whose monitor went silent: nobody is left to record
-# the fault, so the declarer (the supervisor's store agent, or without a supervisor the
+# the fault, so the declarer (the supervisor's node agent, or without a supervisor the
 # host's beating monitor) does what the rank's monitor would have done. A rank no spare
 # will replace is marked gone, and the declarer arrives for it at the initial barrier of
 # the generation that opens next. Jobs without the Wrapper have no round: nothing to do.

@@ -194,9 +194,10 @@ def test_a_wait_given_up_meanwhile_is_not_counted_for_another_such_death(base):
 
 
 def test_the_dead_ranks_state_is_published_under_its_new_number_for_its_replacement(base):
-    """Initial rank 4 was rank 3 of round 4 (active); it is rank 1 of round 5: its state there
-    is renumbered, with round 5's active world size, and names its initial rank (a
-    replacement is admitted by it)."""
+    """Initial rank 4 was rank 3 of round 4 (active, 5 ranks, 3 of them terminated); it is
+    rank 1 of round 5 once rank 0 started there: its state there is renumbered, with round
+    5's active world size, and names its initial rank (a replacement is admitted by it)."""
+    _decide(base, 4, 5, [0, 2, 4])
     rstore.round_store(base, 4).set(
         rounds.rank_state(3),
         json.dumps(
@@ -206,9 +207,18 @@ def test_the_dead_ranks_state_is_published_under_its_new_number_for_its_replacem
     )  # fmt: skip
     view = rstore.round_store(base, 5)
     view.set(rounds.rank_state(0), json.dumps({"world_size": 2, "active_world_size": 2}))
-    rounds.publish_state_after_death(base, 4, 3, 1, 2)
+    view.add(rounds.STARTED, 1)
+    assert rounds.carry_over_death(base, 4, 3, 6, 10.0, 0.05) == (1, 2)
     state = json.loads(view.get(rounds.rank_state(1)))
     assert state == {
         "rank": 1, "world_size": 2, "active_rank": 1, "active_world_size": 2,
         "initial_rank": 4, "initial_world_size": 6, "mode": "ACTIVE",
     }  # fmt: skip
+
+
+def test_a_dead_rank_without_a_state_claims_no_number(base):
+    """Rank 2 of round 4 published no state there: it is not placed in round 5, and no
+    number of round 5 is claimed or counted for it."""
+    _decide(base, 4, 3, [])
+    assert rounds.carry_over_death(base, 4, 2, 4, 10.0, 0.05) is None
+    assert _late_deaths(base, 5) == 0

@@ -529,8 +529,7 @@ def test_a_forged_rank_state_has_no_healthy_rank_taken_out_nor_handed_to_a_repla
     round_3 = rounds.round_store(base, 3)
     round_3.set(rounds.rank_state(0), base.get(rounds.round_prefix(2) + rounds.rank_state(0)))
     assert rounds.read_rank_state(round_3, 0) is None
-    with pytest.raises(ValueError, match="no state with a valid seal"):
-        rounds.publish_state_after_death(base, 2, 1, 0, 2)
+    assert rounds.carry_over_death(base, 2, 1, 2, 10.0, 0.05) is None  # not carried over
     # a lost node's rank whose state there does not unseal is not taken for the rank whose
     # number equals its initial rank: that number runs initial rank 1
     round_5 = rounds.round_store(base, 5)
@@ -614,7 +613,7 @@ def test_the_round_the_job_is_in_reads_only_its_own_sealed_rounds(tmp_path, monk
 def test_a_stop_request_is_not_written_into_a_chain_whose_generations_are_all_filled_ahead():
     """docs/security.md, "What stays open": a client without the secret that fills a chain's
     1000 generations (``MAX_GENERATIONS``) ahead leaves nothing more written there: the
-    supervisor's writer, through a real store agent and service, passes over each and
+    supervisor's writer, through a real node agent and service, passes over each and
     gives up; no key past them is set, and a reader finds no request."""
     from nvrx.store import client
     from nvrx.store.sealed_keys import MAX_GENERATIONS
