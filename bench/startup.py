@@ -17,8 +17,8 @@ Every time is in seconds from the launch (the bench's ``Popen``) and comes from 
 the processes write (``supervisor_start``, ``store_start``, ``child_start``, the Wrapper's
 ``call_start``/``call_end``...; ``nvrx.events``), from lines the child script prints at its
 first line of code, after ``import torch``, on entering the function and so on, and, for the
-store service, the node agent (the store agent under a supervisor, the host's agent
-without one) and the warm standby, from their process start (psutil)
+store service, the node agent (the supervisor's, or the host's without a
+supervisor) and the warm standby, from their process start (psutil)
 and the agent's connection to the store (psutil polls it every 20 ms). A phase "of the
 ranks" is its last rank's. Each variant runs ``--repeats`` times (interleaved) and the
 medians are printed. Then the supervisor runs once more under ``python -X importtime`` and

@@ -22,7 +22,7 @@ a real ``nvrx.store.barrier`` participant). What each simulated party sends, per
     ``add(claim(watched), 0)``, ``add(alive(watched), 0)``: four requests, one after the
     other); barrier arrivals per rank.
 ``per-node`` (everything aggregated per node)
-    only every node's supervisor: its store agent's tick in the ring (``nvrx.store.ring``:
+    only every node's supervisor: its node agent's tick in the ring (``nvrx.store.ring``:
     ``add`` of its ``alive`` counter, ``add(alive(watched), 0)``; the claims are read only when they can
     matter, and its own claim once every ``OWN_CLAIM_EVERY`` beats in place of the watched
     count, each node at a beat of its own): 2 requests per node; barrier arrivals per node.
@@ -33,9 +33,9 @@ a real ``nvrx.store.barrier`` participant). What each simulated party sends, per
     a CANCEL_WAIT then); barrier arrivals per rank, as the Wrapper's barriers still are.
     The Wrapper alone sends the same now: its ranks beat to their host's node agent
     (``nvrx.node_agent``), which beats for the host in the same ring as a
-    node's store agent does.
+    supervisor's node agent does.
 
-In every pattern each node also holds the store agent's key watches (one connection each,
+In every pattern each node also holds the node agent's key watches (one connection each,
 a ``wait`` on the stop key and on the next job restart, re-armed once a day).
 
 Realistic where it matters for the server: every waiting party (a monitor thread, a

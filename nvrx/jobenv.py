@@ -52,13 +52,13 @@ STRAGGLER_SECTION = "NVRX_STRAGGLER_SECTION"
 #: and removed from the environment by the supervisor, never passed to a child.
 JOB_SECRET = "NVRX_JOB_SECRET"
 #: The path of an owner-only file that holds the job's secret, for the processes a
-#: supervisor starts (its ranks, their monitors, its store agent), which seal the fault
+#: supervisor starts (its ranks, their monitors, its node agent), which seal the fault
 #: records of the Wrapper's rounds (``nvrx.store.seal.job_sealer``). The path only: the
 #: secret itself is never in an environment.
 JOB_SECRET_FILE = "NVRX_JOB_SECRET_FILE"
 #: The supervisor's socket for the heartbeats of the Wrapper's monitors (``nvrx.rank_beats``).
 RANK_BEATS = "NVRX_RANK_BEATS"
-#: The level the supervisor logs at, for its store agent's lines (``logging`` level name).
+#: The level the supervisor logs at, for its node agent's lines (``logging`` level name).
 AGENT_LOG_LEVEL = "NVRX_AGENT_LOG_LEVEL"
 # -- settings a user or a template may give --------------------------------------------
 PREEMPT_SIGNAL = "NVRX_PREEMPT_SIGNAL"

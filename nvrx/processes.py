@@ -1,6 +1,6 @@
 """Process lifetime: start a process in a group of its own, stop that group, tell whether it lives.
 
-Every process nvrx starts (training children, the store service, the store
+Every process nvrx starts (training children, the store service, the node
 agent, the monitor process, SLURM commands, a submitted supervisor) goes
 through here, so that three rules hold everywhere:
 

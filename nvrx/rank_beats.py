@@ -2,7 +2,7 @@
 
 Each rank's monitor process sends its heartbeat to its node's agent process
 instead of writing it to the job's store. Under a supervisor, to a Unix datagram
-socket the supervisor binds (``NVRX_RANK_BEATS``: its path) and its store agent
+socket the supervisor binds (``NVRX_RANK_BEATS``: its path) and its node agent
 reads (``nvrx.node_agent.supervised``); without one, the monitors of a host send
 theirs to the host's node agent (``nvrx.node_agent.host``). That agent alone
 talks to the store for the whole node, so the store's load grows with the number
@@ -316,7 +316,7 @@ class RankBeats:
 class Duty(Protocol):
     """What a node's agent does with what its ``BeatLoop`` reads: without a supervisor, the
     host's node agent takes silent ranks out itself (``nvrx.node_agent.host``); under
-    one, the store agent tells its supervisor (``nvrx.node_agent.supervised``)."""
+    one, the node agent tells its supervisor (``nvrx.node_agent.supervised``)."""
 
     def received(self, beats: list[Beat], new: NewPids, now: float) -> None:
         """``beats`` were read at ``now`` (and recorded: ``new`` is what they told first)."""

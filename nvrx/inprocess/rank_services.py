@@ -186,7 +186,7 @@ class RankServices:
                 fh.write(f"{self.monitor.pid}\n")
 
     def _relay(self) -> str | None:
-        """Where this host's agent takes barrier arrivals: the supervisor's store agent, else
+        """Where this host's agent takes barrier arrivals: the supervisor's node agent, else
         the node agent; None with a store factory of the user's (no agent connects to it)."""
         if self.store_address is None or self.monitor is None:
             return None

@@ -2,7 +2,7 @@
 
 The supervisor itself imports no torch, so that ``fork_and_monitor`` can fork
 replacement children from a process that holds no torch or socket state. Its node
-agent (the supervisor's *store agent*, started with
+agent (started with
 ``python -m nvrx.node_agent supervised HOST PORT TIMEOUT [BEATS_FD]``, or ``- -`` for
 HOST and PORT to get the address later as a first stdin line, when it is started ahead
 during a store failover) owns the store clients instead (nvrx's own,
@@ -200,7 +200,7 @@ class _Agent:
 
 
 class NodeDuty:
-    """The store agent as its node's agent (the duty of its ``BeatLoop``): it tells its
+    """The supervised node agent's duty (that of its ``BeatLoop``): it tells its
     supervisor what the rank beats say and what the node's beat in the ring of slots finds;
     the supervisor decides (it knows its children, and node roles follow).
 

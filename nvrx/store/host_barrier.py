@@ -3,15 +3,15 @@ arrives once at the store and holds one wait there for all of them.
 
 Without it every rank arrives and waits at the job's store itself, so a barrier costs the
 store a few requests per rank. Through its host's agent (the node agent of a Wrapper job
-without a supervisor, ``nvrx.node_agent.host``; under one, the supervisor's store
+without a supervisor, ``nvrx.node_agent.host``; under one, the supervisor's node
 agent, ``nvrx.node_agent.supervised``) it costs a few per host: one
 ``multi_set`` of the arrivals and one ``add`` (``rounds.arrive_group``), one ``WAIT`` on
 the release, whatever the number of ranks of the host. The barriers met this way are
 ``rounds.HOST_BARRIERS``; the agent closes one as a rank would (their ``before_release``
 is protocol code, not user code).
 
-Messages (JSON datagrams on Unix sockets: the node agent's at an abstract name, the store
-agent's in its supervisor's private directory, the ranks' at abstract names; a receiver
+Messages (JSON datagrams on Unix sockets: the host's node agent at an abstract name, a
+supervised node agent in its supervisor's private directory, the ranks' at abstract names; a receiver
 drops a datagram of another user, as ``nvrx.rank_beats`` does), in this order:
 
 1. ``arrive`` rank → agent, at ``relay_address`` (``supervised_relay_address``): ``kind``,
@@ -94,7 +94,7 @@ def relay_address(agent_address: str) -> str:
 
 
 def supervised_relay_address(beats_path: str) -> str:
-    """Where the store agent of the supervisor whose ranks beat to ``beats_path``
+    """Where the node agent of the supervisor whose ranks beat to ``beats_path``
     (``NVRX_RANK_BEATS``) takes barrier arrivals: beside it, in the supervisor's private
     directory (no other user can bind or reach it there)."""
     return os.path.join(os.path.dirname(beats_path), "barriers.sock")

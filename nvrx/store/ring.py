@@ -1,6 +1,6 @@
 """The ring of liveness: each party beats in the store and watches the next party's beat.
 
-The parties are a job's nodes (each supervisor's store agent, ``nvrx.node_agent.supervised``:
+The parties are a job's nodes (each supervisor's node agent, ``nvrx.node_agent.supervised``:
 *slots*, with the job's secret) or, without a supervisor, its hosts (each host's node agent,
 ``nvrx.node_agent.host``, no secret). Each party has two keys under its ring's prefix
 (``RingKeys``); who writes what, in which order:

@@ -1,6 +1,6 @@
 """A client of torch's ``TCPStore`` server in plain Python, for processes that need no torch.
 
-nvrx's helper processes (a rank's monitor, the supervisor's store agent) talk to the job's
+nvrx's helper processes (a rank's monitor, the supervisor's node agent) talk to the job's
 store and to nothing else of torch, and a node starts many of them at once, just when its
 ranks import torch themselves: an import of torch in each would slow the job's start
 and hold memory for nothing (``docs/architecture.md`` has the figures). This client speaks the server's wire protocol itself, with the method names and

@@ -10,7 +10,7 @@ loses its own store service, or a job of one node, has nobody to fail over
 to: it stops as before (exit 3).
 
 What takes seconds is ready before it is needed: while the job runs, each
-supervisor keeps a store agent started that has no address yet, and the slot next in line (the lowest one
+supervisor keeps a node agent started that has no address yet, and the slot next in line (the lowest one
 but the store host's) keeps a store service held before it binds
 (``Failover.prepare``). When the store is lost, the held service is let go
 (stopped again if the election names another slot) and standbys for the
@@ -147,7 +147,7 @@ class Failover:
         return bool(others) and self._roles.slot == min(others)
 
     def prepare(self) -> None:
-        """While the job runs, keep ready what a failover would wait for first: a store
+        """While the job runs, keep ready what a failover would wait for first: a node
         agent started and, on the slot next in line, a store service (torch imported)
         held before it binds. Only where a failover can happen (node liveness on, 3 slots
         or more, this slot not the store host) and warm standbys are on."""
@@ -160,7 +160,7 @@ class Failover:
             try:
                 self._prepared_link = StoreLink(None, None, cfg.store_timeout, self.store.beats_fd).launch()
             except OSError as exc:
-                log.warning("cannot keep a store agent ready for a failover: %s", exc)
+                log.warning("cannot keep a node agent ready for a failover: %s", exc)
         if self._prepared_service is None and self._next_in_line():
             try:
                 self._prepared_service = self._successor_store(held=True).launch()
@@ -187,7 +187,7 @@ class Failover:
             try:
                 link = StoreLink(None, None, cfg.store_timeout, self.store.beats_fd).launch()
             except OSError as exc:
-                log.warning("cannot start the next store agent ahead: %s", exc)
+                log.warning("cannot start the next node agent ahead: %s", exc)
         if service is not None and not (service.alive and self._next_in_line()):
             service.stop()
             service = None

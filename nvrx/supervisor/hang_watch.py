@@ -50,7 +50,7 @@ WATCHED = (LISTEN, CONNECTION)
 
 
 class HangWatch:
-    """Owns the rank watch and the beat socket (which the store agent reads), and the kills
+    """Owns the rank watch and the beat socket (which the node agent reads), and the kills
     they call for."""
 
     def __init__(
@@ -84,7 +84,7 @@ class HangWatch:
 
     @property
     def beats_fd(self) -> int | None:
-        """The beat socket's descriptor, for the store agent; kept open here (never read), so
+        """The beat socket's descriptor, for the node agent; kept open here (never read), so
         that a monitor's beat finds the socket even between two agents."""
         return None if self.beat_socket is None else self.beat_socket.fileno()
 

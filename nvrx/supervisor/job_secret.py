@@ -4,7 +4,7 @@ In this order: ``$NVRX_JOB_SECRET`` (``nvrx-srun`` sets a fresh one for the job 
 the user sets it for supervisors started by hand), else the file ``secret`` in the job's
 folder (``<log dir>/<job id>``, the folder every node writes its events to): slot 0 creates
 it (owner-only, once) and the other slots wait for it. Either way the supervisor takes the
-variable out of its environment, so that nothing it starts (its store agent, the store,
+variable out of its environment, so that nothing it starts (its node agent, the store,
 standbys, training ranks) inherits it; they get ``$NVRX_JOB_SECRET_FILE`` instead, the path
 of an owner-only file that holds it (``share``), and read it only to seal and check the
 control values (``docs/security.md``). The job's folder is made owner-only: nobody else reads the

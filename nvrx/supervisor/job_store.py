@@ -26,7 +26,7 @@ class JobStore:
     """Where the job's store is now, and this slot's link to it."""
 
     config: SupervisorConfig  # its master_addr/store_port name the store now
-    link: StoreLink | None = None  # None until the store agent starts
+    link: StoreLink | None = None  # None until the node agent starts
     service: StoreService | None = None  # the store service this slot hosts, if any
     roles: NodeRoles | None = None  # this slot's role, kept in the store; None until it starts
     epoch: int = 0  # store failovers so far

@@ -1,4 +1,4 @@
-"""Store keys of node liveness and node roles, the supervisor's; its store agent is told the ring's.
+"""Store keys of node liveness and node roles, the supervisor's; its node agent is told the ring's.
 
 A *slot* is the place a supervisor started in (``SLURM_PROCID``, or
 ``--node-rank`` without SLURM); it never changes. A *node rank* is the place
@@ -29,7 +29,7 @@ RING = RingKeys(PREFIX)
 
 
 def alive(slot: int) -> str:
-    """Counter the slot's store agent bumps every heartbeat interval (``FENCE`` more once lost)."""
+    """Counter the slot's node agent bumps every heartbeat interval (``FENCE`` more once lost)."""
     return RING.alive(slot)
 
 

@@ -1,4 +1,4 @@
-"""What a supervisor does with the node messages of its store agent.
+"""What a supervisor does with the node messages of its node agent.
 
 ``node_silent``: declare the slot lost (``NodeRoles.declare``) and stop the
 job when no spare is left below ``--min-nodes``; ``fenced``: this node was
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 
 class NodeMessages:
-    """Acts on the node messages of the store agent: lost slots, fencing, take-overs, the job's end."""
+    """Acts on the node messages of the node agent: lost slots, fencing, take-overs, the job's end."""
 
     def __init__(
         self,

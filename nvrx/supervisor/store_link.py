@@ -1,4 +1,4 @@
-"""Supervisor side of the store agent: requests over raw pipes, no threads.
+"""Supervisor side of the node agent: requests over raw pipes, no threads.
 
 See ``nvrx.node_agent.supervised`` for why the store client lives in a process of its own.
 The link holds only raw file descriptors and starts no thread, so a process
@@ -40,7 +40,7 @@ class StoreLinkError(RuntimeError):
 
 
 class StoreLink:
-    """A running store agent for ``host:port``.
+    """A running node agent for ``host:port``.
 
     ``fileno()`` becomes readable when the agent has something to say;
     ``read_events()`` then returns unsolicited messages (a watched key was set,
@@ -121,7 +121,7 @@ class StoreLink:
         try:
             os.write(self._to_agent, line)
         except OSError as exc:
-            self.lost = self.lost or f"store agent is gone ({exc.strerror})"
+            self.lost = self.lost or f"node agent is gone ({exc.strerror})"
         return self
 
     def wait_ready(self) -> None:
@@ -141,7 +141,7 @@ class StoreLink:
             return True
         if not chunk:
             if self.lost is None:
-                self.lost = "store agent exited"
+                self.lost = "node agent exited"
                 self._events.append({"event": "lost", "message": self.lost})
             return False
         self._buffer += chunk
@@ -155,7 +155,7 @@ class StoreLink:
             try:
                 message = json.loads(raw)
             except ValueError:
-                log.warning("store agent wrote a non-JSON line: %r", raw[:200])
+                log.warning("node agent wrote a non-JSON line: %r", raw[:200])
                 continue
             event = message.get("event")
             if event == "ready":
@@ -191,7 +191,7 @@ class StoreLink:
                 self._fill()
             stray = self._parse()
             if stray:
-                log.warning("store agent answers nobody waited for: %s", stray)
+                log.warning("node agent answers nobody waited for: %s", stray)
         events = list(self._events)
         self._events.clear()
         return events
@@ -207,7 +207,7 @@ class StoreLink:
         try:
             os.write(self._to_agent, line)
         except OSError as exc:
-            self.lost = self.lost or f"store agent is gone ({exc.strerror})"
+            self.lost = self.lost or f"node agent is gone ({exc.strerror})"
             raise StoreLinkError(f"store at {self.host}:{self.port}: {self.lost}") from exc
         deadline = time.monotonic() + self.timeout
         while True:

@@ -625,8 +625,8 @@ train()
 
 
 @pytest.mark.timeout(240)
-def test_under_a_supervisor_the_store_agent_meets_the_barriers_of_its_node(tmp_path):
-    """2 nodes of 2 Wrapper ranks, rank 1 raises once: each node's store agent arrives for
+def test_under_a_supervisor_the_node_agent_meets_the_barriers_of_its_node(tmp_path):
+    """2 nodes of 2 Wrapper ranks, rank 1 raises once: each node agent arrives for
     its ranks at the round's iteration barrier (the supervisors' verbose output says so),
     and the job completes."""
     from test_supervisor_local import Job, script

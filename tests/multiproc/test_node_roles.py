@@ -1,4 +1,4 @@
-"""Declaring a slot lost, against a real store service through a real store agent: what
+"""Declaring a slot lost, against a real store service through a real node agent: what
 the declaration decides when the lost node's training had already ended, or had not."""
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ def test_a_plain_script_fails_over_when_the_store_host_is_lost(tmp_path: Path) -
 
 
 def _ready_for_failover(pid: int) -> dict[str, int]:
-    """Store agents and held store services among the children of supervisor ``pid``."""
+    """Node agents and held store services among the children of supervisor ``pid``."""
     lines = [" ".join(p.cmdline()) for p in psutil.Process(pid).children()]
     return {
         "agents": sum("-m nvrx.node_agent supervised" in line for line in lines),

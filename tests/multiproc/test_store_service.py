@@ -137,7 +137,7 @@ def test_bad_port_is_rejected() -> None:
 
 @pytest.mark.timeout(120)
 def test_agent_and_service_started_before_the_address_is_known() -> None:
-    """How a store failover saves seconds: the supervisor's store agent starts (importing
+    """How a store failover saves seconds: the supervisor's node agent starts (importing
     torch) before any address exists, the service launches while other work goes on."""
     from nvrx.supervisor.store_link import StoreLink
 

@@ -28,7 +28,7 @@ class Job:
     """N local supervisors forming one job.
 
     Without ``--warm-standby`` in ``options`` the job runs with ``--no-warm-standby``:
-    no process started ahead with torch imported (the standbys, and the store agent and
+    no process started ahead with torch imported (the standbys, and the node agent and
     held store service kept ready for a failover), CPU that only a test of those needs;
     such a test passes ``--warm-standby``."""
 
@@ -94,7 +94,7 @@ class Job:
         return codes
 
     def wait_for_beat(self, slot: int, timeout: float = 60) -> None:
-        """Until ``slot``'s store agent has beaten in the store: a slot that never beat is
+        """Until ``slot``'s node agent has beaten in the store: a slot that never beat is
         given the store timeout to arrive before it is reported, not the node timeout.
 
         The children start while node 0's store service still imports torch, so the store

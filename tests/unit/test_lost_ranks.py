@@ -31,7 +31,7 @@ def test_a_silent_rank_waiting_to_be_admitted_does_not_take_out_the_rank_of_its_
 def test_a_process_whose_monitor_beat_is_a_wrapper_rank_before_it_wrote_any_event(tmp_path):
     """Under ``--ft-restart-policy auto`` a Wrapper rank restarts alone: one that waited to be
     admitted (no Wrapper event yet) counts as one when its monitor beat."""
-    wrapper_pids = {4242}  # the store agent told of its monitor's beat (``wrapper_pid``)
+    wrapper_pids = {4242}  # the node agent told of its monitor's beat (``wrapper_pid``)
     job = local_job(log_dir=str(tmp_path))
     config = SupervisorConfig(command=["train"], job=job, ft_restart_policy="auto")
     assert not job_wide(config, wrapper_pids, 4242)

@@ -192,7 +192,7 @@ def _claim(store, slot: int, by: int, sealer=SEALER) -> None:
 
 
 class _Slot:
-    """A store agent's node duty beating in its slot's place at the test's ``clock``."""
+    """A node agent's node duty beating in its slot's place at the test's ``clock``."""
 
     def __init__(self, sent: list, clock: list[float], **place) -> None:
         from nvrx.node_agent.supervised import NodeDuty
@@ -561,7 +561,7 @@ class _Frozen:
         return self.add(key, 0)
 
 
-def test_the_store_agents_ring_beat_has_a_thread_of_its_own_until_fenced() -> None:
+def test_the_node_agents_ring_beat_has_a_thread_of_its_own_until_fenced() -> None:
     from nvrx.node_agent.supervised import NodeDuty
 
     store, sent = _CountingStore(), []

@@ -149,7 +149,7 @@ class _Node:
 
 
 def _silent(beat: Beat, silent_s: float = 11.0) -> dict[str, Any]:
-    """What the store agent says of a rank whose monitor fell silent."""
+    """What the node agent says of a rank whose monitor fell silent."""
     return {"event": "rank_silent", "beat": dataclasses.asdict(beat), "silent_s": silent_s}
 
 
@@ -182,7 +182,7 @@ def test_a_silent_rank_under_a_shell_is_named_by_the_child_its_supervisor_kills(
 
 
 def test_a_lost_store_link_neither_takes_a_rank_out_nor_schedules_anything() -> None:
-    sup = _Node(SimpleNamespace(lost="store agent exited"))
+    sup = _Node(SimpleNamespace(lost="node agent exited"))
     try:
         assert sup.hangs.on_message(_silent(_beat(pid=5)))
         assert sup.calls == [] and sup.hangs.timeout(None) is None
@@ -205,7 +205,7 @@ def test_a_store_lost_while_a_silent_rank_is_taken_out_is_failed_over() -> None:
 
 
 def _watch(tmp_path) -> tuple[NodeDuty, BeatSender, list[dict[str, Any]]]:
-    """The store agent's reader of a socket bound as the supervisor binds it."""
+    """The node agent's reader of a socket bound as the supervisor binds it."""
     bound = BeatSocket(str(tmp_path / "beats.sock"))
     told: list[dict[str, Any]] = []
     watch = NodeDuty(told.append, BeatSocket("", os.dup(bound.fileno())))
@@ -284,8 +284,8 @@ def test_beats_that_came_while_the_agent_was_busy_are_read_before_any_silence(tm
 
 
 @pytest.mark.timeout(120)
-def test_the_store_agent_reads_the_beats_of_the_socket_it_is_given(tmp_path) -> None:
-    """The store agent, a real process, reads the socket its supervisor passes it and
+def test_the_node_agent_reads_the_beats_of_the_socket_it_is_given(tmp_path) -> None:
+    """The node agent, a real process, reads the socket its supervisor passes it and
     tells of a rank that stops beating."""
     from nvrx.store.service import StoreService
     from nvrx.supervisor.store_link import StoreLink
