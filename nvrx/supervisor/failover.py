@@ -7,7 +7,11 @@ its children again with the new address, as one new process generation
 (``NVRX_FRESH_START``). The successor declares the old host's slot lost, so a
 spare takes over its node rank as after any node loss. A store host that
 loses its own store service, or a job of one node, has nobody to fail over
-to: it stops as before (exit 3).
+to: it stops as before (exit 3). Neither has the survivor of a job of two slots,
+which never holds a majority: it stops too, and under SLURM, when the other node
+no longer runs a SLURM step, records it lost and requeues the job without it
+(``node_requeue.probe_other_of_two``), since that node may have held the batch
+script, without which the allocation would stay until its time limit.
 
 What takes seconds is ready before it is needed: while the job runs, each
 supervisor keeps a node agent started that has no address yet, and the slot next in line (the lowest one
@@ -30,7 +34,7 @@ from pathlib import Path
 from nvrx import jobenv
 from nvrx.store.service import StoreService
 
-from . import store_failover
+from . import node_requeue, store_failover
 from .children import stop_children
 from .config import ALL_ENDED_KEY
 from .course import Course, CourseTracker
@@ -60,7 +64,7 @@ class Failover:
         control: NodeControl,
         ranks: LocalRanks,
         standbys: Standbys,
-        requeue: Callable[[str | None], None],
+        requeue: Callable[..., None],
     ) -> None:
         self.store, self.course, self.control, self.ranks = store, course, control, ranks
         self.standbys, self.requeue = standbys, requeue
@@ -79,6 +83,7 @@ class Failover:
         """The store link reported the store lost: fail over (True), else stop the job."""
         if self.course.stopping:
             return False
+        lost_wall = time.time()
         if self._fail_over(detail):
             return True
         cfg = self.store.config
@@ -87,7 +92,37 @@ class Failover:
             ExitCode.STORE_UNAVAILABLE,
             broadcast=False,
         )
+        if self._alone_of_two():
+            self._requeue_without_store_host(lost_wall)
         return False
+
+    def _alone_of_two(self) -> bool:
+        """Whether this slot is the one left of a job of two slots that lost its store host
+        (no stop signal came first: then the store went with the job)."""
+        store = self.store
+        return (
+            self._can_fail_over() and self._roles.enabled and store.config.nnodes == 2
+            and self._roles.slot != store.slot and self.control.signalled is None
+        )  # fmt: skip
+
+    def _requeue_without_store_host(self, lost_wall: float) -> None:
+        """Under SLURM, a store host whose node runs no SLURM step is a lost node: recorded
+        lost, and the job requeued without it. One that answers lost only its supervisor or
+        ended its part: the job ends with this slot (the answer is a ``node_probe``)."""
+        job_id = os.environ.get("SLURM_JOB_ID")
+        other = node_requeue.probe_other_of_two(job_id) if job_id else None
+        if other is None:
+            return
+        slot = self.store.slot
+        if other.answered:
+            log.warning("store host %s still runs SLURM steps: the job is not requeued", other.node)
+            self.control.emit(
+                "node_probe", lost_slot=slot, lost_host=other.node, responding=True,
+                probe_s=other.probe_s, note=None,
+            )  # fmt: skip
+            return
+        self._roles.record_lost_store_host(slot, other.node, lost_wall)
+        self.requeue(other.node, probe=False)
 
     def _can_fail_over(self) -> bool:
         store = self.store

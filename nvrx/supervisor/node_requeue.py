@@ -9,17 +9,26 @@ the job is not excluded: its supervisor was lost (killed, say), not the node.
 The batch script runs on the job's first node, with node 0's supervisor.
 When that node is lost, the job survives it (``--no-kill``), but nothing is
 left to end the job in SLURM: it would stay RUNNING until its time limit. The
-store host that took over ends it when the training is done.
+store host that took over ends it when the training is done. A job of two
+nodes has no store host to take over (``failover``): there the survivor asks
+SLURM whether the other node still runs a step (``probe_other_of_two``), and
+requeues the job without it when it does not.
+
+SLURM requeues even a job that was cancelled or ended, so nothing is requeued
+unless SLURM says the job is RUNNING (``job_running``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from nvrx.slurm import commands
+from nvrx.slurm.nodelist import expand_nodelist
 
 if TYPE_CHECKING:
     from .preemption import PreemptionHandler
@@ -32,6 +41,8 @@ def requeue_excluding(job_id: str, lost: Iterable[str]) -> list[str] | None:
     """Requeue ``job_id`` excluding ``lost`` (SLURM node names); the excluded nodes, or None
     when the job may not be requeued. Raises ``SlurmCommandError`` when SLURM refuses."""
     info = commands.show_job(job_id)
+    if not _running(job_id, info):
+        return None
     if info is None or info.get("Requeue") != "1":
         log.warning("job %s is not requeueable (--no-requeue): not requeued", job_id)
         return None
@@ -48,6 +59,60 @@ def requeue_excluding(job_id: str, lost: Iterable[str]) -> list[str] | None:
     finally:
         commands.run_command(["scontrol", "release", str(job_id)], outlive_job_end=True)
     return names
+
+
+def _running(job_id: str, info: Mapping[str, str] | None) -> bool:
+    state = None if info is None else info.get("JobState")
+    if state != "RUNNING":
+        log.warning("job %s is %s, not RUNNING: not requeued for a lost node", job_id, state)
+    return state == "RUNNING"
+
+
+def job_running(job_id: str, env: Mapping[str, str] | None = None) -> bool:
+    """Whether SLURM says ``job_id`` is RUNNING: not cancelled, timed out, ending or requeued
+    already. A job that is not must not be requeued for a loss."""
+    try:
+        return _running(job_id, commands.show_job(job_id, env=env))
+    except (commands.SlurmCommandError, OSError) as exc:
+        log.warning("cannot ask SLURM whether job %s runs: %s", job_id, exc)
+        return False
+
+
+def other_node_of_two(env: Mapping[str, str] = os.environ) -> str | None:
+    """The other node of this SLURM step (``SLURM_STEP_NODELIST``) when the step has exactly
+    two nodes and this (``SLURMD_NODENAME``) is one of them; else None."""
+    own = env.get("SLURMD_NODENAME")
+    try:
+        nodes = expand_nodelist(env.get("SLURM_STEP_NODELIST", ""))
+    except ValueError:
+        return None
+    others = [n for n in nodes if n != own]
+    return others[0] if len(nodes) == 2 and len(others) == 1 else None
+
+
+@dataclass(frozen=True)
+class OtherNode:
+    """What SLURM said of the other node of a two-node job (``probe_other_of_two``)."""
+
+    node: str
+    answered: bool
+    probe_s: float
+
+
+def probe_other_of_two(job_id: str, env: Mapping[str, str] = os.environ) -> OtherNode | None:
+    """Whether the other node of this two-node step still runs a SLURM step; None when SLURM
+    cannot tell: the step is not of two nodes, the job is not RUNNING (cancelled, say: its
+    nodes stop answering too), or this node does not answer either."""
+    other, own = other_node_of_two(env), env.get("SLURMD_NODENAME")
+    if other is None or own is None or not job_running(job_id, env):
+        return None
+    if not commands.node_answers(job_id, own, env=env):
+        log.warning("node %s (this one) runs no SLURM step of job %s either: SLURM cannot "
+                    "tell whether %s was lost", own, job_id, other)  # fmt: skip
+        return None
+    t0 = time.monotonic()
+    answered = commands.node_answers(job_id, other, env=env)
+    return OtherNode(other, answered, round(time.monotonic() - t0, 3))
 
 
 def end_orphaned_job(job_id: str) -> None:

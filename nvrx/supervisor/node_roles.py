@@ -211,6 +211,25 @@ class NodeRoles:
             self._check_all_done()
         return loss
 
+    def record_lost_store_host(self, slot: int, host: str, lost_wall: float) -> None:
+        """(The survivor of a job of two slots) the store host's slot was lost with the store,
+        so nothing can be declared in it: recorded as a loss that stops the job. No spare took
+        its node rank (that needs a store), so it still held node rank ``slot``."""
+        self._emit(
+            "node_lost",
+            lost_node=slot,
+            lost_slot=slot,
+            lost_host=host,
+            silent_s=None,
+            last_seen_wall=lost_wall,
+            seen_by=self.slot,
+            slurm_state=_slurm_state(host),
+            action="stop",
+            replaced_by=None,
+            ranks=self._ranks(slot),
+        )
+        log.warning("slot %d (%s), the store host, lost: two slots cannot fail over", slot, host)
+
     def _decide(self, slot: int, host: str | None, node_rank: int | None, fresh: bool) -> Loss:
         if node_rank is None:
             return Loss(slot, host, None, "none", None, self._training_nodes(), "a spare was lost")

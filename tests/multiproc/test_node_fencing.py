@@ -138,6 +138,7 @@ def test_a_two_node_job_that_loses_its_store_host_stops_with_3_and_elects_no_sto
     assert not job.events("store_failover"), output
     stop = [e for e in job.events("job_stop") if e["node"] == 1]
     assert stop and stop[0]["exit_code"] == 3, output
+    assert not job.events("node_lost"), output  # outside SLURM no node can be asked: none declared
 
 
 @pytest.mark.timeout(180)

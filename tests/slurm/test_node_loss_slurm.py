@@ -6,13 +6,19 @@ cgroup and SIGKILLs its slurmd, step daemons and job processes at once).
 * the same job loses node1 (slot 0: the batch host and the store host): the store fails over,
   the spare takes node rank 0, training completes and nvrx ends the orphaned job;
 * ``train.sbatch`` without a spare loses node2: the job stops with "node lost, no spare" and
-  is requeued with node2 excluded, then completes elsewhere from its checkpoint.
+  is requeued with node2 excluded, then completes elsewhere from its checkpoint;
+* the same job loses node1 (the store host: two nodes cannot fail over): node2's supervisor
+  stops, records node1 lost and requeues the job without it; where only node1's supervisor
+  is killed (node1 still answers SLURM), the job ends there, not requeued;
+* what that survivor asks SLURM, against a plain two-node job: both nodes answer while it
+  runs; once it is cancelled nothing is asked and no requeue is made.
 
 ``nvrx-report`` names the lost node each time, and no process of ours is left afterwards.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,6 +28,7 @@ import pytest
 from nvrx.events import read_dir
 from nvrx.report import build_report
 from nvrx.slurm import commands
+from nvrx.supervisor import node_requeue
 from tests.support.slurm_cluster import LocalSlurmCluster
 from tests.support.waiting import wait_until
 
@@ -85,11 +92,11 @@ def _sbatch(cluster: LocalSlurmCluster, tmp_path: Path, *args: str) -> int:
     return int(done.stdout.strip().split(";")[0])
 
 
-def _node2_lost(
-    cluster: LocalSlurmCluster, tmp_path: Path, nproc: int, *options: str
+def _node_lost(
+    cluster: LocalSlurmCluster, tmp_path: Path, nproc: int, *options: str, node: str = "node2"
 ) -> tuple[int, Path, Path]:
     """``train.sbatch`` on two nodes without a spare (sbatch ``options`` added) trains, then
-    node2 crashes: the job's id, its directory and its output file."""
+    ``node`` crashes: the job's id, its directory and its output file."""
     out = tmp_path / "out.txt"
     export = _export(tmp_path, NVRX_NPROC_PER_NODE=str(nproc))
     job = _sbatch(
@@ -98,7 +105,7 @@ def _node2_lost(
     )  # fmt: skip
     job_dir = tmp_path / "logs" / str(job)
     _wait_training(job_dir, out)
-    cluster.crash_node("node2")
+    cluster.crash_node(node)
     return job, job_dir, out
 
 
@@ -168,7 +175,7 @@ def test_without_a_spare_the_job_is_requeued_without_the_lost_node(
     slurm_cluster: LocalSlurmCluster, tmp_path
 ) -> None:
     # submitted with --exclude=node4: the requeue adds node2 and keeps node4 out
-    job, job_dir, out = _node2_lost(slurm_cluster, tmp_path, 2, "--exclude=node4")
+    job, job_dir, out = _node_lost(slurm_cluster, tmp_path, 2, "--exclude=node4")
     # requeued held, node2 excluded, released: it runs again on its own, on other nodes
     wait_until(
         "the job to run again",
@@ -195,10 +202,96 @@ def test_without_a_spare_the_job_is_requeued_without_the_lost_node(
     _wait_none_of_ours(job)
 
 
+def test_without_a_spare_losing_the_store_host_requeues_the_job_without_it(
+    slurm_cluster: LocalSlurmCluster, tmp_path
+) -> None:
+    """Two nodes cannot fail over their store: node2's supervisor, left alone when node1 (the
+    batch host and store host) crashes, stops the job and requeues it without node1, instead
+    of leaving the allocation held until its time limit."""
+    job, job_dir, out = _node_lost(slurm_cluster, tmp_path, 1, "--exclude=node4", node="node1")
+    wait_until(
+        "the job to run again",
+        lambda: (commands.show_job(job, env=slurm_cluster.env) or {}).get("Restarts") == "1",
+        120,
+        state=lambda: commands.show_job(job, env=slurm_cluster.env),
+    )
+    assert slurm_cluster.wait_job(job, timeout=300) == "COMPLETED", out.read_text()[-4000:]
+    info = commands.show_job(job, env=slurm_cluster.env)
+    assert info is not None, info
+    excluded = commands.show_hostnames(info["ExcNodeList"], env=slurm_cluster.env)
+    assert set(excluded) == {"node1", "node4"}, info
+    stops = [e for e in _events(job_dir, "job_stop") if e["node"] == 1]
+    assert stops and stops[0]["exit_code"] == 3, stops
+    requeues = _events(job_dir, "requeue")
+    assert [(e["cause"], e.get("excluded"), e.get("answered")) for e in requeues] == [
+        ("node_failure", ["node4", "node1"], [])
+    ], requeues
+    lost = _events(job_dir, "node_lost")
+    assert [(e["lost_host"], e["lost_node"], e["seen_by"], e["action"]) for e in lost] == [
+        ("node1", 0, 1, "stop")
+    ], lost
+    report = build_report(job_dir, sacct=False)
+    text = report.to_text(width=None)
+    assert report.exclude == "node1" and "--exclude=node1" in text, text
+    _wait_none_of_ours(job)
+
+
+def test_a_killed_store_host_supervisor_on_a_responding_node_ends_the_job_unrequeued(
+    slurm_cluster: LocalSlurmCluster, tmp_path
+) -> None:
+    """node1's supervisor (and with it the store) SIGKILLed, its slurmd up: node2 stops with
+    exit 3, and since node1 answers SLURM nothing is declared lost or requeued: the job ends."""
+    out = tmp_path / "out.txt"
+    export = _export(tmp_path, NVRX_NPROC_PER_NODE="1")
+    job = _sbatch(
+        slurm_cluster, tmp_path, "-N2", "--time=10", f"--export={export}", "-o", str(out),
+        str(TEMPLATES / "train.sbatch"), *_demo(100),
+    )  # fmt: skip
+    job_dir = tmp_path / "logs" / str(job)
+    _wait_training(job_dir, out)
+    (start,) = [e for e in _events(job_dir, "supervisor_start") if e["node"] == 0]
+    psutil.Process(start["supervisor_pid"]).kill()
+    assert slurm_cluster.wait_job(job, timeout=120) == "FAILED", out.read_text()[-4000:]
+    stops = [e for e in _events(job_dir, "job_stop") if e["node"] == 1]
+    assert stops and stops[0]["exit_code"] == 3, stops
+    assert not _events(job_dir, "node_lost") and not _events(job_dir, "requeue")
+    probes = _events(job_dir, "node_probe")
+    assert [(e["lost_slot"], e["lost_host"], e["responding"], e["node"]) for e in probes] == [
+        (0, "node1", True, 1)
+    ], probes
+    info = commands.show_job(job, env=slurm_cluster.env)
+    assert info is not None and info.get("Restarts") == "0", info
+    report = build_report(job_dir, sacct=False)
+    assert report.exclude is None, report.to_text(width=None)
+    _wait_none_of_ours(job)
+
+
+def test_slurm_is_asked_about_the_other_node_of_two_only_while_the_job_runs(
+    slurm_cluster: LocalSlurmCluster, tmp_path, monkeypatch
+) -> None:
+    """What the survivor of a two-node job asks SLURM, against a real job: while it runs, both
+    nodes answer a no-op step; once cancelled, nothing is asked, and a requeue for a lost node
+    is refused (SLURM itself would requeue a cancelled job)."""
+    job = _sbatch(slurm_cluster, tmp_path, "-N2", "-w", "node[1-2]", "--time=5", "--wrap", "sleep 600")
+    state = lambda: (commands.show_job(job, env=slurm_cluster.env) or {}).get("JobState")  # noqa: E731
+    wait_until("the job to run", lambda: state() == "RUNNING", 60, state=state)
+    env = {**slurm_cluster.env, "SLURMD_NODENAME": "node2", "SLURM_STEP_NODELIST": "node[1-2]"}
+    other = node_requeue.probe_other_of_two(str(job), env)
+    assert other is not None and (other.node, other.answered) == ("node1", True), other
+    slurm_cluster.run(["scancel", str(job)])
+    wait_until("the job to end", lambda: state() != "RUNNING", 60, state=state)
+    assert node_requeue.probe_other_of_two(str(job), env) is None
+    for key in [k for k in os.environ if k.startswith("SLURM_")]:  # as in slurm_cluster.env
+        monkeypatch.delenv(key)
+    assert node_requeue.requeue_excluding(str(job), ["node1"]) is None
+    info = commands.show_job(job, env=slurm_cluster.env)
+    assert info is not None and info.get("Restarts") == "0", info
+
+
 def test_a_job_submitted_with_no_requeue_stops_for_a_lost_node_and_is_not_requeued(
     slurm_cluster: LocalSlurmCluster, tmp_path
 ) -> None:
-    job, job_dir, out = _node2_lost(slurm_cluster, tmp_path, 1, "--no-requeue")
+    job, job_dir, out = _node_lost(slurm_cluster, tmp_path, 1, "--no-requeue")
     assert slurm_cluster.wait_job(job, timeout=300) != "COMPLETED", out.read_text()[-4000:]
     stops = [e for e in _events(job_dir, "job_stop") if e["node"] == 0]
     assert stops and stops[0]["exit_code"] == 8, out.read_text()[-4000:]

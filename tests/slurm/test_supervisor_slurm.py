@@ -9,6 +9,7 @@ import psutil
 import pytest
 
 from nvrx.events import read_dir
+from nvrx.slurm import commands
 from tests.support.slurm_cluster import LocalSlurmCluster
 from tests.support.waiting import wait_until
 
@@ -109,3 +110,7 @@ def test_scancel_leaves_no_process_of_ours(slurm_cluster: LocalSlurmCluster, tmp
         interval=0.5,
         state=lambda: [p.info for p in _ours(marker)],
     )
+    # a supervisor that saw the store go before its own SIGTERM must not requeue the job
+    info = commands.show_job(job, env=slurm_cluster.env)
+    assert info is not None and info.get("Restarts") == "0", info
+    assert not _events(events_dir, "requeue") and not _events(events_dir, "node_lost")
