@@ -11,7 +11,10 @@ to: it stops as before (exit 3). Neither has the survivor of a job of two slots,
 which never holds a majority: it stops too, and under SLURM, when the other node
 no longer runs a SLURM step, records it lost and requeues the job without it
 (``node_requeue.probe_other_of_two``), since that node may have held the batch
-script, without which the allocation would stay until its time limit.
+script, without which the allocation would stay until its time limit. Before it
+requeues, it waits ``node_timeout`` plus a probe's timeout: the time a store host
+that is alive beyond a partition takes to declare this slot lost and requeue the
+job itself, which leaves this slot nothing to do.
 
 What takes seconds is ready before it is needed: while the job runs, each
 supervisor keeps a node agent started that has no address yet, and the slot next in line (the lowest one
@@ -27,11 +30,11 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 from nvrx import jobenv
+from nvrx.slurm import commands
 from nvrx.store.service import StoreService
 
 from . import node_requeue, store_failover
@@ -64,7 +67,7 @@ class Failover:
         control: NodeControl,
         ranks: LocalRanks,
         standbys: Standbys,
-        requeue: Callable[..., None],
+        requeue: node_requeue.Requeue,
     ) -> None:
         self.store, self.course, self.control, self.ranks = store, course, control, ranks
         self.standbys, self.requeue = standbys, requeue
@@ -110,7 +113,8 @@ class Failover:
         lost, and the job requeued without it. One that answers lost only its supervisor or
         ended its part: the job ends with this slot (the answer is a ``node_probe``)."""
         job_id = os.environ.get("SLURM_JOB_ID")
-        other = node_requeue.probe_other_of_two(job_id) if job_id else None
+        settle_s = self.store.config.node_timeout + commands.PROBE_TIMEOUT_S
+        other = node_requeue.probe_other_of_two(job_id, settle_s) if job_id else None
         if other is None:
             return
         slot = self.store.slot

@@ -66,7 +66,7 @@ class JobEnd:
         control: NodeControl,
         messages: NodeMessages,
         job_restart: JobRestart,
-        requeue: Callable[..., None],
+        requeue: node_requeue.Requeue,
         selector: Callable[[], selectors.BaseSelector],
         poll: Poll,
         on_warning: Callable[[], bool],

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 from nvrx import jobenv
 from nvrx.store.sealed_keys import ChainValue
 
-from . import node_keys, store_failover
+from . import node_keys, node_requeue, store_failover
 from .config import ALL_DONE_KEY, ALL_ENDED_KEY
 from .course import Course, CourseTracker
 from .exit_codes import ExitCode
@@ -43,7 +42,7 @@ class NodeMessages:
         control: NodeControl,
         ranks: LocalRanks,
         job_restart: JobRestart,
-        requeue: Callable[[str | None], None],
+        requeue: node_requeue.Requeue,
     ) -> None:
         self.store, self.course, self.control, self.ranks = store, course, control, ranks
         self.job_restart, self.requeue = job_restart, requeue

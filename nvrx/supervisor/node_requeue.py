@@ -12,7 +12,10 @@ left to end the job in SLURM: it would stay RUNNING until its time limit. The
 store host that took over ends it when the training is done. A job of two
 nodes has no store host to take over (``failover``): there the survivor asks
 SLURM whether the other node still runs a step (``probe_other_of_two``), and
-requeues the job without it when it does not.
+requeues the job without it when it does not and the job is still RUNNING a
+while later. That wait lets a store host that is alive but cut off from the
+survivor by a partition requeue first (without the survivor, whose supervisor
+it saw fall silent): one requeue per loss, decided by the store host when it can.
 
 SLURM requeues even a job that was cancelled or ended, so nothing is requeued
 unless SLURM says the job is RUNNING (``job_running``).
@@ -25,7 +28,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from nvrx.slurm import commands
 from nvrx.slurm.nodelist import expand_nodelist
@@ -35,6 +38,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _NONE = ("", "(null)", "None")
+
+#: Seconds between two questions to SLURM while waiting for a job to leave RUNNING.
+_LOOK_S = 1.0
+
+
+class Requeue(Protocol):
+    """``requeue_without`` as the supervisor's parts call it (bound to its preemption and
+    event writer)."""
+
+    def __call__(self, host: str | None, probe: bool = True) -> None: ...
 
 
 def requeue_excluding(job_id: str, lost: Iterable[str]) -> list[str] | None:
@@ -62,9 +75,10 @@ def requeue_excluding(job_id: str, lost: Iterable[str]) -> list[str] | None:
 
 
 def _running(job_id: str, info: Mapping[str, str] | None) -> bool:
+    """Whether ``scontrol show job`` says RUNNING (logged when not: nothing is requeued)."""
     state = None if info is None else info.get("JobState")
     if state != "RUNNING":
-        log.warning("job %s is %s, not RUNNING: not requeued for a lost node", job_id, state)
+        log.warning("job %s is %s, not RUNNING: it is not requeued for a lost node", job_id, state)
     return state == "RUNNING"
 
 
@@ -79,15 +93,27 @@ def job_running(job_id: str, env: Mapping[str, str] | None = None) -> bool:
 
 
 def other_node_of_two(env: Mapping[str, str] = os.environ) -> str | None:
-    """The other node of this SLURM step (``SLURM_STEP_NODELIST``) when the step has exactly
-    two nodes and this (``SLURMD_NODENAME``) is one of them; else None."""
-    own = env.get("SLURMD_NODENAME")
+    """The first node of this SLURM step (``SLURM_STEP_NODELIST``), where node rank 0 and
+    the store run (``topology``), when the step has exactly two nodes and this one
+    (``SLURMD_NODENAME``) is the second; else None."""
     try:
         nodes = expand_nodelist(env.get("SLURM_STEP_NODELIST", ""))
     except ValueError:
         return None
-    others = [n for n in nodes if n != own]
-    return others[0] if len(nodes) == 2 and len(others) == 1 else None
+    if len(nodes) != 2 or nodes[0] == nodes[1] or env.get("SLURMD_NODENAME") != nodes[1]:
+        return None
+    return nodes[0]
+
+
+def _still_running_after(job_id: str, settle_s: float, env: Mapping[str, str]) -> bool:
+    """Whether ``job_id`` is still RUNNING ``settle_s`` from now; False as soon as it is not
+    (a cancel, or a requeue by another supervisor)."""
+    deadline = time.monotonic() + settle_s
+    while job_running(job_id, env):
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(_LOOK_S)  # no event tells that a job left RUNNING: SLURM is asked again
+    return False
 
 
 @dataclass(frozen=True)
@@ -99,10 +125,14 @@ class OtherNode:
     probe_s: float
 
 
-def probe_other_of_two(job_id: str, env: Mapping[str, str] = os.environ) -> OtherNode | None:
-    """Whether the other node of this two-node step still runs a SLURM step; None when SLURM
+def probe_other_of_two(
+    job_id: str, settle_s: float, env: Mapping[str, str] = os.environ
+) -> OtherNode | None:
+    """Whether the first node of this two-node step still runs a SLURM step; None when SLURM
     cannot tell: the step is not of two nodes, the job is not RUNNING (cancelled, say: its
-    nodes stop answering too), or this node does not answer either."""
+    nodes stop answering too), this node does not answer either, or a node that did not
+    answer is followed within ``settle_s`` by the job leaving RUNNING (a cancel, or a
+    requeue by a store host that is alive beyond a partition)."""
     other, own = other_node_of_two(env), env.get("SLURMD_NODENAME")
     if other is None or own is None or not job_running(job_id, env):
         return None
@@ -112,7 +142,10 @@ def probe_other_of_two(job_id: str, env: Mapping[str, str] = os.environ) -> Othe
         return None
     t0 = time.monotonic()
     answered = commands.node_answers(job_id, other, env=env)
-    return OtherNode(other, answered, round(time.monotonic() - t0, 3))
+    took = round(time.monotonic() - t0, 3)
+    if not answered and not _still_running_after(job_id, settle_s, env):
+        return None
+    return OtherNode(other, answered, took)
 
 
 def end_orphaned_job(job_id: str) -> None:

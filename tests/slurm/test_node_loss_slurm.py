@@ -10,8 +10,9 @@ cgroup and SIGKILLs its slurmd, step daemons and job processes at once).
 * the same job loses node1 (the store host: two nodes cannot fail over): node2's supervisor
   stops, records node1 lost and requeues the job without it; where only node1's supervisor
   is killed (node1 still answers SLURM), the job ends there, not requeued;
-* what that survivor asks SLURM, against a plain two-node job: both nodes answer while it
-  runs; once it is cancelled nothing is asked and no requeue is made.
+* what that survivor asks SLURM, against a plain two-node job: the first node answers while
+  it runs, a node that does not answer stops counting once the job is cancelled, and then
+  nothing is asked and no requeue is made.
 
 ``nvrx-report`` names the lost node each time, and no process of ours is left afterwards.
 """
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
+from unittest.mock import ANY
 
 import psutil
 import pytest
@@ -269,18 +272,38 @@ def test_a_killed_store_host_supervisor_on_a_responding_node_ends_the_job_unrequ
 def test_slurm_is_asked_about_the_other_node_of_two_only_while_the_job_runs(
     slurm_cluster: LocalSlurmCluster, tmp_path, monkeypatch
 ) -> None:
-    """What the survivor of a two-node job asks SLURM, against a real job: while it runs, both
-    nodes answer a no-op step; once cancelled, nothing is asked, and a requeue for a lost node
-    is refused (SLURM itself would requeue a cancelled job)."""
+    """What the survivor of a two-node job asks SLURM, against a real job on node1 and node2
+    (the survivor's node and step named through its variables): the first node answers while
+    the job runs; nothing is asked when the survivor's own node runs no step of the job; a
+    node that does not answer counts while the job stays RUNNING, and not once it is
+    cancelled during the wait; after that nothing is asked and no requeue is made (SLURM
+    itself would requeue a cancelled job)."""
     job = _sbatch(slurm_cluster, tmp_path, "-N2", "-w", "node[1-2]", "--time=5", "--wrap", "sleep 600")
     state = lambda: (commands.show_job(job, env=slurm_cluster.env) or {}).get("JobState")  # noqa: E731
     wait_until("the job to run", lambda: state() == "RUNNING", 60, state=state)
-    env = {**slurm_cluster.env, "SLURMD_NODENAME": "node2", "SLURM_STEP_NODELIST": "node[1-2]"}
-    other = node_requeue.probe_other_of_two(str(job), env)
-    assert other is not None and (other.node, other.answered) == ("node1", True), other
-    slurm_cluster.run(["scancel", str(job)])
-    wait_until("the job to end", lambda: state() != "RUNNING", 60, state=state)
-    assert node_requeue.probe_other_of_two(str(job), env) is None
+
+    def probe(own: str, nodelist: str, settle_s: float = 0.0) -> node_requeue.OtherNode | None:
+        env = {**slurm_cluster.env, "SLURMD_NODENAME": own, "SLURM_STEP_NODELIST": nodelist}
+        return node_requeue.probe_other_of_two(str(job), settle_s, env)
+
+    assert probe("node2", "node[1-2]") == node_requeue.OtherNode("node1", True, ANY)
+    assert probe("node3", "node[1,3]") is None  # node3 runs no step of the job
+    assert probe("node2", "node[4,2]") == node_requeue.OtherNode("node4", False, ANY)
+    real, asked = commands.node_answers, threading.Event()
+
+    def node_answers(job_id: str, node: str, **kwargs: object) -> bool:
+        answered = real(job_id, node, **kwargs)  # type: ignore[arg-type]
+        if node == "node4":  # the node that does not answer: the wait for the job begins
+            asked.set()
+        return answered
+
+    monkeypatch.setattr(commands, "node_answers", node_answers)
+    cancel = threading.Thread(target=lambda: asked.wait(60) and slurm_cluster.run(["scancel", str(job)]))
+    cancel.start()
+    assert probe("node2", "node[4,2]", settle_s=300) is None  # cancelled while it waited
+    cancel.join()
+    assert state() != "RUNNING"
+    assert probe("node2", "node[1-2]") is None
     for key in [k for k in os.environ if k.startswith("SLURM_")]:  # as in slurm_cluster.env
         monkeypatch.delenv(key)
     assert node_requeue.requeue_excluding(str(job), ["node1"]) is None
