@@ -100,22 +100,24 @@ class Failover:
         return False
 
     def _alone_of_two(self) -> bool:
-        """Whether this slot is the one left of a job of two slots that lost its store host
-        (no stop signal came first: then the store went with the job)."""
+        """Whether this slot is the one left of a job of two slots that lost its store host.
+        (A stop signal handled before the loss made the job stopping: ``store_lost`` ends first.)"""
         store = self.store
         return (
             self._can_fail_over() and self._roles.enabled and store.config.nnodes == 2
-            and self._roles.slot != store.slot and self.control.signalled is None
+            and self._roles.slot != store.slot
         )  # fmt: skip
 
     def _requeue_without_store_host(self, lost_wall: float) -> None:
         """Under SLURM, a store host whose node runs no SLURM step is a lost node: recorded
-        lost, and the job requeued without it. One that answers lost only its supervisor or
-        ended its part: the job ends with this slot (the answer is a ``node_probe``)."""
+        lost, and the job requeued without it, or ended when it may not be requeued (its
+        batch host is gone: nothing else would end it before its time limit). One that
+        answers lost only its supervisor or ended its part: the job ends with this slot (the
+        answer is a ``node_probe``)."""
         job_id = os.environ.get("SLURM_JOB_ID")
         settle_s = self.store.config.node_timeout + commands.PROBE_TIMEOUT_S
         other = node_requeue.probe_other_of_two(job_id, settle_s) if job_id else None
-        if other is None:
+        if job_id is None or other is None:
             return
         slot = self.store.slot
         if other.answered:
@@ -127,6 +129,7 @@ class Failover:
             return
         self._roles.record_lost_store_host(slot, other.node, lost_wall)
         self.requeue(other.node, probe=False)
+        node_requeue.end_unrequeued(job_id, other.node)
 
     def _can_fail_over(self) -> bool:
         store = self.store

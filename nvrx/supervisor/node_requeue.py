@@ -120,9 +120,9 @@ def _still_running_after(job_id: str, settle_s: float, env: Mapping[str, str]) -
 class OtherNode:
     """What SLURM said of the other node of a two-node job (``probe_other_of_two``)."""
 
-    node: str
-    answered: bool
-    probe_s: float
+    node: str  # the step's first node, where node rank 0 and the store ran
+    answered: bool  # whether a no-op step of the job ran there
+    probe_s: float  # seconds that step took to run or to fail
 
 
 def probe_other_of_two(
@@ -134,7 +134,11 @@ def probe_other_of_two(
     answer is followed within ``settle_s`` by the job leaving RUNNING (a cancel, or a
     requeue by a store host that is alive beyond a partition)."""
     other, own = other_node_of_two(env), env.get("SLURMD_NODENAME")
-    if other is None or own is None or not job_running(job_id, env):
+    if other is None or own is None:
+        log.warning("node %s is not the second of a two-node step (SLURM_STEP_NODELIST=%s): "
+                    "SLURM is not asked about node 0's node", own, env.get("SLURM_STEP_NODELIST"))  # fmt: skip
+        return None
+    if not job_running(job_id, env):
         return None
     if not commands.node_answers(job_id, own, env=env):
         log.warning("node %s (this one) runs no SLURM step of job %s either: SLURM cannot "
@@ -146,6 +150,19 @@ def probe_other_of_two(
     if not answered and not _still_running_after(job_id, settle_s, env):
         return None
     return OtherNode(other, answered, took)
+
+
+def end_unrequeued(job_id: str, batch_host: str) -> None:
+    """``scancel`` a job still RUNNING after its lost ``batch_host`` was excluded by a requeue
+    that SLURM refused (``--no-requeue``, say): nothing else would end it before its time limit."""
+    if not job_running(job_id):
+        return
+    log.warning("job %s lost node %s, which ran its batch script, and was not requeued: "
+                "ending it", job_id, batch_host)  # fmt: skip
+    try:
+        commands.cancel([job_id])
+    except (commands.SlurmCommandError, OSError) as exc:
+        log.error("could not end job %s: %s", job_id, exc)
 
 
 def end_orphaned_job(job_id: str) -> None:

@@ -212,9 +212,9 @@ class NodeRoles:
         return loss
 
     def record_lost_store_host(self, slot: int, host: str, lost_wall: float) -> None:
-        """(The survivor of a job of two slots) the store host's slot was lost with the store,
-        so nothing can be declared in it: recorded as a loss that stops the job. No spare took
-        its node rank (that needs a store), so it still held node rank ``slot``."""
+        """Record the store host's ``slot`` lost, as the survivor of a job of two slots sees it:
+        the store went with it, so nothing can be declared in it; a loss that stops the job.
+        No spare took its node rank (that needs a store), so it still held node rank ``slot``."""
         self._emit(
             "node_lost",
             lost_node=slot,

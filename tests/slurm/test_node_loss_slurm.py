@@ -8,8 +8,9 @@ cgroup and SIGKILLs its slurmd, step daemons and job processes at once).
 * ``train.sbatch`` without a spare loses node2: the job stops with "node lost, no spare" and
   is requeued with node2 excluded, then completes elsewhere from its checkpoint;
 * the same job loses node1 (the store host: two nodes cannot fail over): node2's supervisor
-  stops, records node1 lost and requeues the job without it; where only node1's supervisor
-  is killed (node1 still answers SLURM), the job ends there, not requeued;
+  stops, records node1 lost and requeues the job without it (ends it, when it was submitted
+  with --no-requeue); where only node1's supervisor is killed (node1 still answers SLURM),
+  the job ends there, not requeued;
 * what that survivor asks SLURM, against a plain two-node job: the first node answers while
   it runs, a node that does not answer stops counting once the job is cancelled, and then
   nothing is asked and no requeue is made.
@@ -21,7 +22,8 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from unittest.mock import ANY
 
@@ -274,10 +276,10 @@ def test_slurm_is_asked_about_the_other_node_of_two_only_while_the_job_runs(
 ) -> None:
     """What the survivor of a two-node job asks SLURM, against a real job on node1 and node2
     (the survivor's node and step named through its variables): the first node answers while
-    the job runs; nothing is asked when the survivor's own node runs no step of the job; a
-    node that does not answer counts while the job stays RUNNING, and not once it is
-    cancelled during the wait; after that nothing is asked and no requeue is made (SLURM
-    itself would requeue a cancelled job)."""
+    the job runs; when the survivor's own node runs no step of the job, the answer is None;
+    a node that does not answer counts once the job still runs after the wait, and not when
+    the job is cancelled during the wait; after that nothing is asked and no requeue is
+    made (SLURM itself would requeue a cancelled job)."""
     job = _sbatch(slurm_cluster, tmp_path, "-N2", "-w", "node[1-2]", "--time=5", "--wrap", "sleep 600")
     state = lambda: (commands.show_job(job, env=slurm_cluster.env) or {}).get("JobState")  # noqa: E731
     wait_until("the job to run", lambda: state() == "RUNNING", 60, state=state)
@@ -288,27 +290,45 @@ def test_slurm_is_asked_about_the_other_node_of_two_only_while_the_job_runs(
 
     assert probe("node2", "node[1-2]") == node_requeue.OtherNode("node1", True, ANY)
     assert probe("node3", "node[1,3]") is None  # node3 runs no step of the job
-    assert probe("node2", "node[4,2]") == node_requeue.OtherNode("node4", False, ANY)
-    real, asked = commands.node_answers, threading.Event()
+    t0 = time.monotonic()
+    assert probe("node2", "node[4,2]", settle_s=2.0) == node_requeue.OtherNode("node4", False, ANY)
+    assert time.monotonic() - t0 >= 2.0  # node4 counted only once the job still ran 2 s later
+    real, looks = node_requeue.job_running, []
 
-    def node_answers(job_id: str, node: str, **kwargs: object) -> bool:
-        answered = real(job_id, node, **kwargs)  # type: ignore[arg-type]
-        if node == "node4":  # the node that does not answer: the wait for the job begins
-            asked.set()
-        return answered
+    def job_running(job_id: str, env: Mapping[str, str] | None = None) -> bool:
+        running = real(job_id, env)
+        looks.append(running)
+        if len(looks) == 2:  # the wait's first look saw the job RUNNING: it is cancelled now
+            slurm_cluster.run(["scancel", str(job)])
+        return running
 
-    monkeypatch.setattr(commands, "node_answers", node_answers)
-    cancel = threading.Thread(target=lambda: asked.wait(60) and slurm_cluster.run(["scancel", str(job)]))
-    cancel.start()
-    assert probe("node2", "node[4,2]", settle_s=300) is None  # cancelled while it waited
-    cancel.join()
-    assert state() != "RUNNING"
-    assert probe("node2", "node[1-2]") is None
+    monkeypatch.setattr(node_requeue, "job_running", job_running)
+    t0 = time.monotonic()
+    assert probe("node2", "node[4,2]", settle_s=300) is None
+    assert looks[:2] == [True, True] and not looks[-1] and time.monotonic() - t0 < 300, looks
+    asked: list[str] = []
+    monkeypatch.setattr(commands, "node_answers", lambda job_id, node, **kw: bool(asked.append(node)))
+    assert probe("node2", "node[1-2]") is None and asked == []
     for key in [k for k in os.environ if k.startswith("SLURM_")]:  # as in slurm_cluster.env
         monkeypatch.delenv(key)
     assert node_requeue.requeue_excluding(str(job), ["node1"]) is None
     info = commands.show_job(job, env=slurm_cluster.env)
     assert info is not None and info.get("Restarts") == "0", info
+
+
+def test_a_two_node_job_with_no_requeue_that_loses_its_store_host_is_ended(
+    slurm_cluster: LocalSlurmCluster, tmp_path
+) -> None:
+    """Submitted with --no-requeue, node1 (the batch host and store host) crashes: node2 records
+    it lost, cannot requeue, and ends the job instead of leaving it RUNNING until its limit."""
+    job, job_dir, out = _node_lost(slurm_cluster, tmp_path, 1, "--no-requeue", node="node1")
+    assert slurm_cluster.wait_job(job, timeout=300, fail_fast=False) == "CANCELLED", out.read_text()[-4000:]
+    lost = _events(job_dir, "node_lost")
+    assert [(e["lost_host"], e["seen_by"], e["action"]) for e in lost] == [("node1", 1, "stop")], lost
+    assert not _events(job_dir, "requeue")
+    info = commands.show_job(job, env=slurm_cluster.env)
+    assert info is not None and info.get("Restarts") == "0", info
+    _wait_none_of_ours(job)
 
 
 def test_a_job_submitted_with_no_requeue_stops_for_a_lost_node_and_is_not_requeued(

@@ -1,0 +1,95 @@
+"""What the survivor of a job of two slots does once its store host is gone (``Failover``):
+which slots ask SLURM at all, and what each answer of ``node_requeue.probe_other_of_two``
+leads to. SLURM itself answers in ``tests/slurm/test_node_loss_slurm.py``; here its answer
+is given, so the decision is checked on any machine."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from nvrx.supervisor import node_requeue
+from nvrx.supervisor.failover import Failover
+from nvrx.supervisor.node_requeue import OtherNode
+
+
+class _Survivor:
+    """A Failover over plain stand-ins that record what it did."""
+
+    def __init__(self, nnodes: int = 2, slot: int = 1, enabled: bool = True, hosts: bool = False) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.lost: list[tuple[int, str]] = []
+        self.requeued: list[tuple[str | None, bool]] = []
+        roles = SimpleNamespace(
+            enabled=enabled, slot=slot,
+            record_lost_store_host=lambda s, host, wall: self.lost.append((s, host)),
+        )  # fmt: skip
+        config = SimpleNamespace(nnodes=nnodes, node_timeout=3.0, store_host="node1", store_port=1)
+        self.store = SimpleNamespace(config=config, service=object() if hosts else None, roles=roles, slot=0)
+        control = SimpleNamespace(emit=lambda kind, **fields: self.events.append((kind, fields)))
+        course = SimpleNamespace(stopping=False)
+        self.failover = Failover(
+            self.store, course, control, None, None,  # type: ignore[arg-type]
+            lambda host, probe=True: self.requeued.append((host, probe)),
+        )  # fmt: skip
+
+
+@pytest.fixture
+def slurm(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """SLURM's answer about the other node, given; what was asked and ended, recorded."""
+    seen: dict[str, Any] = {"answer": None, "asked": [], "ended": []}
+
+    def probe(job_id: str, settle_s: float) -> OtherNode | None:
+        seen["asked"].append((job_id, settle_s))
+        return seen["answer"]
+
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setattr(node_requeue, "probe_other_of_two", probe)
+    monkeypatch.setattr(node_requeue, "end_unrequeued", lambda job, node: seen["ended"].append((job, node)))
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "alone"),
+    [
+        ({}, True),
+        ({"nnodes": 3}, False),  # three slots elect a successor instead
+        ({"slot": 0}, False),  # the store host's own slot
+        ({"enabled": False}, False),  # node liveness off
+        ({"hosts": True}, False),  # a slot that hosts the store lost its own service
+    ],
+)
+def test_only_the_slot_left_of_two_asks_slurm(kwargs: dict[str, Any], alone: bool) -> None:
+    assert _Survivor(**kwargs).failover._alone_of_two() is alone
+
+
+def test_a_silent_store_host_is_recorded_lost_and_the_job_requeued_without_it(slurm) -> None:
+    survivor, slurm["answer"] = _Survivor(), OtherNode("node1", False, 20.0)
+    survivor.failover._requeue_without_store_host(123.0)
+    assert slurm["asked"] == [("7", 3.0 + node_requeue.commands.PROBE_TIMEOUT_S)]
+    assert survivor.lost == [(0, "node1")] and survivor.requeued == [("node1", False)]
+    assert slurm["ended"] == [("7", "node1")] and survivor.events == []  # ended only if still RUNNING
+
+
+def test_a_store_host_that_answers_is_a_node_probe_and_nothing_is_requeued(slurm) -> None:
+    survivor, slurm["answer"] = _Survivor(), OtherNode("node1", True, 0.2)
+    survivor.failover._requeue_without_store_host(123.0)
+    assert survivor.events == [
+        ("node_probe", dict(lost_slot=0, lost_host="node1", responding=True, probe_s=0.2, note=None))
+    ]
+    assert survivor.lost == [] and survivor.requeued == [] and slurm["ended"] == []
+
+
+def test_when_slurm_cannot_tell_nothing_is_recorded(slurm) -> None:
+    survivor = _Survivor()
+    survivor.failover._requeue_without_store_host(123.0)
+    assert slurm["asked"] and survivor.events == survivor.lost == survivor.requeued == []
+
+
+def test_outside_slurm_nothing_is_asked(slurm, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLURM_JOB_ID")
+    survivor = _Survivor()
+    survivor.failover._requeue_without_store_host(123.0)
+    assert slurm["asked"] == [] and survivor.events == survivor.requeued == []
