@@ -124,6 +124,24 @@ def _spare_job(cluster: LocalSlurmCluster, tmp_path: Path) -> tuple[int, Path, P
     return job, tmp_path / "logs" / str(job), out
 
 
+def _supervisor_killed(
+    cluster: LocalSlurmCluster, tmp_path: Path, nproc: int, node: int
+) -> tuple[int, Path, Path]:
+    """``train.sbatch`` on two nodes trains, then node rank ``node``'s supervisor is SIGKILLed
+    (its node stays up): the job's id, its directory and its output file."""
+    out = tmp_path / "out.txt"
+    export = _export(tmp_path, NVRX_NPROC_PER_NODE=str(nproc))
+    job = _sbatch(
+        cluster, tmp_path, "-N2", "--time=10", f"--export={export}", "-o", str(out),
+        str(TEMPLATES / "train.sbatch"), *_demo(100),
+    )  # fmt: skip
+    job_dir = tmp_path / "logs" / str(job)
+    _wait_training(job_dir, out)
+    (start,) = [e for e in _events(job_dir, "supervisor_start") if e["node"] == node]
+    psutil.Process(start["supervisor_pid"]).kill()
+    return job, job_dir, out
+
+
 def test_a_spare_node_takes_over_a_lost_node(slurm_cluster: LocalSlurmCluster, tmp_path) -> None:
     job, job_dir, out = _spare_job(slurm_cluster, tmp_path)
     _wait_training(job_dir, out)
@@ -246,16 +264,7 @@ def test_a_killed_store_host_supervisor_on_a_responding_node_ends_the_job_unrequ
 ) -> None:
     """node1's supervisor (and with it the store) SIGKILLed, its slurmd up: node2 stops with
     exit 3, and since node1 answers SLURM nothing is declared lost or requeued: the job ends."""
-    out = tmp_path / "out.txt"
-    export = _export(tmp_path, NVRX_NPROC_PER_NODE="1")
-    job = _sbatch(
-        slurm_cluster, tmp_path, "-N2", "--time=10", f"--export={export}", "-o", str(out),
-        str(TEMPLATES / "train.sbatch"), *_demo(100),
-    )  # fmt: skip
-    job_dir = tmp_path / "logs" / str(job)
-    _wait_training(job_dir, out)
-    (start,) = [e for e in _events(job_dir, "supervisor_start") if e["node"] == 0]
-    psutil.Process(start["supervisor_pid"]).kill()
+    job, job_dir, out = _supervisor_killed(slurm_cluster, tmp_path, 1, node=0)
     assert slurm_cluster.wait_job(job, timeout=120) == "FAILED", out.read_text()[-4000:]
     stops = [e for e in _events(job_dir, "job_stop") if e["node"] == 1]
     assert stops and stops[0]["exit_code"] == 3, stops
@@ -351,16 +360,7 @@ def test_a_killed_supervisor_on_a_responding_node_is_not_excluded(
     """node2's supervisor SIGKILLed, its slurmd up: the job stops for the lost slot (no
     spare) and is requeued, but node2 answers SLURM, so neither the requeue nor the report
     excludes it."""
-    out = tmp_path / "out.txt"
-    export = _export(tmp_path, NVRX_NPROC_PER_NODE="2")
-    job = _sbatch(
-        slurm_cluster, tmp_path, "-N2", "--time=10", f"--export={export}", "-o", str(out),
-        str(TEMPLATES / "train.sbatch"), *_demo(100),
-    )  # fmt: skip
-    job_dir = tmp_path / "logs" / str(job)
-    _wait_training(job_dir, out)
-    (start,) = [e for e in _events(job_dir, "supervisor_start") if e["node"] == 1]
-    psutil.Process(start["supervisor_pid"]).kill()
+    job, job_dir, out = _supervisor_killed(slurm_cluster, tmp_path, 2, node=1)
     wait_until(
         "the job to run again",
         lambda: (commands.show_job(job, env=slurm_cluster.env) or {}).get("Restarts") == "1",
