@@ -115,9 +115,11 @@ class Failover:
         answers lost only its supervisor or ended its part: the job ends with this slot (the
         answer is a ``node_probe``)."""
         job_id = os.environ.get("SLURM_JOB_ID")
+        if not job_id:
+            return
         settle_s = self.store.config.node_timeout + commands.PROBE_TIMEOUT_S
-        other = node_requeue.probe_other_of_two(job_id, settle_s) if job_id else None
-        if job_id is None or other is None:
+        other = node_requeue.probe_other_of_two(job_id, settle_s)
+        if other is None:
             return
         slot = self.store.slot
         if other.answered:

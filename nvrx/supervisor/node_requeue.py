@@ -54,7 +54,8 @@ def requeue_excluding(job_id: str, lost: Iterable[str]) -> list[str] | None:
     """Requeue ``job_id`` excluding ``lost`` (SLURM node names); the excluded nodes, or None
     when the job may not be requeued. Raises ``SlurmCommandError`` when SLURM refuses."""
     info = commands.show_job(job_id)
-    if not _running(job_id, info):
+    if _state(info) != "RUNNING":
+        log.warning("job %s is %s, not RUNNING: not requeued for a lost node", job_id, _state(info))
         return None
     if info is None or info.get("Requeue") != "1":
         log.warning("job %s is not requeueable (--no-requeue): not requeued", job_id)
@@ -74,19 +75,16 @@ def requeue_excluding(job_id: str, lost: Iterable[str]) -> list[str] | None:
     return names
 
 
-def _running(job_id: str, info: Mapping[str, str] | None) -> bool:
-    """Whether ``scontrol show job`` says RUNNING (logged when not: nothing is requeued)."""
-    state = None if info is None else info.get("JobState")
-    if state != "RUNNING":
-        log.warning("job %s is %s, not RUNNING: it is not requeued for a lost node", job_id, state)
-    return state == "RUNNING"
+def _state(info: Mapping[str, str] | None) -> str | None:
+    """The ``JobState`` of ``scontrol show job``; None for a job slurmctld no longer knows."""
+    return None if info is None else info.get("JobState")
 
 
 def job_running(job_id: str, env: Mapping[str, str] | None = None) -> bool:
     """Whether SLURM says ``job_id`` is RUNNING: not cancelled, timed out, ending or requeued
     already. A job that is not must not be requeued for a loss."""
     try:
-        return _running(job_id, commands.show_job(job_id, env=env))
+        return _state(commands.show_job(job_id, env=env)) == "RUNNING"
     except (commands.SlurmCommandError, OSError) as exc:
         log.warning("cannot ask SLURM whether job %s runs: %s", job_id, exc)
         return False
@@ -139,6 +137,7 @@ def probe_other_of_two(
                     "SLURM is not asked about node 0's node", own, env.get("SLURM_STEP_NODELIST"))  # fmt: skip
         return None
     if not job_running(job_id, env):
+        log.warning("job %s is not RUNNING: SLURM is not asked about node %s", job_id, other)
         return None
     if not commands.node_answers(job_id, own, env=env):
         log.warning("node %s (this one) runs no SLURM step of job %s either: SLURM cannot "
@@ -148,6 +147,8 @@ def probe_other_of_two(
     answered = commands.node_answers(job_id, other, env=env)
     took = round(time.monotonic() - t0, 3)
     if not answered and not _still_running_after(job_id, settle_s, env):
+        log.warning("node %s ran no step, but job %s left RUNNING within %.0f s: the node is "
+                    "not counted as lost", other, job_id, settle_s)  # fmt: skip
         return None
     return OtherNode(other, answered, took)
 
