@@ -7,14 +7,16 @@ its children again with the new address, as one new process generation
 (``NVRX_FRESH_START``). The successor declares the old host's slot lost, so a
 spare takes over its node rank as after any node loss. A store host that
 loses its own store service, or a job of one node, has nobody to fail over
-to: it stops as before (exit 3). Neither has the survivor of a job of two slots,
-which never holds a majority: it stops too, and under SLURM, when the other node
-no longer runs a SLURM step, records it lost and requeues the job without it
-(``node_requeue.probe_other_of_two``), since that node may have held the batch
-script, without which the allocation would stay until its time limit. Before it
-requeues, it waits ``node_timeout`` plus a probe's timeout: the time a store host
-that is alive beyond a partition takes to declare this slot lost and requeue the
-job itself, which leaves this slot nothing to do.
+to: it stops as before (exit 3). Neither has a survivor of a job of two slots,
+which never holds a majority, nor one of a job that lost too many slots at once for
+a majority to elect a successor: they stop too, and under SLURM, when the step's
+first node (the batch host, without which the allocation would stay until its time
+limit) no longer runs a SLURM step, the lowest survivor whose node answers records
+every node that does not lost and requeues the job without them
+(``node_requeue.probe_step_nodes``). Before it requeues, it waits ``node_timeout``
+plus a probe's timeout: the time a store host that is alive beyond a partition takes
+to declare the survivors' slots lost and requeue the job itself, which leaves them
+nothing to do.
 
 What takes seconds is ready before it is needed: while the job runs, each
 supervisor keeps a node agent started that has no address yet, and the slot next in line (the lowest one
@@ -95,43 +97,47 @@ class Failover:
             ExitCode.STORE_UNAVAILABLE,
             broadcast=False,
         )
-        if self._alone_of_two():
-            self._requeue_without_store_host(lost_wall)
+        if self._survivor():
+            self._requeue_without_lost_nodes(lost_wall)
         return False
 
-    def _alone_of_two(self) -> bool:
-        """Whether this slot is the one left of a job of two slots that lost its store host.
+    def _survivor(self) -> bool:
+        """Whether this slot survived its store host and could not fail over.
         (A stop signal handled before the loss made the job stopping: ``store_lost`` ends first.)"""
-        store = self.store
-        return (
-            self._can_fail_over() and self._roles.enabled and store.config.nnodes == 2
-            and self._roles.slot != store.slot
-        )  # fmt: skip
+        return self._can_fail_over() and self._roles.enabled and self._roles.slot != self.store.slot
 
-    def _requeue_without_store_host(self, lost_wall: float) -> None:
-        """Under SLURM, a store host whose node runs no SLURM step is a lost node: recorded
-        lost, and the job requeued without it, or ended when it may not be requeued (its
-        batch host is gone: nothing else would end it before its time limit). One that
-        answers lost only its supervisor or ended its part: the job ends with this slot (the
-        answer is a ``node_probe``)."""
+    def _requeue_without_lost_nodes(self, lost_wall: float) -> None:
+        """Under SLURM, when the step's first node (the batch host) runs no SLURM step, the
+        lowest survivor records every node that runs none lost and requeues the job without
+        them, or ends it when it may not be requeued (nothing else would end it before its
+        time limit). When the first node answers, the job ends with the survivors (a
+        ``node_probe`` says whether the store host's node answered)."""
         job_id = os.environ.get("SLURM_JOB_ID")
         if not job_id:
             return
         settle_s = self.store.config.node_timeout + commands.PROBE_TIMEOUT_S
-        other = node_requeue.probe_other_of_two(job_id, settle_s)
-        if other is None:
+        answers = node_requeue.probe_step_nodes(job_id, settle_s)
+        if answers is None:
             return
+        if answers.batch_host_answered:
+            self._store_host_probed(answers)
+            return
+        for slot, node in answers.lost:
+            self._roles.record_lost_unreplaced(slot, node, lost_wall)
+        self.requeue([node for _, node in answers.lost], probe=False)
+        node_requeue.end_unrequeued(job_id, answers.nodes[0])
+
+    def _store_host_probed(self, answers: node_requeue.StepAnswers) -> None:
         slot = self.store.slot
-        if other.answered:
-            log.warning("store host %s still runs SLURM steps: the job is not requeued", other.node)
-            self.control.emit(
-                "node_probe", lost_slot=slot, lost_host=other.node, responding=True,
-                probe_s=other.probe_s, note=None,
-            )  # fmt: skip
+        if slot >= len(answers.nodes):
             return
-        self._roles.record_lost_store_host(slot, other.node, lost_wall)
-        self.requeue(other.node, probe=False)
-        node_requeue.end_unrequeued(job_id, other.node)
+        node = answers.nodes[slot]
+        log.warning("node %s, the batch host, still runs SLURM steps: the job is not requeued",
+                    answers.nodes[0])  # fmt: skip
+        self.control.emit(
+            "node_probe", lost_slot=slot, lost_host=node, responding=node in answers.answered,
+            probe_s=answers.probe_s[node], note=None,
+        )  # fmt: skip
 
     def _can_fail_over(self) -> bool:
         store = self.store
@@ -175,7 +181,7 @@ class Failover:
         )
         if loss is not None and loss.action == "stop":
             control.request_stop(loss.reason, ExitCode.NODE_LOST, broadcast=True)
-            self.requeue(loss.host)
+            self.requeue([loss.host])
         if self._roles.node_rank is not None:
             for local_rank in range(store.config.nproc_per_node):
                 self.ranks.restarts[local_rank] += 1

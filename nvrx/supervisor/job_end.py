@@ -237,7 +237,7 @@ class JobEnd:
                     log.warning("could not tell the other nodes to stop: the job's secret is unknown")
             except StoreLinkError as exc:
                 log.warning("could not tell the other nodes to stop: %s", exc)
-            self.requeue(loss.host, probe=False)  # a rank asked to exclude it: no question
+            self.requeue([loss.host], probe=False)  # a rank asked to exclude it: no question
         try:
             if loss is not None and loss.action == "spare":  # the others restart with the spare
                 self.job_restart.restart_for_lost_node(loss.node_rank, leaving=True)

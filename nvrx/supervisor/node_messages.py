@@ -100,7 +100,7 @@ class NodeMessages:
             return
         if loss is not None and loss.action == "stop":
             self.control.request_stop(loss.reason, ExitCode.NODE_LOST, broadcast=True)
-            self.requeue(loss.host)
+            self.requeue([loss.host])
         try:
             if loss is not None and loss.action == "spare":
                 self.job_restart.restart_for_lost_node(loss.node_rank)

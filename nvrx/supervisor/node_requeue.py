@@ -9,13 +9,14 @@ the job is not excluded: its supervisor was lost (killed, say), not the node.
 The batch script runs on the job's first node, with node 0's supervisor.
 When that node is lost, the job survives it (``--no-kill``), but nothing is
 left to end the job in SLURM: it would stay RUNNING until its time limit. The
-store host that took over ends it when the training is done. A job of two
-nodes has no store host to take over (``failover``): there the survivor asks
-SLURM whether the other node still runs a step (``probe_other_of_two``), and
-requeues the job without it when it does not and the job is still RUNNING a
-while later. That wait lets a store host that is alive but cut off from the
-survivor by a partition requeue first (without the survivor, whose supervisor
-it saw fall silent): one requeue per loss, decided by the store host when it can.
+store host that took over ends it when the training is done. When no store host
+takes over (``failover``: two slots, or too few left for a majority), the survivors
+ask SLURM which nodes of the step still run a step (``probe_step_nodes``); when the
+first does not, the lowest survivor whose node answers requeues the job without
+every node that did not, if the job is still RUNNING a while later. That wait lets
+a store host that is alive but cut off from the survivors by a partition requeue
+first (without them, whose supervisors it saw fall silent): one requeue per loss,
+decided by the store host when it can.
 
 SLURM requeues even a job that was cancelled or ended, so nothing is requeued
 unless SLURM says the job is RUNNING (``job_running``).
@@ -26,7 +27,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -41,13 +43,15 @@ _NONE = ("", "(null)", "None")
 
 #: Seconds between two questions to SLURM while waiting for a job to leave RUNNING.
 _LOOK_S = 1.0
+#: No-op steps asked of SLURM at once, when every node of a step is asked whether it answers.
+_PROBES_AT_ONCE = 16
 
 
 class Requeue(Protocol):
     """``requeue_without`` as the supervisor's parts call it (bound to its preemption and
     event writer)."""
 
-    def __call__(self, host: str | None, probe: bool = True) -> None: ...
+    def __call__(self, hosts: Sequence[str | None], probe: bool = True) -> None: ...
 
 
 def requeue_excluding(job_id: str, lost: Iterable[str]) -> list[str] | None:
@@ -90,17 +94,19 @@ def job_running(job_id: str, env: Mapping[str, str] | None = None) -> bool:
         return False
 
 
-def other_node_of_two(env: Mapping[str, str] = os.environ) -> str | None:
-    """The first node of this SLURM step (``SLURM_STEP_NODELIST``), where node rank 0 and
-    the store run (``topology``), when the step has exactly two nodes and this one
-    (``SLURMD_NODENAME``) is the second; else None."""
+def step_nodes(env: Mapping[str, str] = os.environ) -> tuple[list[str], int] | None:
+    """The nodes of this SLURM step (``SLURM_STEP_NODELIST``: slot ``i`` started on node ``i``,
+    and the first is the job's batch host) and this node's place among them
+    (``SLURMD_NODENAME``); None when the list cannot be read, names a node twice, or does
+    not hold this node."""
     try:
         nodes = expand_nodelist(env.get("SLURM_STEP_NODELIST", ""))
     except ValueError:
         return None
-    if len(nodes) != 2 or nodes[0] == nodes[1] or env.get("SLURMD_NODENAME") != nodes[1]:
+    own = env.get("SLURMD_NODENAME")
+    if len(set(nodes)) != len(nodes) or own not in nodes:
         return None
-    return nodes[0]
+    return nodes, nodes.index(own)
 
 
 def _still_running_after(job_id: str, settle_s: float, env: Mapping[str, str]) -> bool:
@@ -115,42 +121,84 @@ def _still_running_after(job_id: str, settle_s: float, env: Mapping[str, str]) -
 
 
 @dataclass(frozen=True)
-class OtherNode:
-    """What SLURM said of the other node of a two-node job (``probe_other_of_two``)."""
+class StepAnswers:
+    """What SLURM said of the nodes of this step (``probe_step_nodes``)."""
 
-    node: str  # the step's first node, where node rank 0 and the store ran
-    answered: bool  # whether a no-op step of the job ran there
-    probe_s: float  # seconds that step took to run or to fail
+    nodes: tuple[str, ...]  # the step's nodes: slot i started on node i, the first is the batch host
+    answered: frozenset[str]  # the nodes that ran a no-op step of the job, this one included
+    probe_s: Mapping[str, float]  # seconds each node's step took to run or to fail
+
+    @property
+    def batch_host_answered(self) -> bool:
+        """Whether the first node, which runs the batch script, still runs steps."""
+        return self.nodes[0] in self.answered
+
+    @property
+    def lost(self) -> list[tuple[int, str]]:
+        """Slot and node of every node that ran no step."""
+        return [(slot, node) for slot, node in enumerate(self.nodes) if node not in self.answered]
 
 
-def probe_other_of_two(
+def _answers(
+    job_id: str, nodes: Sequence[str], env: Mapping[str, str]
+) -> dict[str, tuple[bool, float]]:
+    """Whether each of ``nodes`` runs a no-op step of ``job_id``, and how long it took to
+    tell; asked at once, so that silent nodes cost one probe's timeout, not one each."""
+
+    def ask(node: str) -> tuple[bool, float]:
+        t0 = time.monotonic()
+        answered = commands.node_answers(job_id, node, env=env)
+        return answered, round(time.monotonic() - t0, 3)
+
+    if not nodes:
+        return {}
+    with ThreadPoolExecutor(min(len(nodes), _PROBES_AT_ONCE), "nvrx-probe") as pool:
+        return dict(zip(nodes, pool.map(ask, nodes), strict=True))
+
+
+def probe_step_nodes(
     job_id: str, settle_s: float, env: Mapping[str, str] = os.environ
-) -> OtherNode | None:
-    """Whether the first node of this two-node step still runs a SLURM step; None when SLURM
-    cannot tell: the step is not of two nodes, the job is not RUNNING (cancelled, say: its
-    nodes stop answering too), this node does not answer either, or a node that did not
-    answer is followed within ``settle_s`` by the job leaving RUNNING (a cancel, or a
-    requeue by a store host that is alive beyond a partition)."""
-    other, own = other_node_of_two(env), env.get("SLURMD_NODENAME")
-    if other is None or own is None:
-        log.warning("node %s is not the second of a two-node step (SLURM_STEP_NODELIST=%s): "
-                    "SLURM is not asked about node 0's node", own, env.get("SLURM_STEP_NODELIST"))  # fmt: skip
+) -> StepAnswers | None:
+    """Ask SLURM which nodes of this step still run a step of the job, after a loss the job
+    cannot survive (``failover``), for the one survivor that decides: the lowest whose
+    node answers, after the first node. A first node that does not answer is counted only
+    if the job is still RUNNING ``settle_s`` later. None when SLURM cannot tell, or
+    another decides: this node is the first (it runs the batch script) or not in the step,
+    the job is not RUNNING (cancelled, say: its nodes stop answering too), this node does
+    not answer, a node between the first and this one answers (its survivor decides), or
+    the first does not answer and within ``settle_s`` the job leaves RUNNING (a cancel, or
+    a requeue by a store host that is alive beyond a partition)."""
+    step, own = step_nodes(env), env.get("SLURMD_NODENAME")
+    if step is None or step[1] == 0:
+        log.warning("node %s is not a later node of this step (SLURM_STEP_NODELIST=%s): SLURM "
+                    "is not asked about the others", own, env.get("SLURM_STEP_NODELIST"))  # fmt: skip
         return None
+    (nodes, place), own = step, str(own)
     if not job_running(job_id, env):
-        log.warning("job %s is not RUNNING: SLURM is not asked about node %s", job_id, other)
+        log.warning("job %s is not RUNNING: SLURM is not asked about its nodes", job_id)
         return None
     if not commands.node_answers(job_id, own, env=env):
         log.warning("node %s (this one) runs no SLURM step of job %s either: SLURM cannot "
-                    "tell whether %s was lost", own, job_id, other)  # fmt: skip
+                    "tell which nodes were lost", own, job_id)  # fmt: skip
         return None
-    t0 = time.monotonic()
-    answered = commands.node_answers(job_id, other, env=env)
-    took = round(time.monotonic() - t0, 3)
-    if not answered and not _still_running_after(job_id, settle_s, env):
-        log.warning("node %s ran no step, but job %s left RUNNING within %.0f s: the node is "
-                    "not counted as lost", other, job_id, settle_s)  # fmt: skip
+    told = _answers(job_id, [n for n in nodes if n != own], env)
+    told[own] = (True, 0.0)
+    answers = StepAnswers(
+        tuple(nodes), frozenset(n for n, (yes, _) in told.items() if yes),
+        {n: took for n, (_, took) in told.items()},
+    )  # fmt: skip
+    before = [n for n in nodes[1:place] if n in answers.answered]
+    if before:
+        log.warning("node %s, before this one in the step, still runs SLURM steps: its "
+                    "supervisor decides for the job", before[0])  # fmt: skip
         return None
-    return OtherNode(other, answered, took)
+    if answers.batch_host_answered:
+        return answers
+    if not _still_running_after(job_id, settle_s, env):
+        log.warning("nodes %s ran no step, but job %s left RUNNING within %.0f s: they are not "
+                    "counted as lost", [n for _, n in answers.lost], job_id, settle_s)  # fmt: skip
+        return None
+    return answers
 
 
 def end_unrequeued(job_id: str, batch_host: str) -> None:
@@ -173,27 +221,29 @@ def end_orphaned_job(job_id: str) -> None:
 
 
 def requeue_without(
-    host: str | None,
+    hosts: Sequence[str | None],
     preemption: PreemptionHandler | None,
     emit: Callable[..., None],
     probe: bool = True,
 ) -> None:
-    """Under SLURM, the job that stopped for a lost node runs again on other nodes. ``probe``:
-    first ask whether the node still answers (not for a node that left on purpose)."""
+    """Under SLURM, the job that stopped for lost nodes runs again on other nodes. ``probe``:
+    first ask whether each node still answers (not for a node that left on purpose, nor for
+    nodes just asked)."""
     job_id = os.environ.get("SLURM_JOB_ID")
-    if not job_id or not host:
+    lost = [host for host in hosts if host]
+    if not job_id or not lost:
         return
     # SLURM's node state lags a node's death by its SlurmdTimeout; a step answers now.
-    answered = probe and commands.node_answers(job_id, host)
-    if answered:
+    answered = [host for host in lost if probe and commands.node_answers(job_id, host)]
+    for host in answered:
         log.warning(
             "node %s still runs SLURM steps: its supervisor was lost, not the node; "
             "requeued without excluding it", host,
         )  # fmt: skip
     try:
-        excluded = requeue_excluding(job_id, [] if answered else [host])
+        excluded = requeue_excluding(job_id, [host for host in lost if host not in answered])
     except (commands.SlurmCommandError, OSError) as exc:
-        log.error("could not requeue job %s without %s: %s", job_id, host, exc)
+        log.error("could not requeue job %s without %s: %s", job_id, ", ".join(lost), exc)
         return
     if excluded is None:
         return
@@ -201,7 +251,4 @@ def requeue_without(
     if preemption is not None:  # the next run's node 0 then knows who requeued, and why
         run = preemption.run_index
         count = preemption.ledger.append("node_failure", run, issued_by="nvrx")
-    emit(
-        "requeue", cause="node_failure", count=count, excluded=excluded,
-        answered=[host] if answered else [],
-    )  # fmt: skip
+    emit("requeue", cause="node_failure", count=count, excluded=excluded, answered=answered)

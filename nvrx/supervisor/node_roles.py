@@ -211,13 +211,15 @@ class NodeRoles:
             self._check_all_done()
         return loss
 
-    def record_lost_store_host(self, slot: int, host: str, lost_wall: float) -> None:
-        """Record the store host's ``slot`` lost, as the survivor of a job of two slots sees it:
-        the store went with it, so nothing can be declared in it; a loss that stops the job.
-        No spare took its node rank (that needs a store), so it still held node rank ``slot``."""
+    def record_lost_unreplaced(self, slot: int, host: str, lost_wall: float) -> None:
+        """Record ``slot`` lost as a survivor sees it once the store is gone with no successor:
+        nothing can be declared in the store, and the job stops. The node rank it is given
+        is the one it started with (a training slot's own; none for a spare), for no spare
+        took a node rank since the store was lost."""
+        node_rank = slot if slot < self.cfg.active_nodes else None
         self._emit(
             "node_lost",
-            lost_node=slot,
+            lost_node=node_rank,
             lost_slot=slot,
             lost_host=host,
             silent_s=None,
@@ -226,9 +228,9 @@ class NodeRoles:
             slurm_state=_slurm_state(host),
             action="stop",
             replaced_by=None,
-            ranks=self._ranks(slot),
+            ranks=[] if node_rank is None else self._ranks(node_rank),
         )
-        log.warning("slot %d (%s), the store host, lost: two slots cannot fail over", slot, host)
+        log.warning("slot %d (%s) lost with the job's store: the job cannot go on", slot, host)
 
     def _decide(self, slot: int, host: str | None, node_rank: int | None, fresh: bool) -> Loss:
         if node_rank is None:

@@ -11,9 +11,12 @@ cgroup and SIGKILLs its slurmd, step daemons and job processes at once).
   stops, records node1 lost and requeues the job without it (ends it, when it was submitted
   with --no-requeue); where only node1's supervisor is killed (node1 still answers SLURM),
   the job ends there, not requeued;
-* what that survivor asks SLURM, against a plain two-node job: the first node answers while
-  it runs, a node that does not answer stops counting once the job is cancelled, and then
-  nothing is asked and no requeue is made.
+* three nodes lose node2 and node1 at once: node3 cannot elect a store alone, so it records
+  both lost and requeues the job without them;
+* what a survivor asks SLURM, against a plain two-node job: the first node answers while
+  it runs, a survivor after another that answers leaves the decision to it, nodes that do
+  not answer stop counting once the job is cancelled, and then nothing is asked and no
+  requeue is made.
 
 ``nvrx-report`` names the lost node each time, and no process of ours is left afterwards.
 """
@@ -259,6 +262,47 @@ def test_without_a_spare_losing_the_store_host_requeues_the_job_without_it(
     _wait_none_of_ours(job)
 
 
+def test_three_nodes_that_lose_two_with_the_store_host_are_requeued_without_both(
+    slurm_cluster: LocalSlurmCluster, tmp_path
+) -> None:
+    """node2 and node1 (the batch and store host) crash together: node3 alone is no majority
+    of three, so no store is elected; it records both lost and requeues the job without
+    them, which frees the allocation instead of holding node3 until the time limit (with
+    node4 excluded at submission, the job then waits for nodes)."""
+    out = tmp_path / "out.txt"
+    job = _sbatch(
+        slurm_cluster, tmp_path, "-N3", "--exclude=node4", "--time=10",
+        f"--export={_export(tmp_path, NVRX_NPROC_PER_NODE='1')}", "-o", str(out),
+        str(TEMPLATES / "train.sbatch"), *_demo(100),
+    )  # fmt: skip
+    job_dir = tmp_path / "logs" / str(job)
+    _wait_training(job_dir, out)
+    slurm_cluster.crash_node("node2")
+    slurm_cluster.crash_node("node1")
+    show = lambda: commands.show_job(job, env=slurm_cluster.env) or {}  # noqa: E731
+    wait_until(
+        "the job to be requeued", lambda: show().get("Restarts") == "1", 180,
+        state=lambda: (show().get("JobState"), out.read_text()[-3000:] if out.exists() else ""),
+    )  # fmt: skip
+    wait_until("the job to wait for nodes", lambda: show().get("JobState") == "PENDING", 60, state=show)
+    excluded = commands.show_hostnames(show()["ExcNodeList"], env=slurm_cluster.env)
+    assert set(excluded) == {"node1", "node2", "node4"}, show()
+    stops = [e for e in _events(job_dir, "job_stop") if e["node"] == 2]
+    assert stops and stops[0]["exit_code"] == 3, stops
+    lost = _events(job_dir, "node_lost")
+    assert [(e["lost_host"], e["lost_node"], e["seen_by"], e["action"]) for e in lost] == [
+        ("node1", 0, 2, "stop"), ("node2", 1, 2, "stop")
+    ], lost
+    requeues = _events(job_dir, "requeue")
+    assert [(e["cause"], e.get("excluded"), e.get("answered")) for e in requeues] == [
+        ("node_failure", ["node4", "node1", "node2"], [])
+    ], requeues
+    report = build_report(job_dir, sacct=False)
+    text = report.to_text(width=None)
+    assert report.exclude == "node[1-2]" and "--exclude=node[1-2]" in text, text
+    _wait_none_of_ours(job)
+
+
 def test_a_killed_store_host_supervisor_on_a_responding_node_ends_the_job_unrequeued(
     slurm_cluster: LocalSlurmCluster, tmp_path
 ) -> None:
@@ -280,28 +324,32 @@ def test_a_killed_store_host_supervisor_on_a_responding_node_ends_the_job_unrequ
     _wait_none_of_ours(job)
 
 
-def test_slurm_is_asked_about_the_other_node_of_two_only_while_the_job_runs(
+def test_slurm_is_asked_about_the_steps_nodes_only_while_the_job_runs(
     slurm_cluster: LocalSlurmCluster, tmp_path, monkeypatch
 ) -> None:
-    """What the survivor of a two-node job asks SLURM, against a real job on node1 and node2
-    (the survivor's node and step named through its variables): the first node answers while
-    the job runs; when the survivor's own node runs no step of the job, the answer is None;
-    a node that does not answer counts once the job still runs after the wait, and not when
-    the job is cancelled during the wait; after that nothing is asked and no requeue is
-    made (SLURM itself would requeue a cancelled job)."""
+    """What a survivor asks SLURM, against a real job on node1 and node2 (the survivor's node
+    and step named through its variables): the first node answers while the job runs; when
+    the survivor's own node runs no step of the job, or a node between the first and it
+    answers, the answer is None; nodes that do not answer count once the job still runs
+    after the wait, and not when the job is cancelled during the wait; after that nothing is
+    asked and no requeue is made (SLURM itself would requeue a cancelled job)."""
     job = _sbatch(slurm_cluster, tmp_path, "-N2", "-w", "node[1-2]", "--time=5", "--wrap", "sleep 600")
     state = lambda: (commands.show_job(job, env=slurm_cluster.env) or {}).get("JobState")  # noqa: E731
+
     wait_until("the job to run", lambda: state() == "RUNNING", 60, state=state)
 
-    def probe(own: str, nodelist: str, settle_s: float = 0.0) -> node_requeue.OtherNode | None:
+    def probe(own: str, nodelist: str, settle_s: float = 0.0) -> node_requeue.StepAnswers | None:
         env = {**slurm_cluster.env, "SLURMD_NODENAME": own, "SLURM_STEP_NODELIST": nodelist}
-        return node_requeue.probe_other_of_two(str(job), settle_s, env)
+        return node_requeue.probe_step_nodes(str(job), settle_s, env)
 
-    assert probe("node2", "node[1-2]") == node_requeue.OtherNode("node1", True, ANY)
+    both = frozenset({"node1", "node2"})
+    assert probe("node2", "node[1-2]") == node_requeue.StepAnswers(("node1", "node2"), both, ANY)
     assert probe("node3", "node[1,3]") is None  # node3 runs no step of the job
+    assert probe("node2", "node4,node1,node2") is None  # node1 comes first and answers
     t0 = time.monotonic()
-    assert probe("node2", "node[4,2]", settle_s=2.0) == node_requeue.OtherNode("node4", False, ANY)
-    assert time.monotonic() - t0 >= 2.0  # node4 counted only once the job still ran 2 s later
+    answers = probe("node1", "node4,node1,node3", settle_s=2.0)
+    assert answers is not None and answers.lost == [(0, "node4"), (2, "node3")], answers
+    assert time.monotonic() - t0 >= 2.0  # counted only once the job still ran 2 s later
     real, looks = node_requeue.job_running, []
 
     def job_running(job_id: str, env: Mapping[str, str] | None = None) -> bool:
@@ -313,7 +361,7 @@ def test_slurm_is_asked_about_the_other_node_of_two_only_while_the_job_runs(
 
     monkeypatch.setattr(node_requeue, "job_running", job_running)
     t0 = time.monotonic()
-    assert probe("node2", "node[4,2]", settle_s=300) is None
+    assert probe("node2", "node4,node2", settle_s=300) is None
     assert looks[:2] == [True, True] and not looks[-1] and time.monotonic() - t0 < 300, looks
     asked: list[str] = []
     monkeypatch.setattr(commands, "node_answers", lambda job_id, node, **kw: bool(asked.append(node)))

@@ -1,41 +1,113 @@
-"""``node_requeue.other_node_of_two``: which node the survivor of a two-node job asks SLURM
-about, from the step's own variables (``SLURM_STEP_NODELIST``, ``SLURMD_NODENAME``): the
-step's first node, where node rank 0 and the store run, asked by the second."""
+"""``node_requeue``: the step's nodes as the survivors read them from the step's own
+variables (``SLURM_STEP_NODELIST``, ``SLURMD_NODENAME``); which survivor decides and what it
+counts lost, given SLURM's answers (a real SLURM answers in
+``tests/slurm/test_node_loss_slurm.py``); and the requeue without several nodes."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from nvrx.supervisor.node_requeue import other_node_of_two
+from nvrx.supervisor import node_requeue
+from nvrx.supervisor.node_requeue import step_nodes
 
 
 @pytest.mark.parametrize(
-    ("own", "nodelist", "first"),
+    ("own", "nodelist", "nodes", "place"),
     [
-        ("node2", "node[1-2]", "node1"),
-        ("node1", "node[2,1]", "node2"),
-        ("gpu-b", "gpu-a,gpu-b", "gpu-a"),
+        ("node2", "node[1-2]", ["node1", "node2"], 1),
+        ("node1", "node[2,1]", ["node2", "node1"], 1),
+        ("gpu-b", "gpu-a,gpu-b", ["gpu-a", "gpu-b"], 1),
+        ("node1", "node[1-2]", ["node1", "node2"], 0),
+        ("node3", "node[1-4]", ["node1", "node2", "node3", "node4"], 2),
+        ("node1", "node1", ["node1"], 0),
     ],
 )
-def test_the_second_node_of_a_two_node_step_asks_about_the_first(
-    own: str, nodelist: str, first: str
-) -> None:
+def test_the_step_nodes_and_this_ones_place(own: str, nodelist: str, nodes: list[str], place: int) -> None:
     env = {"SLURMD_NODENAME": own, "SLURM_STEP_NODELIST": nodelist}
-    assert other_node_of_two(env) == first
+    assert step_nodes(env) == (nodes, place)
 
 
 @pytest.mark.parametrize(
     "env",
     [
-        {"SLURMD_NODENAME": "node1", "SLURM_STEP_NODELIST": "node[1-2]"},  # the first itself
         {"SLURMD_NODENAME": "node3", "SLURM_STEP_NODELIST": "node[1-2]"},  # not one of them
-        {"SLURMD_NODENAME": "node2", "SLURM_STEP_NODELIST": "node[1-3]"},  # three nodes
-        {"SLURMD_NODENAME": "node1", "SLURM_STEP_NODELIST": "node1"},  # one node
         {"SLURMD_NODENAME": "node1", "SLURM_STEP_NODELIST": "node[1,1]"},  # one node twice
         {"SLURMD_NODENAME": "node2", "SLURM_STEP_NODELIST": "node[1-"},  # malformed
         {"SLURM_STEP_NODELIST": "node[1-2]"},  # not on a SLURM node
         {},  # not under SLURM
     ],
 )
-def test_no_node_is_asked_about_unless_this_is_the_second_of_two(env: dict[str, str]) -> None:
-    assert other_node_of_two(env) is None
+def test_no_step_is_read_from_variables_that_do_not_place_this_node(env: dict[str, str]) -> None:
+    assert step_nodes(env) is None
+
+
+@pytest.fixture
+def slurm(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """SLURM's answers, given: the nodes that run a no-op step and whether the job runs;
+    the nodes asked, recorded."""
+    seen: dict[str, Any] = {"answer": set(), "running": True, "asked": []}
+
+    def answers(job_id: str, node: str, **kw: Any) -> bool:
+        seen["asked"].append(node)
+        return node in seen["answer"]
+
+    monkeypatch.setattr(node_requeue.commands, "node_answers", answers)
+    monkeypatch.setattr(node_requeue, "job_running", lambda job_id, env=None: seen["running"])
+    return seen
+
+
+def _probe(own: str, nodelist: str) -> node_requeue.StepAnswers | None:
+    env = {"SLURMD_NODENAME": own, "SLURM_STEP_NODELIST": nodelist}
+    return node_requeue.probe_step_nodes("7", 0.0, env)
+
+
+def test_the_lowest_survivor_counts_every_silent_node_lost(slurm) -> None:
+    slurm["answer"] = {"node3", "node4"}
+    answers = _probe("node3", "node[1-5]")
+    assert answers is not None and not answers.batch_host_answered
+    assert answers.lost == [(0, "node1"), (1, "node2"), (4, "node5")]
+    assert sorted(slurm["asked"]) == ["node1", "node2", "node3", "node4", "node5"]
+
+
+def test_a_survivor_after_another_that_answers_leaves_the_decision_to_it(slurm) -> None:
+    slurm["answer"] = {"node3", "node4"}
+    assert _probe("node4", "node[1-5]") is None
+
+
+def test_a_batch_host_that_answers_is_told_to_the_lowest_survivor_only(slurm) -> None:
+    slurm["answer"] = {"node1", "node2", "node3"}
+    answers = _probe("node2", "node[1-3]")
+    assert answers is not None and answers.batch_host_answered and answers.lost == []
+    assert _probe("node3", "node[1-3]") is None
+
+
+@pytest.mark.parametrize(
+    ("own", "answer", "running"),
+    [
+        ("node1", {"node1", "node2"}, True),  # the batch host itself
+        ("node2", {"node2"}, False),  # the job is no longer RUNNING
+        ("node2", {"node3"}, True),  # this node answers no more either
+    ],
+)
+def test_nothing_is_counted_when_slurm_cannot_tell(slurm, own: str, answer: set[str], running: bool) -> None:
+    slurm["answer"], slurm["running"] = answer, running
+    assert _probe(own, "node[1-3]") is None
+
+
+def test_a_requeue_without_several_nodes_excludes_the_silent_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setattr(node_requeue.commands, "node_answers", lambda job_id, node: node == "node2")
+    excluding: list[list[str]] = []
+    monkeypatch.setattr(
+        node_requeue, "requeue_excluding", lambda job_id, lost: excluding.append(list(lost)) or lost
+    )
+    events: list[dict[str, Any]] = []
+    node_requeue.requeue_without(["node1", None, "node2"], None, lambda kind, **f: events.append(f))
+    assert excluding == [["node1"]]
+    assert events == [
+        dict(cause="node_failure", count=None, excluded=["node1"], answered=["node2"])
+    ]
+    node_requeue.requeue_without(["node1", "node3"], None, lambda kind, **f: events.append(f), probe=False)
+    assert excluding[-1] == ["node1", "node3"] and events[-1]["answered"] == []
