@@ -77,6 +77,8 @@ class Failover:
         self._ahead_service: StoreService | None = None
         self._prepared_link: StoreLink | None = None
         self._prepared_service: StoreService | None = None
+        #: The slots that announced themselves in an election that found no majority.
+        self._unelected: frozenset[int] | None = None
 
     @property
     def _roles(self) -> NodeRoles:
@@ -97,43 +99,67 @@ class Failover:
             ExitCode.STORE_UNAVAILABLE,
             broadcast=False,
         )
-        if self._survivor():
-            self._requeue_without_lost_nodes(lost_wall)
+        if self._unelected is not None and self._roles.enabled:
+            self._requeue_without_lost_nodes(lost_wall, self._unelected)
         return False
 
-    def _survivor(self) -> bool:
-        """Whether this slot survived its store host and could not fail over.
-        (A stop signal handled before the loss made the job stopping: ``store_lost`` ends first.)"""
-        return self._can_fail_over() and self._roles.enabled and self._roles.slot != self.store.slot
-
-    def _requeue_without_lost_nodes(self, lost_wall: float) -> None:
-        """Under SLURM, when the step's first node (the batch host) runs no SLURM step, the
-        lowest survivor records every node that runs none lost and requeues the job without
-        them, or ends it when it may not be requeued (nothing else would end it before its
-        time limit). When the first node answers, the job ends with the survivors (a
-        ``node_probe`` says whether the store host's node answered)."""
-        job_id = os.environ.get("SLURM_JOB_ID")
-        if not job_id:
+    def _requeue_without_lost_nodes(self, lost_wall: float, alive: frozenset[int]) -> None:
+        """After an election that found no majority (the ``alive`` slots announced
+        themselves), under SLURM, the one survivor that claims it asks SLURM about the step's
+        first node (the batch host) and the nodes of the other slots: each that runs no step
+        is recorded lost. When the first node does not answer and the job is still RUNNING a
+        while later, the job is requeued without them, or ended when it may not be requeued
+        (nothing else would end it before its time limit); when it answers, the job ends
+        with the survivors, and a ``node_probe`` tells whether the store host's node answered."""
+        job_id, slot = os.environ.get("SLURM_JOB_ID"), self._roles.slot
+        if not job_id or not self._claims_requeue():
             return
+        silent = set(range(self.store.config.nnodes)) - alive
         settle_s = self.store.config.node_timeout + commands.PROBE_TIMEOUT_S
-        answers = node_requeue.probe_step_nodes(job_id, settle_s)
+        answers = node_requeue.probe_step_nodes(job_id, slot, silent, settle_s)
         if answers is None:
             return
+        if not answers.batch_host_answered and self._elected_after_all():
+            return
+        for lost_slot, node in answers.silent:
+            self._roles.record_lost_unreplaced(lost_slot, node, lost_wall)
         if answers.batch_host_answered:
             self._store_host_probed(answers)
             return
-        for slot, node in answers.lost:
-            self._roles.record_lost_unreplaced(slot, node, lost_wall)
-        self.requeue([node for _, node in answers.lost], probe=False)
+        self.requeue([node for _, node in answers.silent], probe=False)
         node_requeue.end_unrequeued(job_id, answers.nodes[0])
 
+    def _elected_after_all(self) -> bool:
+        """Whether other survivors elected a store for this epoch meanwhile (a late
+        announcement made their majority): then the job goes on without this slot."""
+        store = self.store
+        if not store_failover.claimed(store.config.events_dir, store.epoch):
+            return False
+        log.warning("a store was elected for epoch %d after all: the job is not requeued", store.epoch)
+        return True
+
+    def _claims_requeue(self) -> bool:
+        """Whether this slot is the one survivor of the failed election that asks SLURM."""
+        try:
+            claimed = store_failover.claim_requeue(
+                self.store.config.events_dir, self.store.epoch, self._roles.slot
+            )
+        except OSError as exc:
+            log.error("cannot claim the requeue through %s: %s", self.store.config.events_dir, exc)
+            return False
+        if not claimed:
+            log.info("another survivor asks SLURM about the job's nodes")
+        return claimed
+
     def _store_host_probed(self, answers: node_requeue.StepAnswers) -> None:
+        """The job ends with the survivors, for its batch host still runs: the answer about
+        the store host's node (always asked, for it announced nothing) is a ``node_probe``."""
         slot = self.store.slot
-        if slot >= len(answers.nodes):
-            return
-        node = answers.nodes[slot]
         log.warning("node %s, the batch host, still runs SLURM steps: the job is not requeued",
                     answers.nodes[0])  # fmt: skip
+        if slot >= len(answers.nodes) or answers.nodes[slot] not in answers.asked:
+            return
+        node = answers.nodes[slot]
         self.control.emit(
             "node_probe", lost_slot=slot, lost_host=node, responding=node in answers.answered,
             probe_s=answers.probe_s[node], note=None,
@@ -277,13 +303,13 @@ class Failover:
         job_dir = cfg.events_dir
         store_failover.announce(job_dir, store.epoch, slot)
         expected = set(range(cfg.nnodes)) - {store.slot}
-        successor = store_failover.elect(
-            job_dir, store.epoch, expected, cfg.node_timeout, cfg.nnodes
-        )
+        election = store_failover.elect(job_dir, store.epoch, expected, cfg.node_timeout, cfg.nnodes)
+        successor = election.successor
         if successor != slot and self._ahead_service is not None:
             self._ahead_service.stop()  # another slot hosts the next store
             self._ahead_service = None
         if successor is None:
+            self._unelected = election.alive
             store_failover.withdraw(job_dir, store.epoch, slot)
             return None, None
         address = self._host_store(job_dir) if successor == slot else None

@@ -51,7 +51,7 @@ class Requeue(Protocol):
     """``requeue_without`` as the supervisor's parts call it (bound to its preemption and
     event writer)."""
 
-    def __call__(self, hosts: Sequence[str | None], probe: bool = True) -> None: ...
+    def __call__(self, hosts: list[str | None], probe: bool = True) -> None: ...
 
 
 def requeue_excluding(job_id: str, lost: Iterable[str]) -> list[str] | None:
@@ -122,11 +122,12 @@ def _still_running_after(job_id: str, settle_s: float, env: Mapping[str, str]) -
 
 @dataclass(frozen=True)
 class StepAnswers:
-    """What SLURM said of the nodes of this step (``probe_step_nodes``)."""
+    """What SLURM said of nodes of this step (``probe_step_nodes``)."""
 
-    nodes: tuple[str, ...]  # the step's nodes: slot i started on node i, the first is the batch host
-    answered: frozenset[str]  # the nodes that ran a no-op step of the job, this one included
-    probe_s: Mapping[str, float]  # seconds each node's step took to run or to fail
+    nodes: tuple[str, ...]  # the step's nodes: slot i started on node i, the first runs the batch script
+    asked: tuple[str, ...]  # the nodes asked, the first one first
+    answered: frozenset[str]  # those of them that ran a no-op step of the job
+    probe_s: Mapping[str, float]  # seconds each one's step took to run or to fail
 
     @property
     def batch_host_answered(self) -> bool:
@@ -134,69 +135,74 @@ class StepAnswers:
         return self.nodes[0] in self.answered
 
     @property
-    def lost(self) -> list[tuple[int, str]]:
-        """Slot and node of every node that ran no step."""
-        return [(slot, node) for slot, node in enumerate(self.nodes) if node not in self.answered]
+    def silent(self) -> list[tuple[int, str]]:
+        """Slot and node of every node asked that ran no step."""
+        return [(self.nodes.index(n), n) for n in self.asked if n not in self.answered]
 
 
 def _answers(
     job_id: str, nodes: Sequence[str], env: Mapping[str, str]
-) -> dict[str, tuple[bool, float]]:
+) -> dict[str, tuple[bool, float]] | None:
     """Whether each of ``nodes`` runs a no-op step of ``job_id``, and how long it took to
-    tell; asked at once, so that silent nodes cost one probe's timeout, not one each."""
+    tell; asked at once, so that silent nodes cost one probe's timeout, not one each. None
+    when a step could not even be started here (no answer about the node, then)."""
 
-    def ask(node: str) -> tuple[bool, float]:
+    def ask(node: str) -> tuple[bool | None, float]:
         t0 = time.monotonic()
-        answered = commands.node_answers(job_id, node, env=env)
+        try:
+            answered: bool | None = commands.node_answers(job_id, node, env=env)
+        except OSError as exc:
+            log.warning("cannot ask SLURM whether node %s runs a step: %s", node, exc)
+            answered = None
         return answered, round(time.monotonic() - t0, 3)
 
-    if not nodes:
-        return {}
     with ThreadPoolExecutor(min(len(nodes), _PROBES_AT_ONCE), "nvrx-probe") as pool:
-        return dict(zip(nodes, pool.map(ask, nodes), strict=True))
+        told = dict(zip(nodes, pool.map(ask, nodes), strict=True))
+    if any(answered is None for answered, _ in told.values()):
+        return None
+    return {node: (bool(answered), took) for node, (answered, took) in told.items()}
 
 
 def probe_step_nodes(
-    job_id: str, settle_s: float, env: Mapping[str, str] = os.environ
-) -> StepAnswers | None:
-    """Ask SLURM which nodes of this step still run a step of the job, after a loss the job
-    cannot survive (``failover``), for the one survivor that decides: the lowest whose
-    node answers, after the first node. A first node that does not answer is counted only
-    if the job is still RUNNING ``settle_s`` later. None when SLURM cannot tell, or
-    another decides: this node is the first (it runs the batch script) or not in the step,
-    the job is not RUNNING (cancelled, say: its nodes stop answering too), this node does
-    not answer, a node between the first and this one answers (its survivor decides), or
-    the first does not answer and within ``settle_s`` the job leaves RUNNING (a cancel, or
-    a requeue by a store host that is alive beyond a partition)."""
-    step, own = step_nodes(env), env.get("SLURMD_NODENAME")
-    if step is None or step[1] == 0:
-        log.warning("node %s is not a later node of this step (SLURM_STEP_NODELIST=%s): SLURM "
-                    "is not asked about the others", own, env.get("SLURM_STEP_NODELIST"))  # fmt: skip
+    job_id: str, slot: int, silent_slots: Iterable[int], settle_s: float,
+    env: Mapping[str, str] = os.environ,
+) -> StepAnswers | None:  # fmt: skip
+    """Ask SLURM whether the first node of this step (it runs the batch script) and the
+    nodes of ``silent_slots`` still run a step of the job, for the survivor at ``slot``,
+    after a loss the job cannot survive (``failover``). When the first node does not
+    answer, the answers count only if the job is still RUNNING ``settle_s`` later.
+
+    None when SLURM cannot tell: this node is the first or not the step's node of
+    ``slot``, the job is not RUNNING (cancelled, say: its nodes stop answering too), this
+    node does not answer, a step cannot be started, or the first node does not answer and
+    within ``settle_s`` the job leaves RUNNING (a cancel, or a requeue by a store host that
+    is alive beyond a partition)."""
+    step = step_nodes(env)
+    if step is None or slot == 0 or step[1] != slot:
+        log.warning("slot %d on node %s is not a later node of this step (SLURM_STEP_NODELIST=%s): "
+                    "SLURM is not asked about the others", slot, env.get("SLURMD_NODENAME"),
+                    env.get("SLURM_STEP_NODELIST"))  # fmt: skip
         return None
-    (nodes, place), own = step, str(own)
+    nodes = step[0]
+    own, others = nodes[slot], sorted(set(silent_slots) - {0, slot})
+    asked = [nodes[0], *(nodes[s] for s in others if s < len(nodes))]
     if not job_running(job_id, env):
         log.warning("job %s is not RUNNING: SLURM is not asked about its nodes", job_id)
         return None
-    if not commands.node_answers(job_id, own, env=env):
-        log.warning("node %s (this one) runs no SLURM step of job %s either: SLURM cannot "
-                    "tell which nodes were lost", own, job_id)  # fmt: skip
+    told = _answers(job_id, [own, *asked], env)
+    if told is None or not told[own][0]:
+        log.warning("node %s (this one) runs no SLURM step of job %s either, or none could be "
+                    "started: SLURM cannot tell which nodes were lost", own, job_id)  # fmt: skip
         return None
-    told = _answers(job_id, [n for n in nodes if n != own], env)
-    told[own] = (True, 0.0)
     answers = StepAnswers(
-        tuple(nodes), frozenset(n for n, (yes, _) in told.items() if yes),
-        {n: took for n, (_, took) in told.items()},
+        tuple(nodes), tuple(asked), frozenset(n for n in asked if told[n][0]),
+        {n: told[n][1] for n in asked},
     )  # fmt: skip
-    before = [n for n in nodes[1:place] if n in answers.answered]
-    if before:
-        log.warning("node %s, before this one in the step, still runs SLURM steps: its "
-                    "supervisor decides for the job", before[0])  # fmt: skip
-        return None
     if answers.batch_host_answered:
         return answers
     if not _still_running_after(job_id, settle_s, env):
         log.warning("nodes %s ran no step, but job %s left RUNNING within %.0f s: they are not "
-                    "counted as lost", [n for _, n in answers.lost], job_id, settle_s)  # fmt: skip
+                    "counted as lost", [n for _, n in answers.silent], job_id, settle_s)  # fmt: skip
         return None
     return answers
 
@@ -221,7 +227,7 @@ def end_orphaned_job(job_id: str) -> None:
 
 
 def requeue_without(
-    hosts: Sequence[str | None],
+    hosts: list[str | None],
     preemption: PreemptionHandler | None,
     emit: Callable[..., None],
     probe: bool = True,

@@ -27,7 +27,9 @@ failover ``epoch`` (1 for the first):
 
 A survivor that cannot see the file system (a partition) never learns an
 address and stops; so does every survivor when no store address comes within
-the store timeout.
+the store timeout. When fewer than a majority announced themselves, the first of
+them to create ``failover/e<epoch>/requeue-claim`` exclusively is the one that asks
+SLURM about the job's nodes and may requeue it (``failover``).
 """
 
 from __future__ import annotations
@@ -121,19 +123,25 @@ def _alive_slots(job_dir: Path, epoch: int) -> set[int]:
     return slots
 
 
-def elect(
-    job_dir: Path, epoch: int, expected: set[int], settle_s: float, nslots: int
-) -> int | None:
-    """The successor: the lowest slot that announced itself once ``expected`` all did or
-    ``settle_s`` passed; None when fewer than a majority of the ``nslots`` slots did."""
+@dataclass(frozen=True)
+class Election:
+    """What one survivor found in the election of an epoch."""
+
+    alive: frozenset[int]  # the slots that announced themselves
+    successor: int | None  # the lowest of them; None without a majority of the job's slots
+
+
+def elect(job_dir: Path, epoch: int, expected: set[int], settle_s: float, nslots: int) -> Election:
+    """The slots that announced themselves once ``expected`` all did or ``settle_s`` passed,
+    and the successor among them: none when fewer than a majority of the ``nslots`` slots did."""
     deadline = time.monotonic() + settle_s
     while True:
         alive = _alive_slots(job_dir, epoch)
         if expected <= alive or time.monotonic() >= deadline:
             if 2 * len(alive) <= nslots:
                 log.error("only slots %s of %d survived: no majority, no new store", alive, nslots)
-                return None
-            return min(alive)
+                return Election(frozenset(alive), None)
+            return Election(frozenset(alive), min(alive))
         time.sleep(_LOOK_S)
 
 
@@ -146,6 +154,18 @@ def claim(job_dir: Path, address: StoreAddress) -> bool:
         return False
     with os.fdopen(fd, "w") as out:
         json.dump(asdict(address), out)
+    return True
+
+
+def claim_requeue(job_dir: Path, epoch: int, slot: int) -> bool:
+    """Whether ``slot`` is the one survivor of the failed election of ``epoch`` that asks SLURM
+    about the job's nodes and requeues it (the first to create ``requeue-claim``)."""
+    try:
+        fd = os.open(epoch_dir(job_dir, epoch) / "requeue-claim", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as out:
+        out.write(str(slot))
     return True
 
 

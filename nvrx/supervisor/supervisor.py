@@ -27,7 +27,7 @@ import select
 import selectors
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from nvrx import events, jobenv
 from nvrx.signal_pipe import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
@@ -599,7 +599,7 @@ class Supervisor:
         fault = last_round_fault(where, since=self.started_wall) if stopped else None
         log.error(root_cause_line(verdict, rank, self.node_rank, where, fault))
 
-    def _requeue_without(self, hosts: Sequence[str | None], probe: bool = True) -> None:
+    def _requeue_without(self, hosts: list[str | None], probe: bool = True) -> None:
         node_requeue.requeue_without(hosts, self.preemption, self.emit, probe)
 
     def emit(self, kind: str, **fields: object) -> None:

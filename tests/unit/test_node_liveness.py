@@ -84,7 +84,7 @@ def test_a_slot_that_never_beat_is_given_the_startup_time() -> None:
 def test_the_lowest_announced_survivor_is_elected_and_one_address_wins(tmp_path: Path) -> None:
     for slot in (3, 1, 2):
         store_failover.announce(tmp_path, 1, slot)
-    assert store_failover.elect(tmp_path, 1, expected={1, 2, 3}, settle_s=5.0, nslots=4) == 1
+    assert store_failover.elect(tmp_path, 1, expected={1, 2, 3}, settle_s=5.0, nslots=4).successor == 1
     first = StoreAddress("node2", 4000, 1, 1)
     assert store_failover.claim(tmp_path, first)
     assert not store_failover.claim(tmp_path, StoreAddress("node3", 4001, 2, 1))
@@ -98,17 +98,21 @@ def test_the_lowest_announced_survivor_is_elected_and_one_address_wins(tmp_path:
     assert not store_failover.superseded(tmp_path, 0)
 
 
-def test_a_minority_cut_off_never_elects_a_store(tmp_path: Path) -> None:
+def test_a_minority_cut_off_never_elects_a_store_and_one_of_it_asks_slurm(tmp_path: Path) -> None:
     store_failover.announce(tmp_path, 1, 2)
-    assert store_failover.elect(tmp_path, 1, expected={1, 2, 3}, settle_s=0.2, nslots=4) is None
-    store_failover.withdraw(tmp_path, 1, 2)
+    store_failover.announce(tmp_path, 1, 3)
+    election = store_failover.elect(tmp_path, 1, expected={1, 2, 3}, settle_s=0.2, nslots=4)
+    assert election == store_failover.Election(frozenset({2, 3}), None)
+    for slot in (2, 3):
+        store_failover.withdraw(tmp_path, 1, slot)
     assert not list(store_failover.epoch_dir(tmp_path, 1).glob("alive-*"))  # none announced
+    assert [store_failover.claim_requeue(tmp_path, 1, slot) for slot in (3, 2)] == [True, False]
 
 
 def test_an_election_settles_without_the_slots_that_never_announce(tmp_path: Path) -> None:
     for slot in (3, 1, 4):
         store_failover.announce(tmp_path, 2, slot)
-    assert store_failover.elect(tmp_path, 2, expected={1, 2, 3, 4}, settle_s=0.2, nslots=5) == 1
+    assert store_failover.elect(tmp_path, 2, expected={1, 2, 3, 4}, settle_s=0.2, nslots=5).successor == 1
     assert store_failover.wait_address(tmp_path, 2, timeout=0.1) is None
 
 
@@ -376,7 +380,7 @@ def test_another_user_can_neither_announce_nor_claim_a_failover_epoch() -> None:
                 os._exit(refused)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 3  # each attempt refused
-        assert store_failover.elect(job_dir, 1, {0}, 0.0, 1) == 0
+        assert store_failover.elect(job_dir, 1, {0}, 0.0, 1).successor == 0
         assert not store_failover.claimed(job_dir, 1)
         assert store_failover.read_address(store_failover.epoch_dir(job_dir, 1) / "store.json") is None
     finally:

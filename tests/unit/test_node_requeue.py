@@ -1,7 +1,7 @@
-"""``node_requeue``: the step's nodes as the survivors read them from the step's own
-variables (``SLURM_STEP_NODELIST``, ``SLURMD_NODENAME``); which survivor decides and what it
-counts lost, given SLURM's answers (a real SLURM answers in
-``tests/slurm/test_node_loss_slurm.py``); and the requeue without several nodes."""
+"""``node_requeue``: the step's nodes as a survivor reads them from the step's own variables
+(``SLURM_STEP_NODELIST``, ``SLURMD_NODENAME``); which nodes it asks about and which it counts
+silent, given SLURM's answers (a real SLURM answers in ``tests/slurm/test_node_loss_slurm.py``);
+and the requeue without several nodes."""
 
 from __future__ import annotations
 
@@ -47,10 +47,12 @@ def test_no_step_is_read_from_variables_that_do_not_place_this_node(env: dict[st
 def slurm(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """SLURM's answers, given: the nodes that run a no-op step and whether the job runs;
     the nodes asked, recorded."""
-    seen: dict[str, Any] = {"answer": set(), "running": True, "asked": []}
+    seen: dict[str, Any] = {"answer": set(), "running": True, "asked": [], "error": None}
 
     def answers(job_id: str, node: str, **kw: Any) -> bool:
         seen["asked"].append(node)
+        if seen["error"] == node:
+            raise OSError(11, "Resource temporarily unavailable")
         return node in seen["answer"]
 
     monkeypatch.setattr(node_requeue.commands, "node_answers", answers)
@@ -58,42 +60,41 @@ def slurm(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     return seen
 
 
-def _probe(own: str, nodelist: str) -> node_requeue.StepAnswers | None:
+def _probe(own: str, nodelist: str, slot: int, silent: set[int]) -> node_requeue.StepAnswers | None:
     env = {"SLURMD_NODENAME": own, "SLURM_STEP_NODELIST": nodelist}
-    return node_requeue.probe_step_nodes("7", 0.0, env)
+    return node_requeue.probe_step_nodes("7", slot, silent, 0.0, env)
 
 
-def test_the_lowest_survivor_counts_every_silent_node_lost(slurm) -> None:
+def test_the_batch_host_and_the_silent_slots_nodes_are_asked_and_those_silent_counted(slurm) -> None:
     slurm["answer"] = {"node3", "node4"}
-    answers = _probe("node3", "node[1-5]")
+    answers = _probe("node3", "node[1-5]", 2, {0, 1, 4})
     assert answers is not None and not answers.batch_host_answered
-    assert answers.lost == [(0, "node1"), (1, "node2"), (4, "node5")]
-    assert sorted(slurm["asked"]) == ["node1", "node2", "node3", "node4", "node5"]
+    assert answers.silent == [(0, "node1"), (1, "node2"), (4, "node5")]
+    assert sorted(slurm["asked"]) == ["node1", "node2", "node3", "node5"]  # not node4: it survived
 
 
-def test_a_survivor_after_another_that_answers_leaves_the_decision_to_it(slurm) -> None:
-    slurm["answer"] = {"node3", "node4"}
-    assert _probe("node4", "node[1-5]") is None
-
-
-def test_a_batch_host_that_answers_is_told_to_the_lowest_survivor_only(slurm) -> None:
-    slurm["answer"] = {"node1", "node2", "node3"}
-    answers = _probe("node2", "node[1-3]")
-    assert answers is not None and answers.batch_host_answered and answers.lost == []
-    assert _probe("node3", "node[1-3]") is None
+def test_a_batch_host_that_answers_is_told_with_the_others(slurm) -> None:
+    slurm["answer"] = {"node1", "node2"}
+    answers = _probe("node2", "node[1-3]", 1, {0, 2})
+    assert answers is not None and answers.batch_host_answered
+    assert answers.silent == [(2, "node3")] and answers.answered == {"node1"}
 
 
 @pytest.mark.parametrize(
-    ("own", "answer", "running"),
+    ("own", "slot", "answer", "running", "error"),
     [
-        ("node1", {"node1", "node2"}, True),  # the batch host itself
-        ("node2", {"node2"}, False),  # the job is no longer RUNNING
-        ("node2", {"node3"}, True),  # this node answers no more either
+        ("node1", 0, {"node1", "node2"}, True, None),  # the batch host itself
+        ("node2", 2, {"node2"}, True, None),  # slot 2 is not on the step's node 2
+        ("node2", 1, {"node2"}, False, None),  # the job is no longer RUNNING
+        ("node2", 1, {"node3"}, True, None),  # this node answers no more either
+        ("node2", 1, {"node2"}, True, "node1"),  # a step could not be started here
     ],
 )
-def test_nothing_is_counted_when_slurm_cannot_tell(slurm, own: str, answer: set[str], running: bool) -> None:
-    slurm["answer"], slurm["running"] = answer, running
-    assert _probe(own, "node[1-3]") is None
+def test_nothing_is_counted_when_slurm_cannot_tell(
+    slurm, own: str, slot: int, answer: set[str], running: bool, error: str | None
+) -> None:
+    slurm["answer"], slurm["running"], slurm["error"] = answer, running, error
+    assert _probe(own, "node[1-3]", slot, {0}) is None
 
 
 def test_a_requeue_without_several_nodes_excludes_the_silent_ones(monkeypatch: pytest.MonkeyPatch) -> None:
