@@ -11,8 +11,8 @@ to: it stops as before (exit 3). Neither has a survivor of a job of two slots,
 which never holds a majority, nor one of a job that lost too many slots at once for
 a majority to elect a successor: they stop too, and under SLURM, when the step's
 first node (the batch host, without which the allocation would stay until its time
-limit) no longer runs a SLURM step, the lowest survivor whose node answers records
-every node that does not lost and requeues the job without them
+limit) no longer runs a SLURM step, the first survivor whose node answers and that
+claims the requeue records every node that does not lost and requeues the job without them
 (``node_requeue.probe_step_nodes``). Before it requeues, it waits ``node_timeout``
 plus a probe's timeout: the time a store host that is alive beyond a partition takes
 to declare the survivors' slots lost and requeue the job itself, which leaves them
@@ -105,21 +105,21 @@ class Failover:
 
     def _requeue_without_lost_nodes(self, lost_wall: float, alive: frozenset[int]) -> None:
         """After an election that found no majority (the ``alive`` slots announced
-        themselves), under SLURM, the one survivor that claims it asks SLURM about the step's
-        first node (the batch host) and the nodes of the other slots: each that runs no step
+        themselves), under SLURM, the first survivor whose node answers and that claims it
+        asks SLURM about the step's first node (the batch host) and the nodes of the other slots: each that runs no step
         is recorded lost. When the first node does not answer and the job is still RUNNING a
         while later, the job is requeued without them, or ended when it may not be requeued
         (nothing else would end it before its time limit); when it answers, the job ends
         with the survivors, and a ``node_probe`` tells whether the store host's node answered."""
-        job_id, slot = os.environ.get("SLURM_JOB_ID"), self._roles.slot
-        if not job_id or not self._claims_requeue():
+        job_id, cfg = os.environ.get("SLURM_JOB_ID"), self.store.config
+        if not job_id:
             return
-        silent = set(range(self.store.config.nnodes)) - alive
-        settle_s = self.store.config.node_timeout + commands.PROBE_TIMEOUT_S
-        answers = node_requeue.probe_step_nodes(job_id, slot, silent, settle_s)
-        if answers is None:
-            return
-        if not answers.batch_host_answered and self._elected_after_all():
+        silent = set(range(cfg.nnodes)) - alive
+        settle_s = cfg.node_timeout + commands.PROBE_TIMEOUT_S
+        answers = node_requeue.probe_step_nodes(
+            job_id, self._roles.slot, cfg.nnodes, silent, settle_s, claim=self._claims_requeue
+        )
+        if answers is None or self._elected_after_all():
             return
         for lost_slot, node in answers.silent:
             self._roles.record_lost_unreplaced(lost_slot, node, lost_wall)

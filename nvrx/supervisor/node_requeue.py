@@ -10,10 +10,10 @@ The batch script runs on the job's first node, with node 0's supervisor.
 When that node is lost, the job survives it (``--no-kill``), but nothing is
 left to end the job in SLURM: it would stay RUNNING until its time limit. The
 store host that took over ends it when the training is done. When no store host
-takes over (``failover``: two slots, or too few left for a majority), the survivors
-ask SLURM which nodes of the step still run a step (``probe_step_nodes``); when the
-first does not, the lowest survivor whose node answers requeues the job without
-every node that did not, if the job is still RUNNING a while later. That wait lets
+takes over (``failover``: two slots, or too few left for a majority), the first
+survivor whose node answers and that claims it asks SLURM which nodes of the step
+still run a step (``probe_step_nodes``); when the first does not, it requeues the job
+without every node that did not, if the job is still RUNNING a while later. That wait lets
 a store host that is alive but cut off from the survivors by a partition requeue
 first (without them, whose supervisors it saw fall silent): one requeue per loss,
 decided by the store host when it can.
@@ -156,43 +156,55 @@ def _answers(
             answered = None
         return answered, round(time.monotonic() - t0, 3)
 
-    with ThreadPoolExecutor(min(len(nodes), _PROBES_AT_ONCE), "nvrx-probe") as pool:
-        told = dict(zip(nodes, pool.map(ask, nodes), strict=True))
+    try:
+        with ThreadPoolExecutor(min(len(nodes), _PROBES_AT_ONCE), "nvrx-probe") as pool:
+            told = dict(zip(nodes, pool.map(ask, nodes), strict=True))
+    except RuntimeError as exc:  # no thread can be started
+        log.warning("cannot ask SLURM about nodes %s: %s", ", ".join(nodes), exc)
+        return None
     if any(answered is None for answered, _ in told.values()):
         return None
     return {node: (bool(answered), took) for node, (answered, took) in told.items()}
 
 
 def probe_step_nodes(
-    job_id: str, slot: int, silent_slots: Iterable[int], settle_s: float,
-    env: Mapping[str, str] = os.environ,
+    job_id: str, slot: int, nslots: int, silent_slots: Iterable[int], settle_s: float, *,
+    claim: Callable[[], bool] = lambda: True, env: Mapping[str, str] = os.environ,
 ) -> StepAnswers | None:  # fmt: skip
     """Ask SLURM whether the first node of this step (it runs the batch script) and the
-    nodes of ``silent_slots`` still run a step of the job, for the survivor at ``slot``,
-    after a loss the job cannot survive (``failover``). When the first node does not
-    answer, the answers count only if the job is still RUNNING ``settle_s`` later.
+    nodes of ``silent_slots`` still run a step of the job, for the survivor at ``slot`` of
+    ``nslots``, after a loss the job cannot survive (``failover``). Once this node answers,
+    ``claim`` says whether this survivor is the one that asks about the others. When the
+    first node does not answer, the answers count only if the job is still RUNNING
+    ``settle_s`` later.
 
-    None when SLURM cannot tell: this node is the first or not the step's node of
-    ``slot``, the job is not RUNNING (cancelled, say: its nodes stop answering too), this
-    node does not answer, a step cannot be started, or the first node does not answer and
+    None when SLURM cannot tell or another survivor asks: the step is not of ``nslots``
+    nodes, this node is the first or not the step's node of ``slot``, the job is not
+    RUNNING (cancelled, say: its nodes stop answering too), this node does not answer, the
+    claim is another's, a step cannot be started, or the first node does not answer and
     within ``settle_s`` the job leaves RUNNING (a cancel, or a requeue by a store host that
     is alive beyond a partition)."""
     step = step_nodes(env)
-    if step is None or slot == 0 or step[1] != slot:
-        log.warning("slot %d on node %s is not a later node of this step (SLURM_STEP_NODELIST=%s): "
-                    "SLURM is not asked about the others", slot, env.get("SLURMD_NODENAME"),
-                    env.get("SLURM_STEP_NODELIST"))  # fmt: skip
+    if step is None or slot == 0 or step[1] != slot or len(step[0]) != nslots:
+        log.warning("slot %d of %d on node %s is not a later node of this step "
+                    "(SLURM_STEP_NODELIST=%s): SLURM is not asked about the others", slot, nslots,
+                    env.get("SLURMD_NODENAME"), env.get("SLURM_STEP_NODELIST"))  # fmt: skip
         return None
     nodes = step[0]
-    own, others = nodes[slot], sorted(set(silent_slots) - {0, slot})
-    asked = [nodes[0], *(nodes[s] for s in others if s < len(nodes))]
+    own = nodes[slot]
+    asked = [nodes[0], *(nodes[s] for s in sorted(set(silent_slots) - {0, slot}) if s < nslots)]
     if not job_running(job_id, env):
         log.warning("job %s is not RUNNING: SLURM is not asked about its nodes", job_id)
         return None
-    told = _answers(job_id, [own, *asked], env)
-    if told is None or not told[own][0]:
-        log.warning("node %s (this one) runs no SLURM step of job %s either, or none could be "
-                    "started: SLURM cannot tell which nodes were lost", own, job_id)  # fmt: skip
+    mine = _answers(job_id, [own], env)
+    if mine is None or not mine[own][0]:
+        log.warning("node %s (this one) runs no SLURM step of job %s either: SLURM cannot "
+                    "tell which nodes were lost", own, job_id)  # fmt: skip
+        return None
+    if not claim():
+        return None
+    told = _answers(job_id, asked, env)
+    if told is None:
         return None
     answers = StepAnswers(
         tuple(nodes), tuple(asked), frozenset(n for n in asked if told[n][0]),

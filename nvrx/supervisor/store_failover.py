@@ -28,7 +28,8 @@ failover ``epoch`` (1 for the first):
 A survivor that cannot see the file system (a partition) never learns an
 address and stops; so does every survivor when no store address comes within
 the store timeout. When fewer than a majority announced themselves, the first of
-them to create ``failover/e<epoch>/requeue-claim`` exclusively is the one that asks
+them whose node answers SLURM to create ``failover/run<N>/e<epoch>/requeue-claim``
+exclusively is the one that asks
 SLURM about the job's nodes and may requeue it (``failover``).
 """
 

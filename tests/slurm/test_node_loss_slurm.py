@@ -35,6 +35,7 @@ import pytest
 from nvrx.events import read_dir
 from nvrx.report import build_report
 from nvrx.slurm import commands
+from nvrx.slurm.nodelist import expand_nodelist
 from nvrx.supervisor import node_requeue
 from tests.support.slurm_cluster import LocalSlurmCluster
 from tests.support.waiting import wait_until
@@ -342,7 +343,8 @@ def test_slurm_is_asked_about_the_steps_nodes_only_while_the_job_runs(
         own: str, nodelist: str, silent: set[int], settle_s: float = 0.0
     ) -> node_requeue.StepAnswers | None:
         env = {**slurm_cluster.env, "SLURMD_NODENAME": own, "SLURM_STEP_NODELIST": nodelist}
-        return node_requeue.probe_step_nodes(str(job), 1, silent, settle_s, env)
+        nslots = len(expand_nodelist(nodelist))
+        return node_requeue.probe_step_nodes(str(job), 1, nslots, silent, settle_s, env=env)
 
     first = node_requeue.StepAnswers(("node1", "node2"), ("node1",), frozenset({"node1"}), ANY)
     assert probe("node2", "node[1-2]", {0}) == first

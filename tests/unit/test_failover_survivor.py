@@ -60,7 +60,11 @@ def slurm(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """SLURM's answer about the step's nodes, given; what was asked and ended, recorded."""
     seen: dict[str, Any] = {"answer": None, "asked": [], "ended": []}
 
-    def probe(job_id: str, slot: int, silent: set[int], settle_s: float) -> StepAnswers | None:
+    def probe(
+        job_id: str, slot: int, nslots: int, silent: set[int], settle_s: float, *, claim: Any
+    ) -> StepAnswers | None:
+        if not claim():  # (after this node answered)
+            return None
         seen["asked"].append((job_id, slot, sorted(silent), settle_s))
         return seen["answer"]
 

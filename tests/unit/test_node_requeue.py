@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from nvrx.slurm.nodelist import expand_nodelist
 from nvrx.supervisor import node_requeue
 from nvrx.supervisor.node_requeue import step_nodes
 
@@ -60,9 +61,12 @@ def slurm(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     return seen
 
 
-def _probe(own: str, nodelist: str, slot: int, silent: set[int]) -> node_requeue.StepAnswers | None:
+def _probe(
+    own: str, nodelist: str, slot: int, silent: set[int], nslots: int = 0, claimed: bool = True
+) -> node_requeue.StepAnswers | None:
     env = {"SLURMD_NODENAME": own, "SLURM_STEP_NODELIST": nodelist}
-    return node_requeue.probe_step_nodes("7", slot, silent, 0.0, env)
+    nslots = nslots or len(expand_nodelist(nodelist))
+    return node_requeue.probe_step_nodes("7", slot, nslots, silent, 0.0, claim=lambda: claimed, env=env)
 
 
 def test_the_batch_host_and_the_silent_slots_nodes_are_asked_and_those_silent_counted(slurm) -> None:
@@ -88,6 +92,7 @@ def test_a_batch_host_that_answers_is_told_with_the_others(slurm) -> None:
         ("node2", 1, {"node2"}, False, None),  # the job is no longer RUNNING
         ("node2", 1, {"node3"}, True, None),  # this node answers no more either
         ("node2", 1, {"node2"}, True, "node1"),  # a step could not be started here
+        ("node2", 1, {"node2"}, True, "node2"),  # nor this node's
     ],
 )
 def test_nothing_is_counted_when_slurm_cannot_tell(
@@ -95,6 +100,17 @@ def test_nothing_is_counted_when_slurm_cannot_tell(
 ) -> None:
     slurm["answer"], slurm["running"], slurm["error"] = answer, running, error
     assert _probe(own, "node[1-3]", slot, {0}) is None
+
+
+def test_a_survivor_that_does_not_get_the_claim_asks_about_no_other_node(slurm) -> None:
+    slurm["answer"] = {"node2"}
+    assert _probe("node2", "node[1-3]", 1, {0, 2}, claimed=False) is None
+    assert slurm["asked"] == ["node2"]
+
+
+def test_a_step_of_another_size_than_the_job_is_not_read_as_its_slots(slurm) -> None:
+    slurm["answer"] = {"node2"}
+    assert _probe("node2", "node[1-3]", 1, {0}, nslots=4) is None and slurm["asked"] == []
 
 
 def test_a_requeue_without_several_nodes_excludes_the_silent_ones(monkeypatch: pytest.MonkeyPatch) -> None:
