@@ -12,8 +12,8 @@ which never holds a majority, nor one of a job that lost too many slots at once 
 a majority to elect a successor: they stop too, and under SLURM, when the step's
 first node (the batch host, without which the allocation would stay until its time
 limit) no longer runs a SLURM step, the first survivor whose node answers and that
-claims the requeue records every node that does not lost and requeues the job without them
-(``node_requeue.probe_step_nodes``). Before it requeues, it waits ``node_timeout``
+claims the requeue records every node that does not lost and requeues the job without
+them (``node_requeue.probe_step_nodes``). Before it requeues, it waits ``node_timeout``
 plus a probe's timeout: the time a store host that is alive beyond a partition takes
 to declare the survivors' slots lost and requeue the job itself, which leaves them
 nothing to do.
@@ -106,8 +106,8 @@ class Failover:
     def _requeue_without_lost_nodes(self, lost_wall: float, alive: frozenset[int]) -> None:
         """After an election that found no majority (the ``alive`` slots announced
         themselves), under SLURM, the first survivor whose node answers and that claims it
-        asks SLURM about the step's first node (the batch host) and the nodes of the other slots: each that runs no step
-        is recorded lost. When the first node does not answer and the job is still RUNNING a
+        asks SLURM about the step's first node (the batch host) and the nodes of the other
+        slots: each that runs no step is recorded lost. When the first node does not answer and the job is still RUNNING a
         while later, the job is requeued without them, or ended when it may not be requeued
         (nothing else would end it before its time limit); when it answers, the job ends
         with the survivors, and a ``node_probe`` tells whether the store host's node answered."""
@@ -157,7 +157,7 @@ class Failover:
         slot = self.store.slot
         log.warning("node %s, the batch host, still runs SLURM steps: the job is not requeued",
                     answers.nodes[0])  # fmt: skip
-        if slot >= len(answers.nodes) or answers.nodes[slot] not in answers.asked:
+        if answers.nodes[slot] not in answers.asked:
             return
         node = answers.nodes[slot]
         self.control.emit(

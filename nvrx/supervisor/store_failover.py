@@ -29,8 +29,8 @@ A survivor that cannot see the file system (a partition) never learns an
 address and stops; so does every survivor when no store address comes within
 the store timeout. When fewer than a majority announced themselves, the first of
 them whose node answers SLURM to create ``failover/run<N>/e<epoch>/requeue-claim``
-exclusively is the one that asks
-SLURM about the job's nodes and may requeue it (``failover``).
+exclusively is the one that asks SLURM about the job's nodes and may requeue it
+(``failover``).
 """
 
 from __future__ import annotations
@@ -146,28 +146,26 @@ def elect(job_dir: Path, epoch: int, expected: set[int], settle_s: float, nslots
         time.sleep(_LOOK_S)
 
 
-def claim(job_dir: Path, address: StoreAddress) -> bool:
-    """Claim ``address.epoch`` for the store at ``address``; False when another slot did first."""
-    path = epoch_dir(job_dir, address.epoch) / "claim.json"
+def _create_first(path: Path, text: str) -> bool:
+    """Create ``path`` holding ``text``; False when it exists (another slot created it first)."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
         return False
     with os.fdopen(fd, "w") as out:
-        json.dump(asdict(address), out)
+        out.write(text)
     return True
+
+
+def claim(job_dir: Path, address: StoreAddress) -> bool:
+    """Claim ``address.epoch`` for the store at ``address``; False when another slot did first."""
+    return _create_first(epoch_dir(job_dir, address.epoch) / "claim.json", json.dumps(asdict(address)))
 
 
 def claim_requeue(job_dir: Path, epoch: int, slot: int) -> bool:
     """Whether ``slot`` is the one survivor of the failed election of ``epoch`` that asks SLURM
     about the job's nodes and requeues it (the first to create ``requeue-claim``)."""
-    try:
-        fd = os.open(epoch_dir(job_dir, epoch) / "requeue-claim", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return False
-    with os.fdopen(fd, "w") as out:
-        out.write(str(slot))
-    return True
+    return _create_first(epoch_dir(job_dir, epoch) / "requeue-claim", str(slot))
 
 
 def publish(job_dir: Path, address: StoreAddress) -> None:
