@@ -5,6 +5,7 @@ and the requeue without several nodes."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -128,3 +129,32 @@ def test_a_requeue_without_several_nodes_excludes_the_silent_ones(monkeypatch: p
     ]
     node_requeue.requeue_without(["node1", "node3"], None, lambda kind, **f: events.append(f), probe=False)
     assert excluding[-1] == ["node1", "node3"] and events[-1]["answered"] == []
+
+
+def test_nodes_are_asked_at_the_same_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    together = threading.Barrier(3, timeout=10)  # asked one after another, it would break
+
+    def answers(job_id: str, node: str, **kw: Any) -> bool:
+        together.wait()
+        return node != "node2"
+
+    monkeypatch.setattr(node_requeue.commands, "node_answers", answers)
+    told = node_requeue._answers("7", ["node1", "node2", "node3"], {})
+    assert told is not None and {n: yes for n, (yes, _) in told.items()} == {
+        "node1": True, "node2": False, "node3": True
+    }
+
+
+def test_at_most_sixteen_nodes_are_asked_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    workers: list[int] = []
+    real = node_requeue.ThreadPoolExecutor
+
+    def pool(max_workers: int, prefix: str) -> Any:
+        workers.append(max_workers)
+        return real(max_workers, prefix)
+
+    monkeypatch.setattr(node_requeue, "ThreadPoolExecutor", pool)
+    monkeypatch.setattr(node_requeue.commands, "node_answers", lambda job_id, node, **kw: True)
+    assert node_requeue._answers("7", [f"node{i}" for i in range(20)], {}) is not None
+    assert node_requeue._answers("7", ["node1", "node2"], {}) is not None
+    assert workers == [16, 2]
