@@ -216,8 +216,9 @@ class NodeDuty:
     A store host that freezes (a hung node) does not reset its connections, and a store
     client may then block far longer than its timeout: a watchdog reports the store lost
     when one beat has been waiting for an answer longer than ``timeout``, so that the
-    survivors fail over within seconds. (Time this process itself spent frozen between
-    beats is no sign of the store: a thawed node first learns whether it was fenced.) The
+    survivors fail over within seconds. (Time this process itself spent frozen, between
+    beats or during one, is no sign of the store: a thawed node first learns whether it was
+    fenced, ``BeatOverdue``.) The
     ring's beat runs in a thread of its own, not in the loop: a slow store never holds the
     ranks' beats (a ``bye`` that found their socket's queue full would be lost, and its
     rank, still running, found silent).
@@ -301,9 +302,9 @@ class NodeDuty:
         return self.place.tick(store, now, time.time(), self.send)
 
     def _watchdog(self) -> None:
+        overdue = BeatOverdue(self.timeout, time.monotonic())
         while not self.stopped.wait(self._interval):
-            started = self._beat_started
-            late = 0.0 if started is None else time.monotonic() - started
+            late = overdue.late(self._beat_started, time.monotonic())
             if late > self.timeout:
                 self._lost(f"the store did not answer a heartbeat for {late:.1f} s")
                 return
@@ -312,6 +313,26 @@ class NodeDuty:
         if self._reported.acquire(blocking=False):
             self.stopped.set()
             self.send({"event": "lost", "message": message})
+
+
+class BeatOverdue:
+    """How long the ring's beat in flight has waited for the store, counted in time this
+    process ran. The watchdog wakes every interval; a wake more than ``timeout`` after the
+    last one says this process itself was stopped meanwhile (its node froze, and a beat it
+    had sent waited with it), so the wait counts afresh from that wake: a thawed node reads
+    its beat's answer (and learns it was fenced) before it may blame the store."""
+
+    def __init__(self, timeout: float, now: float) -> None:
+        self.timeout = timeout
+        self._woke = self._since = now
+
+    def late(self, started: float | None, now: float) -> float:
+        """Seconds the beat that started at ``started`` (None: none in flight) has waited
+        at this wake, ``now``."""
+        if now - self._woke > self.timeout:
+            self._since = now
+        self._woke = now
+        return 0.0 if started is None else now - max(started, self._since)
 
 
 def _log_to_stderr() -> None:

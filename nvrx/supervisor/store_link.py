@@ -169,13 +169,16 @@ class StoreLink:
         return answers
 
     def _read_line_blocking(self, deadline: float, what: str) -> list[dict[str, Any]]:
+        """What the agent wrote by ``deadline``. Past it, what it wrote already is still
+        read (a supervisor that was itself stopped finds the answer waiting) before the
+        store counts as lost."""
         remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            self.lost = self.lost or f"no answer to {what} within the store timeout"
-            raise StoreLinkError(f"store at {self.host}:{self.port}: {self.lost}")
-        readable, _, _ = select.select([self.fileno()], [], [], remaining)
+        readable, _, _ = select.select([self.fileno()], [], [], max(remaining, 0.0))
         if readable:
             self._fill()
+        elif remaining <= 0:
+            self.lost = self.lost or f"no answer to {what} within the store timeout"
+            raise StoreLinkError(f"store at {self.host}:{self.port}: {self.lost}")
         return self._parse()
 
     @property

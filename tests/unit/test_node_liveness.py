@@ -596,6 +596,30 @@ def test_a_store_that_holds_a_ring_beat_past_the_timeout_is_reported_lost_once()
     assert sent[0]["message"].startswith("the store did not answer a heartbeat for ")
 
 
+def test_a_beat_waits_for_the_store_in_the_time_its_own_process_ran() -> None:
+    from nvrx.node_agent.supervised import BeatOverdue
+
+    overdue = BeatOverdue(timeout=2.0, now=100.0)
+    assert overdue.late(None, 100.5) == 0.0  # no beat in flight
+    assert overdue.late(100.6, 101.0) == pytest.approx(0.4)
+    assert overdue.late(100.6, 102.9) == pytest.approx(2.3)  # a store that froze: past the timeout
+
+
+def test_a_node_that_froze_during_a_beat_does_not_blame_the_store_at_its_thaw() -> None:
+    from nvrx.node_agent.supervised import BeatOverdue
+
+    overdue = BeatOverdue(timeout=2.0, now=100.0)
+    assert overdue.late(100.2, 100.5) == pytest.approx(0.3)
+    # the process was stopped from 100.5 to 110 with its beat in flight: the watchdog's next
+    # wake is 9.5 s after its last, and the beat's wait counts from the thaw
+    assert overdue.late(100.2, 110.0) == 0.0
+    assert overdue.late(100.2, 110.5) == pytest.approx(0.5)
+    # a store that still does not answer is blamed a timeout after the thaw
+    assert overdue.late(100.2, 112.5) == pytest.approx(2.5)
+    assert overdue.late(None, 113.0) == 0.0  # the beat came back
+    assert overdue.late(113.2, 113.5) == pytest.approx(0.3)  # the next beat counts from its start
+
+
 def test_a_frozen_store_does_not_hold_the_ranks_beats(tmp_path: Path) -> None:
     """While the ring's beat waits for a store that froze, the node's rank beats are read
     and told as they come: the beat loop does not wait for the store."""

@@ -1,0 +1,42 @@
+"""The supervisor's side of its node agent (``StoreLink``): when an answer counts as late."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from nvrx.supervisor.store_link import StoreLink, StoreLinkError
+
+
+@pytest.fixture
+def link() -> Iterator[tuple[StoreLink, int]]:
+    """A link whose agent is two pipes this test holds: what the link asks is drained, what
+    the test writes is the agent's answer."""
+    req_r, req_w = os.pipe()
+    ans_r, ans_w = os.pipe()
+    link = StoreLink("127.0.0.1", 1, timeout=0.0)  # every answer is past its deadline
+    link._to_agent, link._from_agent = req_w, ans_r
+    try:
+        yield link, ans_w
+    finally:
+        for fd in (req_r, req_w, ans_r, ans_w):
+            os.close(fd)
+
+
+def test_an_answer_that_waits_past_the_deadline_is_read_not_counted_lost(
+    link: tuple[StoreLink, int],
+) -> None:
+    # a supervisor that was itself stopped (a frozen node) finds its agent's answer waiting
+    store_link, agent = link
+    os.write(agent, b'{"id": 1, "value": 7}\n')
+    assert store_link.add("k") == 7
+    assert store_link.lost is None
+
+
+def test_no_answer_by_the_deadline_is_a_lost_store(link: tuple[StoreLink, int]) -> None:
+    store_link, _agent = link
+    with pytest.raises(StoreLinkError, match="no answer to add 'k' within the store timeout"):
+        store_link.add("k")
+    assert store_link.lost == "no answer to add 'k' within the store timeout"
