@@ -198,7 +198,8 @@ KINDS: dict[str, dict[str, str]] = {
         "seen_by": "slot of the supervisor that declared it lost",
         "slurm_state": "SLURM's view of the node (scontrol State, Reason), when it could be had",
         "action": "spare (a spare takes its node rank) | shrink (the job goes on smaller) | "
-        "stop (no spare, below --min-nodes) | none (a spare was lost)",
+        "stop (no spare, below --min-nodes; or lost with the store, no successor elected) | "
+        "none (a spare was lost, or its training had ended)",
         "replaced_by": "slot of the spare that takes over, when action is spare",
         "ranks": "global ranks the lost node held",
     },

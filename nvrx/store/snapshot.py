@@ -81,6 +81,23 @@ def restore(store: Any, keys: dict[str, str]) -> None:
         store.set(key, value)
 
 
+class KeptKeys:
+    """A snapshot's keys read as a store client reads them (``get``; ``compare_set`` of a
+    value onto itself, a one-request read), for a survivor whose store is gone with no
+    successor: what the job knew up to ``interval`` before the loss. Nothing is written."""
+
+    def __init__(self, keys: dict[str, str]) -> None:
+        self.keys = keys
+
+    def get(self, key: str) -> str | None:
+        return self.keys.get(key)
+
+    def compare_set(self, key: str, expected: str, desired: str) -> str:
+        if expected != desired:
+            raise ValueError(f"a store snapshot is read-only: cannot set {key!r}")
+        return self.keys.get(key, desired)
+
+
 class Keeper(threading.Thread):
     """Writes the snapshot of ``store`` to ``path`` whenever it changed, until ``stop``."""
 

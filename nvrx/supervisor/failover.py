@@ -37,6 +37,7 @@ from pathlib import Path
 
 from nvrx import jobenv
 from nvrx.slurm import commands
+from nvrx.store import snapshot
 from nvrx.store.service import StoreService
 
 from . import node_requeue, store_failover
@@ -107,10 +108,12 @@ class Failover:
         """After an election that found no majority (the ``alive`` slots announced
         themselves), under SLURM, the first survivor whose node answers and that claims it
         asks SLURM about the step's first node (the batch host) and the nodes of the other
-        slots: each that runs no step is recorded lost. When the first node does not answer and the job is still RUNNING a
-        while later, the job is requeued without them, or ended when it may not be requeued
-        (nothing else would end it before its time limit); when it answers, the job ends
-        with the survivors, and a ``node_probe`` tells whether the store host's node answered."""
+        slots: each that runs no step is recorded lost, but for a slot that the store's
+        snapshot shows had ended (its loss was recorded then). When the first node does not
+        answer and the job is still RUNNING a while later, the job is requeued without them,
+        or ended when it may not be requeued (nothing else would end it before its time
+        limit); when it answers, the job ends with the survivors, and a ``node_probe`` tells
+        whether the store host's node answered."""
         job_id, cfg = os.environ.get("SLURM_JOB_ID"), self.store.config
         if not job_id:
             return
@@ -121,8 +124,9 @@ class Failover:
         )
         if answers is None or self._elected_after_all():
             return
+        kept = snapshot.KeptKeys(snapshot.read(store_failover.snapshot_path(cfg.events_dir)))
         for lost_slot, node in answers.silent:
-            self._roles.record_lost_unreplaced(lost_slot, node, lost_wall)
+            self._roles.record_lost_unreplaced(lost_slot, node, lost_wall, kept)
         if answers.batch_host_answered:
             self._store_host_probed(answers)
             return

@@ -41,6 +41,7 @@ from nvrx.slurm import commands
 from nvrx.store import ring, sealed_keys
 from nvrx.store.seal import Sealer
 from nvrx.store.sealed_keys import ChainValue, SealedChain
+from nvrx.store.snapshot import KeptKeys
 
 from . import node_keys
 from .config import ALL_DONE_KEY, ALL_ENDED_KEY, ENDED_KEY, NODES_DONE_KEY, SupervisorConfig
@@ -211,12 +212,19 @@ class NodeRoles:
             self._check_all_done()
         return loss
 
-    def record_lost_unreplaced(self, slot: int, host: str, lost_wall: float) -> None:
+    def record_lost_unreplaced(self, slot: int, host: str, lost_wall: float, kept: KeptKeys) -> None:
         """Record ``slot`` lost as a survivor sees it once the store is gone with no successor:
-        nothing can be declared in the store, and the job stops. The node rank it is given
-        is the one it started with (a training slot's own; none for a spare), for no spare
-        took a node rank since the store was lost."""
-        node_rank = slot if slot < self.cfg.active_nodes else None
+        nothing can be declared in the store, and the job stops. What the store knew comes
+        from its snapshot, ``kept``: a slot that had ended there (it left, or its loss was
+        declared and recorded then) is not recorded again, and the node rank given is the
+        one it held there (none for a spare that took none: losing it costs nothing)."""
+        if self.ended(slot, kept):
+            log.info("slot %d (%s) had ended before the store was lost", slot, host)
+            return
+        try:
+            node_rank = self._held_node_rank(slot, self._info(slot, kept), kept)
+        except StoreLinkError:  # the job's secret was never known: as the slot started
+            node_rank = slot if slot < self.cfg.active_nodes else None
         self._emit(
             "node_lost",
             lost_node=node_rank,
@@ -226,7 +234,7 @@ class NodeRoles:
             last_seen_wall=lost_wall,
             seen_by=self.slot,
             slurm_state=_slurm_state(host),
-            action="stop",
+            action="none" if node_rank is None else "stop",
             replaced_by=None,
             ranks=[] if node_rank is None else self._ranks(node_rank),
         )
@@ -265,18 +273,19 @@ class NodeRoles:
                 return spare
         return None
 
-    def _info(self, slot: int) -> dict[str, Any]:
+    def _info(self, slot: int, store: Any = None) -> dict[str, Any]:
+        """What ``slot`` published about itself, read from ``store`` (the store by default)."""
         try:
             key = node_keys.info(slot)
-            value = self.link.get(key)
+            value = (self.link if store is None else store).get(key)
             info = json.loads(self._known_sealer().unseal(key, value) or "{}") if value else {}
         except ValueError:
             info = {}
         return info if isinstance(info, dict) else {}
 
-    def _held_node_rank(self, slot: int, info: dict[str, Any]) -> int | None:
+    def _held_node_rank(self, slot: int, info: dict[str, Any], store: Any = None) -> int | None:
         """The node rank ``slot`` held: its own, or the one it was assigned as a spare."""
-        assigned = self._chain(node_keys.assign(slot)).read(self.link)
+        assigned = self._chain(node_keys.assign(slot)).read(self.link if store is None else store)
         if assigned:
             return int(json.loads(assigned)["node_rank"])
         if slot >= self.cfg.active_nodes:
@@ -297,13 +306,14 @@ class NodeRoles:
         except StoreLinkError:
             return slots
 
-    def ended(self, slot: int) -> bool:
-        """Whether ``slot``'s claim holds a valid entry: it left, or was declared lost.
-        (Before the job's secret is known, nothing can have ended: the claims need it.)"""
+    def ended(self, slot: int, store: Any = None) -> bool:
+        """Whether ``slot``'s claim holds a valid entry in ``store`` (the store by default):
+        it left, or was declared lost. (Before the job's secret is known, nothing can have
+        ended: the claims need it.)"""
         sealer = self._sealer()
         if sealer is None:
             return False
-        return bool(ring.read_claims(self.link, node_keys.RING, sealer, slot).valid)
+        return bool(ring.read_claims(self.link if store is None else store, node_keys.RING, sealer, slot).valid)
 
     def free_spares(self) -> int:
         """How many spare slots are alive and not taken yet (nothing is taken here)."""

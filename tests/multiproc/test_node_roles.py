@@ -184,3 +184,40 @@ def test_a_lost_spare_is_never_handed_out(link: StoreLink) -> None:
     assert loss is not None and (loss.action, loss.replaced_by) == ("spare", 3)
     third = roles.declare(_lost(0))  # no spare alive and free is left
     assert third is not None and third.action == "stop", third
+
+
+def test_a_survivor_without_a_store_records_each_loss_as_the_snapshot_last_knew_it(tmp_path) -> None:
+    # slots 0-2 train, 3 and 4 are spares. Slot 1 was lost while the store ran (spare 3 took
+    # node rank 1); then the store was lost with no successor, and slots 1 to 4 are silent
+    from nvrx.store import snapshot
+    from nvrx.supervisor.config import KEY_PREFIX
+
+    path = tmp_path / "snapshot.json"
+    spec = snapshot.SnapshotSpec(path, prefixes=(KEY_PREFIX,))
+    events: list[dict[str, Any]] = []
+    with StoreService("127.0.0.1", 0, node=None, snapshot=spec) as service:
+        agent = StoreLink("127.0.0.1", service.port, timeout=30).launch()
+        try:
+            agent.wait_ready()
+            roles = _roles(agent, events, nnodes=5, spare_nodes=2)
+            assert roles.declare(_lost(1)) is not None
+            claim, assign = node_keys.claim(1), SealedChain(node_keys.assign(3), SEALER).key(1)
+            wait_until(
+                "the snapshot to keep slot 1's claim and spare 3's assignment",
+                lambda: {claim, assign} <= snapshot.read(path).keys(),
+                30,
+            )
+        finally:
+            agent.close()
+    kept = snapshot.KeptKeys(snapshot.read(path))
+    events.clear()
+    for slot in (1, 2, 3, 4):
+        roles.record_lost_unreplaced(slot, f"node{slot + 1}", 12.0, kept)
+    assert [(e["lost_slot"], e["lost_node"], e["action"], e["ranks"]) for e in events] == [
+        (2, 2, "stop", [4, 5]),  # a training slot, its own node rank
+        (3, 1, "stop", [2, 3]),  # the spare that had taken node rank 1 over
+        (4, None, "none", []),  # a free spare: its loss costs nothing
+    ]  # slot 1's loss was recorded when it was declared
+    assert {e["last_seen_wall"] for e in events} == {12.0}
+    with pytest.raises(ValueError, match="read-only"):
+        kept.compare_set(claim, "", "x")

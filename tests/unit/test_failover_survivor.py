@@ -28,7 +28,7 @@ class _Survivor:
         self.requeued: list[tuple[list[str | None], bool]] = []
         roles = SimpleNamespace(
             enabled=True, slot=slot,
-            record_lost_unreplaced=lambda s, host, wall: self.lost.append((s, host)),
+            record_lost_unreplaced=lambda s, host, wall, kept: self.lost.append((s, host)),
         )  # fmt: skip
         config = SimpleNamespace(
             nnodes=nnodes, node_timeout=3.0, store_timeout=0.2, events_dir=job_dir,
