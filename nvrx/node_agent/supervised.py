@@ -216,12 +216,12 @@ class NodeDuty:
     A store host that freezes (a hung node) does not reset its connections, and a store
     client may then block far longer than its timeout: a watchdog reports the store lost
     when one beat has been waiting for an answer longer than ``timeout``, so that the
-    survivors fail over within seconds. (Time this process itself spent frozen, between
-    beats or during one, is no sign of the store: a thawed node first learns whether it was
-    fenced, ``BeatOverdue``.) The
-    ring's beat runs in a thread of its own, not in the loop: a slow store never holds the
-    ranks' beats (a ``bye`` that found their socket's queue full would be lost, and its
-    rank, still running, found silent).
+    survivors fail over within seconds. (Time this process itself spent stopped, between
+    beats or during one, is no sign of the store: a thawed node first reads its beat's
+    answer and learns whether it was fenced, ``BeatOverdue``.) The ring's beat runs in a
+    thread of its own, not in the loop: a slow store never holds the ranks' beats (a ``bye``
+    that found their socket's queue full would be lost, and its rank, still running, found
+    silent).
 
     A client that sets this slot's counter back after its beats holds it still for its
     watcher; the slot then stamps its beats in the folder its supervisor names, in the job
@@ -302,7 +302,7 @@ class NodeDuty:
         return self.place.tick(store, now, time.time(), self.send)
 
     def _watchdog(self) -> None:
-        overdue = BeatOverdue(self.timeout, time.monotonic())
+        overdue = BeatOverdue(self._interval, time.monotonic())
         while not self.stopped.wait(self._interval):
             late = overdue.late(self._beat_started, time.monotonic())
             if late > self.timeout:
@@ -316,23 +316,28 @@ class NodeDuty:
 
 
 class BeatOverdue:
-    """How long the ring's beat in flight has waited for the store, counted in time this
-    process ran. The watchdog wakes every interval; a wake more than ``timeout`` after the
-    last one says this process itself was stopped meanwhile (its node froze, and a beat it
-    had sent waited with it), so the wait counts afresh from that wake: a thawed node reads
-    its beat's answer (and learns it was fenced) before it may blame the store."""
+    """How long the ring's beat in flight has waited for the store, less the time this
+    process itself was stopped. The watchdog wakes every ``interval``; a wake that comes
+    more than two intervals after the last says the process did not run for the excess (its
+    node froze, and a beat it had sent waited with it). Each wake still adds at least one
+    interval to the wait, so a store that never answers is reported however late the wakes."""
 
-    def __init__(self, timeout: float, now: float) -> None:
-        self.timeout = timeout
-        self._woke = self._since = now
+    def __init__(self, interval: float, now: float) -> None:
+        self.interval = interval
+        self._woke = now
+        self._stops: list[tuple[float, float]] = []  # (wake that ended a stop, its length)
 
     def late(self, started: float | None, now: float) -> float:
         """Seconds the beat that started at ``started`` (None: none in flight) has waited
-        at this wake, ``now``."""
-        if now - self._woke > self.timeout:
-            self._since = now
-        self._woke = now
-        return 0.0 if started is None else now - max(started, self._since)
+        by this wake, ``now``, not counting the stops that ended after it started."""
+        gap, self._woke = now - self._woke, now
+        if gap > 2 * self.interval:
+            self._stops.append((now, gap - self.interval))
+        if started is None:
+            self._stops.clear()
+            return 0.0
+        self._stops = [stop for stop in self._stops if stop[0] > started]
+        return max(0.0, now - started - sum(length for _, length in self._stops))
 
 
 def _log_to_stderr() -> None:

@@ -141,16 +141,26 @@ def _outcome(job: JobSummary, loss: NodeLoss, losses: list[NodeLoss]) -> str:
         left = nodes - len(earlier[: earlier.index(loss) + 1])
         return f"job shrank to {left} node{'' if left == 1 else 's'}"
     if loss.action == "stop":
-        reasons = [
-            e.get("reason")
-            for e in job.node_events
-            if e.get("kind") == "job_stop" and e["run"] == loss.run
-            and str(e.get("reason") or "").startswith(STOP_REASON)
-        ]  # fmt: skip
-        return f"job stopped: {reasons[0] if reasons else STOP_REASON}"
+        own = [r for r in _stop_reasons(job, loss.run) if r.startswith(STOP_REASON)]
+        later = _stop_reasons(job, loss.run, since=loss.start)  # e.g. its store, lost with it
+        return f"job stopped: {(own or later or [STOP_REASON])[0]}"
+    if loss.action == "none" and loss.node is not None:
+        return f"node rank {loss.node} had ended its training: nothing to replace"
     if loss.action == "none":
-        return "a spare node was lost; training went on"
+        stopping = _stop_reasons(job, loss.run, since=loss.start)
+        return "a spare node was lost" + ("" if stopping else "; training went on")
     return f"action {loss.action}"
+
+
+def _stop_reasons(job: JobSummary, run: int, since: float = -math.inf) -> list[str]:
+    """The reasons of the ``job_stop`` events of ``run`` at ``since`` or later, first first."""
+    stops = sorted(
+        (e for e in job.node_events
+         if e.get("kind") == "job_stop" and e["run"] == run and e.get("reason")
+         and (e.get("wall") or 0.0) >= since),
+        key=lambda e: e.get("wall") or 0.0,
+    )  # fmt: skip
+    return [str(e["reason"]) for e in stops]
 
 
 def _loss(e: dict[str, Any]) -> NodeLoss:

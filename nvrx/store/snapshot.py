@@ -84,15 +84,19 @@ def restore(store: Any, keys: dict[str, str]) -> None:
 class KeptKeys:
     """A snapshot's keys read as a store client reads them (``get``; ``compare_set`` of a
     value onto itself, a one-request read), for a survivor whose store is gone with no
-    successor: what the job knew up to ``interval`` before the loss. Nothing is written."""
+    successor: what the job knew up to a ``Keeper`` interval before the loss. Nothing is
+    written."""
 
     def __init__(self, keys: dict[str, str]) -> None:
         self.keys = keys
 
     def get(self, key: str) -> str | None:
+        """The kept value of ``key``; None when it was not set."""
         return self.keys.get(key)
 
     def compare_set(self, key: str, expected: str, desired: str) -> str:
+        """A read: the kept value of ``key``, else ``desired`` (which must be ``expected``:
+        nothing is set here, so a write raises ``ValueError``)."""
         if expected != desired:
             raise ValueError(f"a store snapshot is read-only: cannot set {key!r}")
         return self.keys.get(key, desired)

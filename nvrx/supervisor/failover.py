@@ -108,8 +108,8 @@ class Failover:
         """After an election that found no majority (the ``alive`` slots announced
         themselves), under SLURM, the first survivor whose node answers and that claims it
         asks SLURM about the step's first node (the batch host) and the nodes of the other
-        slots: each that runs no step is recorded lost, but for a slot that the store's
-        snapshot shows had ended (its loss was recorded then). When the first node does not
+        slots: each that runs no step is recorded lost, but for a slot whose end (it left, or
+        was declared lost) the store's snapshot shows. When the first node does not
         answer and the job is still RUNNING a while later, the job is requeued without them,
         or ended when it may not be requeued (nothing else would end it before its time
         limit); when it answers, the job ends with the survivors, and a ``node_probe`` tells

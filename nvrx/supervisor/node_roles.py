@@ -156,9 +156,10 @@ class NodeRoles:
     def _set_flag(self, base: str) -> None:
         self._chain(base).write(self.link, "1")
 
-    def flag_set(self, base: str) -> bool:
-        """Whether the sealed flag at ``base`` was set by the job."""
-        return self._chain(base).read(self.link) is not None
+    def flag_set(self, base: str, store: Any = None) -> bool:
+        """Whether the sealed flag at ``base`` was set by the job (in ``store``, by default
+        the store)."""
+        return self._chain(base).read(self.link if store is None else store) is not None
 
     def _publish_info(self) -> None:
         info = {
@@ -215,16 +216,17 @@ class NodeRoles:
     def record_lost_unreplaced(self, slot: int, host: str, lost_wall: float, kept: KeptKeys) -> None:
         """Record ``slot`` lost as a survivor sees it once the store is gone with no successor:
         nothing can be declared in the store, and the job stops. What the store knew comes
-        from its snapshot, ``kept``: a slot that had ended there (it left, or its loss was
-        declared and recorded then) is not recorded again, and the node rank given is the
-        one it held there (none for a spare that took none: losing it costs nothing)."""
+        from its snapshot, ``kept``: a slot whose end it shows (it left, or was declared lost)
+        is not recorded again; the node rank given is the one the slot held there, and the
+        action ``none`` for a spare that held none or a slot whose training had ended."""
         if self.ended(slot, kept):
             log.info("slot %d (%s) had ended before the store was lost", slot, host)
             return
         try:
             node_rank = self._held_node_rank(slot, self._info(slot, kept), kept)
+            done = self.flag_set(node_keys.done(slot), kept) or self.flag_set(ALL_DONE_KEY, kept)
         except StoreLinkError:  # the job's secret was never known: as the slot started
-            node_rank = slot if slot < self.cfg.active_nodes else None
+            node_rank, done = (slot if slot < self.cfg.active_nodes else None), False
         self._emit(
             "node_lost",
             lost_node=node_rank,
@@ -234,7 +236,7 @@ class NodeRoles:
             last_seen_wall=lost_wall,
             seen_by=self.slot,
             slurm_state=_slurm_state(host),
-            action="none" if node_rank is None else "stop",
+            action="none" if node_rank is None or done else "stop",
             replaced_by=None,
             ranks=[] if node_rank is None else self._ranks(node_rank),
         )

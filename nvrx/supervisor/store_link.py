@@ -26,6 +26,8 @@ from . import node_keys, store_failover
 
 log = logging.getLogger(__name__)
 
+#: Seconds the agent may take past a request's deadline to write an answer it already has.
+_LAST_LOOK_S = 1.0
 #: Seconds allowed for the agent to start (its imports, on a busy node) on top of the store timeout.
 _AGENT_START_S = 60.0
 
@@ -169,11 +171,13 @@ class StoreLink:
         return answers
 
     def _read_line_blocking(self, deadline: float, what: str) -> list[dict[str, Any]]:
-        """What the agent wrote by ``deadline``. Past it, what it wrote already is still
-        read (a supervisor that was itself stopped finds the answer waiting) before the
-        store counts as lost."""
+        """What the agent wrote by ``deadline``. Past it, the agent still gets a last look of
+        up to ``_LAST_LOOK_S`` before the store counts as lost: a node whose processes were
+        all stopped (frozen) past the deadline finds the answer at the agent, which writes it
+        as soon as both run again."""
         remaining = deadline - time.monotonic()
-        readable, _, _ = select.select([self.fileno()], [], [], max(remaining, 0.0))
+        wait_s = remaining if remaining > 0 else _LAST_LOOK_S
+        readable, _, _ = select.select([self.fileno()], [], [], wait_s)
         if readable:
             self._fill()
         elif remaining <= 0:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from nvrx.store import rounds, sealed_keys
+from nvrx.store import rounds, sealed_keys, snapshot
 from nvrx.store.seal import Sealer
 from nvrx.store.sealed_keys import SealedChain
 from nvrx.store.service import StoreService
@@ -18,6 +19,7 @@ from nvrx.supervisor import node_keys
 from nvrx.supervisor.config import ALL_DONE_KEY, SupervisorConfig, local_job
 from nvrx.supervisor.node_roles import NodeRoles
 from nvrx.supervisor.store_link import StoreLink
+from nvrx.supervisor.store_setup import snapshot_spec
 from tests.support.waiting import wait_until
 
 SEALER = Sealer(bytes(range(32)), 0)
@@ -186,38 +188,44 @@ def test_a_lost_spare_is_never_handed_out(link: StoreLink) -> None:
     assert third is not None and third.action == "stop", third
 
 
-def test_a_survivor_without_a_store_records_each_loss_as_the_snapshot_last_knew_it(tmp_path) -> None:
-    # slots 0-2 train, 3 and 4 are spares. Slot 1 was lost while the store ran (spare 3 took
-    # node rank 1); then the store was lost with no successor, and slots 1 to 4 are silent
-    from nvrx.store import snapshot
-    from nvrx.supervisor.config import KEY_PREFIX
-
-    path = tmp_path / "snapshot.json"
-    spec = snapshot.SnapshotSpec(path, prefixes=(KEY_PREFIX,))
+def test_a_survivor_without_a_store_records_each_loss_as_the_snapshot_last_knew_it(
+    tmp_path: Path,
+) -> None:
+    # slots 0-2 train, 3 and 4 are spares; the store keeps the snapshot a failover would
+    # (``snapshot_spec``). Slot 1 was lost while the store ran (spare 3 took node rank 1)
+    # and slot 2's training ended; then the store was lost with no successor, and every
+    # slot is silent but the survivor's
     events: list[dict[str, Any]] = []
+    job = local_job(nnodes=5, node_rank=0, nproc_per_node=2, log_dir=str(tmp_path))
+    cfg = SupervisorConfig(["python", "train.py"], job, spare_nodes=2)
+    spec = snapshot_spec(cfg)
     with StoreService("127.0.0.1", 0, node=None, snapshot=spec) as service:
         agent = StoreLink("127.0.0.1", service.port, timeout=30).launch()
         try:
             agent.wait_ready()
-            roles = _roles(agent, events, nnodes=5, spare_nodes=2)
+            emit = lambda kind, **fields: events.append({"kind": kind, **fields})  # noqa: E731
+            roles = NodeRoles(cfg, agent, emit, lambda: SEALER)
             assert roles.declare(_lost(1)) is not None
-            claim, assign = node_keys.claim(1), SealedChain(node_keys.assign(3), SEALER).key(1)
+            done = SealedChain(node_keys.done(2), SEALER)
+            done.write(agent, "1")
+            keys = {node_keys.claim(1), SealedChain(node_keys.assign(3), SEALER).key(1), done.key(1)}
             wait_until(
-                "the snapshot to keep slot 1's claim and spare 3's assignment",
-                lambda: {claim, assign} <= snapshot.read(path).keys(),
+                "the snapshot to keep slot 1's claim, spare 3's assignment and slot 2's end",
+                lambda: keys <= snapshot.read(spec.path).keys(),
                 30,
             )
         finally:
             agent.close()
-    kept = snapshot.KeptKeys(snapshot.read(path))
+    kept = snapshot.KeptKeys(snapshot.read(spec.path))
     events.clear()
-    for slot in (1, 2, 3, 4):
+    for slot in range(5):
         roles.record_lost_unreplaced(slot, f"node{slot + 1}", 12.0, kept)
     assert [(e["lost_slot"], e["lost_node"], e["action"], e["ranks"]) for e in events] == [
-        (2, 2, "stop", [4, 5]),  # a training slot, its own node rank
+        (0, 0, "stop", [0, 1]),  # a training slot, its own node rank
+        (2, 2, "none", [4, 5]),  # its training had ended
         (3, 1, "stop", [2, 3]),  # the spare that had taken node rank 1 over
         (4, None, "none", []),  # a free spare: its loss costs nothing
     ]  # slot 1's loss was recorded when it was declared
     assert {e["last_seen_wall"] for e in events} == {12.0}
     with pytest.raises(ValueError, match="read-only"):
-        kept.compare_set(claim, "", "x")
+        kept.compare_set(node_keys.claim(0), "", "x")

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from nvrx.store import snapshot
 from nvrx.supervisor import node_requeue, store_failover
 from nvrx.supervisor.failover import Failover
 from nvrx.supervisor.node_requeue import StepAnswers
@@ -25,10 +26,11 @@ class _Survivor:
     def __init__(self, job_dir: Path, nnodes: int = 2, slot: int = 1, store_slot: int = 0) -> None:
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.lost: list[tuple[int, str]] = []
+        self.kept: list[dict[str, str]] = []  # the snapshot each loss was recorded from
         self.requeued: list[tuple[list[str | None], bool]] = []
         roles = SimpleNamespace(
             enabled=True, slot=slot,
-            record_lost_unreplaced=lambda s, host, wall, kept: self.lost.append((s, host)),
+            record_lost_unreplaced=self._record,
         )  # fmt: skip
         config = SimpleNamespace(
             nnodes=nnodes, node_timeout=3.0, store_timeout=0.2, events_dir=job_dir,
@@ -43,6 +45,10 @@ class _Survivor:
             lambda hosts, probe=True: self.requeued.append((list(hosts), probe)),
         )  # fmt: skip
         store_failover.announce(job_dir, EPOCH, slot)  # the epoch's folder, as the election left it
+
+    def _record(self, slot: int, host: str, wall: float, kept: Any) -> None:
+        self.lost.append((slot, host))
+        self.kept.append(kept.keys)
 
     def decide(self, alive: set[int]) -> None:
         self.failover._requeue_without_lost_nodes(123.0, frozenset(alive))
@@ -103,6 +109,14 @@ def test_every_silent_node_of_a_larger_job_is_recorded_lost_and_excluded(tmp_pat
     assert survivor.lost == [(0, "node1"), (1, "node2"), (3, "node4")]
     assert survivor.requeued == [(["node1", "node2", "node4"], False)]
     assert slurm["ended"] == [("7", "node1")]
+
+
+def test_the_losses_are_recorded_from_this_runs_store_snapshot(tmp_path, slurm) -> None:
+    survivor = _Survivor(tmp_path, nnodes=3, slot=2)
+    snapshot.write(store_failover.snapshot_path(tmp_path), {"nvrx_supervisor/node/claim/1": "x"})
+    slurm["answer"] = _answers("node1,node2,node3", "node1,node2", "")
+    survivor.decide({2})
+    assert survivor.kept == [{"nvrx_supervisor/node/claim/1": "x"}] * 2
 
 
 def test_only_the_survivor_that_claims_it_asks_slurm(tmp_path, slurm) -> None:

@@ -599,25 +599,87 @@ def test_a_store_that_holds_a_ring_beat_past_the_timeout_is_reported_lost_once()
 def test_a_beat_waits_for_the_store_in_the_time_its_own_process_ran() -> None:
     from nvrx.node_agent.supervised import BeatOverdue
 
-    overdue = BeatOverdue(timeout=2.0, now=100.0)
+    overdue = BeatOverdue(interval=0.5, now=100.0)
     assert overdue.late(None, 100.5) == 0.0  # no beat in flight
     assert overdue.late(100.6, 101.0) == pytest.approx(0.4)
-    assert overdue.late(100.6, 102.9) == pytest.approx(2.3)  # a store that froze: past the timeout
+    assert overdue.late(100.6, 101.6) == pytest.approx(1.0)  # a late wake (1 s; interval 0.5) counts
+    assert overdue.late(100.6, 102.9) == pytest.approx(1.5)  # 1.3 s: 0.8 s of it this process stopped
+    assert overdue.late(None, 103.0) == 0.0  # the beat came back
+    assert overdue.late(103.2, 103.5) == pytest.approx(0.3)  # the next one counts from its start
 
 
-def test_a_node_that_froze_during_a_beat_does_not_blame_the_store_at_its_thaw() -> None:
+def test_a_node_stopped_during_a_beat_counts_only_the_time_it_ran() -> None:
     from nvrx.node_agent.supervised import BeatOverdue
 
-    overdue = BeatOverdue(timeout=2.0, now=100.0)
+    overdue = BeatOverdue(interval=0.5, now=100.0)
     assert overdue.late(100.2, 100.5) == pytest.approx(0.3)
-    # the process was stopped from 100.5 to 110 with its beat in flight: the watchdog's next
-    # wake is 9.5 s after its last, and the beat's wait counts from the thaw
-    assert overdue.late(100.2, 110.0) == 0.0
-    assert overdue.late(100.2, 110.5) == pytest.approx(0.5)
-    # a store that still does not answer is blamed a timeout after the thaw
-    assert overdue.late(100.2, 112.5) == pytest.approx(2.5)
-    assert overdue.late(None, 113.0) == 0.0  # the beat came back
-    assert overdue.late(113.2, 113.5) == pytest.approx(0.3)  # the next beat counts from its start
+    # stopped from 100.5 to 110 with the beat in flight: 9.5 s between two wakes
+    assert overdue.late(100.2, 110.0) == pytest.approx(0.8)
+    assert overdue.late(100.2, 110.5) == pytest.approx(1.3)
+    # stopped for less than the timeout (here 1.5 s) counts out too
+    assert overdue.late(100.2, 112.0) == pytest.approx(1.8)
+    # however late every wake comes, each adds an interval: a store that never answers is told
+    assert [round(overdue.late(100.2, 112.0 + 2 * i), 6) for i in (1, 2, 3)] == [2.3, 2.8, 3.3]
+
+
+class _HeldClock:
+    """The node agent's clock, which a test moves on (a stop of the whole process, as its
+    threads see it), and how often the watchdog read it."""
+
+    def __init__(self) -> None:
+        import time
+
+        self._time, self.offset, self.watchdog_reads = time, 0.0, 0
+
+    def monotonic(self) -> float:
+        if threading.current_thread().name == "node-watchdog":
+            self.watchdog_reads += 1
+        return self._time.monotonic() + self.offset
+
+    def time(self) -> float:
+        return self._time.time()
+
+
+class _HeldStore(_CountingStore):
+    """A store whose answer to slot 0's beat is held once ``hold`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold, self.waiting = threading.Event(), threading.Event()
+
+    def add(self, key: str, amount: int) -> int:
+        if key == node_keys.alive(0) and self.hold.is_set():
+            self.waiting.set()
+            wait_until("the test to let the beat's answer go", lambda: not self.hold.is_set(), 60)
+        return super().add(key, amount)
+
+
+def test_a_node_stopped_while_its_beat_waits_does_not_blame_the_store_at_its_thaw(monkeypatch) -> None:
+    from nvrx.node_agent import supervised
+
+    clock, store, sent = _HeldClock(), _HeldStore(), []
+    monkeypatch.setattr(supervised, "time", clock)
+    duty = supervised.NodeDuty(sent.append, None)
+    place = slot_place(0, 3, 1.0, SEALER, startup_s=600.0)  # its target never beats: no matter
+    duty.watch_ring(place, lambda: store, interval=0.05, timeout=1.0)
+    wait_until("three beats", lambda: int(store.store.add(node_keys.alive(0), 0)) >= 3, 30)
+    store.hold.set()
+    wait_until("a beat waiting for the store", store.waiting.is_set, 30)
+    clock.offset += 5.0  # the process was stopped for 5 s, its beat in flight
+    reads = clock.watchdog_reads
+    wait_until("two looks of the watchdog after the thaw", lambda: clock.watchdog_reads >= reads + 2 or sent, 30)
+    assert sent == []
+    store.hold.clear()  # the answer read at the thaw
+    beats = int(store.store.add(node_keys.alive(0), 0))
+    wait_until("more beats", lambda: int(store.store.add(node_keys.alive(0), 0)) >= beats + 3, 30)
+    assert sent == []
+    # a store that then holds a beat past the timeout, in time the process ran, is lost
+    store.hold.set()
+    wait_until("the store reported lost", lambda: sent, 30)
+    store.hold.clear()
+    assert [m["event"] for m in sent] == ["lost"], sent
+    assert duty.ring_thread is not None
+    duty.ring_thread.join(30)
 
 
 def test_a_frozen_store_does_not_hold_the_ranks_beats(tmp_path: Path) -> None:

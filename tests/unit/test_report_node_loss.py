@@ -506,6 +506,42 @@ def test_a_lost_spare_is_counted_and_excluded_but_interrupts_no_round(tmp_path: 
     assert "spare (slot 2)" in text and "- (no ranks lost)" in text
 
 
+def test_losses_recorded_by_a_survivor_without_a_store_say_the_store_stopped_the_job(
+    tmp_path: Path,
+) -> None:
+    # node-a (slot 0, the store's host) and the spare node-c are lost with the store; slot 1
+    # alone cannot elect a successor: it stops (exit 3), then records both as SLURM answers
+    job = Job(tmp_path / "job", {0: "node-a", 1: "node-b", 2: "node-c"}, nnodes=3, spares=1)
+    for rank in range(4):
+        job.start_rank(0.5, rank, rank // 2, rank // 2)
+    job.round_start(5.0, 0, [0, 1, 2, 3])
+    reason = "store at node-a:29500 lost: the store did not answer a heartbeat for 3.1 s"
+    job.sup[1].at(DECLARED, "job_stop", reason=reason, exit_code=3)
+    for slot, node_rank, action in ((0, 0, "stop"), (2, None, "none")):
+        job.sup[1].at(
+            DECLARED + 30.0, "node_lost", lost_node=node_rank, lost_slot=slot,
+            lost_host=job.hosts[slot], silent_s=None, last_seen_wall=T0 + DECLARED - 0.5,
+            seen_by=1, slurm_state=None, action=action, replaced_by=None,
+            ranks=[] if node_rank is None else [0, 1],
+        )  # fmt: skip
+    report = job.close()
+    assert [(loss.slot, loss.outcome) for loss in report.node_losses] == [
+        (0, f"job stopped: {reason}"),
+        (2, "a spare node was lost"),
+    ]
+
+
+def test_a_node_lost_after_its_training_ended_is_said_to_cost_nothing(tmp_path: Path) -> None:
+    job = Job(tmp_path / "job", {0: "node-a", 1: "node-b"}, nnodes=2, spares=0)
+    for rank in range(4):
+        job.start_rank(0.5, rank, rank // 2, rank // 2)
+    job.round_start(5.0, 0, [0, 1, 2, 3])
+    job.node_lost("none")
+    job.complete(26.0, [0, 1, 2, 3])
+    (loss,) = job.close().node_losses
+    assert loss.outcome == "node rank 1 had ended its training: nothing to replace"
+
+
 def test_a_ranks_death_is_filed_under_the_node_that_ran_it_on_a_shared_host(
     tmp_path: Path,
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -33,6 +34,17 @@ def test_an_answer_that_waits_past_the_deadline_is_read_not_counted_lost(
     os.write(agent, b'{"id": 1, "value": 7}\n')
     assert store_link.add("k") == 7
     assert store_link.lost is None
+
+
+def test_an_answer_written_just_after_the_deadline_is_read(link: tuple[StoreLink, int]) -> None:
+    # a frozen node thaws past the deadline: its agent writes the answer it has a moment later
+    store_link, agent = link
+    late = threading.Timer(0.2, os.write, (agent, b'{"id": 1, "value": 8}\n'))
+    late.start()
+    try:
+        assert store_link.add("k") == 8
+    finally:
+        late.join()
 
 
 def test_no_answer_by_the_deadline_is_a_lost_store(link: tuple[StoreLink, int]) -> None:
