@@ -329,7 +329,8 @@ class BeatOverdue:
 
     def late(self, started: float | None, now: float) -> float:
         """Seconds the beat that started at ``started`` (None: none in flight) has waited
-        by this wake, ``now``, not counting the stops that ended after it started."""
+        by this wake, ``now``, not counting the part of each stop that came after it
+        started (a stop is the stretch just before the wake that ended it)."""
         gap, self._woke = now - self._woke, now
         if gap > 2 * self.interval:
             self._stops.append((now, gap - self.interval))
@@ -337,7 +338,7 @@ class BeatOverdue:
             self._stops.clear()
             return 0.0
         self._stops = [stop for stop in self._stops if stop[0] > started]
-        return max(0.0, now - started - sum(length for _, length in self._stops))
+        return now - started - sum(min(length, wake - started) for wake, length in self._stops)
 
 
 def _log_to_stderr() -> None:

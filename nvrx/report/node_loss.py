@@ -33,6 +33,13 @@ log = logging.getLogger(__name__)
 FENCED_EXIT = 9
 #: How a ``job_stop`` reason begins when a lost node left too few (``ExitCode.NODE_LOST``).
 STOP_REASON = "node lost, no spare"
+#: ... and when it was excluded (``ExitCode.EXCLUDED``: a rank asked to exclude its node,
+#: or it was named a straggler). Those two ends are of one supervisor: the job goes on.
+EXCLUDED_EXIT = 10
+ONE_NODE_EXITS = (FENCED_EXIT, EXCLUDED_EXIT)
+#: Seconds after a loss's declaration within which a stop still counts as the one in effect
+#: (a loss that stops the job writes its ``job_stop`` just after its ``node_lost``).
+STOPPING_SLACK_S = 1.0
 
 
 @dataclass
@@ -142,22 +149,28 @@ def _outcome(job: JobSummary, loss: NodeLoss, losses: list[NodeLoss]) -> str:
         return f"job shrank to {left} node{'' if left == 1 else 's'}"
     if loss.action == "stop":
         own = [r for r in _stop_reasons(job, loss.run) if r.startswith(STOP_REASON)]
-        later = _stop_reasons(job, loss.run, since=loss.start)  # e.g. its store, lost with it
-        return f"job stopped: {(own or later or [STOP_REASON])[0]}"
+        stopping = _stop_reasons(job, loss.run, until=_declared(loss) + STOPPING_SLACK_S)
+        return f"job stopped: {(own or stopping or [STOP_REASON])[0]}"  # e.g. its store, lost with it
     if loss.action == "none" and loss.node is not None:
         return f"node rank {loss.node} had ended its training: nothing to replace"
     if loss.action == "none":
-        stopping = _stop_reasons(job, loss.run, since=loss.start)
+        stopping = _stop_reasons(job, loss.run, until=_declared(loss) + STOPPING_SLACK_S)
         return "a spare node was lost" + ("" if stopping else "; training went on")
     return f"action {loss.action}"
 
 
-def _stop_reasons(job: JobSummary, run: int, since: float = -math.inf) -> list[str]:
-    """The reasons of the ``job_stop`` events of ``run`` at ``since`` or later, first first."""
+def _declared(loss: NodeLoss) -> float:
+    return loss.declared_wall if loss.declared_wall is not None else loss.start
+
+
+def _stop_reasons(job: JobSummary, run: int, until: float = math.inf) -> list[str]:
+    """The reasons the job of ``run`` was stopping for, by ``until``, first first: its
+    ``job_stop`` events, but for the ends of one node the job goes on without (a fenced
+    node's, an excluded one's)."""
     stops = sorted(
         (e for e in job.node_events
          if e.get("kind") == "job_stop" and e["run"] == run and e.get("reason")
-         and (e.get("wall") or 0.0) >= since),
+         and e.get("exit_code") not in ONE_NODE_EXITS and (e.get("wall") or 0.0) <= until),
         key=lambda e: e.get("wall") or 0.0,
     )  # fmt: skip
     return [str(e["reason"]) for e in stops]

@@ -34,6 +34,7 @@ from .compact import exclude_list
 from .consequence import FOLLOW_ON, HARDWARE, fault_shape
 from .job_rounds import BY_RESTART_CLAIM, FROM_JOB_RESTARTS, restart_ended
 from .model import BY_NODE_LOSS, Failure, NodeLoss, ProcessRestart, RoundRow, Straggler, SuspectNode
+from .node_loss import EXCLUDED_EXIT
 from .round_windows import RoundWindows
 from .stragglers import EXCLUDE, held_against, slower, step_times
 
@@ -83,10 +84,6 @@ def _answered(job: JobSummary) -> set[tuple[int, str]]:
         elif e.get("kind") == "node_probe" and e.get("responding") is True and e.get("lost_host"):
             out.add((e["run"], e["lost_host"]))
     return out
-
-
-#: ``nvrx-supervise``'s exit code when a rank asked to exclude its node (``ExcludeThisNode``).
-EXCLUDED_EXIT = 10
 
 
 def _excluded_slots(job: JobSummary) -> set[tuple[int, object]]:

@@ -26,7 +26,7 @@ from . import node_keys, store_failover
 
 log = logging.getLogger(__name__)
 
-#: Seconds the agent may take past a request's deadline to write an answer it already has.
+#: Seconds the agent may take past a wait's deadline, once, to write what it already has.
 _LAST_LOOK_S = 1.0
 #: Seconds allowed for the agent to start (its imports, on a busy node) on top of the store timeout.
 _AGENT_START_S = 60.0
@@ -39,6 +39,24 @@ def _log_level() -> str:
 
 class StoreLinkError(RuntimeError):
     """The store could not be reached through the agent, or was lost."""
+
+
+class _Deadline:
+    """When a wait for the agent ends: ``seconds`` from now, then once a last look of
+    ``_LAST_LOOK_S`` more. A node whose processes were all stopped (frozen) past the
+    deadline finds the answer at the agent, which writes it only once both run again."""
+
+    def __init__(self, seconds: float) -> None:
+        self.at = time.monotonic() + seconds
+        self._last_look = False
+
+    def left(self) -> float:
+        """Seconds left (at most 0 once past, the last look included)."""
+        left = self.at - time.monotonic()
+        if left <= 0 and not self._last_look:
+            self._last_look, self.at = True, time.monotonic() + _LAST_LOOK_S
+            return _LAST_LOOK_S
+        return left
 
 
 class StoreLink:
@@ -128,7 +146,7 @@ class StoreLink:
 
     def wait_ready(self) -> None:
         """Block until the agent is connected; raise ``StoreLinkError`` when it cannot connect."""
-        deadline = time.monotonic() + self.timeout + _AGENT_START_S
+        deadline = _Deadline(self.timeout + _AGENT_START_S)
         while not self.ready and self.lost is None:
             self._read_line_blocking(deadline, "connect")
         if self.lost is not None:
@@ -170,14 +188,11 @@ class StoreLink:
                 answers.append(message)
         return answers
 
-    def _read_line_blocking(self, deadline: float, what: str) -> list[dict[str, Any]]:
-        """What the agent wrote by ``deadline``. Past it, the agent still gets a last look of
-        up to ``_LAST_LOOK_S`` before the store counts as lost: a node whose processes were
-        all stopped (frozen) past the deadline finds the answer at the agent, which writes it
-        as soon as both run again."""
-        remaining = deadline - time.monotonic()
-        wait_s = remaining if remaining > 0 else _LAST_LOOK_S
-        readable, _, _ = select.select([self.fileno()], [], [], wait_s)
+    def _read_line_blocking(self, deadline: _Deadline, what: str) -> list[dict[str, Any]]:
+        """What the agent wrote by ``deadline``; the store counts as lost once it is past
+        with nothing more to read."""
+        remaining = deadline.left()
+        readable, _, _ = select.select([self.fileno()], [], [], max(remaining, 0.0))
         if readable:
             self._fill()
         elif remaining <= 0:
@@ -216,7 +231,7 @@ class StoreLink:
         except OSError as exc:
             self.lost = self.lost or f"node agent is gone ({exc.strerror})"
             raise StoreLinkError(f"store at {self.host}:{self.port}: {self.lost}") from exc
-        deadline = time.monotonic() + self.timeout
+        deadline = _Deadline(self.timeout)
         while True:
             for answer in self._read_line_blocking(deadline, f"{op} {key!r}"):
                 if answer.get("id") == rid:

@@ -622,6 +622,17 @@ def test_a_node_stopped_during_a_beat_counts_only_the_time_it_ran() -> None:
     assert [round(overdue.late(100.2, 112.0 + 2 * i), 6) for i in (1, 2, 3)] == [2.3, 2.8, 3.3]
 
 
+def test_a_stop_before_a_beat_started_is_not_taken_off_its_wait() -> None:
+    from nvrx.node_agent.supervised import BeatOverdue
+
+    overdue = BeatOverdue(interval=0.5, now=100.0)
+    assert overdue.late(None, 100.5) == 0.0
+    # stopped from 100.5 to 160 between beats; at the thaw the next beat starts (160.0)
+    # before the watchdog's first wake (160.001): at most those 0.001 s are taken off
+    assert overdue.late(160.0, 160.001) == 0.0
+    assert [round(overdue.late(160.0, t), 6) for t in (160.5, 161.0, 161.5)] == [0.499, 0.999, 1.499]
+
+
 class _HeldClock:
     """The node agent's clock, which a test moves on (a stop of the whole process, as its
     threads see it), and how often the watchdog read it."""
@@ -665,9 +676,11 @@ def test_a_node_stopped_while_its_beat_waits_does_not_blame_the_store_at_its_tha
     wait_until("three beats", lambda: int(store.store.add(node_keys.alive(0), 0)) >= 3, 30)
     store.hold.set()
     wait_until("a beat waiting for the store", store.waiting.is_set, 30)
-    clock.offset += 5.0  # the process was stopped for 5 s, its beat in flight
+    # the process was stopped for 0.9 s, its beat in flight: less than the timeout, but the
+    # beat's wait may not count it, for it goes on waiting 0.4 s in time the process runs
+    clock.offset += 0.9
     reads = clock.watchdog_reads
-    wait_until("two looks of the watchdog after the thaw", lambda: clock.watchdog_reads >= reads + 2 or sent, 30)
+    wait_until("eight looks of the watchdog after the thaw", lambda: clock.watchdog_reads >= reads + 8 or sent, 30)
     assert sent == []
     store.hold.clear()  # the answer read at the thaw
     beats = int(store.store.add(node_keys.alive(0), 0))

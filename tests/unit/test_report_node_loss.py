@@ -524,11 +524,32 @@ def test_losses_recorded_by_a_survivor_without_a_store_say_the_store_stopped_the
             seen_by=1, slurm_state=None, action=action, replaced_by=None,
             ranks=[] if node_rank is None else [0, 1],
         )  # fmt: skip
+    job.sup[1].at(DECLARED + 31.0, "job_stop", reason="received SIGTERM", exit_code=143)
     report = job.close()
     assert [(loss.slot, loss.outcome) for loss in report.node_losses] == [
         (0, f"job stopped: {reason}"),
         (2, "a spare node was lost"),
     ]
+
+
+def test_a_spare_lost_while_training_goes_on_is_said_so_whatever_stops_later(
+    tmp_path: Path,
+) -> None:
+    # the spare node-c is lost while the job trains; node-b is fenced later (the job goes
+    # on without it) and the job is cancelled much later still: neither stopped it then
+    job = Job(tmp_path / "job", {0: "node-a", 1: "node-b", 2: "node-c"}, nnodes=3, spares=1)
+    for rank in range(4):
+        job.start_rank(0.5, rank, rank // 2, rank // 2)
+    job.round_start(5.0, 0, [0, 1, 2, 3])
+    job.sup[0].at(
+        DECLARED, "node_lost", lost_node=None, lost_slot=2, lost_host="node-c", silent_s=3.0,
+        last_seen_wall=T0 + LAST_SEEN, seen_by=0, slurm_state=None, action="none",
+        replaced_by=None, ranks=[],
+    )  # fmt: skip
+    job.sup[1].at(DECLARED + 20.0, "job_stop", reason="this node was declared lost", exit_code=9)
+    job.sup[0].at(DECLARED + 7000.0, "job_stop", reason="received SIGTERM", exit_code=143)
+    (loss,) = job.close().node_losses
+    assert loss.outcome == "a spare node was lost; training went on"
 
 
 def test_a_node_lost_after_its_training_ended_is_said_to_cost_nothing(tmp_path: Path) -> None:

@@ -52,3 +52,29 @@ def test_no_answer_by_the_deadline_is_a_lost_store(link: tuple[StoreLink, int]) 
     with pytest.raises(StoreLinkError, match="no answer to add 'k' within the store timeout"):
         store_link.add("k")
     assert store_link.lost == "no answer to add 'k' within the store timeout"
+
+
+def test_events_past_the_deadline_do_not_hold_the_request_off_its_loss(
+    link: tuple[StoreLink, int],
+) -> None:
+    # the last look past the deadline is one: events the agent keeps writing (none the
+    # answer) do not renew it; the writer has far more to write than the look lasts
+    store_link, agent = link
+    done = threading.Event()
+
+    def chatter() -> None:
+        for _ in range(100):
+            if done.wait(0.1):
+                return
+            os.write(agent, b'{"event": "rank_in_round", "pid": 7}\n')
+
+    writer = threading.Thread(target=chatter)
+    writer.start()
+    try:
+        with pytest.raises(StoreLinkError, match="no answer to add 'k'"):
+            store_link.add("k")
+        assert writer.is_alive()  # it still had events to write
+    finally:
+        done.set()
+        writer.join()
+    assert store_link.read_events()[0] == {"event": "rank_in_round", "pid": 7}
