@@ -31,12 +31,12 @@ log = logging.getLogger(__name__)
 #: A supervisor's exit code when it was declared lost while it stalled
 #: (``ExitCode.FENCED`` of ``nvrx.supervisor``, a higher layer).
 FENCED_EXIT = 9
-#: How a ``job_stop`` reason begins when a lost node left too few (``ExitCode.NODE_LOST``).
-STOP_REASON = "node lost, no spare"
 #: ... and when it was excluded (``ExitCode.EXCLUDED``: a rank asked to exclude its node,
-#: or it was named a straggler). Those two ends are of one supervisor: the job goes on.
+#: or it was named a straggler). Either ends one supervisor; the job goes on without it.
 EXCLUDED_EXIT = 10
 ONE_NODE_EXITS = (FENCED_EXIT, EXCLUDED_EXIT)
+#: How a ``job_stop`` reason begins when a lost node left too few (``ExitCode.NODE_LOST``).
+STOP_REASON = "node lost, no spare"
 #: Seconds after a loss's declaration within which a stop still counts as the one in effect
 #: (a loss that stops the job writes its ``job_stop`` just after its ``node_lost``).
 STOPPING_SLACK_S = 1.0

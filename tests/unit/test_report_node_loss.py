@@ -506,15 +506,20 @@ def test_a_lost_spare_is_counted_and_excluded_but_interrupts_no_round(tmp_path: 
     assert "spare (slot 2)" in text and "- (no ranks lost)" in text
 
 
+def _trains(job: Job) -> None:
+    """Four ranks on the job's first two nodes start and begin round 0."""
+    for rank in range(4):
+        job.start_rank(0.5, rank, rank // 2, rank // 2)
+    job.round_start(5.0, 0, [0, 1, 2, 3])
+
+
 def test_losses_recorded_by_a_survivor_without_a_store_say_the_store_stopped_the_job(
     tmp_path: Path,
 ) -> None:
     # node-a (slot 0, the store's host) and the spare node-c are lost with the store; slot 1
     # alone cannot elect a successor: it stops (exit 3), then records both as SLURM answers
     job = Job(tmp_path / "job", {0: "node-a", 1: "node-b", 2: "node-c"}, nnodes=3, spares=1)
-    for rank in range(4):
-        job.start_rank(0.5, rank, rank // 2, rank // 2)
-    job.round_start(5.0, 0, [0, 1, 2, 3])
+    _trains(job)
     reason = "store at node-a:29500 lost: the store did not answer a heartbeat for 3.1 s"
     job.sup[1].at(DECLARED, "job_stop", reason=reason, exit_code=3)
     for slot, node_rank, action in ((0, 0, "stop"), (2, None, "none")):
@@ -538,9 +543,7 @@ def test_a_spare_lost_while_training_goes_on_is_said_so_whatever_stops_later(
     # the spare node-c is lost while the job trains; node-b is fenced later (the job goes
     # on without it) and the job is cancelled much later still: neither stopped it then
     job = Job(tmp_path / "job", {0: "node-a", 1: "node-b", 2: "node-c"}, nnodes=3, spares=1)
-    for rank in range(4):
-        job.start_rank(0.5, rank, rank // 2, rank // 2)
-    job.round_start(5.0, 0, [0, 1, 2, 3])
+    _trains(job)
     job.sup[0].at(
         DECLARED, "node_lost", lost_node=None, lost_slot=2, lost_host="node-c", silent_s=3.0,
         last_seen_wall=T0 + LAST_SEEN, seen_by=0, slurm_state=None, action="none",
@@ -554,9 +557,7 @@ def test_a_spare_lost_while_training_goes_on_is_said_so_whatever_stops_later(
 
 def test_a_node_lost_after_its_training_ended_is_said_to_cost_nothing(tmp_path: Path) -> None:
     job = Job(tmp_path / "job", {0: "node-a", 1: "node-b"}, nnodes=2, spares=0)
-    for rank in range(4):
-        job.start_rank(0.5, rank, rank // 2, rank // 2)
-    job.round_start(5.0, 0, [0, 1, 2, 3])
+    _trains(job)
     job.node_lost("none")
     job.complete(26.0, [0, 1, 2, 3])
     (loss,) = job.close().node_losses
