@@ -245,14 +245,15 @@ def requeue_without(
     probe: bool = True,
 ) -> None:
     """Under SLURM, the job that stopped for lost nodes runs again on other nodes. ``probe``:
-    first ask whether each node still answers (not for a node that left on purpose, nor for
-    nodes just asked)."""
+    first ask whether each node still answers, all at once (not for a node that left on purpose,
+    nor for nodes just asked); a node SLURM cannot be asked about counts as silent."""
     job_id = os.environ.get("SLURM_JOB_ID")
     lost = [host for host in hosts if host]
     if not job_id or not lost:
         return
     # SLURM's node state lags a node's death by its SlurmdTimeout; a step answers now.
-    answered = [host for host in lost if probe and commands.node_answers(job_id, host)]
+    told = _answers(job_id, lost, os.environ) if probe else None
+    answered = [host for host in lost if told is not None and told[host][0]]
     for host in answered:
         log.warning(
             "node %s still runs SLURM steps: its supervisor was lost, not the node; "

@@ -114,9 +114,15 @@ def test_a_step_of_another_size_than_the_job_is_not_read_as_its_slots(slurm) -> 
     assert _probe("node2", "node[1-3]", 1, {0}, nslots=4) is None and slurm["asked"] == []
 
 
-def test_a_requeue_without_several_nodes_excludes_the_silent_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_requeue_without_several_nodes_asks_them_at_once_and_excludes_the_silent_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLURM_JOB_ID", "7")
-    monkeypatch.setattr(node_requeue.commands, "node_answers", lambda job_id, node: node == "node2")
+    together = threading.Barrier(2, timeout=10)  # asked one after another, it would break
+
+    def answers(job_id: str, node: str, **kw: Any) -> bool:
+        together.wait()
+        return node == "node2"
+
+    monkeypatch.setattr(node_requeue.commands, "node_answers", answers)
     excluding: list[list[str]] = []
     monkeypatch.setattr(
         node_requeue, "requeue_excluding", lambda job_id, lost: excluding.append(list(lost)) or lost
@@ -158,3 +164,18 @@ def test_at_most_sixteen_nodes_are_asked_at_once(monkeypatch: pytest.MonkeyPatch
     assert node_requeue._answers("7", [f"node{i}" for i in range(20)], {}) is not None
     assert node_requeue._answers("7", ["node1", "node2"], {}) is not None
     assert workers == [16, 2]
+
+
+def test_a_requeue_excludes_every_node_when_slurm_cannot_be_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+
+    def answers(job_id: str, node: str, **kw: Any) -> bool:
+        if node == "node1":
+            raise OSError(11, "Resource temporarily unavailable")
+        return True
+
+    monkeypatch.setattr(node_requeue.commands, "node_answers", answers)
+    monkeypatch.setattr(node_requeue, "requeue_excluding", lambda job_id, lost: list(lost))
+    events: list[dict[str, Any]] = []
+    node_requeue.requeue_without(["node1", "node2"], None, lambda kind, **f: events.append(f))
+    assert events == [dict(cause="node_failure", count=None, excluded=["node1", "node2"], answered=[])]
