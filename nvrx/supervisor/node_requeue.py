@@ -246,7 +246,7 @@ def requeue_without(
 ) -> None:
     """Under SLURM, the job that stopped for lost nodes runs again on other nodes. ``probe``:
     first ask whether each node still answers, all at once (not for a node that left on purpose,
-    nor for nodes just asked); a node SLURM cannot be asked about counts as silent."""
+    nor for nodes just asked); when SLURM cannot be asked about one of them, all count as silent."""
     job_id = os.environ.get("SLURM_JOB_ID")
     lost = [host for host in hosts if host]
     if not job_id or not lost:
