@@ -9,7 +9,8 @@ spare takes over its node rank as after any node loss. A store host that
 loses its own store service, or a job of one node, has nobody to fail over
 to: it stops as before (exit 3). Neither has a survivor of a job of two slots,
 which never holds a majority, nor one of a job that lost too many slots at once for
-a majority to elect a successor: they stop too, and under SLURM, when the step's
+a majority to elect a successor, nor a majority whose successor publishes no store (it
+was lost as well, say): they stop too, and under SLURM, when the step's
 first node (the batch host, without which the allocation would stay until its time
 limit) no longer runs a SLURM step, the first survivor whose node answers and that
 claims the requeue records every node that does not lost and requeues the job without
@@ -78,7 +79,8 @@ class Failover:
         self._ahead_service: StoreService | None = None
         self._prepared_link: StoreLink | None = None
         self._prepared_service: StoreService | None = None
-        #: The slots that announced themselves in an election that found no majority.
+        #: The slots that announced themselves in an election that found no majority, or in
+        #: one whose successor published no store (less that successor).
         self._unelected: frozenset[int] | None = None
 
     @property
@@ -105,10 +107,10 @@ class Failover:
         return False
 
     def _requeue_without_lost_nodes(self, lost_wall: float, alive: frozenset[int]) -> None:
-        """After an election that found no majority (the ``alive`` slots announced
-        themselves), under SLURM, the first survivor whose node answers and that claims it
-        asks SLURM about the step's first node (the batch host) and the nodes of the other
-        slots: each that runs no step is recorded lost, but for a slot whose end (it left, or
+        """After an election that found no majority, or whose successor published no store
+        (the ``alive`` slots announced themselves, less that successor), under SLURM, the
+        first survivor whose node answers and that claims it asks SLURM about the step's
+        first node (the batch host) and the nodes of the other slots: each that runs no step is recorded lost, but for a slot whose end (it left, or
         was declared lost) the store's snapshot shows. When the first node does not
         answer and the job is still RUNNING a while later, the job is requeued without them,
         or ended when it may not be requeued (nothing else would end it before its time
@@ -134,10 +136,12 @@ class Failover:
         node_requeue.end_unrequeued(job_id, answers.nodes[0])
 
     def _elected_after_all(self) -> bool:
-        """Whether other survivors elected a store for this epoch meanwhile (a late
-        announcement made their majority): then the job goes on without this slot."""
+        """Whether a store for this epoch was published meanwhile (a late announcement made
+        the others' majority, or the successor was only slow): then the job goes on
+        without this slot. A claim alone is not enough: a successor that claimed the epoch
+        may have been lost before it published."""
         store = self.store
-        if not store_failover.claimed(store.config.events_dir, store.epoch):
+        if not store_failover.published(store.config.events_dir, store.epoch):
             return False
         log.warning("a store was elected for epoch %d after all: the job is not requeued", store.epoch)
         return True
@@ -323,7 +327,9 @@ class Failover:
             wait_s = cfg.store_timeout + cfg.node_timeout
             address = store_failover.wait_address(job_dir, store.epoch, wait_s)
         if address is None:
-            log.error("no successor store was published for epoch %d", store.epoch)
+            log.error("slot %d, elected for epoch %d, published no store: it counts as silent",
+                      successor, store.epoch)  # fmt: skip
+            self._unelected = election.alive - {successor}
             return None, None
         if not self._connect(address):
             return None, None

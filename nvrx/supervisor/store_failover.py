@@ -27,10 +27,10 @@ failover ``epoch`` (1 for the first):
 
 A survivor that cannot see the file system (a partition) never learns an
 address and stops; so does every survivor when no store address comes within
-the store timeout. When fewer than a majority announced themselves, the first of
-them whose node answers SLURM to create ``failover/run<N>/e<epoch>/requeue-claim``
-exclusively is the one that asks SLURM about the job's nodes and may requeue it
-(``failover``).
+the store timeout plus the node timeout. When fewer than a majority announced
+themselves, or no address came, the first of them whose node answers SLURM to create
+``failover/run<N>/e<epoch>/requeue-claim`` exclusively is the one that asks SLURM about
+the job's nodes and may requeue it (``failover``).
 """
 
 from __future__ import annotations
@@ -185,6 +185,11 @@ def read_address(path: Path) -> StoreAddress | None:
 def claimed(job_dir: Path, epoch: int) -> bool:
     """Whether a store was claimed for ``epoch``."""
     return (epoch_dir(job_dir, epoch) / "claim.json").exists()
+
+
+def published(job_dir: Path, epoch: int) -> bool:
+    """Whether the claimant of ``epoch`` published its store's address."""
+    return read_address(epoch_dir(job_dir, epoch) / "store.json") is not None
 
 
 def superseded(job_dir: Path, epoch: int) -> bool:

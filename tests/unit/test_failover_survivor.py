@@ -80,15 +80,39 @@ def slurm(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     return seen
 
 
-def test_an_election_without_a_majority_is_left_to_slurm_and_one_with_it_is_not(tmp_path: Path) -> None:
-    alone = _Survivor(tmp_path / "a", nnodes=3, slot=2)
+def test_an_election_without_a_majority_is_left_to_slurm(tmp_path: Path) -> None:
+    alone = _Survivor(tmp_path, nnodes=3, slot=2)
     alone.store.config.node_timeout = 0.1
     assert alone.failover._elect_and_connect(0.0) == (None, None)
     assert alone.failover._unelected == frozenset({2})
-    majority = _Survivor(tmp_path / "b", nnodes=3, slot=2)
+
+
+@pytest.mark.parametrize("claimed", [False, True], ids=["lost-before-its-claim", "lost-after-it"])
+def test_a_majority_whose_successor_publishes_no_store_leaves_it_to_slurm_with_the_successor_silent(
+    tmp_path: Path, slurm, claimed: bool
+) -> None:
+    majority = _Survivor(tmp_path, nnodes=4, slot=3)
     majority.store.config.node_timeout = 0.1
-    store_failover.announce(tmp_path / "b", EPOCH + 1, 1)  # the election's epoch: slot 1 survived too
+    for slot in (1, 2):  # the election's epoch: slots 1 and 2 survived too, slot 1 is elected
+        store_failover.announce(tmp_path, EPOCH + 1, slot)
+    if claimed:
+        assert store_failover.claim(tmp_path, store_failover.StoreAddress("node2", 1, 1, EPOCH + 1))
     assert majority.failover._elect_and_connect(0.0) == (None, None)  # slot 1's store never came
+    assert majority.failover._unelected == frozenset({2, 3})
+    slurm["answer"] = _answers("node1,node2,node3,node4", "node1,node2", "")
+    majority.decide(majority.failover._unelected)
+    assert slurm["asked"][0][:3] == ("7", 3, [0, 1])  # the old store host and the successor
+    assert majority.lost == [(0, "node1"), (1, "node2")]
+    assert majority.requeued == [(["node1", "node2"], False)]
+
+
+def test_a_majority_whose_successor_publishes_its_store_is_not_left_to_slurm(tmp_path: Path) -> None:
+    majority = _Survivor(tmp_path, nnodes=3, slot=2)
+    majority.store.config.node_timeout = 0.1
+    store_failover.announce(tmp_path, EPOCH + 1, 1)
+    store_failover.publish(tmp_path, store_failover.StoreAddress("127.0.0.1", 1, 1, EPOCH + 1))
+    majority.failover._connect = lambda address: False  # that store is gone again: no answer at its port
+    assert majority.failover._elect_and_connect(0.0) == (None, None)
     assert majority.failover._unelected is None
 
 
@@ -131,9 +155,19 @@ def test_only_the_survivor_that_claims_it_asks_slurm(tmp_path, slurm) -> None:
 def test_a_store_elected_after_all_leaves_the_job_alone(tmp_path, slurm) -> None:
     survivor = _Survivor(tmp_path, nnodes=4, slot=2)
     slurm["answer"] = _answers("node1,node2,node3,node4", "node1,node2", "")
-    assert store_failover.claim(tmp_path, store_failover.StoreAddress("node4", 1, 3, EPOCH))
+    address = store_failover.StoreAddress("node4", 1, 3, EPOCH)
+    assert store_failover.claim(tmp_path, address)
+    store_failover.publish(tmp_path, address)
     survivor.decide({2})
     assert survivor.lost == survivor.requeued == slurm["ended"] == []
+
+
+def test_a_store_claimed_and_never_published_does_not_leave_the_job_alone(tmp_path, slurm) -> None:
+    survivor = _Survivor(tmp_path, nnodes=4, slot=2)
+    slurm["answer"] = _answers("node1,node2,node3,node4", "node1,node2", "")
+    assert store_failover.claim(tmp_path, store_failover.StoreAddress("node2", 1, 1, EPOCH))
+    survivor.decide({2, 3})
+    assert survivor.requeued == [(["node1", "node2"], False)]
 
 
 def test_a_batch_host_that_answers_is_a_node_probe_of_the_store_host_and_nothing_is_requeued(
