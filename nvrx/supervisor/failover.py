@@ -110,12 +110,13 @@ class Failover:
         """After an election that found no majority, or whose successor published no store
         (the ``alive`` slots announced themselves, less that successor), under SLURM, the
         first survivor whose node answers and that claims it asks SLURM about the step's
-        first node (the batch host) and the nodes of the other slots: each that runs no step is recorded lost, but for a slot whose end (it left, or
-        was declared lost) the store's snapshot shows. When the first node does not
-        answer and the job is still RUNNING a while later, the job is requeued without them,
-        or ended when it may not be requeued (nothing else would end it before its time
-        limit); when it answers, the job ends with the survivors, and a ``node_probe`` tells
-        whether the store host's node answered."""
+        first node (the batch host) and the nodes of the other slots: each that runs no
+        step is recorded lost, but for a slot whose end (it left, or was declared lost) the
+        store's snapshot shows. When the first node does not answer and the job is still
+        RUNNING a while later, the job is requeued without them, or ended when it may not
+        be requeued (nothing else would end it before its time limit); when it answers, the
+        job ends with the survivors, and a ``node_probe`` tells whether the store host's
+        node answered."""
         job_id, cfg = os.environ.get("SLURM_JOB_ID"), self.store.config
         if not job_id:
             return
