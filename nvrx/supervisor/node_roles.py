@@ -117,6 +117,10 @@ class NodeRoles:
             raise StoreLinkError("the job's secret is not known yet: no control key can be sealed")
         return sealer
 
+    def _store(self, store: Any) -> Any:
+        """``store``, or the store link when none is given (a snapshot's keys, say)."""
+        return self.link if store is None else store
+
     def _chain(self, base: str) -> SealedChain:
         return SealedChain(base, self._known_sealer())
 
@@ -159,7 +163,7 @@ class NodeRoles:
     def flag_set(self, base: str, store: Any = None) -> bool:
         """Whether the sealed flag at ``base`` was set by the job (in ``store``, by default
         the store)."""
-        return self._chain(base).read(self.link if store is None else store) is not None
+        return self._chain(base).read(self._store(store)) is not None
 
     def _publish_info(self) -> None:
         info = {
@@ -279,7 +283,7 @@ class NodeRoles:
         """What ``slot`` published about itself, read from ``store`` (the store by default)."""
         try:
             key = node_keys.info(slot)
-            value = (self.link if store is None else store).get(key)
+            value = self._store(store).get(key)
             info = json.loads(self._known_sealer().unseal(key, value) or "{}") if value else {}
         except ValueError:
             info = {}
@@ -287,7 +291,7 @@ class NodeRoles:
 
     def _held_node_rank(self, slot: int, info: dict[str, Any], store: Any = None) -> int | None:
         """The node rank ``slot`` held: its own, or the one it was assigned as a spare."""
-        assigned = self._chain(node_keys.assign(slot)).read(self.link if store is None else store)
+        assigned = self._chain(node_keys.assign(slot)).read(self._store(store))
         if assigned:
             return int(json.loads(assigned)["node_rank"])
         if slot >= self.cfg.active_nodes:
@@ -315,7 +319,7 @@ class NodeRoles:
         sealer = self._sealer()
         if sealer is None:
             return False
-        return bool(ring.read_claims(self.link if store is None else store, node_keys.RING, sealer, slot).valid)
+        return bool(ring.read_claims(self._store(store), node_keys.RING, sealer, slot).valid)
 
     def free_spares(self) -> int:
         """How many spare slots are alive and not taken yet (nothing is taken here)."""
