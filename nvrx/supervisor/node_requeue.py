@@ -156,12 +156,13 @@ def _answers(
             answered = None
         return answered, round(time.monotonic() - t0, 3)
 
-    try:
-        with ThreadPoolExecutor(min(len(nodes), _PROBES_AT_ONCE), "nvrx-probe") as pool:
-            told = dict(zip(nodes, pool.map(ask, nodes), strict=True))
-    except RuntimeError as exc:  # no thread can be started
-        log.warning("cannot ask SLURM about nodes %s: %s", ", ".join(nodes), exc)
-        return None
+    with ThreadPoolExecutor(min(len(nodes), _PROBES_AT_ONCE), "nvrx-probe") as pool:
+        try:
+            asking = [pool.submit(ask, node) for node in nodes]
+        except RuntimeError as exc:  # no thread can be started
+            log.warning("cannot ask SLURM about nodes %s: %s", ", ".join(nodes), exc)
+            return None
+        told = {node: future.result() for node, future in zip(nodes, asking, strict=True)}
     if any(answered is None for answered, _ in told.values()):
         return None
     return {node: (bool(answered), took) for node, (answered, took) in told.items()}

@@ -179,3 +179,21 @@ def test_a_requeue_excludes_every_node_when_slurm_cannot_be_asked(monkeypatch: p
     events: list[dict[str, Any]] = []
     node_requeue.requeue_without(["node1", "node2"], None, lambda kind, **f: events.append(f))
     assert events == [dict(cause="node_failure", count=None, excluded=["node1", "node2"], answered=[])]
+
+
+def test_no_thread_to_ask_with_is_no_answer_and_a_probes_own_error_is_not_hidden(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_thread(self: Any, fn: Any, *args: Any) -> Any:
+        raise RuntimeError("can't start new thread")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(node_requeue.ThreadPoolExecutor, "submit", no_thread)
+        assert node_requeue._answers("7", ["node1", "node2"], {}) is None
+
+    def broken(job_id: str, node: str, **kw: Any) -> bool:
+        raise RuntimeError("a defect of the probe itself")
+
+    monkeypatch.setattr(node_requeue.commands, "node_answers", broken)
+    with pytest.raises(RuntimeError, match="a defect of the probe itself"):
+        node_requeue._answers("7", ["node1", "node2"], {})
