@@ -198,7 +198,7 @@ KINDS: dict[str, dict[str, str]] = {
         "seen_by": "slot of the supervisor that declared it lost",
         "slurm_state": "SLURM's view of the node (scontrol State, Reason), when it could be had",
         "action": "spare (a spare takes its node rank) | shrink (the job goes on smaller) | "
-        "stop (no spare, below --min-nodes; or lost with the store, no successor elected) | "
+        "stop (no spare, below --min-nodes; or lost with the store, no successor elected or served) | "
         "none (a spare was lost, or its training had ended)",
         "replaced_by": "slot of the spare that takes over, when action is spare",
         "ranks": "global ranks the lost node held",
@@ -230,7 +230,7 @@ KINDS: dict[str, dict[str, str]] = {
         "source": "where the step times came from: record_step | section NAME",
     },
     "node_probe": {
-        "lost_slot": "slot of the node declared lost (or of the store host, when no successor could be elected)",
+        "lost_slot": "slot of the node declared lost (or of the store host, when no successor could be elected or served)",
         "lost_host": "its SLURM node name",
         "responding": "whether a no-op SLURM step ran on it (true: its supervisor was lost, "
         "not the node; null: unknown, the supervisor ended first)",

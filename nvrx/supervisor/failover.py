@@ -328,9 +328,7 @@ class Failover:
             wait_s = cfg.store_timeout + cfg.node_timeout
             address = store_failover.wait_address(job_dir, store.epoch, wait_s)
         if address is None:
-            log.error("slot %d, elected for epoch %d, published no store: it counts as silent",
-                      successor, store.epoch)  # fmt: skip
-            self._unelected = election.alive - {successor}
+            self._unelected = self._unserved(election, wait_s)
             return None, None
         if not self._connect(address):
             return None, None
@@ -346,6 +344,18 @@ class Failover:
             log.error("cannot use the successor store %s:%s: %s", address.host, address.port, exc)
             return None, None
         return address, loss
+
+    def _unserved(self, election: store_failover.Election, wait_s: float) -> frozenset[int]:
+        """The slots left after an election whose store was not published within ``wait_s``:
+        its successor and the slot that claimed the epoch, if another, count as silent."""
+        epoch, job_dir = self.store.epoch, self.store.config.events_dir
+        claimant = store_failover.claimant(job_dir, epoch)
+        gone = {election.successor, claimant} - {None}
+        log.error("no store of epoch %d was published in %s within %.0f s: slot(s) %s (the "
+                  "successor, the claimant) count as silent", epoch,
+                  store_failover.epoch_dir(job_dir, epoch) / "store.json", wait_s,
+                  sorted(gone))  # fmt: skip
+        return election.alive - gone
 
     def _connect(self, address: StoreAddress) -> bool:
         """Aim this slot at the store at ``address``: the configuration, the link, the roles."""

@@ -187,6 +187,12 @@ def claimed(job_dir: Path, epoch: int) -> bool:
     return (epoch_dir(job_dir, epoch) / "claim.json").exists()
 
 
+def claimant(job_dir: Path, epoch: int) -> int | None:
+    """The slot whose store claimed ``epoch``; None when none did (or its claim is unreadable)."""
+    address = read_address(epoch_dir(job_dir, epoch) / "claim.json")
+    return None if address is None else address.slot
+
+
 def published(job_dir: Path, epoch: int) -> bool:
     """Whether the claimant of ``epoch`` published its store's address."""
     return read_address(epoch_dir(job_dir, epoch) / "store.json") is not None

@@ -1,6 +1,6 @@
 """What a survivor does once its store host is gone and the survivors found no majority to
-elect a successor (``Failover``): which elections leave it to SLURM, which survivor asks,
-and what each answer of ``node_requeue.probe_step_nodes`` leads to. SLURM itself answers in
+elect a successor, or their successor published no store (``Failover``): which elections
+leave it to SLURM, which survivor asks, and what each answer of ``node_requeue.probe_step_nodes`` leads to. SLURM itself answers in
 ``tests/slurm/test_node_loss_slurm.py``; here its answer is given, and the election runs on
 a real job directory, so the decision is checked on any machine."""
 
@@ -106,7 +106,26 @@ def test_a_majority_whose_successor_publishes_no_store_leaves_it_to_slurm_with_t
     assert majority.requeued == [(["node1", "node2"], False)]
 
 
-def test_a_majority_whose_successor_publishes_its_store_is_not_left_to_slurm(tmp_path: Path) -> None:
+def test_a_claimant_other_than_the_successor_that_publishes_no_store_counts_as_silent(
+    tmp_path: Path, slurm
+) -> None:
+    survivor = _Survivor(tmp_path, nnodes=4, slot=1)
+    survivor.store.config.node_timeout = 0.1
+    for slot in (2, 3):  # slot 2 elected itself without seeing slot 1, claimed, and was lost
+        store_failover.announce(tmp_path, EPOCH + 1, slot)
+    assert store_failover.claim(tmp_path, store_failover.StoreAddress("node3", 1, 2, EPOCH + 1))
+    survivor.failover._host_store = lambda job_dir: None  # slot 1's own store lost the claim
+    assert survivor.failover._elect_and_connect(0.0) == (None, None)
+    assert survivor.failover._unelected == frozenset({3})
+    slurm["answer"] = _answers("node1,node2,node3,node4", "node1,node3", "")
+    survivor.decide(survivor.failover._unelected)
+    assert slurm["asked"][0][:3] == ("7", 1, [0, 1, 2])  # the claimant's node among them
+    assert survivor.requeued == [(["node1", "node3"], False)]
+
+
+def test_a_majority_whose_successor_publishes_a_store_it_cannot_reach_is_not_left_to_slurm(
+    tmp_path: Path,
+) -> None:
     majority = _Survivor(tmp_path, nnodes=3, slot=2)
     majority.store.config.node_timeout = 0.1
     store_failover.announce(tmp_path, EPOCH + 1, 1)
