@@ -80,7 +80,7 @@ class Failover:
         self._prepared_link: StoreLink | None = None
         self._prepared_service: StoreService | None = None
         #: The slots that announced themselves in an election that found no majority, or in
-        #: one whose successor published no store (less that successor).
+        #: one whose store was not published (less its successor and its claimant).
         self._unelected: frozenset[int] | None = None
 
     @property
@@ -108,9 +108,9 @@ class Failover:
 
     def _requeue_without_lost_nodes(self, lost_wall: float, alive: frozenset[int]) -> None:
         """After an election that found no majority, or whose successor published no store
-        (the ``alive`` slots announced themselves, less that successor), under SLURM, the
-        first survivor whose node answers and that claims it asks SLURM about the step's
-        first node (the batch host) and the nodes of the other slots: each that runs no
+        (the ``alive`` slots announced themselves, less its successor and claimant), under
+        SLURM, the first survivor whose node answers and that claims it asks SLURM about the
+        step's first node (the batch host) and the nodes of the other slots: each that runs no
         step is recorded lost, but for a slot whose end (it left, or was declared lost) the
         store's snapshot shows. When the first node does not answer and the job is still
         RUNNING a while later, the job is requeued without them, or ended when it may not

@@ -12,11 +12,11 @@ left to end the job in SLURM: it would stay RUNNING until its time limit. The
 store host that took over ends it when the training is done. When no store host
 takes over (``failover``: two slots, too few left for a majority, or a successor that
 published no store), the first survivor whose node answers and that claims it asks
-SLURM which nodes of the step still run a step (``probe_step_nodes``); when the first does not, it requeues the job
-without every node that did not, if the job is still RUNNING a while later. That wait lets
-a store host that is alive but cut off from the survivors by a partition requeue
-first (without them, whose supervisors it saw fall silent): one requeue per loss,
-decided by the store host when it can.
+SLURM which nodes of the step still run a step (``probe_step_nodes``); when the first
+does not, it requeues the job without every node that did not, if the job is still
+RUNNING a while later. That wait lets a store host that is alive but cut off from the
+survivors by a partition requeue first (without them, whose supervisors it saw fall
+silent): one requeue per loss, decided by the store host when it can.
 
 SLURM requeues even a job that was cancelled or ended, so nothing is requeued
 unless SLURM says the job is RUNNING (``job_running``).
