@@ -12,10 +12,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
-# Tests run in NVRX_TEST_WORKERS pytest-xdist workers (default 3): a multi-process test
-# spends much of its time waiting on its processes, so three share the machine's cores.
+# Tests run in NVRX_TEST_WORKERS pytest-xdist workers (default 2): a multi-process test
+# spends much of its time waiting on its processes, so two share the machine's cores.
 # The SLURM tier and the differential tier each stay whole on one worker (tests/conftest.py).
-workers=${NVRX_TEST_WORKERS:-3}
+workers=${NVRX_TEST_WORKERS:-2}
 case "$workers" in
     ''|*[!0-9]*) workers_ok=0 ;;
     *) [ "$((10#$workers))" -ge 1 ] && workers_ok=1 || workers_ok=0 ;;
