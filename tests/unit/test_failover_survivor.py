@@ -1,6 +1,7 @@
 """What a survivor does once its store host is gone and the survivors found no majority to
 elect a successor, or their successor published no store (``Failover``): which elections
-leave it to SLURM, which survivor asks, and what each answer of ``node_requeue.probe_step_nodes`` leads to. SLURM itself answers in
+leave it to SLURM, which survivor asks, and what each answer of
+``node_requeue.probe_step_nodes`` leads to. SLURM itself answers in
 ``tests/slurm/test_node_loss_slurm.py``; here its answer is given, and the election runs on
 a real job directory, so the decision is checked on any machine."""
 
