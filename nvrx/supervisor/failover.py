@@ -10,9 +10,9 @@ loses its own store service, or a job of one node, has nobody to fail over
 to: it stops as before (exit 3). Neither has a survivor of a job of two slots,
 which never holds a majority, nor one of a job that lost too many slots at once for
 a majority to elect a successor, nor a majority whose successor publishes no store (it
-was lost as well, say): they stop too, and under SLURM, when the step's
-first node (the batch host, without which the allocation would stay until its time
-limit) no longer runs a SLURM step, the first survivor whose node answers and that
+was lost as well, say): they stop too, and under SLURM, when the job's
+batch host (without which the allocation would stay until its time limit) no longer
+runs a SLURM step, the first survivor whose node answers and that
 claims the requeue records every node that does not lost and requeues the job without
 them (``node_requeue.probe_step_nodes``). Before it requeues, it waits ``node_timeout``
 plus a probe's timeout: the time a store host that is alive beyond a partition takes
@@ -110,9 +110,9 @@ class Failover:
         """After an election that found no majority, or whose successor published no store
         (the ``alive`` slots announced themselves, less its successor and claimant), under
         SLURM, the first survivor whose node answers and that claims it asks SLURM about the
-        step's first node (the batch host) and the nodes of the other slots: each that runs no
-        step is recorded lost, but for a slot whose end (it left, or was declared lost) the
-        store's snapshot shows. When the first node does not answer and the job is still
+        job's batch host and the nodes of the other slots: each that runs no step is
+        recorded lost, but for a slot whose end (it left, or was declared lost) the store's
+        snapshot shows. When the batch host does not answer and the job is still
         RUNNING a while later, the job is requeued without them, or ended when it may not
         be requeued (nothing else would end it before its time limit); when it answers, the
         job ends with the survivors, and a ``node_probe`` tells whether the store host's
@@ -133,8 +133,8 @@ class Failover:
         if answers.batch_host_answered:
             self._store_host_probed(answers)
             return
-        self.requeue([node for _, node in answers.silent], probe=False)
-        node_requeue.end_unrequeued(job_id, answers.nodes[0])
+        self.requeue(answers.unanswered, probe=False)
+        node_requeue.end_unrequeued(job_id, answers.batch_host)
 
     def _elected_after_all(self) -> bool:
         """Whether a store for this epoch was published meanwhile (a late announcement made
@@ -164,8 +164,11 @@ class Failover:
         """The job ends with the survivors, for its batch host still runs: the answer about
         the store host's node (always asked, for it announced nothing) is a ``node_probe``."""
         slot = self.store.slot
-        log.warning("node %s, the batch host, still runs SLURM steps: the job is not requeued",
-                    answers.nodes[0])  # fmt: skip
+        if answers.batch_host is None:
+            log.warning("job has no batch script (an salloc, say): the job is not requeued")
+        else:
+            log.warning("node %s, the batch host, still runs SLURM steps: the job is not "
+                        "requeued", answers.batch_host)  # fmt: skip
         if answers.nodes[slot] not in answers.asked:
             return
         node = answers.nodes[slot]

@@ -110,17 +110,22 @@ class JobEnd:
                 self._end_orphaned_job()
 
     def _end_orphaned_job(self) -> None:
-        """Under SLURM, after a failover the batch script is gone (it ran on node 0): end the job."""
+        """Under SLURM, after a failover the batch script may have died with the lost store
+        host's node (it runs there under the sbatch templates): end the job if it did."""
         job_id = os.environ.get("SLURM_JOB_ID")
         if not job_id:
             return
-        self.control.emit(
-            "job_stop",
-            reason="the batch host was lost; nvrx ends the job in SLURM after its training ended",
-            exit_code=int(self.control.exit_code),
-        )
         try:
-            node_requeue.end_orphaned_job(job_id)
+            host = node_requeue.orphaned_by(job_id)
+            if host is None:
+                return
+            self.control.emit(
+                "job_stop",
+                reason=f"the batch host {host} was lost; nvrx ends the job in SLURM after its "
+                "training ended",
+                exit_code=int(self.control.exit_code),
+            )
+            node_requeue.end_orphaned_job(job_id, host)
         except (commands.SlurmCommandError, OSError) as exc:
             log.error("could not end job %s: %s", job_id, exc)
 

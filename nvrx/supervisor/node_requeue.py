@@ -6,15 +6,16 @@ a node that was just lost, and the job cannot start in between. A job
 submitted with ``--no-requeue`` is left alone. A lost node that still runs a step of
 the job is not excluded: its supervisor was lost (killed, say), not the node.
 
-The batch script runs on the job's first node, with node 0's supervisor.
-When that node is lost, the job survives it (``--no-kill``), but nothing is
-left to end the job in SLURM: it would stay RUNNING until its time limit. The
-store host that took over ends it when the training is done. When no store host
-takes over (``failover``: two slots, too few left for a majority, or a successor that
-published no store), the first survivor whose node answers and that claims it asks
-SLURM which nodes of the step still run a step (``probe_step_nodes``); when the first
-does not, it requeues the job without every node that did not, if the job is still
-RUNNING a while later. That wait lets a store host that is alive but cut off from the
+The batch script runs on the job's batch host (SLURM's ``BatchHost``: the job's
+first node, where node 0's supervisor runs too under the sbatch templates). When that
+node is lost, the job survives it (``--no-kill``), but nothing is left to end the job in
+SLURM: it would stay RUNNING until its time limit. The store host that took over ends it
+when the training is done, if the batch host runs no step then (``orphaned_by``). When
+no store host takes over (``failover``: two slots, too few left for a majority, or a
+successor that published no store), the first survivor whose node answers and that
+claims it asks SLURM whether the batch host and the nodes of the silent slots still run
+a step (``probe_step_nodes``); when the batch host does not, it requeues the job without
+every node that did not, if the job is still RUNNING a while later. That wait lets a store host that is alive but cut off from the
 survivors by a partition requeue first (without them, whose supervisors it saw fall
 silent): one requeue per loss, decided by the store host when it can.
 
@@ -84,19 +85,32 @@ def _state(info: Mapping[str, str] | None) -> str | None:
     return None if info is None else info.get("JobState")
 
 
-def job_running(job_id: str, env: Mapping[str, str] | None = None) -> bool:
-    """Whether SLURM says ``job_id`` is RUNNING: not cancelled, timed out, ending or requeued
-    already. A job that is not must not be requeued for a loss."""
+def _running_job(job_id: str, env: Mapping[str, str] | None = None) -> Mapping[str, str] | None:
+    """``scontrol show job`` of ``job_id`` while SLURM says it is RUNNING; None when it is not
+    (cancelled, timed out, ending or requeued already) or SLURM cannot be asked."""
     try:
-        return _state(commands.show_job(job_id, env=env)) == "RUNNING"
+        info = commands.show_job(job_id, env=env)
     except (commands.SlurmCommandError, OSError) as exc:
         log.warning("cannot ask SLURM whether job %s runs: %s", job_id, exc)
-        return False
+        return None
+    return info if _state(info) == "RUNNING" else None
+
+
+def job_running(job_id: str, env: Mapping[str, str] | None = None) -> bool:
+    """Whether SLURM says ``job_id`` is RUNNING. A job that is not must not be requeued for a loss."""
+    return _running_job(job_id, env) is not None
+
+
+def batch_host(info: Mapping[str, str]) -> str | None:
+    """The node that runs the job's batch script (``BatchHost``); None for a job without one
+    (an allocation that ``salloc`` or ``srun`` holds from outside it)."""
+    host = info.get("BatchHost", "")
+    return None if host in _NONE else host
 
 
 def step_nodes(env: Mapping[str, str] = os.environ) -> tuple[list[str], int] | None:
-    """The nodes of this SLURM step (``SLURM_STEP_NODELIST``: slot ``i`` started on node ``i``,
-    and the first is the job's batch host) and this node's place among them
+    """The nodes of this SLURM step (``SLURM_STEP_NODELIST``: slot ``i`` started on node ``i``)
+    and this node's place among them
     (``SLURMD_NODENAME``); None when the list cannot be read, names a node twice, or does
     not hold this node."""
     try:
@@ -124,20 +138,28 @@ def _still_running_after(job_id: str, settle_s: float, env: Mapping[str, str]) -
 class StepAnswers:
     """What SLURM said of nodes of this step (``probe_step_nodes``)."""
 
-    nodes: tuple[str, ...]  # the step's nodes: slot i started on node i, the first runs the batch script
-    asked: tuple[str, ...]  # the nodes asked, the first one first
+    nodes: tuple[str, ...]  # the step's nodes: slot i started on node i
+    batch_host: str | None  # the node of the batch script (``batch_host``), asked first
+    asked: tuple[str, ...]  # the nodes asked
     answered: frozenset[str]  # those of them that ran a no-op step of the job
     probe_s: Mapping[str, float]  # seconds each one's step took to run or to fail
 
     @property
     def batch_host_answered(self) -> bool:
-        """Whether the first node, which runs the batch script, still runs steps."""
-        return self.nodes[0] in self.answered
+        """Whether the batch script's node still runs steps; true of a job without a batch
+        script, whose allocation ends with what holds it."""
+        return self.batch_host is None or self.batch_host in self.answered
 
     @property
     def silent(self) -> list[tuple[int, str]]:
-        """Slot and node of every node asked that ran no step."""
-        return [(self.nodes.index(n), n) for n in self.asked if n not in self.answered]
+        """Slot and node of every node of the step asked that ran no step."""
+        return [(self.nodes.index(n), n) for n in self.asked if n in self.nodes and n not in self.answered]
+
+    @property
+    def unanswered(self) -> list[str]:
+        """Every node asked that ran no step: those of ``silent``, and the batch host when it
+        is not a node of the step."""
+        return [n for n in self.asked if n not in self.answered]
 
 
 def _answers(
@@ -172,29 +194,27 @@ def probe_step_nodes(
     job_id: str, slot: int, nslots: int, silent_slots: Iterable[int], settle_s: float, *,
     claim: Callable[[], bool] = lambda: True, env: Mapping[str, str] = os.environ,
 ) -> StepAnswers | None:  # fmt: skip
-    """Ask SLURM whether the first node of this step (it runs the batch script) and the
-    nodes of ``silent_slots`` still run a step of the job, for the survivor at ``slot`` of
-    ``nslots``, after a loss the job cannot survive (``failover``). Once this node answers,
-    ``claim`` says whether this survivor is the one that asks about the others. When the
-    first node does not answer, the answers count only if the job is still RUNNING
-    ``settle_s`` later.
+    """Ask SLURM whether the job's batch host and the nodes of ``silent_slots`` still run a
+    step of the job, for the survivor at ``slot`` of ``nslots``, after a loss the job
+    cannot survive (``failover``). Once this node answers, ``claim`` says whether this
+    survivor is the one that asks about the others. When the batch host does not answer,
+    the answers count only if the job is still RUNNING ``settle_s`` later.
 
     None when SLURM cannot tell or another survivor asks: the step is not of ``nslots``
-    nodes, this node is the first or not the step's node of ``slot``, the job is not
-    RUNNING (cancelled, say: its nodes stop answering too), this node does not answer, the
-    claim is another's, a step cannot be started, or the first node does not answer and
-    within ``settle_s`` the job leaves RUNNING (a cancel, or a requeue by a store host that
-    is alive beyond a partition)."""
+    nodes, this node is not the step's node of ``slot``, the job is not RUNNING (cancelled,
+    say: its nodes stop answering too), this node does not answer, the claim is another's,
+    a step cannot be started, or the batch host does not answer and within ``settle_s``
+    the job leaves RUNNING (a cancel, or a requeue by a store host that is alive beyond a
+    partition)."""
     step = step_nodes(env)
-    if step is None or slot == 0 or step[1] != slot or len(step[0]) != nslots:
-        log.warning("slot %d of %d on node %s is not a later node of this step "
+    if step is None or step[1] != slot or len(step[0]) != nslots:
+        log.warning("slot %d of %d on node %s is not that node of this step "
                     "(SLURM_STEP_NODELIST=%s): SLURM is not asked about the others", slot, nslots,
                     env.get("SLURMD_NODENAME"), env.get("SLURM_STEP_NODELIST"))  # fmt: skip
         return None
-    nodes = step[0]
-    own = nodes[slot]
-    asked = [nodes[0], *(nodes[s] for s in sorted(set(silent_slots) - {0, slot}) if s < nslots)]
-    if not job_running(job_id, env):
+    nodes, own = step[0], step[0][slot]
+    info = _running_job(job_id, env)
+    if info is None:
         log.warning("job %s is not RUNNING: SLURM is not asked about its nodes", job_id)
         return None
     mine = _answers(job_id, [own], env)
@@ -204,18 +224,21 @@ def probe_step_nodes(
         return None
     if not claim():
         return None
-    told = _answers(job_id, asked, env)
+    batch = batch_host(info)
+    asked = [batch] if batch is not None else []
+    asked += [nodes[s] for s in sorted(set(silent_slots) - {slot}) if s < nslots and nodes[s] != batch]
+    told = _answers(job_id, asked, env) if asked else {}
     if told is None:
         return None
     answers = StepAnswers(
-        tuple(nodes), tuple(asked), frozenset(n for n in asked if told[n][0]),
+        tuple(nodes), batch, tuple(asked), frozenset(n for n in asked if told[n][0]),
         {n: told[n][1] for n in asked},
     )  # fmt: skip
     if answers.batch_host_answered:
         return answers
     if not _still_running_after(job_id, settle_s, env):
         log.warning("nodes %s ran no step, but job %s left RUNNING within %.0f s: they are not "
-                    "counted as lost", [n for _, n in answers.silent], job_id, settle_s)  # fmt: skip
+                    "counted as lost", answers.unanswered, job_id, settle_s)  # fmt: skip
         return None
     return answers
 
@@ -233,9 +256,24 @@ def end_unrequeued(job_id: str, batch_host: str) -> None:
         log.error("could not end job %s: %s", job_id, exc)
 
 
-def end_orphaned_job(job_id: str) -> None:
-    """``scancel`` a job whose batch script died with its node, once its work is done."""
-    log.warning("job %s lost its batch host: ending it now that its training is done", job_id)
+def orphaned_by(job_id: str) -> str | None:
+    """The batch host of ``job_id`` when it runs no step of the job while the job is still
+    RUNNING: the batch script died with it, and nothing would end the job before its time
+    limit. None when the job is not RUNNING, has no batch script or its batch host answers
+    (the script ends the job when its supervisors end)."""
+    info = _running_job(job_id)
+    host = None if info is None else batch_host(info)
+    if host is None:
+        return None
+    if commands.node_answers(job_id, host):
+        log.info("node %s still runs the batch script of job %s: it ends the job", host, job_id)
+        return None
+    return host
+
+
+def end_orphaned_job(job_id: str, host: str) -> None:
+    """``scancel`` a job whose batch script died with its node ``host``, once its work is done."""
+    log.warning("job %s lost its batch host %s: ending it now that its training is done", job_id, host)
     commands.cancel([job_id])
 
 

@@ -4,7 +4,9 @@ cgroup and SIGKILLs its slurmd, step daemons and job processes at once).
 * ``train_spares.sbatch`` with one spare loses node2 (slot 1): the spare takes over, the job
   completes;
 * the same job loses node1 (slot 0: the batch host and the store host): the store fails over,
-  the spare takes node rank 0, training completes and nvrx ends the orphaned job;
+  the spare takes node rank 0, training completes and nvrx ends the orphaned job; where only
+  node1's supervisor is killed, the store fails over the same, but the batch script, alive,
+  ends the job;
 * ``train.sbatch`` without a spare loses node2: the job stops with "node lost, no spare" and
   is requeued with node2 excluded, then completes elsewhere from its checkpoint;
 * the same job loses node1 (the store host: two nodes cannot fail over): node2's supervisor
@@ -13,7 +15,7 @@ cgroup and SIGKILLs its slurmd, step daemons and job processes at once).
   the job ends there, not requeued;
 * four nodes lose node2 and node1 at once: node3 and node4 cannot elect a store, so one of
   them records both lost and requeues the job without them, once;
-* what a survivor asks SLURM, against a plain two-node job: the first node answers while
+* what a survivor asks SLURM, against a plain two-node job: the batch host answers while
   it runs, nodes that do not answer stop counting once the job is cancelled, and then
   nothing is asked and no requeue is made.
 
@@ -140,9 +142,13 @@ def _supervisor_killed(
     )  # fmt: skip
     job_dir = tmp_path / "logs" / str(job)
     _wait_training(job_dir, out)
+    _kill_supervisor(job_dir, node)
+    return job, job_dir, out
+
+
+def _kill_supervisor(job_dir: Path, node: int) -> None:
     (start,) = [e for e in _events(job_dir, "supervisor_start") if e["node"] == node]
     psutil.Process(start["supervisor_pid"]).kill()
-    return job, job_dir, out
 
 
 def test_a_spare_node_takes_over_a_lost_node(slurm_cluster: LocalSlurmCluster, tmp_path) -> None:
@@ -194,6 +200,26 @@ def test_losing_the_batch_and_store_host_fails_over(
     assert "the job's store moved to slot 1" in text, text
     # The survivors' errors at node1's death follow from it: only the lost node is excluded.
     assert report.exclude == "node1", text
+    _wait_none_of_ours(job)
+
+
+def test_a_failover_whose_batch_host_still_runs_leaves_the_end_of_the_job_to_its_script(
+    slurm_cluster: LocalSlurmCluster, tmp_path
+) -> None:
+    """node1's supervisor (the store host's, slot 0) SIGKILLed, its slurmd and the batch
+    script up: the store fails over and the spare takes node rank 0 as when node1 crashes,
+    but at the end the store host finds the batch host answering SLURM and cancels nothing:
+    the batch script ends the job when its srun returns."""
+    job, job_dir, out = _spare_job(slurm_cluster, tmp_path)
+    _wait_training(job_dir, out)
+    _kill_supervisor(job_dir, 0)
+    state = slurm_cluster.wait_job(job, timeout=300, fail_fast=False)
+    assert state != "CANCELLED", out.read_text()[-4000:]
+    final = {e["rank"] for e in _events(job_dir, "progress") if e["step"] == STEPS}
+    assert final == {0, 1, 2, 3}, out.read_text()[-4000:]
+    assert {(e["epoch"], e["lost_slot"]) for e in _events(job_dir, "store_failover")} == {(1, 0)}
+    assert not [e for e in _events(job_dir, "job_stop") if "batch host" in e["reason"]]
+    assert "nvrx: supervisors ended with exit code" in out.read_text(), out.read_text()[-4000:]
     _wait_none_of_ours(job)
 
 
@@ -329,11 +355,12 @@ def test_slurm_is_asked_about_the_steps_nodes_only_while_the_job_runs(
     slurm_cluster: LocalSlurmCluster, tmp_path, monkeypatch
 ) -> None:
     """What a survivor asks SLURM, against a real job on node1 and node2 (the survivor's node
-    and step named through its variables): the first node answers while the job runs; when
-    the survivor's own node runs no step of the job, the answer is None; nodes that do not
-    answer count once the job still runs after the wait, and not when the job is cancelled
-    during the wait; after that nothing is asked and no requeue is made (SLURM itself would
-    requeue a cancelled job)."""
+    and step named through its variables): the batch host, node1, answers while the job
+    runs; when the survivor's own node runs no step of the job, the answer is None; with the
+    batch host taken to be node4 (no node of the job), nodes that do not answer count once
+    the job still runs after the wait, and not when the job is cancelled during the wait;
+    after that nothing is asked and no requeue is made (SLURM itself would requeue a
+    cancelled job)."""
     job = _sbatch(slurm_cluster, tmp_path, "-N2", "-w", "node[1-2]", "--time=5", "--wrap", "sleep 600")
     state = lambda: (commands.show_job(job, env=slurm_cluster.env) or {}).get("JobState")  # noqa: E731
 
@@ -346,9 +373,12 @@ def test_slurm_is_asked_about_the_steps_nodes_only_while_the_job_runs(
         nslots = len(expand_nodelist(nodelist))
         return node_requeue.probe_step_nodes(str(job), 1, nslots, silent, settle_s, env=env)
 
-    first = node_requeue.StepAnswers(("node1", "node2"), ("node1",), frozenset({"node1"}), ANY)
+    first = node_requeue.StepAnswers(
+        ("node1", "node2"), "node1", ("node1",), frozenset({"node1"}), ANY
+    )
     assert probe("node2", "node[1-2]", {0}) == first
     assert probe("node3", "node[1,3]", {0}) is None  # node3 runs no step of the job
+    monkeypatch.setattr(node_requeue, "batch_host", lambda info: "node4")
     t0 = time.monotonic()
     answers = probe("node1", "node4,node1,node3", {0, 2}, settle_s=2.0)
     assert answers is not None and answers.silent == [(0, "node4"), (2, "node3")], answers
@@ -358,14 +388,14 @@ def test_slurm_is_asked_about_the_steps_nodes_only_while_the_job_runs(
     def job_running(job_id: str, env: Mapping[str, str] | None = None) -> bool:
         running = real(job_id, env)
         looks.append(running)
-        if len(looks) == 2:  # the wait's first look saw the job RUNNING: it is cancelled now
+        if len(looks) == 1:  # the wait's first look saw the job RUNNING: it is cancelled now
             slurm_cluster.run(["scancel", str(job)])
         return running
 
     monkeypatch.setattr(node_requeue, "job_running", job_running)
     t0 = time.monotonic()
     assert probe("node2", "node4,node2", {0}, settle_s=300) is None
-    assert looks[:2] == [True, True] and not looks[-1] and time.monotonic() - t0 < 300, looks
+    assert looks[0] and not looks[-1] and time.monotonic() - t0 < 300, looks
     asked: list[str] = []
     monkeypatch.setattr(commands, "node_answers", lambda job_id, node, **kw: bool(asked.append(node)))
     assert probe("node2", "node[1-2]", {0}) is None and asked == []

@@ -55,11 +55,13 @@ class _Survivor:
         self.failover._requeue_without_lost_nodes(123.0, frozenset(alive))
 
 
-def _answers(nodes: str, asked: str, answered: str, took: float = 0.2) -> StepAnswers:
+def _answers(
+    nodes: str, asked: str, answered: str, took: float = 0.2, batch: str | None = "node1"
+) -> StepAnswers:
     return StepAnswers(
-        tuple(nodes.split(",")), tuple(asked.split(",")), frozenset(answered.split(",")) - {""},
-        dict.fromkeys(asked.split(","), took),
-    )
+        tuple(nodes.split(",")), batch, tuple(asked.split(",")),
+        frozenset(answered.split(",")) - {""}, dict.fromkeys(asked.split(","), took),
+    )  # fmt: skip
 
 
 @pytest.fixture
@@ -143,6 +145,16 @@ def test_a_silent_batch_host_is_recorded_lost_and_the_job_requeued_without_it(tm
     assert slurm["asked"] == [("7", 1, [0], 3.0 + node_requeue.commands.PROBE_TIMEOUT_S)]
     assert survivor.lost == [(0, "node1")] and survivor.requeued == [(["node1"], False)]
     assert slurm["ended"] == [("7", "node1")] and survivor.events == []  # ended only if still RUNNING
+
+
+def test_a_silent_batch_host_outside_the_step_is_excluded_too_but_recorded_in_no_slot(
+    tmp_path, slurm
+) -> None:
+    survivor = _Survivor(tmp_path)
+    slurm["answer"] = _answers("node1,node2", "login7,node1", "", batch="login7")
+    survivor.decide({1})
+    assert survivor.lost == [(0, "node1")] and survivor.requeued == [(["login7", "node1"], False)]
+    assert slurm["ended"] == [("7", "login7")]
 
 
 def test_every_silent_node_of_a_larger_job_is_recorded_lost_and_excluded(tmp_path, slurm) -> None:

@@ -47,9 +47,9 @@ def test_no_step_is_read_from_variables_that_do_not_place_this_node(env: dict[st
 
 @pytest.fixture
 def slurm(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """SLURM's answers, given: the nodes that run a no-op step and whether the job runs;
-    the nodes asked, recorded."""
-    seen: dict[str, Any] = {"answer": set(), "running": True, "asked": [], "error": None}
+    """SLURM's answers, given: the nodes that run a no-op step, whether the job runs and its
+    batch host; the nodes asked, recorded."""
+    seen: dict[str, Any] = {"answer": set(), "running": True, "batch": "node1", "asked": [], "error": None}
 
     def answers(job_id: str, node: str, **kw: Any) -> bool:
         seen["asked"].append(node)
@@ -58,7 +58,10 @@ def slurm(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         return node in seen["answer"]
 
     monkeypatch.setattr(node_requeue.commands, "node_answers", answers)
-    monkeypatch.setattr(node_requeue, "job_running", lambda job_id, env=None: seen["running"])
+    def show_job(job_id: str, env: Any = None) -> dict[str, str]:
+        return {"JobState": "RUNNING" if seen["running"] else "CANCELLED", "BatchHost": seen["batch"]}
+
+    monkeypatch.setattr(node_requeue.commands, "show_job", show_job)
     return seen
 
 
@@ -85,10 +88,38 @@ def test_a_batch_host_that_answers_is_told_with_the_others(slurm) -> None:
     assert answers.silent == [(2, "node3")] and answers.answered == {"node1"}
 
 
+def test_the_batch_host_is_the_one_slurm_names_not_the_steps_first_node(slurm) -> None:
+    slurm["batch"], slurm["answer"] = "node3", {"node2", "node3"}
+    answers = _probe("node2", "node[1-3]", 1, {0, 2})
+    assert answers is not None and answers.batch_host_answered and answers.batch_host == "node3"
+    assert answers.silent == [(0, "node1")] and slurm["asked"] == ["node2", "node3", "node1"]
+
+
+def test_a_silent_batch_host_outside_the_step_is_unanswered_but_in_no_slot(slurm) -> None:
+    slurm["batch"], slurm["answer"] = "login7", {"node2"}
+    answers = _probe("node2", "node[1-2]", 1, {0})
+    assert answers is not None and not answers.batch_host_answered
+    assert answers.silent == [(0, "node1")] and answers.unanswered == ["login7", "node1"]
+
+
+@pytest.mark.parametrize("batch", ["(null)", ""])
+def test_a_job_without_a_batch_script_has_no_batch_host_to_lose(slurm, batch: str) -> None:
+    slurm["batch"], slurm["answer"] = batch, {"node2"}
+    answers = _probe("node2", "node[1-3]", 1, {0})
+    assert answers is not None and answers.batch_host is None and answers.batch_host_answered
+    assert answers.silent == [(0, "node1")] and slurm["asked"] == ["node2", "node1"]
+
+
+def test_a_survivor_on_the_batch_host_tells_it_answered(slurm) -> None:
+    slurm["answer"] = {"node1"}
+    answers = _probe("node1", "node[1-3]", 0, {1, 2})
+    assert answers is not None and answers.batch_host_answered
+    assert answers.silent == [(1, "node2"), (2, "node3")]
+
+
 @pytest.mark.parametrize(
     ("own", "slot", "answer", "running", "error"),
     [
-        ("node1", 0, {"node1", "node2"}, True, None),  # the batch host itself
         ("node2", 2, {"node2"}, True, None),  # slot 2 is not on the step's node 2
         ("node2", 1, {"node2"}, False, None),  # the job is no longer RUNNING
         ("node2", 1, {"node3"}, True, None),  # this node answers no more either
@@ -112,6 +143,22 @@ def test_a_survivor_that_does_not_get_the_claim_asks_about_no_other_node(slurm) 
 def test_a_step_of_another_size_than_the_job_is_not_read_as_its_slots(slurm) -> None:
     slurm["answer"] = {"node2"}
     assert _probe("node2", "node[1-3]", 1, {0}, nslots=4) is None and slurm["asked"] == []
+
+
+@pytest.mark.parametrize(
+    ("batch", "answer", "running", "orphaned", "asked"),
+    [
+        ("node1", set(), True, "node1", ["node1"]),  # its batch script died with it
+        ("node1", {"node1"}, True, None, ["node1"]),  # the script ends the job itself
+        ("node1", set(), False, None, []),  # the job ended already
+        ("(null)", set(), True, None, []),  # no batch script: what holds the allocation ends it
+    ],
+)
+def test_a_job_is_orphaned_only_by_a_silent_batch_host_while_it_runs(
+    slurm, batch: str, answer: set[str], running: bool, orphaned: str | None, asked: list[str]
+) -> None:
+    slurm["batch"], slurm["answer"], slurm["running"] = batch, answer, running
+    assert node_requeue.orphaned_by("7") == orphaned and slurm["asked"] == asked
 
 
 def test_a_requeue_without_several_nodes_asks_them_at_once_and_excludes_the_silent_ones(monkeypatch: pytest.MonkeyPatch) -> None:
