@@ -137,13 +137,20 @@ class Failover:
         node_requeue.end_unrequeued(job_id, answers.batch_host)
 
     def _elected_after_all(self) -> bool:
-        """Whether a store for this epoch was published meanwhile (a late announcement made
+        """Whether a store for this epoch was decided meanwhile (a late announcement made
         the others' majority, or the successor was only slow): then the job goes on
-        without this slot. A claim alone is not enough: a successor that claimed the epoch
-        may have been lost before it published."""
+        without this slot. Otherwise the epoch is decided for the requeue, and a claimant
+        that comes later publishes nothing (``store_failover.decide``). A claim alone
+        decides nothing: a successor that claimed the epoch may have been lost before it
+        published."""
         store = self.store
-        if not store_failover.published(store.config.events_dir, store.epoch):
-            return False
+        try:
+            if store_failover.decide(store.config.events_dir, store.epoch, store_failover.REQUEUE):
+                return False
+        except OSError as exc:
+            log.error("cannot decide epoch %d for the requeue through %s: the job is not "
+                      "requeued: %s", store.epoch, store.config.events_dir, exc)  # fmt: skip
+            return True
         log.warning("a store was elected for epoch %d after all: the job is not requeued", store.epoch)
         return True
 
@@ -340,6 +347,10 @@ class Failover:
             # before the address is out: the new generation's children must find the old
             # host's ranks already marked gone (no spare) or assigned (a spare)
             loss = self._declare_lost_store_host(lost_wall)
+            if not store_failover.decide(job_dir, store.epoch, store_failover.STORE):
+                log.error("a survivor decided to requeue the job before this slot published "
+                          "the store of epoch %d: it is not published", store.epoch)  # fmt: skip
+                return None, None
             store_failover.publish(job_dir, address)
         try:
             self._roles.start()

@@ -9,7 +9,7 @@ removes its run's once every slot ended (``forget_run``): only a killed run's
 stay until the next run starts. For
 failover ``epoch`` (1 for the first):
 
-1. every survivor writes ``failover/e<epoch>/alive-<slot>``;
+1. every survivor writes ``failover/run<N>/e<epoch>/alive-<slot>``;
 2. once every slot but the lost host has written, or ``settle_s`` has passed,
    the lowest slot that wrote is the successor (a documented, deterministic
    rule that every survivor computes alike from the same files), provided a
@@ -17,12 +17,13 @@ failover ``epoch`` (1 for the first):
    never starts a store of its own, it stops;
 3. the successor starts a store service on its own host, restored from the
    snapshot the old store kept (``nvrx.store.snapshot``), and claims the epoch
-   for it by creating ``failover/e<epoch>/claim.json`` exclusively: there is at
+   for it by creating ``failover/run<N>/e<epoch>/claim.json`` exclusively: there is at
    most one store per epoch, so two stores never serve one job at once (a
    slot that lost the claim stops its store and waits like the others);
 4. the claimant records the old host's slot lost in its store (so ranks that
    no spare replaces are marked gone before any child of the new generation
-   can look), then publishes the address in ``failover/e<epoch>/store.json``;
+   can look), decides the epoch for its store (step 6), then publishes the
+   address in ``failover/run<N>/e<epoch>/store.json``;
 5. the others wait for that file and connect to the address in it.
 
 A survivor that cannot see the file system (a partition) never learns an
@@ -31,6 +32,13 @@ the store timeout plus the node timeout. When fewer than a majority announced
 themselves, or no address came, the first of them whose node answers SLURM to create
 ``failover/run<N>/e<epoch>/requeue-claim`` exclusively is the one that asks SLURM about
 the job's nodes and may requeue it (``failover``).
+
+6. What becomes of the epoch is decided once, by whoever first creates
+   ``failover/run<N>/e<epoch>/decided`` exclusively (``decide``): the claimant, just
+   before it publishes (``store``), or that survivor, just before it records nodes lost
+   and requeues (``requeue``). The one that comes second backs off: a claimant that was
+   only slow publishes nothing for a job already requeued without it, and no job is
+   requeued around a store that was published.
 """
 
 from __future__ import annotations
@@ -168,6 +176,18 @@ def claim_requeue(job_dir: Path, epoch: int, slot: int) -> bool:
     return _create_first(epoch_dir(job_dir, epoch) / "requeue-claim", str(slot))
 
 
+#: The two fates of an epoch (``decide``): its claimant's store serves, or the job is requeued.
+STORE, REQUEUE = "store", "requeue"
+
+
+def decide(job_dir: Path, epoch: int, outcome: str) -> bool:
+    """Whether ``outcome`` (``STORE`` or ``REQUEUE``) is what becomes of ``epoch``: True for
+    the first caller, which creates ``decided``; False when the other outcome came first.
+    Each outcome has one caller per epoch (its claimant, the one survivor that claimed the
+    requeue)."""
+    return _create_first(epoch_dir(job_dir, epoch) / "decided", outcome)
+
+
 def publish(job_dir: Path, address: StoreAddress) -> None:
     """Tell the others where the store of ``address.epoch`` serves (its claimant only)."""
     path = epoch_dir(job_dir, address.epoch) / "store.json"
@@ -191,11 +211,6 @@ def claimant(job_dir: Path, epoch: int) -> int | None:
     """The slot whose store claimed ``epoch``; None when none did (or its claim is unreadable)."""
     address = read_address(epoch_dir(job_dir, epoch) / "claim.json")
     return None if address is None else address.slot
-
-
-def published(job_dir: Path, epoch: int) -> bool:
-    """Whether the claimant of ``epoch`` published its store's address."""
-    return read_address(epoch_dir(job_dir, epoch) / "store.json") is not None
 
 
 def superseded(job_dir: Path, epoch: int) -> bool:

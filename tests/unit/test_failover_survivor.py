@@ -184,14 +184,37 @@ def test_only_the_survivor_that_claims_it_asks_slurm(tmp_path, slurm) -> None:
     assert first.requeued == [(["node1", "node2"], False)] and second.requeued == []
 
 
-def test_a_store_elected_after_all_leaves_the_job_alone(tmp_path, slurm) -> None:
+@pytest.mark.parametrize("published", [False, True], ids=["about-to-publish", "published"])
+def test_a_store_elected_after_all_leaves_the_job_alone(tmp_path, slurm, published: bool) -> None:
     survivor = _Survivor(tmp_path, nnodes=4, slot=2)
     slurm["answer"] = _answers("node1,node2,node3,node4", "node1,node2", "")
     address = store_failover.StoreAddress("node4", 1, 3, EPOCH)
     assert store_failover.claim(tmp_path, address)
-    store_failover.publish(tmp_path, address)
+    assert store_failover.decide(tmp_path, EPOCH, store_failover.STORE)
+    if published:
+        store_failover.publish(tmp_path, address)
     survivor.decide({2})
     assert survivor.lost == survivor.requeued == slurm["ended"] == []
+
+
+@pytest.mark.parametrize("requeued_first", [False, True], ids=["decides-first", "requeued-first"])
+def test_a_successor_publishes_its_store_only_if_the_job_was_not_requeued_first(
+    tmp_path: Path, requeued_first: bool
+) -> None:
+    successor = _Survivor(tmp_path, nnodes=3, slot=1)
+    successor.store.config.node_timeout = 0.1
+    store_failover.announce(tmp_path, EPOCH + 1, 2)  # slot 2 survived too: a majority, slot 1 elected
+    mine = store_failover.StoreAddress("node2", 1, 1, EPOCH + 1)
+    successor.failover._host_store = lambda job_dir: mine if store_failover.claim(job_dir, mine) else None
+    successor.failover._connect = lambda address: True
+    successor.failover._declare_lost_store_host = lambda lost_wall: None
+    successor.failover._roles.start = lambda: None
+    if requeued_first:  # a slow successor: the survivor that asked SLURM requeued the job already
+        assert store_failover.decide(tmp_path, EPOCH + 1, store_failover.REQUEUE)
+    elected = successor.failover._elect_and_connect(0.0)
+    assert elected == ((None, None) if requeued_first else (mine, None))
+    store = store_failover.epoch_dir(tmp_path, EPOCH + 1) / "store.json"
+    assert store.exists() is not requeued_first
 
 
 def test_a_store_claimed_and_never_published_does_not_leave_the_job_alone(tmp_path, slurm) -> None:
