@@ -350,6 +350,8 @@ class Failover:
             if not store_failover.decide(job_dir, store.epoch, store_failover.STORE):
                 log.error("a survivor decided to requeue the job before this slot published "
                           "the store of epoch %d: it is not published", store.epoch)  # fmt: skip
+                _end(None, store.service)
+                store.service = None
                 return None, None
             store_failover.publish(job_dir, address)
         try:

@@ -205,7 +205,14 @@ def test_a_successor_publishes_its_store_only_if_the_job_was_not_requeued_first(
     successor.store.config.node_timeout = 0.1
     store_failover.announce(tmp_path, EPOCH + 1, 2)  # slot 2 survived too: a majority, slot 1 elected
     mine = store_failover.StoreAddress("node2", 1, 1, EPOCH + 1)
-    successor.failover._host_store = lambda job_dir: mine if store_failover.claim(job_dir, mine) else None
+    stopped: list[bool] = []
+
+    def host_store(job_dir: Path) -> store_failover.StoreAddress | None:
+        assert store_failover.claim(job_dir, mine)
+        successor.store.service = SimpleNamespace(stop=lambda: stopped.append(True))
+        return mine
+
+    successor.failover._host_store = host_store
     successor.failover._connect = lambda address: True
     successor.failover._declare_lost_store_host = lambda lost_wall: None
     successor.failover._roles.start = lambda: None
@@ -215,6 +222,8 @@ def test_a_successor_publishes_its_store_only_if_the_job_was_not_requeued_first(
     assert elected == ((None, None) if requeued_first else (mine, None))
     store = store_failover.epoch_dir(tmp_path, EPOCH + 1) / "store.json"
     assert store.exists() is not requeued_first
+    assert stopped == [True] * requeued_first  # its store, withdrawn: it does not wait as a store host
+    assert (successor.store.service is None) is requeued_first
 
 
 def test_a_store_claimed_and_never_published_does_not_leave_the_job_alone(tmp_path, slurm) -> None:
