@@ -125,7 +125,7 @@ class Failover:
         answers = node_requeue.probe_step_nodes(
             job_id, self._roles.slot, cfg.nnodes, silent, settle_s, claim=self._claims_requeue
         )
-        if answers is None or self._elected_after_all():
+        if answers is None or self._elected_after_all(requeue=not answers.batch_host_answered):
             return
         kept = snapshot.KeptKeys(snapshot.read(store_failover.snapshot_path(cfg.events_dir)))
         for lost_slot, node in answers.silent:
@@ -134,24 +134,36 @@ class Failover:
             self._store_host_probed(answers)
             return
         self.requeue(answers.unanswered, probe=False)
-        node_requeue.end_unrequeued(job_id, answers.batch_host)
+        if answers.batch_host is not None:  # it did not answer
+            node_requeue.end_unrequeued(job_id, answers.batch_host)
 
-    def _elected_after_all(self) -> bool:
-        """Whether a store for this epoch was decided meanwhile (a late announcement made
-        the others' majority, or the successor was only slow): then the job goes on
-        without this slot. Otherwise the epoch is decided for the requeue, and a claimant
-        that comes later publishes nothing (``store_failover.decide``). A claim alone
-        decides nothing: a successor that claimed the epoch may have been lost before it
-        published."""
+    def _elected_after_all(self, requeue: bool) -> bool:
+        """Whether a store was decided for this epoch meanwhile (a late announcement made the
+        others' majority, or the successor was only slow): then the job goes on without this
+        slot, which records nothing. ``requeue``: this survivor is about to requeue the job,
+        and decides the epoch for it unless a store was decided first, so that a claimant
+        that comes later publishes nothing (``store_failover.decide``). A store decided but
+        not published within the store timeout counts as lost with its successor: the job
+        is requeued. A claim alone decides nothing: a successor that claimed the epoch may
+        have been lost before it decided."""
         store = self.store
+        job_dir, epoch = store.config.events_dir, store.epoch
         try:
-            if store_failover.decide(store.config.events_dir, store.epoch, store_failover.REQUEUE):
+            if not requeue and not store_failover.decided(job_dir, epoch):
+                return False
+            if requeue and store_failover.decide(job_dir, epoch, store_failover.REQUEUE):
                 return False
         except OSError as exc:
             log.error("cannot decide epoch %d for the requeue through %s: the job is not "
-                      "requeued: %s", store.epoch, store.config.events_dir, exc)  # fmt: skip
+                      "requeued: %s", epoch, job_dir, exc)  # fmt: skip
             return True
-        log.warning("a store was elected for epoch %d after all: the job is not requeued", store.epoch)
+        if requeue and store_failover.wait_address(job_dir, epoch, store.config.store_timeout) is None:
+            log.error("epoch %d was decided for a store that %s does not name within %.0f s: its "
+                      "successor counts as lost, the job is requeued", epoch,
+                      store_failover.epoch_dir(job_dir, epoch) / "store.json",
+                      store.config.store_timeout)  # fmt: skip
+            return False
+        log.warning("a store was elected for epoch %d after all: the job is not requeued", epoch)
         return True
 
     def _claims_requeue(self) -> bool:
@@ -334,6 +346,8 @@ class Failover:
         address = self._host_store(job_dir) if successor == slot else None
         if address is None and successor == slot and not store_failover.claimed(job_dir, store.epoch):
             return None, None  # this slot's store did not start, and no other slot's did
+        if address is not None and not self._decide_for_store(job_dir):
+            return None, None
         if address is None:
             wait_s = cfg.store_timeout + cfg.node_timeout
             address = store_failover.wait_address(job_dir, store.epoch, wait_s)
@@ -347,12 +361,6 @@ class Failover:
             # before the address is out: the new generation's children must find the old
             # host's ranks already marked gone (no spare) or assigned (a spare)
             loss = self._declare_lost_store_host(lost_wall)
-            if not store_failover.decide(job_dir, store.epoch, store_failover.STORE):
-                log.error("a survivor decided to requeue the job before this slot published "
-                          "the store of epoch %d: it is not published", store.epoch)  # fmt: skip
-                _end(None, store.service)
-                store.service = None
-                return None, None
             store_failover.publish(job_dir, address)
         try:
             self._roles.start()
@@ -360,6 +368,20 @@ class Failover:
             log.error("cannot use the successor store %s:%s: %s", address.host, address.port, exc)
             return None, None
         return address, loss
+
+    def _decide_for_store(self, job_dir: Path) -> bool:
+        """This slot claimed the epoch for its store: decide the epoch for it, before
+        anything of it is used or declared; False, with the store stopped, when the
+        survivor that asked SLURM decided it for the job's requeue first."""
+        store = self.store
+        if store_failover.decide(job_dir, store.epoch, store_failover.STORE):
+            return True
+        log.warning("a survivor decided epoch %d for the job's requeue (%s) before this slot "
+                    "could publish its store: the store stops", store.epoch,
+                    store_failover.epoch_dir(job_dir, store.epoch) / "decided")  # fmt: skip
+        _end(None, store.service)
+        store.service = None
+        return False
 
     def _unserved(self, election: store_failover.Election, wait_s: float) -> frozenset[int]:
         """The slots left after an election whose store was not published within ``wait_s``:

@@ -38,8 +38,8 @@ log = logging.getLogger(__name__)
 Poll = Callable[[selectors.BaseSelector, float | None], list[dict]]
 
 
-#: Exit codes of a job that is over for good: after a store failover (the batch script died
-#: with node 0) nvrx ends its SLURM job, which would otherwise hold the allocation until its
+#: Exit codes of a job that is over for good: after a store failover whose batch script died
+#: with its node, nvrx ends its SLURM job, which would otherwise hold the allocation until its
 #: time limit. Not a requeue (75, 8), nor a signal (SLURM ends that job itself).
 FINAL_EXITS = (
     ExitCode.OK,

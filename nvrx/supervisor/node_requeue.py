@@ -103,9 +103,9 @@ def job_running(job_id: str, env: Mapping[str, str] | None = None) -> bool:
 
 def batch_host(info: Mapping[str, str]) -> str | None:
     """The node that runs the job's batch script (``BatchHost``); None for a job without one
-    (an allocation that ``salloc`` or ``srun`` holds from outside it)."""
+    (``BatchFlag=0``: an allocation that ``salloc`` or ``srun`` holds from outside it)."""
     host = info.get("BatchHost", "")
-    return None if host in _NONE else host
+    return None if info.get("BatchFlag") == "0" or host in _NONE else host
 
 
 def step_nodes(env: Mapping[str, str] = os.environ) -> tuple[list[str], int] | None:
@@ -208,9 +208,9 @@ def probe_step_nodes(
     partition)."""
     step = step_nodes(env)
     if step is None or step[1] != slot or len(step[0]) != nslots:
-        log.warning("slot %d of %d on node %s is not that node of this step "
+        log.warning("slot %d of %d: node %s is not node %d of a step of %d nodes "
                     "(SLURM_STEP_NODELIST=%s): SLURM is not asked about the others", slot, nslots,
-                    env.get("SLURMD_NODENAME"), env.get("SLURM_STEP_NODELIST"))  # fmt: skip
+                    env.get("SLURMD_NODENAME"), slot, nslots, env.get("SLURM_STEP_NODELIST"))  # fmt: skip
         return None
     nodes, own = step[0], step[0][slot]
     info = _running_job(job_id, env)
@@ -227,9 +227,11 @@ def probe_step_nodes(
     batch = batch_host(info)
     asked = [batch] if batch is not None else []
     asked += [nodes[s] for s in sorted(set(silent_slots) - {slot}) if s < nslots and nodes[s] != batch]
-    told = _answers(job_id, asked, env) if asked else {}
+    others = [n for n in asked if n != own]
+    told = _answers(job_id, others, env) if others else {}
     if told is None:
         return None
+    told[own] = mine[own]
     answers = StepAnswers(
         tuple(nodes), batch, tuple(asked), frozenset(n for n in asked if told[n][0]),
         {n: told[n][1] for n in asked},

@@ -20,10 +20,10 @@ failover ``epoch`` (1 for the first):
    for it by creating ``failover/run<N>/e<epoch>/claim.json`` exclusively: there is at
    most one store per epoch, so two stores never serve one job at once (a
    slot that lost the claim stops its store and waits like the others);
-4. the claimant records the old host's slot lost in its store (so ranks that
-   no spare replaces are marked gone before any child of the new generation
-   can look), decides the epoch for its store (step 6), then publishes the
-   address in ``failover/run<N>/e<epoch>/store.json``;
+4. the claimant decides the epoch for its store (see below), records the old
+   host's slot lost in its store (so ranks that no spare replaces are marked gone
+   before any child of the new generation can look), then publishes the address
+   in ``failover/run<N>/e<epoch>/store.json``;
 5. the others wait for that file and connect to the address in it.
 
 A survivor that cannot see the file system (a partition) never learns an
@@ -33,12 +33,13 @@ themselves, or no address came, the first of them whose node answers SLURM to cr
 ``failover/run<N>/e<epoch>/requeue-claim`` exclusively is the one that asks SLURM about
 the job's nodes and may requeue it (``failover``).
 
-6. What becomes of the epoch is decided once, by whoever first creates
-   ``failover/run<N>/e<epoch>/decided`` exclusively (``decide``): the claimant, just
-   before it publishes (``store``), or that survivor, just before it records nodes lost
-   and requeues (``requeue``). The one that comes second backs off: a claimant that was
-   only slow publishes nothing for a job already requeued without it, and no job is
-   requeued around a store that was published.
+What becomes of the epoch is decided once, by whoever first creates
+``failover/run<N>/e<epoch>/decided`` exclusively (``decide``): the claimant, before it
+uses its store (``store``), or that survivor, just before it records nodes lost and
+requeues (``requeue``). The one that comes second backs off: a claimant that was only
+slow stops its store, unpublished, for a job already requeued without it, and no job is
+requeued around a store that was published (one decided but still unpublished after
+the store timeout counts as lost with its claimant).
 """
 
 from __future__ import annotations
@@ -186,6 +187,11 @@ def decide(job_dir: Path, epoch: int, outcome: str) -> bool:
     Each outcome has one caller per epoch (its claimant, the one survivor that claimed the
     requeue)."""
     return _create_first(epoch_dir(job_dir, epoch) / "decided", outcome)
+
+
+def decided(job_dir: Path, epoch: int) -> bool:
+    """Whether ``epoch`` was decided (``decide``), looked at without deciding it."""
+    return (epoch_dir(job_dir, epoch) / "decided").exists()
 
 
 def publish(job_dir: Path, address: StoreAddress) -> None:

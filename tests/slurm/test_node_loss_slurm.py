@@ -188,6 +188,9 @@ def test_losing_the_batch_and_store_host_fails_over(
     # nvrx ends the job: its batch script died with node1, nothing else would
     state = slurm_cluster.wait_job(job, timeout=120)
     assert state in ("CANCELLED", "COMPLETED"), state
+    ended = [e["reason"] for e in _events(job_dir, "job_stop") if "batch host" in e["reason"]]
+    assert ended == (["the batch host node1 was lost; nvrx ends the job in SLURM after its "
+                      "training ended"] if state == "CANCELLED" else []), ended  # fmt: skip
     failovers = _events(job_dir, "store_failover")
     assert {(e["epoch"], e["lost_slot"]) for e in failovers} == {(1, 0)}
     lost = _events(job_dir, "node_lost")

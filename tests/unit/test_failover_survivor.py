@@ -184,17 +184,38 @@ def test_only_the_survivor_that_claims_it_asks_slurm(tmp_path, slurm) -> None:
     assert first.requeued == [(["node1", "node2"], False)] and second.requeued == []
 
 
-@pytest.mark.parametrize("published", [False, True], ids=["about-to-publish", "published"])
-def test_a_store_elected_after_all_leaves_the_job_alone(tmp_path, slurm, published: bool) -> None:
+@pytest.mark.parametrize("batch_host_answers", [False, True])
+def test_a_store_elected_after_all_leaves_the_job_alone(tmp_path, slurm, batch_host_answers: bool) -> None:
     survivor = _Survivor(tmp_path, nnodes=4, slot=2)
-    slurm["answer"] = _answers("node1,node2,node3,node4", "node1,node2", "")
+    slurm["answer"] = _answers("node1,node2,node3,node4", "node1,node2", "node1" * batch_host_answers)
     address = store_failover.StoreAddress("node4", 1, 3, EPOCH)
     assert store_failover.claim(tmp_path, address)
     assert store_failover.decide(tmp_path, EPOCH, store_failover.STORE)
-    if published:
-        store_failover.publish(tmp_path, address)
+    store_failover.publish(tmp_path, address)
     survivor.decide({2})
-    assert survivor.lost == survivor.requeued == slurm["ended"] == []
+    assert survivor.lost == survivor.requeued == slurm["ended"] == survivor.events == []
+
+
+def test_a_store_decided_but_never_published_counts_as_lost_and_the_job_is_requeued(tmp_path, slurm) -> None:
+    survivor = _Survivor(tmp_path, nnodes=4, slot=2)  # (the store timeout: 0.2 s)
+    slurm["answer"] = _answers("node1,node2,node3,node4", "node1,node2", "")
+    assert store_failover.claim(tmp_path, store_failover.StoreAddress("node2", 1, 1, EPOCH))
+    assert store_failover.decide(tmp_path, EPOCH, store_failover.STORE)  # then its claimant died
+    survivor.decide({2, 3})
+    assert survivor.requeued == [(["node1", "node2"], False)]
+
+
+def test_a_requeue_decides_the_epoch_and_a_batch_host_that_answers_decides_nothing(tmp_path, slurm) -> None:
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()  # two jobs
+    answering, silent = _Survivor(tmp_path / "a", nnodes=4, slot=2), _Survivor(tmp_path / "b", nnodes=4, slot=2)
+    slurm["answer"] = _answers("node1,node2,node3,node4", "node1,node2", "node1")
+    answering.decide({2, 3})
+    assert answering.lost == [(1, "node2")] and answering.requeued == []
+    assert not (store_failover.epoch_dir(tmp_path / "a", EPOCH) / "decided").exists()
+    slurm["answer"] = _answers("node1,node2,node3,node4", "node1,node2", "")
+    silent.decide({2, 3})
+    assert silent.requeued == [(["node1", "node2"], False)]
+    assert (store_failover.epoch_dir(tmp_path / "b", EPOCH) / "decided").read_text() == "requeue"
 
 
 @pytest.mark.parametrize("requeued_first", [False, True], ids=["decides-first", "requeued-first"])
@@ -213,8 +234,9 @@ def test_a_successor_publishes_its_store_only_if_the_job_was_not_requeued_first(
         return mine
 
     successor.failover._host_store = host_store
-    successor.failover._connect = lambda address: True
-    successor.failover._declare_lost_store_host = lambda lost_wall: None
+    used: list[str] = []
+    successor.failover._connect = lambda address: bool(used.append("connect")) or True
+    successor.failover._declare_lost_store_host = lambda lost_wall: used.append("declare")
     successor.failover._roles.start = lambda: None
     if requeued_first:  # a slow successor: the survivor that asked SLURM requeued the job already
         assert store_failover.decide(tmp_path, EPOCH + 1, store_failover.REQUEUE)
@@ -224,6 +246,7 @@ def test_a_successor_publishes_its_store_only_if_the_job_was_not_requeued_first(
     assert store.exists() is not requeued_first
     assert stopped == [True] * requeued_first  # its store, withdrawn: it does not wait as a store host
     assert (successor.store.service is None) is requeued_first
+    assert used == ([] if requeued_first else ["connect", "declare"])  # nothing of a store withdrawn
 
 
 def test_a_store_claimed_and_never_published_does_not_leave_the_job_alone(tmp_path, slurm) -> None:

@@ -6,12 +6,15 @@ and the requeue without several nodes."""
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from nvrx.slurm.nodelist import expand_nodelist
 from nvrx.supervisor import node_requeue
+from nvrx.supervisor.exit_codes import ExitCode
+from nvrx.supervisor.job_end import JobEnd
 from nvrx.supervisor.node_requeue import step_nodes
 
 
@@ -115,6 +118,12 @@ def test_a_survivor_on_the_batch_host_tells_it_answered(slurm) -> None:
     answers = _probe("node1", "node[1-3]", 0, {1, 2})
     assert answers is not None and answers.batch_host_answered
     assert answers.silent == [(1, "node2"), (2, "node3")]
+    assert slurm["asked"] == ["node1", "node2", "node3"]  # its own node once
+
+
+def test_a_job_whose_batch_flag_is_off_has_no_batch_host() -> None:
+    assert node_requeue.batch_host({"BatchFlag": "0", "BatchHost": "node1"}) is None
+    assert node_requeue.batch_host({"BatchFlag": "1", "BatchHost": "node1"}) == "node1"
 
 
 @pytest.mark.parametrize(
@@ -159,6 +168,24 @@ def test_a_job_is_orphaned_only_by_a_silent_batch_host_while_it_runs(
 ) -> None:
     slurm["batch"], slurm["answer"], slurm["running"] = batch, answer, running
     assert node_requeue.orphaned_by("7") == orphaned and slurm["asked"] == asked
+
+
+@pytest.mark.parametrize("orphaned", [None, "node1"], ids=["batch-host-answers", "batch-host-gone"])
+def test_after_a_failover_the_store_host_ends_the_job_only_for_a_lost_batch_host(
+    monkeypatch: pytest.MonkeyPatch, orphaned: str | None
+) -> None:
+    events: list[tuple[str, dict[str, Any]]] = []
+    cancelled: list[list[str]] = []
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setattr(node_requeue, "orphaned_by", lambda job_id: orphaned)
+    monkeypatch.setattr(node_requeue.commands, "cancel", lambda ids, **kw: cancelled.append(list(ids)))
+    control = SimpleNamespace(emit=lambda kind, **fields: events.append((kind, fields)), exit_code=ExitCode.OK)
+    JobEnd(None, None, control, None, None, None, None, None, None)._end_orphaned_job()  # type: ignore[arg-type]
+    if orphaned is None:
+        assert events == cancelled == []
+    else:
+        assert [kind for kind, _ in events] == ["job_stop"] and "node1" in events[0][1]["reason"]
+        assert cancelled == [["7"]]
 
 
 def test_a_requeue_without_several_nodes_asks_them_at_once_and_excludes_the_silent_ones(monkeypatch: pytest.MonkeyPatch) -> None:
