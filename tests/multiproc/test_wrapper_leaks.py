@@ -1,9 +1,9 @@
 """A wrapped function called many times in one process leaves nothing of nvrx behind.
 
 Two ranks (each a process, with the store service its rank 0 hosts) call the same
-wrapped function 20 times: it returns, it restarts once then returns, every rank
-raises ``RestartAbort``, or one rank raises ``RestartAbort`` and leaves while the
-other restarts without it and returns. After each call, each process must hold what
+wrapped function 10 times, each way twice: it returns, it restarts once then returns,
+every rank raises ``RestartAbort``, or one rank raises ``RestartAbort`` and leaves while
+the other restarts without it and returns. After each call, each process must hold what
 it held before the first one: the same threads, no child process, no monitor
 process or store service still alive (the host's node agent, which outlives a call,
 ends by itself after the last one), no store object (counted with the garbage
@@ -34,7 +34,7 @@ PROBE = Path(__file__).resolve().with_name("helpers_wrapper_leaks.py")
 #: On each rank's PYTHONPATH: the probe imports ``tests.support`` as the test process does.
 ROOT = PROBE.parents[2]
 WORLD = 2
-MODES = ["ok", "restart", "abort", "abort1", "ok"] * 4
+MODES = ["ok", "restart", "abort", "abort1", "ok"] * 2
 STOP = "RestartAbort: the wrapped function asks to stop"
 #: What each rank's call of each mode ends in.
 OUTCOMES = {
@@ -71,7 +71,7 @@ def _run_probes(tmp: Path) -> list[dict]:
 
 
 @pytest.mark.timeout(600)
-def test_twenty_calls_of_two_ranks_leave_nothing_behind(tmp_path):
+def test_ten_calls_of_two_ranks_leave_nothing_behind(tmp_path):
     reports = _run_probes(tmp_path)
     for rank, report in enumerate(reports):
         base = report["baseline"]
