@@ -143,8 +143,8 @@ class Failover:
         slot, which records nothing. ``requeue``: this survivor is about to requeue the job,
         and decides the epoch for it unless a store was decided first, so that a claimant
         that comes later publishes nothing (``store_failover.decide``). A store decided but
-        not published within the store timeout counts as lost with its successor: the job
-        is requeued. A claim alone decides nothing: a successor that claimed the epoch may
+        not published within the store timeout is given up (``store_failover.abandon``):
+        the job is requeued. A claim alone decides nothing: a successor that claimed the epoch may
         have been lost before it decided."""
         store = self.store
         job_dir, epoch = store.config.events_dir, store.epoch
@@ -153,16 +153,20 @@ class Failover:
                 return False
             if requeue and store_failover.decide(job_dir, epoch, store_failover.REQUEUE):
                 return False
+            if (
+                requeue
+                and store_failover.wait_address(job_dir, epoch, store.config.store_timeout) is None
+                and store_failover.abandon(job_dir, epoch)
+            ):
+                log.error("epoch %d was decided for a store that %s does not name within %.0f s: "
+                          "it is given up, the job is requeued", epoch,
+                          store_failover.epoch_dir(job_dir, epoch) / "store.json",
+                          store.config.store_timeout)  # fmt: skip
+                return False
         except OSError as exc:
-            log.error("cannot decide epoch %d for the requeue through %s: the job is not "
-                      "requeued: %s", epoch, job_dir, exc)  # fmt: skip
+            log.error("cannot read or decide epoch %d through %s: the job is not requeued: %s",
+                      epoch, job_dir, exc)  # fmt: skip
             return True
-        if requeue and store_failover.wait_address(job_dir, epoch, store.config.store_timeout) is None:
-            log.error("epoch %d was decided for a store that %s does not name within %.0f s: its "
-                      "successor counts as lost, the job is requeued", epoch,
-                      store_failover.epoch_dir(job_dir, epoch) / "store.json",
-                      store.config.store_timeout)  # fmt: skip
-            return False
         log.warning("a store was elected for epoch %d after all: the job is not requeued", epoch)
         return True
 
@@ -361,7 +365,12 @@ class Failover:
             # before the address is out: the new generation's children must find the old
             # host's ranks already marked gone (no spare) or assigned (a spare)
             loss = self._declare_lost_store_host(lost_wall)
-            store_failover.publish(job_dir, address)
+            if not store_failover.publish(job_dir, address):
+                log.warning("the survivor that requeues the job gave up the store of epoch %d "
+                            "before this slot published it: the store stops", store.epoch)  # fmt: skip
+                _end(None, store.service)
+                store.service = None
+                return None, None
         try:
             self._roles.start()
         except StoreLinkError as exc:

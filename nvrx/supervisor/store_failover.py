@@ -38,8 +38,9 @@ What becomes of the epoch is decided once, by whoever first creates
 uses its store (``store``), or that survivor, just before it records nodes lost and
 requeues (``requeue``). The one that comes second backs off: a claimant that was only
 slow stops its store, unpublished, for a job already requeued without it, and no job is
-requeued around a store that was published (one decided but still unpublished after
-the store timeout counts as lost with its claimant).
+requeued around a store that was published. A store decided but still unpublished after
+the store timeout is given up by that survivor (``abandon``: ``store.json`` created
+exclusively, holding no address), and then its claimant cannot publish it either.
 """
 
 from __future__ import annotations
@@ -52,8 +53,6 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-from nvrx.atomic_file import replace_file
 
 log = logging.getLogger(__name__)
 
@@ -194,10 +193,26 @@ def decided(job_dir: Path, epoch: int) -> bool:
     return (epoch_dir(job_dir, epoch) / "decided").exists()
 
 
-def publish(job_dir: Path, address: StoreAddress) -> None:
-    """Tell the others where the store of ``address.epoch`` serves (its claimant only)."""
+def publish(job_dir: Path, address: StoreAddress) -> bool:
+    """Tell the others where the store of ``address.epoch`` serves (its claimant only); False
+    when the survivor that requeues the job gave it up first (``abandon``). The address
+    appears whole and at most once: written aside, then linked into place."""
     path = epoch_dir(job_dir, address.epoch) / "store.json"
-    replace_file(path, json.dumps(asdict(address)), make_parents=False)  # never half an address
+    tmp = path.with_name(f".store.json.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    tmp.write_text(json.dumps(asdict(address)))
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+    return True
+
+
+def abandon(job_dir: Path, epoch: int) -> bool:
+    """The survivor that requeues the job gives up waiting for the store decided for
+    ``epoch``: True when no address was published first, and then none ever is."""
+    return _create_first(epoch_dir(job_dir, epoch) / "store.json", "abandoned")
 
 
 def read_address(path: Path) -> StoreAddress | None:

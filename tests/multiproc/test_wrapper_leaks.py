@@ -1,9 +1,9 @@
 """A wrapped function called many times in one process leaves nothing of nvrx behind.
 
 Two ranks (each a process, with the store service its rank 0 hosts) call the same
-wrapped function 10 times, each way twice: it returns, it restarts once then returns,
-every rank raises ``RestartAbort``, or one rank raises ``RestartAbort`` and leaves while
-the other restarts without it and returns. After each call, each process must hold what
+wrapped function 10 times, the same 5 calls twice over: it returns, it restarts once
+then returns, every rank raises ``RestartAbort``, one rank raises ``RestartAbort`` and
+leaves while the other restarts without it and returns, it returns. After each call, each process must hold what
 it held before the first one: the same threads, no child process, no monitor
 process or store service still alive (the host's node agent, which outlives a call,
 ends by itself after the last one), no store object (counted with the garbage

@@ -205,6 +205,43 @@ def test_a_store_decided_but_never_published_counts_as_lost_and_the_job_is_reque
     assert survivor.requeued == [(["node1", "node2"], False)]
 
 
+def test_a_store_given_up_by_the_requeue_is_never_published_and_a_published_one_never_given_up(
+    tmp_path: Path,
+) -> None:
+    late = store_failover.StoreAddress("node2", 1, 1, EPOCH)
+    store_failover.announce(tmp_path, EPOCH, 1)
+    assert store_failover.abandon(tmp_path, EPOCH) and not store_failover.publish(tmp_path, late)
+    assert store_failover.wait_address(tmp_path, EPOCH, 0.1) is None  # nobody connects to it
+    (tmp_path / "b").mkdir()
+    store_failover.announce(tmp_path / "b", EPOCH, 1)
+    assert store_failover.publish(tmp_path / "b", late) and not store_failover.abandon(tmp_path / "b", EPOCH)
+    assert store_failover.wait_address(tmp_path / "b", EPOCH, 0.1) == late
+    assert not list(store_failover.epoch_dir(tmp_path / "b", EPOCH).glob(".*.tmp"))
+
+
+def test_a_successor_whose_store_was_given_up_while_it_connected_stops_it(tmp_path: Path) -> None:
+    successor = _Survivor(tmp_path, nnodes=3, slot=1)
+    successor.store.config.node_timeout = 0.1
+    store_failover.announce(tmp_path, EPOCH + 1, 2)
+    mine = store_failover.StoreAddress("node2", 1, 1, EPOCH + 1)
+    stopped: list[bool] = []
+
+    def host_store(job_dir: Path) -> store_failover.StoreAddress | None:
+        assert store_failover.claim(job_dir, mine)
+        successor.store.service = SimpleNamespace(stop=lambda: stopped.append(True))
+        return mine
+
+    def slow_connect(address: store_failover.StoreAddress) -> bool:
+        assert store_failover.abandon(tmp_path, EPOCH + 1)  # the requeuer's wait ran out meanwhile
+        return True
+
+    successor.failover._host_store = host_store
+    successor.failover._connect = slow_connect
+    successor.failover._declare_lost_store_host = lambda lost_wall: None
+    assert successor.failover._elect_and_connect(0.0) == (None, None)
+    assert stopped == [True] and successor.store.service is None
+
+
 def test_a_requeue_decides_the_epoch_and_a_batch_host_that_answers_decides_nothing(tmp_path, slurm) -> None:
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()  # two jobs
     answering, silent = _Survivor(tmp_path / "a", nnodes=4, slot=2), _Survivor(tmp_path / "b", nnodes=4, slot=2)
