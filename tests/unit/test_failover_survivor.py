@@ -219,10 +219,12 @@ def test_a_store_given_up_by_the_requeue_is_never_published_and_a_published_one_
     assert not list(store_failover.epoch_dir(tmp_path / "b", EPOCH).glob(".*.tmp"))
 
 
-def test_a_successor_whose_store_was_given_up_while_it_connected_stops_it(tmp_path: Path) -> None:
+def _successor(tmp_path: Path) -> tuple[_Survivor, store_failover.StoreAddress, list[bool]]:
+    """Slot 1 of 3, elected with slot 2 after the store host's loss, whose store (a stand-in
+    that records its stop) claims the next epoch: it, its address and the stops."""
     successor = _Survivor(tmp_path, nnodes=3, slot=1)
     successor.store.config.node_timeout = 0.1
-    store_failover.announce(tmp_path, EPOCH + 1, 2)
+    store_failover.announce(tmp_path, EPOCH + 1, 2)  # slot 2 survived too: a majority, slot 1 elected
     mine = store_failover.StoreAddress("node2", 1, 1, EPOCH + 1)
     stopped: list[bool] = []
 
@@ -231,11 +233,17 @@ def test_a_successor_whose_store_was_given_up_while_it_connected_stops_it(tmp_pa
         successor.store.service = SimpleNamespace(stop=lambda: stopped.append(True))
         return mine
 
+    successor.failover._host_store = host_store
+    return successor, mine, stopped
+
+
+def test_a_successor_whose_store_was_given_up_while_it_connected_stops_it(tmp_path: Path) -> None:
+    successor, _, stopped = _successor(tmp_path)
+
     def slow_connect(address: store_failover.StoreAddress) -> bool:
         assert store_failover.abandon(tmp_path, EPOCH + 1)  # the requeuer's wait ran out meanwhile
         return True
 
-    successor.failover._host_store = host_store
     successor.failover._connect = slow_connect
     successor.failover._declare_lost_store_host = lambda lost_wall: None
     assert successor.failover._elect_and_connect(0.0) == (None, None)
@@ -259,18 +267,7 @@ def test_a_requeue_decides_the_epoch_and_a_batch_host_that_answers_decides_nothi
 def test_a_successor_publishes_its_store_only_if_the_job_was_not_requeued_first(
     tmp_path: Path, requeued_first: bool
 ) -> None:
-    successor = _Survivor(tmp_path, nnodes=3, slot=1)
-    successor.store.config.node_timeout = 0.1
-    store_failover.announce(tmp_path, EPOCH + 1, 2)  # slot 2 survived too: a majority, slot 1 elected
-    mine = store_failover.StoreAddress("node2", 1, 1, EPOCH + 1)
-    stopped: list[bool] = []
-
-    def host_store(job_dir: Path) -> store_failover.StoreAddress | None:
-        assert store_failover.claim(job_dir, mine)
-        successor.store.service = SimpleNamespace(stop=lambda: stopped.append(True))
-        return mine
-
-    successor.failover._host_store = host_store
+    successor, mine, stopped = _successor(tmp_path)
     used: list[str] = []
     successor.failover._connect = lambda address: bool(used.append("connect")) or True
     successor.failover._declare_lost_store_host = lambda lost_wall: used.append("declare")
