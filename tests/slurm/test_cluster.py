@@ -72,6 +72,8 @@ def test_requeue_runs_again_with_restart_count(slurm_cluster: LocalSlurmCluster,
     slurm_cluster.requeue(job)  # scontrol requeue, then StartTime=now+2
     slurm_cluster.wait_job(job, {"RUNNING"}, timeout=45)
     assert slurm_cluster.job_info(job)["Restarts"] == "1"
+    # RUNNING comes before the batch script's first line: its echo is awaited, not assumed
+    wait_until("the second run's line", lambda: "run 1" in out.read_text(), 45, state=out.read_text)
     slurm_cluster.run(["scancel", str(job)])
     slurm_cluster.wait_job(job, timeout=30)
     runs_seen = [line for line in out.read_text().splitlines() if line.startswith("run ")]
