@@ -149,25 +149,30 @@ class Failover:
         store = self.store
         job_dir, epoch = store.config.events_dir, store.epoch
         try:
-            if not requeue and not store_failover.decided(job_dir, epoch):
-                return False
-            if requeue and store_failover.decide(job_dir, epoch, store_failover.REQUEUE):
-                return False
-            if (
-                requeue
-                and store_failover.wait_address(job_dir, epoch, store.config.store_timeout) is None
-                and store_failover.abandon(job_dir, epoch)
-            ):
-                log.error("epoch %d was decided for a store that %s does not name within %.0f s: "
-                          "it is given up, the job is requeued", epoch,
-                          store_failover.epoch_dir(job_dir, epoch) / "store.json",
-                          store.config.store_timeout)  # fmt: skip
-                return False
+            if requeue:
+                elected = not store_failover.decide(job_dir, epoch, store_failover.REQUEUE)
+                elected = elected and not self._give_up_store(job_dir)
+            else:
+                elected = store_failover.decided(job_dir, epoch)
         except OSError as exc:
             log.error("cannot read or decide epoch %d through %s: the job is not requeued: %s",
                       epoch, job_dir, exc)  # fmt: skip
             return True
-        log.warning("a store was elected for epoch %d after all: the job is not requeued", epoch)
+        if elected:
+            log.warning("a store was elected for epoch %d after all: the job is not requeued", epoch)
+        return elected
+
+    def _give_up_store(self, job_dir: Path) -> bool:
+        """Whether the store decided for this epoch, unpublished within the store timeout,
+        is given up (``store_failover.abandon``), so that the job is requeued."""
+        epoch, timeout = self.store.epoch, self.store.config.store_timeout
+        if store_failover.wait_address(job_dir, epoch, timeout) is not None:
+            return False
+        if not store_failover.abandon(job_dir, epoch):
+            return False  # published just now
+        log.error("epoch %d was decided for a store that %s does not name within %.0f s: it is "
+                  "given up, the job is requeued", epoch,
+                  store_failover.epoch_dir(job_dir, epoch) / "store.json", timeout)  # fmt: skip
         return True
 
     def _claims_requeue(self) -> bool:
@@ -368,8 +373,7 @@ class Failover:
             if not store_failover.publish(job_dir, address):
                 log.warning("the survivor that requeues the job gave up the store of epoch %d "
                             "before this slot published it: the store stops", store.epoch)  # fmt: skip
-                _end(None, store.service)
-                store.service = None
+                self._withdraw_store()
                 return None, None
         try:
             self._roles.start()
@@ -388,9 +392,14 @@ class Failover:
         log.warning("a survivor decided epoch %d for the job's requeue (%s) before this slot "
                     "could publish its store: the store stops", store.epoch,
                     store_failover.epoch_dir(job_dir, store.epoch) / "decided")  # fmt: skip
-        _end(None, store.service)
-        store.service = None
+        self._withdraw_store()
         return False
+
+    def _withdraw_store(self) -> None:
+        """The store this slot started for the epoch serves nobody: it stops, and this slot
+        does not end as a store host."""
+        _end(None, self.store.service)
+        self.store.service = None
 
     def _unserved(self, election: store_failover.Election, wait_s: float) -> frozenset[int]:
         """The slots left after an election whose store was not published within ``wait_s``:

@@ -195,18 +195,10 @@ def decided(job_dir: Path, epoch: int) -> bool:
 
 def publish(job_dir: Path, address: StoreAddress) -> bool:
     """Tell the others where the store of ``address.epoch`` serves (its claimant only); False
-    when the survivor that requeues the job gave it up first (``abandon``). The address
-    appears whole and at most once: written aside, then linked into place."""
-    path = epoch_dir(job_dir, address.epoch) / "store.json"
-    tmp = path.with_name(f".store.json.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-    tmp.write_text(json.dumps(asdict(address)))
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        return False
-    finally:
-        tmp.unlink(missing_ok=True)
-    return True
+    when the survivor that requeues the job gave it up first (``abandon``). Created
+    exclusively: a reader that finds it half written takes it for not there yet
+    (``read_address``)."""
+    return _create_first(epoch_dir(job_dir, address.epoch) / "store.json", json.dumps(asdict(address)))
 
 
 def abandon(job_dir: Path, epoch: int) -> bool:
