@@ -143,17 +143,18 @@ class Failover:
         slot, which records nothing. ``requeue``: this survivor is about to requeue the job,
         and decides the epoch for it unless a store was decided first, so that a claimant
         that comes later publishes nothing (``store_failover.decide``). A store decided but
-        not published within the store timeout is given up (``store_failover.abandon``):
-        the job is requeued. A claim alone decides nothing: a successor that claimed the epoch may
-        have been lost before it decided."""
+        not published within the store timeout is given up (``store_failover.abandon``),
+        whether the job is requeued or ends with its batch script: its successor was lost
+        too, and this slot records the losses. A claim alone decides nothing: a successor
+        that claimed the epoch may have been lost before it decided."""
         store = self.store
         job_dir, epoch = store.config.events_dir, store.epoch
         try:
             if requeue:
                 elected = not store_failover.decide(job_dir, epoch, store_failover.REQUEUE)
-                elected = elected and not self._give_up_store(job_dir)
             else:
                 elected = store_failover.decided(job_dir, epoch)
+            elected = elected and not self._give_up_store(job_dir)
         except OSError as exc:
             log.error("cannot read or decide epoch %d through %s: the job is not requeued: %s",
                       epoch, job_dir, exc)  # fmt: skip
@@ -164,14 +165,14 @@ class Failover:
 
     def _give_up_store(self, job_dir: Path) -> bool:
         """Whether the store decided for this epoch, unpublished within the store timeout,
-        is given up (``store_failover.abandon``), so that the job is requeued."""
+        is given up (``store_failover.abandon``): no slot connects to it afterwards."""
         epoch, timeout = self.store.epoch, self.store.config.store_timeout
         if store_failover.wait_address(job_dir, epoch, timeout) is not None:
             return False
         if not store_failover.abandon(job_dir, epoch):
             return False  # published just now
         log.error("epoch %d was decided for a store that %s does not name within %.0f s: it is "
-                  "given up, the job is requeued", epoch,
+                  "given up, its successor counts as lost", epoch,
                   store_failover.epoch_dir(job_dir, epoch) / "store.json", timeout)  # fmt: skip
         return True
 
@@ -364,6 +365,8 @@ class Failover:
             self._unelected = self._unserved(election, wait_s)
             return None, None
         if not self._connect(address):
+            if address.slot == slot:
+                self._withdraw_store()  # unpublished: the others count this slot silent
             return None, None
         loss = None
         if address.slot == slot:

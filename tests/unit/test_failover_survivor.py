@@ -196,13 +196,19 @@ def test_a_store_elected_after_all_leaves_the_job_alone(tmp_path, slurm, batch_h
     assert survivor.lost == survivor.requeued == slurm["ended"] == survivor.events == []
 
 
-def test_a_store_decided_but_never_published_counts_as_lost_and_the_job_is_requeued(tmp_path, slurm) -> None:
+@pytest.mark.parametrize("batch_host_answers", [False, True])
+def test_a_store_decided_but_never_published_is_given_up_and_its_successor_counts_as_lost(
+    tmp_path, slurm, batch_host_answers: bool
+) -> None:
     survivor = _Survivor(tmp_path, nnodes=4, slot=2)  # (the store timeout: 0.2 s)
-    slurm["answer"] = _answers("node1,node2,node3,node4", "node1,node2", "")
-    assert store_failover.claim(tmp_path, store_failover.StoreAddress("node2", 1, 1, EPOCH))
+    slurm["answer"] = _answers("node1,node2,node3,node4", "node1,node2", "node1" * batch_host_answers)
+    late = store_failover.StoreAddress("node2", 1, 1, EPOCH)
+    assert store_failover.claim(tmp_path, late)
     assert store_failover.decide(tmp_path, EPOCH, store_failover.STORE)  # then its claimant died
     survivor.decide({2, 3})
-    assert survivor.requeued == [(["node1", "node2"], False)]
+    assert survivor.lost == ([(1, "node2")] if batch_host_answers else [(0, "node1"), (1, "node2")])
+    assert survivor.requeued == ([] if batch_host_answers else [(["node1", "node2"], False)])
+    assert not store_failover.publish(tmp_path, late)  # given up: a late successor serves nobody
 
 
 def test_a_store_given_up_by_the_requeue_is_never_published_and_a_published_one_never_given_up(
@@ -248,6 +254,14 @@ def test_a_successor_whose_store_was_given_up_while_it_connected_stops_it(tmp_pa
     successor.failover._declare_lost_store_host = lambda lost_wall: None
     assert successor.failover._elect_and_connect(0.0) == (None, None)
     assert stopped == [True] and successor.store.service is None
+
+
+def test_a_successor_that_cannot_reach_its_own_store_stops_it_unpublished(tmp_path: Path) -> None:
+    successor, _, stopped = _successor(tmp_path)
+    successor.failover._connect = lambda address: False  # its store answers nobody
+    assert successor.failover._elect_and_connect(0.0) == (None, None)
+    assert stopped == [True] and successor.store.service is None  # it does not end as a store host
+    assert store_failover.wait_address(tmp_path, EPOCH + 1, 0.1) is None
 
 
 def test_a_requeue_decides_the_epoch_and_a_batch_host_that_answers_decides_nothing(tmp_path, slurm) -> None:
