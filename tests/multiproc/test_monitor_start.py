@@ -91,7 +91,8 @@ TRAIN = textwrap.dedent(
         rank, it = int(os.environ["RANK"]), call_wrapper.iteration
         seen = {"rank": rank, "iteration": it, "monitor_pid": call_wrapper.monitor_process.pid,
                 "gate_open": gate.exists(), "pid": os.getpid()}
-        (out / f"seen-{rank}-{it}.json").write_text(json.dumps(seen))
+        (out / f".seen-{rank}-{it}").write_text(json.dumps(seen))
+        os.replace(out / f".seen-{rank}-{it}", out / f"seen-{rank}-{it}.json")  # whole once it exists
         if it > 0:
             return
         if kill and os.environ["LOCAL_RANK"] == "1" and first_process:
