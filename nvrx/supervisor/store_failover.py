@@ -18,8 +18,8 @@ failover ``epoch`` (1 for the first):
 3. the successor starts a store service on its own host, restored from the
    snapshot the old store kept (``nvrx.store.snapshot``), and claims the epoch
    for it by creating ``failover/run<N>/e<epoch>/claim.json`` exclusively: there is at
-   most one store per epoch, so two stores never serve one job at once (a
-   slot that lost the claim stops its store and waits like the others);
+   most one new store per epoch (a slot that lost the claim stops its store and waits
+   like the others);
 4. the claimant decides the epoch for its store (see below), records the old
    host's slot lost in its store (so ranks that no spare replaces are marked gone
    before any child of the new generation can look), then publishes the address

@@ -209,6 +209,30 @@ def test_event_files_with_only_garbage_exit_2(
     assert "malformed line" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("fmt", ["table", "json", "markdown", "html"])
+def test_the_report_writes_nothing_into_the_log_directory(tmp_path: Path, fmt: str) -> None:
+    logs = tmp_path / "logs" / JOB
+    write_standard_job(logs)
+    (logs / "slurm-1234.out").write_text("Traceback (most recent call last):\nValueError: x\n")
+
+    def state() -> dict[str, tuple[str, int, int]]:
+        """Every file and folder below tmp_path: its bytes' digest, mtime and mode."""
+        seen = {}
+        for path in tmp_path.rglob("*"):
+            digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "dir"
+            seen[str(path.relative_to(tmp_path))] = (digest, path.stat().st_mtime_ns, path.stat().st_mode)
+        return seen
+
+    before = state()
+    out = tmp_path / "elsewhere" / f"report.{fmt}"
+    out.parent.mkdir()
+    assert main([str(logs), "--format", fmt, "--no-sacct", "-o", str(out)]) == 0
+    assert main([str(logs.parent), "--format", fmt, "--no-sacct", "-o", str(out)]) == 0  # the base
+    after = state()
+    del after["elsewhere"], after[f"elsewhere/report.{fmt}"]
+    assert after == before and out.stat().st_size > 0  # nothing new, changed or touched
+
+
 def test_damaged_logs_still_report_and_say_what_was_skipped(tmp_path: Path) -> None:
     write_standard_job(tmp_path)
     victim = sorted(tmp_path.glob("wrapper-*.jsonl"))[0]
