@@ -8,6 +8,17 @@ time of the wrapped loop against the same loop unwrapped.
 
     .venv/bin/python bench/restart_latency.py [--ranks 4] [--step 20] [--faults exception,hang,sigkill]
     .venv/bin/python bench/restart_latency.py --sealed-pairs 5 [--ranks 4]
+    .venv/bin/python bench/restart_latency.py --against-reference 3 --faults exception
+
+``--against-reference N`` runs each fault N times under nvrx and N times under NVRx 0.4.1
+(``nvidia_resiliency_ext.inprocess`` in ``.venv-nvrx``, made by
+``scripts/setup_nvrx_reference.sh``), interleaved, with the same function and store port
+and each Wrapper's default settings (NVRx's restart outlasts the hard timeout above, whose
+monitor then kills the rank), and prints both medians and their ratio. With
+``--step-kind allreduce`` (the default) the other ranks wait in a gloo all-reduce when rank 1
+faults: a restart includes ending that collective (the process group's timeout is 30 s).
+With ``--step-kind sleep`` a step sleeps 1 ms instead and the others are in Python: the
+restart machinery alone.
 
 ``--sealed-pairs N`` measures instead what sealing the fault records and the round's
 interruption costs a restart:
@@ -22,6 +33,7 @@ Targets on a 2-core machine: exception <= 0.5 s with every rank retained
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import shutil
@@ -35,6 +47,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from free_ports import free_port_run  # noqa: E402
+
+#: The package each implementation's ranks import the Wrapper from, and their python.
+PACKAGES = {"nvrx": "nvrx.inprocess", "reference": "nvidia_resiliency_ext.inprocess"}
+REFERENCE_PYTHON = Path(__file__).resolve().parents[1] / ".venv-nvrx" / "bin" / "python"
+#: ``sleep``: the training steps sleep 1 ms instead of an all-reduce (``--step-kind``).
+STEP_KIND_ENV = "BENCH_STEP_KIND"
 
 SETTINGS = dict(
     soft_timeout=2.0,
@@ -50,17 +68,16 @@ SETTINGS = dict(
 )
 
 
-def _rank(out: Path, mode: str, fault: str, fault_step: int, steps: int) -> int:
+def _rank(out: Path, impl: str, mode: str, fault: str, fault_step: int, steps: int) -> int:
     import datetime
 
     import torch
     import torch.distributed as dist
 
-    import nvrx.inprocess as inprocess
-
+    inprocess = importlib.import_module(PACKAGES[impl])
     rank = int(os.environ["RANK"])
 
-    def loop(call_wrapper: inprocess.CallWrapper = None) -> None:
+    def loop(call_wrapper=None) -> None:  # noqa: ANN001 - annotated below, with the class itself
         iteration = call_wrapper.iteration if call_wrapper is not None else 0
         with open(out / f"enter-{rank}.jsonl", "a") as fh:
             fh.write(json.dumps({"iteration": iteration, "t": time.time()}) + "\n")
@@ -68,6 +85,9 @@ def _rank(out: Path, mode: str, fault: str, fault_step: int, steps: int) -> int:
         x = torch.ones(256)
         times = []
         n = steps if iteration == 0 else max(3, steps // 10)
+        sleep_steps = os.environ.get(STEP_KIND_ENV) == "sleep"
+        if sleep_steps and iteration == 0 and rank != 1:
+            n = 10**9  # in Python until the restart reaches it, never in a collective
         for step in range(n):
             if iteration == 0 and step == fault_step and rank == 1 and fault != "none":
                 (out / "fault.json").write_text(json.dumps({"t": time.time()}))
@@ -78,22 +98,28 @@ def _rank(out: Path, mode: str, fault: str, fault_step: int, steps: int) -> int:
                 if fault == "sigkill":
                     os.kill(os.getpid(), signal.SIGKILL)
             t0 = time.perf_counter()
-            dist.all_reduce(x)
+            if sleep_steps:
+                time.sleep(0.001)
+            else:
+                dist.all_reduce(x)
             times.append(time.perf_counter() - t0)
         dist.barrier()
         dist.destroy_process_group()
         if iteration == 0 or fault == "none":
             (out / f"steps-{rank}.json").write_text(json.dumps(times))
 
-    if mode == "wrapped":
-        kw = {k: datetime.timedelta(seconds=v) for k, v in SETTINGS.items()}
-        inprocess.Wrapper(**kw)(loop)()
+    if mode in ("wrapped", "defaults"):
+        # the class, not a string: NVRx finds the parameter by comparing the annotation with it
+        loop.__annotations__["call_wrapper"] = inprocess.CallWrapper
+        kw = {k: datetime.timedelta(seconds=v) for k, v in SETTINGS.items()} if mode == "wrapped" else {}
+        store_port = int(os.environ["MASTER_PORT"]) + 1  # NVRx's own store takes the port given
+        inprocess.Wrapper(**kw, store_kwargs={"port": store_port})(loop)()
     else:
         loop()
     return 0
 
 
-def _run(n: int, mode: str, fault: str, fault_step: int, steps: int) -> Path:
+def _run(n: int, mode: str, fault: str, fault_step: int, steps: int, impl: str = "nvrx") -> Path:
     out = Path(tempfile.mkdtemp(prefix=f"nvrx-bench-{fault}-"))
     port = free_port_run(2)
     service = None
@@ -106,7 +132,7 @@ def _run(n: int, mode: str, fault: str, fault_step: int, steps: int) -> Path:
         service = StoreService("127.0.0.1", 0, node=None).start()
         extra = {"MASTER_PORT": str(service.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
     try:
-        return _launch(out, port, n, mode, fault, fault_step, steps, extra)
+        return _launch(out, port, n, (impl, mode), fault, fault_step, steps, extra)
     finally:
         if service is not None:
             service.stop()
@@ -116,12 +142,14 @@ def _launch(
     out: Path,
     port: int,
     n: int,
-    mode: str,
+    impl_mode: tuple[str, str],
     fault: str,
     fault_step: int,
     steps: int,
     extra: dict[str, str],
 ) -> Path:
+    impl, mode = impl_mode
+    python = sys.executable if impl == "nvrx" else str(REFERENCE_PYTHON)
     procs = []
     for rank in range(n):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1")
@@ -132,10 +160,11 @@ def _launch(
             env.pop(name, None)
         log = open(out / f"rank-{rank}.log", "wb")
         cmd = [
-            sys.executable,
+            python,
             __file__,
             "--rank",
             str(out),
+            impl,
             mode,
             fault,
             str(fault_step),
@@ -159,7 +188,7 @@ def _launch(
     bad = [r for r, c in enumerate(codes) if (c != 0) != (r in expected_dead)]
     if bad:
         raise RuntimeError(
-            f"{mode}/{fault}: ranks {bad} exited {[codes[r] for r in bad]}; logs in {out}"
+            f"{impl} {mode}/{fault}: ranks {bad} exited {[codes[r] for r in bad]}; logs in {out}"
         )
     return out
 
@@ -213,10 +242,40 @@ def _sealed_pairs(n: int, step: int, pairs: int, keep: bool) -> int:
     return 0
 
 
+def _survivors(n: int, fault: str) -> list[int]:
+    return [r for r in range(n) if not (fault == "sigkill" and r == 1)]
+
+
+def _against_reference(n: int, step: int, faults: str, runs: int, keep: bool) -> int:
+    """Each fault ``runs`` times under nvrx and under the reference, interleaved: medians."""
+    if not REFERENCE_PYTHON.exists():
+        print(f"{REFERENCE_PYTHON} not found: make it with scripts/setup_nvrx_reference.sh",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    print(f"ranks={n}, steps: {os.environ[STEP_KIND_ENV]}, each Wrapper's default settings")
+    dirs = []
+    for fault in [f for f in faults.split(",") if f]:
+        latencies: dict[str, list[float]] = {"nvrx": [], "reference": []}
+        for run in range(runs):  # each goes first in every other run: no order effect
+            for impl in ("nvrx", "reference") if run % 2 == 0 else ("reference", "nvrx"):
+                out = _run(n, "defaults", fault, step, step + 20, impl)
+                dirs.append(out)
+                latencies[impl].append(_latency(out, n, _survivors(n, fault)))
+        ours, theirs = (statistics.median(latencies[k]) for k in ("nvrx", "reference"))
+        print(f"{fault:>9}: restart latency, median of {runs}: nvrx {ours:.3f} s, NVRx 0.4.1 "
+              f"{theirs:.3f} s: NVRx takes {theirs / ours:.1f} x as long")  # fmt: skip
+        for impl, values in latencies.items():
+            print(f"           {impl:>9}: " + " ".join(f"{x:.3f}" for x in values))
+    if not keep:
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+    return 0
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--rank":
-        out, mode, fault, fault_step, steps = sys.argv[2:7]
-        return _rank(Path(out), mode, fault, int(fault_step), int(steps))
+        out, impl, mode, fault, fault_step, steps = sys.argv[2:8]
+        return _rank(Path(out), impl, mode, fault, int(fault_step), int(steps))
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -233,17 +292,25 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
     parser.add_argument("--sealed-pairs", type=int, default=0, metavar="N",
                         help="only compare exception restarts with plain and sealed fault records, N of each")  # fmt: skip
+    parser.add_argument("--against-reference", type=int, default=0, metavar="N",
+                        help="only compare restarts with NVRx 0.4.1's (.venv-nvrx), N runs of each per fault")  # fmt: skip
+    parser.add_argument("--step-kind", choices=("allreduce", "sleep"), default="allreduce",
+                        help="what a training step does: a gloo all-reduce (the other ranks wait in "
+                             "it when one faults), or a 1 ms sleep (they are in Python)")  # fmt: skip
     args = parser.parse_args()
     os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
+    os.environ[STEP_KIND_ENV] = args.step_kind
     n = args.ranks
     if args.sealed_pairs > 0:
         return _sealed_pairs(n, args.step, args.sealed_pairs, args.keep)
+    if args.against_reference > 0:
+        return _against_reference(n, args.step, args.faults, args.against_reference, args.keep)
     print(f"ranks={n} settings: " + ", ".join(f"{k}={v:g}" for k, v in SETTINGS.items()))
     dirs = []
     for fault in [f for f in args.faults.split(",") if f]:
         out = _run(n, "wrapped", fault, args.step, args.step + 20)
         dirs.append(out)
-        survivors = [r for r in range(n) if not (fault == "sigkill" and r == 1)]
+        survivors = _survivors(n, fault)
         lat = _latency(out, n, survivors)
         if fault == "exception":
             target, what = 0.5, "0.5 s"
