@@ -86,7 +86,7 @@ def _rank(out: Path, impl: str, mode: str, fault: str, fault_step: int, steps: i
         times = []
         n = steps if iteration == 0 else max(3, steps // 10)
         sleep_steps = os.environ.get(STEP_KIND_ENV) == "sleep"
-        if sleep_steps and iteration == 0 and rank != 1:
+        if sleep_steps and iteration == 0 and rank != 1 and fault != "none":
             n = 10**9  # in Python until the restart reaches it, never in a collective
         for step in range(n):
             if iteration == 0 and step == fault_step and rank == 1 and fault != "none":

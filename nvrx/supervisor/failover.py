@@ -125,7 +125,7 @@ class Failover:
         answers = node_requeue.probe_step_nodes(
             job_id, self._roles.slot, cfg.nnodes, silent, settle_s, claim=self._claims_requeue
         )
-        if answers is None or self._elected_after_all(requeue=not answers.batch_host_answered):
+        if answers is None or self._elected_after_all(answers):
             return
         kept = snapshot.KeptKeys(snapshot.read(store_failover.snapshot_path(cfg.events_dir)))
         for lost_slot, node in answers.silent:
@@ -137,24 +137,28 @@ class Failover:
         if answers.batch_host is not None:  # it did not answer
             node_requeue.end_unrequeued(job_id, answers.batch_host)
 
-    def _elected_after_all(self, requeue: bool) -> bool:
+    def _elected_after_all(self, answers: node_requeue.StepAnswers) -> bool:
         """Whether a store was decided for this epoch meanwhile (a late announcement made the
         others' majority, or the successor was only slow): then the job goes on without this
-        slot, which records nothing. ``requeue``: this survivor is about to requeue the job,
-        and decides the epoch for it unless a store was decided first, so that a claimant
-        that comes later publishes nothing (``store_failover.decide``). A store decided but
-        not published within the store timeout is given up (``store_failover.abandon``),
-        whether the job is requeued or ends with its batch script: its successor was lost
-        too, and this slot records the losses. A claim alone decides nothing: a successor
-        that claimed the epoch may have been lost before it decided."""
+        slot, which records nothing. When the batch host does not answer, this survivor is
+        about to requeue the job, and decides the epoch for it unless a store was decided
+        first, so that a claimant that comes later publishes nothing
+        (``store_failover.decide``); a store decided but not published within the store
+        timeout is given up (``store_failover.abandon``) and the job requeued. When the batch
+        host answers, nothing is requeued: the store is given up only when its claimant's
+        node ran no step either (it was lost too, and this slot records the losses), and
+        waited for otherwise. A claim alone decides nothing: a successor that claimed the
+        epoch may have been lost before it decided."""
         store = self.store
         job_dir, epoch = store.config.events_dir, store.epoch
         try:
-            if requeue:
+            if not answers.batch_host_answered:
                 elected = not store_failover.decide(job_dir, epoch, store_failover.REQUEUE)
+                give_up = elected
             else:
                 elected = store_failover.decided(job_dir, epoch)
-            elected = elected and not self._give_up_store(job_dir)
+                give_up = elected and self._claimant_silent(answers)
+            elected = elected and not (give_up and self._give_up_store(job_dir))
         except OSError as exc:
             log.error("cannot read or decide epoch %d through %s: the job is not requeued: %s",
                       epoch, job_dir, exc)  # fmt: skip
@@ -162,6 +166,13 @@ class Failover:
         if elected:
             log.warning("a store was elected for epoch %d after all: the job is not requeued", epoch)
         return elected
+
+    def _claimant_silent(self, answers: node_requeue.StepAnswers) -> bool:
+        """Whether SLURM was asked about the node of the slot that claimed this epoch, and
+        it ran no step."""
+        claimant = store_failover.claimant(self.store.config.events_dir, self.store.epoch)
+        node = answers.nodes[claimant] if claimant is not None and claimant < len(answers.nodes) else None
+        return node is not None and node in answers.asked and node not in answers.answered
 
     def _give_up_store(self, job_dir: Path) -> bool:
         """Whether the store decided for this epoch, unpublished within the store timeout,
@@ -374,7 +385,7 @@ class Failover:
             # host's ranks already marked gone (no spare) or assigned (a spare)
             loss = self._declare_lost_store_host(lost_wall)
             if not store_failover.publish(job_dir, address):
-                log.warning("the survivor that requeues the job gave up the store of epoch %d "
+                log.warning("the survivor that asked SLURM gave up the store of epoch %d "
                             "before this slot published it: the store stops", store.epoch)  # fmt: skip
                 self._withdraw_store()
                 return None, None

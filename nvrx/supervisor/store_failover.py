@@ -40,7 +40,9 @@ requeues (``requeue``). The one that comes second backs off: a claimant that was
 slow stops its store, unpublished, for a job already requeued without it, and no job is
 requeued around a store that was published. A store decided but still unpublished after
 the store timeout is given up by that survivor (``abandon``: ``store.json`` created
-exclusively, holding no address), and then its claimant cannot publish it either.
+exclusively, holding no address), and then its claimant cannot publish it either: before
+it requeues the job, or, when the job is not requeued (its batch host still runs), once
+SLURM found the claimant's node running no step.
 """
 
 from __future__ import annotations
@@ -195,15 +197,15 @@ def decided(job_dir: Path, epoch: int) -> bool:
 
 def publish(job_dir: Path, address: StoreAddress) -> bool:
     """Tell the others where the store of ``address.epoch`` serves (its claimant only); False
-    when the survivor that requeues the job gave it up first (``abandon``). Created
+    when the survivor that asked SLURM gave it up first (``abandon``). Created
     exclusively: a reader that finds it half written takes it for not there yet
     (``read_address``)."""
     return _create_first(epoch_dir(job_dir, address.epoch) / "store.json", json.dumps(asdict(address)))
 
 
 def abandon(job_dir: Path, epoch: int) -> bool:
-    """The survivor that requeues the job gives up waiting for the store decided for
-    ``epoch``: True when no address was published first, and then none ever is."""
+    """The survivor that asked SLURM gives up waiting for the store decided for ``epoch``:
+    True when no address was published first, and then none ever is."""
     return _create_first(epoch_dir(job_dir, epoch) / "store.json", "abandoned")
 
 

@@ -211,6 +211,21 @@ def test_a_store_decided_but_never_published_is_given_up_and_its_successor_count
     assert not store_failover.publish(tmp_path, late)  # given up: a late successor serves nobody
 
 
+@pytest.mark.parametrize("claimant_node", ["answers", "not-asked"])
+def test_when_the_batch_host_answers_a_decided_store_whose_claimant_may_live_is_left_to_it(
+    tmp_path, slurm, claimant_node: str
+) -> None:
+    survivor = _Survivor(tmp_path, nnodes=4, slot=2)
+    asked, answered = ("node1,node2", "node1,node2") if claimant_node == "answers" else ("node1", "node1")
+    slurm["answer"] = _answers("node1,node2,node3,node4", asked, answered)
+    late = store_failover.StoreAddress("node2", 1, 1, EPOCH)
+    assert store_failover.claim(tmp_path, late)
+    assert store_failover.decide(tmp_path, EPOCH, store_failover.STORE)  # slot 1: only slow
+    survivor.decide({2, 3})
+    assert survivor.lost == survivor.requeued == []
+    assert store_failover.publish(tmp_path, late)  # its successor publishes it, however late
+
+
 def test_a_store_given_up_by_the_requeue_is_never_published_and_a_published_one_never_given_up(
     tmp_path: Path,
 ) -> None:
