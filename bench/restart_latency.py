@@ -331,7 +331,7 @@ def main() -> int:
     t_plain, t_wrapped = statistics.median(plain_t), statistics.median(wrapped_t)
     overhead = (t_wrapped - t_plain) / t_plain
     print(
-        f" overhead ({m} ranks): median all-reduce step {t_plain * 1e3:.3f} ms plain, {t_wrapped * 1e3:.3f} ms "
+        f" overhead ({m} ranks): median {os.environ[STEP_KIND_ENV]} step {t_plain * 1e3:.3f} ms plain, {t_wrapped * 1e3:.3f} ms "
         f"wrapped: {overhead * 100:+.2f} % (target <= 2 %, ratio {max(overhead, 0) / 0.02:.2f})"
     )
     if not args.keep:

@@ -164,7 +164,8 @@ class Failover:
                       epoch, job_dir, exc)  # fmt: skip
             return True
         if elected:
-            log.warning("a store was elected for epoch %d after all: the job is not requeued", epoch)
+            log.warning("a store was elected for epoch %d after all: the job goes on with it, "
+                        "without this slot", epoch)  # fmt: skip
         return elected
 
     def _claimant_silent(self, answers: node_requeue.StepAnswers) -> bool:
