@@ -41,8 +41,8 @@ slow stops its store, unpublished, for a job already requeued without it, and no
 requeued around a store that was published. A store decided but still unpublished after
 the store timeout is given up by that survivor (``abandon``: ``store.json`` created
 exclusively, holding no address), and then its claimant cannot publish it either: before
-it requeues the job, or, when the job is not requeued (its batch host still runs), once
-SLURM found the claimant's node running no step.
+it requeues the job, or, when the job is not requeued (its batch host still runs, or it
+has none), once SLURM found the claimant's node running no step.
 """
 
 from __future__ import annotations
