@@ -511,12 +511,34 @@ def _enter_generation(store: Any, rank: int) -> int:
     return current
 
 
+def finished_step(ckpt: Path, steps: int) -> int | None:
+    """The last step, when the checkpoint says training got there; None otherwise.
+
+    A process can die after it finished training (gloo may abort it at exit when
+    a peer tore the group down first); the supervisor then starts a replacement,
+    whose peers are gone. It must see that there is nothing left to do and exit 0
+    rather than wait for a process group that will never form.
+    """
+    if not ckpt.exists():
+        return None
+    import torch
+
+    step = int(torch.load(ckpt)["step"])
+    return step if step >= steps else None
+
+
 def train_plain(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     run_dir = run_dir_of(args)
     writer = events.configure("app")
+    finished = finished_step(run_dir / "checkpoint.pt", args.steps)
+    if finished is not None:
+        writer.emit("process_start", argv=sys.argv, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+        say(f"[demo] rank {rank}/{world}: training already finished at step {finished}; nothing to do")
+        writer.emit("process_end", exit_code=0, reason="training had already finished")
+        return 0
     store = dist.TCPStore(
         os.environ["NVRX_STORE_HOST"],
         int(os.environ["NVRX_STORE_PORT"]),

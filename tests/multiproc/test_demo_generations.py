@@ -9,6 +9,8 @@ timeouts, one after the other, moved the generation on again and again).
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 import sys
 import threading
 from datetime import timedelta
@@ -77,3 +79,41 @@ def test_a_rank_waiting_in_a_broken_generation_joins_the_next_at_once(host: int)
         thread.join()
     assert joined == {0: 1, 1: 1}
     assert store.get("demo/join0/ready") == b"broken" and store.get("demo/join1/ready") == b"all"
+
+
+def _checkpoint_at(demo: Any, path: Path, step: int) -> None:
+    import torch
+
+    model = demo.build_model(torch)
+    demo.save_checkpoint(torch, path, step, model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+@pytest.mark.timeout(120)
+def test_a_replacement_after_training_finished_exits_0_without_joining(
+    host: int, tmp_path: Path
+) -> None:
+    """A rank that dies after the last step (gloo may abort a process at exit) is replaced; its
+    peers are gone, so the replacement must not wait for a generation that never forms."""
+    demo = _demo()
+    _checkpoint_at(demo, tmp_path / "checkpoint.pt", 8)
+    env = {
+        **os.environ, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
+        "NVRX_STORE_HOST": "127.0.0.1", "NVRX_STORE_PORT": str(host),
+    }  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(DEMO), "--no-wrapper", "--steps", "8", "--run-dir", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=100,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "training already finished at step 8" in done.stdout
+    assert not _client(host).check(["demo/generation_of/1"])  # it joined no generation
+
+
+def test_a_checkpoint_short_of_the_last_step_is_not_the_end(tmp_path: Path) -> None:
+    demo = _demo()
+    ckpt = tmp_path / "checkpoint.pt"
+    assert demo.finished_step(ckpt, 8) is None  # no checkpoint yet
+    _checkpoint_at(demo, ckpt, 5)
+    assert demo.finished_step(ckpt, 8) is None
+    _checkpoint_at(demo, ckpt, 8)
+    assert demo.finished_step(ckpt, 8) == 8
