@@ -468,7 +468,7 @@ def train_wrapped(args: argparse.Namespace) -> int:
     run_dir_of(args)
     import_before_the_wrapper()
     writer = events.configure("app")
-    writer.emit("process_start", argv=sys.argv, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+    emit_process_start(writer)
     make_wrapper(args)(wrapped_round)(args)
     writer.emit("process_end", exit_code=0, reason="training completed")
     return 0
@@ -511,6 +511,15 @@ def _enter_generation(store: Any, rank: int) -> int:
     return current
 
 
+#: ``process_end``'s reason in a process that found nothing left to train.
+ALREADY_FINISHED = "training had already finished"
+
+
+def emit_process_start(writer: Any) -> None:
+    """This process's ``process_start`` event: how it was started, which local rank it is."""
+    writer.emit("process_start", argv=sys.argv, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+
+
 def finished_step(ckpt: Path, steps: int) -> int | None:
     """The last step, when the checkpoint says training got there; None otherwise.
 
@@ -535,9 +544,9 @@ def train_plain(args: argparse.Namespace) -> int:
     writer = events.configure("app")
     finished = finished_step(run_dir / "checkpoint.pt", args.steps)
     if finished is not None:
-        writer.emit("process_start", argv=sys.argv, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
-        say(f"[demo] rank {rank}/{world}: training already finished at step {finished}; nothing to do")
-        writer.emit("process_end", exit_code=0, reason="training had already finished")
+        emit_process_start(writer)
+        say(f"[demo] rank {rank}/{world}: training already finished at step {finished}")
+        writer.emit("process_end", exit_code=0, reason=ALREADY_FINISHED)
         return 0
     store = dist.TCPStore(
         os.environ["NVRX_STORE_HOST"],
@@ -549,7 +558,7 @@ def train_plain(args: argparse.Namespace) -> int:
     )
     generation = join_generation(store, rank, world, 3 * args.pg_timeout)
     writer.update(round=generation)
-    writer.emit("process_start", argv=sys.argv, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+    emit_process_start(writer)
     dist.init_process_group(
         "gloo",
         store=dist.PrefixStore(f"demo/gen{generation}", store),

@@ -3,7 +3,8 @@
 Each rank is a thread with a store client of its own, on a real ``TCPStore``. A rank's
 replacement declares the generation its predecessor died in broken; the ranks already
 waiting there must join the next one at once, not wait out their timeout (their
-timeouts, one after the other, moved the generation on again and again).
+timeouts, one after the other, moved the generation on again and again). A replacement
+started after the training finished joins none: there is nothing left to do.
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
+from nvrx.events.reader import read_dir
 from tests.support.ports import free_ports
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "train_demo.py"
 WAIT_S = 600.0  # far past each test's timeout: a test that waits it out fails
 
 
-def _demo() -> Any:
+def load_demo() -> Any:
+    """The demo script as a module."""
     spec = importlib.util.spec_from_file_location("train_demo_under_test", DEMO)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -48,7 +51,7 @@ def _client(port: int) -> Any:
 
 
 def _join_in_thread(port: int, rank: int, world: int, joined: dict[int, int]) -> threading.Thread:
-    demo = _demo()
+    demo = load_demo()
 
     def join() -> None:
         joined[rank] = demo.join_generation(_client(port), rank, world, WAIT_S)
@@ -94,11 +97,12 @@ def test_a_replacement_after_training_finished_exits_0_without_joining(
 ) -> None:
     """A rank that dies after the last step (gloo may abort a process at exit) is replaced; its
     peers are gone, so the replacement must not wait for a generation that never forms."""
-    demo = _demo()
+    demo = load_demo()
     _checkpoint_at(demo, tmp_path / "checkpoint.pt", 8)
     env = {
         **os.environ, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
         "NVRX_STORE_HOST": "127.0.0.1", "NVRX_STORE_PORT": str(host),
+        "NVRX_LOG_DIR": str(tmp_path / "logs"), "NVRX_JOB_ID": "finished",
     }  # fmt: skip
     done = subprocess.run(
         [sys.executable, str(DEMO), "--no-wrapper", "--steps", "8", "--run-dir", str(tmp_path)],
@@ -107,10 +111,14 @@ def test_a_replacement_after_training_finished_exits_0_without_joining(
     assert done.returncode == 0, done.stdout + done.stderr
     assert "training already finished at step 8" in done.stdout
     assert not _client(host).check(["demo/generation_of/1"])  # it joined no generation
+    found, _ = read_dir(tmp_path / "logs" / "finished")
+    assert [(e["kind"], e.get("reason")) for e in found] == [
+        ("process_start", None), ("process_end", demo.ALREADY_FINISHED),
+    ]  # fmt: skip
 
 
 def test_a_checkpoint_short_of_the_last_step_is_not_the_end(tmp_path: Path) -> None:
-    demo = _demo()
+    demo = load_demo()
     ckpt = tmp_path / "checkpoint.pt"
     assert demo.finished_step(ckpt, 8) is None  # no checkpoint yet
     _checkpoint_at(demo, ckpt, 5)

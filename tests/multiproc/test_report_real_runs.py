@@ -1,6 +1,7 @@
 """nvrx-report on the logs of real runs: local supervisors running the demo job, and the Wrapper.
 
-Each job runs once per module (they take tens of seconds); the tests then read
+Each job runs once per module (they take tens of seconds; a job whose finished rank
+died at exit runs once more, see ``_supervised_demo``); the tests then read
 its log directory as a user would, with ``build_report`` and the ``nvrx-report``
 command, and check the report against the faults that were injected.
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 from helpers_inprocess import FAST, Ranks, free_port_pair
 from helpers_inprocess import HERE as RANK_PROGRAM
+from test_demo_generations import load_demo
 from test_supervisor_local import DEMO, Job
 
 from nvrx.events.reader import read_dir
@@ -32,6 +34,10 @@ from test_report_cli import SCHEMA_PATH, check_schema  # noqa: E402
 
 STEPS = 30
 FAULT_STEP = 12
+JOB_WAIT_S = 200
+#: A test that uses a job fixture may be the one that runs the job, twice at worst.
+FIXTURE_RUN_S = 2 * JOB_WAIT_S + 80
+ALREADY_FINISHED = load_demo().ALREADY_FINISHED
 
 
 @dataclass
@@ -59,14 +65,15 @@ def _supervised_demo(tmp: Path, fault: str, *options: str) -> Run:
 
 
 def _died_after_the_end(run: Run) -> bool:
+    """Whether a replacement found the training already finished (its predecessor died after)."""
     found, _ = read_dir(run.job_dir)
     return any(
-        e["kind"] == "process_end" and e.get("reason") == "training had already finished"
-        for e in found
+        e["kind"] == "process_end" and e.get("reason") == ALREADY_FINISHED for e in found
     )
 
 
 def _supervised_demo_once(tmp: Path, fault: str, *options: str) -> Run:
+    """One run of the job in ``tmp``, a new directory."""
     tmp.mkdir()
     started = time.monotonic()
     job = Job(
@@ -75,7 +82,7 @@ def _supervised_demo_once(tmp: Path, fault: str, *options: str) -> Run:
          "--step-time", "0.05", "--no-wrapper", "--fault", fault],
         "--max-restarts", "8", "--grace-period", "3", *options,
     )  # fmt: skip
-    codes = job.wait(200)
+    codes = job.wait(JOB_WAIT_S)
     elapsed = time.monotonic() - started
     job_dir = job.log_dir / job.job_id
     return Run(job_dir, elapsed, codes, job.output(), build_report(job_dir, sacct=False))
@@ -129,7 +136,7 @@ def _cli_json(job_dir: Path) -> dict:
     return json.loads(done.stdout)
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(FIXTURE_RUN_S)
 @pytest.mark.parametrize("which", ["killed", "raised"])
 def test_what_live_ranks_print_is_not_a_failure(
     which: str, request: pytest.FixtureRequest, tmp_path: Path
@@ -147,7 +154,7 @@ def test_what_live_ranks_print_is_not_a_failure(
 # -- a SIGKILLed rank under the supervisors --------------------------------------------
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(FIXTURE_RUN_S)
 def test_sigkill_names_the_killed_rank_and_its_node(killed: Run) -> None:
     assert killed.codes == [0, 0], killed.output
     r = killed.report
@@ -159,7 +166,7 @@ def test_sigkill_names_the_killed_rank_and_its_node(killed: Run) -> None:
     assert [(f.signature, f.ranks, f.nodes) for f in r.failures] == [("signal SIGKILL", [3], [1])]
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(FIXTURE_RUN_S)
 def test_sigkill_counts_one_process_restart_and_the_job_completes(killed: Run) -> None:
     s = killed.report.summary
     assert (s.restarts.process, s.restarts.in_process, s.restarts.requeue) == (1, 0, 0)
@@ -173,12 +180,12 @@ def test_sigkill_counts_one_process_restart_and_the_job_completes(killed: Run) -
     assert killed.report.exclude is None  # one host: nothing to compare it with
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(FIXTURE_RUN_S)
 def test_sigkill_time_accounting_is_consistent_with_the_wall_time(killed: Run) -> None:
     _check_time_accounting(killed, checkpointed=True)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(FIXTURE_RUN_S)
 def test_cli_json_of_a_real_run_follows_the_schema(killed: Run) -> None:
     data = _cli_json(killed.job_dir)
     check_schema(data, json.loads(SCHEMA_PATH.read_text()))
@@ -187,7 +194,7 @@ def test_cli_json_of_a_real_run_follows_the_schema(killed: Run) -> None:
     assert data["timeline"][0]["outcome_from"] == "inferred"
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(FIXTURE_RUN_S)
 def test_table_output_tells_the_story(killed: Run) -> None:
     text = killed.report.to_text("table")
     assert "rank 3 on" in text and "(node 1)" in text
@@ -222,7 +229,7 @@ def test_a_kill_under_the_default_policy_is_one_job_wide_restart(tmp_path: Path)
 # -- an exception under the supervisors --------------------------------------------------
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(FIXTURE_RUN_S)
 def test_exception_names_its_rank_node_and_signature(raised: Run) -> None:
     assert raised.codes == [0, 0], raised.output
     r = raised.report
@@ -244,7 +251,7 @@ def test_exception_names_its_rank_node_and_signature(raised: Run) -> None:
     assert failure.traceback is not None and "raise InjectedFault" in failure.traceback
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(FIXTURE_RUN_S)
 def test_exception_counts_one_process_restart(raised: Run) -> None:
     s = raised.report.summary
     assert (s.restarts.process, s.restarts.in_process, s.restarts.requeue) == (1, 0, 0)
@@ -273,7 +280,7 @@ def _copy_events(src: Path, dst: Path) -> Path:
     return dst
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(FIXTURE_RUN_S)
 def test_damaged_real_logs_still_tell_the_story(killed: Run, tmp_path: Path) -> None:
     job_dir = _copy_events(killed.job_dir, tmp_path / killed.job_dir.name)
     app = sorted(job_dir.glob("app-n1-*.jsonl"))[-1]
@@ -292,7 +299,7 @@ def test_damaged_real_logs_still_tell_the_story(killed: Run, tmp_path: Path) -> 
     assert report.summary.outcome == "completed"
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(FIXTURE_RUN_S)
 def test_logs_cut_short_after_the_kill_read_as_an_unfinished_job(
     killed: Run, tmp_path: Path
 ) -> None:
@@ -315,7 +322,7 @@ def test_logs_cut_short_after_the_kill_read_as_an_unfinished_job(
     assert s.goodput is not None and 0 < s.goodput <= 1
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(FIXTURE_RUN_S)
 def test_logs_of_one_node_only(killed: Run, tmp_path: Path) -> None:
     """Node 1's files lost: the report says what node 0 saw, and invents no failure."""
     job_dir = tmp_path / killed.job_dir.name
