@@ -35,7 +35,7 @@ from test_report_cli import SCHEMA_PATH, check_schema  # noqa: E402
 STEPS = 30
 FAULT_STEP = 12
 JOB_WAIT_S = 200
-#: A test that uses a job fixture may be the one that runs the job, twice at worst.
+#: A test that runs a job (itself or by its fixture) may run it twice.
 FIXTURE_RUN_S = 2 * JOB_WAIT_S + 80
 ALREADY_FINISHED = load_demo().ALREADY_FINISHED
 
@@ -205,7 +205,7 @@ def test_table_output_tells_the_story(killed: Run) -> None:
 # -- the same kill under the default policy: one job-wide restart ---------------------------
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(FIXTURE_RUN_S)
 def test_a_kill_under_the_default_policy_is_one_job_wide_restart(tmp_path: Path) -> None:
     run = _supervised_demo(tmp_path, f"kill:{FAULT_STEP}:3")
     assert run.codes == [0, 0], run.output
