@@ -383,13 +383,16 @@ class Failover:
         loss = None
         if address.slot == slot:
             # before the address is out: the new generation's children must find the old
-            # host's ranks already marked gone (no spare) or assigned (a spare)
+            # host's ranks already marked gone (no spare) or assigned (a spare); recorded
+            # once published, as a store given up serves nobody (its requeuer records them)
             loss = self._declare_lost_store_host(lost_wall)
             if not store_failover.publish(job_dir, address):
                 log.warning("the survivor that asked SLURM gave up the store of epoch %d "
                             "before this slot published it: the store stops", store.epoch)  # fmt: skip
                 self._withdraw_store()
                 return None, None
+            if loss is not None:
+                self._roles.record(loss)
         try:
             self._roles.start()
         except StoreLinkError as exc:
@@ -454,10 +457,11 @@ class Failover:
         return True
 
     def _declare_lost_store_host(self, lost_wall: float) -> Loss | None:
+        """Take the old store host's slot out in this slot's new store (not recorded yet)."""
         lost = self.store.lost_slot
         report = {"slot": lost, "silent_s": None, "last_seen_wall": lost_wall}
         try:
-            return self._roles.declare(report, fresh=True)
+            return self._roles.take_out(report, fresh=True)
         except StoreLinkError as exc:  # the new store is gone already: its loss follows
             log.error("could not declare slot %s lost: %s", lost, exc)
             return None

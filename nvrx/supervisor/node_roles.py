@@ -34,7 +34,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nvrx.slurm import commands
@@ -65,6 +65,10 @@ class Loss:
     replaced_by: int | None
     remaining: int  # training nodes left after the loss
     reason: str
+    ranks: tuple[int, ...] = ()  # the global ranks the node rank held
+    slurm_node: str | None = None  # the SLURM node name the slot published
+    silent_s: float | None = None  # as the report of its silence said
+    last_seen_wall: float | None = None
 
 
 class NodeRoles:
@@ -181,11 +185,22 @@ class NodeRoles:
         self.cfg, self.link, self.store_slot = cfg, link, store_slot
 
     def declare(self, report: dict[str, Any], fresh: bool = False) -> Loss | None:
-        """Declare the silent slot of ``report`` lost; None when another supervisor did first.
+        """Declare the silent slot of ``report`` lost and record it (``take_out``, then
+        ``record``); None when another supervisor did first.
 
         ``fresh``: the job starts anew (store failover), so a spare's children
         start a new generation with everyone instead of rejoining.
         """
+        loss = self.take_out(report, fresh)
+        if loss is not None:
+            self.record(loss)
+        return loss
+
+    def take_out(self, report: dict[str, Any], fresh: bool = False) -> Loss | None:
+        """The store's half of ``declare``: end the silent slot of ``report``, decide what
+        replaces it and take its ranks out of the job; nothing is recorded yet (a successor
+        store host records the loss only once its store is published). None when another
+        supervisor did first."""
         slot = int(report["slot"])
         if not self._end(slot):
             return None
@@ -193,29 +208,36 @@ class NodeRoles:
         node_rank = self._held_node_rank(slot, info)
         host = info.get("slurm_node") or info.get("host")
         loss = self._decide(slot, host, node_rank, fresh)
-        ranks = [] if node_rank is None else self._ranks(node_rank)
+        ranks = () if node_rank is None else tuple(self._ranks(node_rank))
         if ranks:
             message = f"node rank {node_rank} (slot {slot}, {host}) lost: {loss.reason}"
-            self.link.leave_ranks(ranks, self.cfg.world_size, message, gone=loss.action != "spare")
+            self.link.leave_ranks(list(ranks), self.cfg.world_size, message, gone=loss.action != "spare")
+        return replace(
+            loss, ranks=ranks, slurm_node=info.get("slurm_node"),
+            silent_s=report.get("silent_s"), last_seen_wall=report.get("last_seen_wall"),
+        )  # fmt: skip
+
+    def record(self, loss: Loss) -> None:
+        """The record of a loss ``take_out`` decided: its ``node_lost`` event and log line, a
+        SLURM probe of the node lost, and the job's end when a shrink left nothing to train."""
         self._emit(
             "node_lost",
-            lost_node=node_rank,
-            lost_slot=slot,
-            lost_host=host,
-            silent_s=report.get("silent_s"),
-            last_seen_wall=report.get("last_seen_wall"),
+            lost_node=loss.node_rank,
+            lost_slot=loss.slot,
+            lost_host=loss.host,
+            silent_s=loss.silent_s,
+            last_seen_wall=loss.last_seen_wall,
             seen_by=self.slot,
-            slurm_state=_slurm_state(info.get("slurm_node")),
+            slurm_state=_slurm_state(loss.slurm_node),
             action=loss.action,
             replaced_by=loss.replaced_by,
-            ranks=ranks,
+            ranks=list(loss.ranks),
         )
-        log.warning("slot %d (%s) lost: %s", slot, host, loss.reason)
-        if loss.action in ("spare", "shrink") and slot != self.slot:  # (a stop probes at requeue)
-            self.probes.start(slot, info.get("slurm_node"))  # not a node that left on purpose
+        log.warning("slot %d (%s) lost: %s", loss.slot, loss.host, loss.reason)
+        if loss.action in ("spare", "shrink") and loss.slot != self.slot:  # (a stop probes at requeue)
+            self.probes.start(loss.slot, loss.slurm_node)  # not a node that left on purpose
         if loss.action == "shrink":
             self._check_all_done()
-        return loss
 
     def record_lost_unreplaced(self, slot: int, host: str, lost_wall: float, kept: KeptKeys) -> None:
         """Record ``slot`` lost as a survivor sees it once the store is gone with no successor:

@@ -95,6 +95,20 @@ def test_a_node_lost_in_training_without_spare_or_allowance_stops_the_job(
     assert link.get(rounds.GONE_LIST) == "2,3,"
 
 
+def test_taking_a_slot_out_changes_the_store_and_records_nothing_until_told(link: StoreLink) -> None:
+    """A successor store host takes the old host's slot out before it publishes its store
+    and records the loss after: ``take_out`` then ``record`` is ``declare``."""
+    events: list[dict[str, Any]] = []
+    roles = _roles(link, events)
+    loss = roles.take_out(_lost(1))
+    assert loss is not None and loss.action == "stop" and loss.ranks == (2, 3)
+    assert link.get(rounds.GONE_LIST) == "2,3,"  # in the store already
+    assert events == [] and roles.take_out(_lost(1)) is None  # nothing recorded, once only
+    roles.record(loss)
+    assert [(e["kind"], e["lost_slot"], e["lost_node"], e["action"], e["ranks"], e["silent_s"])
+            for e in events] == [("node_lost", 1, 1, "stop", [2, 3], 5.0)]  # fmt: skip
+
+
 class _Counting:
     """A store client that counts its requests."""
 

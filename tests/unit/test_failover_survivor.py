@@ -17,6 +17,7 @@ from nvrx.store import snapshot
 from nvrx.supervisor import node_requeue, store_failover
 from nvrx.supervisor.failover import Failover
 from nvrx.supervisor.node_requeue import StepAnswers
+from nvrx.supervisor.node_roles import Loss
 
 EPOCH = 1
 
@@ -310,6 +311,33 @@ def test_a_successor_publishes_its_store_only_if_the_job_was_not_requeued_first(
     assert stopped == [True] * requeued_first  # its store, withdrawn: it does not wait as a store host
     assert (successor.store.service is None) is requeued_first
     assert used == ([] if requeued_first else ["connect", "declare"])  # nothing of a store withdrawn
+
+
+@pytest.mark.parametrize("given_up", [False, True], ids=["published", "given-up-meanwhile"])
+def test_a_successor_records_the_old_hosts_loss_only_once_its_store_is_published(
+    tmp_path: Path, given_up: bool
+) -> None:
+    """The successor takes the old store host's slot out in its new store before it publishes
+    (its children must find it so), but its ``node_lost`` follows the publication: a store
+    given up in between serves nobody, and the survivor that gave it up records the loss."""
+    successor, mine, stopped = _successor(tmp_path)
+    loss = Loss(0, "node1", 0, "spare", 2, 2, "spare slot 2 takes over node rank 0")
+    store = store_failover.epoch_dir(tmp_path, EPOCH + 1) / "store.json"
+    recorded: list[tuple[Loss, bool]] = []
+
+    def take_out(lost_wall: float) -> Loss:
+        if given_up:  # the survivor that asked SLURM ran out of its wait meanwhile
+            assert store_failover.abandon(tmp_path, EPOCH + 1)
+        return loss
+
+    successor.failover._connect = lambda address: True
+    successor.failover._declare_lost_store_host = take_out
+    successor.store.roles.record = lambda lost: recorded.append((lost, store.exists()))
+    successor.store.roles.start = lambda: None
+    elected = successor.failover._elect_and_connect(0.0)
+    assert elected == ((None, None) if given_up else (mine, loss))
+    assert recorded == ([] if given_up else [(loss, True)])  # after its store.json, if at all
+    assert stopped == [True] * given_up
 
 
 def test_a_store_claimed_and_never_published_does_not_leave_the_job_alone(tmp_path, slurm) -> None:
