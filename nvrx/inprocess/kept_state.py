@@ -264,12 +264,10 @@ class KeptState:
         plan = state_plan.plan(everyone, replicas)
         if plan is None:
             step, source = self._fall_back(checkpoint)
-            course = state_plan.new_course(everyone)
+            with self._lock:
+                self._course, self._shard = state_plan.new_course(everyone), shard
         else:
-            step, source = self._follow(plan, group)
-            course = plan.course
-        with self._lock:
-            self._course, self._shard = course, shard
+            step, source = self._follow(plan, group, shard)
         if events is not None:
             events.emit(
                 "state_restored",
@@ -295,11 +293,13 @@ class KeptState:
                 now=time.time(),
             )
 
-    def _follow(self, plan: state_plan.HandOver, group: Any) -> tuple[int, str]:
+    def _follow(self, plan: state_plan.HandOver, group: Any, shard: int) -> tuple[int, str]:
         """Send the agreed step to the ranks this one serves and receive it if this rank is
         served, in the plan's order; then load it: from this rank's memory, or as its source
         sent it (this rank's own commits then dropped, those it served included, and what
-        it received kept as its commit of the step)."""
+        it received kept as its commit of the step, of ``shard``). What this rank holds is
+        labelled with the plan's course and ``shard`` before anything received is kept, so
+        a restart that stops the load halfway leaves no commit under another shard's label."""
         import torch.distributed as dist
 
         me = dist.get_rank(group)
@@ -311,8 +311,12 @@ class KeptState:
                 received = state_handover.recv_state(source, group)
         if me not in plan.sources:
             self.restore(plan.step)
+            with self._lock:
+                self._course, self._shard = plan.course, shard
             return plan.step, "memory"
         self.forget()
+        with self._lock:
+            self._course, self._shard = plan.course, shard
         self._take(plan.step, received)
         return plan.step, "peer"
 
@@ -397,11 +401,12 @@ class KeptState:
                 slot.copied = None
                 slot.step, slot.pending_step = slot.pending_step, None
                 self._last, self._pending = self._pending, None
+        for index, slot in enumerate(self._slots):
+            if index != self._pending and slot.interrupted:
+                slot.step, slot.interrupted = None, False
         last = self._last
-        if last is not None and self._slots[last].interrupted:
-            self._slots[last].step, self._slots[last].interrupted = None, False
-            other = self._slots[1 - last]
-            self._last = 1 - last if other.step is not None and not other.interrupted else None
+        if last is not None and self._slots[last].step is None:
+            self._last = 1 - last if self._slots[1 - last].step is not None else None
 
     def interrupted(self, since: float) -> None:
         """A fault at ``since`` interrupted the step; called before the abort of its

@@ -467,3 +467,60 @@ def test_a_device_copy_queued_after_the_fault_is_no_commit_and_a_cpu_commit_is(m
     assert kept.steps() == [3, 2]  # it finished before the abort ended
     kept_state.interrupted(fault)  # the pass after the abort
     assert kept.steps() == [2]
+
+
+def test_two_device_copies_queued_after_the_fault_are_both_no_commit(monkeypatch):
+    """Two commits queued while the abort runs, the first made the last complete one by the
+    second (and the second by a look at ``step``): the pass after the abort drops both, so
+    no step is offered that a restore would not load."""
+    from nvrx.inprocess import kept_state, state_tree
+
+    model = torch.nn.Linear(2, 2)
+    kept = KeptState()
+    kept.register("model", model)
+    kept.commit(1)
+    monkeypatch.setattr(state_tree.Copier, "finish", lambda self: _DeviceCopy())
+    fault = time.monotonic()
+    kept_state.interrupted(fault)  # before the abort: nothing pending
+    for step in (2, 3):  # each finishes at the next look; the second reuses step 1's slot
+        kept.commit(step)
+        kept._slots[kept._pending].copied.done = True
+    assert kept.step == 3 and kept.steps() == [3, 2]
+    kept_state.interrupted(fault)  # the pass after the abort: both were queued after the fault
+    assert kept.steps() == [] and kept.step is None
+    with torch.no_grad():
+        model.weight.fill_(99.0)
+    assert kept.restore() is None and float(model.weight[0, 0].detach()) == 99.0
+
+
+def test_a_load_stopped_by_a_restart_leaves_what_was_received_under_its_new_shard(monkeypatch):
+    """A survivor renumbered into another replica group receives that group's shard; a
+    restart that stops it while it loads what it received leaves its commit labelled with the
+    shard it holds, so the next agreement never serves it as the shard it held before."""
+
+    class Stopped(torch.nn.Linear):
+        armed = True
+
+        def load_state_dict(self, state, *args, **kwargs):
+            loaded = super().load_state_dict(state, *args, **kwargs)
+            if Stopped.armed:
+                raise RuntimeError("a peer's fault: restart")  # as the monitor thread raises it
+            return loaded
+
+    groups = ((0, 1), (2, 3))
+
+    def held(steps=(), shard=None) -> Held:
+        return Held(tuple(steps), 7.0, shard, ("model",), groups)
+
+    model = Stopped(2, 2)
+    kept = KeptState()
+    kept.register("model", model)
+    kept.commit(5)
+    kept._course, kept._shard = 7.0, 0  # it committed shard 0; now rank 2, of group 1
+    shard_1 = {"model": {"weight": torch.full((2, 2), 1.0), "bias": torch.zeros(2)}}
+    everyone = [held((5,), 0), held((5,), 0), None, held((5,), 1)]
+    with pytest.raises(RuntimeError, match="restart"):
+        _restore_agreed(monkeypatch, kept, everyone, 2, shard_1, replica_groups=groups)
+    mine = kept._held(groups)
+    assert (mine.steps, mine.course, mine.shard) == ((5,), 7.0, 1)
+    assert float(kept._shared(5)["model"]["weight"][0, 0]) == 1.0  # shard 1's, as labelled
