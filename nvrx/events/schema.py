@@ -230,7 +230,8 @@ KINDS: dict[str, dict[str, str]] = {
         "source": "where the step times came from: record_step | section NAME",
     },
     "node_probe": {
-        "lost_slot": "slot of the node declared lost (or of the store host, when no successor could be elected or served)",
+        "lost_slot": "slot of the node declared lost (or of the store host, when no successor could be elected or served); "
+        "null for a node asked before a requeue that did not happen (the job may not be requeued, say)",
         "lost_host": "its SLURM node name",
         "responding": "whether a no-op SLURM step ran on it (true: its supervisor was lost, "
         "not the node; null: unknown, the supervisor ended first)",

@@ -279,6 +279,14 @@ def end_orphaned_job(job_id: str, host: str) -> None:
     commands.cancel([job_id])
 
 
+def _record_answers(told: dict[str, tuple[bool, float]] | None, emit: Callable[..., None]) -> None:
+    """The answers about lost nodes asked before a requeue that did not happen, as
+    ``node_probe`` events (no ``requeue`` event carries them then): a node that still ran a
+    step lost its supervisor, not itself, and is not one to exclude."""
+    for host, (answered, took) in (told or {}).items():
+        emit("node_probe", lost_slot=None, lost_host=host, responding=answered, probe_s=took, note=None)
+
+
 def requeue_without(
     hosts: list[str | None],
     preemption: PreemptionHandler | None,
@@ -304,8 +312,9 @@ def requeue_without(
         excluded = requeue_excluding(job_id, [host for host in lost if host not in answered])
     except (commands.SlurmCommandError, OSError) as exc:
         log.error("could not requeue job %s without %s: %s", job_id, ", ".join(lost), exc)
-        return
+        excluded = None
     if excluded is None:
+        _record_answers(told, emit)
         return
     count = None
     if preemption is not None:  # the next run's node 0 then knows who requeued, and why

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from nvrx.slurm import commands
 from nvrx.slurm.nodelist import expand_nodelist
 from nvrx.supervisor import node_requeue
 from nvrx.supervisor.exit_codes import ExitCode
@@ -271,3 +272,27 @@ def test_no_thread_to_ask_with_is_no_answer_and_a_probes_own_error_is_not_hidden
     monkeypatch.setattr(node_requeue.commands, "node_answers", broken)
     with pytest.raises(RuntimeError, match="a defect of the probe itself"):
         node_requeue._answers("7", ["node1", "node2"], {})
+
+
+@pytest.mark.parametrize("refusal", ["not-requeued", "scontrol-failed"])
+def test_the_answers_of_a_requeue_that_did_not_happen_are_node_probes(
+    monkeypatch: pytest.MonkeyPatch, refusal: str
+) -> None:
+    """A job that may not be requeued (or whose requeue failed) records no ``requeue``; what
+    SLURM said of its lost nodes is then recorded as ``node_probe`` events, so the report
+    still knows which of them lost only their supervisor."""
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setattr(node_requeue.commands, "node_answers", lambda job_id, node, **kw: node == "node2")
+
+    def requeue_excluding(job_id: str, lost: list[str]) -> list[str] | None:
+        if refusal == "scontrol-failed":
+            raise commands.SlurmCommandError(["scontrol", "requeuehold", "7"], 1, "Requested operation is presently disabled")
+        return None
+
+    monkeypatch.setattr(node_requeue, "requeue_excluding", requeue_excluding)
+    events: list[tuple[str, dict[str, Any]]] = []
+    node_requeue.requeue_without(["node1", "node2"], None, lambda kind, **f: events.append((kind, f)))
+    assert [(kind, f["lost_host"], f["responding"]) for kind, f in events] == [
+        ("node_probe", "node1", False), ("node_probe", "node2", True)
+    ]  # fmt: skip
+    assert {f["lost_slot"] for _, f in events} == {None}

@@ -721,6 +721,28 @@ def test_a_killed_supervisor_on_a_responding_node_is_not_excluded(tmp_path: Path
     assert report.exclude is None
 
 
+def test_a_killed_supervisor_on_a_responding_node_of_a_job_not_requeued_is_not_excluded(
+    tmp_path: Path,
+) -> None:
+    """As above, but the job may not be requeued: no ``requeue`` event, and what SLURM said of
+    node-b is a ``node_probe`` of no slot (``node_requeue.requeue_without``)."""
+    job = Job(tmp_path / "job", {0: "node-a", 1: "node-b"}, nnodes=2, spares=0)
+    _before_the_loss(job)
+    reason = "node lost, no spare: 1 nodes left, below --min-nodes 2"
+    job.node_lost("stop", slurm_state={"State": "MIXED", "Reason": "none"})
+    job.sup[0].at(DECLARED + 0.001, "job_stop", reason=reason, exit_code=8)
+    job.sup[0].at(
+        DECLARED + 0.5, "node_probe", lost_slot=None, lost_host="node-b", responding=True,
+        probe_s=0.3, note=None,
+    )  # fmt: skip
+    job.sup[0].at(DECLARED + 1.0, "supervisor_end", exit_code=8, reason=reason)
+    report = job.close()
+    (node_b,) = report.suspects
+    assert (node_b.host, node_b.lost, node_b.suspect) == ("node-b", 1, False)
+    assert node_b.evidence == ["supervisor lost, node still ran a SLURM step: not excluded"]
+    assert report.exclude is None
+
+
 def _spare_took_over(log_dir: Path, responding: bool, excluded_by_a_rank: bool = False) -> Report:
     """A spare takes node-b's place at once; afterwards the probe of node-b (``node_probe``)
     says whether it still runs SLURM steps. ``excluded_by_a_rank``: node-b's supervisor had
