@@ -4,7 +4,8 @@ A host is excluded only with evidence against the node itself, which each row
 carries (``evidence``): it was lost, no node that stayed healthy ran on it, and
 it did not run the SLURM step its requeue tried on it (a node that did lost only
 its supervisor: ``requeue.answered``); a fault of its
-own tells of its device or driver (``consequence.HARDWARE``); or it had
+own tells of its device or driver (``consequence.HARDWARE``); a rank asked to exclude
+it (``ExcludeThisNode``); or it had
 repeated faults of its own (two or more) with a signature seen on no other
 host of a job on several hosts; or it was slow, not failed: named a straggler
 and never recovered, or excluded for slowness (``stragglers``). A follow-on
@@ -55,6 +56,7 @@ class _NodeTally:
     own: dict[tuple[object, ...], str] = field(default_factory=dict)
     hardware: set[str] = field(default_factory=set)  # signatures of device or driver faults
     slow: list[Straggler] = field(default_factory=list)  # namings that count against it
+    asked_out: bool = False  # a rank asked to exclude it, and no loss of it was recorded
 
 
 class _Tallies(dict[tuple[str, "int | None"], _NodeTally]):
@@ -195,6 +197,16 @@ def _add_losses(per: _Tallies, timeline: list[RoundRow], losses: LossIndex) -> N
             s.incidents.add(("loss", loss.run, loss.slot))
 
 
+def _add_exclusions(per: _Tallies, job: JobSummary, losses: LossIndex) -> None:
+    """Nodes a rank asked to exclude (``ExcludeThisNode``: its supervisor ended with exit 10)
+    whose loss no event records (a job of one node, node liveness off): the job's own code
+    said the node is unfit. A recorded loss carries the same evidence (``_loss_evidence``)."""
+    lost = losses.lost_slots()
+    for run, slot in _excluded_slots(job) - lost:
+        for host in _slot_hosts(job).get((run, slot), ()):
+            per.of(host, slot if isinstance(slot, int) else None).asked_out = True
+
+
 def _incident_kind(row: RoundRow) -> str:
     """What else tells of the round's first failure: a hang report ("hang"), a process's end
     ("process_exit"), whether the round was explained by it or a monitor's fault said it. A
@@ -297,6 +309,8 @@ def _evidence(
     """Whether the node goes into ``--exclude``, and why (or why not)."""
     against = [(True, _slow_evidence(x)) for x in s.slow]
     against += _loss_evidence(job, s, losses)
+    if s.asked_out:
+        against.append((True, "a rank asked to exclude this node (ExcludeThisNode)"))
     against += [(True, f"device or driver fault: {sig}") for sig in sorted(s.hardware)]
     alone = sorted(sig for sig in s.own.values() if hosts_of.get(sig, {host}) <= {host})
     if several_hosts and len(alone) >= 2:
@@ -323,6 +337,7 @@ def build_suspects(
     explained = _tally_rounds(per, timeline, _follow_on_signatures(job))
     _tally_hangs_and_deaths(per, job, process_rows, explained, losses)
     _add_losses(per, timeline, losses)
+    _add_exclusions(per, job, losses)
     _add_hardware(per, job, process_rows, losses)
     _add_stragglers(per, stragglers)
     # On one host (a local job) "seen only here" compares it with nothing.

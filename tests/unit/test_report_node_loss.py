@@ -794,6 +794,30 @@ def test_a_node_a_rank_asked_to_exclude_is_excluded_though_it_answers(tmp_path: 
     assert report.exclude == "node-b"
 
 
+@pytest.mark.parametrize("nnodes", [1, 2], ids=["one-node", "liveness-off"])
+def test_a_node_a_rank_asked_to_exclude_is_excluded_with_no_loss_recorded(
+    tmp_path: Path, nnodes: int
+) -> None:
+    """A rank sent ``ExcludeThisNode`` where no loss is declared for it (a job of one node,
+    or node liveness off): its supervisor's exit 10 alone is the evidence."""
+    hosts = {0: "node-a", 1: "node-b"} if nnodes == 2 else {0: "node-a"}
+    job = Job(tmp_path / "job", hosts, nnodes=nnodes, spares=0)
+    for rank in range(2 * nnodes):
+        job.start_rank(0.5, rank, rank // 2, rank // 2)
+    job.round_start(5.0, 0, list(range(2 * nnodes)))
+    job.sup[0].at(9.0, "workload_control", rank=0, local_rank=0, child_pid=100,
+                  action="ExcludeThisNode", description="bad GPU")  # fmt: skip
+    reason = "rank 0 asked to exclude this node: bad GPU"
+    job.sup[0].at(9.5, "supervisor_end", exit_code=10, reason=reason)
+    if nnodes == 2:
+        job.sup[1].at(10.0, "supervisor_end", exit_code=0, reason="all children ended")
+    report = job.close()
+    assert report.exclude == "node-a", report.to_text(width=None)
+    (node_a,) = [n for n in report.suspects if n.host == "node-a"]
+    assert node_a.suspect and node_a.evidence == ["a rank asked to exclude this node (ExcludeThisNode)"]
+    assert "exclude next time: --exclude=node-a" in report.to_text(width=None)
+
+
 def test_a_lost_node_slurm_still_calls_responding_is_excluded_without_a_step(
     tmp_path: Path,
 ) -> None:
