@@ -31,10 +31,11 @@ FROM_JOB_RESTARTS = "job_restart"
 
 
 def world_of(job: JobSummary) -> int:
-    """Ranks of the job as its supervisors started them (nodes x ranks per node, else the
-    distinct global ranks of their children): the world without Wrapper events."""
+    """Ranks of the job as its supervisors started them (training nodes, spares left out, x
+    ranks per node, else the distinct global ranks of their children): the world without
+    Wrapper events."""
     sizes = [
-        e["nnodes"] * e["nproc_per_node"]
+        (e["nnodes"] - (e.get("spare_nodes") or 0)) * e["nproc_per_node"]
         for e in job.node_events
         if e.get("kind") == "supervisor_start" and e.get("nnodes") and e.get("nproc_per_node")
     ]

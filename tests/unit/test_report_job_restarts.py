@@ -15,13 +15,16 @@ from nvrx.report import build_report
 CAUSE = {"rank": 3, "node": 1, "signature": "hang (heartbeat timeout)"}
 
 
-def _plain_job(log_dir: Path, restart: bool) -> None:
+def _plain_job(log_dir: Path, restart: bool, spares: int = 0) -> None:
     """2 nodes x 2 ranks of a plain script; with ``restart``, rank 3 (node 1) hangs at
-    t=20 and every rank restarts together (epoch 1) before the job completes at t=50."""
+    t=20 and every rank restarts together (epoch 1) before the job completes at t=50.
+    ``spares``: that many spare nodes more, started by the job as such (their own
+    supervisors are the caller's)."""
     for node in (0, 1):
         host = Host(f"n{node}", node)
         sup = Proc(log_dir, host, "supervisor")
-        sup.at(0.0, "supervisor_start", nnodes=2, nproc_per_node=2, command=["train.py"])
+        sup.at(0.0, "supervisor_start", nnodes=2 + spares, nproc_per_node=2, spare_nodes=spares,
+               command=["train.py"])  # fmt: skip
         for lr in (0, 1):
             sup.at(1.0, "child_start", local_rank=lr, child_pid=100 + lr, global_rank=2 * node + lr, attempt=0)
         if restart:
@@ -56,6 +59,18 @@ def test_a_job_without_the_wrapper_has_ranks_training_time_and_goodput(tmp_path:
     assert s.restarts.job_wide == 0 and report.timeline == []
     text = report.to_text("table")
     assert "no Wrapper events, no job-wide restart" in text
+
+
+def test_a_spare_node_that_never_took_over_trains_no_rank(tmp_path: Path) -> None:
+    """2 training nodes x 2 ranks and 1 spare node: the job has 4 ranks, not 6, and its
+    goodput is that of 4."""
+    _plain_job(tmp_path, restart=False, spares=1)
+    spare = Proc(tmp_path, Host("n2", 2), "supervisor")
+    spare.at(0.0, "supervisor_start", nnodes=3, nproc_per_node=2, spare_nodes=1, command=["train.py"])
+    spare.at(50.5, "supervisor_end", exit_code=0, reason="all children ended")
+    spare.close()
+    report = build_report(tmp_path, sacct=False)
+    assert report.summary.ranks == 4 and report.summary.training_time_s == 49.0
 
 
 def test_a_job_wide_restart_is_one_timeline_row_with_its_cause(tmp_path: Path) -> None:
