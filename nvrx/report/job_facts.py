@@ -176,6 +176,8 @@ def final_outcome(
             return gave_up, reason
         if code == 0:
             return "completed", reason
+        if code == REQUEUED_EXIT:
+            return "requeued (exit code 75)", reason
         return (f"failed (exit code {code})" if code is not None else "stopped"), reason
     if job.wrapper_ends:
         if set(job.wrapper_ends) == {"completed"}:
@@ -194,6 +196,9 @@ def final_outcome(
 #: ``nvrx-supervise``'s exit code when a rank stopped the job with exit 130 (``RestartAbort``);
 #: older supervisors exited 0 for it.
 RANK_STOPPED_EXIT = 12
+#: ``nvrx-supervise``'s exit code when SLURM warned and the job was requeued: its next run
+#: goes on, so the job has not ended.
+REQUEUED_EXIT = 75
 
 
 def _gave_up(job: JobSummary, timeline: list[RoundRow], run: int) -> str | None:
