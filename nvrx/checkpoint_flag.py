@@ -87,7 +87,9 @@ def preemption_info() -> dict[str, Any] | None:
 
 
 def record_checkpoint(path: str | os.PathLike[str], step: int | None, action: str = "save") -> None:
-    """Write a ``checkpoint`` event (``action`` is ``save`` or ``load``), so the report shows it."""
+    """Write a ``checkpoint`` event (``action`` is ``save`` or ``load``) through the process's
+    event writer, which stamps no round: the report counts a save against the work lost,
+    but files a load as a restore only in a Wrapper round (``CallWrapper`` events)."""
     if action not in ("save", "load"):
         raise ValueError(f"action must be 'save' or 'load', got {action!r}")
     emit("checkpoint", path=str(path), step=step, action=action)
