@@ -39,7 +39,8 @@ KINDS: dict[str, dict[str, str]] = {
         "active_rank": "this rank's active rank, or null when a spare",
         "initial_rank": "rank the process had when the Wrapper started",
         "restart_latency_s": "seconds from the fault's detection to this round's start, after a restart",
-        "iteration": "the Wrapper's iteration (equals round within one process generation)",
+        "iteration": "the Wrapper's iteration, the job's restarts so far (equals round in the job's "
+        "first process generation; a later generation's rounds start at its own base)",
     },
     "call_start": {"note": "the wrapped function is entered (goodput starts counting)"},
     "call_end": {

@@ -66,6 +66,9 @@ def test_losing_the_store_host_fails_over_and_the_job_completes(tmp_path: Path) 
     before = [r for wall, r in rounds if wall < switch]
     after = [r for wall, r in rounds if wall > switch]
     assert before and after and min(after) > max(before), rounds
+    # the training's own events carry the Wrapper's round, in the new generation too
+    progress = {e["round"] for e in events if e["kind"] == "progress" and e.get("component") == "app"}
+    assert progress and progress <= {r for _, r in rounds}, (progress, rounds)
     # the new store host removed the run's failover files and snapshot once every slot ended
     job_dir = job.log_dir / job.job_id
     assert not (job_dir / "failover").exists() and not (job_dir / "store").exists()
@@ -80,6 +83,8 @@ def test_losing_the_store_host_fails_over_and_the_job_completes(tmp_path: Path) 
     ), report.to_text()
     assert "the job's store moved to slot 1" in report.to_text(width=None)
     assert "unknown to this nvrx" not in report.to_text(width=None)
+    # one row per round the Wrapper ran: none made up from the training's own events
+    assert [row.round for row in report.timeline] == sorted({r for _, r in rounds}), report.to_text(width=None)
 
 
 @pytest.mark.timeout(300)
