@@ -162,10 +162,13 @@ class RingWatch:
         if slot == self.target:
             self._move(slot)
 
-    def restart_clock(self, now: float) -> None:
+    def restart_clock(self, now: float, seen_wall: float | None = None) -> None:
         """Count the target's silence from ``now``: the watcher did not look before, or it
-        learnt otherwise that the target is alive."""
+        learnt otherwise that the target is alive, at ``seen_wall`` (its last sign of life
+        from then on; without it, the one seen before stands)."""
         self._changed = now
+        if seen_wall is not None:
+            self._changed_wall = seen_wall
 
     def stood_still(self, beats: int) -> bool:
         """Whether the target's counter read ``beats`` again: it may have ended."""
@@ -281,7 +284,7 @@ class RingPlace:
         if not self.ring.stood_still(beats) and target is not None:
             self._stamp_read.pop(target, None)  # a later stretch reads its stamp afresh
         elif self._stamp_moved(target):
-            self.ring.restart_clock(now)  # alive: its store beats are held still
+            self.ring.restart_clock(now, wall)  # alive: its store beats are held still
         silent = self.ring.observe(beats, now, wall)
         if silent is not None:
             log.warning("slot %s silent for %.1f s", silent["slot"], silent["silent_s"])

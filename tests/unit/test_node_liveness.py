@@ -6,11 +6,14 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from nvrx.node_agent import supervised
 from nvrx.store.ring import OWN_CLAIM_EVERY, RingPlace, RingWatch
 from nvrx.store.seal import Sealer
 from nvrx.store.sealed_keys import entry_payload
@@ -49,6 +52,17 @@ def test_a_target_is_reported_once_after_timeout_without_a_beat() -> None:
     ring.ended_slot(1)  # declared lost: the watch moves on, fresh
     assert ring.target == 2
     assert ring.observe(9, now=21.0, wall=111.0) is None
+
+
+def test_a_target_seen_alive_otherwise_is_last_seen_then() -> None:
+    """A target whose counter stands still but that the watcher learns is alive (its stamps
+    moved) is silent from then on, and its report's last sign of life is that moment."""
+    ring = RingWatch(own=0, nslots=2, timeout=3.0)
+    assert ring.observe(5, now=0.0, wall=1000.0) is None
+    ring.restart_clock(10.0, seen_wall=1010.0)
+    assert ring.observe(5, now=12.0, wall=1012.0) is None  # 2 s since: within the timeout
+    report = ring.observe(5, now=14.0, wall=1014.0)
+    assert report is not None and (report["silent_s"], report["last_seen_wall"]) == (4.0, 1010.0)
 
 
 def test_a_look_moves_past_ended_targets_and_reads_an_end_only_when_a_counter_stood_still() -> None:
@@ -451,6 +465,8 @@ def test_a_set_back_is_reported_before_a_look_that_fails(monkeypatch) -> None:
 
 
 STORE_NAME = "127.0.0.1-29501"
+#: The wall clock of the node agents below, less their monotonic test clock.
+WALL = 1_700_000_000.0
 
 
 def _pair(job_dir, names=(STORE_NAME, STORE_NAME)):
@@ -478,12 +494,14 @@ def _held_still(watches, store, clock, beats: int, slot_1_beats: bool = True) ->
 
 @pytest.mark.parametrize("shared", [True, False], ids=["job-folder", "no-job-folder"])
 def test_a_slot_held_still_in_the_store_is_not_found_silent_while_it_stamps_the_job_folder(
-    tmp_path, shared
+    tmp_path, shared, monkeypatch
 ) -> None:
     """A client sets slot 1's counter back after each of its beats, for five times the node
     timeout (three heartbeats, the least this holds for): slot 1 reports each set-back, and its watcher, which reads its stamps in the
     job folder, does not find it silent (without the folder it does, as before). Once slot 1
     stops beating altogether, it is found silent within the timeout."""
+    monkeypatch.setattr(supervised, "time", SimpleNamespace(
+        monotonic=time.monotonic, time=lambda: WALL + clock[0]))  # fmt: skip
     watches, store, sent, clock = _pair(str(tmp_path) if shared else None)
     _held_still(watches, store, clock, 16)
     assert [r["key"] for r in sent[1]] == [node_keys.alive(1)] * 15  # each set-back but the last
@@ -493,7 +511,10 @@ def test_a_slot_held_still_in_the_store_is_not_found_silent_while_it_stamps_the_
         return
     assert silent == [] and (store_failover.beats_dir(tmp_path, STORE_NAME) / "1").exists()
     _held_still(watches, store, clock, 5, slot_1_beats=False)  # slot 1 dies
-    assert [r["slot"] for r in sent[0] if r["event"] == "node_silent"] == [1]
+    (silent,) = [r for r in sent[0] if r["event"] == "node_silent"]
+    assert silent["slot"] == 1
+    # its last sign of life: its last stamp, read at the last tick of the held stretch
+    assert silent["last_seen_wall"] == WALL + 115.0, silent
 
 
 def test_a_slot_that_stamps_for_another_store_does_not_keep_its_watcher_quiet(
