@@ -116,6 +116,15 @@ class Copier:
         if not on_device:
             into.copy_(tensor)
             return into
+        current = torch.cuda.current_device()
+        if tensor.device.index not in (None, current):
+            # torch would copy it on its own device's stream, which the side stream's event
+            # does not cover: the commit could be taken as complete before its copy is
+            raise ValueError(
+                f"KeptState.commit: a tensor is on {tensor.device} but the current CUDA device "
+                f"is cuda:{current}; call torch.cuda.set_device({tensor.device.index}) before "
+                "training (kept state copies the current device's tensors)"
+            )
         staging = tensor.clone()  # on the current stream: later in-place updates leave it alone
         if self._stream is None:
             self._stream = self._side_stream()
