@@ -18,7 +18,8 @@ COMMON_FIELDS: dict[str, str] = {
     "mono": "time.monotonic() of the writing host (float); comparable only within one host boot",
     "boot": "identifier of the host boot, so monotonic times of one boot can be compared",
     "job": "job id (SLURM_JOB_ID, or a local id)",
-    "node": "node rank within the job (int, or null when unknown)",
+    "node": "node rank within the job (int, or null when unknown); a supervisor's events "
+    "give its slot (a spare keeps it after it takes a node rank over)",
     "rank": "global rank of the writing process (int, or null for per-node processes)",
     "round": "restart round of the Wrapper/job when the event was written (int, or null)",
     "pid": "process id of the writer",
