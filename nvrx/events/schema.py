@@ -46,7 +46,7 @@ KINDS: dict[str, dict[str, str]] = {
     "call_start": {"note": "the wrapped function is entered (goodput starts counting)"},
     "call_end": {
         "duration_s": "time spent inside the wrapped function this round",
-        "outcome": "completed | fault",
+        "outcome": "completed | fault | restart (a restart reached it from outside: a peer's fault)",
     },
     "fault": {
         "fault_kind": "exception | hang_soft | hang_hard | dead | unresponsive | peer | signal | exit | node_lost | monitor_exception",
@@ -292,7 +292,8 @@ KINDS: dict[str, dict[str, str]] = {
         "answered": "lost nodes left out of excluded: they still ran a SLURM step, so their "
         "supervisor was lost, not the node (node_failure)",
         "run": "which run of the job asked for the requeue (0 = the first submission)",
-        "issued_by": "nvrx (the supervisor called scontrol requeue) | slurm (SLURM requeued it)",
+        "issued_by": "nvrx (the supervisor called scontrol requeue) | slurm (SLURM requeued it) | "
+        "submitit-local (submitit's local executor runs the task again)",
     },
     # -- application progress (demo, examples) ---------------------------
     "progress": {

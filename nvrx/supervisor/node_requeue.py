@@ -316,8 +316,9 @@ def requeue_without(
     if excluded is None:
         _record_answers(told, emit)
         return
-    count = None
+    count = run = None
     if preemption is not None:  # the next run's node 0 then knows who requeued, and why
         run = preemption.run_index
         count = preemption.ledger.append("node_failure", run, issued_by="nvrx")
-    emit("requeue", cause="node_failure", count=count, excluded=excluded, answered=answered)
+    emit("requeue", cause="node_failure", count=count, excluded=excluded, answered=answered, run=run,
+         issued_by="nvrx")  # fmt: skip

@@ -206,8 +206,9 @@ def test_a_requeue_without_several_nodes_asks_them_at_once_and_excludes_the_sile
     node_requeue.requeue_without(["node1", None, "node2"], None, lambda kind, **f: events.append(f))
     assert excluding == [["node1"]]
     assert events == [
-        dict(cause="node_failure", count=None, excluded=["node1"], answered=["node2"])
-    ]
+        dict(cause="node_failure", count=None, excluded=["node1"], answered=["node2"], run=None,
+             issued_by="nvrx")
+    ]  # fmt: skip
     node_requeue.requeue_without(["node1", "node3"], None, lambda kind, **f: events.append(f), probe=False)
     assert excluding[-1] == ["node1", "node3"] and events[-1]["answered"] == []
 
@@ -253,7 +254,8 @@ def test_a_requeue_excludes_every_node_when_slurm_cannot_be_asked(monkeypatch: p
     monkeypatch.setattr(node_requeue, "requeue_excluding", lambda job_id, lost: list(lost))
     events: list[dict[str, Any]] = []
     node_requeue.requeue_without(["node1", "node2"], None, lambda kind, **f: events.append(f))
-    assert events == [dict(cause="node_failure", count=None, excluded=["node1", "node2"], answered=[])]
+    assert events == [dict(cause="node_failure", count=None, excluded=["node1", "node2"], answered=[],
+                           run=None, issued_by="nvrx")]  # fmt: skip
 
 
 def test_no_thread_to_ask_with_is_no_answer_and_a_probes_own_error_is_not_hidden(
