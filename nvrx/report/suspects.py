@@ -197,12 +197,15 @@ def _add_losses(per: _Tallies, timeline: list[RoundRow], losses: LossIndex) -> N
             s.incidents.add(("loss", loss.run, loss.slot))
 
 
-def _add_exclusions(per: _Tallies, job: JobSummary, losses: LossIndex) -> None:
-    """Nodes a rank asked to exclude (``ExcludeThisNode``: its supervisor ended with exit 10)
-    whose loss no event records (a job of one node, node liveness off): the job's own code
-    said the node is unfit. A recorded loss carries the same evidence (``_loss_evidence``)."""
-    lost = losses.lost_slots()
-    for run, slot in _excluded_slots(job) - lost:
+def _add_exclusions(
+    per: _Tallies, job: JobSummary, losses: LossIndex, stragglers: Sequence[Straggler]
+) -> None:
+    """Nodes a rank asked to exclude (``ExcludeThisNode``: its supervisor ended with exit 10,
+    not for slowness) whose loss no event records (a job of one node, node liveness off):
+    the job's own code said the node is unfit. A recorded loss carries the same evidence
+    (``_loss_evidence``); an exclusion for slowness is the straggler's (``_add_stragglers``)."""
+    slow = {(x.run, x.slot) for x in stragglers if x.action == EXCLUDE}
+    for run, slot in _excluded_slots(job) - losses.lost_slots() - slow:
         for host in _slot_hosts(job).get((run, slot), ()):
             per.of(host, slot if isinstance(slot, int) else None).asked_out = True
 
@@ -337,7 +340,7 @@ def build_suspects(
     explained = _tally_rounds(per, timeline, _follow_on_signatures(job))
     _tally_hangs_and_deaths(per, job, process_rows, explained, losses)
     _add_losses(per, timeline, losses)
-    _add_exclusions(per, job, losses)
+    _add_exclusions(per, job, losses, stragglers)
     _add_hardware(per, job, process_rows, losses)
     _add_stragglers(per, stragglers)
     # On one host (a local job) "seen only here" compares it with nothing.

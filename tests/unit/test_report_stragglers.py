@@ -180,6 +180,21 @@ def test_a_node_excluded_for_slowness_names_its_spare_and_is_excluded_as_slow(
     ]
 
 
+def test_a_node_that_left_for_slowness_with_no_loss_recorded_is_slow_not_asked_out(
+    tmp_path: Path,
+) -> None:
+    """A node excluded for slowness exits 10, as ``ExcludeThisNode`` does; with no loss of
+    it recorded, its evidence is its slowness alone, not a rank's request."""
+    job = Job(tmp_path)
+    job.straggler(40.0, "slow", 120, **SLOW_NODE)
+    job.straggler(50.0, "slow", 140, action="exclude", **SLOW_NODE)
+    job.sup[1].at(51.0, "supervisor_end", exit_code=10, reason="excluded for slowness")
+    report = job.finish()
+    assert report.exclude == "node-b"
+    [node] = [n for n in report.suspects if n.host == "node-b"]
+    assert len(node.evidence) == 1 and node.evidence[0].startswith("slow, not failed:"), node.evidence
+
+
 def _failover(job: Job, t: float) -> None:
     """The store, hosted by slot 0, fails over to slot 1: its scoring moves there."""
     job.sup[1].at(
