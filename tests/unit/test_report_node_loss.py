@@ -701,40 +701,22 @@ def test_a_survivors_own_error_before_the_loss_stays_its_own_fault(tmp_path: Pat
     assert report.exclude == "node-b"  # lost, SLURM not asked: as before
 
 
-def test_a_killed_supervisor_on_a_responding_node_is_not_excluded(tmp_path: Path) -> None:
+@pytest.mark.parametrize("requeued", [True, False], ids=["requeued", "not-requeued"])
+def test_a_killed_supervisor_on_a_responding_node_is_not_excluded(tmp_path: Path, requeued: bool) -> None:
     """node-b's supervisor is SIGKILLed: its peers declare it lost and requeue the job, but
     node-b still runs the SLURM step the requeue tried on it (``answered``), so nothing tells
-    against the node."""
+    against the node. A job that may not be requeued records the same answer as a
+    ``node_probe`` of no slot (``node_requeue.requeue_without``)."""
     job = Job(tmp_path / "job", {0: "node-a", 1: "node-b"}, nnodes=2, spares=0)
     _before_the_loss(job)
     reason = "node lost, no spare: 1 nodes left, below --min-nodes 2"
     job.node_lost("stop", slurm_state={"State": "MIXED", "Reason": "none"})
     job.sup[0].at(DECLARED + 0.001, "job_stop", reason=reason, exit_code=8)
-    job.sup[0].at(
-        DECLARED + 0.5, "requeue", cause="node_failure", count=1, excluded=[], answered=["node-b"]
-    )
-    job.sup[0].at(DECLARED + 1.0, "supervisor_end", exit_code=8, reason=reason)
-    report = job.close()
-    (node_b,) = report.suspects
-    assert (node_b.host, node_b.lost, node_b.suspect) == ("node-b", 1, False)
-    assert node_b.evidence == ["supervisor lost, node still ran a SLURM step: not excluded"]
-    assert report.exclude is None
-
-
-def test_a_killed_supervisor_on_a_responding_node_of_a_job_not_requeued_is_not_excluded(
-    tmp_path: Path,
-) -> None:
-    """As above, but the job may not be requeued: no ``requeue`` event, and what SLURM said of
-    node-b is a ``node_probe`` of no slot (``node_requeue.requeue_without``)."""
-    job = Job(tmp_path / "job", {0: "node-a", 1: "node-b"}, nnodes=2, spares=0)
-    _before_the_loss(job)
-    reason = "node lost, no spare: 1 nodes left, below --min-nodes 2"
-    job.node_lost("stop", slurm_state={"State": "MIXED", "Reason": "none"})
-    job.sup[0].at(DECLARED + 0.001, "job_stop", reason=reason, exit_code=8)
-    job.sup[0].at(
-        DECLARED + 0.5, "node_probe", lost_slot=None, lost_host="node-b", responding=True,
-        probe_s=0.3, note=None,
-    )  # fmt: skip
+    if requeued:
+        job.sup[0].at(DECLARED + 0.5, "requeue", cause="node_failure", count=1, excluded=[], answered=["node-b"])
+    else:
+        job.sup[0].at(DECLARED + 0.5, "node_probe", lost_slot=None, lost_host="node-b", responding=True,
+                      probe_s=0.3, note=None)  # fmt: skip
     job.sup[0].at(DECLARED + 1.0, "supervisor_end", exit_code=8, reason=reason)
     report = job.close()
     (node_b,) = report.suspects
