@@ -439,8 +439,9 @@ def wrapped_round(args: argparse.Namespace, call_wrapper: CallWrapper | None = N
     run_dir = run_dir_of(args)
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
     iteration = call_wrapper.iteration if call_wrapper is not None else 0
-    round_ = call_wrapper.round if call_wrapper is not None else 0  # (not the iteration: a new
-    events.get_writer().update(rank=dist.get_rank(), round=round_)  # generation's rounds jump)
+    # the Wrapper's round, not its iteration: a new process generation's rounds jump ahead
+    round_ = call_wrapper.round if call_wrapper is not None else 0
+    events.get_writer().update(rank=dist.get_rank(), round=round_)
     trainer = Trainer(args, run_dir, peer_wait=args.soft_timeout / 2)
     kept = None if args.no_kept_state else kept_state(trainer)
     if kept is None:

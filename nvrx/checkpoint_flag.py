@@ -88,8 +88,8 @@ def preemption_info() -> dict[str, Any] | None:
 
 def record_checkpoint(path: str | os.PathLike[str], step: int | None, action: str = "save") -> None:
     """Write a ``checkpoint`` event (``action`` is ``save`` or ``load``) through the process's
-    event writer, which stamps no round: the report counts a save against the work lost,
-    but files a load as a restore only in a Wrapper round (``CallWrapper`` events)."""
+    event writer: the report counts a save against the work lost, and a load as a restore
+    only when the writer stamps a round (none unless the code set one: ``update(round=...)``)."""
     if action not in ("save", "load"):
         raise ValueError(f"action must be 'save' or 'load', got {action!r}")
     emit("checkpoint", path=str(path), step=step, action=action)

@@ -291,7 +291,8 @@ KINDS: dict[str, dict[str, str]] = {
         "excluded": "nodes the requeued job may not run on (node_failure)",
         "answered": "lost nodes left out of excluded: they still ran a SLURM step, so their "
         "supervisor was lost, not the node (node_failure)",
-        "run": "which run of the job asked for the requeue (0 = the first submission)",
+        "run": "which run of the job asked for the requeue (0 = the first submission; null when "
+        "the writer does not know it)",
         "issued_by": "nvrx (the supervisor called scontrol requeue) | slurm (SLURM requeued it) | "
         "submitit-local (submitit's local executor runs the task again)",
     },

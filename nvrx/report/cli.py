@@ -93,8 +93,14 @@ def _add_filters(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--rank", type=int, default=None, metavar="R", help="only events of global rank R"
     )
-    p.add_argument("--node", type=int, default=None, metavar="N", help="only events whose node is N: the node rank in a rank's events, the "
-        "slot in a supervisor's (a spare keeps its slot after it takes a node rank over)")
+    p.add_argument(
+        "--node",
+        type=int,
+        default=None,
+        metavar="N",
+        help="only events whose node is N: the node rank in a rank's events, the slot in a "
+        "supervisor's (a spare keeps its slot after it takes a node rank over)",
+    )
     p.add_argument(
         "--since", type=parse_since, default=None, metavar="T", help="only events at or after T"
     )

@@ -176,8 +176,8 @@ def final_outcome(
             return gave_up, reason
         if code == 0:
             return "completed", reason
-        if code == REQUEUED_EXIT:
-            return "requeued (exit code 75)", reason
+        if code in REQUEUED_EXITS:
+            return f"requeued (exit code {code})", reason
         return (f"failed (exit code {code})" if code is not None else "stopped"), reason
     if job.wrapper_ends:
         if set(job.wrapper_ends) == {"completed"}:
@@ -196,9 +196,9 @@ def final_outcome(
 #: ``nvrx-supervise``'s exit code when a rank stopped the job with exit 130 (``RestartAbort``);
 #: older supervisors exited 0 for it.
 RANK_STOPPED_EXIT = 12
-#: ``nvrx-supervise``'s exit code when SLURM warned and the job was requeued: its next run
-#: goes on, so the job has not ended.
-REQUEUED_EXIT = 75
+#: ``nvrx-supervise``'s exit codes when a warning requeued the job (75; 144 under submitit's
+#: local executor, which runs the task again on it): its next run goes on, it has not ended.
+REQUEUED_EXITS = (75, 144)
 
 
 def _gave_up(job: JobSummary, timeline: list[RoundRow], run: int) -> str | None:

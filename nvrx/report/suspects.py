@@ -205,8 +205,10 @@ def _add_exclusions(
     the job's own code said the node is unfit. A recorded loss carries the same evidence
     (``_loss_evidence``); an exclusion for slowness is the straggler's (``_add_stragglers``)."""
     slow = {(x.run, x.slot) for x in stragglers if x.action == EXCLUDE}
-    for run, slot in _excluded_slots(job) - losses.lost_slots() - slow:
-        for host in _slot_hosts(job).get((run, slot), ()):
+    asked_out = _excluded_slots(job) - losses.lost_slots() - slow
+    hosts = _slot_hosts(job) if asked_out else {}
+    for run, slot in asked_out:
+        for host in hosts.get((run, slot), ()):
             per.of(host, slot if isinstance(slot, int) else None).asked_out = True
 
 

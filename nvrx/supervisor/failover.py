@@ -384,15 +384,15 @@ class Failover:
         if address.slot == slot:
             # before the address is out: the new generation's children must find the old
             # host's ranks already marked gone (no spare) or assigned (a spare); recorded
-            # once published, as a store given up serves nobody (its requeuer records them)
+            # once published, or as a stop if the store was given up meanwhile
             loss = self._declare_lost_store_host(lost_wall)
             if not store_failover.publish(job_dir, address):
                 log.warning("the survivor that asked SLURM gave up the store of epoch %d "
                             "before this slot published it: the store stops", store.epoch)  # fmt: skip
                 self._withdraw_store()
+                self._record(_given_up(loss))
                 return None, None
-            if loss is not None:
-                self._roles.record(loss)
+            self._record(loss)
         try:
             self._roles.start()
         except StoreLinkError as exc:
@@ -456,6 +456,15 @@ class Failover:
             return False
         return True
 
+    def _record(self, loss: Loss | None) -> None:
+        """Record the old store host's loss that this slot took out (``NodeRoles.record``)."""
+        if loss is None:
+            return
+        try:
+            self._roles.record(loss)
+        except StoreLinkError as exc:  # a shrink reads the store: the new store is gone already
+            log.error("could not record slot %s lost: %s", loss.slot, exc)
+
     def _declare_lost_store_host(self, lost_wall: float) -> Loss | None:
         """Take the old store host's slot out in this slot's new store (not recorded yet)."""
         lost = self.store.lost_slot
@@ -487,6 +496,16 @@ class Failover:
             return None
         self.store.service = service
         return mine
+
+
+def _given_up(loss: Loss | None) -> Loss | None:
+    """``loss`` as it ends when the store it was decided in was given up: nothing replaces
+    the node, the job is requeued or ends (the survivor that gave the store up may record
+    it too, from the snapshot: the report keeps the first)."""
+    if loss is None or loss.action == "none":
+        return loss
+    reason = "its successor's store was given up: the job stops"
+    return replace(loss, action="stop", replaced_by=None, reason=reason)
 
 
 def _end(link: StoreLink | None, service: StoreService | None) -> None:

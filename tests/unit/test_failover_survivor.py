@@ -18,6 +18,7 @@ from nvrx.supervisor import node_requeue, store_failover
 from nvrx.supervisor.failover import Failover
 from nvrx.supervisor.node_requeue import StepAnswers
 from nvrx.supervisor.node_roles import Loss
+from nvrx.supervisor.store_link import StoreLinkError
 
 EPOCH = 1
 
@@ -319,25 +320,46 @@ def test_a_successor_records_the_old_hosts_loss_only_once_its_store_is_published
 ) -> None:
     """The successor takes the old store host's slot out in its new store before it publishes
     (its children must find it so), but its ``node_lost`` follows the publication: a store
-    given up in between serves nobody, and the survivor that gave it up records the loss."""
+    given up in between replaces nobody, and the loss is then recorded as a stop."""
     successor, mine, stopped = _successor(tmp_path)
     loss = Loss(0, "node1", 0, "spare", 2, 2, "spare slot 2 takes over node rank 0")
     store = store_failover.epoch_dir(tmp_path, EPOCH + 1) / "store.json"
     recorded: list[tuple[Loss, bool]] = []
 
-    def take_out(lost_wall: float) -> Loss:
+    def take_out(report: dict[str, Any], fresh: bool = False) -> Loss:
+        assert (report["slot"], fresh) == (0, True)
         if given_up:  # the survivor that asked SLURM ran out of its wait meanwhile
             assert store_failover.abandon(tmp_path, EPOCH + 1)
         return loss
 
+    roles = successor.store.roles
+    roles.take_out, roles.start = take_out, lambda: None
+    roles.declare = lambda report, fresh=False: pytest.fail("declared (and recorded) before publishing")
+    roles.record = lambda lost: recorded.append((lost, store.exists() and not stopped))
+    successor.store.lost_slot = 0
     successor.failover._connect = lambda address: True
-    successor.failover._declare_lost_store_host = take_out
-    successor.store.roles.record = lambda lost: recorded.append((lost, store.exists()))
-    successor.store.roles.start = lambda: None
     elected = successor.failover._elect_and_connect(0.0)
     assert elected == ((None, None) if given_up else (mine, loss))
-    assert recorded == ([] if given_up else [(loss, True)])  # after its store.json, if at all
     assert stopped == [True] * given_up
+    if not given_up:
+        assert recorded == [(loss, True)]  # after its store.json
+        return
+    [(stop, _)] = recorded  # after its store stopped: nothing took the node's place
+    assert (stop.slot, stop.node_rank, stop.action, stop.replaced_by) == (0, 0, "stop", None)
+
+
+def test_a_store_error_while_recording_the_old_hosts_loss_is_logged_not_raised(tmp_path: Path) -> None:
+    successor, mine, _ = _successor(tmp_path)
+    roles = successor.store.roles
+    roles.take_out = lambda report, fresh=False: Loss(0, "node1", 0, "shrink", None, 1, "no spare left")
+    roles.start = lambda: None
+
+    def record(loss: Loss) -> None:
+        raise StoreLinkError("the new store is gone")
+
+    roles.record = record
+    successor.failover._connect = lambda address: True
+    assert successor.failover._elect_and_connect(0.0)[0] == mine
 
 
 def test_a_store_claimed_and_never_published_does_not_leave_the_job_alone(tmp_path, slurm) -> None:

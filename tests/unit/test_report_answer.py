@@ -151,9 +151,11 @@ def test_a_failed_job_says_so_first(tmp_path: Path) -> None:
     assert verdict(dataclasses.replace(summary, outcome="unknown")) == UNFINISHED
 
 
-def test_a_run_that_ended_requeued_is_not_finished_not_failed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("code", [75, 144], ids=["slurm", "submitit-local"])
+def test_a_run_that_ended_requeued_is_not_finished_not_failed(tmp_path: Path, code: int) -> None:
     """SLURM warned, the ranks checkpointed and the job was requeued (every supervisor exits
-    75): read from the events alone (no sacct), the job has not ended, nor failed."""
+    75; 144 under submitit's local executor): read from the events alone (no sacct), the job
+    has not ended, nor failed."""
     from test_report_fixtures import Host, Proc
 
     reason = "SLURM sent SIGUSR1 (time limit): checkpointed and requeued"
@@ -161,15 +163,15 @@ def test_a_run_that_ended_requeued_is_not_finished_not_failed(tmp_path: Path) ->
         sup = Proc(tmp_path / "job", Host(f"n{node}", node), "supervisor")
         sup.at(0.0, "supervisor_start", nnodes=2, nproc_per_node=1, command=["train.py"])
         sup.at(1.0, "child_start", local_rank=0, child_pid=100, global_rank=node, attempt=0)
-        sup.at(30.0, "job_stop", reason=reason, exit_code=75)
+        sup.at(30.0, "job_stop", reason=reason, exit_code=code)
         sup.at(31.0, "child_exit", local_rank=0, child_pid=100, global_rank=node, exit_code=0,
                signal=None, runtime_s=30.0, attempt=0)  # fmt: skip
-        sup.at(32.0, "supervisor_end", exit_code=75, reason=reason)
+        sup.at(32.0, "supervisor_end", exit_code=code, reason=reason)
         sup.close()
     report = build_report(tmp_path / "job", sacct=False)
-    assert report.summary.outcome == "requeued (exit code 75)"
+    assert report.summary.outcome == f"requeued (exit code {code})"
     assert verdict(report.summary) == UNFINISHED
-    assert _first_screen(report)[3].startswith(f"outcome: NOT FINISHED: requeued (exit code 75) ({reason})")
+    assert _first_screen(report)[3].startswith(f"outcome: NOT FINISHED: requeued (exit code {code}) ({reason})")
 
 
 def test_a_follow_on_fault_comes_after_its_cause_even_when_written_before_it(
