@@ -239,6 +239,16 @@ class Report(ReportData):
         return render(self, format, width)
 
 
+def _node_losses(job: JobSummary) -> LossIndex:
+    """The job's node losses; with them known, the hangs a supervisor reported (a plain
+    script's, which name its slot as their node) are moved to the node rank a spare took
+    over before them, as its ranks' events are."""
+    losses = node_losses(job)
+    for h in job.hangs:
+        h.node = losses.node_rank(h.run, h.node, h.wall)
+    return losses
+
+
 def build_report(
     log_dir: str | os.PathLike[str] | None = None,
     job: str | None = None,
@@ -266,7 +276,7 @@ def build_report(
     agg = _read_events(job_dir, filters, workers or _default_workers(), progress, notes)
     job_id = job or (sorted(agg.jobs)[0] if len(agg.jobs) == 1 else job_dir.job)
     slurm = query_sacct(job_id) if sacct else SlurmContext(error="sacct not asked (--no-sacct)")
-    losses = node_losses(agg)
+    losses = _node_losses(agg)
     process_rows = process_restarts(agg, losses)
     attach_rank_files(process_rows, job_dir.path, notes)
     timeline = _rounds(agg, process_rows, losses, notes)

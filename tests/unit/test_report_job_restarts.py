@@ -188,6 +188,32 @@ def _spare_then_failure(log_dir: Path, responding: bool) -> None:
         sup.close()
 
 
+def test_a_hang_a_spares_supervisor_reports_is_the_node_rank_it_took_over(tmp_path: Path) -> None:
+    """Spare slot 2 (n2) takes node rank 1 over; later its supervisor reports its rank's hang
+    (a plain script's heartbeats): the hang is node rank 1's, as its rank's events are, and n2
+    has one suspect row, not one per slot and node rank."""
+    sups = _two_nodes_and_a_spare(tmp_path)
+    sups[0].at(20.0, "node_lost", lost_node=1, lost_slot=1, lost_host="n1", silent_s=10.0,
+               last_seen_wall=T0 + 10.0, seen_by=0, action="spare", replaced_by=2, ranks=[1])  # fmt: skip
+    sups[2].at(20.5, "node_takeover", node_rank=1, lost_slot=1, wait_s=0.5)
+    for i in (0, 2):  # the job-wide restart with the spare: the loss is over once it started
+        sups[i].at(21.0, "job_restart", epoch=1, phase="stopping", cause={"rank": 1, "node": 1, "signature": "node lost"})
+        sups[i].at(21.5, "job_restart", epoch=1, phase="ready", ready=2, nodes=2)
+        sups[i].at(22.0, "job_restart", epoch=1, phase="started")
+        sups[i].at(22.0, "child_start", local_rank=0, child_pid=300 + i, global_rank=min(i, 1), attempt=1)
+    # past the time a survivor's faults may follow from the loss (``SAME_FAILURE_WINDOW_S``)
+    sups[2].at(70.0, "hang", rank=1, local_rank=0, child_pid=302, timeout="heartbeat", stack=HANG_STACK)
+    sups[2].at(71.0, "child_exit", local_rank=0, child_pid=302, global_rank=1, exit_code=None,
+               signal="SIGKILL", runtime_s=49.0, attempt=1)  # fmt: skip
+    for i in (0, 2):
+        sups[i].at(90.0, "supervisor_end", exit_code=0, reason="all children ended")
+    for sup in sups:
+        sup.close()
+    report = build_report(tmp_path, sacct=False)
+    assert [(h.rank, h.node, h.host) for h in report.hangs] == [(1, 1, "n2")]
+    assert {n.node for n in report.suspects if n.host == "n2"} == {1}, report.to_text(width=None)
+
+
 @pytest.mark.parametrize("responding", [False, True], ids=["node-dead", "node-responding"])
 def test_a_job_wide_restart_for_a_lost_node_is_its_loss_and_a_later_failure_is_the_spares(
     tmp_path: Path, responding: bool
