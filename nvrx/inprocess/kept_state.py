@@ -309,14 +309,14 @@ class KeptState:
                 state_handover.send_state(self._shared(plan.step), [receiver], group)
             elif receiver == me:
                 received = state_handover.recv_state(source, group)
-        if me not in plan.sources:  # it holds its group's shard: labelled so already
-            with self._lock:
-                self._course, self._shard = plan.course, shard
-            self.restore(plan.step)
-            return plan.step, "memory"
-        self.forget()
+        served = me in plan.sources
+        if served:  # what it holds is not its group's shard at that step
+            self.forget()
         with self._lock:
             self._course, self._shard = plan.course, shard
+        if not served:
+            self.restore(plan.step)
+            return plan.step, "memory"
         self._take(plan.step, received)
         return plan.step, "peer"
 
