@@ -27,7 +27,7 @@ from .activity import build_activity
 from .compact import compress_ints
 from .failure_groups import add_output_findings, build_failures
 from .file_summary import FileSummary
-from .job_rounds import job_restart_rounds, world_of
+from .job_rounds import job_restart_rounds
 from .job_summary import JobSummary
 from .loading import JobDir, ReportError, resolve_job_dir
 from .model import (
@@ -442,7 +442,7 @@ def _summary(
     )
     n_ranks = len(agg.ranks) if restricted or not agg.world_size else agg.world_size
     if not n_ranks and not restricted:
-        n_ranks = world_of(agg)  # no rank wrote events: the supervisors' children
+        n_ranks = agg.supervised_world()  # no rank wrote events: the supervisors' children
     busy_s = agg.call_us / 1e6 + time_ledger.unfinished_call_s(agg, losses)
     if agg.calls == 0 and job_facts.child_runtime_s(agg) > 0:
         # No Wrapper marked the training function: the supervised processes' lives stand in.

@@ -30,30 +30,13 @@ BY_RESTART_CLAIM = "job_restart"
 FROM_JOB_RESTARTS = "job_restart"
 
 
-def world_of(job: JobSummary) -> int:
-    """Ranks of the job as its supervisors started them (training nodes, spares left out, x
-    ranks per node, else the distinct global ranks of their children): the world without
-    Wrapper events."""
-    sizes = [
-        (e["nnodes"] - (e.get("spare_nodes") or 0)) * e["nproc_per_node"]
-        for e in job.node_events
-        if e.get("kind") == "supervisor_start" and e.get("nnodes") and e.get("nproc_per_node")
-    ]
-    started = {
-        e.get("global_rank")
-        for e in job.node_events
-        if e.get("kind") == "child_start" and e.get("global_rank") is not None
-    }
-    return max([*sizes, len(started)], default=0)
-
-
 def job_restart_rounds(job: JobSummary, losses: LossIndex) -> list[RoundRow]:
     """One row per stretch of each run that had a job-wide restart; none for other runs."""
     by_run: dict[int, dict[int, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for e in job.node_events:
         if e.get("kind") == "job_restart" and isinstance(e.get("epoch"), int):
             by_run[e["run"]][e["epoch"]].append(e)
-    world = world_of(job)
+    world = job.supervised_world()
     rows: list[RoundRow] = []
     for run, epochs in sorted(by_run.items()):
         start = min(_walls(job, run, "child_start"), default=None)

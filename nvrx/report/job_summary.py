@@ -126,6 +126,22 @@ class JobSummary:
     def runs(self) -> int:
         return max((len(s) for s in self.starts.values()), default=1) or 1
 
+    def supervised_world(self) -> int:
+        """Ranks of the job as its supervisors started them (training nodes, spares left out, x
+        ranks per node, else the distinct global ranks of their children): the world without
+        Wrapper events."""
+        sizes = [
+            (e["nnodes"] - (e.get("spare_nodes") or 0)) * e["nproc_per_node"]
+            for e in self.node_events
+            if e.get("kind") == "supervisor_start" and e.get("nnodes") and e.get("nproc_per_node")
+        ]
+        started = {
+            e.get("global_rank")
+            for e in self.node_events
+            if e.get("kind") == "child_start" and e.get("global_rank") is not None
+        }
+        return max([*sizes, len(started)], default=0)
+
     # -- folding ------------------------------------------------------------------
     def merge(self, other: JobSummary) -> None:
         """Fold in another partial summary (of other files); ``other`` is used up."""

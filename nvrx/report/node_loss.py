@@ -101,6 +101,8 @@ def _recovery(job: JobSummary, loss: NodeLoss) -> tuple[float, int | None] | Non
         return min(later, key=lambda x: x[0], default=None)
     if loss.action not in ("spare", "shrink"):
         return None
+    if not any(run == loss.run for run, _ in job.rounds):
+        return _restarted_without_wrapper(job, loss)
     start = loss.start
     declared = max(start, loss.declared_wall or start)
     rounds = sorted(
@@ -117,6 +119,25 @@ def _recovery(job: JobSummary, loss: NodeLoss) -> tuple[float, int | None] | Non
             return wall, size  # smaller: its survivors went on (it may begin before the event)
         if loss.action == "spare" and wall > declared and (size or 0) >= full:
             return wall, size
+    return None
+
+
+def _restarted_without_wrapper(job: JobSummary, loss: NodeLoss) -> tuple[float, int | None] | None:
+    """Without Wrapper rounds: (when the last node started its children, world size) in the
+    first job-wide restart that every training node (a spare, after its takeover, among
+    them) started after the loss was declared; after a shrink, any node that started."""
+    declared = _declared(loss)
+    started: dict[int, dict[Any, float]] = {}
+    for e in job.node_events:
+        wall, epoch = e.get("wall"), e.get("epoch")
+        if (e.get("kind"), e.get("phase"), e["run"]) != ("job_restart", "started", loss.run):
+            continue
+        if isinstance(epoch, int) and isinstance(wall, (int, float)) and wall > declared:
+            started.setdefault(epoch, {})[e.get("node")] = wall
+    needed = 1 if loss.action == "shrink" else _training_nodes(job, loss.run) or 1
+    for epoch in sorted(started):
+        if len(started[epoch]) >= needed:
+            return max(started[epoch].values()), (job.supervised_world() if loss.action == "spare" else None)
     return None
 
 

@@ -8,7 +8,9 @@ from .text_doc import Doc, ranks_text, secs, when
 #: How "trained again after" is measured, printed under the table.
 RECOVERY_RULE = (
     "trained again after: from the node's last heartbeat to the first round_start of the "
-    "job at its size before the loss (a spare took over), or of its next round (it shrank)"
+    "job at its size before the loss (a spare took over), or of its next round (it shrank); "
+    "without the Wrapper, to the last node starting its children in the first job-wide "
+    "restart after the declaration"
 )
 
 

@@ -257,6 +257,9 @@ def test_a_frozen_node_of_a_plain_script_is_replaced_and_every_rank_restarts(tmp
     started = [e["node"] for e in job.events("job_restart") if e["phase"] == "started"]
     assert sorted(started) == [0, 2], started  # one job-wide restart, the spare in it
     assert "rank 1: done" in job.output() and "rank 0: done" in job.output()
+    [loss] = _report(job)["node_losses"]  # over when that restart started the spare's rank too
+    assert loss["recovered_wall"] == max(e["wall"] for e in job.events("job_restart") if e["phase"] == "started")
+    assert loss["recovery_s"] > 0 and loss["world_size"] == 2, loss
 
 
 HANG_IGNORING_SIGTERM = """\

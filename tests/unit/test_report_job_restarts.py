@@ -234,6 +234,36 @@ def test_a_job_wide_restart_for_a_lost_node_is_its_loss_and_a_later_failure_is_t
     assert first_screen.count("node lost") == 1, first_screen  # the loss once, as its round
 
 
+def test_a_plain_scripts_loss_is_over_once_every_node_started_its_children_again(tmp_path: Path) -> None:
+    """Without Wrapper rounds, the loss of n1 is recovered when the job-wide restart after its
+    declaration started every training node's children (n2 for node rank 1 among them): a
+    later failure within the same-failure window is n2's own (before: "not seen in the
+    events", and rank 1's exit 29 s later was put down to the loss)."""
+    _spare_then_failure(tmp_path, responding=False)
+    report = build_report(tmp_path, sacct=False)
+    (loss,) = report.node_losses
+    assert (loss.recovered_wall, loss.world_size) == (T0 + 22.0, 2)
+    assert loss.recovery_s == 12.0  # from its last beat at t=10
+    (ended,) = [p for p in report.process_restarts if p.exit_code == 1]
+    assert (ended.host, ended.explained_by) == ("n2", None), report.to_text(width=None)
+
+
+def test_a_restart_one_training_node_did_not_start_is_no_recovery_from_a_loss(tmp_path: Path) -> None:
+    """Slot 0 restarts its children after n1 is declared lost, but no spare took node rank 1:
+    the job was not whole again, so the loss has no recovery."""
+    sups = _two_nodes_and_a_spare(tmp_path)
+    sups[0].at(20.0, "node_lost", lost_node=1, lost_slot=1, lost_host="n1", silent_s=10.0,
+               last_seen_wall=T0 + 10.0, seen_by=0, action="spare", replaced_by=2, ranks=[1])  # fmt: skip
+    sups[0].at(21.0, "job_restart", epoch=1, phase="stopping", cause={"rank": 1, "node": 1, "signature": "node lost"})
+    sups[0].at(22.0, "job_restart", epoch=1, phase="started")
+    for i in (0, 2):
+        sups[i].at(60.0, "supervisor_end", exit_code=1, reason="a child failed")
+    for sup in sups:
+        sup.close()
+    (loss,) = build_report(tmp_path, sacct=False).node_losses
+    assert loss.recovered_wall is None and loss.recovery_s is None
+
+
 def test_a_restart_span_that_clock_skew_makes_negative_counts_as_none() -> None:
     """The last node's ``ready`` is stamped by a clock ahead of the one that stamped the last
     ``started``: that phase is 0, not negative."""
