@@ -1,7 +1,7 @@
 """Structured events: the single record of what happened in a job (JSON lines)."""
 
 from .reader import ReadStats, Skipped, event_files, iter_dir, iter_file, read_dir
-from .schema import COMMON_FIELDS, KINDS, SCHEMA_VERSION
+from .schema import COMMON_FIELDS, KINDS, SCHEMA_VERSION, STAMPED_FIELDS
 from .writer import (
     EventWriter,
     configure,
@@ -16,6 +16,7 @@ __all__ = [
     "COMMON_FIELDS",
     "KINDS",
     "SCHEMA_VERSION",
+    "STAMPED_FIELDS",
     "EventWriter",
     "ReadStats",
     "Skipped",

@@ -27,6 +27,12 @@ COMMON_FIELDS: dict[str, str] = {
     "component": "writer: wrapper, monitor, supervisor, store, launcher, app, ...",
 }
 
+#: Fields a writer stamps on every event it writes, beside the common ones.
+STAMPED_FIELDS: dict[str, str] = {
+    "initial_rank": "the rank the process started the job as, before any renumbering of a "
+    "restart (every event of the in-process Wrapper; a replacement's is the rank it replaced)",
+}
+
 #: Documented kinds, with the fields specific to each. Readers must accept
 #: kinds missing from this table (from newer versions) and skip them.
 KINDS: dict[str, dict[str, str]] = {

@@ -31,8 +31,6 @@ from .values import as_int, as_str, num
 
 #: Components whose events belong to one training rank.
 _RANK_COMPONENTS = ("wrapper", "monitor", "app")
-#: Kinds whose own fields reuse the name of a common field (schema quirk).
-_HOST_SHADOWING_KINDS = frozenset({"store_start"})
 #: Per record type (``typed_events``): its kind's handler, and whether it is filed under its round.
 _RECORD_DISPATCH = {cls: DISPATCH.get(kind, UNHANDLED) for kind, cls in RECORD_TYPES.items()}
 
@@ -44,8 +42,6 @@ def _read_common(event: Ev) -> tuple[Any, float | None, Any, tuple[Any, ...]]:
     if type(wall) is not float:
         wall = num(wall)
     raw = (event.get("host"), event.get("node"), event.get("rank"), event.get("job"))
-    if kind in _HOST_SHADOWING_KINDS:  # store_start's own "host" (its bind address) is not the writer's
-        raw = (None, raw[1], raw[2], raw[3])
     return kind, wall, event.get("round"), raw
 
 
@@ -95,7 +91,7 @@ class FileFolder(KindHandlers):
         other in full), and kinds unknown here are counted in the summary's read stats. False
         at the first value the reader would skip: the summary is then unusable.
         """
-        dispatch, shadowing = DISPATCH, _HOST_SHADOWING_KINDS
+        dispatch = DISPATCH
         event_fields, process_fields = EVENT_FIELDS, PROCESS_FIELDS
         first, last = self.first_wall, self.last_wall
         raw_seen, (host, node, rank) = self._raw, self._ctx
@@ -117,7 +113,6 @@ class FileFolder(KindHandlers):
                 and type(mono) is float
                 and 0.0 <= mono <= MAX_MONO
                 and type(kind) is str
-                and kind not in shadowing
             )
             if usual and (
                 fields != seen

@@ -2,9 +2,10 @@
 
 Every ``emit``/``_emit`` call under ``nvrx/`` is read with ``ast``: a kind given as
 a string must be declared in ``nvrx.events.schema.KINDS``, and every field it passes
-by name must be a common field or one of that kind's documented fields. A kind that
-is not a string literal is allowed only where a function forwards its own ``kind``
-parameter (the writers' ``emit`` helpers). On the reading side, ``nvrx-report``
+by name must be a common or stamped field or one of that kind's documented fields. A
+kind that is not a string literal is allowed only where a function forwards its own
+``kind`` parameter (the writers' ``emit`` helpers), and the fields such a helper adds
+by name must be common or stamped ones. On the reading side, ``nvrx-report``
 summarizes each declared kind (``kind_handlers.DISPATCH``) or names it, with the
 reason, as not summarized (``kind_handlers.NOT_SUMMARIZED``): a kind that is neither
 fails here, so a new writer cannot go unread unnoticed.
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from nvrx.events.schema import COMMON_FIELDS, KINDS
+from nvrx.events.schema import COMMON_FIELDS, KINDS, STAMPED_FIELDS
 from nvrx.report.kind_handlers import DISPATCH, NOT_SUMMARIZED
 
 PACKAGE = Path(__file__).resolve().parents[2] / "nvrx"
@@ -86,17 +87,19 @@ def emit_calls(package: Path) -> Iterator[EmitCall]:
 def contract_problems(package: Path) -> list[str]:
     """What the writers under ``package`` emit that the schema does not declare."""
     problems = []
+    every = {**COMMON_FIELDS, **STAMPED_FIELDS}
     for call in emit_calls(package):
         if call.kind is None:
             if not call.forwarded:
                 problems.append(f"{call.where}: the kind is not a string literal")
+            problems += [f"{call.where}: {n} is not a common or stamped field" for n in call.fields if n not in every]
             continue
         declared = KINDS.get(call.kind)
         if declared is None:
             problems.append(f"{call.where}: kind {call.kind!r} is not declared in events.schema")
             continue
         for name in call.fields:
-            if name not in declared and name not in COMMON_FIELDS:
+            if name not in declared and name not in every:
                 problems.append(f"{call.where}: {call.kind}.{name} is not documented")
     return problems
 
@@ -116,13 +119,14 @@ def test_every_emitted_kind_and_field_is_declared() -> None:
         ("emit(some_kind)", "the kind is not a string literal"),
         ('emit(kind="no_such_kind")', "kind 'no_such_kind' is not declared"),
         ('emit(kind="fault", planet="mars")', "fault.planet is not documented"),
+        ("writer.emit(kind, planet=1)", "planet is not a common or stamped field"),
     ],
 )
 def test_an_undeclared_emit_is_caught(tmp_path: Path, line: str, expected: str) -> None:
     copy = tmp_path / "nvrx"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     writer = copy / "supervisor" / "job_end.py"
-    writer.write_text(writer.read_text() + f"\n\ndef _added(emit, writer, self, some_kind):\n    {line}\n")
+    writer.write_text(writer.read_text() + f"\n\ndef _added(emit, writer, self, some_kind, kind):\n    {line}\n")
     problems = contract_problems(copy)
     assert len(problems) == 1 and expected in problems[0], problems
     assert problems[0].startswith("nvrx/supervisor/job_end.py:")

@@ -62,7 +62,7 @@ class Proc:
             "host": h.name,
             "boot": h.boot,
         }
-        stamped.update(fields)  # as in the writer, a kind's own field wins (store_start's "host")
+        stamped.update(fields)  # as in the writer, a kind's own field wins
         return self.writer.emit(kind, **stamped)
 
     def close(self) -> None:
@@ -94,7 +94,7 @@ def write_standard_job(log_dir: Path) -> dict[str, Any]:
             store="node-a:29500",
         )
     store = Proc(log_dir, a, "store")
-    store.at(0.1, "store_start", host="0.0.0.0", port=29500)
+    store.at(0.1, "store_start", addr="node-a", listen="all", port=29500)
     ranks = {r: Proc(log_dir, hosts[r // 2], "wrapper", rank=r) for r in range(4)}
     for r, p in ranks.items():
         sup[r // 2].at(0.5, "child_start", local_rank=r % 2, child_pid=100 + r, attempt=0)

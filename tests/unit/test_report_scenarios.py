@@ -31,7 +31,7 @@ def test_summary_counts_restarts_of_each_kind_and_goodput(report, standard) -> N
     facts = standard[1]
     s = report.summary
     assert (s.job, s.nodes, s.ranks, s.rounds, s.runs) == (JOB, 2, 4, 4, 1)
-    assert s.hosts == ["node-a", "node-b"]  # store_start's bind "host" is not a host of the job
+    assert s.hosts == ["node-a", "node-b"]
     assert (s.restarts.in_process, s.restarts.process, s.restarts.requeue) == (3, 1, 0)
     assert s.wall_time_s == pytest.approx(facts["wall_s"], abs=1e-3)
     assert s.training_time_s == pytest.approx(facts["call_s"] / 4, abs=1e-3)
