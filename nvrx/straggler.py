@@ -139,6 +139,13 @@ class StepScores:
                 changes.append(Change(of, who, "slow" if verdict.slow else "recovered", score))
         return changes
 
+    def take_back(self, change: Change) -> None:
+        """Undo ``change``, which could not be told: its verdict stays as it was, and the next
+        evaluation that still disagrees with it makes the change again."""
+        verdict = self._verdicts[(change.of, change.who)]
+        verdict.slow = change.state != "slow"
+        verdict.streak, verdict.looks = self.rule.confirm, self.rule.looks - 1
+
     def slow(self, of: str = "rank") -> set[Hashable]:
         """The ranks (or nodes) named stragglers now."""
         return {who for (kind, who), verdict in self._verdicts.items() if kind == of and verdict.slow}

@@ -5,7 +5,9 @@ slot's medians (``node_keys.step_times``), scores each rank as the job's referen
 time over its own median and each node as the median of its ranks' scores
 (``nvrx.straggler``), and writes a ``straggler`` event for each rank or node named slow or
 cleared. A verdict changes only after it held for ``rule.confirm`` steps and ``rule.looks``
-looks: one look after many steps (the first, or a fast job) never names anyone alone.
+looks: one look after many steps (the first, or a fast job) never names anyone alone. A
+change whose telling meets a store error (listing a node for exclusion) is taken back and
+made again at the next look, so its event is neither lost nor written twice.
 
 A rank counts only while its step count moves: one whose count stood still for
 ``STALE_S`` (or ``STALE_STEPS`` of the slowest median, where steps are long: ended, lost,
@@ -31,6 +33,7 @@ from nvrx.straggler import Change, StepScores, node_scores_of, reference_of, sco
 from . import node_keys
 from .job_store import JobStore
 from .node_control import NodeControl
+from .store_link import StoreLinkError
 
 #: Least seconds a rank's step count may stand still before it is left out of the scores;
 #: more where steps are long (``STALE_STEPS`` of the job's slowest median).
@@ -82,8 +85,13 @@ class StragglerJudge:
             self._counts[key].counted = view.steps[key[1]]
         changes = self.verdicts.evaluate(scores, "rank", advance)
         changes += self.verdicts.evaluate(node_scores_of(scores, view.slot_of), "node", advance)
-        for change in changes:
-            self._tell(change, view)
+        for i, change in enumerate(changes):
+            try:
+                self._tell(change, view)
+            except StoreLinkError:  # told at the next look: none is lost, none told twice
+                for untold in changes[i:]:
+                    self.verdicts.take_back(untold)
+                raise
 
     def _read(self, now: float) -> _View:
         view = _View()
@@ -142,9 +150,9 @@ class StragglerJudge:
         roles = self.store.roles
         if roles is None or roles.free_spares() <= len(pending):
             return False
-        self._excluded.add(slot)
-        listed = json.dumps({"exclude": sorted(self._excluded)})
+        listed = json.dumps({"exclude": sorted(self._excluded | {slot})})
         self.store.set_sealed(node_keys.STRAGGLERS, listed)
+        self._excluded.add(slot)
         return True
 
 

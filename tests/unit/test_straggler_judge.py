@@ -19,6 +19,7 @@ from nvrx.supervisor.job_store import JobStore
 from nvrx.supervisor.node_roles import NodeRoles
 from nvrx.supervisor.step_times import StepTimes
 from nvrx.supervisor.stop_flag import StopFlag
+from nvrx.supervisor.store_link import StoreLinkError
 from nvrx.supervisor.straggler_judge import STALE_S, StragglerJudge
 
 
@@ -162,6 +163,39 @@ def test_the_stores_own_slot_is_never_excluded(store):
     job = _Job(store, TWO_NODES)
     _looks(judge, job, {0: 1.5, 1: 1.5, 2: 1.0, 3: 1.0}, 5)
     assert [(e["who"], e["action"]) for e in node.events if e["of"] == "node"] == [(0, "none")]
+
+
+class _FailsOnce(_Link):
+    """A link whose first write of the exclusion list meets a store error."""
+
+    failed = False
+
+    def set(self, key: str, value: str) -> None:
+        if key == node_keys.STRAGGLERS and not self.failed:
+            self.failed = True
+            raise StoreLinkError("the store did not answer in time")
+        super().set(key, value)
+
+
+def test_a_store_error_while_listing_a_slow_node_is_told_at_the_next_look(store):
+    """The write of the exclusion list fails once: the node's change is taken back, and the
+    next look lists it and writes its one event (before: no event, never listed, and its
+    spare held for it, so a second slow node got none)."""
+    judge, node = _judge(store, nnodes=4, spares=1, action="exclude")
+    judge.store.link = _FailsOnce(store)
+    job = _Job(store, {0: 0, 1: 0, 2: 1, 3: 1})
+    errors = 0
+    for i in range(6):
+        job.publish(NODE_1_SLOW)
+        try:
+            judge.look(float(i))
+        except StoreLinkError:  # as StepTimes.check, which logs it and goes on
+            errors += 1
+    assert errors == 1 and judge.store.link.failed
+    assert [(e["who"], e["state"], e["action"]) for e in node.events if e["of"] == "node"] == [(1, "slow", "exclude")]
+    assert _named(node, "rank") == [(2, "slow"), (3, "slow")]  # told before the error, once
+    sealed = store.get(node_keys.STRAGGLERS).decode()
+    assert json.loads(SEALER.unseal(node_keys.STRAGGLERS, sealed)) == {"exclude": [1]}
 
 
 def test_unreadable_values_in_the_store_are_skipped_not_fatal(store, caplog):
