@@ -4,8 +4,8 @@ Each rank's step times (its own work, not the time it waits for others in collec
 in synchronous training every rank's wall-clock step is the slowest one's) are kept in a
 sliding window of the last ``window`` steps. A rank's *score* is the job's reference time
 divided by the rank's own window median, capped at 1; the reference is the lower quartile
-of the ranks' window medians (the job's fast ranks: half the job turning slow does not
-move it, where the median would). 1 for a rank as fast as the reference, 0.77 for one
+of the ranks' window medians, the faster one's of two (the job's fast ranks: half the job
+turning slow does not move it, where the median would). 1 for a rank as fast as the reference, 0.77 for one
 30 % slower. Medians make a score indifferent to one outlier step (a checkpoint, a page
 fault); the ratio makes it indifferent to the whole job slowing down (an evaluation, a
 shared file system). NVRx's relative score divides by the fastest rank instead.
@@ -152,7 +152,10 @@ class StepScores:
 
 
 def reference_of(medians: Mapping[Hashable, float]) -> float:
-    """The job's reference step time: the lower quartile of the ranks' medians (two or more)."""
+    """The job's reference step time: the lower quartile of the ranks' medians (two or more);
+    of two, the faster one's (a quartile between them moves with the slower one)."""
+    if len(medians) == 2:
+        return min(medians.values())
     return statistics.quantiles(medians.values(), n=4, method="inclusive")[0]
 
 

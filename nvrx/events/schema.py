@@ -228,7 +228,8 @@ KINDS: dict[str, dict[str, str]] = {
         "score": "job reference step time / its own median step time, at most 1 (1: as fast as "
         "the job's fast ranks)",
         "median_s": "its median step time (own work) over the window",
-        "reference_s": "the job's reference step time: the lower quartile of the ranks' medians",
+        "reference_s": "the job's reference step time: the lower quartile of the ranks' medians "
+        "(of two, the faster one's)",
         "slower_pct": "how much slower than the reference, in percent",
         "step": "the step count its ranks had reached when it was judged (the least of them)",
         "window": "steps each median covers",

@@ -11,22 +11,23 @@ from nvrx.straggler import StepScores, StragglerRule
 RANKS = 4
 
 
-def _run(steps: int, slowdown, seed: int = 0, noise: float = 0.15, scores: StepScores | None = None):
+def _run(steps: int, slowdown, seed: int = 0, noise: float = 0.15, scores: StepScores | None = None, ranks: int = RANKS):
     """Feed ``steps`` steps of every rank (1 s times a lognormal noise times
     ``slowdown(rank, step)``), evaluating ranks at every step; the changes with their step."""
     rng = random.Random(seed)
     scores = scores or StepScores()
     changes = []
     for step in range(steps):
-        for rank in range(RANKS):
+        for rank in range(ranks):
             scores.record(rank, rng.lognormvariate(0, noise) * slowdown(rank, step))
         changes += [(step, c) for c in scores.evaluate(scores.scores())]
     return changes, scores
 
 
+@pytest.mark.parametrize("ranks", [2, RANKS])
 @pytest.mark.parametrize("seed", range(5))
-def test_a_healthy_job_names_no_one(seed):
-    changes, _ = _run(3000, lambda rank, step: 1.0, seed=seed)
+def test_a_healthy_job_names_no_one(seed, ranks):
+    changes, _ = _run(3000, lambda rank, step: 1.0, seed=seed, ranks=ranks)
     assert changes == []
 
 
@@ -50,6 +51,15 @@ def test_a_rank_30_percent_slower_from_step_50_is_named_within_the_bound_then_cl
     assert 50 <= named <= 50 + rule.detection_bound
     assert 150 <= cleared <= 150 + rule.detection_bound
     assert changes[0][1].score < rule.threshold and scores.slow() == set()
+
+
+def test_of_two_ranks_the_one_30_percent_slower_is_named():
+    """The reference of two medians is the faster one's (their lower quartile, a quarter of
+    the way to the slower, named a rank only from about 36 % slower at the default 0.8)."""
+    slow = lambda rank, step: 1.3 if rank == 1 and step >= 50 else 1.0  # noqa: E731
+    changes, _ = _run(200, slow, noise=0.05, ranks=2)
+    assert [(c.who, c.state) for _, c in changes] == [(1, "slow")]
+    assert changes[0][0] <= 50 + StragglerRule().detection_bound
 
 
 def test_a_slow_node_is_named_by_its_ranks_median():
