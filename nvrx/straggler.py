@@ -139,6 +139,11 @@ class StepScores:
                 changes.append(Change(of, who, "slow" if verdict.slow else "recovered", score))
         return changes
 
+    def reset(self, of: str, who: Hashable) -> None:
+        """Judge ``who`` afresh, as if never judged: it is not the rank it was (it moved to
+        another node), and neither its verdict nor a streak towards one holds for it there."""
+        self._verdicts.pop((of, who), None)
+
     def take_back(self, change: Change) -> None:
         """Undo ``change``, which could not be told: its verdict stays as it was, and the next
         evaluation that still disagrees with it makes the change again."""

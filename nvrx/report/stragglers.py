@@ -10,12 +10,14 @@ may ask for. A node excluded for slowness leaves the job to a spare: the first
 ``node_takeover`` of its slot after it was named (else a ``node_lost`` that names a
 spare) says which spare, and when; its row ends there.
 
-Two things end a row without a recovery. A ``store_failover`` moves the scoring to
+Three things end a row without a recovery. A ``store_failover`` moves the scoring to
 another supervisor, which judges afresh and never clears what the old one named: a
-row still open then ends at the failover, whether it recovered is not known. A rank's
-``recovered`` event from another slot than the one it was named on is its rank
-going on on a spare, not the slow host recovering: the row ends when its node left
-(its slot's ``node_takeover``, else its ``node_lost``; else at that event).
+row still open then ends at the failover, whether it recovered is not known. Its
+slot's ``node_lost`` or ``node_takeover`` (whatever the action): the row ends when its
+node left (the takeover, else the loss); the scorer judges its ranks afresh on the
+spare, which opens rows of their own. A rank's ``recovered`` event from another slot
+than the one it was named on is its rank going on on a spare, not the slow host
+recovering: the row ends the same way (else at that event).
 """
 
 from __future__ import annotations
@@ -128,6 +130,15 @@ class _Scan:
                 _end(x, e.get("wall"), BY_RECOVERY, e.get("step"))
             del self.open[key]
 
+    def left(self, e: dict[str, Any]) -> None:
+        """A slot left its run (lost, or taken over by a spare): what is open on it ends when
+        its node left (``_leaving``); its ranks, judged afresh on the spare, open new rows."""
+        slot = e.get("lost_slot")
+        for key, x in list(self.open.items()):
+            if slot is not None and (x.run, x.slot) == (e["run"], slot) and (x.start_wall or 0.0) <= _wall(e):
+                _end(x, (_leaving(self.job, x) or e).get("wall"), BY_LEAVING)
+                del self.open[key]
+
     def failover(self, e: dict[str, Any]) -> None:
         """The store moved: the scorer starts afresh, so what is open ends here, unknown.
         Every survivor writes the failover; the first of its epoch is when it happened."""
@@ -157,7 +168,7 @@ def build_stragglers(job: JobSummary) -> list[Straggler]:
             e
             for e in job.node_events
             if (e.get("kind") == "straggler" and e.get("of") in (NODE, RANK))
-            or e.get("kind") == "store_failover"
+            or e.get("kind") in ("store_failover", "node_lost", "node_takeover")
         ),
         key=_wall,
     )
@@ -165,8 +176,10 @@ def build_stragglers(job: JobSummary) -> list[Straggler]:
     for e in events:
         if e.get("kind") == "store_failover":
             scan.failover(e)
-        else:
+        elif e.get("kind") == "straggler":
             scan.straggler(e)
+        else:
+            scan.left(e)
     for x in scan.rows:
         _replace(job, x)
         _left_for_spare(x)
@@ -175,10 +188,10 @@ def build_stragglers(job: JobSummary) -> list[Straggler]:
 
 def held_against(x: Straggler) -> bool:
     """Whether ``x`` counts against its node in the exclusion advice: a node still slow
-    when its run ended, or one excluded for slowness. A node that recovered, one whose
-    scoring moved away with a store failover (not known to be slow after), and a rank
-    named alone, do not."""
-    return x.of == NODE and (x.end_reason is None or x.action == EXCLUDE)
+    when its run ended or when it left the job, or one excluded for slowness. A node that
+    recovered, one whose scoring moved away with a store failover (not known to be slow
+    after), and a rank named alone, do not."""
+    return x.of == NODE and (x.end_reason in (None, BY_LEAVING) or x.action == EXCLUDE)
 
 
 def slower(x: Straggler) -> str:

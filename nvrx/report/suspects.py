@@ -37,7 +37,7 @@ from .job_rounds import BY_RESTART_CLAIM, FROM_JOB_RESTARTS, restart_ended
 from .model import BY_NODE_LOSS, Failure, NodeLoss, ProcessRestart, RoundRow, Straggler, SuspectNode
 from .node_loss import EXCLUDED_EXIT
 from .round_windows import RoundWindows
-from .stragglers import EXCLUDE, held_against, slower, step_times
+from .stragglers import BY_LEAVING, EXCLUDE, held_against, slower, step_times
 
 if TYPE_CHECKING:
     from .job_summary import JobSummary
@@ -169,6 +169,8 @@ def _slow_evidence(x: Straggler) -> str:
     if x.action == EXCLUDE:
         spare = f", spare slot {x.replaced_by} took over" if x.replaced_by is not None else ""
         done = f"excluded for slowness{at}{spare}"
+    elif x.end_reason == BY_LEAVING:
+        done = f"named slow{at}, still slow when it left the job"
     else:
         done = f"named slow{at}, never recovered"
     return f"slow, not failed: {slower(x)} than the job ({step_times(x)}); {done}"

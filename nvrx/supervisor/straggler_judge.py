@@ -14,7 +14,8 @@ A rank counts only while its step count moves: one whose count stood still for
 left inactive, restarting) is left out until it moves again, so
 that it neither holds the others' verdicts nor sets the reference. The steps a look
 counts are the fewest any counted rank made since the last look; a rank first seen
-counts from there.
+counts from there, and a rank seen on another slot than before (a spare took its node
+over) is judged afresh.
 
 With ``--straggler-action exclude``, a node named slow is put on the exclusion list
 (``node_keys.STRAGGLERS``) while more spares are free than nodes already listed and not
@@ -69,11 +70,13 @@ class StragglerJudge:
         self.source = f"section {cfg.straggler_section}" if cfg.straggler_section else "record_step"
         self.verdicts = StepScores(self.rule)
         self._counts: dict[tuple[int, int], _Count] = {}  # (slot, rank)
+        self._slot_of: dict[int, int] = {}  # rank -> the slot it was last judged on
         self._excluded: set[int] = set()
 
     def look(self, now: float) -> None:
         """Read every slot's medians, judge, and tell what changed."""
         view = self._read(now)
+        self._follow_moves(view)
         scores = scores_of(view.medians)
         if not scores:
             return
@@ -92,6 +95,14 @@ class StragglerJudge:
                 for untold in changes[i:]:
                     self.verdicts.take_back(untold)
                 raise
+
+    def _follow_moves(self, view: _View) -> None:
+        """A rank now on another slot (a spare took its node over) is judged afresh there:
+        what was said of it on its old node is not said of the new one."""
+        for rank, slot in view.slot_of.items():
+            if self._slot_of.setdefault(rank, slot) != slot:
+                self.verdicts.reset("rank", rank)
+                self._slot_of[rank] = slot
 
     def _read(self, now: float) -> _View:
         view = _View()

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from test_report_cli import SCHEMA_PATH, check_schema
-from test_report_fixtures import Host, Proc
+from test_report_fixtures import T0, Host, Proc
 
 from nvrx.report import Report, build_report
 
@@ -295,6 +295,40 @@ def test_a_rank_going_on_on_a_spare_did_not_recover_but_left_with_its_node(
         "node left",
         False,
     )
+
+
+def test_what_was_slow_on_a_node_a_spare_took_over_ends_there_and_its_ranks_start_afresh(
+    tmp_path: Path,
+) -> None:
+    """Node 1 and its rank 2, named slow on slot 1 (node-b); slot 1 is lost (action spare,
+    not an exclusion) and spare slot 2 (node-c) takes node rank 1 over, where rank 2 is
+    named slow again. Slot 1's rows end when it left; node-b, still slow then, is advised
+    out for it (before: both rows ran to the end of the job and rank 2's new naming on
+    node-c was dropped)."""
+    job = Job(tmp_path, spares=1)
+    spare = Proc(tmp_path, SPARE, "supervisor")
+    spare.at(0.0, "supervisor_start", nnodes=3, nproc_per_node=2, spare_nodes=1)
+    job.straggler(30.0, "slow", 90, **SLOW_NODE)
+    job.straggler(30.0, "slow", 90, **{**SLOW_RANK, "who": 2})
+    job.sup[0].at(
+        52.0, "node_lost", lost_node=1, lost_slot=1, lost_host="node-b", silent_s=1.0,
+        seen_by=0, action="spare", replaced_by=2, ranks=[2, 3],
+    )  # fmt: skip
+    job.sup[0].at(52.2, "node_probe", lost_slot=1, lost_host="node-b", responding=True, probe_s=0.3)
+    spare.at(52.5, "node_takeover", node_rank=1, lost_slot=1, wait_s=0.5)
+    spare.close()
+    job.straggler(70.0, "slow", 60, **{**SLOW_RANK, "who": 2, "slot": 2, "straggler_host": "node-c"})
+    report = job.finish()
+
+    rows = [(x.of, x.who, x.host, x.end_reason, x.end_wall) for x in report.stragglers]
+    assert rows == [
+        ("node", 1, "node-b", "node left", T0 + 52.5),
+        ("rank", 2, "node-b", "node left", T0 + 52.5),
+        ("rank", 2, "node-c", None, None),
+    ], report.to_text(width=None)
+    [b] = [n for n in report.suspects if n.host == "node-b"]
+    assert b.slow == 1 and any("still slow when it left the job" in w for w in b.evidence), b.evidence
+    assert report.exclude is not None and "node-b" in report.exclude.split(",")
 
 
 def test_a_rank_named_alone_is_in_the_section_and_not_excluded(tmp_path: Path) -> None:

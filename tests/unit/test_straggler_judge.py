@@ -198,6 +198,23 @@ def test_a_store_error_while_listing_a_slow_node_is_told_at_the_next_look(store)
     assert json.loads(SEALER.unseal(node_keys.STRAGGLERS, sealed)) == {"exclude": [1]}
 
 
+def test_a_slow_rank_that_goes_on_on_a_spare_is_judged_there_afresh(store):
+    """Ranks 2-3, named slow on slot 1, go on on spare slot 2 (slot 1's key left behind,
+    its counts standing still), as slow as before: they are named again, on slot 2 (before:
+    their verdicts held, so nothing named them there)."""
+    judge, node = _judge(store, nnodes=3, spares=1)
+    job = _Job(store, TWO_NODES)
+    _looks(judge, job, NODE_1_SLOW, 6)
+    assert [(e["of"], e["who"], e["slot"]) for e in node.events] == [("rank", 2, 1), ("rank", 3, 1), ("node", 1, 1)]
+    moved = _Job(store, {0: 0, 1: 0, 2: 2, 3: 2})
+    moved.steps.update({0: job.steps[0], 1: job.steps[1]})
+    node.events.clear()
+    _looks(judge, moved, NODE_1_SLOW, 6, start=6)
+    assert sorted((e["of"], e["who"], e["slot"], e["state"]) for e in node.events) == [
+        ("node", 2, 2, "slow"), ("rank", 2, 2, "slow"), ("rank", 3, 2, "slow"),
+    ]  # fmt: skip
+
+
 def test_unreadable_values_in_the_store_are_skipped_not_fatal(store, caplog):
     judge, node = _judge(store)
     course = CourseTracker()
