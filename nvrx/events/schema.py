@@ -235,7 +235,9 @@ KINDS: dict[str, dict[str, str]] = {
         "window": "steps each median covers",
         "threshold": "score under which a rank or node is named",
         "action": "report (only named) | exclude (its supervisor is asked to leave the job, a "
-        "spare taking over) | none (exclude asked, but no spare is free: only named)",
+        "spare taking over) | store_host (exclude asked, but the node hosts the job's store, "
+        "which its leaving would move: only named) | none (exclude asked, but no spare is "
+        "free: only named)",
         "source": "where the step times came from: record_step | section NAME",
     },
     "node_probe": {

@@ -297,7 +297,9 @@ class Straggler:
     threshold: float | None = None
     window: int | None = None  # steps each median covers
     source: str | None = None  # record_step | section NAME
-    action: str = "unknown"  # report | exclude | none (exclude asked, no spare free) | unknown
+    # report | exclude | store_host (exclude asked, the node hosts the store) | none (exclude
+    # asked, no spare free) | unknown
+    action: str = "unknown"
     replaced_by: int | None = None  # slot of the spare that took its place (action exclude)
     replaced_wall: float | None = None  # when that spare took over (or the node was declared lost)
 

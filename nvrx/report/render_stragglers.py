@@ -53,6 +53,8 @@ def _action(x: Straggler) -> str:
         return "exclude: no takeover in the events"
     if x.action == "none":
         return "none: exclude asked, no spare free"
+    if x.action == "store_host":
+        return "store_host: exclude asked, it hosts the job's store"
     return x.action
 
 

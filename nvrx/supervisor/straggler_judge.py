@@ -140,7 +140,7 @@ class StragglerJudge:
         median = statistics.median(view.medians[r] for r in ranks)
         action = "report"
         if change.of == "node" and self.action == "exclude" and change.state == "slow":
-            action = "exclude" if self._exclude(slot, view) else "none"
+            action = self._exclude(slot, view)
         node = view.nodes.get(slot, {})
         self.control.emit(
             "straggler", of=change.of, state=change.state, who=change.who,
@@ -151,20 +151,21 @@ class StragglerJudge:
             threshold=self.rule.threshold, action=action, source=self.source,
         )  # fmt: skip
 
-    def _exclude(self, slot: int, view: _View) -> bool:
-        """List ``slot`` for exclusion if a spare is free for it and it is not this slot."""
+    def _exclude(self, slot: int, view: _View) -> str:
+        """List ``slot`` for exclusion if a spare is free for it and it is not this slot: the
+        event's action, ``exclude``, ``store_host`` (this slot) or ``none`` (no spare free)."""
         if slot in self._excluded:
-            return True
-        pending = {s for s in self._excluded if s in view.slot_of.values()}  # not gone yet
+            return "exclude"
         if slot == self.store.config.node_rank:
-            return False
+            return "store_host"
+        pending = {s for s in self._excluded if s in view.slot_of.values()}  # not gone yet
         roles = self.store.roles
         if roles is None or roles.free_spares() <= len(pending):
-            return False
+            return "none"
         listed = json.dumps({"exclude": sorted(self._excluded | {slot})})
         self.store.set_sealed(node_keys.STRAGGLERS, listed)
         self._excluded.add(slot)
-        return True
+        return "exclude"
 
 
 __all__ = ["STALE_S", "STALE_STEPS", "StragglerJudge"]

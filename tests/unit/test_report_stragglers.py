@@ -124,12 +124,17 @@ def test_a_node_slow_to_the_end_is_in_the_section_and_excluded_as_slow(tmp_path:
     assert f">{HEADING}<" in report.to_text("html")
 
 
-def test_a_node_slow_to_the_end_with_no_spare_free_is_excluded(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("action", "said"),
+    [("none", "none: exclude asked, no spare free"),
+     ("store_host", "store_host: exclude asked, it hosts the job's store")],
+)  # fmt: skip
+def test_a_node_slow_to_the_end_that_stayed_is_excluded(tmp_path: Path, action: str, said: str) -> None:
     job = Job(tmp_path)
-    job.straggler(40.0, "slow", 120, action="none", **SLOW_NODE)
+    job.straggler(40.0, "slow", 120, action=action, **SLOW_NODE)
     report = job.finish()
 
-    assert "none: exclude asked, no spare free" in _section(report.to_text(width=None))
+    assert said in _section(report.to_text(width=None))
     assert report.exclude == "node-b"
     assert report.suspects[0].evidence[0].startswith("slow, not failed: 35.0 % slower")
 

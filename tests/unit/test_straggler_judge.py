@@ -162,7 +162,7 @@ def test_the_stores_own_slot_is_never_excluded(store):
     judge, node = _judge(store, nnodes=3, spares=1, action="exclude")
     job = _Job(store, TWO_NODES)
     _looks(judge, job, {0: 1.5, 1: 1.5, 2: 1.0, 3: 1.0}, 5)
-    assert [(e["who"], e["action"]) for e in node.events if e["of"] == "node"] == [(0, "none")]
+    assert [(e["who"], e["action"]) for e in node.events if e["of"] == "node"] == [(0, "store_host")]
 
 
 class _FailsOnce(_Link):
