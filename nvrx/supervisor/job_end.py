@@ -189,14 +189,32 @@ class JobEnd:
         for message in self.poll(selector, wait):
             if message.get("event") == "lost":
                 return True
-            if self.messages.on_message(message):
-                continue
-            flag = self.store.stop
-            if StopFlag.owns(message.get("key")) and control.exit_code == ExitCode.OK and flag:
-                request = flag.request_of(str(message["key"]), str(message.get("value")), ExitCode.OK)
-                if request is not None:
-                    self.stop_request, control.exit_code = request, request.exit_code
+            if not self.messages.on_message(message):
+                self._on_control_value(message)
         return self.messages.all_ended
+
+    def _on_control_value(self, message: dict) -> None:
+        """As the main loop takes them: a stop another node asked for; a forged stop value,
+        recorded and watched past (the real one may follow it); the node agent's report of
+        a forged value of this slot, recorded."""
+        store, control = self.store, self.control
+        if message.get("event") == "rejected" and store.rejected is not None:
+            store.rejected(str(message.get("key")), str(message.get("reason")), int(message.get("value_bytes") or 0))
+        flag, link = store.stop, store.link
+        if not StopFlag.owns(message.get("key")) or flag is None or link is None:
+            return
+        key, value = str(message["key"]), str(message.get("value", ""))
+        verdict = flag.on_value(key, value, ExitCode.OK)
+        if verdict.request is not None:
+            if control.exit_code == ExitCode.OK:
+                self.stop_request, control.exit_code = verdict.request, verdict.request.exit_code
+            return
+        if store.rejected is not None:
+            store.rejected(key, str(verdict.rejected), len(value.encode(errors="replace")))
+        try:
+            flag.watch(link)
+        except StoreLinkError as exc:
+            log.warning("could not watch the stop flag on: %s", exc)
 
     def _give_up_waiting(self) -> None:
         control = self.control

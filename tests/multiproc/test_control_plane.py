@@ -33,7 +33,7 @@ import time
 
 import psutil
 import pytest
-from test_supervisor_local import REPO, Job
+from test_supervisor_local import REPO, Job, script
 
 from nvrx import jobenv
 from nvrx.store import rounds
@@ -44,6 +44,7 @@ from nvrx.store.service import wait_for_store
 from nvrx.store.wire import StoreGone, WireStore
 from nvrx.supervisor import node_keys
 from nvrx.supervisor.config import RESTARTS_KEY
+from nvrx.supervisor.exit_codes import ExitCode
 from nvrx.supervisor.job_secret import SECRET_FILE
 from nvrx.supervisor.stop_flag import StopFlag
 from tests.support.waiting import wait_until
@@ -322,6 +323,30 @@ def test_a_real_stop_after_forged_values_still_stops_every_node(tmp_path):
     assert codes[1] != 0 and codes[0] == codes[1], (codes, job.output())  # node 0 stopped too
     [stop] = [e for e in job.events("job_stop") if e["node"] == 0]
     assert stop["reason"].startswith("node 1 stopped the job: received SIGTERM"), stop
+
+
+def test_forgeries_while_the_store_host_waits_for_the_others_are_recorded_and_watched_past(tmp_path):
+    """Node 0's rank ends at once and node 0 waits for node 1 (``JobEnd``); a foreign client
+    then writes a stop value of its own and declares slot 0 lost. Node 0 records each and
+    watches past the forged stop, so node 1's real one (its rank fails with no restart
+    left) ends node 0 too (before: the forged value took node 0's one watch of the stop
+    flag, node 0 exited 0, and neither forgery was recorded)."""
+    go = tmp_path / "go"
+    command = script(tmp_path, "if os.environ['GROUP_RANK'] == '1':\n"
+                               f"    while not os.path.exists({str(go)!r}):\n        time.sleep(0.05)\n"
+                               "    sys.exit(3)\n")  # fmt: skip
+    job = Job(tmp_path, 2, 1, command, "--max-restarts", "0", "--grace-period", "2")
+    wait_until("node 0's rank to end", lambda: [e for e in job.events("child_exit") if e["node"] == 0], 120)
+    store = _foreign_client(job)
+    store.set(StopFlag.key(1), json.dumps({"reason": "forged", "exit_code": 0, "node": 0}))
+    _declare_lost(store, 0, Sealer(bytes(32), 0))
+    keys = [node_keys.claim(0), StopFlag.key(1)]
+    wait_until("both to be rejected", lambda: sorted(e["key"] for e in job.events("rejected_write")) == keys, 60)
+    go.touch()
+    budget_spent = int(ExitCode.BUDGET_EXHAUSTED)
+    assert job.wait(120) == [budget_spent, budget_spent], job.output()
+    assert sorted((e["node"], e["key"]) for e in job.events("rejected_write")) == [(0, k) for k in keys]
+    assert not job.events("node_lost"), job.output()
 
 
 @pytest.mark.parametrize("given", [False, True], ids=["slot-0-writes-it", "from-the-environment"])
