@@ -5,10 +5,11 @@ in synchronous training every rank's wall-clock step is the slowest one's) are k
 sliding window of the last ``window`` steps. A rank's *score* is the job's reference time
 divided by the rank's own window median, capped at 1; the reference is the lower quartile
 of the ranks' window medians, the faster one's of two (the job's fast ranks: half the job
-turning slow does not move it, where the median would). 1 for a rank as fast as the reference, 0.77 for one
-30 % slower. Medians make a score indifferent to one outlier step (a checkpoint, a page
-fault); the ratio makes it indifferent to the whole job slowing down (an evaluation, a
-shared file system). NVRx's relative score divides by the fastest rank instead.
+turning slow does not move it, where the median would). 1 for a rank as fast as the
+reference, 0.77 for one 30 % slower. Medians make a score indifferent to one outlier step
+(a checkpoint, a page fault); the ratio makes it indifferent to the whole job slowing down
+(an evaluation, a shared file system). NVRx's relative score divides by the fastest rank
+instead.
 
 A rank is *named* a straggler when its score stays below ``threshold`` for ``confirm``
 consecutive evaluations, and *cleared* when it stays at or above ``clear_at`` (higher:

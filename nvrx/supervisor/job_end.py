@@ -198,8 +198,11 @@ class JobEnd:
         recorded and watched past (the real one may follow it); the node agent's report of
         a forged value of this slot, recorded."""
         store, control = self.store, self.control
-        if message.get("event") == "rejected" and store.rejected is not None:
-            store.rejected(str(message.get("key")), str(message.get("reason")), int(message.get("value_bytes") or 0))
+        if message.get("event") == "rejected":
+            if store.rejected is not None:
+                size = int(message.get("value_bytes") or 0)
+                store.rejected(str(message.get("key")), str(message.get("reason")), size)
+            return
         flag, link = store.stop, store.link
         if not StopFlag.owns(message.get("key")) or flag is None or link is None:
             return
