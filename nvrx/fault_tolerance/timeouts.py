@@ -11,10 +11,19 @@ is averaged with it (weights 1/2), so one unusual stretch does not swing it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any
 
 from .data import HeartbeatTimeouts, SectionTimeouts
+
+
+def _check_seconds(what: str, value: object) -> None:
+    """ValueError unless ``value`` is None or a finite number of seconds ≥ 0."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if value is not None and not (number and 0 <= value < math.inf):  # type: ignore[operator]
+        raise ValueError(f"timeouts: {what} must be seconds ≥ 0 or null, got {value!r}")
+
 
 #: The key of NVRx's ``RankMonitorClient.state_dict()``, which nvrx writes and reads too.
 CHECKPOINT_KEY = "current_timeouts"
@@ -35,11 +44,24 @@ class Timeouts:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Timeouts:
+        """The timeouts ``data`` (``to_dict``) holds; TypeError or ValueError, naming the
+        field, for anything else (it comes from a rank's process, which may be broken)."""
+        if not isinstance(data, dict):
+            raise TypeError(f"timeouts: expected an object, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"timeouts: unknown field(s) {sorted(unknown)}; known: {sorted(known)}")
-        return cls(**data)
+        timeouts = cls(**data)
+        for name in ("initial_heartbeat", "heartbeat", "out_of_section"):
+            _check_seconds(name, getattr(timeouts, name))
+        if not isinstance(timeouts.sections, dict):
+            raise TypeError(f"timeouts: sections must be an object, got {timeouts.sections!r}")
+        for name, limit in timeouts.sections.items():
+            _check_seconds(f"section {name!r}", limit)
+        if not isinstance(timeouts.computed, list) or not all(isinstance(c, str) for c in timeouts.computed):
+            raise TypeError(f"timeouts: computed must be a list of names, got {timeouts.computed!r}")
+        return timeouts
 
     def heartbeat_view(self) -> HeartbeatTimeouts:
         """The heartbeat timeouts as NVRx's client shows them (``hb_timeouts``)."""

@@ -42,10 +42,11 @@ class Watched:
     """One monitored process, as its packets describe it."""
 
     conn: socket.socket
+    peer_pid: int | None = None  # the connecting process, as the kernel tells (SO_PEERCRED)
     local_rank: int | None = None
     rank: int | None = None
     attempt: int | None = None
-    pid: int | None = None
+    pid: int | None = None  # the peer's: a pid a rank reports may be another namespace's
     stack_fd: int | None = None
     timeouts: Timeouts = dataclasses.field(default_factory=Timeouts)
     started: float = 0.0
@@ -165,7 +166,7 @@ class RankWatch:
             conn.close()
             return None
         conn.setblocking(False)
-        self.watched[conn.fileno()] = Watched(conn)
+        self.watched[conn.fileno()] = Watched(conn, peer_pid=pid)
         return conn.fileno()
 
     def read(self, fd: int, now: float | None = None) -> list[Told]:
@@ -197,8 +198,7 @@ class RankWatch:
                 for extra in fds:
                     os.close(extra)
                 continue
-            if verb == channel.INIT:
-                self._init(watched, payload, fds, stamp)
+            if verb == channel.INIT and self._init(watched, payload, fds, stamp):
                 told.append(("init", watched, str(payload.get("source", "config"))))
             elif fds:
                 for extra in fds:
@@ -216,10 +216,10 @@ class RankWatch:
         the supervisor should hear of it."""
         if verb == channel.HEARTBEAT:
             watched.last_heartbeat = stamp
-        elif verb == channel.SECTION_START and payload:
+        elif verb == channel.SECTION_START and isinstance(payload, str) and payload:
             watched.open[payload] = stamp
             watched.outside_since = None
-        elif verb == channel.SECTION_END and payload:
+        elif verb == channel.SECTION_END and isinstance(payload, str) and payload:
             watched.open.pop(payload, None)
             if not watched.open:
                 watched.outside_since = stamp
@@ -238,11 +238,18 @@ class RankWatch:
         elif verb == channel.STEPS and _seconds(payload):
             told.append(("steps", watched, payload))
 
-    def _init(self, watched: Watched, hello: dict[str, Any], fds: list[int], now: float) -> None:
+    def _init(self, watched: Watched, hello: Any, fds: list[int], now: float) -> bool:
+        """Take a rank's hello: who it is, its stack pipe, its timeouts. False (and nothing
+        taken) when it is no object: a broken rank's, which must not stop the supervisor."""
+        if not isinstance(hello, dict):
+            log.warning("a monitored process (pid %s) sent a malformed hello: %.60r", watched.peer_pid, hello)
+            for extra in fds:
+                os.close(extra)
+            return False
         watched.local_rank = _int(hello.get("local_rank"))
         watched.rank = _int(hello.get("rank"))
         watched.attempt = _int(hello.get("attempt"))
-        watched.pid = _int(hello.get("pid"))
+        watched.pid = watched.peer_pid
         if watched.stack_fd is not None:
             os.close(watched.stack_fd)
         watched.stack_fd = fds[0] if fds else None
@@ -253,6 +260,7 @@ class RankWatch:
         except (TypeError, ValueError) as exc:
             log.warning("local rank %s sent bad timeouts: %r", watched.local_rank, exc)
         watched.started = watched.outside_since = now
+        return True
 
     def connection_fds(self) -> list[int]:
         return list(self.watched)

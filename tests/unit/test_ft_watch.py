@@ -272,6 +272,44 @@ def test_bad_step_times_are_refused_by_the_client_and_ignored_by_the_watch(watch
     assert watch.read(fd) == []
 
 
+def test_malformed_hellos_and_timeouts_are_ignored_not_fatal(watch):
+    """What a broken rank could send: a hello that is no object, timeouts of the wrong types.
+    The supervisor's watch logs and ignores each (before: AttributeError or, at the next
+    deadline, TypeError, which ended the supervisor); a good hello after them is taken."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.connect(watch.path)
+    fd = watch.accept()
+    for bad in (b"init 5", b"init null", b'init ["x"]'):
+        sock.send(bad)
+        assert watch.read(fd, now=100.0) == [] and watch.next_deadline() is None
+    sock.send(b'init {"local_rank": 0, "timeouts": {"heartbeat": 2}}')
+    assert [t[0] for t in watch.read(fd, now=100.0)] == ["init"]
+    sock.send(b"h")
+    for bad in (b't {"timeouts": {"heartbeat": "30"}}', b't {"timeouts": {"sections": [1]}}',
+                b't {"timeouts": {"sections": {"step": -1}}}', b't {"timeouts": {"computed": 3}}',
+                b"t [1]", b't {"timeouts": 7}'):  # fmt: skip
+        sock.send(bad)
+        assert watch.read(fd, now=100.0) == [] and watch.next_deadline() == 102.0, bad
+    [hang] = watch.due(103.0)
+    assert (hang.local_rank, hang.timeout, hang.limit_s) == (0, "heartbeat", 2)
+    sock.close()
+
+
+def test_a_hang_names_the_pid_that_connected_not_the_one_a_rank_reports(watch):
+    """A rank in another pid namespace reports a pid that means another process here: the
+    stack request and the hang go to the process the kernel says connected."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.connect(watch.path)
+    fd = watch.accept()
+    sock.send(b'init {"local_rank": 0, "pid": 1, "timeouts": {"heartbeat": 1}}')
+    watch.read(fd, now=100.0)
+    sock.send(b"h")
+    watch.read(fd, now=100.0)
+    [hang] = watch.due(102.0)
+    assert hang.pid == os.getpid()
+    sock.close()
+
+
 def test_timing_on_the_gpu_without_cuda_says_what_to_use(watch):
     import torch
 
