@@ -268,14 +268,15 @@ class RankMonitorClient:
         calc_out_of_section: bool = True,
         skip_if_not_ready: bool = False,
     ) -> bool:
-        """Section timeouts (each selected section; default: the configured and observed
-        ones) and the out-of-section one from what was observed; a collective where
-        torch.distributed runs. False (with ``skip_if_not_ready``) while one was never seen."""
+        """Section timeouts (each selected section; default: the configured ones and those
+        any rank observed) and the out-of-section one from what was observed; a collective
+        where torch.distributed runs, and ``selected_sections`` must then be the same on
+        every rank. False (with ``skip_if_not_ready``) while one was never seen."""
         obs = self._monitoring("calculate_and_set_section_timeouts")
         t, factor = self.timeouts, self.cfg.safety_factor  # type: ignore[union-attr]
         assert t is not None
-        if selected_sections is None:
-            names = sorted(set(t.sections) | set(obs.max_section_s))
+        if selected_sections is None:  # a section only some ranks open (a save) counts too
+            names = _all_names(set(t.sections) | set(obs.max_section_s))
         else:
             names = sorted(set(selected_sections))
         values = [obs.max_section_s.get(n, -1.0) for n in names]
@@ -483,6 +484,20 @@ def _all_max(values: list[float]) -> list[float]:
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return [float(v) for v in tensor.cpu().tolist()]
+
+
+def _all_names(names: set[str]) -> list[str]:
+    """The union of every rank's ``names``, sorted, where torch.distributed is initialized
+    (each rank then reduces the same list); else ``names``, sorted."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return sorted(names)
+    if not (dist.is_available() and dist.is_initialized()):
+        return sorted(names)
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, sorted(names))
+    return sorted({name for part in every for name in part})
 
 
 def _env_int(name: str) -> int | None:

@@ -90,7 +90,9 @@ class Timeouts:
 
     @classmethod
     def from_checkpoint(cls, saved: dict[str, Any]) -> Timeouts:
-        """The timeouts of NVRx's checkpoint entry (``to_checkpoint``); None where it holds none."""
+        """The computed timeouts of NVRx's checkpoint entry (``to_checkpoint``); None where it
+        holds none. The entry holds every section timeout in force with the computed ones: the
+        others are the configuration's when it was saved, which the launcher gives again."""
         timeouts = cls(initial_heartbeat=None, heartbeat=None, out_of_section=None)
         if "heartbeat" in saved:
             hb = HeartbeatTimeouts(**saved["heartbeat"])
@@ -99,10 +101,11 @@ class Timeouts:
                 timeouts.computed += ["initial_heartbeat", "heartbeat"]
         if "section" in saved:
             sections = SectionTimeouts(**saved["section"])
-            timeouts.sections = dict(sections.section)
-            timeouts.out_of_section = sections.out_of_section
-            timeouts.computed += [f"section:{n}" for n in sorted(sections.calculated_sections)]
+            calculated = set(sections.calculated_sections)
+            timeouts.sections = {n: v for n, v in sections.section.items() if n in calculated}
+            timeouts.computed += [f"section:{n}" for n in sorted(calculated)]
             if sections.is_out_of_section_calculated:
+                timeouts.out_of_section = sections.out_of_section
                 timeouts.computed.append("out_of_section")
         return timeouts
 

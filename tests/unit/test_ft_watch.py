@@ -158,6 +158,27 @@ def test_computed_timeouts_reach_the_watch_and_survive_a_restart(watch, monkeypa
     again.shutdown_workload_monitoring()
 
 
+def test_a_restart_takes_the_computed_timeouts_from_the_checkpoint_and_the_rest_from_its_config(watch, monkeypatch):
+    """Only ``step`` was computed; the job restarts with longer configured timeouts for the
+    rest: those are in force (before: the checkpoint's copies of the old configuration)."""
+    _config(monkeypatch, rank_section_timeouts={"step": 60, "checkpoint": 600}, rank_out_of_section_timeout=30)
+    client = RankMonitorClient()
+    _connect(watch, client)
+    client.start_section("step")
+    client.end_section("step")
+    client.calculate_and_set_section_timeouts(selected_sections=["step"], calc_out_of_section=False)
+    computed = client.timeouts.sections["step"]
+    saved = client.state_dict()
+    client.shutdown_workload_monitoring()
+    _config(monkeypatch, rank_section_timeouts={"step": 60, "checkpoint": 1200}, rank_out_of_section_timeout=100)
+    again = RankMonitorClient()
+    again.load_state_dict(saved)
+    _, w = _connect(watch, again)
+    assert w.timeouts.sections == {"step": computed, "checkpoint": 1200}
+    assert (w.timeouts.out_of_section, w.timeouts.computed) == (100, ["section:step"])
+    again.shutdown_workload_monitoring()
+
+
 def test_a_checkpoint_of_an_earlier_nvrx_still_loads():
     client = RankMonitorClient()
     assert client.hb_timeouts is None and client.section_timeouts is None and not client.is_initialized
