@@ -12,8 +12,9 @@ and the supervisor's restart policy takes over.
 ``record_step(seconds)`` (or a ``timed_step()`` block around the step's own work, not
 its wait in collectives) gives the supervisor the step times it scores stragglers by.
 
-A section change is one packet on a local socket, sent without waiting;
-nothing is ever answered. Step times are kept here and sent together at most every
+A section change is one packet on a local socket, sent without waiting (while the
+supervisor lags and the channel is full, changes are held back and the sections then
+open are told once it reads again); nothing is ever answered. Step times are kept here and sent together at most every
 ``STEP_PACKET_INTERVAL_S``. Heartbeats are counted in the rank and sent at most
 every ``HEARTBEAT_PACKET_INTERVAL_S`` (0.1 s, or 1/50 of the heartbeat timeout
 when that is shorter), so a loop may call ``send_heartbeat()`` at any rate.
@@ -66,11 +67,13 @@ class RankMonitorClient:
         self.timeouts: Timeouts | None = None  # in force, once monitoring began
         self.dropped_heartbeats = 0
         self.dropped_steps = 0
+        self.held_back = 0  # times section changes were held back for a lagging supervisor
         self._restored: Timeouts | None = None  # from load_state_dict() before init
         self._sock: socket.socket | None = None
         self._stack_out: Any = None
         self._obs: Observations | None = None
         self._lost = False
+        self._behind = False  # section changes held back while the supervisor lags
         self._next_packet = 0.0
         self._packet_interval = HEARTBEAT_PACKET_INTERVAL_S
         self._steps: list[float] = []
@@ -165,6 +168,8 @@ class RankMonitorClient:
         if now < self._next_packet:
             return
         self._next_packet = now + self._packet_interval
+        if self._behind:
+            self._catch_up()
         try:
             self._sock.send(b"h", socket.MSG_DONTWAIT)  # type: ignore[union-attr]
         except BlockingIOError:
@@ -220,7 +225,7 @@ class RankMonitorClient:
         if section in obs.open:
             raise RankMonitorClientError(f"start_section({section!r}): the section is open already")
         obs.section_start(section, time.monotonic())
-        self._send(channel.encode(channel.SECTION_START, section))
+        self._send_section(channel.encode(channel.SECTION_START, section))
 
     def end_section(self, section: str) -> None:
         """Section ``section`` ends."""
@@ -229,7 +234,7 @@ class RankMonitorClient:
             raise RankMonitorClientError(f"end_section({section!r}): the section is not open")
         now, began = time.monotonic(), obs.open[section]
         obs.section_end(section, now)
-        self._send(channel.encode(channel.SECTION_END, section))
+        self._send_section(channel.encode(channel.SECTION_END, section))
         if section == self._timed_section:
             self.record_step(now - began)
 
@@ -237,7 +242,7 @@ class RankMonitorClient:
         """Every open section ends."""
         obs = self._monitoring("end_all_sections")
         obs.end_all(time.monotonic())
-        self._send(channel.encode(channel.END_ALL))
+        self._send_section(channel.encode(channel.END_ALL))
 
     # -- computed timeouts -------------------------------------------------------------
     def calculate_and_set_hb_timeouts(self, skip_if_not_ready: bool = False) -> bool:
@@ -356,6 +361,37 @@ class RankMonitorClient:
         if self._sock is None or self._obs is None:
             raise RankMonitorClientError(f"{what}: call init_workload_monitoring() first")
         return self._obs
+
+    def _send_section(self, message: bytes) -> None:
+        """A section change, never waiting: while the channel is full (the supervisor lags)
+        changes are held back, and once it takes packets again the supervisor is told the
+        sections open then (every section ended, then each open one started)."""
+        if self._behind:
+            self._catch_up()
+        elif not self._sent(message):
+            self._behind = True
+            self.held_back += 1
+            if self.held_back == 1:  # it may lag often: said once
+                log.warning("the supervisor lags: section changes are held back until it reads again")
+
+    def _catch_up(self) -> None:
+        """Tell the sections open now, when the channel takes it all."""
+        obs = self._obs
+        assert obs is not None
+        state = [channel.encode(channel.END_ALL)]
+        state += [channel.encode(channel.SECTION_START, name) for name in obs.open]
+        self._behind = not all(self._sent(packet) for packet in state)
+
+    def _sent(self, message: bytes) -> bool:
+        """Send without waiting: False when the channel is full (a lost socket counts as sent:
+        nothing more can be done)."""
+        try:
+            self._sock.send(message, socket.MSG_DONTWAIT)  # type: ignore[union-attr]
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            self._lose(exc)
+        return True
 
     def _send(self, message: bytes) -> None:
         """Send a message that must arrive: waits (at most SEND_WAIT_S) while the channel is full."""

@@ -331,6 +331,32 @@ def test_a_hang_names_the_pid_that_connected_not_the_one_a_rank_reports(watch):
     sock.close()
 
 
+def test_section_changes_never_wait_for_a_lagging_supervisor_and_it_learns_the_open_ones(watch):
+    """The supervisor reads nothing (its loop is stuck) until the channel is full: the next
+    section changes are held back, not waited on (before: up to 5 s each, then dropped, a
+    dropped end making a false section hang). Once it reads again, the next packet tells
+    it the sections open then."""
+    client = RankMonitorClient()
+    fd, w = _connect(watch, client)
+    changes = 0
+    while not client._behind:
+        client.start_section("step")
+        client.end_section("step")
+        changes += 1
+        assert changes < 100_000, "the channel never filled"
+    client.start_section("eval")  # held back too
+    watch.read(fd, now=200.0)  # the supervisor reads again: "eval" is not among what it got
+    assert "eval" not in w.open
+    client._next_packet = 0.0  # the next heartbeat goes out at once
+    client.send_heartbeat()
+    watch.read(fd, now=201.0)
+    assert not client._behind and w.open == {"eval": 201.0} and w.last_heartbeat == 201.0
+    client.end_section("eval")
+    watch.read(fd, now=202.0)
+    assert w.open == {} and w.outside_since == 202.0
+    client.shutdown_workload_monitoring()
+
+
 def test_timing_on_the_gpu_without_cuda_says_what_to_use(watch):
     import torch
 
