@@ -91,7 +91,8 @@ def _recovery(job: JobSummary, loss: NodeLoss) -> tuple[float, int | None] | Non
     the loss was declared is no recovery at full size: the survivors may restart between
     the node's last beat and its declaration, still counting the lost ranks. A smaller
     round after a shrink is, even before the declaration's event: the declarer takes the
-    ranks out of the round before it writes that event."""
+    ranks out of the round before it writes that event. A run without Wrapper rounds
+    recovers by its job-wide restart (``_restarted_without_wrapper``)."""
     if loss.action == "stop":
         later = [
             (r.started_wall, r.world_size)

@@ -10,7 +10,7 @@ RECOVERY_RULE = (
     "trained again after: from the node's last heartbeat to the first round_start of the "
     "job at its size before the loss (a spare took over), or of its next round (it shrank); "
     "without the Wrapper, to the last node starting its children in the first job-wide "
-    "restart after the declaration"
+    "restart after the declaration that every training node started"
 )
 
 

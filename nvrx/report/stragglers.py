@@ -15,7 +15,8 @@ another supervisor, which judges afresh and never clears what the old one named:
 row still open then ends at the failover, whether it recovered is not known. Its
 slot's ``node_lost`` or ``node_takeover`` (whatever the action): the row ends when its
 node left (the takeover, else the loss); the scorer judges its ranks afresh on the
-spare, which opens rows of their own. A rank's ``recovered`` event from another slot
+spare, which opens rows of their own. The store host's loss that moved the store is
+the failover's, whichever of the two events came first. A rank's ``recovered`` event from another slot
 than the one it was named on is its rank going on on a spare, not the slow host
 recovering: the row ends the same way (else at that event).
 """
@@ -112,6 +113,10 @@ class _Scan:
         self.rows: list[Straggler] = []
         self.open: dict[tuple[int, str, Any], Straggler] = {}
         self.failovers: set[tuple[int, Any]] = set()  # (run, epoch) already seen
+        # (run, slot) of the store hosts whose loss moved the store: a failover ends their rows
+        self.moved: set[tuple[int, Any]] = {
+            (e["run"], e.get("lost_slot")) for e in job.node_events if e.get("kind") == "store_failover"
+        }
 
     def straggler(self, e: dict[str, Any]) -> None:
         """A rank or node named slow, named again, or cleared."""
@@ -134,6 +139,8 @@ class _Scan:
         """A slot left its run (lost, or taken over by a spare): what is open on it ends when
         its node left (``_leaving``); its ranks, judged afresh on the spare, open new rows."""
         slot = e.get("lost_slot")
+        if (e["run"], slot) in self.moved:
+            return  # the store host's: its scorer went with it (``failover``), in whatever order
         for key, x in list(self.open.items()):
             if slot is not None and (x.run, x.slot) == (e["run"], slot) and (x.start_wall or 0.0) <= _wall(e):
                 _end(x, (_leaving(self.job, x) or e).get("wall"), BY_LEAVING)

@@ -157,7 +157,8 @@ def _add_hardware(
 
 
 def _add_stragglers(per: _Tallies, stragglers: Sequence[Straggler]) -> None:
-    """Nodes named slow that never recovered, or were excluded for slowness."""
+    """Nodes named slow that never recovered (slow to the end or until they left the job),
+    or were excluded for slowness (``held_against``)."""
     for x in stragglers:
         if held_against(x) and x.host is not None:
             per.of(x.host, x.node).slow.append(x)

@@ -264,6 +264,27 @@ def test_a_restart_one_training_node_did_not_start_is_no_recovery_from_a_loss(tm
     assert loss.recovered_wall is None and loss.recovery_s is None
 
 
+def test_a_plain_scripts_shrink_is_over_at_the_first_restart_after_its_declaration(tmp_path: Path) -> None:
+    """Slot 0 restarts its children for a failure of its own (epoch 1, before the loss), then
+    n1 is lost and the job shrinks to slot 0 (epoch 2): the loss is over at epoch 2's start,
+    not at epoch 1's, which came before it."""
+    sups = [Proc(tmp_path, Host(f"n{slot}", slot), "supervisor") for slot in range(2)]
+    for i, sup in enumerate(sups):
+        sup.at(0.0, "supervisor_start", nnodes=2, spare_nodes=0, nproc_per_node=1, command=["train.py"])
+        sup.at(0.5, "child_start", local_rank=0, child_pid=100 + i, global_rank=i, attempt=0)
+    sups[0].at(14.0, "job_restart", epoch=1, phase="stopping", cause={"rank": 0, "node": 0, "signature": "exit code 1"})
+    sups[0].at(15.0, "job_restart", epoch=1, phase="started")
+    sups[0].at(20.0, "node_lost", lost_node=1, lost_slot=1, lost_host="n1", silent_s=3.0,
+               last_seen_wall=T0 + 17.0, seen_by=0, action="shrink", ranks=[1])  # fmt: skip
+    sups[0].at(21.0, "job_restart", epoch=2, phase="stopping", cause={"rank": 1, "node": 1, "signature": "node lost"})
+    sups[0].at(22.0, "job_restart", epoch=2, phase="started")
+    sups[0].at(60.0, "supervisor_end", exit_code=0, reason="all children ended")
+    for sup in sups:
+        sup.close()
+    (loss,) = build_report(tmp_path, sacct=False).node_losses
+    assert (loss.recovered_wall, loss.recovery_s, loss.world_size) == (T0 + 22.0, 5.0, None)
+
+
 def test_a_restart_span_that_clock_skew_makes_negative_counts_as_none() -> None:
     """The last node's ``ready`` is stamped by a clock ahead of the one that stamped the last
     ``started``: that phase is 0, not negative."""

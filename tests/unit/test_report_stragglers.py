@@ -229,6 +229,29 @@ def test_a_node_still_slow_at_a_store_failover_ends_there_and_is_not_excluded(
     assert data["stragglers"][0]["end_reason"] == "store failover"
 
 
+@pytest.mark.parametrize("loss_first", [True, False], ids=["loss-first", "failover-first"])
+def test_a_slow_store_host_lost_with_its_store_ends_at_the_failover_in_either_order(
+    tmp_path: Path, loss_first: bool
+) -> None:
+    """Slot 0, the store host, named slow (it stays: it hosts the store), is lost and the
+    store fails over: its row ends with the scoring it hosted, not as a node that left slow,
+    whichever event a survivor wrote first (before: the order decided the advice)."""
+    job = Job(tmp_path)
+    host = {**SLOW_NODE, "who": 0, "node_rank": 0, "slot": 0, "straggler_host": "node-a", "ranks": [0, 1]}
+    job.straggler(40.0, "slow", 120, action="store_host", **host)
+    job.sup[1].at(
+        60.0 if loss_first else 60.2, "node_lost", lost_node=0, lost_slot=0, lost_host="node-a",
+        silent_s=3.0, seen_by=1, action="shrink", ranks=[0, 1],
+    )  # fmt: skip
+    _failover(job, 60.1)
+    report = job.finish()
+
+    [x] = report.stragglers
+    assert (x.slot, x.end_reason) == (0, "store failover"), x
+    a = [n for n in report.suspects if n.host == "node-a"]
+    assert not [w for n in a for w in n.evidence if w.startswith("slow")], a
+
+
 def test_a_store_failover_told_by_each_survivor_ends_only_what_was_open_at_the_first(
     tmp_path: Path,
 ) -> None:
