@@ -204,7 +204,7 @@ class JobEnd:
                 store.rejected(str(message.get("key")), str(message.get("reason")), size)
             return
         flag, link = store.stop, store.link
-        if not StopFlag.owns(message.get("key")) or flag is None or link is None:
+        if not StopFlag.owns(message.get("key")) or flag is None:
             return
         key, value = str(message["key"]), str(message.get("value", ""))
         verdict = flag.on_value(key, value, ExitCode.OK)
@@ -215,7 +215,8 @@ class JobEnd:
         if store.rejected is not None:
             store.rejected(key, str(verdict.rejected), len(value.encode(errors="replace")))
         try:
-            flag.watch(link)
+            if link is not None:
+                flag.watch(link)
         except StoreLinkError as exc:
             log.warning("could not watch the stop flag on: %s", exc)
 
