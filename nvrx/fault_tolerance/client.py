@@ -12,9 +12,10 @@ and the supervisor's restart policy takes over.
 ``record_step(seconds)`` (or a ``timed_step()`` block around the step's own work, not
 its wait in collectives) gives the supervisor the step times it scores stragglers by.
 
-A section change is one packet on a local socket, sent without waiting (while the
-supervisor lags and the channel is full, changes are held back and the sections then
-open are told once it reads again); nothing is ever answered. Step times are kept here and sent together at most every
+A section change is one packet on a local socket, sent without waiting unless the channel
+is full (the supervisor lags): then it waits for room, ``SEND_WAIT_S`` at most, and past
+that changes are held back and the sections then open are told once it reads again;
+nothing is ever answered. Step times are kept here and sent together at most every
 ``STEP_PACKET_INTERVAL_S``. Heartbeats are counted in the rank and sent at most
 every ``HEARTBEAT_PACKET_INTERVAL_S`` (0.1 s, or 1/50 of the heartbeat timeout
 when that is shorter), so a loop may call ``send_heartbeat()`` at any rate.
@@ -363,16 +364,25 @@ class RankMonitorClient:
         return self._obs
 
     def _send_section(self, message: bytes) -> None:
-        """A section change, never waiting: while the channel is full (the supervisor lags)
-        changes are held back, and once it takes packets again the supervisor is told the
-        sections open then (every section ended, then each open one started)."""
+        """A section change. While the channel is full it waits for room (``SEND_WAIT_S`` at
+        most: the supervisor lags); past that, changes are held back without waiting, and
+        the next packet after the supervisor reads again tells it the sections open then
+        (every section ended, then each open one started)."""
         if self._behind:
             self._catch_up()
-        elif not self._sent(message):
+        elif not self._sent(message) and not self._sent_after_wait(message):
             self._behind = True
             self.held_back += 1
             if self.held_back == 1:  # it may lag often: said once
-                log.warning("the supervisor lags: section changes are held back until it reads again")
+                log.warning(
+                    "the supervisor read nothing for %.0f s: section changes are held back "
+                    "until it reads again", SEND_WAIT_S,
+                )  # fmt: skip
+
+    def _sent_after_wait(self, message: bytes) -> bool:
+        """Send once the channel has room, waiting ``SEND_WAIT_S`` at most."""
+        _, writable, _ = select.select([], [self._sock], [], SEND_WAIT_S)
+        return bool(writable) and self._sent(message)
 
     def _catch_up(self) -> None:
         """Tell the sections open now, when the channel takes it all."""
@@ -478,17 +488,17 @@ class _GpuTimes:
 
 
 def _restored_from(state: Any) -> Timeouts | None:
-    """The timeouts a checkpoint entry holds, None when it holds none; RankMonitorClientError
-    when it is not one."""
+    """The computed timeouts a checkpoint entry holds, None when it holds none;
+    RankMonitorClientError when it is not one."""
     if not isinstance(state, Mapping) or (state and not ({CHECKPOINT_KEY, "timeouts"} & set(state))):
         raise RankMonitorClientError(
             f"load_state_dict: expected what state_dict() returned, got {state!r:.200}"
         )
     try:
         if state.get(CHECKPOINT_KEY):
-            return Timeouts.from_checkpoint(dict(state[CHECKPOINT_KEY]))
+            return Timeouts.from_checkpoint(dict(state[CHECKPOINT_KEY])).computed_only()
         if state.get("timeouts"):
-            return Timeouts.from_dict(dict(state["timeouts"]))
+            return Timeouts.from_dict(dict(state["timeouts"])).computed_only()
     except (TypeError, ValueError) as exc:
         raise RankMonitorClientError(f"load_state_dict: {exc}") from None
     return None

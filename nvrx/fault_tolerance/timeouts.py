@@ -90,9 +90,9 @@ class Timeouts:
 
     @classmethod
     def from_checkpoint(cls, saved: dict[str, Any]) -> Timeouts:
-        """The computed timeouts of NVRx's checkpoint entry (``to_checkpoint``); None where it
-        holds none. The entry holds every section timeout in force with the computed ones: the
-        others are the configuration's when it was saved, which the launcher gives again."""
+        """The timeouts of NVRx's checkpoint entry (``to_checkpoint``); None where it holds
+        none. Beside the computed ones it holds the section timeouts configured when it was
+        saved (``computed_only`` leaves them out)."""
         timeouts = cls(initial_heartbeat=None, heartbeat=None, out_of_section=None)
         if "heartbeat" in saved:
             hb = HeartbeatTimeouts(**saved["heartbeat"])
@@ -101,13 +101,24 @@ class Timeouts:
                 timeouts.computed += ["initial_heartbeat", "heartbeat"]
         if "section" in saved:
             sections = SectionTimeouts(**saved["section"])
-            calculated = set(sections.calculated_sections)
-            timeouts.sections = {n: v for n, v in sections.section.items() if n in calculated}
-            timeouts.computed += [f"section:{n}" for n in sorted(calculated)]
+            timeouts.sections = dict(sections.section)
+            timeouts.out_of_section = sections.out_of_section
+            timeouts.computed += [f"section:{n}" for n in sorted(sections.calculated_sections)]
             if sections.is_out_of_section_calculated:
-                timeouts.out_of_section = sections.out_of_section
                 timeouts.computed.append("out_of_section")
         return timeouts
+
+    def computed_only(self) -> Timeouts:
+        """These timeouts less the ones not computed: what a checkpoint puts back in force
+        after a restart, whose configuration gives the rest again."""
+        done = set(self.computed)
+        return Timeouts(
+            initial_heartbeat=self.initial_heartbeat if "initial_heartbeat" in done else None,
+            heartbeat=self.heartbeat if "heartbeat" in done else None,
+            sections={n: v for n, v in self.sections.items() if f"section:{n}" in done},
+            out_of_section=self.out_of_section if "out_of_section" in done else None,
+            computed=list(self.computed),
+        )
 
     def merge(self, name: str, value: float) -> float:
         """The value to put in force for ``name`` after computing ``value``."""

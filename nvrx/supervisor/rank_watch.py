@@ -198,8 +198,9 @@ class RankWatch:
                 for extra in fds:
                     os.close(extra)
                 continue
-            if verb == channel.INIT and self._init(watched, payload, fds, stamp):
-                told.append(("init", watched, str(payload.get("source", "config"))))
+            if verb == channel.INIT:
+                if self._init(watched, payload, fds, stamp):  # (it owns fds: kept or closed)
+                    told.append(("init", watched, str(payload.get("source", "config"))))
             elif fds:
                 for extra in fds:
                     os.close(extra)
@@ -249,7 +250,7 @@ class RankWatch:
         watched.local_rank = _int(hello.get("local_rank"))
         watched.rank = _int(hello.get("rank"))
         watched.attempt = _int(hello.get("attempt"))
-        watched.pid = watched.peer_pid
+        watched.pid = watched.peer_pid if watched.peer_pid else None  # 0: not in our namespace
         if watched.stack_fd is not None:
             os.close(watched.stack_fd)
         watched.stack_fd = fds[0] if fds else None
@@ -288,7 +289,7 @@ class RankWatch:
     def stack(self, hang: Hang) -> str | None:
         """Ask the hung rank for its stack (``channel.STACK_SIGNAL``) and read it; None if none came."""
         watched = next((w for w in self.watched.values() if w.pid == hang.pid), None)
-        if watched is None or watched.stack_fd is None or hang.pid is None:
+        if watched is None or watched.stack_fd is None or hang.pid is None or hang.pid <= 0:
             return None
         fd = watched.stack_fd
         while select.select([fd], [], [], 0)[0]:  # what an earlier request left

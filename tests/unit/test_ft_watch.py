@@ -11,6 +11,7 @@ import pytest
 
 from nvrx import jobenv
 from nvrx.fault_tolerance import FaultToleranceConfig, RankMonitorClient, RankMonitorClientError
+from nvrx.fault_tolerance import client as client_module
 from nvrx.supervisor.rank_watch import RankWatch
 
 
@@ -179,6 +180,21 @@ def test_a_restart_takes_the_computed_timeouts_from_the_checkpoint_and_the_rest_
     again.shutdown_workload_monitoring()
 
 
+def test_a_checkpoint_of_an_earlier_nvrx_restores_only_what_was_computed(watch, monkeypatch):
+    """nvrx < 0.5 saved every timeout in force (``{"timeouts": ...}``): only the computed ones
+    are put back, the restarted process's configuration gives the rest."""
+    _config(monkeypatch, rank_section_timeouts={"step": 60, "checkpoint": 1200}, rank_out_of_section_timeout=100)
+    client = RankMonitorClient()
+    old = {"sections": {"step": 0.5, "checkpoint": 600.0}, "out_of_section": 30.0, "heartbeat": 9.0,
+           "computed": ["section:step"]}  # fmt: skip
+    client.load_state_dict({"timeouts": old})
+    _, w = _connect(watch, client)
+    assert (w.timeouts.sections, w.timeouts.out_of_section, w.timeouts.heartbeat) == (
+        {"step": 0.5, "checkpoint": 1200}, 100, None,
+    )  # fmt: skip
+    client.shutdown_workload_monitoring()
+
+
 def test_a_checkpoint_of_an_earlier_nvrx_still_loads():
     client = RankMonitorClient()
     assert client.hb_timeouts is None and client.section_timeouts is None and not client.is_initialized
@@ -303,6 +319,11 @@ def test_malformed_hellos_and_timeouts_are_ignored_not_fatal(watch):
     for bad in (b"init 5", b"init null", b'init ["x"]'):
         sock.send(bad)
         assert watch.read(fd, now=100.0) == [] and watch.next_deadline() is None
+        r, w = os.pipe()  # as the real client sends its hello: with its stack pipe
+        socket.send_fds(sock, [bad], [r])
+        os.close(r)
+        assert watch.read(fd, now=100.0) == [] and watch.next_deadline() is None
+        os.close(w)
     sock.send(b'init {"local_rank": 0, "timeouts": {"heartbeat": 2}}')
     assert [t[0] for t in watch.read(fd, now=100.0)] == ["init"]
     sock.send(b"h")
@@ -331,11 +352,14 @@ def test_a_hang_names_the_pid_that_connected_not_the_one_a_rank_reports(watch):
     sock.close()
 
 
-def test_section_changes_never_wait_for_a_lagging_supervisor_and_it_learns_the_open_ones(watch):
-    """The supervisor reads nothing (its loop is stuck) until the channel is full: the next
-    section changes are held back, not waited on (before: up to 5 s each, then dropped, a
-    dropped end making a false section hang). Once it reads again, the next packet tells
-    it the sections open then."""
+def test_section_changes_wait_a_while_for_a_lagging_supervisor_then_it_learns_the_open_ones(
+    watch, monkeypatch
+):
+    """The supervisor reads nothing (its loop is stuck) until the channel is full: a section
+    change waits for room (``SEND_WAIT_S``, shortened here), then changes are held back
+    without waiting (before: each waited, then was dropped, a dropped end making a false
+    section hang). Once it reads again, the next packet tells it the sections open then."""
+    monkeypatch.setattr(client_module, "SEND_WAIT_S", 0.05)
     client = RankMonitorClient()
     fd, w = _connect(watch, client)
     changes = 0
