@@ -48,5 +48,8 @@ def decode(data: bytes) -> tuple[str, Any]:
     if verb not in VERBS:
         raise ValueError(f"unknown fault-tolerance message {text[:60]!r}")
     if verb in (INIT, TIMEOUTS, CONTROL, STEPS):
-        return verb, json.loads(rest)
+        try:
+            return verb, json.loads(rest)
+        except RecursionError:  # nested past the parser's depth: no message of ours
+            raise ValueError(f"fault-tolerance message nested too deep: {text[:60]!r}") from None
     return verb, rest if rest else None

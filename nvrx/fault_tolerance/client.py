@@ -14,9 +14,9 @@ its wait in collectives) gives the supervisor the step times it scores straggler
 
 A section change is one packet on a local socket, sent without waiting unless the channel
 is full (the supervisor lags): then it waits for room, ``SEND_WAIT_S`` at most, and past
-that changes are held back and the sections then open are told once it reads again;
-nothing is ever answered. Step times are kept here and sent together at most every
-``STEP_PACKET_INTERVAL_S``. Heartbeats are counted in the rank and sent at most
+that changes are held back, the next packet of any kind the rank sends once the supervisor
+reads again telling it first the sections open then; nothing is ever answered. Step times
+are kept here and sent together at most every ``STEP_PACKET_INTERVAL_S``. Heartbeats are counted in the rank and sent at most
 every ``HEARTBEAT_PACKET_INTERVAL_S`` (0.1 s, or 1/50 of the heartbeat timeout
 when that is shorter), so a loop may call ``send_heartbeat()`` at any rate.
 """
@@ -44,7 +44,8 @@ from .timeouts import CHECKPOINT_KEY, Observations, Timeouts
 
 log = logging.getLogger("nvrx.fault_tolerance")
 
-#: How long a section change may wait for room on the channel before it is dropped.
+#: How long a message may wait for room on the channel: past it, section changes are held
+#: back (``_send_section``), other messages dropped.
 SEND_WAIT_S = 5.0
 #: Heartbeats closer together than this (or than 1/50 of the heartbeat timeout, if shorter)
 #: are counted here but not sent: the supervisor's view lags the rank by less than that.
@@ -212,6 +213,8 @@ class RankMonitorClient:
     def _flush_steps(self, now: float) -> None:
         steps, self._steps = self._steps, []
         self._next_steps = now + STEP_PACKET_INTERVAL_S
+        if self._behind and self._sock is not None:
+            self._catch_up()
         if steps and self._sock is not None:
             try:
                 self._sock.send(channel.encode(channel.STEPS, steps), socket.MSG_DONTWAIT)
@@ -366,8 +369,8 @@ class RankMonitorClient:
     def _send_section(self, message: bytes) -> None:
         """A section change. While the channel is full it waits for room (``SEND_WAIT_S`` at
         most: the supervisor lags); past that, changes are held back without waiting, and
-        the next packet after the supervisor reads again tells it the sections open then
-        (every section ended, then each open one started)."""
+        the next packet this client sends once the supervisor reads again (of any kind) is
+        preceded by the sections open then (every section ended, then each open one started)."""
         if self._behind:
             self._catch_up()
         elif not self._sent(message) and not self._sent_after_wait(message):
@@ -407,6 +410,8 @@ class RankMonitorClient:
         """Send a message that must arrive: waits (at most SEND_WAIT_S) while the channel is full."""
         sock = self._sock
         assert sock is not None
+        if self._behind:
+            self._catch_up()
         try:
             sock.send(message, socket.MSG_DONTWAIT)
             return

@@ -195,6 +195,18 @@ def test_a_checkpoint_of_an_earlier_nvrx_restores_only_what_was_computed(watch, 
     client.shutdown_workload_monitoring()
 
 
+def test_an_nvrx_checkpoint_of_heartbeat_timeouts_never_computed_restores_none(watch, monkeypatch):
+    """NVRx's entry may hold the heartbeat pair uncomputed (``were_calculated`` false): the
+    restarted process's configured ones stay in force."""
+    _config(monkeypatch, initial_rank_heartbeat_timeout=120, rank_heartbeat_timeout=60)
+    client = RankMonitorClient()
+    pair = {"initial": 9.0, "subsequent": 3.0, "were_calculated": False}
+    client.load_state_dict({"current_timeouts": {"heartbeat": pair}})
+    _, w = _connect(watch, client)
+    assert (w.timeouts.initial_heartbeat, w.timeouts.heartbeat) == (120, 60)
+    client.shutdown_workload_monitoring()
+
+
 def test_a_checkpoint_of_an_earlier_nvrx_still_loads():
     client = RankMonitorClient()
     assert client.hb_timeouts is None and client.section_timeouts is None and not client.is_initialized
@@ -324,6 +336,8 @@ def test_malformed_hellos_and_timeouts_are_ignored_not_fatal(watch):
         os.close(r)
         assert watch.read(fd, now=100.0) == [] and watch.next_deadline() is None
         os.close(w)
+    sock.send(b"init " + b"[" * 5000)  # past the JSON parser's depth: RecursionError, not ValueError
+    assert watch.read(fd, now=100.0) == [] and watch.next_deadline() is None
     sock.send(b'init {"local_rank": 0, "timeouts": {"heartbeat": 2}}')
     assert [t[0] for t in watch.read(fd, now=100.0)] == ["init"]
     sock.send(b"h")
@@ -335,6 +349,22 @@ def test_malformed_hellos_and_timeouts_are_ignored_not_fatal(watch):
     [hang] = watch.due(103.0)
     assert (hang.local_rank, hang.timeout, hang.limit_s) == (0, "heartbeat", 2)
     sock.close()
+
+
+def test_a_peer_outside_the_supervisors_pid_namespace_has_no_pid_to_signal(watch):
+    """SO_PEERCRED gives 0 for a peer whose pid this namespace cannot see: no pid, so no
+    stack request (``os.kill(0, ...)`` would signal the supervisor's own group)."""
+    import dataclasses
+
+    from nvrx.supervisor.rank_watch import Hang, Watched
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+        peer = Watched(sock, peer_pid=0)
+        assert watch._init(peer, {"local_rank": 0, "pid": 4321}, [], 1.0) and peer.pid is None
+        hang = Hang(0, 0, 0, 0, "heartbeat", None, 1.0, 2.0)
+        watch.watched[-1] = dataclasses.replace(peer, pid=0, stack_fd=-1)
+        assert watch.stack(hang) is None
+        del watch.watched[-1]
 
 
 def test_a_hang_names_the_pid_that_connected_not_the_one_a_rank_reports(watch):
@@ -350,6 +380,31 @@ def test_a_hang_names_the_pid_that_connected_not_the_one_a_rank_reports(watch):
     [hang] = watch.due(102.0)
     assert hang.pid == os.getpid()
     sock.close()
+
+
+def test_a_section_change_waits_for_a_supervisor_that_reads_again_within_the_wait(watch, monkeypatch):
+    """The channel is full, and the supervisor reads while the rank waits for room: the
+    change goes out then, nothing is held back (held back at once, a change before a long
+    quiet stretch would not be seen until the rank sent something else)."""
+    client = RankMonitorClient()
+    fd, w = _connect(watch, client)
+    while True:  # fill the channel
+        try:
+            client._sock.send(b"h", socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            break
+    real_select = select.select
+
+    def the_supervisor_reads_meanwhile(r, w_, x, timeout):
+        watch.read(fd, now=150.0)
+        return real_select(r, w_, x, timeout)
+
+    monkeypatch.setattr(client_module.select, "select", the_supervisor_reads_meanwhile)
+    client.start_section("ckpt")
+    monkeypatch.setattr(client_module.select, "select", real_select)
+    watch.read(fd, now=151.0)
+    assert not client._behind and w.open == {"ckpt": 151.0}
+    client.shutdown_workload_monitoring()
 
 
 def test_section_changes_wait_a_while_for_a_lagging_supervisor_then_it_learns_the_open_ones(
