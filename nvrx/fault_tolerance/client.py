@@ -16,9 +16,10 @@ A section change is one packet on a local socket, sent without waiting unless th
 is full (the supervisor lags): then it waits for room, ``SEND_WAIT_S`` at most, and past
 that changes are held back, the next packet of any kind the rank sends once the supervisor
 reads again telling it first the sections open then; nothing is ever answered. Step times
-are kept here and sent together at most every ``STEP_PACKET_INTERVAL_S``. Heartbeats are counted in the rank and sent at most
-every ``HEARTBEAT_PACKET_INTERVAL_S`` (0.1 s, or 1/50 of the heartbeat timeout
-when that is shorter), so a loop may call ``send_heartbeat()`` at any rate.
+are kept here and sent together at most every ``STEP_PACKET_INTERVAL_S``. Heartbeats are
+counted in the rank and sent at most every ``HEARTBEAT_PACKET_INTERVAL_S`` (0.1 s, or
+1/50 of the heartbeat timeout when that is shorter), so a loop may call
+``send_heartbeat()`` at any rate.
 """
 
 from __future__ import annotations
@@ -408,27 +409,11 @@ class RankMonitorClient:
 
     def _send(self, message: bytes) -> None:
         """Send a message that must arrive: waits (at most SEND_WAIT_S) while the channel is full."""
-        sock = self._sock
-        assert sock is not None
+        assert self._sock is not None
         if self._behind:
             self._catch_up()
-        try:
-            sock.send(message, socket.MSG_DONTWAIT)
-            return
-        except BlockingIOError:
-            pass
-        except OSError as exc:
-            self._lose(exc)
-            return
-        _, writable, _ = select.select([], [sock], [], SEND_WAIT_S)
-        try:
-            if writable:
-                sock.send(message, socket.MSG_DONTWAIT)
-                return
-        except OSError as exc:
-            self._lose(exc)
-            return
-        log.error("the supervisor read nothing for %.0f s: dropped %r", SEND_WAIT_S, message[:60])
+        if not self._sent(message) and not self._sent_after_wait(message):
+            log.error("the supervisor read nothing for %.0f s: dropped %r", SEND_WAIT_S, message[:60])
 
     def _lose(self, exc: OSError) -> None:
         if not self._lost:

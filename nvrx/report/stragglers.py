@@ -16,9 +16,9 @@ row still open then ends at the failover, whether it recovered is not known. Its
 slot's ``node_lost`` or ``node_takeover`` (whatever the action): the row ends when its
 node left (the takeover, else the loss); the scorer judges its ranks afresh on the
 spare, which opens rows of their own. The store host's loss that moved the store is
-the failover's, whichever of the two events came first. A rank's ``recovered`` event from another slot
-than the one it was named on is its rank going on on a spare, not the slow host
-recovering: the row ends the same way (else at that event).
+the failover's, whichever of the two events came first. A rank's ``recovered`` event
+from another slot than the one it was named on is its rank going on on a spare, not the
+slow host recovering: the row ends the same way (else at that event).
 """
 
 from __future__ import annotations
