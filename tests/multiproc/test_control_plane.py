@@ -23,6 +23,7 @@ supervisor outputs or the report, neither there nor in the demo job's.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -332,8 +333,9 @@ def test_forgeries_while_the_store_host_waits_for_the_others_are_recorded_and_wa
     left) ends node 0 too (before: the forged value took node 0's one watch of the stop
     flag, node 0 exited 0, and neither forgery was recorded)."""
     go = tmp_path / "go"
+    os.mkfifo(go)  # node 1's rank blocks reading it until the test has forged
     command = script(tmp_path, "if os.environ['GROUP_RANK'] == '1':\n"
-                               f"    while not os.path.exists({str(go)!r}):\n        time.sleep(0.05)\n"
+                               f"    open({str(go)!r}).read()\n"
                                "    sys.exit(3)\n")  # fmt: skip
     job = Job(tmp_path, 2, 1, command, "--max-restarts", "0", "--grace-period", "2")
     wait_until("node 0's rank to end", lambda: [e for e in job.events("child_exit") if e["node"] == 0], 120)
@@ -342,11 +344,23 @@ def test_forgeries_while_the_store_host_waits_for_the_others_are_recorded_and_wa
     _declare_lost(store, 0, Sealer(bytes(32), 0))
     keys = [node_keys.claim(0), StopFlag.key(1)]
     wait_until("both to be rejected", lambda: sorted(e["key"] for e in job.events("rejected_write")) == keys, 60)
-    go.touch()
+    wait_until("node 1's rank to read the go signal", lambda: _release(go), 60)
     budget_spent = int(ExitCode.BUDGET_EXHAUSTED)
     assert job.wait(120) == [budget_spent, budget_spent], job.output()
     assert sorted((e["node"], e["key"]) for e in job.events("rejected_write")) == [(0, k) for k in keys]
     assert not job.events("node_lost"), job.output()
+
+
+def _release(fifo) -> bool:
+    """Open ``fifo`` for writing and close it, which ends its reader's read: False while no
+    process reads it yet (opening would block)."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            return False
+        raise
+    return True
 
 
 @pytest.mark.parametrize("given", [False, True], ids=["slot-0-writes-it", "from-the-environment"])
