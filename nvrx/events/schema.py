@@ -30,7 +30,7 @@ COMMON_FIELDS: dict[str, str] = {
 #: Fields a writer stamps on every event it writes, beside the common ones.
 STAMPED_FIELDS: dict[str, str] = {
     "initial_rank": "the rank the process started the job as, before any renumbering of a "
-    "restart (every event of the in-process Wrapper; a replacement's is the rank it replaced)",
+    "restart (on the events the in-process Wrapper's CallWrapper writes)",
 }
 
 #: Documented kinds, with the fields specific to each. Readers must accept
