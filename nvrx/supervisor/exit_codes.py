@@ -30,6 +30,7 @@ class ExitCode(enum.IntEnum):
     EXCLUDED = 10  # excluded (ExcludeThisNode, or a straggler under --straggler-action exclude)
     NON_RETRYABLE = 11  # a rank failed with a non-retryable exception (--ft-non-retryable-exception-file)
     RANK_STOPPED = 12  # a child exited 130 (RestartAbort: its Wrapper gave up): stopped, no restart
+    AFTER_COMPLETION = 13  # a failure after another node's ranks completed: no job-wide restart
     REQUEUED = 75  # SLURM warned; children checkpointed, the store's host requeued the job
 
 
@@ -55,6 +56,9 @@ DESCRIPTIONS: dict[int, str] = {
     ExitCode.RANK_STOPPED: "a child exited with 130 (RestartAbort: its in-process Wrapper gave "
     "up, or the code asked to stop): every child was stopped, none restarted; training did not "
     "complete",
+    ExitCode.AFTER_COMPLETION: "a rank failed, or a node was lost, after every rank of another "
+    "node had completed: a job-wide restart starts every rank of every node again, and those "
+    "had ended, so the job stopped without one",
     ExitCode.REQUEUED: "preemption or time-limit warning: checkpointed, job requeued (docs/submit.md)",
 }
 

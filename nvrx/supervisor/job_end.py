@@ -47,6 +47,7 @@ FINAL_EXITS = (
     ExitCode.BUDGET_EXHAUSTED,
     ExitCode.LOOP_BREAKER,
     ExitCode.NON_RETRYABLE,
+    ExitCode.AFTER_COMPLETION,
 )
 
 #: How long the store host, stopped by a signal, still waits for the other slots to end
@@ -211,6 +212,7 @@ class JobEnd:
         if verdict.request is not None:
             if control.exit_code == ExitCode.OK:
                 self.stop_request, control.exit_code = verdict.request, verdict.request.exit_code
+                control.stop_reason = f"node {verdict.request.node} stopped the job: {verdict.request.reason}"
             return
         if store.rejected is not None:
             store.rejected(key, str(verdict.rejected), len(value.encode(errors="replace")))

@@ -26,6 +26,13 @@ chains; the supervisor that hosts the store records a value rejected there as a
 let nodes start again before every node is ready, nor take the restart from the node
 that claimed it.
 
+A restart needs every node's ranks, so it races with the end of a node: a node whose
+ranks all ended claims restart ``e`` too, for its end (``claim_end``), before it reports
+itself done. A failure that finds such a claim first cannot restart the job (the ranks of
+that node have completed, and a node other than the store's host has left): it stops the job
+(``AFTER_COMPLETION``). A node that finds a failure's claim first takes part in the restart:
+its ranks start again with the others'.
+
 ``min-healthy`` restarts only the failed rank (the Wrapper's way: its peers
 restart in-process and wait for the replacement). ``auto`` (the default) takes
 the job-wide path for a child that did not run the Wrapper, and restarts a
@@ -49,10 +56,11 @@ from nvrx.store.sealed_keys import SealedChain
 from .children import ExitStatus
 from .config import KEY_PREFIX, SupervisorConfig
 from .course import Course, CourseTracker
+from .exit_codes import ExitCode
 from .job_store import JobStore
 from .local_ranks import LocalRanks
 from .node_control import NodeControl
-from .policy import Decision, LastFault, RestartPolicy, root_cause_line
+from .policy import Decision, LastFault, RestartPolicy, exit_signature, root_cause_line
 from .store_link import StoreLink, StoreLinkError
 from .workload_control import WorkloadControl
 
@@ -105,10 +113,55 @@ class JobRestart:
         assert link is not None  # every call comes from the store's messages or a decision
         return link
 
-    def _claim(self, epoch: int) -> bool:
-        """Claim restart ``epoch`` for this slot; True when this claim is the first valid one."""
-        slot = self.store.config.node_rank
-        return sealed_keys.claim(self._link, self.store.known_sealer(), _key(epoch, "claim"), slot)
+    def _claim(self, epoch: int, end: bool = False) -> dict[str, Any] | None:
+        """Claim restart ``epoch`` for this slot (``end``: for this node's end, so that no
+        restart follows it); None when this claim is the first valid one, else that one."""
+        slot, key = self.store.config.node_rank, _key(epoch, "claim")
+        fields = {"end": True, "node": self.control.node_rank} if end else {}
+        mine = sealed_keys.entry_payload(slot, **fields)
+        first = sealed_keys.append_entry(self._link, self.store.known_sealer(), key, mine).first
+        if first is None or first == mine:
+            return None
+        found = _parse(first)
+        return found if isinstance(found, dict) else {}
+
+    def claim_end(self) -> bool:
+        """This training node's ranks all ended: claim the next restart for its end, before it
+        reports itself done. True when a failure claimed that restart first: this node takes
+        part in it (it is restarting now), and its loop goes on."""
+        store, link = self.store, self.store.link
+        if store.config.nnodes < 2 or link is None or link.lost is not None or not link.ready:
+            return False
+        if self.control.node_rank is None or store.sealer is None or self.pending is not None:
+            return False
+        epoch = self.epoch + 1
+        try:
+            first = self._claim(epoch, end=True)
+        except StoreLinkError as exc:
+            log.warning("could not claim this node's end against a job-wide restart: %s", exc)
+            return False
+        if first is None or first.get("end"):
+            return False
+        self._begin(epoch, None)  # its announcement follows, or came already
+        return self.pending == epoch
+
+    def _stop_after_end(
+        self, ended: dict[str, Any], what: str, signature: str | None, local_rank: int | None = None
+    ) -> None:
+        """A node's end claimed the restart before this failure (of ``local_rank``, or a lost
+        node's): stop the job instead."""
+        control = self.control
+        reason = (
+            f"{what} after every rank of node {ended.get('node')} had completed: a job-wide "
+            "restart would start every rank of every node again, so the job stops without one"
+        )
+        control.emit(
+            "restart_decision", local_rank=local_rank, scope="job",
+            global_rank=None if local_rank is None else self.store.config.rank(local_rank, control.node_rank),
+            decision=Decision.GIVE_UP.value, reason=reason, budget_left=None, signature=signature,
+        )  # fmt: skip
+        log.error("%s", reason)
+        control.request_stop(reason, ExitCode.AFTER_COMPLETION, broadcast=True)
 
     def _streak_before(self, epoch: int) -> tuple[str | None, int]:
         """The loop breaker's streak as restart ``epoch - 1`` announced it (``streak_of``):
@@ -151,13 +204,19 @@ class JobRestart:
         if self.pending is not None:
             return  # it ended with the restart under way
         epoch = self.epoch + 1  # (store errors reach the caller, which handles the store's loss)
-        if not self._claim(epoch):
+        first = self._claim(epoch)
+        control = self.control
+        if first is not None and first.get("end"):
+            rank = self.store.config.rank(local_rank, control.node_rank)
+            signature = (fault.signature if fault else None) or exit_signature(status)
+            self._stop_after_end(first, f"rank {rank} failed ({status})", signature, local_rank)
+            return
+        if first is not None:
             # Another failure of this epoch claimed it: restart now, without waiting for its
             # announcement (this node's loop must not end meanwhile). If that claim stops
             # the job instead, the stop request ends the wait.
             self._begin(epoch, None)
             return
-        control = self.control
         verdict = self.policy.decide(local_rank, status, fault, self._streak_before(epoch))
         rank = self.store.config.rank(local_rank, control.node_rank)
         control.emit(
@@ -197,7 +256,11 @@ class JobRestart:
         if not all(self.job_wide(child.pid) for child in children.values()):
             return  # Wrapper ranks restart in-process and wait for the spare's
         epoch = self.epoch + 1
-        if not self._claim(epoch):
+        first = self._claim(epoch)
+        if first is not None and first.get("end"):
+            self._stop_after_end(first, f"node {node_rank} was lost", NODE_LOST_SIGNATURE)
+            return
+        if first is not None:
             self._begin(epoch, None)  # another slot (or a failure) claimed it first
             return
         rank = self.store.config.rank(0, node_rank)

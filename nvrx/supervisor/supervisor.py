@@ -131,6 +131,8 @@ class Supervisor:
                 self.exit_code = for_signal(stop)
                 return self.exit_code
             self._monitor()
+            while self.course.state is Course.TRAINING and self.job_restart.claim_end():
+                self._monitor()  # a failure elsewhere claimed a job-wide restart first: join it
             if self.course.state is Course.TRAINING:  # (a stop stays the course to the end)
                 self.course.to(Course.FINISHING)
             self.job_end.finish()

@@ -373,6 +373,52 @@ def test_node_0_waits_for_the_others_only_for_the_finish_timeout_then_exits_6(tm
     assert len(pids) == 2 and not [p for p in pids if _alive({p})], "a child outlived its node"
 
 
+#: A child's wait until the first claim of job-wide restart 1 is in the store (a failure's, or
+#: a node's end claimed against it): what orders one node's end and the other's failure.
+AWAIT_CLAIM = """
+from nvrx.store.wire import WireStore
+store = WireStore(os.environ["NVRX_STORE_HOST"], int(os.environ["NVRX_STORE_PORT"]), timeout=60)
+store.wait(["nvrx_supervisor/job_restart/1/claim"], 60)
+"""
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("finisher", [0, 1], ids=["store-host-finished", "other-node-finished"])
+def test_a_failure_after_another_nodes_ranks_completed_stops_the_job_with_13(
+    tmp_path: Path, finisher: int
+) -> None:
+    # One node's rank completes; the other's fails once that node claimed its end. A job-wide
+    # restart cannot run the completed ranks again (node 1 has left): the job stops at once
+    # with 13 instead of waiting for a node that will never count itself ready.
+    body = f"if RANK == {finisher}:\n    sys.exit(0)\n{AWAIT_CLAIM}sys.exit(1)\n"
+    job = Job(tmp_path, 2, 1, script(tmp_path, body), "--finish-timeout", "300")
+    codes = job.wait(150)
+    assert codes == ([13, 13] if finisher == 0 else [13, 0]), job.output()
+    [decision] = job.events("restart_decision")
+    assert decision["decision"] == "give_up" and decision["global_rank"] == 1 - finisher, decision
+    assert f"after every rank of node {finisher} had completed" in decision["reason"], decision
+    assert decision["signature"] == "exit code 1", decision
+    assert not [e for e in job.events("child_start") if e["attempt"] > 0], job.output()
+    report = build_report(job.log_dir / job.job_id)
+    assert report.summary.outcome == "failed (exit code 13)", report.to_text()
+    assert f"node {finisher} had completed" in (report.summary.reason or ""), report.to_text()
+
+
+@pytest.mark.timeout(200)
+def test_a_node_whose_ranks_complete_as_another_fails_restarts_with_the_job(tmp_path: Path) -> None:
+    # Node 1's rank fails; node 0's completes just after that failure claimed the restart
+    # (before or after node 0 reads its announcement): node 0 takes part, and both run again.
+    body = f"if RESTART == 0 and RANK == 1:\n    sys.exit(1)\nif RESTART == 0:\n{AWAIT_CLAIM}"
+    body = body.replace("\nfrom", "\n    from").replace("\nstore", "\n    store") + "sys.exit(0)\n"
+    job = Job(tmp_path, 2, 1, script(tmp_path, body), "--finish-timeout", "300")
+    assert job.wait(150) == [0, 0], job.output()
+    starts = sorted((e["global_rank"], e["attempt"]) for e in job.events("child_start"))
+    assert starts == [(0, 0), (0, 1), (1, 0), (1, 1)], job.output()
+    phases = [(e["node"], e["phase"]) for e in job.events("job_restart")]
+    for node in (0, 1):
+        assert [p for n, p in phases if n == node] == ["stopping", "ready", "started"], phases
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("warned", [0, 1], ids=["node-0-warned", "node-1-warned"])
 def test_a_warning_while_node_0_waits_for_the_others_is_decided_for_the_job(

@@ -95,7 +95,8 @@ def test_a_second_stop_signal_kills_at_once(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "final",
-    [ExitCode.OK, ExitCode.RANK_STOPPED, ExitCode.BUDGET_EXHAUSTED, ExitCode.LOOP_BREAKER, ExitCode.NON_RETRYABLE],
+    [ExitCode.OK, ExitCode.RANK_STOPPED, ExitCode.BUDGET_EXHAUSTED, ExitCode.LOOP_BREAKER, ExitCode.NON_RETRYABLE,
+     ExitCode.AFTER_COMPLETION],
     ids=lambda c: c.name,
 )
 def test_a_warning_while_the_job_stops_for_good_requeues_nothing(
