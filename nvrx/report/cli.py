@@ -164,8 +164,9 @@ class _OneLine(logging.Formatter):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Print (or write, -o) the report; exit 2 when there is nothing to read (or --job/--rank
-    name nothing there), 1 when the log directory cannot be read or -o FILE cannot be written."""
+    """Print (or write, -o) the report; exit 2 when there is nothing to read (or --job/--rank/
+    --node name nothing there), 1 when the log directory cannot be read or -o FILE cannot be
+    written."""
     args = _parser().parse_args(argv)
     handler = logging.StreamHandler()
     handler.setFormatter(_OneLine())

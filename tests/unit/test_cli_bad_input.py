@@ -61,6 +61,7 @@ BAD_INPUT = [
     ("nvrx-supervise", ["--term-timeout", "5", "--", "python"], 2, "--term-timeout is --grace-period here"),
     ("nvrx-supervise", ["--bogus", "--", "python"], 2, "error: unrecognized arguments: --bogus"),
     ("nvrx-report", ["{job}", "--rank", "99", "--no-sacct"], 2, "no rank 99 in '{job}': ranks 0-3"),
+    ("nvrx-report", ["{job}", "--node", "9", "--no-sacct"], 2, "no node 9 in '{job}': nodes 0-1"),
     ("nvrx-report", ["{job}", "--job", "nope", "--no-sacct"], 2, f"no job 'nope' in '{{job}}': jobs {JOB}"),
     ("nvrx-report", ["{tmp}/missing"], 2, "log directory '{tmp}/missing' does not exist"),
     ("nvrx-report", ["--rank", "x"], 2, "error: argument --rank: invalid int value: 'x'"),

@@ -398,6 +398,29 @@ def test_console_script_runs_without_torch(job_dir: Path) -> None:
     assert json.loads(done.stdout)["summary"]["job"] == JOB
 
 
+@pytest.mark.parametrize(
+    "filters", [["--since", "2099-01-01"], ["--node", "1", "--since", "2099-01-01"], ["--rank", "2", "--since", "2099-01-01"]]
+)
+def test_filters_that_leave_out_the_end_say_the_outcome_is_not_known(
+    job_dir: Path, capsys: pytest.CaptureFixture[str], filters: list[str]
+) -> None:
+    """Before: 'NOT FINISHED: unknown (... still running ...)' of a job that completed."""
+    assert main([str(job_dir), "--no-sacct", "--width", "0", *filters]) == 0
+    text = capsys.readouterr().out
+    outcome = next(line for line in text.splitlines() if line.startswith("outcome: "))
+    assert outcome.startswith("outcome: not known under the filters (the --rank/--node/--since "), outcome
+    assert "NOT FINISHED" not in text and "still running" not in text
+    assert main([str(job_dir), "--no-sacct", "--format", "html", *filters]) == 0
+    assert 'class="outcome outcome-unknown"' in capsys.readouterr().out
+
+
+def test_filters_that_keep_the_end_still_tell_the_outcome(
+    job_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([str(job_dir), "--no-sacct", "--format", "json", "--node", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["summary"]["outcome"] == "completed"
+
+
 @pytest.mark.parametrize("newest", [JOB, "100"])
 def test_without_job_the_newest_job_of_the_base_is_reported_and_the_report_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], newest: str
