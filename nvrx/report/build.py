@@ -185,6 +185,30 @@ def _default_workers() -> int:
     return max(1, min(cpus, 8))
 
 
+def _given_sources(
+    slurm_output: Sequence[str | os.PathLike[str]],
+    submitit_folders: Sequence[str | os.PathLike[str]],
+    notes: list[str],
+) -> tuple[list[Path], list[Path]]:
+    """The ``--slurm-output`` files and ``--submitit-folder`` folders there are; a note for
+    each one that is not (missing, not a file or folder, or a folder this user may not read)."""
+    paths: list[Path] = []
+    for given in map(Path, slurm_output):
+        if given.is_file():
+            paths.append(given)
+        else:
+            notes.append(f"SLURM output file {str(given)!r} not found; skipped")
+    folders: list[Path] = []
+    for folder in map(Path, submitit_folders):
+        if not folder.is_dir():
+            notes.append(f"submitit folder {str(folder)!r} not found; skipped")
+        elif not os.access(folder, os.R_OK | os.X_OK):
+            notes.append(f"cannot read submitit folder {str(folder)!r}: no permission; skipped")
+        else:
+            folders.append(folder)
+    return paths, folders
+
+
 def _log_findings(
     job: str | None,
     job_dir: Path,
@@ -196,16 +220,8 @@ def _log_findings(
 ) -> tuple[list[LogFinding], list[Death]]:
     """Failures in the job's output files that the events cannot tell (``output_triage``),
     and the unexplained process ends they explain."""
-    paths: list[Path] = []
-    for given in slurm_output:
-        path = Path(given)
-        if path.is_file():
-            paths.append(path)
-        else:
-            notes.append(f"SLURM output file {str(path)!r} not found; skipped")
-    paths += find_output_files(
-        job, default_search_dirs(job_dir), [Path(f) for f in submitit_folders]
-    )
+    paths, folders = _given_sources(slurm_output, submitit_folders, notes)
+    paths += find_output_files(job, default_search_dirs(job_dir), folders)
     unique = list(dict.fromkeys(p.resolve() for p in paths))
     items = []
     for path in unique:

@@ -373,6 +373,19 @@ def test_missing_slurm_output_file_is_a_note(job_dir: Path, tmp_path: Path) -> N
     assert any("gone.out" in n and "not found" in n for n in report.reading.notes)
 
 
+def test_missing_submitit_folder_is_a_note_as_a_missing_output_file_is(
+    job_dir: Path, tmp_path: Path
+) -> None:
+    """Before: a mistyped --submitit-folder was passed over without a word."""
+    (tmp_path / "a file").write_text("")
+    report = build_report(
+        job_dir, sacct=False, submitit_folders=[tmp_path / "gone", tmp_path / "a file"]
+    )
+    for name in ("gone", "a file"):
+        said = f"submitit folder {str(tmp_path / name)!r} not found; skipped"
+        assert said in report.reading.notes, report.reading.notes
+
+
 def test_parse_since() -> None:
     assert parse_since("1700000000.5") == 1700000000.5
     assert parse_since("2023-11-14T22:13:20") == 1700000000.0
