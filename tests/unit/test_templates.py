@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -58,9 +59,9 @@ def test_every_template_speaks_the_same_variables(name: str) -> None:
     assert delay and f'NVRX_SIGNAL_DELAY_S:-{delay[1]}}}' in text  # the two agree
 
 
-def _fake_srun(tmp_path: Path, exit_code: int = 0) -> Path:
+def _fake_srun(tmp_path: Path, exit_code: int = 0, name: str = "fake srun") -> Path:
     """A stand-in for nvrx-srun that writes its arguments and environment, then exits."""
-    fake = tmp_path / "fake srun"
+    fake = tmp_path / name
     fake.write_text(
         "#!/bin/bash\n"
         f'printf "%s\\n" "$@" > "{tmp_path}/args"\n'
@@ -93,6 +94,42 @@ def test_a_template_runs_nvrx_srun_with_the_command_and_settings(tmp_path: Path,
     assert env["NVRX_LOG_DIR"] == f"{tmp_path}/nvrx_logs"
     assert env["NVRX_SIGNAL_DELAY_S"] in ("60", "90")
     assert "supervisors ended with exit code 0" in done.stdout
+
+
+#: nvrx-srun paths that the shell must take as they are: spaces, both quotes, braces (a }
+#: ended the old ${NVRX_SRUN:-...}), $ and ` (expansions), backslashes, a newline.
+AWKWARD_PATHS = [
+    SRUN, "a b'c", "/x/}y", "/x/${HOME}/$(id)/`id`", 'say "hi"', "back\\slash\\", "two\nlines",
+    "it's {all} $x `y` \"z\" \\",
+]
+
+
+@pytest.mark.parametrize("srun", AWKWARD_PATHS)
+def test_the_written_nvrx_srun_path_reaches_the_shell_as_it_is(srun: str) -> None:
+    """Before: "a b'c" or a } wrote a line that bash refused, or another path."""
+    rendered = template_cli.render("train", srun)
+    assert subprocess.run(["bash", "-n"], input=rendered, text=True).returncode == 0
+    # the lines that set NVRX_SRUN: between the one before them and the one after
+    start = rendered.index("\n", rendered.index("export NVRX_SIGNAL_DELAY_S=")) + 1
+    setting = rendered[start : rendered.index('echo "nvrx: job $SLURM_JOB_ID', start)]
+    script = f'set -euo pipefail\n{setting}printf %s "$NVRX_SRUN"\n'
+    base = {"PATH": os.environ["PATH"]}
+    for given, expected in ((None, srun), ("", srun), ("/given/nvrx-srun", "/given/nvrx-srun")):
+        env = base if given is None else {**base, "NVRX_SRUN": given}
+        done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)
+        assert (done.returncode, done.stdout) == (0, expected), done.stderr
+
+
+def test_a_template_runs_the_nvrx_srun_at_an_awkward_path(tmp_path: Path) -> None:
+    fake = _fake_srun(tmp_path, name=AWKWARD_PATHS[-1].replace("/", "_"))
+    script = tmp_path / "train.sbatch"
+    script.write_text(template_cli.render("train", str(fake)))
+    slurm = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_NUM_NODES": "1",
+             "SLURM_SUBMIT_DIR": str(tmp_path), "PATH": os.environ["PATH"]}  # fmt: skip
+    done = subprocess.run(["bash", str(script), "python", "t.py"], env=slurm, capture_output=True,
+                          text=True, timeout=30)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "args").read_text().splitlines()[-3:] == ["--", "python", "t.py"]
 
 
 def _signal_recording_srun(tmp_path: Path) -> Path:
@@ -164,7 +201,7 @@ def test_nvrx_template_writes_lists_and_refuses_to_overwrite(tmp_path: Path) -> 
     done = subprocess.run([*cli, "train_spares", "-o", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     beside = Path(sys.executable).parent / "nvrx-srun"
-    assert f'NVRX_SRUN="${{NVRX_SRUN:-{beside.absolute()}}}"' in out.read_text()
+    assert f'|| NVRX_SRUN={shlex.quote(str(beside.absolute()))}  # written by' in out.read_text()
     again = subprocess.run([*cli, "train_spares", "-o", str(out)], capture_output=True, text=True)
     assert again.returncode == 2 and "exists: give --force" in again.stderr
     out.write_text("an older job\n")
