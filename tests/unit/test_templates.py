@@ -259,6 +259,76 @@ def test_nvrx_srun_says_what_to_fix(argv: list[str], env: dict[str, str], messag
     assert done.returncode == 2 and message in done.stderr, done.stderr
 
 
+def _allocation(tmp_path: Path) -> dict[str, str]:
+    """The environment of a batch script of a 2-node allocation, with a stand-in srun first on
+    PATH that writes its arguments to ``srun.args``; nvrx from this checkout."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{tmp_path}/srun.args"\n')
+    (bin_dir / "srun").chmod(0o755)
+    return {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "n[1-2]",
+            "SLURM_PROCID": "0", "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            "PYTHONPATH": str(Path(__file__).resolve().parents[2])}  # fmt: skip
+
+
+def _nvrx_srun(tmp_path: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "nvrx.slurm.srun_cli", *argv], env=_allocation(tmp_path),
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--bogus", "--", "true"], "unrecognized arguments: --bogus (see nvrx-supervise --help)"),
+        (["--nproc-per-node", "0", "--", "true"], "--nproc-per-node must be >= 1, got 0"),
+        (["--max-restarts", "-1", "--", "true"], "--max-restarts must be >= 0, got -1"),
+        (["--", "./missing.sh"], "training command './missing.sh' is not an executable file"),
+        (["--", "no-such-program-here"], "training command 'no-such-program-here' not found on PATH"),
+        (["--spare-nodes", "2", "--", "true"], "--spare-nodes must be in 0..1 (smaller than --nnodes 2"),
+    ],
+)
+def test_nvrx_srun_refuses_what_the_supervisors_would_before_it_runs_srun(
+    tmp_path: Path, argv: list[str], message: str
+) -> None:
+    """Before: srun ran, and each node's supervisor printed the same error once the
+    allocation was granted."""
+    done = _nvrx_srun(tmp_path, argv)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"nvrx-srun: error: {message}"), done.stderr
+    assert not (tmp_path / "srun.args").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--nproc-per-node", "2", "--max-restarts", "0", "--", "true"],
+        ["--nproc-per-node", "gpu", "--spare-nodes", "1", "--", "python", "train.py"],  # counted on each node
+    ],
+)
+def test_nvrx_srun_runs_srun_with_options_the_supervisors_take(tmp_path: Path, argv: list[str]) -> None:
+    done = _nvrx_srun(tmp_path, argv)
+    assert done.returncode == 0, done.stderr
+    recorded = (tmp_path / "srun.args").read_text().splitlines()
+    assert recorded[:2] == ["--nodes=2", "--ntasks=2"]
+    assert recorded[recorded.index("nvrx.supervisor") + 1 :] == argv
+
+
+def test_the_supervisors_check_sees_node_0_of_the_step(tmp_path: Path) -> None:
+    """The environment the check runs in is the one srun gives node 0's supervisor: its
+    topology is the allocation's, whatever step the batch shell itself is in."""
+    from nvrx.supervisor.config import job_from_slurm
+
+    env = {**_allocation(tmp_path), "SLURM_STEP_ID": "4294967294", "SLURM_STEP_NODELIST": "n1",
+           "SLURM_STEP_NUM_NODES": "1", "SLURM_NODEID": "1"}  # fmt: skip
+    job = job_from_slurm(srun_cli.step_env(env), 1)
+    assert (job.nnodes, job.node_rank, job.master_addr) == (2, 0, "n1")
+    bare = srun_cli.step_env({"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "3"})
+    assert job_from_slurm(bare, 1).nnodes == 3  # no node list: stand-in names
+
+
 def test_nvrx_srun_help_and_the_checkout_wrapper() -> None:
     wrapper = Path(__file__).resolve().parents[2] / "bin" / "nvrx-srun"
     done = subprocess.run([str(wrapper), "--help"], capture_output=True, text=True, check=True)
