@@ -105,15 +105,23 @@ def iter_file(
             yield value
 
 
-def event_files(directory: str | os.PathLike[str]) -> list[Path]:
+def event_files(
+    directory: str | os.PathLike[str], unlisted: list[Path] | None = None
+) -> list[Path]:
     """Entries named ``*.jsonl`` under ``directory`` (recursively), in a stable order.
 
     Whatever they are: a directory, a dangling link or a FIFO so named is
     reported as unreadable when read, not silently left out. Symlinked
-    directories are not followed, and unlistable directories are passed over.
+    directories are not followed. A directory that cannot be listed (``directory``
+    itself included) is passed over, and appended to ``unlisted`` when it is given.
     """
+
+    def passed_over(exc: OSError) -> None:
+        if unlisted is not None:
+            unlisted.append(Path(exc.filename if exc.filename is not None else directory))
+
     found = []
-    for parent, dirs, files in os.walk(directory):
+    for parent, dirs, files in os.walk(directory, onerror=passed_over):
         found.extend(Path(parent, name) for name in (*dirs, *files) if name.endswith(EVENT_SUFFIX))
     return sorted(found)
 

@@ -185,6 +185,30 @@ def _default_workers() -> int:
     return max(1, min(cpus, 8))
 
 
+def _given_sources(
+    slurm_output: Sequence[str | os.PathLike[str]],
+    submitit_folders: Sequence[str | os.PathLike[str]],
+    notes: list[str],
+) -> tuple[list[Path], list[Path]]:
+    """The ``--slurm-output`` files and ``--submitit-folder`` folders there are; a note for
+    each one that is not (missing, not a file or folder, or a folder this user may not read)."""
+    paths: list[Path] = []
+    for given in map(Path, slurm_output):
+        if given.is_file():
+            paths.append(given)
+        else:
+            notes.append(f"SLURM output file {str(given)!r} not found; skipped")
+    folders: list[Path] = []
+    for folder in map(Path, submitit_folders):
+        if not folder.is_dir():
+            notes.append(f"submitit folder {str(folder)!r} not found; skipped")
+        elif not os.access(folder, os.R_OK | os.X_OK):
+            notes.append(f"cannot read submitit folder {str(folder)!r}: no permission; skipped")
+        else:
+            folders.append(folder)
+    return paths, folders
+
+
 def _log_findings(
     job: str | None,
     job_dir: Path,
@@ -196,16 +220,8 @@ def _log_findings(
 ) -> tuple[list[LogFinding], list[Death]]:
     """Failures in the job's output files that the events cannot tell (``output_triage``),
     and the unexplained process ends they explain."""
-    paths: list[Path] = []
-    for given in slurm_output:
-        path = Path(given)
-        if path.is_file():
-            paths.append(path)
-        else:
-            notes.append(f"SLURM output file {str(path)!r} not found; skipped")
-    paths += find_output_files(
-        job, default_search_dirs(job_dir), [Path(f) for f in submitit_folders]
-    )
+    paths, folders = _given_sources(slurm_output, submitit_folders, notes)
+    paths += find_output_files(job, default_search_dirs(job_dir), folders)
     unique = list(dict.fromkeys(p.resolve() for p in paths))
     items = []
     for path in unique:
@@ -292,7 +308,7 @@ def build_report(
     suspects, exclude = build_suspects(agg, timeline, failures, process_rows, losses, stragglers)
     restarts = job_facts.restarts(agg, timeline, sacct_requeues(slurm), process_rows, len(losses.losses))
     return Report(
-        summary=_summary(agg, job_id, timeline, restarts, losses, slurm, kept is not None, notes),
+        summary=_summary(agg, job_id, timeline, restarts, losses, slurm, filters, notes),
         timeline=timeline,
         failures=failures,
         hangs=sorted(agg.hangs, key=_hang_order),
@@ -382,9 +398,9 @@ def _read_events(
             f"first: {agg.skipped[0].path}:{agg.skipped[0].line} {agg.skipped[0].reason}"
         )
     if agg.events_used == 0:
-        if filters.job is not None or filters.rank is not None:  # do they exist at all?
-            everything = _aggregate(job_dir.files, Filters(), workers, Progress(0))
-            _check_named(filters, everything.jobs, everything.ranks, job_dir.path)
+        if filters.job is not None or filters.rank is not None or filters.node is not None:
+            everything = _aggregate(job_dir.files, Filters(), workers, Progress(0))  # are they there?
+            _check_named(filters, everything, job_dir.path)
         notes.append("no event matches the --job/--rank/--node/--since filters")
     if len(agg.jobs) > 1 and filters.job is None:
         notes.append(
@@ -401,11 +417,12 @@ def _read_events(
     return agg
 
 
-def _check_named(filters: Filters, jobs: set[str], ranks: set[int], directory: Path) -> None:
-    """``ReportError`` (exit 2) when ``filters`` ask for a job or rank that none of the events
-    of ``directory`` (``jobs``, ``ranks``: what they hold) names; the error says what is there.
-    Without it a typo'd job id or a rank beyond the job's world would print an empty report
-    and exit 0."""
+def _check_named(filters: Filters, everything: JobSummary, directory: Path) -> None:
+    """``ReportError`` (exit 2) when ``filters`` ask for a job, rank or node that none of the
+    events of ``directory`` (``everything``: all of them, unfiltered) names; the error says
+    what is there. Without it a typo'd job id or a rank or node beyond the job's would print
+    an empty report and exit 0."""
+    jobs, ranks, nodes = everything.jobs, everything.ranks, set(everything.node_hosts)
     if filters.job is not None and jobs and filters.job not in jobs:
         raise ReportError(
             f"no job {filters.job!r} in {str(directory)!r}: jobs {', '.join(sorted(jobs))}"
@@ -413,6 +430,24 @@ def _check_named(filters: Filters, jobs: set[str], ranks: set[int], directory: P
     if filters.rank is not None and filters.rank not in ranks:
         there = f"ranks {compress_ints(ranks)}" if ranks else "no rank wrote events"
         raise ReportError(f"no rank {filters.rank} in {str(directory)!r}: {there}")
+    if filters.node is not None and filters.node not in nodes:
+        there = f"nodes {compress_ints(nodes)}" if nodes else "no event names a node"
+        raise ReportError(f"no node {filters.node} in {str(directory)!r}: {there}")
+
+
+def _outcome(
+    agg: JobSummary, timeline: list[RoundRow], losses: LossIndex, slurm: SlurmContext, filtered: bool
+) -> tuple[str, str | None]:
+    """How the job ended, and why: by ``sacct`` when it knows (the events' word in the
+    reason), by the events otherwise (``filtered``: by ``--rank``/``--node``/``--since``)."""
+    outcome, reason = job_facts.final_outcome(agg, timeline, losses.lost_slots(), filtered)
+    slurm_runs = runs(slurm)
+    if slurm_runs:
+        last = slurm_runs[-1]
+        events_said = outcome
+        outcome = f"{last.state} (sacct, exit {last.exit_code})"
+        reason = f"{reason}; events: {events_said}" if reason else f"events: {events_said}"
+    return outcome, reason
 
 
 def _summary(
@@ -422,19 +457,14 @@ def _summary(
     restarts: Restarts,
     losses: LossIndex,
     slurm: SlurmContext,
-    restricted: bool,
+    filters: Filters,
     notes: list[str],
 ) -> Summary:
     """The summary table: size, times, goodput, restarts and how the job ended (by ``sacct``
-    when it knows, by the events otherwise). ``restricted``: filtered by rank or node."""
-    outcome, reason = job_facts.final_outcome(agg, timeline, losses.lost_slots())
+    when it knows, by the events otherwise), of the events ``filters`` keep."""
+    restricted = filters.rank is not None or filters.node is not None
+    outcome, reason = _outcome(agg, timeline, losses, slurm, restricted or filters.since is not None)
     slurm_runs = runs(slurm)
-    if slurm_runs:
-        last = slurm_runs[-1]
-        events_said = outcome
-        outcome = f"{last.state} (sacct, exit {last.exit_code})"
-        reason = f"{reason}; events: {events_said}" if reason else f"events: {events_said}"
-
     wall = (
         (agg.last_wall - agg.first_wall)
         if agg.first_wall is not None and agg.last_wall is not None

@@ -56,6 +56,16 @@ def _width(text: str) -> int:
     return value
 
 
+def _workers(text: str) -> int:
+    """``--workers``: a number of processes, at least 1."""
+    value = int(text) if text.strip().isdigit() else 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"--workers must be a number of processes, at least 1, got {text!r}"
+        )
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="nvrx-report",
@@ -129,9 +139,10 @@ def _add_output(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-sacct", action="store_true", help="do not ask sacct")
     p.add_argument(
         "--workers",
-        type=int,
+        type=_workers,
         default=None,
-        help="processes reading event files (default: CPUs, at most 8)",
+        metavar="N",
+        help="processes reading event files, at least 1 (default: CPUs, at most 8)",
     )
     p.add_argument(
         "--width",
@@ -164,8 +175,9 @@ class _OneLine(logging.Formatter):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Print (or write, -o) the report; exit 2 when there is nothing to read (or --job/--rank
-    name nothing there), 1 when the log directory cannot be read or -o FILE cannot be written."""
+    """Print (or write, -o) the report; exit 2 when there is nothing to read (or --job/--rank/
+    --node name nothing there), 1 when the log directory cannot be read or -o FILE cannot be
+    written."""
     args = _parser().parse_args(argv)
     handler = logging.StreamHandler()
     handler.setFormatter(_OneLine())

@@ -21,7 +21,7 @@ import time
 from html import escape
 
 from .html_lanes import DEAD, HUNG, IDLE, REQUEUE, RESTART, SPARE, TRAINING, Lane, Lanes, Period
-from .render_answer import FAILED, OK, UNFINISHED
+from .render_answer import FAILED, OK, UNFINISHED, UNKNOWN
 from .text_doc import secs, when
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,7 @@ OUTCOME_COLOURS = {
     OK: ("#2e9e44", "completed"),
     FAILED: ("#e0201b", "FAILED"),
     UNFINISHED: ("#f5c518", "not finished"),
+    UNKNOWN: ("#9e9e9e", "not known under the filters"),
 }
 MOVE_COLOUR = "#1565c0"
 #: Short periods that matter stay visible: at least this wide (px).

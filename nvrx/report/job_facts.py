@@ -151,11 +151,25 @@ def output_facts(
     return facts
 
 
+#: The outcome when ``--rank``/``--node``/``--since`` leave out every event that tells how the
+#: job ended: it may have ended, or not; the events kept cannot say.
+NOT_KNOWN = "not known under the filters"
+NOT_KNOWN_REASON = (
+    "the --rank/--node/--since filters leave out the events that tell how the job ended; "
+    "run without them for its outcome"
+)
+
+
 def final_outcome(
-    job: JobSummary, timeline: list[RoundRow], lost_slots: Collection[tuple[int, int]] = ()
+    job: JobSummary,
+    timeline: list[RoundRow],
+    lost_slots: Collection[tuple[int, int]] = (),
+    filtered: bool = False,
 ) -> tuple[str, str | None]:
     """How the job ended according to the events (last run, lowest node first). A lost
-    slot's end (a fenced node's exit 9) says how the job ended only when no other does."""
+    slot's end (a fenced node's exit 9) says how the job ended only when no other does.
+    ``filtered``: the events were filtered (``--rank``/``--node``/``--since``); without an
+    end among them, the outcome is ``NOT_KNOWN``, not "unfinished"."""
     last_run = max((e["run"] for e in job.node_events), default=0)
     ends = [e for e in job.node_events if e["run"] == last_run and e.get("kind") in STOP_KINDS]
     kept = [e for e in ends if (last_run, e.get("node")) not in lost_slots]
@@ -185,6 +199,8 @@ def final_outcome(
         summary = ", ".join(f"{k}: {v}" for k, v in sorted(job.wrapper_ends.items()))
         worst = next((k for k in ("error", "restart_abort") if k in job.wrapper_ends), "mixed")
         return gave_up if worst == "restart_abort" and gave_up else worst, f"wrapper ends: {summary}"
+    if filtered:
+        return NOT_KNOWN, NOT_KNOWN_REASON
     if timeline:
         return (
             "unfinished",

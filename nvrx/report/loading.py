@@ -68,13 +68,37 @@ class LogDirUnreadable(ReportError):
     exit_code = 1
 
 
+def _may_not(path: Path) -> str:
+    """What stops this user, and the fix, for a folder or file it may not read."""
+    return (
+        "no permission to list it and open its files (make it readable and searchable, e.g. "
+        f"chmod u+rx {shlex.quote(str(path))}, or run as its owner)"
+    )
+
+
 def _check_searchable(directory: Path) -> None:
     """``LogDirUnreadable`` naming ``directory`` and the fix, unless its files can be opened."""
     if not os.access(directory, os.R_OK | os.X_OK):
+        raise LogDirUnreadable(f"cannot read log directory {str(directory)!r}: {_may_not(directory)}")
+
+
+def _check_readable(directory: Path, files: list[Path], unlisted: list[Path]) -> None:
+    """``LogDirUnreadable`` naming the first folder under ``directory`` that could not be
+    listed (``unlisted``), else the first event file this user may not open: the report
+    would leave their events out and say false things (a job "still running" whose
+    supervisor's file holds its end)."""
+    denied = [f for f in files if f.is_file() and not os.access(f, os.R_OK)]
+    if unlisted:
+        more = f" (and {len(unlisted) - 1} more)" if len(unlisted) > 1 else ""
         raise LogDirUnreadable(
-            f"cannot read log directory {str(directory)!r}: no permission to list it and open "
-            f"its files (make it readable and searchable, e.g. chmod u+rx {shlex.quote(str(directory))}, "
-            "or run as its owner)"
+            f"cannot list folder {str(unlisted[0])!r}{more} of log directory "
+            f"{str(directory)!r}: {_may_not(unlisted[0])}"
+        )
+    if denied:
+        more = f" (and {len(denied) - 1} more)" if len(denied) > 1 else ""
+        raise LogDirUnreadable(
+            f"cannot read event file {str(denied[0])!r}{more}: no permission to open it "
+            f"(make it readable, e.g. chmod u+r {shlex.quote(str(denied[0]))}, or run as its owner)"
         )
 
 
@@ -165,20 +189,22 @@ def _has_events(directory: Path) -> bool:
     return any(p.is_file() for p in directory.glob(f"*{EVENT_SUFFIX}"))
 
 
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 def _newest_mtime(files: list[Path]) -> float:
-    best = 0.0
-    for path in files:
-        try:
-            best = max(best, path.stat().st_mtime)
-        except OSError:
-            continue
-    return best
+    return max(map(_mtime, files), default=0.0)
 
 
 def resolve_job_dir(log_dir: str | os.PathLike[str] | None, job: str | None = None) -> JobDir:
     """Pick the job directory under ``log_dir`` (a job's own directory or the base holding jobs).
 
-    Raises ``ReportError`` naming the directory when there is nothing to read.
+    Raises ``ReportError`` naming the directory when there is nothing to read,
+    ``LogDirUnreadable`` naming what this user may not read.
     """
     base = Path(log_dir) if log_dir is not None else jobenv.log_dir_from()
     if not base.exists():
@@ -196,31 +222,78 @@ def resolve_job_dir(log_dir: str | os.PathLike[str] | None, job: str | None = No
     elif _has_events(base):
         chosen, chosen_job = base, job
     else:
-        try:
-            jobs = sorted(d for d in base.iterdir() if d.is_dir() and event_files(d))
-        except OSError as exc:
-            raise LogDirUnreadable(
-                f"cannot list log directory {str(base)!r}: {exc.strerror or exc}"
-            ) from exc
+        jobs, unreadable = _job_folders(base)
         if job is not None:
             names = ", ".join(d.name for d in jobs) or "none"
             raise ReportError(f"no logs of job {job!r} under {str(base)!r} (jobs found: {names})")
-        if not jobs:
-            raise ReportError(_nothing_found(base))
-        if len(jobs) == 1:
-            chosen = jobs[0]
-        else:
-            chosen = max(jobs, key=lambda d: _newest_mtime(event_files(d)))
-            others = ", ".join(d.name for d in jobs if d != chosen)
-            notes.append(
-                f"several jobs under {base}: reporting the newest, {chosen.name} (others: {others}; pass --job)"
-            )
+        chosen = _newest_job(base, jobs, unreadable, notes)
         chosen_job = chosen.name
     _check_searchable(chosen)
-    files = event_files(chosen)
+    unlisted: list[Path] = []
+    files = event_files(chosen, unlisted)
+    _check_readable(chosen, files, unlisted)
     if not files:
         raise ReportError(_nothing_found(chosen))
     return JobDir(chosen, chosen_job, files, notes)
+
+
+def _job_folders(base: Path) -> tuple[list[Path], list[Path]]:
+    """The folders of ``base`` that hold event files (the jobs), and those holding none that
+    this user could read but some folder it may not list (a teammate's job folder, 0700)."""
+    try:
+        folders = sorted(d for d in base.iterdir() if d.is_dir())
+    except OSError as exc:
+        raise LogDirUnreadable(
+            f"cannot list log directory {str(base)!r}: {exc.strerror or exc}"
+        ) from exc
+    jobs: list[Path] = []
+    unreadable: list[Path] = []
+    for folder in folders:
+        unlisted: list[Path] = []
+        if event_files(folder, unlisted):
+            jobs.append(folder)
+        elif unlisted:
+            unreadable.append(folder)
+    return jobs, unreadable
+
+
+def _newest_job(base: Path, jobs: list[Path], unreadable: list[Path], notes: list[str]) -> Path:
+    """The job folder with the newest event file; ``LogDirUnreadable`` when there is none
+    this user may read, or when a folder it may not read changed after that file (its job is
+    newer: reporting an older one unasked would answer the wrong question)."""
+    if not jobs:
+        if unreadable:
+            raise LogDirUnreadable(
+                f"no job folder under {str(base)!r} that this user may read: cannot read "
+                f"{_folder_list(unreadable)}: {_may_not(unreadable[0])}"
+            )
+        raise ReportError(_nothing_found(base))
+    newest = {d: _newest_mtime(event_files(d)) for d in jobs}
+    chosen = max(jobs, key=newest.__getitem__)
+    later = [d for d in unreadable if _mtime(d) > newest[chosen]]
+    if later:
+        raise LogDirUnreadable(
+            f"cannot read job folder {_folder_list(later)} under {str(base)!r}, changed after "
+            f"the newest job this user may read ({chosen.name}): {_may_not(later[0])}; "
+            f"or pass --job {chosen.name} to report that one"
+        )
+    if len(jobs) > 1:
+        others = ", ".join(d.name for d in jobs if d != chosen)
+        notes.append(
+            f"several jobs under {base}: reporting the newest, {chosen.name} (others: {others}; pass --job)"
+        )
+    if unreadable:
+        notes.append(
+            f"job folder(s) under {base} that this user may not read were skipped: "
+            f"{', '.join(d.name for d in unreadable)} (none changed after {chosen.name}'s newest "
+            "event file, though a file inside may have)"
+        )
+    return chosen
+
+
+def _folder_list(folders: list[Path]) -> str:
+    shown = ", ".join(repr(str(d)) for d in folders[:3])
+    return shown + (f" and {len(folders) - 3} more" if len(folders) > 3 else "")
 
 
 def _nothing_found(directory: Path) -> str:

@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from nvrx.events.failures import kind_of, process_end_signature
 
 from .consequence import FOLLOW_ON, fault_shape
+from .job_facts import NOT_KNOWN
 from .model import BY_NODE_LOSS, NodeLoss, ProcessRestart, ReportData, RoundRow, Summary
 from .render_losses import recovery
 from .text_doc import Doc, ranks_text, secs, when, where
 from .timeline import loss_of
 
-#: What ``verdict`` says of a job's outcome.
-OK, FAILED, UNFINISHED = "ok", "failed", "unfinished"
+#: What ``verdict`` says of a job's outcome (UNKNOWN: the filters left out its end).
+OK, FAILED, UNFINISHED, UNKNOWN = "ok", "failed", "unfinished", "unknown"
 #: Outcomes (ours, or SLURM's states, lowercase) of a job that has not ended, or not said how.
 _UNFINISHED = ("unknown", "unfinished", "running", "pending", "requeued", "resizing", "suspended")
 #: At most this many faults are listed on the first screen; the sections below have them all.
@@ -30,10 +31,13 @@ MAX_KEPT_LINES = 5
 
 
 def verdict(summary: Summary) -> str:
-    """``OK`` (the job completed), ``UNFINISHED`` (not ended, or not known) or ``FAILED``."""
+    """``OK`` (the job completed), ``UNFINISHED`` (not ended, or not said how), ``UNKNOWN``
+    (the filters left out the events that would tell) or ``FAILED``."""
     outcome = summary.outcome.lower()
     if outcome.startswith("completed"):
         return OK
+    if outcome.startswith(NOT_KNOWN):
+        return UNKNOWN
     return UNFINISHED if outcome.startswith(_UNFINISHED) else FAILED
 
 
@@ -218,7 +222,7 @@ def no_exclude_reason(r: ReportData) -> str:
 
 def _outcome(r: ReportData) -> str:
     s = r.summary
-    said = {OK: "", FAILED: "FAILED: ", UNFINISHED: "NOT FINISHED: "}[verdict(s)]
+    said = {OK: "", FAILED: "FAILED: ", UNFINISHED: "NOT FINISHED: ", UNKNOWN: ""}[verdict(s)]
     reason = f" ({s.reason})" if s.reason else ""
     goodput = f", goodput {s.goodput * 100:.1f} %" if s.goodput is not None else ""
     size = f"{s.ranks} ranks on {s.nodes} node(s), {secs(s.wall_time_s)} wall{goodput}"

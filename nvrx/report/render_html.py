@@ -42,7 +42,7 @@ p{white-space:pre-wrap;margin:6px 0}pre{background:#f6f7f9;border:1px solid #e0e
 details{margin:4px 0}details>summary{cursor:pointer}details:target>summary,details[open]>summary{font-weight:bold}
 .timeline-wrap{overflow-x:auto;border:1px solid #d6d9de;padding:4px 0}footer{color:#777;margin-top:32px;font-size:12px}
 p.outcome{font-weight:bold;padding:6px 10px;border-radius:4px;color:#fff}
-p.outcome-ok{background:#2e7d32}p.outcome-failed{background:#c62828}p.outcome-unfinished{background:#f9a825;color:#1d1f23}
+p.outcome-ok{background:#2e7d32}p.outcome-failed{background:#c62828}p.outcome-unfinished{background:#f9a825;color:#1d1f23}p.outcome-unknown{background:#616161}
 """
 # Opens the <details> a followed link (a fault mark, a table link) points at.
 _SCRIPT = """

@@ -3,7 +3,11 @@
 Usage: ``nvrx-srun [SUPERVISOR OPTIONS] -- COMMAND [ARGS...]``, from an sbatch
 script or an salloc shell. It becomes ``srun`` with the options that one
 supervisor per node needs, running ``nvrx-supervise`` with the Python that runs
-this command (so an installed nvrx works from any virtual environment).
+this command (so an installed nvrx works from any virtual environment). First it
+has that Python check the supervisor's options and command as node 0's supervisor
+will see them (``python -m nvrx.supervisor.check_args``, a program of its own: this
+layer knows the supervisor by its command line only): a mistake ends here, in one
+line, not in one error per node once the job step has started.
 """
 
 from __future__ import annotations
@@ -11,10 +15,12 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
 from nvrx import jobenv
+from nvrx.slurm.nodelist import expand_nodelist
 from nvrx.store.seal import new_secret
 from nvrx.version import __version__
 
@@ -34,7 +40,9 @@ SRUN_OPTIONS = (
 USAGE = f"""usage: {PROG} [SUPERVISOR OPTIONS] -- COMMAND [ARGS...]
 
 Start one nvrx supervisor per node of this SLURM allocation (run it from an sbatch
-script or an salloc shell). It runs
+script or an salloc shell). It checks the SUPERVISOR OPTIONS and COMMAND as node 0's
+supervisor would take them under srun (a mistake: exit 2 with the supervisor's message,
+before srun), then runs
 
   srun --nodes=N --ntasks=N {" ".join(SRUN_OPTIONS)} $NVRX_SRUN_ARGS \\
        {{python}} -m nvrx.supervisor [SUPERVISOR OPTIONS] -- COMMAND [ARGS...]
@@ -68,9 +76,7 @@ def srun_command(
         )
     if "--" not in argv or argv.index("--") == len(argv) - 1:
         raise UsageError(NO_COMMAND)
-    nodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "1"
-    if not nodes.isdigit() or int(nodes) < 1:
-        raise UsageError(f"SLURM_JOB_NUM_NODES must be a number of nodes, got {nodes!r}")
+    nodes = node_count(env)
     try:
         extra = shlex.split(env.get(jobenv.SRUN_ARGS, ""))
     except ValueError as exc:
@@ -82,6 +88,53 @@ def srun_command(
         srun, f"--nodes={nodes}", f"--ntasks={nodes}", *SRUN_OPTIONS, *extra,
         python, "-m", "nvrx.supervisor", *argv,
     ]  # fmt: skip
+
+
+def node_count(env: Mapping[str, str]) -> str:
+    """The allocation's nodes, one supervisor each; ``UsageError`` for a value that is none."""
+    nodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "1"
+    if not nodes.isdigit() or int(nodes) < 1:
+        raise UsageError(f"SLURM_JOB_NUM_NODES must be a number of nodes, got {nodes!r}")
+    return nodes
+
+
+def step_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` as node 0's supervisor sees it under the srun of ``srun_command``: the task of
+    rank 0 of a step of one task on each of the allocation's nodes. Where the allocation's
+    node list is missing or short, stand-in names fill it (the check needs none of them)."""
+    nodes = int(node_count(env))
+    try:
+        hosts = expand_nodelist(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "")
+    except ValueError:
+        hosts = []
+    if len(hosts) < nodes:
+        hosts = [f"node{i}" for i in range(nodes)]
+    step = {k: v for k, v in env.items() if not k.startswith("SLURM_STEP_")}
+    step.update(
+        SLURM_STEP_ID="0", SLURM_STEP_NODELIST=",".join(hosts[:nodes]),
+        SLURM_STEP_NUM_NODES=str(nodes), SLURM_STEP_NUM_TASKS=str(nodes), SLURM_NTASKS=str(nodes),
+        SLURM_PROCID="0", SLURM_NODEID="0", SLURM_LOCALID="0",
+    )  # fmt: skip
+    return step
+
+
+def check_supervisor(argv: Sequence[str], env: Mapping[str, str], python: str = sys.executable) -> None:
+    """``UsageError`` with the supervisor's own message when ``nvrx-supervise`` would refuse
+    ``argv`` (its options, the command after ``--``) in ``env`` (``step_env``), as every node's
+    supervisor would, after the allocation was granted."""
+    done = subprocess.run(
+        [python, "-m", "nvrx.supervisor.check_args", *argv],
+        env=dict(env), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+    )  # fmt: skip
+    if done.returncode == 0:
+        return
+    said = [line for line in done.stderr.splitlines() if line.strip()]
+    if done.returncode == 2 and said:
+        raise UsageError(said[-1])
+    raise UsageError(
+        f"could not check the supervisor's options ({python} -m nvrx.supervisor.check_args "
+        f"exited {done.returncode}): {said[-1] if said else 'no message'}"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -99,6 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         command = srun_command(argv, os.environ)
+        check_supervisor(argv, step_env(os.environ))
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

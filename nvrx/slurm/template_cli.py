@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import sys
 from collections.abc import Sequence
@@ -50,11 +51,25 @@ def render(name: str, srun: str) -> str:
     marked = [i for i, line in enumerate(lines) if line.rstrip().endswith(SRUN_MARKER)]
     if len(marked) != 1:
         raise ValueError(f"template {name!r} has {len(marked)} lines marked {SRUN_MARKER!r}, not 1")
-    quoted = srun.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`")
+    # Quoted whole for the shell (spaces, quotes, $, `, } and backslashes stay themselves), outside
+    # any ${...}: there a } would end the expansion, and a ' open a quote of its own.
     lines[marked[0]] = (
-        f'NVRX_SRUN="${{NVRX_SRUN:-{quoted}}}"  # written by {PROG} {__version__}\n'
+        f'[ -n "${{NVRX_SRUN:-}}" ] || NVRX_SRUN={shlex.quote(srun)}  # written by {PROG} {__version__}\n'
     )
     return "".join(lines)
+
+
+def srun_path(given: str | None) -> str:
+    """The nvrx-srun the job is to run: ``--srun``, else this environment's (``this_srun``);
+    ValueError for an empty ``--srun``, which names none."""
+    if given is None:
+        return this_srun()
+    if not given.strip():
+        raise ValueError(
+            f"--srun {given!r} names no nvrx-srun: give its path, or leave --srun out for "
+            "this environment's"
+        )
+    return given
 
 
 def this_srun() -> str:
@@ -126,8 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\n{PROG} NAME -o FILE writes one; then: sbatch FILE COMMAND [ARGS...]")
         return 0
     try:
-        filled = render(args.name, args.srun or this_srun())
-        warning = srun_warning(args.srun) if args.srun else None
+        srun = srun_path(args.srun)
+        filled = render(args.name, srun)
+        warning = srun_warning(srun) if args.srun is not None else None
         if warning:
             print(f"{PROG}: warning: {warning}", file=sys.stderr)
         if args.output is None:
@@ -141,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
-    print(f"{PROG}: wrote {out} (runs {args.srun or this_srun()}); submit: sbatch {out} COMMAND [ARGS...]", file=sys.stderr)
+    print(f"{PROG}: wrote {out} (runs {srun}); submit: sbatch {out} COMMAND [ARGS...]", file=sys.stderr)
     return 0
 
 

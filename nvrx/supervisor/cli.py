@@ -337,9 +337,13 @@ def _resolve_command(command: list[str]) -> list[str]:
 
 
 def config_from_args(
-    argv: Sequence[str], env: Mapping[str, str] | None = None
+    argv: Sequence[str], env: Mapping[str, str] | None = None, count_here: bool = True
 ) -> tuple[SupervisorConfig, bool]:
-    """Parse ``argv`` (without the program name) into (config, verbose); ``ConfigError`` on bad input."""
+    """Parse ``argv`` (without the program name) into (config, verbose); ``ConfigError`` on bad input.
+
+    ``count_here`` False: the options are checked from another host than the node's (``nvrx-srun``
+    before it starts the supervisors): ``--nproc-per-node auto|cpu|gpu`` is not counted here
+    (each node counts its own), it stands for 1."""
     env = os.environ if env is None else env
     parser = build_parser()
     parser.set_defaults(**torchrun.fallbacks(env))
@@ -349,14 +353,7 @@ def config_from_args(
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     command = _resolve_command(list(args.command))
-    asked = str(args.nproc_per_node)
-    try:
-        args.nproc_per_node = nproc.resolve(asked, env)
-    except ValueError as exc:
-        source = "" if torchrun.given(argv, "nproc_per_node") else " (from $PET_NPROC_PER_NODE)"
-        raise ConfigError(f"{exc}{source}") from exc
-    if asked in nproc.KEYWORDS:
-        print(f"{PROG}: --nproc-per-node {asked}: {args.nproc_per_node}", file=sys.stderr)
+    args.nproc_per_node = _nproc(str(args.nproc_per_node), argv, env, count_here)
     picked = False
     local_topology = any(v is not None for v in (args.nnodes, args.node_rank, args.master_addr))
     if in_slurm_step(env) and not local_topology:
@@ -392,6 +389,21 @@ def config_from_args(
             file=sys.stderr,
         )
     return config, args.verbose
+
+
+def _nproc(asked: str, argv: Sequence[str], env: Mapping[str, str], count_here: bool) -> int:
+    """``--nproc-per-node``: a number, or a keyword counted on this node (and said), or, not
+    ``count_here``, 1 for a keyword; ``ConfigError`` naming $PET_NPROC_PER_NODE where it came from."""
+    if asked in nproc.KEYWORDS and not count_here:
+        return 1
+    try:
+        count = nproc.resolve(asked, env)
+    except ValueError as exc:
+        source = "" if torchrun.given(argv, "nproc_per_node") else " (from $PET_NPROC_PER_NODE)"
+        raise ConfigError(f"{exc}{source}") from exc
+    if asked in nproc.KEYWORDS:
+        print(f"{PROG}: --nproc-per-node {asked}: {count}", file=sys.stderr)
+    return count
 
 
 def _local_job(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[JobEnv, bool]:

@@ -61,15 +61,21 @@ BAD_INPUT = [
     ("nvrx-supervise", ["--term-timeout", "5", "--", "python"], 2, "--term-timeout is --grace-period here"),
     ("nvrx-supervise", ["--bogus", "--", "python"], 2, "error: unrecognized arguments: --bogus"),
     ("nvrx-report", ["{job}", "--rank", "99", "--no-sacct"], 2, "no rank 99 in '{job}': ranks 0-3"),
+    ("nvrx-report", ["{job}", "--node", "9", "--no-sacct"], 2, "no node 9 in '{job}': nodes 0-1"),
     ("nvrx-report", ["{job}", "--job", "nope", "--no-sacct"], 2, f"no job 'nope' in '{{job}}': jobs {JOB}"),
     ("nvrx-report", ["{tmp}/missing"], 2, "log directory '{tmp}/missing' does not exist"),
     ("nvrx-report", ["--rank", "x"], 2, "error: argument --rank: invalid int value: 'x'"),
+    ("nvrx-report", ["{job}", "--workers", "0"], 2,
+     "error: argument --workers: --workers must be a number of processes, at least 1, got '0'"),
+    ("nvrx-report", ["{job}", "--workers", "-3"], 2, "--workers must be a number of processes, at least 1, got '-3'"),
     ("nvrx-srun", [], 2, "error: no training command: put it after '--'"),
     ("nvrx-template", ["train", "--srun", "/nonexistent/nvrx-srun"], 0,
      "warning: --srun /nonexistent/nvrx-srun is not an executable file on this machine"),
     ("nvrx-template", ["train", "-o", "{tmp}/no/such/x.sbatch"], 1,
      "error: cannot write {tmp}/no/such/x.sbatch: folder {tmp}/no/such does not exist"),
     ("nvrx-template", ["--bogus"], 2, "error: unrecognized arguments: --bogus"),
+    ("nvrx-template", ["train", "--srun", ""], 2,
+     "error: --srun '' names no nvrx-srun: give its path, or leave --srun out"),
 ]  # fmt: skip
 
 
@@ -124,7 +130,7 @@ def test_torchrun_options_after_the_command_are_the_commands() -> None:
 def test_the_template_with_a_foreign_srun_is_still_written(tmp_path: Path) -> None:
     out = tmp_path / "job.sbatch"
     assert template_cli.main(["train", "--srun", "/cluster/bin/nvrx-srun", "-o", str(out)]) == 0
-    assert 'NVRX_SRUN="${NVRX_SRUN:-/cluster/bin/nvrx-srun}"' in out.read_text()
+    assert '[ -n "${NVRX_SRUN:-}" ] || NVRX_SRUN=/cluster/bin/nvrx-srun  # written' in out.read_text()
 
 
 @pytest.fixture
@@ -199,6 +205,98 @@ def test_a_job_under_a_base_that_may_be_entered_but_not_listed_is_read(tmp_path:
     finally:
         folder.chmod(0o755)
         shutil.rmtree(folder)
+
+
+@pytest.fixture
+def shared_base() -> Iterator[Path]:
+    """A base log folder any user may enter and list, as a team's shared scratch is; each
+    test writes job folders into it. Every mode is opened again before it is removed."""
+    folder = Path(tempfile.mkdtemp(prefix="nvrx-shared-base-"))
+    folder.chmod(0o755)
+    try:
+        yield folder
+    finally:
+        for path in [folder, *folder.rglob("*")]:
+            path.chmod(0o755)
+        shutil.rmtree(folder)
+
+
+def _job(base: Path, name: str, mtime: float) -> Path:
+    """A job's folder under ``base``, open to every user, its files and itself changed at ``mtime``."""
+    write_standard_job(base / name)
+    for path in [*(base / name).rglob("*"), base / name]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+        os.utime(path, (mtime, mtime))
+    return base / name
+
+
+def _report_as_another_user(*argv: str) -> subprocess.CompletedProcess[str]:
+    """nvrx-report run as a user other than the owner of the files (``nobody`` when root)."""
+    uid, gid = _unprivileged_ids()
+    return subprocess.run(
+        [sys.executable, "-c", AS_USER, str(uid), str(gid), *argv, "--no-sacct"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+#: The mode that keeps another user out of a job folder (the supervisor makes them 0700,
+#: the owner's only; 0 keeps out its owner too, where the test does not run as root).
+CLOSED = 0o000
+
+
+def test_a_newer_job_folder_that_cannot_be_read_is_named_not_passed_over(shared_base: Path) -> None:
+    """Before: the older job was reported, exit 0, with no word of the newer one."""
+    _job(shared_base, "100", 1_700_000_000)
+    newer = _job(shared_base, "200", 1_700_000_500)
+    newer.chmod(CLOSED)
+    done = _report_as_another_user(str(shared_base))
+    assert done.returncode == 1, done.stdout + done.stderr
+    line = check_one_line("nvrx-report", done.stderr, 1)
+    assert f"cannot read job folder {str(newer)!r}" in line and "--job 100" in line, line
+    assert done.stdout == ""
+
+
+def test_an_older_job_folder_that_cannot_be_read_is_a_note_of_the_report(shared_base: Path) -> None:
+    older = _job(shared_base, "100", 1_700_000_000)
+    _job(shared_base, "200", 1_700_000_500)
+    older.chmod(CLOSED)
+    done = _report_as_another_user(str(shared_base), "--width", "0")
+    assert done.returncode == 0, done.stderr
+    assert "may not read were skipped: 100 (none changed after 200's" in done.stdout
+
+
+def test_a_base_whose_only_job_folder_cannot_be_read_exits_1_naming_it(shared_base: Path) -> None:
+    """Before: 'no event files in BASE: the directory is empty', exit 2."""
+    only = _job(shared_base, "300", 1_700_000_000)
+    only.chmod(CLOSED)
+    done = _report_as_another_user(str(shared_base))
+    assert done.returncode == 1, done.stderr
+    line = check_one_line("nvrx-report", done.stderr, 1)
+    assert f"that this user may read: cannot read {str(only)!r}" in line, line
+    assert "empty" not in line
+
+
+@pytest.mark.parametrize("closed", ["supervisor", "folder"])
+def test_a_job_with_an_event_file_or_folder_that_cannot_be_read_exits_1(
+    shared_base: Path, closed: str
+) -> None:
+    """Before: the unreadable supervisor file was skipped, its end event with it, and the
+    report said "NOT FINISHED: unknown (still running...)", exit 0."""
+    job = _job(shared_base, JOB, 1_700_000_000)
+    if closed == "supervisor":
+        target = sorted(job.glob("supervisor-*.jsonl"))[0]
+        expected = f"cannot read event file {str(target)!r} (and 1 more)"
+        for path in job.glob("supervisor-*.jsonl"):
+            path.chmod(CLOSED)
+    else:
+        target = job / "more"
+        target.mkdir()
+        (target / "rank9.jsonl").write_text("")
+        target.chmod(CLOSED)
+        expected = f"cannot list folder {str(target)!r} of log directory {str(job)!r}"
+    done = _report_as_another_user(str(job))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert expected in check_one_line("nvrx-report", done.stderr, 1)
 
 
 def test_every_torchrun_option_is_taken_or_answered() -> None:

@@ -373,6 +373,19 @@ def test_missing_slurm_output_file_is_a_note(job_dir: Path, tmp_path: Path) -> N
     assert any("gone.out" in n and "not found" in n for n in report.reading.notes)
 
 
+def test_missing_submitit_folder_is_a_note_as_a_missing_output_file_is(
+    job_dir: Path, tmp_path: Path
+) -> None:
+    """Before: a mistyped --submitit-folder was passed over without a word."""
+    (tmp_path / "a file").write_text("")
+    report = build_report(
+        job_dir, sacct=False, submitit_folders=[tmp_path / "gone", tmp_path / "a file"]
+    )
+    for name in ("gone", "a file"):
+        said = f"submitit folder {str(tmp_path / name)!r} not found; skipped"
+        assert said in report.reading.notes, report.reading.notes
+
+
 def test_parse_since() -> None:
     assert parse_since("1700000000.5") == 1700000000.5
     assert parse_since("2023-11-14T22:13:20") == 1700000000.0
@@ -396,6 +409,29 @@ def test_console_script_runs_without_torch(job_dir: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["summary"]["job"] == JOB
+
+
+@pytest.mark.parametrize(
+    "filters", [["--since", "2099-01-01"], ["--node", "1", "--since", "2099-01-01"], ["--rank", "2", "--since", "2099-01-01"]]
+)
+def test_filters_that_leave_out_the_end_say_the_outcome_is_not_known(
+    job_dir: Path, capsys: pytest.CaptureFixture[str], filters: list[str]
+) -> None:
+    """Before: 'NOT FINISHED: unknown (... still running ...)' of a job that completed."""
+    assert main([str(job_dir), "--no-sacct", "--width", "0", *filters]) == 0
+    text = capsys.readouterr().out
+    outcome = next(line for line in text.splitlines() if line.startswith("outcome: "))
+    assert outcome.startswith("outcome: not known under the filters (the --rank/--node/--since "), outcome
+    assert "NOT FINISHED" not in text and "still running" not in text
+    assert main([str(job_dir), "--no-sacct", "--format", "html", *filters]) == 0
+    assert 'class="outcome outcome-unknown"' in capsys.readouterr().out
+
+
+def test_filters_that_keep_the_end_still_tell_the_outcome(
+    job_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([str(job_dir), "--no-sacct", "--format", "json", "--node", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["summary"]["outcome"] == "completed"
 
 
 @pytest.mark.parametrize("newest", [JOB, "100"])

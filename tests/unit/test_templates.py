@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -58,9 +59,9 @@ def test_every_template_speaks_the_same_variables(name: str) -> None:
     assert delay and f'NVRX_SIGNAL_DELAY_S:-{delay[1]}}}' in text  # the two agree
 
 
-def _fake_srun(tmp_path: Path, exit_code: int = 0) -> Path:
+def _fake_srun(tmp_path: Path, exit_code: int = 0, name: str = "fake srun") -> Path:
     """A stand-in for nvrx-srun that writes its arguments and environment, then exits."""
-    fake = tmp_path / "fake srun"
+    fake = tmp_path / name
     fake.write_text(
         "#!/bin/bash\n"
         f'printf "%s\\n" "$@" > "{tmp_path}/args"\n'
@@ -93,6 +94,42 @@ def test_a_template_runs_nvrx_srun_with_the_command_and_settings(tmp_path: Path,
     assert env["NVRX_LOG_DIR"] == f"{tmp_path}/nvrx_logs"
     assert env["NVRX_SIGNAL_DELAY_S"] in ("60", "90")
     assert "supervisors ended with exit code 0" in done.stdout
+
+
+#: nvrx-srun paths that the shell must take as they are: spaces, both quotes, braces (a }
+#: ended the old ${NVRX_SRUN:-...}), $ and ` (expansions), backslashes, a newline.
+AWKWARD_PATHS = [
+    SRUN, "a b'c", "/x/}y", "/x/${HOME}/$(id)/`id`", 'say "hi"', "back\\slash\\", "two\nlines",
+    "it's {all} $x `y` \"z\" \\",
+]
+
+
+@pytest.mark.parametrize("srun", AWKWARD_PATHS)
+def test_the_written_nvrx_srun_path_reaches_the_shell_as_it_is(srun: str) -> None:
+    """Before: "a b'c" or a } wrote a line that bash refused, or another path."""
+    rendered = template_cli.render("train", srun)
+    assert subprocess.run(["bash", "-n"], input=rendered, text=True).returncode == 0
+    # the lines that set NVRX_SRUN: between the one before them and the one after
+    start = rendered.index("\n", rendered.index("export NVRX_SIGNAL_DELAY_S=")) + 1
+    setting = rendered[start : rendered.index('echo "nvrx: job $SLURM_JOB_ID', start)]
+    script = f'set -euo pipefail\n{setting}printf %s "$NVRX_SRUN"\n'
+    base = {"PATH": os.environ["PATH"]}
+    for given, expected in ((None, srun), ("", srun), ("/given/nvrx-srun", "/given/nvrx-srun")):
+        env = base if given is None else {**base, "NVRX_SRUN": given}
+        done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)
+        assert (done.returncode, done.stdout) == (0, expected), done.stderr
+
+
+def test_a_template_runs_the_nvrx_srun_at_an_awkward_path(tmp_path: Path) -> None:
+    fake = _fake_srun(tmp_path, name=AWKWARD_PATHS[-1].replace("/", "_"))
+    script = tmp_path / "train.sbatch"
+    script.write_text(template_cli.render("train", str(fake)))
+    slurm = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_NUM_NODES": "1",
+             "SLURM_SUBMIT_DIR": str(tmp_path), "PATH": os.environ["PATH"]}  # fmt: skip
+    done = subprocess.run(["bash", str(script), "python", "t.py"], env=slurm, capture_output=True,
+                          text=True, timeout=30)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "args").read_text().splitlines()[-3:] == ["--", "python", "t.py"]
 
 
 def _signal_recording_srun(tmp_path: Path) -> Path:
@@ -164,7 +201,7 @@ def test_nvrx_template_writes_lists_and_refuses_to_overwrite(tmp_path: Path) -> 
     done = subprocess.run([*cli, "train_spares", "-o", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     beside = Path(sys.executable).parent / "nvrx-srun"
-    assert f'NVRX_SRUN="${{NVRX_SRUN:-{beside.absolute()}}}"' in out.read_text()
+    assert f'|| NVRX_SRUN={shlex.quote(str(beside.absolute()))}  # written by' in out.read_text()
     again = subprocess.run([*cli, "train_spares", "-o", str(out)], capture_output=True, text=True)
     assert again.returncode == 2 and "exists: give --force" in again.stderr
     out.write_text("an older job\n")
@@ -220,6 +257,76 @@ def test_nvrx_srun_says_what_to_fix(argv: list[str], env: dict[str, str], messag
         env={"PATH": os.environ["PATH"], **env}, capture_output=True, text=True,
     )  # fmt: skip
     assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def _allocation(tmp_path: Path) -> dict[str, str]:
+    """The environment of a batch script of a 2-node allocation, with a stand-in srun first on
+    PATH that writes its arguments to ``srun.args``; nvrx from this checkout."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{tmp_path}/srun.args"\n')
+    (bin_dir / "srun").chmod(0o755)
+    return {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "n[1-2]",
+            "SLURM_PROCID": "0", "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            "PYTHONPATH": str(Path(__file__).resolve().parents[2])}  # fmt: skip
+
+
+def _nvrx_srun(tmp_path: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "nvrx.slurm.srun_cli", *argv], env=_allocation(tmp_path),
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--bogus", "--", "true"], "unrecognized arguments: --bogus (see nvrx-supervise --help)"),
+        (["--nproc-per-node", "0", "--", "true"], "--nproc-per-node must be >= 1, got 0"),
+        (["--max-restarts", "-1", "--", "true"], "--max-restarts must be >= 0, got -1"),
+        (["--", "./missing.sh"], "training command './missing.sh' is not an executable file"),
+        (["--", "no-such-program-here"], "training command 'no-such-program-here' not found on PATH"),
+        (["--spare-nodes", "2", "--", "true"], "--spare-nodes must be in 0..1 (smaller than --nnodes 2"),
+    ],
+)
+def test_nvrx_srun_refuses_what_the_supervisors_would_before_it_runs_srun(
+    tmp_path: Path, argv: list[str], message: str
+) -> None:
+    """Before: srun ran, and each node's supervisor printed the same error once the
+    allocation was granted."""
+    done = _nvrx_srun(tmp_path, argv)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"nvrx-srun: error: {message}"), done.stderr
+    assert not (tmp_path / "srun.args").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--nproc-per-node", "2", "--max-restarts", "0", "--", "true"],
+        ["--nproc-per-node", "gpu", "--spare-nodes", "1", "--", "python", "train.py"],  # counted on each node
+    ],
+)
+def test_nvrx_srun_runs_srun_with_options_the_supervisors_take(tmp_path: Path, argv: list[str]) -> None:
+    done = _nvrx_srun(tmp_path, argv)
+    assert done.returncode == 0, done.stderr
+    recorded = (tmp_path / "srun.args").read_text().splitlines()
+    assert recorded[:2] == ["--nodes=2", "--ntasks=2"]
+    assert recorded[recorded.index("nvrx.supervisor") + 1 :] == argv
+
+
+def test_the_supervisors_check_sees_node_0_of_the_step(tmp_path: Path) -> None:
+    """The environment the check runs in is the one srun gives node 0's supervisor: its
+    topology is the allocation's, whatever step the batch shell itself is in."""
+    from nvrx.supervisor.config import job_from_slurm
+
+    env = {**_allocation(tmp_path), "SLURM_STEP_ID": "4294967294", "SLURM_STEP_NODELIST": "n1",
+           "SLURM_STEP_NUM_NODES": "1", "SLURM_NODEID": "1"}  # fmt: skip
+    job = job_from_slurm(srun_cli.step_env(env), 1)
+    assert (job.nnodes, job.node_rank, job.master_addr) == (2, 0, "n1")
+    bare = srun_cli.step_env({"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "3"})
+    assert job_from_slurm(bare, 1).nnodes == 3  # no node list: stand-in names
 
 
 def test_nvrx_srun_help_and_the_checkout_wrapper() -> None:
