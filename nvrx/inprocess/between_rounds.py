@@ -4,6 +4,11 @@ After a ``Restart`` outcome: the abort's report, ``finalize``, the restart
 health check, the iteration barrier (the window for concurrent faults: its
 last arrival publishes the terminated ranks once every rank reported), the
 rejoin of replacement processes, then ``rank_assignment`` for the next round.
+From ``finalize`` on the progress board says the rank is between rounds
+(``ProgressBoard.between_rounds``), and each wait for its peers (or for the
+round's monitor thread) names its limit there (``ProgressBoard.waiting``): its
+monitor process ends a rank that makes no progress for ``hard_timeout`` past
+that (``monitor_main.hang_verdict``), which its peers then see as terminated.
 Any ``BaseException`` on the way turns into a ``Leave`` (whose exit is
 recorded, as a leave from user code is), chained to the round's fault as if
 raised while handling it.
@@ -61,8 +66,9 @@ def restart(call: RoundCall, run: RoundRun, outcome: Restart) -> Leave | None:
     )
     round_state = call.state  # the next round gets a State of its own (``assign``)
     round_state.fn_exception = fault if isinstance(fault, Exception) else None
-    try:
-        _next_round(call, run, outcome.signal)
+    try:  # watched by the monitor process: a rank that stops making progress is ended
+        with call.services.board.between_rounds():
+            _next_round(call, run, outcome.signal)
     except BaseException as exc:
         _chain(exc, fault)
         # not on record yet: the round's fault was, this exit was not (a rejoin
@@ -119,13 +125,15 @@ def _next_round(call: RoundCall, run: RoundRun, signal: BaseException | None) ->
     # through its monitor or supervisor, and the last arrival reads every fault
     # recorded until then. A fixed ``last_call_wait`` sleep would only add faults of
     # ranks that had reported already.
-    with call.phase("iteration_barrier"):
+    board = call.services.board
+    with call.phase("iteration_barrier"), board.waiting(w.barrier_timeout):
         base, rank, world_size = call.services.base_store, call.state.rank, call.state.world_size
         meeting = Meeting("iteration", call.round, world_size)
         on_forged = forged_reporter(call)
         call.services.barriers.meet(base, meeting, rank, w.barrier_timeout, on_forged=on_forged)  # type: ignore[arg-type]
         decision = rounds.decision_of(run.store)
-    _end_monitor(run)
+    with board.waiting(RESTART_WAIT_S):
+        _end_monitor(run)
     terminated = {int(r) for r in decision["terminated"]}
     if rank not in terminated:  # its monitor: the next round counts it (place_in_next_round)
         call.services.board.set_flag(FLAG_RELEASED, True)
@@ -143,7 +151,8 @@ def _next_round(call: RoundCall, run: RoundRun, signal: BaseException | None) ->
         faults=faults[:16],
     )
     call.enter_round(call.round + 1)
-    with call.phase("rank_assignment"):
+    # a rank assignment may wait for its peers (``Tree``, ``FilterCountGroupedByKey``)
+    with call.phase("rank_assignment"), board.waiting(w.barrier_timeout):
         assign(call, terminated)
     call.state.iteration = int(decision["job_restarts"])
     call.state.fn_exception = None
@@ -199,16 +208,18 @@ def _take_back(call: RoundCall, store: Any, terminated: set[int]) -> set[int]:
         terminated=[],
         job_restarts=call.state.iteration + 1,
     )
-    return rejoin.take_back(
-        store,
-        call.services.base_store,
-        call.state,
-        terminated,
-        next_round,
-        leader_timeout=w.rejoin_timeout,
-        follower_timeout=w.rejoin_timeout + w.barrier_timeout,
-        emit=call.emit,
-    )
+    follower_timeout = w.rejoin_timeout + w.barrier_timeout
+    with call.services.board.waiting(follower_timeout):
+        return rejoin.take_back(
+            store,
+            call.services.base_store,
+            call.state,
+            terminated,
+            next_round,
+            leader_timeout=w.rejoin_timeout,
+            follower_timeout=follower_timeout,
+            emit=call.emit,
+        )
 
 
 def assign(call: RoundCall, terminated: set[int]) -> None:

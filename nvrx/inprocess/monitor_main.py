@@ -6,9 +6,12 @@ which calls ``main``), one per rank, it reads the rank's ``ProgressBoard`` and a
 * soft timeout (no progress for ``soft_timeout`` in user code): dump the
   rank's stack (faulthandler, through a pipe), record a ``hang_soft`` fault so
   every rank restarts;
-* hard timeout (only after a soft one): record ``hang_hard``, SIGCONT+SIGTERM,
-  wait ``termination_grace_time``, SIGKILL; then leave the round on the rank's
-  behalf;
+* hard timeout (in user code only after a soft one; between rounds, from
+  ``finalize`` to the rank assignment, alone, counted from the limit of a wait for
+  the rank's peers: ``hang_verdict``): record ``hang_hard``, SIGCONT+SIGTERM, wait
+  ``termination_grace_time``, SIGKILL; then leave the round on the rank's behalf
+  (the next one where the round's iteration barrier had released it into it, as
+  for a death);
 * the rank's process died (pidfd, no polling): leave the round on its behalf, or
   the next one where the round's iteration barrier had released it into it
   (``rounds.place_in_next_round``);
@@ -51,6 +54,7 @@ from . import monitor_store, monitor_target
 from .logging import setup_monitor_logging
 from .monitor_process import STACK_SIGNAL, MonitorConfig
 from .progress_watchdog import (
+    FLAG_BETWEEN,
     FLAG_SHUTDOWN,
     FLAG_TIMEOUTS_OFF,
     FLAG_USER,
@@ -62,6 +66,38 @@ log = logging.getLogger(__name__)
 
 #: Longest wait for room in the supervisor's queue of beats for the last one, the ``bye``.
 BYE_WAIT_S = 2.0
+
+
+def last_progress(info: dict[str, float]) -> float:
+    """When a board read (``ProgressBoard.read``) last saw progress: the watchdog's stamp,
+    or the older of it and the last ``ping()`` once one came."""
+    return info["auto"] if info["manual"] <= 0 else min(info["auto"], info["manual"])
+
+
+def hang_verdict(
+    info: dict[str, float], now: float, soft_s: float, hard_s: float, soft_fired: bool
+) -> str | None:
+    """What the timeouts make of a board read at ``now``: ``"soft"``, ``"hard"`` or None.
+
+    In user code (``FLAG_USER``) a soft timeout after ``soft_s`` without progress, a hard
+    one after ``hard_s`` once the soft one fired. Between rounds (``FLAG_BETWEEN``) a hard
+    one alone (every rank restarts already), after ``hard_s`` without progress counted from
+    the later of the last progress and the limit of a wait for peers the rank is in
+    (``ProgressBoard.waiting``: a barrier's own timeout ends such a wait first). Nothing
+    while ``disable_hang_protection()`` is active, nor outside these phases.
+    """
+    flags = int(info["flags"])
+    if flags & FLAG_TIMEOUTS_OFF:
+        return None
+    last = last_progress(info)
+    if flags & FLAG_USER:
+        stale = now - last
+        if stale > hard_s and soft_fired:  # escalate: never hard before soft
+            return "hard"
+        return "soft" if stale > soft_s and not soft_fired else None
+    if flags & FLAG_BETWEEN and now - max(last, info["wait_until"]) > hard_s:
+        return "hard"
+    return None
 
 
 class _Monitor:
@@ -214,18 +250,15 @@ class _Monitor:
 
     # -- progress ----------------------------------------------------------------------
     def _check_progress(self, now: float, info: dict[str, float], pidfd: int | None) -> bool:
-        """Apply the soft and hard timeouts; True when the rank was terminated."""
+        """Apply the soft and hard timeouts (``hang_verdict``); True when the rank was terminated."""
         cfg = self.cfg
-        flags = int(info["flags"])
-        if not flags & FLAG_USER or flags & FLAG_TIMEOUTS_OFF:
-            return False
-        last = info["auto"] if info["manual"] <= 0 else min(info["auto"], info["manual"])
-        stale = now - last
+        found = hang_verdict(info, now, cfg.soft_timeout, cfg.hard_timeout, self.soft_fired)
+        stale = now - last_progress(info)
         log.debug("round %d: %.2f s since the last progress", self.round, stale)
-        if stale > cfg.hard_timeout and self.soft_fired:  # escalate: never hard before soft
+        if found == "hard":
             self._hard_timeout(stale, info, pidfd)
             return True
-        if stale > cfg.soft_timeout and not self.soft_fired:
+        if found == "soft":
             self._soft_timeout(stale)
         return False
 
@@ -245,24 +278,23 @@ class _Monitor:
             )  # fmt: skip
 
     def _hard_timeout(self, stale: float, info: dict[str, float], pidfd: int | None) -> None:
-        cfg = self.cfg
+        cfg, flags = self.cfg, int(info["flags"])
         stack = self._stack()
         self.writer.emit("hang", timeout="hard", stack=stack, stale_s=stale)
-        log.error("rank %s made no progress for %.1f s: terminating it", self.rank, stale)
+        where = "" if flags & FLAG_USER else " between rounds"
+        log.error("rank %s made no progress for %.1f s%s: terminating it", self.rank, stale, where)
         self._stop_beating()
-        rank, ws = int(info["rank"]), int(info["world_size"])
-        record = FaultRecord(
-            rank=self.rank,
-            kind="hang_hard",
-            message=f"no progress for {stale:.1f} s (hard timeout {cfg.hard_timeout:g} s)",
-        )
-        try:
-            if self.round >= 0:
+        place = (int(info["rank"]), int(info["world_size"]))
+        try:  # (released into the next round: its number there is found after its end)
+            if self.round >= 0 and not released_into_next(flags):
                 store = self._round_store()
-                self.link.rounds.register_terminated(store, rank)
+                self.link.rounds.register_terminated(store, place[0])
         finally:  # a rank that hangs is ended, store or not
             processes.stop_foreign(cfg.target_pid, pidfd, cfg.termination_grace_time)
-        self._leave(rank, ws, record, cfg.initial_rank)
+        place = self._place_of_gone(place)
+        message = f"no progress for {stale:.1f} s{where} (hard timeout {cfg.hard_timeout:g} s)"
+        record = FaultRecord(rank=place[0], kind="hang_hard", message=message)
+        self._leave(*place, record, cfg.initial_rank)
         self._keep_store()
 
     # -- main loop ---------------------------------------------------------------------
@@ -324,15 +356,23 @@ class _Monitor:
             return
         log.warning("rank process %s died", cfg.target_pid)
         self._stop_beating()
-        place = (int(info["rank"]), int(info["world_size"]))
+        place = self._place_of_gone((int(info["rank"]), int(info["world_size"])))
+        message = f"process {cfg.target_pid} died"
+        self._leave(*place, FaultRecord(place[0], "dead", message=message), cfg.initial_rank)
+        self._keep_store()
+
+    def _place_of_gone(self, place: tuple[int, int]) -> tuple[int, int]:
+        """(rank, world size) under which the rank, gone (dead, or ended by the monitor),
+        leaves: ``place`` in this round, or its place in the next one where this round's
+        iteration barrier had released it into it (the board says so; the monitor's round
+        moves on to it); ``place`` where that one is not found."""
+        flags = int(self.board.read()["flags"])
         if released_into_next(flags) and self.round >= 0 and self._link_made():
             found = self._place_after_death(place[0])
             if found is not None:
                 self.round, place = self.round + 1, found
                 self.writer.update(round=self.round, rank=place[0])
-        message = f"process {cfg.target_pid} died"
-        self._leave(*place, FaultRecord(place[0], "dead", message=message), cfg.initial_rank)
-        self._keep_store()
+        return place
 
     def _place_after_death(self, rank: int) -> tuple[int, int] | None:
         """(rank, world size) in the next round of ``rank``, dead after this round's iteration

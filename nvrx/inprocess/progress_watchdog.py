@@ -1,8 +1,9 @@
 """Progress of the main thread, shared with the monitor process through a small mmap.
 
 ``ProgressBoard`` is a small shared file both processes map: the main
-process writes progress timestamps and its round/rank/phase, the monitor
-process reads them. The monitor process removes its name as soon as it has
+process writes progress timestamps, its round/rank, its phase (flags: user
+code, between rounds) and the limit of a wait it is in, the monitor process
+reads them. The monitor process removes its name as soon as it has
 mapped it (``unlink``): the memory lives on while a mapping does, so only a
 rank killed with its monitor in the monitor's first moments leaves the file
 behind in ``/dev/shm``. A ``ping()`` is one 8-byte store into shared memory, with
@@ -30,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 _LAYOUT = struct.Struct(
@@ -37,12 +39,16 @@ _LAYOUT = struct.Struct(
 )  # auto, manual, round, rank, world_size, initial_rank, flags, user_since
 SIZE = 128
 _GENERATION_OFFSET = 64
+_WAIT_OFFSET = 72  # the limit (monotonic) of the wait the rank is in; 0.0: none
 
-FLAG_USER = 1  # the main thread runs user code (timeouts apply)
+FLAG_USER = 1  # the main thread runs user code (soft and hard timeouts apply)
 FLAG_TIMEOUTS_OFF = 2  # disable_hang_protection() is active
 FLAG_SHUTDOWN = 4  # the Wrapper ended normally: the monitor process exits quietly
 # the round's iteration barrier released the rank into the next round, not started yet
 FLAG_RELEASED = 8
+# between two rounds (finalize, restart health check, iteration barrier, rejoin, rank
+# assignment): the hard timeout applies, counted from the limit of a wait
+FLAG_BETWEEN = 16
 
 
 def released_into_next(flags: int) -> bool:
@@ -85,6 +91,7 @@ class ProgressBoard:
             "initial_rank": irank,
             "flags": flags,
             "user_since": since,
+            "wait_until": struct.unpack_from("<d", self._map, _WAIT_OFFSET)[0],
         }
 
     # single fields (8-byte aligned stores) ----------------------------------
@@ -123,6 +130,32 @@ class ProgressBoard:
 
     def leave_user(self) -> None:
         self.set_flag(FLAG_USER, False)
+
+    @contextlib.contextmanager
+    def between_rounds(self) -> Iterator[None]:
+        """The block takes the rank from one round to the next (after a restart): progress
+        counts from its start, and the monitor process ends a rank that makes none for
+        ``hard_timeout`` (counted from the limit of a wait for its peers: ``waiting``)."""
+        struct.pack_into("<dd", self._map, 0, time.monotonic(), 0.0)  # a ping is user code's
+        self.set_flag(FLAG_BETWEEN, True)
+        try:
+            yield
+        finally:
+            self.set_flag(FLAG_BETWEEN, False)
+
+    @contextlib.contextmanager
+    def waiting(self, limit_s: float) -> Iterator[None]:
+        """The block waits for the rank's peers (a barrier) or the round's monitor thread,
+        ``limit_s`` seconds at most: no progress in it is a hang only ``hard_timeout`` after
+        that limit. Progress is stamped
+        as the block ends, before the limit goes: a wait that outlasted ``hard_timeout`` is
+        no hang the moment it ends."""
+        struct.pack_into("<d", self._map, _WAIT_OFFSET, time.monotonic() + limit_s)
+        try:
+            yield
+        finally:
+            self.stamp_auto()
+            struct.pack_into("<d", self._map, _WAIT_OFFSET, 0.0)
 
     def unlink(self) -> None:
         """Remove the board's name; the shared memory stays mapped. The monitor process does

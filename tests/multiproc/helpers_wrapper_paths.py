@@ -19,6 +19,11 @@ file paths as given), with ``completion``/``terminate`` callbacks that write
 * ``finalize_fails`` / ``health_fails``: rank 0 raises once every rank called
   the function, and on the fault ranks the restart's ``finalize`` /
   ``health_check`` raises ``RuntimeError``;
+* ``finalize_hangs``: raises once every rank called the function, then its
+  ``finalize`` blocks for good, with no progress (``_hang_for_good``);
+* ``finalize_slow``: raises once every rank called the function, then its
+  ``finalize``, once every other rank's ended (``finalized-<rank>``), goes on
+  making progress for ``slow_s``, while the others wait at the iteration barrier;
 * ``unresponsive``: stops its monitor process (no more heartbeats), then
   itself (``SIGSTOP``): alive, but silent; the other ranks wait inside
   ``disable_hang_protection()`` until the restart ends the wait;
@@ -41,6 +46,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -106,6 +112,11 @@ def _wait_for(path: Path, timeout: float) -> None:
     wait_until(f"the test to create {path.name}", path.exists, timeout, 0.01)
 
 
+def _hang_for_good() -> None:
+    """Block the main thread in C (a lock no one releases): no bytecode runs, no progress."""
+    threading.Event().wait()
+
+
 class LeaveJob(BaseException):
     """What ``initialize`` raises in ``init_base_exception``: this rank leaves the job."""
 
@@ -152,6 +163,23 @@ def _rank_main(tmp: Path) -> int:
                 raise RuntimeError(f"finalize failed on rank {initial_rank}")
             return state
 
+    class StuckFinalize(inprocess.finalize.Finalize):
+        """``finalize_hangs`` / ``finalize_slow`` on the fault ranks (see the module doc)."""
+
+        def __call__(self, state: Any) -> Any:
+            if initial_rank not in fault_ranks:
+                (tmp / f"finalized-{initial_rank}").touch()
+                return state
+            if scenario == "finalize_hangs":
+                _hang_for_good()
+            others = int(os.environ["WORLD_SIZE"]) - len(fault_ranks)
+            done = lambda: len(list(tmp.glob("finalized-*"))) >= others  # noqa: E731
+            wait_until("the other ranks' finalize", done, 60, 0.05)
+            until = time.monotonic() + params["slow_s"]
+            while time.monotonic() < until:  # slow, but making progress: not a hang
+                time.sleep(0.05)
+            return state
+
     class FailingHealthCheck(inprocess.health_check.HealthCheck):
         def __call__(self, state: Any) -> Any:
             called = (tmp / f"entered-0-{initial_rank}").exists()  # not at round 0's start
@@ -164,6 +192,8 @@ def _rank_main(tmp: Path) -> int:
         wkw["initialize"] = FailingInitialize()
     if scenario == "finalize_fails":
         wkw["finalize"] = FailingFinalize()
+    if scenario in ("finalize_hangs", "finalize_slow"):
+        wkw["finalize"] = StuckFinalize()
     if scenario == "health_fails":
         wkw["health_check"] = FailingHealthCheck()
 
@@ -194,7 +224,7 @@ def _rank_main(tmp: Path) -> int:
             elif scenario == "completion_timeout":
                 with call_wrapper.disable_hang_protection():
                     time.sleep(300)  # ended by the restart
-            elif scenario == "exception":
+            elif scenario in ("exception", "finalize_hangs", "finalize_slow"):
                 _wait_for_every_rank(tmp, it, int(os.environ["WORLD_SIZE"]))
                 raise RuntimeError(f"injected fault on rank {initial_rank}")
             elif scenario == "sigterm_ignored":

@@ -11,6 +11,9 @@
 * ``monitor_process_pidfile``: holds the monitor's pid while it runs;
 * a rank that ignores SIGTERM is SIGKILLed after ``termination_grace_time``;
 * a ``finalize`` or ``health_check`` that raises takes its rank out, the others go on;
+* a ``finalize`` that hangs is ended by its monitor (the hard timeout applies between
+  rounds), the others go on; a rank waiting at the iteration barrier for a slow peer,
+  longer than the hard timeout, is not ended;
 * a rank alive but silent (``heartbeat_timeout``) is taken out by the monitor its host's
   monitors elected, or, when it is that monitor's rank, by the one that replaces it; a host
   whose ranks all went silent, by the host that watches it.
@@ -197,6 +200,84 @@ def test_a_failing_finalize_or_health_check_takes_its_rank_out_and_the_others_go
         assert ranks.result(rank) == {"iteration": 1, "rank": str(rank), "world_size": "2"}
     terminated = [e["ranks"] for e in ranks.events() if e["kind"] == "ranks_terminated"]
     assert terminated and all(r == [2] for r in terminated), ranks.logs()
+
+
+def _running(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _monitor_pids(ranks, rank):
+    return {c["monitor_pid"] for c in ranks.calls(rank)}
+
+
+def _kill_left(ranks, logs):
+    """What a failed test left: the ranks, their monitors (each in a session of its own) and
+    the host's node agent."""
+    ranks.kill()
+    for pid in set().union(*(_monitor_pids(ranks, r) for r in range(ranks.world_size))):
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pid).kill()
+    for agent in node_agents(logs):
+        agent.kill()
+
+
+def test_a_finalize_that_hangs_is_ended_by_its_monitor_and_the_others_go_on(tmp_path):
+    # Rank 1 raises in round 0, then its finalize blocks for good: no progress, outside the
+    # user's function. Its monitor process ends it after hard_timeout, as a hang in the
+    # function (a hard hang's event and fault, SIGTERM), and leaves round 0 on its behalf:
+    # rank 0, waiting at the iteration barrier, goes on alone at once, not after
+    # barrier_timeout (30 s), and nothing of the job is left.
+    ranks = launch(tmp_path, 2, wrapper=FAST, scenario="finalize_hangs", fault_ranks=[1])
+    logs = tmp_path / "logs"
+    try:
+        codes = ranks.wait(60)
+        assert codes[0] == 0 and codes[1] in (-15, -9), ranks.logs()
+        assert ranks.result(0) == {"iteration": 1, "rank": "0", "world_size": "1"}
+        assert ranks.result(1) is None and _iterations(ranks, 1) == [0]
+        events = ranks.events()
+        hangs = _kinds(events, "hang", component="monitor")
+        assert [h["timeout"] for h in hangs] == ["hard"], ranks.logs()
+        assert "_hang_for_good" in hangs[0]["stack"] and hangs[0]["stale_s"] > FAST["hard_timeout"]
+        [fault] = [f for f in _kinds(events, "fault", "monitor") if f["fault_kind"] == "hang_hard"]
+        assert fault["origin_rank"] == 1 and "between rounds" in fault["message"], fault
+        assert [e["ranks"] for e in _kinds(events, "ranks_terminated")] == [[1]]
+        [barrier] = [e for e in _kinds(events, "restart_phase") if e["phase"] == "iteration_barrier"]
+        assert barrier["rank"] == 0 and barrier["ok"], barrier
+        assert barrier["duration_s"] < FAST["barrier_timeout"], barrier
+        [monitor] = _monitor_pids(ranks, 1)
+        wait_until("rank 1's monitor process to end", lambda: not _running(monitor), 30)
+        _, alive = psutil.wait_procs(node_agents(logs), timeout=60)
+        assert not alive, alive
+    finally:
+        _kill_left(ranks, logs)
+
+
+def test_a_rank_waiting_at_the_iteration_barrier_for_a_slow_peer_is_not_ended(tmp_path):
+    # Rank 1 raises in round 0; its finalize then runs, making progress, for 7 s after rank
+    # 0's ended, and rank 0 waits for it at the iteration barrier, in waits that make no
+    # progress for up to 5 s (the agent's resend interval), past the hard timeout (3 s).
+    # A wait for peers counts from its limit, barrier_timeout: nobody is ended, both go on.
+    wrapper = dict(FAST, soft_timeout=2.5, hard_timeout=3)
+    ranks = launch(
+        tmp_path, 2, wrapper=wrapper, scenario="finalize_slow", fault_ranks=[1], slow_s=7
+    )
+    try:
+        assert ranks.wait(60) == [0, 0], ranks.logs()
+        for rank in range(2):
+            assert ranks.result(rank) == {"iteration": 1, "rank": str(rank), "world_size": "2"}
+        events = ranks.events()
+        assert not _kinds(events, "hang", component="monitor"), ranks.logs()
+        assert not _kinds(events, "ranks_terminated"), ranks.logs()
+        waits = [
+            e["duration_s"] for e in _kinds(events, "restart_phase")
+            if e["phase"] == "iteration_barrier" and e["rank"] == 0
+        ]  # fmt: skip
+        assert len(waits) == 1 and waits[0] > wrapper["hard_timeout"], waits
+    finally:
+        _kill_left(ranks, tmp_path / "logs")
 
 
 def _resume_and_end(ranks, silent_ranks):

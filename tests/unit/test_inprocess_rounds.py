@@ -23,7 +23,7 @@ from nvrx.inprocess import between_rounds, rejoin, round_run
 from nvrx.inprocess import store as rstore
 from nvrx.inprocess.exception import HealthCheckError, InternalError, RestartAbort
 from nvrx.inprocess.monitor_thread import RESTART_WAIT_S, Delivery, MonitorThread, RankShouldRestart
-from nvrx.inprocess.progress_watchdog import FLAG_RELEASED
+from nvrx.inprocess.progress_watchdog import FLAG_BETWEEN, FLAG_RELEASED
 from nvrx.inprocess.rank_filter import with_rank_filter
 from nvrx.inprocess.round_outcome import Completed, Leave, Restart
 from nvrx.inprocess.round_run import RoundRun
@@ -71,11 +71,13 @@ class FlakyStore:
 
 
 class FakeBoard:
-    """The progress board's flags, without the shared memory."""
+    """The progress board's flags and wait limit, without the shared memory."""
 
     def __init__(self) -> None:
         self.flags = 0
         self.round = 0
+        self.wait_limit: float | None = None  # that of the wait for peers the rank is in
+        self.waits: list[float] = []  # each wait's limit, in order
 
     def read(self) -> dict[str, float]:
         return {"flags": float(self.flags), "round": float(self.round)}
@@ -88,6 +90,23 @@ class FakeBoard:
 
     def leave_user(self) -> None:
         pass
+
+    @contextlib.contextmanager
+    def between_rounds(self):
+        self.set_flag(FLAG_BETWEEN, True)
+        try:
+            yield
+        finally:
+            self.set_flag(FLAG_BETWEEN, False)
+
+    @contextlib.contextmanager
+    def waiting(self, limit_s: float):
+        self.wait_limit = limit_s
+        self.waits.append(limit_s)
+        try:
+            yield
+        finally:
+            self.wait_limit = None
 
 
 class FakeCall:
@@ -271,6 +290,44 @@ def test_restart_abort_in_finalize_records_the_exit_a_rejoin_leader_reads(base):
     assert rounds.rejoin_candidates(round_store, base, {0}) == []  # no replacement is awaited for it
     assert [e["outcome"] for e in call.kinds("round_end")] == ["abort"]
     assert call.state.mode == Mode.TERMINATED
+
+
+def test_the_board_says_the_rank_is_between_rounds_and_names_each_waits_limit(base, monkeypatch):
+    """From ``finalize`` to the rank assignment the monitor process watches the rank
+    (``FLAG_BETWEEN``): ``finalize`` and the health check under no wait's limit, the
+    iteration barrier and the rank assignment (which may wait for peers) under
+    ``barrier_timeout``; once the rank is in the next round, or leaves, no longer."""
+    monkeypatch.setattr(State, "set_distributed_vars", lambda self: None)
+    seen: dict[str, tuple[bool, float | None]] = {}
+
+    def look(name: str):
+        def plug_in(arg):
+            board = call.services.board
+            seen[name] = (bool(board.flags & FLAG_BETWEEN), board.wait_limit)
+            return arg
+
+        return plug_in
+
+    call = FakeCall(
+        base, finalize=look("finalize"), health_check=look("health_check"),
+        rank_assignment=look("rank_assignment"), barrier_timeout=7.0,
+    )  # fmt: skip
+    assert _restart(call, RuntimeError("own fault")) is None
+    assert seen == {
+        "finalize": (True, None),
+        "health_check": (True, None),
+        "rank_assignment": (True, 7.0),
+    }
+    board = call.services.board
+    assert board.waits == [7.0, RESTART_WAIT_S, 7.0]  # the barrier, the monitor thread's end
+    assert not board.flags & FLAG_BETWEEN and board.wait_limit is None
+
+    def fails(state):
+        raise ValueError("finalize failed")
+
+    call = FakeCall(base, finalize=fails)
+    assert isinstance(_restart(call, RuntimeError("own fault")), Leave)
+    assert not call.services.board.flags & FLAG_BETWEEN  # its leave is not watched so
 
 
 def test_a_rank_marked_gone_is_not_awaited_for_a_rejoin(base):

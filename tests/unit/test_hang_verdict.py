@@ -1,0 +1,96 @@
+"""What the monitor process makes of a rank's progress board (``monitor_main.hang_verdict``),
+and the board's marks of the time between rounds (``ProgressBoard.between_rounds``,
+``ProgressBoard.waiting``).
+
+The whole path, with real ranks (a ``finalize`` that hangs is ended, a rank waiting at
+the iteration barrier for a slow peer is not), is in
+``tests/multiproc/test_wrapper_paths.py``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from nvrx.inprocess.monitor_main import hang_verdict
+from nvrx.inprocess.progress_watchdog import (
+    FLAG_BETWEEN,
+    FLAG_TIMEOUTS_OFF,
+    FLAG_USER,
+    ProgressBoard,
+)
+
+SOFT, HARD = 3.0, 5.0
+
+
+def _info(flags: int, auto: float = 100.0, manual: float = 0.0, wait_until: float = 0.0):
+    return {"flags": float(flags), "auto": auto, "manual": manual, "wait_until": wait_until}
+
+
+def _verdict(info, stale: float, soft_fired: bool = False) -> str | None:
+    """The verdict ``stale`` seconds after the board's last progress (its ``auto`` stamp)."""
+    return hang_verdict(info, info["auto"] + stale, SOFT, HARD, soft_fired)
+
+
+def test_in_user_code_the_soft_timeout_comes_first_then_the_hard_one():
+    user = _info(FLAG_USER)
+    assert _verdict(user, SOFT - 0.1) is None
+    assert _verdict(user, SOFT + 0.1) == "soft"
+    assert _verdict(user, HARD + 0.1) == "soft"  # never hard before soft
+    assert _verdict(user, HARD - 0.1, soft_fired=True) is None
+    assert _verdict(user, HARD + 0.1, soft_fired=True) == "hard"
+
+
+def test_between_rounds_the_hard_timeout_applies_alone():
+    between = _info(FLAG_BETWEEN)
+    assert _verdict(between, HARD - 0.1) is None  # past the soft timeout: no fault of its own
+    assert _verdict(between, HARD + 0.1) == "hard"
+
+
+def test_a_wait_for_peers_is_no_hang_until_its_limit_and_the_hard_timeout_passed():
+    barrier_s = 30.0
+    waiting = _info(FLAG_BETWEEN, wait_until=100.0 + barrier_s)  # entered at the last progress
+    assert _verdict(waiting, HARD + 0.1) is None
+    assert _verdict(waiting, barrier_s + HARD - 0.1) is None
+    assert _verdict(waiting, barrier_s + HARD + 0.1) == "hard"
+
+
+def test_a_ping_of_user_code_counts_between_rounds_only_once_stamped_again():
+    """The board's last progress is the older of the two stamps once a ping came."""
+    stale_ping = _info(FLAG_BETWEEN, auto=100.0, manual=90.0)
+    assert hang_verdict(stale_ping, 90.0 + HARD + 0.1, SOFT, HARD, False) == "hard"
+
+
+@pytest.mark.parametrize("flags", [0, FLAG_USER | FLAG_TIMEOUTS_OFF, FLAG_BETWEEN | FLAG_TIMEOUTS_OFF])
+def test_nothing_is_a_hang_outside_the_watched_phases_or_with_hang_protection_off(flags):
+    assert _verdict(_info(flags), 1e6, soft_fired=True) is None
+
+
+@pytest.fixture
+def board():
+    board = ProgressBoard()
+    yield board
+    board.close()
+
+
+def test_the_board_marks_the_time_between_rounds_and_its_waits(board):
+    board.stamp_manual(1.0)  # a ping of the round before
+    before = time.monotonic()
+    with board.between_rounds():
+        info = board.read()
+        assert int(info["flags"]) == FLAG_BETWEEN
+        assert info["auto"] >= before and info["manual"] == 0.0  # progress counts from here
+        assert info["wait_until"] == 0.0
+        with board.waiting(30.0):
+            assert board.read()["wait_until"] >= before + 30.0
+        after = board.read()
+        assert after["wait_until"] == 0.0 and after["auto"] >= info["auto"]  # stamped as it ended
+    assert int(board.read()["flags"]) == 0
+
+
+def test_the_marks_go_when_their_block_raises(board):
+    with pytest.raises(RuntimeError), board.between_rounds(), board.waiting(30.0):
+        raise RuntimeError("the barrier timed out")
+    info = board.read()
+    assert int(info["flags"]) == 0 and info["wait_until"] == 0.0
