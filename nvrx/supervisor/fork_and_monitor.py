@@ -10,7 +10,8 @@ For jobs started one rank per srun task (or per process by any launcher):
 The call forks. The parent becomes the monitor: it hosts the job's store on
 rank 0, restarts the child when it fails (same RANK, ``NVRX_RESTART_COUNT`` + 1,
 job-wide budget in the store), and exits with the supervisor's exit code; it
-never returns. The child returns from the call and runs the script. The
+never returns. The child returns from the call and runs the script; it dies
+with the monitor (``PR_SET_PDEATHSIG``), as a supervisor's children do. The
 monitor starts no thread and imports no torch (the store client lives in a
 separate agent process), so every fork happens from a clean process.
 """
@@ -57,8 +58,10 @@ class _BecomeChild(BaseException):
 def _fork_child(
     local_rank: int, attempt: int, env: dict[str, str], directory: Path | None
 ) -> Child:
-    """A forked child; its streams stay the monitor's (no ``--redirects`` here)."""
-    pid = processes.fork()
+    """A forked child; its streams stay the monitor's (no ``--redirects`` here). It dies
+    with the monitor, as a supervisor's children do: a monitor killed by SIGKILL leaves
+    no training process behind."""
+    pid = processes.fork(die_with_parent=True)
     if pid == 0:
         raise _BecomeChild(env)
     return Child.forked(local_rank, attempt, pid)
