@@ -41,7 +41,7 @@ def _env(tmp_path) -> dict[str, str]:
     port = free_port_run(2) + 1
     env = dict(os.environ, NVRX_LOG_DIR=str(tmp_path / "logs"), NVRX_JOB_ID="fork", MASTER_PORT=str(port - 1 or 2),
                NVRX_STORE_PORT=str(port))  # fmt: skip
-    for name in ("NVRX_SUPERVISED", "RANK", "WORLD_SIZE"):
+    for name in ("NVRX_SUPERVISED", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         env.pop(name, None)
     return env
 
@@ -115,3 +115,55 @@ def test_a_monitor_killed_by_sigkill_leaves_no_forked_child_behind(tmp_path) -> 
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(group, signal.SIGKILL)
         monitor.wait(30)
+
+
+PLACE_SCRIPT = """
+import os, signal
+import nvrx
+nvrx.fork_and_monitor(max_restarts=0, store_timeout=60)
+from nvrx import jobenv
+from nvrx.fault_tolerance import FaultToleranceConfig, RankMonitorClient
+print('child', os.environ['RANK'], os.environ['LOCAL_RANK'], os.environ['LOCAL_WORLD_SIZE'], flush=True)
+if os.environ['RANK'] == '0':
+    raise SystemExit(0)
+os.environ[jobenv.FT_CONFIG] = FaultToleranceConfig(initial_rank_heartbeat_timeout=1).to_json()
+RankMonitorClient().init_workload_monitoring()  # and never a heartbeat: hung
+while True:
+    signal.pause()
+"""
+
+
+@pytest.mark.timeout(150)
+def test_the_forked_child_keeps_the_launchers_local_rank_and_its_monitor_still_finds_it(
+    tmp_path,
+) -> None:
+    """Under torchrun (or any launcher that sets ``LOCAL_RANK``) two ranks on one host: each
+    child keeps its ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` (docs/conventions.md: as torchrun
+    sets them), not the one-rank monitor's 0 and 1; the monitor still knows its child, so the
+    hang of local rank 1 is seen and stops the job."""
+    script = tmp_path / "job.py"
+    script.write_text(PLACE_SCRIPT)
+    env = _env(tmp_path)
+    for name in ("SLURM_JOB_ID", "SLURM_PROCID"):
+        env.pop(name, None)
+    env.update(WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(script)], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        )  # fmt: skip
+        for r in (0, 1)
+    ]
+    try:
+        outputs = [rank.communicate(timeout=120)[0] for rank in ranks]
+    finally:
+        for rank in ranks:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(rank.pid, signal.SIGKILL)
+            rank.wait(30)
+    assert "child 0 0 2" in outputs[0], outputs[0]
+    assert "child 1 1 2" in outputs[1], outputs[1]
+    events, _ = read_dir(tmp_path / "logs" / "fork")
+    hangs = [e for e in events if e["kind"] == "hang"]
+    assert [(e["rank"], e["local_rank"], e["timeout"]) for e in hangs] == [(1, 0, "initial_heartbeat")]
+    assert ranks[1].returncode != 0, outputs[1]
