@@ -58,6 +58,10 @@ JOB_SECRET = "NVRX_JOB_SECRET"
 JOB_SECRET_FILE = "NVRX_JOB_SECRET_FILE"
 #: The supervisor's socket for the heartbeats of the Wrapper's monitors (``nvrx.rank_beats``).
 RANK_BEATS = "NVRX_RANK_BEATS"
+#: The local rank the supervisor knows its child by, where it is not ``LOCAL_RANK``: set by
+#: ``fork_and_monitor``, whose monitor has one child (0) while ``LOCAL_RANK`` stays the
+#: launcher's. The child's beats and fault-tolerance hello name it (``supervisor_local_rank``).
+SUPERVISOR_LOCAL_RANK = "NVRX_SUPERVISOR_LOCAL_RANK"
 #: The level the supervisor logs at, for its node agent's lines (``logging`` level name).
 AGENT_LOG_LEVEL = "NVRX_AGENT_LOG_LEVEL"
 # -- settings a user or a template may give --------------------------------------------
@@ -192,6 +196,13 @@ def int_from(env: Mapping[str, str] | None, name: str, default: int) -> int:
         raise ValueError(f"{name}={raw!r} is not an integer") from None
 
 
+def supervisor_local_rank_variable(env: Mapping[str, str] | None = None) -> str:
+    """The variable that holds the local rank the supervisor knows this process by:
+    ``NVRX_SUPERVISOR_LOCAL_RANK`` where set (``fork_and_monitor``), else ``LOCAL_RANK``."""
+    env = os.environ if env is None else env
+    return SUPERVISOR_LOCAL_RANK if env.get(SUPERVISOR_LOCAL_RANK) else "LOCAL_RANK"
+
+
 def seconds_from(env: Mapping[str, str] | None, name: str, default: float) -> float:
     """Non-negative number variable ``name`` (seconds, counts); ValueError naming it otherwise."""
     env = os.environ if env is None else env
@@ -304,6 +315,7 @@ class JobEnv:
         env = dict(os.environ if base is None else base)
         env.update(extra or {})
         env.pop(JOB_SECRET, None)  # the job's secret stays with the supervisors
+        env.pop(SUPERVISOR_LOCAL_RANK, None)  # a monitor's, not this supervisor's
         if sets_omp_default(env, self.nproc_per_node):
             env["OMP_NUM_THREADS"] = "1"
         rank = str(self.rank(local_rank))

@@ -165,16 +165,19 @@ def start(
     )
 
 
-def fork(*, ignore_warning: bool = True) -> int:
+def fork(*, ignore_warning: bool = True, die_with_parent: bool = False) -> int:
     """``os.fork`` with the rules of ``start``: 0 in the child, which leads a new process group.
 
-    Both sides set the group, so it exists whichever runs first.
+    Both sides set the group, so it exists whichever runs first. ``die_with_parent``
+    as for ``start``: the kernel SIGKILLs the child when the forking thread dies, and a
+    child whose parent died before the request took effect ends at once.
     """
+    parent = os.getpid() if die_with_parent else None
+    prctl = _prctl() if die_with_parent else None  # looked up before the fork
     pid = os.fork()
     if pid == 0:
         os.setpgid(0, 0)
-        if ignore_warning:
-            ignore_warning_signal()
+        _setup_child(ignore_warning, parent, prctl)
         return 0
     with contextlib.suppress(PermissionError, ProcessLookupError):
         os.setpgid(pid, pid)

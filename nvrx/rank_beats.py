@@ -97,7 +97,8 @@ def child_of_supervisor() -> tuple[int, int]:
     """(local rank, restart count) of the supervisor's child this process runs in, as a beat
     says them; -1, 0 when unknown."""
     try:
-        return jobenv.int_from(None, "LOCAL_RANK", -1), jobenv.int_from(None, jobenv.RESTART_COUNT, 0)
+        local_rank = jobenv.int_from(None, jobenv.supervisor_local_rank_variable(), -1)
+        return local_rank, jobenv.int_from(None, jobenv.RESTART_COUNT, 0)
     except ValueError as exc:
         log.warning("%s: the supervisor cannot tell which child beats", exc)
         return -1, 0

@@ -1,6 +1,15 @@
 """Structured events: the single record of what happened in a job (JSON lines)."""
 
-from .reader import ReadStats, Skipped, event_files, iter_dir, iter_file, read_dir
+from .reader import (
+    ProcessKey,
+    ReadStats,
+    Skipped,
+    event_files,
+    iter_dir,
+    iter_file,
+    process_events,
+    read_dir,
+)
 from .schema import COMMON_FIELDS, KINDS, SCHEMA_VERSION, STAMPED_FIELDS
 from .writer import (
     EventWriter,
@@ -18,6 +27,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "STAMPED_FIELDS",
     "EventWriter",
+    "ProcessKey",
     "ReadStats",
     "Skipped",
     "configure",
@@ -29,5 +39,6 @@ __all__ = [
     "iter_file",
     "job_id_from_env",
     "job_log_dir",
+    "process_events",
     "read_dir",
 ]

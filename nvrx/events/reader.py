@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import stat
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from typing import Any
 
 from .schema import KINDS
 from .validation import common_field_problem
+from .writer import file_glob
 
 EVENT_SUFFIX = ".jsonl"
 _decoder = json.JSONDecoder()
@@ -141,3 +143,54 @@ def read_dir(directory: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], R
     events = list(iter_dir(directory, stats))
     events.sort(key=lambda e: e.get("wall") or 0.0)
     return events, stats
+
+
+@dataclass(frozen=True)
+class ProcessKey:
+    """One process among a job's event files. Its pid alone does not tell it: pids repeat
+    on other nodes and, in a fresh pid namespace (a container), in another run of the job."""
+
+    pid: int
+    #: The node rank its files are named with (``-n<node>``: its ``NVRX_NODE_RANK``); None: any.
+    node: int | None = None
+    #: A wall time (``time.time()``) from before it started: what was written earlier is
+    #: another process's that had the same pid. 0: no bound.
+    since: float = 0.0
+
+    @classmethod
+    def of(cls, who: int | ProcessKey) -> ProcessKey:
+        """``who`` as a key; a bare pid: that pid on any node, at any time."""
+        return who if isinstance(who, ProcessKey) else cls(int(who))
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def process_events(
+    directory: str | os.PathLike[str], who: int | ProcessKey, component: str = "*"
+) -> list[dict[str, Any]]:
+    """The events process ``who`` wrote into ``directory`` (those of ``component``'s files,
+    default all), from every file it wrote (one per writer: the application's, the
+    Wrapper's, ...), merged in the order it wrote them: by its monotonic clock (one process,
+    one boot), by wall time where an event lacks it, file order among equals."""
+    key = ProcessKey.of(who)
+    folder = Path(directory)
+    if not folder.is_dir():
+        return []
+    found: list[dict[str, Any]] = []
+    for path in sorted(folder.glob(file_glob(key.pid, key.node, component))):
+        for event in iter_file(path):
+            wall = _number(event.get("wall"))
+            if key.since and (wall is None or wall < key.since):
+                continue  # an earlier process's that had this pid
+            found.append(event)
+    clock = "mono" if all(_number(e.get("mono")) is not None for e in found) else "wall"
+
+    def written(event: dict[str, Any]) -> float:
+        at = _number(event.get(clock))
+        return -math.inf if at is None else at
+
+    return sorted(found, key=written)

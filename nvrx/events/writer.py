@@ -61,6 +61,17 @@ def context_from_env(env: dict[str, str] | None = None) -> dict[str, Any]:
     }
 
 
+def file_name(component: str, node: int | str | None, pid: int, token: str) -> str:
+    """The name of one writer's file: ``<component>-n<node>-p<pid>-<token>.jsonl`` (node ``x``
+    when none is known); ``token`` keeps two writers of one process apart."""
+    return f"{component}-n{'x' if node is None else node}-p{pid}-{token}.jsonl"
+
+
+def file_glob(pid: int, node: int | None = None, component: str = "*") -> str:
+    """The glob of the files process ``pid`` wrote as node ``node`` (None: on any node)."""
+    return file_name(component, "*" if node is None else node, pid, "*")
+
+
 class EventWriter:
     """Writes events of one process to ``<dir>/<component>-n<node>-p<pid>-<token>.jsonl``.
 
@@ -105,8 +116,7 @@ class EventWriter:
         # A forked child must not share the parent's file: one file per process.
         self.directory.mkdir(parents=True, exist_ok=True)
         node = self._context.get("node")
-        name = f"{self.component}-n{node if node is not None else 'x'}-p{pid}-{uuid.uuid4().hex[:8]}.jsonl"
-        self.path = self.directory / name
+        self.path = self.directory / file_name(self.component, node, pid, uuid.uuid4().hex[:8])
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self._pid = pid
         return self._fd

@@ -130,7 +130,7 @@ class RankMonitorClient:
         faulthandler.register(channel.STACK_SIGNAL, file=self._stack_out, all_threads=True)
         self.timeouts = self._initial_timeouts(self.cfg)
         hello = {
-            "local_rank": _env_int("LOCAL_RANK"),
+            "local_rank": _env_int(jobenv.supervisor_local_rank_variable()),
             "rank": _env_int("RANK"),
             "attempt": _env_int(jobenv.RESTART_COUNT),
             "pid": os.getpid(),

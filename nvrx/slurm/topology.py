@@ -24,7 +24,14 @@ from nvrx import jobenv
 from nvrx.jobenv import PORT_BASE, PORT_SLOTS, JobEnv, ports_for_job, resolve_ports
 from nvrx.slurm.nodelist import expand_nodelist
 
-__all__ = ["PORT_BASE", "PORT_SLOTS", "job_from_slurm", "ports_for_job", "resolve_ports"]
+__all__ = [
+    "PORT_BASE",
+    "PORT_SLOTS",
+    "job_from_slurm",
+    "ports_for_job",
+    "resolve_ports",
+    "tasks_on_this_node",
+]
 
 
 def _int_var(env: Mapping[str, str], name: str, default: int | None = None) -> int:
@@ -103,3 +110,36 @@ def _place(env: Mapping[str, str], job_id: str) -> tuple[int, int, str]:
     if not 0 <= node_rank < nnodes:
         raise ValueError(f"{rank_var}={node_rank} is outside 0..{nnodes - 1}")
     return nnodes, node_rank, nodelist[0]
+
+
+#: Where SLURM tells how many tasks run on each node, the step's first.
+_TASKS_PER_NODE_VARS = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+
+
+def _counts_per_node(spec: str) -> list[int]:
+    """SLURM's compact per-node counts, ``2(x3),1`` -> ``[2, 2, 2, 1]``; ValueError if malformed."""
+    counts: list[int] = []
+    for part in spec.split(","):
+        count, _, repeat = part.strip().partition("(x")
+        times = int(repeat.removesuffix(")")) if repeat else 1
+        counts.extend([int(count)] * times)
+    return counts
+
+
+def tasks_on_this_node(env: Mapping[str, str]) -> int | None:
+    """How many tasks of the step run on this node: ``SLURM_STEP_TASKS_PER_NODE`` (else
+    ``SLURM_TASKS_PER_NODE``) at ``SLURM_NODEID``, else ``SLURM_NTASKS_PER_NODE``; None when
+    none of them tells (unset or malformed)."""
+    node = env.get("SLURM_NODEID", "")
+    for name in _TASKS_PER_NODE_VARS:
+        spec = env.get(name)
+        if not spec or not node.isdigit():
+            continue
+        try:
+            counts = _counts_per_node(spec)
+        except ValueError:
+            continue
+        if int(node) < len(counts):
+            return counts[int(node)]
+    raw = env.get("SLURM_NTASKS_PER_NODE", "")
+    return int(raw) if raw.isdigit() else None

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nvrx import processes
+from nvrx.events.reader import ProcessKey
 
 from .rank_output import RankOutput
 
@@ -60,6 +61,11 @@ class Child:
         self.proc = proc
         self.pid = proc.pid
         self.started = time.monotonic()
+        #: Where its events are (``key``): the node rank it was started as (``NVRX_NODE_RANK``,
+        #: which names its event files) and a wall time from before its start (``LocalRanks``
+        #: sets both).
+        self.node: int | None = None
+        self.since = time.time()
         self.status: ExitStatus | None = None
         self.warm = False  # a standby became this child (``standby``)
         #: It tells how far it is: its Wrapper monitor beat (``restart_standby`` waits for
@@ -101,6 +107,12 @@ class Child:
     def forked(cls, local_rank: int, attempt: int, pid: int) -> Child:
         """A child this process made with ``processes.fork`` (it leads its own process group)."""
         return cls(local_rank, attempt, processes.ForkedProcess(pid))
+
+    @property
+    def key(self) -> ProcessKey:
+        """Which events are this child's: its pid's, of its node, written since it started
+        (its pid may be another node's process's, or an earlier run's)."""
+        return ProcessKey(self.pid, self.node, self.since)
 
     @property
     def running(self) -> bool:

@@ -10,7 +10,9 @@ For jobs started one rank per srun task (or per process by any launcher):
 The call forks. The parent becomes the monitor: it hosts the job's store on
 rank 0, restarts the child when it fails (same RANK, ``NVRX_RESTART_COUNT`` + 1,
 job-wide budget in the store), and exits with the supervisor's exit code; it
-never returns. The child returns from the call and runs the script. The
+never returns. The child returns from the call and runs the script; it dies
+with the monitor (``PR_SET_PDEATHSIG``), as a supervisor's children do, and keeps
+the launcher's ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` (``launcher_place``). The
 monitor starts no thread and imports no torch (the store client lives in a
 separate agent process), so every fork happens from a clean process.
 """
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from nvrx import events, jobenv, processes
 from nvrx.jobenv import JobEnv
+from nvrx.slurm import topology
 
 from .children import Child
 from .config import (
@@ -57,8 +60,10 @@ class _BecomeChild(BaseException):
 def _fork_child(
     local_rank: int, attempt: int, env: dict[str, str], directory: Path | None
 ) -> Child:
-    """A forked child; its streams stay the monitor's (no ``--redirects`` here)."""
-    pid = processes.fork()
+    """A forked child; its streams stay the monitor's (no ``--redirects`` here). It dies
+    with the monitor, as a supervisor's children do: a monitor killed by SIGKILL leaves
+    no training process behind."""
+    pid = processes.fork(die_with_parent=True)
     if pid == 0:
         raise _BecomeChild(env)
     return Child.forked(local_rank, attempt, pid)
@@ -127,8 +132,24 @@ def _become_child(supervisor: Supervisor, env: dict[str, str]) -> None:
     if supervisor.store.link is not None:
         supervisor.store.link.forget_in_child()
     supervisor.store.stop = None  # the job's secret stays with the monitor
-    local_id = os.environ.get("SLURM_LOCALID")
+    place = launcher_place(os.environ)
     os.environ.update(env)
-    if local_id is not None:
-        os.environ["LOCAL_RANK"] = local_id
+    os.environ[jobenv.SUPERVISOR_LOCAL_RANK] = env["LOCAL_RANK"]  # the monitor's one child
+    os.environ.update(place)
     events.configure("app")
+
+
+def launcher_place(env: Mapping[str, str]) -> dict[str, str]:
+    """``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` as the launcher gave them to this process
+    (docs/conventions.md: as torchrun sets them), for the child to keep: the launcher's own
+    (torchrun, mpirun wrappers), else SLURM's place of the task on its node
+    (``SLURM_LOCALID``, the node's task count); those not known are left out, and the
+    child's one-rank node gives 0 and 1."""
+    place: dict[str, str] = {}
+    local_rank = env.get("LOCAL_RANK") or env.get("SLURM_LOCALID")
+    if local_rank:
+        place["LOCAL_RANK"] = local_rank
+    size = env.get("LOCAL_WORLD_SIZE") or topology.tasks_on_this_node(env)
+    if size:
+        place["LOCAL_WORLD_SIZE"] = str(size)
+    return place

@@ -182,7 +182,7 @@ class HangWatch:
         child.signal_group(term)
         if term != signal.SIGKILL:
             self._hang_kills[child.pid] = time.monotonic() + self.store.config.grace_period
-        if self.job_restart.job_wide(child.pid):
+        if self.job_restart.job_wide(child.key):
             # Its peers wait for it in a collective: restart the job now, before their own
             # deadlines pass and each of them is declared hung in turn.
             try:

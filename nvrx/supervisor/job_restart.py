@@ -45,11 +45,11 @@ import json
 import logging
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 from nvrx import jobenv
 from nvrx.events.failures import NODE_LOST_SIGNATURE
+from nvrx.events.reader import ProcessKey, process_events
 from nvrx.store import sealed_keys
 from nvrx.store.sealed_keys import SealedChain
 
@@ -71,17 +71,19 @@ def _key(epoch: int, what: str) -> str:
     return f"{KEY_PREFIX}job_restart/{epoch}/{what}"
 
 
-def uses_wrapper(events_dir: str, pid: int) -> bool:
-    """Whether process ``pid`` ran the in-process Wrapper (it wrote Wrapper events)."""
-    return any(Path(events_dir).glob(f"wrapper-*-p{pid}-*.jsonl"))
+def uses_wrapper(events_dir: str, who: int | ProcessKey) -> bool:
+    """Whether process ``who`` ran the in-process Wrapper (it wrote Wrapper events); its
+    ``ProcessKey``, so that another node's or an earlier run's Wrapper rank with the same
+    pid does not count."""
+    return bool(process_events(events_dir, who, component="wrapper"))
 
 
-def job_wide(config: SupervisorConfig, wrapper_pids: set[int], pid: int) -> bool:
-    """Whether the failure of child ``pid`` restarts the whole job (``--ft-restart-policy``);
-    ``wrapper_pids``: the processes whose Wrapper monitor beat."""
+def job_wide(config: SupervisorConfig, wrapper_pids: set[int], who: int | ProcessKey) -> bool:
+    """Whether the failure of child ``who`` restarts the whole job (``--ft-restart-policy``);
+    ``wrapper_pids``: this node's processes whose Wrapper monitor beat."""
     policy = config.ft_restart_policy
     if policy == "auto":  # a rank waiting to be admitted has no Wrapper events yet
-        wrapped = pid in wrapper_pids or uses_wrapper(config.events_dir, pid)
+        wrapped = ProcessKey.of(who).pid in wrapper_pids or uses_wrapper(config.events_dir, who)
         return not wrapped
     return policy == "any-failed"
 
@@ -179,17 +181,17 @@ class JobRestart:
             chain = SealedChain(_key(epoch, "begin"), self.store.known_sealer())
         chain.write(self._link, json.dumps(cause))
 
-    def job_wide(self, pid: int) -> bool:
-        """Whether the failure of child ``pid`` restarts the whole job."""
-        return job_wide(self.store.config, self.wrapper_pids, pid)
+    def job_wide(self, who: ProcessKey) -> bool:
+        """Whether the failure of child ``who`` (``Child.key``) restarts the whole job."""
+        return job_wide(self.store.config, self.wrapper_pids, who)
 
     def failure_handled(
-        self, local_rank: int, status: ExitStatus, pid: int, fault: LastFault | None
+        self, local_rank: int, status: ExitStatus, who: ProcessKey, fault: LastFault | None
     ) -> bool:
         """A failure that is not one rank's restart: non-retryable, or job-wide; True when handled."""
-        if self.workload.non_retryable(local_rank, pid):
+        if self.workload.non_retryable(local_rank, who):
             return True
-        if self.job_wide(pid):
+        if self.job_wide(who):
             self.failure(local_rank, status, fault)
             return True
         return False
@@ -253,7 +255,7 @@ class JobRestart:
             return
         if not leaving and not self.ranks.running():
             return
-        if not all(self.job_wide(child.pid) for child in children.values()):
+        if not all(self.job_wide(child.key) for child in children.values()):
             return  # Wrapper ranks restart in-process and wait for the spare's
         epoch = self.epoch + 1
         first = self._claim(epoch)

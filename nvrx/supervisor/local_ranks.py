@@ -14,6 +14,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from nvrx import events
+from nvrx.events.reader import ProcessKey
+
 from . import rank_logs
 from .children import Child, ExitStatus
 from .job_store import JobStore
@@ -50,12 +53,14 @@ class LocalRanks:
         directory = rank_logs.prepare_dir(job_dir, rank, attempt, cfg.node_rank)
         if directory is not None:
             env[rank_logs.ERROR_FILE_ENV] = str(directory / rank_logs.ERROR_FILE)
+        since = time.time()  # before it runs: what its pid wrote earlier is another process's
         try:
             child = self._spawn(local_rank, attempt, env, directory)
         except OSError as exc:
             raise CannotSpawn(f"cannot start {cfg.command[0]!r}: {exc.strerror or exc}") from exc
         self.children[local_rank] = child
         child.directory = directory
+        child.node, child.since = events.context_from_env(env)["node"], since
         ids = {"local_rank": local_rank, "child_pid": child.pid, "global_rank": rank}
         files = None if directory is None else str(directory.relative_to(job_dir))
         self._emit("child_start", **ids, attempt=attempt, warm=child.warm, files=files)
@@ -63,6 +68,12 @@ class LocalRanks:
             exited = self._exit_seen.pop(local_rank, None)
             wait_s = None if exited is None else round(time.monotonic() - exited, 6)
             self._emit("rejoin", **ids, phase="replacement_started", wait_s=wait_s)
+
+    def key(self, local_rank: int, pid: int) -> ProcessKey:
+        """Which events are those of child ``pid`` of ``local_rank`` (``Child.key``); a pid
+        that is no longer the rank's child: that pid's on any node, at any time."""
+        child = self.children.get(local_rank)
+        return child.key if child is not None and child.pid == pid else ProcessKey(pid)
 
     def running(self) -> list[Child]:
         """The children still running."""

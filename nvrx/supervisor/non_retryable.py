@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from nvrx.events.reader import ProcessKey
+
 from .policy import last_fault_event
 
 
@@ -41,8 +43,11 @@ class Match:
     source: str  # "error file" or "events"
 
 
-def exception_text(events_dir: str | Path, pid: int, error_file: Path | None) -> tuple[str, str] | None:
-    """``(text, source)`` of the exception that ended process ``pid``; None when nothing tells."""
+def exception_text(
+    events_dir: str | Path, who: int | ProcessKey, error_file: Path | None
+) -> tuple[str, str] | None:
+    """``(text, source)`` of the exception that ended process ``who`` (its ``ProcessKey``:
+    not another node's or an earlier run's with the same pid); None when nothing tells."""
     if error_file is not None and error_file.is_file():
         # imported here: the report package costs a supervisor's start about 0.4 s
         from nvrx.report.rank_files import read_error_file
@@ -54,7 +59,7 @@ def exception_text(events_dir: str | Path, pid: int, error_file: Path | None) ->
         if recorded is not None:
             head = f"{recorded.exc_type}: {recorded.message}" if recorded.exc_type else recorded.message
             return "\n".join(t for t in (head, recorded.traceback) if t), "error file"
-    event = last_fault_event(events_dir, pid)
+    event = last_fault_event(events_dir, who)
     if event is None:
         return None
     parts = [event.get("exc_type"), event.get("message"), event.get("traceback")]

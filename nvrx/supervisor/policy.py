@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from nvrx.events.failures import EXIT, PEER, fault_signature, process_end_signature
-from nvrx.events.reader import iter_file
+from nvrx.events.reader import ProcessKey, iter_file, process_events
 
 from .children import ExitStatus
 from .exit_codes import CLEAN_STOP_EXIT, ExitCode
@@ -101,30 +101,33 @@ def _fault_record(event: dict[str, object]) -> LastFault:
     return LastFault(signature, kind)
 
 
-def last_fault(events_dir: str | os.PathLike[str], pid: int) -> LastFault | None:
-    """The ``fault`` event that ended process ``pid``: its last one, unless a later round started.
+def last_fault(events_dir: str | os.PathLike[str], who: int | ProcessKey) -> LastFault | None:
+    """The ``fault`` event that ended process ``who``: its last one, unless a later round started.
 
     The Wrapper (or the application) records an exception's type and innermost
     user frame; that tells "the same bug again" apart from an unrelated crash
     with the same exit code, and a rank that only lost its peer from the rank
     that failed first.
     """
-    event = last_fault_event(events_dir, pid)
+    event = last_fault_event(events_dir, who)
     return None if event is None else _fault_record(event)
 
 
-def last_fault_event(events_dir: str | os.PathLike[str], pid: int) -> dict[str, object] | None:
-    """The ``fault`` event that ended process ``pid`` (see ``last_fault``), as written."""
-    directory = Path(events_dir)
-    if not directory.is_dir():
-        return None
+def last_fault_event(
+    events_dir: str | os.PathLike[str], who: int | ProcessKey
+) -> dict[str, object] | None:
+    """The ``fault`` event that ended process ``who`` (see ``last_fault``), as written.
+
+    ``who``: the child's ``ProcessKey`` (its pid, node and start), so that another node's
+    process, or an earlier run's, that had the same pid is not taken for it; the events of
+    all its files (the application's, the Wrapper's) are read in the order it wrote them.
+    """
     record = None
-    for path in directory.glob(f"*-p{pid}-*.jsonl"):
-        for event in iter_file(path):
-            if event.get("kind") == "fault":
-                record = event
-            elif event.get("kind") in ("round_start", "call_start"):
-                record = None  # that fault was recovered in-process; it did not end the child
+    for event in process_events(events_dir, who):
+        if event.get("kind") == "fault":
+            record = event
+        elif event.get("kind") in ("round_start", "call_start"):
+            record = None  # that fault was recovered in-process; it did not end the child
     return record
 
 

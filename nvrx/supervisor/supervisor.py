@@ -274,13 +274,13 @@ class Supervisor:
             return  # it stopped for SLURM's warning (this node's or another's): no restart
         if self.messages.fence_if_superseded():
             return
-        hang = self.hang_watch.hang_fault(pid)
-        fault = None if status.code == 0 else hang or last_fault(self.config.events_dir, pid)
+        hang, who = self.hang_watch.hang_fault(pid), self.ranks.key(local_rank, pid)
+        fault = None if status.code == 0 else hang or last_fault(self.config.events_dir, who)
         try:
             failed = status.code not in (0, CLEAN_STOP_EXIT)
             if failed and self._stopped_by_another_node():
                 return
-            if failed and self.job_restart.failure_handled(local_rank, status, pid, fault):
+            if failed and self.job_restart.failure_handled(local_rank, status, who, fault):
                 return
             verdict = self.policy.decide(local_rank, status, fault)
         except StoreLinkError as exc:

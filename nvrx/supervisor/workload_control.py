@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 
+from nvrx.events.reader import ProcessKey
+
 from . import non_retryable
 from .exit_codes import ExitCode
 from .job_store import JobStore
@@ -47,8 +49,9 @@ class WorkloadControl:
         elif action != "Continue":
             log.warning("%s sent an unknown workload-control action %r: ignored", who, action)
 
-    def non_retryable(self, local_rank: int, pid: int) -> bool:
-        """Stop the job when the failure of child ``pid`` matches a non-retryable pattern."""
+    def non_retryable(self, local_rank: int, who: ProcessKey) -> bool:
+        """Stop the job when the failure of child ``who`` (``Child.key``) matches a
+        non-retryable pattern."""
         cfg = self.store.config
         patterns = cfg.non_retryable_patterns
         if not patterns:
@@ -56,13 +59,13 @@ class WorkloadControl:
         child = self.ranks.children.get(local_rank)
         directory = None if child is None else child.directory
         error_file = None if directory is None else directory / "error.json"
-        found = non_retryable.exception_text(cfg.events_dir, pid, error_file)
+        found = non_retryable.exception_text(cfg.events_dir, who, error_file)
         match = None if found is None else non_retryable.first_match(patterns, *found)
         if match is None:
             return False
         rank = cfg.rank(local_rank, self.control.node_rank)
         self.control.emit(
-            "non_retryable", local_rank=local_rank, global_rank=rank, child_pid=pid,
+            "non_retryable", local_rank=local_rank, global_rank=rank, child_pid=who.pid,
             pattern=match.pattern, line=match.line, source=match.source,
         )  # fmt: skip
         reason = f"non-retryable failure of rank {rank}: {match.line!r} matches {match.pattern!r}"

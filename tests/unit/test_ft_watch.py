@@ -70,6 +70,19 @@ def test_heartbeat_deadlines(watch, monkeypatch):
     assert watch.connection_fds() == []
 
 
+def test_the_hello_names_the_local_rank_the_supervisor_knows_the_child_by(watch, monkeypatch):
+    """Under ``fork_and_monitor`` ``LOCAL_RANK`` is the launcher's (3) while the monitor has
+    one child, 0: the hello says 0, so that the monitor finds the child its hangs are of."""
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setenv(jobenv.SUPERVISOR_LOCAL_RANK, "0")
+    _config(monkeypatch, initial_rank_heartbeat_timeout=10)
+    client = RankMonitorClient()
+    fd, w = _connect(watch, client)
+    assert (w.local_rank, w.rank, w.attempt) == (0, 5, 2)
+    client.shutdown_workload_monitoring()
+    watch.read(fd)
+
+
 def test_section_and_out_of_section_deadlines(watch, monkeypatch):
     _config(monkeypatch, rank_section_timeouts={"step": 3, "io": None}, rank_out_of_section_timeout=20)
     client = RankMonitorClient()

@@ -20,8 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_child_environment_follows_the_documented_contract(tmp_path: Path) -> None:
     job = JobEnv(job_id="42", log_dir=str(tmp_path), nnodes=2, node_rank=1, nproc_per_node=2,
                  master_addr="node1", master_port=20084, store_port=20085)  # fmt: skip
-    env = job.child_env(1, restart_count=3, base={"KEEP": "1", "RANK": "stale"}, extra={"X": "y"})
-    assert env["KEEP"] == "1" and env["X"] == "y"
+    base = {"KEEP": "1", "RANK": "stale", jobenv.SUPERVISOR_LOCAL_RANK: "0"}  # a monitor's
+    env = job.child_env(1, restart_count=3, base=base, extra={"X": "y"})
+    assert env["KEEP"] == "1" and env["X"] == "y" and jobenv.SUPERVISOR_LOCAL_RANK not in env
     assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")} == {
         "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
     }  # fmt: skip

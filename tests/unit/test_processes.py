@@ -164,6 +164,47 @@ def test_forked_child_leads_a_group_and_can_be_waited_for_with_a_bound() -> None
     assert child.poll() == -signal.SIGTERM
 
 
+_FORKS_AND_WAITS = """
+import signal, sys
+from nvrx import processes
+if processes.fork(die_with_parent=True) == 0:
+    print(__import__("os").getpid(), flush=True)
+while True:
+    signal.pause()
+"""
+
+
+def _ended(pid: int) -> bool:
+    """Whether ``pid`` is gone or a zombie that its new parent did not reap yet."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_child_forked_to_die_with_its_parent_dies_when_the_parent_is_sigkilled() -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _FORKS_AND_WAITS], stdout=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    child = None
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert not _ended(child)
+        parent.kill()
+        parent.wait(30)
+        wait_until(f"forked child {child} to die with its parent", lambda: _ended(child), 20)
+    finally:
+        for group in (child, parent.pid):
+            if group is not None:
+                processes.signal_group(group, signal.SIGKILL)
+        parent.wait(30)
+        if parent.stdout is not None:
+            parent.stdout.close()
+
+
 @pytest.mark.parametrize(
     ("name", "number"), [("USR2", signal.SIGUSR2), ("SIGTERM", signal.SIGTERM), ("10", 10)]
 )

@@ -18,7 +18,16 @@ from typing import Any
 import pytest
 
 from nvrx.node_agent.supervised import NodeDuty
-from nvrx.rank_beats import Beat, BeatLoop, BeatSender, BeatSocket, NewPids, RankBeats, Silence
+from nvrx.rank_beats import (
+    Beat,
+    BeatLoop,
+    BeatSender,
+    BeatSocket,
+    NewPids,
+    RankBeats,
+    Silence,
+    child_of_supervisor,
+)
 from nvrx.store.host_barrier import BarrierRelay
 from nvrx.supervisor.config import SupervisorConfig, local_job
 from nvrx.supervisor.course import Course, CourseTracker
@@ -42,6 +51,23 @@ def test_a_beat_names_its_hosts_slot_only_where_it_has_one() -> None:
     assert b'"slot"' not in plain.encode() and Beat.decode(plain.encode()) == plain
     placed = _beat(slot=3)
     assert Beat.decode(placed.encode()) == placed and Beat.decode(placed.encode()).slot == 3
+
+
+@pytest.mark.parametrize(
+    ("env", "child"),
+    [
+        ({"LOCAL_RANK": "3", "NVRX_RESTART_COUNT": "2"}, (3, 2)),
+        # fork_and_monitor: LOCAL_RANK stays the launcher's, the monitor's one child is 0
+        ({"LOCAL_RANK": "3", "NVRX_SUPERVISOR_LOCAL_RANK": "0"}, (0, 0)),
+        ({}, (-1, 0)),
+    ],
+)
+def test_a_beat_names_the_child_the_supervisor_knows_the_rank_by(monkeypatch, env, child) -> None:
+    for name in ("LOCAL_RANK", "NVRX_SUPERVISOR_LOCAL_RANK", "NVRX_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert child_of_supervisor() == child
 
 
 def test_a_beat_crosses_the_socket_and_garbage_is_dropped(tmp_path) -> None:

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from nvrx.jobenv import PORT_STRIDE, JobEnv
-from nvrx.slurm.topology import PORT_BASE, PORT_SLOTS, job_from_slurm, ports_for_job
+from nvrx.slurm.topology import (
+    PORT_BASE,
+    PORT_SLOTS,
+    job_from_slurm,
+    ports_for_job,
+    tasks_on_this_node,
+)
 
 
 def _step_env(**extra: str) -> dict[str, str]:
@@ -117,3 +123,21 @@ def test_ports_are_in_range_and_differ_for_neighbouring_jobs() -> None:
         assert PORT_BASE <= master < store < PORT_BASE + PORT_STRIDE * PORT_SLOTS
         seen.update((master, store))
     assert len(seen) == 2 * PORT_SLOTS  # no two of PORT_SLOTS consecutive jobs share a port
+
+
+@pytest.mark.parametrize(
+    ("extra", "tasks"),
+    [
+        ({"SLURM_STEP_TASKS_PER_NODE": "4(x2),3", "SLURM_TASKS_PER_NODE": "8(x3)"}, 3),
+        ({"SLURM_TASKS_PER_NODE": "2,5,1"}, 1),
+        ({"SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_NTASKS_PER_NODE": "2"}, 2),  # node 2 not in it
+        ({"SLURM_TASKS_PER_NODE": "2(x", "SLURM_NTASKS_PER_NODE": "6"}, 6),
+        ({"SLURM_NTASKS_PER_NODE": "6"}, 6),
+        ({}, None),
+        ({"SLURM_NTASKS_PER_NODE": "many"}, None),
+    ],
+)
+def test_tasks_on_this_node_read_slurms_compact_counts_at_this_node(
+    extra: dict[str, str], tasks: int | None
+) -> None:
+    assert tasks_on_this_node(_step_env(**extra)) == tasks  # SLURM_NODEID=2
