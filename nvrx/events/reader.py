@@ -115,11 +115,13 @@ def event_files(
     Whatever they are: a directory, a dangling link or a FIFO so named is
     reported as unreadable when read, not silently left out. Symlinked
     directories are not followed. A directory that cannot be listed (``directory``
-    itself included) is passed over, and appended to ``unlisted`` when it is given.
+    itself included) is passed over, and appended to ``unlisted`` when it is given and
+    this user may not list it (one that vanished meanwhile is only passed over).
     """
 
     def passed_over(exc: OSError) -> None:
-        if unlisted is not None:
+        # one that vanished while it was listed (a rank's empty attempt folder) held nothing
+        if unlisted is not None and isinstance(exc, PermissionError):
             unlisted.append(Path(exc.filename if exc.filename is not None else directory))
 
     found = []

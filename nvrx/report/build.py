@@ -463,7 +463,9 @@ def _summary(
     """The summary table: size, times, goodput, restarts and how the job ended (by ``sacct``
     when it knows, by the events otherwise), of the events ``filters`` keep."""
     restricted = filters.rank is not None or filters.node is not None
-    outcome, reason = _outcome(agg, timeline, losses, slurm, restricted or filters.since is not None)
+    # the end events are the latest: --since leaves them out only when it keeps none at all
+    hides_end = restricted or (filters.since is not None and agg.events_used == 0)
+    outcome, reason = _outcome(agg, timeline, losses, slurm, hides_end)
     slurm_runs = runs(slurm)
     wall = (
         (agg.last_wall - agg.first_wall)

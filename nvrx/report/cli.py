@@ -48,7 +48,7 @@ def parse_since(text: str, now: float | None = None) -> float:
 
 def _width(text: str) -> int:
     """``--width``: 0 (no limit) or at least ``MIN_TEXT_WIDTH`` characters."""
-    value = int(text) if text.strip().isdigit() else -1
+    value = int(text) if text.strip().isdecimal() and text.isascii() else -1
     if value != 0 and value < MIN_TEXT_WIDTH:
         raise argparse.ArgumentTypeError(
             f"--width must be 0 (no limit) or at least {MIN_TEXT_WIDTH}, got {text!r}"
@@ -58,7 +58,7 @@ def _width(text: str) -> int:
 
 def _workers(text: str) -> int:
     """``--workers``: a number of processes, at least 1."""
-    value = int(text) if text.strip().isdigit() else 0
+    value = int(text) if text.strip().isdecimal() and text.isascii() else 0
     if value < 1:
         raise argparse.ArgumentTypeError(
             f"--workers must be a number of processes, at least 1, got {text!r}"

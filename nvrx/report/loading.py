@@ -249,6 +249,8 @@ def _job_folders(base: Path) -> tuple[list[Path], list[Path]]:
     jobs: list[Path] = []
     unreadable: list[Path] = []
     for folder in folders:
+        if folder.name == "lost+found":  # a file system's own, never a job's
+            continue
         unlisted: list[Path] = []
         if event_files(folder, unlisted):
             jobs.append(folder)

@@ -318,13 +318,17 @@ def _add_output(add: Add) -> None:
     )  # fmt: skip
 
 
-def _resolve_command(command: list[str]) -> list[str]:
+def _resolve_command(command: list[str], on_node: bool = True) -> list[str]:
+    """The training command after ``--``; checked to be there only ``on_node`` (another host's
+    file system and PATH tell nothing of the node's)."""
     if command and command[0] == "--":
         command = command[1:]
     if not command:
         raise ConfigError(
             f"no training command: put it after '--', e.g. {PROG} --nproc-per-node 2 -- python train.py"
         )
+    if not on_node:
+        return command
     exe = command[0]
     if os.sep in exe:
         if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
@@ -343,7 +347,7 @@ def config_from_args(
 
     ``count_here`` False: the options are checked from another host than the node's (``nvrx-srun``
     before it starts the supervisors): ``--nproc-per-node auto|cpu|gpu`` is not counted here
-    (each node counts its own), it stands for 1."""
+    (each node counts its own), it stands for 1; the command is not looked for here either."""
     env = os.environ if env is None else env
     parser = build_parser()
     parser.set_defaults(**torchrun.fallbacks(env))
@@ -352,7 +356,7 @@ def config_from_args(
         processes.warning_signal(env)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    command = _resolve_command(list(args.command))
+    command = _resolve_command(list(args.command), on_node=count_here)
     args.nproc_per_node = _nproc(str(args.nproc_per_node), argv, env, count_here)
     picked = False
     local_topology = any(v is not None for v in (args.nnodes, args.node_rank, args.master_addr))

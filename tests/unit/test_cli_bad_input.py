@@ -276,6 +276,18 @@ def test_a_base_whose_only_job_folder_cannot_be_read_exits_1_naming_it(shared_ba
     assert "empty" not in line
 
 
+def test_a_file_systems_lost_and_found_is_no_job_folder(shared_base: Path) -> None:
+    """A log folder at a mount's root holds ``lost+found`` (root's, 0700): not a job, so
+    neither the newest job nor a folder this user was kept out of."""
+    _job(shared_base, "100", 1_700_000_000)
+    found = shared_base / "lost+found"
+    found.mkdir()
+    found.chmod(CLOSED)
+    done = _report_as_another_user(str(shared_base), "--width", "0")
+    assert done.returncode == 0, done.stderr
+    assert f"job {JOB}" in done.stdout and "lost+found" not in done.stdout + done.stderr
+
+
 @pytest.mark.parametrize("closed", ["supervisor", "folder"])
 def test_a_job_with_an_event_file_or_folder_that_cannot_be_read_exits_1(
     shared_base: Path, closed: str

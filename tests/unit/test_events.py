@@ -14,6 +14,7 @@ import pytest
 
 from nvrx import events
 from nvrx.events import EventWriter, iter_file, job_log_dir, read_dir
+from nvrx.events.reader import event_files
 
 
 def test_event_has_common_fields_and_context(tmp_path: Path) -> None:
@@ -181,3 +182,12 @@ def test_fsync_after_each_event_only_where_asked(tmp_path: Path, monkeypatch: py
     writer.emit("job_end")
     assert len(synced) == 2
     assert [e["kind"] for e in read_dir(tmp_path / "synced")[0]] == ["job_start", "job_end"]
+
+
+def test_a_folder_that_vanished_while_listed_is_not_taken_for_one_this_user_may_not_read(
+    tmp_path: Path,
+) -> None:
+    """A rank's empty attempt folder is removed while a report lists the job: nothing was
+    in it, and no permission is missing."""
+    unlisted: list[Path] = []
+    assert event_files(tmp_path / "gone", unlisted) == [] and unlisted == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -452,3 +453,21 @@ def test_without_job_the_newest_job_of_the_base_is_reported_and_the_report_says_
     older = "100" if newest == JOB else JOB
     said = f"reporting the newest, {newest} (others: {older}; pass --job)"
     assert any(said in note for note in report["reading"]["notes"]), report["reading"]
+
+
+def test_a_since_that_keeps_events_of_an_unfinished_job_says_it_is_not_finished(
+    job_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The end events are the latest: a ``--since`` that keeps any event keeps them too, so
+    without them the job is unfinished, not of an outcome the filter hid."""
+    running = tmp_path / "running" / job_dir.name
+    shutil.copytree(job_dir, running)
+    ends = ('"kind":"supervisor_end"', '"kind": "supervisor_end"', '"kind":"job_stop"',
+            '"kind": "job_stop"', '"kind":"wrapper_end"', '"kind": "wrapper_end"')  # fmt: skip
+    for path in running.rglob("*.jsonl"):
+        lines = path.read_text().splitlines(keepends=True)
+        path.write_text("".join(line for line in lines if not any(end in line for end in ends)))
+    assert main([str(running), "--no-sacct", "--width", "0", "--since", "1000"]) == 0
+    outcome = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("outcome: "))
+    assert outcome.startswith("outcome: NOT FINISHED"), outcome
+    assert "not known under the filters" not in outcome, outcome
