@@ -100,6 +100,7 @@ class CallWrapper:
         self.pending_latency_from: float | None = None  # when the fault behind a restart was seen
         self._first_terminated: set[int] = set()
         self._arguments: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+        self._hang_protection_off = 0  # depth of nested ``disable_hang_protection()`` blocks
 
     # -- joining the job ------------------------------------------------------------------
     def _setup(self) -> None:
@@ -190,14 +191,24 @@ class CallWrapper:
 
     @contextlib.contextmanager
     def disable_hang_protection(self) -> Iterator[None]:
-        """Turn the soft and hard timeouts off for the block (exceptions still restart)."""
+        """Turn the soft and hard timeouts off for the block (exceptions still restart).
+
+        Blocks nest: the timeouts come back when the outermost block ends. Progress then
+        counts from that moment: the automatic timestamp and, once ``ping()`` made it
+        active, the manual one too (else its last ``ping`` before the block, older than
+        the block, would be a hang at once)."""
         board = self.services.board
+        self._hang_protection_off += 1
         board.set_flag(FLAG_TIMEOUTS_OFF, True)
         try:
             yield
         finally:
-            board.stamp_auto()
-            board.set_flag(FLAG_TIMEOUTS_OFF, False)
+            self._hang_protection_off -= 1
+            if self._hang_protection_off == 0:
+                board.stamp_auto()
+                if board.read()["manual"] > 0:  # ``ping()`` used this round (0: inactive)
+                    board.stamp_manual()
+                board.set_flag(FLAG_TIMEOUTS_OFF, False)
 
     @property
     def monitor_process(self) -> MonitorProcess | None:

@@ -9,7 +9,9 @@ file paths as given), with ``completion``/``terminate`` callbacks that write
 ``completion-<rank>``/``terminate-<rank>``. In round 0, on the ranks of
 ``params["fault_ranks"]``, the scenario does:
 
-* ``no_hang_protection``: sleeps ``block_s`` inside ``disable_hang_protection()``;
+* ``no_hang_protection``: sleeps ``block_s`` inside ``disable_hang_protection()``
+  (``_silent_block``: with ``nested``, a block of its own ends inside it first; with
+  ``ping``, pings before, and after a busy step of ``after_s`` that follows the block);
 * ``completion_timeout``: sleeps inside ``disable_hang_protection()`` until the
   restart ends the sleep (a peer's completion barrier timed out);
 * ``exception``: raises ``RuntimeError`` once every rank called the function;
@@ -106,6 +108,25 @@ def _wait_for(path: Path, timeout: float) -> None:
     wait_until(f"the test to create {path.name}", path.exists, timeout, 0.01)
 
 
+def _silent_block(call_wrapper: Any, params: dict[str, Any]) -> None:
+    """``no_hang_protection``: ``block_s`` silent inside ``disable_hang_protection()``; with
+    ``nested``, a helper's own block ends first inside it; with ``ping``, the rank
+    ``ping()``s before the block, and after it runs a step of ``after_s`` (bytecode all
+    along, no ping) before it pings again."""
+    if params.get("ping"):
+        call_wrapper.ping()
+    with call_wrapper.disable_hang_protection():
+        if params.get("nested"):
+            with call_wrapper.disable_hang_protection():
+                pass  # a helper guarding its own short part
+        time.sleep(params["block_s"])  # the workload under test: a long, silent block
+    step_end = time.monotonic() + params.get("after_s", 0.0)
+    while time.monotonic() < step_end:  # the step after the block: a busy one, no ping
+        sum(range(10_000))
+    if params.get("ping"):
+        call_wrapper.ping()
+
+
 class LeaveJob(BaseException):
     """What ``initialize`` raises in ``init_base_exception``: this rank leaves the job."""
 
@@ -188,8 +209,7 @@ def _rank_main(tmp: Path) -> int:
         (tmp / f"entered-{it}-{initial_rank}").touch()
         if it == 0 and initial_rank in fault_ranks:
             if scenario == "no_hang_protection":
-                with call_wrapper.disable_hang_protection():
-                    time.sleep(params["block_s"])  # the workload under test: a long, silent block
+                _silent_block(call_wrapper, params)
                 (tmp / f"block-done-{initial_rank}").touch()
             elif scenario == "completion_timeout":
                 with call_wrapper.disable_hang_protection():

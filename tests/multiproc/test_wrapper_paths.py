@@ -1,7 +1,8 @@
 """Documented Wrapper paths with real ranks (gloo-free, real store, monitor processes).
 
 * ``disable_hang_protection()``: a block silent for longer than both timeouts
-  restarts nothing;
+  restarts nothing, nor does the step after it when the rank ``ping()``s, nor a block
+  nested in it;
 * ``completion_timeout``: a rank that does not reach the completion barrier in
   time makes every rank restart;
 * ``initialize`` raising an ``Exception`` restarts every rank, raising a
@@ -40,13 +41,26 @@ def _iterations(ranks, rank):
     return [c["iteration"] for c in ranks.calls(rank)]
 
 
-def test_disable_hang_protection_lets_a_block_outlast_both_timeouts(tmp_path):
+@pytest.mark.parametrize(
+    "how",
+    [
+        {},
+        # a ping before the block: its manual timestamp, older than the block, counted
+        # at the block's end (a soft hang at the monitor's next look)
+        {"ping": True, "after_s": 4 * FAST["monitor_process_interval"]},
+        # a helper's block inside it: its end turned the timeouts back on for the rest
+        {"nested": True},
+    ],
+    ids=["plain", "pinged", "nested"],
+)
+def test_disable_hang_protection_lets_a_block_outlast_both_timeouts(tmp_path, how):
     # Rank 1 is silent for longer than hard_timeout inside the block; rank 0 waits
     # for it at the completion barrier. Nobody restarts, nobody is terminated.
     block_s = FAST["hard_timeout"] + 4 * FAST["monitor_process_interval"]
     ranks = launch(
-        tmp_path, 2, wrapper=FAST, scenario="no_hang_protection", fault_ranks=[1], block_s=block_s
-    )
+        tmp_path, 2, wrapper=FAST, scenario="no_hang_protection", fault_ranks=[1],
+        block_s=block_s, **how,
+    )  # fmt: skip
     assert ranks.wait(60) == [0, 0], ranks.logs()
     assert (tmp_path / "block-done-1").exists()
     for rank in range(2):
