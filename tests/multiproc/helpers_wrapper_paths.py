@@ -26,6 +26,9 @@ file paths as given), with ``completion``/``terminate`` callbacks that write
   ``disable_hang_protection()`` until the restart ends the wait;
 * ``host_silent``: as ``unresponsive``, but it stops its host's node agent first.
 
+With ``params["in_thread"]`` the rank calls the function in a worker thread
+(``_call_in_thread``).
+
 With ``params["hold_after_restart"]``, the ranks that call the function again in round 1
 wait there (hang protection off) until the file ``release`` exists, so that the job and
 its store are still up while the test looks at the frozen ranks' host.
@@ -43,6 +46,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -125,6 +129,30 @@ def _silent_block(call_wrapper: Any, params: dict[str, Any]) -> None:
         sum(range(10_000))
     if params.get("ping"):
         call_wrapper.ping()
+
+
+def _call_in_thread(train: Any, tmp: Path, initial_rank: int) -> int:
+    """``in_thread``: the rank calls ``train`` in a worker thread named ``trainer``; what it
+    returned or raised is the rank's result. Whatever the main thread catches meanwhile (a
+    restart meant for the worker) is appended to ``main-thread-<rank>``."""
+    outcome: dict[str, Any] = {}
+
+    def worker() -> None:
+        try:
+            outcome["result"] = train()
+        except BaseException as exc:
+            outcome["result"] = {"error": type(exc).__name__, "message": str(exc)}
+
+    thread = threading.Thread(target=worker, name="trainer")
+    thread.start()
+    while thread.is_alive():
+        try:
+            thread.join(0.1)
+        except BaseException as exc:
+            with open(tmp / f"main-thread-{initial_rank}", "a") as fh:
+                fh.write(f"{type(exc).__name__}\n")
+    (tmp / f"result-{initial_rank}.json").write_text(json.dumps(outcome["result"]))
+    return 0
 
 
 class LeaveJob(BaseException):
@@ -242,6 +270,8 @@ def _rank_main(tmp: Path) -> int:
             "world_size": os.environ.get("WORLD_SIZE"),
         }
 
+    if params.get("in_thread"):
+        return _call_in_thread(train, tmp, initial_rank)
     try:
         result = train()
     except BaseException as exc:
