@@ -265,12 +265,22 @@ def wait_all(procs: Sequence[Process], timeout: float) -> list[Process]:
     return [proc for proc in procs if proc.poll() is None]
 
 
+#: ``poll`` takes at most this many milliseconds (about 24.8 days).
+_POLL_MAX_MS = 2**31 - 1
+
+
 def _readable(fds: Iterable[int], timeout: float) -> list[int]:
-    """The descriptors of ``fds`` readable within ``timeout`` seconds (poll(2): no FD_SETSIZE limit)."""
+    """The descriptors of ``fds`` readable within ``timeout`` seconds (poll(2): no FD_SETSIZE
+    limit; a wait longer than one ``poll`` takes is waited in several)."""
     poller = select.poll()
     for fd in fds:
         poller.register(fd, select.POLLIN)
-    return [fd for fd, _ in poller.poll(max(0.0, timeout) * 1000)]
+    deadline = time.monotonic() + max(0.0, timeout)
+    while True:
+        left_ms = max(0.0, deadline - time.monotonic()) * 1000
+        ready = poller.poll(min(left_ms, _POLL_MAX_MS))
+        if ready or left_ms <= _POLL_MAX_MS:
+            return [fd for fd, _ in ready]
 
 
 def stop_all(

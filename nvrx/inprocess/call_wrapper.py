@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -53,6 +54,23 @@ def _refuse_initialized_distributed() -> None:
         )
 
 
+def _refuse_outside_main_thread() -> None:
+    """Raise ``RuntimeError`` when the wrapped function is called in a thread other than the
+    main thread, before anything starts: the restart and the hang detection both work on
+    the main thread only, so elsewhere a fault would interrupt the main thread instead and
+    a hang would go unseen."""
+    if threading.current_thread() is threading.main_thread():
+        return
+    raise RuntimeError(
+        "nvrx.inprocess.Wrapper: the wrapped function was called in thread "
+        f"{threading.current_thread().name!r}, not in the main thread. The Wrapper runs in "
+        "the main thread only: a restart is raised in the main thread (its wake-up signal "
+        "is handled there only), and the progress watchdog measures the main thread "
+        "(Py_AddPendingCall runs its probe there only), so elsewhere a peer's fault would "
+        "interrupt the main thread and a hang of this thread would go unseen"
+    )
+
+
 class CallWrapper:
     """One call of a wrapped function: its store, monitors and restart rounds.
 
@@ -64,6 +82,7 @@ class CallWrapper:
     """
 
     def __init__(self, wrapper: WrapperSettings) -> None:
+        _refuse_outside_main_thread()
         _refuse_initialized_distributed()
         setup_logger()
         try:
@@ -100,6 +119,7 @@ class CallWrapper:
         self.pending_latency_from: float | None = None  # when the fault behind a restart was seen
         self._first_terminated: set[int] = set()
         self._arguments: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+        self._hang_protection_off = 0  # depth of nested ``disable_hang_protection()`` blocks
 
     # -- joining the job ------------------------------------------------------------------
     def _setup(self) -> None:
@@ -190,14 +210,24 @@ class CallWrapper:
 
     @contextlib.contextmanager
     def disable_hang_protection(self) -> Iterator[None]:
-        """Turn the soft and hard timeouts off for the block (exceptions still restart)."""
+        """Turn the soft and hard timeouts off for the block (exceptions still restart).
+
+        Blocks nest: the timeouts come back when the outermost block ends. Progress then
+        counts from that moment: the automatic timestamp and, once ``ping()`` made it
+        active, the manual one too (else its last ``ping`` before the block, older than
+        the block, would be a hang at once)."""
         board = self.services.board
+        self._hang_protection_off += 1
         board.set_flag(FLAG_TIMEOUTS_OFF, True)
         try:
             yield
         finally:
-            board.stamp_auto()
-            board.set_flag(FLAG_TIMEOUTS_OFF, False)
+            self._hang_protection_off -= 1
+            if self._hang_protection_off == 0:
+                board.stamp_auto()
+                if board.read()["manual"] > 0:  # ``ping()`` used this round (0: inactive)
+                    board.stamp_manual()
+                board.set_flag(FLAG_TIMEOUTS_OFF, False)
 
     @property
     def monitor_process(self) -> MonitorProcess | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import datetime
+import math
 import os
 import threading
 from collections.abc import Callable
@@ -25,16 +26,34 @@ class Finalize(abc.ABC):
         raise NotImplementedError
 
 
-def as_seconds(timeout: datetime.timedelta | float | int, name: str = "timeout") -> float:
-    """``timeout`` in seconds; accepts a timedelta or a number, rejects negatives."""
+#: The longest timeout taken, ten years: every wait stays far below the limit of Python's
+#: clocks, locks and ``select`` (about 292 years, ``threading.TIMEOUT_MAX``), sums of
+#: several timeouts included. A longer one is refused, never cut short.
+MAX_SECONDS = 10 * 365 * 24 * 3600.0
+
+
+def as_seconds(
+    timeout: datetime.timedelta | float | int, name: str = "timeout", *, positive: bool = False
+) -> float:
+    """``timeout`` in seconds, from a timedelta or a number: finite, ``>= 0`` (``> 0`` with
+    ``positive``) and at most ``MAX_SECONDS``, else ``ValueError`` naming ``name``, the
+    constraint and the value (``TypeError`` for neither a timedelta nor a number)."""
     if isinstance(timeout, datetime.timedelta):
         seconds = timeout.total_seconds()
     elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
-        seconds = float(timeout)
+        try:
+            seconds = float(timeout)
+        except OverflowError:  # an int beyond any float
+            seconds = math.inf
     else:
         raise TypeError(f"{name} must be a datetime.timedelta or seconds, got {timeout!r}")
-    if seconds < 0:
-        raise ValueError(f"{name} must not be negative, got {timeout!r}")
+    if not math.isfinite(seconds) or seconds < 0 or (positive and seconds == 0):
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"{name} must be a finite number of seconds {bound}, got {seconds:g}")
+    if seconds > MAX_SECONDS:
+        raise ValueError(
+            f"{name} must be at most {MAX_SECONDS:.0f} seconds (10 years), got {seconds:g}"
+        )
     return seconds
 
 

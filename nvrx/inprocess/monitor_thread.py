@@ -8,8 +8,9 @@ does not unseal (a forged write) is passed over and the thread waits on. When an
 rank records a fault it wakes the round's completion barrier, runs ``Abort`` (so
 that a main thread blocked in a collective returns to Python) and then raises
 ``RankShouldRestart`` in the main thread: through a signal whose handler raises it (the signal also
-interrupts blocking system calls such as ``time.sleep``), or, when the Wrapper
-does not run in the main thread, with ``PyThreadState_SetAsyncExc``. A signal that lands
+interrupts blocking system calls such as ``time.sleep``), or, when the application
+handles that signal itself, with ``PyThreadState_SetAsyncExc``. (The Wrapper runs in the
+main thread only: ``call_wrapper`` refuses another.) A signal that lands
 in the few bytecodes before a blocking call (a ``time.sleep`` right after the abort made
 a collective fail) interrupts nothing: its handler runs once the call returns. So the
 thread signals again, sooner first, until the main thread took the restart

@@ -49,6 +49,11 @@ from .terminate import Terminate
 _DEFAULT = object()  # "build a fresh default instance for this Wrapper"
 _Timing = datetime.timedelta | float
 
+#: The timings of the Wrapper that may be 0: a ``last_call_wait`` that is not slept, no
+#: grace between SIGTERM and SIGKILL, no wait for a replacement process. Every other one
+#: must be > 0 (a ``completion_timeout`` of 0 would be a barrier that never waits).
+MAY_BE_ZERO = ("last_call_wait", "termination_grace_time", "rejoin_timeout")
+
 
 def _check_instance(name: str, value: Any, cls: type, allow_none: bool = True) -> None:
     if value is None and allow_none:
@@ -121,7 +126,25 @@ class Wrapper:
     monitor_process_logfile / monitor_process_pidfile: absolute paths, ``{rank}``
         is replaced by the initial rank.
     enabled (True): False returns the function unchanged.
+
+    Every timing is finite and at most ten years; all but ``last_call_wait``,
+    ``termination_grace_time`` and ``rejoin_timeout`` are > 0, those three >= 0. A bad
+    value raises ``ValueError`` naming the parameter, the constraint and the value.
     """
+
+    # the timings, in seconds (``_set_timings``)
+    monitor_thread_interval: float
+    monitor_process_interval: float
+    heartbeat_interval: float
+    progress_watchdog_interval: float
+    soft_timeout: float
+    hard_timeout: float
+    heartbeat_timeout: float
+    barrier_timeout: float
+    completion_timeout: float
+    last_call_wait: float
+    termination_grace_time: float
+    rejoin_timeout: float
 
     def __init__(
         self,
@@ -248,54 +271,15 @@ class Wrapper:
         self.monitor_process_logfile = logfile
         self.monitor_process_pidfile = pidfile
 
-    def _set_timings(
-        self,
-        *,
-        monitor_thread_interval: _Timing,
-        monitor_process_interval: _Timing,
-        heartbeat_interval: _Timing,
-        progress_watchdog_interval: _Timing,
-        soft_timeout: _Timing,
-        hard_timeout: _Timing,
-        heartbeat_timeout: _Timing,
-        barrier_timeout: _Timing,
-        completion_timeout: _Timing,
-        last_call_wait: _Timing,
-        termination_grace_time: _Timing,
-        rejoin_timeout: _Timing,
-    ) -> None:
-        """Each period and timeout in seconds, then their order checked (``_validate``)."""
-        self.monitor_thread_interval = as_seconds(
-            monitor_thread_interval, "Wrapper: monitor_thread_interval"
-        )
-        self.monitor_process_interval = as_seconds(
-            monitor_process_interval, "Wrapper: monitor_process_interval"
-        )
-        self.heartbeat_interval = as_seconds(heartbeat_interval, "Wrapper: heartbeat_interval")
-        self.progress_watchdog_interval = as_seconds(
-            progress_watchdog_interval, "Wrapper: progress_watchdog_interval"
-        )
-        self.soft_timeout = as_seconds(soft_timeout, "Wrapper: soft_timeout")
-        self.hard_timeout = as_seconds(hard_timeout, "Wrapper: hard_timeout")
-        self.heartbeat_timeout = as_seconds(heartbeat_timeout, "Wrapper: heartbeat_timeout")
-        self.barrier_timeout = as_seconds(barrier_timeout, "Wrapper: barrier_timeout")
-        self.completion_timeout = as_seconds(completion_timeout, "Wrapper: completion_timeout")
-        self.last_call_wait = as_seconds(last_call_wait, "Wrapper: last_call_wait")
-        self.termination_grace_time = as_seconds(
-            termination_grace_time, "Wrapper: termination_grace_time"
-        )
-        self.rejoin_timeout = as_seconds(rejoin_timeout, "Wrapper: rejoin_timeout")
+    def _set_timings(self, **timings: _Timing) -> None:
+        """Each period and timeout in seconds (``as_seconds``: finite, at most ten years, > 0
+        but for those of ``MAY_BE_ZERO``), then their order checked (``_validate``)."""
+        for name, value in timings.items():
+            seconds = as_seconds(value, f"Wrapper: {name}", positive=name not in MAY_BE_ZERO)
+            setattr(self, name, seconds)
         self._validate()
 
     def _validate(self) -> None:
-        for name in (
-            "monitor_thread_interval",
-            "monitor_process_interval",
-            "heartbeat_interval",
-            "progress_watchdog_interval",
-        ):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"Wrapper: {name} must be > 0, got {getattr(self, name):g} s")
         rules = [
             ("soft_timeout", "hard_timeout"),
             ("hard_timeout", "barrier_timeout"),

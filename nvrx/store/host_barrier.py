@@ -168,7 +168,8 @@ class HostBarrierClient:
         on_forged: rounds.OnForged | None = None,
     ) -> None:
         """Arrive at ``meeting`` as ``rank`` and, with ``wait``, wait for its release
-        (``BarrierTimeout`` after ``timeout`` seconds, naming who is missing)."""
+        (``BarrierTimeout`` after ``timeout`` seconds, naming who is missing and, as how
+        long it waited, ``timeout``: the whole wait, the agent's part included)."""
         call = _Call(meeting, rank, time.monotonic() + timeout, wait, on_forged)
         if self.address is not None and self._met_through_agent(call):
             return
@@ -176,7 +177,10 @@ class HostBarrierClient:
         rounds.arrive_one(base, meeting.kind, meeting.at, rank, meeting.world, on_forged)
         if wait:
             left = call.deadline - time.monotonic()
-            rounds.wait_barrier(base, meeting.kind, meeting.at, meeting.world, left)
+            try:
+                rounds.wait_barrier(base, meeting.kind, meeting.at, meeting.world, left)
+            except barrier.BarrierTimeout as exc:  # it names what was left, not the wait
+                raise barrier.BarrierTimeout(exc.name, exc.expected, exc.missing, timeout) from None
 
     def _met_through_agent(self, call: _Call) -> bool:
         """Arrive (and wait) through the agent, on a reply socket of this call; whether it

@@ -9,7 +9,9 @@ file paths as given), with ``completion``/``terminate`` callbacks that write
 ``completion-<rank>``/``terminate-<rank>``. In round 0, on the ranks of
 ``params["fault_ranks"]``, the scenario does:
 
-* ``no_hang_protection``: sleeps ``block_s`` inside ``disable_hang_protection()``;
+* ``no_hang_protection``: sleeps ``block_s`` inside ``disable_hang_protection()``
+  (``_silent_block``: with ``nested``, a block of its own ends inside it first; with
+  ``ping``, pings before, and after a busy step of ``after_s`` that follows the block);
 * ``completion_timeout``: sleeps inside ``disable_hang_protection()`` until the
   restart ends the sleep (a peer's completion barrier timed out);
 * ``exception``: raises ``RuntimeError`` once every rank called the function;
@@ -28,6 +30,9 @@ file paths as given), with ``completion``/``terminate`` callbacks that write
   itself (``SIGSTOP``): alive, but silent; the other ranks wait inside
   ``disable_hang_protection()`` until the restart ends the wait;
 * ``host_silent``: as ``unresponsive``, but it stops its host's node agent first.
+
+With ``params["in_thread"]`` the rank calls the function in a worker thread
+(``_call_in_thread``).
 
 With ``params["hold_after_restart"]``, the ranks that call the function again in round 1
 wait there (hang protection off) until the file ``release`` exists, so that the job and
@@ -115,6 +120,49 @@ def _wait_for(path: Path, timeout: float) -> None:
 def _hang_for_good() -> None:
     """Block the main thread in C (a lock no one releases): no bytecode runs, no progress."""
     threading.Event().wait()
+
+
+def _silent_block(call_wrapper: Any, params: dict[str, Any]) -> None:
+    """``no_hang_protection``: ``block_s`` silent inside ``disable_hang_protection()``; with
+    ``nested``, a helper's own block ends first inside it; with ``ping``, the rank
+    ``ping()``s before the block, and after it runs a step of ``after_s`` (bytecode all
+    along, no ping) before it pings again."""
+    if params.get("ping"):
+        call_wrapper.ping()
+    with call_wrapper.disable_hang_protection():
+        if params.get("nested"):
+            with call_wrapper.disable_hang_protection():
+                pass  # a helper guarding its own short part
+        time.sleep(params["block_s"])  # the workload under test: a long, silent block
+    step_end = time.monotonic() + params.get("after_s", 0.0)
+    while time.monotonic() < step_end:  # the step after the block: a busy one, no ping
+        sum(range(10_000))
+    if params.get("ping"):
+        call_wrapper.ping()
+
+
+def _call_in_thread(train: Any, tmp: Path, initial_rank: int) -> int:
+    """``in_thread``: the rank calls ``train`` in a worker thread named ``trainer``; what it
+    returned or raised is the rank's result. Whatever the main thread catches meanwhile (a
+    restart meant for the worker) is appended to ``main-thread-<rank>``."""
+    outcome: dict[str, Any] = {}
+
+    def worker() -> None:
+        try:
+            outcome["result"] = train()
+        except BaseException as exc:
+            outcome["result"] = {"error": type(exc).__name__, "message": str(exc)}
+
+    thread = threading.Thread(target=worker, name="trainer")
+    thread.start()
+    while thread.is_alive():
+        try:
+            thread.join(0.1)
+        except BaseException as exc:
+            with open(tmp / f"main-thread-{initial_rank}", "a") as fh:
+                fh.write(f"{type(exc).__name__}\n")
+    (tmp / f"result-{initial_rank}.json").write_text(json.dumps(outcome["result"]))
+    return 0
 
 
 class LeaveJob(BaseException):
@@ -218,8 +266,7 @@ def _rank_main(tmp: Path) -> int:
         (tmp / f"entered-{it}-{initial_rank}").touch()
         if it == 0 and initial_rank in fault_ranks:
             if scenario == "no_hang_protection":
-                with call_wrapper.disable_hang_protection():
-                    time.sleep(params["block_s"])  # the workload under test: a long, silent block
+                _silent_block(call_wrapper, params)
                 (tmp / f"block-done-{initial_rank}").touch()
             elif scenario == "completion_timeout":
                 with call_wrapper.disable_hang_protection():
@@ -252,6 +299,8 @@ def _rank_main(tmp: Path) -> int:
             "world_size": os.environ.get("WORLD_SIZE"),
         }
 
+    if params.get("in_thread"):
+        return _call_in_thread(train, tmp, initial_rank)
     try:
         result = train()
     except BaseException as exc:

@@ -577,6 +577,8 @@ def test_a_barrier_that_times_out_through_the_relay_names_who_is_missing(port):
     finally:
         relay.close()
     assert all(isinstance(e, barrier.BarrierTimeout) and e.missing == [2] for e in raised), raised
+    # the whole wait, not the remainder the rank had left once the relay's wait ran out
+    assert all(e.timeout == 1.0 and "timed out after 1 s" in str(e) for e in raised), raised
 
 
 def _met(log: str, barrier_of: str) -> set[int]:

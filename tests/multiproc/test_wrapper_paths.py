@@ -1,7 +1,8 @@
 """Documented Wrapper paths with real ranks (gloo-free, real store, monitor processes).
 
 * ``disable_hang_protection()``: a block silent for longer than both timeouts
-  restarts nothing;
+  restarts nothing, nor does the step after it when the rank ``ping()``s, nor a block
+  nested in it;
 * ``completion_timeout``: a rank that does not reach the completion barrier in
   time makes every rank restart;
 * ``initialize`` raising an ``Exception`` restarts every rank, raising a
@@ -9,6 +10,7 @@
 * ``store_kwargs["tcp_store_host_rank"]``: -1, no rank hosts the store, the
   job uses the one at ``MASTER_PORT + 1``; 1, rank 1's monitor process serves it;
 * ``monitor_process_pidfile``: holds the monitor's pid while it runs;
+* a wrapped function called outside the main thread is refused before anything runs;
 * a rank that ignores SIGTERM is SIGKILLed after ``termination_grace_time``;
 * a ``finalize`` or ``health_check`` that raises takes its rank out, the others go on;
 * a ``finalize`` that hangs is ended by its monitor (the hard timeout applies between
@@ -43,13 +45,26 @@ def _iterations(ranks, rank):
     return [c["iteration"] for c in ranks.calls(rank)]
 
 
-def test_disable_hang_protection_lets_a_block_outlast_both_timeouts(tmp_path):
+@pytest.mark.parametrize(
+    "how",
+    [
+        {},
+        # a ping before the block: its manual timestamp, older than the block, counted
+        # at the block's end (a soft hang at the monitor's next look)
+        {"ping": True, "after_s": 4 * FAST["monitor_process_interval"]},
+        # a helper's block inside it: its end turned the timeouts back on for the rest
+        {"nested": True},
+    ],
+    ids=["plain", "pinged", "nested"],
+)
+def test_disable_hang_protection_lets_a_block_outlast_both_timeouts(tmp_path, how):
     # Rank 1 is silent for longer than hard_timeout inside the block; rank 0 waits
     # for it at the completion barrier. Nobody restarts, nobody is terminated.
     block_s = FAST["hard_timeout"] + 4 * FAST["monitor_process_interval"]
     ranks = launch(
-        tmp_path, 2, wrapper=FAST, scenario="no_hang_protection", fault_ranks=[1], block_s=block_s
-    )
+        tmp_path, 2, wrapper=FAST, scenario="no_hang_protection", fault_ranks=[1],
+        block_s=block_s, **how,
+    )  # fmt: skip
     assert ranks.wait(60) == [0, 0], ranks.logs()
     assert (tmp_path / "block-done-1").exists()
     for rank in range(2):
@@ -58,6 +73,24 @@ def test_disable_hang_protection_lets_a_block_outlast_both_timeouts(tmp_path):
     events = ranks.events()
     assert not _kinds(events, "hang", component="monitor"), ranks.logs()
     assert not [e for e in events if e["kind"] == "fault"], ranks.logs()
+
+
+def test_a_wrapped_function_called_outside_the_main_thread_is_refused(tmp_path):
+    # Each rank calls the function in a worker thread; rank 1 would raise in round 0.
+    # The restart and the progress watchdog work on the main thread only (before, the
+    # main thread got a peer's RankShouldRestart): every rank refuses at once, before its
+    # function or a round ran, and its main thread catches nothing.
+    ranks = launch(
+        tmp_path, 2, wrapper=FAST, scenario="exception", fault_ranks=[1], in_thread=True
+    )
+    assert ranks.wait(60) == [0, 0], ranks.logs()
+    for rank in range(2):
+        result = ranks.result(rank)
+        assert result["error"] == "RuntimeError", ranks.logs()
+        assert "called in thread 'trainer', not in the main thread" in result["message"]
+        assert ranks.calls(rank) == []
+        assert not (tmp_path / f"main-thread-{rank}").exists()
+    assert not [e for e in ranks.events() if e["kind"] == "round_start"]
 
 
 def test_completion_timeout_restarts_every_rank(tmp_path):

@@ -52,5 +52,12 @@ def test_errors_of_fn_reach_the_caller():
 def test_bad_parameters_are_named():
     with pytest.raises(ValueError, match="timeout"):
         ThreadedFinalize(timeout=-1, fn=print)
+    # not a wait a thread can be joined for (an infinity overflowed the join at the fault)
+    for value, shown in ((float("nan"), "nan"), (float("inf"), "inf")):
+        message = f"ThreadedFinalize timeout must be a finite number of seconds >= 0, got {shown}"
+        with pytest.raises(ValueError, match=message):
+            ThreadedFinalize(timeout=value, fn=print)
+    with pytest.raises(ValueError, match=r"must be at most 315360000 seconds \(10 years\), got 1e\+12"):
+        ThreadedFinalize(timeout=1e12, fn=print)
     with pytest.raises(TypeError, match="fn must be callable"):
         ThreadedFinalize(timeout=1, fn=None)

@@ -339,3 +339,32 @@ def test_a_process_reads_its_own_identity_once_and_a_forked_child_its_own(monkey
         assert child_says == processes.identity(pid)  # a zombie until reaped: /proc still says
     finally:
         os.waitpid(pid, 0)
+
+
+def test_a_grace_longer_than_one_poll_takes_is_waited_in_slices(monkeypatch) -> None:
+    """``poll(2)`` waits at most about 24.8 days per call: a monitor ending its rank with a
+    longer ``termination_grace_time`` (the Wrapper takes up to ten years) raised
+    ``OverflowError``. The wait goes in slices, each up to the deadline, none past it."""
+    ends_on_term = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        pidfd = os.pidfd_open(ends_on_term.pid)
+        try:
+            processes.stop_foreign(ends_on_term.pid, pidfd, 10 * 365 * 24 * 3600.0)
+        finally:
+            os.close(pidfd)
+        assert ends_on_term.wait(5) == -signal.SIGTERM
+    finally:
+        if ends_on_term.poll() is None:
+            ends_on_term.kill()
+            ends_on_term.wait()
+    monkeypatch.setattr(processes, "_POLL_MAX_MS", 10)
+    read_end, write_end = os.pipe()
+    try:
+        t0 = time.monotonic()
+        assert processes._readable([read_end], 0.2) == []  # nothing to read: the whole wait
+        assert time.monotonic() - t0 >= 0.2
+        os.write(write_end, b"x")
+        assert processes._readable([read_end], 3600.0) == [read_end]
+    finally:
+        os.close(read_end)
+        os.close(write_end)

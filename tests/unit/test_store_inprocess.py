@@ -96,6 +96,17 @@ def test_barrier_timeout_chunk_lets_signal_handlers_run(base):
         r0.reentrant_barrier([0], "chunked2", 2, 0.5, timeout_chunk=0.2)
 
 
+def test_a_barrier_met_at_the_store_times_out_naming_the_whole_wait(base):
+    """Without an agent (or once it gave up) the rank waits at the store for the time it has
+    left: the timeout still names the wait the caller asked for."""
+    from nvrx.store.host_barrier import HostBarrierClient, Meeting
+
+    with pytest.raises(rstore.BarrierTimeout) as info:
+        HostBarrierClient(None).meet(base, Meeting("termination", 21, 2), 0, 0.3)
+    assert info.value.missing == [1] and info.value.timeout == 0.3
+    assert "barrier 'nvrx/g21/termination' timed out after 0.3 s" in str(info.value)
+
+
 def _raised(exc):
     try:
         raise exc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 import sys
 
 import pytest
@@ -45,12 +46,18 @@ def test_default_plugins_are_not_shared_between_wrappers():
             {"heartbeat_interval": 40},
             "heartbeat_interval (40 s) must be < heartbeat_timeout (30 s)",
         ),
-        ({"monitor_thread_interval": 0}, "monitor_thread_interval must be > 0, got 0 s"),
+        (
+            {"monitor_thread_interval": 0},
+            "Wrapper: monitor_thread_interval must be a finite number of seconds > 0, got 0",
+        ),
         (
             {"progress_watchdog_interval": 61},
             "progress_watchdog_interval (61 s) must be < soft_timeout (60 s)",
         ),
-        ({"last_call_wait": -1}, "Wrapper: last_call_wait must not be negative, got -1"),
+        (
+            {"last_call_wait": -1},
+            "Wrapper: last_call_wait must be a finite number of seconds >= 0, got -1",
+        ),
         (
             {"store_kwargs": {"tcp_store_host_rank": -2}},
             "store_kwargs['tcp_store_host_rank'] must be a rank (>= 0), or -1 for an external "
@@ -66,6 +73,77 @@ def test_bad_values_name_the_parameter(kwargs, message):
     with pytest.raises(ValueError) as info:
         Wrapper(**kwargs)
     assert message in str(info.value)
+
+
+#: Every timing of the Wrapper, and whether it must be > 0 (else >= 0).
+TIMINGS = {
+    "monitor_thread_interval": True,
+    "monitor_process_interval": True,
+    "heartbeat_interval": True,
+    "progress_watchdog_interval": True,
+    "soft_timeout": True,
+    "hard_timeout": True,
+    "heartbeat_timeout": True,
+    "barrier_timeout": True,
+    "completion_timeout": True,
+    "last_call_wait": False,
+    "termination_grace_time": False,
+    "rejoin_timeout": False,
+}
+
+
+def test_timings_are_every_timing_parameter():
+    import inspect
+
+    names = [n for n in inspect.signature(Wrapper).parameters if n.endswith(("_timeout", "_interval", "_wait", "_time"))]
+    assert sorted(names) == sorted(TIMINGS)
+
+
+def _bad_timings():
+    for name, positive in TIMINGS.items():
+        bound = "> 0" if positive else ">= 0"
+        refused = f"Wrapper: {name} must be a finite number of seconds {bound}, got "
+        too_long = f"Wrapper: {name} must be at most 315360000 seconds (10 years), got "
+        cases = [
+            ("nan", math.nan, refused + "nan"),
+            ("inf", math.inf, refused + "inf"),
+            ("-inf", -math.inf, refused + "-inf"),
+            ("-1", -1, refused + "-1"),
+            ("timedelta-2s", datetime.timedelta(seconds=-2), refused + "-2"),
+            ("1e12", 1e12, too_long + "1e+12"),
+            ("timedelta.max", datetime.timedelta.max, too_long + "8.64e+13"),
+            ("int-beyond-float", 10**400, refused + "inf"),
+        ]
+        if positive:
+            cases += [
+                ("0", 0, refused + "0"),
+                ("0.0", 0.0, refused + "0"),
+                ("timedelta0", datetime.timedelta(0), refused + "0"),
+            ]
+        for label, value, message in cases:
+            yield pytest.param(name, value, message, id=f"{name}-{label}")
+
+
+@pytest.mark.parametrize(("name", "value", "message"), list(_bad_timings()))
+def test_a_timing_that_is_not_a_finite_duration_in_range_is_refused(name, value, message):
+    """Refused at construction, before any rank starts: a NaN, an infinity, a negative,
+    0 where the timing must be > 0, or more than ten years (which overflowed Python's
+    clocks at run time, inside a barrier or the monitor process)."""
+    with pytest.raises(ValueError) as info:
+        Wrapper(**{name: value})
+    assert str(info.value) == message
+
+
+def test_timings_that_may_be_zero_and_the_longest_ones_are_taken():
+    w = Wrapper(last_call_wait=0, termination_grace_time=0, rejoin_timeout=datetime.timedelta(0))
+    assert (w.last_call_wait, w.termination_grace_time, w.rejoin_timeout) == (0, 0, 0)
+    longest = 10 * 365 * 24 * 3600.0  # ten years, the longest taken
+    w = Wrapper(
+        soft_timeout=longest - 2, hard_timeout=longest - 1, barrier_timeout=longest,
+        heartbeat_timeout=longest - 1, completion_timeout=longest, last_call_wait=longest,
+        termination_grace_time=longest, rejoin_timeout=datetime.timedelta(days=3650),
+    )  # fmt: skip
+    assert w.barrier_timeout == w.completion_timeout == w.rejoin_timeout == longest
 
 
 @pytest.mark.parametrize(
