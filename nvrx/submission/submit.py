@@ -38,6 +38,7 @@ from nvrx.submission.call_spec import dump_spec
 from nvrx.submission.conventions import (
     NVRX_SIGNAL_ENV,
     SubmitError,
+    cluster_names,
     merge_aliases,
     sbatch_signal,
     warning_signal_name,
@@ -59,6 +60,14 @@ DEFAULT_FOLDER = "nvrx_jobs"
 NVRX_PARAMETERS = ("nproc_per_node", "signal_delay_s", "max_time_limit_requeues", "supervise_args")
 #: submitit's name of ``signal_delay_s``: the same setting.
 SUBMITIT_DELAY = "slurm_signal_delay_s"
+#: sbatch options nvrx sets from its parameters, refused in ``slurm_additional_parameters``:
+#: the parameter to use instead.
+SET_BY_NVRX = {
+    "nodes": "nodes",
+    "ntasks_per_node": "nproc_per_node (ranks per node; the one task per node is the supervisor)",
+    "ntasks": "nodes and nproc_per_node (the job has one task per node, the supervisor)",
+    "time": "timeout_min (signal_delay_s is checked against it)",
+}
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -117,6 +126,7 @@ class Executor:
             "supervise_args": [],
         }
         self._submitit: dict[str, Any] = {"nodes": 1, "tasks_per_node": 1}
+        self._given_as: dict[str, str] = {}  # nodes -> slurm_nodes, when given so
         self.update_parameters(**params)
 
     def update_parameters(self, **params: Any) -> None:
@@ -124,38 +134,39 @@ class Executor:
         refused update changes nothing.
 
         submitit's names of nvrx's settings (``slurm_signal_delay_s``, ``max_num_timeout``,
-        ``slurm_max_num_timeout``) set them too; two names of one setting with different
-        values is an error naming both."""
-        params = merge_aliases(params)
-        before = dict(self._nvrx), dict(self._submitit)
+        ``slurm_max_num_timeout``) set them too, and so do its cluster-specific names of the
+        parameters nvrx checks (``slurm_nodes``, ``slurm_time``, ...: ``conventions``); two
+        names of one setting with different values is an error naming both."""
+        params, given_as = cluster_names(merge_aliases(params), self.cluster)
+        before = dict(self._nvrx), dict(self._submitit), dict(self._given_as)
         for name, value in params.items():
             if name in NVRX_PARAMETERS:
                 self._nvrx[name] = value
             else:
                 self._submitit[name] = value
+        self._given_as.update(given_as)
         try:
             self._check_values()
         except SubmitError:
-            self._nvrx, self._submitit = before
+            self._nvrx, self._submitit, self._given_as = before
             raise
 
+    def _named(self, name: str) -> str:
+        """The name ``name`` was given under (``slurm_nodes`` for ``nodes``...)."""
+        return self._given_as.get(name, name)
+
     def _check_values(self) -> None:
+        self._check_topology()
         nv, sp = self._nvrx, self._submitit
-        _positive_int("nodes", sp.get("nodes"))
-        _positive_int("nproc_per_node", nv["nproc_per_node"])
-        if sp.get("tasks_per_node", 1) != 1:
-            raise SubmitError(
-                f"tasks_per_node must be 1 (one nvrx supervisor per node; set nproc_per_node for "
-                f"ranks per node), got {sp['tasks_per_node']!r}"
-            )
         if "timeout_min" in sp:
-            _positive_int("timeout_min", sp["timeout_min"])
+            _positive_int(self._named("timeout_min"), sp["timeout_min"])
         delay = nv["signal_delay_s"]
         if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
             raise SubmitError(f"signal_delay_s must be an integer >= 0, got {delay!r}")
         if "timeout_min" in sp and delay >= sp["timeout_min"] * 60:
             raise SubmitError(
-                f"signal_delay_s={delay} must be below the time limit timeout_min={sp['timeout_min']} "
+                f"signal_delay_s={delay} must be below the time limit "
+                f"{self._named('timeout_min')}={sp['timeout_min']} "
                 f"({sp['timeout_min'] * 60} s), or the warning comes at the start"
             )
         cap = nv["max_time_limit_requeues"]
@@ -164,9 +175,35 @@ class Executor:
         args = nv["supervise_args"]
         if isinstance(args, str) or not all(isinstance(a, str) for a in args):
             raise SubmitError(f"supervise_args must be a list of strings, got {args!r}")
+
+    def _check_topology(self) -> None:
+        """One task per node, started by srun on every node, with the nodes nvrx counts."""
+        sp = self._submitit
+        _positive_int(self._named("nodes"), sp.get("nodes"))
+        _positive_int("nproc_per_node", self._nvrx["nproc_per_node"])
+        if sp.get("tasks_per_node", 1) != 1:
+            raise SubmitError(
+                f"{self._named('tasks_per_node')} must be 1 (one nvrx supervisor per node; set "
+                f"nproc_per_node for ranks per node), got {sp['tasks_per_node']!r}"
+            )
+        if sp.get("slurm_use_srun", True) is not True:
+            raise SubmitError(
+                f"slurm_use_srun={sp['slurm_use_srun']!r}: nvrx needs srun, which starts the "
+                "supervisor of every node (without it only the first node's runs)"
+            )
+        extra = sp.get("slurm_additional_parameters") or {}
+        if not isinstance(extra, Mapping):
+            raise SubmitError(f"slurm_additional_parameters must be a dict, got {extra!r}")
+        for key in extra:
+            instead = SET_BY_NVRX.get(str(key).replace("-", "_"))
+            if instead is not None:
+                raise SubmitError(
+                    f"slurm_additional_parameters[{key!r}] sets what nvrx sets: use {instead}"
+                )
         if self.cluster == "local" and sp["nodes"] != 1:
             raise SubmitError(
-                f"nodes={sp['nodes']} needs SLURM: submitit's local executor runs one node"
+                f"{self._named('nodes')}={sp['nodes']} needs SLURM: submitit's local executor "
+                "runs one node"
             )
 
     def _check_cluster(self) -> None:
@@ -192,7 +229,7 @@ class Executor:
         nodes = self._submitit["nodes"]
         if size and nodes > size:
             where = f"partition {partition!r}" if partition else "the largest partition"
-            raise SubmitError(f"nodes={nodes} but {where} has only {size} node(s)")
+            raise SubmitError(f"{self._named('nodes')}={nodes} but {where} has only {size} node(s)")
 
     def _submitit_parameters(self, signal_name: str | None = None) -> dict[str, Any]:
         """What submitit's executor is given; on SLURM, ``--signal`` asks for ``signal_name``
