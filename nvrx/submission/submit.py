@@ -56,6 +56,10 @@ from nvrx.supervisor.preemption import (
 log = logging.getLogger(__name__)
 
 DEFAULT_FOLDER = "nvrx_jobs"
+#: Time limit (minutes) of a job given none: submitit's SLURM default, written for every
+#: cluster, so that submitit's local executor does not take its own 2 minutes, which leave
+#: 30 s before the default 90 s warning.
+DEFAULT_TIMEOUT_MIN = 5
 #: Parameters nvrx handles itself; every other one goes to ``submitit.AutoExecutor``.
 NVRX_PARAMETERS = ("nproc_per_node", "signal_delay_s", "max_time_limit_requeues", "supervise_args")
 #: submitit's name of ``signal_delay_s``: the same setting.
@@ -163,11 +167,14 @@ class Executor:
         delay = nv["signal_delay_s"]
         if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
             raise SubmitError(f"signal_delay_s must be an integer >= 0, got {delay!r}")
-        if "timeout_min" in sp and delay >= sp["timeout_min"] * 60:
+        limit = sp.get("timeout_min", DEFAULT_TIMEOUT_MIN)
+        if delay >= limit * 60:
+            named = f"{self._named('timeout_min')}={limit}"
+            if "timeout_min" not in sp:
+                named = f"of nvrx's default timeout_min={limit}"
             raise SubmitError(
-                f"signal_delay_s={delay} must be below the time limit "
-                f"{self._named('timeout_min')}={sp['timeout_min']} "
-                f"({sp['timeout_min'] * 60} s), or the warning comes at the start"
+                f"signal_delay_s={delay} must be below the time limit {named} ({limit * 60} s), "
+                "or the warning comes at the start"
             )
         cap = nv["max_time_limit_requeues"]
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
@@ -235,6 +242,7 @@ class Executor:
         """What submitit's executor is given; on SLURM, ``--signal`` asks for ``signal_name``
         (default: the one the environment names) ``signal_delay_s`` seconds ahead."""
         params = dict(self._submitit)
+        params.setdefault("timeout_min", DEFAULT_TIMEOUT_MIN)
         delay = self._nvrx["signal_delay_s"]
         if self.cluster == "slurm":
             params[SUBMITIT_DELAY] = delay

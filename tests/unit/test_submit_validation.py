@@ -106,3 +106,25 @@ def test_submitits_signal_delay_is_nvrxs(tmp_path: Path) -> None:
         executor.update_parameters(slurm_signal_delay_s=600)  # checked like nvrx's own name
     executor.cluster = "slurm"  # what sbatch would be asked for
     assert executor._submitit_parameters()["slurm_signal_delay_s"] == 120
+
+
+def test_without_timeout_min_the_delay_is_checked_against_the_default_limit(
+    tmp_path: Path,
+) -> None:
+    """No timeout_min: nvrx gives submitit its default of 5 minutes on every cluster, and
+    checks signal_delay_s against it. Before: nothing was checked, and submitit's local
+    executor took its own 2 minutes, so the default 90 s warning came 30 s after the start
+    of every local job (a 45 s function was requeued until the cap, never finished)."""
+    with pytest.raises(
+        SubmitError,
+        match=r"signal_delay_s=300 must be below the time limit of nvrx's default "
+        r"timeout_min=5 \(300 s\)",
+    ):
+        submit(_noop, folder=tmp_path, cluster="local", signal_delay_s=300)
+    executor = Executor(tmp_path, cluster="local")
+    executor._prepare()
+    local = executor._executor._executor.parameters  # what submitit's local controller gets
+    assert (local["timeout_min"], local["signal_delay_s"]) == (5, 90)
+    executor.update_parameters(timeout_min=30)
+    executor._prepare()
+    assert executor._executor._executor.parameters["timeout_min"] == 30
