@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,9 @@ from nvrx.submission.run_callable import RESULT_DIR_ENV, read_outcome, result_pa
 from nvrx.supervisor.preemption import EXIT_REQUEUED, SUBMITIT_LOCAL_REQUEUE_EXIT
 
 log = logging.getLogger(__name__)
+
+#: Variables of SLURM's that a job outside SLURM must not inherit (``node_command``).
+_SLURM_PREFIXES = ("SLURM_", "SLURMD_")
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,27 @@ def supervise_argv() -> list[str]:
     return [sys.executable, "-m", "nvrx.supervisor.cli"]
 
 
+def node_command(
+    spec: NodeSpec, job_id: str, cluster: str, environ: Mapping[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """The supervisor's command line and environment on a node of job ``job_id``.
+
+    Outside SLURM (submitit's local executor) the environment keeps none of ``environ``'s
+    ``SLURM_*`` variables: run from a shell inside an allocation, they name the allocation's
+    job, which the supervisor would otherwise take for its own (and requeue on a warning);
+    the ports come from the job id instead."""
+    slurm = cluster == "slurm"
+    env = {k: v for k, v in environ.items() if slurm or not k.startswith(_SLURM_PREFIXES)}
+    env.update(spec.env)
+    env[jobenv.LOG_DIR] = spec.log_dir
+    env[jobenv.JOB_ID] = job_id
+    env[RESULT_DIR_ENV] = str(Path(spec.result_root) / job_id)
+    argv = [*supervise_argv(), "--nproc-per-node", str(spec.nproc_per_node), *spec.supervise_args]
+    if not slurm:
+        argv += _local_ports(job_id, spec.supervise_args)
+    return [*argv, "--", *spec.command], env
+
+
 def run_node(spec: NodeSpec) -> dict[str, Any]:
     """Body of one node's submitit task: supervise the node's children, return their results."""
     import submitit
@@ -63,16 +88,8 @@ def run_node(spec: NodeSpec) -> dict[str, Any]:
     job_env = submitit.JobEnvironment()
     job_id = str(job_env.job_id)
     node = int(job_env.node)
-    env = dict(os.environ)
-    env.update(spec.env)
-    env[jobenv.LOG_DIR] = spec.log_dir
-    env[jobenv.JOB_ID] = job_id
-    result_dir = Path(spec.result_root) / job_id
-    env[RESULT_DIR_ENV] = str(result_dir)
-    argv = [*supervise_argv(), "--nproc-per-node", str(spec.nproc_per_node), *spec.supervise_args]
-    if not env.get("SLURM_JOB_ID"):
-        argv += _local_ports(job_id, spec.supervise_args)
-    argv += ["--", *spec.command]
+    argv, env = node_command(spec, job_id, str(job_env.cluster), os.environ)
+    result_dir = Path(env[RESULT_DIR_ENV])
     local_ranks = [node * spec.nproc_per_node + k for k in range(spec.nproc_per_node)]
     for rank in local_ranks:  # a requeued run must not return the results of the run before
         result_path(result_dir, rank).unlink(missing_ok=True)
