@@ -106,6 +106,7 @@ def run_node(spec: NodeSpec) -> dict[str, Any]:
         raise JobFailed(
             f"nvrx-supervise on node {node} of job {job_id} exited {rc} ({describe(rc)})"
             f"{_warning_decision(job_dir, started)}; events in {job_dir}"
+            f"{_rank_errors(result_dir, local_ranks)}"
         )
     results: dict[int, Any] = {}
     for rank in local_ranks:
@@ -117,6 +118,20 @@ def run_node(spec: NodeSpec) -> dict[str, Any]:
             raise JobFailed(f"rank {rank} of job {job_id} failed:\n{value}")
         results[rank] = value
     return {"node": node, "job_id": job_id, "results": results}
+
+
+def _rank_errors(result_dir: Path, ranks: list[int]) -> str:
+    """The errors (tracebacks) the node's ranks wrote as their outcome, one paragraph each."""
+    errors = []
+    for rank in ranks:
+        try:
+            outcome = read_outcome(result_dir, rank)
+        except Exception as exc:  # e.g. a file others could write: say so, not what it holds
+            errors.append(f"\nrank {rank}: its outcome cannot be read: {exc}")
+            continue
+        if outcome is not None and outcome[0] != "success":
+            errors.append(f"\nrank {rank} failed:\n{str(outcome[1]).rstrip()}")
+    return "".join(errors)
 
 
 def _submitit_signal(job_env: Any) -> int | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -187,8 +188,32 @@ def test_a_failed_job_names_its_node_exit_code_and_events_folder(tmp_path: Path)
     message = str(failed.value)
     assert f"on node 0 of job {job.job_id} exited {int(ExitCode.BUDGET_EXHAUSTED)}" in message
     assert str(job.log_dir) in message, message
+    assert "rank 1 failed:\nTraceback" in message and "ValueError: bad batch" in message
     outcome = job.report(sacct=False).to_dict()["summary"]["outcome"]
     assert outcome == f"failed (exit code {int(ExitCode.BUDGET_EXHAUSTED)})"
+
+
+def trains_then_returns_a_lock(runs: str) -> dict:
+    with open(runs, "a") as fh:
+        fh.write("ran\n")  # the expensive training
+    return {"model": "ok", "lock": threading.Lock()}
+
+
+@pytest.mark.timeout(150)
+def test_an_unpicklable_result_fails_the_job_once_saying_why(tmp_path: Path) -> None:
+    """Before: the rank exited 1, the supervisor re-ran the finished training until its loop
+    breaker, and JobFailed did not say why."""
+    runs = tmp_path / "runs"
+    job = submit(
+        trains_then_returns_a_lock, args=(str(runs),), folder=tmp_path / "jobs", cluster="local",
+        timeout_min=2,
+    )  # fmt: skip
+    with pytest.raises(JobFailed) as failed:
+        job.result(timeout=120)
+    message = str(failed.value)
+    assert f"exited {int(ExitCode.RANK_STOPPED)}" in message, message
+    assert "rank 0 failed:\ncannot pickle the return value of rank 0 (dict)" in message, message
+    assert runs.read_text() == "ran\n"  # trained once
 
 
 @pytest.mark.timeout(150)

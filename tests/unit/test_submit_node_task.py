@@ -3,6 +3,7 @@ supervisor replaced by a stand-in that records what it was started with and play
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,9 +12,13 @@ import pytest
 
 from nvrx import jobenv
 from nvrx.checkpoint_flag import PREEMPT_FLAG_ENV
-from nvrx.submission import node_task
+from nvrx.submission import node_task, run_callable
+from nvrx.submission.call_spec import dump_spec
+from nvrx.submission.job import JobFailed
 from nvrx.submission.node_task import NodeSpec, run_node, supervise_argv
+from nvrx.submission.run_callable import read_outcome, write_outcome
 from nvrx.supervisor.cli import build_parser
+from nvrx.supervisor.exit_codes import CLEAN_STOP_EXIT, ExitCode
 from nvrx.supervisor.preemption import PreemptionHandler
 
 JOB_ID = "4321"
@@ -96,3 +101,41 @@ def test_a_local_job_inside_an_allocation_is_not_the_allocations_job(
     assert (options.master_port, options.store_port) == (master, store)
     handler = PreemptionHandler.from_env(0, 1, job_dir=tmp_path, env=supervisor.env)
     assert (handler.slurm, handler.job_id, handler.local_requeue) == (False, None, True)
+
+
+def _rank_raised(result_dir: Path) -> None:
+    write_outcome(result_dir, 0, ("error", "Traceback (most recent call last):\nValueError: bad batch 1234\n"))
+
+
+def test_a_failed_job_says_what_its_ranks_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local_task: None
+) -> None:
+    """The supervisor exits non-zero (restart budget used up): JobFailed carries the traceback
+    each rank wrote. Before: only the exit code and the events folder, the exception nowhere."""
+    supervisor = Supervisor(rc=int(ExitCode.BUDGET_EXHAUSTED), ranks=_rank_raised)
+    with pytest.raises(JobFailed) as failed:
+        _run(tmp_path, monkeypatch, supervisor, nproc_per_node=2)
+    message = str(failed.value)
+    assert f"on node 0 of job {JOB_ID} exited {int(ExitCode.BUDGET_EXHAUSTED)}" in message
+    assert "rank 0 failed:\nTraceback (most recent call last):\nValueError: bad batch 1234" in message
+    assert "rank 1" not in message  # it wrote no error
+
+
+def returns_a_lock(runs: str) -> dict:
+    with open(runs, "a") as fh:
+        fh.write("ran\n")
+    return {"model": "ok", "lock": threading.Lock()}
+
+
+def test_an_unpicklable_return_value_stops_the_job_without_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rank writes why as its error and exits 130: the supervisor stops the job instead
+    of restarting the finished training (before: exit 1, restarts until the loop breaker)."""
+    spec = dump_spec(tmp_path / "specs" / "a.pkl", returns_a_lock, (str(tmp_path / "runs"),), {})
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("NVRX_RESULT_DIR", str(tmp_path / "results"))
+    assert run_callable.main([str(spec)]) == CLEAN_STOP_EXIT
+    status, error = read_outcome(tmp_path / "results", 3)
+    assert status == "error" and "cannot pickle the return value of rank 3 (dict)" in error
+    assert "lock" in error
