@@ -43,6 +43,9 @@ class NodeSpec:
     log_dir: str
     result_root: str
     env: dict[str, str] = field(default_factory=dict)
+    #: The submitter's ``sys.path``: put before the node's ``PYTHONPATH`` for the children,
+    #: after the node task's own ``sys.path`` for the results it unpickles.
+    python_path: list[str] = field(default_factory=list)
 
 
 def _local_ports(job_id: str, supervise_args: list[str]) -> list[str]:
@@ -68,10 +71,14 @@ def node_command(
     Outside SLURM (submitit's local executor) the environment keeps none of ``environ``'s
     ``SLURM_*`` variables: run from a shell inside an allocation, they name the allocation's
     job, which the supervisor would otherwise take for its own (and requeue on a warning);
-    the ports come from the job id instead."""
+    the ports come from the job id instead. ``PYTHONPATH`` is the submitter's ``sys.path``
+    followed by the node's own ``PYTHONPATH``."""
     slurm = cluster == "slurm"
     env = {k: v for k, v in environ.items() if slurm or not k.startswith(_SLURM_PREFIXES)}
     env.update(spec.env)
+    paths = [*spec.python_path, *env.get("PYTHONPATH", "").split(os.pathsep)]
+    if any(paths):
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
     env[jobenv.LOG_DIR] = spec.log_dir
     env[jobenv.JOB_ID] = job_id
     env[RESULT_DIR_ENV] = str(Path(spec.result_root) / job_id)
@@ -85,6 +92,8 @@ def run_node(spec: NodeSpec) -> dict[str, Any]:
     """Body of one node's submitit task: supervise the node's children, return their results."""
     import submitit
 
+    # The ranks' results are unpickled here: classes of the submitter's modules must import.
+    sys.path.extend(p for p in spec.python_path if p not in sys.path)
     job_env = submitit.JobEnvironment()
     job_id = str(job_env.job_id)
     node = int(job_env.node)

@@ -299,10 +299,10 @@ class Executor:
                 SIGNAL_DELAY_ENV: str(self._nvrx["signal_delay_s"]),
                 MAX_TIME_LIMIT_REQUEUES_ENV: str(self._nvrx["max_time_limit_requeues"]),
                 NVRX_SIGNAL_ENV: signal_name,  # the signal SLURM is asked for
-                # cloudpickle refers to functions of importable modules by name: let the
-                # children import them from where the submitter did.
-                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p)),
             },
+            # cloudpickle refers to functions and classes of importable modules by name: let
+            # the node task and the children import them from where the submitter did.
+            python_path=[p for p in sys.path if p and os.path.isdir(p)],
         )
 
     def _handle(self, job: Any) -> NvrxJob:

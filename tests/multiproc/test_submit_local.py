@@ -217,6 +217,37 @@ def test_an_unpicklable_result_fails_the_job_once_saying_why(tmp_path: Path) -> 
 
 
 @pytest.mark.timeout(150)
+def test_a_module_only_the_submitter_imports_and_the_nodes_own_pythonpath(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The callable and the class of its result come from a folder only the submitter's
+    sys.path has; the node's setup sets its own PYTHONPATH. Before: the node task could not
+    unpickle the result (ModuleNotFoundError), and the node's PYTHONPATH was replaced."""
+    source = tmp_path / "src_only"
+    source.mkdir()
+    module = f"nvrx_local_metrics_{os.getpid()}"
+    (source / f"{module}.py").write_text(
+        "import os\n"
+        "class Metrics:\n"
+        "    def __init__(self, loss):\n"
+        "        self.loss = loss\n"
+        "        self.pythonpath = os.environ.get('PYTHONPATH', '')\n"
+        "def train():\n"
+        "    return Metrics(0.25)\n"
+    )
+    monkeypatch.syspath_prepend(str(source))
+    metrics = __import__(module)
+    job = submit(
+        metrics.train, folder=tmp_path / "jobs", cluster="local", timeout_min=2,
+        local_setup=["export PYTHONPATH=/opt/node-only-libs"],
+    )  # fmt: skip
+    result = job.result(timeout=120)
+    assert isinstance(result, metrics.Metrics) and result.loss == 0.25
+    paths = result.pythonpath.split(os.pathsep)
+    assert paths[0] == str(source) and paths[-1] == "/opt/node-only-libs", paths
+
+
+@pytest.mark.timeout(150)
 def test_local_map_array_runs_one_job_per_element(tmp_path: Path) -> None:
     executor = Executor(tmp_path, cluster="local", nproc_per_node=2, timeout_min=2)
     jobs = executor.map_array(rank_and_value, [3, 4])

@@ -3,11 +3,15 @@ supervisor replaced by a stand-in that records what it was started with and play
 
 from __future__ import annotations
 
+import importlib
+import os
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
 import pytest
 
 from nvrx import jobenv
@@ -16,7 +20,9 @@ from nvrx.submission import node_task, run_callable
 from nvrx.submission.call_spec import dump_spec
 from nvrx.submission.job import JobFailed
 from nvrx.submission.node_task import NodeSpec, run_node, supervise_argv
-from nvrx.submission.run_callable import read_outcome, write_outcome
+from nvrx.submission.private_files import write_private
+from nvrx.submission.run_callable import read_outcome, result_path, write_outcome
+from nvrx.submission.submit import Executor
 from nvrx.supervisor.cli import build_parser
 from nvrx.supervisor.exit_codes import CLEAN_STOP_EXIT, ExitCode
 from nvrx.supervisor.preemption import PreemptionHandler
@@ -139,3 +145,48 @@ def test_an_unpicklable_return_value_stops_the_job_without_a_restart(
     status, error = read_outcome(tmp_path / "results", 3)
     assert status == "error" and "cannot pickle the return value of rank 3 (dict)" in error
     assert "lock" in error
+
+
+def test_the_nodes_pythonpath_follows_the_submitters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local_task: None
+) -> None:
+    """The children import from the submitter's sys.path first, then from the node's own
+    PYTHONPATH (a module system's, a setup line's). Before: the submitter's replaced it."""
+    monkeypatch.setenv("PYTHONPATH", f"/opt/node-only-libs{os.pathsep}/opt/more")
+    spec = Executor(tmp_path, cluster="local")._node_spec(["python", "train.py"], "USR2")
+    monkeypatch.setattr(sys, "path", list(sys.path))  # run_node extends it
+    supervisor = Supervisor()
+    monkeypatch.setattr(node_task, "_supervise", supervisor)
+    run_node(spec)
+    paths = supervisor.env["PYTHONPATH"].split(os.pathsep)
+    submitters = [p for p in sys.path if p and os.path.isdir(p)]
+    assert paths[-2:] == ["/opt/node-only-libs", "/opt/more"]
+    assert paths[:-2] == list(dict.fromkeys(submitters))
+
+
+def test_results_of_classes_only_the_submitter_can_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local_task: None
+) -> None:
+    """A rank returns an object of a module found through the submitter's sys.path (a
+    notebook's sys.path.append, a script's own folder), which the node task does not have.
+    Before: unpickling the rank's result in the node task raised ModuleNotFoundError."""
+    source = tmp_path / "src_only"
+    source.mkdir()
+    module = f"nvrx_test_metrics_{os.getpid()}"
+    (source / f"{module}.py").write_text(
+        "class Metrics:\n    def __init__(self, loss):\n        self.loss = loss\n"
+    )
+    monkeypatch.setattr(sys, "path", [str(source), *sys.path])
+    metrics = importlib.import_module(module)
+    outcome = cloudpickle.dumps(("success", metrics.Metrics(0.5)))  # by reference: importable
+    spec = Executor(tmp_path, cluster="local")._node_spec(["python", "train.py"], "USR2")
+    sys.path.remove(str(source))  # the node task's own sys.path does not have it
+    del sys.modules[module]
+
+    def rank_returned(result_dir: Path) -> None:
+        write_private(result_path(result_dir, 0), outcome)
+
+    monkeypatch.setattr(node_task, "_supervise", Supervisor(ranks=rank_returned))
+    value = run_node(spec)["results"][0]
+    assert (type(value).__module__, type(value).__name__, value.loss) == (module, "Metrics", 0.5)
+    monkeypatch.delitem(sys.modules, module)
