@@ -24,6 +24,7 @@ from typing import Any
 from nvrx import jobenv, processes
 from nvrx.processes import warning_signal
 from nvrx.submission.job import JobFailed
+from nvrx.submission.private_files import make_private_dir
 from nvrx.submission.run_callable import RESULT_DIR_ENV, read_outcome, result_path
 from nvrx.supervisor.preemption import EXIT_REQUEUED, SUBMITIT_LOCAL_REQUEUE_EXIT
 
@@ -97,6 +98,7 @@ def run_node(spec: NodeSpec) -> dict[str, Any]:
     job_env = submitit.JobEnvironment()
     job_id = str(job_env.job_id)
     node = int(job_env.node)
+    _make_job_folder_private(job_env)
     argv, env = node_command(spec, job_id, str(job_env.cluster), os.environ)
     result_dir = Path(env[RESULT_DIR_ENV])
     local_ranks = [node * spec.nproc_per_node + k for k in range(spec.nproc_per_node)]
@@ -104,6 +106,9 @@ def run_node(spec: NodeSpec) -> dict[str, Any]:
         result_path(result_dir, rank).unlink(missing_ok=True)
     started = time.time()
     rc = _supervise(argv, env, warning_signal(env), _submitit_signal(job_env))
+    # What this task writes from here on, submitit's pickle of the results (or of the
+    # error) among it, is the user's alone; the supervisor and the ranks had the user's umask.
+    os.umask(0o077)
     if rc == EXIT_REQUEUED or rc == SUBMITIT_LOCAL_REQUEUE_EXIT:
         # This run is over and will run again: leave no result, so the submitter keeps waiting.
         log.warning("node %d of job %s: requeued (supervisor exit %d)", node, job_id, rc)
@@ -127,6 +132,16 @@ def run_node(spec: NodeSpec) -> dict[str, Any]:
             raise JobFailed(f"rank {rank} of job {job_id} failed:\n{value}")
         results[rank] = value
     return {"node": node, "job_id": job_id, "results": results}
+
+
+def _make_job_folder_private(job_env: Any) -> None:
+    """submitit's folder of this job (its pickles and logs) owner-only (0o700), whatever the
+    umask of the submitter that created it."""
+    try:
+        folder = job_env.paths.folder
+    except KeyError:  # not run by submitit's job runner ($SUBMITIT_FOLDER unset): no folder
+        return
+    make_private_dir(folder)
 
 
 def _rank_errors(result_dir: Path, ranks: list[int]) -> str:

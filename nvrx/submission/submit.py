@@ -306,6 +306,7 @@ class Executor:
         )
 
     def _handle(self, job: Any) -> NvrxJob:
+        make_private_dir(self.folder / str(job.job_id))  # submitit's pickles and logs of the job
         handle = NvrxJob(
             job=job,
             cluster=self.cluster,

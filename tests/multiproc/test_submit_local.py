@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 import time
 from pathlib import Path
@@ -89,6 +90,9 @@ def test_local_submit_returns_every_rank_and_takes_the_ports_it_is_given(tmp_pat
     assert start["store"].endswith(f":{store}"), start  # not the ports of the job id
     assert job.result() == (0, 7, "1")
     assert job.log_dir == tmp_path / "nvrx_logs" / job.job_id
+    # submitit's files of the job, the return values among them, are the user's alone
+    assert stat.S_IMODE(job.folder.stat().st_mode) == 0o700
+    assert stat.S_IMODE(job.job.paths.result_pickle.stat().st_mode) == 0o600
     summary = job.report(sacct=False).to_dict()["summary"]
     assert summary["outcome"] == "completed"
     assert summary["restarts"]["requeue"] == 0

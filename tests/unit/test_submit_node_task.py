@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import importlib
 import os
+import stat
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +63,18 @@ class Supervisor:
 
 
 @pytest.fixture
-def local_task(monkeypatch: pytest.MonkeyPatch) -> None:
-    """This process is the task of a local job (no SLURM job of its own)."""
+def local_task(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """This process is the task of a local job (no SLURM job of its own) whose submitit
+    folder is ``tmp_path/<job id>``; its umask is restored afterwards (run_node sets it)."""
     for name, value in LOCAL_TASK_ENV.items():
         monkeypatch.setenv(name, value)
+    monkeypatch.setenv("SUBMITIT_FOLDER", str(tmp_path / "%j"))  # as submitit's job runner
     monkeypatch.delenv(PREEMPT_FLAG_ENV, raising=False)  # restored after from_env sets it
+    umask = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(umask)
 
 
 def _spec(tmp_path: Path, **fields: Any) -> NodeSpec:
@@ -190,3 +198,25 @@ def test_results_of_classes_only_the_submitter_can_import(
     value = run_node(spec)["results"][0]
     assert (type(value).__module__, type(value).__name__, value.loss) == (module, "Metrics", 0.5)
     monkeypatch.delitem(sys.modules, module)
+
+
+def test_submitits_files_of_the_job_are_the_users_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local_task: None
+) -> None:
+    """submitit's folder of the job becomes 0700 and what the task writes after the
+    supervisor, submitit's pickle of the return values, is written under umask 0o077; the
+    supervisor and its ranks keep the user's umask. Before: the folder stayed 0755 and the
+    result pickle was written 0644, readable by everyone."""
+    job_folder = tmp_path / JOB_ID
+    job_folder.mkdir(mode=0o755)
+    job_folder.chmod(0o755)
+    umasks: list[int] = []
+
+    def ranks(result_dir: Path) -> None:
+        umasks.append(os.umask(0o022))
+
+    _run(tmp_path, monkeypatch, Supervisor(ranks=ranks))
+    assert stat.S_IMODE(job_folder.stat().st_mode) == 0o700
+    assert umasks == [0o022]  # the supervisor's
+    (job_folder / "written_after").write_bytes(b"x")  # as submitit writes its result pickle
+    assert stat.S_IMODE((job_folder / "written_after").stat().st_mode) == 0o600
