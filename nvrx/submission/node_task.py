@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,11 +49,41 @@ class NodeSpec:
     python_path: list[str] = field(default_factory=list)
 
 
+#: ``nvrx-supervise`` options (by their ``dest``) that the node task or SLURM set for every
+#: node, refused in ``supervise_args``: what sets them instead.
+SET_FOR_THE_JOB = {
+    "nproc_per_node": "the nproc_per_node parameter",
+    "nnodes": "the nodes parameter (SLURM gives every node the job's topology)",
+    "node_rank": "nothing: SLURM gives each node its rank",
+    "master_addr": "nothing: the store runs on the job's first node",
+    "job_id": "nothing: the job's id is its SLURM (or submitit) id, which NvrxJob reads by",
+    "log_dir": "nothing: events go to <folder>/nvrx_logs/<job id>, where NvrxJob.report() "
+    "reads them",
+}
+
+
+def supervise_options(args: Sequence[str]) -> dict[str, str]:
+    """The ``nvrx-supervise`` options ``args`` give, by ``dest`` (``master_port``), each with
+    the spelling given first (``--master_port``: either spelling, ``--opt value`` or
+    ``--opt=value``); what follows ``--`` is the command, not options."""
+    from nvrx.supervisor.cli import build_parser
+
+    actions = build_parser()._option_string_actions
+    given: dict[str, str] = {}
+    for arg in args:
+        if arg == "--":
+            break
+        action = actions.get(arg.split("=", 1)[0]) if arg.startswith("-") else None
+        if action is not None:
+            given.setdefault(action.dest, arg.split("=", 1)[0])
+    return given
+
+
 def _local_ports(job_id: str, supervise_args: list[str]) -> list[str]:
     """Ports for a job of submitit's local executor, which every node derives from the job
     id alike (no SLURM to agree through); none where ``supervise_args`` name them: the
     caller's own win."""
-    if any(a.split("=")[0] in ("--master-port", "--store-port") for a in supervise_args):
+    if {"master_port", "store_port"} & set(supervise_options(supervise_args)):
         return []
     master_port, store_port = jobenv.ports_for_job(f"local-{job_id}")
     return ["--master-port", str(master_port), "--store-port", str(store_port)]

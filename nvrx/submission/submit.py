@@ -44,7 +44,7 @@ from nvrx.submission.conventions import (
     warning_signal_name,
 )
 from nvrx.submission.job import NvrxJob
-from nvrx.submission.node_task import NodeSpec, run_node
+from nvrx.submission.node_task import SET_FOR_THE_JOB, NodeSpec, run_node, supervise_options
 from nvrx.submission.private_files import make_private_dir
 from nvrx.supervisor.preemption import (
     DEFAULT_MAX_TIME_LIMIT_REQUEUES,
@@ -182,6 +182,12 @@ class Executor:
         args = nv["supervise_args"]
         if isinstance(args, str) or not all(isinstance(a, str) for a in args):
             raise SubmitError(f"supervise_args must be a list of strings, got {args!r}")
+        for dest, option in supervise_options(args).items():
+            if dest in SET_FOR_THE_JOB:
+                raise SubmitError(
+                    f"supervise_args: {option} is set for every node by nvrx.submit; "
+                    f"use {SET_FOR_THE_JOB[dest]}"
+                )
 
     def _check_topology(self) -> None:
         """One task per node, started by srun on every node, with the nodes nvrx counts."""

@@ -20,7 +20,7 @@ from nvrx.checkpoint_flag import PREEMPT_FLAG_ENV
 from nvrx.submission import node_task, run_callable
 from nvrx.submission.call_spec import dump_spec
 from nvrx.submission.job import JobFailed
-from nvrx.submission.node_task import NodeSpec, run_node, supervise_argv
+from nvrx.submission.node_task import NodeSpec, node_command, run_node, supervise_argv
 from nvrx.submission.private_files import write_private
 from nvrx.submission.run_callable import read_outcome, result_path, write_outcome
 from nvrx.submission.submit import Executor
@@ -220,3 +220,16 @@ def test_submitits_files_of_the_job_are_the_users_alone(
     assert umasks == [0o022]  # the supervisor's
     (job_folder / "written_after").write_bytes(b"x")  # as submitit writes its result pickle
     assert stat.S_IMODE((job_folder / "written_after").stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize(
+    "given",
+    [["--master_port", "5000", "--store_port", "5003"], ["--master_port=5000", "--store_port=5003"]],
+)
+def test_ports_in_supervise_args_win_in_either_spelling(tmp_path: Path, given: list[str]) -> None:
+    """nvrx-supervise takes torchrun's underscore spellings too. Before: only the dashed ones
+    were seen, and the ports of the job id, appended after, overrode the caller's."""
+    argv, _ = node_command(_spec(tmp_path, supervise_args=given), JOB_ID, "local", {})
+    options = build_parser().parse_args(argv[len(supervise_argv()) :])
+    assert (options.master_port, options.store_port) == (5000, 5003)
+    assert "--master-port" not in argv and "--store-port" not in argv

@@ -128,3 +128,27 @@ def test_without_timeout_min_the_delay_is_checked_against_the_default_limit(
     executor.update_parameters(timeout_min=30)
     executor._prepare()
     assert executor._executor._executor.parameters["timeout_min"] == 30
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["--nproc-per-node", "2"], "--nproc-per-node"),
+        (["--nproc_per_node=2"], "--nproc_per_node"),
+        (["--max-restarts", "3", "--nnodes", "2"], "--nnodes"),
+        (["--node_rank", "1"], "--node_rank"),
+        (["--master-addr", "elsewhere"], "--master-addr"),
+        (["--job-id", "mine"], "--job-id"),
+        (["--log_dir", "/elsewhere"], "--log_dir"),
+    ],
+)
+def test_supervise_args_may_not_reset_what_every_node_is_given(
+    tmp_path: Path, args: list[str], option: str
+) -> None:
+    """Before: accepted; the supervisors obeyed them and the job handle did not (ranks it
+    did not count, events where its report does not look)."""
+    with pytest.raises(SubmitError, match=f"supervise_args: {option} is set for every node"):
+        submit(_noop, folder=tmp_path, cluster="local", supervise_args=args)
+    executor = Executor(tmp_path, cluster="local")
+    executor.update_parameters(supervise_args=["--max_restarts", "3", "--master_port", "5000"])
+    assert executor._nvrx["supervise_args"][0] == "--max_restarts"  # others are the caller's
