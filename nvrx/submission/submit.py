@@ -327,10 +327,12 @@ class Executor:
     def submit(
         self,
         target: Callable[..., Any] | Sequence[str] | str,
+        /,
         *args: Any,
         **kwargs: Any,
     ) -> NvrxJob:
-        """Submit ``target(*args, **kwargs)`` (or the command ``target``) on every rank of every node."""
+        """Submit ``target(*args, **kwargs)`` (or the command ``target``) on every rank of every
+        node. ``self`` and ``target`` are positional-only: ``kwargs`` may use those names."""
         self._check_values()
         if isinstance(target, str):
             command, what = shlex.split(target), "command"
@@ -353,7 +355,7 @@ class Executor:
             command = self._callable_command(target, args, kwargs)  # type: ignore[arg-type]
         return self._handle(self._executor.submit(run_node, self._node_spec(command, signal_name)))
 
-    def map_array(self, fn: Callable[..., Any], *iterables: Iterable[Any]) -> list[NvrxJob]:
+    def map_array(self, fn: Callable[..., Any], /, *iterables: Iterable[Any]) -> list[NvrxJob]:
         """One supervised job per element of ``zip(*iterables)``, running ``fn(*element)`` on
         every rank of every node of that job (submitit's ``map_array``).
 
@@ -381,6 +383,7 @@ class Executor:
 
 def submit(
     target: Callable[..., Any] | Sequence[str] | str,
+    /,
     *,
     args: Sequence[Any] = (),
     kwargs: Mapping[str, Any] | None = None,

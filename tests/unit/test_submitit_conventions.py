@@ -316,3 +316,28 @@ def test_slurm_nodes_is_the_job_handles_nodes(tmp_path: Path, fake_slurm: list[i
 def test_local_names_are_checked_too(tmp_path: Path, params: dict, message: str) -> None:
     with pytest.raises(SubmitError, match=message):
         Executor(tmp_path, cluster="local", **params)
+
+
+def _train(target: str = "loss", self: object = None) -> tuple:
+    return target, self
+
+
+def test_a_callables_keywords_may_be_named_target_or_self(
+    tmp_path: Path, fake_slurm: list[int]
+) -> None:
+    """Before: Executor.submit(self, target, ...) took them for its own parameters
+    ("got multiple values for argument 'target'")."""
+    from nvrx.submission.call_spec import load_spec
+    from nvrx.submission.submit import submit
+
+    def call_of(job_id: str) -> tuple:
+        delayed = DelayedSubmission.load(tmp_path / job_id / f"{job_id}_submitted.pkl")
+        (spec,) = delayed.args
+        fn, args, kwargs = load_spec(spec.command[-1])
+        return fn(*args, **kwargs)
+
+    executor = Executor(tmp_path, cluster="slurm", timeout_min=10)
+    job = executor.submit(_train, target="accuracy", self=1)
+    assert call_of(job.job_id) == ("accuracy", 1)
+    job = submit(_train, kwargs={"target": "f1", "self": 2}, folder=tmp_path, cluster="slurm")
+    assert call_of(job.job_id) == ("f1", 2)
