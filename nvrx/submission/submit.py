@@ -24,6 +24,7 @@ Without SLURM, submitit's local executor runs the same thing on one node.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import shlex
@@ -151,9 +152,19 @@ class Executor:
         self._given_as.update(given_as)
         try:
             self._check_values()
+            self._check_submitit_names()
         except SubmitError:
             self._nvrx, self._submitit, self._given_as = before
             raise
+
+    def _check_submitit_names(self) -> None:
+        """Have submitit check its parameters' names and values now, on a copy of its executor:
+        one it refuses would otherwise stay and refuse every submission."""
+        probe = copy.deepcopy(self._executor)
+        try:
+            probe.update_parameters(**self._submitit)
+        except (ValueError, TypeError, NameError, AssertionError, NotImplementedError) as exc:
+            raise SubmitError(f"submitit refused the parameters: {exc}") from exc
 
     def _named(self, name: str) -> str:
         """The name ``name`` was given under (``slurm_nodes`` for ``nodes``...)."""
@@ -353,7 +364,13 @@ class Executor:
         signal_name = self._prepare()
         if what == "callable":
             command = self._callable_command(target, args, kwargs)  # type: ignore[arg-type]
-        return self._handle(self._executor.submit(run_node, self._node_spec(command, signal_name)))
+        try:
+            job = self._executor.submit(run_node, self._node_spec(command, signal_name))
+        except BaseException:  # sbatch failed: no job will read the spec
+            if what == "callable":
+                _discard_specs([command])
+            raise
+        return self._handle(job)
 
     def map_array(self, fn: Callable[..., Any], /, *iterables: Iterable[Any]) -> list[NvrxJob]:
         """One supervised job per element of ``zip(*iterables)``, running ``fn(*element)`` on
@@ -373,12 +390,18 @@ class Executor:
         try:
             for call in calls:
                 argvs.append(self._callable_command(fn, call, {}))
-        except SubmitError:  # e.g. one element's arguments cannot be pickled: submit none
-            for command in argvs:
-                Path(command[-1]).unlink(missing_ok=True)
+            specs = [self._node_spec(command, signal_name) for command in argvs]
+            jobs = self._executor.map_array(run_node, specs)
+        except BaseException:  # an element that cannot be pickled, or sbatch failed: no job
+            _discard_specs(argvs)
             raise
-        specs = [self._node_spec(command, signal_name) for command in argvs]
-        return [self._handle(job) for job in self._executor.map_array(run_node, specs)]
+        return [self._handle(job) for job in jobs]
+
+
+def _discard_specs(commands: Iterable[list[str]]) -> None:
+    """Remove the spec files of callable commands that no job will run."""
+    for command in commands:
+        Path(command[-1]).unlink(missing_ok=True)
 
 
 def submit(

@@ -152,3 +152,12 @@ def test_supervise_args_may_not_reset_what_every_node_is_given(
     executor = Executor(tmp_path, cluster="local")
     executor.update_parameters(supervise_args=["--max_restarts", "3", "--master_port", "5000"])
     assert executor._nvrx["supervise_args"][0] == "--max_restarts"  # others are the caller's
+
+
+def test_update_parameters_refuses_unknown_names_at_once(tmp_path: Path) -> None:
+    """Before: accepted, then refused by every submission after it."""
+    executor = Executor(tmp_path, cluster="local", timeout_min=10)
+    with pytest.raises(SubmitError, match="submitit refused the parameters: .*bogus_param"):
+        executor.update_parameters(bogus_param=1, nproc_per_node=2)
+    assert "bogus_param" not in executor._submitit and executor._nvrx["nproc_per_node"] == 1
+    executor._prepare()  # what submit does before submitting: the executor still works

@@ -341,3 +341,18 @@ def test_a_callables_keywords_may_be_named_target_or_self(
     assert call_of(job.job_id) == ("accuracy", 1)
     job = submit(_train, kwargs={"target": "f1", "self": 2}, folder=tmp_path, cluster="slurm")
     assert call_of(job.job_id) == ("f1", 2)
+
+
+def test_a_failed_sbatch_leaves_no_spec(
+    tmp_path: Path, fake_slurm: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: the pickled call stayed in specs/ for a job that never existed."""
+    monkeypatch.setattr(SlurmExecutor, "_make_submission_command", lambda self, path: ["false"])
+    executor = Executor(tmp_path, cluster="slurm", timeout_min=10)
+    from submitit.core.utils import FailedJobError
+
+    with pytest.raises(FailedJobError):  # submitit's word for sbatch's failure, as it was
+        executor.submit(_noop)
+    with pytest.raises(FailedJobError):
+        executor.map_array(divmod, [1, 2], [3, 4])
+    assert not list((tmp_path / "specs").iterdir())
