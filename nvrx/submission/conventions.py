@@ -5,6 +5,11 @@ A submitit user's parameters and environment keep working under ``nvrx.submit``:
 - ``slurm_signal_delay_s`` is ``signal_delay_s``; ``max_num_timeout`` and
   ``slurm_max_num_timeout`` are ``max_time_limit_requeues``. Each pair is one
   setting: either name sets it, two names with different values is an error.
+- submitit's cluster-specific names of the parameters nvrx checks are those parameters:
+  on SLURM ``slurm_nodes`` is ``nodes``, ``slurm_tasks_per_node`` and ``slurm_ntasks_per_node``
+  are ``tasks_per_node``, ``slurm_timeout_min`` and ``slurm_time`` are ``timeout_min``
+  (``local_nodes``... on the local executor); submitit's prefix-less spellings of SLURM's
+  names (``time``, ``use_srun``, ...) are its ``slurm_`` ones (``cluster_names``).
 - ``SUBMITIT_PREEMPT_SIGNAL`` (submitit's choice of warning signal) and
   ``NVRX_PREEMPT_SIGNAL`` (the signal nvrx's supervisors take as the warning)
   are one setting too. The signal SLURM is asked for (``--signal=<SIG>@<delay>``)
@@ -39,20 +44,61 @@ class SubmitError(ValueError):
     """Bad submission parameters; raised before anything is submitted. The message names the fix."""
 
 
+#: The generic parameters nvrx checks, and what each is.
+CHECKED_GENERICS: dict[str, str] = {
+    "nodes": "nodes of the job",
+    "tasks_per_node": "tasks per node",
+    "timeout_min": "the time limit in minutes",
+}
+#: submitit's SLURM names, beyond ``slurm_<generic>``, of the generic parameters nvrx checks.
+SLURM_NAMES: dict[str, tuple[str, ...]] = {
+    "tasks_per_node": ("slurm_ntasks_per_node",),
+    "timeout_min": ("slurm_time",),
+}
+#: Parameters submitit takes without their executor's prefix (it warns and adds ``slurm_``).
+SLURM_UNPREFIXED = ("time", "ntasks_per_node", "use_srun", "additional_parameters", "srun_args")
+
+
+def _merge(merged: dict[str, Any], name: str, aliases: tuple[str, ...], meaning: str) -> str | None:
+    """Replace the names of one setting in ``merged`` by ``name``; the name given (the first
+    of them), None when none was. SubmitError naming every name given when values differ."""
+    given = [(n, merged.pop(n)) for n in (name, *aliases) if n in merged]
+    if not given:
+        return None
+    if any(value != given[0][1] for _, value in given[1:]):
+        names = [f"{n}={v!r}" for n, v in given]
+        listed = ", ".join(names[:-1]) + " and " + names[-1]
+        raise SubmitError(f"{listed} are one setting ({meaning}): give one of them")
+    merged[name] = given[0][1]
+    return given[0][0]
+
+
 def merge_aliases(params: Mapping[str, Any]) -> dict[str, Any]:
     """``params`` with submitit's names replaced by nvrx's; SubmitError naming every name given
     for one setting when their values differ."""
     merged = dict(params)
     for name, (aliases, meaning) in ALIASES.items():
-        given = [(n, merged.pop(n)) for n in (name, *aliases) if n in merged]
-        if not given:
-            continue
-        if any(value != given[0][1] for _, value in given[1:]):
-            names = [f"{n}={v!r}" for n, v in given]
-            listed = ", ".join(names[:-1]) + " and " + names[-1]
-            raise SubmitError(f"{listed} are one setting ({meaning}): give one of them")
-        merged[name] = given[0][1]
+        _merge(merged, name, aliases, meaning)
     return merged
+
+
+def cluster_names(params: Mapping[str, Any], cluster: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """``params`` with submitit's names of ``nodes``, ``tasks_per_node`` and ``timeout_min``
+    on ``cluster`` replaced by these (submitit gives them the cluster's value, so nvrx checks
+    that value), and the name each was given under; prefix-less SLURM names get ``slurm_``,
+    as submitit gives them. Two names of one setting with different values: SubmitError."""
+    spelled = {f"slurm_{n}": n for n in params if n in SLURM_UNPREFIXED}
+    for name in spelled:
+        if name in params:
+            raise SubmitError(f"{spelled[name]} and {name} are one setting: give one of them")
+    merged = {(f"slurm_{n}" if n in SLURM_UNPREFIXED else n): v for n, v in params.items()}
+    given_as: dict[str, str] = {}
+    for name, meaning in CHECKED_GENERICS.items():
+        aliases = (f"{cluster}_{name}", *(SLURM_NAMES.get(name, ()) if cluster == "slurm" else ()))
+        given = _merge(merged, name, aliases, meaning)
+        if given is not None:
+            given_as[name] = spelled.get(given, given)
+    return merged, given_as
 
 
 def _submitit_signal(name: str) -> signal.Signals:

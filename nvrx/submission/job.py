@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from nvrx.slurm import commands
+from nvrx.submission.private_files import check_private
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +97,14 @@ class NvrxJob:
     def results(self, timeout: float | None = None) -> list[Any]:
         """Every rank's return value, by global rank (None for a rank that returned nothing).
 
-        Raises ``JobFailed`` with the node's error when the job failed.
+        Raises ``JobFailed`` with the node's error when the job failed, and PermissionError
+        when submitit's pickle of a task's result is not the user's own, or others can write
+        it or its folder (``check_private``): it is not unpickled.
         """
         import submitit
 
         self.wait(timeout)
+        self._check_result_pickles()
         try:
             per_node = self.job.results()
         except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError) as exc:
@@ -109,6 +113,17 @@ class NvrxJob:
         for node_result in per_node:
             by_rank.update(node_result["results"])
         return [by_rank.get(rank) for rank in range(self.nodes * self.nproc_per_node)]
+
+    def _check_result_pickles(self) -> None:
+        """Refuse (PermissionError) submitit's result pickles of the job's tasks unless they and
+        their folder are the user's own and nobody else can write them, before submitit
+        unpickles them (``private_files``); one not written yet is left to submitit."""
+        for task in getattr(self.job, "_sub_jobs", None) or [self.job]:
+            paths = getattr(task, "paths", None)
+            if paths is None:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                check_private(paths.result_pickle)
 
     def result(self, timeout: float | None = None) -> Any:
         """Rank 0's return value (waits for the job)."""

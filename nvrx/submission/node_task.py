@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,14 @@ from typing import Any
 from nvrx import jobenv, processes
 from nvrx.processes import warning_signal
 from nvrx.submission.job import JobFailed
+from nvrx.submission.private_files import make_private_dir
 from nvrx.submission.run_callable import RESULT_DIR_ENV, read_outcome, result_path
 from nvrx.supervisor.preemption import EXIT_REQUEUED, SUBMITIT_LOCAL_REQUEUE_EXIT
 
 log = logging.getLogger(__name__)
+
+#: Variables of SLURM's that a job outside SLURM must not inherit (``node_command``).
+_SLURM_PREFIXES = ("SLURM_", "SLURMD_")
 
 
 @dataclass(frozen=True)
@@ -39,13 +44,46 @@ class NodeSpec:
     log_dir: str
     result_root: str
     env: dict[str, str] = field(default_factory=dict)
+    #: The submitter's ``sys.path``: put before the node's ``PYTHONPATH`` for the children,
+    #: after the node task's own ``sys.path`` for the results it unpickles.
+    python_path: list[str] = field(default_factory=list)
+
+
+#: ``nvrx-supervise`` options (by their ``dest``) that the node task or SLURM set for every
+#: node, refused in ``supervise_args``: what sets them instead.
+SET_FOR_THE_JOB = {
+    "nproc_per_node": "the nproc_per_node parameter",
+    "nnodes": "the nodes parameter (SLURM gives every node the job's topology)",
+    "node_rank": "nothing: SLURM gives each node its rank",
+    "master_addr": "nothing: the store runs on the job's first node",
+    "job_id": "nothing: the job's id is its SLURM (or submitit) id, which NvrxJob reads by",
+    "log_dir": "nothing: events go to <folder>/nvrx_logs/<job id>, where NvrxJob.report() "
+    "reads them",
+}
+
+
+def supervise_options(args: Sequence[str]) -> dict[str, str]:
+    """The ``nvrx-supervise`` options ``args`` give, by ``dest`` (``master_port``), each with
+    the spelling given first (``--master_port``: either spelling, ``--opt value`` or
+    ``--opt=value``); what follows ``--`` is the command, not options."""
+    from nvrx.supervisor.cli import build_parser
+
+    actions = build_parser()._option_string_actions
+    given: dict[str, str] = {}
+    for arg in args:
+        if arg == "--":
+            break
+        action = actions.get(arg.split("=", 1)[0]) if arg.startswith("-") else None
+        if action is not None:
+            given.setdefault(action.dest, arg.split("=", 1)[0])
+    return given
 
 
 def _local_ports(job_id: str, supervise_args: list[str]) -> list[str]:
     """Ports for a job of submitit's local executor, which every node derives from the job
     id alike (no SLURM to agree through); none where ``supervise_args`` name them: the
     caller's own win."""
-    if any(a.split("=")[0] in ("--master-port", "--store-port") for a in supervise_args):
+    if {"master_port", "store_port"} & set(supervise_options(supervise_args)):
         return []
     master_port, store_port = jobenv.ports_for_job(f"local-{job_id}")
     return ["--master-port", str(master_port), "--store-port", str(store_port)]
@@ -56,28 +94,51 @@ def supervise_argv() -> list[str]:
     return [sys.executable, "-m", "nvrx.supervisor.cli"]
 
 
+def node_command(
+    spec: NodeSpec, job_id: str, cluster: str, environ: Mapping[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """The supervisor's command line and environment on a node of job ``job_id``.
+
+    Outside SLURM (submitit's local executor) the environment keeps none of ``environ``'s
+    ``SLURM_*`` variables: run from a shell inside an allocation, they name the allocation's
+    job, which the supervisor would otherwise take for its own (and requeue on a warning);
+    the ports come from the job id instead. ``PYTHONPATH`` is the submitter's ``sys.path``
+    followed by the node's own ``PYTHONPATH``."""
+    slurm = cluster == "slurm"
+    env = {k: v for k, v in environ.items() if slurm or not k.startswith(_SLURM_PREFIXES)}
+    env.update(spec.env)
+    paths = [*spec.python_path, *env.get("PYTHONPATH", "").split(os.pathsep)]
+    if any(paths):
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
+    env[jobenv.LOG_DIR] = spec.log_dir
+    env[jobenv.JOB_ID] = job_id
+    env[RESULT_DIR_ENV] = str(Path(spec.result_root) / job_id)
+    argv = [*supervise_argv(), "--nproc-per-node", str(spec.nproc_per_node), *spec.supervise_args]
+    if not slurm:
+        argv += _local_ports(job_id, spec.supervise_args)
+    return [*argv, "--", *spec.command], env
+
+
 def run_node(spec: NodeSpec) -> dict[str, Any]:
     """Body of one node's submitit task: supervise the node's children, return their results."""
     import submitit
 
+    # The ranks' results are unpickled here: classes of the submitter's modules must import.
+    sys.path.extend(p for p in spec.python_path if p not in sys.path)
     job_env = submitit.JobEnvironment()
     job_id = str(job_env.job_id)
     node = int(job_env.node)
-    env = dict(os.environ)
-    env.update(spec.env)
-    env[jobenv.LOG_DIR] = spec.log_dir
-    env[jobenv.JOB_ID] = job_id
-    result_dir = Path(spec.result_root) / job_id
-    env[RESULT_DIR_ENV] = str(result_dir)
-    argv = [*supervise_argv(), "--nproc-per-node", str(spec.nproc_per_node), *spec.supervise_args]
-    if not env.get("SLURM_JOB_ID"):
-        argv += _local_ports(job_id, spec.supervise_args)
-    argv += ["--", *spec.command]
+    _make_job_folder_private(job_env)
+    argv, env = node_command(spec, job_id, str(job_env.cluster), os.environ)
+    result_dir = Path(env[RESULT_DIR_ENV])
     local_ranks = [node * spec.nproc_per_node + k for k in range(spec.nproc_per_node)]
     for rank in local_ranks:  # a requeued run must not return the results of the run before
         result_path(result_dir, rank).unlink(missing_ok=True)
     started = time.time()
     rc = _supervise(argv, env, warning_signal(env), _submitit_signal(job_env))
+    # What this task writes from here on, submitit's pickle of the results (or of the
+    # error) among it, is the user's alone; the supervisor and the ranks had the user's umask.
+    os.umask(0o077)
     if rc == EXIT_REQUEUED or rc == SUBMITIT_LOCAL_REQUEUE_EXIT:
         # This run is over and will run again: leave no result, so the submitter keeps waiting.
         log.warning("node %d of job %s: requeued (supervisor exit %d)", node, job_id, rc)
@@ -89,6 +150,7 @@ def run_node(spec: NodeSpec) -> dict[str, Any]:
         raise JobFailed(
             f"nvrx-supervise on node {node} of job {job_id} exited {rc} ({describe(rc)})"
             f"{_warning_decision(job_dir, started)}; events in {job_dir}"
+            f"{_rank_errors(result_dir, local_ranks)}"
         )
     results: dict[int, Any] = {}
     for rank in local_ranks:
@@ -100,6 +162,30 @@ def run_node(spec: NodeSpec) -> dict[str, Any]:
             raise JobFailed(f"rank {rank} of job {job_id} failed:\n{value}")
         results[rank] = value
     return {"node": node, "job_id": job_id, "results": results}
+
+
+def _make_job_folder_private(job_env: Any) -> None:
+    """submitit's folder of this job (its pickles and logs) owner-only (0o700), whatever the
+    umask of the submitter that created it."""
+    try:
+        folder = job_env.paths.folder
+    except KeyError:  # not run by submitit's job runner ($SUBMITIT_FOLDER unset): no folder
+        return
+    make_private_dir(folder)
+
+
+def _rank_errors(result_dir: Path, ranks: list[int]) -> str:
+    """The errors (tracebacks) the node's ranks wrote as their outcome, one paragraph each."""
+    errors = []
+    for rank in ranks:
+        try:
+            outcome = read_outcome(result_dir, rank)
+        except Exception as exc:  # e.g. a file others could write: say so, not what it holds
+            errors.append(f"\nrank {rank}: its outcome cannot be read: {exc}")
+            continue
+        if outcome is not None and outcome[0] != "success":
+            errors.append(f"\nrank {rank} failed:\n{str(outcome[1]).rstrip()}")
+    return "".join(errors)
 
 
 def _submitit_signal(job_env: Any) -> int | None:

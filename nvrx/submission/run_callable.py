@@ -6,7 +6,10 @@ once per local rank. It runs the callable and writes the outcome of this rank
 to ``$NVRX_RESULT_DIR/rank<RANK>.pkl`` as ``("success", value)`` or
 ``("error", traceback)`` (atomically), where the node's submitit task collects
 it. An exception still ends the process with exit code 1, so the supervisor
-restarts the rank as it would any failed training process. A callable with
+restarts the rank as it would any failed training process. A return value that
+cannot be pickled is written as the rank's error and ends the process with 130
+(``CLEAN_STOP_EXIT``): the supervisor stops the job without a restart, since
+running the callable again would return the same. A callable with
 submitit's checkpoint method runs under ``checkpointing.CheckpointGuard``: on the
 job's warning it is checkpointed (rank 0), the spec file replaced by the call the
 next run makes, and the process ends without a result.
@@ -28,6 +31,7 @@ from nvrx import jobenv
 from nvrx.submission.call_spec import load_spec
 from nvrx.submission.checkpointing import CheckpointGuard, CheckpointStop, checkpoint_method
 from nvrx.submission.private_files import check_private, write_private
+from nvrx.supervisor.exit_codes import CLEAN_STOP_EXIT
 
 RESULT_DIR_ENV = jobenv.RESULT_DIR
 
@@ -80,12 +84,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise
     if result_dir:
         try:
-            write_outcome(result_dir, rank, ("success", value))
+            data = cloudpickle.dumps(("success", value))
         except Exception as exc:
-            write_outcome(
-                result_dir, rank, ("error", f"cannot pickle the return value of rank {rank}: {exc}")
-            )
-            raise
+            # Running the callable again would return the same: stop the job, no restart.
+            error = f"cannot pickle the return value of rank {rank} ({type(value).__name__}): {exc!r}"
+            write_outcome(result_dir, rank, ("error", error))
+            print(f"nvrx.submit: {error}; the job stops without a restart", file=sys.stderr)
+            return CLEAN_STOP_EXIT
+        write_private(result_path(result_dir, rank), data)
     return 0
 
 

@@ -24,6 +24,7 @@ Without SLURM, submitit's local executor runs the same thing on one node.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import shlex
@@ -38,12 +39,13 @@ from nvrx.submission.call_spec import dump_spec
 from nvrx.submission.conventions import (
     NVRX_SIGNAL_ENV,
     SubmitError,
+    cluster_names,
     merge_aliases,
     sbatch_signal,
     warning_signal_name,
 )
 from nvrx.submission.job import NvrxJob
-from nvrx.submission.node_task import NodeSpec, run_node
+from nvrx.submission.node_task import SET_FOR_THE_JOB, NodeSpec, run_node, supervise_options
 from nvrx.submission.private_files import make_private_dir
 from nvrx.supervisor.preemption import (
     DEFAULT_MAX_TIME_LIMIT_REQUEUES,
@@ -55,10 +57,22 @@ from nvrx.supervisor.preemption import (
 log = logging.getLogger(__name__)
 
 DEFAULT_FOLDER = "nvrx_jobs"
+#: Time limit (minutes) of a job given none: submitit's SLURM default, written for every
+#: cluster, so that submitit's local executor does not take its own 2 minutes, which leave
+#: 30 s before the default 90 s warning.
+DEFAULT_TIMEOUT_MIN = 5
 #: Parameters nvrx handles itself; every other one goes to ``submitit.AutoExecutor``.
 NVRX_PARAMETERS = ("nproc_per_node", "signal_delay_s", "max_time_limit_requeues", "supervise_args")
 #: submitit's name of ``signal_delay_s``: the same setting.
 SUBMITIT_DELAY = "slurm_signal_delay_s"
+#: sbatch options nvrx sets from its parameters, refused in ``slurm_additional_parameters``:
+#: the parameter to use instead.
+SET_BY_NVRX = {
+    "nodes": "nodes",
+    "ntasks_per_node": "nproc_per_node (ranks per node; the one task per node is the supervisor)",
+    "ntasks": "nodes and nproc_per_node (the job has one task per node, the supervisor)",
+    "time": "timeout_min (signal_delay_s is checked against it)",
+}
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -117,6 +131,7 @@ class Executor:
             "supervise_args": [],
         }
         self._submitit: dict[str, Any] = {"nodes": 1, "tasks_per_node": 1}
+        self._given_as: dict[str, str] = {}  # nodes -> slurm_nodes, when given so
         self.update_parameters(**params)
 
     def update_parameters(self, **params: Any) -> None:
@@ -124,39 +139,53 @@ class Executor:
         refused update changes nothing.
 
         submitit's names of nvrx's settings (``slurm_signal_delay_s``, ``max_num_timeout``,
-        ``slurm_max_num_timeout``) set them too; two names of one setting with different
-        values is an error naming both."""
-        params = merge_aliases(params)
-        before = dict(self._nvrx), dict(self._submitit)
+        ``slurm_max_num_timeout``) set them too, and so do its cluster-specific names of the
+        parameters nvrx checks (``slurm_nodes``, ``slurm_time``, ...: ``conventions``); two
+        names of one setting with different values is an error naming both."""
+        params, given_as = cluster_names(merge_aliases(params), self.cluster)
+        before = dict(self._nvrx), dict(self._submitit), dict(self._given_as)
         for name, value in params.items():
             if name in NVRX_PARAMETERS:
                 self._nvrx[name] = value
             else:
                 self._submitit[name] = value
+        self._given_as.update(given_as)
         try:
             self._check_values()
+            self._check_submitit_names()
         except SubmitError:
-            self._nvrx, self._submitit = before
+            self._nvrx, self._submitit, self._given_as = before
             raise
 
+    def _check_submitit_names(self) -> None:
+        """Have submitit check its parameters' names and values now, on a copy of its executor:
+        one it refuses would otherwise stay and refuse every submission."""
+        probe = copy.deepcopy(self._executor)
+        try:
+            probe.update_parameters(**self._submitit)
+        except (ValueError, TypeError, NameError, AssertionError, NotImplementedError) as exc:
+            raise SubmitError(f"submitit refused the parameters: {exc}") from exc
+
+    def _named(self, name: str) -> str:
+        """The name ``name`` was given under (``slurm_nodes`` for ``nodes``...)."""
+        return self._given_as.get(name, name)
+
     def _check_values(self) -> None:
+        self._check_topology()
         nv, sp = self._nvrx, self._submitit
-        _positive_int("nodes", sp.get("nodes"))
-        _positive_int("nproc_per_node", nv["nproc_per_node"])
-        if sp.get("tasks_per_node", 1) != 1:
-            raise SubmitError(
-                f"tasks_per_node must be 1 (one nvrx supervisor per node; set nproc_per_node for "
-                f"ranks per node), got {sp['tasks_per_node']!r}"
-            )
         if "timeout_min" in sp:
-            _positive_int("timeout_min", sp["timeout_min"])
+            _positive_int(self._named("timeout_min"), sp["timeout_min"])
         delay = nv["signal_delay_s"]
         if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
             raise SubmitError(f"signal_delay_s must be an integer >= 0, got {delay!r}")
-        if "timeout_min" in sp and delay >= sp["timeout_min"] * 60:
+        limit = sp.get("timeout_min", DEFAULT_TIMEOUT_MIN)
+        if delay >= limit * 60:
+            named = f"{self._named('timeout_min')}={limit}"
+            if "timeout_min" not in sp:
+                named = f"of nvrx's default timeout_min={limit}"
             raise SubmitError(
-                f"signal_delay_s={delay} must be below the time limit timeout_min={sp['timeout_min']} "
-                f"({sp['timeout_min'] * 60} s), or the warning comes at the start"
+                f"signal_delay_s={delay} must be below the time limit {named} ({limit * 60} s), "
+                "or the warning comes at the start"
             )
         cap = nv["max_time_limit_requeues"]
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
@@ -164,9 +193,41 @@ class Executor:
         args = nv["supervise_args"]
         if isinstance(args, str) or not all(isinstance(a, str) for a in args):
             raise SubmitError(f"supervise_args must be a list of strings, got {args!r}")
+        for dest, option in supervise_options(args).items():
+            if dest in SET_FOR_THE_JOB:
+                raise SubmitError(
+                    f"supervise_args: {option} is set for every node by nvrx.submit; "
+                    f"use {SET_FOR_THE_JOB[dest]}"
+                )
+
+    def _check_topology(self) -> None:
+        """One task per node, started by srun on every node, with the nodes nvrx counts."""
+        sp = self._submitit
+        _positive_int(self._named("nodes"), sp.get("nodes"))
+        _positive_int("nproc_per_node", self._nvrx["nproc_per_node"])
+        if sp.get("tasks_per_node", 1) != 1:
+            raise SubmitError(
+                f"{self._named('tasks_per_node')} must be 1 (one nvrx supervisor per node; set "
+                f"nproc_per_node for ranks per node), got {sp['tasks_per_node']!r}"
+            )
+        if sp.get("slurm_use_srun", True) is not True:
+            raise SubmitError(
+                f"slurm_use_srun={sp['slurm_use_srun']!r}: nvrx needs srun, which starts the "
+                "supervisor of every node (without it only the first node's runs)"
+            )
+        extra = sp.get("slurm_additional_parameters") or {}
+        if not isinstance(extra, Mapping):
+            raise SubmitError(f"slurm_additional_parameters must be a dict, got {extra!r}")
+        for key in extra:
+            instead = SET_BY_NVRX.get(str(key).replace("-", "_"))
+            if instead is not None:
+                raise SubmitError(
+                    f"slurm_additional_parameters[{key!r}] sets what nvrx sets: use {instead}"
+                )
         if self.cluster == "local" and sp["nodes"] != 1:
             raise SubmitError(
-                f"nodes={sp['nodes']} needs SLURM: submitit's local executor runs one node"
+                f"{self._named('nodes')}={sp['nodes']} needs SLURM: submitit's local executor "
+                "runs one node"
             )
 
     def _check_cluster(self) -> None:
@@ -192,12 +253,13 @@ class Executor:
         nodes = self._submitit["nodes"]
         if size and nodes > size:
             where = f"partition {partition!r}" if partition else "the largest partition"
-            raise SubmitError(f"nodes={nodes} but {where} has only {size} node(s)")
+            raise SubmitError(f"{self._named('nodes')}={nodes} but {where} has only {size} node(s)")
 
     def _submitit_parameters(self, signal_name: str | None = None) -> dict[str, Any]:
         """What submitit's executor is given; on SLURM, ``--signal`` asks for ``signal_name``
         (default: the one the environment names) ``signal_delay_s`` seconds ahead."""
         params = dict(self._submitit)
+        params.setdefault("timeout_min", DEFAULT_TIMEOUT_MIN)
         delay = self._nvrx["signal_delay_s"]
         if self.cluster == "slurm":
             params[SUBMITIT_DELAY] = delay
@@ -254,13 +316,14 @@ class Executor:
                 SIGNAL_DELAY_ENV: str(self._nvrx["signal_delay_s"]),
                 MAX_TIME_LIMIT_REQUEUES_ENV: str(self._nvrx["max_time_limit_requeues"]),
                 NVRX_SIGNAL_ENV: signal_name,  # the signal SLURM is asked for
-                # cloudpickle refers to functions of importable modules by name: let the
-                # children import them from where the submitter did.
-                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p)),
             },
+            # cloudpickle refers to functions and classes of importable modules by name: let
+            # the node task and the children import them from where the submitter did.
+            python_path=[p for p in sys.path if p and os.path.isdir(p)],
         )
 
     def _handle(self, job: Any) -> NvrxJob:
+        make_private_dir(self.folder / str(job.job_id))  # submitit's pickles and logs of the job
         handle = NvrxJob(
             job=job,
             cluster=self.cluster,
@@ -275,10 +338,12 @@ class Executor:
     def submit(
         self,
         target: Callable[..., Any] | Sequence[str] | str,
+        /,
         *args: Any,
         **kwargs: Any,
     ) -> NvrxJob:
-        """Submit ``target(*args, **kwargs)`` (or the command ``target``) on every rank of every node."""
+        """Submit ``target(*args, **kwargs)`` (or the command ``target``) on every rank of every
+        node. ``self`` and ``target`` are positional-only: ``kwargs`` may use those names."""
         self._check_values()
         if isinstance(target, str):
             command, what = shlex.split(target), "command"
@@ -299,9 +364,15 @@ class Executor:
         signal_name = self._prepare()
         if what == "callable":
             command = self._callable_command(target, args, kwargs)  # type: ignore[arg-type]
-        return self._handle(self._executor.submit(run_node, self._node_spec(command, signal_name)))
+        try:
+            job = self._executor.submit(run_node, self._node_spec(command, signal_name))
+        except BaseException:  # sbatch failed: no job will read the spec
+            if what == "callable":
+                _discard_specs([command])
+            raise
+        return self._handle(job)
 
-    def map_array(self, fn: Callable[..., Any], *iterables: Iterable[Any]) -> list[NvrxJob]:
+    def map_array(self, fn: Callable[..., Any], /, *iterables: Iterable[Any]) -> list[NvrxJob]:
         """One supervised job per element of ``zip(*iterables)``, running ``fn(*element)`` on
         every rank of every node of that job (submitit's ``map_array``).
 
@@ -319,16 +390,23 @@ class Executor:
         try:
             for call in calls:
                 argvs.append(self._callable_command(fn, call, {}))
-        except SubmitError:  # e.g. one element's arguments cannot be pickled: submit none
-            for command in argvs:
-                Path(command[-1]).unlink(missing_ok=True)
+            specs = [self._node_spec(command, signal_name) for command in argvs]
+            jobs = self._executor.map_array(run_node, specs)
+        except BaseException:  # an element that cannot be pickled, or sbatch failed: no job
+            _discard_specs(argvs)
             raise
-        specs = [self._node_spec(command, signal_name) for command in argvs]
-        return [self._handle(job) for job in self._executor.map_array(run_node, specs)]
+        return [self._handle(job) for job in jobs]
+
+
+def _discard_specs(commands: Iterable[list[str]]) -> None:
+    """Remove the spec files of callable commands that no job will run."""
+    for command in commands:
+        Path(command[-1]).unlink(missing_ok=True)
 
 
 def submit(
     target: Callable[..., Any] | Sequence[str] | str,
+    /,
     *,
     args: Sequence[Any] = (),
     kwargs: Mapping[str, Any] | None = None,

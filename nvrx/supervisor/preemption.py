@@ -18,7 +18,9 @@ The supervisor of each node owns one ``PreemptionHandler``:
   (node 0, or the node that hosts the store after a failover) waits for the
   nodes still in the job (not those declared lost or ended) and runs
   ``scontrol requeue`` once, unless the cap on time-limit requeues is
-  reached. Every node returns the same ``WarningOutcome``; its ``exit_code`` is what
+  reached (a warning of unknown cause counts as a time limit; under submitit's local
+  executor, which warns only before its time limit, the warning is one). Every node
+  returns the same ``WarningOutcome``; its ``exit_code`` is what
   the supervisor should exit with. A stop signal while it waits (the supervisor reads its
   signals meanwhile, ``stopped``) ends the wait: the job was cancelled (scancel), nobody
   requeues it, and every node exits with the signal's code. SLURM's own SIGTERM at the
@@ -69,6 +71,9 @@ log = logging.getLogger(__name__)
 SIGNAL_DELAY_ENV = jobenv.SIGNAL_DELAY_S
 #: Cap on requeues after time limits (preemptions are requeued without a cap).
 MAX_TIME_LIMIT_REQUEUES_ENV = jobenv.MAX_TIME_LIMIT_REQUEUES
+#: Causes whose requeues count against that cap: a warning nvrx cannot tell from a time
+#: limit might be one, and an uncapped one could requeue a job for ever.
+CAPPED_CAUSES = ("time_limit", "unknown")
 #: Seconds a preempted job may use to checkpoint when the partition's GraceTime is unknown.
 PREEMPT_WINDOW_ENV = jobenv.PREEMPT_WINDOW_S
 
@@ -303,7 +308,7 @@ class PreemptionHandler:
             seen = {name: (info or {}).get(name) for name in _CLASSIFIED_BY}
             seen["decided_by"] = "caller" if cause else "scontrol" if self.slurm else "no SLURM"
             if cause is None:
-                cause = classify(info, self.signal_delay_s) if self.slurm else "unknown"
+                cause = classify(info, self.signal_delay_s) if self.slurm else self._local_cause()
             window = window_s(info, cause, self.signal_delay_s, self.preempt_window_s)
             deadline = received + window
             flag = None
@@ -350,13 +355,11 @@ class PreemptionHandler:
         refused = requeue_refusal(self.flag_path)  # written before rank 0 exited, so before now
         if refused is not None:
             return WarningOutcome(cause, False, fail_exit, f"not requeued: {refused}", total)
-        if (
-            cause == "time_limit"
-            and self.ledger.count("time_limit") >= self.max_time_limit_requeues
-        ):
+        if cause in CAPPED_CAUSES and self.ledger.count(CAPPED_CAUSES) >= self.max_time_limit_requeues:
             return WarningOutcome(
                 cause, False, fail_exit, f"not requeued: {self.max_time_limit_requeues} time-limit "
-                f"requeue(s) already used (cap {MAX_TIME_LIMIT_REQUEUES_ENV})", total
+                f"requeue(s) already used (cap {MAX_TIME_LIMIT_REQUEUES_ENV}; requeues of unknown "
+                "cause count as time limits)", total
             )  # fmt: skip
         if not self.slurm:
             if not self.local_requeue:
@@ -377,6 +380,11 @@ class PreemptionHandler:
         self._emit("requeue", cause=cause, count=count, run=self.run_index, issued_by="nvrx")
         reason = f"requeued job {self.job_id} ({cause}, requeue {count})"
         return WarningOutcome(cause, True, EXIT_REQUEUED, reason, count)
+
+    def _local_cause(self) -> str:
+        """The cause of a warning without SLURM: submitit's local executor warns only before
+        its time limit; anything else cannot tell."""
+        return "time_limit" if self.local_requeue else "unknown"
 
     def _stopped(self, cause: str, signum: int) -> WarningOutcome:
         """The outcome of a warning a stop signal cut short: the job was cancelled."""

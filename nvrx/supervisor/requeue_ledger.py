@@ -61,9 +61,11 @@ class RequeueLedger:
         entries = [e for e in data if isinstance(e, dict)] if isinstance(data, list) else []
         return entries, True
 
-    def count(self, cause: str | None = None) -> int:
-        """Requeues recorded (of ``cause``; one of unknown cause counts for every cause)."""
-        return sum(1 for e in self.entries() if cause is None or e.get("cause") in (cause, None))
+    def count(self, cause: str | tuple[str, ...] | None = None) -> int:
+        """Requeues recorded (of ``cause``, or of any of several; one whose cause the ledger
+        lost counts for every cause)."""
+        causes = (cause,) if isinstance(cause, str) else cause
+        return sum(1 for e in self.entries() if causes is None or e.get("cause") in (*causes, None))
 
     def append(self, cause: str, run: int, **extra: object) -> int:
         """Record one requeue; returns the number of requeues recorded."""

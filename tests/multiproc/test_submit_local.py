@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import stat
+import threading
 import time
 from pathlib import Path
 
@@ -88,6 +90,9 @@ def test_local_submit_returns_every_rank_and_takes_the_ports_it_is_given(tmp_pat
     assert start["store"].endswith(f":{store}"), start  # not the ports of the job id
     assert job.result() == (0, 7, "1")
     assert job.log_dir == tmp_path / "nvrx_logs" / job.job_id
+    # submitit's files of the job, the return values among them, are the user's alone
+    assert stat.S_IMODE(job.folder.stat().st_mode) == 0o700
+    assert stat.S_IMODE(job.job.paths.result_pickle.stat().st_mode) == 0o600
     summary = job.report(sacct=False).to_dict()["summary"]
     assert summary["outcome"] == "completed"
     assert summary["restarts"]["requeue"] == 0
@@ -187,8 +192,63 @@ def test_a_failed_job_names_its_node_exit_code_and_events_folder(tmp_path: Path)
     message = str(failed.value)
     assert f"on node 0 of job {job.job_id} exited {int(ExitCode.BUDGET_EXHAUSTED)}" in message
     assert str(job.log_dir) in message, message
+    assert "rank 1 failed:\nTraceback" in message and "ValueError: bad batch" in message
     outcome = job.report(sacct=False).to_dict()["summary"]["outcome"]
     assert outcome == f"failed (exit code {int(ExitCode.BUDGET_EXHAUSTED)})"
+
+
+def trains_then_returns_a_lock(runs: str) -> dict:
+    with open(runs, "a") as fh:
+        fh.write("ran\n")  # the expensive training
+    return {"model": "ok", "lock": threading.Lock()}
+
+
+@pytest.mark.timeout(150)
+def test_an_unpicklable_result_fails_the_job_once_saying_why(tmp_path: Path) -> None:
+    """Before: the rank exited 1, the supervisor re-ran the finished training until its loop
+    breaker, and JobFailed did not say why."""
+    runs = tmp_path / "runs"
+    job = submit(
+        trains_then_returns_a_lock, args=(str(runs),), folder=tmp_path / "jobs", cluster="local",
+        timeout_min=2,
+    )  # fmt: skip
+    with pytest.raises(JobFailed) as failed:
+        job.result(timeout=120)
+    message = str(failed.value)
+    assert f"exited {int(ExitCode.RANK_STOPPED)}" in message, message
+    assert "rank 0 failed:\ncannot pickle the return value of rank 0 (dict)" in message, message
+    assert runs.read_text() == "ran\n"  # trained once
+
+
+@pytest.mark.timeout(150)
+def test_a_module_only_the_submitter_imports_and_the_nodes_own_pythonpath(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The callable and the class of its result come from a folder only the submitter's
+    sys.path has; the node's setup sets its own PYTHONPATH. Before: the node task could not
+    unpickle the result (ModuleNotFoundError), and the node's PYTHONPATH was replaced."""
+    source = tmp_path / "src_only"
+    source.mkdir()
+    module = f"nvrx_local_metrics_{os.getpid()}"
+    (source / f"{module}.py").write_text(
+        "import os\n"
+        "class Metrics:\n"
+        "    def __init__(self, loss):\n"
+        "        self.loss = loss\n"
+        "        self.pythonpath = os.environ.get('PYTHONPATH', '')\n"
+        "def train():\n"
+        "    return Metrics(0.25)\n"
+    )
+    monkeypatch.syspath_prepend(str(source))
+    metrics = __import__(module)
+    job = submit(
+        metrics.train, folder=tmp_path / "jobs", cluster="local", timeout_min=2,
+        local_setup=["export PYTHONPATH=/opt/node-only-libs"],
+    )  # fmt: skip
+    result = job.result(timeout=120)
+    assert isinstance(result, metrics.Metrics) and result.loss == 0.25
+    paths = result.pythonpath.split(os.pathsep)
+    assert paths[0] == str(source) and paths[-1] == "/opt/node-only-libs", paths
 
 
 @pytest.mark.timeout(150)

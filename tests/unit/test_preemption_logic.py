@@ -181,7 +181,7 @@ def test_local_requeue_checkpoints_children_and_counts(
     for child, out in zip(children, outs, strict=True):
         assert child.status is not None and child.status.code == 0
         step, cause = out.read_text().split()
-        assert int(step) >= 0 and cause == "unknown"
+        assert int(step) >= 0 and cause == "time_limit"  # submitit's local executor's warning
     assert RequeueLedger(job_dir / "preempt" / "requeues.json").count() == 1
     events, _ = read_dir(job_dir)
     kinds = [e["kind"] for e in events]
@@ -258,6 +258,47 @@ def test_preemptions_and_other_requeues_leave_the_time_limit_cap_untouched(tmp_p
     decision, ledger = _warned(tmp_path / "job", ["preemption", "node_failure"], 1, "time_limit")
     assert decision.requeued, decision.reason
     assert ledger.count("time_limit") == 1 and ledger.count() == 3
+
+
+@pytest.mark.parametrize(
+    ("before", "cause"),
+    [(["unknown"], "time_limit"), (["time_limit"], "unknown"), (["unknown"], "unknown")],
+)
+def test_requeues_of_unknown_cause_count_against_the_time_limit_cap(
+    tmp_path: Path, before: list[str], cause: str
+) -> None:
+    """A warning nvrx cannot tell from a time limit is capped with the time limits. Before:
+    its requeues counted against nothing, so a job warned that way requeued for ever."""
+    decision, ledger = _warned(tmp_path / "job", before, 1, cause)
+    assert not decision.requeued
+    assert "1 time-limit requeue(s) already used" in decision.reason
+    assert "unknown cause count as time limits" in decision.reason
+    assert ledger.count() == 1
+
+
+def test_submitits_local_warning_is_a_capped_time_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under submitit's local executor (SUBMITIT_EXECUTOR=local) the warning comes only before
+    its time limit: it is one, and max_time_limit_requeues caps it. Before: its cause was
+    "unknown", never capped, and a local job outliving its limit was re-run for ever."""
+    monkeypatch.delenv(checkpoint_flag.PREEMPT_FLAG_ENV, raising=False)
+    env = {"SUBMITIT_EXECUTOR": "local", "NVRX_MAX_TIME_LIMIT_REQUEUES": "1"}
+    outcomes = []
+    writer = EventWriter(tmp_path / "job", "supervisor", {"job": "local", "node": 0})
+    for _ in range(2):  # each run of the local task: a fresh supervisor, the same job folder
+        handler = PreemptionHandler.from_env(0, 1, job_dir=tmp_path / "job", env=env, writer=writer)
+        handler.start()
+        handler.on_signal(signal.SIGUSR2)
+        outcomes.append(handler.act(_no_children))
+    assert [o.cause for o in outcomes] == ["time_limit", "time_limit"]
+    assert [o.requeued for o in outcomes] == [True, False]
+    assert outcomes[0].exit_code == SUBMITIT_LOCAL_REQUEUE_EXIT
+    assert "1 time-limit requeue(s) already used" in outcomes[1].reason
+    # without SLURM and without submitit's local executor, nothing tells what it was
+    handler = PreemptionHandler.from_env(0, 1, job_dir=tmp_path / "other", env={}, writer=writer)
+    handler.on_signal(signal.SIGUSR2)
+    assert handler.act(_no_children).cause == "unknown"
 
 
 def _two_local_nodes(job_dir: Path) -> list[PreemptionHandler]:

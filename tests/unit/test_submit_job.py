@@ -65,3 +65,59 @@ def test_sacct_failing_does_not_block_the_wait(
 
     monkeypatch.setattr(commands, "accounted_state", broken)
     _job(tmp_path).wait(timeout=30, poll_s=0.01)
+
+
+class _TaskWithPickle:
+    """A submitit task whose result pickle is loaded by ``results()``, as submitit does."""
+
+    job_id = "77"
+
+    def __init__(self, folder: Path) -> None:
+        from submitit.core.utils import JobPaths
+
+        self.paths = JobPaths(folder / "%j", job_id=self.job_id, task_id=0)
+
+    def done(self) -> bool:
+        return True
+
+    def results(self) -> list:
+        from submitit.core.utils import pickle_load
+
+        return [pickle_load(self.paths.result_pickle)[1]]
+
+
+class _Planted:
+    """Unpickled, it creates the folder ``marker``: code of whoever wrote the pickle."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        import os
+
+        return (os.mkdir, (str(self.marker),))
+
+
+@pytest.mark.parametrize("where", ["file", "directory", "owner"])
+def test_a_result_pickle_others_could_write_is_not_unpickled(tmp_path: Path, where: str) -> None:
+    """docs/security.md: a pickle another user could have written is refused, not loaded.
+    Before: submitit's result pickle was unpickled in the submitter whoever wrote it."""
+    import os
+    import pickle
+
+    if where == "owner" and os.geteuid() != 0:
+        pytest.skip("giving a file to another user needs root")
+    task = _TaskWithPickle(tmp_path)
+    marker = tmp_path / "planted"
+    task.paths.folder.mkdir(mode=0o700)
+    task.paths.result_pickle.write_bytes(pickle.dumps(("success", _Planted(marker))))
+    if where == "file":
+        task.paths.result_pickle.chmod(0o666)
+    elif where == "directory":
+        task.paths.folder.chmod(0o777)
+    else:
+        os.chown(task.paths.result_pickle, 65534, 65534)
+    job = NvrxJob(task, "local", task.paths.folder, tmp_path / "logs", 1, 1)
+    with pytest.raises(PermissionError, match="refusing to unpickle"):
+        job.results(timeout=5)
+    assert not marker.exists()

@@ -106,3 +106,58 @@ def test_submitits_signal_delay_is_nvrxs(tmp_path: Path) -> None:
         executor.update_parameters(slurm_signal_delay_s=600)  # checked like nvrx's own name
     executor.cluster = "slurm"  # what sbatch would be asked for
     assert executor._submitit_parameters()["slurm_signal_delay_s"] == 120
+
+
+def test_without_timeout_min_the_delay_is_checked_against_the_default_limit(
+    tmp_path: Path,
+) -> None:
+    """No timeout_min: nvrx gives submitit its default of 5 minutes on every cluster, and
+    checks signal_delay_s against it. Before: nothing was checked, and submitit's local
+    executor took its own 2 minutes, so the default 90 s warning came 30 s after the start
+    of every local job (a 45 s function was requeued until the cap, never finished)."""
+    with pytest.raises(
+        SubmitError,
+        match=r"signal_delay_s=300 must be below the time limit of nvrx's default "
+        r"timeout_min=5 \(300 s\)",
+    ):
+        submit(_noop, folder=tmp_path, cluster="local", signal_delay_s=300)
+    executor = Executor(tmp_path, cluster="local")
+    executor._prepare()
+    local = executor._executor._executor.parameters  # what submitit's local controller gets
+    assert (local["timeout_min"], local["signal_delay_s"]) == (5, 90)
+    executor.update_parameters(timeout_min=30)
+    executor._prepare()
+    assert executor._executor._executor.parameters["timeout_min"] == 30
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["--nproc-per-node", "2"], "--nproc-per-node"),
+        (["--nproc_per_node=2"], "--nproc_per_node"),
+        (["--max-restarts", "3", "--nnodes", "2"], "--nnodes"),
+        (["--node_rank", "1"], "--node_rank"),
+        (["--master-addr", "elsewhere"], "--master-addr"),
+        (["--job-id", "mine"], "--job-id"),
+        (["--log_dir", "/elsewhere"], "--log_dir"),
+    ],
+)
+def test_supervise_args_may_not_reset_what_every_node_is_given(
+    tmp_path: Path, args: list[str], option: str
+) -> None:
+    """Before: accepted; the supervisors obeyed them and the job handle did not (ranks it
+    did not count, events where its report does not look)."""
+    with pytest.raises(SubmitError, match=f"supervise_args: {option} is set for every node"):
+        submit(_noop, folder=tmp_path, cluster="local", supervise_args=args)
+    executor = Executor(tmp_path, cluster="local")
+    executor.update_parameters(supervise_args=["--max_restarts", "3", "--master_port", "5000"])
+    assert executor._nvrx["supervise_args"][0] == "--max_restarts"  # others are the caller's
+
+
+def test_update_parameters_refuses_unknown_names_at_once(tmp_path: Path) -> None:
+    """Before: accepted, then refused by every submission after it."""
+    executor = Executor(tmp_path, cluster="local", timeout_min=10)
+    with pytest.raises(SubmitError, match="submitit refused the parameters: .*bogus_param"):
+        executor.update_parameters(bogus_param=1, nproc_per_node=2)
+    assert "bogus_param" not in executor._submitit and executor._nvrx["nproc_per_node"] == 1
+    executor._prepare()  # what submit does before submitting: the executor still works

@@ -233,3 +233,126 @@ def test_map_array_with_an_unpicklable_element_submits_nothing(
     with pytest.raises(SubmitError, match="cannot pickle"):
         executor.map_array(divmod, [1, threading.Lock()], [1, 1])
     assert fake_slurm == [4242] and not list((tmp_path / "specs").iterdir())
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"slurm_tasks_per_node": 4}, r"slurm_tasks_per_node must be 1 .* got 4"),
+        ({"slurm_ntasks_per_node": 4}, r"slurm_ntasks_per_node must be 1 .* got 4"),
+        ({"ntasks_per_node": 4}, r"ntasks_per_node must be 1 .* got 4"),  # submitit: slurm_...
+        ({"slurm_nodes": 8}, r"slurm_nodes=8 but the largest partition has only 4 node\(s\)"),
+        ({"slurm_nodes": 0}, r"slurm_nodes must be at least 1, got 0"),
+        ({"slurm_time": "1:00:00"}, r"slurm_time must be an integer, got '1:00:00'"),
+        (
+            {"slurm_time": 10, "signal_delay_s": 900},
+            r"signal_delay_s=900 must be below the time limit slurm_time=10 \(600 s\)",
+        ),
+        ({"time": 1, "signal_delay_s": 60}, r"signal_delay_s=60 must be below the time limit time=1"),
+        (
+            {"slurm_timeout_min": 1, "signal_delay_s": 60},
+            r"below the time limit slurm_timeout_min=1",
+        ),
+        ({"nodes": 1, "slurm_nodes": 2}, r"nodes=1 and slurm_nodes=2 are one setting"),
+        ({"slurm_use_srun": False, "nodes": 2}, r"slurm_use_srun=False: nvrx needs srun"),
+        ({"use_srun": False}, r"slurm_use_srun=False: nvrx needs srun"),
+        (
+            {"slurm_additional_parameters": {"ntasks_per_node": 4}},
+            r"slurm_additional_parameters\['ntasks_per_node'\] sets what nvrx sets: use nproc_per_node",
+        ),
+        (
+            {"slurm_additional_parameters": {"ntasks-per-node": 4}},
+            r"\['ntasks-per-node'\] sets what nvrx sets: use nproc_per_node",
+        ),
+        ({"additional_parameters": {"nodes": 3}}, r"\['nodes'\] sets what nvrx sets: use nodes"),
+        ({"slurm_additional_parameters": {"ntasks": 8}}, r"\['ntasks'\] .* use nodes and nproc"),
+        ({"slurm_additional_parameters": {"time": 60}}, r"\['time'\] .* use timeout_min"),
+    ],
+)
+def test_submitits_cluster_names_are_checked_as_nvrxs(
+    tmp_path: Path, fake_slurm: list[int], params: dict, message: str
+) -> None:
+    """submitit's SLURM names of nodes, tasks per node and the time limit (which win over the
+    generic ones there), and the sbatch options behind them, are checked like nvrx's names:
+    before, each was written into the sbatch script unchecked (4 supervisors per node, more
+    nodes than the partition, a warning after the limit, no srun on the other nodes)."""
+    with pytest.raises(SubmitError, match=message):
+        Executor(tmp_path, cluster="slurm", **params).submit(_noop)
+    assert fake_slurm == [4242] and not (tmp_path / "specs").exists()  # sbatch never ran
+
+
+def test_slurm_nodes_is_the_job_handles_nodes(tmp_path: Path, fake_slurm: list[int]) -> None:
+    """slurm_nodes=2 asks SLURM for 2 nodes, and the handle returns the ranks of both (before:
+    it counted 1 node and dropped node 1's ranks)."""
+    job = Executor(tmp_path, cluster="slurm", slurm_nodes=2, nproc_per_node=2, slurm_time=30).submit(
+        _noop
+    )
+    script, _ = _submitted(tmp_path, job.job_id)
+    assert "#SBATCH --nodes=2\n" in script and "#SBATCH --ntasks-per-node=1\n" in script
+    assert "#SBATCH --time=30\n" in script
+    assert job.nodes == 2
+
+    class TwoNodes:  # what submitit's Job gives for the two node tasks
+        job_id = job.job_id
+
+        def done(self) -> bool:
+            return True
+
+        def results(self) -> list[dict]:
+            return [{"results": {0: "r0", 1: "r1"}}, {"results": {2: "r2", 3: "r3"}}]
+
+    job.job, job.cluster = TwoNodes(), "local"  # no sacct to wait for
+    assert job.results() == ["r0", "r1", "r2", "r3"]
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"local_nodes": 2}, r"local_nodes=2 needs SLURM"),
+        ({"local_tasks_per_node": 2}, r"local_tasks_per_node must be 1"),
+        ({"local_timeout_min": 1, "signal_delay_s": 60}, r"time limit local_timeout_min=1"),
+    ],
+)
+def test_local_names_are_checked_too(tmp_path: Path, params: dict, message: str) -> None:
+    with pytest.raises(SubmitError, match=message):
+        Executor(tmp_path, cluster="local", **params)
+
+
+def _train(target: str = "loss", self: object = None) -> tuple:
+    return target, self
+
+
+def test_a_callables_keywords_may_be_named_target_or_self(
+    tmp_path: Path, fake_slurm: list[int]
+) -> None:
+    """Before: Executor.submit(self, target, ...) took them for its own parameters
+    ("got multiple values for argument 'target'")."""
+    from nvrx.submission.call_spec import load_spec
+    from nvrx.submission.submit import submit
+
+    def call_of(job_id: str) -> tuple:
+        delayed = DelayedSubmission.load(tmp_path / job_id / f"{job_id}_submitted.pkl")
+        (spec,) = delayed.args
+        fn, args, kwargs = load_spec(spec.command[-1])
+        return fn(*args, **kwargs)
+
+    executor = Executor(tmp_path, cluster="slurm", timeout_min=10)
+    job = executor.submit(_train, target="accuracy", self=1)
+    assert call_of(job.job_id) == ("accuracy", 1)
+    job = submit(_train, kwargs={"target": "f1", "self": 2}, folder=tmp_path, cluster="slurm")
+    assert call_of(job.job_id) == ("f1", 2)
+
+
+def test_a_failed_sbatch_leaves_no_spec(
+    tmp_path: Path, fake_slurm: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: the pickled call stayed in specs/ for a job that never existed."""
+    monkeypatch.setattr(SlurmExecutor, "_make_submission_command", lambda self, path: ["false"])
+    executor = Executor(tmp_path, cluster="slurm", timeout_min=10)
+    from submitit.core.utils import FailedJobError
+
+    with pytest.raises(FailedJobError):  # submitit's word for sbatch's failure, as it was
+        executor.submit(_noop)
+    with pytest.raises(FailedJobError):
+        executor.map_array(divmod, [1, 2], [3, 4])
+    assert not list((tmp_path / "specs").iterdir())
