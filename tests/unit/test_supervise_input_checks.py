@@ -3,8 +3,10 @@ default: each now gets one line naming what to fix, with its exit code (2: usage
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import sys
@@ -13,6 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from nvrx.supervisor.cli import config_from_args
+from nvrx.supervisor.config import MAX_SECONDS, ConfigError, SupervisorConfig
 
 PROG = "nvrx-supervise"
 
@@ -101,3 +106,78 @@ def test_a_log_dir_that_cannot_hold_the_job_folder_is_one_line_and_exit_2(
     assert line == (
         f"{PROG}: error: cannot create the job folder {log_dir}/j: {reason}; choose another --log-dir"
     )
+
+
+def _config(*options: str, env: dict[str, str] | None = None) -> SupervisorConfig:
+    """The configuration of ``options`` for a job of 3 local nodes (no free ports looked for)."""
+    topology = ["--nnodes", "3", "--node-rank", "0", "--master-port", "30100"]
+    argv = [*topology, *options, "--", "python", "t.py"]
+    return config_from_args(argv, {"PATH": os.environ["PATH"], **(env or {})})[0]
+
+
+#: Every option that sets a float of the configuration, by the field it sets.
+FLOAT_OPTIONS = {
+    "grace_period": "--grace-period",
+    "store_timeout": "--store-timeout",
+    "finish_timeout": "--finish-timeout",
+    "node_heartbeat": "--node-heartbeat",
+    "node_timeout": "--node-timeout",
+    "standby_wait": "--standby-wait",
+    "straggler_threshold": "--straggler-threshold",
+}
+DURATIONS = [option for field, option in FLOAT_OPTIONS.items() if field != "straggler_threshold"]
+
+
+def test_the_float_options_below_are_every_float_of_the_configuration() -> None:
+    floats = {f.name for f in dataclasses.fields(SupervisorConfig) if f.type == "float"}
+    assert floats == set(FLOAT_OPTIONS)
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e300", "86400.5"])
+@pytest.mark.parametrize("option", DURATIONS)
+def test_a_duration_that_is_not_finite_or_too_long_names_the_option(option: str, value: str) -> None:
+    """Before: inf and 1e300 were taken (--store-timeout: an OverflowError's traceback at
+    the start; --grace-period, --finish-timeout, --node-timeout: waits without end)."""
+    shown = f"{float(value):g}"
+    with pytest.raises(ConfigError, match=rf"^{option} must be .*at most|^{option} must be in") as exc:
+        _config(f"{option}={value}")  # (=: argparse would take -inf for an option)
+    assert str(exc.value).endswith(f"{MAX_SECONDS:g} seconds, got {shown}"), exc.value
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e300"])
+def test_a_straggler_threshold_that_is_not_finite_names_the_option(value: str) -> None:
+    shown = f"{float(value):g}"
+    with pytest.raises(ConfigError, match=re.escape(f"--straggler-threshold must be in (0, 1), got {shown}")):
+        _config("--straggler-threshold", value)
+
+
+@pytest.mark.parametrize("option", DURATIONS)
+def test_a_duration_of_a_day_is_taken(option: str) -> None:
+    extra = ["--node-timeout", "86400"] if option == "--node-heartbeat" else []
+    day = "43200" if option == "--node-heartbeat" else "86400"  # the timeout: twice as long
+    cfg = _config(*extra, option, day)
+    field = next(f for f, o in FLOAT_OPTIONS.items() if o == option)
+    assert getattr(cfg, field) == float(day)
+
+
+def test_a_node_timeout_from_the_templates_variable_is_bounded_too() -> None:
+    with pytest.raises(ConfigError, match="^--node-timeout must be > 0 and at most 86400 seconds, got inf$"):
+        _config(env={"NVRX_NODE_TIMEOUT_S": "inf"})
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--ft-rank-heartbeat-timeout", "86401"], "rank_heartbeat_timeout must be at most 86400 seconds, got 86401"),
+        (["--ft-initial-rank-heartbeat-timeout", "1e300"], "initial_rank_heartbeat_timeout must be at most 86400 seconds, got 1e+300"),
+        (["--ft-rank-out-of-section-timeout", "1e7"], "rank_out_of_section_timeout must be at most 86400 seconds, got 1e+07"),
+        (["--ft-rank-section-timeouts", "step:60,save:1e300"], "rank_section_timeouts['save'] must be at most 86400 seconds, got 1e+300"),
+        (["--ft-rank-heartbeat-timeout", "inf"], "rank_heartbeat_timeout must be a finite number of seconds, got 'inf'"),
+    ],
+)  # fmt: skip
+def test_a_fault_tolerance_timeout_longer_than_a_day_names_the_setting(
+    options: list[str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(f"fault tolerance: {message}")):
+        _config(*options)
+    _config(options[0], "step:86400" if options[0].endswith("section-timeouts") else "86400")
