@@ -104,6 +104,12 @@ def seconds_check(option: str, value: float, above_zero: bool = False) -> tuple[
     return 0 <= value <= MAX_SECONDS, f"{option} must be in 0..{MAX_SECONDS:g} seconds, got {value:g}"
 
 
+def _folder_name(name: str) -> bool:
+    """Whether ``name`` is one new folder's name, not a hidden one: not '.' nor '..' (the
+    log folder itself or the one around it), no '/' (a folder further down), no NUL."""
+    return bool(name) and not name.startswith(".") and "/" not in name and "\0" not in name
+
+
 def local_job(**values: Any) -> JobEnv:
     """A config's job unless given: one local node of one rank on torch's default ports, job
     id ``local``, whatever the environment; the ``JobEnv`` fields in ``values`` replace those
@@ -178,8 +184,9 @@ class SupervisorConfig:
             ),
             (bool(self.master_addr), "--master-addr must not be empty"),
             (
-                bool(self.job_id) and "/" not in self.job_id,
-                f"--job-id must be a non-empty name without '/', got {self.job_id!r}",
+                _folder_name(self.job_id),
+                "--job-id must name a folder of its own in --log-dir: not empty, not starting "
+                f"with '.' (as '.' and '..' do), without '/' or NUL; got {self.job_id!r}",
             ),
         ]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from nvrx.supervisor.cli import config_from_args
-from nvrx.supervisor.config import MAX_SECONDS, ConfigError, SupervisorConfig
+from nvrx.supervisor.config import MAX_SECONDS, ConfigError, SupervisorConfig, local_job
 
 PROG = "nvrx-supervise"
 
@@ -181,3 +181,41 @@ def test_a_fault_tolerance_timeout_longer_than_a_day_names_the_setting(
     with pytest.raises(ConfigError, match=re.escape(f"fault tolerance: {message}")):
         _config(*options)
     _config(options[0], "step:86400" if options[0].endswith("section-timeouts") else "86400")
+
+
+@pytest.mark.parametrize("job_id", [".", "..", ".hidden", "a/b", "/", "a\0b"])
+def test_a_job_id_that_is_no_folder_of_its_own_names_the_rule(job_id: str) -> None:
+    """Before: '.' and '..' were taken, and the job's files (secret, events) went to the
+    log folder itself or the one around it, which was made owner-only."""
+    rule = (
+        "--job-id must name a folder of its own in --log-dir: not empty, not starting with '.' "
+        f"(as '.' and '..' do), without '/' or NUL; got {job_id!r}"
+    )
+    with pytest.raises(ConfigError, match=f"^{re.escape(rule)}$"):
+        SupervisorConfig(command=["train"], job=local_job(job_id=job_id))
+    if "\0" not in job_id:  # (no command line holds a NUL)
+        with pytest.raises(ConfigError, match=re.escape(rule)):
+            _config("--job-id", job_id)
+        with pytest.raises(ConfigError, match=re.escape(rule)):
+            _config(env={"NVRX_JOB_ID": job_id})
+
+
+@pytest.mark.parametrize("job_id", ["7", "a.b", "job-1_x.."])
+def test_a_job_id_with_dots_inside_is_taken(job_id: str) -> None:
+    assert _config("--job-id", job_id).job_id == job_id
+
+
+def test_a_job_id_of_dot_dot_leaves_the_folder_around_alone(tmp_path: Path) -> None:
+    """The audit's case: ``cd /tmp/x && nvrx-supervise --job-id .. -- true`` wrote the secret
+    and the events to /tmp and made it owner-only."""
+    around = tmp_path / "around"
+    (around / "x").mkdir(parents=True)
+    around.chmod(0o755)
+    result = subprocess.run(
+        [sys.executable, "-m", "nvrx.supervisor.cli", "--master-port", "29800", "--job-id", "..",
+         "--log-dir", ".", "--", "true"],
+        capture_output=True, text=True, timeout=120, cwd=around / "x",
+    )  # fmt: skip
+    assert "--job-id must name a folder of its own" in _one_error_line(result, 2)
+    assert sorted(p.name for p in around.iterdir()) == ["x"] and list((around / "x").iterdir()) == []
+    assert around.stat().st_mode & 0o777 == 0o755
