@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from nvrx.supervisor.cli import config_from_args
+from nvrx.supervisor.cli import NOT_EMPTY, config_from_args
 from nvrx.supervisor.config import MAX_SECONDS, ConfigError, SupervisorConfig, local_job
 
 PROG = "nvrx-supervise"
@@ -219,3 +219,31 @@ def test_a_job_id_of_dot_dot_leaves_the_folder_around_alone(tmp_path: Path) -> N
     assert "--job-id must name a folder of its own" in _one_error_line(result, 2)
     assert sorted(p.name for p in around.iterdir()) == ["x"] and list((around / "x").iterdir()) == []
     assert around.stat().st_mode & 0o777 == 0o755
+
+
+@pytest.mark.parametrize("dest", NOT_EMPTY)
+def test_an_option_given_empty_is_an_error_naming_it(dest: str) -> None:
+    """Before: ``--job-id ''``, ``--master-addr ''``, ``--log-dir ''`` (and the others) stood
+    for their defaults, silently."""
+    option = "--" + dest.replace("_", "-")
+    message = f"^{option} must not be empty: give a value or leave the option out$"
+    with pytest.raises(ConfigError, match=message):
+        _config(option, "")
+    with pytest.raises(ConfigError, match=message):
+        _config(f"{option}=")
+
+
+@pytest.mark.parametrize("option", ["--job-id", "--log-dir"])
+def test_an_empty_option_is_an_error_under_slurm_too(option: str) -> None:
+    env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "77", "SLURM_PROCID": "0",
+           "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "n1"}  # fmt: skip
+    config_from_args(["--", "python"], env)  # a topology SLURM gives
+    with pytest.raises(ConfigError, match=f"^{option} must not be empty"):
+        config_from_args([option, "", "--", "python"], env)
+
+
+def test_an_empty_pet_master_addr_is_an_error_naming_the_variable() -> None:
+    with pytest.raises(
+        ConfigError, match=re.escape("$PET_MASTER_ADDR (for --master-addr) is empty: set a value or unset it")
+    ):
+        config_from_args(["--", "python"], {"PATH": os.environ["PATH"], "PET_MASTER_ADDR": ""})
