@@ -4,6 +4,7 @@ default: each now gets one line naming what to fix, with its exit code (2: usage
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import pwd
 import re
@@ -18,6 +19,7 @@ import pytest
 
 from nvrx.supervisor.cli import NOT_EMPTY, config_from_args
 from nvrx.supervisor.config import MAX_SECONDS, ConfigError, SupervisorConfig, local_job
+from nvrx.supervisor.local_ranks import why_not_started
 
 PROG = "nvrx-supervise"
 
@@ -247,3 +249,47 @@ def test_an_empty_pet_master_addr_is_an_error_naming_the_variable() -> None:
         ConfigError, match=re.escape("$PET_MASTER_ADDR (for --master-addr) is empty: set a value or unset it")
     ):
         config_from_args(["--", "python"], {"PATH": os.environ["PATH"], "PET_MASTER_ADDR": ""})
+
+
+def test_a_script_whose_interpreter_is_missing_is_named_in_one_line_and_exit_7(
+    tmp_path: Path,
+) -> None:
+    """Before: "cannot start './badshebang.sh': No such file or directory", of a file that
+    is there: the kernel's ENOENT was for the interpreter of its #! line."""
+    script = tmp_path / "badshebang.sh"
+    script.write_text("#!/nonexistent/interp -e\necho never\n")
+    script.chmod(0o755)
+    result = subprocess.run(
+        [sys.executable, "-m", "nvrx.supervisor.cli", "--master-port", "29800",
+         "--log-dir", "logs", "--", "./badshebang.sh"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 7, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].endswith(
+        "cannot start './badshebang.sh': its interpreter '/nonexistent/interp' (the #! line "
+        "of ./badshebang.sh) does not exist"
+    ), result.stderr
+
+
+def test_why_not_started_names_the_interpreter_only_where_it_is_missing(tmp_path: Path) -> None:
+    missing = FileNotFoundError(errno.ENOENT, "No such file or directory")
+    script = tmp_path / "run.sh"
+    script.write_text("#!  /no/such/python3 -u\n")
+    assert why_not_started(str(script), missing) == (
+        f"its interpreter '/no/such/python3' (the #! line of {script}) does not exist"
+    )
+    script.write_text(f"#!{sys.executable}\n")  # there: something further down is missing
+    assert why_not_started(str(script), missing) == (
+        f"No such file or directory (the #! line of {script} names {sys.executable!r}, which "
+        "cannot be run)"
+    )
+    script.write_bytes(b"\x7fELF...")  # a program whose loader is missing
+    assert why_not_started(str(script), missing) == (
+        "No such file or directory (the file exists: the program loader it needs is missing)"
+    )
+    assert why_not_started(str(tmp_path / "gone"), missing) == "No such file or directory"
+    denied = PermissionError(errno.EACCES, "Permission denied")
+    assert why_not_started(str(script), denied) == "Permission denied"
