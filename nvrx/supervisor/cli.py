@@ -352,6 +352,7 @@ def config_from_args(
     parser = build_parser()
     parser.set_defaults(**torchrun.fallbacks(env))
     args = parser.parse_args(list(argv))
+    _no_empty_values(args, argv)
     try:
         processes.warning_signal(env)
     except ValueError as exc:
@@ -408,6 +409,26 @@ def _nproc(asked: str, argv: Sequence[str], env: Mapping[str, str], count_here: 
     if asked in nproc.KEYWORDS:
         print(f"{PROG}: --nproc-per-node {asked}: {count}", file=sys.stderr)
     return count
+
+
+#: Options (argparse names) whose empty value would silently stand for their default: a
+#: name, an address, a folder, a file, a setting.
+NOT_EMPTY = (
+    "master_addr", "job_id", "log_dir", "straggler_section",
+    *(f"ft_{name}" for name in ("cfg_path", "non_retryable_exception_file", *ft_options.SETTINGS)),
+)  # fmt: skip
+
+
+def _no_empty_values(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    """ConfigError naming an option of ``NOT_EMPTY`` given an empty value (``--job-id ''``),
+    or the ``$PET_*`` variable that gave it one."""
+    for dest in NOT_EMPTY:
+        if getattr(args, dest) != "":
+            continue
+        option = "--" + dest.replace("_", "-")
+        if dest in torchrun.OPTIONS and not torchrun.given(argv, dest):
+            raise ConfigError(f"$PET_{dest.upper()} (for {option}) is empty: set a value or unset it")
+        raise ConfigError(f"{option} must not be empty: give a value or leave the option out")
 
 
 def _local_job(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[JobEnv, bool]:

@@ -32,7 +32,9 @@ DEFAULT_NODE_HEARTBEAT_S = 1.0
 DEFAULT_NODE_TIMEOUT_S = 5.0
 #: How long a node waits for children that tell nothing before it starts its restart standby.
 DEFAULT_STANDBY_WAIT_S = 5.0
-MAX_STANDBY_WAIT_S = 86400.0  # a day: what the supervisor's loop can wait at once
+#: The longest a duration option may give (a day): finite, and far below what the
+#: supervisor's waits take at once (epoll: about 24.8 days; timedelta, time_t).
+MAX_SECONDS = 86400.0
 
 KEY_PREFIX = "nvrx_supervisor/"
 #: ``--ft-restart-policy`` values (``job_restart``).
@@ -90,6 +92,22 @@ class StopRequest:
 
 class ConfigError(ValueError):
     """A bad option or environment value; the message names what to fix."""
+
+
+def seconds_check(option: str, value: float, above_zero: bool = False) -> tuple[bool, str]:
+    """(holds, what to fix) for the duration ``option``: seconds >= 0 (> 0 with
+    ``above_zero``) up to ``MAX_SECONDS``; infinity and NaN fail."""
+    if above_zero:
+        return 0 < value <= MAX_SECONDS, (
+            f"{option} must be > 0 and at most {MAX_SECONDS:g} seconds, got {value:g}"
+        )
+    return 0 <= value <= MAX_SECONDS, f"{option} must be in 0..{MAX_SECONDS:g} seconds, got {value:g}"
+
+
+def _folder_name(name: str) -> bool:
+    """Whether ``name`` is one new folder's name, not a hidden one: not '.' nor '..' (the
+    log folder itself or the one around it), no '/' (a folder further down), no NUL."""
+    return bool(name) and not name.startswith(".") and "/" not in name and "\0" not in name
 
 
 def local_job(**values: Any) -> JobEnv:
@@ -166,8 +184,9 @@ class SupervisorConfig:
             ),
             (bool(self.master_addr), "--master-addr must not be empty"),
             (
-                bool(self.job_id) and "/" not in self.job_id,
-                f"--job-id must be a non-empty name without '/', got {self.job_id!r}",
+                _folder_name(self.job_id),
+                "--job-id must name a folder of its own in --log-dir: not empty, not starting "
+                f"with '.' (as '.' and '..' do), without '/' or NUL; got {self.job_id!r}",
             ),
         ]
 
@@ -183,18 +202,9 @@ class SupervisorConfig:
                 self.loop_breaker >= 0,
                 f"--loop-breaker must be >= 0 (0 disables it), got {self.loop_breaker}",
             ),
-            (
-                self.grace_period >= 0,
-                f"--grace-period must be >= 0 seconds, got {self.grace_period}",
-            ),
-            (
-                self.store_timeout > 0,
-                f"--store-timeout must be > 0 seconds, got {self.store_timeout}",
-            ),
-            (
-                self.finish_timeout > 0,
-                f"--finish-timeout must be > 0 seconds, got {self.finish_timeout}",
-            ),
+            seconds_check("--grace-period", self.grace_period),
+            seconds_check("--store-timeout", self.store_timeout, above_zero=True),
+            seconds_check("--finish-timeout", self.finish_timeout, above_zero=True),
         ]
 
     def _node_checks(self) -> list[tuple[bool, str]]:
@@ -210,21 +220,15 @@ class SupervisorConfig:
                 f"--min-nodes must be in 1..{self.active_nodes} (the active nodes: --nnodes "
                 f"{self.nnodes} minus --spare-nodes {self.spare_nodes}), got {self.min_nodes}",
             ),
-            (
-                self.node_heartbeat > 0,
-                f"--node-heartbeat must be > 0 seconds, got {self.node_heartbeat}",
-            ),
+            seconds_check("--node-heartbeat", self.node_heartbeat, above_zero=True),
+            seconds_check("--node-timeout", self.node_timeout, above_zero=True),
             (
                 self.node_timeout >= 2 * self.node_heartbeat,
                 f"--node-timeout must be at least twice --node-heartbeat "
                 f"({self.node_heartbeat:g} s), so that one late beat is no loss; "
                 f"got {self.node_timeout:g}",
             ),
-            (
-                0 <= self.standby_wait <= MAX_STANDBY_WAIT_S,
-                f"--standby-wait must be in 0..{MAX_STANDBY_WAIT_S:g} seconds, "
-                f"got {self.standby_wait:g}",
-            ),
+            seconds_check("--standby-wait", self.standby_wait),
             (
                 self.straggler_action in STRAGGLER_ACTIONS,
                 f"--straggler-action must be one of {', '.join(STRAGGLER_ACTIONS)}, "

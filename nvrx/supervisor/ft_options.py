@@ -18,7 +18,7 @@ from nvrx.fault_tolerance.config import (
 )
 
 from . import non_retryable
-from .config import ConfigError
+from .config import MAX_SECONDS, ConfigError
 
 #: Setting -> (metavar, help) of its ``--ft-<setting>`` option.
 SETTINGS = {
@@ -60,9 +60,26 @@ def config_from(args: argparse.Namespace) -> FaultToleranceConfig:
     try:
         if raw_sections is not None:
             options["rank_section_timeouts"] = parse_section_timeouts(raw_sections)
-        return FaultToleranceConfig.from_sources(args.ft_cfg_path, options)
+        config = FaultToleranceConfig.from_sources(args.ft_cfg_path, options)
     except FaultToleranceConfigError as exc:
         raise ConfigError(f"fault tolerance: {exc}") from exc
+    for name, value in _timeouts(config).items():
+        if value is not None and value > MAX_SECONDS:
+            raise ConfigError(
+                f"fault tolerance: {name} must be at most {MAX_SECONDS:g} seconds, got {value:g}"
+            )
+    return config
+
+
+def _timeouts(config: FaultToleranceConfig) -> dict[str, float | None]:
+    """The timeouts the supervisor waits for, by the name an error gives them (the
+    configuration checked that each is finite: here they are bounded as the other options)."""
+    return {
+        "initial_rank_heartbeat_timeout": config.initial_rank_heartbeat_timeout,
+        "rank_heartbeat_timeout": config.rank_heartbeat_timeout,
+        "rank_out_of_section_timeout": config.rank_out_of_section_timeout,
+        **{f"rank_section_timeouts[{k!r}]": v for k, v in config.rank_section_timeouts.items()},
+    }
 
 
 def non_retryable_patterns(args: argparse.Namespace) -> list[str]:

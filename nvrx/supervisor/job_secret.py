@@ -34,9 +34,15 @@ MAX_WAIT_S = 30.0
 
 def private_job_dir(directory: Path) -> None:
     """Make ``directory`` (the job's folder) and keep it to its owner (mode 0700);
-    ``ConfigError`` when it is another user's or a link."""
-    directory.mkdir(parents=True, exist_ok=True)
-    info = os.lstat(directory)
+    ``ConfigError`` when it cannot be made (a read-only place, a file in its path) or is
+    another user's or a link."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        info = os.lstat(directory)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot create the job folder {directory}: {exc.strerror or exc}; choose another --log-dir"
+        ) from None
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
         raise ConfigError(
             f"the job folder {directory} must be a folder of this user (uid {os.getuid()}), "

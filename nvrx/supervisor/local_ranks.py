@@ -9,7 +9,10 @@ end (restart, stop) is the supervisor's decision.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +33,27 @@ Spawner = Callable[[int, int, dict, Path | None], Child]
 
 class CannotSpawn(Exception):
     """A child could not be started (its command is missing, or no process can be made)."""
+
+
+def why_not_started(program: str, exc: OSError) -> str:
+    """Why ``program`` could not be started, for one line. ENOENT for a file that exists is
+    the kernel not finding what runs it: for a script, the interpreter its ``#!`` line names,
+    which is named here (the bare "No such file or directory" points at the script)."""
+    reason = exc.strerror or str(exc)
+    path = program if os.sep in program else shutil.which(program)
+    if exc.errno != errno.ENOENT or path is None or not os.path.isfile(path):
+        return reason
+    try:
+        with open(path, "rb") as script:
+            first = script.readline(512)
+    except OSError:
+        return reason
+    words = first[2:].decode(errors="replace").split() if first.startswith(b"#!") else []
+    if not words:
+        return f"{reason} (the file exists: the program loader it needs is missing)"
+    if not os.path.exists(words[0]):
+        return f"its interpreter {words[0]!r} (the #! line of {path}) does not exist"
+    return f"{reason} (the #! line of {path} names {words[0]!r}, which cannot be run)"
 
 
 class LocalRanks:
@@ -57,7 +81,7 @@ class LocalRanks:
         try:
             child = self._spawn(local_rank, attempt, env, directory)
         except OSError as exc:
-            raise CannotSpawn(f"cannot start {cfg.command[0]!r}: {exc.strerror or exc}") from exc
+            raise CannotSpawn(f"cannot start {cfg.command[0]!r}: {why_not_started(cfg.command[0], exc)}") from exc
         self.children[local_rank] = child
         child.directory = directory
         child.node, child.since = events.context_from_env(env)["node"], since

@@ -38,13 +38,18 @@ def _visible(entries: str) -> list[str]:
     return devices
 
 
+def installed_gpus(driver_dir: Path = NVIDIA_GPUS) -> int:
+    """The NVIDIA GPUs the driver lists (none where there is no driver)."""
+    try:
+        return sum(1 for _ in driver_dir.iterdir())
+    except OSError:
+        return 0
+
+
 def gpu_count(env: Mapping[str, str], driver_dir: Path = NVIDIA_GPUS) -> int:
     """NVIDIA GPUs visible to the children: the driver's devices, narrowed by
     ``CUDA_VISIBLE_DEVICES`` when it is set."""
-    try:
-        installed = sum(1 for _ in driver_dir.iterdir())
-    except OSError:
-        installed = 0
+    installed = installed_gpus(driver_dir)
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return installed
@@ -73,10 +78,12 @@ def resolve(value: str, env: Mapping[str, str], driver_dir: Path = NVIDIA_GPUS) 
     gpus = 0 if value == "cpu" else gpu_count(env, driver_dir)
     if value == "gpu" and gpus == 0:
         hidden = env.get("CUDA_VISIBLE_DEVICES")
-        why = (
-            f"CUDA_VISIBLE_DEVICES={hidden!r} names none"
-            if hidden is not None
-            else f"the NVIDIA driver lists none under {driver_dir}"
-        )
+        why = f"the NVIDIA driver lists none under {driver_dir}"  # first: the variable only narrows
+        if hidden is not None:
+            why = (
+                f"CUDA_VISIBLE_DEVICES={hidden!r} names none"
+                if installed_gpus(driver_dir)
+                else f"{why}, and CUDA_VISIBLE_DEVICES={hidden!r} only narrows what it lists"
+            )
         raise ValueError(f"--nproc-per-node gpu: no GPU visible ({why}); give a number instead")
     return gpus if gpus > 0 else cpu_count()

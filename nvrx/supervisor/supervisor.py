@@ -114,6 +114,10 @@ class Supervisor:
         """Supervise until done. Raises ``SupervisorError`` for failures before supervision
         begins (a port in use, a store that never answers: its children are ended then)."""
         cfg = self.config
+        try:  # first: the events go there, and a folder that cannot be made is one line
+            job_secret.private_job_dir(cfg.events_dir)
+        except ConfigError as exc:
+            raise SupervisorError(ExitCode.USAGE, str(exc)) from None
         self.writer = events.configure(
             "supervisor",
             directory=cfg.events_dir,
@@ -155,10 +159,6 @@ class Supervisor:
         """Bring up the store, the watch and the children; the stop signal that came before
         the store answered, if one did."""
         cfg, store = self.config, self.store
-        try:
-            job_secret.private_job_dir(cfg.events_dir)
-        except ConfigError as exc:
-            raise SupervisorError(ExitCode.USAGE, str(exc)) from None
         given = jobenv.JOB_SECRET in os.environ
         if cfg.node_rank == 0 or given:
             self._know_secret()  # at once: slot 0 writes it for the others, or it was given

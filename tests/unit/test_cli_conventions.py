@@ -77,11 +77,7 @@ def test_nproc_keywords_count_as_torchrun_does(tmp_path: Path) -> None:
     [
         ("0", {}, "--nproc-per-node must be >= 1, got 0"),
         ("lots", {}, "--nproc-per-node must be a number or one of auto, cpu, gpu, got 'lots'"),
-        (
-            "gpu",
-            {"CUDA_VISIBLE_DEVICES": ""},
-            "no GPU visible (CUDA_VISIBLE_DEVICES='' names none)",
-        ),
+        ("gpu", {"CUDA_VISIBLE_DEVICES": ""}, "--nproc-per-node gpu: no GPU visible ("),
     ],
 )
 def test_bad_nproc_values_name_the_fix(value: str, env: dict[str, str], message: str) -> None:
@@ -89,6 +85,28 @@ def test_bad_nproc_values_name_the_fix(value: str, env: dict[str, str], message:
         config_from_args(
             ["--nproc-per-node", value, "--", "python"], {**env, "PATH": os.environ["PATH"]}
         )
+
+
+@pytest.mark.parametrize(
+    ("gpus", "visible", "why"),
+    [
+        (0, None, "the NVIDIA driver lists none under {driver}"),
+        (0, "0,1,2", "the NVIDIA driver lists none under {driver}, and "
+         "CUDA_VISIBLE_DEVICES='0,1,2' only narrows what it lists"),
+        (4, "", "CUDA_VISIBLE_DEVICES='' names none"),
+        (4, "7", "CUDA_VISIBLE_DEVICES='7' names none"),
+    ],
+)  # fmt: skip
+def test_no_gpu_for_nproc_gpu_says_first_that_the_driver_lists_none(
+    gpus: int, visible: str | None, why: str, tmp_path: Path
+) -> None:
+    """Before: CUDA_VISIBLE_DEVICES=0,1,2 on a machine whose driver lists no GPU was said
+    to name none, as if the variable were wrong."""
+    driver = _driver(tmp_path / "gpus", gpus)
+    env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    message = f"--nproc-per-node gpu: no GPU visible ({why.format(driver=driver)}); give a number instead"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        nproc.resolve("gpu", env, driver)
 
 
 def test_options_fall_back_to_torchruns_pet_variables() -> None:
