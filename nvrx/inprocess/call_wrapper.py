@@ -120,6 +120,7 @@ class CallWrapper:
         self._first_terminated: set[int] = set()
         self._arguments: tuple[tuple[Any, ...], dict[str, Any]] | None = None
         self._hang_protection_off = 0  # depth of nested ``disable_hang_protection()`` blocks
+        self._hang_protection_lock = threading.Lock()  # blocks of several threads at once
 
     # -- joining the job ------------------------------------------------------------------
     def _setup(self) -> None:
@@ -212,22 +213,39 @@ class CallWrapper:
     def disable_hang_protection(self) -> Iterator[None]:
         """Turn the soft and hard timeouts off for the block (exceptions still restart).
 
-        Blocks nest: the timeouts come back when the outermost block ends. Progress then
+        Blocks nest: the timeouts come back when the outermost block ends, or at the
+        next round's start when a restart cut the block short. Progress then
         counts from that moment: the automatic timestamp and, once ``ping()`` made it
         active, the manual one too (else its last ``ping`` before the block, older than
         the block, would be a hang at once)."""
-        board = self.services.board
-        self._hang_protection_off += 1
-        board.set_flag(FLAG_TIMEOUTS_OFF, True)
+        board, round_ = self.services.board, self.rounds_run
+        with self._hang_protection_lock:
+            self._hang_protection_off += 1
+            board.set_flag(FLAG_TIMEOUTS_OFF, True)
         try:
             yield
         finally:
-            self._hang_protection_off -= 1
-            if self._hang_protection_off == 0:
-                board.stamp_auto()
-                if board.read()["manual"] > 0:  # ``ping()`` used this round (0: inactive)
-                    board.stamp_manual()
-                board.set_flag(FLAG_TIMEOUTS_OFF, False)
+            with self._hang_protection_lock:
+                self._hang_protection_ends(round_)
+
+    def _hang_protection_ends(self, round_: int) -> None:
+        """A block of round ``round_`` ends (one of an earlier round ended with it)."""
+        if round_ != self.rounds_run:
+            return
+        self._hang_protection_off -= 1
+        if self._hang_protection_off == 0:
+            board = self.services.board
+            board.stamp_auto()
+            if board.read()["manual"] > 0:  # ``ping()`` used this round (0: inactive)
+                board.stamp_manual()
+            board.set_flag(FLAG_TIMEOUTS_OFF, False)
+
+    def _hang_protection_back(self) -> None:
+        """A new round starts protected: a block that a restart cut short (in its own
+        ``finally`` even) leaves neither its depth nor the timeouts off behind."""
+        with self._hang_protection_lock:
+            self._hang_protection_off = 0
+            self.services.board.set_flag(FLAG_TIMEOUTS_OFF, False)
 
     @property
     def monitor_process(self) -> MonitorProcess | None:
@@ -288,6 +306,7 @@ class CallWrapper:
             between_rounds.assign(self, self._first_terminated)
         while True:
             self.rounds_run += 1
+            self._hang_protection_back()
             run = RoundRun.start(self)
             outcome: Outcome | None = run.run(fn, args, kwargs)
             if isinstance(outcome, Completed):

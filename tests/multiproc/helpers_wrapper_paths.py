@@ -12,6 +12,9 @@ file paths as given), with ``completion``/``terminate`` callbacks that write
 * ``no_hang_protection``: sleeps ``block_s`` inside ``disable_hang_protection()``
   (``_silent_block``: with ``nested``, a block of its own ends inside it first; with
   ``ping``, pings before, and after a busy step of ``after_s`` that follows the block);
+* ``block_left_open``: enters ``disable_hang_protection()`` and never leaves the block
+  (a context a restart cut short), then raises once every rank called the function; in
+  round 1 it sleeps, silent (a hang the soft timeout must catch again);
 * ``completion_timeout``: sleeps inside ``disable_hang_protection()`` until the
   restart ends the sleep (a peer's completion barrier timed out);
 * ``exception``: raises ``RuntimeError`` once every rank called the function;
@@ -120,6 +123,10 @@ def _wait_for(path: Path, timeout: float) -> None:
 def _hang_for_good() -> None:
     """Block the main thread in C (a lock no one releases): no bytecode runs, no progress."""
     threading.Event().wait()
+
+
+#: ``block_left_open``: the blocks entered and never left (held, so that nothing ends them).
+_LEFT_OPEN: list[Any] = []
 
 
 def _silent_block(call_wrapper: Any, params: dict[str, Any]) -> None:
@@ -268,6 +275,11 @@ def _rank_main(tmp: Path) -> int:
             if scenario == "no_hang_protection":
                 _silent_block(call_wrapper, params)
                 (tmp / f"block-done-{initial_rank}").touch()
+            elif scenario == "block_left_open":
+                _LEFT_OPEN.append(call_wrapper.disable_hang_protection())
+                _LEFT_OPEN[-1].__enter__()
+                _wait_for_every_rank(tmp, it, int(os.environ["WORLD_SIZE"]))
+                raise RuntimeError(f"injected fault on rank {initial_rank}")
             elif scenario == "completion_timeout":
                 with call_wrapper.disable_hang_protection():
                     time.sleep(300)  # ended by the restart
@@ -287,6 +299,8 @@ def _rank_main(tmp: Path) -> int:
         elif it == 0 and scenario in ("unresponsive", "host_silent"):
             with call_wrapper.disable_hang_protection():
                 time.sleep(300)  # ended by the restart that the silent rank's peer starts
+        elif it == 1 and initial_rank in fault_ranks and scenario == "block_left_open":
+            time.sleep(300)  # ended by the soft timeout's restart
         elif it == 1 and params.get("hold_after_restart"):
             with call_wrapper.disable_hang_protection():
                 _wait_for(tmp / "release", 120)

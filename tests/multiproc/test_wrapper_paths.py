@@ -75,6 +75,16 @@ def test_disable_hang_protection_lets_a_block_outlast_both_timeouts(tmp_path, ho
     assert not [e for e in events if e["kind"] == "fault"], ranks.logs()
 
 
+def test_a_block_a_restart_cut_short_leaves_the_next_round_protected(tmp_path):
+    # Rank 1 never leaves its block in round 0 and raises; in round 1 it hangs. Before, the
+    # block's depth (and the timeouts off) outlived the round: nothing caught the hang.
+    ranks = launch(tmp_path, 2, wrapper=FAST, scenario="block_left_open", fault_ranks=[1])
+    assert ranks.wait(90) == [0, 0], ranks.logs()
+    assert _iterations(ranks, 1) == [0, 1, 2], ranks.logs()
+    hangs = [h for h in _kinds(ranks.events(), "hang", component="monitor") if h["rank"] == 1]
+    assert [h["timeout"] for h in hangs] == ["soft"], ranks.logs()
+
+
 def test_a_wrapped_function_called_outside_the_main_thread_is_refused(tmp_path):
     # Each rank calls the function in a worker thread; rank 1 would raise in round 0.
     # The restart and the progress watchdog work on the main thread only (before, the

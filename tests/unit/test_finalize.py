@@ -61,3 +61,19 @@ def test_bad_parameters_are_named():
         ThreadedFinalize(timeout=1e12, fn=print)
     with pytest.raises(TypeError, match="fn must be callable"):
         ThreadedFinalize(timeout=1, fn=None)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, 1e12])
+@pytest.mark.parametrize("plugin", ["ThreadedFinalize", "CudaHealthCheck", "FilterCountGroupedByKey"])
+def test_a_plugin_timeout_that_is_not_a_finite_duration_is_refused(plugin: str, value: float) -> None:
+    """A plug-in's own timeout follows the Wrapper's rule: refused when it is built, naming it."""
+    from nvrx.inprocess.health_check import CudaHealthCheck
+    from nvrx.inprocess.rank_assignment.grouped_filter import FilterCountGroupedByKey
+
+    build = {
+        "ThreadedFinalize": lambda: ThreadedFinalize(value, lambda: None),
+        "CudaHealthCheck": lambda: CudaHealthCheck(timeout=value),
+        "FilterCountGroupedByKey": lambda: FilterCountGroupedByKey(lambda r: r, lambda n: True, value),
+    }[plugin]
+    with pytest.raises(ValueError, match=f"{plugin} timeout"):
+        build()
