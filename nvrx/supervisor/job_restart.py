@@ -74,8 +74,8 @@ def _key(epoch: int, what: str) -> str:
 def uses_wrapper(events_dir: str, who: int | ProcessKey) -> bool:
     """Whether process ``who`` ran the in-process Wrapper (it wrote Wrapper events); its
     ``ProcessKey``, so that another node's or an earlier run's Wrapper rank with the same
-    pid does not count."""
-    return bool(process_events(events_dir, who, component="wrapper"))
+    pid does not count. Its first event tells: the rest is not read."""
+    return any(True for _ in process_events(events_dir, who, component="wrapper"))
 
 
 def job_wide(config: SupervisorConfig, wrapper_pids: set[int], who: int | ProcessKey) -> bool:

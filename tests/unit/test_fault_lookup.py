@@ -135,3 +135,42 @@ def test_the_lookups_keep_to_the_childs_node_and_start(tmp_path: Path) -> None:
     assert last_fault(events_dir, ProcessKey(pid, node=0, since=later)) is None
     assert exception_text(events_dir, ProcessKey(pid, node=0, since=later), None) is None
     assert not uses_wrapper(str(events_dir), ProcessKey(pid, node=1, since=later))
+
+
+def _decoded_lines(monkeypatch) -> list[str]:
+    """The lines the reader decodes from now on (``json`` parses, the costly part of a read)."""
+    from nvrx.events import reader
+
+    decoded: list[str] = []
+    real = reader._objects_in_line
+
+    def counted(text: str):
+        decoded.append(text)
+        return real(text)
+
+    monkeypatch.setattr(reader, "_objects_in_line", counted)
+    return decoded
+
+
+def test_the_lookups_read_only_what_they_need(tmp_path: Path, monkeypatch) -> None:
+    """A long run writes an event per step: the fault lookup decodes only its faults and what
+    recovered them, and whether the child ran the Wrapper is told by its first Wrapper event;
+    a file of a million steps is neither held nor parsed whole by each monitor."""
+    app, wrapper = _writers(tmp_path, ("app", 0), ("wrapper", 0))
+    for step in range(500):
+        app.emit("progress", step=step, loss=1.0)
+        wrapper.emit("heartbeat", step=step)
+    app.emit("fault", **_FATAL)
+    # two writes run together, a fault behind a progress event: that line is decoded
+    with open(app.path, "ab") as fh:
+        fh.write(b'{"kind":"progress","step":500}{"kind":"fault","fault_kind":"exception",'
+                 b'"signature":"E at t.py:9"}\n')  # fmt: skip
+    decoded = _decoded_lines(monkeypatch)
+    key = ProcessKey(os.getpid(), node=0)
+    assert last_fault(tmp_path, key) == LastFault("E at t.py:9", "exception")
+    assert len(decoded) == 2, decoded
+    decoded.clear()
+    assert uses_wrapper(str(tmp_path), key)
+    assert len(decoded) == 1, decoded
+    events = process_events(tmp_path, key)
+    assert next(events)["kind"] in ("progress", "heartbeat") and len(decoded) <= 3
