@@ -174,3 +174,27 @@ def test_the_lookups_read_only_what_they_need(tmp_path: Path, monkeypatch) -> No
     assert len(decoded) == 1, decoded
     events = process_events(tmp_path, key)
     assert next(events)["kind"] in ("progress", "heartbeat") and len(decoded) <= 3
+
+
+def test_a_wrapper_ranks_pid_stops_counting_once_its_end_was_decided(tmp_path: Path) -> None:
+    """Under ``auto`` a process whose Wrapper monitor beat restarts alone. Once that child
+    ended, its pid is free: a later process that has it and runs no Wrapper (a plain script's
+    rank) is no Wrapper rank, and its failure restarts the job."""
+
+    def spawn(local_rank: int, attempt: int, env: dict, directory: Path | None) -> Child:
+        return Child(local_rank, attempt, processes.start([sys.executable, "-c", "pass"], env=env))
+
+    job = local_job(nproc_per_node=1, log_dir=str(tmp_path))
+    config = SupervisorConfig(command=["train"], job=job, ft_restart_policy="auto")
+    sup = Supervisor(config, spawn=spawn)
+    sup.course.to(Course.TRAINING)
+    sup.start_child(0)
+    child = sup.ranks.children[0]
+    try:
+        assert sup.hang_watch.on_message({"event": "wrapper_pid", "pid": child.pid})
+        assert not sup.job_restart.job_wide(child.key)  # a Wrapper rank: restarted alone
+        assert child.proc.wait(60) == 0
+        sup.reap()  # it completed: nothing to restart
+    finally:
+        processes.stop(child.proc, ask=signal.SIGKILL)
+    assert sup.job_restart.job_wide(ProcessKey(child.pid, node=0, since=time.time()))
