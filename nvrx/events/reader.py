@@ -204,6 +204,10 @@ class ProcessKey:
     #: A wall time (``time.time()``) from before it started: what was written earlier is
     #: another process's that had the same pid. 0: no bound.
     since: float = 0.0
+    #: The boot id of the host it runs on (events' ``boot``): an event that names another
+    #: is another host's process (a node cut off, still writing, whose node rank a spare took
+    #: over), whatever its node and time. None: any; an event that names none counts.
+    boot: str | None = None
 
     @classmethod
     def of(cls, who: int | ProcessKey) -> ProcessKey:
@@ -226,6 +230,9 @@ def _since(events: Iterator[dict[str, Any]], key: ProcessKey) -> Iterator[tuple[
         wall = _number(event.get("wall"))
         if key.since and (wall is None or wall < key.since):
             continue  # an earlier process's that had this pid
+        boot = event.get("boot")
+        if key.boot is not None and isinstance(boot, str) and boot != key.boot:
+            continue  # another host's
         mono = _number(event.get("mono"))
         at = at if mono is None else mono
         yield at, event

@@ -30,13 +30,17 @@ _FATAL = {
 }
 
 #: A child that finds, under its own pid, the fault of another process (``WHOSE``: another
-#: node's, or an earlier run's, its clock an hour back), then is SIGKILLed without a fault.
+#: node's, an earlier run's, its clock an hour back, or another host's that had this node
+#: rank: a node cut off, still running, whose node rank a spare took over), then is
+#: SIGKILLed without a fault.
 _CHILD = f"""
 import os, signal, time
 from nvrx import events
 context = events.context_from_env()
 if os.environ["WHOSE"] == "other node":
     context["node"] = 1
+elif os.environ["WHOSE"] == "other host":
+    events.writer._BOOT_ID = "the boot id of a host cut off"
 else:
     real = time.time
     time.time = lambda: real() - 3600
@@ -85,6 +89,16 @@ def test_an_earlier_runs_fault_under_the_same_pid_is_not_this_childs(tmp_path: P
     """A requeued run in a fresh pid namespace: its rank has the pid of the earlier run's rank
     that recorded a FatalDataError; its own SIGKILL is judged as what it is."""
     sup = _supervisor(tmp_path, "earlier run")
+    _fail_once(sup)
+    assert sup.exit_code == ExitCode.LOOP_BREAKER, sup.stop_reason
+    assert "failed with signal SIGKILL" in str(sup.stop_reason)
+
+
+def test_a_cut_off_hosts_fault_under_the_same_pid_and_node_is_not_this_childs(tmp_path: Path) -> None:
+    """A spare took over node rank 0 from a host that is only cut off: a process there with
+    the pid of this node's child writes, under node rank 0 and after the child started, a
+    fault; it names that host's boot, not this one's."""
+    sup = _supervisor(tmp_path, "other host")
     _fail_once(sup)
     assert sup.exit_code == ExitCode.LOOP_BREAKER, sup.stop_reason
     assert "failed with signal SIGKILL" in str(sup.stop_reason)
