@@ -10,14 +10,16 @@ files: every line that could not be used is reported as ``Skipped``.
 from __future__ import annotations
 
 import errno
+import heapq
 import json
 import math
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from .schema import KINDS
 from .validation import common_field_problem
@@ -67,44 +69,88 @@ def read_regular_file(path: str | os.PathLike[str]) -> bytes:
         return fh.read()
 
 
-def iter_file(
-    path: str | os.PathLike[str], stats: ReadStats | None = None
+def _open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+    """``path`` opened for reading, through symlinks; ``OSError`` for anything but a regular
+    file (a FIFO or a device in place of an event file would block or never end a read)."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise OSError(errno.EINVAL, "not a regular file")
+    return open(path, "rb")
+
+
+#: How the writer starts every line (``EventWriter.emit``: the kind first, no spaces).
+_KIND_HEAD = b'{"kind":"'
+
+
+def _other_kind(raw: bytes, kinds: frozenset[str]) -> bool:
+    """Whether line ``raw``, as the writer writes one (one object, its kind first), holds an
+    event of none of ``kinds``: told without decoding it. False when it may hold anything else
+    (two writes run together, another spelling), which is then decoded."""
+    if not raw.startswith(_KIND_HEAD) or raw.count(b'"kind"') != 1:
+        return False
+    end = raw.find(b'"', len(_KIND_HEAD))
+    name = raw[len(_KIND_HEAD) : end]
+    if end < 0 or b"\\" in name:
+        return False
+    return name.decode("utf-8", "replace") not in kinds
+
+
+def _line_events(
+    spath: str, number: int, raw: bytes, stats: ReadStats, kinds: frozenset[str] | None
 ) -> Iterator[dict[str, Any]]:
-    """Yield the events of one file in file order, recording what was skipped in ``stats``."""
+    """The events of line ``number`` (``raw``, its newline included when it has one)."""
+    if not raw.strip() or (kinds is not None and _other_kind(raw, kinds)):
+        return
+    try:
+        values = list(_objects_in_line(raw.decode("utf-8")))
+    except (UnicodeDecodeError, ValueError, RecursionError):  # also arrays nested too deep
+        # only the last line can lack its newline: a write cut short
+        reason = "malformed line" if raw.endswith(b"\n") else "torn last line"
+        stats.skipped.append(Skipped(spath, number, reason))
+        return
+    for value in values:
+        if not isinstance(value, dict) or not isinstance(value.get("kind"), str):
+            stats.skipped.append(Skipped(spath, number, "not an event object"))
+            continue
+        problem = common_field_problem(value)
+        if problem is not None:
+            stats.skipped.append(Skipped(spath, number, problem))
+            continue
+        kind = value["kind"]
+        if kinds is not None and kind not in kinds:
+            continue
+        if kind not in KINDS:
+            stats.unknown_kinds[kind] = stats.unknown_kinds.get(kind, 0) + 1
+        stats.events += 1
+        yield value
+
+
+def iter_file(
+    path: str | os.PathLike[str],
+    stats: ReadStats | None = None,
+    kinds: Collection[str] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Yield the events of one file in file order, recording what was skipped in ``stats``.
+
+    The file is read line by line, as the events are taken: a reader that stops early has
+    not read the rest. ``kinds``: only events of these kinds; the writer's lines of other
+    kinds are passed over undecoded (neither counted nor checked).
+    """
     stats = stats if stats is not None else ReadStats()
     spath = str(path)
+    wanted = None if kinds is None else frozenset(kinds)
     try:
-        data = read_regular_file(path)
+        fh = _open_regular(path)
     except OSError as exc:
         stats.skipped.append(Skipped(spath, 0, f"unreadable: {exc.strerror or exc}"))
         return
     stats.files += 1
-    lines = data.split(b"\n")
-    torn_tail = not data.endswith(b"\n")
-    for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        last = number == len(lines)
+    number = 0
+    with fh:
         try:
-            text = raw.decode("utf-8")
-            values = list(_objects_in_line(text))
-        except (UnicodeDecodeError, ValueError, RecursionError):  # also arrays nested too deep
-            reason = "torn last line" if last and torn_tail else "malformed line"
-            stats.skipped.append(Skipped(spath, number, reason))
-            continue
-        for value in values:
-            if not isinstance(value, dict) or not isinstance(value.get("kind"), str):
-                stats.skipped.append(Skipped(spath, number, "not an event object"))
-                continue
-            problem = common_field_problem(value)
-            if problem is not None:
-                stats.skipped.append(Skipped(spath, number, problem))
-                continue
-            kind = value["kind"]
-            if kind not in KINDS:
-                stats.unknown_kinds[kind] = stats.unknown_kinds.get(kind, 0) + 1
-            stats.events += 1
-            yield value
+            for number, raw in enumerate(fh, start=1):
+                yield from _line_events(spath, number, raw, stats, wanted)
+        except OSError as exc:  # a read failed part way (an I/O error, a file system gone)
+            stats.skipped.append(Skipped(spath, number + 1, f"unreadable: {exc.strerror or exc}"))
 
 
 def event_files(
@@ -158,6 +204,10 @@ class ProcessKey:
     #: A wall time (``time.time()``) from before it started: what was written earlier is
     #: another process's that had the same pid. 0: no bound.
     since: float = 0.0
+    #: The boot id of the host it runs on (events' ``boot``): an event that names another
+    #: is another host's process (a node cut off, still writing, whose node rank a spare took
+    #: over), whatever its node and time. None: any; an event that names none counts.
+    boot: str | None = None
 
     @classmethod
     def of(cls, who: int | ProcessKey) -> ProcessKey:
@@ -171,28 +221,41 @@ def _number(value: object) -> float | None:
     return None
 
 
+def _since(events: Iterator[dict[str, Any]], key: ProcessKey) -> Iterator[tuple[float, dict[str, Any]]]:
+    """The events of one file of ``key``'s pid that are its process's, each with where it goes
+    in the order that process wrote them: its monotonic clock (one process, one boot); an
+    event without one stays after the event before it."""
+    at = -math.inf
+    for event in events:
+        wall = _number(event.get("wall"))
+        if key.since and (wall is None or wall < key.since):
+            continue  # an earlier process's that had this pid
+        boot = event.get("boot")
+        if key.boot is not None and isinstance(boot, str) and boot != key.boot:
+            continue  # another host's
+        mono = _number(event.get("mono"))
+        at = at if mono is None else mono
+        yield at, event
+
+
 def process_events(
-    directory: str | os.PathLike[str], who: int | ProcessKey, component: str = "*"
-) -> list[dict[str, Any]]:
+    directory: str | os.PathLike[str],
+    who: int | ProcessKey,
+    component: str = "*",
+    kinds: Collection[str] | None = None,
+) -> Iterator[dict[str, Any]]:
     """The events process ``who`` wrote into ``directory`` (those of ``component``'s files,
-    default all), from every file it wrote (one per writer: the application's, the
-    Wrapper's, ...), merged in the order it wrote them: by its monotonic clock (one process,
-    one boot), by wall time where an event lacks it, file order among equals."""
+    default all; ``kinds``: only those of these kinds), from every file it wrote (one per
+    writer: the application's, the Wrapper's, ...), merged in the order it wrote them (by its
+    monotonic clock, file order among equals).
+
+    Read as they are taken, never all at once: a reader that stops early (at the first
+    event) reads no further, and one that goes through them all holds one at a time.
+    """
     key = ProcessKey.of(who)
     folder = Path(directory)
     if not folder.is_dir():
-        return []
-    found: list[dict[str, Any]] = []
-    for path in sorted(folder.glob(file_glob(key.pid, key.node, component))):
-        for event in iter_file(path):
-            wall = _number(event.get("wall"))
-            if key.since and (wall is None or wall < key.since):
-                continue  # an earlier process's that had this pid
-            found.append(event)
-    clock = "mono" if all(_number(e.get("mono")) is not None for e in found) else "wall"
-
-    def written(event: dict[str, Any]) -> float:
-        at = _number(event.get(clock))
-        return -math.inf if at is None else at
-
-    return sorted(found, key=written)
+        return iter(())
+    paths = sorted(folder.glob(file_glob(key.pid, key.node, component)))
+    streams = [_since(iter_file(path, kinds=kinds), key) for path in paths]
+    return (event for _, event in heapq.merge(*streams, key=itemgetter(0)))

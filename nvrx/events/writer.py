@@ -30,6 +30,11 @@ _BOOT_ID = processes.boot_id() or socket.gethostname()
 _HOST = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
+def this_boot() -> str:
+    """What this host's events carry as ``boot``: its kernel's boot id, else its name."""
+    return _BOOT_ID
+
+
 def job_id_from_env(env: dict[str, str] | None = None) -> str:
     """The job id events are filed under (``nvrx.jobenv.job_id_from``)."""
     return jobenv.job_id_from(env)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nvrx import processes
+from nvrx.events import writer
 from nvrx.events.reader import ProcessKey
 
 from .rank_output import RankOutput
@@ -110,9 +111,10 @@ class Child:
 
     @property
     def key(self) -> ProcessKey:
-        """Which events are this child's: its pid's, of its node, written since it started
-        (its pid may be another node's process's, or an earlier run's)."""
-        return ProcessKey(self.pid, self.node, self.since)
+        """Which events are this child's: its pid's, of its node, written since it started, on
+        this host (its pid may be another node's process's, or an earlier run's, or that of
+        a cut-off host's process of the node rank this one took over)."""
+        return ProcessKey(self.pid, self.node, self.since, writer.this_boot())
 
     @property
     def running(self) -> bool:

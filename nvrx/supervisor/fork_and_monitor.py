@@ -12,7 +12,7 @@ rank 0, restarts the child when it fails (same RANK, ``NVRX_RESTART_COUNT`` + 1,
 job-wide budget in the store), and exits with the supervisor's exit code; it
 never returns. The child returns from the call and runs the script; it dies
 with the monitor (``PR_SET_PDEATHSIG``), as a supervisor's children do, and keeps
-the launcher's ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` (``launcher_place``). The
+the launcher's ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` and node (``launcher_place``). The
 monitor starts no thread and imports no torch (the store client lives in a
 separate agent process), so every fork happens from a clean process.
 """
@@ -140,16 +140,25 @@ def _become_child(supervisor: Supervisor, env: dict[str, str]) -> None:
 
 
 def launcher_place(env: Mapping[str, str]) -> dict[str, str]:
-    """``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` as the launcher gave them to this process
-    (docs/conventions.md: as torchrun sets them), for the child to keep: the launcher's own
-    (torchrun, mpirun wrappers), else SLURM's place of the task on its node
-    (``SLURM_LOCALID``, the node's task count); those not known are left out, and the
-    child's one-rank node gives 0 and 1."""
-    place: dict[str, str] = {}
-    local_rank = env.get("LOCAL_RANK") or env.get("SLURM_LOCALID")
-    if local_rank:
-        place["LOCAL_RANK"] = local_rank
-    size = env.get("LOCAL_WORLD_SIZE") or topology.tasks_on_this_node(env)
-    if size:
-        place["LOCAL_WORLD_SIZE"] = str(size)
-    return place
+    """``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` (and ``GROUP_RANK``, ``GROUP_WORLD_SIZE``) as
+    the launcher gave them to this process (docs/conventions.md: as torchrun sets them), for
+    the child to keep. All from one source, so that they agree: the launcher's own (torchrun,
+    mpirun wrappers) when it set ``LOCAL_RANK``, else SLURM's place of the task (``SLURM_LOCALID``,
+    the node's task count, ``SLURM_NODEID`` of the step's nodes). Those not known are left
+    out (the group's two together): the child's one-rank node gives 0 and 1, and its
+    "node" (its task) the group's."""
+    if env.get("LOCAL_RANK"):
+        names = ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE")
+        place = {name: env.get(name) for name in names}
+    else:
+        nodes = env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_JOB_NUM_NODES")
+        size = topology.tasks_on_this_node(env)
+        place = {
+            "LOCAL_RANK": env.get("SLURM_LOCALID"),
+            "LOCAL_WORLD_SIZE": None if size is None else str(size),
+            "GROUP_RANK": env.get("SLURM_NODEID"),
+            "GROUP_WORLD_SIZE": nodes,
+        }
+    if not (place["GROUP_RANK"] and place["GROUP_WORLD_SIZE"]):  # a pair, or the monitor's
+        place["GROUP_RANK"] = place["GROUP_WORLD_SIZE"] = None
+    return {name: value for name, value in place.items() if value}

@@ -74,13 +74,14 @@ def _key(epoch: int, what: str) -> str:
 def uses_wrapper(events_dir: str, who: int | ProcessKey) -> bool:
     """Whether process ``who`` ran the in-process Wrapper (it wrote Wrapper events); its
     ``ProcessKey``, so that another node's or an earlier run's Wrapper rank with the same
-    pid does not count."""
-    return bool(process_events(events_dir, who, component="wrapper"))
+    pid does not count. Its first event tells: the rest is not read."""
+    return any(True for _ in process_events(events_dir, who, component="wrapper"))
 
 
 def job_wide(config: SupervisorConfig, wrapper_pids: set[int], who: int | ProcessKey) -> bool:
     """Whether the failure of child ``who`` restarts the whole job (``--ft-restart-policy``);
-    ``wrapper_pids``: this node's processes whose Wrapper monitor beat."""
+    ``wrapper_pids``: this node's running processes whose Wrapper monitor beat (a child's
+    pid leaves it once its end was decided)."""
     policy = config.ft_restart_policy
     if policy == "auto":  # a rank waiting to be admitted has no Wrapper events yet
         wrapped = ProcessKey.of(who).pid in wrapper_pids or uses_wrapper(config.events_dir, who)

@@ -113,6 +113,10 @@ def last_fault(events_dir: str | os.PathLike[str], who: int | ProcessKey) -> Las
     return None if event is None else _fault_record(event)
 
 
+#: What ``last_fault_event`` reads of a child's events: its faults, and what recovered them.
+_FAULT_LOOKUP_KINDS = frozenset({"fault", "round_start", "call_start"})
+
+
 def last_fault_event(
     events_dir: str | os.PathLike[str], who: int | ProcessKey
 ) -> dict[str, object] | None:
@@ -123,7 +127,7 @@ def last_fault_event(
     all its files (the application's, the Wrapper's) are read in the order it wrote them.
     """
     record = None
-    for event in process_events(events_dir, who):
+    for event in process_events(events_dir, who, kinds=_FAULT_LOOKUP_KINDS):
         if event.get("kind") == "fault":
             record = event
         elif event.get("kind") in ("round_start", "call_start"):
@@ -144,7 +148,7 @@ def last_round_fault(
     directory = Path(events_dir)
     best, best_key = None, None
     for path in directory.glob("*.jsonl") if directory.is_dir() else ():
-        for event in iter_file(path):
+        for event in iter_file(path, kinds=("fault",)):
             if event.get("kind") != "fault" or event.get("fault_kind") in _NOT_A_CAUSE:
                 continue
             rnd, wall = event.get("round"), event.get("wall")

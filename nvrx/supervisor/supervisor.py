@@ -262,8 +262,12 @@ class Supervisor:
         self.ranks.reap(self.node_rank, self._ended)
 
     def _ended(self, local_rank: int, status: ExitStatus, pid: int) -> None:
-        if not self.course.stopping:
-            self._decide(local_rank, status, pid)
+        try:
+            if not self.course.stopping:
+                self._decide(local_rank, status, pid)
+        finally:
+            # decided: its pid, free now, may be taken by a process that runs no Wrapper
+            self.job_restart.wrapper_pids.discard(pid)
 
     def _decide(self, local_rank: int, status: ExitStatus, pid: int) -> None:
         if self.course.state is Course.FAILING_OVER:

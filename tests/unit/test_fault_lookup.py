@@ -30,13 +30,17 @@ _FATAL = {
 }
 
 #: A child that finds, under its own pid, the fault of another process (``WHOSE``: another
-#: node's, or an earlier run's, its clock an hour back), then is SIGKILLed without a fault.
+#: node's, an earlier run's, its clock an hour back, or another host's that had this node
+#: rank: a node cut off, still running, whose node rank a spare took over), then is
+#: SIGKILLed without a fault.
 _CHILD = f"""
 import os, signal, time
 from nvrx import events
 context = events.context_from_env()
 if os.environ["WHOSE"] == "other node":
     context["node"] = 1
+elif os.environ["WHOSE"] == "other host":
+    events.writer._BOOT_ID = "the boot id of a host cut off"
 else:
     real = time.time
     time.time = lambda: real() - 3600
@@ -90,6 +94,16 @@ def test_an_earlier_runs_fault_under_the_same_pid_is_not_this_childs(tmp_path: P
     assert "failed with signal SIGKILL" in str(sup.stop_reason)
 
 
+def test_a_cut_off_hosts_fault_under_the_same_pid_and_node_is_not_this_childs(tmp_path: Path) -> None:
+    """A spare took over node rank 0 from a host that is only cut off: a process there with
+    the pid of this node's child writes, under node rank 0 and after the child started, a
+    fault; it names that host's boot, not this one's."""
+    sup = _supervisor(tmp_path, "other host")
+    _fail_once(sup)
+    assert sup.exit_code == ExitCode.LOOP_BREAKER, sup.stop_reason
+    assert "failed with signal SIGKILL" in str(sup.stop_reason)
+
+
 def _writers(tmp_path: Path, *specs: tuple[str, int]) -> list[EventWriter]:
     return [
         EventWriter(tmp_path, component, {"job": "j", "node": node, "rank": 0, "round": None})
@@ -135,3 +149,66 @@ def test_the_lookups_keep_to_the_childs_node_and_start(tmp_path: Path) -> None:
     assert last_fault(events_dir, ProcessKey(pid, node=0, since=later)) is None
     assert exception_text(events_dir, ProcessKey(pid, node=0, since=later), None) is None
     assert not uses_wrapper(str(events_dir), ProcessKey(pid, node=1, since=later))
+
+
+def _decoded_lines(monkeypatch) -> list[str]:
+    """The lines the reader decodes from now on (``json`` parses, the costly part of a read)."""
+    from nvrx.events import reader
+
+    decoded: list[str] = []
+    real = reader._objects_in_line
+
+    def counted(text: str):
+        decoded.append(text)
+        return real(text)
+
+    monkeypatch.setattr(reader, "_objects_in_line", counted)
+    return decoded
+
+
+def test_the_lookups_read_only_what_they_need(tmp_path: Path, monkeypatch) -> None:
+    """A long run writes an event per step: the fault lookup decodes only its faults and what
+    recovered them, and whether the child ran the Wrapper is told by its first Wrapper event;
+    a file of a million steps is neither held nor parsed whole by each monitor."""
+    app, wrapper = _writers(tmp_path, ("app", 0), ("wrapper", 0))
+    for step in range(500):
+        app.emit("progress", step=step, loss=1.0)
+        wrapper.emit("heartbeat", step=step)
+    app.emit("fault", **_FATAL)
+    # two writes run together, a fault behind a progress event: that line is decoded
+    with open(app.path, "ab") as fh:
+        fh.write(b'{"kind":"progress","step":500}{"kind":"fault","fault_kind":"exception",'
+                 b'"signature":"E at t.py:9"}\n')  # fmt: skip
+    decoded = _decoded_lines(monkeypatch)
+    key = ProcessKey(os.getpid(), node=0)
+    assert last_fault(tmp_path, key) == LastFault("E at t.py:9", "exception")
+    assert len(decoded) == 2, decoded
+    decoded.clear()
+    assert uses_wrapper(str(tmp_path), key)
+    assert len(decoded) == 1, decoded
+    events = process_events(tmp_path, key)
+    assert next(events)["kind"] in ("progress", "heartbeat") and len(decoded) <= 3
+
+
+def test_a_wrapper_ranks_pid_stops_counting_once_its_end_was_decided(tmp_path: Path) -> None:
+    """Under ``auto`` a process whose Wrapper monitor beat restarts alone. Once that child
+    ended, its pid is free: a later process that has it and runs no Wrapper (a plain script's
+    rank) is no Wrapper rank, and its failure restarts the job."""
+
+    def spawn(local_rank: int, attempt: int, env: dict, directory: Path | None) -> Child:
+        return Child(local_rank, attempt, processes.start([sys.executable, "-c", "pass"], env=env))
+
+    job = local_job(nproc_per_node=1, log_dir=str(tmp_path))
+    config = SupervisorConfig(command=["train"], job=job, ft_restart_policy="auto")
+    sup = Supervisor(config, spawn=spawn)
+    sup.course.to(Course.TRAINING)
+    sup.start_child(0)
+    child = sup.ranks.children[0]
+    try:
+        assert sup.hang_watch.on_message({"event": "wrapper_pid", "pid": child.pid})
+        assert not sup.job_restart.job_wide(child.key)  # a Wrapper rank: restarted alone
+        assert child.proc.wait(60) == 0
+        sup.reap()  # it completed: nothing to restart
+    finally:
+        processes.stop(child.proc, ask=signal.SIGKILL)
+    assert sup.job_restart.job_wide(ProcessKey(child.pid, node=0, since=time.time()))
