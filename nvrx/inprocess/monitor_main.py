@@ -255,9 +255,13 @@ class _Monitor:
         found = hang_verdict(info, now, cfg.soft_timeout, cfg.hard_timeout, self.soft_fired)
         stale = now - last_progress(info)
         log.debug("round %d: %.2f s since the last progress", self.round, stale)
-        if found == "hard":
-            self._hard_timeout(stale, info, pidfd)
-            return True
+        if found == "hard":  # a second look confirms it before the rank is ended
+            info, now = self.board.read(), time.monotonic()
+            if hang_verdict(info, now, cfg.soft_timeout, cfg.hard_timeout, self.soft_fired):
+                self._hard_timeout(now - last_progress(info), info, pidfd)
+                return True
+            log.debug("round %d: progress after all on a second look", self.round)
+            return False
         if found == "soft":
             self._soft_timeout(stale)
         return False

@@ -9,6 +9,8 @@ the iteration barrier for a slow peer is not), is in
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -20,6 +22,7 @@ from nvrx.inprocess.progress_watchdog import (
     FLAG_USER,
     ProgressBoard,
 )
+from tests.support.waiting import wait_until
 
 SOFT, HARD = 3.0, 5.0
 
@@ -94,3 +97,48 @@ def test_the_marks_go_when_their_block_raises(board):
         raise RuntimeError("the barrier timed out")
     info = board.read()
     assert int(info["flags"]) == 0 and info["wait_until"] == 0.0
+
+
+# A rank's main thread, hammering the board: waits that end (their progress stamped as they
+# end) with a stale stamp inside (a wait blocked in C makes no progress), fresh stamps in
+# between. Generation 1: started; 2: done.
+_HAMMER = """
+import sys
+from nvrx.inprocess.progress_watchdog import FLAG_BETWEEN, ProgressBoard
+board = ProgressBoard(sys.argv[1])
+board.set_flag(FLAG_BETWEEN, True)
+board.set_generation(1)
+for _ in range(int(sys.argv[2])):
+    with board.waiting(1e6):
+        board.stamp_auto(1.0)
+    for _ in range(20):
+        board.stamp_auto()
+board.set_generation(2)
+board.close()
+"""
+
+
+def test_a_read_racing_the_writer_sees_no_zero_stamp_nor_the_end_of_a_wait_without_its_stamp(
+    board,
+):
+    """The monitor reads while the main thread writes: a field half written (``pack_into``
+    zero-fills it first: ``auto`` read as 0.0) or a wait's end seen without the progress
+    stamped as it ended (``auto`` from inside the wait) would end a healthy rank at once
+    between rounds."""
+    board.stamp_auto()
+    writer = subprocess.Popen([sys.executable, "-c", _HAMMER, board.path, "30000"])
+    try:
+        wait_until("the writer started", lambda: board.generation() >= 1, 30, 0.01)
+        reads, bad = 0, []
+        while board.generation() == 1:
+            info = board.read()
+            reads += 1
+            if info["auto"] == 0.0 or (info["wait_until"] == 0.0 and info["auto"] == 1.0):
+                bad.append({k: info[k] for k in ("auto", "wait_until")})
+        assert writer.wait(30) == 0
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait()
+    assert reads > 1000  # the writer ran while read
+    assert not bad, f"{len(bad)} of {reads} reads torn, first: {bad[:3]}"
