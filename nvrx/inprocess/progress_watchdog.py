@@ -87,6 +87,7 @@ class ProgressBoard:
             os.close(fd)
         self._d = memoryview(self._map).cast("d")  # (a page-aligned map: aligned fields)
         self._q = memoryview(self._map).cast("q")
+        self._flags_lock = threading.Lock()  # (only this process writes the flags)
         if self.owner:
             q = self._q
             q[ROUND], q[RANK], q[WORLD_SIZE], q[INITIAL_RANK] = 0, -1, 0, -1
@@ -140,8 +141,12 @@ class ProgressBoard:
         return self._q[FLAGS]
 
     def set_flag(self, flag: int, on: bool) -> None:
-        flags = self._flags()
-        self._q[FLAGS] = (flags | flag) if on else (flags & ~flag)
+        """Set or clear ``flag``; threads of the process may do so at once (the main thread
+        between rounds, a user thread in ``disable_hang_protection()``): none loses
+        another's change."""
+        with self._flags_lock:
+            flags = self._flags()
+            self._q[FLAGS] = (flags | flag) if on else (flags & ~flag)
 
     def enter_user(self) -> None:
         """The main thread starts running user code: progress counts from now."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -142,3 +143,24 @@ def test_a_read_racing_the_writer_sees_no_zero_stamp_nor_the_end_of_a_wait_witho
             writer.wait()
     assert reads > 1000  # the writer ran while read
     assert not bad, f"{len(bad)} of {reads} reads torn, first: {bad[:3]}"
+
+
+def test_threads_setting_flags_at_once_lose_none_of_the_changes(board):
+    """The main thread clears ``FLAG_BETWEEN`` while a user thread enters
+    ``disable_hang_protection()``: with an unlocked read-modify-write of the flags, a
+    thread switch between the read and the write (here: forced) lost one of the changes."""
+    board.set_flag(FLAG_BETWEEN, True)
+    read_flags = board._flags
+    other = threading.Thread(target=board.set_flag, args=(FLAG_TIMEOUTS_OFF, True))
+
+    def switch_after_the_read() -> int:
+        flags = read_flags()
+        if not other.is_alive() and other.ident is None:
+            other.start()
+            other.join(0.5)  # the other thread's change, if nothing holds it back
+        return flags
+
+    board._flags = switch_after_the_read  # type: ignore[method-assign]
+    board.set_flag(FLAG_BETWEEN, False)
+    other.join()
+    assert int(board.read()["flags"]) == FLAG_TIMEOUTS_OFF
