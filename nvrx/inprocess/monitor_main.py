@@ -70,8 +70,11 @@ BYE_WAIT_S = 2.0
 
 def last_progress(info: dict[str, float]) -> float:
     """When a board read (``ProgressBoard.read``) last saw progress: the watchdog's stamp,
-    or the older of it and the last ``ping()`` once one came."""
-    return info["auto"] if info["manual"] <= 0 else min(info["auto"], info["manual"])
+    or, in user code, the older of it and the last ``ping()`` once one came (between
+    rounds a ``ping()``, of a user thread, says nothing of the main thread's progress)."""
+    if info["manual"] <= 0 or int(info["flags"]) & FLAG_BETWEEN:
+        return info["auto"]
+    return min(info["auto"], info["manual"])
 
 
 def hang_verdict(

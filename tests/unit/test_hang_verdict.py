@@ -60,10 +60,15 @@ def test_a_wait_for_peers_is_no_hang_until_its_limit_and_the_hard_timeout_passed
     assert _verdict(waiting, barrier_s + HARD + 0.1) == "hard"
 
 
-def test_a_ping_of_user_code_counts_between_rounds_only_once_stamped_again():
-    """The board's last progress is the older of the two stamps once a ping came."""
-    stale_ping = _info(FLAG_BETWEEN, auto=100.0, manual=90.0)
-    assert hang_verdict(stale_ping, 90.0 + HARD + 0.1, SOFT, HARD, False) == "hard"
+def test_a_ping_counts_in_user_code_but_not_between_rounds():
+    """In user code the board's last progress is the older of the two stamps once a ping
+    came; between rounds the watchdog's stamp alone: a ping (from a user thread: the main
+    thread runs no user code there) must not bring the hard timeout forward."""
+    stale_ping = _info(FLAG_USER, auto=100.0, manual=90.0)
+    assert hang_verdict(stale_ping, 90.0 + HARD + 0.1, SOFT, HARD, True) == "hard"
+    between = _info(FLAG_BETWEEN, auto=100.0, manual=90.0)
+    assert hang_verdict(between, 90.0 + HARD + 0.1, SOFT, HARD, False) is None
+    assert hang_verdict(between, 100.0 + HARD + 0.1, SOFT, HARD, False) == "hard"
 
 
 @pytest.mark.parametrize("flags", [0, FLAG_USER | FLAG_TIMEOUTS_OFF, FLAG_BETWEEN | FLAG_TIMEOUTS_OFF])
