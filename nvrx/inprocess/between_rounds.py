@@ -37,7 +37,7 @@ from .exception import RestartAbort
 from .health_check_base import run_check
 from .monitor_thread import RESTART_WAIT_S
 from .progress_watchdog import FLAG_RELEASED, released_into_next
-from .rank_assignment import RankAssignmentCtx, RankDiscarded
+from .rank_assignment import RankAssignmentCtx, RankDiscarded, assignment_wait_s
 from .round_outcome import Leave, Restart
 from .round_run import RoundCall, RoundRun, forged_reporter
 from .state import Mode, State
@@ -151,8 +151,10 @@ def _next_round(call: RoundCall, run: RoundRun, signal: BaseException | None) ->
         faults=faults[:16],
     )
     call.enter_round(call.round + 1)
-    # a rank assignment may wait for its peers (``Tree``, ``FilterCountGroupedByKey``)
-    with call.phase("rank_assignment"), board.waiting(w.barrier_timeout):
+    # a rank assignment may wait for its peers (``Tree``, ``FilterCountGroupedByKey``), so
+    # long as it says; one that waits for none (the default one) is watched without a limit
+    wait_s = assignment_wait_s(call.assignment, w.barrier_timeout)
+    with call.phase("rank_assignment"), board.waiting(wait_s) if wait_s else contextlib.nullcontext():
         assign(call, terminated)
     call.state.iteration = int(decision["job_restarts"])
     call.state.fn_exception = None

@@ -7,6 +7,7 @@ import datetime
 import math
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +56,23 @@ def as_seconds(
             f"{name} must be at most {MAX_SECONDS:.0f} seconds (10 years), got {seconds:g}"
         )
     return seconds
+
+
+#: Longest single wait of ``join_in_slices``: the main thread runs bytecode between two.
+JOIN_SLICE_S = 0.5
+
+
+def join_in_slices(thread: threading.Thread, timeout_s: float) -> None:
+    """Join ``thread``, ``timeout_s`` seconds at most, in waits of ``JOIN_SLICE_S`` at most.
+
+    One ``join`` blocks the calling thread in C: the progress watchdog's probe (a pending
+    call, run only between bytecodes) would wait for its end, and between rounds the
+    monitor process would end a rank whose plug-in is slow but within its own timeout
+    once ``hard_timeout`` passed. Between the slices the probe runs.
+    """
+    deadline = time.monotonic() + timeout_s
+    while thread.is_alive() and (left := deadline - time.monotonic()) > 0:
+        thread.join(min(left, JOIN_SLICE_S))
 
 
 def _bind_cuda_device() -> None:
@@ -112,7 +130,7 @@ class ThreadedFinalize(Finalize):
         name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
         thread = threading.Thread(target=run, name=f"ThreadedFinalize-{name}", daemon=True)
         thread.start()
-        thread.join(self._timeout_s)
+        join_in_slices(thread, self._timeout_s)
         if thread.is_alive():
             raise exception.TimeoutError(
                 f"ThreadedFinalize: {name} did not finish within {self._timeout_s:g} s"

@@ -12,7 +12,7 @@ import threading
 
 from . import exception
 from .device_health import ChainedGPUHealthCheck, ChainedNicHealthCheck, ChainedNVLHealthCheck
-from .finalize import as_seconds
+from .finalize import as_seconds, join_in_slices
 from .health_check_base import HealthCheck
 from .state import FrozenState
 
@@ -58,7 +58,7 @@ class CudaHealthCheck(HealthCheck):
 
         thread = threading.Thread(target=synchronize, name="CudaHealthCheckSync", daemon=True)
         thread.start()
-        thread.join(self._timeout_s)
+        join_in_slices(thread, self._timeout_s)
         if thread.is_alive():
             raise exception.TimeoutError(
                 f"CudaHealthCheck: torch.cuda.synchronize({device}) did not finish within "

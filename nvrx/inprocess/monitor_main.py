@@ -70,8 +70,11 @@ BYE_WAIT_S = 2.0
 
 def last_progress(info: dict[str, float]) -> float:
     """When a board read (``ProgressBoard.read``) last saw progress: the watchdog's stamp,
-    or the older of it and the last ``ping()`` once one came."""
-    return info["auto"] if info["manual"] <= 0 else min(info["auto"], info["manual"])
+    or, in user code, the older of it and the last ``ping()`` once one came (between
+    rounds a ``ping()``, of a user thread, says nothing of the main thread's progress)."""
+    if info["manual"] <= 0 or int(info["flags"]) & FLAG_BETWEEN:
+        return info["auto"]
+    return min(info["auto"], info["manual"])
 
 
 def hang_verdict(
@@ -255,9 +258,13 @@ class _Monitor:
         found = hang_verdict(info, now, cfg.soft_timeout, cfg.hard_timeout, self.soft_fired)
         stale = now - last_progress(info)
         log.debug("round %d: %.2f s since the last progress", self.round, stale)
-        if found == "hard":
-            self._hard_timeout(stale, info, pidfd)
-            return True
+        if found == "hard":  # a second look confirms it before the rank is ended
+            info, now = self.board.read(), time.monotonic()
+            if hang_verdict(info, now, cfg.soft_timeout, cfg.hard_timeout, self.soft_fired):
+                self._hard_timeout(now - last_progress(info), info, pidfd)
+                return True
+            log.debug("round %d: progress after all on a second look", self.round)
+            return False
         if found == "soft":
             self._soft_timeout(stale)
         return False

@@ -26,7 +26,6 @@ import dataclasses
 import datetime
 import mmap
 import os
-import struct
 import sys
 import tempfile
 import threading
@@ -34,12 +33,17 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-_LAYOUT = struct.Struct(
-    "<ddqqqqqd"
-)  # auto, manual, round, rank, world_size, initial_rank, flags, user_since
 SIZE = 128
-_GENERATION_OFFSET = 64
-_WAIT_OFFSET = 72  # the limit (monotonic) of the wait the rank is in; 0.0: none
+# The board's 8-byte fields, by index (offset / 8): each is written and read as one aligned
+# 8-byte store or load through a memoryview (``struct.pack_into`` zero-fills a field before
+# writing it, so a concurrent read could see 0.0 there).
+AUTO, MANUAL, ROUND, RANK, WORLD_SIZE, INITIAL_RANK, FLAGS, USER_SINCE = range(8)
+GENERATION = 8
+WAIT_UNTIL = 9  # the limit (monotonic) of the wait the rank is in; 0.0: none
+SEQUENCE = 10  # odd while the main thread changes several fields at once (a seqlock)
+_DOUBLES = (AUTO, MANUAL, USER_SINCE, WAIT_UNTIL)
+#: Reads a ``read`` tries for a consistent view before it takes the last one.
+READ_TRIES = 1000
 
 FLAG_USER = 1  # the main thread runs user code (soft and hard timeouts apply)
 FLAG_TIMEOUTS_OFF = 2  # disable_hang_protection() is active
@@ -59,7 +63,14 @@ def released_into_next(flags: int) -> bool:
 
 
 class ProgressBoard:
-    """Shared progress record of one rank (see module doc); 128 bytes, 8-byte fields."""
+    """Shared progress record of one rank (see module doc); 128 bytes, 8-byte fields.
+
+    Every field is one aligned 8-byte store or load (``memoryview`` casts of the map). The
+    main thread changes several fields at once inside a sequence (``_changing``: a
+    seqlock), and ``read`` retries until no such change overlapped it: the monitor never
+    sees the end of a wait without the progress stamped as it ended. Stamps of one field
+    alone (the watchdog's, ``ping``) need none.
+    """
 
     def __init__(self, path: str | None = None) -> None:
         self.owner = path is None
@@ -74,59 +85,76 @@ class ProgressBoard:
             self._map = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
+        self._d = memoryview(self._map).cast("d")  # (a page-aligned map: aligned fields)
+        self._q = memoryview(self._map).cast("q")
+        self._flags_lock = threading.Lock()  # (only this process writes the flags)
         if self.owner:
-            self._write(0.0, 0.0, 0, -1, 0, -1, 0, 0.0)
+            q = self._q
+            q[ROUND], q[RANK], q[WORLD_SIZE], q[INITIAL_RANK] = 0, -1, 0, -1
 
-    def _write(self, *values: float) -> None:
-        _LAYOUT.pack_into(self._map, 0, *values)
+    @contextlib.contextmanager
+    def _changing(self) -> Iterator[None]:
+        """The block changes several fields: a ``read`` meanwhile tries again."""
+        self._q[SEQUENCE] += 1
+        try:
+            yield
+        finally:
+            self._q[SEQUENCE] += 1
 
     def read(self) -> dict[str, float]:
-        auto, manual, round_, rank, ws, irank, flags, since = _LAYOUT.unpack_from(self._map, 0)
-        return {
-            "auto": auto,
-            "manual": manual,
-            "round": round_,
-            "rank": rank,
-            "world_size": ws,
-            "initial_rank": irank,
-            "flags": flags,
-            "user_since": since,
-            "wait_until": struct.unpack_from("<d", self._map, _WAIT_OFFSET)[0],
-        }
+        """The fields, as of one moment where the main thread changed none of several fields
+        (after ``READ_TRIES`` tries, the last read). The flags first, the wait's limit
+        before the progress stamp: a flag or the end of a wait seen comes with the
+        progress stamped before it."""
+        q, d = self._q, self._d
+        for _ in range(READ_TRIES):
+            sequence = q[SEQUENCE]
+            flags, wait_until = q[FLAGS], d[WAIT_UNTIL]
+            info = {"flags": flags, "wait_until": wait_until, "auto": d[AUTO], "manual": d[MANUAL]}
+            for name, i in (("round", ROUND), ("rank", RANK), ("world_size", WORLD_SIZE)):
+                info[name] = q[i]
+            info["initial_rank"], info["user_since"] = q[INITIAL_RANK], d[USER_SINCE]
+            if not sequence & 1 and q[SEQUENCE] == sequence:
+                break
+        return info
 
     # single fields (8-byte aligned stores) ----------------------------------
     def stamp_auto(self, now: float | None = None) -> None:
-        struct.pack_into("<d", self._map, 0, time.monotonic() if now is None else now)
+        self._d[AUTO] = time.monotonic() if now is None else now
 
     def stamp_manual(self, now: float | None = None) -> None:
-        struct.pack_into("<d", self._map, 8, time.monotonic() if now is None else now)
+        self._d[MANUAL] = time.monotonic() if now is None else now
 
     def set_round(self, round_: int, rank: int | None, world_size: int, initial_rank: int) -> None:
-        struct.pack_into(
-            "<qqqq", self._map, 16, round_, -1 if rank is None else rank, world_size, initial_rank
-        )
+        q = self._q
+        with self._changing():
+            q[ROUND], q[RANK] = round_, -1 if rank is None else rank
+            q[WORLD_SIZE], q[INITIAL_RANK] = world_size, initial_rank
 
     def set_generation(self, generation: int) -> None:
-        struct.pack_into("<q", self._map, _GENERATION_OFFSET, generation)
+        self._q[GENERATION] = generation
 
     def generation(self) -> int:
-        return struct.unpack_from("<q", self._map, _GENERATION_OFFSET)[0]
+        return self._q[GENERATION]
 
     def _flags(self) -> int:
-        return struct.unpack_from("<q", self._map, 48)[0]
+        return self._q[FLAGS]
 
     def set_flag(self, flag: int, on: bool) -> None:
-        flags = self._flags()
-        struct.pack_into("<q", self._map, 48, (flags | flag) if on else (flags & ~flag))
+        """Set or clear ``flag``; threads of the process may do so at once (the main thread
+        between rounds, a user thread in ``disable_hang_protection()``): none loses
+        another's change."""
+        with self._flags_lock:
+            flags = self._flags()
+            self._q[FLAGS] = (flags | flag) if on else (flags & ~flag)
 
     def enter_user(self) -> None:
         """The main thread starts running user code: progress counts from now."""
         now = time.monotonic()
-        struct.pack_into(
-            "<dd", self._map, 0, now, 0.0
-        )  # manual ping inactive until the first ping()
-        struct.pack_into("<d", self._map, 56, now)
-        self.set_flag(FLAG_USER, True)
+        with self._changing():
+            self._d[MANUAL] = 0.0  # manual ping inactive until the first ping()
+            self._d[AUTO] = self._d[USER_SINCE] = now
+            self.set_flag(FLAG_USER, True)
 
     def leave_user(self) -> None:
         self.set_flag(FLAG_USER, False)
@@ -136,8 +164,10 @@ class ProgressBoard:
         """The block takes the rank from one round to the next (after a restart): progress
         counts from its start, and the monitor process ends a rank that makes none for
         ``hard_timeout`` (counted from the limit of a wait for its peers: ``waiting``)."""
-        struct.pack_into("<dd", self._map, 0, time.monotonic(), 0.0)  # a ping is user code's
-        self.set_flag(FLAG_BETWEEN, True)
+        with self._changing():
+            self._d[MANUAL] = 0.0  # a ping is user code's
+            self._d[AUTO] = time.monotonic()
+            self.set_flag(FLAG_BETWEEN, True)
         try:
             yield
         finally:
@@ -148,14 +178,16 @@ class ProgressBoard:
         """The block waits for the rank's peers (a barrier) or the round's monitor thread,
         ``limit_s`` seconds at most: no progress in it is a hang only ``hard_timeout`` after
         that limit. Progress is stamped
-        as the block ends, before the limit goes: a wait that outlasted ``hard_timeout`` is
+        as the block ends, with the limit going: a wait that outlasted ``hard_timeout`` is
         no hang the moment it ends."""
-        struct.pack_into("<d", self._map, _WAIT_OFFSET, time.monotonic() + limit_s)
+        with self._changing():
+            self._d[WAIT_UNTIL] = time.monotonic() + limit_s
         try:
             yield
         finally:
-            self.stamp_auto()
-            struct.pack_into("<d", self._map, _WAIT_OFFSET, 0.0)
+            with self._changing():
+                self.stamp_auto()
+                self._d[WAIT_UNTIL] = 0.0
 
     def unlink(self) -> None:
         """Remove the board's name; the shared memory stays mapped. The monitor process does
@@ -165,6 +197,8 @@ class ProgressBoard:
             os.unlink(self.path)
 
     def close(self) -> None:
+        self._d.release()
+        self._q.release()
         try:
             self._map.close()
         except (BufferError, ValueError):

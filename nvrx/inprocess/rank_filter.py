@@ -70,6 +70,10 @@ class AfterAssignment(rank_assignment.RankAssignment):
         self.assignment = assignment
         self.rank_filter = rank_filter
 
+    def peer_wait_s(self, barrier_timeout: float) -> float:
+        """That of ``assignment``: an old-style ``rank_filter`` sees only the State."""
+        return rank_assignment.assignment_wait_s(self.assignment, barrier_timeout)
+
     def __call__(self, ctx: rank_assignment.RankAssignmentCtx) -> rank_assignment.RankAssignmentCtx:
         ctx = self.assignment(ctx)
         state = self.rank_filter(ctx.state)

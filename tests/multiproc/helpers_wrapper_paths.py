@@ -29,6 +29,9 @@ file paths as given), with ``completion``/``terminate`` callbacks that write
 * ``finalize_slow``: raises once every rank called the function, then its
   ``finalize``, once every other rank's ended (``finalized-<rank>``), goes on
   making progress for ``slow_s``, while the others wait at the iteration barrier;
+* ``finalize_threaded``: raises once every rank called the function, then its
+  ``finalize`` is a ``ThreadedFinalize`` (timeout 60 s) whose thread works for
+  ``slow_s``, while the main thread joins it;
 * ``unresponsive``: stops its monitor process (no more heartbeats), then
   itself (``SIGSTOP``): alive, but silent; the other ranks wait inside
   ``disable_hang_protection()`` until the restart ends the wait;
@@ -249,6 +252,9 @@ def _rank_main(tmp: Path) -> int:
         wkw["finalize"] = FailingFinalize()
     if scenario in ("finalize_hangs", "finalize_slow"):
         wkw["finalize"] = StuckFinalize()
+    if scenario == "finalize_threaded":  # its work: a checkpoint's flush, say
+        work = threading.Event().wait if initial_rank in fault_ranks else float
+        wkw["finalize"] = inprocess.finalize.ThreadedFinalize(60, work, (params.get("slow_s"),))
     if scenario == "health_fails":
         wkw["health_check"] = FailingHealthCheck()
 
@@ -283,7 +289,7 @@ def _rank_main(tmp: Path) -> int:
             elif scenario == "completion_timeout":
                 with call_wrapper.disable_hang_protection():
                     time.sleep(300)  # ended by the restart
-            elif scenario in ("exception", "finalize_hangs", "finalize_slow"):
+            elif scenario in ("exception", "finalize_hangs", "finalize_slow", "finalize_threaded"):
                 _wait_for_every_rank(tmp, it, int(os.environ["WORLD_SIZE"]))
                 raise RuntimeError(f"injected fault on rank {initial_rank}")
             elif scenario == "sigterm_ignored":

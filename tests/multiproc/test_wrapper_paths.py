@@ -15,7 +15,8 @@
 * a ``finalize`` or ``health_check`` that raises takes its rank out, the others go on;
 * a ``finalize`` that hangs is ended by its monitor (the hard timeout applies between
   rounds), the others go on; a rank waiting at the iteration barrier for a slow peer,
-  longer than the hard timeout, is not ended;
+  longer than the hard timeout, is not ended, nor one whose ``ThreadedFinalize`` works
+  longer than the hard timeout within its own timeout;
 * a rank alive but silent (``heartbeat_timeout``) is taken out by the monitor its host's
   monitors elected, or, when it is that monitor's rank, by the one that replaces it; a host
   whose ranks all went silent, by the host that watches it.
@@ -319,6 +320,28 @@ def test_a_rank_waiting_at_the_iteration_barrier_for_a_slow_peer_is_not_ended(tm
             if e["phase"] == "iteration_barrier" and e["rank"] == 0
         ]  # fmt: skip
         assert len(waits) == 1 and waits[0] > wrapper["hard_timeout"], waits
+    finally:
+        _kill_left(ranks, tmp_path / "logs")
+
+
+def test_a_threaded_finalize_slower_than_the_hard_timeout_within_its_own_is_not_ended(tmp_path):
+    # Rank 1 raises in round 0; its ThreadedFinalize's thread then works for 7 s, past the
+    # hard timeout (3 s), within its own timeout (60 s). The main thread joins it in
+    # slices, stamped between them: nobody is ended, both go on.
+    wrapper = dict(FAST, soft_timeout=2.5, hard_timeout=3)
+    ranks = launch(
+        tmp_path, 2, wrapper=wrapper, scenario="finalize_threaded", fault_ranks=[1], slow_s=7
+    )
+    try:
+        assert ranks.wait(60) == [0, 0], ranks.logs()
+        for rank in range(2):
+            assert ranks.result(rank) == {"iteration": 1, "rank": str(rank), "world_size": "2"}
+        events = ranks.events()
+        assert not _kinds(events, "hang", component="monitor"), ranks.logs()
+        [finalize] = [
+            e for e in _kinds(events, "restart_phase") if e["phase"] == "finalize" and e["rank"] == 1
+        ]  # fmt: skip
+        assert finalize["duration_s"] > wrapper["hard_timeout"], finalize
     finally:
         _kill_left(ranks, tmp_path / "logs")
 

@@ -9,7 +9,9 @@ import pytest
 
 from nvrx.inprocess import exception
 from nvrx.inprocess.finalize import Finalize, ThreadedFinalize
+from nvrx.inprocess.progress_watchdog import ProgressBoard, ProgressWatchdog
 from nvrx.inprocess.state import State
+from tests.support.waiting import wait_until
 
 STATE = State(rank=0, world_size=1).freeze()
 
@@ -77,3 +79,27 @@ def test_a_plugin_timeout_that_is_not_a_finite_duration_is_refused(plugin: str, 
     }[plugin]
     with pytest.raises(ValueError, match=f"{plugin} timeout"):
         build()
+
+
+@pytest.mark.timeout(60)
+def test_the_main_thread_makes_progress_while_it_waits_for_the_finalize_thread():
+    """The progress watchdog's probe runs in the main thread between bytecodes only: joined
+    in one blocking wait, a finalize slower than the hard timeout (within its own timeout)
+    got its rank ended between rounds. Joined in slices, the board is stamped meanwhile."""
+    board = ProgressBoard()
+    watchdog = ProgressWatchdog(0, board, 0.01)
+    watchdog.start()
+    stamps: set[float] = set()
+
+    def flush() -> None:  # done once the main thread, waiting for it, was stamped again
+        def stamped() -> bool:
+            stamps.add(board.read()["auto"])
+            return len(stamps) >= 3  # (one stamp may come before the wait starts)
+
+        wait_until("stamps of the main thread while it waits", stamped, 10, 0.01)
+
+    try:
+        ThreadedFinalize(timeout=30, fn=flush)(STATE)
+    finally:
+        watchdog.shutdown(timeout=5)
+        board.close()

@@ -21,9 +21,16 @@ import pytest
 
 from nvrx.inprocess import between_rounds, rejoin, round_run
 from nvrx.inprocess import store as rstore
+from nvrx.inprocess.compose import Compose
 from nvrx.inprocess.exception import HealthCheckError, InternalError, RestartAbort
 from nvrx.inprocess.monitor_thread import RESTART_WAIT_S, Delivery, MonitorThread, RankShouldRestart
 from nvrx.inprocess.progress_watchdog import FLAG_BETWEEN, FLAG_RELEASED
+from nvrx.inprocess.rank_assignment import (
+    ActivateAllRanks,
+    RankAssignment,
+    RankAssignmentCtx,
+    ShiftRanks,
+)
 from nvrx.inprocess.rank_filter import with_rank_filter
 from nvrx.inprocess.round_outcome import Completed, Leave, Restart
 from nvrx.inprocess.round_run import RoundRun
@@ -292,6 +299,19 @@ def test_restart_abort_in_finalize_records_the_exit_a_rejoin_leader_reads(base):
     assert call.state.mode == Mode.TERMINATED
 
 
+class _Looking(RankAssignment):
+    """A rank assignment that waits for no peer, running ``look``."""
+
+    def __init__(self, look: Any) -> None:
+        self.look = look
+
+    def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
+        return self.look(ctx)
+
+    def peer_wait_s(self, barrier_timeout: float) -> float:
+        return 0.0
+
+
 def test_the_board_says_the_rank_is_between_rounds_and_names_each_waits_limit(base, monkeypatch):
     """From ``finalize`` to the rank assignment the monitor process watches the rank
     (``FLAG_BETWEEN``): ``finalize`` and the health check under no wait's limit, the
@@ -321,6 +341,14 @@ def test_the_board_says_the_rank_is_between_rounds_and_names_each_waits_limit(ba
     board = call.services.board
     assert board.waits == [7.0, RESTART_WAIT_S, 7.0]  # the barrier, the monitor thread's end
     assert not board.flags & FLAG_BETWEEN and board.wait_limit is None
+
+    # the default assignment waits for no peer: watched without a wait's limit
+    assignment = look("rank_assignment")
+    default = Compose(ActivateAllRanks(), ShiftRanks(), _Looking(assignment))
+    call = FakeCall(base, rank_assignment=default, barrier_timeout=7.0)
+    assert _restart(call, RuntimeError("own fault")) is None
+    assert seen["rank_assignment"] == (True, None)
+    assert call.services.board.waits == [7.0, RESTART_WAIT_S]
 
     def fails(state):
         raise ValueError("finalize failed")

@@ -253,3 +253,25 @@ def test_tree_first_call_exchanges_keys_through_real_store():
     assert not errors, errors
     assert [results[r].active_rank for r in range(world)] == [0, 1, 2, None, 3, 4, 5, None]
     assert {results[r].active_world_size for r in range(world)} == {6}
+
+
+def test_each_assignment_says_how_long_it_may_wait_for_its_peers():
+    """Between rounds a rank is ended ``hard_timeout`` after that limit: the default
+    assignment, computed locally, gets none (a hang there is ended after ``hard_timeout``),
+    one that exchanges through the store its own barriers' limit, any other callable
+    (the user's) ``barrier_timeout``."""
+    from nvrx.inprocess import rank_filter
+    from nvrx.inprocess.rank_assignment import assignment_wait_s
+
+    barrier_s = 30.0
+    default = Compose(ActivateAllRanks(), ShiftRanks())
+    assert assignment_wait_s(default, barrier_s) == 0.0
+    assert assignment_wait_s(Compose(MaxActiveWorldSize(4), FillGaps()), barrier_s) == 0.0
+    grouped = FilterCountGroupedByKey(lambda state: "k", lambda count: True, timeout=7)
+    assert assignment_wait_s(Compose(grouped, ShiftRanks()), barrier_s) == 14.0
+    tree = Tree([Layer(min_ranks=1, key_or_fn="root", flag=LayerFlag.RESERVE)])
+    assert assignment_wait_s(tree, barrier_s) == barrier_s
+    assert assignment_wait_s(lambda ctx: ctx, barrier_s) == barrier_s
+    with pytest.warns(DeprecationWarning):
+        old_filter = rank_filter.MaxActiveWorldSize(2)
+    assert assignment_wait_s(rank_filter.AfterAssignment(default, old_filter), barrier_s) == 0.0

@@ -18,6 +18,7 @@ from .base import (
     RankDiscarded,
     RankFilter,
     ShiftRanks,
+    assignment_wait_s,
     terminated_set,
 )
 from .grouped_filter import FilterCountGroupedByKey, FilterGroupedByKey
@@ -37,6 +38,7 @@ __all__ = [
     "RankDiscarded",
     "RankFilter",
     "ShiftRanks",
+    "assignment_wait_s",
     "Tree",
     "terminated_set",
 ]

@@ -62,6 +62,15 @@ class RankAssignment(abc.ABC):
     def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
         raise NotImplementedError
 
+    def peer_wait_s(self, barrier_timeout: float) -> float:
+        """Longest wait of this assignment for the rank's peers (a store exchange or
+        barrier), in seconds. Between rounds the monitor process ends a rank that makes no
+        progress in its assignment ``hard_timeout`` after that limit
+        (``ProgressBoard.waiting``). ``barrier_timeout`` unless the plug-in says otherwise
+        (one of the user's may wait); one that waits for no peer returns 0: a hang there
+        is ended after ``hard_timeout``."""
+        return barrier_timeout
+
 
 class RankFilter(RankAssignment):
     """A rank assignment that only chooses active and inactive ranks (runs after renumbering)."""
@@ -69,6 +78,20 @@ class RankFilter(RankAssignment):
     @abc.abstractmethod
     def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
         raise NotImplementedError
+
+    def peer_wait_s(self, barrier_timeout: float) -> float:
+        return 0.0  # (the built-in filters compute locally)
+
+
+def assignment_wait_s(assignment: Callable[..., Any], barrier_timeout: float) -> float:
+    """Longest wait of the rank assignment ``assignment`` for the rank's peers: that of each
+    part of a ``Compose``, added; a plug-in's ``peer_wait_s``; ``barrier_timeout`` for
+    any other callable (it may wait)."""
+    parts = getattr(assignment, "instances", None)  # a Compose: its parts run one after another
+    if isinstance(parts, tuple):
+        return sum(assignment_wait_s(part, barrier_timeout) for part in parts)
+    own = getattr(assignment, "peer_wait_s", None)
+    return float(own(barrier_timeout)) if callable(own) else barrier_timeout
 
 
 def positive_int(owner: str, name: str, value: Any, allow_none: bool = False) -> None:
@@ -100,6 +123,9 @@ class ShiftRanks(RankAssignment):
     ``0 X 2 3 X X 6 7`` becomes ``0 2 3 6 7`` (new ranks 0..4).
     """
 
+    def peer_wait_s(self, barrier_timeout: float) -> float:
+        return 0.0  # (computed locally)
+
     def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
         rank, terminated = _surviving(ctx)
         below = sum(1 for t in terminated if t < rank)
@@ -116,6 +142,9 @@ class FillGaps(RankAssignment):
     ``0 X 2 3 X X 6 7`` becomes ``0 6 2 3 7``: rank ``r >= new_world_size``
     takes the ``(r - new_world_size)``-th lowest terminated index.
     """
+
+    def peer_wait_s(self, barrier_timeout: float) -> float:
+        return 0.0  # (computed locally)
 
     def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
         rank, terminated = _surviving(ctx)

@@ -50,6 +50,9 @@ class FilterCountGroupedByKey(RankAssignment):
         self.name = f"{type(self).__name__}_{type(self).instance_count}"
         type(self).instance_count += 1
 
+    def peer_wait_s(self, barrier_timeout: float) -> float:
+        return 2 * self._timeout_s  # its two barriers
+
     def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
         terminated = terminated_set(ctx.terminated_ranks)
         rank = ctx.state.rank
