@@ -197,8 +197,10 @@ class HangWatch:
         (``nvrx.node_agent.supervised.NodeDuty``); whether ``message`` was one of those."""
         event = message.get("event")
         if event == "wrapper_pid":
-            self.wrapper_pids.add(int(message["pid"]))
-            self.ranks.told(int(message["pid"]), training=False)
+            pid = int(message["pid"])
+            if any(child.pid == pid for child in self.ranks.running()):  # not one reaped since
+                self.wrapper_pids.add(pid)
+                self.ranks.told(pid, training=False)
             return True
         if event == "rank_in_round":
             self.ranks.told(int(message["pid"]), training=True)

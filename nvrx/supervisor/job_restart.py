@@ -80,8 +80,8 @@ def uses_wrapper(events_dir: str, who: int | ProcessKey) -> bool:
 
 def job_wide(config: SupervisorConfig, wrapper_pids: set[int], who: int | ProcessKey) -> bool:
     """Whether the failure of child ``who`` restarts the whole job (``--ft-restart-policy``);
-    ``wrapper_pids``: this node's running processes whose Wrapper monitor beat (a child's
-    pid leaves it once its end was decided)."""
+    ``wrapper_pids``: this node's children whose Wrapper monitor beat (a pid leaves it when
+    a new child is started with it)."""
     policy = config.ft_restart_policy
     if policy == "auto":  # a rank waiting to be admitted has no Wrapper events yet
         wrapped = ProcessKey.of(who).pid in wrapper_pids or uses_wrapper(config.events_dir, who)

@@ -244,6 +244,10 @@ class Supervisor:
             self.ranks.start(local_rank, self.node_rank, extra)
         except CannotSpawn as exc:
             self.request_stop(str(exc), ExitCode.SPAWN_FAILED, broadcast=True)
+            return
+        # a new process: what an earlier one with its pid told (a Wrapper of its own) is not
+        # its own; an ended child keeps its word until then (a lost node's restart asks)
+        self.job_restart.wrapper_pids.discard(self.ranks.children[local_rank].pid)
 
     def running(self) -> list[Child]:
         """The children still running."""
@@ -262,12 +266,8 @@ class Supervisor:
         self.ranks.reap(self.node_rank, self._ended)
 
     def _ended(self, local_rank: int, status: ExitStatus, pid: int) -> None:
-        try:
-            if not self.course.stopping:
-                self._decide(local_rank, status, pid)
-        finally:
-            # decided: its pid, free now, may be taken by a process that runs no Wrapper
-            self.job_restart.wrapper_pids.discard(pid)
+        if not self.course.stopping:
+            self._decide(local_rank, status, pid)
 
     def _decide(self, local_rank: int, status: ExitStatus, pid: int) -> None:
         if self.course.state is Course.FAILING_OVER:

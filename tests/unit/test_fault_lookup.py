@@ -190,25 +190,41 @@ def test_the_lookups_read_only_what_they_need(tmp_path: Path, monkeypatch) -> No
     assert next(events)["kind"] in ("progress", "heartbeat") and len(decoded) <= 3
 
 
-def test_a_wrapper_ranks_pid_stops_counting_once_its_end_was_decided(tmp_path: Path) -> None:
-    """Under ``auto`` a process whose Wrapper monitor beat restarts alone. Once that child
-    ended, its pid is free: a later process that has it and runs no Wrapper (a plain script's
-    rank) is no Wrapper rank, and its failure restarts the job."""
+def test_a_wrapper_ranks_pid_counts_until_a_new_child_has_it(tmp_path: Path) -> None:
+    """Under ``auto`` a process whose Wrapper monitor beat restarts alone, and an ended one
+    stays a Wrapper rank (a lost node's restart asks of ended children too). A new child
+    that got the pid of an earlier Wrapper rank (a plain script's rank) is no Wrapper rank,
+    and a beat told of a pid no running child has is not taken."""
 
     def spawn(local_rank: int, attempt: int, env: dict, directory: Path | None) -> Child:
-        return Child(local_rank, attempt, processes.start([sys.executable, "-c", "pass"], env=env))
+        child = Child(local_rank, attempt, processes.start([sys.executable, "-c", "pass"], env=env))
+        if attempt > 0:  # as if an earlier Wrapper rank had had its pid
+            sup.job_restart.wrapper_pids.add(child.pid)
+        return child
 
     job = local_job(nproc_per_node=1, log_dir=str(tmp_path))
     config = SupervisorConfig(command=["train"], job=job, ft_restart_policy="auto")
     sup = Supervisor(config, spawn=spawn)
     sup.course.to(Course.TRAINING)
     sup.start_child(0)
-    child = sup.ranks.children[0]
+    first = sup.ranks.children[0]
     try:
-        assert sup.hang_watch.on_message({"event": "wrapper_pid", "pid": child.pid})
-        assert not sup.job_restart.job_wide(child.key)  # a Wrapper rank: restarted alone
-        assert child.proc.wait(60) == 0
+        assert sup.hang_watch.on_message({"event": "wrapper_pid", "pid": first.pid})
+        assert not sup.job_restart.job_wide(first.key)  # a Wrapper rank: restarted alone
+        assert first.proc.wait(60) == 0
         sup.reap()  # it completed: nothing to restart
+        assert not sup.job_restart.job_wide(first.key)  # ended, still a Wrapper rank
+        assert sup.hang_watch.on_message({"event": "wrapper_pid", "pid": first.pid})
+        assert first.pid in sup.job_restart.wrapper_pids  # kept from when it ran
+        sup.job_restart.wrapper_pids.discard(first.pid)
+        assert sup.hang_watch.on_message({"event": "wrapper_pid", "pid": first.pid})
+        assert first.pid not in sup.job_restart.wrapper_pids  # told after it was reaped
+        sup.ranks.restarts[0] += 1
+        sup.start_child(0)
+        second = sup.ranks.children[0]
+        assert second.pid not in sup.job_restart.wrapper_pids
+        assert second.proc.wait(60) == 0
     finally:
-        processes.stop(child.proc, ask=signal.SIGKILL)
-    assert sup.job_restart.job_wide(ProcessKey(child.pid, node=0, since=time.time()))
+        for child in (first, sup.ranks.children[0]):
+            processes.stop(child.proc, ask=signal.SIGKILL)
+    assert sup.job_restart.job_wide(second.key)
