@@ -71,7 +71,6 @@ SET_BY_NVRX = {
     "nodes": "nodes",
     "ntasks_per_node": "nproc_per_node (ranks per node; the one task per node is the supervisor)",
     "ntasks": "nodes and nproc_per_node (the job has one task per node, the supervisor)",
-    "time": "timeout_min (signal_delay_s is checked against it)",
 }
 
 
@@ -141,7 +140,9 @@ class Executor:
         submitit's names of nvrx's settings (``slurm_signal_delay_s``, ``max_num_timeout``,
         ``slurm_max_num_timeout``) set them too, and so do its cluster-specific names of the
         parameters nvrx checks (``slurm_nodes``, ``slurm_time``, ...: ``conventions``); two
-        names of one setting with different values is an error naming both."""
+        names of one setting with different values is an error naming both. A parameter given
+        None is not set (as submitit takes it)."""
+        params = {name: value for name, value in params.items() if value is not None}
         params, given_as = cluster_names(merge_aliases(params), self.cluster)
         before = dict(self._nvrx), dict(self._submitit), dict(self._given_as)
         for name, value in params.items():
