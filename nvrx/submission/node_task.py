@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 #: Variables of SLURM's that a job outside SLURM must not inherit (``node_command``).
 _SLURM_PREFIXES = ("SLURM_", "SLURMD_")
+#: submitit's clusters whose task is a process of its own (not the submitter's).
+OWN_PROCESS_CLUSTERS = ("slurm", "local")
 
 
 @dataclass(frozen=True)
@@ -136,9 +138,12 @@ def run_node(spec: NodeSpec) -> dict[str, Any]:
         result_path(result_dir, rank).unlink(missing_ok=True)
     started = time.time()
     rc = _supervise(argv, env, warning_signal(env), _submitit_signal(job_env))
-    # What this task writes from here on, submitit's pickle of the results (or of the
-    # error) among it, is the user's alone; the supervisor and the ranks had the user's umask.
-    os.umask(0o077)
+    if str(job_env.cluster) in OWN_PROCESS_CLUSTERS:
+        # What this task writes from here on, submitit's pickle of the results (or of the
+        # error) among it, is the user's alone; the supervisor and the ranks had the user's
+        # umask. submitit's debug executor runs the task in the submitter's process, which
+        # keeps its umask: it writes no result pickle.
+        os.umask(0o077)
     if rc == EXIT_REQUEUED or rc == SUBMITIT_LOCAL_REQUEUE_EXIT:
         # This run is over and will run again: leave no result, so the submitter keeps waiting.
         log.warning("node %d of job %s: requeued (supervisor exit %d)", node, job_id, rc)

@@ -222,6 +222,24 @@ def test_submitits_files_of_the_job_are_the_users_alone(
     assert stat.S_IMODE((job_folder / "written_after").stat().st_mode) == 0o600
 
 
+def test_a_debug_job_leaves_the_submitters_umask(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """submitit's debug executor runs the node task in the submitter's own process: the task
+    leaves its umask as it was. Before: the submitter went on with umask 0o077."""
+    for name in [*LOCAL_TASK_ENV, "SUBMITIT_FOLDER", PREEMPT_FLAG_ENV]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SUBMITIT_DEBUG_JOB_ID", JOB_ID)  # as submitit's debug job sets it
+    umask = os.umask(0o022)
+    try:
+        result = _run(tmp_path, monkeypatch, Supervisor())
+        after = os.umask(0o022)
+    finally:
+        os.umask(umask)
+    assert result["job_id"] == JOB_ID
+    assert after == 0o022
+
+
 @pytest.mark.parametrize(
     "given",
     [["--master_port", "5000", "--store_port", "5003"], ["--master_port=5000", "--store_port=5003"]],
