@@ -46,8 +46,9 @@ class NodeSpec:
     log_dir: str
     result_root: str
     env: dict[str, str] = field(default_factory=dict)
-    #: The submitter's ``sys.path``: put before the node's ``PYTHONPATH`` for the children,
-    #: after the node task's own ``sys.path`` for the results it unpickles.
+    #: The submitter's ``sys.path`` less the interpreter's own folders (``submitters_path``):
+    #: put before the node's ``PYTHONPATH`` for the children, after the node task's own
+    #: ``sys.path`` for the results it unpickles.
     python_path: list[str] = field(default_factory=list)
 
 
@@ -96,6 +97,31 @@ def supervise_argv() -> list[str]:
     return [sys.executable, "-m", "nvrx.supervisor.cli"]
 
 
+def _interpreters_dirs() -> list[Path]:
+    """Where this interpreter's own modules are: its prefixes (the standard library, a venv)
+    and its site-packages; a prefix that is the file system's root is none."""
+    import site
+
+    dirs = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
+    dirs += site.getsitepackages() if hasattr(site, "getsitepackages") else []
+    dirs.append(site.getusersitepackages())
+    found = [Path(d).absolute() for d in dirs if d]
+    return list(dict.fromkeys(d for d in found if d != Path(d.anchor)))
+
+
+def submitters_path(path: Sequence[str]) -> list[str]:
+    """The folders of ``path`` (the submitter's ``sys.path``) the nodes need: not those of the
+    interpreter itself (its standard library, its site-packages), which the nodes' same
+    interpreter has on its own, after the node's ``PYTHONPATH``: put before it, they would
+    shadow the node's packages."""
+    own = _interpreters_dirs()
+    return [
+        p
+        for p in path
+        if p and os.path.isdir(p) and not any(Path(p).absolute().is_relative_to(d) for d in own)
+    ]
+
+
 def node_command(
     spec: NodeSpec, job_id: str, cluster: str, environ: Mapping[str, str]
 ) -> tuple[list[str], dict[str, str]]:
@@ -105,11 +131,12 @@ def node_command(
     ``SLURM_*`` variables: run from a shell inside an allocation, they name the allocation's
     job, which the supervisor would otherwise take for its own (and requeue on a warning);
     the ports come from the job id instead. ``PYTHONPATH`` is the submitter's ``sys.path``
-    followed by the node's own ``PYTHONPATH``."""
+    (less this interpreter's own folders: ``submitters_path``) followed by the node's own
+    ``PYTHONPATH``."""
     slurm = cluster == "slurm"
     env = {k: v for k, v in environ.items() if slurm or not k.startswith(_SLURM_PREFIXES)}
     env.update(spec.env)
-    paths = [*spec.python_path, *env.get("PYTHONPATH", "").split(os.pathsep)]
+    paths = [*submitters_path(spec.python_path), *env.get("PYTHONPATH", "").split(os.pathsep)]
     if any(paths):
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
     env[jobenv.LOG_DIR] = spec.log_dir

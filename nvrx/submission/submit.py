@@ -45,7 +45,13 @@ from nvrx.submission.conventions import (
     warning_signal_name,
 )
 from nvrx.submission.job import NvrxJob
-from nvrx.submission.node_task import SET_FOR_THE_JOB, NodeSpec, run_node, supervise_options
+from nvrx.submission.node_task import (
+    SET_FOR_THE_JOB,
+    NodeSpec,
+    run_node,
+    submitters_path,
+    supervise_options,
+)
 from nvrx.submission.private_files import make_private_dir
 from nvrx.supervisor.preemption import (
     DEFAULT_MAX_TIME_LIMIT_REQUEUES,
@@ -320,7 +326,7 @@ class Executor:
             },
             # cloudpickle refers to functions and classes of importable modules by name: let
             # the node task and the children import them from where the submitter did.
-            python_path=[p for p in sys.path if p and os.path.isdir(p)],
+            python_path=submitters_path(sys.path),
         )
 
     def _handle(self, job: Any) -> NvrxJob:

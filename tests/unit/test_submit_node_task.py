@@ -20,7 +20,13 @@ from nvrx.checkpoint_flag import PREEMPT_FLAG_ENV
 from nvrx.submission import node_task, run_callable
 from nvrx.submission.call_spec import dump_spec
 from nvrx.submission.job import JobFailed
-from nvrx.submission.node_task import NodeSpec, node_command, run_node, supervise_argv
+from nvrx.submission.node_task import (
+    NodeSpec,
+    node_command,
+    run_node,
+    submitters_path,
+    supervise_argv,
+)
 from nvrx.submission.private_files import write_private
 from nvrx.submission.run_callable import read_outcome, result_path, write_outcome
 from nvrx.submission.submit import Executor
@@ -169,7 +175,33 @@ def test_the_nodes_pythonpath_follows_the_submitters(
     paths = supervisor.env["PYTHONPATH"].split(os.pathsep)
     submitters = [p for p in sys.path if p and os.path.isdir(p)]
     assert paths[-2:] == ["/opt/node-only-libs", "/opt/more"]
-    assert paths[:-2] == list(dict.fromkeys(submitters))
+    assert paths[:-2] == list(dict.fromkeys(submitters_path(submitters)))
+    assert str(Path(__file__).parents[2]) in paths[:-2]  # the submitter's own code
+
+
+def test_the_interpreters_own_paths_do_not_shadow_the_nodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local_task: None
+) -> None:
+    """The submitter's standard library and site-packages are the node's too (the same
+    interpreter), after the node's PYTHONPATH: they are not put before it. Before: they were,
+    and a package of the node's PYTHONPATH was shadowed by the submitter's site-packages."""
+    import site
+    import sysconfig
+
+    monkeypatch.setenv("PYTHONPATH", "/opt/node-only-libs")
+    spec = Executor(tmp_path, cluster="local")._node_spec(["python", "train.py"], "USR2")
+    own = [sysconfig.get_paths()["stdlib"], *site.getsitepackages()]
+    assert not set(own) & set(spec.python_path)
+    supervisor = Supervisor()
+    monkeypatch.setattr(sys, "path", list(sys.path))  # run_node extends it
+    monkeypatch.setattr(node_task, "_supervise", supervisor)
+    run_node(spec)
+    paths = supervisor.env["PYTHONPATH"].split(os.pathsep)
+    assert not set(own) & set(paths) and paths[-1] == "/opt/node-only-libs"
+    # a spec that names them anyway (pickled by an older nvrx): the node leaves them out too
+    direct = _spec(tmp_path, python_path=[*own, str(tmp_path)])
+    _, env = node_command(direct, JOB_ID, "local", {"PYTHONPATH": "/opt/node-only-libs"})
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(tmp_path), "/opt/node-only-libs"]
 
 
 def test_results_of_classes_only_the_submitter_can_import(
