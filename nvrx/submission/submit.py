@@ -413,7 +413,6 @@ def _discard_specs(commands: Iterable[list[str]]) -> None:
 
 def submit(
     target: Callable[..., Any] | Sequence[str] | str,
-    /,
     *,
     args: Sequence[Any] = (),
     kwargs: Mapping[str, Any] | None = None,
@@ -424,7 +423,8 @@ def submit(
     """Submit ``target`` with one nvrx supervisor per node; returns the job handle.
 
     ``target`` is a callable (run as ``target(*args, **kwargs)`` on every rank)
-    or a command. ``params`` are ``Executor``'s: e.g. ``nodes=2,
+    or a command; it may be given as ``target=`` (the callable's own keywords go in
+    ``kwargs``). ``params`` are ``Executor``'s: e.g. ``nodes=2,
     nproc_per_node=2, timeout_min=10, slurm_partition="debug"``. Bad
     parameters raise ``SubmitError`` before anything is submitted.
     """

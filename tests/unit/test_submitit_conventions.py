@@ -379,6 +379,10 @@ def test_a_callables_keywords_may_be_named_target_or_self(
     assert call_of(job.job_id) == ("accuracy", 1)
     job = submit(_train, kwargs={"target": "f1", "self": 2}, folder=tmp_path, cluster="slurm")
     assert call_of(job.job_id) == ("f1", 2)
+    # nvrx.submit's own keywords are its keywords (its callable's go in kwargs): target= too.
+    # Before: target was positional-only there as well, and nvrx.submit(target=f) failed.
+    job = submit(target=_train, kwargs={"self": 3}, folder=tmp_path, cluster="slurm")
+    assert call_of(job.job_id) == ("loss", 3)
 
 
 def test_a_failed_sbatch_leaves_no_spec(
