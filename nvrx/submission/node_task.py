@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -182,7 +182,7 @@ def run_node(spec: NodeSpec) -> dict[str, Any]:
         raise JobFailed(
             f"nvrx-supervise on node {node} of job {job_id} exited {rc} ({describe(rc)})"
             f"{_warning_decision(job_dir, started)}; events in {job_dir}"
-            f"{_rank_errors(result_dir, local_ranks)}"
+            f"{_rank_errors(result_dir, range(_nodes(job_env) * spec.nproc_per_node))}"
         )
     results: dict[int, Any] = {}
     for rank in local_ranks:
@@ -206,8 +206,18 @@ def _make_job_folder_private(job_env: Any) -> None:
     make_private_dir(folder)
 
 
-def _rank_errors(result_dir: Path, ranks: list[int]) -> str:
-    """The errors (tracebacks) the node's ranks wrote as their outcome, one paragraph each."""
+def _nodes(job_env: Any) -> int:
+    """The job's number of nodes (1 where submitit cannot say)."""
+    try:
+        return max(1, int(job_env.num_nodes))
+    except (KeyError, TypeError, ValueError):
+        return 1
+
+
+def _rank_errors(result_dir: Path, ranks: Iterable[int]) -> str:
+    """The errors (tracebacks) the ranks wrote as their outcome, one paragraph each: those of
+    every node of the job (the results folder is shared), since the rank that failed first,
+    and stopped the job, may be another node's."""
     errors = []
     for rank in ranks:
         try:

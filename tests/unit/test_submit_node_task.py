@@ -141,6 +141,23 @@ def test_a_failed_job_says_what_its_ranks_raised(
     assert "rank 1" not in message  # it wrote no error
 
 
+def test_a_failed_job_says_what_another_nodes_rank_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local_task: None
+) -> None:
+    """Node 0 of a 2-node job fails because a rank of node 1 raised: its JobFailed, which
+    submitit reports first, carries that rank's error from the shared results folder.
+    Before: node 0 read only its own ranks' outcomes, and named no failing rank."""
+    monkeypatch.setenv("SUBMITIT_LOCAL_JOB_NUM_NODES", "2")
+
+    def node1_rank_raised(result_dir: Path) -> None:
+        write_outcome(result_dir, 3, ("error", "Traceback (most recent call last):\nOSError: disk\n"))
+
+    supervisor = Supervisor(rc=int(ExitCode.BUDGET_EXHAUSTED), ranks=node1_rank_raised)
+    with pytest.raises(JobFailed) as failed:
+        _run(tmp_path, monkeypatch, supervisor, nproc_per_node=2)
+    assert "rank 3 failed:\nTraceback (most recent call last):\nOSError: disk" in str(failed.value)
+
+
 def returns_a_lock(runs: str) -> dict:
     with open(runs, "a") as fh:
         fh.write("ran\n")
