@@ -9,7 +9,10 @@ A submitit user's parameters and environment keep working under ``nvrx.submit``:
   on SLURM ``slurm_nodes`` is ``nodes``, ``slurm_tasks_per_node`` and ``slurm_ntasks_per_node``
   are ``tasks_per_node``, ``slurm_timeout_min`` and ``slurm_time`` are ``timeout_min``
   (``local_nodes``... on the local executor); submitit's prefix-less spellings of SLURM's
-  names (``time``, ``use_srun``, ...) are its ``slurm_`` ones (``cluster_names``).
+  names (``time``, ``use_srun``, ...) are its ``slurm_`` ones (``cluster_names``). On SLURM,
+  ``slurm_additional_parameters``' ``time`` is ``timeout_min`` too, and a time limit there or
+  in ``slurm_time`` may be one of sbatch's (``"2:00:00"``, ``"1-00:00:00"``): nvrx gives it
+  to submitit in whole minutes.
 - ``SUBMITIT_PREEMPT_SIGNAL`` (submitit's choice of warning signal) and
   ``NVRX_PREEMPT_SIGNAL`` (the signal nvrx's supervisors take as the warning)
   are one setting too. The signal SLURM is asked for (``--signal=<SIG>@<delay>``)
@@ -18,12 +21,14 @@ A submitit user's parameters and environment keep working under ``nvrx.submit``:
 
 from __future__ import annotations
 
+import math
 import signal
 from collections.abc import Mapping
 from typing import Any
 
 from nvrx import jobenv, processes
 from nvrx.processes import DEFAULT_WARNING_SIGNAL, signal_from_name
+from nvrx.supervisor.warning_cause import parse_duration
 
 #: submitit's variable naming the warning signal (read by submitit as ``SIG<name>``).
 SUBMITIT_SIGNAL_ENV = "SUBMITIT_PREEMPT_SIGNAL"
@@ -50,11 +55,16 @@ CHECKED_GENERICS: dict[str, str] = {
     "tasks_per_node": "tasks per node",
     "timeout_min": "the time limit in minutes",
 }
+#: ``slurm_additional_parameters``' ``time`` (sbatch's ``--time``), another name of
+#: ``timeout_min`` on SLURM: submitit writes it over ``slurm_time``.
+ADDITIONAL_TIME = "slurm_additional_parameters['time']"
 #: submitit's SLURM names, beyond ``slurm_<generic>``, of the generic parameters nvrx checks.
 SLURM_NAMES: dict[str, tuple[str, ...]] = {
     "tasks_per_node": ("slurm_ntasks_per_node",),
-    "timeout_min": ("slurm_time",),
+    "timeout_min": ("slurm_time", ADDITIONAL_TIME),
 }
+#: sbatch's formats of a time limit, for messages.
+TIME_FORMATS = "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
 #: Parameters submitit takes without their executor's prefix (it warns and adds ``slurm_``).
 SLURM_UNPREFIXED = ("time", "ntasks_per_node", "use_srun", "additional_parameters", "srun_args")
 
@@ -92,6 +102,8 @@ def cluster_names(params: Mapping[str, Any], cluster: str) -> tuple[dict[str, An
         if name in params:
             raise SubmitError(f"{spelled[name]} and {name} are one setting: give one of them")
     merged = {(f"slurm_{n}" if n in SLURM_UNPREFIXED else n): v for n, v in params.items()}
+    if cluster == "slurm":
+        merged = _limits_in_minutes(merged)
     given_as: dict[str, str] = {}
     for name, meaning in CHECKED_GENERICS.items():
         aliases = (f"{cluster}_{name}", *(SLURM_NAMES.get(name, ()) if cluster == "slurm" else ()))
@@ -99,6 +111,30 @@ def cluster_names(params: Mapping[str, Any], cluster: str) -> tuple[dict[str, An
         if given is not None:
             given_as[name] = spelled.get(given, given)
     return merged, given_as
+
+
+def _limits_in_minutes(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` with ``slurm_additional_parameters``' ``time`` taken out as its own name
+    (``ADDITIONAL_TIME``), and SLURM's time limits given as text (``"2:00:00"``) in whole
+    minutes (seconds rounded up), as submitit's ``timeout_min``; SubmitError for text that is
+    no time limit."""
+    merged = dict(params)
+    extra = merged.get("slurm_additional_parameters")
+    if isinstance(extra, Mapping) and "time" in extra:
+        merged["slurm_additional_parameters"] = {k: v for k, v in extra.items() if k != "time"}
+        if extra["time"] is not None:
+            merged[ADDITIONAL_TIME] = extra["time"]
+    for name in SLURM_NAMES["timeout_min"]:
+        value = merged.get(name)
+        if isinstance(value, str):
+            seconds = parse_duration(value)
+            if seconds is None:
+                raise SubmitError(
+                    f"{name}={value!r} is not a SLURM time limit ({TIME_FORMATS}); nvrx needs "
+                    "a limit to warn the job before it"
+                )
+            merged[name] = math.ceil(seconds / 60)
+    return merged
 
 
 def _submitit_signal(name: str) -> signal.Signals:

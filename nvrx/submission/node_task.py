@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 #: Variables of SLURM's that a job outside SLURM must not inherit (``node_command``).
 _SLURM_PREFIXES = ("SLURM_", "SLURMD_")
+#: submitit's clusters whose task is a process of its own (not the submitter's).
+OWN_PROCESS_CLUSTERS = ("slurm", "local")
 
 
 @dataclass(frozen=True)
@@ -44,8 +46,9 @@ class NodeSpec:
     log_dir: str
     result_root: str
     env: dict[str, str] = field(default_factory=dict)
-    #: The submitter's ``sys.path``: put before the node's ``PYTHONPATH`` for the children,
-    #: after the node task's own ``sys.path`` for the results it unpickles.
+    #: The submitter's ``sys.path`` less the interpreter's own folders (``submitters_path``):
+    #: put before the node's ``PYTHONPATH`` for the children, after the node task's own
+    #: ``sys.path`` for the results it unpickles.
     python_path: list[str] = field(default_factory=list)
 
 
@@ -94,6 +97,31 @@ def supervise_argv() -> list[str]:
     return [sys.executable, "-m", "nvrx.supervisor.cli"]
 
 
+def _interpreters_dirs() -> list[Path]:
+    """Where this interpreter's own modules are: its prefixes (the standard library, a venv)
+    and its site-packages; a prefix that is the file system's root is none."""
+    import site
+
+    dirs = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
+    dirs += site.getsitepackages() if hasattr(site, "getsitepackages") else []
+    dirs.append(site.getusersitepackages())
+    found = [Path(d).absolute() for d in dirs if d]
+    return list(dict.fromkeys(d for d in found if d != Path(d.anchor)))
+
+
+def submitters_path(path: Sequence[str]) -> list[str]:
+    """The folders of ``path`` (the submitter's ``sys.path``) the nodes need: not those of the
+    interpreter itself (its standard library, its site-packages), which the nodes' same
+    interpreter has on its own, after the node's ``PYTHONPATH``: put before it, they would
+    shadow the node's packages."""
+    own = _interpreters_dirs()
+    return [
+        p
+        for p in path
+        if p and os.path.isdir(p) and not any(Path(p).absolute().is_relative_to(d) for d in own)
+    ]
+
+
 def node_command(
     spec: NodeSpec, job_id: str, cluster: str, environ: Mapping[str, str]
 ) -> tuple[list[str], dict[str, str]]:
@@ -103,11 +131,12 @@ def node_command(
     ``SLURM_*`` variables: run from a shell inside an allocation, they name the allocation's
     job, which the supervisor would otherwise take for its own (and requeue on a warning);
     the ports come from the job id instead. ``PYTHONPATH`` is the submitter's ``sys.path``
-    followed by the node's own ``PYTHONPATH``."""
+    (less this interpreter's own folders: ``submitters_path``) followed by the node's own
+    ``PYTHONPATH``."""
     slurm = cluster == "slurm"
     env = {k: v for k, v in environ.items() if slurm or not k.startswith(_SLURM_PREFIXES)}
     env.update(spec.env)
-    paths = [*spec.python_path, *env.get("PYTHONPATH", "").split(os.pathsep)]
+    paths = [*submitters_path(spec.python_path), *env.get("PYTHONPATH", "").split(os.pathsep)]
     if any(paths):
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
     env[jobenv.LOG_DIR] = spec.log_dir
@@ -136,9 +165,12 @@ def run_node(spec: NodeSpec) -> dict[str, Any]:
         result_path(result_dir, rank).unlink(missing_ok=True)
     started = time.time()
     rc = _supervise(argv, env, warning_signal(env), _submitit_signal(job_env))
-    # What this task writes from here on, submitit's pickle of the results (or of the
-    # error) among it, is the user's alone; the supervisor and the ranks had the user's umask.
-    os.umask(0o077)
+    if str(job_env.cluster) in OWN_PROCESS_CLUSTERS:
+        # What this task writes from here on, submitit's pickle of the results (or of the
+        # error) among it, is the user's alone; the supervisor and the ranks had the user's
+        # umask. submitit's debug executor runs the task in the submitter's process, which
+        # keeps its umask: it writes no result pickle.
+        os.umask(0o077)
     if rc == EXIT_REQUEUED or rc == SUBMITIT_LOCAL_REQUEUE_EXIT:
         # This run is over and will run again: leave no result, so the submitter keeps waiting.
         log.warning("node %d of job %s: requeued (supervisor exit %d)", node, job_id, rc)
@@ -150,7 +182,7 @@ def run_node(spec: NodeSpec) -> dict[str, Any]:
         raise JobFailed(
             f"nvrx-supervise on node {node} of job {job_id} exited {rc} ({describe(rc)})"
             f"{_warning_decision(job_dir, started)}; events in {job_dir}"
-            f"{_rank_errors(result_dir, local_ranks)}"
+            f"{_rank_errors(result_dir, range(_nodes(job_env) * spec.nproc_per_node))}"
         )
     results: dict[int, Any] = {}
     for rank in local_ranks:
@@ -174,8 +206,18 @@ def _make_job_folder_private(job_env: Any) -> None:
     make_private_dir(folder)
 
 
-def _rank_errors(result_dir: Path, ranks: list[int]) -> str:
-    """The errors (tracebacks) the node's ranks wrote as their outcome, one paragraph each."""
+def _nodes(job_env: Any) -> int:
+    """The job's number of nodes (1 where submitit cannot say)."""
+    try:
+        return max(1, int(job_env.num_nodes))
+    except (KeyError, TypeError, ValueError):
+        return 1
+
+
+def _rank_errors(result_dir: Path, ranks: Iterable[int]) -> str:
+    """The errors (tracebacks) the ranks wrote as their outcome, one paragraph each: those of
+    every node of the job (the results folder is shared), since the rank that failed first,
+    and stopped the job, may be another node's."""
     errors = []
     for rank in ranks:
         try:

@@ -10,6 +10,7 @@ could write into is refused with what to fix, not trusted.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -18,15 +19,33 @@ from nvrx.atomic_file import replace_file
 
 #: Permission bits that let someone other than the owner change a file or a directory.
 _OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+#: POSIX ACLs of a directory (Linux extended attributes): the default ACL, which files created
+#: in it inherit in place of the umask, and the access ACL, beyond its mode bits.
+_ACLS = ("system.posix_acl_default", "system.posix_acl_access")
+#: What removing an ACL that is not there, or from a file system without ACLs, raises.
+_NO_ACL = {errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP}
 
 
 def make_private_dir(path: str | os.PathLike[str]) -> Path:
-    """``path`` (and its missing parents) created; ``path`` itself owner-only (0o700)."""
+    """``path`` (and its missing parents) created; ``path`` itself owner-only (0o700, without
+    ACLs: a default ACL, a team folder's, would give files created in it, submitit's result
+    pickle among them, its group's write permission whatever the umask)."""
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
     if directory.stat().st_uid == os.geteuid():
         directory.chmod(0o700)
+        _remove_acls(directory)
     return directory
+
+
+def _remove_acls(directory: Path) -> None:
+    remove = getattr(os, "removexattr", None)  # Linux only; elsewhere no POSIX ACLs to remove
+    for name in _ACLS if remove is not None else ():
+        try:
+            remove(directory, name)
+        except OSError as exc:
+            if exc.errno not in _NO_ACL:
+                raise
 
 
 def write_private(path: str | os.PathLike[str], data: bytes) -> Path:

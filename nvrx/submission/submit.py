@@ -45,7 +45,13 @@ from nvrx.submission.conventions import (
     warning_signal_name,
 )
 from nvrx.submission.job import NvrxJob
-from nvrx.submission.node_task import SET_FOR_THE_JOB, NodeSpec, run_node, supervise_options
+from nvrx.submission.node_task import (
+    SET_FOR_THE_JOB,
+    NodeSpec,
+    run_node,
+    submitters_path,
+    supervise_options,
+)
 from nvrx.submission.private_files import make_private_dir
 from nvrx.supervisor.preemption import (
     DEFAULT_MAX_TIME_LIMIT_REQUEUES,
@@ -71,7 +77,6 @@ SET_BY_NVRX = {
     "nodes": "nodes",
     "ntasks_per_node": "nproc_per_node (ranks per node; the one task per node is the supervisor)",
     "ntasks": "nodes and nproc_per_node (the job has one task per node, the supervisor)",
-    "time": "timeout_min (signal_delay_s is checked against it)",
 }
 
 
@@ -141,7 +146,9 @@ class Executor:
         submitit's names of nvrx's settings (``slurm_signal_delay_s``, ``max_num_timeout``,
         ``slurm_max_num_timeout``) set them too, and so do its cluster-specific names of the
         parameters nvrx checks (``slurm_nodes``, ``slurm_time``, ...: ``conventions``); two
-        names of one setting with different values is an error naming both."""
+        names of one setting with different values is an error naming both. A parameter given
+        None is not set (as submitit takes it)."""
+        params = {name: value for name, value in params.items() if value is not None}
         params, given_as = cluster_names(merge_aliases(params), self.cluster)
         before = dict(self._nvrx), dict(self._submitit), dict(self._given_as)
         for name, value in params.items():
@@ -319,7 +326,7 @@ class Executor:
             },
             # cloudpickle refers to functions and classes of importable modules by name: let
             # the node task and the children import them from where the submitter did.
-            python_path=[p for p in sys.path if p and os.path.isdir(p)],
+            python_path=submitters_path(sys.path),
         )
 
     def _handle(self, job: Any) -> NvrxJob:
@@ -406,7 +413,6 @@ def _discard_specs(commands: Iterable[list[str]]) -> None:
 
 def submit(
     target: Callable[..., Any] | Sequence[str] | str,
-    /,
     *,
     args: Sequence[Any] = (),
     kwargs: Mapping[str, Any] | None = None,
@@ -417,7 +423,8 @@ def submit(
     """Submit ``target`` with one nvrx supervisor per node; returns the job handle.
 
     ``target`` is a callable (run as ``target(*args, **kwargs)`` on every rank)
-    or a command. ``params`` are ``Executor``'s: e.g. ``nodes=2,
+    or a command; it may be given as ``target=`` (the callable's own keywords go in
+    ``kwargs``). ``params`` are ``Executor``'s: e.g. ``nodes=2,
     nproc_per_node=2, timeout_min=10, slurm_partition="debug"``. Bad
     parameters raise ``SubmitError`` before anything is submitted.
     """

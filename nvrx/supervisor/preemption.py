@@ -72,8 +72,22 @@ SIGNAL_DELAY_ENV = jobenv.SIGNAL_DELAY_S
 #: Cap on requeues after time limits (preemptions are requeued without a cap).
 MAX_TIME_LIMIT_REQUEUES_ENV = jobenv.MAX_TIME_LIMIT_REQUEUES
 #: Causes whose requeues count against that cap: a warning nvrx cannot tell from a time
-#: limit might be one, and an uncapped one could requeue a job for ever.
+#: limit might be one, and an uncapped one could requeue a job for ever. A requeue SLURM made
+#: itself (a node failure, ``scontrol requeue`` by hand: no warning of nvrx's) whose cause is
+#: unknown does not count: only those nvrx made after a warning of unknown cause do.
 CAPPED_CAUSES = ("time_limit", "unknown")
+
+
+def capped_requeues(entries: list[dict[str, Any]]) -> int:
+    """Requeues of the ledger ``entries`` that count against the time-limit cap: time limits,
+    requeues nvrx made after a warning of unknown cause, and entries whose cause was lost."""
+    return sum(
+        1
+        for e in entries
+        if e.get("cause") is None
+        or e.get("cause") == "time_limit"
+        or (e.get("cause") == "unknown" and e.get("issued_by") != "slurm")
+    )
 #: Seconds a preempted job may use to checkpoint when the partition's GraceTime is unknown.
 PREEMPT_WINDOW_ENV = jobenv.PREEMPT_WINDOW_S
 
@@ -355,11 +369,12 @@ class PreemptionHandler:
         refused = requeue_refusal(self.flag_path)  # written before rank 0 exited, so before now
         if refused is not None:
             return WarningOutcome(cause, False, fail_exit, f"not requeued: {refused}", total)
-        if cause in CAPPED_CAUSES and self.ledger.count(CAPPED_CAUSES) >= self.max_time_limit_requeues:
+        capped = capped_requeues(self.ledger.entries())
+        if cause in CAPPED_CAUSES and capped >= self.max_time_limit_requeues:
             return WarningOutcome(
                 cause, False, fail_exit, f"not requeued: {self.max_time_limit_requeues} time-limit "
-                f"requeue(s) already used (cap {MAX_TIME_LIMIT_REQUEUES_ENV}; requeues of unknown "
-                "cause count as time limits)", total
+                f"requeue(s) already used (cap {MAX_TIME_LIMIT_REQUEUES_ENV}; nvrx's requeues after "
+                "warnings of unknown cause count as time limits)", total
             )  # fmt: skip
         if not self.slurm:
             if not self.local_requeue:

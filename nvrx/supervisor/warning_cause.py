@@ -27,18 +27,31 @@ SLURM_SIGNAL_EARLY_S = 60.0
 DEFAULT_PREEMPT_WINDOW_S = 30.0
 CAUSES = ("preemption", "time_limit", "unknown")
 _NO_TIME = ("", "None", "N/A", "Unknown", "(null)")
-_DURATION = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)$")
+#: sbatch's ``--time`` formats: ``M``, ``M:S``, ``H:M:S``; ``D-H``, ``D-H:M``, ``D-H:M:S``.
+_DURATION = re.compile(r"^(\d+)(?::(\d+))?(?::(\d+))?$")
+_DAYS_DURATION = re.compile(r"^(\d+)-(\d+)(?::(\d+))?(?::(\d+))?$")
 
 
 def parse_duration(text: str | None) -> float | None:
-    """Seconds in a SLURM duration (``[D-]HH:MM:SS`` or ``MM:SS``); None for UNLIMITED or junk."""
+    """Seconds in a SLURM duration, in any of sbatch's ``--time`` formats (``scontrol`` writes
+    ``[D-]HH:MM:SS`` or ``MM:SS``): ``minutes``, ``minutes:seconds``,
+    ``hours:minutes:seconds``, ``days-hours``, ``days-hours:minutes`` or
+    ``days-hours:minutes:seconds``. None for UNLIMITED or junk."""
     if not text:
         return None
-    match = _DURATION.match(text.strip())
+    text = text.strip()
+    days = _DAYS_DURATION.match(text)
+    if days:
+        d, h, m, s = (int(g) if g else 0 for g in days.groups())
+        return float(((d * 24 + h) * 60 + m) * 60 + s)
+    match = _DURATION.match(text)
     if not match:
         return None
-    days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
-    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+    parts = [int(g) for g in match.groups() if g is not None]
+    if len(parts) == 1:  # minutes alone
+        return float(parts[0] * 60)
+    hours, minutes, seconds = [0] * (3 - len(parts)) + parts
+    return float((hours * 60 + minutes) * 60 + seconds)
 
 
 def classify(info: Mapping[str, str] | None, signal_delay_s: float | None) -> str:

@@ -21,6 +21,7 @@ from nvrx.supervisor.preemption import (
     EXIT_REQUEUED,
     SUBMITIT_LOCAL_REQUEUE_EXIT,
     PreemptionHandler,
+    capped_requeues,
 )
 from nvrx.supervisor.requeue_ledger import RequeueLedger, WarningOutcome, write_checkpoint_record
 from nvrx.supervisor.warning_cause import classify, parse_duration, window_s
@@ -52,6 +53,13 @@ with open(out, "w") as fh:
         ("00:01:00", 60.0),
         ("1:30", 90.0),
         ("2-03:04:05", 2 * 86400 + 3 * 3600 + 4 * 60 + 5.0),
+        # the rest of sbatch's --time formats
+        ("90", 5400.0),
+        ("1-00", 86400.0),
+        ("1-02:30", 86400 + 2 * 3600 + 30 * 60.0),
+        ("2:00:00", 7200.0),
+        ("1-", None),
+        ("1:2:3:4", None),
         ("UNLIMITED", None),
         ("", None),
         (None, None),
@@ -518,3 +526,34 @@ def test_an_unreadable_ledger_counts_every_earlier_run_and_is_kept_not_overwritt
     assert (tmp_path / "requeues.json.unreadable").read_text().endswith('"time_li')
     assert [e["cause"] for e in ledger.entries()] == [None, None, "time_limit"]
     assert ledger.count("time_limit") == 3 and ledger.count("preemption") == 2
+
+
+def test_slurms_own_requeues_of_unknown_cause_leave_the_time_limit_cap_untouched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run 2 of a job SLURM requeued twice itself (node failures, a manual requeue), with
+    accounting off: the ledger records both as unknown, issued by SLURM. They are no time
+    limits nvrx was warned of, so the first time-limit warning is requeued under a cap of 2.
+    Before: they counted against the cap, and the job was not requeued."""
+
+    def no_sacct(*args: object, **kwargs: object) -> list[dict]:
+        raise commands.SlurmCommandError(["sacct"], 1, "Slurm accounting storage is disabled")
+
+    requeued: list[str] = []
+    monkeypatch.setattr(commands, "sacct_rows", no_sacct)
+    monkeypatch.setattr(commands, "show_job", lambda job_id, **kwargs: None)
+    monkeypatch.setattr(commands, "requeue", lambda job_id, **kwargs: requeued.append(job_id))
+    handler = PreemptionHandler(
+        tmp_path / "job", 0, 1, job_id="55", run_index=2, slurm=True,
+        max_time_limit_requeues=2, export_env=False,
+    )  # fmt: skip
+    handler.start()
+    entries = handler.ledger.entries()
+    assert [(e["cause"], e["issued_by"]) for e in entries] == [("unknown", "slurm")] * 2
+    handler.on_signal(signal.SIGUSR2)
+    decision = handler.act(_no_children, cause="time_limit")
+    assert decision.requeued, decision.reason
+    assert requeued == ["55"]
+    # nvrx's own requeues after warnings of unknown cause still count
+    assert capped_requeues([*entries, {"cause": "unknown", "issued_by": "nvrx"}]) == 1
+    assert capped_requeues([{"cause": None}, {"cause": "time_limit", "issued_by": "slurm"}]) == 2

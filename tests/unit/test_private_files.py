@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 import stat
+import struct
 from pathlib import Path
 
 import pytest
 
 from nvrx.submission.call_spec import dump_spec, load_spec
-from nvrx.submission.private_files import check_private
+from nvrx.submission.private_files import check_private, make_private_dir
 from nvrx.submission.run_callable import read_outcome, result_path, write_outcome
 from nvrx.submission.submit import Executor
 
@@ -66,3 +67,34 @@ def test_a_new_executor_folder_is_owner_only_whatever_the_umask(tmp_path: Path) 
         os.umask(previous)
     assert new == tmp_path / "jobs" / "new" and _mode(new) == 0o700
     assert kept == shared and _mode(kept) == 0o755
+
+
+def _give_default_acl(directory: Path) -> None:
+    """``setfacl -d -m u::rwx,g::rwx,g:<gid>:rwx,m::rwx,o::--- directory`` (a team's project
+    folder), written as the kernel's extended attribute: setfacl need not be installed."""
+    undefined = 0xFFFFFFFF
+    entries = [(0x01, 7, undefined), (0x04, 7, undefined), (0x08, 7, os.getgid())]
+    entries += [(0x10, 7, undefined), (0x20, 0, undefined)]
+    value = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+    try:
+        os.setxattr(directory, "system.posix_acl_default", value)
+    except (AttributeError, OSError) as exc:
+        pytest.skip(f"no POSIX ACLs here ({directory}: {exc})")
+
+
+def test_a_job_folder_under_a_default_acl_gets_owner_only_files(tmp_path: Path) -> None:
+    """A default ACL overrides the umask: submitit's result pickle, written under umask 0o077
+    in a job folder that kept its ACL, was -rw-rw---- and refused by results()."""
+    _give_default_acl(tmp_path)
+    folder = tmp_path / "12345"
+    folder.mkdir()  # submitit makes the job folder: it inherits the default ACL
+    make_private_dir(folder)
+    assert "system.posix_acl_default" not in os.listxattr(folder)
+    previous = os.umask(0o077)
+    try:  # as submitit writes its pickle, in the node task's umask
+        pickle = folder / "12345_0_result.pkl"
+        os.close(os.open(pickle, os.O_CREAT | os.O_WRONLY, 0o666))
+    finally:
+        os.umask(previous)
+    assert _mode(pickle) == 0o600 and _mode(folder) == 0o700
+    check_private(pickle)

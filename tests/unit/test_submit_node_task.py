@@ -20,7 +20,13 @@ from nvrx.checkpoint_flag import PREEMPT_FLAG_ENV
 from nvrx.submission import node_task, run_callable
 from nvrx.submission.call_spec import dump_spec
 from nvrx.submission.job import JobFailed
-from nvrx.submission.node_task import NodeSpec, node_command, run_node, supervise_argv
+from nvrx.submission.node_task import (
+    NodeSpec,
+    node_command,
+    run_node,
+    submitters_path,
+    supervise_argv,
+)
 from nvrx.submission.private_files import write_private
 from nvrx.submission.run_callable import read_outcome, result_path, write_outcome
 from nvrx.submission.submit import Executor
@@ -135,6 +141,23 @@ def test_a_failed_job_says_what_its_ranks_raised(
     assert "rank 1" not in message  # it wrote no error
 
 
+def test_a_failed_job_says_what_another_nodes_rank_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local_task: None
+) -> None:
+    """Node 0 of a 2-node job fails because a rank of node 1 raised: its JobFailed, which
+    submitit reports first, carries that rank's error from the shared results folder.
+    Before: node 0 read only its own ranks' outcomes, and named no failing rank."""
+    monkeypatch.setenv("SUBMITIT_LOCAL_JOB_NUM_NODES", "2")
+
+    def node1_rank_raised(result_dir: Path) -> None:
+        write_outcome(result_dir, 3, ("error", "Traceback (most recent call last):\nOSError: disk\n"))
+
+    supervisor = Supervisor(rc=int(ExitCode.BUDGET_EXHAUSTED), ranks=node1_rank_raised)
+    with pytest.raises(JobFailed) as failed:
+        _run(tmp_path, monkeypatch, supervisor, nproc_per_node=2)
+    assert "rank 3 failed:\nTraceback (most recent call last):\nOSError: disk" in str(failed.value)
+
+
 def returns_a_lock(runs: str) -> dict:
     with open(runs, "a") as fh:
         fh.write("ran\n")
@@ -169,7 +192,33 @@ def test_the_nodes_pythonpath_follows_the_submitters(
     paths = supervisor.env["PYTHONPATH"].split(os.pathsep)
     submitters = [p for p in sys.path if p and os.path.isdir(p)]
     assert paths[-2:] == ["/opt/node-only-libs", "/opt/more"]
-    assert paths[:-2] == list(dict.fromkeys(submitters))
+    assert paths[:-2] == list(dict.fromkeys(submitters_path(submitters)))
+    assert str(Path(__file__).parents[2]) in paths[:-2]  # the submitter's own code
+
+
+def test_the_interpreters_own_paths_do_not_shadow_the_nodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local_task: None
+) -> None:
+    """The submitter's standard library and site-packages are the node's too (the same
+    interpreter), after the node's PYTHONPATH: they are not put before it. Before: they were,
+    and a package of the node's PYTHONPATH was shadowed by the submitter's site-packages."""
+    import site
+    import sysconfig
+
+    monkeypatch.setenv("PYTHONPATH", "/opt/node-only-libs")
+    spec = Executor(tmp_path, cluster="local")._node_spec(["python", "train.py"], "USR2")
+    own = [sysconfig.get_paths()["stdlib"], *site.getsitepackages()]
+    assert not set(own) & set(spec.python_path)
+    supervisor = Supervisor()
+    monkeypatch.setattr(sys, "path", list(sys.path))  # run_node extends it
+    monkeypatch.setattr(node_task, "_supervise", supervisor)
+    run_node(spec)
+    paths = supervisor.env["PYTHONPATH"].split(os.pathsep)
+    assert not set(own) & set(paths) and paths[-1] == "/opt/node-only-libs"
+    # a spec that names them anyway (pickled by an older nvrx): the node leaves them out too
+    direct = _spec(tmp_path, python_path=[*own, str(tmp_path)])
+    _, env = node_command(direct, JOB_ID, "local", {"PYTHONPATH": "/opt/node-only-libs"})
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(tmp_path), "/opt/node-only-libs"]
 
 
 def test_results_of_classes_only_the_submitter_can_import(
@@ -220,6 +269,24 @@ def test_submitits_files_of_the_job_are_the_users_alone(
     assert umasks == [0o022]  # the supervisor's
     (job_folder / "written_after").write_bytes(b"x")  # as submitit writes its result pickle
     assert stat.S_IMODE((job_folder / "written_after").stat().st_mode) == 0o600
+
+
+def test_a_debug_job_leaves_the_submitters_umask(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """submitit's debug executor runs the node task in the submitter's own process: the task
+    leaves its umask as it was. Before: the submitter went on with umask 0o077."""
+    for name in [*LOCAL_TASK_ENV, "SUBMITIT_FOLDER", PREEMPT_FLAG_ENV]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SUBMITIT_DEBUG_JOB_ID", JOB_ID)  # as submitit's debug job sets it
+    umask = os.umask(0o022)
+    try:
+        result = _run(tmp_path, monkeypatch, Supervisor())
+        after = os.umask(0o022)
+    finally:
+        os.umask(umask)
+    assert result["job_id"] == JOB_ID
+    assert after == 0o022
 
 
 @pytest.mark.parametrize(

@@ -161,3 +161,13 @@ def test_update_parameters_refuses_unknown_names_at_once(tmp_path: Path) -> None
         executor.update_parameters(bogus_param=1, nproc_per_node=2)
     assert "bogus_param" not in executor._submitit and executor._nvrx["nproc_per_node"] == 1
     executor._prepare()  # what submit does before submitting: the executor still works
+
+
+def test_errors_name_the_parameter_as_last_given(tmp_path: Path) -> None:
+    """A later update under another name of the time limit is the name errors use."""
+    executor = Executor(tmp_path, cluster="slurm", slurm_time=60)
+    with pytest.raises(SubmitError, match=r"time limit timeout_min=1 \(60 s\)"):
+        executor.update_parameters(timeout_min=1)
+    executor.update_parameters(timeout_min=2)
+    with pytest.raises(SubmitError, match=r"time limit timeout_min=2 \(120 s\)"):
+        executor.update_parameters(signal_delay_s=120)

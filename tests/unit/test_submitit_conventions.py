@@ -243,7 +243,15 @@ def test_map_array_with_an_unpicklable_element_submits_nothing(
         ({"ntasks_per_node": 4}, r"ntasks_per_node must be 1 .* got 4"),  # submitit: slurm_...
         ({"slurm_nodes": 8}, r"slurm_nodes=8 but the largest partition has only 4 node\(s\)"),
         ({"slurm_nodes": 0}, r"slurm_nodes must be at least 1, got 0"),
-        ({"slurm_time": "1:00:00"}, r"slurm_time must be an integer, got '1:00:00'"),
+        ({"slurm_time": "UNLIMITED"}, r"slurm_time='UNLIMITED' is not a SLURM time limit"),
+        (
+            {"slurm_time": "1:00:00", "signal_delay_s": 3600},
+            r"signal_delay_s=3600 must be below the time limit slurm_time=60 \(3600 s\)",
+        ),
+        (
+            {"timeout_min": 60, "slurm_time": "2:00:00"},
+            r"timeout_min=60 and slurm_time=120 are one setting",
+        ),
         (
             {"slurm_time": 10, "signal_delay_s": 900},
             r"signal_delay_s=900 must be below the time limit slurm_time=10 \(600 s\)",
@@ -266,7 +274,10 @@ def test_map_array_with_an_unpicklable_element_submits_nothing(
         ),
         ({"additional_parameters": {"nodes": 3}}, r"\['nodes'\] sets what nvrx sets: use nodes"),
         ({"slurm_additional_parameters": {"ntasks": 8}}, r"\['ntasks'\] .* use nodes and nproc"),
-        ({"slurm_additional_parameters": {"time": 60}}, r"\['time'\] .* use timeout_min"),
+        (
+            {"slurm_additional_parameters": {"time": "0:01:00"}, "signal_delay_s": 60},
+            r"below the time limit slurm_additional_parameters\['time'\]=1 \(60 s\)",
+        ),
     ],
 )
 def test_submitits_cluster_names_are_checked_as_nvrxs(
@@ -279,6 +290,33 @@ def test_submitits_cluster_names_are_checked_as_nvrxs(
     with pytest.raises(SubmitError, match=message):
         Executor(tmp_path, cluster="slurm", **params).submit(_noop)
     assert fake_slurm == [4242] and not (tmp_path / "specs").exists()  # sbatch never ran
+
+
+@pytest.mark.parametrize(
+    ("params", "written"),
+    [
+        ({"slurm_time": "2:00:00"}, 120),
+        ({"slurm_time": "1-00:00:00"}, 1440),
+        ({"time": "1-02"}, 1560),
+        ({"slurm_time": "90"}, 90),
+        ({"slurm_time": "1:30", "signal_delay_s": 100}, 2),  # seconds round up, as SLURM's
+        ({"slurm_additional_parameters": {"time": "2:00:00", "gres": "gpu:8"}}, 120),
+        ({"timeout_min": 120, "slurm_time": "2:00:00"}, 120),
+        ({"slurm_time": None, "timeout_min": 30, "slurm_use_srun": None}, 30),
+        ({"slurm_nodes": None, "slurm_signal_delay_s": None, "slurm_ntasks_per_node": None}, 5),
+    ],
+)
+def test_slurm_time_limits_and_unset_parameters_are_accepted(
+    tmp_path: Path, fake_slurm: list[int], params: dict, written: int
+) -> None:
+    """sbatch's time formats in slurm_time or slurm_additional_parameters['time'] are a time
+    limit, checked against signal_delay_s and written in whole minutes; a parameter given None
+    is not set, as submitit takes it. Before: a time given as text was refused ("must be an
+    integer"), the additional time too, so no D-HH:MM:SS limit could be given; None refused."""
+    job = Executor(tmp_path, cluster="slurm", **params).submit(_noop)
+    script, _ = _submitted(tmp_path, job.job_id)
+    assert f"#SBATCH --time={written}\n" in script and script.count("--time") == 1
+    assert "#SBATCH --nodes=1\n" in script and "#SBATCH --ntasks-per-node=1\n" in script
 
 
 def test_slurm_nodes_is_the_job_handles_nodes(tmp_path: Path, fake_slurm: list[int]) -> None:
@@ -341,6 +379,10 @@ def test_a_callables_keywords_may_be_named_target_or_self(
     assert call_of(job.job_id) == ("accuracy", 1)
     job = submit(_train, kwargs={"target": "f1", "self": 2}, folder=tmp_path, cluster="slurm")
     assert call_of(job.job_id) == ("f1", 2)
+    # nvrx.submit's own keywords are its keywords (its callable's go in kwargs): target= too.
+    # Before: target was positional-only there as well, and nvrx.submit(target=f) failed.
+    job = submit(target=_train, kwargs={"self": 3}, folder=tmp_path, cluster="slurm")
+    assert call_of(job.job_id) == ("loss", 3)
 
 
 def test_a_failed_sbatch_leaves_no_spec(
