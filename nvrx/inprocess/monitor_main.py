@@ -260,7 +260,7 @@ class _Monitor:
         log.debug("round %d: %.2f s since the last progress", self.round, stale)
         if found == "hard":  # a second look confirms it before the rank is ended
             info, now = self.board.read(), time.monotonic()
-            if hang_verdict(info, now, cfg.soft_timeout, cfg.hard_timeout, self.soft_fired):
+            if hang_verdict(info, now, cfg.soft_timeout, cfg.hard_timeout, self.soft_fired) == "hard":
                 self._hard_timeout(now - last_progress(info), info, pidfd)
                 return True
             log.debug("round %d: progress after all on a second look", self.round)

@@ -41,9 +41,11 @@ AUTO, MANUAL, ROUND, RANK, WORLD_SIZE, INITIAL_RANK, FLAGS, USER_SINCE = range(8
 GENERATION = 8
 WAIT_UNTIL = 9  # the limit (monotonic) of the wait the rank is in; 0.0: none
 SEQUENCE = 10  # odd while the main thread changes several fields at once (a seqlock)
-_DOUBLES = (AUTO, MANUAL, USER_SINCE, WAIT_UNTIL)
-#: Reads a ``read`` tries for a consistent view before it takes the last one.
+#: Reads a ``read`` tries for a consistent view before it yields the CPU to the writer, and
+#: the time it tries for (a writer thread switched out in the middle of a change, a writer
+#: that died there) before it takes the last one.
 READ_TRIES = 1000
+READ_WAIT_S = 0.05
 
 FLAG_USER = 1  # the main thread runs user code (soft and hard timeouts apply)
 FLAG_TIMEOUTS_OFF = 2  # disable_hang_protection() is active
@@ -103,11 +105,11 @@ class ProgressBoard:
 
     def read(self) -> dict[str, float]:
         """The fields, as of one moment where the main thread changed none of several fields
-        (after ``READ_TRIES`` tries, the last read). The flags first, the wait's limit
+        (after ``READ_WAIT_S`` of tries, the last read). The flags first, the wait's limit
         before the progress stamp: a flag or the end of a wait seen comes with the
         progress stamped before it."""
-        q, d = self._q, self._d
-        for _ in range(READ_TRIES):
+        q, d, tries, deadline = self._q, self._d, 0, None
+        while True:
             sequence = q[SEQUENCE]
             flags, wait_until = q[FLAGS], d[WAIT_UNTIL]
             info = {"flags": flags, "wait_until": wait_until, "auto": d[AUTO], "manual": d[MANUAL]}
@@ -115,8 +117,16 @@ class ProgressBoard:
                 info[name] = q[i]
             info["initial_rank"], info["user_since"] = q[INITIAL_RANK], d[USER_SINCE]
             if not sequence & 1 and q[SEQUENCE] == sequence:
-                break
-        return info
+                return info
+            tries += 1
+            if tries % READ_TRIES:
+                continue
+            # a writer switched out in the middle of a change: let it run, up to READ_WAIT_S
+            now = time.monotonic()
+            deadline = now + READ_WAIT_S if deadline is None else deadline
+            if now >= deadline:
+                return info
+            os.sched_yield()
 
     # single fields (8-byte aligned stores) ----------------------------------
     def stamp_auto(self, now: float | None = None) -> None:

@@ -98,11 +98,16 @@ def supervise_argv() -> list[str]:
 
 
 def _interpreters_dirs() -> list[Path]:
-    """Where this interpreter's own modules are: its prefixes (the standard library, a venv)
-    and its site-packages; a prefix that is the file system's root is none."""
+    """Where this interpreter's own modules are: its standard library and its site-packages
+    (a venv's and its base's), not whole prefixes: a system Python's prefix ``/usr`` holds
+    projects too (``/usr/src/app``); a folder that is the file system's root is none."""
     import site
+    import sysconfig
 
-    dirs = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
+    dirs: list[str] = []
+    for base in ({}, {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}):
+        paths = sysconfig.get_paths(vars=base)
+        dirs += [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths]
     dirs += site.getsitepackages() if hasattr(site, "getsitepackages") else []
     dirs.append(site.getusersitepackages())
     found = [Path(d).absolute() for d in dirs if d]
@@ -214,6 +219,11 @@ def _nodes(job_env: Any) -> int:
         return 1
 
 
+#: How many ranks' errors a ``JobFailed`` message quotes (a job of thousands of ranks whose
+#: every rank failed would otherwise quote them all); the rest are counted.
+MAX_RANK_ERRORS = 8
+
+
 def _rank_errors(result_dir: Path, ranks: Iterable[int]) -> str:
     """The errors (tracebacks) the ranks wrote as their outcome, one paragraph each: those of
     every node of the job (the results folder is shared), since the rank that failed first,
@@ -227,6 +237,9 @@ def _rank_errors(result_dir: Path, ranks: Iterable[int]) -> str:
             continue
         if outcome is not None and outcome[0] != "success":
             errors.append(f"\nrank {rank} failed:\n{str(outcome[1]).rstrip()}")
+    if len(errors) > MAX_RANK_ERRORS:
+        more = len(errors) - MAX_RANK_ERRORS
+        errors[MAX_RANK_ERRORS:] = [f"\n... and {more} more rank(s): their outcomes are in {result_dir}"]
     return "".join(errors)
 
 

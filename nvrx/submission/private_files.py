@@ -39,13 +39,24 @@ def make_private_dir(path: str | os.PathLike[str]) -> Path:
 
 
 def _remove_acls(directory: Path) -> None:
+    """Remove ``directory``'s POSIX ACLs; a file system that refuses (NFSv4 or GPFS ACLs,
+    no extended attributes: EPERM, EINVAL, ENOSYS...) is let be where the ACL is not there."""
     remove = getattr(os, "removexattr", None)  # Linux only; elsewhere no POSIX ACLs to remove
     for name in _ACLS if remove is not None else ():
         try:
             remove(directory, name)
         except OSError as exc:
-            if exc.errno not in _NO_ACL:
+            if exc.errno not in _NO_ACL and _has_attribute(directory, name):
                 raise
+
+
+def _has_attribute(directory: Path, name: str) -> bool:
+    """Whether ``directory`` holds extended attribute ``name`` (False where none can be read)."""
+    try:
+        os.getxattr(directory, name)
+    except OSError:
+        return False
+    return True
 
 
 def write_private(path: str | os.PathLike[str], data: bytes) -> Path:

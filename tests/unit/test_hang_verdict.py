@@ -21,6 +21,7 @@ from nvrx.inprocess.progress_watchdog import (
     FLAG_BETWEEN,
     FLAG_TIMEOUTS_OFF,
     FLAG_USER,
+    SEQUENCE,
     ProgressBoard,
 )
 from tests.support.waiting import wait_until
@@ -136,7 +137,7 @@ def test_a_read_racing_the_writer_sees_no_zero_stamp_nor_the_end_of_a_wait_witho
     try:
         wait_until("the writer started", lambda: board.generation() >= 1, 30, 0.01)
         reads, bad = 0, []
-        while board.generation() == 1:
+        while board.generation() == 1 and writer.poll() is None:
             info = board.read()
             reads += 1
             if info["auto"] == 0.0 or (info["wait_until"] == 0.0 and info["auto"] == 1.0):
@@ -169,3 +170,12 @@ def test_threads_setting_flags_at_once_lose_none_of_the_changes(board):
     board.set_flag(FLAG_BETWEEN, False)
     other.join()
     assert int(board.read()["flags"]) == FLAG_TIMEOUTS_OFF
+
+
+@pytest.mark.timeout(30)
+def test_a_board_left_in_the_middle_of_a_change_is_still_read(board) -> None:
+    """A rank that died inside a change leaves the sequence odd for good: its monitor still
+    reads the board (and ends the round for it), it does not wait for a change to end."""
+    board.stamp_auto(123.0)
+    board._q[SEQUENCE] = 1
+    assert board.read()["auto"] == 123.0

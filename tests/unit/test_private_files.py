@@ -3,6 +3,7 @@ have written them (``nvrx.submission.private_files``)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import struct
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from nvrx.submission.call_spec import dump_spec, load_spec
-from nvrx.submission.private_files import check_private, make_private_dir
+from nvrx.submission.private_files import check_private, make_private_dir, write_private
 from nvrx.submission.run_callable import read_outcome, result_path, write_outcome
 from nvrx.submission.submit import Executor
 
@@ -98,3 +99,19 @@ def test_a_job_folder_under_a_default_acl_gets_owner_only_files(tmp_path: Path) 
         os.umask(previous)
     assert _mode(pickle) == 0o600 and _mode(folder) == 0o700
     check_private(pickle)
+
+
+@pytest.mark.parametrize("code", [errno.EPERM, errno.EACCES, errno.EINVAL, errno.ENOSYS])
+def test_a_file_system_that_refuses_to_remove_an_acl_it_does_not_hold_writes_the_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """NFSv4 or GPFS ACLs, or no extended attributes at all, answer the removal of a POSIX
+    ACL with other errors than "no such attribute": where none is there, nothing to remove,
+    and every rank's result is still written (before: each rank failed at its very end)."""
+
+    def refuse(path: object, name: str) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "removexattr", refuse)
+    written = write_private(tmp_path / "results" / "rank0.pkl", b"x")
+    assert written.read_bytes() == b"x" and (written.parent.stat().st_mode & 0o777) == 0o700

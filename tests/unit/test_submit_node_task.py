@@ -7,6 +7,8 @@ import importlib
 import os
 import stat
 import sys
+import sysconfig
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -158,6 +160,24 @@ def test_a_failed_job_says_what_another_nodes_rank_raised(
     assert "rank 3 failed:\nTraceback (most recent call last):\nOSError: disk" in str(failed.value)
 
 
+def test_a_failed_job_quotes_a_few_ranks_errors_and_counts_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local_task: None
+) -> None:
+    """Every rank of a large job may fail: the message quotes the first ones, not them all."""
+    nproc = node_task.MAX_RANK_ERRORS + 3
+
+    def every_rank_raised(result_dir: Path) -> None:
+        for rank in range(nproc):
+            write_outcome(result_dir, rank, ("error", f"Traceback (most recent call last):\nOSError: {rank}\n"))
+
+    supervisor = Supervisor(rc=int(ExitCode.BUDGET_EXHAUSTED), ranks=every_rank_raised)
+    with pytest.raises(JobFailed) as failed:
+        _run(tmp_path, monkeypatch, supervisor, nproc_per_node=nproc)
+    message = str(failed.value)
+    assert message.count(" failed:\nTraceback") == node_task.MAX_RANK_ERRORS, message
+    assert "... and 3 more rank(s): their outcomes are in " in message
+
+
 def returns_a_lock(runs: str) -> dict:
     with open(runs, "a") as fh:
         fh.write("ran\n")
@@ -300,3 +320,13 @@ def test_ports_in_supervise_args_win_in_either_spelling(tmp_path: Path, given: l
     options = build_parser().parse_args(argv[len(supervise_argv()) :])
     assert (options.master_port, options.store_port) == (5000, 5003)
     assert "--master-port" not in argv and "--store-port" not in argv
+
+
+def test_a_project_folder_under_the_interpreters_prefix_is_passed_on() -> None:
+    """A system Python's prefix is ``/usr``, and projects live under it (``/usr/src/app`` in
+    many images): only the interpreter's standard library and site-packages are left out."""
+    project = Path(tempfile.mkdtemp(prefix="nvrx-test-project-", dir=sys.prefix))
+    try:
+        assert submitters_path([str(project), sysconfig.get_paths()["purelib"]]) == [str(project)]
+    finally:
+        project.rmdir()
