@@ -145,7 +145,7 @@ class _Node:
     """The supervisor as ``HangWatch`` sees it (its ``NodeControl``), with one running child."""
 
     def __init__(self, link: Any) -> None:
-        self.child = SimpleNamespace(local_rank=1, attempt=0, running=True, pid=5)
+        self.child = SimpleNamespace(local_rank=1, attempt=0, running=True, pid=5, tells=False, training=False)
         self.child.signal_group = lambda signum: self.calls.append(f"signal {signum}")
         self.calls: list[str] = []
         self.events: list[dict[str, Any]] = []
@@ -189,8 +189,9 @@ def test_a_silent_rank_is_taken_out_then_killed_and_an_ended_child_is_no_silence
         assert left == [(1, 4, "no heartbeat for 11.0 s")]
         assert sup.calls == ["fault", f"signal {int(signal.SIGKILL)}"]
         assert sup.hangs.hang_fault(5).fault_kind == "unresponsive"
-        assert sup.hangs.on_message({"event": "wrapper_pid", "pid": 77})
-        assert sup.hangs.wrapper_pids == {77} and not sup.hangs.on_message({"event": "key"})
+        assert sup.hangs.on_message({"event": "wrapper_pid", "pid": 77})  # no child's: passed over
+        assert sup.hangs.on_message({"event": "wrapper_pid", "pid": 5})
+        assert sup.hangs.wrapper_pids == {5} and not sup.hangs.on_message({"event": "key"})
     finally:
         sup.hangs.close()
 
