@@ -230,8 +230,8 @@ class CallWrapper:
 
     def _hang_protection_ends(self, round_: int) -> None:
         """A block of round ``round_`` ends (one of an earlier round ended with it)."""
-        if round_ != self.rounds_run:
-            return
+        if round_ != self.rounds_run or self._hang_protection_off == 0:
+            return  # (0: a block entered as the round changed, and counted off by its start)
         self._hang_protection_off -= 1
         if self._hang_protection_off == 0:
             board = self.services.board

@@ -54,7 +54,7 @@ from nvrx.store import sealed_keys
 from nvrx.store.sealed_keys import SealedChain
 
 from .children import ExitStatus
-from .config import KEY_PREFIX, SupervisorConfig
+from .config import KEY_PREFIX, StopRequest, SupervisorConfig
 from .course import Course, CourseTracker
 from .exit_codes import ExitCode
 from .job_store import JobStore
@@ -109,6 +109,8 @@ class JobRestart:
         self._ready: int | None = None  # the last epoch this node counted itself ready for
         self._announced: SealedChain | None = None  # the next epoch's announcement, watched
         self._go: SealedChain | None = None  # the pending epoch's go-ahead, watched
+        #: the end claim that holds the next restart once this node's ranks all ended
+        self._ended: dict[str, Any] | None = None
 
     @property
     def _link(self) -> StoreLink:
@@ -144,6 +146,7 @@ class JobRestart:
             log.warning("could not claim this node's end against a job-wide restart: %s", exc)
             return False
         if first is None or first.get("end"):
+            self._ended = first or {"end": True, "node": self.control.node_rank}
             return False
         self._begin(epoch, None)  # its announcement follows, or came already
         return self.pending == epoch
@@ -164,7 +167,13 @@ class JobRestart:
             decision=Decision.GIVE_UP.value, reason=reason, budget_left=None, signature=signature,
         )  # fmt: skip
         log.error("%s", reason)
-        control.request_stop(reason, ExitCode.AFTER_COMPLETION, broadcast=True)
+        if not self.course.stopping:
+            control.request_stop(reason, ExitCode.AFTER_COMPLETION, broadcast=True)
+            return
+        # an excluded node leaving, its own stop under way: the others must stop all the same
+        flag, link = self.store.stop, self.store.link
+        if flag is not None and link is not None:
+            flag.write(link, StopRequest(reason, int(ExitCode.AFTER_COMPLETION), control.node_rank))
 
     def _streak_before(self, epoch: int) -> tuple[str | None, int]:
         """The loop breaker's streak as restart ``epoch - 1`` announced it (``streak_of``):
@@ -248,16 +257,18 @@ class JobRestart:
         after ``ExcludeThisNode`` (``leaving``: it stopped its ranks already), which only
         announces it. A node loss spends no unit of the budget (``node_lost`` counts it), and
         carries the loop breaker's streak on as it found it: it is no failure of the script. A
-        declarer whose ranks all ended announces nothing: they are done, and nothing here
-        would count itself ready for the restart.
+        declarer whose ranks all completed (it claimed its end: ``claim_end``) stops the job:
+        the restart would need them.
         """
         children = self.ranks.children
         if node_rank is None or self.pending is not None or not children:
             return
-        if not leaving and not self.ranks.running():
-            return
         if not all(self.job_wide(child.key) for child in children.values()):
             return  # Wrapper ranks restart in-process and wait for the spare's
+        if not leaving and not self.ranks.running():
+            if self._ended is not None:
+                self._stop_after_end(self._ended, f"node {node_rank} was lost", NODE_LOST_SIGNATURE)
+            return
         epoch = self.epoch + 1
         first = self._claim(epoch)
         if first is not None and first.get("end"):
