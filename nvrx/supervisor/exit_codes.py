@@ -56,9 +56,9 @@ DESCRIPTIONS: dict[int, str] = {
     ExitCode.RANK_STOPPED: "a child exited with 130 (RestartAbort: its in-process Wrapper gave "
     "up, or the code asked to stop): every child was stopped, none restarted; training did not "
     "complete",
-    ExitCode.AFTER_COMPLETION: "a rank failed, or a node was lost, after every rank of another "
-    "node had completed: a job-wide restart starts every rank of every node again, and those "
-    "had ended, so the job stopped without one",
+    ExitCode.AFTER_COMPLETION: "a rank failed after every rank of another node had completed: "
+    "a job-wide restart starts every rank of every node again, and those had ended, so the job "
+    "stopped without one",
     ExitCode.REQUEUED: "preemption or time-limit warning: checkpointed, job requeued (docs/submit.md)",
 }
 

@@ -54,7 +54,7 @@ from nvrx.store import sealed_keys
 from nvrx.store.sealed_keys import SealedChain
 
 from .children import ExitStatus
-from .config import KEY_PREFIX, StopRequest, SupervisorConfig
+from .config import KEY_PREFIX, SupervisorConfig
 from .course import Course, CourseTracker
 from .exit_codes import ExitCode
 from .job_store import JobStore
@@ -109,8 +109,6 @@ class JobRestart:
         self._ready: int | None = None  # the last epoch this node counted itself ready for
         self._announced: SealedChain | None = None  # the next epoch's announcement, watched
         self._go: SealedChain | None = None  # the pending epoch's go-ahead, watched
-        #: the end claim that holds the next restart once this node's ranks all ended
-        self._ended: dict[str, Any] | None = None
 
     @property
     def _link(self) -> StoreLink:
@@ -146,16 +144,15 @@ class JobRestart:
             log.warning("could not claim this node's end against a job-wide restart: %s", exc)
             return False
         if first is None or first.get("end"):
-            self._ended = first or {"end": True, "node": self.control.node_rank}
             return False
         self._begin(epoch, None)  # its announcement follows, or came already
         return self.pending == epoch
 
     def _stop_after_end(
-        self, ended: dict[str, Any], what: str, signature: str | None, local_rank: int | None = None
+        self, ended: dict[str, Any], what: str, signature: str | None, local_rank: int
     ) -> None:
-        """A node's end claimed the restart before this failure (of ``local_rank``, or a lost
-        node's): stop the job instead."""
+        """A node's end claimed the restart before this failure of ``local_rank``: stop the
+        job instead."""
         control = self.control
         reason = (
             f"{what} after every rank of node {ended.get('node')} had completed: a job-wide "
@@ -163,17 +160,11 @@ class JobRestart:
         )
         control.emit(
             "restart_decision", local_rank=local_rank, scope="job",
-            global_rank=None if local_rank is None else self.store.config.rank(local_rank, control.node_rank),
+            global_rank=self.store.config.rank(local_rank, control.node_rank),
             decision=Decision.GIVE_UP.value, reason=reason, budget_left=None, signature=signature,
         )  # fmt: skip
         log.error("%s", reason)
-        if not self.course.stopping:
-            control.request_stop(reason, ExitCode.AFTER_COMPLETION, broadcast=True)
-            return
-        # an excluded node leaving, its own stop under way: the others must stop all the same
-        flag, link = self.store.stop, self.store.link
-        if flag is not None and link is not None:
-            flag.write(link, StopRequest(reason, int(ExitCode.AFTER_COMPLETION), control.node_rank))
+        control.request_stop(reason, ExitCode.AFTER_COMPLETION, broadcast=True)
 
     def _streak_before(self, epoch: int) -> tuple[str | None, int]:
         """The loop breaker's streak as restart ``epoch - 1`` announced it (``streak_of``):
@@ -257,22 +248,22 @@ class JobRestart:
         after ``ExcludeThisNode`` (``leaving``: it stopped its ranks already), which only
         announces it. A node loss spends no unit of the budget (``node_lost`` counts it), and
         carries the loop breaker's streak on as it found it: it is no failure of the script. A
-        declarer whose ranks all completed (it claimed its end: ``claim_end``) stops the job:
-        the restart would need them.
+        declarer whose ranks all ended announces nothing: they are done, and nothing here
+        would count itself ready for the restart.
         """
         children = self.ranks.children
         if node_rank is None or self.pending is not None or not children:
             return
+        if not leaving and not self.ranks.running():
+            return
         if not all(self.job_wide(child.key) for child in children.values()):
             return  # Wrapper ranks restart in-process and wait for the spare's
-        if not leaving and not self.ranks.running():
-            if self._ended is not None:
-                self._stop_after_end(self._ended, f"node {node_rank} was lost", NODE_LOST_SIGNATURE)
-            return
         epoch = self.epoch + 1
         first = self._claim(epoch)
         if first is not None and first.get("end"):
-            self._stop_after_end(first, f"node {node_rank} was lost", NODE_LOST_SIGNATURE)
+            # A node's ranks completed: no restart of the job. The spare's replacements run on
+            # their own (a script whose ranks meet in collectives fails there: a failure,
+            # which then stops the job with AFTER_COMPLETION).
             return
         if first is not None:
             self._begin(epoch, None)  # another slot (or a failure) claimed it first

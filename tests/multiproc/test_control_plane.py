@@ -329,9 +329,9 @@ def test_a_real_stop_after_forged_values_still_stops_every_node(tmp_path):
 def test_forgeries_while_the_store_host_waits_for_the_others_are_recorded_and_watched_past(tmp_path):
     """Node 0's rank ends at once and node 0 waits for node 1 (``JobEnd``); a foreign client
     then writes a stop value of its own and declares slot 0 lost. Node 0 records each and
-    watches past the forged stop, so node 1's real one (its rank fails with no restart
-    left) ends node 0 too (before: the forged value took node 0's one watch of the stop
-    flag, node 0 exited 0, and neither forgery was recorded)."""
+    watches past the forged stop, so node 1's real one (its rank fails after node 0's
+    completed: no job-wide restart, exit 13) ends node 0 too (before: the forged value took
+    node 0's one watch of the stop flag, node 0 exited 0, and neither forgery was recorded)."""
     go = tmp_path / "go"
     os.mkfifo(go)  # node 1's rank blocks reading it until the test has forged
     command = script(tmp_path, "if os.environ['GROUP_RANK'] == '1':\n"
@@ -345,8 +345,8 @@ def test_forgeries_while_the_store_host_waits_for_the_others_are_recorded_and_wa
     keys = [node_keys.claim(0), StopFlag.key(1)]
     wait_until("both to be rejected", lambda: sorted(e["key"] for e in job.events("rejected_write")) == keys, 60)
     wait_until("node 1's rank to read the go signal", lambda: _release(go), 60)
-    budget_spent = int(ExitCode.BUDGET_EXHAUSTED)
-    assert job.wait(120) == [budget_spent, budget_spent], job.output()
+    stopped = int(ExitCode.AFTER_COMPLETION)
+    assert job.wait(120) == [stopped, stopped], job.output()
     assert sorted((e["node"], e["key"]) for e in job.events("rejected_write")) == [(0, k) for k in keys]
     assert not job.events("node_lost"), job.output()
 

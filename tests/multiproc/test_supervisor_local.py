@@ -405,62 +405,6 @@ def test_a_failure_after_another_nodes_ranks_completed_stops_the_job_with_13(
 
 
 @pytest.mark.timeout(200)
-def test_a_node_lost_after_the_store_hosts_ranks_completed_stops_the_job_with_13(
-    tmp_path: Path,
-) -> None:
-    # Node 0's rank completes and node 0 claims its end; node 1 is then lost, and the spare
-    # takes its rank over. A job-wide restart cannot run node 0's rank again: node 0, the
-    # declarer, stops the job with 13 (before: the spare ran rank 1 alone).
-    body = "if RANK == 0:\n    sys.exit(0)\ntime.sleep(300)\n"
-    job = Job(
-        tmp_path, 3, 1, script(tmp_path, body), "--spare-nodes", "1", "--finish-timeout", "300",
-        "--node-timeout", "3", "--node-heartbeat", "0.5", "--grace-period", "2",
-    )  # fmt: skip
-    store = WireStore("127.0.0.1", job.store_port, timeout=60)
-    try:
-        store.wait(["nvrx_supervisor/job_restart/1/claim"], 60)  # node 0's end
-    finally:
-        store.close()
-    os.killpg(job.started[1].pid, signal.SIGKILL)
-    codes = job.wait(150)
-    assert codes[0] == 13 and codes[2] == 13, job.output()
-    [stop] = [e for e in job.events("job_stop") if e["node"] == 0]
-    assert "node 1 was lost after every rank of node 0 had completed" in stop["reason"], stop
-    assert stop["exit_code"] == 13
-
-
-EXCLUDE_ONCE = """
-from nvrx.fault_tolerance import RankMonitorClient, WorkloadAction, WorkloadControlRequest
-client = RankMonitorClient()
-client.init_workload_monitoring()
-store.wait(["nvrx_supervisor/job_restart/1/claim"], 60)
-client.send_workload_control_request(WorkloadControlRequest(WorkloadAction.ExcludeThisNode, "bad"))
-"""
-
-
-@pytest.mark.timeout(200)
-def test_a_node_excluded_after_another_nodes_ranks_completed_stops_the_job_with_13(
-    tmp_path: Path,
-) -> None:
-    # Node 0's rank completes; node 1's then asks to exclude its node, which leaves as a lost
-    # node and finds node 0's end claimed: the spare cannot restart the job with node 0's
-    # rank, so every node stops with 13 (before: only node 1 stopped, the spare ran alone).
-    body = (
-        f"if RANK == 0:\n    sys.exit(0)\nif RESTART == 0:\n{AWAIT_CLAIM}{EXCLUDE_ONCE}"
-        "time.sleep(300)\n"
-    ).replace("\nfrom", "\n    from").replace("\nstore", "\n    store").replace(
-        "\nclient", "\n    client"
-    )
-    job = Job(tmp_path, 3, 1, script(tmp_path, body), "--spare-nodes", "1", "--finish-timeout", "300")
-    assert job.wait(150) == [13, 10, 13], job.output()
-    why = "node 1 was lost after every rank of node 0 had completed"
-    [decision] = job.events("restart_decision")
-    assert decision["node"] == 1 and why in decision["reason"], decision
-    [spare_stop] = [e for e in job.events("job_stop") if e["node"] == 2]
-    assert why in spare_stop["reason"] and spare_stop["exit_code"] == 13, spare_stop
-
-
-@pytest.mark.timeout(200)
 def test_a_node_whose_ranks_complete_as_another_fails_restarts_with_the_job(tmp_path: Path) -> None:
     # Node 1's rank fails; node 0's completes just after that failure claimed the restart
     # (before or after node 0 reads its announcement): node 0 takes part, and both run again.
