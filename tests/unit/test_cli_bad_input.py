@@ -12,7 +12,6 @@ and leaves the exit code alone.
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import subprocess
 import sys
@@ -27,6 +26,10 @@ from nvrx.report import cli as report_cli
 from nvrx.slurm import srun_cli, template_cli
 from nvrx.supervisor import cli as supervise_cli
 from nvrx.supervisor.cli import config_from_args
+from tests.support.as_user import run_as, unprivileged_ids
+
+#: The module whose ``main`` is nvrx-report.
+REPORT = ["nvrx.report.cli"]
 
 PROGRAMS: dict[str, Callable[[Sequence[str]], int]] = {
     "nvrx-supervise": supervise_cli.main,
@@ -149,38 +152,13 @@ def unsearchable_job() -> Iterator[Path]:
         shutil.rmtree(folder)
 
 
-#: Runs nvrx-report in a child that, started as root (which reads any directory), first
-#: becomes ``nobody``: after the imports, since this Python may live where ``nobody`` may not go.
-AS_USER = """
-import os, sys
-import nvrx.report.cli as cli
-uid, gid = int(sys.argv[1]), int(sys.argv[2])
-if uid >= 0:
-    os.setgroups([])
-    os.setgid(gid)
-    os.setuid(uid)
-sys.exit(cli.main(sys.argv[3:]))
-"""
-
-
 def _unprivileged_ids() -> tuple[int, int]:
-    """(uid, gid) of ``nobody`` where this test runs as root; (-1, -1) (stay) for another
-    user, whom the directory's mode already stops. Skips where root has no one to become."""
-    if os.geteuid() != 0:
-        return -1, -1
-    try:
-        nobody = pwd.getpwnam("nobody")
-    except KeyError:
-        pytest.skip("running as root and no user 'nobody' to become: root reads any directory")
-    return nobody.pw_uid, nobody.pw_gid
+    return unprivileged_ids("root reads any directory")
 
 
 def test_an_unsearchable_log_directory_is_one_line_and_exit_1(unsearchable_job: Path) -> None:
     uid, gid = _unprivileged_ids()
-    done = subprocess.run(
-        [sys.executable, "-c", AS_USER, str(uid), str(gid), str(unsearchable_job), "--no-sacct"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    done = run_as(REPORT, (uid, gid), [str(unsearchable_job), "--no-sacct"], timeout=60)
     assert done.returncode == 1, done.stderr
     line = check_one_line("nvrx-report", done.stderr, 1)
     assert f"cannot read log directory {str(unsearchable_job)!r}" in line
@@ -196,10 +174,7 @@ def test_a_job_under_a_base_that_may_be_entered_but_not_listed_is_read(tmp_path:
             path.chmod(0o755 if path.is_dir() else 0o644)
         folder.chmod(0o711)
         uid, gid = _unprivileged_ids()
-        done = subprocess.run(
-            [sys.executable, "-c", AS_USER, str(uid), str(gid), str(folder), "--job", JOB,
-             "--no-sacct"], capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+        done = run_as(REPORT, (uid, gid), [str(folder), "--job", JOB, "--no-sacct"], timeout=60)
         assert done.returncode == 0, done.stderr
         assert f"job {JOB}" in done.stdout, done.stdout
     finally:
@@ -233,10 +208,7 @@ def _job(base: Path, name: str, mtime: float) -> Path:
 def _report_as_another_user(*argv: str) -> subprocess.CompletedProcess[str]:
     """nvrx-report run as a user other than the owner of the files (``nobody`` when root)."""
     uid, gid = _unprivileged_ids()
-    return subprocess.run(
-        [sys.executable, "-c", AS_USER, str(uid), str(gid), *argv, "--no-sacct"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    return run_as(REPORT, (uid, gid), [*argv, "--no-sacct"], timeout=60)
 
 
 #: The mode that keeps another user out of a job folder (the supervisor makes them 0700,

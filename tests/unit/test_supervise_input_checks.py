@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
-import pwd
 import re
 import shutil
 import subprocess
@@ -20,29 +19,13 @@ import pytest
 from nvrx.supervisor.cli import NOT_EMPTY, config_from_args
 from nvrx.supervisor.config import MAX_SECONDS, ConfigError, SupervisorConfig, local_job
 from nvrx.supervisor.local_ranks import why_not_started
+from tests.support.as_user import run_as, unprivileged_ids
 
 PROG = "nvrx-supervise"
 
-#: Runs nvrx-supervise in a child that, started as root (who may write anywhere), first
-#: becomes ``nobody``: after the imports, since this Python may live where ``nobody`` may not go.
-AS_USER = """
-import os, sys
-import nvrx.supervisor.cli as cli, nvrx.supervisor.supervisor
-uid, gid = int(sys.argv[1]), int(sys.argv[2])
-if uid >= 0:
-    os.setgroups([])
-    os.setgid(gid)
-    os.setuid(uid)
-sys.exit(cli.main(sys.argv[3:]))
-"""
-
-
 def _supervise(*argv: str, user: tuple[int, int] = (-1, -1)) -> subprocess.CompletedProcess[str]:
     """nvrx-supervise run in a child process (as ``user``'s (uid, gid) where not -1)."""
-    return subprocess.run(
-        [sys.executable, "-c", AS_USER, *map(str, user), *argv],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    return run_as(["nvrx.supervisor.cli", "nvrx.supervisor.supervisor"], user, list(argv))
 
 
 def _one_error_line(result: subprocess.CompletedProcess[str], code: int) -> str:
@@ -59,13 +42,7 @@ def _one_error_line(result: subprocess.CompletedProcess[str], code: int) -> str:
 def read_only_base() -> Iterator[tuple[Path, tuple[int, int]]]:
     """A folder no one but root may write in (mode 0o555), and who to run as so that the
     mode stops them: ``nobody`` where this test runs as root, else the user it runs as."""
-    user = (-1, -1)
-    if os.geteuid() == 0:
-        try:
-            nobody = pwd.getpwnam("nobody")
-        except KeyError:
-            pytest.skip("running as root and no user 'nobody' to become: root writes anywhere")
-        user = (nobody.pw_uid, nobody.pw_gid)
+    user = unprivileged_ids("root writes anywhere")
     folder = Path(tempfile.mkdtemp(prefix="nvrx-read-only-"))
     folder.chmod(0o555)
     try:
