@@ -299,49 +299,34 @@ def test_a_finalize_that_hangs_is_ended_by_its_monitor_and_the_others_go_on(tmp_
         _kill_left(ranks, logs)
 
 
-def test_a_rank_waiting_at_the_iteration_barrier_for_a_slow_peer_is_not_ended(tmp_path):
-    # Rank 1 raises in round 0; its finalize then runs, making progress, for 7 s after rank
-    # 0's ended, and rank 0 waits for it at the iteration barrier, in waits that make no
-    # progress for up to 5 s (the agent's resend interval), past the hard timeout (3 s).
-    # A wait for peers counts from its limit, barrier_timeout: nobody is ended, both go on.
+@pytest.mark.parametrize(
+    ("scenario", "phase", "rank"),
+    [("finalize_slow", "iteration_barrier", 0), ("finalize_threaded", "finalize", 1)],
+    ids=["peer-waits-at-the-barrier", "threaded-finalize"],
+)
+def test_a_wait_past_the_hard_timeout_within_its_own_limit_is_not_ended(
+    tmp_path, scenario, phase, rank
+):
+    # Rank 1 raises in round 0; its finalize then works for 7 s, past the hard timeout (3 s).
+    # finalize_slow: rank 0 waits for it at the iteration barrier, in waits that make no
+    # progress for up to 5 s (the agent's resend interval); a wait for peers counts from its
+    # limit, barrier_timeout. finalize_threaded: a ThreadedFinalize's thread does the work
+    # within its own timeout (60 s); the main thread joins it in slices, stamped between them.
+    # Either way nobody is ended and both go on; the long phase is on record.
     wrapper = dict(FAST, soft_timeout=2.5, hard_timeout=3)
-    ranks = launch(
-        tmp_path, 2, wrapper=wrapper, scenario="finalize_slow", fault_ranks=[1], slow_s=7
-    )
+    ranks = launch(tmp_path, 2, wrapper=wrapper, scenario=scenario, fault_ranks=[1], slow_s=7)
     try:
         assert ranks.wait(60) == [0, 0], ranks.logs()
-        for rank in range(2):
-            assert ranks.result(rank) == {"iteration": 1, "rank": str(rank), "world_size": "2"}
+        for each in range(2):
+            assert ranks.result(each) == {"iteration": 1, "rank": str(each), "world_size": "2"}
         events = ranks.events()
         assert not _kinds(events, "hang", component="monitor"), ranks.logs()
         assert not _kinds(events, "ranks_terminated"), ranks.logs()
-        waits = [
+        [duration] = [
             e["duration_s"] for e in _kinds(events, "restart_phase")
-            if e["phase"] == "iteration_barrier" and e["rank"] == 0
+            if e["phase"] == phase and e["rank"] == rank
         ]  # fmt: skip
-        assert len(waits) == 1 and waits[0] > wrapper["hard_timeout"], waits
-    finally:
-        _kill_left(ranks, tmp_path / "logs")
-
-
-def test_a_threaded_finalize_slower_than_the_hard_timeout_within_its_own_is_not_ended(tmp_path):
-    # Rank 1 raises in round 0; its ThreadedFinalize's thread then works for 7 s, past the
-    # hard timeout (3 s), within its own timeout (60 s). The main thread joins it in
-    # slices, stamped between them: nobody is ended, both go on.
-    wrapper = dict(FAST, soft_timeout=2.5, hard_timeout=3)
-    ranks = launch(
-        tmp_path, 2, wrapper=wrapper, scenario="finalize_threaded", fault_ranks=[1], slow_s=7
-    )
-    try:
-        assert ranks.wait(60) == [0, 0], ranks.logs()
-        for rank in range(2):
-            assert ranks.result(rank) == {"iteration": 1, "rank": str(rank), "world_size": "2"}
-        events = ranks.events()
-        assert not _kinds(events, "hang", component="monitor"), ranks.logs()
-        [finalize] = [
-            e for e in _kinds(events, "restart_phase") if e["phase"] == "finalize" and e["rank"] == 1
-        ]  # fmt: skip
-        assert finalize["duration_s"] > wrapper["hard_timeout"], finalize
+        assert duration > wrapper["hard_timeout"], duration
     finally:
         _kill_left(ranks, tmp_path / "logs")
 
