@@ -32,6 +32,10 @@ CASES = [
     "nested_restarter_abort",
     "hang_protection_off",
     "rank_filter_logfile",
+    "health_check_compose",
+    "keyboard_interrupt",
+    "ping_timeout",
+    "call_arguments",
 ]
 
 
@@ -368,3 +372,47 @@ def test_the_new_cases_exercise_what_they_name(scenario):
     for impl in runs:
         assert [r["iteration"] for r in runs[impl][0]["rounds"]] == [0, 1], impl
         assert any(e[0] == "rank_filter" for e in runs[impl][0]["journal"]), impl
+
+
+def test_the_usage_cases_exercise_what_they_name(scenario):
+    """The cases taken from how NVRx is used compare alike only if they ran their path: the
+    fault counter ends rank 1 after its second fault (its restart health check fails) and
+    rank 0 finishes alone; a ``KeyboardInterrupt`` takes only its rank out; a manual
+    heartbeat that stops restarts every rank once."""
+    runs = scenario("wrapper_rounds.py", "health_check_compose", WORLD)
+    for impl in runs:
+        leaver, survivor = runs[impl][1], runs[impl][0]
+        assert leaver["raised"]["type"] == "HealthCheckError", impl
+        assert leaver["raised"]["causes"][:1] == ["FaultCounterExceeded"], impl
+        assert [(r["iteration"], r["WORLD_SIZE"]) for r in survivor["rounds"]] == [(0, 2), (1, 2), (2, 1)], impl
+    runs = scenario("wrapper_rounds.py", "keyboard_interrupt", WORLD)
+    for impl in runs:
+        assert runs[impl][1]["raised"]["type"] == "KeyboardInterrupt", impl
+        assert [(r["iteration"], r["WORLD_SIZE"]) for r in runs[impl][0]["rounds"]] == [(0, 2), (1, 1)], impl
+        assert runs[impl][0]["raised"] is None, impl
+    runs = scenario("wrapper_rounds.py", "ping_timeout", WORLD)
+    for impl in runs:
+        for rank in range(WORLD):
+            record = runs[impl][rank]
+            assert [r["iteration"] for r in record["rounds"]] == [0, 1], (impl, rank)
+            assert record["raised"] is None, (impl, rank)
+            # a hang is no exception of the function: no rank's restart names one
+            causes = {e[1]["fn_exception"] for e in record["journal"] if e[0] == "finalize"}
+            assert causes == {None}, (impl, rank, causes)
+
+
+def test_the_function_receives_its_arguments_as_in_the_reference(scenario):
+    """Positional and keyword arguments reach every round as given (the same list object,
+    so what a round appended is there in the next), the ``CallWrapper`` is injected through
+    ``Optional[CallWrapper]``, and it has every public attribute of the reference's."""
+    runs = scenario("wrapper_rounds.py", "call_arguments", WORLD)
+    for rank in range(WORLD):
+        ref, ours = runs["reference"][rank], runs["nvrx"][rank]
+        assert ref["received"] == [
+            {"metrics": [0], "tag": "tag", "scale": 3},
+            {"metrics": [0, 1], "tag": "tag", "scale": 3},
+        ], ref["received"]
+        _same(ref["received"], ours["received"], f"rank {rank} arguments")
+        missing = set(ref["call_wrapper"]["public"]) - set(ours["call_wrapper"]["public"])
+        assert not missing, f"nvrx's CallWrapper lacks {sorted(missing)}"
+        assert ref["call_wrapper"]["base_store_is_a_store"] is ours["call_wrapper"]["base_store_is_a_store"] is True
