@@ -106,6 +106,7 @@ def test_wrapper_parameters_match(scenario):
     runs = scenario("wrapper_params.py")
     ref, ours = copy.deepcopy(runs["reference"][0]), copy.deepcopy(runs["nvrx"][0])
     ref["refused"].pop("seconds_as_float"), ours["refused"].pop("seconds_as_float")
+    ref["compose"].pop("empty"), ours["compose"].pop("empty")
     # every parameter of the reference's Wrapper is given a value other than its default
     assert ref.pop("left_default") == [], "a reference parameter left at its default"
     assert ours.pop("left_default") == NVRX_ONLY_PARAMETERS
@@ -119,6 +120,22 @@ def test_wrapper_takes_seconds_as_numbers(scenario):
     runs = scenario("wrapper_params.py")
     assert runs["reference"][0]["refused"]["seconds_as_float"]["raised"][0] == "TypeError"
     assert runs["nvrx"][0]["refused"]["seconds_as_float"]["soft_timeout"] == 5.0
+
+
+def test_an_empty_composition_is_refused_by_name(scenario):
+    """Deliberate: ``Compose()`` with nothing to compose raises ``ValueError`` saying so; the
+    reference raises ``IndexError`` (it indexes its empty tuple of steps)."""
+    runs = scenario("wrapper_params.py")
+    assert runs["reference"][0]["compose"]["empty"]["raised"][0] == "IndexError"
+    assert runs["nvrx"][0]["compose"]["empty"]["raised"][0] == "ValueError"
+
+
+def test_compositions_run_as_the_guides_say(scenario):
+    """The comparison above holds only if the composition ran: the last step runs first."""
+    runs = scenario("wrapper_params.py")
+    for impl in runs:
+        assert runs[impl][0]["compose"]["order"] == ["c", "b", "a"], impl
+        assert all(runs[impl][0]["compose"]["wrapper_takes"].values()), impl
 
 
 # -- fault_tolerance: configuration and client --------------------------------------------
@@ -416,3 +433,27 @@ def test_the_function_receives_its_arguments_as_in_the_reference(scenario):
         missing = set(ref["call_wrapper"]["public"]) - set(ours["call_wrapper"]["public"])
         assert not missing, f"nvrx's CallWrapper lacks {sorted(missing)}"
         assert ref["call_wrapper"]["base_store_is_a_store"] is ours["call_wrapper"]["base_store_is_a_store"] is True
+
+
+def test_a_script_started_without_its_launcher_is_told_alike(scenario):
+    """``init_workload_monitoring()`` and ``send_workload_control_request()`` with no rank
+    monitor to reach (a script run with plain python or torchrun) raise, in both, an error
+    that ``except RankMonitorClientError`` (resp. ``RuntimeError``) catches."""
+    runs = scenario("ft_client.py")
+    ref, ours = runs["reference"][0]["before_init"], runs["nvrx"][0]["before_init"]
+    assert ref["init_without_launcher"]["raised"] == "RankMonitorClientError"
+    assert ref["workload_control_without_launcher"]["raised"] == "RuntimeError"
+    for step in ("init_without_launcher", "workload_control_without_launcher"):
+        assert _caught_alike(ref[step], ours[step]), (step, ref[step], ours[step])
+
+
+def test_the_call_wrapper_is_injected_through_a_string_annotation(scenario):
+    """Deliberate (docs/inprocess.md, "Differences from the reference"): under ``from
+    __future__ import annotations`` the reference fails the call with ``TypeError`` (its
+    annotation check takes the string for a class); nvrx resolves the annotation and
+    injects the ``CallWrapper``."""
+    runs = scenario("injection.py", world_size=1)
+    ref, ours = runs["reference"][0], runs["nvrx"][0]
+    assert ref["raised"]["type"] == "TypeError" and ref["received"] == [], ref
+    assert ours["raised"] is None and ours["received"] == ["CallWrapper"], ours
+    assert ours["returned"] == 2

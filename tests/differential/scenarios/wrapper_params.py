@@ -1,5 +1,7 @@
 """``Wrapper``'s parameters, without running a call: defaults kept as attributes, every
-parameter given a value other than its default, refused values, ``enabled=False``.
+parameter given a value other than its default, refused values, ``enabled=False``; and
+``Compose`` as NVRx's guides and examples compose the plug-ins (the order its steps run
+in, the plug-in type a composition is, which compositions the ``Wrapper`` takes).
 
 Each outcome is the attribute's value (timedeltas in seconds, objects by class name) or
 the exception a construction raised, as the names of its classes a caller can catch.
@@ -91,11 +93,66 @@ def non_defaults(inprocess: Any) -> dict[str, Any]:
     )  # fmt: skip
 
 
+def refusal(fn: Any) -> Any:
+    """``fn()``'s value, or the builtin classes of what it raised (what a caller can catch)."""
+    try:
+        return fn()
+    except Exception as exc:  # the type is the outcome
+        return {"raised": [c.__name__ for c in type(exc).__mro__ if c.__module__ == "builtins"]}
+
+
+def compositions(inprocess: Any) -> dict[str, Any]:
+    calls: list[str] = []
+
+    class Step(inprocess.initialize.Initialize):
+        def __init__(self, name: str, returns: bool = True) -> None:
+            self.name, self.returns = name, returns
+
+        def __call__(self, state: Any) -> Any:
+            calls.append(self.name)
+            return state if self.returns else None
+
+    def order() -> list[str]:
+        inprocess.Compose(Step("a"), Step("b"), Step("c"))(inprocess.state.State(rank=0, world_size=1))
+        return list(calls)
+
+    def none_returned() -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            inprocess.Compose(Step("x"), Step("y", returns=False))(inprocess.state.State(rank=0, world_size=1))
+        return [type(w.message).__name__ for w in caught]
+
+    hc, ab, ra = inprocess.health_check, inprocess.abort, inprocess.rank_assignment
+    return {
+        "order": order(),
+        "none_returned_warns": none_returned(),
+        "empty": refusal(inprocess.Compose),
+        "is_initialize": isinstance(
+            inprocess.Compose(inprocess.initialize.RetryController(), Step("z")), inprocess.initialize.Initialize
+        ),
+        "is_health_check": isinstance(inprocess.Compose(hc.CudaHealthCheck(), hc.FaultCounter()), hc.HealthCheck),
+        "is_abort": isinstance(inprocess.Compose(ab.AbortTransformerEngine(), ab.AbortTorchDistributed()), ab.Abort),
+        "wrapper_takes": {  # accepted: no exception to record
+            "health_check": "raised" not in construct(inprocess, health_check=inprocess.Compose(
+                hc.CudaHealthCheck(), hc.FaultCounter(max_rank_faults=3))),
+            "abort": "raised" not in construct(inprocess, abort=inprocess.Compose(
+                ab.AbortTransformerEngine(), ab.AbortTorchDistributed())),
+            "rank_assignment": "raised" not in construct(inprocess, rank_assignment=inprocess.Compose(
+                ra.ActiveWorldSizeDivisibleBy(2), ra.MaxActiveWorldSize(4), ra.ShiftRanks())),
+        },
+        "wrapper_refuses": {
+            "mixed_as_initialize": construct(inprocess, initialize=inprocess.Compose(
+                inprocess.initialize.RetryController(), hc.FaultCounter())),
+            "health_check_as_initialize": construct(inprocess, initialize=hc.FaultCounter()),
+        },
+    }  # fmt: skip
+
+
 def main() -> int:
     impl, out, _ = common.arguments()
     inprocess = common.module(impl, "inprocess")
     for sub in ("rank_assignment", "store", "initialize", "finalize", "health_check", "completion",
-                "terminate", "rank_filter"):
+                "terminate", "rank_filter", "abort", "state"):
         common.module(impl, f"inprocess.{sub}")
     s = datetime.timedelta(seconds=1)
     refused = {
@@ -118,6 +175,7 @@ def main() -> int:
         "non_defaults": construct(inprocess, **non_defaults(inprocess)),
         "refused": {name: construct(inprocess, **kw) for name, kw in refused.items()},
         "disabled_returns_fn_itself": inprocess.Wrapper(enabled=False)(fn) is fn,
+        "compose": compositions(inprocess),
         # parameters of this Wrapper that ``non_defaults`` leaves at their default
         "left_default": sorted(
             set(inspect.signature(inprocess.Wrapper).parameters) - set(non_defaults(inprocess))
