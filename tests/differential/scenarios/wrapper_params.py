@@ -175,6 +175,7 @@ def main() -> int:
         "non_defaults": construct(inprocess, **non_defaults(inprocess)),
         "refused": {name: construct(inprocess, **kw) for name, kw in refused.items()},
         "disabled_returns_fn_itself": inprocess.Wrapper(enabled=False)(fn) is fn,
+        "wrapped_keeps_name": [inprocess.Wrapper()(fn).__name__, inprocess.Wrapper()(fn).__wrapped__ is fn],
         "compose": compositions(inprocess),
         # parameters of this Wrapper that ``non_defaults`` leaves at their default
         "left_default": sorted(
