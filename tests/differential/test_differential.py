@@ -107,6 +107,7 @@ def test_wrapper_parameters_match(scenario):
     ref, ours = copy.deepcopy(runs["reference"][0]), copy.deepcopy(runs["nvrx"][0])
     ref["refused"].pop("seconds_as_float"), ours["refused"].pop("seconds_as_float")
     ref["compose"].pop("empty"), ours["compose"].pop("empty")
+    ref.pop("plugins"), ours.pop("plugins")  # deliberate, asserted below
     # every parameter of the reference's Wrapper is given a value other than its default
     assert ref.pop("left_default") == [], "a reference parameter left at its default"
     assert ours.pop("left_default") == NVRX_ONLY_PARAMETERS
@@ -128,6 +129,25 @@ def test_an_empty_composition_is_refused_by_name(scenario):
     runs = scenario("wrapper_params.py")
     assert runs["reference"][0]["compose"]["empty"]["raised"][0] == "IndexError"
     assert runs["nvrx"][0]["compose"]["empty"]["raised"][0] == "ValueError"
+
+
+def test_threaded_finalize_runs_without_cuda(scenario):
+    """Deliberate (compatibility table, ``ThreadedFinalize``): the reference refuses to run
+    it on a host without CUDA (``RuntimeError`` in ``finalize``, which ends the rank); nvrx
+    runs the function in its thread with the arguments given."""
+    runs = scenario("wrapper_params.py")
+    ref, ours = runs["reference"][0]["plugins"], runs["nvrx"][0]["plugins"]
+    assert ref["threaded_finalize"] == {"returned": {"raised": ["RuntimeError", "Exception", "BaseException", "object"]}, "fn_called_with": []}
+    assert ours["threaded_finalize"] == {"returned": "FrozenState", "fn_called_with": [[1, 2]]}
+
+
+def test_a_spare_has_no_rank_in_its_environment(scenario):
+    """Deliberate (compatibility table, ``State.set_distributed_vars``): a spare's ``RANK``
+    is removed; the reference sets the string ``'None'``, which ``int()`` refuses."""
+    runs = scenario("wrapper_params.py")
+    ref, ours = runs["reference"][0]["plugins"], runs["nvrx"][0]["plugins"]
+    assert ref["spare_environment"] == {"RANK": "None", "WORLD_SIZE": "1"}
+    assert ours["spare_environment"] == {"RANK": None, "WORLD_SIZE": "1"}
 
 
 def test_compositions_run_as_the_guides_say(scenario):

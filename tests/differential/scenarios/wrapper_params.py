@@ -1,7 +1,9 @@
 """``Wrapper``'s parameters, without running a call: defaults kept as attributes, every
 parameter given a value other than its default, refused values, ``enabled=False``; and
 ``Compose`` as NVRx's guides and examples compose the plug-ins (the order its steps run
-in, the plug-in type a composition is, which compositions the ``Wrapper`` takes).
+in, the plug-in type a composition is, which compositions the ``Wrapper`` takes); and two
+plug-in behaviours that differ on purpose, run directly: ``ThreadedFinalize`` on a host
+without CUDA, and the ``RANK`` a spare's ``State.set_distributed_vars()`` leaves.
 
 Each outcome is the attribute's value (timedeltas in seconds, objects by class name) or
 the exception a construction raised, as the names of its classes a caller can catch.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import inspect
+import os
 import warnings
 from typing import Any
 
@@ -148,6 +151,24 @@ def compositions(inprocess: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def plugin_behaviours(inprocess: Any) -> dict[str, Any]:
+    ran: list[Any] = []
+    finalize = inprocess.finalize.ThreadedFinalize(
+        timeout=datetime.timedelta(seconds=5), fn=lambda a, b=0: ran.append([a, b]), args=(1,), kwargs={"b": 2}
+    )
+    state = inprocess.state.State(rank=0, world_size=1)
+    threaded = refusal(lambda: type(finalize(state.freeze())).__name__)
+    os.environ.update(RANK="1", WORLD_SIZE="2")
+    spare = inprocess.state.State(
+        rank=1, world_size=2, active_rank=None, active_world_size=1, mode=inprocess.state.Mode.INACTIVE
+    )
+    spare.set_distributed_vars()
+    return {
+        "threaded_finalize": {"returned": threaded, "fn_called_with": ran},
+        "spare_environment": {"RANK": os.environ.get("RANK"), "WORLD_SIZE": os.environ.get("WORLD_SIZE")},
+    }
+
+
 def main() -> int:
     impl, out, _ = common.arguments()
     inprocess = common.module(impl, "inprocess")
@@ -177,6 +198,7 @@ def main() -> int:
         "disabled_returns_fn_itself": inprocess.Wrapper(enabled=False)(fn) is fn,
         "wrapped_keeps_name": [inprocess.Wrapper()(fn).__name__, inprocess.Wrapper()(fn).__wrapped__ is fn],
         "compose": compositions(inprocess),
+        "plugins": plugin_behaviours(inprocess),
         # parameters of this Wrapper that ``non_defaults`` leaves at their default
         "left_default": sorted(
             set(inspect.signature(inprocess.Wrapper).parameters) - set(non_defaults(inprocess))
