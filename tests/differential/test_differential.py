@@ -108,6 +108,7 @@ def test_wrapper_parameters_match(scenario):
     ref["refused"].pop("seconds_as_float"), ours["refused"].pop("seconds_as_float")
     ref["compose"].pop("empty"), ours["compose"].pop("empty")
     ref.pop("plugins"), ours.pop("plugins")  # deliberate, asserted below
+    ref.pop("reachable_submodules"), ours.pop("reachable_submodules")  # compared below
     # every parameter of the reference's Wrapper is given a value other than its default
     assert ref.pop("left_default") == [], "a reference parameter left at its default"
     assert ours.pop("left_default") == NVRX_ONLY_PARAMETERS
@@ -129,6 +130,17 @@ def test_an_empty_composition_is_refused_by_name(scenario):
     runs = scenario("wrapper_params.py")
     assert runs["reference"][0]["compose"]["empty"]["raised"][0] == "IndexError"
     assert runs["nvrx"][0]["compose"]["empty"]["raised"][0] == "ValueError"
+
+
+def test_the_submodules_are_reachable_from_the_package(scenario):
+    """NVRx's guides write ``inprocess.abort.AbortTorchDistributed()`` after importing only the
+    package: every submodule the reference's package reaches so, nvrx's reaches too, but the
+    sibling monitor (internal: compatibility table)."""
+    runs = scenario("wrapper_params.py")
+    ref, ours = runs["reference"][0]["reachable_submodules"], runs["nvrx"][0]["reachable_submodules"]
+    assert {"abort", "store", "health_check", "rank_assignment"} <= set(ref), ref
+    missing = set(ref) - set(ours) - {"sibling_monitor"}
+    assert not missing, f"nvrx.inprocess does not reach {sorted(missing)}"
 
 
 def test_threaded_finalize_runs_without_cuda(scenario):

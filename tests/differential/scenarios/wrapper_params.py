@@ -25,6 +25,14 @@ TIMEDELTAS = (
     "progress_watchdog_interval", "soft_timeout", "hard_timeout", "heartbeat_timeout",
     "barrier_timeout", "completion_timeout", "last_call_wait", "termination_grace_time",
 )  # fmt: skip
+#: Submodules of the reference's ``inprocess``; the record keeps those reachable as attributes
+#: of the package right after ``import <package>.inprocess``, as NVRx's guides use them.
+SUBMODULES = (
+    "abort", "attribution", "completion", "compose", "exception", "finalize", "health_check",
+    "initialize", "monitor_process", "monitor_thread", "nested_restarter", "param_utils",
+    "progress_watchdog", "rank_assignment", "rank_filter", "sibling_monitor", "state", "store",
+    "terminate", "tools", "utils", "wrap",
+)  # fmt: skip
 OTHERS = ("store_kwargs", "initialize", "abort", "finalize", "health_check", "rank_assignment",
           "rank_filter", "monitor_process_logfile", "enabled", "completion", "terminate")  # fmt: skip
 
@@ -172,6 +180,8 @@ def plugin_behaviours(inprocess: Any) -> dict[str, Any]:
 def main() -> int:
     impl, out, _ = common.arguments()
     inprocess = common.module(impl, "inprocess")
+    # before any submodule is imported: what ``import ...inprocess as inprocess`` reaches
+    reachable = sorted(n for n in SUBMODULES if hasattr(inprocess, n))
     for sub in ("rank_assignment", "store", "initialize", "finalize", "health_check", "completion",
                 "terminate", "rank_filter", "abort", "state"):
         common.module(impl, f"inprocess.{sub}")
@@ -198,6 +208,7 @@ def main() -> int:
         "disabled_returns_fn_itself": inprocess.Wrapper(enabled=False)(fn) is fn,
         "wrapped_keeps_name": [inprocess.Wrapper()(fn).__name__, inprocess.Wrapper()(fn).__wrapped__ is fn],
         "compose": compositions(inprocess),
+        "reachable_submodules": reachable,
         "plugins": plugin_behaviours(inprocess),
         # parameters of this Wrapper that ``non_defaults`` leaves at their default
         "left_default": sorted(
