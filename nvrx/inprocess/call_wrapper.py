@@ -76,7 +76,8 @@ class CallWrapper:
 
     Passed to the wrapped function through any parameter annotated
     ``CallWrapper``; offers ``iteration``, ``ping()``, ``atomic()`` and
-    ``disable_hang_protection()``. The other attributes serve the restart
+    ``disable_hang_protection()``, and the reference's ``state``, ``store`` and
+    ``base_store``. The other attributes serve the restart
     machinery (``round_run``, ``between_rounds``), which reads them as a
     ``round_run.RoundCall``.
     """
@@ -246,6 +247,12 @@ class CallWrapper:
         with self._hang_protection_lock:
             self._hang_protection_off = 0
             self.services.board.set_flag(FLAG_TIMEOUTS_OFF, False)
+
+    @property
+    def base_store(self) -> Any:
+        """The call's store outside any round (``store`` is the current round's view of it):
+        the reference's attribute, which code written for it reads."""
+        return self.services.base_store
 
     @property
     def monitor_process(self) -> MonitorProcess | None:

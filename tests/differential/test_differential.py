@@ -32,6 +32,10 @@ CASES = [
     "nested_restarter_abort",
     "hang_protection_off",
     "rank_filter_logfile",
+    "health_check_compose",
+    "keyboard_interrupt",
+    "ping_timeout",
+    "call_arguments",
 ]
 
 
@@ -102,6 +106,9 @@ def test_wrapper_parameters_match(scenario):
     runs = scenario("wrapper_params.py")
     ref, ours = copy.deepcopy(runs["reference"][0]), copy.deepcopy(runs["nvrx"][0])
     ref["refused"].pop("seconds_as_float"), ours["refused"].pop("seconds_as_float")
+    ref["compose"].pop("empty"), ours["compose"].pop("empty")
+    ref.pop("plugins"), ours.pop("plugins")  # deliberate, asserted below
+    ref.pop("reachable_submodules"), ours.pop("reachable_submodules")  # compared below
     # every parameter of the reference's Wrapper is given a value other than its default
     assert ref.pop("left_default") == [], "a reference parameter left at its default"
     assert ours.pop("left_default") == NVRX_ONLY_PARAMETERS
@@ -115,6 +122,52 @@ def test_wrapper_takes_seconds_as_numbers(scenario):
     runs = scenario("wrapper_params.py")
     assert runs["reference"][0]["refused"]["seconds_as_float"]["raised"][0] == "TypeError"
     assert runs["nvrx"][0]["refused"]["seconds_as_float"]["soft_timeout"] == 5.0
+
+
+def test_an_empty_composition_is_refused_by_name(scenario):
+    """Deliberate: ``Compose()`` with nothing to compose raises ``ValueError`` saying so; the
+    reference raises ``IndexError`` (it indexes its empty tuple of steps)."""
+    runs = scenario("wrapper_params.py")
+    assert runs["reference"][0]["compose"]["empty"]["raised"][0] == "IndexError"
+    assert runs["nvrx"][0]["compose"]["empty"]["raised"][0] == "ValueError"
+
+
+def test_the_submodules_are_reachable_from_the_package(scenario):
+    """NVRx's guides write ``inprocess.abort.AbortTorchDistributed()`` after importing only the
+    package: every submodule the reference's package reaches so, nvrx's reaches too, but the
+    sibling monitor (internal: compatibility table)."""
+    runs = scenario("wrapper_params.py")
+    ref, ours = runs["reference"][0]["reachable_submodules"], runs["nvrx"][0]["reachable_submodules"]
+    assert {"abort", "store", "health_check", "rank_assignment"} <= set(ref), ref
+    missing = set(ref) - set(ours) - {"sibling_monitor"}
+    assert not missing, f"nvrx.inprocess does not reach {sorted(missing)}"
+
+
+def test_threaded_finalize_runs_without_cuda(scenario):
+    """Deliberate (compatibility table, ``ThreadedFinalize``): the reference refuses to run
+    it on a host without CUDA (``RuntimeError`` in ``finalize``, which ends the rank); nvrx
+    runs the function in its thread with the arguments given."""
+    runs = scenario("wrapper_params.py")
+    ref, ours = runs["reference"][0]["plugins"], runs["nvrx"][0]["plugins"]
+    assert ref["threaded_finalize"] == {"returned": {"raised": ["RuntimeError", "Exception", "BaseException", "object"]}, "fn_called_with": []}
+    assert ours["threaded_finalize"] == {"returned": "FrozenState", "fn_called_with": [[1, 2]]}
+
+
+def test_a_spare_has_no_rank_in_its_environment(scenario):
+    """Deliberate (compatibility table, ``State.set_distributed_vars``): a spare's ``RANK``
+    is removed; the reference sets the string ``'None'``, which ``int()`` refuses."""
+    runs = scenario("wrapper_params.py")
+    ref, ours = runs["reference"][0]["plugins"], runs["nvrx"][0]["plugins"]
+    assert ref["spare_environment"] == {"RANK": "None", "WORLD_SIZE": "1"}
+    assert ours["spare_environment"] == {"RANK": None, "WORLD_SIZE": "1"}
+
+
+def test_compositions_run_as_the_guides_say(scenario):
+    """The comparison above holds only if the composition ran: the last step runs first."""
+    runs = scenario("wrapper_params.py")
+    for impl in runs:
+        assert runs[impl][0]["compose"]["order"] == ["c", "b", "a"], impl
+        assert all(runs[impl][0]["compose"]["wrapper_takes"].values()), impl
 
 
 # -- fault_tolerance: configuration and client --------------------------------------------
@@ -368,3 +421,71 @@ def test_the_new_cases_exercise_what_they_name(scenario):
     for impl in runs:
         assert [r["iteration"] for r in runs[impl][0]["rounds"]] == [0, 1], impl
         assert any(e[0] == "rank_filter" for e in runs[impl][0]["journal"]), impl
+
+
+def test_the_usage_cases_exercise_what_they_name(scenario):
+    """The cases taken from how NVRx is used compare alike only if they ran their path: the
+    fault counter ends rank 1 after its second fault (its restart health check fails) and
+    rank 0 finishes alone; a ``KeyboardInterrupt`` takes only its rank out; a manual
+    heartbeat that stops restarts every rank once."""
+    runs = scenario("wrapper_rounds.py", "health_check_compose", WORLD)
+    for impl in runs:
+        leaver, survivor = runs[impl][1], runs[impl][0]
+        assert leaver["raised"]["type"] == "HealthCheckError", impl
+        assert leaver["raised"]["causes"][:1] == ["FaultCounterExceeded"], impl
+        assert [(r["iteration"], r["WORLD_SIZE"]) for r in survivor["rounds"]] == [(0, 2), (1, 2), (2, 1)], impl
+    runs = scenario("wrapper_rounds.py", "keyboard_interrupt", WORLD)
+    for impl in runs:
+        assert runs[impl][1]["raised"]["type"] == "KeyboardInterrupt", impl
+        assert [(r["iteration"], r["WORLD_SIZE"]) for r in runs[impl][0]["rounds"]] == [(0, 2), (1, 1)], impl
+        assert runs[impl][0]["raised"] is None, impl
+    runs = scenario("wrapper_rounds.py", "ping_timeout", WORLD)
+    for impl in runs:
+        for rank in range(WORLD):
+            record = runs[impl][rank]
+            assert [r["iteration"] for r in record["rounds"]] == [0, 1], (impl, rank)
+            assert record["raised"] is None, (impl, rank)
+            # a hang is no exception of the function: no rank's restart names one
+            causes = {e[1]["fn_exception"] for e in record["journal"] if e[0] == "finalize"}
+            assert causes == {None}, (impl, rank, causes)
+
+
+def test_the_function_receives_its_arguments_as_in_the_reference(scenario):
+    """Positional and keyword arguments reach every round as given (the same list object,
+    so what a round appended is there in the next), the ``CallWrapper`` is injected through
+    ``Optional[CallWrapper]``, and it has every public attribute of the reference's."""
+    runs = scenario("wrapper_rounds.py", "call_arguments", WORLD)
+    for rank in range(WORLD):
+        ref, ours = runs["reference"][rank], runs["nvrx"][rank]
+        assert ref["received"] == [
+            {"metrics": [0], "tag": "tag", "scale": 3},
+            {"metrics": [0, 1], "tag": "tag", "scale": 3},
+        ], ref["received"]
+        _same(ref["received"], ours["received"], f"rank {rank} arguments")
+        missing = set(ref["call_wrapper"]["public"]) - set(ours["call_wrapper"]["public"])
+        assert not missing, f"nvrx's CallWrapper lacks {sorted(missing)}"
+        assert ref["call_wrapper"]["base_store_is_a_store"] is ours["call_wrapper"]["base_store_is_a_store"] is True
+
+
+def test_a_script_started_without_its_launcher_is_told_alike(scenario):
+    """``init_workload_monitoring()`` and ``send_workload_control_request()`` with no rank
+    monitor to reach (a script run with plain python or torchrun) raise, in both, an error
+    that ``except RankMonitorClientError`` (resp. ``RuntimeError``) catches."""
+    runs = scenario("ft_client.py")
+    ref, ours = runs["reference"][0]["before_init"], runs["nvrx"][0]["before_init"]
+    assert ref["init_without_launcher"]["raised"] == "RankMonitorClientError"
+    assert ref["workload_control_without_launcher"]["raised"] == "RuntimeError"
+    for step in ("init_without_launcher", "workload_control_without_launcher"):
+        assert _caught_alike(ref[step], ours[step]), (step, ref[step], ours[step])
+
+
+def test_the_call_wrapper_is_injected_through_a_string_annotation(scenario):
+    """Deliberate (docs/inprocess.md, "Differences from the reference"): under ``from
+    __future__ import annotations`` the reference fails the call with ``TypeError`` (its
+    annotation check takes the string for a class); nvrx resolves the annotation and
+    injects the ``CallWrapper``."""
+    runs = scenario("injection.py", world_size=1)
+    ref, ours = runs["reference"][0], runs["nvrx"][0]
+    assert ref["raised"]["type"] == "TypeError" and ref["received"] == [], ref
+    assert ours["raised"] is None and ours["received"] == ["CallWrapper"], ours
+    assert ours["returned"] == 2

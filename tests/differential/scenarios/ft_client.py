@@ -6,8 +6,10 @@ reference's ``RankMonitorServer`` (a subprocess on a Unix socket), nvrx's superv
 client's and the configuration's behaviour is recorded: attributes, return values,
 exception types, section state and which timeouts are computed (their values depend on
 timing and are recorded only as set or not). The record's ``checkpoint`` is the
-``state_dict()`` after computing timeouts; with CASE ``load:PATH[,PATH...]`` a new client
-then loads each checkpoint file (written by either implementation) before it starts.
+``state_dict()`` after computing timeouts; ``before_init`` holds, among the calls made
+before monitoring starts, what a script started without its launcher sees; with CASE
+``load:PATH[,PATH...]`` a new client then loads each checkpoint file (written by either
+implementation) before it starts.
 """
 
 from __future__ import annotations
@@ -223,6 +225,13 @@ def main() -> int:
         "state_dict": attempt(lambda: shape(ft.RankMonitorClient().state_dict())),
         "load_unknown_mapping": attempt(lambda: ft.RankMonitorClient().load_state_dict({"nope": 1})),
         "load_empty_mapping": attempt(lambda: ft.RankMonitorClient().load_state_dict({})),
+        # a script started without its launcher (plain python, torchrun): no rank monitor
+        "init_without_launcher": attempt(ft.RankMonitorClient().init_workload_monitoring),
+        "workload_control_without_launcher": attempt(
+            lambda: ft.RankMonitorClient().send_workload_control_request(
+                ft.WorkloadControlRequest(ft.WorkloadAction.ShutdownWorkload, "stop")
+            )
+        ),
     }
     cfg = ft.FaultToleranceConfig(
         initial_rank_heartbeat_timeout=300, rank_heartbeat_timeout=300,

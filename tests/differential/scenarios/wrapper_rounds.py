@@ -30,6 +30,19 @@ Every hook is a recording one; CASE names what goes wrong:
 * ``rank_filter_logfile``: as ``restart``, with an old-style ``rank_filter`` (a recording
   ``rank_filter.RankFilter``) and ``monitor_process_logfile`` (absolute, with ``{rank}``);
   the record says whether the rank's monitor log file exists after the call.
+* ``health_check_compose``: the health check of NVRx's examples and of Megatron-style
+  configurations, ``Compose(<recording>, CudaHealthCheck(timeout), FaultCounter(1))``, with
+  ``RetryController(max_iterations=4, min_active_world_size=1)``; rank 1's function raises in
+  rounds 0 and 1, so its fault counter stops it after round 1 and rank 0 runs round 2 alone.
+* ``keyboard_interrupt``: rank 1's function raises ``KeyboardInterrupt`` in round 0: rank 1
+  leaves with it, rank 0 runs round 1 alone.
+* ``ping_timeout``: rank 1 calls ``ping()`` once in round 0 and then steps without pinging:
+  the manual heartbeat runs past ``soft_timeout``, every rank restarts, round 1 succeeds.
+* ``call_arguments``: as ``restart``, the function called as NVRx's examples call theirs:
+  positional and keyword arguments, a list it appends to, and the ``CallWrapper`` injected
+  through ``Optional[inprocess.CallWrapper]``; the record keeps what each round received
+  and the public attributes of the ``CallWrapper`` (whether its ``base_store`` is a torch
+  ``Store`` too).
 
 A rank whose round has a fault elsewhere waits in a step loop for the Wrapper to
 interrupt it, as training code would be; a round without a fault runs a gloo all-reduce
@@ -44,7 +57,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import common
 
@@ -70,7 +83,7 @@ SILENCE_S = TIMEOUTS["hard_timeout"] + 1
 
 def fault_rounds(case: str) -> set[int]:
     """Rounds in which the faulting rank's function fails."""
-    if case in ("max_iterations", "fault_terminate", "nested_restarter_abort"):
+    if case in ("max_iterations", "fault_terminate", "nested_restarter_abort", "health_check_compose"):
         return {0, 1}
     if case in ("dist_initialized", "local_store_class", "hang_protection_off"):
         return set()
@@ -102,7 +115,10 @@ def hooks(
                 before_fault(state.iteration)
             raise RuntimeError(f"{hook} fails on purpose")
 
-    retry = inprocess.initialize.RetryController(max_iterations=2)
+    if case == "health_check_compose":
+        retry = inprocess.initialize.RetryController(max_iterations=4, min_active_world_size=1)
+    else:
+        retry = inprocess.initialize.RetryController(max_iterations=2)
     stock_abort = inprocess.abort.AbortTorchDistributed()
 
     class Init(inprocess.initialize.Initialize):
@@ -154,8 +170,15 @@ def hooks(
             entry["out"] = common.state_fields(ctx.state)
             return ctx
 
+    health: Any = Health()
+    if case == "health_check_compose":  # the last one runs first
+        health = inprocess.Compose(
+            health,
+            inprocess.health_check.CudaHealthCheck(timeout=datetime.timedelta(seconds=10)),
+            inprocess.health_check.FaultCounter(max_rank_faults=1),
+        )
     return dict(
-        initialize=Init(), abort=Abort(), finalize=Finalize(), health_check=Health(),
+        initialize=Init(), abort=Abort(), finalize=Finalize(), health_check=health,
         completion=Completion(), terminate=Terminate(), rank_assignment=Assignment(),
     )  # fmt: skip
 
@@ -256,6 +279,11 @@ def main() -> int:
             raise restart(f"round {it} asks for a restart")
         if it in failing and rank == fault_rank(case):
             before_fault(it)
+            if case == "keyboard_interrupt":
+                raise KeyboardInterrupt
+            if case == "ping_timeout":
+                call_wrapper.ping()
+                wait_for_restart()  # steps, no more pings
             raise ValueError(f"round {it} fails")
         if it in failing:
             entered(it)
@@ -269,6 +297,23 @@ def main() -> int:
         call_wrapper.ping()
         dist.destroy_process_group()
         return f"active rank {r} of {ws}, sum {int(total.item())}, round {it}"
+
+    received: list[Any] = []
+
+    def train_with_arguments(
+        metrics: list,
+        tag: str,
+        scale: int = 1,
+        call_wrapper: Optional[inprocess.CallWrapper] = None,  # noqa: UP045 - as NVRx's examples spell it
+    ) -> str:
+        if not received:
+            received.append({
+                "public": sorted(n for n in dir(call_wrapper) if not n.startswith("_")),
+                "base_store_is_a_store": isinstance(call_wrapper.base_store, dist.Store),
+            })  # fmt: skip
+        metrics.append(call_wrapper.iteration)
+        received.append({"metrics": list(metrics), "tag": tag, "scale": scale})
+        return train(call_wrapper=call_wrapper)
 
     handler = common.attach_user_handler(f"{common.PACKAGES[impl]}.inprocess")
     by_reference_name = handler
@@ -300,7 +345,10 @@ def main() -> int:
     record: dict[str, Any] = {"case": case, "rank": rank}
     with common.StdoutLines(Path.cwd() / f"{impl}-{rank}.stdout") as printed:
         try:
-            record["returned"] = wrapper(train)()
+            if case == "call_arguments":
+                record["returned"] = wrapper(train_with_arguments)([], "tag", scale=3)
+            else:
+                record["returned"] = wrapper(train)()
             record["raised"] = None
         except BaseException as exc:
             record["returned"] = None
@@ -308,6 +356,7 @@ def main() -> int:
     record["restarter_lines"] = common.restarter_lines(printed.lines())
     record["monitor_logfile"] = Path(str(logfile).format(rank=rank)).is_file()
     record.update(journal=journal, rounds=rounds, leftovers=leftovers.after())
+    record["call_wrapper"], record["received"] = (received[0], received[1:]) if received else (None, [])
     record["user_handler_levels"] = sorted(set(handler.levels))
     record["reference_name_levels"] = sorted(set(by_reference_name.levels))
     common.write(out, record)
