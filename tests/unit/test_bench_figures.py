@@ -30,3 +30,25 @@ def test_straggler_store_traffic_counts_every_store_request_of_the_sealed_path(h
     requests, size, _ = _bench("straggler_cost").store_traffic(8, hosts, intervals=10)
     assert requests * 10 == pytest.approx(9 * 4 * hosts + (4 * hosts - (hosts - 1)))
     assert size > 0
+
+
+@pytest.mark.timeout(60)
+def test_store_barrier_worker_fails_when_a_barrier_never_releases(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A participant whose barrier timed out has no release time: the worker exits non-zero
+    instead of handing the parent a latency computed from a zero."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    bench = _bench("store_barrier")
+    monkeypatch.setattr(bench, "BARRIER_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(sys, "stdin", open("/dev/null"))  # noqa: SIM115 - closed with the test
+    server = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=10), wait_for_workers=False)
+    # one participant of two: the barrier never completes
+    with pytest.raises(SystemExit) as ended:
+        bench._worker("127.0.0.1", server.port, 0, 1, 2, 2, "nvrx", False)
+    assert ended.value.code == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out and "RESULT" not in out
