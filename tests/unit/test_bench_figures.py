@@ -52,3 +52,14 @@ def test_store_barrier_worker_fails_when_a_barrier_never_releases(
     assert ended.value.code == 1
     out = capsys.readouterr().out
     assert "FAILED" in out and "RESULT" not in out
+
+
+def test_restart_latency_names_a_survivor_that_never_came_back(tmp_path: Path) -> None:
+    """No latency is made up from the ranks that did come back: the one that did not is named."""
+    bench = _bench("restart_latency")
+    (tmp_path / "fault.json").write_text('{"t": 10.0}')
+    (tmp_path / "enter-0.jsonl").write_text('{"iteration": 0, "t": 1.0}\n{"iteration": 1, "t": 10.05}\n')
+    (tmp_path / "enter-2.jsonl").write_text('{"iteration": 0, "t": 1.0}\n')
+    assert bench._latency(tmp_path, 3, [0]) == pytest.approx(0.05)
+    with pytest.raises(RuntimeError, match="rank 2 never entered the function again"):
+        bench._latency(tmp_path, 3, [0, 2])
