@@ -296,6 +296,8 @@ def main() -> None:
     _table(rows)
     for method, output in failed:
         print(f"\n--- rank 0's output for {method}:\n{output.strip()[-3000:]}")
+    if failed:
+        sys.exit(f"no result for {', '.join(m for m, _ in failed)}: see rank 0's output above")
 
 
 if __name__ == "__main__":
