@@ -63,3 +63,18 @@ def test_restart_latency_names_a_survivor_that_never_came_back(tmp_path: Path) -
     assert bench._latency(tmp_path, 3, [0]) == pytest.approx(0.05)
     with pytest.raises(RuntimeError, match="rank 2 never entered the function again"):
         bench._latency(tmp_path, 3, [0, 2])
+
+
+@pytest.mark.timeout(120)
+def test_store_load_starts_its_store_with_the_snapshot_keeper(tmp_path: Path) -> None:
+    """The bench's store is the one node 0's supervisor starts, snapshot keeper included."""
+    from nvrx.store import client
+
+    bench = _bench("store_load")
+    service = bench._start_store(4, True, str(tmp_path))
+    try:
+        store = client.connect(service.host, service.port, timeout=30)
+        store.set("nvrx/bench/probe", "x")
+        assert store.get("nvrx/bench/probe") == b"x"
+    finally:
+        service.stop()
