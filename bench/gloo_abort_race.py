@@ -153,7 +153,9 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=30, help="runs per way to abort (default 30)")
     parser.add_argument("--busy", type=int, default=2, help="busy loops beside the ranks (default 2)")
     parser.add_argument("--grace", type=float, default=3.0,

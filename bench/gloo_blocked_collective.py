@@ -262,7 +262,9 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 def main() -> None:
     """A rank (``--worker``), or the bench: a pair of ranks per method, then the table."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--timeout", type=float, default=8.0,
                         help="the gloo group's timeout in seconds (default 8)")
     parser.add_argument("--margin", type=float, default=5.0,

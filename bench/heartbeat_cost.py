@@ -146,9 +146,11 @@ def supervisor_cpu(seconds: float, nproc: int = 8) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=200_000)
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--calls", type=int, default=200_000, help="heartbeats timed (default 200000)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="the children's run (default 10)")
     args = parser.parse_args()
     client_cost(args.calls)
     supervisor_cpu(args.seconds)

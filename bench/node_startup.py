@@ -76,7 +76,9 @@ def run_once(nnodes: int, nproc: int, tmp: Path) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--nnodes", type=int, default=2, help="local supervisors")
     parser.add_argument("--nproc", type=int, default=2, help="ranks per supervisor")
     parser.add_argument("--repeats", type=int, default=3, help="runs")

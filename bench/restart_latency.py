@@ -282,10 +282,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--ranks", type=int, default=4, help="ranks of the fault runs (default 4)")
     parser.add_argument("--step", type=int, default=20, help="step at which rank 1 faults")
-    parser.add_argument("--faults", default="exception,hang,sigkill")
-    parser.add_argument("--overhead-steps", type=int, default=2000)
+    parser.add_argument("--faults", default="exception,hang,sigkill", help="comma separated; empty: only the overhead")
+    parser.add_argument("--overhead-steps", type=int, default=2000, help="steps per overhead run (default 2000)")
     parser.add_argument(
         "--overhead-ranks", type=int, default=2, help="ranks of the overhead runs (default 2)"
     )

@@ -68,8 +68,10 @@ def one(busy: int) -> tuple[float, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="standbys started (default 3)")
     args = parser.parse_args()
     busy = len(os.sched_getaffinity(0))
     runs = []

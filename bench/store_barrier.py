@@ -159,8 +159,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--sizes", default="16,256,1024,4096")
-    parser.add_argument("--algo", choices=("nvrx", "torch", "addwait"), default="nvrx")
+    parser.add_argument("--sizes", default="16,256,1024,4096", help="participants, comma separated")
+    parser.add_argument("--algo", choices=("nvrx", "torch", "addwait"), default="nvrx",
+                        help="nvrx.store.barrier (default), torch's Store.barrier, or add + wait")  # fmt: skip
     parser.add_argument(
         "--reentrant", action="store_true", help="idempotent arrivals (2 requests per rank)"
     )

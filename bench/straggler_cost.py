@@ -202,7 +202,9 @@ def store_traffic(ranks: int, hosts: int, intervals: int = 20) -> tuple[float, f
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--ranks", type=int, nargs="+", default=[4, 16, 64], help="job sizes (default 4 16 64)")
     parser.add_argument("--hosts", type=int, nargs="+", default=[2, 4], help="hosts (default 2 4)")
     parser.add_argument("--repeats", type=int, default=5, help="batches timed (default 5)")

@@ -78,7 +78,9 @@ def _start(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--minutes", type=float, default=10.0, help="length of the job (default 10)")
     parser.add_argument("--nodes", type=int, default=2, help="local supervisors (default 2)")
     parser.add_argument("--nproc", type=int, default=2, help="ranks per node (default 2)")
