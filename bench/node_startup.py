@@ -61,7 +61,7 @@ def run_once(nnodes: int, nproc: int, tmp: Path) -> dict[str, float]:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
     if any(codes):
-        raise RuntimeError(f"a supervisor failed: exit codes {codes} (logs in {tmp})")
+        raise RuntimeError(f"a supervisor failed: exit codes {codes}")
     events, _ = read_dir(tmp / "j")
     t0 = min(e["wall"] for e in events if e["kind"] == "supervisor_start")
     out: dict[str, float] = {}
