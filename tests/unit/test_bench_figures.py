@@ -78,3 +78,15 @@ def test_store_load_starts_its_store_with_the_snapshot_keeper(tmp_path: Path) ->
         assert store.get("nvrx/bench/probe") == b"x"
     finally:
         service.stop()
+
+
+@pytest.mark.timeout(60)
+def test_standby_cost_fails_when_the_standby_ends_before_it_is_warm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A standby that cannot start (its Python finds no standard library) ends without
+    saying it is warm: the bench stops with a message instead of polling it for ever."""
+    bench = _bench("standby_cost")
+    monkeypatch.setenv("PYTHONHOME", "/nonexistent")
+    with pytest.raises(SystemExit, match="ended before it was warm"):
+        bench.one(0)
