@@ -42,9 +42,10 @@ def run(minutes: float, nodes: int, nproc: int, step_time: float, out: Path) -> 
     start = time.monotonic()
     try:
         _start(procs, nodes, nproc, (master, store), job_id, out, command)
-        codes = [p.wait() for p in procs]
+        deadline = start + minutes * 60 + 300  # the job's steps, plus its start and end
+        codes = [p.wait(max(1.0, deadline - time.monotonic())) for p in procs]
     finally:
-        for proc in procs:  # each leads its own process group, its ranks in it
+        for proc in procs:  # its ranks die with it (PDEATHSIG)
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
