@@ -17,6 +17,7 @@ Targets: a heartbeat costs a few microseconds; the supervisor stays below 5 % of
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import select
 import statistics
@@ -69,7 +70,7 @@ def _per_call_us(fn, calls: int) -> tuple[float, float]:
             fn()
         samples.append((time.perf_counter_ns() - t0) / BATCH / 1000)
     samples.sort()
-    return statistics.median(samples), samples[int(len(samples) * 0.99) - 1]
+    return statistics.median(samples), samples[math.ceil(len(samples) * 0.99) - 1]
 
 
 def client_cost(calls: int) -> None:

@@ -90,3 +90,20 @@ def test_standby_cost_fails_when_the_standby_ends_before_it_is_warm(
     monkeypatch.setenv("PYTHONHOME", "/nonexistent")
     with pytest.raises(SystemExit, match="ended before it was warm"):
         bench.one(0)
+
+
+
+def test_heartbeat_cost_p99_is_the_slowest_of_two_batches() -> None:
+    """With two batches the 99th percentile is the slower one, never the faster."""
+    bench = _bench("heartbeat_cost")
+    calls = [0]
+
+    def call() -> None:  # the second batch spins 20 µs a call, the first returns at once
+        calls[0] += 1
+        if calls[0] > bench.BATCH:
+            end = bench.time.perf_counter() + 20e-6
+            while bench.time.perf_counter() < end:
+                pass
+
+    median, p99 = bench._per_call_us(call, 2 * bench.BATCH)
+    assert p99 >= 20 > median
