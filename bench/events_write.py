@@ -5,8 +5,8 @@ Usage: python bench/events_write.py [N]
 
 from __future__ import annotations
 
+import argparse
 import statistics
-import sys
 import tempfile
 import time
 
@@ -28,7 +28,12 @@ def measure(n: int, fsync: bool) -> list[float]:
 
 
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("n", nargs="?", type=int, default=20000,
+                        help="events without fsync (default 20000; with fsync: n / 50, 200 at least)")  # fmt: skip
+    n = parser.parse_args().n
     for fsync, count in ((False, n), (True, max(200, n // 50))):
         costs = measure(count, fsync)
         costs.sort()

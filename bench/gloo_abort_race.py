@@ -26,6 +26,7 @@ import argparse
 import datetime
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -153,7 +154,9 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=30, help="runs per way to abort (default 30)")
     parser.add_argument("--busy", type=int, default=2, help="busy loops beside the ranks (default 2)")
     parser.add_argument("--grace", type=float, default=3.0,
@@ -168,20 +171,26 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the finally below runs
     busy = [subprocess.Popen([sys.executable, "-c", _BUSY], stdin=subprocess.PIPE) for _ in range(args.busy)]
     counts = {mode: {"ok": 0, "stuck": 0, "exited": 0} for mode in MODES}
-    with tempfile.TemporaryDirectory(prefix="nvrx-gloo-race-") as tmp:
-        try:
-            for run in range(args.runs):
-                for mode in MODES:
-                    counts[mode][_run(mode, args.grace, args.seed + run, Path(tmp))] += 1
-        finally:
-            for proc in busy:
-                proc.stdin.close()
-                proc.wait()
+    tmp = tempfile.mkdtemp(prefix="nvrx-gloo-race-")
+    try:
+        for run in range(args.runs):
+            for mode in MODES:
+                counts[mode][_run(mode, args.grace, args.seed + run, Path(tmp))] += 1
+    except BaseException:
+        print(f"the ranks' logs are in {tmp}", file=sys.stderr)
+        raise
+    finally:
+        for proc in busy:
+            proc.stdin.close()
+            proc.wait()
     print(f"{args.runs} runs per way, {args.busy} busy loops, seed {args.seed}")
     for mode in MODES:
         c = counts[mode]
         print(f"abort shutting down {mode:5s}: {c['stuck']} of {args.runs} runs left a rank in its "
               f"collective {args.grace:g} s after the fault ({c['exited']} runs lost a rank)")
+    if any(c["exited"] for c in counts.values()):  # those runs tell nothing of the race
+        sys.exit(f"runs lost a rank: the ranks' logs are in {tmp}")
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

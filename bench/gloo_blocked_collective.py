@@ -262,7 +262,9 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 def main() -> None:
     """A rank (``--worker``), or the bench: a pair of ranks per method, then the table."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--timeout", type=float, default=8.0,
                         help="the gloo group's timeout in seconds (default 8)")
     parser.add_argument("--margin", type=float, default=5.0,
@@ -296,6 +298,8 @@ def main() -> None:
     _table(rows)
     for method, output in failed:
         print(f"\n--- rank 0's output for {method}:\n{output.strip()[-3000:]}")
+    if failed:
+        sys.exit(f"no result for {', '.join(m for m, _ in failed)}: see rank 0's output above")
 
 
 if __name__ == "__main__":

@@ -160,9 +160,11 @@ def one_run(scenario: str, node_timeout: float) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--node-timeout", type=float, default=3.0)
-    parser.add_argument("--repeats", type=int, default=1)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--node-timeout", type=float, default=3.0, help="supervisors' --node-timeout (default 3)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per scenario (default 1)")
     parser.add_argument(
         "--only", action="append", choices=list(SCENARIOS), help="run this scenario (repeatable)"
     )

@@ -61,7 +61,7 @@ def run_once(nnodes: int, nproc: int, tmp: Path) -> dict[str, float]:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
     if any(codes):
-        raise RuntimeError(f"a supervisor failed: exit codes {codes} (logs in {tmp})")
+        raise RuntimeError(f"a supervisor failed: exit codes {codes}")
     events, _ = read_dir(tmp / "j")
     t0 = min(e["wall"] for e in events if e["kind"] == "supervisor_start")
     out: dict[str, float] = {}
@@ -76,7 +76,9 @@ def run_once(nnodes: int, nproc: int, tmp: Path) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--nnodes", type=int, default=2, help="local supervisors")
     parser.add_argument("--nproc", type=int, default=2, help="ranks per supervisor")
     parser.add_argument("--repeats", type=int, default=3, help="runs")

@@ -230,11 +230,15 @@ def _row(name: str, runs: list[Run], cold: list[Run] | None) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="runs per row (default 3)")
     parser.add_argument("--wrapper", action="store_true", help="the job inside the Wrapper")
-    parser.add_argument("--standby", choices=("on", "off", "both"), default="both")
-    parser.add_argument("--kill-at", choices=("warm", "early", "both"), default="both")
+    parser.add_argument("--standby", choices=("on", "off", "both"), default="both",
+                        help="with the warm standby, without, or both (default)")  # fmt: skip
+    parser.add_argument("--kill-at", choices=("warm", "early", "both"), default="both",
+                        help="kill once the standby is warm, early in the job, or both (default)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="seed of the early kills' moments")
     args = parser.parse_args()
     mode = "wrapper" if args.wrapper else "plain"

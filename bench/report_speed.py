@@ -115,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--ranks", type=int, default=4096)
-    p.add_argument("--rounds", type=int, default=50)
-    p.add_argument("--workers", type=int, default=None)
+    p.add_argument("--ranks", type=int, default=4096, help="ranks of the synthetic job")
+    p.add_argument("--rounds", type=int, default=50, help="rounds of the synthetic job")
+    p.add_argument("--workers", type=int, default=None, help="nvrx-report --workers")
     p.add_argument("--keep", type=Path, default=None, help="generate into DIR and keep it")
     p.add_argument(
         "--log-dir", type=Path, default=None, help="time this job directory, generating nothing"

@@ -60,8 +60,10 @@ def trial(keep_waking: bool, sleep_s: float, spin: int) -> tuple[bool, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trials", type=int, default=300)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--trials", type=int, default=300, help="deliveries per way (default 300)")
     parser.add_argument("--sleep", type=float, default=0.3, help="the blocking call, seconds")
     parser.add_argument("--spin", type=int, default=200, help="loop turns before the call")
     parser.add_argument("--load", type=int, default=3, help="busy processes beside the trials")

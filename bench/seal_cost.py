@@ -127,7 +127,9 @@ def list_us(repeats: int, entries: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=200, help="timed repeats (default 200)")
     parser.add_argument("--forged", type=int, nargs="+", default=[0, 10],
                         help="forged generations ahead of the stop (default 0 10)")  # fmt: skip

@@ -245,10 +245,9 @@ def run_job(variant: str, args: argparse.Namespace, tmp: Path, index: int) -> Ru
         ended = []
         for proc in procs:
             try:
-                code = proc.wait(args.timeout)
+                code = proc.wait(max(1.0, mono0 + args.timeout - time.monotonic()))
             except subprocess.TimeoutExpired:
-                proc.kill()
-                code = proc.wait()
+                code = _end(proc)
                 run.problems.append(f"timed out after {args.timeout:g} s")
             ended.append(time.monotonic() - mono0)
             if code != 0:
@@ -265,6 +264,17 @@ def run_job(variant: str, args: argparse.Namespace, tmp: Path, index: int) -> Ru
         tail = out_path.read_text(errors="replace")[-1500:]
         run.problems.append("output tail:\n" + textwrap.indent(tail, "    "))
     return run
+
+
+def _end(proc: subprocess.Popen) -> int:
+    """End a launched process that ran past the timeout: SIGTERM first, so that a supervisor
+    or a Wrapper ends the processes it started (each in a session of its own), then SIGKILL."""
+    proc.terminate()
+    try:
+        return proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
 
 
 #: Rows of the table: (label, key, which value of the ranks: "first" | "last").
@@ -462,7 +472,7 @@ def main() -> int:
         _wrapper_lag(runs, variants)
         if not args.no_importtime:
             importtime(args, tmp)
-    return 0
+    return 1 if any(failed.values()) else 0  # the medians above left those runs out
 
 
 def _compile_nvrx() -> None:

@@ -211,7 +211,9 @@ def hand_over(size_mb: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[100, 1000],
                         help="state sizes in MB (default 100 1000)")
     parser.add_argument("--repeats", type=int, default=5, help="commits and steps timed per size (default 5)")

@@ -3,7 +3,7 @@
 N participants are threads spread over a few processes, each with its own
 store connection; the server runs in a process of its own. For every barrier
 the figure is "last arrival -> last release" (the first barrier is dropped as
-warm-up). Run as root it re-executes itself in a private network namespace
+warm-up); a participant whose barrier fails makes the run exit non-zero. Run as root it re-executes itself in a private network namespace
 (``unshare -n`` + ``ip link set lo up``) so that loopback connections do not
 stall on reverse DNS; otherwise it relies on RES_OPTIONS.
 
@@ -23,6 +23,7 @@ import threading
 import time
 
 TARGET_4096_S = 0.25
+BARRIER_TIMEOUT_S = 120.0  # a barrier that has not released by then fails the run
 
 
 def _worker(
@@ -40,23 +41,32 @@ def _worker(
     releases = [[0.0] * threads for _ in range(iters)]
     ready = threading.Barrier(threads + 1)
     go = threading.Event()
+    failures: list[str] = []
 
     def run(idx: int) -> None:
-        store = client.connect(host, port, timeout=120)
-        rank = first + idx
-        ready.wait()
+        try:
+            store = client.connect(host, port, timeout=120)
+        finally:
+            ready.wait()  # a participant that failed to connect is reported below
         go.wait()
+        try:
+            _barriers(store, idx)
+        except Exception as exc:  # a barrier that failed leaves no release time to report
+            failures.append(f"participant {first + idx}: {exc!r}")
+
+    def _barriers(store: object, idx: int) -> None:
+        rank = first + idx
         for it in range(iters):
             name = f"bench/{n}/{algo}/{int(reentrant)}/{it}"
             arrivals[it][idx] = time.monotonic()
             if algo == "torch":
-                dist.Store.barrier(store, name, n, timedelta(seconds=120))
+                dist.Store.barrier(store, name, n, timedelta(seconds=BARRIER_TIMEOUT_S))
             elif algo == "addwait":  # the same protocol without per-rank arrival keys
                 if int(store.add(name + "/n", 1)) == n:
                     store.set(name + "/go", "1")
-                store.wait([name + "/go"], timedelta(seconds=120))
+                store.wait([name + "/go"], timedelta(seconds=BARRIER_TIMEOUT_S))
             else:
-                nvrx_barrier(store, name, rank, n, 120.0, reentrant=reentrant)
+                nvrx_barrier(store, name, rank, n, BARRIER_TIMEOUT_S, reentrant=reentrant)
             releases[it][idx] = time.monotonic()
 
     pool = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(threads)]
@@ -68,6 +78,10 @@ def _worker(
     go.set()
     for t in pool:
         t.join()
+    unreleased = sum(1 for row in releases for t in row if t == 0.0)
+    if failures or unreleased:
+        print(f"FAILED {unreleased} barrier passes without a release: {failures[:3]}", flush=True)
+        sys.exit(1)
     out = [[max(arrivals[i]), max(releases[i])] for i in range(iters)]
     print("RESULT " + json.dumps(out), flush=True)
 
@@ -145,8 +159,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--sizes", default="16,256,1024,4096")
-    parser.add_argument("--algo", choices=("nvrx", "torch", "addwait"), default="nvrx")
+    parser.add_argument("--sizes", default="16,256,1024,4096", help="participants, comma separated")
+    parser.add_argument("--algo", choices=("nvrx", "torch", "addwait"), default="nvrx",
+                        help="nvrx.store.barrier (default), torch's Store.barrier, or add + wait")  # fmt: skip
     parser.add_argument(
         "--reentrant", action="store_true", help="idempotent arrivals (2 requests per rank)"
     )

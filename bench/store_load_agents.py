@@ -288,7 +288,7 @@ def run(
                 [sys.executable, __file__, "--drive", json.dumps(spec)], env=env,
                 stdout=subprocess.PIPE, start_new_session=True,
             ))  # fmt: skip
-        outs = [json.loads(d.communicate()[0].decode().strip().splitlines()[-1]) for d in drivers]
+        outs = [_outcome(h, d) for h, d in enumerate(drivers)]
         proxy.close()
     measured = [proxy.counts.get(f"g{at}", 0) for at in range(1, barriers + 1)]
     return {
@@ -296,6 +296,15 @@ def run(
         "mean": sum(measured) / len(measured), "failures": [f for o in outs for f in o["failures"]],
         "seconds": max(o["seconds"] for o in outs),
     }  # fmt: skip
+
+
+def _outcome(host: int, driver: subprocess.Popen) -> dict[str, Any]:
+    """What a host's driver printed last; a driver that ended without it fails the run."""
+    lines = driver.communicate()[0].decode().strip().splitlines()
+    if not lines or not lines[-1].startswith("{"):
+        raise RuntimeError(f"host {host}'s driver exited {driver.returncode} without its outcome "
+                           "(its traceback is above)")  # fmt: skip
+    return json.loads(lines[-1])
 
 
 def main(argv: list[str] | None = None) -> int:

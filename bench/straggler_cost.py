@@ -7,9 +7,11 @@
   over ``--ranks`` ranks: what a supervisor spends.
 * The store traffic of the live path: ``--hosts`` supervisors' ``StepTimes`` (the real
   class, each with a full window for its share of ``--ranks`` ranks) publish and, on the
-  first, score against a real torch ``TCPStore`` on loopback; the requests and bytes one
-  interval (``step_times.PUBLISH_S``) costs, counted at the link they use. Requests grow
-  with hosts, not ranks; bytes with ranks (one median per rank).
+  first, score against a real torch ``TCPStore`` on loopback, sealed with a job secret as
+  under a supervisor; the store requests and bytes one interval (``step_times.PUBLISH_S``)
+  costs, as the node agent sends them (a read is a ``check`` and a ``get``). Requests grow
+  with hosts, not ranks; bytes with ranks (one median per rank). A run in which no step
+  times reached the store exits non-zero instead of printing a count.
 
 Times are medians of ``--repeats`` batches.
 
@@ -105,8 +107,10 @@ def record_step_ns(repeats: int) -> tuple[float, float, int]:
 
 
 class _CountingLink:
-    """What ``StepTimes`` uses of a store link, over a real ``TCPStore`` client: each request
-    it makes is counted, with the bytes of its key and value."""
+    """What ``StepTimes`` uses of a store link, over a real ``TCPStore`` client, making the
+    store requests the node agent makes for it (a ``get`` is a ``check``, then a ``get`` when
+    the key is there: ``nvrx.node_agent.supervised``); each store request is counted, with
+    the bytes of its key and value."""
 
     lost = None
 
@@ -118,12 +122,11 @@ class _CountingLink:
         self.store.set(key, value)
 
     def get(self, key: str) -> str | None:
-        self.requests += 1
+        self.requests, self.bytes = self.requests + 1, self.bytes + len(key)
         if not self.store.check([key]):
-            self.bytes += len(key)
             return None
         value = self.store.get(key).decode()
-        self.bytes += len(key) + len(value)
+        self.requests, self.bytes = self.requests + 1, self.bytes + len(key) + len(value)
         return value
 
     def add(self, key: str, amount: int) -> int:
@@ -151,10 +154,13 @@ def store_traffic(ranks: int, hosts: int, intervals: int = 20) -> tuple[float, f
     import torch.distributed as dist
 
     from nvrx.jobenv import JobEnv
+    from nvrx.store.seal import new_secret
+    from nvrx.supervisor import node_keys
     from nvrx.supervisor.config import SupervisorConfig
     from nvrx.supervisor.course import Course, CourseTracker
     from nvrx.supervisor.job_store import JobStore
     from nvrx.supervisor.step_times import StepTimes
+    from nvrx.supervisor.stop_flag import StopFlag
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from free_ports import free_ports
@@ -163,12 +169,14 @@ def store_traffic(ranks: int, hosts: int, intervals: int = 20) -> tuple[float, f
     server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                            timeout=timedelta(seconds=30))  # fmt: skip
     per_host, parts = ranks // hosts, []
+    secret = bytes.fromhex(new_secret())  # as under a supervisor: the step times are sealed
     for host in range(hosts):
         job = JobEnv.local(nnodes=hosts, node_rank=host, nproc_per_node=per_host, job_id="bench")
         store = JobStore(SupervisorConfig(command=["train"], job=job))
         store.link = _CountingLink(dist.TCPStore("127.0.0.1", port, is_master=False,
                                                  timeout=timedelta(seconds=30)))  # fmt: skip
         store.service = server if host == 0 else None  # the first hosts the store: it scores
+        store.stop = StopFlag(secret, 0)
         course = CourseTracker()
         course.to(Course.TRAINING)
         times = StepTimes(store, course, _Node(host))
@@ -184,13 +192,19 @@ def store_traffic(ranks: int, hosts: int, intervals: int = 20) -> tuple[float, f
             if host == 0 and interval:
                 scoring.append((time.perf_counter_ns() - start) / 1000)
     links = [t.store.link for t in parts]
+    published = parts[0].store.link.store.check([node_keys.step_times(h) for h in range(hosts)])
+    if not published or not any(link.requests for link in links):
+        raise SystemExit(f"{hosts} hosts, {ranks} ranks: no step times reached the store "
+                         "(the straggler path logged why): no traffic to count")  # fmt: skip
     total_requests = sum(link.requests for link in links) / intervals
     total_bytes = sum(link.bytes for link in links) / intervals
     return total_requests, total_bytes, statistics.median(scoring)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--ranks", type=int, nargs="+", default=[4, 16, 64], help="job sizes (default 4 16 64)")
     parser.add_argument("--hosts", type=int, nargs="+", default=[2, 4], help="hosts (default 2 4)")
     parser.add_argument("--repeats", type=int, default=5, help="batches timed (default 5)")

@@ -5,7 +5,8 @@ Starts ``--nodes`` local supervisors (``nvrx-supervise``) of ``--nproc`` ranks e
 ``RankMonitorClient.timed_step``), with steps of ``--step-time`` seconds for about
 ``--minutes`` minutes, on this machine as it is (other work beside it adds the noise a
 shared node has), then prints the job's exit codes, its wall time and every ``straggler``
-event it wrote (none, for a healthy job).
+event it wrote (none, for a healthy job). Exit code: 0 when the job ended well and named no
+one, 1 when it named someone, 2 when the job itself failed (no verdict).
 
     .venv/bin/python bench/straggler_healthy.py [--minutes 10] [--nodes 2] [--nproc 2]
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,17 +38,17 @@ def run(minutes: float, nodes: int, nproc: int, step_time: float, out: Path) -> 
     command = [sys.executable, str(REPO / "examples" / "ft_heartbeats.py"), "--steps", str(steps),
                "--step-time", str(step_time), "--checkpoint-every", "100",
                "--checkpoint-dir", str(out / "ck")]  # fmt: skip
-    procs = []
+    procs: list[subprocess.Popen] = []
     start = time.monotonic()
-    for node in range(nodes):
-        cmd = [sys.executable, "-m", "nvrx.supervisor.cli", "--nnodes", str(nodes),
-               "--node-rank", str(node), "--nproc-per-node", str(nproc), "--master-port",
-               str(master), "--store-port", str(store), "--job-id", job_id, "--log-dir",
-               str(out / "logs"), "--no-warm-standby", "--ft-safety-factor", "60", "--", *command]  # fmt: skip
-        with open(out / f"supervisor-{node}.out", "w") as sink:
-            procs.append(subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT,
-                                          start_new_session=True))  # fmt: skip
-    codes = [p.wait() for p in procs]
+    try:
+        _start(procs, nodes, nproc, (master, store), job_id, out, command)
+        deadline = start + minutes * 60 + 300  # the job's steps, plus its start and end
+        codes = [p.wait(max(1.0, deadline - time.monotonic())) for p in procs]
+    finally:
+        for proc in procs:  # its ranks die with it (PDEATHSIG)
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     found, _ = read_dir(out / "logs" / job_id)
     return {
         "exit_codes": codes,
@@ -56,8 +58,30 @@ def run(minutes: float, nodes: int, nproc: int, step_time: float, out: Path) -> 
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _start(
+    procs: list[subprocess.Popen],
+    nodes: int,
+    nproc: int,
+    ports: tuple[int, int],
+    job_id: str,
+    out: Path,
+    command: list[str],
+) -> None:
+    master, store = ports
+    for node in range(nodes):
+        cmd = [sys.executable, "-m", "nvrx.supervisor.cli", "--nnodes", str(nodes),
+               "--node-rank", str(node), "--nproc-per-node", str(nproc), "--master-port",
+               str(master), "--store-port", str(store), "--job-id", job_id, "--log-dir",
+               str(out / "logs"), "--no-warm-standby", "--ft-safety-factor", "60", "--", *command]  # fmt: skip
+        with open(out / f"supervisor-{node}.out", "w") as sink:
+            procs.append(subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT,
+                                          start_new_session=True))  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--minutes", type=float, default=10.0, help="length of the job (default 10)")
     parser.add_argument("--nodes", type=int, default=2, help="local supervisors (default 2)")
     parser.add_argument("--nproc", type=int, default=2, help="ranks per node (default 2)")
@@ -66,8 +90,15 @@ def main() -> None:
     if args.minutes <= 0 or args.nodes < 2 or args.nproc < 1 or args.step_time <= 0:
         parser.error("--minutes and --step-time must be > 0, --nodes >= 2, --nproc >= 1")
     with tempfile.TemporaryDirectory(prefix="nvrx-bench-healthy-") as out:
-        print(json.dumps(run(args.minutes, args.nodes, args.nproc, args.step_time, Path(out))))
+        result = run(args.minutes, args.nodes, args.nproc, args.step_time, Path(out))
+        print(json.dumps(result))
+        if any(result["exit_codes"]):  # a job that did not train to its end proves nothing
+            tail = (Path(out) / "supervisor-0.out").read_text()[-2000:]
+            print(f"the job failed (exit codes {result['exit_codes']}): no verdict\n{tail}",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+    return 1 if result["straggler_events"] else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""The benches' figures count what they say they count (``bench/``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _bench(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("hosts", [2, 4])
+def test_straggler_store_traffic_counts_every_store_request_of_the_sealed_path(hosts: int) -> None:
+    """Each node sets its step times and checks the exclusion list (absent here); the store's
+    host checks and gets every node's step times: four store requests per node per interval,
+    but three in the first, where the store's host reads the others before they published."""
+    requests, size, _ = _bench("straggler_cost").store_traffic(8, hosts, intervals=10)
+    assert requests * 10 == pytest.approx(9 * 4 * hosts + (4 * hosts - (hosts - 1)))
+    assert size > 0
+
+
+@pytest.mark.timeout(60)
+def test_store_barrier_worker_fails_when_a_barrier_never_releases(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A participant whose barrier timed out has no release time: the worker exits non-zero
+    instead of handing the parent a latency computed from a zero."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    bench = _bench("store_barrier")
+    monkeypatch.setattr(bench, "BARRIER_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(sys, "stdin", open("/dev/null"))  # noqa: SIM115 - closed with the test
+    server = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=10), wait_for_workers=False)
+    # one participant of two: the barrier never completes
+    with pytest.raises(SystemExit) as ended:
+        bench._worker("127.0.0.1", server.port, 0, 1, 2, 2, "nvrx", False)
+    assert ended.value.code == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out and "RESULT" not in out
+
+
+def test_restart_latency_names_a_survivor_that_never_came_back(tmp_path: Path) -> None:
+    """No latency is made up from the ranks that did come back: the one that did not is named."""
+    bench = _bench("restart_latency")
+    (tmp_path / "fault.json").write_text('{"t": 10.0}')
+    (tmp_path / "enter-0.jsonl").write_text('{"iteration": 0, "t": 1.0}\n{"iteration": 1, "t": 10.05}\n')
+    (tmp_path / "enter-2.jsonl").write_text('{"iteration": 0, "t": 1.0}\n')
+    assert bench._latency(tmp_path, 3, [0]) == pytest.approx(0.05)
+    with pytest.raises(RuntimeError, match="rank 2 never entered the function again"):
+        bench._latency(tmp_path, 3, [0, 2])
+
+
+@pytest.mark.timeout(120)
+def test_store_load_starts_its_store_with_the_snapshot_keeper(tmp_path: Path) -> None:
+    """The bench's store is the one node 0's supervisor starts, snapshot keeper included."""
+    from nvrx.store import client
+
+    bench = _bench("store_load")
+    service = bench._start_store(4, True, str(tmp_path))
+    try:
+        store = client.connect(service.host, service.port, timeout=30)
+        store.set("nvrx/bench/probe", "x")
+        assert store.get("nvrx/bench/probe") == b"x"
+    finally:
+        service.stop()
+
+
+@pytest.mark.timeout(60)
+def test_standby_cost_fails_when_the_standby_ends_before_it_is_warm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A standby that cannot start (its Python finds no standard library) ends without
+    saying it is warm: the bench stops with a message instead of polling it for ever."""
+    bench = _bench("standby_cost")
+    monkeypatch.setenv("PYTHONHOME", "/nonexistent")
+    with pytest.raises(SystemExit, match="ended before it was warm"):
+        bench.one(0)
+
+
+
+def test_heartbeat_cost_p99_is_the_slowest_of_two_batches() -> None:
+    """With two batches the 99th percentile is the slower one, never the faster."""
+    bench = _bench("heartbeat_cost")
+    calls = [0]
+
+    def call() -> None:  # the second batch spins 20 µs a call, the first returns at once
+        calls[0] += 1
+        if calls[0] > bench.BATCH:
+            end = bench.time.perf_counter() + 20e-6
+            while bench.time.perf_counter() < end:
+                pass
+
+    median, p99 = bench._per_call_us(call, 2 * bench.BATCH)
+    assert p99 >= 20 > median
