@@ -145,8 +145,10 @@ def _phases(report: ReportData, run: RunSpan, end: float) -> list[Piece]:
     for i, row in enumerate(rows):
         a = row.start_wall if row.start_wall is not None else start
         b = row.end_wall if row.end_wall is not None else stop
-        windows.append((a, b, TRAINING))
         nxt = rows[i + 1].start_wall if i + 1 < len(rows) else None
+        if i + 1 == len(rows) and row.outcome_from == "inferred":
+            b = max(b, stop)  # no rank told its end: the run's last round lasted as its processes did
+        windows.append((a, b, TRAINING))
         if nxt is None:
             continue
         # from the fault's detection (restart latency before the next start), else the round's end
@@ -523,18 +525,29 @@ def _round_starts(report: ReportData) -> dict[int, list[float]]:
     return {run: sorted(walls) for run, walls in starts.items()}
 
 
-def _round_at(report: ReportData, m: FaultMark) -> int | None:
-    """The round of mark ``m``: its own, else the last round started at or before it."""
+def _run_at(runs: list[RunSpan], wall: float) -> int | None:
+    """The run that ``wall`` falls in: the last one started at or before it (else the first).
+    Round numbers start again in each run, so a round is told apart by its run too."""
+    started = [r for r in runs if r.start_wall is not None and r.start_wall <= wall]
+    if started:
+        return max(started, key=lambda r: (r.start_wall, r.run)).run
+    return runs[0].run if runs else None
+
+
+def _round_at(report: ReportData, m: FaultMark, run: int | None) -> int | None:
+    """The round of mark ``m``: its own, else the last round of its run started at or before it."""
     if m.round is not None or m.wall is None:
         return m.round
-    started = [r for r in report.timeline if r.start_wall is not None and r.start_wall <= m.wall]
+    started = [
+        r for r in report.timeline if r.run == run and r.start_wall is not None and r.start_wall <= m.wall
+    ]
     return max(started, key=lambda r: (r.start_wall, r.round)).round if started else None
 
 
-def _consequence(report: ReportData, m: FaultMark, rnd: int | None) -> bool:
+def _consequence(report: ReportData, m: FaultMark, run: int | None, rnd: int | None) -> bool:
     """Whether ``m`` follows from its round's cause: the round has a cause, and ``m`` is
     neither it nor a fault of a rank the round counts as failing on its own."""
-    row = next((r for r in report.timeline if r.round == rnd and r.cause is not None), None)
+    row = next((r for r in report.timeline if (r.run, r.round) == (run, rnd) and r.cause is not None), None)
     if row is None or m.signature == row.cause or m.signature == NODE_LOST_SIGNATURE:
         return False
     return m.rank is not None and m.rank != row.first_rank and m.rank not in row.also_failed
@@ -551,14 +564,17 @@ def one_mark_per_fault(
     causes = {(r.run, r.round): r.cause for r in report.timeline}
     groups: dict[tuple, list[tuple[int | None, FaultMark]]] = {}
     for key, m in sorted(marks, key=lambda km: (km[1].wall or 0.0, km[0] if km[0] is not None else -1)):
-        rnd = _round_at(report, m)
-        if m.wall is None or _consequence(report, m, rnd):
+        if m.wall is None:
+            continue
+        run = _run_at(report.activity.runs, m.wall)
+        rnd = _round_at(report, m, run)
+        if _consequence(report, m, run, rnd):
             continue
         who = ("node", m.node) if m.signature == NODE_LOST_SIGNATURE else ("lane", key)
-        groups.setdefault((*who, rnd), []).append((key, m))
+        groups.setdefault((*who, run, rnd), []).append((key, m))
     out: list[tuple[int | None, Mark]] = []
-    for (_, _, rnd), items in groups.items():
-        told = set(causes.values()) if rnd is None else {c for (_, n), c in causes.items() if n == rnd}
+    for (_, _, run, rnd), items in groups.items():
+        told = {c for (n, r), c in causes.items() if n == run and (rnd is None or r == rnd)}
         key, first = next(((k, m) for k, m in items if m.signature in told), items[0])
         wall = min(m.wall for _, m in items if m.wall is not None)
         also = sorted({m.signature for _, m in items} - {first.signature})

@@ -15,7 +15,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from test_report_fixtures import HANG_STACK, JOB, Host, Proc, write_standard_job
+from test_report_fixtures import HANG_STACK, JOB, USER_TRACEBACK, Host, Proc, write_standard_job
 from test_report_node_loss import LAST_SEEN, _spare_job
 
 from nvrx.report import Report, build_report
@@ -470,3 +470,62 @@ def test_a_spare_slot_of_several_runs_is_one_lane(standard: tuple[Report, str]) 
     ]
     spares = [g for g in _svg(report.to_text("html")).iter("g") if g.get("class") == "lane spare"]
     assert [g.get("data-slot") for g in spares] == ["2"] and len(_periods(spares[0], "spare")) == 2
+
+
+def _requeued_wrapper_job(log_dir: Path) -> None:
+    """One node, two Wrapper ranks, twice (run 0 at 0-30 s, preempted with round 1 running, no
+    rank ending it; run 1 at 100-130 s, completed): in each run, rank 1 raises in round 0 (at
+    10 s into the run) and every rank restarts into round 1 at 11 s."""
+    host = Host("h", 0)
+    for run, t0 in ((0, 0.0), (1, 100.0)):
+        sup = Proc(log_dir, host, "supervisor")
+        sup.at(t0, "supervisor_start", nnodes=1, nproc_per_node=2, command="python train.py")
+        ranks = {r: Proc(log_dir, host, "wrapper", rank=r) for r in (0, 1)}
+        for r, p in ranks.items():
+            sup.at(t0 + 1.0, "child_start", local_rank=r, child_pid=50 + r + 10 * run, attempt=0)
+            p.round(0).at(t0 + 2.0, "round_start", world_size=2, active_world_size=2, active_rank=r, initial_rank=r)
+        ranks[1].at(t0 + 10.0, "fault", fault_kind="exception", origin_rank=1, exc_type="ValueError",
+                    message="bad batch 17", traceback=USER_TRACEBACK)  # fmt: skip
+        ranks[0].at(t0 + 10.1, "fault", fault_kind="peer", origin_rank=1, message="peer")
+        for r, p in ranks.items():
+            p.at(t0 + 10.5, "round_end", outcome="restart", duration_s=8.5)
+            p.round(1).at(t0 + 11.0, "round_start", world_size=2, active_world_size=2, active_rank=r, initial_rank=r)
+        if run == 0:
+            sup.at(t0 + 28.5, "job_stop", reason="preempted: requeued", exit_code=143)
+        for r, p in ranks.items():
+            if run == 1:
+                p.at(t0 + 28.0, "round_end", outcome="completed", duration_s=17.0)
+            sup.at(t0 + 29.0, "child_exit", local_rank=r, child_pid=50 + r + 10 * run,
+                   exit_code=143 if run == 0 else 0, signal=None, runtime_s=28.0)  # fmt: skip
+            p.close()
+        if run == 0:
+            sup.at(t0 + 29.5, "requeue", cause="preemption", count=1)
+        sup.at(t0 + 30.0, "supervisor_end", exit_code=0 if run else 143, reason="done" if run else "requeued")
+        sup.close()
+
+
+def test_a_fault_in_the_same_round_number_of_each_run_is_one_mark_each(tmp_path: Path) -> None:
+    """Round numbers start again after a requeue: round 0 of run 1 is another round than
+    round 0 of run 0, and its fault another fault."""
+    _requeued_wrapper_job(tmp_path / "rq")
+    report = build_report(tmp_path / "rq", sacct=False)
+    assert [(f.rank, f.round) for f in report.activity.faults] == [(1, 0), (1, 0)]
+    lanes = _lanes(_svg(report.to_text("html")))
+    t0 = 1_700_000_000.0
+    tips = [tip for _, tip in _marks(lanes["1"])]
+    assert len(tips) == 2 and tips[0].endswith(when(t0 + 10.0)) and tips[1].endswith(when(t0 + 110.0)), tips
+    assert _marks(lanes["0"]) == []  # rank 0's PeerLost follows from rank 1's fault, in each run
+
+
+def test_a_last_round_that_no_rank_ended_trains_until_its_processes_end(tmp_path: Path) -> None:
+    """Run 0's round 1 wrote its round_start and nothing else until the preemption stopped
+    its processes (29 s): its ranks trained all that time, they were not idle."""
+    _requeued_wrapper_job(tmp_path / "rq")
+    report = build_report(tmp_path / "rq", sacct=False)
+    lanes = _lanes(_svg(report.to_text("html")))
+    t0 = 1_700_000_000.0
+    for rank in ("0", "1"):
+        training = _periods(lanes[rank], "training")
+        assert any(f"{when(t0 + 11.0)} to {when(t0 + 29.0)}" in tip for tip in training), training
+        idle = _periods(lanes[rank], "idle")
+        assert not any(when(t0 + 11.0) in tip for tip in idle), idle
