@@ -529,3 +529,51 @@ def test_a_last_round_that_no_rank_ended_trains_until_its_processes_end(tmp_path
         assert any(f"{when(t0 + 11.0)} to {when(t0 + 29.0)}" in tip for tip in training), training
         idle = _periods(lanes[rank], "idle")
         assert not any(when(t0 + 11.0) in tip for tip in idle), idle
+
+
+def _restarting_job(log_dir: Path, deaths: int, every_s: float) -> None:
+    """One node, one rank run by its supervisor alone (no rounds): its process exits with 1
+    ``deaths`` times, ``every_s`` apart, and is replaced 0.3 s after each exit."""
+    host = Host("h", 0)
+    sup = Proc(log_dir, host, "supervisor")
+    sup.at(0.0, "supervisor_start", nnodes=1, nproc_per_node=1, command="python train.py")
+    sup.at(0.5, "child_start", local_rank=0, child_pid=100, attempt=0)
+    t = 0.5
+    for i in range(deaths):
+        t += every_s
+        sup.at(t, "child_exit", local_rank=0, child_pid=100 + i, exit_code=1, signal=None, runtime_s=every_s)
+        sup.at(t + 0.1, "restart_decision", local_rank=0, decision="restart", reason="exit 1", budget_left=deaths)
+        sup.at(t + 0.3, "child_start", local_rank=0, child_pid=101 + i, attempt=i + 1)
+    sup.at(t + every_s, "child_exit", local_rank=0, child_pid=100 + deaths, exit_code=0, signal=None, runtime_s=1.0)
+    sup.at(t + every_s + 0.5, "supervisor_end", exit_code=0, reason="done")
+    sup.close()
+
+
+def test_each_process_that_failed_outside_a_round_has_its_mark(tmp_path: Path) -> None:
+    """Without rounds, two failed processes of one rank, 30 s apart, are two faults."""
+    _restarting_job(tmp_path / "twice", 2, 30.0)
+    report = build_report(tmp_path / "twice", sacct=False)
+    assert [p.exit_code for p in report.process_restarts] == [1, 1] and not report.timeline
+    t0 = 1_700_000_000.0
+    tips = [tip for _, tip in _marks(_lanes(_svg(report.to_text("html")))["0"])]
+    assert [tip.rsplit(", ", 1)[1] for tip in tips] == [when(t0 + 30.5), when(t0 + 60.5)], tips
+
+
+def test_thousands_of_process_restarts_keep_the_lane_as_wide_as_the_drawing(tmp_path: Path) -> None:
+    """1,500 deaths of one rank's process: more periods than the drawing has pixels. Those
+    narrower than a pixel are joined, in the kind they spend most time in (training: each
+    process lives 4 s, its replacement starts 0.3 s after), their tooltip counting them."""
+    _restarting_job(tmp_path / "many", 1500, 4.0)
+    report = build_report(tmp_path / "many", sacct=False)
+    assert len(report.process_restarts) == 1500
+    page = report.to_text("html")
+    lane = _lanes(_svg(page))["0"]
+    periods = [r for r in lane.iter("rect") if (r.get("class") or "").startswith("p-")]
+    assert len(periods) <= 2 * PLOT_W
+    assert any("periods too short to draw one by one (training" in tip and "dead" in tip
+               for tip in _periods(lane, "training"))  # fmt: skip
+    starts = [float(r.get("data-start") or 0) for r in periods]
+    ends = [float(r.get("data-end") or 0) for r in periods]
+    t0 = 1_700_000_000.0
+    assert min(starts) == pytest.approx(t0 + 0.5) and max(ends) == pytest.approx(t0 + 0.5 + 1501 * 4.0)
+    assert len(_marks(lane)) <= PLOT_W
