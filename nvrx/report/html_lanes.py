@@ -143,12 +143,16 @@ def _phases(report: ReportData, run: RunSpan, end: float) -> list[Piece]:
         return [(start, stop, TRAINING)]
     windows: list[Piece] = []
     for i, row in enumerate(rows):
-        a = row.start_wall if row.start_wall is not None else start
-        b = row.end_wall if row.end_wall is not None else stop
-        nxt = rows[i + 1].start_wall if i + 1 < len(rows) else None
-        if i + 1 == len(rows) and row.outcome_from == "inferred":
-            b = max(b, stop)  # no rank told its end: the run's last round lasted as its processes did
-        windows.append((a, b, TRAINING))
+        later = i + 1 < len(rows)
+        nxt = rows[i + 1].start_wall if later else None
+        if row.start_wall is not None:  # a round no event started covers no time
+            b = row.end_wall if row.end_wall is not None else stop
+            if not later and row.outcome_from == "inferred":
+                b = max(b, stop)  # no rank told its end: the run's last round lasted as its processes did
+            windows.append((row.start_wall, b, TRAINING))
+        if later and nxt is None and row.end_wall is not None:
+            windows.append((row.end_wall, stop, RESTART))  # a restart that never started its round
+            continue
         if nxt is None:
             continue
         # from the fault's detection (restart latency before the next start), else the round's end

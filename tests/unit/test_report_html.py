@@ -577,3 +577,30 @@ def test_thousands_of_process_restarts_keep_the_lane_as_wide_as_the_drawing(tmp_
     t0 = 1_700_000_000.0
     assert min(starts) == pytest.approx(t0 + 0.5) and max(ends) == pytest.approx(t0 + 0.5 + 1501 * 4.0)
     assert len(_marks(lane)) <= PLOT_W
+
+
+def test_a_job_wide_restart_that_never_started_its_children_is_no_training(tmp_path: Path) -> None:
+    """No Wrapper: rank 1 fails at 20 s and the job-wide restart stops both children
+    (20.2-21 s), but never starts them again (the job ends at 30 s): the stretch it would
+    have begun has no start, and covers no time; the restart lasts until the run's end."""
+    host = Host("h", 0)
+    sup = Proc(tmp_path / "stuck", host, "supervisor")
+    sup.at(0.0, "supervisor_start", nnodes=1, nproc_per_node=2, command=["train.py"])
+    for lr in (0, 1):
+        sup.at(1.0, "child_start", local_rank=lr, child_pid=100 + lr, global_rank=lr, attempt=0)
+    sup.at(20.0, "child_exit", local_rank=1, child_pid=101, global_rank=1, exit_code=1, signal=None, runtime_s=19.0)
+    cause = {"rank": 1, "node": 0, "signature": "exit code 1"}
+    sup.at(20.2, "job_restart", epoch=1, phase="stopping", cause=cause)
+    sup.at(21.0, "child_exit", local_rank=0, child_pid=100, global_rank=0, exit_code=None, signal="SIGTERM",
+           runtime_s=20.0)  # fmt: skip
+    sup.at(21.1, "job_restart", epoch=1, phase="ready", ready=1, nodes=1)
+    sup.at(30.0, "supervisor_end", exit_code=1, reason="restart failed")
+    sup.close()
+    report = build_report(tmp_path / "stuck", sacct=False)
+    assert [(t.round, t.start_wall is None) for t in report.timeline] == [(0, False), (1, True)]
+    t0 = 1_700_000_000.0
+    lane = _lanes(_svg(report.to_text("html")))["0"]
+    (training,) = _periods(lane, "training")
+    assert f"{when(t0 + 1.0)} to {when(t0 + 20.2)}" in training, training
+    (restart,) = _periods(lane, "restart")
+    assert f"{when(t0 + 20.2)} to {when(t0 + 21.0)}" in restart, restart
