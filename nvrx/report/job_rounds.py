@@ -40,6 +40,7 @@ def job_restart_rounds(job: JobSummary, losses: LossIndex) -> list[RoundRow]:
             by_run[e["run"]][e["epoch"]].append(e)
     world = job.supervised_world()
     rows: list[RoundRow] = []
+    blamed: set[int] = set()  # id() of the losses a stretch already has
     for run, epochs in sorted(by_run.items()):
         start = min(_walls(job, run, "child_start"), default=None)
         for epoch, events in sorted(epochs.items()):
@@ -49,7 +50,7 @@ def job_restart_rounds(job: JobSummary, losses: LossIndex) -> list[RoundRow]:
             cause = next((e["cause"] for e in events if e.get("cause")), None) or {}
             row = _row(job, run, epoch - 1, start, end, "restart")
             _time_restart(row, events, end, started)
-            _name_cause(job, row, cause, world, losses)
+            _name_cause(job, row, cause, world, losses, blamed)
             rows.append(row)
             start = max(started, default=None)
         last = max(epochs)
@@ -106,7 +107,7 @@ def restart_ended(row: RoundRow) -> float | None:
 
 
 def _name_cause(
-    job: JobSummary, row: RoundRow, cause: dict[str, Any], ranks: int, losses: LossIndex
+    job: JobSummary, row: RoundRow, cause: dict[str, Any], ranks: int, losses: LossIndex, blamed: set[int]
 ) -> None:
     """The announced failure as the row's first failure; every other rank restarted with it."""
     row.cause = cause.get("signature")
@@ -114,7 +115,10 @@ def _name_cause(
     if row.cause is not None:
         row.fault_kind = kind_of(row.cause)
     loss = _lost_node(row, losses) if row.fault_kind == NODE else _loss_first(job, row, losses)
+    if loss is not None and id(loss) in blamed:
+        loss = None
     if loss is not None:
+        blamed.add(id(loss))
         if row.fault_kind != NODE:  # a survivor's failure that followed from the loss
             row.cause, row.fault_kind = NODE_LOST_SIGNATURE, NODE
             row.first_rank, row.first_node = (loss.ranks[0] if loss.ranks else None), loss.node
@@ -134,13 +138,14 @@ def _name_cause(
 
 def _lost_node(row: RoundRow, losses: LossIndex) -> NodeLoss | None:
     """The loss of the node rank a restart for a lost node announced: that run's, declared
-    in the stretch and not yet a round's."""
+    in the stretch. (Its ``round`` may be set already, by the app's own round counter's
+    windows: the stretches are the rounds now.)"""
     until = restart_ended(row)
     return next(
         (
             x
             for x in losses.losses
-            if x.run == row.run and x.node == row.first_node and x.round is None
+            if x.run == row.run and x.node == row.first_node
             and _within(x.declared_wall or x.start, row.start_wall, until)
         ),
         None,
