@@ -604,3 +604,21 @@ def test_a_job_wide_restart_that_never_started_its_children_is_no_training(tmp_p
     assert f"{when(t0 + 1.0)} to {when(t0 + 20.2)}" in training, training
     (restart,) = _periods(lane, "restart")
     assert f"{when(t0 + 20.2)} to {when(t0 + 21.0)}" in restart, restart
+
+
+def test_a_rank_filter_keeps_the_runs_of_a_requeued_job_apart(tmp_path: Path) -> None:
+    """``--rank 1`` leaves out the supervisors' events, but not the job's runs: rank 1 is not
+    drawn training through the 70 s the job waited in the queue, the wait is a requeue band
+    up to run 1's supervisor start, and each run's fault is its own mark."""
+    _requeued_wrapper_job(tmp_path / "rq")
+    report = build_report(tmp_path / "rq", sacct=False, rank=1)
+    assert [r.run for r in report.activity.runs] == [0, 1] and not report.activity.processes
+    svg = _svg(report.to_text("html"))
+    lane = _lanes(svg)["1"]
+    t0 = 1_700_000_000.0
+    assert len(_marks(lane)) == 2
+    for r in lane.iter("rect"):
+        if r.get("class") == "p-training":
+            assert not float(r.get("data-start") or 0) < t0 + 60.0 < float(r.get("data-end") or 0)
+    (band,) = [r for r in svg.iter("rect") if r.get("class") == "requeue-band"]
+    assert float(band.get("data-end") or 0) == pytest.approx(t0 + 100.0)
