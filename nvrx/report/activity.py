@@ -46,9 +46,11 @@ _LIFE_KINDS = ("child_start", "child_exit")
 
 def _runs(job: JobSummary, timeline: Sequence[RoundRow]) -> list[RunSpan]:
     """Each run from its first to its last supervisor event (or round bound); with no
-    supervisor events, one run: the job's first to last event."""
+    supervisor events (none written, or ``--rank`` left them out), each run of the rounds
+    from its first to its last round bound, the first from the job's first event and the
+    last to its last; without rounds of several runs, one run: the job's first to last event."""
     if not job.node_events:
-        return [RunSpan(0, job.first_wall, job.last_wall)] if job.first_wall is not None else []
+        return _runs_of_rounds(job, timeline)
     walls: dict[int, list[float]] = {}
     for e in job.node_events:
         if e.get("wall") is not None:
@@ -56,6 +58,26 @@ def _runs(job: JobSummary, timeline: Sequence[RoundRow]) -> list[RunSpan]:
     for row in timeline:
         walls.setdefault(row.run, []).extend(w for w in (row.start_wall, row.end_wall) if w is not None)
     return [RunSpan(run, min(w), max(w)) for run, w in sorted(walls.items()) if w]
+
+
+def _runs_of_rounds(job: JobSummary, timeline: Sequence[RoundRow]) -> list[RunSpan]:
+    """``_runs`` without supervisor events."""
+    if job.first_wall is None:
+        return []
+    walls: dict[int, list[float]] = {}
+    for row in timeline:
+        walls.setdefault(row.run, []).extend(w for w in (row.start_wall, row.end_wall) if w is not None)
+    spans = [RunSpan(run, min(w), max(w)) for run, w in sorted(walls.items()) if w]
+    if len(spans) < 2:
+        return [RunSpan(0, job.first_wall, job.last_wall)]
+    begun = max(job.run_starts.values(), key=len, default=[])  # supervisor starts: known whatever the filters
+    for span in spans:
+        if span.run < len(begun):
+            span.start_wall = min(begun[span.run], span.start_wall or begun[span.run])
+    spans[0].start_wall = min(job.first_wall, spans[0].start_wall or job.first_wall)
+    last = job.last_wall if job.last_wall is not None else spans[-1].end_wall
+    spans[-1].end_wall = max(last or 0.0, spans[-1].end_wall or 0.0)
+    return spans
 
 
 def _loss_during(

@@ -143,10 +143,16 @@ def _phases(report: ReportData, run: RunSpan, end: float) -> list[Piece]:
         return [(start, stop, TRAINING)]
     windows: list[Piece] = []
     for i, row in enumerate(rows):
-        a = row.start_wall if row.start_wall is not None else start
-        b = row.end_wall if row.end_wall is not None else stop
-        windows.append((a, b, TRAINING))
-        nxt = rows[i + 1].start_wall if i + 1 < len(rows) else None
+        later = i + 1 < len(rows)
+        nxt = rows[i + 1].start_wall if later else None
+        if row.start_wall is not None:  # a round no event started covers no time
+            b = row.end_wall if row.end_wall is not None else stop
+            if not later and row.outcome_from == "inferred":
+                b = max(b, stop)  # no rank told its end: the run's last round lasted as its processes did
+            windows.append((row.start_wall, b, TRAINING))
+        if later and nxt is None and row.end_wall is not None:
+            windows.append((row.end_wall, stop, RESTART))  # a restart that never started its round
+            continue
         if nxt is None:
             continue
         # from the fault's detection (restart latency before the next start), else the round's end
@@ -407,6 +413,44 @@ def _union(periods: Iterable[Period], kind: str, note: str) -> list[Period]:
     return [Period(a, b, k, f"{note} for {secs(b - a)}") for a, b, k in merged]
 
 
+def _thin(periods: list[Period], width: float, limit: int) -> list[Period]:
+    """A lane's ``periods`` when it has more than ``limit`` (processes that ended thousands of
+    times): each run of periods narrower than ``width`` seconds (a pixel) joined into periods
+    about that wide, drawn in the kind they spend most time in, their tooltip telling how
+    many were joined and each kind's time. Periods as wide as a pixel stay as they are."""
+    if len(periods) <= limit:
+        return periods
+    out: list[Period] = []
+    group: list[Period] = []
+    g1 = -math.inf  # end of the group so far
+    for p in sorted(periods, key=lambda p: (p.start, p.end)):
+        narrow = p.end - p.start < width
+        if group and (not narrow or p.start - g1 >= width or g1 - group[0].start >= width):
+            out.append(_joined(group))
+            group = []
+        if not narrow:
+            out.append(p)
+            continue
+        g1 = max(g1, p.end) if group else p.end
+        group.append(p)
+    if group:
+        out.append(_joined(group))
+    return out
+
+
+def _joined(group: list[Period]) -> Period:
+    """One period for ``group`` (``_thin``): the kind it spent most time in."""
+    if len(group) == 1:
+        return group[0]
+    share: dict[str, float] = {}
+    for p in group:
+        share[p.kind] = share.get(p.kind, 0.0) + (p.end - p.start)
+    kind = max(share, key=lambda k: share[k])
+    told = ", ".join(f"{k} {secs(v)}" for k, v in sorted(share.items(), key=lambda kv: -kv[1]))
+    start, end = group[0].start, max(p.end for p in group)
+    return Period(start, end, kind, f"{len(group)} periods too short to draw one by one ({told})")
+
+
 def _mark_lane(m: FaultMark, by: str, node_of: dict[int, int | None]) -> int | None:
     """The lane of fault mark ``m``: its rank's (a node's first rank when it names none), or
     its node's."""
@@ -478,9 +522,8 @@ def build_lanes(report: ReportData, fault_ids: dict[str, str], pixels: int = 120
             dead = _union(dead, DEAD, "some process of this node dead")
         alive = _minus(_alive(mine, phases), [*dead, *hung])
         node, hosts, moves = _placement(mine)
-        lanes[key] = Lane(
-            by, key, _label(by, key, node, hosts), [*alive, *dead, *hung], [], node, hosts, moves
-        )
+        periods = _thin([*alive, *dead, *hung], (end - start) / max(1, pixels), max(1, pixels))
+        lanes[key] = Lane(by, key, _label(by, key, node, hosts), periods, [], node, hosts, moves)
     _add_marks(lanes, report, [(_mark_lane(m, by, node_of), m) for m in act.faults], fault_ids)
     out = [*lanes.values(), *_spare_lanes(act.spares, start, end)]
     rounds = [
@@ -523,18 +566,29 @@ def _round_starts(report: ReportData) -> dict[int, list[float]]:
     return {run: sorted(walls) for run, walls in starts.items()}
 
 
-def _round_at(report: ReportData, m: FaultMark) -> int | None:
-    """The round of mark ``m``: its own, else the last round started at or before it."""
+def _run_at(runs: list[RunSpan], wall: float) -> int | None:
+    """The run that ``wall`` falls in: the last one started at or before it (else the first).
+    Round numbers start again in each run, so a round is told apart by its run too."""
+    started = [r for r in runs if r.start_wall is not None and r.start_wall <= wall]
+    if started:
+        return max(started, key=lambda r: (r.start_wall, r.run)).run
+    return runs[0].run if runs else None
+
+
+def _round_at(report: ReportData, m: FaultMark, run: int | None) -> int | None:
+    """The round of mark ``m``: its own, else the last round of its run started at or before it."""
     if m.round is not None or m.wall is None:
         return m.round
-    started = [r for r in report.timeline if r.start_wall is not None and r.start_wall <= m.wall]
+    started = [
+        r for r in report.timeline if r.run == run and r.start_wall is not None and r.start_wall <= m.wall
+    ]
     return max(started, key=lambda r: (r.start_wall, r.round)).round if started else None
 
 
-def _consequence(report: ReportData, m: FaultMark, rnd: int | None) -> bool:
+def _consequence(report: ReportData, m: FaultMark, run: int | None, rnd: int | None) -> bool:
     """Whether ``m`` follows from its round's cause: the round has a cause, and ``m`` is
     neither it nor a fault of a rank the round counts as failing on its own."""
-    row = next((r for r in report.timeline if r.round == rnd and r.cause is not None), None)
+    row = next((r for r in report.timeline if (r.run, r.round) == (run, rnd) and r.cause is not None), None)
     if row is None or m.signature == row.cause or m.signature == NODE_LOST_SIGNATURE:
         return False
     return m.rank is not None and m.rank != row.first_rank and m.rank not in row.also_failed
@@ -545,25 +599,51 @@ def one_mark_per_fault(
 ) -> list[tuple[int | None, Mark]]:
     """One mark per fault: the reports of one rank in one round (its exception, then its
     process's end; a hang, then the kill) are one fault, drawn at the first of them, under
-    the round's cause when it is among them; a lost node is one fault, on its first rank's
-    lane; what other ranks wrote because of the round's fault (a peer's ``PeerLost``) is
-    its consequence, not a mark of its own. Marks without a wall are left out."""
+    the round's cause when it is among them; outside any round, the reports of one of its
+    processes are; a lost node is one fault, on its first rank's lane; what other ranks
+    wrote because of the round's fault (a peer's ``PeerLost``) is its consequence, not a
+    mark of its own. Marks without a wall are left out."""
     causes = {(r.run, r.round): r.cause for r in report.timeline}
+    lives = _process_starts(report)
     groups: dict[tuple, list[tuple[int | None, FaultMark]]] = {}
     for key, m in sorted(marks, key=lambda km: (km[1].wall or 0.0, km[0] if km[0] is not None else -1)):
-        rnd = _round_at(report, m)
-        if m.wall is None or _consequence(report, m, rnd):
+        if m.wall is None:
             continue
-        who = ("node", m.node) if m.signature == NODE_LOST_SIGNATURE else ("lane", key)
-        groups.setdefault((*who, rnd), []).append((key, m))
+        run = _run_at(report.activity.runs, m.wall)
+        rnd = _round_at(report, m, run)
+        if _consequence(report, m, run, rnd):
+            continue
+        lost = m.signature == NODE_LOST_SIGNATURE
+        who = ("node", m.node) if lost else ("lane", key)
+        # outside a round: which process of the rank told it (a lost node's ranks: when lost)
+        life = None if rnd is not None else m.wall if lost else _life_at(lives, run, m.rank, m.wall)
+        groups.setdefault((*who, run, rnd, life), []).append((key, m))
     out: list[tuple[int | None, Mark]] = []
-    for (_, _, rnd), items in groups.items():
-        told = set(causes.values()) if rnd is None else {c for (_, n), c in causes.items() if n == rnd}
+    for (_, _, run, rnd, _), items in groups.items():
+        told = {c for (n, r), c in causes.items() if n == run and (rnd is None or r == rnd)}
         key, first = next(((k, m) for k, m in items if m.signature in told), items[0])
         wall = min(m.wall for _, m in items if m.wall is not None)
         also = sorted({m.signature for _, m in items} - {first.signature})
         out.append((key, Mark(wall, first, "", also)))
     return out
+
+
+def _process_starts(report: ReportData) -> dict[tuple[int, int | None], list[float]]:
+    """(run, rank) -> the start walls of its supervised processes, sorted."""
+    starts: dict[tuple[int, int | None], list[float]] = {}
+    for p in report.activity.processes:
+        if p.start_wall is not None:
+            starts.setdefault((p.run, p.rank), []).append(p.start_wall)
+    return {key: sorted(walls) for key, walls in starts.items()}
+
+
+def _life_at(
+    starts: dict[tuple[int, int | None], list[float]], run: int | None, rank: int | None, wall: float
+) -> float:
+    """Which process of ``rank`` was alive at ``wall``: how many of its processes had started
+    by then; without supervised processes to tell, ``wall`` itself (each report its own)."""
+    walls = starts.get((run, rank)) if run is not None else None
+    return float(bisect_right(walls, wall)) if walls else wall
 
 
 def _members(ranks: set[int], by: str, node_of: dict[int, int]) -> list[tuple[int, list[int]]]:

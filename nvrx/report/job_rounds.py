@@ -8,7 +8,9 @@ restart announced (its supervisor won the restart's claim in the store, so no
 clock decides who was first), the hangs inside it, and how long the restart
 took, from the first node stopping its children to the last node starting them
 again. The last stretch ends as the run's supervisors did. A restart announced for
-a lost node is that loss's round (``BY_NODE_LOSS``), as a Wrapper round it interrupted is.
+a lost node is that loss's round (``BY_NODE_LOSS``), as a Wrapper round it interrupted is;
+so is one announced for a survivor's failure that came after the node's last heartbeat
+(it follows from the loss, declared only later).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-from nvrx.events.failures import NODE, kind_of
+from nvrx.events.failures import NODE, NODE_LOST_SIGNATURE, kind_of
 
 from .model import NodeLoss, RoundRow
 
@@ -38,6 +40,7 @@ def job_restart_rounds(job: JobSummary, losses: LossIndex) -> list[RoundRow]:
             by_run[e["run"]][e["epoch"]].append(e)
     world = job.supervised_world()
     rows: list[RoundRow] = []
+    blamed: set[int] = set()  # id() of the losses a stretch already has
     for run, epochs in sorted(by_run.items()):
         start = min(_walls(job, run, "child_start"), default=None)
         for epoch, events in sorted(epochs.items()):
@@ -47,7 +50,7 @@ def job_restart_rounds(job: JobSummary, losses: LossIndex) -> list[RoundRow]:
             cause = next((e["cause"] for e in events if e.get("cause")), None) or {}
             row = _row(job, run, epoch - 1, start, end, "restart")
             _time_restart(row, events, end, started)
-            _name_cause(job, row, cause, world, losses)
+            _name_cause(job, row, cause, world, losses, blamed)
             rows.append(row)
             start = max(started, default=None)
         last = max(epochs)
@@ -104,19 +107,29 @@ def restart_ended(row: RoundRow) -> float | None:
 
 
 def _name_cause(
-    job: JobSummary, row: RoundRow, cause: dict[str, Any], ranks: int, losses: LossIndex
+    job: JobSummary, row: RoundRow, cause: dict[str, Any], ranks: int, losses: LossIndex, blamed: set[int]
 ) -> None:
     """The announced failure as the row's first failure; every other rank restarted with it."""
     row.cause = cause.get("signature")
     row.first_rank, row.first_node = cause.get("rank"), cause.get("node")
     if row.cause is not None:
         row.fault_kind = kind_of(row.cause)
-    loss = _lost_node(row, losses) if row.fault_kind == NODE else None
+    loss = _lost_node(row, losses) if row.fault_kind == NODE else _loss_first(job, row, losses)
+    if loss is not None and id(loss) in blamed:
+        loss = None
     if loss is not None:
+        blamed.add(id(loss))
+        if row.fault_kind != NODE:  # a survivor's failure that followed from the loss
+            row.cause, row.fault_kind = NODE_LOST_SIGNATURE, NODE
+            row.first_rank, row.first_node = (loss.ranks[0] if loss.ranks else None), loss.node
         row.blame_node_loss(loss)
     elif row.first_rank is not None:
         row.ordering = BY_RESTART_CLAIM
         row.first_host = _host_of_node(job, row, losses)
+    if loss is not None:  # the lost ranks are neither peers nor failures of their own
+        row.also_failed = [r for r in row.hang_ranks if r not in loss.ranks]
+        row.peer_notified = max(0, ranks - len(loss.ranks) - len(row.also_failed))
+        return
     row.also_failed = [r for r in row.hang_ranks if r != row.first_rank]
     row.peer_notified = (
         max(0, ranks - 1 - len(row.also_failed)) if row.first_rank is not None else ranks
@@ -125,17 +138,37 @@ def _name_cause(
 
 def _lost_node(row: RoundRow, losses: LossIndex) -> NodeLoss | None:
     """The loss of the node rank a restart for a lost node announced: that run's, declared
-    in the stretch and not yet a round's."""
+    in the stretch. (Its ``round`` may be set already, by the app's own round counter's
+    windows: the stretches are the rounds now.)"""
     until = restart_ended(row)
     return next(
         (
             x
             for x in losses.losses
-            if x.run == row.run and x.node == row.first_node and x.round is None
+            if x.run == row.run and x.node == row.first_node
             and _within(x.declared_wall or x.start, row.start_wall, until)
         ),
         None,
     )
+
+
+def _loss_first(job: JobSummary, row: RoundRow, losses: LossIndex) -> NodeLoss | None:
+    """The loss that the announced failure followed from: a node of the run last seen in
+    the stretch before the failed rank's process ended (its last end in the stretch; without
+    one, before the restart was claimed), that rank's end inside the loss's window. Not a
+    lost spare's (it held no ranks). Stretches do not overlap: one loss is one stretch's."""
+    if row.end_wall is None:
+        return None
+    ends = [
+        e["wall"]
+        for e in job.node_events
+        if e["run"] == row.run and e.get("kind") == "child_exit" and "wall" in e
+        and e.get("global_rank") == row.first_rank and _within(e["wall"], row.start_wall, row.end_wall)
+    ]  # fmt: skip
+    loss = losses.explains(max(ends, default=row.end_wall))
+    if loss is None or loss.run != row.run or not loss.ranks:
+        return None
+    return loss if _within(loss.start, row.start_wall, row.end_wall) else None
 
 
 def _host_of_node(job: JobSummary, row: RoundRow, losses: LossIndex) -> str | None:

@@ -175,8 +175,11 @@ def _uncaused_ends(r: ReportData) -> list[FaultLine]:
     many = r.summary.runs > 1
     out: list[FaultLine] = []
     for i, row in enumerate(rows):
-        nxt = rows[i + 1].start_wall if i + 1 < len(rows) and rows[i + 1].run == row.run else None
-        lo, hi = row.start_wall or -math.inf, nxt if nxt is not None else math.inf
+        if row.start_wall is None:  # a round no event started (a restart still under way) holds no time
+            continue
+        later = (t.start_wall for t in rows[i + 1 :] if t.run == row.run and t.start_wall is not None)
+        nxt = next(later, None)
+        lo, hi = row.start_wall, nxt if nxt is not None else math.inf
         out += [
             _process_line(p, _round_label(row.run, row.round, many))
             for p in r.process_restarts

@@ -30,10 +30,12 @@ def when(wall: float | None) -> str:
     if wall is None:
         return "-"
     try:
-        stamp = time.gmtime(wall)
+        # to the nearest millisecond: the events' 17.1 is .100, not the float's .0999...
+        seconds, ms = divmod(round(wall * 1000), 1000)
+        stamp = time.gmtime(seconds)
     except (OverflowError, OSError, ValueError):  # a writer's garbage: say it, never crash
         return f"? (wall {wall!r})"
-    return time.strftime("%Y-%m-%d %H:%M:%S", stamp) + f".{int((wall % 1) * 1000):03d}"
+    return time.strftime("%Y-%m-%d %H:%M:%S", stamp) + f".{ms:03d}"
 
 
 def secs(value: float | None) -> str:

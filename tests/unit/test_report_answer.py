@@ -19,7 +19,7 @@ from nvrx.report import Report, build_report
 from nvrx.report.cli import main
 from nvrx.report.failure_order import causes_first
 from nvrx.report.model import Failure
-from nvrx.report.render_answer import FAILED, OK, UNFINISHED, verdict
+from nvrx.report.render_answer import FAILED, OK, UNFINISHED, fault_lines, verdict
 from nvrx.report.stacks import stuck_first
 from nvrx.report.text_doc import TEXT_WIDTH, when
 
@@ -89,7 +89,7 @@ def test_the_first_screen_says_the_outcome_each_fault_in_time_order_and_what_to_
     rows = [line.split() for line in screen if line[:1].isdigit()]
     assert [row[:3] for row in rows] == [
         ["1", "22:13:30.000", "exception"],
-        ["2", "22:13:37.099", "signal"],
+        ["2", "22:13:37.100", "signal"],  # the SIGKILL came at 17.1 s (node-a 3 s behind)
         ["3", "22:14:05.000", "hang"],
     ]
     assert "ValueError at" in next(x for x in screen if x.startswith("1  "))
@@ -136,6 +136,20 @@ def test_each_fault_row_gives_the_time_its_fault_was_told_in_its_round(tmp_path:
     clock = [when(t.first_wall).split()[-1] for t in rows]  # the screen gives the time of day
     ends = [when(t.end_wall).split()[-1] for t in rows]
     assert all(c in screen for c in clock) and not any(e in screen for e in ends), screen
+
+
+def test_a_round_no_event_started_claims_no_earlier_process_end(tmp_path: Path) -> None:
+    """A job-wide restart still under way when the events end is a round without a start:
+    it holds no time, so the processes that failed in the rounds before it are not its."""
+    report = _standard(tmp_path / JOB)
+    (killed,) = [p for p in report.process_restarts if p.signal == "SIGKILL"]
+    last = report.timeline[-1]
+    report.timeline.append(
+        dataclasses.replace(last, round=last.round + 1, start_wall=None, end_wall=None, cause=None,
+                            outcome="unfinished", first_rank=None, first_wall=None)
+    )  # fmt: skip
+    lines = [x for x in fault_lines(report) if x.wall == killed.wall]
+    assert [(x.cause, x.round) for x in lines] == [("signal SIGKILL", "1")], lines
 
 
 def test_a_failed_job_says_so_first(tmp_path: Path) -> None:

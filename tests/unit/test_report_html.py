@@ -15,7 +15,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from test_report_fixtures import HANG_STACK, JOB, Host, Proc, write_standard_job
+from test_report_fixtures import HANG_STACK, JOB, USER_TRACEBACK, Host, Proc, write_standard_job
 from test_report_node_loss import LAST_SEEN, _spare_job
 
 from nvrx.report import Report, build_report
@@ -470,3 +470,155 @@ def test_a_spare_slot_of_several_runs_is_one_lane(standard: tuple[Report, str]) 
     ]
     spares = [g for g in _svg(report.to_text("html")).iter("g") if g.get("class") == "lane spare"]
     assert [g.get("data-slot") for g in spares] == ["2"] and len(_periods(spares[0], "spare")) == 2
+
+
+def _requeued_wrapper_job(log_dir: Path) -> None:
+    """One node, two Wrapper ranks, twice (run 0 at 0-30 s, preempted with round 1 running, no
+    rank ending it; run 1 at 100-130 s, completed): in each run, rank 1 raises in round 0 (at
+    10 s into the run) and every rank restarts into round 1 at 11 s."""
+    host = Host("h", 0)
+    for run, t0 in ((0, 0.0), (1, 100.0)):
+        sup = Proc(log_dir, host, "supervisor")
+        sup.at(t0, "supervisor_start", nnodes=1, nproc_per_node=2, command="python train.py")
+        ranks = {r: Proc(log_dir, host, "wrapper", rank=r) for r in (0, 1)}
+        for r, p in ranks.items():
+            sup.at(t0 + 1.0, "child_start", local_rank=r, child_pid=50 + r + 10 * run, attempt=0)
+            p.round(0).at(t0 + 2.0, "round_start", world_size=2, active_world_size=2, active_rank=r, initial_rank=r)
+        ranks[1].at(t0 + 10.0, "fault", fault_kind="exception", origin_rank=1, exc_type="ValueError",
+                    message="bad batch 17", traceback=USER_TRACEBACK)  # fmt: skip
+        ranks[0].at(t0 + 10.1, "fault", fault_kind="peer", origin_rank=1, message="peer")
+        for r, p in ranks.items():
+            p.at(t0 + 10.5, "round_end", outcome="restart", duration_s=8.5)
+            p.round(1).at(t0 + 11.0, "round_start", world_size=2, active_world_size=2, active_rank=r, initial_rank=r)
+        if run == 0:
+            sup.at(t0 + 28.5, "job_stop", reason="preempted: requeued", exit_code=143)
+        for r, p in ranks.items():
+            if run == 1:
+                p.at(t0 + 28.0, "round_end", outcome="completed", duration_s=17.0)
+            sup.at(t0 + 29.0, "child_exit", local_rank=r, child_pid=50 + r + 10 * run,
+                   exit_code=143 if run == 0 else 0, signal=None, runtime_s=28.0)  # fmt: skip
+            p.close()
+        if run == 0:
+            sup.at(t0 + 29.5, "requeue", cause="preemption", count=1)
+        sup.at(t0 + 30.0, "supervisor_end", exit_code=0 if run else 143, reason="done" if run else "requeued")
+        sup.close()
+
+
+def test_a_fault_in_the_same_round_number_of_each_run_is_one_mark_each(tmp_path: Path) -> None:
+    """Round numbers start again after a requeue: round 0 of run 1 is another round than
+    round 0 of run 0, and its fault another fault."""
+    _requeued_wrapper_job(tmp_path / "rq")
+    report = build_report(tmp_path / "rq", sacct=False)
+    assert [(f.rank, f.round) for f in report.activity.faults] == [(1, 0), (1, 0)]
+    lanes = _lanes(_svg(report.to_text("html")))
+    t0 = 1_700_000_000.0
+    tips = [tip for _, tip in _marks(lanes["1"])]
+    assert len(tips) == 2 and tips[0].endswith(when(t0 + 10.0)) and tips[1].endswith(when(t0 + 110.0)), tips
+    assert _marks(lanes["0"]) == []  # rank 0's PeerLost follows from rank 1's fault, in each run
+
+
+def test_a_last_round_that_no_rank_ended_trains_until_its_processes_end(tmp_path: Path) -> None:
+    """Run 0's round 1 wrote its round_start and nothing else until the preemption stopped
+    its processes (29 s): its ranks trained all that time, they were not idle."""
+    _requeued_wrapper_job(tmp_path / "rq")
+    report = build_report(tmp_path / "rq", sacct=False)
+    lanes = _lanes(_svg(report.to_text("html")))
+    t0 = 1_700_000_000.0
+    for rank in ("0", "1"):
+        training = _periods(lanes[rank], "training")
+        assert any(f"{when(t0 + 11.0)} to {when(t0 + 29.0)}" in tip for tip in training), training
+        idle = _periods(lanes[rank], "idle")
+        assert not any(when(t0 + 11.0) in tip for tip in idle), idle
+
+
+def _restarting_job(log_dir: Path, deaths: int, every_s: float) -> None:
+    """One node, one rank run by its supervisor alone (no rounds): its process exits with 1
+    ``deaths`` times, ``every_s`` apart, and is replaced 0.3 s after each exit."""
+    host = Host("h", 0)
+    sup = Proc(log_dir, host, "supervisor")
+    sup.at(0.0, "supervisor_start", nnodes=1, nproc_per_node=1, command="python train.py")
+    sup.at(0.5, "child_start", local_rank=0, child_pid=100, attempt=0)
+    t = 0.5
+    for i in range(deaths):
+        t += every_s
+        sup.at(t, "child_exit", local_rank=0, child_pid=100 + i, exit_code=1, signal=None, runtime_s=every_s)
+        sup.at(t + 0.1, "restart_decision", local_rank=0, decision="restart", reason="exit 1", budget_left=deaths)
+        sup.at(t + 0.3, "child_start", local_rank=0, child_pid=101 + i, attempt=i + 1)
+    sup.at(t + every_s, "child_exit", local_rank=0, child_pid=100 + deaths, exit_code=0, signal=None, runtime_s=1.0)
+    sup.at(t + every_s + 0.5, "supervisor_end", exit_code=0, reason="done")
+    sup.close()
+
+
+def test_each_process_that_failed_outside_a_round_has_its_mark(tmp_path: Path) -> None:
+    """Without rounds, two failed processes of one rank, 30 s apart, are two faults."""
+    _restarting_job(tmp_path / "twice", 2, 30.0)
+    report = build_report(tmp_path / "twice", sacct=False)
+    assert [p.exit_code for p in report.process_restarts] == [1, 1] and not report.timeline
+    t0 = 1_700_000_000.0
+    tips = [tip for _, tip in _marks(_lanes(_svg(report.to_text("html")))["0"])]
+    assert [tip.rsplit(", ", 1)[1] for tip in tips] == [when(t0 + 30.5), when(t0 + 60.5)], tips
+
+
+def test_thousands_of_process_restarts_keep_the_lane_as_wide_as_the_drawing(tmp_path: Path) -> None:
+    """1,500 deaths of one rank's process: more periods than the drawing has pixels. Those
+    narrower than a pixel are joined, in the kind they spend most time in (training: each
+    process lives 4 s, its replacement starts 0.3 s after), their tooltip counting them."""
+    _restarting_job(tmp_path / "many", 1500, 4.0)
+    report = build_report(tmp_path / "many", sacct=False)
+    assert len(report.process_restarts) == 1500
+    page = report.to_text("html")
+    lane = _lanes(_svg(page))["0"]
+    periods = [r for r in lane.iter("rect") if (r.get("class") or "").startswith("p-")]
+    assert len(periods) <= 2 * PLOT_W
+    assert any("periods too short to draw one by one (training" in tip and "dead" in tip
+               for tip in _periods(lane, "training"))  # fmt: skip
+    starts = [float(r.get("data-start") or 0) for r in periods]
+    ends = [float(r.get("data-end") or 0) for r in periods]
+    t0 = 1_700_000_000.0
+    assert min(starts) == pytest.approx(t0 + 0.5) and max(ends) == pytest.approx(t0 + 0.5 + 1501 * 4.0)
+    assert len(_marks(lane)) <= PLOT_W
+
+
+def test_a_job_wide_restart_that_never_started_its_children_is_no_training(tmp_path: Path) -> None:
+    """No Wrapper: rank 1 fails at 20 s and the job-wide restart stops both children
+    (20.2-21 s), but never starts them again (the job ends at 30 s): the stretch it would
+    have begun has no start, and covers no time; the restart lasts until the run's end."""
+    host = Host("h", 0)
+    sup = Proc(tmp_path / "stuck", host, "supervisor")
+    sup.at(0.0, "supervisor_start", nnodes=1, nproc_per_node=2, command=["train.py"])
+    for lr in (0, 1):
+        sup.at(1.0, "child_start", local_rank=lr, child_pid=100 + lr, global_rank=lr, attempt=0)
+    sup.at(20.0, "child_exit", local_rank=1, child_pid=101, global_rank=1, exit_code=1, signal=None, runtime_s=19.0)
+    cause = {"rank": 1, "node": 0, "signature": "exit code 1"}
+    sup.at(20.2, "job_restart", epoch=1, phase="stopping", cause=cause)
+    sup.at(21.0, "child_exit", local_rank=0, child_pid=100, global_rank=0, exit_code=None, signal="SIGTERM",
+           runtime_s=20.0)  # fmt: skip
+    sup.at(21.1, "job_restart", epoch=1, phase="ready", ready=1, nodes=1)
+    sup.at(30.0, "supervisor_end", exit_code=1, reason="restart failed")
+    sup.close()
+    report = build_report(tmp_path / "stuck", sacct=False)
+    assert [(t.round, t.start_wall is None) for t in report.timeline] == [(0, False), (1, True)]
+    t0 = 1_700_000_000.0
+    lane = _lanes(_svg(report.to_text("html")))["0"]
+    (training,) = _periods(lane, "training")
+    assert f"{when(t0 + 1.0)} to {when(t0 + 20.2)}" in training, training
+    (restart,) = _periods(lane, "restart")
+    assert f"{when(t0 + 20.2)} to {when(t0 + 21.0)}" in restart, restart
+
+
+def test_a_rank_filter_keeps_the_runs_of_a_requeued_job_apart(tmp_path: Path) -> None:
+    """``--rank 1`` leaves out the supervisors' events, but not the job's runs: rank 1 is not
+    drawn training through the 70 s the job waited in the queue, the wait is a requeue band
+    up to run 1's supervisor start, and each run's fault is its own mark."""
+    _requeued_wrapper_job(tmp_path / "rq")
+    report = build_report(tmp_path / "rq", sacct=False, rank=1)
+    assert [r.run for r in report.activity.runs] == [0, 1] and not report.activity.processes
+    svg = _svg(report.to_text("html"))
+    lane = _lanes(svg)["1"]
+    t0 = 1_700_000_000.0
+    assert len(_marks(lane)) == 2
+    for r in lane.iter("rect"):
+        if r.get("class") == "p-training":
+            assert not float(r.get("data-start") or 0) < t0 + 60.0 < float(r.get("data-end") or 0)
+    (band,) = [r for r in svg.iter("rect") if r.get("class") == "requeue-band"]
+    assert float(band.get("data-end") or 0) == pytest.approx(t0 + 100.0)

@@ -330,3 +330,71 @@ def test_a_failure_whose_node_was_lost_during_the_restart_is_its_own_hosts(
     assert (failed.cause, failed.first_rank, failed.first_host) == ("exit code 1", 1, "n1")
     faulted = sorted(n.host for n in report.suspects if n.faults)
     assert faulted == ["n1"], [(n.host, n.faults, n.evidence) for n in report.suspects]
+
+
+def test_a_survivors_failure_after_a_nodes_last_heartbeat_is_the_loss_not_its_own(tmp_path: Path) -> None:
+    """No Wrapper, 2 nodes x 2 ranks: node 1 falls silent at 20 s; rank 0 (node 0) then
+    fails talking to it (PeerLost, 20.5 s) and its supervisor claims the job-wide restart
+    before the loss is declared (23 s). The stretch's first failure is the lost node: the
+    survivor is not blamed, and the lost ranks are not counted as peers."""
+    hosts = {n: Host(f"n{n}", n) for n in (0, 1)}
+    sup = {n: Proc(tmp_path, h, "supervisor") for n, h in hosts.items()}
+    for n, s in sup.items():
+        s.at(0.0, "supervisor_start", nnodes=2, nproc_per_node=2, command=["train.py"])
+        for lr in (0, 1):
+            s.at(1.0, "child_start", local_rank=lr, child_pid=100 + lr, global_rank=2 * n + lr, attempt=0)
+    peer_lost = "PeerLost at train.py:9 in all_reduce"
+    s0 = sup[0]
+    s0.at(20.5, "child_exit", local_rank=0, child_pid=100, global_rank=0, exit_code=1, signal=None, runtime_s=19.5)
+    s0.at(20.51, "restart_decision", local_rank=0, global_rank=0, scope="job", decision="restart",
+          reason="child failed (exit code 1)", budget_left=3, signature=peer_lost)  # fmt: skip
+    s0.at(20.52, "job_restart", epoch=1, phase="stopping", cause={"rank": 0, "node": 0, "signature": peer_lost})
+    s0.at(20.6, "child_exit", local_rank=1, child_pid=101, global_rank=1, exit_code=None, signal="SIGTERM",
+          runtime_s=19.6)  # fmt: skip
+    s0.at(20.7, "job_restart", epoch=1, phase="ready", ready=1, nodes=2)
+    s0.at(23.0, "node_lost", lost_node=1, lost_slot=1, lost_host="n1", silent_s=3.0, last_seen_wall=T0 + 20.0,
+          seen_by=0, slurm_state=None, action="stop", replaced_by=None, ranks=[2, 3])  # fmt: skip
+    s0.at(23.5, "supervisor_end", exit_code=1, reason="node lost")
+    for s in sup.values():
+        s.close()
+    report = build_report(tmp_path, sacct=False)
+    first = report.timeline[0]
+    assert (first.cause, first.first_node, first.first_host, first.ordering) == ("node lost", 1, "n1", "node_lost")
+    assert first.peer_notified == 2 and first.also_failed == []
+    assert report.node_losses[0].round == first.round
+    blamed = {s.host: s.first_failures for s in report.suspects}
+    assert blamed.get("n0", 0) == 0 and blamed["n1"] == 1, blamed
+
+
+def test_a_restart_for_a_lost_node_is_the_losss_round_under_the_apps_own_round_counter(
+    tmp_path: Path,
+) -> None:
+    """No Wrapper, but the app writes its own round (as the demo does): node 1 is lost (last
+    seen 20 s, declared 23 s) and the job-wide restart is announced for it. The loss was
+    first placed in the app's round 0; the stretch is still the loss's round."""
+    hosts = {n: Host(f"n{n}", n) for n in (0, 1)}
+    sup = {n: Proc(tmp_path, h, "supervisor") for n, h in hosts.items()}
+    apps = []
+    for n, s in sup.items():
+        s.at(0.0, "supervisor_start", nnodes=2, nproc_per_node=2, command=["train.py"])
+        for lr in (0, 1):
+            s.at(1.0, "child_start", local_rank=lr, child_pid=100 + lr, global_rank=2 * n + lr, attempt=0)
+            app = Proc(tmp_path, hosts[n], "app", rank=2 * n + lr)
+            app.round(0).at(2.0, "progress", step=1)
+            app.at(15.0, "progress", step=10)
+            apps.append(app)
+    s0 = sup[0]
+    s0.at(23.0, "node_lost", lost_node=1, lost_slot=1, lost_host="n1", silent_s=3.0, last_seen_wall=T0 + 20.0,
+          seen_by=0, slurm_state=None, action="stop", replaced_by=None, ranks=[2, 3])  # fmt: skip
+    s0.at(23.1, "job_restart", epoch=1, phase="stopping", cause={"rank": None, "node": 1, "signature": "node lost"})
+    for lr in (0, 1):
+        s0.at(23.6, "child_exit", local_rank=lr, child_pid=100 + lr, global_rank=lr, exit_code=None,
+              signal="SIGTERM", runtime_s=22.6)  # fmt: skip
+    s0.at(24.0, "supervisor_end", exit_code=1, reason="node lost")
+    for p in [*sup.values(), *apps]:
+        p.close()
+    report = build_report(tmp_path, sacct=False)
+    first = report.timeline[0]
+    assert (first.cause, first.first_host, first.ordering, first.detection_s) == ("node lost", "n1", "node_lost", 3.0)
+    assert first.peer_notified == 2
+    assert report.node_losses[0].round == first.round
