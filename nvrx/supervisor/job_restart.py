@@ -253,7 +253,7 @@ class JobRestart:
         """
         children = self.ranks.children
         if node_rank is None or self.pending is not None or not children:
-            return
+            return  # (a restart under way: ``slot_lost`` lets it go on without the lost slot)
         if not leaving and not self.ranks.running():
             return
         if not all(self.job_wide(child.key) for child in children.values()):
@@ -273,6 +273,12 @@ class JobRestart:
         cause["streak"] = list(self._streak_before(epoch))  # neither broken nor made longer
         self._announce(epoch, cause)
         self._begin(epoch, cause)
+
+    def slot_lost(self) -> None:
+        """A slot was declared lost, or left, during a restart: it will not count itself
+        ready, and the slots left may all be ready already."""
+        if self.pending is not None:
+            self._go_if_all_ready(self.pending)
 
     def on_message(self, message: dict[str, Any]) -> bool:
         """Act on a job-restart announcement or go-ahead; False for other messages."""
@@ -327,14 +333,28 @@ class JobRestart:
         self._ready = epoch
         self.control.kill_at = None
         slot = self.store.config.node_rank
-        ready = sealed_keys.count_up(self._link, self.store.known_sealer(), _key(epoch, "ready"), slot)
-        # every slot still in the job counts itself ready (a waiting spare too, at once)
-        roles = self.store.roles
-        nodes = len(roles.running_slots()) if roles is not None else self.store.config.nnodes
+        sealed_keys.count_up(self._link, self.store.known_sealer(), _key(epoch, "ready"), slot)
+        ready, nodes = self._go_if_all_ready(epoch)
         self.control.emit("job_restart", epoch=epoch, phase="ready", ready=ready, nodes=nodes)
-        if ready >= nodes:
+
+    def _go_if_all_ready(self, epoch: int) -> tuple[int, int]:
+        """Let everyone go once every slot still in the job counted itself ready for restart
+        ``epoch`` (a waiting spare too, at once); (slots ready, slots in the job).
+
+        Asked when this node counts itself ready, and when a slot is declared lost during the
+        restart: the slots left may all be ready by then, and no one else would ask again. A
+        lost slot's own entry does not count. Two nodes that both see every slot ready both
+        write the go-ahead: the chain keeps the first.
+        """
+        roles = self.store.roles
+        slots = roles.running_slots() if roles is not None else range(self.store.config.nnodes)
+        running = set(slots)
+        listed = sealed_keys.read_list(self._link, self.store.known_sealer(), _key(epoch, "ready"))
+        ready = len(running & {_entry_by(entry) for entry in listed.valid})
+        if ready >= len(running):
             chain = self._go if self._go is not None else SealedChain(_key(epoch, "go"), self.store.known_sealer())
             chain.write(self._link, "1")  # through the chain watched here: never behind it
+        return ready, len(running)
 
     def _start_again(self) -> None:
         epoch = self.pending
@@ -365,6 +385,13 @@ def streak_of(announcement: str | None) -> tuple[str | None, int]:
     if not isinstance(signature, str) or type(count) is not int or count < 1:
         return None, 0
     return signature, count
+
+
+def _entry_by(payload: str) -> int | None:
+    """The slot that appended a sealed list's entry (``sealed_keys.entry_payload``)."""
+    found = _parse(payload)
+    by = found.get("by") if isinstance(found, dict) else None
+    return by if type(by) is int else None
 
 
 def _parse(value: object) -> object:

@@ -102,6 +102,8 @@ class NodeMessages:
             self.control.request_stop(loss.reason, ExitCode.NODE_LOST, broadcast=True)
             self.requeue([loss.host])
         try:
+            if loss is not None:
+                self.job_restart.slot_lost()
             if loss is not None and loss.action == "spare":
                 self.job_restart.restart_for_lost_node(loss.node_rank)
         except StoreLinkError as exc:

@@ -170,3 +170,42 @@ def test_a_lost_nodes_restart_carries_the_loop_breakers_streak_on(tmp_path: Path
     stops = [e for e in job.events("job_restart") if e["phase"] == "stopping" and e.get("cause")]
     lost = {e["cause"]["signature"]: e["cause"]["streak"] for e in stops}
     assert lost.get("node lost") == ["exit code 3", 1], stops
+
+
+@pytest.mark.timeout(180)
+def test_a_node_lost_while_the_job_restarts_does_not_hold_the_restart_up(tmp_path: Path) -> None:
+    # Rank 0 exits 3: a job-wide restart. Rank 1 (node 1) ignores SIGTERM, so node 1 is still
+    # stopping it when node 1 is lost; node 0 and the spare had counted themselves ready. The
+    # lost slot never will: once it is declared lost, the restart goes on with the spare.
+    body = (
+        "from pathlib import Path\n"
+        "d = Path(os.environ['NVRX_LOG_DIR'])\n"
+        "if RESTART == 0 and RANK == 1:\n"
+        "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "    (d / 'deaf').touch()\n"
+        "    time.sleep(120)\n"
+        "if RESTART == 0 and RANK == 0:\n"
+        "    while not (d / 'deaf').exists():\n"
+        "        time.sleep(0.05)\n"
+        "    sys.exit(3)\n"
+        "(d / f'done-{RANK}-{RESTART}').touch()\n"
+    )
+    options = ("--node-timeout", "2", "--node-heartbeat", "0.5", "--grace-period", "60")
+    job = Job(tmp_path, 3, 1, script(tmp_path, body), "--spare-nodes", "1", *options)
+    job.wait_for_beat(1)
+
+    def stopping(node: int) -> bool:
+        return any(e["node"] == node and e["phase"] == "stopping" for e in job.events("job_restart"))
+
+    wait_until("node 1 to stop its rank for the restart", lambda: stopping(1), 90, state=job.output)
+    for proc in reversed(_tree(job.procs[1].pid)):  # node 1 lost, its rank still stopping
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    codes = job.wait(120)
+    output = job.output()
+    assert codes[0] == codes[2] == 0, output
+    assert (job.log_dir / "done-0-1").exists() and (job.log_dir / "done-1-1").exists(), output
+    [loss] = job.events("node_lost")
+    assert loss["lost_slot"] == 1 and loss["action"] == "spare", loss
+    started = [e for e in job.events("job_restart") if e["phase"] == "started"]
+    assert sorted(e["node"] for e in started) == [0, 2], started
