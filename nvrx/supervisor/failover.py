@@ -127,7 +127,8 @@ class Failover:
         )
         if answers is None or self._elected_after_all(answers):
             return
-        kept = snapshot.KeptKeys(snapshot.read(store_failover.snapshot_path(cfg.events_dir)))
+        lost_store = store_failover.snapshot_path(cfg.events_dir, self.store.epoch - 1)
+        kept = snapshot.KeptKeys(snapshot.read(lost_store))
         for lost_slot, node in answers.silent:
             self._roles.record_lost_unreplaced(lost_slot, node, lost_wall, kept)
         if answers.batch_host_answered:
@@ -292,7 +293,7 @@ class Failover:
                 log.warning("cannot keep a node agent ready for a failover: %s", exc)
         if self._prepared_service is None and self._next_in_line():
             try:
-                self._prepared_service = self._successor_store(held=True).launch()
+                self._prepared_service = self._successor_store(self.store.epoch + 1, held=True).launch()
             except (OSError, RuntimeError) as exc:
                 log.warning("cannot keep a store ready for a failover: %s", exc)
 
@@ -324,7 +325,7 @@ class Failover:
             service.release()
         elif self._next_in_line():
             try:
-                service = self._successor_store().launch()
+                service = self._successor_store(self.store.epoch + 1).launch()
             except (OSError, RuntimeError) as exc:
                 log.warning("cannot start the next store ahead: %s", exc)
         return link, service
@@ -334,7 +335,8 @@ class Failover:
         _end(self._ahead_link, self._ahead_service)
         self._ahead_link = self._ahead_service = None
 
-    def _successor_store(self, held: bool = False) -> StoreService:
+    def _successor_store(self, epoch: int, held: bool = False) -> StoreService:
+        """A store service for failover ``epoch`` on this slot's host (not launched yet)."""
         cfg = self.store.config
         return StoreService(
             os.environ.get("SLURMD_NODENAME") or cfg.master_addr,
@@ -342,7 +344,7 @@ class Failover:
             job_id=cfg.job_id,
             log_dir=cfg.log_dir,
             node=self._roles.slot,
-            snapshot=snapshot_spec(cfg, restore=True),
+            snapshot=snapshot_spec(cfg, epoch),
             held=held,
         )
 
@@ -482,7 +484,7 @@ class Failover:
         service, self._ahead_service = self._ahead_service, None
         try:
             if service is None:
-                service = self._successor_store().launch()
+                service = self._successor_store(self.store.epoch).launch()
             service.wait_started(self.store.config.store_timeout)
         except (OSError, RuntimeError) as exc:
             log.error("cannot start the successor store: %s", exc)

@@ -89,9 +89,13 @@ def beats_dir(job_dir: Path, store: str) -> Path:
     return job_dir / "failover" / _run() / "beats" / store
 
 
-def snapshot_path(job_dir: Path) -> Path:
-    """Where the store service of this run keeps its snapshot of the job-level keys."""
-    return job_dir / "store" / f"snapshot-{_run()}.json"
+def snapshot_path(job_dir: Path, epoch: int = 0) -> Path:
+    """Where the store of failover ``epoch`` (node 0's: 0) of this run keeps its snapshot of
+    the job-level keys, and where the successor of that store restores them from. One file
+    per epoch: a store host that stalled, was failed over and wakes up again keeps writing
+    its own store's keys until it fences itself, and they must not replace the newer
+    store's (a later failover would restore a job from before the first)."""
+    return job_dir / "store" / f"snapshot-{_run()}-e{epoch}.json"
 
 
 def reset(job_dir: Path) -> None:
@@ -107,7 +111,8 @@ def forget_run(job_dir: Path) -> None:
     """The store host, once every slot ended and its store stopped: this run's failover
     files and snapshot serve nobody any more (a requeued run starts from none)."""
     shutil.rmtree(job_dir / "failover" / _run(), ignore_errors=True)
-    snapshot_path(job_dir).unlink(missing_ok=True)
+    for snapshot in (job_dir / "store").glob(f"snapshot-{_run()}-e*.json"):
+        snapshot.unlink(missing_ok=True)
     for directory in (job_dir / "failover", job_dir / "store"):
         with contextlib.suppress(OSError):  # another run's files still there: kept
             directory.rmdir()

@@ -14,7 +14,9 @@ past every round used before:
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import sys
 from pathlib import Path
 
 import psutil
@@ -28,11 +30,14 @@ from test_node_loss import (
     _no_process_left,
     kill_tree,
 )
+from test_supervisor_local import DEMO, Job
 
 from nvrx.events import read_dir
 from nvrx.report import build_report
 from nvrx.store import rounds, snapshot
 from nvrx.store.seal import Sealer, read_secret_file
+from nvrx.supervisor import node_keys
+from nvrx.supervisor.exit_codes import ExitCode
 from nvrx.supervisor.job_secret import SECRET_FILE
 from tests.support.waiting import wait_until
 
@@ -272,3 +277,75 @@ def test_a_job_that_shrank_then_loses_the_store_host_goes_on_smaller_still(
     assert outcomes[1].startswith(
         "job shrank to 3 nodes; the job's store moved to slot 1 ("
     ), report.to_text()
+
+
+def _snapshots_knowing_the_end_of(job, slot: int) -> list[str]:
+    """The store snapshots of the job that hold ``slot``'s end (its claim)."""
+    job_dir = job.log_dir / job.job_id
+    return [p.name for p in (job_dir / "store").glob("snapshot-*.json") if node_keys.claim(slot) in snapshot.read(p)]
+
+
+@pytest.mark.timeout(500)
+def test_a_store_host_that_wakes_after_its_failover_does_not_undo_the_next_failover(
+    tmp_path: Path,
+) -> None:
+    """5 nodes x 1 rank, one spare, ``--min-nodes 3``. Node 0, the store host, freezes: slot 1
+    hosts the next store and the spare (slot 4) takes node rank 0. Node 0 then wakes up: its
+    old store keeps its own snapshot, from before the failover, until node 0 fences itself
+    (exit 9), and must not overwrite the snapshot of slot 1's store. Then slot 1 is lost
+    too: slot 2 hosts the third store, restored from slot 1's (slot 0's end, the spare
+    taken), so node rank 1 finds no spare and the job completes at world size 3."""
+    steps = 400  # long enough to outlast two failovers and a fence
+    command = [
+        sys.executable, str(DEMO), "--steps", str(steps), "--checkpoint-every", "5",
+        "--step-time", "0.1", "--soft-timeout", "10", "--hard-timeout", "20",
+        "--rejoin-timeout", "30",
+    ]  # fmt: skip
+    job = Job(
+        tmp_path, 5, 1, command, "--max-restarts", "8", "--grace-period", "3",
+        "--node-timeout", "3", "--node-heartbeat", "0.5", "--spare-nodes", "1",
+        "--min-nodes", "3",
+    )  # fmt: skip
+    wait_until(
+        f"a checkpoint after step {KILL_AFTER_STEP}",
+        lambda: any(e.get("step", 0) >= KILL_AFTER_STEP for e in job.events("progress", "app")),
+        120,
+        state=job.output,
+    )
+    root = psutil.Process(job.procs[0].pid)
+    frozen = [root, *root.children(recursive=True)]
+    for proc in frozen:
+        proc.send_signal(signal.SIGSTOP)
+
+    def trained_after_takeover() -> bool:
+        takeover = job.events("node_takeover")
+        return bool(takeover) and any(
+            e["wall"] > takeover[0]["wall"] for e in job.events("progress", component="app")
+        )
+
+    wait_until("the spare to take over node rank 0 and train", trained_after_takeover, 120, state=job.output)
+    for proc in frozen:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(signal.SIGCONT)
+    wait_until("node 0 to fence itself", lambda: job.procs[0].poll() is not None, 120, state=job.output)
+    assert job.procs[0].returncode == ExitCode.FENCED, job.output()
+    _no_process_left([p.pid for p in frozen])
+    wait_until(
+        "a store snapshot that holds slot 0's end",
+        lambda: _snapshots_knowing_the_end_of(job, 0),
+        30,
+        state=lambda: sorted(p.name for p in (job.log_dir / job.job_id / "store").glob("*")),
+    )
+    second = kill_tree(job.procs[1].pid)
+    codes = job.wait(300)
+    output = job.output()
+    assert codes[2:] == [0, 0, 0], output
+    assert f"finished {steps} steps at world size 3" in output, output
+    moves = {(e["epoch"], e["successor"], e["lost_slot"]) for e in job.events("store_failover")}
+    assert moves == {(1, 1, 0), (2, 2, 1)}, output
+    lost = sorted(job.events("node_lost"), key=lambda e: e["wall"])
+    assert [(e["lost_slot"], e["lost_node"], e["action"], e["replaced_by"]) for e in lost] == [
+        (0, 0, "spare", 4),
+        (1, 1, "shrink", None),
+    ], output
+    _no_process_left(second)
