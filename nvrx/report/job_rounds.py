@@ -9,8 +9,9 @@ clock decides who was first), the hangs inside it, and how long the restart
 took, from the first node stopping its children to the last node starting them
 again. The last stretch ends as the run's supervisors did. A restart announced for
 a lost node is that loss's round (``BY_NODE_LOSS``), as a Wrapper round it interrupted is;
-so is one announced for a survivor's failure that came after the node's last heartbeat
-(it follows from the loss, declared only later).
+so is one announced for a survivor's failure that the loss explains (``consequence``):
+one that began after the node's last heartbeat, or a follow-on fault in the detection
+window before it (it follows from the loss, declared only later).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .model import NodeLoss, RoundRow
 
 if TYPE_CHECKING:
     from .job_summary import JobSummary
+    from .model import Hang
     from .node_loss import LossIndex
 
 #: ``ordering`` of a row whose first failure the job-wide restart's claim named.
@@ -83,18 +85,20 @@ def _row(
     end: float | None,
     outcome: str,
 ) -> RoundRow:
-    hangs = [
-        h
-        for h in job.hangs
-        if h.run == run
-        and h.wall is not None
-        and _within(h.wall, start, end)
-        and h.rank is not None
-    ]
     return RoundRow(
         run=run, round=rnd, start_wall=start, end_wall=end, outcome=outcome,
-        hang_ranks=sorted({h.rank for h in hangs if h.rank is not None}), outcome_from=FROM_JOB_RESTARTS,
+        hang_ranks=sorted({h.rank for h in _hangs(job, run, start, end) if h.rank is not None}),
+        outcome_from=FROM_JOB_RESTARTS,
     )  # fmt: skip
+
+
+def _hangs(job: JobSummary, run: int, start: float | None, end: float | None) -> list[Hang]:
+    """The hangs of ranks of the run told between ``start`` and ``end``."""
+    return [
+        h
+        for h in job.hangs
+        if h.run == run and h.wall is not None and h.rank is not None and _within(h.wall, start, end)
+    ]
 
 
 def restart_ended(row: RoundRow) -> float | None:
@@ -114,7 +118,7 @@ def _name_cause(
     row.first_rank, row.first_node = cause.get("rank"), cause.get("node")
     if row.cause is not None:
         row.fault_kind = kind_of(row.cause)
-    loss = _lost_node(row, losses) if row.fault_kind == NODE else _loss_first(job, row, losses)
+    loss = _lost_node(row, losses) if row.fault_kind == NODE else _loss_first(job, row, losses, blamed)
     if loss is not None and id(loss) in blamed:
         loss = None
     if loss is not None:
@@ -126,8 +130,10 @@ def _name_cause(
     elif row.first_rank is not None:
         row.ordering = BY_RESTART_CLAIM
         row.first_host = _host_of_node(job, row, losses)
-    if loss is not None:  # the lost ranks are neither peers nor failures of their own
-        row.also_failed = [r for r in row.hang_ranks if r not in loss.ranks]
+    if loss is not None:  # the lost ranks and what the loss explains are no failures of their own
+        hung = _hangs(job, row.run, row.start_wall, row.end_wall)
+        own = {h.rank for h in hung if h.rank is not None and losses.explains(h.wall) is None}
+        row.also_failed = sorted(own - set(loss.ranks))
         row.peer_notified = max(0, ranks - len(loss.ranks) - len(row.also_failed))
         return
     row.also_failed = [r for r in row.hang_ranks if r != row.first_rank]
@@ -152,23 +158,56 @@ def _lost_node(row: RoundRow, losses: LossIndex) -> NodeLoss | None:
     )
 
 
-def _loss_first(job: JobSummary, row: RoundRow, losses: LossIndex) -> NodeLoss | None:
-    """The loss that the announced failure followed from: a node of the run last seen in
-    the stretch before the failed rank's process ended (its last end in the stretch; without
-    one, before the restart was claimed), that rank's end inside the loss's window. Not a
-    lost spare's (it held no ranks). Stretches do not overlap: one loss is one stretch's."""
+def _loss_first(
+    job: JobSummary, row: RoundRow, losses: LossIndex, blamed: set[int]
+) -> NodeLoss | None:
+    """The loss that the announced failure followed from: one of the run that no earlier
+    stretch has, of a node that held ranks (not a lost spare), last seen no earlier than the
+    stretch began, that explains the failure as ``consequence`` says, from its onset and by
+    its shape (``_onset``): a follow-on fault may come before the heartbeat, so the loss may
+    begin after the restart was claimed. Stretches do not overlap: one loss is one stretch's."""
     if row.end_wall is None:
         return None
+    onset, shape = _onset(job, row, row.end_wall)
+
+    def ours(loss: NodeLoss) -> bool:
+        return (
+            loss.run == row.run and bool(loss.ranks) and id(loss) not in blamed
+            and _within(loss.start, row.start_wall, None)
+        )  # fmt: skip
+
+    return losses.explains(onset, shape, among=ours)
+
+
+def _onset(job: JobSummary, row: RoundRow, end: float) -> tuple[float, str | None]:
+    """When the announced failure began, and its shape: the failed rank's last fault told in
+    the stretch (what ended its process), from its onset (a hang from its report less the
+    time the rank had made no progress); without one, its process's last end in the
+    stretch; without that, when the restart was claimed (``end``)."""
+    if row.first_rank is None:
+        return end, None
+    told = [
+        (wall, onset, shape or "")
+        for group in job.signatures.values()
+        for wall, rank, _, _, _, shape, onset in group.seen
+        if rank == row.first_rank and wall is not None and onset is not None
+        and _within(wall, row.start_wall, end)
+    ]  # fmt: skip
+    told += [
+        (h.wall, h.wall - (h.stale_s or 0.0), "")
+        for h in _hangs(job, row.run, row.start_wall, end)
+        if h.rank == row.first_rank and h.wall is not None
+    ]
+    if told:
+        _, onset, shape = max(told)
+        return onset, shape or None
     ends = [
         e["wall"]
         for e in job.node_events
         if e["run"] == row.run and e.get("kind") == "child_exit" and "wall" in e
-        and e.get("global_rank") == row.first_rank and _within(e["wall"], row.start_wall, row.end_wall)
+        and e.get("global_rank") == row.first_rank and _within(e["wall"], row.start_wall, end)
     ]  # fmt: skip
-    loss = losses.explains(max(ends, default=row.end_wall))
-    if loss is None or loss.run != row.run or not loss.ranks:
-        return None
-    return loss if _within(loss.start, row.start_wall, row.end_wall) else None
+    return max(ends, default=end), None
 
 
 def _host_of_node(job: JobSummary, row: RoundRow, losses: LossIndex) -> str | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -52,11 +53,23 @@ class LossIndex:
     # (run, slot) -> (wall, node rank) of a spare's takeover.
     takeovers: dict[tuple[int, int], tuple[float, int]] = field(default_factory=dict)
 
-    def explains(self, wall: float | None, shape: str | None = None) -> NodeLoss | None:
+    def explains(
+        self,
+        wall: float | None,
+        shape: str | None = None,
+        among: Callable[[NodeLoss], bool] | None = None,
+    ) -> NodeLoss | None:
         """The loss that what a survivor wrote at ``wall`` (a fault of ``shape``, when it is
-        one) follows from, if any: ``consequence.loss_explains`` is the rule."""
+        one) follows from, if any: ``consequence.loss_explains`` is the rule. ``among``: only
+        the losses it accepts are tried (the first loss whose window holds ``wall`` may be
+        one the caller cannot use, and a later one explain it too)."""
         return next(
-            (loss for _, hi, loss in self.windows if loss_explains(loss, hi, wall, shape)), None
+            (
+                loss
+                for _, hi, loss in self.windows
+                if (among is None or among(loss)) and loss_explains(loss, hi, wall, shape)
+            ),
+            None,
         )
 
     def of_slot(self, run: int, slot: Any, wall: float | None) -> NodeLoss | None:

@@ -6,6 +6,7 @@ any-failed``)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_report_fixtures import HANG_STACK, T0, Host, Proc
@@ -332,38 +333,197 @@ def test_a_failure_whose_node_was_lost_during_the_restart_is_its_own_hosts(
     assert faulted == ["n1"], [(n.host, n.faults, n.evidence) for n in report.suspects]
 
 
-def test_a_survivors_failure_after_a_nodes_last_heartbeat_is_the_loss_not_its_own(tmp_path: Path) -> None:
-    """No Wrapper, 2 nodes x 2 ranks: node 1 falls silent at 20 s; rank 0 (node 0) then
-    fails talking to it (PeerLost, 20.5 s) and its supervisor claims the job-wide restart
-    before the loss is declared (23 s). The stretch's first failure is the lost node: the
-    survivor is not blamed, and the lost ranks are not counted as peers."""
+PEER_LOST = "PeerLost at train.py:9 in all_reduce"
+
+
+def _survivor_failed_near_a_loss(
+    log_dir: Path,
+    exit_t: float,
+    signature: str = PEER_LOST,
+    fault: tuple[float, str, str] | None = None,
+    hangs: tuple[tuple[int, float, float], ...] = (),
+) -> None:
+    """No Wrapper, 2 nodes x 2 ranks: node 1 is last seen at 20 s and declared lost at 23 s
+    (silent 3 s); rank 0 (node 0) ends at ``exit_t`` and its supervisor claims the job-wide
+    restart for it (``signature``) before the declaration. ``fault``: (time, exception type,
+    message) of the exception rank 0 wrote first; ``hangs``: (rank, time, seconds without
+    progress) of the hangs node 0's supervisor told."""
     hosts = {n: Host(f"n{n}", n) for n in (0, 1)}
-    sup = {n: Proc(tmp_path, h, "supervisor") for n, h in hosts.items()}
+    sup = {n: Proc(log_dir, h, "supervisor") for n, h in hosts.items()}
     for n, s in sup.items():
         s.at(0.0, "supervisor_start", nnodes=2, nproc_per_node=2, command=["train.py"])
         for lr in (0, 1):
             s.at(1.0, "child_start", local_rank=lr, child_pid=100 + lr, global_rank=2 * n + lr, attempt=0)
-    peer_lost = "PeerLost at train.py:9 in all_reduce"
+    if fault is not None:
+        app = Proc(log_dir, hosts[0], "app", rank=0)
+        app.at(fault[0], "fault", fault_kind="exception", origin_rank=0, exc_type=fault[1], message=fault[2],
+               signature=signature)  # fmt: skip
+        app.close()
     s0 = sup[0]
-    s0.at(20.5, "child_exit", local_rank=0, child_pid=100, global_rank=0, exit_code=1, signal=None, runtime_s=19.5)
+    for rank, t, stale in hangs:
+        s0.at(t, "hang", rank=rank, local_rank=rank, child_pid=100 + rank, timeout="heartbeat", stale_s=stale,
+              stack=HANG_STACK)  # fmt: skip
+    s0.at(exit_t, "child_exit", local_rank=0, child_pid=100, global_rank=0, exit_code=1, signal=None,
+          runtime_s=exit_t - 1.0)  # fmt: skip
+    s0.at(exit_t + 0.01, "restart_decision", local_rank=0, global_rank=0, scope="job", decision="restart",
+          reason="child failed (exit code 1)", budget_left=3, signature=signature)  # fmt: skip
+    s0.at(exit_t + 0.02, "job_restart", epoch=1, phase="stopping", cause={"rank": 0, "node": 0, "signature": signature})
+    s0.at(exit_t + 0.1, "child_exit", local_rank=1, child_pid=101, global_rank=1, exit_code=None, signal="SIGTERM",
+          runtime_s=exit_t - 0.9)  # fmt: skip
+    s0.at(exit_t + 0.2, "job_restart", epoch=1, phase="ready", ready=1, nodes=2)
+    s0.at(23.0, "node_lost", lost_node=1, lost_slot=1, lost_host="n1", silent_s=3.0, last_seen_wall=T0 + 20.0,
+          seen_by=0, slurm_state=None, action="stop", replaced_by=None, ranks=[2, 3])  # fmt: skip
+    s0.at(23.5, "supervisor_end", exit_code=1, reason="node lost")
+    for s in sup.values():
+        s.close()
+
+
+def _blamed(report: Any) -> dict[str, int]:
+    return {s.host: s.first_failures for s in report.suspects}
+
+
+def test_a_survivors_failure_after_a_nodes_last_heartbeat_is_the_loss_not_its_own(tmp_path: Path) -> None:
+    """No Wrapper: node 1 falls silent at 20 s; rank 0 (node 0) then fails talking to it
+    (PeerLost, 20.5 s) and its supervisor claims the job-wide restart before the loss is
+    declared (23 s). The stretch's first failure is the lost node: the survivor is not
+    blamed, and the lost ranks are not counted as peers."""
+    _survivor_failed_near_a_loss(tmp_path, 20.5)
+    report = build_report(tmp_path, sacct=False)
+    first = report.timeline[0]
+    assert (first.cause, first.first_node, first.first_host, first.ordering) == ("node lost", 1, "n1", "node_lost")
+    assert first.peer_notified == 2 and first.also_failed == []
+    assert report.node_losses[0].round == first.round
+    blamed = _blamed(report)
+    assert blamed.get("n0", 0) == 0 and blamed["n1"] == 1, blamed
+
+
+ZERO_DIVISION = "ZeroDivisionError at train.py:9 in step"
+
+
+@pytest.mark.parametrize(
+    ("raised", "lost"),
+    [(19.8, False), (20.3, True)],
+    ids=["raised-before-the-last-heartbeat", "raised-after-it"],
+)
+def test_a_survivors_own_exception_counts_from_when_it_was_raised_not_from_its_process_end(
+    tmp_path: Path, raised: float, lost: bool
+) -> None:
+    """No Wrapper: rank 0 raises a ZeroDivisionError and its process ends at 20.5 s, after
+    node 1's last heartbeat (20 s). Raised at 19.8 s, before that heartbeat, it is a fault
+    of its own (not a follow-on one): the stretch's first failure, its node blamed. Raised
+    after the heartbeat, the loss explains it."""
+    _survivor_failed_near_a_loss(
+        tmp_path, 20.5, ZERO_DIVISION, fault=(raised, "ZeroDivisionError", "division by zero")
+    )
+    report = build_report(tmp_path, sacct=False)
+    first = report.timeline[0]
+    blamed = _blamed(report)
+    if lost:
+        assert (first.cause, first.first_host, first.ordering) == ("node lost", "n1", "node_lost")
+        assert blamed.get("n0", 0) == 0 and blamed["n1"] == 1, blamed
+        return
+    assert (first.cause, first.first_rank, first.first_host, first.ordering) == (
+        ZERO_DIVISION, 0, "n0", "job_restart",
+    )  # fmt: skip
+    assert report.node_losses[0].round != first.round
+    assert blamed["n0"] == 1 and blamed.get("n1", 0) == 0, blamed
+
+
+@pytest.mark.parametrize(
+    ("exc_type", "message", "lost"),
+    [("ConnectionResetError", "Connection reset by peer", True), ("ZeroDivisionError", "division by zero", False)],
+    ids=["follow-on", "own"],
+)
+def test_a_survivors_follow_on_fault_just_before_a_nodes_last_heartbeat_is_the_loss(
+    tmp_path: Path, exc_type: str, message: str, lost: bool
+) -> None:
+    """No Wrapper: rank 0 fails at 19.9 s, 0.1 s before node 1's last heartbeat (its silence
+    before the declaration was 3 s), and its process ends at 19.95 s. A follow-on fault (a
+    connection reset by the peer) follows from the loss; a fault of another shape is the
+    survivor's own."""
+    signature = f"{exc_type} at train.py:9 in step"
+    _survivor_failed_near_a_loss(tmp_path, 19.95, signature, fault=(19.9, exc_type, message))
+    first = build_report(tmp_path, sacct=False).timeline[0]
+    expected = ("node lost", "n1", "node_lost") if lost else (signature, "n0", "job_restart")
+    assert (first.cause, first.first_host, first.ordering) == expected
+
+
+@pytest.mark.parametrize(
+    ("stale", "lost"),
+    [(10.0, False), (0.3, True)],
+    ids=["hung-long-before-the-last-heartbeat", "hung-after-it"],
+)
+def test_a_survivors_hang_counts_from_its_last_progress_not_from_when_it_was_told(
+    tmp_path: Path, stale: float, lost: bool
+) -> None:
+    """No Wrapper: node 0's supervisor tells at 20.5 s (after node 1's last heartbeat) that
+    rank 0 hung, and restarts the job for it. Without progress for 10 s, the hang began
+    long before the heartbeat: rank 0's own failure. Without progress for 0.3 s, it began
+    after it: the loss's."""
+    hang = "hang (heartbeat timeout)"
+    _survivor_failed_near_a_loss(tmp_path, 20.55, hang, hangs=((0, 20.5, stale),))
+    first = build_report(tmp_path, sacct=False).timeline[0]
+    expected = ("node lost", "n1", "node_lost") if lost else (hang, "n0", "job_restart")
+    assert (first.cause, first.first_host, first.ordering) == expected
+
+
+@pytest.mark.parametrize(
+    ("hung_at", "own"),
+    [(20.45, False), (19.0, True)],
+    ids=["in-the-loss-window", "before-the-loss"],
+)
+def test_a_stretch_the_loss_explains_leaves_out_the_hangs_of_its_window(
+    tmp_path: Path, hung_at: float, own: bool
+) -> None:
+    """No Wrapper: the stretch is node 1's loss's (rank 0 failed after its last heartbeat).
+    Rank 1's hang, told after that heartbeat, follows from the loss: not a failure of its
+    own, and rank 1 counts with the peers. A hang told before the loss stays its own."""
+    _survivor_failed_near_a_loss(tmp_path, 20.5, hangs=((1, hung_at, 5.0),))
+    first = build_report(tmp_path, sacct=False).timeline[0]
+    assert (first.cause, first.ordering, first.hang_ranks) == ("node lost", "node_lost", [1])
+    assert (first.also_failed, first.peer_notified) == (([1], 1) if own else ([], 2))
+
+
+def test_a_stretchs_loss_is_found_past_an_earlier_loss_whose_window_is_still_open(tmp_path: Path) -> None:
+    """No Wrapper, 3 nodes x 2 ranks: node 2 is lost (last seen 10 s, declared 13 s), the
+    spare never comes, so its window stays open; the job restarts without it (14 s). Node 1
+    is then lost too (last seen 20 s, declared 23 s), and rank 0 fails after that (20.5 s).
+    Both windows hold rank 0's failure: the second stretch is node 1's loss's, not rank 0's
+    own failure, though the first loss began in the first stretch."""
+    hosts = {n: Host(f"n{n}", n) for n in (0, 1, 2)}
+    sup = {n: Proc(tmp_path, h, "supervisor") for n, h in hosts.items()}
+    for n, s in sup.items():
+        s.at(0.0, "supervisor_start", nnodes=3, nproc_per_node=2, command=["train.py"])
+        for lr in (0, 1):
+            s.at(1.0, "child_start", local_rank=lr, child_pid=100 + lr, global_rank=2 * n + lr, attempt=0)
+    s0 = sup[0]
+    s0.at(13.0, "node_lost", lost_node=2, lost_slot=2, lost_host="n2", silent_s=3.0, last_seen_wall=T0 + 10.0,
+          seen_by=0, slurm_state=None, action="spare", replaced_by=3, ranks=[4, 5])  # fmt: skip
+    for n in (0, 1):
+        s = sup[n]
+        s.at(13.1, "job_restart", epoch=1, phase="stopping", cause={"rank": None, "node": 2, "signature": "node lost"})
+        for lr in (0, 1):
+            s.at(13.5, "child_exit", local_rank=lr, child_pid=100 + lr, global_rank=2 * n + lr, exit_code=None,
+                 signal="SIGTERM", runtime_s=12.5)  # fmt: skip
+            s.at(14.0, "child_start", local_rank=lr, child_pid=200 + lr, global_rank=2 * n + lr, attempt=1)
+        s.at(14.0, "job_restart", epoch=1, phase="started")
+    s0.at(20.5, "child_exit", local_rank=0, child_pid=200, global_rank=0, exit_code=1, signal=None, runtime_s=6.5)
     s0.at(20.51, "restart_decision", local_rank=0, global_rank=0, scope="job", decision="restart",
-          reason="child failed (exit code 1)", budget_left=3, signature=peer_lost)  # fmt: skip
-    s0.at(20.52, "job_restart", epoch=1, phase="stopping", cause={"rank": 0, "node": 0, "signature": peer_lost})
-    s0.at(20.6, "child_exit", local_rank=1, child_pid=101, global_rank=1, exit_code=None, signal="SIGTERM",
-          runtime_s=19.6)  # fmt: skip
-    s0.at(20.7, "job_restart", epoch=1, phase="ready", ready=1, nodes=2)
+          reason="child failed (exit code 1)", budget_left=3, signature=PEER_LOST)  # fmt: skip
+    s0.at(20.52, "job_restart", epoch=2, phase="stopping", cause={"rank": 0, "node": 0, "signature": PEER_LOST})
     s0.at(23.0, "node_lost", lost_node=1, lost_slot=1, lost_host="n1", silent_s=3.0, last_seen_wall=T0 + 20.0,
           seen_by=0, slurm_state=None, action="stop", replaced_by=None, ranks=[2, 3])  # fmt: skip
     s0.at(23.5, "supervisor_end", exit_code=1, reason="node lost")
     for s in sup.values():
         s.close()
     report = build_report(tmp_path, sacct=False)
-    first = report.timeline[0]
-    assert (first.cause, first.first_node, first.first_host, first.ordering) == ("node lost", 1, "n1", "node_lost")
-    assert first.peer_notified == 2 and first.also_failed == []
-    assert report.node_losses[0].round == first.round
-    blamed = {s.host: s.first_failures for s in report.suspects}
-    assert blamed.get("n0", 0) == 0 and blamed["n1"] == 1, blamed
+    first, second = report.timeline[:2]
+    assert (first.cause, first.first_host, first.ordering) == ("node lost", "n2", "node_lost")
+    assert (second.cause, second.first_node, second.first_host, second.ordering) == (
+        "node lost", 1, "n1", "node_lost",
+    )  # fmt: skip
+    rounds = {x.host: x.round for x in report.node_losses}
+    assert rounds == {"n2": first.round, "n1": second.round}, rounds
 
 
 def test_a_restart_for_a_lost_node_is_the_losss_round_under_the_apps_own_round_counter(
@@ -371,7 +531,7 @@ def test_a_restart_for_a_lost_node_is_the_losss_round_under_the_apps_own_round_c
 ) -> None:
     """No Wrapper, but the app writes its own round (as the demo does): node 1 is lost (last
     seen 20 s, declared 23 s) and the job-wide restart is announced for it. The loss was
-    first placed in the app's round 0; the stretch is still the loss's round."""
+    first placed in the app's round 3; the stretch (round 0) is the loss's round."""
     hosts = {n: Host(f"n{n}", n) for n in (0, 1)}
     sup = {n: Proc(tmp_path, h, "supervisor") for n, h in hosts.items()}
     apps = []
@@ -380,7 +540,7 @@ def test_a_restart_for_a_lost_node_is_the_losss_round_under_the_apps_own_round_c
         for lr in (0, 1):
             s.at(1.0, "child_start", local_rank=lr, child_pid=100 + lr, global_rank=2 * n + lr, attempt=0)
             app = Proc(tmp_path, hosts[n], "app", rank=2 * n + lr)
-            app.round(0).at(2.0, "progress", step=1)
+            app.round(3).at(2.0, "progress", step=1)  # the app's count, not the stretch's
             app.at(15.0, "progress", step=10)
             apps.append(app)
     s0 = sup[0]
@@ -397,4 +557,4 @@ def test_a_restart_for_a_lost_node_is_the_losss_round_under_the_apps_own_round_c
     first = report.timeline[0]
     assert (first.cause, first.first_host, first.ordering, first.detection_s) == ("node lost", "n1", "node_lost", 3.0)
     assert first.peer_notified == 2
-    assert report.node_losses[0].round == first.round
+    assert (first.round, report.node_losses[0].round) == (0, 0)
