@@ -107,3 +107,41 @@ def test_heartbeat_cost_p99_is_the_slowest_of_two_batches() -> None:
 
     median, p99 = bench._per_call_us(call, 2 * bench.BATCH)
     assert p99 >= 20 > median
+
+
+def test_heartbeat_cost_counts_the_packets_the_children_sent_in_the_window() -> None:
+    """The CPU per packet divides by the packets sent while the supervisor was measured, not
+    by the most the packet interval allows."""
+    bench = _bench("heartbeat_cost")
+    sent = [[0.5, 1.0, 1.2, 2.0], [0.9, 1.5, 3.0]]  # the window [1, 2) holds three of them
+    assert bench.packets_between(sent, 1.0, 2.0) == 3
+    assert bench.us_per_packet(0.003, 3) == pytest.approx(1000.0)
+    with pytest.raises(SystemExit, match="sent no packet"):
+        bench.us_per_packet(0.003, 0)
+
+
+@pytest.mark.parametrize(
+    ("codes", "stragglers", "expected"),
+    [([0, 0], [], 0), ([0, 0], [{"kind": "straggler"}], 1), ([0, -9], [], 2),
+     ([-9, -9], [{"kind": "straggler"}], 2), ([], [], 2)],
+)  # fmt: skip
+def test_straggler_healthy_gives_no_verdict_for_a_job_that_failed_or_hung(
+    codes: list[int], stragglers: list[dict], expected: int
+) -> None:
+    """A supervisor killed at the deadline (-9) or failed means no verdict (2), never "named
+    someone" (1), whatever straggler events the job wrote before."""
+    bench = _bench("straggler_healthy")
+    assert bench.verdict({"exit_codes": codes, "straggler_events": stragglers}) == expected
+
+
+@pytest.mark.timeout(60)
+def test_straggler_healthy_kills_a_job_that_hangs_past_its_deadline() -> None:
+    """A supervisor still running at the deadline is killed with its group and read as -9,
+    instead of the wait raising out of the bench."""
+    import subprocess
+    import time
+
+    bench = _bench("straggler_healthy")
+    procs = [subprocess.Popen(["true"], start_new_session=True),
+             subprocess.Popen(["sleep", "60"], start_new_session=True)]  # fmt: skip
+    assert bench.wait_all(procs, time.monotonic() + 0.5) == [0, -9]
