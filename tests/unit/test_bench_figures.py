@@ -151,3 +151,13 @@ def test_straggler_healthy_kills_a_job_that_hangs_past_its_deadline() -> None:
     procs = [subprocess.Popen(["true"], start_new_session=True),
              subprocess.Popen(["sleep", "60"], start_new_session=True)]  # fmt: skip
     assert bench.wait_all(procs, time.monotonic() + 0.5) == [0, -9]
+
+
+def test_store_load_fails_a_run_with_an_incomplete_barrier(capsys: pytest.CaptureFixture[str]) -> None:
+    """The barrier figures leave out the barriers that did not complete: a run that had one
+    exits 1 and says how many, instead of passing on the figures of the others."""
+    bench = _bench("store_load")
+    done = bench.Outcome("per-node", 64, 8, barrier_ms=[1.0, 2.0])
+    assert bench.exit_code([done]) == 0
+    assert bench.exit_code([done, bench.Outcome("per-node", 64, 8, barriers_failed=2)]) == 1
+    assert "2 barriers did not complete" in capsys.readouterr().out
