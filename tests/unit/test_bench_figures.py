@@ -27,10 +27,11 @@ def _bench(name: str) -> ModuleType:
 @pytest.mark.parametrize("hosts", [2, 4])
 def test_straggler_store_traffic_counts_every_store_request_of_the_sealed_path(hosts: int) -> None:
     """Each node sets its step times and checks the exclusion list (absent here); the store's
-    host checks and gets every node's step times: four store requests per node per interval,
-    but three in the first, where the store's host reads the others before they published."""
+    host checks and gets every node's step times: four store requests per node per interval.
+    The first interval, where the store's host reads the others before they published, is
+    not counted, as it is not in the scoring times."""
     requests, size, _ = _bench("straggler_cost").store_traffic(8, hosts, intervals=10)
-    assert requests * 10 == pytest.approx(9 * 4 * hosts + (4 * hosts - (hosts - 1)))
+    assert requests == pytest.approx(4 * hosts)
     assert size > 0
 
 
