@@ -6,8 +6,10 @@ supervisor's CPU time while 8 ranks send 100 heartbeats a second each.
    ``start_section`` + ``end_section`` pair, median and p99 over batches.
 2. ``nvrx-supervise --nproc-per-node 8`` with children that call ``send_heartbeat()`` 100
    times a second for ``--seconds`` (the client sends them as one packet per 0.1 s at most):
-   the supervisor's CPU seconds per wall second over the middle half of that stretch. A
-   supervisor that exits non-zero (a child failed) fails the run.
+   the supervisor's CPU seconds per wall second over ``--seconds``/2, counted from when the
+   last child began monitoring, and its CPU time per packet the children sent in that window
+   (each child records when its packets left). A supervisor that exits non-zero (a child
+   failed) fails the run.
 
 Targets: a heartbeat costs a few microseconds; the supervisor stays below 5 % of one core.
 
@@ -17,9 +19,11 @@ Targets: a heartbeat costs a few microseconds; the supervisor stays below 5 % of
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import select
+import signal
 import statistics
 import subprocess
 import sys
@@ -38,17 +42,23 @@ from nvrx.supervisor.rank_watch import RankWatch
 BATCH = 1000
 HEARTBEAT_TIMEOUT_S = 30
 CHILD = """
-import time
+import json, os, time
 from nvrx.fault_tolerance import RankMonitorClient
 c = RankMonitorClient()
 c.init_workload_monitoring()
+sent = []
 end = time.monotonic() + {seconds}
 nxt = time.monotonic()
 while nxt < end:
+    due, dropped = c._next_packet, c.dropped_heartbeats
     c.send_heartbeat()
+    if c._next_packet != due and c.dropped_heartbeats == dropped:  # this call sent a packet
+        sent.append(time.monotonic())
     nxt += 0.01
     time.sleep(max(0.0, nxt - time.monotonic()))
 c.shutdown_workload_monitoring()
+with open(os.path.join({out!r}, f"packets-{{os.getpid()}}.json"), "w") as f:
+    json.dump(sent, f)
 """
 
 
@@ -107,7 +117,8 @@ def _monitored(job_dir: Path) -> int:
 def _measure(
     proc: subprocess.Popen, job_dir: Path, seconds: float, nproc: int
 ) -> tuple[float, float, float, float]:
-    """(wall, CPU) of the supervisor at both ends of the middle half of the children's run."""
+    """(wall, CPU) of the supervisor when the last of ``nproc`` children has begun monitoring,
+    and again ``seconds``/2 later (inside the children's run of ``seconds``)."""
     sup = psutil.Process(proc.pid)
     deadline = time.monotonic() + 120
     while _monitored(job_dir) < nproc:
@@ -123,28 +134,51 @@ def _measure(
 def supervisor_cpu(seconds: float, nproc: int = 8) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         child = Path(tmp, "child.py")
-        child.write_text(CHILD.format(seconds=seconds))
+        child.write_text(CHILD.format(seconds=seconds, out=tmp))
         proc = subprocess.Popen(
             [sys.executable, "-m", "nvrx.supervisor", "--nproc-per-node", str(nproc),
              "--log-dir", tmp, "--job-id", "hb-bench", "--ft-rank-heartbeat-timeout", str(HEARTBEAT_TIMEOUT_S),
              "--", sys.executable, str(child)],
             env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )  # fmt: skip
         try:
             t0, c0, t1, c1 = _measure(proc, Path(tmp, "hb-bench"), seconds, nproc)
             proc.wait(seconds + 60)
         finally:
-            if proc.poll() is None:  # it ends its children on SIGTERM
-                proc.terminate()
-                proc.wait(30)
+            _end(proc)
         if proc.returncode != 0:  # a child that failed sent fewer heartbeats than counted
             raise SystemExit(f"the supervisor exited {proc.returncode}: no figure")
-    share = (c1 - c0) / (t1 - t0)
-    rate = nproc * 100
-    packets = nproc / min(HEARTBEAT_PACKET_INTERVAL_S, HEARTBEAT_TIMEOUT_S / 50)
+        sent = [json.loads(f.read_text()) for f in Path(tmp).glob("packets-*.json")]
+    rate, packets = nproc * 100, packets_between(sent, t0, t1)
     print(f"supervisor with {nproc} ranks x 100 heartbeats/s ({rate} calls/s, which the ranks "
-          f"send as at most {packets:.0f} packets/s): {share * 100:.2f} % of one core "
-          f"({(c1 - c0) / ((t1 - t0) * packets) * 1e6:.1f} us CPU per packet, its whole loop counted)")  # fmt: skip
+          f"sent as {packets / (t1 - t0):.0f} packets/s): {(c1 - c0) / (t1 - t0) * 100:.2f} % of one "
+          f"core ({us_per_packet(c1 - c0, packets):.1f} us CPU per packet, its whole loop counted)")  # fmt: skip
+
+
+def packets_between(sent: list[list[float]], t0: float, t1: float) -> int:
+    """Packets the children sent in [t0, t1): ``sent`` holds each child's send times."""
+    return sum(1 for times in sent for t in times if t0 <= t < t1)
+
+
+def us_per_packet(cpu_s: float, packets: int) -> float:
+    """The supervisor's CPU microseconds per packet it was sent (its whole loop counted)."""
+    if packets <= 0:
+        raise SystemExit("the children sent no packet while the supervisor was measured: no figure")
+    return cpu_s / packets * 1e6
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Ends the supervisor if it still runs: SIGTERM (it ends its children), then its whole
+    process group killed if it has not exited within 30 s; reaped either way."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def main() -> None:

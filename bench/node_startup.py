@@ -40,28 +40,35 @@ def run_once(nnodes: int, nproc: int, tmp: Path) -> dict[str, float]:
 
     master, store = free_ports(2)
     env = {**os.environ, "NVRX_DEMO_FAULTS": ""}
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable, "-m", "nvrx.supervisor.cli", "--nnodes", str(nnodes),
-                "--node-rank", str(node), "--nproc-per-node", str(nproc),
-                "--master-port", str(master), "--store-port", str(store), "--job-id", "j",
-                "--log-dir", str(tmp), "--", sys.executable, str(DEMO), "--steps", "5",
-            ],  # fmt: skip
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=tmp,
-            start_new_session=True,
-        )  # fmt: skip
-        for node in range(nnodes)
-    ]
+    procs = []
+    for node in range(nnodes):
+        with open(tmp / f"supervisor-{node}.out", "wb") as sink:
+            procs.append(subprocess.Popen(
+                [
+                    sys.executable, "-m", "nvrx.supervisor.cli", "--nnodes", str(nnodes),
+                    "--node-rank", str(node), "--nproc-per-node", str(nproc),
+                    "--master-port", str(master), "--store-port", str(store), "--job-id", "j",
+                    "--log-dir", str(tmp), "--", sys.executable, str(DEMO), "--steps", "5",
+                ],
+                stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=tmp, start_new_session=True,
+            ))  # fmt: skip
     try:
-        codes = [p.wait(300) for p in procs]
+        for p in procs:
+            p.wait(300)
+    except subprocess.TimeoutExpired:
+        pass  # what still runs is killed below, and read as -9
     finally:
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+    codes = [p.returncode for p in procs]
     if any(codes):
-        raise RuntimeError(f"a supervisor failed: exit codes {codes}")
+        for node in range(nnodes):  # the directory goes with the run: what they said, first
+            tail = (tmp / f"supervisor-{node}.out").read_text(errors="replace")[-2000:]
+            print(f"--- supervisor of node {node}, exit code {codes[node]}, its last output:\n{tail}",
+                  file=sys.stderr)  # fmt: skip
+        raise RuntimeError(f"a supervisor failed: exit codes {codes} (their output is above)")
     events, _ = read_dir(tmp / "j")
     t0 = min(e["wall"] for e in events if e["kind"] == "supervisor_start")
     out: dict[str, float] = {}

@@ -275,10 +275,7 @@ def _against_reference(n: int, step: int, faults: str, runs: int, keep: bool) ->
     return 0
 
 
-def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1] == "--rank":
-        out, impl, mode, fault, fault_step, steps = sys.argv[2:8]
-        return _rank(Path(out), impl, mode, fault, int(fault_step), int(steps))
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -300,20 +297,15 @@ def main() -> int:
     parser.add_argument("--step-kind", choices=("allreduce", "sleep"), default="allreduce",
                         help="what a training step does: a gloo all-reduce (the other ranks wait in "
                              "it when one faults), or a 1 ms sleep (they are in Python)")  # fmt: skip
-    args = parser.parse_args()
-    if args.overhead_repeats < 1 or args.overhead_steps <= 5:
-        parser.error("--overhead-repeats must be >= 1 and --overhead-steps > 5 (the first 5 are dropped)")
-    os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
-    os.environ[STEP_KIND_ENV] = args.step_kind
-    n = args.ranks
-    if args.sealed_pairs > 0:
-        return _sealed_pairs(n, args.step, args.sealed_pairs, args.keep)
-    if args.against_reference > 0:
-        return _against_reference(n, args.step, args.faults, args.against_reference, args.keep)
-    print(f"ranks={n} settings: " + ", ".join(f"{k}={v:g}" for k, v in SETTINGS.items()))
+    return parser
+
+
+def _fault_runs(n: int, faults: list[str], step: int) -> list[Path]:
+    """One wrapped run of ``n`` ranks per fault, rank 1 faulting at ``step``: prints each
+    restart latency against its target; the runs' directories."""
     dirs = []
-    for fault in [f for f in args.faults.split(",") if f]:
-        out = _run(n, "wrapped", fault, args.step, args.step + 20)
+    for fault in faults:
+        out = _run(n, "wrapped", fault, step, step + 20)
         dirs.append(out)
         survivors = _survivors(n, fault)
         lat = _latency(out, n, survivors)
@@ -326,6 +318,26 @@ def main() -> int:
         print(
             f"{fault:>9}: restart latency {lat:6.3f} s, {len(survivors)}/{n} ranks back; target {what} = {target:g} s, ratio {lat / target:.2f}"
         )
+    return dirs
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--rank":
+        out, impl, mode, fault, fault_step, steps = sys.argv[2:8]
+        return _rank(Path(out), impl, mode, fault, int(fault_step), int(steps))
+    parser = _parser()
+    args = parser.parse_args()
+    if args.overhead_repeats < 1 or args.overhead_steps <= 5:
+        parser.error("--overhead-repeats must be >= 1 and --overhead-steps > 5 (the first 5 are dropped)")
+    os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
+    os.environ[STEP_KIND_ENV] = args.step_kind
+    n = args.ranks
+    if args.sealed_pairs > 0:
+        return _sealed_pairs(n, args.step, args.sealed_pairs, args.keep)
+    if args.against_reference > 0:
+        return _against_reference(n, args.step, args.faults, args.against_reference, args.keep)
+    print(f"ranks={n} settings: " + ", ".join(f"{k}={v:g}" for k, v in SETTINGS.items()))
+    dirs = _fault_runs(n, [f for f in args.faults.split(",") if f], args.step)
     m = args.overhead_ranks
     plain_t, wrapped_t = [], []
     for _ in range(args.overhead_repeats):  # interleaved, so a load change hits both alike

@@ -44,14 +44,15 @@ def _rate(marks: list[tuple[float, int]], start: float, end: float) -> float:
     return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
 
 
-def one(busy: int) -> tuple[float, float]:
-    """Seconds until the standby is warm; the busy processes' speed meanwhile (share of before)."""
+def one(busy: int, baseline_s: float = 2.0) -> tuple[float, float]:
+    """Seconds until the standby is warm; the busy processes' speed meanwhile (share of their
+    speed over the ``baseline_s`` seconds before it started)."""
     marks: mp.Queue = mp.Queue()  # type: ignore[type-arg]
     stop = mp.Event()
     procs = [mp.Process(target=_busy, args=(marks, stop)) for _ in range(busy)]
     for proc in procs:
         proc.start()
-    time.sleep(2.0)  # a baseline of the busy processes' speed, measured over this period
+    time.sleep(baseline_s)  # the busy processes' speed over this period is the baseline
     t0 = time.monotonic()
     standby = Standby(sys.executable, dict(os.environ))
     try:
@@ -69,7 +70,7 @@ def one(busy: int) -> tuple[float, float]:
         for proc in procs:
             proc.join()
         standby.discard()
-    before = statistics.mean(_rate(m, t0 - 2.0, t0) for m in seen)
+    before = statistics.mean(_rate(m, t0 - baseline_s, t0) for m in seen)
     during = statistics.mean(_rate(m, t0, t1) for m in seen)
     return t1 - t0, during / before
 

@@ -151,11 +151,7 @@ def _p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
 
 
-def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        h, p, first, threads, n, iters, algo, reentrant = sys.argv[2:10]
-        _worker(h, int(p), int(first), int(threads), int(n), int(iters), algo, reentrant == "1")
-        return 0
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -168,7 +164,15 @@ def main() -> int:
     parser.add_argument(
         "--no-netns", action="store_true", help="do not enter a private network namespace"
     )
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        h, p, first, threads, n, iters, algo, reentrant = sys.argv[2:10]
+        _worker(h, int(p), int(first), int(threads), int(n), int(iters), algo, reentrant == "1")
+        return 0
+    args = _parser().parse_args()
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     if not args.no_netns and os.environ.get("NVRX_BENCH_IN_NETNS") != "1":
         if os.geteuid() == 0 and shutil.which("unshare") and shutil.which("ip"):

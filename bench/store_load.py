@@ -760,13 +760,7 @@ def _report(rows: list[Outcome], args: argparse.Namespace) -> None:
 
 
 
-def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        return _worker_main()
-    if "--real-agents" in sys.argv[1:]:  # real node agents, real ranks' barrier clients
-        import store_load_agents
-
-        return store_load_agents.main([a for a in sys.argv[1:] if a != "--real-agents"])
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -781,16 +775,11 @@ def main() -> int:
     parser.add_argument("--pool", type=int, default=256, help="chain connections per worker")
     parser.add_argument("--no-snapshot", action="store_true", help="store without its keeper")
     parser.add_argument("--no-netns", action="store_true", help="stay in this network namespace")
-    args = parser.parse_args()
-    patterns = [p for p in args.patterns.split(",") if p]
-    for p in patterns:
-        if p not in PATTERNS:
-            parser.error(f"unknown pattern {p!r}: choose from {', '.join(PATTERNS)}")
-    sizes = [int(n) for n in args.nodes.split(",") if n]
-    code = private_netns.rerun_inside(__file__, args.no_netns)
-    if code is not None:
-        return code
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    return parser
+
+
+def _print_setup(sizes: list[int], args: argparse.Namespace) -> None:
+    """Raises the open files limit to its hard limit and prints the run's conditions."""
     need = max(sizes) * args.ranks * 2 + args.workers * args.pool + RESERVED_FDS
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard > soft:
@@ -810,6 +799,76 @@ def main() -> int:
         f"snapshot keeper {'off' if args.no_snapshot else 'on'}, {os.cpu_count()} CPUs, "
         f"load average {os.getloadavg()[0]:.1f} at the start"
     )
+
+
+def _print_header() -> None:
+    print(
+        f"{'pattern':<15} {'nodes':>5} {'ranks':>5} {'conns':>6} {'offered/s':>9} "
+        f"{'served/s':>9} {'srv/off':>7} {'srv_cpu':>7} {'drv_cpu':>7} {'box':>4} "
+        f"{'lag99':>6} {'tick99':>6} {'get50':>6} {'get99':>6} {'bar50':>7} {'bar99':>7} "
+        f"{'n':>2}"
+    )
+    print(
+        f"{'':<15} {'':>5} {'':>5} {'':>6} {'':>9} {'':>9} {'':>7} {'%core':>7} {'%core':>7} "
+        f"{'%':>4} {'ms':>6} {'ms':>6} {'ms':>6} {'ms':>6} {'ms':>7} {'ms':>7}"
+    )
+
+
+def _print_row(o: Outcome, pattern: str, nodes: int, ranks: int) -> None:
+    bar50 = statistics.median(o.barrier_ms) if o.barrier_ms else float("nan")
+    bar99 = _pctl(o.barrier_ms, 0.99)
+    print(
+        f"{pattern:<15} {nodes:>5} {ranks:>5} {o.conns:>6} {o.offered_s:>9.0f} "
+        f"{o.served_s:>9.0f} {o.served_s / o.offered_s if o.offered_s else 0:>7.2f} "
+        f"{o.server_cpu * 100:>7.0f} {o.driver_cpu * 100:>7.0f} {o.box_cpu * 100:>4.0f} "
+        f"{_fmt(o.lag_p99_ms, 6)} {_fmt(o.tick_p99_ms, 6)} "
+        f"{_fmt(statistics.median(o.get_ms) if o.get_ms else float('nan'), 6, 2)} "
+        f"{_fmt(_pctl(o.get_ms, 0.99), 6, 2)} {_fmt(bar50, 7)} {_fmt(bar99, 7)} "
+        f"{len(o.barrier_ms):>2}" + _notes(o),
+        flush=True,
+    )  # fmt: skip
+
+
+def _print_legend() -> None:
+    # _pctl's index round(0.99 * (n - 1)) is the last one up to n = 51 (round() ties to even)
+    print(
+        "columns: conns = sockets the simulated parties hold; offered/served = steady requests/s "
+        "(barrier requests excluded); srv_cpu = store server process, drv_cpu = all load "
+        "workers, box = whole machine busy; lag99 = p99 delay of a chain's start behind its "
+        "schedule (driver or pool behind); tick99 = p99 of a node's liveness tick (4 requests per-rank, 2 per-node); "
+        "get = a real client's get (2 round trips); bar = barrier last arrival -> last release, "
+        "n barriers (p99 = max for n <= 51)"
+    )
+
+
+def exit_code(rows: list[Outcome]) -> int:
+    """1 when any run had a barrier that did not complete for every rank (the barrier figures
+    leave it out, so they would read better than the run was), else 0."""
+    incomplete = sum(o.barriers_failed for o in rows)
+    if incomplete:
+        print(f"{incomplete} barriers did not complete for every rank: see the rows' notes")
+    return 1 if incomplete else 0
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        return _worker_main()
+    if "--real-agents" in sys.argv[1:]:  # real node agents, real ranks' barrier clients
+        import store_load_agents
+
+        return store_load_agents.main([a for a in sys.argv[1:] if a != "--real-agents"])
+    parser = _parser()
+    args = parser.parse_args()
+    patterns = [p for p in args.patterns.split(",") if p]
+    for p in patterns:
+        if p not in PATTERNS:
+            parser.error(f"unknown pattern {p!r}: choose from {', '.join(PATTERNS)}")
+    sizes = [int(n) for n in args.nodes.split(",") if n]
+    code = private_netns.rerun_inside(__file__, args.no_netns)
+    if code is not None:
+        return code
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    _print_setup(sizes, args)
     with tempfile.TemporaryDirectory(prefix="nvrx-store-load-") as tmp:
         service = _start_store(2, False, tmp)
         try:
@@ -817,47 +876,15 @@ def main() -> int:
         finally:
             service.stop()
         print("wire check: raw requests match torch's client and nvrx.store.barrier: ok")
-        header = (
-            f"{'pattern':<15} {'nodes':>5} {'ranks':>5} {'conns':>6} {'offered/s':>9} "
-            f"{'served/s':>9} {'srv/off':>7} {'srv_cpu':>7} {'drv_cpu':>7} {'box':>4} "
-            f"{'lag99':>6} {'tick99':>6} {'get50':>6} {'get99':>6} {'bar50':>7} {'bar99':>7} "
-            f"{'n':>2}"
-        )
-        print(header)
-        print(
-            f"{'':<15} {'':>5} {'':>5} {'':>6} {'':>9} {'':>9} {'':>7} {'%core':>7} {'%core':>7} "
-            f"{'%':>4} {'ms':>6} {'ms':>6} {'ms':>6} {'ms':>6} {'ms':>7} {'ms':>7}"
-        )
+        _print_header()
         rows: list[Outcome] = []
         for nodes in sizes:
             for pattern in patterns:
-                o = run_one(pattern, nodes, args, tmp)
-                rows.append(o)
-                bar50 = statistics.median(o.barrier_ms) if o.barrier_ms else float("nan")
-                bar99 = _pctl(o.barrier_ms, 0.99)
-                print(
-                    f"{pattern:<15} {nodes:>5} {args.ranks:>5} {o.conns:>6} {o.offered_s:>9.0f} "
-                    f"{o.served_s:>9.0f} {o.served_s / o.offered_s if o.offered_s else 0:>7.2f} "
-                    f"{o.server_cpu * 100:>7.0f} {o.driver_cpu * 100:>7.0f} {o.box_cpu * 100:>4.0f} "
-                    f"{_fmt(o.lag_p99_ms, 6)} {_fmt(o.tick_p99_ms, 6)} "
-                    f"{_fmt(statistics.median(o.get_ms) if o.get_ms else float('nan'), 6, 2)} "
-                    f"{_fmt(_pctl(o.get_ms, 0.99), 6, 2)} {_fmt(bar50, 7)} {_fmt(bar99, 7)} "
-                    f"{len(o.barrier_ms):>2}" + _notes(o),
-                    flush=True,
-                )  # fmt: skip
-    print(
-        "columns: conns = sockets the simulated parties hold; offered/served = steady requests/s "
-        "(barrier requests excluded); srv_cpu = store server process, drv_cpu = all load "
-        "workers, box = whole machine busy; lag99 = p99 delay of a chain's start behind its "
-        "schedule (driver or pool behind); tick99 = p99 of a node's liveness tick (4 requests per-rank, 2 per-node); "
-        "get = a real client's get (2 round trips); bar = barrier last arrival -> last release, "
-        "n barriers (p99 = max for n < 100)"
-    )
+                rows.append(run_one(pattern, nodes, args, tmp))
+                _print_row(rows[-1], pattern, nodes, args.ranks)
+    _print_legend()
     _report(rows, args)
-    incomplete = sum(o.barriers_failed for o in rows)
-    if incomplete:  # the barrier figures leave them out
-        print(f"{incomplete} barriers did not complete for every rank: see the rows' notes")
-    return 1 if incomplete else 0
+    return exit_code(rows)
 
 
 if __name__ == "__main__":

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import select
+import signal
 import socket
 import struct
 import subprocess
@@ -278,24 +280,38 @@ def run(
     sealed = {jobenv.JOB_SECRET_FILE: secret} if secret else {}
     with StoreService("127.0.0.1", 0) as service:
         proxy = CountingProxy(service.port)
-        drivers = []
-        for h in range(hosts):
-            spec = {"mode": mode, "port": proxy.port, "world": world, "barriers": barriers,
-                    "ranks": list(range(h * per_host, (h + 1) * per_host)),
-                    "log": os.path.join(logdir, f"{mode}-{world}-host{h}.log")}  # fmt: skip
-            env = dict(os.environ, PYTHONPATH=ROOT, **{jobenv.HOST_ID: f"bench-host-{h}"}, **sealed)
-            drivers.append(subprocess.Popen(
-                [sys.executable, __file__, "--drive", json.dumps(spec)], env=env,
-                stdout=subprocess.PIPE, start_new_session=True,
-            ))  # fmt: skip
-        outs = [_outcome(h, d) for h, d in enumerate(drivers)]
-        proxy.close()
+        drivers: list[subprocess.Popen] = []
+        try:
+            for h in range(hosts):
+                spec = {"mode": mode, "port": proxy.port, "world": world, "barriers": barriers,
+                        "ranks": list(range(h * per_host, (h + 1) * per_host)),
+                        "log": os.path.join(logdir, f"{mode}-{world}-host{h}.log")}  # fmt: skip
+                env = dict(os.environ, PYTHONPATH=ROOT, **{jobenv.HOST_ID: f"bench-host-{h}"}, **sealed)
+                drivers.append(subprocess.Popen(
+                    [sys.executable, __file__, "--drive", json.dumps(spec)], env=env,
+                    stdout=subprocess.PIPE, start_new_session=True,
+                ))  # fmt: skip
+            outs = [_outcome(h, d) for h, d in enumerate(drivers)]
+        finally:
+            _end_drivers(drivers)
+            proxy.close()
     measured = [proxy.counts.get(f"g{at}", 0) for at in range(1, barriers + 1)]
     return {
         "mode": mode, "ranks": world, "hosts": hosts, "per_barrier": measured,
         "mean": sum(measured) / len(measured), "failures": [f for o in outs for f in o["failures"]],
         "seconds": max(o["seconds"] for o in outs),
     }  # fmt: skip
+
+
+def _end_drivers(drivers: list[subprocess.Popen]) -> None:
+    """Kills the session of every driver still running (its ranks, threads of it, with it) and
+    reaps it, so a driver that failed leaves no other running; each node agent, in a session
+    of its own, ends by itself once its ranks and the store are gone."""
+    for driver in drivers:
+        if driver.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(driver.pid, signal.SIGKILL)
+            driver.communicate()
 
 
 def _outcome(host: int, driver: subprocess.Popen) -> dict[str, Any]:

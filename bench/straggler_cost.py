@@ -148,7 +148,11 @@ class _Node:
 
 
 def store_traffic(ranks: int, hosts: int, intervals: int = 20) -> tuple[float, float, float]:
-    """(requests, bytes, scoring µs) per publication interval, the whole job together."""
+    """(requests, bytes, scoring µs) per publication interval, the whole job together, over
+    ``intervals`` - 1 of them: the first (the store's host reads before the others published)
+    is left out of all three."""
+    if intervals < 2:
+        raise ValueError(f"intervals must be >= 2 (the first is not counted), got {intervals}")
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -191,13 +195,16 @@ def store_traffic(ranks: int, hosts: int, intervals: int = 20) -> tuple[float, f
             times.check()
             if host == 0 and interval:
                 scoring.append((time.perf_counter_ns() - start) / 1000)
+        if interval == 0:  # counted from the second interval on, as the scoring times are
+            for times in parts:
+                times.store.link.requests = times.store.link.bytes = 0
     links = [t.store.link for t in parts]
     published = parts[0].store.link.store.check([node_keys.step_times(h) for h in range(hosts)])
     if not published or not any(link.requests for link in links):
         raise SystemExit(f"{hosts} hosts, {ranks} ranks: no step times reached the store "
                          "(the straggler path logged why): no traffic to count")  # fmt: skip
-    total_requests = sum(link.requests for link in links) / intervals
-    total_bytes = sum(link.bytes for link in links) / intervals
+    total_requests = sum(link.requests for link in links) / (intervals - 1)
+    total_bytes = sum(link.bytes for link in links) / (intervals - 1)
     return total_requests, total_bytes, statistics.median(scoring)
 
 

@@ -32,6 +32,11 @@ from nvrx.events import read_dir  # noqa: E402
 
 
 def run(minutes: float, nodes: int, nproc: int, step_time: float, out: Path) -> dict:
+    """Runs a healthy job of ``nodes`` supervisors to its end, or kills it at its deadline.
+
+    Returns its exit codes (-9 for a supervisor killed because the job hung past its deadline),
+    its wall time, its step count and every ``straggler`` event it wrote.
+    """
     steps = int(minutes * 60 / step_time)
     master, store = free_ports(2)
     job_id = f"healthy{os.getpid()}"
@@ -42,13 +47,10 @@ def run(minutes: float, nodes: int, nproc: int, step_time: float, out: Path) -> 
     start = time.monotonic()
     try:
         _start(procs, nodes, nproc, (master, store), job_id, out, command)
-        deadline = start + minutes * 60 + 300  # the job's steps, plus its start and end
-        codes = [p.wait(max(1.0, deadline - time.monotonic())) for p in procs]
-    finally:
-        for proc in procs:  # its ranks die with it (PDEATHSIG)
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    except BaseException:
+        wait_all(procs, start)
+        raise
+    codes = wait_all(procs, start + minutes * 60 + 300)  # its steps, plus its start and end
     found, _ = read_dir(out / "logs" / job_id)
     return {
         "exit_codes": codes,
@@ -56,6 +58,23 @@ def run(minutes: float, nodes: int, nproc: int, step_time: float, out: Path) -> 
         "steps": steps,
         "straggler_events": [e for e in found if e["kind"] == "straggler"],
     }
+
+
+def wait_all(procs: list[subprocess.Popen], deadline: float) -> list[int]:
+    """Waits for every process until ``deadline`` (``time.monotonic()``), then kills the
+    process group of each still running (a supervisor's ranks die with it): their exit codes,
+    -9 for those killed."""
+    try:
+        for proc in procs:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass  # the job hung: what still runs is killed below
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return [proc.returncode for proc in procs]
 
 
 def _start(
@@ -67,6 +86,10 @@ def _start(
     out: Path,
     command: list[str],
 ) -> None:
+    """Starts one ``nvrx-supervise`` per node, each in its own session, appending it to ``procs``.
+
+    Appending as it goes lets the caller kill those already started if a later start fails.
+    """
     master, store = ports
     for node in range(nodes):
         cmd = [sys.executable, "-m", "nvrx.supervisor.cli", "--nnodes", str(nodes),
@@ -76,6 +99,14 @@ def _start(
         with open(out / f"supervisor-{node}.out", "w") as sink:
             procs.append(subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT,
                                           start_new_session=True))  # fmt: skip
+
+
+def verdict(result: dict) -> int:
+    """The bench's exit code: 2 when the job did not end well (a failed or hung job proves
+    nothing), else 1 when it named someone a straggler, else 0."""
+    if any(result["exit_codes"]) or len(result["exit_codes"]) == 0:
+        return 2
+    return 1 if result["straggler_events"] else 0
 
 
 def main() -> int:
@@ -92,12 +123,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="nvrx-bench-healthy-") as out:
         result = run(args.minutes, args.nodes, args.nproc, args.step_time, Path(out))
         print(json.dumps(result))
-        if any(result["exit_codes"]):  # a job that did not train to its end proves nothing
+        code = verdict(result)
+        if code == 2:
             tail = (Path(out) / "supervisor-0.out").read_text()[-2000:]
             print(f"the job failed (exit codes {result['exit_codes']}): no verdict\n{tail}",
                   file=sys.stderr)  # fmt: skip
-            return 2
-    return 1 if result["straggler_events"] else 0
+    return code
 
 
 if __name__ == "__main__":
