@@ -46,6 +46,7 @@ from .children import stop_children
 from .config import ALL_ENDED_KEY
 from .course import Course, CourseTracker
 from .exit_codes import ExitCode
+from .job_restart import JobRestart
 from .job_store import JobStore
 from .local_ranks import LocalRanks
 from .node_control import NodeControl
@@ -72,9 +73,10 @@ class Failover:
         ranks: LocalRanks,
         standbys: Standbys,
         requeue: node_requeue.Requeue,
+        job_restart: JobRestart,
     ) -> None:
         self.store, self.course, self.control, self.ranks = store, course, control, ranks
-        self.standbys, self.requeue = standbys, requeue
+        self.standbys, self.requeue, self.job_restart = standbys, requeue, job_restart
         self._ahead_link: StoreLink | None = None
         self._ahead_service: StoreService | None = None
         self._prepared_link: StoreLink | None = None
@@ -262,6 +264,8 @@ class Failover:
         if loss is not None and loss.action == "stop":
             control.request_stop(loss.reason, ExitCode.NODE_LOST, broadcast=True)
             self.requeue([loss.host])
+        if not self.course.stopping:
+            self.job_restart.after_failover()
         if self._roles.node_rank is not None:
             for local_rank in range(store.config.nproc_per_node):
                 self.ranks.restarts[local_rank] += 1

@@ -120,7 +120,8 @@ class JobRestart:
         """Claim restart ``epoch`` for this slot (``end``: for this node's end, so that no
         restart follows it); None when this claim is the first valid one, else that one."""
         slot, key = self.store.config.node_rank, _key(epoch, "claim")
-        fields = {"end": True, "node": self.control.node_rank} if end else {}
+        fields: dict[str, Any] = {"end": True, "node": self.control.node_rank} if end else {}
+        fields["store"] = self.store.epoch  # claimed before or after a failover (``after_failover``)
         mine = sealed_keys.entry_payload(slot, **fields)
         first = sealed_keys.append_entry(self._link, self.store.known_sealer(), key, mine).first
         if first is None or first == mine:
@@ -276,9 +277,39 @@ class JobRestart:
 
     def slot_lost(self) -> None:
         """A slot was declared lost, or left, during a restart: it will not count itself
-        ready, and the slots left may all be ready already."""
-        if self.pending is not None:
+        ready, and the slots left may all be ready already (unless the job stops: then
+        nothing starts again)."""
+        if self.pending is not None and not self.course.stopping:
             self._go_if_all_ready(self.pending)
+
+    def after_failover(self) -> None:
+        """The job's store failed over: every node starts its ranks again, which ends a restart
+        under way, and every restart claimed on the lost store (the claims its snapshot kept:
+        the new store starts from it). Watch the next one on the new store.
+
+        Each node counts on from what the new store shows, so all count alike: a claim made on
+        the new store (``store`` in its entry) is a restart this node takes part in, found by
+        its watch, not one to pass over.
+        """
+        done = max(self.epoch, self.pending or 0)
+        if self.pending is not None:
+            self.control.kill_at = None
+        self.pending, self._go = None, None
+        while self._claimed_before_failover(done + 1):
+            done += 1
+        self.epoch = done
+        if self.course.state is Course.RESTARTING:
+            self.course.to(Course.TRAINING if self.control.node_rank is not None else Course.SPARE)
+        self.watch()
+
+    def _claimed_before_failover(self, epoch: int) -> bool:
+        """Whether restart ``epoch`` was claimed on an earlier store than this one."""
+        listed = sealed_keys.read_list(self._link, self.store.known_sealer(), _key(epoch, "claim"))
+        found = _parse(listed.first) if listed.first is not None else None
+        if not isinstance(found, dict):
+            return False
+        store = found.get("store", 0)  # (an entry without it was made before any failover)
+        return type(store) is int and store < self.store.epoch
 
     def on_message(self, message: dict[str, Any]) -> bool:
         """Act on a job-restart announcement or go-ahead; False for other messages."""
@@ -356,6 +387,19 @@ class JobRestart:
             chain.write(self._link, "1")  # through the chain watched here: never behind it
         return ready, len(running)
 
+    def _assigned_meanwhile(self) -> bool:
+        """Whether this spare was assigned a node rank whose message has not reached it yet:
+        the assignment is written before the restart for the lost node is announced, but the
+        two are watched apart, and the go may come first. Taken now, so the go starts its
+        ranks with everyone's."""
+        roles = self.store.roles
+        value = roles.assignment() if roles is not None else None
+        if roles is None or not value:
+            return False
+        roles.take_over(value)
+        log.warning("spare slot %d takes over node rank %s", roles.slot, roles.node_rank)
+        return True
+
     def _start_again(self) -> None:
         epoch = self.pending
         assert epoch is not None
@@ -364,8 +408,8 @@ class JobRestart:
         if self.course.stopping:
             return
         control = self.control
-        if control.node_rank is None:  # a spare that took no node rank meanwhile
-            self.course.to(Course.SPARE)
+        if control.node_rank is None and not self._assigned_meanwhile():
+            self.course.to(Course.SPARE)  # a spare that took no node rank meanwhile
             return
         self.course.to(Course.TRAINING)
         for local_rank in range(self.store.config.nproc_per_node):  # a spare's too, if it took over meanwhile

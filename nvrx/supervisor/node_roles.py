@@ -388,6 +388,10 @@ class NodeRoles:
             self._set_flag(ALL_DONE_KEY)
 
     # -- a spare takes over -------------------------------------------------------------
+    def assignment(self) -> str | None:
+        """The node rank assignment written for this slot, if any, read now (not watched)."""
+        return self._chain(node_keys.assign(self.slot)).read(self.link)
+
     def take_over(self, value: str | None) -> dict[str, Any]:
         """This spare was assigned a lost node rank: hold it from now on; returns the assignment."""
         assignment = json.loads(value or "{}")

@@ -30,7 +30,7 @@ from test_node_loss import (
     _no_process_left,
     kill_tree,
 )
-from test_supervisor_local import DEMO, Job
+from test_supervisor_local import DEMO, Job, script
 
 from nvrx.events import read_dir
 from nvrx.report import build_report
@@ -349,3 +349,44 @@ def test_a_store_host_that_wakes_after_its_failover_does_not_undo_the_next_failo
         (1, 1, "shrink", None),
     ], output
     _no_process_left(second)
+
+
+@pytest.mark.timeout(300)
+def test_a_plain_scripts_failure_after_a_store_failover_restarts_every_node(tmp_path: Path) -> None:
+    """After the store moved, a job-wide restart is claimed, announced and let go on the new
+    store: each node watches it there, so a failure restarts every node's ranks (before, the
+    failing node waited for nodes that watched the lost store, and the job hung)."""
+    body = (
+        "from pathlib import Path\n"
+        "d = Path(os.environ['NVRX_LOG_DIR'])\n"
+        "failed = d / 'failed'\n"
+        "if failed.exists():  # after the job-wide restart\n"
+        "    (d / f'done-{RANK}').touch()\n"
+        "    sys.exit(0)\n"
+        "if not (d / 'store-lost').exists():\n"
+        "    time.sleep(120)  # the first generation, until the store host's loss ends it\n"
+        "if RANK == 0:  # on the spare, after the failover\n"
+        "    (d / 'up-0').touch()\n"
+        "    time.sleep(120)  # until the job-wide restart stops it\n"
+        "    sys.exit(0)\n"
+        "while not (d / 'up-0').exists():\n"
+        "    time.sleep(0.05)\n"
+        "failed.touch()\n"
+        "sys.exit(3)  # the first failure after the failover\n"
+    )
+    job = Job(
+        tmp_path, 3, 1, script(tmp_path, body), "--spare-nodes", "1", "--grace-period", "3",
+        "--node-timeout", "3", "--node-heartbeat", "0.5",
+    )  # fmt: skip
+    job.wait_for_beat(0)
+    job.wait_for_beat(1)
+    (job.log_dir / "store-lost").touch()
+    killed = kill_tree(job.procs[0].pid)  # the store host lost, at once
+    codes = job.wait(60)  # (rank 0 sleeps 120 s when no restart stops it)
+    output = job.output()
+    assert codes[1] == codes[2] == 0, output
+    assert (job.log_dir / "done-0").exists() and (job.log_dir / "done-1").exists(), output
+    assert sorted(e["node"] for e in job.events("store_failover")) == [1, 2], output
+    started = [e for e in job.events("job_restart") if e["phase"] == "started"]
+    assert sorted(e["node"] for e in started) == [1, 2], output
+    _no_process_left(killed)

@@ -45,7 +45,7 @@ class _Survivor:
         control = SimpleNamespace(emit=lambda kind, **fields: self.events.append((kind, fields)))
         self.failover = Failover(
             self.store, SimpleNamespace(stopping=False), control, None, None,  # type: ignore[arg-type]
-            lambda hosts, probe=True: self.requeued.append((list(hosts), probe)),
+            lambda hosts, probe=True: self.requeued.append((list(hosts), probe)), None,
         )  # fmt: skip
         store_failover.announce(job_dir, EPOCH, slot)  # the epoch's folder, as the election left it
 
