@@ -228,7 +228,7 @@ def assign(call: RoundCall, terminated: set[int]) -> None:
     """Run the ``rank_assignment`` plug-in, then an old-style ``rank_filter``; the rank's State
     for the next round."""
     old = dataclasses.replace(call.state)
-    ctx = call.assignment(RankAssignmentCtx(call.state, call.store, set(terminated)))
+    ctx = call.assignment(RankAssignmentCtx(call.state, call.round_store, set(terminated)))
     new = ctx.state
     if new.rank is not None and new.active_rank is None and new.mode == Mode.INITIALIZED:
         new = dataclasses.replace(
@@ -266,7 +266,7 @@ def leave(call: RoundCall, store: Any, outcome: Leave) -> BaseException:
         if released and rank is not None and not isinstance(outcome.exc, RankDiscarded):
             found = _next_round_place(call, int(info["round"]), rank)
             if found is not None:
-                store, (rank, world_size) = call.store, found
+                store, (rank, world_size) = call.round_store, found
         _register_exit(call, store, outcome, rank, world_size)
     except Exception as store_exc:
         log.error("could not register rank %s as terminated: %r", call.state.rank, store_exc)

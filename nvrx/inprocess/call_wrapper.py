@@ -77,10 +77,19 @@ class CallWrapper:
     Passed to the wrapped function through any parameter annotated
     ``CallWrapper``; offers ``iteration``, ``ping()``, ``atomic()`` and
     ``disable_hang_protection()``, and the reference's ``state``, ``store`` and
-    ``base_store``. The other attributes serve the restart
-    machinery (``round_run``, ``between_rounds``), which reads them as a
-    ``round_run.RoundCall``.
+    ``base_store`` (both the call's store, which is the same object every round:
+    a key set in one round is read in the next). The other attributes serve the
+    restart machinery (``round_run``, ``between_rounds``), which reads them as a
+    ``round_run.RoundCall``; ``round_store``, the current round's view of the
+    store, is one of them.
     """
+
+    #: The rank's state of the current round, as its rank assignment left it.
+    state: State
+    #: The ``Wrapper`` that made this call.
+    wrapper: WrapperSettings
+    #: The ``threading.RLock`` that ``atomic()`` holds; a restart waits for it.
+    atomic_lock: Any
 
     def __init__(self, wrapper: WrapperSettings) -> None:
         _refuse_outside_main_thread()
@@ -113,7 +122,7 @@ class CallWrapper:
         )
         self.delivery = Delivery()
         self.atomic_lock = self.delivery.atomic_lock
-        self.store: Any = None  # the store of the current round (``enter_round``)
+        self.round_store: Any = None  # the store of the current round (``enter_round``)
         self.round = 0
         self.generation = 0
         self.rounds_run = 0
@@ -190,9 +199,9 @@ class CallWrapper:
         self.state.iteration = rounds.job_restarts(base)
 
     def enter_round(self, round_: int) -> None:
-        """From now on the call is in round ``round_``, whose keys its ``store`` reads and writes."""
+        """From now on the call is in round ``round_``, whose keys its ``round_store`` reads and writes."""
         self.round = round_
-        self.store = rstore.round_store(self.services.base_store, round_)
+        self.round_store = rstore.round_store(self.services.base_store, round_)
 
     # -- public API -------------------------------------------------------------------
     @property
@@ -249,9 +258,16 @@ class CallWrapper:
             self.services.board.set_flag(FLAG_TIMEOUTS_OFF, False)
 
     @property
+    def store(self) -> Any:
+        """The call's store, the same object every round (not a round's view of it): the
+        reference's attribute, which code written for it reads; a key it sets in one round
+        is there in the next."""
+        return self.services.base_store
+
+    @property
     def base_store(self) -> Any:
-        """The call's store outside any round (``store`` is the current round's view of it):
-        the reference's attribute, which code written for it reads."""
+        """The call's store outside any round, the object ``store`` is: the reference's
+        attribute, which code written for it reads."""
         return self.services.base_store
 
     @property
@@ -364,7 +380,7 @@ class CallWrapper:
             # A frame of the function that took this object (its ``CallWrapper``
             # parameter) is in the traceback of the round's exception: neither may
             # keep the store alive in that cycle until the garbage collector runs.
-            self.store = None
+            self.round_store = None
             self.state.fn_exception = None
             release_logger()
 

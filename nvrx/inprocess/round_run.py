@@ -77,7 +77,7 @@ class RoundCall(Protocol):
     writer: events.EventWriter
     services: RankServices
     delivery: Delivery
-    store: Any  # the store of the current round
+    round_store: Any  # the store of the current round
     round: int
     generation: int
     pending_latency_from: float | None  # when the fault behind a restart was seen
@@ -128,7 +128,7 @@ class RoundRun:
     @classmethod
     def start(cls, call: RoundCall) -> RoundRun:
         """Publish the round of ``call`` (board, events, environment, store); start its monitor thread."""
-        state, services, store = call.state, call.services, call.store
+        state, services, store = call.state, call.services, call.round_store
         started = time.monotonic()
         services.board.set_flag(FLAG_RELEASED, False)  # first: never with the new round
         services.board.set_round(call.round, state.rank, state.world_size, call.initial_rank)

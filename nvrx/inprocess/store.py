@@ -213,7 +213,8 @@ class FileStore(StoreMixin, dist.FileStore):
 
 def round_store(base: Any, round_: int) -> PrefixStore:
     """The view of one restart round with the reference's helper methods, as the ranks'
-    code sees it (``CallWrapper.store``); nvrx's own protocol needs only ``rounds.round_store``."""
+    code sees it (a rank assignment's ``RankAssignmentCtx.store``); nvrx's own protocol
+    needs only ``rounds.round_store``."""
     return PrefixStore(round_, base)
 
 

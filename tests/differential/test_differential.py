@@ -453,7 +453,11 @@ def test_the_usage_cases_exercise_what_they_name(scenario):
 def test_the_function_receives_its_arguments_as_in_the_reference(scenario):
     """Positional and keyword arguments reach every round as given (the same list object,
     so what a round appended is there in the next), the ``CallWrapper`` is injected through
-    ``Optional[CallWrapper]``, and it has every public attribute of the reference's."""
+    ``Optional[CallWrapper]``, and it has every public attribute name of the reference's.
+    Its ``store`` and ``base_store`` are the call's ``TCPStore`` itself, one object every
+    round, so a key set through ``store`` in round 0 is read in round 1; its ``state`` is
+    the rank's ``State`` of the round, field for field; its ``wrapper`` is the ``Wrapper``,
+    its ``atomic_lock`` an ``RLock``."""
     runs = scenario("wrapper_rounds.py", "call_arguments", WORLD)
     for rank in range(WORLD):
         ref, ours = runs["reference"][rank], runs["nvrx"][rank]
@@ -465,6 +469,22 @@ def test_the_function_receives_its_arguments_as_in_the_reference(scenario):
         missing = set(ref["call_wrapper"]["public"]) - set(ours["call_wrapper"]["public"])
         assert not missing, f"nvrx's CallWrapper lacks {sorted(missing)}"
         assert ref["call_wrapper"]["base_store_is_a_store"] is ours["call_wrapper"]["base_store_is_a_store"] is True
+        for name, cls in (("wrapper", "Wrapper"), ("atomic_lock", "RLock")):
+            assert ref["call_wrapper"][f"{name}_type"] == ours["call_wrapper"][f"{name}_type"] == cls, name
+        same_store = {
+            "base_store_type": "TCPStore",
+            "store_type": "TCPStore",
+            "store_is_base_store": True,
+            "same_base_store_every_round": True,
+        }
+        stores = [{k: v for k, v in r.items() if not k.startswith("state")} for r in ref["store_rounds"]]
+        assert stores == [
+            dict(same_store, key_from_an_earlier_round=False),
+            dict(same_store, key_from_an_earlier_round=True),
+        ], ref["store_rounds"]
+        states = [(r["state_type"], r["state"]["iteration"], r["state"]["rank"]) for r in ref["store_rounds"]]
+        assert states == [("State", 0, rank), ("State", 1, rank)], states
+        _same(ref["store_rounds"], ours["store_rounds"], f"rank {rank} CallWrapper.store")
 
 
 def test_a_script_started_without_its_launcher_is_told_alike(scenario):

@@ -60,9 +60,16 @@ def _resolve(row: dict[str, str]) -> object:
     module_path = row["module"].replace("inprocess", "nvrx.inprocess", 1)
     obj: object = importlib.import_module(module_path)
     for attr in row["name"].split("."):
+        if row["kind"] == "attribute" and isinstance(obj, type) and _declared(obj, attr):
+            return None  # an instance attribute, declared on its class
         assert hasattr(obj, attr), f"{module_path}.{row['name']}: {attr!r} is missing"
         obj = getattr(obj, attr) if not isinstance(obj, type) else inspect.getattr_static(obj, attr)
     return obj
+
+
+def _declared(cls: type, attr: str) -> bool:
+    """Whether ``cls`` (or a base) declares the instance attribute ``attr`` in its annotations."""
+    return any(attr in inspect.get_annotations(base) for base in cls.__mro__)
 
 
 def test_table_is_complete_and_well_formed():

@@ -150,7 +150,7 @@ class FakeCall:
         )  # fmt: skip
         self.delivery = FakeDelivery()
         self.round = self.generation = 0
-        self.store = rstore.round_store(base, 0)
+        self.round_store = rstore.round_store(base, 0)
         self.events: list[tuple[str, dict]] = []
         self.fail_on: str | None = None  # an event kind whose emit raises
         self.pending_latency_from: float | None = None
@@ -174,7 +174,7 @@ class FakeCall:
 
     def enter_round(self, round_: int) -> None:
         self.round = round_
-        self.store = rstore.round_store(self.services.base_store, round_)
+        self.round_store = rstore.round_store(self.services.base_store, round_)
 
 
 def _monitor():
@@ -188,7 +188,7 @@ def _monitor():
 
 
 def _run(call, store=None) -> RoundRun:
-    return RoundRun(call, store if store is not None else call.store, _monitor(), time.monotonic())
+    return RoundRun(call, store if store is not None else call.round_store, _monitor(), time.monotonic())
 
 
 def _fails():
@@ -207,7 +207,7 @@ def test_a_fault_restarts_the_round_with_this_ranks_fault(base):
     call = FakeCall(base)
     outcome = _run(call).run(_fails, (), {})
     assert isinstance(outcome, Restart) and str(outcome.fault) == "own fault"
-    assert [r.kind for r in rstore.fault_records(call.store)] == ["exception"]
+    assert [r.kind for r in rstore.fault_records(call.round_store)] == ["exception"]
 
 
 def test_the_main_thread_that_took_the_restart_tells_kept_state_of_the_fault(base, monkeypatch):
@@ -224,12 +224,12 @@ def test_a_restart_request_later_than_the_wait_still_restarts(base):
     """An abort slower than RESTART_WAIT_S, and a first store write that failed."""
     call = FakeCall(base)
     call.delivery = FakeDelivery(timeouts=1)
-    run = _run(call, FlakyStore(call.store, fail=1))
+    run = _run(call, FlakyStore(call.round_store, fail=1))
     outcome = run.run(_fails, (), {})
     assert isinstance(outcome, Restart) and str(outcome.fault) == "own fault"
     assert call.delivery.waits == 2
     assert run.recorded  # written on the second attempt, with one event only
-    assert [r.message for r in rstore.fault_records(call.store)] == ["own fault"]
+    assert [r.message for r in rstore.fault_records(call.round_store)] == ["own fault"]
     assert [e["fault_kind"] for e in call.kinds("fault")] == ["exception"]
 
 
@@ -284,7 +284,7 @@ def test_restart_abort_in_finalize_records_the_exit_a_rejoin_leader_reads(base):
         raise RestartAbort("stop here")
 
     call = FakeCall(base, world_size=2, finalize=finalize)
-    round_store = call.store
+    round_store = call.round_store
     fault = RuntimeError("own fault")
     outcome = _restart(call, fault)
     assert isinstance(outcome, Leave) and isinstance(outcome.exc, RestartAbort)
@@ -422,7 +422,7 @@ def test_a_restart_the_function_asked_for_ends_its_monitor_without_abort(base, m
         Delivery(), aborts.append, call.state.freeze(),
     )  # fmt: skip
     monitor.start()
-    run = RoundRun(call, call.store, monitor, time.monotonic())
+    run = RoundRun(call, call.round_store, monitor, time.monotonic())
     t0 = time.monotonic()
     assert between_rounds.restart(call, run, Restart(None, RankShouldRestart("asked"))) is None
     assert time.monotonic() - t0 < RESTART_WAIT_S
@@ -448,7 +448,7 @@ def test_an_exception_after_a_peers_fault_is_logged_as_its_consequence(base, cap
     monitor = _monitor()
     monitor.seen_mono = time.monotonic()
     with caplog.at_level(logging.INFO, logger="nvrx.inprocess.round_run"):
-        outcome = RoundRun(call, call.store, monitor, time.monotonic()).run(_fails, (), {})
+        outcome = RoundRun(call, call.round_store, monitor, time.monotonic()).run(_fails, (), {})
     assert isinstance(outcome, Restart)
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
         ("WARNING", "rank 0 raised RuntimeError('own fault') in round 0 after the round was "
@@ -463,9 +463,9 @@ def test_a_terminate_that_raises_is_raised_caused_by_the_exit(base):
 
     call = FakeCall(base, terminate=terminate)
     stop = RestartAbort("stop here")
-    left = between_rounds.leave(call, call.store, Leave(stop, False))
+    left = between_rounds.leave(call, call.round_store, Leave(stop, False))
     assert isinstance(left, OSError) and left.__cause__ is stop
-    assert between_rounds.leave(FakeCall(base), call.store, Leave(stop, True)) is stop
+    assert between_rounds.leave(FakeCall(base), call.round_store, Leave(stop, True)) is stop
 
 
 def test_finalize_that_reraises_the_fault_makes_no_cycle(base):
@@ -490,7 +490,7 @@ def _two_ranks(base, **wrapper) -> list[FakeCall]:
     ]
     for rank, call in enumerate(calls):
         call.state.rank = call.state.active_rank = call.state.initial_rank = rank
-    rstore.record_fault(calls[0].store, rstore.nvrx_faults.FaultRecord(rank=0, kind="exception"))
+    rstore.record_fault(calls[0].round_store, rstore.nvrx_faults.FaultRecord(rank=0, kind="exception"))
     return calls
 
 
@@ -508,7 +508,7 @@ def test_the_restart_goes_on_once_every_rank_reported_without_sleeping_last_call
 
     def restart(rank: int) -> None:
         if rank == 1:  # a concurrent fault, recorded before this rank reports
-            rstore.record_fault(calls[1].store, rstore.nvrx_faults.FaultRecord(rank=1, kind="dead"))
+            rstore.record_fault(calls[1].round_store, rstore.nvrx_faults.FaultRecord(rank=1, kind="dead"))
         outcomes[rank] = _restart(calls[rank], RuntimeError(f"fault {rank}"))
 
     threads = [threading.Thread(target=restart, args=(r,), daemon=True) for r in (0, 1)]

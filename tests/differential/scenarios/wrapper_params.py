@@ -113,6 +113,12 @@ def refusal(fn: Any) -> Any:
 
 
 def compositions(inprocess: Any) -> dict[str, Any]:
+    """What ``Compose`` does, as NVRx's usage guides use it: the order its steps run in
+    (``order``), the warnings when a step returns None (``none_returned_warns``), what
+    ``Compose()`` of nothing raises (``empty``), which hook class a composition of hooks
+    of one class is (``is_*``), and which compositions ``Wrapper(...)`` takes as a hook
+    (``wrapper_takes``: True when it raised nothing) and refuses (``wrapper_refuses``: what
+    it raised)."""
     calls: list[str] = []
 
     class Step(inprocess.initialize.Initialize):
@@ -160,6 +166,10 @@ def compositions(inprocess: Any) -> dict[str, Any]:
 
 
 def plugin_behaviours(inprocess: Any) -> dict[str, Any]:
+    """Two plug-ins called on their own: ``threaded_finalize``,
+    what ``ThreadedFinalize(fn, args, kwargs)`` returned (or raised) and the arguments its
+    ``fn`` was called with; and the ``RANK`` and ``WORLD_SIZE`` a spare's
+    ``State.set_distributed_vars()`` leaves in the environment."""
     ran: list[Any] = []
     finalize = inprocess.finalize.ThreadedFinalize(
         timeout=datetime.timedelta(seconds=5), fn=lambda a, b=0: ran.append([a, b]), args=(1,), kwargs={"b": 2}

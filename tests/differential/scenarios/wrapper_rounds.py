@@ -37,12 +37,14 @@ Every hook is a recording one; CASE names what goes wrong:
 * ``keyboard_interrupt``: rank 1's function raises ``KeyboardInterrupt`` in round 0: rank 1
   leaves with it, rank 0 runs round 1 alone.
 * ``ping_timeout``: rank 1 calls ``ping()`` once in round 0 and then steps without pinging:
-  the manual heartbeat runs past ``soft_timeout``, every rank restarts, round 1 succeeds.
+  the manual heartbeat runs past ``soft_timeout``, every rank restarts, round 1 succeeds
+  (``hard_timeout`` far past the soft one here: ``PING_TIMEOUT``).
 * ``call_arguments``: as ``restart``, the function called as NVRx's examples call theirs:
   positional and keyword arguments, a list it appends to, and the ``CallWrapper`` injected
-  through ``Optional[inprocess.CallWrapper]``; the record keeps what each round received
-  and the public attributes of the ``CallWrapper`` (whether its ``base_store`` is a torch
-  ``Store`` too).
+  through ``Optional[inprocess.CallWrapper]``; the record keeps what each round received,
+  the public attribute names of the ``CallWrapper`` (whether its ``base_store`` is a torch
+  ``Store`` too, the classes of its ``wrapper`` and ``atomic_lock``) and, each round, what
+  its ``store``, ``base_store`` and ``state`` are (``store_facts``).
 
 A rank whose round has a fault elsewhere waits in a step loop for the Wrapper to
 interrupt it, as training code would be; a round without a fault runs a gloo all-reduce
@@ -77,6 +79,10 @@ TIMEOUTS = dict(
 )
 #: Days: timeouts no training step reaches, which is how a caller turns hang protection off.
 HANG_PROTECTION_OFF = dict(soft_timeout=1, hard_timeout=2, heartbeat_timeout=1, barrier_timeout=3)
+#: ``ping_timeout``'s hard timeout, far past the soft one of ``TIMEOUTS`` that restarts the
+#: ranks, so a loaded machine never reaches it (a monitor would end the rank instead); the
+#: barrier and completion timeouts must stay above it.
+PING_TIMEOUT = dict(hard_timeout=30, barrier_timeout=60, completion_timeout=60)
 #: Longer than the hard timeout of ``TIMEOUTS``, which would restart the rank.
 SILENCE_S = TIMEOUTS["hard_timeout"] + 1
 
@@ -102,6 +108,24 @@ def hooks(
     after ``before_fault(iteration)``; a hot spare says ``entered(iteration)`` once its
     health check of the round ran (it never runs the function). ``initialize`` calls
     ``stopping(iteration)`` in the round where ``RetryController`` stops the call."""
+    if case == "health_check_compose":
+        retry = inprocess.initialize.RetryController(max_iterations=4, min_active_world_size=1)
+    else:
+        retry = inprocess.initialize.RetryController(max_iterations=2)
+    plugins = recording_hooks(inprocess, hook_recorder(journal, case, peer), retry, stopping)
+    plugins["rank_assignment"] = recording_assignment(inprocess, journal, case)
+    if case == "health_check_compose":  # the last one runs first
+        plugins["health_check"] = inprocess.Compose(
+            plugins["health_check"],
+            inprocess.health_check.CudaHealthCheck(timeout=datetime.timedelta(seconds=10)),
+            inprocess.health_check.FaultCounter(max_rank_faults=1),
+        )
+    return plugins
+
+
+def hook_recorder(journal: list[Any], case: str, peer: tuple[Any, Any]) -> Any:
+    """``note(hook, state)``: journals the call of ``hook``, and raises where ``case`` has
+    that hook fail on the faulting rank (see ``hooks``)."""
     entered, before_fault = peer
 
     def note(hook: str, state: Any) -> None:
@@ -115,10 +139,12 @@ def hooks(
                 before_fault(state.iteration)
             raise RuntimeError(f"{hook} fails on purpose")
 
-    if case == "health_check_compose":
-        retry = inprocess.initialize.RetryController(max_iterations=4, min_active_world_size=1)
-    else:
-        retry = inprocess.initialize.RetryController(max_iterations=2)
+    return note
+
+
+def recording_hooks(inprocess: Any, note: Any, retry: Any, stopping: Any) -> dict[str, Any]:
+    """One instance of each hook class of ``inprocess`` that tells ``note`` it ran; ``initialize``
+    then runs ``retry``, ``abort`` the stock ``AbortTorchDistributed``."""
     stock_abort = inprocess.abort.AbortTorchDistributed()
 
     class Init(inprocess.initialize.Initialize):
@@ -153,6 +179,16 @@ def hooks(
             note("terminate", state)
             return state
 
+    return dict(
+        initialize=Init(), abort=Abort(), finalize=Finalize(), health_check=Health(),
+        completion=Completion(), terminate=Terminate(),
+    )  # fmt: skip
+
+
+def recording_assignment(inprocess: Any, journal: list[Any], case: str) -> Any:
+    """``Compose(ActivateAllRanks() (hot spare: MaxActiveWorldSize(1)), ShiftRanks())``, each
+    call journaled with the state it was given, the ranks terminated, and what it returned
+    or raised."""
     ra = inprocess.rank_assignment
 
     class Assignment(ra.RankAssignment):
@@ -170,17 +206,7 @@ def hooks(
             entry["out"] = common.state_fields(ctx.state)
             return ctx
 
-    health: Any = Health()
-    if case == "health_check_compose":  # the last one runs first
-        health = inprocess.Compose(
-            health,
-            inprocess.health_check.CudaHealthCheck(timeout=datetime.timedelta(seconds=10)),
-            inprocess.health_check.FaultCounter(max_rank_faults=1),
-        )
-    return dict(
-        initialize=Init(), abort=Abort(), finalize=Finalize(), health_check=health,
-        completion=Completion(), terminate=Terminate(), rank_assignment=Assignment(),
-    )  # fmt: skip
+    return Assignment()
 
 
 def peer_in_function(case: str, store: Any) -> tuple[Any, Any]:
@@ -252,21 +278,15 @@ def wait_for_restart() -> None:
     raise AssertionError("the Wrapper did not interrupt this rank within 60 s")
 
 
-def main() -> int:
-    impl, out, case = common.arguments()
+def training(
+    inprocess: Any, case: str, app_store: Any, journal: list[Any], rounds: list[dict[str, Any]], restart: Any
+) -> Any:
+    """``train(call_wrapper)``, the wrapped function: it fails as ``case`` says in the rounds
+    of ``fault_rounds``, else all-reduces over gloo inside ``atomic()`` and ``ping()``s."""
     import torch
     import torch.distributed as dist
 
-    inprocess = common.module(impl, "inprocess")
-    for sub in ("store", "initialize", "abort", "finalize", "health_check", "completion", "terminate",
-                "nested_restarter", "rank_filter"):
-        common.module(impl, f"inprocess.{sub}")
-    restart = common.module(impl, "inprocess.monitor_thread").RankShouldRestart
     rank, _ = common.rank_env()
-    port = int(os.environ["MASTER_PORT"])
-    app_store = dist.TCPStore("127.0.0.1", port + 2, 2, is_master=rank == 0)
-    journal: list[Any] = []
-    rounds: list[dict[str, Any]] = []
     entered, before_fault = peer_in_function(case, app_store)
     failing = fault_rounds(case)
 
@@ -298,7 +318,37 @@ def main() -> int:
         dist.destroy_process_group()
         return f"active rank {r} of {ws}, sum {int(total.item())}, round {it}"
 
-    received: list[Any] = []
+    return train
+
+
+def store_facts(call_wrapper: Any, first: list[Any]) -> dict[str, Any]:
+    """What one round sees of the ``CallWrapper``'s ``store`` and ``base_store``: their
+    classes, whether they are one object and the one of the first round (kept in
+    ``first``), and whether a key set through ``store`` in an earlier round is there;
+    and its ``state``, the rank's ``State``."""
+    store, base = call_wrapper.store, call_wrapper.base_store
+    first.extend([] if first else [base])
+    key = f"differential/set_through_store/{common.rank_env()[0]}"
+    seen = bool(store.check([key]))
+    store.set(key, "1")
+    return {
+        "base_store_type": type(base).__name__,
+        "store_type": type(store).__name__,
+        "store_is_base_store": store is base,
+        "same_base_store_every_round": base is first[0],
+        "key_from_an_earlier_round": seen,
+        "state_type": type(call_wrapper.state).__name__,
+        "state": common.state_fields(call_wrapper.state),
+    }
+
+
+def with_arguments(inprocess: Any, train: Any, received: list[Any], facts: list[Any]) -> Any:
+    """``train`` called as NVRx's examples call theirs (see ``call_arguments``): the first
+    entry of ``received`` is the ``CallWrapper``'s public names, one entry per round after
+    that what the round was given; ``facts`` gets ``store_facts`` of every round."""
+    import torch.distributed as dist
+
+    first: list[Any] = []
 
     def train_with_arguments(
         metrics: list,
@@ -310,20 +360,25 @@ def main() -> int:
             received.append({
                 "public": sorted(n for n in dir(call_wrapper) if not n.startswith("_")),
                 "base_store_is_a_store": isinstance(call_wrapper.base_store, dist.Store),
+                "wrapper_type": type(call_wrapper.wrapper).__name__,
+                "atomic_lock_type": type(call_wrapper.atomic_lock).__name__,
             })  # fmt: skip
+        facts.append(store_facts(call_wrapper, first))
         metrics.append(call_wrapper.iteration)
         received.append({"metrics": list(metrics), "tag": tag, "scale": scale})
         return train(call_wrapper=call_wrapper)
 
-    handler = common.attach_user_handler(f"{common.PACKAGES[impl]}.inprocess")
-    by_reference_name = handler
-    if impl == "nvrx":  # what a script that kept the reference's logger name receives
-        by_reference_name = common.attach_user_handler(common.REFERENCE_LOGGER)
-    leftovers = common.Leftovers()
-    timeouts = {k: datetime.timedelta(seconds=v) for k, v in TIMEOUTS.items()}
+    return train_with_arguments
+
+
+def wrapper_options(inprocess: Any, impl: str, case: str, journal: list[Any]) -> tuple[dict[str, Any], Path]:
+    """The ``Wrapper``'s arguments other than its hooks, and where the monitor log of
+    ``rank_filter_logfile`` goes (``{rank}`` in it)."""
+    timeouts = dict(TIMEOUTS, **PING_TIMEOUT) if case == "ping_timeout" else TIMEOUTS
+    options: dict[str, Any] = {k: datetime.timedelta(seconds=v) for k, v in timeouts.items()}
     if case == "hang_protection_off":
-        timeouts.update({k: datetime.timedelta(days=v) for k, v in HANG_PROTECTION_OFF.items()})
-    options: dict[str, Any] = {"store_kwargs": {"port": port + 1}}
+        options.update({k: datetime.timedelta(days=v) for k, v in HANG_PROTECTION_OFF.items()})
+    options["store_kwargs"] = {"port": int(os.environ["MASTER_PORT"]) + 1}
     logfile = Path.cwd() / f"{impl}-monitor" / "monitor-{rank}.log"
     if case == "rank_filter_logfile":
         logfile.parent.mkdir(exist_ok=True)
@@ -334,33 +389,62 @@ def main() -> int:
             pass
 
         options["store_factory"] = LocalStore
+    return options, logfile
+
+
+def main() -> int:
+    impl, out, case = common.arguments()
+    import torch.distributed as dist
+
+    inprocess = common.module(impl, "inprocess")
+    for sub in ("store", "initialize", "abort", "finalize", "health_check", "completion", "terminate",
+                "nested_restarter", "rank_filter"):
+        common.module(impl, f"inprocess.{sub}")
+    restart = common.module(impl, "inprocess.monitor_thread").RankShouldRestart
+    rank, _ = common.rank_env()
+    app_store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]) + 2, 2, is_master=rank == 0)
+    journal: list[Any] = []
+    record: dict[str, Any] = {"case": case, "rank": rank, "rounds": [], "received": [], "store_rounds": []}
+    train = training(inprocess, case, app_store, journal, record["rounds"], restart)
+    if case == "call_arguments":
+        train = with_arguments(inprocess, train, record["received"], record["store_rounds"])
+    handler = common.attach_user_handler(f"{common.PACKAGES[impl]}.inprocess")
+    by_reference_name = handler
+    if impl == "nvrx":  # what a script that kept the reference's logger name receives
+        by_reference_name = common.attach_user_handler(common.REFERENCE_LOGGER)
+    leftovers = common.Leftovers()
+    options, logfile = wrapper_options(inprocess, impl, case, journal)
     if case == "dist_initialized":
         dist.init_process_group("gloo", store=dist.PrefixStore("before", app_store), rank=rank, world_size=2)
-    plugins = hooks(inprocess, journal, case, (entered, before_fault), stop_in_turn(app_store, case))
+    plugins = hooks(inprocess, journal, case, peer_in_function(case, app_store), stop_in_turn(app_store, case))
     if case.startswith("nested_restarter"):
         plugins = nested_restarter(inprocess, plugins)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # rank_filter is deprecated in both
-        wrapper = inprocess.Wrapper(**options, **plugins, **timeouts)
-    record: dict[str, Any] = {"case": case, "rank": rank}
-    with common.StdoutLines(Path.cwd() / f"{impl}-{rank}.stdout") as printed:
-        try:
-            if case == "call_arguments":
-                record["returned"] = wrapper(train_with_arguments)([], "tag", scale=3)
-            else:
-                record["returned"] = wrapper(train)()
-            record["raised"] = None
-        except BaseException as exc:
-            record["returned"] = None
-            record["raised"] = common.exception_fields(exc)
-    record["restarter_lines"] = common.restarter_lines(printed.lines())
+        wrapper = inprocess.Wrapper(**options, **plugins)
+    record.update(call_and_record(wrapper, train, case, Path.cwd() / f"{impl}-{rank}.stdout"))
     record["monitor_logfile"] = Path(str(logfile).format(rank=rank)).is_file()
-    record.update(journal=journal, rounds=rounds, leftovers=leftovers.after())
+    record.update(journal=journal, leftovers=leftovers.after())
+    received = record["received"]
     record["call_wrapper"], record["received"] = (received[0], received[1:]) if received else (None, [])
     record["user_handler_levels"] = sorted(set(handler.levels))
     record["reference_name_levels"] = sorted(set(by_reference_name.levels))
     common.write(out, record)
     return 0
+
+
+def call_and_record(wrapper: Any, train: Any, case: str, stdout: Path) -> dict[str, Any]:
+    """Calls the wrapped ``train`` (``call_arguments``: with its arguments): what it returned
+    or raised, and the nested-restarter lines the rank printed meanwhile."""
+    with common.StdoutLines(stdout) as printed:
+        try:
+            if case == "call_arguments":
+                returned, raised = wrapper(train)([], "tag", scale=3), None
+            else:
+                returned, raised = wrapper(train)(), None
+        except BaseException as exc:
+            returned, raised = None, common.exception_fields(exc)
+    return {"returned": returned, "raised": raised, "restarter_lines": common.restarter_lines(printed.lines())}
 
 
 if __name__ == "__main__":
