@@ -119,8 +119,10 @@ class Keeper(threading.Thread):
         self.stopped = threading.Event()
 
     def run(self) -> None:
+        # The first copy at once: a store lost within its first interval still leaves what
+        # it was restored from to its successor, which reads this store's file only.
         last: dict[str, str] | None = None
-        while not self.stopped.wait(self.interval):
+        while True:
             try:
                 keys = take(self.store, self.prefixes, self.exclude)
                 if keys != last:
@@ -128,6 +130,8 @@ class Keeper(threading.Thread):
                     last = keys
             except Exception as exc:  # a store or file system hiccup: try again next time
                 log.warning("could not save the store snapshot to %s: %s", self.path, exc)
+            if self.stopped.wait(self.interval):
+                return
 
     def stop(self) -> None:
         self.stopped.set()

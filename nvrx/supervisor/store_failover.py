@@ -3,7 +3,7 @@
 The job directory (``<log dir>/<job id>``) is on a file system every node
 sees (the checkpoint flag relies on it too), and it is where the survivors
 meet, since the store is gone. Each run of the job (``SLURM_RESTART_COUNT``)
-has its own failover directory and snapshot; node 0 clears those of every run
+has its own failover directory, and each store of it its own snapshot; node 0 clears those of every run
 when it starts, so nothing of an earlier run with the same job id is read, and
 removes its run's once every slot ended (``forget_run``): only a killed run's
 stay until the next run starts. For

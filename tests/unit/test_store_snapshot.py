@@ -79,3 +79,18 @@ def test_no_rank_is_gone_in_a_new_store() -> None:
     from nvrx.store import rounds
 
     assert rounds.all_gone(_server()) == set()
+
+
+def test_a_keeper_writes_its_first_copy_before_its_first_interval(tmp_path: Path) -> None:
+    """A store lost within its first interval still leaves its keys (those it was restored
+    from) to its successor, which reads that store's own file only."""
+    store = _server()
+    store.set("sup/restarts", "2")
+    path = tmp_path / "store" / "snapshot-run0-e1.json"
+    keeper = snapshot.Keeper(store, path, ("sup/",), interval=3600)  # no second copy in the test
+    keeper.start()
+    try:
+        wait_until("the first snapshot", path.exists, 10)
+    finally:
+        keeper.stop()
+    assert snapshot.read(path) == {"sup/restarts": "2"}
