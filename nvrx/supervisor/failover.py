@@ -129,7 +129,9 @@ class Failover:
         )
         if answers is None or self._elected_after_all(answers):
             return
-        lost_store = store_failover.snapshot_path(cfg.events_dir, self.store.epoch - 1)
+        lost_store = store_failover.snapshot_path(
+            cfg.events_dir, self.store.epoch - 1, self.store.lost_slot
+        )
         kept = snapshot.KeptKeys(snapshot.read(lost_store))
         for lost_slot, node in answers.silent:
             self._roles.record_lost_unreplaced(lost_slot, node, lost_wall, kept)
@@ -340,7 +342,8 @@ class Failover:
         self._ahead_link = self._ahead_service = None
 
     def _successor_store(self, epoch: int, held: bool = False) -> StoreService:
-        """A store service for failover ``epoch`` on this slot's host (not launched yet)."""
+        """A store service for failover ``epoch`` on this slot's host (not launched yet), to
+        replace the store of the slot the job's store is on (until ``_connect`` moves it)."""
         cfg = self.store.config
         return StoreService(
             os.environ.get("SLURMD_NODENAME") or cfg.master_addr,
@@ -348,7 +351,7 @@ class Failover:
             job_id=cfg.job_id,
             log_dir=cfg.log_dir,
             node=self._roles.slot,
-            snapshot=snapshot_spec(cfg, epoch),
+            snapshot=snapshot_spec(cfg, epoch, self._roles.slot, self.store.slot),
             held=held,
         )
 

@@ -89,13 +89,15 @@ def beats_dir(job_dir: Path, store: str) -> Path:
     return job_dir / "failover" / _run() / "beats" / store
 
 
-def snapshot_path(job_dir: Path, epoch: int = 0) -> Path:
-    """Where the store of failover ``epoch`` (node 0's: 0) of this run keeps its snapshot of
-    the job-level keys, and where the successor of that store restores them from. One file
-    per epoch: a store host that stalled, was failed over and wakes up again keeps writing
-    its own store's keys until it fences itself, and they must not replace the newer
-    store's (a later failover would restore a job from before the first)."""
-    return job_dir / "store" / f"snapshot-{_run()}-e{epoch}.json"
+def snapshot_path(job_dir: Path, epoch: int = 0, slot: int = 0) -> Path:
+    """Where the store of failover ``epoch`` (node 0's: 0) hosted by ``slot`` keeps its
+    snapshot of the job-level keys, and where the successor of that store restores them
+    from. One file per store: a store host that stalled, was failed over and wakes up again
+    keeps writing its own store's keys until it fences itself, and a store started for an
+    epoch on a slot that did not become its host writes until it is stopped; neither may
+    replace the keys of the store that serves the job (a later failover would restore a job
+    from before the first)."""
+    return job_dir / "store" / f"snapshot-{_run()}-e{epoch}-s{slot}.json"
 
 
 def reset(job_dir: Path) -> None:

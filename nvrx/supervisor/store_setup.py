@@ -20,17 +20,19 @@ from .config import KEY_PREFIX, SupervisorConfig
 from .exit_codes import ExitCode, SupervisorError
 
 
-def snapshot_spec(cfg: SupervisorConfig, epoch: int = 0) -> SnapshotSpec:
-    """What the store of failover ``epoch`` keeps a copy of for a successor: the
+def snapshot_spec(
+    cfg: SupervisorConfig, epoch: int = 0, slot: int = 0, replaces: int = 0
+) -> SnapshotSpec:
+    """What the store of failover ``epoch`` on ``slot`` keeps a copy of for a successor: the
     supervisors' keys (not the heartbeats or the step times of straggler scores), the
     Wrapper's job-level counters and the ranks marked gone (``store_failover``); past
-    epoch 0, restored from the copy the store it replaces kept."""
+    epoch 0, restored from the copy the store it replaces (the one ``replaces`` hosted) kept."""
     job_dir = cfg.events_dir
     return SnapshotSpec(
-        store_failover.snapshot_path(job_dir, epoch),
+        store_failover.snapshot_path(job_dir, epoch, slot),
         prefixes=(KEY_PREFIX, *rounds.FAILOVER_KEYS),
         exclude=(node_keys.PREFIX + "alive/", node_keys.PREFIX + "steps/"),
-        restore_from=store_failover.snapshot_path(job_dir, epoch - 1) if epoch > 0 else None,
+        restore_from=store_failover.snapshot_path(job_dir, epoch - 1, replaces) if epoch > 0 else None,
     )
 
 

@@ -40,7 +40,7 @@ class _Survivor:
             store_host="node1", store_port=1,
         )  # fmt: skip
         self.store = SimpleNamespace(
-            config=config, service=None, roles=roles, slot=store_slot, epoch=EPOCH, lost_slot=None
+            config=config, service=None, roles=roles, slot=store_slot, epoch=EPOCH, lost_slot=store_slot
         )
         control = SimpleNamespace(emit=lambda kind, **fields: self.events.append((kind, fields)))
         self.failover = Failover(
@@ -172,7 +172,7 @@ def test_every_silent_node_of_a_larger_job_is_recorded_lost_and_excluded(tmp_pat
 def test_the_losses_are_recorded_from_this_runs_store_snapshot(tmp_path, slurm) -> None:
     survivor = _Survivor(tmp_path, nnodes=3, slot=2)
     # the snapshot the lost store (the epoch before the failed election's) kept
-    snapshot.write(store_failover.snapshot_path(tmp_path, EPOCH - 1), {"nvrx_supervisor/node/claim/1": "x"})
+    snapshot.write(store_failover.snapshot_path(tmp_path, EPOCH - 1, 0), {"nvrx_supervisor/node/claim/1": "x"})
     slurm["answer"] = _answers("node1,node2,node3", "node1,node2", "")
     survivor.decide({2})
     assert survivor.kept == [{"nvrx_supervisor/node/claim/1": "x"}] * 2

@@ -415,8 +415,8 @@ def test_node_0_forgets_every_earlier_runs_failover_files_and_a_run_its_own_at_i
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
     store_failover.reset(tmp_path)
     assert list((tmp_path / "store").iterdir()) == [] and list((tmp_path / "failover").iterdir()) == []
-    for epoch in (0, 1):  # node 0's store's, and its successor's
-        store_failover.snapshot_path(tmp_path, epoch).write_text("{}")
+    for epoch, slot in ((0, 0), (1, 1), (1, 2)):  # node 0's store's, its successor's, a loser's
+        store_failover.snapshot_path(tmp_path, epoch, slot).write_text("{}")
     store_failover.announce(tmp_path, 1, 0)
     store_failover.forget_run(tmp_path)
     assert list(tmp_path.iterdir()) == []

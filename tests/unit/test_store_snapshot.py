@@ -86,7 +86,7 @@ def test_a_keeper_writes_its_first_copy_before_its_first_interval(tmp_path: Path
     from) to its successor, which reads that store's own file only."""
     store = _server()
     store.set("sup/restarts", "2")
-    path = tmp_path / "store" / "snapshot-run0-e1.json"
+    path = tmp_path / "store" / "snapshot-run0-e1-s1.json"
     keeper = snapshot.Keeper(store, path, ("sup/",), interval=3600)  # no second copy in the test
     keeper.start()
     try:
