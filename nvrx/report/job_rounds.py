@@ -10,8 +10,10 @@ took, from the first node stopping its children to the last node starting them
 again. The last stretch ends as the run's supervisors did. A restart announced for
 a lost node is that loss's round (``BY_NODE_LOSS``), as a Wrapper round it interrupted is;
 so is one announced for a survivor's failure that the loss explains (``consequence``):
-one that began after the node's last heartbeat, or a follow-on fault in the detection
-window before it (it follows from the loss, declared only later).
+one that began after the node's last heartbeat, or a follow-on fault (a hang among them:
+a rank waiting for the lost peer stops progressing before its last heartbeat) in the
+detection window before it (it follows from the loss, declared only later). A restart
+announced for the lost node takes its loss before any other stretch can.
 """
 
 from __future__ import annotations
@@ -19,8 +21,16 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-from nvrx.events.failures import NODE, NODE_LOST_SIGNATURE, kind_of
+from nvrx.events.failures import (
+    HANG,
+    NODE,
+    NODE_LOST_SIGNATURE,
+    UNRESPONSIVE,
+    hang_signature,
+    kind_of,
+)
 
+from .consequence import FOLLOW_ON
 from .model import NodeLoss, RoundRow
 
 if TYPE_CHECKING:
@@ -42,7 +52,7 @@ def job_restart_rounds(job: JobSummary, losses: LossIndex) -> list[RoundRow]:
             by_run[e["run"]][e["epoch"]].append(e)
     world = job.supervised_world()
     rows: list[RoundRow] = []
-    blamed: set[int] = set()  # id() of the losses a stretch already has
+    causes: list[tuple[RoundRow, dict[str, Any]]] = []
     for run, epochs in sorted(by_run.items()):
         start = min(_walls(job, run, "child_start"), default=None)
         for epoch, events in sorted(epochs.items()):
@@ -52,12 +62,24 @@ def job_restart_rounds(job: JobSummary, losses: LossIndex) -> list[RoundRow]:
             cause = next((e["cause"] for e in events if e.get("cause")), None) or {}
             row = _row(job, run, epoch - 1, start, end, "restart")
             _time_restart(row, events, end, started)
-            _name_cause(job, row, cause, world, losses, blamed)
+            causes.append((row, cause))
             rows.append(row)
             start = max(started, default=None)
         last = max(epochs)
         rows.append(_row(job, run, last, start, max(_walls(job, run, "supervisor_end"), default=None), run_end(job, run)))
+    blamed: set[int] = set()  # id() of the losses a stretch already has
+    # A restart announced for a lost node takes its loss first: an earlier stretch whose
+    # failure the loss's window would explain too does not take it from it.
+    announced = [(row, cause) for row, cause in causes if _announces_loss(cause)]
+    for row, cause in announced + [(row, cause) for row, cause in causes if not _announces_loss(cause)]:
+        _name_cause(job, row, cause, world, losses, blamed)
     return rows
+
+
+def _announces_loss(cause: dict[str, Any]) -> bool:
+    """Whether a job-wide restart's cause names a lost node."""
+    signature = cause.get("signature")
+    return isinstance(signature, str) and kind_of(signature) == NODE
 
 
 def _time_restart(
@@ -85,6 +107,8 @@ def _row(
     end: float | None,
     outcome: str,
 ) -> RoundRow:
+    """The stretch from ``start`` to ``end`` as a row, with the hangs told in it; its cause is
+    named later (``_name_cause``), once every stretch of the job is known."""
     return RoundRow(
         run=run, round=rnd, start_wall=start, end_wall=end, outcome=outcome,
         hang_ranks=sorted({h.rank for h in _hangs(job, run, start, end) if h.rank is not None}),
@@ -132,7 +156,7 @@ def _name_cause(
         row.first_host = _host_of_node(job, row, losses)
     if loss is not None:  # the lost ranks and what the loss explains are no failures of their own
         hung = _hangs(job, row.run, row.start_wall, row.end_wall)
-        own = {h.rank for h in hung if h.rank is not None and losses.explains(h.wall) is None}
+        own = {h.rank for h in hung if h.rank is not None and not _explains(losses, loss, _hang_onset(h))}
         row.also_failed = sorted(own - set(loss.ranks))
         row.peer_notified = max(0, ranks - len(loss.ranks) - len(row.also_failed))
         return
@@ -161,8 +185,8 @@ def _lost_node(row: RoundRow, losses: LossIndex) -> NodeLoss | None:
 def _loss_first(
     job: JobSummary, row: RoundRow, losses: LossIndex, blamed: set[int]
 ) -> NodeLoss | None:
-    """The loss that the announced failure followed from: one of the run that no earlier
-    stretch has, of a node that held ranks (not a lost spare), last seen no earlier than the
+    """The loss that the announced failure followed from: one of the run that no other
+    stretch has (a restart announced for the lost node takes it first), of a node that held ranks (not a lost spare), last seen no earlier than the
     stretch began, that explains the failure as ``consequence`` says, from its onset and by
     its shape (``_onset``): a follow-on fault may come before the heartbeat, so the loss may
     begin after the restart was claimed. Stretches do not overlap: one loss is one stretch's."""
@@ -171,6 +195,8 @@ def _loss_first(
     onset, shape = _onset(job, row, row.end_wall)
 
     def ours(loss: NodeLoss) -> bool:
+        """Whether this stretch may take ``loss``: the run's, of a node that held ranks, last
+        seen no earlier than the stretch began, and no other stretch's."""
         return (
             loss.run == row.run and bool(loss.ranks) and id(loss) not in blamed
             and _within(loss.start, row.start_wall, None)
@@ -181,26 +207,24 @@ def _loss_first(
 
 def _onset(job: JobSummary, row: RoundRow, end: float) -> tuple[float, str | None]:
     """When the announced failure began, and its shape: the failed rank's last fault told in
-    the stretch (what ended its process), from its onset (a hang from its report less the
-    time the rank had made no progress); without one, its process's last end in the
-    stretch; without that, when the restart was claimed (``end``)."""
+    the stretch of the announced signature (else its last one: what ended its process),
+    from its onset and by its shape as ``_fault_onset`` and ``_hang_onset`` read them;
+    without one, its process's last end in the stretch; without that, when the restart was
+    claimed (``end``)."""
     if row.first_rank is None:
         return end, None
     told = [
-        (wall, onset, shape or "")
-        for group in job.signatures.values()
+        _fault_onset(wall, onset, shape, signature)
+        for signature, group in job.signatures.items()
         for wall, rank, _, _, _, shape, onset in group.seen
         if rank == row.first_rank and wall is not None and onset is not None
         and _within(wall, row.start_wall, end)
     ]  # fmt: skip
-    told += [
-        (h.wall, h.wall - (h.stale_s or 0.0), "")
-        for h in _hangs(job, row.run, row.start_wall, end)
-        if h.rank == row.first_rank and h.wall is not None
-    ]
+    told += [_hang_onset(h) for h in _hangs(job, row.run, row.start_wall, end) if h.rank == row.first_rank]
     if told:
-        _, onset, shape = max(told)
-        return onset, shape or None
+        announced = [t for t in told if t[3] == row.cause]
+        _, onset, shape, _ = max(announced or told, key=lambda t: (t[0], t[1]))
+        return onset, shape
     ends = [
         e["wall"]
         for e in job.node_events
@@ -208,6 +232,32 @@ def _onset(job: JobSummary, row: RoundRow, end: float) -> tuple[float, str | Non
         and e.get("global_rank") == row.first_rank and _within(e["wall"], row.start_wall, end)
     ]  # fmt: skip
     return max(ends, default=end), None
+
+
+#: (told, onset, shape, signature) of a fault or a hang.
+Told = tuple[float, float, str | None, str]
+
+
+def _fault_onset(wall: float, onset: float, shape: str | None, signature: str) -> Told:
+    """A fault event's onset (its time less ``detection_s``) and shape; a hang's or an
+    unresponsive rank's is a follow-on one (``_hang_onset``)."""
+    if kind_of(signature) in (HANG, UNRESPONSIVE):
+        shape = FOLLOW_ON
+    return wall, onset, shape or None, signature
+
+
+def _explains(losses: LossIndex, loss: NodeLoss, told: Told) -> bool:
+    """Whether ``loss`` explains a fault or hang of a survivor, from its onset and by its shape."""
+    _, onset, shape, _ = told
+    return losses.explains(onset, shape, among=lambda x: x is loss) is not None
+
+
+def _hang_onset(h: Hang) -> Told:
+    """A hang event's onset, its report less the time the rank had made no progress, and its
+    shape: a follow-on one, for a rank that waits for a lost peer stops making progress up
+    to a step and a heartbeat interval before that peer's last heartbeat."""
+    assert h.wall is not None  # ``_hangs`` keeps only hangs with a time
+    return h.wall, h.wall - (h.stale_s or 0.0), FOLLOW_ON, hang_signature(h.timeout)
 
 
 def _host_of_node(job: JobSummary, row: RoundRow, losses: LossIndex) -> str | None:

@@ -242,6 +242,7 @@ class HangWatch:
             round=beat.round if beat.round >= 0 else None,  # a common field: None, never -1
             local_rank=beat.local_rank, child_pid=child.pid, message=message,
             signature=UNRESPONSIVE_SIGNATURE, detected_mono=time.monotonic(),
+            detection_s=silent_s,  # the rank stopped beating that long before: its onset
         )  # fmt: skip
         if _is_monitor(beat.monitor_pid):
             processes.signal_group(beat.monitor_pid, signal.SIGKILL)

@@ -208,6 +208,18 @@ def test_a_silent_rank_under_a_shell_is_named_by_the_child_its_supervisor_kills(
         sup.hangs.close()
 
 
+def test_a_silent_ranks_fault_says_how_long_it_had_been_silent() -> None:
+    """The fault's ``detection_s`` is the rank's silence: the report reads the fault's onset
+    from it, not from when the silence was found."""
+    sup = _Node(SimpleNamespace(lost=None, leave_silent=lambda *a: None))
+    try:
+        assert sup.hangs.on_message(_silent(_beat(pid=5), silent_s=12.5))
+        [fault] = [e for e in sup.events if e["kind"] == "fault"]
+        assert fault["detection_s"] == 12.5 and fault["message"] == "no heartbeat for 12.5 s"
+    finally:
+        sup.hangs.close()
+
+
 def test_a_lost_store_link_neither_takes_a_rank_out_nor_schedules_anything() -> None:
     sup = _Node(SimpleNamespace(lost="node agent exited"))
     try:

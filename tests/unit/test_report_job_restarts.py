@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from test_report_fixtures import HANG_STACK, T0, Host, Proc
 
+from nvrx.events.failures import UNRESPONSIVE_SIGNATURE
 from nvrx.report import build_report
 
 CAUSE = {"rank": 3, "node": 1, "signature": "hang (heartbeat timeout)"}
@@ -342,12 +343,14 @@ def _survivor_failed_near_a_loss(
     signature: str = PEER_LOST,
     fault: tuple[float, str, str] | None = None,
     hangs: tuple[tuple[int, float, float], ...] = (),
+    silent: float | None = None,
 ) -> None:
     """No Wrapper, 2 nodes x 2 ranks: node 1 is last seen at 20 s and declared lost at 23 s
     (silent 3 s); rank 0 (node 0) ends at ``exit_t`` and its supervisor claims the job-wide
     restart for it (``signature``) before the declaration. ``fault``: (time, exception type,
     message) of the exception rank 0 wrote first; ``hangs``: (rank, time, seconds without
-    progress) of the hangs node 0's supervisor told."""
+    progress) of the hangs node 0's supervisor told; ``silent``: seconds rank 0 had sent no
+    heartbeat when its supervisor declared it unresponsive, just before its end."""
     hosts = {n: Host(f"n{n}", n) for n in (0, 1)}
     sup = {n: Proc(log_dir, h, "supervisor") for n, h in hosts.items()}
     for n, s in sup.items():
@@ -360,6 +363,10 @@ def _survivor_failed_near_a_loss(
                signature=signature)  # fmt: skip
         app.close()
     s0 = sup[0]
+    if silent is not None:
+        s0.at(exit_t - 0.05, "fault", fault_kind="unresponsive", origin_rank=0, rank=0, local_rank=0,
+              child_pid=100, message=f"no heartbeat for {silent:.1f} s", signature=UNRESPONSIVE_SIGNATURE,
+              detection_s=silent)  # fmt: skip
     for rank, t, stale in hangs:
         s0.at(t, "hang", rank=rank, local_rank=rank, child_pid=100 + rank, timeout="heartbeat", stale_s=stale,
               stack=HANG_STACK)  # fmt: skip
@@ -449,36 +456,115 @@ def test_a_survivors_follow_on_fault_just_before_a_nodes_last_heartbeat_is_the_l
 
 
 @pytest.mark.parametrize(
-    ("stale", "lost"),
-    [(10.0, False), (0.3, True)],
-    ids=["hung-long-before-the-last-heartbeat", "hung-after-it"],
+    ("told", "stale", "lost"),
+    [(20.5, 10.0, False), (20.5, 0.6, True), (20.5, 1.5, True), (20.5, 2.9, True), (22.5, 2.0, True)],
+    ids=[
+        "hung-long-before-the-last-heartbeat",
+        "hung-just-before-it",
+        "hung-in-the-detection-window",
+        "hung-near-the-windows-start",
+        "hung-after-it",
+    ],
 )
 def test_a_survivors_hang_counts_from_its_last_progress_not_from_when_it_was_told(
-    tmp_path: Path, stale: float, lost: bool
+    tmp_path: Path, told: float, stale: float, lost: bool
 ) -> None:
-    """No Wrapper: node 0's supervisor tells at 20.5 s (after node 1's last heartbeat) that
-    rank 0 hung, and restarts the job for it. Without progress for 10 s, the hang began
-    long before the heartbeat: rank 0's own failure. Without progress for 0.3 s, it began
-    after it: the loss's."""
+    """No Wrapper: node 0's supervisor tells, after node 1's last heartbeat (20 s, silent
+    3 s before its declaration), that rank 0 hung, and restarts the job for it. Without
+    progress for 10 s, the hang began long before the heartbeat: rank 0's own failure.
+    Begun less than the node's silence before the heartbeat (a rank waiting in a collective
+    for the lost node stops progressing before that node's last beat), or after it: the
+    loss's."""
     hang = "hang (heartbeat timeout)"
-    _survivor_failed_near_a_loss(tmp_path, 20.55, hang, hangs=((0, 20.5, stale),))
+    _survivor_failed_near_a_loss(tmp_path, told + 0.05, hang, hangs=((0, told, stale),))
     first = build_report(tmp_path, sacct=False).timeline[0]
     expected = ("node lost", "n1", "node_lost") if lost else (hang, "n0", "job_restart")
     assert (first.cause, first.first_host, first.ordering) == expected
 
 
+def test_a_stretchs_failure_is_read_from_the_fault_its_restart_announced(tmp_path: Path) -> None:
+    """No Wrapper: rank 0 raises PeerLost at 20.3 s, after node 1's last heartbeat (20 s),
+    and its supervisor restarts the job for that signature; it also tells, later, that the
+    rank had made no progress for 10 s. The stretch is read from the announced fault, begun
+    after the heartbeat: the loss's, not the hang's, begun long before it."""
+    _survivor_failed_near_a_loss(
+        tmp_path, 20.5, PEER_LOST, fault=(20.3, "PeerLost", "peer went away"), hangs=((0, 20.45, 10.0),)
+    )
+    first = build_report(tmp_path, sacct=False).timeline[0]
+    assert (first.cause, first.first_host, first.ordering) == ("node lost", "n1", "node_lost")
+
+
 @pytest.mark.parametrize(
-    ("hung_at", "own"),
-    [(20.45, False), (19.0, True)],
-    ids=["in-the-loss-window", "before-the-loss"],
+    ("silent", "lost"), [(12.0, False), (2.0, True)], ids=["silent-long-before", "silent-in-the-detection-window"]
+)
+def test_an_unresponsive_survivor_counts_from_when_it_fell_silent(tmp_path: Path, silent: float, lost: bool) -> None:
+    """No Wrapper: node 0's supervisor declares rank 0 unresponsive at 20.5 s, after node 1's
+    last heartbeat (20 s, silent 3 s before its declaration), and restarts the job for it.
+    Silent for 12 s, the rank stopped long before the heartbeat: its own failure. Silent for
+    2 s, it stopped in the loss's detection window, as a rank waiting for the lost node does:
+    the loss's."""
+    _survivor_failed_near_a_loss(tmp_path, 20.55, UNRESPONSIVE_SIGNATURE, silent=silent)
+    first = build_report(tmp_path, sacct=False).timeline[0]
+    expected = ("node lost", "n1", "node_lost") if lost else (UNRESPONSIVE_SIGNATURE, "n0", "job_restart")
+    assert (first.cause, first.first_host, first.ordering) == expected
+
+
+def test_a_restart_announced_for_a_lost_node_keeps_its_loss_from_an_earlier_stretch(tmp_path: Path) -> None:
+    """No Wrapper, 2 nodes and a spare: rank 0 (node 0) fails on a reset connection at 19.9 s
+    and restarts the job (claimed 19.95 s, started again 20.3 s); node 1, last seen at
+    20 s, is declared lost at 23 s, the spare takes its node rank, and a second restart is
+    announced for the lost node. The loss's window would explain rank 0's follow-on fault,
+    but the restart announced for the loss has it: the first stretch is rank 0's."""
+    sups = _two_nodes_and_a_spare(tmp_path)
+    s0 = sups[0]
+    app = Proc(tmp_path, Host("n0", 0), "app", rank=0)
+    signature = "ConnectionResetError at train.py:9 in step"
+    app.at(19.9, "fault", fault_kind="exception", origin_rank=0, exc_type="ConnectionResetError",
+           message="Connection reset by peer", signature=signature)  # fmt: skip
+    app.close()
+    s0.at(19.92, "child_exit", local_rank=0, child_pid=100, global_rank=0, exit_code=1, signal=None, runtime_s=18.9)
+    s0.at(19.93, "restart_decision", local_rank=0, global_rank=0, scope="job", decision="restart",
+          reason="child failed (exit code 1)", budget_left=3, signature=signature)  # fmt: skip
+    s0.at(19.95, "job_restart", epoch=1, phase="stopping", cause={"rank": 0, "node": 0, "signature": signature})
+    s0.at(20.2, "job_restart", epoch=1, phase="ready", ready=1, nodes=2)
+    s0.at(20.3, "child_start", local_rank=0, child_pid=200, global_rank=0, attempt=1)
+    s0.at(20.3, "job_restart", epoch=1, phase="started")
+    s0.at(23.0, "node_lost", lost_node=1, lost_slot=1, lost_host="n1", silent_s=3.0, last_seen_wall=T0 + 20.0,
+          seen_by=0, action="spare", replaced_by=2, ranks=[1])  # fmt: skip
+    sups[2].at(23.2, "node_takeover", node_rank=1, lost_slot=1, wait_s=0.2)
+    lost = {"rank": None, "node": 1, "signature": "node lost"}
+    for i in (0, 2):
+        sups[i].at(23.3, "job_restart", epoch=2, phase="stopping", cause=lost)
+        sups[i].at(23.8, "job_restart", epoch=2, phase="ready", ready=2, nodes=2)
+        sups[i].at(24.0, "child_start", local_rank=0, child_pid=300 + i, global_rank=min(i, 1), attempt=2)
+        sups[i].at(24.0, "job_restart", epoch=2, phase="started")
+        sups[i].at(50.0, "supervisor_end", exit_code=0, reason="all children ended")
+    for sup in sups:
+        sup.close()
+    report = build_report(tmp_path, sacct=False)
+    first, second = report.timeline[:2]
+    assert (first.cause, first.first_rank, first.first_host, first.ordering) == (signature, 0, "n0", "job_restart")
+    assert (second.cause, second.first_node, second.first_host, second.ordering) == (
+        "node lost", 1, "n1", "node_lost",
+    )  # fmt: skip
+    assert report.node_losses[0].round == second.round
+
+
+@pytest.mark.parametrize(
+    ("hung_at", "stale", "own"),
+    [(20.45, 2.0, False), (19.0, 5.0, True), (20.45, 10.0, True)],
+    ids=["in-the-loss-window", "before-the-loss", "told-in-the-window-begun-long-before"],
 )
 def test_a_stretch_the_loss_explains_leaves_out_the_hangs_of_its_window(
-    tmp_path: Path, hung_at: float, own: bool
+    tmp_path: Path, hung_at: float, stale: float, own: bool
 ) -> None:
     """No Wrapper: the stretch is node 1's loss's (rank 0 failed after its last heartbeat).
-    Rank 1's hang, told after that heartbeat, follows from the loss: not a failure of its
-    own, and rank 1 counts with the peers. A hang told before the loss stays its own."""
-    _survivor_failed_near_a_loss(tmp_path, 20.5, hangs=((1, hung_at, 5.0),))
+    Rank 1's hang, begun in the loss's detection window before that heartbeat (without
+    progress for 2 s, told just after it), follows from the loss: not a failure of its own,
+    and rank 1 counts with the peers. A hang begun long before the heartbeat stays its own,
+    whether told before it or after it: a hang counts from its onset, as the stretch's first
+    failure does."""
+    _survivor_failed_near_a_loss(tmp_path, 20.5, hangs=((1, hung_at, stale),))
     first = build_report(tmp_path, sacct=False).timeline[0]
     assert (first.cause, first.ordering, first.hang_ranks) == ("node lost", "node_lost", [1])
     assert (first.also_failed, first.peer_notified) == (([1], 1) if own else ([], 2))
@@ -489,7 +575,9 @@ def test_a_stretchs_loss_is_found_past_an_earlier_loss_whose_window_is_still_ope
     spare never comes, so its window stays open; the job restarts without it (14 s). Node 1
     is then lost too (last seen 20 s, declared 23 s), and rank 0 fails after that (20.5 s).
     Both windows hold rank 0's failure: the second stretch is node 1's loss's, not rank 0's
-    own failure, though the first loss began in the first stretch."""
+    own failure, though the first loss began in the first stretch. Rank 1's hang, begun in
+    the second stretch before node 1's detection window, is its own: only the first loss's
+    window, not the stretch's loss's, holds it."""
     hosts = {n: Host(f"n{n}", n) for n in (0, 1, 2)}
     sup = {n: Proc(tmp_path, h, "supervisor") for n, h in hosts.items()}
     for n, s in sup.items():
@@ -507,6 +595,7 @@ def test_a_stretchs_loss_is_found_past_an_earlier_loss_whose_window_is_still_ope
                  signal="SIGTERM", runtime_s=12.5)  # fmt: skip
             s.at(14.0, "child_start", local_rank=lr, child_pid=200 + lr, global_rank=2 * n + lr, attempt=1)
         s.at(14.0, "job_restart", epoch=1, phase="started")
+    s0.at(19.0, "hang", rank=1, local_rank=1, child_pid=201, timeout="heartbeat", stale_s=4.0, stack=HANG_STACK)
     s0.at(20.5, "child_exit", local_rank=0, child_pid=200, global_rank=0, exit_code=1, signal=None, runtime_s=6.5)
     s0.at(20.51, "restart_decision", local_rank=0, global_rank=0, scope="job", decision="restart",
           reason="child failed (exit code 1)", budget_left=3, signature=PEER_LOST)  # fmt: skip
@@ -522,6 +611,7 @@ def test_a_stretchs_loss_is_found_past_an_earlier_loss_whose_window_is_still_ope
     assert (second.cause, second.first_node, second.first_host, second.ordering) == (
         "node lost", 1, "n1", "node_lost",
     )  # fmt: skip
+    assert (second.hang_ranks, second.also_failed) == ([1], [1])
     rounds = {x.host: x.round for x in report.node_losses}
     assert rounds == {"n2": first.round, "n1": second.round}, rounds
 
