@@ -41,7 +41,9 @@ out, ending its host's place in the ring first so that nobody finds it
 silent (a store whose server refused or closed its connection by then ended
 with the job: it is not waited for; one that failed otherwise is connected to
 again for ``ENDING_STORE_S`` at most); and when the store stays unreachable for
-``Thresholds.host_s`` (``STORE_GONE_S`` at most: the job ended or was killed).
+``Thresholds.host_s`` (``STORE_GONE_S`` at most: the job ended or was killed); and when
+the store it reaches holds another job's token (``host_ring.job_token``: a job started
+again at the same store address, whose next beat then starts its own agent).
 """
 
 from __future__ import annotations
@@ -97,11 +99,14 @@ class HostConfig:
     logfile: str | None = None
     events_dir: str | None = None
     events_context: dict | None = None
+    job_token: str = ""  # the job's token in its store (``host_ring.job_token``): none, unchecked
 
     @classmethod
     def of(cls, config: Any) -> HostConfig:
-        """The fields of this class out of ``config`` (a monitor's configuration)."""
-        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
+        """The fields of this class out of ``config`` (a monitor's configuration; the job's
+        token the monitor reads from the store, not from its configuration)."""
+        fields = [f.name for f in dataclasses.fields(cls) if f.name != "job_token"]
+        return cls(**{name: getattr(config, name) for name in fields})
 
 
 def job_key(cfg: HostConfig) -> str:
@@ -198,6 +203,8 @@ class NodeAgent:
         self._reached = time.monotonic()  # the last time the store answered
         self._failing = False
         self._gone_at: float | None = None  # the last look whose store's server was gone
+        self._job_seen = False  # the store connected to holds this job's token
+        self.other_job = False  # the store at the job's address is another job's: it ended
         #: The host's barrier relay, told how many ranks the agent serves (``received``);
         #: started at each tick until it is (``_keep_relay``), unless ``relays`` is False.
         self.relay: BarrierRelay | None = None
@@ -269,6 +276,8 @@ class NodeAgent:
 
     def finished(self, now: float, started: float) -> bool:
         """Whether the agent may end (see the module docstring)."""
+        if self.other_job:
+            return True
         if now - self._reached > min(self.limits.host_s, STORE_GONE_S):
             log.warning("the store did not answer for %.1f s: the job is gone", now - self._reached)
             return True
@@ -308,6 +317,11 @@ class NodeAgent:
         except _NotYet:
             self._reached = now
             return False
+        except _OtherJob as exc:
+            log.warning("%s: this job is gone, its agent ends", exc)
+            self.other_job = True
+            self._drop_store()
+            return False
         except Exception as exc:
             if not self._failing:
                 log.warning("this host's beats did not reach the store: %r", exc)
@@ -325,7 +339,7 @@ class NodeAgent:
         if self.store is not None and hasattr(self.store, "close"):
             with contextlib.suppress(Exception):
                 self.store.close()
-        self.store, self.place = None, None
+        self.store, self.place, self._job_seen = None, None, False
         self._silent_hosts.clear()  # found in that store; the next may be another job's call
 
     def _connect(self, now: float) -> None:
@@ -343,6 +357,7 @@ class NodeAgent:
         host may have declared it lost while this agent could not tick (it stalled before
         its first tick, or its connection was down): then it is fenced at once."""
         self.store = store
+        self._check_job()
         if self.slot < 0:
             self.slot = self._listed_in
         if self.slot >= 0 and not self.fenced and host_ring.declared_lost(store, self.slot):
@@ -354,8 +369,20 @@ class NodeAgent:
         self._watch_listed(now)
         self._refresh_at = now + self.limits.host_s
 
+    def _check_job(self) -> None:
+        """Raise ``_OtherJob`` where the store holds another job's token: this job ended and
+        another serves its store at the same address (its own agent starts when this one
+        ends). A store with no token yet is looked at again at the next tick."""
+        if self._job_seen or not self.cfg.job_token:
+            return
+        token = host_ring.read_job_token(self.store)
+        if token is not None and token != self.cfg.job_token:
+            raise _OtherJob(f"the store at this job's address holds another job's token {token}")
+        self._job_seen = token is not None
+
     def _tick(self, now: float) -> None:
         """The host's beat, the look at the next host, then what the silences call for."""
+        self._check_job()
         if self.fenced:  # the store is still read, to know it answers
             host_ring.host_count(self.store)
             return
@@ -499,6 +526,10 @@ class NodeAgent:
             f"; initial ranks {later} are in no round yet: again later" if later else "",
         )  # fmt: skip
         return later
+
+
+class _OtherJob(Exception):
+    """The store the agent reached is another job's."""
 
 
 class _NotYet(Exception):

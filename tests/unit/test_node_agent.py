@@ -632,6 +632,44 @@ def test_an_agent_whose_last_bye_came_as_the_store_ended_ends_without_connecting
         assert agent.finished(now, now) and connects == []
 
 
+class Ending:
+    """A store client whose server goes (``gone``): its requests fail from then on."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.gone = store, False
+
+    def __getattr__(self, name: str) -> Any:
+        if self.gone and name != "close":
+            raise ConnectionResetError("the store's server is gone")
+        return getattr(self.store, name)
+
+
+def test_an_agent_that_reaches_another_jobs_store_at_its_address_ends_untouched(
+    base, hosts, monkeypatch
+) -> None:
+    """A job killed and started again at the same store address (a fixed ``MASTER_PORT``):
+    the killed job's agent outlives it for a while, connects again, and finds the new
+    job's store. It ends there and leaves that job alone: no take-out of ranks that share
+    its silent ranks' numbers, no place in the new job's ring (its own agent starts)."""
+    job = Ending(base)
+    h = hosts("h0", [0, 1], store=job)
+    h.agent.cfg.job_token = host_ring.job_token(base)  # its monitors wrote it, and gave it on
+    server = client.serve("127.0.0.1", 0, timeout=10)
+    later = client.connect("127.0.0.1", server.port, timeout=10)
+    view = _round(later)
+    host_ring.job_token(later)  # the new job's first monitor wrote its own
+    monkeypatch.setattr(node_agent, "connect_store", lambda cfg, connect_within=0.0: later)
+    t = time.monotonic()
+    h.beat(0, 1)
+    assert h.agent.step(t) and not h.agent.finished(t, t)
+    job.gone = True  # the job is killed: its ranks beat no more, its store is gone
+    assert not h.agent.step(t + TIMEOUT + 0.1)
+    assert not h.agent.step(t + 2 * TIMEOUT + 0.2)  # connects again: another job's store
+    assert h.agent.finished(t + 2 * TIMEOUT + 0.2, t)
+    assert rstore.terminated_ranks(view) == set() and h.faults() == []
+    assert host_ring.host_count(later) == 0
+
+
 def test_an_agent_that_no_monitor_beat_to_ends_within_its_idle_bound(base) -> None:
     """Its starter died before its first beat was read: with a day's heartbeat timeout too."""
     slow = _config(heartbeat_timeout=86400.0)
