@@ -43,7 +43,9 @@ with the job: it is not waited for; one that failed otherwise is connected to
 again for ``ENDING_STORE_S`` at most); and when the store stays unreachable for
 ``Thresholds.host_s`` (``STORE_GONE_S`` at most: the job ended or was killed); and when
 the store it reaches holds another job's token (``host_ring.job_token``: a job started
-again at the same store address, whose next beat then starts its own agent).
+again at the same store address, whose next beat then starts its own agent); and when
+every rank it heard of fell silent before a round named it, for ``NO_ROUND_S`` (its place
+left to the host watching it).
 """
 
 from __future__ import annotations
@@ -78,6 +80,11 @@ IDLE_START_S = 60.0
 #: The longest the agent waits for a store that does not answer before it ends (the job is
 #: gone; were it not, the next beat that finds no agent starts one), whatever the timeouts.
 STORE_GONE_S = 60.0
+#: An agent whose every rank fell silent before a round named it (their take-outs find them
+#: in no round: they died before the job's first round formed) ends once they stood so for
+#: this long (``Thresholds.host_s`` if longer), though the store answers: a store of the
+#: job's that outlives it would keep the agent forever.
+NO_ROUND_S = 60.0
 #: The longest an agent whose ranks all ended tries to reach a store it lost, to end its
 #: host's place: a store that does not answer by then ended with the job.
 ENDING_STORE_S = 5.0
@@ -205,6 +212,7 @@ class NodeAgent:
         self._gone_at: float | None = None  # the last look whose store's server was gone
         self._job_seen = False  # the store connected to holds this job's token
         self.other_job = False  # the store at the job's address is another job's: it ended
+        self._no_round_since: float | None = None  # every rank silent, none out yet, since
         #: The host's barrier relay, told how many ranks the agent serves (``received``);
         #: started at each tick until it is (``_keep_relay``), unless ``relays`` is False.
         self.relay: BarrierRelay | None = None
@@ -289,11 +297,28 @@ class NodeAgent:
             log.info("a rank of this host beats for its next place: the agent for it starts")
             return True
         if not self.settled:
-            return False
+            return self._ranks_died_before_a_round(now)
         if self._gone_at == now:
             return True  # every rank ended, and this look's tick found the server gone
         with_store = self._guarded(self._end_place, now)
         return with_store or self.store is None  # every rank ended, and the store is gone
+
+    def _ranks_died_before_a_round(self, now: float) -> bool:
+        """Whether every rank this agent heard of fell silent and waits to be taken out (a
+        round names none of them: it tries again) for ``NO_ROUND_S``. The agent then ends,
+        its place left standing: the host watching this one finds it silent and takes its
+        listed ranks out, should a round name them later; with no other host, no rank of
+        the job lives to wait for them."""
+        if not self.live or not self.live <= self._out.keys():
+            self._no_round_since = None
+            return False
+        if self._no_round_since is None:
+            self._no_round_since = now
+        if now - self._no_round_since < max(self.limits.host_s, NO_ROUND_S):
+            return False
+        log.warning("ranks %s of this host fell silent and no round names them: they died "
+                    "before the job's first round; the agent ends", sorted(self.live))  # fmt: skip
+        return True
 
     def _end_place(self, now: float) -> None:
         """Every rank this agent heard of is done: end the host's place unless a listed
