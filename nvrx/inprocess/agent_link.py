@@ -26,7 +26,7 @@ from typing import Any
 from nvrx import jobenv
 from nvrx.node_agent.host import HostConfig, agent_address, host_key
 from nvrx.rank_beats import Beat, BeatSender, BeatSocket
-from nvrx.store.host_ring import claimed, list_ended, list_rank, register
+from nvrx.store.host_ring import claimed, job_token, list_ended, list_rank, register
 
 from .monitor_process import MonitorConfig
 
@@ -40,6 +40,7 @@ class AgentLink:
         self.cfg, self._store = cfg, store
         self.agent_cfg = HostConfig.of(cfg)  # what the host's agent is given of the job
         self.host = jobenv.host_id()
+        self.agent_cfg.job_token = job_token(store())
         self.slot = self._listed(store())
         self.sender = BeatSender(
             agent_address(self.agent_cfg, self.host), "this host's node agent", logging.INFO

@@ -41,7 +41,11 @@ out, ending its host's place in the ring first so that nobody finds it
 silent (a store whose server refused or closed its connection by then ended
 with the job: it is not waited for; one that failed otherwise is connected to
 again for ``ENDING_STORE_S`` at most); and when the store stays unreachable for
-``Thresholds.host_s`` (``STORE_GONE_S`` at most: the job ended or was killed).
+``Thresholds.host_s`` (``STORE_GONE_S`` at most: the job ended or was killed); and when
+the store it reaches holds another job's token (``host_ring.job_token``: a job started
+again at the same store address, whose next beat then starts its own agent); and when
+every rank it heard of fell silent before a round named it, for ``NO_ROUND_S`` (its place
+left to the host watching it).
 """
 
 from __future__ import annotations
@@ -76,6 +80,11 @@ IDLE_START_S = 60.0
 #: The longest the agent waits for a store that does not answer before it ends (the job is
 #: gone; were it not, the next beat that finds no agent starts one), whatever the timeouts.
 STORE_GONE_S = 60.0
+#: An agent whose every rank fell silent before a round named it (their take-outs find them
+#: in no round: they died before the job's first round formed) ends once they stood so for
+#: this long (``Thresholds.host_s`` if longer), though the store answers: a store of the
+#: job's that outlives it would keep the agent forever.
+NO_ROUND_S = 60.0
 #: The longest an agent whose ranks all ended tries to reach a store it lost, to end its
 #: host's place: a store that does not answer by then ended with the job.
 ENDING_STORE_S = 5.0
@@ -97,11 +106,14 @@ class HostConfig:
     logfile: str | None = None
     events_dir: str | None = None
     events_context: dict | None = None
+    job_token: str = ""  # the job's token in its store (``host_ring.job_token``): none, unchecked
 
     @classmethod
     def of(cls, config: Any) -> HostConfig:
-        """The fields of this class out of ``config`` (a monitor's configuration)."""
-        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
+        """The fields of this class out of ``config`` (a monitor's configuration; the job's
+        token the monitor reads from the store, not from its configuration)."""
+        fields = [f.name for f in dataclasses.fields(cls) if f.name != "job_token"]
+        return cls(**{name: getattr(config, name) for name in fields})
 
 
 def job_key(cfg: HostConfig) -> str:
@@ -198,6 +210,9 @@ class NodeAgent:
         self._reached = time.monotonic()  # the last time the store answered
         self._failing = False
         self._gone_at: float | None = None  # the last look whose store's server was gone
+        self._job_seen = False  # the store connected to holds this job's token
+        self.other_job = False  # the store at the job's address is another job's: it ended
+        self._no_round_since: float | None = None  # every rank silent, none out yet, since
         #: The host's barrier relay, told how many ranks the agent serves (``received``);
         #: started at each tick until it is (``_keep_relay``), unless ``relays`` is False.
         self.relay: BarrierRelay | None = None
@@ -269,6 +284,8 @@ class NodeAgent:
 
     def finished(self, now: float, started: float) -> bool:
         """Whether the agent may end (see the module docstring)."""
+        if self.other_job:
+            return True
         if now - self._reached > min(self.limits.host_s, STORE_GONE_S):
             log.warning("the store did not answer for %.1f s: the job is gone", now - self._reached)
             return True
@@ -280,11 +297,28 @@ class NodeAgent:
             log.info("a rank of this host beats for its next place: the agent for it starts")
             return True
         if not self.settled:
-            return False
+            return self._ranks_died_before_a_round(now)
         if self._gone_at == now:
             return True  # every rank ended, and this look's tick found the server gone
         with_store = self._guarded(self._end_place, now)
         return with_store or self.store is None  # every rank ended, and the store is gone
+
+    def _ranks_died_before_a_round(self, now: float) -> bool:
+        """Whether every rank this agent heard of fell silent and waits to be taken out (a
+        round names none of them: it tries again) for ``NO_ROUND_S``. The agent then ends,
+        its place left standing: the host watching this one finds it silent and takes its
+        listed ranks out, should a round name them later; with no other host, no rank of
+        the job lives to wait for them."""
+        if not self.live or not self.live <= self._out.keys():
+            self._no_round_since = None
+            return False
+        if self._no_round_since is None:
+            self._no_round_since = now
+        if now - self._no_round_since < max(self.limits.host_s, NO_ROUND_S):
+            return False
+        log.warning("ranks %s of this host fell silent and no round names them: they died "
+                    "before the job's first round; the agent ends", sorted(self.live))  # fmt: skip
+        return True
 
     def _end_place(self, now: float) -> None:
         """Every rank this agent heard of is done: end the host's place unless a listed
@@ -308,6 +342,11 @@ class NodeAgent:
         except _NotYet:
             self._reached = now
             return False
+        except _OtherJob as exc:
+            log.warning("%s: this job is gone, its agent ends", exc)
+            self.other_job = True
+            self._drop_store()
+            return False
         except Exception as exc:
             if not self._failing:
                 log.warning("this host's beats did not reach the store: %r", exc)
@@ -325,7 +364,7 @@ class NodeAgent:
         if self.store is not None and hasattr(self.store, "close"):
             with contextlib.suppress(Exception):
                 self.store.close()
-        self.store, self.place = None, None
+        self.store, self.place, self._job_seen = None, None, False
         self._silent_hosts.clear()  # found in that store; the next may be another job's call
 
     def _connect(self, now: float) -> None:
@@ -343,6 +382,7 @@ class NodeAgent:
         host may have declared it lost while this agent could not tick (it stalled before
         its first tick, or its connection was down): then it is fenced at once."""
         self.store = store
+        self._check_job()
         if self.slot < 0:
             self.slot = self._listed_in
         if self.slot >= 0 and not self.fenced and host_ring.declared_lost(store, self.slot):
@@ -354,8 +394,20 @@ class NodeAgent:
         self._watch_listed(now)
         self._refresh_at = now + self.limits.host_s
 
+    def _check_job(self) -> None:
+        """Raise ``_OtherJob`` where the store holds another job's token: this job ended and
+        another serves its store at the same address (its own agent starts when this one
+        ends). A store with no token yet is looked at again at the next tick."""
+        if self._job_seen or not self.cfg.job_token:
+            return
+        token = host_ring.read_job_token(self.store)
+        if token is not None and token != self.cfg.job_token:
+            raise _OtherJob(f"the store at this job's address holds another job's token {token}")
+        self._job_seen = token is not None
+
     def _tick(self, now: float) -> None:
         """The host's beat, the look at the next host, then what the silences call for."""
+        self._check_job()
         if self.fenced:  # the store is still read, to know it answers
             host_ring.host_count(self.store)
             return
@@ -499,6 +551,10 @@ class NodeAgent:
             f"; initial ranks {later} are in no round yet: again later" if later else "",
         )  # fmt: skip
         return later
+
+
+class _OtherJob(Exception):
+    """The store the agent reached is another job's."""
 
 
 class _NotYet(Exception):

@@ -11,6 +11,7 @@ it is tried again, and how long a silent host stands before its ranks are taken 
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,21 @@ def _slot(store: Any, name: str) -> int:
     if taken != slot:  # another monitor of the host took one first: this one is never used
         end_place(store, slot)
     return taken
+
+
+def job_token(store: Any) -> str:
+    """The job's token in ``store``: the one the first monitor to ask wrote (compare-and-set).
+    A node agent given it tells its job's store from another job's at the same address."""
+    got = store.compare_set(keys.JOB_TOKEN, "", uuid.uuid4().hex)
+    return got.decode() if isinstance(got, bytes) else str(got)
+
+
+def read_job_token(store: Any) -> str | None:
+    """The job's token in ``store``; None while no monitor wrote one."""
+    if not store.check([keys.JOB_TOKEN]):
+        return None
+    raw = store.get(keys.JOB_TOKEN)
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
 def claimed(store: Any, slot: int) -> bool:

@@ -16,6 +16,9 @@ ROOT = "nvrx/"
 HOSTS_PREFIX = ROOT + "host/"
 #: Counter: host slots handed out (a slot taken twice by one host is ended at once).
 HOST_COUNT = HOSTS_PREFIX + "count"
+#: A token the job's first monitor writes once (compare-and-set): it tells this job's store
+#: from another's served later at the same address (a job started again after a kill).
+JOB_TOKEN = HOSTS_PREFIX + "job"
 
 
 def host_slot(host: str) -> str:

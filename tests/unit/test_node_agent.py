@@ -632,6 +632,76 @@ def test_an_agent_whose_last_bye_came_as_the_store_ended_ends_without_connecting
         assert agent.finished(now, now) and connects == []
 
 
+class Ending:
+    """A store client whose server goes (``gone``): its requests fail from then on."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.gone = store, False
+
+    def __getattr__(self, name: str) -> Any:
+        if self.gone and name != "close":
+            raise ConnectionResetError("the store's server is gone")
+        return getattr(self.store, name)
+
+
+def test_an_agent_that_reaches_another_jobs_store_at_its_address_ends_untouched(
+    base, hosts, monkeypatch
+) -> None:
+    """A job killed and started again at the same store address (a fixed ``MASTER_PORT``):
+    the killed job's agent outlives it for a while, connects again, and finds the new
+    job's store. It ends there and leaves that job alone: no take-out of ranks that share
+    its silent ranks' numbers, no place in the new job's ring (its own agent starts)."""
+    job = Ending(base)
+    h = hosts("h0", [0, 1], store=job)
+    h.agent.cfg.job_token = host_ring.job_token(base)  # its monitors wrote it, and gave it on
+    server = client.serve("127.0.0.1", 0, timeout=10)
+    later = client.connect("127.0.0.1", server.port, timeout=10)
+    view = _round(later)
+    host_ring.job_token(later)  # the new job's first monitor wrote its own
+    monkeypatch.setattr(node_agent, "connect_store", lambda cfg, connect_within=0.0: later)
+    t = time.monotonic()
+    h.beat(0, 1)
+    assert h.agent.step(t) and not h.agent.finished(t, t)
+    job.gone = True  # the job is killed: its ranks beat no more, its store is gone
+    assert not h.agent.step(t + TIMEOUT + 0.1)
+    assert not h.agent.step(t + 2 * TIMEOUT + 0.2)  # connects again: another job's store
+    assert h.agent.finished(t + 2 * TIMEOUT + 0.2, t)
+    assert rstore.terminated_ranks(view) == set() and h.faults() == []
+    assert host_ring.host_count(later) == 0
+
+
+def test_an_agent_whose_ranks_died_before_any_round_ends_though_its_store_answers(
+    base, hosts
+) -> None:
+    """A job killed before its first round formed, whose store outlives it: the take-outs
+    of its silent ranks find them in no round and are tried again for good. The agent ends
+    once they stood so for ``NO_ROUND_S``, its place left for the host watching it."""
+    h = hosts("h0", [0, 1])
+    t = time.monotonic()
+    h.beat(0, 1)
+    assert h.agent.step(t)
+    silent_at = t + TIMEOUT + 0.1
+    assert h.agent.step(silent_at) and h.agent._out.keys() == {0, 1}
+    assert not h.agent.finished(silent_at, t)  # asked at each tick, as the loop does
+    bound = max(LIMITS.host_s, node_agent.NO_ROUND_S)
+    for now in (silent_at + 1, silent_at + bound - 1):
+        assert h.agent.step(now) and not h.agent.finished(now, t)
+    assert h.agent.step(silent_at + bound) and h.agent.finished(silent_at + bound, t)
+    assert _claims(base, h.agent.slot) == 0 and h.faults() == []
+
+
+def test_a_silent_rank_before_any_round_keeps_its_agent_while_another_rank_beats(base, hosts):
+    h = hosts("h0", [0, 1])
+    t = time.monotonic()
+    h.beat(0, 1)
+    assert h.agent.step(t)
+    bound = max(LIMITS.host_s, node_agent.NO_ROUND_S)
+    for dt in range(1, int(bound) + 3):
+        h.beat(0)
+        assert h.agent.step(t + dt) and not h.agent.finished(t + dt, t)
+    assert 1 in h.agent._out
+
+
 def test_an_agent_that_no_monitor_beat_to_ends_within_its_idle_bound(base) -> None:
     """Its starter died before its first beat was read: with a day's heartbeat timeout too."""
     slow = _config(heartbeat_timeout=86400.0)
