@@ -16,7 +16,8 @@ during a store failover) owns the store clients instead (nvrx's own,
   a rank whose monitor stopped beating out of its round (``nvrx.store.rounds``)
 * answers on stdout: ``{"id": 1, "value": ...}`` or ``{"id": 1, "error": "..."}``
 * unsolicited lines: ``{"event": "ready"}``, ``{"event": "key", "key": k, "value": v}``
-  when a watched key is set, ``{"event": "lost", "message": ...}`` when the store is gone,
+  when a watched key is set, ``{"event": "lost", "message": ..., "answered_wall": ...}`` when the
+  store is gone (from the node watch: when its last answered beat was sent, else none),
   ``{"event": "node_silent", "slot": s, ...}`` and ``{"event": "fenced", ...}`` from the node
   watch; ``{"event": "wrapper_pid", "pid": p}`` (its first beat, again after its bye),
   ``{"event": "rank_in_round", "pid": p}`` (its first beat from a round: its training
@@ -244,6 +245,9 @@ class NodeDuty:
         self._interval, self.timeout = 0.0, 0.0
         self.stopped = threading.Event()  # fenced, or the store lost: no more beats
         self._beat_started: float | None = None  # while a beat waits for the store
+        #: When the last beat the store answered was sent (wall clock): the store was alive
+        #: then, so a loss counts from there (told with the ``lost`` report).
+        self.answered_wall: float | None = None
         self._reported = threading.Lock()  # one "lost" report, from the beats or the watchdog
 
     def received(self, beats: list[Beat], new: NewPids, now: float) -> None:
@@ -284,9 +288,9 @@ class NodeDuty:
         try:
             store = connect()
             while not self.stopped.is_set():
-                self._beat_started = time.monotonic()
+                self._beat_started, sent_wall = time.monotonic(), time.time()
                 alive = self.beat(store, self._beat_started)
-                self._beat_started = None
+                self._beat_started, self.answered_wall = None, sent_wall
                 if not alive:
                     self.stopped.set()  # fenced off
                     return
@@ -312,7 +316,7 @@ class NodeDuty:
     def _lost(self, message: str) -> None:
         if self._reported.acquire(blocking=False):
             self.stopped.set()
-            self.send({"event": "lost", "message": message})
+            self.send({"event": "lost", "message": message, "answered_wall": self.answered_wall})
 
 
 class BeatOverdue:

@@ -95,7 +95,7 @@ class Failover:
         """The store link reported the store lost: fail over (True), else stop the job."""
         if self.course.stopping:
             return False
-        lost_wall = time.time()
+        lost_wall = self._last_answered()
         if self._fail_over(detail):
             return True
         cfg = self.store.config
@@ -107,6 +107,14 @@ class Failover:
         if self._unelected is not None and self._roles.enabled:
             self._requeue_without_lost_nodes(lost_wall, self._unelected)
         return False
+
+    def _last_answered(self) -> float:
+        """When the lost store was last seen alive: the sending of the last request or beat of
+        this node's that it answered (now, when none did). Its host's loss counts from there,
+        so that what the survivors' ranks wrote once it was gone follows from the loss."""
+        link = self.store.link
+        seen = link.answered_wall if link is not None else None
+        return seen if seen is not None else time.time()
 
     def _requeue_without_lost_nodes(self, lost_wall: float, alive: frozenset[int]) -> None:
         """After an election that found no majority, or whose successor published no store
@@ -232,7 +240,7 @@ class Failover:
         if not self._can_fail_over():
             return False
         store, control = self.store, self.control
-        t0, lost_wall = time.monotonic(), time.time()
+        t0, lost_wall = time.monotonic(), self._last_answered()
         old = f"{store.config.store_host}:{store.config.store_port}"
         log.warning("store at %s lost (%s): failing over", old, detail)
         interrupted = self.course.state

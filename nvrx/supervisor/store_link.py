@@ -82,6 +82,9 @@ class StoreLink:
         self._next_id = 0
         self.lost: str | None = None
         self.ready = False
+        #: When the last request (or the agent's last beat) that the store answered was sent,
+        #: wall clock: it was alive then. A loss of its host counts from there.
+        self.answered_wall: float | None = None
 
     @property
     def pid(self) -> int | None:
@@ -183,6 +186,7 @@ class StoreLink:
             elif event is not None:
                 if event == "lost" and self.lost is None:
                     self.lost = str(message.get("message"))
+                    self._answered(message.get("answered_wall"))
                 self._events.append(message)
             else:
                 answers.append(message)
@@ -226,6 +230,7 @@ class StoreLink:
         self._next_id += 1
         rid = self._next_id
         line = (json.dumps({"id": rid, "op": op, "key": key, **fields}) + "\n").encode()
+        sent_wall = time.time()
         try:
             os.write(self._to_agent, line)
         except OSError as exc:
@@ -239,11 +244,17 @@ class StoreLink:
                         raise StoreLinkError(
                             f"store {op} {key!r} at {self.host}:{self.port} failed: {answer['error']}"
                         )
+                    self._answered(sent_wall)
                     return answer.get("value")
             if self.lost is not None:
                 raise StoreLinkError(
                     f"store at {self.host}:{self.port} was lost during {op} {key!r}: {self.lost}"
                 )
+
+    def _answered(self, wall: object) -> None:
+        """The store answered something sent at ``wall`` (ignored when not a time)."""
+        if isinstance(wall, (int, float)) and not isinstance(wall, bool):
+            self.answered_wall = max(self.answered_wall or 0.0, float(wall))
 
     def add(self, key: str, amount: int = 1) -> int:
         return int(self.request("add", key, amount=amount))

@@ -87,6 +87,11 @@ def test_losing_the_store_host_fails_over_and_the_job_completes(tmp_path: Path) 
         "spare slot 2 took over node rank 0; the job's store moved to slot 1 ("
     ), report.to_text()
     assert "the job's store moved to slot 1" in report.to_text(width=None)
+    # the round it interrupted is the loss's: the loss counts from when the store last
+    # answered, before the survivors' ranks and supervisors found it gone
+    assert loss.round is not None, report.to_text(width=None)
+    [interrupted] = [row for row in report.timeline if row.round == loss.round]
+    assert (interrupted.ordering, interrupted.cause) == ("node_lost", "node lost"), interrupted
     assert "unknown to this nvrx" not in report.to_text(width=None)
     # one row per round the Wrapper ran: none made up from the training's own events
     assert [row.round for row in report.timeline] == sorted({r for _, r in rounds}), report.to_text(width=None)

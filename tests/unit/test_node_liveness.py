@@ -618,6 +618,39 @@ def test_a_store_that_holds_a_ring_beat_past_the_timeout_is_reported_lost_once()
     assert sent[0]["message"].startswith("the store did not answer a heartbeat for ")
 
 
+class _FreezesLater(_CountingStore):
+    """A store host that answers until ``frozen`` is set, then holds every request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frozen, self.froze_wall = threading.Event(), 0.0
+        self.answered_walls: list[float] = []
+
+    def add(self, key: str, amount: int) -> int:
+        if self.frozen.is_set():
+            threading.Event().wait()  # held for good: the test's daemon thread
+        self.answered_walls.append(time.time())
+        return super().add(key, amount)
+
+
+def test_a_lost_store_is_reported_with_when_its_last_answered_beat_was_sent() -> None:
+    """The survivors count the store host's loss from its last answer, not from when they
+    noticed: what their ranks wrote once it was gone then follows from the loss."""
+    from nvrx.node_agent.supervised import NodeDuty
+
+    store, sent = _FreezesLater(), []
+    duty = NodeDuty(sent.append, None)
+    duty.watch_ring(slot_place(0, 3, 0.3, SEALER), lambda: store, interval=0.02, timeout=0.3)
+    wait_until("three beats", lambda: int(store.store.add(node_keys.alive(0), 0)) >= 3, 30)
+    store.frozen.set()
+    froze = time.time()
+    wait_until("the store reported lost", lambda: sent, 30)
+    [lost] = sent
+    assert lost["event"] == "lost" and lost["answered_wall"] is not None, lost
+    assert lost["answered_wall"] <= froze <= time.time(), lost
+    assert lost["answered_wall"] <= max(store.answered_walls), lost
+
+
 def test_a_beat_waits_for_the_store_in_the_time_its_own_process_ran() -> None:
     from nvrx.node_agent.supervised import BeatOverdue
 
@@ -757,4 +790,7 @@ def test_a_store_that_cannot_be_reached_is_reported_lost() -> None:
     duty.watch_ring(slot_place(0, 3, 1.0, SEALER), refused, interval=0.05, timeout=1.0)
     assert duty.ring_thread is not None
     duty.ring_thread.join(30)
-    assert sent == [{"event": "lost", "message": "node watch: ConnectionRefusedError: nobody listens"}]
+    assert sent == [
+        {"event": "lost", "message": "node watch: ConnectionRefusedError: nobody listens",
+         "answered_wall": None}  # it never answered
+    ]  # fmt: skip

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -78,3 +80,22 @@ def test_events_past_the_deadline_do_not_hold_the_request_off_its_loss(
         done.set()
         writer.join()
     assert store_link.read_events()[0] == {"event": "rank_in_round", "pid": 7}
+
+
+def test_the_link_knows_when_the_store_last_answered(link: tuple[StoreLink, int]) -> None:
+    """A request's answer, and the agent's ``lost`` report, tell when the store was last
+    seen alive: a loss of its host counts from there."""
+    store_link, agent = link
+    before = time.time()
+    os.write(agent, b'{"id": 1, "value": 7}\n')
+    assert store_link.add("k") == 7
+    answered = store_link.answered_wall
+    assert answered is not None and before <= answered <= time.time()
+    os.write(agent, b'{"event": "lost", "message": "gone", "answered_wall": 1.0}\n')  # older
+    store_link.read_events()
+    assert store_link.lost == "gone" and store_link.answered_wall == answered
+    store_link.lost, later = None, answered + 5.0
+    line = {"event": "lost", "message": "gone again", "answered_wall": later}
+    os.write(agent, (json.dumps(line) + "\n").encode())
+    store_link.read_events()
+    assert store_link.answered_wall == later
