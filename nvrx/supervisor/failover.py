@@ -275,7 +275,10 @@ class Failover:
             control.request_stop(loss.reason, ExitCode.NODE_LOST, broadcast=True)
             self.requeue([loss.host])
         if not self.course.stopping:
-            self.job_restart.after_failover()
+            try:
+                self.job_restart.after_failover()
+            except StoreLinkError as exc:  # the new store's loss comes through its link
+                log.warning("could not catch up on job-wide restarts in the new store: %s", exc)
         if self._roles.node_rank is not None:
             for local_rank in range(store.config.nproc_per_node):
                 self.ranks.restarts[local_rank] += 1

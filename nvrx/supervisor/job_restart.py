@@ -287,26 +287,31 @@ class JobRestart:
         under way, and every restart claimed on the lost store (the claims its snapshot kept:
         the new store starts from it). Watch the next one on the new store.
 
-        Each node counts on from what the new store shows, so all count alike: a claim made on
-        the new store (``store`` in its entry) is a restart this node takes part in, found by
-        its watch, not one to pass over.
+        Every node counts from what the new store shows, not from what it saw itself (a
+        claim the snapshot did not keep, an announcement that reached some nodes only), so
+        all count alike: the restarts claimed, from the first on, on an earlier store (the
+        ``store`` of each claim's entry), up to a claim for a node's end, which stays for
+        the next failure to find (it stops the job, as it would have). A claim made on the
+        new store is a restart this node takes part in, found by its watch.
         """
-        done = max(self.epoch, self.pending or 0)
         if self.pending is not None:
             self.control.kill_at = None
-        self.pending, self._go = None, None
+        self.pending, self._go, self._ready = None, None, None
+        done = 0
         while self._claimed_before_failover(done + 1):
             done += 1
         self.epoch = done
         if self.course.state is Course.RESTARTING:
-            self.course.to(Course.TRAINING if self.control.node_rank is not None else Course.SPARE)
+            training = self.control.node_rank is not None or self._assigned_meanwhile()
+            self.course.to(Course.TRAINING if training else Course.SPARE)
         self.watch()
 
     def _claimed_before_failover(self, epoch: int) -> bool:
-        """Whether restart ``epoch`` was claimed on an earlier store than this one."""
+        """Whether restart ``epoch`` was claimed, not for a node's end, on an earlier store
+        than this one."""
         listed = sealed_keys.read_list(self._link, self.store.known_sealer(), _key(epoch, "claim"))
         found = _parse(listed.first) if listed.first is not None else None
-        if not isinstance(found, dict):
+        if not isinstance(found, dict) or found.get("end"):
             return False
         store = found.get("store", 0)  # (an entry without it was made before any failover)
         return type(store) is int and store < self.store.epoch
