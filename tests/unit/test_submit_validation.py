@@ -163,8 +163,13 @@ def test_update_parameters_refuses_unknown_names_at_once(tmp_path: Path) -> None
     executor._prepare()  # what submit does before submitting: the executor still works
 
 
-def test_errors_name_the_parameter_as_last_given(tmp_path: Path) -> None:
+def test_errors_name_the_parameter_as_last_given(tmp_path: Path, monkeypatch) -> None:
     """A later update under another name of the time limit is the name errors use."""
+    from submitit.slurm.slurm import SlurmExecutor
+
+    # submitit's SLURM executor refuses to be made where srun is missing (a machine
+    # without SLURM): its CPUs per task are what srun would say
+    monkeypatch.setattr(SlurmExecutor, "affinity", classmethod(lambda cls: 2))
     executor = Executor(tmp_path, cluster="slurm", slurm_time=60)
     with pytest.raises(SubmitError, match=r"time limit timeout_min=1 \(60 s\)"):
         executor.update_parameters(timeout_min=1)
