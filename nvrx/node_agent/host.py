@@ -175,10 +175,12 @@ def start_relay(cfg: HostConfig, host: str) -> BarrierRelay:
 
 @dataclasses.dataclass
 class _Out:
-    """A rank of this host to take out of the running round: why, and when to try."""
+    """A rank of this host to take out of the running round: why, when to try, and since
+    when it was silent (the agent's clock)."""
 
     message: str
     at: float
+    since: float
 
 
 class NodeAgent:
@@ -447,7 +449,7 @@ class NodeAgent:
         if report["event"] == "node_silent":
             assert self.place is not None
             self.place.ring.ended_slot(report["slot"])
-            self._silent_hosts[report["slot"]] = {**report, "at": now}
+            self._silent_hosts[report["slot"]] = {**report, "at": now, "since": now - report["silent_s"]}
 
     def _watch_listed(self, now: float) -> None:
         """Each listed live rank not heard of yet gets a full timeout to beat here."""
@@ -482,11 +484,11 @@ class NodeAgent:
         if self.fenced:
             self.done.add(rank)
             return
-        self._queue([rank], f"no heartbeat for {silence.silent_s:.1f} s", now)
+        self._queue([rank], f"no heartbeat for {silence.silent_s:.1f} s", now, now - silence.silent_s)
 
-    def _queue(self, ranks: list[int], message: str, now: float) -> None:
+    def _queue(self, ranks: list[int], message: str, now: float, since: float) -> None:
         for rank in ranks:
-            self._out.setdefault(rank, _Out(message, now))
+            self._out.setdefault(rank, _Out(message, now, since))
 
     def _take_out_due(self, now: float) -> None:
         """Take this host's ranks due out of the running round; one that ended on purpose
@@ -498,19 +500,19 @@ class NodeAgent:
         for rank in [r for r in due if r in ended]:
             del self._out[rank], due[rank]
             self.done.add(rank)
-        by_message: dict[str, list[int]] = {}
+        by_message: dict[tuple[str, float], list[int]] = {}
         for rank, out in due.items():
             out.at = now + self.limits.replace_s  # unless it is out below
-            by_message.setdefault(out.message, []).append(rank)
-        for message, ranks in by_message.items():
-            self._leave(ranks, message)
+            by_message.setdefault((out.message, out.since), []).append(rank)
+        for (message, since), ranks in by_message.items():
+            self._leave(ranks, message, now - since)
 
     def _take_out_host(self, slot: int, silent: dict[str, Any], now: float) -> None:
         """Take the ranks of silent host ``slot`` out; end its place in the ring once they
         all are. Until then another agent that finds it silent does so again."""
         ranks = live_ranks(self.store, slot)
         message = f"its host sent no heartbeat for {silent['silent_s']:.1f} s"
-        if ranks and self._leave(ranks, message, own=False):
+        if ranks and self._leave(ranks, message, now - silent["since"], own=False):
             silent["at"] = now + self.limits.replace_s
             return
         host_ring.declare_lost(self.store, slot, self.slot)
@@ -521,16 +523,20 @@ class NodeAgent:
             return
         del self._silent_hosts[slot]
 
-    def _leave(self, ranks: list[int], message: str, own: bool = True) -> list[int]:
+    def _leave(
+        self, ranks: list[int], message: str, silent_s: float, own: bool = True
+    ) -> list[int]:
         """Take ``ranks`` (initial ranks) out of the running round as unresponsive, each with
-        its event as it leaves; those not out yet (in no round yet), to try again."""
+        its event as it leaves, whose ``detection_s`` is how long they had been silent (the
+        report counts the fault from when they fell silent); those not out yet (in no round
+        yet), to try again."""
         from nvrx.store import rounds
 
         round_ = rounds.current_round(self.store)
 
         def left(rank: int) -> None:  # its event names it and its round, as its monitor's would
             emit = functools.partial(self.emit, rank=rank, round=round_)
-            announce_leave(emit, rank, FaultRecord(rank, "unresponsive", message=message))
+            announce_leave(emit, rank, FaultRecord(rank, "unresponsive", message=message), detection_s=silent_s)
 
         size = self.cfg.initial_world_size
         done = rounds.leave_round(

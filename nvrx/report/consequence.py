@@ -9,11 +9,17 @@ the HTML timeline apply (``docs/report.md``, *Causal attribution*):
   ``HARDWARE`` when it tells of the node's own device or driver, else none. NCCL's
   "unhandled system error" is a failed system call: the node's own only when the
   message names no remote peer (the survivors of a peer's death get it too);
-- a node loss explains what a survivor wrote from the lost node's last beat
+- a fault counts from its *onset*: its time less its ``detection_s`` (a hang's
+  report less the time the rank had made no progress, ``stale_s``);
+- a node loss explains a survivor's fault begun from the lost node's last beat
   until the job got over the loss (its *loss window*), and a follow-on fault
-  written in the loss's detection window before that beat: up to ``silent_s``
+  begun in the loss's detection window before that beat: up to ``silent_s``
   (the node timeout) before it, since the survivor may see the broken
-  connection before the lost node's last heartbeat reaches its peers;
+  connection before the lost node's last heartbeat reaches its peers. For the
+  loss's windows a hang is a follow-on fault (``loss_shape``): a rank blocked
+  on the lost peer stops making progress before the peer's last beat, so a
+  hang begun in the detection window counts as the loss's even if it was the
+  rank's own;
 - a follow-on fault is a round's first failure only when no fault of another
   shape is at hand, and it is never evidence against its node.
 """
@@ -23,7 +29,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from nvrx.events.failures import short_type
+from nvrx.events.failures import HANG, kind_of, short_type
 
 if TYPE_CHECKING:
     from .model import NodeLoss
@@ -88,13 +94,29 @@ def fault_shape(exc_type: str | None, message: str | None, signature: str | None
     return None
 
 
+def loss_shape(signature: str | None, shape: str | None) -> str | None:
+    """The shape a fault of ``signature`` has for a node loss's windows: its own
+    (``fault_shape``), except that a hang is a follow-on one. An unresponsive monitor is
+    not: only the Wrapper's monitors beat, and a rank blocked on a lost peer is a hang
+    while its monitor goes on beating; an unresponsive one means its own host froze."""
+    if signature is not None and kind_of(signature) == HANG:
+        return FOLLOW_ON
+    return shape
+
+
 def loss_explains(
-    loss: NodeLoss, until: float, wall: float | None, shape: str | None = None
+    loss: NodeLoss,
+    until: float,
+    wall: float | None,
+    shape: str | None = None,
+    signature: str | None = None,
 ) -> bool:
-    """Whether what a survivor wrote at ``wall`` follows from ``loss`` (window up to ``until``):
-    anything in the loss window, and a follow-on fault in the detection window before it."""
+    """Whether what a survivor wrote, or a fault of ``signature`` and ``shape`` it began, at
+    ``wall`` (a fault's onset) follows from ``loss`` (window up to ``until``): anything in the
+    loss window, and a follow-on fault (``loss_shape``) in the detection window before it."""
     if wall is None:
         return False
+    shape = loss_shape(signature, shape)
     start = loss.start
     if until <= start:  # a lost spare: nothing to get over
         return False

@@ -106,7 +106,7 @@ def _drop_explained(groups: dict[str, SignatureGroup], losses: LossIndex) -> Non
     """Take out the occurrences written while the job got over a lost node."""
     for sig in list(groups):
         group = groups[sig]
-        left = [o for o in group.seen if losses.explains(o[6], o[5]) is None]  # from its onset
+        left = [o for o in group.seen if losses.explains(o[6], o[5], signature=sig) is None]  # from its onset
         if len(left) == len(group.seen):
             continue
         if not left:
@@ -137,9 +137,10 @@ def _add_losses(groups: dict[str, SignatureGroup], losses: LossIndex) -> None:
 
 
 def untold_hangs(job: JobSummary, losses: LossIndex) -> list[Hang]:
-    """Hangs that no hang fault of the same rank and round already tells (nor a lost node)."""
+    """Hangs that no hang fault of the same rank and round already tells (nor a lost node:
+    ``consequence``, from the rank's last progress)."""
     told = {(run, rnd, rank) for (run, rnd), r in job.rounds.items() for rank in r.hang_faults}
-    return [h for h in job.hangs if (h.run, h.round, h.rank) not in told and losses.explains(h.wall) is None]
+    return [h for h in job.hangs if (h.run, h.round, h.rank) not in told and losses.explains_hang(h) is None]
 
 
 def build_failures(

@@ -22,15 +22,12 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 from nvrx.events.failures import (
-    HANG,
     NODE,
     NODE_LOST_SIGNATURE,
-    UNRESPONSIVE,
     hang_signature,
     kind_of,
 )
 
-from .consequence import FOLLOW_ON
 from .model import NodeLoss, RoundRow
 
 if TYPE_CHECKING:
@@ -156,7 +153,7 @@ def _name_cause(
         row.first_host = _host_of_node(job, row, losses)
     if loss is not None:  # the lost ranks and what the loss explains are no failures of their own
         hung = _hangs(job, row.run, row.start_wall, row.end_wall)
-        own = {h.rank for h in hung if h.rank is not None and not _explains(losses, loss, _hang_onset(h))}
+        own = {h.rank for h in hung if h.rank is not None and losses.explains_hang(h, among=lambda x: x is loss) is None}
         row.also_failed = sorted(own - set(loss.ranks))
         row.peer_notified = max(0, ranks - len(loss.ranks) - len(row.also_failed))
         return
@@ -188,11 +185,11 @@ def _loss_first(
     """The loss that the announced failure followed from: one of the run that no other
     stretch has (a restart announced for the lost node takes it first), of a node that held ranks (not a lost spare), last seen no earlier than the
     stretch began, that explains the failure as ``consequence`` says, from its onset and by
-    its shape (``_onset``): a follow-on fault may come before the heartbeat, so the loss may
+    its shape (``_onset``): a follow-on fault may begin before the heartbeat, so the loss may
     begin after the restart was claimed. Stretches do not overlap: one loss is one stretch's."""
     if row.end_wall is None:
         return None
-    onset, shape = _onset(job, row, row.end_wall)
+    onset, shape, signature = _onset(job, row, row.end_wall)
 
     def ours(loss: NodeLoss) -> bool:
         """Whether this stretch may take ``loss``: the run's, of a node that held ranks, last
@@ -202,62 +199,46 @@ def _loss_first(
             and _within(loss.start, row.start_wall, None)
         )  # fmt: skip
 
-    return losses.explains(onset, shape, among=ours)
+    return losses.explains(onset, shape, among=ours, signature=signature)
 
 
-def _onset(job: JobSummary, row: RoundRow, end: float) -> tuple[float, str | None]:
-    """When the announced failure began, and its shape: the failed rank's last fault told in
-    the stretch of the announced signature (else its last one: what ended its process),
-    from its onset and by its shape as ``_fault_onset`` and ``_hang_onset`` read them;
-    without one, its process's last end in the stretch; without that, when the restart was
-    claimed (``end``)."""
+def _onset(job: JobSummary, row: RoundRow, end: float) -> tuple[float, str | None, str | None]:
+    """When the announced failure began, its shape and signature: the failed rank's last
+    fault told in the stretch of the announced signature (else its last one: what ended its
+    process), from its onset (a hang's: the rank's last progress); without one, its
+    process's last end in the stretch; without that, when the restart was claimed (``end``)."""
     if row.first_rank is None:
-        return end, None
-    told = [
-        _fault_onset(wall, onset, shape, signature)
+        return end, None, None
+    told: list[Told] = [
+        (wall, onset, shape, signature)
         for signature, group in job.signatures.items()
         for wall, rank, _, _, _, shape, onset in group.seen
         if rank == row.first_rank and wall is not None and onset is not None
         and _within(wall, row.start_wall, end)
     ]  # fmt: skip
-    told += [_hang_onset(h) for h in _hangs(job, row.run, row.start_wall, end) if h.rank == row.first_rank]
+    told += [_hang_told(h) for h in _hangs(job, row.run, row.start_wall, end) if h.rank == row.first_rank]
     if told:
         announced = [t for t in told if t[3] == row.cause]
-        _, onset, shape, _ = max(announced or told, key=lambda t: (t[0], t[1]))
-        return onset, shape
+        _, onset, shape, signature = max(announced or told, key=lambda t: (t[0], t[1]))
+        return onset, shape, signature
     ends = [
         e["wall"]
         for e in job.node_events
         if e["run"] == row.run and e.get("kind") == "child_exit" and "wall" in e
         and e.get("global_rank") == row.first_rank and _within(e["wall"], row.start_wall, end)
     ]  # fmt: skip
-    return max(ends, default=end), None
+    return max(ends, default=end), None, None
 
 
 #: (told, onset, shape, signature) of a fault or a hang.
 Told = tuple[float, float, str | None, str]
 
 
-def _fault_onset(wall: float, onset: float, shape: str | None, signature: str) -> Told:
-    """A fault event's onset (its time less ``detection_s``) and shape; a hang's or an
-    unresponsive rank's is a follow-on one (``_hang_onset``)."""
-    if kind_of(signature) in (HANG, UNRESPONSIVE):
-        shape = FOLLOW_ON
-    return wall, onset, shape or None, signature
-
-
-def _explains(losses: LossIndex, loss: NodeLoss, told: Told) -> bool:
-    """Whether ``loss`` explains a fault or hang of a survivor, from its onset and by its shape."""
-    _, onset, shape, _ = told
-    return losses.explains(onset, shape, among=lambda x: x is loss) is not None
-
-
-def _hang_onset(h: Hang) -> Told:
-    """A hang event's onset, its report less the time the rank had made no progress, and its
-    shape: a follow-on one, for a rank that waits for a lost peer stops making progress up
-    to a step and a heartbeat interval before that peer's last heartbeat."""
-    assert h.wall is not None  # ``_hangs`` keeps only hangs with a time
-    return h.wall, h.wall - (h.stale_s or 0.0), FOLLOW_ON, hang_signature(h.timeout)
+def _hang_told(h: Hang) -> Told:
+    """A hang event as a told fault: its report, onset (the rank's last progress), no shape of
+    its own (``consequence.loss_shape`` reads it by its signature) and signature."""
+    assert h.wall is not None and h.onset is not None  # ``_hangs`` keeps only hangs with a time
+    return h.wall, h.onset, None, hang_signature(h.timeout)
 
 
 def _host_of_node(job: JobSummary, row: RoundRow, losses: LossIndex) -> str | None:

@@ -162,6 +162,11 @@ class Hang:
     stack: str | None
     stale_s: float | None = None  # how long it had made no progress when the hang was declared
 
+    @property
+    def onset(self) -> float | None:
+        """When the rank stopped making progress: the report less ``stale_s``."""
+        return None if self.wall is None else self.wall - (self.stale_s or 0.0)
+
 
 @dataclass
 class RecordedError:

@@ -18,14 +18,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from nvrx.events.failures import hang_signature
+
 from .consequence import loss_explains
-from .model import NodeLoss, StoreFailover
+from .model import Hang, NodeLoss, StoreFailover
 from .node_events import STOP_KINDS
 from .round_windows import RoundWindows
 from .same_failure import SAME_FAILURE_WINDOW_S
 
 if TYPE_CHECKING:
     from .job_summary import JobSummary
+    from .parts import LocalFault
 
 log = logging.getLogger(__name__)
 
@@ -58,19 +61,29 @@ class LossIndex:
         wall: float | None,
         shape: str | None = None,
         among: Callable[[NodeLoss], bool] | None = None,
+        signature: str | None = None,
     ) -> NodeLoss | None:
-        """The loss that what a survivor wrote at ``wall`` (a fault of ``shape``, when it is
-        one) follows from, if any: ``consequence.loss_explains`` is the rule. ``among``: only
-        the losses it accepts are tried (the first loss whose window holds ``wall`` may be
-        one the caller cannot use, and a later one explain it too)."""
+        """The loss that what a survivor wrote at ``wall`` (a fault of ``signature`` and
+        ``shape`` begun then, when it is one) follows from, if any:
+        ``consequence.loss_explains`` is the rule. ``among``: only the losses it accepts are
+        tried (the first loss whose window holds ``wall`` may be one the caller cannot use,
+        and a later one explain it too)."""
         return next(
             (
                 loss
                 for _, hi, loss in self.windows
-                if (among is None or among(loss)) and loss_explains(loss, hi, wall, shape)
+                if (among is None or among(loss)) and loss_explains(loss, hi, wall, shape, signature)
             ),
             None,
         )
+
+    def explains_fault(self, f: LocalFault) -> NodeLoss | None:
+        """The loss that fault ``f`` follows from, if any: from its onset, by its shape."""
+        return self.explains(f.onset, f.shape, signature=f.signature)
+
+    def explains_hang(self, h: Hang, among: Callable[[NodeLoss], bool] | None = None) -> NodeLoss | None:
+        """The loss that hang ``h`` follows from, if any: from the rank's last progress."""
+        return self.explains(h.onset, among=among, signature=hang_signature(h.timeout))
 
     def of_slot(self, run: int, slot: Any, wall: float | None) -> NodeLoss | None:
         """The loss of slot ``slot`` when ``wall`` is at or after it: what its own supervisor
@@ -263,7 +276,8 @@ def _interrupted_before(job: JobSummary, loss: NodeLoss, rnd: int) -> bool:
     if state is None:
         return False
     return any(
-        f.onset is not None and f.onset < loss.start and not loss_explains(loss, math.inf, f.onset, f.shape)
+        f.onset is not None and f.onset < loss.start
+        and not loss_explains(loss, math.inf, f.onset, f.shape, f.signature)
         for f in state.first_by_rank.values()
     )
 

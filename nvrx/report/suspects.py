@@ -283,7 +283,7 @@ def _tally_hangs_and_deaths(
 ) -> None:
     """The hangs no node loss explains, and the process ends nothing else explains."""
     for h in job.hangs:
-        if h.host is None or losses.explains(h.wall) is not None:
+        if h.host is None or losses.explains_hang(h) is not None:
             continue
         s = per.of(h.host, h.node)
         s.hangs += 1

@@ -56,7 +56,7 @@ def build_timeline(
         root, ordering = _root(r)
         row = _round_row(run, rnd, r, root, ordering)
         loss = loss_of(losses.losses, run, rnd)
-        if loss is not None and (root is None or (root.wall or 0.0) >= loss.start):
+        if loss is not None and (root is None or (root.onset or 0.0) >= loss.start):  # begun after its last beat
             _blame_loss(row, r, loss)
         elif row.first_rank is None and row.first_host is None:
             _explain(job, row, r, process_rows, windows.window(run, rnd))
@@ -86,8 +86,9 @@ def _infer_outcomes(job: JobSummary, rows: list[RoundRow]) -> None:
 
 
 def _without_explained(r: RoundState, losses: LossIndex) -> RoundState:
-    """``r`` without the faults written while a lost node was being got over."""
-    kept = {k: f for k, f in r.first_by_rank.items() if losses.explains(f.wall, f.shape) is None}
+    """``r`` without the faults that follow from a lost node (``consequence``: from their
+    onset, by their shape)."""
+    kept = {k: f for k, f in r.first_by_rank.items() if losses.explains_fault(f) is None}
     if len(kept) == len(r.first_by_rank):
         return r
     copy = RoundState()

@@ -154,7 +154,8 @@ def emit_fault(
     emit("fault", **event)
 
 
-def announce_leave(emit: Emit, rank: int, record: FaultRecord) -> None:
+def announce_leave(emit: Emit, rank: int, record: FaultRecord, **fields: Any) -> None:
     """The event of the monitor taking ``rank`` out of its round (it died, hung or went
-    silent); ``store.proxy_leave`` is the store's part."""
-    emit_fault(emit, record, fault_kind=record.kind, origin_rank=rank, signature=record.kind)
+    silent); ``store.proxy_leave`` is the store's part. ``fields`` add to the event (the
+    ``detection_s`` of a rank found silent: how long it had been)."""
+    emit_fault(emit, record, fault_kind=record.kind, origin_rank=rank, signature=record.kind, **fields)

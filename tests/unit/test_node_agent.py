@@ -186,6 +186,9 @@ def test_a_rank_silent_for_its_timeout_is_taken_out_once(base, hosts) -> None:
     assert rstore.terminated_ranks(view) == {1}
     assert h.faults() == [(1, "unresponsive")]
     assert [(f["rank"], f["round"]) for _, f in h.events] == [(1, 0)]  # as its monitor's would
+    # silent since its last beat, at the first step, until the step that found it: the
+    # report counts the fault from that beat
+    assert [f["detection_s"] for _, f in h.events] == [pytest.approx(TIMEOUT + 0.1)]
     assert _termination_arrivals(base) == 1  # nobody waits for it at the end
     assert h.agent.done == {1}
 
@@ -264,6 +267,8 @@ def test_a_silent_host_is_taken_out_by_the_agent_watching_it(base, hosts) -> Non
     assert rstore.terminated_ranks(view) == {2, 3}
     assert a.faults() == [(2, "unresponsive"), (3, "unresponsive")]
     assert all(f["message"].startswith("its host sent no heartbeat") for _, f in a.events)
+    # h1's agent last beat at the third step: its ranks count as silent since then
+    assert [f["detection_s"] for _, f in a.events] == [pytest.approx(now - (t + 2 * INTERVAL), abs=INTERVAL)] * 2
     assert _claims(base, b.agent.slot) == 1  # its place ended
     assert a.agent.done == set()  # not its own ranks
     assert _termination_arrivals(base) == 2  # nobody waits for them at the end

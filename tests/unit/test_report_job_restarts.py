@@ -457,15 +457,17 @@ def test_a_survivors_follow_on_fault_just_before_a_nodes_last_heartbeat_is_the_l
 
 @pytest.mark.parametrize(
     ("told", "stale", "lost"),
-    [(20.5, 10.0, False), (20.5, 0.6, True), (20.5, 1.5, True), (20.5, 2.9, True), (22.5, 2.0, True)],
+    [(20.5, 10.0, False), (20.5, 0.6, True), (20.5, 1.5, True), (20.5, 2.9, True), (22.5, 2.0, True),
+     (19.8, 1.5, True)],
     ids=[
         "hung-long-before-the-last-heartbeat",
         "hung-just-before-it",
         "hung-in-the-detection-window",
         "hung-near-the-windows-start",
         "hung-after-it",
+        "told-before-the-heartbeat",
     ],
-)
+)  # fmt: skip
 def test_a_survivors_hang_counts_from_its_last_progress_not_from_when_it_was_told(
     tmp_path: Path, told: float, stale: float, lost: bool
 ) -> None:
@@ -474,12 +476,18 @@ def test_a_survivors_hang_counts_from_its_last_progress_not_from_when_it_was_tol
     progress for 10 s, the hang began long before the heartbeat: rank 0's own failure.
     Begun less than the node's silence before the heartbeat (a rank waiting in a collective
     for the lost node stops progressing before that node's last beat), or after it: the
-    loss's."""
+    loss's. The failure table, the activity marks and the suspect table say the same: the
+    hang is rank 0's own failure only when the timeline says so."""
     hang = "hang (heartbeat timeout)"
     _survivor_failed_near_a_loss(tmp_path, told + 0.05, hang, hangs=((0, told, stale),))
-    first = build_report(tmp_path, sacct=False).timeline[0]
+    report = build_report(tmp_path, sacct=False)
+    first = report.timeline[0]
     expected = ("node lost", "n1", "node_lost") if lost else (hang, "n0", "job_restart")
     assert (first.cause, first.first_host, first.ordering) == expected
+    own = 0 if lost else 1
+    assert [f.count for f in report.failures if f.signature == hang] == ([1] if own else [])
+    assert sum(m.signature == hang for m in report.activity.faults) == own
+    assert {s.host: s.hangs for s in report.suspects}.get("n0", 0) == own
 
 
 def test_a_stretchs_failure_is_read_from_the_fault_its_restart_announced(tmp_path: Path) -> None:
@@ -495,14 +503,17 @@ def test_a_stretchs_failure_is_read_from_the_fault_its_restart_announced(tmp_pat
 
 
 @pytest.mark.parametrize(
-    ("silent", "lost"), [(12.0, False), (2.0, True)], ids=["silent-long-before", "silent-in-the-detection-window"]
+    ("silent", "lost"),
+    [(12.0, False), (2.0, False), (0.3, True)],
+    ids=["silent-long-before", "silent-in-the-detection-window", "silent-after-the-beat"],
 )
 def test_an_unresponsive_survivor_counts_from_when_it_fell_silent(tmp_path: Path, silent: float, lost: bool) -> None:
     """No Wrapper: node 0's supervisor declares rank 0 unresponsive at 20.5 s, after node 1's
     last heartbeat (20 s, silent 3 s before its declaration), and restarts the job for it.
     Silent for 12 s, the rank stopped long before the heartbeat: its own failure. Silent for
-    2 s, it stopped in the loss's detection window, as a rank waiting for the lost node does:
-    the loss's."""
+    2 s, in the loss's detection window: still its own, for an unresponsive monitor is no
+    follow-on fault (a rank blocked on a lost peer hangs while its monitor beats). Silent
+    for 0.3 s, it fell silent after the heartbeat: the loss's."""
     _survivor_failed_near_a_loss(tmp_path, 20.55, UNRESPONSIVE_SIGNATURE, silent=silent)
     first = build_report(tmp_path, sacct=False).timeline[0]
     expected = ("node lost", "n1", "node_lost") if lost else (UNRESPONSIVE_SIGNATURE, "n0", "job_restart")

@@ -123,6 +123,11 @@ def _spare_job(log_dir: Path, hosts: dict[int, str]) -> Report:
     """Spare slot 2 takes over node rank 1; its children rejoin; round 1 at world size 4."""
     job = Job(log_dir, hosts, nnodes=3, spares=1)
     _before_the_loss(job)
+    return _recovered_by_the_spare(job)
+
+
+def _recovered_by_the_spare(job: Job) -> Report:
+    """Spare slot 2 takes over node rank 1; its children rejoin; round 1 at world size 4."""
     _spare_takes_over(job)
     job.round_restart(DECLARED + 0.01, [0, 1])
     job.round_start(17.6, 1, [0, 1, 2, 3])
@@ -229,6 +234,38 @@ def test_a_hang_detected_after_the_last_beat_but_begun_before_keeps_its_round(
     hangs = [m for m in report.activity.faults if m.signature == "hang (soft timeout)"]
     assert [(m.rank, m.round) for m in hangs] == [(3, 0)]
     assert "hang (soft timeout)" in {f.signature for f in report.failures}
+
+
+HANG = "hang (soft timeout)"
+
+
+@pytest.mark.parametrize(
+    ("told", "stale", "lost"),
+    [(LAST_SEEN - 0.2, 1.8, True), (LAST_SEEN + 0.5, 6.0, False)],
+    ids=["told-before-the-beat-begun-in-the-detection-window", "told-after-the-beat-begun-long-before"],
+)
+def test_a_survivors_hang_under_the_wrapper_counts_from_its_last_progress(
+    tmp_path: Path, told: float, stale: float, lost: bool
+) -> None:
+    """Survivor rank 0's monitor tells a hang at ``told``, ``stale`` seconds after the rank's
+    last progress; slot 1 beats last at 11.4 s (silent 3 s before its declaration). Begun
+    in the loss's detection window, though told before the beat: the loss's, as a rank
+    blocked on the lost peer is. Begun long before the beat, though told after it: rank
+    0's own. As without the Wrapper; and the failure table, the activity marks and the
+    suspect table say what the timeline says."""
+    job = Job(tmp_path / "job", {0: "vm0", 1: "vm1", 2: "vm2"}, nnodes=3, spares=1)
+    _before_the_loss(job)
+    monitor = job.monitor(0, node=0, slot=0)
+    monitor.round(0).at(told, "hang", timeout="soft", stale_s=stale)
+    monitor.at(told, "fault", fault_kind="hang_soft", origin_rank=0, signature="hang_soft", detection_s=stale)
+    report = _recovered_by_the_spare(job)
+    first = report.timeline[0]
+    assert (first.round, first.cause) == (0, "node lost" if lost else HANG)
+    assert first.first_host == ("vm1" if lost else "vm0")
+    own = 0 if lost else 1
+    assert [f.count for f in report.failures if f.signature == HANG] == ([1] if own else [])
+    assert [(m.rank, m.round) for m in report.activity.faults if m.signature == HANG] == [(0, 0)] * own
+    assert {s.host: s.hangs for s in report.suspects}.get("vm0", 0) == own
 
 
 def test_node_losses_are_counted_beside_the_restarts(spare: Report) -> None:
