@@ -41,9 +41,11 @@ out, ending its host's place in the ring first so that nobody finds it
 silent (a store whose server refused or closed its connection by then ended
 with the job: it is not waited for; one that failed otherwise is connected to
 again for ``ENDING_STORE_S`` at most); and when the store stays unreachable for
-``Thresholds.host_s`` (``STORE_GONE_S`` at most: the job ended or was killed); and when
-the store it reaches holds another job's token (``host_ring.job_token``: a job started
-again at the same store address, whose next beat then starts its own agent); and when
+``Thresholds.host_s`` (``STORE_GONE_S`` at most: the job ended or was killed; a store
+that holds no job token counts as unreachable, since this job's monitors wrote theirs
+before their first beat); and when the store it reaches holds another job's token
+(``host_ring.job_token``: a job started again at the same store address, whose next beat
+then starts its own agent); and when
 every rank it heard of fell silent before a round named it, for ``NO_ROUND_S`` (its place
 left to the host watching it).
 """
@@ -397,13 +399,18 @@ class NodeAgent:
     def _check_job(self) -> None:
         """Raise ``_OtherJob`` where the store holds another job's token: this job ended and
         another serves its store at the same address (its own agent starts when this one
-        ends). A store with no token yet is looked at again at the next tick."""
+        ends). Raise ``_NoToken`` where it holds none: each monitor of this job wrote the
+        token before its first beat, so the store is not this job's either (another job's
+        whose first monitor did not write it yet); the connection is dropped and does not
+        count as the store answering."""
         if self._job_seen or not self.cfg.job_token:
             return
         token = host_ring.read_job_token(self.store)
-        if token is not None and token != self.cfg.job_token:
+        if token is None:
+            raise _NoToken("the store at this job's address holds no job token: not this job's")
+        if token != self.cfg.job_token:
             raise _OtherJob(f"the store at this job's address holds another job's token {token}")
-        self._job_seen = token is not None
+        self._job_seen = True
 
     def _tick(self, now: float) -> None:
         """The host's beat, the look at the next host, then what the silences call for."""
@@ -555,6 +562,10 @@ class NodeAgent:
 
 class _OtherJob(Exception):
     """The store the agent reached is another job's."""
+
+
+class _NoToken(Exception):
+    """The store the agent reached holds no job token: it is not this job's."""
 
 
 class _NotYet(Exception):
