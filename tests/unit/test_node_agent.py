@@ -717,6 +717,9 @@ def test_an_agent_whose_ranks_died_before_any_round_ends_though_its_store_answer
 
 
 def test_a_silent_rank_before_any_round_keeps_its_agent_while_another_rank_beats(base, hosts):
+    """One of two ranks falls silent while no round names it, the other beats on: the agent
+    does not end past ``NO_ROUND_S`` (only a host whose every live rank is silent and in no
+    round ends), and the silent rank still waits to be taken out once a round names it."""
     h = hosts("h0", [0, 1])
     t = time.monotonic()
     h.beat(0, 1)
