@@ -41,10 +41,13 @@ out, ending its host's place in the ring first so that nobody finds it
 silent (a store whose server refused or closed its connection by then ended
 with the job: it is not waited for; one that failed otherwise is connected to
 again for ``ENDING_STORE_S`` at most); and when the store stays unreachable for
-``Thresholds.host_s`` (``STORE_GONE_S`` at most: the job ended or was killed); and when
-the store it reaches holds another job's token (``host_ring.job_token``: a job started
-again at the same store address, whose next beat then starts its own agent); and when
-every rank it heard of fell silent before a round named it, for ``NO_ROUND_S`` (its place
+``Thresholds.host_s`` (``STORE_GONE_S`` at most: the job ended or was killed; a store
+that holds no job token counts as unreachable, since this job's monitors wrote theirs
+before their first beat); and when the store it reaches holds another job's token
+(``host_ring.job_token``: a job started again at the same store address, whose next beat
+then starts its own agent); and when
+every rank it heard of fell silent and no round names them (they died before the job's
+first round formed; spares; ranks waiting to be admitted), for ``NO_ROUND_S`` (its place
 left to the host watching it).
 """
 
@@ -80,10 +83,10 @@ IDLE_START_S = 60.0
 #: The longest the agent waits for a store that does not answer before it ends (the job is
 #: gone; were it not, the next beat that finds no agent starts one), whatever the timeouts.
 STORE_GONE_S = 60.0
-#: An agent whose every rank fell silent before a round named it (their take-outs find them
-#: in no round: they died before the job's first round formed) ends once they stood so for
-#: this long (``Thresholds.host_s`` if longer), though the store answers: a store of the
-#: job's that outlives it would keep the agent forever.
+#: An agent whose every rank fell silent and is named by no round (their take-outs find them
+#: in no round) ends once they stood so for this long (``Thresholds.host_s`` if longer), so
+#: about ``heartbeat_timeout`` plus that after their last beat, though the store answers: a
+#: store of the job's that outlives it would keep the agent forever.
 NO_ROUND_S = 60.0
 #: The longest an agent whose ranks all ended tries to reach a store it lost, to end its
 #: host's place: a store that does not answer by then ended with the job.
@@ -299,18 +302,19 @@ class NodeAgent:
             log.info("a rank of this host beats for its next place: the agent for it starts")
             return True
         if not self.settled:
-            return self._ranks_died_before_a_round(now)
+            return self._silent_in_no_round(now)
         if self._gone_at == now:
             return True  # every rank ended, and this look's tick found the server gone
         with_store = self._guarded(self._end_place, now)
         return with_store or self.store is None  # every rank ended, and the store is gone
 
-    def _ranks_died_before_a_round(self, now: float) -> bool:
-        """Whether every rank this agent heard of fell silent and waits to be taken out (a
-        round names none of them: it tries again) for ``NO_ROUND_S``. The agent then ends,
-        its place left standing: the host watching this one finds it silent and takes its
-        listed ranks out, should a round name them later; with no other host, no rank of
-        the job lives to wait for them."""
+    def _silent_in_no_round(self, now: float) -> bool:
+        """Whether every rank this agent heard of fell silent and waits to be taken out, no
+        round naming them (their take-outs are tried again: ranks that died before the job's
+        first round formed, spares, ranks waiting to be admitted), for ``NO_ROUND_S``
+        (``host_s`` if longer). The agent then ends, its place left standing: the host
+        watching this one finds it silent and takes its listed ranks out, should a round
+        name them later; with no other host, no rank of the job lives to wait for them."""
         if not self.live or not self.live <= self._out.keys():
             self._no_round_since = None
             return False
@@ -318,8 +322,8 @@ class NodeAgent:
             self._no_round_since = now
         if now - self._no_round_since < max(self.limits.host_s, NO_ROUND_S):
             return False
-        log.warning("ranks %s of this host fell silent and no round names them: they died "
-                    "before the job's first round; the agent ends", sorted(self.live))  # fmt: skip
+        log.warning("ranks %s of this host fell silent and no round names them: the agent "
+                    "ends, its place left to the host watching it", sorted(self.live))  # fmt: skip
         return True
 
     def _end_place(self, now: float) -> None:
@@ -399,13 +403,18 @@ class NodeAgent:
     def _check_job(self) -> None:
         """Raise ``_OtherJob`` where the store holds another job's token: this job ended and
         another serves its store at the same address (its own agent starts when this one
-        ends). A store with no token yet is looked at again at the next tick."""
+        ends). Raise ``_NoToken`` where it holds none: each monitor of this job wrote the
+        token before its first beat, so the store is not this job's either (another job's
+        whose first monitor did not write it yet); the connection is dropped and does not
+        count as the store answering."""
         if self._job_seen or not self.cfg.job_token:
             return
         token = host_ring.read_job_token(self.store)
-        if token is not None and token != self.cfg.job_token:
+        if token is None:
+            raise _NoToken("the store at this job's address holds no job token: not this job's")
+        if token != self.cfg.job_token:
             raise _OtherJob(f"the store at this job's address holds another job's token {token}")
-        self._job_seen = token is not None
+        self._job_seen = True
 
     def _tick(self, now: float) -> None:
         """The host's beat, the look at the next host, then what the silences call for."""
@@ -561,6 +570,10 @@ class NodeAgent:
 
 class _OtherJob(Exception):
     """The store the agent reached is another job's."""
+
+
+class _NoToken(Exception):
+    """The store the agent reached holds no job token: it is not this job's."""
 
 
 class _NotYet(Exception):

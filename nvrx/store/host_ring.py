@@ -2,10 +2,18 @@
 
 The node agent of a host without a supervisor (``nvrx.node_agent.host``) beats for the
 host in the ring of hosts (``nvrx.store.ring``, under ``keys.HOSTS_PREFIX``: ``RING``; the
-job has no secret, so its claims are plain). A host's slot is handed out once per host;
-each monitor writes its rank in the host's list (``list_rank``), and again in the list of
-those that ended on purpose (``list_ended``). ``Thresholds`` says how long a rank's take-out waits before
-it is tried again, and how long a silent host stands before its ranks are taken out.
+job has no secret, so its claims are plain). Each monitor writes, in this order:
+
+1. the job's token (``job_token``, compare-and-set: the first to write decides), which it
+   gives to its host's agent; the agent reads it at every connect and leaves a store that
+   holds none or another;
+2. its host's slot, handed out once per host (``register``), and its rank in the host's
+   list (``list_rank``);
+3. then its beats go to the agent (which connects only after one came);
+4. when it ends on purpose, its rank in the list of those that ended so (``list_ended``).
+
+``Thresholds`` says how long a rank's take-out waits before it is tried again, and how
+long a silent host stands before its ranks are taken out.
 """
 
 from __future__ import annotations

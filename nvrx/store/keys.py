@@ -16,8 +16,10 @@ ROOT = "nvrx/"
 HOSTS_PREFIX = ROOT + "host/"
 #: Counter: host slots handed out (a slot taken twice by one host is ended at once).
 HOST_COUNT = HOSTS_PREFIX + "count"
-#: A token the job's first monitor writes once (compare-and-set): it tells this job's store
-#: from another's served later at the same address (a job started again after a kill).
+#: The job's token: each monitor writes it (compare-and-set, so the first to write decides)
+#: before it lists its rank and before its first beat, and gives it to its host's agent,
+#: which reads it at every connect: a store without it, or with another, is not the agent's
+#: job's (a job started again at the same address after a kill).
 JOB_TOKEN = HOSTS_PREFIX + "job"
 
 

@@ -40,22 +40,52 @@ def _kill_ranks(ranks: Ranks, agent: psutil.Process) -> None:
     ranks.wait(30)
 
 
+def _serve(port: int, served: list) -> bool:
+    """Serve a store at ``port`` into ``served``; False while the killed job's connections
+    there still close (the server's port is not free yet)."""
+    from torch.distributed import DistNetworkError, TCPStore
+
+    try:
+        served.append(TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False))
+    except DistNetworkError:
+        return False
+    return True
+
+
 def test_a_job_started_where_a_killed_job_ran_gets_an_agent_of_its_own(tmp_path: Path) -> None:
-    first = launch(tmp_path / "first", 2, wrapper=FAST, scenario="no_hang_protection",
+    """The second job's store is served at the first one's address as soon as the first is
+    killed, its token written at once (as its first monitor would; the second job's monitors
+    find it there, ``tcp_store_host_rank`` -1): so the killed job's agent, which waits
+    ``host_s`` for its store, reaches the new one while it still waits, and must end there
+    because of the token, not because its store stayed away."""
+    from torch.distributed import TCPStore
+
+    from nvrx.store import host_ring
+
+    logged = dict(FAST, monitor_process_logfile=str(tmp_path / "first" / "monitor-{rank}.log"))
+    first = launch(tmp_path / "first", 2, wrapper=logged, scenario="no_hang_protection",
                    fault_ranks=[0, 1], block_s=120, hosts=["a", "a"])  # fmt: skip
-    second = None
+    second = store = None
     try:
         wait_until("the first job's ranks in their function", lambda: _entered(tmp_path / "first", 2), 60)
         wait_until("its node agent", lambda: len(node_agents(tmp_path / "first" / "logs")) == 1, 60)
         [old] = node_agents(tmp_path / "first" / "logs")
         _kill_ranks(first, old)
+        served: list[TCPStore] = []
+        wait_until("the second job's store at the first one's address",
+                   lambda: _serve(first.port + 1, served), 30)  # fmt: skip
+        store = served[0]
+        token = host_ring.job_token(store)
         assert old.is_running()
-        second = launch(tmp_path / "second", 1, wrapper=FAST, scenario="no_hang_protection",
+        apart = dict(FAST, store_kwargs={"tcp_store_host_rank": -1})
+        second = launch(tmp_path / "second", 1, wrapper=apart, scenario="no_hang_protection",
                         fault_ranks=[0], block_s=15, hosts=["a"], port=first.port)  # fmt: skip
+        assert psutil.wait_procs([old], timeout=30)[1] == [], "the killed job's agent serves on"
+        said = " ".join(f.read_text() for f in (tmp_path / "first").glob("monitor-*.log"))
+        assert f"holds another job's token {token}: this job is gone" in said, said
         wait_until("the second job's rank in its function", lambda: _entered(tmp_path / "second", 1), 60)
         new_agent = lambda: len(node_agents(tmp_path / "second" / "logs")) == 1  # noqa: E731
         wait_until("the second job's own node agent", new_agent, 30)
-        assert psutil.wait_procs([old], timeout=30)[1] == [], "the killed job's agent serves on"
         assert second.wait(120) == [0], second.logs()
     finally:
         first.kill()
@@ -64,6 +94,7 @@ def test_a_job_started_where_a_killed_job_ran_gets_an_agent_of_its_own(tmp_path:
         for logs in ("first", "second"):
             for agent in node_agents(tmp_path / logs / "logs"):
                 agent.kill()
+        del store
 
 
 def test_an_agent_whose_ranks_died_before_the_first_round_ends_though_the_store_lives(

@@ -675,6 +675,32 @@ def test_an_agent_that_reaches_another_jobs_store_at_its_address_ends_untouched(
     assert host_ring.host_count(later) == 0
 
 
+def test_an_agent_that_reaches_a_store_with_no_job_token_leaves_it_and_ends_unanswered(
+    base, hosts, monkeypatch
+) -> None:
+    """The killed job's agent connects again before the new job's first monitor wrote its
+    token: a store without one is not its job's (its monitors wrote theirs before their
+    first beat). It takes no place there and takes nobody out, and the store does not
+    count as answering: it ends once the store was gone for ``host_s``."""
+    job = Ending(base)
+    h = hosts("h0", [0, 1], store=job)
+    h.agent.cfg.job_token = host_ring.job_token(base)
+    server = client.serve("127.0.0.1", 0, timeout=10)
+    later = client.connect("127.0.0.1", server.port, timeout=10)
+    view = _round(later)  # the new job's round, its ranks sharing the silent ranks' numbers
+    monkeypatch.setattr(node_agent, "connect_store", lambda cfg, connect_within=0.0: later)
+    t = time.monotonic()
+    h.beat(0, 1)
+    assert h.agent.step(t)
+    job.gone = True
+    gone = t + min(LIMITS.host_s, node_agent.STORE_GONE_S)
+    for now in (t + 0.1, t + 0.2, gone - 0.1):  # lost, then connects again: no token there
+        assert not h.agent.step(now) and not h.agent.finished(now, t)
+    assert h.agent.step(gone + 0.1) is False and h.agent.finished(gone + 0.1, t)
+    assert rstore.terminated_ranks(view) == set() and h.faults() == []
+    assert host_ring.host_count(later) == 0
+
+
 def test_an_agent_whose_ranks_died_before_any_round_ends_though_its_store_answers(
     base, hosts
 ) -> None:
@@ -696,6 +722,9 @@ def test_an_agent_whose_ranks_died_before_any_round_ends_though_its_store_answer
 
 
 def test_a_silent_rank_before_any_round_keeps_its_agent_while_another_rank_beats(base, hosts):
+    """One of two ranks falls silent while no round names it, the other beats on: the agent
+    does not end past ``NO_ROUND_S`` (only a host whose every live rank is silent and in no
+    round ends), and the silent rank still waits to be taken out once a round names it."""
     h = hosts("h0", [0, 1])
     t = time.monotonic()
     h.beat(0, 1)
