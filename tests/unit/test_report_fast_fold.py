@@ -11,7 +11,6 @@ through the check that compares an event with the previous one.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from collections.abc import Callable
@@ -31,8 +30,7 @@ from nvrx.report import build, build_report, file_fold, loading, summarize, type
 from nvrx.report.file_fold import FileFolder
 from nvrx.report.file_summary import FileSummary
 from nvrx.report.kind_handlers import DISPATCH
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.bench_module import load_bench
 
 Mutation = Callable[[dict[str, Any]], str]
 
@@ -310,14 +308,7 @@ def test_every_kind_the_fold_handles_is_a_known_kind() -> None:
 
 
 def _generator() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "gen_synthetic_logs", REPO / "bench" / "gen_synthetic_logs.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("gen_synthetic_logs", "gen_synthetic_logs")
 
 
 @pytest.mark.timeout(120)

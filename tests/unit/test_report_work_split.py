@@ -7,16 +7,13 @@ bytes; whichever way they are dealt, the report is the one read in one process.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nvrx.report import build, build_report
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.bench_module import load_bench
 
 
 def test_chunks_hold_about_as_many_bytes_and_every_file_once() -> None:
@@ -31,14 +28,7 @@ def test_chunks_hold_about_as_many_bytes_and_every_file_once() -> None:
 
 
 def _generator() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "gen_synthetic_logs", REPO / "bench" / "gen_synthetic_logs.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("gen_synthetic_logs", "gen_synthetic_logs")
 
 
 @pytest.mark.timeout(120)
