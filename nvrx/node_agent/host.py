@@ -509,19 +509,20 @@ class NodeAgent:
         for rank in [r for r in due if r in ended]:
             del self._out[rank], due[rank]
             self.done.add(rank)
-        by_message: dict[tuple[str, float], list[int]] = {}
+        by_message: dict[str, list[int]] = {}
         for rank, out in due.items():
             out.at = now + self.limits.replace_s  # unless it is out below
-            by_message.setdefault((out.message, out.since), []).append(rank)
-        for (message, since), ranks in by_message.items():
-            self._leave(ranks, message, now - since)
+            by_message.setdefault(out.message, []).append(rank)
+        for message, ranks in by_message.items():
+            self._leave(ranks, message, {r: now - due[r].since for r in ranks})
 
     def _take_out_host(self, slot: int, silent: dict[str, Any], now: float) -> None:
         """Take the ranks of silent host ``slot`` out; end its place in the ring once they
         all are. Until then another agent that finds it silent does so again."""
         ranks = live_ranks(self.store, slot)
         message = f"its host sent no heartbeat for {silent['silent_s']:.1f} s"
-        if ranks and self._leave(ranks, message, now - silent["since"], own=False):
+        silent_s = now - silent["since"]
+        if ranks and self._leave(ranks, message, dict.fromkeys(ranks, silent_s), own=False):
             silent["at"] = now + self.limits.replace_s
             return
         host_ring.declare_lost(self.store, slot, self.slot)
@@ -533,19 +534,20 @@ class NodeAgent:
         del self._silent_hosts[slot]
 
     def _leave(
-        self, ranks: list[int], message: str, silent_s: float, own: bool = True
+        self, ranks: list[int], message: str, silent_s: dict[int, float], own: bool = True
     ) -> list[int]:
-        """Take ``ranks`` (initial ranks) out of the running round as unresponsive, each with
-        its event as it leaves, whose ``detection_s`` is how long they had been silent (the
-        report counts the fault from when they fell silent); those not out yet (in no round
-        yet), to try again."""
+        """Take ``ranks`` (initial ranks) out of the running round as unresponsive in one
+        call, each with its event as it leaves, whose ``detection_s`` is how long that rank
+        had been silent (``silent_s``, by initial rank: the report counts the fault from when
+        it fell silent); those not out yet (in no round yet), to try again."""
         from nvrx.store import rounds
 
         round_ = rounds.current_round(self.store)
 
-        def left(rank: int) -> None:  # its event names it and its round, as its monitor's would
+        def left(rank: int, initial: int) -> None:  # its event names it and its round, as its monitor's would
             emit = functools.partial(self.emit, rank=rank, round=round_)
-            announce_leave(emit, rank, FaultRecord(rank, "unresponsive", message=message), detection_s=silent_s)
+            record = FaultRecord(rank, "unresponsive", message=message)
+            announce_leave(emit, rank, record, detection_s=silent_s[initial])
 
         size = self.cfg.initial_world_size
         done = rounds.leave_round(

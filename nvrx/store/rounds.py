@@ -1433,13 +1433,14 @@ def leave_round(
     gone: bool,
     kind: str = "node_lost",
     published: bool = False,
-    on_left: Callable[[int], None] | None = None,
+    on_left: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Take ``initial_ranks`` out of the running round (a fault record of ``kind``); what was
     done: the round, the ranks there that left it now, and ``out``, the initial ranks out of
     it now (left now or before). ``published``: only those whose state in the round names
     them (not a rank that waits to be admitted, whose number there is another's).
-    ``on_left``: called with each rank there as soon as it left (the rest may fail)."""
+    ``on_left``: called with each rank there and its initial rank as soon as it left (the
+    rest may fail)."""
     if gone:
         mark_gone(base, initial_ranks)
         _arrive_for_gone_next(base, initial_ranks, initial_world_size)
@@ -1458,7 +1459,7 @@ def leave_round(
         proxy_leave(store, base, rank, world_size, record)
         left.append(rank)
         if on_left is not None:
-            on_left(rank)
+            on_left(rank, initial)
     log.info("ranks %s of round %s left it: %s", left, round_, message)
     return {"round": round_, "ranks": left, "out": sorted(out)}
 

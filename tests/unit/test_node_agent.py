@@ -193,6 +193,41 @@ def test_a_rank_silent_for_its_timeout_is_taken_out_once(base, hosts) -> None:
     assert h.agent.done == {1}
 
 
+def test_ranks_silent_since_different_moments_leave_the_round_in_one_call(
+    base, hosts, monkeypatch
+) -> None:
+    """Ranks 1 and 2 fall silent 0.2 s apart while no round names them; once one does,
+    both are taken out of it by one ``leave_round`` (one round read, one pass over the
+    ranks' states), each with its event saying how long that rank had been silent."""
+    calls: list[list[int]] = []
+    real = rounds.leave_round
+
+    def counted(base_: Any, ranks: list[int], *args: Any, **kw: Any) -> Any:
+        calls.append(sorted(ranks))
+        return real(base_, ranks, *args, **kw)
+
+    monkeypatch.setattr(rounds, "leave_round", counted)
+    h = hosts("h0", [0, 1, 2])
+    t = time.monotonic()
+    h.beat(0, 1, 2)
+    h.agent.step(t)
+    h.beat(0, 1)
+    h.agent.step(t + 0.2)
+    for dt in (TIMEOUT + 0.1, TIMEOUT + 0.3):  # rank 2 found silent, then rank 1: no round yet
+        h.beat(0)
+        h.agent.step(t + dt)
+    assert h.faults() == [] and set(h.agent._out) == {1, 2}
+    view = _round(base)
+    calls.clear()
+    now = t + TIMEOUT + 0.4 + LIMITS.replace_s
+    h.beat(0)
+    h.agent.step(now)
+    assert calls == [[1, 2]]
+    assert rstore.terminated_ranks(view) == {1, 2}
+    silent = {f["origin_rank"]: f["detection_s"] for _, f in h.events}
+    assert silent == {1: pytest.approx(now - t - 0.2), 2: pytest.approx(now - t)}
+
+
 def test_a_rank_that_said_bye_or_ended_in_the_store_is_not_taken_out(base, hosts) -> None:
     view = _round(base)
     h = hosts("h0", [0, 1, 2])

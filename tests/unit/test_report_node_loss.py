@@ -944,3 +944,48 @@ def test_a_job_stopped_by_a_loss_trains_again_after_its_requeue(tmp_path: Path) 
     assert loss.recovery_s == pytest.approx(45.0 - LAST_SEEN) and loss.world_size == 4
     assert "never (job stopped)" not in report.to_text()
     assert report.summary.runs == 2
+
+
+def _survivor_hang(job: Job, rank: int, told: float, stale: float) -> None:
+    """Survivor ``rank``'s monitor tells a soft hang in round 0 at ``told``, ``stale``
+    seconds after the rank's last progress."""
+    monitor = job.monitor(rank, node=0, slot=0)
+    monitor.round(0).at(told, "hang", timeout="soft", stale_s=stale)
+    monitor.at(told, "fault", fault_kind="hang_soft", origin_rank=rank, signature="hang_soft", detection_s=stale)
+
+
+def test_a_wrapper_hang_in_the_detection_window_does_not_push_the_loss_into_the_next_round(
+    tmp_path: Path,
+) -> None:
+    """Survivor rank 0 hangs from 9.4 s, within the 3 s before slot 1's last beat (11.4 s),
+    on the peer that is dying; the survivors restart and begin round 1 before slot 1 is
+    declared lost (14.4 s). The hang follows from the loss, so it is no fault of round 0's
+    own: the loss interrupted round 0, the round it fell silent in, not round 1."""
+    job = Job(tmp_path / "job", {0: "vm0", 1: "vm1", 2: "vm2"}, nnodes=3, spares=1)
+    _before_the_loss(job)
+    _survivor_hang(job, 0, LAST_SEEN - 0.2, 1.8)
+    job.round_restart(LAST_SEEN + 0.12, [0, 1])
+    job.round_start(LAST_SEEN + 0.35, 1, [0, 1])
+    for rank in (0, 1):  # round 1 is at world size 4: ranks 2 and 3 are not known lost yet
+        job.ranks[rank].round(1).at(LAST_SEEN + 0.36, "round_start", world_size=4)
+    report = _lost_in_round_1_and_trained_again(job)
+    (loss,) = report.node_losses
+    assert loss.round == 0
+    first = report.timeline[0]
+    assert (first.round, first.cause, first.first_host) == (0, "node lost", "vm1")
+
+
+def test_of_two_hangs_of_one_signature_only_the_one_the_loss_does_not_explain_is_marked(
+    tmp_path: Path,
+) -> None:
+    """Survivor rank 0 hangs from 5.9 s, long before slot 1's last beat (11.4 s): its own
+    fault. Survivor rank 1 hangs from 9.4 s, within the 3 s before that beat: it follows
+    from the loss. Both hangs have one signature, so the failure table lists it; the
+    activity page marks rank 0's hang only."""
+    job = Job(tmp_path / "job", {0: "vm0", 1: "vm1", 2: "vm2"}, nnodes=3, spares=1)
+    _before_the_loss(job)
+    _survivor_hang(job, 0, LAST_SEEN + 0.5, 6.0)
+    _survivor_hang(job, 1, LAST_SEEN - 0.2, 1.8)
+    report = _recovered_by_the_spare(job)
+    assert [f.count for f in report.failures if f.signature == HANG] == [1]
+    assert [(m.rank, m.round) for m in report.activity.faults if m.signature == HANG] == [(0, 0)]
