@@ -268,8 +268,8 @@ class JobEnd:
                 log.warning("could not tell the other nodes to stop: %s", exc)
             self.requeue([loss.host], probe=False)  # a rank asked to exclude it: no question
         try:
-            if loss is not None:
-                self.job_restart.slot_lost()
+            if loss is not None:  # (this node stops, excluded; the job goes on unless told)
+                self.job_restart.slot_lost(job_stops=loss.action == "stop")
             if loss is not None and loss.action == "spare":  # the others restart with the spare
                 self.job_restart.restart_for_lost_node(loss.node_rank, leaving=True)
         except StoreLinkError as exc:

@@ -275,11 +275,11 @@ class JobRestart:
         self._announce(epoch, cause)
         self._begin(epoch, cause)
 
-    def slot_lost(self) -> None:
-        """A slot was declared lost, or left, during a restart: it will not count itself
-        ready, and the slots left may all be ready already (unless the job stops: then
-        nothing starts again)."""
-        if self.pending is not None and not self.course.stopping:
+    def slot_lost(self, job_stops: bool) -> None:
+        """A slot was declared lost, or left (this one, excluded), during a restart: it will
+        not count itself ready, and the slots left may all be ready already (unless the job
+        stops: then nothing starts again)."""
+        if self.pending is not None and not job_stops:
             self._go_if_all_ready(self.pending)
 
     def after_failover(self) -> None:

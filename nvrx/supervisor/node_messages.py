@@ -103,7 +103,7 @@ class NodeMessages:
             self.requeue([loss.host])
         try:
             if loss is not None:
-                self.job_restart.slot_lost()
+                self.job_restart.slot_lost(job_stops=self.course.stopping)
             if loss is not None and loss.action == "spare":
                 self.job_restart.restart_for_lost_node(loss.node_rank)
         except StoreLinkError as exc:

@@ -106,3 +106,39 @@ def test_a_nodes_end_claimed_on_the_lost_store_still_stops_the_next_failure() ->
     assert node.epoch == 1  # the next failure claims 2 and finds the end claim: the job stops
     first = json.loads(sealed_keys.read_list(link, SEALER, _key(2, "claim")).first or "{}")
     assert first.get("end") is True
+
+
+class _Roles:
+    """Node roles that know which slots are still in the job."""
+
+    def __init__(self, running: list[int]) -> None:
+        self.running = running
+
+    def running_slots(self) -> list[int]:
+        return list(self.running)
+
+
+@pytest.mark.parametrize("job_stops", [False, True], ids=["job-goes-on", "job-stops"])
+def test_a_slot_lost_during_a_restart_lets_the_ready_ones_go_unless_the_job_stops(
+    job_stops: bool,
+) -> None:
+    # slots 0 and 2 counted themselves ready for restart 1; slot 1 was lost before it did
+    link = _Link()
+    for slot in (0, 2):
+        sealed_keys.count_up(link, SEALER, _key(1, "ready"), slot)
+    node = _node(link, 0, 1, Course.RESTARTING)
+    node.store.roles = _Roles([0, 2])
+    node.slot_lost(job_stops=job_stops)
+    go = sealed_keys.SealedChain(_key(1, "go"), SEALER).read(link)
+    assert go == (None if job_stops else "1")
+
+
+def test_a_lost_slots_ready_entry_does_not_stand_for_a_slot_still_in_the_job() -> None:
+    # slot 1 counted itself ready, then was lost; slot 2 is still stopping its ranks
+    link = _Link()
+    for slot in (0, 1):
+        sealed_keys.count_up(link, SEALER, _key(1, "ready"), slot)
+    node = _node(link, 0, 1, Course.RESTARTING)
+    node.store.roles = _Roles([0, 2])
+    node.slot_lost(job_stops=False)
+    assert sealed_keys.SealedChain(_key(1, "go"), SEALER).read(link) is None
