@@ -370,27 +370,34 @@ class JobRestart:
         self.control.kill_at = None
         slot = self.store.config.node_rank
         sealed_keys.count_up(self._link, self.store.known_sealer(), _key(epoch, "ready"), slot)
-        ready, nodes = self._go_if_all_ready(epoch)
+        ready, nodes = self._ready_count(epoch)
+        # recorded before the go-ahead: no node starts its children before this node was ready
         self.control.emit("job_restart", epoch=epoch, phase="ready", ready=ready, nodes=nodes)
+        if ready >= nodes:
+            self._let_go(epoch)
 
-    def _go_if_all_ready(self, epoch: int) -> tuple[int, int]:
-        """Let everyone go once every slot still in the job counted itself ready for restart
-        ``epoch`` (a waiting spare too, at once); (slots ready, slots in the job).
+    def _go_if_all_ready(self, epoch: int) -> None:
+        """Let everyone go if every slot still in the job counted itself ready for restart
+        ``epoch``: asked when a slot is declared lost during the restart, as the slots left
+        may all be ready by then, and no one else would ask again."""
+        ready, nodes = self._ready_count(epoch)
+        if ready >= nodes:
+            self._let_go(epoch)
 
-        Asked when this node counts itself ready, and when a slot is declared lost during the
-        restart: the slots left may all be ready by then, and no one else would ask again. A
-        lost slot's own entry does not count. Two nodes that both see every slot ready both
-        write the go-ahead: the chain keeps the first.
-        """
+    def _ready_count(self, epoch: int) -> tuple[int, int]:
+        """(slots ready for restart ``epoch``, slots still in the job; a waiting spare counts
+        itself ready at once). A lost slot's own entry does not count."""
         roles = self.store.roles
         slots = roles.running_slots() if roles is not None else range(self.store.config.nnodes)
         running = set(slots)
         listed = sealed_keys.read_list(self._link, self.store.known_sealer(), _key(epoch, "ready"))
-        ready = len(running & {_entry_by(entry) for entry in listed.valid})
-        if ready >= len(running):
-            chain = self._go if self._go is not None else SealedChain(_key(epoch, "go"), self.store.known_sealer())
-            chain.write(self._link, "1")  # through the chain watched here: never behind it
-        return ready, len(running)
+        return len(running & {_entry_by(entry) for entry in listed.valid}), len(running)
+
+    def _let_go(self, epoch: int) -> None:
+        """The go-ahead of restart ``epoch``. Two nodes that both see every slot ready both
+        write it: the chain keeps the first."""
+        chain = self._go if self._go is not None else SealedChain(_key(epoch, "go"), self.store.known_sealer())
+        chain.write(self._link, "1")  # through the chain watched here: never behind it
 
     def _assigned_meanwhile(self) -> bool:
         """Whether this spare was assigned a node rank whose message has not reached it yet:
