@@ -39,6 +39,20 @@ def _tree(pid: int) -> list[psutil.Process]:
     return [root, *root.children(recursive=True)]
 
 
+def _job_with_a_spare(tmp_path: Path, body: str, *options: str) -> Job:
+    """Nodes 0 and 1 of one rank each and one spare node, running ``body`` with ``d`` (the
+    job's log directory) at hand for the files that mark a rank's progress."""
+    head = "from pathlib import Path\nd = Path(os.environ['NVRX_LOG_DIR'])\n"
+    return Job(tmp_path, 3, 1, script(tmp_path, head + body), "--spare-nodes", "1", *options)
+
+
+def _lose_node(job: Job, node: int) -> None:
+    """Node ``node`` lost at once: its supervisor and everything below it SIGKILLed, leaves first."""
+    for proc in reversed(_tree(job.procs[node].pid)):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+
+
 @contextlib.contextmanager
 def _frozen(pid: int) -> Iterator[None]:
     """The process tree of ``pid`` stopped (a hung node) for the block, then continued."""
@@ -146,21 +160,17 @@ def test_a_lost_nodes_restart_carries_the_loop_breakers_streak_on(tmp_path: Path
     # rank 0 exits 3, node 1 is lost, rank 0 exits 3 again: with --loop-breaker 2 that is
     # the same failure twice in a row (the node loss between is no failure of the script)
     body = (
-        "from pathlib import Path\n"
-        "d = Path(os.environ['NVRX_LOG_DIR'])\n"
         "(d / f'start-{RANK}-{RESTART}').touch()\n"
         "if RANK == 0 and RESTART != 1:\n"
         "    sys.exit(3)\n"
         "time.sleep(120)\n"
     )
-    job = Job(tmp_path, 3, 1, script(tmp_path, body), "--spare-nodes", "1",
-              "--loop-breaker", "2", "--max-restarts", "10", *NODE_OPTIONS)  # fmt: skip
+    job = _job_with_a_spare(tmp_path, body, "--loop-breaker", "2", "--max-restarts", "10",
+                            *NODE_OPTIONS)  # fmt: skip
     started = job.log_dir / "start-1-1"
     wait_until("rank 1 to start again", started.exists, 90, state=job.output)
     job.wait_for_beat(1)
-    for proc in reversed(_tree(job.procs[1].pid)):  # node 1 lost, at once
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
+    _lose_node(job, 1)
     codes = job.wait(120)
     output = job.output()
     assert codes[0] == codes[2] == ExitCode.LOOP_BREAKER, output
@@ -178,8 +188,6 @@ def test_a_node_lost_while_the_job_restarts_does_not_hold_the_restart_up(tmp_pat
     # stopping it when node 1 is lost; node 0 and the spare had counted themselves ready. The
     # lost slot never will: once it is declared lost, the restart goes on with the spare.
     body = (
-        "from pathlib import Path\n"
-        "d = Path(os.environ['NVRX_LOG_DIR'])\n"
         "if RESTART == 0 and RANK == 1:\n"
         "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
         "    (d / 'deaf').touch()\n"
@@ -191,16 +199,14 @@ def test_a_node_lost_while_the_job_restarts_does_not_hold_the_restart_up(tmp_pat
         "(d / f'done-{RANK}-{RESTART}').touch()\n"
     )
     options = ("--node-timeout", "2", "--node-heartbeat", "0.5", "--grace-period", "60")
-    job = Job(tmp_path, 3, 1, script(tmp_path, body), "--spare-nodes", "1", *options)
+    job = _job_with_a_spare(tmp_path, body, *options)
     job.wait_for_beat(1)
 
     def stopping(node: int) -> bool:
         return any(e["node"] == node and e["phase"] == "stopping" for e in job.events("job_restart"))
 
     wait_until("node 1 to stop its rank for the restart", lambda: stopping(1), 90, state=job.output)
-    for proc in reversed(_tree(job.procs[1].pid)):  # node 1 lost, its rank still stopping
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
+    _lose_node(job, 1)  # its rank still stopping
     codes = job.wait(120)
     output = job.output()
     assert codes[0] == codes[2] == 0, output

@@ -118,27 +118,21 @@ class _Roles:
         return list(self.running)
 
 
-@pytest.mark.parametrize("job_stops", [False, True], ids=["job-goes-on", "job-stops"])
+@pytest.mark.parametrize(
+    ("ready", "job_stops", "go"),
+    [((0, 2), False, "1"), ((0, 2), True, None), ((0, 1), False, None)],
+    ids=["job-goes-on", "job-stops", "lost-slots-entry-stands-for-no-one"],
+)
 def test_a_slot_lost_during_a_restart_lets_the_ready_ones_go_unless_the_job_stops(
-    job_stops: bool,
+    ready: tuple[int, int], job_stops: bool, go: str | None
 ) -> None:
-    # slots 0 and 2 counted themselves ready for restart 1; slot 1 was lost before it did
+    """Slots 0 and 2 are in the job, slot 1 was lost during restart 1: those ready go,
+    unless the job stops; a ready entry of the lost slot stands for none still in the job
+    (slot 2 still stops its ranks)."""
     link = _Link()
-    for slot in (0, 2):
+    for slot in ready:
         sealed_keys.count_up(link, SEALER, _key(1, "ready"), slot)
     node = _node(link, 0, 1, Course.RESTARTING)
     node.store.roles = _Roles([0, 2])
     node.slot_lost(job_stops=job_stops)
-    go = sealed_keys.SealedChain(_key(1, "go"), SEALER).read(link)
-    assert go == (None if job_stops else "1")
-
-
-def test_a_lost_slots_ready_entry_does_not_stand_for_a_slot_still_in_the_job() -> None:
-    # slot 1 counted itself ready, then was lost; slot 2 is still stopping its ranks
-    link = _Link()
-    for slot in (0, 1):
-        sealed_keys.count_up(link, SEALER, _key(1, "ready"), slot)
-    node = _node(link, 0, 1, Course.RESTARTING)
-    node.store.roles = _Roles([0, 2])
-    node.slot_lost(job_stops=False)
-    assert sealed_keys.SealedChain(_key(1, "go"), SEALER).read(link) is None
+    assert sealed_keys.SealedChain(_key(1, "go"), SEALER).read(link) == go
