@@ -96,6 +96,8 @@ def test_active_world_size_divisible_by():
         (lambda: ActiveWorldSizeDivisibleBy(0), "divisor"),
         (lambda: Layer(max_ranks=0), "max_ranks"),
         (lambda: Tree([]), "layers"),
+        (lambda: Tree(Layer(key_or_fn="root")), "layers"),
+        (lambda: Layer(key_or_fn="root", flag="RESERVE"), "flag must be a LayerFlag"),
         (lambda: FilterCountGroupedByKey("k", condition=3), "condition"),
     ],
 )

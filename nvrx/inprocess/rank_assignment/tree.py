@@ -59,6 +59,11 @@ class Layer:
         ):
             raise ValueError(f"Layer: min_ranks must be an int >= 0, got {self.min_ranks!r}")
         positive_int("Layer", "max_ranks", self.max_ranks, allow_none=True)
+        if self.flag is not None and not isinstance(self.flag, LayerFlag):
+            raise TypeError(
+                f"Layer: flag must be a LayerFlag (RESERVE, BACKFILL, or both joined with |) "
+                f"or None, got {self.flag!r}"
+            )
 
 
 class _Node:
@@ -153,7 +158,7 @@ class Tree(RankAssignment):
         layers: list[Layer],
         world_size_filter: Callable[[int], int] | None = None,
     ) -> None:
-        if not layers or not all(isinstance(layer, Layer) for layer in layers):
+        if isinstance(layers, Layer) or not layers or not all(isinstance(x, Layer) for x in layers):
             raise ValueError(f"Tree: layers must be a non-empty list of Layer, got {layers!r}")
         if world_size_filter is not None and not callable(world_size_filter):
             raise TypeError(
