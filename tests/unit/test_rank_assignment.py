@@ -277,3 +277,32 @@ def test_each_assignment_says_how_long_it_may_wait_for_its_peers():
     with pytest.warns(DeprecationWarning):
         old_filter = rank_filter.MaxActiveWorldSize(2)
     assert assignment_wait_s(rank_filter.AfterAssignment(default, old_filter), barrier_s) == 0.0
+
+
+def test_an_assignment_that_picks_no_active_ranks_keeps_every_rank_active_after_a_shrink(
+    monkeypatch,
+):
+    """``ShiftRanks`` alone chooses no active ranks: every rank is active in the first round,
+    and after rank 0 leaves, each rank's active rank and world size are its new rank and
+    world size (not the previous round's, which name a rank and a world that are gone)."""
+    from types import SimpleNamespace
+
+    from nvrx.inprocess import between_rounds
+
+    monkeypatch.setenv("RANK", "0")  # restored after the test: ``assign`` publishes them
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    seen = {}
+    for rank in range(4):
+        call = SimpleNamespace(
+            state=State(rank=rank, world_size=4),
+            assignment=ShiftRanks(),
+            round_store=None,
+            emit=lambda kind, **fields: None,
+        )
+        between_rounds.assign(call, set())
+        assert (call.state.mode, call.state.active_rank) == (Mode.ACTIVE, rank)
+        if rank == 0:
+            continue
+        between_rounds.assign(call, {0})
+        seen[rank] = (call.state.rank, call.state.active_rank, call.state.active_world_size)
+    assert seen == {1: (0, 0, 3), 2: (1, 1, 3), 3: (2, 2, 3)}
