@@ -306,3 +306,32 @@ def test_an_assignment_that_picks_no_active_ranks_keeps_every_rank_active_after_
         between_rounds.assign(call, {0})
         seen[rank] = (call.state.rank, call.state.active_rank, call.state.active_world_size)
     assert seen == {1: (0, 0, 3), 2: (1, 1, 3), 3: (2, 2, 3)}
+
+
+@pytest.mark.timeout(120)
+def test_tree_first_call_goes_on_without_the_ranks_gone_before_it():
+    """Ranks gone before the first round (a process generation opened without them) post no
+    key: the others build the topology of the ranks present, which a host left below its
+    ``min_ranks`` by the gone rank leaves too, instead of waiting for keys that never come."""
+    world, gone = 6, 3
+
+    def rank_fn(rank, store):
+        if rank == gone:
+            return None
+        layers = [
+            Layer(min_ranks=1, key_or_fn="root", flag=LayerFlag.RESERVE),
+            Layer(min_ranks=2, key_or_fn=lambda s: f"h{s.initial_rank // 2}"),
+        ]
+        ctx = Tree(layers)(RankAssignmentCtx(State(rank=rank, world_size=world), store, {gone}))
+        assert ctx.terminated_ranks == set()
+        return ctx.state
+
+    results, errors = run_ranks_with_store(world, rank_fn)
+    assert set(errors) == {2} and isinstance(errors[2], RankDiscarded), errors
+    live = {r: s for r, s in results.items() if s is not None}
+    assert {r: (s.rank, s.active_rank) for r, s in live.items()} == {
+        0: (0, 0), 1: (1, 1), 4: (2, 2), 5: (3, 3),
+    }  # fmt: skip
+    assert {(s.world_size, s.active_world_size, s.mode) for s in live.values()} == {
+        (4, 4, Mode.ACTIVE)
+    }
