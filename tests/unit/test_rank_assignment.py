@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from nvrx.inprocess.compose import Compose
@@ -334,4 +336,25 @@ def test_tree_first_call_goes_on_without_the_ranks_gone_before_it():
     }  # fmt: skip
     assert {(s.world_size, s.active_world_size, s.mode) for s in live.values()} == {
         (4, 4, Mode.ACTIVE)
+    }
+
+
+@pytest.mark.timeout(120)
+def test_tree_is_rebuilt_when_the_wrapper_starts_a_new_call():
+    """A Wrapper called again gives its Tree fresh states (``Mode.INITIALIZED``): the tree is
+    built anew from them, not carried over from the call before (where rank 1 left)."""
+    world = 4
+
+    def rank_fn(rank, store):
+        tree = Tree(_host_layers(1, None))
+        state = tree(RankAssignmentCtx(State(rank=rank, world_size=world), store, set())).state
+        with pytest.raises(RankDiscarded) if rank == 1 else contextlib.nullcontext():
+            tree(RankAssignmentCtx(state, store, {1}))
+        fresh = State(rank=rank, world_size=world)
+        return tree(RankAssignmentCtx(fresh, store, set())).state
+
+    results, errors = run_ranks_with_store(world, rank_fn)
+    assert not errors, errors
+    assert {r: (s.rank, s.active_rank, s.world_size) for r, s in results.items()} == {
+        r: (r, r, world) for r in range(world)
     }
