@@ -234,6 +234,11 @@ def assign(call: RoundCall, terminated: set[int]) -> None:
     ranks) and would give the function a stale ``RANK`` and ``WORLD_SIZE``."""
     old = dataclasses.replace(call.state)
     ctx = call.assignment(RankAssignmentCtx(call.state, call.round_store, set(terminated)))
+    if not hasattr(ctx, "state"):  # (a context of its own with a state is taken, as by the reference)
+        raise TypeError(
+            f"rank_assignment {call.assignment!r} returned {ctx!r}: it must return the "
+            "RankAssignmentCtx it was given, with the rank's new state (add `return ctx`)"
+        )
     new = ctx.state
     if _chose_no_activation(old, new):
         new = dataclasses.replace(

@@ -358,3 +358,17 @@ def test_tree_is_rebuilt_when_the_wrapper_starts_a_new_call():
     assert {r: (s.rank, s.active_rank, s.world_size) for r, s in results.items()} == {
         r: (r, r, world) for r in range(world)
     }
+
+
+def test_an_assignment_that_returns_no_context_is_named():
+    """A plug-in of the user's that forgets ``return ctx`` is named, with what to add."""
+    from types import SimpleNamespace
+
+    from nvrx.inprocess import between_rounds
+
+    def forgets(ctx):
+        ctx.state.rank = 0
+
+    call = SimpleNamespace(state=State(rank=0, world_size=1), assignment=forgets, round_store=None)
+    with pytest.raises(TypeError, match=r"forgets.* returned None.*return ctx"):
+        between_rounds.assign(call, set())
