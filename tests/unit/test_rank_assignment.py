@@ -189,6 +189,16 @@ def test_tree_world_size_filter_deactivates_surplus():
     assert sorted(s.active_rank for s in live.values() if s.mode == Mode.ACTIVE) == [0, 1, 2, 3]
 
 
+def test_tree_takes_its_layers_from_a_generator():
+    """``layers`` given as a generator is read once, kept whole, and the tree built from it."""
+    layers = _host_layers(1, 3)
+    tree = Tree(layer for layer in layers)
+    assert tree.layers == layers
+    entries = [{"rank": r, "initial_rank": r, "keys": ["root", f"h{r // 4}"]} for r in range(8)]
+    tree.build(State(rank=0, world_size=8), entries)
+    assert [tree.rank_map[r].state.active_rank for r in range(8)] == [0, 1, 2, None, 3, 4, 5, None]
+
+
 def test_tree_rejects_different_root_keys():
     tree = Tree([Layer(key_or_fn=lambda s: str(s.rank))])
     entries = [{"rank": r, "initial_rank": r, "keys": [str(r)]} for r in range(2)]

@@ -129,6 +129,18 @@ class _Node:
             anc.spares.pop(self.state.initial_rank, None)
 
 
+def _layer_list(layers: Iterable[Layer]) -> list[Layer]:
+    """``layers`` as a list, read once (a generator checked first would be spent), or a
+    ``ValueError`` naming what was given when it is not a non-empty sequence of ``Layer``."""
+    bad = ValueError(f"Tree: layers must be a non-empty list of Layer, got {layers!r}")
+    if isinstance(layers, Layer) or not isinstance(layers, Iterable):
+        raise bad
+    listed = list(layers)
+    if not listed or not all(isinstance(x, Layer) for x in listed):
+        raise bad
+    return listed
+
+
 class Tree(RankAssignment):
     """Topology-aware assignment and activation in one step (not composable with others).
 
@@ -158,13 +170,11 @@ class Tree(RankAssignment):
         layers: list[Layer],
         world_size_filter: Callable[[int], int] | None = None,
     ) -> None:
-        if isinstance(layers, Layer) or not layers or not all(isinstance(x, Layer) for x in layers):
-            raise ValueError(f"Tree: layers must be a non-empty list of Layer, got {layers!r}")
+        self.layers = _layer_list(layers)
         if world_size_filter is not None and not callable(world_size_filter):
             raise TypeError(
                 f"Tree: world_size_filter must be callable or None, got {world_size_filter!r}"
             )
-        self.layers = list(layers)
         self.world_size_filter = world_size_filter
         self.tree: _Node | None = None
         self._used = False  # the tree served a call; a new Wrapper call rebuilds it
