@@ -95,11 +95,28 @@ def test_active_world_size_divisible_by():
     "make, match",
     [
         (lambda: MaxActiveWorldSize(0), "max_active_world_size"),
+        (lambda: MaxActiveWorldSize(2.5), "max_active_world_size"),
+        (lambda: MaxActiveWorldSize(True), "max_active_world_size"),
         (lambda: ActiveWorldSizeDivisibleBy(0), "divisor"),
+        (lambda: ActiveWorldSizeDivisibleBy(True), "divisor"),
+        (lambda: ActiveWorldSizeDivisibleBy(2.0), "divisor"),
         (lambda: Layer(max_ranks=0), "max_ranks"),
+        (lambda: Layer(max_ranks=1.5), "max_ranks"),
+        (lambda: Layer(max_ranks=True), "max_ranks"),
+        (lambda: Layer(min_ranks=-1), "min_ranks"),
+        (lambda: Layer(min_ranks=1.5), "min_ranks"),
+        (lambda: Layer(min_ranks=True), "min_ranks"),
+        (lambda: Layer(min_ranks=None), "min_ranks"),
         (lambda: Tree([]), "layers"),
+        (lambda: Tree(None), "layers"),
         (lambda: Tree(Layer(key_or_fn="root")), "layers"),
+        (lambda: Tree([Layer(key_or_fn="root"), "host"]), "layers"),
+        (lambda: Tree([Layer(key_or_fn="root")], world_size_filter=4), "world_size_filter"),
         (lambda: Layer(key_or_fn="root", flag="RESERVE"), "flag must be a LayerFlag"),
+        (lambda: Layer(key_or_fn="root", flag=1), "flag must be a LayerFlag"),
+        (lambda: Layer(key_or_fn="root", flag=0), "flag must be a LayerFlag"),
+        (lambda: Layer(key_or_fn="root", flag=False), "flag must be a LayerFlag"),
+        (lambda: Layer(key_or_fn="root", flag=""), "flag must be a LayerFlag"),
         (lambda: FilterCountGroupedByKey("k", condition=3), "condition"),
     ],
 )
@@ -197,6 +214,25 @@ def test_tree_takes_its_layers_from_a_generator():
     entries = [{"rank": r, "initial_rank": r, "keys": ["root", f"h{r // 4}"]} for r in range(8)]
     tree.build(State(rank=0, world_size=8), entries)
     assert [tree.rank_map[r].state.active_rank for r in range(8)] == [0, 1, 2, None, 3, 4, 5, None]
+
+
+def test_an_empty_layer_flag_is_taken_as_no_flag():
+    """``LayerFlag(0)`` is a ``LayerFlag``: accepted, and a host flagged with it keeps its spare
+    when an active rank dies (as without a flag), where ``RESERVE`` would activate it."""
+    history = _simulate_tree(lambda: Tree(_host_layers(1, 3, flag=LayerFlag(0))), 8, None, [{1}])
+    second = history[1]
+    assert [second[r].active_rank for r in (0, 2, 3, 4, 5, 6, 7)] == [0, 1, None, 2, 3, 4, None]
+    assert second[3].mode == Mode.INACTIVE and second[0].active_world_size == 5
+
+
+@pytest.mark.parametrize("result", [-1, 9, 2.5, None])
+def test_tree_world_size_filter_result_outside_the_world_is_named(result):
+    """``world_size_filter(n)`` must give an int in ``[0, n]``; anything else is named."""
+    tree = Tree(_host_layers(1, None), world_size_filter=lambda n: result)
+    entries = [{"rank": r, "initial_rank": r, "keys": ["root", f"h{r // 4}"]} for r in range(8)]
+    tree.build(State(rank=0, world_size=8), entries)
+    with pytest.raises(ValueError, match=r"world_size_filter\(8\) must return an int in \[0, 8\]"):
+        tree(RankAssignmentCtx(State(rank=0, world_size=8), None, set()))
 
 
 def test_tree_rejects_different_root_keys():
