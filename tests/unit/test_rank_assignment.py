@@ -331,14 +331,16 @@ def test_an_assignment_that_picks_no_active_ranks_keeps_every_rank_active_after_
     monkeypatch,
 ):
     """``ShiftRanks`` alone chooses no active ranks: every rank is active in the first round,
-    and after rank 0 leaves, each rank's active rank and world size are its new rank and
-    world size (not the previous round's, which name a rank and a world that are gone)."""
+    and after each shrink (rank 0 leaves, then the rank numbered 0 after it) each rank's active
+    rank and world size, and the ``RANK``/``WORLD_SIZE`` the function reads, are its new rank
+    and world size (not the previous round's, which name a rank and a world that are gone)."""
+    import os
     from types import SimpleNamespace
 
     from nvrx.inprocess import between_rounds
 
-    monkeypatch.setenv("RANK", "0")  # restored after the test: ``assign`` publishes them
-    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "-1")  # restored after the test: ``assign`` publishes them
+    monkeypatch.setenv("WORLD_SIZE", "-1")
     seen = {}
     for rank in range(4):
         call = SimpleNamespace(
@@ -349,11 +351,25 @@ def test_an_assignment_that_picks_no_active_ranks_keeps_every_rank_active_after_
         )
         between_rounds.assign(call, set())
         assert (call.state.mode, call.state.active_rank) == (Mode.ACTIVE, rank)
-        if rank == 0:
-            continue
-        between_rounds.assign(call, {0})
-        seen[rank] = (call.state.rank, call.state.active_rank, call.state.active_world_size)
-    assert seen == {1: (0, 0, 3), 2: (1, 1, 3), 3: (2, 2, 3)}
+        assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == (str(rank), "4")
+        for shrink in (1, 2):
+            if call.state.rank == 0:
+                break
+            between_rounds.assign(call, {0})
+            seen[rank, shrink] = (
+                call.state.rank,
+                call.state.active_rank,
+                call.state.active_world_size,
+                os.environ["RANK"],
+                os.environ["WORLD_SIZE"],
+            )
+    assert seen == {
+        (1, 1): (0, 0, 3, "0", "3"),
+        (2, 1): (1, 1, 3, "1", "3"),
+        (2, 2): (0, 0, 2, "0", "2"),
+        (3, 1): (2, 2, 3, "2", "3"),
+        (3, 2): (1, 1, 2, "1", "2"),
+    }
 
 
 @pytest.mark.timeout(120)
