@@ -226,11 +226,21 @@ def _take_back(call: RoundCall, store: Any, terminated: set[int]) -> set[int]:
 
 def assign(call: RoundCall, terminated: set[int]) -> None:
     """Run the ``rank_assignment`` plug-in, then an old-style ``rank_filter``; the rank's State
-    for the next round."""
+    for the next round.
+
+    An assignment that does not choose the active ranks (``ShiftRanks`` alone, say) leaves
+    every rank active, in every round: its output still has no mode, or it is the previous
+    round's activation, untouched, which no longer fits the world (more active ranks than
+    ranks) and would give the function a stale ``RANK`` and ``WORLD_SIZE``."""
     old = dataclasses.replace(call.state)
     ctx = call.assignment(RankAssignmentCtx(call.state, call.round_store, set(terminated)))
+    if not hasattr(ctx, "state"):  # (a context of its own with a state is taken, as by the reference)
+        raise TypeError(
+            f"rank_assignment {call.assignment!r} returned {ctx!r}: it must return the "
+            "RankAssignmentCtx it was given, with the rank's new state (add `return ctx`)"
+        )
     new = ctx.state
-    if new.rank is not None and new.active_rank is None and new.mode == Mode.INITIALIZED:
+    if _chose_no_activation(old, new):
         new = dataclasses.replace(
             new, mode=Mode.ACTIVE, active_rank=new.rank, active_world_size=new.world_size
         )
@@ -245,6 +255,22 @@ def assign(call: RoundCall, terminated: set[int]) -> None:
         active=new.active_rank is not None,
         active_rank=new.active_rank,
         world_size=new.world_size,
+    )
+
+
+def _chose_no_activation(old: State, new: State) -> bool:
+    """Whether the assignment that turned ``old`` into ``new`` left the activation unchosen."""
+    if new.rank is None:
+        return False
+    if new.mode == Mode.INITIALIZED:
+        return new.active_rank is None
+    activation = (new.mode, new.active_rank, new.active_world_size)
+    untouched = activation == (old.mode, old.active_rank, old.active_world_size)
+    return (
+        untouched
+        and new.mode == Mode.ACTIVE
+        and new.active_world_size is not None
+        and new.active_world_size > new.world_size
     )
 
 

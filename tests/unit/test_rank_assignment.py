@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from nvrx.inprocess.compose import Compose
@@ -93,9 +95,28 @@ def test_active_world_size_divisible_by():
     "make, match",
     [
         (lambda: MaxActiveWorldSize(0), "max_active_world_size"),
+        (lambda: MaxActiveWorldSize(2.5), "max_active_world_size"),
+        (lambda: MaxActiveWorldSize(True), "max_active_world_size"),
         (lambda: ActiveWorldSizeDivisibleBy(0), "divisor"),
+        (lambda: ActiveWorldSizeDivisibleBy(True), "divisor"),
+        (lambda: ActiveWorldSizeDivisibleBy(2.0), "divisor"),
         (lambda: Layer(max_ranks=0), "max_ranks"),
+        (lambda: Layer(max_ranks=1.5), "max_ranks"),
+        (lambda: Layer(max_ranks=True), "max_ranks"),
+        (lambda: Layer(min_ranks=-1), "min_ranks"),
+        (lambda: Layer(min_ranks=1.5), "min_ranks"),
+        (lambda: Layer(min_ranks=True), "min_ranks"),
+        (lambda: Layer(min_ranks=None), "min_ranks"),
         (lambda: Tree([]), "layers"),
+        (lambda: Tree(None), "layers"),
+        (lambda: Tree(Layer(key_or_fn="root")), "layers"),
+        (lambda: Tree([Layer(key_or_fn="root"), "host"]), "layers"),
+        (lambda: Tree([Layer(key_or_fn="root")], world_size_filter=4), "world_size_filter"),
+        (lambda: Layer(key_or_fn="root", flag="RESERVE"), "flag must be a LayerFlag"),
+        (lambda: Layer(key_or_fn="root", flag=1), "flag must be a LayerFlag"),
+        (lambda: Layer(key_or_fn="root", flag=0), "flag must be a LayerFlag"),
+        (lambda: Layer(key_or_fn="root", flag=False), "flag must be a LayerFlag"),
+        (lambda: Layer(key_or_fn="root", flag=""), "flag must be a LayerFlag"),
         (lambda: FilterCountGroupedByKey("k", condition=3), "condition"),
     ],
 )
@@ -183,6 +204,35 @@ def test_tree_world_size_filter_deactivates_surplus():
     live = {r: s for r, s in second.items() if s != "discarded"}
     assert {s.active_world_size for s in live.values()} == {4}
     assert sorted(s.active_rank for s in live.values() if s.mode == Mode.ACTIVE) == [0, 1, 2, 3]
+
+
+def test_tree_takes_its_layers_from_a_generator():
+    """``layers`` given as a generator is read once, kept whole, and the tree built from it."""
+    layers = _host_layers(1, 3)
+    tree = Tree(layer for layer in layers)
+    assert tree.layers == layers
+    entries = [{"rank": r, "initial_rank": r, "keys": ["root", f"h{r // 4}"]} for r in range(8)]
+    tree.build(State(rank=0, world_size=8), entries)
+    assert [tree.rank_map[r].state.active_rank for r in range(8)] == [0, 1, 2, None, 3, 4, 5, None]
+
+
+def test_an_empty_layer_flag_is_taken_as_no_flag():
+    """``LayerFlag(0)`` is a ``LayerFlag``: accepted, and a host flagged with it keeps its spare
+    when an active rank dies (as without a flag), where ``RESERVE`` would activate it."""
+    history = _simulate_tree(lambda: Tree(_host_layers(1, 3, flag=LayerFlag(0))), 8, None, [{1}])
+    second = history[1]
+    assert [second[r].active_rank for r in (0, 2, 3, 4, 5, 6, 7)] == [0, 1, None, 2, 3, 4, None]
+    assert second[3].mode == Mode.INACTIVE and second[0].active_world_size == 5
+
+
+@pytest.mark.parametrize("result", [-1, 9, 2.5, None])
+def test_tree_world_size_filter_result_outside_the_world_is_named(result):
+    """``world_size_filter(n)`` must give an int in ``[0, n]``; anything else is named."""
+    tree = Tree(_host_layers(1, None), world_size_filter=lambda n: result)
+    entries = [{"rank": r, "initial_rank": r, "keys": ["root", f"h{r // 4}"]} for r in range(8)]
+    tree.build(State(rank=0, world_size=8), entries)
+    with pytest.raises(ValueError, match=r"world_size_filter\(8\) must return an int in \[0, 8\]"):
+        tree(RankAssignmentCtx(State(rank=0, world_size=8), None, set()))
 
 
 def test_tree_rejects_different_root_keys():
@@ -275,3 +325,112 @@ def test_each_assignment_says_how_long_it_may_wait_for_its_peers():
     with pytest.warns(DeprecationWarning):
         old_filter = rank_filter.MaxActiveWorldSize(2)
     assert assignment_wait_s(rank_filter.AfterAssignment(default, old_filter), barrier_s) == 0.0
+
+
+def test_an_assignment_that_picks_no_active_ranks_keeps_every_rank_active_after_a_shrink(
+    monkeypatch,
+):
+    """``ShiftRanks`` alone chooses no active ranks: every rank is active in the first round,
+    and after each shrink (rank 0 leaves, then the rank numbered 0 after it) each rank's active
+    rank and world size, and the ``RANK``/``WORLD_SIZE`` the function reads, are its new rank
+    and world size (not the previous round's, which name a rank and a world that are gone)."""
+    import os
+    from types import SimpleNamespace
+
+    from nvrx.inprocess import between_rounds
+
+    monkeypatch.setenv("RANK", "-1")  # restored after the test: ``assign`` publishes them
+    monkeypatch.setenv("WORLD_SIZE", "-1")
+    seen = {}
+    for rank in range(4):
+        call = SimpleNamespace(
+            state=State(rank=rank, world_size=4),
+            assignment=ShiftRanks(),
+            round_store=None,
+            emit=lambda kind, **fields: None,
+        )
+        between_rounds.assign(call, set())
+        assert (call.state.mode, call.state.active_rank) == (Mode.ACTIVE, rank)
+        assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == (str(rank), "4")
+        for shrink in (1, 2):
+            if call.state.rank == 0:
+                break
+            between_rounds.assign(call, {0})
+            seen[rank, shrink] = (
+                call.state.rank,
+                call.state.active_rank,
+                call.state.active_world_size,
+                os.environ["RANK"],
+                os.environ["WORLD_SIZE"],
+            )
+    assert seen == {
+        (1, 1): (0, 0, 3, "0", "3"),
+        (2, 1): (1, 1, 3, "1", "3"),
+        (2, 2): (0, 0, 2, "0", "2"),
+        (3, 1): (2, 2, 3, "2", "3"),
+        (3, 2): (1, 1, 2, "1", "2"),
+    }
+
+
+@pytest.mark.timeout(120)
+def test_tree_first_call_goes_on_without_the_ranks_gone_before_it():
+    """Ranks gone before the first round (a process generation opened without them) post no
+    key: the others build the topology of the ranks present, which a host left below its
+    ``min_ranks`` by the gone rank leaves too, instead of waiting for keys that never come."""
+    world, gone = 6, 3
+
+    def rank_fn(rank, store):
+        if rank == gone:
+            return None
+        layers = [
+            Layer(min_ranks=1, key_or_fn="root", flag=LayerFlag.RESERVE),
+            Layer(min_ranks=2, key_or_fn=lambda s: f"h{s.initial_rank // 2}"),
+        ]
+        ctx = Tree(layers)(RankAssignmentCtx(State(rank=rank, world_size=world), store, {gone}))
+        assert ctx.terminated_ranks == set()
+        return ctx.state
+
+    results, errors = run_ranks_with_store(world, rank_fn)
+    assert set(errors) == {2} and isinstance(errors[2], RankDiscarded), errors
+    live = {r: s for r, s in results.items() if s is not None}
+    assert {r: (s.rank, s.active_rank) for r, s in live.items()} == {
+        0: (0, 0), 1: (1, 1), 4: (2, 2), 5: (3, 3),
+    }  # fmt: skip
+    assert {(s.world_size, s.active_world_size, s.mode) for s in live.values()} == {
+        (4, 4, Mode.ACTIVE)
+    }
+
+
+@pytest.mark.timeout(120)
+def test_tree_is_rebuilt_when_the_wrapper_starts_a_new_call():
+    """A Wrapper called again gives its Tree fresh states (``Mode.INITIALIZED``): the tree is
+    built anew from them, not carried over from the call before (where rank 1 left)."""
+    world = 4
+
+    def rank_fn(rank, store):
+        tree = Tree(_host_layers(1, None))
+        state = tree(RankAssignmentCtx(State(rank=rank, world_size=world), store, set())).state
+        with pytest.raises(RankDiscarded) if rank == 1 else contextlib.nullcontext():
+            tree(RankAssignmentCtx(state, store, {1}))
+        fresh = State(rank=rank, world_size=world)
+        return tree(RankAssignmentCtx(fresh, store, set())).state
+
+    results, errors = run_ranks_with_store(world, rank_fn)
+    assert not errors, errors
+    assert {r: (s.rank, s.active_rank, s.world_size) for r, s in results.items()} == {
+        r: (r, r, world) for r in range(world)
+    }
+
+
+def test_an_assignment_that_returns_no_context_is_named():
+    """A plug-in of the user's that forgets ``return ctx`` is named, with what to add."""
+    from types import SimpleNamespace
+
+    from nvrx.inprocess import between_rounds
+
+    def forgets(ctx):
+        ctx.state.rank = 0
+
+    call = SimpleNamespace(state=State(rank=0, world_size=1), assignment=forgets, round_store=None)
+    with pytest.raises(TypeError, match=r"forgets.* returned None.*return ctx"):
+        between_rounds.assign(call, set())

@@ -59,6 +59,11 @@ class Layer:
         ):
             raise ValueError(f"Layer: min_ranks must be an int >= 0, got {self.min_ranks!r}")
         positive_int("Layer", "max_ranks", self.max_ranks, allow_none=True)
+        if self.flag is not None and not isinstance(self.flag, LayerFlag):
+            raise TypeError(
+                f"Layer: flag must be a LayerFlag (RESERVE, BACKFILL, or both joined with |) "
+                f"or None, got {self.flag!r}"
+            )
 
 
 class _Node:
@@ -124,6 +129,18 @@ class _Node:
             anc.spares.pop(self.state.initial_rank, None)
 
 
+def _layer_list(layers: Iterable[Layer]) -> list[Layer]:
+    """``layers`` as a list, read once (a generator checked first would be spent), or a
+    ``ValueError`` naming what was given when it is not a non-empty sequence of ``Layer``."""
+    bad = ValueError(f"Tree: layers must be a non-empty list of Layer, got {layers!r}")
+    if isinstance(layers, Layer) or not isinstance(layers, Iterable):
+        raise bad
+    listed = list(layers)
+    if not listed or not all(isinstance(x, Layer) for x in listed):
+        raise bad
+    return listed
+
+
 class Tree(RankAssignment):
     """Topology-aware assignment and activation in one step (not composable with others).
 
@@ -153,13 +170,11 @@ class Tree(RankAssignment):
         layers: list[Layer],
         world_size_filter: Callable[[int], int] | None = None,
     ) -> None:
-        if not layers or not all(isinstance(layer, Layer) for layer in layers):
-            raise ValueError(f"Tree: layers must be a non-empty list of Layer, got {layers!r}")
+        self.layers = _layer_list(layers)
         if world_size_filter is not None and not callable(world_size_filter):
             raise TypeError(
                 f"Tree: world_size_filter must be callable or None, got {world_size_filter!r}"
             )
-        self.layers = list(layers)
         self.world_size_filter = world_size_filter
         self.tree: _Node | None = None
         self._used = False  # the tree served a call; a new Wrapper call rebuilds it
@@ -172,13 +187,32 @@ class Tree(RankAssignment):
         """This rank's grouping key at each layer."""
         return [group_key(layer.key_or_fn, state) for layer in self.layers]
 
-    def _exchange(self, state: State, store: Any) -> list[dict[str, Any]]:
+    def _exchange(self, state: State, store: Any, gone: set[int]) -> list[dict[str, Any]]:
+        """Every rank's entry but those of the ``gone`` ranks, which post none (ordered by rank)."""
         ns = f"nvrx_tree/{self._builds}"
         mine = {"rank": state.rank, "initial_rank": state.initial_rank, "keys": self.keys_of(state)}
         store.set(f"{ns}/{state.rank}", json.dumps(mine))
-        names = [f"{ns}/{r}" for r in range(state.world_size)]
+        names = [f"{ns}/{r}" for r in range(state.world_size) if r not in gone]
         store.wait(names)
         return [json.loads(raw) for raw in store.multi_get(names)]
+
+    def _build_from_store(self, state: State, store: Any, gone: set[int]) -> State:
+        """Exchange keys through the store and build the tree of the ranks present: ranks
+        ``gone`` before the tree is built (the first round of a process generation opened
+        without them) have no key to place them by, so the others are numbered as if they
+        never were. Returns the caller's state in that numbering."""
+        if state.rank in gone:
+            raise RankDiscarded(f"rank {state.rank} is terminated (terminated ranks: {sorted(gone)})")
+        entries = self._exchange(state, store, gone)
+        self._builds += 1
+        entries = [dict(entry, rank=index) for index, entry in enumerate(entries)]
+        state = dataclasses.replace(
+            state,
+            rank=state.rank - sum(1 for r in gone if r < state.rank),
+            world_size=len(entries),
+        )
+        self.build(state, entries)
+        return state
 
     def build(self, state: State, entries: list[dict[str, Any]]) -> None:
         """Build the tree from every rank's ``{rank, initial_rank, keys}`` (ordered by rank).
@@ -326,19 +360,17 @@ class Tree(RankAssignment):
 
     def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
         state = ctx.state
+        terminated = terminated_set(ctx.terminated_ranks)
+        unknown = {r for r in terminated if r >= state.world_size}
+        if unknown:
+            raise ValueError(f"Tree: terminated ranks {sorted(unknown)} are not ranks of this job")
         if self.tree is None or (state.mode == Mode.INITIALIZED and self._used):
-            entries = self._exchange(state, ctx.store)
-            self._builds += 1
-            self.build(state, entries)
+            state, terminated = self._build_from_store(state, ctx.store, terminated), set()
         self._used = True
         for leaf in self.tree.leaves():
             leaf.state.iteration = state.iteration
             leaf.state.fn_exception = state.fn_exception
 
-        terminated = terminated_set(ctx.terminated_ranks)
-        unknown = {r for r in terminated if r >= state.world_size}
-        if unknown:
-            raise ValueError(f"Tree: terminated ranks {sorted(unknown)} are not ranks of this job")
         self._propagate(self.tree, terminated)
         dead_active = {r for r in terminated if self.rank_map[r].state.mode == Mode.ACTIVE}
         for rank in terminated:

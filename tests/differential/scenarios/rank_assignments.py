@@ -73,8 +73,10 @@ def rank_filters(inprocess: Any) -> dict[str, Any]:
     return results
 
 
-def over_store(inprocess: Any, make: Any, ws: int, terminated: set[int], rounds: int = 1) -> list[Any]:
-    """``make()`` once per rank, called on ``rounds`` successive contexts in one thread per rank.
+def over_store(inprocess: Any, make: Any, ws: int, terminated: Any, rounds: int = 1) -> list[Any]:
+    """``make()`` once per rank, called on ``rounds`` successive contexts in one thread per rank;
+    ``terminated`` (a set) are terminated in the last of them, or, a list, one set per round
+    (current rank numbers, as the Wrapper reports them).
 
     The store given is the base store, not the Wrapper's per-round ``PrefixStore``: the
     reference's ``PrefixStore`` puts torch's own ``Store.barrier`` first (see
@@ -94,14 +96,14 @@ def over_store(inprocess: Any, make: Any, ws: int, terminated: set[int], rounds:
             c.instance_count = first[c]
         made.append(make())
 
+    schedule = terminated if isinstance(terminated, list) else [set()] * (rounds - 1) + [terminated]
+
     def rank_main(rank: int) -> None:
         store = Store("127.0.0.1", server.port, is_master=False, timeout=datetime.timedelta(seconds=30))
         state = inprocess.state.State(rank=rank, world_size=ws)
         seen = []
-        for it in range(rounds):
-            ctx = inprocess.rank_assignment.RankAssignmentCtx(
-                state, store, set(terminated) if it == rounds - 1 else set()
-            )
+        for it, dead in enumerate(schedule):
+            ctx = inprocess.rank_assignment.RankAssignmentCtx(state, store, set(dead))
             seen.append(outcome(made[rank], ctx))
             if "raised" in seen[-1]:
                 break
@@ -162,13 +164,38 @@ def trees(inprocess: Any) -> dict[str, Any]:
              ra.Layer(min_ranks=1, max_ranks=1, key_or_fn=node, flag=flag)]
         )  # fmt: skip
 
+    def hosts(size: int, flag: Any, min_ranks: int, max_ranks: int | None, ws_filter: Any = None) -> Any:
+        def host(s: Any) -> str:
+            return f"host{s.initial_rank // size}"
+
+        return lambda: ra.Tree(
+            [ra.Layer(min_ranks=1, key_or_fn="root", flag=flag),
+             ra.Layer(min_ranks=min_ranks, max_ranks=max_ranks, key_or_fn=host, flag=flag)],
+            ws_filter,
+        )  # fmt: skip
+
+    def even(n: int) -> int:
+        return n // 2 * 2
+
     cases = {
         "Tree(one leaf per node, RESERVE)": (two_layers(ra.LayerFlag.RESERVE, None), 4, {0}),
         "Tree(one leaf per node, BACKFILL)": (two_layers(ra.LayerFlag.BACKFILL, None), 4, {0}),
         "Tree(max 1 active, RESERVE)": (two_layers(ra.LayerFlag.RESERVE, 1), 4, {0}),
         "Tree(one layer)": (lambda: ra.Tree([ra.Layer(min_ranks=2, key_or_fn="root")]), 4, {3}),
     }
-    return {name: over_store(inprocess, make, ws, t, rounds=2) for name, (make, ws, t) in cases.items()}
+    results = {name: over_store(inprocess, make, ws, t, rounds=2) for name, (make, ws, t) in cases.items()}
+    # terminations across several rounds: spares of the host, then of another host, then none;
+    # backfill with the active world size kept even; hosts that fall below min_ranks one by one
+    reserve, backfill = ra.LayerFlag.RESERVE, ra.LayerFlag.BACKFILL
+    several = {
+        "Tree(hosts of 4, 3 active each, RESERVE; rounds)": (
+            hosts(4, reserve, 2, 3), 8, [set(), {1}, {0}, {0, 1}]),
+        "Tree(hosts of 4, BACKFILL, even active world; rounds)": (
+            hosts(4, backfill, 1, None, even), 8, [set(), {2}, {5}, {0}]),
+        "Tree(hosts of 2, min 2; rounds)": (hosts(2, None, 2, None), 6, [set(), {1}, {2}]),
+    }  # fmt: skip
+    results.update({name: over_store(inprocess, make, ws, t) for name, (make, ws, t) in several.items()})
+    return results
 
 
 def main() -> int:
