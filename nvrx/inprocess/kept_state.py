@@ -186,7 +186,14 @@ class KeptState:
         copier = state_tree.Copier(self._side_stream)
         for name, obj in self._objects.items():
             state = given[name] if name in given else obj.state_dict()
-            slot.states[name] = copier.copy(state, slot.states.get(name))
+            try:
+                slot.states[name] = copier.copy(state, slot.states.get(name))
+            except TypeError as error:
+                raise TypeError(
+                    f"KeptState: cannot keep {name!r} at step {step}: in what "
+                    f"{type(obj).__name__}.state_dict() returned, {error}; return only tensors, "
+                    "containers and values copy.deepcopy takes"
+                ) from error
         slot.copied = copier.finish()
         if slot.copied is None:
             slot.step, self._last = step, index
@@ -317,7 +324,7 @@ class KeptState:
         if not served:
             self.restore(plan.step)
             return plan.step, "memory"
-        self._take(plan.step, received)
+        self._take(plan.step, received, plan.sources[me])
         return plan.step, "peer"
 
     def _fall_back(self, checkpoint: Callable[[], int | None] | None) -> tuple[int | None, str]:
@@ -352,16 +359,18 @@ class KeptState:
             states = self._slots[self._index_of(step)].states
             return {name: state for name, state in states.items() if name not in self._per_rank}
 
-    def _take(self, step: int, received: dict[str, Any]) -> None:
+    def _take(self, step: int, received: dict[str, Any], source: int) -> None:
         """Keep a hand-over's states as this rank's commit of ``step``, with its own per-rank
         states, as if it had committed them (so that it holds the step, should its source be
-        lost before the next commit), then load them; a registered object the hand-over
-        lacks that is not per-rank is an error."""
+        lost before the next commit), then load them. A registered object the hand-over
+        lacks that is not per-rank is an error: every rank registered the same names (the
+        agreement checked), so it was registered after ``source`` committed the step."""
         missing = [n for n in self._objects if n not in received and n not in self._per_rank]
         if missing:
             raise ValueError(
-                f"KeptState.restore_agreed: the hand-over holds no state of {missing}; "
-                "register the same objects on every rank"
+                f"KeptState.restore_agreed: step {step}, handed over by rank {source}, holds no "
+                f"state of {missing}, registered after that step was committed; register every "
+                "object before the commits it is to be restored from"
             )
         with self._lock:
             self._write(step, received)  # copied before a loader can keep or change them

@@ -24,18 +24,31 @@ import torch
 
 def map_leaves(value: Any, fn: Callable[[Any, Any], Any], like: Any = None, leaf: type = torch.Tensor) -> Any:
     """``value`` with each ``leaf`` instance ``x`` replaced by ``fn(x, counterpart)``, where
-    ``counterpart`` is what stands at the same place in ``like`` (None where nothing does)."""
+    ``counterpart`` is what stands at the same place in ``like`` (None where nothing does).
+    A plain value that cannot be deep-copied is refused with its place in ``value``."""
+    return _map(value, fn, like, leaf, "")
+
+
+def _map(value: Any, fn: Callable[[Any, Any], Any], like: Any, leaf: type, place: str) -> Any:
     if isinstance(value, leaf):
         return fn(value, like if isinstance(like, leaf) else None)
     if isinstance(value, dict):
         old = like if isinstance(like, dict) else {}
-        return _mapping_like(value, [(k, map_leaves(v, fn, old.get(k), leaf)) for k, v in value.items()])
+        items = [(k, _map(v, fn, old.get(k), leaf, f"{place}[{k!r}]")) for k, v in value.items()]
+        return _mapping_like(value, items)
     if isinstance(value, (list, tuple)):
         same = isinstance(like, (list, tuple)) and len(like) == len(value)
         old = like if same else [None] * len(value)
-        items = [map_leaves(v, fn, o, leaf) for v, o in zip(value, old, strict=True)]
+        items = [_map(v, fn, o, leaf, f"{place}[{i}]") for i, (v, o) in enumerate(zip(value, old, strict=True))]
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
-    return copy.deepcopy(value)
+    try:
+        return copy.deepcopy(value)
+    except Exception as error:  # a lock, a generator, an open file: state_dict() must not hold one
+        kind = f"{type(value).__module__}.{type(value).__qualname__}"
+        raise TypeError(
+            f"the value at {place or 'the top'} (a {kind}) cannot be copied: kept state "
+            f"copies tensors and deep-copies every other value ({type(error).__name__}: {error})"
+        ) from error
 
 
 def tensors(value: Any) -> Iterator[torch.Tensor]:

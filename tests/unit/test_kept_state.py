@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections import Counter, OrderedDict, defaultdict
 
@@ -242,6 +243,29 @@ def test_an_object_registered_after_the_commit_is_named_at_restore():
     kept.register("optimizer", torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1))
     with pytest.raises(ValueError, match=r"step 0 holds no state of \['optimizer'\], registered after"):
         kept.restore()
+
+
+class _Loader:
+    """A data position whose state holds the lock its sampler guards itself with."""
+
+    def __init__(self) -> None:
+        self.at, self.lock = 3, threading.Lock()
+
+    def state_dict(self) -> dict:
+        return {"at": self.at, "sampler": {"order": [torch.arange(2), self.lock]}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.at = state["at"]
+
+
+def test_a_state_that_cannot_be_copied_is_refused_naming_its_object_and_place():
+    kept = KeptState()
+    kept.register("model", torch.nn.Linear(2, 2))
+    kept.commit(1)
+    kept.register("data", _Loader())
+    with pytest.raises(TypeError, match=r"'data'.* at \['sampler'\]\['order'\]\[1\] \(a _thread\.lock\)"):
+        kept.commit(2)
+    assert kept.steps() == [1]  # the commit before stands
 
 
 def test_a_per_rank_state_registered_after_the_commit_stays_as_it_is():
