@@ -71,7 +71,7 @@ def replica_groups(groups: Sequence[Sequence[int]] | None, world: int) -> list[l
         return [list(range(world))]
     listed = [r for ranks in groups for r in ranks]
     is_rank = [isinstance(r, int) and not isinstance(r, bool) and 0 <= r < world for r in listed]
-    wrong = sorted({str(r) for r, ok in zip(listed, is_rank, strict=True) if not ok})
+    wrong = sorted({_not_a_rank(r) for r, ok in zip(listed, is_rank, strict=True) if not ok})
     counts = Counter(r for r, ok in zip(listed, is_rank, strict=True) if ok)
     twice = sorted(r for r, n in counts.items() if n > 1)
     missing = sorted(set(range(world)) - set(counts))
@@ -84,6 +84,13 @@ def replica_groups(groups: Sequence[Sequence[int]] | None, world: int) -> list[l
             + (f" (missing: {missing})" if missing else "")
         )
     return [list(ranks) for ranks in groups]
+
+
+def _not_a_rank(value: object) -> str:
+    """``value`` as the error names it, with its type where it is no int (a NumPy int prints as one)."""
+    if type(value) is int:
+        return str(value)
+    return f"{value!r} of type {type(value).__name__}, not int"
 
 
 def check_alike(everyone: list[Held]) -> None:
