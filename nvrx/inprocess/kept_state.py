@@ -306,7 +306,9 @@ class KeptState:
         sent it (this rank's own commits then dropped, those it served included, and what
         it received kept as its commit of the step, of ``shard``). What this rank holds is
         labelled with the plan's course and ``shard`` before anything received is kept, so
-        a restart that stops the load halfway leaves no commit under another shard's label."""
+        a restart that stops the load halfway leaves no commit under another shard's label;
+        a commit newer than the step is dropped first, so that it never bears the label of
+        a course the plan begins (``state_plan``: the step that commit was of is abandoned)."""
         import torch.distributed as dist
 
         me = dist.get_rank(group)
@@ -319,6 +321,8 @@ class KeptState:
         served = me in plan.sources
         if served:  # what it holds is not its group's shard at that step
             self.forget()
+        else:  # a newer commit is abandoned: it never takes the label of a course begun here
+            self._drop_after(plan.step)
         with self._lock:
             self._course, self._shard = plan.course, shard
         if not served:
@@ -347,6 +351,15 @@ class KeptState:
             for slot in self._slots:
                 slot.step = None
             self._last = None
+
+    def _drop_after(self, step: int) -> None:
+        """Drop the commits newer than ``step``."""
+        with self._lock:
+            self._settle(wait=True)
+            for slot in self._slots:
+                if slot.step is not None and slot.step > step:
+                    slot.step = None
+            self._settle(wait=False)  # the last complete commit is the one left
 
     def memory_bytes(self) -> int:
         """Bytes of tensor buffers held by both slots."""

@@ -548,3 +548,25 @@ def test_a_load_stopped_by_a_restart_leaves_what_was_received_under_its_new_shar
     mine = kept._held(groups)
     assert (mine.steps, mine.course, mine.shard) == ((5,), 7.0, 1)
     assert float(kept._shared(5)["model"]["weight"][0, 0]) == 1.0  # shard 1's, as labelled
+
+
+def test_a_restore_stopped_by_a_restart_leaves_no_abandoned_commit_under_the_new_course(monkeypatch):
+    """A holder of step 6 restores step 5, the one every shard holds: the agreement begins a
+    new course, and a restart that stops the load leaves step 6 out of it."""
+
+    class Stopped(torch.nn.Linear):
+        def load_state_dict(self, state, *args, **kwargs):
+            super().load_state_dict(state, *args, **kwargs)
+            raise RuntimeError("a peer's fault: restart")  # as the monitor thread raises it
+
+    groups = ((0,), (1,))
+    kept = KeptState()
+    kept.register("model", Stopped(2, 2))
+    kept.commit(5)
+    kept.commit(6)
+    kept._course, kept._shard = 7.0, 0
+    everyone = [None, Held((5, 4), 7.0, 1, ("model",), groups)]
+    with pytest.raises(RuntimeError, match="restart"):
+        _restore_agreed(monkeypatch, kept, everyone, 0, replica_groups=groups)
+    mine = kept._held(groups)
+    assert (mine.steps, mine.shard) == ((5,), 0) and mine.course > 7.0

@@ -41,6 +41,17 @@ def test_the_step_is_the_newest_some_holder_of_every_group_holds():
     assert (got.step, got.sources) == (2, {})
 
 
+def test_restoring_a_step_older_than_one_held_begins_a_new_course():
+    # shard 0 committed step 3, shard 1 not: step 3 is abandoned and trained again, so a
+    # replica that sat this agreement out holding step 3 must not count as a holder of it
+    forked = plan([_held((3, 2), 1.0, 0, now=5.0), _held((2, 1), 1.0, 1, now=5.0)], [[0], [1]])
+    assert (forked.step, forked.sources, forked.course) == (2, {}, 5.0)
+    later = [_held((3, 2), 5.0, 0), _held((3, 2), 5.0, 1), _held((3, 2), 1.0, 0), _held((2,), 1.0, 1)]
+    assert plan(later, GROUPS).sources == {2: 0, 3: 1}
+    kept_up = plan([_held((3, 2), 1.0, 0), _held((2, 1), 1.0, 0)], [[0, 1]])
+    assert (kept_up.step, kept_up.course) == (3, 1.0)  # the newest step: no course begins
+
+
 def test_no_plan_when_a_shard_has_no_holder_or_nothing_is_kept():
     assert plan(_of(((3, 2), 0), ((), None), ((3, 2), 0), ((), None)), GROUPS) is None
     assert plan(_of(((), None), ((), None), ((), None), ((), None)), GROUPS) is None
