@@ -246,26 +246,45 @@ def test_an_object_registered_after_the_commit_is_named_at_restore():
 
 
 class _Loader:
-    """A data position whose state holds the lock its sampler guards itself with."""
+    """A data position whose state holds a value its sampler keeps (a lock it guards itself
+    with)."""
 
-    def __init__(self) -> None:
-        self.at, self.lock = 3, threading.Lock()
+    def __init__(self, held: object) -> None:
+        self.at, self.held = 3, held
 
     def state_dict(self) -> dict:
-        return {"at": self.at, "sampler": {"order": [torch.arange(2), self.lock]}}
+        return {"at": self.at, "sampler": {"order": [torch.arange(2), self.held]}}
 
     def load_state_dict(self, state: dict) -> None:
         self.at = state["at"]
 
 
-def test_a_state_that_cannot_be_copied_is_refused_naming_its_object_and_place():
+@pytest.mark.parametrize(("held", "kind"), [(threading.Lock(), r"_thread\.lock")], ids=["lock"])
+def test_a_state_that_cannot_be_copied_is_refused_naming_its_object_and_place(held, kind):
     kept = KeptState()
     kept.register("model", torch.nn.Linear(2, 2))
     kept.commit(1)
-    kept.register("data", _Loader())
-    with pytest.raises(TypeError, match=r"'data'.* at \['sampler'\]\['order'\]\[1\] \(a _thread\.lock\)"):
+    kept.register("data", _Loader(held))
+    with pytest.raises(TypeError, match=rf"'data'.* at \['sampler'\]\['order'\]\[1\] \(a {kind}\)"):
         kept.commit(2)
     assert kept.steps() == [1]  # the commit before stands
+
+
+def test_a_commit_that_copies_everything_writes_out_no_place():
+    # a value's place in the state is for the error only: no commit pays for writing it out
+    written = []
+
+    class Key(str):
+        def __repr__(self) -> str:
+            written.append(str(self))
+            return super().__repr__()
+
+    kept = KeptState()
+    kept.register("data", _Loader({Key("step"): 1, Key("order"): [torch.arange(2), {Key("seed"): 7}]}))
+    kept.commit(1)
+    kept.commit(2)
+    assert written == []
+    assert kept.steps() == [2, 1]
 
 
 def test_a_per_rank_state_registered_after_the_commit_stays_as_it_is():
