@@ -247,7 +247,7 @@ def test_an_object_registered_after_the_commit_is_named_at_restore():
 
 class _Loader:
     """A data position whose state holds a value its sampler keeps (a lock it guards itself
-    with)."""
+    with, the generator of its order)."""
 
     def __init__(self, held: object) -> None:
         self.at, self.held = 3, held
@@ -259,7 +259,11 @@ class _Loader:
         self.at = state["at"]
 
 
-@pytest.mark.parametrize(("held", "kind"), [(threading.Lock(), r"_thread\.lock")], ids=["lock"])
+@pytest.mark.parametrize(
+    ("held", "kind"),
+    [(threading.Lock(), r"_thread\.lock"), ((i for i in range(2)), r"builtins\.generator")],
+    ids=["lock", "generator"],
+)
 def test_a_state_that_cannot_be_copied_is_refused_naming_its_object_and_place(held, kind):
     kept = KeptState()
     kept.register("model", torch.nn.Linear(2, 2))
