@@ -15,13 +15,15 @@ it was given, its clock) and each rank computes the same ``HandOver`` from that 
   the shard it holds to the ranks that need it, and receives its new group's shard;
 * commits made before any agreement (no shard known yet) are taken for the shard of the
   group the rank is in now: no renumbering can have happened to a rank before it agreed;
-* the step restored is the newest that some holder of every shard holds; holders
-  without it are receivers too. When a rank holds a newer step (its shard's replicas had
-  committed one more than another shard's), that newer step is abandoned and trained
-  again, maybe to other bits: the agreement then begins a new course, as a fallback does,
-  so that a replica that sat it out (inactive) and holds the abandoned commit is not
-  taken for a holder of the step trained again (where every holder of the newer step sat
-  it out, no rank here knows of it, and no course begins);
+* the step restored is the newest that some holder of every shard holds; holders without
+  it are receivers too. When a rank of the current course holds a newer step (its shard's
+  replicas had committed one more than another shard's), that newer step is abandoned and
+  trained again, maybe to other bits: the agreement then begins a new course, as a
+  fallback does, so that a replica that sat it out (inactive) and holds the abandoned
+  commit is not taken for a holder of the step trained again. Its commits of the step
+  restored and older no longer count either: where no rank of the new course holds its
+  shard, the ranks fall back to the checkpoint. Where every holder of the newer step sat
+  it out, no rank here knows of it, and no course begins;
 * each receiver is served by a holder of its group's shard that has the step,
   receivers spread over them in turn, so that a spare node's ranks are not all served
   by one rank. ``HandOver.transfers`` orders the transfers alike on every rank, so that

@@ -52,6 +52,20 @@ def test_restoring_a_step_older_than_one_held_begins_a_new_course():
     assert (kept_up.step, kept_up.course) == (3, 1.0)  # the newest step: no course begins
 
 
+def test_a_replica_that_sat_out_a_course_begun_at_an_older_step_counts_for_nothing():
+    # round 2: ranks 0 (shard 0) and 1 (shard 1) alone; shard 0 had committed step 3, shard 1
+    # not: step 2 is restored and a course begins. Replicas 2 and 3 sat it out (inactive).
+    round_2 = plan([_held((3, 2), 1.0, 0, now=5.0), _held((2, 1), 1.0, 1, now=5.0)], [[0], [1]])
+    assert (round_2.step, round_2.course) == (2, 5.0)
+    # rank 0 trained step 3 again and committed it; round 3: rank 1 was lost (its replacement
+    # holds nothing), 2 and 3 come back. Rank 3's step 2 is the very step round 2 restored,
+    # but it is a commit of the course before: shard 1 has no holder, and the ranks fall
+    # back to the checkpoint rather than restore step 2 from rank 3.
+    round_3 = [_held((3, 2), 5.0, 0), _held(), _held((3, 2), 1.0, 0), _held((2, 1), 1.0, 1)]
+    assert plan(round_3, GROUPS) is None
+    assert newest_step(round_3) == 3  # state_restored reports the step 3 kept as newest
+
+
 def test_no_plan_when_a_shard_has_no_holder_or_nothing_is_kept():
     assert plan(_of(((3, 2), 0), ((), None), ((3, 2), 0), ((), None)), GROUPS) is None
     assert plan(_of(((), None), ((), None), ((), None), ((), None)), GROUPS) is None
