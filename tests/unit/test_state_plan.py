@@ -152,7 +152,7 @@ def test_ranks_that_registered_or_grouped_differently_are_told_alike():
         ([[0, 1], [2, 3]], "(not ranks: 3)"),
         ([[0], [1]], "(missing: [2])"),
         ([[0, 1, 2], []], "in non-empty groups"),
-        ([[np.int64(0), 1], [2]], "(not ranks: np.int64(0) of type int64, not int)"),
+        ([[np.int64(0), 1], [2]], "of type int64, not int)"),  # its repr differs by NumPy version
     ],
 )
 def test_replica_groups_must_cover_every_rank_once(groups, says):
