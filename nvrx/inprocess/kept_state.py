@@ -186,7 +186,14 @@ class KeptState:
         copier = state_tree.Copier(self._side_stream)
         for name, obj in self._objects.items():
             state = given[name] if name in given else obj.state_dict()
-            slot.states[name] = copier.copy(state, slot.states.get(name))
+            try:
+                slot.states[name] = copier.copy(state, slot.states.get(name))
+            except TypeError as error:
+                raise TypeError(
+                    f"KeptState: cannot keep {name!r} at step {step}: in what "
+                    f"{type(obj).__name__}.state_dict() returned, {error}; return only tensors, "
+                    "containers and values copy.deepcopy takes"
+                ) from error
         slot.copied = copier.finish()
         if slot.copied is None:
             slot.step, self._last = step, index
@@ -299,7 +306,9 @@ class KeptState:
         sent it (this rank's own commits then dropped, those it served included, and what
         it received kept as its commit of the step, of ``shard``). What this rank holds is
         labelled with the plan's course and ``shard`` before anything received is kept, so
-        a restart that stops the load halfway leaves no commit under another shard's label."""
+        a restart that stops the load halfway leaves no commit under another shard's label;
+        a commit newer than the step is dropped first, so that it never bears the label of
+        a course the plan begins (``state_plan``: the step that commit was of is abandoned)."""
         import torch.distributed as dist
 
         me = dist.get_rank(group)
@@ -312,12 +321,14 @@ class KeptState:
         served = me in plan.sources
         if served:  # what it holds is not its group's shard at that step
             self.forget()
+        else:  # a newer commit is abandoned: it never takes the label of a course begun here
+            self._drop_after(plan.step)
         with self._lock:
             self._course, self._shard = plan.course, shard
         if not served:
             self.restore(plan.step)
             return plan.step, "memory"
-        self._take(plan.step, received)
+        self._take(plan.step, received, plan.sources[me])
         return plan.step, "peer"
 
     def _fall_back(self, checkpoint: Callable[[], int | None] | None) -> tuple[int | None, str]:
@@ -341,6 +352,15 @@ class KeptState:
                 slot.step = None
             self._last = None
 
+    def _drop_after(self, step: int) -> None:
+        """Drop the commits newer than ``step``."""
+        with self._lock:
+            self._settle(wait=True)
+            for slot in self._slots:
+                if slot.step is not None and slot.step > step:
+                    slot.step = None
+            self._settle(wait=False)  # the last complete commit is the one left
+
     def memory_bytes(self) -> int:
         """Bytes of tensor buffers held by both slots."""
         with self._lock:
@@ -352,16 +372,18 @@ class KeptState:
             states = self._slots[self._index_of(step)].states
             return {name: state for name, state in states.items() if name not in self._per_rank}
 
-    def _take(self, step: int, received: dict[str, Any]) -> None:
+    def _take(self, step: int, received: dict[str, Any], source: int) -> None:
         """Keep a hand-over's states as this rank's commit of ``step``, with its own per-rank
         states, as if it had committed them (so that it holds the step, should its source be
-        lost before the next commit), then load them; a registered object the hand-over
-        lacks that is not per-rank is an error."""
+        lost before the next commit), then load them. A registered object the hand-over
+        lacks that is not per-rank is an error: every rank registered the same names (the
+        agreement checked), so it was registered after ``source`` committed the step."""
         missing = [n for n in self._objects if n not in received and n not in self._per_rank]
         if missing:
             raise ValueError(
-                f"KeptState.restore_agreed: the hand-over holds no state of {missing}; "
-                "register the same objects on every rank"
+                f"KeptState.restore_agreed: step {step}, handed over by rank {source}, holds no "
+                f"state of {missing}, registered after that step was committed; register every "
+                "object before the commits it is to be restored from"
             )
         with self._lock:
             self._write(step, received)  # copied before a loader can keep or change them

@@ -15,8 +15,15 @@ it was given, its clock) and each rank computes the same ``HandOver`` from that 
   the shard it holds to the ranks that need it, and receives its new group's shard;
 * commits made before any agreement (no shard known yet) are taken for the shard of the
   group the rank is in now: no renumbering can have happened to a rank before it agreed;
-* the step restored is the newest that some holder of every shard holds; holders
-  without it are receivers too;
+* the step restored is the newest that some holder of every shard holds; holders without
+  it are receivers too. When a rank of the current course holds a newer step (its shard's
+  replicas had committed one more than another shard's), that newer step is abandoned and
+  trained again, maybe to other bits: the agreement then begins a new course, as a
+  fallback does, so that a replica that sat it out (inactive) and holds the abandoned
+  commit is not taken for a holder of the step trained again. Its commits of the step
+  restored and older no longer count either: where no rank of the new course holds its
+  shard, the ranks fall back to the checkpoint. Where every holder of the newer step sat
+  it out, no rank here knows of it, and no course begins;
 * each receiver is served by a holder of its group's shard that has the step,
   receivers spread over them in turn, so that a spare node's ranks are not all served
   by one rank. ``HandOver.transfers`` orders the transfers alike on every rank, so that
@@ -71,7 +78,7 @@ def replica_groups(groups: Sequence[Sequence[int]] | None, world: int) -> list[l
         return [list(range(world))]
     listed = [r for ranks in groups for r in ranks]
     is_rank = [isinstance(r, int) and not isinstance(r, bool) and 0 <= r < world for r in listed]
-    wrong = sorted({str(r) for r, ok in zip(listed, is_rank, strict=True) if not ok})
+    wrong = sorted({_not_a_rank(r) for r, ok in zip(listed, is_rank, strict=True) if not ok})
     counts = Counter(r for r, ok in zip(listed, is_rank, strict=True) if ok)
     twice = sorted(r for r, n in counts.items() if n > 1)
     missing = sorted(set(range(world)) - set(counts))
@@ -84,6 +91,13 @@ def replica_groups(groups: Sequence[Sequence[int]] | None, world: int) -> list[l
             + (f" (missing: {missing})" if missing else "")
         )
     return [list(ranks) for ranks in groups]
+
+
+def _not_a_rank(value: object) -> str:
+    """``value`` as the error names it, with its type where it is no int (a NumPy int prints as one)."""
+    if type(value) is int:
+        return str(value)
+    return f"{value!r} of type {type(value).__name__}, not int"
 
 
 def check_alike(everyone: list[Held]) -> None:
@@ -121,7 +135,8 @@ def plan(everyone: list[Held], groups: list[list[int]]) -> HandOver | None:
         senders = [r for r in held if step in everyone[r].steps]
         receivers = [r for r in ranks if r not in senders]
         sources.update({r: senders[i % len(senders)] for i, r in enumerate(receivers)})
-    return HandOver(step, current, sources)
+    forks = step < max(max(h.steps) for h in everyone if h.steps and h.course == current)
+    return HandOver(step, new_course(everyone) if forks else current, sources)
 
 
 def current_course(everyone: list[Held]) -> float | None:

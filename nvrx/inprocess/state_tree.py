@@ -24,18 +24,62 @@ import torch
 
 def map_leaves(value: Any, fn: Callable[[Any, Any], Any], like: Any = None, leaf: type = torch.Tensor) -> Any:
     """``value`` with each ``leaf`` instance ``x`` replaced by ``fn(x, counterpart)``, where
-    ``counterpart`` is what stands at the same place in ``like`` (None where nothing does)."""
+    ``counterpart`` is what stands at the same place in ``like`` (None where nothing does).
+    A plain value that cannot be deep-copied is refused with its place in ``value``."""
+    try:
+        return _map(value, fn, like, leaf)
+    except _Refused as refused:
+        raise refused.error() from refused.cause
+
+
+class _Refused(Exception):
+    """A plain value ``copy.deepcopy`` refused. Each container it is in adds its key as the
+    exception passes through, so that no place is built while every copy succeeds."""
+
+    def __init__(self, value: Any, cause: Exception) -> None:
+        super().__init__()
+        self.value, self.cause = value, cause
+        self.keys: list[str] = []  # innermost first
+
+    def error(self) -> TypeError:
+        """The error the caller gets: the value's type, its place and why it was refused."""
+        kind = f"{type(self.value).__module__}.{type(self.value).__qualname__}"
+        place = "".join(reversed(self.keys)) or "the top"
+        return TypeError(
+            f"the value at {place} (a {kind}) cannot be copied: kept state copies tensors and "
+            f"deep-copies every other value ({type(self.cause).__name__}: {self.cause})"
+        )
+
+
+def _map(value: Any, fn: Callable[[Any, Any], Any], like: Any, leaf: type) -> Any:
+    """``map_leaves`` inside its top: a value deepcopy refuses passes up as ``_Refused``."""
     if isinstance(value, leaf):
         return fn(value, like if isinstance(like, leaf) else None)
     if isinstance(value, dict):
         old = like if isinstance(like, dict) else {}
-        return _mapping_like(value, [(k, map_leaves(v, fn, old.get(k), leaf)) for k, v in value.items()])
+        pairs: list[tuple[Any, Any]] = []
+        try:
+            for key, item in value.items():
+                pairs.append((key, _map(item, fn, old.get(key), leaf)))
+        except _Refused as refused:
+            refused.keys.append(f"[{key!r}]")
+            raise
+        return _mapping_like(value, pairs)
     if isinstance(value, (list, tuple)):
         same = isinstance(like, (list, tuple)) and len(like) == len(value)
-        old = like if same else [None] * len(value)
-        items = [map_leaves(v, fn, o, leaf) for v, o in zip(value, old, strict=True)]
+        olds = like if same else [None] * len(value)
+        items = []
+        try:
+            for item, old_item in zip(value, olds, strict=True):
+                items.append(_map(item, fn, old_item, leaf))
+        except _Refused as refused:
+            refused.keys.append(f"[{len(items)}]")  # the items before it were mapped
+            raise
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
-    return copy.deepcopy(value)
+    try:
+        return copy.deepcopy(value)
+    except Exception as error:  # a lock, a generator, an open file: state_dict() must not hold one
+        raise _Refused(value, error) from error
 
 
 def tensors(value: Any) -> Iterator[torch.Tensor]:

@@ -8,7 +8,8 @@ state (rank 2 receives it from a peer), although each rank changed its parameter
 differently after its last commit. A
 rank that holds nothing (a replacement process: a model of its own seed, never trained, an
 optimizer without state) must end with the same bits as the others, and keep its own
-per-rank state; when no rank holds anything, every rank gets None.
+per-rank state; when no rank holds anything, every rank gets None. An object registered
+after the step kept was committed is named in the error of every rank, the receiver's too.
 
 Run as a script (``python test_kept_state_agreement.py RANK PORT CASE``) it is one rank.
 """
@@ -91,6 +92,35 @@ def _params(model) -> list[float]:
     return torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
 
 
+def _registered_late(rank: int, port: int) -> None:
+    """Ranks 0 and 1 commit steps 1 and 2, then register a scheduler; rank 2, a replacement,
+    registers it from the start: step 2 holds no scheduler state, which every rank says."""
+    import torch
+    import torch.distributed as dist
+
+    from nvrx.inprocess.kept_state import KeptState
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+        timeout=timedelta(seconds=60),
+    )  # fmt: skip
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    kept = KeptState()
+    kept.register("model", model)
+    for step in (1, 2) if rank < 2 else ():
+        kept.commit(step)
+    kept.register("scheduler", torch.optim.lr_scheduler.StepLR(optimizer, step_size=2))
+    try:
+        kept.restore_agreed()
+    except Exception as exc:  # reported, not raised: the test shows each rank's outcome
+        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+    else:
+        print(json.dumps({"error": None}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def _run(case: str, port: int, events_dir: str) -> list[dict]:
     from helpers_inprocess import run_rank_scripts
 
@@ -127,5 +157,19 @@ def test_every_rank_restores_the_newest_step_all_holders_hold(case, expected, tm
     ]
 
 
+def test_an_object_registered_after_the_step_kept_is_named_on_every_rank(tmp_path):
+    from helpers_inprocess import free_port_pair
+
+    ranks = _run("registered_late", free_port_pair(), str(tmp_path))
+    for rank, got in enumerate(ranks):  # ranks 0 and 1 hold step 2, rank 2 received it
+        assert got["error"] is not None, f"rank {rank} restored without an error"
+        assert got["error"].startswith("ValueError: "), (rank, got["error"])
+        assert "no state of ['scheduler']" in got["error"], (rank, got["error"])
+        assert "step 2" in got["error"] and "registered after" in got["error"], (rank, got["error"])
+
+
 if __name__ == "__main__":
-    _rank(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    if sys.argv[3] == "registered_late":
+        _registered_late(int(sys.argv[1]), int(sys.argv[2]))
+    else:
+        _rank(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])

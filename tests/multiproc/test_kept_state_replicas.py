@@ -8,7 +8,10 @@ of shard 1 are lost, no peer holds it: every rank drops its commits and runs the
 callback. Replica groups that do not cover every rank are refused on every rank. Over two
 rounds in the same processes, a rank lost and the ranks above it shifted down (a spare
 last) moves a holder of each shard into the other replica group: each serves the shard it
-holds to the ranks that need it, and no checkpoint is read.
+holds to the ranks that need it, and no checkpoint is read. Over three rounds, a round of
+two ranks restores the step before the last (shard 1 had not committed it) and trains that
+step again differently; a replica of shard 0 that sat that round out, holding the abandoned
+commit of it, rejoins: it receives the step trained again, not its own abandoned one.
 
 Run as a script (``python test_kept_state_replicas.py RANK PORT CASE``) it is one rank.
 """
@@ -129,11 +132,46 @@ def _shifted(process: int, port: int) -> None:
     dist.destroy_process_group()
 
 
-def _join(port: int, rank: int) -> None:
+def _forked(process: int, port: int) -> None:
+    """Round 1 on ``port``: processes 0..3 train; shard 0 commits step 3, shard 1 only step 2.
+    Round 2 on ``port + 1``: processes 0 and 1 alone restore step 2 and train step 3 again,
+    on other data; 2 and 3 sit it out. Round 3 on ``port + 2``: all four restore."""
+    import torch
+    import torch.distributed as dist
+
+    from nvrx.events import EventWriter
+    from nvrx.inprocess.kept_state import KeptState
+
+    kept, shard = KeptState(), _shard(process)
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
+    kept.register("model", model)
+    kept.register("optimizer", optimizer)
+    rounds = [(port, REPLICAS, range(1, 4)), (port + 1, [[0], [1]], range(3, 4)), (port + 2, REPLICAS, ())]
+    for number, (at, groups, steps) in enumerate(rounds, start=1):
+        if number == 2 and process >= 2:
+            continue
+        _join(at, process, sum(map(len, groups)))
+        events = EventWriter(os.environ["EVENTS_DIR"], "app", {"rank": process, "round": number})
+        restored = kept.restore_agreed(events=events, replica_groups=groups, checkpoint=lambda: _seed(model, shard))
+        for step in steps:
+            optimizer.zero_grad()
+            model(torch.full((2, 4), float(step + 10 * shard + 100 * number))).sum().backward()
+            optimizer.step()
+            if number > 1 or step < 3 or shard == 0:
+                kept.commit(step)
+        dist.barrier()
+        dist.destroy_process_group()
+    params = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
+    momenta = [s["momentum_buffer"].flatten().tolist() for s in optimizer.state_dict()["state"].values()]
+    print(json.dumps({"rank": process, "restored": restored, "params": params, "moments": momenta}))
+
+
+def _join(port: int, rank: int, world: int = WORLD) -> None:
     import torch.distributed as dist
 
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
         timeout=timedelta(seconds=60),
     )  # fmt: skip
 
@@ -210,6 +248,19 @@ def test_ranks_shifted_into_the_other_group_serve_the_shard_they_hold(tmp_path):
     assert second == {0: "memory", 1: "peer", 2: "peer", 3: "peer"}
 
 
+def test_a_replica_that_sat_out_a_fork_takes_the_step_trained_again_not_its_abandoned_one(tmp_path):
+    from tests.support.ports import free_port_run
+
+    got = {r["rank"]: r for r in _run("forked", free_port_run(3), str(tmp_path))}
+    assert {r["restored"] for r in got.values()} == {3}
+    assert got[2]["params"] == got[0]["params"] and got[2]["moments"] == got[0]["moments"]
+    assert got[3]["params"] == got[1]["params"] and got[1]["params"] != got[0]["params"]
+    second = {e["rank"]: (e["source"], e["step"]) for e in _restores_of_round(tmp_path, 2)}
+    assert second == {0: ("memory", 2), 1: ("memory", 2)}  # step 3 of shard 0 abandoned
+    third = {e["rank"]: e["source"] for e in _restores_of_round(tmp_path, 3)}
+    assert third == {0: "memory", 1: "memory", 2: "peer", 3: "peer"}
+
+
 def _restores_of_round(events_dir, round_: int) -> list[dict]:
     from nvrx.events.reader import read_dir
 
@@ -229,5 +280,7 @@ def test_replica_groups_that_miss_a_rank_are_refused_on_every_rank(tmp_path):
 if __name__ == "__main__":
     if sys.argv[3] == "shifted":
         _shifted(int(sys.argv[1]), int(sys.argv[2]))
+    elif sys.argv[3] == "forked":
+        _forked(int(sys.argv[1]), int(sys.argv[2]))
     else:
         _rank(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])

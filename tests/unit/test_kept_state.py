@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections import Counter, OrderedDict, defaultdict
 
@@ -242,6 +243,52 @@ def test_an_object_registered_after_the_commit_is_named_at_restore():
     kept.register("optimizer", torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1))
     with pytest.raises(ValueError, match=r"step 0 holds no state of \['optimizer'\], registered after"):
         kept.restore()
+
+
+class _Loader:
+    """A data position whose state holds a value its sampler keeps (a lock it guards itself
+    with, the generator of its order)."""
+
+    def __init__(self, held: object) -> None:
+        self.at, self.held = 3, held
+
+    def state_dict(self) -> dict:
+        return {"at": self.at, "sampler": {"order": [torch.arange(2), self.held]}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.at = state["at"]
+
+
+@pytest.mark.parametrize(
+    ("held", "kind"),
+    [(threading.Lock(), r"_thread\.lock"), ((i for i in range(2)), r"builtins\.generator")],
+    ids=["lock", "generator"],
+)
+def test_a_state_that_cannot_be_copied_is_refused_naming_its_object_and_place(held, kind):
+    kept = KeptState()
+    kept.register("model", torch.nn.Linear(2, 2))
+    kept.commit(1)
+    kept.register("data", _Loader(held))
+    with pytest.raises(TypeError, match=rf"'data'.* at \['sampler'\]\['order'\]\[1\] \(a {kind}\)"):
+        kept.commit(2)
+    assert kept.steps() == [1]  # the commit before stands
+
+
+def test_a_commit_that_copies_everything_writes_out_no_place():
+    # a value's place in the state is for the error only: no commit pays for writing it out
+    written = []
+
+    class Key(str):
+        def __repr__(self) -> str:
+            written.append(str(self))
+            return super().__repr__()
+
+    kept = KeptState()
+    kept.register("data", _Loader({Key("step"): 1, Key("order"): [torch.arange(2), {Key("seed"): 7}]}))
+    kept.commit(1)
+    kept.commit(2)
+    assert written == []
+    assert kept.steps() == [2, 1]
 
 
 def test_a_per_rank_state_registered_after_the_commit_stays_as_it_is():
@@ -524,3 +571,25 @@ def test_a_load_stopped_by_a_restart_leaves_what_was_received_under_its_new_shar
     mine = kept._held(groups)
     assert (mine.steps, mine.course, mine.shard) == ((5,), 7.0, 1)
     assert float(kept._shared(5)["model"]["weight"][0, 0]) == 1.0  # shard 1's, as labelled
+
+
+def test_a_restore_stopped_by_a_restart_leaves_no_abandoned_commit_under_the_new_course(monkeypatch):
+    """A holder of step 6 restores step 5, the one every shard holds: the agreement begins a
+    new course, and a restart that stops the load leaves step 6 out of it."""
+
+    class Stopped(torch.nn.Linear):
+        def load_state_dict(self, state, *args, **kwargs):
+            super().load_state_dict(state, *args, **kwargs)
+            raise RuntimeError("a peer's fault: restart")  # as the monitor thread raises it
+
+    groups = ((0,), (1,))
+    kept = KeptState()
+    kept.register("model", Stopped(2, 2))
+    kept.commit(5)
+    kept.commit(6)
+    kept._course, kept._shard = 7.0, 0
+    everyone = [None, Held((5, 4), 7.0, 1, ("model",), groups)]
+    with pytest.raises(RuntimeError, match="restart"):
+        _restore_agreed(monkeypatch, kept, everyone, 0, replica_groups=groups)
+    mine = kept._held(groups)
+    assert (mine.steps, mine.shard) == ((5,), 0) and mine.course > 7.0

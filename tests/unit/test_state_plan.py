@@ -3,6 +3,7 @@ every rank holds (``nvrx.inprocess.state_plan``), without processes."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from nvrx.inprocess.state_plan import (
@@ -38,6 +39,31 @@ def test_the_step_is_the_newest_some_holder_of_every_group_holds():
     # no holder of shard 1 has step 3: step 2, which every group has
     got = plan(_of(((3, 2), 0), ((2, 1), 1), ((3, 2), 0), ((2, 1), 1)), GROUPS)
     assert (got.step, got.sources) == (2, {})
+
+
+def test_restoring_a_step_older_than_one_held_begins_a_new_course():
+    # shard 0 committed step 3, shard 1 not: step 3 is abandoned and trained again, so a
+    # replica that sat this agreement out holding step 3 must not count as a holder of it
+    forked = plan([_held((3, 2), 1.0, 0, now=5.0), _held((2, 1), 1.0, 1, now=5.0)], [[0], [1]])
+    assert (forked.step, forked.sources, forked.course) == (2, {}, 5.0)
+    later = [_held((3, 2), 5.0, 0), _held((3, 2), 5.0, 1), _held((3, 2), 1.0, 0), _held((2,), 1.0, 1)]
+    assert plan(later, GROUPS).sources == {2: 0, 3: 1}
+    kept_up = plan([_held((3, 2), 1.0, 0), _held((2, 1), 1.0, 0)], [[0, 1]])
+    assert (kept_up.step, kept_up.course) == (3, 1.0)  # the newest step: no course begins
+
+
+def test_a_replica_that_sat_out_a_course_begun_at_an_older_step_counts_for_nothing():
+    # round 2: ranks 0 (shard 0) and 1 (shard 1) alone; shard 0 had committed step 3, shard 1
+    # not: step 2 is restored and a course begins. Replicas 2 and 3 sat it out (inactive).
+    round_2 = plan([_held((3, 2), 1.0, 0, now=5.0), _held((2, 1), 1.0, 1, now=5.0)], [[0], [1]])
+    assert (round_2.step, round_2.course) == (2, 5.0)
+    # rank 0 trained step 3 again and committed it; round 3: rank 1 was lost (its replacement
+    # holds nothing), 2 and 3 come back. Rank 3's step 2 is the very step round 2 restored,
+    # but it is a commit of the course before: shard 1 has no holder, and the ranks fall
+    # back to the checkpoint rather than restore step 2 from rank 3.
+    round_3 = [_held((3, 2), 5.0, 0), _held(), _held((3, 2), 1.0, 0), _held((2, 1), 1.0, 1)]
+    assert plan(round_3, GROUPS) is None
+    assert newest_step(round_3) == 3  # state_restored reports the step 3 kept as newest
 
 
 def test_no_plan_when_a_shard_has_no_holder_or_nothing_is_kept():
@@ -126,6 +152,7 @@ def test_ranks_that_registered_or_grouped_differently_are_told_alike():
         ([[0, 1], [2, 3]], "(not ranks: 3)"),
         ([[0], [1]], "(missing: [2])"),
         ([[0, 1, 2], []], "in non-empty groups"),
+        ([[np.int64(0), 1], [2]], "of type int64, not int)"),  # its repr differs by NumPy version
     ],
 )
 def test_replica_groups_must_cover_every_rank_once(groups, says):
