@@ -46,9 +46,10 @@ that holds no job token counts as unreachable, since this job's monitors wrote t
 before their first beat); and when the store it reaches holds another job's token
 (``host_ring.job_token``: a job started again at the same store address, whose next beat
 then starts its own agent); and when
-every rank it heard of fell silent and no round names them (they died before the job's
-first round formed; spares; ranks waiting to be admitted), for ``NO_ROUND_S`` (its place
-left to the host watching it).
+every rank it still watches fell silent and no round names them, the others having ended
+(they died before the job's first round formed; spares; ranks waiting to be admitted; a
+listed rank that never beat here, which the job went on without), for ``NO_ROUND_S`` (its
+place left to the host watching it).
 """
 
 from __future__ import annotations
@@ -309,13 +310,15 @@ class NodeAgent:
         return with_store or self.store is None  # every rank ended, and the store is gone
 
     def _silent_in_no_round(self, now: float) -> bool:
-        """Whether every rank this agent heard of fell silent and waits to be taken out, no
-        round naming them (their take-outs are tried again: ranks that died before the job's
-        first round formed, spares, ranks waiting to be admitted), for ``NO_ROUND_S``
-        (``host_s`` if longer). The agent then ends, its place left standing: the host
-        watching this one finds it silent and takes its listed ranks out, should a round
-        name them later; with no other host, no rank of the job lives to wait for them."""
-        if not self.live or not self.live <= self._out.keys():
+        """Whether every rank this agent still watches fell silent and waits to be taken out,
+        no round naming them (their take-outs are tried again: ranks that died before the
+        job's first round formed, spares, ranks waiting to be admitted, a listed rank that
+        never beat here and that the job went on without), the others having ended, for
+        ``NO_ROUND_S`` (``host_s`` if longer). The agent then ends, its place left standing:
+        the host watching this one finds it silent and takes its listed ranks out, should a
+        round name them later; with no other host, no rank of the job lives to wait for
+        them."""
+        if not self._out or not self.live <= self._out.keys():
             self._no_round_since = None
             return False
         if self._no_round_since is None:
@@ -323,7 +326,7 @@ class NodeAgent:
         if now - self._no_round_since < max(self.limits.host_s, NO_ROUND_S):
             return False
         log.warning("ranks %s of this host fell silent and no round names them: the agent "
-                    "ends, its place left to the host watching it", sorted(self.live))  # fmt: skip
+                    "ends, its place left to the host watching it", sorted(self._out))  # fmt: skip
         return True
 
     def _end_place(self, now: float) -> None:

@@ -756,6 +756,33 @@ def test_an_agent_whose_ranks_died_before_any_round_ends_though_its_store_answer
     assert _claims(base, h.agent.slot) == 0 and h.faults() == []
 
 
+def test_an_agent_whose_last_rank_to_take_out_is_in_no_round_ends_after_the_others_ended(
+    base, hosts
+) -> None:
+    """Rank 1's monitor died silently (its place on h0's list stands) and the job went on
+    without it, in a round that does not name it; an agent started again on h0 watches it
+    from the list and finds it silent, and its take-out finds it in no round, for good.
+    Rank 0 then ends on purpose: with nothing left but that take-out, the agent ends once it
+    stood so for ``NO_ROUND_S``, though the store answers."""
+    rounds.publish_round(base, 0)
+    view = rstore.round_store(base, 0)
+    for rank, initial in enumerate((0, 2, 3)):
+        view.set(rounds.rank_state(rank), json.dumps({"initial_rank": initial, "world_size": 3}))
+    h = hosts("h0", [0, 1])
+    t = time.monotonic()
+    h.beat(0)
+    assert h.agent.step(t)
+    h.beat(0)
+    assert h.agent.step(t + TIMEOUT + 0.1) and h.agent._out.keys() == {1}
+    ended = t + TIMEOUT + 0.2
+    h.beat(0, bye=True)
+    assert h.agent.step(ended) and not h.agent.live and not h.agent.finished(ended, t)
+    bound = max(LIMITS.host_s, node_agent.NO_ROUND_S)
+    assert h.agent.step(ended + bound - 1) and not h.agent.finished(ended + bound - 1, t)
+    assert h.agent.step(ended + bound) and h.agent.finished(ended + bound, t)
+    assert rstore.terminated_ranks(view) == set() and h.faults() == []
+
+
 def test_a_silent_rank_before_any_round_keeps_its_agent_while_another_rank_beats(base, hosts):
     """One of two ranks falls silent while no round names it, the other beats on: the agent
     does not end past ``NO_ROUND_S`` (only a host whose every live rank is silent and in no
