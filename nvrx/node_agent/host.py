@@ -339,7 +339,14 @@ class NodeAgent:
         listed = set(live_ranks(self.store, self.slot)) - self.done
         if listed:
             raise _NotYet(f"ranks {sorted(listed)} of this host are still listed")
-        host_ring.end_place(self.store, self.slot)
+        if host_ring.end_place(self.store, self.slot):
+            # a monitor lists its rank, then reads the claim: one that listed it while the
+            # place was ending saw no claim and beats for it still, so the list is read again
+            late = set(live_ranks(self.store, self.slot)) - self.done
+            if late:
+                host_ring.carry_over(self.store, host_key(self.cfg, self.host), late)
+                log.info("ranks %s listed as the place ended: listed in the host's next place, "
+                         "for the agent their next beat starts", sorted(late))  # fmt: skip
         log.info("every rank of this host ended: the agent ends")
 
     def _guarded(self, step: Callable[[float], None], now: float) -> bool:

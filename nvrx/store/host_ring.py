@@ -12,6 +12,10 @@ job has no secret, so its claims are plain). Each monitor writes, in this order:
 3. then its beats go to the agent (which connects only after one came);
 4. when it ends on purpose, its rank in the list of those that ended so (``list_ended``).
 
+An agent whose host's ranks all ended ends its place (``end_place``), then reads the list
+again: a rank listed meanwhile goes on the host's next place (``carry_over``), which the
+agent its beat starts next takes.
+
 ``Thresholds`` says how long a rank's take-out waits before it is tried again, and how
 long a silent host stands before its ranks are taken out.
 """
@@ -117,6 +121,16 @@ def place(store: Any, slot: int, limits: Thresholds) -> ring.RingPlace:
 def list_rank(store: Any, slot: int, rank: int) -> None:
     """``rank`` runs on host ``slot``: what its agent, and the host watching it, go by."""
     rank_lists.add(store, keys.host_ranks(slot), rank)
+
+
+def carry_over(store: Any, host: str, ranks: set[int]) -> int:
+    """List ``ranks`` in ``host``'s next place, its current one having ended (its agent's
+    claim won) as their monitors listed them there: they read no claim yet and beat for the
+    ended place, whose next agent takes this one. Its slot."""
+    slot = register(store, host)
+    for rank in sorted(ranks):
+        list_rank(store, slot, rank)
+    return slot
 
 
 def list_ended(store: Any, slot: int, rank: int) -> None:

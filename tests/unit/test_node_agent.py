@@ -543,6 +543,41 @@ def test_an_agent_whose_ranks_place_its_predecessor_ended_takes_the_hosts_next(b
     assert int(base.add(keys.HOST_COUNT, 0)) == 2
 
 
+def test_a_rank_listed_as_its_hosts_agent_ends_the_place_is_taken_out_with_the_next(
+    base, hosts, thawed
+) -> None:
+    """Rank 3 starts on h1 just as h1's agent ends its place (rank 2, its only rank, ended):
+    its monitor lists it between the agent's read of the list and its claim, reads no claim
+    yet, and beats for the ended place. The agent its beat starts takes h1's next place;
+    when that agent falls silent, the host watching it takes rank 3 out."""
+    view = _round(base)
+    slot = register(base, _h1(base))
+    list_rank(base, slot, 2)
+    address = f"\0nvrx-test-{uuid.uuid4().hex}"
+    sock, sender = BeatSocket(address), BeatSender(address)
+    cfg = HostConfig.of(_config(store_port=base.port))
+    ending = node_agent.NodeAgent(cfg, sock, lambda kind, **f: None, "h1", store=_ListsOnClaim(base, slot, 3))
+    try:
+        t = time.monotonic()
+        assert sender.send(Beat(2, pid=2002, timeout=TIMEOUT, slot=slot))
+        assert ending.step(t)
+        assert sender.send(Beat(2, pid=2002, timeout=TIMEOUT, slot=slot, bye=True))
+        ending.step(t + INTERVAL)
+        assert ending.finished(t + INTERVAL, t) and host_ring.claimed(base, slot)
+    finally:
+        sock.close(unlink=False)
+        sender.close()
+    thawed.beat(3, slot)  # rank 3's monitor beats for the place it listed itself in
+    assert thawed.agent.step(t + 2 * INTERVAL) and thawed.agent.slot != slot
+    a = hosts("h0", [0, 1])  # watches h1's next place, the last one
+    now = t + 2 * INTERVAL
+    while not a.faults() and now < t + 5 * LIMITS.host_s:  # h1's new agent falls silent
+        now += INTERVAL
+        a.beat(0, 1)
+        a.agent.step(now)
+    assert a.faults() == [(3, "unresponsive")] and rstore.terminated_ranks(view) == {3}
+
+
 def test_a_host_whose_place_ended_takes_a_new_one_that_is_watched(base, hosts) -> None:
     """h1's only rank ends early and its agent ends the host's place; rank 3 of h1 starts
     later: it takes h1's next place, where its agent beats and h0's agent watches it."""
