@@ -48,14 +48,17 @@ class AgentLink:
         self._started: subprocess.Popen[bytes] | None = None
 
     def _listed(self, store: Any) -> int:
-        """Write this rank into its host's list; the slot. A slot whose agent ended its place
-        meanwhile (it had not seen this rank yet) is left for the host's next one."""
+        """Write this rank into its host's list; the slot. A slot whose place ended meanwhile
+        (its agent had not seen this rank yet, or another host declared it lost) is left for
+        the host's next one, this rank listed as ended there: whoever ended it reads the list
+        again after its claim, and leaves this rank alone."""
         key = host_key(self.agent_cfg, self.host)
         while True:
             slot = register(store, key)
             list_rank(store, slot, self.cfg.initial_rank)
             if not claimed(store, slot):
                 return slot
+            list_ended(store, slot, self.cfg.initial_rank)
 
     def beat(self, beat: Beat) -> None:
         """Send ``beat``; where no agent listens, bind its socket (the host's lock: one

@@ -8,7 +8,9 @@ job has no secret, so its claims are plain). Each monitor writes, in this order:
    gives to its host's agent; the agent reads it at every connect and leaves a store that
    holds none or another;
 2. its host's slot, handed out once per host (``register``), and its rank in the host's
-   list (``list_rank``);
+   list (``list_rank``); where it then finds that place ended (``claimed``), its rank in
+   that place's list of ended ranks too (``list_ended``: whoever ended it reads the list
+   again and leaves the rank alone), and it takes the host's next slot the same way;
 3. then its beats go to the agent (which connects only after one came);
 4. when it ends on purpose, its rank in the list of those that ended so (``list_ended``).
 

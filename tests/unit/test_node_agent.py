@@ -359,6 +359,70 @@ def test_a_rank_listed_while_its_silent_host_is_declared_lost_is_taken_out_too(b
     assert a.agent._silent_hosts == {}  # done with h1
 
 
+class _ClaimsOnList:
+    """The real store, as a monitor starting on h1 uses it: the claim ``entry`` (held back
+    by ``_StartsOnClaim``) goes in just before the monitor lists its rank in ``slot``, after
+    it found the place unclaimed."""
+
+    def __init__(self, store: Any, slot: int, entry: tuple[str, str]) -> None:
+        self.store, self.slot, self.entry = store, slot, entry
+        self.claimed = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def append(self, key: str, value: str) -> Any:
+        if key == keys.host_ranks(self.slot) and not self.claimed:
+            self.claimed = True
+            self.store.append(*self.entry)
+        return self.store.append(key, value)
+
+
+class _StartsOnClaim:
+    """The real store, where rank ``rank``'s monitor starts on h1 (``AgentLink``) as h1's
+    ``slot`` is claimed: it finds the place unclaimed, the claim goes in, it lists its rank
+    there, then reads the claim."""
+
+    def __init__(self, store: Any, slot: int, rank: int) -> None:
+        self.store, self.slot, self.rank = store, slot, rank
+        self.link: agent_link.AgentLink | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def append(self, key: str, value: str) -> Any:
+        if key != RING.claim(self.slot) or self.link is not None:
+            return self.store.append(key, value)
+        monitor = _ClaimsOnList(self.store, self.slot, (key, value))
+        cfg = _config(store_port=self.store.port, initial_rank=self.rank)
+        self.link = agent_link.AgentLink(cfg, lambda: monitor)
+        assert monitor.claimed
+        return None
+
+
+def test_a_rank_that_starts_as_its_silent_host_is_declared_lost_is_left_alone(
+    base, hosts, monkeypatch
+) -> None:
+    """Rank 3's monitor starts on h1 as h0 declares silent h1 lost: it lists itself in h1's
+    place after h0 read that list, then reads h0's claim and takes h1's next place. h0 reads
+    the list again after its claim: it takes rank 2 out, not rank 3."""
+    monkeypatch.setenv("NVRX_HOST_ID", "h1")
+    view = _round(base)
+    slot = register(base, _h1(base))
+    list_rank(base, slot, 2)
+    store = _StartsOnClaim(base, slot, 3)
+    a = hosts("h0", [0, 1], store=store)
+    t = now = time.monotonic()
+    while (a.agent._silent_hosts or not a.faults()) and now < t + 5 * LIMITS.host_s:
+        now += INTERVAL
+        a.beat(0, 1)
+        a.agent.step(now)
+    assert store.link is not None and store.link.slot != slot
+    store.link.sender.close()
+    assert host_ring.declared_lost(base, slot) and a.agent._silent_hosts == {}
+    assert a.faults() == [(2, "unresponsive")] and rstore.terminated_ranks(view) == {2}
+
+
 def test_a_listed_rank_whose_first_word_is_its_bye_is_not_taken_out(base, hosts) -> None:
     """Rank 1 was listed, then its call ended before its monitor's first beat reached the
     agent, and its end could not be written in the store: its bye alone says so. The
