@@ -331,7 +331,8 @@ class NodeAgent:
 
     def _end_place(self, now: float) -> None:
         """Every rank this agent heard of is done: end the host's place unless a listed
-        rank still lives (one that never beat here yet). Raises to say 'not yet'. A fenced
+        rank still lives (one that never beat here yet); a rank listed as it ended goes on
+        the host's next place (``host_ring.carry_over``). Raises to say 'not yet'. A fenced
         agent's place ended already, and the host that ended it took its listed ranks out."""
         if self.fenced:
             log.info("every rank of this host ended or fell silent: the fenced agent ends")
