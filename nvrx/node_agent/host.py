@@ -23,7 +23,8 @@ hosts out itself and ticks from the loop every heartbeat period. At each tick it
    for the rank's ``heartbeat_timeout`` (unless it said it ended on purpose);
    and, once a watched host's counter stood still for ``Thresholds.host_s``,
    that host's listed ranks. A rank in no round yet, or a take-out the store
-   failed, is tried again ``Thresholds.replace_s`` later.
+   failed, is tried again ``Thresholds.replace_s`` later; a silent host whose
+   counter moves again before any of that was done is watched again instead.
 
 Its place in the ring is the slot its ranks listed themselves in (their beats name it;
 where the host's previous agent ended that place, its ranks all gone, the host's next).
@@ -469,7 +470,9 @@ class NodeAgent:
         if report["event"] == "node_silent":
             assert self.place is not None
             self.place.ring.ended_slot(report["slot"])
-            self._silent_hosts[report["slot"]] = {**report, "at": now, "since": now - report["silent_s"]}
+            slot, since = report["slot"], now - report["silent_s"]
+            beats = host_ring.beats(self.store, slot)  # it beats again once this moves
+            self._silent_hosts[slot] = {**report, "at": now, "since": since, "beats": beats}
 
     def _watch_listed(self, now: float) -> None:
         """Each listed live rank not heard of yet gets a full timeout to beat here."""
@@ -529,13 +532,20 @@ class NodeAgent:
 
     def _take_out_host(self, slot: int, silent: dict[str, Any], now: float) -> None:
         """Take the ranks of silent host ``slot`` out; end its place in the ring once they
-        all are. Until then another agent that finds it silent does so again."""
+        all are. Until then another agent that finds it silent does so again. A host that
+        beats again before any of that was done is alive (``_back``)."""
+        if not silent.get("acted") and host_ring.beats(self.store, slot) != silent["beats"]:
+            self._back(slot)
+            return
         ranks = live_ranks(self.store, slot)
         message = f"its host sent no heartbeat for {silent['silent_s']:.1f} s"
         silent_s = now - silent["since"]
-        if ranks and self._leave(ranks, message, dict.fromkeys(ranks, silent_s), own=False):
+        later = self._leave(ranks, message, dict.fromkeys(ranks, silent_s), own=False) if ranks else []
+        silent["acted"] = silent.get("acted") or len(later) < len(ranks)
+        if later:
             silent["at"] = now + self.limits.replace_s
             return
+        silent["acted"] = True
         host_ring.declare_lost(self.store, slot, self.slot)
         # a monitor lists its rank, then reads the claim: one that listed it while the place
         # was ending saw no claim and stays there, so the list is read once more after it
@@ -543,6 +553,16 @@ class NodeAgent:
             silent["at"] = now + self.limits.replace_s  # taken out at the next pass
             return
         del self._silent_hosts[slot]
+
+    def _back(self, slot: int) -> None:
+        """Silent host ``slot`` beats again before any of its ranks was taken out or its place
+        ended (its agent was started again, or thawed, while its ranks were in no round):
+        its own agent watches its ranks, and the ring watches it again."""
+        log.info("host slot %d beats again before any of its ranks was taken out: watched "
+                 "again", slot)  # fmt: skip
+        del self._silent_hosts[slot]
+        assert self.place is not None
+        self.place.ring.watch_again(slot)
 
     def _leave(
         self, ranks: list[int], message: str, silent_s: dict[int, float], own: bool = True

@@ -108,6 +108,12 @@ def declare_lost(store: Any, slot: int, by: int) -> bool:
     return ring.declare_lost(store, RING, ENTRIES, slot, by)
 
 
+def beats(store: Any, slot: int) -> int:
+    """Host ``slot``'s counter in the ring: its agent's beats (``ring.FENCE`` more once it
+    was declared lost)."""
+    return int(store.add(RING.alive(slot), 0))
+
+
 def host_count(store: Any) -> int:
     """How many host slots were handed out: the size of the ring."""
     return int(store.add(keys.HOST_COUNT, 0))

@@ -150,8 +150,20 @@ class RingWatch:
         again, keeping what was seen of the target if it stays the same."""
         if nslots == self.nslots:
             return
-        kept = (self.target, self._value, self._changed, self._changed_wall, self._reported)
         self.nslots = nslots
+        self._move_keeping()
+
+    def watch_again(self, slot: int) -> None:
+        """``slot``, found silent, beats again before its watcher did anything about it: it
+        is watched again where it is the next party (its silence counted afresh)."""
+        if slot in self.ended:
+            self.ended.discard(slot)
+            self._move_keeping()
+
+    def _move_keeping(self) -> None:
+        """Watch the next party from ``own``, keeping what was seen of the target if it
+        stays the same."""
+        kept = (self.target, self._value, self._changed, self._changed_wall, self._reported)
         self._move(self.own)
         if self.target == kept[0]:
             self.target, self._value, self._changed, self._changed_wall, self._reported = kept

@@ -323,6 +323,41 @@ def test_a_silent_host_is_taken_out_by_the_agent_watching_it(base, hosts) -> Non
     assert not b.agent.step(now + 3 * INTERVAL)
 
 
+def test_a_silent_host_whose_place_beats_again_before_any_take_out_is_watched_again(
+    base, hosts
+) -> None:
+    """h1's agent stops beating while its only rank, 2, is in no round (the round runs
+    without it): h0 finds h1 silent, and its take-out finds rank 2 in no round, to try
+    again. Rank 3 then starts on h1, in the place h1 still holds, and the agent it starts
+    beats there. h1 is alive: h0 takes nobody of h1 out (rank 3 is in the round), does not
+    end h1's place, and watches it again."""
+    rounds.publish_round(base, 0)
+    view = rstore.round_store(base, 0)
+    for rank, initial in enumerate((0, 1, 3)):
+        view.set(rounds.rank_state(rank), json.dumps({"initial_rank": initial, "world_size": 3}))
+    a, b = hosts("h0", [0, 1]), hosts("h1", [2])
+    t = now = time.monotonic()
+    for _ in range(3):
+        now += INTERVAL
+        a.beat(0, 1), b.beat(2)
+        a.agent.step(now), b.agent.step(now)
+    while b.agent.slot not in a.agent._silent_hosts and now < t + 4 * LIMITS.host_s:
+        now += INTERVAL
+        a.beat(0, 1)
+        a.agent.step(now)
+    assert b.agent.slot in a.agent._silent_hosts and a.faults() == []
+    late = hosts("h1", [3])  # h1's place stands: rank 3 takes it, and its agent beats there
+    assert late.agent.slot == b.agent.slot
+    back = now
+    while now < back + 3 * LIMITS.host_s:
+        now += INTERVAL
+        a.beat(0, 1), late.beat(3)
+        a.agent.step(now), late.agent.step(now)
+    assert a.faults() == [] and rstore.terminated_ranks(view) == set()
+    assert not host_ring.claimed(base, late.agent.slot) and a.agent._silent_hosts == {}
+    assert a.agent.place is not None and a.agent.place.ring.target == late.agent.slot
+
+
 class _ListsOnClaim:
     """The real store, where a monitor lists ``rank`` in host ``slot`` just as the place is
     ended: before the first append to ``slot``'s claim."""
