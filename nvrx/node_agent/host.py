@@ -346,7 +346,7 @@ class NodeAgent:
             # place was ending saw no claim and beats for it still, so the list is read again
             late = set(live_ranks(self.store, self.slot)) - self.done
             if late:
-                host_ring.carry_over(self.store, host_key(self.cfg, self.host), late)
+                host_ring.carry_over(self.store, host_key(self.cfg, self.host), self.slot, late)
                 log.info("ranks %s listed as the place ended: listed in the host's next place, "
                          "for the agent their next beat starts", sorted(late))  # fmt: skip
         log.info("every rank of this host ended: the agent ends")

@@ -677,6 +677,90 @@ def test_a_rank_listed_as_its_hosts_agent_ends_the_place_is_taken_out_with_the_n
     assert a.faults() == [(3, "unresponsive")] and rstore.terminated_ranks(view) == {3}
 
 
+class _LinksOnClaim:
+    """The real store, where rank ``rank``'s monitor starts on h1 (``AgentLink``) just as
+    h1's agent ends ``slot``: before the first append to that slot's claim, it lists its
+    rank there and reads no claim yet. With ``end_on_carry``, that monitor ends on purpose
+    as the agent lists its rank in slot ``later``, just before."""
+
+    def __init__(self, store: Any, slot: int, rank: int, later: int | None = None) -> None:
+        self.store, self.slot, self.rank, self.later = store, slot, rank, later
+        self.link: agent_link.AgentLink | None = None
+        self.ended = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def append(self, key: str, value: str) -> Any:
+        if key == RING.claim(self.slot) and self.link is None:
+            cfg = _config(store_port=self.store.port, initial_rank=self.rank)
+            self.link = agent_link.AgentLink(cfg, lambda: self.store)
+        if self.later is not None and key == keys.host_ranks(self.later) and not self.ended:
+            assert self.link is not None
+            self.end()
+        return self.store.append(key, value)
+
+    def end(self) -> None:
+        """Rank ``rank``'s monitor ends on purpose; its bye finds no agent at the address it
+        beats to (the test's agents listen elsewhere): lost unless the test sends it."""
+        assert self.link is not None and not self.ended
+        self.link.end()
+        self.ended = True
+
+
+@pytest.mark.parametrize("as_carried", [False, True], ids=["later", "as_carried"])
+def test_a_rank_carried_to_its_hosts_next_place_that_ends_is_left_alone_there(
+    base, hosts, thawed, monkeypatch, as_carried
+) -> None:
+    """Rank 3's monitor starts on h1 just as h1's agent ends its place (rank 1, its only
+    rank, ended): that agent lists rank 3 in h1's next place, where the agent rank 3's beat
+    starts beats, and rank 2 of h1 starts there later. Rank 3 ends on purpose once that
+    agent took the place (its bye reaches it), or as the ending agent listed it there (its
+    bye is lost): neither that agent nor, once it falls silent, the host watching it takes
+    rank 3 out; rank 2 is."""
+    monkeypatch.setenv("NVRX_HOST_ID", "h1")
+    view = _round(base)
+    slot = register(base, _h1(base))
+    list_rank(base, slot, 1)
+    address = f"\0nvrx-test-{uuid.uuid4().hex}"
+    sock, sender = BeatSocket(address), BeatSender(address)
+    cfg = HostConfig.of(_config(store_port=base.port))
+    store = _LinksOnClaim(base, slot, 3, later=slot + 1 if as_carried else None)  # h1's next
+    ending = node_agent.NodeAgent(cfg, sock, lambda kind, **f: None, "h1", store=store)
+    try:
+        t = time.monotonic()
+        assert sender.send(Beat(1, pid=2001, timeout=TIMEOUT, slot=slot))
+        assert ending.step(t)
+        assert sender.send(Beat(1, pid=2001, timeout=TIMEOUT, slot=slot, bye=True))
+        ending.step(t + INTERVAL)
+        assert ending.finished(t + INTERVAL, t) and host_ring.claimed(base, slot)
+    finally:
+        sock.close(unlink=False)
+        sender.close()
+    assert store.link is not None and store.link.slot == slot
+    thawed.beat(3, slot)  # rank 3's monitor beats for the place it listed itself in
+    now = t + 2 * INTERVAL
+    assert thawed.agent.step(now) and thawed.agent.slot != slot
+    later = register(base, _h1(base))  # rank 2 starts on h1: its monitor lists it there
+    assert later == thawed.agent.slot
+    list_rank(base, later, 2)
+    if not as_carried:
+        store.end()
+        thawed.beat(3, slot, bye=True)
+    assert store.ended
+    a = hosts("h0", [0])  # watches h1's next place, the last one
+    lost = now + 3 * TIMEOUT
+    while now < lost:  # rank 2 beats on, rank 3 does not
+        now += INTERVAL
+        a.beat(0), thawed.beat(2, later)
+        a.agent.step(now), thawed.agent.step(now)
+    assert thawed.events == [] and a.faults() == []
+    while not a.faults() and now < lost + 5 * LIMITS.host_s:  # h1's agent is lost
+        now += INTERVAL
+        a.beat(0)
+        a.agent.step(now)
+    assert a.faults() == [(2, "unresponsive")] and rstore.terminated_ranks(view) == {2}
+
 def test_a_host_whose_place_ended_takes_a_new_one_that_is_watched(base, hosts) -> None:
     """h1's only rank ends early and its agent ends the host's place; rank 3 of h1 starts
     later: it takes h1's next place, where its agent beats and h0's agent watches it."""
