@@ -469,9 +469,9 @@ class NodeAgent:
         ``fenced`` comes with the tick's end (``_fence``)."""
         if report["event"] == "node_silent":
             assert self.place is not None
+            beats = self.place.ring.seen  # what stood still: it beats again once this moves
             self.place.ring.ended_slot(report["slot"])
             slot, since = report["slot"], now - report["silent_s"]
-            beats = host_ring.beats(self.store, slot)  # it beats again once this moves
             self._silent_hosts[slot] = {**report, "at": now, "since": since, "beats": beats}
 
     def _watch_listed(self, now: float) -> None:
@@ -533,8 +533,10 @@ class NodeAgent:
     def _take_out_host(self, slot: int, silent: dict[str, Any], now: float) -> None:
         """Take the ranks of silent host ``slot`` out; end its place in the ring once they
         all are. Until then another agent that finds it silent does so again. A host that
-        beats again before any of that was done is alive (``_back``)."""
-        if not silent.get("acted") and host_ring.beats(self.store, slot) != silent["beats"]:
+        beats again before any of that was done is alive (``_back``); not one whose counter
+        moved by the fence of another host that declared it lost."""
+        moved = not silent.get("acted") and host_ring.beats(self.store, slot) != silent["beats"]
+        if moved and not host_ring.claimed(self.store, slot):
             self._back(slot)
             return
         ranks = live_ranks(self.store, slot)

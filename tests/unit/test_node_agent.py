@@ -323,19 +323,13 @@ def test_a_silent_host_is_taken_out_by_the_agent_watching_it(base, hosts) -> Non
     assert not b.agent.step(now + 3 * INTERVAL)
 
 
-def test_a_silent_host_whose_place_beats_again_before_any_take_out_is_watched_again(
-    base, hosts
-) -> None:
-    """h1's agent stops beating while its only rank, 2, is in no round (the round runs
-    without it): h0 finds h1 silent, and its take-out finds rank 2 in no round, to try
-    again. Rank 3 then starts on h1, in the place h1 still holds, and the agent it starts
-    beats there. h1 is alive: h0 takes nobody of h1 out (rank 3 is in the round), does not
-    end h1's place, and watches it again."""
+def _h1_silent_in_no_round(base: Any, a: Host, b: Host) -> float:
+    """Round 0 runs ranks 0, 1 and 3; h1's agent (rank 2, in no round) stops beating until
+    h0 finds h1 silent and its take-out finds rank 2 in no round, to try again: the time."""
     rounds.publish_round(base, 0)
     view = rstore.round_store(base, 0)
     for rank, initial in enumerate((0, 1, 3)):
         view.set(rounds.rank_state(rank), json.dumps({"initial_rank": initial, "world_size": 3}))
-    a, b = hosts("h0", [0, 1]), hosts("h1", [2])
     t = now = time.monotonic()
     for _ in range(3):
         now += INTERVAL
@@ -346,6 +340,20 @@ def test_a_silent_host_whose_place_beats_again_before_any_take_out_is_watched_ag
         a.beat(0, 1)
         a.agent.step(now)
     assert b.agent.slot in a.agent._silent_hosts and a.faults() == []
+    return now
+
+
+def test_a_silent_host_whose_place_beats_again_before_any_take_out_is_watched_again(
+    base, hosts
+) -> None:
+    """h1's agent stops beating while its only rank, 2, is in no round (the round runs
+    without it): h0 finds h1 silent, and its take-out finds rank 2 in no round, to try
+    again. Rank 3 then starts on h1, in the place h1 still holds, and the agent it starts
+    beats there. h1 is alive: h0 takes nobody of h1 out (rank 3 is in the round), does not
+    end h1's place, and watches it again."""
+    a, b = hosts("h0", [0, 1]), hosts("h1", [2])
+    now = _h1_silent_in_no_round(base, a, b)
+    view = rstore.round_store(base, 0)
     late = hosts("h1", [3])  # h1's place stands: rank 3 takes it, and its agent beats there
     assert late.agent.slot == b.agent.slot
     back = now
@@ -356,6 +364,68 @@ def test_a_silent_host_whose_place_beats_again_before_any_take_out_is_watched_ag
     assert a.faults() == [] and rstore.terminated_ranks(view) == set()
     assert not host_ring.claimed(base, late.agent.slot) and a.agent._silent_hosts == {}
     assert a.agent.place is not None and a.agent.place.ring.target == late.agent.slot
+
+
+def test_a_silent_host_declared_lost_by_another_is_not_taken_as_beating_again(base, hosts):
+    """h0 finds h1 silent while its only rank is in no round; another host then declares
+    h1 lost, which raises h1's counter by its fence: h0 goes on with h1 as silent, it does
+    not watch it again."""
+    a, b = hosts("h0", [0, 1]), hosts("h1", [2])
+    now = _h1_silent_in_no_round(base, a, b)
+    slot = b.agent.slot
+    assert host_ring.declare_lost(base, slot, register(base, "h2"))
+    passes = now + 2 * LIMITS.replace_s  # h0's take-out of rank 2 is tried again meanwhile
+    while now < passes:
+        now += INTERVAL
+        a.beat(0, 1)
+        a.agent.step(now)
+        assert a.agent.place is not None and slot in a.agent.place.ring.ended
+    assert slot in a.agent._silent_hosts and a.faults() == []
+
+
+def test_a_silent_host_that_beats_as_it_is_found_silent_is_watched_again(
+    base, hosts, monkeypatch
+) -> None:
+    """h1's agent stalls for longer than a silent host stands, then beats again just after
+    h0's read that finds h1 silent, before h0 acts on it: h0 counts that beat, takes nobody
+    of h1 out (rank 2 runs in the round) and watches h1 again."""
+    view = _round(base)
+    a, b = hosts("h0", [0, 1]), hosts("h1", [2])
+    slot = b.agent.slot
+    assert a.agent.place is not None
+    watch = a.agent.place.ring
+    observe = watch.observe
+
+    found_at: list[float] = []
+
+    def beats_as_found_silent(beats: int, now: float, wall: float) -> Any:
+        found = observe(beats, now, wall)
+        if found is not None and found["slot"] == slot:  # h1's agent beats just then
+            base.add(RING.alive(slot), 1)
+            found_at.append(now)
+        return found
+
+    monkeypatch.setattr(watch, "observe", beats_as_found_silent)
+    t = now = time.monotonic()
+    for _ in range(3):
+        now += INTERVAL
+        a.beat(0, 1), b.beat(2)
+        a.agent.step(now), b.agent.step(now)
+    for step in range(int(4 * LIMITS.host_s / INTERVAL)):  # h1's agent stalls
+        if found_at:
+            break
+        now += INTERVAL
+        a.beat(0, 1)
+        if step % 4 == 0:  # rank 2's beats wait in the stalled agent's socket (a few fit)
+            b.beat(2)
+        a.agent.step(now)
+    assert found_at == [now] and a.faults() == []  # h0 found h1 silent, and acted at once
+    while now < found_at[0] + 3 * LIMITS.host_s:  # h1's agent beats on
+        now += INTERVAL
+        a.beat(0, 1), b.beat(2)
+        a.agent.step(now), b.agent.step(now)
+    assert a.faults() == [] and b.faults() == [] and rstore.terminated_ranks(view) == set()
+    assert a.agent._silent_hosts == {} and watch.target == slot and found_at[0] > t
 
 
 class _ListsOnClaim:
