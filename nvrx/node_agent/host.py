@@ -23,8 +23,9 @@ hosts out itself and ticks from the loop every heartbeat period. At each tick it
    for the rank's ``heartbeat_timeout`` (unless it said it ended on purpose);
    and, once a watched host's counter stood still for ``Thresholds.host_s``,
    that host's listed ranks. A rank in no round yet, or a take-out the store
-   failed, is tried again ``Thresholds.replace_s`` later; a silent host whose
-   counter moves again before any of that was done is watched again instead.
+   failed, is tried again ``Thresholds.replace_s`` later; a silent host that beats
+   again before any of that was done (its counter moved, and no other host declared it
+   lost) is watched again instead.
 
 Its place in the ring is the slot its ranks listed themselves in (their beats name it;
 where the host's previous agent ended that place, its ranks all gone, the host's next).
