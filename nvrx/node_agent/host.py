@@ -347,7 +347,7 @@ class NodeAgent:
             # place was ending saw no claim and beats for it still, so the list is read again
             late = set(live_ranks(self.store, self.slot)) - self.done
             if late:
-                host_ring.carry_over(self.store, host_key(self.cfg, self.host), self.slot, late)
+                host_ring.carry_over(self.store, host_key(self.cfg, self.host), late)
                 log.info("ranks %s listed as the place ended: listed in the host's next place, "
                          "for the agent their next beat starts", sorted(late))  # fmt: skip
         log.info("every rank of this host ended: the agent ends")
@@ -537,7 +537,7 @@ class NodeAgent:
         beats again before any of that was done is alive (``_back``); not one whose counter
         moved by the fence of another host that declared it lost."""
         moved = not silent.get("acted") and host_ring.beats(self.store, slot) != silent["beats"]
-        if moved and not host_ring.claimed(self.store, slot):
+        if moved and not host_ring.declared_lost(self.store, slot):
             self._back(slot)
             return
         ranks = live_ranks(self.store, slot)

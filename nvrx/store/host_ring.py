@@ -20,9 +20,10 @@ job has no secret, so its claims are plain). Each monitor writes, in this order:
 An agent whose host's ranks all ended ends its place (``end_place``), then reads the list
 again: a rank listed meanwhile goes on the host's next place (``carry_over``), which the
 agent its beat starts next takes. Such a rank that ends lists itself as ended there as
-well (step 4): ``carry_over`` reads the ended place's list of ended ranks once more after
-listing the ranks, so that a monitor that looked at the next place before that is listed
-as ended there too.
+well (step 4). One that ends on purpose while it is being carried over, before the
+carry-over listed it, and whose bye to the agent is lost, is taken out as silent there:
+its ended mark in the ended place is read by no one (a rank that moves on by itself in
+step 2 writes the same mark, and must stay live in the next place).
 
 ``Thresholds`` says how long a rank's take-out waits before it is tried again, and how
 long a silent host stands before its ranks are taken out.
@@ -138,17 +139,13 @@ def list_rank(store: Any, slot: int, rank: int) -> None:
     rank_lists.add(store, keys.host_ranks(slot), rank)
 
 
-def carry_over(store: Any, host: str, ended: int, ranks: set[int]) -> int:
-    """List ``ranks`` in ``host``'s next place, its place ``ended`` having ended (its agent's
-    claim won) as their monitors listed them there: they read no claim yet and beat for the
-    ended place, whose next agent takes this one. Those listed as ended in ``ended`` by now
-    are listed as ended there too (their monitor's ``end_rank`` may have looked before they
-    were listed). Its slot."""
+def carry_over(store: Any, host: str, ranks: set[int]) -> int:
+    """List ``ranks`` in ``host``'s next place, its place having ended (its agent's claim
+    won) as their monitors listed them there: they read no claim yet and beat for the ended
+    place, whose next agent takes this one. Its slot."""
     slot = register(store, host)
     for rank in sorted(ranks):
         list_rank(store, slot, rank)
-    for rank in sorted(ranks & ended_ranks(store, ended)):
-        list_ended(store, slot, rank)
     return slot
 
 

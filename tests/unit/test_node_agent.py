@@ -750,11 +750,10 @@ def test_a_rank_listed_as_its_hosts_agent_ends_the_place_is_taken_out_with_the_n
 class _LinksOnClaim:
     """The real store, where rank ``rank``'s monitor starts on h1 (``AgentLink``) just as
     h1's agent ends ``slot``: before the first append to that slot's claim, it lists its
-    rank there and reads no claim yet. With ``end_on_carry``, that monitor ends on purpose
-    as the agent lists its rank in slot ``later``, just before."""
+    rank there and reads no claim yet."""
 
-    def __init__(self, store: Any, slot: int, rank: int, later: int | None = None) -> None:
-        self.store, self.slot, self.rank, self.later = store, slot, rank, later
+    def __init__(self, store: Any, slot: int, rank: int) -> None:
+        self.store, self.slot, self.rank = store, slot, rank
         self.link: agent_link.AgentLink | None = None
         self.ended = False
 
@@ -765,9 +764,6 @@ class _LinksOnClaim:
         if key == RING.claim(self.slot) and self.link is None:
             cfg = _config(store_port=self.store.port, initial_rank=self.rank)
             self.link = agent_link.AgentLink(cfg, lambda: self.store)
-        if self.later is not None and key == keys.host_ranks(self.later) and not self.ended:
-            assert self.link is not None
-            self.end()
         return self.store.append(key, value)
 
     def end(self) -> None:
@@ -778,16 +774,14 @@ class _LinksOnClaim:
         self.ended = True
 
 
-@pytest.mark.parametrize("as_carried", [False, True], ids=["later", "as_carried"])
 def test_a_rank_carried_to_its_hosts_next_place_that_ends_is_left_alone_there(
-    base, hosts, thawed, monkeypatch, as_carried
+    base, hosts, thawed, monkeypatch
 ) -> None:
     """Rank 3's monitor starts on h1 just as h1's agent ends its place (rank 1, its only
     rank, ended): that agent lists rank 3 in h1's next place, where the agent rank 3's beat
     starts beats, and rank 2 of h1 starts there later. Rank 3 ends on purpose once that
-    agent took the place (its bye reaches it), or as the ending agent listed it there (its
-    bye is lost): neither that agent nor, once it falls silent, the host watching it takes
-    rank 3 out; rank 2 is."""
+    agent took the place: neither that agent nor, once it falls silent, the host watching
+    it takes rank 3 out; rank 2 is."""
     monkeypatch.setenv("NVRX_HOST_ID", "h1")
     view = _round(base)
     slot = register(base, _h1(base))
@@ -795,7 +789,7 @@ def test_a_rank_carried_to_its_hosts_next_place_that_ends_is_left_alone_there(
     address = f"\0nvrx-test-{uuid.uuid4().hex}"
     sock, sender = BeatSocket(address), BeatSender(address)
     cfg = HostConfig.of(_config(store_port=base.port))
-    store = _LinksOnClaim(base, slot, 3, later=slot + 1 if as_carried else None)  # h1's next
+    store = _LinksOnClaim(base, slot, 3)
     ending = node_agent.NodeAgent(cfg, sock, lambda kind, **f: None, "h1", store=store)
     try:
         t = time.monotonic()
@@ -814,10 +808,8 @@ def test_a_rank_carried_to_its_hosts_next_place_that_ends_is_left_alone_there(
     later = register(base, _h1(base))  # rank 2 starts on h1: its monitor lists it there
     assert later == thawed.agent.slot
     list_rank(base, later, 2)
-    if not as_carried:
-        store.end()
-        thawed.beat(3, slot, bye=True)
-    assert store.ended
+    store.end()
+    thawed.beat(3, slot, bye=True)
     a = hosts("h0", [0])  # watches h1's next place, the last one
     lost = now + 3 * TIMEOUT
     while now < lost:  # rank 2 beats on, rank 3 does not
@@ -1248,3 +1240,67 @@ def test_a_monitor_that_cannot_start_the_agent_says_so_and_beats_on(served, monk
     link.beat(_beat(0))
     assert link._started is None
     BeatSocket(link.sender.path).close(unlink=False)  # the name is free again
+
+
+class _MovesOn:
+    """The real store, where rank 3's monitor (the store requests of ``AgentLink`` as it
+    lists itself) runs beside h1's agent ending ``slot``: it lists rank 3 there just after
+    the agent's claim, then reads that claim and lists itself as ended there, to move on,
+    just before the agent lists rank 3 in the host's next place."""
+
+    def __init__(self, store: Any, slot: int) -> None:
+        self.store, self.slot, self.step = store, slot, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def append(self, key: str, value: str) -> Any:
+        if self.step == 1 and key == keys.host_ranks(self.slot + 1):
+            assert host_ring.claimed(self.store, self.slot)
+            list_ended(self.store, self.slot, 3)  # it moves on
+            self.step = 2
+        got = self.store.append(key, value)
+        if self.step == 0 and key == RING.claim(self.slot):
+            list_rank(self.store, self.slot, 3)
+            self.step = 1
+        return got
+
+
+def test_a_rank_that_moves_on_from_its_hosts_ended_place_stays_live_in_the_next(
+    base, hosts, thawed, monkeypatch
+) -> None:
+    """Rank 3's monitor lists itself on h1 as h1's agent ends its place, and moves on to
+    the next place (listed as ended in the ended one) as that agent carries it over: in
+    the next place it is live, so once h1's next agent is lost, the host watching it takes
+    rank 3 out."""
+    monkeypatch.setenv("NVRX_HOST_ID", "h1")
+    view = _round(base)
+    slot = register(base, _h1(base))
+    list_rank(base, slot, 1)
+    address = f"\0nvrx-test-{uuid.uuid4().hex}"
+    sock, sender = BeatSocket(address), BeatSender(address)
+    store = _MovesOn(base, slot)
+    ending = node_agent.NodeAgent(HostConfig.of(_config(store_port=base.port)), sock,
+                                  lambda kind, **f: None, "h1", store=store)  # fmt: skip
+    try:
+        t = time.monotonic()
+        assert sender.send(Beat(1, pid=2001, timeout=TIMEOUT, slot=slot))
+        assert ending.step(t)
+        assert sender.send(Beat(1, pid=2001, timeout=TIMEOUT, slot=slot, bye=True))
+        ending.step(t + INTERVAL)
+        assert ending.finished(t + INTERVAL, t) and store.step == 2
+    finally:
+        sock.close(unlink=False)
+        sender.close()
+    following = register(base, _h1(base))  # the monitor goes on there, as AgentLink does
+    list_rank(base, following, 3)
+    assert live_ranks(base, following) == [3]
+    thawed.beat(3, following)
+    now = t + 2 * INTERVAL
+    assert thawed.agent.step(now) and thawed.agent.slot == following
+    a = hosts("h0", [0])
+    while not a.faults() and now < t + 5 * LIMITS.host_s:  # h1's agent is lost
+        now += INTERVAL
+        a.beat(0)
+        a.agent.step(now)
+    assert a.faults() == [(3, "unresponsive")] and rstore.terminated_ranks(view) == {3}
