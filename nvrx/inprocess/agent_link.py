@@ -26,7 +26,14 @@ from typing import Any
 from nvrx import jobenv
 from nvrx.node_agent.host import HostConfig, agent_address, host_key
 from nvrx.rank_beats import Beat, BeatSender, BeatSocket
-from nvrx.store.host_ring import claimed, job_token, list_ended, list_rank, register
+from nvrx.store.host_ring import (
+    claimed,
+    end_rank,
+    job_token,
+    list_ended,
+    list_rank,
+    register,
+)
 
 from .monitor_process import MonitorConfig
 
@@ -48,14 +55,17 @@ class AgentLink:
         self._started: subprocess.Popen[bytes] | None = None
 
     def _listed(self, store: Any) -> int:
-        """Write this rank into its host's list; the slot. A slot whose agent ended its place
-        meanwhile (it had not seen this rank yet) is left for the host's next one."""
+        """Write this rank into its host's list; the slot. A slot whose place ended meanwhile
+        (its agent had not seen this rank yet, or another host declared it lost) is left for
+        the host's next one, this rank listed as ended there: whoever ended it reads the list
+        again after its claim, and leaves this rank alone."""
         key = host_key(self.agent_cfg, self.host)
         while True:
             slot = register(store, key)
             list_rank(store, slot, self.cfg.initial_rank)
             if not claimed(store, slot):
                 return slot
+            list_ended(store, slot, self.cfg.initial_rank)
 
     def beat(self, beat: Beat) -> None:
         """Send ``beat``; where no agent listens, bind its socket (the host's lock: one
@@ -86,11 +96,13 @@ class AgentLink:
 
     def end(self, failed: bool = False) -> None:
         """This monitor stops beating: on purpose (its rank ended, died or hung, and this
-        monitor took care of it), it says so in the store and to the agent; ``failed``, it
-        says nothing and the agent finds its rank silent. Never raises."""
+        monitor took care of it), it says so in the store (in each place of its host that
+        lists its rank: ``host_ring.end_rank``) and to the agent; ``failed``, it says
+        nothing and the agent finds its rank silent. Never raises."""
         if not failed:
             try:
-                list_ended(self._store(), self.slot, self.cfg.initial_rank)
+                key = host_key(self.agent_cfg, self.host)
+                end_rank(self._store(), key, self.slot, self.cfg.initial_rank)
             except Exception as exc:  # the store may be gone at the job's end
                 log.info("could not write that this monitor ends: %r", exc)
             bye = Beat(initial_rank=self.cfg.initial_rank, pid=self.cfg.target_pid, bye=True)

@@ -23,7 +23,9 @@ hosts out itself and ticks from the loop every heartbeat period. At each tick it
    for the rank's ``heartbeat_timeout`` (unless it said it ended on purpose);
    and, once a watched host's counter stood still for ``Thresholds.host_s``,
    that host's listed ranks. A rank in no round yet, or a take-out the store
-   failed, is tried again ``Thresholds.replace_s`` later.
+   failed, is tried again ``Thresholds.replace_s`` later; a silent host that beats
+   again before any of that was done (its counter moved, and no other host declared it
+   lost) is watched again instead.
 
 Its place in the ring is the slot its ranks listed themselves in (their beats name it;
 where the host's previous agent ended that place, its ranks all gone, the host's next).
@@ -46,9 +48,10 @@ that holds no job token counts as unreachable, since this job's monitors wrote t
 before their first beat); and when the store it reaches holds another job's token
 (``host_ring.job_token``: a job started again at the same store address, whose next beat
 then starts its own agent); and when
-every rank it heard of fell silent and no round names them (they died before the job's
-first round formed; spares; ranks waiting to be admitted), for ``NO_ROUND_S`` (its place
-left to the host watching it).
+every rank it still watches fell silent and no round names them, the others having ended
+(they died before the job's first round formed; spares; ranks waiting to be admitted; a
+listed rank that never beat here, which the job went on without), for ``NO_ROUND_S`` (its
+place left to the host watching it).
 """
 
 from __future__ import annotations
@@ -309,13 +312,15 @@ class NodeAgent:
         return with_store or self.store is None  # every rank ended, and the store is gone
 
     def _silent_in_no_round(self, now: float) -> bool:
-        """Whether every rank this agent heard of fell silent and waits to be taken out, no
-        round naming them (their take-outs are tried again: ranks that died before the job's
-        first round formed, spares, ranks waiting to be admitted), for ``NO_ROUND_S``
-        (``host_s`` if longer). The agent then ends, its place left standing: the host
-        watching this one finds it silent and takes its listed ranks out, should a round
-        name them later; with no other host, no rank of the job lives to wait for them."""
-        if not self.live or not self.live <= self._out.keys():
+        """Whether every rank this agent still watches fell silent and waits to be taken out,
+        no round naming them (their take-outs are tried again: ranks that died before the
+        job's first round formed, spares, ranks waiting to be admitted, a listed rank that
+        never beat here and that the job went on without), the others having ended, for
+        ``NO_ROUND_S`` (``host_s`` if longer). The agent then ends, its place left standing:
+        the host watching this one finds it silent and takes its listed ranks out, should a
+        round name them later; with no other host, no rank of the job lives to wait for
+        them."""
+        if not self._out or not self.live <= self._out.keys():
             self._no_round_since = None
             return False
         if self._no_round_since is None:
@@ -323,12 +328,13 @@ class NodeAgent:
         if now - self._no_round_since < max(self.limits.host_s, NO_ROUND_S):
             return False
         log.warning("ranks %s of this host fell silent and no round names them: the agent "
-                    "ends, its place left to the host watching it", sorted(self.live))  # fmt: skip
+                    "ends, its place left to the host watching it", sorted(self._out))  # fmt: skip
         return True
 
     def _end_place(self, now: float) -> None:
         """Every rank this agent heard of is done: end the host's place unless a listed
-        rank still lives (one that never beat here yet). Raises to say 'not yet'. A fenced
+        rank still lives (one that never beat here yet); a rank listed as it ended goes on
+        the host's next place (``host_ring.carry_over``). Raises to say 'not yet'. A fenced
         agent's place ended already, and the host that ended it took its listed ranks out."""
         if self.fenced:
             log.info("every rank of this host ended or fell silent: the fenced agent ends")
@@ -336,7 +342,14 @@ class NodeAgent:
         listed = set(live_ranks(self.store, self.slot)) - self.done
         if listed:
             raise _NotYet(f"ranks {sorted(listed)} of this host are still listed")
-        host_ring.end_place(self.store, self.slot)
+        if host_ring.end_place(self.store, self.slot):
+            # a monitor lists its rank, then reads the claim: one that listed it while the
+            # place was ending saw no claim and beats for it still, so the list is read again
+            late = set(live_ranks(self.store, self.slot)) - self.done
+            if late:
+                host_ring.carry_over(self.store, host_key(self.cfg, self.host), late)
+                log.info("ranks %s listed as the place ended: listed in the host's next place, "
+                         "for the agent their next beat starts", sorted(late))  # fmt: skip
         log.info("every rank of this host ended: the agent ends")
 
     def _guarded(self, step: Callable[[float], None], now: float) -> bool:
@@ -457,8 +470,10 @@ class NodeAgent:
         ``fenced`` comes with the tick's end (``_fence``)."""
         if report["event"] == "node_silent":
             assert self.place is not None
+            beats = self.place.ring.seen  # what stood still: it beats again once this moves
             self.place.ring.ended_slot(report["slot"])
-            self._silent_hosts[report["slot"]] = {**report, "at": now, "since": now - report["silent_s"]}
+            slot, since = report["slot"], now - report["silent_s"]
+            self._silent_hosts[slot] = {**report, "at": now, "since": since, "beats": beats}
 
     def _watch_listed(self, now: float) -> None:
         """Each listed live rank not heard of yet gets a full timeout to beat here."""
@@ -518,13 +533,22 @@ class NodeAgent:
 
     def _take_out_host(self, slot: int, silent: dict[str, Any], now: float) -> None:
         """Take the ranks of silent host ``slot`` out; end its place in the ring once they
-        all are. Until then another agent that finds it silent does so again."""
+        all are. Until then another agent that finds it silent does so again. A host that
+        beats again before any of that was done is alive (``_back``); not one whose counter
+        moved by the fence of another host that declared it lost."""
+        moved = not silent.get("acted") and host_ring.beats(self.store, slot) != silent["beats"]
+        if moved and not host_ring.declared_lost(self.store, slot):
+            self._back(slot)
+            return
         ranks = live_ranks(self.store, slot)
         message = f"its host sent no heartbeat for {silent['silent_s']:.1f} s"
         silent_s = now - silent["since"]
-        if ranks and self._leave(ranks, message, dict.fromkeys(ranks, silent_s), own=False):
+        later = self._leave(ranks, message, dict.fromkeys(ranks, silent_s), own=False) if ranks else []
+        silent["acted"] = silent.get("acted") or len(later) < len(ranks)
+        if later:
             silent["at"] = now + self.limits.replace_s
             return
+        silent["acted"] = True
         host_ring.declare_lost(self.store, slot, self.slot)
         # a monitor lists its rank, then reads the claim: one that listed it while the place
         # was ending saw no claim and stays there, so the list is read once more after it
@@ -532,6 +556,16 @@ class NodeAgent:
             silent["at"] = now + self.limits.replace_s  # taken out at the next pass
             return
         del self._silent_hosts[slot]
+
+    def _back(self, slot: int) -> None:
+        """Silent host ``slot`` beats again before any of its ranks was taken out or its place
+        ended (its agent was started again, or thawed, while its ranks were in no round):
+        its own agent watches its ranks, and the ring watches it again."""
+        log.info("host slot %d beats again before any of its ranks was taken out: watched "
+                 "again", slot)  # fmt: skip
+        del self._silent_hosts[slot]
+        assert self.place is not None
+        self.place.ring.watch_again(slot)
 
     def _leave(
         self, ranks: list[int], message: str, silent_s: dict[int, float], own: bool = True

@@ -8,9 +8,22 @@ job has no secret, so its claims are plain). Each monitor writes, in this order:
    gives to its host's agent; the agent reads it at every connect and leaves a store that
    holds none or another;
 2. its host's slot, handed out once per host (``register``), and its rank in the host's
-   list (``list_rank``);
+   list (``list_rank``); where it then finds that place ended (``claimed``), its rank in
+   that place's list of ended ranks too (``list_ended``: a host that declared the place
+   lost reads the list again after its claim and leaves the rank alone; the host's own
+   agent, which ended it, may have listed the rank in the host's next place first, where
+   the monitor lists it too), and it takes the host's next slot the same way;
 3. then its beats go to the agent (which connects only after one came);
-4. when it ends on purpose, its rank in the list of those that ended so (``list_ended``).
+4. when it ends on purpose, its rank in the list of those that ended so, in its place and
+   in each later place of its host that lists it (``end_rank``).
+
+An agent whose host's ranks all ended ends its place (``end_place``), then reads the list
+again: a rank listed meanwhile goes on the host's next place (``carry_over``), which the
+agent its beat starts next takes. Such a rank that ends lists itself as ended there as
+well (step 4). One that ends on purpose while it is being carried over, before the
+carry-over listed it, and whose bye to the agent is lost, is taken out as silent there:
+its ended mark in the ended place is read by no one (a rank that moves on by itself in
+step 2 writes the same mark, and must stay live in the next place).
 
 ``Thresholds`` says how long a rank's take-out waits before it is tried again, and how
 long a silent host stands before its ranks are taken out.
@@ -20,6 +33,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +116,12 @@ def declare_lost(store: Any, slot: int, by: int) -> bool:
     return ring.declare_lost(store, RING, ENTRIES, slot, by)
 
 
+def beats(store: Any, slot: int) -> int:
+    """Host ``slot``'s counter in the ring: its agent's beats (``ring.FENCE`` more once it
+    was declared lost)."""
+    return int(store.add(RING.alive(slot), 0))
+
+
 def host_count(store: Any) -> int:
     """How many host slots were handed out: the size of the ring."""
     return int(store.add(keys.HOST_COUNT, 0))
@@ -119,9 +139,41 @@ def list_rank(store: Any, slot: int, rank: int) -> None:
     rank_lists.add(store, keys.host_ranks(slot), rank)
 
 
+def carry_over(store: Any, host: str, ranks: set[int]) -> int:
+    """List ``ranks`` in ``host``'s next place, its place having ended (its agent's claim
+    won) as their monitors listed them there: they read no claim yet and beat for the ended
+    place, whose next agent takes this one. Its slot."""
+    slot = register(store, host)
+    for rank in sorted(ranks):
+        list_rank(store, slot, rank)
+    return slot
+
+
 def list_ended(store: Any, slot: int, rank: int) -> None:
     """The monitor of ``rank`` on host ``slot`` stops beating on purpose."""
     rank_lists.add(store, keys.host_ended(slot), rank)
+
+
+def end_rank(store: Any, host: str, slot: int, rank: int) -> None:
+    """The monitor of ``rank``, listed on ``host``'s place ``slot``, stops beating on
+    purpose: ``rank`` listed as ended there and, where the host's own agent ended that place
+    (``carry_over`` may have listed it in a later one), in each later place of the host that
+    lists it, found without taking a new one."""
+    list_ended(store, slot, rank)
+    if not claimed(store, slot) or declared_lost(store, slot):
+        return
+    for later in _places(store, host):
+        if later > slot and rank in rank_lists.read(store, keys.host_ranks(later)):
+            list_ended(store, later, rank)
+
+
+def _places(store: Any, host: str) -> Iterator[int]:
+    """The slots ``host`` took so far, in order, read only (``register`` takes one)."""
+    for generation in range(MAX_SLOTS_PER_HOST):
+        key = keys.host_slot(f"{host}#{generation}")
+        if not store.check([key]):
+            return
+        yield int(store.get(key))
 
 
 def ended_ranks(store: Any, slot: int) -> set[int]:

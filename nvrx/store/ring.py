@@ -26,7 +26,10 @@ is given ``startup_s`` before it is found silent.
 
 ``RingPlace`` is one party's part: its beat, its look, and what it finds, as reports
 (``node_silent``, ``rejected``, ``fenced``); its owner acts on them. ``RingWatch`` is the
-bookkeeping of its watch, no store in it.
+bookkeeping of its watch, no store in it. A party found silent is watched no more
+(``ended_slot``), the watch moving on to the next; where the party that found it silent
+sees it beat again before acting on it (no rank of it taken out, its place not ended),
+it is watched again (``watch_again``).
 """
 
 from __future__ import annotations
@@ -150,14 +153,33 @@ class RingWatch:
         again, keeping what was seen of the target if it stays the same."""
         if nslots == self.nslots:
             return
-        kept = (self.target, self._value, self._changed, self._changed_wall, self._reported)
         self.nslots = nslots
+        self._move_keeping()
+
+    def watch_again(self, slot: int) -> None:
+        """``slot``, found silent, beats again before its watcher did anything about it: it
+        is watched again where it is the next party (its silence counted afresh)."""
+        if slot in self.ended:
+            self.ended.discard(slot)
+            self._move_keeping()
+
+    def _move_keeping(self) -> None:
+        """Watch the next party from ``own``, keeping what was seen of the target if it
+        stays the same."""
+        kept = (self.target, self._value, self._changed, self._changed_wall, self._reported)
         self._move(self.own)
         if self.target == kept[0]:
             self.target, self._value, self._changed, self._changed_wall, self._reported = kept
 
+    @property
+    def seen(self) -> int | None:
+        """The target's counter as last read (None before the first read): what a
+        ``node_silent`` report found standing still."""
+        return self._value
+
     def ended_slot(self, slot: int) -> None:
-        """``slot`` left or was declared lost: never watch it again."""
+        """``slot`` left, was declared lost, or was found silent: watch it no more, unless
+        its owner finds it alive again (``watch_again``)."""
         self.ended.add(slot)
         if slot == self.target:
             self._move(slot)

@@ -323,6 +323,111 @@ def test_a_silent_host_is_taken_out_by_the_agent_watching_it(base, hosts) -> Non
     assert not b.agent.step(now + 3 * INTERVAL)
 
 
+def _h1_silent_in_no_round(base: Any, a: Host, b: Host) -> float:
+    """Round 0 runs ranks 0, 1 and 3; h1's agent (rank 2, in no round) stops beating until
+    h0 finds h1 silent and its take-out finds rank 2 in no round, to try again: the time."""
+    rounds.publish_round(base, 0)
+    view = rstore.round_store(base, 0)
+    for rank, initial in enumerate((0, 1, 3)):
+        view.set(rounds.rank_state(rank), json.dumps({"initial_rank": initial, "world_size": 3}))
+    t = now = time.monotonic()
+    for _ in range(3):
+        now += INTERVAL
+        a.beat(0, 1), b.beat(2)
+        a.agent.step(now), b.agent.step(now)
+    while b.agent.slot not in a.agent._silent_hosts and now < t + 4 * LIMITS.host_s:
+        now += INTERVAL
+        a.beat(0, 1)
+        a.agent.step(now)
+    assert b.agent.slot in a.agent._silent_hosts and a.faults() == []
+    return now
+
+
+def test_a_silent_host_whose_place_beats_again_before_any_take_out_is_watched_again(
+    base, hosts
+) -> None:
+    """h1's agent stops beating while its only rank, 2, is in no round (the round runs
+    without it): h0 finds h1 silent, and its take-out finds rank 2 in no round, to try
+    again. Rank 3 then starts on h1, in the place h1 still holds, and the agent it starts
+    beats there. h1 is alive: h0 takes nobody of h1 out (rank 3 is in the round), does not
+    end h1's place, and watches it again."""
+    a, b = hosts("h0", [0, 1]), hosts("h1", [2])
+    now = _h1_silent_in_no_round(base, a, b)
+    view = rstore.round_store(base, 0)
+    late = hosts("h1", [3])  # h1's place stands: rank 3 takes it, and its agent beats there
+    assert late.agent.slot == b.agent.slot
+    back = now
+    while now < back + 3 * LIMITS.host_s:
+        now += INTERVAL
+        a.beat(0, 1), late.beat(3)
+        a.agent.step(now), late.agent.step(now)
+    assert a.faults() == [] and rstore.terminated_ranks(view) == set()
+    assert not host_ring.claimed(base, late.agent.slot) and a.agent._silent_hosts == {}
+    assert a.agent.place is not None and a.agent.place.ring.target == late.agent.slot
+
+
+def test_a_silent_host_declared_lost_by_another_is_not_taken_as_beating_again(base, hosts):
+    """h0 finds h1 silent while its only rank is in no round; another host then declares
+    h1 lost, which raises h1's counter by its fence: h0 goes on with h1 as silent, it does
+    not watch it again."""
+    a, b = hosts("h0", [0, 1]), hosts("h1", [2])
+    now = _h1_silent_in_no_round(base, a, b)
+    slot = b.agent.slot
+    assert host_ring.declare_lost(base, slot, register(base, "h2"))
+    passes = now + 2 * LIMITS.replace_s  # h0's take-out of rank 2 is tried again meanwhile
+    while now < passes:
+        now += INTERVAL
+        a.beat(0, 1)
+        a.agent.step(now)
+        assert a.agent.place is not None and slot in a.agent.place.ring.ended
+    assert slot in a.agent._silent_hosts and a.faults() == []
+
+
+def test_a_silent_host_that_beats_as_it_is_found_silent_is_watched_again(
+    base, hosts, monkeypatch
+) -> None:
+    """h1's agent stalls for longer than a silent host stands, then beats again just after
+    h0's read that finds h1 silent, before h0 acts on it: h0 counts that beat, takes nobody
+    of h1 out (rank 2 runs in the round) and watches h1 again."""
+    view = _round(base)
+    a, b = hosts("h0", [0, 1]), hosts("h1", [2])
+    slot = b.agent.slot
+    assert a.agent.place is not None
+    watch = a.agent.place.ring
+    observe = watch.observe
+
+    found_at: list[float] = []
+
+    def beats_as_found_silent(beats: int, now: float, wall: float) -> Any:
+        found = observe(beats, now, wall)
+        if found is not None and found["slot"] == slot:  # h1's agent beats just then
+            base.add(RING.alive(slot), 1)
+            found_at.append(now)
+        return found
+
+    monkeypatch.setattr(watch, "observe", beats_as_found_silent)
+    t = now = time.monotonic()
+    for _ in range(3):
+        now += INTERVAL
+        a.beat(0, 1), b.beat(2)
+        a.agent.step(now), b.agent.step(now)
+    for step in range(int(4 * LIMITS.host_s / INTERVAL)):  # h1's agent stalls
+        if found_at:
+            break
+        now += INTERVAL
+        a.beat(0, 1)
+        if step % 4 == 0:  # rank 2's beats wait in the stalled agent's socket (a few fit)
+            b.beat(2)
+        a.agent.step(now)
+    assert found_at == [now] and a.faults() == []  # h0 found h1 silent, and acted at once
+    while now < found_at[0] + 3 * LIMITS.host_s:  # h1's agent beats on
+        now += INTERVAL
+        a.beat(0, 1), b.beat(2)
+        a.agent.step(now), b.agent.step(now)
+    assert a.faults() == [] and b.faults() == [] and rstore.terminated_ranks(view) == set()
+    assert a.agent._silent_hosts == {} and watch.target == slot and found_at[0] > t
+
+
 class _ListsOnClaim:
     """The real store, where a monitor lists ``rank`` in host ``slot`` just as the place is
     ended: before the first append to ``slot``'s claim."""
@@ -357,6 +462,70 @@ def test_a_rank_listed_while_its_silent_host_is_declared_lost_is_taken_out_too(b
     assert rstore.terminated_ranks(view) == {2, 3}
     assert a.faults() == [(2, "unresponsive"), (3, "unresponsive")]
     assert a.agent._silent_hosts == {}  # done with h1
+
+
+class _ClaimsOnList:
+    """The real store, as a monitor starting on h1 uses it: the claim ``entry`` (held back
+    by ``_StartsOnClaim``) goes in just before the monitor lists its rank in ``slot``, after
+    it found the place unclaimed."""
+
+    def __init__(self, store: Any, slot: int, entry: tuple[str, str]) -> None:
+        self.store, self.slot, self.entry = store, slot, entry
+        self.claimed = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def append(self, key: str, value: str) -> Any:
+        if key == keys.host_ranks(self.slot) and not self.claimed:
+            self.claimed = True
+            self.store.append(*self.entry)
+        return self.store.append(key, value)
+
+
+class _StartsOnClaim:
+    """The real store, where rank ``rank``'s monitor starts on h1 (``AgentLink``) as h1's
+    ``slot`` is claimed: it finds the place unclaimed, the claim goes in, it lists its rank
+    there, then reads the claim."""
+
+    def __init__(self, store: Any, slot: int, rank: int) -> None:
+        self.store, self.slot, self.rank = store, slot, rank
+        self.link: agent_link.AgentLink | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def append(self, key: str, value: str) -> Any:
+        if key != RING.claim(self.slot) or self.link is not None:
+            return self.store.append(key, value)
+        monitor = _ClaimsOnList(self.store, self.slot, (key, value))
+        cfg = _config(store_port=self.store.port, initial_rank=self.rank)
+        self.link = agent_link.AgentLink(cfg, lambda: monitor)
+        assert monitor.claimed
+        return None
+
+
+def test_a_rank_that_starts_as_its_silent_host_is_declared_lost_is_left_alone(
+    base, hosts, monkeypatch
+) -> None:
+    """Rank 3's monitor starts on h1 as h0 declares silent h1 lost: it lists itself in h1's
+    place after h0 read that list, then reads h0's claim and takes h1's next place. h0 reads
+    the list again after its claim: it takes rank 2 out, not rank 3."""
+    monkeypatch.setenv("NVRX_HOST_ID", "h1")
+    view = _round(base)
+    slot = register(base, _h1(base))
+    list_rank(base, slot, 2)
+    store = _StartsOnClaim(base, slot, 3)
+    a = hosts("h0", [0, 1], store=store)
+    t = now = time.monotonic()
+    while (a.agent._silent_hosts or not a.faults()) and now < t + 5 * LIMITS.host_s:
+        now += INTERVAL
+        a.beat(0, 1)
+        a.agent.step(now)
+    assert store.link is not None and store.link.slot != slot
+    store.link.sender.close()
+    assert host_ring.declared_lost(base, slot) and a.agent._silent_hosts == {}
+    assert a.faults() == [(2, "unresponsive")] and rstore.terminated_ranks(view) == {2}
 
 
 def test_a_listed_rank_whose_first_word_is_its_bye_is_not_taken_out(base, hosts) -> None:
@@ -542,6 +711,117 @@ def test_an_agent_whose_ranks_place_its_predecessor_ended_takes_the_hosts_next(b
     assert thawed.agent.slot == register(base, _h1(base))  # h1's next place
     assert int(base.add(keys.HOST_COUNT, 0)) == 2
 
+
+def test_a_rank_listed_as_its_hosts_agent_ends_the_place_is_taken_out_with_the_next(
+    base, hosts, thawed
+) -> None:
+    """Rank 3 starts on h1 just as h1's agent ends its place (rank 2, its only rank, ended):
+    its monitor lists it between the agent's read of the list and its claim, reads no claim
+    yet, and beats for the ended place. The agent its beat starts takes h1's next place;
+    when that agent falls silent, the host watching it takes rank 3 out."""
+    view = _round(base)
+    slot = register(base, _h1(base))
+    list_rank(base, slot, 2)
+    address = f"\0nvrx-test-{uuid.uuid4().hex}"
+    sock, sender = BeatSocket(address), BeatSender(address)
+    cfg = HostConfig.of(_config(store_port=base.port))
+    ending = node_agent.NodeAgent(cfg, sock, lambda kind, **f: None, "h1", store=_ListsOnClaim(base, slot, 3))
+    try:
+        t = time.monotonic()
+        assert sender.send(Beat(2, pid=2002, timeout=TIMEOUT, slot=slot))
+        assert ending.step(t)
+        assert sender.send(Beat(2, pid=2002, timeout=TIMEOUT, slot=slot, bye=True))
+        ending.step(t + INTERVAL)
+        assert ending.finished(t + INTERVAL, t) and host_ring.claimed(base, slot)
+    finally:
+        sock.close(unlink=False)
+        sender.close()
+    thawed.beat(3, slot)  # rank 3's monitor beats for the place it listed itself in
+    assert thawed.agent.step(t + 2 * INTERVAL) and thawed.agent.slot != slot
+    a = hosts("h0", [0, 1])  # watches h1's next place, the last one
+    now = t + 2 * INTERVAL
+    while not a.faults() and now < t + 5 * LIMITS.host_s:  # h1's new agent falls silent
+        now += INTERVAL
+        a.beat(0, 1)
+        a.agent.step(now)
+    assert a.faults() == [(3, "unresponsive")] and rstore.terminated_ranks(view) == {3}
+
+
+class _LinksOnClaim:
+    """The real store, where rank ``rank``'s monitor starts on h1 (``AgentLink``) just as
+    h1's agent ends ``slot``: before the first append to that slot's claim, it lists its
+    rank there and reads no claim yet."""
+
+    def __init__(self, store: Any, slot: int, rank: int) -> None:
+        self.store, self.slot, self.rank = store, slot, rank
+        self.link: agent_link.AgentLink | None = None
+        self.ended = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def append(self, key: str, value: str) -> Any:
+        if key == RING.claim(self.slot) and self.link is None:
+            cfg = _config(store_port=self.store.port, initial_rank=self.rank)
+            self.link = agent_link.AgentLink(cfg, lambda: self.store)
+        return self.store.append(key, value)
+
+    def end(self) -> None:
+        """Rank ``rank``'s monitor ends on purpose; its bye finds no agent at the address it
+        beats to (the test's agents listen elsewhere): lost unless the test sends it."""
+        assert self.link is not None and not self.ended
+        self.link.end()
+        self.ended = True
+
+
+def test_a_rank_carried_to_its_hosts_next_place_that_ends_is_left_alone_there(
+    base, hosts, thawed, monkeypatch
+) -> None:
+    """Rank 3's monitor starts on h1 just as h1's agent ends its place (rank 1, its only
+    rank, ended): that agent lists rank 3 in h1's next place, where the agent rank 3's beat
+    starts beats, and rank 2 of h1 starts there later. Rank 3 ends on purpose once that
+    agent took the place: neither that agent nor, once it falls silent, the host watching
+    it takes rank 3 out; rank 2 is."""
+    monkeypatch.setenv("NVRX_HOST_ID", "h1")
+    view = _round(base)
+    slot = register(base, _h1(base))
+    list_rank(base, slot, 1)
+    address = f"\0nvrx-test-{uuid.uuid4().hex}"
+    sock, sender = BeatSocket(address), BeatSender(address)
+    cfg = HostConfig.of(_config(store_port=base.port))
+    store = _LinksOnClaim(base, slot, 3)
+    ending = node_agent.NodeAgent(cfg, sock, lambda kind, **f: None, "h1", store=store)
+    try:
+        t = time.monotonic()
+        assert sender.send(Beat(1, pid=2001, timeout=TIMEOUT, slot=slot))
+        assert ending.step(t)
+        assert sender.send(Beat(1, pid=2001, timeout=TIMEOUT, slot=slot, bye=True))
+        ending.step(t + INTERVAL)
+        assert ending.finished(t + INTERVAL, t) and host_ring.claimed(base, slot)
+    finally:
+        sock.close(unlink=False)
+        sender.close()
+    assert store.link is not None and store.link.slot == slot
+    thawed.beat(3, slot)  # rank 3's monitor beats for the place it listed itself in
+    now = t + 2 * INTERVAL
+    assert thawed.agent.step(now) and thawed.agent.slot != slot
+    later = register(base, _h1(base))  # rank 2 starts on h1: its monitor lists it there
+    assert later == thawed.agent.slot
+    list_rank(base, later, 2)
+    store.end()
+    thawed.beat(3, slot, bye=True)
+    a = hosts("h0", [0])  # watches h1's next place, the last one
+    lost = now + 3 * TIMEOUT
+    while now < lost:  # rank 2 beats on, rank 3 does not
+        now += INTERVAL
+        a.beat(0), thawed.beat(2, later)
+        a.agent.step(now), thawed.agent.step(now)
+    assert thawed.events == [] and a.faults() == []
+    while not a.faults() and now < lost + 5 * LIMITS.host_s:  # h1's agent is lost
+        now += INTERVAL
+        a.beat(0)
+        a.agent.step(now)
+    assert a.faults() == [(2, "unresponsive")] and rstore.terminated_ranks(view) == {2}
 
 def test_a_host_whose_place_ended_takes_a_new_one_that_is_watched(base, hosts) -> None:
     """h1's only rank ends early and its agent ends the host's place; rank 3 of h1 starts
@@ -756,6 +1036,33 @@ def test_an_agent_whose_ranks_died_before_any_round_ends_though_its_store_answer
     assert _claims(base, h.agent.slot) == 0 and h.faults() == []
 
 
+def test_an_agent_whose_last_rank_to_take_out_is_in_no_round_ends_after_the_others_ended(
+    base, hosts
+) -> None:
+    """Rank 1's monitor died silently (its place on h0's list stands) and the job went on
+    without it, in a round that does not name it; an agent started again on h0 watches it
+    from the list and finds it silent, and its take-out finds it in no round, for good.
+    Rank 0 then ends on purpose: with nothing left but that take-out, the agent ends once it
+    stood so for ``NO_ROUND_S``, though the store answers."""
+    rounds.publish_round(base, 0)
+    view = rstore.round_store(base, 0)
+    for rank, initial in enumerate((0, 2, 3)):
+        view.set(rounds.rank_state(rank), json.dumps({"initial_rank": initial, "world_size": 3}))
+    h = hosts("h0", [0, 1])
+    t = time.monotonic()
+    h.beat(0)
+    assert h.agent.step(t)
+    h.beat(0)
+    assert h.agent.step(t + TIMEOUT + 0.1) and h.agent._out.keys() == {1}
+    ended = t + TIMEOUT + 0.2
+    h.beat(0, bye=True)
+    assert h.agent.step(ended) and not h.agent.live and not h.agent.finished(ended, t)
+    bound = max(LIMITS.host_s, node_agent.NO_ROUND_S)
+    assert h.agent.step(ended + bound - 1) and not h.agent.finished(ended + bound - 1, t)
+    assert h.agent.step(ended + bound) and h.agent.finished(ended + bound, t)
+    assert rstore.terminated_ranks(view) == set() and h.faults() == []
+
+
 def test_a_silent_rank_before_any_round_keeps_its_agent_while_another_rank_beats(base, hosts):
     """One of two ranks falls silent while no round names it, the other beats on: the agent
     does not end past ``NO_ROUND_S`` (only a host whose every live rank is silent and in no
@@ -933,3 +1240,67 @@ def test_a_monitor_that_cannot_start_the_agent_says_so_and_beats_on(served, monk
     link.beat(_beat(0))
     assert link._started is None
     BeatSocket(link.sender.path).close(unlink=False)  # the name is free again
+
+
+class _MovesOn:
+    """The real store, where rank 3's monitor (the store requests of ``AgentLink`` as it
+    lists itself) runs beside h1's agent ending ``slot``: it lists rank 3 there just after
+    the agent's claim, then reads that claim and lists itself as ended there, to move on,
+    just before the agent lists rank 3 in the host's next place."""
+
+    def __init__(self, store: Any, slot: int) -> None:
+        self.store, self.slot, self.step = store, slot, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def append(self, key: str, value: str) -> Any:
+        if self.step == 1 and key == keys.host_ranks(self.slot + 1):
+            assert host_ring.claimed(self.store, self.slot)
+            list_ended(self.store, self.slot, 3)  # it moves on
+            self.step = 2
+        got = self.store.append(key, value)
+        if self.step == 0 and key == RING.claim(self.slot):
+            list_rank(self.store, self.slot, 3)
+            self.step = 1
+        return got
+
+
+def test_a_rank_that_moves_on_from_its_hosts_ended_place_stays_live_in_the_next(
+    base, hosts, thawed, monkeypatch
+) -> None:
+    """Rank 3's monitor lists itself on h1 as h1's agent ends its place, and moves on to
+    the next place (listed as ended in the ended one) as that agent carries it over: in
+    the next place it is live, so once h1's next agent is lost, the host watching it takes
+    rank 3 out."""
+    monkeypatch.setenv("NVRX_HOST_ID", "h1")
+    view = _round(base)
+    slot = register(base, _h1(base))
+    list_rank(base, slot, 1)
+    address = f"\0nvrx-test-{uuid.uuid4().hex}"
+    sock, sender = BeatSocket(address), BeatSender(address)
+    store = _MovesOn(base, slot)
+    ending = node_agent.NodeAgent(HostConfig.of(_config(store_port=base.port)), sock,
+                                  lambda kind, **f: None, "h1", store=store)  # fmt: skip
+    try:
+        t = time.monotonic()
+        assert sender.send(Beat(1, pid=2001, timeout=TIMEOUT, slot=slot))
+        assert ending.step(t)
+        assert sender.send(Beat(1, pid=2001, timeout=TIMEOUT, slot=slot, bye=True))
+        ending.step(t + INTERVAL)
+        assert ending.finished(t + INTERVAL, t) and store.step == 2
+    finally:
+        sock.close(unlink=False)
+        sender.close()
+    following = register(base, _h1(base))  # the monitor goes on there, as AgentLink does
+    list_rank(base, following, 3)
+    assert live_ranks(base, following) == [3]
+    thawed.beat(3, following)
+    now = t + 2 * INTERVAL
+    assert thawed.agent.step(now) and thawed.agent.slot == following
+    a = hosts("h0", [0])
+    while not a.faults() and now < t + 5 * LIMITS.host_s:  # h1's agent is lost
+        now += INTERVAL
+        a.beat(0)
+        a.agent.step(now)
+    assert a.faults() == [(3, "unresponsive")] and rstore.terminated_ranks(view) == {3}
