@@ -70,7 +70,8 @@ def _nccl_backends(groups: list[Any]) -> list[Any]:
 class AbortTorchDistributed(Abort):
     """Interrupt and destroy all ``torch.distributed`` process groups (gloo and NCCL).
 
-    Steps: dump NCCL flight-recorder traces when enabled; shut down the reads of
+    Steps: let a group creation in flight end (``gloo_abort.await_creations``); dump
+    NCCL flight-recorder traces when enabled; shut down the reads of
     the TCP connections of every gloo group (a blocked gloo collective then
     fails in milliseconds instead of at its timeout; peers are not woken, each
     rank must run its own abort); abort NCCL communicators; abort and
@@ -97,6 +98,11 @@ class AbortTorchDistributed(Abort):
 
         if not dist.is_available():
             return state
+        if gloo_abort.creating() and not gloo_abort.await_creations():
+            log.warning(
+                "a process group creation still waits after %g s (for a peer that never "
+                "entered its own): its connections are cut", gloo_abort.CREATION_GRACE_S,
+            )  # fmt: skip
         groups = _all_groups()
         if not groups and not dist.is_initialized() and not gloo_abort.creating():
             self._destroy_all()  # an init cut short before its group existed counted its name

@@ -44,7 +44,12 @@ _PROC_FD = "/proc/self/fd"
 _PROTECTED_PORT_ENVS = (jobenv.STORE_PORT, "MASTER_PORT")
 _FACTORY = "_new_process_group_helper"  # torch's group factory (private)
 
+#: How long an abort lets a group creation in flight end by itself before it cuts its
+#: connections (``await_creations``).
+CREATION_GRACE_S = 5.0
+
 _lock = threading.Lock()
+_creations_ended = threading.Condition(_lock)  # notified as each creation in flight ends
 _installs = 0  # install() calls not yet undone by uninstall()
 _patched: Any = None  # our tracking factory, from the first install() until it is restored
 _original: Any = None  # the factory it wraps (put back by the last uninstall())
@@ -171,16 +176,11 @@ def _tracking(factory: Any) -> Any:
             _creating[token] = set(before)
         try:
             result = factory(*args, **kwargs)
+            name = _record_new_group(result, before, before_listen)
         finally:
             with _lock:
                 del _creating[token]
-        name = "?"
-        try:
-            pg = result[0] if isinstance(result, tuple) else result
-            name = str(getattr(pg, "group_name", None) or f"unnamed-{id(pg)}")
-            _record(name, _new_group_sockets(before, before_listen))
-        except Exception:  # tracking must never break group creation
-            log.exception("could not record the sockets of a new process group")
+                _creations_ended.notify_all()
         try:
             _advise(factory, args, kwargs, name)
         except Exception:  # nor may the advice
@@ -188,6 +188,19 @@ def _tracking(factory: Any) -> Any:
         return result
 
     return create_group
+
+
+def _record_new_group(result: Any, before: dict[int, int], before_listen: set[int]) -> str:
+    """Record the sockets of the group ``result`` that a creation made; its name. Done
+    before the creation counts as ended, so that an abort waiting for it finds them."""
+    name = "?"
+    try:
+        pg = result[0] if isinstance(result, tuple) else result
+        name = str(getattr(pg, "group_name", None) or f"unnamed-{id(pg)}")
+        _record(name, _new_group_sockets(before, before_listen))
+    except Exception:  # tracking must never break group creation
+        log.exception("could not record the sockets of a new process group")
+    return name
 
 
 def _advise(factory: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> None:
@@ -348,6 +361,21 @@ def creating() -> bool:
         return bool(_creating)
 
 
+def await_creations(timeout: float = CREATION_GRACE_S) -> bool:
+    """Wait up to ``timeout`` seconds for the group creations in flight to end; whether none
+    is left.
+
+    A creation whose peers are all in theirs completes within moments; cut halfway, it
+    leaves those peers waiting for a connection it will never make, which no abort of
+    theirs can end (gloo waits for it on a condition, several times the group's timeout).
+    So an abort lets it end first: its group is then recorded and aborted as any other.
+    Only a creation still waiting after ``timeout`` (for a peer that died or was restarted
+    before it entered its own) is cut (``shutdown_sockets``).
+    """
+    with _creations_ended:
+        return _creations_ended.wait_for(lambda: not _creating, timeout)
+
+
 def _creation_sockets(starts: list[set[int]]) -> set[int]:
     """The connections a group creation in flight may wait on: store clients opened since
     user code began (torch's rendezvous opens one: its peers' addresses are read there) and
@@ -448,6 +476,8 @@ def _shutdown_reads(sock: socket.socket) -> bool:
 
 
 __all__ = [
+    "CREATION_GRACE_S",
+    "await_creations",
     "creating",
     "install",
     "installed",
