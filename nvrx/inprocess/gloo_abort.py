@@ -57,6 +57,7 @@ _groups: dict[str, set[int]] = {}  # group name -> inodes of its TCP sockets
 _protected_ports: set[int] = set()
 _opened_before: set[int] = set()  # socket inodes open when user code began (the Wrapper's own)
 _creating: dict[int, set[int]] = {}  # group creations in flight -> socket inodes open at their start
+_refusing = False  # an abort is in progress: no creation starts (``await_creations``)
 _held: list[socket.socket] = []  # duplicates of shut-down connections, kept open (shutdown_sockets)
 _advice: list[float] = []  # hard timeouts a gloo group's timeout should be shorter than (tracking)
 _advised = False  # the advice was logged (once per process)
@@ -173,6 +174,11 @@ def _tracking(factory: Any) -> Any:
         before_listen = _listen_ports()
         token = id(before)
         with _lock:
+            if _refusing:
+                raise RuntimeError(
+                    "no process group is created while an abort is in progress: a restart "
+                    "of this rank follows"
+                )
             _creating[token] = set(before)
         try:
             result = factory(*args, **kwargs)
@@ -369,11 +375,23 @@ def await_creations(timeout: float = CREATION_GRACE_S) -> bool:
     leaves those peers waiting for a connection it will never make, which no abort of
     theirs can end (gloo waits for it on a condition, several times the group's timeout).
     So an abort lets it end first: its group is then recorded and aborted as any other.
-    Only a creation still waiting after ``timeout`` (for a peer that died or was restarted
-    before it entered its own) is cut (``shutdown_sockets``).
+    Only a creation still waiting after ``timeout`` (for a peer that died, was restarted
+    or is slow to enter its own) is cut (``shutdown_sockets``). From this call until
+    ``allow_creations`` no new creation starts (it raises ``RuntimeError``): torch's
+    ``new_group`` calls follow each other at once, and one begun while the abort runs
+    would be cut halfway.
     """
+    global _refusing
     with _creations_ended:
+        _refusing = True
         return _creations_ended.wait_for(lambda: not _creating, timeout)
+
+
+def allow_creations() -> None:
+    """The abort is over: group creations may start again (``await_creations``)."""
+    global _refusing
+    with _lock:
+        _refusing = False
 
 
 def _creation_sockets(starts: list[set[int]]) -> set[int]:
@@ -477,6 +495,7 @@ def _shutdown_reads(sock: socket.socket) -> bool:
 
 __all__ = [
     "CREATION_GRACE_S",
+    "allow_creations",
     "await_creations",
     "creating",
     "install",
