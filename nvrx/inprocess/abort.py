@@ -100,13 +100,13 @@ class AbortTorchDistributed(Abort):
 
         if not dist.is_available():
             return state
-        if not gloo_abort.await_creations():
-            log.warning(
-                "a process group creation still waits after %g s (for a peer that died, was "
-                "restarted or is slow to enter its own): its connections are cut",
-                gloo_abort.CREATION_GRACE_S,
-            )  # fmt: skip
         try:
+            if not gloo_abort.await_creations():
+                log.warning(
+                    "a process group creation still waits after %g s (for a peer that died, "
+                    "was restarted or is slow to enter its own): its connections are cut",
+                    gloo_abort.CREATION_GRACE_S,
+                )  # fmt: skip
             self._abort_groups(state)
         finally:
             gloo_abort.allow_creations()

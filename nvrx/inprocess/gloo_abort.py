@@ -57,7 +57,7 @@ _groups: dict[str, set[int]] = {}  # group name -> inodes of its TCP sockets
 _protected_ports: set[int] = set()
 _opened_before: set[int] = set()  # socket inodes open when user code began (the Wrapper's own)
 _creating: dict[int, set[int]] = {}  # group creations in flight -> socket inodes open at their start
-_refusing = False  # an abort is in progress: no creation starts (``await_creations``)
+_refusing = 0  # aborts in progress: while any is, no creation starts (``await_creations``)
 _held: list[socket.socket] = []  # duplicates of shut-down connections, kept open (shutdown_sockets)
 _advice: list[float] = []  # hard timeouts a gloo group's timeout should be shorter than (tracking)
 _advised = False  # the advice was logged (once per process)
@@ -379,19 +379,21 @@ def await_creations(timeout: float = CREATION_GRACE_S) -> bool:
     or is slow to enter its own) is cut (``shutdown_sockets``). From this call until
     ``allow_creations`` no new creation starts (it raises ``RuntimeError``): torch's
     ``new_group`` calls follow each other at once, and one begun while the abort runs
-    would be cut halfway.
+    would be cut halfway. Each call must be matched by one ``allow_creations`` (aborts
+    that overlap count).
     """
     global _refusing
     with _creations_ended:
-        _refusing = True
+        _refusing += 1
         return _creations_ended.wait_for(lambda: not _creating, timeout)
 
 
 def allow_creations() -> None:
-    """The abort is over: group creations may start again (``await_creations``)."""
+    """An abort is over: group creations may start again once every abort that called
+    ``await_creations`` is."""
     global _refusing
     with _lock:
-        _refusing = False
+        _refusing = max(0, _refusing - 1)
 
 
 def _creation_sockets(starts: list[set[int]]) -> set[int]:

@@ -458,11 +458,11 @@ def blocking_factory(original, monkeypatch):
         return _Group()
 
     monkeypatch.setattr(gloo_abort, "_record", lambda name, inodes: None)
+    monkeypatch.setattr(gloo_abort, "_refusing", 0)
     c10d._new_process_group_helper = factory
     assert gloo_abort.install()
     yield release, fail
     release.set()
-    gloo_abort.allow_creations()
 
 
 def _create_in_thread() -> tuple[threading.Thread, list]:
@@ -488,6 +488,7 @@ def test_an_abort_awaits_a_creation_in_flight_and_refuses_new_ones_until_it_ends
     release, fail = blocking_factory
     thread, outcome = _create_in_thread()
     assert gloo_abort.await_creations(0.05) is False  # still in flight: the grace ran out
+    gloo_abort.allow_creations()
     if fails:
         fail.set()
     release.set()
@@ -496,6 +497,10 @@ def test_an_abort_awaits_a_creation_in_flight_and_refuses_new_ones_until_it_ends
     assert isinstance(outcome[0], RuntimeError if fails else _Group)
     with pytest.raises(RuntimeError, match="while an abort is in progress"):
         c10d._new_process_group_helper()  # the abort is not over: no new creation starts
+    gloo_abort.await_creations(0)  # a second abort meanwhile: one ending lifts no refusal
+    gloo_abort.allow_creations()
+    with pytest.raises(RuntimeError, match="while an abort is in progress"):
+        c10d._new_process_group_helper()
     gloo_abort.allow_creations()
     fail.clear()
     assert isinstance(c10d._new_process_group_helper(), _Group)
