@@ -32,7 +32,9 @@ class Abort(abc.ABC):
 
     Called from the Wrapper's monitor thread, not the main thread, while the
     main thread may still run or be blocked in the wrapped function. It must
-    return promptly; its exceptions are logged by the Wrapper and ignored.
+    return promptly (``AbortTorchDistributed`` waits for a process group creation
+    in flight, ``gloo_abort.CREATION_GRACE_S`` at most); its exceptions are logged by
+    the Wrapper and ignored.
     """
 
     @abc.abstractmethod
@@ -70,7 +72,8 @@ def _nccl_backends(groups: list[Any]) -> list[Any]:
 class AbortTorchDistributed(Abort):
     """Interrupt and destroy all ``torch.distributed`` process groups (gloo and NCCL).
 
-    Steps: dump NCCL flight-recorder traces when enabled; shut down the reads of
+    Steps: let a group creation in flight end (``gloo_abort.await_creations``); dump
+    NCCL flight-recorder traces when enabled; shut down the reads of
     the TCP connections of every gloo group (a blocked gloo collective then
     fails in milliseconds instead of at its timeout; peers are not woken, each
     rank must run its own abort); abort NCCL communicators; abort and
@@ -97,10 +100,26 @@ class AbortTorchDistributed(Abort):
 
         if not dist.is_available():
             return state
+        try:
+            if not gloo_abort.await_creations():
+                log.warning(
+                    "a process group creation still waits after %g s (for a peer that died, "
+                    "was restarted or is slow to enter its own): its connections are cut",
+                    gloo_abort.CREATION_GRACE_S,
+                )  # fmt: skip
+            self._abort_groups(state)
+        finally:
+            gloo_abort.allow_creations()
+        return state
+
+    def _abort_groups(self, state: FrozenState) -> None:
+        """Shut down the gloo connections, abort NCCL, destroy every group."""
+        import torch.distributed as dist
+
         groups = _all_groups()
         if not groups and not dist.is_initialized() and not gloo_abort.creating():
             self._destroy_all()  # an init cut short before its group existed counted its name
-            return state
+            return
         self.collect_fr_trace(state)
         shut = gloo_abort.shutdown_sockets()
         log.debug("abort: shut down %d gloo connection(s) of %d group(s)", shut, len(groups))
@@ -114,7 +133,6 @@ class AbortTorchDistributed(Abort):
                 except Exception as exc:  # best effort; destroy below still clears the registry
                     log.debug("abort of process group %r failed: %r", pg, exc)
         self._destroy_all()
-        return state
 
     @staticmethod
     def _abort_nccl() -> None:

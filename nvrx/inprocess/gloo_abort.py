@@ -44,7 +44,12 @@ _PROC_FD = "/proc/self/fd"
 _PROTECTED_PORT_ENVS = (jobenv.STORE_PORT, "MASTER_PORT")
 _FACTORY = "_new_process_group_helper"  # torch's group factory (private)
 
+#: How long an abort lets a group creation in flight end by itself before it cuts its
+#: connections (``await_creations``).
+CREATION_GRACE_S = 5.0
+
 _lock = threading.Lock()
+_creations_ended = threading.Condition(_lock)  # notified as each creation in flight ends
 _installs = 0  # install() calls not yet undone by uninstall()
 _patched: Any = None  # our tracking factory, from the first install() until it is restored
 _original: Any = None  # the factory it wraps (put back by the last uninstall())
@@ -52,6 +57,7 @@ _groups: dict[str, set[int]] = {}  # group name -> inodes of its TCP sockets
 _protected_ports: set[int] = set()
 _opened_before: set[int] = set()  # socket inodes open when user code began (the Wrapper's own)
 _creating: dict[int, set[int]] = {}  # group creations in flight -> socket inodes open at their start
+_refusing = 0  # aborts in progress: while any is, no creation starts (``await_creations``)
 _held: list[socket.socket] = []  # duplicates of shut-down connections, kept open (shutdown_sockets)
 _advice: list[float] = []  # hard timeouts a gloo group's timeout should be shorter than (tracking)
 _advised = False  # the advice was logged (once per process)
@@ -168,19 +174,19 @@ def _tracking(factory: Any) -> Any:
         before_listen = _listen_ports()
         token = id(before)
         with _lock:
+            if _refusing:
+                raise RuntimeError(
+                    "no process group is created while an abort is in progress: a restart "
+                    "of this rank follows"
+                )
             _creating[token] = set(before)
         try:
             result = factory(*args, **kwargs)
+            name = _record_new_group(result, before, before_listen)
         finally:
             with _lock:
                 del _creating[token]
-        name = "?"
-        try:
-            pg = result[0] if isinstance(result, tuple) else result
-            name = str(getattr(pg, "group_name", None) or f"unnamed-{id(pg)}")
-            _record(name, _new_group_sockets(before, before_listen))
-        except Exception:  # tracking must never break group creation
-            log.exception("could not record the sockets of a new process group")
+                _creations_ended.notify_all()
         try:
             _advise(factory, args, kwargs, name)
         except Exception:  # nor may the advice
@@ -188,6 +194,19 @@ def _tracking(factory: Any) -> Any:
         return result
 
     return create_group
+
+
+def _record_new_group(result: Any, before: dict[int, int], before_listen: set[int]) -> str:
+    """Record the sockets of the group ``result`` that a creation made; its name. Done
+    before the creation counts as ended, so that an abort waiting for it finds them."""
+    name = "?"
+    try:
+        pg = result[0] if isinstance(result, tuple) else result
+        name = str(getattr(pg, "group_name", None) or f"unnamed-{id(pg)}")
+        _record(name, _new_group_sockets(before, before_listen))
+    except Exception:  # tracking must never break group creation
+        log.exception("could not record the sockets of a new process group")
+    return name
 
 
 def _advise(factory: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> None:
@@ -348,6 +367,35 @@ def creating() -> bool:
         return bool(_creating)
 
 
+def await_creations(timeout: float = CREATION_GRACE_S) -> bool:
+    """Wait up to ``timeout`` seconds for the group creations in flight to end; whether none
+    is left.
+
+    A creation whose peers are all in theirs completes within moments; cut halfway, it
+    leaves those peers waiting for a connection it will never make, which no abort of
+    theirs can end (gloo waits for it on a condition, several times the group's timeout).
+    So an abort lets it end first: its group is then recorded and aborted as any other.
+    Only a creation still waiting after ``timeout`` (for a peer that died, was restarted
+    or is slow to enter its own) is cut (``shutdown_sockets``). From this call until
+    ``allow_creations`` no new creation starts (it raises ``RuntimeError``): torch's
+    ``new_group`` calls follow each other at once, and one begun while the abort runs
+    would be cut halfway. Each call must be matched by one ``allow_creations`` (aborts
+    that overlap count).
+    """
+    global _refusing
+    with _creations_ended:
+        _refusing += 1
+        return _creations_ended.wait_for(lambda: not _creating, timeout)
+
+
+def allow_creations() -> None:
+    """An abort is over: group creations may start again once every abort that called
+    ``await_creations`` is."""
+    global _refusing
+    with _lock:
+        _refusing = max(0, _refusing - 1)
+
+
 def _creation_sockets(starts: list[set[int]]) -> set[int]:
     """The connections a group creation in flight may wait on: store clients opened since
     user code began (torch's rendezvous opens one: its peers' addresses are read there) and
@@ -448,6 +496,9 @@ def _shutdown_reads(sock: socket.socket) -> bool:
 
 
 __all__ = [
+    "CREATION_GRACE_S",
+    "allow_creations",
+    "await_creations",
     "creating",
     "install",
     "installed",

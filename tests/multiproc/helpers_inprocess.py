@@ -241,6 +241,46 @@ def _wait_for_files(tmp: Path, pattern: str, count: int, what: str) -> None:
         time.sleep(0.01)
 
 
+def _aborting_once_creating(tmp: Path, rank: int) -> Any:
+    """The Wrapper's abort, run only once this rank's main thread is inside a process group's
+    creation (waited for 30 s at most; ``abort-saw-creation-<rank>`` says it was): the
+    fault then reaches the rank while it creates."""
+    from nvrx.inprocess import gloo_abort
+    from nvrx.inprocess.abort import AbortTorchDistributed
+
+    class AbortOnceCreating(AbortTorchDistributed):
+        def __call__(self, state: Any) -> Any:
+            deadline = time.monotonic() + 30
+            while not gloo_abort.creating() and time.monotonic() < deadline:
+                time.sleep(0.001)
+            if gloo_abort.creating():
+                (tmp / f"abort-saw-creation-{rank}").touch()
+            return super().__call__(state)
+
+    return AbortOnceCreating()
+
+
+def _fault_while_peers_create(tmp: Path, rank: int, faulty: set[int], world: int) -> None:
+    """A faulty rank raises; the others then create a group of their own, the lowest first
+    and each next one only once the abort of the one before found it inside its creation
+    (so that creation is sure to wait for its peers when the abort comes). They note that
+    their creation returned, then wait there for the restart."""
+    import torch.distributed as dist
+
+    if rank in faulty:
+        (tmp / "faulted").touch()
+        raise RuntimeError(f"injected fault on rank {rank}")
+    _wait_for_files(tmp, "faulted", 1, "the faulty rank")
+    members = [r for r in range(world) if r not in faulty]
+    before = members[: members.index(rank)]
+    if before:
+        _wait_for_files(tmp, f"abort-saw-creation-{before[-1]}", 1, "the abort of the rank before")
+    dist.new_group(members, use_local_synchronization=True)
+    (tmp / f"subgroup-{rank}").touch()
+    while True:
+        time.sleep(0.01)  # until the restart comes
+
+
 def _rank_main(tmp: Path) -> int:
     import datetime
 
@@ -288,6 +328,8 @@ def _rank_main(tmp: Path) -> int:
         wkw["completion"], wkw["terminate"] = Done(), Gone()
     fault = params.get("fault")
     fault_ranks = set(params.get("fault_ranks", []))
+    if params.get("abort_once_creating") and initial_rank not in fault_ranks:
+        wkw["abort"] = _aborting_once_creating(tmp, initial_rank)
     fault_rounds = params.get("fault_rounds", 1)
 
     @inprocess.Wrapper(**wkw)
@@ -319,6 +361,8 @@ def _rank_main(tmp: Path) -> int:
             gathered = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, initial_rank)
             record["peers"] = gathered
+        if fault == "fault_while_peers_create" and it == 0:
+            _fault_while_peers_create(tmp, initial_rank, fault_ranks, dist.get_world_size())
         if it < fault_rounds and initial_rank in fault_ranks:
             if fault == "exception":
                 raise RuntimeError(f"injected fault on rank {initial_rank}")

@@ -317,13 +317,33 @@ def test_a_rank_leaving_between_two_rounds_leaves_the_round_it_was_heading_into(
     assert exit_fault["signature"] and "RuntimeError" in exit_fault["traceback"]
 
 
+def test_a_fault_that_reaches_ranks_creating_a_group_together_lets_them_finish_it(tmp_path):
+    """Rank 2 raises while ranks 0 and 1 create a group of their own, whose aborts run only
+    once they are inside that creation; rank 1 enters it only after rank 0's abort came,
+    so rank 0's creation then waits for it. Both can complete it, so the abort lets it end
+    instead of cutting it halfway (which could leave one of them waiting for a connection
+    the other never made, until gloo gave up at several times the group's timeout): both
+    return from it, and all three finish in the next round."""
+    ranks = launch(
+        tmp_path, 3, wrapper=SLOW, fault="fault_while_peers_create", fault_ranks=[2],
+        abort_once_creating=True, pg_timeout=60,
+    )  # fmt: skip
+    codes = ranks.wait(90)
+    assert codes == [0, 0, 0], ranks.logs()
+    for r in (0, 1):
+        assert (tmp_path / f"abort-saw-creation-{r}").exists(), ranks.logs()  # came during it
+        assert (tmp_path / f"subgroup-{r}").exists(), ranks.logs()  # and let it end
+    assert all(ranks.result(r)["world"] == 3 for r in range(3)), ranks.logs()
+
+
 def test_a_rank_dying_before_init_process_group_does_not_hold_the_others_in_its_rendezvous(
     tmp_path,
 ):
     """Rank 1 is SIGKILLed before its ``init_process_group``: rank 0 waits in its rendezvous,
-    a store read inside torch's group creation, for an address that never comes. The abort
-    cuts that read short, so it restarts at once (not after the 10 s soft and 20 s hard
-    timeouts, which used to end every rank: no such fault may appear). Rank 2, restarted
+    a store read inside torch's group creation, for an address that never comes. The abort,
+    once the creation's grace ran out, cuts that read short, so it restarts then (not after
+    the 10 s soft and 20 s hard timeouts, which used to end every rank: no such fault may
+    appear). Rank 2, restarted
     before it entered its own ``init_process_group``, names the next round's group as rank 0
     does: they finish as two."""
     ranks = launch(

@@ -7,12 +7,14 @@ import functools
 import os
 import select
 import socket
+import threading
 from collections.abc import Iterator
 
 import pytest
 from torch.distributed import distributed_c10d as c10d
 
 from nvrx.inprocess import gloo_abort
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs Linux /proc")
 
@@ -441,3 +443,64 @@ def test_sockets_shut_down_are_released_by_the_last_uninstall_or_at_once_after_i
             assert select.select([peer], [], [], 0.05)[0] == [], "the peer got end-of-file or a reset"
             gloo_abort.uninstall()
         _peer_writes_fail(peer, "the peer's writes still succeed: the shut-down socket is still held")
+
+
+@pytest.fixture()
+def blocking_factory(original, monkeypatch):
+    """torch's factory replaced by one that creates only once ``release`` is set (raising
+    when ``fail`` is), tracked from here on."""
+    release, fail = threading.Event(), threading.Event()
+
+    def factory(*args, **kwargs):
+        release.wait(30)
+        if fail.is_set():
+            raise RuntimeError("creation failed")
+        return _Group()
+
+    monkeypatch.setattr(gloo_abort, "_record", lambda name, inodes: None)
+    monkeypatch.setattr(gloo_abort, "_refusing", 0)
+    c10d._new_process_group_helper = factory
+    assert gloo_abort.install()
+    yield release, fail
+    release.set()
+
+
+def _create_in_thread() -> tuple[threading.Thread, list]:
+    """A thread inside a tracked creation, and where its outcome goes."""
+    outcome: list = []
+
+    def create() -> None:
+        try:
+            outcome.append(c10d._new_process_group_helper())
+        except RuntimeError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=create)
+    thread.start()
+    wait_until("the thread inside the creation", gloo_abort.creating, 10)
+    return thread, outcome
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["completes", "raises"])
+def test_an_abort_awaits_a_creation_in_flight_and_refuses_new_ones_until_it_ends(
+    blocking_factory, fails
+):
+    release, fail = blocking_factory
+    thread, outcome = _create_in_thread()
+    assert gloo_abort.await_creations(0.05) is False  # still in flight: the grace ran out
+    gloo_abort.allow_creations()
+    if fails:
+        fail.set()
+    release.set()
+    assert gloo_abort.await_creations(10) is True  # it ended (made its group, or raised)
+    thread.join(10)
+    assert isinstance(outcome[0], RuntimeError if fails else _Group)
+    with pytest.raises(RuntimeError, match="while an abort is in progress"):
+        c10d._new_process_group_helper()  # the abort is not over: no new creation starts
+    gloo_abort.await_creations(0)  # a second abort meanwhile: one ending lifts no refusal
+    gloo_abort.allow_creations()
+    with pytest.raises(RuntimeError, match="while an abort is in progress"):
+        c10d._new_process_group_helper()
+    gloo_abort.allow_creations()
+    fail.clear()
+    assert isinstance(c10d._new_process_group_helper(), _Group)
