@@ -16,7 +16,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -712,6 +712,30 @@ def test_an_agent_whose_ranks_place_its_predecessor_ended_takes_the_hosts_next(b
     assert int(base.add(keys.HOST_COUNT, 0)) == 2
 
 
+def _h1_agent_ends_its_place(base: Any, rank: int, wrap: Callable[[int], Any]) -> tuple[int, float, Any]:
+    """h1's place with its only rank ``rank`` listed; h1's agent, through the store
+    ``wrap(slot)``, hears that rank beat and end, and ends the place. The place's slot, when
+    the agent began, and that store."""
+    slot = register(base, _h1(base))
+    list_rank(base, slot, rank)
+    address = f"\0nvrx-test-{uuid.uuid4().hex}"
+    sock, sender = BeatSocket(address), BeatSender(address)
+    store = wrap(slot)
+    ending = node_agent.NodeAgent(HostConfig.of(_config(store_port=base.port)), sock,
+                                  lambda kind, **f: None, "h1", store=store)  # fmt: skip
+    try:
+        t = time.monotonic()
+        assert sender.send(Beat(rank, pid=2000 + rank, timeout=TIMEOUT, slot=slot))
+        assert ending.step(t)
+        assert sender.send(Beat(rank, pid=2000 + rank, timeout=TIMEOUT, slot=slot, bye=True))
+        ending.step(t + INTERVAL)
+        assert ending.finished(t + INTERVAL, t) and host_ring.claimed(base, slot)
+    finally:
+        sock.close(unlink=False)
+        sender.close()
+    return slot, t, store
+
+
 def test_a_rank_listed_as_its_hosts_agent_ends_the_place_is_taken_out_with_the_next(
     base, hosts, thawed
 ) -> None:
@@ -720,22 +744,7 @@ def test_a_rank_listed_as_its_hosts_agent_ends_the_place_is_taken_out_with_the_n
     yet, and beats for the ended place. The agent its beat starts takes h1's next place;
     when that agent falls silent, the host watching it takes rank 3 out."""
     view = _round(base)
-    slot = register(base, _h1(base))
-    list_rank(base, slot, 2)
-    address = f"\0nvrx-test-{uuid.uuid4().hex}"
-    sock, sender = BeatSocket(address), BeatSender(address)
-    cfg = HostConfig.of(_config(store_port=base.port))
-    ending = node_agent.NodeAgent(cfg, sock, lambda kind, **f: None, "h1", store=_ListsOnClaim(base, slot, 3))
-    try:
-        t = time.monotonic()
-        assert sender.send(Beat(2, pid=2002, timeout=TIMEOUT, slot=slot))
-        assert ending.step(t)
-        assert sender.send(Beat(2, pid=2002, timeout=TIMEOUT, slot=slot, bye=True))
-        ending.step(t + INTERVAL)
-        assert ending.finished(t + INTERVAL, t) and host_ring.claimed(base, slot)
-    finally:
-        sock.close(unlink=False)
-        sender.close()
+    slot, t, _ = _h1_agent_ends_its_place(base, 2, lambda slot: _ListsOnClaim(base, slot, 3))
     thawed.beat(3, slot)  # rank 3's monitor beats for the place it listed itself in
     assert thawed.agent.step(t + 2 * INTERVAL) and thawed.agent.slot != slot
     a = hosts("h0", [0, 1])  # watches h1's next place, the last one
@@ -784,23 +793,7 @@ def test_a_rank_carried_to_its_hosts_next_place_that_ends_is_left_alone_there(
     it takes rank 3 out; rank 2 is."""
     monkeypatch.setenv("NVRX_HOST_ID", "h1")
     view = _round(base)
-    slot = register(base, _h1(base))
-    list_rank(base, slot, 1)
-    address = f"\0nvrx-test-{uuid.uuid4().hex}"
-    sock, sender = BeatSocket(address), BeatSender(address)
-    cfg = HostConfig.of(_config(store_port=base.port))
-    store = _LinksOnClaim(base, slot, 3)
-    ending = node_agent.NodeAgent(cfg, sock, lambda kind, **f: None, "h1", store=store)
-    try:
-        t = time.monotonic()
-        assert sender.send(Beat(1, pid=2001, timeout=TIMEOUT, slot=slot))
-        assert ending.step(t)
-        assert sender.send(Beat(1, pid=2001, timeout=TIMEOUT, slot=slot, bye=True))
-        ending.step(t + INTERVAL)
-        assert ending.finished(t + INTERVAL, t) and host_ring.claimed(base, slot)
-    finally:
-        sock.close(unlink=False)
-        sender.close()
+    slot, t, store = _h1_agent_ends_its_place(base, 1, lambda slot: _LinksOnClaim(base, slot, 3))
     assert store.link is not None and store.link.slot == slot
     thawed.beat(3, slot)  # rank 3's monitor beats for the place it listed itself in
     now = t + 2 * INTERVAL
@@ -1275,23 +1268,8 @@ def test_a_rank_that_moves_on_from_its_hosts_ended_place_stays_live_in_the_next(
     rank 3 out."""
     monkeypatch.setenv("NVRX_HOST_ID", "h1")
     view = _round(base)
-    slot = register(base, _h1(base))
-    list_rank(base, slot, 1)
-    address = f"\0nvrx-test-{uuid.uuid4().hex}"
-    sock, sender = BeatSocket(address), BeatSender(address)
-    store = _MovesOn(base, slot)
-    ending = node_agent.NodeAgent(HostConfig.of(_config(store_port=base.port)), sock,
-                                  lambda kind, **f: None, "h1", store=store)  # fmt: skip
-    try:
-        t = time.monotonic()
-        assert sender.send(Beat(1, pid=2001, timeout=TIMEOUT, slot=slot))
-        assert ending.step(t)
-        assert sender.send(Beat(1, pid=2001, timeout=TIMEOUT, slot=slot, bye=True))
-        ending.step(t + INTERVAL)
-        assert ending.finished(t + INTERVAL, t) and store.step == 2
-    finally:
-        sock.close(unlink=False)
-        sender.close()
+    slot, t, store = _h1_agent_ends_its_place(base, 1, lambda slot: _MovesOn(base, slot))
+    assert store.step == 2
     following = register(base, _h1(base))  # the monitor goes on there, as AgentLink does
     list_rank(base, following, 3)
     assert live_ranks(base, following) == [3]
