@@ -137,7 +137,8 @@ def _next_round(call: RoundCall, run: RoundRun, signal: BaseException | None) ->
     terminated = {int(r) for r in decision["terminated"]}
     if rank not in terminated:  # its monitor: the next round counts it (place_in_next_round)
         call.services.board.set_flag(FLAG_RELEASED, True)
-    terminated -= _take_back(call, run.store, terminated)
+    rejoined = _take_back(call, run.store, terminated)
+    terminated -= rejoined
     if terminated:
         call.emit("ranks_terminated", ranks=sorted(terminated))
     checked = rounds.checked_fault_records(run.store)
@@ -155,7 +156,7 @@ def _next_round(call: RoundCall, run: RoundRun, signal: BaseException | None) ->
     # long as it says; one that waits for none (the default one) is watched without a limit
     wait_s = assignment_wait_s(call.assignment, w.barrier_timeout)
     with call.phase("rank_assignment"), board.waiting(wait_s) if wait_s else contextlib.nullcontext():
-        assign(call, terminated)
+        assign(call, terminated, rejoined)
     call.state.iteration = int(decision["job_restarts"])
     call.state.fn_exception = None
 
@@ -224,16 +225,18 @@ def _take_back(call: RoundCall, store: Any, terminated: set[int]) -> set[int]:
         )
 
 
-def assign(call: RoundCall, terminated: set[int]) -> None:
+def assign(call: RoundCall, terminated: set[int], rejoined: set[int]) -> None:
     """Run the ``rank_assignment`` plug-in, then an old-style ``rank_filter``; the rank's State
-    for the next round.
+    for the next round. ``rejoined``: the ranks whose replacement was taken back into it.
 
     An assignment that does not choose the active ranks (``ShiftRanks`` alone, say) leaves
     every rank active, in every round: its output still has no mode, or it is the previous
     round's activation, untouched, which no longer fits the world (more active ranks than
     ranks) and would give the function a stale ``RANK`` and ``WORLD_SIZE``."""
     old = dataclasses.replace(call.state)
-    ctx = call.assignment(RankAssignmentCtx(call.state, call.round_store, set(terminated)))
+    ctx = call.assignment(
+        RankAssignmentCtx(call.state, call.round_store, set(terminated), set(rejoined))
+    )
     if not hasattr(ctx, "state"):  # (a context of its own with a state is taken, as by the reference)
         raise TypeError(
             f"rank_assignment {call.assignment!r} returned {ctx!r}: it must return the "

@@ -128,6 +128,7 @@ class CallWrapper:
         self.rounds_run = 0
         self.pending_latency_from: float | None = None  # when the fault behind a restart was seen
         self._first_terminated: set[int] = set()
+        self._first_rejoined: set[int] = set()  # a replacement: its own rank (``_resume``)
         self._arguments: tuple[tuple[Any, ...], dict[str, Any]] | None = None
         self._hang_protection_off = 0  # depth of nested ``disable_hang_protection()`` blocks
         self._hang_protection_lock = threading.Lock()  # blocks of several threads at once
@@ -169,6 +170,7 @@ class CallWrapper:
         self.enter_round(admission.round)
         self.state = rejoin.admitted_state(admission, self.initial_rank, self.initial_world_size)
         self._first_terminated = set(admission.terminated)
+        self._first_rejoined = {self.state.rank}
         local_rank = os.environ.get("LOCAL_RANK", "")
         self.emit(
             "rejoin",
@@ -326,7 +328,7 @@ class CallWrapper:
     ) -> Any:
         """Rounds until one completes (its value) or this rank leaves (its exception is raised)."""
         with self.phase("rank_assignment"):
-            between_rounds.assign(self, self._first_terminated)
+            between_rounds.assign(self, self._first_terminated, self._first_rejoined)
         while True:
             self.rounds_run += 1
             self._hang_protection_back()

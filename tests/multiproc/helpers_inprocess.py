@@ -307,6 +307,10 @@ def _rank_main(tmp: Path) -> int:
         wkw["rank_assignment"] = inprocess.Compose(
             MaxActiveWorldSize(params["max_active"]), ShiftRanks()
         )
+    elif params.get("tree"):
+        from nvrx.inprocess.rank_assignment.tree import Layer, LayerFlag, Tree
+
+        wkw["rank_assignment"] = Tree([Layer(key_or_fn="job", flag=LayerFlag.RESERVE)])
     else:
         wkw["rank_assignment"] = inprocess.Compose(ActivateAllRanks(), ShiftRanks())
     if params.get("die_in_assignment") == initial_rank and not os.environ.get("NVRX_RESTART_COUNT"):
@@ -392,6 +396,8 @@ def _rank_main(tmp: Path) -> int:
                 time.sleep(300)
             if fault == "base_exception":
                 raise KeyboardInterrupt("injected")
+        if [initial_rank, it] in params.get("raise_at", []):
+            raise RuntimeError(f"injected fault on rank {initial_rank} in iteration {it}")
         if fault == "atomic" and it < fault_rounds and initial_rank not in fault_ranks:
             _wait_for_files(tmp, "atomic-*.entered", len(fault_ranks), "the faulty ranks' atomic()")
             raise RuntimeError("peer fault while rank is in atomic()")

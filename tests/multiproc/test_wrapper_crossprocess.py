@@ -134,3 +134,22 @@ def test_the_replacement_of_a_rank_dead_between_two_rounds_rejoins_at_once(tmp_p
         assert dead == [(2, 1)], ranks.logs()
         late = [f for f in faults if f["fault_kind"] in ("unresponsive", "hang_soft", "hang_hard")]
         assert not late, ranks.logs()
+
+
+def test_a_replacement_under_a_tree_assignment_restarts_with_the_survivors(tmp_path):
+    """The replacement of a dead rank rejoins a job whose rank assignment is a ``Tree``; a
+    later fault restarts every rank, the replacement too, with the same tree."""
+    with StoreService("127.0.0.1", 0, node=None) as service:
+        env = {
+            "NVRX_STORE_HOST": "127.0.0.1",
+            "NVRX_STORE_PORT": str(service.port),
+            "NVRX_SUPERVISED": "1",
+        }
+        params = dict(wrapper=dict(FAST, rejoin_timeout=40), env=env, tree=True, raise_at=[[0, 1]])
+        ranks = launch(tmp_path, 3, fault="sigkill", fault_ranks=[1], **params)
+        assert ranks.procs[1].wait(60) == -9, ranks.logs()
+        ranks.procs[1] = spawn(ranks, 1, params, {"NVRX_RESTART_COUNT": "1"})
+        assert ranks.wait(120) == [0, 0, 0], ranks.logs()
+        for rank in range(3):
+            assert ranks.result(rank)["world"] == 3, ranks.logs()
+        assert [c["iteration"] for c in ranks.calls(1)] == [0, 1, 2], ranks.logs()

@@ -349,13 +349,13 @@ def test_an_assignment_that_picks_no_active_ranks_keeps_every_rank_active_after_
             round_store=None,
             emit=lambda kind, **fields: None,
         )
-        between_rounds.assign(call, set())
+        between_rounds.assign(call, set(), set())
         assert (call.state.mode, call.state.active_rank) == (Mode.ACTIVE, rank)
         assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == (str(rank), "4")
         for shrink in (1, 2):
             if call.state.rank == 0:
                 break
-            between_rounds.assign(call, {0})
+            between_rounds.assign(call, {0}, set())
             seen[rank, shrink] = (
                 call.state.rank,
                 call.state.active_rank,
@@ -422,6 +422,40 @@ def test_tree_is_rebuilt_when_the_wrapper_starts_a_new_call():
     }
 
 
+@pytest.mark.timeout(120)
+def test_a_replacement_process_takes_over_the_tree_its_survivors_hold():
+    """Rank 0's process dies and its replacement is taken back into round 1 with a Tree of
+    its own that served no call: the lowest survivor hands its tree over in that round's
+    store, and in round 2, where rank 4 leaves, every rank (the replacement too) gives
+    rank 4's index to the same spare of its host, the one taken last of the two."""
+    import torch.distributed as dist
+
+    world = 8
+    layers = _host_layers(1, 2)
+
+    def rank_fn(rank, store):
+        def ctx(state, round_, terminated, rejoined):
+            round_store = dist.PrefixStore(f"round{round_}", store)
+            return RankAssignmentCtx(state, round_store, terminated, rejoined)
+
+        tree = Tree(layers)
+        state = tree(ctx(State(rank=rank, world_size=world), 0, set(), set())).state
+        if rank == 0:  # the replacement process: the dead one's state, no tree
+            tree = Tree(layers)
+        state = tree(ctx(state, 1, set(), {0})).state
+        state = tree(ctx(state, 2, {4}, set())).state
+        view = {i: (leaf.state.mode, leaf.state.active_rank) for i, leaf in tree.init_rank_map.items()}
+        return state, view
+
+    results, errors = run_ranks_with_store(world, rank_fn)
+    assert set(errors) == {4} and isinstance(errors[4], RankDiscarded), errors
+    views = [view for _, view in results.values()]
+    assert all(view == views[0] for view in views), views
+    assert views[0][7] == (Mode.ACTIVE, 2) and views[0][6] == (Mode.INACTIVE, None)
+    assert results[0][0].mode == Mode.ACTIVE and results[0][0].active_rank == 0
+    assert sorted(s.active_rank for s, _ in results.values() if s.mode == Mode.ACTIVE) == [0, 1, 2, 3]
+
+
 def test_an_assignment_that_returns_no_context_is_named():
     """A plug-in of the user's that forgets ``return ctx`` is named, with what to add."""
     from types import SimpleNamespace
@@ -433,4 +467,4 @@ def test_an_assignment_that_returns_no_context_is_named():
 
     call = SimpleNamespace(state=State(rank=0, world_size=1), assignment=forgets, round_store=None)
     with pytest.raises(TypeError, match=r"forgets.* returned None.*return ctx"):
-        between_rounds.assign(call, set())
+        between_rounds.assign(call, set(), set())

@@ -30,11 +30,16 @@ class RankAssignmentCtx:
         state: the Wrapper's state of this rank.
         store: the store of the current round (torch ``Store`` API).
         terminated_ranks: ranks (current ``state.rank`` numbering) that left.
+        rejoined_ranks: ranks (same numbering) whose process died and whose replacement
+            was taken back into this round (under a supervisor: ``rejoin``); on a
+            replacement, at least its own rank. An assignment that keeps what it learnt in
+            earlier calls (``Tree``) hands it to them; the others may ignore it.
     """
 
     state: State
     store: Any
     terminated_ranks: set[int]
+    rejoined_ranks: set[int] = dataclasses.field(default_factory=set)
 
 
 def terminated_set(ranks: Iterable[Any]) -> set[int]:

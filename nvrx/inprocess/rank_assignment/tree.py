@@ -71,6 +71,7 @@ class _Node:
 
     __slots__ = (
         "parent",
+        "key",
         "layer",
         "state",
         "children",
@@ -79,8 +80,11 @@ class _Node:
         "backfill_domain",
     )
 
-    def __init__(self, parent: _Node | None, layer: Layer | None, state: State | None) -> None:
+    def __init__(
+        self, parent: _Node | None, layer: Layer | None, state: State | None, key: Any = None
+    ) -> None:
         self.parent = parent
+        self.key = key  # under its parent (a leaf: its initial rank)
         self.layer = layer
         self.state = state
         self.children: dict[Any, _Node] = {}
@@ -101,6 +105,13 @@ class _Node:
                 stack.append(iter(child.children.values()))
             else:
                 yield child
+
+    def branches(self) -> Iterable[_Node]:
+        """This branch and every branch below it, depth first, parents first."""
+        yield self
+        for child in self.children.values():
+            if child.children:
+                yield from child.branches()
 
     def ancestors(self) -> Iterable[_Node]:
         node = self.parent
@@ -141,6 +152,10 @@ def _layer_list(layers: Iterable[Layer]) -> list[Layer]:
     return listed
 
 
+RUNNING_KEY = "nvrx_tree/running"  # the tree a replacement takes over (in the round's store)
+_HANDED_OVER = ("initial_rank", "rank", "active_rank", "active_world_size", "world_size")
+
+
 class Tree(RankAssignment):
     """Topology-aware assignment and activation in one step (not composable with others).
 
@@ -158,7 +173,11 @@ class Tree(RankAssignment):
     5. ``world_size_filter(active_world_size) -> n`` (n <= input) deactivates surplus ranks.
 
     The tree is rebuilt whenever the Wrapper starts a new call (the state is
-    ``Mode.INITIALIZED``), never reused from an earlier call.
+    ``Mode.INITIALIZED``), never reused from an earlier call. Under a supervisor,
+    the replacement of a dead process taken back into the job
+    (``RankAssignmentCtx.rejoined_ranks``) holds no tree: the lowest survivor hands
+    its tree over in the round's store, and the replacement takes it over before
+    the round's terminations are applied, so every rank works on the same one.
 
     Args:
         layers: levels of the topology, root first.
@@ -228,7 +247,7 @@ class Tree(RankAssignment):
             raise RuntimeError(
                 f"Tree: every rank must share the root key (first layer), got {sorted(roots)}"
             )
-        self.tree = _Node(None, self.layers[0], None)
+        self.tree = _Node(None, self.layers[0], None, entries[0]["keys"][0])
         self.rank_map, self.init_rank_map = {}, {}
         for entry in entries:
             if len(entry["keys"]) != len(self.layers):
@@ -236,9 +255,6 @@ class Tree(RankAssignment):
                     f"Tree: rank {entry['rank']} sent {len(entry['keys'])} keys for "
                     f"{len(self.layers)} layers"
                 )
-            node = self.tree
-            for key, layer in zip(entry["keys"][1:], self.layers[1:], strict=True):
-                node = node.children.setdefault(key, _Node(node, layer, None))
             leaf_state = dataclasses.replace(
                 state,
                 rank=entry["rank"],
@@ -247,10 +263,7 @@ class Tree(RankAssignment):
                 mode=Mode.INITIALIZED,
                 fn_exception=None,
             )
-            leaf = _Node(node, None, leaf_state)
-            node.children[("leaf", entry["initial_rank"])] = leaf
-            self.init_rank_map[entry["initial_rank"]] = leaf
-            self.rank_map[entry["rank"]] = leaf
+            self.rank_map[entry["rank"]] = self._place(entry["keys"], leaf_state)
         for index, leaf in enumerate(self.tree.leaves()):
             if index != leaf.state.rank:
                 warnings.warn(
@@ -261,10 +274,19 @@ class Tree(RankAssignment):
                 break
         self._activate_leaves()
 
+    def _place(self, keys: list[str], leaf_state: State) -> _Node:
+        """Add the leaf of ``leaf_state`` under the branches of its ``keys`` (made as needed)."""
+        node = self.tree
+        for key, layer in zip(keys[1:], self.layers[1:], strict=True):
+            node = node.children.setdefault(key, _Node(node, layer, None, key))
+        leaf = _Node(node, None, leaf_state, leaf_state.initial_rank)
+        node.children[("leaf", leaf_state.initial_rank)] = leaf
+        self.init_rank_map[leaf_state.initial_rank] = leaf
+        return leaf
+
     def _activate_leaves(self) -> None:
         """Make leaves active in tree order while every layer above them has room, the others
-        inactive; then give each leaf its backfill domain (its outermost run of ``BACKFILL``
-        ancestors from the leaf up)."""
+        inactive; then give each leaf its backfill domain."""
         active = 0
         for leaf in self.tree.leaves():
             path = list(leaf.ancestors())
@@ -277,12 +299,84 @@ class Tree(RankAssignment):
                 leaf.set_inactive()
         for leaf in self.tree.leaves():
             leaf.state.active_world_size = active
+        self._set_backfill_domains()
+
+    def _set_backfill_domains(self) -> None:
+        """Give each leaf its backfill domain: its outermost run of ``BACKFILL`` ancestors
+        from the leaf up."""
+        for leaf in self.tree.leaves():
             domain = None
             for anc in leaf.ancestors():
                 if not anc._flagged(LayerFlag.BACKFILL):
                     break
                 domain = anc
             leaf.backfill_domain = domain
+
+    # -- the tree of a call -------------------------------------------------------
+    def _tree_for(
+        self, ctx: RankAssignmentCtx, state: State, terminated: set[int]
+    ) -> tuple[State, set[int]]:
+        """Have the tree this call works on: built at the start of a Wrapper call, taken over
+        from the survivors by a replacement process, handed over by the lowest survivor
+        when replacements came back. Returns the rank's state and the terminated ranks in
+        the tree's numbering."""
+        rejoined = terminated_set(ctx.rejoined_ranks)
+        if self.tree is None and state.rank in rejoined:
+            self._take_over(state, ctx.store)
+        elif self.tree is None or (state.mode == Mode.INITIALIZED and self._used):
+            return self._build_from_store(state, ctx.store, terminated), set()
+        elif rejoined and state.rank == min(
+            set(range(state.world_size)) - terminated - rejoined, default=None
+        ):
+            ctx.store.set(RUNNING_KEY, json.dumps(self._running()))
+        return state, terminated
+
+    def _running(self) -> dict[str, Any]:
+        """The tree as it stands (JSON), for a replacement process to hold the same one: each
+        leaf with its keys and state in tree order, each branch's spares in the order they
+        are taken, the current numbering."""
+        leaves = []
+        for leaf in self.tree.leaves():
+            s = leaf.state
+            leaves.append(
+                {
+                    "keys": [anc.key for anc in reversed(list(leaf.ancestors()))],
+                    "initial_rank": s.initial_rank,
+                    "rank": s.rank,
+                    "mode": s.mode.name,
+                    "active_rank": s.active_rank,
+                    "active_world_size": s.active_world_size,
+                    "world_size": s.world_size,
+                }
+            )
+        return {
+            "builds": self._builds,
+            "leaves": leaves,
+            "spares": [list(branch.spares) for branch in self.tree.branches()],
+            "rank_map": [[i, leaf.state.initial_rank] for i, leaf in self.rank_map.items()],
+        }
+
+    def _take_over(self, state: State, store: Any) -> None:
+        """A replacement process, in the round it was taken back into: hold the tree that
+        the lowest survivor handed over there (``_running``)."""
+        store.wait([RUNNING_KEY])
+        running = json.loads(store.get(RUNNING_KEY))
+        state = State(**{f.name: getattr(state, f.name) for f in dataclasses.fields(state)})
+        self._builds = running["builds"]
+        self.tree = _Node(None, self.layers[0], None, running["leaves"][0]["keys"][0])
+        self.init_rank_map = {}
+        for entry in running["leaves"]:
+            leaf_state = dataclasses.replace(
+                state,
+                **{k: entry[k] for k in _HANDED_OVER},
+                mode=Mode[entry["mode"]],
+                fn_exception=None,
+            )
+            self._place(entry["keys"], leaf_state)
+        for branch, spares in zip(self.tree.branches(), running["spares"], strict=True):
+            branch.spares = {i: self.init_rank_map[i] for i in spares}
+        self.rank_map = {i: self.init_rank_map[initial] for i, initial in running["rank_map"]}
+        self._set_backfill_domains()
 
     # -- reassignment -----------------------------------------------------------
     def _propagate(self, node: _Node, terminated: set[int]) -> None:
@@ -364,8 +458,7 @@ class Tree(RankAssignment):
         unknown = {r for r in terminated if r >= state.world_size}
         if unknown:
             raise ValueError(f"Tree: terminated ranks {sorted(unknown)} are not ranks of this job")
-        if self.tree is None or (state.mode == Mode.INITIALIZED and self._used):
-            state, terminated = self._build_from_store(state, ctx.store, terminated), set()
+        state, terminated = self._tree_for(ctx, state, terminated)
         self._used = True
         for leaf in self.tree.leaves():
             leaf.state.iteration = state.iteration
