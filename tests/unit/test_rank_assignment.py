@@ -424,36 +424,47 @@ def test_tree_is_rebuilt_when_the_wrapper_starts_a_new_call():
 
 @pytest.mark.timeout(120)
 def test_a_replacement_process_takes_over_the_tree_its_survivors_hold():
-    """Rank 0's process dies and its replacement is taken back into round 1 with a Tree of
-    its own that served no call: the lowest survivor hands its tree over in that round's
-    store, and in round 2, where rank 4 leaves, every rank (the replacement too) gives
-    rank 4's index to the same spare of its host, the one taken last of the two."""
+    """Rank 1 leaves in round 1 (a spare of its host takes its index). In round 2, rank 0's
+    process dies and its replacement is taken back with a Tree of its own that served no
+    call, and rank 3 (initial rank 4) leaves: the lowest survivor hands its tree over in
+    that round's store, and every rank, the replacement too, gives rank 3's index to the
+    same spare of its host (the one taken last of the two). A new Wrapper call then
+    rebuilds the tree on every rank alike."""
     import torch.distributed as dist
 
     world = 8
     layers = _host_layers(1, 2)
 
     def rank_fn(rank, store):
-        def ctx(state, round_, terminated, rejoined):
+        def call(tree, state, round_, terminated=(), rejoined=()):
             round_store = dist.PrefixStore(f"round{round_}", store)
-            return RankAssignmentCtx(state, round_store, terminated, rejoined)
+            ctx = RankAssignmentCtx(state, round_store, set(terminated), set(rejoined))
+            return tree(ctx).state
 
         tree = Tree(layers)
-        state = tree(ctx(State(rank=rank, world_size=world), 0, set(), set())).state
+        state = call(tree, State(rank=rank, world_size=world), 0)
+        state = call(tree, state, 1, {1})
         if rank == 0:  # the replacement process: the dead one's state, no tree
             tree = Tree(layers)
-        state = tree(ctx(state, 1, set(), {0})).state
-        state = tree(ctx(state, 2, {4}, set())).state
+        state = call(tree, state, 2, {3}, rejoined={0})
         view = {i: (leaf.state.mode, leaf.state.active_rank) for i, leaf in tree.init_rank_map.items()}
-        return state, view
+        fresh = State(rank=state.rank, world_size=state.world_size)  # a new Wrapper call
+        return state, view, call(tree, fresh, 3)
 
     results, errors = run_ranks_with_store(world, rank_fn)
-    assert set(errors) == {4} and isinstance(errors[4], RankDiscarded), errors
-    views = [view for _, view in results.values()]
+    assert set(errors) == {1, 4} and all(isinstance(errors[r], RankDiscarded) for r in (1, 4)), errors
+    views = [view for _, view, _ in results.values()]
     assert all(view == views[0] for view in views), views
+    assert views[0][3] == (Mode.ACTIVE, 1) and views[0][2] == (Mode.INACTIVE, None)  # round 1
     assert views[0][7] == (Mode.ACTIVE, 2) and views[0][6] == (Mode.INACTIVE, None)
     assert results[0][0].mode == Mode.ACTIVE and results[0][0].active_rank == 0
-    assert sorted(s.active_rank for s, _ in results.values() if s.mode == Mode.ACTIVE) == [0, 1, 2, 3]
+    actives = sorted(s.active_rank for s, _, _ in results.values() if s.mode == Mode.ACTIVE)
+    assert actives == [0, 1, 2, 3]
+    rebuilt = {r: (s.rank, s.world_size, s.mode) for r, (_, _, s) in results.items()}
+    assert rebuilt == {
+        0: (0, 6, Mode.ACTIVE), 2: (1, 6, Mode.ACTIVE), 3: (2, 6, Mode.INACTIVE),
+        5: (3, 6, Mode.INACTIVE), 6: (4, 6, Mode.ACTIVE), 7: (5, 6, Mode.ACTIVE),
+    }  # fmt: skip (the hosts of the new call: its ranks // 4)
 
 
 def test_an_assignment_that_returns_no_context_is_named():

@@ -32,7 +32,7 @@ class RankAssignmentCtx:
         terminated_ranks: ranks (current ``state.rank`` numbering) that left.
         rejoined_ranks: ranks (same numbering) whose process died and whose replacement
             was taken back into this round (under a supervisor: ``rejoin``); on a
-            replacement, at least its own rank. An assignment that keeps what it learnt in
+            replacement, its own rank only. An assignment that keeps what it learnt in
             earlier calls (``Tree``) hands it to them; the others may ignore it.
     """
 
