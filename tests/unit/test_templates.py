@@ -300,6 +300,29 @@ def test_nvrx_srun_refuses_what_the_supervisors_would_before_it_runs_srun(
 
 
 @pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("NVRX_SIGNAL_DELAY_S", "90s", "NVRX_SIGNAL_DELAY_S='90s' is not a number"),
+        ("NVRX_MAX_TIME_LIMIT_REQUEUES", "-1", "NVRX_MAX_TIME_LIMIT_REQUEUES='-1' must not be negative"),
+        ("NVRX_PREEMPT_WINDOW_S", "soon", "NVRX_PREEMPT_WINDOW_S='soon' is not a number"),
+    ],
+)
+def test_nvrx_srun_refuses_a_bad_warning_setting_before_it_runs_srun(
+    tmp_path: Path, variable: str, value: str, message: str
+) -> None:
+    """Before: the check let it pass, srun ran, and every node's supervisor ended with a
+    traceback and exit 1 (an internal error) as it started."""
+    done = subprocess.run(
+        [sys.executable, "-m", "nvrx.slurm.srun_cli", "--", "true"],
+        env={**_allocation(tmp_path), variable: value}, cwd=tmp_path, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [f"nvrx-srun: error: {message}"]
+    assert not (tmp_path / "srun.args").exists()
+
+
+@pytest.mark.parametrize(
     "argv",
     [
         ["--nproc-per-node", "2", "--max-restarts", "0", "--", "true"],
