@@ -111,7 +111,7 @@ def test_the_written_nvrx_srun_path_reaches_the_shell_as_it_is(srun: str) -> Non
     assert subprocess.run(["bash", "-n"], input=rendered, text=True).returncode == 0
     # the lines that set NVRX_SRUN: between the one before them and the one after
     start = rendered.index("\n", rendered.index("export NVRX_SIGNAL_DELAY_S=")) + 1
-    setting = rendered[start : rendered.index('echo "nvrx: job $SLURM_JOB_ID', start)]
+    setting = rendered[start : rendered.index('if ! command -v "$NVRX_SRUN"', start)]
     script = f'set -euo pipefail\n{setting}printf %s "$NVRX_SRUN"\n'
     base = {"PATH": os.environ["PATH"]}
     for given, expected in ((None, srun), ("", srun), ("/given/nvrx-srun", "/given/nvrx-srun")):
@@ -188,6 +188,20 @@ def test_a_template_exits_with_the_supervisors_code(tmp_path: Path) -> None:
 def test_a_template_without_a_command_says_so(tmp_path: Path) -> None:
     done = _run(tmp_path, "train_requeue", [])
     assert done.returncode == 2 and "no training command" in done.stderr
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_template_without_an_nvrx_srun_to_run_says_what_to_fix(tmp_path: Path, name: str) -> None:
+    """Before: bash's "No such file or directory", then "supervisors ended with exit code 127",
+    though no supervisor had run."""
+    missing = str(tmp_path / "no env" / "bin" / "nvrx-srun")
+    done = _run(tmp_path, name, ["python", "t.py"], NVRX_SRUN=missing)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"nvrx: no nvrx-srun to run at {missing}: install nvrx where the job runs, set NVRX_SRUN "
+        "to its nvrx-srun, or write this script with nvrx-template"
+    ]  # fmt: skip
+    assert "supervisors ended" not in done.stdout
 
 
 def test_the_spare_template_needs_a_training_node(tmp_path: Path) -> None:
