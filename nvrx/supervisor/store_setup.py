@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from nvrx import jobenv
 from nvrx.signal_pipe import STOP_SIGNALS, SignalPipe
 from nvrx.store import rounds
 from nvrx.store.service import (
@@ -11,7 +12,7 @@ from nvrx.store.service import (
     StorePortInUse,
     StoreService,
     StoreUnavailable,
-    port_is_free,
+    store_port_is_free,
     wait_for_store,
 )
 
@@ -37,9 +38,23 @@ def snapshot_spec(
 
 
 def check_store_port(cfg: SupervisorConfig) -> None:
-    """Node 0: fail at once (exit 2) when the store's port is taken, before anything starts."""
-    if cfg.node_rank == 0 and not port_is_free(cfg.store_host, cfg.store_port):
-        raise SupervisorError(ExitCode.USAGE, str(StorePortInUse(cfg.store_host, cfg.store_port)))
+    """Node 0: fail at once (exit 2) when the store's port is taken where it will listen, or
+    its host is an address of no interface here, before anything starts."""
+    if cfg.node_rank != 0:
+        return
+    host, port = cfg.store_host, cfg.store_port
+    try:
+        free = store_port_is_free(host, port)
+    except OSError as exc:
+        raise SupervisorError(
+            ExitCode.USAGE,
+            f"node 0's store cannot listen at {host}:{port} on this machine "
+            f"({exc.strerror or exc}): {host} (--master-addr, else the first node of the SLURM "
+            f"job) must be an address of node 0, or set {jobenv.STORE_BIND}=all to listen on "
+            "every interface",
+        ) from None
+    if not free:
+        raise SupervisorError(ExitCode.USAGE, str(StorePortInUse(host, port)))
 
 
 def launch_store(cfg: SupervisorConfig) -> StoreService | None:

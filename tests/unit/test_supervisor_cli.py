@@ -269,3 +269,15 @@ def test_torchruns_topology_variables_are_the_defaults_outside_slurm() -> None:
     )  # fmt: skip
     cfg, _ = config_from_args(["--node-rank", "1", "--", "python"], env)
     assert cfg.job.node_rank == 1  # an option given wins
+
+
+@pytest.mark.timeout(60)
+def test_a_store_host_that_is_another_machines_address_exits_2_naming_it(tmp_path) -> None:
+    """Before: a traceback from the bind (EADDRNOTAVAIL) and exit 1."""
+    result = _run("--master-addr", "192.0.2.1", "--master-port", "29500", "--store-port", "29507",
+                  "--log-dir", str(tmp_path), "--", "true")  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("nvrx-supervise: error: node 0's store cannot listen at 192.0.2.1:29507")
+    assert "must be an address of node 0, or set NVRX_STORE_BIND=all" in lines[0]
