@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from nvrx import jobenv
@@ -46,15 +47,27 @@ def check_store_port(cfg: SupervisorConfig) -> None:
     try:
         free = store_port_is_free(host, port)
     except OSError as exc:
-        raise SupervisorError(
-            ExitCode.USAGE,
-            f"node 0's store cannot listen at {host}:{port} on this machine "
-            f"({exc.strerror or exc}): {host} (--master-addr, else the first node of the SLURM "
-            f"job) must be an address of node 0, or set {jobenv.STORE_BIND}=all to listen on "
-            "every interface",
-        ) from None
+        raise SupervisorError(ExitCode.USAGE, _cannot_listen(host, port, exc)) from None
     if not free:
         raise SupervisorError(ExitCode.USAGE, str(StorePortInUse(host, port)))
+
+
+def _cannot_listen(host: str, port: int, exc: OSError) -> str:
+    """Why node 0's store cannot listen where it would, naming the setting that chose the
+    address: ``$NVRX_STORE_BIND`` where it is set (it wins over the host), else the host."""
+    why = exc.strerror or exc
+    bind = os.environ.get(jobenv.STORE_BIND)
+    if bind:
+        return (
+            f"node 0's store cannot listen at {jobenv.STORE_BIND}={bind!r} (port {port}) on this "
+            f"machine ({why}): set {jobenv.STORE_BIND} to an address of node 0, or to all to "
+            "listen on every interface"
+        )
+    return (
+        f"node 0's store cannot listen at {host}:{port} on this machine ({why}): {host} "
+        "(--master-addr, else the first node of the SLURM job) must be an address of node 0, "
+        f"or set {jobenv.STORE_BIND}=all to listen on every interface"
+    )
 
 
 def launch_store(cfg: SupervisorConfig) -> StoreService | None:
