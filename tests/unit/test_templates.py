@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -202,6 +203,45 @@ def test_a_template_without_an_nvrx_srun_to_run_says_what_to_fix(tmp_path: Path,
         "to its nvrx-srun, or write this script with nvrx-template"
     ]  # fmt: skip
     assert "supervisors ended" not in done.stdout
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_unwritten_template_runs_the_nvrx_srun_on_path_else_the_checkouts(
+    tmp_path: Path, name: str
+) -> None:
+    """Unwritten (``sbatch sbatch_templates/...`` from a checkout), a template runs the
+    nvrx-srun on PATH, else bin/nvrx-srun of the submit directory: its check for an
+    nvrx-srun to run finds both, and names the second when neither is there."""
+    ran = tmp_path / "ran"
+
+    def stand_in(folder: Path) -> Path:
+        folder.mkdir(parents=True)
+        srun = folder / "nvrx-srun"
+        srun.write_text(f'#!/bin/bash\necho "$0" > "{ran}"\n')  # builtins only: PATH is ours
+        srun.chmod(0o755)
+        return srun
+
+    script = tmp_path / f"{name}.sbatch"
+    script.write_text(template_cli.text(name))
+    submit = tmp_path / "checkout"
+    checkouts, on_path, empty = stand_in(submit / "bin"), stand_in(tmp_path / "venv bin"), tmp_path / "none"
+    slurm = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_JOB_NUM_NODES": "3",
+             "SLURM_SUBMIT_DIR": str(submit)}  # fmt: skip
+
+    def run(path: Path) -> subprocess.CompletedProcess[str]:
+        ran.unlink(missing_ok=True)
+        return subprocess.run([shutil.which("bash") or "/bin/bash", str(script), "true"],
+                              env={**slurm, "PATH": str(path)}, capture_output=True, text=True,
+                              timeout=30)  # fmt: skip
+
+    for path, expected in ((on_path.parent, on_path), (empty, checkouts)):
+        done = run(path)
+        assert done.returncode == 0, done.stderr
+        assert ran.read_text() == f"{expected}\n"
+    checkouts.unlink()
+    done = run(empty)
+    assert done.returncode == 2 and f"no nvrx-srun to run at {checkouts}: " in done.stderr
+    assert not ran.exists()
 
 
 def test_the_spare_template_needs_a_training_node(tmp_path: Path) -> None:
