@@ -36,10 +36,26 @@ log = logging.getLogger(__name__)
 
 def port_is_free(host: str, port: int) -> bool:
     """Whether a TCP server could bind ``host:port`` now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    return _can_bind(socket.AF_INET, (host, port))
+
+
+def store_port_is_free(host: str, port: int, bind: str | None = None) -> bool:
+    """Whether the store that clients reach at ``host`` could listen at ``port`` now, where it
+    will listen: ``bind`` (default ``$NVRX_STORE_BIND``, else ``host``), every interface for a
+    name that does not resolve here (``_listener``). OSError (EADDRNOTAVAIL) for an address
+    of no interface of this machine."""
+    entry, _ = _listen_address(bind or os.environ.get(jobenv.STORE_BIND) or host, port)
+    if entry is None:
+        return _can_bind(socket.AF_INET, ("", port))
+    family, _, _, _, address = entry
+    return _can_bind(family, address)
+
+
+def _can_bind(family: int, address: tuple[Any, ...]) -> bool:
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((host, port))
+            sock.bind(address)
         except OSError as exc:
             if exc.errno in (errno.EADDRINUSE, errno.EACCES):
                 return False
@@ -74,20 +90,12 @@ def _listener(bind: str, port: int) -> socket.socket | None:
     or a host name that resolves to a loopback address here although it is not
     ``localhost`` (as a Debian ``/etc/hosts`` maps a machine's own name to 127.0.1.1,
     where the other nodes could not reach it)."""
-    if bind in (BIND_ALL, "0.0.0.0", "::"):
+    entry, why = _listen_address(bind, port)
+    if why is not None:
+        log.warning("store: %s", why)
+    if entry is None:
         return None
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM)[0]
-    except socket.gaierror as exc:
-        log.warning("store: %s does not resolve here (%s): listening on every interface", bind, exc)
-        return None
-    if _names_loopback(bind, address[0]):
-        log.warning(
-            "store: %s resolves to %s here, which other nodes cannot reach: listening on every "
-            "interface (set NVRX_STORE_BIND to this node's address to listen on it alone)",
-            bind, address[0],
-        )  # fmt: skip
-        return None
+    family, kind, proto, _, address = entry
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -97,6 +105,23 @@ def _listener(bind: str, port: int) -> socket.socket | None:
         sock.close()
         raise
     return sock
+
+
+def _listen_address(bind: str, port: int) -> tuple[tuple[Any, ...] | None, str | None]:
+    """The ``getaddrinfo`` entry the store listens on for ``bind``, None for every interface
+    (``_listener``'s rule); and why every interface, where ``bind`` did not ask for it."""
+    if bind in (BIND_ALL, "0.0.0.0", "::"):
+        return None, None
+    try:
+        entry = socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        return None, f"{bind} does not resolve here ({exc}): listening on every interface"
+    if _names_loopback(bind, entry[4][0]):
+        return None, (
+            f"{bind} resolves to {entry[4][0]} here, which other nodes cannot reach: listening on "
+            "every interface (set NVRX_STORE_BIND to this node's address to listen on it alone)"
+        )
+    return entry, None
 
 
 def _names_loopback(bind: str, resolved: str) -> bool:
@@ -183,7 +208,7 @@ def _serve(
     _die_with_parent()
     if parent_pid is not None and os.getppid() != parent_pid:
         return 1  # the parent died before the death signal was armed
-    if port and not port_is_free(host, port):
+    if port and not store_port_is_free(host, port, bind):
         _report(ready_fd, {"error": "in_use"})
         return 2
     import torch.distributed  # noqa: F401  (a held server has torch imported before its release)

@@ -24,7 +24,7 @@ import time
 
 from nvrx import jobenv, processes
 
-from .server_process import port_is_free
+from .server_process import store_port_is_free
 from .snapshot import SnapshotSpec
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,7 @@ class StoreService:
         """
         if self._proc is not None:
             raise RuntimeError("store service already started")
-        if self._requested_port and not port_is_free(self.host, self._requested_port):
+        if self._requested_port and not store_port_is_free(self.host, self._requested_port):
             raise StorePortInUse(self.host, self._requested_port)
         read_fd, write_fd = os.pipe()
         cmd = [

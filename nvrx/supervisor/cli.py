@@ -19,7 +19,7 @@ from nvrx.jobenv import DEFAULT_LOG_DIR, DEFAULT_MASTER_ADDR, DEFAULT_MASTER_POR
 from nvrx.straggler import StragglerRule
 from nvrx.version import __version__
 
-from . import free_ports, ft_options, nproc, rank_logs, torchrun
+from . import free_ports, ft_options, nproc, preemption, rank_logs, torchrun
 from .config import (
     DEFAULT_FINISH_TIMEOUT_S,
     DEFAULT_GRACE_PERIOD_S,
@@ -355,6 +355,7 @@ def config_from_args(
     _no_empty_values(args, argv)
     try:
         processes.warning_signal(env)
+        preemption.settings_from_env(env)  # else each node's supervisor fails as it starts
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     command = _resolve_command(list(args.command), on_node=count_here)

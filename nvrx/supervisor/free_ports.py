@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 
 from nvrx.jobenv import PORT_BASE, PORT_SLOTS, PORT_STRIDE, store_port_for
-from nvrx.store.service import port_is_free
+from nvrx.store.server_process import port_is_free
 
 #: Pairs tried before giving up.
 TRIES = 20

@@ -56,8 +56,9 @@ class Requeue(Protocol):
 
 
 def requeue_excluding(job_id: str, lost: Iterable[str]) -> list[str] | None:
-    """Requeue ``job_id`` excluding ``lost`` (SLURM node names); the excluded nodes, or None
-    when the job may not be requeued. Raises ``SlurmCommandError`` when SLURM refuses."""
+    """Requeue ``job_id`` excluding ``lost`` (SLURM node names) but those its ``--nodelist``
+    names; the excluded nodes, or None when the job may not be requeued. Raises
+    ``SlurmCommandError`` when SLURM refuses."""
     info = commands.show_job(job_id)
     if _state(info) != "RUNNING":
         log.warning("job %s is %s, not RUNNING: not requeued for a lost node", job_id, _state(info))
@@ -67,7 +68,14 @@ def requeue_excluding(job_id: str, lost: Iterable[str]) -> list[str] | None:
         return None
     excluded = info.get("ExcNodeList", "")
     names = commands.show_hostnames(excluded) if excluded not in _NONE else []
-    names += [n for n in lost if n and n not in names]
+    asked = info.get("ReqNodeList", "")
+    required = set(commands.show_hostnames(asked)) if asked not in _NONE else set()
+    lost = [n for n in lost if n]  # read twice below: an iterator would be spent by the first
+    kept = [n for n in lost if n in required]
+    if kept:  # excluded, a node the job asked for by name would leave it pending for ever
+        log.warning("job %s asked for %s by name (--nodelist): not excluded, the next run waits "
+                    "for it", job_id, ", ".join(kept))  # fmt: skip
+    names += [n for n in lost if n not in names and n not in required]
     # requeuehold sends SIGTERM to every process of this job, the next two commands included
     commands.run_command(["scontrol", "requeuehold", str(job_id)], outlive_job_end=True)
     try:

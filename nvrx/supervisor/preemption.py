@@ -106,6 +106,22 @@ _CLASSIFIED_BY = ("TimeLimit", "RunTime", "PreemptTime")
 POLL_S = 0.2
 
 
+def settings_from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """The handler's settings that SLURM's and nvrx's variables give (``from_env``), so that
+    ``nvrx-supervise`` can refuse a bad one as a usage error before anything starts;
+    ValueError naming the variable whose value is none."""
+    delay = env.get(SIGNAL_DELAY_ENV)
+    window = env.get(PREEMPT_WINDOW_ENV)
+    cap = jobenv.seconds_from(env, MAX_TIME_LIMIT_REQUEUES_ENV, DEFAULT_MAX_TIME_LIMIT_REQUEUES)
+    return {
+        "run_index": int(jobenv.seconds_from(env, "SLURM_RESTART_COUNT", 0)),
+        "signum": warning_signal(env),
+        "signal_delay_s": jobenv.seconds_from(env, SIGNAL_DELAY_ENV, 0) if delay else None,
+        "max_time_limit_requeues": int(cap),
+        "preempt_window_s": jobenv.seconds_from(env, PREEMPT_WINDOW_ENV, 0) if window else None,
+    }
+
+
 class PreemptionHandler:
     """One node's reaction to SLURM's warning signal (see the module docstring)."""
 
@@ -168,23 +184,13 @@ class PreemptionHandler:
         """A handler configured from SLURM's and nvrx's environment variables."""
         env = os.environ if env is None else env
         job_id = env.get("SLURM_JOB_ID") or None
-        delay = env.get(SIGNAL_DELAY_ENV)
-        window = env.get(PREEMPT_WINDOW_ENV)
         return cls(
             job_dir if job_dir is not None else jobenv.job_dir(env=env),
             node_rank,
             nnodes,
             job_id=job_id,
-            run_index=int(jobenv.seconds_from(env, "SLURM_RESTART_COUNT", 0)),
             slurm=job_id is not None,
-            signum=warning_signal(env),
-            signal_delay_s=jobenv.seconds_from(env, SIGNAL_DELAY_ENV, 0) if delay else None,
-            max_time_limit_requeues=int(
-                jobenv.seconds_from(
-                    env, MAX_TIME_LIMIT_REQUEUES_ENV, DEFAULT_MAX_TIME_LIMIT_REQUEUES
-                )
-            ),
-            preempt_window_s=jobenv.seconds_from(env, PREEMPT_WINDOW_ENV, 0) if window else None,
+            **settings_from_env(env),
             local_requeue=env.get("SUBMITIT_EXECUTOR") == "local",
             writer=writer,
         )

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import time
 
+from nvrx import jobenv
 from nvrx.signal_pipe import STOP_SIGNALS, SignalPipe
 from nvrx.store import rounds
 from nvrx.store.service import (
@@ -11,7 +13,7 @@ from nvrx.store.service import (
     StorePortInUse,
     StoreService,
     StoreUnavailable,
-    port_is_free,
+    store_port_is_free,
     wait_for_store,
 )
 
@@ -37,9 +39,35 @@ def snapshot_spec(
 
 
 def check_store_port(cfg: SupervisorConfig) -> None:
-    """Node 0: fail at once (exit 2) when the store's port is taken, before anything starts."""
-    if cfg.node_rank == 0 and not port_is_free(cfg.store_host, cfg.store_port):
-        raise SupervisorError(ExitCode.USAGE, str(StorePortInUse(cfg.store_host, cfg.store_port)))
+    """Node 0: fail at once (exit 2) when the store's port is taken where it will listen, or
+    its host is an address of no interface here, before anything starts."""
+    if cfg.node_rank != 0:
+        return
+    host, port = cfg.store_host, cfg.store_port
+    try:
+        free = store_port_is_free(host, port)
+    except OSError as exc:
+        raise SupervisorError(ExitCode.USAGE, _cannot_listen(host, port, exc)) from None
+    if not free:
+        raise SupervisorError(ExitCode.USAGE, str(StorePortInUse(host, port)))
+
+
+def _cannot_listen(host: str, port: int, exc: OSError) -> str:
+    """Why node 0's store cannot listen where it would, naming the setting that chose the
+    address: ``$NVRX_STORE_BIND`` where it is set (it wins over the host), else the host."""
+    why = exc.strerror or exc
+    bind = os.environ.get(jobenv.STORE_BIND)
+    if bind:
+        return (
+            f"node 0's store cannot listen at {jobenv.STORE_BIND}={bind!r} (port {port}) on this "
+            f"machine ({why}): set {jobenv.STORE_BIND} to an address of node 0, or to all to "
+            "listen on every interface"
+        )
+    return (
+        f"node 0's store cannot listen at {host}:{port} on this machine ({why}): {host} "
+        "(--master-addr, else the first node of the SLURM job) must be an address of node 0, "
+        f"or set {jobenv.STORE_BIND}=all to listen on every interface"
+    )
 
 
 def launch_store(cfg: SupervisorConfig) -> StoreService | None:

@@ -26,6 +26,7 @@ from nvrx.report import cli as report_cli
 from nvrx.slurm import srun_cli, template_cli
 from nvrx.supervisor import cli as supervise_cli
 from nvrx.supervisor.cli import config_from_args
+from nvrx.supervisor.config import ConfigError
 from tests.support.as_user import run_as, unprivileged_ids
 
 #: The module whose ``main`` is nvrx-report.
@@ -310,6 +311,17 @@ def test_a_bad_warning_signal_is_one_line_and_exit_2(
     monkeypatch.setenv("NVRX_PREEMPT_SIGNAL", value)
     assert supervise_cli.main(["--nproc-per-node", "1", "--", "python", "x.py"]) == 2
     assert fragment in check_one_line("nvrx-supervise", capsys.readouterr().err, 2)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("NVRX_SIGNAL_DELAY_S", "90s"), ("NVRX_MAX_TIME_LIMIT_REQUEUES", "many"),
+     ("NVRX_PREEMPT_WINDOW_S", "-5")],  # fmt: skip
+)
+def test_a_bad_warning_setting_is_a_usage_error(variable: str, value: str) -> None:
+    """Before: taken at parse time, then read as the supervisor started: a traceback, exit 1."""
+    with pytest.raises(ConfigError, match=f"{variable}='{value}'"):
+        config_from_args(["--nproc-per-node", "1", "--", "python", "x.py"], env={variable: value})
 
 
 def test_a_report_warning_is_one_line_in_the_warning_form(job_dir: Path) -> None:

@@ -298,3 +298,31 @@ def test_the_answers_of_a_requeue_that_did_not_happen_are_node_probes(
         ("node_probe", "node1", False), ("node_probe", "node2", True)
     ]  # fmt: skip
     assert {f["lost_slot"] for _, f in events} == {None}
+
+
+def test_a_node_the_job_asked_for_by_name_is_not_excluded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: ExcNodeList took a node of the job's ReqNodeList (sbatch --nodelist), and the
+    requeued job could never start (PENDING, Reason=BadConstraints, on SLURM 22.05)."""
+    info = {"JobState": "RUNNING", "Requeue": "1", "ExcNodeList": "node7", "ReqNodeList": "node[1-2]"}
+    monkeypatch.setattr(node_requeue.commands, "show_job", lambda job_id, **kw: info)
+    # scontrol's expansion, as tests/slurm/test_nodelist_scontrol.py shows ours is
+    monkeypatch.setattr(node_requeue.commands, "show_hostnames", lambda nodes, **kw: expand_nodelist(nodes))
+    ran: list[list[str]] = []
+    monkeypatch.setattr(node_requeue.commands, "run_command", lambda argv, **kw: ran.append(list(argv)))
+    assert node_requeue.requeue_excluding("7", ["node2", "node3"]) == ["node7", "node3"]
+    assert ran == [
+        ["scontrol", "requeuehold", "7"], ["scontrol", "update", "JobId=7", "ExcNodeList=node7,node3"],
+        ["scontrol", "release", "7"],
+    ]  # fmt: skip
+
+
+def test_lost_nodes_given_as_an_iterator_are_excluded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the lost nodes were read twice (the ones the job asked for, then the rest), and
+    an iterator, which the signature allows, was spent by the first: nothing was excluded."""
+    info = {"JobState": "RUNNING", "Requeue": "1", "ExcNodeList": "(null)", "ReqNodeList": "(null)"}
+    monkeypatch.setattr(node_requeue.commands, "show_job", lambda job_id, **kw: info)
+    monkeypatch.setattr(node_requeue.commands, "show_hostnames", lambda nodes, **kw: expand_nodelist(nodes))
+    ran: list[list[str]] = []
+    monkeypatch.setattr(node_requeue.commands, "run_command", lambda argv, **kw: ran.append(list(argv)))
+    assert node_requeue.requeue_excluding("7", iter(["node2", "", "node3"])) == ["node2", "node3"]
+    assert ["scontrol", "update", "JobId=7", "ExcNodeList=node2,node3"] in ran

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from nvrx.store.server_process import BIND_ALL, _listener, _names_loopback
+from nvrx.store.server_process import BIND_ALL, _listener, _names_loopback, store_port_is_free
 
 
 @pytest.mark.parametrize("bind", [BIND_ALL, "0.0.0.0", "::"])
@@ -48,3 +48,21 @@ def test_a_host_name_of_a_loopback_address_listens_everywhere_with_a_warning(cap
     with caplog.at_level(logging.WARNING, logger="nvrx.store.server_process"):
         assert _listener(name, 0) is None
     assert f"resolves to {resolved} here" in caplog.text
+
+
+def test_the_port_is_checked_where_the_store_will_listen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the check bound the host itself, and a name that does not resolve here ended
+    node 0's supervisor with a gaierror traceback before the store could listen everywhere."""
+    monkeypatch.delenv("NVRX_STORE_BIND", raising=False)
+    assert store_port_is_free("nvrx-no-such-host.invalid", 0)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        assert not store_port_is_free("nvrx-no-such-host.invalid", port)  # every interface
+        assert store_port_is_free("127.0.0.2", port)  # another address of this machine
+    monkeypatch.setenv("NVRX_STORE_BIND", BIND_ALL)
+    assert store_port_is_free("192.0.2.1", 0)  # another machine's address, listened for everywhere
+    monkeypatch.delenv("NVRX_STORE_BIND")
+    with pytest.raises(OSError, match="Cannot assign requested address"):
+        store_port_is_free("192.0.2.1", 0)  # the store could not listen there either

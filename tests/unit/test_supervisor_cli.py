@@ -269,3 +269,37 @@ def test_torchruns_topology_variables_are_the_defaults_outside_slurm() -> None:
     )  # fmt: skip
     cfg, _ = config_from_args(["--node-rank", "1", "--", "python"], env)
     assert cfg.job.node_rank == 1  # an option given wins
+
+
+@pytest.mark.timeout(60)
+def test_a_store_host_that_is_another_machines_address_exits_2_naming_it(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: a traceback from the bind (EADDRNOTAVAIL) and exit 1."""
+    monkeypatch.delenv("NVRX_STORE_BIND", raising=False)
+    result = _run("--master-addr", "192.0.2.1", "--master-port", "29500", "--store-port", "29507",
+                  "--log-dir", str(tmp_path), "--", "true")  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("nvrx-supervise: error: node 0's store cannot listen at 192.0.2.1:29507")
+    assert "must be an address of node 0, or set NVRX_STORE_BIND=all" in lines[0]
+
+
+@pytest.mark.timeout(60)
+def test_a_store_bind_that_is_another_machines_address_exits_2_naming_it(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: the line blamed --master-addr (127.0.0.1 here, an address of this machine) and
+    asked for NVRX_STORE_BIND=all, not naming the NVRX_STORE_BIND that was wrong."""
+    monkeypatch.setenv("NVRX_STORE_BIND", "192.0.2.1")
+    result = _run("--master-addr", "127.0.0.1", "--master-port", "29500", "--store-port", "29507",
+                  "--log-dir", str(tmp_path), "--", "true")  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(
+        "nvrx-supervise: error: node 0's store cannot listen at NVRX_STORE_BIND='192.0.2.1' (port 29507)"
+    )
+    assert "set NVRX_STORE_BIND to an address of node 0" in lines[0]
+    assert "--master-addr" not in lines[0]

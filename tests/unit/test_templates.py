@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -111,7 +112,7 @@ def test_the_written_nvrx_srun_path_reaches_the_shell_as_it_is(srun: str) -> Non
     assert subprocess.run(["bash", "-n"], input=rendered, text=True).returncode == 0
     # the lines that set NVRX_SRUN: between the one before them and the one after
     start = rendered.index("\n", rendered.index("export NVRX_SIGNAL_DELAY_S=")) + 1
-    setting = rendered[start : rendered.index('echo "nvrx: job $SLURM_JOB_ID', start)]
+    setting = rendered[start : rendered.index('if ! command -v "$NVRX_SRUN"', start)]
     script = f'set -euo pipefail\n{setting}printf %s "$NVRX_SRUN"\n'
     base = {"PATH": os.environ["PATH"]}
     for given, expected in ((None, srun), ("", srun), ("/given/nvrx-srun", "/given/nvrx-srun")):
@@ -188,6 +189,59 @@ def test_a_template_exits_with_the_supervisors_code(tmp_path: Path) -> None:
 def test_a_template_without_a_command_says_so(tmp_path: Path) -> None:
     done = _run(tmp_path, "train_requeue", [])
     assert done.returncode == 2 and "no training command" in done.stderr
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_template_without_an_nvrx_srun_to_run_says_what_to_fix(tmp_path: Path, name: str) -> None:
+    """Before: bash's "No such file or directory", then "supervisors ended with exit code 127",
+    though no supervisor had run."""
+    missing = str(tmp_path / "no env" / "bin" / "nvrx-srun")
+    done = _run(tmp_path, name, ["python", "t.py"], NVRX_SRUN=missing)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"nvrx: no nvrx-srun to run at {missing}: install nvrx where the job runs, set NVRX_SRUN "
+        "to its nvrx-srun, or write this script with nvrx-template"
+    ]  # fmt: skip
+    assert "supervisors ended" not in done.stdout
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_unwritten_template_runs_the_nvrx_srun_on_path_else_the_checkouts(
+    tmp_path: Path, name: str
+) -> None:
+    """Unwritten (``sbatch sbatch_templates/...`` from a checkout), a template runs the
+    nvrx-srun on PATH, else bin/nvrx-srun of the submit directory: its check for an
+    nvrx-srun to run finds both, and names the second when neither is there."""
+    ran = tmp_path / "ran"
+
+    def stand_in(folder: Path) -> Path:
+        folder.mkdir(parents=True)
+        srun = folder / "nvrx-srun"
+        srun.write_text(f'#!/bin/bash\necho "$0" > "{ran}"\n')  # builtins only: PATH is ours
+        srun.chmod(0o755)
+        return srun
+
+    script = tmp_path / f"{name}.sbatch"
+    script.write_text(template_cli.text(name))
+    submit = tmp_path / "checkout"
+    checkouts, on_path, empty = stand_in(submit / "bin"), stand_in(tmp_path / "venv bin"), tmp_path / "none"
+    slurm = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_JOB_NUM_NODES": "3",
+             "SLURM_SUBMIT_DIR": str(submit)}  # fmt: skip
+
+    def run(path: Path) -> subprocess.CompletedProcess[str]:
+        ran.unlink(missing_ok=True)
+        return subprocess.run([shutil.which("bash") or "/bin/bash", str(script), "true"],
+                              env={**slurm, "PATH": str(path)}, capture_output=True, text=True,
+                              timeout=30)  # fmt: skip
+
+    for path, expected in ((on_path.parent, on_path), (empty, checkouts)):
+        done = run(path)
+        assert done.returncode == 0, done.stderr
+        assert ran.read_text() == f"{expected}\n"
+    checkouts.unlink()
+    done = run(empty)
+    assert done.returncode == 2 and f"no nvrx-srun to run at {checkouts}: " in done.stderr
+    assert not ran.exists()
 
 
 def test_the_spare_template_needs_a_training_node(tmp_path: Path) -> None:
@@ -296,6 +350,29 @@ def test_nvrx_srun_refuses_what_the_supervisors_would_before_it_runs_srun(
     assert done.returncode == 2, done.stderr
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"nvrx-srun: error: {message}"), done.stderr
+    assert not (tmp_path / "srun.args").exists()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("NVRX_SIGNAL_DELAY_S", "90s", "NVRX_SIGNAL_DELAY_S='90s' is not a number"),
+        ("NVRX_MAX_TIME_LIMIT_REQUEUES", "-1", "NVRX_MAX_TIME_LIMIT_REQUEUES='-1' must not be negative"),
+        ("NVRX_PREEMPT_WINDOW_S", "soon", "NVRX_PREEMPT_WINDOW_S='soon' is not a number"),
+    ],
+)
+def test_nvrx_srun_refuses_a_bad_warning_setting_before_it_runs_srun(
+    tmp_path: Path, variable: str, value: str, message: str
+) -> None:
+    """Before: the check let it pass, srun ran, and every node's supervisor ended with a
+    traceback and exit 1 (an internal error) as it started."""
+    done = subprocess.run(
+        [sys.executable, "-m", "nvrx.slurm.srun_cli", "--", "true"],
+        env={**_allocation(tmp_path), variable: value}, cwd=tmp_path, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [f"nvrx-srun: error: {message}"]
     assert not (tmp_path / "srun.args").exists()
 
 
