@@ -94,15 +94,18 @@ def requeue_excluding(job_id: str, lost: Iterable[str]) -> Requeued | None:
 def _exclude_and_release(job_id: str, before: list[str], added: list[str]) -> Requeued:
     """Add ``added`` to the ``ExcNodeList`` of ``job_id``, requeued held, and release it. A
     refusal of either leaves the job requeued: the update's, with the nodes it had excluded
-    before; the release's, held until someone releases it."""
-    names, error = before + added, None
+    before; the release's, held until someone releases it. With nothing to add (each lost
+    node asked for by name, or still answering) the list is left as it is, unasked."""
+    names, error = before, None
     try:
-        commands.run_command(
-            ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(names)}"],
-            outlive_job_end=True,
-        )
+        if added:
+            commands.run_command(
+                ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(before + added)}"],
+                outlive_job_end=True,
+            )
+            names = before + added
     except (commands.SlurmCommandError, OSError) as exc:
-        names, error = before, str(exc)
+        error = str(exc)
         log.error("job %s is requeued, but its next run may land on %s: SLURM did not exclude "
                   "them (%s)", job_id, ", ".join(added), exc)  # fmt: skip
     try:

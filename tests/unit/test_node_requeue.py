@@ -321,12 +321,13 @@ def test_a_node_the_job_asked_for_by_name_is_not_excluded(monkeypatch: pytest.Mo
 
 
 #: ``scontrol`` as a script on PATH: it writes each command line it gets to $SCONTROL_LOG,
-#: shows job 7 RUNNING and requeueable with node7 excluded already, expands a list of
-#: names joined by commas, and refuses each subcommand named in $SCONTROL_REFUSES.
+#: shows job 7 RUNNING and requeueable with node7 excluded already and the nodes of
+#: $SCONTROL_REQNODES asked for by name, expands a list of names joined by commas, and
+#: refuses each subcommand named in $SCONTROL_REFUSES.
 SCONTROL = """#!/bin/sh
 echo "$*" >> "$SCONTROL_LOG"
 case "$1 $2" in
-  "show job") echo "JobId=7 JobState=RUNNING Requeue=1 ExcNodeList=node7 ReqNodeList=(null)"; exit 0 ;;
+  "show job") echo "JobId=7 JobState=RUNNING Requeue=1 ExcNodeList=node7 ReqNodeList=${SCONTROL_REQNODES:-(null)}"; exit 0 ;;
   "show hostnames") echo "$3" | tr ',' ' '; exit 0 ;;
 esac
 case " $SCONTROL_REFUSES " in
@@ -334,6 +335,21 @@ case " $SCONTROL_REFUSES " in
 esac
 exit 0
 """
+
+
+def _fake_scontrol(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refuses: str, reqnodes: str = ""
+) -> None:
+    """``SCONTROL`` first on PATH, for job 7, its log in ``tmp_path``."""
+    program = tmp_path / "bin" / "scontrol"
+    program.parent.mkdir()
+    program.write_text(SCONTROL)
+    program.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{program.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SCONTROL_LOG", str(tmp_path / "scontrol.log"))
+    monkeypatch.setenv("SCONTROL_REFUSES", refuses)
+    monkeypatch.setenv("SCONTROL_REQNODES", reqnodes)
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
 
 
 @pytest.mark.parametrize(
@@ -352,14 +368,7 @@ def test_a_job_held_for_requeue_counts_as_requeued_whatever_slurm_says_after(
     """Before: a refused ``scontrol update`` after ``requeuehold`` logged "could not requeue"
     and recorded no ``requeue`` nor ledger entry, though SLURM had requeued the job; a
     refused ``release`` left the job held without a word of how to let it start."""
-    program = tmp_path / "bin" / "scontrol"
-    program.parent.mkdir()
-    program.write_text(SCONTROL)
-    program.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{program.parent}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("SCONTROL_LOG", str(tmp_path / "scontrol.log"))
-    monkeypatch.setenv("SCONTROL_REFUSES", refuses)
-    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    _fake_scontrol(tmp_path, monkeypatch, refuses)
     preemption = SimpleNamespace(run_index=2, ledger=RequeueLedger(tmp_path / "requeues.json"))
     events: list[tuple[str, dict[str, Any]]] = []
     node_requeue.requeue_without(
@@ -379,3 +388,19 @@ def test_a_job_held_for_requeue_counts_as_requeued_whatever_slurm_says_after(
     said = [r.getMessage() for r in caplog.records]
     assert not any("could not requeue" in line for line in said)
     assert any("`scontrol release 7`" in line for line in said) == held
+
+
+def test_a_requeue_with_no_node_to_add_leaves_the_exclusions_unasked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lost node1 was asked for by name, so nothing is to be excluded. Before: the
+    unchanged list was sent all the same, and SLURM's refusal of it was told as "its next
+    run may land on : SLURM did not exclude them", with an ``exclude_error``."""
+    _fake_scontrol(tmp_path, monkeypatch, "update", reqnodes="node1")
+    events: list[tuple[str, dict[str, Any]]] = []
+    node_requeue.requeue_without(["node1"], None, lambda kind, **f: events.append((kind, f)), probe=False)
+    assert (tmp_path / "scontrol.log").read_text().splitlines()[-2:] == ["requeuehold 7", "release 7"]
+    assert [(kind, f["excluded"], f["exclude_error"], f["held"]) for kind, f in events] == [
+        ("requeue", ["node7"], None, False)
+    ]  # fmt: skip
+    assert not any("may land on" in r.getMessage() for r in caplog.records)
