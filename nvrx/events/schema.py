@@ -300,6 +300,11 @@ KINDS: dict[str, dict[str, str]] = {
         "excluded": "nodes the requeued job may not run on (node_failure)",
         "answered": "lost nodes left out of excluded: they still ran a SLURM step, so their "
         "supervisor was lost, not the node (node_failure)",
+        "exclude_error": "why SLURM did not add the lost nodes to excluded, which then keeps the "
+        "nodes excluded before: the job was requeued all the same (node_failure; null when "
+        "they were added)",
+        "held": "true when SLURM did not release the requeued job: it waits held until someone "
+        "runs scontrol release JOB (node_failure)",
         "run": "which run of the job asked for the requeue (0 = the first submission; null when "
         "the writer does not know it)",
         "issued_by": "nvrx (the supervisor called scontrol requeue) | slurm (SLURM requeued it) | "

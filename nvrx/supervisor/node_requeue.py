@@ -55,10 +55,21 @@ class Requeue(Protocol):
     def __call__(self, hosts: list[str | None], probe: bool = True) -> None: ...
 
 
-def requeue_excluding(job_id: str, lost: Iterable[str]) -> list[str] | None:
+@dataclass(frozen=True)
+class Requeued:
+    """A requeue for lost nodes that SLURM made. Once ``scontrol requeuehold`` succeeded the
+    job is requeued whatever SLURM says of the two commands after it, so their refusals are
+    told here, not raised."""
+
+    excluded: list[str]  # the job's ExcNodeList as SLURM holds it for the next run
+    exclude_error: str | None = None  # why the lost nodes are not in it: SLURM refused the update
+    held: bool = False  # SLURM refused to release it: it waits until ``scontrol release JOB``
+
+
+def requeue_excluding(job_id: str, lost: Iterable[str]) -> Requeued | None:
     """Requeue ``job_id`` excluding ``lost`` (SLURM node names) but those its ``--nodelist``
-    names; the excluded nodes, or None when the job may not be requeued. Raises
-    ``SlurmCommandError`` when SLURM refuses."""
+    names; None when the job may not be requeued. Raises ``SlurmCommandError`` when SLURM
+    refuses the requeue itself."""
     info = commands.show_job(job_id)
     if _state(info) != "RUNNING":
         log.warning("job %s is %s, not RUNNING: not requeued for a lost node", job_id, _state(info))
@@ -67,7 +78,7 @@ def requeue_excluding(job_id: str, lost: Iterable[str]) -> list[str] | None:
         log.warning("job %s is not requeueable (--no-requeue): not requeued", job_id)
         return None
     excluded = info.get("ExcNodeList", "")
-    names = commands.show_hostnames(excluded) if excluded not in _NONE else []
+    before = commands.show_hostnames(excluded) if excluded not in _NONE else []
     asked = info.get("ReqNodeList", "")
     required = set(commands.show_hostnames(asked)) if asked not in _NONE else set()
     lost = [n for n in lost if n]  # read twice below: an iterator would be spent by the first
@@ -75,17 +86,36 @@ def requeue_excluding(job_id: str, lost: Iterable[str]) -> list[str] | None:
     if kept:  # excluded, a node the job asked for by name would leave it pending for ever
         log.warning("job %s asked for %s by name (--nodelist): not excluded, the next run waits "
                     "for it", job_id, ", ".join(kept))  # fmt: skip
-    names += [n for n in lost if n not in names and n not in required]
+    added = [n for n in dict.fromkeys(lost) if n not in before and n not in required]
     # requeuehold sends SIGTERM to every process of this job, the next two commands included
     commands.run_command(["scontrol", "requeuehold", str(job_id)], outlive_job_end=True)
+    return _exclude_and_release(job_id, before, added)
+
+
+def _exclude_and_release(job_id: str, before: list[str], added: list[str]) -> Requeued:
+    """Add ``added`` to the ``ExcNodeList`` of ``job_id``, requeued held, and release it. A
+    refusal of either leaves the job requeued: the update's, with the nodes it had excluded
+    before; the release's, held until someone releases it. With nothing to add (each lost
+    node asked for by name, or still answering) the list is left as it is, unasked."""
+    names, error = before, None
     try:
-        commands.run_command(
-            ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(names)}"],
-            outlive_job_end=True,
-        )
-    finally:
+        if added:
+            commands.run_command(
+                ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(before + added)}"],
+                outlive_job_end=True,
+            )
+            names = before + added
+    except (commands.SlurmCommandError, OSError) as exc:
+        error = str(exc)
+        log.error("job %s is requeued, but its next run may land on %s: SLURM did not exclude "
+                  "them (%s)", job_id, ", ".join(added), exc)  # fmt: skip
+    try:
         commands.run_command(["scontrol", "release", str(job_id)], outlive_job_end=True)
-    return names
+    except (commands.SlurmCommandError, OSError) as exc:
+        log.error("job %s is requeued but held: SLURM did not release it (%s); run "
+                  "`scontrol release %s` to let it start", job_id, exc, job_id)  # fmt: skip
+        return Requeued(names, error, held=True)
+    return Requeued(names, error)
 
 
 def _state(info: Mapping[str, str] | None) -> str | None:
@@ -317,16 +347,16 @@ def requeue_without(
             "requeued without excluding it", host,
         )  # fmt: skip
     try:
-        excluded = requeue_excluding(job_id, [host for host in lost if host not in answered])
+        requeued = requeue_excluding(job_id, [host for host in lost if host not in answered])
     except (commands.SlurmCommandError, OSError) as exc:
         log.error("could not requeue job %s without %s: %s", job_id, ", ".join(lost), exc)
-        excluded = None
-    if excluded is None:
+        requeued = None
+    if requeued is None:
         _record_answers(told, emit)
         return
     count = run = None
     if preemption is not None:  # the next run's node 0 then knows who requeued, and why
         run = preemption.run_index
         count = preemption.ledger.append("node_failure", run, issued_by="nvrx")
-    emit("requeue", cause="node_failure", count=count, excluded=excluded, answered=answered, run=run,
-         issued_by="nvrx")  # fmt: skip
+    emit("requeue", cause="node_failure", count=count, excluded=requeued.excluded, answered=answered,
+         run=run, issued_by="nvrx", exclude_error=requeued.exclude_error, held=requeued.held)  # fmt: skip

@@ -130,7 +130,8 @@ def test_under_srun_pet_topology_is_ignored_slurm_gives_it() -> None:
     env = {
         "PATH": os.environ["PATH"], "SLURM_JOB_ID": "55", "SLURM_PROCID": "2", "SLURM_NNODES": "3",
         "SLURM_JOB_NUM_NODES": "3", "SLURM_NODEID": "2", "SLURM_JOB_NODELIST": "n[1-3]",
-        "SLURM_STEP_NODELIST": "n[1-3]", "SLURM_NTASKS": "3",
+        "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "n[1-3]", "SLURM_STEP_NUM_NODES": "3",
+        "SLURM_STEP_NUM_TASKS": "3", "SLURM_NTASKS": "3",
         "PET_NNODES": "4", "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "elsewhere", "PET_NPROC_PER_NODE": "2",
     }  # fmt: skip
     cfg, _ = config_from_args(["--", "python"], env)

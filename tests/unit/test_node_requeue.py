@@ -5,7 +5,9 @@ and the requeue without several nodes."""
 
 from __future__ import annotations
 
+import os
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,6 +19,7 @@ from nvrx.supervisor import node_requeue
 from nvrx.supervisor.exit_codes import ExitCode
 from nvrx.supervisor.job_end import JobEnd
 from nvrx.supervisor.node_requeue import step_nodes
+from nvrx.supervisor.requeue_ledger import RequeueLedger
 
 
 @pytest.mark.parametrize(
@@ -200,14 +203,15 @@ def test_a_requeue_without_several_nodes_asks_them_at_once_and_excludes_the_sile
     monkeypatch.setattr(node_requeue.commands, "node_answers", answers)
     excluding: list[list[str]] = []
     monkeypatch.setattr(
-        node_requeue, "requeue_excluding", lambda job_id, lost: excluding.append(list(lost)) or lost
-    )
+        node_requeue, "requeue_excluding",
+        lambda job_id, lost: excluding.append(list(lost)) or node_requeue.Requeued(list(lost)),
+    )  # fmt: skip
     events: list[dict[str, Any]] = []
     node_requeue.requeue_without(["node1", None, "node2"], None, lambda kind, **f: events.append(f))
     assert excluding == [["node1"]]
     assert events == [
         dict(cause="node_failure", count=None, excluded=["node1"], answered=["node2"], run=None,
-             issued_by="nvrx")
+             issued_by="nvrx", exclude_error=None, held=False)
     ]  # fmt: skip
     node_requeue.requeue_without(["node1", "node3"], None, lambda kind, **f: events.append(f), probe=False)
     assert excluding[-1] == ["node1", "node3"] and events[-1]["answered"] == []
@@ -251,11 +255,11 @@ def test_a_requeue_excludes_every_node_when_slurm_cannot_be_asked(monkeypatch: p
         return True
 
     monkeypatch.setattr(node_requeue.commands, "node_answers", answers)
-    monkeypatch.setattr(node_requeue, "requeue_excluding", lambda job_id, lost: list(lost))
+    monkeypatch.setattr(node_requeue, "requeue_excluding", lambda job_id, lost: node_requeue.Requeued(list(lost)))
     events: list[dict[str, Any]] = []
     node_requeue.requeue_without(["node1", "node2"], None, lambda kind, **f: events.append(f))
     assert events == [dict(cause="node_failure", count=None, excluded=["node1", "node2"], answered=[],
-                           run=None, issued_by="nvrx")]  # fmt: skip
+                           run=None, issued_by="nvrx", exclude_error=None, held=False)]  # fmt: skip
 
 
 def test_no_thread_to_ask_with_is_no_answer_and_a_probes_own_error_is_not_hidden(
@@ -286,7 +290,7 @@ def test_the_answers_of_a_requeue_that_did_not_happen_are_node_probes(
     monkeypatch.setenv("SLURM_JOB_ID", "7")
     monkeypatch.setattr(node_requeue.commands, "node_answers", lambda job_id, node, **kw: node == "node2")
 
-    def requeue_excluding(job_id: str, lost: list[str]) -> list[str] | None:
+    def requeue_excluding(job_id: str, lost: list[str]) -> node_requeue.Requeued | None:
         if refusal == "scontrol-failed":
             raise commands.SlurmCommandError(["scontrol", "requeuehold", "7"], 1, "Requested operation is presently disabled")
         return None
@@ -309,7 +313,7 @@ def test_a_node_the_job_asked_for_by_name_is_not_excluded(monkeypatch: pytest.Mo
     monkeypatch.setattr(node_requeue.commands, "show_hostnames", lambda nodes, **kw: expand_nodelist(nodes))
     ran: list[list[str]] = []
     monkeypatch.setattr(node_requeue.commands, "run_command", lambda argv, **kw: ran.append(list(argv)))
-    assert node_requeue.requeue_excluding("7", ["node2", "node3"]) == ["node7", "node3"]
+    assert node_requeue.requeue_excluding("7", ["node2", "node3"]) == node_requeue.Requeued(["node7", "node3"])
     assert ran == [
         ["scontrol", "requeuehold", "7"], ["scontrol", "update", "JobId=7", "ExcNodeList=node7,node3"],
         ["scontrol", "release", "7"],
@@ -324,5 +328,93 @@ def test_lost_nodes_given_as_an_iterator_are_excluded(monkeypatch: pytest.Monkey
     monkeypatch.setattr(node_requeue.commands, "show_hostnames", lambda nodes, **kw: expand_nodelist(nodes))
     ran: list[list[str]] = []
     monkeypatch.setattr(node_requeue.commands, "run_command", lambda argv, **kw: ran.append(list(argv)))
-    assert node_requeue.requeue_excluding("7", iter(["node2", "", "node3"])) == ["node2", "node3"]
+    assert node_requeue.requeue_excluding("7", iter(["node2", "", "node3"])) == node_requeue.Requeued(
+        ["node2", "node3"]
+    )
     assert ["scontrol", "update", "JobId=7", "ExcNodeList=node2,node3"] in ran
+
+
+#: ``scontrol`` as a script on PATH: it writes each command line it gets to $SCONTROL_LOG,
+#: shows job 7 RUNNING and requeueable with node7 excluded already and the nodes of
+#: $SCONTROL_REQNODES asked for by name, expands a list of names joined by commas, and
+#: refuses each subcommand named in $SCONTROL_REFUSES.
+SCONTROL = """#!/bin/sh
+echo "$*" >> "$SCONTROL_LOG"
+case "$1 $2" in
+  "show job") echo "JobId=7 JobState=RUNNING Requeue=1 ExcNodeList=node7 ReqNodeList=${SCONTROL_REQNODES:-(null)}"; exit 0 ;;
+  "show hostnames") echo "$3" | tr ',' ' '; exit 0 ;;
+esac
+case " $SCONTROL_REFUSES " in
+  *" $1 "*) echo "scontrol: error: Access/permission denied for $1" >&2; exit 1 ;;
+esac
+exit 0
+"""
+
+
+def _fake_scontrol(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refuses: str, reqnodes: str = ""
+) -> None:
+    """``SCONTROL`` first on PATH, for job 7, its log in ``tmp_path``."""
+    program = tmp_path / "bin" / "scontrol"
+    program.parent.mkdir()
+    program.write_text(SCONTROL)
+    program.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{program.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SCONTROL_LOG", str(tmp_path / "scontrol.log"))
+    monkeypatch.setenv("SCONTROL_REFUSES", refuses)
+    monkeypatch.setenv("SCONTROL_REQNODES", reqnodes)
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+
+
+@pytest.mark.parametrize(
+    ("refuses", "excluded", "held"),
+    [
+        ("", ["node7", "node1"], False),
+        ("update", ["node7"], False),  # the nodes it excluded before, not node1
+        ("release", ["node7", "node1"], True),
+        ("update release", ["node7"], True),
+    ],
+)
+def test_a_job_held_for_requeue_counts_as_requeued_whatever_slurm_says_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    refuses: str, excluded: list[str], held: bool,
+) -> None:  # fmt: skip
+    """Before: a refused ``scontrol update`` after ``requeuehold`` logged "could not requeue"
+    and recorded no ``requeue`` nor ledger entry, though SLURM had requeued the job; a
+    refused ``release`` left the job held without a word of how to let it start."""
+    _fake_scontrol(tmp_path, monkeypatch, refuses)
+    preemption = SimpleNamespace(run_index=2, ledger=RequeueLedger(tmp_path / "requeues.json"))
+    events: list[tuple[str, dict[str, Any]]] = []
+    node_requeue.requeue_without(
+        ["node1"], preemption, lambda kind, **f: events.append((kind, f)), probe=False  # type: ignore[arg-type]
+    )
+    assert (tmp_path / "scontrol.log").read_text().splitlines()[-3:] == [
+        "requeuehold 7", "update JobId=7 ExcNodeList=node7,node1", "release 7"
+    ]  # fmt: skip
+    assert [kind for kind, _ in events] == ["requeue"]
+    fields = events[0][1]
+    assert (fields["count"], fields["run"], fields["excluded"], fields["held"]) == (1, 2, excluded, held)
+    if "update" in refuses:
+        assert "scontrol update JobId=7 ExcNodeList=node7,node1 exited 1" in fields["exclude_error"]
+    else:
+        assert fields["exclude_error"] is None
+    assert [(e["cause"], e["run"]) for e in preemption.ledger.entries()] == [("node_failure", 2)]
+    said = [r.getMessage() for r in caplog.records]
+    assert not any("could not requeue" in line for line in said)
+    assert any("`scontrol release 7`" in line for line in said) == held
+
+
+def test_a_requeue_with_no_node_to_add_leaves_the_exclusions_unasked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lost node1 was asked for by name, so nothing is to be excluded. Before: the
+    unchanged list was sent all the same, and SLURM's refusal of it was told as "its next
+    run may land on : SLURM did not exclude them", with an ``exclude_error``."""
+    _fake_scontrol(tmp_path, monkeypatch, "update", reqnodes="node1")
+    events: list[tuple[str, dict[str, Any]]] = []
+    node_requeue.requeue_without(["node1"], None, lambda kind, **f: events.append((kind, f)), probe=False)
+    assert (tmp_path / "scontrol.log").read_text().splitlines()[-2:] == ["requeuehold 7", "release 7"]
+    assert [(kind, f["excluded"], f["exclude_error"], f["held"]) for kind, f in events] == [
+        ("requeue", ["node7"], None, False)
+    ]  # fmt: skip
+    assert not any("may land on" in r.getMessage() for r in caplog.records)

@@ -303,3 +303,47 @@ def test_a_store_bind_that_is_another_machines_address_exits_2_naming_it(
     )
     assert "set NVRX_STORE_BIND to an address of node 0" in lines[0]
     assert "--master-addr" not in lines[0]
+
+
+def _batch_shell(nodes: int) -> dict[str, str]:
+    """The environment of a batch script of ``nodes`` nodes, as sbatch gives it: SLURM's
+    variables of node 0, but no step (no ``SLURM_STEP_ID``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PET_"))}
+    env.update(
+        SLURM_JOB_ID="77", SLURM_JOB_NODELIST=f"node[1-{nodes}]" if nodes > 1 else "node1",
+        SLURM_JOB_NUM_NODES=str(nodes), SLURM_NNODES=str(nodes), SLURM_NODEID="0", SLURM_PROCID="0",
+    )  # fmt: skip
+    return env
+
+
+def test_a_supervisor_in_the_batch_script_of_several_nodes_exits_2_naming_nvrx_srun() -> None:
+    """Before: it took itself for node 0 of 2, waited for a node 1 that never started, and
+    ended much later with exit 8, "node lost, no spare". The options are read first here, so
+    that without the check no supervisor is started."""
+    with pytest.raises(ConfigError) as refused:
+        config_from_args(["--", "true"], _batch_shell(2))
+    for said in ("SLURM_PROCID=0", "SLURM_NNODES=2", "SLURM_JOB_NUM_NODES=2", "no SLURM_STEP_ID",
+                 "nvrx-srun", "srun --ntasks-per-node=1"):  # fmt: skip
+        assert said in str(refused.value)
+    result = subprocess.run(
+        [sys.executable, "-m", "nvrx.supervisor.cli", "--", "true"],
+        capture_output=True, text=True, timeout=60, env=_batch_shell(2),
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [f"nvrx-supervise: error: {refused.value}"]
+
+
+def test_a_batch_script_of_one_node_srun_steps_and_an_explicit_topology_still_start() -> None:
+    one_node, _ = config_from_args(["--", "python"], _batch_shell(1))
+    assert (one_node.nnodes, one_node.node_rank, one_node.job_id) == (1, 0, "77")
+    step = _batch_shell(2) | {
+        "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_STEP_NUM_NODES": "2",
+        "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1", "SLURM_NODEID": "1",
+    }  # fmt: skip
+    under_srun, _ = config_from_args(["--", "python"], step)
+    assert (under_srun.nnodes, under_srun.node_rank, under_srun.master_addr) == (2, 1, "node1")
+    explicit, _ = config_from_args(
+        ["--nnodes", "2", "--node-rank", "0", "--master-addr", "node1", "--master-port", "30020",
+         "--", "python"], _batch_shell(2),
+    )  # fmt: skip
+    assert (explicit.nnodes, explicit.node_rank, explicit.job_id) == (2, 0, "77")
