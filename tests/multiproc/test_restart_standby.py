@@ -403,6 +403,30 @@ def test_a_dead_standby_is_replaced_then_given_up(caplog: pytest.LogCaptureFixtu
     assert pool.pids() == [] and _alive(set(pids)) == set()
 
 
+def test_what_a_dead_standby_printed_on_piped_streams_is_shown_when_it_is_replaced(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Streams in files (``--redirects``/``--tee``) are piped; a standby for restarts that died
+    before it was needed has no rank's files to put them in. What it printed (why it ended:
+    a ``python`` that cannot import nvrx, say) is shown on the console beside the warning
+    that replaces it, each line prefixed with its pid."""
+    python = tmp_path / "python-without-nvrx"
+    python.write_text("#!/bin/sh\necho \"No module named 'nvrx'\" >&2\necho on stdout\nexit 1\n")
+    python.chmod(0o755)
+    command = [str(python), "train.py"]
+    pool = Standbys(logs=RankLogs(redirects=Std.ALL))
+    try:
+        pid = pool.keep_ready(command, _env, range(2))
+        assert pid is not None and pool._for_restart is not None
+        wait_until("the standby to end", lambda: pool._for_restart.proc.poll() is not None, 30)
+        assert pool.keep_ready(command, _env, range(2)) not in (None, pid)  # replaced
+        console = capfd.readouterr()
+        assert f"[standby {pid}]:No module named 'nvrx'\n" in console.err, console
+        assert f"[standby {pid}]:on stdout\n" in console.out, console
+    finally:
+        pool.discard()
+
+
 def test_no_standby_for_a_command_it_cannot_run_nor_when_turned_off() -> None:
     assert Standbys().keep_ready(["bash", "train.sh"], _env, range(2)) is None
     assert Standbys(enabled=False).keep_ready([sys.executable, "train.py"], _env, range(2)) is None
