@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import zipapp
 from pathlib import Path
 
 import psutil
@@ -109,6 +110,35 @@ def test_a_relative_or_linked_script_gets_what_python_gives_it(
     for key in ("name", "file", "argv", "path0", "main_names"):
         assert warm[key] == fresh[key], key
     assert warm["file"] == str(tmp_path / "link.py") and warm["path0"] == str(tmp_path / "code")
+
+
+@pytest.mark.parametrize("kind", ["directory", "zipapp"])
+def test_a_directory_or_zip_file_runs_its_main_as_python_runs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """``python app.pyz`` (zipapp, shiv, pex) or ``python app/`` runs the ``__main__.py``
+    inside, with the archive or directory itself as ``sys.path[0]``."""
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "__main__.py").write_text(PROBE)
+    target = "app"
+    if kind == "zipapp":
+        zipapp.create_archive(app, tmp_path / "app.pyz")
+        target = "app.pyz"
+    out = tmp_path / "probe.json"
+    monkeypatch.chdir(tmp_path)
+    argv = [sys.executable, target, "x"]
+    subprocess.run(argv, env=_env(PROBE_OUT=str(out)), check=True, timeout=60)  # fresh first
+    fresh = json.loads(out.read_text())
+    out.unlink()
+    child = Standby(sys.executable, _env()).activate(argv, _env(PROBE_OUT=str(out)), 0, 1)
+    assert child is not None
+    status = child.wait(150)
+    assert status is not None and status.code == 0
+    warm = json.loads(out.read_text())
+    for key in ("name", "file", "argv", "path0", "main_names"):
+        assert warm[key] == fresh[key], key
+    assert warm["path0"] == str(tmp_path / target) and warm["torch_was_imported"]
 
 
 def test_an_activation_too_big_for_the_pipe_starts_cold(tmp_path: Path) -> None:
