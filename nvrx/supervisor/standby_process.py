@@ -80,6 +80,12 @@ def _fresh_main() -> dict:
     return main.__dict__
 
 
+def _abspath(script: str) -> str:
+    """``script`` made absolute as ``python`` makes it: joined to the working directory, not
+    normalized (``./train.py`` is ``/cwd/./train.py`` in ``__file__``)."""
+    return os.getcwd() if script in ("", ".") else os.path.join(os.getcwd(), script)
+
+
 def run(argv: list[str], env: dict[str, str]) -> None:
     """Run the training command ``argv`` (``[python, script, ...]`` or ``[python, -m, module,
     ...]``) as ``__main__``, with what ``python`` itself sets: ``sys.argv``, ``sys.path[0]``,
@@ -93,7 +99,7 @@ def run(argv: list[str], env: dict[str, str]) -> None:
         runpy._run_module_as_main(argv[2])  # what ``python -m`` runs; it sets argv[0]
         return
     script = argv[1]
-    path = os.path.abspath(script)
+    path = _abspath(script)
     sys.argv = list(argv[1:])
     safe_path = getattr(sys.flags, "safe_path", False)  # -P (Python 3.11+)
     if get_importer(path) is not None:  # a directory or zip file (zipapp): its ``__main__``

@@ -88,14 +88,15 @@ def test_a_script_runs_as_main_with_the_rank_environment(tmp_path: Path) -> None
 def test_a_relative_or_linked_script_gets_what_python_gives_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``python link.py`` from the script's parent: argv[0] as given, ``__file__`` absolute
-    (links kept), ``sys.path[0]`` the directory of the file the link points to."""
+    """``python ./link.py`` from the script's parent: argv[0] as given, ``__file__`` absolute
+    as given (links and ``./`` kept), ``sys.path[0]`` the directory of the file the link
+    points to."""
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "probe.py").write_text(PROBE)
     (tmp_path / "link.py").symlink_to(tmp_path / "code" / "probe.py")
     out = tmp_path / "probe.json"
     monkeypatch.chdir(tmp_path)
-    argv = [sys.executable, "link.py", "x"]
+    argv = [sys.executable, "./link.py", "x"]
     expected = subprocess.run(
         argv, env=_env(PROBE_OUT=str(out)), check=True, timeout=60
     )  # a fresh interpreter first
@@ -109,19 +110,19 @@ def test_a_relative_or_linked_script_gets_what_python_gives_it(
     warm = json.loads(out.read_text())
     for key in ("name", "file", "argv", "path0", "main_names"):
         assert warm[key] == fresh[key], key
-    assert warm["file"] == str(tmp_path / "link.py") and warm["path0"] == str(tmp_path / "code")
+    assert warm["file"] == f"{tmp_path}/./link.py" and warm["path0"] == str(tmp_path / "code")
 
 
 @pytest.mark.parametrize("kind", ["directory", "zipapp"])
 def test_a_directory_or_zip_file_runs_its_main_as_python_runs_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
-    """``python app.pyz`` (zipapp, shiv, pex) or ``python app/`` runs the ``__main__.py``
-    inside, with the archive or directory itself as ``sys.path[0]``."""
+    """``python app.pyz`` (zipapp, shiv, pex) or ``python ./app/`` runs the ``__main__.py``
+    inside, with the archive or directory itself, as given, as ``sys.path[0]``."""
     app = tmp_path / "app"
     app.mkdir()
     (app / "__main__.py").write_text(PROBE)
-    target = "app"
+    target = "./app/"
     if kind == "zipapp":
         zipapp.create_archive(app, tmp_path / "app.pyz")
         target = "app.pyz"
@@ -138,7 +139,7 @@ def test_a_directory_or_zip_file_runs_its_main_as_python_runs_it(
     warm = json.loads(out.read_text())
     for key in ("name", "file", "argv", "path0", "main_names"):
         assert warm[key] == fresh[key], key
-    assert warm["path0"] == str(tmp_path / target) and warm["torch_was_imported"]
+    assert warm["path0"] == f"{tmp_path}/{target}" and warm["torch_was_imported"]
 
 
 def test_an_activation_too_big_for_the_pipe_starts_cold(tmp_path: Path) -> None:
