@@ -86,6 +86,19 @@ def _abspath(script: str) -> str:
     return os.getcwd() if script in ("", ".") else os.path.join(os.getcwd(), script)
 
 
+def _compile(path: str, program: str) -> types.CodeType:
+    """The script's code; one that cannot be read ends this process as ``python`` ends then
+    (its message, status 2)."""
+    try:
+        source = io.open_code(path)
+    except OSError as exc:
+        print(f"{program}: can't open file {path!r}: [Errno {exc.errno}] {exc.strerror}",
+              file=sys.stderr)  # fmt: skip
+        raise SystemExit(2) from None
+    with source:
+        return compile(source.read(), path, "exec", dont_inherit=True)
+
+
 def run(argv: list[str], env: dict[str, str]) -> None:
     """Run the training command ``argv`` (``[python, script, ...]`` or ``[python, -m, module,
     ...]``) as ``__main__``, with what ``python`` itself sets: ``sys.argv``, ``sys.path[0]``,
@@ -111,8 +124,7 @@ def run(argv: list[str], env: dict[str, str]) -> None:
         return
     if not safe_path:  # -P adds no script directory
         sys.path[0] = os.path.dirname(os.path.realpath(script))
-    with io.open_code(path) as source:
-        code = compile(source.read(), path, "exec", dont_inherit=True)
+    code = _compile(path, argv[0])
     main_globals.update(__file__=path, __loader__=SourceFileLoader("__main__", path), __spec__=None)
     exec(code, main_globals)
 

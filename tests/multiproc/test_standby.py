@@ -142,6 +142,21 @@ def test_a_directory_or_zip_file_runs_its_main_as_python_runs_it(
     assert warm["path0"] == f"{tmp_path}/{target}" and warm["torch_was_imported"]
 
 
+def test_a_script_that_cannot_be_opened_ends_as_python_ends(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A script missing on this node (a spare's file system, say): python's one-line message
+    and status 2, as a rank started cold ends, not a traceback."""
+    argv = [sys.executable, str(tmp_path / "missing.py")]
+    fresh = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=60)
+    assert fresh.returncode == 2
+    child = Standby(sys.executable, _env()).activate(argv, _env(), 0, 1)
+    assert child is not None
+    status = child.wait(150)
+    assert status is not None and status.code == 2
+    assert capfd.readouterr().err.splitlines()[-1] == fresh.stderr.strip()
+
+
 def test_an_activation_too_big_for_the_pipe_starts_cold(tmp_path: Path) -> None:
     """The standby reads only after its imports: a write that does not fit fails at once
     (the rank starts cold) instead of blocking the supervisor's loop."""
