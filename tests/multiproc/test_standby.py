@@ -214,6 +214,34 @@ def test_sigterm_ends_it_like_a_fresh_interpreter(tmp_path: Path) -> None:
     assert status is not None and status.signal == signal.SIGTERM
 
 
+def test_a_rank_from_a_standby_shows_the_standby_command_line_and_start_environment(
+    tmp_path: Path,
+) -> None:
+    """What ``ps`` and ``/proc`` show of a rank that a standby became: the standby's command
+    line, not the script's, and the environment the standby started with; the script's
+    ``os.environ`` is the rank's."""
+    script = tmp_path / "waits.py"
+    seen = tmp_path / "seen"
+    script.write_text(
+        "import os, pathlib, time\n"
+        f"pathlib.Path({str(seen)!r}).write_text(os.environ['MARK'] + '\\n')\n"
+        "time.sleep(60)\n"
+    )
+    child = Standby(sys.executable, _env(MARK="standby")).activate(
+        [sys.executable, str(script), "x"], _env(MARK="rank 3"), 0, 1
+    )
+    assert child is not None
+    try:
+        wait_until("the script to start", lambda: seen.exists() and "\n" in seen.read_text(), 150)
+        assert seen.read_text() == "rank 3\n"
+        process = psutil.Process(child.pid)
+        assert process.cmdline() == [sys.executable, "-m", "nvrx.supervisor.standby_process"]
+        assert process.environ()["MARK"] == "standby"
+    finally:
+        child.signal_group(signal.SIGKILL)
+        child.wait(30)
+
+
 def test_standbys_not_needed_leave_no_process() -> None:
     """Discarded after their warm-up, standbys end, and so do the monitor processes they
     started ahead (each in a process group of its own)."""
