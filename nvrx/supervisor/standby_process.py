@@ -81,9 +81,12 @@ def _fresh_main() -> dict:
 
 
 def _abspath(script: str) -> str:
-    """``script`` made absolute as ``python`` makes it: joined to the working directory, not
-    normalized (``./train.py`` is ``/cwd/./train.py`` in ``__file__``)."""
-    return os.getcwd() if script in ("", ".") else os.path.join(os.getcwd(), script)
+    """``script`` made absolute as ``python`` makes it: the working directory, ``/`` and the
+    script as given, not normalized (``./train.py`` is ``/cwd/./train.py`` in ``__file__``;
+    from ``/``, ``train.py`` is ``//train.py``)."""
+    if script in ("", "."):
+        return os.getcwd()
+    return script if os.path.isabs(script) else os.getcwd() + os.sep + script
 
 
 def _compile(path: str, program: str) -> types.CodeType:

@@ -142,12 +142,18 @@ def test_a_directory_or_zip_file_runs_its_main_as_python_runs_it(
     assert warm["path0"] == f"{tmp_path}/{target}" and warm["torch_was_imported"]
 
 
+@pytest.mark.parametrize("where", ["absolute", "relative from /"])
 def test_a_script_that_cannot_be_opened_ends_as_python_ends(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
     """A script missing on this node (a spare's file system, say): python's one-line message
-    and status 2, as a rank started cold ends, not a traceback."""
-    argv = [sys.executable, str(tmp_path / "missing.py")]
+    and status 2, as a rank started cold ends, not a traceback. The message names the path as
+    python made it absolute (from ``/``, a relative one starts ``//``)."""
+    script = str(tmp_path / "missing.py")
+    if where == "relative from /":
+        monkeypatch.chdir("/")
+        script = script.lstrip("/")
+    argv = [sys.executable, script]
     fresh = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=60)
     assert fresh.returncode == 2
     child = Standby(sys.executable, _env()).activate(argv, _env(), 0, 1)
