@@ -232,11 +232,12 @@ def _add_nodes(add: Add) -> None:
         "--warm-standby",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="start training processes ahead, with torch imported, where a restart is "
-        "foreseeable: a spare node's ranks at once (they run the command when it takes over a "
-        "lost node), a node's ranks while a store failover is under way. Only for commands of "
-        "the form 'python script.py ...' or 'python -m module ...'; others start cold. "
-        "--no-warm-standby (or $NVRX_WARM_STANDBY=0) starts every process cold (default: on)",
+        help="start processes ahead, torch imported: on each training node, one for its next "
+        "restart of any local rank, once its children train (see --standby-wait; cold after 3 "
+        "die unused); on a spare, one per local rank (run when it takes over a node); during a "
+        "store failover, one per local rank; with 3 --nnodes or more, a node agent (and on the "
+        "node next in line, a store) ready for a failover. Only for 'python script.py ...' or "
+        "'python -m module ...'. On by default; --no-warm-standby ($NVRX_WARM_STANDBY=0): all cold",
     )
     add(
         "--standby-wait",

@@ -202,6 +202,13 @@ class RankOutput:
             filed = directory is not None and routes[name] in (Route.FILE, Route.TEE)
             pump.attach(directory / STREAM_FILES[name] if filed else None, prefix, routes[name])
 
+    def show(self, prefix: bytes) -> None:
+        """The process ended without becoming a rank (a standby for restarts that died): what
+        its piped streams hold goes to the console, each line after ``prefix``, and to no file
+        (no rank's files are its own); a stream already routed stays as it was."""
+        for pump in self.pumps.values():
+            pump.attach(None, prefix, Route.TEE)
+
     def done(self) -> bool:
         return all(pump.done() for pump in self.pumps.values())
 

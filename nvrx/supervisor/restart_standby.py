@@ -23,7 +23,8 @@ replacement, and never while the job stops, a store failover runs or a job-wide 
 waits for its children to end.
 ``standby_start`` tells its pid, ``standby_ready`` when it is warm (it and the Wrapper
 monitor it started ahead are past their imports; the supervisor's selector wakes on it).
-One that died before it was needed is replaced, with a warning; after
+One that died before it was needed is replaced, with a warning (and what it printed on a
+piped stream, on the console: ``RankOutput.show``); after
 ``standby.MAX_DEATHS`` such deaths restarts start cold. It is discarded at the
 end, with the monitor process it started ahead.
 

@@ -249,6 +249,8 @@ class Standbys:
         if standby is not None and standby.proc.poll() is None:
             return None
         if standby is not None:
+            if standby.output is not None:  # why it ended, on a stream that had no rank's files
+                standby.output.show(f"[standby {standby.pid}]:".encode())
             self._drop_restart_standby()
             self._died(f"ended (exit {standby.proc.returncode}) before it was needed")
             if self._deaths >= MAX_DEATHS:

@@ -22,6 +22,7 @@ import runpy
 import sys
 import types
 from importlib.machinery import SourceFileLoader
+from pkgutil import get_importer
 
 from nvrx.jobenv import STANDBY_FD as FD_ENV
 from nvrx.jobenv import STANDBY_READY_FD as READY_FD_ENV
@@ -79,10 +80,33 @@ def _fresh_main() -> dict:
     return main.__dict__
 
 
+def _abspath(script: str) -> str:
+    """``script`` made absolute as ``python`` makes it: the working directory, ``/`` and the
+    script as given, not normalized (``./train.py`` is ``/cwd/./train.py`` in ``__file__``;
+    from ``/``, ``train.py`` is ``//train.py``)."""
+    if script in ("", "."):
+        return os.getcwd()
+    return script if os.path.isabs(script) else os.getcwd() + os.sep + script
+
+
+def _compile(path: str, program: str) -> types.CodeType:
+    """The script's code; one that cannot be read ends this process as ``python`` ends then
+    (its message, status 2)."""
+    try:
+        source = io.open_code(path)
+    except OSError as exc:
+        print(f"{program}: can't open file {path!r}: [Errno {exc.errno}] {exc.strerror}",
+              file=sys.stderr)  # fmt: skip
+        raise SystemExit(2) from None
+    with source:
+        return compile(source.read(), path, "exec", dont_inherit=True)
+
+
 def run(argv: list[str], env: dict[str, str]) -> None:
     """Run the training command ``argv`` (``[python, script, ...]`` or ``[python, -m, module,
     ...]``) as ``__main__``, with what ``python`` itself sets: ``sys.argv``, ``sys.path[0]``,
-    an absolute ``__file__``, a fresh ``__main__`` that stays after the script returns."""
+    an absolute ``__file__``, a fresh ``__main__`` that stays after the script returns. A
+    "script" that is a directory or zip file runs its ``__main__.py``, as ``python`` does."""
     os.environ.clear()
     os.environ.update(env)
     main_globals = _fresh_main()
@@ -91,12 +115,19 @@ def run(argv: list[str], env: dict[str, str]) -> None:
         runpy._run_module_as_main(argv[2])  # what ``python -m`` runs; it sets argv[0]
         return
     script = argv[1]
-    path = os.path.abspath(script)
+    path = _abspath(script)
     sys.argv = list(argv[1:])
-    if not getattr(sys.flags, "safe_path", False):  # -P (Python 3.11+) adds no script directory
+    safe_path = getattr(sys.flags, "safe_path", False)  # -P (Python 3.11+)
+    if get_importer(path) is not None:  # a directory or zip file (zipapp): its ``__main__``
+        if safe_path:
+            sys.path.insert(0, path)  # added even so
+        else:
+            sys.path[0] = path
+        runpy._run_module_as_main("__main__", alter_argv=False)  # what ``python`` runs then
+        return
+    if not safe_path:  # -P adds no script directory
         sys.path[0] = os.path.dirname(os.path.realpath(script))
-    with io.open_code(path) as source:
-        code = compile(source.read(), path, "exec", dont_inherit=True)
+    code = _compile(path, argv[0])
     main_globals.update(__file__=path, __loader__=SourceFileLoader("__main__", path), __spec__=None)
     exec(code, main_globals)
 

@@ -403,6 +403,45 @@ def test_a_dead_standby_is_replaced_then_given_up(caplog: pytest.LogCaptureFixtu
     assert pool.pids() == [] and _alive(set(pids)) == set()
 
 
+def test_what_a_dead_standby_printed_on_piped_streams_is_shown_when_it_is_replaced(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Streams in files (``--redirects``/``--tee``) are piped; a standby for restarts that died
+    before it was needed has no rank's files to put them in. What it printed (why it ended:
+    a ``python`` that cannot import nvrx, say) is on the console, each line once and prefixed
+    with its pid, by the time the warning that replaces it is logged; a last line without its
+    end included."""
+    python = tmp_path / "python-without-nvrx"
+    python.write_text(
+        "#!/bin/sh\necho \"No module named 'nvrx'\" >&2\necho on stdout\nprintf 'last' >&2\nexit 1\n"
+    )
+    python.chmod(0o755)
+    command = [str(python), "train.py"]
+    at_warning: list[tuple[str, str]] = []
+
+    class AtWarning(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            at_warning.append(tuple(capfd.readouterr()))
+
+    handler = AtWarning(logging.WARNING)
+    logging.getLogger(standby_module.__name__).addHandler(handler)
+    pool = Standbys(logs=RankLogs(redirects=Std.ALL))
+    try:
+        pid = pool.keep_ready(command, _env, range(2))
+        assert pid is not None and pool._for_restart is not None
+        wait_until("the standby to end", lambda: pool._for_restart.proc.poll() is not None, 30)
+        assert pool.keep_ready(command, _env, range(2)) not in (None, pid)  # replaced
+        after = capfd.readouterr()
+    finally:
+        logging.getLogger(standby_module.__name__).removeHandler(handler)
+        pool.discard()
+    assert len(at_warning) == 1, at_warning
+    out, err = ([line for line in text.splitlines() if "[standby" in line] for text in at_warning[0])
+    assert out == [f"[standby {pid}]:on stdout"], at_warning
+    assert err == [f"[standby {pid}]:No module named 'nvrx'", f"[standby {pid}]:last"], at_warning
+    assert "[standby" not in after.out + after.err, after
+
+
 def test_no_standby_for_a_command_it_cannot_run_nor_when_turned_off() -> None:
     assert Standbys().keep_ready(["bash", "train.sh"], _env, range(2)) is None
     assert Standbys(enabled=False).keep_ready([sys.executable, "train.py"], _env, range(2)) is None

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import zipapp
 from pathlib import Path
 
 import psutil
@@ -87,14 +88,15 @@ def test_a_script_runs_as_main_with_the_rank_environment(tmp_path: Path) -> None
 def test_a_relative_or_linked_script_gets_what_python_gives_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``python link.py`` from the script's parent: argv[0] as given, ``__file__`` absolute
-    (links kept), ``sys.path[0]`` the directory of the file the link points to."""
+    """``python ./link.py`` from the script's parent: argv[0] as given, ``__file__`` absolute
+    as given (links and ``./`` kept), ``sys.path[0]`` the directory of the file the link
+    points to."""
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "probe.py").write_text(PROBE)
     (tmp_path / "link.py").symlink_to(tmp_path / "code" / "probe.py")
     out = tmp_path / "probe.json"
     monkeypatch.chdir(tmp_path)
-    argv = [sys.executable, "link.py", "x"]
+    argv = [sys.executable, "./link.py", "x"]
     expected = subprocess.run(
         argv, env=_env(PROBE_OUT=str(out)), check=True, timeout=60
     )  # a fresh interpreter first
@@ -108,7 +110,57 @@ def test_a_relative_or_linked_script_gets_what_python_gives_it(
     warm = json.loads(out.read_text())
     for key in ("name", "file", "argv", "path0", "main_names"):
         assert warm[key] == fresh[key], key
-    assert warm["file"] == str(tmp_path / "link.py") and warm["path0"] == str(tmp_path / "code")
+    assert warm["file"] == f"{tmp_path}/./link.py" and warm["path0"] == str(tmp_path / "code")
+
+
+@pytest.mark.parametrize("kind", ["directory", "zipapp"])
+def test_a_directory_or_zip_file_runs_its_main_as_python_runs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """``python app.pyz`` (zipapp, shiv, pex) or ``python ./app/`` runs the ``__main__.py``
+    inside, with the archive or directory itself, as given, as ``sys.path[0]``."""
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "__main__.py").write_text(PROBE)
+    target = "./app/"
+    if kind == "zipapp":
+        zipapp.create_archive(app, tmp_path / "app.pyz")
+        target = "app.pyz"
+    out = tmp_path / "probe.json"
+    monkeypatch.chdir(tmp_path)
+    argv = [sys.executable, target, "x"]
+    subprocess.run(argv, env=_env(PROBE_OUT=str(out)), check=True, timeout=60)  # fresh first
+    fresh = json.loads(out.read_text())
+    out.unlink()
+    child = Standby(sys.executable, _env()).activate(argv, _env(PROBE_OUT=str(out)), 0, 1)
+    assert child is not None
+    status = child.wait(150)
+    assert status is not None and status.code == 0
+    warm = json.loads(out.read_text())
+    for key in ("name", "file", "argv", "path0", "main_names"):
+        assert warm[key] == fresh[key], key
+    assert warm["path0"] == f"{tmp_path}/{target}" and warm["torch_was_imported"]
+
+
+@pytest.mark.parametrize("where", ["absolute", "relative from /"])
+def test_a_script_that_cannot_be_opened_ends_as_python_ends(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A script missing on this node (a spare's file system, say): python's one-line message
+    and status 2, as a rank started cold ends, not a traceback. The message names the path as
+    python made it absolute (from ``/``, a relative one starts ``//``)."""
+    script = str(tmp_path / "missing.py")
+    if where == "relative from /":
+        monkeypatch.chdir("/")
+        script = script.lstrip("/")
+    argv = [sys.executable, script]
+    fresh = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=60)
+    assert fresh.returncode == 2
+    child = Standby(sys.executable, _env()).activate(argv, _env(), 0, 1)
+    assert child is not None
+    status = child.wait(150)
+    assert status is not None and status.code == 2
+    assert capfd.readouterr().err.splitlines()[-1] == fresh.stderr.strip()
 
 
 def test_an_activation_too_big_for_the_pipe_starts_cold(tmp_path: Path) -> None:
@@ -166,6 +218,34 @@ def test_sigterm_ends_it_like_a_fresh_interpreter(tmp_path: Path) -> None:
     child.signal_group(signal.SIGTERM)
     status = child.wait(30)
     assert status is not None and status.signal == signal.SIGTERM
+
+
+def test_a_rank_from_a_standby_shows_the_standby_command_line_and_start_environment(
+    tmp_path: Path,
+) -> None:
+    """What ``ps`` and ``/proc`` show of a rank that a standby became: the standby's command
+    line, not the script's, and the environment the standby started with; the script's
+    ``os.environ`` is the rank's."""
+    script = tmp_path / "waits.py"
+    seen = tmp_path / "seen"
+    script.write_text(
+        "import os, pathlib, time\n"
+        f"pathlib.Path({str(seen)!r}).write_text(os.environ['MARK'] + '\\n')\n"
+        "while True:\n    time.sleep(3600)  # until the test kills it\n"
+    )
+    child = Standby(sys.executable, _env(MARK="standby")).activate(
+        [sys.executable, str(script), "x"], _env(MARK="rank 3"), 0, 1
+    )
+    assert child is not None
+    try:
+        wait_until("the script to start", lambda: seen.exists() and "\n" in seen.read_text(), 150)
+        assert seen.read_text() == "rank 3\n"
+        process = psutil.Process(child.pid)
+        assert process.cmdline() == [sys.executable, "-m", "nvrx.supervisor.standby_process"]
+        assert process.environ()["MARK"] == "standby"
+    finally:
+        child.signal_group(signal.SIGKILL)
+        child.wait(30)
 
 
 def test_standbys_not_needed_leave_no_process() -> None:
