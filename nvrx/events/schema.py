@@ -158,6 +158,7 @@ KINDS: dict[str, dict[str, str]] = {
     "child_start": {
         "local_rank": "local rank of the child",
         "child_pid": "pid of the child",
+        "global_rank": "RANK the child is started with",
         "attempt": "0 for the first start, n for the n-th restart of this local rank",
         "warm": "true when a warm standby (torch already imported) became the child",
         "files": "its directory, relative to the job's: error file and log files (rank_logs)",
@@ -195,6 +196,7 @@ KINDS: dict[str, dict[str, str]] = {
         "wait_s": "seconds since the exit (supervisor) or that peers waited (wrapper)",
         "phase": "replacement_started (supervisor side)",
         "child_pid": "pid of the replacement (supervisor side)",
+        "global_rank": "RANK the replacement is started with (supervisor side)",
         "rank_rejoined": "rank that came back (wrapper side)",
     },
     "node_lost": {

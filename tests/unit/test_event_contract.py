@@ -35,7 +35,7 @@ class EmitCall:
     where: str
     kind: str | None  # None: not a string literal
     forwarded: bool  # the kind is the enclosing function's own ``kind`` parameter
-    fields: tuple[str, ...]  # fields passed by name (``**splat`` ones cannot be read)
+    fields: tuple[str, ...]  # by name, and the keys of a ``**name`` the function set to a dict literal
 
 
 def _is_super_call(node: ast.expr) -> bool:
@@ -61,6 +61,27 @@ def _parameters(function: ast.AST | None) -> set[str]:
     return {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
 
 
+def _splat_keys(function: ast.AST | None, name: str) -> list[str]:
+    """The string keys of every dict literal that ``function`` assigns to ``name`` (a
+    ``**name`` passed to a writer); none where it is built otherwise."""
+    if function is None:
+        return []
+    keys = []
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
+            if any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+                keys += [k.value for k in node.value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+    return keys
+
+
+def _fields(call: ast.Call, function: ast.AST | None) -> tuple[str, ...]:
+    named = [k.arg for k in call.keywords if k.arg not in (None, "kind")]
+    for k in call.keywords:
+        if k.arg is None and isinstance(k.value, ast.Name):
+            named += _splat_keys(function, k.value.id)
+    return tuple(named)
+
+
 def emit_calls(package: Path) -> Iterator[EmitCall]:
     """Every writer call under ``package``."""
     for path in sorted(package.rglob("*.py")):
@@ -80,7 +101,7 @@ def emit_calls(package: Path) -> Iterator[EmitCall]:
                 where=f"{path.relative_to(package.parent)}:{call.lineno}",
                 kind=first.value if literal else None,
                 forwarded=forwarded and "kind" in _parameters(function),
-                fields=tuple(k.arg for k in call.keywords if k.arg not in (None, "kind")),
+                fields=_fields(call, function),
             )
 
 
@@ -120,6 +141,7 @@ def test_every_emitted_kind_and_field_is_declared() -> None:
         ('emit(kind="no_such_kind")', "kind 'no_such_kind' is not declared"),
         ('emit(kind="fault", planet="mars")', "fault.planet is not documented"),
         ("writer.emit(kind, planet=1)", "planet is not a common or stamped field"),
+        ('ids = {"child_pid": 1, "planet": 2}\n    emit("child_start", **ids)', "child_start.planet"),
     ],
 )
 def test_an_undeclared_emit_is_caught(tmp_path: Path, line: str, expected: str) -> None:
