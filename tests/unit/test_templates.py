@@ -234,6 +234,33 @@ def test_a_template_exits_with_srun_s_code_when_a_signal_ends_srun(
     assert shell.returncode == code and f"supervisors ended with exit code {code}" in out, out
 
 
+#: The template's `wait` returns srun's own code, then, before the template looks at it, a
+#: signal arrives (USR2 to itself): the loop waits once more, on a srun bash has reaped.
+WAIT_THEN_SIGNAL = (
+    '() { builtin wait "$@" && set -- 0 || set -- $?; '
+    'if [ -z "${signalled:-}" ]; then signalled=1; builtin kill -USR2 $$; fi; return "$1"; }'
+)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("posix", [False, True])
+def test_a_signal_after_srun_ended_leaves_srun_s_code(tmp_path: Path, name: str, posix: bool) -> None:
+    """Before: in POSIX mode (POSIXLY_CORRECT in the job's environment) bash forgets a child's
+    status once `wait` has returned it, so the second `wait` gave 127 and the template exited 127."""
+    fake = tmp_path / "srun"
+    fake.write_text(f'#!/bin/bash\necho "${{POSIXLY_CORRECT-unset}}" > "{tmp_path}/posix"\nexit 75\n')
+    fake.chmod(0o755)
+    script = tmp_path / f"{name}.sbatch"
+    script.write_text(template_cli.render(name, str(fake)))
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_JOB_NUM_NODES": "3",
+           "SLURM_SUBMIT_DIR": str(tmp_path), "PATH": os.environ["PATH"],
+           "BASH_FUNC_wait%%": WAIT_THEN_SIGNAL} | ({"POSIXLY_CORRECT": "1"} if posix else {})  # fmt: skip
+    done = subprocess.run(["bash", str(script), "true"], env=env, capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stderr) == (75, ""), done.stdout + done.stderr
+    assert done.stdout.endswith("supervisors ended with exit code 75\n"), done.stdout
+    assert (tmp_path / "posix").read_text() == ("1\n" if posix else "unset\n")  # srun keeps the user's
+
+
 def test_a_template_exits_with_the_supervisors_code(tmp_path: Path) -> None:
     assert _run(tmp_path, "train", ["true"], EXIT="75").returncode == 75
 
