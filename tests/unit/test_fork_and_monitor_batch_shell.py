@@ -56,18 +56,37 @@ def test_one_task_in_the_batch_script_and_the_tasks_of_srun_still_start() -> Non
     assert (under_srun.nnodes, under_srun.node_rank) == (4, 3)
 
 
-def test_a_script_in_the_batch_script_of_several_tasks_exits_2_before_it_forks(tmp_path: Path) -> None:
-    """One line on stderr, exit 2 (a configuration to fix), and the script's body never runs."""
+def _run_script(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """A script that calls ``fork_and_monitor`` first, then says that its body ran."""
     script = tmp_path / "train.py"
     script.write_text(
         "import nvrx\n"
         "nvrx.fork_and_monitor(store_timeout=5, finish_timeout=5)\n"
         "print('the body ran', flush=True)\n"
     )
-    env = _batch_shell(2, 2) | {"PYTHONPATH": str(CHECKOUT), "NVRX_LOG_DIR": str(tmp_path / "logs")}
-    done = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True,
+    env = env | {"PYTHONPATH": str(CHECKOUT), "NVRX_LOG_DIR": str(tmp_path / "logs")}
+    return subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True,
                           text=True, timeout=120)  # fmt: skip
+
+
+def test_a_script_in_the_batch_script_of_several_tasks_exits_2_before_it_forks(tmp_path: Path) -> None:
+    """One line on stderr, exit 2 (a configuration to fix), and the script's body never runs."""
+    done = _run_script(tmp_path, _batch_shell(2, 2))
     assert (done.returncode, done.stdout) == (2, ""), done.stdout + done.stderr
     lines = done.stderr.splitlines()
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("nvrx fork_and_monitor: error: started in the batch script of a job of 2 tasks")
+
+
+def test_a_bad_slurm_variable_is_one_line_and_exit_2_before_it_forks(tmp_path: Path) -> None:
+    """Before: the ConfigError left the call as a traceback, and the script exited 1."""
+    task = _batch_shell(2, 2) | {
+        "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "node[2-1]", "SLURM_STEP_NUM_NODES": "2",
+        "SLURM_STEP_NUM_TASKS": "2",
+    }  # fmt: skip
+    done = _run_script(tmp_path, task)
+    assert (done.returncode, done.stdout) == (2, ""), done.stdout + done.stderr
+    assert done.stderr.splitlines() == [
+        "nvrx fork_and_monitor: error: cannot read the SLURM topology: "
+        "SLURM_STEP_NODELIST='node[2-1]': range '2-1' goes down, in node list 'node[2-1]'"
+    ]
