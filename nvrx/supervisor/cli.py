@@ -34,6 +34,7 @@ from .config import (
     SupervisorConfig,
     in_slurm_step,
     job_from_slurm,
+    not_in_a_batch_shell,
 )
 from .exit_codes import ExitCode, exit_code_help
 
@@ -367,7 +368,10 @@ def config_from_args(
         job = job_from_slurm(
             env, args.nproc_per_node, args.log_dir, args.master_port, args.store_port
         )
-        _not_in_a_batch_shell_of_several_nodes(env, job)
+        not_in_a_batch_shell(
+            env, job.nnodes, "nodes", "start one supervisor per node with "
+            "`nvrx-srun [options] -- COMMAND` (or `srun --ntasks-per-node=1 nvrx-supervise ...`)"
+        )
         if args.job_id:
             job = replace(job, job_id=args.job_id)
     else:
@@ -397,25 +401,6 @@ def config_from_args(
             file=sys.stderr,
         )
     return config, args.verbose
-
-
-#: SLURM's variables a supervisor in a batch shell names when it refuses to start.
-_BATCH_SHELL_VARS = ("SLURM_PROCID", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
-
-
-def _not_in_a_batch_shell_of_several_nodes(env: Mapping[str, str], job: JobEnv) -> None:
-    """ConfigError when SLURM's variables are a batch shell's (no ``SLURM_STEP_ID``: not
-    started by srun) in a job of several nodes: this supervisor would take itself for node 0
-    of them, the others' supervisors would never start, and the job would end long after,
-    with "node lost, no spare". A job of one node runs its supervisor there as well."""
-    if env.get("SLURM_STEP_ID") or job.nnodes == 1:
-        return
-    seen = ", ".join(f"{name}={env[name]}" for name in _BATCH_SHELL_VARS if name in env)
-    raise ConfigError(
-        f"started in the batch script of a job of {job.nnodes} nodes, not by srun ({seen}, no "
-        "SLURM_STEP_ID): start one supervisor per node with `nvrx-srun [options] -- COMMAND` "
-        "(or `srun --ntasks-per-node=1 nvrx-supervise ...`)"
-    )
 
 
 def _nproc(asked: str, argv: Sequence[str], env: Mapping[str, str], count_here: bool) -> int:

@@ -352,8 +352,29 @@ class SupervisorConfig:
 
 
 def in_slurm_step(env: Mapping[str, str]) -> bool:
-    """Whether this process is a task of a SLURM job step (srun)."""
+    """Whether SLURM placed this process: a task of a job step (srun), or the batch shell of a
+    job, which has ``SLURM_PROCID`` too but no ``SLURM_STEP_ID`` (``not_in_a_batch_shell``)."""
     return "SLURM_JOB_ID" in env and "SLURM_PROCID" in env
+
+
+#: SLURM's variables a process started in a batch shell names when it refuses to start.
+_BATCH_SHELL_VARS = ("SLURM_PROCID", "SLURM_NNODES", "SLURM_JOB_NUM_NODES", "SLURM_NTASKS")
+
+
+def not_in_a_batch_shell(env: Mapping[str, str], count: int, of_what: str, fix: str) -> None:
+    """ConfigError when SLURM's variables in ``env`` are a batch shell's (no ``SLURM_STEP_ID``:
+    srun did not start this process) in a job of ``count`` > 1 ``of_what`` (nodes, tasks):
+    ``in_slurm_step`` holds there too, and the process would take itself for the first of them,
+    wait for the others, which never start, and fail long after for a reason far from the
+    mistake. ``fix`` says how to start one per node or task. With a count of 1 the batch
+    shell is the only one, and starts."""
+    if env.get("SLURM_STEP_ID") or count == 1:
+        return
+    seen = ", ".join(f"{name}={env[name]}" for name in _BATCH_SHELL_VARS if name in env)
+    raise ConfigError(
+        f"started in the batch script of a job of {count} {of_what}, not by srun ({seen}, no "
+        f"SLURM_STEP_ID): {fix}"
+    )
 
 
 def job_from_slurm(

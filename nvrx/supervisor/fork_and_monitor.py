@@ -37,9 +37,11 @@ from .config import (
     DEFAULT_LOOP_BREAKER,
     DEFAULT_MAX_RESTARTS,
     DEFAULT_STORE_TIMEOUT_S,
+    ConfigError,
     SupervisorConfig,
     in_slurm_step,
     job_from_slurm,
+    not_in_a_batch_shell,
 )
 
 if TYPE_CHECKING:
@@ -73,10 +75,15 @@ def _job(env: Mapping[str, str], log_dir: str | None) -> JobEnv:
     """The job of a one-rank-per-process launch: SLURM tasks, torchrun-style variables, or one process.
 
     Each process is a "node" of one rank here, so SLURM's task count is the node count.
+    ConfigError for a bad SLURM variable, and in the batch script of a job of several tasks.
     """
     if in_slurm_step(env):
         job = job_from_slurm(env, 1, log_dir)
         ntasks = int(env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS") or job.nnodes)
+        not_in_a_batch_shell(
+            env, ntasks, "tasks", "start the script once per task with `srun python SCRIPT ...` "
+            "(fork_and_monitor runs one monitor per process)"
+        )
         return replace(job, nnodes=ntasks, node_rank=int(env["SLURM_PROCID"]))
     job = JobEnv.from_env(env)
     return replace(job, log_dir=log_dir or job.log_dir)
@@ -93,16 +100,23 @@ def fork_and_monitor(
     """Fork; the parent supervises the child and exits, the child returns and runs the script.
 
     Returns at once without forking when the process already runs under an nvrx
-    supervisor (``NVRX_SUPERVISED=1``). Call it before importing torch.
+    supervisor (``NVRX_SUPERVISED=1``). Call it before importing torch. Before any fork,
+    it ends the process with exit 2 and one line on stderr where the environment is no place
+    for it: a bad SLURM variable, or the batch script of a job of several tasks.
     """
     if jobenv.flag_in(os.environ, jobenv.SUPERVISED):
         return
     from .exit_codes import SupervisorError
     from .supervisor import Supervisor
 
+    try:
+        job = _job(os.environ, log_dir)
+    except ConfigError as exc:  # before any fork: this process is the script, and ends here
+        print(f"nvrx fork_and_monitor: error: {exc}", file=sys.stderr)
+        sys.exit(2)
     config = SupervisorConfig(
         command=list(getattr(sys, "orig_argv", sys.argv)),
-        job=_job(os.environ, log_dir),
+        job=job,
         max_restarts=max_restarts,
         loop_breaker=loop_breaker,
         grace_period=grace_period,

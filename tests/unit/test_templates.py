@@ -182,6 +182,85 @@ def test_a_template_forwards_the_warning_and_a_stop_to_nvrx_srun(tmp_path: Path,
     assert shell.returncode == 143 and "supervisors ended with exit code 143" in out, out
 
 
+def _srun_exiting_at_a_signal(tmp_path: Path, code: int) -> Path:
+    """A stand-in for nvrx-srun that exits with ``code`` at USR2 or TERM, as the supervisors
+    end with their own code (75: checkpointed and requeued); ``ready`` once its traps are set."""
+    fake = tmp_path / "exiting srun"
+    fake.write_text(
+        "#!/bin/bash\n"
+        "sleep 600 & held=$!\n"
+        f"trap 'kill \"$held\"; exit {code}' USR2 TERM\n"
+        f'touch "{tmp_path}/ready"\n'
+        'while kill -0 "$held" 2>/dev/null; do wait "$held"; done\n'
+    )
+    fake.chmod(0o755)
+    return fake
+
+
+#: Bash takes this function from its environment, and a function comes before the builtin of
+#: its name: the template's forwarding `kill` returns only once srun has ended and the shell
+#: has reaped it, so srun is gone before the template's next command, every time.
+KILL_THEN_REAP = (
+    '() { builtin kill "$@" || return; '
+    'if [ -n "${srun_pid:-}" ] && [ "$1" != -0 ]; then wait "$srun_pid" || true; fi; }'
+)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGUSR2, 75), (signal.SIGTERM, 12), (signal.SIGINT, 4)])
+def test_a_template_exits_with_srun_s_code_when_a_signal_ends_srun(
+    tmp_path: Path, name: str, signum: int, code: int
+) -> None:
+    """Before: a signal that cut the template's `wait` short, with srun ended before the
+    template looked again, made it exit 128+signal (140 for SLURM's warning) instead of
+    the supervisors' code."""
+    script = tmp_path / f"{name}.sbatch"
+    script.write_text(template_cli.render(name, str(_srun_exiting_at_a_signal(tmp_path, code))))
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_JOB_NUM_NODES": "3",
+           "SLURM_SUBMIT_DIR": str(tmp_path), "PATH": os.environ["PATH"],
+           "BASH_FUNC_kill%%": KILL_THEN_REAP}  # fmt: skip
+    shell = subprocess.Popen(["bash", str(script), "true"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    wchan = Path(f"/proc/{shell.pid}/wchan")
+    try:
+        wait_until("the stand-in nvrx-srun to set its traps", (tmp_path / "ready").exists, 30)
+        wait_until("the template to trap the signal", lambda: _catches(shell.pid, signum), 30)
+        # the signal is to interrupt the template's `wait` (waitpid), not reach it between commands
+        wait_until("the template to wait for srun", lambda: wchan.read_text() == "do_wait", 30)
+        shell.send_signal(signum)
+        out, _ = shell.communicate(timeout=30)
+    finally:
+        processes.stop(shell, ask=signal.SIGKILL)
+    assert shell.returncode == code and f"supervisors ended with exit code {code}" in out, out
+
+
+#: The template's `wait` returns srun's own code, then, before the template looks at it, a
+#: signal arrives (USR2 to itself): the loop waits once more, on a srun bash has reaped.
+WAIT_THEN_SIGNAL = (
+    '() { builtin wait "$@" && set -- 0 || set -- $?; '
+    'if [ -z "${signalled:-}" ]; then signalled=1; builtin kill -USR2 $$; fi; return "$1"; }'
+)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("posix", [False, True])
+def test_a_signal_after_srun_ended_leaves_srun_s_code(tmp_path: Path, name: str, posix: bool) -> None:
+    """Before: in POSIX mode (POSIXLY_CORRECT in the job's environment) bash forgets a child's
+    status once `wait` has returned it, so the second `wait` gave 127 and the template exited 127."""
+    fake = tmp_path / "srun"
+    fake.write_text(f'#!/bin/bash\necho "${{POSIXLY_CORRECT-unset}}" > "{tmp_path}/posix"\nexit 75\n')
+    fake.chmod(0o755)
+    script = tmp_path / f"{name}.sbatch"
+    script.write_text(template_cli.render(name, str(fake)))
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_JOB_NUM_NODES": "3",
+           "SLURM_SUBMIT_DIR": str(tmp_path), "PATH": os.environ["PATH"],
+           "BASH_FUNC_wait%%": WAIT_THEN_SIGNAL} | ({"POSIXLY_CORRECT": "1"} if posix else {})  # fmt: skip
+    done = subprocess.run(["bash", str(script), "true"], env=env, capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stderr) == (75, ""), done.stdout + done.stderr
+    assert done.stdout.endswith("supervisors ended with exit code 75\n"), done.stdout
+    assert (tmp_path / "posix").read_text() == ("1\n" if posix else "unset\n")  # srun keeps the user's
+
+
 def test_a_template_exits_with_the_supervisors_code(tmp_path: Path) -> None:
     assert _run(tmp_path, "train", ["true"], EXIT="75").returncode == 75
 
