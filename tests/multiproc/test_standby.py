@@ -96,11 +96,14 @@ def test_a_relative_or_linked_script_gets_what_python_gives_it(
     (tmp_path / "link.py").symlink_to(tmp_path / "code" / "probe.py")
     out = tmp_path / "probe.json"
     monkeypatch.chdir(tmp_path)
-    argv = [sys.executable, "./link.py", "x"]
-    expected = subprocess.run(
-        argv, env=_env(PROBE_OUT=str(out)), check=True, timeout=60
-    )  # a fresh interpreter first
-    assert expected.returncode == 0
+    warm = _cold_then_warm([sys.executable, "./link.py", "x"], out)
+    assert warm["file"] == f"{tmp_path}/./link.py" and warm["path0"] == str(tmp_path / "code")
+
+
+def _cold_then_warm(argv: list[str], out: Path) -> dict:
+    """Run ``argv`` (a ``PROBE`` script) in a fresh interpreter, then in a standby; what the
+    standby's probe wrote, once it matched the fresh one's on every compared field."""
+    subprocess.run(argv, env=_env(PROBE_OUT=str(out)), check=True, timeout=60)
     fresh = json.loads(out.read_text())
     out.unlink()
     child = Standby(sys.executable, _env()).activate(argv, _env(PROBE_OUT=str(out)), 0, 1)
@@ -110,7 +113,7 @@ def test_a_relative_or_linked_script_gets_what_python_gives_it(
     warm = json.loads(out.read_text())
     for key in ("name", "file", "argv", "path0", "main_names"):
         assert warm[key] == fresh[key], key
-    assert warm["file"] == f"{tmp_path}/./link.py" and warm["path0"] == str(tmp_path / "code")
+    return warm
 
 
 @pytest.mark.parametrize("kind", ["directory", "zipapp"])
@@ -128,17 +131,7 @@ def test_a_directory_or_zip_file_runs_its_main_as_python_runs_it(
         target = "app.pyz"
     out = tmp_path / "probe.json"
     monkeypatch.chdir(tmp_path)
-    argv = [sys.executable, target, "x"]
-    subprocess.run(argv, env=_env(PROBE_OUT=str(out)), check=True, timeout=60)  # fresh first
-    fresh = json.loads(out.read_text())
-    out.unlink()
-    child = Standby(sys.executable, _env()).activate(argv, _env(PROBE_OUT=str(out)), 0, 1)
-    assert child is not None
-    status = child.wait(150)
-    assert status is not None and status.code == 0
-    warm = json.loads(out.read_text())
-    for key in ("name", "file", "argv", "path0", "main_names"):
-        assert warm[key] == fresh[key], key
+    warm = _cold_then_warm([sys.executable, target, "x"], out)
     assert warm["path0"] == f"{tmp_path}/{target}" and warm["torch_was_imported"]
 
 
