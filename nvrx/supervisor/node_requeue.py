@@ -81,12 +81,12 @@ def requeue_excluding(job_id: str, lost: Iterable[str]) -> Requeued | None:
     before = commands.show_hostnames(excluded) if excluded not in _NONE else []
     asked = info.get("ReqNodeList", "")
     required = set(commands.show_hostnames(asked)) if asked not in _NONE else set()
-    lost = [n for n in lost if n]  # read twice below: an iterator would be spent by the first
+    lost = list(dict.fromkeys(n for n in lost if n))  # each once; read twice below
     kept = [n for n in lost if n in required]
     if kept:  # excluded, a node the job asked for by name would leave it pending for ever
         log.warning("job %s asked for %s by name (--nodelist): not excluded, the next run waits "
                     "for it", job_id, ", ".join(kept))  # fmt: skip
-    added = [n for n in dict.fromkeys(lost) if n not in before and n not in required]
+    added = [n for n in lost if n not in before and n not in required]
     # requeuehold sends SIGTERM to every process of this job, the next two commands included
     commands.run_command(["scontrol", "requeuehold", str(job_id)], outlive_job_end=True)
     return _exclude_and_release(job_id, before, added)
@@ -109,13 +109,14 @@ def _exclude_and_release(job_id: str, before: list[str], added: list[str]) -> Re
         error = str(exc)
         log.error("job %s is requeued, but its next run may land on %s: SLURM did not exclude "
                   "them (%s)", job_id, ", ".join(added), exc)  # fmt: skip
+    held = False
     try:
         commands.run_command(["scontrol", "release", str(job_id)], outlive_job_end=True)
     except (commands.SlurmCommandError, OSError) as exc:
+        held = True
         log.error("job %s is requeued but held: SLURM did not release it (%s); run "
                   "`scontrol release %s` to let it start", job_id, exc, job_id)  # fmt: skip
-        return Requeued(names, error, held=True)
-    return Requeued(names, error)
+    return Requeued(names, error, held)
 
 
 def _state(info: Mapping[str, str] | None) -> str | None:
