@@ -222,9 +222,9 @@ def test_a_rank_from_a_standby_shows_the_standby_command_line_and_start_environm
     script = tmp_path / "waits.py"
     seen = tmp_path / "seen"
     script.write_text(
-        "import os, pathlib, time\n"
+        "import os, pathlib, signal\n"
         f"pathlib.Path({str(seen)!r}).write_text(os.environ['MARK'] + '\\n')\n"
-        "while True:\n    time.sleep(3600)  # until the test kills it\n"
+        "while True:\n    signal.pause()  # until the test kills it\n"
     )
     child = Standby(sys.executable, _env(MARK="standby")).activate(
         [sys.executable, str(script), "x"], _env(MARK="rank 3"), 0, 1
