@@ -152,6 +152,12 @@ def _layer_list(layers: Iterable[Layer]) -> list[Layer]:
     return listed
 
 
+def _plain(state: State) -> State:
+    """A ``State`` of ``state``'s fields (a subclass's, or another class's with those fields,
+    made plain): the leaves' states are copies of it."""
+    return State(**{f.name: getattr(state, f.name) for f in dataclasses.fields(state)})
+
+
 RUNNING_KEY = "nvrx_tree/running"  # the tree a replacement takes over (in the round's store)
 _HANDED_OVER = ("initial_rank", "rank", "active_rank", "active_world_size", "world_size")
 
@@ -241,7 +247,7 @@ class Tree(RankAssignment):
         the whole job's assignment from one process (tests, planning tools).
         """
         self._used = False
-        state = State(**{f.name: getattr(state, f.name) for f in dataclasses.fields(state)})
+        state = _plain(state)
         roots = {tuple(e["keys"][:1]) for e in entries}
         if len(roots) != 1:
             raise RuntimeError(
@@ -361,7 +367,7 @@ class Tree(RankAssignment):
         the lowest survivor handed over there (``_running``)."""
         store.wait([RUNNING_KEY])
         running = json.loads(store.get(RUNNING_KEY))
-        state = State(**{f.name: getattr(state, f.name) for f in dataclasses.fields(state)})
+        state = _plain(state)
         self._builds = running["builds"]
         self.tree = _Node(None, self.layers[0], None, running["leaves"][0]["keys"][0])
         self.init_rank_map = {}
