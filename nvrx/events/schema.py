@@ -307,6 +307,11 @@ KINDS: dict[str, dict[str, str]] = {
         "they were added)",
         "held": "true when SLURM did not release the requeued job: it waits held until someone "
         "runs scontrol release JOB (node_failure)",
+        "required": "lost nodes left out of excluded because the job names them in --nodelist "
+        "(its ReqNodeList): the requeued job runs only with them, so it waits pending while they "
+        "are down (node_failure)",
+        "exclude_refused": "lost nodes SLURM refused to add to excluded (exclude_error says why): "
+        "the next run may land on them (node_failure; empty when they were added)",
         "run": "which run of the job asked for the requeue (0 = the first submission; null when "
         "the writer does not know it)",
         "issued_by": "nvrx (the supervisor called scontrol requeue) | slurm (SLURM requeued it) | "
