@@ -1,7 +1,9 @@
-"""The report's first screen, the answer: how the job ended, each fault in time order with
-its root cause and what it cost, and which nodes to exclude next time, with the evidence.
+"""The report's first screen, the answer: how the job ended, what a requeue for lost nodes
+left to do (a job SLURM left held, lost nodes it did not exclude), each fault in time order
+with its root cause and what it cost, and which nodes to exclude next time, with the evidence.
 
-Everything here is also in the sections below it; this one puts it first, one line a fault.
+Everything here but the requeues' outcomes (the JSON's ``node_requeues``) is also in the
+sections below it; this one puts it first, one line a fault.
 A fault that follows from another one (``consequence``: a peer's communication error, an
 abort by the Wrapper) is marked ``follow-on`` when it is a round's only cause at hand.
 """
@@ -15,7 +17,15 @@ from nvrx.events.failures import kind_of, process_end_signature
 
 from .consequence import FOLLOW_ON, fault_shape
 from .job_facts import NOT_KNOWN
-from .model import BY_NODE_LOSS, NodeLoss, ProcessRestart, ReportData, RoundRow, Summary
+from .model import (
+    BY_NODE_LOSS,
+    NodeLoss,
+    NodeRequeue,
+    ProcessRestart,
+    ReportData,
+    RoundRow,
+    Summary,
+)
 from .render_losses import recovery
 from .text_doc import Doc, ranks_text, secs, when, where
 from .timeline import loss_of
@@ -232,10 +242,65 @@ def _outcome(r: ReportData) -> str:
     return f"outcome: {said}{s.outcome}{reason}; {size}"
 
 
+def _requeue_said(q: NodeRequeue, job: str, started: bool) -> list[str]:
+    """What requeue ``q`` of job ``job`` asks of the user, a line each (a command to run on
+    a line of its own); ``started``: a later run of the job is in the events, so the
+    requeued job did start."""
+    said = []
+    if q.held and not started:
+        said += [
+            "HELD: SLURM refused to release the requeued job: it waits held until released. "
+            "To let it start, run:",
+            f"    scontrol release {job}",
+        ]
+    elif q.held:
+        said.append(
+            f"held: SLURM refused to release the requeued job; run {q.run + 1} started once it "
+            "was released"
+        )
+    if q.exclude_refused or q.exclude_error:
+        nodes, (it, _) = ", ".join(q.exclude_refused) or "the lost nodes", _it(q.exclude_refused)
+        why = " ".join((q.exclude_error or "no reason recorded").split())
+        said.append(f"SLURM refused to exclude {nodes} ({why}): the next run may land on {it}")
+    if q.required:
+        nodes, (it, is_) = ", ".join(q.required), _it(q.required)
+        if started:
+            waits = f"run {q.run + 1} could start only with {it}. Leave {it} out of --nodelist next time"
+        else:
+            waits = (
+                f"the requeued job waits pending while {it} {is_} down. To run without {it}, "
+                f"cancel the job (scancel {job}) and submit it again with a --nodelist that "
+                f"leaves {it} out"
+            )
+        said.append(f"{nodes} not excluded: the job names {it} in --nodelist, so {waits}")
+    return said
+
+
+def _it(names: list[str]) -> tuple[str, str]:
+    """The pronoun of ``names`` and its "to be": one node is "it", and "is"."""
+    return ("it", "is") if len(names) == 1 else ("them", "are")
+
+
+def requeue_lines(r: ReportData) -> list[str]:
+    """What the job's requeues for lost nodes ask of the user: to release a job SLURM left
+    held, that lost nodes SLURM would not exclude may run it again, that it waits for lost
+    nodes its ``--nodelist`` names. Only the events tell these once the log is gone."""
+    out = []
+    for q in r.node_requeues:
+        said = _requeue_said(q, r.summary.job or "JOB", q.run + 1 < r.summary.runs)
+        if said:
+            out += [f"requeued for lost nodes (run {q.run}):", *(f"  {line}" for line in said)]
+    return out
+
+
 def answer_section(doc: Doc, r: ReportData) -> None:
-    """The first screen: outcome, faults in time order, exclusion advice with its evidence."""
+    """The first screen: outcome, what a requeue for lost nodes asks of the user, faults in
+    time order, exclusion advice with its evidence."""
     doc.heading(f"nvrx report: job {r.summary.job or '?'}")
     doc.outcome(_outcome(r), verdict(r.summary))
+    requeued = requeue_lines(r)
+    if requeued:
+        doc.text("\n".join(requeued))
     lines = fault_lines(r)
     if not lines:
         doc.text("faults: none")
