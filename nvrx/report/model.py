@@ -261,6 +261,9 @@ class NodeRequeue:
 
     run: int  # the run that lost the nodes
     wall: float | None
+    # The SLURM job id requeued: the events' job is NVRX_JOB_ID when one is set. None: an
+    # older writer did not name it.
+    slurm_job_id: str | None
     excluded: list[str]  # the job's ExcNodeList for its next run, as SLURM held it
     answered: list[str]  # lost nodes that still ran a SLURM step: not excluded
     required: list[str]  # lost nodes its --nodelist names: not excluded, the next run waits for them

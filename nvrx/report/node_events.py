@@ -69,7 +69,7 @@ NODE_OWN_FIELDS: dict[str, Callable[[Any], Any]] = {
     "ranks": int_list,
     # A requeue's for lost nodes: who it excluded and who not, and what SLURM refused.
     **dict.fromkeys(("excluded", "answered", "required", "exclude_refused"), str_list),
-    **dict.fromkeys(("exclude_error", "issued_by"), as_str),
+    **dict.fromkeys(("exclude_error", "issued_by", "slurm_job_id"), as_str),
     **dict.fromkeys(("responding", "held"), flag),
     # A straggler's: what was named, where, and the step times that named it.
     **dict.fromkeys(("of", "state", "straggler_host", "source"), as_str),

@@ -34,6 +34,7 @@ def node_requeues(job: JobSummary) -> list[NodeRequeue]:
         NodeRequeue(
             run=e["run"],
             wall=e.get("wall"),
+            slurm_job_id=e.get("slurm_job_id"),
             excluded=e.get("excluded") or [],
             answered=e.get("answered") or [],
             required=e.get("required") or [],

@@ -242,10 +242,16 @@ def _outcome(r: ReportData) -> str:
     return f"outcome: {said}{s.outcome}{reason}; {size}"
 
 
-def _requeue_said(q: NodeRequeue, job: str, started: bool) -> list[str]:
-    """What requeue ``q`` of job ``job`` asks of the user, a line each (a command to run on
-    a line of its own); ``started``: a later run of the job is in the events, so the
-    requeued job did start."""
+#: Stands for the SLURM job id in a command, for an older writer's event that did not name
+#: it: the events' job may be ``NVRX_JOB_ID``, which SLURM does not know.
+UNNAMED_SLURM_JOB = "<SLURM job id>"
+
+
+def _requeue_said(q: NodeRequeue, started: bool) -> list[str]:
+    """What requeue ``q`` asks of the user, a line each (a command to run on a line of its
+    own, for the SLURM job it requeued); ``started``: a later run of the job is in the
+    events, so the requeued job did start."""
+    job = q.slurm_job_id or UNNAMED_SLURM_JOB
     said = []
     if q.held and not started:
         said += [
@@ -287,7 +293,7 @@ def requeue_lines(r: ReportData) -> list[str]:
     nodes its ``--nodelist`` names. Only the events tell these once the log is gone."""
     out = []
     for q in r.node_requeues:
-        said = _requeue_said(q, r.summary.job or "JOB", q.run + 1 < r.summary.runs)
+        said = _requeue_said(q, q.run + 1 < r.summary.runs)
         if said:
             out += [f"requeued for lost nodes (run {q.run}):", *(f"  {line}" for line in said)]
     return out

@@ -365,4 +365,5 @@ def requeue_without(
         count = preemption.ledger.append("node_failure", run, issued_by="nvrx")
     emit("requeue", cause="node_failure", count=count, excluded=requeued.excluded, answered=answered,
          run=run, issued_by="nvrx", exclude_error=requeued.exclude_error, held=requeued.held,
-         required=requeued.required, exclude_refused=requeued.exclude_refused)  # fmt: skip
+         required=requeued.required, exclude_refused=requeued.exclude_refused,
+         slurm_job_id=job_id)  # fmt: skip

@@ -211,7 +211,8 @@ def test_a_requeue_without_several_nodes_asks_them_at_once_and_excludes_the_sile
     assert excluding == [["node1"]]
     assert events == [
         dict(cause="node_failure", count=None, excluded=["node1"], answered=["node2"], run=None,
-             issued_by="nvrx", exclude_error=None, held=False, required=[], exclude_refused=[])
+             issued_by="nvrx", exclude_error=None, held=False, required=[], exclude_refused=[],
+             slurm_job_id="7")
     ]  # fmt: skip
     node_requeue.requeue_without(["node1", "node3"], None, lambda kind, **f: events.append(f), probe=False)
     assert excluding[-1] == ["node1", "node3"] and events[-1]["answered"] == []
@@ -260,7 +261,7 @@ def test_a_requeue_excludes_every_node_when_slurm_cannot_be_asked(monkeypatch: p
     node_requeue.requeue_without(["node1", "node2"], None, lambda kind, **f: events.append(f))
     assert events == [dict(cause="node_failure", count=None, excluded=["node1", "node2"], answered=[],
                            run=None, issued_by="nvrx", exclude_error=None, held=False, required=[],
-                           exclude_refused=[])]  # fmt: skip
+                           exclude_refused=[], slurm_job_id="7")]  # fmt: skip
 
 
 def test_no_thread_to_ask_with_is_no_answer_and_a_probes_own_error_is_not_hidden(
@@ -385,8 +386,11 @@ def test_a_job_held_for_requeue_counts_as_requeued_whatever_slurm_says_after(
 ) -> None:  # fmt: skip
     """Before: a refused ``scontrol update`` after ``requeuehold`` logged "could not requeue"
     and recorded no ``requeue`` nor ledger entry, though SLURM had requeued the job; a
-    refused ``release`` left the job held without a word of how to let it start."""
+    refused ``release`` left the job held without a word of how to let it start. The event
+    names the SLURM job it requeued, which the commands that let it start take: the events'
+    job is ``NVRX_JOB_ID`` when one is set."""
     _fake_scontrol(tmp_path, monkeypatch, refuses)
+    monkeypatch.setenv("NVRX_JOB_ID", "mine")
     preemption = SimpleNamespace(run_index=2, ledger=RequeueLedger(tmp_path / "requeues.json"))
     events: list[tuple[str, dict[str, Any]]] = []
     node_requeue.requeue_without(
@@ -403,7 +407,7 @@ def test_a_job_held_for_requeue_counts_as_requeued_whatever_slurm_says_after(
         assert fields["exclude_refused"] == ["node1"]
     else:
         assert fields["exclude_error"] is None and fields["exclude_refused"] == []
-    assert fields["required"] == []
+    assert fields["required"] == [] and fields["slurm_job_id"] == "7"
     assert [(e["cause"], e["run"]) for e in preemption.ledger.entries()] == [("node_failure", 2)]
     said = [r.getMessage() for r in caplog.records]
     assert not any("could not requeue" in line for line in said)

@@ -4,15 +4,16 @@ to release the requeued job (``held``), refused to exclude the lost node (``excl
 (``required``). The ``requeue`` event is written by the supervisor's own
 ``node_requeue.requeue_without``, against ``scontrol`` and ``srun`` programs on PATH that
 refuse what the test says (``test_node_requeue._fake_scontrol``); the answer, the report's
-first screen, must say each, in text and in HTML.
+first screen, must say each, in text and in HTML. The job's SLURM id is not its events' job
+(``NVRX_JOB_ID`` was set): the commands the answer prints must name SLURM's.
 """
 
 from __future__ import annotations
 
 import json
-from functools import partial
 from html import unescape
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_node_requeue import _fake_scontrol
@@ -26,26 +27,36 @@ from nvrx.supervisor import node_requeue
 #: ``srun`` as a script on PATH: no node runs the probe's no-op step (node-b is gone).
 SRUN = "#!/bin/sh\nexit 1\n"
 REASON = "node lost, no spare: 1 nodes left, below --min-nodes 2"
+#: The job's SLURM id; its events' job is ``JOB``, its ``NVRX_JOB_ID``.
+SLURM_JOB = "4242"
+#: The fields of a ``requeue`` event the writer did not write before the report told them.
+NEWER_FIELDS = ("slurm_job_id", "required", "exclude_refused")
 
 
 def _lost_and_requeued(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refuses: str = "", reqnodes: str = "",
-    runs_again: bool = False,
+    runs_again: bool = False, older: bool = False,
 ) -> Report:  # fmt: skip
     """node-b is lost and the job, which has no spare, stops; slot 0's supervisor requeues
     it with ``requeue_without`` (node-b probed first, silent), SLURM refusing ``refuses``
     and the job naming ``reqnodes`` in ``--nodelist``. ``runs_again``: run 1 starts later,
-    on node-a and node-c."""
+    on node-a and node-c. ``older``: the event as an older writer wrote it, without
+    ``NEWER_FIELDS``."""
     _fake_scontrol(tmp_path, monkeypatch, refuses, reqnodes)
     srun = tmp_path / "bin" / "srun"
     srun.write_text(SRUN)
     srun.chmod(0o755)
-    monkeypatch.setenv("SLURM_JOB_ID", JOB)
+    monkeypatch.setenv("SLURM_JOB_ID", SLURM_JOB)
     job = Job(tmp_path / "job", {0: "node-a", 1: "node-b"}, nnodes=2, spares=0)
     _before_the_loss(job)
     job.node_lost("stop", slurm_state={"State": "MIXED", "Reason": "none"})
     job.sup[0].at(DECLARED + 0.001, "job_stop", reason=REASON, exit_code=8)
-    node_requeue.requeue_without(["node-b"], None, partial(job.sup[0].at, DECLARED + 0.5))
+
+    def emit(kind: str, **fields: Any) -> None:
+        dropped = NEWER_FIELDS if older else ()
+        job.sup[0].at(DECLARED + 0.5, kind, **{k: v for k, v in fields.items() if k not in dropped})
+
+    node_requeue.requeue_without(["node-b"], None, emit)
     job.sup[0].at(DECLARED + 1.0, "supervisor_end", exit_code=8, reason=REASON)
     if runs_again:
         job.others += [job.sup[1], *job.ranks.values()]
@@ -70,14 +81,16 @@ def test_a_requeued_job_slurm_did_not_release_is_told_held_with_the_command(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Before: ``held`` was in the event only; the report said nothing, and the job waited
-    held for ever unless someone read the supervisor's log."""
+    held for ever unless someone read the supervisor's log. The command names the SLURM job,
+    not the events' job (``NVRX_JOB_ID``), which SLURM does not know."""
     report = _lost_and_requeued(tmp_path, monkeypatch, refuses="release")
     for answer in _answers(report):
         assert "requeued for lost nodes (run 0):" in answer, answer
         assert (
             "  HELD: SLURM refused to release the requeued job: it waits held until released. "
-            "To let it start, run:\n      scontrol release 777" in answer
+            f"To let it start, run:\n      scontrol release {SLURM_JOB}" in answer
         ), answer
+        assert f"nvrx report: job {JOB}" in answer and f"release {JOB}" not in answer
     (q,) = report.node_requeues
     assert (q.held, q.excluded, q.exclude_refused, q.required) == (True, ["node7", "node-b"], [], [])
 
@@ -103,7 +116,7 @@ def test_a_lost_node_slurm_refused_to_exclude_is_named_with_slurms_reason(
     had refused: the report said nothing of a next run that may land on node-b again."""
     report = _lost_and_requeued(tmp_path, monkeypatch, refuses="update")
     said = (
-        "SLURM refused to exclude node-b (scontrol update JobId=777 ExcNodeList=node7,node-b "
+        f"SLURM refused to exclude node-b (scontrol update JobId={SLURM_JOB} ExcNodeList=node7,node-b "
         "exited 1: scontrol: error: Access/permission denied for update): the next run may land "
         "on it"
     )
@@ -128,7 +141,7 @@ def test_a_lost_node_the_job_names_in_its_nodelist_is_waited_for_and_still_advis
     for answer in _answers(report):
         assert (
             "node-b not excluded: the job names it in --nodelist, so the requeued job waits "
-            "pending while it is down. To run without it, cancel the job (scancel 777) and "
+            f"pending while it is down. To run without it, cancel the job (scancel {SLURM_JOB}) and "
             "submit it again with a --nodelist that leaves it out" in answer
         ), answer
         assert "exclude next time: --exclude=node-b" in answer
@@ -148,6 +161,21 @@ def test_a_requeue_slurm_did_all_of_asks_nothing_and_is_in_the_json(
     check_schema(data, json.loads(SCHEMA_PATH.read_text()))
     (q,) = data["node_requeues"]
     assert q == {
-        "run": 0, "wall": q["wall"], "excluded": ["node7", "node-b"], "answered": [], "required": [],
+        "run": 0, "wall": q["wall"], "slurm_job_id": SLURM_JOB, "excluded": ["node7", "node-b"],
+        "answered": [], "required": [],
         "exclude_refused": [], "exclude_error": None, "held": False,
     }  # fmt: skip
+
+
+def test_an_older_writers_event_names_no_job_to_release_rather_than_the_wrong_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An event written before ``slurm_job_id`` was: the events' job may be ``NVRX_JOB_ID``,
+    so the command says what to put in, and no node is named that the event did not name."""
+    report = _lost_and_requeued(tmp_path, monkeypatch, refuses="update release", older=True)
+    for answer in _answers(report):
+        assert "run:\n      scontrol release <SLURM job id>" in answer, answer
+        assert "SLURM refused to exclude the lost nodes (scontrol update" in answer, answer
+        assert f"release {JOB}" not in answer
+    (q,) = report.node_requeues
+    assert (q.slurm_job_id, q.held, q.exclude_refused) == (None, True, [])
