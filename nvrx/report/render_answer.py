@@ -27,7 +27,7 @@ from .model import (
     Summary,
 )
 from .render_losses import recovery
-from .text_doc import Doc, ranks_text, secs, when, where
+from .text_doc import Command, Doc, ranks_text, secs, when, where
 from .timeline import loss_of
 
 #: What ``verdict`` says of a job's outcome (UNKNOWN: the filters left out its end).
@@ -247,17 +247,17 @@ def _outcome(r: ReportData) -> str:
 UNNAMED_SLURM_JOB = "<SLURM job id>"
 
 
-def _requeue_said(q: NodeRequeue, started: bool) -> list[str]:
-    """What requeue ``q`` asks of the user, a line each (a command to run on a line of its
-    own, for the SLURM job it requeued); ``started``: a later run of the job is in the
-    events, so the requeued job did start."""
+def _requeue_said(q: NodeRequeue, started: bool) -> list[str | Command]:
+    """What requeue ``q`` asks of the user, a line each, and the commands to run, for the
+    SLURM job it requeued; ``started``: a later run of the job is in the events, so the
+    requeued job did start."""
     job = q.slurm_job_id or UNNAMED_SLURM_JOB
-    said = []
+    said: list[str | Command] = []
     if q.held and not started:
         said += [
             "HELD: SLURM refused to release the requeued job: it waits held until released. "
             "To let it start, run:",
-            f"    scontrol release {job}",
+            Command(f"scontrol release {job}"),
         ]
     elif q.held:
         said.append(
@@ -270,15 +270,19 @@ def _requeue_said(q: NodeRequeue, started: bool) -> list[str]:
         said.append(f"SLURM refused to exclude {nodes} ({why}): the next run may land on {it}")
     if q.required:
         nodes, (it, is_) = ", ".join(q.required), _it(q.required)
+        named = f"{nodes} not excluded: the job names {it} in --nodelist, so"
         if started:
-            waits = f"run {q.run + 1} could start only with {it}. Leave {it} out of --nodelist next time"
-        else:
-            waits = (
-                f"the requeued job waits pending while {it} {is_} down. To run without {it}, "
-                f"cancel the job (scancel {job}) and submit it again with a --nodelist that "
-                f"leaves {it} out"
+            said.append(
+                f"{named} run {q.run + 1} could start only with {it}. Leave {it} out of "
+                "--nodelist next time"
             )
-        said.append(f"{nodes} not excluded: the job names {it} in --nodelist, so {waits}")
+        else:
+            said += [
+                f"{named} the requeued job waits pending while {it} {is_} down. To run without "
+                f"{it}, cancel the job and submit it again with a --nodelist that leaves {it} "
+                "out. To cancel it, run:",
+                Command(f"scancel {job}"),
+            ]
     return said
 
 
@@ -287,15 +291,16 @@ def _it(names: list[str]) -> tuple[str, str]:
     return ("it", "is") if len(names) == 1 else ("them", "are")
 
 
-def requeue_lines(r: ReportData) -> list[str]:
+def requeue_lines(r: ReportData) -> list[str | Command]:
     """What the job's requeues for lost nodes ask of the user: to release a job SLURM left
     held, that lost nodes SLURM would not exclude may run it again, that it waits for lost
     nodes its ``--nodelist`` names. Only the events tell these once the log is gone."""
-    out = []
+    out: list[str | Command] = []
     for q in r.node_requeues:
         said = _requeue_said(q, q.run + 1 < r.summary.runs)
         if said:
-            out += [f"requeued for lost nodes (run {q.run}):", *(f"  {line}" for line in said)]
+            out.append(f"requeued for lost nodes (run {q.run}):")
+            out += [x.under(2) if isinstance(x, Command) else f"  {x}" for x in said]
     return out
 
 
@@ -306,7 +311,7 @@ def answer_section(doc: Doc, r: ReportData) -> None:
     doc.outcome(_outcome(r), verdict(r.summary))
     requeued = requeue_lines(r)
     if requeued:
-        doc.text("\n".join(requeued))
+        doc.lines(requeued)
     lines = fault_lines(r)
     if not lines:
         doc.text("faults: none")

@@ -141,14 +141,36 @@ def test_a_lost_node_the_job_names_in_its_nodelist_is_waited_for_and_still_advis
     for answer in _answers(report):
         assert (
             "node-b not excluded: the job names it in --nodelist, so the requeued job waits "
-            f"pending while it is down. To run without it, cancel the job (scancel {SLURM_JOB}) and "
-            "submit it again with a --nodelist that leaves it out" in answer
+            "pending while it is down. To run without it, cancel the job and submit it again "
+            f"with a --nodelist that leaves it out. To cancel it, run:\n      scancel {SLURM_JOB}"
+            in answer
         ), answer
         assert "exclude next time: --exclude=node-b" in answer
     (node_b,) = report.suspects
     assert node_b.suspect and node_b.evidence == [
         "lost: silent 3.0 s to the job, SLURM MIXED when declared (SLURM notices a dead node later)"
     ]
+
+
+def test_in_markdown_the_commands_to_run_are_code_blocks_not_part_of_the_paragraph(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: the command sat indented in the paragraph that asks for it, where Markdown
+    runs it into the words around it (an indented line cannot start a code block there)."""
+    report = _lost_and_requeued(tmp_path, monkeypatch, refuses="release", reqnodes="node-a,node-b")
+    markdown = report.to_text("markdown")
+    answer = markdown[: markdown.index("## Summary")]
+    blocks = answer.split("\n\n")
+    assert blocks[2:6] == [
+        "requeued for lost nodes (run 0):\n"
+        "  HELD: SLURM refused to release the requeued job: it waits held until released. To "
+        "let it start, run:",
+        f"```\nscontrol release {SLURM_JOB}\n```",
+        "  node-b not excluded: the job names it in --nodelist, so the requeued job waits "
+        "pending while it is down. To run without it, cancel the job and submit it again with a "
+        "--nodelist that leaves it out. To cancel it, run:",
+        f"```\nscancel {SLURM_JOB}\n```",
+    ], answer
 
 
 def test_a_requeue_slurm_did_all_of_asks_nothing_and_is_in_the_json(
