@@ -201,3 +201,20 @@ def test_an_older_writers_event_names_no_job_to_release_rather_than_the_wrong_on
         assert f"release {JOB}" not in answer
     (q,) = report.node_requeues
     assert (q.slurm_job_id, q.held, q.exclude_refused) == (None, True, [])
+
+
+def test_requeues_of_other_causes_or_made_by_slurm_are_not_requeues_for_lost_nodes(
+    tmp_path: Path,
+) -> None:
+    """The ``requeue`` events of ``preemption.PreemptionHandler``, as it writes them: nvrx's
+    after a preemption warning, and the one node 0 records when run 1 starts for a requeue
+    SLURM made itself for a node failure (it names no nodes). Neither is one to tell."""
+    job = Job(tmp_path / "job", {0: "node-a", 1: "node-b"}, nnodes=2, spares=0)
+    _before_the_loss(job)
+    job.sup[0].at(20.0, "requeue", cause="preemption", count=1, run=0, issued_by="nvrx")
+    for sup in job.sup.values():
+        sup.at(40.0, "supervisor_start", nnodes=2, nproc_per_node=2, spare_nodes=0)
+    job.sup[0].at(40.1, "requeue", cause="node_failure", count=2, run=0, issued_by="slurm")
+    report = job.close()
+    assert report.node_requeues == []
+    assert "requeued for lost nodes" not in report.to_text(width=None)
