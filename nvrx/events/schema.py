@@ -17,7 +17,7 @@ COMMON_FIELDS: dict[str, str] = {
     "wall": "wall-clock time, seconds since the epoch (float)",
     "mono": "time.monotonic() of the writing host (float); comparable only within one host boot",
     "boot": "identifier of the host boot, so monotonic times of one boot can be compared",
-    "job": "job id (SLURM_JOB_ID, or a local id)",
+    "job": "job id (NVRX_JOB_ID when set, else SLURM_JOB_ID, else a local id)",
     "node": "node rank within the job (int, or null when unknown); a supervisor's events "
     "give its slot (a spare keeps it after it takes a node rank over)",
     "rank": "global rank of the writing process (int, or null for per-node processes)",
@@ -307,6 +307,13 @@ KINDS: dict[str, dict[str, str]] = {
         "they were added)",
         "held": "true when SLURM did not release the requeued job: it waits held until someone "
         "runs scontrol release JOB (node_failure)",
+        "required": "lost nodes left out of excluded because the job names them in --nodelist "
+        "(its ReqNodeList): the requeued job runs only with them, so it waits pending while they "
+        "are down (node_failure)",
+        "exclude_refused": "lost nodes SLURM refused to add to excluded (exclude_error says why): "
+        "the next run may land on them (node_failure; empty when they were added)",
+        "slurm_job_id": "the SLURM job id requeued (SLURM_JOB_ID, which scontrol release and "
+        "scancel take; the common field job is NVRX_JOB_ID when one is set) (node_failure)",
         "run": "which run of the job asked for the requeue (0 = the first submission; null when "
         "the writer does not know it)",
         "issued_by": "nvrx (the supervisor called scontrol requeue) | slurm (SLURM requeued it) | "

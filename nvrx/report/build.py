@@ -43,6 +43,7 @@ from .model import (
     Summary,
 )
 from .node_loss import LossIndex, node_losses
+from .node_requeues import node_requeues
 from .output_scan import scan_output_file
 from .output_triage import Death, EventFacts, triage
 from .process_rows import process_restarts
@@ -284,8 +285,7 @@ def build_report(
     (default: the job-environment contract's, ``nvrx.jobenv``); ``job`` picks the job there.
     ``rank``/``node``/``since`` (epoch seconds) restrict the events considered. ``progress``:
     a terminal to show files read on (``progress``); nothing is shown on a stream that is
-    not one. Raises ``ReportError`` when there is nothing to read.
-    """
+    not one. Raises ``ReportError`` when there is nothing to read."""
     job_dir = resolve_job_dir(log_dir, job)
     filters = Filters(job=job, rank=rank, node=node, since=since)
     notes = list(job_dir.notes)
@@ -324,6 +324,7 @@ def build_report(
         restores=build_restores(agg, timeline),
         stragglers=stragglers,
         rejected_writes=_rejected_writes(agg),
+        node_requeues=node_requeues(agg),
     )
 
 

@@ -255,6 +255,24 @@ class NodeLoss:
 
 
 @dataclass
+class NodeRequeue:
+    """A requeue the supervisor made for lost nodes (its ``requeue`` event, cause
+    ``node_failure``): what it excluded, what not and why, and whether SLURM released it."""
+
+    run: int  # the run that lost the nodes
+    wall: float | None
+    # The SLURM job id requeued: the events' job is NVRX_JOB_ID when one is set. None: an
+    # older writer did not name it.
+    slurm_job_id: str | None
+    excluded: list[str]  # the job's ExcNodeList for its next run, as SLURM held it
+    answered: list[str]  # lost nodes that still ran a SLURM step: not excluded
+    required: list[str]  # lost nodes its --nodelist names: not excluded, the next run waits for them
+    exclude_refused: list[str]  # lost nodes SLURM refused to exclude: the next run may land on them
+    exclude_error: str | None  # why SLURM refused them
+    held: bool  # SLURM refused to release it: it waits until ``scontrol release JOB``
+
+
+@dataclass
 class Restore:
     """A round that began by restoring the training state, and the training steps it lost."""
 
@@ -451,6 +469,7 @@ class ReportData:
     restores: list[Restore] = field(default_factory=list)
     stragglers: list[Straggler] = field(default_factory=list)
     rejected_writes: list[RejectedWrite] = field(default_factory=list)
+    node_requeues: list[NodeRequeue] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         data = {"schema": REPORT_SCHEMA_NAME, "schema_version": REPORT_SCHEMA_VERSION}

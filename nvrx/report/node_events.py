@@ -67,8 +67,10 @@ NODE_OWN_FIELDS: dict[str, Callable[[Any], Any]] = {
     "last_seen_wall": num,
     "slurm_state": str_dict,
     "ranks": int_list,
-    **dict.fromkeys(("excluded", "answered"), str_list),
-    "responding": flag,
+    # A requeue's for lost nodes: who it excluded and who not, and what SLURM refused.
+    **dict.fromkeys(("excluded", "answered", "required", "exclude_refused"), str_list),
+    **dict.fromkeys(("exclude_error", "issued_by", "slurm_job_id"), as_str),
+    **dict.fromkeys(("responding", "held"), flag),
     # A straggler's: what was named, where, and the step times that named it.
     **dict.fromkeys(("of", "state", "straggler_host", "source"), as_str),
     **dict.fromkeys(("who", "slot", "step", "window"), count),

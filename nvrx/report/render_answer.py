@@ -1,7 +1,9 @@
-"""The report's first screen, the answer: how the job ended, each fault in time order with
-its root cause and what it cost, and which nodes to exclude next time, with the evidence.
+"""The report's first screen, the answer: how the job ended, what a requeue for lost nodes
+left to do (a job SLURM left held, lost nodes it did not exclude), each fault in time order
+with its root cause and what it cost, and which nodes to exclude next time, with the evidence.
 
-Everything here is also in the sections below it; this one puts it first, one line a fault.
+Everything here but the requeues' outcomes (the JSON's ``node_requeues``) is also in the
+sections below it; this one puts it first, one line a fault.
 A fault that follows from another one (``consequence``: a peer's communication error, an
 abort by the Wrapper) is marked ``follow-on`` when it is a round's only cause at hand.
 """
@@ -15,9 +17,17 @@ from nvrx.events.failures import kind_of, process_end_signature
 
 from .consequence import FOLLOW_ON, fault_shape
 from .job_facts import NOT_KNOWN
-from .model import BY_NODE_LOSS, NodeLoss, ProcessRestart, ReportData, RoundRow, Summary
+from .model import (
+    BY_NODE_LOSS,
+    NodeLoss,
+    NodeRequeue,
+    ProcessRestart,
+    ReportData,
+    RoundRow,
+    Summary,
+)
 from .render_losses import recovery
-from .text_doc import Doc, ranks_text, secs, when, where
+from .text_doc import Command, Doc, ranks_text, secs, when, where
 from .timeline import loss_of
 
 #: What ``verdict`` says of a job's outcome (UNKNOWN: the filters left out its end).
@@ -232,10 +242,76 @@ def _outcome(r: ReportData) -> str:
     return f"outcome: {said}{s.outcome}{reason}; {size}"
 
 
+#: Stands for the SLURM job id in a command, for an older writer's event that did not name
+#: it: the events' job may be ``NVRX_JOB_ID``, which SLURM does not know.
+UNNAMED_SLURM_JOB = "<SLURM job id>"
+
+
+def _requeue_said(q: NodeRequeue, started: bool) -> list[str | Command]:
+    """What requeue ``q`` asks of the user, a line each, and the commands to run, for the
+    SLURM job it requeued; ``started``: a later run of the job is in the events, so the
+    requeued job did start."""
+    job = q.slurm_job_id or UNNAMED_SLURM_JOB
+    said: list[str | Command] = []
+    if q.held and not started:
+        said += [
+            "HELD: SLURM refused to release the requeued job: it waits held until released. "
+            "To let it start, run:",
+            Command(f"scontrol release {job}"),
+        ]
+    elif q.held:
+        said.append(
+            f"held: SLURM refused to release the requeued job; run {q.run + 1} started once it "
+            "was released"
+        )
+    if q.exclude_refused or q.exclude_error:
+        nodes, (it, _) = ", ".join(q.exclude_refused) or "the lost nodes", _it(q.exclude_refused)
+        why = " ".join((q.exclude_error or "no reason recorded").split())
+        said.append(f"SLURM refused to exclude {nodes} ({why}): the next run may land on {it}")
+    if q.required:
+        nodes, (it, is_) = ", ".join(q.required), _it(q.required)
+        named = f"{nodes} not excluded: the job names {it} in --nodelist, so"
+        if started:
+            said.append(
+                f"{named} run {q.run + 1} could start only with {it}. Leave {it} out of "
+                "--nodelist next time"
+            )
+        else:
+            said += [
+                f"{named} the requeued job waits pending while {it} {is_} down. To run without "
+                f"{it}, cancel the job and submit it again with a --nodelist that leaves {it} "
+                "out. To cancel it, run:",
+                Command(f"scancel {job}"),
+            ]
+    return said
+
+
+def _it(names: list[str]) -> tuple[str, str]:
+    """The pronoun of ``names`` and its "to be": one node is "it", and "is"."""
+    return ("it", "is") if len(names) == 1 else ("them", "are")
+
+
+def requeue_lines(r: ReportData) -> list[str | Command]:
+    """What the job's requeues for lost nodes ask of the user: to release a job SLURM left
+    held, that lost nodes SLURM would not exclude may run it again, that it waits for lost
+    nodes its ``--nodelist`` names. Only the events tell these once the log is gone."""
+    out: list[str | Command] = []
+    for q in r.node_requeues:
+        said = _requeue_said(q, q.run + 1 < r.summary.runs)
+        if said:
+            out.append(f"requeued for lost nodes (run {q.run}):")
+            out += [x.under(2) if isinstance(x, Command) else f"  {x}" for x in said]
+    return out
+
+
 def answer_section(doc: Doc, r: ReportData) -> None:
-    """The first screen: outcome, faults in time order, exclusion advice with its evidence."""
+    """The first screen: outcome, what a requeue for lost nodes asks of the user, faults in
+    time order, exclusion advice with its evidence."""
     doc.heading(f"nvrx report: job {r.summary.job or '?'}")
     doc.outcome(_outcome(r), verdict(r.summary))
+    requeued = requeue_lines(r)
+    if requeued:
+        doc.lines(requeued)
     lines = fault_lines(r)
     if not lines:
         doc.text("faults: none")

@@ -1,11 +1,14 @@
-"""Text building blocks of the report's tables: times, durations, rank lists, and ``Doc``,
-which collects sections as plain text (each line fitted to a terminal's width) or Markdown."""
+"""Text building blocks of the report's tables: times, durations, rank lists, commands to
+run, and ``Doc``, which collects sections as plain text (each line fitted to a terminal's
+width) or Markdown."""
 
 from __future__ import annotations
 
 import textwrap
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from itertools import groupby
 from typing import Any
 
 from tabulate import tabulate
@@ -114,6 +117,20 @@ def wrap_line(line: str, width: int) -> list[str]:
     )
 
 
+@dataclass(frozen=True)
+class Command:
+    """A command the report tells the user to run, on a line of its own: in text, indented
+    ``indent`` spaces under the line that asks for it; in Markdown, a code block (there an
+    indented line would run into the paragraph above it)."""
+
+    line: str
+    indent: int = 4
+
+    def under(self, spaces: int) -> Command:
+        """This command ``spaces`` further in: the lines it stands among are nested."""
+        return replace(self, indent=self.indent + spaces)
+
+
 class Doc:
     """Collects sections, as plain text or Markdown. Plain text is fitted to ``width``
     characters (None: as wide as its lines are); Markdown never is (its tables cannot wrap)."""
@@ -155,6 +172,16 @@ class Doc:
 
     def text(self, line: str) -> None:
         self.parts.append(self._fit(line))
+
+    def lines(self, lines: Sequence[str | Command]) -> None:
+        """Lines told together, each ``Command`` among them on a line of its own: one
+        paragraph in text; in Markdown, its commands code blocks between its paragraphs."""
+        if not self.markdown:
+            self.text("\n".join(x if isinstance(x, str) else " " * x.indent + x.line for x in lines))
+            return
+        for code, run in groupby(lines, key=lambda x: isinstance(x, Command)):
+            said = "\n".join(x.line if isinstance(x, Command) else x for x in run)
+            self.parts.append(f"```\n{said}\n```" if code else said)
 
     def outcome(self, line: str, verdict: str) -> None:
         """How the job ended (``verdict``: ok, failed, unfinished); in text, a line like any."""

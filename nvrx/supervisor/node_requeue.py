@@ -30,7 +30,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 from nvrx.slurm import commands
@@ -64,12 +64,16 @@ class Requeued:
     excluded: list[str]  # the job's ExcNodeList as SLURM holds it for the next run
     exclude_error: str | None = None  # why the lost nodes are not in it: SLURM refused the update
     held: bool = False  # SLURM refused to release it: it waits until ``scontrol release JOB``
+    # Lost nodes its ``--nodelist`` names, left out of ExcNodeList: the next run waits for them.
+    required: list[str] = field(default_factory=list)
+    # Lost nodes SLURM refused to add to ExcNodeList (``exclude_error``): the next run may get them.
+    exclude_refused: list[str] = field(default_factory=list)
 
 
 def requeue_excluding(job_id: str, lost: Iterable[str]) -> Requeued | None:
     """Requeue ``job_id`` excluding ``lost`` (SLURM node names) but those its ``--nodelist``
-    names; None when the job may not be requeued. Raises ``SlurmCommandError`` when SLURM
-    refuses the requeue itself."""
+    names (those are told in ``required``); None when the job may not be requeued. Raises
+    ``SlurmCommandError`` when SLURM refuses the requeue itself."""
     info = commands.show_job(job_id)
     if _state(info) != "RUNNING":
         log.warning("job %s is %s, not RUNNING: not requeued for a lost node", job_id, _state(info))
@@ -89,7 +93,7 @@ def requeue_excluding(job_id: str, lost: Iterable[str]) -> Requeued | None:
     added = [n for n in lost if n not in before and n not in required]
     # requeuehold sends SIGTERM to every process of this job, the next two commands included
     commands.run_command(["scontrol", "requeuehold", str(job_id)], outlive_job_end=True)
-    return _exclude_and_release(job_id, before, added)
+    return replace(_exclude_and_release(job_id, before, added), required=kept)
 
 
 def _exclude_and_release(job_id: str, before: list[str], added: list[str]) -> Requeued:
@@ -116,7 +120,7 @@ def _exclude_and_release(job_id: str, before: list[str], added: list[str]) -> Re
         held = True
         log.error("job %s is requeued but held: SLURM did not release it (%s); run "
                   "`scontrol release %s` to let it start", job_id, exc, job_id)  # fmt: skip
-    return Requeued(names, error, held)
+    return Requeued(names, error, held, exclude_refused=added if error is not None else [])
 
 
 def _state(info: Mapping[str, str] | None) -> str | None:
@@ -360,4 +364,6 @@ def requeue_without(
         run = preemption.run_index
         count = preemption.ledger.append("node_failure", run, issued_by="nvrx")
     emit("requeue", cause="node_failure", count=count, excluded=requeued.excluded, answered=answered,
-         run=run, issued_by="nvrx", exclude_error=requeued.exclude_error, held=requeued.held)  # fmt: skip
+         run=run, issued_by="nvrx", exclude_error=requeued.exclude_error, held=requeued.held,
+         required=requeued.required, exclude_refused=requeued.exclude_refused,
+         slurm_job_id=job_id)  # fmt: skip

@@ -211,7 +211,8 @@ def test_a_requeue_without_several_nodes_asks_them_at_once_and_excludes_the_sile
     assert excluding == [["node1"]]
     assert events == [
         dict(cause="node_failure", count=None, excluded=["node1"], answered=["node2"], run=None,
-             issued_by="nvrx", exclude_error=None, held=False)
+             issued_by="nvrx", exclude_error=None, held=False, required=[], exclude_refused=[],
+             slurm_job_id="7")
     ]  # fmt: skip
     node_requeue.requeue_without(["node1", "node3"], None, lambda kind, **f: events.append(f), probe=False)
     assert excluding[-1] == ["node1", "node3"] and events[-1]["answered"] == []
@@ -259,7 +260,8 @@ def test_a_requeue_excludes_every_node_when_slurm_cannot_be_asked(monkeypatch: p
     events: list[dict[str, Any]] = []
     node_requeue.requeue_without(["node1", "node2"], None, lambda kind, **f: events.append(f))
     assert events == [dict(cause="node_failure", count=None, excluded=["node1", "node2"], answered=[],
-                           run=None, issued_by="nvrx", exclude_error=None, held=False)]  # fmt: skip
+                           run=None, issued_by="nvrx", exclude_error=None, held=False, required=[],
+                           exclude_refused=[], slurm_job_id="7")]  # fmt: skip
 
 
 def test_no_thread_to_ask_with_is_no_answer_and_a_probes_own_error_is_not_hidden(
@@ -306,14 +308,17 @@ def test_the_answers_of_a_requeue_that_did_not_happen_are_node_probes(
 
 def test_a_node_the_job_asked_for_by_name_is_not_excluded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Before: ExcNodeList took a node of the job's ReqNodeList (sbatch --nodelist), and the
-    requeued job could never start (PENDING, Reason=BadConstraints, on SLURM 22.05)."""
+    requeued job could never start (PENDING, Reason=BadConstraints, on SLURM 22.05). The
+    node left in is told (``required``): the requeued job waits for it."""
     info = {"JobState": "RUNNING", "Requeue": "1", "ExcNodeList": "node7", "ReqNodeList": "node[1-2]"}
     monkeypatch.setattr(node_requeue.commands, "show_job", lambda job_id, **kw: info)
     # scontrol's expansion, as tests/slurm/test_nodelist_scontrol.py shows ours is
     monkeypatch.setattr(node_requeue.commands, "show_hostnames", lambda nodes, **kw: expand_nodelist(nodes))
     ran: list[list[str]] = []
     monkeypatch.setattr(node_requeue.commands, "run_command", lambda argv, **kw: ran.append(list(argv)))
-    assert node_requeue.requeue_excluding("7", ["node2", "node3"]) == node_requeue.Requeued(["node7", "node3"])
+    assert node_requeue.requeue_excluding("7", ["node2", "node3"]) == node_requeue.Requeued(
+        ["node7", "node3"], required=["node2"]
+    )
     assert ran == [
         ["scontrol", "requeuehold", "7"], ["scontrol", "update", "JobId=7", "ExcNodeList=node7,node3"],
         ["scontrol", "release", "7"],
@@ -381,8 +386,11 @@ def test_a_job_held_for_requeue_counts_as_requeued_whatever_slurm_says_after(
 ) -> None:  # fmt: skip
     """Before: a refused ``scontrol update`` after ``requeuehold`` logged "could not requeue"
     and recorded no ``requeue`` nor ledger entry, though SLURM had requeued the job; a
-    refused ``release`` left the job held without a word of how to let it start."""
+    refused ``release`` left the job held without a word of how to let it start. The event
+    names the SLURM job it requeued, which the commands that let it start take: the events'
+    job is ``NVRX_JOB_ID`` when one is set."""
     _fake_scontrol(tmp_path, monkeypatch, refuses)
+    monkeypatch.setenv("NVRX_JOB_ID", "mine")
     preemption = SimpleNamespace(run_index=2, ledger=RequeueLedger(tmp_path / "requeues.json"))
     events: list[tuple[str, dict[str, Any]]] = []
     node_requeue.requeue_without(
@@ -394,10 +402,12 @@ def test_a_job_held_for_requeue_counts_as_requeued_whatever_slurm_says_after(
     assert [kind for kind, _ in events] == ["requeue"]
     fields = events[0][1]
     assert (fields["count"], fields["run"], fields["excluded"], fields["held"]) == (1, 2, excluded, held)
-    if "update" in refuses:
+    if "update" in refuses:  # which nodes SLURM refused, and why
         assert "scontrol update JobId=7 ExcNodeList=node7,node1 exited 1" in fields["exclude_error"]
+        assert fields["exclude_refused"] == ["node1"]
     else:
-        assert fields["exclude_error"] is None
+        assert fields["exclude_error"] is None and fields["exclude_refused"] == []
+    assert fields["required"] == [] and fields["slurm_job_id"] == "7"
     assert [(e["cause"], e["run"]) for e in preemption.ledger.entries()] == [("node_failure", 2)]
     said = [r.getMessage() for r in caplog.records]
     assert not any("could not requeue" in line for line in said)
@@ -414,7 +424,7 @@ def test_a_requeue_with_no_node_to_add_leaves_the_exclusions_unasked(
     events: list[tuple[str, dict[str, Any]]] = []
     node_requeue.requeue_without(["node1"], None, lambda kind, **f: events.append((kind, f)), probe=False)
     assert (tmp_path / "scontrol.log").read_text().splitlines()[-2:] == ["requeuehold 7", "release 7"]
-    assert [(kind, f["excluded"], f["exclude_error"], f["held"]) for kind, f in events] == [
-        ("requeue", ["node7"], None, False)
+    assert [(kind, f["excluded"], f["exclude_error"], f["held"], f["required"]) for kind, f in events] == [
+        ("requeue", ["node7"], None, False, ["node1"])
     ]  # fmt: skip
     assert not any("may land on" in r.getMessage() for r in caplog.records)
