@@ -147,6 +147,8 @@ KINDS: dict[str, dict[str, str]] = {
         "fault_tolerance": "the launcher-side monitoring settings (object; --ft-*)",
         "restart_policy": "which ranks a failed rank restarts (--ft-restart-policy)",
         "stragglers": "straggler detection: action, section and threshold (object)",
+        "slurm_job_id": "SLURM_JOB_ID when SLURM runs the job (null otherwise): the id sacct "
+        "knows, where the common field job is NVRX_JOB_ID",
     },
     "store_start": {
         "addr": "the address clients reach the store at",

@@ -266,6 +266,12 @@ def _node_losses(job: JobSummary) -> LossIndex:
     return losses
 
 
+def _slurm_job(agg: JobSummary, job_id: str | None) -> str | None:
+    """The id to ask ``sacct`` about: the SLURM job the supervisors ran in, which differs from
+    the events' job when ``NVRX_JOB_ID`` named it; ``job_id`` when they name none, or several."""
+    return next(iter(agg.slurm_jobs)) if len(agg.slurm_jobs) == 1 else job_id
+
+
 def build_report(
     log_dir: str | os.PathLike[str] | None = None,
     job: str | None = None,
@@ -291,7 +297,7 @@ def build_report(
     notes = list(job_dir.notes)
     agg = _read_events(job_dir, filters, workers or _default_workers(), progress, notes)
     job_id = job or (sorted(agg.jobs)[0] if len(agg.jobs) == 1 else job_dir.job)
-    slurm = query_sacct(job_id) if sacct else SlurmContext(error="sacct not asked (--no-sacct)")
+    slurm = query_sacct(_slurm_job(agg, job_id)) if sacct else SlurmContext(error="sacct not asked (--no-sacct)")
     losses = _node_losses(agg)
     process_rows = process_restarts(agg, losses)
     attach_rank_files(process_rows, job_dir.path, notes)

@@ -53,6 +53,7 @@ class FileSummary:
     first_wall: float | None = None
     last_wall: float | None = None
     jobs: set[str] = field(default_factory=set)
+    slurm_jobs: set[str] = field(default_factory=set)  # SLURM job ids its supervisors ran in
     ranks: set[int] = field(default_factory=set)
     node_hosts: dict[int, str] = field(default_factory=dict)
     world_size: int = 0

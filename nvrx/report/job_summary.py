@@ -67,6 +67,7 @@ class JobSummary:
     first_wall: float | None = merged(MIN)
     last_wall: float | None = merged(MAX)
     jobs: set[str] = merged(UNION)
+    slurm_jobs: set[str] = merged(UNION)  # SLURM job ids the supervisors ran in (sacct's)
     ranks: set[int] = merged(UNION)
     hosts: set[str] = merged(UNION)
     node_hosts: dict[int, set[str]] = merged(UNION_EACH)
@@ -185,6 +186,7 @@ class JobSummary:
             return part
         part.first_wall, part.last_wall = fs.first_wall, fs.last_wall
         part.jobs, part.ranks, part.world_size = fs.jobs, fs.ranks, fs.world_size
+        part.slurm_jobs = fs.slurm_jobs
         part.hosts = {fs.host} if fs.host is not None else set()
         part.node_hosts = {node: {host} for node, host in fs.node_hosts.items()}
         part.calls, part.call_us = fs.calls, fs.call_us

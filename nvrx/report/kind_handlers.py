@@ -290,6 +290,9 @@ class KindHandlers:
             start = run_start(e)
             if start is not None:
                 self.s.run_starts.append(start)
+        slurm_job = as_str(e.get("slurm_job_id"))
+        if slurm_job is not None:
+            self.s.slurm_jobs.add(slurm_job)
         self.node_event(e, part, rank, node, host, wall)
 
     def add_first_faults(self) -> None:

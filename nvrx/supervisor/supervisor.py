@@ -126,7 +126,10 @@ class Supervisor:
             rank=None,
             round=None,
         )
-        self.writer.emit("supervisor_start", **cfg.start_fields(), supervisor_pid=os.getpid())
+        self.writer.emit(
+            "supervisor_start", **cfg.start_fields(), supervisor_pid=os.getpid(),
+            slurm_job_id=os.environ.get("SLURM_JOB_ID"),
+        )
         reason = "all children ended"
         try:
             stop = self._start()

@@ -60,6 +60,8 @@ def test_two_node_job_runs_the_demo_to_completion(
     final = {e["rank"] for e in _events(events_dir, "progress") if e["step"] == 20}
     assert final == {0, 1, 2, 3}, out
     assert {e["node"] for e in _events(events_dir, "supervisor_end")} == {0, 1}
+    # the SLURM job each supervisor ran in, which sacct knows whatever NVRX_JOB_ID says
+    assert [e["slurm_job_id"] for e in _events(events_dir, "supervisor_start")] == [str(job)] * 2
 
 
 def test_two_node_job_with_a_killed_rank_completes(

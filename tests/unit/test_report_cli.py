@@ -471,3 +471,27 @@ def test_a_since_that_keeps_events_of_an_unfinished_job_says_it_is_not_finished(
     outcome = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("outcome: "))
     assert outcome.startswith("outcome: NOT FINISHED"), outcome
     assert "not known under the filters" not in outcome, outcome
+
+
+def test_sacct_is_asked_about_the_slurm_job_the_supervisors_ran_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With NVRX_JOB_ID set the events' job is not SLURM's: sacct is asked about the SLURM
+    job id the supervisors' start names, and its rows are that job's."""
+    logs = tmp_path / "logs"
+    sup = Proc(logs, Host("node-a", 0), "supervisor")
+    sup.at(0.0, "supervisor_start", nnodes=1, nproc_per_node=1, command="python train.py",
+           store="node-a:29500", slurm_job_id="4242")  # fmt: skip
+    sup.at(5.0, "supervisor_end", exit_code=0, reason="completed")
+    sup.close()
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    argv_log = tmp_path / "argv"
+    row = "4242|train|COMPLETED|0:0|00:00:05|node-a|2024-01-01T00:00:00|2024-01-01T00:00:05"
+    (fake / "sacct").write_text(f'#!/bin/sh\necho "$@" > {argv_log}\necho "{row}"\n')
+    (fake / "sacct").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    report = build_report(logs)
+    assert report.summary.job == JOB != "4242"
+    assert "-j 4242 " in argv_log.read_text()
+    assert [r.state for r in report.slurm.job] == ["COMPLETED"]
