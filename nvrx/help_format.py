@@ -15,14 +15,19 @@ its continuations stand under its text.
 from __future__ import annotations
 
 import argparse
+import re
 import textwrap
+
+#: The whitespace argparse gathers into one space in a help text: ASCII only, so that a
+#: no-break space (U+00A0) stays, as textwrap never breaks a line there either.
+_WHITESPACE = re.compile(r"\s+", re.ASCII)
 
 
 class HelpFormatter(argparse.HelpFormatter):
     """argparse's help, wrapped at spaces only (``formatter_class`` of every nvrx parser)."""
 
     def _split_lines(self, text: str, width: int) -> list[str]:
-        text = " ".join(text.split())
+        text = _WHITESPACE.sub(" ", text).strip()
         return textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False)
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:

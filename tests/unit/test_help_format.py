@@ -70,3 +70,12 @@ def test_each_line_of_an_epilog_is_filled_and_a_list_continues_under_its_text(
         "       (--max-restarts) used up",
         "  128+N  stopped by signal N",
     ]
+
+
+def test_a_no_break_space_in_an_option_help_stays_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """argparse gathers the ASCII whitespace of a help text only: a no-break space (U+00A0)
+    that holds a number to its unit stays, and no line breaks there."""
+    monkeypatch.setenv("COLUMNS", "40")
+    parser = argparse.ArgumentParser(prog="p", usage="p", formatter_class=HelpFormatter)
+    parser.add_argument("--wait", help="wait for a while, at most 5\u00a0s, then go on with it")
+    assert "5\u00a0s" in parser.format_help()
