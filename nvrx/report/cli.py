@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from nvrx import jobenv
+from nvrx.help_format import HelpFormatter
 from nvrx.version import __version__
 
 from .build import build_report
@@ -71,6 +72,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="nvrx-report",
         usage="%(prog)s [options] [LOG_DIR]",  # one line above a usage error, whatever the width
         description="Summarize a job's nvrx events: restarts, first failing rank, failures, hangs, suspect nodes.",
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"nvrx-report {__version__}")
     p.add_argument(

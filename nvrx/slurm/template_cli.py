@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
+from nvrx.help_format import HelpFormatter
 from nvrx.version import __version__
 
 PROG = "nvrx-template"
@@ -93,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write an nvrx sbatch template, filled in with the nvrx-srun of this "
         "environment (by absolute path), to a file or stdout. Without NAME: list them.",
         allow_abbrev=False,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("name", nargs="?", metavar="NAME", help="the template: " + ", ".join(names()))
     parser.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from nvrx import jobenv
+from nvrx.help_format import HelpFormatter
 from nvrx.signal_pipe import SignalPipe
 
 from . import snapshot
@@ -234,10 +235,12 @@ def _restore(store: object, spec: SnapshotSpec | None) -> int | None:
     return len(keys)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m nvrx.store.service``."""
     parser = argparse.ArgumentParser(
         prog="python -m nvrx.store.service",
         description="Serve an nvrx store (torch TCPStore) until SIGTERM or the parent dies.",
+        formatter_class=HelpFormatter,
     )
     parser.add_argument(
         "--host", default="0.0.0.0", help="address clients reach the store at (default: all)"
@@ -269,6 +272,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="import torch, then serve only once a line arrives on stdin (exit at its end)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in 0..65535, got {args.port}")

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from nvrx import jobenv, processes
+from nvrx.help_format import HelpFormatter
 from nvrx.jobenv import DEFAULT_LOG_DIR, DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, JobEnv
 from nvrx.straggler import StragglerRule
 from nvrx.version import __version__
@@ -64,7 +65,7 @@ def _new_parser() -> _Parser:
         + " (e.g. $PET_NPROC_PER_NODE); under srun the topology ones are ignored: SLURM gives "
         "the topology.\n\n" + exit_code_help(),
         allow_abbrev=False,  # with two spellings per option, abbreviations would be ambiguous
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,  # the epilog's lines stay, filled each
     )
 
 

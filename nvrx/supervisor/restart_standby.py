@@ -22,7 +22,8 @@ rank tells only once it calls the Wrapper. The next one is started the same way 
 replacement, and never while the job stops, a store failover runs or a job-wide restart
 waits for its children to end.
 ``standby_start`` tells its pid, ``standby_ready`` when it is warm (it and the Wrapper
-monitor it started ahead are past their imports; the supervisor's selector wakes on it).
+monitor it started ahead are past their imports), once, where the supervisor first sees it:
+its selector wakes on it, or a restart takes it before the selector told.
 One that died before it was needed is replaced, with a warning (and what it printed on a
 piped stream, on the console: ``RankOutput.show``); after
 ``standby.MAX_DEATHS`` such deaths restarts start cold. It is discarded at the
@@ -70,6 +71,7 @@ class RestartStandby:
         self.ranks = ranks
         self._tells = False  # a child of this node told of itself: the command tells
         self._said: tuple[int, ...] = ()  # the children a log line said the standby waits for
+        standbys.on_warm = self._warm  # the selector's wake-up or a restart, whichever is first
 
     def keep_ready(self) -> None:
         """Start a standby for the next restart when none waits and this node trains."""
@@ -122,9 +124,10 @@ class RestartStandby:
 
     def on_ready(self) -> None:
         """The standby for restarts said it is warm (or ended: replaced at the next turn)."""
-        ready = self.standbys.on_ready()
-        if ready is not None:
-            pid, warm_up_s = ready
-            self.control.emit(
-                "standby_ready", standby_pid=pid, purpose="restart", warm_up_s=round(warm_up_s, 3)
-            )
+        self.standbys.on_ready()
+
+    def _warm(self, pid: int, warm_up_s: float) -> None:
+        """``standby_ready``, once for each standby for restarts that became warm."""
+        self.control.emit(
+            "standby_ready", standby_pid=pid, purpose="restart", warm_up_s=round(warm_up_s, 3)
+        )

@@ -209,6 +209,9 @@ class Standbys:
         self._for_restart: Standby | None = None
         self._deaths = 0  # restart standbys that died (or could not start) before they were needed
         self._selector: selectors.BaseSelector | None = None  # watches it until it is warm
+        #: Told once for each standby for restarts that became warm: its pid and the seconds
+        #: it took, by whichever look saw it first (``on_ready``, or a restart that takes it).
+        self.on_warm: Callable[[int, float], None] | None = None
         self._outputs: list[RankOutput] = []  # routed streams of the children, drained at the end
 
     def start(
@@ -284,16 +287,20 @@ class Standbys:
         if standby.ready_fd >= 0:
             self._selector.register(standby.ready_fd, selectors.EVENT_READ, READY_KEY)
 
-    def on_ready(self) -> tuple[int, float] | None:
-        """The restart standby's descriptor is readable: its pid and seconds it took to be
-        warm, or None when it ended without (``keep_ready`` replaces it)."""
+    def on_ready(self) -> None:
+        """The restart standby's descriptor is readable: it is warm (``on_warm`` is told), or
+        it ended without (``keep_ready`` replaces it)."""
         standby = self._for_restart
-        if standby is None:
-            return None
-        self._unwatch(standby)
-        if not standby.poll_ready():
-            return None
-        return standby.pid, time.monotonic() - standby.started
+        if standby is not None:
+            self._unwatch(standby)
+            self._is_warm(standby)
+
+    def _is_warm(self, standby: Standby) -> bool:
+        """Whether the restart standby is warm; the look that finds it first tells ``on_warm``."""
+        seen = standby.warm is not None
+        if standby.poll_ready() and not seen and self.on_warm is not None:
+            self.on_warm(standby.pid, time.monotonic() - standby.started)
+        return bool(standby.warm)
 
     def _unwatch(self, standby: Standby) -> None:
         if self._selector is not None and standby.ready_fd >= 0:
@@ -312,7 +319,7 @@ class Standbys:
         standby = self._for_restart
         if standby is None:
             return None
-        if not standby.poll_ready():
+        if not self._is_warm(standby):
             log.info("the standby for restarts (pid %d) is not warm yet: local rank %d "
                      "starts cold", standby.pid, local_rank)  # fmt: skip
             return None

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
+import selectors
 import signal
 import sys
 import textwrap
@@ -17,9 +19,14 @@ from pathlib import Path
 import psutil
 import pytest
 
+from nvrx import events, processes
 from nvrx.supervisor import standby as standby_module
+from nvrx.supervisor.children import Child
+from nvrx.supervisor.config import SupervisorConfig, local_job
+from nvrx.supervisor.course import Course
 from nvrx.supervisor.rank_logs import RankLogs, Std
 from nvrx.supervisor.standby import Standbys
+from nvrx.supervisor.supervisor import Supervisor
 from tests.multiproc.test_supervisor_local import Job, _alive
 from tests.support.waiting import wait_until
 
@@ -282,6 +289,54 @@ def test_a_job_wide_restart_takes_the_standby_for_one_of_its_ranks(tmp_path: Pat
     standby_start = job.events("standby_start")[0]["wall"]
     assert standby_start - max(e["wall"] for e in first) >= 4.9, job.output()
     assert _alive(seen) == set()
+
+
+@pytest.mark.parametrize("first", ["selector", "restart"])
+def test_standby_ready_is_written_once_whichever_look_sees_the_standby_warm_first(
+    tmp_path: Path, first: str
+) -> None:
+    """The supervisor learns that its standby for restarts is warm where its selector wakes
+    for the standby's byte, or where a restart takes the standby before the selector
+    delivered that byte: either way ``standby_ready`` is written, once."""
+    script = tmp_path / "quick.py"
+    script.write_text("")
+    job = local_job(nproc_per_node=2, log_dir=str(tmp_path))
+    sup = Supervisor(SupervisorConfig(command=[sys.executable, str(script)], job=job))
+    sup.writer = events.EventWriter(tmp_path / "events", "supervisor")
+    sup.course.to(Course.TRAINING)
+    selector = selectors.DefaultSelector()
+    sup.standbys.register(selector)
+    sleep = [sys.executable, "-c", "import signal; signal.pause()"]
+    children = [Child(i, 0, processes.start(sleep)) for i in range(2)]
+    sup.ranks.children.update(enumerate(children))
+    taken: list[Child] = []
+
+    def written(kind: str) -> list[int]:
+        return [e["standby_pid"] for e in events.read_dir(tmp_path / "events")[0] if e["kind"] == kind]
+
+    try:
+        for child in children:
+            sup.ranks.told(child.pid, training=True)
+        sup.restart_standby.keep_ready()
+        (pid,) = written("standby_start")
+        if first == "selector":
+            sup._poll_once(selector, 120)  # wakes for the byte: on_ready
+            assert written("standby_ready") == [pid]
+        else:  # the byte is there, not delivered yet: a restart comes first
+            ready_fd = sup.standbys._for_restart.ready_fd
+            assert select.select([ready_fd], [], [], 120)[0] == [ready_fd]
+        taken.append(sup.standbys.spawn(sup.config.command, 1, 1, sup.config.child_env(1, 1), None))
+        assert taken[0].warm and taken[0].pid == pid
+        sup._poll_once(selector, 0)  # the loop's next look
+        assert written("standby_ready") == [pid]
+        assert taken[0].wait(60) is not None and taken[0].status is not None and taken[0].status.ok
+    finally:
+        for child in children + taken:
+            child.kill_group()
+            child.proc.wait()
+        sup.standbys.discard()
+        selector.close()
+        sup.writer.close()
 
 
 # -- the pool itself -------------------------------------------------------------------

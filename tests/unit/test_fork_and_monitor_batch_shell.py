@@ -1,7 +1,8 @@
 """``fork_and_monitor`` in the batch script of a job of several tasks (SLURM's variables, but no
 ``SLURM_STEP_ID``: no srun started it) refuses at once and names srun, instead of taking itself
 for task 0 of them and waiting for tasks that never start; the batch script of a one-task job,
-and the tasks srun starts, go on as before."""
+and the tasks srun starts, go on as before. A malformed SLURM variable is refused too, in one line
+that names it and its value."""
 
 from __future__ import annotations
 
@@ -89,4 +90,40 @@ def test_a_bad_slurm_variable_is_one_line_and_exit_2_before_it_forks(tmp_path: P
     assert done.stderr.splitlines() == [
         "nvrx fork_and_monitor: error: cannot read the SLURM topology: "
         "SLURM_STEP_NODELIST='node[2-1]': range '2-1' goes down, in node list 'node[2-1]'"
+    ]
+
+
+def _task(**changed: str) -> dict[str, str]:
+    """Task 3 of a step of 4 tasks on 2 nodes, with ``changed`` variables."""
+    return _batch_shell(2, 4) | {
+        "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_STEP_NUM_NODES": "2",
+        "SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "3", "SLURM_NODEID": "1", **changed,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("changed", "said"),
+    [
+        ({"SLURM_NTASKS": "2(x2)"}, "SLURM_NTASKS='2(x2)' is not an integer"),
+        ({"SLURM_NTASKS": "", "SLURM_NPROCS": "four"}, "SLURM_NPROCS='four' is not an integer"),
+        ({"SLURM_NTASKS": "0"}, "SLURM_NTASKS=0 is not at least 1"),
+        ({"SLURM_PROCID": "x"}, "SLURM_PROCID='x' is not an integer"),
+        ({"SLURM_PROCID": "4"}, "SLURM_PROCID=4 is not in 0..3"),
+    ],
+)
+def test_a_malformed_task_count_or_task_rank_names_the_variable_and_its_value(
+    changed: dict[str, str], said: str
+) -> None:
+    """Before: a bare ValueError of ``int()`` that named neither."""
+    with pytest.raises(ConfigError) as refused:
+        _job(_task(**changed), None)
+    assert str(refused.value) == f"cannot read the SLURM topology: {said}"
+
+
+def test_a_malformed_task_rank_is_one_line_and_exit_2_before_it_forks(tmp_path: Path) -> None:
+    """Before: a traceback, and the script exited 1."""
+    done = _run_script(tmp_path, _task(SLURM_PROCID="x"))
+    assert (done.returncode, done.stdout) == (2, ""), done.stdout + done.stderr
+    assert done.stderr.splitlines() == [
+        "nvrx fork_and_monitor: error: cannot read the SLURM topology: SLURM_PROCID='x' is not an integer"
     ]
