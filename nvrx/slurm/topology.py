@@ -112,6 +112,20 @@ def _place(env: Mapping[str, str], job_id: str) -> tuple[int, int, str]:
     return nnodes, node_rank, nodelist[0]
 
 
+def task_place(env: Mapping[str, str], default_count: int) -> tuple[int, int]:
+    """(task count, task rank) of a step that runs one process per task: ``SLURM_NTASKS``
+    (else ``SLURM_NPROCS``, else ``default_count``) and ``SLURM_PROCID``; ValueError naming
+    a malformed one and its value."""
+    name = next((n for n in ("SLURM_NTASKS", "SLURM_NPROCS") if env.get(n)), None)
+    count = default_count if name is None else _int_var(env, name)
+    if count < 1:
+        raise ValueError(f"{name}={count} is not at least 1")
+    rank = _int_var(env, "SLURM_PROCID")
+    if not 0 <= rank < count:
+        raise ValueError(f"SLURM_PROCID={rank} is outside 0..{count - 1}")
+    return count, rank
+
+
 #: Where SLURM tells how many tasks run on each node, the step's first.
 _TASKS_PER_NODE_VARS = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
 

@@ -79,29 +79,17 @@ def _job(env: Mapping[str, str], log_dir: str | None) -> JobEnv:
     """
     if in_slurm_step(env):
         job = job_from_slurm(env, 1, log_dir)
-        count = next((name for name in ("SLURM_NTASKS", "SLURM_NPROCS") if env.get(name)), None)
-        ntasks = job.nnodes if count is None else _slurm_int(env, count, 1, None)
+        try:
+            ntasks, task_rank = topology.task_place(env, job.nnodes)
+        except ValueError as exc:
+            raise ConfigError(f"cannot read the SLURM topology: {exc}") from None
         not_in_a_batch_shell(
             env, ntasks, "tasks", "start the script once per task with `srun python SCRIPT ...` "
             "(fork_and_monitor runs one monitor per process)"
         )
-        return replace(job, nnodes=ntasks, node_rank=_slurm_int(env, "SLURM_PROCID", 0, ntasks - 1))
+        return replace(job, nnodes=ntasks, node_rank=task_rank)
     job = JobEnv.from_env(env)
     return replace(job, log_dir=log_dir or job.log_dir)
-
-
-def _slurm_int(env: Mapping[str, str], name: str, low: int, high: int | None) -> int:
-    """SLURM's variable ``name`` as a whole number from ``low`` to ``high`` (None: no bound);
-    ConfigError naming the variable and its value otherwise."""
-    raw = env.get(name, "")
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"cannot read the SLURM topology: {name}={raw!r} is not an integer") from None
-    if value < low or (high is not None and value > high):
-        bounds = f"at least {low}" if high is None else f"in {low}..{high}"
-        raise ConfigError(f"cannot read the SLURM topology: {name}={value} is not {bounds}")
-    return value
 
 
 def fork_and_monitor(

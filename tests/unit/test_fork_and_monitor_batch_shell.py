@@ -108,7 +108,7 @@ def _task(**changed: str) -> dict[str, str]:
         ({"SLURM_NTASKS": "", "SLURM_NPROCS": "four"}, "SLURM_NPROCS='four' is not an integer"),
         ({"SLURM_NTASKS": "0"}, "SLURM_NTASKS=0 is not at least 1"),
         ({"SLURM_PROCID": "x"}, "SLURM_PROCID='x' is not an integer"),
-        ({"SLURM_PROCID": "4"}, "SLURM_PROCID=4 is not in 0..3"),
+        ({"SLURM_PROCID": "4"}, "SLURM_PROCID=4 is outside 0..3"),
     ],
 )
 def test_a_malformed_task_count_or_task_rank_names_the_variable_and_its_value(
