@@ -10,6 +10,7 @@ import argparse
 import logging
 import os
 import shutil
+import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -377,6 +378,7 @@ def config_from_args(
             job = replace(job, job_id=args.job_id)
     else:
         job, picked = _local_job(args, env)
+        _outside_the_allocation(env, local_topology)
     config = SupervisorConfig(
         command=command,
         job=job,
@@ -402,6 +404,21 @@ def config_from_args(
             file=sys.stderr,
         )
     return config, args.verbose
+
+
+def _outside_the_allocation(env: Mapping[str, str], local_topology: bool) -> None:
+    """Say so when this shell holds a SLURM allocation (``salloc``) that srun did not start
+    this supervisor in, and no topology was given: it trains here, on the host of the shell,
+    not on the allocated nodes."""
+    if "SLURM_JOB_ID" not in env or local_topology:
+        return
+    nodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "?"
+    print(
+        f"{PROG}: warning: this shell holds SLURM job {env['SLURM_JOB_ID']}'s allocation of "
+        f"{nodes} node(s), but srun did not start this supervisor: it runs one node here, on "
+        f"{socket.gethostname()}; to run one per allocated node: nvrx-srun [options] -- COMMAND",
+        file=sys.stderr,
+    )
 
 
 def _nproc(asked: str, argv: Sequence[str], env: Mapping[str, str], count_here: bool) -> int:

@@ -347,3 +347,24 @@ def test_a_batch_script_of_one_node_srun_steps_and_an_explicit_topology_still_st
          "--", "python"], _batch_shell(2),
     )  # fmt: skip
     assert (explicit.nnodes, explicit.node_rank, explicit.job_id) == (2, 0, "77")
+
+
+def test_in_an_salloc_shell_the_supervisor_says_it_runs_outside_the_allocation(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An salloc shell has SLURM_JOB_ID but no SLURM_PROCID: the supervisor runs a one-node job
+    on the shell's host, which it says, naming nvrx-srun; a task srun started, and explicit
+    topology, say nothing."""
+    salloc = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "2"}
+    cfg, _ = config_from_args(["--master-port", "30050", "--", "python"], salloc)
+    assert cfg.nnodes == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "nvrx-supervise: warning: this shell holds SLURM job 77's allocation of 2 node(s), but "
+        f"srun did not start this supervisor: it runs one node here, on {socket.gethostname()}; "
+        "to run one per allocated node: nvrx-srun [options] -- COMMAND"
+    ]
+    config_from_args(["--nnodes", "1", "--master-port", "30050", "--", "python"], salloc)
+    config_from_args(["--master-port", "30050", "--", "python"], {**salloc, "SLURM_PROCID": "0",
+                     "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_NUM_NODES": "1",
+                     "SLURM_STEP_NUM_TASKS": "1"})  # fmt: skip
+    assert capsys.readouterr().err == ""
