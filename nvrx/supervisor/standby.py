@@ -320,8 +320,9 @@ class Standbys:
         if standby is None:
             return None
         if not self._is_warm(standby):
-            log.info("the standby for restarts (pid %d) is not warm yet: local rank %d "
-                     "starts cold", standby.pid, local_rank)  # fmt: skip
+            why = "is not warm yet" if standby.warm is None else "ended before it was warm"
+            log.info("the standby for restarts (pid %d) %s: local rank %d starts cold",
+                     standby.pid, why, local_rank)  # fmt: skip
             return None
         self._unwatch(standby)
         self._for_restart = None
