@@ -9,7 +9,9 @@ The supervisor of each node owns one ``PreemptionHandler``:
 
 - ``start()`` once at start-up (node 0 records requeues SLURM did by itself);
 - ``on_signal(signum)`` when the warning signal arrives: it only sets a flag,
-  so it is safe inside a signal handler;
+  so it is safe inside a signal handler; ``warned_at(wall)`` for one that came at an earlier
+  wall time (read later from a signal pipe, or passed on by ``nvrx-srun``, which got it
+  before srun ran: ``nvrx.slurm.early_warning``);
 - ``act(stop_children)`` from the supervisor's main loop when ``pending`` is true
   (or ``adopt_flag()`` found another node's flag), and from the store host's wait for the
   other nodes once its own children ended: it writes the job's flag file
@@ -210,6 +212,14 @@ class PreemptionHandler:
         if self._pending is None:
             self._pending = int(signum)
             self._signal_wall = time.time()
+
+    def warned_at(self, wall: float) -> None:
+        """Note this handler's warning signal as come at wall time ``wall`` (the supervisor
+        read it from its signal pipe, or it reached ``nvrx-srun`` before srun ran:
+        ``nvrx.slurm.early_warning``): ``act`` counts the window from then."""
+        if self._pending is None:
+            self._pending = self.signum
+            self._signal_wall = wall
 
     def adopt_flag(self) -> bool:
         """Take the job's flag, raised by another node, as this node's warning; True if it was.
