@@ -334,12 +334,7 @@ class PreemptionHandler:
             deadline = float(flag["deadline_wall"])
             window = max(0.0, deadline - received)
         else:
-            info = self._job_info()
-            seen = {name: (info or {}).get(name) for name in _CLASSIFIED_BY}
-            seen["decided_by"] = "caller" if cause else "scontrol" if self.slurm else "no SLURM"
-            if cause is None:
-                cause = classify(info, self.signal_delay_s) if self.slurm else self._local_cause()
-            window = window_s(info, cause, self.signal_delay_s, self.preempt_window_s)
+            cause, window, seen = self._judge(cause, received)
             deadline = received + window
             flag = None
         self._emit("preempt_signal", signal=signame, cause=cause, window_s=round(window, 1), **seen)
@@ -357,6 +352,21 @@ class PreemptionHandler:
         self._decision = decision
         log.warning("after the %s warning: %s", cause, decision.reason)
         return decision
+
+    def _judge(
+        self, cause: str | None, received: float
+    ) -> tuple[str, float, dict[str, str | None]]:
+        """The cause (``cause`` where the caller gave one) and window of the warning that came
+        at wall time ``received``, and the fields of the job they were judged by. The job's
+        clock is read now, possibly well after the warning (one that reached ``nvrx-srun``
+        before srun ran): the time left then counts, not the time left now."""
+        late = time.time() - received  # taken before the look: never more than its lag
+        info = self._job_info()
+        seen = {name: (info or {}).get(name) for name in _CLASSIFIED_BY}
+        seen["decided_by"] = "caller" if cause else "scontrol" if self.slurm else "no SLURM"
+        if cause is None:
+            cause = classify(info, self.signal_delay_s, late) if self.slurm else self._local_cause()
+        return cause, window_s(info, cause, self.signal_delay_s, self.preempt_window_s, late), seen
 
     def _decide_for_all(
         self,
