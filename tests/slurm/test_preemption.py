@@ -129,9 +129,10 @@ def test_time_limit_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path: Pa
     assert info is not None and info["Restarts"] == "1"
 
 
-@pytest.mark.timeout(180)
-def test_requeue_template_forwards_the_warning(slurm_cluster, tmp_path: Path) -> None:
-    """train_requeue.sbatch: USR2 to the batch shell reaches the supervisors, node 0 requeues."""
+def _submit_requeue_template(slurm_cluster, tmp_path: Path, export: str = "") -> tuple[str, Path, Path]:
+    """train_requeue.sbatch on 2 nodes of 2 ranks each, training with ``train_until_warned``
+    (checkpoints in ``tmp_path/ckpt``, events in ``tmp_path/logs``), ``export`` added to
+    its environment: the job id, its output file and the checkpoint folder."""
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     script = tmp_path / "train.py"
@@ -142,14 +143,20 @@ def test_requeue_template_forwards_the_warning(slurm_cluster, tmp_path: Path) ->
         f"print(train_until_warned({str(ckpt)!r}, 5))\n"
     )
     srun = Path(__file__).resolve().parents[2] / "bin" / "nvrx-srun"
-    env = f"ALL,NVRX_LOG_DIR={tmp_path / 'logs'},NVRX_NPROC_PER_NODE=2,NVRX_SRUN={srun}"
+    env = f"ALL,NVRX_LOG_DIR={tmp_path / 'logs'},NVRX_NPROC_PER_NODE=2,NVRX_SRUN={srun}{export}"
     done = slurm_cluster.run(
         ["sbatch", "--parsable", "-N2", "--time=5", f"--export={env}", "-o", str(tmp_path / "out-%j.txt"),
          str(TEMPLATES / "train_requeue.sbatch"), sys.executable, str(script)],
         cwd=tmp_path,
     )  # fmt: skip
     job_id = done.stdout.strip().split(";")[0]
-    out = tmp_path / f"out-{job_id}.txt"
+    return job_id, tmp_path / f"out-{job_id}.txt", ckpt
+
+
+@pytest.mark.timeout(180)
+def test_requeue_template_forwards_the_warning(slurm_cluster, tmp_path: Path) -> None:
+    """train_requeue.sbatch: USR2 to the batch shell reaches the supervisors, node 0 requeues."""
+    job_id, out, ckpt = _submit_requeue_template(slurm_cluster, tmp_path)
     wait_until(
         "every rank to train",
         lambda: len(list(ckpt.glob("started-run0-*"))) == 4,
@@ -183,27 +190,10 @@ def test_a_warning_before_srun_ran_is_kept_and_the_job_requeued(slurm_cluster, t
     while nvrx-srun checks the supervisor's options (held on a FIFO it reads): it keeps the
     warning, the supervisors act on it, node 0 requeues, and the next run, warned of nothing,
     trains to its end (before: nvrx-srun ended with the signal, exit 140, and the job failed)."""
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    script = tmp_path / "train.py"
-    script.write_text(
-        "import sys\n"
-        f"sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[2])!r}]\n"
-        "from test_preemption import train_until_warned\n"
-        f"print(train_until_warned({str(ckpt)!r}, 5))\n"
-    )
     patterns = tmp_path / "patterns"
     os.mkfifo(patterns)
-    srun = Path(__file__).resolve().parents[2] / "bin" / "nvrx-srun"
-    env = (f"ALL,NVRX_LOG_DIR={tmp_path / 'logs'},NVRX_NPROC_PER_NODE=2,NVRX_SRUN={srun},"
-           f"NVRX_SUPERVISE_ARGS=--ft-non-retryable-exception-file={patterns}")  # fmt: skip
-    done = slurm_cluster.run(
-        ["sbatch", "--parsable", "-N2", "--time=5", f"--export={env}", "-o", str(tmp_path / "out-%j.txt"),
-         str(TEMPLATES / "train_requeue.sbatch"), sys.executable, str(script)],
-        cwd=tmp_path,
-    )  # fmt: skip
-    job_id = done.stdout.strip().split(";")[0]
-    out = tmp_path / f"out-{job_id}.txt"
+    export = f",NVRX_SUPERVISE_ARGS=--ft-non-retryable-exception-file={patterns}"
+    job_id, out, ckpt = _submit_requeue_template(slurm_cluster, tmp_path, export)
     opened: list[int] = []
     try:
         wait_until("nvrx-srun's check to open its pattern file",
