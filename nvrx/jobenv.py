@@ -56,6 +56,11 @@ JOB_SECRET = "NVRX_JOB_SECRET"
 #: records of the Wrapper's rounds (``nvrx.store.seal.job_sealer``). The path only: the
 #: secret itself is never in an environment.
 JOB_SECRET_FILE = "NVRX_JOB_SECRET_FILE"
+#: The wall time (seconds since the epoch, ``repr`` of a float) at which SLURM's warning
+#: signal reached ``nvrx-srun`` before it became srun (``nvrx.slurm.early_warning``): set by
+#: ``nvrx-srun`` for the job step's supervisors alone, taken out of the environment by each
+#: supervisor before it starts anything, never passed to a child.
+WARNED_AT = "NVRX_WARNED_AT"
 #: The supervisor's socket for the heartbeats of the Wrapper's monitors (``nvrx.rank_beats``).
 RANK_BEATS = "NVRX_RANK_BEATS"
 #: The local rank the supervisor knows its child by, where it is not ``LOCAL_RANK``: set by
@@ -315,6 +320,7 @@ class JobEnv:
         env = dict(os.environ if base is None else base)
         env.update(extra or {})
         env.pop(JOB_SECRET, None)  # the job's secret stays with the supervisors
+        env.pop(WARNED_AT, None)  # a warning the supervisor acts on, not one for a child
         env.pop(SUPERVISOR_LOCAL_RANK, None)  # a monitor's, not this supervisor's
         if sets_omp_default(env, self.nproc_per_node):
             env["OMP_NUM_THREADS"] = "1"

@@ -8,6 +8,12 @@ has that Python check the supervisor's options and command as node 0's superviso
 will see them (``python -m nvrx.supervisor.check_args``, a program of its own: this
 layer knows the supervisor by its command line only): a mistake ends here, in one
 line, not in one error per node once the job step has started.
+
+SLURM's warning signal that comes meanwhile (the templates forward it to this process) is
+noted, not fatal, from ``main``'s first line on, and the supervisors act on it as if it had
+reached them (``nvrx.slurm.early_warning``, which also says what is still not kept: a warning
+before ``main`` runs, one in the instant of the exec, and one that srun gets before its tasks
+run).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from nvrx import jobenv
+from nvrx.slurm.early_warning import EarlyWarning
 from nvrx.slurm.nodelist import expand_nodelist
 from nvrx.store.seal import new_secret
 from nvrx.version import __version__
@@ -52,7 +59,9 @@ fails ends neither the step nor the other supervisors (--no-kill, --kill-on-bad-
 they notice the loss and go on (submit with sbatch --no-kill too, or SLURM ends the
 job). scancel's signals reach every supervisor, which passes them to its training
 processes and reaps them; SLURM's time-limit or preemption warning ($NVRX_PREEMPT_SIGNAL,
-USR2 in the templates) has it raise the checkpoint flag instead (docs/submit.md). SUPERVISOR OPTIONS: nvrx-supervise --help.
+USR2 in the templates) has it raise the checkpoint flag instead (docs/submit.md), also
+when it reached {PROG} before srun ran ($NVRX_WARNED_AT passes it on). SUPERVISOR OPTIONS:
+nvrx-supervise --help.
 More srun options: NVRX_SRUN_ARGS (e.g. "--cpu-bind=none").
 """
 
@@ -147,7 +156,9 @@ def check_supervisor(argv: Sequence[str], env: Mapping[str, str], python: str = 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point: becomes srun (exec); returns only on a usage error (exit 2)."""
+    """Console entry point: becomes srun (exec); returns only on a usage error (exit 2).
+    SLURM's warning until then is kept and passed on to the supervisors (``early_warning``)."""
+    warning = EarlyWarning.install(os.environ)  # first: the check below takes a while
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv:  # as argparse answers a missing argument: the usage line, then what is missing
         print(USAGE.splitlines()[0], file=sys.stderr)
@@ -168,6 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # One secret for the job step's supervisors (nvrx.store.seal): srun passes it to each.
     os.environ.setdefault(jobenv.JOB_SECRET, new_secret())
     sys.stdout.flush()
+    warning.pass_on(os.environ)  # last: the signal stays blocked through the exec
     os.execv(command[0], command)
     return 0  # not reached
 

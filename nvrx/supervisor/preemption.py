@@ -9,7 +9,9 @@ The supervisor of each node owns one ``PreemptionHandler``:
 
 - ``start()`` once at start-up (node 0 records requeues SLURM did by itself);
 - ``on_signal(signum)`` when the warning signal arrives: it only sets a flag,
-  so it is safe inside a signal handler;
+  so it is safe inside a signal handler; ``warned_at(wall)`` for one that came at an earlier
+  wall time (read later from a signal pipe, or passed on by ``nvrx-srun``, which got it
+  before srun ran: ``nvrx.slurm.early_warning``);
 - ``act(stop_children)`` from the supervisor's main loop when ``pending`` is true
   (or ``adopt_flag()`` found another node's flag), and from the store host's wait for the
   other nodes once its own children ended: it writes the job's flag file
@@ -211,6 +213,14 @@ class PreemptionHandler:
             self._pending = int(signum)
             self._signal_wall = time.time()
 
+    def warned_at(self, wall: float) -> None:
+        """Note this handler's warning signal as come at wall time ``wall`` (the supervisor
+        read it from its signal pipe, or it reached ``nvrx-srun`` before srun ran:
+        ``nvrx.slurm.early_warning``): ``act`` counts the window from then."""
+        if self._pending is None:
+            self._pending = self.signum
+            self._signal_wall = wall
+
     def adopt_flag(self) -> bool:
         """Take the job's flag, raised by another node, as this node's warning; True if it was.
 
@@ -324,12 +334,7 @@ class PreemptionHandler:
             deadline = float(flag["deadline_wall"])
             window = max(0.0, deadline - received)
         else:
-            info = self._job_info()
-            seen = {name: (info or {}).get(name) for name in _CLASSIFIED_BY}
-            seen["decided_by"] = "caller" if cause else "scontrol" if self.slurm else "no SLURM"
-            if cause is None:
-                cause = classify(info, self.signal_delay_s) if self.slurm else self._local_cause()
-            window = window_s(info, cause, self.signal_delay_s, self.preempt_window_s)
+            cause, window, seen = self._judge(cause, received)
             deadline = received + window
             flag = None
         self._emit("preempt_signal", signal=signame, cause=cause, window_s=round(window, 1), **seen)
@@ -347,6 +352,21 @@ class PreemptionHandler:
         self._decision = decision
         log.warning("after the %s warning: %s", cause, decision.reason)
         return decision
+
+    def _judge(
+        self, cause: str | None, received: float
+    ) -> tuple[str, float, dict[str, str | None]]:
+        """The cause (``cause`` where the caller gave one) and window of the warning that came
+        at wall time ``received``, and the fields of the job they were judged by. The job's
+        clock is read now, possibly well after the warning (one that reached ``nvrx-srun``
+        before srun ran): the time left then counts, not the time left now."""
+        late = time.time() - received  # taken before the look: never more than its lag
+        info = self._job_info()
+        seen = {name: (info or {}).get(name) for name in _CLASSIFIED_BY}
+        seen["decided_by"] = "caller" if cause else "scontrol" if self.slurm else "no SLURM"
+        if cause is None:
+            cause = classify(info, self.signal_delay_s, late) if self.slurm else self._local_cause()
+        return cause, window_s(info, cause, self.signal_delay_s, self.preempt_window_s, late), seen
 
     def _decide_for_all(
         self,

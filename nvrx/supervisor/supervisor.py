@@ -31,6 +31,7 @@ from collections.abc import Callable
 
 from nvrx import events, jobenv
 from nvrx.signal_pipe import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
+from nvrx.slurm import early_warning
 from nvrx.store import seal
 
 from . import job_secret, node_requeue, preemption, store_failover
@@ -165,6 +166,10 @@ class Supervisor:
         given = jobenv.JOB_SECRET in os.environ
         if cfg.node_rank == 0 or given:
             self._know_secret()  # at once: slot 0 writes it for the others, or it was given
+        try:  # before anything is started: nothing inherits it
+            warned_at = early_warning.take(os.environ)
+        except ValueError as exc:
+            raise SupervisorError(ExitCode.USAGE, str(exc)) from None
         # SLURM's warning (--signal=USR2@N): flag file, checkpoint, requeue (docs/submit.md)
         self.preemption = PreemptionHandler.from_env(
             cfg.node_rank, cfg.nnodes, job_dir=cfg.events_dir, writer=self.writer
@@ -172,6 +177,8 @@ class Supervisor:
         # first: a warning while ``start`` asks sacct about past runs waits in the pipe
         self.signals = SignalPipe((*STOP_SIGNALS, *FORWARD_SIGNALS, signal.SIGCHLD)).install()
         self.preemption.start()
+        if warned_at is not None:  # it reached nvrx-srun, before srun ran: as if it came here
+            self._on_warning(warned_at, "checkpoint, then requeue (it reached nvrx-srun first)")
         private_dir = self.hang_watch.start()  # before any child: each one gets its socket
         flag = self.store.stop
         try:
@@ -355,14 +362,20 @@ class Supervisor:
                 continue
             name = signal.Signals(signum).name
             if self.preemption is not None and signum == self.preemption.signum:
-                self.emit("signal_received", signal=name, action="checkpoint, then requeue")
-                self.preemption.on_signal(signum)
+                self._on_warning(time.time(), "checkpoint, then requeue")
             elif signum in FORWARD_SIGNALS:
                 self.emit("signal_received", signal=name, action="forwarded to children")
                 for child in self.running():
                     child.signal_group(signum)
             elif signum in STOP_SIGNALS:
                 self._on_stop_signal(signum, name)
+
+    def _on_warning(self, wall: float, action: str) -> None:
+        """SLURM's warning signal came at wall time ``wall``: the main loop acts on it."""
+        assert self.preemption is not None
+        name = signal.Signals(self.preemption.signum).name
+        self.emit("signal_received", signal=name, action=action)
+        self.preemption.warned_at(wall)
 
     def _on_stop_signal(self, signum: int, name: str) -> None:
         self.signalled = signum

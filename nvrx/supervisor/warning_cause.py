@@ -54,8 +54,15 @@ def parse_duration(text: str | None) -> float | None:
     return float((hours * 60 + minutes) * 60 + seconds)
 
 
-def classify(info: Mapping[str, str] | None, signal_delay_s: float | None) -> str:
-    """``preemption``, ``time_limit`` or ``unknown`` from ``scontrol show job`` fields.
+def _run_time_at_warning(info: Mapping[str, str], late_s: float) -> float | None:
+    """The job's ``RunTime`` when the warning came, ``late_s`` seconds before ``info`` was read."""
+    run = parse_duration(info.get("RunTime"))
+    return None if run is None else max(0.0, run - max(0.0, late_s))
+
+
+def classify(info: Mapping[str, str] | None, signal_delay_s: float | None, late_s: float = 0.0) -> str:
+    """``preemption``, ``time_limit`` or ``unknown`` from ``scontrol show job`` fields, read
+    ``late_s`` seconds after the warning came (one noted before srun ran is acted on later).
 
     A time-limit warning comes when at most ``signal_delay_s`` seconds (plus
     SLURM's up to 60 s of earliness) are left; a warning with clearly more
@@ -66,7 +73,7 @@ def classify(info: Mapping[str, str] | None, signal_delay_s: float | None) -> st
     if info.get("PreemptTime", "None") not in _NO_TIME:
         return "preemption"
     limit = parse_duration(info.get("TimeLimit"))
-    run = parse_duration(info.get("RunTime"))
+    run = _run_time_at_warning(info, late_s)
     if limit is None or run is None:
         return "unknown" if limit is not None else "preemption"
     if signal_delay_s is not None:
@@ -80,15 +87,17 @@ def window_s(
     cause: str,
     signal_delay_s: float | None,
     preempt_window_s: float | None,
+    late_s: float = 0.0,
 ) -> float:
     """Seconds from the warning until the job must have stopped, minus a margin.
 
-    A time limit leaves what ``scontrol`` says is left; a preemption leaves
+    A time limit leaves what ``scontrol`` says is left, ``info`` read ``late_s`` seconds
+    after the warning came: that much more; a preemption leaves
     ``preempt_window_s`` when given, else the partition's GraceTime, else
     ``DEFAULT_PREEMPT_WINDOW_S``.
     """
     if cause == "time_limit" and info:
-        limit, run = parse_duration(info.get("TimeLimit")), parse_duration(info.get("RunTime"))
+        limit, run = parse_duration(info.get("TimeLimit")), _run_time_at_warning(info, late_s)
         window = (limit - run) if limit is not None and run is not None else signal_delay_s
     elif preempt_window_s is not None:
         window = preempt_window_s

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,10 +14,13 @@ from typing import Any
 import psutil
 import pytest
 
+from nvrx.checkpoint_flag import flag_path_for
 from nvrx.events import read_dir
 from nvrx.report import build_report
 from nvrx.store.wire import WireStore
 from nvrx.supervisor import node_keys
+from nvrx.supervisor.preemption import SUBMITIT_LOCAL_REQUEUE_EXIT
+from nvrx.supervisor.warning_cause import window_s
 from tests.support.ports import free_ports
 from tests.support.waiting import wait_until
 
@@ -488,6 +492,41 @@ def test_a_warning_that_came_while_waiting_for_the_store_is_acted_on_once_it_ans
     assert ends == {n: "not requeued: not running under SLURM" for n in (0, 1)}, output
     exits = sorted((e["node"], e["exit_code"]) for e in job.events("child_exit"))
     assert exits == [(0, 0), (1, 0)], output  # both ranks ended on the flag
+
+
+@pytest.mark.timeout(240)
+def test_a_warning_that_reached_nvrx_srun_first_is_acted_on_as_a_signal_then(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nvrx-srun got SLURM's warning before it became srun and passed on its wall time
+    ($NVRX_WARNED_AT): the supervisor raises the job's flag, counting the window from then, its
+    rank checkpoints and exits, and the job is requeued, as for the signal itself; the rank's
+    environment holds no such variable (before, the variable did nothing: the rank trained on)."""
+    monkeypatch.setenv("NVRX_PREEMPT_WINDOW_S", "60")
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "local")  # a requeue without SLURM: exit 144
+    command = script(tmp_path, (
+        "with open(os.path.join(os.environ['NVRX_LOG_DIR'], 'inherited'), 'w') as f:\n"
+        "    f.write(repr(os.environ.get('NVRX_WARNED_AT')))\n"
+        "from nvrx.checkpoint_flag import preemption_requested\n"
+        "while not preemption_requested():\n"
+        "    time.sleep(0.1)  # a training step\n"
+    ))  # fmt: skip
+    warned = time.time() - 5.0
+    job = Job(tmp_path, 1, 1, command, node_env={0: {"NVRX_WARNED_AT": repr(warned)}})
+    codes = job.wait(120)
+    output = job.output()
+    assert codes == [SUBMITIT_LOCAL_REQUEUE_EXIT], output
+    assert [e["reason"] for e in job.events("supervisor_end")] == [
+        "requeued by submitit's local executor"
+    ], output
+    assert [e["issued_by"] for e in job.events("requeue")] == ["submitit-local"], output
+    received = job.events("signal_received")
+    assert [(e["signal"], "nvrx-srun" in e["action"]) for e in received] == [("SIGUSR2", True)]
+    flag = json.loads(flag_path_for(job.log_dir / job.job_id, 0).read_text())
+    window = window_s(None, "time_limit", None, 60.0)  # submitit's local warning: its time limit
+    assert flag["deadline_wall"] == pytest.approx(warned + window, abs=1e-6), flag
+    assert [e["exit_code"] for e in job.events("child_exit")] == [0], output  # ended on the flag
+    assert (job.log_dir / "inherited").read_text() == "None"
 
 
 def _tree(pid: int) -> set[int]:

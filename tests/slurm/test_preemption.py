@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import signal
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from nvrx.events import read_dir
 from nvrx.slurm import commands
 from nvrx.submission.submit import submit
 from nvrx.supervisor.warning_cause import parse_duration
+from tests.support.fifo import open_for_writing
 from tests.support.waiting import wait_until
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "sbatch_templates"
@@ -125,9 +129,10 @@ def test_time_limit_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path: Pa
     assert info is not None and info["Restarts"] == "1"
 
 
-@pytest.mark.timeout(180)
-def test_requeue_template_forwards_the_warning(slurm_cluster, tmp_path: Path) -> None:
-    """train_requeue.sbatch: USR2 to the batch shell reaches the supervisors, node 0 requeues."""
+def _submit_requeue_template(slurm_cluster, tmp_path: Path, export: str = "") -> tuple[str, Path, Path]:
+    """train_requeue.sbatch on 2 nodes of 2 ranks each, training with ``train_until_warned``
+    (checkpoints in ``tmp_path/ckpt``, events in ``tmp_path/logs``), ``export`` added to
+    its environment: the job id, its output file and the checkpoint folder."""
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     script = tmp_path / "train.py"
@@ -138,14 +143,20 @@ def test_requeue_template_forwards_the_warning(slurm_cluster, tmp_path: Path) ->
         f"print(train_until_warned({str(ckpt)!r}, 5))\n"
     )
     srun = Path(__file__).resolve().parents[2] / "bin" / "nvrx-srun"
-    env = f"ALL,NVRX_LOG_DIR={tmp_path / 'logs'},NVRX_NPROC_PER_NODE=2,NVRX_SRUN={srun}"
+    env = f"ALL,NVRX_LOG_DIR={tmp_path / 'logs'},NVRX_NPROC_PER_NODE=2,NVRX_SRUN={srun}{export}"
     done = slurm_cluster.run(
         ["sbatch", "--parsable", "-N2", "--time=5", f"--export={env}", "-o", str(tmp_path / "out-%j.txt"),
          str(TEMPLATES / "train_requeue.sbatch"), sys.executable, str(script)],
         cwd=tmp_path,
     )  # fmt: skip
     job_id = done.stdout.strip().split(";")[0]
-    out = tmp_path / f"out-{job_id}.txt"
+    return job_id, tmp_path / f"out-{job_id}.txt", ckpt
+
+
+@pytest.mark.timeout(180)
+def test_requeue_template_forwards_the_warning(slurm_cluster, tmp_path: Path) -> None:
+    """train_requeue.sbatch: USR2 to the batch shell reaches the supervisors, node 0 requeues."""
+    job_id, out, ckpt = _submit_requeue_template(slurm_cluster, tmp_path)
     wait_until(
         "every rank to train",
         lambda: len(list(ckpt.glob("started-run0-*"))) == 4,
@@ -162,3 +173,66 @@ def test_requeue_template_forwards_the_warning(slurm_cluster, tmp_path: Path) ->
     requeues = [e for e in events if e["kind"] == "requeue"]
     assert [(e["node"], e["count"]) for e in requeues] == [(0, 1)]
     assert len([e for e in events if e["kind"] == "preempt_signal"]) == 2
+
+
+def _nvrx_srun_checking(patterns: Path) -> int:
+    """The pid of the nvrx-srun whose check of the options reads ``patterns``."""
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if "nvrx.supervisor.check_args" in cmdline and any(str(patterns) in a for a in cmdline):
+            return proc.ppid()
+    raise AssertionError(f"no check of nvrx-srun reads {patterns}")
+
+
+@pytest.mark.timeout(240)
+def test_a_warning_before_srun_ran_is_kept_and_the_job_requeued(slurm_cluster, tmp_path: Path) -> None:
+    """train_requeue.sbatch: SLURM's warning reaches nvrx-srun, as the batch shell forwards it,
+    while nvrx-srun checks the supervisor's options (held on a FIFO it reads): it keeps the
+    warning, the supervisors act on it, node 0 requeues, and the next run, warned of nothing,
+    trains to its end (before: nvrx-srun ended with the signal, exit 140, and the job failed)."""
+    patterns = tmp_path / "patterns"
+    os.mkfifo(patterns)
+    export = f",NVRX_SUPERVISE_ARGS=--ft-non-retryable-exception-file={patterns}"
+    job_id, out, ckpt = _submit_requeue_template(slurm_cluster, tmp_path, export)
+    opened: list[int] = []
+    try:
+        wait_until("nvrx-srun's check to open its pattern file",
+                   lambda: open_for_writing(patterns, opened), 90,
+                   state=lambda: out.read_text()[-3000:] if out.exists() else "no output yet")  # fmt: skip
+        os.kill(_nvrx_srun_checking(patterns), signal.SIGUSR2)  # what the template's trap does
+        given = tmp_path / "patterns.txt"  # what the supervisors, and the next run, read
+        given.write_text("NotRetryable\n")
+        os.replace(given, patterns)
+        os.write(opened[0], b"NotRetryable\n")
+    finally:
+        for fd in opened:
+            os.close(fd)
+    slurm_cluster.start_soon_when_requeued(int(job_id), 90)
+    assert slurm_cluster.wait_job(int(job_id), timeout=90) == "COMPLETED", out.read_text()
+    assert slurm_cluster.job_info(int(job_id))["Restarts"] == "1"
+    assert len(list(ckpt.glob("started-run1-*"))) == 4
+    events, _ = read_dir(tmp_path / "logs" / job_id)
+    kept = [e["node"] for e in events if e["kind"] == "signal_received" and "nvrx-srun" in e["action"]]
+    assert sorted(kept) == [0, 1]
+    assert len([e for e in events if e["kind"] == "preempt_signal"]) == 2  # the first run's only
+    requeues = [e for e in events if e["kind"] == "requeue"]
+    assert [(e["node"], e["count"]) for e in requeues] == [(0, 1)]
+
+
+@pytest.mark.timeout(120)
+def test_srun_started_with_the_warning_blocked_and_pending_runs_its_step(
+    slurm_cluster, tmp_path: Path
+) -> None:
+    """What nvrx-srun relies on (``nvrx.slurm.early_warning``): it execs srun with the warning
+    signal blocked, and one may be pending then. SLURM's srun blocks it itself and takes it
+    with sigwait: it runs its step and exits 0, not 140."""
+    become_srun = (
+        "import os, signal; signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2}); "
+        "os.kill(os.getpid(), signal.SIGUSR2); os.execvp('srun', ['srun', '-N1', '-n1', 'true'])"
+    )
+    job = slurm_cluster.sbatch(
+        f'{shlex.quote(sys.executable)} -c {shlex.quote(become_srun)}\necho "srun exited $?"\n',
+        "-N1", "-o", str(tmp_path / "out.txt"),
+    )  # fmt: skip
+    assert slurm_cluster.wait_job(job, timeout=90) == "COMPLETED"
+    assert (tmp_path / "out.txt").read_text() == "srun exited 0\n"

@@ -557,3 +557,38 @@ def test_slurms_own_requeues_of_unknown_cause_leave_the_time_limit_cap_untouched
     # nvrx's own requeues after warnings of unknown cause still count
     assert capped_requeues([*entries, {"cause": "unknown", "issued_by": "nvrx"}]) == 1
     assert capped_requeues([{"cause": None}, {"cause": "time_limit", "issued_by": "slurm"}]) == 2
+
+
+@pytest.mark.parametrize(
+    ("run_time", "cause"),
+    [
+        ("00:08:50", "time_limit"),  # 70 s left at the look, 100 at the warning
+        ("00:07:40", "preemption"),  # 140 s left at the look, 170 at the warning: over 90+60+5
+    ],
+)
+def test_a_warning_acted_on_after_a_delay_counts_the_time_left_at_the_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_time: str, cause: str
+) -> None:
+    """A warning that reached nvrx-srun before srun ran is acted on 30 s after it came, and
+    slurmctld's RunTime is read then. Before: the time left at that look was taken as left at
+    the warning, so a time limit's deadline came 30 s before the limit's margin, and a
+    preemption (more time left than the delay allows) counted as a time limit."""
+    info = {"PreemptTime": "None", "TimeLimit": "00:10:00", "RunTime": run_time}
+    monkeypatch.setattr(commands, "show_job", lambda job_id, **kwargs: dict(info))
+    monkeypatch.setattr(commands, "requeue", lambda job_id, **kwargs: None)
+    writer = EventWriter(tmp_path, "supervisor", {"job": "4242", "node": 0})
+    handler = PreemptionHandler(
+        tmp_path, 0, 1, job_id="4242", signal_delay_s=90, preempt_window_s=20, writer=writer,
+        export_env=False,
+    )  # fmt: skip
+    warned = time.time() - 30.0
+    handler.warned_at(warned)
+    before = time.time()
+    assert handler.act(_no_children).requeued
+    after = time.time()
+    flag = json.loads(handler.flag_path.read_text())
+    assert flag["cause"] == cause
+    if cause == "time_limit":  # 70 s left at the look, less the margin (10 s)
+        assert before + 60.0 <= flag["deadline_wall"] <= after + 60.0
+    else:  # a preemption's window (20 s, less its margin) counts from the signal
+        assert flag["deadline_wall"] == pytest.approx(warned + window_s(None, cause, 90, 20), abs=1e-6)
