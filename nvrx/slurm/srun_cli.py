@@ -51,7 +51,8 @@ script or an salloc shell). It checks the SUPERVISOR OPTIONS and COMMAND as node
 supervisor would take them under srun (a mistake: exit 2 with the supervisor's message,
 before srun), then runs
 
-  srun --nodes=N --ntasks=N {" ".join(SRUN_OPTIONS)} $NVRX_SRUN_ARGS \\
+  srun --nodes=N --ntasks=N {" ".join(SRUN_OPTIONS[:2])} \\
+       {" ".join(SRUN_OPTIONS[2:])} $NVRX_SRUN_ARGS \\
        {{python}} -m nvrx.supervisor [SUPERVISOR OPTIONS] -- COMMAND [ARGS...]
 
 with N the allocation's nodes and {{python}} the interpreter of this nvrx. A node that
@@ -60,8 +61,9 @@ they notice the loss and go on (submit with sbatch --no-kill too, or SLURM ends 
 job). scancel's signals reach every supervisor, which passes them to its training
 processes and reaps them; SLURM's time-limit or preemption warning ($NVRX_PREEMPT_SIGNAL,
 USR2 in the templates) has it raise the checkpoint flag instead (docs/submit.md), also
-when it reached {PROG} before srun ran ($NVRX_WARNED_AT passes it on). SUPERVISOR OPTIONS:
-nvrx-supervise --help.
+when it reached {PROG} before srun ran ($NVRX_WARNED_AT passes it on).
+
+SUPERVISOR OPTIONS: nvrx-supervise --help.
 More srun options: NVRX_SRUN_ARGS (e.g. "--cpu-bind=none").
 """
 
