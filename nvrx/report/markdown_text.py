@@ -19,8 +19,9 @@ import re
 #: word, ``snake_case``, CommonMark makes no emphasis of it).
 _INLINE = re.compile(r"[\\`*\[\]<|~]|&(?=#?\w+;)|(?<![^\W_])_|_(?![^\W_])")
 #: What makes a block of a line it starts (after its indent): a heading, a quote, a list
-#: item, a thematic break or a heading's underline.
-_BLOCK_MARK = re.compile(r"^(\s*)([#>+=-])")
+#: item, a thematic break, a heading's underline, or GFM's table delimiter row (``:--``),
+#: which makes the line above a table's header and the lines below its rows.
+_BLOCK_MARK = re.compile(r"^(\s*)([#>+=:-])")
 #: An ordered list item's number at the start of a line (``1.``, ``2)``).
 _LIST_NUMBER = re.compile(r"^(\s*\d{1,9})([.)])")
 #: Line endings as Markdown reads them.

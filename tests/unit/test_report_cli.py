@@ -247,6 +247,15 @@ def test_markdown_headings_commands_and_lines_say_their_text_as_it_is() -> None:
     )
 
 
+def test_a_markdown_line_of_a_colon_and_dashes_makes_no_table_of_the_line_above() -> None:
+    """GFM reads a line like ``:--`` under a paragraph's line as a table's delimiter row, the
+    line above as the table's header and the lines below as its rows: a reason's line that
+    starts with a colon has it escaped, and the paragraph stays one."""
+    doc = Doc(markdown=True)
+    doc.text("why:\nstore down\n:--\n  :-: \nstill down: for 3 s")
+    assert doc.render() == "why:\nstore down\n\\:--\n  \\:-: \nstill down: for 3 s\n"
+
+
 def test_base_dir_with_job_option_and_output_file(job_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "r.md"
     assert (
