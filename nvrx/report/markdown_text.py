@@ -16,8 +16,10 @@ import re
 #: What makes Markdown wherever it stands in a line: a backslash, code spans, emphasis,
 #: links and images, raw HTML and autolinks, GFM's table cells and strikethrough, an
 #: entity (a lone ``&`` is text), an underscore at a word's edge (``__init__``: inside a
-#: word, ``snake_case``, CommonMark makes no emphasis of it).
-_INLINE = re.compile(r"[\\`*\[\]<|~]|&(?=#?\w+;)|(?<![^\W_])_|_(?![^\W_])")
+#: word, ``snake_case``, CommonMark makes no emphasis of it), and the ``:`` of ``://`` and
+#: ``.`` of ``www.``: GFM links a web address with its raw text up to a space, so a viewer
+#: would show the backslashes escaped in it; escaped there, it stays text.
+_INLINE = re.compile(r"[\\`*\[\]<|~]|&(?=#?\w+;)|(?<![^\W_])_|_(?![^\W_])|:(?=//)|(?<=www)\.")
 #: What makes a block of a line it starts (after its indent): a heading, a quote, a list
 #: item, a thematic break, a heading's underline, or GFM's table delimiter row (``:--``),
 #: which makes the line above a table's header and the lines below its rows.

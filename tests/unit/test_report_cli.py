@@ -221,7 +221,7 @@ def test_markdown_shows_the_events_text_as_it_is_not_as_markdown(tmp_path: Path)
     outcome = next(part for part in markdown.split("\n\n") if part.startswith("outcome:"))
     assert outcome == (  # its blank line left out, which would end the paragraph there
         "outcome: FAILED: failed (exit code 1) (TypeError: expected \\<class 'int'>, got "
-        "\\<class 'str'>\n\\# 1. \\[retry\\](http://x)\n    \\*args); 2 ranks on 2 node(s), "
+        "\\<class 'str'>\n\\# 1. \\[retry\\](http\\://x)\n    \\*args); 2 ranks on 2 node(s), "
         "7.100 s wall, goodput 0.0 %"
     )
     assert f"**\\[ValueError\\]**\n\n````\n{_MESSAGE}\n````\n" in markdown
@@ -254,6 +254,19 @@ def test_a_markdown_line_of_a_colon_and_dashes_makes_no_table_of_the_line_above(
     doc = Doc(markdown=True)
     doc.text("why:\nstore down\n:--\n  :-: \nstill down: for 3 s")
     assert doc.render() == "why:\nstore down\n\\:--\n  \\:-: \nstill down: for 3 s\n"
+
+
+def test_a_web_address_in_markdown_is_text_whose_escapes_do_not_show() -> None:
+    """GFM makes a link of ``http://...`` or ``www....`` from the raw text up to a space, its
+    backslashes kept: a viewer would show ``\\_\\_init\\_\\_`` in it and link there. Its
+    ``://`` and ``www.`` are escaped, so it stays text and its escapes do not show."""
+    doc = Doc(markdown=True)
+    doc.text("fetch HTTPS://x.y/__init__.py failed; see www.x.y/*a*")
+    doc.table([["ftp://x.y/~u/"]], ["where"])
+    assert doc.render() == (
+        "fetch HTTPS\\://x.y/\\_\\_init\\_\\_.py failed; see www\\.x.y/\\*a\\*\n\n"
+        "| where           |\n|-----------------|\n| ftp\\://x.y/\\~u/ |\n"
+    )
 
 
 def test_base_dir_with_job_option_and_output_file(job_dir: Path, tmp_path: Path) -> None:
