@@ -13,6 +13,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from . import markdown_text as md
 from .compact import compress_ints
 
 MAX_TRACE_LINES = 20
@@ -133,7 +134,9 @@ class Command:
 
 class Doc:
     """Collects sections, as plain text or Markdown. Plain text is fitted to ``width``
-    characters (None: as wide as its lines are); Markdown never is (its tables cannot wrap)."""
+    characters (None: as wide as its lines are); Markdown never is (its tables cannot wrap).
+    In Markdown, the text it is given shows as it is (``markdown_text``): only its own
+    headings, bold titles, code blocks and tables are Markdown."""
 
     def __init__(self, markdown: bool, width: int | None = TEXT_WIDTH) -> None:
         self.markdown = markdown
@@ -141,12 +144,13 @@ class Doc:
         self.parts: list[str] = []
 
     def heading(self, title: str) -> None:
-        self.parts.append(f"## {title}" if self.markdown else f"{title}\n{'=' * len(title)}")
+        self.parts.append(f"## {md.heading(title)}" if self.markdown else f"{title}\n{'=' * len(title)}")
 
     def table(self, rows: list[list[Any]], headers: Sequence[str]) -> None:
         fmt = "github" if self.markdown else "simple"
-        if self.markdown:  # a "|" or newline in a cell would break the Markdown table
-            rows = [[str(c).replace("|", "\\|").replace("\n", " ") for c in row] for row in rows]
+        if self.markdown:
+            rows = [[md.inline(str(c)) for c in row] for row in rows]
+            headers = [md.inline(h) for h in headers]
         self.parts.append(self._tabulate(rows, list(headers), fmt))
 
     def _tabulate(self, rows: list[list[Any]], headers: list[str], fmt: str) -> str:
@@ -171,7 +175,7 @@ class Doc:
             self.parts.append(self._tabulate(rows, [], "plain"))
 
     def text(self, line: str) -> None:
-        self.parts.append(self._fit(line))
+        self.parts.append(md.paragraph(line) if self.markdown else self._fit(line))
 
     def lines(self, lines: Sequence[str | Command]) -> None:
         """Lines told together, each ``Command`` among them on a line of its own: one
@@ -181,7 +185,7 @@ class Doc:
             return
         for code, run in groupby(lines, key=lambda x: isinstance(x, Command)):
             said = "\n".join(x.line if isinstance(x, Command) else x for x in run)
-            self.parts.append(f"```\n{said}\n```" if code else said)
+            self.parts.append(md.code_block(said) if code else md.paragraph(said))
 
     def outcome(self, line: str, verdict: str) -> None:
         """How the job ended (``verdict``: ok, failed, unfinished); in text, a line like any."""
@@ -189,7 +193,7 @@ class Doc:
 
     def block(self, title: str, body: str) -> None:
         if self.markdown:
-            self.parts.append(f"**{title}**\n\n```\n{body}\n```")
+            self.parts.append(f"**{md.inline(title)}**\n\n{md.code_block(body)}")
         else:
             indented = "\n".join("    " + line for line in body.splitlines())
             self.parts.append(self._fit(f"{title}\n{indented}"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from test_report_fixtures import JOB, T0, Host, Proc, write_standard_job
 
 from nvrx.report import REPORT_SCHEMA_VERSION, build_report
 from nvrx.report.cli import main, parse_since
+from nvrx.report.text_doc import Command, Doc
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "nvrx" / "report" / "report.schema.json"
 _TYPES = {
@@ -152,6 +154,119 @@ def test_markdown_is_never_wrapped_whatever_the_width(
     row_0 = next(row for row in timeline if row.startswith("| 0 "))
     assert "| ValueError at train.py:12 in step |" in row_0
     assert "| rank 2 on node-b (node 1) |" in row_0
+
+
+#: Text of events that Markdown would read as HTML, emphasis, a link, a heading, a list, code.
+_TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "/home/u/my_*model*.py", line 3, in __init__\n'
+    "    raise TypeError(\"expected <class 'int'>, got <class 'str'>\")\n"
+    "TypeError: expected <class 'int'>, got <class 'str'>\n"
+)
+_MESSAGE = "see [the docs](http://x.y)\n```\n# not a heading\n```"
+_REASON = "TypeError: expected <class 'int'>, got <class 'str'>\n\n# 1. [retry](http://x)\n    *args"
+
+
+def _job_with_markdown_in_its_text(log_dir: Path) -> None:
+    """Two ranks on two hosts fail in round 0: rank 0 with ``_TRACEBACK``, rank 1 with
+    ``_MESSAGE`` and no traceback; the job stops for ``_REASON``."""
+    hosts = {0: Host("dgx_a100_01", 0), 1: Host("node-b", 1)}
+    sup = {n: Proc(log_dir, h, "supervisor") for n, h in hosts.items()}
+    for s in sup.values():
+        s.at(0.0, "supervisor_start", nnodes=2, nproc_per_node=1, command="python train.py")
+    ranks = {r: Proc(log_dir, hosts[r], "wrapper", rank=r) for r in range(2)}
+    for r, p in ranks.items():
+        p.at(1.0, "process_start", argv=["train.py"], local_rank=0)
+        p.round(0).at(2.0, "round_start", world_size=2, active_world_size=2, active_rank=r, initial_rank=r)
+    ranks[0].at(5.0, "fault", fault_kind="exception", origin_rank=0, exc_type="TypeError", traceback=_TRACEBACK)
+    ranks[1].at(5.1, "fault", fault_kind="exception", origin_rank=1, exc_type="ValueError", message=_MESSAGE)
+    for p in ranks.values():
+        p.at(6.0, "round_end", outcome="failed", duration_s=4.0)
+    for s in sup.values():
+        s.at(7.0, "job_stop", reason=_REASON, exit_code=1)
+        s.at(7.1, "supervisor_end", exit_code=1, reason=_REASON)
+
+
+def _outside_code_blocks(markdown: str) -> str:
+    """``markdown`` without its fenced code blocks (a block ends at a fence at least as long
+    as the one that opened it, as CommonMark reads it)."""
+    kept, fence = [], ""
+    for line in markdown.splitlines():
+        run = len(line) - len(line.lstrip("`"))
+        if not fence and run >= 3:
+            fence = "`" * run
+        elif fence and line.strip() and line.strip("`") == "" and run >= len(fence):
+            fence = ""
+        elif not fence:
+            kept.append(line)
+    return "\n".join(kept)
+
+
+def test_markdown_shows_the_events_text_as_it_is_not_as_markdown(tmp_path: Path) -> None:
+    """Before: the events' text went into the Markdown as it was, and a viewer (GitHub,
+    GitLab) made HTML tags of ``<class 'int'>``, bold of ``__init__``, emphasis of
+    ``*model*``, a link of ``[retry](http://x)``, a heading of a reason's ``# 1.`` line; a
+    message's own ``` ended its code block. Now what Markdown would read is escaped, and a
+    code block's fence is longer than any in it; the text report is as it was."""
+    _job_with_markdown_in_its_text(tmp_path)
+    report = build_report(tmp_path, sacct=False)
+    markdown = report.to_text("markdown")
+    prose = _outside_code_blocks(markdown)
+    signature = r"TypeError at my\_\*model\*.py:3 in \_\_init\_\_"
+    assert f"| {signature} | exception |" in prose  # a table's cell
+    assert f"**\\[{signature}\\]**" in prose  # a block's title
+    assert f"one fault of its own ({signature}): not enough to exclude" in prose  # a paragraph
+    for raw in ("__init__", "*model*", "<class", "[retry", "](http", "\n# "):
+        assert re.search(r"(?<!\\)" + re.escape(raw), prose) is None, raw  # not escaped
+    outcome = next(part for part in markdown.split("\n\n") if part.startswith("outcome:"))
+    assert outcome == (  # its blank line left out, which would end the paragraph there
+        "outcome: FAILED: failed (exit code 1) (TypeError: expected \\<class 'int'>, got "
+        "\\<class 'str'>\n\\# 1. \\[retry\\](http\\://x)\n    \\*args); 2 ranks on 2 node(s), "
+        "7.100 s wall, goodput 0.0 %"
+    )
+    assert f"**\\[ValueError\\]**\n\n````\n{_MESSAGE}\n````\n" in markdown
+    assert f"```\n{_TRACEBACK.rstrip()}\n```" in markdown  # verbatim in its code block
+    assert "| dgx_a100_01 |" in prose  # inside a word, "_" makes no emphasis: left as it is
+    text = report.to_text("table", width=None)
+    assert "TypeError at my_*model*.py:3 in __init__" in text and "\\" not in text
+    assert f"outcome: FAILED: failed (exit code 1) ({_REASON}); 2 ranks" in text
+
+
+def test_markdown_headings_commands_and_lines_say_their_text_as_it_is() -> None:
+    """A heading's ``#`` would end it; a command's ``` would end its code block; a line
+    that starts with ``-``, ``1.``, ``2)``, ``>`` or ``===`` would be a list, a quote or make
+    the line above a heading; a ``|`` may make a table. The report's own Markdown (heading,
+    code block) stays."""
+    doc = Doc(markdown=True)
+    doc.heading("job 7 #")
+    doc.lines(["run:", Command("echo ``` done")])
+    doc.text("why:\n- a | b\n1. c\n2) d\n> e\n===")
+    assert doc.render() == (
+        "## job 7 \\#\n\nrun:\n\n````\necho ``` done\n````\n\n"
+        "why:\n\\- a \\| b\n1\\. c\n2\\) d\n\\> e\n\\===\n"
+    )
+
+
+def test_a_markdown_line_of_a_colon_and_dashes_makes_no_table_of_the_line_above() -> None:
+    """GFM reads a line like ``:--`` under a paragraph's line as a table's delimiter row, the
+    line above as the table's header and the lines below as its rows: a reason's line that
+    starts with a colon has it escaped, and the paragraph stays one."""
+    doc = Doc(markdown=True)
+    doc.text("why:\nstore down\n:--\n  :-: \nstill down: for 3 s")
+    assert doc.render() == "why:\nstore down\n\\:--\n  \\:-: \nstill down: for 3 s\n"
+
+
+def test_a_web_address_in_markdown_is_text_whose_escapes_do_not_show() -> None:
+    """GFM makes a link of ``http://...`` or ``www....`` from the raw text up to a space, its
+    backslashes kept: a viewer would show ``\\_\\_init\\_\\_`` in it and link there. Its
+    ``://`` and ``www.`` are escaped, so it stays text and its escapes do not show."""
+    doc = Doc(markdown=True)
+    doc.text("fetch HTTPS://x.y/__init__.py failed; see www.x.y/*a*")
+    doc.table([["ftp://x.y/~u/"]], ["where"])
+    assert doc.render() == (
+        "fetch HTTPS\\://x.y/\\_\\_init\\_\\_.py failed; see www\\.x.y/\\*a\\*\n\n"
+        "| where           |\n|-----------------|\n| ftp\\://x.y/\\~u/ |\n"
+    )
 
 
 def test_base_dir_with_job_option_and_output_file(job_dir: Path, tmp_path: Path) -> None:

@@ -1,0 +1,61 @@
+"""Text from the events, written into the report's Markdown so that a viewer (GitHub,
+GitLab) shows it as it is: an exception's message, a signature, a host, a path or SLURM's
+error is data, and its ``<class 'int'>``, ``__init__``, ``*args``, ``[x](y)`` or leading
+``#`` or ``1.`` must not turn into HTML, emphasis, a link, a heading or a list.
+
+Characters Markdown would read are escaped with a backslash (CommonMark renders an escaped
+ASCII punctuation character as the character itself); code blocks get a fence no line of
+theirs can close. The Markdown the report means (its headings, a block's bold title, the
+fences, the tables' rules) is ``text_doc.Doc``'s, never passed through here.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: What makes Markdown wherever it stands in a line: a backslash, code spans, emphasis,
+#: links and images, raw HTML and autolinks, GFM's table cells and strikethrough, an
+#: entity (a lone ``&`` is text), an underscore at a word's edge (``__init__``: inside a
+#: word, ``snake_case``, CommonMark makes no emphasis of it), and the ``:`` of ``://`` and
+#: ``.`` of ``www.``: GFM links a web address with its raw text up to a space, so a viewer
+#: would show the backslashes escaped in it; escaped there, it stays text.
+_INLINE = re.compile(r"[\\`*\[\]<|~]|&(?=#?\w+;)|(?<![^\W_])_|_(?![^\W_])|:(?=//)|(?<=www)\.")
+#: What makes a block of a line it starts (after its indent): a heading, a quote, a list
+#: item, a thematic break, a heading's underline, or GFM's table delimiter row (``:--``),
+#: which makes the line above a table's header and the lines below its rows.
+_BLOCK_MARK = re.compile(r"^(\s*)([#>+=:-])")
+#: An ordered list item's number at the start of a line (``1.``, ``2)``).
+_LIST_NUMBER = re.compile(r"^(\s*\d{1,9})([.)])")
+#: Line endings as Markdown reads them.
+_LINE_END = re.compile(r"\r\n?|\n")
+_ESCAPED = r"\1\\\2"
+
+
+def inline(text: str) -> str:
+    """``text`` as Markdown that shows as it is on one line (a table's cell, a title): its
+    line breaks become spaces, which a table row cannot hold."""
+    return _INLINE.sub(r"\\\g<0>", _LINE_END.sub(" ", text))
+
+
+def heading(text: str) -> str:
+    """``text`` as the words of a Markdown heading: also its ``#``, which would end it."""
+    return inline(text).replace("#", "\\#")
+
+
+def paragraph(text: str) -> str:
+    """``text`` as one Markdown paragraph that shows each line as it is: no line starts a
+    block (heading, quote, list), and its blank lines are left out, which would end the
+    paragraph and let the line after start one (an indented one, a code block)."""
+    lines = (line for line in _LINE_END.split(text) if line.strip())
+    return "\n".join(
+        _LIST_NUMBER.sub(_ESCAPED, _BLOCK_MARK.sub(_ESCAPED, _INLINE.sub(r"\\\g<0>", line)))
+        for line in lines
+    )
+
+
+def code_block(body: str) -> str:
+    """``body`` as a fenced Markdown code block, verbatim: its fence is longer than any run
+    of backticks in it, so no line of it (a traceback's, a message's) closes the block."""
+    longest = max((len(run) for run in re.findall(r"`+", body)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}\n{body}\n{fence}"
