@@ -29,6 +29,8 @@ _LIST_NUMBER = re.compile(r"^(\s*\d{1,9})([.)])")
 #: Line endings as Markdown reads them.
 _LINE_END = re.compile(r"\r\n?|\n")
 _ESCAPED = r"\1\\\2"
+#: A space a Markdown viewer keeps at a line's start.
+NBSP = "\u00a0"
 
 
 def inline(text: str) -> str:
@@ -43,14 +45,20 @@ def heading(text: str) -> str:
 
 
 def paragraph(text: str) -> str:
-    """``text`` as one Markdown paragraph that shows each line as it is: no line starts a
-    block (heading, quote, list), and its blank lines are left out, which would end the
-    paragraph and let the line after start one (an indented one, a code block)."""
-    lines = (line for line in _LINE_END.split(text) if line.strip())
-    return "\n".join(
-        _LIST_NUMBER.sub(_ESCAPED, _BLOCK_MARK.sub(_ESCAPED, _INLINE.sub(r"\\\g<0>", line)))
-        for line in lines
-    )
+    """``text`` as one Markdown paragraph that shows each line as it is, on a line of its
+    own and indented as it is: no line starts a block (heading, quote, list), its blank
+    lines are left out, which would end the paragraph and let the line after start one (an
+    indented one, a code block); each line but the last ends in a hard line break (a
+    viewer would join them), and an indent is of no-break spaces (a viewer strips spaces)."""
+    lines = [_shown(line) for line in _LINE_END.split(text) if line.strip()]
+    return "\\\n".join(lines)
+
+
+def _shown(line: str) -> str:
+    """One line of a paragraph, escaped, its leading spaces no-break ones."""
+    escaped = _LIST_NUMBER.sub(_ESCAPED, _BLOCK_MARK.sub(_ESCAPED, _INLINE.sub(r"\\\g<0>", line)))
+    body = escaped.lstrip(" ")
+    return NBSP * (len(escaped) - len(body)) + body
 
 
 def code_block(body: str) -> str:

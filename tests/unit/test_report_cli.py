@@ -221,7 +221,8 @@ def test_markdown_shows_the_events_text_as_it_is_not_as_markdown(tmp_path: Path)
     outcome = next(part for part in markdown.split("\n\n") if part.startswith("outcome:"))
     assert outcome == (  # its blank line left out, which would end the paragraph there
         "outcome: FAILED: failed (exit code 1) (TypeError: expected \\<class 'int'>, got "
-        "\\<class 'str'>\n\\# 1. \\[retry\\](http\\://x)\n    \\*args); 2 ranks on 2 node(s), "
+        "\\<class 'str'>\\\n\\# 1. \\[retry\\](http\\://x)\\\n\u00a0\u00a0\u00a0\u00a0\\*args); 2 ranks on "
+        "2 node(s), "
         "7.100 s wall, goodput 0.0 %"
     )
     assert f"**\\[ValueError\\]**\n\n````\n{_MESSAGE}\n````\n" in markdown
@@ -243,7 +244,7 @@ def test_markdown_headings_commands_and_lines_say_their_text_as_it_is() -> None:
     doc.text("why:\n- a | b\n1. c\n2) d\n> e\n===")
     assert doc.render() == (
         "## job 7 \\#\n\nrun:\n\n````\necho ``` done\n````\n\n"
-        "why:\n\\- a \\| b\n1\\. c\n2\\) d\n\\> e\n\\===\n"
+        "why:\\\n\\- a \\| b\\\n1\\. c\\\n2\\) d\\\n\\> e\\\n\\===\n"
     )
 
 
@@ -253,7 +254,9 @@ def test_a_markdown_line_of_a_colon_and_dashes_makes_no_table_of_the_line_above(
     starts with a colon has it escaped, and the paragraph stays one."""
     doc = Doc(markdown=True)
     doc.text("why:\nstore down\n:--\n  :-: \nstill down: for 3 s")
-    assert doc.render() == "why:\nstore down\n\\:--\n  \\:-: \nstill down: for 3 s\n"
+    assert doc.render() == (
+        "why:\\\nstore down\\\n\\:--\\\n\u00a0\u00a0\\:-: \\\nstill down: for 3 s\n"
+    )
 
 
 def test_a_web_address_in_markdown_is_text_whose_escapes_do_not_show() -> None:

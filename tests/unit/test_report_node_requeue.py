@@ -162,11 +162,11 @@ def test_in_markdown_the_commands_to_run_are_code_blocks_not_part_of_the_paragra
     answer = markdown[: markdown.index("## Summary")]
     blocks = answer.split("\n\n")
     assert blocks[2:6] == [
-        "requeued for lost nodes (run 0):\n"
-        "  HELD: SLURM refused to release the requeued job: it waits held until released. To "
-        "let it start, run:",
+        "requeued for lost nodes (run 0):\\\n"  # a hard line break: a viewer would join them
+        "\u00a0\u00a0HELD: SLURM refused to release the requeued job: it waits held until "
+        "released. To let it start, run:",
         f"```\nscontrol release {SLURM_JOB}\n```",
-        "  node-b not excluded: the job names it in --nodelist, so the requeued job waits "
+        "\u00a0\u00a0node-b not excluded: the job names it in --nodelist, so the requeued job waits "
         "pending while it is down. To run without it, cancel the job and submit it again with a "
         "--nodelist that leaves it out. To cancel it, run:",
         f"```\nscancel {SLURM_JOB}\n```",
