@@ -181,12 +181,12 @@ class JobSummary:
             unknown_kinds=dict(stats.unknown_kinds),
             skipped=stats.skipped[:MAX_SKIPPED_LISTED],
             skipped_count=len(stats.skipped),
+            slurm_jobs=fs.slurm_jobs,  # from every start of the job, kept by the filters or not
         )
         if fs.kept == 0:
             return part
         part.first_wall, part.last_wall = fs.first_wall, fs.last_wall
         part.jobs, part.ranks, part.world_size = fs.jobs, fs.ranks, fs.world_size
-        part.slurm_jobs = fs.slurm_jobs
         part.hosts = {fs.host} if fs.host is not None else set()
         part.node_hosts = {node: {host} for node, host in fs.node_hosts.items()}
         part.calls, part.call_us = fs.calls, fs.call_us

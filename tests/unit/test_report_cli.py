@@ -591,25 +591,59 @@ def test_a_since_that_keeps_events_of_an_unfinished_job_says_it_is_not_finished(
     assert "not known under the filters" not in outcome, outcome
 
 
+def _fake_sacct(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *rows: str) -> Path:
+    """An ``sacct`` first on PATH that prints ``rows``; the file it writes its arguments to."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    argv_log = tmp_path / "argv"
+    lines = "".join(f'echo "{row}"\n' for row in rows)
+    (fake / "sacct").write_text(f'#!/bin/sh\necho "$@" > {argv_log}\n{lines}')
+    (fake / "sacct").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    return argv_log
+
+
+def _supervised_in_slurm_job(logs: Path, slurm_job: str) -> None:
+    """A one-node job whose supervisor ran in SLURM job ``slurm_job``, its rank with it."""
+    sup = Proc(logs, Host("node-a", 0), "supervisor")
+    sup.at(0.0, "supervisor_start", nnodes=1, nproc_per_node=1, command="python train.py",
+           store="node-a:29500", slurm_job_id=slurm_job)  # fmt: skip
+    rank = Proc(logs, Host("node-a", 0), "wrapper", rank=0)
+    rank.at(1.0, "process_start", argv=["train.py"], local_rank=0)
+    sup.at(5.0, "supervisor_end", exit_code=0, reason="completed")
+    sup.close()
+    rank.close()
+
+
+_ROW_4242 = "4242|train|COMPLETED|0:0|00:00:05|node-a|2024-01-01T00:00:00|2024-01-01T00:00:05"
+
+
 def test_sacct_is_asked_about_the_slurm_job_the_supervisors_ran_in(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With NVRX_JOB_ID set the events' job is not SLURM's: sacct is asked about the SLURM
     job id the supervisors' start names, and its rows are that job's."""
     logs = tmp_path / "logs"
-    sup = Proc(logs, Host("node-a", 0), "supervisor")
-    sup.at(0.0, "supervisor_start", nnodes=1, nproc_per_node=1, command="python train.py",
-           store="node-a:29500", slurm_job_id="4242")  # fmt: skip
-    sup.at(5.0, "supervisor_end", exit_code=0, reason="completed")
-    sup.close()
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    argv_log = tmp_path / "argv"
-    row = "4242|train|COMPLETED|0:0|00:00:05|node-a|2024-01-01T00:00:00|2024-01-01T00:00:05"
-    (fake / "sacct").write_text(f'#!/bin/sh\necho "$@" > {argv_log}\necho "{row}"\n')
-    (fake / "sacct").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    _supervised_in_slurm_job(logs, "4242")
+    argv_log = _fake_sacct(tmp_path, monkeypatch, _ROW_4242)
     report = build_report(logs)
     assert report.summary.job == JOB != "4242"
+    assert "-j 4242 " in argv_log.read_text()
+    assert [r.state for r in report.slurm.job] == ["COMPLETED"]
+
+
+@pytest.mark.parametrize(
+    "filters", [{"rank": 0}, {"since": T0 + 1.0}], ids=["rank", "since"]
+)
+def test_filters_that_leave_out_the_supervisor_start_still_ask_sacct_about_its_slurm_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, filters: dict[str, Any]
+) -> None:
+    """--rank and --since narrow the events shown, not the job: the SLURM job the
+    supervisors ran in is taken from their starts whatever the filters keep, as the job's runs
+    are, and sacct is asked about it, not about the events' job."""
+    logs = tmp_path / "logs"
+    _supervised_in_slurm_job(logs, "4242")
+    argv_log = _fake_sacct(tmp_path, monkeypatch, _ROW_4242)
+    report = build_report(logs, **filters)
     assert "-j 4242 " in argv_log.read_text()
     assert [r.state for r in report.slurm.job] == ["COMPLETED"]
