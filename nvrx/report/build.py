@@ -266,10 +266,20 @@ def _node_losses(job: JobSummary) -> LossIndex:
     return losses
 
 
-def _slurm_job(agg: JobSummary, job_id: str | None) -> str | None:
+def _slurm_job(agg: JobSummary, job_id: str | None, notes: list[str]) -> str | None:
     """The id to ask ``sacct`` about: the SLURM job the supervisors ran in, which differs from
-    the events' job when ``NVRX_JOB_ID`` named it; ``job_id`` when they name none, or several."""
-    return next(iter(agg.slurm_jobs)) if len(agg.slurm_jobs) == 1 else job_id
+    the events' job when ``NVRX_JOB_ID`` named it; ``job_id`` when they name none. A job
+    submitted again under one ``NVRX_JOB_ID`` ran in several: the last run's is asked about
+    (the outcome is its end), and a note names them all."""
+    if not agg.slurm_jobs:
+        return job_id
+    ran = sorted(agg.slurm_jobs, key=lambda j: (agg.slurm_jobs[j], j))
+    if len(ran) > 1:
+        notes.append(
+            f"the supervisors ran in {len(ran)} SLURM jobs ({', '.join(ran)}, in the order "
+            f"their runs started): sacct was asked about the last, {ran[-1]}"
+        )
+    return ran[-1]
 
 
 def build_report(
@@ -297,7 +307,11 @@ def build_report(
     notes = list(job_dir.notes)
     agg = _read_events(job_dir, filters, workers or _default_workers(), progress, notes)
     job_id = job or (sorted(agg.jobs)[0] if len(agg.jobs) == 1 else job_dir.job)
-    slurm = query_sacct(_slurm_job(agg, job_id)) if sacct else SlurmContext(error="sacct not asked (--no-sacct)")
+    slurm = (
+        query_sacct(_slurm_job(agg, job_id, notes))
+        if sacct
+        else SlurmContext(error="sacct not asked (--no-sacct)")
+    )
     losses = _node_losses(agg)
     process_rows = process_restarts(agg, losses)
     attach_rank_files(process_rows, job_dir.path, notes)

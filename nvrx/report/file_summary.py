@@ -53,8 +53,9 @@ class FileSummary:
     first_wall: float | None = None
     last_wall: float | None = None
     jobs: set[str] = field(default_factory=set)
-    # SLURM job ids its supervisors ran in, from every supervisor_start read (as run_starts).
-    slurm_jobs: set[str] = field(default_factory=set)
+    # SLURM job id -> wall of the latest supervisor_start that ran in it, from every start read
+    # (as run_starts).
+    slurm_jobs: dict[str, float] = field(default_factory=dict)
     ranks: set[int] = field(default_factory=set)
     node_hosts: dict[int, str] = field(default_factory=dict)
     world_size: int = 0
@@ -92,6 +93,6 @@ class FileSummary:
         start = run_start(event)
         if start is not None:
             self.run_starts.append(start)
-        slurm_job = as_str(event.get("slurm_job_id"))
-        if slurm_job is not None:
-            self.slurm_jobs.add(slurm_job)
+        slurm_job, wall = as_str(event.get("slurm_job_id")), num(event.get("wall"))
+        if slurm_job is not None and wall is not None:
+            self.slurm_jobs[slurm_job] = max(wall, self.slurm_jobs.get(slurm_job, wall))

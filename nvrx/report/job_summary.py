@@ -23,6 +23,7 @@ from .merging import (
     EXTEND,
     EXTEND_EACH,
     MAX,
+    MAX_EACH,
     MIN,
     PARTS,
     SUM,
@@ -67,7 +68,8 @@ class JobSummary:
     first_wall: float | None = merged(MIN)
     last_wall: float | None = merged(MAX)
     jobs: set[str] = merged(UNION)
-    slurm_jobs: set[str] = merged(UNION)  # SLURM job ids the supervisors ran in (sacct's)
+    # SLURM job id -> wall of the latest supervisor start in it: the jobs sacct knows the runs by.
+    slurm_jobs: dict[str, float] = merged(MAX_EACH)
     ranks: set[int] = merged(UNION)
     hosts: set[str] = merged(UNION)
     node_hosts: dict[int, set[str]] = merged(UNION_EACH)

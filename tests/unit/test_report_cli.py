@@ -647,3 +647,27 @@ def test_filters_that_leave_out_the_supervisor_start_still_ask_sacct_about_its_s
     report = build_report(logs, **filters)
     assert "-j 4242 " in argv_log.read_text()
     assert [r.state for r in report.slurm.job] == ["COMPLETED"]
+
+
+def test_a_job_resubmitted_under_one_nvrx_job_id_asks_sacct_about_its_last_slurm_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Submitted again under the same NVRX_JOB_ID, a job's runs are SLURM jobs of their own
+    (a requeue keeps its id): sacct is asked about the last run's, whose end is the outcome's,
+    never about the events' job, and a note names the others."""
+    logs = tmp_path / "logs"
+    host = Host("node-a", 0)
+    sup = Proc(logs, host, "supervisor")
+    for t, slurm_job in ((0.0, "4300"), (100.0, "4242")):  # ids need not grow with time
+        sup.at(t, "supervisor_start", nnodes=1, nproc_per_node=1, command="python train.py",
+               store="node-a:29500", slurm_job_id=slurm_job)  # fmt: skip
+        sup.at(t + 5.0, "supervisor_end", exit_code=0, reason="completed")
+    sup.close()
+    argv_log = _fake_sacct(tmp_path, monkeypatch, _ROW_4242)
+    report = build_report(logs)
+    assert "-j 4242 " in argv_log.read_text()
+    assert [r.state for r in report.slurm.job] == ["COMPLETED"]
+    assert (
+        "the supervisors ran in 2 SLURM jobs (4300, 4242, in the order their runs started): "
+        "sacct was asked about the last, 4242" in report.reading.notes
+    )
