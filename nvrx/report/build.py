@@ -211,7 +211,7 @@ def _given_sources(
 
 
 def _log_findings(
-    job: str | None,
+    jobs: Sequence[str | None],
     job_dir: Path,
     slurm_output: Sequence[str | os.PathLike[str]],
     submitit_folders: Sequence[str | os.PathLike[str]],
@@ -220,9 +220,11 @@ def _log_findings(
     slurm: SlurmContext,
 ) -> tuple[list[LogFinding], list[Death]]:
     """Failures in the job's output files that the events cannot tell (``output_triage``),
-    and the unexplained process ends they explain."""
+    and the unexplained process ends they explain. ``jobs``: the ids the files are named
+    after, the events' job and the SLURM jobs the supervisors ran in."""
     paths, folders = _given_sources(slurm_output, submitit_folders, notes)
-    paths += find_output_files(job, default_search_dirs(job_dir), folders)
+    for job in dict.fromkeys(jobs):
+        paths += find_output_files(job, default_search_dirs(job_dir), folders)
     unique = list(dict.fromkeys(p.resolve() for p in paths))
     items = []
     for path in unique:
@@ -266,20 +268,22 @@ def _node_losses(job: JobSummary) -> LossIndex:
     return losses
 
 
-def _slurm_job(agg: JobSummary, job_id: str | None, notes: list[str]) -> str | None:
-    """The id to ask ``sacct`` about: the SLURM job the supervisors ran in, which differs from
-    the events' job when ``NVRX_JOB_ID`` named it; ``job_id`` when they name none. A job
-    submitted again under one ``NVRX_JOB_ID`` ran in several: the last run's is asked about
-    (the outcome is its end), and a note names them all."""
-    if not agg.slurm_jobs:
-        return job_id
-    ran = sorted(agg.slurm_jobs, key=lambda j: (agg.slurm_jobs[j], j))
-    if len(ran) > 1:
+def _slurm_jobs(agg: JobSummary) -> list[str]:
+    """The SLURM jobs the supervisors ran in, in the order their runs started: sacct's ids,
+    which differ from the events' job when ``NVRX_JOB_ID`` named it. One, unless the job was
+    submitted again under one ``NVRX_JOB_ID``; none in an older writer's events."""
+    return sorted(agg.slurm_jobs, key=lambda j: (agg.slurm_jobs[j], j))
+
+
+def _ask_sacct(job_id: str | None, slurm_jobs: list[str], notes: list[str]) -> SlurmContext:
+    """``sacct``'s records of the SLURM job of the last run (the outcome is its end), else,
+    with none known, of ``job_id``; a note names them all when there are several."""
+    if len(slurm_jobs) > 1:
         notes.append(
-            f"the supervisors ran in {len(ran)} SLURM jobs ({', '.join(ran)}, in the order "
-            f"their runs started): sacct was asked about the last, {ran[-1]}"
+            f"the supervisors ran in {len(slurm_jobs)} SLURM jobs ({', '.join(slurm_jobs)}, in "
+            f"the order their runs started): sacct was asked about the last, {slurm_jobs[-1]}"
         )
-    return ran[-1]
+    return query_sacct(slurm_jobs[-1] if slurm_jobs else job_id)
 
 
 def build_report(
@@ -307,8 +311,9 @@ def build_report(
     notes = list(job_dir.notes)
     agg = _read_events(job_dir, filters, workers or _default_workers(), progress, notes)
     job_id = job or (sorted(agg.jobs)[0] if len(agg.jobs) == 1 else job_dir.job)
+    slurm_jobs = _slurm_jobs(agg)
     slurm = (
-        query_sacct(_slurm_job(agg, job_id, notes))
+        _ask_sacct(job_id, slurm_jobs, notes)
         if sacct
         else SlurmContext(error="sacct not asked (--no-sacct)")
     )
@@ -319,7 +324,7 @@ def build_report(
     failures = build_failures(agg, process_rows, losses)
     facts = job_facts.output_facts(agg, process_rows, losses)
     findings, explained = _log_findings(
-        job_id, job_dir.path, slurm_output, submitit_folders, facts, notes, slurm
+        [job_id, *slurm_jobs], job_dir.path, slurm_output, submitit_folders, facts, notes, slurm
     )
     add_output_findings(failures, findings, explained)
     kept = sorted(agg.ranks) if rank is not None or node is not None else None

@@ -671,3 +671,25 @@ def test_a_job_resubmitted_under_one_nvrx_job_id_asks_sacct_about_its_last_slurm
         "the supervisors ran in 2 SLURM jobs (4300, 4242, in the order their runs started): "
         "sacct was asked about the last, 4242" in report.reading.notes
     )
+
+
+def test_the_output_files_of_the_slurm_jobs_the_supervisors_ran_in_are_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nvrx's templates name their output after SLURM's job id (nvrx-%j.out), which is not
+    the events' job when NVRX_JOB_ID is set: the report looks for the output files of every
+    SLURM job its supervisors ran in, and of the events' job."""
+    logs = tmp_path / "logs"
+    host = Host("node-a", 0)
+    sup = Proc(logs, host, "supervisor")
+    for t, slurm_job in ((0.0, "4300"), (100.0, "4242")):
+        sup.at(t, "supervisor_start", nnodes=1, nproc_per_node=1, command="python train.py",
+               store="node-a:29500", slurm_job_id=slurm_job)  # fmt: skip
+        sup.at(t + 5.0, "supervisor_end", exit_code=0, reason="completed")
+    sup.close()
+    outputs = [tmp_path / name for name in ("nvrx-4300.out", "slurm-4242.out", f"slurm-{JOB}.out")]
+    for path in outputs:
+        path.write_text("starting\n")
+    monkeypatch.chdir(tmp_path)
+    report = build_report(logs, sacct=False)
+    assert sorted(report.slurm.output_files) == sorted(str(p.resolve()) for p in outputs)
