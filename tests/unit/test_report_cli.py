@@ -259,6 +259,19 @@ def test_a_markdown_line_of_a_colon_and_dashes_makes_no_table_of_the_line_above(
     )
 
 
+def test_a_markdown_line_indented_with_tabs_keeps_its_indent_and_starts_no_code_block() -> None:
+    """A viewer strips a paragraph line's leading tabs as it strips spaces, and a first line
+    indented by a tab is an indented code block, which shows the escapes and the hard line
+    break's backslash: a tab of the indent becomes no-break spaces to the next multiple of 8
+    columns, as a terminal shows the text report's."""
+    nbsp = "\u00a0"
+    doc = Doc(markdown=True)
+    doc.text("\tat <module>\nwhy:\n\tstore down\n \t x")
+    assert doc.render() == (
+        f"{nbsp * 8}at \\<module>\\\nwhy:\\\n{nbsp * 8}store down\\\n{nbsp * 9}x\n"
+    )
+
+
 def test_a_web_address_in_markdown_is_text_whose_escapes_do_not_show() -> None:
     """GFM makes a link of ``http://...`` or ``www....`` from the raw text up to a space, its
     backslashes kept: a viewer would show ``\\_\\_init\\_\\_`` in it and link there. Its
