@@ -268,16 +268,14 @@ def _node_losses(job: JobSummary) -> LossIndex:
     return losses
 
 
-def _slurm_jobs(agg: JobSummary) -> list[str]:
-    """The SLURM jobs the supervisors ran in, in the order their runs started: sacct's ids,
-    which differ from the events' job when ``NVRX_JOB_ID`` named it. One, unless the job was
-    submitted again under one ``NVRX_JOB_ID``; none in an older writer's events."""
-    return sorted(agg.slurm_jobs, key=lambda j: (agg.slurm_jobs[j], j))
-
-
-def _ask_sacct(job_id: str | None, slurm_jobs: list[str], notes: list[str]) -> SlurmContext:
-    """``sacct``'s records of the SLURM job of the last run (the outcome is its end), else,
-    with none known, of ``job_id``; a note names them all when there are several."""
+def _ask_sacct(
+    sacct: bool, job_id: str | None, slurm_jobs: list[str], notes: list[str]
+) -> SlurmContext:
+    """``sacct``'s records (``sacct`` False: none, --no-sacct) of the SLURM job of the last
+    run, whose end is the outcome, else, with none known (an older writer's events), of
+    ``job_id``; a note names them all when there are several."""
+    if not sacct:
+        return SlurmContext(error="sacct not asked (--no-sacct)")
     if len(slurm_jobs) > 1:
         notes.append(
             f"the supervisors ran in {len(slurm_jobs)} SLURM jobs ({', '.join(slurm_jobs)}, in "
@@ -311,12 +309,7 @@ def build_report(
     notes = list(job_dir.notes)
     agg = _read_events(job_dir, filters, workers or _default_workers(), progress, notes)
     job_id = job or (sorted(agg.jobs)[0] if len(agg.jobs) == 1 else job_dir.job)
-    slurm_jobs = _slurm_jobs(agg)
-    slurm = (
-        _ask_sacct(job_id, slurm_jobs, notes)
-        if sacct
-        else SlurmContext(error="sacct not asked (--no-sacct)")
-    )
+    slurm = _ask_sacct(sacct, job_id, agg.slurm_job_ids(), notes)
     losses = _node_losses(agg)
     process_rows = process_restarts(agg, losses)
     attach_rank_files(process_rows, job_dir.path, notes)
@@ -324,7 +317,7 @@ def build_report(
     failures = build_failures(agg, process_rows, losses)
     facts = job_facts.output_facts(agg, process_rows, losses)
     findings, explained = _log_findings(
-        [job_id, *slurm_jobs], job_dir.path, slurm_output, submitit_folders, facts, notes, slurm
+        [job_id, *agg.slurm_job_ids()], job_dir.path, slurm_output, submitit_folders, facts, notes, slurm
     )
     add_output_findings(failures, findings, explained)
     kept = sorted(agg.ranks) if rank is not None or node is not None else None

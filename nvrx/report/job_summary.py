@@ -129,6 +129,13 @@ class JobSummary:
     def runs(self) -> int:
         return max((len(s) for s in self.starts.values()), default=1) or 1
 
+    def slurm_job_ids(self) -> list[str]:
+        """The SLURM jobs the supervisors ran in, in the order their runs started: sacct's ids,
+        not the events' job when ``NVRX_JOB_ID`` named it. One, unless the job was submitted
+        again under one ``NVRX_JOB_ID`` (a requeue keeps its id); none in an older writer's
+        events."""
+        return sorted(self.slurm_jobs, key=lambda j: (self.slurm_jobs[j], j))
+
     def supervised_world(self) -> int:
         """Ranks of the job as its supervisors started them (training nodes, spares left out, x
         ranks per node, else the distinct global ranks of their children): the world without
