@@ -211,7 +211,7 @@ def _given_sources(
 
 
 def _log_findings(
-    job: str | None,
+    jobs: Sequence[str | None],
     job_dir: Path,
     slurm_output: Sequence[str | os.PathLike[str]],
     submitit_folders: Sequence[str | os.PathLike[str]],
@@ -220,9 +220,11 @@ def _log_findings(
     slurm: SlurmContext,
 ) -> tuple[list[LogFinding], list[Death]]:
     """Failures in the job's output files that the events cannot tell (``output_triage``),
-    and the unexplained process ends they explain."""
+    and the unexplained process ends they explain. ``jobs``: the ids the files are named
+    after, the events' job and the SLURM jobs the supervisors ran in."""
     paths, folders = _given_sources(slurm_output, submitit_folders, notes)
-    paths += find_output_files(job, default_search_dirs(job_dir), folders)
+    for job in dict.fromkeys(jobs):
+        paths += find_output_files(job, default_search_dirs(job_dir), folders)
     unique = list(dict.fromkeys(p.resolve() for p in paths))
     items = []
     for path in unique:
@@ -266,10 +268,20 @@ def _node_losses(job: JobSummary) -> LossIndex:
     return losses
 
 
-def _slurm_job(agg: JobSummary, job_id: str | None) -> str | None:
-    """The id to ask ``sacct`` about: the SLURM job the supervisors ran in, which differs from
-    the events' job when ``NVRX_JOB_ID`` named it; ``job_id`` when they name none, or several."""
-    return next(iter(agg.slurm_jobs)) if len(agg.slurm_jobs) == 1 else job_id
+def _ask_sacct(
+    sacct: bool, job_id: str | None, slurm_jobs: list[str], notes: list[str]
+) -> SlurmContext:
+    """``sacct``'s records (``sacct`` False: none, --no-sacct) of the SLURM job of the last
+    run, whose end is the outcome, else, with none known (an older writer's events), of
+    ``job_id``; a note names them all when there are several."""
+    if not sacct:
+        return SlurmContext(error="sacct not asked (--no-sacct)")
+    if len(slurm_jobs) > 1:
+        notes.append(
+            f"the supervisors ran in {len(slurm_jobs)} SLURM jobs ({', '.join(slurm_jobs)}, in "
+            f"the order their runs started): sacct was asked about the last, {slurm_jobs[-1]}"
+        )
+    return query_sacct(slurm_jobs[-1] if slurm_jobs else job_id)
 
 
 def build_report(
@@ -297,7 +309,7 @@ def build_report(
     notes = list(job_dir.notes)
     agg = _read_events(job_dir, filters, workers or _default_workers(), progress, notes)
     job_id = job or (sorted(agg.jobs)[0] if len(agg.jobs) == 1 else job_dir.job)
-    slurm = query_sacct(_slurm_job(agg, job_id)) if sacct else SlurmContext(error="sacct not asked (--no-sacct)")
+    slurm = _ask_sacct(sacct, job_id, agg.slurm_job_ids(), notes)
     losses = _node_losses(agg)
     process_rows = process_restarts(agg, losses)
     attach_rank_files(process_rows, job_dir.path, notes)
@@ -305,7 +317,7 @@ def build_report(
     failures = build_failures(agg, process_rows, losses)
     facts = job_facts.output_facts(agg, process_rows, losses)
     findings, explained = _log_findings(
-        job_id, job_dir.path, slurm_output, submitit_folders, facts, notes, slurm
+        [job_id, *agg.slurm_job_ids()], job_dir.path, slurm_output, submitit_folders, facts, notes, slurm
     )
     add_output_findings(failures, findings, explained)
     kept = sorted(agg.ranks) if rank is not None or node is not None else None

@@ -53,7 +53,9 @@ class FileSummary:
     first_wall: float | None = None
     last_wall: float | None = None
     jobs: set[str] = field(default_factory=set)
-    slurm_jobs: set[str] = field(default_factory=set)  # SLURM job ids its supervisors ran in
+    # SLURM job id -> wall of the latest supervisor_start that ran in it, from every start read
+    # (as run_starts).
+    slurm_jobs: dict[str, float] = field(default_factory=dict)
     ranks: set[int] = field(default_factory=set)
     node_hosts: dict[int, str] = field(default_factory=dict)
     world_size: int = 0
@@ -84,3 +86,13 @@ class FileSummary:
     # same tracebacks add nothing new.
     told_signatures: set[str] = field(default_factory=set)
     told_types: set[str] = field(default_factory=set)  # exception types told without a traceback
+
+    def note_start(self, event: Ev) -> None:
+        """What a ``supervisor_start`` tells of the whole job, noted whatever the filters keep:
+        where a job run begins, and the SLURM job its supervisor ran in (sacct's id)."""
+        start = run_start(event)
+        if start is not None:
+            self.run_starts.append(start)
+        slurm_job, wall = as_str(event.get("slurm_job_id")), num(event.get("wall"))
+        if slurm_job is not None and wall is not None:
+            self.slurm_jobs[slurm_job] = max(wall, self.slurm_jobs.get(slurm_job, wall))

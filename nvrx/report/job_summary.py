@@ -23,6 +23,7 @@ from .merging import (
     EXTEND,
     EXTEND_EACH,
     MAX,
+    MAX_EACH,
     MIN,
     PARTS,
     SUM,
@@ -67,7 +68,8 @@ class JobSummary:
     first_wall: float | None = merged(MIN)
     last_wall: float | None = merged(MAX)
     jobs: set[str] = merged(UNION)
-    slurm_jobs: set[str] = merged(UNION)  # SLURM job ids the supervisors ran in (sacct's)
+    # SLURM job id -> wall of the latest supervisor start in it: the jobs sacct knows the runs by.
+    slurm_jobs: dict[str, float] = merged(MAX_EACH)
     ranks: set[int] = merged(UNION)
     hosts: set[str] = merged(UNION)
     node_hosts: dict[int, set[str]] = merged(UNION_EACH)
@@ -127,6 +129,13 @@ class JobSummary:
     def runs(self) -> int:
         return max((len(s) for s in self.starts.values()), default=1) or 1
 
+    def slurm_job_ids(self) -> list[str]:
+        """The SLURM jobs the supervisors ran in, in the order their runs started: sacct's ids,
+        not the events' job when ``NVRX_JOB_ID`` named it. One, unless the job was submitted
+        again under one ``NVRX_JOB_ID`` (a requeue keeps its id); none in an older writer's
+        events."""
+        return sorted(self.slurm_jobs, key=lambda j: (self.slurm_jobs[j], j))
+
     def supervised_world(self) -> int:
         """Ranks of the job as its supervisors started them (training nodes, spares left out, x
         ranks per node, else the distinct global ranks of their children): the world without
@@ -181,12 +190,12 @@ class JobSummary:
             unknown_kinds=dict(stats.unknown_kinds),
             skipped=stats.skipped[:MAX_SKIPPED_LISTED],
             skipped_count=len(stats.skipped),
+            slurm_jobs=fs.slurm_jobs,  # from every start of the job, kept by the filters or not
         )
         if fs.kept == 0:
             return part
         part.first_wall, part.last_wall = fs.first_wall, fs.last_wall
         part.jobs, part.ranks, part.world_size = fs.jobs, fs.ranks, fs.world_size
-        part.slurm_jobs = fs.slurm_jobs
         part.hosts = {fs.host} if fs.host is not None else set()
         part.node_hosts = {node: {host} for node, host in fs.node_hosts.items()}
         part.calls, part.call_us = fs.calls, fs.call_us

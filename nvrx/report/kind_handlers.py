@@ -24,7 +24,7 @@ from nvrx.events.failures import (
 )
 
 from .consequence import fault_shape
-from .file_summary import Ev, FileSummary, run_start
+from .file_summary import Ev, FileSummary
 from .merging import max_opt, min_opt
 from .node_events import NODE_EVENT_KINDS, kept_node_event
 from .parts import LocalFault, RoundState, SignatureGroup
@@ -287,12 +287,7 @@ class KindHandlers:
         self, e: Ev, part: Part, rank: OInt, node: OInt, host: OStr, wall: OFloat
     ) -> None:
         if self.run_starts:
-            start = run_start(e)
-            if start is not None:
-                self.s.run_starts.append(start)
-        slurm_job = as_str(e.get("slurm_job_id"))
-        if slurm_job is not None:
-            self.s.slurm_jobs.add(slurm_job)
+            self.s.note_start(e)
         self.node_event(e, part, rank, node, host, wall)
 
     def add_first_faults(self) -> None:

@@ -31,6 +31,8 @@ _LINE_END = re.compile(r"\r\n?|\n")
 _ESCAPED = r"\1\\\2"
 #: A space a Markdown viewer keeps at a line's start.
 NBSP = "\u00a0"
+#: Columns between tab stops in an indent: a terminal's, where the text report's tab shows.
+TAB_SIZE = 8
 
 
 def inline(text: str) -> str:
@@ -49,16 +51,20 @@ def paragraph(text: str) -> str:
     own and indented as it is: no line starts a block (heading, quote, list), its blank
     lines are left out, which would end the paragraph and let the line after start one (an
     indented one, a code block); each line but the last ends in a hard line break (a
-    viewer would join them), and an indent is of no-break spaces (a viewer strips spaces)."""
+    viewer would join them), and an indent is of no-break spaces (a viewer strips spaces
+    and tabs)."""
     lines = [_shown(line) for line in _LINE_END.split(text) if line.strip()]
     return "\\\n".join(lines)
 
 
 def _shown(line: str) -> str:
-    """One line of a paragraph, escaped, its leading spaces no-break ones."""
+    """One line of a paragraph, escaped, its indent of no-break spaces: a tab in it is as
+    many as reach the next tab stop (a viewer strips a tab as it strips a space, and a tab
+    before a paragraph's first line makes a code block of it)."""
     escaped = _LIST_NUMBER.sub(_ESCAPED, _BLOCK_MARK.sub(_ESCAPED, _INLINE.sub(r"\\\g<0>", line)))
-    body = escaped.lstrip(" ")
-    return NBSP * (len(escaped) - len(body)) + body
+    body = escaped.lstrip(" \t")
+    indent = escaped[: len(escaped) - len(body)].expandtabs(TAB_SIZE)
+    return NBSP * len(indent) + body
 
 
 def code_block(body: str) -> str:

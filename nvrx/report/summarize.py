@@ -13,7 +13,7 @@ from typing import Any
 from nvrx.events.reader import ReadStats, iter_file
 
 from .file_fold import FileFolder
-from .file_summary import FileSummary, run_start
+from .file_summary import FileSummary
 from .loading import parse_lines, read_events, read_whole_lines
 from .parts import RoundState
 from .typed_events import decode_records
@@ -111,10 +111,8 @@ def fold_file(
         folder = FileFolder(summary, job_rounds=job_rounds)
         kept = []
         for event in events:
-            if event["kind"] == "supervisor_start":
-                start = run_start(event)
-                if start is not None and filters.of_job(event):
-                    summary.run_starts.append(start)
+            if event["kind"] == "supervisor_start" and filters.of_job(event):
+                summary.note_start(event)
             if filters.keep(event):
                 kept.append(event)
         folder.fold(kept)

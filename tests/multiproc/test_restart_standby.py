@@ -425,6 +425,31 @@ def test_a_standby_not_warm_yet_waits_for_a_later_restart(tmp_path: Path) -> Non
         pool.discard()
 
 
+def test_a_restart_that_finds_the_standby_ended_says_so_and_starts_cold(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A standby that ended before it was warm is not said to be warming still: the restart
+    that finds it so says it ended, and the rank starts cold."""
+    script = tmp_path / "quick.py"
+    script.write_text("import sys\nsys.exit(0)\n")
+    command = [sys.executable, str(script)]
+    caplog.set_level(logging.INFO, logger=standby_module.__name__)
+    pool = Standbys()
+    try:
+        pid = pool.keep_ready(command, _env, range(2))
+        assert pid is not None
+        os.killpg(pid, signal.SIGKILL)
+        wait_until("the standby to die", lambda: _alive({pid}) == set(), 30)
+        cold = pool.spawn(command, 1, 1, {**os.environ, "RANK": "1"}, None)
+        assert not cold.warm and cold.pid != pid
+        assert cold.wait(60) is not None and cold.status is not None and cold.status.code == 0
+        said = [r.getMessage() for r in caplog.records if "local rank 1 starts cold" in r.getMessage()]
+        assert said == [f"the standby for restarts (pid {pid}) ended before it was warm: local "
+                        "rank 1 starts cold"]  # fmt: skip
+    finally:
+        pool.discard()
+
+
 def test_a_discarded_standby_leaves_no_process_not_even_its_monitor() -> None:
     pool = Standbys()
     pid = pool.keep_ready([sys.executable, "train.py"], _env, range(2))

@@ -259,6 +259,19 @@ def test_a_markdown_line_of_a_colon_and_dashes_makes_no_table_of_the_line_above(
     )
 
 
+def test_a_markdown_line_indented_with_tabs_keeps_its_indent_and_starts_no_code_block() -> None:
+    """A viewer strips a paragraph line's leading tabs as it strips spaces, and a first line
+    indented by a tab is an indented code block, which shows the escapes and the hard line
+    break's backslash: a tab of the indent becomes no-break spaces to the next multiple of 8
+    columns, as a terminal shows the text report's."""
+    nbsp = "\u00a0"
+    doc = Doc(markdown=True)
+    doc.text("\tat <module>\nwhy:\n\tstore down\n \t x")
+    assert doc.render() == (
+        f"{nbsp * 8}at \\<module>\\\nwhy:\\\n{nbsp * 8}store down\\\n{nbsp * 9}x\n"
+    )
+
+
 def test_a_web_address_in_markdown_is_text_whose_escapes_do_not_show() -> None:
     """GFM makes a link of ``http://...`` or ``www....`` from the raw text up to a space, its
     backslashes kept: a viewer would show ``\\_\\_init\\_\\_`` in it and link there. Its
@@ -591,25 +604,105 @@ def test_a_since_that_keeps_events_of_an_unfinished_job_says_it_is_not_finished(
     assert "not known under the filters" not in outcome, outcome
 
 
+def _fake_sacct(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *rows: str) -> Path:
+    """An ``sacct`` first on PATH that prints ``rows``; the file it writes its arguments to."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    argv_log = tmp_path / "argv"
+    lines = "".join(f'echo "{row}"\n' for row in rows)
+    (fake / "sacct").write_text(f'#!/bin/sh\necho "$@" > {argv_log}\n{lines}')
+    (fake / "sacct").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    return argv_log
+
+
+def _supervised_in_slurm_job(logs: Path, slurm_job: str) -> None:
+    """A one-node job whose supervisor ran in SLURM job ``slurm_job``, its rank with it."""
+    sup = Proc(logs, Host("node-a", 0), "supervisor")
+    sup.at(0.0, "supervisor_start", nnodes=1, nproc_per_node=1, command="python train.py",
+           store="node-a:29500", slurm_job_id=slurm_job)  # fmt: skip
+    rank = Proc(logs, Host("node-a", 0), "wrapper", rank=0)
+    rank.at(1.0, "process_start", argv=["train.py"], local_rank=0)
+    sup.at(5.0, "supervisor_end", exit_code=0, reason="completed")
+    sup.close()
+    rank.close()
+
+
+_ROW_4242 = "4242|train|COMPLETED|0:0|00:00:05|node-a|2024-01-01T00:00:00|2024-01-01T00:00:05"
+
+
 def test_sacct_is_asked_about_the_slurm_job_the_supervisors_ran_in(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With NVRX_JOB_ID set the events' job is not SLURM's: sacct is asked about the SLURM
     job id the supervisors' start names, and its rows are that job's."""
     logs = tmp_path / "logs"
-    sup = Proc(logs, Host("node-a", 0), "supervisor")
-    sup.at(0.0, "supervisor_start", nnodes=1, nproc_per_node=1, command="python train.py",
-           store="node-a:29500", slurm_job_id="4242")  # fmt: skip
-    sup.at(5.0, "supervisor_end", exit_code=0, reason="completed")
-    sup.close()
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    argv_log = tmp_path / "argv"
-    row = "4242|train|COMPLETED|0:0|00:00:05|node-a|2024-01-01T00:00:00|2024-01-01T00:00:05"
-    (fake / "sacct").write_text(f'#!/bin/sh\necho "$@" > {argv_log}\necho "{row}"\n')
-    (fake / "sacct").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    _supervised_in_slurm_job(logs, "4242")
+    argv_log = _fake_sacct(tmp_path, monkeypatch, _ROW_4242)
     report = build_report(logs)
     assert report.summary.job == JOB != "4242"
     assert "-j 4242 " in argv_log.read_text()
     assert [r.state for r in report.slurm.job] == ["COMPLETED"]
+
+
+@pytest.mark.parametrize(
+    "filters", [{"rank": 0}, {"since": T0 + 1.0}], ids=["rank", "since"]
+)
+def test_filters_that_leave_out_the_supervisor_start_still_ask_sacct_about_its_slurm_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, filters: dict[str, Any]
+) -> None:
+    """--rank and --since narrow the events shown, not the job: the SLURM job the
+    supervisors ran in is taken from their starts whatever the filters keep, as the job's runs
+    are, and sacct is asked about it, not about the events' job."""
+    logs = tmp_path / "logs"
+    _supervised_in_slurm_job(logs, "4242")
+    argv_log = _fake_sacct(tmp_path, monkeypatch, _ROW_4242)
+    report = build_report(logs, **filters)
+    assert "-j 4242 " in argv_log.read_text()
+    assert [r.state for r in report.slurm.job] == ["COMPLETED"]
+
+
+def test_a_job_resubmitted_under_one_nvrx_job_id_asks_sacct_about_its_last_slurm_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Submitted again under the same NVRX_JOB_ID, a job's runs are SLURM jobs of their own
+    (a requeue keeps its id): sacct is asked about the last run's, whose end is the outcome's,
+    never about the events' job, and a note names the others."""
+    logs = tmp_path / "logs"
+    host = Host("node-a", 0)
+    sup = Proc(logs, host, "supervisor")
+    for t, slurm_job in ((0.0, "4300"), (100.0, "4242")):  # ids need not grow with time
+        sup.at(t, "supervisor_start", nnodes=1, nproc_per_node=1, command="python train.py",
+               store="node-a:29500", slurm_job_id=slurm_job)  # fmt: skip
+        sup.at(t + 5.0, "supervisor_end", exit_code=0, reason="completed")
+    sup.close()
+    argv_log = _fake_sacct(tmp_path, monkeypatch, _ROW_4242)
+    report = build_report(logs)
+    assert "-j 4242 " in argv_log.read_text()
+    assert [r.state for r in report.slurm.job] == ["COMPLETED"]
+    assert (
+        "the supervisors ran in 2 SLURM jobs (4300, 4242, in the order their runs started): "
+        "sacct was asked about the last, 4242" in report.reading.notes
+    )
+
+
+def test_the_output_files_of_the_slurm_jobs_the_supervisors_ran_in_are_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nvrx's templates name their output after SLURM's job id (nvrx-%j.out), which is not
+    the events' job when NVRX_JOB_ID is set: the report looks for the output files of every
+    SLURM job its supervisors ran in, and of the events' job."""
+    logs = tmp_path / "logs"
+    host = Host("node-a", 0)
+    sup = Proc(logs, host, "supervisor")
+    for t, slurm_job in ((0.0, "4300"), (100.0, "4242")):
+        sup.at(t, "supervisor_start", nnodes=1, nproc_per_node=1, command="python train.py",
+               store="node-a:29500", slurm_job_id=slurm_job)  # fmt: skip
+        sup.at(t + 5.0, "supervisor_end", exit_code=0, reason="completed")
+    sup.close()
+    outputs = [tmp_path / name for name in ("nvrx-4300.out", "slurm-4242.out", f"slurm-{JOB}.out")]
+    for path in outputs:
+        path.write_text("starting\n")
+    monkeypatch.chdir(tmp_path)
+    report = build_report(logs, sacct=False)
+    assert sorted(report.slurm.output_files) == sorted(str(p.resolve()) for p in outputs)

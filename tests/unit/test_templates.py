@@ -490,6 +490,23 @@ def test_nvrx_srun_help_and_the_checkout_wrapper() -> None:
     assert "--no-kill" in done.stdout and "NVRX_SRUN_ARGS" in done.stdout
 
 
+def test_nvrx_srun_help_shows_the_srun_line_it_becomes_within_a_terminal(tmp_path: Path) -> None:
+    """The srun command --help shows is the one nvrx-srun runs (N nodes, {python}), each of
+    its lines within 80 columns, and the pointer to the supervisor's options is a line."""
+    block = srun_cli.USAGE.split("then runs\n\n", 1)[1].split("\n\n", 1)[0]
+    assert [line for line in block.splitlines() if len(line) > 80] == []
+    shown = block.replace("\\\n", " ").split()
+    (tmp_path / "srun").write_text("#!/bin/sh\n")
+    (tmp_path / "srun").chmod(0o755)
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "3", "PATH": str(tmp_path)}
+    built = srun_cli.srun_command(["[SUPERVISOR", "OPTIONS]", "--", "COMMAND", "[ARGS...]"], env,
+                                  "{python}")  # fmt: skip
+    built[:3] = ["srun", "--nodes=N", "--ntasks=N"]
+    python = built.index("{python}")
+    assert shown == [*built[:python], "$NVRX_SRUN_ARGS", *built[python:]]
+    assert "\nSUPERVISOR OPTIONS: nvrx-supervise --help.\n" in srun_cli.USAGE
+
+
 def test_the_report_finds_the_templates_output_file(tmp_path: Path) -> None:
     (tmp_path / "nvrx-42.out").write_text("x")
     (tmp_path / "nvrx-421.out").write_text("x")
