@@ -30,6 +30,7 @@ __all__ = [
     "job_from_slurm",
     "ports_for_job",
     "resolve_ports",
+    "task_place",
     "tasks_on_this_node",
 ]
 
