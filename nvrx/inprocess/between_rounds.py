@@ -156,8 +156,7 @@ def _next_round(call: RoundCall, run: RoundRun, signal: BaseException | None) ->
     # long as it says; one that waits for none (the default one) is watched without a limit
     wait_s = assignment_wait_s(call.assignment, w.barrier_timeout)
     with call.phase("rank_assignment"), board.waiting(wait_s) if wait_s else contextlib.nullcontext():
-        assign(call, terminated, rejoined)
-    call.state.iteration = int(decision["job_restarts"])
+        assign(call, terminated, rejoined, int(decision["job_restarts"]))
     call.state.fn_exception = None
 
 
@@ -225,9 +224,12 @@ def _take_back(call: RoundCall, store: Any, terminated: set[int]) -> set[int]:
         )
 
 
-def assign(call: RoundCall, terminated: set[int], rejoined: set[int]) -> None:
+def assign(call: RoundCall, terminated: set[int], rejoined: set[int], iteration: int) -> None:
     """Run the ``rank_assignment`` plug-in, then an old-style ``rank_filter``; the rank's State
     for the next round. ``rejoined``: the ranks whose replacement was taken back into it.
+    The assignment sees the State the rank had, its iteration too (as in the reference,
+    and the same on every rank, a replacement's included: ``rejoin.admitted_state``);
+    the next round's ``iteration`` is set after it.
 
     An assignment that does not choose the active ranks (``ShiftRanks`` alone, say) leaves
     every rank active, in every round: its output still has no mode, or it is the previous
@@ -248,6 +250,7 @@ def assign(call: RoundCall, terminated: set[int], rejoined: set[int]) -> None:
             new, mode=Mode.ACTIVE, active_rank=new.rank, active_world_size=new.world_size
         )
     call.state = new if isinstance(new, State) else State(**dataclasses.asdict(new))
+    call.state.iteration = iteration
     call.state.set_distributed_vars()
     if (old.rank, old.active_rank, old.world_size) == (new.rank, new.active_rank, new.world_size):
         return

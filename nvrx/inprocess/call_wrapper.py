@@ -129,6 +129,7 @@ class CallWrapper:
         self.pending_latency_from: float | None = None  # when the fault behind a restart was seen
         self._first_terminated: set[int] = set()
         self._first_rejoined: set[int] = set()  # a replacement: its own rank (``_resume``)
+        self._first_iteration = 0  # the job restarts counted when the first round starts
         self._arguments: tuple[tuple[Any, ...], dict[str, Any]] | None = None
         self._hang_protection_off = 0  # depth of nested ``disable_hang_protection()`` blocks
         self._hang_protection_lock = threading.Lock()  # blocks of several threads at once
@@ -171,6 +172,7 @@ class CallWrapper:
         self.state = rejoin.admitted_state(admission, self.initial_rank, self.initial_world_size)
         self._first_terminated = set(admission.terminated)
         self._first_rejoined = {self.state.rank}
+        self._first_iteration = admission.job_restarts
         local_rank = os.environ.get("LOCAL_RANK", "")
         self.emit(
             "rejoin",
@@ -198,7 +200,7 @@ class CallWrapper:
             "restart_phase", phase="initial_barrier", duration_s=time.monotonic() - t0, ok=True
         )
         self._first_terminated = rounds.gone_at_start(base, self.generation)
-        self.state.iteration = rounds.job_restarts(base)
+        self.state.iteration = self._first_iteration = rounds.job_restarts(base)
 
     def enter_round(self, round_: int) -> None:
         """From now on the call is in round ``round_``, whose keys its ``round_store`` reads and writes."""
@@ -328,7 +330,9 @@ class CallWrapper:
     ) -> Any:
         """Rounds until one completes (its value) or this rank leaves (its exception is raised)."""
         with self.phase("rank_assignment"):
-            between_rounds.assign(self, self._first_terminated, self._first_rejoined)
+            between_rounds.assign(
+                self, self._first_terminated, self._first_rejoined, self._first_iteration
+            )
         while True:
             self.rounds_run += 1
             self._hang_protection_back()

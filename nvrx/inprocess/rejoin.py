@@ -41,10 +41,17 @@ __all__ = ["Admission", "admitted_state", "request_admission", "take_back"]
 
 
 def admitted_state(admission: Admission, initial_rank: int, initial_world_size: int) -> State:
-    """This process's State in the round it joins (its own initial rank and size kept)."""
+    """This process's State for the rank assignment into the round it joins (its own initial
+    rank and size kept).
+
+    Its iteration is the one its survivors assign ranks with: the round before's, one
+    less than the ``job_restarts`` of the round it joins, which the assignment sets
+    after it (``between_rounds.assign``). An assignment that meets its peers under a
+    name made from the iteration (``FilterCountGroupedByKey``) then meets them.
+    """
     state = State(**dict(admission.state, mode=Mode[admission.state["mode"]]))
     state.initial_rank, state.initial_world_size = initial_rank, initial_world_size
-    state.iteration = admission.job_restarts
+    state.iteration = admission.job_restarts - 1
     return state
 
 

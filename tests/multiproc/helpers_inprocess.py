@@ -281,6 +281,32 @@ def _fault_while_peers_create(tmp: Path, rank: int, faulty: set[int], world: int
         time.sleep(0.01)  # until the restart comes
 
 
+def _add_recording_plugins(wkw: dict[str, Any], tmp: Path, rank: int) -> None:
+    """``initialize`` and ``finalize`` plug-ins that append the state they are given to
+    ``plugins-<rank>.jsonl`` (the initialize before a ``RetryController`` of ``max_iterations``)."""
+    import nvrx.inprocess as inprocess
+
+    def note(kind: str, state: Any) -> None:
+        fields = ("rank", "world_size", "active_rank", "iteration")
+        record = {"plugin": kind, **{f: getattr(state, f) for f in fields}}
+        with open(tmp / f"plugins-{rank}.jsonl", "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+
+    class Init(inprocess.initialize.Initialize):
+        def __call__(self, state):
+            note("initialize", state)
+            return state
+
+    class Fin(inprocess.finalize.Finalize):
+        def __call__(self, state):
+            note("finalize", state)
+            return state
+
+    first = wkw.get("initialize")
+    wkw["initialize"] = Init() if first is None else inprocess.Compose(first, Init())
+    wkw["finalize"] = Fin()
+
+
 def _rank_main(tmp: Path) -> int:
     import datetime
 
@@ -311,6 +337,11 @@ def _rank_main(tmp: Path) -> int:
         from nvrx.inprocess.rank_assignment.tree import Layer, LayerFlag, Tree
 
         wkw["rank_assignment"] = Tree([Layer(key_or_fn="job", flag=LayerFlag.RESERVE)])
+    elif params.get("grouped"):
+        from nvrx.inprocess.rank_assignment import FilterCountGroupedByKey
+
+        grouped = FilterCountGroupedByKey("job", lambda count: count >= 1, timeout=20)
+        wkw["rank_assignment"] = inprocess.Compose(ActivateAllRanks(), ShiftRanks(), grouped)
     else:
         wkw["rank_assignment"] = inprocess.Compose(ActivateAllRanks(), ShiftRanks())
     if params.get("die_in_assignment") == initial_rank and not os.environ.get("NVRX_RESTART_COUNT"):
@@ -330,6 +361,8 @@ def _rank_main(tmp: Path) -> int:
                 return state
 
         wkw["completion"], wkw["terminate"] = Done(), Gone()
+    if params.get("record_plugins"):
+        _add_recording_plugins(wkw, tmp, initial_rank)
     fault = params.get("fault")
     fault_ranks = set(params.get("fault_ranks", []))
     if params.get("abort_once_creating") and initial_rank not in fault_ranks:

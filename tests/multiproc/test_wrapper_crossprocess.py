@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from helpers_inprocess import launch, spawn
 from test_wrapper import FAST
@@ -153,3 +155,34 @@ def test_a_replacement_under_a_tree_assignment_restarts_with_the_survivors(tmp_p
         for rank in range(3):
             assert ranks.result(rank)["world"] == 3, ranks.logs()
         assert [c["iteration"] for c in ranks.calls(1)] == [0, 1, 2], ranks.logs()
+
+
+def test_a_replacement_meets_its_survivors_in_a_grouped_filter_and_starts_as_they_do(tmp_path):
+    """A ``FilterCountGroupedByKey`` meets the ranks under a name made from the iteration:
+    the replacement of a dead rank assigns ranks with the iteration its survivors have
+    there (the round before's), then starts the round it joins with the round's own, as
+    they do: ``initialize`` sees the same rank, size and iteration as on them."""
+    with StoreService("127.0.0.1", 0, node=None) as service:
+        env = {
+            "NVRX_STORE_HOST": "127.0.0.1",
+            "NVRX_STORE_PORT": str(service.port),
+            "NVRX_SUPERVISED": "1",
+        }
+        params = dict(
+            wrapper=dict(FAST, rejoin_timeout=40), env=env, grouped=True, record_plugins=True
+        )
+        ranks = launch(tmp_path, 3, fault="sigkill", fault_ranks=[1], **params)
+        assert ranks.procs[1].wait(60) == -9, ranks.logs()
+        ranks.procs[1] = spawn(ranks, 1, params, {"NVRX_RESTART_COUNT": "1"})
+        assert ranks.wait(90) == [0, 0, 0], ranks.logs()
+        for rank in range(3):
+            assert ranks.result(rank)["world"] == 3, ranks.logs()
+            plugins = (tmp_path / f"plugins-{rank}.jsonl").read_text().splitlines()
+            last = [json.loads(line) for line in plugins][-1]
+            assert last == {
+                "plugin": "initialize", "rank": rank, "world_size": 3, "active_rank": rank,
+                "iteration": 1,
+            }, plugins  # fmt: skip
+        # rank 1 died in round 0 before its finalize, and its replacement joined after that round
+        assert "finalize" not in (tmp_path / "plugins-1.jsonl").read_text()
+        assert [c["iteration"] for c in ranks.calls(1)] == [0, 1], ranks.logs()

@@ -349,13 +349,13 @@ def test_an_assignment_that_picks_no_active_ranks_keeps_every_rank_active_after_
             round_store=None,
             emit=lambda kind, **fields: None,
         )
-        between_rounds.assign(call, set(), set())
+        between_rounds.assign(call, set(), set(), 0)
         assert (call.state.mode, call.state.active_rank) == (Mode.ACTIVE, rank)
         assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == (str(rank), "4")
         for shrink in (1, 2):
             if call.state.rank == 0:
                 break
-            between_rounds.assign(call, {0}, set())
+            between_rounds.assign(call, {0}, set(), shrink)
             seen[rank, shrink] = (
                 call.state.rank,
                 call.state.active_rank,
@@ -478,4 +478,4 @@ def test_an_assignment_that_returns_no_context_is_named():
 
     call = SimpleNamespace(state=State(rank=0, world_size=1), assignment=forgets, round_store=None)
     with pytest.raises(TypeError, match=r"forgets.* returned None.*return ctx"):
-        between_rounds.assign(call, set(), set())
+        between_rounds.assign(call, set(), set(), 0)
