@@ -169,10 +169,16 @@ def rank_env(
     return env
 
 
+#: Every ``Ranks`` launched in this process: the multiproc conftest kills what is left of
+#: them after each test, also after a failed assertion skipped the test's own ``wait``.
+LAUNCHED: list[Ranks] = []
+
+
 def launch(tmp: Path, world_size: int, **params: Any) -> Ranks:
     """Start ``world_size`` ranks running ``train`` under a Wrapper configured by ``params``."""
     tmp.mkdir(parents=True, exist_ok=True)
     ranks = Ranks(tmp, port=free_port_pair(), world_size=world_size)
+    LAUNCHED.append(ranks)
     (tmp / "params.json").write_text(json.dumps(params))
     for rank in range(world_size):
         ranks.procs.append(spawn(ranks, rank, params))
