@@ -15,11 +15,13 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from nvrx.slurm.commands import SlurmCommandError, sacct_rows
+from nvrx.slurm.commands import SlurmCommandError, sacct_job
 
 from .model import SlurmContext, SlurmRow
 
-SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "Elapsed", "NodeList", "Start", "End")
+SACCT_FIELDS = (
+    "JobID", "JobIDRaw", "JobName", "State", "ExitCode", "Elapsed", "NodeList", "Start", "End"
+)
 _SLURM_JOB_ID = re.compile(r"[0-9]{1,20}(_[0-9]{1,20})?(\+[0-9]{1,20})?")
 
 
@@ -53,7 +55,7 @@ def query_sacct(job: str | None) -> SlurmContext:
         ctx.error = "sacct not found on PATH; no SLURM accounting in this report"
         return ctx
     try:
-        rows = sacct_rows(str(job), fields=SACCT_FIELDS, all_runs=True)
+        records = sacct_job(str(job), fields=SACCT_FIELDS, all_runs=True)
     except SlurmCommandError as exc:
         lines = [line.strip() for line in exc.stderr.splitlines() if line.strip()]
         status = (
@@ -66,12 +68,8 @@ def query_sacct(job: str | None) -> SlurmContext:
     except OSError as exc:
         ctx.error = f"could not run sacct: {exc.strerror or exc}"
         return ctx
-    for values in rows:
-        row = _row(values)
-        if row.job_id == job:
-            ctx.job.append(row)
-        elif row.job_id.startswith(f"{job}."):
-            ctx.steps.append(row)
+    ctx.job = [_row(values) for values in records.job]
+    ctx.steps = [_row(values) for values in records.steps]
     if not ctx.job and not ctx.steps:
         ctx.error = f"sacct knows no job {job}"
         return ctx

@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from nvrx import processes
 
@@ -214,6 +215,40 @@ def sacct_rows(
     return rows
 
 
+class JobRecords(NamedTuple):
+    """``sacct``'s rows of one job: its own (one per run with ``-D``) and its steps'."""
+
+    job: list[dict[str, str]]
+    steps: list[dict[str, str]]
+
+
+def sacct_job(
+    job_id: int | str,
+    *,
+    fields: Sequence[str] = SACCT_FIELDS,
+    all_runs: bool = True,
+    env: Mapping[str, str] | None = None,
+) -> JobRecords:
+    """``sacct_rows`` of one job, split into its own records and its steps'.
+
+    A row is the job's when ``JobIDRaw`` (the id ``SLURM_JOB_ID`` holds) or ``JobID`` (the id
+    as sacct prints it) is ``job_id``, a step's when either is ``<job_id>.<step>``. They differ
+    for an element of a job array (``JobID`` ``<array id>_<index>``) and a component of a
+    heterogeneous job (``<id>+<offset>``), and sacct asked about an array's id lists every
+    element. ``JobID`` and ``JobIDRaw`` are asked for, whatever ``fields`` names.
+    """
+    asked = tuple(dict.fromkeys(("JobID", "JobIDRaw", *fields)))
+    job, steps = str(job_id), f"{job_id}."
+    records = JobRecords([], [])
+    for row in sacct_rows(job_id, fields=asked, all_runs=all_runs, env=env):
+        ids = (row["JobIDRaw"], row["JobID"])
+        if job in ids:
+            records.job.append(row)
+        elif any(i.startswith(steps) for i in ids):
+            records.steps.append(row)
+    return records
+
+
 def job_state(job_id: int | str, *, env: Mapping[str, str] | None = None) -> str | None:
     """Current state of a job (``RUNNING``, ``COMPLETED``, ...), None if unknown.
 
@@ -222,7 +257,7 @@ def job_state(job_id: int | str, *, env: Mapping[str, str] | None = None) -> str
     info = show_job(job_id, env=env)
     if info is not None and "JobState" in info:
         return info["JobState"]
-    rows = [r for r in sacct_rows(job_id, env=env) if r["JobID"] == str(job_id)]
+    rows = sacct_job(job_id, fields=("State",), env=env).job
     if not rows:
         return None
     # "CANCELLED by 0" -> "CANCELLED"; the last row is the latest run
@@ -235,7 +270,7 @@ def accounted_state(job_id: int | str, *, env: Mapping[str, str] | None = None) 
     Accounting lags slurmctld by a moment: a job slurmctld calls COMPLETED may
     still be RUNNING here, and reports are built from accounting.
     """
-    rows = [r for r in sacct_rows(job_id, env=env) if r["JobID"] == str(job_id)]
+    rows = sacct_job(job_id, fields=("State",), env=env).job
     return rows[-1]["State"].split()[0] if rows else None
 
 

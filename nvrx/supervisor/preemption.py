@@ -281,11 +281,7 @@ class PreemptionHandler:
         except (OSError, ValueError, AttributeError):
             pass
         try:
-            rows = [  # JobIDRaw: an array job's JobID is <array>_<index>, not SLURM_JOB_ID
-                r
-                for r in commands.sacct_rows(self.job_id or "", fields=("JobIDRaw", "State"))
-                if r["JobIDRaw"] == str(self.job_id)
-            ]
+            rows = commands.sacct_job(self.job_id or "", fields=("State",)).job
         except commands.SlurmCommandError as exc:
             log.warning("cannot ask sacct why run %d of job %s ended: %s", run, self.job_id, exc)
             return "unknown"

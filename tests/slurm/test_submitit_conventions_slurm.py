@@ -112,6 +112,10 @@ def test_map_array_is_a_job_array_of_supervised_jobs(slurm_cluster, tmp_path: Pa
         events, _ = read_dir(job.log_dir)
         assert {e["job"] for e in events} == {job.job_id}
         assert job.state == "COMPLETED"  # scontrol/sacct asked with the <array>_<index> id
-        summary = job.report().to_dict()["summary"]
+        report = job.report()
+        summary = report.to_dict()["summary"]
         assert summary["outcome"].startswith("COMPLETED"), summary  # sacct found the element
+        # asked by the element's SLURM_JOB_ID, shown by sacct's name of it
+        assert [r.job_id for r in report.slurm.job] == [job.job_id], report.slurm
+        assert {r.job_id for r in report.slurm.steps} >= {f"{job.job_id}.batch"}
         assert f"nvrx report: job {job.job_id}" in job.report_text()

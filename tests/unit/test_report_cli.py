@@ -18,6 +18,7 @@ from test_report_fixtures import JOB, T0, Host, Proc, write_standard_job
 from nvrx.report import REPORT_SCHEMA_VERSION, build_report
 from nvrx.report.cli import main, parse_since
 from nvrx.report.text_doc import Command, Doc
+from tests.support import fake_sacct
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "nvrx" / "report" / "report.schema.json"
 _TYPES = {
@@ -433,10 +434,10 @@ def test_sacct_records_are_merged_into_the_summary(
     fake = tmp_path / "bin"
     fake.mkdir()
     rows = [
-        f"{JOB}|train|NODE_FAIL|0:0|00:01:00|node-[a-b]|2024-01-01T00:00:00|2024-01-01T00:01:00",
-        f"{JOB}|train|COMPLETED|0:0|00:01:03|node-[a-b]|2024-01-01T00:02:00|2024-01-01T00:03:03",
-        f"{JOB}.batch|batch|COMPLETED|0:0|00:01:03|node-a|2024-01-01T00:02:00|2024-01-01T00:03:03",
-        f"{JOB}.0|nvrx-supervise|COMPLETED|0:0|00:01:02|node-[a-b]|2024-01-01T00:02:01|2024-01-01T00:03:03",
+        f"{JOB}|{JOB}|train|NODE_FAIL|0:0|00:01:00|node-[a-b]|2024-01-01T00:00:00|2024-01-01T00:01:00",
+        f"{JOB}|{JOB}|train|COMPLETED|0:0|00:01:03|node-[a-b]|2024-01-01T00:02:00|2024-01-01T00:03:03",
+        f"{JOB}.batch|{JOB}.batch|batch|COMPLETED|0:0|00:01:03|node-a|2024-01-01T00:02:00|2024-01-01T00:03:03",
+        f"{JOB}.0|{JOB}.0|nvrx-supervise|COMPLETED|0:0|00:01:02|node-[a-b]|2024-01-01T00:02:01|2024-01-01T00:03:03",
     ]
     argv_log = tmp_path / "argv"
     script = fake / "sacct"
@@ -450,7 +451,7 @@ def test_sacct_records_are_merged_into_the_summary(
     assert (
         "--parsable2" in argv
         and "-D" in argv
-        and "JobID,JobName,State,ExitCode,Elapsed,NodeList,Start,End" in argv
+        and "JobID,JobIDRaw,JobName,State,ExitCode,Elapsed,NodeList,Start,End" in argv
     )
     assert report.slurm.available
     assert [r.state for r in report.slurm.job] == ["NODE_FAIL", "COMPLETED"]
@@ -628,7 +629,7 @@ def _supervised_in_slurm_job(logs: Path, slurm_job: str) -> None:
     rank.close()
 
 
-_ROW_4242 = "4242|train|COMPLETED|0:0|00:00:05|node-a|2024-01-01T00:00:00|2024-01-01T00:00:05"
+_ROW_4242 = "4242|4242|train|COMPLETED|0:0|00:00:05|node-a|2024-01-01T00:00:00|2024-01-01T00:00:05"
 
 
 def test_sacct_is_asked_about_the_slurm_job_the_supervisors_ran_in(
@@ -643,6 +644,63 @@ def test_sacct_is_asked_about_the_slurm_job_the_supervisors_ran_in(
     assert report.summary.job == JOB != "4242"
     assert "-j 4242 " in argv_log.read_text()
     assert [r.state for r in report.slurm.job] == ["COMPLETED"]
+
+
+def _record(job_id: str, raw: str, state: str) -> dict[str, str]:
+    return {"JobID": job_id, "JobIDRaw": raw, "JobName": "train", "State": state, "ExitCode": "0:0"}
+
+
+# As sacct -D lists a job array asked about by its id, 4242: element 0 ran as SLURM job 4243,
+# element 1 (requeued once) kept the array's id, as the element started last does.
+_ARRAY_RECORDS = (
+    _record("4242_0", "4243", "FAILED"),
+    _record("4242_0.batch", "4243.batch", "FAILED"),
+    _record("4242_1", "4242", "NODE_FAIL"),
+    _record("4242_1", "4242", "COMPLETED"),
+    _record("4242_1.batch", "4242.batch", "COMPLETED"),
+    _record("4242_1.0", "4242.0", "COMPLETED"),
+)
+# A heterogeneous job 4250: its SLURM_JOB_ID is its first component's id.
+_HET_RECORDS = (
+    _record("4250+0", "4250", "COMPLETED"),
+    _record("4250+0.batch", "4250.batch", "COMPLETED"),
+    _record("4250+1", "4251", "COMPLETED"),
+    _record("4250+1.0", "4251.0", "COMPLETED"),
+)
+
+
+@pytest.mark.parametrize(
+    ("slurm_job", "records", "runs", "steps"),
+    [
+        ("4243", _ARRAY_RECORDS, [("4242_0", "FAILED")], ["4242_0.batch"]),
+        ("4242", _ARRAY_RECORDS, [("4242_1", "NODE_FAIL"), ("4242_1", "COMPLETED")],
+         ["4242_1.batch", "4242_1.0"]),
+        ("4250", _HET_RECORDS, [("4250+0", "COMPLETED")], ["4250+0.batch"]),
+    ],
+    ids=["array-element", "array-element-with-the-arrays-id", "heterogeneous"],
+)  # fmt: skip
+def test_sacct_records_of_an_array_element_or_het_job_are_found_by_its_slurm_job_id(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    slurm_job: str,
+    records: tuple[dict[str, str], ...],
+    runs: list[tuple[str, str]],
+    steps: list[str],
+) -> None:
+    """SLURM_JOB_ID, the id the supervisors record, is sacct's JobIDRaw: an array element's
+    JobID is <array id>_<index>, a heterogeneous job's <id>+<offset>. The element's records
+    (or the first component's) are the job's, shown by their JobID; the others' are not."""
+    logs = tmp_path / "logs"
+    _supervised_in_slurm_job(logs, slurm_job)
+    argv_log = fake_sacct.install(tmp_path / "bin", records)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    report = build_report(logs)
+    assert f"-j {slurm_job} " in argv_log.read_text()
+    assert report.slurm.available, report.slurm.error
+    assert [(r.job_id, r.state) for r in report.slurm.job] == runs
+    assert [r.job_id for r in report.slurm.steps] == steps
+    assert report.summary.restarts.requeue == len(runs) - 1
+    assert report.summary.outcome.startswith(f"{runs[-1][1]} (sacct")
 
 
 @pytest.mark.parametrize(
