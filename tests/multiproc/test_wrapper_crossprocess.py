@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 
 import pytest
 from helpers_inprocess import launch, spawn
@@ -14,19 +16,26 @@ from nvrx.store.service import StoreService
 pytestmark = pytest.mark.timeout(300)  # three generations of ranks, each importing torch
 
 
-def test_restarted_processes_get_a_fresh_key_space_and_count_job_restarts(tmp_path):
+@contextlib.contextmanager
+def _supervised_store() -> Iterator[dict[str, str]]:
+    """A job's store service on loopback, as a supervisor runs it; the environment that
+    points a rank at it as a supervised rank."""
     with StoreService("127.0.0.1", 0, node=None) as service:
-        env = {
+        yield {
             "NVRX_STORE_HOST": "127.0.0.1",
             "NVRX_STORE_PORT": str(service.port),
             "NVRX_SUPERVISED": "1",
         }
+
+
+def test_restarted_processes_get_a_fresh_key_space_and_count_job_restarts(tmp_path):
+    with _supervised_store() as env:
         first = launch(
             tmp_path / "gen0", 2, wrapper=FAST, fault="exception", fault_ranks=[1], env=env
         )
         assert first.wait(60) == [0, 0], first.logs()
         assert [c["iteration"] for c in first.calls(0)] == [0, 1]
-        store = client.connect("127.0.0.1", service.port, timeout=10)
+        store = client.connect("127.0.0.1", int(env["NVRX_STORE_PORT"]), timeout=10)
         assert rounds.current_round(store) == 1
         assert rounds.job_restarts(store) == 1
 
@@ -61,12 +70,7 @@ def test_restarted_processes_get_a_fresh_key_space_and_count_job_restarts(tmp_pa
 
 
 def test_replacement_of_a_dead_process_rejoins_and_the_job_keeps_its_size(tmp_path):
-    with StoreService("127.0.0.1", 0, node=None) as service:
-        env = {
-            "NVRX_STORE_HOST": "127.0.0.1",
-            "NVRX_STORE_PORT": str(service.port),
-            "NVRX_SUPERVISED": "1",
-        }
+    with _supervised_store() as env:
         wrapper = dict(FAST, rejoin_timeout=40)
         ranks = launch(tmp_path, 3, wrapper=wrapper, fault="sigkill", fault_ranks=[1], env=env)
         dead = ranks.procs[1]
@@ -94,12 +98,7 @@ def test_a_replacement_that_does_not_come_within_rejoin_timeout_leaves_the_job_s
     """docs/inprocess.md: the lowest survivor waits ``rejoin_timeout`` for the replacement of a
     dead process; when none comes (its supervisor could not start one), the rank assignment
     decides: ``ShiftRanks``, the default, goes on without it."""
-    with StoreService("127.0.0.1", 0, node=None) as service:
-        env = {
-            "NVRX_STORE_HOST": "127.0.0.1",
-            "NVRX_STORE_PORT": str(service.port),
-            "NVRX_SUPERVISED": "1",
-        }
+    with _supervised_store() as env:
         ranks = launch(tmp_path, 3, wrapper=dict(FAST, rejoin_timeout=2), fault="sigkill", fault_ranks=[1], env=env)
         assert ranks.procs[1].wait(60) == -9, ranks.logs()
         codes = ranks.wait(90)
@@ -115,12 +114,7 @@ def test_the_replacement_of_a_rank_dead_between_two_rounds_rejoins_at_once(tmp_p
     """Rank 2 dies in its rank assignment for round 1 (round 0's barrier counted it there):
     its monitor takes it out of round 1, and its replacement, started as a supervisor
     would, rejoins in round 2: full size, no heartbeat or progress timeout on the way."""
-    with StoreService("127.0.0.1", 0, node=None) as service:
-        env = {
-            "NVRX_STORE_HOST": "127.0.0.1",
-            "NVRX_STORE_PORT": str(service.port),
-            "NVRX_SUPERVISED": "1",
-        }
+    with _supervised_store() as env:
         wrapper = dict(FAST, rejoin_timeout=40, barrier_timeout=60, heartbeat_timeout=40)
         wrapper.update(soft_timeout=20, hard_timeout=40)
         params = dict(wrapper=wrapper, env=env, init_pg=False)
@@ -141,12 +135,7 @@ def test_the_replacement_of_a_rank_dead_between_two_rounds_rejoins_at_once(tmp_p
 def test_a_replacement_under_a_tree_assignment_restarts_with_the_survivors(tmp_path):
     """The replacement of a dead rank rejoins a job whose rank assignment is a ``Tree``; a
     later fault restarts every rank, the replacement too, with the same tree."""
-    with StoreService("127.0.0.1", 0, node=None) as service:
-        env = {
-            "NVRX_STORE_HOST": "127.0.0.1",
-            "NVRX_STORE_PORT": str(service.port),
-            "NVRX_SUPERVISED": "1",
-        }
+    with _supervised_store() as env:
         params = dict(wrapper=dict(FAST, rejoin_timeout=40), env=env, tree=True, raise_at=[[0, 1]])
         ranks = launch(tmp_path, 3, fault="sigkill", fault_ranks=[1], **params)
         assert ranks.procs[1].wait(60) == -9, ranks.logs()
@@ -162,12 +151,7 @@ def test_a_replacement_meets_its_survivors_in_a_grouped_filter_and_starts_as_the
     the replacement of a dead rank assigns ranks with the iteration its survivors have
     there (the round before's), then starts the round it joins with the round's own, as
     they do: ``initialize`` sees the same rank, size and iteration as on them."""
-    with StoreService("127.0.0.1", 0, node=None) as service:
-        env = {
-            "NVRX_STORE_HOST": "127.0.0.1",
-            "NVRX_STORE_PORT": str(service.port),
-            "NVRX_SUPERVISED": "1",
-        }
+    with _supervised_store() as env:
         params = dict(
             wrapper=dict(FAST, rejoin_timeout=40), env=env, grouped=True, record_plugins=True
         )
