@@ -208,10 +208,9 @@ class PreemptionHandler:
         return self._decision
 
     def on_signal(self, signum: int, frame: object = None) -> None:
-        """Note the warning (safe in a signal handler: sets two attributes, nothing else)."""
-        if self._pending is None:
-            self._pending = int(signum)
-            self._signal_wall = time.time()
+        """Note the warning as come now (``warned_at``; safe in a signal handler: sets two
+        attributes, nothing else)."""
+        self.warned_at(time.time())
 
     def warned_at(self, wall: float) -> None:
         """Note this handler's warning signal as come at wall time ``wall`` (the supervisor
