@@ -112,7 +112,6 @@ class _Monitor:
         if isinstance(early, BaseException):
             raise early  # launching the store it hosts failed
         self.board = ProgressBoard(cfg.board_path)
-        self.board.unlink()  # mapped: no way these two processes end can leave it behind now
         beats_path = rank_beats.socket_path()
         self.sender = rank_beats.BeatSender(beats_path) if beats_path else None
         # Beats through the store, or a store to host, need the link before the watch.

@@ -3,11 +3,13 @@
 ``ProgressBoard`` is a small shared file both processes map: the main
 process writes progress timestamps, its round/rank, its phase (flags: user
 code, between rounds) and the limit of a wait it is in, the monitor process
-reads them. The monitor process removes its name as soon as it has
-mapped it (``unlink``): the memory lives on while a mapping does, so only a
-rank killed with its monitor in the monitor's first moments leaves the file
-behind in ``/dev/shm``. A ``ping()`` is one 8-byte store into shared memory, with
-no message, lock or system call.
+reads them. The file has no name: it is an anonymous memory file (``memfd_create``)
+that the rank holds open, and the monitor process opens it through the rank's
+descriptor (``/proc/<pid>/fd/<n>``, the board's ``path``). Its memory lives while a
+descriptor or a mapping does and goes with the last of them, so no end of the two
+processes, a SIGKILL of both included, leaves anything in ``/dev/shm`` or elsewhere.
+A ``ping()`` is one 8-byte store into shared memory, with no message, lock or system
+call.
 
 ``ProgressWatchdog`` proves that the main thread executes bytecode: every
 ``interval`` it schedules a pending call (``Py_AddPendingCall``), which the
@@ -27,7 +29,6 @@ import datetime
 import mmap
 import os
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -75,17 +76,22 @@ class ProgressBoard:
     """
 
     def __init__(self, path: str | None = None) -> None:
+        """A new board (``path`` None), or the board another process made, at its ``path``."""
         self.owner = path is None
+        self._fd: int | None = None  # the maker's descriptor, open while the board is
         if path is None:
-            directory = "/dev/shm" if os.path.isdir("/dev/shm") else None
-            fd, path = tempfile.mkstemp(prefix="nvrx-progress-", dir=directory)
-            os.ftruncate(fd, SIZE)
-        else:
-            fd = os.open(path, os.O_RDWR)
+            self._fd = os.memfd_create(f"nvrx-progress-{os.getpid()}", os.MFD_CLOEXEC)
+            path = f"/proc/{os.getpid()}/fd/{self._fd}"
+        fd = os.open(path, os.O_RDWR) if self._fd is None else self._fd
         self.path = path
         try:
+            if self.owner:
+                os.ftruncate(fd, SIZE)
             self._map = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
+        except BaseException:
+            os.close(fd)
+            raise
+        if fd != self._fd:
             os.close(fd)
         self._d = memoryview(self._map).cast("d")  # (a page-aligned map: aligned fields)
         self._q = memoryview(self._map).cast("q")
@@ -199,22 +205,18 @@ class ProgressBoard:
                 self.stamp_auto()
                 self._d[WAIT_UNTIL] = 0.0
 
-    def unlink(self) -> None:
-        """Remove the board's name; the shared memory stays mapped. The monitor process does
-        it as soon as it has mapped the board: nothing opens it by name after that."""
-        self.owner = False
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
-
     def close(self) -> None:
+        """Unmap the board; its maker also closes its descriptor (its monitor process opened
+        the board before the rank's first round)."""
         self._d.release()
         self._q.release()
         try:
             self._map.close()
         except (BufferError, ValueError):
             pass
-        if self.owner:  # (its monitor never mapped it)
-            self.unlink()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 _PENDING_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)

@@ -92,8 +92,8 @@ def _job_agents(master_port: str) -> list[tuple[int, float]]:
 
 class CallRecord:
     """What one call used, seen from inside its function: its monitor process tree, the
-    host's node agent and the ``/dev/shm`` entries of the call (the progress board, the
-    host group's files)."""
+    host's node agent and the ``/dev/shm`` entries its processes held open (the progress
+    board is not one: it has no name, and ``snapshot`` looks for its mapping)."""
 
     def __init__(self, master_port: str = "") -> None:  # the job's, read before any call
         self.master_port = master_port
@@ -104,7 +104,6 @@ class CallRecord:
     def see(self, call_wrapper: Any) -> None:
         import psutil
 
-        self.shm.add(call_wrapper.services.board.path)
         monitor = psutil.Process(call_wrapper.monitor_process.pid)
         for proc in (monitor, *monitor.children(recursive=True)):
             entry = (proc.pid, proc.create_time(), " ".join(proc.cmdline())[:160])

@@ -41,8 +41,9 @@ def _shm() -> set[str]:
 
 
 def _new_shm(before: set[str]) -> set[str]:
-    """What appeared in ``/dev/shm`` since ``before``, once what other tests' jobs hold for
-    a moment (a progress board lives there until its monitor maps it) had time to go."""
+    """What appeared in ``/dev/shm`` since ``before``, once what the processes of tests
+    running beside this one hold for a moment (a ``multiprocessing`` semaphore) had time to
+    go."""
     new: set[str] = set()
 
     def settled() -> bool:

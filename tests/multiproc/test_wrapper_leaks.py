@@ -12,7 +12,8 @@ store, the same TCP connections and open descriptors, no ``/dev/shm`` entry the
 call used, and the same log handlers.
 
 A rank SIGKILLed with its monitor process and everything else it started leaves
-no progress board in ``/dev/shm``: the monitor removed its name when it mapped it.
+no progress board in ``/dev/shm``: the board is an anonymous memory file, with no name
+to leave, from its first moment.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def test_ten_calls_of_two_ranks_leave_nothing_behind(tmp_path):
         assert [c["outcome"] for c in report["calls"]] == [OUTCOMES[m][rank] for m in MODES], rank
         for i, call in enumerate(report["calls"]):
             after, what = call["after"], f"rank {rank} after call {i} ({call['mode']!r})"
-            assert call["monitor_tree"] and call["shm_used"], f"{what}: the probe saw no monitor"
+            assert call["monitor_tree"], f"{what}: the probe saw no monitor"
             assert after["threads"] == base["threads"], what
             assert after["children"] == [], what
             assert after["monitor_tree_alive"] == [], (what, call["monitor_tree"])
@@ -112,11 +113,33 @@ def test_a_rank_killed_with_its_monitor_leaves_no_progress_board_behind(tmp_path
         [monitor] = [p for p in descendants if _board_mappings(p.pid)]
         [mapped] = _board_mappings(rank.pid)
         assert _board_mappings(monitor.pid) == [mapped]  # one board, shared by both
-        path = mapped.removesuffix(" (deleted)")
-        assert mapped.endswith(" (deleted)") and not Path(path).exists(), mapped
+        assert mapped == f"/memfd:nvrx-progress-{rank.pid} (deleted)", mapped  # no name
         for proc in [rank, *descendants]:  # as a node's end would: no one left to clean up
             proc.kill()
         psutil.wait_procs([rank, *descendants], timeout=30)
-        assert not Path(path).exists()
+    finally:
+        ranks.kill()
+
+
+def _shm_boards() -> set[str]:
+    return {p.name for p in Path("/dev/shm").glob("nvrx-progress-*")}
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_killed_with_its_monitor_before_the_monitor_maps_the_board_leaves_nothing(
+    tmp_path,
+):
+    before = _shm_boards()
+    ranks = launch(tmp_path, 1, fault="sleep", fault_ranks=[0], init_pg=False)
+    try:
+        rank = psutil.Process(ranks.procs[0].pid)
+        # the rank made its board; its monitor process is not started, or has not mapped it
+        wait_until("rank 0's board", lambda: _board_mappings(rank.pid), timeout=60, interval=0.001)
+        rank.suspend()  # starts nothing more
+        gone = [rank, *rank.children(recursive=True)]
+        for proc in gone:
+            proc.kill()
+        psutil.wait_procs(gone, timeout=30)
+        assert _shm_boards() - before == set()
     finally:
         ranks.kill()
