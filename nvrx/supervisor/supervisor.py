@@ -500,7 +500,10 @@ class Supervisor:
                     self.store.roles.probes.poll()
                 self.hang_watch.check()
                 self.step_times.check()
-                self.job_restart.progress()
+                try:
+                    self.job_restart.progress()
+                except StoreLinkError as exc:  # counting itself ready, or the go, went unanswered
+                    self._store_failed(exc)
                 if self.store.relinks != relinks:  # failed over: the new link is registered
                     selector.close()
                     selector, relinks = self._make_selector(), self.store.relinks
