@@ -44,7 +44,7 @@ DESCRIPTIONS: dict[int, str] = {
     ExitCode.LOOP_BREAKER: "same failure signature --loop-breaker times in a row",
     ExitCode.PEER_LOST: "other nodes did not finish within --finish-timeout, or, without node "
     "liveness (fork_and_monitor), a monitor never became ready for a job-wide restart within "
-    "--grace-period + --store-timeout",
+    "its grace_period + store_timeout",
     ExitCode.SPAWN_FAILED: "the training command could not be started",
     ExitCode.NODE_LOST: "node lost, no spare: a node was lost, no spare node was left and "
     "fewer than --min-nodes nodes remained",

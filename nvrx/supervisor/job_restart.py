@@ -21,8 +21,8 @@ rank of every node together, as one restart of the job:
 
 Without node liveness (``fork_and_monitor``: one monitor per rank, no ring of beats), a
 slot whose monitor is gone or stuck is never declared lost, and would never count itself
-ready: so a slot that is ready waits for the others at most ``--grace-period`` (their
-children's stop) plus ``--store-timeout`` (their word through the store), then stops the
+ready: so a slot that is ready waits for the others at most ``grace_period`` (their
+children's stop) plus ``store_timeout`` (their word through the store), then stops the
 job (``PEER_LOST``), naming the slots that never became ready (``ready_deadline``). With
 liveness on, a slot whose supervisor is gone falls silent and is declared lost instead, and
 the others go on without it.
@@ -419,8 +419,8 @@ class JobRestart:
             f"job-wide restart {epoch}: node {slots} never became ready within {limit:g} s "
             f"(grace_period {config.grace_period:g} s + store_timeout {config.store_timeout:g} s) "
             "after this node was: their monitors are gone or stuck, and without node liveness "
-            "nothing declares them lost; if they are only slow, raise store_timeout "
-            "(fork_and_monitor's argument, --store-timeout of nvrx-supervise)"
+            "nothing declares them lost; if they are only slow, raise fork_and_monitor's "
+            "store_timeout"
         )
         control.emit("job_restart", epoch=epoch, phase="timed_out", missing=missing, limit_s=limit)
         log.error("%s", reason)
