@@ -98,12 +98,17 @@ KINDS: dict[str, dict[str, str]] = {
     },
     "job_restart": {
         "epoch": "job-wide restart number (--ft-restart-policy any-failed)",
-        "phase": "stopping (children stopped) | ready (this slot's ended) | started",
+        "phase": "stopping (children stopped) | ready (this slot's ended) | started | "
+        "timed_out (without node liveness: slots never became ready, the job stops)",
         "cause": "rank, node and signature of the failure that started it, and the loop "
         "breaker's streak after it as [signature, count] (stopping; null where this node "
         "followed a claim before it read the announcement)",
         "ready": "slots ready so far (ready)",
         "nodes": "slots the restart waits for (ready)",
+        "missing": "slots still in the job that never counted themselves ready (timed_out; "
+        "null where the store could not tell)",
+        "limit_s": "seconds this slot waited once it was ready: grace_period + store_timeout "
+        "(timed_out)",
     },
     "workload_control": {
         "action": "ExcludeThisNode | ShutdownWorkload | Continue",

@@ -51,19 +51,21 @@ def job_restart_rounds(job: JobSummary, losses: LossIndex) -> list[RoundRow]:
     rows: list[RoundRow] = []
     causes: list[tuple[RoundRow, dict[str, Any]]] = []
     for run, epochs in sorted(by_run.items()):
-        start = min(_walls(job, run, "child_start"), default=None)
+        start, abandoned = min(_walls(job, run, "child_start"), default=None), False
         for epoch, events in sorted(epochs.items()):
             stopping = [e["wall"] for e in events if e.get("phase") == "stopping"]
             started = [e["wall"] for e in events if e.get("phase") == "started"]
             end = min(stopping, default=None)
             cause = next((e["cause"] for e in events if e.get("cause")), None) or {}
-            row = _row(job, run, epoch - 1, start, end, "restart")
+            abandoned = not started and any(e.get("phase") == "timed_out" for e in events)
+            row = _row(job, run, epoch - 1, start, end, run_end(job, run) if abandoned else "restart")
             _time_restart(row, events, end, started)
             causes.append((row, cause))
             rows.append(row)
             start = max(started, default=None)
-        last = max(epochs)
-        rows.append(_row(job, run, last, start, max(_walls(job, run, "supervisor_end"), default=None), run_end(job, run)))
+        if not abandoned:  # (a restart that timed out started nothing: the run ended with it)
+            last = max(epochs)
+            rows.append(_row(job, run, last, start, max(_walls(job, run, "supervisor_end"), default=None), run_end(job, run)))
     blamed: set[int] = set()  # id() of the losses a stretch already has
     # A restart announced for a lost node takes its loss first: an earlier stretch whose
     # failure the loss's window would explain too does not take it from it.

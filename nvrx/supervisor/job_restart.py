@@ -19,6 +19,14 @@ rank of every node together, as one restart of the job:
    longer runs to take it back): no old process is left to meet a new one in
    ``init_process_group``'s rendezvous.
 
+Without node liveness (``fork_and_monitor``: one monitor per rank, no ring of beats), a
+slot whose monitor is gone or stuck is never declared lost, and would never count itself
+ready: so a slot that is ready waits for the others at most ``grace_period`` (their
+children's stop) plus ``store_timeout`` (their word through the store), then stops the
+job (``PEER_LOST``), naming the slots that never became ready (``ready_deadline``). With
+liveness on, a slot whose supervisor is gone falls silent and is declared lost instead, and
+the others go on without it.
+
 Every key of it is sealed with the job's secret (``nvrx.store.sealed_keys``): the claim
 and the count of nodes ready are sealed lists, the announcement and the go-ahead sealed
 chains; the supervisor that hosts the store records a value rejected there as a
@@ -107,6 +115,7 @@ class JobRestart:
         self.epoch = 0  # job-wide restarts this node has taken part in
         self.pending: int | None = None  # the epoch being restarted now, until the children start
         self._ready: int | None = None  # the last epoch this node counted itself ready for
+        self._ready_by: float | None = None  # (no liveness) monotonic end of the wait for the others
         self._announced: SealedChain | None = None  # the next epoch's announcement, watched
         self._go: SealedChain | None = None  # the pending epoch's go-ahead, watched
 
@@ -296,7 +305,7 @@ class JobRestart:
         """
         if self.pending is not None:
             self.control.kill_at = None
-        self.pending, self._go, self._ready = None, None, None
+        self.pending, self._go, self._ready, self._ready_by = None, None, None, None
         done = 0
         while self._claimed_before_failover(done + 1):
             done += 1
@@ -365,9 +374,14 @@ class JobRestart:
         if epoch is None or self.ranks.running() or self.course.stopping:
             return
         if self._ready == epoch:
+            if self._ready_by is not None and time.monotonic() >= self._ready_by:
+                self._not_all_ready(epoch)
             return
         self._ready = epoch
         self.control.kill_at = None
+        if not self._liveness():
+            config = self.store.config
+            self._ready_by = time.monotonic() + config.grace_period + config.store_timeout
         slot = self.store.config.node_rank
         sealed_keys.count_up(self._link, self.store.known_sealer(), _key(epoch, "ready"), slot)
         ready, nodes = self._ready_count(epoch)
@@ -375,6 +389,42 @@ class JobRestart:
         self.control.emit("job_restart", epoch=epoch, phase="ready", ready=ready, nodes=nodes)
         if ready >= nodes:
             self._let_go(epoch)
+
+    def ready_deadline(self) -> float | None:
+        """When this slot, ready for a restart, stops waiting for the others (monotonic);
+        None where it does not wait, or waits for liveness to declare a silent slot lost."""
+        return self._ready_by if self.pending is not None else None
+
+    def _liveness(self) -> bool:
+        """Whether a slot that falls silent is declared lost (``NodeRoles.enabled``)."""
+        roles = self.store.roles
+        return roles.enabled if roles is not None else self.store.config.node_liveness
+
+    def _not_all_ready(self, epoch: int) -> None:
+        """The wait for every slot to be ready for restart ``epoch`` passed its deadline:
+        stop the job, naming the slots that never became ready and the time to raise."""
+        config, control = self.store.config, self.control
+        self._ready_by = None
+        try:
+            missing: list[int] | None = self._not_ready(epoch)
+        except StoreLinkError as exc:
+            log.warning("could not read which slots are ready for restart %d: %s", epoch, exc)
+            missing = None
+        if missing == []:  # every slot counted itself ready as the deadline passed: go
+            self._let_go(epoch)
+            return
+        slots = "slot(s) " + ", ".join(map(str, missing)) if missing else "some node slots"
+        limit = config.grace_period + config.store_timeout
+        reason = (
+            f"job-wide restart {epoch}: node {slots} never became ready within {limit:g} s "
+            f"(grace_period {config.grace_period:g} s + store_timeout {config.store_timeout:g} s) "
+            "after this node was: their monitors are gone or stuck, and without node liveness "
+            "nothing declares them lost; if they are only slow, raise fork_and_monitor's "
+            "store_timeout"
+        )
+        control.emit("job_restart", epoch=epoch, phase="timed_out", missing=missing, limit_s=limit)
+        log.error("%s", reason)
+        control.request_stop(reason, ExitCode.PEER_LOST, broadcast=True)
 
     def _go_if_all_ready(self, epoch: int) -> None:
         """Let everyone go if every slot still in the job counted itself ready for restart
@@ -387,11 +437,20 @@ class JobRestart:
     def _ready_count(self, epoch: int) -> tuple[int, int]:
         """(slots ready for restart ``epoch``, slots still in the job; a waiting spare counts
         itself ready at once). A lost slot's own entry does not count."""
+        running, ready = self._slots_ready(epoch)
+        return len(running & ready), len(running)
+
+    def _not_ready(self, epoch: int) -> list[int]:
+        """The slots still in the job that have not counted themselves ready for ``epoch``."""
+        running, ready = self._slots_ready(epoch)
+        return sorted(running - ready)
+
+    def _slots_ready(self, epoch: int) -> tuple[set[int], set[int | None]]:
+        """(slots still in the job, slots that counted themselves ready for ``epoch``)."""
         roles = self.store.roles
         slots = roles.running_slots() if roles is not None else range(self.store.config.nnodes)
-        running = set(slots)
         listed = sealed_keys.read_list(self._link, self.store.known_sealer(), _key(epoch, "ready"))
-        return len(running & {_entry_by(entry) for entry in listed.valid}), len(running)
+        return set(slots), {_entry_by(entry) for entry in listed.valid}
 
     def _let_go(self, epoch: int) -> None:
         """The go-ahead of restart ``epoch``. Two nodes that both see every slot ready both
@@ -415,7 +474,7 @@ class JobRestart:
     def _start_again(self) -> None:
         epoch = self.pending
         assert epoch is not None
-        self.epoch, self.pending = epoch, None
+        self.epoch, self.pending, self._ready_by = epoch, None, None
         self.watch()
         if self.course.stopping:
             return

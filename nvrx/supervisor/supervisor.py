@@ -500,7 +500,10 @@ class Supervisor:
                     self.store.roles.probes.poll()
                 self.hang_watch.check()
                 self.step_times.check()
-                self.job_restart.progress()
+                try:
+                    self.job_restart.progress()
+                except StoreLinkError as exc:  # counting itself ready, or the go, went unanswered
+                    self._store_failed(exc)
                 if self.store.relinks != relinks:  # failed over: the new link is registered
                     selector.close()
                     selector, relinks = self._make_selector(), self.store.relinks
@@ -514,11 +517,13 @@ class Supervisor:
 
     def _wait_s(self) -> float | None:
         """How long the loop may wait for what comes: until the kill deadline, a probe's
-        deadline, the end of the standby's wait for the children or the hang watch's next
-        look, whichever is first; None: no bound."""
+        deadline, the end of the standby's wait for the children, the end of a job-wide
+        restart's wait for every slot to be ready or the hang watch's next look, whichever
+        is first; None: no bound."""
         roles = self.store.roles
         probe = roles and roles.probes.deadline()
-        wake = [t for t in (self.kill_at, probe, self.restart_standby.deadline()) if t is not None]
+        times = (self.kill_at, probe, self.restart_standby.deadline(), self.job_restart.ready_deadline())
+        wake = [t for t in times if t is not None]
         timeout = max(0.0, min(wake) - time.monotonic()) if wake else None
         return self.step_times.timeout(self.hang_watch.timeout(timeout))
 

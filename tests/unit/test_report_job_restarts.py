@@ -659,3 +659,36 @@ def test_a_restart_for_a_lost_node_is_the_losss_round_under_the_apps_own_round_c
     assert (first.cause, first.first_host, first.ordering, first.detection_s) == ("node lost", "n1", "node_lost", 3.0)
     assert first.peer_notified == 2
     assert (first.round, report.node_losses[0].round) == (0, 0)
+
+
+def test_a_job_wide_restart_that_timed_out_is_where_the_job_stopped_not_a_recovery(tmp_path: Path) -> None:
+    """3 monitors of one rank each (``fork_and_monitor``, no node liveness); monitor 2 is gone
+    when rank 1 fails at t=20: monitors 0 and 1 count themselves ready, wait for slot 2, then
+    stop the job (``job_restart`` phase ``timed_out``, exit 6). The failure's stretch ends the
+    job: it is not recovered, and no stretch follows it, as no rank started again."""
+    sups = [Proc(tmp_path, Host(f"n{i}", i), "supervisor") for i in range(3)]
+    for i, sup in enumerate(sups):
+        sup.at(0.0, "supervisor_start", nnodes=3, nproc_per_node=1, command=["train.py"])
+        sup.at(0.5, "child_start", local_rank=0, child_pid=100 + i, global_rank=i, attempt=0)
+    cause = {"rank": 1, "node": 1, "signature": "exit code 1"}
+    sups[1].at(20.0, "child_exit", local_rank=0, child_pid=101, global_rank=1, exit_code=1, signal=None,
+               runtime_s=19.5, attempt=0)  # fmt: skip
+    sups[1].at(20.05, "restart_decision", local_rank=0, global_rank=1, scope="job", decision="restart",
+               reason="child failed", budget_left=3, signature=cause["signature"])  # fmt: skip
+    for i, sup in enumerate(sups[:2]):
+        sup.at(20.1, "job_restart", epoch=1, phase="stopping", cause=cause)
+        if i == 0:
+            sup.at(20.3, "child_exit", local_rank=0, child_pid=100, global_rank=0, exit_code=None,
+                   signal="SIGTERM", runtime_s=19.8, attempt=0)  # fmt: skip
+        sup.at(20.4, "job_restart", epoch=1, phase="ready", ready=i + 1, nodes=3)
+        sup.at(31.4, "job_restart", epoch=1, phase="timed_out", missing=[2], limit_s=11.0)
+        sup.at(31.4, "job_stop", reason="job-wide restart 1: node slot(s) 2 never became ready", exit_code=6)
+        sup.at(31.5, "supervisor_end", exit_code=6, reason="job-wide restart 1: node slot(s) 2 never became ready")
+    for sup in sups:
+        sup.close()
+    report = build_report(tmp_path, sacct=False)
+    assert report.summary.restarts.job_wide == 0
+    [row] = report.timeline
+    assert (row.round, row.outcome, row.cause, row.first_rank) == (0, "stopped", "exit code 1", 1)
+    fault = next(line for line in report.to_text("table").splitlines() if line.startswith("1 "))
+    assert fault.split()[-2:] == ["no", "-"], fault  # recovered: no

@@ -20,6 +20,7 @@ from nvrx.supervisor.course import Course
 from nvrx.supervisor.exit_codes import ExitCode
 from nvrx.supervisor.preemption import PreemptionHandler
 from nvrx.supervisor.stop_flag import StopFlag
+from nvrx.supervisor.store_link import StoreLink
 from nvrx.supervisor.supervisor import Supervisor
 
 
@@ -262,3 +263,25 @@ def test_the_store_hosts_wait_for_the_others_goes_on_after_its_decision(
     extended = sup.job_end._after_warning(past)
     assert extended >= time.monotonic() + job_end.SIGNALLED_WAIT_S - 1.0
     assert sup.job_end._after_warning(past) == past  # nothing decided: the deadline stands
+
+
+def test_a_store_that_stops_answering_as_a_node_counts_itself_ready_stops_the_job(
+    tmp_path: Path,
+) -> None:
+    """A job-wide restart ended this node's children; counting itself ready is its first word
+    to the store since, and the store does not answer it (the link gives up after
+    ``--store-timeout``, as its request does). The job stops with exit code 3, as for any other
+    request the store leaves unanswered: the supervisor's loop does not end with the error."""
+    sup, _ = _supervisor(tmp_path, 1)
+    sup.store.stop = StopFlag(b"s" * 32, 0)  # the job's secret is known
+    link = sup.store.link = StoreLink("127.0.0.1", 1)
+    link.lost = "no answer to append within the store timeout"  # what the request's wait sets
+    sup.job_restart.pending = 1
+    sup.course.to(Course.RESTARTING)
+    sup.signals = SignalPipe((*STOP_SIGNALS, *FORWARD_SIGNALS, signal.SIGCHLD)).install()
+    try:
+        sup._monitor()
+    finally:
+        sup.signals.restore()
+    assert (sup.course.state, sup.exit_code) == (Course.STOPPING, ExitCode.STORE_UNAVAILABLE)
+    assert sup.stop_reason is not None and "no answer to append" in sup.stop_reason
