@@ -413,7 +413,10 @@ class JobRestart:
         if missing == []:  # every slot counted itself ready as the deadline passed: go
             self._let_go(epoch)
             return
-        slots = "slot(s) " + ", ".join(map(str, missing)) if missing else "some node slots"
+        slots = (
+            "slot(s) " + ", ".join(map(str, missing))
+            if missing else "slots (the store did not say which)"
+        )  # fmt: skip
         limit = config.grace_period + config.store_timeout
         reason = (
             f"job-wide restart {epoch}: node {slots} never became ready within {limit:g} s "
