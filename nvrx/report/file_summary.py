@@ -46,6 +46,9 @@ class FileSummary:
     stats: ReadStats
     # Where job runs begin, from every supervisor_start read (even one the filters drop).
     run_starts: list[tuple[str, float]] = field(default_factory=list)
+    # Wall of the file's last event of the job, whatever the filters keep: how far the
+    # supervisor of its last start ran (``run_ends``).
+    final_wall: float | None = None
     kept: int = 0
     host: str | None = None
     boot: str | None = None
@@ -86,6 +89,15 @@ class FileSummary:
     # same tracebacks add nothing new.
     told_signatures: set[str] = field(default_factory=set)
     told_types: set[str] = field(default_factory=set)  # exception types told without a traceback
+
+    def note_seen(self, event: Ev) -> None:
+        """An event of the job read under filters, kept or not: what a ``supervisor_start``
+        tells (``note_start``), and how far the file goes (``final_wall``)."""
+        if event["kind"] == "supervisor_start":
+            self.note_start(event)
+        wall = num(event.get("wall"))
+        if wall is not None and (self.final_wall is None or wall > self.final_wall):
+            self.final_wall = wall
 
     def note_start(self, event: Ev) -> None:
         """What a ``supervisor_start`` tells of the whole job, noted whatever the filters keep:
