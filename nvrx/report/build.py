@@ -250,7 +250,8 @@ def _log_findings(
 ) -> tuple[list[LogFinding], list[Death]]:
     """Failures in the job's output files that the events cannot tell (``output_triage``),
     and the unexplained process ends they explain. ``jobs``: the ids the files are named
-    after, the events' job and the SLURM jobs the supervisors ran in."""
+    after, the events' job, the SLURM jobs the supervisors ran in and the job array
+    elements they were (``<array id>_<index>``)."""
     paths, folders = _given_sources(slurm_output, submitit_folders, notes)
     for job in dict.fromkeys(jobs):
         paths += find_output_files(job, default_search_dirs(job_dir), folders)
@@ -346,7 +347,7 @@ def build_report(
     failures = build_failures(agg, process_rows, losses)
     facts = job_facts.output_facts(agg, process_rows, losses)
     findings, explained = _log_findings(
-        [job_id, *agg.slurm_job_ids()], job_dir.path, slurm_output, submitit_folders, facts, notes, slurm
+        [job_id, *agg.output_names()], job_dir.path, slurm_output, submitit_folders, facts, notes, slurm
     )
     add_output_findings(failures, findings, explained)
     kept = sorted(agg.ranks) if rank is not None or node is not None else None

@@ -70,6 +70,8 @@ class JobSummary:
     jobs: set[str] = merged(UNION)
     # SLURM job id -> wall of the latest supervisor start in it: the jobs sacct knows the runs by.
     slurm_jobs: dict[str, float] = merged(MAX_EACH)
+    # <array id>_<index> of each job array element they ran in: its default output file's name.
+    array_tasks: set[str] = merged(UNION)
     ranks: set[int] = merged(UNION)
     hosts: set[str] = merged(UNION)
     node_hosts: dict[int, set[str]] = merged(UNION_EACH)
@@ -155,6 +157,12 @@ class JobSummary:
         events."""
         return sorted(self.slurm_jobs, key=lambda j: (self.slurm_jobs[j], j))
 
+    def output_names(self) -> list[str]:
+        """What SLURM and submitit name the job's output files after: the SLURM jobs the
+        supervisors ran in (``slurm_job_ids``), and the job array elements they were
+        (``<array id>_<index>``)."""
+        return [*self.slurm_job_ids(), *sorted(self.array_tasks)]
+
     def supervised_world(self) -> int:
         """Ranks of the job as its supervisors started them (training nodes, spares left out, x
         ranks per node, else the distinct global ranks of their children): the world without
@@ -210,6 +218,7 @@ class JobSummary:
             skipped=stats.skipped[:MAX_SKIPPED_LISTED],
             skipped_count=len(stats.skipped),
             slurm_jobs=fs.slurm_jobs,  # from every start of the job, kept by the filters or not
+            array_tasks=fs.array_tasks,
         )
         if fs.kept == 0:
             return part
