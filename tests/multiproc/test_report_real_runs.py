@@ -417,7 +417,6 @@ def test_in_process_time_accounting_and_json(in_process: Run) -> None:
     assert data["timeline"][0]["first_rank"] == 2 and data["timeline"][0]["first_node"] == 1
 
 
-
 @pytest.mark.timeout(120)
 def test_an_array_elements_slurm_output_file_is_found_from_its_supervisors_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from test_node_requeue import _fake_scontrol
 from test_report_cli import SCHEMA_PATH, check_schema
-from test_report_fixtures import JOB, Host, Proc
+from test_report_fixtures import JOB, T0, Host, Proc
 from test_report_node_loss import DECLARED, Job, _before_the_loss
 
 from nvrx.report import Report, build_report
@@ -220,7 +220,6 @@ def test_requeues_of_other_causes_or_made_by_slurm_are_not_requeues_for_lost_nod
     assert "requeued for lost nodes" not in report.to_text(width=None)
 
 
-
 def _requeue_by(proc: Proc, t: float, lost: str) -> None:
     """``proc``'s supervisor requeues the job without ``lost`` at ``t``, then ends."""
     node_requeue.requeue_without([lost], None, lambda kind, **fields: proc.at(t, kind, **fields))
@@ -281,13 +280,16 @@ def test_a_requeue_by_a_slot_that_started_only_in_a_later_run_is_filed_under_tha
     assert [(q.run, q.excluded) for q in slot_2.node_requeues] == [(1, ["node7", "node-a"])]
 
 
-@pytest.mark.parametrize("build", [{}, {"node": 2}], ids=["all", "node-2"])
+@pytest.mark.parametrize(
+    "build", [{}, {"node": 2}, {"since": T0 + DECLARED + 0.2}], ids=["all", "node-2", "since"]
+)
 def test_a_requeue_by_a_slot_that_started_last_in_a_run_it_alone_missed_after_stays_in_its_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, build: dict[str, Any]
 ) -> None:
     """Run 0 ran on three nodes, slot 2's supervisor starting last; it requeued the job
     without node-b. Run 1 got two. Slot 2's start, later than every start of run 0 by the
-    slots that ran in both, is still run 0's: the run went on until their files' last events."""
+    slots that ran in both, is still run 0's: the run went on until their files' last events,
+    which count whatever ``--node`` or ``--since`` keep (here, none of those files' events)."""
     job = _runs_on(tmp_path, monkeypatch, {0: "node-a", 1: "node-b", 2: "node-c"},
                    {0: "node-a", 1: "node-c"})  # fmt: skip
     _requeue_by(job.others[2], DECLARED + 0.5, "node-b")
