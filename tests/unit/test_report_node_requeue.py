@@ -19,9 +19,9 @@ import pytest
 from test_node_requeue import _fake_scontrol
 from test_report_cli import SCHEMA_PATH, check_schema
 from test_report_fixtures import JOB, T0, Host, Proc
-from test_report_node_loss import DECLARED, Job, _before_the_loss
+from test_report_node_loss import DECLARED, Job, _before_the_loss, _raises
 
-from nvrx.report import Report, build_report
+from nvrx.report import Report, build, build_report
 from nvrx.supervisor import node_requeue
 
 #: ``srun`` as a script on PATH: no node runs the probe's no-op step (node-b is gone).
@@ -227,11 +227,13 @@ def _requeue_by(proc: Proc, t: float, lost: str) -> None:
 
 
 def _runs_on(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: dict[int, str], then: dict[int, str]
-) -> Job:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: dict[int, str], then: dict[int, str],
+    spares: int | None = None,
+) -> Job:  # fmt: skip
     """Run 0 on the slots and hosts of ``first`` (slot 2's supervisor, when there is one,
     starting last); slot 1's node is lost and the job stops; run 1 on those of ``then``
-    (slot 2's, when there is one, starting first). SLURM refuses to release each requeue."""
+    (slot 2's, when there is one, starting first), ``spares`` of them spares (all but two
+    by default), the others running two ranks each. SLURM refuses to release each requeue."""
     _fake_scontrol(tmp_path, monkeypatch, "release")
     srun = tmp_path / "bin" / "srun"
     srun.write_text(SRUN)
@@ -248,12 +250,14 @@ def _runs_on(
     job.others += [*job.sup.values(), *job.ranks.values()]
     job.hosts = dict(then)
     job.sup = {slot: Proc(job.dir, Host(host, slot), "supervisor") for slot, host in then.items()}
+    spares = len(then) - 2 if spares is None else spares
     for slot in sorted(then, reverse=True):
         job.sup[slot].at(40.0 - slot / 10, "supervisor_start", nnodes=len(then), nproc_per_node=2,
-                         spare_nodes=len(then) - 2)  # fmt: skip
-    for rank in range(4):
+                         spare_nodes=spares)  # fmt: skip
+    world = 2 * (len(then) - spares)
+    for rank in range(world):
         job.start_rank(40.5, rank, rank // 2, rank // 2)
-    job.round_start(45.0, 0, [0, 1, 2, 3])
+    job.round_start(45.0, 0, list(range(world)))
     return job
 
 
@@ -299,3 +303,26 @@ def test_a_requeue_by_a_slot_that_started_last_in_a_run_it_alone_missed_after_st
     assert [(q.run, q.excluded, q.held) for q in report.node_requeues] == [
         (0, ["node7", "node-b"], True)
     ]
+
+
+def test_worker_processes_file_the_rounds_of_a_slot_of_a_later_run_only_under_its_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run 1 got three training nodes: slot 2, which started in run 1 only (before slots 0
+    and 1), runs ranks 4 and 5, and rank 4 raises. Read by worker processes, which are
+    handed the runs' ends with their starts, the report is the one read in one process:
+    round 0 of run 1 failed first on rank 4."""
+    job = _runs_on(tmp_path, monkeypatch, {0: "node-a", 1: "node-b"},
+                   {0: "node-a", 1: "node-c", 2: "node-d"}, spares=0)  # fmt: skip
+    _requeue_by(job.others[0], DECLARED + 0.5, "node-b")
+    _raises(job, 4, 50.0, "ValueError", "bad batch")
+    alone = job.close(workers=1).to_dict()
+    assert [(row["run"], row["first_rank"]) for row in alone["timeline"]] == [(0, 2), (1, 4)]
+    dealt: list[int] = []
+    chunks = build._chunks
+    monkeypatch.setattr(build, "_chunks", lambda *a: dealt.append(a[2]) or chunks(*a))
+    monkeypatch.setattr(build, "PARALLEL_MIN_FILES", 1)  # these few files go to workers
+    workers = build_report(job.dir, sacct=False, workers=2).to_dict()
+    assert dealt  # read in worker processes
+    alone.pop("generated_at"), workers.pop("generated_at")
+    assert workers == alone
