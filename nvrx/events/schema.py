@@ -154,6 +154,10 @@ KINDS: dict[str, dict[str, str]] = {
         "stragglers": "straggler detection: action, section and threshold (object)",
         "slurm_job_id": "SLURM_JOB_ID when SLURM runs the job (null otherwise): the id sacct "
         "knows, where the common field job is NVRX_JOB_ID",
+        "slurm_array_job_id": "SLURM_ARRAY_JOB_ID of an element of a job array (null otherwise): "
+        "the array's id, %A of SLURM's default output file slurm-%A_%a.out",
+        "slurm_array_task_id": "SLURM_ARRAY_TASK_ID of an element of a job array (null "
+        "otherwise): its index in the array, %a of slurm-%A_%a.out",
     },
     "store_start": {
         "addr": "the address clients reach the store at",

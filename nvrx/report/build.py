@@ -10,8 +10,10 @@ writes to the log directory.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import heapq
+import itertools
 import multiprocessing
 import os
 import threading
@@ -102,6 +104,7 @@ def aggregate_files(
     paths: Sequence[str | os.PathLike[str]],
     filters: Filters | None = None,
     run_starts: dict[str, list[float]] | None = None,
+    run_ends: list[float] | None = None,
 ) -> JobSummary:
     """Summarize and merge ``paths`` into one ``JobSummary`` (the unit of work of a worker process).
 
@@ -109,7 +112,7 @@ def aggregate_files(
     and the files fold them straight into the job's: no round state of a file is merged.
     A file that starts a run itself, or is damaged, has the files folded one by one instead.
     """
-    job = JobSummary.starting(run_starts)
+    job = JobSummary.starting(run_starts, run_ends)
     if job.runs == 1:
         for path in paths:
             fs = fold_file(path, filters, job_rounds=job.rounds)
@@ -118,19 +121,42 @@ def aggregate_files(
             job.add(fs)
         else:
             return job
-        job = JobSummary.starting(run_starts)
+        job = JobSummary.starting(run_starts, run_ends)
     for path in paths:
         job.add(summarize_file(path, filters))
     return job
 
 
 def run_starts_of(summaries: Iterable[FileSummary]) -> dict[str, list[float]]:
-    """``supervisor_start`` wall times per ``run_key`` in ``summaries``: where each job run begins."""
+    """``supervisor_start`` wall times per ``run_key`` in ``summaries``, in time order: where
+    each job run begins."""
     starts: dict[str, list[float]] = {}
     for fs in summaries:
         for key, wall in fs.run_starts:
             starts.setdefault(key, []).append(wall)
-    return starts
+    return {key: sorted(walls) for key, walls in starts.items()}
+
+
+def run_ends_of(summaries: Iterable[FileSummary], starts: dict[str, list[float]]) -> list[float]:
+    """Where each job run but the last ended, told by the supervisors of the ``run_key``s
+    that started in every run (``starts``): the latest of their starts in the run and of the
+    last events of the files whose last start is in it (one supervisor process, one file).
+
+    A requeued job's run ends before the next begins: a start later than a run's end is of a
+    later run, whichever supervisor started first in it.
+    """
+    runs = max(map(len, starts.values()), default=0)
+    every = [walls for walls in starts.values() if len(walls) == runs]
+    ends = [max(walls[k] for walls in every) for k in range(runs - 1)]
+    for fs in summaries:
+        if not fs.run_starts or fs.final_wall is None:
+            continue
+        key, wall = max(fs.run_starts, key=lambda start: start[1])
+        walls = starts.get(key, [])
+        k = bisect.bisect_left(walls, wall)
+        if len(walls) == runs and k < runs - 1:
+            ends[k] = max(ends[k], fs.final_wall)
+    return list(itertools.accumulate(ends, max))  # a run ends no earlier than the one before
 
 
 def _aggregate(
@@ -147,7 +173,8 @@ def _aggregate(
     # All run starts must be known before any event is filed under a run.
     node_summaries = [summarize_file(p, filters) for p in node_files]
     progress.advance(len(node_files))
-    agg = JobSummary.starting(run_starts_of(node_summaries))
+    starts = run_starts_of(node_summaries)
+    agg = JobSummary.starting(starts, run_ends_of(node_summaries, starts))
     for summary in node_summaries:
         agg.add(summary)
     sizes = {p: _size(p) for p in rank_files}
@@ -155,7 +182,7 @@ def _aggregate(
     if workers <= 1 or len(rank_files) < 2 or few:
         for i in range(0, len(rank_files), SERIAL_CHUNK_FILES):
             chunk = rank_files[i : i + SERIAL_CHUNK_FILES]
-            agg.merge(aggregate_files(chunk, filters, agg.run_starts))
+            agg.merge(aggregate_files(chunk, filters, agg.run_starts, agg.run_ends))
             progress.advance(len(chunk))
         return agg
     # fork is cheapest, but unsafe when the caller runs other threads.
@@ -167,7 +194,9 @@ def _aggregate(
     # A few chunks per worker, of about as many bytes each: even load, and few (small)
     # partial results to send back.
     chunks = _chunks(rank_files, sizes, min(len(rank_files), workers * CHUNKS_PER_WORKER))
-    work = partial(aggregate_files, filters=filters, run_starts=agg.run_starts)
+    work = partial(
+        aggregate_files, filters=filters, run_starts=agg.run_starts, run_ends=agg.run_ends
+    )
     with ProcessPoolExecutor(
         max_workers=workers, mp_context=multiprocessing.get_context(method)
     ) as pool:
@@ -221,7 +250,8 @@ def _log_findings(
 ) -> tuple[list[LogFinding], list[Death]]:
     """Failures in the job's output files that the events cannot tell (``output_triage``),
     and the unexplained process ends they explain. ``jobs``: the ids the files are named
-    after, the events' job and the SLURM jobs the supervisors ran in."""
+    after, the events' job, the SLURM jobs the supervisors ran in and the job array
+    elements they were (``<array id>_<index>``)."""
     paths, folders = _given_sources(slurm_output, submitit_folders, notes)
     for job in dict.fromkeys(jobs):
         paths += find_output_files(job, default_search_dirs(job_dir), folders)
@@ -317,7 +347,7 @@ def build_report(
     failures = build_failures(agg, process_rows, losses)
     facts = job_facts.output_facts(agg, process_rows, losses)
     findings, explained = _log_findings(
-        [job_id, *agg.slurm_job_ids()], job_dir.path, slurm_output, submitit_folders, facts, notes, slurm
+        [job_id, *agg.output_names()], job_dir.path, slurm_output, submitit_folders, facts, notes, slurm
     )
     add_output_findings(failures, findings, explained)
     kept = sorted(agg.ranks) if rank is not None or node is not None else None

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nvrx.events.reader import ReadStats
+from nvrx.slurm.job_ids import array_task_name
 
 from .parts import LocalFault, RoundState, SignatureGroup
 from .values import as_int, as_str, num
@@ -46,6 +47,9 @@ class FileSummary:
     stats: ReadStats
     # Where job runs begin, from every supervisor_start read (even one the filters drop).
     run_starts: list[tuple[str, float]] = field(default_factory=list)
+    # Wall of the file's last event of the job, whatever the filters keep: how far the
+    # supervisor of its last start ran (``run_ends``).
+    final_wall: float | None = None
     kept: int = 0
     host: str | None = None
     boot: str | None = None
@@ -56,6 +60,9 @@ class FileSummary:
     # SLURM job id -> wall of the latest supervisor_start that ran in it, from every start read
     # (as run_starts).
     slurm_jobs: dict[str, float] = field(default_factory=dict)
+    # ``<array id>_<index>`` of each job array element the supervisors ran in (as slurm_jobs):
+    # the name SLURM gives its default output file.
+    array_tasks: set[str] = field(default_factory=set)
     ranks: set[int] = field(default_factory=set)
     node_hosts: dict[int, str] = field(default_factory=dict)
     world_size: int = 0
@@ -87,12 +94,25 @@ class FileSummary:
     told_signatures: set[str] = field(default_factory=set)
     told_types: set[str] = field(default_factory=set)  # exception types told without a traceback
 
+    def note_seen(self, event: Ev) -> None:
+        """An event of the job read under filters, kept or not: what a ``supervisor_start``
+        tells (``note_start``), and how far the file goes (``final_wall``)."""
+        if event["kind"] == "supervisor_start":
+            self.note_start(event)
+        wall = num(event.get("wall"))
+        if wall is not None and (self.final_wall is None or wall > self.final_wall):
+            self.final_wall = wall
+
     def note_start(self, event: Ev) -> None:
         """What a ``supervisor_start`` tells of the whole job, noted whatever the filters keep:
-        where a job run begins, and the SLURM job its supervisor ran in (sacct's id)."""
+        where a job run begins, and the SLURM job its supervisor ran in (sacct's id, and the
+        array element's name when it was one)."""
         start = run_start(event)
         if start is not None:
             self.run_starts.append(start)
+        task = array_task_name(event.get("slurm_array_job_id"), event.get("slurm_array_task_id"))
+        if task is not None:
+            self.array_tasks.add(task)
         slurm_job, wall = as_str(event.get("slurm_job_id")), num(event.get("wall"))
         if slurm_job is not None and wall is not None:
             self.slurm_jobs[slurm_job] = max(wall, self.slurm_jobs.get(slurm_job, wall))

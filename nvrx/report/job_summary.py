@@ -70,6 +70,8 @@ class JobSummary:
     jobs: set[str] = merged(UNION)
     # SLURM job id -> wall of the latest supervisor start in it: the jobs sacct knows the runs by.
     slurm_jobs: dict[str, float] = merged(MAX_EACH)
+    # <array id>_<index> of each job array element they ran in: its default output file's name.
+    array_tasks: set[str] = merged(UNION)
     ranks: set[int] = merged(UNION)
     hosts: set[str] = merged(UNION)
     node_hosts: dict[int, set[str]] = merged(UNION_EACH)
@@ -95,12 +97,19 @@ class JobSummary:
     told_types: set[str] = merged(UNION)
     # Wall times of supervisor_start per run_key, sorted: where each job run begins.
     starts: dict[str, list[float]] = field(default_factory=dict)
+    # Where each job run but the last ended (``build.run_ends_of``): the run of a start of a
+    # run_key that did not start in every run is the number of runs that ended before it.
+    ends: list[float] = field(default_factory=list)
     _global_starts: list[float] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def starting(cls, run_starts: dict[str, list[float]] | None = None) -> JobSummary:
-        """An empty summary that files events under the job runs of ``run_starts``."""
-        return cls(starts={key: sorted(walls) for key, walls in (run_starts or {}).items()})
+    def starting(
+        cls, run_starts: dict[str, list[float]] | None = None, run_ends: list[float] | None = None
+    ) -> JobSummary:
+        """An empty summary that files events under the job runs of ``run_starts``, which
+        ended at ``run_ends``."""
+        starts = {key: sorted(walls) for key, walls in (run_starts or {}).items()}
+        return cls(starts=starts, ends=list(run_ends or []))
 
     # -- runs (a requeued job runs again under the same job id) -------------
     def note_run_start(self, key: str, wall: float) -> None:
@@ -110,20 +119,32 @@ class JobSummary:
             self._global_starts = None
 
     def run_of(self, key: str | None, wall: float | None) -> int:
-        """Index of the job run an event belongs to, by the supervisor starts of its ``run_key``."""
+        """Index of the job run an event belongs to, by the supervisor starts of its ``run_key``.
+
+        Its key's latest start at or before ``wall`` is that key's start of the run. A key that
+        did not start in every run (a slot the job had only in later runs) has its start
+        counted among the runs by the runs that had ended before it (``ends``).
+        """
         if wall is None or not self.starts:
             return 0
-        starts = self.starts.get(key) if key is not None else None
-        if not starts:
-            if self._global_starts is None:
-                self._global_starts = max(self.starts.values(), key=len, default=[])
-            starts = self._global_starts
-        return max(0, bisect.bisect_right(starts, wall) - 1)
+        if self._global_starts is None:
+            self._global_starts = max(self.starts.values(), key=len, default=[])
+        every = self._global_starts
+        starts = (self.starts.get(key) if key is not None else None) or every
+        i = bisect.bisect_right(starts, wall) - 1
+        if i < 0 or len(starts) == len(every) or len(self.ends) != len(every) - 1:
+            return max(0, i)
+        return bisect.bisect_left(self.ends, starts[i])
 
     @property
     def run_starts(self) -> dict[str, list[float]]:
         """Wall times of ``supervisor_start`` per ``run_key``: the start of each job run."""
         return {key: list(walls) for key, walls in self.starts.items()}
+
+    @property
+    def run_ends(self) -> list[float]:
+        """Where each job run but the last ended, as ``starting`` takes them."""
+        return list(self.ends)
 
     @property
     def runs(self) -> int:
@@ -135,6 +156,12 @@ class JobSummary:
         again under one ``NVRX_JOB_ID`` (a requeue keeps its id); none in an older writer's
         events."""
         return sorted(self.slurm_jobs, key=lambda j: (self.slurm_jobs[j], j))
+
+    def output_names(self) -> list[str]:
+        """What SLURM and submitit name the job's output files after: the SLURM jobs the
+        supervisors ran in (``slurm_job_ids``), and the job array elements they were
+        (``<array id>_<index>``)."""
+        return [*self.slurm_job_ids(), *sorted(self.array_tasks)]
 
     def supervised_world(self) -> int:
         """Ranks of the job as its supervisors started them (training nodes, spares left out, x
@@ -191,6 +218,7 @@ class JobSummary:
             skipped=stats.skipped[:MAX_SKIPPED_LISTED],
             skipped_count=len(stats.skipped),
             slurm_jobs=fs.slurm_jobs,  # from every start of the job, kept by the filters or not
+            array_tasks=fs.array_tasks,
         )
         if fs.kept == 0:
             return part

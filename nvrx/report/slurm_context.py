@@ -97,24 +97,32 @@ def sacct_requeues(ctx: SlurmContext) -> int:
 def find_output_files(
     job: str | None, search_dirs: Iterable[Path], submitit_folders: Iterable[Path] = ()
 ) -> list[Path]:
-    """``slurm-<job>.out`` (and array variants), ``nvrx-<job>.out`` of nvrx's templates and
-    submitit ``<job>_*_log.out/err`` files.
+    """``slurm-<job>.out``, ``nvrx-<job>.out`` of nvrx's templates and submitit
+    ``<job>_<task>_log.out/err`` files.
 
+    ``job`` is a SLURM job id, or a job array element's ``<array id>_<index>``, after which
+    SLURM and submitit name the element's files (``slurm-%A_%a.out``). Other elements'
+    files are not the job's, though the array's id is also one element's own id:
+    ``slurm-<job>_<index>.out`` is not looked for, and a submitit ``<task>`` is a number.
     The job id is matched as it is written (``*`` or ``[`` in it match only themselves); an
     id that cannot be part of a file name (a ``/``, a NUL) has no such files.
     """
     found: list[Path] = []
     if not job or "/" in job or "\0" in job:
         return found
-    job = glob.escape(job)
-    patterns = [f"slurm-{job}.out", f"slurm-{job}_*.out", f"slurm-{job}.err"]
-    patterns += [f"nvrx-{job}.out", f"nvrx-{job}.err"]  # nvrx's sbatch templates
+    name = glob.escape(job)
+    patterns = [f"slurm-{name}.out", f"slurm-{name}.err"]
+    patterns += [f"nvrx-{name}.out", f"nvrx-{name}.err"]  # nvrx's sbatch templates
     for directory in search_dirs:
         for pattern in patterns:
             found.extend(p for p in directory.glob(pattern) if p.is_file())
     for folder in submitit_folders:
         for suffix in ("out", "err"):
-            found.extend(p for p in Path(folder).glob(f"{job}_*_log.{suffix}") if p.is_file())
+            end = f"_log.{suffix}"
+            for path in Path(folder).glob(f"{name}_*{end}"):
+                task = path.name[len(job) + 1 : -len(end)]
+                if task.isdecimal() and path.is_file():
+                    found.append(path)
     return list(dict.fromkeys(path.resolve() for path in found))
 
 

@@ -80,6 +80,7 @@ def _fold_whole(
     elif not folder.fold(events, parsed=True):  # checked as they are folded
         return None, job_rounds is not None
     folder.finish()
+    summary.final_wall = summary.last_wall
     return summary, False
 
 
@@ -111,12 +112,14 @@ def fold_file(
         folder = FileFolder(summary, job_rounds=job_rounds)
         kept = []
         for event in events:
-            if event["kind"] == "supervisor_start" and filters.of_job(event):
-                summary.note_start(event)
+            if filters.of_job(event):
+                summary.note_seen(event)
             if filters.keep(event):
                 kept.append(event)
         folder.fold(kept)
     folder.finish()
+    if everything:
+        summary.final_wall = summary.last_wall
     return summary
 
 

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from nvrx import events, jobenv
 from nvrx.signal_pipe import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
 from nvrx.slurm import early_warning
+from nvrx.slurm.job_ids import slurm_job_ids
 from nvrx.store import seal
 
 from . import job_secret, node_requeue, preemption, store_failover
@@ -129,7 +130,7 @@ class Supervisor:
         )
         self.writer.emit(
             "supervisor_start", **cfg.start_fields(), supervisor_pid=os.getpid(),
-            slurm_job_id=os.environ.get("SLURM_JOB_ID"),
+            **slurm_job_ids(os.environ),
         )
         reason = "all children ended"
         try:

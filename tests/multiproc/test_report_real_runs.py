@@ -415,3 +415,25 @@ def test_in_process_time_accounting_and_json(in_process: Run) -> None:
     check_schema(data, json.loads(SCHEMA_PATH.read_text()))
     assert data["summary"]["restarts"]["in_process"] == 1
     assert data["timeline"][0]["first_rank"] == 2 and data["timeline"][0]["first_node"] == 1
+
+
+@pytest.mark.timeout(120)
+def test_an_array_elements_slurm_output_file_is_found_from_its_supervisors_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A supervisor that runs as element 3 of job array 4242 (SLURM_ARRAY_JOB_ID and
+    SLURM_ARRAY_TASK_ID; no other SLURM variable, so that it runs as a local job) records
+    both in its ``supervisor_start``: the report reads the element's slurm-4242_3.out from
+    there, not element 7's."""
+    for name in [name for name in os.environ if name.startswith("SLURM_")]:
+        monkeypatch.delenv(name)
+    array = {"SLURM_ARRAY_JOB_ID": "4242", "SLURM_ARRAY_TASK_ID": "3"}
+    job = Job(tmp_path, 1, 1, [sys.executable, "-c", "pass"], node_env={0: array})
+    assert job.wait(90) == [0], job.output()
+    own, other = tmp_path / "slurm-4242_3.out", tmp_path / "slurm-4242_7.out"
+    for path in (own, other):
+        path.write_text("starting\n")
+    (start,) = job.events("supervisor_start")
+    assert (start["slurm_array_job_id"], start["slurm_array_task_id"]) == ("4242", "3")
+    report = build_report(job.log_dir / job.job_id, sacct=False)
+    assert report.slurm.output_files == [str(own.resolve())]

@@ -175,10 +175,13 @@ def test_the_report_reads_each_declared_kind_or_says_why_not() -> None:
 
 
 def test_the_supervisors_start_fields_are_declared(tmp_path: Path) -> None:
-    """``supervisor_start`` takes the configuration's fields as ``**start_fields()``, which the
-    scan of emit calls cannot read: each of them is declared all the same."""
+    """``supervisor_start`` takes the configuration's fields as ``**start_fields()`` and the
+    SLURM job's as ``**slurm_job_ids()``, which the scan of emit calls cannot read: each of
+    them is declared all the same."""
     from nvrx.events.schema import KINDS
+    from nvrx.slurm.job_ids import slurm_job_ids
     from nvrx.supervisor.config import SupervisorConfig, local_job
 
     config = SupervisorConfig(command=["train"], job=local_job(nproc_per_node=1, log_dir=str(tmp_path)))
     assert set(config.start_fields()) - set(KINDS["supervisor_start"]) == set()
+    assert set(slurm_job_ids({})) - set(KINDS["supervisor_start"]) == set()

@@ -18,6 +18,7 @@ from test_report_fixtures import JOB, T0, Host, Proc, write_standard_job
 from nvrx.report import REPORT_SCHEMA_VERSION, build_report
 from nvrx.report.cli import main, parse_since
 from nvrx.report.text_doc import Command, Doc
+from nvrx.slurm.job_ids import slurm_job_ids
 from tests.support import fake_sacct
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "nvrx" / "report" / "report.schema.json"
@@ -764,3 +765,35 @@ def test_the_output_files_of_the_slurm_jobs_the_supervisors_ran_in_are_read(
     monkeypatch.chdir(tmp_path)
     report = build_report(logs, sacct=False)
     assert sorted(report.slurm.output_files) == sorted(str(p.resolve()) for p in outputs)
+
+
+@pytest.mark.parametrize(
+    ("slurm_job", "index"), [("4245", "3"), ("4242", "0")],
+    ids=["array-element", "array-element-with-the-arrays-id"],
+)  # fmt: skip
+def test_an_array_elements_own_output_files_are_read_not_the_other_elements(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slurm_job: str, index: str
+) -> None:
+    """An element of job array 4242 runs as SLURM job ``slurm_job`` (one element's own id is
+    the array's); SLURM names its default output slurm-%A_%a.out, submitit its logs
+    %A_%a_%t_log.out, and nvrx's templates nvrx-%j.out (its own id). Its supervisor records
+    the array's id and its index beside SLURM_JOB_ID, so the report reads its files, and not
+    those of element 7. Before: none of its slurm-4242_N.out was found for element 3, and for
+    element 0, slurm-4242_*.out and 4242_*_log.out took element 7's files as its own."""
+    env = {"SLURM_JOB_ID": slurm_job, "SLURM_ARRAY_JOB_ID": "4242", "SLURM_ARRAY_TASK_ID": index}
+    logs = tmp_path / "logs"
+    sup = Proc(logs, Host("node-a", 0), "supervisor")
+    sup.at(0.0, "supervisor_start", nnodes=1, nproc_per_node=1, command="python train.py",
+           store="node-a:29500", **slurm_job_ids(env))  # fmt: skip
+    sup.at(5.0, "supervisor_end", exit_code=0, reason="completed")
+    sup.close()
+    folder = tmp_path / "submitit"
+    folder.mkdir()
+    own = [tmp_path / f"slurm-4242_{index}.out", tmp_path / f"nvrx-{slurm_job}.out",
+           folder / f"4242_{index}_0_log.out", folder / f"4242_{index}_0_log.err"]  # fmt: skip
+    others = [tmp_path / "slurm-4242_7.out", folder / "4242_7_0_log.out"]
+    for path in own + others:
+        path.write_text("starting\n")
+    monkeypatch.chdir(tmp_path)
+    report = build_report(logs, sacct=False, submitit_folders=[folder])
+    assert sorted(report.slurm.output_files) == sorted(str(p.resolve()) for p in own)

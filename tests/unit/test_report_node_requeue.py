@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from test_node_requeue import _fake_scontrol
 from test_report_cli import SCHEMA_PATH, check_schema
-from test_report_fixtures import JOB, Host, Proc
-from test_report_node_loss import DECLARED, Job, _before_the_loss
+from test_report_fixtures import JOB, T0, Host, Proc
+from test_report_node_loss import DECLARED, Job, _before_the_loss, _raises
 
-from nvrx.report import Report
+from nvrx.report import Report, build, build_report
 from nvrx.supervisor import node_requeue
 
 #: ``srun`` as a script on PATH: no node runs the probe's no-op step (node-b is gone).
@@ -218,3 +218,111 @@ def test_requeues_of_other_causes_or_made_by_slurm_are_not_requeues_for_lost_nod
     report = job.close()
     assert report.node_requeues == []
     assert "requeued for lost nodes" not in report.to_text(width=None)
+
+
+def _requeue_by(proc: Proc, t: float, lost: str) -> None:
+    """``proc``'s supervisor requeues the job without ``lost`` at ``t``, then ends."""
+    node_requeue.requeue_without([lost], None, lambda kind, **fields: proc.at(t, kind, **fields))
+    proc.at(t + 0.5, "supervisor_end", exit_code=8, reason=REASON)
+
+
+def _runs_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: dict[int, str], then: dict[int, str],
+    spares: int | None = None,
+) -> Job:  # fmt: skip
+    """Run 0 on the slots and hosts of ``first`` (slot 2's supervisor, when there is one,
+    starting last); slot 1's node is lost and the job stops; run 1 on those of ``then``
+    (slot 2's, when there is one, starting first), ``spares`` of them spares (all but two
+    by default), the others running two ranks each. SLURM refuses to release each requeue."""
+    _fake_scontrol(tmp_path, monkeypatch, "release")
+    srun = tmp_path / "bin" / "srun"
+    srun.write_text(SRUN)
+    srun.chmod(0o755)
+    monkeypatch.setenv("SLURM_JOB_ID", SLURM_JOB)
+    job = Job(tmp_path / "job", {0: first[0], 1: first[1]}, nnodes=len(first), spares=0)
+    if 2 in first:
+        job.hosts[2] = first[2]
+        job.sup[2] = Proc(job.dir, Host(first[2], 2), "supervisor")
+        job.sup[2].at(0.2, "supervisor_start", nnodes=3, nproc_per_node=2, spare_nodes=1)
+    _before_the_loss(job)
+    job.node_lost("stop", slurm_state={"State": "MIXED", "Reason": "none"})
+    job.sup[0].at(DECLARED + 0.001, "job_stop", reason=REASON, exit_code=8)
+    job.others += [*job.sup.values(), *job.ranks.values()]
+    job.hosts = dict(then)
+    job.sup = {slot: Proc(job.dir, Host(host, slot), "supervisor") for slot, host in then.items()}
+    spares = len(then) - 2 if spares is None else spares
+    for slot in sorted(then, reverse=True):
+        job.sup[slot].at(40.0 - slot / 10, "supervisor_start", nnodes=len(then), nproc_per_node=2,
+                         spare_nodes=spares)  # fmt: skip
+    world = 2 * (len(then) - spares)
+    for rank in range(world):
+        job.start_rank(40.5, rank, rank // 2, rank // 2)
+    job.round_start(45.0, 0, list(range(world)))
+    return job
+
+
+def test_a_requeue_by_a_slot_that_started_only_in_a_later_run_is_filed_under_that_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run 0 ran on two nodes and slot 0 requeued it without node-b; run 1 got three (the job
+    asked for 2 to 3), so slot 2 started in run 1 only, and before slots 0 and 1 did. In run 1
+    node-a was lost and slot 2 requeued the job without it, SLURM refusing to release it.
+    Before: slot 2's events were filed by its own starts alone, its first one taken for run
+    0's, so its requeue was told as run 0's, and run 1's looked released by itself."""
+    job = _runs_on(tmp_path, monkeypatch, {0: "node-a", 1: "node-b"},
+                   {0: "node-a", 1: "node-c", 2: "node-d"})  # fmt: skip
+    _requeue_by(job.others[0], DECLARED + 0.5, "node-b")
+    _requeue_by(job.sup[2], 60.0, "node-a")
+    report = job.close()
+    assert [(q.run, q.excluded, q.held) for q in report.node_requeues] == [
+        (0, ["node7", "node-b"], True), (1, ["node7", "node-a"], True)
+    ]
+    for answer in _answers(report):
+        assert "requeued for lost nodes (run 1):\n  HELD: SLURM refused" in answer, answer
+        assert f"scontrol release {SLURM_JOB}" in answer
+    slot_2 = build_report(job.dir, sacct=False, node=2)  # its events, all runs' starts read
+    assert [(q.run, q.excluded) for q in slot_2.node_requeues] == [(1, ["node7", "node-a"])]
+
+
+@pytest.mark.parametrize(
+    "build", [{}, {"node": 2}, {"since": T0 + DECLARED + 0.2}], ids=["all", "node-2", "since"]
+)
+def test_a_requeue_by_a_slot_that_started_last_in_a_run_it_alone_missed_after_stays_in_its_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, build: dict[str, Any]
+) -> None:
+    """Run 0 ran on three nodes, slot 2's supervisor starting last; it requeued the job
+    without node-b. Run 1 got two. Slot 2's start, later than every start of run 0 by the
+    slots that ran in both, is still run 0's: the run went on until their files' last events,
+    which count whatever ``--node`` or ``--since`` keep (here, none of those files' events)."""
+    job = _runs_on(tmp_path, monkeypatch, {0: "node-a", 1: "node-b", 2: "node-c"},
+                   {0: "node-a", 1: "node-c"})  # fmt: skip
+    _requeue_by(job.others[2], DECLARED + 0.5, "node-b")
+    for sup in job.sup.values():
+        sup.at(60.0, "supervisor_end", exit_code=0, reason="all children ended")
+    report = job.close(**build)
+    assert [(q.run, q.excluded, q.held) for q in report.node_requeues] == [
+        (0, ["node7", "node-b"], True)
+    ]
+
+
+def test_worker_processes_file_the_rounds_of_a_slot_of_a_later_run_only_under_its_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run 1 got three training nodes: slot 2, which started in run 1 only (before slots 0
+    and 1), runs ranks 4 and 5, and rank 4 raises. Read by worker processes, which are
+    handed the runs' ends with their starts, the report is the one read in one process:
+    round 0 of run 1 failed first on rank 4."""
+    job = _runs_on(tmp_path, monkeypatch, {0: "node-a", 1: "node-b"},
+                   {0: "node-a", 1: "node-c", 2: "node-d"}, spares=0)  # fmt: skip
+    _requeue_by(job.others[0], DECLARED + 0.5, "node-b")
+    _raises(job, 4, 50.0, "ValueError", "bad batch")
+    alone = job.close(workers=1).to_dict()
+    assert [(row["run"], row["first_rank"]) for row in alone["timeline"]] == [(0, 2), (1, 4)]
+    dealt: list[int] = []
+    chunks = build._chunks
+    monkeypatch.setattr(build, "_chunks", lambda *a: dealt.append(a[2]) or chunks(*a))
+    monkeypatch.setattr(build, "PARALLEL_MIN_FILES", 1)  # these few files go to workers
+    workers = build_report(job.dir, sacct=False, workers=2).to_dict()
+    assert dealt  # read in worker processes
+    alone.pop("generated_at"), workers.pop("generated_at")
+    assert workers == alone
