@@ -10,11 +10,13 @@ stay until the next run starts. For
 failover ``epoch`` (1 for the first):
 
 1. every survivor writes ``failover/run<N>/e<epoch>/alive-<slot>``;
-2. once every slot but the lost host has written, or ``settle_s`` has passed,
+2. once every slot has written but the lost host and the slots known lost
+   (the host lost at the failover before, and those whose end the lost store's
+   snapshot shows: they left, or were declared lost), or ``settle_s`` has passed,
    the lowest slot that wrote is the successor (a documented, deterministic
-   rule that every survivor computes alike from the same files), provided a
-   majority of the job's slots wrote: a minority cut off by a partition
-   never starts a store of its own, it stops;
+   rule that every survivor computes alike from the same files; a slot known
+   lost that wrote counts too), provided a majority of the job's slots wrote: a
+   minority cut off by a partition never starts a store of its own, it stops;
 3. the successor starts a store service on its own host, restored from the
    snapshot the old store kept (``nvrx.store.snapshot``), and claims the epoch
    for it by creating ``failover/run<N>/e<epoch>/claim.json`` exclusively: there is at
