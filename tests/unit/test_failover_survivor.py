@@ -126,6 +126,31 @@ def test_the_election_waits_for_no_slot_known_lost(tmp_path: Path) -> None:
     assert connected == [successor] and survivor.failover._unelected is None
 
 
+@pytest.mark.timeout(60)
+def test_a_survivor_that_names_a_slot_known_lost_connects_to_the_store_published(tmp_path: Path) -> None:
+    """7 slots; slot 0 was lost at the failover before, and slot 2 declared lost in slot 1's
+    store, whose loss this is. Slots 3 to 6 announce themselves; slot 2, alive after all,
+    announces too, after slot 3 looked: slot 3 named itself and published its store. Slot 4,
+    looking later, names slot 2 (a slot known lost that wrote counts) and still connects to
+    the store published, slot 3's: one store for the epoch."""
+    survivor = _Survivor(tmp_path, nnodes=7, slot=4, store_slot=1)
+    survivor.store.lost_slot = 0
+    survivor.store.config.node_timeout = 3600.0
+    claim = node_keys.claim(2)
+    snapshot.write(
+        store_failover.snapshot_path(tmp_path, EPOCH, 1), {claim: SEALER.entry(claim, entry_payload(3))}
+    )
+    for slot in (2, 3, 5, 6):
+        store_failover.announce(tmp_path, EPOCH + 1, slot)
+    published = store_failover.StoreAddress("node4", 1, 3, EPOCH + 1)
+    assert store_failover.claim(tmp_path, published) and store_failover.publish(tmp_path, published)
+    connected: list[store_failover.StoreAddress] = []
+    survivor.failover._connect = lambda address: bool(connected.append(address))  # gone again
+    assert survivor.failover._elect_and_connect(0.0) == (None, None)
+    assert connected == [published] and survivor.failover._unelected is None
+    assert store_failover.elect(tmp_path, EPOCH + 1, {3, 4, 5, 6}, 0.0, 7).successor == 2
+
+
 @pytest.mark.parametrize("claimed", [False, True], ids=["lost-before-its-claim", "lost-after-it"])
 def test_a_majority_whose_successor_publishes_no_store_leaves_it_to_slurm_with_the_successor_silent(
     tmp_path: Path, slurm, claimed: bool
