@@ -371,12 +371,12 @@ class Failover:
         declaration of the old host's slot, when this slot is the successor."""
         store = self.store
         cfg, slot = store.config, self._roles.slot
+        awaited = self._awaited()
         store.lost_slot = store.slot
         store.epoch += 1
         job_dir = cfg.events_dir
         store_failover.announce(job_dir, store.epoch, slot)
-        expected = set(range(cfg.nnodes)) - {store.slot}
-        election = store_failover.elect(job_dir, store.epoch, expected, cfg.node_timeout, cfg.nnodes)
+        election = store_failover.elect(job_dir, store.epoch, awaited, cfg.node_timeout, cfg.nnodes)
         successor = election.successor
         if successor != slot and self._ahead_service is not None:
             self._ahead_service.stop()  # another slot hosts the next store
@@ -419,6 +419,19 @@ class Failover:
             log.error("cannot use the successor store %s:%s: %s", address.host, address.port, exc)
             return None, None
         return address, loss
+
+    def _awaited(self) -> set[int]:
+        """The slots the election after the loss of the store waits for: all but the lost
+        store's host and the slots known lost already, which would only make it wait out the
+        node timeout: the host lost at the failover before (its successor declared it) and
+        every slot whose end the lost store's snapshot shows (it left, or was declared lost).
+        A slot not waited for that announces itself still counts (``store_failover.elect``)."""
+        store = self.store
+        cfg = store.config
+        lost_store = store_failover.snapshot_path(cfg.events_dir, store.epoch, store.slot)
+        kept = snapshot.KeptKeys(snapshot.read(lost_store))
+        ended = {s for s in range(cfg.nnodes) if self._roles.ended(s, kept)}
+        return set(range(cfg.nnodes)) - {store.slot, store.lost_slot} - ended
 
     def _decide_for_store(self, job_dir: Path) -> bool:
         """This slot claimed the epoch for its store: decide the epoch for it, before

@@ -10,16 +10,22 @@ stay until the next run starts. For
 failover ``epoch`` (1 for the first):
 
 1. every survivor writes ``failover/run<N>/e<epoch>/alive-<slot>``;
-2. once every slot but the lost host has written, or ``settle_s`` has passed,
+2. once every slot has written but the lost host and the slots known lost
+   (the host lost at the failover before, and those whose end the lost store's
+   snapshot shows: they left, or were declared lost), or ``settle_s`` has passed,
    the lowest slot that wrote is the successor (a documented, deterministic
-   rule that every survivor computes alike from the same files), provided a
-   majority of the job's slots wrote: a minority cut off by a partition
-   never starts a store of its own, it stops;
+   rule that every survivor computes from the files it finds then), provided a
+   majority of the job's slots wrote: a minority cut off by a partition never
+   starts a store of its own, it stops. A slot known lost that wrote counts too,
+   but nobody waits for it: one that writes while the others look, like any slot
+   that writes as ``settle_s`` passes, may make them name different successors
+   (or find a majority or not), and then step 3 keeps it to one store;
 3. the successor starts a store service on its own host, restored from the
    snapshot the old store kept (``nvrx.store.snapshot``), and claims the epoch
    for it by creating ``failover/run<N>/e<epoch>/claim.json`` exclusively: there is at
    most one new store per epoch (a slot that lost the claim stops its store and waits
-   like the others);
+   like the others, and a survivor connects to the store published, whichever
+   successor it named);
 4. the claimant decides the epoch for its store (see below), records the old
    host's slot lost in its store (so ranks that no spare replaces are marked gone
    before any child of the new generation can look), then publishes the address

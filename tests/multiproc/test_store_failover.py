@@ -395,3 +395,54 @@ def test_a_plain_scripts_failure_after_a_store_failover_restarts_every_node(tmp_
     started = [e for e in job.events("job_restart") if e["phase"] == "started"]
     assert sorted(e["node"] for e in started) == [1, 2], output
     _no_process_left(killed)
+
+
+@pytest.mark.timeout(400)
+def test_a_second_store_failover_waits_for_no_slot_known_lost(tmp_path: Path) -> None:
+    """5 nodes x 1 rank, no spare, ``--min-nodes 3``, a node timeout far longer than a
+    failover takes. Node 0, the store host, is lost: slot 1 hosts the next store. Then slot 1
+    is lost too: the survivors (2, 3, 4, a majority of 5) elect slot 2 without waiting for
+    slot 0, known lost since the first failover (before, they waited the whole node timeout
+    for its announcement), and the job completes at world size 3."""
+    steps = 300  # long enough to outlast two failovers
+    command = [
+        sys.executable, str(DEMO), "--steps", str(steps), "--checkpoint-every", "5",
+        "--step-time", "0.1", "--soft-timeout", "10", "--hard-timeout", "20",
+        "--rejoin-timeout", "30",
+    ]  # fmt: skip
+    job = Job(
+        tmp_path, 5, 1, command, "--max-restarts", "8", "--grace-period", "3",
+        "--node-timeout", "120", "--node-heartbeat", "0.5", "--min-nodes", "3",
+    )  # fmt: skip
+    killed: list[int] = []
+    try:
+        killed += _kill_node_mid_training(job, 0)
+
+        def failed_over(epoch: int, slots: set[int]) -> bool:
+            done = {e["node"] for e in job.events("store_failover") if e["epoch"] == epoch}
+            return slots <= done
+
+        def trained_after_first_failover() -> bool:
+            if not failed_over(1, {1, 2, 3, 4}):
+                return False
+            switch = max(e["wall"] for e in job.events("store_failover"))
+            return any(e["wall"] > switch for e in job.events("progress", component="app"))
+
+        wait_until("the first failover and training after it", trained_after_first_failover, 60, state=job.output)
+        killed += kill_tree(job.procs[1].pid)
+        # far less than the node timeout: an election that waits for slot 0 times out here
+        wait_until("the second failover", lambda: failed_over(2, {2, 3, 4}), 60, state=job.output)
+        codes = job.wait(240)
+    finally:
+        for proc in job.procs:
+            if proc.poll() is None:
+                killed += kill_tree(proc.pid)
+                proc.wait()
+    output = job.output()
+    assert codes[2:] == [0, 0, 0], output
+    assert f"finished {steps} steps at world size 3" in output, output
+    moves = {(e["epoch"], e["successor"], e["lost_slot"]) for e in job.events("store_failover")}
+    assert moves == {(1, 1, 0), (2, 2, 1)}, output
+    lost = sorted(job.events("node_lost"), key=lambda e: e["wall"])
+    assert [(e["lost_slot"], e["action"]) for e in lost] == [(0, "shrink"), (1, "shrink")], output
+    _no_process_left(killed)

@@ -14,13 +14,24 @@ from typing import Any
 import pytest
 
 from nvrx.store import snapshot
-from nvrx.supervisor import node_requeue, store_failover
+from nvrx.store.seal import Sealer
+from nvrx.store.sealed_keys import entry_payload
+from nvrx.supervisor import node_keys, node_requeue, store_failover
+from nvrx.supervisor.config import SupervisorConfig, local_job
 from nvrx.supervisor.failover import Failover
 from nvrx.supervisor.node_requeue import StepAnswers
-from nvrx.supervisor.node_roles import Loss
+from nvrx.supervisor.node_roles import Loss, NodeRoles
 from nvrx.supervisor.store_link import StoreLinkError
 
 EPOCH = 1
+SEALER = Sealer(b"the job's secret", 0)
+
+
+def _ended(nnodes: int, slot: int) -> Any:
+    """``NodeRoles.ended`` of ``slot`` of ``nnodes``, under ``SEALER``: what a survivor reads
+    of a slot's end in a store's snapshot (it keeps no store link here)."""
+    cfg = SupervisorConfig(command=["true"], job=local_job(nnodes=nnodes, node_rank=slot))
+    return NodeRoles(cfg, None, lambda kind, **fields: None, lambda: SEALER).ended  # type: ignore[arg-type]
 
 
 class _Survivor:
@@ -32,7 +43,7 @@ class _Survivor:
         self.kept: list[dict[str, str]] = []  # the snapshot each loss was recorded from
         self.requeued: list[tuple[list[str | None], bool]] = []
         roles = SimpleNamespace(
-            enabled=True, slot=slot,
+            enabled=True, slot=slot, ended=_ended(nnodes, slot),
             record_lost_unreplaced=self._record,
         )  # fmt: skip
         config = SimpleNamespace(
@@ -90,6 +101,54 @@ def test_an_election_without_a_majority_is_left_to_slurm(tmp_path: Path) -> None
     alone.store.config.node_timeout = 0.1
     assert alone.failover._elect_and_connect(0.0) == (None, None)
     assert alone.failover._unelected == frozenset({2})
+
+
+@pytest.mark.timeout(60)
+def test_the_election_waits_for_no_slot_known_lost(tmp_path: Path) -> None:
+    """7 slots; slot 0, the first store host, was lost, and then slot 6 (its end is in the
+    snapshot of slot 1's store, which a lagging snapshot may not show for slot 0 yet); now
+    slot 1's store is lost. Slots 2 to 5 announce themselves: the election goes on at once,
+    with the node timeout an hour, and the survivors connect to slot 2's store."""
+    survivor = _Survivor(tmp_path, nnodes=7, slot=5, store_slot=1)
+    survivor.store.lost_slot = 0
+    survivor.store.config.node_timeout = 3600.0
+    claim = node_keys.claim(6)
+    snapshot.write(
+        store_failover.snapshot_path(tmp_path, EPOCH, 1), {claim: SEALER.entry(claim, entry_payload(3))}
+    )
+    for slot in (2, 3, 4):
+        store_failover.announce(tmp_path, EPOCH + 1, slot)
+    successor = store_failover.StoreAddress("node3", 1, 2, EPOCH + 1)
+    store_failover.publish(tmp_path, successor)
+    connected: list[store_failover.StoreAddress] = []
+    survivor.failover._connect = lambda address: bool(connected.append(address))  # gone again
+    assert survivor.failover._elect_and_connect(0.0) == (None, None)
+    assert connected == [successor] and survivor.failover._unelected is None
+
+
+@pytest.mark.timeout(60)
+def test_a_survivor_that_names_a_slot_known_lost_connects_to_the_store_published(tmp_path: Path) -> None:
+    """7 slots; slot 0 was lost at the failover before, and slot 2 declared lost in slot 1's
+    store, whose loss this is. Slots 3 to 6 announce themselves; slot 2, alive after all,
+    announces too, after slot 3 looked: slot 3 named itself and published its store. Slot 4,
+    looking later, names slot 2 (a slot known lost that wrote counts) and still connects to
+    the store published, slot 3's: one store for the epoch."""
+    survivor = _Survivor(tmp_path, nnodes=7, slot=4, store_slot=1)
+    survivor.store.lost_slot = 0
+    survivor.store.config.node_timeout = 3600.0
+    claim = node_keys.claim(2)
+    snapshot.write(
+        store_failover.snapshot_path(tmp_path, EPOCH, 1), {claim: SEALER.entry(claim, entry_payload(3))}
+    )
+    for slot in (2, 3, 5, 6):
+        store_failover.announce(tmp_path, EPOCH + 1, slot)
+    published = store_failover.StoreAddress("node4", 1, 3, EPOCH + 1)
+    assert store_failover.claim(tmp_path, published) and store_failover.publish(tmp_path, published)
+    connected: list[store_failover.StoreAddress] = []
+    survivor.failover._connect = lambda address: bool(connected.append(address))  # gone again
+    assert survivor.failover._elect_and_connect(0.0) == (None, None)
+    assert connected == [published] and survivor.failover._unelected is None
+    assert store_failover.elect(tmp_path, EPOCH + 1, {3, 4, 5, 6}, 0.0, 7).successor == 2
 
 
 @pytest.mark.parametrize("claimed", [False, True], ids=["lost-before-its-claim", "lost-after-it"])
