@@ -149,6 +149,25 @@ def test_finish_returns_at_once_when_the_thread_ended_without_waking():
     assert time.monotonic() - t0 < monitor_thread.WAKE_WAIT_S / 2
 
 
+def test_a_thread_whose_store_failed_aborts_before_it_restarts_the_rank():
+    """As for a fault: the main thread may be blocked in a collective, which only the abort
+    ends; the restart names the failure."""
+    from torch.distributed import DistNetworkError
+
+    class GoneStore:
+        def wait(self, keys_, timeout):
+            raise DistNetworkError("the store is gone")
+
+    aborts: list = []
+    delivery = Delivery()
+    thread = MonitorThread(GoneStore(), delivery, aborts.append, "frozen")
+    thread.start()
+    assert delivery.requested.wait(10)
+    thread.join(10)
+    assert aborts == ["frozen"] and isinstance(thread.error, DistNetworkError)
+    assert delivery.message.startswith("monitor thread failed: DistNetworkError")
+
+
 def test_finish_waits_for_an_abort_in_progress_beyond_the_wake_wait(base, monkeypatch):
     """A peer's fault woke the thread and its abort still runs: the leaving rank waits for it."""
     monkeypatch.setattr(monitor_thread, "WAKE_WAIT_S", 0.2)
