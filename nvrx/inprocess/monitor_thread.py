@@ -32,6 +32,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, NoReturn
@@ -311,7 +312,16 @@ class MonitorThread(threading.Thread):
             # and its next round watches on a new connection (``between_rounds.restart``).
             self.error = exc
             log.error("monitor thread failed: %r", exc)
+            self._let_go_of_store(exc)
             self._restart_main_thread(f"monitor thread failed: {exc!r}")
+
+    def _let_go_of_store(self, exc: BaseException) -> None:
+        """Drop the references this thread holds to its failed connection: its own and those
+        of the ended frames in ``exc``'s traceback (the store view that raised). ``error``
+        keeps that traceback, which refers back to this thread: a cycle that would hold the
+        connection open until a garbage collection; now it closes when the rank replaces it."""
+        self.store = None
+        traceback.clear_frames(exc.__traceback__)  # the running frame (``run``) stays as it is
 
     def _wait_for_fault(self) -> bool:
         """Block until the round is interrupted; True for a fault, False when it completed or

@@ -7,8 +7,14 @@ thread issues.
 from __future__ import annotations
 
 import datetime
+import gc
+import os
+import socket
 import threading
 import time
+
+import psutil
+import torch.distributed as dist
 
 from nvrx.inprocess import monitor_thread
 from nvrx.inprocess import store as rstore
@@ -166,6 +172,44 @@ def test_a_thread_whose_store_failed_aborts_before_it_restarts_the_rank():
     thread.join(10)
     assert aborts == ["frozen"] and isinstance(thread.error, DistNetworkError)
     assert delivery.message.startswith("monitor thread failed: DistNetworkError")
+
+
+def _client_with_reads_shut_down(server_port: int) -> tuple[dist.TCPStore, set]:
+    """A client of the test's store whose connection is closed for reading, as one the
+    store or the network dropped; and the local addresses of its sockets."""
+    def ours() -> dict:
+        return {c.laddr: c.fd for c in psutil.Process().net_connections("tcp")
+                if c.raddr and c.raddr.port == server_port}  # fmt: skip
+
+    before = ours()
+    store = dist.TCPStore("127.0.0.1", server_port, is_master=False, wait_for_workers=False)
+    opened = {laddr: fd for laddr, fd in ours().items() if laddr not in before}
+    for fd in opened.values():
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            sock.shutdown(socket.SHUT_RD)
+    return store, set(opened)
+
+
+def test_a_thread_whose_connection_failed_lets_go_of_it(base):
+    """The failed connection closes as soon as the rank drops its own reference (it makes a
+    new one), while the ended thread is still kept (the round's ``RoundRun`` holds it): the
+    error's traceback, kept on the thread, must not hold it open until a garbage collection,
+    one broken socket per round where the application turned the collector off."""
+    gc.disable()
+    try:
+        store, addresses = _client_with_reads_shut_down(base.port)
+        assert addresses
+        delivery = Delivery()
+        thread = MonitorThread(rstore.round_store(store, 0), delivery, None, "frozen")
+        del store  # the rank's own reference (``RankServices.reconnect_monitor_thread``)
+        thread.start()
+        assert delivery.requested.wait(10)
+        thread.join(10)
+        assert thread.error is not None and not thread.is_alive()
+        still = {c.laddr for c in psutil.Process().net_connections("tcp")} & addresses
+        assert not still, f"the failed connection is still open: {still}"
+    finally:
+        gc.enable()
 
 
 def test_finish_waits_for_an_abort_in_progress_beyond_the_wake_wait(base, monkeypatch):
