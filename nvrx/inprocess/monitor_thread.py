@@ -12,7 +12,9 @@ interrupts blocking system calls such as ``time.sleep``), or, when the applicati
 handles that signal itself, with ``PyThreadState_SetAsyncExc``. (The Wrapper runs in the
 main thread only: ``call_wrapper`` refuses another.) A thread whose store connection
 fails restarts its rank the same way, abort included, and keeps the error (``error``):
-the rank records it, since no other rank learns of it otherwise. A signal that lands
+the rank records it, since no other rank learns of it otherwise. Once the rank is done with
+the round (it completed, leaves, or restarts already: ``stop``) such a failure only
+keeps the error. A signal that lands
 in the few bytecodes before a blocking call (a ``time.sleep`` right after the abort made
 a collective fail) interrupts nothing: its handler runs once the call returns. So the
 thread signals again, sooner first, until the main thread took the restart
@@ -313,6 +315,8 @@ class MonitorThread(threading.Thread):
             self.error = exc
             log.error("monitor thread failed: %r", exc)
             self._let_go_of_store(exc)
+            if self.stop.is_set():  # the rank is done with the round: an abort would only
+                return  # tear down the groups that its finalize, or its code after the call, uses
             self._restart_main_thread(f"monitor thread failed: {exc!r}")
 
     def _let_go_of_store(self, exc: BaseException) -> None:

@@ -167,6 +167,7 @@ class RoundRun:
             call.services.check_monitor()  # a rank nothing watches leaves the job
             value = self._user_code(fn, args, kwargs)
             self._complete()
+            self.monitor.stop.set()  # the round completed: a failure of its thread now restarts nothing
             self.monitor.join(call.wrapper.monitor_thread_interval + 5)
             call.emit("round_end", outcome="completed", duration_s=time.monotonic() - self.started)
         except RankShouldRestart as restart:

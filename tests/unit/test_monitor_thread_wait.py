@@ -174,20 +174,23 @@ def test_a_thread_whose_store_failed_aborts_before_it_restarts_the_rank():
     assert delivery.message.startswith("monitor thread failed: DistNetworkError")
 
 
-def _client_with_reads_shut_down(server_port: int) -> tuple[dist.TCPStore, set]:
-    """A client of the test's store whose connection is closed for reading, as one the
-    store or the network dropped; and the local addresses of its sockets."""
+def _client(server_port: int) -> tuple[dist.TCPStore, dict]:
+    """A new client of the test's store, and its sockets (file descriptor by local address)."""
     def ours() -> dict:
         return {c.laddr: c.fd for c in psutil.Process().net_connections("tcp")
                 if c.raddr and c.raddr.port == server_port}  # fmt: skip
 
     before = ours()
     store = dist.TCPStore("127.0.0.1", server_port, is_master=False, wait_for_workers=False)
-    opened = {laddr: fd for laddr, fd in ours().items() if laddr not in before}
-    for fd in opened.values():
+    return store, {laddr: fd for laddr, fd in ours().items() if laddr not in before}
+
+
+def _shut_reads(sockets: dict) -> None:
+    """Close these sockets for reading, as a store or a network that dropped the connection:
+    the next answer never comes (``DistNetworkError``)."""
+    for fd in sockets.values():
         with socket.socket(fileno=os.dup(fd)) as sock:
             sock.shutdown(socket.SHUT_RD)
-    return store, set(opened)
 
 
 def test_a_thread_whose_connection_failed_lets_go_of_it(base):
@@ -197,7 +200,9 @@ def test_a_thread_whose_connection_failed_lets_go_of_it(base):
     one broken socket per round where the application turned the collector off."""
     gc.disable()
     try:
-        store, addresses = _client_with_reads_shut_down(base.port)
+        store, sockets = _client(base.port)
+        _shut_reads(sockets)
+        addresses = set(sockets)
         assert addresses
         delivery = Delivery()
         thread = MonitorThread(rstore.round_store(store, 0), delivery, None, "frozen")
@@ -210,6 +215,24 @@ def test_a_thread_whose_connection_failed_lets_go_of_it(base):
         assert not still, f"the failed connection is still open: {still}"
     finally:
         gc.enable()
+
+
+def test_a_thread_told_to_stop_whose_connection_fails_restarts_nothing(base):
+    """The rank is done with the round (it completed, leaves, or restarts already: ``stop``)
+    when the thread's connection fails: no abort tears down the process groups it still
+    uses (finalize, the code after the Wrapper), and no restart is requested."""
+    store, sockets = _client(base.port)
+    aborts: list = []
+    counting = CountingStore(rstore.round_store(store, 0))
+    delivery = Delivery()
+    thread = MonitorThread(counting, delivery, aborts.append, "frozen")
+    thread.start()
+    assert counting.waiting.wait(10)
+    thread.stop.set()
+    _shut_reads(sockets)
+    thread.join(10)
+    assert not thread.is_alive() and thread.error is not None
+    assert aborts == [] and not delivery.requested.is_set()
 
 
 def test_finish_waits_for_an_abort_in_progress_beyond_the_wake_wait(base, monkeypatch):
