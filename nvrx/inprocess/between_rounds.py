@@ -69,6 +69,8 @@ def restart(call: RoundCall, run: RoundRun, outcome: Restart) -> Leave | None:
     try:  # watched by the monitor process: a rank that stops making progress is ended
         with call.services.board.between_rounds():
             _next_round(call, run, outcome.signal)
+            if run.monitor.error is not None:  # past the iteration barrier: the store answers
+                call.services.reconnect_monitor_thread(run.monitor.error)
     except BaseException as exc:
         _chain(exc, fault)
         # not on record yet: the round's fault was, this exit was not (a rejoin

@@ -10,7 +10,11 @@ that a main thread blocked in a collective returns to Python) and then raises
 ``RankShouldRestart`` in the main thread: through a signal whose handler raises it (the signal also
 interrupts blocking system calls such as ``time.sleep``), or, when the application
 handles that signal itself, with ``PyThreadState_SetAsyncExc``. (The Wrapper runs in the
-main thread only: ``call_wrapper`` refuses another.) A signal that lands
+main thread only: ``call_wrapper`` refuses another.) A thread whose store connection
+fails restarts its rank the same way, abort included, and keeps the error (``error``):
+the rank records it, since no other rank learns of it otherwise. Once the rank is done with
+the round (it completed, leaves, or restarts already: ``stop``) such a failure only
+keeps the error. A signal that lands
 in the few bytecodes before a blocking call (a ``time.sleep`` right after the abort made
 a collective fail) interrupts nothing: its handler runs once the call returns. So the
 thread signals again, sooner first, until the main thread took the restart
@@ -30,6 +34,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, NoReturn
@@ -300,12 +305,27 @@ class MonitorThread(threading.Thread):
     def run(self) -> None:
         try:
             if self._wait_for_fault():
-                self._restart_main_thread()
-        except BaseException as exc:  # the store is gone: restart locally, the exit path reports it
+                self.seen_mono = time.monotonic()
+                rounds.wake_completion(self.store)  # ranks waiting to complete, and spares
+                self._restart_main_thread("a rank faulted: restarting")
+        except BaseException as exc:  # its store connection failed: this rank sees no fault now
+            # Restarted as for a fault (the abort included: its main thread may be blocked in
+            # a collective), it records the failure (``RoundRun``), which restarts the others,
+            # and its next round watches on a new connection (``between_rounds.restart``).
             self.error = exc
             log.error("monitor thread failed: %r", exc)
-            self.delivery.deliver(f"monitor thread failed: {exc!r}")
-            self.delivery.keep_waking()
+            self._let_go_of_store(exc)
+            if self.stop.is_set():  # the rank is done with the round: an abort would only
+                return  # tear down the groups that its finalize, or its code after the call, uses
+            self._restart_main_thread(f"monitor thread failed: {exc!r}")
+
+    def _let_go_of_store(self, exc: BaseException) -> None:
+        """Drop the references this thread holds to its failed connection: its own and those
+        of the ended frames in ``exc``'s traceback (the store view that raised). ``error``
+        keeps that traceback, which refers back to this thread: a cycle that would hold the
+        connection open until a garbage collection; now it closes when the rank replaces it."""
+        self.store = None
+        traceback.clear_frames(exc.__traceback__)  # the running frame (``run``) stays as it is
 
     def _wait_for_fault(self) -> bool:
         """Block until the round is interrupted; True for a fault, False when it completed or
@@ -347,22 +367,21 @@ class MonitorThread(threading.Thread):
             self.join(max(0.0, deadline - time.monotonic()))
         return not self.is_alive()
 
-    def _restart_main_thread(self) -> None:
-        """Wake waiting ranks, run ``abort`` (the main thread may be blocked in a collective), deliver."""
-        self.seen_mono = time.monotonic()
-        rounds.wake_completion(self.store)  # ranks waiting to complete, and spares
+    def _restart_main_thread(self, message: str) -> None:
+        """Run ``abort`` (the main thread may be blocked in a collective), deliver the restart."""
+        seen = self.seen_mono or time.monotonic()
         with self.delivery.atomic_lock:
             t0 = time.monotonic()
-            tell_kept_state(self.seen_mono)
+            tell_kept_state(seen)
             try:
                 if self.abort is not None:
                     self.abort(self.frozen_state)
             except Exception as exc:
                 self.abort_ok = False
                 log.critical("abort failed: %r", exc)
-            tell_kept_state(self.seen_mono)  # the copies queued while the abort ran
+            tell_kept_state(seen)  # the copies queued while the abort ran
             self.abort_s = time.monotonic() - t0
-            self.delivery.deliver("a rank faulted: restarting")
+            self.delivery.deliver(message)
         self.delivery.keep_waking()
 
 

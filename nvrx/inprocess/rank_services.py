@@ -215,10 +215,22 @@ class RankServices:
 
             wait_for_store(*self.store_address, w.barrier_timeout)
         self.base_store = w.store_factory(**self._store_kwargs)
-        try:  # the monitor thread blocks in wait(): it needs a connection of its own
+        self._connect_monitor_thread()
+
+    def _connect_monitor_thread(self) -> None:
+        """The monitor thread blocks in wait(): it needs a connection of its own."""
+        try:
             self.mt_store = self.base_store.clone()
         except (RuntimeError, AttributeError, NotImplementedError):
-            self.mt_store = w.store_factory(**self._store_kwargs)
+            self.mt_store = self.wrapper.store_factory(**self._store_kwargs)
+
+    def reconnect_monitor_thread(self, error: BaseException) -> None:
+        """The monitor thread's connection failed with ``error``: the next round's thread
+        gets a new one (a connection broken once stays broken, and every round's thread
+        would fail on it at once). Raises what making it met."""
+        log.warning("the monitor thread's store connection failed (%r): making a new one", error)
+        self.mt_store = None
+        self._connect_monitor_thread()
 
     @staticmethod
     def _read_job_secret() -> None:

@@ -167,6 +167,7 @@ class RoundRun:
             call.services.check_monitor()  # a rank nothing watches leaves the job
             value = self._user_code(fn, args, kwargs)
             self._complete()
+            self.monitor.stop.set()  # the round completed: a failure of its thread now restarts nothing
             self.monitor.join(call.wrapper.monitor_thread_interval + 5)
             call.emit("round_end", outcome="completed", duration_s=time.monotonic() - self.started)
         except RankShouldRestart as restart:
@@ -176,6 +177,8 @@ class RoundRun:
             self._call_ended("restart")  # a peer's fault cut the call short
             if self.fault is None and isinstance(restart.__context__, Exception):
                 self.fault = restart.__context__
+            if self.monitor.error is not None:
+                self._monitor_failed(self.monitor.error)
             self._record(self.fault)
             if self.fault is not None and restart.__cause__ is None:
                 restart.__cause__ = self.fault
@@ -274,20 +277,39 @@ class RoundRun:
             self._record(exc)
             delivery.await_restart(RESTART_WAIT_S)
 
+    def _monitor_failed(self, error: BaseException) -> None:
+        """The round's monitor thread failed (its store connection broke) and restarted this
+        rank: no other rank learns of that, and each would wait for this one (in a
+        collective, a rendezvous) until a timeout, round after round. So it is this rank's
+        fault, on record (through the main thread's connection), which restarts the others
+        too; a fault of its own (recorded before, or raised as the restart came) stands for it."""
+        if self.recorded:
+            return
+        lost = InternalError(
+            f"rank {self.call.state.rank}'s monitor thread lost its store connection ({error!r}) "
+            f"in round {self.call.round}: it could not see the round's faults, so every rank "
+            "restarts, and the next round's thread watches on a new connection"
+        )
+        lost.__cause__ = error
+        log.error("%s", lost)
+        self.fault = self.fault or lost
+
     def _record(self, exc: BaseException | None) -> None:
-        """Put this rank's fault on record once (see ``record_rank_fault``).
+        """Put this rank's fault on record once (see ``record_rank_fault``): its own, never a
+        peer's, where the monitor thread failed (it saw no fault).
 
         Called again after a failed store write, it retries the write only:
         the fault's event was written by the first call.
         """
         if exc is None or self.recorded:
             return
+        seen = self.monitor.seen_mono if self.monitor.error is None else None
         self.recorded = record_rank_fault(
             self.store,
             self.call.emit,
             self.call.state.rank,
             exc,
-            self.monitor.seen_mono,
+            seen,
             event=not self._fault_emitted,
         )
         self._fault_emitted = True

@@ -10,6 +10,7 @@ exit codes; ``Ranks.calls()`` and ``Ranks.events()`` read what happened.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -287,6 +288,32 @@ def _fault_while_peers_create(tmp: Path, rank: int, faulty: set[int], world: int
         time.sleep(0.01)  # until the restart comes
 
 
+def _closed_store_client() -> Any:
+    """A client of the round's store whose connection is closed for reading, as one the
+    store or the network dropped: its next answer never comes (``DistNetworkError``)."""
+    import socket
+
+    import torch.distributed as dist
+
+    def sockets() -> set[str]:
+        found = set()
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                    found.add(name)
+        return found
+
+    before = sockets()
+    client = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+        wait_for_workers=False,
+    )  # fmt: skip
+    for name in sockets() - before:
+        with socket.socket(fileno=os.dup(int(name))) as sock:
+            sock.shutdown(socket.SHUT_RD)
+    return client
+
+
 def _add_recording_plugins(wkw: dict[str, Any], tmp: Path, rank: int) -> None:
     """``initialize`` and ``finalize`` plug-ins that append the state they are given to
     ``plugins-<rank>.jsonl`` (the initialize before a ``RetryController`` of ``max_iterations``)."""
@@ -435,6 +462,10 @@ def _rank_main(tmp: Path) -> int:
                 time.sleep(300)
             if fault == "base_exception":
                 raise KeyboardInterrupt("injected")
+            if fault == "monitor_connection_lost":
+                # the next round's monitor thread waits on a connection that is gone
+                call_wrapper.services.mt_store = _closed_store_client()
+                raise RuntimeError(f"injected fault on rank {initial_rank}")
         if [initial_rank, it] in params.get("raise_at", []):
             raise RuntimeError(f"injected fault on rank {initial_rank} in iteration {it}")
         if fault == "atomic" and it < fault_rounds and initial_rank not in fault_ranks:

@@ -360,3 +360,37 @@ def test_a_rank_dying_before_init_process_group_does_not_hold_the_others_in_its_
     assert ranks.result(0)["world"] == 2 and ranks.result(2)["peers"] == [0, 2]
     faults = _monitor_faults_but_no_timeout(ranks)
     assert [f["origin_rank"] for f in faults if f["fault_kind"] == "dead"] == [1]
+
+
+def test_a_rank_whose_monitor_thread_lost_its_store_connection_records_it_and_the_job_goes_on(
+    tmp_path,
+):
+    """Rank 1 raises in round 0 after its monitor thread's store connection was closed, so
+    round 1's monitor thread fails at once. That rank restarts then, and it puts the
+    failure on record, which restarts rank 0 too (waiting in its rendezvous for rank 1,
+    otherwise until the group's timeout, round after round); round 2 watches on a new
+    connection, and both finish."""
+    ranks = launch(
+        tmp_path, 2, wrapper=SLOW, fault="monitor_connection_lost", fault_ranks=[1], pg_timeout=60
+    )
+    assert ranks.wait(60) == [0, 0], ranks.logs()
+    _monitor_faults_but_no_timeout(ranks)  # restarted by the record, not a hang's timeout
+    assert all(ranks.result(r)["world"] == 2 for r in range(2)), ranks.logs()
+    lost = [
+        e for e in _kinds(ranks.events(), "fault")
+        if e["rank"] == 1 and "monitor thread lost its store connection" in e["message"]
+    ]  # fmt: skip
+    assert [(e["round"], e["fault_kind"]) for e in lost] == [(1, "exception")], ranks.logs()
+    assert "DistNetworkError" in lost[0]["message"], lost
+
+
+def test_a_lone_rank_whose_monitor_thread_lost_its_store_connection_goes_on_in_the_next_round(
+    tmp_path,
+):
+    """The same for the only rank of a job (as one left alone after its peers left): it used
+    to restart back to back, every round's monitor thread failing at once on the connection
+    broken for good, with no fault on record and no end; now round 2 watches on a new one."""
+    ranks = launch(tmp_path, 1, wrapper=SLOW, fault="monitor_connection_lost", fault_ranks=[0])
+    assert ranks.wait(30) == [0], ranks.log(0)[-3000:]
+    assert [e["round"] for e in _kinds(ranks.events(), "round_start")] == [0, 1, 2]
+    assert ranks.result(0)["world"] == 1

@@ -182,7 +182,7 @@ def _monitor():
     woke = threading.Event()
     woke.set()
     return SimpleNamespace(
-        seen_mono=None, abort_s=0.0, abort_ok=True, join=lambda timeout: None,
+        seen_mono=None, abort_s=0.0, abort_ok=True, join=lambda timeout: None, error=None,
         woke=woke, stop=threading.Event(),
     )  # fmt: skip
 
@@ -231,6 +231,27 @@ def test_a_restart_request_later_than_the_wait_still_restarts(base):
     assert run.recorded  # written on the second attempt, with one event only
     assert [r.message for r in rstore.fault_records(call.round_store)] == ["own fault"]
     assert [e["fault_kind"] for e in call.kinds("fault")] == ["exception"]
+
+
+def test_a_restart_by_a_failed_monitor_thread_is_put_on_record_as_this_ranks_fault(base):
+    """The round's monitor thread failed on its store connection and restarted this rank
+    (the main thread took the restart in its function): nothing else tells the other ranks,
+    so the main thread records it, naming the failure, and the round is interrupted."""
+    from torch.distributed import DistNetworkError
+
+    call = FakeCall(base)
+    run = _run(call)
+    run.monitor.error = DistNetworkError("Failed to recv, got 0 bytes")
+
+    def restarted():
+        raise RankShouldRestart("monitor thread failed")
+
+    outcome = run.run(restarted, (), {})
+    assert isinstance(outcome, Restart) and isinstance(outcome.fault, InternalError)
+    [record] = rstore.fault_records(call.round_store)
+    assert record.kind == "exception" and "monitor thread lost its store connection" in record.message
+    assert "DistNetworkError" in record.message
+    assert rounds.interruption(call.round_store) == "fault"
 
 
 def test_no_restart_request_after_two_waits_leaves(base):

@@ -7,8 +7,14 @@ thread issues.
 from __future__ import annotations
 
 import datetime
+import gc
+import os
+import socket
 import threading
 import time
+
+import psutil
+import torch.distributed as dist
 
 from nvrx.inprocess import monitor_thread
 from nvrx.inprocess import store as rstore
@@ -147,6 +153,86 @@ def test_finish_returns_at_once_when_the_thread_ended_without_waking():
     t0 = time.monotonic()
     assert thread.finish(60)
     assert time.monotonic() - t0 < monitor_thread.WAKE_WAIT_S / 2
+
+
+def test_a_thread_whose_store_failed_aborts_before_it_restarts_the_rank():
+    """As for a fault: the main thread may be blocked in a collective, which only the abort
+    ends; the restart names the failure."""
+    from torch.distributed import DistNetworkError
+
+    class GoneStore:
+        def wait(self, keys_, timeout):
+            raise DistNetworkError("the store is gone")
+
+    aborts: list = []
+    delivery = Delivery()
+    thread = MonitorThread(GoneStore(), delivery, aborts.append, "frozen")
+    thread.start()
+    assert delivery.requested.wait(10)
+    thread.join(10)
+    assert aborts == ["frozen"] and isinstance(thread.error, DistNetworkError)
+    assert delivery.message.startswith("monitor thread failed: DistNetworkError")
+
+
+def _client(server_port: int) -> tuple[dist.TCPStore, dict]:
+    """A new client of the test's store, and its sockets (file descriptor by local address)."""
+    def ours() -> dict:
+        return {c.laddr: c.fd for c in psutil.Process().net_connections("tcp")
+                if c.raddr and c.raddr.port == server_port}  # fmt: skip
+
+    before = ours()
+    store = dist.TCPStore("127.0.0.1", server_port, is_master=False, wait_for_workers=False)
+    return store, {laddr: fd for laddr, fd in ours().items() if laddr not in before}
+
+
+def _shut_reads(sockets: dict) -> None:
+    """Close these sockets for reading, as a store or a network that dropped the connection:
+    the next answer never comes (``DistNetworkError``)."""
+    for fd in sockets.values():
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            sock.shutdown(socket.SHUT_RD)
+
+
+def test_a_thread_whose_connection_failed_lets_go_of_it(base):
+    """The failed connection closes as soon as the rank drops its own reference (it makes a
+    new one), while the ended thread is still kept (the round's ``RoundRun`` holds it): the
+    error's traceback, kept on the thread, must not hold it open until a garbage collection,
+    one broken socket per round where the application turned the collector off."""
+    gc.disable()
+    try:
+        store, sockets = _client(base.port)
+        _shut_reads(sockets)
+        addresses = set(sockets)
+        assert addresses
+        delivery = Delivery()
+        thread = MonitorThread(rstore.round_store(store, 0), delivery, None, "frozen")
+        del store  # the rank's own reference (``RankServices.reconnect_monitor_thread``)
+        thread.start()
+        assert delivery.requested.wait(10)
+        thread.join(10)
+        assert thread.error is not None and not thread.is_alive()
+        still = {c.laddr for c in psutil.Process().net_connections("tcp")} & addresses
+        assert not still, f"the failed connection is still open: {still}"
+    finally:
+        gc.enable()
+
+
+def test_a_thread_told_to_stop_whose_connection_fails_restarts_nothing(base):
+    """The rank is done with the round (it completed, leaves, or restarts already: ``stop``)
+    when the thread's connection fails: no abort tears down the process groups it still
+    uses (finalize, the code after the Wrapper), and no restart is requested."""
+    store, sockets = _client(base.port)
+    aborts: list = []
+    counting = CountingStore(rstore.round_store(store, 0))
+    delivery = Delivery()
+    thread = MonitorThread(counting, delivery, aborts.append, "frozen")
+    thread.start()
+    assert counting.waiting.wait(10)
+    thread.stop.set()
+    _shut_reads(sockets)
+    thread.join(10)
+    assert not thread.is_alive() and thread.error is not None
+    assert aborts == [] and not delivery.requested.is_set()
 
 
 def test_finish_waits_for_an_abort_in_progress_beyond_the_wake_wait(base, monkeypatch):
