@@ -282,8 +282,10 @@ class RoundRun:
         rank: no other rank learns of that, and each would wait for this one (in a
         collective, a rendezvous) until a timeout, round after round. So it is this rank's
         fault, on record (through the main thread's connection), which restarts the others
-        too; a fault of its own (recorded before, or raised as the restart came) stands for it."""
-        if self.recorded:
+        too; a fault of its own (recorded before, or raised as the restart came) stands for it,
+        and so does a peer's the thread saw before it failed (``seen_mono``: the round was
+        interrupted for every rank already)."""
+        if self.recorded or self.monitor.seen_mono is not None:
             return
         lost = InternalError(
             f"rank {self.call.state.rank}'s monitor thread lost its store connection ({error!r}) "
@@ -295,21 +297,20 @@ class RoundRun:
         self.fault = self.fault or lost
 
     def _record(self, exc: BaseException | None) -> None:
-        """Put this rank's fault on record once (see ``record_rank_fault``): its own, never a
-        peer's, where the monitor thread failed (it saw no fault).
+        """Put this rank's fault on record once (see ``record_rank_fault``): a ``peer`` fault
+        where the monitor thread saw another rank's first (``seen_mono``), else its own.
 
         Called again after a failed store write, it retries the write only:
         the fault's event was written by the first call.
         """
         if exc is None or self.recorded:
             return
-        seen = self.monitor.seen_mono if self.monitor.error is None else None
         self.recorded = record_rank_fault(
             self.store,
             self.call.emit,
             self.call.state.rank,
             exc,
-            seen,
+            self.monitor.seen_mono,
             event=not self._fault_emitted,
         )
         self._fault_emitted = True

@@ -254,6 +254,28 @@ def test_a_restart_by_a_failed_monitor_thread_is_put_on_record_as_this_ranks_fau
     assert rounds.interruption(call.round_store) == "fault"
 
 
+def test_a_monitor_thread_that_failed_after_seeing_a_peers_fault_records_nothing_of_its_own(base):
+    """The thread saw rank 1's fault (``seen_mono``), then its store connection broke as it
+    woke the others: the round is interrupted for every rank already, by rank 1, so this
+    rank's restart (taken in its function, which raised nothing) puts nothing of its own on
+    record, as a restart for a peer's fault does."""
+    from torch.distributed import DistNetworkError
+
+    call = FakeCall(base)
+    rstore.record_fault(call.round_store, rstore.nvrx_faults.FaultRecord(rank=1, kind="exception"))
+    run = _run(call)
+    run.monitor.seen_mono = time.monotonic()
+    run.monitor.error = DistNetworkError("Failed to recv, got 0 bytes")
+
+    def restarted():
+        raise RankShouldRestart("monitor thread failed")
+
+    outcome = run.run(restarted, (), {})
+    assert isinstance(outcome, Restart) and outcome.fault is None
+    assert [r.rank for r in rstore.fault_records(call.round_store)] == [1]
+    assert call.kinds("fault") == []
+
+
 def test_no_restart_request_after_two_waits_leaves(base):
     call = FakeCall(base)
     call.delivery = FakeDelivery(timeouts=2)
