@@ -103,19 +103,27 @@ def test_an_election_without_a_majority_is_left_to_slurm(tmp_path: Path) -> None
     assert alone.failover._unelected == frozenset({2})
 
 
+def _second_store_lost(tmp_path: Path, slot: int, declared_lost: int) -> _Survivor:
+    """Survivor ``slot`` of 7 at the loss of slot 1's store, the second: slot 0 hosted the
+    first (lost at the failover before) and ``declared_lost``'s claim is in slot 1's
+    snapshot; the node timeout is an hour."""
+    survivor = _Survivor(tmp_path, nnodes=7, slot=slot, store_slot=1)
+    survivor.store.lost_slot = 0
+    survivor.store.config.node_timeout = 3600.0
+    claim = node_keys.claim(declared_lost)
+    snapshot.write(
+        store_failover.snapshot_path(tmp_path, EPOCH, 1), {claim: SEALER.entry(claim, entry_payload(3))}
+    )
+    return survivor
+
+
 @pytest.mark.timeout(60)
 def test_the_election_waits_for_no_slot_known_lost(tmp_path: Path) -> None:
     """7 slots; slot 0, the first store host, was lost, and then slot 6 (its end is in the
     snapshot of slot 1's store, which a lagging snapshot may not show for slot 0 yet); now
     slot 1's store is lost. Slots 2 to 5 announce themselves: the election goes on at once,
     with the node timeout an hour, and the survivors connect to slot 2's store."""
-    survivor = _Survivor(tmp_path, nnodes=7, slot=5, store_slot=1)
-    survivor.store.lost_slot = 0
-    survivor.store.config.node_timeout = 3600.0
-    claim = node_keys.claim(6)
-    snapshot.write(
-        store_failover.snapshot_path(tmp_path, EPOCH, 1), {claim: SEALER.entry(claim, entry_payload(3))}
-    )
+    survivor = _second_store_lost(tmp_path, slot=5, declared_lost=6)
     for slot in (2, 3, 4):
         store_failover.announce(tmp_path, EPOCH + 1, slot)
     successor = store_failover.StoreAddress("node3", 1, 2, EPOCH + 1)
@@ -133,13 +141,7 @@ def test_a_survivor_that_names_a_slot_known_lost_connects_to_the_store_published
     announces too, after slot 3 looked: slot 3 named itself and published its store. Slot 4,
     looking later, names slot 2 (a slot known lost that wrote counts) and still connects to
     the store published, slot 3's: one store for the epoch."""
-    survivor = _Survivor(tmp_path, nnodes=7, slot=4, store_slot=1)
-    survivor.store.lost_slot = 0
-    survivor.store.config.node_timeout = 3600.0
-    claim = node_keys.claim(2)
-    snapshot.write(
-        store_failover.snapshot_path(tmp_path, EPOCH, 1), {claim: SEALER.entry(claim, entry_payload(3))}
-    )
+    survivor = _second_store_lost(tmp_path, slot=4, declared_lost=2)
     for slot in (2, 3, 5, 6):
         store_failover.announce(tmp_path, EPOCH + 1, slot)
     published = store_failover.StoreAddress("node4", 1, 3, EPOCH + 1)
