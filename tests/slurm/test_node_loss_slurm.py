@@ -106,12 +106,13 @@ def _node_lost(
     cluster: LocalSlurmCluster, tmp_path: Path, nproc: int, *options: str, node: str = "node2"
 ) -> tuple[int, Path, Path]:
     """``train.sbatch`` on two nodes without a spare (sbatch ``options`` added) trains, then
-    ``node`` crashes: the job's id, its directory and its output file."""
+    ``node`` crashes: the job's id, its directory and its output file. The crash stops the
+    job's training at once, some steps past the tenth; a requeued run trains the rest."""
     out = tmp_path / "out.txt"
     export = _export(tmp_path, NVRX_NPROC_PER_NODE=str(nproc))
     job = _sbatch(
         cluster, tmp_path, "-N2", "--time=10", *options, f"--export={export}", "-o", str(out),
-        str(TEMPLATES / "train.sbatch"), *_demo(100),
+        str(TEMPLATES / "train.sbatch"), *_demo(60),
     )  # fmt: skip
     job_dir = tmp_path / "logs" / str(job)
     _wait_training(job_dir, out)
