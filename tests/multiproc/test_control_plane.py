@@ -252,7 +252,7 @@ def _rounds_with_faults(job: Job) -> set[int]:
 
 
 def test_forged_and_replayed_fault_records_are_not_faults_and_the_job_trains_on(tmp_path):
-    command = [*DEMO, "--steps", "170", "--step-time", "0.15", "--checkpoint-every", "5",
+    command = [*DEMO, "--steps", "140", "--step-time", "0.15", "--checkpoint-every", "5",
                "--soft-timeout", "10", "--hard-timeout", "20",
                "--fault", "exception:50:1", "--fault", "exception:110:1"]  # fmt: skip
     job = Job(tmp_path, 2, 2, command, "--max-restarts", "8", "--grace-period", "2")
