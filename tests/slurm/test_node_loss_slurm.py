@@ -134,12 +134,13 @@ def _supervisor_killed(
     cluster: LocalSlurmCluster, tmp_path: Path, nproc: int, node: int
 ) -> tuple[int, Path, Path]:
     """``train.sbatch`` on two nodes trains, then node rank ``node``'s supervisor is SIGKILLed
-    (its node stays up): the job's id, its directory and its output file."""
+    (its node stays up): the job's id, its directory and its output file. Every rank
+    faults at once, as with a crash (``_node_lost``)."""
     out = tmp_path / "out.txt"
     export = _export(tmp_path, NVRX_NPROC_PER_NODE=str(nproc))
     job = _sbatch(
         cluster, tmp_path, "-N2", "--time=10", f"--export={export}", "-o", str(out),
-        str(TEMPLATES / "train.sbatch"), *_demo(100),
+        str(TEMPLATES / "train.sbatch"), *_demo(60),
     )  # fmt: skip
     job_dir = tmp_path / "logs" / str(job)
     _wait_training(job_dir, out)
