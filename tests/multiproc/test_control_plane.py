@@ -128,7 +128,7 @@ def _forge_node_loss(job: Job, slot: int = 1) -> list[str]:
 
 
 def test_forged_and_replayed_stop_flags_are_rejected_and_the_job_trains_on(tmp_path):
-    job = _job(tmp_path, 150)
+    job = _job(tmp_path, 75)  # trains on for several node timeouts after the last rejection
     keys = _forge(job) + _forge_node_loss(job)
     assert job.wait(240) == [0, 0], job.output()
     rejected = job.events("rejected_write")
@@ -151,7 +151,7 @@ def test_a_forged_claim_that_the_store_host_is_lost_moves_no_store(tmp_path):
     the store host's slot is lost, which would fence node 0 off, its store with it. Forged,
     and replayed from another run, in a job of 3 nodes (a failover possible): node 0
     rejects both and the store stays."""
-    job = _job(tmp_path, 150, nnodes=3, nproc=1)
+    job = _job(tmp_path, 75, nnodes=3, nproc=1)  # trains on well past the rejections
     wait_until("every rank to start", lambda: len(job.events("child_start")) == 3, 120)
     job.wait_for_beat(0)
     keys = _forge_node_loss(job, slot=0)
@@ -184,7 +184,7 @@ def test_a_live_slot_whose_beats_are_held_still_in_the_store_is_not_declared_los
     than the node timeout: node 1 records each set-back and stamps its beats in the job
     folder, node 0 (its watcher) reads the stamps and declares nothing; the job trains to
     the end at full size, and the stamps go with the run's failover files."""
-    job = _job(tmp_path, 150, nproc=1)
+    job = _job(tmp_path, 100, nproc=1)  # trains on for two node timeouts after the hold
     wait_until("every rank to start", lambda: len(job.events("child_start")) == 2, 120)
     job.wait_for_beat(1)
     store, alive = _foreign_client(job), node_keys.alive(1)
@@ -252,7 +252,7 @@ def _rounds_with_faults(job: Job) -> set[int]:
 
 
 def test_forged_and_replayed_fault_records_are_not_faults_and_the_job_trains_on(tmp_path):
-    command = [*DEMO, "--steps", "170", "--step-time", "0.15", "--checkpoint-every", "5",
+    command = [*DEMO, "--steps", "140", "--step-time", "0.15", "--checkpoint-every", "5",
                "--soft-timeout", "10", "--hard-timeout", "20",
                "--fault", "exception:50:1", "--fault", "exception:110:1"]  # fmt: skip
     job = Job(tmp_path, 2, 2, command, "--max-restarts", "8", "--grace-period", "2")

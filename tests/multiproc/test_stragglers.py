@@ -77,7 +77,9 @@ def test_a_healthy_job_or_one_slowing_down_as_a_whole_names_no_one(tmp_path, slo
 
 
 def test_excluding_a_slow_node_hands_its_place_to_a_spare(tmp_path):
-    job = _job(tmp_path, 3, 170, f"{SLOW_FROM}:1.3", {1: SLOW}, "--spare-nodes", "1",
+    # named by step 80, node 1's ranks then train 60 steps and more on the spare: over twice
+    # the steps a verdict takes to change there, were they not judged afresh
+    job = _job(tmp_path, 3, 140, f"{SLOW_FROM}:1.3", {1: SLOW}, "--spare-nodes", "1",
                "--straggler-action", "exclude")  # fmt: skip
     assert job.wait(280) == [0, 10, 0], job.output()  # node 1 left; node 0 and the spare finish
     [node] = [e for e in job.events("straggler") if e["of"] == "node" and e["state"] == "slow"]

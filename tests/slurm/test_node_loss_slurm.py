@@ -106,12 +106,13 @@ def _node_lost(
     cluster: LocalSlurmCluster, tmp_path: Path, nproc: int, *options: str, node: str = "node2"
 ) -> tuple[int, Path, Path]:
     """``train.sbatch`` on two nodes without a spare (sbatch ``options`` added) trains, then
-    ``node`` crashes: the job's id, its directory and its output file."""
+    ``node`` crashes: the job's id, its directory and its output file. The crash stops the
+    job's training at once, some steps past the tenth; a requeued run trains the rest."""
     out = tmp_path / "out.txt"
     export = _export(tmp_path, NVRX_NPROC_PER_NODE=str(nproc))
     job = _sbatch(
         cluster, tmp_path, "-N2", "--time=10", *options, f"--export={export}", "-o", str(out),
-        str(TEMPLATES / "train.sbatch"), *_demo(100),
+        str(TEMPLATES / "train.sbatch"), *_demo(60),
     )  # fmt: skip
     job_dir = tmp_path / "logs" / str(job)
     _wait_training(job_dir, out)
@@ -119,12 +120,14 @@ def _node_lost(
     return job, job_dir, out
 
 
-def _spare_job(cluster: LocalSlurmCluster, tmp_path: Path) -> tuple[int, Path, Path]:
+def _spare_job(
+    cluster: LocalSlurmCluster, tmp_path: Path, steps: int = STEPS
+) -> tuple[int, Path, Path]:
     out = tmp_path / "out.txt"
     export = _export(tmp_path, NVRX_NPROC_PER_NODE="2", NVRX_SPARE_NODES="1")
     job = _sbatch(
         cluster, tmp_path, "-N3", "--time=10", f"--export={export}", "-o", str(out),
-        str(TEMPLATES / "train_spares.sbatch"), *_demo(),
+        str(TEMPLATES / "train_spares.sbatch"), *_demo(steps),
     )  # fmt: skip
     return job, tmp_path / "logs" / str(job), out
 
@@ -133,12 +136,13 @@ def _supervisor_killed(
     cluster: LocalSlurmCluster, tmp_path: Path, nproc: int, node: int
 ) -> tuple[int, Path, Path]:
     """``train.sbatch`` on two nodes trains, then node rank ``node``'s supervisor is SIGKILLed
-    (its node stays up): the job's id, its directory and its output file."""
+    (its node stays up): the job's id, its directory and its output file. Every rank
+    faults at once, as with a crash (``_node_lost``)."""
     out = tmp_path / "out.txt"
     export = _export(tmp_path, NVRX_NPROC_PER_NODE=str(nproc))
     job = _sbatch(
         cluster, tmp_path, "-N2", "--time=10", f"--export={export}", "-o", str(out),
-        str(TEMPLATES / "train.sbatch"), *_demo(100),
+        str(TEMPLATES / "train.sbatch"), *_demo(60),
     )  # fmt: skip
     job_dir = tmp_path / "logs" / str(job)
     _wait_training(job_dir, out)
@@ -213,12 +217,16 @@ def test_a_failover_whose_batch_host_still_runs_leaves_the_end_of_the_job_to_its
     script up: the store fails over and the spare takes node rank 0 as when node1 crashes,
     but at the end the store host finds the batch host answering SLURM and cancels nothing:
     the batch script ends the job when its srun returns."""
-    job, job_dir, out = _spare_job(slurm_cluster, tmp_path)
+    # Every rank faults as the supervisor dies and the store fails over at once; node1, up,
+    # answers the probe at once too (a crashed node's probe takes seconds, which a job that
+    # loses one must outlast): fewer steps do.
+    steps = 60
+    job, job_dir, out = _spare_job(slurm_cluster, tmp_path, steps)
     _wait_training(job_dir, out)
     _kill_supervisor(job_dir, 0)
     state = slurm_cluster.wait_job(job, timeout=300, fail_fast=False)
     assert state != "CANCELLED", out.read_text()[-4000:]
-    final = {e["rank"] for e in _events(job_dir, "progress") if e["step"] == STEPS}
+    final = {e["rank"] for e in _events(job_dir, "progress") if e["step"] == steps}
     assert final == {0, 1, 2, 3}, out.read_text()[-4000:]
     assert {(e["epoch"], e["lost_slot"]) for e in _events(job_dir, "store_failover")} == {(1, 0)}
     assert not [e for e in _events(job_dir, "job_stop") if "batch host" in e["reason"]]
