@@ -284,6 +284,20 @@ def test_a_job_that_shrank_then_loses_the_store_host_goes_on_smaller_still(
     ), report.to_text()
 
 
+def _five_nodes_losing_two(tmp_path: Path, steps: int, *options: str) -> Job:
+    """The demo on 5 nodes x 1 rank, ``--min-nodes 3``, for a test that loses two store
+    hosts one after the other (``options``: the node timeout, spares)."""
+    command = [
+        sys.executable, str(DEMO), "--steps", str(steps), "--checkpoint-every", "5",
+        "--step-time", "0.1", "--soft-timeout", "10", "--hard-timeout", "20",
+        "--rejoin-timeout", "30",
+    ]  # fmt: skip
+    return Job(
+        tmp_path, 5, 1, command, "--max-restarts", "8", "--grace-period", "3",
+        "--node-heartbeat", "0.5", "--min-nodes", "3", *options,
+    )  # fmt: skip
+
+
 def _snapshots_knowing_the_end_of(job, slot: int) -> list[str]:
     """The store snapshots of the job that hold ``slot``'s end (its claim)."""
     job_dir = job.log_dir / job.job_id
@@ -303,16 +317,7 @@ def test_a_store_host_that_wakes_after_its_failover_does_not_undo_the_next_failo
     # long enough to outlast two failovers and a fence: the rounds before the second failover
     # train a few dozen steps; every step after it is waited out to the end
     steps = 200
-    command = [
-        sys.executable, str(DEMO), "--steps", str(steps), "--checkpoint-every", "5",
-        "--step-time", "0.1", "--soft-timeout", "10", "--hard-timeout", "20",
-        "--rejoin-timeout", "30",
-    ]  # fmt: skip
-    job = Job(
-        tmp_path, 5, 1, command, "--max-restarts", "8", "--grace-period", "3",
-        "--node-timeout", "3", "--node-heartbeat", "0.5", "--spare-nodes", "1",
-        "--min-nodes", "3",
-    )  # fmt: skip
+    job = _five_nodes_losing_two(tmp_path, steps, "--node-timeout", "3", "--spare-nodes", "1")
     wait_until(
         f"a checkpoint after step {KILL_AFTER_STEP}",
         lambda: any(e.get("step", 0) >= KILL_AFTER_STEP for e in job.events("progress", "app")),
@@ -407,15 +412,7 @@ def test_a_second_store_failover_waits_for_no_slot_known_lost(tmp_path: Path) ->
     slot 0, known lost since the first failover (before, they waited the whole node timeout
     for its announcement), and the job completes at world size 3."""
     steps = 300  # long enough to outlast two failovers
-    command = [
-        sys.executable, str(DEMO), "--steps", str(steps), "--checkpoint-every", "5",
-        "--step-time", "0.1", "--soft-timeout", "10", "--hard-timeout", "20",
-        "--rejoin-timeout", "30",
-    ]  # fmt: skip
-    job = Job(
-        tmp_path, 5, 1, command, "--max-restarts", "8", "--grace-period", "3",
-        "--node-timeout", "120", "--node-heartbeat", "0.5", "--min-nodes", "3",
-    )  # fmt: skip
+    job = _five_nodes_losing_two(tmp_path, steps, "--node-timeout", "120")
     killed: list[int] = []
     try:
         killed += _kill_node_mid_training(job, 0)
