@@ -298,6 +298,18 @@ def _five_nodes_losing_two(tmp_path: Path, steps: int, *options: str) -> Job:
     )  # fmt: skip
 
 
+def _completed_at_world_size_3_after_two_failovers(job: Job, codes: list, steps: int) -> str:
+    """Asserts that the three nodes left completed the job at world size 3, after slot 1
+    hosted the store that replaced slot 0's and slot 2 the one that replaced slot 1's;
+    returns the job's output."""
+    output = job.output()
+    assert codes[2:] == [0, 0, 0], output
+    assert f"finished {steps} steps at world size 3" in output, output
+    moves = {(e["epoch"], e["successor"], e["lost_slot"]) for e in job.events("store_failover")}
+    assert moves == {(1, 1, 0), (2, 2, 1)}, output
+    return output
+
+
 def _snapshots_knowing_the_end_of(job, slot: int) -> list[str]:
     """The store snapshots of the job that hold ``slot``'s end (its claim)."""
     job_dir = job.log_dir / job.job_id
@@ -350,11 +362,7 @@ def test_a_store_host_that_wakes_after_its_failover_does_not_undo_the_next_failo
     )
     second = kill_tree(job.procs[1].pid)
     codes = job.wait(300)
-    output = job.output()
-    assert codes[2:] == [0, 0, 0], output
-    assert f"finished {steps} steps at world size 3" in output, output
-    moves = {(e["epoch"], e["successor"], e["lost_slot"]) for e in job.events("store_failover")}
-    assert moves == {(1, 1, 0), (2, 2, 1)}, output
+    output = _completed_at_world_size_3_after_two_failovers(job, codes, steps)
     lost = sorted(job.events("node_lost"), key=lambda e: e["wall"])
     assert [(e["lost_slot"], e["lost_node"], e["action"], e["replaced_by"]) for e in lost] == [
         (0, 0, "spare", 4),
@@ -437,11 +445,7 @@ def test_a_second_store_failover_waits_for_no_slot_known_lost(tmp_path: Path) ->
             if proc.poll() is None:
                 killed += kill_tree(proc.pid)
                 proc.wait()
-    output = job.output()
-    assert codes[2:] == [0, 0, 0], output
-    assert f"finished {steps} steps at world size 3" in output, output
-    moves = {(e["epoch"], e["successor"], e["lost_slot"]) for e in job.events("store_failover")}
-    assert moves == {(1, 1, 0), (2, 2, 1)}, output
+    output = _completed_at_world_size_3_after_two_failovers(job, codes, steps)
     lost = sorted(job.events("node_lost"), key=lambda e: e["wall"])
     assert [(e["lost_slot"], e["action"]) for e in lost] == [(0, "shrink"), (1, "shrink")], output
     _no_process_left(killed)
