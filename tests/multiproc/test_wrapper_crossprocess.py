@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from helpers_inprocess import launch, spawn
@@ -110,6 +111,13 @@ def test_a_replacement_that_does_not_come_within_rejoin_timeout_leaves_the_job_s
         assert waits and all(e["duration_s"] >= 2 for e in waits if e["rank"] == 0), waits
         assert not [e for e in ranks.events() if e["kind"] == "rejoin" and e.get("rank_rejoined") == 1]
 
+
+def _replace_killed(ranks: Any, rank: int, params: dict[str, Any]) -> None:
+    """Once ``rank``'s process was SIGKILLed, start its replacement as a supervisor would."""
+    assert ranks.procs[rank].wait(60) == -9, ranks.logs()
+    ranks.procs[rank] = spawn(ranks, rank, params, {"NVRX_RESTART_COUNT": "1"})
+
+
 def test_the_replacement_of_a_rank_dead_between_two_rounds_rejoins_at_once(tmp_path):
     """Rank 2 dies in its rank assignment for round 1 (round 0's barrier counted it there):
     its monitor takes it out of round 1, and its replacement, started as a supervisor
@@ -121,8 +129,7 @@ def test_the_replacement_of_a_rank_dead_between_two_rounds_rejoins_at_once(tmp_p
         ranks = launch(
             tmp_path, 3, fault="exception", fault_ranks=[0], die_in_assignment=2, **params
         )
-        assert ranks.procs[2].wait(60) == -9, ranks.logs()
-        ranks.procs[2] = spawn(ranks, 2, params, {"NVRX_RESTART_COUNT": "1"})
+        _replace_killed(ranks, 2, params)
         assert ranks.wait(90) == [0, 0, 0], ranks.logs()
         assert ranks.calls(2)[-1]["world_size"] == "3", ranks.logs()
         faults = [e for e in ranks.events() if e["kind"] == "fault" and e["component"] == "monitor"]
@@ -138,8 +145,7 @@ def test_a_replacement_under_a_tree_assignment_restarts_with_the_survivors(tmp_p
     with _supervised_store() as env:
         params = dict(wrapper=dict(FAST, rejoin_timeout=40), env=env, tree=True, raise_at=[[0, 1]])
         ranks = launch(tmp_path, 3, fault="sigkill", fault_ranks=[1], **params)
-        assert ranks.procs[1].wait(60) == -9, ranks.logs()
-        ranks.procs[1] = spawn(ranks, 1, params, {"NVRX_RESTART_COUNT": "1"})
+        _replace_killed(ranks, 1, params)
         assert ranks.wait(120) == [0, 0, 0], ranks.logs()
         for rank in range(3):
             assert ranks.result(rank)["world"] == 3, ranks.logs()
@@ -156,8 +162,7 @@ def test_a_replacement_meets_its_survivors_in_a_grouped_filter_and_starts_as_the
             wrapper=dict(FAST, rejoin_timeout=40), env=env, grouped=True, record_plugins=True
         )
         ranks = launch(tmp_path, 3, fault="sigkill", fault_ranks=[1], **params)
-        assert ranks.procs[1].wait(60) == -9, ranks.logs()
-        ranks.procs[1] = spawn(ranks, 1, params, {"NVRX_RESTART_COUNT": "1"})
+        _replace_killed(ranks, 1, params)
         assert ranks.wait(90) == [0, 0, 0], ranks.logs()
         for rank in range(3):
             assert ranks.result(rank)["world"] == 3, ranks.logs()
