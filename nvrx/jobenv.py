@@ -166,6 +166,17 @@ def job_id_from(env: Mapping[str, str] | None = None) -> str:
     return env.get(JOB_ID) or env.get("SLURM_JOB_ID") or DEFAULT_JOB_ID
 
 
+def slurm_run(env: Mapping[str, str] | None = None) -> int | None:
+    """Which run of its SLURM job this process is in: ``SLURM_RESTART_COUNT``, which a requeued
+    job's next run gets one higher (0 when unset: the first run). None outside a SLURM job (no
+    ``SLURM_JOB_ID``), or when the count is not a non-negative integer: unknown, never a guess."""
+    env = os.environ if env is None else env
+    if not env.get("SLURM_JOB_ID"):
+        return None
+    raw = env.get("SLURM_RESTART_COUNT") or "0"
+    return int(raw) if raw.isascii() and raw.isdigit() else None
+
+
 def log_dir_from(env: Mapping[str, str] | None = None) -> Path:
     """The base log directory: ``NVRX_LOG_DIR``, else ``./nvrx_logs``."""
     env = os.environ if env is None else env
