@@ -1,0 +1,158 @@
+"""nvrx-report files each event under the run of its SLURM job that its writer recorded
+(``slurm_run``, from ``SLURM_RESTART_COUNT``), whenever the event was written: a node cut
+off from run 0 that still writes after the requeued job's run 1 started has its events told
+under run 0. Events without it (older writers) are filed by the supervisor starts, as before.
+
+The events are written by the real ``EventWriter``, its context read from each process's
+environment by ``context_from_env`` as the writers read it (``test_report_fixtures.Proc``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from test_report_fixtures import T0, Host, Proc
+
+from nvrx.report import build_report
+
+SLURM_JOB = "4242"
+REASON = "node lost, no spare: 1 nodes left, below --min-nodes 2"
+
+
+def _env(run: int | None, slurm_job: str = SLURM_JOB) -> dict[str, str] | None:
+    """The SLURM variables of a process of run ``run`` of ``slurm_job`` (SLURM sets no
+    ``SLURM_RESTART_COUNT`` on a job's first run); None: an older writer, which records none."""
+    if run is None:
+        return None
+    env = {"SLURM_JOB_ID": slurm_job}
+    if run:
+        env["SLURM_RESTART_COUNT"] = str(run)
+    return env
+
+
+class Run:
+    """One run of a 2-node job of one rank per node: its supervisors by slot, its ranks."""
+
+    def __init__(
+        self, log_dir: Path, t: float, hosts: dict[int, str], run: int | None,
+        slurm_job: str = SLURM_JOB,
+    ) -> None:  # fmt: skip
+        self.dir, self.hosts, self.env = log_dir, hosts, _env(run, slurm_job)
+        self.sup = {
+            slot: Proc(log_dir, Host(name, slot), "supervisor", job=SLURM_JOB, env=self.env)
+            for slot, name in hosts.items()
+        }
+        self.procs: list[Proc] = [*self.sup.values()]
+        for sup in self.sup.values():
+            sup.at(
+                t, "supervisor_start", nnodes=2, nproc_per_node=1, spare_nodes=0,
+                slurm_job_id=slurm_job,
+            )  # fmt: skip
+        self.ranks = {slot: self.start_rank(t + 0.5, slot) for slot in hosts}
+
+    def start_rank(self, t: float, slot: int, attempt: int = 0) -> Proc:
+        """The supervisor of ``slot`` starts its rank (rank = slot); its Wrapper's writer."""
+        self.sup[slot].at(
+            t, "child_start", local_rank=0, child_pid=100 * (attempt + 1) + slot,
+            attempt=attempt, global_rank=slot,
+        )  # fmt: skip
+        host = Host(self.hosts[slot], slot)
+        proc = Proc(self.dir, host, "wrapper", rank=slot, job=SLURM_JOB, env=self.env)
+        self.procs.append(proc)
+        return proc
+
+    def round_start(self, t: float, rnd: int, ranks: dict[int, Proc]) -> None:
+        for rank, proc in ranks.items():
+            proc.round(rnd).at(t, "round_start", world_size=2, initial_rank=rank)
+            proc.at(t + 0.01, "call_start", note="enter")
+
+    def node_lost(self, t: float, by: int, lost: int) -> None:
+        """Slot ``by`` declares slot ``lost`` lost, and the job stops: no spare."""
+        self.sup[by].at(
+            t, "node_lost", lost_node=lost, lost_slot=lost, lost_host=self.hosts[lost],
+            silent_s=3.0, last_seen_wall=T0 + t - 3.0, seen_by=by, action="stop", ranks=[lost],
+        )  # fmt: skip
+        self.sup[by].at(t + 0.01, "job_stop", reason=REASON, exit_code=8)
+
+    def complete(self, t: float) -> None:
+        for proc in self.ranks.values():
+            proc.at(t, "call_end", duration_s=5.0, outcome="completed")
+            proc.at(t, "round_end", outcome="completed", duration_s=5.0)
+            proc.at(t, "wrapper_end", outcome="completed", rounds=1)
+        for sup in self.sup.values():
+            sup.at(t + 1.0, "supervisor_end", exit_code=0, reason="all children ended")
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.close()
+
+
+def _requeued_with_a_late_writer(log_dir: Path, recorded: bool = True) -> dict[str, Any]:
+    """Run 0 on node-a and node-b: node-b is cut off at ~11 s, node-a declares it lost at 14 s
+    and the job, with no spare, stops and is requeued. Run 1 starts at 40 s on node-a and
+    node-c and completes at 60 s. Meanwhile node-b's supervisor of run 0, cut off but alive,
+    goes on: at 50 s it declares node-a lost (it cannot see it), and restarts its rank, whose
+    new process starts round 1 of run 0. ``recorded``: the writers record their SLURM run
+    (else: older writers). The report's JSON."""
+    hosts0 = {0: "node-a", 1: "node-b"}
+    run0 = Run(log_dir, 0.0, hosts0, 0 if recorded else None)
+    run0.round_start(5.0, 0, run0.ranks)
+    run0.node_lost(14.4, by=0, lost=1)
+    run0.sup[0].at(
+        14.9, "requeue", cause="node_failure", count=1, excluded=["node-b"], run=0,
+        issued_by="nvrx", slurm_job_id=SLURM_JOB,
+    )  # fmt: skip
+    run0.sup[0].at(15.0, "supervisor_end", exit_code=8, reason=REASON)
+    run1 = Run(log_dir, 40.0, {0: "node-a", 1: "node-c"}, 1 if recorded else None)
+    run1.round_start(45.0, 0, run1.ranks)
+    run0.node_lost(50.0, by=1, lost=0)  # late: run 1 started 10 s before
+    late = run0.start_rank(50.2, 1, attempt=1)
+    run0.round_start(51.0, 1, {1: late})
+    run1.complete(60.0)
+    run0.close()
+    run1.close()
+    return build_report(log_dir, sacct=False).to_dict()
+
+
+def test_a_cut_off_nodes_late_events_are_told_under_the_run_its_writer_recorded(
+    tmp_path: Path,
+) -> None:
+    data = _requeued_with_a_late_writer(tmp_path / "job")
+    assert data["summary"]["runs"] == 2
+    losses = {(loss["run"], loss["slot"]) for loss in data["node_losses"]}
+    assert losses == {(0, 1), (0, 0)}  # node-b's late declaration is of run 0, not run 1
+    rows = {(row["run"], row["round"]) for row in data["timeline"]}
+    assert rows == {(0, 0), (0, 1), (1, 0)}  # the late process's round 1 too
+    assert data["summary"]["outcome"] == "completed"
+
+
+def test_older_writers_late_events_are_still_filed_by_the_supervisor_starts(
+    tmp_path: Path,
+) -> None:
+    """What docs/report.md says of events without ``slurm_run``: filed under the run of their
+    node rank's latest supervisor start, so the late ones land in run 1."""
+    data = _requeued_with_a_late_writer(tmp_path / "job", recorded=False)
+    losses = {(loss["run"], loss["slot"]) for loss in data["node_losses"]}
+    assert losses == {(0, 1), (1, 0)}
+    rows = {(row["run"], row["round"]) for row in data["timeline"]}
+    assert rows == {(0, 0), (1, 1), (1, 0)}
+
+
+def test_runs_of_a_job_submitted_again_under_one_job_id_are_told_apart_by_their_starts(
+    tmp_path: Path,
+) -> None:
+    """Each SLURM job counts its runs from 0: two submissions under one ``NVRX_JOB_ID`` both
+    record run 0, and the report tells their runs apart by the supervisor starts instead."""
+    log_dir = tmp_path / "job"
+    first = Run(log_dir, 0.0, {0: "node-a", 1: "node-b"}, 0, slurm_job="100")
+    first.round_start(5.0, 0, first.ranks)
+    first.complete(10.0)
+    second = Run(log_dir, 40.0, {0: "node-a", 1: "node-b"}, 0, slurm_job="200")
+    second.round_start(45.0, 0, second.ranks)
+    second.complete(60.0)
+    first.close()
+    second.close()
+    data = build_report(log_dir, sacct=False).to_dict()
+    assert data["summary"]["runs"] == 2
+    assert {(row["run"], row["round"]) for row in data["timeline"]} == {(0, 0), (1, 0)}
