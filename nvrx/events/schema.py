@@ -24,8 +24,8 @@ COMMON_FIELDS: dict[str, str] = {
     "round": "restart round of the Wrapper/job when the event was written (int, or null)",
     "slurm_run": "which run of its SLURM job the writer runs in: SLURM_RESTART_COUNT, 0 when "
     "unset (int; a requeued job runs again under the same SLURM job id, its count one higher); "
-    "null outside a SLURM job (no SLURM_JOB_ID) or when the count is not a number; absent "
-    "from older writers' events",
+    "null outside a SLURM job (no SLURM_JOB_ID) or when the count is not a non-negative "
+    "integer; absent from older writers' events",
     "pid": "process id of the writer",
     "host": "host name of the writer",
     "component": "writer: wrapper, monitor, supervisor, store, launcher, app, ...",
