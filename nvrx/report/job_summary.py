@@ -260,6 +260,8 @@ class JobSummary:
             part.fault_ended_ranks = {rank}
         run = self.run_of(run_key(fs.host, file_node), fs.first_wall, fs.slurm_run)
         part.rounds = {(run, rnd): state for rnd, state in fs.rounds.items()}
+        for group in fs.signatures.values():  # the run of its marks on the HTML timeline
+            group.seen = [(*o[:7], run) for o in group.seen]
         part.signatures = fs.signatures
         part.monitor_deaths = fs.monitor_deaths
         part.hangs = [Hang(run=run, **h) for h in fs.hangs]

@@ -14,7 +14,9 @@ from typing import Any
 
 from test_report_fixtures import T0, Host, Proc
 
-from nvrx.report import build_report
+from nvrx.events.failures import NODE_LOST_SIGNATURE
+from nvrx.report import Report, build_report
+from nvrx.report.html_lanes import build_lanes
 
 SLURM_JOB = "4242"
 REASON = "node lost, no spare: 1 nodes left, below --min-nodes 2"
@@ -156,3 +158,52 @@ def test_runs_of_a_job_submitted_again_under_one_job_id_are_told_apart_by_their_
     data = build_report(log_dir, sacct=False).to_dict()
     assert data["summary"]["runs"] == 2
     assert {(row["run"], row["round"]) for row in data["timeline"]} == {(0, 0), (1, 0)}
+
+
+def _fault(proc: Proc, t: float, exc_type: str, rank: int) -> None:
+    proc.at(t, "call_end", duration_s=1.0, outcome="fault")
+    proc.at(t, "fault", fault_kind="exception", origin_rank=rank, exc_type=exc_type, message="x", detection_s=0.0)
+
+
+def _late_fault_beside_a_failing_round(log_dir: Path) -> Report:
+    """Run 0 as in ``_requeued_with_a_late_writer``: node-b, cut off, is declared lost and
+    the job requeued. In run 1, rank 0 raises a ``KeyError`` in round 0 and again in round 1
+    (its rounds restart). Meanwhile node-b's supervisor of run 0 restarts its rank, whose new
+    process starts round 1 of run 0 at 51 s and raises a ``ValueError`` at 52 s: within run 1's
+    round 1 by time, whose cause is rank 0's error."""
+    run0 = Run(log_dir, 0.0, {0: "node-a", 1: "node-b"}, 0)
+    run0.round_start(5.0, 0, run0.ranks)
+    run0.node_lost(14.4, by=0, lost=1)
+    run0.sup[0].at(15.0, "supervisor_end", exit_code=8, reason=REASON)
+    run1 = Run(log_dir, 40.0, {0: "node-a", 1: "node-c"}, 1)
+    for rnd, t in ((0, 45.0), (1, 49.0)):
+        run1.round_start(t, rnd, run1.ranks)
+        _fault(run1.ranks[0], t + 3.0, "KeyError", 0)
+        for proc in run1.ranks.values():
+            proc.at(t + 3.5, "round_end", outcome="restart", duration_s=3.5)
+    run1.round_start(55.0, 2, run1.ranks)
+    late = run0.start_rank(50.2, 1, attempt=1)
+    run0.round_start(51.0, 1, {1: late})
+    _fault(late, 52.0, "ValueError", 1)
+    run1.complete(60.0)
+    run0.close()
+    run1.close()
+    return build_report(log_dir, sacct=False)
+
+
+def test_a_late_fault_of_a_cut_off_node_is_marked_under_the_run_its_writer_recorded(
+    tmp_path: Path,
+) -> None:
+    """The HTML timeline's mark of the late ``ValueError`` is told under run 0's round 1, where
+    the report files it, not under run 1's round 1 that it falls in by time: there it would
+    be taken for a consequence of rank 0's ``KeyError`` and drawn nowhere."""
+    report = _late_fault_beside_a_failing_round(tmp_path / "job")
+    errors = {(row.run, row.round): row.cause for row in report.timeline}
+    late = next(m for m in report.activity.faults if m.rank == 1 and "ValueError" in m.signature)
+    assert (late.run, late.round, late.wall) == (0, 1, T0 + 52.0)
+    assert "ValueError" in (errors[(0, 1)] or "") and "KeyError" in (errors[(1, 1)] or "")
+    ids = {f.signature: f"fault-{i}" for i, f in enumerate(report.failures)}
+    lanes = {lane.ident: lane for lane in build_lanes(report, ids).lanes if lane.kind == "rank"}
+    marks = [(m.wall, m.fault.signature) for m in lanes[1].marks]
+    assert marks[1:] == [(T0 + 52.0, late.signature)] and marks[0][1] == NODE_LOST_SIGNATURE
+    assert [m.fault.run for m in lanes[0].marks] == [1, 1]  # rank 0's errors, in run 1
