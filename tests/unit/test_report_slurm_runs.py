@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from test_report_fixtures import T0, Host, Proc
 
 from nvrx.events.failures import NODE_LOST_SIGNATURE
@@ -127,6 +128,15 @@ def test_a_cut_off_nodes_late_events_are_told_under_the_run_its_writer_recorded(
     rows = {(row["run"], row["round"]) for row in data["timeline"]}
     assert rows == {(0, 0), (0, 1), (1, 0)}  # the late process's round 1 too
     assert data["summary"]["outcome"] == "completed"
+
+
+def test_a_cut_off_nodes_late_events_do_not_shorten_the_wait_for_the_requeue(
+    tmp_path: Path,
+) -> None:
+    """Run 0 ended for the job when node-a's supervisor ended (15 s), run 1 began at 40 s:
+    the 25 s between are the requeue's, though node-b, cut off, writes under run 0 until 51 s."""
+    ledger = _requeued_with_a_late_writer(tmp_path / "job")["summary"]["time_ledger"]
+    assert ledger["requeue_wait_s"] == pytest.approx(25.0)
 
 
 def test_older_writers_late_events_are_still_filed_by_the_supervisor_starts(
