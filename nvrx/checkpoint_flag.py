@@ -36,13 +36,14 @@ PREEMPT_DIR = "preempt"
 
 
 def run_index_from_env(env: Mapping[str, str] | None = None) -> int:
-    """Which run of the job this is: ``SLURM_RESTART_COUNT`` (0 for the first run)."""
-    env = os.environ if env is None else env
-    raw = env.get("SLURM_RESTART_COUNT") or "0"
+    """Which run of the job this is: ``SLURM_RESTART_COUNT`` (0 for the first run), as the
+    supervisor's preemption handler names its flag by (``jobenv.slurm_restart_count``). A bad
+    count, which ``nvrx-supervise`` refuses, is run 0 here, with a warning: a rank under
+    another launcher still finds a flag."""
     try:
-        return max(0, int(raw))
-    except ValueError:
-        log.warning("SLURM_RESTART_COUNT=%r is not an integer; treating this as run 0", raw)
+        return jobenv.slurm_restart_count(env)
+    except ValueError as exc:
+        log.warning("%s; treating this as run 0", exc)
         return 0
 
 

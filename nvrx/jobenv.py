@@ -69,6 +69,11 @@ RANK_BEATS = "NVRX_RANK_BEATS"
 SUPERVISOR_LOCAL_RANK = "NVRX_SUPERVISOR_LOCAL_RANK"
 #: The level the supervisor logs at, for its node agent's lines (``logging`` level name).
 AGENT_LOG_LEVEL = "NVRX_AGENT_LOG_LEVEL"
+
+# -- what SLURM gives ---------------------------------------------------------------------
+#: SLURM's count of its job's runs before this one (requeues): unset on the first run.
+SLURM_RESTART_COUNT = "SLURM_RESTART_COUNT"
+
 # -- settings a user or a template may give --------------------------------------------
 PREEMPT_SIGNAL = "NVRX_PREEMPT_SIGNAL"
 SIGNAL_DELAY_S = "NVRX_SIGNAL_DELAY_S"
@@ -164,6 +169,40 @@ def job_id_from(env: Mapping[str, str] | None = None) -> str:
     """The job id: ``NVRX_JOB_ID``, else ``SLURM_JOB_ID``, else ``local``."""
     env = os.environ if env is None else env
     return env.get(JOB_ID) or env.get("SLURM_JOB_ID") or DEFAULT_JOB_ID
+
+
+def slurm_restart_count(env: Mapping[str, str] | None = None) -> int:
+    """Which run of its SLURM job this is: ``SLURM_RESTART_COUNT``, which SLURM sets one higher
+    on each run after a requeue (0 when unset or empty: a job's first run, or outside SLURM).
+
+    ValueError naming the variable when it is not a non-negative integer: the readers of one
+    job must agree on its run (the preemption flag's name, the run a seal is made for, the
+    store failover's folder), so none takes a guess; each caller says what a bad one means.
+    """
+    env = os.environ if env is None else env
+    raw = env.get(SLURM_RESTART_COUNT)
+    if raw is None or raw == "":
+        return 0
+    text = raw.strip()
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(
+            f"{SLURM_RESTART_COUNT}={raw!r} is not a non-negative integer (SLURM's count of "
+            "the job's runs before this one)"
+        )
+    return int(text)
+
+
+def slurm_run(env: Mapping[str, str] | None = None) -> int | None:
+    """Which run of its SLURM job this process is in (``slurm_restart_count``), as the events
+    record it: None outside a SLURM job (no ``SLURM_JOB_ID``), or when the count is not a
+    non-negative integer: unknown, never a guess."""
+    env = os.environ if env is None else env
+    if not env.get("SLURM_JOB_ID"):
+        return None
+    try:
+        return slurm_restart_count(env)
+    except ValueError:
+        return None
 
 
 def log_dir_from(env: Mapping[str, str] | None = None) -> Path:

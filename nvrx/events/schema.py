@@ -22,6 +22,10 @@ COMMON_FIELDS: dict[str, str] = {
     "give its slot (a spare keeps it after it takes a node rank over)",
     "rank": "global rank of the writing process (int, or null for per-node processes)",
     "round": "restart round of the Wrapper/job when the event was written (int, or null)",
+    "slurm_run": "which run of its SLURM job the writer runs in: SLURM_RESTART_COUNT, 0 when "
+    "unset (int; a requeued job runs again under the same SLURM job id, its count one higher); "
+    "null outside a SLURM job (no SLURM_JOB_ID) or when the count is not a non-negative "
+    "integer; absent from older writers' events",
     "pid": "process id of the writer",
     "host": "host name of the writer",
     "component": "writer: wrapper, monitor, supervisor, store, launcher, app, ...",

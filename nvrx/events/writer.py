@@ -63,6 +63,7 @@ def context_from_env(env: dict[str, str] | None = None) -> dict[str, Any]:
         "node": node,
         "rank": _int_or_none(env.get("RANK")),
         "round": None,
+        "slurm_run": jobenv.slurm_run(env),
     }
 
 
@@ -80,7 +81,7 @@ def file_glob(pid: int, node: int | None = None, component: str = "*") -> str:
 class EventWriter:
     """Writes events of one process to ``<dir>/<component>-n<node>-p<pid>-<token>.jsonl``.
 
-    The context (job, node, rank, round, component) is stamped on every event
+    The context (job, node, rank, round, slurm_run, component) is stamped on every event
     and can change over the life of the process (``update``), for example when
     the Wrapper reassigns ranks or starts a new round.
     """
@@ -94,7 +95,9 @@ class EventWriter:
     ) -> None:
         self.directory = Path(directory)
         self.component = component
-        self._context: dict[str, Any] = {"job": None, "node": None, "rank": None, "round": None}
+        self._context: dict[str, Any] = {
+            "job": None, "node": None, "rank": None, "round": None, "slurm_run": None,
+        }  # fmt: skip
         self._context.update(context or {})
         self._fsync = os.environ.get(jobenv.EVENTS_FSYNC) == "1" if fsync is None else fsync
         self._lock = threading.Lock()

@@ -198,25 +198,25 @@ def _faults(
     wanted = {f.signature for f in failures if f.source == "events"}
     marks: dict[tuple[Any, ...], FaultMark] = {}
 
-    def add(sig: str, rank: Any, node: Any, host: Any, rnd: Any, wall: float | None) -> None:
+    def add(sig: str, rank: Any, node: Any, host: Any, rnd: Any, wall: float | None, run: Any) -> None:
         if sig in wanted:
             key = (sig, rank, node, None if wall is None else round(wall, 3))
-            marks.setdefault(key, FaultMark(sig, rank, node, host, rnd, wall))
+            marks.setdefault(key, FaultMark(sig, rank, node, host, rnd, wall, run))
 
     for sig, group in job.signatures.items():
-        for wall, rank, node, host, rnd, shape, onset in group.seen:
+        for wall, rank, node, host, rnd, shape, onset, run in group.seen:
             if losses.explains(onset, shape, signature=sig) is None:  # as in the failure table
-                add(sig, rank, node, host, rnd, wall)
+                add(sig, rank, node, host, rnd, wall, run)
     for p in process_rows:
         if p.explained_by is None:
             told = p.error.signature if p.error is not None else None
-            add(told or process_end_signature(p.exit_code, p.signal), p.rank, p.node, p.host, None, p.wall)
+            add(told or process_end_signature(p.exit_code, p.signal), p.rank, p.node, p.host, None, p.wall, p.run)
     for h in untold_hangs(job, losses):  # as in the failure table
-        add(hang_signature(h.timeout), h.rank, h.node, h.host, h.round, h.wall)
+        add(hang_signature(h.timeout), h.rank, h.node, h.host, h.round, h.wall, h.run)
     for loss in losses.losses:
         wall = loss.start if math.isfinite(loss.start) else None
         for rank in loss.ranks or [None]:
-            add(NODE_LOST_SIGNATURE, rank, loss.node, loss.host, loss.round, wall)
+            add(NODE_LOST_SIGNATURE, rank, loss.node, loss.host, loss.round, wall, loss.run)
     return sorted(
         marks.values(),
         key=lambda m: (m.wall if m.wall is not None else math.inf, m.rank if m.rank is not None else -1, m.signature),

@@ -105,6 +105,7 @@ def aggregate_files(
     filters: Filters | None = None,
     run_starts: dict[str, list[float]] | None = None,
     run_ends: list[float] | None = None,
+    slurm_runs: dict[int, int] | None = None,
 ) -> JobSummary:
     """Summarize and merge ``paths`` into one ``JobSummary`` (the unit of work of a worker process).
 
@@ -112,7 +113,7 @@ def aggregate_files(
     and the files fold them straight into the job's: no round state of a file is merged.
     A file that starts a run itself, or is damaged, has the files folded one by one instead.
     """
-    job = JobSummary.starting(run_starts, run_ends)
+    job = JobSummary.starting(run_starts, run_ends, slurm_runs)
     if job.runs == 1:
         for path in paths:
             fs = fold_file(path, filters, job_rounds=job.rounds)
@@ -121,7 +122,7 @@ def aggregate_files(
             job.add(fs)
         else:
             return job
-        job = JobSummary.starting(run_starts, run_ends)
+        job = JobSummary.starting(run_starts, run_ends, slurm_runs)
     for path in paths:
         job.add(summarize_file(path, filters))
     return job
@@ -159,6 +160,32 @@ def run_ends_of(summaries: Iterable[FileSummary], starts: dict[str, list[float]]
     return list(itertools.accumulate(ends, max))  # a run ends no earlier than the one before
 
 
+def slurm_runs_of(
+    summaries: Iterable[FileSummary], starts: dict[str, list[float]]
+) -> dict[int, int]:
+    """SLURM's run -> the job run it is, from the supervisor starts that recorded their SLURM
+    run (``slurm_run``): a ``run_key`` that started in every run has its k-th start in run k.
+
+    Empty where that does not say it once (the starts name several SLURM jobs, each counting
+    its runs from 0: a job submitted again under one ``NVRX_JOB_ID``; or two SLURM runs are one
+    job run, or one is two): runs are then told apart by the starts alone (``run_of``).
+    """
+    summaries = list(summaries)
+    if len({job for fs in summaries for job in fs.slurm_jobs}) > 1:
+        return {}
+    runs = max(map(len, starts.values()), default=0)
+    pairs = set()
+    for fs in summaries:
+        for (key, wall), slurm_run in fs.start_runs.items():
+            walls = starts.get(key, [])
+            if len(walls) == runs:
+                pairs.add((slurm_run, bisect.bisect_left(walls, wall)))
+    found = dict(pairs)
+    if len(found) != len(pairs) or len(set(found.values())) != len(found):
+        return {}
+    return found
+
+
 def _aggregate(
     files: Sequence[Path], filters: Filters, workers: int, progress: Progress
 ) -> JobSummary:
@@ -174,7 +201,8 @@ def _aggregate(
     node_summaries = [summarize_file(p, filters) for p in node_files]
     progress.advance(len(node_files))
     starts = run_starts_of(node_summaries)
-    agg = JobSummary.starting(starts, run_ends_of(node_summaries, starts))
+    ends, slurm_runs = run_ends_of(node_summaries, starts), slurm_runs_of(node_summaries, starts)
+    agg = JobSummary.starting(starts, ends, slurm_runs)
     for summary in node_summaries:
         agg.add(summary)
     sizes = {p: _size(p) for p in rank_files}
@@ -182,7 +210,9 @@ def _aggregate(
     if workers <= 1 or len(rank_files) < 2 or few:
         for i in range(0, len(rank_files), SERIAL_CHUNK_FILES):
             chunk = rank_files[i : i + SERIAL_CHUNK_FILES]
-            agg.merge(aggregate_files(chunk, filters, agg.run_starts, agg.run_ends))
+            agg.merge(
+                aggregate_files(chunk, filters, agg.run_starts, agg.run_ends, agg.run_slurm_runs)
+            )
             progress.advance(len(chunk))
         return agg
     # fork is cheapest, but unsafe when the caller runs other threads.
@@ -195,7 +225,11 @@ def _aggregate(
     # partial results to send back.
     chunks = _chunks(rank_files, sizes, min(len(rank_files), workers * CHUNKS_PER_WORKER))
     work = partial(
-        aggregate_files, filters=filters, run_starts=agg.run_starts, run_ends=agg.run_ends
+        aggregate_files,
+        filters=filters,
+        run_starts=agg.run_starts,
+        run_ends=agg.run_ends,
+        slurm_runs=agg.run_slurm_runs,
     )
     with ProcessPoolExecutor(
         max_workers=workers, mp_context=multiprocessing.get_context(method)

@@ -23,7 +23,7 @@ from nvrx.events.validation import (
     usual_process_fields,
 )
 
-from .file_summary import Ev
+from .file_summary import Ev, slurm_run_of
 from .kind_handlers import DISPATCH, UNHANDLED, KindHandlers, OInt, OStr, phase_ended
 from .parts import RoundState
 from .typed_events import RECORD_TYPES
@@ -77,6 +77,8 @@ class FileFolder(KindHandlers):
             s.component = as_str(event.get("component"))
         if s.pid is None:
             s.pid = as_int(event.get("pid"))
+        if s.slurm_run is None:
+            s.slurm_run = slurm_run_of(event)
         if rank is not None and event.get("component") in _RANK_COMPONENTS:
             s.ranks.add(rank)
         if node is not None and host is not None:

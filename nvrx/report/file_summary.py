@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nvrx.events.reader import ReadStats
+from nvrx.events.validation import MAX_ID
 from nvrx.slurm.job_ids import array_task_name
 
 from .parts import LocalFault, RoundState, SignatureGroup
@@ -31,6 +32,13 @@ def run_key(host: Any, node: Any) -> str | None:
     return f"host {host}" if host is not None else None
 
 
+def slurm_run_of(event: Any) -> int | None:
+    """The run of its SLURM job the writer of ``event`` recorded (``slurm_run``: 0 for the first
+    run), or None: an older writer's event, one written outside SLURM, or not a count."""
+    run = as_int(event.get("slurm_run"))
+    return run if run is not None and 0 <= run <= MAX_ID else None
+
+
 def run_start(event: Ev) -> tuple[str, float] | None:
     """(``run_key``, wall) where ``event`` begins a job run: each ``supervisor_start`` does."""
     if event.get("kind") != "supervisor_start":
@@ -47,6 +55,10 @@ class FileSummary:
     stats: ReadStats
     # Where job runs begin, from every supervisor_start read (even one the filters drop).
     run_starts: list[tuple[str, float]] = field(default_factory=list)
+    # (run_key, wall) of each of those starts that recorded its SLURM run -> that run (slurm_run).
+    start_runs: dict[tuple[str, float], int] = field(default_factory=dict)
+    # The SLURM run its process ran in (slurm_run of its first event that records one).
+    slurm_run: int | None = None
     # Wall of the file's last event of the job, whatever the filters keep: how far the
     # supervisor of its last start ran (``run_ends``).
     final_wall: float | None = None
@@ -105,11 +117,14 @@ class FileSummary:
 
     def note_start(self, event: Ev) -> None:
         """What a ``supervisor_start`` tells of the whole job, noted whatever the filters keep:
-        where a job run begins, and the SLURM job its supervisor ran in (sacct's id, and the
-        array element's name when it was one)."""
+        where a job run begins (and which SLURM run it is, when recorded), and the SLURM job its
+        supervisor ran in (sacct's id, and the array element's name when it was one)."""
         start = run_start(event)
         if start is not None:
             self.run_starts.append(start)
+            slurm_run = slurm_run_of(event)
+            if slurm_run is not None:
+                self.start_runs[start] = slurm_run
         task = array_task_name(event.get("slurm_array_job_id"), event.get("slurm_array_task_id"))
         if task is not None:
             self.array_tasks.add(task)

@@ -567,8 +567,9 @@ def _round_starts(report: ReportData) -> dict[int, list[float]]:
 
 
 def _run_at(runs: list[RunSpan], wall: float) -> int | None:
-    """The run that ``wall`` falls in: the last one started at or before it (else the first).
-    Round numbers start again in each run, so a round is told apart by its run too."""
+    """The run that ``wall`` falls in: the last one started at or before it (else the first),
+    for a mark that does not say its run (``FaultMark.run``). Round numbers start again in
+    each run, so a round is told apart by its run too."""
     started = [r for r in runs if r.start_wall is not None and r.start_wall <= wall]
     if started:
         return max(started, key=lambda r: (r.start_wall, r.run)).run
@@ -609,7 +610,7 @@ def one_mark_per_fault(
     for key, m in sorted(marks, key=lambda km: (km[1].wall or 0.0, km[0] if km[0] is not None else -1)):
         if m.wall is None:
             continue
-        run = _run_at(report.activity.runs, m.wall)
+        run = m.run if m.run is not None else _run_at(report.activity.runs, m.wall)
         rnd = _round_at(report, m, run)
         if _consequence(report, m, run, rnd):
             continue

@@ -214,7 +214,7 @@ def _onset(job: JobSummary, row: RoundRow, end: float) -> tuple[float, str | Non
     told: list[Told] = [
         (wall, onset, shape, signature)
         for signature, group in job.signatures.items()
-        for wall, rank, _, _, _, shape, onset in group.seen
+        for wall, rank, _, _, _, shape, onset, _ in group.seen
         if rank == row.first_rank and wall is not None and onset is not None
         and _within(wall, row.start_wall, end)
     ]  # fmt: skip

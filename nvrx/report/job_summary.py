@@ -17,7 +17,7 @@ from typing import Any
 
 from nvrx.events.reader import Skipped
 
-from .file_summary import FileSummary, run_key
+from .file_summary import FileSummary, run_key, slurm_run_of
 from .merging import (
     COUNTS,
     EXTEND,
@@ -100,16 +100,23 @@ class JobSummary:
     # Where each job run but the last ended (``build.run_ends_of``): the run of a start of a
     # run_key that did not start in every run is the number of runs that ended before it.
     ends: list[float] = field(default_factory=list)
+    # SLURM's run (the events' slurm_run) -> the job run it is (``build.slurm_runs_of``): an
+    # event that recorded one is filed by it, whenever it was written.
+    slurm_runs: dict[int, int] = field(default_factory=dict)
     _global_starts: list[float] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def starting(
-        cls, run_starts: dict[str, list[float]] | None = None, run_ends: list[float] | None = None
+        cls,
+        run_starts: dict[str, list[float]] | None = None,
+        run_ends: list[float] | None = None,
+        slurm_runs: dict[int, int] | None = None,
     ) -> JobSummary:
         """An empty summary that files events under the job runs of ``run_starts``, which
-        ended at ``run_ends``."""
+        ended at ``run_ends``, and an event that recorded its SLURM run under the job run
+        ``slurm_runs`` maps that to."""
         starts = {key: sorted(walls) for key, walls in (run_starts or {}).items()}
-        return cls(starts=starts, ends=list(run_ends or []))
+        return cls(starts=starts, ends=list(run_ends or []), slurm_runs=dict(slurm_runs or {}))
 
     # -- runs (a requeued job runs again under the same job id) -------------
     def note_run_start(self, key: str, wall: float) -> None:
@@ -118,13 +125,17 @@ class JobSummary:
             bisect.insort(starts, wall)
             self._global_starts = None
 
-    def run_of(self, key: str | None, wall: float | None) -> int:
-        """Index of the job run an event belongs to, by the supervisor starts of its ``run_key``.
+    def run_of(self, key: str | None, wall: float | None, slurm_run: int | None = None) -> int:
+        """Index of the job run an event belongs to: the one its recorded SLURM run
+        (``slurm_run``) is, else inferred from the supervisor starts of its ``run_key``.
 
-        Its key's latest start at or before ``wall`` is that key's start of the run. A key that
-        did not start in every run (a slot the job had only in later runs) has its start
-        counted among the runs by the runs that had ended before it (``ends``).
+        Inferred, its key's latest start at or before ``wall`` is that key's start of the run.
+        A key that did not start in every run (a slot the job had only in later runs) has its
+        start counted among the runs by the runs that had ended before it (``ends``).
         """
+        recorded = self.slurm_runs.get(slurm_run) if slurm_run is not None else None
+        if recorded is not None:
+            return recorded
         if wall is None or not self.starts:
             return 0
         if self._global_starts is None:
@@ -140,6 +151,11 @@ class JobSummary:
     def run_starts(self) -> dict[str, list[float]]:
         """Wall times of ``supervisor_start`` per ``run_key``: the start of each job run."""
         return {key: list(walls) for key, walls in self.starts.items()}
+
+    @property
+    def run_slurm_runs(self) -> dict[int, int]:
+        """SLURM's run -> job run, as ``starting`` takes them."""
+        return dict(self.slurm_runs)
 
     @property
     def run_ends(self) -> list[float]:
@@ -242,12 +258,16 @@ class JobSummary:
             part.vanished = [Death(rank, file_node, fs.host, "vanished")]
         if fs.ending_fault is not None and rank is not None:
             part.fault_ended_ranks = {rank}
-        run = self.run_of(run_key(fs.host, file_node), fs.first_wall)
+        run = self.run_of(run_key(fs.host, file_node), fs.first_wall, fs.slurm_run)
         part.rounds = {(run, rnd): state for rnd, state in fs.rounds.items()}
+        for group in fs.signatures.values():  # the run of its marks on the HTML timeline
+            group.seen = [(*o[:7], run) for o in group.seen]
         part.signatures = fs.signatures
         part.monitor_deaths = fs.monitor_deaths
         part.hangs = [Hang(run=run, **h) for h in fs.hangs]
         for e in fs.node_events:
-            e["run"] = self.run_of(run_key(e.get("host"), e.get("node")), e.get("wall"))
+            key, slurm_run = run_key(e.get("host"), e.get("node")), slurm_run_of(e)
+            e.pop("slurm_run", None)
+            e["run"] = self.run_of(key, e.get("wall"), slurm_run)
         part.node_events = fs.node_events
         return part

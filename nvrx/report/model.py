@@ -420,6 +420,9 @@ class FaultMark:
     host: str | None
     round: int | None
     wall: float | None
+    # The job run the report files it under, as its round, hang, process or node loss is
+    # (the one its writer recorded, else inferred); None: drawn under the run it falls in.
+    run: int | None = None
 
 
 @dataclass

@@ -63,6 +63,9 @@ NODE_OWN_FIELDS: dict[str, Callable[[Any], Any]] = {
     **dict.fromkeys(("lost_host", "files", "error_file", "phase", "scope"), as_str),
     **dict.fromkeys(("old_store", "new_store"), as_str),
     "epoch": count,
+    # The SLURM run its writer ran in (a common field, read as any own one): ``JobSummary.part_of``
+    # files the event under the job run it is, then drops it.
+    "slurm_run": count,
     "successor": count,
     "last_seen_wall": num,
     "slurm_state": str_dict,

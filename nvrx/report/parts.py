@@ -47,10 +47,13 @@ class LocalFault:
         return None if self.wall is None else self.wall - (self.detection_s or 0.0)
 
 
-#: One occurrence of a signature: (wall, rank, node, host, round, shape of ``consequence``).
-#: One occurrence: wall (detected), rank, node, host, round, shape, and its onset (the wall
-#: minus its detection time: a hang began a timeout before it was seen).
-Seen = tuple[float | None, int | None, int | None, str | None, int | None, str | None, float | None]
+#: One occurrence of a signature: wall (detected), rank, node, host, round, shape (of
+#: ``consequence``), its onset (the wall minus its detection time: a hang began a timeout
+#: before it was seen), and the job run the report files it under (None until a job
+#: summary files its file's events: ``JobSummary.part_of``).
+Seen = tuple[
+    float | None, int | None, int | None, str | None, int | None, str | None, float | None, int | None
+]
 
 #: Who an occurrence was: (wall, host, pid), unknowns last. Ties of time are broken by it, so
 #: that the order in which files are merged never changes which occurrence counts as first.
@@ -167,7 +170,7 @@ class SignatureGroup:
         """One more occurrence, and its details."""
         self.count += 1
         onset = wall - detection_s if wall is not None and detection_s else wall
-        self.seen.append((wall, rank, node, host, rnd, shape, onset))
+        self.seen.append((wall, rank, node, host, rnd, shape, onset, None))
         for target, value in ((self.ranks, rank), (self.nodes, node), (self.rounds, rnd)):
             if value is not None:
                 target.add(value)

@@ -49,15 +49,25 @@ def unfinished_call_s(job: JobSummary, losses: LossIndex) -> float:
 
 
 def _run_spans(job: JobSummary) -> list[tuple[float, float]]:
-    """(first, last) wall of each job run, by its supervisors' events; one span without them."""
-    spans: dict[int, list[float]] = {}
+    """(first, last) wall of each job run, by its supervisors' events; one span without them.
+
+    A run lasts until its last event written before the next run began: a node cut off from
+    it may write for longer, its events told under the run its writer recorded, but the job
+    was requeued by then (the wait for the requeue is not the cut-off node's to shorten).
+    """
+    walls: dict[int, list[float]] = {}
     for e in job.node_events:
         wall = e.get("wall")
         if wall is not None:
-            spans.setdefault(e["run"], []).append(wall)
-    if not spans and job.first_wall is not None and job.last_wall is not None:
+            walls.setdefault(e["run"], []).append(wall)
+    if not walls and job.first_wall is not None and job.last_wall is not None:
         return [(job.first_wall, job.last_wall)]
-    return [(min(w), max(w)) for _, w in sorted(spans.items())]
+    runs = [sorted(w) for _, w in sorted(walls.items())]
+    spans = []
+    for k, w in enumerate(runs):
+        before = bisect.bisect_right(w, runs[k + 1][0]) if k + 1 < len(runs) else len(w)
+        spans.append((w[0], w[before - 1] if before else w[-1]))
+    return spans
 
 
 def _startup_s(job: JobSummary, spans: list[tuple[float, float]]) -> float:

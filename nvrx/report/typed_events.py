@@ -72,6 +72,7 @@ def _record_types() -> dict[str, type]:
         boot: str
         component: str
         job: str | None
+        slurm_run: Any = None  # absent from older writers' events; read as the dicts' is
 
         def get(self, name: str, default: Any = None) -> Any:
             """The field ``name``, or ``default`` where the record has none (as ``dict.get``)."""

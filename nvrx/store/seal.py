@@ -27,6 +27,7 @@ import os
 import secrets
 import stat
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from nvrx import jobenv
@@ -87,10 +88,11 @@ def job_sealer() -> Sealer | None:
         return _job_sealer[1]
 
 
-def run_of_job(env: dict[str, str] | None = None) -> int:
-    """This run of the job: SLURM's count of its requeues (0 for the first run, or outside SLURM)."""
-    env = os.environ if env is None else env  # type: ignore[assignment]
-    return int(jobenv.seconds_from(env, "SLURM_RESTART_COUNT", 0))
+def run_of_job(env: Mapping[str, str] | None = None) -> int:
+    """This run of the job: SLURM's count of its requeues (0 for the first run, or outside SLURM).
+    ValueError naming ``SLURM_RESTART_COUNT`` when it is not a count: no seal is made for a
+    run that is not known (``jobenv.slurm_restart_count``)."""
+    return jobenv.slurm_restart_count(env)
 
 
 def text_of(raw: bytes | str) -> str:

@@ -116,7 +116,7 @@ def settings_from_env(env: Mapping[str, str]) -> dict[str, Any]:
     window = env.get(PREEMPT_WINDOW_ENV)
     cap = jobenv.seconds_from(env, MAX_TIME_LIMIT_REQUEUES_ENV, DEFAULT_MAX_TIME_LIMIT_REQUEUES)
     return {
-        "run_index": int(jobenv.seconds_from(env, "SLURM_RESTART_COUNT", 0)),
+        "run_index": jobenv.slurm_restart_count(env),
         "signum": warning_signal(env),
         "signal_delay_s": jobenv.seconds_from(env, SIGNAL_DELAY_ENV, 0) if delay else None,
         "max_time_limit_requeues": int(cap),

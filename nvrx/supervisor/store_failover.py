@@ -62,6 +62,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from nvrx import jobenv
+
 log = logging.getLogger(__name__)
 
 #: How often the shared directory is looked at while waiting (no change
@@ -80,7 +82,9 @@ class StoreAddress:
 
 
 def _run() -> str:
-    return f"run{os.environ.get('SLURM_RESTART_COUNT') or 0}"
+    """This run's name in the failover files: ``run<N>``, N as every reader of the count takes
+    it (``jobenv.slurm_restart_count``; a bad one stopped the supervisor as it started)."""
+    return f"run{jobenv.slurm_restart_count()}"
 
 
 def epoch_dir(job_dir: Path, epoch: int) -> Path:

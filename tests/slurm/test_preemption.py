@@ -75,6 +75,13 @@ def _check_resumed(job, ckpt: Path, nranks: int, cause: str, grace_time: float) 
     assert [(e["node"], e["cause"], e["count"]) for e in requeues] == [(0, cause, 1)]
     saves = [e for e in events if e["kind"] == "checkpoint" and e["action"] == "save"]
     assert sorted(e["rank"] for e in saves) == list(range(nranks))
+    # every writer recorded the run of the SLURM job it wrote in (SLURM_RESTART_COUNT)
+    starts = sorted((e["slurm_run"], e["node"]) for e in events if e["kind"] == "supervisor_start")
+    assert starts == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert {e["slurm_run"] for e in [*saves, *requeues]} == {0}
+    loads = [e for e in events if e["kind"] == "checkpoint" and e["action"] == "load"]
+    assert sorted(e["rank"] for e in loads) == list(range(nranks))
+    assert {e["slurm_run"] for e in loads} == {1}
     summary = job.report().to_dict()["summary"]
     assert summary["restarts"]["requeue"] == 1
     assert summary["outcome"].startswith("COMPLETED")

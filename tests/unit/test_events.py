@@ -191,3 +191,44 @@ def test_a_folder_that_vanished_while_listed_is_not_taken_for_one_this_user_may_
     in it, and no permission is missing."""
     unlisted: list[Path] = []
     assert event_files(tmp_path / "gone", unlisted) == [] and unlisted == []
+
+
+@pytest.mark.parametrize(
+    ("env", "run"),
+    [
+        ({"SLURM_JOB_ID": "9"}, 0),  # SLURM sets no SLURM_RESTART_COUNT on the first run
+        ({"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "0"}, 0),
+        ({"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "2"}, 2),
+        ({"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "two"}, None),
+        ({"SLURM_RESTART_COUNT": "2"}, None),  # not in a SLURM job: no run of one
+        ({}, None),
+    ],
+)
+def test_the_event_context_records_the_run_of_the_slurm_job(env: dict[str, str], run: int | None) -> None:
+    assert events.context_from_env(env)["slurm_run"] == run
+
+
+def test_supervisors_and_their_ranks_record_the_slurm_run_they_run_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The supervisor's writer (``configure``, as ``Supervisor.run`` sets it up) and a rank's
+    (its context read from the environment its supervisor gives it, as the Wrapper, its
+    monitor and the node agent read theirs) stamp ``slurm_run`` on every event."""
+    from nvrx.events import writer as writer_module
+    from nvrx.jobenv import JobEnv
+
+    monkeypatch.setenv("SLURM_JOB_ID", "9")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
+    monkeypatch.setattr(writer_module, "_default", None)  # this process's writer is restored after
+    supervisor = events.configure("supervisor", tmp_path / "s", job="9", node=0, rank=None, round=None)
+    supervisor.emit("supervisor_start", nnodes=1)
+    supervisor.emit("supervisor_end", exit_code=0)
+    supervisor.close()
+    child_env = JobEnv(job_id="9", log_dir=str(tmp_path)).child_env(0, restart_count=0)
+    rank = EventWriter(tmp_path / "r", "wrapper", dict(events.context_from_env(child_env), rank=0))
+    rank.emit("round_start", world_size=1)
+    rank.close()
+    written = [e for d in ("s", "r") for e in read_dir(tmp_path / d)[0]]
+    assert [(e["kind"], e["slurm_run"]) for e in written] == [
+        ("supervisor_start", 3), ("supervisor_end", 3), ("round_start", 3),
+    ]  # fmt: skip

@@ -198,3 +198,74 @@ def test_omp_num_threads_is_1_when_ranks_share_a_node_and_nobody_set_it(tmp_path
     assert two.child_env(0, 0, base={})["OMP_NUM_THREADS"] == "1"
     assert two.child_env(0, 0, base={"OMP_NUM_THREADS": "8"})["OMP_NUM_THREADS"] == "8"
     assert "OMP_NUM_THREADS" not in one.child_env(0, 0, base={})
+
+
+@pytest.mark.parametrize(
+    ("raw", "run"), [(None, 0), ("", 0), ("0", 0), ("3", 3), (" 3\n", 3), ("12", 12)]
+)
+def test_slurm_restart_count_is_the_run_of_the_slurm_job(raw: str | None, run: int) -> None:
+    env = {} if raw is None else {jobenv.SLURM_RESTART_COUNT: raw}  # unset on a job's first run
+    assert jobenv.slurm_restart_count(env) == run
+    assert jobenv.slurm_run({"SLURM_JOB_ID": "9", **env}) == run
+
+
+@pytest.mark.parametrize("raw", ["two", "-1", "1.5", "1e3", "inf", "+2", "1_0", "\u0663"])
+def test_a_slurm_restart_count_that_is_not_a_count_is_refused_by_name(raw: str) -> None:
+    env = {"SLURM_JOB_ID": "9", jobenv.SLURM_RESTART_COUNT: raw}
+    with pytest.raises(ValueError, match=f"SLURM_RESTART_COUNT={re.escape(repr(raw))} is not a non-negative integer"):
+        jobenv.slurm_restart_count(env)
+    assert jobenv.slurm_run(env) is None  # the events record an unknown run, never a guess
+
+
+@pytest.mark.parametrize("raw", [None, "0", "2", " 2"])
+def test_every_reader_of_the_slurm_run_takes_the_same_run(
+    raw: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The preemption handler names its flag, the ranks look for it, the store seals and the
+    failover files are kept by the one count (``jobenv.slurm_restart_count``)."""
+    from nvrx import checkpoint_flag
+    from nvrx.store import seal
+    from nvrx.supervisor import preemption, store_failover
+
+    env = {"SLURM_JOB_ID": "9"} if raw is None else {"SLURM_JOB_ID": "9", jobenv.SLURM_RESTART_COUNT: raw}
+    monkeypatch.delenv(jobenv.SLURM_RESTART_COUNT, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    run = jobenv.slurm_restart_count(env)
+    assert preemption.settings_from_env(env)["run_index"] == run
+    assert checkpoint_flag.run_index_from_env(env) == run
+    assert seal.run_of_job(env) == run
+    assert store_failover.epoch_dir(Path("j"), 1) == Path("j", "failover", f"run{run}", "e1")
+    assert jobenv.slurm_run(env) == run
+
+
+@pytest.mark.parametrize("raw", ["two", "-1", "1.5", "inf"])
+def test_a_bad_slurm_restart_count_stops_the_supervisor_and_its_seals_but_not_a_rank(
+    raw: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``nvrx-supervise`` refuses it as it starts (else its flag and its ranks' could name two
+    runs), no seal is made for it; a rank under another launcher looks for run 0's flag."""
+    from nvrx import checkpoint_flag
+    from nvrx.store import seal
+    from nvrx.supervisor.config import ConfigError
+
+    env = {"SLURM_JOB_ID": "9", jobenv.SLURM_RESTART_COUNT: raw}
+    with pytest.raises(ConfigError, match="SLURM_RESTART_COUNT"):
+        config_from_args(["--nproc-per-node", "1", "--", "true"], env=env)
+    with pytest.raises(ValueError, match="SLURM_RESTART_COUNT"):
+        seal.run_of_job(env)
+    assert checkpoint_flag.run_index_from_env(env) == 0
+    assert "SLURM_RESTART_COUNT" in caplog.text and "treating this as run 0" in caplog.text
+
+
+def test_only_the_contract_module_reads_the_slurm_restart_count() -> None:
+    """One reader (``jobenv.slurm_restart_count``): no other module names the variable in code."""
+    spelled = []
+    for path in sorted((ROOT / "nvrx").rglob("*.py")):
+        if path.name == "jobenv.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if node.value == "SLURM_RESTART_COUNT":
+                    spelled.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not spelled, "\n".join(spelled)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from nvrx.events import EventWriter
+from nvrx.events import EventWriter, context_from_env
 
 T0 = 1_700_000_000.0
 JOB = "777"
@@ -43,12 +43,19 @@ class Proc:
     """One process's event file on a simulated host."""
 
     def __init__(
-        self, log_dir: Path, host: Host, component: str, rank: int | None = None, job: str = JOB
+        self,
+        log_dir: Path,
+        host: Host,
+        component: str,
+        rank: int | None = None,
+        job: str = JOB,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.host = host
-        self.writer = EventWriter(
-            log_dir, component, {"job": job, "node": host.node, "rank": rank, "round": None}
-        )
+        context: dict[str, Any] = {"job": job, "node": host.node, "rank": rank, "round": None}
+        if env is not None:  # what else the writers read from their environment (the SLURM run)
+            context = {**context_from_env(env), **context}
+        self.writer = EventWriter(log_dir, component, context)
 
     def round(self, rnd: int | None) -> Proc:
         self.writer.update(round=rnd)

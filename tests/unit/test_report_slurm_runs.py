@@ -1,0 +1,219 @@
+"""nvrx-report files each event under the run of its SLURM job that its writer recorded
+(``slurm_run``, from ``SLURM_RESTART_COUNT``), whenever the event was written: a node cut
+off from run 0 that still writes after the requeued job's run 1 started has its events told
+under run 0. Events without it (older writers) are filed by the supervisor starts, as before.
+
+The events are written by the real ``EventWriter``, its context read from each process's
+environment by ``context_from_env`` as the writers read it (``test_report_fixtures.Proc``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_report_fixtures import T0, Host, Proc
+
+from nvrx.events.failures import NODE_LOST_SIGNATURE
+from nvrx.report import Report, build_report
+from nvrx.report.html_lanes import build_lanes
+
+SLURM_JOB = "4242"
+REASON = "node lost, no spare: 1 nodes left, below --min-nodes 2"
+
+
+def _env(run: int | None, slurm_job: str = SLURM_JOB) -> dict[str, str] | None:
+    """The SLURM variables of a process of run ``run`` of ``slurm_job`` (SLURM sets no
+    ``SLURM_RESTART_COUNT`` on a job's first run); None: an older writer, which records none."""
+    if run is None:
+        return None
+    env = {"SLURM_JOB_ID": slurm_job}
+    if run:
+        env["SLURM_RESTART_COUNT"] = str(run)
+    return env
+
+
+class Run:
+    """One run of a 2-node job of one rank per node: its supervisors by slot, its ranks."""
+
+    def __init__(
+        self, log_dir: Path, t: float, hosts: dict[int, str], run: int | None,
+        slurm_job: str = SLURM_JOB,
+    ) -> None:  # fmt: skip
+        self.dir, self.hosts, self.env = log_dir, hosts, _env(run, slurm_job)
+        self.sup = {
+            slot: Proc(log_dir, Host(name, slot), "supervisor", job=SLURM_JOB, env=self.env)
+            for slot, name in hosts.items()
+        }
+        self.procs: list[Proc] = [*self.sup.values()]
+        for sup in self.sup.values():
+            sup.at(
+                t, "supervisor_start", nnodes=2, nproc_per_node=1, spare_nodes=0,
+                slurm_job_id=slurm_job,
+            )  # fmt: skip
+        self.ranks = {slot: self.start_rank(t + 0.5, slot) for slot in hosts}
+
+    def start_rank(self, t: float, slot: int, attempt: int = 0) -> Proc:
+        """The supervisor of ``slot`` starts its rank (rank = slot); its Wrapper's writer."""
+        self.sup[slot].at(
+            t, "child_start", local_rank=0, child_pid=100 * (attempt + 1) + slot,
+            attempt=attempt, global_rank=slot,
+        )  # fmt: skip
+        host = Host(self.hosts[slot], slot)
+        proc = Proc(self.dir, host, "wrapper", rank=slot, job=SLURM_JOB, env=self.env)
+        self.procs.append(proc)
+        return proc
+
+    def round_start(self, t: float, rnd: int, ranks: dict[int, Proc]) -> None:
+        for rank, proc in ranks.items():
+            proc.round(rnd).at(t, "round_start", world_size=2, initial_rank=rank)
+            proc.at(t + 0.01, "call_start", note="enter")
+
+    def node_lost(self, t: float, by: int, lost: int) -> None:
+        """Slot ``by`` declares slot ``lost`` lost, and the job stops: no spare."""
+        self.sup[by].at(
+            t, "node_lost", lost_node=lost, lost_slot=lost, lost_host=self.hosts[lost],
+            silent_s=3.0, last_seen_wall=T0 + t - 3.0, seen_by=by, action="stop", ranks=[lost],
+        )  # fmt: skip
+        self.sup[by].at(t + 0.01, "job_stop", reason=REASON, exit_code=8)
+
+    def complete(self, t: float) -> None:
+        for proc in self.ranks.values():
+            proc.at(t, "call_end", duration_s=5.0, outcome="completed")
+            proc.at(t, "round_end", outcome="completed", duration_s=5.0)
+            proc.at(t, "wrapper_end", outcome="completed", rounds=1)
+        for sup in self.sup.values():
+            sup.at(t + 1.0, "supervisor_end", exit_code=0, reason="all children ended")
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.close()
+
+
+def _requeued_with_a_late_writer(log_dir: Path, recorded: bool = True) -> dict[str, Any]:
+    """Run 0 on node-a and node-b: node-b is cut off at ~11 s, node-a declares it lost at 14 s
+    and the job, with no spare, stops and is requeued. Run 1 starts at 40 s on node-a and
+    node-c and completes at 60 s. Meanwhile node-b's supervisor of run 0, cut off but alive,
+    goes on: at 50 s it declares node-a lost (it cannot see it), and restarts its rank, whose
+    new process starts round 1 of run 0. ``recorded``: the writers record their SLURM run
+    (else: older writers). The report's JSON."""
+    hosts0 = {0: "node-a", 1: "node-b"}
+    run0 = Run(log_dir, 0.0, hosts0, 0 if recorded else None)
+    run0.round_start(5.0, 0, run0.ranks)
+    run0.node_lost(14.4, by=0, lost=1)
+    run0.sup[0].at(
+        14.9, "requeue", cause="node_failure", count=1, excluded=["node-b"], run=0,
+        issued_by="nvrx", slurm_job_id=SLURM_JOB,
+    )  # fmt: skip
+    run0.sup[0].at(15.0, "supervisor_end", exit_code=8, reason=REASON)
+    run1 = Run(log_dir, 40.0, {0: "node-a", 1: "node-c"}, 1 if recorded else None)
+    run1.round_start(45.0, 0, run1.ranks)
+    run0.node_lost(50.0, by=1, lost=0)  # late: run 1 started 10 s before
+    late = run0.start_rank(50.2, 1, attempt=1)
+    run0.round_start(51.0, 1, {1: late})
+    run1.complete(60.0)
+    run0.close()
+    run1.close()
+    return build_report(log_dir, sacct=False).to_dict()
+
+
+def test_a_cut_off_nodes_late_events_are_told_under_the_run_its_writer_recorded(
+    tmp_path: Path,
+) -> None:
+    data = _requeued_with_a_late_writer(tmp_path / "job")
+    assert data["summary"]["runs"] == 2
+    losses = {(loss["run"], loss["slot"]) for loss in data["node_losses"]}
+    assert losses == {(0, 1), (0, 0)}  # node-b's late declaration is of run 0, not run 1
+    rows = {(row["run"], row["round"]) for row in data["timeline"]}
+    assert rows == {(0, 0), (0, 1), (1, 0)}  # the late process's round 1 too
+    assert data["summary"]["outcome"] == "completed"
+
+
+def test_a_cut_off_nodes_late_events_do_not_shorten_the_wait_for_the_requeue(
+    tmp_path: Path,
+) -> None:
+    """Run 0 ended for the job when node-a's supervisor ended (15 s), run 1 began at 40 s:
+    the 25 s between are the requeue's, though node-b, cut off, writes under run 0 until 51 s."""
+    ledger = _requeued_with_a_late_writer(tmp_path / "job")["summary"]["time_ledger"]
+    assert ledger["requeue_wait_s"] == pytest.approx(25.0)
+
+
+def test_older_writers_late_events_are_still_filed_by_the_supervisor_starts(
+    tmp_path: Path,
+) -> None:
+    """What docs/report.md says of events without ``slurm_run``: filed under the run of their
+    node rank's latest supervisor start, so the late ones land in run 1."""
+    data = _requeued_with_a_late_writer(tmp_path / "job", recorded=False)
+    losses = {(loss["run"], loss["slot"]) for loss in data["node_losses"]}
+    assert losses == {(0, 1), (1, 0)}
+    rows = {(row["run"], row["round"]) for row in data["timeline"]}
+    assert rows == {(0, 0), (1, 1), (1, 0)}
+
+
+def test_runs_of_a_job_submitted_again_under_one_job_id_are_told_apart_by_their_starts(
+    tmp_path: Path,
+) -> None:
+    """Each SLURM job counts its runs from 0: two submissions under one ``NVRX_JOB_ID`` both
+    record run 0, and the report tells their runs apart by the supervisor starts instead."""
+    log_dir = tmp_path / "job"
+    first = Run(log_dir, 0.0, {0: "node-a", 1: "node-b"}, 0, slurm_job="100")
+    first.round_start(5.0, 0, first.ranks)
+    first.complete(10.0)
+    second = Run(log_dir, 40.0, {0: "node-a", 1: "node-b"}, 0, slurm_job="200")
+    second.round_start(45.0, 0, second.ranks)
+    second.complete(60.0)
+    first.close()
+    second.close()
+    data = build_report(log_dir, sacct=False).to_dict()
+    assert data["summary"]["runs"] == 2
+    assert {(row["run"], row["round"]) for row in data["timeline"]} == {(0, 0), (1, 0)}
+
+
+def _fault(proc: Proc, t: float, exc_type: str, rank: int) -> None:
+    proc.at(t, "call_end", duration_s=1.0, outcome="fault")
+    proc.at(t, "fault", fault_kind="exception", origin_rank=rank, exc_type=exc_type, message="x", detection_s=0.0)
+
+
+def _late_fault_beside_a_failing_round(log_dir: Path) -> Report:
+    """Run 0 as in ``_requeued_with_a_late_writer``: node-b, cut off, is declared lost and
+    the job requeued. In run 1, rank 0 raises a ``KeyError`` in round 0 and again in round 1
+    (its rounds restart). Meanwhile node-b's supervisor of run 0 restarts its rank, whose new
+    process starts round 1 of run 0 at 51 s and raises a ``ValueError`` at 52 s: within run 1's
+    round 1 by time, whose cause is rank 0's error."""
+    run0 = Run(log_dir, 0.0, {0: "node-a", 1: "node-b"}, 0)
+    run0.round_start(5.0, 0, run0.ranks)
+    run0.node_lost(14.4, by=0, lost=1)
+    run0.sup[0].at(15.0, "supervisor_end", exit_code=8, reason=REASON)
+    run1 = Run(log_dir, 40.0, {0: "node-a", 1: "node-c"}, 1)
+    for rnd, t in ((0, 45.0), (1, 49.0)):
+        run1.round_start(t, rnd, run1.ranks)
+        _fault(run1.ranks[0], t + 3.0, "KeyError", 0)
+        for proc in run1.ranks.values():
+            proc.at(t + 3.5, "round_end", outcome="restart", duration_s=3.5)
+    run1.round_start(55.0, 2, run1.ranks)
+    late = run0.start_rank(50.2, 1, attempt=1)
+    run0.round_start(51.0, 1, {1: late})
+    _fault(late, 52.0, "ValueError", 1)
+    run1.complete(60.0)
+    run0.close()
+    run1.close()
+    return build_report(log_dir, sacct=False)
+
+
+def test_a_late_fault_of_a_cut_off_node_is_marked_under_the_run_its_writer_recorded(
+    tmp_path: Path,
+) -> None:
+    """The HTML timeline's mark of the late ``ValueError`` is told under run 0's round 1, where
+    the report files it, not under run 1's round 1 that it falls in by time: there it would
+    be taken for a consequence of rank 0's ``KeyError`` and drawn nowhere."""
+    report = _late_fault_beside_a_failing_round(tmp_path / "job")
+    errors = {(row.run, row.round): row.cause for row in report.timeline}
+    late = next(m for m in report.activity.faults if m.rank == 1 and "ValueError" in m.signature)
+    assert (late.run, late.round, late.wall) == (0, 1, T0 + 52.0)
+    assert "ValueError" in (errors[(0, 1)] or "") and "KeyError" in (errors[(1, 1)] or "")
+    ids = {f.signature: f"fault-{i}" for i, f in enumerate(report.failures)}
+    lanes = {lane.ident: lane for lane in build_lanes(report, ids).lanes if lane.kind == "rank"}
+    marks = [(m.wall, m.fault.signature) for m in lanes[1].marks]
+    assert marks[1:] == [(T0 + 52.0, late.signature)] and marks[0][1] == NODE_LOST_SIGNATURE
+    assert [m.fault.run for m in lanes[0].marks] == [1, 1]  # rank 0's errors, in run 1
