@@ -244,22 +244,30 @@ def test_the_slot_next_in_line_is_the_lowest_not_known_lost_in_the_store(tmp_pat
     assert survivor.failover._next_in_line() is (slot == 2)
 
 
-@pytest.mark.parametrize("slot", [1, 2])
-def test_at_a_failover_a_store_kept_ready_on_a_slot_known_lost_is_stopped(tmp_path: Path, slot: int) -> None:
+@pytest.mark.parametrize(("slot", "kept_ready"), [(1, True), (2, True), (2, False)])
+def test_at_a_failover_a_store_kept_ready_on_a_slot_known_lost_is_stopped(
+    tmp_path: Path, slot: int, kept_ready: bool
+) -> None:
     """5 slots, slot 0's store lost, its snapshot shows slot 1 declared lost: when the
     failover begins, slot 1 stops the store service it kept ready, slot 2 lets its own go to
-    serve (before, the other way round)."""
+    serve, or starts one for the next epoch where it kept none ready (before, slot 1 let its
+    own go, and slot 2 stopped its own or started none)."""
     survivor = _slot_1_declared_lost(tmp_path, slot)
     used: list[str] = []
     failover = survivor.failover
     failover._roles.node_rank = None  # (a spare: no standby to start)
     failover._prepared_link = SimpleNamespace(running=True)
-    failover._prepared_service = SimpleNamespace(
-        alive=True, stop=lambda: used.append("stop"), release=lambda: used.append("release")
+    kept = SimpleNamespace(alive=True, stop=lambda: used.append("stop"), release=lambda: used.append("release"))
+    failover._prepared_service = kept if kept_ready else None
+    started = SimpleNamespace()
+    failover._successor_store = lambda epoch, held=False: SimpleNamespace(
+        launch=lambda: used.append(f"start e{epoch}") or started
     )
     link, service = failover._start_ahead()
-    assert used == (["release"] if slot == 2 else ["stop"])
-    assert (service is not None) is (slot == 2)
+    if slot == 1:
+        assert (used, service) == (["stop"], None)
+    else:
+        assert (used, service) == ((["release"], kept) if kept_ready else ([f"start e{EPOCH + 1}"], started))
 
 
 @pytest.mark.parametrize("claimed", [False, True], ids=["lost-before-its-claim", "lost-after-it"])
