@@ -5,7 +5,10 @@ The survivors elect the successor (``store_failover``), which starts the next
 store restored from the old one's snapshot; everyone reconnects and starts
 its children again with the new address, as one new process generation
 (``NVRX_FRESH_START``). The successor declares the old host's slot lost, so a
-spare takes over its node rank as after any node loss. A store host that
+spare takes over its node rank as after any node loss. A slot that the lost store's
+snapshot shows declared lost (it stalled past the node timeout and was fenced, but
+lived to see the store lost) stands in no election: it ends its children and stops
+as a fenced node does (exit 9). A store host that
 loses its own store service, or a job of one node, has nobody to fail over
 to: it stops as before (exit 3). Neither has a survivor of a job of two slots,
 which never holds a majority, nor one of a job that lost too many slots at once for
@@ -21,7 +24,7 @@ nothing to do.
 
 What takes seconds is ready before it is needed: while the job runs, each
 supervisor keeps a node agent started that has no address yet, and the slot next in line (the lowest one
-but the store host's) keeps a store service held before it binds
+but the store host's and those known lost) keeps a store service held before it binds
 (``Failover.prepare``). When the store is lost, the held service is let go
 (stopped again if the election names another slot) and standbys for the
 node's ranks start (``standby``) while the children stop and the survivors
@@ -33,6 +36,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -74,9 +78,13 @@ class Failover:
         standbys: Standbys,
         requeue: node_requeue.Requeue,
         job_restart: JobRestart,
+        fence: Callable[[], None],
     ) -> None:
+        """``fence``: what this slot does once it finds the job gave it up (it was declared
+        lost while it stalled): ``NodeMessages.fenced``."""
         self.store, self.course, self.control, self.ranks = store, course, control, ranks
         self.standbys, self.requeue, self.job_restart = standbys, requeue, job_restart
+        self.fence = fence
         self._ahead_link: StoreLink | None = None
         self._ahead_service: StoreService | None = None
         self._prepared_link: StoreLink | None = None
@@ -84,6 +92,8 @@ class Failover:
         #: The slots that announced themselves in an election that found no majority, or in
         #: one whose store was not published (less its successor and its claimant).
         self._unelected: frozenset[int] | None = None
+        #: This slot found its own end in the lost store's snapshot: it stood in no election.
+        self._fenced_off = False
 
     @property
     def _roles(self) -> NodeRoles:
@@ -98,6 +108,9 @@ class Failover:
         lost_wall = self._last_answered()
         if self._fail_over(detail):
             return True
+        if self._fenced_off:
+            self.fence()  # the job went on without this slot before its store was lost
+            return False
         cfg = self.store.config
         self.control.request_stop(
             f"store at {cfg.store_host}:{cfg.store_port} lost: {detail}",
@@ -286,12 +299,31 @@ class Failover:
         self.prepare()  # for the next one
         return True
 
-    def _next_in_line(self) -> bool:
+    def _next_in_line(self, kept: snapshot.KeptKeys | None = None) -> bool:
         """Whether this slot would host the next store: the lowest slot but the store host's
-        (and the one lost before it, after a failover)."""
+        and the slots known lost (``_known_lost``, as ``kept``, the lost store's snapshot,
+        or else the store shows them), which no election names. Only this slot and the
+        ones below it are looked at, up to the first that is not known lost."""
+        store, slot = self.store, self._roles.slot
+        passed = {store.slot, store.lost_slot}
+        for lower in range(slot + 1):
+            if lower not in passed and not self._roles.ended(lower, kept):
+                return lower == slot
+        return False
+
+    def _known_lost(self, kept: snapshot.KeptKeys) -> set[int]:
+        """The slots known lost: the host lost at the failover before (its successor declared
+        it) and every slot whose end (it left, or was declared lost) ``kept``, the lost
+        store's snapshot, shows."""
         store = self.store
-        others = set(range(store.config.nnodes)) - {store.slot, store.lost_slot}
-        return bool(others) and self._roles.slot == min(others)
+        ended = {s for s in range(store.config.nnodes) if self._roles.ended(s, kept)}
+        return ended | {store.lost_slot}
+
+    def _lost_store_keys(self) -> snapshot.KeptKeys:
+        """What the store just lost kept in its snapshot, as the survivors all read it."""
+        store = self.store
+        path = store_failover.snapshot_path(store.config.events_dir, store.epoch, store.slot)
+        return snapshot.KeptKeys(snapshot.read(path))
 
     def prepare(self) -> None:
         """While the job runs, keep ready what a failover would wait for first: a node
@@ -308,11 +340,20 @@ class Failover:
                 self._prepared_link = StoreLink(None, None, cfg.store_timeout, self.store.beats_fd).launch()
             except OSError as exc:
                 log.warning("cannot keep a node agent ready for a failover: %s", exc)
-        if self._prepared_service is None and self._next_in_line():
+        if self._prepared_service is None and self._next_in_line_now():
             try:
                 self._prepared_service = self._successor_store(self.store.epoch + 1, held=True).launch()
             except (OSError, RuntimeError) as exc:
                 log.warning("cannot keep a store ready for a failover: %s", exc)
+
+    def _next_in_line_now(self) -> bool:
+        """``_next_in_line`` as the store tells it now; False when it does not answer (the
+        failover that follows reads the lost store's snapshot instead)."""
+        try:
+            return self._next_in_line()
+        except StoreLinkError as exc:
+            log.warning("cannot read which slots the job lost: %s", exc)
+            return False
 
     def drop_prepared(self) -> None:
         """What was kept ready for a failover ends (the job ends, or it was not needed)."""
@@ -335,12 +376,13 @@ class Failover:
                 link = StoreLink(None, None, cfg.store_timeout, self.store.beats_fd).launch()
             except OSError as exc:
                 log.warning("cannot start the next node agent ahead: %s", exc)
-        if service is not None and not (service.alive and self._next_in_line()):
+        next_in_line = self._next_in_line(self._lost_store_keys())
+        if service is not None and not (service.alive and next_in_line):
             service.stop()
             service = None
         if service is not None:
             service.release()
-        elif self._next_in_line():
+        elif next_in_line:
             try:
                 service = self._successor_store(self.store.epoch + 1).launch()
             except (OSError, RuntimeError) as exc:
@@ -371,12 +413,10 @@ class Failover:
         declaration of the old host's slot, when this slot is the successor."""
         store = self.store
         cfg, slot = store.config, self._roles.slot
-        awaited = self._awaited()
-        store.lost_slot = store.slot
-        store.epoch += 1
         job_dir = cfg.events_dir
-        store_failover.announce(job_dir, store.epoch, slot)
-        election = store_failover.elect(job_dir, store.epoch, awaited, cfg.node_timeout, cfg.nnodes)
+        election = self._elect()
+        if election is None:
+            return None, None
         successor = election.successor
         if successor != slot and self._ahead_service is not None:
             self._ahead_service.stop()  # another slot hosts the next store
@@ -420,18 +460,30 @@ class Failover:
             return None, None
         return address, loss
 
-    def _awaited(self) -> set[int]:
-        """The slots the election after the loss of the store waits for: all but the lost
-        store's host and the slots known lost already, which would only make it wait out the
-        node timeout: the host lost at the failover before (its successor declared it) and
-        every slot whose end the lost store's snapshot shows (it left, or was declared lost).
-        A slot not waited for that announces itself still counts (``store_failover.elect``)."""
+    def _elect(self) -> store_failover.Election | None:
+        """Announce this slot in the election of the next epoch and find its successor.
+        The election waits for every slot but the lost store's host and the slots known lost
+        (``_known_lost``, from the lost store's snapshot), which would only make it wait out
+        the node timeout; one of those that announces itself still counts toward the
+        majority, but is never the successor (``store_failover.elect``). None when this slot
+        is known lost itself: the job gave it up while it stalled, so it does not stand (it
+        announces nothing) and ends as fenced (``store_lost``)."""
         store = self.store
-        cfg = store.config
-        lost_store = store_failover.snapshot_path(cfg.events_dir, store.epoch, store.slot)
-        kept = snapshot.KeptKeys(snapshot.read(lost_store))
-        ended = {s for s in range(cfg.nnodes) if self._roles.ended(s, kept)}
-        return set(range(cfg.nnodes)) - {store.slot, store.lost_slot} - ended
+        cfg, slot = store.config, self._roles.slot
+        known_lost = self._known_lost(self._lost_store_keys())
+        if slot in known_lost:
+            lost_store = store_failover.snapshot_path(cfg.events_dir, store.epoch, store.slot)
+            log.error("%s, the lost store's snapshot, shows this slot's end: the job gave it up, "
+                      "and it stands in no election", lost_store)  # fmt: skip
+            self._fenced_off = True
+            return None
+        awaited = set(range(cfg.nnodes)) - {store.slot} - known_lost
+        store.lost_slot = store.slot
+        store.epoch += 1
+        store_failover.announce(cfg.events_dir, store.epoch, slot)
+        return store_failover.elect(
+            cfg.events_dir, store.epoch, awaited, cfg.node_timeout, cfg.nnodes, frozenset(known_lost)
+        )
 
     def _decide_for_store(self, job_dir: Path) -> bool:
         """This slot claimed the epoch for its store: decide the epoch for it, before

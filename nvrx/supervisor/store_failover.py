@@ -1,4 +1,5 @@
-"""Store failover: when the store host is lost, the lowest surviving slot starts the next store.
+"""Store failover: when the store host is lost, the lowest surviving slot not known lost
+starts the next store.
 
 The job directory (``<log dir>/<job id>``) is on a file system every node
 sees (the checkpoint flag relies on it too), and it is where the survivors
@@ -13,13 +14,16 @@ failover ``epoch`` (1 for the first):
 2. once every slot has written but the lost host and the slots known lost
    (the host lost at the failover before, and those whose end the lost store's
    snapshot shows: they left, or were declared lost), or ``settle_s`` has passed,
-   the lowest slot that wrote is the successor (a documented, deterministic
-   rule that every survivor computes from the files it finds then), provided a
-   majority of the job's slots wrote: a minority cut off by a partition never
-   starts a store of its own, it stops. A slot known lost that wrote counts too,
-   but nobody waits for it: one that writes while the others look, like any slot
-   that writes as ``settle_s`` passes, may make them name different successors
-   (or find a majority or not), and then step 3 keeps it to one store;
+   the lowest slot that wrote and is not known lost is the successor (a
+   documented, deterministic rule that every survivor computes from the files it
+   finds then), provided a majority of the job's slots wrote: a minority cut off
+   by a partition never starts a store of its own, it stops. A slot known lost
+   does not stand: one that finds its own end in that snapshot writes nothing and
+   ends as fenced (``failover``). One that writes all the same counts toward the
+   majority, but is never the successor and nobody waits for it: one that writes
+   while the others look, like any slot that writes as ``settle_s`` passes, may
+   make them find a majority or not (or name different successors), and then
+   step 3 keeps it to one store;
 3. the successor starts a store service on its own host, restored from the
    snapshot the old store kept (``nvrx.store.snapshot``), and claims the epoch
    for it by creating ``failover/run<N>/e<epoch>/claim.json`` exclusively: there is at
@@ -156,12 +160,18 @@ class Election:
     """What one survivor found in the election of an epoch."""
 
     alive: frozenset[int]  # the slots that announced themselves
-    successor: int | None  # the lowest of them; None without a majority of the job's slots
+    #: the lowest of them not known lost; None without a majority of the job's slots
+    successor: int | None
 
 
-def elect(job_dir: Path, epoch: int, expected: set[int], settle_s: float, nslots: int) -> Election:
+def elect(
+    job_dir: Path, epoch: int, expected: set[int], settle_s: float, nslots: int,
+    known_lost: frozenset[int] = frozenset(),
+) -> Election:  # fmt: skip
     """The slots that announced themselves once ``expected`` all did or ``settle_s`` passed,
-    and the successor among them: none when fewer than a majority of the ``nslots`` slots did."""
+    and the successor among them: none when fewer than a majority of the ``nslots`` slots did.
+    A slot of ``known_lost`` that announced itself counts toward the majority but is never
+    the successor: the job gave it up, so it hosts none of the job's stores."""
     deadline = time.monotonic() + settle_s
     while True:
         alive = _alive_slots(job_dir, epoch)
@@ -169,7 +179,8 @@ def elect(job_dir: Path, epoch: int, expected: set[int], settle_s: float, nslots
             if 2 * len(alive) <= nslots:
                 log.error("only slots %s of %d survived: no majority, no new store", alive, nslots)
                 return Election(frozenset(alive), None)
-            return Election(frozenset(alive), min(alive))
+            candidates = alive - known_lost
+            return Election(frozenset(alive), min(candidates) if candidates else None)
         time.sleep(_LOOK_S)
 
 

@@ -95,7 +95,9 @@ class Supervisor:
             store, course, self, ranks, self.policy, wrapper_pids, self.workload
         )
         self.messages = NodeMessages(store, course, self, ranks, self.job_restart, requeue)
-        self.failover = Failover(store, course, self, ranks, self.standbys, requeue, self.job_restart)
+        self.failover = Failover(
+            store, course, self, ranks, self.standbys, requeue, self.job_restart, self.messages.fenced
+        )
         self.hang_watch = HangWatch(
             store, course, self, ranks, wrapper_pids, self.workload, self.job_restart,
             self.failover.store_lost, self.step_times,

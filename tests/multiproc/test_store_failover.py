@@ -449,3 +449,78 @@ def test_a_second_store_failover_waits_for_no_slot_known_lost(tmp_path: Path) ->
     lost = sorted(job.events("node_lost"), key=lambda e: e["wall"])
     assert [(e["lost_slot"], e["action"]) for e in lost] == [(0, "shrink"), (1, "shrink")], output
     _no_process_left(killed)
+
+
+def _freeze(pid: int) -> list[psutil.Process]:
+    """SIGSTOP ``pid`` and every process below it (a node that stalls); returns them."""
+    root = psutil.Process(pid)
+    tree = [root, *root.children(recursive=True)]
+    for proc in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(signal.SIGSTOP)
+    return tree
+
+
+def _thaw(tree: list[psutil.Process]) -> None:
+    for proc in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(signal.SIGCONT)
+
+
+@pytest.mark.timeout(500)
+def test_a_slot_declared_lost_while_it_stalled_never_hosts_the_next_store(tmp_path: Path) -> None:
+    """5 nodes x 1 rank, no spare, ``--min-nodes 3``. Slot 1 stalls and is declared lost
+    (the job shrinks to 4 nodes); the store's snapshot shows its end. The other slots stall
+    too, node 0 (the store host) is lost, and slot 1 wakes first: it finds its own end in the
+    lost store's snapshot, stands in no election (it announces nothing) and ends as fenced
+    (exit 9). Slots 2 to 4 then wake and elect slot 2 (before, slot 1 announced itself, the
+    lowest slot, and every survivor elected it: a node the job had given up hosted its
+    store), and the job completes at world size 3."""
+    steps = 200  # long enough to outlast the stalls and the failover
+    job = _five_nodes_losing_two(tmp_path, steps, "--node-timeout", "10")
+    frozen: list[psutil.Process] = []
+    killed: list[int] = []
+    try:
+        wait_until(
+            f"a checkpoint after step {KILL_AFTER_STEP}",
+            lambda: any(e.get("step", 0) >= KILL_AFTER_STEP for e in job.events("progress", "app")),
+            120,
+            state=job.output,
+        )
+        stalled = _freeze(job.procs[1].pid)
+        frozen += stalled
+        wait_until(
+            "slot 1 declared lost and its end in the store's snapshot",
+            lambda: _snapshots_knowing_the_end_of(job, 1),
+            120,
+            state=job.output,
+        )
+        others = [p for slot in (2, 3, 4) for p in _freeze(job.procs[slot].pid)]
+        frozen += others
+        killed += kill_tree(job.procs[0].pid)
+        _thaw(stalled)
+        alive_1 = job.log_dir / job.job_id / "failover" / "run0" / "e1" / "alive-1"
+        wait_until(
+            "slot 1 to announce itself or end",
+            lambda: alive_1.exists() or job.procs[1].poll() is not None,
+            120,
+            state=job.output,
+        )
+        announced = alive_1.exists()
+        _thaw(others)
+        codes = job.wait(300)
+    finally:
+        _thaw(frozen)
+        for proc in job.procs:
+            if proc.poll() is None:
+                killed += kill_tree(proc.pid)
+                proc.wait()
+    output = job.output()
+    moves = {(e["node"], e["epoch"], e["successor"]) for e in job.events("store_failover")}
+    assert not announced and moves == {(2, 1, 2), (3, 1, 2), (4, 1, 2)}, output
+    assert codes[1] == ExitCode.FENCED, output
+    assert codes[2:] == [0, 0, 0], output
+    assert f"finished {steps} steps at world size 3" in output, output
+    lost = sorted(job.events("node_lost"), key=lambda e: e["wall"])
+    assert [(e["lost_slot"], e["action"]) for e in lost] == [(1, "shrink"), (0, "shrink")], output
+    _no_process_left(killed + [p.pid for p in frozen])

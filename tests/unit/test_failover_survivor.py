@@ -18,6 +18,7 @@ from nvrx.store.seal import Sealer
 from nvrx.store.sealed_keys import entry_payload
 from nvrx.supervisor import node_keys, node_requeue, store_failover
 from nvrx.supervisor.config import SupervisorConfig, local_job
+from nvrx.supervisor.course import Course, CourseTracker
 from nvrx.supervisor.failover import Failover
 from nvrx.supervisor.node_requeue import StepAnswers
 from nvrx.supervisor.node_roles import Loss, NodeRoles
@@ -27,11 +28,19 @@ EPOCH = 1
 SEALER = Sealer(b"the job's secret", 0)
 
 
-def _ended(nnodes: int, slot: int) -> Any:
+def _ended(nnodes: int, slot: int, store: dict[str, str] | None = None) -> Any:
     """``NodeRoles.ended`` of ``slot`` of ``nnodes``, under ``SEALER``: what a survivor reads
-    of a slot's end in a store's snapshot (it keeps no store link here)."""
+    of a slot's end in a store's snapshot, or in the store that serves the job, whose keys
+    ``store`` holds (read as a snapshot's: only ``ended`` reads it here)."""
     cfg = SupervisorConfig(command=["true"], job=local_job(nnodes=nnodes, node_rank=slot))
-    return NodeRoles(cfg, None, lambda kind, **fields: None, lambda: SEALER).ended  # type: ignore[arg-type]
+    link = None if store is None else snapshot.KeptKeys(store)
+    return NodeRoles(cfg, link, lambda kind, **fields: None, lambda: SEALER).ended  # type: ignore[arg-type]
+
+
+def _declared_lost(slot: int) -> dict[str, str]:
+    """A store's keys that show ``slot`` declared lost (by slot 3)."""
+    claim = node_keys.claim(slot)
+    return {claim: SEALER.entry(claim, entry_payload(3))}
 
 
 class _Survivor:
@@ -42,6 +51,8 @@ class _Survivor:
         self.lost: list[tuple[int, str]] = []
         self.kept: list[dict[str, str]] = []  # the snapshot each loss was recorded from
         self.requeued: list[tuple[list[str | None], bool]] = []
+        self.fenced: list[bool] = []  # ``NodeMessages.fenced`` called
+        self.hosted: list[int] = []  # the slots whose store a stand-in started (where one does)
         roles = SimpleNamespace(
             enabled=True, slot=slot, ended=_ended(nnodes, slot),
             record_lost_unreplaced=self._record,
@@ -57,6 +68,7 @@ class _Survivor:
         self.failover = Failover(
             self.store, SimpleNamespace(stopping=False), control, None, None,  # type: ignore[arg-type]
             lambda hosts, probe=True: self.requeued.append((list(hosts), probe)), None,
+            lambda: self.fenced.append(True),
         )  # fmt: skip
         store_failover.announce(job_dir, EPOCH, slot)  # the epoch's folder, as the election left it
 
@@ -135,12 +147,15 @@ def test_the_election_waits_for_no_slot_known_lost(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_a_survivor_that_names_a_slot_known_lost_connects_to_the_store_published(tmp_path: Path) -> None:
+def test_a_survivor_that_sees_a_slot_known_lost_announced_connects_to_the_store_published(
+    tmp_path: Path,
+) -> None:
     """7 slots; slot 0 was lost at the failover before, and slot 2 declared lost in slot 1's
-    store, whose loss this is. Slots 3 to 6 announce themselves; slot 2, alive after all,
-    announces too, after slot 3 looked: slot 3 named itself and published its store. Slot 4,
-    looking later, names slot 2 (a slot known lost that wrote counts) and still connects to
-    the store published, slot 3's: one store for the epoch."""
+    store, whose loss this is. Slots 3 to 6 announce themselves, and slot 2 too (a slot known
+    lost that announces all the same, say one that read the snapshot before it showed its
+    end), after slot 3 looked: slot 3 named itself and published its store. Slot 4, looking
+    later, counts slot 2 but names slot 3 again, and connects to the store published: one
+    store for the epoch."""
     survivor = _second_store_lost(tmp_path, slot=4, declared_lost=2)
     for slot in (2, 3, 5, 6):
         store_failover.announce(tmp_path, EPOCH + 1, slot)
@@ -150,7 +165,109 @@ def test_a_survivor_that_names_a_slot_known_lost_connects_to_the_store_published
     survivor.failover._connect = lambda address: bool(connected.append(address))  # gone again
     assert survivor.failover._elect_and_connect(0.0) == (None, None)
     assert connected == [published] and survivor.failover._unelected is None
-    assert store_failover.elect(tmp_path, EPOCH + 1, {3, 4, 5, 6}, 0.0, 7).successor == 2
+    elected = store_failover.elect(tmp_path, EPOCH + 1, {3, 4, 5, 6}, 0.0, 7, frozenset({0, 2}))
+    assert (elected.alive, elected.successor) == ({2, 3, 4, 5, 6}, 3)
+
+
+def test_a_slot_known_lost_that_announces_counts_toward_the_majority_but_is_never_elected(
+    tmp_path: Path,
+) -> None:
+    """5 slots, slot 0's store lost, slot 1 known lost: with slots 1, 2 and 3 announced, a
+    majority of 5, slot 2 is the successor; slots 2 and 3 alone are no majority, and
+    neither are slots 1 and 2."""
+    for slot in (1, 2, 3):
+        store_failover.announce(tmp_path, EPOCH, slot)
+    assert store_failover.elect(tmp_path, EPOCH, {2, 3, 4}, 0.0, 5, frozenset({1})).successor == 2
+    store_failover.withdraw(tmp_path, EPOCH, 1)
+    assert store_failover.elect(tmp_path, EPOCH, {2, 3, 4}, 0.0, 5, frozenset({1})).successor is None
+    store_failover.announce(tmp_path, EPOCH, 1)
+    store_failover.withdraw(tmp_path, EPOCH, 3)
+    assert store_failover.elect(tmp_path, EPOCH, {2, 3, 4}, 0.0, 5, frozenset({1})).successor is None
+
+
+def _slot_1_declared_lost(tmp_path: Path, slot: int) -> _Survivor:
+    """Survivor ``slot`` of 5 at the loss of slot 0's store, whose snapshot shows slot 1
+    declared lost (by slot 3, while slot 1 stalled); a node timeout of an hour, and a
+    successor's store that records it was started and claims nothing."""
+    survivor = _Survivor(tmp_path, nnodes=5, slot=slot)
+    survivor.store.config.node_timeout = 3600.0
+    snapshot.write(store_failover.snapshot_path(tmp_path, EPOCH, 0), _declared_lost(1))
+    survivor.failover._host_store = lambda job_dir: survivor.hosted.append(slot)
+    return survivor
+
+
+@pytest.mark.timeout(60)
+def test_a_slot_declared_lost_that_announces_is_never_elected_successor(tmp_path: Path) -> None:
+    """Slot 1, declared lost while it stalled, announces itself (alive after all, it read the
+    snapshot before it showed its end) with slots 3 and 4: slot 2, the lowest slot not known
+    lost, starts the next store (before, every survivor named slot 1)."""
+    survivor = _slot_1_declared_lost(tmp_path, slot=2)
+    for slot in (1, 3, 4):
+        store_failover.announce(tmp_path, EPOCH + 1, slot)
+    survivor.store.config.store_timeout = 0.0  # a successor that published nothing: no wait
+    survivor.store.config.node_timeout = 0.1  # (after the election, which waits for nobody)
+    assert survivor.failover._elect_and_connect(0.0) == (None, None)  # its store: not started
+    assert survivor.hosted == [2]
+
+
+@pytest.mark.timeout(60)
+def test_a_slot_declared_lost_does_not_stand_and_ends_as_fenced(tmp_path: Path) -> None:
+    """Slot 1, declared lost while it stalled, finds its own end in the lost store's snapshot
+    when the store is lost: it announces nothing, starts no store (before, it named itself,
+    the lowest slot, and hosted the job's next store), and ends as fenced, not for the store's
+    loss. The others elect slot 2 without it."""
+    survivor = _slot_1_declared_lost(tmp_path, slot=1)
+    for slot in (2, 3, 4):
+        store_failover.announce(tmp_path, EPOCH + 1, slot)
+    stops: list[int] = []
+    failover, store = survivor.failover, survivor.store
+    failover.course = CourseTracker()
+    failover.course.to(Course.TRAINING)
+    failover.ranks, failover.standbys = SimpleNamespace(running=list), SimpleNamespace(discard=lambda: None)
+    failover.control.reap = lambda: None
+    failover.control.request_stop = lambda reason, code, broadcast: stops.append(code)
+    failover._start_ahead = lambda: (None, None)  # (no node agent, no store kept ready here)
+    store.link = SimpleNamespace(answered_wall=None, close=lambda: None)
+    assert not failover.store_lost("connection closed")
+    assert survivor.fenced == [True] and stops == [] and survivor.hosted == []
+    assert not (store_failover.epoch_dir(tmp_path, EPOCH + 1) / "alive-1").exists()
+    assert failover._unelected is None  # it asks SLURM nothing
+    assert store_failover.elect(tmp_path, EPOCH + 1, {2, 3, 4}, 0.0, 5, frozenset({1})).successor == 2
+
+
+@pytest.mark.parametrize("slot", [1, 2, 3])
+def test_the_slot_next_in_line_is_the_lowest_not_known_lost_in_the_store(tmp_path: Path, slot: int) -> None:
+    """5 slots, slot 0 hosts the store, which shows slot 1 declared lost: slot 2 keeps a
+    store service ready for a failover, not slot 1 (before, slot 1 did, and slot 2 did not)."""
+    survivor = _Survivor(tmp_path, nnodes=5, slot=slot)
+    survivor.store.roles.ended = _ended(5, slot, _declared_lost(1))
+    assert survivor.failover._next_in_line() is (slot == 2)
+
+
+@pytest.mark.parametrize(("slot", "kept_ready"), [(1, True), (2, True), (2, False)])
+def test_at_a_failover_a_store_kept_ready_on_a_slot_known_lost_is_stopped(
+    tmp_path: Path, slot: int, kept_ready: bool
+) -> None:
+    """5 slots, slot 0's store lost, its snapshot shows slot 1 declared lost: when the
+    failover begins, slot 1 stops the store service it kept ready, slot 2 lets its own go to
+    serve, or starts one for the next epoch where it kept none ready (before, slot 1 let its
+    own go, and slot 2 stopped its own or started none)."""
+    survivor = _slot_1_declared_lost(tmp_path, slot)
+    used: list[str] = []
+    failover = survivor.failover
+    failover._roles.node_rank = None  # (a spare: no standby to start)
+    failover._prepared_link = SimpleNamespace(running=True)
+    kept = SimpleNamespace(alive=True, stop=lambda: used.append("stop"), release=lambda: used.append("release"))
+    failover._prepared_service = kept if kept_ready else None
+    started = SimpleNamespace()
+    failover._successor_store = lambda epoch, held=False: SimpleNamespace(
+        launch=lambda: used.append(f"start e{epoch}") or started
+    )
+    link, service = failover._start_ahead()
+    if slot == 1:
+        assert (used, service) == (["stop"], None)
+    else:
+        assert (used, service) == ((["release"], kept) if kept_ready else ([f"start e{EPOCH + 1}"], started))
 
 
 @pytest.mark.parametrize("claimed", [False, True], ids=["lost-before-its-claim", "lost-after-it"])
