@@ -1,7 +1,9 @@
 """What a supervisor does with the node messages of its node agent.
 
 ``node_silent``: declare the slot lost (``NodeRoles.declare``) and stop the
-job when no spare is left below ``--min-nodes``; ``fenced``: this node was
+job when no spare is left below ``--min-nodes``; the same report comes from a job-wide
+restart for a slot that beats on but never became ready (``JobRestart``, ``cause``
+``never_ready``: its supervisor is stuck), so that both take one path; ``fenced``: this node was
 declared lost while it stalled, so its children end now; the values of the sealed
 chains the slot watches (``NodeRoles.on_chain_value``: one that does not unseal is
 recorded and watched past), an assignment: this spare takes over a lost node rank and
