@@ -197,4 +197,5 @@ def test_a_stuck_supervisor_whose_agent_beats_is_declared_lost_at_a_job_wide_res
     assert not _children_of(job, 2, 1), output
     fenced = [e for e in job.events("job_stop") if e["node"] == 2]
     assert fenced and "declared lost by the others" in fenced[0]["reason"], output
+    assert "not ready for job-wide restart 1 within" in fenced[0]["reason"], output
     assert started and not [pid for pid in started if _alive(pid)]
