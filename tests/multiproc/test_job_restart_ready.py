@@ -18,6 +18,7 @@ import pytest
 from test_supervisor_local import Job, script
 
 from nvrx.events import read_dir
+from nvrx.report import build_report
 from nvrx.supervisor.exit_codes import ExitCode
 from tests.support.ports import free_port_run
 from tests.support.waiting import wait_until
@@ -199,3 +200,8 @@ def test_a_stuck_supervisor_whose_agent_beats_is_declared_lost_at_a_job_wide_res
     assert fenced and "declared lost by the others" in fenced[0]["reason"], output
     assert "not ready for job-wide restart 1 within" in fenced[0]["reason"], output
     assert started and not [pid for pid in started if _alive(pid)]
+    # the report tells why it was lost, from the events the supervisors wrote
+    report = build_report(job.log_dir / job.job_id, sacct=False)
+    assert [(x.slot, x.cause) for x in report.node_losses] == [(2, "never_ready")]
+    text = report.to_text(width=None)
+    assert "never ready for a job-wide restart (its supervisor stalled while its node beat)" in text
