@@ -428,12 +428,12 @@ class JobRestart:
         if missing == []:  # every slot counted itself ready as the deadline passed: go
             self._let_go(epoch)
             return
-        limit = self.ready_limit()
-        self.control.emit("job_restart", epoch=epoch, phase="timed_out", missing=missing, limit_s=limit)
-        liveness, roles = self._liveness(), self.store.roles
+        limit, liveness, roles = self.ready_limit(), self._liveness(), self.store.roles
         if liveness and missing is None:  # the store did not answer: its loss reaches the loop; else ask again
             self._ready_by = time.monotonic() + limit
-        elif not liveness or missing is None:
+            return
+        self.control.emit("job_restart", epoch=epoch, phase="timed_out", missing=missing, limit_s=limit)
+        if not liveness or missing is None:
             self._stop_not_ready(epoch, missing, limit)
         elif (roles.store_slot if roles is not None else 0) in missing:
             self._stop_store_host_not_ready(epoch, missing, limit)

@@ -250,6 +250,8 @@ def test_with_liveness_a_wait_the_store_cannot_tell_about_waits_again() -> None:
     restart.progress()
     assert restart.control.declared == [] and restart.control.stops == []
     assert restart.ready_deadline() is not None
+    # nor is the wait said to have timed out: it goes on
+    assert [e for e in restart.control.events if e.get("phase") == "timed_out"] == []
 
 
 def test_a_slot_declared_lost_during_the_restart_starts_no_child_on_the_go() -> None:
