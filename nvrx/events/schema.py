@@ -103,7 +103,9 @@ KINDS: dict[str, dict[str, str]] = {
     "job_restart": {
         "epoch": "job-wide restart number (--ft-restart-policy any-failed)",
         "phase": "stopping (children stopped) | ready (this slot's ended) | started | "
-        "timed_out (without node liveness: slots never became ready, the job stops)",
+        "timed_out (slots never became ready: without node liveness the job stops; with it, "
+        "each is declared lost, node_lost cause never_ready, unless the store's host is one: "
+        "then the job stops)",
         "cause": "rank, node and signature of the failure that started it, and the loop "
         "breaker's streak after it as [signature, count] (stopping; null where this node "
         "followed a claim before it read the announcement)",
@@ -111,8 +113,8 @@ KINDS: dict[str, dict[str, str]] = {
         "nodes": "slots the restart waits for (ready)",
         "missing": "slots still in the job that never counted themselves ready (timed_out; "
         "null where the store could not tell)",
-        "limit_s": "seconds this slot waited once it was ready: grace_period + store_timeout "
-        "(timed_out)",
+        "limit_s": "seconds this slot waited once it was ready: grace_period + store_timeout, "
+        "+ node_timeout with node liveness (timed_out)",
     },
     "workload_control": {
         "action": "ExcludeThisNode | ShutdownWorkload | Continue",
@@ -220,6 +222,10 @@ KINDS: dict[str, dict[str, str]] = {
         "lost_host": "host of the lost node (SLURM node name under SLURM)",
         "silent_s": "seconds its supervisor had been silent when it was declared lost",
         "last_seen_wall": "wall time of its last sign of life, as the watcher saw it",
+        "cause": "why it was declared lost: silent (its slot stopped beating, or it was lost "
+        "with the store) | never_ready (its slot beat on, but its supervisor never counted "
+        "itself ready for a job-wide restart: stuck; see job_restart timed_out) | excluded "
+        "(it declared itself lost: ExcludeThisNode)",
         "seen_by": "slot of the supervisor that declared it lost",
         "slurm_state": "SLURM's view of the node (scontrol State, Reason), when it could be had",
         "action": "spare (a spare takes its node rank) | shrink (the job goes on smaller) | "

@@ -231,6 +231,7 @@ class NodeLoss:
     last_seen_wall: float | None  # its last heartbeat, as the declaring supervisor saw it
     declared_wall: float | None  # when it was declared lost
     silent_s: float | None  # silent this long when declared lost
+    cause: str  # why: silent | never_ready | excluded (``node_lost``'s; silent where it has none)
     seen_by: int | None  # slot of the supervisor that declared it lost
     slurm_state: dict[str, str] | None  # SLURM's State/Reason of the node, when asked
     action: str  # spare | shrink | stop | none

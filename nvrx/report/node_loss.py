@@ -39,6 +39,9 @@ FENCED_EXIT = 9
 #: or it was named a straggler). Either ends one supervisor; the job goes on without it.
 EXCLUDED_EXIT = 10
 ONE_NODE_EXITS = (FENCED_EXIT, EXCLUDED_EXIT)
+#: ``node_lost``'s ``cause``: its supervisor fell silent; it beat on, but its supervisor never
+#: counted itself ready for a job-wide restart (stuck); it left the job itself (excluded).
+SILENT, NEVER_READY, EXCLUDED = "silent", "never_ready", "excluded"
 #: How a ``job_stop`` reason begins when a lost node left too few (``ExitCode.NODE_LOST``).
 STOP_REASON = "node lost, no spare"
 #: Seconds after a loss's declaration within which a stop still counts as the one in effect
@@ -235,6 +238,7 @@ def _loss(e: dict[str, Any]) -> NodeLoss:
         last_seen_wall=e.get("last_seen_wall"),
         declared_wall=declared if isinstance(declared, (int, float)) else None,
         silent_s=e.get("silent_s"),
+        cause=str(e.get("cause") or SILENT),  # (events of older versions have none)
         seen_by=e.get("seen_by"),
         slurm_state=e.get("slurm_state"),
         action=e.get("action") or "unknown",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .model import NodeLoss, ReportData
+from .node_loss import EXCLUDED, NEVER_READY
 from .text_doc import Doc, ranks_text, secs, when
 
 #: How "trained again after" is measured, printed under the table.
@@ -21,9 +22,19 @@ def _node(loss: NodeLoss) -> str:
     return f"node rank {loss.node} ({slot})"
 
 
+def how_lost(loss: NodeLoss) -> str:
+    """Why its peers declared it lost (``cause``), in words: its silence, a job-wide restart
+    it never became ready for while its node beat on, or its own exclusion."""
+    if loss.cause == NEVER_READY:
+        return "never ready for a job-wide restart (its supervisor stalled while its node beat)"
+    if loss.cause == EXCLUDED:
+        return "excluded: it left the job itself"
+    return f"silent {secs(loss.silent_s)}" if loss.silent_s is not None else "silent"
+
+
 def detection(loss: NodeLoss) -> str:
-    """How the loss was found: the node's silence, who saw it, and SLURM's view of the node."""
-    parts = [f"silent {secs(loss.silent_s)}" if loss.silent_s is not None else "silent"]
+    """How the loss was found: why it was declared lost, who saw it, and SLURM's view of the node."""
+    parts = [how_lost(loss)]
     if loss.seen_by is not None:
         parts.append(f"seen by slot {loss.seen_by}")
     text = ", ".join(parts)

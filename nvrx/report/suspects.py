@@ -35,7 +35,7 @@ from .compact import exclude_list
 from .consequence import FOLLOW_ON, HARDWARE, fault_shape
 from .job_rounds import BY_RESTART_CLAIM, FROM_JOB_RESTARTS, restart_ended
 from .model import BY_NODE_LOSS, Failure, NodeLoss, ProcessRestart, RoundRow, Straggler, SuspectNode
-from .node_loss import EXCLUDED_EXIT
+from .node_loss import EXCLUDED_EXIT, NEVER_READY
 from .round_windows import RoundWindows
 from .stragglers import BY_LEAVING, EXCLUDE, held_against, slower, step_times
 
@@ -125,6 +125,9 @@ def _loss_evidence(job: JobSummary, tally: _NodeTally, losses: LossIndex) -> lis
     for loss in tally.lost:
         state = (loss.slurm_state or {}).get("State")
         silent = f"silent {loss.silent_s:.1f} s" if loss.silent_s is not None else "silent"
+        how = f"{silent} to the job"
+        if loss.cause == NEVER_READY:  # its node beat on: its supervisor stalled
+            how = "never ready for a job-wide restart while its node beat"
         names = {loss.host} | slot_hosts.get((loss.run, loss.slot), set())
         if (loss.run, loss.slot) in slow_left:
             out.append((True, "left the job when excluded for slowness: not a failure"))
@@ -136,7 +139,7 @@ def _loss_evidence(job: JobSummary, tally: _NodeTally, losses: LossIndex) -> lis
             out.append((False, "lost, but nodes that stayed healthy ran on its host: not excluded"))
         else:
             slurm = _slurm_words(state)
-            out.append((True, f"lost: {silent} to the job, {slurm}"))
+            out.append((True, f"lost: {how}, {slurm}"))
     return out
 
 

@@ -288,6 +288,14 @@ class SupervisorConfig:
         """Nodes that train from the start; the other ``spare_nodes`` slots wait as spares."""
         return self.nnodes - self.spare_nodes
 
+    def setting(self, name: str) -> str:
+        """How the user changes the setting of field ``name`` (``finish_timeout``, say): the
+        ``nvrx-supervise`` flag (``--finish-timeout``), or, where a node is one rank (no node
+        liveness: ``nvrx.fork_and_monitor``, which has no flags), that function's keyword."""
+        if self.node_liveness:
+            return "--" + name.replace("_", "-")
+        return f"fork_and_monitor's {name}"
+
     @property
     def least_nodes(self) -> int:
         """Fewest training nodes the job goes on with after losing nodes no spare replaced."""

@@ -23,7 +23,7 @@ class ExitCode(enum.IntEnum):
     STORE_UNAVAILABLE = 3  # the job's store could not be reached or was lost
     BUDGET_EXHAUSTED = 4  # the job-wide restart budget (--max-restarts) is used up
     LOOP_BREAKER = 5  # the same failure signature K times in a row (--loop-breaker)
-    PEER_LOST = 6  # other nodes did not finish, or (no liveness) never became ready for a job-wide restart
+    PEER_LOST = 6  # other nodes did not finish, or one never became ready for a job-wide restart
     SPAWN_FAILED = 7  # the training command could not be started (not found, not executable)
     NODE_LOST = 8  # a node was lost, no spare was left and the job fell below --min-nodes
     FENCED = 9  # this node was declared lost while it stalled; the job went on without it
@@ -42,9 +42,10 @@ DESCRIPTIONS: dict[int, str] = {
     ExitCode.STORE_UNAVAILABLE: "the job's store could not be reached, or was lost",
     ExitCode.BUDGET_EXHAUSTED: "job-wide restart budget (--max-restarts) used up",
     ExitCode.LOOP_BREAKER: "same failure signature --loop-breaker times in a row",
-    ExitCode.PEER_LOST: "other nodes did not finish within --finish-timeout, or, without node "
-    "liveness (fork_and_monitor), a monitor never became ready for a job-wide restart within "
-    "its grace_period + store_timeout",
+    ExitCode.PEER_LOST: "other nodes did not finish within --finish-timeout (fork_and_monitor's "
+    "finish_timeout); or a job-wide restart waited in vain for a slot to be ready: without node "
+    "liveness (fork_and_monitor) a monitor, for grace_period + store_timeout; with it the store "
+    "host's supervisor, for --grace-period + --store-timeout + --node-timeout",
     ExitCode.SPAWN_FAILED: "the training command could not be started",
     ExitCode.NODE_LOST: "node lost, no spare: a node was lost, no spare node was left and "
     "fewer than --min-nodes nodes remained",

@@ -4,8 +4,9 @@ A training node reports its children done; the last one sets ``all_done``,
 which lets idle spares leave. Every slot claims its own end when it leaves,
 so that nobody declares it lost once it is gone. Node 0 hosts the store, so it
 waits until every other slot has ended (left, or been declared lost) before
-it takes the store down, at most ``--finish-timeout`` (``SIGNALLED_WAIT_S`` once a
-stop signal came: the others received it too). SLURM's warning may reach it while it waits:
+it takes the store down, at most ``--finish-timeout`` (``fork_and_monitor``'s
+``finish_timeout``, where the messages name that: ``SupervisorConfig.setting``;
+``SIGNALLED_WAIT_S`` once a stop signal came: the others received it too). SLURM's warning may reach it while it waits:
 it still decides for the job then (``on_warning``), since the nodes that still train
 checkpoint and wait for its decision.
 """
@@ -168,9 +169,9 @@ class JobEnd:
         slots = [] if roles is None else roles.running_slots()
         others = [s for s in slots if s != cfg.node_rank]
         log.warning(
-            "still waiting for node slot(s) %s to finish, %.0f s of --finish-timeout %g s",
+            "still waiting for node slot(s) %s to finish, %.0f s of %s %g s",
             ", ".join(map(str, others)) or "(unknown)",
-            time.monotonic() - start, cfg.finish_timeout,
+            time.monotonic() - start, cfg.setting("finish_timeout"), cfg.finish_timeout,
         )  # fmt: skip
 
     def _other_nodes_done(
@@ -224,7 +225,8 @@ class JobEnd:
 
     def _give_up_waiting(self) -> None:
         control = self.control
-        reason = f"other nodes did not finish within --finish-timeout {self.store.config.finish_timeout:g} s"
+        config = self.store.config
+        reason = f"other nodes did not finish within {config.setting('finish_timeout')} {config.finish_timeout:g} s"
         if control.exit_code == ExitCode.OK:
             control.exit_code, control.stop_reason = ExitCode.PEER_LOST, reason
         if not self.course.stopping:
@@ -253,7 +255,7 @@ class JobEnd:
         if roles is None or link is None or not roles.enabled:
             return
         try:
-            loss = roles.declare({"slot": roles.slot, "silent_s": 0.0})
+            loss = roles.declare({"slot": roles.slot, "silent_s": 0.0, "cause": "excluded"})
         except StoreLinkError as exc:
             log.warning("could not declare this excluded node lost: %s", exc)
             return

@@ -19,13 +19,16 @@ rank of every node together, as one restart of the job:
    longer runs to take it back): no old process is left to meet a new one in
    ``init_process_group``'s rendezvous.
 
-Without node liveness (``fork_and_monitor``: one monitor per rank, no ring of beats), a
-slot whose monitor is gone or stuck is never declared lost, and would never count itself
-ready: so a slot that is ready waits for the others at most ``grace_period`` (their
-children's stop) plus ``store_timeout`` (their word through the store), then stops the
-job (``PEER_LOST``), naming the slots that never became ready (``ready_deadline``). With
-liveness on, a slot whose supervisor is gone falls silent and is declared lost instead, and
-the others go on without it.
+A slot that is ready waits for the others at most ``ready_limit`` (``ready_deadline``),
+then records the slots that never became ready (phase ``timed_out``). Without node liveness
+(``fork_and_monitor``: one monitor per rank, no ring of beats), nothing else would ever
+declare a monitor that is gone or stuck lost: the job stops (``PEER_LOST``), naming them.
+With liveness on, a slot whose supervisor is gone falls silent and is declared lost; but a
+supervisor that is stuck (stopped, blocked in I/O) while its node agent beats on for it is
+never silent, and would hold the restart forever: once the limit passed, such a slot is
+declared lost as a silent one is (``NodeControl.declare_lost``: fenced, replaced by a spare,
+or the job shrinks or stops, as ``--min-nodes`` says), and the others go on without it; but
+the store's host, whose store serves on, stops the job instead.
 
 Every key of it is sealed with the job's secret (``nvrx.store.sealed_keys``): the claim
 and the count of nodes ready are sealed lists, the announcement and the go-ahead sealed
@@ -115,7 +118,7 @@ class JobRestart:
         self.epoch = 0  # job-wide restarts this node has taken part in
         self.pending: int | None = None  # the epoch being restarted now, until the children start
         self._ready: int | None = None  # the last epoch this node counted itself ready for
-        self._ready_by: float | None = None  # (no liveness) monotonic end of the wait for the others
+        self._ready_by: float | None = None  # monotonic end of the wait for the others
         self._announced: SealedChain | None = None  # the next epoch's announcement, watched
         self._go: SealedChain | None = None  # the pending epoch's go-ahead, watched
 
@@ -379,9 +382,7 @@ class JobRestart:
             return
         self._ready = epoch
         self.control.kill_at = None
-        if not self._liveness():
-            config = self.store.config
-            self._ready_by = time.monotonic() + config.grace_period + config.store_timeout
+        self._ready_by = time.monotonic() + self.ready_limit()
         slot = self.store.config.node_rank
         sealed_keys.count_up(self._link, self.store.known_sealer(), _key(epoch, "ready"), slot)
         ready, nodes = self._ready_count(epoch)
@@ -392,8 +393,22 @@ class JobRestart:
 
     def ready_deadline(self) -> float | None:
         """When this slot, ready for a restart, stops waiting for the others (monotonic);
-        None where it does not wait, or waits for liveness to declare a silent slot lost."""
+        None where it does not wait."""
         return self._ready_by if self.pending is not None else None
+
+    def ready_limit(self) -> float:
+        """Seconds a slot that is ready waits for the others to be.
+
+        Each of them is told of the restart through its store watch, gives its children
+        ``grace_period`` to stop (then kills them), and counts itself ready with one store
+        request, which may take ``store_timeout``: so ``grace_period + store_timeout``
+        bounds a slot that works. With node liveness, ``node_timeout`` more: a supervisor
+        may stall that long, as long as a node may be silent, before it is declared lost
+        (and a slot that is gone falls silent within it, and is declared lost as such, the
+        more telling cause, before this wait ends)."""
+        config = self.store.config
+        limit = config.grace_period + config.store_timeout
+        return limit + config.node_timeout if self._liveness() else limit
 
     def _liveness(self) -> bool:
         """Whether a slot that falls silent is declared lost (``NodeRoles.enabled``)."""
@@ -402,8 +417,8 @@ class JobRestart:
 
     def _not_all_ready(self, epoch: int) -> None:
         """The wait for every slot to be ready for restart ``epoch`` passed its deadline:
-        stop the job, naming the slots that never became ready and the time to raise."""
-        config, control = self.store.config, self.control
+        record the slots that never became ready; declare them lost (liveness), or stop the
+        job naming them and the time to raise (without it)."""
         self._ready_by = None
         try:
             missing: list[int] | None = self._not_ready(epoch)
@@ -413,21 +428,67 @@ class JobRestart:
         if missing == []:  # every slot counted itself ready as the deadline passed: go
             self._let_go(epoch)
             return
+        limit, liveness, roles = self.ready_limit(), self._liveness(), self.store.roles
+        if liveness and missing is None:  # the store did not answer: its loss reaches the loop; else ask again
+            self._ready_by = time.monotonic() + limit
+            return
+        self.control.emit("job_restart", epoch=epoch, phase="timed_out", missing=missing, limit_s=limit)
+        if not liveness or missing is None:
+            self._stop_not_ready(epoch, missing, limit)
+        elif (roles.store_slot if roles is not None else 0) in missing:
+            self._stop_store_host_not_ready(epoch, missing, limit)
+        else:
+            self._declare_not_ready(epoch, missing, limit)
+
+    def _stop_not_ready(self, epoch: int, missing: list[int] | None, limit: float) -> None:
+        """Without node liveness: stop the job, naming the slots that never became ready."""
+        config = self.store.config
         slots = (
             "slot(s) " + ", ".join(map(str, missing))
             if missing else "slots (the store did not say which)"
         )  # fmt: skip
-        limit = config.grace_period + config.store_timeout
         reason = (
             f"job-wide restart {epoch}: node {slots} never became ready within {limit:g} s "
             f"(grace_period {config.grace_period:g} s + store_timeout {config.store_timeout:g} s) "
             "after this node was: their monitors are gone or stuck, and without node liveness "
-            "nothing declares them lost; if they are only slow, raise fork_and_monitor's "
-            "store_timeout"
+            f"nothing declares them lost; if they are only slow, raise {config.setting('store_timeout')}"
         )
-        control.emit("job_restart", epoch=epoch, phase="timed_out", missing=missing, limit_s=limit)
         log.error("%s", reason)
-        control.request_stop(reason, ExitCode.PEER_LOST, broadcast=True)
+        self.control.request_stop(reason, ExitCode.PEER_LOST, broadcast=True)
+
+    def _stop_store_host_not_ready(self, epoch: int, missing: list[int], limit: float) -> None:
+        """With node liveness, the store's host among the slots never ready: its supervisor
+        is stuck while its store serves, and a slot is declared lost only with its store
+        (a store failover): declared lost now, it would take down, once it runs again and
+        finds itself fenced, the store the job goes on with. So the job stops instead."""
+        reason = (
+            f"job-wide restart {epoch}: node slot(s) {', '.join(map(str, missing))} never "
+            f"became ready within {limit:g} s ({self._limit_terms()}) after this node was, "
+            "though their node agents beat: their supervisors are stuck, among them the store's "
+            "host, which is not declared lost while its store serves"
+        )
+        log.error("%s", reason)
+        self.control.request_stop(reason, ExitCode.PEER_LOST, broadcast=True)
+
+    def _limit_terms(self) -> str:
+        """The settings ``ready_limit`` adds up with node liveness, as the user sets them."""
+        config = self.store.config
+        return " + ".join(
+            f"{config.setting(name)} {getattr(config, name):g} s"
+            for name in ("grace_period", "store_timeout", "node_timeout")
+        )
+
+    def _declare_not_ready(self, epoch: int, missing: list[int], limit: float) -> None:
+        """With node liveness: each slot that beats on but never became ready is declared
+        lost, as a silent one would be (its node agent beats for a supervisor that is stuck)."""
+        for slot in missing:
+            log.error(
+                "job-wide restart %d: slot %d never became ready within %g s (%s) after this "
+                "node was, though its node beats: its supervisor is stuck; declaring it lost",
+                epoch, slot, limit, self._limit_terms(),
+            )  # fmt: skip
+            report = {"event": "node_silent", "slot": slot, "cause": "never_ready", "silent_s": None}
+            self.control.declare_lost(report)
 
     def _go_if_all_ready(self, epoch: int) -> None:
         """Let everyone go if every slot still in the job counted itself ready for restart
@@ -474,9 +535,18 @@ class JobRestart:
         log.warning("spare slot %d takes over node rank %s", roles.slot, roles.node_rank)
         return True
 
+    def _declared_lost(self) -> bool:
+        """Whether the others declared this slot lost during the restart: its supervisor
+        was stuck, and runs again before its node agent's next beat finds the fence (the
+        ``fenced`` report, which ends this node, follows within a heartbeat)."""
+        roles = self.store.roles
+        return roles is not None and roles.enabled and roles.ended(roles.slot)
+
     def _start_again(self) -> None:
         epoch = self.pending
         assert epoch is not None
+        if self._declared_lost():
+            return  # no child starts beside the job that went on without this slot
         self.epoch, self.pending, self._ready_by = epoch, None, None
         self.watch()
         if self.course.stopping:

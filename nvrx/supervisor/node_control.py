@@ -9,7 +9,7 @@ itself to them as this protocol.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -32,6 +32,11 @@ class NodeControl(Protocol):
 
     def request_stop(self, reason: str, exit_code: int, broadcast: bool) -> None:
         """Stop every local child; tell the other nodes if ``broadcast``."""
+        ...
+
+    def declare_lost(self, report: dict[str, Any]) -> None:
+        """Declare the slot of ``report`` lost as its node agent's ``node_silent`` report
+        would have it (``NodeMessages``), for the ``cause`` the report names."""
         ...
 
     def store_unavailable(self, exc: Exception) -> None:

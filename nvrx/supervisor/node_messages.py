@@ -1,7 +1,9 @@
 """What a supervisor does with the node messages of its node agent.
 
 ``node_silent``: declare the slot lost (``NodeRoles.declare``) and stop the
-job when no spare is left below ``--min-nodes``; ``fenced``: this node was
+job when no spare is left below ``--min-nodes``; the same report comes from a job-wide
+restart for a slot that beats on but never became ready (``JobRestart``, ``cause``
+``never_ready``: its supervisor is stuck), so that both take one path; ``fenced``: this node was
 declared lost while it stalled, so its children end now; the values of the sealed
 chains the slot watches (``NodeRoles.on_chain_value``: one that does not unseal is
 recorded and watched past), an assignment: this spare takes over a lost node rank and
@@ -115,12 +117,26 @@ class NodeMessages:
         if roles is None or roles.left or self.course.stopping:
             return  # it is leaving by itself (its own claim) or already stopping
         self.control.request_stop(
-            "this node was declared lost by the others (it was silent longer than "
-            f"--node-timeout {self.store.config.node_timeout:g} s); the job goes on without it",
+            f"this node was declared lost by the others ({self._why_fenced()}); the job goes on "
+            "without it",
             ExitCode.FENCED,
             broadcast=False,
         )
         self.control.kill_at = time.monotonic()  # the job has moved on: no grace
+
+    def _why_fenced(self) -> str:
+        """What the others waited for, as far as this node can tell: its silence; in a
+        job-wide restart also its readiness (``JobRestart.ready_limit``), whose wait ended
+        first when its node agent beat on while this supervisor stalled."""
+        config, restart = self.store.config, self.job_restart
+        silent = f"it was silent longer than --node-timeout {config.node_timeout:g} s"
+        if restart.pending is None:
+            return silent
+        return (
+            f"{silent}, or not ready for job-wide restart {restart.pending} within "
+            f"--grace-period + --store-timeout + --node-timeout ({restart.ready_limit():g} s) "
+            "of the others: this supervisor stalled"
+        )
 
     def fence_if_superseded(self) -> bool:
         """A store host whose store was replaced while it stalled: the job went on without it."""

@@ -69,6 +69,7 @@ class Loss:
     slurm_node: str | None = None  # the SLURM node name the slot published
     silent_s: float | None = None  # as the report of its silence said
     last_seen_wall: float | None = None
+    cause: str = "silent"  # silent | never_ready | excluded (``node_lost``'s ``cause``)
 
 
 class NodeRoles:
@@ -215,6 +216,7 @@ class NodeRoles:
         return replace(
             loss, ranks=ranks, slurm_node=info.get("slurm_node"),
             silent_s=report.get("silent_s"), last_seen_wall=report.get("last_seen_wall"),
+            cause=str(report.get("cause", "silent")),
         )  # fmt: skip
 
     def record(self, loss: Loss) -> None:
@@ -227,6 +229,7 @@ class NodeRoles:
             lost_host=loss.host,
             silent_s=loss.silent_s,
             last_seen_wall=loss.last_seen_wall,
+            cause=loss.cause,
             seen_by=self.slot,
             slurm_state=_slurm_state(loss.slurm_node),
             action=loss.action,
@@ -260,6 +263,7 @@ class NodeRoles:
             lost_host=host,
             silent_s=None,
             last_seen_wall=lost_wall,
+            cause="silent",
             seen_by=self.slot,
             slurm_state=_slurm_state(host),
             action="none" if node_rank is None or done else "stop",

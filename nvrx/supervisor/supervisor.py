@@ -28,6 +28,7 @@ import selectors
 import signal
 import time
 from collections.abc import Callable
+from typing import Any
 
 from nvrx import events, jobenv
 from nvrx.signal_pipe import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
@@ -353,6 +354,10 @@ class Supervisor:
             self.failover.store_lost(link.lost)
         else:
             self.store_unavailable(exc)
+
+    def declare_lost(self, report: dict[str, Any]) -> None:
+        """Declare the slot of ``report`` lost through the path of a silent slot's report."""
+        self.messages.on_message(report)
 
     def store_unavailable(self, exc: Exception) -> None:
         """The store cannot be used (and it was not lost: nothing to fail over from): stop."""

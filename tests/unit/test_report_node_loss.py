@@ -989,3 +989,36 @@ def test_of_two_hangs_of_one_signature_only_the_one_the_loss_does_not_explain_is
     report = _recovered_by_the_spare(job)
     assert [f.count for f in report.failures if f.signature == HANG] == [1]
     assert [(m.rank, m.round) for m in report.activity.faults if m.signature == HANG] == [(0, 0)]
+
+
+@pytest.mark.parametrize(
+    ("cause", "silent_s", "detected", "against"),
+    [
+        (None, 3.003, "silent 3.003 s, seen by slot 0", "lost: silent 3.0 s to the job"),
+        (
+            "never_ready", None,
+            "never ready for a job-wide restart (its supervisor stalled while its node beat), seen by slot 0",
+            "lost: never ready for a job-wide restart while its node beat,",
+        ),
+        ("excluded", 0.0, "excluded: it left the job itself, seen by slot 0", None),
+    ],
+)  # fmt: skip
+def test_the_lost_nodes_row_says_why_the_node_was_declared_lost(
+    tmp_path: Path, cause: str | None, silent_s: float | None, detected: str, against: str | None
+) -> None:
+    """``node_lost``'s ``cause`` as its writer sets it (``silent_s`` none for a slot never
+    ready, 0 for one that left; no cause in events of older versions): the *detected* cell
+    and the evidence against the host say why, not "silent" for every loss."""
+    job = Job(tmp_path / "job", {0: "node-a", 1: "node-b"}, nnodes=2, spares=0)
+    _before_the_loss(job)
+    more = {} if cause is None else {"cause": cause}
+    job.node_lost("shrink", silent_s=silent_s, **more)
+    job.round_start(DECLARED + 0.5, 1, [0, 1])
+    job.complete(22.0, [0, 1])
+    report = job.close()
+    (loss,) = report.node_losses
+    assert loss.cause == (cause or "silent")
+    assert detected in report.to_text(width=None)
+    evidence = [e for n in report.suspects if n.host == "node-b" for e in n.evidence]
+    if against is not None:
+        assert any(e.startswith(against) for e in evidence), evidence

@@ -194,6 +194,14 @@ def test_exit_codes_are_described() -> None:
     assert describe(99) == "unknown exit code 99"
 
 
+def test_exit_6_names_every_wait_that_ends_with_it() -> None:
+    """A job-wide restart's wait for a stuck store host ends in it too, with node liveness:
+    the description names the settings that wait adds up, not --finish-timeout alone."""
+    text = describe(ExitCode.PEER_LOST)
+    assert "--finish-timeout" in text and "grace_period + store_timeout" in text
+    assert "--grace-period + --store-timeout + --node-timeout" in text
+
+
 def _config(**overrides) -> SupervisorConfig:
     """Node 1 of two, two ranks each; an override of a ``JobEnv`` field goes to the job."""
     job_fields = {f.name for f in dataclasses.fields(JobEnv)}
