@@ -192,19 +192,20 @@ class SupervisorConfig:
 
     def _restart_checks(self) -> list[tuple[bool, str]]:
         """(holds, what to fix) for restarts and the time limits of stops and waits."""
+        named = self.setting  # fork_and_monitor takes these as keywords, not flags
         return [
-            (self.max_restarts >= 0, f"--max-restarts must be >= 0, got {self.max_restarts}"),
+            (self.max_restarts >= 0, f"{named('max_restarts')} must be >= 0, got {self.max_restarts}"),
             (
                 self.ft_restart_policy in RESTART_POLICIES,
                 f"--ft-restart-policy must be auto, any-failed or min-healthy, got {self.ft_restart_policy!r}",
             ),
             (
                 self.loop_breaker >= 0,
-                f"--loop-breaker must be >= 0 (0 disables it), got {self.loop_breaker}",
+                f"{named('loop_breaker')} must be >= 0 (0 disables it), got {self.loop_breaker}",
             ),
-            seconds_check("--grace-period", self.grace_period),
-            seconds_check("--store-timeout", self.store_timeout, above_zero=True),
-            seconds_check("--finish-timeout", self.finish_timeout, above_zero=True),
+            seconds_check(named("grace_period"), self.grace_period),
+            seconds_check(named("store_timeout"), self.store_timeout, above_zero=True),
+            seconds_check(named("finish_timeout"), self.finish_timeout, above_zero=True),
         ]
 
     def _node_checks(self) -> list[tuple[bool, str]]:

@@ -251,6 +251,24 @@ def test_bad_config_names_the_option_and_value(overrides, fragment) -> None:
         _config(**overrides)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        ({"max_restarts": -1}, "fork_and_monitor's max_restarts must be >= 0, got -1"),
+        ({"loop_breaker": -2}, "fork_and_monitor's loop_breaker must be >= 0"),
+        ({"grace_period": -1.0}, "fork_and_monitor's grace_period must be in 0..86400 seconds, got -1"),
+        ({"store_timeout": 0.0}, "fork_and_monitor's store_timeout must be > 0"),
+        ({"finish_timeout": 0.0}, "fork_and_monitor's finish_timeout must be > 0"),
+    ],
+)
+def test_a_bad_fork_and_monitor_argument_is_named_as_its_keyword(overrides, fragment) -> None:
+    """fork_and_monitor (no node liveness) has keywords, not nvrx-supervise's flags: a bad
+    value names the keyword the caller gave."""
+    with pytest.raises(ConfigError, match=fragment) as caught:
+        _config(node_liveness=False, **overrides)
+    assert "--" not in str(caught.value)
+
+
 def test_signal_pipe_carries_signal_numbers_to_the_loop() -> None:
     pipe = SignalPipe([signal.SIGUSR1, signal.SIGUSR2]).install()
     try:
