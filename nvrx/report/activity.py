@@ -205,7 +205,7 @@ def _faults(
 
     for sig, group in job.signatures.items():
         for wall, rank, node, host, rnd, shape, onset, run in group.seen:
-            if losses.explains(onset, shape, signature=sig) is None:  # as in the failure table
+            if losses.explains(onset, shape, signature=sig, run=run) is None:  # as in the failure table
                 add(sig, rank, node, host, rnd, wall, run)
     for p in process_rows:
         if p.explained_by is None:

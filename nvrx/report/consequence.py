@@ -11,8 +11,9 @@ the HTML timeline apply (``docs/report.md``, *Causal attribution*):
   message names no remote peer (the survivors of a peer's death get it too);
 - a fault counts from its *onset*: its time less its ``detection_s`` (a hang's
   report less the time the rank had made no progress, ``stale_s``);
-- a node loss explains a survivor's fault begun from the lost node's last beat
-  until the job got over the loss (its *loss window*), and a follow-on fault
+- a node loss explains a survivor's fault of its own run begun from the lost node's
+  last beat until the job got over the loss, and no later than the run's end (its
+  *loss window*), and a follow-on fault
   begun in the loss's detection window before that beat: up to ``silent_s``
   (the node timeout) before it, since the survivor may see the broken
   connection before the lost node's last heartbeat reaches its peers. For the

@@ -106,7 +106,7 @@ def _drop_explained(groups: dict[str, SignatureGroup], losses: LossIndex) -> Non
     """Take out the occurrences written while the job got over a lost node."""
     for sig in list(groups):
         group = groups[sig]
-        left = [o for o in group.seen if losses.explains(o[6], o[5], signature=sig) is None]  # from its onset
+        left = [o for o in group.seen if losses.explains(o[6], o[5], signature=sig, run=o[7]) is None]  # from its onset
         if len(left) == len(group.seen):
             continue
         if not left:

@@ -201,7 +201,7 @@ def _loss_first(
             and _within(loss.start, row.start_wall, None)
         )  # fmt: skip
 
-    return losses.explains(onset, shape, among=ours, signature=signature)
+    return losses.explains(onset, shape, among=ours, signature=signature, run=row.run)
 
 
 def _onset(job: JobSummary, row: RoundRow, end: float) -> tuple[float, str | None, str | None]:

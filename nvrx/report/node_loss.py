@@ -65,28 +65,34 @@ class LossIndex:
         shape: str | None = None,
         among: Callable[[NodeLoss], bool] | None = None,
         signature: str | None = None,
+        *,
+        run: int | None,
     ) -> NodeLoss | None:
         """The loss that what a survivor wrote at ``wall`` (a fault of ``signature`` and
         ``shape`` begun then, when it is one) follows from, if any:
-        ``consequence.loss_explains`` is the rule. ``among``: only the losses it accepts are
-        tried (the first loss whose window holds ``wall`` may be one the caller cannot use,
-        and a later one explain it too)."""
+        ``consequence.loss_explains`` is the rule. Only losses of the job run the report files
+        it under (``run``) are tried: a loss of another run (a requeued job's, or a cut-off
+        node's late one) explains nothing of this one, whatever the times (None: an
+        occurrence filed under no run yet, which every loss is tried for, by time alone). ``among``: only the losses it accepts are tried (the first loss whose
+        window holds ``wall`` may be one the caller cannot use, and a later one explain it too)."""
         return next(
             (
                 loss
                 for _, hi, loss in self.windows
-                if (among is None or among(loss)) and loss_explains(loss, hi, wall, shape, signature)
+                if (run is None or loss.run == run) and (among is None or among(loss))
+                and loss_explains(loss, hi, wall, shape, signature)
             ),
             None,
-        )
+        )  # fmt: skip
 
-    def explains_fault(self, f: LocalFault) -> NodeLoss | None:
-        """The loss that fault ``f`` follows from, if any: from its onset, by its shape."""
-        return self.explains(f.onset, f.shape, signature=f.signature)
+    def explains_fault(self, f: LocalFault, run: int) -> NodeLoss | None:
+        """The loss that fault ``f`` of job run ``run`` follows from, if any: from its onset,
+        by its shape."""
+        return self.explains(f.onset, f.shape, signature=f.signature, run=run)
 
     def explains_hang(self, h: Hang, among: Callable[[NodeLoss], bool] | None = None) -> NodeLoss | None:
         """The loss that hang ``h`` follows from, if any: from the rank's last progress."""
-        return self.explains(h.onset, among=among, signature=hang_signature(h.timeout))
+        return self.explains(h.onset, among=among, signature=hang_signature(h.timeout), run=h.run)
 
     def of_slot(self, run: int, slot: Any, wall: float | None) -> NodeLoss | None:
         """The loss of slot ``slot`` when ``wall`` is at or after it: what its own supervisor
@@ -308,8 +314,25 @@ def _store_failover(job: JobSummary, loss: NodeLoss) -> StoreFailover | None:
 
 
 def _end(job: JobSummary, loss: NodeLoss) -> float:
-    """Until when the job was getting over ``loss``: its recovery; for a stop, the end of
-    the run; for a lost spare, nothing to get over; else SAME_FAILURE_WINDOW_S past it."""
+    """Until when the job was getting over ``loss``, and no later than its run's end
+    (``_run_end``): its recovery; for a stop, the end of the run; for a lost spare, nothing
+    to get over; else SAME_FAILURE_WINDOW_S past it."""
+    return min(_own_end(job, loss), _run_end(job, loss.run))
+
+
+def _run_end(job: JobSummary, run: int) -> float:
+    """When job run ``run`` ended for the job: where a later run's first per-node event
+    was written (a requeued job runs again only after its run ended); none for the last run.
+    A node cut off from ``run`` may write after that, its events filed under ``run``, but
+    the job was not getting over a loss of ``run`` by then."""
+    later = [
+        e["wall"] for e in job.node_events
+        if e["run"] > run and isinstance(e.get("wall"), (int, float))
+    ]  # fmt: skip
+    return min(later, default=math.inf)
+
+
+def _own_end(job: JobSummary, loss: NodeLoss) -> float:
     start = loss.start
     if loss.recovered_wall is not None and loss.action != "stop":
         return loss.recovered_wall

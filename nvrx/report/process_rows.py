@@ -124,7 +124,7 @@ def _explained(
             return JOB_RESTART
     if own == PEER:
         return own
-    if losses.explains(wall) is not None or losses.of_slot(run, e.get("node"), wall) is not None:
+    if losses.explains(wall, run=run) is not None or losses.of_slot(run, e.get("node"), wall) is not None:
         return NODE_LOST
     return own
 

@@ -148,8 +148,8 @@ def _add_hardware(
 ) -> None:
     """Faults of a node's own device or driver that no node loss explains."""
     for sig, group in job.signatures.items():
-        for _, _, node, host, _, shape, onset, _ in group.seen:
-            if shape == HARDWARE and host is not None and losses.explains(onset, shape, signature=sig) is None:
+        for _, _, node, host, _, shape, onset, run in group.seen:
+            if shape == HARDWARE and host is not None and losses.explains(onset, shape, signature=sig, run=run) is None:
                 per.of(host, node).hardware.add(sig)
     for p in process_rows:
         error = p.error

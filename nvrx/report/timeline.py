@@ -52,7 +52,7 @@ def build_timeline(
     windows = RoundWindows(job.rounds)
     for (run, rnd), r in sorted(job.rounds.items()):
         if losses.losses:
-            r = _without_explained(r, losses)
+            r = _without_explained(r, run, losses)
         root, ordering = _root(r)
         row = _round_row(run, rnd, r, root, ordering)
         loss = loss_of(losses.losses, run, rnd)
@@ -85,10 +85,10 @@ def _infer_outcomes(job: JobSummary, rows: list[RoundRow]) -> None:
             row.outcome = "completed"
 
 
-def _without_explained(r: RoundState, losses: LossIndex) -> RoundState:
-    """``r`` without the faults that follow from a lost node (``consequence``: from their
-    onset, by their shape)."""
-    kept = {k: f for k, f in r.first_by_rank.items() if losses.explains_fault(f) is None}
+def _without_explained(r: RoundState, run: int, losses: LossIndex) -> RoundState:
+    """``r``, a round of job run ``run``, without the faults that follow from a lost node of
+    that run (``consequence``: from their onset, by their shape)."""
+    kept = {k: f for k, f in r.first_by_rank.items() if losses.explains_fault(f, run) is None}
     if len(kept) == len(r.first_by_rank):
         return r
     copy = RoundState()

@@ -170,9 +170,9 @@ def test_runs_of_a_job_submitted_again_under_one_job_id_are_told_apart_by_their_
     assert {(row["run"], row["round"]) for row in data["timeline"]} == {(0, 0), (1, 0)}
 
 
-def _fault(proc: Proc, t: float, exc_type: str, rank: int) -> None:
+def _fault(proc: Proc, t: float, exc_type: str, rank: int, message: str = "x") -> None:
     proc.at(t, "call_end", duration_s=1.0, outcome="fault")
-    proc.at(t, "fault", fault_kind="exception", origin_rank=rank, exc_type=exc_type, message="x", detection_s=0.0)
+    proc.at(t, "fault", fault_kind="exception", origin_rank=rank, exc_type=exc_type, message=message, detection_s=0.0)
 
 
 def _late_fault_beside_a_failing_round(log_dir: Path) -> Report:
@@ -217,3 +217,136 @@ def test_a_late_fault_of_a_cut_off_node_is_marked_under_the_run_its_writer_recor
     marks = [(m.wall, m.fault.signature) for m in lanes[1].marks]
     assert marks[1:] == [(T0 + 52.0, late.signature)] and marks[0][1] == NODE_LOST_SIGNATURE
     assert [m.fault.run for m in lanes[0].marks] == [1, 1]  # rank 0's errors, in run 1
+
+
+#: A fault of the node's own device: evidence against its node, unless a node loss explains it.
+ECC = "CUDA error: uncorrectable ECC error encountered"
+
+
+def _ecc_fault_told(data: dict[str, Any], run: int, rnd: int, host: str) -> None:
+    """The report tells the ECC fault on ``host`` as its own: the first failure of round
+    ``rnd`` of run ``run``, a failure of ``host`` in the table, and evidence that leaves
+    ``host`` out of the next run."""
+    rows = {(row["run"], row["round"]): row for row in data["timeline"]}
+    assert (rows[(run, rnd)]["cause"], rows[(run, rnd)]["first_host"]) == ("RuntimeError", host)
+    assert {f["signature"]: f["hosts"] for f in data["failures"]}["RuntimeError"] == [host]
+    suspect = next(s for s in data["suspects"] if s["host"] == host)
+    assert "device or driver fault: RuntimeError" in suspect["evidence"]
+    assert host in (data["exclude"] or "").split(",")
+
+
+def _cut_off_and_requeued(log_dir: Path) -> tuple[Run, Run]:
+    """Run 0 on node-a and node-b: node-a declares node-b lost at 14.4 s (last seen 11.4 s)
+    and the job, with no spare, stops and is requeued; run 1, on node-a and node-c, starts at
+    40 s. node-b is only cut off: its supervisor of run 0 may go on writing."""
+    run0 = Run(log_dir, 0.0, {0: "node-a", 1: "node-b"}, 0)
+    run0.round_start(5.0, 0, run0.ranks)
+    run0.node_lost(14.4, by=0, lost=1)
+    run0.sup[0].at(15.0, "supervisor_end", exit_code=8, reason=REASON)
+    return run0, Run(log_dir, 40.0, {0: "node-a", 1: "node-c"}, 1)
+
+
+def test_a_cut_off_nodes_late_node_loss_explains_no_fault_of_the_next_run(tmp_path: Path) -> None:
+    """node-b, cut off from run 0, declares node-a lost at 50 s (last seen 47 s), after run 1
+    began (40 s): that loss is run 0's, and node-c's own ECC fault in run 1 (52 s) is told as
+    node-c's, not taken for a consequence of it."""
+    log_dir = tmp_path / "job"
+    run0, run1 = _cut_off_and_requeued(log_dir)
+    run1.round_start(45.0, 0, run1.ranks)
+    run0.node_lost(50.0, by=1, lost=0)  # late: run 1 started 10 s before
+    _fault(run1.ranks[1], 52.0, "RuntimeError", 1, ECC)
+    for proc in run1.ranks.values():
+        proc.at(52.5, "round_end", outcome="restart", duration_s=7.5)
+    run1.round_start(55.0, 1, run1.ranks)
+    run1.complete(60.0)
+    run0.close()
+    run1.close()
+    data = build_report(log_dir, sacct=False).to_dict()
+    assert {(loss["run"], loss["slot"]) for loss in data["node_losses"]} == {(0, 1), (0, 0)}
+    _ecc_fault_told(data, 1, 0, "node-c")
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_a_node_loss_at_a_runs_very_end_explains_no_fault_of_the_next_run(
+    tmp_path: Path, recorded: bool
+) -> None:
+    """Run 0 loses node-b at 30 s (last seen 27 s) and goes on without it, but is ended and
+    requeued at 32 s: the loss's window (until a smaller round, else 30 s past the loss) ends
+    with the run. Run 1 begins at 40 s; node-c's ECC fault at 45 s is its own, whether its
+    writer recorded its run or the report infers it (older writers)."""
+    log_dir = tmp_path / "job"
+    run0 = Run(log_dir, 0.0, {0: "node-a", 1: "node-b"}, 0 if recorded else None)
+    run0.round_start(5.0, 0, run0.ranks)
+    run0.sup[0].at(
+        30.0, "node_lost", lost_node=1, lost_slot=1, lost_host="node-b", silent_s=3.0,
+        last_seen_wall=T0 + 27.0, seen_by=0, action="shrink", ranks=[1],
+    )  # fmt: skip
+    run0.sup[0].at(32.0, "supervisor_end", exit_code=143, reason="terminated by SIGTERM")
+    run1 = Run(log_dir, 40.0, {0: "node-a", 1: "node-c"}, 1 if recorded else None)
+    run1.round_start(41.0, 0, run1.ranks)
+    _fault(run1.ranks[1], 45.0, "RuntimeError", 1, ECC)
+    for proc in run1.ranks.values():
+        proc.at(45.5, "round_end", outcome="restart", duration_s=4.5)
+    run1.round_start(47.0, 1, run1.ranks)
+    run1.complete(60.0)
+    run0.close()
+    run1.close()
+    data = build_report(log_dir, sacct=False).to_dict()
+    assert [(loss["run"], loss["node"]) for loss in data["node_losses"]] == [(0, 1)]
+    _ecc_fault_told(data, 1, 0, "node-c")
+
+
+def test_a_node_loss_of_the_next_run_explains_no_late_fault_of_a_cut_off_node(tmp_path: Path) -> None:
+    """The reverse: node-b, cut off from run 0, restarts its rank (round 1 of run 0), which
+    reports an ECC fault at 48 s; run 1 loses node-c at 50 s (last seen 47 s). The fault is
+    filed under run 0 and told as node-b's own, not taken for a consequence of run 1's loss."""
+    log_dir = tmp_path / "job"
+    run0, run1 = _cut_off_and_requeued(log_dir)
+    run1.round_start(45.0, 0, run1.ranks)
+    late = run0.start_rank(45.2, 1, attempt=1)
+    run0.round_start(46.0, 1, {1: late})
+    _fault(late, 48.0, "RuntimeError", 1, ECC)
+    run1.node_lost(50.0, by=0, lost=1)
+    run0.close()
+    run1.close()
+    data = build_report(log_dir, sacct=False).to_dict()
+    assert {(loss["run"], loss["host"]) for loss in data["node_losses"]} == {(0, "node-b"), (1, "node-c")}
+    _ecc_fault_told(data, 0, 1, "node-b")
+
+
+def test_a_node_loss_declared_after_its_run_ended_explains_nothing(tmp_path: Path) -> None:
+    """node-b, cut off from run 0, declares node-a lost at 50 s, after run 1 began (40 s): the
+    job was not getting over a loss of run 0 then, so the ECC fault node-b's restarted rank
+    reports under run 0 at 52 s is node-b's own, not a consequence of that loss."""
+    log_dir = tmp_path / "job"
+    run0, run1 = _cut_off_and_requeued(log_dir)
+    run1.round_start(45.0, 0, run1.ranks)
+    run0.node_lost(50.0, by=1, lost=0)
+    late = run0.start_rank(50.2, 1, attempt=1)
+    run0.round_start(51.0, 1, {1: late})
+    _fault(late, 52.0, "RuntimeError", 1, ECC)
+    run1.complete(60.0)
+    run0.close()
+    run1.close()
+    data = build_report(log_dir, sacct=False).to_dict()
+    assert {(loss["run"], loss["slot"]) for loss in data["node_losses"]} == {(0, 1), (0, 0)}
+    _ecc_fault_told(data, 0, 1, "node-b")
+
+
+def test_a_cut_off_nodes_late_node_loss_explains_no_process_end_of_the_next_run(
+    tmp_path: Path,
+) -> None:
+    """node-c's rank of run 1 is killed at 52 s, after node-b, cut off from run 0, declared
+    node-a lost (50 s): its end is node-c's, not one the job got over that loss with."""
+    log_dir = tmp_path / "job"
+    run0, run1 = _cut_off_and_requeued(log_dir)
+    run1.round_start(45.0, 0, run1.ranks)
+    run0.node_lost(50.0, by=1, lost=0)
+    run1.sup[1].at(52.0, "child_exit", local_rank=0, child_pid=101, global_rank=1, signal="SIGKILL", runtime_s=11.5)
+    run0.close()
+    run1.close()
+    report = build_report(log_dir, sacct=False)
+    ended = next(p for p in report.process_restarts if p.host == "node-c")
+    assert (ended.run, ended.signal, ended.explained_by) == (1, "SIGKILL", None)
+    killed = next(f for f in report.failures if f.category == "signal")
+    assert killed.hosts == ["node-c"]
