@@ -18,6 +18,7 @@ from test_report_fixtures import T0, Host, Proc
 from nvrx.events.failures import NODE_LOST_SIGNATURE
 from nvrx.report import Report, build_report
 from nvrx.report.html_lanes import build_lanes
+from nvrx.report.render import render
 
 SLURM_JOB = "4242"
 REASON = "node lost, no spare: 1 nodes left, below --min-nodes 2"
@@ -350,3 +351,70 @@ def test_a_cut_off_nodes_late_node_loss_explains_no_process_end_of_the_next_run(
     assert (ended.run, ended.signal, ended.explained_by) == (1, "SIGKILL", None)
     killed = next(f for f in report.failures if f.category == "signal")
     assert killed.hosts == ["node-c"]
+
+
+def test_a_cut_off_nodes_late_node_loss_is_no_evidence_against_the_node_it_names(
+    tmp_path: Path,
+) -> None:
+    """node-b, cut off from run 0, declares node-a lost at 50 s, after the job went on to run 1
+    (40 s), where node-a trained on: node-a is no suspect, not in ``--exclude``, and not a lost
+    node in the failures, the answer, the HTML timeline, the counts or the time ledger. The lost-node table says who
+    declared it and when, and node-b's own loss says it was cut off, not dead."""
+    log_dir = tmp_path / "job"
+    data = _requeued_with_a_late_writer(log_dir)
+    losses = {(loss["run"], loss["host"]): loss for loss in data["node_losses"]}
+    late, own = losses[(0, "node-a")], losses[(0, "node-b")]
+    assert (late["after_run_end"], own["after_run_end"]) == (True, False)
+    assert late["outcome"] == (
+        "declared by slot 1 (node-b) after run 0 ended: its declarer was cut off from the job, "
+        "which had gone on without it; no evidence against this node"
+    )
+    assert (late["round"], late["recovered_wall"]) == (None, None)
+    assert data["exclude"] == "node-b"
+    assert [s["host"] for s in data["suspects"]] == ["node-b"]
+    assert data["suspects"][0]["evidence"] == [  # its own loss, which it was declared for
+        "lost: silent 3.0 s to the job, cut off, not dead: it declared node-a lost after run 0 "
+        "ended, SLURM not asked"
+    ]
+    assert {f["signature"]: f["hosts"] for f in data["failures"]}["node lost"] == ["node-b"]
+    assert data["summary"]["restarts"]["node_loss"] == 1
+    assert data["summary"]["time_ledger"]["detection_s"] == pytest.approx(3.0)  # node-b's silence
+    report = build_report(log_dir, sacct=False)
+    marks = [m for m in report.activity.faults if m.signature == NODE_LOST_SIGNATURE]
+    assert [m.host for m in marks] == ["node-b"]  # no node-lost mark on the HTML timeline
+    ended = [p.ended for p in report.activity.processes if (p.run, p.host) == (0, "node-a")]
+    assert ended == [None]  # its end is not in the events: not one with the late loss
+    text = render(report, width=None)
+    assert "lost node node-a" not in text  # nor a fault in the answer's list
+    row = next(line for line in text.splitlines() if "node-a" in line and "declared by" in line)
+    assert "- (declared after its run ended)" in row
+    assert "its declarer was cut off from the job" in row
+
+
+def test_a_node_loss_declared_after_its_run_ended_explains_nothing_from_before_that_end(
+    tmp_path: Path,
+) -> None:
+    """node-b, frozen at 11 s (node-a declares it lost at 14.4 s), thaws at 50 s, after run 1
+    began (40 s), and declares node-a lost as it last saw it: at 11 s. That loss explains
+    nothing, not even node-a's own ECC fault at 11.2 s in run 0: node-a is a suspect for its
+    device, not for a loss."""
+    log_dir = tmp_path / "job"
+    run0, run1 = _cut_off_and_requeued(log_dir)
+    _fault(run0.ranks[0], 11.2, "RuntimeError", 0, ECC)
+    run1.round_start(45.0, 0, run1.ranks)
+    run0.sup[1].at(
+        50.0, "node_lost", lost_node=0, lost_slot=0, lost_host="node-a", silent_s=39.0,
+        last_seen_wall=T0 + 11.0, seen_by=1, action="stop", ranks=[0],
+    )  # fmt: skip
+    run1.complete(60.0)
+    run0.close()
+    run1.close()
+    data = build_report(log_dir, sacct=False).to_dict()
+    late = next(loss for loss in data["node_losses"] if loss["host"] == "node-a")
+    assert late["after_run_end"] is True
+    assert {f["signature"]: f["hosts"] for f in data["failures"]}["RuntimeError"] == ["node-a"]
+    suspect = next(s for s in data["suspects"] if s["host"] == "node-a")
+    assert suspect["evidence"] == [  # nothing of a loss
+        "device or driver fault: RuntimeError",
+        "one fault of its own (RuntimeError): not enough to exclude",
+    ]
