@@ -418,3 +418,56 @@ def test_a_node_loss_declared_after_its_run_ended_explains_nothing_from_before_t
         "device or driver fault: RuntimeError",
         "one fault of its own (RuntimeError): not enough to exclude",
     ]
+
+
+@pytest.mark.parametrize("declarer_lost", [True, False])
+def test_a_job_wide_restart_a_cut_off_node_announces_for_its_late_loss_blames_no_one_for_it(
+    tmp_path: Path, declarer_lost: bool
+) -> None:
+    """Without the Wrapper: run 0 on node-a and node-b ends at 15 s, either with node-a
+    declaring node-b lost (``declarer_lost``) or with node-a's own stop, and is requeued; run 1
+    trains on node-a and node-c from 40 s. node-b's supervisor of run 0, cut off, declares
+    node-a lost at 50 s and announces a job-wide restart for it. That restart ends run 0's
+    stretch 0, but the loss it announces is no loss the job had: the stretch is node-b's own
+    loss, where the job declared one, else names no failure; node-a is no suspect and not in
+    the answer's list."""
+    log_dir = tmp_path / "job"
+    run0 = Run(log_dir, 0.0, {0: "node-a", 1: "node-b"}, 0)
+    if declarer_lost:
+        run0.node_lost(14.4, by=0, lost=1)
+    else:
+        run0.sup[0].at(14.4, "job_stop", reason="operator asked", exit_code=1)
+    run0.sup[0].at(15.0, "supervisor_end", exit_code=8 if declarer_lost else 1, reason=REASON)
+    run1 = Run(log_dir, 40.0, {0: "node-a", 1: "node-c"}, 1)
+    cut_off = run0.sup[1]
+    cut_off.at(
+        50.0, "node_lost", lost_node=0, lost_slot=0, lost_host="node-a", silent_s=3.0,
+        last_seen_wall=T0 + 47.0, seen_by=1, action="shrink", ranks=[0],
+    )  # fmt: skip
+    cause = {"rank": 0, "node": 0, "signature": NODE_LOST_SIGNATURE}
+    cut_off.at(50.1, "job_restart", epoch=1, phase="stopping", cause=cause)
+    cut_off.at(50.3, "job_restart", epoch=1, phase="ready", ready=1, nodes=1)
+    cut_off.at(50.4, "child_start", local_rank=0, child_pid=201, attempt=1, global_rank=1)
+    cut_off.at(50.5, "job_restart", epoch=1, phase="started")
+    cut_off.at(55.0, "supervisor_end", exit_code=0, reason="all children ended")
+    for sup in run1.sup.values():
+        sup.at(60.0, "supervisor_end", exit_code=0, reason="all children ended")
+    run0.close()
+    run1.close()
+    report = build_report(log_dir, sacct=False)
+    data = report.to_dict()
+    late = next(loss for loss in data["node_losses"] if loss["host"] == "node-a")
+    assert (late["after_run_end"], late["round"]) == (True, None)
+    row = next(row for row in data["timeline"] if (row["run"], row["round"]) == (0, 0))
+    told = (row["cause"], row["first_host"], row["first_node"], row["ordering"])
+    if declarer_lost:
+        assert told == (NODE_LOST_SIGNATURE, "node-b", 1, "node_lost")
+        assert next(loss for loss in data["node_losses"] if loss["host"] == "node-b")["round"] == 0
+    else:
+        assert told == (None, None, None, "none")
+    assert "node-a" not in {s["host"] for s in data["suspects"]}
+    assert "node-a" not in (data["exclude"] or "")
+    answer = render(report, width=None).partition("\nSummary\n")[0]
+    faults = [line for line in answer.splitlines() if line[:1].isdigit()]  # the list of faults
+    assert [line for line in faults if "node-a" in line] == []
+    assert [("lost node node-b (node 1)" in line) for line in faults] == ([True] if declarer_lost else [])
