@@ -346,17 +346,36 @@ def _own_end(job: JobSummary, loss: NodeLoss) -> float:
     return declared + SAME_FAILURE_WINDOW_S
 
 
-def _declared_late(job: JobSummary, loss: NodeLoss) -> None:
-    """Mark ``loss``, declared after its run ended, as no loss the job had. The job had gone
-    on to a later run, so the supervisor that declared it was still running the ended run:
-    cut off from the job, it could no longer see its peers, whatever their state. Such a loss interrupts no round and explains nothing
-    (it has no window), and tells nothing against the node it names."""
-    loss.after_run_end = True
-    hosts = {
+def _declarer_hosts(job: JobSummary, loss: NodeLoss) -> set[str]:
+    """The host names of the supervisor that declared ``loss`` (its slot, in the loss's run)."""
+    return {
         str(e["host"]) for e in job.node_events
         if e.get("component") == "supervisor" and (e["run"], e.get("node")) == (loss.run, loss.seen_by)
         and e.get("host") is not None
     }  # fmt: skip
+
+
+def _after_run_end(job: JobSummary, loss: NodeLoss, run_end: float) -> bool:
+    """Whether ``loss`` was declared after its run ended. Where the declarer's host wrote in
+    a later run, its own clock decides: its first event there. The run's end
+    (``_run_end``) is read from other hosts' clocks, and a skew longer than the requeue took
+    would make a survivor's declaration just before the requeue seem later than it."""
+    hosts = _declarer_hosts(job, loss)
+    own = [
+        e["wall"] for e in job.node_events
+        if e["run"] > loss.run and e.get("host") in hosts and isinstance(e.get("wall"), (int, float))
+    ]  # fmt: skip
+    return _declared(loss) > min(own, default=run_end)
+
+
+def _declared_late(job: JobSummary, loss: NodeLoss) -> None:
+    """Mark ``loss``, declared after its run ended, as no loss the job had. The job had gone
+    on to a later run, so the supervisor that declared it was still running the ended run:
+    cut off from the job, it could no longer see its peers, whatever their state. Such a
+    loss interrupts no round and explains nothing (it has no window), and tells nothing
+    against the node it names."""
+    loss.after_run_end = True
+    hosts = _declarer_hosts(job, loss)
     by = f"slot {loss.seen_by}" if loss.seen_by is not None else "a supervisor"
     if hosts:
         by += f" ({', '.join(sorted(hosts))})"
@@ -386,7 +405,7 @@ def node_losses(job: JobSummary) -> LossIndex:
     windows = RoundWindows(job.rounds)
     run_ends = {run: _run_end(job, run) for run in {loss.run for loss in index.losses}}
     for loss in index.losses:
-        if _declared(loss) > run_ends[loss.run]:
+        if _after_run_end(job, loss, run_ends[loss.run]):
             _declared_late(job, loss)
             continue
         _followed(job, loss, windows)

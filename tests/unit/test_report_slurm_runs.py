@@ -36,16 +36,18 @@ def _env(run: int | None, slurm_job: str = SLURM_JOB) -> dict[str, str] | None:
 
 
 class Run:
-    """One run of a 2-node job of one rank per node: its supervisors by slot, its ranks."""
+    """One run of a 2-node job of one rank per node: its supervisors by slot, its ranks.
+    ``skew``: seconds a slot's host's wall clock is ahead (behind, negative)."""
 
     def __init__(
         self, log_dir: Path, t: float, hosts: dict[int, str], run: int | None,
-        slurm_job: str = SLURM_JOB,
+        slurm_job: str = SLURM_JOB, skew: dict[int, float] | None = None,
     ) -> None:  # fmt: skip
         self.dir, self.hosts, self.env = log_dir, hosts, _env(run, slurm_job)
+        self.machines = {slot: Host(name, slot, (skew or {}).get(slot, 0.0)) for slot, name in hosts.items()}
         self.sup = {
-            slot: Proc(log_dir, Host(name, slot), "supervisor", job=SLURM_JOB, env=self.env)
-            for slot, name in hosts.items()
+            slot: Proc(log_dir, host, "supervisor", job=SLURM_JOB, env=self.env)
+            for slot, host in self.machines.items()
         }
         self.procs: list[Proc] = [*self.sup.values()]
         for sup in self.sup.values():
@@ -61,8 +63,7 @@ class Run:
             t, "child_start", local_rank=0, child_pid=100 * (attempt + 1) + slot,
             attempt=attempt, global_rank=slot,
         )  # fmt: skip
-        host = Host(self.hosts[slot], slot)
-        proc = Proc(self.dir, host, "wrapper", rank=slot, job=SLURM_JOB, env=self.env)
+        proc = Proc(self.dir, self.machines[slot], "wrapper", rank=slot, job=SLURM_JOB, env=self.env)
         self.procs.append(proc)
         return proc
 
@@ -236,15 +237,18 @@ def _ecc_fault_told(data: dict[str, Any], run: int, rnd: int, host: str) -> None
     assert host in (data["exclude"] or "").split(",")
 
 
-def _cut_off_and_requeued(log_dir: Path) -> tuple[Run, Run]:
+def _cut_off_and_requeued(
+    log_dir: Path, run1_at: float = 40.0, skew: dict[int, float] | None = None
+) -> tuple[Run, Run]:
     """Run 0 on node-a and node-b: node-a declares node-b lost at 14.4 s (last seen 11.4 s)
-    and the job, with no spare, stops and is requeued; run 1, on node-a and node-c, starts at
-    40 s. node-b is only cut off: its supervisor of run 0 may go on writing."""
+    and the job, with no spare, stops and is requeued; run 1, on node-a and node-c (the
+    clocks of ``skew``), starts at ``run1_at``. node-b is only cut off: its supervisor of
+    run 0 may go on writing."""
     run0 = Run(log_dir, 0.0, {0: "node-a", 1: "node-b"}, 0)
     run0.round_start(5.0, 0, run0.ranks)
     run0.node_lost(14.4, by=0, lost=1)
     run0.sup[0].at(15.0, "supervisor_end", exit_code=8, reason=REASON)
-    return run0, Run(log_dir, 40.0, {0: "node-a", 1: "node-c"}, 1)
+    return run0, Run(log_dir, run1_at, {0: "node-a", 1: "node-c"}, 1, skew=skew)
 
 
 def test_a_cut_off_nodes_late_node_loss_explains_no_fault_of_the_next_run(tmp_path: Path) -> None:
@@ -471,3 +475,21 @@ def test_a_job_wide_restart_a_cut_off_node_announces_for_its_late_loss_blames_no
     faults = [line for line in answer.splitlines() if line[:1].isdigit()]  # the list of faults
     assert [line for line in faults if "node-a" in line] == []
     assert [("lost node node-b (node 1)" in line) for line in faults] == ([True] if declarer_lost else [])
+
+
+def test_a_loss_declared_just_before_the_requeue_counts_whatever_the_next_runs_clocks(
+    tmp_path: Path,
+) -> None:
+    """node-a declares node-b lost at 14.4 s and the job is requeued; run 1 starts 10 s after
+    node-a's supervisor ended, on node-a and node-c, whose clock is 12 s behind: its start
+    reads 13 s, before the declaration. node-a's own clock, which started run 1 at 25 s,
+    orders its declaration before that run: the loss is one the job had, and node-b a
+    suspect for it."""
+    log_dir = tmp_path / "job"
+    run0, run1 = _cut_off_and_requeued(log_dir, run1_at=25.0, skew={1: -12.0})
+    run0.close()
+    run1.close()
+    data = build_report(log_dir, sacct=False).to_dict()
+    assert [(loss["host"], loss["after_run_end"]) for loss in data["node_losses"]] == [("node-b", False)]
+    assert data["exclude"] == "node-b"
+    assert {f["signature"]: f["hosts"] for f in data["failures"]}["node lost"] == ["node-b"]
