@@ -97,11 +97,12 @@ class LossIndex:
 
     def of_slot(self, run: int, slot: Any, wall: float | None) -> NodeLoss | None:
         """The loss of slot ``slot`` when ``wall`` is at or after it: what its own supervisor
-        wrote then (a fenced node ending its children) follows from the loss."""
+        wrote then (a fenced node ending its children) follows from the loss. Not one
+        declared after its run ended (``in_run``): the slot was not lost then."""
         if wall is None:
             return None
         return next(
-            (x for x in self.losses if (x.run, x.slot) == (run, slot) and wall >= x.start), None
+            (x for x in self.in_run() if (x.run, x.slot) == (run, slot) and wall >= x.start), None
         )
 
     def node_rank(self, run: int, slot: Any, wall: float | None) -> Any:

@@ -493,3 +493,26 @@ def test_a_loss_declared_just_before_the_requeue_counts_whatever_the_next_runs_c
     assert [(loss["host"], loss["after_run_end"]) for loss in data["node_losses"]] == [("node-b", False)]
     assert data["exclude"] == "node-b"
     assert {f["signature"]: f["hosts"] for f in data["failures"]}["node lost"] == ["node-b"]
+
+
+def test_a_node_loss_declared_after_its_run_ended_explains_no_process_end_of_the_node_it_names(
+    tmp_path: Path,
+) -> None:
+    """node-a's rank of run 0 dies of SIGSEGV at 11.2 s, before node-b's last heartbeat
+    (11.4 s); node-b, frozen then, thaws after run 1 began and declares node-a lost as it last
+    saw it (11 s). That end is node-a's own, a failure of node-a, not its node's loss."""
+    log_dir = tmp_path / "job"
+    run0, run1 = _cut_off_and_requeued(log_dir)
+    run0.sup[0].at(11.2, "child_exit", local_rank=0, child_pid=100, global_rank=0, signal="SIGSEGV", runtime_s=10.7)
+    run1.round_start(45.0, 0, run1.ranks)
+    run0.sup[1].at(
+        50.0, "node_lost", lost_node=0, lost_slot=0, lost_host="node-a", silent_s=39.0,
+        last_seen_wall=T0 + 11.0, seen_by=1, action="stop", ranks=[0],
+    )  # fmt: skip
+    run1.complete(60.0)
+    run0.close()
+    run1.close()
+    report = build_report(log_dir, sacct=False)
+    ended = next(p for p in report.process_restarts if p.host == "node-a")
+    assert (ended.run, ended.signal, ended.explained_by) == (0, "SIGSEGV", None)
+    assert next(f for f in report.failures if f.category == "signal").hosts == ["node-a"]
