@@ -137,7 +137,7 @@ def _processes(job: JobSummary, losses: LossIndex) -> list[ProcessSpan]:
     spans: list[ProcessSpan] = []
     per_node = nprocs(job)
     of_slot: dict[tuple[int, Any], list[NodeLoss]] = {}
-    for loss in losses.losses:
+    for loss in losses.in_run():
         of_slot.setdefault((loss.run, loss.slot), []).append(loss)
     for key, events in by_slot.items():
         span = partial(_span, per_node, losses, of_slot.get(key[:2], []), key)
@@ -213,7 +213,7 @@ def _faults(
             add(told or process_end_signature(p.exit_code, p.signal), p.rank, p.node, p.host, None, p.wall, p.run)
     for h in untold_hangs(job, losses):  # as in the failure table
         add(hang_signature(h.timeout), h.rank, h.node, h.host, h.round, h.wall, h.run)
-    for loss in losses.losses:
+    for loss in losses.in_run():
         wall = loss.start if math.isfinite(loss.start) else None
         for rank in loss.ranks or [None]:
             add(NODE_LOST_SIGNATURE, rank, loss.node, loss.host, loss.round, wall, loss.run)

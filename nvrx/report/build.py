@@ -388,7 +388,7 @@ def build_report(
     activity = build_activity(agg, timeline, failures, process_rows, losses, kept)
     stragglers = build_stragglers(agg)
     suspects, exclude = build_suspects(agg, timeline, failures, process_rows, losses, stragglers)
-    restarts = job_facts.restarts(agg, timeline, sacct_requeues(slurm), process_rows, len(losses.losses))
+    restarts = job_facts.restarts(agg, timeline, sacct_requeues(slurm), process_rows, len(losses.in_run()))
     return Report(
         summary=_summary(agg, job_id, timeline, restarts, losses, slurm, filters, notes),
         timeline=timeline,

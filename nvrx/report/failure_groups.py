@@ -126,8 +126,9 @@ def _refill(group: SignatureGroup, left: list[tuple]) -> None:
 
 
 def _add_losses(groups: dict[str, SignatureGroup], losses: LossIndex) -> None:
-    """One ``node lost`` failure per lost node, with every rank it held."""
-    for loss in losses.losses:
+    """One ``node lost`` failure per node the job lost (``LossIndex.in_run``), with every rank
+    it held."""
+    for loss in losses.in_run():
         part = _group(groups, NODE_LOST_SIGNATURE)
         first = loss.ranks[0] if loss.ranks else None
         what = f"node rank {loss.node} (slot {loss.slot}, {loss.host}) lost: {loss.outcome}"

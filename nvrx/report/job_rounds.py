@@ -13,12 +13,15 @@ so is one announced for a survivor's failure that the loss explains (``consequen
 one that began after the node's last heartbeat, or a follow-on fault (a hang among them:
 a rank waiting for the lost peer stops progressing before its last heartbeat) in the
 detection window before it (it follows from the loss, declared only later). A restart
-announced for the lost node takes its loss before any other stretch can.
+announced for the lost node takes its loss before any other stretch can. A supervisor cut
+off from the job may announce one after its run ended, for a node it declared lost then:
+no loss of the job (``_node_lost_first``).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nvrx.events.failures import (
@@ -141,7 +144,7 @@ def _name_cause(
     row.first_rank, row.first_node = cause.get("rank"), cause.get("node")
     if row.cause is not None:
         row.fault_kind = kind_of(row.cause)
-    loss = _lost_node(row, losses) if row.fault_kind == NODE else _loss_first(job, row, losses, blamed)
+    loss = _node_lost_first(row, losses) if row.fault_kind == NODE else _loss_first(job, row, losses, blamed)
     if loss is not None and id(loss) in blamed:
         loss = None
     if loss is not None:
@@ -165,16 +168,33 @@ def _name_cause(
     )
 
 
-def _lost_node(row: RoundRow, losses: LossIndex) -> NodeLoss | None:
-    """The loss of the node rank a restart for a lost node announced: that run's, declared
-    in the stretch. (Its ``round`` may be set already, by the app's own round counter's
-    windows: the stretches are the rounds now.)"""
+def _node_lost_first(row: RoundRow, losses: LossIndex) -> NodeLoss | None:
+    """The loss that a restart for a lost node stands for. A supervisor cut off from the
+    job may announce one after its run ended, for the node it then declared lost
+    (``NodeLoss.after_run_end``): that is no loss the job had, and the stretch is then the
+    one of the loss the job had of that supervisor's own node, when the job declared it in
+    the stretch; else the restart names no failure of the job (the row's cause is cleared)."""
+    loss = _lost_node(row, losses, lambda x: x.node == row.first_node)
+    if loss is None or not loss.after_run_end:
+        return loss
+    own = _lost_node(row, losses, lambda x: x.slot == loss.seen_by and not x.after_run_end)
+    if own is None:
+        row.cause = row.fault_kind = row.first_rank = row.first_node = None
+        return None
+    row.first_rank, row.first_node = (own.ranks[0] if own.ranks else None), own.node
+    return own
+
+
+def _lost_node(row: RoundRow, losses: LossIndex, which: Callable[[NodeLoss], bool]) -> NodeLoss | None:
+    """The first loss of the row's run that ``which`` accepts, declared in the stretch. (Its
+    ``round`` may be set already, by the app's own round counter's windows: the stretches
+    are the rounds now.)"""
     until = restart_ended(row)
     return next(
         (
             x
             for x in losses.losses
-            if x.run == row.run and x.node == row.first_node
+            if x.run == row.run and which(x)
             and _within(x.declared_wall or x.start, row.start_wall, until)
         ),
         None,

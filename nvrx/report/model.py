@@ -242,6 +242,9 @@ class NodeLoss:
     recovery_s: float | None = None  # last_seen_wall -> recovered_wall
     world_size: int | None = None  # world size of that round
     fenced: bool = False  # its supervisor came back, found itself declared lost, and stopped (exit 9)
+    # Declared after its run had ended (the job was in a later run), by a supervisor cut off from
+    # the job: no loss the job had, nor evidence against the node (``node_loss._declared_late``).
+    after_run_end: bool = False
     outcome: str = ""  # what happened, in words
     store_failover: StoreFailover | None = None  # the job's store moved off this node
 

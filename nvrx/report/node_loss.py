@@ -73,8 +73,9 @@ class LossIndex:
         ``consequence.loss_explains`` is the rule. Only losses of the job run the report files
         it under (``run``) are tried: a loss of another run (a requeued job's, or a cut-off
         node's late one) explains nothing of this one, whatever the times (None: an
-        occurrence filed under no run yet, which every loss is tried for, by time alone). ``among``: only the losses it accepts are tried (the first loss whose
-        window holds ``wall`` may be one the caller cannot use, and a later one explain it too)."""
+        occurrence filed under no run yet, which every loss is tried for, by time alone).
+        ``among``: only the losses it accepts are tried (the first loss whose window holds
+        ``wall`` may be one the caller cannot use, and a later one explain it too)."""
         return next(
             (
                 loss
@@ -96,11 +97,12 @@ class LossIndex:
 
     def of_slot(self, run: int, slot: Any, wall: float | None) -> NodeLoss | None:
         """The loss of slot ``slot`` when ``wall`` is at or after it: what its own supervisor
-        wrote then (a fenced node ending its children) follows from the loss."""
+        wrote then (a fenced node ending its children) follows from the loss. Not one
+        declared after its run ended (``in_run``): the slot was not lost then."""
         if wall is None:
             return None
         return next(
-            (x for x in self.losses if (x.run, x.slot) == (run, slot) and wall >= x.start), None
+            (x for x in self.in_run() if (x.run, x.slot) == (run, slot) and wall >= x.start), None
         )
 
     def node_rank(self, run: int, slot: Any, wall: float | None) -> Any:
@@ -117,6 +119,11 @@ class LossIndex:
     def lost_ranks(self) -> set[int]:
         """Global ranks the lost nodes held."""
         return {rank for loss in self.losses for rank in loss.ranks}
+
+    def in_run(self) -> list[NodeLoss]:
+        """The losses the job had: all but those declared after their run ended, by a
+        supervisor cut off from the job (``_declared_late``), which tell of their declarer."""
+        return [loss for loss in self.losses if not loss.after_run_end]
 
 
 def _recovery(job: JobSummary, loss: NodeLoss) -> tuple[float, int | None] | None:
@@ -313,18 +320,11 @@ def _store_failover(job: JobSummary, loss: NodeLoss) -> StoreFailover | None:
     )
 
 
-def _end(job: JobSummary, loss: NodeLoss) -> float:
-    """Until when the job was getting over ``loss``, and no later than its run's end
-    (``_run_end``): its recovery; for a stop, the end of the run; for a lost spare, nothing
-    to get over; else SAME_FAILURE_WINDOW_S past it."""
-    return min(_own_end(job, loss), _run_end(job, loss.run))
-
-
 def _run_end(job: JobSummary, run: int) -> float:
     """When job run ``run`` ended for the job: where a later run's first per-node event
     was written (a requeued job runs again only after its run ended); none for the last run.
     A node cut off from ``run`` may write after that, its events filed under ``run``, but
-    the job was not getting over a loss of ``run`` by then."""
+    the job was not getting over a loss of ``run`` by then: a loss's window ends there."""
     later = [
         e["wall"] for e in job.node_events
         if e["run"] > run and isinstance(e.get("wall"), (int, float))
@@ -333,6 +333,8 @@ def _run_end(job: JobSummary, run: int) -> float:
 
 
 def _own_end(job: JobSummary, loss: NodeLoss) -> float:
+    """Until when the job was getting over ``loss``: its recovery; for a stop, the end of
+    the run; for a lost spare, nothing to get over; else SAME_FAILURE_WINDOW_S past it."""
     start = loss.start
     if loss.recovered_wall is not None and loss.action != "stop":
         return loss.recovered_wall
@@ -343,6 +345,45 @@ def _own_end(job: JobSummary, loss: NodeLoss) -> float:
         return min(later, default=math.inf)
     declared = loss.declared_wall if loss.declared_wall is not None else start
     return declared + SAME_FAILURE_WINDOW_S
+
+
+def _declarer_hosts(job: JobSummary, loss: NodeLoss) -> set[str]:
+    """The host names of the supervisor that declared ``loss`` (its slot, in the loss's run)."""
+    return {
+        str(e["host"]) for e in job.node_events
+        if e.get("component") == "supervisor" and (e["run"], e.get("node")) == (loss.run, loss.seen_by)
+        and e.get("host") is not None
+    }  # fmt: skip
+
+
+def _after_run_end(job: JobSummary, loss: NodeLoss, run_end: float) -> bool:
+    """Whether ``loss`` was declared after its run ended. Where the declarer's host wrote in
+    a later run, its own clock decides: its first event there. The run's end
+    (``_run_end``) is read from other hosts' clocks, and a skew longer than the requeue took
+    would make a survivor's declaration just before the requeue seem later than it."""
+    hosts = _declarer_hosts(job, loss)
+    own = [
+        e["wall"] for e in job.node_events
+        if e["run"] > loss.run and e.get("host") in hosts and isinstance(e.get("wall"), (int, float))
+    ]  # fmt: skip
+    return _declared(loss) > min(own, default=run_end)
+
+
+def _declared_late(job: JobSummary, loss: NodeLoss) -> None:
+    """Mark ``loss``, declared after its run ended, as no loss the job had. The job had gone
+    on to a later run, so the supervisor that declared it was still running the ended run:
+    cut off from the job, it could no longer see its peers, whatever their state. Such a
+    loss interrupts no round and explains nothing (it has no window), and tells nothing
+    against the node it names."""
+    loss.after_run_end = True
+    hosts = _declarer_hosts(job, loss)
+    by = f"slot {loss.seen_by}" if loss.seen_by is not None else "a supervisor"
+    if hosts:
+        by += f" ({', '.join(sorted(hosts))})"
+    loss.outcome = (
+        f"declared by {by} after run {loss.run} ended: its declarer was cut off from the job, "
+        "which had gone on without it; no evidence against this node"
+    )
 
 
 def node_losses(job: JobSummary) -> LossIndex:
@@ -363,14 +404,18 @@ def node_losses(job: JobSummary) -> LossIndex:
             seen.add(key)
             index.losses.append(_loss(e))
     windows = RoundWindows(job.rounds)
+    run_ends = {run: _run_end(job, run) for run in {loss.run for loss in index.losses}}
     for loss in index.losses:
+        if _after_run_end(job, loss, run_ends[loss.run]):
+            _declared_late(job, loss)
+            continue
         _followed(job, loss, windows)
         loss.outcome = _outcome(job, loss, index.losses)
         if loss.fenced:
             loss.outcome += "; its supervisor came back and was fenced off (exit 9)"
         if loss.store_failover is not None:
             loss.outcome += "; " + store_moved(loss.store_failover)
-        index.windows.append((loss.start, _end(job, loss), loss))
+        index.windows.append((loss.start, min(_own_end(job, loss), run_ends[loss.run]), loss))
     index.windows.sort(key=lambda w: (w[0], w[1]))
     if index.losses:
         log.debug("%d node loss(es) in the events", len(index.losses))

@@ -160,7 +160,7 @@ def _loss_lines(r: ReportData) -> list[FaultLine]:
             _loss_cost(x),
         )
         for x in r.node_losses
-        if (x.run, x.round) not in told
+        if (x.run, x.round) not in told and not x.after_run_end
     ]
 
 

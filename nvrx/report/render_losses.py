@@ -47,6 +47,8 @@ def detection(loss: NodeLoss) -> str:
 
 def recovery(loss: NodeLoss) -> str:
     """How long until every rank trained again (``RECOVERY_RULE``), or why it is not known."""
+    if loss.after_run_end:
+        return "- (declared after its run ended)"
     if loss.recovery_s is not None:
         size = f", world size {loss.world_size}" if loss.world_size is not None else ""
         return f"{secs(loss.recovery_s)} ({when(loss.recovered_wall)}{size})"

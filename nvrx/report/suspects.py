@@ -121,6 +121,8 @@ def _loss_evidence(job: JobSummary, tally: _NodeTally, losses: LossIndex) -> lis
             healthy.setdefault(run, set()).update(hosts)
     answered, excluded = _answered(job), _excluded_slots(job)
     slow_left = {(x.run, x.slot) for x in tally.slow if x.action == EXCLUDE}
+    # (run, declarer's slot) -> a loss it declared after the run ended: it was alive, cut off.
+    late_by = {(x.run, x.seen_by): x for x in losses.losses if x.after_run_end}
     out = []
     for loss in tally.lost:
         state = (loss.slurm_state or {}).get("State")
@@ -128,6 +130,9 @@ def _loss_evidence(job: JobSummary, tally: _NodeTally, losses: LossIndex) -> lis
         how = f"{silent} to the job"
         if loss.cause == NEVER_READY:  # its node beat on: its supervisor stalled
             how = "never ready for a job-wide restart while its node beat"
+        late = late_by.get((loss.run, loss.slot))
+        if late is not None:
+            how += f", cut off, not dead: it declared {late.host or 'a peer'} lost after run {loss.run} ended"
         names = {loss.host} | slot_hosts.get((loss.run, loss.slot), set())
         if (loss.run, loss.slot) in slow_left:
             out.append((True, "left the job when excluded for slowness: not a failure"))
@@ -191,7 +196,7 @@ def _follow_on_signatures(job: JobSummary) -> set[str]:
 
 def _add_losses(per: _Tallies, timeline: list[RoundRow], losses: LossIndex) -> None:
     blamed = {(row.run, row.round) for row in timeline if row.ordering == BY_NODE_LOSS}
-    for loss in losses.losses:
+    for loss in losses.in_run():  # a loss declared after its run ended tells of its declarer
         if loss.host is None:
             continue
         s = per.of(loss.host, loss.node)

@@ -42,7 +42,7 @@ def unfinished_call_s(job: JobSummary, losses: LossIndex) -> float:
     extra = 0.0
     for host, pid, rank, start, counted in job.open_calls:
         ends = [w for w in exits.get((host, pid), []) if w >= start] if pid is not None else []
-        ends += [x.start for x in losses.losses if rank in x.ranks and x.start >= start]
+        ends += [x.start for x in losses.in_run() if rank in x.ranks and x.start >= start]
         if ends:
             extra += max(0.0, min(ends) - start - counted)
     return extra

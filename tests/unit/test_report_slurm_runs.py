@@ -18,6 +18,7 @@ from test_report_fixtures import T0, Host, Proc
 from nvrx.events.failures import NODE_LOST_SIGNATURE
 from nvrx.report import Report, build_report
 from nvrx.report.html_lanes import build_lanes
+from nvrx.report.render import render
 
 SLURM_JOB = "4242"
 REASON = "node lost, no spare: 1 nodes left, below --min-nodes 2"
@@ -35,16 +36,18 @@ def _env(run: int | None, slurm_job: str = SLURM_JOB) -> dict[str, str] | None:
 
 
 class Run:
-    """One run of a 2-node job of one rank per node: its supervisors by slot, its ranks."""
+    """One run of a 2-node job of one rank per node: its supervisors by slot, its ranks.
+    ``skew``: seconds a slot's host's wall clock is ahead (behind, negative)."""
 
     def __init__(
         self, log_dir: Path, t: float, hosts: dict[int, str], run: int | None,
-        slurm_job: str = SLURM_JOB,
+        slurm_job: str = SLURM_JOB, skew: dict[int, float] | None = None,
     ) -> None:  # fmt: skip
         self.dir, self.hosts, self.env = log_dir, hosts, _env(run, slurm_job)
+        self.machines = {slot: Host(name, slot, (skew or {}).get(slot, 0.0)) for slot, name in hosts.items()}
         self.sup = {
-            slot: Proc(log_dir, Host(name, slot), "supervisor", job=SLURM_JOB, env=self.env)
-            for slot, name in hosts.items()
+            slot: Proc(log_dir, host, "supervisor", job=SLURM_JOB, env=self.env)
+            for slot, host in self.machines.items()
         }
         self.procs: list[Proc] = [*self.sup.values()]
         for sup in self.sup.values():
@@ -60,8 +63,7 @@ class Run:
             t, "child_start", local_rank=0, child_pid=100 * (attempt + 1) + slot,
             attempt=attempt, global_rank=slot,
         )  # fmt: skip
-        host = Host(self.hosts[slot], slot)
-        proc = Proc(self.dir, host, "wrapper", rank=slot, job=SLURM_JOB, env=self.env)
+        proc = Proc(self.dir, self.machines[slot], "wrapper", rank=slot, job=SLURM_JOB, env=self.env)
         self.procs.append(proc)
         return proc
 
@@ -235,15 +237,18 @@ def _ecc_fault_told(data: dict[str, Any], run: int, rnd: int, host: str) -> None
     assert host in (data["exclude"] or "").split(",")
 
 
-def _cut_off_and_requeued(log_dir: Path) -> tuple[Run, Run]:
+def _cut_off_and_requeued(
+    log_dir: Path, run1_at: float = 40.0, skew: dict[int, float] | None = None
+) -> tuple[Run, Run]:
     """Run 0 on node-a and node-b: node-a declares node-b lost at 14.4 s (last seen 11.4 s)
-    and the job, with no spare, stops and is requeued; run 1, on node-a and node-c, starts at
-    40 s. node-b is only cut off: its supervisor of run 0 may go on writing."""
+    and the job, with no spare, stops and is requeued; run 1, on node-a and node-c (the
+    clocks of ``skew``), starts at ``run1_at``. node-b is only cut off: its supervisor of
+    run 0 may go on writing."""
     run0 = Run(log_dir, 0.0, {0: "node-a", 1: "node-b"}, 0)
     run0.round_start(5.0, 0, run0.ranks)
     run0.node_lost(14.4, by=0, lost=1)
     run0.sup[0].at(15.0, "supervisor_end", exit_code=8, reason=REASON)
-    return run0, Run(log_dir, 40.0, {0: "node-a", 1: "node-c"}, 1)
+    return run0, Run(log_dir, run1_at, {0: "node-a", 1: "node-c"}, 1, skew=skew)
 
 
 def test_a_cut_off_nodes_late_node_loss_explains_no_fault_of_the_next_run(tmp_path: Path) -> None:
@@ -350,3 +355,164 @@ def test_a_cut_off_nodes_late_node_loss_explains_no_process_end_of_the_next_run(
     assert (ended.run, ended.signal, ended.explained_by) == (1, "SIGKILL", None)
     killed = next(f for f in report.failures if f.category == "signal")
     assert killed.hosts == ["node-c"]
+
+
+def test_a_cut_off_nodes_late_node_loss_is_no_evidence_against_the_node_it_names(
+    tmp_path: Path,
+) -> None:
+    """node-b, cut off from run 0, declares node-a lost at 50 s, after the job went on to run 1
+    (40 s), where node-a trained on: node-a is no suspect, not in ``--exclude``, and not a lost
+    node in the failures, the answer, the HTML timeline, the counts or the time ledger. The lost-node table says who
+    declared it and when, and node-b's own loss says it was cut off, not dead."""
+    log_dir = tmp_path / "job"
+    data = _requeued_with_a_late_writer(log_dir)
+    losses = {(loss["run"], loss["host"]): loss for loss in data["node_losses"]}
+    late, own = losses[(0, "node-a")], losses[(0, "node-b")]
+    assert (late["after_run_end"], own["after_run_end"]) == (True, False)
+    assert late["outcome"] == (
+        "declared by slot 1 (node-b) after run 0 ended: its declarer was cut off from the job, "
+        "which had gone on without it; no evidence against this node"
+    )
+    assert (late["round"], late["recovered_wall"]) == (None, None)
+    assert data["exclude"] == "node-b"
+    assert [s["host"] for s in data["suspects"]] == ["node-b"]
+    assert data["suspects"][0]["evidence"] == [  # its own loss, which it was declared for
+        "lost: silent 3.0 s to the job, cut off, not dead: it declared node-a lost after run 0 "
+        "ended, SLURM not asked"
+    ]
+    assert {f["signature"]: f["hosts"] for f in data["failures"]}["node lost"] == ["node-b"]
+    assert data["summary"]["restarts"]["node_loss"] == 1
+    assert data["summary"]["time_ledger"]["detection_s"] == pytest.approx(3.0)  # node-b's silence
+    report = build_report(log_dir, sacct=False)
+    marks = [m for m in report.activity.faults if m.signature == NODE_LOST_SIGNATURE]
+    assert [m.host for m in marks] == ["node-b"]  # no node-lost mark on the HTML timeline
+    ended = [p.ended for p in report.activity.processes if (p.run, p.host) == (0, "node-a")]
+    assert ended == [None]  # its end is not in the events: not one with the late loss
+    text = render(report, width=None)
+    assert "lost node node-a" not in text  # nor a fault in the answer's list
+    row = next(line for line in text.splitlines() if "node-a" in line and "declared by" in line)
+    assert "- (declared after its run ended)" in row
+    assert "its declarer was cut off from the job" in row
+
+
+def test_a_node_loss_declared_after_its_run_ended_explains_nothing_from_before_that_end(
+    tmp_path: Path,
+) -> None:
+    """node-b, frozen at 11 s (node-a declares it lost at 14.4 s), thaws at 50 s, after run 1
+    began (40 s), and declares node-a lost as it last saw it: at 11 s. That loss explains
+    nothing, not even node-a's own ECC fault at 11.2 s in run 0: node-a is a suspect for its
+    device, not for a loss."""
+    log_dir = tmp_path / "job"
+    run0, run1 = _cut_off_and_requeued(log_dir)
+    _fault(run0.ranks[0], 11.2, "RuntimeError", 0, ECC)
+    run1.round_start(45.0, 0, run1.ranks)
+    run0.sup[1].at(
+        50.0, "node_lost", lost_node=0, lost_slot=0, lost_host="node-a", silent_s=39.0,
+        last_seen_wall=T0 + 11.0, seen_by=1, action="stop", ranks=[0],
+    )  # fmt: skip
+    run1.complete(60.0)
+    run0.close()
+    run1.close()
+    data = build_report(log_dir, sacct=False).to_dict()
+    late = next(loss for loss in data["node_losses"] if loss["host"] == "node-a")
+    assert late["after_run_end"] is True
+    assert {f["signature"]: f["hosts"] for f in data["failures"]}["RuntimeError"] == ["node-a"]
+    suspect = next(s for s in data["suspects"] if s["host"] == "node-a")
+    assert suspect["evidence"] == [  # nothing of a loss
+        "device or driver fault: RuntimeError",
+        "one fault of its own (RuntimeError): not enough to exclude",
+    ]
+
+
+@pytest.mark.parametrize("declarer_lost", [True, False])
+def test_a_job_wide_restart_a_cut_off_node_announces_for_its_late_loss_blames_no_one_for_it(
+    tmp_path: Path, declarer_lost: bool
+) -> None:
+    """Without the Wrapper: run 0 on node-a and node-b ends at 15 s, either with node-a
+    declaring node-b lost (``declarer_lost``) or with node-a's own stop, and is requeued; run 1
+    trains on node-a and node-c from 40 s. node-b's supervisor of run 0, cut off, declares
+    node-a lost at 50 s and announces a job-wide restart for it. That restart ends run 0's
+    stretch 0, but the loss it announces is no loss the job had: the stretch is node-b's own
+    loss, where the job declared one, else names no failure; node-a is no suspect and not in
+    the answer's list."""
+    log_dir = tmp_path / "job"
+    run0 = Run(log_dir, 0.0, {0: "node-a", 1: "node-b"}, 0)
+    if declarer_lost:
+        run0.node_lost(14.4, by=0, lost=1)
+    else:
+        run0.sup[0].at(14.4, "job_stop", reason="operator asked", exit_code=1)
+    run0.sup[0].at(15.0, "supervisor_end", exit_code=8 if declarer_lost else 1, reason=REASON)
+    run1 = Run(log_dir, 40.0, {0: "node-a", 1: "node-c"}, 1)
+    cut_off = run0.sup[1]
+    cut_off.at(
+        50.0, "node_lost", lost_node=0, lost_slot=0, lost_host="node-a", silent_s=3.0,
+        last_seen_wall=T0 + 47.0, seen_by=1, action="shrink", ranks=[0],
+    )  # fmt: skip
+    cause = {"rank": 0, "node": 0, "signature": NODE_LOST_SIGNATURE}
+    cut_off.at(50.1, "job_restart", epoch=1, phase="stopping", cause=cause)
+    cut_off.at(50.3, "job_restart", epoch=1, phase="ready", ready=1, nodes=1)
+    cut_off.at(50.4, "child_start", local_rank=0, child_pid=201, attempt=1, global_rank=1)
+    cut_off.at(50.5, "job_restart", epoch=1, phase="started")
+    cut_off.at(55.0, "supervisor_end", exit_code=0, reason="all children ended")
+    for sup in run1.sup.values():
+        sup.at(60.0, "supervisor_end", exit_code=0, reason="all children ended")
+    run0.close()
+    run1.close()
+    report = build_report(log_dir, sacct=False)
+    data = report.to_dict()
+    late = next(loss for loss in data["node_losses"] if loss["host"] == "node-a")
+    assert (late["after_run_end"], late["round"]) == (True, None)
+    row = next(row for row in data["timeline"] if (row["run"], row["round"]) == (0, 0))
+    told = (row["cause"], row["first_host"], row["first_node"], row["ordering"])
+    if declarer_lost:
+        assert told == (NODE_LOST_SIGNATURE, "node-b", 1, "node_lost")
+        assert next(loss for loss in data["node_losses"] if loss["host"] == "node-b")["round"] == 0
+    else:
+        assert told == (None, None, None, "none")
+    assert "node-a" not in {s["host"] for s in data["suspects"]}
+    assert "node-a" not in (data["exclude"] or "")
+    answer = render(report, width=None).partition("\nSummary\n")[0]
+    faults = [line for line in answer.splitlines() if line[:1].isdigit()]  # the list of faults
+    assert [line for line in faults if "node-a" in line] == []
+    assert [("lost node node-b (node 1)" in line) for line in faults] == ([True] if declarer_lost else [])
+
+
+def test_a_loss_declared_just_before_the_requeue_counts_whatever_the_next_runs_clocks(
+    tmp_path: Path,
+) -> None:
+    """node-a declares node-b lost at 14.4 s and the job is requeued; run 1 starts 10 s after
+    node-a's supervisor ended, on node-a and node-c, whose clock is 12 s behind: its start
+    reads 13 s, before the declaration. node-a's own clock, which started run 1 at 25 s,
+    orders its declaration before that run: the loss is one the job had, and node-b a
+    suspect for it."""
+    log_dir = tmp_path / "job"
+    run0, run1 = _cut_off_and_requeued(log_dir, run1_at=25.0, skew={1: -12.0})
+    run0.close()
+    run1.close()
+    data = build_report(log_dir, sacct=False).to_dict()
+    assert [(loss["host"], loss["after_run_end"]) for loss in data["node_losses"]] == [("node-b", False)]
+    assert data["exclude"] == "node-b"
+    assert {f["signature"]: f["hosts"] for f in data["failures"]}["node lost"] == ["node-b"]
+
+
+def test_a_node_loss_declared_after_its_run_ended_explains_no_process_end_of_the_node_it_names(
+    tmp_path: Path,
+) -> None:
+    """node-a's rank of run 0 dies of SIGSEGV at 11.2 s, before node-b's last heartbeat
+    (11.4 s); node-b, frozen then, thaws after run 1 began and declares node-a lost as it last
+    saw it (11 s). That end is node-a's own, a failure of node-a, not its node's loss."""
+    log_dir = tmp_path / "job"
+    run0, run1 = _cut_off_and_requeued(log_dir)
+    run0.sup[0].at(11.2, "child_exit", local_rank=0, child_pid=100, global_rank=0, signal="SIGSEGV", runtime_s=10.7)
+    run1.round_start(45.0, 0, run1.ranks)
+    run0.sup[1].at(
+        50.0, "node_lost", lost_node=0, lost_slot=0, lost_host="node-a", silent_s=39.0,
+        last_seen_wall=T0 + 11.0, seen_by=1, action="stop", ranks=[0],
+    )  # fmt: skip
+    run1.complete(60.0)
+    run0.close()
+    run1.close()
+    report = build_report(log_dir, sacct=False)
+    ended = next(p for p in report.process_restarts if p.host == "node-a")
+    assert (ended.run, ended.signal, ended.explained_by) == (0, "SIGSEGV", None)
+    assert next(f for f in report.failures if f.category == "signal").hosts == ["node-a"]
