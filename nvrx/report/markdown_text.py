@@ -28,13 +28,16 @@ _INLINE = re.compile(r"[\\`*\[\]<|~$]|&(?=#?\w+;)|(?<![^\W_])_|_(?![^\W_])|:(?=/
 WORD_JOINER = "\u2060"
 #: Where GitHub reads its own syntax in a paragraph's or a cell's text after the Markdown is
 #: parsed (in every text but code's), a backslash escape already spent: ``@`` before a
-#: user's or team's name (a mention, which notifies them; it breaks up an address too, which
-#: GFM would make a mail link), ``#`` before an issue's number (``#123``, ``owner/repo#123``),
-#: ``:`` before an emoji's name (a letter or digit, or ``+1``, ``-1``) and its closing ``:`` (a
-#: clock's ``12:30:45`` names none),
-#: and ``$``, which opens or closes math. A word joiner after the first three or before the
-#: ``$`` (no ``$`` of math follows a letter or such a character) leaves none of them whole.
-_GITHUB_AFTER = re.compile(r"@(?=[A-Za-z0-9])|#(?=\d)|:(?!\d{1,2}:)(?=[+-]?[^\W_][\w+-]*:)")
+#: user's or team's name where no ASCII letter, digit or ``_`` stands before it (a mention,
+#: which notifies them; ``user@host`` and a mail address mention no one, and are left whole
+#: so that a command or address copied from the page still works), ``#`` before an issue's
+#: number (``#123``, ``owner/repo#123``), ``:`` before an emoji's name (a letter or digit, or
+#: ``+1``, ``-1``) and its closing ``:`` (a clock's ``12:30:45`` names none), and ``$``,
+#: which opens or closes math. A word joiner after the first three or before the ``$`` (no
+#: ``$`` of math follows a letter or such a character) leaves none of them whole.
+_GITHUB_AFTER = re.compile(
+    r"(?<![A-Za-z0-9_])@(?=[A-Za-z0-9])|#(?=\d)|:(?!\d{1,2}:)(?=[+-]?[^\W_][\w+-]*:)"
+)
 _GITHUB_BEFORE = re.compile(r"(?=\$)")
 #: What makes a block of a line it starts (after its indent): a heading, a quote, a list
 #: item, a thematic break, a heading's underline, or GFM's table delimiter row (``:--``),

@@ -290,7 +290,7 @@ def test_a_web_address_in_markdown_is_text_whose_escapes_do_not_show() -> None:
 #: An exception's message with what GitHub reads in text once the Markdown is parsed.
 _GITHUB_MESSAGE = (
     "store of @alice-b down, see #123 and nvidia/nvrx#45 :fire: cost $x$ and $$y$$ at 12:30:45, "
-    "mail ops@x.io"
+    "mail ops@x.io or ssh u@node-a"
 )
 
 
@@ -321,16 +321,16 @@ def test_markdown_makes_no_mention_issue_link_emoji_or_math_on_github(tmp_path: 
     ``owner/repo#45`` (links to issues), ``:fire:`` (an emoji) and ``$x$`` (math) in a
     Markdown text after parsing it, so a backslash would not stop it: a word joiner (U+2060,
     invisible) after the ``@``, ``#`` or ``:`` and before each ``$`` (also escaped, for viewers
-    that read math while parsing) breaks each up, and a mail address, which GFM would link. A
-    clock's ``12:30:45`` is left as it is, as are the code blocks, where GitHub reads none of
-    these."""
+    that read math while parsing) breaks each up. A mail address and ``user@host`` mention no
+    one and are left whole, to be copied from the page; so is a clock's ``12:30:45``, and the
+    code blocks, where GitHub reads none of these."""
     _job_that_fails_with(tmp_path, _GITHUB_MESSAGE)
     report = build_report(tmp_path, sacct=False)
     markdown = report.to_text("markdown")
     j = "\u2060"
     shown = (
         f"store of @{j}alice-b down, see #{j}123 and nvidia/nvrx#{j}45 :{j}fire: cost "
-        f"{j}\\$x{j}\\$ and {j}\\${j}\\$y{j}\\${j}\\$ at 12:30:45, mail ops@{j}x.io"
+        f"{j}\\$x{j}\\$ and {j}\\${j}\\$y{j}\\${j}\\$ at 12:30:45, mail ops@x.io or ssh u@node-a"
     )
     assert markdown.splitlines()[2] == (
         f"outcome: FAILED: failed (exit code 1) (RuntimeError: {shown}); 1 ranks on 1 node(s), "
