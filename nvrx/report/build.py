@@ -373,16 +373,16 @@ def build_report(
     notes = list(job_dir.notes)
     agg = _read_events(job_dir, filters, workers or _default_workers(), progress, notes)
     job_id = job or (sorted(agg.jobs)[0] if len(agg.jobs) == 1 else job_dir.job)
-    slurm = _ask_sacct(sacct, job_id, agg.slurm_job_ids(), notes)
+    slurm_jobs = agg.slurm_job_ids()
+    slurm = _ask_sacct(sacct, job_id, slurm_jobs, notes)
     losses = _node_losses(agg)
     process_rows = process_restarts(agg, losses)
     attach_rank_files(process_rows, job_dir.path, notes)
     timeline = _rounds(agg, process_rows, losses, notes)
     failures = build_failures(agg, process_rows, losses)
     facts = job_facts.output_facts(agg, process_rows, losses)
-    findings, explained = _log_findings(
-        [job_id, *agg.output_names()], job_dir.path, slurm_output, submitit_folders, facts, notes, slurm
-    )
+    names = [job_id, *slurm_jobs, *agg.array_elements()]  # what the output files are named after
+    findings, explained = _log_findings(names, job_dir.path, slurm_output, submitit_folders, facts, notes, slurm)
     add_output_findings(failures, findings, explained)
     kept = sorted(agg.ranks) if rank is not None or node is not None else None
     activity = build_activity(agg, timeline, failures, process_rows, losses, kept)

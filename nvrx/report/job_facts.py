@@ -120,11 +120,13 @@ def output_facts(
     job: JobSummary, process_rows: Sequence[ProcessRestart], losses: LossIndex
 ) -> EventFacts:
     """What judging the output files needs from the events (``output_triage``). A lost
-    node's end is told by its ``node_lost``: its ranks and srun task (slot) are known."""
+    node's end is told by its ``node_lost``: its ranks and srun task (slot) are known, and
+    SLURM's ``DUE TO NODE FAILURE`` by any node the job lost (``in_run``: a loss a cut-off
+    supervisor declared after its run ended tells no failure of the job)."""
     signatures, bare_types = event_signatures(job)
     facts = EventFacts(signatures=signatures, bare_types=bare_types)
     lost_ranks = losses.lost_ranks()
-    if losses.losses:
+    if losses.in_run():
         facts.lost_slots = {slot for _, slot in losses.lost_slots()}
         facts.slurm_causes.add("node_failure")
     for p in process_rows:

@@ -173,11 +173,11 @@ class JobSummary:
         events."""
         return sorted(self.slurm_jobs, key=lambda j: (self.slurm_jobs[j], j))
 
-    def output_names(self) -> list[str]:
-        """What SLURM and submitit name the job's output files after: the SLURM jobs the
-        supervisors ran in (``slurm_job_ids``), and the job array elements they were
-        (``<array id>_<index>``)."""
-        return [*self.slurm_job_ids(), *sorted(self.array_tasks)]
+    def array_elements(self) -> list[str]:
+        """The job array elements the supervisors ran in (``<array id>_<index>``), sorted:
+        SLURM and submitit name the job's output files after them, as after the SLURM jobs
+        (``slurm_job_ids``)."""
+        return sorted(self.array_tasks)
 
     def supervised_world(self) -> int:
         """Ranks of the job as its supervisors started them (training nodes, spares left out, x

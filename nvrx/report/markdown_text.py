@@ -5,8 +5,11 @@ error is data, and its ``<class 'int'>``, ``__init__``, ``*args``, ``[x](y)`` or
 
 Characters Markdown would read are escaped with a backslash (CommonMark renders an escaped
 ASCII punctuation character as the character itself); code blocks get a fence no line of
-theirs can close. The Markdown the report means (its headings, a block's bold title, the
-fences, the tables' rules) is ``text_doc.Doc``'s, never passed through here.
+theirs can close. GitHub reads more in the text once the Markdown is made HTML, where no
+backslash is left to stop it: ``@name`` mentions (and notifies) someone, ``#123`` links an
+issue, ``:name:`` is an emoji and ``$...$`` math; an invisible word joiner breaks each up.
+The Markdown the report means (its headings, a block's bold title, the fences, the tables'
+rules) is ``text_doc.Doc``'s, never passed through here.
 """
 
 from __future__ import annotations
@@ -16,10 +19,26 @@ import re
 #: What makes Markdown wherever it stands in a line: a backslash, code spans, emphasis,
 #: links and images, raw HTML and autolinks, GFM's table cells and strikethrough, an
 #: entity (a lone ``&`` is text), an underscore at a word's edge (``__init__``: inside a
-#: word, ``snake_case``, CommonMark makes no emphasis of it), and the ``:`` of ``://`` and
-#: ``.`` of ``www.``: GFM links a web address with its raw text up to a space, so a viewer
-#: would show the backslashes escaped in it; escaped there, it stays text.
-_INLINE = re.compile(r"[\\`*\[\]<|~]|&(?=#?\w+;)|(?<![^\W_])_|_(?![^\W_])|:(?=//)|(?<=www)\.")
+#: word, ``snake_case``, CommonMark makes no emphasis of it), the ``:`` of ``://`` and
+#: ``.`` of ``www.`` (GFM links a web address with its raw text up to a space, so a viewer
+#: would show the backslashes escaped in it; escaped there, it stays text), and a ``$``, which
+#: opens math in viewers that read ``$...$`` in Markdown (GitHub reads it later: below).
+_INLINE = re.compile(r"[\\`*\[\]<|~$]|&(?=#?\w+;)|(?<![^\W_])_|_(?![^\W_])|:(?=//)|(?<=www)\.")
+#: An invisible character that allows no line break where it stands.
+WORD_JOINER = "\u2060"
+#: Where GitHub reads its own syntax in a paragraph's or a cell's text after the Markdown is
+#: parsed (in every text but code's), a backslash escape already spent: ``@`` before a
+#: user's or team's name where no ASCII letter, digit or ``_`` stands before it (a mention,
+#: which notifies them; ``user@host`` and a mail address mention no one, and are left whole
+#: so that a command or address copied from the page still works), ``#`` before an issue's
+#: number (``#123``, ``owner/repo#123``), ``:`` before an emoji's name (a letter or digit, or
+#: ``+1``, ``-1``) and its closing ``:`` (a clock's ``12:30:45`` names none), and ``$``,
+#: which opens or closes math. A word joiner after the first three or before the ``$`` (no
+#: ``$`` of math follows a letter or such a character) leaves none of them whole.
+_GITHUB_AFTER = re.compile(
+    r"(?<![A-Za-z0-9_])@(?=[A-Za-z0-9])|#(?=\d)|:(?!\d{1,2}:)(?=[+-]?[^\W_][\w+-]*:)"
+)
+_GITHUB_BEFORE = re.compile(r"(?=\$)")
 #: What makes a block of a line it starts (after its indent): a heading, a quote, a list
 #: item, a thematic break, a heading's underline, or GFM's table delimiter row (``:--``),
 #: which makes the line above a table's header and the lines below its rows.
@@ -38,7 +57,7 @@ TAB_SIZE = 8
 def inline(text: str) -> str:
     """``text`` as Markdown that shows as it is on one line (a table's cell, a title): its
     line breaks become spaces, which a table row cannot hold."""
-    return _INLINE.sub(r"\\\g<0>", _LINE_END.sub(" ", text))
+    return _escaped(_LINE_END.sub(" ", text))
 
 
 def heading(text: str) -> str:
@@ -61,10 +80,18 @@ def _shown(line: str) -> str:
     """One line of a paragraph, escaped, its indent of no-break spaces: a tab in it is as
     many as reach the next tab stop (a viewer strips a tab as it strips a space, and a tab
     before a paragraph's first line makes a code block of it)."""
-    escaped = _LIST_NUMBER.sub(_ESCAPED, _BLOCK_MARK.sub(_ESCAPED, _INLINE.sub(r"\\\g<0>", line)))
+    escaped = _LIST_NUMBER.sub(_ESCAPED, _BLOCK_MARK.sub(_ESCAPED, _escaped(line)))
     body = escaped.lstrip(" \t")
     indent = escaped[: len(escaped) - len(body)].expandtabs(TAB_SIZE)
     return NBSP * len(indent) + body
+
+
+def _escaped(text: str) -> str:
+    """``text`` with what Markdown and GitHub would read in it made inert, wherever it
+    stands: the word joiners go in first, where the text's own characters tell where, and
+    are nothing Markdown reads."""
+    joined = _GITHUB_BEFORE.sub(WORD_JOINER, _GITHUB_AFTER.sub(r"\g<0>" + WORD_JOINER, text))
+    return _INLINE.sub(r"\\\g<0>", joined)
 
 
 def code_block(body: str) -> str:

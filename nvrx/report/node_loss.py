@@ -113,12 +113,14 @@ class LossIndex:
         return slot
 
     def lost_slots(self) -> set[tuple[int, int]]:
-        """(run, slot) of every lost node."""
-        return {(loss.run, loss.slot) for loss in self.losses if loss.slot is not None}
+        """(run, slot) of every node the job lost (``in_run``): a node a cut-off supervisor
+        declared lost after its run ended may have stayed healthy, and ended as the events
+        of its own supervisor tell."""
+        return {(loss.run, loss.slot) for loss in self.in_run() if loss.slot is not None}
 
     def lost_ranks(self) -> set[int]:
-        """Global ranks the lost nodes held."""
-        return {rank for loss in self.losses for rank in loss.ranks}
+        """Global ranks the nodes the job lost held (``in_run``, as ``lost_slots``)."""
+        return {rank for loss in self.in_run() for rank in loss.ranks}
 
     def in_run(self) -> list[NodeLoss]:
         """The losses the job had: all but those declared after their run ended, by a

@@ -287,6 +287,60 @@ def test_a_web_address_in_markdown_is_text_whose_escapes_do_not_show() -> None:
     )
 
 
+#: An exception's message with what GitHub reads in text once the Markdown is parsed.
+_GITHUB_MESSAGE = (
+    "store of @alice-b down, see #123 and nvidia/nvrx#45 :fire: cost $x$ and $$y$$ at 12:30:45, "
+    "mail ops@x.io or ssh u@node-a"
+)
+
+
+def _job_that_fails_with(log_dir: Path, message: str) -> None:
+    """One rank raises ``message``; its supervisor stops the job for it."""
+    host = Host("node-a", 0)
+    sup, rank = Proc(log_dir, host, "supervisor"), Proc(log_dir, host, "wrapper", rank=0)
+    sup.at(0.0, "supervisor_start", nnodes=1, nproc_per_node=1, command="python train.py")
+    rank.at(1.0, "process_start", argv=["train.py"], local_rank=0)
+    rank.round(0).at(2.0, "round_start", world_size=1, active_world_size=1, active_rank=0, initial_rank=0)
+    traceback = (
+        "Traceback (most recent call last):\n"
+        '  File "/home/u/train.py", line 3, in step\n'
+        f"    raise RuntimeError({message!r})\n"
+        f"RuntimeError: {message}\n"
+    )
+    rank.at(5.0, "fault", fault_kind="exception", origin_rank=0, exc_type="RuntimeError",
+            message=message, traceback=traceback)
+    rank.at(6.0, "round_end", outcome="failed", duration_s=4.0)
+    sup.at(7.0, "job_stop", reason=f"RuntimeError: {message}", exit_code=1)
+    sup.at(7.1, "supervisor_end", exit_code=1, reason=f"RuntimeError: {message}")
+    for proc in (sup, rank):
+        proc.close()
+
+
+def test_markdown_makes_no_mention_issue_link_emoji_or_math_on_github(tmp_path: Path) -> None:
+    """GitHub reads ``@name`` (a mention, which notifies that user), ``#123`` and
+    ``owner/repo#45`` (links to issues), ``:fire:`` (an emoji) and ``$x$`` (math) in a
+    Markdown text after parsing it, so a backslash would not stop it: a word joiner (U+2060,
+    invisible) after the ``@``, ``#`` or ``:`` and before each ``$`` (also escaped, for viewers
+    that read math while parsing) breaks each up. A mail address and ``user@host`` mention no
+    one and are left whole, to be copied from the page; so is a clock's ``12:30:45``, and the
+    code blocks, where GitHub reads none of these."""
+    _job_that_fails_with(tmp_path, _GITHUB_MESSAGE)
+    report = build_report(tmp_path, sacct=False)
+    markdown = report.to_text("markdown")
+    j = "\u2060"
+    shown = (
+        f"store of @{j}alice-b down, see #{j}123 and nvidia/nvrx#{j}45 :{j}fire: cost "
+        f"{j}\\$x{j}\\$ and {j}\\${j}\\$y{j}\\${j}\\$ at 12:30:45, mail ops@x.io or ssh u@node-a"
+    )
+    assert markdown.splitlines()[2] == (
+        f"outcome: FAILED: failed (exit code 1) (RuntimeError: {shown}); 1 ranks on 1 node(s), "
+        "7.100 s wall, goodput 0.0 %"
+    )
+    assert f"| reason                   | RuntimeError: {shown} |" in markdown
+    assert f"    raise RuntimeError({_GITHUB_MESSAGE!r})\n" in markdown  # verbatim in its code block
+    assert f"(RuntimeError: {_GITHUB_MESSAGE}); 1 ranks" in report.to_text("table", width=None)
+
+
 def test_base_dir_with_job_option_and_output_file(job_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "r.md"
     assert (

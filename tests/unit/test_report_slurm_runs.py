@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from test_report_fixtures import T0, Host, Proc
 
-from nvrx.events.failures import NODE_LOST_SIGNATURE
+from nvrx.events.failures import NODE_LOST_SIGNATURE, slurm_signature
 from nvrx.report import Report, build_report
 from nvrx.report.html_lanes import build_lanes
 from nvrx.report.render import render
@@ -516,3 +516,79 @@ def test_a_node_loss_declared_after_its_run_ended_explains_no_process_end_of_the
     ended = next(p for p in report.process_restarts if p.host == "node-a")
     assert (ended.run, ended.signal, ended.explained_by) == (0, "SIGSEGV", None)
     assert next(f for f in report.failures if f.category == "signal").hosts == ["node-a"]
+
+
+def test_a_late_loss_of_a_node_on_the_lost_nodes_host_leaves_that_host_healthy(
+    tmp_path: Path,
+) -> None:
+    """Every slot on one host (a local job): slot 1, frozen, is declared lost by slot 0 and the
+    job is run again. A node lost while a node that stayed healthy ran on its host is no
+    evidence against that host; slot 1, thawed after run 1 began, declares slot 0 lost, which
+    leaves slot 0 as healthy as it was: the host is still not excluded."""
+    log_dir = tmp_path / "job"
+    run0 = Run(log_dir, 0.0, {0: "vm", 1: "vm"}, 0)
+    run0.round_start(5.0, 0, run0.ranks)
+    run0.node_lost(14.4, by=0, lost=1)
+    run0.sup[0].at(15.0, "supervisor_end", exit_code=8, reason=REASON)
+    run1 = Run(log_dir, 40.0, {0: "vm", 1: "vm"}, 1)
+    run1.round_start(45.0, 0, run1.ranks)
+    run0.node_lost(50.0, by=1, lost=0)  # late: run 1 started 10 s before
+    run1.complete(60.0)
+    run0.close()
+    run1.close()
+    data = build_report(log_dir, sacct=False).to_dict()
+    assert [(x["slot"], x["after_run_end"]) for x in data["node_losses"]] == [(1, False), (0, True)]
+    assert data["exclude"] is None
+    assert [(s["host"], s["evidence"]) for s in data["suspects"]] == [
+        ("vm", ["lost, but nodes that stayed healthy ran on its host: not excluded"])
+    ]
+
+
+def test_srun_killing_the_task_of_a_node_declared_lost_after_its_run_ended_is_a_finding(
+    tmp_path: Path,
+) -> None:
+    """srun's line for a lost node's task is told by the loss; node-a's (task 0) is not by
+    the loss node-b, cut off, declared of it after run 1 began: no event says how it was
+    killed, and it is a finding. node-b's own (task 1) is told by its loss."""
+    log_dir = tmp_path / "job"
+    run0, run1 = _cut_off_and_requeued(log_dir)
+    run1.round_start(45.0, 0, run1.ranks)
+    run0.node_lost(50.0, by=1, lost=0)  # late: run 1 started 10 s before
+    run1.complete(60.0)
+    run0.close()
+    run1.close()
+    out = tmp_path / f"slurm-{SLURM_JOB}.out"
+    out.write_text("srun: error: node-b: task 1: Killed\nsrun: error: node-a: task 0: Killed\n")
+    report = build_report(log_dir, sacct=False, slurm_output=[out])
+    assert [loss.after_run_end for loss in report.node_losses] == [False, True]
+    assert [(f.signature, f.nodes, f.hosts) for f in report.log_findings] == [
+        ("signal SIGKILL", [0], ["node-a"])
+    ]
+
+
+def test_slurms_node_failure_is_a_finding_when_the_jobs_only_loss_was_declared_after_its_run(
+    tmp_path: Path,
+) -> None:
+    """SLURM's ``DUE TO NODE FAILURE`` is told by a node the job lost; node-b, cut off from
+    run 0 after that run ended on node-a, declares node-a lost after run 1 began: the job lost
+    no node, and SLURM's line is a finding."""
+    log_dir = tmp_path / "job"
+    run0 = Run(log_dir, 0.0, {0: "node-a", 1: "node-b"}, 0)
+    run0.round_start(5.0, 0, run0.ranks)
+    run0.sup[0].at(15.0, "supervisor_end", exit_code=8, reason=REASON)
+    run1 = Run(log_dir, 40.0, {0: "node-a", 1: "node-c"}, 1)
+    run1.round_start(45.0, 0, run1.ranks)
+    run0.node_lost(50.0, by=1, lost=0)  # late: run 1 started 10 s before
+    run1.complete(60.0)
+    run0.close()
+    run1.close()
+    out = tmp_path / f"slurm-{SLURM_JOB}.out"
+    out.write_text(
+        f"slurmstepd: error: *** STEP {SLURM_JOB}.0 ON node-b CANCELLED AT 2024-01-01T00:00:15 "
+        "DUE TO NODE FAILURE ***\n"
+    )
+    report = build_report(log_dir, sacct=False, slurm_output=[out])
+    assert [loss.after_run_end for loss in report.node_losses] == [True]
+    assert [(f.signature, f.printed_by) for f in report.log_findings] == [
+        (slurm_signature("node failure"), "SLURM (the whole job)")
+    ]
