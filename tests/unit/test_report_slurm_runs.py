@@ -666,6 +666,50 @@ def test_srun_line_of_a_task_that_ran_on_one_host_in_both_runs_is_told_by_either
     assert _srun_findings(tmp_path, log_dir, "srun: error: node-b: task 1: Killed\n") == []
 
 
+ZERO_DIVISION = "ZeroDivisionError at train.py:9 in step"
+
+
+def _raise(run: Run, slot: int, t: float) -> None:
+    """Rank ``slot`` of ``run``, without the Wrapper, raises a ZeroDivisionError at ``t``."""
+    app = Proc(run.dir, run.machines[slot], "app", rank=slot, job=SLURM_JOB, env=run.env)
+    app.at(t, "fault", fault_kind="exception", origin_rank=slot, exc_type="ZeroDivisionError",
+           message="division by zero", signature=ZERO_DIVISION)  # fmt: skip
+    app.close()
+
+
+def test_a_late_fault_of_a_cut_off_node_sets_no_onset_of_the_next_runs_job_wide_restart(
+    tmp_path: Path,
+) -> None:
+    """Without the Wrapper. Run 0 on node-a and node-b: node-b is declared lost and the job
+    requeued. In run 1 on node-a and node-c, rank 1 (node-c) raises a ZeroDivisionError at
+    49.8 s, before node-a's last heartbeat (50 s; node-c declares it lost at 53 s), and its
+    supervisor restarts the job for it: its own failure. Meanwhile node-b's rank 1 of run 0,
+    cut off, raises the same error at 50.3 s, after that heartbeat: a fault of run 0, which
+    says nothing of when run 1's failure began."""
+    log_dir = tmp_path / "job"
+    run0, run1 = _cut_off_and_requeued(log_dir)
+    _raise(run1, 1, 49.8)
+    _raise(run0, 1, 50.3)
+    sup = run1.sup[1]
+    sup.at(50.5, "child_exit", local_rank=0, child_pid=101, global_rank=1, exit_code=1, runtime_s=10.0)
+    sup.at(50.51, "restart_decision", local_rank=0, global_rank=1, scope="job", decision="restart",
+           reason="child failed (exit code 1)", budget_left=3, signature=ZERO_DIVISION)  # fmt: skip
+    sup.at(50.52, "job_restart", epoch=1, phase="stopping", cause={"rank": 1, "node": 1, "signature": ZERO_DIVISION})
+    sup.at(50.7, "job_restart", epoch=1, phase="ready", ready=1, nodes=2)
+    sup.at(
+        53.0, "node_lost", lost_node=0, lost_slot=0, lost_host="node-a", silent_s=3.0,
+        last_seen_wall=T0 + 50.0, seen_by=1, action="stop", ranks=[0],
+    )  # fmt: skip
+    sup.at(53.5, "supervisor_end", exit_code=8, reason=REASON)
+    run0.close()
+    run1.close()
+    report = build_report(log_dir, sacct=False)
+    first = next(row for row in report.timeline if (row.run, row.round) == (1, 0))
+    assert (first.cause, first.first_rank, first.first_host, first.ordering) == (
+        ZERO_DIVISION, 1, "node-c", "job_restart",
+    )  # fmt: skip
+
+
 def test_srun_line_of_a_lost_slot_whose_supervisor_wrote_nothing_is_told_by_its_loss(
     tmp_path: Path,
 ) -> None:
