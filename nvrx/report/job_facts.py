@@ -123,8 +123,9 @@ def output_facts(
     node's end is told by its ``node_lost``: its ranks and srun task (slot) are known, and
     SLURM's ``DUE TO NODE FAILURE`` by any node the job lost (``in_run``: a loss a cut-off
     supervisor declared after its run ended tells no failure of the job). Losses and
-    supervisor ends are kept by run, with the hosts of each run's slots: srun's lines name
-    a task's host, not its run (``output_triage``)."""
+    supervisor ends are kept by run, with the hosts of each run's slots (its supervisor's
+    events, a ``node_lost`` naming it): srun's lines name a task's host, not its run
+    (``output_triage``)."""
     signatures, bare_types = event_signatures(job)
     facts = EventFacts(signatures=signatures, bare_types=bare_types)
     lost_ranks = losses.lost_ranks()
@@ -145,6 +146,9 @@ def output_facts(
         ]
     facts.node_hosts = {n: sorted(h)[0] for n, h in job.node_hosts.items() if h}
     facts.slot_hosts = {(run, s): h for (run, s), h in job.slot_hosts().items() if isinstance(s, int)}
+    for loss in losses.losses:  # a lost slot's host, though its own supervisor wrote nothing
+        if isinstance(loss.slot, int) and loss.host:
+            facts.slot_hosts.setdefault((loss.run, loss.slot), set()).add(loss.host)
     facts.fault_ended_ranks = set(job.fault_ended_ranks)
     for e in job.node_events:
         kind, node, code = e.get("kind"), e.get("node"), e.get("exit_code")

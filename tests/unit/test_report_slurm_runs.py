@@ -726,3 +726,28 @@ def test_srun_line_of_a_lost_slot_whose_supervisor_wrote_nothing_is_told_by_its_
     assert _srun_findings(tmp_path, log_dir, "srun: error: node-a: task 0: Killed\n") == [
         ("signal SIGKILL", [0], ["node-a"])
     ]
+
+
+def test_srun_line_of_the_next_run_is_a_finding_though_the_lost_slots_supervisor_wrote_nothing(
+    tmp_path: Path,
+) -> None:
+    """Slot 1's supervisor on node-b wrote no event in run 0, where node-a declares it lost:
+    the ``node_lost`` event names node-b as the slot's host. In run 1 slot 1 runs on node-c,
+    whose task srun kills with no event saying why: a finding, not told by run 0's loss;
+    node-b's own line is told by it."""
+    log_dir = tmp_path / "job"
+    run0 = Run(log_dir, 0.0, {0: "node-a"}, 0)
+    run0.round_start(5.0, 0, run0.ranks)
+    run0.hosts[1] = "node-b"
+    run0.node_lost(14.4, by=0, lost=1)
+    run0.sup[0].at(15.0, "supervisor_end", exit_code=8, reason=REASON)
+    run1 = Run(log_dir, 40.0, {0: "node-a", 1: "node-c"}, 1)
+    run1.round_start(45.0, 0, run1.ranks)
+    run0.close()
+    run1.close()
+    found = _srun_findings(
+        tmp_path, log_dir,
+        "srun: error: node-b: task 1: Killed\n"
+        "srun: error: node-c: task 1: Killed\n",
+    )  # fmt: skip
+    assert found == [("signal SIGKILL", [1], ["node-c"])]
