@@ -95,12 +95,20 @@ def _task_target(task: int | None, facts: EventFacts) -> tuple[int | None, int |
     return (None, task) if facts.supervised else (task, None)
 
 
+def _short(host: str) -> str:
+    """A host's name without its domain (an address as it is): srun names the SLURM node,
+    events of older writers the name the machine gives itself, which may be in full."""
+    return host if host.replace(".", "").isdigit() else host.split(".", 1)[0]
+
+
 def _may_be_of(run: int, slot: int, item: OutputItem, facts: EventFacts) -> bool:
     """Whether srun's line about task ``slot`` may be of job run ``run``: a requeued job's runs
     append to one output file, and srun's line names no run, only the task's host. It is not
     of a run whose events name another host for that slot; where they name none, it may be."""
     hosts = facts.slot_hosts.get((run, slot))
-    return item.srun_host is None or not hosts or item.srun_host in hosts
+    if item.srun_host is None or not hosts:
+        return True
+    return _short(item.srun_host) in {_short(h) for h in hosts}
 
 
 def _told_end(slot: int, item: OutputItem, facts: EventFacts) -> bool:

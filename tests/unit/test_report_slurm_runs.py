@@ -751,3 +751,18 @@ def test_srun_line_of_the_next_run_is_a_finding_though_the_lost_slots_supervisor
         "srun: error: node-c: task 1: Killed\n",
     )  # fmt: skip
     assert found == [("signal SIGKILL", [1], ["node-c"])]
+
+
+def test_srun_line_naming_the_short_name_of_a_host_the_events_name_in_full_is_of_its_run(
+    tmp_path: Path,
+) -> None:
+    """Events of an older writer name a host as the machine calls itself, here its full
+    domain name; srun's line names the SLURM node, here the short name: the same host. One
+    run, slot 1 lost on node-b: srun's line for task 1 is told by the loss."""
+    log_dir = tmp_path / "job"
+    run0 = Run(log_dir, 0.0, {0: "node-a.cluster.example", 1: "node-b.cluster.example"}, 0)
+    run0.round_start(5.0, 0, run0.ranks)
+    run0.node_lost(14.4, by=0, lost=1)
+    run0.sup[0].at(15.0, "supervisor_end", exit_code=8, reason=REASON)
+    run0.close()
+    assert _srun_findings(tmp_path, log_dir, "srun: error: node-b: task 1: Killed\n") == []
