@@ -122,12 +122,16 @@ def output_facts(
     """What judging the output files needs from the events (``output_triage``). A lost
     node's end is told by its ``node_lost``: its ranks and srun task (slot) are known, and
     SLURM's ``DUE TO NODE FAILURE`` by any node the job lost (``in_run``: a loss a cut-off
-    supervisor declared after its run ended tells no failure of the job)."""
+    supervisor declared after its run ended tells no failure of the job). Losses and
+    supervisor ends are kept by run, with the hosts of each run's slots (its supervisor's
+    events, a ``node_lost`` naming it): srun's lines name a task's host, not its run
+    (``output_triage``)."""
     signatures, bare_types = event_signatures(job)
     facts = EventFacts(signatures=signatures, bare_types=bare_types)
     lost_ranks = losses.lost_ranks()
     if losses.in_run():
-        facts.lost_slots = {slot for _, slot in losses.lost_slots()}
+        for run, slot in losses.lost_slots():
+            facts.lost_slots.setdefault(slot, set()).add(run)
         facts.slurm_causes.add("node_failure")
     for p in process_rows:
         if p.explained_by is None and p.error is not None and p.error.signature:
@@ -141,13 +145,17 @@ def output_facts(
             d for d in job.vanished if d.host not in exit_hosts and d.rank not in lost_ranks
         ]
     facts.node_hosts = {n: sorted(h)[0] for n, h in job.node_hosts.items() if h}
+    facts.slot_hosts = {(run, s): h for (run, s), h in job.slot_hosts().items() if isinstance(s, int)}
+    for loss in losses.losses:  # a lost slot's host, though its own supervisor wrote nothing
+        if isinstance(loss.slot, int) and loss.host:
+            facts.slot_hosts.setdefault((loss.run, loss.slot), set()).add(loss.host)
     facts.fault_ended_ranks = set(job.fault_ended_ranks)
     for e in job.node_events:
         kind, node, code = e.get("kind"), e.get("node"), e.get("exit_code")
         if kind == "supervisor_start":
             facts.supervised = True
-        elif kind == "supervisor_end" and node is not None and code is not None:
-            facts.supervisor_exits.setdefault(node, set()).add(code)
+        elif kind == "supervisor_end" and isinstance(node, int) and code is not None:
+            facts.supervisor_exits.setdefault(node, {}).setdefault(e["run"], set()).add(code)
         elif kind in ("requeue", "preempt_signal") and isinstance(e.get("cause"), str):
             facts.slurm_causes.add(e["cause"])
     return facts

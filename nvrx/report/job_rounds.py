@@ -228,14 +228,16 @@ def _onset(job: JobSummary, row: RoundRow, end: float) -> tuple[float, str | Non
     """When the announced failure began, its shape and signature: the failed rank's last
     fault told in the stretch of the announced signature (else its last one: what ended its
     process), from its onset (a hang's: the rank's last progress); without one, its
-    process's last end in the stretch; without that, when the restart was claimed (``end``)."""
+    process's last end in the stretch; without that, when the restart was claimed (``end``).
+    Only the row's run's faults: a node cut off from an ended run may tell a late fault of
+    a rank of the same number inside the stretch."""
     if row.first_rank is None:
         return end, None, None
     told: list[Told] = [
         (wall, onset, shape, signature)
         for signature, group in job.signatures.items()
-        for wall, rank, _, _, _, shape, onset, _ in group.seen
-        if rank == row.first_rank and wall is not None and onset is not None
+        for wall, rank, _, _, _, shape, onset, run in group.seen
+        if rank == row.first_rank and run == row.run and wall is not None and onset is not None
         and _within(wall, row.start_wall, end)
     ]  # fmt: skip
     told += [_hang_told(h) for h in _hangs(job, row.run, row.start_wall, end) if h.rank == row.first_rank]

@@ -179,6 +179,15 @@ class JobSummary:
         (``slurm_job_ids``)."""
         return sorted(self.array_tasks)
 
+    def slot_hosts(self) -> dict[tuple[int, object], set[str]]:
+        """(run, slot) -> the hosts its supervisor's events name: where each srun task of a
+        run ran, as its SLURM node name (``SLURMD_NODENAME``) when under SLURM."""
+        hosts: dict[tuple[int, object], set[str]] = {}
+        for e in self.node_events:
+            if e.get("component") == "supervisor" and e.get("host") is not None:
+                hosts.setdefault((e["run"], e.get("node")), set()).add(e["host"])
+        return hosts
+
     def supervised_world(self) -> int:
         """Ranks of the job as its supervisors started them (training nodes, spares left out, x
         ranks per node, else the distinct global ranks of their children): the world without

@@ -50,10 +50,13 @@ class EventFacts:
     killed: list[Death] = field(default_factory=list)  # unexplained ends by a signal
     supervised: bool = False  # one srun task per node runs a supervisor: a task is a node
     node_hosts: dict[int, str] = field(default_factory=dict)
-    supervisor_exits: dict[int, set[int]] = field(default_factory=dict)  # node -> exit codes
+    # slot -> run -> exit codes of its supervisor's ``supervisor_end`` in that run
+    supervisor_exits: dict[int, dict[int, set[int]]] = field(default_factory=dict)
     fault_ended_ranks: set[int] = field(default_factory=set)  # ranks whose last event is a fault
     slurm_causes: set[str] = field(default_factory=set)  # causes of requeue/preempt_signal events
-    lost_slots: set[int] = field(default_factory=set)  # slots (srun tasks) of lost nodes
+    lost_slots: dict[int, set[int]] = field(default_factory=dict)  # slot -> runs it was lost in
+    # (run, slot) -> the hosts its supervisor's events name: which run srun's line may be of
+    slot_hosts: dict[tuple[int, int], set[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -92,17 +95,40 @@ def _task_target(task: int | None, facts: EventFacts) -> tuple[int | None, int |
     return (None, task) if facts.supervised else (task, None)
 
 
+def _short(host: str) -> str:
+    """A host's name without its domain (an address as it is): srun names the SLURM node,
+    events of older writers the name the machine gives itself, which may be in full."""
+    return host if host.replace(".", "").isdigit() else host.split(".", 1)[0]
+
+
+def _may_be_of(run: int, slot: int, item: OutputItem, facts: EventFacts) -> bool:
+    """Whether srun's line about task ``slot`` may be of job run ``run``: a requeued job's runs
+    append to one output file, and srun's line names no run, only the task's host. It is not
+    of a run whose events name another host for that slot; where they name none, it may be."""
+    hosts = facts.slot_hosts.get((run, slot))
+    if item.srun_host is None or not hosts:
+        return True
+    return _short(item.srun_host) in {_short(h) for h in hosts}
+
+
+def _told_end(slot: int, item: OutputItem, facts: EventFacts) -> bool:
+    """Whether the events tell the end srun's line gives task ``slot`` (a node, under
+    supervisors) in a run the line may be of: its supervisor's ``supervisor_end`` with
+    that exit code, or its ``node_lost``."""
+    code = item.exit_code
+    ended = {run for run, codes in facts.supervisor_exits.get(slot, {}).items() if code in codes}
+    lost = facts.lost_slots.get(slot, set())
+    return any(_may_be_of(run, slot, item, facts) for run in ended | lost)
+
+
 def _srun_line(item: OutputItem, facts: EventFacts) -> _Kept | None:
     """srun's ``task N: Killed``: kept unless the events say how that task ended."""
     kept = _Kept(set(), set(), {item.srun_host} if item.srun_host else set(), "")
-    code = item.exit_code
     names = []
     for task in item.srun_tasks:
         rank, node = _task_target(task, facts)
-        if node is not None and code is not None and code in facts.supervisor_exits.get(node, ()):
-            continue  # the supervisor's own end event says it
-        if node is not None and node in facts.lost_slots:
-            continue  # its node_lost event says it
+        if node is not None and _told_end(node, item, facts):
+            continue  # the supervisor's own end event or its node_lost event says it
         if rank is not None and rank in facts.fault_ended_ranks:
             continue  # the rank's last event is the fault that ended it
         kept.ranks.update([rank] if rank is not None else [])

@@ -68,14 +68,6 @@ class _Tallies(dict[tuple[str, "int | None"], _NodeTally]):
         return self.setdefault((host, node), _NodeTally())
 
 
-def _slot_hosts(job: JobSummary) -> dict[tuple[int, object], set[str]]:
-    hosts: dict[tuple[int, object], set[str]] = {}
-    for e in job.node_events:
-        if e.get("component") == "supervisor" and e.get("host") is not None:
-            hosts.setdefault((e["run"], e.get("node")), set()).add(e["host"])
-    return hosts
-
-
 def _answered(job: JobSummary) -> set[tuple[int, str]]:
     """(run, node) of lost nodes that still ran a SLURM step when asked (a requeue's
     ``answered``, a ``node_probe`` that answered): their supervisor was lost, not the node."""
@@ -114,7 +106,7 @@ def _loss_evidence(job: JobSummary, tally: _NodeTally, losses: LossIndex) -> lis
     wrote)."""
     if not tally.lost:  # (the node events are scanned only for the few lost nodes)
         return []
-    slot_hosts, lost = _slot_hosts(job), losses.lost_slots()
+    slot_hosts, lost = job.slot_hosts(), losses.lost_slots()
     healthy: dict[int, set[str]] = {}  # per run, the hosts of supervisors never lost
     for (run, slot), hosts in slot_hosts.items():
         if (run, slot) not in lost:
@@ -217,7 +209,7 @@ def _add_exclusions(
     (``_loss_evidence``); an exclusion for slowness is the straggler's (``_add_stragglers``)."""
     slow = {(x.run, x.slot) for x in stragglers if x.action == EXCLUDE}
     asked_out = _excluded_slots(job) - losses.lost_slots() - slow
-    hosts = _slot_hosts(job) if asked_out else {}
+    hosts = job.slot_hosts() if asked_out else {}
     for run, slot in asked_out:
         for host in hosts.get((run, slot), ()):
             per.of(host, slot if isinstance(slot, int) else None).asked_out = True

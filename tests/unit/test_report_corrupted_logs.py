@@ -383,7 +383,9 @@ def test_the_output_scanner_reads_any_text(lines: list[tuple[str, str]], task: i
         killed=[Death(3, 1, "n2", "signal SIGKILL")],
         supervised=task is None,
         node_hosts={0: "n1", 1: "n2"},
-        supervisor_exits={0: {1}},
+        supervisor_exits={0: {0: {1}}},
+        lost_slots={1: {0}},
+        slot_hosts={(0, 1): {"n2"}},
         fault_ended_ranks={2},
         slurm_causes={"time_limit"},
     )

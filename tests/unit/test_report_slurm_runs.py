@@ -592,3 +592,177 @@ def test_slurms_node_failure_is_a_finding_when_the_jobs_only_loss_was_declared_a
     assert [(f.signature, f.printed_by) for f in report.log_findings] == [
         (slurm_signature("node failure"), "SLURM (the whole job)")
     ]
+
+
+def _srun_findings(tmp_path: Path, log_dir: Path, lines: str) -> list[tuple[str, list[int], list[str]]]:
+    """(signature, nodes, hosts) of the findings of srun's ``lines`` in ``slurm-<job>.out``."""
+    out = tmp_path / f"slurm-{SLURM_JOB}.out"
+    out.write_text(lines)
+    report = build_report(log_dir, sacct=False, slurm_output=[out])
+    return [(f.signature, f.nodes, f.hosts) for f in report.log_findings]
+
+
+def test_srun_killing_a_task_of_the_next_run_is_a_finding_though_its_slot_was_lost_before(
+    tmp_path: Path,
+) -> None:
+    """A requeued job's runs append to one ``slurm-<job>.out``: srun's line names the task's
+    host, which tells its run. Slot 1 was lost in run 0 on node-b; in run 1 slot 1 runs on
+    node-c, whose task srun kills with no event saying why: a finding, not told by run 0's
+    loss. node-b's own line is told by its loss, node-a's exit 8 of run 0 by its
+    supervisor's end."""
+    log_dir = tmp_path / "job"
+    run0, run1 = _cut_off_and_requeued(log_dir)
+    run1.round_start(45.0, 0, run1.ranks)
+    run0.close()
+    run1.close()
+    found = _srun_findings(
+        tmp_path, log_dir,
+        "srun: error: node-b: task 1: Killed\n"
+        "srun: error: node-a: task 0: Exited with exit code 8\n"
+        "srun: error: node-c: task 1: Killed\n",
+    )  # fmt: skip
+    assert found == [("signal SIGKILL", [1], ["node-c"])]
+
+
+def test_srun_ending_a_task_of_the_next_run_is_a_finding_though_its_slot_ended_so_before(
+    tmp_path: Path,
+) -> None:
+    """Run 0 on node-a and node-b stops: both supervisors end with exit code 1. In run 1 on
+    node-a and node-c, node-a's supervisor ends so again, node-c's writes no end: srun's
+    exit 1 of node-c's task 1 is a finding, not told by node-b's end in run 0."""
+    log_dir = tmp_path / "job"
+    run0 = Run(log_dir, 0.0, {0: "node-a", 1: "node-b"}, 0)
+    run0.round_start(5.0, 0, run0.ranks)
+    for sup in run0.sup.values():
+        sup.at(15.0, "supervisor_end", exit_code=1, reason="a rank failed")
+    run1 = Run(log_dir, 40.0, {0: "node-a", 1: "node-c"}, 1)
+    run1.round_start(45.0, 0, run1.ranks)
+    run1.sup[0].at(55.0, "supervisor_end", exit_code=1, reason="a rank failed")
+    run0.close()
+    run1.close()
+    found = _srun_findings(
+        tmp_path, log_dir,
+        "srun: error: node-b: task 1: Exited with exit code 1\n"
+        "srun: error: node-a: task 0: Exited with exit code 1\n"
+        "srun: error: node-c: task 1: Exited with exit code 1\n",
+    )  # fmt: skip
+    assert found == [("exit code 1", [1], ["node-c"])]
+
+
+def test_srun_line_of_a_task_that_ran_on_one_host_in_both_runs_is_told_by_either_runs_end(
+    tmp_path: Path,
+) -> None:
+    """Slot 1 runs on node-b in run 0, where it is lost, and again in run 1: srun's line
+    names no run, and the host cannot tell which, so the loss of run 0 still tells it."""
+    log_dir = tmp_path / "job"
+    run0 = Run(log_dir, 0.0, {0: "node-a", 1: "node-b"}, 0)
+    run0.round_start(5.0, 0, run0.ranks)
+    run0.node_lost(14.4, by=0, lost=1)
+    run0.sup[0].at(15.0, "supervisor_end", exit_code=8, reason=REASON)
+    run1 = Run(log_dir, 40.0, {0: "node-a", 1: "node-b"}, 1)
+    run1.round_start(45.0, 0, run1.ranks)
+    run0.close()
+    run1.close()
+    assert _srun_findings(tmp_path, log_dir, "srun: error: node-b: task 1: Killed\n") == []
+
+
+ZERO_DIVISION = "ZeroDivisionError at train.py:9 in step"
+
+
+def _raise(run: Run, slot: int, t: float) -> None:
+    """Rank ``slot`` of ``run``, without the Wrapper, raises a ZeroDivisionError at ``t``."""
+    app = Proc(run.dir, run.machines[slot], "app", rank=slot, job=SLURM_JOB, env=run.env)
+    app.at(t, "fault", fault_kind="exception", origin_rank=slot, exc_type="ZeroDivisionError",
+           message="division by zero", signature=ZERO_DIVISION)  # fmt: skip
+    app.close()
+
+
+def test_a_late_fault_of_a_cut_off_node_sets_no_onset_of_the_next_runs_job_wide_restart(
+    tmp_path: Path,
+) -> None:
+    """Without the Wrapper. Run 0 on node-a and node-b: node-b is declared lost and the job
+    requeued. In run 1 on node-a and node-c, rank 1 (node-c) raises a ZeroDivisionError at
+    49.8 s, before node-a's last heartbeat (50 s; node-c declares it lost at 53 s), and its
+    supervisor restarts the job for it: its own failure. Meanwhile node-b's rank 1 of run 0,
+    cut off, raises the same error at 50.3 s, after that heartbeat: a fault of run 0, which
+    says nothing of when run 1's failure began."""
+    log_dir = tmp_path / "job"
+    run0, run1 = _cut_off_and_requeued(log_dir)
+    _raise(run1, 1, 49.8)
+    _raise(run0, 1, 50.3)
+    sup = run1.sup[1]
+    sup.at(50.5, "child_exit", local_rank=0, child_pid=101, global_rank=1, exit_code=1, runtime_s=10.0)
+    sup.at(50.51, "restart_decision", local_rank=0, global_rank=1, scope="job", decision="restart",
+           reason="child failed (exit code 1)", budget_left=3, signature=ZERO_DIVISION)  # fmt: skip
+    sup.at(50.52, "job_restart", epoch=1, phase="stopping", cause={"rank": 1, "node": 1, "signature": ZERO_DIVISION})
+    sup.at(50.7, "job_restart", epoch=1, phase="ready", ready=1, nodes=2)
+    sup.at(
+        53.0, "node_lost", lost_node=0, lost_slot=0, lost_host="node-a", silent_s=3.0,
+        last_seen_wall=T0 + 50.0, seen_by=1, action="stop", ranks=[0],
+    )  # fmt: skip
+    sup.at(53.5, "supervisor_end", exit_code=8, reason=REASON)
+    run0.close()
+    run1.close()
+    report = build_report(log_dir, sacct=False)
+    first = next(row for row in report.timeline if (row.run, row.round) == (1, 0))
+    assert (first.cause, first.first_rank, first.first_host, first.ordering) == (
+        ZERO_DIVISION, 1, "node-c", "job_restart",
+    )  # fmt: skip
+
+
+def test_srun_line_of_a_lost_slot_whose_supervisor_wrote_nothing_is_told_by_its_loss(
+    tmp_path: Path,
+) -> None:
+    """node-a declares slot 1 lost; slot 1's supervisor wrote no event, so no event names
+    its host: srun's line for task 1 may be of that run, and the loss tells it."""
+    log_dir = tmp_path / "job"
+    run0 = Run(log_dir, 0.0, {0: "node-a"}, 0)
+    run0.round_start(5.0, 0, run0.ranks)
+    run0.hosts[1] = "node-x"
+    run0.node_lost(14.4, by=0, lost=1)
+    run0.sup[0].at(15.0, "supervisor_end", exit_code=8, reason=REASON)
+    run0.close()
+    assert _srun_findings(tmp_path, log_dir, "srun: error: node-x: task 1: Killed\n") == []
+    assert _srun_findings(tmp_path, log_dir, "srun: error: node-a: task 0: Killed\n") == [
+        ("signal SIGKILL", [0], ["node-a"])
+    ]
+
+
+def test_srun_line_of_the_next_run_is_a_finding_though_the_lost_slots_supervisor_wrote_nothing(
+    tmp_path: Path,
+) -> None:
+    """Slot 1's supervisor on node-b wrote no event in run 0, where node-a declares it lost:
+    the ``node_lost`` event names node-b as the slot's host. In run 1 slot 1 runs on node-c,
+    whose task srun kills with no event saying why: a finding, not told by run 0's loss;
+    node-b's own line is told by it."""
+    log_dir = tmp_path / "job"
+    run0 = Run(log_dir, 0.0, {0: "node-a"}, 0)
+    run0.round_start(5.0, 0, run0.ranks)
+    run0.hosts[1] = "node-b"
+    run0.node_lost(14.4, by=0, lost=1)
+    run0.sup[0].at(15.0, "supervisor_end", exit_code=8, reason=REASON)
+    run1 = Run(log_dir, 40.0, {0: "node-a", 1: "node-c"}, 1)
+    run1.round_start(45.0, 0, run1.ranks)
+    run0.close()
+    run1.close()
+    found = _srun_findings(
+        tmp_path, log_dir,
+        "srun: error: node-b: task 1: Killed\n"
+        "srun: error: node-c: task 1: Killed\n",
+    )  # fmt: skip
+    assert found == [("signal SIGKILL", [1], ["node-c"])]
+
+
+def test_srun_line_naming_the_short_name_of_a_host_the_events_name_in_full_is_of_its_run(
+    tmp_path: Path,
+) -> None:
+    """Events of an older writer name a host as the machine calls itself, here its full
+    domain name; srun's line names the SLURM node, here the short name: the same host. One
+    run, slot 1 lost on node-b: srun's line for task 1 is told by the loss."""
+    log_dir = tmp_path / "job"
+    run0 = Run(log_dir, 0.0, {0: "node-a.cluster.example", 1: "node-b.cluster.example"}, 0)
+    run0.round_start(5.0, 0, run0.ranks)
+    run0.node_lost(14.4, by=0, lost=1)
+    run0.sup[0].at(15.0, "supervisor_end", exit_code=8, reason=REASON)
+    run0.close()
+    assert _srun_findings(tmp_path, log_dir, "srun: error: node-b: task 1: Killed\n") == []
