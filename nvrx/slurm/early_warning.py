@@ -12,7 +12,8 @@ requeued, SLURM records a failure. So:
   came since, and writes the wall time to ``$NVRX_WARNED_AT`` when a warning came (a value
   inherited from the batch environment is dropped: a requeued run's batch script starts a
   fresh ``nvrx-srun``, which passes on only what it noted itself). srun gives that
-  environment to every task of the step;
+  environment to every task of the step (a restrictive ``--export`` names the variable:
+  ``nvrx.slurm.srun_export``);
 - ``take`` is each supervisor's: it removes the variable from its environment before it starts
   any process, and its ``PreemptionHandler`` acts on the warning as if the signal had come
   then (its window counts from that wall time).
