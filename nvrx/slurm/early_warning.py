@@ -31,7 +31,11 @@ exec leaves srun running (SLURM 22.05.8). What is still not kept:
   by hand on SLURM 22.05.8); while srun waits to create the step ("step creation temporarily
   disabled") a signal cancels the step instead (SLURM's source);
 - one that srun forwards to a supervisor that is still starting, before its signal handling
-  is in place: the default action ends that supervisor.
+  is in place: the default action ends that supervisor;
+- every warning, where the ``srun`` on PATH is a site's script that runs SLURM's srun as its
+  child instead of exec'ing it: the script and its children inherit the signal blocked, so
+  what the batch shell forwards to it stays pending there, its own ``trap`` never runs, and
+  no supervisor gets it (seen by hand with bash 5.2). A script that execs srun is as srun.
 """
 
 from __future__ import annotations
