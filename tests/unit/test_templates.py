@@ -464,6 +464,8 @@ def test_nvrx_srun_refuses_what_the_supervisors_would_before_it_runs_srun(
         ("NVRX_SIGNAL_DELAY_S", "90s", "NVRX_SIGNAL_DELAY_S='90s' is not a number"),
         ("NVRX_MAX_TIME_LIMIT_REQUEUES", "-1", "NVRX_MAX_TIME_LIMIT_REQUEUES='-1' must not be negative"),
         ("NVRX_PREEMPT_WINDOW_S", "soon", "NVRX_PREEMPT_WINDOW_S='soon' is not a number"),
+        ("NVRX_PREEMPT_SIGNAL", "URG", "NVRX_PREEMPT_SIGNAL='URG': the warning signal must be USR1 or "
+         "USR2 (the one of sbatch --signal=USR2@SECONDS); TERM, INT and HUP stop the job"),  # a template traps it
     ],
 )
 def test_nvrx_srun_refuses_a_bad_warning_setting_before_it_runs_srun(
