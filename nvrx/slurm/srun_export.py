@@ -11,11 +11,13 @@ variable of its environment, and the two it sets itself, in that ``--export``.
 
 What srun does with a value (SLURM 22.05.8, seen on a real cluster): the last ``--export`` of
 its command line wins over earlier ones and over ``SLURM_EXPORT_ENV``; a value is a
-comma-separated list; ``ALL`` anywhere in it (any case) passes the whole environment; ``NONE``
-first (any case) passes SLURM's variables alone and ignores the rest; otherwise the list passes
-SLURM's variables and the ones it names (``NAME`` with its value here, skipped where unset;
-``NAME=VALUE`` as given; a later item wins over an earlier one of its name). srun takes an
-unambiguous beginning of a long option for the option (``--exp=NONE``).
+comma-separated list, split at every comma, empty items skipped; srun reads no item past a
+``NONE`` (any case), so ``NONE`` first passes SLURM's variables alone and ``PATH,NONE,HOME``
+passes ``PATH``; ``ALL`` among the items before it passes the whole environment (``NONE,ALL``
+does not); otherwise the list passes SLURM's variables and the ones it names (``NAME`` with
+its value here, skipped where unset; ``NAME=VALUE`` as given; a later
+item wins over an earlier one of its name). srun takes an unambiguous beginning of a long
+option for the option (``--exp=NONE``).
 
 Names only, never values: a value on srun's command line is there for anyone who lists the
 machine's processes, and the secret must not be; srun reads each named value from its own
@@ -50,11 +52,13 @@ def passed_names(env: Mapping[str, str]) -> list[str]:
 
 def widened(value: str, names: Sequence[str]) -> str | None:
     """The ``--export`` value that passes what ``value`` passes and ``names`` too; None where
-    ``value`` passes the whole environment already (``ALL``)."""
-    items = value.split(",")
-    if any(item.upper() == "ALL" for item in items):
+    ``value`` passes the whole environment already (``ALL``). Items from a ``NONE`` on, which
+    srun does not read, give way to ``names``."""
+    items = [item for item in value.split(",") if item]
+    upper = [item.upper() for item in items]
+    kept = items[: upper.index("NONE")] if "NONE" in upper else items
+    if any(item.upper() == "ALL" for item in kept):
         return None
-    kept = [] if items[0].upper() == "NONE" else [item for item in items if item]
     named = {item.split("=", 1)[0] for item in kept}
     return ",".join([*kept, *(name for name in names if name not in named)])
 

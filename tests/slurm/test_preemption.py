@@ -253,6 +253,36 @@ def test_srun_under_sbatch_export_none_passes_the_variables_nvrx_srun_names(
         assert "USER_SETTING" not in env and "PYTHONPATH" not in env  # NONE, but for nvrx's
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("given", ["PATH,NONE,USER_SETTING", "NONE,ALL"])
+def test_srun_reads_no_export_item_past_none_and_nvrx_srun_names_its_variables_before_it(
+    slurm_cluster, tmp_path: Path, given: str
+) -> None:
+    """``NVRX_SRUN_ARGS=--export=<given>``: srun reads the items before a ``NONE`` alone, so
+    the names nvrx-srun adds go before it; every task gets the NVRX_* variables, and ``USER_SETTING``
+    (past ``NONE``) none. Before: the names went after ``NONE`` (``PATH,NONE,USER_SETTING,NVRX_...``),
+    or ``NONE,ALL`` was taken for ``ALL`` and left as it was, and the tasks had none of them."""
+    dump = tmp_path / "dump"  # stands in for the Python that runs the supervisor
+    dump.write_text(f'#!/bin/sh\n/usr/bin/env > "{tmp_path}/env.$SLURM_PROCID"\n')
+    dump.chmod(0o755)
+    build = (
+        "import os; from nvrx.slurm.srun_cli import srun_command; "
+        f"c = srun_command(['--', 'true'], os.environ, python={str(dump)!r}); os.execv(c[0], c)"
+    )
+    script = (
+        f"export NVRX_LOG_DIR=/logs NVRX_SRUN_ARGS=--export={given} USER_SETTING=1\n"
+        f"exec {shlex.quote(sys.executable)} -c {shlex.quote(build)}\n"
+    )
+    out = tmp_path / "out.txt"
+    env = f"ALL,PYTHONPATH={Path(__file__).parents[2]}"
+    job = slurm_cluster.sbatch(script, "-N2", f"--export={env}", "-o", str(out))
+    assert slurm_cluster.wait_job(job, timeout=90) == "COMPLETED", out.read_text()
+    for rank in (0, 1):
+        env_of = dict(line.split("=", 1) for line in (tmp_path / f"env.{rank}").read_text().splitlines())
+        assert env_of.get("NVRX_LOG_DIR") == "/logs" and "NVRX_JOB_SECRET" in env_of, sorted(env_of)
+        assert "USER_SETTING" not in env_of and "PYTHONPATH" not in env_of  # past NONE, or not named
+
+
 def _nvrx_srun_checking(patterns: Path) -> int:
     """The pid of the nvrx-srun whose check of the options reads ``patterns``."""
     for proc in psutil.process_iter(["cmdline"]):

@@ -37,7 +37,9 @@ def test_the_names_are_nvrx_srun_s_own_and_every_nvrx_variable_there() -> None:
         ("PATH,HOME", ",".join(["PATH", "HOME", *NAMES])),
         ("PATH,,HOME,", ",".join(["PATH", "HOME", *NAMES])),
         ("NVRX_LOG_DIR=/mine,PATH", "NVRX_LOG_DIR=/mine,PATH,NVRX_JOB_SECRET,NVRX_PREEMPT_SIGNAL,NVRX_WARNED_AT"),
-        ("PATH,NONE", ",".join(["PATH", "NONE", *NAMES])),  # NONE past the first is a name
+        ("PATH,NONE,HOME", ",".join(["PATH", *NAMES])),  # srun reads no item past NONE
+        ("NONE,ALL", ",".join(NAMES)),  # nor an ALL past it
+        ("ALL,NONE", None),
         ("ALL", None),
         ("all,PATH", None),
         ("PATH,ALL", None),
