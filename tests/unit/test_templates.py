@@ -277,12 +277,16 @@ def test_a_signal_after_srun_ended_leaves_srun_s_code(tmp_path: Path, name: str,
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_a_template_refuses_a_warning_signal_it_cannot_forward(tmp_path: Path, name: str) -> None:
-    """Before: the template trapped USR2 whatever NVRX_PREEMPT_SIGNAL said."""
-    done = _run(tmp_path, name, ["python", "t.py"], NVRX_PREEMPT_SIGNAL="WARN")
+@pytest.mark.parametrize("given", ["WARN", "TERM", "DEBUG", "EXIT"])
+def test_a_template_refuses_a_warning_signal_it_cannot_forward(tmp_path: Path, name: str, given: str) -> None:
+    """Only USR1 or USR2, as nvrx-srun. Before: the template trapped USR2 whatever
+    NVRX_PREEMPT_SIGNAL said; then it refused only what bash cannot trap, and bash traps TERM
+    and its own EXIT and DEBUG (with DEBUG, the trap ran before every command, and the template
+    waited for srun forever, deaf to TERM)."""
+    done = _run(tmp_path, name, ["python", "t.py"], NVRX_PREEMPT_SIGNAL=given)
     assert done.returncode == 2, done.stderr
     assert done.stderr.splitlines() == [
-        "nvrx: NVRX_PREEMPT_SIGNAL=WARN is not a signal: give USR2 or USR1, the one of #SBATCH --signal"
+        f"nvrx: NVRX_PREEMPT_SIGNAL={given} is not USR1 or USR2: give the one of #SBATCH --signal"
     ]  # fmt: skip
     assert not (tmp_path / "args").exists()  # no nvrx-srun ran
 
