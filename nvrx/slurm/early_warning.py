@@ -12,7 +12,8 @@ requeued, SLURM records a failure. So:
   came since, and writes the wall time to ``$NVRX_WARNED_AT`` when a warning came (a value
   inherited from the batch environment is dropped: a requeued run's batch script starts a
   fresh ``nvrx-srun``, which passes on only what it noted itself). srun gives that
-  environment to every task of the step;
+  environment to every task of the step (a restrictive ``--export`` names the variable:
+  ``nvrx.slurm.srun_export``);
 - ``take`` is each supervisor's: it removes the variable from its environment before it starts
   any process, and its ``PreemptionHandler`` acts on the warning as if the signal had come
   then (its window counts from that wall time).
@@ -30,7 +31,11 @@ exec leaves srun running (SLURM 22.05.8). What is still not kept:
   by hand on SLURM 22.05.8); while srun waits to create the step ("step creation temporarily
   disabled") a signal cancels the step instead (SLURM's source);
 - one that srun forwards to a supervisor that is still starting, before its signal handling
-  is in place: the default action ends that supervisor.
+  is in place: the default action ends that supervisor;
+- every warning, where the ``srun`` on PATH is a site's script that runs SLURM's srun as its
+  child instead of exec'ing it: the script and its children inherit the signal blocked, so
+  what the batch shell forwards to it stays pending there, its own ``trap`` never runs, and
+  no supervisor gets it (seen by hand with bash 5.2). A script that execs srun is as srun.
 """
 
 from __future__ import annotations

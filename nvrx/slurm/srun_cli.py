@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from nvrx import jobenv
 from nvrx.slurm.early_warning import EarlyWarning
 from nvrx.slurm.nodelist import expand_nodelist
+from nvrx.slurm.srun_export import ExportError, with_names_exported
 from nvrx.store.seal import new_secret
 from nvrx.version import __version__
 
@@ -60,11 +61,14 @@ fails ends neither the step nor the other supervisors (--no-kill, --kill-on-bad-
 they notice the loss and go on (submit with sbatch --no-kill too, or SLURM ends the
 job). scancel's signals reach every supervisor, which passes them to its training
 processes and reaps them; SLURM's time-limit or preemption warning ($NVRX_PREEMPT_SIGNAL,
-USR2 in the templates) has it raise the checkpoint flag instead (docs/submit.md), also
-when it reached {PROG} before srun ran ($NVRX_WARNED_AT passes it on).
+default USR2) has it raise the checkpoint flag instead (docs/submit.md), also when it
+reached {PROG} before srun ran ($NVRX_WARNED_AT passes it on).
 
 SUPERVISOR OPTIONS: nvrx-supervise --help.
-More srun options: NVRX_SRUN_ARGS (e.g. "--cpu-bind=none").
+More srun options: NVRX_SRUN_ARGS (e.g. "--cpu-bind=none"). An --export there, or
+SLURM_EXPORT_ENV (sbatch --export=NONE sets it), that does not pass the whole
+environment gets the names of the NVRX_* variables added (NONE becomes that list),
+so that the supervisors still get them.
 """
 
 
@@ -92,6 +96,10 @@ def srun_command(
         extra = shlex.split(env.get(jobenv.SRUN_ARGS, ""))
     except ValueError as exc:
         raise UsageError(f"{jobenv.SRUN_ARGS} cannot be split into options: {exc}") from None
+    try:
+        extra = with_names_exported(extra, env)
+    except ExportError as exc:
+        raise UsageError(str(exc)) from None
     srun = shutil.which("srun", path=env.get("PATH"))
     if srun is None:
         raise UsageError("srun not found on PATH: nvrx-srun needs SLURM's client commands")

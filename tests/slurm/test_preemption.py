@@ -8,6 +8,7 @@ import shlex
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
@@ -136,10 +137,13 @@ def test_time_limit_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path: Pa
     assert info is not None and info["Restarts"] == "1"
 
 
-def _submit_requeue_template(slurm_cluster, tmp_path: Path, export: str = "") -> tuple[str, Path, Path]:
+def _submit_requeue_template(
+    slurm_cluster, tmp_path: Path, export: str = "", sbatch_args: Sequence[str] = ()
+) -> tuple[str, Path, Path]:
     """train_requeue.sbatch on 2 nodes of 2 ranks each, training with ``train_until_warned``
     (checkpoints in ``tmp_path/ckpt``, events in ``tmp_path/logs``), ``export`` added to
-    its environment: the job id, its output file and the checkpoint folder."""
+    its environment, ``sbatch_args`` to sbatch's: the job id, its output file and the
+    checkpoint folder."""
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     script = tmp_path / "train.py"
@@ -153,7 +157,7 @@ def _submit_requeue_template(slurm_cluster, tmp_path: Path, export: str = "") ->
     env = f"ALL,NVRX_LOG_DIR={tmp_path / 'logs'},NVRX_NPROC_PER_NODE=2,NVRX_SRUN={srun}{export}"
     done = slurm_cluster.run(
         ["sbatch", "--parsable", "-N2", "--time=5", f"--export={env}", "-o", str(tmp_path / "out-%j.txt"),
-         str(TEMPLATES / "train_requeue.sbatch"), sys.executable, str(script)],
+         *sbatch_args, str(TEMPLATES / "train_requeue.sbatch"), sys.executable, str(script)],
         cwd=tmp_path,
     )  # fmt: skip
     job_id = done.stdout.strip().split(";")[0]
@@ -182,6 +186,103 @@ def test_requeue_template_forwards_the_warning(slurm_cluster, tmp_path: Path) ->
     assert len([e for e in events if e["kind"] == "preempt_signal"]) == 2
 
 
+#: The warning as USR1, not the templates' USR2 (sbatch's --signal names it too: sbatch expands
+#: no variable in #SBATCH lines), and an srun --export that passes PYTHONPATH alone (this
+#: checkout's nvrx for the supervisors): nvrx's variables reach them only as nvrx-srun adds them.
+USR1_THROUGH_EXPORT = (",NVRX_PREEMPT_SIGNAL=USR1,NVRX_SRUN_ARGS=--export=PYTHONPATH", ("--signal=B:USR1@90",))
+
+
+@pytest.mark.timeout(180)
+def test_another_warning_signal_through_a_restrictive_export_reaches_the_supervisors(
+    slurm_cluster, tmp_path: Path
+) -> None:
+    """train_requeue.sbatch with NVRX_PREEMPT_SIGNAL=USR1 and srun --export=PYTHONPATH: USR1 to
+    the batch shell reaches the supervisors, which take it for the warning and write their
+    events to NVRX_LOG_DIR; node 0 requeues. Before: the template trapped USR2 alone (USR1
+    ended the batch shell), and the --export kept NVRX_PREEMPT_SIGNAL and NVRX_LOG_DIR from the
+    supervisors (USR1 ended them)."""
+    export, sbatch_args = USR1_THROUGH_EXPORT
+    job_id, out, ckpt = _submit_requeue_template(slurm_cluster, tmp_path, export, sbatch_args)
+    wait_until(
+        "every rank to train",
+        lambda: len(list(ckpt.glob("started-run0-*"))) == 4,
+        90,
+        state=lambda: out.read_text()[-3000:] if out.exists() else "no output yet",
+    )
+    slurm_cluster.run(["scancel", "--signal=USR1", "--batch", job_id])
+    slurm_cluster.start_soon_when_requeued(int(job_id), 60)
+    assert slurm_cluster.wait_job(int(job_id), timeout=90) == "COMPLETED", out.read_text()
+    assert slurm_cluster.job_info(int(job_id))["Restarts"] == "1"
+    assert len(list(ckpt.glob("started-run1-*"))) == 4
+    events, _ = read_dir(tmp_path / "logs" / job_id)
+    warned = [e for e in events if e["kind"] == "preempt_signal"]
+    assert sorted(e["node"] for e in warned) == [0, 1]
+    requeues = [e for e in events if e["kind"] == "requeue"]
+    assert [(e["node"], e["count"]) for e in requeues] == [(0, 1)]
+
+
+@pytest.mark.timeout(120)
+def test_srun_under_sbatch_export_none_passes_the_variables_nvrx_srun_names(
+    slurm_cluster, tmp_path: Path
+) -> None:
+    """What nvrx-srun relies on (``nvrx.slurm.srun_export``): ``sbatch --export=NONE`` leaves
+    SLURM_EXPORT_ENV=NONE to the batch script, and srun follows it; the srun command nvrx-srun
+    builds there passes every task the NVRX_* variables, with their values, and none other of
+    the user's. Before: the tasks got SLURM's variables alone."""
+    dump = tmp_path / "dump"  # stands in for the Python that runs the supervisor
+    dump.write_text(f'#!/bin/sh\n/usr/bin/env > "{tmp_path}/env.$SLURM_PROCID"\n')
+    dump.chmod(0o755)
+    build = (
+        "import os; from nvrx.slurm.srun_cli import srun_command; "
+        f"c = srun_command(['--', 'true'], os.environ, python={str(dump)!r}); os.execv(c[0], c)"
+    )
+    script = (
+        f"export PYTHONPATH={shlex.quote(str(Path(__file__).parents[2]))} NVRX_LOG_DIR=/logs "
+        "NVRX_WARNED_AT=1700000000.5 NVRX_JOB_SECRET=ab12 USER_SETTING=1\n"
+        'echo "SLURM_EXPORT_ENV=$SLURM_EXPORT_ENV"\n'
+        f"exec {shlex.quote(sys.executable)} -c {shlex.quote(build)}\n"
+    )
+    out = tmp_path / "out.txt"
+    job = slurm_cluster.sbatch(script, "-N2", "--export=NONE", "-o", str(out))
+    assert slurm_cluster.wait_job(job, timeout=90) == "COMPLETED", out.read_text()
+    assert out.read_text().startswith("SLURM_EXPORT_ENV=NONE\n"), out.read_text()
+    for rank in (0, 1):
+        env = dict(line.split("=", 1) for line in (tmp_path / f"env.{rank}").read_text().splitlines())
+        mine = {k: v for k, v in env.items() if k.startswith("NVRX_")}
+        assert mine == {"NVRX_LOG_DIR": "/logs", "NVRX_WARNED_AT": "1700000000.5", "NVRX_JOB_SECRET": "ab12"}
+        assert "USER_SETTING" not in env and "PYTHONPATH" not in env  # NONE, but for nvrx's
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("given", ["PATH,NONE,USER_SETTING", "NONE,ALL"])
+def test_srun_reads_no_export_item_past_none_and_nvrx_srun_names_its_variables_before_it(
+    slurm_cluster, tmp_path: Path, given: str
+) -> None:
+    """``NVRX_SRUN_ARGS=--export=<given>``: srun reads the items before a ``NONE`` alone, so
+    the names nvrx-srun adds go before it; every task gets the NVRX_* variables, and ``USER_SETTING``
+    (past ``NONE``) none. Before: the names went after ``NONE`` (``PATH,NONE,USER_SETTING,NVRX_...``),
+    or ``NONE,ALL`` was taken for ``ALL`` and left as it was, and the tasks had none of them."""
+    dump = tmp_path / "dump"  # stands in for the Python that runs the supervisor
+    dump.write_text(f'#!/bin/sh\n/usr/bin/env > "{tmp_path}/env.$SLURM_PROCID"\n')
+    dump.chmod(0o755)
+    build = (
+        "import os; from nvrx.slurm.srun_cli import srun_command; "
+        f"c = srun_command(['--', 'true'], os.environ, python={str(dump)!r}); os.execv(c[0], c)"
+    )
+    script = (
+        f"export NVRX_LOG_DIR=/logs NVRX_SRUN_ARGS=--export={given} USER_SETTING=1\n"
+        f"exec {shlex.quote(sys.executable)} -c {shlex.quote(build)}\n"
+    )
+    out = tmp_path / "out.txt"
+    env = f"ALL,PYTHONPATH={Path(__file__).parents[2]}"
+    job = slurm_cluster.sbatch(script, "-N2", f"--export={env}", "-o", str(out))
+    assert slurm_cluster.wait_job(job, timeout=90) == "COMPLETED", out.read_text()
+    for rank in (0, 1):
+        env_of = dict(line.split("=", 1) for line in (tmp_path / f"env.{rank}").read_text().splitlines())
+        assert env_of.get("NVRX_LOG_DIR") == "/logs", sorted(env_of)
+        assert "USER_SETTING" not in env_of and "PYTHONPATH" not in env_of  # past NONE, or not named
+
+
 def _nvrx_srun_checking(patterns: Path) -> int:
     """The pid of the nvrx-srun whose check of the options reads ``patterns``."""
     for proc in psutil.process_iter(["cmdline"]):
@@ -192,21 +293,30 @@ def _nvrx_srun_checking(patterns: Path) -> int:
 
 
 @pytest.mark.timeout(240)
-def test_a_warning_before_srun_ran_is_kept_and_the_job_requeued(slurm_cluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("given", "signum"),
+    [(("", ()), signal.SIGUSR2), (USR1_THROUGH_EXPORT, signal.SIGUSR1)],
+    ids=["usr2", "usr1-through-export"],
+)
+def test_a_warning_before_srun_ran_is_kept_and_the_job_requeued(
+    slurm_cluster, tmp_path: Path, given: tuple[str, tuple[str, ...]], signum: int
+) -> None:
     """train_requeue.sbatch: SLURM's warning reaches nvrx-srun, as the batch shell forwards it,
     while nvrx-srun checks the supervisor's options (held on a FIFO it reads): it keeps the
     warning, the supervisors act on it, node 0 requeues, and the next run, warned of nothing,
-    trains to its end (before: nvrx-srun ended with the signal, exit 140, and the job failed)."""
+    trains to its end (before: nvrx-srun ended with the signal, exit 140, and the job failed).
+    Also with USR1 and an srun --export that passes PYTHONPATH alone (before: the --export
+    dropped NVRX_WARNED_AT, and the supervisors trained on, unwarned)."""
     patterns = tmp_path / "patterns"
     os.mkfifo(patterns)
-    export = f",NVRX_SUPERVISE_ARGS=--ft-non-retryable-exception-file={patterns}"
-    job_id, out, ckpt = _submit_requeue_template(slurm_cluster, tmp_path, export)
+    export = f",NVRX_SUPERVISE_ARGS=--ft-non-retryable-exception-file={patterns}{given[0]}"
+    job_id, out, ckpt = _submit_requeue_template(slurm_cluster, tmp_path, export, given[1])
     opened: list[int] = []
     try:
         wait_until("nvrx-srun's check to open its pattern file",
                    lambda: open_for_writing(patterns, opened), 90,
                    state=lambda: out.read_text()[-3000:] if out.exists() else "no output yet")  # fmt: skip
-        os.kill(_nvrx_srun_checking(patterns), signal.SIGUSR2)  # what the template's trap does
+        os.kill(_nvrx_srun_checking(patterns), signum)  # what the template's trap does
         given = tmp_path / "patterns.txt"  # what the supervisors, and the next run, read
         given.write_text("NotRetryable\n")
         os.replace(given, patterns)

@@ -58,6 +58,11 @@ def test_every_template_speaks_the_same_variables(name: str) -> None:
         assert old not in text, f"{name} still has {old}"
     delay = re.search(r"#SBATCH --signal=B:USR2@(\d+)", text)
     assert delay and f'NVRX_SIGNAL_DELAY_S:-{delay[1]}}}' in text  # the two agree
+    # the warning signal: the one nvrx-srun and the supervisors read, which --signal must name
+    assert 'warning="${NVRX_PREEMPT_SIGNAL:-USR2}"' in text
+    assert "trap 'forward \"$warning\"' \"$warning\"" in text and "forward USR2" not in text
+    header = " ".join(line.lstrip("# ") for line in text.split("\n#SBATCH", 1)[0].splitlines())
+    assert "sbatch reads #SBATCH lines as written, with no variable expanded" in header
 
 
 def _fake_srun(tmp_path: Path, exit_code: int = 0, name: str = "fake srun") -> Path:
@@ -134,14 +139,15 @@ def test_a_template_runs_the_nvrx_srun_at_an_awkward_path(tmp_path: Path) -> Non
 
 
 def _signal_recording_srun(tmp_path: Path) -> Path:
-    """A stand-in for nvrx-srun that writes each USR2 and TERM it receives to ``got`` and
-    exits 143 at TERM; ``ready`` holds its pid once its traps are set."""
+    """A stand-in for nvrx-srun that writes each USR1, USR2 and TERM it receives to ``got``
+    and exits 143 at TERM; ``ready`` holds its pid once its traps are set."""
     fake = tmp_path / "recording srun"
     fake.write_text(
         "#!/bin/bash\n"
         f'got="{tmp_path}/got"\n'
         "sleep 600 & held=$!\n"  # something to wait on, which a trapped signal interrupts
         'trap \'echo USR2 >> "$got"\' USR2\n'
+        'trap \'echo USR1 >> "$got"\' USR1\n'
         'trap \'echo TERM >> "$got"; kill "$held"; exit 143\' TERM\n'
         f'echo $$ > "{tmp_path}/ready.tmp" && mv "{tmp_path}/ready.tmp" "{tmp_path}/ready"\n'
         'while kill -0 "$held" 2>/dev/null; do wait "$held"; done\n'
@@ -158,27 +164,36 @@ def _catches(pid: int, signum: int) -> bool:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_a_template_forwards_the_warning_and_a_stop_to_nvrx_srun(tmp_path: Path, name: str) -> None:
+@pytest.mark.parametrize(("given", "signum"), [(None, signal.SIGUSR2), ("USR1", signal.SIGUSR1),
+                                               ("sigusr1", signal.SIGUSR1), ("10", signal.SIGUSR1)])
+def test_a_template_forwards_the_warning_and_a_stop_to_nvrx_srun(
+    tmp_path: Path, name: str, given: str | None, signum: signal.Signals
+) -> None:
     """SLURM signals the batch shell (``--signal=B:USR2@N``, ``scancel``): the template passes
-    USR2 on to its nvrx-srun and keeps waiting for it, then TERM, and ends with its code."""
+    the warning signal, ``$NVRX_PREEMPT_SIGNAL`` as nvrx-srun reads it, on to its nvrx-srun and
+    keeps waiting for it, then TERM, and ends with its code. Before: it trapped USR2 alone,
+    and another warning signal ended the batch shell."""
     script = tmp_path / f"{name}.sbatch"
     script.write_text(template_cli.render(name, str(_signal_recording_srun(tmp_path))))
     slurm = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_JOB_NUM_NODES": "3",
              "SLURM_SUBMIT_DIR": str(tmp_path), "PATH": os.environ["PATH"]}  # fmt: skip
+    if given is not None:
+        slurm["NVRX_PREEMPT_SIGNAL"] = given
+        assert processes.warning_signal(slurm) == signum  # the one nvrx-srun waits for
     shell = subprocess.Popen(["bash", str(script), "true"], env=slurm, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
-    got = tmp_path / "got"
+    got, sent = tmp_path / "got", signum.name.removeprefix("SIG")
     try:
         wait_until("the stand-in nvrx-srun to set its traps", (tmp_path / "ready").exists, 30)
-        wait_until("the template to trap USR2", lambda: _catches(shell.pid, signal.SIGUSR2), 30)
-        shell.send_signal(signal.SIGUSR2)
-        wait_until("USR2 to reach nvrx-srun", lambda: got.exists() and got.read_text() == "USR2\n", 30)
+        wait_until(f"the template to trap {sent}", lambda: _catches(shell.pid, signum), 30)
+        shell.send_signal(signum)
+        wait_until(f"{sent} to reach nvrx-srun", lambda: got.exists() and got.read_text() == f"{sent}\n", 30)
         assert shell.poll() is None  # the template waits on for its supervisors
         shell.send_signal(signal.SIGTERM)
         out, _ = shell.communicate(timeout=30)
     finally:
         processes.stop(shell, ask=signal.SIGKILL)
-    assert got.read_text() == "USR2\nTERM\n"
+    assert got.read_text() == f"{sent}\nTERM\n"
     assert shell.returncode == 143 and "supervisors ended with exit code 143" in out, out
 
 
@@ -259,6 +274,21 @@ def test_a_signal_after_srun_ended_leaves_srun_s_code(tmp_path: Path, name: str,
     assert (done.returncode, done.stderr) == (75, ""), done.stdout + done.stderr
     assert done.stdout.endswith("supervisors ended with exit code 75\n"), done.stdout
     assert (tmp_path / "posix").read_text() == ("1\n" if posix else "unset\n")  # srun keeps the user's
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("given", ["WARN", "TERM", "DEBUG", "EXIT"])
+def test_a_template_refuses_a_warning_signal_it_cannot_forward(tmp_path: Path, name: str, given: str) -> None:
+    """Only USR1 or USR2, as nvrx-srun. Before: the template trapped USR2 whatever
+    NVRX_PREEMPT_SIGNAL said; then it refused only what bash cannot trap, and bash traps TERM
+    and its own EXIT and DEBUG (with DEBUG, the trap ran before every command, and the template
+    waited for srun forever, deaf to TERM)."""
+    done = _run(tmp_path, name, ["python", "t.py"], NVRX_PREEMPT_SIGNAL=given)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"nvrx: NVRX_PREEMPT_SIGNAL={given} is not USR1 or USR2: give the one of #SBATCH --signal"
+    ]  # fmt: skip
+    assert not (tmp_path / "args").exists()  # no nvrx-srun ran
 
 
 def test_a_template_exits_with_the_supervisors_code(tmp_path: Path) -> None:
@@ -438,6 +468,8 @@ def test_nvrx_srun_refuses_what_the_supervisors_would_before_it_runs_srun(
         ("NVRX_SIGNAL_DELAY_S", "90s", "NVRX_SIGNAL_DELAY_S='90s' is not a number"),
         ("NVRX_MAX_TIME_LIMIT_REQUEUES", "-1", "NVRX_MAX_TIME_LIMIT_REQUEUES='-1' must not be negative"),
         ("NVRX_PREEMPT_WINDOW_S", "soon", "NVRX_PREEMPT_WINDOW_S='soon' is not a number"),
+        ("NVRX_PREEMPT_SIGNAL", "URG", "NVRX_PREEMPT_SIGNAL='URG': the warning signal must be USR1 or "
+         "USR2 (the one of sbatch --signal=USR2@SECONDS); TERM, INT and HUP stop the job"),  # a template traps it
     ],
 )
 def test_nvrx_srun_refuses_a_bad_warning_setting_before_it_runs_srun(
