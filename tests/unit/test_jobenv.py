@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -126,16 +127,22 @@ def test_seconds_from_rejects_negative_and_junk() -> None:
         jobenv.seconds_from({"NVRX_SIGNAL_DELAY_S": "soon"}, jobenv.SIGNAL_DELAY_S, 0)
 
 
-def test_only_the_contract_module_spells_the_variable_names() -> None:
-    """No module but nvrx/jobenv.py has an NVRX_* name as a string: the others use its constants."""
+def _spelled_outside_jobenv(wanted: Callable[[str], bool]) -> list[str]:
+    """``path:line: string`` of every string constant ``wanted`` accepts in a module of the
+    package but nvrx/jobenv.py, the one that names the environment's variables."""
     spelled = []
     for path in sorted((ROOT / "nvrx").rglob("*.py")):
         if path.name == "jobenv.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                if re.fullmatch(r"NVRX_[A-Z0-9_]+", node.value):
-                    spelled.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value}")
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and wanted(node.value):
+                spelled.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value}")
+    return spelled
+
+
+def test_only_the_contract_module_spells_the_variable_names() -> None:
+    """No module but nvrx/jobenv.py has an NVRX_* name as a string: the others use its constants."""
+    spelled = _spelled_outside_jobenv(lambda s: re.fullmatch(r"NVRX_[A-Z0-9_]+", s) is not None)
     assert not spelled, "\n".join(spelled)
 
 
@@ -260,12 +267,5 @@ def test_a_bad_slurm_restart_count_stops_the_supervisor_and_its_seals_but_not_a_
 
 def test_only_the_contract_module_reads_the_slurm_restart_count() -> None:
     """One reader (``jobenv.slurm_restart_count``): no other module names the variable in code."""
-    spelled = []
-    for path in sorted((ROOT / "nvrx").rglob("*.py")):
-        if path.name == "jobenv.py":
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                if node.value == "SLURM_RESTART_COUNT":
-                    spelled.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    spelled = _spelled_outside_jobenv(lambda s: s == "SLURM_RESTART_COUNT")
     assert not spelled, "\n".join(spelled)

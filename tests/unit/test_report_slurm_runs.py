@@ -93,6 +93,13 @@ class Run:
             proc.close()
 
 
+def _report(log_dir: Path, *runs: Run) -> Report:
+    """The report of ``log_dir`` once the writers of every run of ``runs`` are closed."""
+    for run in runs:
+        run.close()
+    return build_report(log_dir, sacct=False)
+
+
 def _requeued_with_a_late_writer(log_dir: Path, recorded: bool = True) -> dict[str, Any]:
     """Run 0 on node-a and node-b: node-b is cut off at ~11 s, node-a declares it lost at 14 s
     and the job, with no spare, stops and is requeued. Run 1 starts at 40 s on node-a and
@@ -115,9 +122,7 @@ def _requeued_with_a_late_writer(log_dir: Path, recorded: bool = True) -> dict[s
     late = run0.start_rank(50.2, 1, attempt=1)
     run0.round_start(51.0, 1, {1: late})
     run1.complete(60.0)
-    run0.close()
-    run1.close()
-    return build_report(log_dir, sacct=False).to_dict()
+    return _report(log_dir, run0, run1).to_dict()
 
 
 def test_a_cut_off_nodes_late_events_are_told_under_the_run_its_writer_recorded(
@@ -165,9 +170,7 @@ def test_runs_of_a_job_submitted_again_under_one_job_id_are_told_apart_by_their_
     second = Run(log_dir, 40.0, {0: "node-a", 1: "node-b"}, 0, slurm_job="200")
     second.round_start(45.0, 0, second.ranks)
     second.complete(60.0)
-    first.close()
-    second.close()
-    data = build_report(log_dir, sacct=False).to_dict()
+    data = _report(log_dir, first, second).to_dict()
     assert data["summary"]["runs"] == 2
     assert {(row["run"], row["round"]) for row in data["timeline"]} == {(0, 0), (1, 0)}
 
@@ -183,10 +186,7 @@ def _late_fault_beside_a_failing_round(log_dir: Path) -> Report:
     (its rounds restart). Meanwhile node-b's supervisor of run 0 restarts its rank, whose new
     process starts round 1 of run 0 at 51 s and raises a ``ValueError`` at 52 s: within run 1's
     round 1 by time, whose cause is rank 0's error."""
-    run0 = Run(log_dir, 0.0, {0: "node-a", 1: "node-b"}, 0)
-    run0.round_start(5.0, 0, run0.ranks)
-    run0.node_lost(14.4, by=0, lost=1)
-    run0.sup[0].at(15.0, "supervisor_end", exit_code=8, reason=REASON)
+    run0 = _slot_1_lost(log_dir)
     run1 = Run(log_dir, 40.0, {0: "node-a", 1: "node-c"}, 1)
     for rnd, t in ((0, 45.0), (1, 49.0)):
         run1.round_start(t, rnd, run1.ranks)
@@ -198,9 +198,7 @@ def _late_fault_beside_a_failing_round(log_dir: Path) -> Report:
     run0.round_start(51.0, 1, {1: late})
     _fault(late, 52.0, "ValueError", 1)
     run1.complete(60.0)
-    run0.close()
-    run1.close()
-    return build_report(log_dir, sacct=False)
+    return _report(log_dir, run0, run1)
 
 
 def test_a_late_fault_of_a_cut_off_node_is_marked_under_the_run_its_writer_recorded(
@@ -237,6 +235,16 @@ def _ecc_fault_told(data: dict[str, Any], run: int, rnd: int, host: str) -> None
     assert host in (data["exclude"] or "").split(",")
 
 
+def _slot_1_lost(log_dir: Path, hosts: dict[int, str] | None = None) -> Run:
+    """Run 0 on ``hosts`` (node-a and node-b): slot 0 declares slot 1 lost at 14.4 s (last
+    seen 11.4 s) and the job, with no spare, stops (its supervisor ends at 15 s)."""
+    run0 = Run(log_dir, 0.0, hosts or {0: "node-a", 1: "node-b"}, 0)
+    run0.round_start(5.0, 0, run0.ranks)
+    run0.node_lost(14.4, by=0, lost=1)
+    run0.sup[0].at(15.0, "supervisor_end", exit_code=8, reason=REASON)
+    return run0
+
+
 def _cut_off_and_requeued(
     log_dir: Path, run1_at: float = 40.0, skew: dict[int, float] | None = None
 ) -> tuple[Run, Run]:
@@ -244,11 +252,26 @@ def _cut_off_and_requeued(
     and the job, with no spare, stops and is requeued; run 1, on node-a and node-c (the
     clocks of ``skew``), starts at ``run1_at``. node-b is only cut off: its supervisor of
     run 0 may go on writing."""
-    run0 = Run(log_dir, 0.0, {0: "node-a", 1: "node-b"}, 0)
-    run0.round_start(5.0, 0, run0.ranks)
-    run0.node_lost(14.4, by=0, lost=1)
-    run0.sup[0].at(15.0, "supervisor_end", exit_code=8, reason=REASON)
-    return run0, Run(log_dir, run1_at, {0: "node-a", 1: "node-c"}, 1, skew=skew)
+    return _slot_1_lost(log_dir), Run(log_dir, run1_at, {0: "node-a", 1: "node-c"}, 1, skew=skew)
+
+
+def _thawed_declares_node_a_lost(run0: Run) -> None:
+    """node-b, frozen in run 0 since 11 s, thaws at 50 s (after run 1 began) and declares
+    node-a lost as it last saw it, at 11 s."""
+    run0.sup[1].at(
+        50.0, "node_lost", lost_node=0, lost_slot=0, lost_host="node-a", silent_s=39.0,
+        last_seen_wall=T0 + 11.0, seen_by=1, action="stop", ranks=[0],
+    )  # fmt: skip
+
+
+def _ecc_fault_then_completed(run: Run, started: float, t: float, next_at: float) -> None:
+    """Rank 1 of ``run``, in round 0 since ``started``, reports an ECC fault at ``t``; every
+    rank restarts half a second later, starts round 1 at ``next_at`` and completes at 60 s."""
+    _fault(run.ranks[1], t, "RuntimeError", 1, ECC)
+    for proc in run.ranks.values():
+        proc.at(t + 0.5, "round_end", outcome="restart", duration_s=t + 0.5 - started)
+    run.round_start(next_at, 1, run.ranks)
+    run.complete(60.0)
 
 
 def test_a_cut_off_nodes_late_node_loss_explains_no_fault_of_the_next_run(tmp_path: Path) -> None:
@@ -259,14 +282,8 @@ def test_a_cut_off_nodes_late_node_loss_explains_no_fault_of_the_next_run(tmp_pa
     run0, run1 = _cut_off_and_requeued(log_dir)
     run1.round_start(45.0, 0, run1.ranks)
     run0.node_lost(50.0, by=1, lost=0)  # late: run 1 started 10 s before
-    _fault(run1.ranks[1], 52.0, "RuntimeError", 1, ECC)
-    for proc in run1.ranks.values():
-        proc.at(52.5, "round_end", outcome="restart", duration_s=7.5)
-    run1.round_start(55.0, 1, run1.ranks)
-    run1.complete(60.0)
-    run0.close()
-    run1.close()
-    data = build_report(log_dir, sacct=False).to_dict()
+    _ecc_fault_then_completed(run1, 45.0, 52.0, 55.0)
+    data = _report(log_dir, run0, run1).to_dict()
     assert {(loss["run"], loss["slot"]) for loss in data["node_losses"]} == {(0, 1), (0, 0)}
     _ecc_fault_told(data, 1, 0, "node-c")
 
@@ -289,14 +306,8 @@ def test_a_node_loss_at_a_runs_very_end_explains_no_fault_of_the_next_run(
     run0.sup[0].at(32.0, "supervisor_end", exit_code=143, reason="terminated by SIGTERM")
     run1 = Run(log_dir, 40.0, {0: "node-a", 1: "node-c"}, 1 if recorded else None)
     run1.round_start(41.0, 0, run1.ranks)
-    _fault(run1.ranks[1], 45.0, "RuntimeError", 1, ECC)
-    for proc in run1.ranks.values():
-        proc.at(45.5, "round_end", outcome="restart", duration_s=4.5)
-    run1.round_start(47.0, 1, run1.ranks)
-    run1.complete(60.0)
-    run0.close()
-    run1.close()
-    data = build_report(log_dir, sacct=False).to_dict()
+    _ecc_fault_then_completed(run1, 41.0, 45.0, 47.0)
+    data = _report(log_dir, run0, run1).to_dict()
     assert [(loss["run"], loss["node"]) for loss in data["node_losses"]] == [(0, 1)]
     _ecc_fault_told(data, 1, 0, "node-c")
 
@@ -312,9 +323,7 @@ def test_a_node_loss_of_the_next_run_explains_no_late_fault_of_a_cut_off_node(tm
     run0.round_start(46.0, 1, {1: late})
     _fault(late, 48.0, "RuntimeError", 1, ECC)
     run1.node_lost(50.0, by=0, lost=1)
-    run0.close()
-    run1.close()
-    data = build_report(log_dir, sacct=False).to_dict()
+    data = _report(log_dir, run0, run1).to_dict()
     assert {(loss["run"], loss["host"]) for loss in data["node_losses"]} == {(0, "node-b"), (1, "node-c")}
     _ecc_fault_told(data, 0, 1, "node-b")
 
@@ -331,9 +340,7 @@ def test_a_node_loss_declared_after_its_run_ended_explains_nothing(tmp_path: Pat
     run0.round_start(51.0, 1, {1: late})
     _fault(late, 52.0, "RuntimeError", 1, ECC)
     run1.complete(60.0)
-    run0.close()
-    run1.close()
-    data = build_report(log_dir, sacct=False).to_dict()
+    data = _report(log_dir, run0, run1).to_dict()
     assert {(loss["run"], loss["slot"]) for loss in data["node_losses"]} == {(0, 1), (0, 0)}
     _ecc_fault_told(data, 0, 1, "node-b")
 
@@ -348,9 +355,7 @@ def test_a_cut_off_nodes_late_node_loss_explains_no_process_end_of_the_next_run(
     run1.round_start(45.0, 0, run1.ranks)
     run0.node_lost(50.0, by=1, lost=0)
     run1.sup[1].at(52.0, "child_exit", local_rank=0, child_pid=101, global_rank=1, signal="SIGKILL", runtime_s=11.5)
-    run0.close()
-    run1.close()
-    report = build_report(log_dir, sacct=False)
+    report = _report(log_dir, run0, run1)
     ended = next(p for p in report.process_restarts if p.host == "node-c")
     assert (ended.run, ended.signal, ended.explained_by) == (1, "SIGKILL", None)
     killed = next(f for f in report.failures if f.category == "signal")
@@ -406,14 +411,9 @@ def test_a_node_loss_declared_after_its_run_ended_explains_nothing_from_before_t
     run0, run1 = _cut_off_and_requeued(log_dir)
     _fault(run0.ranks[0], 11.2, "RuntimeError", 0, ECC)
     run1.round_start(45.0, 0, run1.ranks)
-    run0.sup[1].at(
-        50.0, "node_lost", lost_node=0, lost_slot=0, lost_host="node-a", silent_s=39.0,
-        last_seen_wall=T0 + 11.0, seen_by=1, action="stop", ranks=[0],
-    )  # fmt: skip
+    _thawed_declares_node_a_lost(run0)
     run1.complete(60.0)
-    run0.close()
-    run1.close()
-    data = build_report(log_dir, sacct=False).to_dict()
+    data = _report(log_dir, run0, run1).to_dict()
     late = next(loss for loss in data["node_losses"] if loss["host"] == "node-a")
     assert late["after_run_end"] is True
     assert {f["signature"]: f["hosts"] for f in data["failures"]}["RuntimeError"] == ["node-a"]
@@ -456,9 +456,7 @@ def test_a_job_wide_restart_a_cut_off_node_announces_for_its_late_loss_blames_no
     cut_off.at(55.0, "supervisor_end", exit_code=0, reason="all children ended")
     for sup in run1.sup.values():
         sup.at(60.0, "supervisor_end", exit_code=0, reason="all children ended")
-    run0.close()
-    run1.close()
-    report = build_report(log_dir, sacct=False)
+    report = _report(log_dir, run0, run1)
     data = report.to_dict()
     late = next(loss for loss in data["node_losses"] if loss["host"] == "node-a")
     assert (late["after_run_end"], late["round"]) == (True, None)
@@ -487,9 +485,7 @@ def test_a_loss_declared_just_before_the_requeue_counts_whatever_the_next_runs_c
     suspect for it."""
     log_dir = tmp_path / "job"
     run0, run1 = _cut_off_and_requeued(log_dir, run1_at=25.0, skew={1: -12.0})
-    run0.close()
-    run1.close()
-    data = build_report(log_dir, sacct=False).to_dict()
+    data = _report(log_dir, run0, run1).to_dict()
     assert [(loss["host"], loss["after_run_end"]) for loss in data["node_losses"]] == [("node-b", False)]
     assert data["exclude"] == "node-b"
     assert {f["signature"]: f["hosts"] for f in data["failures"]}["node lost"] == ["node-b"]
@@ -505,14 +501,9 @@ def test_a_node_loss_declared_after_its_run_ended_explains_no_process_end_of_the
     run0, run1 = _cut_off_and_requeued(log_dir)
     run0.sup[0].at(11.2, "child_exit", local_rank=0, child_pid=100, global_rank=0, signal="SIGSEGV", runtime_s=10.7)
     run1.round_start(45.0, 0, run1.ranks)
-    run0.sup[1].at(
-        50.0, "node_lost", lost_node=0, lost_slot=0, lost_host="node-a", silent_s=39.0,
-        last_seen_wall=T0 + 11.0, seen_by=1, action="stop", ranks=[0],
-    )  # fmt: skip
+    _thawed_declares_node_a_lost(run0)
     run1.complete(60.0)
-    run0.close()
-    run1.close()
-    report = build_report(log_dir, sacct=False)
+    report = _report(log_dir, run0, run1)
     ended = next(p for p in report.process_restarts if p.host == "node-a")
     assert (ended.run, ended.signal, ended.explained_by) == (0, "SIGSEGV", None)
     assert next(f for f in report.failures if f.category == "signal").hosts == ["node-a"]
@@ -526,17 +517,12 @@ def test_a_late_loss_of_a_node_on_the_lost_nodes_host_leaves_that_host_healthy(
     evidence against that host; slot 1, thawed after run 1 began, declares slot 0 lost, which
     leaves slot 0 as healthy as it was: the host is still not excluded."""
     log_dir = tmp_path / "job"
-    run0 = Run(log_dir, 0.0, {0: "vm", 1: "vm"}, 0)
-    run0.round_start(5.0, 0, run0.ranks)
-    run0.node_lost(14.4, by=0, lost=1)
-    run0.sup[0].at(15.0, "supervisor_end", exit_code=8, reason=REASON)
+    run0 = _slot_1_lost(log_dir, {0: "vm", 1: "vm"})
     run1 = Run(log_dir, 40.0, {0: "vm", 1: "vm"}, 1)
     run1.round_start(45.0, 0, run1.ranks)
     run0.node_lost(50.0, by=1, lost=0)  # late: run 1 started 10 s before
     run1.complete(60.0)
-    run0.close()
-    run1.close()
-    data = build_report(log_dir, sacct=False).to_dict()
+    data = _report(log_dir, run0, run1).to_dict()
     assert [(x["slot"], x["after_run_end"]) for x in data["node_losses"]] == [(1, False), (0, True)]
     assert data["exclude"] is None
     assert [(s["host"], s["evidence"]) for s in data["suspects"]] == [
@@ -655,10 +641,7 @@ def test_srun_line_of_a_task_that_ran_on_one_host_in_both_runs_is_told_by_either
     """Slot 1 runs on node-b in run 0, where it is lost, and again in run 1: srun's line
     names no run, and the host cannot tell which, so the loss of run 0 still tells it."""
     log_dir = tmp_path / "job"
-    run0 = Run(log_dir, 0.0, {0: "node-a", 1: "node-b"}, 0)
-    run0.round_start(5.0, 0, run0.ranks)
-    run0.node_lost(14.4, by=0, lost=1)
-    run0.sup[0].at(15.0, "supervisor_end", exit_code=8, reason=REASON)
+    run0 = _slot_1_lost(log_dir)
     run1 = Run(log_dir, 40.0, {0: "node-a", 1: "node-b"}, 1)
     run1.round_start(45.0, 0, run1.ranks)
     run0.close()
@@ -701,9 +684,7 @@ def test_a_late_fault_of_a_cut_off_node_sets_no_onset_of_the_next_runs_job_wide_
         last_seen_wall=T0 + 50.0, seen_by=1, action="stop", ranks=[0],
     )  # fmt: skip
     sup.at(53.5, "supervisor_end", exit_code=8, reason=REASON)
-    run0.close()
-    run1.close()
-    report = build_report(log_dir, sacct=False)
+    report = _report(log_dir, run0, run1)
     first = next(row for row in report.timeline if (row.run, row.round) == (1, 0))
     assert (first.cause, first.first_rank, first.first_host, first.ordering) == (
         ZERO_DIVISION, 1, "node-c", "job_restart",
@@ -760,9 +741,6 @@ def test_srun_line_naming_the_short_name_of_a_host_the_events_name_in_full_is_of
     domain name; srun's line names the SLURM node, here the short name: the same host. One
     run, slot 1 lost on node-b: srun's line for task 1 is told by the loss."""
     log_dir = tmp_path / "job"
-    run0 = Run(log_dir, 0.0, {0: "node-a.cluster.example", 1: "node-b.cluster.example"}, 0)
-    run0.round_start(5.0, 0, run0.ranks)
-    run0.node_lost(14.4, by=0, lost=1)
-    run0.sup[0].at(15.0, "supervisor_end", exit_code=8, reason=REASON)
+    run0 = _slot_1_lost(log_dir, {0: "node-a.cluster.example", 1: "node-b.cluster.example"})
     run0.close()
     assert _srun_findings(tmp_path, log_dir, "srun: error: node-b: task 1: Killed\n") == []
