@@ -164,25 +164,35 @@ def _submit_requeue_template(
     return job_id, tmp_path / f"out-{job_id}.txt", ckpt
 
 
-@pytest.mark.timeout(180)
-def test_requeue_template_forwards_the_warning(slurm_cluster, tmp_path: Path) -> None:
-    """train_requeue.sbatch: USR2 to the batch shell reaches the supervisors, node 0 requeues."""
-    job_id, out, ckpt = _submit_requeue_template(slurm_cluster, tmp_path)
+def _warned_requeued_and_resumed(
+    slurm_cluster, tmp_path: Path, warning: str, export: str = "", sbatch_args: tuple[str, ...] = ()
+) -> list[dict]:
+    """train_requeue.sbatch, submitted with ``export`` and ``sbatch_args``, gets ``warning``
+    in its batch shell once every rank trains: the job is requeued once by node 0 and its
+    second run resumes every rank from its checkpoint and completes. Its events."""
+    job_id, out, ckpt = _submit_requeue_template(slurm_cluster, tmp_path, export, sbatch_args)
     wait_until(
         "every rank to train",
         lambda: len(list(ckpt.glob("started-run0-*"))) == 4,
         90,
         state=lambda: out.read_text()[-3000:] if out.exists() else "no output yet",
     )
-    slurm_cluster.run(["scancel", "--signal=USR2", "--batch", job_id])
+    slurm_cluster.run(["scancel", f"--signal={warning}", "--batch", job_id])
     slurm_cluster.start_soon_when_requeued(int(job_id), 60)
-    assert slurm_cluster.wait_job(int(job_id), timeout=90) == "COMPLETED"
+    assert slurm_cluster.wait_job(int(job_id), timeout=90) == "COMPLETED", out.read_text()
     assert slurm_cluster.job_info(int(job_id))["Restarts"] == "1"
     assert all(json.loads((ckpt / f"rank{r}.json").read_text())["step"] > 0 for r in range(4))
     assert len(list(ckpt.glob("started-run1-*"))) == 4
     events, _ = read_dir(tmp_path / "logs" / job_id)
     requeues = [e for e in events if e["kind"] == "requeue"]
     assert [(e["node"], e["count"]) for e in requeues] == [(0, 1)]
+    return events
+
+
+@pytest.mark.timeout(180)
+def test_requeue_template_forwards_the_warning(slurm_cluster, tmp_path: Path) -> None:
+    """train_requeue.sbatch: USR2 to the batch shell reaches the supervisors, node 0 requeues."""
+    events = _warned_requeued_and_resumed(slurm_cluster, tmp_path, "USR2")
     assert len([e for e in events if e["kind"] == "preempt_signal"]) == 2
 
 
@@ -201,24 +211,22 @@ def test_another_warning_signal_through_a_restrictive_export_reaches_the_supervi
     events to NVRX_LOG_DIR; node 0 requeues. Before: the template trapped USR2 alone (USR1
     ended the batch shell), and the --export kept NVRX_PREEMPT_SIGNAL and NVRX_LOG_DIR from the
     supervisors (USR1 ended them)."""
-    export, sbatch_args = USR1_THROUGH_EXPORT
-    job_id, out, ckpt = _submit_requeue_template(slurm_cluster, tmp_path, export, sbatch_args)
-    wait_until(
-        "every rank to train",
-        lambda: len(list(ckpt.glob("started-run0-*"))) == 4,
-        90,
-        state=lambda: out.read_text()[-3000:] if out.exists() else "no output yet",
-    )
-    slurm_cluster.run(["scancel", "--signal=USR1", "--batch", job_id])
-    slurm_cluster.start_soon_when_requeued(int(job_id), 60)
-    assert slurm_cluster.wait_job(int(job_id), timeout=90) == "COMPLETED", out.read_text()
-    assert slurm_cluster.job_info(int(job_id))["Restarts"] == "1"
-    assert len(list(ckpt.glob("started-run1-*"))) == 4
-    events, _ = read_dir(tmp_path / "logs" / job_id)
+    events = _warned_requeued_and_resumed(slurm_cluster, tmp_path, "USR1", *USR1_THROUGH_EXPORT)
     warned = [e for e in events if e["kind"] == "preempt_signal"]
     assert sorted(e["node"] for e in warned) == [0, 1]
-    requeues = [e for e in events if e["kind"] == "requeue"]
-    assert [(e["node"], e["count"]) for e in requeues] == [(0, 1)]
+
+
+def _srun_dumping_env(tmp_path: Path) -> str:
+    """Python code that runs the srun command nvrx-srun builds from its environment, with a
+    script in place of the Python that runs the supervisor: each task writes its environment
+    to ``tmp_path/env.<SLURM_PROCID>``."""
+    dump = tmp_path / "dump"
+    dump.write_text(f'#!/bin/sh\n/usr/bin/env > "{tmp_path}/env.$SLURM_PROCID"\n')
+    dump.chmod(0o755)
+    return (
+        "import os; from nvrx.slurm.srun_cli import srun_command; "
+        f"c = srun_command(['--', 'true'], os.environ, python={str(dump)!r}); os.execv(c[0], c)"
+    )
 
 
 @pytest.mark.timeout(120)
@@ -229,13 +237,7 @@ def test_srun_under_sbatch_export_none_passes_the_variables_nvrx_srun_names(
     SLURM_EXPORT_ENV=NONE to the batch script, and srun follows it; the srun command nvrx-srun
     builds there passes every task the NVRX_* variables, with their values, and none other of
     the user's. Before: the tasks got SLURM's variables alone."""
-    dump = tmp_path / "dump"  # stands in for the Python that runs the supervisor
-    dump.write_text(f'#!/bin/sh\n/usr/bin/env > "{tmp_path}/env.$SLURM_PROCID"\n')
-    dump.chmod(0o755)
-    build = (
-        "import os; from nvrx.slurm.srun_cli import srun_command; "
-        f"c = srun_command(['--', 'true'], os.environ, python={str(dump)!r}); os.execv(c[0], c)"
-    )
+    build = _srun_dumping_env(tmp_path)
     script = (
         f"export PYTHONPATH={shlex.quote(str(Path(__file__).parents[2]))} NVRX_LOG_DIR=/logs "
         "NVRX_WARNED_AT=1700000000.5 NVRX_JOB_SECRET=ab12 USER_SETTING=1\n"
@@ -262,13 +264,7 @@ def test_srun_reads_no_export_item_past_none_and_nvrx_srun_names_its_variables_b
     the names nvrx-srun adds go before it; every task gets the NVRX_* variables, and ``USER_SETTING``
     (past ``NONE``) none. Before: the names went after ``NONE`` (``PATH,NONE,USER_SETTING,NVRX_...``),
     or ``NONE,ALL`` was taken for ``ALL`` and left as it was, and the tasks had none of them."""
-    dump = tmp_path / "dump"  # stands in for the Python that runs the supervisor
-    dump.write_text(f'#!/bin/sh\n/usr/bin/env > "{tmp_path}/env.$SLURM_PROCID"\n')
-    dump.chmod(0o755)
-    build = (
-        "import os; from nvrx.slurm.srun_cli import srun_command; "
-        f"c = srun_command(['--', 'true'], os.environ, python={str(dump)!r}); os.execv(c[0], c)"
-    )
+    build = _srun_dumping_env(tmp_path)
     script = (
         f"export NVRX_LOG_DIR=/logs NVRX_SRUN_ARGS=--export={given} USER_SETTING=1\n"
         f"exec {shlex.quote(sys.executable)} -c {shlex.quote(build)}\n"
