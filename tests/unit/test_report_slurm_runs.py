@@ -93,11 +93,16 @@ class Run:
             proc.close()
 
 
-def _report(log_dir: Path, *runs: Run) -> Report:
-    """The report of ``log_dir`` once the writers of every run of ``runs`` are closed."""
+def _report(log_dir: Path, *runs: Run, output: str | None = None) -> Report:
+    """The report of ``log_dir`` once the writers of every run of ``runs`` are closed; with
+    ``output``, SLURM's ``slurm-<job>.out`` beside ``log_dir`` holding it."""
     for run in runs:
         run.close()
-    return build_report(log_dir, sacct=False)
+    if output is None:
+        return build_report(log_dir, sacct=False)
+    out = log_dir.parent / f"slurm-{SLURM_JOB}.out"
+    out.write_text(output)
+    return build_report(log_dir, sacct=False, slurm_output=[out])
 
 
 def _requeued_with_a_late_writer(log_dir: Path, recorded: bool = True) -> dict[str, Any]:
@@ -262,6 +267,14 @@ def _thawed_declares_node_a_lost(run0: Run) -> None:
         50.0, "node_lost", lost_node=0, lost_slot=0, lost_host="node-a", silent_s=39.0,
         last_seen_wall=T0 + 11.0, seen_by=1, action="stop", ranks=[0],
     )  # fmt: skip
+
+
+def _late_loss_of_node_a(run0: Run, run1: Run) -> None:
+    """Run 1 trains from 45 s and completes at 60 s; node-b, cut off from run 0, declares
+    node-a lost at 50 s, after run 1 began."""
+    run1.round_start(45.0, 0, run1.ranks)
+    run0.node_lost(50.0, by=1, lost=0)
+    run1.complete(60.0)
 
 
 def _ecc_fault_then_completed(run: Run, started: float, t: float, next_at: float) -> None:
@@ -519,9 +532,7 @@ def test_a_late_loss_of_a_node_on_the_lost_nodes_host_leaves_that_host_healthy(
     log_dir = tmp_path / "job"
     run0 = _slot_1_lost(log_dir, {0: "vm", 1: "vm"})
     run1 = Run(log_dir, 40.0, {0: "vm", 1: "vm"}, 1)
-    run1.round_start(45.0, 0, run1.ranks)
-    run0.node_lost(50.0, by=1, lost=0)  # late: run 1 started 10 s before
-    run1.complete(60.0)
+    _late_loss_of_node_a(run0, run1)
     data = _report(log_dir, run0, run1).to_dict()
     assert [(x["slot"], x["after_run_end"]) for x in data["node_losses"]] == [(1, False), (0, True)]
     assert data["exclude"] is None
@@ -538,14 +549,10 @@ def test_srun_killing_the_task_of_a_node_declared_lost_after_its_run_ended_is_a_
     killed, and it is a finding. node-b's own (task 1) is told by its loss."""
     log_dir = tmp_path / "job"
     run0, run1 = _cut_off_and_requeued(log_dir)
-    run1.round_start(45.0, 0, run1.ranks)
-    run0.node_lost(50.0, by=1, lost=0)  # late: run 1 started 10 s before
-    run1.complete(60.0)
-    run0.close()
-    run1.close()
-    out = tmp_path / f"slurm-{SLURM_JOB}.out"
-    out.write_text("srun: error: node-b: task 1: Killed\nsrun: error: node-a: task 0: Killed\n")
-    report = build_report(log_dir, sacct=False, slurm_output=[out])
+    _late_loss_of_node_a(run0, run1)
+    report = _report(
+        log_dir, run0, run1, output="srun: error: node-b: task 1: Killed\nsrun: error: node-a: task 0: Killed\n"
+    )
     assert [loss.after_run_end for loss in report.node_losses] == [False, True]
     assert [(f.signature, f.nodes, f.hosts) for f in report.log_findings] == [
         ("signal SIGKILL", [0], ["node-a"])
@@ -563,28 +570,21 @@ def test_slurms_node_failure_is_a_finding_when_the_jobs_only_loss_was_declared_a
     run0.round_start(5.0, 0, run0.ranks)
     run0.sup[0].at(15.0, "supervisor_end", exit_code=8, reason=REASON)
     run1 = Run(log_dir, 40.0, {0: "node-a", 1: "node-c"}, 1)
-    run1.round_start(45.0, 0, run1.ranks)
-    run0.node_lost(50.0, by=1, lost=0)  # late: run 1 started 10 s before
-    run1.complete(60.0)
-    run0.close()
-    run1.close()
-    out = tmp_path / f"slurm-{SLURM_JOB}.out"
-    out.write_text(
-        f"slurmstepd: error: *** STEP {SLURM_JOB}.0 ON node-b CANCELLED AT 2024-01-01T00:00:15 "
-        "DUE TO NODE FAILURE ***\n"
-    )
-    report = build_report(log_dir, sacct=False, slurm_output=[out])
+    _late_loss_of_node_a(run0, run1)
+    report = _report(
+        log_dir, run0, run1,
+        output=f"slurmstepd: error: *** STEP {SLURM_JOB}.0 ON node-b CANCELLED AT 2024-01-01T00:00:15 "
+        "DUE TO NODE FAILURE ***\n",
+    )  # fmt: skip
     assert [loss.after_run_end for loss in report.node_losses] == [True]
     assert [(f.signature, f.printed_by) for f in report.log_findings] == [
         (slurm_signature("node failure"), "SLURM (the whole job)")
     ]
 
 
-def _srun_findings(tmp_path: Path, log_dir: Path, lines: str) -> list[tuple[str, list[int], list[str]]]:
+def _srun_findings(log_dir: Path, lines: str) -> list[tuple[str, list[int], list[str]]]:
     """(signature, nodes, hosts) of the findings of srun's ``lines`` in ``slurm-<job>.out``."""
-    out = tmp_path / f"slurm-{SLURM_JOB}.out"
-    out.write_text(lines)
-    report = build_report(log_dir, sacct=False, slurm_output=[out])
+    report = _report(log_dir, output=lines)
     return [(f.signature, f.nodes, f.hosts) for f in report.log_findings]
 
 
@@ -602,7 +602,7 @@ def test_srun_killing_a_task_of_the_next_run_is_a_finding_though_its_slot_was_lo
     run0.close()
     run1.close()
     found = _srun_findings(
-        tmp_path, log_dir,
+        log_dir,
         "srun: error: node-b: task 1: Killed\n"
         "srun: error: node-a: task 0: Exited with exit code 8\n"
         "srun: error: node-c: task 1: Killed\n",
@@ -627,7 +627,7 @@ def test_srun_ending_a_task_of_the_next_run_is_a_finding_though_its_slot_ended_s
     run0.close()
     run1.close()
     found = _srun_findings(
-        tmp_path, log_dir,
+        log_dir,
         "srun: error: node-b: task 1: Exited with exit code 1\n"
         "srun: error: node-a: task 0: Exited with exit code 1\n"
         "srun: error: node-c: task 1: Exited with exit code 1\n",
@@ -646,7 +646,7 @@ def test_srun_line_of_a_task_that_ran_on_one_host_in_both_runs_is_told_by_either
     run1.round_start(45.0, 0, run1.ranks)
     run0.close()
     run1.close()
-    assert _srun_findings(tmp_path, log_dir, "srun: error: node-b: task 1: Killed\n") == []
+    assert _srun_findings(log_dir, "srun: error: node-b: task 1: Killed\n") == []
 
 
 ZERO_DIVISION = "ZeroDivisionError at train.py:9 in step"
@@ -703,8 +703,8 @@ def test_srun_line_of_a_lost_slot_whose_supervisor_wrote_nothing_is_told_by_its_
     run0.node_lost(14.4, by=0, lost=1)
     run0.sup[0].at(15.0, "supervisor_end", exit_code=8, reason=REASON)
     run0.close()
-    assert _srun_findings(tmp_path, log_dir, "srun: error: node-x: task 1: Killed\n") == []
-    assert _srun_findings(tmp_path, log_dir, "srun: error: node-a: task 0: Killed\n") == [
+    assert _srun_findings(log_dir, "srun: error: node-x: task 1: Killed\n") == []
+    assert _srun_findings(log_dir, "srun: error: node-a: task 0: Killed\n") == [
         ("signal SIGKILL", [0], ["node-a"])
     ]
 
@@ -727,7 +727,7 @@ def test_srun_line_of_the_next_run_is_a_finding_though_the_lost_slots_supervisor
     run0.close()
     run1.close()
     found = _srun_findings(
-        tmp_path, log_dir,
+        log_dir,
         "srun: error: node-b: task 1: Killed\n"
         "srun: error: node-c: task 1: Killed\n",
     )  # fmt: skip
@@ -743,4 +743,4 @@ def test_srun_line_naming_the_short_name_of_a_host_the_events_name_in_full_is_of
     log_dir = tmp_path / "job"
     run0 = _slot_1_lost(log_dir, {0: "node-a.cluster.example", 1: "node-b.cluster.example"})
     run0.close()
-    assert _srun_findings(tmp_path, log_dir, "srun: error: node-b: task 1: Killed\n") == []
+    assert _srun_findings(log_dir, "srun: error: node-b: task 1: Killed\n") == []
