@@ -351,11 +351,7 @@ def _own_end(job: JobSummary, loss: NodeLoss) -> float:
 
 def _declarer_hosts(job: JobSummary, loss: NodeLoss) -> set[str]:
     """The host names of the supervisor that declared ``loss`` (its slot, in the loss's run)."""
-    return {
-        str(e["host"]) for e in job.node_events
-        if e.get("component") == "supervisor" and (e["run"], e.get("node")) == (loss.run, loss.seen_by)
-        and e.get("host") is not None
-    }  # fmt: skip
+    return {str(host) for host in job.slot_hosts().get((loss.run, loss.seen_by), ())}
 
 
 def _after_run_end(job: JobSummary, loss: NodeLoss, run_end: float) -> bool:
