@@ -1158,6 +1158,8 @@ def test_the_monitors_of_a_host_start_one_agent_that_beats_and_ends_by_itself(se
     links = [_link(cfg, store, rank) for rank in range(3)]
     for rank, link in enumerate(links):  # the first finds no agent and starts it; the others beat to it
         link.beat(_beat(rank))
+    # a process just started may show no command line for a moment: its exec is not done
+    wait_until("the host's agent", lambda: _agents(os.environ["NVRX_HOST_ID"]), 30)
     agents = _agents(os.environ["NVRX_HOST_ID"])
     assert len(agents) == 1 and agents[0].ppid() == os.getpid()
     assert os.getsid(agents[0].pid) == agents[0].pid  # a session of its own
