@@ -251,14 +251,19 @@ def _wait_for_files(tmp: Path, pattern: str, count: int, what: str) -> None:
 def _aborting_once_creating(tmp: Path, rank: int) -> Any:
     """The Wrapper's abort, run only once this rank's main thread is inside a process group's
     creation (waited for 30 s at most; ``abort-saw-creation-<rank>`` says it was): the
-    fault then reaches the rank while it creates."""
+    fault then reaches the rank while it creates. A creation that no peer holds up (the last
+    member's: the others already wait inside theirs) may be over between two looks: then
+    ``subgroup-<rank>`` says it returned, and the abort comes after it."""
     from nvrx.inprocess import gloo_abort
     from nvrx.inprocess.abort import AbortTorchDistributed
 
     class AbortOnceCreating(AbortTorchDistributed):
         def __call__(self, state: Any) -> Any:
             deadline = time.monotonic() + 30
-            while not gloo_abort.creating() and time.monotonic() < deadline:
+            created = tmp / f"subgroup-{rank}"
+            while not gloo_abort.creating() and not created.exists():
+                if time.monotonic() > deadline:
+                    break
                 time.sleep(0.001)
             if gloo_abort.creating():
                 (tmp / f"abort-saw-creation-{rank}").touch()
