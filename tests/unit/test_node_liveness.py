@@ -592,7 +592,10 @@ def test_the_node_agents_ring_beat_has_a_thread_of_its_own_until_fenced() -> Non
 
     store, sent = _CountingStore(), []
     duty = NodeDuty(sent.append, None)
-    duty.watch_ring(slot_place(0, 3, 4.0, SEALER), lambda: store, interval=0.02, timeout=4.0)
+    # its target never beats: given far longer than this test lasts, it is never reported
+    duty.watch_ring(
+        slot_place(0, 3, 4.0, SEALER, startup_s=600.0), lambda: store, interval=0.02, timeout=4.0
+    )
     wait_until("three beats", lambda: int(store.store.add(node_keys.alive(0), 0)) >= 3, 30)
     with pytest.raises(ValueError, match="beats for slot 0 already"):
         duty.watch_ring(slot_place(0, 3, 4.0, SEALER), lambda: store, interval=0.02, timeout=4.0)
@@ -640,7 +643,10 @@ def test_a_lost_store_is_reported_with_when_its_last_answered_beat_was_sent() ->
 
     store, sent = _FreezesLater(), []
     duty = NodeDuty(sent.append, None)
-    duty.watch_ring(slot_place(0, 3, 0.3, SEALER), lambda: store, interval=0.02, timeout=0.3)
+    # its target never beats: given far longer than this test lasts, so that a test held up
+    # past 0.3 s before the store freezes does not get that slot reported instead
+    place = slot_place(0, 3, 0.3, SEALER, startup_s=600.0)
+    duty.watch_ring(place, lambda: store, interval=0.02, timeout=0.3)
     wait_until("three beats", lambda: int(store.store.add(node_keys.alive(0), 0)) >= 3, 30)
     store.frozen.set()
     froze = time.time()

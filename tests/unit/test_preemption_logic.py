@@ -164,7 +164,10 @@ def _spawn_trainers(tmp_path: Path, n: int) -> tuple[list[Child], list[Path]]:
 def test_local_requeue_checkpoints_children_and_counts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(checkpoint_flag.PREEMPT_FLAG_ENV, raising=False)
+    # the handler exports its flag: set first, so that monkeypatch takes it away (or puts
+    # back the one there was) after the test; delenv of a missing variable restores nothing
+    monkeypatch.setenv(checkpoint_flag.PREEMPT_FLAG_ENV, "")
+    monkeypatch.delenv(checkpoint_flag.PREEMPT_FLAG_ENV)
     job_dir = tmp_path / "job"
     writer = EventWriter(job_dir, "supervisor", {"job": "local", "node": 0})
     handler = PreemptionHandler(

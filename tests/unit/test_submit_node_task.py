@@ -77,7 +77,10 @@ def local_task(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None
     for name, value in LOCAL_TASK_ENV.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("SUBMITIT_FOLDER", str(tmp_path / "%j"))  # as submitit's job runner
-    monkeypatch.delenv(PREEMPT_FLAG_ENV, raising=False)  # restored after from_env sets it
+    # from_env exports the flag: set first, so that monkeypatch takes it away (or puts back
+    # the one there was) after the test; delenv of a missing variable restores nothing
+    monkeypatch.setenv(PREEMPT_FLAG_ENV, "")
+    monkeypatch.delenv(PREEMPT_FLAG_ENV)
     umask = os.umask(0o022)
     try:
         yield
