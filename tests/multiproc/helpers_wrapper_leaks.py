@@ -72,6 +72,19 @@ def is_host_agent(cmdline: list[str] | None) -> bool:
     return (cmdline or [])[-3:-1] == ["nvrx.node_agent", "host"]
 
 
+def _host_agent_now(pid: int) -> bool:
+    """Whether process ``pid`` runs a host's node agent now. A monitor may be starting the
+    host's agent as ``CallRecord.see`` looks at its children: caught between its fork and
+    its exec, the agent shows the monitor's command line (or, just past its exec, none),
+    so only a later look tells it from the call's own processes."""
+    import psutil
+
+    try:
+        return is_host_agent(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return False
+
+
 def _job_agents(master_port: str) -> list[tuple[int, float]]:
     """The node agents of this job: started by a monitor of one of its ranks, they keep
     the ranks' environment, whose ``MASTER_PORT`` (as it was before the first call: the
@@ -140,7 +153,9 @@ def snapshot(record: CallRecord, store_port: int) -> dict[str, Any]:
             f"{c.pid} {' '.join(c.cmdline())[:160]}" for c in me.children(recursive=True)
         ),
         "monitor_tree_alive": sorted(
-            f"{pid} {cmd}" for pid, created, cmd in record.monitor_tree if _alive(pid, created)
+            f"{pid} {cmd}"
+            for pid, created, cmd in record.monitor_tree
+            if _alive(pid, created) and not _host_agent_now(pid)
         ),
         "stores": sorted(
             type(o).__qualname__ for o in gc.get_objects() if isinstance(o, dist.Store)
