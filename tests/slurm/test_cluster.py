@@ -23,14 +23,16 @@ def test_srun_spreads_four_tasks_over_both_nodes(slurm_cluster: LocalSlurmCluste
 
 def test_sbatch_wait_completes_and_sacct_agrees(slurm_cluster: LocalSlurmCluster, tmp_path) -> None:
     out = tmp_path / "out.txt"
-    job = slurm_cluster.sbatch(
-        "srun --ntasks-per-node=1 bash -c 'echo $SLURM_NODEID'\n",
-        "--wait",
-        "-N2",
-        "-o",
-        str(out),
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\nsrun --ntasks-per-node=1 bash -c 'echo $SLURM_NODEID'\n")
+    # sbatch --wait looks at the job less and less often (2 s, then 8 s, then 32 s later): a
+    # job not ended by its second look, on a loaded machine, returns past half a minute
+    done = slurm_cluster.run(
+        ["sbatch", "--parsable", "--wait", "-N2", "-o", str(out), str(script)], timeout=120
     )
-    assert slurm_cluster.job_state(job) == "COMPLETED"
+    job = int(done.stdout.strip().split(";")[0])
+    # it returns once the job ended, while its nodes may still clean up (COMPLETING)
+    assert slurm_cluster.wait_job(job, timeout=30) == "COMPLETED"
     assert sorted(out.read_text().split()) == ["0", "1"]
     rows = slurm_cluster.sacct(job)
     main = [r for r in rows if r["JobID"] == str(job)]

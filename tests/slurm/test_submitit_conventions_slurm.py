@@ -111,6 +111,9 @@ def test_map_array_is_a_job_array_of_supervised_jobs(slurm_cluster, tmp_path: Pa
         assert job.log_dir == tmp_path / "nvrx_logs" / job.job_id
         events, _ = read_dir(job.log_dir)
         assert {e["job"] for e in events} == {job.job_id}
+        # results wait for accounting's record of the end, which slurmctld writes before the
+        # job's nodes have cleaned up: scontrol may still say COMPLETING for a moment
+        wait_until(f"{job.job_id} to leave COMPLETING", lambda j=job: j.state != "COMPLETING", 60)
         assert job.state == "COMPLETED"  # scontrol/sacct asked with the <array>_<index> id
         report = job.report()
         summary = report.to_dict()["summary"]

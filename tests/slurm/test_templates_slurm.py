@@ -75,6 +75,7 @@ def test_a_wheel_in_a_fresh_venv_runs_a_job_from_its_template(
         assert (seen / str(rank)).read_text().startswith(f"rank {rank} of 4 {venv}"), text
     events, _ = read_dir(logs / str(job))
     assert {e["node"] for e in events if e["kind"] == "supervisor_end"} == {0, 1}
+    slurm_cluster.sacct(job)  # the report's outcome is sacct's, which may lag slurmctld's end
     # nvrx-report of the fresh venv, run from the submit directory, finds the output file
     report = subprocess.run(
         [str(venv / "bin" / "nvrx-report"), str(logs / str(job)), "--format", "json"],
@@ -95,6 +96,7 @@ def test_a_wheel_in_a_fresh_venv_runs_a_job_from_its_template(
     state = slurm_cluster.wait_job(job, timeout=240)
     text = out.read_text() if out.exists() else "no output file"
     assert state == "COMPLETED", text
+    slurm_cluster.sacct(job)
     report = subprocess.run(
         [str(venv / "bin" / "nvrx-report"), str(logs / str(job)), "--format", "json"],
         capture_output=True, text=True, cwd=tmp_path, env=slurm_cluster.env, timeout=120,
