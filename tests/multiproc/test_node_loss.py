@@ -32,7 +32,7 @@ STEP_TIME = 0.1
 KILL_AFTER_STEP = 15
 
 
-def kill_tree(pid: int) -> list[int]:
+def kill_tree(pid: int) -> list[psutil.Process]:
     """Freeze, then SIGKILL, ``pid`` and every process below it: a node gone at once."""
     root = psutil.Process(pid)
     tree = [root, *root.children(recursive=True)]
@@ -43,7 +43,7 @@ def kill_tree(pid: int) -> list[int]:
     for proc in tree:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.send_signal(signal.SIGKILL)
-    return [p.pid for p in tree]
+    return tree
 
 
 def _demo_job(
@@ -60,7 +60,7 @@ def _demo_job(
     )  # fmt: skip
 
 
-def _kill_node_mid_training(job: Job, slot: int) -> list[int]:
+def _kill_node_mid_training(job: Job, slot: int) -> list[psutil.Process]:
     wait_until(
         f"a checkpoint after step {KILL_AFTER_STEP}",
         lambda: any(
@@ -72,9 +72,11 @@ def _kill_node_mid_training(job: Job, slot: int) -> list[int]:
     return kill_tree(job.procs[slot].pid)
 
 
-def _lose_node_and_finish(job: Job, slot: int, world_size: int) -> tuple[list[int], str]:
+def _lose_node_and_finish(
+    job: Job, slot: int, world_size: int
+) -> tuple[list[psutil.Process], str]:
     """Kill node ``slot`` mid-training; every other supervisor ends with 0 and the demo
-    finishes at ``world_size``. Returns the killed pids and the job's output."""
+    finishes at ``world_size``. Returns the killed processes and the job's output."""
     killed = _kill_node_mid_training(job, slot)
     codes = job.wait(240)
     output = job.output()
@@ -88,9 +90,22 @@ def _world_sizes(job: Job) -> list[int]:
     return [e["world_size"] for e in rounds]
 
 
-def _no_process_left(pids: list[int]) -> None:
-    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
-    assert not alive, f"processes of the killed node still running: {alive}"
+def _running(proc: psutil.Process) -> bool:
+    """Whether ``proc`` still runs: not a zombie, and its pid not another process's since
+    (``is_running`` compares start times; pids wrap around on a busy machine)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _no_process_left(procs: list[psutil.Process]) -> None:
+    """Until none of ``procs`` runs (one in a session of its own, a rank's monitor say, ends
+    once it finds its rank gone)."""
+    wait_until(
+        "no process of the lost node left", lambda: not [p for p in procs if _running(p)], 30,
+        state=lambda: [p.pid for p in procs if _running(p)],
+    )  # fmt: skip
 
 
 @pytest.mark.timeout(300)

@@ -353,7 +353,7 @@ def test_a_store_host_that_wakes_after_its_failover_does_not_undo_the_next_failo
             proc.send_signal(signal.SIGCONT)
     wait_until("node 0 to fence itself", lambda: job.procs[0].poll() is not None, 120, state=job.output)
     assert job.procs[0].returncode == ExitCode.FENCED, job.output()
-    _no_process_left([p.pid for p in frozen])
+    _no_process_left(frozen)
     wait_until(
         "a store snapshot that holds slot 0's end",
         lambda: _snapshots_knowing_the_end_of(job, 0),
@@ -421,7 +421,7 @@ def test_a_second_store_failover_waits_for_no_slot_known_lost(tmp_path: Path) ->
     for its announcement), and the job completes at world size 3."""
     steps = 300  # long enough to outlast two failovers
     job = _five_nodes_losing_two(tmp_path, steps, "--node-timeout", "120")
-    killed: list[int] = []
+    killed: list[psutil.Process] = []
     try:
         killed += _kill_node_mid_training(job, 0)
 
@@ -479,7 +479,7 @@ def test_a_slot_declared_lost_while_it_stalled_never_hosts_the_next_store(tmp_pa
     steps = 200  # long enough to outlast the stalls and the failover
     job = _five_nodes_losing_two(tmp_path, steps, "--node-timeout", "10")
     frozen: list[psutil.Process] = []
-    killed: list[int] = []
+    killed: list[psutil.Process] = []
     try:
         wait_until(
             f"a checkpoint after step {KILL_AFTER_STEP}",
@@ -523,4 +523,4 @@ def test_a_slot_declared_lost_while_it_stalled_never_hosts_the_next_store(tmp_pa
     assert f"finished {steps} steps at world size 3" in output, output
     lost = sorted(job.events("node_lost"), key=lambda e: e["wall"])
     assert [(e["lost_slot"], e["action"]) for e in lost] == [(1, "shrink"), (0, "shrink")], output
-    _no_process_left(killed + [p.pid for p in frozen])
+    _no_process_left(killed + frozen)
