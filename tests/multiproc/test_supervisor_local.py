@@ -568,7 +568,8 @@ def test_sigterm_forwards_then_kills_and_leaves_no_process_behind(tmp_path) -> N
     assert len(ours) >= 8  # 4 children + 4 grandchildren, plus store service and agents
     os.kill(job.procs[0].pid, signal.SIGTERM)  # one node signalled: the stop reaches the other too
     assert job.wait(60) == [143, 143], job.output()
-    assert _alive(ours) == set()
+    # a grandchild killed with its group last may take a moment to die after its supervisor
+    wait_until("no process of the job left", lambda: not _alive(ours), 10, state=lambda: _alive(ours))
     received = job.events("signal_received")
     assert [(e["node"], e["signal"]) for e in received] == [(0, "SIGTERM")]
     exits = {(e["node"], e["local_rank"]): e["signal"] for e in job.events("child_exit")}
