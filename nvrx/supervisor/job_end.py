@@ -104,6 +104,7 @@ class JobEnd:
             return
         if store.service is not None and cfg.nnodes > 1:  # the store host
             self._wait_for_other_nodes(time.monotonic() + cfg.finish_timeout)
+            self._read_stop()
             # not after a stop for lost nodes: the "lost" may be a majority cut off from this
             # host, electing a successor from the snapshot
             ended = control.exit_code in FINAL_EXITS or control.signalled is not None
@@ -199,7 +200,7 @@ class JobEnd:
         """As the main loop takes them: a stop another node asked for; a forged stop value,
         recorded and watched past (the real one may follow it); the node agent's report of
         a forged value of this slot, recorded."""
-        store, control = self.store, self.control
+        store = self.store
         if message.get("event") == "rejected":
             if store.rejected is not None:
                 size = int(message.get("value_bytes") or 0)
@@ -211,9 +212,7 @@ class JobEnd:
         key, value = str(message["key"]), str(message.get("value", ""))
         verdict = flag.on_value(key, value, ExitCode.OK)
         if verdict.request is not None:
-            if control.exit_code == ExitCode.OK:
-                self.stop_request, control.exit_code = verdict.request, verdict.request.exit_code
-                control.stop_reason = f"node {verdict.request.node} stopped the job: {verdict.request.reason}"
+            self._take_stop(verdict.request)
             return
         if store.rejected is not None:
             store.rejected(key, str(verdict.rejected), len(value.encode(errors="replace")))
@@ -222,6 +221,31 @@ class JobEnd:
                 flag.watch(link)
         except StoreLinkError as exc:
             log.warning("could not watch the stop flag on: %s", exc)
+
+    def _take_stop(self, request: StopRequest) -> None:
+        """Another node stopped the job: its exit code is this one's, unless this node
+        stopped already."""
+        control = self.control
+        if control.exit_code == ExitCode.OK:
+            self.stop_request, control.exit_code = request, request.exit_code
+            control.stop_reason = f"node {request.node} stopped the job: {request.reason}"
+
+    def _read_stop(self) -> None:
+        """(The store host, its wait over) read the stop flag once: a node writes its stop
+        before it ends, but the watch may bring this node the end of the last slot (all
+        ended) before that slot's stop, and the wait ends at the first."""
+        flag, link = self.store.stop, self.store.link
+        if self.control.exit_code != ExitCode.OK or flag is None or link is None:
+            return
+        if link.lost is not None:
+            return
+        try:
+            request = flag.read(link, ExitCode.OK)
+        except StoreLinkError as exc:
+            log.warning("could not read whether another node stopped the job: %s", exc)
+            return
+        if request is not None:
+            self._take_stop(request)
 
     def _give_up_waiting(self) -> None:
         control = self.control

@@ -285,3 +285,59 @@ def test_a_store_that_stops_answering_as_a_node_counts_itself_ready_stops_the_jo
         sup.signals.restore()
     assert (sup.course.state, sup.exit_code) == (Course.STOPPING, ExitCode.STORE_UNAVAILABLE)
     assert sup.stop_reason is not None and "no answer to append" in sup.stop_reason
+
+
+class _StoppedLink:
+    """The store host's link to a store where another node wrote its stop (keys read with
+    ``get``, None when absent, as ``StoreLink.get``)."""
+
+    lost = None
+    has_events = False
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+        self.pipe = os.pipe()  # what the wait selects on: no message comes
+
+    def get(self, key: str) -> str | None:
+        return self.values.get(key)
+
+    def fileno(self) -> int:
+        return self.pipe[0]
+
+    def close(self) -> None:
+        for fd in self.pipe:
+            os.close(fd)
+
+
+class _EndedRoles(_Roles):
+    node_rank = 0
+
+    def node_done(self) -> None:
+        pass
+
+
+def test_a_stop_whose_writer_ended_before_its_value_reached_the_store_host_still_counts(
+    tmp_path: Path,
+) -> None:
+    """Node 1 stops the job (13), then ends as the last slot; the store host's watch brings
+    it that end (every slot ended) first, and its wait is over then: it still reads the stop
+    node 1 wrote before it ended, and ends with 13, not 0 (a failed job is not a success)."""
+    job = local_job(nnodes=2, nproc_per_node=1, log_dir=str(tmp_path))
+    sup = Supervisor(SupervisorConfig(command=["train"], job=job, grace_period=1.0))
+    sup.store.service, sup.store.roles = object(), _EndedRoles(True)  # type: ignore[assignment]
+    flag = sup.store.stop = StopFlag(b"s" * 32, 0)
+    key = StopFlag.key(1)
+    request = StopRequest("rank 1 failed after node 0 completed", int(ExitCode.AFTER_COMPLETION), 1)
+    link = _StoppedLink({key: flag.sealer.seal(key, request.encode())})
+    sup.store.link = link  # type: ignore[assignment]
+    sup.job_end.messages.all_ended = True
+    sup.course.to(Course.TRAINING)
+    sup.course.to(Course.FINISHING)  # what ``run`` does once its children ended
+    sup.signals = SignalPipe((*STOP_SIGNALS, *FORWARD_SIGNALS, signal.SIGCHLD)).install()
+    try:
+        sup.job_end.finish()
+    finally:
+        sup.signals.restore()
+        link.close()
+    assert sup.exit_code == ExitCode.AFTER_COMPLETION
+    assert sup.stop_reason == f"node 1 stopped the job: {request.reason}"
