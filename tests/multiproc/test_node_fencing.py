@@ -69,8 +69,14 @@ def _frozen(pid: int) -> Iterator[None]:
                 proc.send_signal(signal.SIGCONT)
 
 
-# node 1's first children would sleep for 2 minutes: only being killed ends them in time
-BODY = "time.sleep(120 if RANK >= 2 and RESTART == 0 else 6)\n"
+# node 1's first children would sleep for 2 minutes: only being killed ends them in time; the
+# others (the spare's too) run until the test, once node 1 was declared lost, writes ``go``
+BODY = (
+    "from pathlib import Path\n"
+    "if RANK >= 2 and RESTART == 0:\n    time.sleep(120)\n"
+    "go = Path(os.environ['NVRX_LOG_DIR']) / 'go'\n"
+    "while not go.exists():\n    time.sleep(0.05)\n"
+)
 
 
 @pytest.mark.timeout(120)
@@ -81,6 +87,8 @@ def test_a_sigkilled_supervisor_takes_its_children_with_it(tmp_path: Path) -> No
     children = _child_pids(job, 1)
     job.procs[1].send_signal(signal.SIGKILL)  # the supervisor alone, as the OOM killer would
     wait_until("node 1's children to die with it", lambda: all(_gone(p) for p in children), 5)
+    wait_until("node 1 declared lost", lambda: job.events("node_lost"), 30, state=job.output)
+    (job.log_dir / "go").touch()  # node 0's ranks still ran when it was
     codes = job.wait(60)
     assert codes[0] == 0, job.output()
     assert [e["action"] for e in job.events("node_lost")] == ["shrink"]
@@ -95,6 +103,7 @@ def test_a_node_that_thaws_after_it_was_declared_lost_is_fenced(tmp_path: Path) 
     with _frozen(job.procs[1].pid):
         wait_until("node 1 declared lost", lambda: job.events("node_lost"), 30, state=job.output)
     wait_until("the thawed node to end its children", lambda: all(_gone(p) for p in children), 10)
+    (job.log_dir / "go").touch()  # node 0's ranks still ran when node 1 was declared lost
     codes = job.wait(60)
     output = job.output()
     assert codes == [0, ExitCode.FENCED, 0], output
