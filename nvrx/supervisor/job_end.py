@@ -224,8 +224,11 @@ class JobEnd:
 
     def _take_stop(self, request: StopRequest) -> None:
         """Another node stopped the job: its exit code is this one's, unless this node
-        stopped already."""
+        stopped already. The chain may hold this node's own request (a stop with exit 0: a
+        rank asked to shut the workload down): nobody else stopped it, its reason stands."""
         control = self.control
+        if request.node == self.store.config.node_rank:
+            return
         if control.exit_code == ExitCode.OK:
             self.stop_request, control.exit_code = request, request.exit_code
             control.stop_reason = f"node {request.node} stopped the job: {request.reason}"

@@ -341,3 +341,40 @@ def test_a_stop_whose_writer_ended_before_its_value_reached_the_store_host_still
         link.close()
     assert sup.exit_code == ExitCode.AFTER_COMPLETION
     assert sup.stop_reason == f"node 1 stopped the job: {request.reason}"
+
+
+class _ChainLink(_StoppedLink):
+    """``_StoppedLink`` that a stop can be written to (``compare_set``, as ``StoreLink``)."""
+
+    def compare_set(self, key: str, expected: str, desired: str) -> str:
+        held = self.values.get(key, "")
+        if held == expected:
+            self.values[key] = held = desired
+        return held
+
+
+def test_the_store_hosts_own_stop_with_exit_0_keeps_its_reason_after_the_wait(
+    tmp_path: Path,
+) -> None:
+    """A rank of the store host asked to shut the workload down: its stop (exit 0) is the
+    first in the chain. Read there after the wait, it is this node's own, not another
+    node's: the end's reason stays the rank's request."""
+    job = local_job(nnodes=2, nproc_per_node=1, log_dir=str(tmp_path))
+    sup = Supervisor(SupervisorConfig(command=["train"], job=job, grace_period=1.0))
+    sup.store.service, sup.store.roles = object(), _EndedRoles(True)  # type: ignore[assignment]
+    sup.store.stop = StopFlag(b"s" * 32, 0)
+    link = _ChainLink({})
+    sup.store.link = link  # type: ignore[assignment]
+    sup.course.to(Course.TRAINING)
+    reason = "rank 0 asked to shut the workload down: done early"
+    sup.request_stop(reason, ExitCode.OK, broadcast=True)  # written into the chain
+    assert list(link.values) == [StopFlag.key(1)]
+    sup.job_end.messages.all_ended = True
+    sup.signals = SignalPipe((*STOP_SIGNALS, *FORWARD_SIGNALS, signal.SIGCHLD)).install()
+    try:
+        sup.job_end.finish()
+    finally:
+        sup.signals.restore()
+        link.close()
+    assert (sup.exit_code, sup.stop_reason) == (ExitCode.OK, reason)
+    assert sup.job_end.stop_request is None
