@@ -316,29 +316,42 @@ class _EndedRoles(_Roles):
         pass
 
 
-def test_a_stop_whose_writer_ended_before_its_value_reached_the_store_host_still_counts(
-    tmp_path: Path,
-) -> None:
-    """Node 1 stops the job (13), then ends as the last slot; the store host's watch brings
-    it that end (every slot ended) first, and its wait is over then: it still reads the stop
-    node 1 wrote before it ended, and ends with 13, not 0 (a failed job is not a success)."""
+def _store_host_of_two(tmp_path: Path, link: _StoppedLink) -> Supervisor:
+    """The store host of a job of two nodes, its link ``link``, the job's stop flag known."""
     job = local_job(nnodes=2, nproc_per_node=1, log_dir=str(tmp_path))
     sup = Supervisor(SupervisorConfig(command=["train"], job=job, grace_period=1.0))
     sup.store.service, sup.store.roles = object(), _EndedRoles(True)  # type: ignore[assignment]
-    flag = sup.store.stop = StopFlag(b"s" * 32, 0)
-    key = StopFlag.key(1)
-    request = StopRequest("rank 1 failed after node 0 completed", int(ExitCode.AFTER_COMPLETION), 1)
-    link = _StoppedLink({key: flag.sealer.seal(key, request.encode())})
+    sup.store.stop = StopFlag(b"s" * 32, 0)
     sup.store.link = link  # type: ignore[assignment]
-    sup.job_end.messages.all_ended = True
     sup.course.to(Course.TRAINING)
-    sup.course.to(Course.FINISHING)  # what ``run`` does once its children ended
+    return sup
+
+
+def _finish_once_every_slot_ended(sup: Supervisor, link: _StoppedLink) -> None:
+    """The end of the store host's run, the other slots' end (all ended) told already."""
+    sup.job_end.messages.all_ended = True
     sup.signals = SignalPipe((*STOP_SIGNALS, *FORWARD_SIGNALS, signal.SIGCHLD)).install()
     try:
         sup.job_end.finish()
     finally:
         sup.signals.restore()
         link.close()
+
+
+def test_a_stop_whose_writer_ended_before_its_value_reached_the_store_host_still_counts(
+    tmp_path: Path,
+) -> None:
+    """Node 1 stops the job (13), then ends as the last slot; the store host's watch brings
+    it that end (every slot ended) first, and its wait is over then: it still reads the stop
+    node 1 wrote before it ended, and ends with 13, not 0 (a failed job is not a success)."""
+    link = _StoppedLink({})
+    sup = _store_host_of_two(tmp_path, link)
+    assert sup.store.stop is not None
+    key = StopFlag.key(1)
+    request = StopRequest("rank 1 failed after node 0 completed", int(ExitCode.AFTER_COMPLETION), 1)
+    link.values[key] = sup.store.stop.sealer.seal(key, request.encode())
+    sup.course.to(Course.FINISHING)  # what ``run`` does once its children ended
+    _finish_once_every_slot_ended(sup, link)
     assert sup.exit_code == ExitCode.AFTER_COMPLETION
     assert sup.stop_reason == f"node 1 stopped the job: {request.reason}"
 
@@ -359,22 +372,11 @@ def test_the_store_hosts_own_stop_with_exit_0_keeps_its_reason_after_the_wait(
     """A rank of the store host asked to shut the workload down: its stop (exit 0) is the
     first in the chain. Read there after the wait, it is this node's own, not another
     node's: the end's reason stays the rank's request."""
-    job = local_job(nnodes=2, nproc_per_node=1, log_dir=str(tmp_path))
-    sup = Supervisor(SupervisorConfig(command=["train"], job=job, grace_period=1.0))
-    sup.store.service, sup.store.roles = object(), _EndedRoles(True)  # type: ignore[assignment]
-    sup.store.stop = StopFlag(b"s" * 32, 0)
     link = _ChainLink({})
-    sup.store.link = link  # type: ignore[assignment]
-    sup.course.to(Course.TRAINING)
+    sup = _store_host_of_two(tmp_path, link)
     reason = "rank 0 asked to shut the workload down: done early"
     sup.request_stop(reason, ExitCode.OK, broadcast=True)  # written into the chain
     assert list(link.values) == [StopFlag.key(1)]
-    sup.job_end.messages.all_ended = True
-    sup.signals = SignalPipe((*STOP_SIGNALS, *FORWARD_SIGNALS, signal.SIGCHLD)).install()
-    try:
-        sup.job_end.finish()
-    finally:
-        sup.signals.restore()
-        link.close()
+    _finish_once_every_slot_ended(sup, link)
     assert (sup.exit_code, sup.stop_reason) == (ExitCode.OK, reason)
     assert sup.job_end.stop_request is None
