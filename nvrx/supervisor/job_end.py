@@ -104,7 +104,7 @@ class JobEnd:
             return
         if store.service is not None and cfg.nnodes > 1:  # the store host
             self._wait_for_other_nodes(time.monotonic() + cfg.finish_timeout)
-            self._read_stop()
+            self.read_stop()
             # not after a stop for lost nodes: the "lost" may be a majority cut off from this
             # host, electing a successor from the snapshot
             ended = control.exit_code in FINAL_EXITS or control.signalled is not None
@@ -232,11 +232,14 @@ class JobEnd:
         if control.exit_code == ExitCode.OK:
             self.stop_request, control.exit_code = request, request.exit_code
             control.stop_reason = f"node {request.node} stopped the job: {request.reason}"
+            control.emit("job_stop", reason=control.stop_reason, exit_code=int(request.exit_code))
 
-    def _read_stop(self) -> None:
-        """(The store host, its wait over) read the stop flag once: a node writes its stop
-        before it ends, but the watch may bring this node the end of the last slot (all
-        ended) before that slot's stop, and the wait ends at the first."""
+    def read_stop(self) -> None:
+        """(The store host, its wait over, or a warning to decide on) read the stop flag once:
+        a node writes its stop before it ends, but the watch may bring this node the end of
+        the last slot (all ended) before that slot's stop, and the wait ends at the first; a
+        warning decided before the stop came through the watch would requeue a job stopped
+        for good."""
         flag, link = self.store.stop, self.store.link
         if self.control.exit_code != ExitCode.OK or flag is None or link is None:
             return

@@ -566,6 +566,8 @@ class Supervisor:
         Nothing is requeued where another node stopped the job for good meanwhile, nor, after
         a clean finish here, where every training node's children had ended before the
         warning (a requeue would run a finished training again). True when it decided now."""
+        if self.preemption is not None and (self.preemption.pending or self.preemption.adopt_flag()):
+            self.job_end.read_stop()  # a stop on its way through the watch counts before the warning
         if self.job_end.stop_request is not None and self.exit_code in FINAL_EXITS:
             self._decline_warning()
             return False

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from nvrx import checkpoint_flag, processes
+from nvrx.events import EventWriter, read_dir
 from nvrx.signal_pipe import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
 from nvrx.supervisor import job_end, preemption
 from nvrx.supervisor.children import Child
@@ -351,9 +352,36 @@ def test_a_stop_whose_writer_ended_before_its_value_reached_the_store_host_still
     request = StopRequest("rank 1 failed after node 0 completed", int(ExitCode.AFTER_COMPLETION), 1)
     link.values[key] = sup.store.stop.sealer.seal(key, request.encode())
     sup.course.to(Course.FINISHING)  # what ``run`` does once its children ended
+    sup.writer = EventWriter(tmp_path / "events", "supervisor")
     _finish_once_every_slot_ended(sup, link)
     assert sup.exit_code == ExitCode.AFTER_COMPLETION
     assert sup.stop_reason == f"node 1 stopped the job: {request.reason}"
+    # the event record says why this node ends with 13, as a stop taken while training does
+    events, _ = read_dir(tmp_path / "events")
+    stops = [(e["reason"], e["exit_code"]) for e in events if e["kind"] == "job_stop"]
+    assert stops == [(sup.stop_reason, int(ExitCode.AFTER_COMPLETION))]
+
+
+def test_a_warning_decided_while_a_stop_is_on_its_way_to_the_store_host_requeues_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node 1 stopped the job for good and its stop is in the store, but the watch has not
+    brought it to the waiting store host when SLURM's warning comes: the host reads the stop
+    before it decides, and requeues nothing (a requeue would run a stopped job again)."""
+    sup, requeued = _finishing_store_host(tmp_path, monkeypatch, False)
+    flag = sup.store.stop = StopFlag(b"s" * 32, 0)
+    key = StopFlag.key(1)
+    request = StopRequest("a rank failed for good", int(ExitCode.NON_RETRYABLE), 1)
+    link = _StoppedLink({key: flag.sealer.seal(key, request.encode())})
+    sup.store.link = link  # type: ignore[assignment]
+    try:
+        sup.preemption.on_signal(signal.SIGUSR2)
+        assert not sup._warned_while_finishing()
+    finally:
+        link.close()
+    assert (requeued, sup.exit_code) == ([], ExitCode.NON_RETRYABLE)
+    written = json.loads(sup.preemption._decision_path().read_text())
+    assert (written["requeued"], written["exit_code"]) == (False, ExitCode.NON_RETRYABLE)
 
 
 class _ChainLink(_StoppedLink):
