@@ -51,7 +51,7 @@ def _hang_of_rank_1(job, timeout):
     assert len(hangs) == 1, job.output()
     hang = hangs[0]
     assert hang["timeout"] == timeout, hang
-    assert hang["stale_s"] <= hang["limit_s"] + 1.0, hang  # declared within the timeout + 1 s
+    assert hang["stale_s"] >= hang["limit_s"], hang  # never declared before its timeout ran out
     assert "in hang" in hang["stack"] and "ft_common.py" in hang["stack"], hang["stack"]
     return hang
 
