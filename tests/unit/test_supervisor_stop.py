@@ -289,8 +289,8 @@ def test_a_store_that_stops_answering_as_a_node_counts_itself_ready_stops_the_jo
 
 
 class _StoppedLink:
-    """The store host's link to a store where another node wrote its stop (keys read with
-    ``get``, None when absent, as ``StoreLink.get``)."""
+    """The store host's link to a store where a node wrote its stop (keys read with ``get``,
+    None when absent, and written with ``compare_set``, as ``StoreLink``)."""
 
     lost = None
     has_events = False
@@ -301,6 +301,12 @@ class _StoppedLink:
 
     def get(self, key: str) -> str | None:
         return self.values.get(key)
+
+    def compare_set(self, key: str, expected: str, desired: str) -> str:
+        held = self.values.get(key, "")
+        if held == expected:
+            self.values[key] = held = desired
+        return held
 
     def fileno(self) -> int:
         return self.pipe[0]
@@ -384,23 +390,13 @@ def test_a_warning_decided_while_a_stop_is_on_its_way_to_the_store_host_requeues
     assert (written["requeued"], written["exit_code"]) == (False, ExitCode.NON_RETRYABLE)
 
 
-class _ChainLink(_StoppedLink):
-    """``_StoppedLink`` that a stop can be written to (``compare_set``, as ``StoreLink``)."""
-
-    def compare_set(self, key: str, expected: str, desired: str) -> str:
-        held = self.values.get(key, "")
-        if held == expected:
-            self.values[key] = held = desired
-        return held
-
-
 def test_the_store_hosts_own_stop_with_exit_0_keeps_its_reason_after_the_wait(
     tmp_path: Path,
 ) -> None:
     """A rank of the store host asked to shut the workload down: its stop (exit 0) is the
     first in the chain. Read there after the wait, it is this node's own, not another
     node's: the end's reason stays the rank's request."""
-    link = _ChainLink({})
+    link = _StoppedLink({})
     sup = _store_host_of_two(tmp_path, link)
     reason = "rank 0 asked to shut the workload down: done early"
     sup.request_stop(reason, ExitCode.OK, broadcast=True)  # written into the chain
