@@ -27,7 +27,7 @@ a real ``nvrx.store.barrier`` participant). What each simulated party sends, per
     matter, and its own claim once every ``OWN_CLAIM_EVERY`` beats in place of the watched
     count, each node at a beat of its own): 2 requests per node; barrier arrivals per node.
 ``product`` (a Wrapper job under supervisors now)
-    ``per-node`` (the ranks beat to their supervisor, ``nvrx.rank_beats``, which sends
+    ``per-node`` (the ranks beat to their supervisor, ``nvrx.node_agent.rank_wire``, which sends
     nothing to the store for a beat), plus every rank's monitor thread holding one wait on
     the round's interrupted key, renewed every ``monitor_thread.WAIT_CHUNK_S`` (a WAIT and
     a CANCEL_WAIT then); barrier arrivals per rank, as the Wrapper's barriers still are.

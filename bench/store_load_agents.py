@@ -5,7 +5,7 @@ What runs, all of it real nvrx code: a job store (``nvrx.store.service.StoreServ
 driver process whose threads are that host's ranks (``NVRX_HOST_ID`` tells the hosts apart). Each
 rank beats to its host's node agent as a rank's monitor does (``agent_link.AgentLink``, which
 starts the agent, ``python -m nvrx.node_agent host``, in a session of its own) and
-meets the barriers as the Wrapper's ranks do (``host_barrier.HostBarrierClient.meet``), at
+meets the barriers as the Wrapper's ranks do (``rank_wire.HostBarrierClient.meet``), at
 a generation's termination barrier, where every rank waits for all. ``direct`` is the same
 without agents: each rank meets the barrier at the store itself.
 
@@ -185,8 +185,7 @@ def drive(spec: dict[str, Any]) -> int:
     the host's agent (``agents``) or none (``direct``). Ends its agent and waits for it."""
     from nvrx.inprocess.agent_link import AgentLink
     from nvrx.node_agent.host import HostConfig, agent_address
-    from nvrx.rank_beats import Beat
-    from nvrx.store.host_barrier import HostBarrierClient, Meeting, relay_address
+    from nvrx.node_agent.rank_wire import Beat, HostBarrierClient, Meeting, relay_address
     from nvrx.store.wire import WireStore
 
     port, world, ranks = spec["port"], spec["world"], spec["ranks"]

@@ -61,7 +61,8 @@ JOB_SECRET_FILE = "NVRX_JOB_SECRET_FILE"
 #: ``nvrx-srun`` for the job step's supervisors alone, taken out of the environment by each
 #: supervisor before it starts anything, never passed to a child.
 WARNED_AT = "NVRX_WARNED_AT"
-#: The supervisor's socket for the heartbeats of the Wrapper's monitors (``nvrx.rank_beats``).
+#: The supervisor's socket for the heartbeats of the Wrapper's monitors
+#: (``nvrx.node_agent.rank_wire``).
 RANK_BEATS = "NVRX_RANK_BEATS"
 #: The local rank the supervisor knows its child by, where it is not ``LOCAL_RANK``: set by
 #: ``fork_and_monitor``, whose monitor has one child (0) while ``LOCAL_RANK`` stays the

@@ -25,7 +25,7 @@ from typing import Any
 
 from nvrx import jobenv
 from nvrx.node_agent.host import HostConfig, agent_address, host_key
-from nvrx.rank_beats import Beat, BeatSender, BeatSocket
+from nvrx.node_agent.rank_wire import Beat, BeatSender, BeatSocket
 from nvrx.store.host_ring import (
     claimed,
     end_rank,

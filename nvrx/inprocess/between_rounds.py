@@ -28,9 +28,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from nvrx.node_agent.rank_wire import Meeting
 from nvrx.store import faults, rounds
 from nvrx.store.faults import CheckedRecords
-from nvrx.store.host_barrier import Meeting
 
 from . import rejoin
 from .exception import RestartAbort

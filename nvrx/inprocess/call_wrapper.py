@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from nvrx import events, jobenv
+from nvrx.node_agent.rank_wire import Meeting
 from nvrx.store import rounds
-from nvrx.store.host_barrier import Meeting
 
 from . import between_rounds, rejoin
 from . import store as rstore

@@ -18,7 +18,7 @@ which calls ``main``), one per rank, it reads the rank's ``ProgressBoard`` and a
 * heartbeats: to one party of the rank's node, which alone talks to the store
   for the node's ranks and takes out a rank whose monitor stopped beating for
   ``heartbeat_timeout``: under a supervisor (``NVRX_RANK_BEATS``), to the
-  supervisor (``nvrx.rank_beats``); without one, to its host's node agent
+  supervisor (``nvrx.node_agent.rank_wire``); without one, to its host's node agent
   (``agent_link``, ``nvrx.node_agent``). No heartbeat reaches the store from a rank.
 
 The program imports no torch: its link to the store is nvrx's own client (``monitor_store``).
@@ -47,7 +47,8 @@ import sys
 import time
 from typing import Any
 
-from nvrx import events, processes, rank_beats
+from nvrx import events, processes
+from nvrx.node_agent import rank_wire
 from nvrx.store.faults import FaultRecord, announce_leave, emit_fault
 
 from . import monitor_store, monitor_target
@@ -112,8 +113,8 @@ class _Monitor:
         if isinstance(early, BaseException):
             raise early  # launching the store it hosts failed
         self.board = ProgressBoard(cfg.board_path)
-        beats_path = rank_beats.socket_path()
-        self.sender = rank_beats.BeatSender(beats_path) if beats_path else None
+        beats_path = rank_wire.socket_path()
+        self.sender = rank_wire.BeatSender(beats_path) if beats_path else None
         # Beats through the store, or a store to host, need the link before the watch.
         beside = self.sender is not None and not cfg.host_store
         if not beside:  # now: beside the start of a store service launched by the boot
@@ -136,7 +137,7 @@ class _Monitor:
         self.round, self.place = -1, (-1, 0)  # the rank's round, its place there
         self._view: tuple[int, Any] | None = None  # (round, the store view of that round)
         self.soft_fired, self.next_hb = False, 0.0
-        self.child = rank_beats.child_of_supervisor()
+        self.child = rank_wire.child_of_supervisor()
         self.link = monitor_store.StoreLink(functools.partial(monitor_store.connect, cfg))
         (self.link.start if beside else self.link.make)()
         self.host = None if agents is None else agents.AgentLink(cfg, self.link.get)
@@ -226,17 +227,17 @@ class _Monitor:
         ``SupervisorGone`` when its socket is gone: it ended, or died."""
         if self.sender is not None and not self.sender.send(self._beat(*self.place)):
             if self.sender.listener_gone:  # else the monitor could wait for a link for minutes
-                raise rank_beats.SupervisorGone(f"no supervisor at {self.sender.path} any more")
+                raise rank_wire.SupervisorGone(f"no supervisor at {self.sender.path} any more")
 
     def _link_made(self) -> bool:
         """Whether the link is there, waited for (beating); False: failed, or supervisor gone."""
-        with contextlib.suppress(monitor_store.StoreUnavailable, rank_beats.SupervisorGone):
+        with contextlib.suppress(monitor_store.StoreUnavailable, rank_wire.SupervisorGone):
             self._round_store()
         return self.link.made
 
-    def _beat(self, rank: int, world_size: int, bye: bool = False) -> rank_beats.Beat:
+    def _beat(self, rank: int, world_size: int, bye: bool = False) -> rank_wire.Beat:
         cfg = self.cfg
-        return rank_beats.Beat(
+        return rank_wire.Beat(
             initial_rank=cfg.initial_rank,
             pid=cfg.target_pid,
             local_rank=self.child[0],
@@ -432,7 +433,7 @@ def _configure_and_watch(line: bytes | None, early: Any) -> int:
         monitor = _Monitor(cfg, early)
         return monitor.run()
     except BaseException as exc:
-        gone = isinstance(exc, rank_beats.SupervisorGone)  # said without a trace: no bug
+        gone = isinstance(exc, rank_wire.SupervisorGone)  # said without a trace: no bug
         log.error("monitor process failed: %r", exc, exc_info=not gone)
         if monitor is not None:  # an event, whatever the log level: the rank is unwatched now
             monitor.writer.emit("process_end", exit_code=1, reason=f"monitor failed: {exc!r}")

@@ -23,11 +23,16 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from nvrx import events, jobenv, rank_beats
+from nvrx import events, jobenv
 from nvrx.node_agent.host import HostConfig, agent_address
+from nvrx.node_agent.rank_wire import (
+    HostBarrierClient,
+    relay_address,
+    socket_path,
+    supervised_relay_address,
+)
 from nvrx.store import client as store_client
 from nvrx.store import seal
-from nvrx.store.host_barrier import HostBarrierClient, relay_address, supervised_relay_address
 
 from . import store as rstore
 from .logging import monitor_logfile_path
@@ -190,7 +195,7 @@ class RankServices:
         the node agent; None with a store factory of the user's (no agent connects to it)."""
         if self.store_address is None or self.monitor is None:
             return None
-        beats = rank_beats.socket_path()
+        beats = socket_path()
         if beats is not None:
             return supervised_relay_address(beats)
         config = dataclasses.replace(self.monitor.config, store_port=self.store_address[1])

@@ -5,12 +5,12 @@ supervisor starts it (``supervised``); in a Wrapper job without one, the first r
 monitor of a host that finds no agent starts it (``host``, ``nvrx.inprocess.agent_link``).
 Either way it
 
-* reads the beats of the node's rank monitors, in one loop (``nvrx.rank_beats``:
+* reads the beats of the node's rank monitors, in one loop (``nvrx.node_agent.rank_wire``:
   ``BeatLoop``, the beats as they come, a rank's silence at its deadline);
 * beats for its node in the ring of liveness and watches the next party's beat, reading
   the claims and fences (``nvrx.store.ring``);
 * meets the round protocol's barriers for the node's ranks: one arrival at the store for
-  all of them (``nvrx.store.host_barrier``);
+  all of them (``rank_wire``: ``BarrierRelay``);
 * runs no user code and imports no torch, so that training code cannot hang it.
 
 What differs is its duty, the ``BeatLoop``'s other half: who decides on a silent rank or

@@ -1,7 +1,7 @@
 """The node agent's duty in a Wrapper job without a supervisor: it decides for its host.
 
-The monitor processes of a host's ranks send their beats (``nvrx.rank_beats``) to
-one agent process of that host and job (``python -m nvrx.node_agent host FD``). It
+The monitor processes of a host's ranks send their beats (``nvrx.node_agent.rank_wire``)
+to one agent process of that host and job (``python -m nvrx.node_agent host FD``). It
 alone talks to the store about liveness, so the store's load grows with hosts,
 not ranks. The agent runs no user code: a rank that hangs cannot hang it.
 
@@ -12,7 +12,7 @@ ends, however it ends, so no file is left on any file system.
 The first monitor of the host whose beat finds no agent starts it, with its
 ``HostConfig`` (``nvrx.inprocess.agent_link``); one that died is started again the same
 way and takes the same place in the ring. Its loop reads the beats as every node agent
-does (``rank_beats.BeatLoop``); its duty (``nvrx.node_agent``) takes silent ranks and
+does (``rank_wire.BeatLoop``); its duty (``nvrx.node_agent``) takes silent ranks and
 hosts out itself and ticks from the loop every heartbeat period. At each tick it
 
 1. starts the host's barrier relay where it does not run yet (below);
@@ -35,7 +35,7 @@ ended or fell silent, or when a rank of the host beats for a later place, whose 
 the next beat then starts.
 
 It also meets the round protocol's barriers for its host's ranks, in a thread of its own
-(``nvrx.store.host_barrier``, ``start_relay``): one arrival and one wait at the store for
+(``rank_wire.BarrierRelay``, ``start_relay``): one arrival and one wait at the store for
 all of them.
 
 It ends when every rank of its host it knows of ended on purpose or was taken
@@ -69,14 +69,14 @@ from collections.abc import Callable
 from typing import Any
 
 from nvrx import events, jobenv, processes
-from nvrx.rank_beats import Beat, BeatLoop, BeatSocket, NewPids, Silence
 from nvrx.store import host_ring
 from nvrx.store.client import factory_store
 from nvrx.store.faults import FaultRecord, announce_leave
-from nvrx.store.host_barrier import BarrierRelay, relay_address
 from nvrx.store.host_ring import Thresholds, ended_ranks, live_ranks, register
 from nvrx.store.ring import RingPlace
 from nvrx.store.wire import StoreGone, WireStore
+
+from .rank_wire import BarrierRelay, Beat, BeatLoop, BeatSocket, NewPids, Silence, relay_address
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ def _server_gone(exc: BaseException) -> bool:
 
 
 def start_relay(cfg: HostConfig, host: str) -> BarrierRelay:
-    """The host's barrier relay (``nvrx.store.host_barrier``) for ``cfg``'s job. ``OSError``
+    """The host's barrier relay (``nvrx.node_agent.rank_wire``) for ``cfg``'s job. ``OSError``
     where another agent of this host still holds its address (the one this agent follows,
     ending: its ranks' arrivals go there until it is gone)."""
     relay = BarrierRelay(relay_address(agent_address(cfg, host)), lambda: connect_store(cfg))

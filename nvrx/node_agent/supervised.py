@@ -25,13 +25,13 @@ during a store failover) owns the store clients instead (nvrx's own,
   rank beats.
 
 The barriers: the node's Wrapper ranks arrive at the round protocol's barriers through this
-agent (``nvrx.store.host_barrier``: a ``BarrierRelay`` at the socket beside the beat
+agent (``nvrx.node_agent.rank_wire``: a ``BarrierRelay`` at the socket beside the beat
 socket), which arrives for them at the store at once.
 
 The rank beats: the Wrapper's monitor processes of the node beat to the socket the
-supervisor bound for them (``nvrx.rank_beats``, ``NVRX_RANK_BEATS``); the supervisor
+supervisor bound for them (``nvrx.node_agent.rank_wire``, ``NVRX_RANK_BEATS``); the supervisor
 passes its descriptor to this agent (``BEATS_FD``), which alone reads it, in the loop the
-node agent of a job without a supervisor runs (``rank_beats.BeatLoop``; its duty here is
+node agent of a job without a supervisor runs (``rank_wire.BeatLoop``; its duty here is
 ``NodeDuty``, which also beats for the node's slot in the ring; there it is
 ``nvrx.node_agent.host.NodeAgent``). The agent says which
 processes beat (they run the Wrapper) and which rank's monitor fell silent beyond its
@@ -59,10 +59,18 @@ from pathlib import Path
 from typing import Any
 
 from nvrx import jobenv
-from nvrx.rank_beats import Beat, BeatLoop, BeatSocket, NewPids, Silence
-from nvrx.store.host_barrier import BarrierRelay, supervised_relay_address
 from nvrx.store.ring import Counters, RingKeys, RingPlace
 from nvrx.store.wire import StoreGone, StoreTimeout, WireStore
+
+from .rank_wire import (
+    BarrierRelay,
+    Beat,
+    BeatLoop,
+    BeatSocket,
+    NewPids,
+    Silence,
+    supervised_relay_address,
+)
 
 #: A watch waits in chunks of this length so a wait never depends on the client's timeout.
 #: A day: the renewals add nothing that counts to the store's load, and a connection is never
@@ -358,7 +366,7 @@ def _log_to_stderr() -> None:
 
 
 def _start_relay(beats: BeatSocket, connect: Callable[[], Any]) -> BarrierRelay | None:
-    """The node's barrier relay (``nvrx.store.host_barrier``) at the path its ranks find
+    """The node's barrier relay (``nvrx.node_agent.rank_wire``) at the path its ranks find
     beside their beat socket, in the supervisor's private directory. A socket left there
     (by the agent this one replaces, even one that still runs) is replaced: the node's
     ranks send their arrivals here from now on. None (logged) where it cannot bind."""

@@ -743,7 +743,7 @@ def mark_completed(store: Any, on_forged: OnForged | None = None) -> None:
     barrier.signal(store, COMPLETED, _sealing(store, on_forged))
 
 
-# -- the barriers a host's agent arrives at for its ranks (``nvrx.store.host_barrier``) ----
+# -- the barriers a host's agent arrives at for its ranks (``nvrx.node_agent.rank_wire``) --
 #: Which: a generation's initial and termination barriers, a round's iteration barrier
 #: (``at`` is the generation or the round). The completion barrier is not among them: a
 #: fault interrupts it, and each rank's own arrival decides whether it completed.

@@ -8,9 +8,9 @@ process group (SIGKILL after the grace period if it still runs), and the
 restart policy decides as for any failure.
 
 The Wrapper's monitor processes beat to a socket the supervisor binds for them
-(``rank_beats``), not to the store (a beat costs the store nothing); the node's
-agent reads it (``nvrx.node_agent.supervised.NodeDuty``) in the loop it runs without
-a supervisor too (``rank_beats.BeatLoop``). When the agent tells of a rank whose monitor
+(``nvrx.node_agent.rank_wire``), not to the store (a beat costs the store nothing); the
+node's agent reads it (``nvrx.node_agent.supervised.NodeDuty``) in the loop it runs
+without a supervisor too (``rank_wire.BeatLoop``). When the agent tells of a rank whose monitor
 stayed silent beyond its ``heartbeat_timeout``, the supervisor has the agent take the
 rank out of its round (an ``unresponsive`` fault, as the node agent does for a rank
 without a supervisor) and kills it and its monitor.
@@ -28,7 +28,7 @@ from typing import Any
 
 from nvrx import jobenv, monitor_boot, processes
 from nvrx.events.failures import UNRESPONSIVE, UNRESPONSIVE_SIGNATURE, hang_signature
-from nvrx.rank_beats import Beat, BeatSocket
+from nvrx.node_agent.rank_wire import Beat, BeatSocket
 
 from .children import ExitStatus
 from .course import CourseTracker

@@ -1,4 +1,4 @@
-"""The round protocol's barriers met per host (``nvrx.store.host_barrier``), on a real store.
+"""The round protocol's barriers met per host (``nvrx.node_agent.rank_wire``), on a real store.
 
 A host's ranks arrive at their agent's relay, which arrives for all of them in one
 ``multi_set`` and one ``add`` and holds one wait on the release: what the store serves for
@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from nvrx.store import barrier, host_barrier, rounds
-from nvrx.store.host_barrier import BarrierRelay, HostBarrierClient, Meeting
+from nvrx.node_agent import rank_wire
+from nvrx.node_agent.rank_wire import BarrierRelay, HostBarrierClient, Meeting
+from nvrx.store import barrier, rounds
 from nvrx.store.seal import ENTRY, Sealer
 from nvrx.store.service import StoreService
 from nvrx.store.wire import WireStore
@@ -158,7 +159,7 @@ def _requests_of_one_host(port: int, ranks: int) -> dict[str, int]:
 
 
 def test_a_host_meets_a_barrier_with_the_same_requests_whatever_its_ranks(port, monkeypatch):
-    monkeypatch.setattr(host_barrier, "LINGER_S", 30.0)  # every rank comes: no thread start is late
+    monkeypatch.setattr(rank_wire, "LINGER_S", 30.0)  # every rank comes: no thread start is late
     two, sixteen = _requests_of_one_host(port, 2), _requests_of_one_host(port, 16)
     assert two == sixteen
     assert two["multi_set"] == 1 and two["wait"] == 1  # one arrival, one wait for the host
@@ -171,7 +172,7 @@ def test_a_barrier_of_a_round_does_not_wait_for_a_replacement_not_admitted_yet(p
     that beats."""
     from tests.support.waiting import wait_until
 
-    monkeypatch.setattr(host_barrier, "LINGER_S", 600.0)  # only the counts end a hold
+    monkeypatch.setattr(rank_wire, "LINGER_S", 600.0)  # only the counts end a hold
     counts: collections.Counter[str] = collections.Counter()
     relay = _relay(port, counts, 2)
     at = 700_000 + secrets.randbelow(10_000) * 100
@@ -204,7 +205,7 @@ def test_a_barrier_of_a_round_does_not_wait_for_a_replacement_not_admitted_yet(p
 
 
 def test_two_hosts_meet_one_barrier_each_through_its_relay(port, monkeypatch):
-    monkeypatch.setattr(host_barrier, "LINGER_S", 30.0)
+    monkeypatch.setattr(rank_wire, "LINGER_S", 30.0)
     counts: collections.Counter[str] = collections.Counter()
     relays = [_relay(port, counts, 3), _relay(port, counts, 3)]
     meeting, raised = Meeting("termination", 7, 6), [None] * 6
@@ -234,7 +235,7 @@ def test_ranks_without_an_agent_meet_at_the_store(port):
 
 
 def test_a_rank_whose_agent_does_not_answer_arrives_itself(port, monkeypatch):
-    monkeypatch.setattr(host_barrier, "ACK_S", 0.3)
+    monkeypatch.setattr(rank_wire, "ACK_S", 0.3)
     address = _address()
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as silent:
         silent.bind(address)  # bound, never read
@@ -250,7 +251,7 @@ def test_a_rank_whose_agent_ends_while_it_waits_is_released_at_the_store(port, m
     (without an agent) completes the barrier."""
     from tests.support.waiting import wait_until
 
-    monkeypatch.setattr(host_barrier, "RESEND_S", 3600.0 if end == "closes" else 0.2)
+    monkeypatch.setattr(rank_wire, "RESEND_S", 3600.0 if end == "closes" else 0.2)
     counts: collections.Counter[str] = collections.Counter()
     relay = _relay(port, counts, 1)
     meeting, at = Meeting("termination", 13 if end == "closes" else 17, 2), []
@@ -272,7 +273,7 @@ def test_a_rank_whose_agent_ends_while_it_waits_is_released_at_the_store(port, m
 def test_a_relay_that_waits_for_a_rank_that_does_not_come_goes_after_its_linger(port, monkeypatch):
     """The relay serves 3 ranks, 2 come (the third is outside the barrier): it arrives for
     the two once ``LINGER_S`` passed, in one arrival."""
-    monkeypatch.setattr(host_barrier, "LINGER_S", 2.0)
+    monkeypatch.setattr(rank_wire, "LINGER_S", 2.0)
     counts: collections.Counter[str] = collections.Counter()
     relay = _relay(port, counts, 3)
     try:
@@ -343,7 +344,7 @@ def test_with_the_jobs_secret_a_forged_group_entry_is_reported_by_a_rank(
     secret.write_text(new_secret())
     secret.chmod(0o600)
     monkeypatch.setenv(jobenv.JOB_SECRET_FILE, str(secret))
-    monkeypatch.setattr(host_barrier, "LINGER_S", 30.0)
+    monkeypatch.setattr(rank_wire, "LINGER_S", 30.0)
     name = rounds.termination_barrier(21)
     _client(port).append(f"{name}/group", f"{ENTRY}0,1:00{ENTRY}")
     counts: collections.Counter[str] = collections.Counter()
@@ -375,7 +376,7 @@ def test_a_relay_whose_kept_connection_broke_arrives_on_a_new_one(port, monkeypa
     """The connection the relay kept from its last barrier was closed (its store went away
     meanwhile, as a rank-hosted store does after each call): the next barrier is met on a
     new connection, not left to the ranks."""
-    monkeypatch.setattr(host_barrier, "LINGER_S", 30.0)
+    monkeypatch.setattr(rank_wire, "LINGER_S", 30.0)
     counts: collections.Counter[str] = collections.Counter()
     relay = _relay(port, counts, 2)
     try:
@@ -396,7 +397,7 @@ def test_a_relay_whose_connection_broke_after_it_took_the_closing_releases_on_a_
     """The kept connection breaks between the closing, which the relay's arrival took, and
     the release: the arrival, tried on a new connection, finds the closing its own and
     releases the barrier (not left to nobody until the ranks' deadline)."""
-    monkeypatch.setattr(host_barrier, "LINGER_S", 30.0)
+    monkeypatch.setattr(rank_wire, "LINGER_S", 30.0)
     counts: collections.Counter[str] = collections.Counter()
     armed = threading.Event()
 
@@ -424,7 +425,7 @@ def test_a_relay_whose_connection_broke_after_it_took_the_closing_releases_on_a_
 
 _KILLED_WHILE_CLOSING = """
 import os, signal, sys
-from nvrx.store.host_barrier import BarrierRelay
+from nvrx.node_agent.rank_wire import BarrierRelay
 from nvrx.store.wire import WireStore
 
 class KilledAtRelease(WireStore):
@@ -446,7 +447,7 @@ def test_ranks_whose_agent_was_killed_while_it_closed_their_barrier_close_it(por
     its arrival completed and is killed before it releases: its ranks, which heard no
     ``arrived``, arrive at the store themselves, and the first finds the closing held by a
     process of its host that ended: it closes the barrier, well before its timeout."""
-    monkeypatch.setattr(host_barrier, "ACK_S", 1.0)
+    monkeypatch.setattr(rank_wire, "ACK_S", 1.0)
     address, root = _address(), str(Path(__file__).parents[2])
     arrive_one = rounds.arrive_one
 
@@ -509,7 +510,7 @@ def test_an_arrival_tried_again_while_it_opened_a_generation_opens_it_once(port)
 def test_ranks_whose_relay_cannot_reach_the_store_meet_at_the_store_at_once(port, monkeypatch):
     """The relay fails to connect: it says so, and its ranks do not wait ``ACK_S`` (made far
     longer than this test's timeout) before they meet the barrier at the store."""
-    monkeypatch.setattr(host_barrier, "ACK_S", 3600.0)
+    monkeypatch.setattr(rank_wire, "ACK_S", 3600.0)
 
     def unreachable():
         raise ConnectionRefusedError("no store here")
@@ -528,8 +529,8 @@ def test_ranks_whose_relay_fails_while_they_wait_meet_at_the_store_at_once(port,
     """The relay arrived for both ranks (and released the barrier), then its wait fails: it
     says so, and the ranks find the release at the store (a resend would come only after
     this test's timeout)."""
-    monkeypatch.setattr(host_barrier, "RESEND_S", 3600.0)
-    monkeypatch.setattr(host_barrier, "LINGER_S", 30.0)
+    monkeypatch.setattr(rank_wire, "RESEND_S", 3600.0)
+    monkeypatch.setattr(rank_wire, "LINGER_S", 30.0)
 
     class WaitFails(Counting):
         def wait(self, *args, **kwargs):
@@ -552,7 +553,7 @@ def test_a_held_batch_goes_once_the_agent_serves_fewer_ranks(port, monkeypatch):
     than this test's timeout); that rank ends (the agent serves 2 now): they go at once."""
     from tests.support.waiting import wait_until
 
-    monkeypatch.setattr(host_barrier, "LINGER_S", 3600.0)
+    monkeypatch.setattr(rank_wire, "LINGER_S", 3600.0)
     counts: collections.Counter[str] = collections.Counter()
     relay = _relay(port, counts, 3)
     raised: list = []

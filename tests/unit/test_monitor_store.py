@@ -25,7 +25,7 @@ from nvrx.events import read_dir
 from nvrx.inprocess import monitor_store
 from nvrx.inprocess.monitor_process import ENTRY_POINT, PRESTART_ENTRY_POINT, MonitorConfig
 from nvrx.inprocess.progress_watchdog import FLAG_RELEASED, ProgressBoard
-from nvrx.rank_beats import BeatSocket
+from nvrx.node_agent.rank_wire import BeatSocket
 from nvrx.store import rounds
 from nvrx.store.wire import StoreGone
 from tests.support.waiting import wait_until
@@ -65,7 +65,7 @@ def test_the_monitor_program_and_the_package_import_no_torch():
     assert not _imports_torch("import nvrx.inprocess.monitor_main")
     assert not _imports_torch("import nvrx.inprocess.monitor_store, nvrx.store.faults")
     assert not _imports_torch(
-        "import nvrx.store.rounds, nvrx.store.wire, "
+        "import nvrx.store.rounds, nvrx.store.wire, nvrx.node_agent.rank_wire, "
         "nvrx.node_agent.__main__, nvrx.node_agent.supervised, nvrx.node_agent.host"
     )  # what the monitor and the node agent run on the store
     assert _imports_torch("from nvrx.inprocess import Wrapper")  # the Wrapper does

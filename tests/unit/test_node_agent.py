@@ -28,7 +28,7 @@ from nvrx.inprocess import store as rstore
 from nvrx.inprocess.monitor_process import MonitorConfig
 from nvrx.node_agent import host as node_agent
 from nvrx.node_agent.host import HostConfig
-from nvrx.rank_beats import Beat, BeatSender, BeatSocket
+from nvrx.node_agent.rank_wire import Beat, BeatSender, BeatSocket
 from nvrx.store import barrier, client, host_ring, keys, ring, rounds
 from nvrx.store.host_ring import ENTRIES, RING, list_ended, list_rank, live_ranks, register
 from nvrx.store.wire import WireStore

@@ -761,8 +761,8 @@ def test_a_frozen_store_does_not_hold_the_ranks_beats(tmp_path: Path) -> None:
     and told as they come: the beat loop does not wait for the store."""
     import time
 
+    from nvrx.node_agent.rank_wire import Beat, BeatSender, BeatSocket
     from nvrx.node_agent.supervised import NodeDuty
-    from nvrx.rank_beats import Beat, BeatSender, BeatSocket
 
     frozen, sent = _Frozen(), []
     sock = BeatSocket(str(tmp_path / "beats.sock"))

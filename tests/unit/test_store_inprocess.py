@@ -99,7 +99,7 @@ def test_barrier_timeout_chunk_lets_signal_handlers_run(base):
 def test_a_barrier_met_at_the_store_times_out_naming_the_whole_wait(base):
     """Without an agent (or once it gave up) the rank waits at the store for the time it has
     left: the timeout still names the wait the caller asked for."""
-    from nvrx.store.host_barrier import HostBarrierClient, Meeting
+    from nvrx.node_agent.rank_wire import HostBarrierClient, Meeting
 
     with pytest.raises(rstore.BarrierTimeout) as info:
         HostBarrierClient(None).meet(base, Meeting("termination", 21, 2), 0, 0.3)

@@ -1,5 +1,7 @@
-"""Heartbeats of a node's Wrapper ranks to their supervisor (``nvrx.rank_beats``,
-``RankBeats``): the wire, and who is declared silent when."""
+"""The beats' half of the wire between a node's ranks and its node agent
+(``nvrx.node_agent.rank_wire``: ``Beat``, ``RankBeats``, ``BeatLoop``): a beat on the
+socket, and who is declared silent when, under a supervisor too. Its barriers' half:
+``tests/multiproc/test_host_barrier.py``."""
 
 from __future__ import annotations
 
@@ -17,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from nvrx.node_agent.supervised import NodeDuty
-from nvrx.rank_beats import (
+from nvrx.node_agent.rank_wire import (
+    BarrierRelay,
     Beat,
     BeatLoop,
     BeatSender,
@@ -28,7 +30,7 @@ from nvrx.rank_beats import (
     Silence,
     child_of_supervisor,
 )
-from nvrx.store.host_barrier import BarrierRelay
+from nvrx.node_agent.supervised import NodeDuty
 from nvrx.supervisor.config import SupervisorConfig, local_job
 from nvrx.supervisor.course import Course, CourseTracker
 from nvrx.supervisor.hang_watch import HangWatch
