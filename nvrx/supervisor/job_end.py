@@ -185,7 +185,8 @@ class JobEnd:
         if self.messages.all_ended:
             return True
         if remaining <= 0:
-            if control.signalled is None:
+            self.read_stop()  # a stop still on its way says why the job ends, not their lateness
+            if control.signalled is None and self.stop_request is None:
                 self._give_up_waiting()
             return True
         wait = remaining if wake is None else min(remaining, max(0.0, wake - time.monotonic()))
@@ -227,12 +228,13 @@ class JobEnd:
         stopped already. The chain may hold this node's own request (a stop with exit 0: a
         rank asked to shut the workload down): nobody else stopped it, its reason stands."""
         control = self.control
-        if request.node == self.store.config.node_rank:
+        if request.node == self.store.config.node_rank or self.stop_request is not None:
             return
         if control.exit_code == ExitCode.OK:
             self.stop_request, control.exit_code = request, request.exit_code
             control.stop_reason = f"node {request.node} stopped the job: {request.reason}"
-            control.emit("job_stop", reason=control.stop_reason, exit_code=int(request.exit_code))
+            if not self.course.stopping:  # a node that stopped recorded its stop then
+                control.emit("job_stop", reason=control.stop_reason, exit_code=int(request.exit_code))
 
     def read_stop(self) -> None:
         """(The store host, its wait over, or a warning to decide on) read the stop flag once:

@@ -45,6 +45,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,15 @@ MAX_TIME_LIMIT_REQUEUES_ENV = jobenv.MAX_TIME_LIMIT_REQUEUES
 #: itself (a node failure, ``scontrol requeue`` by hand: no warning of nvrx's) whose cause is
 #: unknown does not count: only those nvrx made after a warning of unknown cause do.
 CAPPED_CAUSES = ("time_limit", "unknown")
+
+
+@dataclass(frozen=True)
+class _Ends:
+    """What may end the decider's wait or decide its decision instead of a requeue (``act``)."""
+
+    stopped: Callable[[], int | None]
+    finished: Callable[[], bool] | None
+    stopped_for_good: Callable[[], tuple[str, int] | None]
 
 
 def capped_requeues(entries: list[dict[str, Any]]) -> int:
@@ -300,6 +310,7 @@ class PreemptionHandler:
         running: Callable[[], Iterable[int]] | None = None,
         stopped: Callable[[], int | None] | None = None,
         finished: Callable[[], bool] | None = None,
+        stopped_for_good: Callable[[], tuple[str, int] | None] | None = None,
     ) -> WarningOutcome:
         """Handle a pending warning: flag, stop the children, requeue from the decider.
 
@@ -312,6 +323,8 @@ class PreemptionHandler:
         elsewhere the decider's word is awaited all the same, the signal's code taken where
         none comes. ``finished()`` (the decider, once every node is done): whether training
         had ended on every node without the warning: then no requeue, and exit code 0.
+        ``stopped_for_good()`` (the decider, as it decides): the reason and exit code of a
+        stop for good that another node wrote meanwhile, read then: no requeue, its code.
         Blocks for the window, the stop, and elsewhere the decision (bounded). Idempotent:
         a second call returns the first decision.
         """
@@ -341,7 +354,8 @@ class PreemptionHandler:
         write_flag(self._done_path(self.node_rank), {"wall": time.time()})
         stopped = stopped or (lambda: None)
         if (self.node_rank == 0) if decider is None else decider:
-            decision = self._decide_for_all(cause, deadline, running, stopped, finished)
+            ends = _Ends(stopped, finished, stopped_for_good or (lambda: None))
+            decision = self._decide_for_all(cause, deadline, running, ends)
         else:
             decision = self._await_decision(cause, deadline + 15.0, stopped)
         self._decision = decision
@@ -368,16 +382,19 @@ class PreemptionHandler:
         cause: str,
         deadline: float,
         running: Callable[[], Iterable[int]] | None,
-        stopped: Callable[[], int | None],
-        finished: Callable[[], bool] | None,
+        ends: _Ends,
     ) -> WarningOutcome:
         """(The decider) wait for the nodes still in the job until ``deadline`` (wall), decide,
         and write the decision the other nodes read."""
-        self._wait_for(lambda: self._all_done(running) or stopped() is not None, deadline)
-        signum = stopped()
+        self._wait_for(lambda: self._all_done(running) or ends.stopped() is not None, deadline)
+        signum = ends.stopped()
+        stop = None if signum is not None else ends.stopped_for_good()
         if signum is not None:
             decision = self._stopped(cause, signum)
-        elif finished is not None and finished():
+        elif stop is not None:
+            reason, exit_code = stop
+            decision = WarningOutcome(cause, False, exit_code, f"not requeued: {reason}", self.ledger.count())
+        elif ends.finished is not None and ends.finished():
             decision = self._ended_before(cause)
         else:
             decision = self._decide(cause)

@@ -553,6 +553,7 @@ class Supervisor:
             running=None if roles is None else roles.running_slots,
             stopped=self._stop_signal,
             finished=finished,
+            stopped_for_good=self._stopped_for_good,
         )
         if not self.course.stopping:
             self.request_stop(decision.reason, decision.exit_code, broadcast=False)
@@ -573,6 +574,24 @@ class Supervisor:
             return False
         clean = not self.course.stopping and self.exit_code == ExitCode.OK
         return self._handle_preemption(finished=self._every_node_ended if clean else None)
+
+    def _stopped_for_good(self) -> tuple[str, int] | None:
+        """(The store host, deciding on a warning) a stop for good another node wrote, read
+        from the store now, for its watch event may not have come yet: its reason and exit
+        code; None where there is none (a requeue would run a job stopped for good again)."""
+        link, flag = self.store.link, self.store.stop
+        if link is None or link.lost is not None or flag is None:
+            return None
+        try:
+            request = flag.read(link, ExitCode.INTERNAL)
+        except StoreLinkError as exc:
+            log.warning("could not read whether another node stopped the job: %s", exc)
+            return None
+        if request is None or request.node == self.config.node_rank:
+            return None
+        if request.exit_code not in FINAL_EXITS:
+            return None
+        return f"node {request.node} stopped the job: {request.reason}", request.exit_code
 
     def _decline_warning(self) -> None:
         """(The store host, the job stopping for good) no requeue for a warning; the nodes that

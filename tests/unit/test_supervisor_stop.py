@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -323,10 +324,11 @@ class _EndedRoles(_Roles):
         pass
 
 
-def _store_host_of_two(tmp_path: Path, link: _StoppedLink) -> Supervisor:
-    """The store host of a job of two nodes, its link ``link``, the job's stop flag known."""
+def _store_host_of_two(tmp_path: Path, link: _StoppedLink, **options: Any) -> Supervisor:
+    """The store host of a job of two nodes, its link ``link``, the job's stop flag known
+    (``options``: more of its ``SupervisorConfig``)."""
     job = local_job(nnodes=2, nproc_per_node=1, log_dir=str(tmp_path))
-    sup = Supervisor(SupervisorConfig(command=["train"], job=job, grace_period=1.0))
+    sup = Supervisor(SupervisorConfig(command=["train"], job=job, grace_period=1.0, **options))
     sup.store.service, sup.store.roles = object(), _EndedRoles(True)  # type: ignore[assignment]
     sup.store.stop = StopFlag(b"s" * 32, 0)
     sup.store.link = link  # type: ignore[assignment]
@@ -334,9 +336,10 @@ def _store_host_of_two(tmp_path: Path, link: _StoppedLink) -> Supervisor:
     return sup
 
 
-def _finish_once_every_slot_ended(sup: Supervisor, link: _StoppedLink) -> None:
-    """The end of the store host's run, the other slots' end (all ended) told already."""
-    sup.job_end.messages.all_ended = True
+def _finish_once_every_slot_ended(sup: Supervisor, link: _StoppedLink, ended: bool = True) -> None:
+    """The end of the store host's run, the other slots' end (all ended) told already (not
+    told, where not ``ended``)."""
+    sup.job_end.messages.all_ended = ended
     sup.signals = SignalPipe((*STOP_SIGNALS, *FORWARD_SIGNALS, signal.SIGCHLD)).install()
     try:
         sup.job_end.finish()
@@ -404,3 +407,86 @@ def test_the_store_hosts_own_stop_with_exit_0_keeps_its_reason_after_the_wait(
     _finish_once_every_slot_ended(sup, link)
     assert (sup.exit_code, sup.stop_reason) == (ExitCode.OK, reason)
     assert sup.job_end.stop_request is None
+
+
+def _stop_of_node_1(sup: Supervisor, link: _StoppedLink, code: ExitCode, reason: str) -> StopRequest:
+    """Node 1's stop with ``code``, written into the store behind ``link``."""
+    assert sup.store.stop is not None
+    key, request = StopFlag.key(1), StopRequest(reason, int(code), 1)
+    link.values[key] = sup.store.stop.sealer.seal(key, request.encode())
+    return request
+
+
+def _job_stops(events_dir: Path) -> list[tuple[str, int]]:
+    events, _ = read_dir(events_dir)
+    return [(e["reason"], e["exit_code"]) for e in events if e["kind"] == "job_stop"]
+
+
+@pytest.mark.parametrize("taken", ["while-training", "while-finishing"])
+def test_another_nodes_stop_taken_before_the_store_hosts_last_read_is_recorded_once(
+    tmp_path: Path, taken: str
+) -> None:
+    """Node 1's rank asked to shut the workload down (exit 0): the store host took that stop
+    from its watch, while its children trained or while it waited for the others, and
+    recorded it then; read again from the chain after its wait, it is not recorded twice
+    (an exit-0 stop leaves the exit code at 0, which let each read take it anew)."""
+    link = _StoppedLink({})
+    sup = _store_host_of_two(tmp_path, link)
+    sup.writer = EventWriter(tmp_path / "events", "supervisor")
+    request = _stop_of_node_1(sup, link, ExitCode.OK, "rank 1 asked to shut the workload down: done")
+    if taken == "while-training":
+        sup._stopped_by(request)
+    else:
+        sup.course.to(Course.FINISHING)  # what ``run`` does once its children ended
+        key = StopFlag.key(1)
+        sup.job_end._on_control_value({"event": "value", "key": key, "value": link.values[key]})
+    _finish_once_every_slot_ended(sup, link)
+    reason = f"node 1 stopped the job: {request.reason}"
+    assert (sup.exit_code, _job_stops(tmp_path / "events")) == (ExitCode.OK, [(reason, 0)])
+
+
+def test_a_stop_on_its_way_when_the_finish_timeout_runs_out_is_the_jobs_end(tmp_path: Path) -> None:
+    """Node 1 stopped the job for good (13) and still ends when the store host's
+    ``--finish-timeout`` runs out, the stop not yet brought by the watch: the host reads it
+    then and ends with 13 for node 1's reason, not with 6 for the others' lateness."""
+    link = _StoppedLink({})
+    sup = _store_host_of_two(tmp_path, link, finish_timeout=0.01)
+    sup.writer = EventWriter(tmp_path / "events", "supervisor")
+    request = _stop_of_node_1(sup, link, ExitCode.AFTER_COMPLETION, "rank 1 failed")
+    sup.course.to(Course.FINISHING)
+    _finish_once_every_slot_ended(sup, link, ended=False)
+    reason = f"node 1 stopped the job: {request.reason}"
+    assert (sup.exit_code, sup.stop_reason) == (ExitCode.AFTER_COMPLETION, reason)
+    assert _job_stops(tmp_path / "events") == [(reason, int(ExitCode.AFTER_COMPLETION))]
+
+
+@pytest.mark.parametrize("code", [ExitCode.OK, ExitCode.NON_RETRYABLE], ids=lambda c: c.name)
+def test_a_warning_decided_while_another_nodes_stop_for_good_is_on_its_way_requeues_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: ExitCode
+) -> None:
+    """The store host trains on; node 1 stopped the job for good, its stop in the store but
+    not yet brought by the watch, when SLURM's warning comes: the host reads the stop as it
+    decides and requeues nothing, with the stop's exit code (before: ``scontrol requeue``
+    and exit 75, a job stopped for good run again)."""
+    requeued: list[str] = []
+    monkeypatch.setattr(preemption.commands, "requeue", lambda job, **kw: requeued.append(job))
+    sup, _ = _supervisor(tmp_path, 1)
+    sup.preemption = PreemptionHandler(
+        sup.config.events_dir, 0, 1, job_id="123", slurm=True, preempt_window_s=2.0, export_env=False
+    )
+    monkeypatch.setattr(sup.preemption, "_job_info", lambda: None)
+    sup.store.service = object()  # the store host: the one that would requeue
+    sup.store.stop = StopFlag(b"s" * 32, 0)
+    link = _StoppedLink({})
+    sup.store.link = link  # type: ignore[assignment]
+    request = _stop_of_node_1(sup, link, code, "a rank failed for good")
+    try:
+        sup.preemption.on_signal(signal.SIGUSR2)
+        assert sup._handle_preemption()
+    finally:
+        link.close()
+    assert (requeued, sup.exit_code) == ([], code)
+    written = json.loads(sup.preemption._decision_path().read_text())
+    assert (written["requeued"], written["exit_code"]) == (False, code)
+    assert written["reason"] == f"not requeued: node 1 stopped the job: {request.reason}"
+
