@@ -284,6 +284,9 @@ KINDS: dict[str, dict[str, str]] = {
         "successor": "slot of the supervisor that hosts the new store",
         "lost_slot": "slot of the lost store host",
         "duration_s": "seconds from this supervisor seeing the store lost to the new store serving it",
+        "store_held": "the successor: whether its new store was the one it kept ready while "
+        "the job ran (torch imported, bound at once), not one started at the failover; "
+        "null on the other survivors",
     },
     "signal_received": {"signal": "signal name", "action": "what the receiver does about it"},
     "job_stop": {"reason": "why the job stops", "exit_code": "exit code the supervisor returns"},

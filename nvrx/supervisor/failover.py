@@ -25,7 +25,8 @@ nothing to do.
 What takes seconds is ready before it is needed: while the job runs, each
 supervisor keeps a node agent started that has no address yet, and the slot next in line (the lowest one
 but the store host's and those known lost) keeps a store service held before it binds
-(``Failover.prepare``). When the store is lost, the held service is let go
+(``Failover.prepare``); when that slot is declared lost, the one next in line now is told
+(``NodeRoles.next_in_line``, ``node_keys.hold_store``) and keeps one in its place. When the store is lost, the held service is let go
 (stopped again if the election names another slot) and standbys for the
 node's ranks start (``standby``) while the children stop and the survivors
 elect; whatever was not kept ready starts then.
@@ -45,7 +46,7 @@ from nvrx.slurm import commands
 from nvrx.store import snapshot
 from nvrx.store.service import StoreService
 
-from . import node_requeue, store_failover
+from . import node_keys, node_requeue, store_failover
 from .children import stop_children
 from .config import ALL_ENDED_KEY
 from .course import Course, CourseTracker
@@ -94,6 +95,9 @@ class Failover:
         self._unelected: frozenset[int] | None = None
         #: This slot found its own end in the lost store's snapshot: it stood in no election.
         self._fenced_off = False
+        #: (The successor) its new store was the one held ready (``prepare``), not one started
+        #: at the failover.
+        self._held_used = False
 
     @property
     def _roles(self) -> NodeRoles:
@@ -283,6 +287,7 @@ class Failover:
             successor=address.slot,
             lost_slot=store.lost_slot,
             duration_s=round(time.monotonic() - t0, 3),
+            store_held=self._held_used if address.slot == self._roles.slot else None,
         )
         if loss is not None and loss.action == "stop":
             control.request_stop(loss.reason, ExitCode.NODE_LOST, broadcast=True)
@@ -302,14 +307,10 @@ class Failover:
     def _next_in_line(self, kept: snapshot.KeptKeys | None = None) -> bool:
         """Whether this slot would host the next store: the lowest slot but the store host's
         and the slots known lost (``_known_lost``, as ``kept``, the lost store's snapshot,
-        or else the store shows them), which no election names. Only this slot and the
-        ones below it are looked at, up to the first that is not known lost."""
-        store, slot = self.store, self._roles.slot
-        passed = {store.slot, store.lost_slot}
-        for lower in range(slot + 1):
-            if lower not in passed and not self._roles.ended(lower, kept):
-                return lower == slot
-        return False
+        or else the store shows them), which no election names."""
+        store = self.store
+        passed = frozenset({store.slot, store.lost_slot})
+        return self._roles.next_in_line(kept, passed) == self._roles.slot
 
     def _known_lost(self, kept: snapshot.KeptKeys) -> set[int]:
         """The slots known lost: the host lost at the failover before (its successor declared
@@ -329,12 +330,35 @@ class Failover:
         """While the job runs, keep ready what a failover would wait for first: a node
         agent started and, on the slot next in line, a store service (torch imported)
         held before it binds. Only where a failover can happen (node liveness on, 3 slots
-        or more, this slot not the store host) and warm standbys are on."""
+        or more, this slot not the store host) and warm standbys are on. The slot watches
+        its ``hold_store`` chain: a slot found next in line once the one before it was
+        declared lost is told so there (``NodeRoles.next_in_line``)."""
+        if not (self._can_fail_over() and self._roles.keeps_store_ready):
+            return
+        try:
+            self._roles.watch_chain(node_keys.hold_store(self._roles.slot))
+        except StoreLinkError as exc:
+            log.warning("cannot watch whether this slot is to keep a store ready: %s", exc)
+        self._keep_ready()
+
+    def on_message(self, message: dict) -> bool:
+        """A value of this slot's ``hold_store`` chain: the slot next in line to host the
+        store was declared lost, and this one is next now: it keeps a store ready. False
+        for any other message."""
+        roles, key = self.store.roles, message.get("key")
+        if roles is None or roles.watched_base(key) != node_keys.hold_store(roles.slot):
+            return False
+        seen = roles.on_chain_value(key, str(message.get("value", "")))
+        ready = self._can_fail_over() and not self.course.stopping
+        if seen is not None and seen[1].payload is not None and ready:
+            log.info("slot %s, next in line to host the store, was lost: this slot keeps a "
+                     "store ready in its place", seen[1].payload)  # fmt: skip
+            self._keep_ready()
+        return True
+
+    def _keep_ready(self) -> None:
+        """Start what ``prepare`` keeps ready and does not run yet."""
         cfg = self.store.config
-        if not (self._can_fail_over() and self._roles.enabled):
-            return
-        if cfg.nnodes < 3 or not cfg.warm_standby:
-            return
         if self._prepared_link is None or not self._prepared_link.running:
             try:
                 self._prepared_link = StoreLink(None, None, cfg.store_timeout, self.store.beats_fd).launch()
@@ -565,6 +589,7 @@ class Failover:
         restored, and claim the epoch for it; None when that failed or another slot's
         store claimed the epoch first."""
         service, self._ahead_service = self._ahead_service, None
+        self._held_used = service is not None and service.held
         try:
             if service is None:
                 service = self._successor_store(self.store.epoch).launch()

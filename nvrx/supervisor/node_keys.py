@@ -54,6 +54,13 @@ def spare_taken(slot: int) -> str:
     return f"{PREFIX}spare_taken/{slot}"
 
 
+def hold_store(slot: int) -> str:
+    """Sealed chain for ``slot``: the lost slot that was next in line to host the job's store,
+    written by the supervisor that declared it lost, when ``slot`` is next in line in its
+    place; ``slot`` watches it and keeps a store ready from then on (``Failover.prepare``)."""
+    return f"{PREFIX}hold_store/{slot}"
+
+
 def assign(slot: int) -> str:
     """Sealed chain for spare ``slot``: JSON with the node rank it takes over and the lost
     slot, written by the supervisor that took the spare; the spare watches it."""

@@ -101,6 +101,12 @@ class NodeRoles:
         """Liveness only matters when there is another node to notice a loss."""
         return self.cfg.nnodes > 1 and self.cfg.node_liveness
 
+    @property
+    def keeps_store_ready(self) -> bool:
+        """Whether the slot next in line to host the job's store keeps one ready
+        (``Failover.prepare``): with node liveness, 3 slots or more and warm standbys."""
+        return self.enabled and self.cfg.nnodes >= 3 and self.cfg.warm_standby
+
     def start(self) -> None:
         """Publish this slot, start beating and watching; a spare also waits for an assignment."""
         if not self.enabled:
@@ -133,6 +139,11 @@ class NodeRoles:
         """Wait on the sealed chain at ``base`` (``on_chain_value`` tells what it holds)."""
         chain = self._watched[base] = self._chain(base)
         chain.watch(self.link)
+
+    def watched_base(self, key: object) -> str | None:
+        """The base of the watched chain that owns ``key``; None for other keys."""
+        found = self._chain_of(key)
+        return None if found is None else found[0]
 
     def _chain_of(self, key: object) -> tuple[str, SealedChain] | None:
         """The base and chain of a watched chain that owns ``key``; None for other keys."""
@@ -213,6 +224,7 @@ class NodeRoles:
         if ranks:
             message = f"node rank {node_rank} (slot {slot}, {host}) lost: {loss.reason}"
             self.link.leave_ranks(list(ranks), self.cfg.world_size, message, gone=loss.action != "spare")
+        self._hand_on_held_store(slot)
         return replace(
             loss, ranks=ranks, slurm_node=info.get("slurm_node"),
             silent_s=report.get("silent_s"), last_seen_wall=report.get("last_seen_wall"),
@@ -271,6 +283,25 @@ class NodeRoles:
             ranks=[] if node_rank is None else self._ranks(node_rank),
         )
         log.warning("slot %d (%s) lost with the job's store: the job cannot go on", slot, host)
+
+    def next_in_line(self, kept: KeptKeys | None = None, passed: frozenset[int] = frozenset()) -> int | None:
+        """The slot that would host the next store: the lowest but the store host's, those in
+        ``passed`` and those ended (they left, or were declared lost) in ``kept`` (the lost
+        store's snapshot) or else the store; None when every slot is one of those."""
+        for slot in range(self.cfg.nnodes):
+            if slot != self.store_slot and slot not in passed and not self.ended(slot, kept):
+                return slot
+        return None
+
+    def _hand_on_held_store(self, lost: int) -> None:
+        """``lost`` just ended (declared lost): where it was next in line to host the store,
+        the slot next in line now is told to keep a store ready in its place (its
+        ``hold_store`` chain); without that it would hold none until the next failover."""
+        if not self.keeps_store_ready or lost == self.store_slot:
+            return
+        successor = self.next_in_line()
+        if successor is not None and lost < successor:
+            self._chain(node_keys.hold_store(successor)).write(self.link, str(lost))
 
     def _decide(self, slot: int, host: str | None, node_rank: int | None, fresh: bool) -> Loss:
         if node_rank is None:

@@ -412,7 +412,9 @@ class Supervisor:
         for message in messages:
             if self.store.link is not link or self.store.relinks != relinks:
                 return  # failed over: what else came through the old link is void
-            if self.messages.on_message(message) or self.job_restart.on_message(message):
+            if self.failover.on_message(message) or self.messages.on_message(message):
+                continue
+            if self.job_restart.on_message(message):
                 continue
             if self.hang_watch.on_message(message):
                 continue

@@ -109,6 +109,26 @@ def test_taking_a_slot_out_changes_the_store_and_records_nothing_until_told(link
             for e in events] == [("node_lost", 1, 1, "stop", [2, 3], 5.0)]  # fmt: skip
 
 
+@pytest.mark.parametrize("warm", [True, False], ids=["warm-standbys", "no-warm-standbys"])
+def test_the_slot_next_in_line_for_the_store_is_told_when_the_one_before_it_is_lost(
+    link: StoreLink, warm: bool
+) -> None:
+    """5 slots, slot 0 hosts the store, slot 1 is next in line to host the next one (it keeps
+    a store ready). Slot 3's loss changes nothing there and tells nobody; slot 1's makes
+    slot 2 next in line, which its ``hold_store`` chain tells (naming slot 1), so that it
+    keeps a store ready in slot 1's place (before, none did until the next failover).
+    Without warm standbys nobody keeps a store ready, and nobody is told."""
+    events: list[dict[str, Any]] = []
+    roles = _roles(link, events, nnodes=5, min_nodes=1, warm_standby=warm)
+    told = lambda: [SealedChain(node_keys.hold_store(s), SEALER).read(link) for s in range(5)]  # noqa: E731
+    assert roles.next_in_line() == 1
+    assert roles.declare(_lost(3)) is not None
+    assert told() == [None] * 5 and roles.next_in_line() == 1
+    assert roles.declare(_lost(1)) is not None
+    assert roles.next_in_line() == 2
+    assert told() == ([None, None, "1", None, None] if warm else [None] * 5)
+
+
 class _Counting:
     """A store client that counts its requests."""
 

@@ -284,6 +284,19 @@ def test_a_job_that_shrank_then_loses_the_store_host_goes_on_smaller_still(
     ), report.to_text()
 
 
+def _keeps_a_store_ready(supervisor_pid: int) -> bool:
+    """Whether the supervisor keeps a store service held before it binds (``--held``)."""
+    try:
+        children = psutil.Process(supervisor_pid).children()
+    except psutil.NoSuchProcess:
+        return False
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            if "nvrx.store.service" in child.cmdline() and "--held" in child.cmdline():
+                return True
+    return False
+
+
 def _five_nodes_losing_two(tmp_path: Path, steps: int, *options: str) -> Job:
     """The demo on 5 nodes x 1 rank, ``--min-nodes 3``, for a test that loses two store
     hosts one after the other (``options``: the node timeout, spares)."""
@@ -477,7 +490,7 @@ def test_a_slot_declared_lost_while_it_stalled_never_hosts_the_next_store(tmp_pa
     lowest slot, and every survivor elected it: a node the job had given up hosted its
     store), and the job completes at world size 3."""
     steps = 200  # long enough to outlast the stalls and the failover
-    job = _five_nodes_losing_two(tmp_path, steps, "--node-timeout", "10")
+    job = _five_nodes_losing_two(tmp_path, steps, "--node-timeout", "10", "--warm-standby")
     frozen: list[psutil.Process] = []
     killed: list[psutil.Process] = []
     try:
@@ -493,6 +506,12 @@ def test_a_slot_declared_lost_while_it_stalled_never_hosts_the_next_store(tmp_pa
             "slot 1 declared lost and its end in the store's snapshot",
             lambda: _snapshots_knowing_the_end_of(job, 1),
             120,
+            state=job.output,
+        )
+        wait_until(
+            "slot 2, next in line now, to keep a store ready in slot 1's place",
+            lambda: _keeps_a_store_ready(job.procs[2].pid),
+            60,
             state=job.output,
         )
         others = [p for slot in (2, 3, 4) for p in _freeze(job.procs[slot].pid)]
@@ -518,6 +537,8 @@ def test_a_slot_declared_lost_while_it_stalled_never_hosts_the_next_store(tmp_pa
     output = job.output()
     moves = {(e["node"], e["epoch"], e["successor"]) for e in job.events("store_failover")}
     assert not announced and moves == {(2, 1, 2), (3, 1, 2), (4, 1, 2)}, output
+    held = {e["node"]: e["store_held"] for e in job.events("store_failover")}
+    assert held == {2: True, 3: None, 4: None}, output  # slot 2 served the store it kept ready
     assert codes[1] == ExitCode.FENCED, output
     assert codes[2:] == [0, 0, 0], output
     assert f"finished {steps} steps at world size 3" in output, output

@@ -7,6 +7,7 @@ a real job directory, so the decision is checked on any machine."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -53,14 +54,15 @@ class _Survivor:
         self.requeued: list[tuple[list[str | None], bool]] = []
         self.fenced: list[bool] = []  # ``NodeMessages.fenced`` called
         self.hosted: list[int] = []  # the slots whose store a stand-in started (where one does)
-        roles = SimpleNamespace(
-            enabled=True, slot=slot, ended=_ended(nnodes, slot),
-            record_lost_unreplaced=self._record,
-        )  # fmt: skip
         config = SimpleNamespace(
             nnodes=nnodes, node_timeout=3.0, store_timeout=0.2, events_dir=job_dir,
             store_host="node1", store_port=1,
         )  # fmt: skip
+        roles = SimpleNamespace(
+            enabled=True, slot=slot, ended=_ended(nnodes, slot), cfg=config, store_slot=store_slot,
+            record_lost_unreplaced=self._record,
+        )  # fmt: skip
+        roles.next_in_line = functools.partial(NodeRoles.next_in_line, roles)  # the real rule
         self.store = SimpleNamespace(
             config=config, service=None, roles=roles, slot=store_slot, epoch=EPOCH, lost_slot=store_slot
         )
