@@ -348,7 +348,11 @@ class Failover:
         roles, key = self.store.roles, message.get("key")
         if roles is None or roles.watched_base(key) != node_keys.hold_store(roles.slot):
             return False
-        seen = roles.on_chain_value(key, str(message.get("value", "")))
+        try:
+            seen = roles.on_chain_value(key, str(message.get("value", "")))
+        except StoreLinkError as exc:  # a rejected value is watched past: the store's loss follows
+            log.warning("could not watch on whether this slot is to keep a store ready: %s", exc)
+            return True
         ready = self._can_fail_over() and not self.course.stopping
         if seen is not None and seen[1].payload is not None and ready:
             log.info("slot %s, next in line to host the store, was lost: this slot keeps a "

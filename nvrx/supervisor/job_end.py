@@ -185,8 +185,9 @@ class JobEnd:
         if self.messages.all_ended:
             return True
         if remaining <= 0:
-            self.read_stop()  # a stop still on its way says why the job ends, not their lateness
-            if control.signalled is None and self.stop_request is None:
+            self.read_stop()  # another node's failure, taken or on its way, says why the job ends
+            failed = self.stop_request is not None and self.stop_request.exit_code != ExitCode.OK
+            if control.signalled is None and not failed:
                 self._give_up_waiting()
             return True
         wait = remaining if wake is None else min(remaining, max(0.0, wake - time.monotonic()))
@@ -231,10 +232,12 @@ class JobEnd:
         if request.node == self.store.config.node_rank or self.stop_request is not None:
             return
         if control.exit_code == ExitCode.OK:
+            reason = f"node {request.node} stopped the job: {request.reason}"
+            recorded = self.course.stopping and control.stop_reason == reason  # taken as it trained
             self.stop_request, control.exit_code = request, request.exit_code
-            control.stop_reason = f"node {request.node} stopped the job: {request.reason}"
-            if not self.course.stopping:  # a node that stopped recorded its stop then
-                control.emit("job_stop", reason=control.stop_reason, exit_code=int(request.exit_code))
+            control.stop_reason = reason
+            if not recorded:
+                control.emit("job_stop", reason=reason, exit_code=int(request.exit_code))
 
     def read_stop(self) -> None:
         """(The store host, its wait over, or a warning to decide on) read the stop flag once:

@@ -224,7 +224,8 @@ class NodeRoles:
         if ranks:
             message = f"node rank {node_rank} (slot {slot}, {host}) lost: {loss.reason}"
             self.link.leave_ranks(list(ranks), self.cfg.world_size, message, gone=loss.action != "spare")
-        self._hand_on_held_store(slot)
+        if not fresh:  # after a failover every slot looks for the next store itself (``prepare``)
+            self._hand_on_held_store(slot)
         return replace(
             loss, ranks=ranks, slurm_node=info.get("slurm_node"),
             silent_s=report.get("silent_s"), last_seen_wall=report.get("last_seen_wall"),

@@ -129,6 +129,18 @@ def test_the_slot_next_in_line_for_the_store_is_told_when_the_one_before_it_is_l
     assert told() == ([None, None, "1", None, None] if warm else [None] * 5)
 
 
+def test_the_successor_store_host_declaring_the_old_one_lost_tells_no_slot_to_keep_a_store(
+    link: StoreLink,
+) -> None:
+    """At a store failover the successor (slot 1, hosting the new store) takes the old store
+    host's slot out: that slot was never next in line, and after a failover every slot
+    looks for the next store itself, so no slot is told to keep one."""
+    roles = _roles(link, [], node_rank=1, nnodes=5, min_nodes=1)
+    roles.store_slot = 1  # ``relink`` to the new store comes first
+    assert roles.take_out(_lost(0), fresh=True) is not None
+    assert [SealedChain(node_keys.hold_store(s), SEALER).read(link) for s in range(5)] == [None] * 5
+
+
 class _Counting:
     """A store client that counts its requests."""
 

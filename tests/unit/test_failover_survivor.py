@@ -16,7 +16,7 @@ import pytest
 
 from nvrx.store import snapshot
 from nvrx.store.seal import Sealer
-from nvrx.store.sealed_keys import entry_payload
+from nvrx.store.sealed_keys import SealedChain, entry_payload
 from nvrx.supervisor import node_keys, node_requeue, store_failover
 from nvrx.supervisor.config import SupervisorConfig, local_job
 from nvrx.supervisor.course import Course, CourseTracker
@@ -587,3 +587,35 @@ def test_outside_slurm_nothing_is_asked(tmp_path, slurm, monkeypatch: pytest.Mon
     survivor = _Survivor(tmp_path)
     survivor.decide({1})
     assert slurm["asked"] == [] and survivor.events == survivor.requeued == []
+
+
+class _LostLink:
+    """A store link lost meanwhile: a watch fails (as ``StoreLink.request`` does then)."""
+
+    lost = "the server closed the connection"
+
+    def watch(self, key: str) -> None:
+        raise StoreLinkError(f"store unavailable: {self.lost}")
+
+
+def test_a_rejected_word_to_keep_a_store_ready_as_the_store_is_lost_is_not_a_crash(
+    tmp_path: Path,
+) -> None:
+    """A value of this slot's ``hold_store`` chain that does not unseal comes with the store's
+    loss: watching past it fails, and that is logged; the loss that follows fails over (before,
+    the error left the supervisor's loop, which ended with an internal error)."""
+    job = local_job(nnodes=4, node_rank=2, log_dir=str(tmp_path))
+    cfg = SupervisorConfig(command=["train"], job=job)
+    rejected: list[str] = []
+    roles = NodeRoles(cfg, _LostLink(), lambda kind, **f: None, lambda: SEALER,  # type: ignore[arg-type]
+                      lambda key, reason, size: rejected.append(key))  # fmt: skip
+    base = node_keys.hold_store(2)
+    roles._watched[base] = SealedChain(base, SEALER)  # watched since ``prepare``
+    store = SimpleNamespace(config=cfg, service=None, roles=roles, slot=0, epoch=0, lost_slot=0)
+    failover = Failover(
+        store, SimpleNamespace(stopping=False), None, None, None, None, None, lambda: None,  # type: ignore[arg-type]
+    )  # fmt: skip
+    key = SealedChain(base, SEALER).key(0)
+    assert failover.on_message({"event": "key", "key": key, "value": "forged"})
+    assert rejected == [key]
+

@@ -490,3 +490,39 @@ def test_a_warning_decided_while_another_nodes_stop_for_good_is_on_its_way_reque
     assert (written["requeued"], written["exit_code"]) == (False, code)
     assert written["reason"] == f"not requeued: node 1 stopped the job: {request.reason}"
 
+
+def test_an_exit_0_stop_does_not_hide_nodes_that_do_not_finish(tmp_path: Path) -> None:
+    """Node 1's rank shut the workload down (exit 0), a stop the store host took as it waited;
+    the other nodes still have not ended when ``--finish-timeout`` runs out: the host gives up
+    on them with 6 and says so, as without the stop (no failure explains their lateness)."""
+    link = _StoppedLink({})
+    sup = _store_host_of_two(tmp_path, link, finish_timeout=0.01)
+    sup.writer = EventWriter(tmp_path / "events", "supervisor")
+    _stop_of_node_1(sup, link, ExitCode.OK, "rank 1 asked to shut the workload down: done")
+    sup.course.to(Course.FINISHING)
+    key = StopFlag.key(1)
+    sup.job_end._on_control_value({"event": "value", "key": key, "value": link.values[key]})
+    _finish_once_every_slot_ended(sup, link, ended=False)
+    assert (sup.exit_code, sup.course.state) == (ExitCode.PEER_LOST, Course.STOPPING)
+    assert [code for _, code in _job_stops(tmp_path / "events")] == [0, int(ExitCode.PEER_LOST)]
+
+
+def test_another_nodes_failure_taken_after_the_store_hosts_own_exit_0_stop_is_recorded(
+    tmp_path: Path,
+) -> None:
+    """The store host's rank shut the workload down (exit 0, recorded), while node 1's stop
+    for good (13) stood first in the chain: its last read takes node 1's stop, and the new
+    exit code is recorded too, not only the first stop's 0."""
+    link = _StoppedLink({})
+    sup = _store_host_of_two(tmp_path, link)
+    sup.writer = EventWriter(tmp_path / "events", "supervisor")
+    request = _stop_of_node_1(sup, link, ExitCode.AFTER_COMPLETION, "rank 1 failed")
+    sup.request_stop("rank 0 asked to shut the workload down: done", ExitCode.OK, broadcast=True)
+    _finish_once_every_slot_ended(sup, link)
+    reason = f"node 1 stopped the job: {request.reason}"
+    assert (sup.exit_code, sup.stop_reason) == (ExitCode.AFTER_COMPLETION, reason)
+    assert _job_stops(tmp_path / "events") == [
+        ("rank 0 asked to shut the workload down: done", 0),
+        (reason, int(ExitCode.AFTER_COMPLETION)),
+    ]
+
