@@ -96,6 +96,22 @@ def test_a_second_stop_signal_kills_at_once(tmp_path: Path) -> None:
             processes.stop(child.proc, ask=signal.SIGKILL)
 
 
+def _store_host_to_warn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Supervisor, list[str]]:
+    """The store host of SLURM job 123, one node: its decision on a warning would requeue
+    the job (the list returned records each ``scontrol requeue``)."""
+    requeued: list[str] = []
+    monkeypatch.setattr(preemption.commands, "requeue", lambda job, **kw: requeued.append(job))
+    sup, _ = _supervisor(tmp_path, 1)
+    sup.preemption = PreemptionHandler(
+        sup.config.events_dir, 0, 1, job_id="123", slurm=True, preempt_window_s=2.0, export_env=False
+    )
+    monkeypatch.setattr(sup.preemption, "_job_info", lambda: None)
+    sup.store.service = object()  # the store host: the one that would requeue
+    return sup, requeued
+
+
 @pytest.mark.parametrize(
     "final",
     [ExitCode.OK, ExitCode.RANK_STOPPED, ExitCode.BUDGET_EXHAUSTED, ExitCode.LOOP_BREAKER, ExitCode.NON_RETRYABLE,
@@ -108,14 +124,7 @@ def test_a_warning_while_the_job_stops_for_good_requeues_nothing(
     """A rank stopped the job (exit 130) or its restarts are spent; SLURM's warning in the
     stop's grace period must not requeue it (before: ``scontrol requeue`` and exit 75), and
     the decision the other nodes await says so, with the stop's exit code."""
-    requeued: list[str] = []
-    monkeypatch.setattr(preemption.commands, "requeue", lambda job, **kw: requeued.append(job))
-    sup, _ = _supervisor(tmp_path, 1)
-    sup.preemption = PreemptionHandler(
-        sup.config.events_dir, 0, 1, job_id="123", slurm=True, preempt_window_s=2.0, export_env=False
-    )
-    monkeypatch.setattr(sup.preemption, "_job_info", lambda: None)
-    sup.store.service = object()  # the store host: the one that would requeue
+    sup, requeued = _store_host_to_warn(tmp_path, monkeypatch)
     try:
         sup.start_child(0)
         sup.request_stop("stopped for good", final, broadcast=False)
@@ -195,14 +204,7 @@ def _finishing_store_host(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, all_done: bool
 ) -> tuple[Supervisor, list[str]]:
     """A store host (SLURM job 123) whose children ended: it waits for the other nodes."""
-    requeued: list[str] = []
-    monkeypatch.setattr(preemption.commands, "requeue", lambda job, **kw: requeued.append(job))
-    sup, _ = _supervisor(tmp_path, 1)
-    sup.preemption = PreemptionHandler(
-        sup.config.events_dir, 0, 1, job_id="123", slurm=True, preempt_window_s=2.0, export_env=False
-    )
-    monkeypatch.setattr(sup.preemption, "_job_info", lambda: None)
-    sup.store.service = object()
+    sup, requeued = _store_host_to_warn(tmp_path, monkeypatch)
     sup.store.roles = _Roles(all_done)  # type: ignore[assignment]
     sup.course.to(Course.FINISHING)  # what ``run`` does once its children ended
     return sup, requeued
@@ -468,14 +470,7 @@ def test_a_warning_decided_while_another_nodes_stop_for_good_is_on_its_way_reque
     not yet brought by the watch, when SLURM's warning comes: the host reads the stop as it
     decides and requeues nothing, with the stop's exit code (before: ``scontrol requeue``
     and exit 75, a job stopped for good run again)."""
-    requeued: list[str] = []
-    monkeypatch.setattr(preemption.commands, "requeue", lambda job, **kw: requeued.append(job))
-    sup, _ = _supervisor(tmp_path, 1)
-    sup.preemption = PreemptionHandler(
-        sup.config.events_dir, 0, 1, job_id="123", slurm=True, preempt_window_s=2.0, export_env=False
-    )
-    monkeypatch.setattr(sup.preemption, "_job_info", lambda: None)
-    sup.store.service = object()  # the store host: the one that would requeue
+    sup, requeued = _store_host_to_warn(tmp_path, monkeypatch)
     sup.store.stop = StopFlag(b"s" * 32, 0)
     link = _StoppedLink({})
     sup.store.link = link  # type: ignore[assignment]
