@@ -70,6 +70,11 @@ class StopRequest:
     def encode(self) -> str:
         return json.dumps({"reason": self.reason, "exit_code": self.exit_code, "node": self.node})
 
+    @property
+    def told(self) -> str:
+        """The reason as the other nodes give it for their own stop."""
+        return f"node {self.node} stopped the job: {self.reason}"
+
     @classmethod
     def decode(cls, value: str | None, default_exit: int) -> StopRequest:
         """Read a request; fields that are missing or unreadable take neutral values."""

@@ -232,7 +232,7 @@ class JobEnd:
         if request.node == self.store.config.node_rank or self.stop_request is not None:
             return
         if control.exit_code == ExitCode.OK:
-            reason = f"node {request.node} stopped the job: {request.reason}"
+            reason = request.told
             recorded = self.course.stopping and control.stop_reason == reason  # taken as it trained
             self.stop_request, control.exit_code = request, request.exit_code
             control.stop_reason = reason
@@ -245,18 +245,27 @@ class JobEnd:
         the last slot (all ended) before that slot's stop, and the wait ends at the first; a
         warning decided before the stop came through the watch would requeue a job stopped
         for good."""
-        flag, link = self.store.stop, self.store.link
-        if self.control.exit_code != ExitCode.OK or flag is None or link is None:
+        if self.control.exit_code != ExitCode.OK:
             return
-        if link.lost is not None:
-            return
-        try:
-            request = flag.read(link, ExitCode.OK)
-        except StoreLinkError as exc:
-            log.warning("could not read whether another node stopped the job: %s", exc)
-            return
+        request = self.another_nodes_stop(ExitCode.OK)
         if request is not None:
             self._take_stop(request)
+
+    def another_nodes_stop(self, default_exit: int) -> StopRequest | None:
+        """The stop another node wrote into the chain, read from the store now (the watch may
+        not have brought it yet); None where there is none, this node's own is there, or the
+        store cannot tell. ``default_exit``: the exit code of a request that names none."""
+        flag, link = self.store.stop, self.store.link
+        if flag is None or link is None or link.lost is not None:
+            return None
+        try:
+            request = flag.read(link, default_exit)
+        except StoreLinkError as exc:
+            log.warning("could not read whether another node stopped the job: %s", exc)
+            return None
+        if request is None or request.node == self.store.config.node_rank:
+            return None
+        return request
 
     def _give_up_waiting(self) -> None:
         control = self.control

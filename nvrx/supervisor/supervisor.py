@@ -456,7 +456,7 @@ class Supervisor:
     def _stopped_by(self, request: StopRequest) -> None:
         if not self.course.stopping:
             self.request_stop(
-                f"node {request.node} stopped the job: {request.reason}",
+                request.told,
                 request.exit_code,
                 broadcast=False,
             )
@@ -581,19 +581,10 @@ class Supervisor:
         """(The store host, deciding on a warning) a stop for good another node wrote, read
         from the store now, for its watch event may not have come yet: its reason and exit
         code; None where there is none (a requeue would run a job stopped for good again)."""
-        link, flag = self.store.link, self.store.stop
-        if link is None or link.lost is not None or flag is None:
+        request = self.job_end.another_nodes_stop(ExitCode.INTERNAL)
+        if request is None or request.exit_code not in FINAL_EXITS:
             return None
-        try:
-            request = flag.read(link, ExitCode.INTERNAL)
-        except StoreLinkError as exc:
-            log.warning("could not read whether another node stopped the job: %s", exc)
-            return None
-        if request is None or request.node == self.config.node_rank:
-            return None
-        if request.exit_code not in FINAL_EXITS:
-            return None
-        return f"node {request.node} stopped the job: {request.reason}", request.exit_code
+        return request.told, request.exit_code
 
     def _decline_warning(self) -> None:
         """(The store host, the job stopping for good) no requeue for a warning; the nodes that
