@@ -25,18 +25,29 @@ reads them all, with one limit: an old exception signature names the frame's
 function but not its line (``pkg.Type@train.py:step`` reads as ``pkg.Type at
 train.py in step``), so it is not the same string as a new one of the same
 failure (``pkg.Type at train.py:12 in step``). Formatted tracebacks are read into
-signatures here too. This module is ground layer (``tests/unit/test_layers.py``).
+signatures here too.
+
+A rank's fault is kept as a ``FaultRecord`` (the store's fault list of a round holds them
+as JSON, never as a parsed ``repr``: ``nvrx.store.rounds``), and its ``fault`` event is
+built from the record here (``emit_fault``), so that the record and its event have one
+shape, and a monitor process can write a fault's event before its link to the store is
+made. This module is ground layer (``tests/unit/test_layers.py``).
 """
 
 from __future__ import annotations
 
 import builtins
+import json
 import os
 import re
+import socket
+import time
 import traceback as tb
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from dataclasses import fields as fields_of
 from pathlib import PurePath
+from typing import Any
 
 EXCEPTION, HANG, DEAD, UNRESPONSIVE = "exception", "hang", "dead", "unresponsive"
 SIGNAL, EXIT, PEER, SLURM, NODE = "signal", "exit", "peer", "slurm", "node"
@@ -364,3 +375,90 @@ def fault_signature(
             message if message and _SIGNAL_NAME.fullmatch(message) else "unknown"
         )
     return _OLD_SPELLINGS.get(kind, kind)
+
+
+# -- a rank's fault record and its event ---------------------------------------------
+#: Kinds of fault records: every fault kind of the vocabulary but ``peer`` (a rank that only
+#: lost its peer records no fault of its own).
+RECORD_KINDS = tuple(kind for kind in FAULT_KINDS if kind != PEER)
+
+
+@dataclass(frozen=True)
+class FaultRecord:
+    """One fault as every rank sees it: who, what, and when it was detected."""
+
+    rank: int
+    kind: str
+    exc_type: str | None = None
+    message: str = ""
+    traceback: str | None = None
+    signature: str = ""
+    detected_mono: float = field(default_factory=time.monotonic)
+    detected_wall: float = field(default_factory=time.time)
+    reporter_pid: int = field(default_factory=os.getpid)
+    host: str = field(default_factory=socket.gethostname)
+
+    def __post_init__(self) -> None:
+        if self.kind not in RECORD_KINDS:
+            raise ValueError(f"fault kind must be one of {RECORD_KINDS}, got {self.kind!r}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"), default=str)
+
+    @classmethod
+    def from_json(cls, text: str) -> FaultRecord:
+        data = json.loads(text)
+        names = {f.name for f in fields_of(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def from_exception(rank: int, exc: BaseException, kind: str = "exception") -> FaultRecord:
+    """A fault record describing ``exc`` raised on ``rank``."""
+    return FaultRecord(
+        rank=rank,
+        kind=kind,
+        exc_type=exception_type_of(exc),
+        message=str(exc),
+        traceback="".join(tb.format_exception(type(exc), exc, exc.__traceback__)),
+        signature=exception_signature_of(exc),
+    )
+
+
+#: Writes one event: ``emit(kind, **fields)`` (an ``EventWriter.emit`` or a wrapper of it).
+Emit = Callable[..., Any]
+
+
+def emit_fault(
+    emit: Emit,
+    record: FaultRecord,
+    *,
+    fault_kind: str,
+    origin_rank: int | None,
+    **fields: Any,
+) -> None:
+    """Emit the ``fault`` event of ``record``: kind, the rank it is blamed on, what and when.
+
+    ``exc_type`` and ``traceback`` are left out when the record has none (a
+    record the monitor process made); ``fields`` add to or override the
+    record's values (``detected_mono`` of a peer fault, the ``signature`` of a
+    monitor fault).
+    """
+    event: dict[str, Any] = {"fault_kind": fault_kind, "origin_rank": origin_rank}
+    if record.exc_type is not None:
+        event["exc_type"] = record.exc_type
+    event["message"] = record.message
+    if record.traceback is not None:
+        event["traceback"] = record.traceback
+    event["signature"] = record.signature
+    event["detected_mono"] = record.detected_mono
+    event.update(fields)
+    emit("fault", **event)
+
+
+def announce_leave(emit: Emit, rank: int, record: FaultRecord, **fields: Any) -> None:
+    """The event of the monitor taking ``rank`` out of its round (it died, hung or went
+    silent); ``store.proxy_leave`` is the store's part. ``fields`` add to the event (the
+    ``detection_s`` of a rank found silent: how long it had been)."""
+    emit_fault(
+        emit, record, fault_kind=record.kind, origin_rank=rank, signature=record.kind, **fields
+    )

@@ -1,6 +1,6 @@
 """What interrupted a round, in the reference's terms: ``Interruption`` kinds and ``InterruptionRecord``.
 
-nvrx keeps fault records in the store as JSON (``nvrx.store.faults.FaultRecord``,
+nvrx keeps fault records in the store as JSON (``nvrx.events.failures.FaultRecord``,
 with the exception, message and traceback). This module gives them the
 reference's names: ``InterruptionRecord.from_fault_record`` maps a record to
 its ``Interruption``, ``interruption_records(store)`` reads a round's records,
@@ -15,7 +15,7 @@ import enum
 from collections.abc import Iterable
 from typing import Any
 
-from nvrx.store import faults as nvrx_faults
+from nvrx.events import failures
 from nvrx.store import rounds
 
 
@@ -64,7 +64,7 @@ class InterruptionRecord:
     interruption: Interruption
 
     @classmethod
-    def from_fault_record(cls, record: nvrx_faults.FaultRecord) -> InterruptionRecord:
+    def from_fault_record(cls, record: failures.FaultRecord) -> InterruptionRecord:
         """The record of an nvrx ``FaultRecord`` (its kind mapped by ``FROM_FAULT_KIND``)."""
         try:
             return cls(rank=record.rank, interruption=FROM_FAULT_KIND[record.kind])

@@ -28,9 +28,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from nvrx.events import failures
 from nvrx.node_agent.rank_wire import Meeting
-from nvrx.store import faults, rounds
-from nvrx.store.faults import CheckedRecords
+from nvrx.store import rounds
+from nvrx.store.rounds import CheckedRecords
 
 from . import rejoin
 from .exception import RestartAbort
@@ -341,9 +342,9 @@ def _register_exit(
     if rank is None:
         return
     if not outcome.recorded and not isinstance(outcome.exc, RankDiscarded):
-        record = faults.from_exception(rank, outcome.exc, kind="exit")
+        record = failures.from_exception(rank, outcome.exc, kind="exit")
         rounds.append_fault(store, record)
-        faults.emit_fault(call.emit, record, fault_kind="exit", origin_rank=rank)
+        failures.emit_fault(call.emit, record, fault_kind="exit", origin_rank=rank)
     rounds.register_terminated(store, rank)
     rounds.interrupt(store, "fault")
     rounds.arrive_one(

@@ -48,8 +48,8 @@ import time
 from typing import Any
 
 from nvrx import events, processes
+from nvrx.events.failures import FaultRecord, announce_leave, emit_fault
 from nvrx.node_agent import rank_wire
-from nvrx.store.faults import FaultRecord, announce_leave, emit_fault
 
 from . import monitor_store, monitor_target
 from .logging import setup_monitor_logging

@@ -29,8 +29,8 @@ import os
 import time
 from typing import Any
 
+from nvrx.events.failures import Emit
 from nvrx.store import rounds
-from nvrx.store.faults import Emit
 from nvrx.store.rounds import Admission
 
 from .state import Mode, State

@@ -42,7 +42,8 @@ from contextlib import AbstractContextManager
 from typing import Any, NoReturn, Protocol
 
 from nvrx import events
-from nvrx.store import faults, rounds
+from nvrx.events import failures
+from nvrx.store import rounds
 
 from . import gloo_abort
 from .exception import InternalError
@@ -332,7 +333,7 @@ class RoundRun:
 # -- the record of this rank's fault ------------------------------------------------------
 def record_rank_fault(
     store: Any,
-    emit: faults.Emit,
+    emit: failures.Emit,
     rank: int | None,
     exc: BaseException,
     peer_seen_mono: float | None,
@@ -341,7 +342,7 @@ def record_rank_fault(
 ) -> bool:
     """Record an exception of this rank: its own fault, or the consequence of a peer's.
 
-    Every ``fault`` event is built by ``faults.emit_fault`` from a ``FaultRecord``; the
+    Every ``fault`` event is built by ``failures.emit_fault`` from a ``FaultRecord``; the
     store record is what the other ranks act on, the event is what the report reads.
     Once the monitor thread has seen another rank's fault (``peer_seen_mono``) it aborts
     the process groups, which makes pending collectives here fail: such an exception is
@@ -349,15 +350,15 @@ def record_rank_fault(
     Returns whether the fault is on record (False when the store could not be written).
     ``event=False``: a second attempt at the store write, whose event the first emitted.
     """
-    record = faults.from_exception(rank if rank is not None else -1, exc)
+    record = failures.from_exception(rank if rank is not None else -1, exc)
     emit = emit if event else _no_event
     if peer_seen_mono is not None:
         origin = _first_origin(store)
-        faults.emit_fault(
+        failures.emit_fault(
             emit, record, fault_kind="peer", origin_rank=origin, detected_mono=peer_seen_mono
         )
         return True
-    faults.emit_fault(emit, record, fault_kind="exception", origin_rank=rank, detection_s=0.0)
+    failures.emit_fault(emit, record, fault_kind="exception", origin_rank=rank, detection_s=0.0)
     try:
         rounds.record_fault(store, record)
     except Exception as store_exc:

@@ -31,8 +31,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from nvrx.events import failures
 from nvrx.store import barrier as nvrx_barrier
-from nvrx.store import faults as nvrx_faults
 from nvrx.store import rounds as nvrx_rounds
 from nvrx.store.client import STORE_HOST_ENV, STORE_PORT_ENV, external_store_address
 from nvrx.store.rounds import (  # noqa: F401 - functions of the protocol, re-exported here
@@ -140,7 +140,7 @@ class StoreMixin:
         for record in records:
             kind = TO_FAULT_KIND[record.interruption]
             message = f"{record.interruption.name} recorded through record_interrupted"
-            record_fault(self, nvrx_faults.FaultRecord(rank=record.rank, kind=kind, message=message))
+            record_fault(self, failures.FaultRecord(rank=record.rank, kind=kind, message=message))
         interrupt(self, "fault")
 
     # Tree state exchange (JSON, one key per rank) --------------------------------

@@ -69,9 +69,9 @@ from collections.abc import Callable
 from typing import Any
 
 from nvrx import events, jobenv, processes
+from nvrx.events.failures import FaultRecord, announce_leave
 from nvrx.store import host_ring
 from nvrx.store.client import factory_store
-from nvrx.store.faults import FaultRecord, announce_leave
 from nvrx.store.host_ring import Thresholds, ended_ranks, live_ranks, register
 from nvrx.store.ring import RingPlace
 from nvrx.store.wire import StoreGone, WireStore

@@ -111,7 +111,9 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from . import barrier, errors, faults, rank_lists, seal
+from nvrx.events import failures
+
+from . import barrier, errors, rank_lists, seal
 from .client import delete_prefix
 from .keys import ROOT
 from .sealed_keys import MAX_GENERATIONS
@@ -138,7 +140,7 @@ FAILOVER_KEYS = (CURRENT_ROUND, JOB_RESTARTS, GONE_PREFIX)
 
 # names inside one round's prefix
 INTERRUPTED = "interrupted"  # "fault" when any rank faults, "done" when the round completed
-FAULT_LIST = "faults"  # append-only JSON fault records, one per line (``nvrx.store.faults``)
+FAULT_LIST = "faults"  # append-only fault records (``failures.FaultRecord``), one per line
 TERMINATED = "terminated"  # append-only list of the round's ranks that left the job
 DECISION = "decision"  # JSON written by the last arrival at the iteration barrier
 REJOIN = "rejoin"  # JSON: ranks whose replacement process rejoined (written by the round's leader)
@@ -645,13 +647,28 @@ def interruption(store: Any) -> str | None:
     return None
 
 
-def append_fault(store: Any, record: faults.FaultRecord) -> None:
-    """Add ``record`` to the round's fault records without interrupting it (a rank's exit);
-    sealed for this round when the job has a secret (``seal.job_sealer``)."""
-    faults.append_record(store, FAULT_LIST, record, seal.job_sealer(), fault_list_key(store))
+@dataclasses.dataclass(frozen=True)
+class CheckedRecords:
+    """A round's fault records that can be trusted, and what was skipped for a seal that did
+    not verify."""
+
+    records: list[failures.FaultRecord]
+    forged: int = 0  # entries that did not unseal
+    forged_bytes: int = 0
 
 
-def record_fault(store: Any, record: faults.FaultRecord) -> bool:
+def append_fault(store: Any, record: failures.FaultRecord) -> None:
+    """Add ``record`` to the round's fault records without interrupting it (a rank's exit):
+    one line of JSON, or, when the job has a secret (``seal.job_sealer``), one entry sealed
+    for this round's list."""
+    sealer = seal.job_sealer()
+    if sealer is None:
+        store.append(FAULT_LIST, record.to_json() + "\n")
+    else:
+        store.append(FAULT_LIST, sealer.entry(fault_list_key(store), record.to_json()))
+
+
+def record_fault(store: Any, record: failures.FaultRecord) -> bool:
     """Record a fault in the round and interrupt it; False when the round had completed already."""
     append_fault(store, record)
     return interrupt(store, "fault")
@@ -680,16 +697,30 @@ def completed(store: Any) -> bool:
     return interruption(store) == DONE
 
 
-def fault_records(store: Any) -> list[faults.FaultRecord]:
+def fault_records(store: Any) -> list[failures.FaultRecord]:
     """The round's fault records, in the order the store received them."""
     return checked_fault_records(store).records
 
 
-def checked_fault_records(store: Any) -> faults.CheckedRecords:
+def checked_fault_records(store: Any) -> CheckedRecords:
     """The round's fault records that can be trusted, and how many entries were not (a
     seal that did not verify: appended by a client without the job's secret, or copied
-    from another round or run)."""
-    return faults.read_checked(store, FAULT_LIST, seal.job_sealer(), fault_list_key(store))
+    from another round or run). Unreadable lines are logged and skipped."""
+    if not store.check([FAULT_LIST]):
+        return CheckedRecords([])
+    text, sealer = seal.text_of(store.get(FAULT_LIST)), seal.job_sealer()
+    if sealer is None:
+        lines, forged, forged_bytes = text.splitlines(), 0, 0
+    else:
+        sealed = sealer.entries(fault_list_key(store), text)
+        lines, forged, forged_bytes = list(sealed.valid), sealed.invalid, sealed.invalid_bytes
+    records = []
+    for line in filter(str.strip, lines):
+        try:
+            records.append(failures.FaultRecord.from_json(line))
+        except (ValueError, TypeError) as exc:
+            log.warning("skipping an unreadable fault record of the round: %s", exc)
+    return CheckedRecords(records, forged, forged_bytes)
 
 
 def fault_list_key(store: Any) -> str:
@@ -710,7 +741,7 @@ class Forged:
 
 
 def forged_at_restart(
-    store: Any, checked: faults.CheckedRecords, decision: dict[str, Any]
+    store: Any, checked: CheckedRecords, decision: dict[str, Any]
 ) -> list[Forged]:
     """The forged entries a round's restart found: in its fault list (``checked``, as read),
     in its terminated list and in the job's restart count (both counted by the decision's
@@ -947,7 +978,7 @@ def _clear_stale_keys(base: Any, round_: int) -> None:
 
 
 def proxy_leave(
-    store: Any, base: Any, rank: int, world_size: int, record: faults.FaultRecord | None
+    store: Any, base: Any, rank: int, world_size: int, record: failures.FaultRecord | None
 ) -> None:
     """Everything peers need when ``rank`` leaves the round for good (it died or was killed)."""
     if record is not None:
@@ -1455,7 +1486,7 @@ def leave_round(
         out.append(initial)
         if rank in terminated_ranks(store):
             continue  # its own monitor, or an earlier declaration, already took it out
-        record = faults.FaultRecord(rank=rank, kind=kind, message=message)
+        record = failures.FaultRecord(rank=rank, kind=kind, message=message)
         proxy_leave(store, base, rank, world_size, record)
         left.append(rank)
         if on_left is not None:

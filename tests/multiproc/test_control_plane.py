@@ -37,8 +37,8 @@ import pytest
 from test_supervisor_local import REPO, Job, script
 
 from nvrx import jobenv
+from nvrx.events.failures import FaultRecord
 from nvrx.store import rounds
-from nvrx.store.faults import FaultRecord
 from nvrx.store.seal import ENTRY, Sealer, new_secret, seal
 from nvrx.store.sealed_keys import entry_payload, key_of
 from nvrx.store.service import wait_for_store

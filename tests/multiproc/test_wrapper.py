@@ -34,7 +34,7 @@ def test_exception_on_one_rank_restarts_every_rank(tmp_path):
     assert faults and faults[0]["message"] == "injected fault on rank 1"
     assert faults[0]["exc_type"] == "builtins.RuntimeError"
     assert "injected fault" in faults[0]["traceback"]
-    signature = faults[0]["signature"]  # spelled by nvrx.store.faults: type and innermost frame
+    signature = faults[0]["signature"]  # spelled by nvrx.events.failures: type and innermost frame
     assert "RuntimeError" in signature and "helpers_inprocess.py" in signature, signature
     assert "train" in signature, signature
     phases = {e["phase"] for e in _kinds(events, "restart_phase")}

@@ -7,7 +7,6 @@ import traceback
 import pytest
 
 from nvrx.events import failures as f
-from nvrx.store import faults
 
 
 def _raise_in_user_code() -> None:
@@ -72,7 +71,7 @@ def test_a_live_exception_and_its_printed_traceback_have_one_signature() -> None
     except KeyError as exc:
         live = f.exception_signature_of(exc)
         printed = f.parse_traceback("".join(traceback.format_exception(exc)))
-        record = faults.from_exception(0, exc)
+        record = f.from_exception(0, exc)
     assert printed is not None and live == printed.signature()
     assert live.startswith("KeyError at test_events_failures.py:") and live.endswith(
         " in _raise_in_user_code"

@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 
+from nvrx.events.failures import FaultRecord
 from nvrx.inprocess import Compose, Wrapper, attribution, rank_filter
 from nvrx.inprocess.abort import Abort, AbortPersistentCheckpointProcesses
 from nvrx.inprocess.monitor_thread import (
@@ -26,7 +27,6 @@ from nvrx.inprocess.rank_assignment import (
 )
 from nvrx.inprocess.rank_filter import with_rank_filter
 from nvrx.inprocess.state import Mode, State
-from nvrx.store.faults import FaultRecord
 from tests.support.store_ranks import run_ranks_with_store
 
 

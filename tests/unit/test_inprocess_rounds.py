@@ -262,7 +262,7 @@ def test_a_monitor_thread_that_failed_after_seeing_a_peers_fault_records_nothing
     from torch.distributed import DistNetworkError
 
     call = FakeCall(base)
-    rstore.record_fault(call.round_store, rstore.nvrx_faults.FaultRecord(rank=1, kind="exception"))
+    rstore.record_fault(call.round_store, rstore.failures.FaultRecord(rank=1, kind="exception"))
     run = _run(call)
     run.monitor.seen_mono = time.monotonic()
     run.monitor.error = DistNetworkError("Failed to recv, got 0 bytes")
@@ -533,7 +533,7 @@ def _two_ranks(base, **wrapper) -> list[FakeCall]:
     ]
     for rank, call in enumerate(calls):
         call.state.rank = call.state.active_rank = call.state.initial_rank = rank
-    rstore.record_fault(calls[0].round_store, rstore.nvrx_faults.FaultRecord(rank=0, kind="exception"))
+    rstore.record_fault(calls[0].round_store, rstore.failures.FaultRecord(rank=0, kind="exception"))
     return calls
 
 
@@ -551,7 +551,7 @@ def test_the_restart_goes_on_once_every_rank_reported_without_sleeping_last_call
 
     def restart(rank: int) -> None:
         if rank == 1:  # a concurrent fault, recorded before this rank reports
-            rstore.record_fault(calls[1].round_store, rstore.nvrx_faults.FaultRecord(rank=1, kind="dead"))
+            rstore.record_fault(calls[1].round_store, rstore.failures.FaultRecord(rank=1, kind="dead"))
         outcomes[rank] = _restart(calls[rank], RuntimeError(f"fault {rank}"))
 
     threads = [threading.Thread(target=restart, args=(r,), daemon=True) for r in (0, 1)]

@@ -63,7 +63,7 @@ def _imports_torch(code: str) -> bool:
 def test_the_monitor_program_and_the_package_import_no_torch():
     assert not _imports_torch("import nvrx.inprocess")
     assert not _imports_torch("import nvrx.inprocess.monitor_main")
-    assert not _imports_torch("import nvrx.inprocess.monitor_store, nvrx.store.faults")
+    assert not _imports_torch("import nvrx.inprocess.monitor_store, nvrx.events.failures")
     assert not _imports_torch(
         "import nvrx.store.rounds, nvrx.store.wire, nvrx.node_agent.rank_wire, "
         "nvrx.node_agent.__main__, nvrx.node_agent.supervised, nvrx.node_agent.host"
@@ -264,13 +264,13 @@ def test_a_monitor_that_hosts_the_store_links_to_it_without_importing_torch(tmp_
 
 def test_the_monitor_program_leaves_the_store_modules_to_its_link():
     """The monitor writes a fault's event before its link is made: the program imports the
-    event's builder (``nvrx.store.faults``), and its link the round protocol
+    event's builder (``nvrx.events.failures``), and its link the round protocol
     (``nvrx.store.rounds``), beside the watch under a supervisor; the node agent's modules,
     for a rank without a supervisor, are imported only then."""
     check = (
         "import sys, nvrx.inprocess.monitor_main\n"
         "loaded = {'nvrx.store.rounds', 'nvrx.inprocess.agent_link', 'nvrx.node_agent.host'} & set(sys.modules)\n"
-        "sys.exit(3 if loaded else 0 if 'nvrx.store.faults' in sys.modules else 4)"
+        "sys.exit(3 if loaded else 0 if 'nvrx.events.failures' in sys.modules else 4)"
     )
     done = subprocess.run([sys.executable, "-c", check], check=False, timeout=120)
     assert done.returncode == 0

@@ -57,7 +57,7 @@ def test_a_running_round_costs_one_wait_and_a_fault_ends_it(base):
     # far longer than the reference's 1 s polling interval: still the one wait
     assert not delivery.requested.wait(2.5)
     assert store.waits == 1 and thread.is_alive()
-    rstore.record_fault(rstore.round_store(base, 0), rstore.nvrx_faults.FaultRecord(rank=1, kind="exception"))
+    rstore.record_fault(rstore.round_store(base, 0), rstore.failures.FaultRecord(rank=1, kind="exception"))
     assert delivery.requested.wait(10)
     thread.join(10)
     assert aborts == ["frozen"] and store.waits == 1 and not thread.is_alive()
@@ -97,7 +97,7 @@ def test_a_forged_interruption_is_passed_over_and_the_real_one_ends_the_wait(bas
     rstore.round_store(base, 0).set(rounds.INTERRUPTED, "fault")  # a client without the secret
     assert store.waiting.wait(10)  # waiting again, on the next generation
     assert [r.key for r in rejected] == ["nvrx/r0/interrupted"] and not delivery.requested.is_set()
-    rstore.record_fault(rstore.round_store(base, 0), rstore.nvrx_faults.FaultRecord(rank=1, kind="exception"))
+    rstore.record_fault(rstore.round_store(base, 0), rstore.failures.FaultRecord(rank=1, kind="exception"))
     assert delivery.requested.wait(10)
     thread.join(10)
     assert aborts == ["frozen"] and store.waits == 2 and len(rejected) == 1
@@ -127,7 +127,7 @@ def test_a_fault_wakes_the_thread_on_torchs_legacy_store_server():
         base = client.connect("127.0.0.1", server.port, timeout=10)
         aborts: list = []
         thread, store, delivery = _thread(base, aborts)
-        fault = rstore.nvrx_faults.FaultRecord(rank=1, kind="exception")
+        fault = rstore.failures.FaultRecord(rank=1, kind="exception")
         rstore.record_fault(rstore.round_store(base, 0), fault)
         assert delivery.requested.wait(10)  # not the WAIT_CHUNK_S renewal
         thread.join(10)
@@ -246,7 +246,7 @@ def test_finish_waits_for_an_abort_in_progress_beyond_the_wake_wait(base, monkey
 
     thread, _store, delivery = _thread(base, [], chunk=60.0)
     thread.abort = abort
-    rstore.record_fault(rstore.round_store(base, 0), rstore.nvrx_faults.FaultRecord(rank=1, kind="exception"))
+    rstore.record_fault(rstore.round_store(base, 0), rstore.failures.FaultRecord(rank=1, kind="exception"))
     assert started.wait(10)
     threading.Timer(1.0, release.set).start()
     assert thread.finish(30)  # past WAKE_WAIT_S: the abort's end

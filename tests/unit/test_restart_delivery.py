@@ -75,7 +75,7 @@ def test_the_monitor_thread_wakes_a_main_thread_that_missed_the_first_signal(bas
     thread.start()
     try:
         delivery.enter_user()
-        fault = rstore.nvrx_faults.FaultRecord(rank=1, kind="exception")
+        fault = rstore.failures.FaultRecord(rank=1, kind="exception")
         with pytest.raises(RankShouldRestart):
             rstore.record_fault(rstore.round_store(base, 0), fault)
             time.sleep(10)  # the user's blocking call, which the first signal does not reach
@@ -132,7 +132,7 @@ def test_the_monitor_thread_tells_kept_state_of_the_fault_before_and_after_its_a
     try:
         delivery.enter_user()
         with pytest.raises(RankShouldRestart):
-            rstore.record_fault(rstore.round_store(base, 0), rstore.nvrx_faults.FaultRecord(rank=1, kind="exception"))
+            rstore.record_fault(rstore.round_store(base, 0), rstore.failures.FaultRecord(rank=1, kind="exception"))
             thread.join(30)  # the restart comes while this rank waits
         delivery.caught()
         thread.join(10)

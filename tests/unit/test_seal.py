@@ -169,14 +169,15 @@ def test_a_sealed_list_skips_forged_fragments_and_keeps_its_order():
 def test_fault_records_are_sealed_for_their_round_and_forged_ones_are_counted(tmp_path, monkeypatch):
     from torch.distributed import HashStore
 
-    from nvrx.store import faults, rounds
+    from nvrx.events.failures import FaultRecord
+    from nvrx.store import rounds
     from nvrx.store import seal as seal_module
 
     secret_file = _job_secret_file(tmp_path, monkeypatch)
     base = HashStore()
     round_3, round_4 = rounds.round_store(base, 3), rounds.round_store(base, 4)
-    rounds.append_fault(round_3, faults.FaultRecord(rank=1, kind="exception", message="real"))
-    forged = faults.FaultRecord(rank=2, kind="exit", exc_type="RestartAbort")
+    rounds.append_fault(round_3, FaultRecord(rank=1, kind="exception", message="real"))
+    forged = FaultRecord(rank=2, kind="exit", exc_type="RestartAbort")
     round_3.append(rounds.FAULT_LIST, forged.to_json() + "\n")  # as a client without the secret
     checked = rounds.checked_fault_records(round_3)
     assert [(r.rank, r.message) for r in checked.records] == [(1, "real")] and checked.forged == 1
@@ -186,7 +187,7 @@ def test_fault_records_are_sealed_for_their_round_and_forged_ones_are_counted(tm
     # without a supervisor (no secret file), records are plain JSON lines, as before
     monkeypatch.delenv(jobenv.JOB_SECRET_FILE)
     plain = rounds.round_store(HashStore(), 0)
-    rounds.append_fault(plain, faults.FaultRecord(rank=0, kind="exception"))
+    rounds.append_fault(plain, FaultRecord(rank=0, kind="exception"))
     assert plain.get(rounds.FAULT_LIST).decode().startswith("{")
     assert [r.rank for r in rounds.fault_records(plain)] == [0]
     # a secret file others can read is refused, naming the fix

@@ -7,8 +7,9 @@ import time
 
 import pytest
 
+from nvrx.events import failures
 from nvrx.store import barrier as B
-from nvrx.store import client, faults, keys, rounds
+from nvrx.store import client, keys, rounds
 
 
 @pytest.fixture()
@@ -182,25 +183,25 @@ def test_fault_record_json_roundtrip(server):
     try:
         boom()
     except KeyError as exc:
-        record = faults.from_exception(3, exc)
+        record = failures.from_exception(3, exc)
     # the failure vocabulary's spelling (nvrx.events.failures): type, innermost user frame
     assert record.signature.startswith("KeyError at test_store.py:")
     assert record.signature.endswith(" in boom")
-    store = _client(server)
-    faults.append_record(store, "r0/faults", record)
-    faults.append_record(
-        store, "r0/faults", faults.FaultRecord(rank=1, kind="hang_soft", message="stuck")
-    )
-    got = faults.read_checked(store, "r0/faults").records
+    round_0 = rounds.round_store(_client(server), 0)
+    assert rounds.fault_records(round_0) == []
+    rounds.append_fault(round_0, record)
+    round_0.append(rounds.FAULT_LIST, "not json\n")  # logged and skipped, never a fault
+    rounds.append_fault(round_0, failures.FaultRecord(rank=1, kind="hang_soft", message="stuck"))
+    got = rounds.fault_records(round_0)
     assert [r.rank for r in got] == [3, 1]
     assert got[0] == record
     assert got[1].kind == "hang_soft"
-    assert faults.read_checked(store, "none").records == []
+    assert rounds.fault_records(rounds.round_store(_client(server), 1)) == []
 
 
 def test_fault_record_rejects_unknown_kind():
     with pytest.raises(ValueError, match="fault kind must be one of"):
-        faults.FaultRecord(rank=0, kind="oops")
+        failures.FaultRecord(rank=0, kind="oops")
 
 
 def test_rounds_generation_base_jumps_past_last_round(server):

@@ -6,14 +6,15 @@ import json
 
 import pytest
 
+from nvrx.events import failures
 from nvrx.inprocess import store as rstore
-from nvrx.store import faults, rounds
+from nvrx.store import rounds
 
 
 def test_fault_interrupts_the_round_unless_it_completed(base):
     r0 = rstore.round_store(base, 0)
     assert (
-        rstore.record_fault(r0, faults.FaultRecord(rank=2, kind="exception", message="x")) is True
+        rstore.record_fault(r0, failures.FaultRecord(rank=2, kind="exception", message="x")) is True
     )
     assert base.get("nvrx/r0/interrupted") == b"fault"
     assert [r.rank for r in rstore.fault_records(r0)] == [2]
@@ -56,7 +57,7 @@ def test_iteration_barrier_publishes_one_decision(base):
 def test_proxy_leave_does_everything_peers_wait_for(base):
     r0 = rstore.round_store(base, 0)
     rounds.arrive_one(base, "iteration", r0.iteration, 0, 2)
-    rstore.proxy_leave(r0, base, 1, 2, faults.FaultRecord(rank=1, kind="dead", message="gone"))
+    rstore.proxy_leave(r0, base, 1, 2, failures.FaultRecord(rank=1, kind="dead", message="gone"))
     assert json.loads(r0.get(rounds.DECISION))["terminated"] == [1]
     assert base.get("nvrx/r0/interrupted") == b"fault"
     assert rstore.fault_records(r0)[0].kind == "dead"
@@ -139,9 +140,9 @@ def test_fault_events_keep_their_fields(base):
     assert len(rstore.fault_records(r0)) == 1  # a peer fault is not written to the store
 
     r1 = rstore.round_store(base, 1)
-    from nvrx.store.faults import announce_leave
+    from nvrx.events.failures import announce_leave
 
-    dead = faults.FaultRecord(rank=1, kind="dead", message="x")
+    dead = failures.FaultRecord(rank=1, kind="dead", message="x")
     announce_leave(emit, 1, dead)  # the monitor's event, at once
     rstore.proxy_leave(r1, base, 1, 2, dead)  # then the store's part
     assert events.pop() == (
