@@ -4,8 +4,8 @@ The round protocol is described in ``nvrx.inprocess.wrap``; this module runs
 the call: it starts what runs beside the rank (``rank_services``), joins the
 job (a new process generation, or ``rejoin`` as a replacement process), then
 loops over rounds. Each round (``round_run``) ends in one outcome: completed
-(return), restart (``between_rounds.restart``, then the next round) or leave
-(``between_rounds.leave``, then the exception is raised).
+(return), restart (``round_run.restart``, then the next round) or leave
+(``round_run.leave``, then the exception is raised).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from nvrx import events, jobenv
 from nvrx.node_agent.rank_wire import Meeting
 from nvrx.store import rounds
 
-from . import between_rounds, rejoin
+from . import rejoin, round_run
 from . import store as rstore
 from .exception import RestartAbort
 from .logging import release_logger, setup_logger
@@ -79,7 +79,7 @@ class CallWrapper:
     ``disable_hang_protection()``, and the reference's ``state``, ``store`` and
     ``base_store`` (both the call's store, which is the same object every round:
     a key set in one round is read in the next). The other attributes serve the
-    restart machinery (``round_run``, ``between_rounds``), which reads them as a
+    restart machinery (``round_run``), which reads them as a
     ``round_run.RoundCall``; ``round_store``, the current round's view of the
     store, is one of them.
     """
@@ -330,7 +330,7 @@ class CallWrapper:
     ) -> Any:
         """Rounds until one completes (its value) or this rank leaves (its exception is raised)."""
         with self.phase("rank_assignment"):
-            between_rounds.assign(
+            round_run.assign(
                 self, self._first_terminated, self._first_rejoined, self._first_iteration
             )
         while True:
@@ -341,13 +341,13 @@ class CallWrapper:
             if isinstance(outcome, Completed):
                 return outcome.value
             if isinstance(outcome, Restart):
-                outcome = between_rounds.restart(self, run, outcome)
+                outcome = round_run.restart(self, run, outcome)
             if isinstance(outcome, Leave):
                 # This rank's own leave restarts nothing here: the monitor thread only
                 # finishes an abort it began for a peer's fault, and is gone before we raise
                 # (unless the leave could not interrupt the round: ``MonitorThread.finish``).
                 run.monitor.stop.set()
-                exc = between_rounds.leave(self, run.store, outcome)
+                exc = round_run.leave(self, run.store, outcome)
                 if not run.monitor.finish(RESTART_WAIT_S) and run.monitor.woke.is_set():
                     log.warning("the monitor thread's abort outlasted %.0f s; leaving anyway", RESTART_WAIT_S)
                 raise exc

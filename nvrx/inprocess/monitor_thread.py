@@ -311,7 +311,7 @@ class MonitorThread(threading.Thread):
         except BaseException as exc:  # its store connection failed: this rank sees no fault now
             # Restarted as for a fault (the abort included: its main thread may be blocked in
             # a collective), it records the failure (``RoundRun``), which restarts the others,
-            # and its next round watches on a new connection (``between_rounds.restart``).
+            # and its next round watches on a new connection (``round_run.restart``).
             self.error = exc
             log.error("monitor thread failed: %r", exc)
             self._let_go_of_store(exc)

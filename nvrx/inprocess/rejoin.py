@@ -46,7 +46,7 @@ def admitted_state(admission: Admission, initial_rank: int, initial_world_size: 
 
     Its iteration is the one its survivors assign ranks with: the round before's, one
     less than the ``job_restarts`` of the round it joins, which the assignment sets
-    after it (``between_rounds.assign``). An assignment that meets its peers under a
+    after it (``round_run.assign``). An assignment that meets its peers under a
     name made from the iteration (``FilterCountGroupedByKey``) then meets them.
     """
     state = State(**dict(admission.state, mode=Mode[admission.state["mode"]]))

@@ -1,7 +1,7 @@
 """What a Wrapper call reads of its ``Wrapper``: the arguments it was given, checked.
 
 ``wrap.Wrapper`` has these attributes. The parts of a call (``call_wrapper``,
-``rank_services``, ``round_run``, ``between_rounds``) read them through this
+``rank_services``, ``round_run``) read them through this
 type, which stands below ``wrap``: none of them imports the module that
 starts them.
 """

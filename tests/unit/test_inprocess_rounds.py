@@ -1,4 +1,4 @@
-"""A restart round's outcome (round_run.RoundRun) and what happens between rounds (between_rounds).
+"""A restart round's outcome (round_run.RoundRun) and what follows it (round_run.restart, leave).
 
 The round runs against a real TCPStore; the Wrapper around it (``CallWrapper``),
 its monitor thread and the restart ``Delivery`` are stand-ins, so each test
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from nvrx.inprocess import between_rounds, rejoin, round_run
+from nvrx.inprocess import rejoin, round_run
 from nvrx.inprocess import store as rstore
 from nvrx.inprocess.compose import Compose
 from nvrx.inprocess.exception import HealthCheckError, InternalError, RestartAbort
@@ -117,7 +117,7 @@ class FakeBoard:
 
 
 class FakeCall:
-    """What RoundRun and between_rounds use of a ``CallWrapper``."""
+    """What a round (``round_run``) uses of a ``CallWrapper``."""
 
     def __init__(self, base, world_size: int = 1, **wrapper) -> None:
         self.wrapper = SimpleNamespace(
@@ -319,7 +319,7 @@ def test_a_failed_monitor_join_takes_the_leave_path(base):
 
 # -- between rounds ---------------------------------------------------------------------
 def _restart(call, fault, signal=None):
-    return between_rounds.restart(call, _run(call), Restart(fault, signal))
+    return round_run.restart(call, _run(call), Restart(fault, signal))
 
 
 def test_restart_abort_in_finalize_records_the_exit_a_rejoin_leader_reads(base):
@@ -332,7 +332,7 @@ def test_restart_abort_in_finalize_records_the_exit_a_rejoin_leader_reads(base):
     outcome = _restart(call, fault)
     assert isinstance(outcome, Leave) and isinstance(outcome.exc, RestartAbort)
     assert not outcome.recorded
-    between_rounds.leave(call, round_store, outcome)  # before the decision: released nowhere
+    round_run.leave(call, round_store, outcome)  # before the decision: released nowhere
     assert not call.services.board.flags & FLAG_RELEASED
     exits = [r for r in rstore.fault_records(round_store) if r.kind == "exit"]
     assert [(r.rank, r.exc_type) for r in exits] == [(0, "nvrx.inprocess.exception.RestartAbort")]
@@ -467,7 +467,7 @@ def test_a_restart_the_function_asked_for_ends_its_monitor_without_abort(base, m
     monitor.start()
     run = RoundRun(call, call.round_store, monitor, time.monotonic())
     t0 = time.monotonic()
-    assert between_rounds.restart(call, run, Restart(None, RankShouldRestart("asked"))) is None
+    assert round_run.restart(call, run, Restart(None, RankShouldRestart("asked"))) is None
     assert time.monotonic() - t0 < RESTART_WAIT_S
     assert not monitor.is_alive() and aborts == [] and call.round == 1
 
@@ -476,10 +476,10 @@ def test_a_restart_and_the_fault_behind_it_are_logged(base, caplog):
     call = FakeCall(base)
     with caplog.at_level(logging.INFO, logger="nvrx.inprocess"):
         outcome = _run(call).run(_fails, (), {})
-        between_rounds.restart(call, _run(call), outcome)
+        round_run.restart(call, _run(call), outcome)
     levels = [(r.name, r.levelname) for r in caplog.records]
     assert levels == [
-        ("nvrx.inprocess.round_run", "ERROR"), ("nvrx.inprocess.between_rounds", "WARNING"),
+        ("nvrx.inprocess.round_run", "ERROR"), ("nvrx.inprocess.round_run", "WARNING"),
     ], levels  # fmt: skip
 
 
@@ -506,9 +506,9 @@ def test_a_terminate_that_raises_is_raised_caused_by_the_exit(base):
 
     call = FakeCall(base, terminate=terminate)
     stop = RestartAbort("stop here")
-    left = between_rounds.leave(call, call.round_store, Leave(stop, False))
+    left = round_run.leave(call, call.round_store, Leave(stop, False))
     assert isinstance(left, OSError) and left.__cause__ is stop
-    assert between_rounds.leave(FakeCall(base), call.round_store, Leave(stop, True)) is stop
+    assert round_run.leave(FakeCall(base), call.round_store, Leave(stop, True)) is stop
 
 
 def test_finalize_that_reraises_the_fault_makes_no_cycle(base):
@@ -596,7 +596,7 @@ def test_a_rank_released_into_the_next_round_that_leaves_leaves_that_round(base,
     left = outcomes[1]
     assert outcomes[0] is None and isinstance(left, Leave), outcomes
     assert calls[1].services.board.flags & FLAG_RELEASED
-    leaving = threading.Thread(target=between_rounds.leave, args=(calls[1], round_0, left))
+    leaving = threading.Thread(target=round_run.leave, args=(calls[1], round_0, left))
     leaving.start()
     round_1 = rstore.round_store(base, 1)
     rounds.publish_rank_state(round_1, 0, calls[0].state)
@@ -624,7 +624,7 @@ def test_a_rank_released_whose_rejoin_fails_leaves_the_next_round(base):
     rounds.publish_rank_state(round_1, 1, other)
     round_1.add(rounds.STARTED, 1)  # the other rank started round 1
     call.services.board.set_flag(FLAG_RELEASED, True)
-    between_rounds.leave(call, round_0, Leave(ConnectionError("store write failed"), False))
+    round_run.leave(call, round_0, Leave(ConnectionError("store write failed"), False))
     assert call.round == 1 and updates == [{"round": 1, "rank": 0}]
     exits = [r.rank for r in rstore.fault_records(round_1) if r.kind == "exit"]
     assert exits == [0] and rstore.terminated_ranks(round_1) == {0}

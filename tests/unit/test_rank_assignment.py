@@ -337,7 +337,7 @@ def test_an_assignment_that_picks_no_active_ranks_keeps_every_rank_active_after_
     import os
     from types import SimpleNamespace
 
-    from nvrx.inprocess import between_rounds
+    from nvrx.inprocess import round_run
 
     monkeypatch.setenv("RANK", "-1")  # restored after the test: ``assign`` publishes them
     monkeypatch.setenv("WORLD_SIZE", "-1")
@@ -349,13 +349,13 @@ def test_an_assignment_that_picks_no_active_ranks_keeps_every_rank_active_after_
             round_store=None,
             emit=lambda kind, **fields: None,
         )
-        between_rounds.assign(call, set(), set(), 0)
+        round_run.assign(call, set(), set(), 0)
         assert (call.state.mode, call.state.active_rank) == (Mode.ACTIVE, rank)
         assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == (str(rank), "4")
         for shrink in (1, 2):
             if call.state.rank == 0:
                 break
-            between_rounds.assign(call, {0}, set(), shrink)
+            round_run.assign(call, {0}, set(), shrink)
             seen[rank, shrink] = (
                 call.state.rank,
                 call.state.active_rank,
@@ -471,11 +471,11 @@ def test_an_assignment_that_returns_no_context_is_named():
     """A plug-in of the user's that forgets ``return ctx`` is named, with what to add."""
     from types import SimpleNamespace
 
-    from nvrx.inprocess import between_rounds
+    from nvrx.inprocess import round_run
 
     def forgets(ctx):
         ctx.state.rank = 0
 
     call = SimpleNamespace(state=State(rank=0, world_size=1), assignment=forgets, round_store=None)
     with pytest.raises(TypeError, match=r"forgets.* returned None.*return ctx"):
-        between_rounds.assign(call, set(), set(), 0)
+        round_run.assign(call, set(), set(), 0)
