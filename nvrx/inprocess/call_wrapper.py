@@ -32,8 +32,15 @@ from .param_utils import substitute_param_value
 from .progress_watchdog import FLAG_TIMEOUTS_OFF, ProgressWatchdog
 from .rank_filter import with_rank_filter
 from .rank_services import RankServices
-from .round_outcome import Completed, Leave, Outcome, Restart
-from .round_run import RoundRun, forged_reporter, preserved_environment
+from .round_run import (
+    Completed,
+    Leave,
+    Outcome,
+    Restart,
+    RoundRun,
+    forged_reporter,
+    preserved_environment,
+)
 from .state import State
 from .supervision import restarted_process, supervised
 from .wrapper_settings import WrapperSettings

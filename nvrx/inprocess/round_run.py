@@ -5,7 +5,7 @@ it and the next round, or instead of the next one.
 rendezvous environment, this rank's state in the store) and starts the
 round's ``MonitorThread``. ``RoundRun.run`` runs user code (``initialize``,
 the health check, the function on active ranks), then the completion barrier,
-and returns one ``round_outcome``:
+and returns one outcome, which the restart loop of ``CallWrapper`` acts on:
 
 * the restart reaches this thread as ``RankShouldRestart`` (raised by the
   monitor thread's delivery, or here once this rank's own exception is on
@@ -82,7 +82,6 @@ from .monitor_thread import (
 from .progress_watchdog import FLAG_RELEASED, released_into_next
 from .rank_assignment import RankAssignment, RankAssignmentCtx, RankDiscarded, assignment_wait_s
 from .rank_services import RankServices
-from .round_outcome import Completed, Leave, Outcome, Restart
 from .state import Mode, State
 from .supervision import supervised
 from .wrapper_settings import WrapperSettings
@@ -90,6 +89,40 @@ from .wrapper_settings import WrapperSettings
 log = logging.getLogger(__name__)
 
 _FOREVER_S = 365 * 86400.0
+
+
+# -- how a round ends on this rank -------------------------------------------------------
+@dataclasses.dataclass
+class Completed:
+    """The round completed on every rank; ``value`` is what the function returned (None on a spare)."""
+
+    value: Any
+
+
+@dataclasses.dataclass
+class Restart:
+    """Every rank restarts; ``fault``: the exception this rank raised in the round, if any.
+
+    Either this rank's own fault, or an exception that a peer's fault caused
+    here (a collective failing once the monitor thread aborted the process
+    groups; recorded as a ``peer`` fault); None when this rank raised nothing.
+    ``signal``: the ``RankShouldRestart`` that ended the round here, the cause
+    of an exception that ends the rank before the next round (as in the reference).
+    """
+
+    fault: BaseException | None
+    signal: BaseException | None = None
+
+
+@dataclasses.dataclass
+class Leave:
+    """This rank leaves the job because of ``exc``; ``recorded``: its fault is on record already."""
+
+    exc: BaseException
+    recorded: bool
+
+
+Outcome = Completed | Restart | Leave
 
 
 class RoundCall(Protocol):

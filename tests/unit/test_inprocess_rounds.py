@@ -32,8 +32,7 @@ from nvrx.inprocess.rank_assignment import (
     ShiftRanks,
 )
 from nvrx.inprocess.rank_filter import with_rank_filter
-from nvrx.inprocess.round_outcome import Completed, Leave, Restart
-from nvrx.inprocess.round_run import RoundRun
+from nvrx.inprocess.round_run import Completed, Leave, Restart, RoundRun
 from nvrx.inprocess.state import Mode, State
 from nvrx.node_agent.rank_wire import HostBarrierClient
 from nvrx.store import barrier as nvrx_barrier
