@@ -229,19 +229,19 @@ class RoundRun:
             self.monitor.stop.set()  # the round completed: a failure of its thread now restarts nothing
             self.monitor.join(call.wrapper.monitor_thread_interval + 5)
             call.emit("round_end", outcome="completed", duration_s=time.monotonic() - self.started)
-        except RankShouldRestart as restart:
+        except RankShouldRestart as request:
             call.delivery.caught()
             tell_kept_state(self.monitor.seen_mono or time.monotonic())  # a commit raced it
             call.services.board.leave_user()
             self._call_ended("restart")  # a peer's fault cut the call short
-            if self.fault is None and isinstance(restart.__context__, Exception):
-                self.fault = restart.__context__
+            if self.fault is None and isinstance(request.__context__, Exception):
+                self.fault = request.__context__
             if self.monitor.error is not None:
                 self._monitor_failed(self.monitor.error)
             self._record(self.fault)
-            if self.fault is not None and restart.__cause__ is None:
-                restart.__cause__ = self.fault
-            return Restart(self.fault, restart)
+            if self.fault is not None and request.__cause__ is None:
+                request.__cause__ = self.fault
+            return Restart(self.fault, request)
         except BaseException as exc:
             call.delivery.settle()  # a restart requested meanwhile is moot: this rank leaves
             call.services.board.leave_user()

@@ -140,7 +140,7 @@ FAILOVER_KEYS = (CURRENT_ROUND, JOB_RESTARTS, GONE_PREFIX)
 
 # names inside one round's prefix
 INTERRUPTED = "interrupted"  # "fault" when any rank faults, "done" when the round completed
-FAULT_LIST = "faults"  # append-only fault records (``failures.FaultRecord``), one per line
+FAULT_LIST = "faults"  # append-only ``failures.FaultRecord``s: a JSON line or a sealed entry each
 TERMINATED = "terminated"  # append-only list of the round's ranks that left the job
 DECISION = "decision"  # JSON written by the last arrival at the iteration barrier
 REJOIN = "rejoin"  # JSON: ranks whose replacement process rejoined (written by the round's leader)
@@ -706,9 +706,10 @@ def checked_fault_records(store: Any) -> CheckedRecords:
     """The round's fault records that can be trusted, and how many entries were not (a
     seal that did not verify: appended by a client without the job's secret, or copied
     from another round or run). Unreadable lines are logged and skipped."""
+    sealer = seal.job_sealer()
     if not store.check([FAULT_LIST]):
         return CheckedRecords([])
-    text, sealer = seal.text_of(store.get(FAULT_LIST)), seal.job_sealer()
+    text = seal.text_of(store.get(FAULT_LIST))
     if sealer is None:
         lines, forged, forged_bytes = text.splitlines(), 0, 0
     else:
@@ -719,7 +720,7 @@ def checked_fault_records(store: Any) -> CheckedRecords:
         try:
             records.append(failures.FaultRecord.from_json(line))
         except (ValueError, TypeError) as exc:
-            log.warning("skipping an unreadable fault record of the round: %s", exc)
+            log.warning("skipping an unreadable fault record at %s: %s", fault_list_key(store), exc)
     return CheckedRecords(records, forged, forged_bytes)
 
 

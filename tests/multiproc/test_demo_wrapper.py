@@ -127,7 +127,7 @@ def test_the_demo_gives_its_groups_a_timeout_below_the_hard_timeout(
     """The demo follows docs/abort.md: its gloo groups time out before the Wrapper's hard
     timeout, so the Wrapper has no advice to give (its warning names the logger)."""
     run: DemoRun = request.getfixturevalue(which)
-    assert "nvrx.inprocess.round_run" in run.output  # the Wrapper's warnings reach it
+    assert "WARNING nvrx.inprocess.round_run" in run.output  # the Wrapper's warnings reach it
     assert "nvrx.inprocess.gloo_abort" not in run.output
 
 

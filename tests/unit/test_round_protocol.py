@@ -214,6 +214,7 @@ def test_every_key_of_the_protocol_is_listed_and_every_listed_one_is_there():
     "gone",
     [
         "store/generations.py",
+        "store/faults.py",
         "store/gone_ranks.py",
         "inprocess/lost_ranks.py",
         "inprocess/death_between_rounds.py",

@@ -140,10 +140,9 @@ def test_fault_events_keep_their_fields(base):
     assert len(rstore.fault_records(r0)) == 1  # a peer fault is not written to the store
 
     r1 = rstore.round_store(base, 1)
-    from nvrx.events.failures import announce_leave
 
     dead = failures.FaultRecord(rank=1, kind="dead", message="x")
-    announce_leave(emit, 1, dead)  # the monitor's event, at once
+    failures.announce_leave(emit, 1, dead)  # the monitor's event, at once
     rstore.proxy_leave(r1, base, 1, 2, dead)  # then the store's part
     assert events.pop() == (
         "fault",
