@@ -224,10 +224,7 @@ class BeatSocket:
         """Bind a socket at ``path``; or, given ``fd``, take over the one bound there by
         the process that started this one (and passed its descriptor on)."""
         self.path = path
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM, fileno=fd)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-        if fd is None:
-            self._sock.bind(path)
+        self._sock = _datagram_socket(path if fd is None else None, fd)
         self._sock.setblocking(False)
         self.refused = 0  # datagrams of other users dropped
 
@@ -264,6 +261,20 @@ class BeatSocket:
         if unlink:
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
+
+
+def _datagram_socket(address: str | None, fd: int | None = None) -> socket.socket:
+    """A datagram socket that is told its senders' credentials, bound at ``address`` (not
+    when None); given ``fd``, the socket of that descriptor (bound by another process)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM, fileno=fd)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        if address is not None:
+            sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 _CREDENTIALS_SPACE = socket.CMSG_SPACE(struct.calcsize("3i"))
@@ -490,19 +501,6 @@ class Meeting:
     kind: str
     at: int
     world: int
-
-
-def _datagram_socket(address: str | None) -> socket.socket:
-    """A datagram socket that is told its senders' credentials, bound at ``address``."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-        if address is not None:
-            sock.bind(address)
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 def _receive(sock: socket.socket) -> dict[str, Any] | None:
