@@ -23,13 +23,14 @@ to declare the survivors' slots lost and requeue the job itself, which leaves th
 nothing to do.
 
 What takes seconds is ready before it is needed: while the job runs, each
-supervisor keeps a node agent started that has no address yet, and the slot next in line (the lowest one
-but the store host's and those known lost) keeps a store service held before it binds
-(``Failover.prepare``); when that slot is declared lost, the one next in line now is told
-(``NodeRoles.next_in_line``, ``node_keys.hold_store``) and keeps one in its place. When the store is lost, the held service is let go
-(stopped again if the election names another slot) and standbys for the
-node's ranks start (``standby``) while the children stop and the survivors
-elect; whatever was not kept ready starts then.
+supervisor keeps a node agent started that has no address yet, and the slot next in
+line (the lowest one but the store host's and those known lost) keeps a store service
+held before it binds (``Failover.prepare``); when that slot is declared lost, the one
+next in line now is told (``NodeRoles.next_in_line``, ``node_keys.hold_store``) and
+keeps one in its place. When the store is lost, the held service is let go (stopped
+again if the election names another slot) and standbys for the node's ranks start
+(``standby``) while the children stop and the survivors elect; whatever was not kept
+ready starts then.
 """
 
 from __future__ import annotations
