@@ -66,6 +66,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from nvrx import events, jobenv, processes
@@ -617,14 +618,34 @@ class _NotYet(Exception):
     came yet)."""
 
 
-def _setup_logging(path: str | None) -> None:
-    handler: logging.Handler = logging.FileHandler(path) if path else logging.StreamHandler()
+def log_path(cfg: HostConfig, host: str) -> Path:
+    """Where the agent of ``host`` logs: the log file of the monitor that started it, else
+    ``node_agent-<host>.log`` in the job's event directory (its stderr goes nowhere: it
+    outlives the launcher that would read it)."""
+    if cfg.logfile:
+        return Path(cfg.logfile)
+    directory = Path(cfg.events_dir) if cfg.events_dir else events.job_log_dir()
+    return directory / f"node_agent-{host.replace(os.sep, '_')}.log"
+
+
+def _setup_logging(path: Path) -> None:
+    """Log to ``path``; to stderr (nowhere, as the agent is started) where it cannot be
+    opened: the agent serves its host all the same, and its events say what it did."""
+    handler: logging.Handler
+    refused = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(path)
+    except OSError as exc:
+        handler, refused = logging.StreamHandler(), exc
     handler.setFormatter(
         logging.Formatter("%(asctime)s nvrx.node_agent %(levelname)s: %(message)s")
     )
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if jobenv.flag_in(None, jobenv.MONITOR_DEBUG) else logging.INFO)
+    if refused is not None:
+        log.warning("cannot log to %s: %s", path, refused)
 
 
 def main(argv: list[str]) -> int:
@@ -636,7 +657,7 @@ def main(argv: list[str]) -> int:
         return 2
     processes.ignore_warning_signal()
     fd, cfg = int(argv[0]), HostConfig(**json.loads(sys.stdin.readline()))
-    _setup_logging(cfg.logfile)
+    _setup_logging(log_path(cfg, jobenv.host_id()))
     sock = BeatSocket(agent_address(cfg, jobenv.host_id()), fd)
     context = dict(cfg.events_context or events.context_from_env())
     context.update(rank=None, round=None)

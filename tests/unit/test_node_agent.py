@@ -11,7 +11,9 @@ comes back after it is killed, and ends by itself, leaving no file behind.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
+import logging
 import os
 import signal
 import time
@@ -1211,6 +1213,42 @@ def test_an_agent_logs_to_the_monitors_log_file(served, tmp_path: Path) -> None:
     agents = _agents(os.environ["NVRX_HOST_ID"])
     assert psutil.wait_procs(agents, timeout=30)[1] == []
     assert "every rank of this host ended" in log.read_text()
+
+
+def test_without_a_monitor_log_file_an_agent_logs_beside_the_jobs_events(served, tmp_path: Path) -> None:
+    """The monitors log nowhere (no ``monitor_process_logfile``): the agent, whose stderr
+    goes nowhere, still says what it did, in ``node_agent-<host>.log`` beside the events."""
+    cfg, store = served
+    host = os.environ["NVRX_HOST_ID"]
+    log = tmp_path / "events" / f"node_agent-{host}.log"
+    link = _link(cfg, store, 0)
+    link.beat(_beat(0))
+    wait_until("the agent's log", lambda: log.exists() and "serving" in log.read_text(), 30)
+    link.end()
+    assert psutil.wait_procs(_agents(host), timeout=30)[1] == []
+    assert "every rank of this host ended" in log.read_text()
+
+
+def test_an_agent_that_cannot_open_its_log_file_serves_all_the_same(tmp_path: Path) -> None:
+    """A log file that cannot be opened (its folder is a file) is said on stderr, and
+    the agent's set-up goes on."""
+    (tmp_path / "events").write_text("not a folder")
+    cfg = HostConfig.of(_config(events_dir=str(tmp_path / "events")))
+    path = node_agent.log_path(cfg, "h/1")
+    assert path == tmp_path / "events" / "node_agent-h_1.log"
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            node_agent._setup_logging(path)
+            logging.getLogger("nvrx.node_agent.host").info("still logging")
+            for handler in set(root.handlers) - set(handlers):
+                handler.flush()
+    finally:
+        for handler in set(root.handlers) - set(handlers):
+            root.removeHandler(handler)
+        root.setLevel(level)
+    assert f"cannot log to {path}" in err.getvalue() and "still logging" in err.getvalue()
 
 
 def test_a_monitor_that_cannot_start_the_agent_says_so_and_beats_on(served, monkeypatch) -> None:
