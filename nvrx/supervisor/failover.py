@@ -333,8 +333,9 @@ class Failover:
         held before it binds. Only where a failover can happen (node liveness on, 3 slots
         or more, this slot not the store host) and warm standbys are on. The slot watches
         its ``hold_store`` chain: a slot found next in line once the one before it was
-        declared lost is told so there (``NodeRoles.next_in_line``)."""
-        if not (self._can_fail_over() and self._roles.keeps_store_ready):
+        declared lost is told so there (``NodeRoles.next_in_line``). Nothing is started once
+        the job is stopping (a failover that ends in a stop prepares for no next one)."""
+        if self.course.stopping or not (self._can_fail_over() and self._roles.keeps_store_ready):
             return
         try:
             self._roles.watch_chain(node_keys.hold_store(self._roles.slot))

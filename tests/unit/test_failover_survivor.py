@@ -17,6 +17,7 @@ import pytest
 from nvrx.store import snapshot
 from nvrx.store.seal import Sealer
 from nvrx.store.sealed_keys import SealedChain, entry_payload
+from nvrx.supervisor import failover as failover_module
 from nvrx.supervisor import node_keys, node_requeue, store_failover
 from nvrx.supervisor.config import SupervisorConfig, local_job
 from nvrx.supervisor.course import Course, CourseTracker
@@ -270,6 +271,38 @@ def test_at_a_failover_a_store_kept_ready_on_a_slot_known_lost_is_stopped(
         assert (used, service) == (["stop"], None)
     else:
         assert (used, service) == ((["release"], kept) if kept_ready else ([f"start e{EPOCH + 1}"], started))
+
+
+@pytest.mark.parametrize("stopping", [False, True])
+def test_a_slot_next_in_line_keeps_a_store_ready_unless_the_job_is_stopping(
+    tmp_path: Path, stopping: bool
+) -> None:
+    """Slot 1 of 3, next in line after slot 0: ``prepare`` (called at the start, and after
+    each failover for the next one) watches its ``hold_store`` chain and keeps a node agent
+    and a held store ready; after a failover that ended in a stop it starts neither (before,
+    it started both at the job's end)."""
+    survivor = _Survivor(tmp_path, nnodes=3, slot=1)
+    failover, roles = survivor.failover, survivor.store.roles
+    failover.course.stopping = stopping
+    roles.keeps_store_ready = True
+    roles.ended = _ended(3, 1, {})  # the job's store: no slot lost
+    watched: list[str] = []
+    roles.watch_chain = watched.append
+    survivor.store.beats_fd = None
+    survivor.store.config.store_timeout = 0.2
+    started: list[str] = []
+    failover._successor_store = lambda epoch, held=False: SimpleNamespace(
+        launch=lambda: started.append(f"store e{epoch} held={held}")
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(failover_module, "StoreLink", lambda *args: SimpleNamespace(
+            launch=lambda: started.append("agent")))  # fmt: skip
+        failover.prepare()
+    if stopping:
+        assert (watched, started) == ([], [])
+    else:
+        assert watched == [node_keys.hold_store(1)]
+        assert started == ["agent", f"store e{EPOCH + 1} held=True"]
 
 
 @pytest.mark.parametrize("claimed", [False, True], ids=["lost-before-its-claim", "lost-after-it"])
