@@ -95,6 +95,9 @@ class NodeRoles:
         self.store_slot = 0  # the slot hosting the store: its end is not counted in ENDED
         self.probes = NodeProbes(emit)  # does a lost node still answer SLURM?
         self._watched: dict[str, SealedChain] = {}  # sealed chains this slot waits on
+        #: The rejected values recorded, as (key, value): a chain watched again from its start
+        #: (after a failover, in the store restored from the snapshot) meets them again.
+        self._recorded: set[tuple[str, str]] = set()
 
     @property
     def enabled(self) -> bool:
@@ -154,15 +157,18 @@ class NodeRoles:
 
     def on_chain_value(self, key: object, value: str) -> tuple[str, ChainValue] | None:
         """What watched ``key`` holds: its chain's base and payload; a value rejected is
-        recorded (``rejected_write``, by the slot that stands for its watchers) and the watch
-        moves on. None when ``key`` is no watched chain's."""
+        recorded (``rejected_write``, by the slot that stands for its watchers; once, though
+        the chain is watched again) and the watch moves on. None when ``key`` is no watched
+        chain's."""
         found = self._chain_of(key)
         if found is None:
             return None
         base, chain = found
         seen = chain.on_value(str(key), value)
         if seen.payload is None:
-            if base != ALL_DONE_KEY or self.slot == self.cfg.active_nodes:  # the lowest spare
+            records = base != ALL_DONE_KEY or self.slot == self.cfg.active_nodes  # the lowest spare
+            if records and (str(key), value) not in self._recorded:
+                self._recorded.add((str(key), value))
                 self._rejected(str(key), str(seen.rejected), len(value.encode(errors="replace")))
             chain.watch(self.link)
         return base, seen

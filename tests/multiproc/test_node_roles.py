@@ -207,6 +207,27 @@ def test_a_forged_assignment_is_rejected_and_the_spare_takes_the_real_one(link: 
     assert base == node_keys.assign(2) and spare.take_over(value.payload)["node_rank"] == 1
 
 
+def test_a_forged_value_met_again_by_a_chain_watched_again_is_recorded_once(link: StoreLink) -> None:
+    """Slot 1 watches its ``hold_store`` chain, which holds a forged value; after a failover
+    it watches the chain again from its start (the store restored from the snapshot) and
+    meets that value again: one ``rejected_write``, not one per watch. A forged value of
+    its own at the next place is recorded too."""
+    events: list[dict[str, Any]] = []
+    roles = _roles(link, events, node_rank=1)
+    base = node_keys.hold_store(1)
+    link.set(sealed_keys.key_of(base, 1), json.dumps({"slot": 0}))
+    for _ in range(2):
+        roles.watch_chain(base)
+        [seen] = _key_events(link)
+        assert roles.on_chain_value(seen["key"], seen["value"])[1].payload is None  # type: ignore[index]
+    link.set(sealed_keys.key_of(base, 2), "forged again")
+    for seen in _key_events(link):  # (each watch of this link waits on it: in a failover, a new link)
+        assert seen["key"] == sealed_keys.key_of(base, 2)
+        assert roles.on_chain_value(seen["key"], seen["value"])[1].payload is None  # type: ignore[index]
+    keys = [sealed_keys.key_of(base, 1), sealed_keys.key_of(base, 2)]
+    assert [(e["kind"], e["key"]) for e in events] == [("rejected_write", key) for key in keys]
+
+
 def test_each_loss_gets_the_lowest_spare_alive_and_not_taken(link: StoreLink) -> None:
     # slots 0 and 1 train, 2 and 3 are spares: node rank 1 is lost twice, the second time
     # as the spare that had taken it over
