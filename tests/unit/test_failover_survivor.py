@@ -586,6 +586,34 @@ def test_a_successor_records_the_old_hosts_loss_once_its_store_is_published_or_g
     assert (stop.slot, stop.node_rank, stop.action, stop.replaced_by) == (0, 0, "stop", None)
 
 
+def test_a_successor_whose_epoch_another_slot_claimed_first_stops_its_store_and_uses_that_one(
+    tmp_path: Path,
+) -> None:
+    """Two stores for one epoch: slot 1 finds itself successor, but slot 2 (elected on another
+    view of the survivors) started a store and claimed and published the epoch first. Slot 1's
+    store, started too, is stopped unclaimed and slot 1 connects to slot 2's: the job goes on
+    with one store, and slot 1 does not end as a store host."""
+    successor = _Survivor(tmp_path, nnodes=3, slot=1)
+    successor.store.config.node_timeout = 0.1
+    successor.store.config.store_timeout = 1.0
+    store_failover.announce(tmp_path, EPOCH + 1, 2)
+    theirs = store_failover.StoreAddress("node3", 2, 2, EPOCH + 1)
+    assert store_failover.claim(tmp_path, theirs) and store_failover.publish(tmp_path, theirs)
+    used: list[str] = []
+    service = SimpleNamespace(host="node2", port=1, held=False, wait_started=lambda timeout: None,
+                              stop=lambda: used.append("stop"))  # fmt: skip
+    failover = successor.failover
+    failover._successor_store = lambda epoch, held=False: SimpleNamespace(
+        launch=lambda: used.append(f"start e{epoch}") or service
+    )
+    failover._connect = lambda address: bool(used.append(f"connect {address.host}")) or True
+    failover._roles.start = lambda: None
+    assert failover._elect_and_connect(0.0) == (theirs, None)
+    assert used == [f"start e{EPOCH + 1}", "stop", "connect node3"]
+    assert successor.store.service is None
+    assert store_failover.wait_address(tmp_path, EPOCH + 1, 0.1) == theirs
+
+
 def test_a_store_error_while_recording_the_old_hosts_loss_is_logged_not_raised(tmp_path: Path) -> None:
     successor, mine, _ = _successor(tmp_path)
     roles = successor.store.roles
