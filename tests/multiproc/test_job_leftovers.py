@@ -12,7 +12,7 @@ the job's next run starts without it and removes it.
 
 A Wrapper job without a supervisor, killed the same way (its ranks and their monitors),
 leaves nothing in ``/dev/shm`` either, and its node agent, whose session the kill did
-not reach, ends by itself.
+not reach, ends by itself, saying why in its log beside the events.
 """
 
 from __future__ import annotations
@@ -125,6 +125,9 @@ def test_a_killed_wrapper_job_without_a_supervisor_leaves_nothing_and_its_agent_
                     member.kill()
         assert psutil.wait_procs([agent], timeout=60)[1] == [], "the node agent outlived its job"
         assert _new_shm(before) == set()
+        [log] = tmp_path.glob("logs/*/node_agent-a.log")  # no monitor log file: beside the events
+        said = log.read_text()
+        assert "node agent of host a serving" in said and "the job is gone" in said, said
     finally:
         ranks.kill()
         for agent in node_agents(tmp_path / "logs"):
