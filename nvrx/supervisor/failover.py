@@ -99,8 +99,6 @@ class Failover:
         #: (The successor) its new store was the one held ready (``prepare``), not one started
         #: at the failover.
         self._held_used = False
-        #: The lost store's snapshot as this failover read it, and its path (``_snapshot``).
-        self._read: tuple[Path, snapshot.KeptKeys] | None = None
 
     @property
     def _roles(self) -> NodeRoles:
@@ -160,7 +158,7 @@ class Failover:
         lost_store = store_failover.snapshot_path(
             cfg.events_dir, self.store.epoch - 1, self.store.lost_slot
         )
-        kept = self._snapshot(lost_store)
+        kept = snapshot.KeptKeys(snapshot.read(lost_store))
         for lost_slot, node in answers.silent:
             self._roles.record_lost_unreplaced(lost_slot, node, lost_wall, kept)
         if answers.batch_host_answered:
@@ -326,15 +324,8 @@ class Failover:
     def _lost_store_keys(self) -> snapshot.KeptKeys:
         """What the store just lost kept in its snapshot, as the survivors all read it."""
         store = self.store
-        return self._snapshot(store_failover.snapshot_path(store.config.events_dir, store.epoch, store.slot))
-
-    def _snapshot(self, path: Path) -> snapshot.KeptKeys:
-        """The lost store's snapshot at ``path``, read once: every step of one failover (the
-        store kept ready, the election, the losses recorded after it) decides on one view of
-        it, though a host that only stalled may write it again meanwhile."""
-        if self._read is None or self._read[0] != path:
-            self._read = (path, snapshot.KeptKeys(snapshot.read(path)))
-        return self._read[1]
+        path = store_failover.snapshot_path(store.config.events_dir, store.epoch, store.slot)
+        return snapshot.KeptKeys(snapshot.read(path))
 
     def prepare(self) -> None:
         """While the job runs, keep ready what a failover would wait for first: a node

@@ -214,29 +214,6 @@ def test_a_slot_declared_lost_that_announces_is_never_elected_successor(tmp_path
 
 
 @pytest.mark.timeout(60)
-def test_one_failover_decides_on_one_read_of_the_lost_stores_snapshot(tmp_path: Path) -> None:
-    """Slot 2 keeps its store ready on the snapshot that shows slot 1 declared lost; slot 0,
-    which only stalled, then writes its snapshot again without that declaration: the election
-    of the same failover still counts slot 1 lost and elects slot 2 (before, it read the file
-    again and named slot 1 successor, though slot 2 had started the next store)."""
-    survivor = _slot_1_declared_lost(tmp_path, slot=2)
-    failover = survivor.failover
-    failover._roles.node_rank = None  # (a spare: no standby to start)
-    survivor.store.beats_fd = None
-    failover._successor_store = lambda epoch, held=False: SimpleNamespace(launch=lambda: "its store")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(failover_module, "StoreLink", lambda *args: SimpleNamespace(launch=lambda: None))
-        assert failover._start_ahead() == (None, "its store")
-    snapshot.write(store_failover.snapshot_path(tmp_path, EPOCH, 0), {})
-    for slot in (1, 3, 4):
-        store_failover.announce(tmp_path, EPOCH + 1, slot)
-    survivor.store.config.store_timeout = 0.0
-    survivor.store.config.node_timeout = 0.1
-    assert failover._elect_and_connect(0.0) == (None, None)  # its store: not started
-    assert survivor.hosted == [2]
-
-
-@pytest.mark.timeout(60)
 def test_a_slot_declared_lost_does_not_stand_and_ends_as_fenced(tmp_path: Path) -> None:
     """Slot 1, declared lost while it stalled, finds its own end in the lost store's snapshot
     when the store is lost: it announces nothing, starts no store (before, it named itself,
