@@ -334,7 +334,7 @@ class Failover:
         or more, this slot not the store host) and warm standbys are on. The slot watches
         its ``hold_store`` chain: a slot found next in line once the one before it was
         declared lost is told so there (``NodeRoles.next_in_line``). Nothing is started once
-        the job is stopping (a failover that ends in a stop prepares for no next one)."""
+        the job is stopping (``Supervisor.request_stop`` ends what was kept ready)."""
         if self.course.stopping or not (self._can_fail_over() and self._roles.keeps_store_ready):
             return
         try:

@@ -344,6 +344,7 @@ class Supervisor:
         for child in self.running():
             child.signal_group(signal.SIGTERM)
         self.kill_at = time.monotonic() + self.config.grace_period
+        self.failover.drop_prepared()  # a stopping job fails over no more
 
     def _store_failed(self, exc: StoreLinkError) -> None:
         """A store request failed: fail over where the store was lost (a child of a plain

@@ -279,8 +279,8 @@ def test_a_slot_next_in_line_keeps_a_store_ready_unless_the_job_is_stopping(
 ) -> None:
     """Slot 1 of 3, next in line after slot 0: ``prepare`` (called at the start, and after
     each failover for the next one) watches its ``hold_store`` chain and keeps a node agent
-    and a held store ready; after a failover that ended in a stop it starts neither (before,
-    it started both at the job's end)."""
+    and a held store ready; once the job is stopping (a stop taken before the start's
+    ``prepare``) it starts neither."""
     survivor = _Survivor(tmp_path, nnodes=3, slot=1)
     failover, roles = survivor.failover, survivor.store.roles
     failover.course.stopping = stopping

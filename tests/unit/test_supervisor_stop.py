@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -94,6 +95,19 @@ def test_a_second_stop_signal_kills_at_once(tmp_path: Path) -> None:
     finally:
         for child in sup.ranks.children.values():
             processes.stop(child.proc, ask=signal.SIGKILL)
+
+
+def test_a_stop_ends_what_was_kept_ready_for_a_failover(tmp_path: Path) -> None:
+    """The slot next in line keeps a node agent and a held store (torch imported) ready for a
+    failover; the job stops (here a stop of another node's; a failover that ends in a stop
+    is told so the same way): both end at once, not at the supervisor's exit."""
+    sup, _ = _supervisor(tmp_path, 1)
+    ended: list[str] = []
+    sup.failover._prepared_link = SimpleNamespace(close=lambda: ended.append("agent"))  # type: ignore[assignment]
+    sup.failover._prepared_service = SimpleNamespace(stop=lambda: ended.append("store"))  # type: ignore[assignment]
+    sup.request_stop("node 1 stopped the job", ExitCode.NODE_LOST, broadcast=False)
+    assert ended == ["agent", "store"]
+    assert sup.failover._prepared_link is None and sup.failover._prepared_service is None
 
 
 def _store_host_to_warn(
