@@ -28,6 +28,7 @@ sealed value. A value that does not unseal is never acted on.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -95,9 +96,10 @@ class NodeRoles:
         self.store_slot = 0  # the slot hosting the store: its end is not counted in ENDED
         self.probes = NodeProbes(emit)  # does a lost node still answer SLURM?
         self._watched: dict[str, SealedChain] = {}  # sealed chains this slot waits on
-        #: The rejected values recorded, as (key, value): a chain watched again from its start
-        #: (after a failover, in the store restored from the snapshot) meets them again.
-        self._recorded: set[tuple[str, str]] = set()
+        #: The rejected values this slot recorded, as (key, digest of the value): a chain it
+        #: watches again from its start (after a failover, in the store restored from the
+        #: snapshot) meets them again.
+        self._recorded: set[tuple[str, bytes]] = set()
 
     @property
     def enabled(self) -> bool:
@@ -157,9 +159,9 @@ class NodeRoles:
 
     def on_chain_value(self, key: object, value: str) -> tuple[str, ChainValue] | None:
         """What watched ``key`` holds: its chain's base and payload; a value rejected is
-        recorded (``rejected_write``, by the slot that stands for its watchers; once, though
-        the chain is watched again) and the watch moves on. None when ``key`` is no watched
-        chain's."""
+        recorded (``rejected_write``, by the slot that stands for its watchers; once by this
+        slot, though it watches the chain again) and the watch moves on. None when ``key`` is
+        no watched chain's."""
         found = self._chain_of(key)
         if found is None:
             return None
@@ -167,9 +169,11 @@ class NodeRoles:
         seen = chain.on_value(str(key), value)
         if seen.payload is None:
             records = base != ALL_DONE_KEY or self.slot == self.cfg.active_nodes  # the lowest spare
-            if records and (str(key), value) not in self._recorded:
-                self._recorded.add((str(key), value))
-                self._rejected(str(key), str(seen.rejected), len(value.encode(errors="replace")))
+            raw = value.encode(errors="replace")
+            met = (str(key), hashlib.sha256(raw).digest())
+            if records and met not in self._recorded:
+                self._recorded.add(met)
+                self._rejected(str(key), str(seen.rejected), len(raw))
             chain.watch(self.link)
         return base, seen
 
