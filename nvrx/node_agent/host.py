@@ -618,34 +618,38 @@ class _NotYet(Exception):
     came yet)."""
 
 
-def log_path(cfg: HostConfig, host: str) -> Path:
-    """Where the agent of ``host`` logs: the log file of the monitor that started it, else
-    ``node_agent-<host>.log`` in the job's event directory (its stderr goes nowhere: it
-    outlives the launcher that would read it)."""
-    if cfg.logfile:
-        return Path(cfg.logfile)
+def log_paths(cfg: HostConfig, host: str) -> list[Path]:
+    """Where the agent of ``host`` logs, in the order tried: the log file of the monitor
+    that started it, where one is given, then ``node_agent-<host>.log`` in the job's event
+    directory (a ``/`` of the host id as ``_``; agents of one host id in two network
+    namespaces share it, each line naming its pid). Its stderr goes nowhere: it outlives
+    the launcher that would read it."""
     directory = Path(cfg.events_dir) if cfg.events_dir else events.job_log_dir()
-    return directory / f"node_agent-{host.replace(os.sep, '_')}.log"
+    beside_events = directory / f"node_agent-{host.replace(os.sep, '_')}.log"
+    return [Path(cfg.logfile), beside_events] if cfg.logfile else [beside_events]
 
 
-def _setup_logging(path: Path) -> None:
-    """Log to ``path``; to stderr (nowhere, as the agent is started) where it cannot be
-    opened: the agent serves its host all the same, and its events say what it did."""
-    handler: logging.Handler
-    refused = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(path)
-    except OSError as exc:
-        handler, refused = logging.StreamHandler(), exc
+def _setup_logging(paths: list[Path]) -> None:
+    """Log to the first of ``paths`` that opens; to stderr where none does: the agent
+    serves its host all the same, and its events say what it did."""
+    handler: logging.Handler | None = None
+    refused = []
+    for path in paths:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handler = logging.FileHandler(path)
+            break
+        except OSError as exc:
+            refused.append(f"cannot log to {path}: {exc}")
+    handler = handler or logging.StreamHandler()
     handler.setFormatter(
-        logging.Formatter("%(asctime)s nvrx.node_agent %(levelname)s: %(message)s")
+        logging.Formatter("%(asctime)s nvrx.node_agent[%(process)d] %(levelname)s: %(message)s")
     )
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if jobenv.flag_in(None, jobenv.MONITOR_DEBUG) else logging.INFO)
-    if refused is not None:
-        log.warning("cannot log to %s: %s", path, refused)
+    for said in refused:
+        log.warning("%s", said)
 
 
 def main(argv: list[str]) -> int:
@@ -657,7 +661,7 @@ def main(argv: list[str]) -> int:
         return 2
     processes.ignore_warning_signal()
     fd, cfg = int(argv[0]), HostConfig(**json.loads(sys.stdin.readline()))
-    _setup_logging(log_path(cfg, jobenv.host_id()))
+    _setup_logging(log_paths(cfg, jobenv.host_id()))
     sock = BeatSocket(agent_address(cfg, jobenv.host_id()), fd)
     context = dict(cfg.events_context or events.context_from_env())
     context.update(rank=None, round=None)

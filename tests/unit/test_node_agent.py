@@ -1229,26 +1229,43 @@ def test_without_a_monitor_log_file_an_agent_logs_beside_the_jobs_events(served,
     assert "every rank of this host ended" in log.read_text()
 
 
-def test_an_agent_that_cannot_open_its_log_file_serves_all_the_same(tmp_path: Path) -> None:
-    """A log file that cannot be opened (its folder is a file) is said on stderr, and
-    the agent's set-up goes on."""
+@pytest.mark.parametrize("monitor_log", [False, True], ids=["none", "unwritable"])
+def test_an_agent_that_cannot_open_its_log_file_logs_to_the_next_or_to_stderr(
+    tmp_path: Path, monitor_log: bool
+) -> None:
+    """A monitor log file that cannot be opened: the agent logs beside the events, and says
+    why there. Neither opens (the event directory's place is a file): stderr, saying so."""
     (tmp_path / "events").write_text("not a folder")
-    cfg = HostConfig.of(_config(events_dir=str(tmp_path / "events")))
-    path = node_agent.log_path(cfg, "h/1")
-    assert path == tmp_path / "events" / "node_agent-h_1.log"
+    (tmp_path / "monitor").write_text("not a folder either")
+    logfile = str(tmp_path / "monitor" / "monitor-0.log") if monitor_log else None
+    cfg = HostConfig.of(_config(events_dir=str(tmp_path / "events"), logfile=logfile))
+    paths = node_agent.log_paths(cfg, "h/1")
+    beside = tmp_path / "events" / "node_agent-h_1.log"
+    assert paths == ([Path(logfile)] if logfile else []) + [beside]  # type: ignore[arg-type]
+    said = _set_up_logging(paths)
+    assert all(f"cannot log to {path}" in said for path in paths) and "still logging" in said
+    if monitor_log:  # the first refused, the next one opens
+        (tmp_path / "events").unlink()
+        said = _set_up_logging(paths)
+        assert said == "" and f"cannot log to {paths[0]}" in beside.read_text()
+
+
+def _set_up_logging(paths: list[Path]) -> str:
+    """What the agent's logging, set up for ``paths``, writes to stderr with one line logged."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     try:
         with contextlib.redirect_stderr(io.StringIO()) as err:
-            node_agent._setup_logging(path)
+            node_agent._setup_logging(paths)
             logging.getLogger("nvrx.node_agent.host").info("still logging")
             for handler in set(root.handlers) - set(handlers):
                 handler.flush()
     finally:
         for handler in set(root.handlers) - set(handlers):
             root.removeHandler(handler)
+            handler.close()
         root.setLevel(level)
-    assert f"cannot log to {path}" in err.getvalue() and "still logging" in err.getvalue()
+    return err.getvalue()
 
 
 def test_a_monitor_that_cannot_start_the_agent_says_so_and_beats_on(served, monkeypatch) -> None:
