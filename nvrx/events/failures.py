@@ -323,6 +323,16 @@ def exception_type_of(exc: BaseException) -> str:
     return f"{type(exc).__module__}.{type(exc).__qualname__}"
 
 
+def message_of(exc: BaseException) -> str:
+    """``str(exc)``; where that raises (a user's exception whose ``__str__`` fails), a
+    placeholder naming the failure, as Python's own tracebacks print it: the fault is
+    recorded all the same."""
+    try:
+        return str(exc)
+    except Exception as failed:
+        return f"<exception str() failed: {type(failed).__name__}>"
+
+
 def exception_signature_of(exc: BaseException) -> str:
     """Signature of a live exception: the same string its formatted traceback gives."""
     frames: Iterable[tb.FrameSummary] = (
@@ -418,7 +428,7 @@ def from_exception(rank: int, exc: BaseException, kind: str = "exception") -> Fa
         rank=rank,
         kind=kind,
         exc_type=exception_type_of(exc),
-        message=str(exc),
+        message=message_of(exc),
         traceback="".join(tb.format_exception(type(exc), exc, exc.__traceback__)),
         signature=exception_signature_of(exc),
     )

@@ -209,6 +209,28 @@ def test_a_fault_restarts_the_round_with_this_ranks_fault(base):
     assert [r.kind for r in rstore.fault_records(call.round_store)] == ["exception"]
 
 
+class _Unprintable(Exception):
+    """A user's exception whose ``__str__`` fails (it reads an attribute never set)."""
+
+    def __str__(self) -> str:
+        return self.detail  # type: ignore[attr-defined]
+
+
+def test_a_fault_whose_message_cannot_be_made_still_restarts_the_round_on_its_record(base):
+    """Before, the ``AttributeError`` of its ``__str__`` escaped the fault's record: the rank
+    left the job, blaming that error, and nothing told the other ranks."""
+
+    def fails() -> None:
+        raise _Unprintable()
+
+    call = FakeCall(base)
+    outcome = _run(call).run(fails, (), {})
+    assert isinstance(outcome, Restart) and isinstance(outcome.fault, _Unprintable)
+    [record] = rstore.fault_records(call.round_store)
+    assert record.exc_type.endswith("_Unprintable") and "str() failed: AttributeError" in record.message
+    assert rounds.interruption(call.round_store) == "fault"
+
+
 def test_the_main_thread_that_took_the_restart_tells_kept_state_of_the_fault(base, monkeypatch):
     """A commit the main thread queued after the monitor thread's last look at kept state
     is caught here: no commit follows the restart taken."""
