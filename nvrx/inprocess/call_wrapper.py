@@ -326,8 +326,9 @@ class CallWrapper:
             self._run_completion()
             outcome = "completed"
             return ret
-        except RestartAbort:
-            outcome = "restart_abort"
+        except BaseException as exc:
+            if RestartAbort.behind(exc) is not None:
+                outcome = "restart_abort"
             raise
         finally:
             self.emit("wrapper_end", outcome=outcome, rounds=self.rounds_run)
@@ -382,20 +383,23 @@ class CallWrapper:
 
     def shutdown(self) -> None:
         """Termination barrier (the store host waits for everyone), then stop monitors and the
-        store; the ``nvrx.inprocess`` logger is put back as the caller left it."""
-        try:
+        store; the ``nvrx.inprocess`` logger is put back as the caller left it. Each step runs
+        whatever the one before raised (a Ctrl-C in the barrier, say)."""
+        with contextlib.ExitStack() as ending:  # its steps run last registered first
+            ending.callback(self._release)
+            ending.callback(self.services.close)
+            ending.callback(self.delivery.uninstall_signal)
+            ending.callback(self.services.stop)
             if self.services.base_store is not None:
                 self._termination_barrier()
-            self.services.stop()
-            self.delivery.uninstall_signal()
-            self.services.close()
-        finally:
-            # A frame of the function that took this object (its ``CallWrapper``
-            # parameter) is in the traceback of the round's exception: neither may
-            # keep the store alive in that cycle until the garbage collector runs.
-            self.round_store = None
-            self.state.fn_exception = None
-            release_logger()
+
+    def _release(self) -> None:
+        # A frame of the function that took this object (its ``CallWrapper``
+        # parameter) is in the traceback of the round's exception: neither may
+        # keep the store alive in that cycle until the garbage collector runs.
+        self.round_store = None
+        self.state.fn_exception = None
+        release_logger()
 
     def __enter__(self) -> CallWrapper:
         return self

@@ -29,6 +29,20 @@ class RestartAbort(BaseException):
         super().__init__(*args)
         self.exit_code = exit_code
 
+    @staticmethod
+    def behind(exc: BaseException) -> RestartAbort | None:
+        """``exc`` when it is a ``RestartAbort``, else the one that caused it, where one did:
+        a ``terminate`` plug-in that raises leaves the Wrapper with its own exception, caused
+        by the one that ended the rank. None when no ``RestartAbort`` ended it."""
+        seen: set[int] = set()
+        current: BaseException | None = exc
+        while current is not None and id(current) not in seen:
+            if isinstance(current, RestartAbort):
+                return current
+            seen.add(id(current))
+            current = current.__cause__
+        return None
+
 
 class HealthCheckError(RestartError):
     """A health check found this rank unfit to continue."""

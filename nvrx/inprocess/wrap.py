@@ -306,8 +306,9 @@ class Wrapper:
                 return self._call(fn, args, kwargs)
             except BaseException as exc:
                 release_frames(exc)
-                if isinstance(exc, RestartAbort) and supervised():
-                    raise SystemExit(exc.exit_code) from exc
+                abort = RestartAbort.behind(exc)  # also behind a terminate plug-in that raised
+                if abort is not None and supervised():
+                    raise SystemExit(abort.exit_code) from exc
                 raise
 
         return wrapped

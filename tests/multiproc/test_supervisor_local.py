@@ -231,6 +231,38 @@ def test_a_wrapper_that_gives_up_stops_the_job_with_code_12_and_its_cause(tmp_pa
     assert rounds == [(0, 1, cause), (1, 1, cause)], report.to_text()
 
 
+STOPS_THOUGH_TERMINATE_FAILS = """
+import nvrx.inprocess as inprocess
+from nvrx.inprocess.exception import RestartAbort
+
+
+class Fails(inprocess.terminate.Terminate):
+    def __call__(self, state):
+        raise RuntimeError("the terminate plug-in failed")
+
+
+@inprocess.Wrapper(terminate=Fails())
+def train(call_wrapper: inprocess.CallWrapper = None) -> None:
+    raise RestartAbort("the function asks to stop")
+
+
+train()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_wrapper_that_stops_stops_the_job_though_its_terminate_plugin_fails(tmp_path) -> None:
+    """The function raises ``RestartAbort``; the ``terminate`` plug-in raises as the rank
+    leaves, so the Wrapper raises that error, caused by the ``RestartAbort``: the process
+    still exits 130 and the supervisor stops the job (exit 12) instead of restarting it
+    (before, it exited 1 and was restarted until the budget ran out)."""
+    job = Job(tmp_path, 1, 1, script(tmp_path, STOPS_THOUGH_TERMINATE_FAILS), "--max-restarts", "2")
+    assert job.wait(100) == [12], job.output()
+    assert [e["exit_code"] for e in job.events("child_exit")] == [130], job.output()
+    [end] = job.events("wrapper_end", component=None)
+    assert end["outcome"] == "restart_abort", job.output()
+
+
 @pytest.mark.timeout(120)
 def test_budget_exhausted_stops_the_job_with_code_4(tmp_path) -> None:
     command = script(tmp_path, "sys.exit(1 + RESTART)\n")  # a new signature every time: no loop

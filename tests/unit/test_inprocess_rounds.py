@@ -806,3 +806,39 @@ def test_a_takeover_waits_without_looking_at_the_job() -> None:
         store, 1, 30.0, lambda *a, **k: None, heartbeat_interval=0.2, look=False
     )
     assert got == _admission()
+
+
+# -- the call's end -----------------------------------------------------------------------
+def test_a_ctrl_c_in_the_termination_barrier_still_ends_the_calls_services():
+    """A ``KeyboardInterrupt`` while the store host waits in the termination barrier: the
+    monitor process (and the store it hosts), the wake-up signal, the board and the event
+    file still end, in their order, and the interrupt goes on (before, all of them were
+    left behind)."""
+    from nvrx.inprocess.call_wrapper import CallWrapper
+
+    call = CallWrapper.__new__(CallWrapper)  # its parts as stand-ins: only the end runs
+    done: list[str] = []
+    call.services = SimpleNamespace(
+        base_store=object(), stop=lambda: done.append("stop"), close=lambda: done.append("close")
+    )
+    call.delivery = SimpleNamespace(uninstall_signal=lambda: done.append("uninstall"))
+    call.state, call.round_store = SimpleNamespace(fn_exception=ValueError()), object()
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    call._termination_barrier = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        call.shutdown()
+    assert done == ["stop", "uninstall", "close"]
+    assert call.round_store is None and call.state.fn_exception is None
+
+
+def test_the_restart_abort_behind_a_failing_terminate_is_found_through_its_causes():
+    abort = RestartAbort("stop", exit_code=130)
+    failed = RuntimeError("terminate failed")
+    failed.__cause__ = abort
+    assert RestartAbort.behind(failed) is abort and RestartAbort.behind(abort) is abort
+    handled = RuntimeError("raised while handling one")
+    handled.__context__ = abort  # a context is no cause: not this rank's way out
+    assert RestartAbort.behind(handled) is None
