@@ -234,8 +234,8 @@ class RoundRun:
             tell_kept_state(self.monitor.seen_mono or time.monotonic())  # a commit raced it
             call.services.board.leave_user()
             self._call_ended("restart")  # a peer's fault cut the call short
-            if self.fault is None and isinstance(request.__context__, Exception):
-                self.fault = request.__context__
+            if self.fault is None and call.delivery.requested.is_set():
+                self.fault = _in_flight(request)
             if self.monitor.error is not None:
                 self._monitor_failed(self.monitor.error)
             self._record(self.fault)
@@ -564,6 +564,15 @@ def _chain(exc: BaseException, fault: BaseException | None) -> None:
     shared = any(id(e) in ids for e in _links(fault, "__context__"))
     if chain[-1].__context__ is None and not shared:
         chain[-1].__context__ = fault
+
+
+def _in_flight(request: RankShouldRestart) -> Exception | None:
+    """The exception of this rank's that a restart requested by the monitor thread cut short,
+    where it landed while one was raised (its context): this rank's own fault, which its
+    handler never got to record; None when it landed outside any. A restart the function
+    raises itself is not asked here: what it handled is its own affair, not a fault."""
+    context = request.__context__
+    return context if isinstance(context, Exception) else None
 
 
 def _links(exc: BaseException, attr: str) -> list[BaseException]:

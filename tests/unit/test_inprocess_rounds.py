@@ -45,6 +45,7 @@ class FakeDelivery:
     def __init__(self, timeouts: int = 0) -> None:
         self.timeouts = timeouts
         self.waits = 0
+        self.requested = threading.Event()  # set where the monitor thread asked for the restart
 
     def enter_user(self) -> None: ...
     def leave_user(self) -> None: ...
@@ -56,6 +57,7 @@ class FakeDelivery:
         self.waits += 1
         if self.waits <= self.timeouts:
             raise InternalError(f"no restart request within {timeout:g} s")
+        self.requested.set()
         raise RankShouldRestart("a rank faulted: restarting")
 
 
@@ -229,6 +231,41 @@ def test_a_fault_whose_message_cannot_be_made_still_restarts_the_round_on_its_re
     [record] = rstore.fault_records(call.round_store)
     assert record.exc_type.endswith("_Unprintable") and "str() failed: AttributeError" in record.message
     assert rounds.interruption(call.round_store) == "fault"
+
+
+def test_a_restart_the_function_raises_while_handling_an_error_records_no_fault(base):
+    """``except KeyError: raise RankShouldRestart(...)``: the function asks for a restart of
+    its own, which interrupts nobody (before, the ``KeyError`` it handled was recorded as
+    this rank's fault and every rank restarted)."""
+
+    def asks() -> None:
+        try:
+            {}["missing"]
+        except KeyError:
+            raise RankShouldRestart("the function asks") from None
+
+    call = FakeCall(base)
+    outcome = _run(call).run(asks, (), {})
+    assert isinstance(outcome, Restart) and outcome.fault is None
+    assert rstore.fault_records(call.round_store) == []
+    assert rounds.interruption(call.round_store) is None
+
+
+def test_a_requested_restart_that_cuts_an_error_short_records_that_error(base):
+    """The monitor thread's restart lands while the function's own error unwinds (in a
+    ``finally`` of the function): that error is this rank's fault, on record."""
+    call = FakeCall(base)
+
+    def cut_short() -> None:
+        try:
+            raise ValueError("own fault")
+        finally:
+            call.delivery.requested.set()  # as the monitor thread does before it raises
+            raise RankShouldRestart("a rank faulted: restarting")  # noqa: B012
+
+    outcome = _run(call).run(cut_short, (), {})
+    assert isinstance(outcome, Restart) and str(outcome.fault) == "own fault"
+    assert [r.kind for r in rstore.fault_records(call.round_store)] == ["exception"]
 
 
 def test_the_main_thread_that_took_the_restart_tells_kept_state_of_the_fault(base, monkeypatch):
