@@ -11,12 +11,13 @@ loops over rounds. Each round (``round_run``) ends in one outcome: completed
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from nvrx import events, jobenv
 from nvrx.node_agent.rank_wire import Meeting
@@ -30,6 +31,7 @@ from .monitor_process import MonitorProcess
 from .monitor_thread import RESTART_WAIT_S, Delivery, RankShouldRestart, reraise_if_unraisable
 from .param_utils import substitute_param_value
 from .progress_watchdog import FLAG_TIMEOUTS_OFF, ProgressWatchdog
+from .rank_assignment import RankDiscarded
 from .rank_filter import with_rank_filter
 from .rank_services import RankServices
 from .round_run import (
@@ -44,6 +46,8 @@ from .round_run import (
 from .state import State
 from .supervision import restarted_process, supervised
 from .wrapper_settings import WrapperSettings
+
+_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
@@ -337,14 +341,11 @@ class CallWrapper:
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         """Rounds until one completes (its value) or this rank leaves (its exception is raised)."""
-        with self.phase("rank_assignment"):
-            round_run.assign(
-                self, self._first_terminated, self._first_rejoined, self._first_iteration
-            )
+        self._or_leave(self._first_assignment)
         while True:
             self.rounds_run += 1
             self._hang_protection_back()
-            run = RoundRun.start(self)
+            run = self._or_leave(functools.partial(RoundRun.start, self))
             outcome: Outcome | None = run.run(fn, args, kwargs)
             if isinstance(outcome, Completed):
                 return outcome.value
@@ -359,6 +360,24 @@ class CallWrapper:
                 if not run.monitor.finish(RESTART_WAIT_S) and run.monitor.woke.is_set():
                     log.warning("the monitor thread's abort outlasted %.0f s; leaving anyway", RESTART_WAIT_S)
                 raise exc
+
+    def _first_assignment(self) -> None:
+        with self.phase("rank_assignment"):
+            round_run.assign(
+                self, self._first_terminated, self._first_rejoined, self._first_iteration
+            )
+
+    def _or_leave(self, step: Callable[[], _T]) -> _T:
+        """``step()``, a step of the rounds outside any round's run (the first rank assignment,
+        the start of a round); where it raises, this rank leaves the job as from a round: the
+        others go on without it, ``terminate`` runs, and its exception is raised. A rank that
+        the first assignment discarded is left out by every rank's assignment alike: it
+        leaves without telling the others."""
+        try:
+            return step()
+        except BaseException as exc:
+            told = not (self.rounds_run == 0 and isinstance(exc, RankDiscarded))
+            raise round_run.leave(self, self.round_store, Leave(exc, recorded=False), told)  # noqa: B904
 
     def _run_completion(self) -> None:
         if self.wrapper.completion is None:

@@ -756,9 +756,11 @@ def _chose_no_activation(old: State, new: State) -> bool:
     )
 
 
-def leave(call: RoundCall, store: Any, outcome: Leave) -> BaseException:
+def leave(call: RoundCall, store: Any, outcome: Leave, told: bool = True) -> BaseException:
     """This rank leaves the job for good: let the others go on without it; the exception it
-    leaves with (``outcome.exc``, or that of a failed ``terminate``, caused by it).
+    leaves with (``outcome.exc``, or that of a failed ``terminate``, caused by it). Not
+    ``told``: the others know already (every rank's first assignment discarded it), and
+    the store is left alone.
 
     Released into the next round already (its rejoin or rank assignment failed), it
     leaves that round, which counts it, as its monitor would for a death there
@@ -775,7 +777,8 @@ def leave(call: RoundCall, store: Any, outcome: Leave) -> BaseException:
             found = _next_round_place(call, int(info["round"]), rank)
             if found is not None:
                 store, (rank, world_size) = call.round_store, found
-        _register_exit(call, store, outcome, rank, world_size)
+        if told:
+            _register_exit(call, store, outcome, rank, world_size)
     except Exception as store_exc:
         log.error("could not register rank %s as terminated: %r", call.state.rank, store_exc)
     call.emit(
