@@ -291,15 +291,17 @@ def sender_uid(ancillary: list[tuple[int, int, bytes]]) -> int | None:
 # -- which ranks stopped beating ---------------------------------------------------------
 @dataclasses.dataclass
 class Beating:
-    """What the last beat of one rank's monitor said, and when it came."""
+    """What the last beat of one rank's monitor said, and when it came; ``since``: when its
+    silence counts from (its last beat, or later where the agent did not look meanwhile)."""
 
     beat: Beat
     last: float
     declared: bool = False
+    since: float | None = None
 
     @property
     def deadline(self) -> float:
-        return self.last + self.beat.timeout
+        return max(self.last, self.since or self.last) + self.beat.timeout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -377,6 +379,16 @@ class RankBeats:
             self._in_round_pids.add(beat.pid)
             new.in_round.append(beat.pid)
 
+    def forgive(self, now: float, late_s: float) -> None:
+        """The agent looked ``late_s`` after it meant to (its process was stopped, the whole
+        job suspended, or a call of its duty took that long; beats sent meanwhile may be
+        lost with the socket's queue full): a rank whose timeout is less than twice that has
+        its silence counted from ``now``, since time the agent did not look is no rank's
+        silence. One that stays silent is found a timeout later."""
+        for beating in self.ranks.values():
+            if not beating.declared and late_s > beating.beat.timeout / 2:
+                beating.since = now
+
     def due(self, now: float) -> list[Silence]:
         """Ranks silent beyond their timeout, each named once per silence (a beat ends one)."""
         found = []
@@ -424,13 +436,15 @@ class BeatLoop:
         self.failures = 0  # the duty's calls that raised
         self._failed: set[str] = set()  # the duty's methods that raised once (traceback logged)
 
-    def look(self, now: float) -> None:
-        """The beats waiting, then the silences due at ``now``. The table has the beats
-        before the duty is told, so a ``received`` that raises loses no beat for the
-        silences to come (what that call had still to tell is lost), and a ``silent`` that
-        raises does not keep the silences after it from being told."""
+    def look(self, now: float, late_s: float = 0.0) -> None:
+        """The beats waiting, then the silences due at ``now``, ``late_s`` after the loop
+        meant to look (``RankBeats.forgive``). The table has the beats before the duty is
+        told, so a ``received`` that raises loses no beat for the silences to come (what
+        that call had still to tell is lost), and a ``silent`` that raises does not keep the
+        silences after it from being told."""
         beats = self.sock.receive()
         new = self.beats.record(beats, now)
+        self.beats.forgive(now, late_s)
         self._tell(self.duty.received, beats, new, now)
         for silence in self.beats.due(now):
             self._tell(self.duty.silent, silence, now)
@@ -459,7 +473,7 @@ class BeatLoop:
             wait = None if soonest is None else max(0.0, soonest - time.monotonic())
             select.select([self.sock], [], [], wait)
             now = time.monotonic()
-            self.look(now)
+            self.look(now, 0.0 if soonest is None else now - soonest)
             if interval is None or now < next_tick:
                 continue
             next_tick = now + interval

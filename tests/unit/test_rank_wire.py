@@ -133,6 +133,22 @@ def test_a_rank_is_declared_once_per_silence_when_its_timeout_passes() -> None:
     assert [s.beat.round for s in beats.due(212.0)] == [4]
 
 
+def test_time_the_agent_did_not_look_is_no_ranks_silence() -> None:
+    """The agent looked 30 s late (stopped with its job, say): a rank whose timeout (10 s)
+    is less than twice that has its silence counted from that look; a look 4 s late (less
+    than half a timeout) changes nothing. The silence told counts from the last beat."""
+    beats = RankBeats()
+    beats.record([_beat()], now=100.0)
+    beats.forgive(104.0, late_s=4.0)
+    assert beats.next_deadline() == 110.0
+    beats.forgive(140.0, late_s=30.0)
+    assert beats.due(140.0) == [] and beats.next_deadline() == 150.0
+    (silence,) = beats.due(150.5)
+    assert silence.silent_s == pytest.approx(50.5)
+    beats.forgive(300.0, late_s=100.0)  # told already: not watched again until it beats
+    assert beats.due(400.0) == []
+
+
 def test_a_bye_ends_a_watch_and_an_ended_attempts_monitor_stands_for_no_replacement() -> None:
     beats = RankBeats()
     beats.record([_beat(1, 100, local_rank=1), _beat(2, 200, local_rank=2)], now=0.0)
@@ -499,6 +515,60 @@ def test_the_beat_loop_tells_a_silence_at_its_deadline_and_ticks_until_its_duty_
         ticks = [t for kind, t in duty.told if kind == "tick"]
         assert len(ticks) == 3 and ticks[2] - ticks[0] >= 2 * 0.05
         assert ("beat", 6) in duty.told and duty.told.count(("silent", 5)) == 1
+
+
+class _Stalls(_Told):
+    """A duty whose ticks stop the ranks' monitors (``paused``), then, once the loop read
+    what they had sent (``DRAIN_S`` later), stall ``stall_s`` (a suspended job: the agent
+    and the monitors stopped alike), after which the monitors go on."""
+
+    DRAIN_S = 0.1
+
+    def __init__(self, stall_s: float) -> None:
+        super().__init__(ticks=1_000_000)
+        self.stall_s, self.stalled = stall_s, threading.Event()
+        self.paused, self.resumed = threading.Event(), threading.Event()
+        self._paused_at: float | None = None
+
+    def tick(self, now: float) -> bool:
+        if self._paused_at is None:
+            self._paused_at = now
+            self.paused.set()
+        elif not self.stalled.is_set() and now - self._paused_at >= self.DRAIN_S:
+            self.stalled.set()
+            time.sleep(self.stall_s)  # noqa: TID251 - the stall itself is what is tested
+            self.paused.clear()
+            self.resumed.set()
+        return super().tick(now)
+
+
+def test_a_beat_loop_that_stalled_longer_than_a_timeout_does_not_find_its_ranks_silent() -> None:
+    """The loop stalls 3 timeouts while the rank's monitor is stopped with it (a suspended
+    job): at the first look after it, the rank, which beats again as soon as it resumes,
+    is not found silent (before, it was, and taken out); one that stays silent after the
+    stall is, a timeout later."""
+    duty = _Stalls(stall_s=3.0)
+    with _running(duty) as (sender, _loop, _ended):
+        beating = threading.Event()
+
+        def monitor() -> None:  # pid 5's monitor: beats every 0.05 s unless stopped
+            while not beating.is_set():
+                if not duty.paused.is_set():
+                    sender.send(_beat(pid=5, timeout=1.0))
+                beating.wait(0.05)
+
+        assert sender.send(_beat(pid=6, initial=2, timeout=1.0))
+        thread = threading.Thread(target=monitor, daemon=True)
+        thread.start()
+        try:
+            wait_until("pid 5 beating", lambda: ("beat", 5) in duty.told, 30)
+            duty.every = 0.05  # the ticks begin: the pause, then the stall
+            after = lambda: duty.resumed.is_set() and ("silent", 6) in duty.told  # noqa: E731
+            wait_until("the stall, then pid 6's silence", after, 30)
+            assert ("silent", 5) not in duty.told, duty.told
+        finally:
+            beating.set()
+            thread.join()
 
 
 class _Failing(_Told):
