@@ -243,8 +243,9 @@ class CallWrapper:
         counts from that moment: the automatic timestamp and, once ``ping()`` made it
         active, the manual one too (else its last ``ping`` before the block, older than
         the block, would be a hang at once)."""
-        board, round_ = self.services.board, self.rounds_run
-        with self._hang_protection_lock:
+        board = self.services.board
+        with self._hang_protection_lock:  # the round read with the depth: never one gone by
+            round_ = self.rounds_run
             self._hang_protection_off += 1
             board.set_flag(FLAG_TIMEOUTS_OFF, True)
         try:
@@ -266,9 +267,11 @@ class CallWrapper:
             board.set_flag(FLAG_TIMEOUTS_OFF, False)
 
     def _hang_protection_back(self) -> None:
-        """A new round starts protected: a block that a restart cut short (in its own
-        ``finally`` even) leaves neither its depth nor the timeouts off behind."""
+        """A new round starts (``rounds_run`` counts it) protected: a block that a restart
+        cut short (in its own ``finally`` even) leaves neither its depth nor the timeouts off
+        behind."""
         with self._hang_protection_lock:
+            self.rounds_run += 1
             self._hang_protection_off = 0
             self.services.board.set_flag(FLAG_TIMEOUTS_OFF, False)
 
@@ -343,7 +346,6 @@ class CallWrapper:
         """Rounds until one completes (its value) or this rank leaves (its exception is raised)."""
         self._or_leave(self._first_assignment)
         while True:
-            self.rounds_run += 1
             self._hang_protection_back()
             run = self._or_leave(functools.partial(RoundRun.start, self))
             outcome: Outcome | None = run.run(fn, args, kwargs)

@@ -24,7 +24,7 @@ from nvrx.inprocess import store as rstore
 from nvrx.inprocess.compose import Compose
 from nvrx.inprocess.exception import HealthCheckError, InternalError, RestartAbort
 from nvrx.inprocess.monitor_thread import RESTART_WAIT_S, Delivery, MonitorThread, RankShouldRestart
-from nvrx.inprocess.progress_watchdog import FLAG_BETWEEN, FLAG_RELEASED
+from nvrx.inprocess.progress_watchdog import FLAG_BETWEEN, FLAG_RELEASED, FLAG_TIMEOUTS_OFF
 from nvrx.inprocess.rank_assignment import (
     ActivateAllRanks,
     RankAssignment,
@@ -879,3 +879,50 @@ def test_the_restart_abort_behind_a_failing_terminate_is_found_through_its_cause
     handled = RuntimeError("raised while handling one")
     handled.__context__ = abort  # a context is no cause: not this rank's way out
     assert RestartAbort.behind(handled) is None
+
+
+class _ToldLock:
+    """A lock that says when a thread comes to take it (``coming``), then takes it."""
+
+    def __init__(self) -> None:
+        self.lock, self.coming = threading.Lock(), threading.Event()
+
+    def __enter__(self) -> None:
+        self.coming.set()
+        self.lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+def test_a_hang_protection_block_entered_as_the_round_changes_counts_in_the_new_round():
+    """A thread enters ``disable_hang_protection()`` just as the main thread starts the
+    next round: the block counts in the round it took the lock in, so its end turns the
+    timeouts back on (before, it read the round gone by, and its end left the timeouts off
+    for the whole next round: a hang there went unseen)."""
+    from nvrx.inprocess.call_wrapper import CallWrapper
+
+    call = CallWrapper.__new__(CallWrapper)  # its parts as stand-ins: only the blocks run
+    flags: list[tuple[int, bool]] = []
+    board = SimpleNamespace(
+        set_flag=lambda flag, on: flags.append((flag, on)), stamp_auto=lambda: None,
+        read=lambda: {"manual": 0},
+    )  # fmt: skip
+    call.services = SimpleNamespace(board=board)
+    call._hang_protection_lock, call._hang_protection_off, call.rounds_run = _ToldLock(), 0, 1
+    ended = threading.Event()
+
+    def block() -> None:
+        with call.disable_hang_protection():
+            pass
+        ended.set()
+
+    call._hang_protection_lock.lock.acquire()  # the main thread is starting round 2
+    thread = threading.Thread(target=block, daemon=True)
+    thread.start()
+    assert call._hang_protection_lock.coming.wait(30)
+    call.rounds_run, call._hang_protection_off = 2, 0  # what ``_hang_protection_back`` does
+    call._hang_protection_lock.lock.release()
+    assert ended.wait(30)
+    thread.join()
+    assert call._hang_protection_off == 0 and flags[-1] == (FLAG_TIMEOUTS_OFF, False), flags
