@@ -31,7 +31,6 @@ from .monitor_process import MonitorProcess
 from .monitor_thread import RESTART_WAIT_S, Delivery, RankShouldRestart, reraise_if_unraisable
 from .param_utils import substitute_param_value
 from .progress_watchdog import FLAG_TIMEOUTS_OFF, ProgressWatchdog
-from .rank_assignment import RankDiscarded
 from .rank_filter import with_rank_filter
 from .rank_services import RankServices
 from .round_run import (
@@ -371,14 +370,16 @@ class CallWrapper:
 
     def _or_leave(self, step: Callable[[], _T]) -> _T:
         """``step()``, a step of the rounds outside any round's run (the first rank assignment,
-        the start of a round); where it raises, this rank leaves the job as from a round: the
-        others go on without it, ``terminate`` runs, and its exception is raised. A rank that
-        the first assignment discarded is left out by every rank's assignment alike: it
-        leaves without telling the others."""
+        the start of a round); where it raises, this rank leaves the job as from a round:
+        ``terminate`` runs, its exit is an event, and its exception is raised. A round that
+        failed to start is told (the others go on without the rank); the first assignment's
+        failure is not: the rank's number in the first round is the assignment's, which
+        failed (the others find it gone at their barriers' timeout, or its supervisor starts
+        a replacement)."""
         try:
             return step()
         except BaseException as exc:
-            told = not (self.rounds_run == 0 and isinstance(exc, RankDiscarded))
+            told = self.rounds_run > 0
             raise round_run.leave(self, self.round_store, Leave(exc, recorded=False), told)  # noqa: B904
 
     def _run_completion(self) -> None:

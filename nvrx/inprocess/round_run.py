@@ -759,8 +759,10 @@ def _chose_no_activation(old: State, new: State) -> bool:
 def leave(call: RoundCall, store: Any, outcome: Leave, told: bool = True) -> BaseException:
     """This rank leaves the job for good: let the others go on without it; the exception it
     leaves with (``outcome.exc``, or that of a failed ``terminate``, caused by it). Not
-    ``told``: the others know already (every rank's first assignment discarded it), and
-    the store is left alone.
+    ``told``: the store is left alone (the exit is an event only), where this rank's number
+    in the round is not known (its first rank assignment failed: the others' numbering of
+    the round may differ from the one it had, and registering that number could take a
+    live rank out).
 
     Released into the next round already (its rejoin or rank assignment failed), it
     leaves that round, which counts it, as its monitor would for a death there
@@ -779,6 +781,8 @@ def leave(call: RoundCall, store: Any, outcome: Leave, told: bool = True) -> Bas
                 store, (rank, world_size) = call.round_store, found
         if told:
             _register_exit(call, store, outcome, rank, world_size)
+        else:
+            _exit_record(call, outcome, rank)
     except Exception as store_exc:
         log.error("could not register rank %s as terminated: %r", call.state.rank, store_exc)
     call.emit(
@@ -811,16 +815,25 @@ def _next_round_place(call: RoundCall, round_: int, rank: int) -> tuple[int, int
     return found
 
 
+def _exit_record(call: RoundCall, outcome: Leave, rank: int | None) -> failures.FaultRecord | None:
+    """The exit's fault record, its event written; None where its fault is on record already
+    or its rank was discarded (no fault)."""
+    if rank is None or outcome.recorded or isinstance(outcome.exc, RankDiscarded):
+        return None
+    record = failures.from_exception(rank, outcome.exc, kind="exit")
+    failures.emit_fault(call.emit, record, fault_kind="exit", origin_rank=rank)
+    return record
+
+
 def _register_exit(
     call: RoundCall, store: Any, outcome: Leave, rank: int | None, world_size: int
 ) -> None:
     """Record the exit, register this rank terminated, interrupt the round, arrive for it."""
     if rank is None:
         return
-    if not outcome.recorded and not isinstance(outcome.exc, RankDiscarded):
-        record = failures.from_exception(rank, outcome.exc, kind="exit")
+    record = _exit_record(call, outcome, rank)
+    if record is not None:
         rounds.append_fault(store, record)
-        failures.emit_fault(call.emit, record, fault_kind="exit", origin_rank=rank)
     rounds.register_terminated(store, rank)
     rounds.interrupt(store, "fault")
     rounds.arrive_one(

@@ -21,8 +21,6 @@ file paths as given), with ``completion``/``terminate`` callbacks that write
 * ``sigterm_ignored``: ignores SIGTERM, then hangs holding the GIL;
 * ``init_exception`` / ``init_base_exception``: ``initialize`` raises
   ``RuntimeError`` / ``LeaveJob`` (a ``BaseException``) before the function;
-* ``assignment_fails``: the rank assignment of the first round raises ``RuntimeError``,
-  before round 0 starts on that rank;
 * ``finalize_fails`` / ``health_fails``: rank 0 raises once every rank called
   the function, and on the fault ranks the restart's ``finalize`` /
   ``health_check`` raises ``RuntimeError``;
@@ -247,19 +245,6 @@ def _rank_main(tmp: Path) -> int:
                 raise RuntimeError(f"unhealthy rank {initial_rank}")
             return state
 
-    class FailingFirstAssignment(inprocess.rank_assignment.RankAssignment):
-        def __init__(self) -> None:
-            self.then = inprocess.Compose(
-                inprocess.rank_assignment.ActivateAllRanks(), inprocess.rank_assignment.ShiftRanks()
-            )
-            self.first = True
-
-        def __call__(self, ctx: Any) -> Any:
-            first, self.first = self.first, False
-            if first and initial_rank in fault_ranks:
-                raise RuntimeError(f"rank assignment failed on rank {initial_rank}")
-            return self.then(ctx)
-
     wkw["completion"], wkw["terminate"] = Done(), Gone()
     if scenario in ("init_exception", "init_base_exception"):
         wkw["initialize"] = FailingInitialize()
@@ -272,8 +257,6 @@ def _rank_main(tmp: Path) -> int:
         wkw["finalize"] = inprocess.finalize.ThreadedFinalize(60, work, (params.get("slow_s"),))
     if scenario == "health_fails":
         wkw["health_check"] = FailingHealthCheck()
-    if scenario == "assignment_fails":
-        wkw["rank_assignment"] = FailingFirstAssignment()
 
     @inprocess.Wrapper(**wkw)
     def train(call_wrapper: CallWrapper = None) -> dict[str, Any]:

@@ -122,21 +122,6 @@ def test_completion_timeout_restarts_every_rank(tmp_path):
     assert not _kinds(ranks.events(), "hang", component="monitor")
 
 
-def test_a_rank_whose_first_rank_assignment_fails_leaves_and_the_others_go_on(tmp_path):
-    """Rank 2's rank assignment raises before its first round starts: it leaves the job as
-    from a round (its exit on record, ``terminate`` run) and ranks 0 and 1 go on as a job
-    of two (before, its exception left the Wrapper with nothing on record: the others
-    waited for it until their barriers timed out)."""
-    ranks = launch(tmp_path, 3, wrapper=FAST, scenario="assignment_fails", fault_ranks=[2])
-    assert ranks.wait(90) == [0, 0, 1], ranks.logs()
-    assert ranks.result(2)["error"] == "RuntimeError", ranks.logs()
-    assert (tmp_path / "terminate-2").read_text() == "TERMINATED"
-    for rank in range(2):
-        assert ranks.result(rank)["world_size"] == "2", ranks.logs()
-    exits = [f for f in _kinds(ranks.events(), "fault") if f["fault_kind"] == "exit"]
-    assert [(f["rank"], f["message"]) for f in exits] == [(2, "rank assignment failed on rank 2")], exits
-
-
 def test_initialize_exception_restarts_every_rank(tmp_path):
     ranks = launch(tmp_path, 2, wrapper=FAST, scenario="init_exception", fault_ranks=[1])
     assert ranks.wait(60) == [0, 0], ranks.logs()

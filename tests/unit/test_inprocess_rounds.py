@@ -34,6 +34,7 @@ from nvrx.inprocess.rank_assignment import (
 from nvrx.inprocess.rank_filter import with_rank_filter
 from nvrx.inprocess.round_run import Completed, Leave, Restart, RoundRun
 from nvrx.inprocess.state import Mode, State
+from nvrx.inprocess.terminate import Terminate
 from nvrx.node_agent.rank_wire import HostBarrierClient
 from nvrx.store import barrier as nvrx_barrier
 from nvrx.store import client, rounds
@@ -926,3 +927,52 @@ def test_a_hang_protection_block_entered_as_the_round_changes_counts_in_the_new_
     assert ended.wait(30)
     thread.join()
     assert call._hang_protection_off == 0 and flags[-1] == (FLAG_TIMEOUTS_OFF, False), flags
+
+
+# -- leaving outside a round's run ------------------------------------------------------
+def test_a_rank_that_leaves_untold_writes_nothing_in_the_store_but_its_exit_is_an_event(base):
+    """Its first rank assignment failed: its number in the first round is not known, so it
+    registers none (one could be a live rank's); ``terminate`` runs, its exit is an event."""
+    ended: list[Mode] = []
+
+    class Ends(Terminate):
+        def __call__(self, state):
+            ended.append(state.mode)
+            return state
+
+    call = FakeCall(base, world_size=3, terminate=Ends())
+    failed = RuntimeError("the rank assignment failed")
+    assert round_run.leave(call, call.round_store, Leave(failed, False), told=False) is failed
+    assert rstore.fault_records(call.round_store) == []
+    assert rounds.interruption(call.round_store) is None and rstore.terminated_ranks(call.round_store) == set()
+    [event] = call.kinds("fault")
+    assert (event["fault_kind"], event["message"]) == ("exit", "the rank assignment failed")
+    assert ended == [Mode.TERMINATED] and call.state.mode == Mode.TERMINATED
+
+
+@pytest.mark.parametrize(("rounds_run", "told"), [(0, False), (1, True)], ids=["first-assignment", "round-start"])
+def test_a_step_outside_a_round_that_raises_leaves_told_only_where_its_number_is_known(
+    monkeypatch, rounds_run: int, told: bool
+):
+    """The first assignment (before any round ran) leaves untold; a round's start (after
+    its assignment, whose number it has) leaves told: the others go on without it."""
+    from nvrx.inprocess.call_wrapper import CallWrapper
+
+    call = CallWrapper.__new__(CallWrapper)
+    call.rounds_run, call.round_store = rounds_run, object()
+    left: list[tuple[Leave, bool]] = []
+
+    def leave(c, store, outcome, told=True):
+        left.append((outcome, told))
+        return outcome.exc
+
+    monkeypatch.setattr(round_run, "leave", leave)
+    failed = RuntimeError("failed")
+
+    def step() -> None:
+        raise failed
+
+    with pytest.raises(RuntimeError) as raised:
+        call._or_leave(step)
+    assert raised.value is failed and raised.value.__cause__ is None and raised.value.__context__ is None
+    assert left == [(Leave(failed, False), told)]
