@@ -253,6 +253,7 @@ class Delivery:
     def deliver(self, message: str) -> None:
         with self.lock:
             self.message = message
+            self.requested.set()  # before the raise: the main thread that takes it reads it
             if self.state == self.USER:
                 self.state = self.RAISED
                 if self._signal_installed:
@@ -261,7 +262,6 @@ class Delivery:
                     signal.pthread_kill(self.main_ident, WAKE_SIGNAL)
                 else:
                     async_raise(self.main_ident, RankShouldRestart)
-            self.requested.set()
 
     def keep_waking(self) -> None:
         """Signal the main thread again while it has not taken the restart raised by
