@@ -384,10 +384,18 @@ class RankBeats:
         job suspended, or a call of its duty took that long; beats sent meanwhile may be
         lost with the socket's queue full): a rank whose timeout is less than twice that has
         its silence counted from ``now``, since time the agent did not look is no rank's
-        silence. One that stays silent is found a timeout later."""
+        silence. Once per silence: one that stays silent is found a timeout later, however
+        late the agent goes on looking."""
         for beating in self.ranks.values():
-            if not beating.declared and late_s > beating.beat.timeout / 2:
+            forgiven = beating.since is not None and beating.since > beating.last
+            if not beating.declared and not forgiven and late_s > beating.beat.timeout / 2:
                 beating.since = now
+
+    def look_every(self) -> float | None:
+        """The longest the agent may go without a look, so that how late it looked says how
+        long it did not look (``forgive``): a quarter of the shortest timeout it watches."""
+        times = [b.beat.timeout for b in self.ranks.values() if not b.declared]
+        return min(times) / 4 if times else None
 
     def due(self, now: float) -> list[Silence]:
         """Ranks silent beyond their timeout, each named once per silence (a beat ends one)."""
@@ -465,14 +473,18 @@ class BeatLoop:
                           call.__name__, self.failures, exc)  # fmt: skip
 
     def run(self) -> None:
-        next_tick = time.monotonic()
+        next_tick = looked = time.monotonic()
         while True:
-            interval = self.duty.interval()
-            due = [self.beats.next_deadline(), None if interval is None else next_tick]
+            interval, every = self.duty.interval(), self.beats.look_every()
+            due = [
+                self.beats.next_deadline(),
+                None if interval is None else next_tick,
+                None if every is None else looked + every,
+            ]
             soonest = min((t for t in due if t is not None), default=None)
             wait = None if soonest is None else max(0.0, soonest - time.monotonic())
             select.select([self.sock], [], [], wait)
-            now = time.monotonic()
+            now = looked = time.monotonic()
             self.look(now, 0.0 if soonest is None else now - soonest)
             if interval is None or now < next_tick:
                 continue

@@ -147,6 +147,10 @@ def test_time_the_agent_did_not_look_is_no_ranks_silence() -> None:
     assert silence.silent_s == pytest.approx(50.5)
     beats.forgive(300.0, late_s=100.0)  # told already: not watched again until it beats
     assert beats.due(400.0) == []
+    beats.record([_beat()], now=500.0)
+    for now in (530.0, 545.0, 560.0):  # the agent goes on looking late: forgiven once
+        beats.forgive(now, late_s=30.0)
+    assert [s.silent_s for s in beats.due(560.0)] == [pytest.approx(60.0)]
 
 
 def test_a_bye_ends_a_watch_and_an_ended_attempts_monitor_stands_for_no_replacement() -> None:
@@ -569,6 +573,36 @@ def test_a_beat_loop_that_stalled_longer_than_a_timeout_does_not_find_its_ranks_
         finally:
             beating.set()
             thread.join()
+
+
+class _CountsLooks(_Told):
+    """A duty that counts the loop's looks (each tells ``received``, beats or none), and how
+    many came before the first silence."""
+
+    def __init__(self) -> None:
+        super().__init__(ticks=1)
+        self.looks, self.looks_before_silence = 0, 0
+
+    def received(self, beats: list[Beat], new: NewPids, now: float) -> None:
+        self.looks += 1
+        super().received(beats, new, now)
+
+    def silent(self, silence: Silence, now: float) -> None:
+        self.looks_before_silence = self.looks_before_silence or self.looks
+        super().silent(silence, now)
+
+
+def test_a_beat_loop_without_ticks_looks_at_least_every_quarter_timeout() -> None:
+    """With no tick (an agent under a supervisor, whose ring beats in a thread of its own)
+    the loop still looks every quarter of the shortest timeout it watches, not only at the
+    deadline: so how late a look comes says how long the agent did not look (before, it
+    slept until the deadline, and a suspension shorter than a timeout and a half went
+    unnoticed)."""
+    duty = _CountsLooks()
+    with _running(duty) as (sender, _loop, _ended):
+        assert sender.send(_beat(pid=5, timeout=2.0))
+        wait_until("pid 5's silence", lambda: ("silent", 5) in duty.told, 30)
+        assert duty.looks_before_silence >= 3, duty.looks_before_silence  # its beat's, then every 0.5 s
 
 
 class _Failing(_Told):
