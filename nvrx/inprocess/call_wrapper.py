@@ -375,7 +375,8 @@ class CallWrapper:
         failed to start is told (the others go on without the rank); the first assignment's
         failure is not: the rank's number in the first round is the assignment's, which
         failed (the others find it gone at their barriers' timeout, or its supervisor starts
-        a replacement)."""
+        a replacement). A ``RankDiscarded`` there is no fault and no event: every rank's
+        assignment left the rank out alike."""
         try:
             return step()
         except BaseException as exc:

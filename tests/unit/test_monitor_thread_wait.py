@@ -251,3 +251,16 @@ def test_finish_waits_for_an_abort_in_progress_beyond_the_wake_wait(base, monkey
     threading.Timer(1.0, release.set).start()
     assert thread.finish(30)  # past WAKE_WAIT_S: the abort's end
     assert delivery.requested.is_set()
+
+
+def test_a_restart_is_marked_requested_before_it_is_raised_in_the_main_thread(monkeypatch):
+    """The main thread that takes the restart reads ``requested`` to tell it from one the
+    function raised itself: it must be set when the restart lands, not after."""
+    delivery = Delivery()
+    delivery.state = Delivery.USER  # the main thread in user code, no wake-up signal installed
+    seen: list[bool] = []
+    monkeypatch.setattr(
+        monitor_thread, "async_raise", lambda ident, exc: seen.append(delivery.requested.is_set()) or 1
+    )
+    delivery.deliver("a rank faulted: restarting")
+    assert seen == [True] and delivery.state == Delivery.RAISED

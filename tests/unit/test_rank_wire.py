@@ -150,6 +150,7 @@ def test_time_the_agent_did_not_look_is_no_ranks_silence() -> None:
     beats.record([_beat()], now=500.0)
     for now in (530.0, 545.0, 560.0):  # the agent goes on looking late: forgiven once
         beats.forgive(now, late_s=30.0)
+    assert beats.next_deadline() == 540.0  # from the first late look, not the later ones
     assert [s.silent_s for s in beats.due(560.0)] == [pytest.approx(60.0)]
 
 
