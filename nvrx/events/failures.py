@@ -325,8 +325,8 @@ def exception_type_of(exc: BaseException) -> str:
 
 def message_of(exc: BaseException) -> str:
     """``str(exc)``; where that raises (a user's exception whose ``__str__`` fails), a
-    placeholder naming the failure, as Python's own tracebacks print it: the fault is
-    recorded all the same."""
+    placeholder as Python's own tracebacks print one, with the type of the failure: the
+    fault is recorded all the same."""
     try:
         return str(exc)
     except Exception as failed:

@@ -435,9 +435,10 @@ class BeatLoop:
     """The loop of a node's agent, the same with or without a supervisor: the beats as they
     come, each read before any silence is judged; a rank's silence at its deadline (a look
     at least every quarter of the shortest timeout, so that a late look says how long the
-    agent did not look: ``RankBeats.forgive``); the duty's tick every interval. ``run`` until a tick says the agent ends, or raises (the
-    agent ends with it: without a supervisor, the next beat that finds no agent starts one).
-    A ``received`` or ``silent`` that raises is logged and the loop goes on."""
+    agent did not look: ``RankBeats.forgive``); the duty's tick every interval. ``run``
+    until a tick says the agent ends, or raises (the agent ends with it: without a
+    supervisor, the next beat that finds no agent starts one). A ``received`` or
+    ``silent`` that raises is logged and the loop goes on."""
 
     def __init__(self, sock: BeatSocket, duty: Duty) -> None:
         self.sock, self.duty = sock, duty
