@@ -502,7 +502,10 @@ def _running(duty: _Told) -> Iterator[tuple[BeatSender, BeatLoop, threading.Even
     try:
         thread.start()
         yield sender, loop, ended
-    finally:
+    finally:  # the loop ends (its next tick says so) before its socket closes under it
+        duty.ticks, duty.every = 0, 0.01
+        sender.send(_beat(pid=99, initial=99))  # wakes a loop that waits for no deadline
+        ended.wait(30)
         sender.close()
         sock.close(unlink=False)
 
