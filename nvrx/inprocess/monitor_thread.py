@@ -22,7 +22,9 @@ thread signals again, sooner first, until the main thread took the restart
 interrupts no blocking call at all).
 
 ``Delivery`` is the small state machine the two threads share, so that the
-restart is raised exactly once and only while the main thread runs user code.
+restart is raised exactly once, only while the main thread runs user code, and only
+in the round whose thread requests it (an abort that outlasted the main thread's wait
+ends in a later round and restarts nothing).
 """
 
 from __future__ import annotations
@@ -140,6 +142,7 @@ class Delivery:
         self.taken = threading.Event()  # set while no restart waits raised (``keep_waking``)
         self.state = self.IDLE
         self.message = ""
+        self.round = 0  # counts ``reset``: a thread delivers only into the round it watched
         self._signal_installed = False
 
     @property
@@ -186,6 +189,7 @@ class Delivery:
     def reset(self) -> None:
         """Start of a round: nothing requested yet."""
         with self.lock:
+            self.round += 1
             self.state = self.IDLE
             self.requested.clear()
             self.message = ""
@@ -250,8 +254,13 @@ class Delivery:
             yield
 
     # monitor thread -------------------------------------------------------------
-    def deliver(self, message: str) -> None:
+    def deliver(self, message: str, of_round: int) -> bool:
+        """Request the restart of round ``of_round`` (``round`` when its thread started); False,
+        and nothing requested, when the main thread went on to a later round meanwhile (the
+        thread's abort outlasted the main thread's wait for it)."""
         with self.lock:
+            if of_round != self.round:
+                return False
             self.message = message
             self.requested.set()  # before the raise: the main thread that takes it reads it
             if self.state == self.USER:
@@ -262,6 +271,7 @@ class Delivery:
                     signal.pthread_kill(self.main_ident, WAKE_SIGNAL)
                 else:
                     async_raise(self.main_ident, RankShouldRestart)
+        return True
 
     def keep_waking(self) -> None:
         """Signal the main thread again while it has not taken the restart raised by
@@ -292,6 +302,7 @@ class MonitorThread(threading.Thread):
         self.store = store
         self.on_rejected = on_rejected  # an interruption whose seal did not verify
         self.delivery = delivery
+        self.round = delivery.round  # the round this thread watches
         self.abort = abort
         self.frozen_state = frozen_state
         self.chunk = chunk
@@ -381,7 +392,9 @@ class MonitorThread(threading.Thread):
                 log.critical("abort failed: %r", exc)
             tell_kept_state(seen)  # the copies queued while the abort ran
             self.abort_s = time.monotonic() - t0
-            self.delivery.deliver(message)
+            if not self.delivery.deliver(message, self.round):
+                log.warning("the abort ended after this rank went on to a later round: no restart")
+                return
         self.delivery.keep_waking()
 
 

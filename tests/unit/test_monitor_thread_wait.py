@@ -262,5 +262,27 @@ def test_a_restart_is_marked_requested_before_it_is_raised_in_the_main_thread(mo
     monkeypatch.setattr(
         monitor_thread, "async_raise", lambda ident, exc: seen.append(delivery.requested.is_set()) or 1
     )
-    delivery.deliver("a rank faulted: restarting")
+    delivery.deliver("a rank faulted: restarting", delivery.round)
     assert seen == [True] and delivery.state == Delivery.RAISED
+
+
+def test_an_abort_that_ends_after_the_next_round_began_restarts_nothing(base):
+    """The main thread waited ``RESTART_WAIT_S`` for a peer's abort and went on to the next
+    round: that abort's end must not raise a restart into the round that runs now."""
+    started, release = threading.Event(), threading.Event()
+
+    def abort(state) -> None:
+        started.set()
+        release.wait(10)
+
+    thread, _store, delivery = _thread(base, [], chunk=60.0)
+    thread.abort = abort
+    rstore.record_fault(rstore.round_store(base, 0), rstore.failures.FaultRecord(rank=1, kind="exception"))
+    assert started.wait(10)
+    delivery.reset()  # the next round starts
+    delivery.enter_user()  # its user code runs
+    release.set()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert not delivery.requested.is_set() and delivery.state == Delivery.USER
+    delivery.leave_user()  # nothing raised: the round runs on

@@ -16,7 +16,7 @@ def _deliver_later(delivery: Delivery) -> threading.Thread:
     """The monitor thread's part: the restart raised, then the main thread woken until it took it."""
 
     def deliver() -> None:
-        delivery.deliver("a rank faulted: restarting")
+        delivery.deliver("a rank faulted: restarting", delivery.round)
         delivery.keep_waking()
 
     return threading.Thread(target=deliver, name="test-delivery")
@@ -158,7 +158,7 @@ def test_the_signal_is_sent_again_at_doubling_waits_and_no_longer_than_its_limit
     try:
         delivery.enter_user()
         start = time.monotonic()
-        delivery.deliver("a rank faulted: restarting")  # the first signal, never taken
+        delivery.deliver("a rank faulted: restarting", delivery.round)  # the first signal, never taken
         delivery.keep_waking()
         ended = time.monotonic()
     finally:
