@@ -203,11 +203,14 @@ def final_outcome(
         if code in REQUEUED_EXITS:
             return f"requeued (exit code {code})", reason
         return (f"failed (exit code {code})" if code is not None else "stopped"), reason
-    if job.wrapper_ends:
-        if set(job.wrapper_ends) == {"completed"}:
-            return "completed", f"all {sum(job.wrapper_ends.values())} ranks completed"
-        summary = ", ".join(f"{k}: {v}" for k, v in sorted(job.wrapper_ends.items()))
-        worst = next((k for k in ("error", "restart_abort") if k in job.wrapper_ends), "mixed")
+    if job.wrapper_ends:  # no end of a supervisor: the Wrappers' ends of the last run they ended in
+        wrapper_run = max(r for r, _ in job.wrapper_ends)
+        wrapper_ends = job.wrapper_ends_of(wrapper_run)
+        if set(wrapper_ends) == {"completed"}:
+            return "completed", f"all {sum(wrapper_ends.values())} ranks completed"
+        summary = ", ".join(f"{k}: {v}" for k, v in sorted(wrapper_ends.items()))
+        worst = next((k for k in ("error", "restart_abort") if k in wrapper_ends), "mixed")
+        gave_up = _gave_up(job, timeline, wrapper_run)
         return gave_up if worst == "restart_abort" and gave_up else worst, f"wrapper ends: {summary}"
     if filtered:
         return NOT_KNOWN, NOT_KNOWN_REASON
@@ -229,8 +232,8 @@ REQUEUED_EXITS = (75, 144)
 
 def _gave_up(job: JobSummary, timeline: list[RoundRow], run: int) -> str | None:
     """``gave up: restart_abort after N rounds`` when a rank's Wrapper gave up restarting
-    (its ``wrapper_end`` outcome ``restart_abort``), N the rounds of the last run."""
-    if "restart_abort" not in job.wrapper_ends:
+    in job run ``run`` (its ``wrapper_end`` outcome ``restart_abort``), N that run's rounds."""
+    if "restart_abort" not in job.wrapper_ends_of(run):
         return None
     rounds = sum(1 for row in timeline if row.run == run)
     return f"gave up: restart_abort after {rounds} round{'' if rounds == 1 else 's'}"

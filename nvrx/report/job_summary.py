@@ -92,7 +92,7 @@ class JobSummary:
     monitor_deaths: list[LocalFault] = merged(EXTEND)  # dead/unresponsive faults, round or not
     hangs: list[Hang] = merged(EXTEND)
     node_events: list[dict[str, Any]] = merged(EXTEND)  # each with the "run" it belongs to
-    wrapper_ends: dict[str, int] = merged(COUNTS)
+    wrapper_ends: dict[tuple[int, str], int] = merged(COUNTS)  # (run, outcome) -> ranks
     told_signatures: set[str] = merged(UNION)
     told_types: set[str] = merged(UNION)
     # Wall times of supervisor_start per run_key, sorted: where each job run begins.
@@ -204,6 +204,11 @@ class JobSummary:
         }
         return max([*sizes, len(started)], default=0)
 
+    def wrapper_ends_of(self, run: int) -> dict[str, int]:
+        """How many ranks' Wrapper ended with each outcome (``wrapper_end``) in job run
+        ``run``: an earlier run's ends say nothing of how a requeued job ended."""
+        return {outcome: n for (r, outcome), n in self.wrapper_ends.items() if r == run}
+
     # -- folding ------------------------------------------------------------------
     def merge(self, other: JobSummary) -> None:
         """Fold in another partial summary (of other files); ``other`` is used up."""
@@ -252,7 +257,7 @@ class JobSummary:
         part.hosts = {fs.host} if fs.host is not None else set()
         part.node_hosts = {node: {host} for node, host in fs.node_hosts.items()}
         part.calls, part.call_us = fs.calls, fs.call_us
-        part.interrupted_calls, part.wrapper_ends = fs.interrupted_calls, fs.wrapper_ends
+        part.interrupted_calls = fs.interrupted_calls
         part.told_signatures, part.told_types = fs.told_signatures, fs.told_types
         part.state_saves = fs.state_saves
         if fs.ending_fault is not None and fs.pid is not None and fs.last_wall is not None:
@@ -269,6 +274,7 @@ class JobSummary:
             part.fault_ended_ranks = {rank}
         run = self.run_of(run_key(fs.host, file_node), fs.first_wall, fs.slurm_run)
         part.rounds = {(run, rnd): state for rnd, state in fs.rounds.items()}
+        part.wrapper_ends = {(run, outcome): n for outcome, n in fs.wrapper_ends.items()}
         for group in fs.signatures.values():  # the run of its marks on the HTML timeline
             group.seen = [(*o[:7], run) for o in group.seen]
         part.signatures = fs.signatures

@@ -203,6 +203,29 @@ def test_a_wrapper_that_gave_up_is_not_a_completed_job(tmp_path: Path) -> None:
     assert report.summary.outcome == "gave up: restart_abort after 2 rounds"
 
 
+def test_a_job_whose_wrapper_gave_up_then_completed_in_its_next_run_completed(tmp_path: Path) -> None:
+    """Run 0's Wrapper gives up (its supervisor stops the job, exit 12); the job is submitted
+    again and run 1 completes: the job completed. Run 0's ``restart_abort`` is no end of it."""
+    node = Node(tmp_path / "job")
+    rank = node.start(0.5, pid=900)
+    rank.at(2.0, "round_start", round=0, world_size=1, initial_rank=0)
+    rank.at(4.0, "fault", round=0, fault_kind="exception", exc_type="ValueError")
+    rank.at(4.5, "round_end", round=0, outcome="abort", duration_s=2.5)
+    rank.at(4.6, "wrapper_end", outcome="restart_abort", rounds=1)
+    node.exit(4.8, 900, runtime=4.3, code=130, sig=None)
+    node.sup.at(4.9, "job_stop", reason="a rank stopped the job", exit_code=12)
+    node.sup.at(5.0, "supervisor_end", exit_code=12, reason="a rank stopped the job")
+    node.sup.at(100.0, "supervisor_start", nnodes=1, nproc_per_node=1, spare_nodes=0)
+    rank = node.start(100.5, pid=901)
+    rank.at(102.0, "round_start", round=0, world_size=1, initial_rank=0)
+    rank.at(150.0, "round_end", round=0, outcome="completed", duration_s=48.0)
+    rank.at(150.1, "wrapper_end", outcome="completed", rounds=1)
+    node.exit(150.5, 901, runtime=50.0, code=0, sig=None)
+    node.sup.at(151.0, "supervisor_end", exit_code=0, reason="all children ended")
+    report = node.close()
+    assert (report.summary.runs, report.summary.outcome) == (2, "completed")
+
+
 def test_the_text_report_shows_the_ledger_that_sums_to_the_wall_time(tmp_path: Path) -> None:
     """The failed job's ledger, as the text report prints it: each part with its seconds and
     share of the wall time, and the sum."""
