@@ -555,9 +555,10 @@ def _summary(
         if agg.first_wall is not None and agg.last_wall is not None
         else 0.0
     )
-    n_ranks = len(agg.ranks) if restricted or not agg.world_size else agg.world_size
-    if not n_ranks and not restricted:
-        n_ranks = agg.supervised_world()  # no rank wrote events: the supervisors' children
+    if restricted:
+        n_ranks = len(agg.ranks)
+    else:  # without Wrapper rounds, the supervisors' children: not every rank writes events
+        n_ranks = agg.world_size or max(len(agg.ranks), agg.supervised_world())
     busy_s = agg.call_us / 1e6 + time_ledger.unfinished_call_s(agg, losses)
     if agg.calls == 0 and job_facts.child_runtime_s(agg) > 0:
         # No Wrapper marked the training function: the supervised processes' lives stand in.

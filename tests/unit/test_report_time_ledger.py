@@ -282,3 +282,34 @@ def test_a_hang_counts_as_detection_and_a_kept_state_restore_as_a_save(tmp_path:
     assert ledger.detection_s == pytest.approx(5.0)
     assert ledger.training_s == pytest.approx(10.09 + 7.49 - 0.1 - 5.0)
     _sums_to_the_wall_time(ledger, s.wall_time_s)
+
+
+def test_a_job_without_the_wrapper_counts_every_supervised_rank_though_one_writes_events(
+    tmp_path: Path,
+) -> None:
+    """2 nodes x 2 children under ``nvrx-supervise``, no Wrapper; only rank 0 writes events
+    of its own (progress): the job has 4 ranks, each trained 100 s of the 102 s."""
+    log_dir = tmp_path / "job"
+    procs = []
+    for node in (0, 1):
+        host = Host(f"node-{'ab'[node]}", node)
+        sup = Proc(log_dir, host, "supervisor")
+        sup.at(0.0, "supervisor_start", nnodes=2, nproc_per_node=2, spare_nodes=0)
+        for local in (0, 1):
+            sup.at(1.0, "child_start", local_rank=local, child_pid=100 + 2 * node + local,
+                   attempt=0, global_rank=2 * node + local)  # fmt: skip
+        for local in (0, 1):
+            sup.at(101.0, "child_exit", local_rank=local, child_pid=100 + 2 * node + local,
+                   exit_code=0, signal=None, runtime_s=100.0, global_rank=2 * node + local)  # fmt: skip
+        sup.at(102.0, "supervisor_end", exit_code=0, reason="all children ended")
+        procs.append(sup)
+    app = Proc(log_dir, Host("node-a", 0), "app", rank=0)
+    for step in range(5):
+        app.at(10.0 + 10 * step, "progress", pid=100, step=step)
+    procs.append(app)
+    for proc in procs:
+        proc.close()
+    s = build_report(log_dir, sacct=False).summary
+    assert (s.outcome, s.ranks) == ("completed", 4)
+    assert s.training_time_s == pytest.approx(100.0)
+    assert s.goodput == pytest.approx(100.0 / 102.0)
