@@ -313,3 +313,26 @@ def test_a_job_without_the_wrapper_counts_every_supervised_rank_though_one_write
     assert (s.outcome, s.ranks) == ("completed", 4)
     assert s.training_time_s == pytest.approx(100.0)
     assert s.goodput == pytest.approx(100.0 / 102.0)
+
+
+def test_a_wrappers_spare_rank_counts_in_goodput(tmp_path: Path) -> None:
+    """2 ranks, rank 1 a spare of the Wrapper that never runs the function: goodput is
+    rank 0's 100 s over 2 ranks of the 100 s wall, as docs/report.md says."""
+    log_dir = tmp_path / "job"
+    host = Host("node-a", 0)
+    procs = []
+    for rank in (0, 1):
+        proc = Proc(log_dir, host, "wrapper", rank=rank).round(0)
+        proc.at(0.0, "round_start", world_size=2, active_world_size=1,
+                active_rank=0 if rank == 0 else None, initial_rank=rank)  # fmt: skip
+        if rank == 0:
+            proc.at(0.0, "call_start", note="enter")
+            proc.at(100.0, "call_end", duration_s=100.0, outcome="completed")
+        proc.at(100.0, "round_end", outcome="completed", duration_s=100.0)
+        proc.at(100.0, "wrapper_end", outcome="completed", rounds=1)
+        procs.append(proc)
+    for proc in procs:
+        proc.close()
+    s = build_report(log_dir, sacct=False).summary
+    assert (s.outcome, s.ranks) == ("completed", 2)
+    assert s.goodput == pytest.approx(0.5)
