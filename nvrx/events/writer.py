@@ -105,6 +105,7 @@ class EventWriter:
         self._pid = -1
         self.path: Path | None = None
         self.dropped = 0
+        self._torn = False  # a write that failed part way left a line with no newline
 
     # -- context ------------------------------------------------------------
     @property
@@ -126,7 +127,7 @@ class EventWriter:
         node = self._context.get("node")
         self.path = self.directory / file_name(self.component, node, pid, uuid.uuid4().hex[:8])
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        self._pid = pid
+        self._pid, self._torn = pid, False
         return self._fd
 
     def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
@@ -145,12 +146,15 @@ class EventWriter:
             event.update(self._context)
             event.update(fields)
             line = (json.dumps(event, default=str, separators=(",", ":")) + "\n").encode()
+            # after a torn line, a newline first: else this event would join it, and a reader
+            # would drop both as one malformed line
             try:
                 fd = self._open()
-                view = memoryview(line)
+                view = memoryview(b"\n" + line if self._torn else line)
                 while view:
                     written = os.write(fd, view)
                     view = view[written:]
+                    self._torn = bool(view)
                 if self._fsync:
                     os.fsync(fd)
             except OSError as exc:

@@ -167,6 +167,33 @@ def test_write_failure_is_counted_not_raised(tmp_path: Path) -> None:
     assert event["kind"] == "progress" and writer.dropped == 1
 
 
+def test_an_event_after_a_write_that_failed_part_way_starts_a_line_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills after 20 bytes of an event: that event is lost, torn; the next one
+    is read back whole, not joined to the torn line."""
+    real_write, calls = os.write, []
+
+    def full_after_20_bytes(fd: int, data) -> int:
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data[:20]))
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data)
+
+    writer = EventWriter(tmp_path, "supervisor", {"job": "j"})
+    writer.emit("supervisor_start", nnodes=1)  # opens the file: the failing write is the next
+    monkeypatch.setattr(os, "write", full_after_20_bytes)
+    writer.emit("child_exit", exit_code=1)
+    writer.emit("supervisor_end", exit_code=1, reason="failed")
+    monkeypatch.undo()
+    writer.close()
+    events, skipped = read_dir(tmp_path)
+    assert [e["kind"] for e in events] == ["supervisor_start", "supervisor_end"]
+    assert writer.dropped == 1 and len(skipped.skipped) == 1  # the torn line
+
+
 def test_fsync_after_each_event_only_where_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``NVRX_EVENTS_FSYNC=1`` flushes each event to the disk (to survive a crash of the
     host, not only of the process); by default the kernel's page cache holds it."""
