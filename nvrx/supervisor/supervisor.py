@@ -286,6 +286,8 @@ class Supervisor:
     def _decide(self, local_rank: int, status: ExitStatus, pid: int) -> None:
         if self.course.state is Course.FAILING_OVER:
             return  # it ended with the store: restarted with the next one
+        if self.job_restart.pending is not None:
+            return  # stopped by a job-wide restart (a Wrapper rank too): it starts with the others
         if self.preemption is not None and (
             self.preemption.pending or self.preemption.adopt_flag()
         ):

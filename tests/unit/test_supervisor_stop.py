@@ -84,6 +84,32 @@ def test_a_child_that_stopped_on_another_nodes_flag_is_not_restarted(tmp_path: P
             processes.stop(child.proc, ask=signal.SIGKILL)
 
 
+def test_a_wrapper_rank_stopped_by_a_job_wide_restart_is_neither_restarted_nor_counted(
+    tmp_path: Path,
+) -> None:
+    """A job-wide restart (``auto``: a rank that never ran the Wrapper failed) SIGTERMs every
+    child, Wrapper ranks too. Their exits are part of the restart: no rank is started on its
+    own in the middle of it, and no unit of the restart budget is spent per rank."""
+    sup, started = _supervisor(tmp_path, 2)
+    sup.start_child(0)
+    sup.start_child(1)
+    try:
+        for child in sup.ranks.children.values():
+            sup.job_restart.wrapper_pids.add(child.pid)  # their Wrapper monitors beat
+        sup.job_restart.pending = 1  # what ``JobRestart._begin`` sets before its SIGTERMs
+        sup.course.to(Course.RESTARTING)
+        for local_rank, child in sorted(sup.ranks.children.items()):
+            child.proc.send_signal(signal.SIGTERM)
+            child.wait(30)
+            sup._decide(local_rank, child.status, child.pid)
+        assert started == [0, 1]  # no rank started alone
+        assert sup.ranks.restarts == {0: 0, 1: 0} and sup.stop_reason is None
+        assert [e for e in read_dir(tmp_path)[0] if e["kind"] == "restart_decision"] == []
+    finally:
+        for child in sup.ranks.children.values():
+            processes.stop(child.proc, ask=signal.SIGKILL)
+
+
 def test_a_second_stop_signal_kills_at_once(tmp_path: Path) -> None:
     sup, _ = _supervisor(tmp_path, 1)
     sup.start_child(0)
