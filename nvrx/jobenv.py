@@ -248,8 +248,14 @@ def supervisor_local_rank_variable(env: Mapping[str, str] | None = None) -> str:
     return SUPERVISOR_LOCAL_RANK if env.get(SUPERVISOR_LOCAL_RANK) else "LOCAL_RANK"
 
 
+#: The longest time a variable read by ``seconds_from`` (or a supervisor's duration option)
+#: may give: a day, finite and far below what the waits take at once (epoll: about 24.8 days).
+MAX_SECONDS = 86400.0
+
+
 def seconds_from(env: Mapping[str, str] | None, name: str, default: float) -> float:
-    """Non-negative number variable ``name`` (seconds, counts); ValueError naming it otherwise."""
+    """Seconds in variable ``name``, 0 to ``MAX_SECONDS``; ValueError naming it otherwise
+    (infinity too: a wait that never ends, or a timeout that ``select`` refuses)."""
     env = os.environ if env is None else env
     raw = env.get(name)
     if raw in (None, ""):
@@ -260,6 +266,16 @@ def seconds_from(env: Mapping[str, str] | None, name: str, default: float) -> fl
         raise ValueError(f"{name}={raw!r} is not a number") from None
     if not value >= 0:
         raise ValueError(f"{name}={raw!r} must not be negative")
+    if value > MAX_SECONDS:
+        raise ValueError(f"{name}={raw!r} must be at most {MAX_SECONDS:g} seconds")
+    return value
+
+
+def count_from(env: Mapping[str, str] | None, name: str, default: int) -> int:
+    """A whole number >= 0 in variable ``name``; ValueError naming it otherwise."""
+    value = int_from(env, name, default)
+    if value < 0:
+        raise ValueError(f"{name}={(os.environ if env is None else env).get(name)!r} must not be negative")
     return value
 
 

@@ -34,7 +34,7 @@ DEFAULT_NODE_TIMEOUT_S = 5.0
 DEFAULT_STANDBY_WAIT_S = 5.0
 #: The longest a duration option may give (a day): finite, and far below what the
 #: supervisor's waits take at once (epoll: about 24.8 days; timedelta, time_t).
-MAX_SECONDS = 86400.0
+MAX_SECONDS = jobenv.MAX_SECONDS
 
 KEY_PREFIX = "nvrx_supervisor/"
 #: ``--ft-restart-policy`` values (``job_restart``).

@@ -124,12 +124,12 @@ def settings_from_env(env: Mapping[str, str]) -> dict[str, Any]:
     ValueError naming the variable whose value is none."""
     delay = env.get(SIGNAL_DELAY_ENV)
     window = env.get(PREEMPT_WINDOW_ENV)
-    cap = jobenv.seconds_from(env, MAX_TIME_LIMIT_REQUEUES_ENV, DEFAULT_MAX_TIME_LIMIT_REQUEUES)
+    cap = jobenv.count_from(env, MAX_TIME_LIMIT_REQUEUES_ENV, DEFAULT_MAX_TIME_LIMIT_REQUEUES)
     return {
         "run_index": jobenv.slurm_restart_count(env),
         "signum": warning_signal(env),
         "signal_delay_s": jobenv.seconds_from(env, SIGNAL_DELAY_ENV, 0) if delay else None,
-        "max_time_limit_requeues": int(cap),
+        "max_time_limit_requeues": cap,
         "preempt_window_s": jobenv.seconds_from(env, PREEMPT_WINDOW_ENV, 0) if window else None,
     }
 

@@ -172,12 +172,13 @@ class Supervisor:
             self._know_secret()  # at once: slot 0 writes it for the others, or it was given
         try:  # before anything is started: nothing inherits it
             warned_at = early_warning.take(os.environ)
+            # SLURM's warning (--signal=USR2@N): flag file, checkpoint, requeue (docs/submit.md);
+            # a bad setting is a usage error here too, not only where ``nvrx-supervise`` checks it
+            self.preemption = PreemptionHandler.from_env(
+                cfg.node_rank, cfg.nnodes, job_dir=cfg.events_dir, writer=self.writer
+            )
         except ValueError as exc:
             raise SupervisorError(ExitCode.USAGE, str(exc)) from None
-        # SLURM's warning (--signal=USR2@N): flag file, checkpoint, requeue (docs/submit.md)
-        self.preemption = PreemptionHandler.from_env(
-            cfg.node_rank, cfg.nnodes, job_dir=cfg.events_dir, writer=self.writer
-        )
         # first: a warning while ``start`` asks sacct about past runs waits in the pipe
         self.signals = SignalPipe((*STOP_SIGNALS, *FORWARD_SIGNALS, signal.SIGCHLD)).install()
         self.preemption.start()

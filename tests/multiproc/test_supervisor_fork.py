@@ -79,6 +79,24 @@ def test_exit_130_of_the_forked_child_ends_the_monitor_with_12(tmp_path) -> None
     assert not [e for e in events if e["kind"] == "restart_decision" and e["decision"] == "restart"]
 
 
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize(
+    "name, value", [("NVRX_PREEMPT_SIGNAL", "TERM"), ("NVRX_PREEMPT_WINDOW_S", "inf")]
+)
+def test_a_bad_warning_setting_is_a_usage_error_of_one_line(tmp_path, name: str, value: str) -> None:
+    """As ``nvrx-supervise`` refuses it, ``fork_and_monitor`` exits 2 naming the variable:
+    no traceback into the user's script, no child started."""
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    result = subprocess.run(
+        [sys.executable, str(script), "fail_once"], env={**_env(tmp_path), name: value},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"nvrx fork_and_monitor: error: {name}=" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and "child pid" not in result.stdout
+
+
 def _ended(pid: int) -> bool:
     """Whether process ``pid`` is gone or a zombie (dead, its new parent not yet reaping)."""
     try:

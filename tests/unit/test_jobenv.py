@@ -125,6 +125,19 @@ def test_seconds_from_rejects_negative_and_junk() -> None:
         jobenv.seconds_from({"NVRX_SIGNAL_DELAY_S": "-1"}, jobenv.SIGNAL_DELAY_S, 0)
     with pytest.raises(ValueError, match="is not a number"):
         jobenv.seconds_from({"NVRX_SIGNAL_DELAY_S": "soon"}, jobenv.SIGNAL_DELAY_S, 0)
+    for endless in ("inf", "1e400", "86401"):  # a wait that never ends, or one select refuses
+        with pytest.raises(ValueError, match="must be at most 86400 seconds"):
+            jobenv.seconds_from({"NVRX_PREEMPT_WINDOW_S": endless}, "NVRX_PREEMPT_WINDOW_S", 0)
+    with pytest.raises(ValueError, match="must not be negative"):
+        jobenv.seconds_from({"NVRX_PREEMPT_WINDOW_S": "nan"}, "NVRX_PREEMPT_WINDOW_S", 0)
+
+
+@pytest.mark.parametrize("raw", ["inf", "2.7", "-1", "three"])
+def test_a_requeue_cap_that_is_no_whole_number_is_a_usage_error(raw: str) -> None:
+    from nvrx.supervisor import preemption
+
+    with pytest.raises(ValueError, match="NVRX_MAX_TIME_LIMIT_REQUEUES"):
+        preemption.settings_from_env({"NVRX_MAX_TIME_LIMIT_REQUEUES": raw})
 
 
 def _spelled_outside_jobenv(wanted: Callable[[str], bool]) -> list[str]:
