@@ -525,7 +525,7 @@ class Supervisor:
                 if self.kill_at is not None and time.monotonic() >= self.kill_at:
                     stop_children(self.running(), 0.0, ask=signal.SIGKILL)
                     self.reap()
-            self._handle_preemption()  # a warning that came with the last child's exit
+            self._warning_at_the_end()
         finally:
             selector.close()
 
@@ -566,6 +566,17 @@ class Supervisor:
         else:
             self.exit_code = decision.exit_code
         return True
+
+    def _warning_at_the_end(self) -> None:
+        """Decide on a warning that came with the last child's exit. After a clean end here
+        the training is over, not cut short, and a requeue would run it again: a job of one
+        node decides so now (``finished``); the store host of several first reports done and
+        decides as it waits for the others, knowing whether they ended too (``job_end``)."""
+        clean = not self.course.stopping and self.exit_code == ExitCode.OK
+        if clean and self.store.service is not None and self.config.nnodes > 1:
+            return
+        alone = clean and self.config.nnodes == 1
+        self._handle_preemption(finished=(lambda: True) if alone else None)
 
     def _warned_while_finishing(self) -> bool:
         """(The store host, its children ended, waiting for the other nodes) decide on a

@@ -110,6 +110,27 @@ def test_a_wrapper_rank_stopped_by_a_job_wide_restart_is_neither_restarted_nor_c
             processes.stop(child.proc, ask=signal.SIGKILL)
 
 
+@pytest.mark.parametrize("stopping", [False, True])
+def test_a_warning_that_came_with_a_one_node_jobs_clean_end_requeues_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stopping: bool
+) -> None:
+    """SLURM's warning is read with the last child's exit 0: the training is over, and a
+    requeue would run it again. A job that was stopping (a failure) is requeued as before."""
+    monkeypatch.delenv(checkpoint_flag.PREEMPT_FLAG_ENV, raising=False)
+    sup, _ = _supervisor(tmp_path, 1)
+    sup.preemption = PreemptionHandler(
+        sup.config.events_dir, 0, 1, slurm=False, local_requeue=True, export_env=False
+    )
+    sup.store.service = SimpleNamespace()  # type: ignore[assignment]  # the store host decides
+    if stopping:
+        sup.request_stop("the store was lost", ExitCode.STORE_UNAVAILABLE, broadcast=False)
+    sup.preemption.on_signal(signal.SIGUSR2)
+    sup._warning_at_the_end()
+    decision = sup.preemption._decision
+    assert decision is not None and decision.requeued is stopping, decision.reason
+    assert (sup.exit_code == ExitCode.OK) is not stopping
+
+
 def test_a_second_stop_signal_kills_at_once(tmp_path: Path) -> None:
     sup, _ = _supervisor(tmp_path, 1)
     sup.start_child(0)
