@@ -15,7 +15,9 @@ its wait in collectives) gives the supervisor the step times it scores straggler
 A section change is one packet on a local socket, sent without waiting unless the channel
 is full (the supervisor lags): then it waits for room, ``SEND_WAIT_S`` at most, and past
 that changes are held back, the next packet of any kind the rank sends once the supervisor
-reads again telling it first the sections open then; nothing is ever answered. Step times
+reads again telling it first the sections open then, then the computed or restored
+timeouts and workload-control requests held back too (the latest timeouts only: each
+holds them all); nothing is ever answered. Step times
 are kept here and sent together at most every ``STEP_PACKET_INTERVAL_S``. Heartbeats are
 counted in the rank and sent at most every ``HEARTBEAT_PACKET_INTERVAL_S`` (0.1 s, or
 1/50 of the heartbeat timeout when that is shorter), so a loop may call
@@ -46,7 +48,7 @@ from .timeouts import CHECKPOINT_KEY, Observations, Timeouts
 log = logging.getLogger("nvrx.fault_tolerance")
 
 #: How long a message may wait for room on the channel: past it, section changes are held
-#: back (``_send_section``), other messages dropped.
+#: back (``_send_section``), and so are timeouts and workload-control requests (``_send``).
 SEND_WAIT_S = 5.0
 #: Heartbeats closer together than this (or than 1/50 of the heartbeat timeout, if shorter)
 #: are counted here but not sent: the supervisor's view lags the rank by less than that.
@@ -77,6 +79,7 @@ class RankMonitorClient:
         self._obs: Observations | None = None
         self._lost = False
         self._behind = False  # section changes held back while the supervisor lags
+        self._unsent: list[tuple[str, bytes]] = []  # (verb, message) held back meanwhile, in order
         self._next_packet = 0.0
         self._packet_interval = HEARTBEAT_PACKET_INTERVAL_S
         self._steps: list[float] = []
@@ -269,7 +272,7 @@ class RankMonitorClient:
         t.heartbeat = t.merge("heartbeat", gap * factor)
         self._mark_computed("initial_heartbeat", "heartbeat")
         self._update_packet_interval()
-        self._send(channel.encode(channel.TIMEOUTS, {"timeouts": t.to_dict(), "source": "computed"}))
+        self._send_timeouts(t, "computed")
         return True
 
     def calculate_and_set_section_timeouts(
@@ -308,7 +311,7 @@ class RankMonitorClient:
         if calc_out_of_section:
             t.out_of_section = t.merge("out_of_section", maxima[-1] * factor)
             self._mark_computed("out_of_section")
-        self._send(channel.encode(channel.TIMEOUTS, {"timeouts": t.to_dict(), "source": "computed"}))
+        self._send_timeouts(t, "computed")
         return True
 
     # -- workload control --------------------------------------------------------------
@@ -320,7 +323,7 @@ class RankMonitorClient:
                 f"send_workload_control_request: expected a WorkloadControlRequest, got {req!r}"
             )
         payload = {"action": req.action.name, "description": str(req.description)}
-        self._send(channel.encode(channel.CONTROL, payload))
+        self._send(channel.encode(channel.CONTROL, payload), channel.CONTROL)
 
     # -- checkpoint ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -340,7 +343,7 @@ class RankMonitorClient:
             return
         self.timeouts = _overlay(self.timeouts, restored)
         self._update_packet_interval()
-        self._send(channel.encode(channel.TIMEOUTS, {"timeouts": self.timeouts.to_dict(), "source": "restored"}))
+        self._send_timeouts(self.timeouts, "restored")
 
     # -- helpers ---------------------------------------------------------------------------
     def _initial_timeouts(self, cfg: FaultToleranceConfig) -> Timeouts:
@@ -375,13 +378,16 @@ class RankMonitorClient:
         if self._behind:
             self._catch_up()
         elif not self._sent(message) and not self._sent_after_wait(message):
-            self._behind = True
-            self.held_back += 1
-            if self.held_back == 1:  # it may lag often: said once
-                log.warning(
-                    "the supervisor read nothing for %.0f s: section changes are held back "
-                    "until it reads again", SEND_WAIT_S,
-                )  # fmt: skip
+            self._fall_behind()
+
+    def _fall_behind(self) -> None:
+        self._behind = True
+        self.held_back += 1
+        if self.held_back == 1:  # it may lag often: said once
+            log.warning(
+                "the supervisor read nothing for %.0f s: section changes, timeouts and "
+                "requests are held back until it reads again", SEND_WAIT_S,
+            )  # fmt: skip
 
     def _sent_after_wait(self, message: bytes) -> bool:
         """Send once the channel has room, waiting ``SEND_WAIT_S`` at most."""
@@ -389,12 +395,19 @@ class RankMonitorClient:
         return bool(writable) and self._sent(message)
 
     def _catch_up(self) -> None:
-        """Tell the sections open now, when the channel takes it all."""
+        """Tell the sections open now, then the messages held back, as far as the channel
+        takes them: what it did not take waits for the next packet."""
         obs = self._obs
         assert obs is not None
         state = [channel.encode(channel.END_ALL)]
         state += [channel.encode(channel.SECTION_START, name) for name in obs.open]
-        self._behind = not all(self._sent(packet) for packet in state)
+        if not all(self._sent(packet) for packet in state):
+            return
+        while self._unsent:
+            if not self._sent(self._unsent[0][1]):
+                return
+            del self._unsent[0]
+        self._behind = False
 
     def _sent(self, message: bytes) -> bool:
         """Send without waiting: False when the channel is full (a lost socket counts as sent:
@@ -407,13 +420,24 @@ class RankMonitorClient:
             self._lose(exc)
         return True
 
-    def _send(self, message: bytes) -> None:
-        """Send a message that must arrive: waits (at most SEND_WAIT_S) while the channel is full."""
+    def _send(self, message: bytes, kind: str) -> None:
+        """Send a message that must arrive (``kind``: ``channel.TIMEOUTS`` or ``CONTROL``):
+        waits (at most SEND_WAIT_S) while the channel is full; past that it is held back and
+        sent after the sections at the next catch-up. Timeouts held back before are
+        replaced: each message holds all of them."""
         assert self._sock is not None
         if self._behind:
             self._catch_up()
-        if not self._sent(message) and not self._sent_after_wait(message):
-            log.error("the supervisor read nothing for %.0f s: dropped %r", SEND_WAIT_S, message[:60])
+        if not self._behind and (self._sent(message) or self._sent_after_wait(message)):
+            return
+        if kind == channel.TIMEOUTS:
+            self._unsent = [held for held in self._unsent if held[0] != channel.TIMEOUTS]
+        self._unsent.append((kind, message))
+        self._fall_behind()
+
+    def _send_timeouts(self, timeouts: Timeouts, source: str) -> None:
+        payload = {"timeouts": timeouts.to_dict(), "source": source}
+        self._send(channel.encode(channel.TIMEOUTS, payload), channel.TIMEOUTS)
 
     def _lose(self, exc: OSError) -> None:
         if not self._lost:

@@ -449,6 +449,44 @@ def test_section_changes_wait_a_while_for_a_lagging_supervisor_then_it_learns_th
     client.shutdown_workload_monitoring()
 
 
+def test_timeouts_and_requests_sent_while_the_supervisor_lags_reach_it_once_it_reads_again(
+    watch, monkeypatch
+):
+    """The channel is full: computed timeouts and a workload-control request wait for room
+    (``SEND_WAIT_S``, shortened here), then are held back, not dropped (before: the client
+    said the timeouts were set and the request sent, and the supervisor never heard of
+    them). Of two timeouts held back only the last goes out: it holds them all."""
+    from nvrx.fault_tolerance.data import WorkloadAction, WorkloadControlRequest
+
+    monkeypatch.setattr(client_module, "SEND_WAIT_S", 0.05)
+    client = RankMonitorClient()
+    fd, w = _connect(watch, client)
+    for _ in range(3):
+        client.send_heartbeat()
+        client._next_packet = 0.0
+    client.start_section("step")
+    client.end_section("step")
+    watch.read(fd, now=110.0)
+    while True:  # fill the channel
+        try:
+            client._sock.send(b"h", socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            break
+    assert client.calculate_and_set_hb_timeouts()
+    assert client._behind
+    assert client.calculate_and_set_section_timeouts()
+    client.send_workload_control_request(WorkloadControlRequest(WorkloadAction.ExcludeThisNode, "bad disk"))
+    watch.read(fd, now=200.0)  # the supervisor reads again: none of the three came yet
+    assert w.timeouts != client.timeouts
+    client._next_packet = 0.0
+    client.send_heartbeat()  # the next packet: the sections, then what was held back
+    told = watch.read(fd, now=201.0)
+    assert [t[0] for t in told] == ["timeouts", "control"], told
+    assert w.timeouts == client.timeouts and told[1][2]["action"] == "ExcludeThisNode"
+    assert not client._behind
+    client.shutdown_workload_monitoring()
+
+
 def test_timing_on_the_gpu_without_cuda_says_what_to_use(watch):
     import torch
 
