@@ -116,7 +116,12 @@ class RankMonitorClient:
                 "not set): start the script with nvrx-supervise or nvrx-srun"
             )
         raw = os.environ.get(jobenv.FT_CONFIG)
-        self.cfg = FaultToleranceConfig.from_json(raw) if raw else FaultToleranceConfig()
+        try:
+            self.cfg = FaultToleranceConfig.from_json(raw) if raw else FaultToleranceConfig()
+        except (TypeError, ValueError) as exc:  # the supervisor's, or one set by hand
+            raise RankMonitorClientError(
+                f"init_workload_monitoring: ${jobenv.FT_CONFIG} is no valid configuration: {exc}"
+            ) from None
         self._timed_section = os.environ.get(jobenv.STRAGGLER_SECTION) or None
         log.setLevel(self.cfg.log_level)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -230,6 +235,7 @@ class RankMonitorClient:
     def start_section(self, section: str) -> None:
         """Section ``section`` begins; its timeout (if any) runs until ``end_section``."""
         obs = self._monitoring("start_section")
+        _check_section_name("start_section", section)
         if section in obs.open:
             raise RankMonitorClientError(f"start_section({section!r}): the section is open already")
         obs.section_start(section, time.monotonic())
@@ -518,17 +524,38 @@ def _restored_from(state: Any) -> Timeouts | None:
     return None
 
 
+def _check_section_name(what: str, section: object) -> None:
+    """A section's name is a non-empty string that fits one message: else the supervisor
+    would not see it open, or would see it cut short, and find a false hang."""
+    if not isinstance(section, str) or not section:
+        raise RankMonitorClientError(f"{what}: a section's name must be a non-empty string, got {section!r}")
+    if len(channel.encode(channel.SECTION_START, section)) > channel.MAX_MESSAGE:
+        raise RankMonitorClientError(
+            f"{what}: a section's name must fit {channel.MAX_MESSAGE - 2} bytes, got {len(section.encode())}"
+        )
+
+
 def _overlay(base: Timeouts | None, restored: Timeouts) -> Timeouts:
-    """``restored`` where it has a value, ``base`` elsewhere."""
+    """``restored`` where it has a value, ``base`` elsewhere; a value is computed as the one
+    taken says (a value computed here that ``restored`` has none of stays computed)."""
     if base is None:
         return restored
-    return Timeouts(
+    merged = Timeouts(
         initial_heartbeat=restored.initial_heartbeat if restored.initial_heartbeat is not None else base.initial_heartbeat,
         heartbeat=restored.heartbeat if restored.heartbeat is not None else base.heartbeat,
         sections={**base.sections, **{k: v for k, v in restored.sections.items() if v is not None}},
         out_of_section=restored.out_of_section if restored.out_of_section is not None else base.out_of_section,
-        computed=list(restored.computed),
     )
+    kept = [n for n in base.computed if _value_of(restored, n) is None]
+    merged.computed = kept + [n for n in restored.computed if n not in kept]
+    return merged
+
+
+def _value_of(timeouts: Timeouts, name: str) -> float | None:
+    """The value of ``timeouts`` that ``name`` (as in ``Timeouts.computed``) stands for."""
+    if name.startswith("section:"):
+        return timeouts.sections.get(name[len("section:"):])
+    return getattr(timeouts, name, None)
 
 
 def _all_max(values: list[float]) -> list[float]:

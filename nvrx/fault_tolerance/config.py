@@ -97,7 +97,9 @@ class FaultToleranceConfig:
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
         data["rank_termination_signal"] = self.rank_termination_signal.name
-        data["log_level"] = logging.getLevelName(self.log_level)
+        # the name where the level has one; else the number ("Level 15" parses as neither)
+        name = logging.getLevelName(self.log_level)
+        data["log_level"] = name if isinstance(logging.getLevelName(name), int) else self.log_level
         return json.dumps(data)
 
     @classmethod

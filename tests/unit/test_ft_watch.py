@@ -10,7 +10,12 @@ import socket
 import pytest
 
 from nvrx import jobenv
-from nvrx.fault_tolerance import FaultToleranceConfig, RankMonitorClient, RankMonitorClientError
+from nvrx.fault_tolerance import (
+    FaultToleranceConfig,
+    RankMonitorClient,
+    RankMonitorClientError,
+    channel,
+)
 from nvrx.fault_tolerance import client as client_module
 from nvrx.supervisor.rank_watch import RankWatch
 
@@ -485,6 +490,52 @@ def test_timeouts_and_requests_sent_while_the_supervisor_lags_reach_it_once_it_r
     assert w.timeouts == client.timeouts and told[1][2]["action"] == "ExcludeThisNode"
     assert not client._behind
     client.shutdown_workload_monitoring()
+
+
+def test_a_checkpoint_of_heartbeat_timeouts_loaded_after_init_keeps_the_computed_sections(watch, monkeypatch):
+    """Section timeouts computed, then a checkpoint holding only heartbeat timeouts loaded:
+    the sections stay computed, so ``state_dict`` keeps saving them (before: they stayed in
+    force but were no longer saved, and were lost at the next restart)."""
+    _config(monkeypatch, safety_factor=2, rank_section_timeouts={"step": 50})
+    client = RankMonitorClient()
+    fd, _w = _connect(watch, client)
+    client.start_section("step")
+    client.end_section("step")
+    assert client.calculate_and_set_section_timeouts()
+    hb_only = {"current_timeouts": {"heartbeat": {"initial": 30.0, "subsequent": 10.0, "were_calculated": True}}}
+    client.load_state_dict(hb_only)
+    saved = client.state_dict()["current_timeouts"]
+    assert saved["section"]["calculated_sections"] == ["step"] and saved["heartbeat"]["subsequent"] == 10.0
+    assert set(client.timeouts.computed) == {"section:step", "out_of_section", "initial_heartbeat", "heartbeat"}
+    client.shutdown_workload_monitoring()
+    watch.read(fd)
+
+
+@pytest.mark.parametrize("name", ["", None, 7])
+def test_a_section_with_no_name_is_refused_not_left_to_look_like_a_hang(watch, name):
+    """The supervisor ignores a section with an empty name: the client would count it open
+    and the supervisor would find the rank out of every section."""
+    client = RankMonitorClient()
+    _connect(watch, client)
+    with pytest.raises(RankMonitorClientError, match="a section's name must be a non-empty string"):
+        client.start_section(name)
+    with pytest.raises(RankMonitorClientError, match="must fit"):
+        client.start_section("x" * channel.MAX_MESSAGE)
+    assert client._obs.open == {}
+    client.shutdown_workload_monitoring()
+
+
+def test_a_log_level_without_a_name_reaches_the_ranks_and_a_bad_config_is_the_clients_error(watch, monkeypatch):
+    """``--ft-log-level 15``: the supervisor passed "Level 15", which every rank refused with
+    a ValueError at its start. A configuration that does not parse is a RankMonitorClientError."""
+    _config(monkeypatch, log_level=15)
+    client = RankMonitorClient()
+    _connect(watch, client)
+    assert client.cfg.log_level == 15
+    client.shutdown_workload_monitoring()
+    monkeypatch.setenv(jobenv.FT_CONFIG, '{"log_level": "LOUD"}')
+    with pytest.raises(RankMonitorClientError, match="NVRX_FT_CONFIG is no valid configuration"):
+        RankMonitorClient().init_workload_monitoring()
 
 
 def test_timing_on_the_gpu_without_cuda_says_what_to_use(watch):
