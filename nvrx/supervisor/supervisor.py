@@ -38,7 +38,14 @@ from nvrx.store import seal
 
 from . import job_secret, node_requeue, preemption, store_failover
 from .children import Child, ExitStatus, stop_children
-from .config import ALL_DONE_KEY, ALL_ENDED_KEY, ConfigError, StopRequest, SupervisorConfig
+from .config import (
+    ALL_DONE_KEY,
+    ALL_ENDED_KEY,
+    MAX_SECONDS,
+    ConfigError,
+    StopRequest,
+    SupervisorConfig,
+)
 from .course import Course, CourseTracker
 from .exit_codes import CLEAN_STOP_EXIT, ExitCode, SupervisorError, for_signal
 from .failover import Failover
@@ -533,13 +540,15 @@ class Supervisor:
         """How long the loop may wait for what comes: until the kill deadline, a probe's
         deadline, the end of the standby's wait for the children, the end of a job-wide
         restart's wait for every slot to be ready or the hang watch's next look, whichever
-        is first; None: no bound."""
+        is first; None: no bound. A day at most: a rank's timeouts (computed, or from its
+        checkpoint) are not bounded, and ``select`` refuses a wait of about 25 days."""
         roles = self.store.roles
         probe = roles and roles.probes.deadline()
         times = (self.kill_at, probe, self.restart_standby.deadline(), self.job_restart.ready_deadline())
         wake = [t for t in times if t is not None]
         timeout = max(0.0, min(wake) - time.monotonic()) if wake else None
-        return self.step_times.timeout(self.hang_watch.timeout(timeout))
+        timeout = self.step_times.timeout(self.hang_watch.timeout(timeout))
+        return None if timeout is None else min(timeout, MAX_SECONDS)
 
     def _handle_preemption(self, finished: Callable[[], bool] | None = None) -> bool:
         """After SLURM's warning (or another node's flag): let the children checkpoint and

@@ -131,6 +131,26 @@ def test_a_warning_that_came_with_a_one_node_jobs_clean_end_requeues_nothing(
     assert (sup.exit_code == ExitCode.OK) is not stopping
 
 
+def test_a_ranks_timeout_of_a_month_makes_no_wait_that_select_refuses(tmp_path: Path) -> None:
+    """A rank's computed or restored timeouts have no upper bound (a checkpoint's 3e6 s):
+    the loop waits a day at most, which ``select`` takes (it refuses about 25 days)."""
+    import selectors
+
+    sup, _ = _supervisor(tmp_path, 1)
+    sup.hang_watch.timeout = lambda timeout: 3e6  # type: ignore[method-assign]
+    wait = sup._wait_s()
+    assert wait is not None and wait <= 86400
+    with selectors.DefaultSelector() as selector:
+        reader, writer = os.pipe()
+        try:
+            selector.register(reader, selectors.EVENT_READ)
+            os.write(writer, b"x")
+            assert selector.select(wait)  # ready at once; 3e6 raised OverflowError here
+        finally:
+            os.close(reader)
+            os.close(writer)
+
+
 def test_a_second_stop_signal_kills_at_once(tmp_path: Path) -> None:
     sup, _ = _supervisor(tmp_path, 1)
     sup.start_child(0)
