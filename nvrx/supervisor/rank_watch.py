@@ -272,12 +272,14 @@ class RankWatch:
         return min(times) if times else None
 
     def due(self, now: float | None = None) -> list[Hang]:
-        """The ranks whose timeout passed; each is declared once."""
+        """The ranks whose timeout passed; each is declared once. Not one whose packets
+        wait unread (they came while the supervisor was busy, and may be its heartbeats):
+        the loop reads them first, at once, and the next look judges it."""
         now = time.monotonic() if now is None else now
         hangs = []
         for w in self.watched.values():
             d = w.deadline()
-            if d is None or d[0] > now:
+            if d is None or d[0] > now or select.select([w.conn], [], [], 0)[0]:
                 continue
             when, kind, section, limit = d
             w.declared = True

@@ -385,6 +385,24 @@ def test_a_peer_outside_the_supervisors_pid_namespace_has_no_pid_to_signal(watch
         del watch.watched[-1]
 
 
+def test_a_rank_whose_heartbeats_wait_unread_is_not_declared_hung(watch):
+    """The supervisor was busy past a rank's heartbeat timeout while the rank beat on: its
+    beats wait in the socket. It is judged after they are read, not before."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.connect(watch.path)
+    fd = watch.accept()
+    sock.send(b'init {"local_rank": 0, "pid": 1, "timeouts": {"heartbeat": 1}}')
+    watch.read(fd, now=100.0)
+    sock.send(b"h")
+    watch.read(fd, now=100.0)
+    sock.send(b"h")  # sent at 101.5, unread at 102
+    assert watch.due(102.0) == []
+    watch.read(fd, now=102.0)
+    assert watch.due(102.5) == []
+    assert [h.timeout for h in watch.due(103.5)] == ["heartbeat"]  # silent since its last beat
+    sock.close()
+
+
 def test_a_hang_names_the_pid_that_connected_not_the_one_a_rank_reports(watch):
     """A rank in another pid namespace reports a pid that means another process here: the
     stack request and the hang go to the process the kernel says connected."""
