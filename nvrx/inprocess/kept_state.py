@@ -40,6 +40,7 @@ fall back to the user's checkpoint, through a callback.
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -50,6 +51,8 @@ from typing import Any, Protocol
 import torch
 
 from nvrx.inprocess import state_handover, state_plan, state_tree
+
+log = logging.getLogger(__name__)
 
 
 class Stateful(Protocol):
@@ -289,10 +292,12 @@ class KeptState:
     def _held(self, groups: Sequence[Sequence[int]] | None) -> state_plan.Held:
         """What this rank brings to the agreement (``state_plan.Held``)."""
         steps = self.steps()
+        unsendable = tuple(step for step in steps if not self._sendable(step))
         with self._lock:
             names = tuple(sorted((n, n in self._per_rank) for n in self._objects))
             return state_plan.Held(
                 steps=tuple(steps),
+                unsendable=unsendable,
                 course=self._course,
                 shard=self._shard,
                 names=tuple(f"{n}{' (per rank)' if per_rank else ''}" for n, per_rank in names),
@@ -365,6 +370,15 @@ class KeptState:
         """Bytes of tensor buffers held by both slots."""
         with self._lock:
             return sum(state_tree.nbytes(s.states) for s in self._slots)
+
+    def _sendable(self, step: int) -> bool:
+        """Whether a hand-over can send this rank's commit of ``step``: pickle takes what it
+        holds besides tensors (not a local class, nor a lambda as a default factory). Where
+        it cannot, it says why: a rank that needs the step falls back to the checkpoint."""
+        why = state_tree.why_unpicklable(self._shared(step))
+        if why is not None:
+            log.warning("kept state of step %d cannot be handed over to another rank: %s", step, why)
+        return why is None
 
     def _shared(self, step: int) -> dict[str, Any]:
         """What the hand-over sends: the commit of ``step`` without the per-rank states."""

@@ -24,7 +24,9 @@ it was given, its clock) and each rank computes the same ``HandOver`` from that 
   restored and older no longer count either: where no rank of the new course holds its
   shard, the ranks fall back to the checkpoint. Where every holder of the newer step sat
   it out, no rank here knows of it, and no course begins;
-* each receiver is served by a holder of its group's shard that has the step,
+* each receiver is served by a holder of its group's shard that has the step and can
+  send it (pickle takes what the commit holds besides tensors; where no holder can, the
+  ranks fall back to the checkpoint rather than fail in the middle of a hand-over),
   receivers spread over them in turn, so that a spare node's ranks are not all served
   by one rank. ``HandOver.transfers`` orders the transfers alike on every rank, so that
   a rank that both sends and receives never waits on a rank that waits on it.
@@ -53,6 +55,7 @@ class Held:
     names: tuple[str, ...]  # the objects registered for hand-over (not per rank)
     groups: tuple[tuple[int, ...], ...]  # the replica groups this rank was given (): None
     now: float = 0.0  # this rank's wall clock when it joined the agreement
+    unsendable: tuple[int, ...] = ()  # steps a hand-over cannot send (pickle refuses them)
 
 
 @dataclass(frozen=True)
@@ -132,8 +135,11 @@ def plan(everyone: list[Held], groups: list[list[int]]) -> HandOver | None:
     step = max(common)
     sources: dict[int, int] = {}
     for ranks, held in zip(groups, holders, strict=True):
-        senders = [r for r in held if step in everyone[r].steps]
-        receivers = [r for r in ranks if r not in senders]
+        having = [r for r in held if step in everyone[r].steps]
+        senders = [r for r in having if step not in everyone[r].unsendable]
+        receivers = [r for r in ranks if r not in having]
+        if receivers and not senders:
+            return None  # no holder can send it: the checkpoint, rather than a hand-over that fails
         sources.update({r: senders[i % len(senders)] for i, r in enumerate(receivers)})
     forks = step < max(max(h.steps) for h in everyone if h.steps and h.course == current)
     return HandOver(step, new_course(everyone) if forks else current, sources)

@@ -16,6 +16,7 @@ with.
 from __future__ import annotations
 
 import copy
+import pickle
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -80,6 +81,57 @@ def _map(value: Any, fn: Callable[[Any, Any], Any], like: Any, leaf: type) -> An
         return copy.deepcopy(value)
     except Exception as error:  # a lock, a generator, an open file: state_dict() must not hold one
         raise _Refused(value, error) from error
+
+
+class _SkeletonPickler(pickle.Pickler):
+    """Pickles what a hand-over pickles of a state (``state_handover``), tensors aside."""
+
+    def persistent_id(self, obj: Any) -> Any:
+        return 0 if isinstance(obj, torch.Tensor) else None
+
+
+class _Sink:
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
+def _pickles(value: Any) -> BaseException | None:
+    try:
+        _SkeletonPickler(_Sink(), protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    except Exception as error:  # pickle raises what the object's reduction raises
+        return error
+    return None
+
+
+def why_unpicklable(value: Any) -> str | None:
+    """Where and why pickle refuses ``value``, its tensors aside (a local class, a lambda
+    as a default factory): a hand-over to another rank sends a state so. None when it
+    takes it."""
+    error = _pickles(value)
+    if error is None:
+        return None
+    place, refused = "", value
+    while True:
+        inner = _refused_item(refused)
+        if inner is None:
+            break
+        step, refused = inner
+        place += step
+        error = _pickles(refused) or error
+    kind = f"{type(refused).__module__}.{type(refused).__qualname__}"
+    return f"pickle refuses the value at {place or 'the top'} (a {kind}): {type(error).__name__}: {error}"
+
+
+def _refused_item(value: Any) -> tuple[str, Any] | None:
+    """(its key, the item) of the first item of container ``value`` that pickle refuses;
+    None when none is (the container itself is refused, or ``value`` is no container)."""
+    if isinstance(value, dict):
+        items: Iterator[tuple[str, Any]] = ((f"[{k!r}]", v) for k, v in value.items())
+    elif isinstance(value, (list, tuple)):
+        items = ((f"[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    return next(((step, item) for step, item in items if _pickles(item) is not None), None)
 
 
 def tensors(value: Any) -> Iterator[torch.Tensor]:

@@ -121,6 +121,43 @@ def _registered_late(rank: int, port: int) -> None:
     dist.destroy_process_group()
 
 
+def _unpicklable(rank: int, port: int) -> None:
+    """Ranks 0 and 1 commit step 2 of a state holding a ``defaultdict`` whose default factory
+    is a lambda (copy.deepcopy takes it, pickle does not); rank 2 is a replacement: no
+    holder can hand the step over, and every rank falls back to the checkpoint."""
+    import collections
+
+    import torch
+    import torch.distributed as dist
+
+    from nvrx.inprocess.kept_state import KeptState
+
+    class Counts:
+        def __init__(self) -> None:
+            self.seen = collections.defaultdict(lambda: 0)
+
+        def state_dict(self) -> dict:
+            return {"seen": self.seen, "weight": torch.ones(2)}
+
+        def load_state_dict(self, state: dict) -> None:
+            self.seen = state["seen"]
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+        timeout=timedelta(seconds=60),
+    )  # fmt: skip
+    counts = Counts()
+    kept = KeptState()
+    kept.register("counts", counts)
+    for step in (1, 2) if rank < 2 else ():
+        counts.seen["batches"] += 1
+        kept.commit(step)
+    restored = kept.restore_agreed(checkpoint=lambda: 0)
+    print(json.dumps({"restored": restored, "steps": kept.steps()}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def _run(case: str, port: int, events_dir: str) -> list[dict]:
     from helpers_inprocess import run_rank_scripts
 
@@ -168,8 +205,21 @@ def test_an_object_registered_after_the_step_kept_is_named_on_every_rank(tmp_pat
         assert "step 2" in got["error"] and "registered after" in got["error"], (rank, got["error"])
 
 
+def test_a_step_no_holder_can_hand_over_falls_back_to_the_checkpoint_on_every_rank(tmp_path):
+    """Pickle refuses the kept state: rank 2 would have waited for a hand-over its source
+    could not send, until the round was aborted, round after round. Every rank falls back
+    to the checkpoint instead (its step 0), and the holders said why."""
+    from helpers_inprocess import free_port_pair
+
+    ranks = _run("unpicklable", free_port_pair(), str(tmp_path))
+    assert [got["restored"] for got in ranks] == [0, 0, 0]
+    assert [got["steps"] for got in ranks] == [[], [], []]  # the commits of that course dropped
+
+
 if __name__ == "__main__":
     if sys.argv[3] == "registered_late":
         _registered_late(int(sys.argv[1]), int(sys.argv[2]))
+    elif sys.argv[3] == "unpicklable":
+        _unpicklable(int(sys.argv[1]), int(sys.argv[2]))
     else:
         _rank(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])

@@ -89,6 +89,19 @@ def test_a_rank_shifted_into_the_other_group_serves_the_shard_it_holds():
     assert got.transfers() == [(0, 2), (2, 1), (2, 3)]
 
 
+def test_a_receiver_is_served_by_a_holder_that_can_send_and_without_one_there_is_no_plan():
+    """Pickle refuses rank 0's commit of step 3 (``Held.unsendable``): rank 2, which lacks
+    it, gets it from rank 1 where rank 1 holds it; where no holder can send it, the ranks
+    fall back to the checkpoint rather than start a hand-over that fails."""
+    groups = [[0, 1, 2]]
+    can_send = Held((3,), 0.0, 0, ("model",), (), 0.0, unsendable=())
+    cannot = Held((3,), 0.0, 0, ("model",), (), 0.0, unsendable=(3,))
+    got = plan([cannot, can_send, _held()], groups)
+    assert (got.step, got.sources) == (3, {2: 1})
+    assert plan([cannot, cannot, _held()], groups) is None
+    assert plan([cannot, cannot], [[0, 1]]).sources == {}  # nobody to serve: its own memory
+
+
 def test_transfers_never_wait_on_each_other():
     # a rank that sends and receives: every rank walks plan.transfers() in order, doing its
     # own part; simulated, each step completes the first transfer whose two ranks are at it
