@@ -165,7 +165,9 @@ class KeptState:
 
     def commit(self, step: int) -> bool:
         """Copy every registered state as that of ``step``, when ``step`` is a multiple of
-        ``every``; whether it copied. The previous commit stays whole until this one is."""
+        ``every``; whether it copied. The previous commit stays whole until this one is.
+        Steps never go back (the agreement takes the higher step for the newer): a step
+        below the last commit's is refused, unless ``forget`` dropped the commits first."""
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"KeptState.commit: step must be an int ≥ 0, got {step!r}")
         with self._lock:
@@ -175,6 +177,14 @@ class KeptState:
                 )
             if step % self.every:
                 return False
+            self._settle(wait=True)  # a device copy still running is the last commit too
+            last = None if self._last is None else self._slots[self._last].step
+            if last is not None and step < last:
+                raise ValueError(
+                    f"KeptState.commit: step {step} is below the last commit's, {last}: steps "
+                    "count the training's progress (a per-epoch counter does not); call "
+                    "forget() first to count from 0 again"
+                )
             self._write(step, {})
             return True
 

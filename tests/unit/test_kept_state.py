@@ -274,6 +274,21 @@ def test_a_state_that_cannot_be_copied_is_refused_naming_its_object_and_place(he
     assert kept.steps() == [1]  # the commit before stands
 
 
+def test_a_step_below_the_last_commits_is_refused_until_the_commits_are_forgotten():
+    """The agreement and ``steps()`` take the higher step for the newer: a per-epoch counter
+    that went back to 0 would have made a restart load epoch 0's last step over the new one."""
+    model = torch.nn.Linear(2, 2)
+    kept = KeptState()
+    kept.register("model", model)
+    kept.commit(9)
+    kept.commit(9)  # the same step again is no step back
+    with pytest.raises(ValueError, match="step 0 is below the last commit's, 9.*call forget"):
+        kept.commit(0)
+    assert kept.steps() == [9, 9]
+    kept.forget()
+    assert kept.commit(0) and kept.steps() == [0]
+
+
 def test_a_commit_that_copies_everything_writes_out_no_place():
     # a value's place in the state is for the error only: no commit pays for writing it out
     written = []
