@@ -79,6 +79,7 @@ class _Slot:
         self.copied: Any = None  # the CUDA event that device copy ends with
         self.device_queued: float | None = None  # when that copy was queued (time.monotonic())
         self.interrupted = False  # a fault came before that copy finished: it is no commit
+        self.received_until: float | None = None  # when a hand-over's receive into it ended
         self.wall: float | None = None  # when the step was committed or received (time.time())
 
     def finished(self) -> bool:
@@ -124,6 +125,7 @@ class KeptState:
         self._stream: Any = None
         self._course = 0.0  # the course of the commits: a new one begins at each fallback
         self._shard: int | None = None  # the replica group they are of, once known
+        self._fault_told: float | None = None  # the latest fault ``interrupted`` was told of
         self._lock = threading.RLock()  # user state_dict/load_state_dict may ask for step
         _LIVE.add(self)
 
@@ -195,7 +197,7 @@ class KeptState:
         index = 0 if self._last == 1 else 1
         slot = self._slots[index]
         slot.step, slot.wall = None, time.time()  # torn until the copy below completes
-        slot.interrupted, slot.device_queued = False, None
+        slot.interrupted, slot.device_queued, slot.received_until = False, None, None
         copier = state_tree.Copier(self._side_stream)
         for name, obj in self._objects.items():
             state = given[name] if name in given else obj.state_dict()
@@ -328,6 +330,7 @@ class KeptState:
 
         me = dist.get_rank(group)
         received: Any = None
+        began = time.monotonic()
         for source, receiver in plan.transfers():
             if source == me:
                 state_handover.send_state(self._shared(plan.step), [receiver], group)
@@ -343,7 +346,7 @@ class KeptState:
         if not served:
             self.restore(plan.step)
             return plan.step, "memory"
-        self._take(plan.step, received, plan.sources[me])
+        self._take(plan.step, received, plan.sources[me], began)
         return plan.step, "peer"
 
     def _fall_back(self, checkpoint: Callable[[], int | None] | None) -> tuple[int | None, str]:
@@ -396,12 +399,13 @@ class KeptState:
             states = self._slots[self._index_of(step)].states
             return {name: state for name, state in states.items() if name not in self._per_rank}
 
-    def _take(self, step: int, received: dict[str, Any], source: int) -> None:
+    def _take(self, step: int, received: dict[str, Any], source: int, began: float) -> None:
         """Keep a hand-over's states as this rank's commit of ``step``, with its own per-rank
         states, as if it had committed them (so that it holds the step, should its source be
         lost before the next commit), then load them. A registered object the hand-over
         lacks that is not per-rank is an error: every rank registered the same names (the
-        agreement checked), so it was registered after ``source`` committed the step."""
+        agreement checked), so it was registered after ``source`` committed the step. A
+        fault told since the receive ``began`` makes it no commit (``interrupted``)."""
         missing = [n for n in self._objects if n not in received and n not in self._per_rank]
         if missing:
             raise ValueError(
@@ -411,6 +415,12 @@ class KeptState:
             )
         with self._lock:
             self._write(step, received)  # copied before a loader can keep or change them
+            assert self._last is not None
+            self._slots[self._last].received_until = time.monotonic()
+            told = self._fault_told
+            if told is not None and told >= began:  # told before this write: dropped here
+                self._slots[self._last].interrupted = True
+                self._settle(wait=False)
             for name, obj in self._objects.items():
                 if name in received:
                     obj.load_state_dict(received[name])
@@ -460,13 +470,18 @@ class KeptState:
         kernels after an aborted collective computed (an optimizer step over gradients never
         reduced): one not finished before the fault (or whose device cannot say), or queued
         after it, becomes no commit (the main thread drops it at its next look, ``_settle``).
-        A commit made without a device copy is whole. Takes no lock: the main thread may hold
-        it, waiting for that very copy."""
+        A commit made without a device copy is whole, but for a hand-over's whose receive
+        ended after the fault: NCCL's receive returns once the abort lets its kernel end, over
+        a buffer it may have filled in part. Takes no lock: the main thread may hold it,
+        waiting for that very copy."""
+        if self._fault_told is None or since > self._fault_told:
+            self._fault_told = since
         pending = self._pending
         for index, slot in enumerate(self._slots):
-            queued = slot.device_queued
+            queued, received = slot.device_queued, slot.received_until
             late = queued is not None and queued >= since
-            if late or (index == pending and not _finished(slot)):
+            cut = received is not None and since <= received
+            if late or cut or (index == pending and not _finished(slot)):
                 slot.interrupted = True
 
     def _side_stream(self) -> Any:

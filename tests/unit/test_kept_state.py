@@ -608,3 +608,40 @@ def test_a_restore_stopped_by_a_restart_leaves_no_abandoned_commit_under_the_new
         _restore_agreed(monkeypatch, kept, everyone, 0, replica_groups=groups)
     mine = kept._held(groups)
     assert (mine.steps, mine.shard) == ((5,), 0) and mine.course > 7.0
+
+
+@pytest.mark.parametrize("told", ["while-receiving", "after-the-write"])
+def test_a_hand_over_received_across_a_fault_is_no_commit(monkeypatch, told):
+    """NCCL's receive returns once the abort lets its kernel end, over a buffer it may have
+    filled in part: the monitor thread tells the fault (``interrupted``) while the rank
+    receives, or only after it wrote what it received. Either way that is no commit the
+    next round could restore or hand on; the rank is a receiver again."""
+    import torch.distributed as dist
+
+    from nvrx.inprocess import kept_state, state_plan
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = torch.nn.Linear(2, 2)
+        kept = KeptState()
+        kept.register("model", model)
+        sent = {"model": {k: v.clone() for k, v in model.state_dict().items()}}
+        seen: list[float] = []
+
+        def receive_across_a_fault(source, group=None):
+            seen.append(time.monotonic())  # the monitor thread saw the fault now
+            if told == "while-receiving":
+                kept_state.interrupted(seen[0])
+            return sent
+
+        monkeypatch.setattr(state_handover, "recv_state", receive_across_a_fault)
+        plan = state_plan.HandOver(step=5, course=1.0, sources={0: 1})
+        assert kept._follow(plan, None, 0) == (5, "peer")
+        if told == "after-the-write":
+            kept_state.interrupted(seen[0])
+        assert kept.steps() == []
+        kept_state.interrupted(time.monotonic())  # a later fault spoils no later commit
+        kept.commit(6)
+        assert kept.steps() == [6]
+    finally:
+        dist.destroy_process_group()
