@@ -426,8 +426,11 @@ class KeptState:
                     obj.load_state_dict(received[name])
 
     def _wall_of(self, step: int | None) -> float | None:
+        """When the commit of ``step`` that a restore loads was made (the newer of two)."""
         with self._lock:
-            return next((s.wall for s in self._slots if s.step is not None and s.step == step), None)
+            if step is None or step not in self._complete_steps():
+                return None
+            return self._slots[self._index_of(step)].wall
 
     def _complete_steps(self) -> list[int]:
         return sorted((s.step for s in self._slots if s.step is not None), reverse=True)

@@ -645,3 +645,18 @@ def test_a_hand_over_received_across_a_fault_is_no_commit(monkeypatch, told):
         assert kept.steps() == [6]
     finally:
         dist.destroy_process_group()
+
+
+def test_a_step_committed_twice_tells_when_the_copy_restored_was_made(monkeypatch):
+    """Both slots hold step 9: ``state_restored``'s committed_wall is the newer copy's, the
+    one a restore loads."""
+    from nvrx.inprocess import kept_state
+
+    walls = iter([100.0, 200.0, 300.0])
+    monkeypatch.setattr(kept_state.time, "time", lambda: next(walls))
+    kept = KeptState()
+    kept.register("model", torch.nn.Linear(2, 2))
+    for _ in range(3):  # into either slot in turn: the last copy is in either
+        kept.commit(9)
+    monkeypatch.undo()
+    assert kept._wall_of(9) == 300.0 and kept._wall_of(8) is None
