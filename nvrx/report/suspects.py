@@ -7,7 +7,8 @@ its supervisor: ``requeue.answered``); a fault of its
 own tells of its device or driver (``consequence.HARDWARE``); a rank asked to exclude
 it (``ExcludeThisNode``); or it had
 repeated faults of its own (two or more) with a signature seen on no other
-host of a job on several hosts; or it was slow, not failed: named a straggler
+host of a job on several hosts, unless each was a Python exception of one and the same
+rank (code that rank alone runs raises the same on any node); or it was slow, not failed: named a straggler
 and never recovered, or excluded for slowness (``stragglers``). A follow-on
 fault (``consequence``) and what a survivor wrote while a lost node was got
 over are never evidence. Rows are per
@@ -54,6 +55,8 @@ class _NodeTally:
     incidents: set[tuple[object, ...]] = field(default_factory=set)
     # Incidents of its own (no follow-on fault, nothing a loss explains) -> their signature.
     own: dict[tuple[object, ...], str] = field(default_factory=dict)
+    # Those of them that were a Python exception its rank raised -> that rank.
+    raised: dict[tuple[object, ...], int | None] = field(default_factory=dict)
     hardware: set[str] = field(default_factory=set)  # signatures of device or driver faults
     slow: list[Straggler] = field(default_factory=list)  # namings that count against it
     asked_out: bool = False  # a rank asked to exclude it, and no loss of it was recorded
@@ -268,6 +271,8 @@ def _tally_rounds(
             s.incidents.add(("round", row.run, row.round))
             if row.ordering != BY_NODE_LOSS and row.cause not in follow_on:
                 s.own[("round", row.run, row.round)] = row.cause
+                if row.fault_kind == "exception":
+                    s.raised[("round", row.run, row.round)] = row.first_rank
             how = _incident_kind(row)
             if how in ("hang", "process_exit"):
                 explained.setdefault((row.run, row.first_rank, how), []).append(row)
@@ -320,8 +325,16 @@ def _evidence(
     if s.asked_out:
         against.append((True, "a rank asked to exclude this node (ExcludeThisNode)"))
     against += [(True, f"device or driver fault: {sig}") for sig in sorted(s.hardware)]
-    alone = sorted(sig for sig in s.own.values() if hosts_of.get(sig, {host}) <= {host})
-    if several_hosts and len(alone) >= 2:
+    own = {i: sig for i, sig in s.own.items() if hosts_of.get(sig, {host}) <= {host}}
+    alone = sorted(own.values())
+    ranks = {s.raised[i] for i in own if i in s.raised}
+    one_rank = len(ranks) == 1 and None not in ranks and own.keys() <= s.raised.keys()
+    if several_hosts and len(alone) >= 2 and one_rank:
+        shown = ", ".join(dict.fromkeys(alone))
+        against.append((False, f"{len(alone)} faults of its own seen on no other host, each an "
+                        f"exception rank {ranks.pop()} raised ({shown}): its code may raise them "
+                        "on any node; not enough to exclude"))  # fmt: skip
+    elif several_hosts and len(alone) >= 2:
         shown = ", ".join(dict.fromkeys(alone))
         against.append((True, f"{len(alone)} faults of its own seen on no other host: {shown}"))
     elif alone and several_hosts:

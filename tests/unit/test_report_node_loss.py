@@ -875,12 +875,26 @@ def _faults_in_turn(
 
 
 def test_a_node_with_repeated_faults_of_its_own_is_excluded(tmp_path: Path) -> None:
-    report = _faults_in_turn(tmp_path / "job", ["bad value", "bad value"])
+    """Two ranks of node-b (2, then 3) raise the same error, seen on no other host."""
+    report = _faults_in_turn(tmp_path / "job", ["bad value", "bad value"], raisers=[2, 3])
     (node_b,) = report.suspects
     assert (node_b.host, node_b.first_failures, node_b.suspect) == ("node-b", 2, True)
     sig = "RuntimeError at train.py:40 in train"
     assert node_b.evidence == [f"2 faults of its own seen on no other host: {sig}"]
     assert report.exclude == "node-b"
+
+
+def test_one_ranks_repeated_exception_is_its_codes_and_excludes_no_node(tmp_path: Path) -> None:
+    """Rank 2 alone raises the same error twice (code that rank alone runs: its checkpoint
+    save, say): that rank raises it on whichever node it runs, so node-b is not excluded."""
+    report = _faults_in_turn(tmp_path / "job", ["bad value", "bad value"])
+    (node_b,) = report.suspects
+    assert (node_b.host, node_b.first_failures, node_b.suspect) == ("node-b", 2, False)
+    assert node_b.evidence == [
+        "2 faults of its own seen on no other host, each an exception rank 2 raised (RuntimeError "
+        "at train.py:40 in train): its code may raise them on any node; not enough to exclude"
+    ]
+    assert report.exclude is None
 
 
 def test_a_fault_seen_on_several_hosts_is_the_codes_and_excludes_no_node(tmp_path: Path) -> None:
