@@ -10,6 +10,9 @@ it receives ``STACK_SIGNAL``. Messages are a verb, then a space and a payload:
 * ``init {json}``: local rank, attempt, pid and the timeouts in force;
 * ``h``: a heartbeat;  ``s NAME`` / ``e NAME``: a section starts / ends;
   ``E``: every open section ends;
+* ``S {json}``: the sections open now (``open``: name -> seconds since it started) and,
+  when none is, the seconds since the last one ended (``outside``): sent when the client
+  catches up after the supervisor lagged, so that no timer restarts;
 * ``t {json}``: new timeouts (computed by the client);
 * ``w {json}``: a workload-control request (``action``, ``description``);
 * ``T [s, ...]``: the durations of the rank's last steps (its own work, in seconds),
@@ -26,7 +29,8 @@ from typing import Any
 INIT, HEARTBEAT, SECTION_START, SECTION_END, END_ALL, TIMEOUTS, CONTROL, STEPS, SHUTDOWN = (
     "init", "h", "s", "e", "E", "t", "w", "T", "bye",
 )  # fmt: skip
-VERBS = (INIT, HEARTBEAT, SECTION_START, SECTION_END, END_ALL, TIMEOUTS, CONTROL, STEPS, SHUTDOWN)
+SECTIONS_NOW = "S"
+VERBS = (INIT, HEARTBEAT, SECTION_START, SECTION_END, END_ALL, SECTIONS_NOW, TIMEOUTS, CONTROL, STEPS, SHUTDOWN)
 #: Largest message; a section name or the timeouts must fit.
 MAX_MESSAGE = 64 * 1024
 #: Asks a monitored rank for its Python stack (faulthandler, every thread).
@@ -47,7 +51,7 @@ def decode(data: bytes) -> tuple[str, Any]:
     verb, _, rest = text.partition(" ")
     if verb not in VERBS:
         raise ValueError(f"unknown fault-tolerance message {text[:60]!r}")
-    if verb in (INIT, TIMEOUTS, CONTROL, STEPS):
+    if verb in (INIT, SECTIONS_NOW, TIMEOUTS, CONTROL, STEPS):
         try:
             return verb, json.loads(rest)
         except RecursionError:  # nested past the parser's depth: no message of ours

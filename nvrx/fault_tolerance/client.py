@@ -15,7 +15,8 @@ its wait in collectives) gives the supervisor the step times it scores straggler
 A section change is one packet on a local socket, sent without waiting unless the channel
 is full (the supervisor lags): then it waits for room, ``SEND_WAIT_S`` at most, and past
 that changes are held back, the next packet of any kind the rank sends once the supervisor
-reads again telling it first the sections open then, then the computed or restored
+reads again telling it first the sections open then and for how long (its timers go on
+from when they began), then the computed or restored
 timeouts and workload-control requests held back too (the latest timeouts only: each
 holds them all); nothing is ever answered. Step times
 are kept here and sent together at most every ``STEP_PACKET_INTERVAL_S``. Heartbeats are
@@ -401,13 +402,17 @@ class RankMonitorClient:
         return bool(writable) and self._sent(message)
 
     def _catch_up(self) -> None:
-        """Tell the sections open now, then the messages held back, as far as the channel
-        takes them: what it did not take waits for the next packet."""
+        """Tell the sections open now, with how long each has been (a timer the supervisor
+        started already must not start again), then the messages held back, as far as the
+        channel takes them: what it did not take waits for the next packet."""
         obs = self._obs
         assert obs is not None
-        state = [channel.encode(channel.END_ALL)]
-        state += [channel.encode(channel.SECTION_START, name) for name in obs.open]
-        if not all(self._sent(packet) for packet in state):
+        now = time.monotonic()
+        state = {
+            "open": {name: max(0.0, now - began) for name, began in obs.open.items()},
+            "outside": None if obs.open or obs.outside_since is None else max(0.0, now - obs.outside_since),
+        }
+        if not self._sent(channel.encode(channel.SECTIONS_NOW, state)):
             return
         while self._unsent:
             if not self._sent(self._unsent[0][1]):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import select
 import shutil
@@ -227,6 +228,8 @@ class RankWatch:
         elif verb == channel.END_ALL:
             watched.open.clear()
             watched.outside_since = stamp
+        elif verb == channel.SECTIONS_NOW:
+            self._sections_now(watched, payload, stamp)
         elif verb == channel.TIMEOUTS:
             try:
                 watched.timeouts = Timeouts.from_dict(payload["timeouts"])
@@ -238,6 +241,19 @@ class RankWatch:
             told.append(("control", watched, payload))
         elif verb == channel.STEPS and _seconds(payload):
             told.append(("steps", watched, payload))
+
+    def _sections_now(self, watched: Watched, state: Any, stamp: float) -> None:
+        """The sections the rank has open now and for how long (its catch-up after a lag):
+        their timers, and the one outside every section, go on from when they began."""
+        opened = state.get("open") if isinstance(state, dict) else None
+        if not isinstance(opened, dict) or not all(
+            isinstance(name, str) and name and _age(age) for name, age in opened.items()
+        ):
+            log.warning("local rank %s sent a bad state of its sections: %.60r", watched.local_rank, state)
+            return
+        watched.open = {name: stamp - float(age) for name, age in opened.items()}
+        outside = state.get("outside")
+        watched.outside_since = None if opened else stamp - (float(outside) if _age(outside) else 0.0)
 
     def _init(self, watched: Watched, hello: Any, fds: list[int], now: float) -> bool:
         """Take a rank's hello: who it is, its stack pipe, its timeouts. False (and nothing
@@ -332,6 +348,11 @@ def _seconds(value: object) -> bool:
     return isinstance(value, list) and all(
         isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in value
     )
+
+
+def _age(value: object) -> bool:
+    """Whether ``value`` is a number of seconds ≥ 0 (finite)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
 
 
 def _int(value: object) -> int | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import select
 import socket
+import time
 
 import pytest
 
@@ -465,7 +466,8 @@ def test_section_changes_wait_a_while_for_a_lagging_supervisor_then_it_learns_th
     client._next_packet = 0.0  # the next heartbeat goes out at once
     client.send_heartbeat()
     watch.read(fd, now=201.0)
-    assert not client._behind and w.open == {"eval": 201.0} and w.last_heartbeat == 201.0
+    assert not client._behind and w.open.keys() == {"eval"} and w.last_heartbeat == 201.0
+    assert 200.0 < w.open["eval"] <= 201.0  # since it began, not since the catch-up
     client.end_section("eval")
     watch.read(fd, now=202.0)
     assert w.open == {} and w.outside_since == 202.0
@@ -554,6 +556,51 @@ def test_a_log_level_without_a_name_reaches_the_ranks_and_a_bad_config_is_the_cl
     monkeypatch.setenv(jobenv.FT_CONFIG, '{"log_level": "LOUD"}')
     with pytest.raises(RankMonitorClientError, match="NVRX_FT_CONFIG is no valid configuration"):
         RankMonitorClient().init_workload_monitoring()
+
+
+def test_a_catch_up_after_a_lag_keeps_the_timers_the_supervisor_runs(watch, monkeypatch):
+    """The supervisor read "step" open; it then lagged while the rank held changes back. The
+    catch-up tells how long each open section has been (and how long outside every one):
+    the supervisor's timers go on from when they began (before: they started again, and a
+    hang was found as much later as the lag lasted)."""
+    monkeypatch.setattr(client_module, "SEND_WAIT_S", 0.05)
+    client = RankMonitorClient()
+    fd, w = _connect(watch, client)
+    client.start_section("step")
+    watch.read(fd)
+    began = client._obs.open["step"] = time.monotonic() - 30.0  # it began 30 s ago
+    _fill(client)  # the supervisor lags: a nested section is held back
+    client.start_section("inner")
+    assert client._behind
+    watch.read(fd)
+    client._next_packet = 0.0
+    client.send_heartbeat()  # the catch-up
+    watch.read(fd)
+    assert w.open.keys() == {"step", "inner"}
+    assert abs(w.open["step"] - began) < 5.0  # not restarted at the catch-up
+    client.end_section("inner")
+    client.end_section("step")
+    client._obs.outside_since = time.monotonic() - 20.0  # outside every section for 20 s
+    _fill(client)
+    client.start_section("late")
+    client.end_section("late")  # held back: the supervisor learns it from the catch-up
+    assert client._behind
+    client._obs.outside_since = time.monotonic() - 20.0
+    watch.read(fd)
+    client._next_packet = 0.0
+    client.send_heartbeat()
+    watch.read(fd)
+    assert w.open == {} and time.monotonic() - w.outside_since > 15.0
+    client.shutdown_workload_monitoring()
+
+
+def _fill(client) -> None:
+    """Fill the channel to its supervisor with heartbeats until it takes no more."""
+    while True:
+        try:
+            client._sock.send(b"h", socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
 
 
 def test_timing_on_the_gpu_without_cuda_says_what_to_use(watch):
