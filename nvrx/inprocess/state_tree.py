@@ -34,8 +34,9 @@ def map_leaves(value: Any, fn: Callable[[Any, Any], Any], like: Any = None, leaf
 
 
 class _Refused(Exception):
-    """A plain value ``copy.deepcopy`` refused. Each container it is in adds its key as the
-    exception passes through, so that no place is built while every copy succeeds."""
+    """A plain value ``copy.deepcopy`` refused, or a tensor no buffer takes (sparse, meta,
+    quantized). Each container it is in adds its key as the exception passes through, so
+    that no place is built while every copy succeeds."""
 
     def __init__(self, value: Any, cause: Exception) -> None:
         super().__init__()
@@ -47,8 +48,8 @@ class _Refused(Exception):
         kind = f"{type(self.value).__module__}.{type(self.value).__qualname__}"
         place = "".join(reversed(self.keys)) or "the top"
         return TypeError(
-            f"the value at {place} (a {kind}) cannot be copied: kept state copies tensors and "
-            f"deep-copies every other value ({type(self.cause).__name__}: {self.cause})"
+            f"the value at {place} (a {kind}) cannot be copied: kept state copies dense tensors "
+            f"and deep-copies every other value ({type(self.cause).__name__}: {self.cause})"
         )
 
 
@@ -187,7 +188,13 @@ class Copier:
         self._stream: Any = None
 
     def copy(self, value: Any, into: Any) -> Any:
-        return map_leaves(value, self._tensor, into)
+        return map_leaves(value, self._copied, into)
+
+    def _copied(self, tensor: torch.Tensor, into: torch.Tensor | None) -> torch.Tensor:
+        try:
+            return self._tensor(tensor, into)
+        except RuntimeError as error:  # a sparse, meta or quantized tensor: refused by its place
+            raise _Refused(tensor, error) from error
 
     def finish(self) -> Any:
         """A CUDA event the copies end with, None when none ran on a device."""

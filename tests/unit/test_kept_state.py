@@ -660,3 +660,21 @@ def test_a_step_committed_twice_tells_when_the_copy_restored_was_made(monkeypatc
         kept.commit(9)
     monkeypatch.undo()
     assert kept._wall_of(9) == 300.0 and kept._wall_of(8) is None
+
+
+def test_a_tensor_no_buffer_takes_is_refused_naming_its_object_and_place():
+    """A sparse tensor (or a meta or quantized one) has no dense copy: refused like any
+    value the commit cannot copy, by name and place, not with copy_'s bare RuntimeError."""
+
+    class Sparse:
+        def state_dict(self) -> dict:
+            return {"w": torch.eye(3).to_sparse()}
+
+        def load_state_dict(self, state: dict) -> None:
+            pass
+
+    kept = KeptState()
+    kept.register("sparse", Sparse())
+    with pytest.raises(TypeError, match=r"'sparse'.* at \['w'\] \(a torch\.Tensor\) cannot be copied"):
+        kept.commit(1)
+    assert kept.steps() == []
