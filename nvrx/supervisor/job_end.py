@@ -101,6 +101,7 @@ class JobEnd:
                 roles.node_done()
         except StoreLinkError as exc:
             log.warning("could not report node %d done: %s", cfg.node_rank, exc)
+            self.on_warning()  # a warning with the last exit is decided all the same
             return
         if store.service is not None and cfg.nnodes > 1:  # the store host
             self._wait_for_other_nodes(time.monotonic() + cfg.finish_timeout)

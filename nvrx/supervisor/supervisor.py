@@ -294,8 +294,6 @@ class Supervisor:
     def _decide(self, local_rank: int, status: ExitStatus, pid: int) -> None:
         if self.course.state is Course.FAILING_OVER:
             return  # it ended with the store: restarted with the next one
-        if self.job_restart.pending is not None:
-            return  # stopped by a job-wide restart (a Wrapper rank too): it starts with the others
         if self.preemption is not None and (
             self.preemption.pending or self.preemption.adopt_flag()
         ):
@@ -307,6 +305,12 @@ class Supervisor:
         try:
             failed = status.code not in (0, CLEAN_STOP_EXIT)
             if failed and self._stopped_by_another_node():
+                return
+            if self.job_restart.pending is not None and status.code != CLEAN_STOP_EXIT:
+                # stopped by a job-wide restart (a Wrapper rank too): it starts again with the
+                # others, unless its failure is one that no restart may follow
+                if failed:
+                    self.workload.non_retryable(local_rank, who)
                 return
             if failed and self.job_restart.failure_handled(local_rank, status, who, fault):
                 return
@@ -528,7 +532,8 @@ class Supervisor:
                 if self.store.relinks != relinks:  # failed over: the new link is registered
                     selector.close()
                     selector, relinks = self._make_selector(), self.store.relinks
-                self._handle_preemption()
+                if not self._ended_cleanly():  # else decided as the loop ends: training is over
+                    self._handle_preemption()
                 if self.kill_at is not None and time.monotonic() >= self.kill_at:
                     stop_children(self.running(), 0.0, ask=signal.SIGKILL)
                     self.reap()
@@ -576,14 +581,21 @@ class Supervisor:
             self.exit_code = decision.exit_code
         return True
 
+    def _ended_cleanly(self) -> bool:
+        """Every child of this training node ended, and the job is not stopping."""
+        clean = self.course.state is Course.TRAINING and self.exit_code == ExitCode.OK
+        return clean and not self.running()
+
     def _warning_at_the_end(self) -> None:
         """Decide on a warning that came with the last child's exit. After a clean end here
         the training is over, not cut short, and a requeue would run it again: a job of one
         node decides so now (``finished``); the store host of several first reports done and
         decides as it waits for the others, knowing whether they ended too (``job_end``)."""
-        clean = not self.course.stopping and self.exit_code == ExitCode.OK
+        clean = self._ended_cleanly()
         if clean and self.store.service is not None and self.config.nnodes > 1:
-            return
+            link = self.store.link
+            if link is not None and link.lost is None and self.store.roles is not None:
+                return  # (``job_end.finish`` waits, and decides, only with them)
         alone = clean and self.config.nnodes == 1
         self._handle_preemption(finished=(lambda: True) if alone else None)
 

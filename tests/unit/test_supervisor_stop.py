@@ -110,6 +110,49 @@ def test_a_wrapper_rank_stopped_by_a_job_wide_restart_is_neither_restarted_nor_c
             processes.stop(child.proc, ask=signal.SIGKILL)
 
 
+def test_a_rank_that_gives_up_during_a_job_wide_restart_still_stops_the_job(tmp_path: Path) -> None:
+    """Exit 130 (``RestartAbort``: the rank's Wrapper gave up) is no exit a restart's SIGTERM
+    causes: it stops the job (exit 12) though a job-wide restart is under way."""
+    from nvrx.supervisor.children import ExitStatus
+
+    sup, started = _supervisor(tmp_path, 1)
+    sup.start_child(0)
+    try:
+        sup.job_restart.pending = 1
+        sup.course.to(Course.RESTARTING)
+        child = sup.ranks.children[0]
+        child.proc.send_signal(signal.SIGKILL)
+        child.wait(30)
+        sup._decide(0, ExitStatus(130, None), child.pid)
+        assert started == [0] and sup.exit_code == ExitCode.RANK_STOPPED, sup.stop_reason
+    finally:
+        for child in sup.ranks.children.values():
+            processes.stop(child.proc, ask=signal.SIGKILL)
+
+
+def test_a_non_retryable_failure_during_a_job_wide_restart_still_stops_the_job(tmp_path: Path) -> None:
+    """A rank whose failure matches ``--ft-non-retryable-exception-file`` ended in the same
+    pass as the failure that began a job-wide restart: the job stops (exit 11), it is not
+    restarted with the others."""
+    from nvrx.supervisor.children import ExitStatus
+
+    sup, started = _supervisor(tmp_path, 1)
+    sup.start_child(0)
+    try:
+        checked = []
+        sup.workload.non_retryable = lambda local_rank, who: checked.append(local_rank) or True  # type: ignore[method-assign]
+        sup.job_restart.pending = 1
+        sup.course.to(Course.RESTARTING)
+        child = sup.ranks.children[0]
+        child.proc.send_signal(signal.SIGKILL)
+        child.wait(30)
+        sup._decide(0, ExitStatus(1, None), child.pid)
+        assert checked == [0] and started == [0]
+    finally:
+        for child in sup.ranks.children.values():
+            processes.stop(child.proc, ask=signal.SIGKILL)
+
+
 @pytest.mark.parametrize("stopping", [False, True])
 def test_a_warning_that_came_with_a_one_node_jobs_clean_end_requeues_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stopping: bool
@@ -149,6 +192,55 @@ def test_a_ranks_timeout_of_a_month_makes_no_wait_that_select_refuses(tmp_path: 
         finally:
             os.close(reader)
             os.close(writer)
+
+
+def test_a_warning_read_with_the_last_clean_exit_in_the_loop_requeues_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The main loop reads the last child's exit 0 and SLURM's warning in one batch (the
+    warning came while the loop was busy): the training is over, and the loop leaves the
+    decision to its end, which requeues nothing (before: the loop's own look at the warning
+    came first and requeued the finished job)."""
+    import subprocess
+
+    monkeypatch.delenv(checkpoint_flag.PREEMPT_FLAG_ENV, raising=False)
+
+    def spawn(local_rank: int, attempt: int, env: dict, directory: Path | None) -> Child:
+        argv = [sys.executable, "-c", "import sys; sys.stdin.read()"]  # ends 0 at EOF
+        return Child(local_rank, attempt, processes.start(argv, stdin=subprocess.PIPE))
+
+    config = SupervisorConfig(command=["train"], job=local_job(log_dir=str(tmp_path)), grace_period=1.0)
+    sup = Supervisor(config, spawn=spawn)
+    sup.course.to(Course.TRAINING)
+    sup.preemption = PreemptionHandler(
+        sup.config.events_dir, 0, 1, slurm=False, local_requeue=True, export_env=False
+    )
+    sup.store.service = SimpleNamespace()  # type: ignore[assignment]  # the store host decides
+    sup.signals = SignalPipe((*STOP_SIGNALS, *FORWARD_SIGNALS, signal.SIGCHLD)).install()
+    real_poll = sup._poll_once
+    polls = []
+
+    def busy_then_both(selector, timeout):
+        if not polls:  # the child ends, and the warning comes, before the loop looks
+            child = sup.ranks.children[0]
+            child.proc.stdin.close()
+            os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # ended, not reaped
+            assert sup.preemption is not None
+            sup.preemption.on_signal(signal.SIGUSR2)
+        polls.append(timeout)
+        return real_poll(selector, timeout)
+
+    monkeypatch.setattr(sup, "_poll_once", busy_then_both)
+    try:
+        sup.start_child(0)
+        sup._monitor()
+        decision = sup.preemption.decision
+        assert decision is not None and not decision.requeued, decision.reason
+        assert sup.exit_code == ExitCode.OK
+    finally:
+        sup.signals.restore()
+        for child in sup.ranks.children.values():
+            processes.stop(child.proc, ask=signal.SIGKILL)
 
 
 def test_a_second_stop_signal_kills_at_once(tmp_path: Path) -> None:
