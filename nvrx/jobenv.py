@@ -264,7 +264,9 @@ def seconds_from(env: Mapping[str, str] | None, name: str, default: float) -> fl
         value = float(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not a number") from None
-    if not value >= 0:
+    if value != value:  # NaN
+        raise ValueError(f"{name}={raw!r} is not a number")
+    if value < 0:
         raise ValueError(f"{name}={raw!r} must not be negative")
     if value > MAX_SECONDS:
         raise ValueError(f"{name}={raw!r} must be at most {MAX_SECONDS:g} seconds")

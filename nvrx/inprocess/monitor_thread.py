@@ -390,9 +390,11 @@ class MonitorThread(threading.Thread):
             except Exception as exc:
                 self.abort_ok = False
                 log.critical("abort failed: %r", exc)
-            tell_kept_state(seen)  # the copies queued while the abort ran
+            late = self.round != self.delivery.round  # the main thread went on meanwhile
+            if not late:  # (a later round's commits are no copies this fault spoilt)
+                tell_kept_state(seen)  # the copies queued while the abort ran
             self.abort_s = time.monotonic() - t0
-            if not self.delivery.deliver(message, self.round):
+            if late or not self.delivery.deliver(message, self.round):
                 log.warning("the abort ended after this rank went on to a later round: no restart")
                 return
         self.delivery.keep_waking()

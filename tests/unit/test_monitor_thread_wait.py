@@ -266,7 +266,7 @@ def test_a_restart_is_marked_requested_before_it_is_raised_in_the_main_thread(mo
     assert seen == [True] and delivery.state == Delivery.RAISED
 
 
-def test_an_abort_that_ends_after_the_next_round_began_restarts_nothing(base):
+def test_an_abort_that_ends_after_the_next_round_began_restarts_nothing(base, monkeypatch):
     """The main thread waited ``RESTART_WAIT_S`` for a peer's abort and went on to the next
     round: that abort's end must not raise a restart into the round that runs now."""
     started, release = threading.Event(), threading.Event()
@@ -275,6 +275,8 @@ def test_an_abort_that_ends_after_the_next_round_began_restarts_nothing(base):
         started.set()
         release.wait(10)
 
+    told: list[float] = []
+    monkeypatch.setattr(monitor_thread, "tell_kept_state", told.append)
     thread, _store, delivery = _thread(base, [], chunk=60.0)
     thread.abort = abort
     rstore.record_fault(rstore.round_store(base, 0), rstore.failures.FaultRecord(rank=1, kind="exception"))
@@ -286,3 +288,4 @@ def test_an_abort_that_ends_after_the_next_round_began_restarts_nothing(base):
     assert not thread.is_alive()
     assert not delivery.requested.is_set() and delivery.state == Delivery.USER
     delivery.leave_user()  # nothing raised: the round runs on
+    assert len(told) == 1  # before the abort only: the new round's commits are not spoilt
