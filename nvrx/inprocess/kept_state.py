@@ -69,6 +69,10 @@ class EventSink(Protocol):
     def emit(self, kind: str, **fields: Any) -> Any: ...
 
 
+class _Unknown:
+    """Not looked at yet."""
+
+
 class _Slot:
     """One copy of every registered object's state, with the buffers its tensors live in."""
 
@@ -80,6 +84,7 @@ class _Slot:
         self.device_queued: float | None = None  # when that copy was queued (time.monotonic())
         self.interrupted = False  # a fault came before that copy finished: it is no commit
         self.received_until: float | None = None  # when a hand-over's receive into it ended
+        self.unpicklable: str | None | type[_Unknown] = _Unknown  # why pickle refuses it
         self.wall: float | None = None  # when the step was committed or received (time.time())
 
     def finished(self) -> bool:
@@ -190,14 +195,15 @@ class KeptState:
             self._write(step, {})
             return True
 
-    def _write(self, step: int, given: dict[str, Any]) -> None:
+    def _write(self, step: int, given: dict[str, Any]) -> _Slot:
         """Commit ``step`` into the slot that is not the last complete commit: the states in
-        ``given`` (a hand-over's), and every other registered object's own."""
+        ``given`` (a hand-over's), and every other registered object's own; that slot."""
         self._settle(wait=True)
         index = 0 if self._last == 1 else 1
         slot = self._slots[index]
         slot.step, slot.wall = None, time.time()  # torn until the copy below completes
         slot.interrupted, slot.device_queued, slot.received_until = False, None, None
+        slot.unpicklable = _Unknown
         copier = state_tree.Copier(self._side_stream)
         for name, obj in self._objects.items():
             state = given[name] if name in given else obj.state_dict()
@@ -215,6 +221,7 @@ class KeptState:
         else:
             slot.device_queued = time.monotonic()
             slot.pending_step, self._pending = step, index
+        return slot
 
     def steps(self) -> list[int]:
         """The steps of the complete commits held, newest first (at most two)."""
@@ -388,10 +395,14 @@ class KeptState:
         """Whether a hand-over can send this rank's commit of ``step``: pickle takes what it
         holds besides tensors (not a local class, nor a lambda as a default factory). Where
         it cannot, it says why: a rank that needs the step falls back to the checkpoint."""
-        why = state_tree.why_unpicklable(self._shared(step))
-        if why is not None:
-            log.warning("kept state of step %d cannot be handed over to another rank: %s", step, why)
-        return why is None
+        with self._lock:
+            slot = self._slots[self._index_of(step)]
+            if slot.unpicklable is _Unknown:  # once per commit: its states do not change
+                slot.unpicklable = state_tree.why_unpicklable(self._shared(step))
+                if slot.unpicklable is not None:
+                    log.warning("kept state of step %d cannot be handed over to another rank: %s",
+                                step, slot.unpicklable)  # fmt: skip
+            return slot.unpicklable is None
 
     def _shared(self, step: int) -> dict[str, Any]:
         """What the hand-over sends: the commit of ``step`` without the per-rank states."""
@@ -414,12 +425,11 @@ class KeptState:
                 "object before the commits it is to be restored from"
             )
         with self._lock:
-            self._write(step, received)  # copied before a loader can keep or change them
-            assert self._last is not None
-            self._slots[self._last].received_until = time.monotonic()
+            slot = self._write(step, received)  # copied before a loader can keep or change them
+            slot.received_until = time.monotonic()  # (a per-rank state's device copy may run on)
             told = self._fault_told
             if told is not None and told >= began:  # told before this write: dropped here
-                self._slots[self._last].interrupted = True
+                slot.interrupted = True
                 self._settle(wait=False)
             for name, obj in self._objects.items():
                 if name in received:

@@ -98,7 +98,7 @@ class _Sink:
 
 def _pickles(value: Any) -> BaseException | None:
     try:
-        _SkeletonPickler(_Sink(), protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+        _SkeletonPickler(_Sink(), protocol=pickle.DEFAULT_PROTOCOL).dump(value)  # as torch's
     except Exception as error:  # pickle raises what the object's reduction raises
         return error
     return None

@@ -678,3 +678,47 @@ def test_a_tensor_no_buffer_takes_is_refused_naming_its_object_and_place():
     with pytest.raises(TypeError, match=r"'sparse'.* at \['w'\] \(a torch\.Tensor\) cannot be copied"):
         kept.commit(1)
     assert kept.steps() == []
+
+
+@pytest.mark.parametrize("fault", [False, True], ids=["whole", "fault-while-receiving"])
+def test_a_hand_over_whose_per_rank_state_copies_on_the_device(monkeypatch, fault):
+    """The receiver's own per-rank state holds a CUDA tensor (a stand-in for its copy's
+    event here): the hand-over's commit is pending until that copy ends. It becomes the
+    commit then, unless a fault was told while the rank received."""
+    import torch.distributed as dist
+
+    from nvrx.inprocess import kept_state, state_plan, state_tree
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = torch.nn.Linear(2, 2)
+        kept = KeptState()
+        kept.register("model", model)
+        kept.register("position", _Position(), per_rank=True)
+        sent = {"model": {k: v.clone() for k, v in model.state_dict().items()}}
+
+        def receive(source, group=None):
+            if fault:
+                kept_state.interrupted(time.monotonic())
+            return sent
+
+        monkeypatch.setattr(state_handover, "recv_state", receive)
+        monkeypatch.setattr(state_tree.Copier, "finish", lambda self: _DeviceCopy())
+        plan = state_plan.HandOver(step=5, course=1.0, sources={0: 1})
+        assert kept._follow(plan, None, 0) == (5, "peer")
+        assert kept.steps() == ([] if fault else [5])  # the copy waited for: it ran on whole
+    finally:
+        dist.destroy_process_group()
+
+
+class _Position:
+    """A per-rank state: where this rank's data stands."""
+
+    def __init__(self) -> None:
+        self.at = 0
+
+    def state_dict(self) -> dict:
+        return {"at": torch.tensor(self.at)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.at = int(state["at"])
