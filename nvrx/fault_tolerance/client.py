@@ -110,6 +110,7 @@ class RankMonitorClient:
         """Connect to this node's supervisor and start being monitored."""
         if self._sock is not None:
             raise RankMonitorClientError("init_workload_monitoring() was called already")
+        self._behind, self._unsent = False, []  # what an earlier session held back ended with it
         path = os.environ.get(jobenv.FT_SOCKET)
         if not path:
             raise RankMonitorClientError(
@@ -157,9 +158,12 @@ class RankMonitorClient:
         log.info("workload monitoring started (supervisor socket %s)", path)
 
     def shutdown_workload_monitoring(self) -> None:
-        """Stop being monitored (the supervisor forgets this rank's timeouts). Idempotent."""
+        """Stop being monitored (the supervisor forgets this rank's timeouts). Idempotent.
+        What the channel held back (the supervisor lags) gets ``SEND_WAIT_S`` to go out;
+        what still does not is named in an error log: it is lost."""
         if self._sock is not None:
             self._flush_steps(time.perf_counter())
+            self._last_catch_up()
         sock, self._sock = self._sock, None
         if sock is None:
             return
@@ -401,6 +405,20 @@ class RankMonitorClient:
         _, writable, _ = select.select([], [self._sock], [], SEND_WAIT_S)
         return bool(writable) and self._sent(message)
 
+    def _last_catch_up(self) -> None:
+        deadline = time.monotonic() + SEND_WAIT_S
+        while self._behind and not self._lost:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([], [self._sock], [], left)[1]:
+                break
+            self._catch_up()
+        if self._unsent and not self._lost:
+            log.error(
+                "the supervisor read nothing for %.0f s as monitoring ended: lost %s",
+                SEND_WAIT_S, ", ".join(repr(message[:60]) for _, message in self._unsent),
+            )  # fmt: skip
+        self._behind, self._unsent = False, []
+
     def _catch_up(self) -> None:
         """Tell the sections open now, with how long each has been (a timer the supervisor
         started already must not start again), then the messages held back, as far as the
@@ -529,14 +547,20 @@ def _restored_from(state: Any) -> Timeouts | None:
     return None
 
 
+#: The longest section name: short enough that the messages naming sections (the timeouts,
+#: a catch-up's open sections) fit one packet with many of them.
+MAX_SECTION_NAME = 1024
+
+
 def _check_section_name(what: str, section: object) -> None:
-    """A section's name is a non-empty string that fits one message: else the supervisor
-    would not see it open, or would see it cut short, and find a false hang."""
+    """A section's name is a non-empty string of at most ``MAX_SECTION_NAME`` characters:
+    else the supervisor would not see it open, or would see it cut short, and find a false
+    hang."""
     if not isinstance(section, str) or not section:
         raise RankMonitorClientError(f"{what}: a section's name must be a non-empty string, got {section!r}")
-    if len(channel.encode(channel.SECTION_START, section)) > channel.MAX_MESSAGE:
+    if len(section) > MAX_SECTION_NAME:
         raise RankMonitorClientError(
-            f"{what}: a section's name must fit {channel.MAX_MESSAGE - 2} bytes, got {len(section.encode())}"
+            f"{what}: a section's name must be at most {MAX_SECTION_NAME} characters, got {len(section)}"
         )
 
 

@@ -97,9 +97,10 @@ class FaultToleranceConfig:
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
         data["rank_termination_signal"] = self.rank_termination_signal.name
-        # the name where the level has one; else the number ("Level 15" parses as neither)
+        # the name of a standard level; else the number: "Level 15" parses as neither, and a
+        # name a script added (logging.addLevelName) is unknown to the ranks' processes
         name = logging.getLevelName(self.log_level)
-        data["log_level"] = name if isinstance(logging.getLevelName(name), int) else self.log_level
+        data["log_level"] = name if name in _STANDARD_LEVELS else self.log_level
         return json.dumps(data)
 
     @classmethod
@@ -270,6 +271,9 @@ def parse_signal(value: Any) -> signal.Signals:
         raise FaultToleranceConfigError(
             f"rank_termination_signal must be a signal name or number, got {value!r}"
         ) from None
+
+
+_STANDARD_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "NOTSET")
 
 
 def parse_log_level(value: Any) -> int:

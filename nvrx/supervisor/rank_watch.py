@@ -55,6 +55,7 @@ class Watched:
     open: dict[str, float] = dataclasses.field(default_factory=dict)
     outside_since: float | None = None
     declared: bool = False  # a hang was declared: no further deadline
+    deferred: float | None = None  # a deadline judged later once, its packets unread then
 
     def deadline(self) -> tuple[float, str, str | None, float] | None:
         """``(when, timeout kind, section, limit)`` of the earliest timeout; None when none runs."""
@@ -288,14 +289,18 @@ class RankWatch:
         return min(times) if times else None
 
     def due(self, now: float | None = None) -> list[Hang]:
-        """The ranks whose timeout passed; each is declared once. Not one whose packets
-        wait unread (they came while the supervisor was busy, and may be its heartbeats):
-        the loop reads them first, at once, and the next look judges it."""
+        """The ranks whose timeout passed; each is declared once. A rank whose packets wait
+        unread (they came while the supervisor was busy, and may be its heartbeats) is
+        judged at the next look, once the loop read them (at once: its socket is readable),
+        though packets came again meanwhile: a deadline is put off once."""
         now = time.monotonic() if now is None else now
         hangs = []
         for w in self.watched.values():
             d = w.deadline()
-            if d is None or d[0] > now or select.select([w.conn], [], [], 0)[0]:
+            if d is None or d[0] > now:
+                continue
+            if w.deferred != d[0] and _readable(w.conn):
+                w.deferred = d[0]
                 continue
             when, kind, section, limit = d
             w.declared = True
@@ -348,6 +353,13 @@ def _seconds(value: object) -> bool:
     return isinstance(value, list) and all(
         isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in value
     )
+
+
+def _readable(conn: socket.socket) -> bool:
+    """Whether packets (or the end) wait on ``conn``; ``poll``, which takes any descriptor."""
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _age(value: object) -> bool:

@@ -15,7 +15,6 @@ from nvrx.fault_tolerance import (
     FaultToleranceConfig,
     RankMonitorClient,
     RankMonitorClientError,
-    channel,
 )
 from nvrx.fault_tolerance import client as client_module
 from nvrx.supervisor.rank_watch import RankWatch
@@ -404,6 +403,24 @@ def test_a_rank_whose_heartbeats_wait_unread_is_not_declared_hung(watch):
     sock.close()
 
 
+def test_a_rank_that_sends_all_but_heartbeats_is_put_off_once_not_for_ever(watch):
+    """A rank past its heartbeat timeout whose other packets (step times, sections) keep
+    coming while the supervisor is busy: its deadline is put off once, for the loop to read
+    what waits; at the next look it is declared hung, packets waiting or not."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.connect(watch.path)
+    fd = watch.accept()
+    sock.send(b'init {"local_rank": 0, "pid": 1, "timeouts": {"heartbeat": 1}}')
+    sock.send(b"h")
+    watch.read(fd, now=100.0)
+    sock.send(b"T [0.5]")
+    assert watch.due(102.0) == []  # put off: what waits might have been a heartbeat
+    watch.read(fd, now=102.0)  # step times, no heartbeat
+    sock.send(b"T [0.5]")  # and more, before the next look
+    assert [h.timeout for h in watch.due(102.5)] == ["heartbeat"]
+    sock.close()
+
+
 def test_a_hang_names_the_pid_that_connected_not_the_one_a_rank_reports(watch):
     """A rank in another pid namespace reports a pid that means another process here: the
     stack request and the hang go to the process the kernel says connected."""
@@ -512,6 +529,49 @@ def test_timeouts_and_requests_sent_while_the_supervisor_lags_reach_it_once_it_r
     client.shutdown_workload_monitoring()
 
 
+def test_a_request_held_back_at_shutdown_goes_out_if_the_supervisor_reads_or_is_named_lost(
+    watch, monkeypatch, caplog
+):
+    """ShutdownWorkload, then the end of monitoring, while the supervisor lags: the end waits
+    (``SEND_WAIT_S``) for the request to go out. When the supervisor reads meanwhile it gets
+    it; when it does not, an error names what was lost, and the next session of the client
+    sends none of it."""
+    from nvrx.fault_tolerance.data import WorkloadAction, WorkloadControlRequest
+
+    monkeypatch.setattr(client_module, "SEND_WAIT_S", 0.05)
+    request = WorkloadControlRequest(WorkloadAction.ShutdownWorkload, "done early")
+    client = RankMonitorClient()
+    fd, _w = _connect(watch, client)
+    _fill(client)
+    client.send_workload_control_request(request)  # held back
+    assert client._behind
+    real_select = select.select
+    told = []
+
+    def the_supervisor_reads_meanwhile(r, w_, x, timeout):
+        told.extend(watch.read(fd))
+        return real_select(r, w_, x, timeout)
+
+    monkeypatch.setattr(client_module.select, "select", the_supervisor_reads_meanwhile)
+    client.shutdown_workload_monitoring()
+    monkeypatch.setattr(client_module.select, "select", real_select)
+    told.extend(watch.read(fd))
+    assert [t[0] for t in told if t[0] != "end"] == ["control"] and told[-1][0] == "end"
+
+    fd, _w = _connect(watch, client)  # a new session; the supervisor lags again
+    _fill(client)
+    client.send_workload_control_request(request)
+    with caplog.at_level("ERROR", logger="nvrx.fault_tolerance"):
+        client.shutdown_workload_monitoring()
+    assert "lost" in caplog.text and "ShutdownWorkload" in caplog.text
+    watch.read(fd)  # the first session's heartbeats, its end
+    fd, _w = _connect(watch, client)  # a third session: nothing of the second replayed
+    client._next_packet = 0.0
+    client.send_heartbeat()
+    assert [t[0] for t in watch.read(fd)] == []
+    client.shutdown_workload_monitoring()
+
+
 def test_a_checkpoint_of_heartbeat_timeouts_loaded_after_init_keeps_the_computed_sections(watch, monkeypatch):
     """Section timeouts computed, then a checkpoint holding only heartbeat timeouts loaded:
     the sections stay computed, so ``state_dict`` keeps saving them (before: they stayed in
@@ -539,8 +599,8 @@ def test_a_section_with_no_name_is_refused_not_left_to_look_like_a_hang(watch, n
     _connect(watch, client)
     with pytest.raises(RankMonitorClientError, match="a section's name must be a non-empty string"):
         client.start_section(name)
-    with pytest.raises(RankMonitorClientError, match="must fit"):
-        client.start_section("x" * channel.MAX_MESSAGE)
+    with pytest.raises(RankMonitorClientError, match="must be at most 1024 characters, got 1025"):
+        client.start_section("x" * 1025)
     assert client._obs.open == {}
     client.shutdown_workload_monitoring()
 
