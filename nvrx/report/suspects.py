@@ -7,8 +7,9 @@ its supervisor: ``requeue.answered``); a fault of its
 own tells of its device or driver (``consequence.HARDWARE``); a rank asked to exclude
 it (``ExcludeThisNode``); or it had
 repeated faults of its own (two or more) with a signature seen on no other
-host of a job on several hosts, unless each was a Python exception of one and the same
-rank (code that rank alone runs raises the same on any node); or it was slow, not failed: named a straggler
+host of a job on several hosts, unless they were one Python exception of one and the same
+rank, whose message names no device (code that rank alone runs raises it on any node); or
+it was slow, not failed: named a straggler
 and never recovered, or excluded for slowness (``stragglers``). A follow-on
 fault (``consequence``) and what a survivor wrote while a lost node was got
 over are never evidence. Rows are per
@@ -17,6 +18,7 @@ over are never evidence. Rows are per
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -329,10 +331,11 @@ def _evidence(
     alone = sorted(own.values())
     ranks = {s.raised[i] for i in own if i in s.raised}
     one_rank = len(ranks) == 1 and None not in ranks and own.keys() <= s.raised.keys()
-    if several_hosts and len(alone) >= 2 and one_rank:
+    code = one_rank and len(set(alone)) == 1 and not _of_a_device(job, alone[0]) if alone else False
+    if several_hosts and len(alone) >= 2 and code:
         shown = ", ".join(dict.fromkeys(alone))
         against.append((False, f"{len(alone)} faults of its own seen on no other host, each an "
-                        f"exception rank {ranks.pop()} raised ({shown}): its code may raise them "
+                        f"exception rank {ranks.pop()} raised ({shown}): its code may raise it "
                         "on any node; not enough to exclude"))  # fmt: skip
     elif several_hosts and len(alone) >= 2:
         shown = ", ".join(dict.fromkeys(alone))
@@ -340,6 +343,19 @@ def _evidence(
     elif alone and several_hosts:
         against.append((False, f"one fault of its own ({alone[0]}): not enough to exclude"))
     return any(flag for flag, _ in against), [why for _, why in against]
+
+
+#: Words of an exception's message that may tell of the rank's device (its GPU, its link):
+#: such an exception repeated by one rank still counts against the node.
+_DEVICE_WORDS = re.compile(r"cuda|cublas|cudnn|nccl|gpu|device|illegal memory access|ecc|xid")
+
+
+def _of_a_device(job: JobSummary, signature: str) -> bool:
+    """Whether the exception of ``signature`` may come from the rank's device: its message
+    (or the signature) names one."""
+    group = job.signatures.get(signature)
+    message = group.details.get("message", (None, ""))[1] if group is not None else ""
+    return bool(_DEVICE_WORDS.search(f"{signature} {message}".lower()))
 
 
 def build_suspects(

@@ -892,9 +892,19 @@ def test_one_ranks_repeated_exception_is_its_codes_and_excludes_no_node(tmp_path
     assert (node_b.host, node_b.first_failures, node_b.suspect) == ("node-b", 2, False)
     assert node_b.evidence == [
         "2 faults of its own seen on no other host, each an exception rank 2 raised (RuntimeError "
-        "at train.py:40 in train): its code may raise them on any node; not enough to exclude"
+        "at train.py:40 in train): its code may raise it on any node; not enough to exclude"
     ]
     assert report.exclude is None
+
+
+def test_one_ranks_repeated_device_error_still_excludes_its_node(tmp_path: Path) -> None:
+    """Ranks are tied to GPUs: a bad GPU shows as one rank raising the same CUDA error round
+    after round. An error whose message names a device still counts against the node."""
+    cuda = "CUDA error: an illegal memory access was encountered"
+    report = _faults_in_turn(tmp_path / "job", [cuda, cuda])
+    (node_b,) = report.suspects
+    assert node_b.suspect and report.exclude == "node-b"
+    assert node_b.evidence == ["2 faults of its own seen on no other host: RuntimeError at train.py:40 in train"]
 
 
 def test_a_fault_seen_on_several_hosts_is_the_codes_and_excludes_no_node(tmp_path: Path) -> None:
