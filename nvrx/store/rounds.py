@@ -877,11 +877,11 @@ def register_terminated(store: Any, rank: int) -> bool:
     without the secret set ahead does not keep the real entry out."""
     first = int(store.add(terminated_flag(rank), 1)) == 1
     sealer = seal.job_sealer()
-    if sealer is None:
-        if first:
-            store.append(TERMINATED, f"{rank},")
-        return first
     if not first and rank in terminated_ranks(store):
+        return False  # (a first registrant that died before its entry: written again here)
+    if sealer is None:
+        store.append(TERMINATED, f"{rank},")
+        return True
         return False
     store.append(TERMINATED, sealer.entry(terminated_list_key(store), str(rank)))
     return True
@@ -1486,7 +1486,10 @@ def leave_round(
     for rank, world_size, initial in _round_ranks(store, in_round, initial_world_size, published):
         out.append(initial)
         if rank in terminated_ranks(store):
-            continue  # its own monitor, or an earlier declaration, already took it out
+            # its own monitor, or an earlier declaration, took it out; arrived for again (it
+            # counts once), as one that died between registering and arriving did not
+            arrive_one(base, "iteration", store.iteration, rank, world_size)
+            continue
         record = failures.FaultRecord(rank=rank, kind=kind, message=message)
         proxy_leave(store, base, rank, world_size, record)
         left.append(rank)

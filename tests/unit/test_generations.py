@@ -80,3 +80,29 @@ def test_a_supervisor_does_not_take_out_a_rank_that_was_gone_when_a_long_generat
     rounds.arrive_generation(store, generation, 1, 3)
     rounds.publish_round(store, generation + 150)
     assert rounds.leave_round(store, [2], 3, "node lost", gone=False)["ranks"] == []
+
+
+def test_a_rank_registered_terminated_whose_node_died_before_it_arrived_is_arrived_for(store) -> None:
+    """Rank 1's monitor registered it terminated (a hard timeout), and its node died before
+    the monitor arrived for it at the iteration barrier: the supervisor that declares the
+    node lost arrives for it, or the others would wait there until the barrier's timeout."""
+    rounds.publish_round(store, 7)
+    view = rounds.round_store(store, 7)
+    rounds.register_terminated(view, 1)
+    for rank in (0, 2):
+        rounds.arrive_one(store, "iteration", view.iteration, rank, 3)
+    assert not rounds.await_barrier(store, "iteration", view.iteration, 3, 0.0)
+    rounds.leave_round(store, [1], 3, "node lost", gone=False)
+    assert rounds.await_barrier(store, "iteration", view.iteration, 3, 10.0)
+
+
+def test_a_terminated_entry_is_written_though_its_first_registrant_died_before_writing_it(
+    store,
+) -> None:
+    """The rank counted itself first (its flag) and was killed before its entry went in: its
+    monitor's registration writes the entry, or the round's decision keeps a dead rank."""
+    view = rounds.round_store(store, 7)
+    view.add(rounds.terminated_flag(0), 1)  # the rank's own registration, cut short
+    assert rounds.register_terminated(view, 0)
+    assert rounds.terminated_ranks(view) == {0}
+    assert not rounds.register_terminated(view, 0)  # once there, not again
