@@ -88,6 +88,8 @@ def test_a_rank_registered_terminated_whose_node_died_before_it_arrived_is_arriv
     node lost arrives for it, or the others would wait there until the barrier's timeout."""
     rounds.publish_round(store, 7)
     view = rounds.round_store(store, 7)
+    for rank in range(3):  # each started the round
+        _state(view, rank, rank, 3)
     rounds.register_terminated(view, 1)
     for rank in (0, 2):
         rounds.arrive_one(store, "iteration", view.iteration, rank, 3)
@@ -106,3 +108,36 @@ def test_a_terminated_entry_is_written_though_its_first_registrant_died_before_w
     assert rounds.register_terminated(view, 0)
     assert rounds.terminated_ranks(view) == {0}
     assert not rounds.register_terminated(view, 0)  # once there, not again
+
+
+def _state(view, rank: int, initial: int, world_size: int) -> None:
+    rounds._set_rank_state(view, rank, {"rank": rank, "world_size": world_size, "initial_rank": initial})
+
+
+def test_a_lost_rank_that_had_not_started_a_renumbered_round_is_not_taken_for_another() -> None:
+    """Round 5 ended rank 0 for good; round 6 numbers the others 0, 1, 2 (initial 1, 2, 3).
+    The node of initial rank 2 is lost before it wrote its state in round 6: its number
+    there is 1, not 2 (initial rank 3's, a healthy rank). Before the others wrote theirs it
+    is not found; once they did, it is found at the one number no state stands at."""
+    server = client.serve("127.0.0.1", 0, timeout=10)
+    try:
+        rounds.publish_round(server, 6)
+        view = rounds.round_store(server, 6)
+        assert rounds.leave_round(server, [2], 4, "node lost", gone=False)["ranks"] == []
+        assert rounds.terminated_ranks(view) == set()  # initial rank 3 left alone
+        _state(view, 0, 1, 3)
+        _state(view, 2, 3, 3)
+        assert rounds.leave_round(server, [2], 4, "node lost", gone=False)["ranks"] == [1]
+        assert rounds.terminated_ranks(view) == {1}
+    finally:
+        del server
+
+
+def test_in_a_generations_first_round_a_rank_without_its_state_is_at_its_initial_rank(store) -> None:
+    """Nobody gone when generation 100 opened: its first round numbers ranks as they began."""
+    generation = rounds.generation_base(store)
+    for rank in range(3):
+        rounds.arrive_generation(store, generation, rank, 3)
+    view = rounds.round_store(store, generation)
+    assert rounds.leave_round(store, [2], 3, "node lost", gone=False)["ranks"] == [2]
+    assert rounds.terminated_ranks(view) == {2}
