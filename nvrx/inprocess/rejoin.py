@@ -25,7 +25,6 @@ When nobody answers, the replacement starts a new process generation instead.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
@@ -69,15 +68,15 @@ def request_admission(
     With ``look``, a job with nobody left to answer (looked at once per heartbeat
     interval of the wait) is given up then instead of after ``timeout``.
     """
-    pid = os.getpid()
+    join_id = rounds.new_join_id()
     t0 = time.monotonic()
-    posted = rounds.post_join(base_store, initial_rank, pid)
+    posted = rounds.post_join(base_store, initial_rank, join_id)
     if posted is None:  # every generation of the request is taken (logged)
         return None
     chunk = max(heartbeat_interval, 0.01) if look else timeout
     while True:
         wait_s = min(chunk, t0 + timeout - time.monotonic())
-        admission = rounds.await_admission(base_store, initial_rank, pid, wait_s)
+        admission = rounds.await_admission(base_store, initial_rank, join_id, wait_s)
         if admission is not None:
             break
         if time.monotonic() >= t0 + timeout:

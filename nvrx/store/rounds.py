@@ -70,7 +70,7 @@ In this order:
    (``arrive_one``, ``wait_barrier`` and ``decision_of``). With the job's secret the decision is sealed for its round; a
    rank that reads one that does not unseal (overwritten after the release) acts on none
    (``ForgedDecision``).
-7. ``admit/<i>/<pid>``, then ``r<R>/rejoin``: the lowest survivor of round R, after the
+7. ``admit/<i>/<join id>``, then ``r<R>/rejoin``: the lowest survivor of round R, after the
    decision, admits each replacement that asked, then lists the ranks that came back
    (``admit``). With the job's secret both are sealed, and so is the join request they
    answer: the request and the admission are chains (``join/<i>/g2``, ...) written past
@@ -87,7 +87,8 @@ In this order:
    and the rank waits for it to close (``await_close``) before it connects again.
 
 At any time: ``join/<i>`` (with the job's secret a chain: ``join/<i>/g2``, ...), a
-replacement process (its pid), withdrawn when it gives up (``post_join``,
+replacement process (its join id: a random number per request, as pids repeat across
+hosts and containers), withdrawn when it gives up (``post_join``,
 ``withdraw_join``). ``gone/<i>`` and ``gone/all``, the supervisor that
 declares a node lost with no spare for it (``leave_round``).
 
@@ -105,6 +106,7 @@ import dataclasses
 import enum
 import json
 import logging
+import os
 import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -175,13 +177,13 @@ def _gone_record(generation: int) -> str:
 
 
 def join_request(initial_rank: int) -> str:
-    """Set by a replacement process that wants to rejoin the job (value: its pid)."""
+    """Set by a replacement process that wants to rejoin the job (value: its join id, ``new_join_id``)."""
     return f"{ROOT}join/{initial_rank}"
 
 
-def admission(initial_rank: int, pid: int) -> str:
+def admission(initial_rank: int, join_id: int) -> str:
     """Set by the job for an admitted replacement process (value: JSON ``Admission``)."""
-    return f"{ROOT}admit/{initial_rank}/{pid}"
+    return f"{ROOT}admit/{initial_rank}/{join_id}"
 
 
 def rank_gone(initial_rank: int) -> str:
@@ -1000,7 +1002,7 @@ def kept_for_next(store: Any) -> int | None:
 
 
 # -- the rejoin of a replacement process -------------------------------------------------
-# The replacement posts ``join/<initial rank>`` = its pid and waits for its admission;
+# The replacement posts ``join/<initial rank>`` = its join id and waits for its admission;
 # after the iteration barrier the lowest survivor waits for the join requests of the
 # terminated ranks, admits each replacement that came and lists them under ``REJOIN``.
 @dataclasses.dataclass
@@ -1062,21 +1064,28 @@ def _chain_write(base: Any, key: str, payload: str, past_valid: bool) -> tuple[s
     return None, forged
 
 
-def post_join(base: Any, initial_rank: int, pid: int) -> str | None:
+def new_join_id() -> int:
+    """A number that names one join request of one process: not its pid, which a
+    replacement on another host or in another container may share with a process admitted
+    before (its admission would be taken for this one's, and this one refused)."""
+    return int.from_bytes(os.urandom(7), "big")
+
+
+def post_join(base: Any, initial_rank: int, join_id: int) -> str | None:
     """Replacement side: ask to be taken back into the running job; the key written (to
-    withdraw; None: none could be). With the job's secret the pid is sealed, in the first
+    withdraw; None: none could be). With the job's secret the join id is sealed, in the first
     free generation."""
     key = join_request(initial_rank)
     if seal.job_sealer() is None:
-        base.set(key, str(pid))
+        base.set(key, str(join_id))
         return key
-    return _chain_write(base, key, str(pid), past_valid=True)[0]
+    return _chain_write(base, key, str(join_id), past_valid=True)[0]
 
 
-def await_admission(base: Any, initial_rank: int, pid: int, timeout: float) -> Admission | None:
-    """Replacement side: the admission of ``pid``, once written within ``timeout`` seconds;
+def await_admission(base: Any, initial_rank: int, join_id: int, timeout: float) -> Admission | None:
+    """Replacement side: the admission of ``join_id``, once written within ``timeout`` seconds;
     one that does not unseal is passed over (the survivor writes past it)."""
-    key = admission(initial_rank, pid)
+    key = admission(initial_rank, join_id)
     deadline = time.monotonic() + max(timeout, 0.0)
     for generation in range(1, MAX_GENERATIONS + 1):
         at = barrier.signal_key(key, generation)
@@ -1167,7 +1176,7 @@ def rejoin_candidates(store: Any, base: Any, terminated: set[int]) -> list[int]:
 @dataclasses.dataclass(frozen=True)
 class Admitted:
     """What the lowest survivor did with the join requests: the ranks taken back, and the
-    requests refused (``{key: value bytes}``: no valid seal, or a pid admitted before)."""
+    requests refused (``{key: value bytes}``: no valid seal, or a join id admitted before)."""
 
     back: list[int]
     refused: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -1194,27 +1203,27 @@ def admit(
         joins = _plain_joins(base, initial, timeout)
     else:
         joins = _sealed_joins(base, initial, time.monotonic() + timeout)
-    pids = {t: join.pid for t, join in joins.items() if join.pid is not None}
+    join_ids = {t: join.join_id for t, join in joins.items() if join.join_id is not None}
     refused = {key: size for join in joins.values() for key, size in join.refused}
-    final = sorted(terminated - set(pids))
-    for t, pid in list(pids.items()):
+    final = sorted(terminated - set(join_ids))
+    for t, join_id in list(join_ids.items()):
         for key in joins[t].read:
             _take_out(base, key)
         entry = dataclasses.replace(next_round, state=states[t], terminated=final)
-        written, forged = _write_admission(base, admission(initial[t], pid), entry.to_json())
+        written, forged = _write_admission(base, admission(initial[t], join_id), entry.to_json())
         refused.update(forged)
         if not written:
-            del pids[t]
-    store.set(REJOIN, _sealed(_round_key(store, REJOIN), json.dumps(sorted(pids))))
-    return Admitted(sorted(pids), refused)
+            del join_ids[t]
+    store.set(REJOIN, _sealed(_round_key(store, REJOIN), json.dumps(sorted(join_ids))))
+    return Admitted(sorted(join_ids), refused)
 
 
 @dataclasses.dataclass
 class _Join:
-    """A replacement's join request as the lowest survivor read it: the pid to admit (None:
+    """A replacement's join request as the lowest survivor read it: the join id to admit (None:
     none), the keys read (deleted once it is admitted) and those refused, with their size."""
 
-    pid: int | None = None
+    join_id: int | None = None
     read: list[str] = dataclasses.field(default_factory=list)
     refused: list[tuple[str, int]] = dataclasses.field(default_factory=list)
 
@@ -1226,8 +1235,8 @@ def _plain_joins(base: Any, initial: dict[int, int], timeout: float) -> dict[int
         base.wait(list(keys.values()), timedelta(seconds=timeout))
     joins = {}
     for t, i in initial.items():
-        pid, size = _join_pid(base, keys[t], i)
-        joins[t] = _Join(pid, [keys[t]], [(keys[t], size)] if size else [])
+        join_id, size = _join_id(base, keys[t], i)
+        joins[t] = _Join(join_id, [keys[t]], [(keys[t], size)] if size else [])
     return joins
 
 
@@ -1240,12 +1249,12 @@ def _sealed_joins(base: Any, initial: dict[int, int], deadline: float) -> dict[i
         key = join_request(i)
         for generation in range(1, MAX_GENERATIONS + 1):
             at = barrier.signal_key(key, generation)
-            if not _arrived_by(base, at, deadline if join.pid is None else 0.0):
+            if not _arrived_by(base, at, deadline if join.join_id is None else 0.0):
                 break
-            pid, size = _join_pid(base, at, i)
+            join_id, size = _join_id(base, at, i)
             join.read.append(at)
-            if pid is not None:
-                join.pid = pid
+            if join_id is not None:
+                join.join_id = join_id
             elif size:
                 join.refused.append((at, size))
         for refused, _ in join.refused:
@@ -1275,8 +1284,8 @@ def _write_admission(base: Any, key: str, payload: str) -> tuple[bool, dict[str,
     return written is not None, dict(forged)
 
 
-def _join_pid(base: Any, key: str, initial_rank: int) -> tuple[int | None, int]:
-    """(pid, 0) for a join request to admit; (None, its size) for one refused (no valid
+def _join_id(base: Any, key: str, initial_rank: int) -> tuple[int | None, int]:
+    """(join_id, 0) for a join request to admit; (None, its size) for one refused (no valid
     seal, or its process was admitted before); (None, 0) where none is posted."""
     if not base.check([key]):
         return None, 0

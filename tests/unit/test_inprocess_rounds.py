@@ -8,9 +8,11 @@ decides when the restart request comes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import json
 import logging
+import os
 import threading
 import time
 import traceback
@@ -710,9 +712,9 @@ def _answer_after(store: Any, delay: float) -> threading.Thread:
 
     def run() -> None:
         store.wait([rounds.join_request(1)], datetime.timedelta(seconds=10))
-        pid = int(store.get(rounds.join_request(1)))
+        join_id = int(store.get(rounds.join_request(1)))
         time.sleep(delay)  # a survivor busy restarting
-        store.set(rounds.admission(1, pid), _admission().to_json())
+        store.set(rounds.admission(1, join_id), _admission().to_json())
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -744,6 +746,21 @@ def test_a_prompt_admission_ends_the_wait_at_once() -> None:
     got = rejoin.request_admission(store, 1, 30.0, lambda *a, **k: None, heartbeat_interval=5.0)
     assert got == _admission()
     assert time.monotonic() - t0 < 5.0  # not one heartbeat interval, let alone two
+
+
+@pytest.mark.timeout(20)
+def test_an_admission_of_an_earlier_process_with_the_same_pid_is_not_taken() -> None:
+    """A replacement admitted before (its admission stays) had the pid this process has (a
+    pid namespace of its own, on another host): this process's request is its own, and it
+    waits for its own admission, not the old one of another round."""
+    from torch.distributed import HashStore
+
+    store = HashStore()
+    stale = dataclasses.replace(_admission(), round=1)
+    store.set(rounds.admission(1, os.getpid()), stale.to_json())
+    _answer_after(store, 0.0)
+    got = rejoin.request_admission(store, 1, 30.0, lambda *a, **k: None, heartbeat_interval=5.0)
+    assert got == _admission() and got != stale
 
 
 @pytest.mark.timeout(20)

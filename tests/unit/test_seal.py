@@ -390,7 +390,7 @@ def test_a_replacements_join_request_admission_and_the_ranks_taken_back_are_seal
     assert rounds.rejoined(round_2) == {1, 2} and rounds.await_rejoined(round_2, 1.0) == {1, 2}
     # the forged request and the requests read are taken out, not deleted (no hole)
     taken = [rounds.join_request(2), rounds.join_request(2) + "/g2", rounds.join_request(1)]
-    assert [rounds._join_pid(base, key, 0) for key in taken] == [(None, 0)] * 3
+    assert [rounds._join_id(base, key, 0) for key in taken] == [(None, 0)] * 3
     # the admitted request copied back: its process was admitted already, nobody comes back
     base.set(rounds.join_request(1), rounds._sealed(rounds.join_request(1), "4242"))
     rounds._set_rank_state(round_3, 1, {"initial_rank": 1})
@@ -443,7 +443,7 @@ def test_a_request_withdrawn_or_taken_leaves_no_hole_and_the_newest_request_wins
 
 
 def test_a_replacement_reads_its_admission_past_a_forged_one_written_ahead(tmp_path, monkeypatch):
-    """A forged admission written ahead of the real one (anyone can read the pid in the
+    """A forged admission written ahead of the real one (anyone can read the join id in the
     request) neither makes the replacement give up nor act on it: it reads the survivor's,
     written past it; the survivor records the forged one."""
     from torch.distributed import HashStore
@@ -459,12 +459,13 @@ def test_a_replacement_reads_its_admission_past_a_forged_one_written_ahead(tmp_p
     real = rounds.Admission(generation=0, round=3, state={}, terminated=[], job_restarts=1)
     forged = dataclasses.replace(real, job_restarts=1000)
     admitted = []
+    monkeypatch.setattr(rounds, "new_join_id", lambda: 4242)  # what the forger read in the request
 
     def forger_then_survivor() -> None:
-        base.set(rounds.admission(1, os.getpid()), forged.to_json())
+        base.set(rounds.admission(1, 4242), forged.to_json())
         admitted.append(rounds.admit(round_2, base, [1], {1}, 10.0, real))
 
-    survivor_thread = _later(base.waited_on(rounds.admission(1, os.getpid())), forger_then_survivor)
+    survivor_thread = _later(base.waited_on(rounds.admission(1, 4242)), forger_then_survivor)
     events = []
     got = rejoin.request_admission(
         base, 1, 30.0, lambda kind, **f: events.append((kind, f)), heartbeat_interval=5.0
@@ -474,7 +475,7 @@ def test_a_replacement_reads_its_admission_past_a_forged_one_written_ahead(tmp_p
     survivor_thread.join(30)  # its admit returns after the replacement read the admission
     [survivor] = admitted
     assert survivor.back == [1]
-    assert survivor.refused == {rounds.admission(1, os.getpid()): len(forged.to_json())}
+    assert survivor.refused == {rounds.admission(1, 4242): len(forged.to_json())}
 
 
 def test_a_forged_decision_or_list_of_ranks_taken_back_tells_a_replacement_nothing(
