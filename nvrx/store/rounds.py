@@ -223,6 +223,12 @@ KEY_NAMES = frozenset(
 
 
 # -- counters of the job -----------------------------------------------------------------
+def _at_least_1ms(seconds: float) -> timedelta:
+    """A store wait of ``seconds``, 1 ms at least: a shorter one rounds to a timedelta of 0,
+    which torch's stores take for no bound (or their own default timeout)."""
+    return timedelta(seconds=max(seconds, 0.001))
+
+
 def _read_int(store: Any, key: str) -> int | None:
     if not store.check([key]):
         return None
@@ -531,7 +537,7 @@ def ended_here(store: Any, initial_rank: int) -> bool:
 def await_close(store: Any, timeout: float) -> bool:
     """True once ``store`` closed; False when it is still open after ``timeout``."""
     try:
-        store.wait([NEVER_SET], timedelta(seconds=max(timeout, 0.001)))
+        store.wait([NEVER_SET], _at_least_1ms(timeout))
     except errors.unreachable():
         return True
     except errors.timeouts():
@@ -1095,7 +1101,7 @@ def await_admission(base: Any, initial_rank: int, join_id: int, timeout: float) 
                 return None
         else:
             try:
-                base.wait([at], timedelta(seconds=left))
+                base.wait([at], _at_least_1ms(left))
             except errors.timeouts():
                 return None
         raw = base.get(at)
@@ -1232,7 +1238,7 @@ def _plain_joins(base: Any, initial: dict[int, int], timeout: float) -> dict[int
     """Without a secret: one key per request, waited for together."""
     keys = {t: join_request(i) for t, i in initial.items()}
     with contextlib.suppress(*errors.timeouts()):  # some did not come back in time
-        base.wait(list(keys.values()), timedelta(seconds=timeout))
+        base.wait(list(keys.values()), _at_least_1ms(timeout))
     joins = {}
     for t, i in initial.items():
         join_id, size = _join_id(base, keys[t], i)
@@ -1268,7 +1274,7 @@ def _arrived_by(base: Any, key: str, deadline: float) -> bool:
     if left <= 0:
         return bool(base.check([key]))
     try:
-        base.wait([key], timedelta(seconds=left))
+        base.wait([key], _at_least_1ms(left))
     except errors.timeouts():
         return False
     return True
@@ -1302,7 +1308,7 @@ def _join_id(base: Any, key: str, initial_rank: int) -> tuple[int | None, int]:
 
 def await_rejoined(store: Any, timeout: float) -> set[int]:
     """Other survivors: the ranks the lowest one took back, once it published them."""
-    store.wait([REJOIN], timedelta(seconds=timeout))
+    store.wait([REJOIN], _at_least_1ms(timeout))
     return rejoined(store)
 
 

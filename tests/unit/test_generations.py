@@ -141,3 +141,21 @@ def test_in_a_generations_first_round_a_rank_without_its_state_is_at_its_initial
     view = rounds.round_store(store, generation)
     assert rounds.leave_round(store, [2], 3, "node lost", gone=False)["ranks"] == [2]
     assert rounds.terminated_ranks(view) == {2}
+
+
+def test_a_wait_of_less_than_a_microsecond_is_bounded(monkeypatch) -> None:
+    """A wait whose time left is below a microsecond (the last pass of a rejoin's wait)
+    rounds to a timedelta of 0, which a store takes for no bound: it waits 1 ms instead."""
+    import threading
+    from types import SimpleNamespace
+
+    from torch.distributed import HashStore
+
+    monkeypatch.setattr(rounds, "time", SimpleNamespace(monotonic=lambda: 100.0))  # time stands
+    store, got = HashStore(), []
+    waiter = threading.Thread(
+        target=lambda: got.append(rounds.await_admission(store, 1, 5, 4e-7)), daemon=True
+    )
+    waiter.start()
+    waiter.join(10)
+    assert not waiter.is_alive() and got == [None]
