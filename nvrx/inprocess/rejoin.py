@@ -81,12 +81,27 @@ def request_admission(
             break
         if time.monotonic() >= t0 + timeout:
             log.warning("not admitted back into the running job: starting a new generation")
-            return rounds.withdraw_join(base_store, posted)
+            admission = _withdraw(base_store, initial_rank, join_id, posted)
+            break
         reason = rounds.nobody_to_admit(base_store) if look else None
         if reason is not None:
             log.info("%s: nobody can take this process back; starting a new generation", reason)
-            return rounds.withdraw_join(base_store, posted)
-    emit("restart_phase", phase="rejoin_wait", duration_s=time.monotonic() - t0, ok=True)
+            admission = _withdraw(base_store, initial_rank, join_id, posted)
+            break
+    if admission is not None:
+        emit("restart_phase", phase="rejoin_wait", duration_s=time.monotonic() - t0, ok=True)
+    return admission
+
+
+def _withdraw(base_store: Any, initial_rank: int, join_id: int, posted: str) -> Admission | None:
+    """Withdraw the join request, then look for an admission once more: a survivor that
+    read the request before it was withdrawn admits it all the same, and counts the rank
+    back in its next round. (One that writes the admission only after this look still
+    counts a rank that does not come: its round waits for it until its barrier's timeout.)"""
+    rounds.withdraw_join(base_store, posted)
+    admission = rounds.await_admission(base_store, initial_rank, join_id, 0.0)
+    if admission is not None:
+        log.info("admitted back into the running job as the request was withdrawn: taken")
     return admission
 
 

@@ -764,6 +764,26 @@ def test_an_admission_of_an_earlier_process_with_the_same_pid_is_not_taken() -> 
 
 
 @pytest.mark.timeout(20)
+def test_an_admission_written_as_the_replacement_gave_up_is_taken(monkeypatch) -> None:
+    """The survivor read the request just before the replacement's wait ran out, and wrote
+    its admission as the replacement withdrew: the survivor counts the rank back, so the
+    replacement takes that admission instead of starting a generation of its own."""
+    from torch.distributed import HashStore
+
+    store = HashStore()
+    real_withdraw = rounds.withdraw_join
+
+    def survivor_admits_meanwhile(base, key):
+        join_id = int(store.get(rounds.join_request(1)))
+        store.set(rounds.admission(1, join_id), _admission().to_json())
+        real_withdraw(base, key)
+
+    monkeypatch.setattr(rounds, "withdraw_join", survivor_admits_meanwhile)
+    got = rejoin.request_admission(store, 1, 0.2, lambda *a, **k: None, heartbeat_interval=5.0, look=False)
+    assert got == _admission()
+
+
+@pytest.mark.timeout(20)
 def test_a_job_whose_every_rank_left_is_given_up_at_the_first_look() -> None:
     """Every rank died at once: the barrier found them all terminated, nobody admits."""
     store = _restarted_job([0, 1])
