@@ -1495,15 +1495,10 @@ def leave_round(
     if round_ is None:
         return {"round": None, "ranks": [], "out": []}
     # ranks left out when the round's generation opened are not in the round
-    generation = generation_of(base, round_)
-    gone_then = gone_at_start(base, generation)
-    in_round = set(initial_ranks) - gone_then
+    in_round = set(initial_ranks) - gone_at_start(base, generation_of(base, round_))
     store = round_store(base, round_)
     left, out = [], []
-    as_initial = round_ == generation and not gone_then  # no rank renumbered yet
-    for rank, world_size, initial in _round_ranks(
-        store, in_round, initial_world_size, published, as_initial
-    ):
+    for rank, world_size, initial in _round_ranks(store, in_round, initial_world_size, published):
         out.append(initial)
         if rank in terminated_ranks(store):
             # its own monitor, or an earlier declaration, took it out; arrived for again (it
@@ -1532,34 +1527,32 @@ def leave_silent(base: Any, initial_rank: int, initial_world_size: int, message:
 
 
 def _round_ranks(
-    store: Any,
-    initial_ranks: set[int],
-    initial_world_size: int,
-    published: bool = False,
-    as_initial: bool = False,
+    store: Any, initial_ranks: set[int], initial_world_size: int, published: bool = False
 ) -> list[tuple[int, int, int]]:
     """(rank in the round, world size of the round, initial rank) of each of ``initial_ranks``
     in the round; ``published``: only of those whose state there names them.
 
-    A rank that has not written its state yet is found where it must stand: at its initial
-    rank where the round numbers ranks so (``as_initial``: its generation's first round,
-    nobody gone when it opened) and no state stands there (one that does not unseal may
-    hide another rank's); else, once every other rank of the round wrote its state, at the
-    one number no state stands at. Otherwise it is not found: its number in a round after
-    ranks were renumbered is another's initial one, a healthy rank's."""
+    A rank that has not written its state yet is taken to stand at its initial rank, where
+    no state stands (one that does not unseal may hide another rank's), unless a state
+    written there shows the ranks renumbered (a rank not at its initial number, or another
+    world size): then its number is another's initial one, a healthy rank's, and it is
+    found only once every other rank wrote its state, at the one number none stands at."""
     found: dict[int, tuple[int, int]] = {}
     world_size = initial_world_size
     stood: set[int] = set()
+    renumbered = False
     for rank in range(initial_world_size):
         state = read_rank_state(store, rank)
         if state is None:
             continue
         stood.add(rank)
         world_size = int(state.get("world_size", world_size))
-        if int(state.get("initial_rank", -1)) in initial_ranks:
-            found[int(state["initial_rank"])] = (rank, world_size)
+        initial = int(state.get("initial_rank", -1))
+        renumbered = renumbered or initial != rank or world_size != initial_world_size
+        if initial in initial_ranks:
+            found[initial] = (rank, world_size)
     unfound = set() if published else initial_ranks - set(found)
-    if as_initial:
+    if not renumbered:
         for initial in unfound:
             if initial < world_size and not store.check([rank_state(initial)]):
                 found[initial] = (initial, world_size)

@@ -117,15 +117,16 @@ def _state(view, rank: int, initial: int, world_size: int) -> None:
 def test_a_lost_rank_that_had_not_started_a_renumbered_round_is_not_taken_for_another() -> None:
     """Round 5 ended rank 0 for good; round 6 numbers the others 0, 1, 2 (initial 1, 2, 3).
     The node of initial rank 2 is lost before it wrote its state in round 6: its number
-    there is 1, not 2 (initial rank 3's, a healthy rank). Before the others wrote theirs it
-    is not found; once they did, it is found at the one number no state stands at."""
+    there is 1, not 2 (initial rank 3's, a healthy rank). A state that shows the ranks
+    renumbered keeps it from being taken for initial rank 3; once every other rank wrote
+    its state, it is found at the one number no state stands at."""
     server = client.serve("127.0.0.1", 0, timeout=10)
     try:
         rounds.publish_round(server, 6)
         view = rounds.round_store(server, 6)
+        _state(view, 0, 1, 3)  # initial rank 1 is rank 0 now
         assert rounds.leave_round(server, [2], 4, "node lost", gone=False)["ranks"] == []
         assert rounds.terminated_ranks(view) == set()  # initial rank 3 left alone
-        _state(view, 0, 1, 3)
         _state(view, 2, 3, 3)
         assert rounds.leave_round(server, [2], 4, "node lost", gone=False)["ranks"] == [1]
         assert rounds.terminated_ranks(view) == {1}
@@ -133,14 +134,16 @@ def test_a_lost_rank_that_had_not_started_a_renumbered_round_is_not_taken_for_an
         del server
 
 
-def test_in_a_generations_first_round_a_rank_without_its_state_is_at_its_initial_rank(store) -> None:
-    """Nobody gone when generation 100 opened: its first round numbers ranks as they began."""
-    generation = rounds.generation_base(store)
-    for rank in range(3):
-        rounds.arrive_generation(store, generation, rank, 3)
-    view = rounds.round_store(store, generation)
-    assert rounds.leave_round(store, [2], 3, "node lost", gone=False)["ranks"] == [2]
-    assert rounds.terminated_ranks(view) == {2}
+def test_lost_ranks_that_had_not_started_a_round_nobody_left_are_at_their_initial_ranks(store) -> None:
+    """A restart that ended nobody: round 1 numbers ranks as they began, which the states
+    written there show. The lost node's ranks 2 and 3, with no state yet, are taken out
+    at 2 and 3."""
+    rounds.publish_round(store, 1)
+    view = rounds.round_store(store, 1)
+    for rank in (0, 1):
+        _state(view, rank, rank, 4)
+    assert rounds.leave_round(store, [2, 3], 4, "node lost", gone=True)["ranks"] == [2, 3]
+    assert rounds.terminated_ranks(view) == {2, 3}
 
 
 def test_a_wait_of_less_than_a_microsecond_is_bounded(monkeypatch) -> None:
