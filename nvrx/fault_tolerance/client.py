@@ -111,6 +111,7 @@ class RankMonitorClient:
         if self._sock is not None:
             raise RankMonitorClientError("init_workload_monitoring() was called already")
         self._behind, self._unsent = False, []  # what an earlier session held back ended with it
+        self._lost = False
         path = os.environ.get(jobenv.FT_SOCKET)
         if not path:
             raise RankMonitorClientError(
@@ -385,7 +386,7 @@ class RankMonitorClient:
         """A section change. While the channel is full it waits for room (``SEND_WAIT_S`` at
         most: the supervisor lags); past that, changes are held back without waiting, and
         the next packet this client sends once the supervisor reads again (of any kind) is
-        preceded by the sections open then (every section ended, then each open one started)."""
+        preceded by the sections open then, with how long each has been (``_catch_up``)."""
         if self._behind:
             self._catch_up()
         elif not self._sent(message) and not self._sent_after_wait(message):
@@ -430,7 +431,11 @@ class RankMonitorClient:
             "open": {name: max(0.0, now - began) for name, began in obs.open.items()},
             "outside": None if obs.open or obs.outside_since is None else max(0.0, now - obs.outside_since),
         }
-        if not self._sent(channel.encode(channel.SECTIONS_NOW, state)):
+        packets = [channel.encode(channel.SECTIONS_NOW, state)]
+        if len(packets[0]) > channel.MAX_MESSAGE:  # too many to tell with their ages: their
+            packets = [channel.encode(channel.END_ALL)]  # timers start again, told one by one
+            packets += [channel.encode(channel.SECTION_START, name) for name in obs.open]
+        if not all(self._sent(packet) for packet in packets):
             return
         while self._unsent:
             if not self._sent(self._unsent[0][1]):

@@ -383,7 +383,8 @@ class MonitorThread(threading.Thread):
         seen = self.seen_mono or time.monotonic()
         with self.delivery.atomic_lock:
             t0 = time.monotonic()
-            tell_kept_state(seen)
+            if self.round == self.delivery.round:  # not a later round's commits
+                tell_kept_state(seen)
             try:
                 if self.abort is not None:
                     self.abort(self.frozen_state)

@@ -191,10 +191,11 @@ class Copier:
         return map_leaves(value, self._copied, into)
 
     def _copied(self, tensor: torch.Tensor, into: torch.Tensor | None) -> torch.Tensor:
-        try:
-            return self._tensor(tensor, into)
-        except RuntimeError as error:  # a sparse, meta or quantized tensor: refused by its place
-            raise _Refused(tensor, error) from error
+        if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_meta:
+            error = TypeError(f"a {tensor.layout} tensor{' (quantized)' if tensor.is_quantized else ''}"
+                              f"{' on the meta device' if tensor.is_meta else ''} has no dense copy")  # fmt: skip
+            raise _Refused(tensor, error)
+        return self._tensor(tensor, into)
 
     def finish(self) -> Any:
         """A CUDA event the copies end with, None when none ran on a device."""

@@ -347,7 +347,7 @@ def _evidence(
 
 #: Words of an exception's message that may tell of the rank's device (its GPU, its link):
 #: such an exception repeated by one rank still counts against the node.
-_DEVICE_WORDS = re.compile(r"cuda|cublas|cudnn|nccl|gpu|device|illegal memory access|ecc|xid")
+_DEVICE_WORDS = re.compile(r"(?<![a-z])(cuda|cublas|cudnn|nccl|gpu|ecc|xid)(?![a-z])|illegal memory access")
 
 
 def _of_a_device(job: JobSummary, signature: str) -> bool:

@@ -90,6 +90,7 @@ class JobEnd:
         store, control = self.store, self.control
         cfg, link, roles = store.config, store.link, store.roles
         if link is None or link.lost is not None or roles is None:
+            self.on_warning()  # a warning with the last exit, which the store host left to here
             return
         if control.exit_code == ExitCode.FENCED:
             return  # the job went on without this node: nothing of it counts, nobody waits for it

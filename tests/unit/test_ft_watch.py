@@ -565,7 +565,9 @@ def test_a_request_held_back_at_shutdown_goes_out_if_the_supervisor_reads_or_is_
         client.shutdown_workload_monitoring()
     assert "lost" in caplog.text and "ShutdownWorkload" in caplog.text
     watch.read(fd)  # the first session's heartbeats, its end
+    client._lost = True  # as if the second session's socket had failed: a new one starts whole
     fd, _w = _connect(watch, client)  # a third session: nothing of the second replayed
+    assert not client._lost
     client._next_packet = 0.0
     client.send_heartbeat()
     assert [t[0] for t in watch.read(fd)] == []
@@ -651,6 +653,29 @@ def test_a_catch_up_after_a_lag_keeps_the_timers_the_supervisor_runs(watch, monk
     client.send_heartbeat()
     watch.read(fd)
     assert w.open == {} and time.monotonic() - w.outside_since > 15.0
+    client.shutdown_workload_monitoring()
+
+
+def test_a_catch_up_too_big_for_one_packet_tells_the_sections_one_by_one(watch, monkeypatch):
+    """70 sections open, each named with 1024 characters: their ages do not fit one packet
+    (64 KiB). The catch-up then tells them one by one, their timers started again, rather
+    than send a message the supervisor reads cut short (or a send that fails for good)."""
+    monkeypatch.setattr(client_module, "SEND_WAIT_S", 0.05)
+    client = RankMonitorClient()
+    fd, w = _connect(watch, client)
+    names = [f"{i:04d}" + "x" * 1020 for i in range(70)]
+    for name in names:
+        client.start_section(name)
+        watch.read(fd)
+    _fill(client)
+    client.end_section(names[-1])  # held back
+    assert client._behind
+    watch.read(fd)
+    client._next_packet = 0.0
+    client.send_heartbeat()
+    watch.read(fd)
+    assert not client._behind and not client._lost
+    assert set(w.open) == set(names[:-1])
     client.shutdown_workload_monitoring()
 
 

@@ -897,6 +897,14 @@ def test_one_ranks_repeated_exception_is_its_codes_and_excludes_no_node(tmp_path
     assert report.exclude is None
 
 
+def test_one_ranks_repeated_full_disk_is_its_codes_not_a_device_error(tmp_path: Path) -> None:
+    """"No space left on device" names no device of the rank: rank 2's checkpoint save
+    failing twice so excludes no node."""
+    full = "[Errno 28] No space left on device"
+    report = _faults_in_turn(tmp_path / "job", [full, full])
+    assert report.exclude is None and not report.suspects[0].suspect
+
+
 def test_one_ranks_repeated_device_error_still_excludes_its_node(tmp_path: Path) -> None:
     """Ranks are tied to GPUs: a bad GPU shows as one rank raising the same CUDA error round
     after round. An error whose message names a device still counts against the node."""
