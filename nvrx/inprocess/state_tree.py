@@ -191,11 +191,15 @@ class Copier:
         return map_leaves(value, self._copied, into)
 
     def _copied(self, tensor: torch.Tensor, into: torch.Tensor | None) -> torch.Tensor:
-        if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_meta:
-            error = TypeError(f"a {tensor.layout} tensor{' (quantized)' if tensor.is_quantized else ''}"
-                              f"{' on the meta device' if tensor.is_meta else ''} has no dense copy")  # fmt: skip
-            raise _Refused(tensor, error)
-        return self._tensor(tensor, into)
+        odd = tensor.layout != torch.strided or tensor.is_nested
+        if odd or tensor.is_quantized or tensor.is_meta:
+            kind = "nested" if tensor.is_nested else "quantized" if tensor.is_quantized else (
+                "meta" if tensor.is_meta else str(tensor.layout))  # fmt: skip
+            raise _Refused(tensor, TypeError(f"a {kind} tensor has no dense copy"))
+        try:
+            return self._tensor(tensor, into)
+        except NotImplementedError as error:  # a dtype copy_ does not take (torch.int4, say)
+            raise _Refused(tensor, error) from error
 
     def finish(self) -> Any:
         """A CUDA event the copies end with, None when none ran on a device."""

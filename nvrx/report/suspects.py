@@ -347,7 +347,9 @@ def _evidence(
 
 #: Words of an exception's message that may tell of the rank's device (its GPU, its link):
 #: such an exception repeated by one rank still counts against the node.
-_DEVICE_WORDS = re.compile(r"(?<![a-z])(cuda|cublas|cudnn|nccl|gpu|ecc|xid)(?![a-z])|illegal memory access")
+_DEVICE_WORDS = re.compile(
+    r"cuda|cublas|cudnn|nccl|illegal memory access|(?<![a-z])(gpus?|ecc|xid)(?![a-z])"
+)  # (the first ones inside names too: WorkNCCL, c10::CUDAError, cudaErrorLaunchFailure)
 
 
 def _of_a_device(job: JobSummary, signature: str) -> bool:

@@ -1495,10 +1495,15 @@ def leave_round(
     if round_ is None:
         return {"round": None, "ranks": [], "out": []}
     # ranks left out when the round's generation opened are not in the round
-    in_round = set(initial_ranks) - gone_at_start(base, generation_of(base, round_))
+    generation = generation_of(base, round_)
+    gone_then = gone_at_start(base, generation)
+    in_round = set(initial_ranks) - gone_then
     store = round_store(base, round_)
     left, out = [], []
-    for rank, world_size, initial in _round_ranks(store, in_round, initial_world_size, published):
+    renumbered = bool(gone_then) or _ended_since(base, generation, round_)
+    for rank, world_size, initial in _round_ranks(
+        store, in_round, initial_world_size, published, renumbered
+    ):
         out.append(initial)
         if rank in terminated_ranks(store):
             # its own monitor, or an earlier declaration, took it out; arrived for again (it
@@ -1526,40 +1531,43 @@ def leave_silent(base: Any, initial_rank: int, initial_world_size: int, message:
     return bool(left["ranks"])
 
 
+def _ended_since(base: Any, generation: int, round_: int) -> bool:
+    """Whether a rank left for good in a round of ``generation`` before ``round_``: the rank
+    assignment may have numbered the ranks after it anew."""
+    return any(terminated_ranks(round_store(base, r)) for r in range(generation, round_))
+
+
 def _round_ranks(
-    store: Any, initial_ranks: set[int], initial_world_size: int, published: bool = False
+    store: Any,
+    initial_ranks: set[int],
+    initial_world_size: int,
+    published: bool = False,
+    renumbered: bool = False,
 ) -> list[tuple[int, int, int]]:
     """(rank in the round, world size of the round, initial rank) of each of ``initial_ranks``
     in the round; ``published``: only of those whose state there names them.
 
     A rank that has not written its state yet is taken to stand at its initial rank, where
-    no state stands (one that does not unseal may hide another rank's), unless a state
-    written there shows the ranks renumbered (a rank not at its initial number, or another
-    world size): then its number is another's initial one, a healthy rank's, and it is
-    found only once every other rank wrote its state, at the one number none stands at."""
+    no state stands (one that does not unseal may hide another rank's), unless the ranks
+    may have been numbered anew: ``renumbered`` (ranks gone when the generation opened, or
+    one that left for good in an earlier round of it), or a state written in the round
+    shows it (a rank off its initial number, another world size). Its number is then
+    another's initial one, a healthy rank's, and it is not found: the others wait for it
+    until their barrier's timeout rather than lose a healthy rank."""
     found: dict[int, tuple[int, int]] = {}
     world_size = initial_world_size
-    stood: set[int] = set()
-    renumbered = False
     for rank in range(initial_world_size):
         state = read_rank_state(store, rank)
         if state is None:
             continue
-        stood.add(rank)
         world_size = int(state.get("world_size", world_size))
         initial = int(state.get("initial_rank", -1))
         renumbered = renumbered or initial != rank or world_size != initial_world_size
         if initial in initial_ranks:
             found[initial] = (rank, world_size)
-    unfound = set() if published else initial_ranks - set(found)
-    if not renumbered:
-        for initial in unfound:
-            if initial < world_size and not store.check([rank_state(initial)]):
-                found[initial] = (initial, world_size)
-    elif len(unfound) == 1 and stood:
-        empty = [r for r in range(world_size) if r not in stood and not store.check([rank_state(r)])]
-        if len(empty) == 1:
-            found[unfound.pop()] = (empty[0], world_size)
+    for initial in () if published or renumbered else initial_ranks - set(found):
+        if initial < world_size and not store.check([rank_state(initial)]):
+            found[initial] = (initial, world_size)
     return sorted((rank, ws, initial) for initial, (rank, ws) in found.items())
 
 

@@ -117,17 +117,20 @@ def _state(view, rank: int, initial: int, world_size: int) -> None:
 def test_a_lost_rank_that_had_not_started_a_renumbered_round_is_not_taken_for_another() -> None:
     """Round 5 ended rank 0 for good; round 6 numbers the others 0, 1, 2 (initial 1, 2, 3).
     The node of initial rank 2 is lost before it wrote its state in round 6: its number
-    there is 1, not 2 (initial rank 3's, a healthy rank). A state that shows the ranks
-    renumbered keeps it from being taken for initial rank 3; once every other rank wrote
-    its state, it is found at the one number no state stands at."""
+    there is 1, not 2 (initial rank 3's, a healthy rank): it is not taken out by a guess,
+    before any state is written there (round 5 ended a rank) or after (a state shows the
+    ranks renumbered); once it wrote its own, it is taken out at its number there."""
     server = client.serve("127.0.0.1", 0, timeout=10)
     try:
+        rounds.publish_round(server, 5)
+        rounds.register_terminated(rounds.round_store(server, 5), 0)
         rounds.publish_round(server, 6)
         view = rounds.round_store(server, 6)
+        assert rounds.leave_round(server, [2], 4, "node lost", gone=False)["ranks"] == []
         _state(view, 0, 1, 3)  # initial rank 1 is rank 0 now
         assert rounds.leave_round(server, [2], 4, "node lost", gone=False)["ranks"] == []
         assert rounds.terminated_ranks(view) == set()  # initial rank 3 left alone
-        _state(view, 2, 3, 3)
+        _state(view, 1, 2, 3)
         assert rounds.leave_round(server, [2], 4, "node lost", gone=False)["ranks"] == [1]
         assert rounds.terminated_ranks(view) == {1}
     finally:

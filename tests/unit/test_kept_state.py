@@ -662,13 +662,20 @@ def test_a_step_committed_twice_tells_when_the_copy_restored_was_made(monkeypatc
     assert kept._wall_of(9) == 300.0 and kept._wall_of(8) is None
 
 
-def test_a_tensor_no_buffer_takes_is_refused_naming_its_object_and_place():
-    """A sparse tensor (or a meta or quantized one) has no dense copy: refused like any
-    value the commit cannot copy, by name and place, not with copy_'s bare RuntimeError."""
+@pytest.mark.parametrize(
+    "odd",
+    [lambda: torch.eye(3).to_sparse(), lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
+     lambda: torch.empty(2, dtype=torch.int4), lambda: torch.empty(2, device="meta")],
+    ids=["sparse", "nested", "int4", "meta"],
+)  # fmt: skip
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+def test_a_tensor_no_buffer_takes_is_refused_naming_its_object_and_place(odd):
+    """A sparse, nested, sub-byte or meta tensor has no dense copy: refused like any value
+    the commit cannot copy, by name and place, not with copy_'s bare error."""
 
     class Sparse:
         def state_dict(self) -> dict:
-            return {"w": torch.eye(3).to_sparse()}
+            return {"w": odd()}
 
         def load_state_dict(self, state: dict) -> None:
             pass

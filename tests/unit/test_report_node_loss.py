@@ -905,11 +905,16 @@ def test_one_ranks_repeated_full_disk_is_its_codes_not_a_device_error(tmp_path: 
     assert report.exclude is None and not report.suspects[0].suspect
 
 
-def test_one_ranks_repeated_device_error_still_excludes_its_node(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "message",
+    ["CUDA error: an illegal memory access was encountered",
+     "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5) ran for 600012 milliseconds"],
+    ids=["cuda", "nccl-watchdog"],
+)  # fmt: skip
+def test_one_ranks_repeated_device_error_still_excludes_its_node(tmp_path: Path, message: str) -> None:
     """Ranks are tied to GPUs: a bad GPU shows as one rank raising the same CUDA error round
     after round. An error whose message names a device still counts against the node."""
-    cuda = "CUDA error: an illegal memory access was encountered"
-    report = _faults_in_turn(tmp_path / "job", [cuda, cuda])
+    report = _faults_in_turn(tmp_path / "job", [message, message])
     (node_b,) = report.suspects
     assert node_b.suspect and report.exclude == "node-b"
     assert node_b.evidence == ["2 faults of its own seen on no other host: RuntimeError at train.py:40 in train"]
