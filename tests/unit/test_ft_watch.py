@@ -385,13 +385,20 @@ def test_a_peer_outside_the_supervisors_pid_namespace_has_no_pid_to_signal(watch
         del watch.watched[-1]
 
 
-def test_a_rank_whose_heartbeats_wait_unread_is_not_declared_hung(watch):
-    """The supervisor was busy past a rank's heartbeat timeout while the rank beat on: its
-    beats wait in the socket. It is judged after they are read, not before."""
+def _raw_rank(watch) -> tuple[socket.socket, int]:
+    """A rank's connection, packets written by hand: its hello (a heartbeat timeout of 1 s)
+    sent, not read yet."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     sock.connect(watch.path)
     fd = watch.accept()
     sock.send(b'init {"local_rank": 0, "pid": 1, "timeouts": {"heartbeat": 1}}')
+    return sock, fd
+
+
+def test_a_rank_whose_heartbeats_wait_unread_is_not_declared_hung(watch):
+    """The supervisor was busy past a rank's heartbeat timeout while the rank beat on: its
+    beats wait in the socket. It is judged after they are read, not before."""
+    sock, fd = _raw_rank(watch)
     watch.read(fd, now=100.0)
     sock.send(b"h")
     watch.read(fd, now=100.0)
@@ -407,10 +414,7 @@ def test_a_rank_that_sends_all_but_heartbeats_is_put_off_once_not_for_ever(watch
     """A rank past its heartbeat timeout whose other packets (step times, sections) keep
     coming while the supervisor is busy: its deadline is put off once, for the loop to read
     what waits; at the next look it is declared hung, packets waiting or not."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    sock.connect(watch.path)
-    fd = watch.accept()
-    sock.send(b'init {"local_rank": 0, "pid": 1, "timeouts": {"heartbeat": 1}}')
+    sock, fd = _raw_rank(watch)
     sock.send(b"h")
     watch.read(fd, now=100.0)
     sock.send(b"T [0.5]")
@@ -424,10 +428,7 @@ def test_a_rank_that_sends_all_but_heartbeats_is_put_off_once_not_for_ever(watch
 def test_a_hang_names_the_pid_that_connected_not_the_one_a_rank_reports(watch):
     """A rank in another pid namespace reports a pid that means another process here: the
     stack request and the hang go to the process the kernel says connected."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    sock.connect(watch.path)
-    fd = watch.accept()
-    sock.send(b'init {"local_rank": 0, "pid": 1, "timeouts": {"heartbeat": 1}}')
+    sock, fd = _raw_rank(watch)
     watch.read(fd, now=100.0)
     sock.send(b"h")
     watch.read(fd, now=100.0)

@@ -110,6 +110,16 @@ def test_a_wrapper_rank_stopped_by_a_job_wide_restart_is_neither_restarted_nor_c
             processes.stop(child.proc, ask=signal.SIGKILL)
 
 
+def _ended_in_a_job_wide_restart(sup: Supervisor) -> Child:
+    """Local rank 0's child, ended (SIGKILL) while a job-wide restart is pending."""
+    sup.job_restart.pending = 1
+    sup.course.to(Course.RESTARTING)
+    child = sup.ranks.children[0]
+    child.proc.send_signal(signal.SIGKILL)
+    child.wait(30)
+    return child
+
+
 def test_a_rank_that_gives_up_during_a_job_wide_restart_still_stops_the_job(tmp_path: Path) -> None:
     """Exit 130 (``RestartAbort``: the rank's Wrapper gave up) is no exit a restart's SIGTERM
     causes: it stops the job (exit 12) though a job-wide restart is under way."""
@@ -118,11 +128,7 @@ def test_a_rank_that_gives_up_during_a_job_wide_restart_still_stops_the_job(tmp_
     sup, started = _supervisor(tmp_path, 1)
     sup.start_child(0)
     try:
-        sup.job_restart.pending = 1
-        sup.course.to(Course.RESTARTING)
-        child = sup.ranks.children[0]
-        child.proc.send_signal(signal.SIGKILL)
-        child.wait(30)
+        child = _ended_in_a_job_wide_restart(sup)
         sup._decide(0, ExitStatus(130, None), child.pid)
         assert started == [0] and sup.exit_code == ExitCode.RANK_STOPPED, sup.stop_reason
     finally:
@@ -131,9 +137,9 @@ def test_a_rank_that_gives_up_during_a_job_wide_restart_still_stops_the_job(tmp_
 
 
 def test_a_non_retryable_failure_during_a_job_wide_restart_still_stops_the_job(tmp_path: Path) -> None:
-    """A rank whose failure matches ``--ft-non-retryable-exception-file`` ended in the same
-    pass as the failure that began a job-wide restart: the job stops (exit 11), it is not
-    restarted with the others."""
+    """A rank that failed in the same pass as the failure that began a job-wide restart is
+    still looked at for ``--ft-non-retryable-exception-file`` (whose match stops the job,
+    exit 11: ``WorkloadControl.non_retryable``), and not restarted on its own."""
     from nvrx.supervisor.children import ExitStatus
 
     sup, started = _supervisor(tmp_path, 1)
@@ -141,11 +147,7 @@ def test_a_non_retryable_failure_during_a_job_wide_restart_still_stops_the_job(t
     try:
         checked = []
         sup.workload.non_retryable = lambda local_rank, who: checked.append(local_rank) or True  # type: ignore[method-assign]
-        sup.job_restart.pending = 1
-        sup.course.to(Course.RESTARTING)
-        child = sup.ranks.children[0]
-        child.proc.send_signal(signal.SIGKILL)
-        child.wait(30)
+        child = _ended_in_a_job_wide_restart(sup)
         sup._decide(0, ExitStatus(1, None), child.pid)
         assert checked == [0] and started == [0]
     finally:
