@@ -1500,7 +1500,7 @@ def leave_round(
     in_round = set(initial_ranks) - gone_then
     store = round_store(base, round_)
     left, out = [], []
-    renumbered = bool(gone_then) or _ended_since(base, generation, round_)
+    renumbered = bool(gone_then) or _renumbered_before(base, generation, round_, initial_world_size)
     for rank, world_size, initial in _round_ranks(
         store, in_round, initial_world_size, published, renumbered
     ):
@@ -1531,10 +1531,29 @@ def leave_silent(base: Any, initial_rank: int, initial_world_size: int, message:
     return bool(left["ranks"])
 
 
-def _ended_since(base: Any, generation: int, round_: int) -> bool:
-    """Whether a rank left for good in a round of ``generation`` before ``round_``: the rank
-    assignment may have numbered the ranks after it anew."""
-    return any(terminated_ranks(round_store(base, r)) for r in range(generation, round_))
+def _renumbered_before(base: Any, generation: int, round_: int, initial_world_size: int) -> bool:
+    """Whether ``round_`` may number its ranks otherwise than they began: a rank left the
+    round before it for good, its replacement not taken back (the rank assignment may
+    number the others anew), or a state
+    written there shows them numbered so already. That round is the last one whose keys
+    are kept (``_clear_stale_keys``), and what numbered the ranks anew earlier shows in it."""
+    if round_ <= generation:
+        return False
+    previous = round_store(base, round_ - 1)
+    try:  # a rank whose replacement was taken back keeps its number
+        ended = terminated_ranks(previous) - rejoined(previous)
+    except ForgedDecision:
+        return True  # nobody can tell who came back
+    if ended:
+        return True
+    for rank in range(initial_world_size):
+        state = read_rank_state(previous, rank)
+        if state is not None and (
+            int(state.get("initial_rank", -1)) != rank
+            or int(state.get("world_size", initial_world_size)) != initial_world_size
+        ):
+            return True
+    return False
 
 
 def _round_ranks(
@@ -1550,7 +1569,7 @@ def _round_ranks(
     A rank that has not written its state yet is taken to stand at its initial rank, where
     no state stands (one that does not unseal may hide another rank's), unless the ranks
     may have been numbered anew: ``renumbered`` (ranks gone when the generation opened, or
-    one that left for good in an earlier round of it), or a state written in the round
+    the round before shows it: ``_renumbered_before``), or a state written in the round
     shows it (a rank off its initial number, another world size). Its number is then
     another's initial one, a healthy rank's, and it is not found: the others wait for it
     until their barrier's timeout rather than lose a healthy rank."""

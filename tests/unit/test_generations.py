@@ -165,3 +165,36 @@ def test_a_wait_of_less_than_a_microsecond_is_bounded(monkeypatch) -> None:
     waiter.start()
     waiter.join(10)
     assert not waiter.is_alive() and got == [None]
+
+
+def test_a_renumbering_rounds_ago_is_seen_in_the_round_before(store) -> None:
+    """Round 5 ended initial rank 0; rounds 6 and 7 restarted with nobody ending, and the
+    keys of round 5 are gone. Round 7's states (initial 1 at rank 0, ...) still show the
+    numbering, so a lost rank without a state in round 8 is not given its initial number."""
+    rounds.publish_round(store, 8)
+    seven = rounds.round_store(store, 7)
+    for rank, initial in enumerate((1, 2, 3)):
+        _state(seven, rank, initial, 3)
+    assert rounds.leave_round(store, [2], 4, "node lost", gone=False)["ranks"] == []
+    assert rounds.terminated_ranks(rounds.round_store(store, 8)) == set()
+
+
+def test_a_rank_whose_replacement_came_back_renumbers_nobody(store) -> None:
+    """Round 5 registered rank 2 terminated, and its replacement was taken back into round
+    6 (``rejoin``): round 6 numbers the ranks as they began, and a lost node's rank 3 with
+    no state there yet is taken out at 3."""
+    five = rounds.round_store(store, 5)
+    rounds.register_terminated(five, 2)
+    five.set(rounds.REJOIN, rounds._sealed(rounds._round_key(five, rounds.REJOIN), "[2]"))
+    rounds.publish_round(store, 6)
+    assert rounds.leave_round(store, [3], 4, "node lost", gone=True)["ranks"] == [3]
+
+
+def test_a_state_written_in_the_round_shows_a_renumbering_nothing_before_told(store) -> None:
+    """Nothing on record before round 3 says the ranks were numbered anew, but a state
+    written in round 3 does (initial rank 1 at number 0): a lost rank without a state there
+    is not given its initial number."""
+    rounds.publish_round(store, 3)
+    three = rounds.round_store(store, 3)
+    _state(three, 0, 1, 3)
+    assert rounds.leave_round(store, [2], 4, "node lost", gone=False)["ranks"] == []
