@@ -884,14 +884,14 @@ def register_terminated(store: Any, rank: int) -> bool:
     With the job's secret the entry is sealed for the round's list: a flag that a client
     without the secret set ahead does not keep the real entry out."""
     first = int(store.add(terminated_flag(rank), 1)) == 1
-    sealer = seal.job_sealer()
     if not first and rank in terminated_ranks(store):
-        return False  # (a first registrant that died before its entry: written again here)
+        return False
+    # first, or after a first registrant that died between its count and its entry
+    sealer = seal.job_sealer()
     if sealer is None:
         store.append(TERMINATED, f"{rank},")
-        return True
-        return False
-    store.append(TERMINATED, sealer.entry(terminated_list_key(store), str(rank)))
+    else:
+        store.append(TERMINATED, sealer.entry(terminated_list_key(store), str(rank)))
     return True
 
 
@@ -1534,9 +1534,9 @@ def leave_silent(base: Any, initial_rank: int, initial_world_size: int, message:
 def _renumbered_before(base: Any, generation: int, round_: int, initial_world_size: int) -> bool:
     """Whether ``round_`` may number its ranks otherwise than they began: a rank left the
     round before it for good, its replacement not taken back (the rank assignment may
-    number the others anew), or a state
-    written there shows them numbered so already. That round is the last one whose keys
-    are kept (``_clear_stale_keys``), and what numbered the ranks anew earlier shows in it."""
+    number the others anew), or a state written there shows them numbered so already.
+    That round is the last one whose keys are kept (``_clear_stale_keys``), and what
+    numbered the ranks anew earlier shows in it."""
     if round_ <= generation:
         return False
     previous = round_store(base, round_ - 1)
