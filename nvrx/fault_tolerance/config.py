@@ -89,7 +89,7 @@ class FaultToleranceConfig:
         self.rank_section_timeouts = {
             str(k): _timeout(f"rank_section_timeouts[{k!r}]", v) for k, v in self.rank_section_timeouts.items()
         }
-        self.safety_factor = _positive("safety_factor", self.safety_factor)
+        self.safety_factor = _at_least_one("safety_factor", self.safety_factor)
         self.rank_termination_signal = parse_signal(self.rank_termination_signal)
         self.log_level = parse_log_level(self.log_level)
 
@@ -234,6 +234,18 @@ def _positive(name: str, value: Any) -> float:
     number = _number(name, value)
     if number <= 0:
         raise FaultToleranceConfigError(f"{name} must be > 0, got {value!r}")
+    return number
+
+
+def _at_least_one(name: str, value: Any) -> float:
+    """A factor on an observed time: below 1 a computed timeout would end a rank that
+    takes no longer than it was seen to take."""
+    number = _number(name, value)
+    if not number >= 1:
+        raise FaultToleranceConfigError(
+            f"{name} must be >= 1 (a timeout shorter than the longest observed time ends healthy "
+            f"ranks), got {value!r}"
+        )
     return number
 
 

@@ -75,7 +75,8 @@ def test_yaml_section_at_any_depth_and_options_win(tmp_path):
     [
         (["--ft-rank-heartbeat-timeout", "-1"], "rank_heartbeat_timeout must be > 0, got '-1'"),
         (["--ft-rank-heartbeat-timeout", "soon"], "rank_heartbeat_timeout must be a number of seconds"),
-        (["--ft-safety-factor", "0"], "safety_factor must be > 0"),
+        (["--ft-safety-factor", "0"], "safety_factor must be >= 1"),
+        (["--ft-safety-factor", "0.5"], "safety_factor must be >= 1 (a timeout shorter"),
         (["--ft-rank-section-timeouts", "step=5"], "expected name:seconds pairs"),
         (["--ft-rank-termination-signal", "SIGNOPE"], "rank_termination_signal must be a signal name"),
         (["--ft-log-level", "LOUD"], "log_level must be a logging level"),
