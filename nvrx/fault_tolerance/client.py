@@ -403,14 +403,17 @@ class RankMonitorClient:
 
     def _sent_after_wait(self, message: bytes) -> bool:
         """Send once the channel has room, waiting ``SEND_WAIT_S`` at most."""
-        _, writable, _ = select.select([], [self._sock], [], SEND_WAIT_S)
-        return bool(writable) and self._sent(message)
+        return self._room_within(SEND_WAIT_S) and self._sent(message)
+
+    def _room_within(self, seconds: float) -> bool:
+        """Whether the channel has room for a packet within ``seconds``."""
+        return bool(select.select([], [self._sock], [], seconds)[1])
 
     def _last_catch_up(self) -> None:
         deadline = time.monotonic() + SEND_WAIT_S
         while self._behind and not self._lost:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([], [self._sock], [], left)[1]:
+            if left <= 0 or not self._room_within(left):
                 break
             self._catch_up()
         if self._unsent and not self._lost:

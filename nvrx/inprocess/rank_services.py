@@ -20,7 +20,6 @@ import logging
 import os
 import pickle
 import time
-from datetime import timedelta
 from typing import Any
 
 from nvrx import events, jobenv
@@ -131,7 +130,7 @@ class RankServices:
         ``remaining`` seconds. The client made here is gone when this returns."""
         from nvrx.store import errors, rounds
 
-        limit = timedelta(seconds=max(remaining, 0.001))  # for the connect too
+        limit = store_client.wait_span(remaining)  # for the connect too
         store = None
         try:
             store = self.wrapper.store_factory(**dict(self._store_kwargs, timeout=limit))

@@ -75,9 +75,20 @@ _HARDWARE_WORDS = re.compile(
     r"ecc error|uncorrectable ecc|(?<![a-z])xid(?![a-z])|unspecified launch failure|gpu is lost|"
     r"fallen off the bus|nvlink|driver/library version mismatch|cuda driver|device health"
 )
+#: Words of an exception's message that may tell of the rank's device (its GPU, its link),
+#: though not that it failed: such an exception repeated by one rank still counts against
+#: the node. The first ones match inside names too: WorkNCCL, c10::CUDAError.
+_DEVICE_WORDS = re.compile(
+    r"cuda|cublas|cudnn|nccl|illegal memory access|(?<![a-z])(gpus?|ecc|xid)(?![a-z])"
+)
 #: Words of a message that tell of the node's device or driver unless it also tells of a
 #: remote peer: a system call NCCL made failed (a socket to a peer that died, as well).
 _SYSTEM_WORDS = ("unhandled system error", "ncclsystemerror")
+
+
+def names_a_device(text: str) -> bool:
+    """Whether ``text`` (an exception's signature or message) names the rank's device."""
+    return bool(_DEVICE_WORDS.search(text.lower()))
 
 
 def fault_shape(exc_type: str | None, message: str | None, signature: str | None) -> str | None:

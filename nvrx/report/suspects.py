@@ -18,7 +18,6 @@ over are never evidence. Rows are per
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -35,7 +34,7 @@ from nvrx.events.failures import (
 from nvrx.slurm.node_state import NodeHealth, node_health
 
 from .compact import exclude_list
-from .consequence import FOLLOW_ON, HARDWARE, fault_shape
+from .consequence import FOLLOW_ON, HARDWARE, fault_shape, names_a_device
 from .job_rounds import BY_RESTART_CLAIM, FROM_JOB_RESTARTS, restart_ended
 from .model import BY_NODE_LOSS, Failure, NodeLoss, ProcessRestart, RoundRow, Straggler, SuspectNode
 from .node_loss import EXCLUDED_EXIT, NEVER_READY
@@ -345,19 +344,12 @@ def _evidence(
     return any(flag for flag, _ in against), [why for _, why in against]
 
 
-#: Words of an exception's message that may tell of the rank's device (its GPU, its link):
-#: such an exception repeated by one rank still counts against the node.
-_DEVICE_WORDS = re.compile(
-    r"cuda|cublas|cudnn|nccl|illegal memory access|(?<![a-z])(gpus?|ecc|xid)(?![a-z])"
-)  # (the first ones inside names too: WorkNCCL, c10::CUDAError, cudaErrorLaunchFailure)
-
-
 def _of_a_device(job: JobSummary, signature: str) -> bool:
     """Whether the exception of ``signature`` may come from the rank's device: its message
     (or the signature) names one."""
     group = job.signatures.get(signature)
     message = group.details.get("message", (None, ""))[1] if group is not None else ""
-    return bool(_DEVICE_WORDS.search(f"{signature} {message}".lower()))
+    return names_a_device(f"{signature} {message}")
 
 
 def build_suspects(

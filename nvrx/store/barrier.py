@@ -64,6 +64,7 @@ from typing import Any, Literal
 from nvrx import processes
 
 from . import errors
+from .client import wait_span
 from .seal import SealedList, Sealer, text_of
 from .sealed_keys import MAX_GENERATIONS
 
@@ -219,9 +220,8 @@ def await_signal(
     generation = 1
     while generation <= MAX_GENERATIONS:
         at = signal_key(key, generation)
-        left = max(min(step, deadline - time.monotonic()), 0.001)
         try:
-            store.wait([at], timedelta(seconds=left))
+            store.wait([at], wait_span(min(step, deadline - time.monotonic())))
         except errors.timeouts():
             if chunk is None or time.monotonic() >= deadline:
                 return False

@@ -21,6 +21,12 @@ STORE_PORT_ENV = jobenv.STORE_PORT
 DEFAULT_TIMEOUT_S = 300.0
 
 
+def wait_span(seconds: float) -> timedelta:
+    """A store wait of ``seconds``, 1 ms at least: a shorter one rounds to a timedelta of 0,
+    which torch's stores take for no bound (or their own default timeout)."""
+    return timedelta(seconds=max(seconds, 0.001))
+
+
 def external_store_address(env: Mapping[str, str] | None = None) -> tuple[str, int] | None:
     """``(host, port)`` of the external store named by ``NVRX_STORE_HOST``/``NVRX_STORE_PORT``, if set."""
     env = os.environ if env is None else env

@@ -116,7 +116,7 @@ from typing import Any
 from nvrx.events import failures
 
 from . import barrier, errors, rank_lists, seal
-from .client import delete_prefix
+from .client import delete_prefix, wait_span
 from .keys import ROOT
 from .sealed_keys import MAX_GENERATIONS
 
@@ -223,12 +223,6 @@ KEY_NAMES = frozenset(
 
 
 # -- counters of the job -----------------------------------------------------------------
-def _at_least_1ms(seconds: float) -> timedelta:
-    """A store wait of ``seconds``, 1 ms at least: a shorter one rounds to a timedelta of 0,
-    which torch's stores take for no bound (or their own default timeout)."""
-    return timedelta(seconds=max(seconds, 0.001))
-
-
 def _read_int(store: Any, key: str) -> int | None:
     if not store.check([key]):
         return None
@@ -537,7 +531,7 @@ def ended_here(store: Any, initial_rank: int) -> bool:
 def await_close(store: Any, timeout: float) -> bool:
     """True once ``store`` closed; False when it is still open after ``timeout``."""
     try:
-        store.wait([NEVER_SET], _at_least_1ms(timeout))
+        store.wait([NEVER_SET], wait_span(timeout))
     except errors.unreachable():
         return True
     except errors.timeouts():
@@ -1101,7 +1095,7 @@ def await_admission(base: Any, initial_rank: int, join_id: int, timeout: float) 
                 return None
         else:
             try:
-                base.wait([at], _at_least_1ms(left))
+                base.wait([at], wait_span(left))
             except errors.timeouts():
                 return None
         raw = base.get(at)
@@ -1238,7 +1232,7 @@ def _plain_joins(base: Any, initial: dict[int, int], timeout: float) -> dict[int
     """Without a secret: one key per request, waited for together."""
     keys = {t: join_request(i) for t, i in initial.items()}
     with contextlib.suppress(*errors.timeouts()):  # some did not come back in time
-        base.wait(list(keys.values()), _at_least_1ms(timeout))
+        base.wait(list(keys.values()), wait_span(timeout))
     joins = {}
     for t, i in initial.items():
         join_id, size = _join_id(base, keys[t], i)
@@ -1274,7 +1268,7 @@ def _arrived_by(base: Any, key: str, deadline: float) -> bool:
     if left <= 0:
         return bool(base.check([key]))
     try:
-        base.wait([key], _at_least_1ms(left))
+        base.wait([key], wait_span(left))
     except errors.timeouts():
         return False
     return True
@@ -1308,7 +1302,7 @@ def _join_id(base: Any, key: str, initial_rank: int) -> tuple[int | None, int]:
 
 def await_rejoined(store: Any, timeout: float) -> set[int]:
     """Other survivors: the ranks the lowest one took back, once it published them."""
-    store.wait([REJOIN], _at_least_1ms(timeout))
+    store.wait([REJOIN], wait_span(timeout))
     return rejoined(store)
 
 
@@ -1546,14 +1540,20 @@ def _renumbered_before(base: Any, generation: int, round_: int, initial_world_si
         return True  # nobody can tell who came back
     if ended:
         return True
-    for rank in range(initial_world_size):
-        state = read_rank_state(previous, rank)
-        if state is not None and (
-            int(state.get("initial_rank", -1)) != rank
-            or int(state.get("world_size", initial_world_size)) != initial_world_size
-        ):
-            return True
-    return False
+    states = (read_rank_state(previous, rank) for rank in range(initial_world_size))
+    return any(
+        state is not None and _off_initial(state, rank, initial_world_size)
+        for rank, state in enumerate(states)
+    )
+
+
+def _off_initial(state: dict[str, Any], rank: int, initial_world_size: int) -> bool:
+    """Whether the state written at ``rank`` shows the ranks numbered anew: its process
+    began at another rank, or the round has another world size."""
+    return (
+        int(state.get("initial_rank", -1)) != rank
+        or int(state.get("world_size", initial_world_size)) != initial_world_size
+    )
 
 
 def _round_ranks(
@@ -1581,7 +1581,7 @@ def _round_ranks(
             continue
         world_size = int(state.get("world_size", world_size))
         initial = int(state.get("initial_rank", -1))
-        renumbered = renumbered or initial != rank or world_size != initial_world_size
+        renumbered = renumbered or _off_initial(state, rank, initial_world_size)
         if initial in initial_ranks:
             found[initial] = (rank, world_size)
     for initial in () if published or renumbered else initial_ranks - set(found):
