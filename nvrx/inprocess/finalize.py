@@ -75,16 +75,17 @@ def join_in_slices(thread: threading.Thread, timeout_s: float) -> None:
         thread.join(min(left, JOIN_SLICE_S))
 
 
-def _bind_cuda_device() -> None:
-    """Select this rank's CUDA device in the calling thread, only where CUDA is in use."""
+def _rank_cuda_device() -> int | None:
+    """This rank's CUDA device, only where CUDA is in use: ``LOCAL_RANK``'s, else the
+    current one. Read in the calling thread: a new thread's current device is 0."""
     try:
         import torch
     except ImportError:
-        return
+        return None
     if not torch.cuda.is_initialized():
-        return
+        return None
     local_rank = os.environ.get("LOCAL_RANK")
-    torch.cuda.set_device(int(local_rank) if local_rank else torch.cuda.current_device())
+    return int(local_rank) if local_rank else torch.cuda.current_device()
 
 
 class ThreadedFinalize(Finalize):
@@ -119,10 +120,14 @@ class ThreadedFinalize(Finalize):
 
     def __call__(self, state: FrozenState) -> FrozenState:
         failure: list[BaseException] = []
+        device = _rank_cuda_device()
 
         def run() -> None:
             try:
-                _bind_cuda_device()
+                if device is not None:
+                    import torch
+
+                    torch.cuda.set_device(device)
                 self.fn(*self.args, **self.kwargs)
             except BaseException as exc:  # handed to the caller below
                 failure.append(exc)

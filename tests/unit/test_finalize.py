@@ -103,3 +103,22 @@ def test_the_main_thread_makes_progress_while_it_waits_for_the_finalize_thread()
     finally:
         watchdog.shutdown(timeout=5)
         board.close()
+
+
+@pytest.mark.timeout(30)
+def test_the_thread_runs_on_the_callers_cuda_device(monkeypatch):
+    """CUDA's current device is per thread (0 in a new one): the caller's is read before
+    the thread starts, as the reference does, when LOCAL_RANK does not name it."""
+    import torch
+
+    main = threading.get_ident()
+    chosen = []
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3 if threading.get_ident() == main else 0)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    assert ThreadedFinalize(timeout=5, fn=lambda: None)(STATE) is STATE
+    assert chosen == [3]
+    monkeypatch.setenv("LOCAL_RANK", "5")
+    ThreadedFinalize(timeout=5, fn=lambda: None)(STATE)
+    assert chosen == [3, 5]
