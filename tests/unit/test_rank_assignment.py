@@ -17,6 +17,7 @@ from nvrx.inprocess.rank_assignment import (
     MaxActiveWorldSize,
     RankAssignmentCtx,
     RankDiscarded,
+    RankFilter,
     ShiftRanks,
     Tree,
 )
@@ -322,6 +323,13 @@ def test_each_assignment_says_how_long_it_may_wait_for_its_peers():
     tree = Tree([Layer(min_ranks=1, key_or_fn="root", flag=LayerFlag.RESERVE)])
     assert assignment_wait_s(tree, barrier_s) == barrier_s
     assert assignment_wait_s(lambda ctx: ctx, barrier_s) == barrier_s
+    assert assignment_wait_s(ActiveWorldSizeDivisibleBy(2), barrier_s) == 0.0
+
+    class UsersFilter(RankFilter):  # may exchange keys through ctx.store
+        def __call__(self, ctx):
+            return ctx
+
+    assert assignment_wait_s(UsersFilter(), barrier_s) == barrier_s
     with pytest.warns(DeprecationWarning):
         old_filter = rank_filter.MaxActiveWorldSize(2)
     assert assignment_wait_s(rank_filter.AfterAssignment(default, old_filter), barrier_s) == 0.0

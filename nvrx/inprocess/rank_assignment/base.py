@@ -84,8 +84,17 @@ class RankFilter(RankAssignment):
     def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
         raise NotImplementedError
 
+
+class _LocalFilter(RankFilter):
+    """A built-in filter: it computes from the rank's state alone and waits for no peer
+    (a user's filter may, and gets ``barrier_timeout``)."""
+
+    @abc.abstractmethod
+    def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
+        raise NotImplementedError
+
     def peer_wait_s(self, barrier_timeout: float) -> float:
-        return 0.0  # (the built-in filters compute locally)
+        return 0.0
 
 
 def assignment_wait_s(assignment: Callable[..., Any], barrier_timeout: float) -> float:
@@ -184,7 +193,7 @@ def _current_active_world_size(state: State) -> int:
     return min(state.active_world_size, state.world_size)
 
 
-class ActivateAllRanks(RankFilter):
+class ActivateAllRanks(_LocalFilter):
     """Every healthy rank is active: ``active_rank = rank``, ``active_world_size = world_size``."""
 
     def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
@@ -197,7 +206,7 @@ class ActivateAllRanks(RankFilter):
         return ctx
 
 
-class MaxActiveWorldSize(RankFilter):
+class MaxActiveWorldSize(_LocalFilter):
     """At most ``max_active_world_size`` ranks are active (the lowest ranks); the rest are spares.
 
     Args:
@@ -215,7 +224,7 @@ class MaxActiveWorldSize(RankFilter):
         return _activate_below(ctx, size)
 
 
-class ActiveWorldSizeDivisibleBy(RankFilter):
+class ActiveWorldSizeDivisibleBy(_LocalFilter):
     """Round the active world size down to a multiple of ``divisor``; the rest are spares.
 
     Args:
