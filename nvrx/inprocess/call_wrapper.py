@@ -159,17 +159,17 @@ class CallWrapper:
     def _request_admission(self) -> rejoin.Admission | None:
         """A replacement process under a supervisor asks the running job to take it back."""
         w = self.wrapper
-        if not (restarted_process() and supervised()) or w.rejoin_timeout <= 0:
+        if not (restarted_process() and supervised()) or w.seconds.rejoin_timeout <= 0:
             return None
         if rounds.current_round(self.services.base_store) is None:
             return None  # no round to be taken back into
-        wait_s = w.rejoin_timeout + w.barrier_timeout + w.soft_timeout
+        wait_s = w.seconds.rejoin_timeout + w.seconds.barrier_timeout + w.seconds.soft_timeout
         return rejoin.request_admission(
             self.services.base_store,
             self.initial_rank,
             wait_s,
             self.emit,
-            heartbeat_interval=w.heartbeat_interval,
+            heartbeat_interval=w.seconds.heartbeat_interval,
             # a spare node taking over a lost one: the job told its supervisor it runs, no need to look
             look=not jobenv.flag_in(None, jobenv.TAKEOVER),
         )
@@ -204,7 +204,7 @@ class CallWrapper:
         on_forged = forged_reporter(self)
         rounds.arrive_for_gone(base, self.generation, world, gone, on_forged)
         initial = Meeting("initial", self.generation, world)
-        timeout = self.wrapper.barrier_timeout
+        timeout = self.wrapper.seconds.barrier_timeout
         self.services.barriers.meet(base, initial, self.initial_rank, timeout, on_forged=on_forged)
         self.emit(
             "restart_phase", phase="initial_barrier", duration_s=time.monotonic() - t0, ok=True
@@ -398,7 +398,7 @@ class CallWrapper:
         try:
             ended = Meeting("termination", self.generation, world)
             self.services.barriers.meet(
-                base, ended, self.initial_rank, self.wrapper.barrier_timeout,
+                base, ended, self.initial_rank, self.wrapper.seconds.barrier_timeout,
                 wait=self.services.host_store, on_forged=forged_reporter(self),
             )  # fmt: skip
         except Exception as exc:

@@ -109,7 +109,7 @@ class RankServices:
         from nvrx.store.service import wait_for_store
 
         host, port = self.store_address
-        timeout, start = self.wrapper.barrier_timeout, time.monotonic()
+        timeout, start = self.wrapper.seconds.barrier_timeout, time.monotonic()
         while True:
             wait_for_store(host, port, timeout, since=start)
             closed = self._earlier_store_closed(start + timeout - time.monotonic())
@@ -152,19 +152,19 @@ class RankServices:
             target_pid=os.getpid(),
             board_path=self.board.path,
             initial_rank=self.initial_rank,
-            monitor_process_interval=w.monitor_process_interval,
-            heartbeat_interval=w.heartbeat_interval,
-            heartbeat_timeout=w.heartbeat_timeout,
-            soft_timeout=w.soft_timeout,
-            hard_timeout=w.hard_timeout,
-            termination_grace_time=w.termination_grace_time,
+            monitor_process_interval=w.seconds.monitor_process_interval,
+            heartbeat_interval=w.seconds.heartbeat_interval,
+            heartbeat_timeout=w.seconds.heartbeat_timeout,
+            soft_timeout=w.seconds.soft_timeout,
+            hard_timeout=w.seconds.hard_timeout,
+            termination_grace_time=w.seconds.termination_grace_time,
             logfile=monitor_logfile_path(w.monitor_process_logfile, self.initial_rank),
             events_dir=str(self.writer.directory),
             events_context=dict(self.writer.context),
             initial_world_size=self.initial_world_size,
             host_store=self.host_store,
-            barrier_timeout=w.barrier_timeout,
-            keeper_timeout=max(w.barrier_timeout, w.completion_timeout) * 2,
+            barrier_timeout=w.seconds.barrier_timeout,
+            keeper_timeout=max(w.seconds.barrier_timeout, w.seconds.completion_timeout) * 2,
         )
         if self.store_address is not None:
             config.store_host, config.store_port = self.store_address
@@ -179,7 +179,7 @@ class RankServices:
         self.monitor = MonitorProcess(self._monitor_config())
         self._stack_fd = self.monitor.start()
         faulthandler.register(STACK_SIGNAL, file=self._stack_fd, all_threads=True, chain=False)
-        ready = self.monitor.wait_ready(w.barrier_timeout)
+        ready = self.monitor.wait_ready(w.seconds.barrier_timeout)
         if self.host_store and self.store_address is not None:
             self.store_address = (self.store_address[0], int(ready["port"]))
             self._store_kwargs["port"] = self.store_address[1]
@@ -217,7 +217,7 @@ class RankServices:
         if self.store_address is not None and not self.host_store:
             from nvrx.store.service import wait_for_store
 
-            wait_for_store(*self.store_address, w.barrier_timeout)
+            wait_for_store(*self.store_address, w.seconds.barrier_timeout)
         self.base_store = w.store_factory(**self._store_kwargs)
         self._connect_monitor_thread()
 
@@ -248,7 +248,7 @@ class RankServices:
 
     def start_watchdog(self) -> None:
         self.watchdog = ProgressWatchdog(
-            self.initial_rank, self.board, self.wrapper.progress_watchdog_interval
+            self.initial_rank, self.board, self.wrapper.seconds.progress_watchdog_interval
         )
         self.watchdog.start()
 
@@ -259,7 +259,7 @@ class RankServices:
         if self.monitor is not None:
             self.monitor.stop()
         if self.watchdog is not None:
-            self.watchdog.shutdown(timeout=self.wrapper.progress_watchdog_interval + 5)
+            self.watchdog.shutdown(timeout=self.wrapper.seconds.progress_watchdog_interval + 5)
         if self._stack_fd is not None:
             faulthandler.unregister(STACK_SIGNAL)
             os.close(self._stack_fd)

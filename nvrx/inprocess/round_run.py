@@ -227,7 +227,7 @@ class RoundRun:
             value = self._user_code(fn, args, kwargs)
             self._complete()
             self.monitor.stop.set()  # the round completed: a failure of its thread now restarts nothing
-            self.monitor.join(call.wrapper.monitor_thread_interval + 5)
+            self.monitor.join(call.wrapper.seconds.monitor_thread_interval + 5)
             call.emit("round_end", outcome="completed", duration_s=time.monotonic() - self.started)
         except RankShouldRestart as request:
             call.delivery.caught()
@@ -298,7 +298,7 @@ class RoundRun:
             self.store,
             call.state.rank,  # type: ignore[arg-type]
             call.state.world_size,
-            call.wrapper.completion_timeout,
+            call.wrapper.seconds.completion_timeout,
             forged_reporter(call),
         )
         if not done:
@@ -602,11 +602,11 @@ def _next_round(call: RoundCall, run: RoundRun, signal: BaseException | None) ->
     # recorded until then. A fixed ``last_call_wait`` sleep would only add faults of
     # ranks that had reported already.
     board = call.services.board
-    with call.phase("iteration_barrier"), board.waiting(w.barrier_timeout):
+    with call.phase("iteration_barrier"), board.waiting(w.seconds.barrier_timeout):
         base, rank, world_size = call.services.base_store, call.state.rank, call.state.world_size
         meeting = Meeting("iteration", call.round, world_size)
         on_forged = forged_reporter(call)
-        call.services.barriers.meet(base, meeting, rank, w.barrier_timeout, on_forged=on_forged)  # type: ignore[arg-type]
+        call.services.barriers.meet(base, meeting, rank, w.seconds.barrier_timeout, on_forged=on_forged)  # type: ignore[arg-type]
         decision = rounds.decision_of(run.store)
     with board.waiting(RESTART_WAIT_S):
         _end_monitor(run)
@@ -630,7 +630,7 @@ def _next_round(call: RoundCall, run: RoundRun, signal: BaseException | None) ->
     call.enter_round(call.round + 1)
     # a rank assignment may wait for its peers (``Tree``, ``FilterCountGroupedByKey``), so
     # long as it says; one that waits for none (the default one) is watched without a limit
-    wait_s = assignment_wait_s(call.assignment, w.barrier_timeout)
+    wait_s = assignment_wait_s(call.assignment, w.seconds.barrier_timeout)
     with call.phase("rank_assignment"), board.waiting(wait_s) if wait_s else contextlib.nullcontext():
         assign(call, terminated, rejoined, int(decision["job_restarts"]))
     call.state.fn_exception = None
@@ -677,7 +677,7 @@ def _end_monitor(run: RoundRun) -> None:
 def _take_back(call: RoundCall, store: Any, terminated: set[int]) -> set[int]:
     """Under a supervisor, the terminated ranks whose replacement process rejoined (see ``rejoin``)."""
     w = call.wrapper
-    if not terminated or w.rejoin_timeout <= 0 or not supervised():
+    if not terminated or w.seconds.rejoin_timeout <= 0 or not supervised():
         return set()
     next_round = rejoin.Admission(
         generation=call.generation,
@@ -686,7 +686,7 @@ def _take_back(call: RoundCall, store: Any, terminated: set[int]) -> set[int]:
         terminated=[],
         job_restarts=call.state.iteration + 1,
     )
-    follower_timeout = w.rejoin_timeout + w.barrier_timeout
+    follower_timeout = w.seconds.rejoin_timeout + w.seconds.barrier_timeout
     with call.services.board.waiting(follower_timeout):
         return rejoin.take_back(
             store,
@@ -694,7 +694,7 @@ def _take_back(call: RoundCall, store: Any, terminated: set[int]) -> set[int]:
             call.state,
             terminated,
             next_round,
-            leader_timeout=w.rejoin_timeout,
+            leader_timeout=w.seconds.rejoin_timeout,
             follower_timeout=follower_timeout,
             emit=call.emit,
         )
@@ -807,7 +807,7 @@ def _next_round_place(call: RoundCall, round_: int, rank: int) -> tuple[int, int
     it, the call entered there; None where that place is not found (logged)."""
     w, base = call.wrapper, call.services.base_store
     found = rounds.carry_over_death(
-        base, round_, rank, call.initial_world_size, w.barrier_timeout, w.monitor_process_interval
+        base, round_, rank, call.initial_world_size, w.seconds.barrier_timeout, w.seconds.monitor_process_interval
     )
     if found is not None:
         call.enter_round(round_ + 1)

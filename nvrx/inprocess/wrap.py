@@ -45,6 +45,7 @@ from .rank_assignment import ActivateAllRanks, RankAssignment, ShiftRanks
 from .rank_filter import RankFilter
 from .supervision import supervised
 from .terminate import Terminate
+from .wrapper_settings import Timings
 
 _DEFAULT = object()  # "build a fresh default instance for this Wrapper"
 _Timing = datetime.timedelta | float
@@ -53,6 +54,21 @@ _Timing = datetime.timedelta | float
 #: grace between SIGTERM and SIGKILL, no wait for a replacement process. Every other one
 #: must be > 0 (a ``completion_timeout`` of 0 would be a barrier that never waits).
 MAY_BE_ZERO = ("last_call_wait", "termination_grace_time", "rejoin_timeout")
+
+
+def _timing(name: str) -> property:
+    """The Wrapper's attribute ``name``: a ``timedelta``, as the reference's is (code written
+    for it calls ``total_seconds()``); set, it is checked as the Wrapper's argument is and
+    the call reads it from ``seconds``."""
+
+    def get(self: Wrapper) -> datetime.timedelta:
+        return datetime.timedelta(seconds=getattr(self.seconds, name))
+
+    def set_(self: Wrapper, value: _Timing) -> None:
+        seconds = as_seconds(value, f"Wrapper: {name}", positive=name not in MAY_BE_ZERO)
+        setattr(self.seconds, name, seconds)
+
+    return property(get, set_, doc=f"``{name}`` as a ``timedelta``.")
 
 
 def _check_instance(name: str, value: Any, cls: type, allow_none: bool = True) -> None:
@@ -132,19 +148,20 @@ class Wrapper:
     value raises ``ValueError`` naming the parameter, the constraint and the value.
     """
 
-    # the timings, in seconds (``_set_timings``)
-    monitor_thread_interval: float
-    monitor_process_interval: float
-    heartbeat_interval: float
-    progress_watchdog_interval: float
-    soft_timeout: float
-    hard_timeout: float
-    heartbeat_timeout: float
-    barrier_timeout: float
-    completion_timeout: float
-    last_call_wait: float
-    termination_grace_time: float
-    rejoin_timeout: float
+    # the timings: ``timedelta``s as the reference has them; ``seconds`` holds them for the call
+    seconds: Timings
+    monitor_thread_interval = _timing("monitor_thread_interval")
+    monitor_process_interval = _timing("monitor_process_interval")
+    heartbeat_interval = _timing("heartbeat_interval")
+    progress_watchdog_interval = _timing("progress_watchdog_interval")
+    soft_timeout = _timing("soft_timeout")
+    hard_timeout = _timing("hard_timeout")
+    heartbeat_timeout = _timing("heartbeat_timeout")
+    barrier_timeout = _timing("barrier_timeout")
+    completion_timeout = _timing("completion_timeout")
+    last_call_wait = _timing("last_call_wait")
+    termination_grace_time = _timing("termination_grace_time")
+    rejoin_timeout = _timing("rejoin_timeout")
 
     def __init__(
         self,
@@ -274,9 +291,10 @@ class Wrapper:
     def _set_timings(self, **timings: _Timing) -> None:
         """Each period and timeout in seconds (``as_seconds``: finite, at most ten years, > 0
         but for those of ``MAY_BE_ZERO``), then their order checked (``_validate``)."""
-        for name, value in timings.items():
-            seconds = as_seconds(value, f"Wrapper: {name}", positive=name not in MAY_BE_ZERO)
-            setattr(self, name, seconds)
+        self.seconds = Timings(**{
+            name: as_seconds(value, f"Wrapper: {name}", positive=name not in MAY_BE_ZERO)
+            for name, value in timings.items()
+        })  # fmt: skip
         self._validate()
 
     def _validate(self) -> None:
@@ -292,7 +310,7 @@ class Wrapper:
             ("progress_watchdog_interval", "soft_timeout"),
         ]
         for small, large in rules:
-            a, b = getattr(self, small), getattr(self, large)
+            a, b = getattr(self.seconds, small), getattr(self.seconds, large)
             if not a < b:
                 raise ValueError(f"Wrapper: {small} ({a:g} s) must be < {large} ({b:g} s)")
 
@@ -316,7 +334,7 @@ class Wrapper:
     def _call(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """One call of ``fn`` under a fresh ``CallWrapper`` (held by this frame only)."""
         # gloo groups created during the call are tracked, so abort can interrupt them
-        with gloo_abort.tracking(advise_below=self.hard_timeout), CallWrapper(self) as call_wrapper:
+        with gloo_abort.tracking(advise_below=self.seconds.hard_timeout), CallWrapper(self) as call_wrapper:
             return call_wrapper(fn, args, kwargs)
 
 

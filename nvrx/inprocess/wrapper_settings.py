@@ -8,6 +8,7 @@ starts them.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Protocol
 
 from .abort import Abort
@@ -20,8 +21,27 @@ from .rank_filter import RankFilter
 from .terminate import Terminate
 
 
+@dataclasses.dataclass
+class Timings:
+    """The Wrapper's periods and timeouts in seconds, as its call reads them. The Wrapper's
+    attributes of the same names are ``timedelta``s, as the reference's are."""
+
+    monitor_thread_interval: float
+    monitor_process_interval: float
+    heartbeat_interval: float
+    progress_watchdog_interval: float
+    soft_timeout: float
+    hard_timeout: float
+    heartbeat_timeout: float
+    barrier_timeout: float
+    completion_timeout: float
+    termination_grace_time: float
+    last_call_wait: float
+    rejoin_timeout: float
+
+
 class WrapperSettings(Protocol):
-    """The Wrapper's plug-ins, store, files and timings (seconds), as ``Wrapper`` checked them."""
+    """The Wrapper's plug-ins, store, files and timings (``seconds``), as ``Wrapper`` checked them."""
 
     store_factory: type
     store_kwargs: dict[str, Any]
@@ -35,14 +55,4 @@ class WrapperSettings(Protocol):
     terminate: Terminate | None
     monitor_process_logfile: str | None
     monitor_process_pidfile: str | None
-    monitor_thread_interval: float
-    monitor_process_interval: float
-    heartbeat_interval: float
-    progress_watchdog_interval: float
-    soft_timeout: float
-    hard_timeout: float
-    heartbeat_timeout: float
-    barrier_timeout: float
-    completion_timeout: float
-    termination_grace_time: float
-    rejoin_timeout: float
+    seconds: Timings

@@ -124,7 +124,7 @@ def test_wrapper_takes_seconds_as_numbers(scenario):
     timedeltas, which both take alike."""
     runs = scenario("wrapper_params.py")
     assert runs["reference"][0]["refused"]["seconds_as_float"]["raised"][0] == "TypeError"
-    assert runs["nvrx"][0]["refused"]["seconds_as_float"]["soft_timeout"] == 5.0
+    assert runs["nvrx"][0]["refused"]["seconds_as_float"]["soft_timeout"] == ["timedelta", 5.0]
 
 
 def test_an_empty_composition_is_refused_by_name(scenario):

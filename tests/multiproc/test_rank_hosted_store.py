@@ -129,7 +129,7 @@ def test_an_earlier_calls_store_still_open_after_barrier_timeout_is_a_clear_erro
     with StoreService("127.0.0.1", 0) as old:
         _end_call(old.port, 1)
         services = rank1(old.port, barrier_timeout=91.0)
-        services.wrapper.barrier_timeout = 1.0  # past the Wrapper's checks: fail fast
+        services.wrapper.seconds.barrier_timeout = 1.0  # past the Wrapper's checks: fail fast
         expected = rf"127.0.0.1:{old.port} still serves this rank's earlier call .* \(1 s\)"
         with pytest.raises(TimeoutError, match=expected):
             services._await_earlier_store_closed()

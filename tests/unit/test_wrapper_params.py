@@ -18,12 +18,16 @@ from nvrx.inprocess.state import State
 def test_defaults_match_the_reference():
     w = Wrapper()
     assert w.store_factory is rstore.TCPStore
-    assert (w.soft_timeout, w.hard_timeout, w.heartbeat_timeout) == (60, 90, 30)
-    assert (w.barrier_timeout, w.completion_timeout, w.last_call_wait) == (120, 120, 1)
-    assert w.termination_grace_time == 5
-    assert w.monitor_thread_interval == w.monitor_process_interval == w.heartbeat_interval == 1
-    assert w.progress_watchdog_interval == 1
-    assert w.enabled is True and w.rejoin_timeout == 60
+    seconds = {
+        "soft_timeout": 60, "hard_timeout": 90, "heartbeat_timeout": 30, "barrier_timeout": 120,
+        "completion_timeout": 120, "last_call_wait": 1, "termination_grace_time": 5,
+        "monitor_thread_interval": 1, "monitor_process_interval": 1, "heartbeat_interval": 1,
+        "progress_watchdog_interval": 1, "rejoin_timeout": 60,
+    }  # fmt: skip
+    for name, value in seconds.items():  # timedeltas, as the reference's: code calls total_seconds()
+        assert getattr(w, name) == datetime.timedelta(seconds=value), name
+        assert getattr(w.seconds, name) == value, name
+    assert w.enabled is True
     assert isinstance(w.abort, AbortTorchDistributed)
     assert isinstance(w.rank_assignment, Compose)
 
@@ -136,14 +140,15 @@ def test_a_timing_that_is_not_a_finite_duration_in_range_is_refused(name, value,
 
 def test_timings_that_may_be_zero_and_the_longest_ones_are_taken():
     w = Wrapper(last_call_wait=0, termination_grace_time=0, rejoin_timeout=datetime.timedelta(0))
-    assert (w.last_call_wait, w.termination_grace_time, w.rejoin_timeout) == (0, 0, 0)
+    assert (w.seconds.last_call_wait, w.seconds.termination_grace_time, w.seconds.rejoin_timeout) == (0, 0, 0)
     longest = 10 * 365 * 24 * 3600.0  # ten years, the longest taken
     w = Wrapper(
         soft_timeout=longest - 2, hard_timeout=longest - 1, barrier_timeout=longest,
         heartbeat_timeout=longest - 1, completion_timeout=longest, last_call_wait=longest,
         termination_grace_time=longest, rejoin_timeout=datetime.timedelta(days=3650),
     )  # fmt: skip
-    assert w.barrier_timeout == w.completion_timeout == w.rejoin_timeout == longest
+    assert w.seconds.barrier_timeout == w.seconds.completion_timeout == longest
+    assert w.seconds.rejoin_timeout == longest
 
 
 @pytest.mark.parametrize(
@@ -191,7 +196,18 @@ def test_tcp_store_host_rank_none_is_the_store_class_default_and_any_integer_a_r
 
 def test_timedelta_and_seconds_are_equivalent():
     w = Wrapper(soft_timeout=datetime.timedelta(seconds=2.5), hard_timeout=4)
-    assert (w.soft_timeout, w.hard_timeout) == (2.5, 4.0)
+    assert (w.seconds.soft_timeout, w.seconds.hard_timeout) == (2.5, 4.0)
+    assert w.hard_timeout == datetime.timedelta(seconds=4)
+
+
+def test_a_timing_set_on_the_wrapper_is_checked_and_read_by_its_calls():
+    w = Wrapper()
+    w.barrier_timeout = datetime.timedelta(seconds=30)
+    w.soft_timeout = 20
+    assert (w.seconds.barrier_timeout, w.soft_timeout) == (30.0, datetime.timedelta(seconds=20))
+    with pytest.raises(ValueError, match="Wrapper: barrier_timeout must be a finite number of seconds > 0"):
+        w.barrier_timeout = -1
+    assert w.seconds.barrier_timeout == 30.0
 
 
 def test_disabled_wrapper_returns_the_function_itself():

@@ -38,8 +38,8 @@ OTHERS = ("store_kwargs", "initialize", "abort", "finalize", "health_check", "ra
 
 
 def value(v: Any) -> Any:
-    if isinstance(v, datetime.timedelta):
-        return v.total_seconds()
+    if isinstance(v, datetime.timedelta):  # its type too: code written for NVRx calls its methods
+        return ["timedelta", v.total_seconds()]
     if v is None or isinstance(v, (bool, int, float, str, dict)):
         return v
     return type(v).__name__
