@@ -144,7 +144,7 @@ class StoreLink:
         try:
             os.write(self._to_agent, line)
         except OSError as exc:
-            self.lost = self.lost or f"node agent is gone ({exc.strerror})"
+            self._lose(f"node agent is gone ({exc.strerror})")
         return self
 
     def wait_ready(self) -> None:
@@ -155,6 +155,13 @@ class StoreLink:
         if self.lost is not None:
             raise StoreLinkError(f"cannot use the store at {self.host}:{self.port}: {self.lost}")
 
+    def _lose(self, reason: str) -> None:
+        """The link can no longer be used: said once, as a ``lost`` event the main loop acts
+        on (fail over, else stop), whichever request or read found it."""
+        if self.lost is None:
+            self.lost = reason
+            self._events.append({"event": "lost", "message": reason})
+
     # -- reading ------------------------------------------------------------------
     def _fill(self) -> bool:
         """Read what the agent wrote; False at end of file (the agent is gone)."""
@@ -163,9 +170,7 @@ class StoreLink:
         except BlockingIOError:
             return True
         if not chunk:
-            if self.lost is None:
-                self.lost = "node agent exited"
-                self._events.append({"event": "lost", "message": self.lost})
+            self._lose("node agent exited")
             return False
         self._buffer += chunk
         return True
@@ -200,7 +205,7 @@ class StoreLink:
         if readable:
             self._fill()
         elif remaining <= 0:
-            self.lost = self.lost or f"no answer to {what} within the store timeout"
+            self._lose(f"no answer to {what} within the store timeout")
             raise StoreLinkError(f"store at {self.host}:{self.port}: {self.lost}")
         return self._parse()
 
@@ -234,7 +239,7 @@ class StoreLink:
         try:
             os.write(self._to_agent, line)
         except OSError as exc:
-            self.lost = self.lost or f"node agent is gone ({exc.strerror})"
+            self._lose(f"node agent is gone ({exc.strerror})")
             raise StoreLinkError(f"store at {self.host}:{self.port}: {self.lost}") from exc
         deadline = _Deadline(self.timeout)
         while True:

@@ -59,6 +59,31 @@ def test_no_answer_by_the_deadline_is_a_lost_store(link: tuple[StoreLink, int]) 
     with pytest.raises(StoreLinkError, match="no answer to add 'k' within the store timeout"):
         store_link.add("k")
     assert store_link.lost == "no answer to add 'k' within the store timeout"
+    # the main loop hears of it (it fails over, else stops): a node does not go deaf
+    assert store_link.has_events
+    assert store_link.read_events() == [{"event": "lost", "message": store_link.lost}]
+    with pytest.raises(StoreLinkError):
+        store_link.add("k")
+    assert store_link.read_events() == []  # said once
+
+
+def test_an_agent_gone_when_asked_is_a_lost_event_once() -> None:
+    req_r, req_w = os.pipe()
+    ans_r, ans_w = os.pipe()
+    os.close(req_r)  # nobody reads the requests: writing one fails (EPIPE)
+    link = StoreLink("127.0.0.1", 1, timeout=5.0)
+    link._to_agent, link._from_agent = req_w, ans_r
+    try:
+        with pytest.raises(StoreLinkError, match="node agent is gone"):
+            link.add("k")
+        os.close(ans_w)  # then its answers end too: no second loss
+        ans_w = -1
+        assert link.read_events() == [{"event": "lost", "message": link.lost}]
+        assert link.read_events() == []
+    finally:
+        for fd in (req_w, ans_r, ans_w):
+            if fd >= 0:
+                os.close(fd)
 
 
 def test_events_past_the_deadline_do_not_hold_the_request_off_its_loss(
