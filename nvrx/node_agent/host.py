@@ -22,7 +22,8 @@ hosts out itself and ticks from the loop every heartbeat period. At each tick it
    (``rounds.leave_round``): a rank of its host whose monitor stopped beating
    for the rank's ``heartbeat_timeout`` (unless it said it ended on purpose);
    and, once a watched host's counter stood still for ``Thresholds.host_s``,
-   that host's listed ranks. A rank in no round yet, or a take-out the store
+   that host's listed ranks. A rank in no round yet (no round published, or the ranks
+   numbered anew and no state of its own there), or a take-out the store
    failed, is tried again ``Thresholds.replace_s`` later; a silent host that beats
    again before any of that was done (its counter moved, and no other host declared it
    lost) is watched again instead.
@@ -584,10 +585,11 @@ class NodeAgent:
             record = FaultRecord(rank, "unresponsive", message=message)
             announce_leave(emit, rank, record, detection_s=silent_s[initial])
 
+        # a rank that died before it wrote its state in the round stands at its initial rank
+        # where the ranks are not numbered anew: without a supervisor no replacement waits
+        # to be admitted under a number that is another's
         size = self.cfg.initial_world_size
-        done = rounds.leave_round(
-            self.store, ranks, size, message, False, "unresponsive", published=True, on_left=left
-        )
+        done = rounds.leave_round(self.store, ranks, size, message, False, "unresponsive", on_left=left)
         if done["out"]:  # they will not pass the termination barrier
             generation = rounds.generation_of(self.store, done["round"])
             for initial in done["out"]:

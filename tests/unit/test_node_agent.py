@@ -327,6 +327,51 @@ def test_a_silent_host_is_taken_out_by_the_agent_watching_it(base, hosts) -> Non
     assert not b.agent.step(now + 3 * INTERVAL)
 
 
+def test_a_host_lost_before_its_ranks_wrote_their_state_in_the_round_is_taken_out(
+    base, hosts
+) -> None:
+    """Round 0 was published and h0's ranks wrote their state there; h1 died before its ranks
+    did. Numbered as they began (no rank left before, no state shows another numbering),
+    they stand at their initial ranks: taken out, h1's place ended, nobody waits for them."""
+    rounds.publish_round(base, 0)
+    view = rstore.round_store(base, 0)
+    for rank in (0, 1):
+        view.set(rounds.rank_state(rank), json.dumps({"initial_rank": rank, "world_size": WORLD}))
+    a, b = hosts("h0", [0, 1]), hosts("h1", [2, 3])
+    t = now = time.monotonic()
+    for _ in range(3):
+        now += INTERVAL
+        a.beat(0, 1), b.beat(2, 3)
+        a.agent.step(now), b.agent.step(now)
+    while not a.faults() and now < t + 3 * LIMITS.host_s:  # h1 stopped beating
+        now += INTERVAL
+        a.beat(0, 1)
+        a.agent.step(now)
+    assert rstore.terminated_ranks(view) == {2, 3}
+    assert a.faults() == [(2, "unresponsive"), (3, "unresponsive")]
+    assert _claims(base, b.agent.slot) == 1
+    assert _termination_arrivals(base) == 2
+
+
+def test_a_rank_that_died_with_its_monitor_before_writing_its_state_is_taken_out(
+    base, hosts
+) -> None:
+    """Its process group killed (its monitor with it) as the round began: no state of its own
+    in the round, nobody else leaves for it but its host's agent."""
+    rounds.publish_round(base, 0)
+    view = rstore.round_store(base, 0)
+    view.set(rounds.rank_state(0), json.dumps({"initial_rank": 0, "world_size": WORLD}))
+    h = hosts("h0", [0, 1])
+    t = time.monotonic()
+    h.beat(0, 1)
+    h.agent.step(t)
+    for dt in (TIMEOUT + 0.1, 2 * TIMEOUT + 0.2):
+        h.beat(0)
+        h.agent.step(t + dt)
+    assert rstore.terminated_ranks(view) == {1}
+    assert h.faults() == [(1, "unresponsive")]
+
+
 def _h1_silent_in_no_round(base: Any, a: Host, b: Host) -> float:
     """Round 0 runs ranks 0, 1 and 3; h1's agent (rank 2, in no round) stops beating until
     h0 finds h1 silent and its take-out finds rank 2 in no round, to try again: the time."""
