@@ -354,7 +354,7 @@ def config_from_args(
     (each node counts its own), it stands for 1; the command is not looked for here either."""
     env = os.environ if env is None else env
     parser = build_parser()
-    parser.set_defaults(**torchrun.fallbacks(env))
+    parser.set_defaults(**torchrun.fallbacks(env, argv))
     args = parser.parse_args(list(argv))
     _no_empty_values(args, argv)
     try:
@@ -491,8 +491,8 @@ def _rank_logs(
     except ValueError as exc:
         taken = [
             f"$PET_{dest.upper()}"
-            for dest, short in (("redirects", "-r"), ("tee", "-t"), ("local_ranks_filter", None))
-            if f"PET_{dest.upper()}" in env and not torchrun.given(argv, dest, short)
+            for dest in ("redirects", "tee", "local_ranks_filter")
+            if f"PET_{dest.upper()}" in env and not torchrun.given(argv, dest, torchrun.SHORT.get(dest))
         ]
         source = f" (values from {', '.join(taken)})" if taken else ""
         raise ConfigError(f"{exc}{source}") from exc
@@ -500,14 +500,20 @@ def _rank_logs(
 
 def _node_settings(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, object]:
     """Spare nodes, minimum nodes, warm standbys and node timeout: the option, else the
-    template's variable."""
+    template's variable (``from_env`` names those of the first two taken from one)."""
     try:
-        min_nodes = jobenv.int_from(env, jobenv.MIN_NODES, 0) or None
         return {
             "spare_nodes": args.spare_nodes
             if args.spare_nodes is not None
             else jobenv.int_from(env, jobenv.SPARE_NODES, 0),
-            "min_nodes": args.min_nodes if args.min_nodes is not None else min_nodes,
+            "min_nodes": args.min_nodes
+            if args.min_nodes is not None
+            else jobenv.int_from(env, jobenv.MIN_NODES, 0) or None,
+            "from_env": {
+                name: variable
+                for name, variable in (("spare_nodes", jobenv.SPARE_NODES), ("min_nodes", jobenv.MIN_NODES))
+                if getattr(args, name) is None and variable in env
+            },
             "warm_standby": args.warm_standby
             if args.warm_standby is not None
             else _switch(env, jobenv.WARM_STANDBY, True),

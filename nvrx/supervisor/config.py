@@ -152,6 +152,9 @@ class SupervisorConfig:
     straggler_action: str = "report"  # report | exclude (``step_times``)
     straggler_section: str | None = None  # a section whose durations are step times
     straggler_threshold: float = StragglerRule.threshold
+    #: Settings taken from the job's variables, not options (``spare_nodes``: its variable's
+    #: name): an error about one names the variable the user set.
+    from_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -218,12 +221,12 @@ class SupervisorConfig:
         return [
             (
                 0 <= self.spare_nodes < self.nnodes,
-                f"--spare-nodes must be in 0..{self.nnodes - 1} (smaller than --nnodes "
+                f"{self.setting('spare_nodes')} must be in 0..{self.nnodes - 1} (smaller than --nnodes "
                 f"{self.nnodes}: at least one node trains), got {self.spare_nodes}",
             ),
             (
                 self.min_nodes is None or 1 <= self.min_nodes <= self.active_nodes,
-                f"--min-nodes must be in 1..{self.active_nodes} (the active nodes: --nnodes "
+                f"{self.setting('min_nodes')} must be in 1..{self.active_nodes} (the active nodes: --nnodes "
                 f"{self.nnodes} minus --spare-nodes {self.spare_nodes}), got {self.min_nodes}",
             ),
             seconds_check("--node-heartbeat", self.node_heartbeat, above_zero=True),
@@ -297,7 +300,10 @@ class SupervisorConfig:
     def setting(self, name: str) -> str:
         """How the user changes the setting of field ``name`` (``finish_timeout``, say): the
         ``nvrx-supervise`` flag (``--finish-timeout``), or, where a node is one rank (no node
-        liveness: ``nvrx.fork_and_monitor``, which has no flags), that function's keyword."""
+        liveness: ``nvrx.fork_and_monitor``, which has no flags), that function's keyword; the
+        job's variable (``$NVRX_SPARE_NODES``) where the value came from one."""
+        if name in self.from_env:
+            return f"${self.from_env[name]}"
         if self.node_liveness:
             return "--" + name.replace("_", "-")
         return f"fork_and_monitor's {name}"

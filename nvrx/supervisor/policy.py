@@ -168,8 +168,13 @@ class RestartPolicy:
     """
 
     def __init__(
-        self, max_restarts: int, loop_breaker: int, spend_restart: Callable[[], int]
+        self,
+        max_restarts: int,
+        loop_breaker: int,
+        spend_restart: Callable[[], int],
+        budget_name: str = "--max-restarts",
     ) -> None:
+        """``budget_name``: how the user sets the budget, for the message that it is spent."""
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
         if loop_breaker < 0:
@@ -177,6 +182,7 @@ class RestartPolicy:
         self.max_restarts = max_restarts
         self.loop_breaker = loop_breaker
         self._spend = spend_restart
+        self.budget_name = budget_name
         self._streaks: dict[int, tuple[str, int]] = {}
 
     def streak(self, local_rank: int) -> tuple[str | None, int]:
@@ -229,7 +235,7 @@ class RestartPolicy:
         if left < 0:
             return Verdict(
                 Decision.GIVE_UP,
-                f"restart budget exhausted: {self.max_restarts} restarts allowed (--max-restarts)",
+                f"restart budget exhausted: {self.max_restarts} restarts allowed ({self.budget_name})",
                 signature,
                 budget_left=0,
                 exit_code=ExitCode.BUDGET_EXHAUSTED,

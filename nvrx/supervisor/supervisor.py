@@ -79,7 +79,10 @@ class Supervisor:
         spawn = spawn or functools.partial(self.standbys.spawn, config.command)
         self.ranks = LocalRanks(self.store, spawn, self.emit)
         self._owner = os.getpid()
-        self.policy = RestartPolicy(config.max_restarts, config.loop_breaker, self.store.spend_restart)
+        self.policy = RestartPolicy(
+            config.max_restarts, config.loop_breaker, self.store.spend_restart,
+            budget_name=config.setting("max_restarts"),
+        )  # fmt: skip
         self.signals: SignalPipe | None = None
         self.writer: events.EventWriter | None = None
         self.preemption: PreemptionHandler | None = None

@@ -27,27 +27,45 @@ TOPOLOGY = ("nnodes", "node_rank", "master_addr", "master_port")
 _INTEGER = ("max_restarts", "nnodes", "node_rank", "master_port")
 
 
-def fallbacks(env: Mapping[str, str]) -> dict[str, str]:
-    """torchrun's ``$PET_<OPTION>`` values, as defaults for the options not given."""
+#: The options of ``OPTIONS`` that have a short form.
+SHORT = {"redirects": "-r", "tee": "-t"}
+
+
+def fallbacks(env: Mapping[str, str], argv: Sequence[str] = ()) -> dict[str, str]:
+    """torchrun's ``$PET_<OPTION>`` values, as defaults for the options not given in
+    ``argv`` (as torchrun: a variable of an option given is not read, nor checked)."""
     found = {}
     for dest in OPTIONS:
         name = f"PET_{dest.upper()}"
         if name not in env or (dest in TOPOLOGY and in_slurm_step(env)):
             continue
-        value = env[name]
-        if dest in _INTEGER and not value.strip().isdigit():
-            option = "--" + dest.replace("_", "-")
-            raise ConfigError(f"${name} (for {option}) must be a whole number, got {value!r}")
-        found[dest] = value
+        if given(argv, dest, SHORT.get(dest)):
+            continue
+        if dest in _INTEGER:
+            _check_whole(name, dest, env[name])
+        found[dest] = env[name]
     return found
 
 
+def _check_whole(name: str, dest: str, value: str) -> None:
+    option = "--" + dest.replace("_", "-")
+    if dest == "nnodes":
+        try:
+            node_count(value)
+        except argparse.ArgumentTypeError as exc:
+            raise ConfigError(f"${name} (for {option}): {exc}") from None
+    elif not value.strip().isdigit():
+        raise ConfigError(f"${name} (for {option}) must be a whole number, got {value!r}")
+
+
 def given(argv: Sequence[str], dest: str, short: str | None = None) -> bool:
-    """Whether the option ``dest`` (or its ``short`` form) is on the command line, before the
-    training command."""
+    """Whether the option ``dest`` (or its ``short`` form, its value attached or not: ``-r3``)
+    is on the command line, before the training command."""
     head = list(argv)[: list(argv).index("--")] if "--" in argv else list(argv)
-    spellings = ("--" + dest.replace("_", "-"), "--" + dest, *([short] if short else []))
-    return any(a in spellings or a.startswith(tuple(s + "=" for s in spellings)) for a in head)
+    spellings = ("--" + dest.replace("_", "-"), "--" + dest)
+    if any(a in spellings or a.startswith(tuple(s + "=" for s in spellings)) for a in head):
+        return True
+    return short is not None and any(a.startswith(short) for a in head)
 
 
 _STORE = (

@@ -368,3 +368,38 @@ def test_in_an_salloc_shell_the_supervisor_says_it_runs_outside_the_allocation(
                      "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_NUM_NODES": "1",
                      "SLURM_STEP_NUM_TASKS": "1"})  # fmt: skip
     assert capsys.readouterr().err == ""
+
+
+def test_a_torchrun_variable_of_an_option_given_is_neither_read_nor_checked() -> None:
+    """As torchrun: ``$PET_*`` only stands in for an option not given (a Kubeflow pod's
+    ``PET_NNODES=1:2`` does not stop ``--nnodes 1``)."""
+    base = {"PATH": os.environ["PATH"]}
+    cfg, _ = config_from_args(["--max-restarts", "3", "--", "python"], {**base, "PET_MAX_RESTARTS": "abc"})
+    assert cfg.max_restarts == 3
+    cfg, _ = config_from_args(["--nnodes", "1", "--", "python"], {**base, "PET_NNODES": "1:2"})
+    assert cfg.job.nnodes == 1
+    with pytest.raises(ConfigError, match=r"\$PET_NNODES \(for --nnodes\): '1:2': torchrun's MIN:MAX"):
+        config_from_args(["--", "python"], {**base, "PET_NNODES": "1:2"})
+
+
+@pytest.mark.parametrize(("short", "variable"), [("-r9", "PET_REDIRECTS"), ("-t9", "PET_TEE")])
+def test_a_short_option_with_its_value_attached_is_not_blamed_on_its_variable(short, variable) -> None:
+    env = {"PATH": os.environ["PATH"], variable: "1"}
+    with pytest.raises(ConfigError) as info:
+        config_from_args([short, "--", "python"], env)
+    assert "9" in str(info.value) and variable not in str(info.value)
+    with pytest.raises(ConfigError, match=rf"\${variable}"):  # the variable's own bad value
+        config_from_args(["--", "python"], {**env, variable: "9"})
+
+
+def test_node_settings_from_the_templates_variables_are_named_by_them() -> None:
+    base = {"PATH": os.environ["PATH"]}
+    with pytest.raises(ConfigError, match=r"^\$NVRX_SPARE_NODES must be in 0..2 .*got 5"):
+        config_from_args([*_topology(), "--", "python"], {**base, "NVRX_SPARE_NODES": "5"})
+    with pytest.raises(ConfigError, match=r"^\$NVRX_MIN_NODES must be in 1..3 .*got -1"):
+        config_from_args([*_topology(), "--", "python"], {**base, "NVRX_MIN_NODES": "-1"})
+    with pytest.raises(ConfigError, match=r"^--spare-nodes must be in 0..2"):
+        config_from_args([*_topology(), "--spare-nodes", "5", "--", "python"], {**base, "NVRX_SPARE_NODES": "1"})
+    # an option given: the variable is not read, nor checked
+    cfg, _ = config_from_args([*_topology(), "--min-nodes", "1", "--", "python"], {**base, "NVRX_MIN_NODES": "abc"})
+    assert cfg.min_nodes == 1

@@ -62,6 +62,8 @@ def test_budget_is_spent_then_exhausted() -> None:
     assert (second.decision, second.budget_left) == (Decision.RESTART, 0)
     assert third.decision is Decision.GIVE_UP and third.exit_code == ExitCode.BUDGET_EXHAUSTED
     assert "--max-restarts" in third.reason
+    named = RestartPolicy(0, 0, Budget().spend, budget_name="fork_and_monitor's max_restarts")
+    assert "(fork_and_monitor's max_restarts)" in named.decide(0, ExitStatus(1, None)).reason
 
 
 def test_loop_breaker_needs_the_same_signature_in_a_row() -> None:
