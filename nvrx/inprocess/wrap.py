@@ -230,6 +230,12 @@ class Wrapper:
             )
         if store_kwargs is not None and not isinstance(store_kwargs, dict):
             raise TypeError(f"Wrapper: store_kwargs must be a dict or None, got {store_kwargs!r}")
+        if not issubclass(store_factory, rstore.TCPStore) and store_factory.__module__ == "__main__":
+            raise TypeError(
+                f"Wrapper: store_factory {store_factory.__qualname__} is defined in the script run "
+                "as __main__: the rank's monitor process, which makes its own store of it, cannot "
+                "import it there; define it in a module the script imports"
+            )
         self.store_factory = store_factory
         self.store_kwargs = dict(store_kwargs or {})
         kwargs = self.store_kwargs

@@ -281,3 +281,13 @@ def test_abort_transformer_engine_without_te_returns_the_state_it_was_given(monk
     step = AbortTransformerEngine()
     assert isinstance(step, Abort) and step(frozen) is frozen
     assert Compose(AbortTransformerEngine(), AbortTorchDistributed())(frozen) is frozen
+
+
+def test_a_store_factory_of_the_main_script_is_refused_naming_it():
+    """The monitor process, a fresh interpreter, unpickles the factory: one defined in the
+    script run as ``__main__`` is not there (it failed to start, "monitor process exited")."""
+    main_store = type("MainStore", (rstore.FileStore,), {"__module__": "__main__"})
+    with pytest.raises(TypeError, match="store_factory MainStore is defined in the script run as __main__"):
+        Wrapper(store_factory=main_store)
+    main_tcp = type("MainTCP", (rstore.TCPStore,), {"__module__": "__main__"})
+    assert Wrapper(store_factory=main_tcp).store_factory is main_tcp  # reached by its address
