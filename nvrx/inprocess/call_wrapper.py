@@ -43,6 +43,7 @@ from .round_run import (
     preserved_environment,
 )
 from .state import State
+from .store import BarrierTimeout
 from .supervision import restarted_process, supervised
 from .wrapper_settings import WrapperSettings
 
@@ -393,7 +394,9 @@ class CallWrapper:
 
     # -- shutdown -----------------------------------------------------------------------
     def _termination_barrier(self) -> None:
-        """Every rank arrives; the store host waits for everyone, since the store must serve until then."""
+        """Every rank arrives; the store host waits for everyone, since the store must serve
+        until then: past ``barrier_timeout`` on, while the job moves (the others may train
+        on long after this rank left, as after a ``RankDiscarded``)."""
         base, world = self.services.base_store, self.initial_world_size
         try:
             ended = Meeting("termination", self.generation, world)
@@ -401,8 +404,23 @@ class CallWrapper:
                 base, ended, self.initial_rank, self.wrapper.seconds.barrier_timeout,
                 wait=self.services.host_store, on_forged=forged_reporter(self),
             )  # fmt: skip
+        except BarrierTimeout as exc:
+            if not self.services.host_store or not self._keep_store(base):
+                log.warning("termination barrier: %r", exc)
         except Exception as exc:
             log.warning("termination barrier: %r", exc)
+
+    def _keep_store(self, base: Any) -> bool:
+        """The store host waits on for the others while a host beats (``keep_until_terminated``),
+        in waits as long as its monitor's would be had the rank died; True once all passed."""
+        from nvrx.store.host_ring import HostsBeating
+
+        seconds = self.wrapper.seconds
+        chunk_s = 2 * max(seconds.barrier_timeout, seconds.completion_timeout)
+        log.info("the other ranks train on: this rank keeps the store until they finish")
+        return rounds.keep_until_terminated(
+            base, self.generation, self.initial_world_size, chunk_s, HostsBeating(base)
+        )
 
     def shutdown(self) -> None:
         """Termination barrier (the store host waits for everyone), then stop monitors and the

@@ -196,12 +196,17 @@ class _Monitor:
         if self.service is None:
             return
         log.info("rank gone; keeping the store until the other ranks finish")
+        from nvrx.store.host_ring import HostsBeating
+
         try:
-            cfg, generation = self.cfg, self.board.generation()
-            self.link.rounds.wait_barrier(
-                self.link.get(), "termination", generation, cfg.initial_world_size,
-                cfg.keeper_timeout,
-            )  # fmt: skip
+            cfg, generation, store = self.cfg, self.board.generation(), self.link.get()
+            if not self.link.rounds.keep_until_terminated(
+                store, generation, cfg.initial_world_size, cfg.keeper_timeout, HostsBeating(store)
+            ):
+                log.warning(
+                    "stopping the store without the termination barrier: no host beat for "
+                    "%g s", cfg.keeper_timeout,
+                )  # fmt: skip
         except Exception as exc:
             log.warning("stopping the store without the termination barrier: %r", exc)
 

@@ -69,7 +69,7 @@ class MonitorConfig:
     initial_world_size: int = 1
     host_store: bool = False  # start the store service here, so it outlives the rank
     barrier_timeout: float = 120.0  # the Wrapper's: how long its ranks wait at a barrier
-    keeper_timeout: float = 600.0  # how long a store host waits for the others after its rank died
+    keeper_timeout: float = 600.0  # a store host whose rank left: the longest the job may stand still
     env: dict[str, str] | None = None  # a program started ahead (``prestart``) takes the rank's
 
 

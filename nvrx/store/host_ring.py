@@ -127,6 +127,23 @@ def host_count(store: Any) -> int:
     return int(store.add(keys.HOST_COUNT, 0))
 
 
+class HostsBeating:
+    """Whether any host's agent beat since the last look: the sum of the ring's counters
+    moved (a job whose hosts all stand still is gone, or cut off)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.seen = self._total()
+
+    def _total(self) -> int:
+        return sum(beats(self.store, slot) for slot in range(host_count(self.store)))
+
+    def __call__(self) -> bool:
+        total = self._total()
+        moved, self.seen = total != self.seen, total
+        return moved
+
+
 def place(store: Any, slot: int, limits: Thresholds) -> ring.RingPlace:
     """Host ``slot``'s part in the ring of hosts (a silent host stands ``limits.host_s``)."""
     return ring.RingPlace(

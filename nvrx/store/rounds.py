@@ -846,6 +846,23 @@ def wait_barrier(base: Any, kind: str, at: int, world_size: int, timeout: float)
     barrier.wait(store, name, world_size, max(timeout, 0.001), sealing=_sealing(store))
 
 
+def keep_until_terminated(
+    base: Any, generation: int, world_size: int, chunk_s: float, moving: Callable[[], bool]
+) -> bool:
+    """The store host's wait for ``generation``'s termination barrier (arrived at already):
+    waits of ``chunk_s``, renewed while ``moving()`` (the job still moves: a host's agent
+    beat meanwhile). True once every rank passed it; False once a whole wait passed with
+    the job standing still. The others may train on long after the host's rank left, on
+    its store."""
+    while True:
+        try:
+            wait_barrier(base, "termination", generation, world_size, chunk_s)
+            return True
+        except barrier.BarrierTimeout:
+            if not moving():
+                return False
+
+
 def wait_completed(store: Any, timeout: float) -> None:
     """A spare waits for an active rank to return (or a fault to restart it first)."""
     if not barrier.await_signal(store, COMPLETED, timeout, _sealing(store)):

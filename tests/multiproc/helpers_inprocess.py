@@ -4,7 +4,8 @@
 rank running this file; each rank wraps ``train`` with a ``Wrapper`` built from
 ``params["wrapper"]`` and appends one JSON line per call of the function to
 ``calls-<rank>.jsonl``. Faults are injected on round 0 by the ranks named in
-``params["fault_ranks"]``. ``Ranks.wait()`` reaps every rank and returns their
+``params["fault_ranks"]``; ``params["train_s"]``: after a restart the ranks all-reduce
+for that long before they return. ``Ranks.wait()`` reaps every rank and returns their
 exit codes; ``Ranks.calls()`` and ``Ranks.events()`` read what happened.
 """
 
@@ -433,6 +434,10 @@ def _rank_main(tmp: Path) -> int:
             t = torch.tensor([1.0])
             dist.all_reduce(t)
             world = int(t.item())
+            train_until = time.monotonic() + (params.get("train_s", 0) if it > 0 else 0)
+            while time.monotonic() < train_until:  # the restarted ranks train on a while
+                dist.all_reduce(torch.tensor([1.0]))
+                time.sleep(0.05)
             gathered = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, initial_rank)
             record["peers"] = gathered

@@ -116,6 +116,33 @@ def test_sigkill_of_a_rank_is_noticed_and_peers_continue(tmp_path):
     assert dead and dead[0]["origin_rank"] == 1
 
 
+@pytest.mark.timeout(120)
+def test_the_store_host_killed_keeps_serving_while_the_others_train_on(tmp_path):
+    """Rank 0's monitor hosts the store: rank 0 SIGKILLed, the others restart and train
+    longer than the monitor's own limit at the termination barrier (twice the longer of
+    ``barrier_timeout`` and ``completion_timeout``). The store serves them while the job
+    moves (its hosts beat), until every rank passed the termination barrier."""
+    fast = dict(FAST, barrier_timeout=6, completion_timeout=4)  # the limit: 12 s
+    ranks = launch(tmp_path, 3, wrapper=fast, fault="sigkill", fault_ranks=[0], train_s=20)
+    codes = ranks.wait(100)
+    assert codes == [-9, 0, 0], ranks.logs()
+    assert ranks.result(1)["world"] == ranks.result(2)["world"] == 2
+    assert "stopping the store without the termination barrier" not in ranks.logs()
+
+
+@pytest.mark.timeout(120)
+def test_the_store_host_that_leaves_alive_serves_while_the_others_train_on(tmp_path):
+    """Rank 0 (its monitor hosts the store) leaves the job alive (an exception not worth a
+    restart); the others restart and train past its ``barrier_timeout`` at the termination
+    barrier: it waits on while the job moves, and its store serves them to their end."""
+    fast = dict(FAST, barrier_timeout=6, completion_timeout=4)
+    ranks = launch(tmp_path, 3, wrapper=fast, fault="base_exception", fault_ranks=[0], train_s=20)
+    codes = ranks.wait(100)
+    assert codes[0] != 0 and codes[1:] == [0, 0], ranks.logs()
+    assert ranks.result(0)["error"] == "KeyboardInterrupt"
+    assert ranks.result(1)["world"] == ranks.result(2)["world"] == 2
+
+
 def test_ping_timeout_restarts_a_livelock(tmp_path):
     ranks = launch(tmp_path, 2, wrapper=FAST, fault="ping_stall", fault_ranks=[0], init_pg=False)
     assert ranks.wait(60) == [0, 0], ranks.logs()

@@ -198,3 +198,25 @@ def test_a_state_written_in_the_round_shows_a_renumbering_nothing_before_told(st
     three = rounds.round_store(store, 3)
     _state(three, 0, 1, 3)
     assert rounds.leave_round(store, [2], 4, "node lost", gone=False)["ranks"] == []
+
+
+def test_the_store_host_waits_for_the_termination_barrier_while_a_host_beats(base) -> None:
+    """Renewed while the ring's counters move; ended by a whole wait with the job standing
+    still, or by the barrier completing."""
+    from nvrx.store import host_ring
+
+    slot = host_ring.register(base, "h0")
+    beating = host_ring.HostsBeating(base)
+    looks: list[bool] = []
+
+    def moving() -> bool:
+        if len(looks) < 2:  # the host beats through the first two waits, then stands still
+            base.add(host_ring.RING.alive(slot), 1)
+        looks.append(beating())
+        return looks[-1]
+
+    rounds.arrive_one(base, "termination", 0, 0, 2)
+    assert not rounds.keep_until_terminated(base, 0, 2, 0.05, moving)
+    assert looks == [True, True, False]
+    rounds.arrive_one(base, "termination", 0, 1, 2)
+    assert rounds.keep_until_terminated(base, 0, 2, 0.05, lambda: False)
