@@ -16,8 +16,8 @@ consecutive evaluations, and *cleared* when it stays at or above ``clear_at`` (h
 a rank slowed just past the threshold does not flap between the two) as long. A rank that
 turns slow at step ``s`` has a window of slow steps only from ``s + window``: evaluated
 at every step, it is named by ``s + rule.detection_bound`` when its slowdown is clear of
-the noise. A node's score is the median of its ranks' scores, named and cleared by the
-same rule.
+the noise. A node is scored the same way among the nodes, by the median of its ranks'
+medians (a job of one node has no node scores), and named and cleared by the same rule.
 
 A job's scorer need not hold every rank's steps: ``scores_of`` scores the window medians
 that each node computes for its own ranks, and ``evaluate`` counts a verdict's streak in
@@ -123,8 +123,10 @@ class StepScores:
         return scores_of(medians) if len(medians) == len(self._times) else {}
 
     def node_scores(self, node_of: Mapping[Hashable, Hashable]) -> dict[Hashable, float]:
-        """Each node's score: the median of its ranks' (``node_of`` maps rank to node)."""
-        return node_scores_of(self.scores(), node_of)
+        """Each node's score (``node_scores_of``; ``node_of`` maps rank to node), once every
+        rank has a full window (empty before)."""
+        medians = self.medians()
+        return node_scores_of(medians, node_of) if len(medians) == len(self._times) else {}
 
     def evaluate(
         self, scores: Mapping[Hashable, float], of: str = "rank", steps: int = 1
@@ -175,14 +177,28 @@ def scores_of(medians: Mapping[Hashable, float]) -> dict[Hashable, float]:
     return {rank: min(1.0, reference / m) for rank, m in medians.items()}
 
 
-def node_scores_of(
-    scores: Mapping[Hashable, float], node_of: Mapping[Hashable, Hashable]
+def node_medians_of(
+    medians: Mapping[Hashable, float], node_of: Mapping[Hashable, Hashable]
 ) -> dict[Hashable, float]:
-    """Each node's score: the median of its ranks' scores."""
+    """Each node's median step time: the median of its ranks' window medians (those not 0)."""
     by_node: dict[Hashable, list[float]] = {}
-    for rank, score in scores.items():
-        by_node.setdefault(node_of[rank], []).append(score)
+    for rank, median in medians.items():
+        if median > 0:
+            by_node.setdefault(node_of[rank], []).append(median)
     return {node: statistics.median(values) for node, values in by_node.items()}
 
 
-__all__ = ["Change", "StepScores", "StragglerRule", "node_scores_of", "reference_of", "scores_of"]
+def node_scores_of(
+    medians: Mapping[Hashable, float], node_of: Mapping[Hashable, Hashable]
+) -> dict[Hashable, float]:
+    """Each node's score among the nodes (empty for fewer than two): its median step time
+    (``node_medians_of``), scored as a rank's median is (``scores_of``). Nodes are judged
+    against nodes, not against the ranks' reference: a rank that does more than the others
+    on every node (the one that logs, say) weighs alike on each and makes no node slow."""
+    return scores_of(node_medians_of(medians, node_of))
+
+
+__all__ = [
+    "Change", "StepScores", "StragglerRule", "node_medians_of", "node_scores_of", "reference_of",
+    "scores_of",
+]  # fmt: skip

@@ -2,8 +2,8 @@
 
 Every look (each ``step_times.PUBLISH_S``), the supervisor that hosts the store reads each
 slot's medians (``node_keys.step_times``), scores each rank as the job's reference step
-time over its own median and each node as the median of its ranks' scores
-(``nvrx.straggler``), and writes a ``straggler`` event for each rank or node named slow or
+time over its own median, and each node the same way among the nodes by the median of
+its ranks' medians (``nvrx.straggler``), and writes a ``straggler`` event for each rank or node named slow or
 cleared. A verdict changes only after it held for ``rule.confirm`` steps and ``rule.looks``
 looks: one look after many steps (the first, or a fast job) never names anyone alone. A
 change whose telling meets a store error (listing a node for exclusion) is taken back and
@@ -25,11 +25,17 @@ yet gone; the store's host never lists its own slot (its leaving would move the 
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from nvrx.straggler import Change, StepScores, node_scores_of, reference_of, scores_of
+from nvrx.straggler import (
+    Change,
+    StepScores,
+    node_medians_of,
+    node_scores_of,
+    reference_of,
+    scores_of,
+)
 
 from . import node_keys
 from .job_store import JobStore
@@ -87,7 +93,7 @@ class StragglerJudge:
         for key in keys:
             self._counts[key].counted = view.steps[key[1]]
         changes = self.verdicts.evaluate(scores, "rank", advance)
-        changes += self.verdicts.evaluate(node_scores_of(scores, view.slot_of), "node", advance)
+        changes += self.verdicts.evaluate(node_scores_of(view.medians, view.slot_of), "node", advance)
         for i, change in enumerate(changes):
             try:
                 self._tell(change, view)
@@ -131,13 +137,14 @@ class StragglerJudge:
 
     def _tell(self, change: Change, view: _View) -> None:
         """One ``straggler`` event for ``change``; the exclusion list, when asked for."""
-        reference = reference_of(view.medians)
-        if change.of == "node":
+        if change.of == "node":  # judged among the nodes
             slot = int(change.who)
             ranks = sorted(r for r, s in view.slot_of.items() if s == slot)
+            nodes = node_medians_of(view.medians, view.slot_of)
+            reference, median = reference_of(nodes), nodes[slot]
         else:
             slot, ranks = view.slot_of[change.who], [change.who]
-        median = statistics.median(view.medians[r] for r in ranks)
+            reference, median = reference_of(view.medians), view.medians[change.who]
         action = "report"
         if change.of == "node" and self.action == "exclude" and change.state == "slow":
             action = self._exclude(slot, view)

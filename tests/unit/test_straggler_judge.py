@@ -135,7 +135,9 @@ def test_a_rank_that_stopped_counting_holds_no_one_back_and_sets_no_reference(st
     # then its old fast median drops out of the reference too
     _looks(judge, job, slow, 8, start=STALE_S + 1, moving={1, 2, 3})
     assert _named(node) == [(1, "slow")]
-    assert {e["reference_s"] for e in node.events} == {1.5}  # of ranks 1-3, not rank 0's
+    # of ranks 1-3, not rank 0's; a node's among the nodes: node 0's median is rank 1's
+    assert {e["reference_s"] for e in node.events if e["of"] == "rank"} == {1.5}
+    assert [(e["reference_s"], e["median_s"]) for e in node.events if e["of"] == "node"] == [(1.0, 2.0)]
 
 
 def test_a_healthy_job_and_a_job_slow_as_a_whole_name_no_one(store):
@@ -150,12 +152,24 @@ def test_one_spare_is_promised_to_one_slow_node_and_never_to_the_stores_own(stor
     judge, node = _judge(store, nnodes=4, spares=1, action="exclude")
     slots = {0: 0, 1: 0, 2: 1, 3: 1, 4: 2, 5: 2}
     job = _Job(store, slots)
-    _looks(judge, job, {0: 1.0, 1: 1.0, 2: 1.5, 3: 1.5, 4: 1.6, 5: 1.6}, 5)
+    # nodes scored against nodes: the reference of three is halfway from the fastest to the next
+    _looks(judge, job, {0: 1.0, 1: 1.0, 2: 2.0, 3: 2.0, 4: 2.1, 5: 2.1}, 5)
     actions = {e["who"]: e["action"] for e in node.events if e["of"] == "node"}
     assert sorted(actions.values()) == ["exclude", "none"], actions
     listed = [k for k, a in actions.items() if a == "exclude"]
     sealed = store.get(node_keys.STRAGGLERS).decode()
     assert json.loads(SEALER.unseal(node_keys.STRAGGLERS, sealed)) == {"exclude": listed}
+
+
+def test_a_rank_that_does_more_on_every_node_makes_no_node_slow(store):
+    """Local rank 0 of each node works twice as long (it logs, say): it is named, its node
+    is not, nor excluded; the nodes are alike."""
+    judge, node = _judge(store, nnodes=3, spares=1, action="exclude")
+    job = _Job(store, TWO_NODES)
+    _looks(judge, job, {0: 2.0, 1: 1.0, 2: 2.0, 3: 1.0}, 10)
+    assert sorted(_named(node, of="rank")) == [(0, "slow"), (2, "slow")]
+    assert _named(node) == []
+    assert not store.check([node_keys.STRAGGLERS])
 
 
 def test_the_stores_own_slot_is_never_excluded(store):
