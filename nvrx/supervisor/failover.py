@@ -163,6 +163,8 @@ class Failover:
             self._roles.record_lost_unreplaced(lost_slot, node, lost_wall, kept)
         if answers.batch_host_answered:
             self._store_host_probed(answers)
+            if alive == {self._roles.slot}:  # it alone counted this epoch: the others count it next
+                self._give_back_requeue_claim()
             return
         self.requeue(answers.unanswered, probe=False)
         if answers.batch_host is not None:  # it did not answer
@@ -231,6 +233,12 @@ class Failover:
         if not claimed:
             log.info("another survivor asks SLURM about the job's nodes")
         return claimed
+
+    def _give_back_requeue_claim(self) -> None:
+        try:
+            store_failover.release_requeue(self.store.config.events_dir, self.store.epoch, self._roles.slot)
+        except OSError as exc:
+            log.error("cannot give back the requeue claim through %s: %s", self.store.config.events_dir, exc)
 
     def _store_host_probed(self, answers: node_requeue.StepAnswers) -> None:
         """The job ends with the survivors, for its batch host still runs: the answer about

@@ -41,7 +41,9 @@ address and stops; so does every survivor when no store address comes within
 the store timeout plus the node timeout. When fewer than a majority announced
 themselves, or no address came, the first of them whose node answers SLURM to create
 ``failover/run<N>/e<epoch>/requeue-claim`` exclusively is the one that asks SLURM about
-the job's nodes and may requeue it (``failover``).
+the job's nodes and may requeue it (``failover``); one that was alone in its election and
+requeued nothing gives the claim back (``release_requeue``): its store may have been lost
+for it alone, and the others count the same epoch at their own failover.
 
 What becomes of the epoch is decided once, by whoever first creates
 ``failover/run<N>/e<epoch>/decided`` exclusively (``decide``): the claimant, before it
@@ -204,6 +206,17 @@ def claim_requeue(job_dir: Path, epoch: int, slot: int) -> bool:
     """Whether ``slot`` is the one survivor of the failed election of ``epoch`` that asks SLURM
     about the job's nodes and requeues it (the first to create ``requeue-claim``)."""
     return _create_first(epoch_dir(job_dir, epoch) / "requeue-claim", str(slot))
+
+
+def release_requeue(job_dir: Path, epoch: int, slot: int) -> None:
+    """``slot`` gives back its claim of ``epoch``'s requeue: it was alone in that election
+    and requeued nothing (the job's batch host answers: the store was lost for it alone,
+    maybe), so the others, who still count that epoch next, may claim it when their store
+    host is lost for real."""
+    path = epoch_dir(job_dir, epoch) / "requeue-claim"
+    with contextlib.suppress(FileNotFoundError):
+        if path.read_text() == str(slot):
+            path.unlink()
 
 
 #: The two fates of an epoch (``decide``): its claimant's store serves, or the job is requeued.

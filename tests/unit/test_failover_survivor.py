@@ -680,3 +680,28 @@ def test_a_rejected_word_to_keep_a_store_ready_as_the_store_is_lost_is_not_a_cra
     assert failover.on_message({"event": "key", "key": key, "value": "forged"})
     assert rejected == [key]
 
+
+
+def test_a_survivor_alone_in_its_election_that_requeued_nothing_gives_its_claim_back(
+    tmp_path, slurm
+) -> None:
+    """Slot 1 alone lost its link (the store served the others): its election at epoch 1
+    found no majority, it claimed the requeue, the batch host answered and it stops. When
+    the store host is lost for real, the others elect at epoch 1 too: one of them may claim
+    the requeue then (before, the claim left behind kept every survivor from asking SLURM)."""
+    alone = _Survivor(tmp_path, nnodes=4, slot=1)
+    slurm["answer"] = _answers("node1,node2,node3,node4", "node1", "node1")
+    alone.decide({1})
+    assert slurm["asked"] and alone.requeued == []
+    later = _Survivor(tmp_path, nnodes=4, slot=2)
+    slurm["answer"] = _answers("node1,node2,node3,node4", "node1", "")
+    later.decide({2, 3})
+    assert len(slurm["asked"]) == 2 and later.requeued == [(["node1"], False)]
+
+
+def test_a_survivor_among_others_keeps_its_claim(tmp_path, slurm) -> None:
+    """In an election of several survivors the claim stays, so that no second one asks."""
+    first = _Survivor(tmp_path, nnodes=4, slot=1)
+    slurm["answer"] = _answers("node1,node2,node3,node4", "node1", "node1")
+    first.decide({1, 2})
+    assert not _Survivor(tmp_path, nnodes=4, slot=2).failover._claims_requeue()
