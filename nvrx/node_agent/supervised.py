@@ -12,8 +12,9 @@ during a store failover) owns the store clients instead (nvrx's own,
   "key": ..., ...}``; ``liveness`` starts the node's beat in the ring whose keys'
   prefix it names (``NodeDuty``, which reads the slots' claims with the job's secret,
   ``seal.job_sealer``, and stamps its beats in the folder ``stamps`` where given), ``leave_ranks``
-  takes a lost node's ranks out of the Wrapper's running round and ``leave_silent``
-  a rank whose monitor stopped beating out of its round (``nvrx.store.rounds``)
+  takes a lost node's ranks out of the Wrapper's running round, ``leave_silent``
+  a rank whose monitor stopped beating out of its round, and ``current_round`` reads the
+  round the job is in (``nvrx.store.rounds``)
 * answers on stdout: ``{"id": 1, "value": ...}`` or ``{"id": 1, "error": "..."}``
 * unsolicited lines: ``{"event": "ready"}``, ``{"event": "key", "key": k, "value": v}``
   when a watched key is set, ``{"event": "lost", "message": ..., "answered_wall": ...}`` when the
@@ -166,9 +167,13 @@ class _Agent:
                     str(request.get("message", "")),
                 )
             }
+        if op == "current_round":
+            from nvrx.store import rounds
+
+            return {"value": rounds.current_round(self.store)}
         raise ValueError(
-            f"unknown op {op!r}: expected add, set, append, get, compare_set, watch, liveness, leave_ranks "
-            "or leave_silent"
+            f"unknown op {op!r}: expected add, set, append, get, compare_set, watch, liveness, "
+            "leave_ranks, leave_silent or current_round"
         )
 
     def _start_liveness(self, request: dict[str, Any]) -> None:

@@ -268,10 +268,12 @@ def generation_base(store: Any, *, step: int = GENERATION_STEP) -> int:
     round is published only after the initial barrier, which every one of them
     must pass first.
     """
-    last = current_round(store)
-    if last is None:
-        return 0
-    return (last // step + 1) * step
+    return generation_after(current_round(store), step=step)
+
+
+def generation_after(last: int | None, *, step: int = GENERATION_STEP) -> int:
+    """First round of the generation that opens after round ``last`` (0 after none)."""
+    return 0 if last is None else (last // step + 1) * step
 
 
 # The job's restart count: one more as a round starts after an in-process restart, and as a

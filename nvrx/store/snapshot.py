@@ -94,6 +94,10 @@ class KeptKeys:
         """The kept value of ``key``; None when it was not set."""
         return self.keys.get(key)
 
+    def check(self, keys: list[str]) -> bool:
+        """Whether every one of ``keys`` was set."""
+        return all(key in self.keys for key in keys)
+
     def compare_set(self, key: str, expected: str, desired: str) -> str:
         """A read: the kept value of ``key``, else ``desired`` (which must be ``expected``:
         nothing is set here, so a write raises ``ValueError``)."""

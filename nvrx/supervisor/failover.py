@@ -44,7 +44,7 @@ from pathlib import Path
 
 from nvrx import jobenv
 from nvrx.slurm import commands
-from nvrx.store import snapshot
+from nvrx.store import rounds, snapshot
 from nvrx.store.service import StoreService
 
 from . import node_keys, node_requeue, store_failover
@@ -94,6 +94,8 @@ class Failover:
         #: The slots that announced themselves in an election that found no majority, or in
         #: one whose store was not published (less its successor and its claimant).
         self._unelected: frozenset[int] | None = None
+        #: The first round of the generation the ranks start anew in after this failover.
+        self._fresh_from: int | None = None
         #: This slot found its own end in the lost store's snapshot: it stood in no election.
         self._fenced_off = False
         #: (The successor) its new store was the one held ready (``prepare``), not one started
@@ -508,7 +510,10 @@ class Failover:
         announces nothing) and ends as fenced (``store_lost``)."""
         store = self.store
         cfg, slot = store.config, self._roles.slot
-        known_lost = self._known_lost(self._lost_store_keys())
+        kept = self._lost_store_keys()
+        known_lost = self._known_lost(kept)
+        # the next store is restored from that snapshot: the ranks start anew in the generation after its round
+        self._fresh_from = rounds.generation_after(rounds.current_round(kept))
         if slot in known_lost:
             lost_store = store_failover.snapshot_path(cfg.events_dir, store.epoch, store.slot)
             log.error("%s, the lost store's snapshot, shows this slot's end: the job gave it up, "
@@ -571,7 +576,7 @@ class Failover:
             store.link.wait_ready()
             if store.stop is not None:
                 store.stop.watch(store.link)
-            self._roles.relink(store.config, store.link, address.slot)
+            self._roles.relink(store.config, store.link, address.slot, self._fresh_from)
             if store.service is not None:
                 self._roles.watch_chain(ALL_ENDED_KEY)
         except StoreLinkError as exc:

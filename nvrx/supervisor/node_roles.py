@@ -94,6 +94,9 @@ class NodeRoles:
         self.node_rank: int | None = None if cfg.starts_as_spare else cfg.node_rank
         self.left = False
         self.store_slot = 0  # the slot hosting the store: its end is not counted in ENDED
+        #: After a store failover, the first round of the generation the ranks start anew
+        #: in, until it runs (``_opening_fresh``); None otherwise.
+        self.fresh_from: int | None = None
         self.probes = NodeProbes(emit)  # does a lost node still answer SLURM?
         self._watched: dict[str, SealedChain] = {}  # sealed chains this slot waits on
         #: The rejected values this slot recorded, as (key, digest of the value): a chain it
@@ -202,9 +205,26 @@ class NodeRoles:
         self.link.set(key, self._known_sealer().seal(key, json.dumps(info)))
 
     # -- a lost slot ----------------------------------------------------------------
-    def relink(self, cfg: SupervisorConfig, link: StoreLink, store_slot: int) -> None:
-        """After a store failover: the same role, through the new store hosted by ``store_slot``."""
+    def relink(
+        self, cfg: SupervisorConfig, link: StoreLink, store_slot: int, fresh_from: int | None = None
+    ) -> None:
+        """After a store failover: the same role, through the new store hosted by ``store_slot``.
+        ``fresh_from``: the first round of the generation the ranks start anew in there (the
+        one after the last round of the snapshot it was restored from)."""
         self.cfg, self.link, self.store_slot = cfg, link, store_slot
+        self.fresh_from = fresh_from
+
+    def _opening_fresh(self) -> bool:
+        """Whether the job's ranks are starting anew after a store failover and that generation
+        has run no round yet: a spare's ranks then start with them (there is no round to
+        rejoin), whichever slot was lost."""
+        if self.fresh_from is None:
+            return False
+        current = self.link.current_round()
+        if current is not None and current >= self.fresh_from:
+            self.fresh_from = None  # opened: a later spare rejoins its running round
+            return False
+        return True
 
     def declare(self, report: dict[str, Any], fresh: bool = False) -> Loss | None:
         """Declare the silent slot of ``report`` lost and record it (``take_out``, then
@@ -226,6 +246,7 @@ class NodeRoles:
         slot = int(report["slot"])
         if not self._end(slot):
             return None
+        fresh = fresh or self._opening_fresh()
         info = self._info(slot)
         node_rank = self._held_node_rank(slot, info)
         host = info.get("slurm_node") or info.get("host")

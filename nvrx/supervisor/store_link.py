@@ -313,6 +313,11 @@ class StoreLink:
             gone=gone,
         )
 
+    def current_round(self) -> int | None:
+        """The round the Wrapper's ranks are in (``rounds.current_round``); None before any."""
+        value = self.request("current_round", "round")
+        return None if value is None else int(value)
+
     def leave_silent(self, initial_rank: int, world_size: int, message: str) -> bool:
         """Take the rank of ``initial_rank``, whose monitor stopped beating, out of the running
         round (``rounds.leave_silent``); False when it was out already."""

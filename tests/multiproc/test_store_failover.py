@@ -535,3 +535,34 @@ def test_a_slot_declared_lost_while_it_stalled_never_hosts_the_next_store(tmp_pa
     lost = sorted(job.events("node_lost"), key=lambda e: e["wall"])
     assert [(e["lost_slot"], e["action"]) for e in lost] == [(1, "shrink"), (0, "shrink")], output
     _no_process_left(killed + frozen)
+
+
+@pytest.mark.timeout(400)
+def test_a_node_lost_with_the_store_host_gets_a_spare_that_starts_with_the_new_generation(
+    tmp_path: Path,
+) -> None:
+    """5 nodes x 1 rank, two spares. Slots 0 (the store host) and 1 are lost at once: slot 2
+    hosts the next store and the survivors start a new generation, whose initial barrier
+    waits for node rank 1 too. Slot 1 is found silent only in the new store: the spare
+    that takes node rank 1 starts with that generation (before, it waited to rejoin a round
+    nobody ran, and the survivors for it until their barrier's timeout)."""
+    steps = 60
+    job = _five_nodes_losing_two(
+        tmp_path, steps, "--node-timeout", "3", "--spare-nodes", "2", "--store-timeout", "15"
+    )
+    wait_until(
+        f"a checkpoint after step {KILL_AFTER_STEP}",
+        lambda: any(e.get("step", 0) >= KILL_AFTER_STEP for e in job.events("progress", "app")),
+        120,
+        state=job.output,
+    )
+    killed = kill_tree(job.procs[0].pid) + kill_tree(job.procs[1].pid)
+    codes = job.wait(300)
+    output = job.output()
+    assert codes[2:] == [0, 0, 0], output
+    assert f"finished {steps} steps at world size 3" in output, output
+    lost = sorted((e["lost_slot"], e["action"]) for e in job.events("node_lost"))
+    assert lost == [(0, "spare"), (1, "spare")], output
+    starts = {e["node"]: e for e in job.events("node_takeover")}
+    assert sorted(starts) == [3, 4], output
+    _no_process_left(killed)

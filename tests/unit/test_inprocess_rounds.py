@@ -124,12 +124,7 @@ class FakeCall:
     """What a round (``round_run``) uses of a ``CallWrapper``."""
 
     def __init__(self, base, world_size: int = 1, **wrapper) -> None:
-        self.wrapper = SimpleNamespace(
-            initialize=None,
-            health_check=None,
-            finalize=None,
-            terminate=None,
-            rank_filter=None,
+        seconds = SimpleNamespace(  # the Wrapper's timings, as a call reads them
             monitor_thread_interval=0.1,
             completion_timeout=5.0,
             barrier_timeout=5.0,
@@ -137,7 +132,16 @@ class FakeCall:
             rejoin_timeout=0.0,
             monitor_process_interval=0.05,
         )
-        vars(self.wrapper).update(wrapper)
+        self.wrapper = SimpleNamespace(
+            initialize=None,
+            health_check=None,
+            finalize=None,
+            terminate=None,
+            rank_filter=None,
+            seconds=seconds,
+        )
+        for name, value in wrapper.items():
+            setattr(seconds if hasattr(seconds, name) else self.wrapper, name, value)
         self.assignment = with_rank_filter(getattr(self.wrapper, "rank_assignment", None), None)
         self.state = State(
             rank=0,
