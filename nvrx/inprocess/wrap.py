@@ -58,8 +58,9 @@ MAY_BE_ZERO = ("last_call_wait", "termination_grace_time", "rejoin_timeout")
 
 def _timing(name: str) -> property:
     """The Wrapper's attribute ``name``: a ``timedelta``, as the reference's is (code written
-    for it calls ``total_seconds()``); set, it is checked as the Wrapper's argument is and
-    the call reads it from ``seconds``."""
+    for it calls ``total_seconds()``). Set later, its range is checked as the argument's is
+    (not its order against the other timings, which may be changed one after the other);
+    a call made after that reads it from ``seconds``."""
 
     def get(self: Wrapper) -> datetime.timedelta:
         return datetime.timedelta(seconds=getattr(self.seconds, name))

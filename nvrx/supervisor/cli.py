@@ -344,6 +344,13 @@ def _resolve_command(command: list[str], on_node: bool = True) -> list[str]:
     return command
 
 
+def _options_part(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
+    """The arguments of ``argv`` before the training command, which is taken as given from
+    its first word on (with or without ``--``), whatever options of its own it has."""
+    command = parser.parse_args(list(argv)).command
+    return list(argv)[: len(argv) - len(command)]
+
+
 def config_from_args(
     argv: Sequence[str], env: Mapping[str, str] | None = None, count_here: bool = True
 ) -> tuple[SupervisorConfig, bool]:
@@ -354,16 +361,17 @@ def config_from_args(
     (each node counts its own), it stands for 1; the command is not looked for here either."""
     env = os.environ if env is None else env
     parser = build_parser()
-    parser.set_defaults(**torchrun.fallbacks(env, argv))
+    options = _options_part(parser, argv)
+    parser.set_defaults(**torchrun.fallbacks(env, options))
     args = parser.parse_args(list(argv))
-    _no_empty_values(args, argv)
+    _no_empty_values(args, options)
     try:
         processes.warning_signal(env)
         preemption.settings_from_env(env)  # else each node's supervisor fails as it starts
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     command = _resolve_command(list(args.command), on_node=count_here)
-    args.nproc_per_node = _nproc(str(args.nproc_per_node), argv, env, count_here)
+    args.nproc_per_node = _nproc(str(args.nproc_per_node), options, env, count_here)
     picked = False
     local_topology = any(v is not None for v in (args.nnodes, args.node_rank, args.master_addr))
     if in_slurm_step(env) and not local_topology:
@@ -389,7 +397,7 @@ def config_from_args(
         finish_timeout=args.finish_timeout,
         **_node_settings(args, env),
         node_heartbeat=args.node_heartbeat,
-        rank_logs=_rank_logs(args, argv, env),
+        rank_logs=_rank_logs(args, options, env),
         ft=ft_options.config_from(args),
         ft_restart_policy=args.ft_restart_policy,
         non_retryable_patterns=ft_options.non_retryable_patterns(args),

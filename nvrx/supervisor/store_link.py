@@ -188,10 +188,12 @@ class StoreLink:
             event = message.get("event")
             if event == "ready":
                 self.ready = True
-            elif event is not None:
-                if event == "lost" and self.lost is None:
+            elif event == "lost":
+                if self.lost is None:  # said once, whoever found it first
                     self.lost = str(message.get("message"))
                     self._answered(message.get("answered_wall"))
+                    self._events.append(message)
+            elif event is not None:
                 self._events.append(message)
             else:
                 answers.append(message)

@@ -65,6 +65,8 @@ def test_no_answer_by_the_deadline_is_a_lost_store(link: tuple[StoreLink, int]) 
     with pytest.raises(StoreLinkError):
         store_link.add("k")
     assert store_link.read_events() == []  # said once
+    os.write(_agent, b'{"event": "lost", "message": "store gone"}\n')  # the agent finds it too
+    assert store_link.read_events() == []
 
 
 def test_an_agent_gone_when_asked_is_a_lost_event_once() -> None:

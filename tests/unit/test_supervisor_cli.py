@@ -403,3 +403,17 @@ def test_node_settings_from_the_templates_variables_are_named_by_them() -> None:
     # an option given: the variable is not read, nor checked
     cfg, _ = config_from_args([*_topology(), "--min-nodes", "1", "--", "python"], {**base, "NVRX_MIN_NODES": "abc"})
     assert cfg.min_nodes == 1
+
+
+def test_the_commands_own_options_do_not_hide_torchruns_variables() -> None:
+    """Without ``--`` the command begins at its first word: ``--nnodes``, ``-tp`` or
+    ``--master_port`` of the training script are its own, not the supervisor's."""
+    from nvrx.supervisor import cli, torchrun
+
+    env = {"PET_NNODES": "2", "PET_TEE": "3", "PET_MASTER_PORT": "29500"}
+    argv = ["--nproc-per-node", "1", "python", "train.py", "--nnodes", "4", "-tp", "8", "--master_port", "1"]
+    options = cli._options_part(cli.build_parser(), argv)
+    assert options == ["--nproc-per-node", "1"]
+    assert torchrun.fallbacks(env, options) == {"nnodes": "2", "tee": "3", "master_port": "29500"}
+    options = cli._options_part(cli.build_parser(), ["-t1", "--", *argv[2:]])
+    assert torchrun.fallbacks(env, options) == {"nnodes": "2", "master_port": "29500"}
