@@ -30,7 +30,7 @@ from .logging import release_logger, setup_logger
 from .monitor_process import MonitorProcess
 from .monitor_thread import RESTART_WAIT_S, Delivery, RankShouldRestart, reraise_if_unraisable
 from .param_utils import substitute_param_value
-from .progress_watchdog import FLAG_TIMEOUTS_OFF, ProgressWatchdog
+from .progress_watchdog import FLAG_KEEPING, FLAG_TIMEOUTS_OFF, ProgressWatchdog
 from .rank_filter import with_rank_filter
 from .rank_services import RankServices
 from .round_run import (
@@ -412,12 +412,15 @@ class CallWrapper:
 
     def _keep_store(self, base: Any) -> bool:
         """The store host waits on for the others while a host beats (``keep_until_terminated``),
-        in waits as long as its monitor's would be had the rank died; True once all passed."""
+        in waits as long as its monitor's would be had the rank died; True once all passed.
+        Its monitor beats no more meanwhile (``FLAG_KEEPING``): the job moves only by the
+        others' beats."""
         from nvrx.store.host_ring import HostsBeating
 
         seconds = self.wrapper.seconds
         chunk_s = 2 * max(seconds.barrier_timeout, seconds.completion_timeout)
         log.info("the other ranks train on: this rank keeps the store until they finish")
+        self.services.board.set_flag(FLAG_KEEPING, True)  # its own beats no longer count
         return rounds.keep_until_terminated(
             base, self.generation, self.initial_world_size, chunk_s, HostsBeating(base)
         )

@@ -56,6 +56,7 @@ from .logging import setup_monitor_logging
 from .monitor_process import STACK_SIGNAL, MonitorConfig
 from .progress_watchdog import (
     FLAG_BETWEEN,
+    FLAG_KEEPING,
     FLAG_SHUTDOWN,
     FLAG_TIMEOUTS_OFF,
     FLAG_USER,
@@ -212,6 +213,9 @@ class _Monitor:
 
     # -- heartbeats --------------------------------------------------------------------
     def _heartbeat(self, now: float, info: dict[str, float]) -> None:
+        if int(info["flags"]) & FLAG_KEEPING:
+            self._stop_beating()  # the rank left the job: its bye, once
+            return
         if now < self.next_hb:
             return
         self.next_hb = now + self.cfg.heartbeat_interval
@@ -365,6 +369,10 @@ class _Monitor:
         info = self.board.read()
         flags, cfg = int(info["flags"]), self.cfg
         if flags & FLAG_SHUTDOWN:
+            return
+        if flags & FLAG_KEEPING:  # it had left the job: no fault, the store is kept as it was
+            log.warning("rank process %s died while it kept the store", cfg.target_pid)
+            self._keep_store()
             return
         log.warning("rank process %s died", cfg.target_pid)
         self._stop_beating()

@@ -56,6 +56,10 @@ FLAG_RELEASED = 8
 # between two rounds (finalize, restart health check, iteration barrier, rejoin, rank
 # assignment): the hard timeout applies, counted from the limit of a wait
 FLAG_BETWEEN = 16
+# the rank left the job and waits on at the termination barrier because its monitor hosts
+# the store: the monitor beats no more (its bye: the host's agent counts it ended, and the
+# job is seen moving by the others' beats only), and keeps the store should the rank die
+FLAG_KEEPING = 32
 
 
 def released_into_next(flags: int) -> bool:

@@ -192,6 +192,8 @@ def spawn(
 ) -> subprocess.Popen[bytes]:
     """Start the process of one rank (also a replacement of a dead one, as a supervisor would)."""
     env = rank_env(ranks.tmp / "logs", rank, ranks.world_size, ranks.port)
+    if params.get("hosts"):  # the host each rank stands for: a node agent per host
+        env["NVRX_HOST_ID"] = params["hosts"][rank]
     env.update(params.get("env", {}))
     env.update(extra_env or {})
     with open(ranks.tmp / f"rank-{rank}.log", "ab") as out:

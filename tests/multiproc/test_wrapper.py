@@ -136,11 +136,18 @@ def test_the_store_host_that_leaves_alive_serves_while_the_others_train_on(tmp_p
     restart); the others restart and train past its ``barrier_timeout`` at the termination
     barrier: it waits on while the job moves, and its store serves them to their end."""
     fast = dict(FAST, barrier_timeout=6, completion_timeout=4)
-    ranks = launch(tmp_path, 3, wrapper=fast, fault="base_exception", fault_ranks=[0], train_s=20)
+    # rank 0 alone on its host: once it left, its host's agent ends, and the job moves by
+    # the other host's beats only
+    ranks = launch(
+        tmp_path, 3, wrapper=fast, fault="base_exception", fault_ranks=[0], train_s=20,
+        hosts=["a", "b", "b"],
+    )  # fmt: skip
     codes = ranks.wait(100)
     assert codes[0] != 0 and codes[1:] == [0, 0], ranks.logs()
     assert ranks.result(0)["error"] == "KeyboardInterrupt"
     assert ranks.result(1)["world"] == ranks.result(2)["world"] == 2
+    assert "keeps the store until they finish" in ranks.log(0)
+    assert "termination barrier:" not in ranks.log(0)  # it did not give up
 
 
 def test_ping_timeout_restarts_a_livelock(tmp_path):

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -174,3 +175,38 @@ def test_a_launched_store_is_stopped_when_the_monitor_fails_before_it_watches(tm
         "sys.exit(code if not service.alive and service.pid is None else 5)\n"
     )
     assert _in_a_process(code, _hosting(tmp_path)) == 1
+
+
+def test_a_rank_that_keeps_the_store_after_leaving_is_beaten_for_no_more():
+    """``FLAG_KEEPING``: its monitor says bye once (its host's agent counts it ended, and the
+    job moves only by the others' beats) and beats no more; dying then is no fault."""
+    from nvrx.inprocess import monitor_main
+    from nvrx.inprocess.progress_watchdog import FLAG_KEEPING
+
+    class Host:
+        def __init__(self) -> None:
+            self.beats, self.ended = 0, []
+
+        def beat(self, beat) -> None:
+            self.beats += 1
+
+        def end(self, failed: bool) -> None:
+            self.ended.append(failed)
+
+    monitor = monitor_main._Monitor.__new__(monitor_main._Monitor)
+    host = Host()
+    monitor.host, monitor.sender, monitor.next_hb = host, None, 0.0
+    monitor.cfg = SimpleNamespace(heartbeat_interval=0.0, initial_rank=0, target_pid=1)
+    monitor.child, monitor.round = (0, 0), 0
+    monitor._beat = lambda rank, world_size, bye=False: (rank, world_size)
+    monitor._heartbeat(1.0, {"flags": 0, "rank": 0, "world_size": 2})
+    assert host.beats == 1 and host.ended == []
+    for now in (2.0, 3.0):
+        monitor._heartbeat(now, {"flags": FLAG_KEEPING, "rank": 0, "world_size": 2})
+    assert host.beats == 1 and host.ended == [False]  # one bye, on purpose
+    kept = []
+    monitor._keep_store = lambda: kept.append(True)
+    monitor._leave = lambda *a: pytest.fail("a rank that left the job leaves no round")
+    monitor.board = SimpleNamespace(read=lambda: {"flags": FLAG_KEEPING, "rank": 0, "world_size": 2})
+    monitor._rank_died()
+    assert kept == [True]
