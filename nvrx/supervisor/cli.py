@@ -344,6 +344,15 @@ def _resolve_command(command: list[str], on_node: bool = True) -> list[str]:
     return command
 
 
+def _parse(argv: Sequence[str], env: Mapping[str, str]) -> tuple[argparse.Namespace, list[str]]:
+    """The options parsed, torchrun's ``$PET_*`` standing in for those not given; and the
+    part of ``argv`` before the training command, where they were looked for."""
+    parser = build_parser()
+    options = _options_part(parser, argv)
+    parser.set_defaults(**torchrun.fallbacks(env, options))
+    return parser.parse_args(list(argv)), options
+
+
 def _options_part(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
     """The arguments of ``argv`` before the training command, which is taken as given from
     its first word on (with or without ``--``), whatever options of its own it has."""
@@ -360,10 +369,7 @@ def config_from_args(
     before it starts the supervisors): ``--nproc-per-node auto|cpu|gpu`` is not counted here
     (each node counts its own), it stands for 1; the command is not looked for here either."""
     env = os.environ if env is None else env
-    parser = build_parser()
-    options = _options_part(parser, argv)
-    parser.set_defaults(**torchrun.fallbacks(env, options))
-    args = parser.parse_args(list(argv))
+    args, options = _parse(argv, env)
     _no_empty_values(args, options)
     try:
         processes.warning_signal(env)
