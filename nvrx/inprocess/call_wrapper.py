@@ -405,15 +405,17 @@ class CallWrapper:
                 wait=self.services.host_store, on_forged=forged_reporter(self),
             )  # fmt: skip
         except BarrierTimeout as exc:
-            if not self.services.host_store or not self._keep_store(base):
+            if self.services.host_store:
+                self._keep_store(base, exc)
+            else:
                 log.warning("termination barrier: %r", exc)
         except Exception as exc:
             log.warning("termination barrier: %r", exc)
 
-    def _keep_store(self, base: Any) -> bool:
+    def _keep_store(self, base: Any, timed_out: BarrierTimeout) -> None:
         """The store host waits on for the others while a host beats (``keep_until_terminated``),
-        in waits as long as its monitor's would be had the rank died; True once all passed.
-        Its monitor beats no more meanwhile (``FLAG_KEEPING``): the job moves only by the
+        in waits as long as its monitor's would be had the rank died, until all passed. Its
+        monitor beats no more meanwhile (``FLAG_KEEPING``): the job moves only by the
         others' beats."""
         from nvrx.store.host_ring import HostsBeating
 
@@ -421,9 +423,15 @@ class CallWrapper:
         chunk_s = 2 * max(seconds.barrier_timeout, seconds.completion_timeout)
         log.info("the other ranks train on: this rank keeps the store until they finish")
         self.services.board.set_flag(FLAG_KEEPING, True)  # its own beats no longer count
-        return rounds.keep_until_terminated(
-            base, self.generation, self.initial_world_size, chunk_s, HostsBeating(base)
-        )
+        try:
+            passed = rounds.keep_until_terminated(
+                base, self.generation, self.initial_world_size, chunk_s, HostsBeating(base)
+            )
+        except Exception as exc:
+            log.warning("termination barrier, keeping the store: %r", exc)
+            return
+        if not passed:
+            log.warning("termination barrier: %r; no host beat for %g s since", timed_out, chunk_s)
 
     def shutdown(self) -> None:
         """Termination barrier (the store host waits for everyone), then stop monitors and the

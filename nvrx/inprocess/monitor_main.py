@@ -372,6 +372,7 @@ class _Monitor:
             return
         if flags & FLAG_KEEPING:  # it had left the job: no fault, the store is kept as it was
             log.warning("rank process %s died while it kept the store", cfg.target_pid)
+            self._stop_beating()  # its bye, where the death came before the watch's beat
             self._keep_store()
             return
         log.warning("rank process %s died", cfg.target_pid)

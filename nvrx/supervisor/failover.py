@@ -331,6 +331,17 @@ class Failover:
         ended = {s for s in range(store.config.nnodes) if self._roles.ended(s, kept)}
         return ended | {store.lost_slot}
 
+    @staticmethod
+    def _generation_after(kept: snapshot.KeptKeys) -> int | None:
+        """The first round of the generation the ranks start anew in: the next store is
+        restored from ``kept``, and they open the generation after its round. None when
+        the round cannot be read (the job's secret file, say): a spare then rejoins."""
+        try:
+            return rounds.generation_after(rounds.current_round(kept))
+        except (OSError, ValueError) as exc:
+            log.error("cannot read the round of the lost store's snapshot: %s", exc)
+            return None
+
     def _lost_store_keys(self) -> snapshot.KeptKeys:
         """What the store just lost kept in its snapshot, as the survivors all read it."""
         store = self.store
@@ -512,8 +523,7 @@ class Failover:
         cfg, slot = store.config, self._roles.slot
         kept = self._lost_store_keys()
         known_lost = self._known_lost(kept)
-        # the next store is restored from that snapshot: the ranks start anew in the generation after its round
-        self._fresh_from = rounds.generation_after(rounds.current_round(kept))
+        self._fresh_from = self._generation_after(kept)
         if slot in known_lost:
             lost_store = store_failover.snapshot_path(cfg.events_dir, store.epoch, store.slot)
             log.error("%s, the lost store's snapshot, shows this slot's end: the job gave it up, "

@@ -95,7 +95,7 @@ class NodeRoles:
         self.left = False
         self.store_slot = 0  # the slot hosting the store: its end is not counted in ENDED
         #: After a store failover, the first round of the generation the ranks start anew
-        #: in, until it runs (``_opening_fresh``); None otherwise.
+        #: in, until it runs (``opening_fresh``); None otherwise.
         self.fresh_from: int | None = None
         self.probes = NodeProbes(emit)  # does a lost node still answer SLURM?
         self._watched: dict[str, SealedChain] = {}  # sealed chains this slot waits on
@@ -214,7 +214,7 @@ class NodeRoles:
         self.cfg, self.link, self.store_slot = cfg, link, store_slot
         self.fresh_from = fresh_from
 
-    def _opening_fresh(self) -> bool:
+    def opening_fresh(self) -> bool:
         """Whether the job's ranks are starting anew after a store failover and that generation
         has run no round yet: a spare's ranks then start with them (there is no round to
         rejoin), whichever slot was lost."""
@@ -246,11 +246,10 @@ class NodeRoles:
         slot = int(report["slot"])
         if not self._end(slot):
             return None
-        fresh = fresh or self._opening_fresh()
         info = self._info(slot)
         node_rank = self._held_node_rank(slot, info)
         host = info.get("slurm_node") or info.get("host")
-        loss = self._decide(slot, host, node_rank, fresh)
+        loss = self._decide(slot, host, node_rank, fresh or self.opening_fresh())
         ranks = () if node_rank is None else tuple(self._ranks(node_rank))
         if ranks:
             message = f"node rank {node_rank} (slot {slot}, {host}) lost: {loss.reason}"
