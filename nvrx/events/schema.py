@@ -69,6 +69,9 @@ KINDS: dict[str, dict[str, str]] = {
         "detection_s": "seconds from the fault to its detection, when known",
         "local_rank": "local rank of the faulted child (supervisor, unresponsive)",
         "child_pid": "pid of the faulted child (supervisor, unresponsive)",
+        "rank_host": "host of the faulted rank where another host wrote the fault (the node "
+        "agent that found its host silent, without a supervisor)",
+        "rank_node": "node of the faulted rank, with rank_host",
     },
     "restart_phase": {
         "phase": "initial_barrier | last_call_wait (older versions) | abort | finalize | health_check | "
@@ -250,9 +253,10 @@ KINDS: dict[str, dict[str, str]] = {
         "ranks": "global ranks of that node (of node)",
         "score": "job reference step time / its own median step time, at most 1 (1: as fast as "
         "the job's fast ranks)",
-        "median_s": "its median step time (own work) over the window",
+        "median_s": "its median step time (own work) over the window (of node: the median of "
+        "its ranks')",
         "reference_s": "the job's reference step time: the lower quartile of the ranks' medians "
-        "(of two, the faster one's)",
+        "(of two, the faster one's); of node, of the nodes' medians",
         "slower_pct": "how much slower than the reference, in percent",
         "step": "the step count its ranks had reached when it was judged (the least of them)",
         "window": "steps each median covers",

@@ -411,6 +411,7 @@ class NodeAgent:
         if self.fenced:  # its slot is ended: no new one, the ring goes on without this host
             return
         self.slot = register(store, host_key(self.cfg, self.host))
+        host_ring.name_place(store, self.slot, self.host, events.context_from_env()["node"])
         self.place = host_ring.place(store, self.slot, self.limits)
         self._watch_listed(now)
         self._refresh_at = now + self.limits.host_s
@@ -545,7 +546,8 @@ class NodeAgent:
         ranks = live_ranks(self.store, slot)
         message = f"its host sent no heartbeat for {silent['silent_s']:.1f} s"
         silent_s = now - silent["since"]
-        later = self._leave(ranks, message, dict.fromkeys(ranks, silent_s), own=False) if ranks else []
+        where = host_ring.place_name(self.store, slot)  # its faults name it, not this host
+        later = self._leave(ranks, message, dict.fromkeys(ranks, silent_s), where) if ranks else []
         silent["acted"] = silent.get("acted") or len(later) < len(ranks)
         if later:
             silent["at"] = now + self.limits.replace_s
@@ -570,7 +572,11 @@ class NodeAgent:
         self.place.ring.watch_again(slot)
 
     def _leave(
-        self, ranks: list[int], message: str, silent_s: dict[int, float], own: bool = True
+        self,
+        ranks: list[int],
+        message: str,
+        silent_s: dict[int, float],
+        where: dict[str, Any] | None = None,
     ) -> list[int]:
         """Take ``ranks`` (initial ranks) out of the running round as unresponsive in one
         call, each with its event as it leaves, whose ``detection_s`` is how long that rank
@@ -580,8 +586,11 @@ class NodeAgent:
 
         round_ = rounds.current_round(self.store)
 
+        own = where is None  # else another host's ranks: ``where`` names that host
+        place = {} if own else {"rank_host": where.get("host"), "rank_node": where.get("node")}
+
         def left(rank: int, initial: int) -> None:  # its event names it and its round, as its monitor's would
-            emit = functools.partial(self.emit, rank=rank, round=round_)
+            emit = functools.partial(self.emit, rank=rank, round=round_, **place)
             record = FaultRecord(rank, "unresponsive", message=message)
             announce_leave(emit, rank, record, detection_s=silent_s[initial])
 

@@ -159,6 +159,9 @@ class KindHandlers:
                     votes = part.origin_votes  # (vote, inline: once per peer of a fault)
                     votes[origin] = votes.get(origin, 0) + 1
             return
+        rank_host = as_str(e.get("rank_host"))
+        if rank_host is not None:  # another host's agent wrote it: the fault is of that host
+            host, node = rank_host, as_int(e.get("rank_node"))
         exc_type, message, tb = (as_str(e.get(k)) for k in ("exc_type", "message", "traceback"))
         sig = fault_signature(as_str(e.get("signature")), told_kind, exc_type, message, tb)
         detected = num(e.get("detected_mono"))

@@ -9,7 +9,8 @@ from .text_doc import Doc, ranks_text, secs, when
 #: How a straggler is named and when it is excluded, printed under the table.
 SLOW_RULE = (
     "slower: its median step time (own work) against the job's reference, the lower quartile "
-    "of the ranks' medians (of two, the faster one's); a node still slow at the end of the "
+    "of the ranks' medians (of two, the faster one's); a node's: the median of its ranks', "
+    "against the lower quartile of the nodes'; a node still slow at the end of the "
     "job or when it left it, or excluded for slowness, is in the exclusion advice as slow, "
     "not failed (Suspect nodes)"
 )

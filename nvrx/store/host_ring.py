@@ -122,6 +122,23 @@ def beats(store: Any, slot: int) -> int:
     return int(store.add(RING.alive(slot), 0))
 
 
+def name_place(store: Any, slot: int, host: str, node: int | None) -> None:
+    """Say which host (and node, where known) stands in ``slot``."""
+    store.set(keys.host_name(slot), json.dumps({"host": host, "node": node}))
+
+
+def place_name(store: Any, slot: int) -> dict[str, Any]:
+    """``{"host": ..., "node": ...}`` of the host in ``slot``; empty where it said nothing."""
+    if not store.check([keys.host_name(slot)]):
+        return {}
+    raw = store.get(keys.host_name(slot))
+    try:
+        named = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+    except ValueError:
+        return {}
+    return named if isinstance(named, dict) else {}
+
+
 def host_count(store: Any) -> int:
     """How many host slots were handed out: the size of the ring."""
     return int(store.add(keys.HOST_COUNT, 0))

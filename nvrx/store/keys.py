@@ -28,6 +28,12 @@ def host_slot(host: str) -> str:
     return f"{HOSTS_PREFIX}slot/{host}"
 
 
+def host_name(slot: int) -> str:
+    """JSON ``{"host": ..., "node": ...}`` of host ``slot``, set by its agent as it takes the
+    slot: the agent that finds the host silent names it in the faults of its ranks."""
+    return f"{HOSTS_PREFIX}name/{slot}"
+
+
 def host_ranks(slot: int) -> str:
     """Append-only ``"r,"`` list of the initial ranks on host ``slot``: each rank's monitor
     adds its own when it starts watching, before its rank goes on."""

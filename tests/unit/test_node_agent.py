@@ -304,6 +304,8 @@ def test_a_silent_host_is_taken_out_by_the_agent_watching_it(base, hosts) -> Non
     assert rstore.terminated_ranks(view) == {2, 3}
     assert a.faults() == [(2, "unresponsive"), (3, "unresponsive")]
     assert all(f["message"].startswith("its host sent no heartbeat") for _, f in a.events)
+    # the faults are h1's, though h0's agent wrote them: the report must not blame h0
+    assert [f["rank_host"] for _, f in a.events] == ["h1", "h1"]
     # h1's agent last beat at the third step: its ranks count as silent since then, give or
     # take the step that saw it stand still, and the millisecond the event rounds to
     silent = pytest.approx(now - (t + 2 * INTERVAL), abs=INTERVAL + 1e-3)
