@@ -305,11 +305,15 @@ def _tally_hangs_and_deaths(
             continue
         s = per.of(p.host, p.node)
         s.deaths += 1
-        sig = process_end_signature(p.exit_code, p.signal)
+        error = p.error  # its error file names the cause, as the failures table groups it
+        told = error is not None and bool(error.signature)
+        sig = error.signature if told else process_end_signature(p.exit_code, p.signal)
         s.sigs.add(sig)
         incident = _death_incident(windows, p, explained)
         s.incidents.add(incident)
         s.own.setdefault(incident, sig)
+        if told and error.exc_type and p.rank is not None:  # an exception its rank raised
+            s.raised.setdefault(incident, p.rank)
 
 
 def _evidence(

@@ -1,12 +1,14 @@
-"""Without a supervisor, the node agent of host a writes the faults of host b's ranks when
-b goes silent (``rank_host``): the report files them under b, not under the healthy
-watcher, which it would otherwise advise to exclude."""
+"""Faults the report must not hold against a healthy node: without a supervisor, the node
+agent of host a writes the faults of host b's ranks when b goes silent (``rank_host``), and
+filed under a they made the report advise excluding the healthy watcher; ranks that die of
+one exception on every host are a code bug, no node's."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from test_report_fixtures import Host, Proc
+from test_report_fixtures import USER_TRACEBACK, Host, Proc
 
 from nvrx.report import build_report
 
@@ -51,3 +53,47 @@ def test_a_silent_hosts_faults_written_by_its_watcher_are_filed_under_it(tmp_pat
     assert [(row.first_host, row.first_node) for row in report.timeline[:2]] == [("b", 1), ("c", 2)]
     assert "a" not in {s.host for s in report.suspects}
     assert report.exclude is None or "a" not in report.exclude
+
+
+def _ranks_exit_with_an_exception(log_dir: Path, on_hosts: tuple[int, ...]) -> None:
+    """Supervisors only (no Wrapper), 2 nodes x 2 ranks: local rank 0 of each host in
+    ``on_hosts`` exits 1 twice, its error file holding the same ValueError."""
+    hosts = {0: Host("a", 0), 1: Host("b", 1)}
+    sup = {n: Proc(log_dir, h, "supervisor") for n, h in hosts.items()}
+    for proc in sup.values():
+        proc.at(0, "supervisor_start", nnodes=2, nproc_per_node=2)
+    for r in range(4):
+        sup[r // 2].at(0.5, "child_start", local_rank=r % 2, child_pid=100 + r, global_rank=r, attempt=0)
+    error = {"message": {"message": "ValueError: bad batch 17", "extraInfo": {"py_callstack": USER_TRACEBACK}}}
+    for h in on_hosts:
+        for i, t in enumerate((20, 40)):
+            name = f"err{h}{i}.json"
+            (log_dir / name).write_text(json.dumps(error))
+            pid = (200 + i if i else 100) + 10 * h
+            sup[h].at(t, "child_exit", local_rank=0, child_pid=pid, exit_code=1, global_rank=2 * h,
+                      attempt=i, runtime_s=10, error_file=name)  # fmt: skip
+            sup[h].at(t + 0.1, "restart_decision", local_rank=0, decision="restart", reason="x",
+                      budget_left=3, global_rank=2 * h, scope="rank")  # fmt: skip
+            sup[h].at(t + 0.5, "child_start", local_rank=0, child_pid=201 + i + 10 * h,
+                      global_rank=2 * h, attempt=i + 1)  # fmt: skip
+    for proc in sup.values():
+        proc.at(90, "supervisor_end", exit_code=0, reason="completed")
+        proc.close()
+
+
+def test_a_code_bug_that_ends_ranks_on_every_host_excludes_no_host(tmp_path: Path) -> None:
+    """Their deaths count under the exception their error files name, as the failures table
+    groups them: seen on both hosts, it is no node's own (it was 'exit code 1', seen on
+    neither host, and both were advised for exclusion)."""
+    _ranks_exit_with_an_exception(tmp_path, on_hosts=(0, 1))
+    report = build_report(tmp_path, sacct=False, workers=1)
+    assert report.exclude is None, [s.evidence for s in report.suspects]
+    assert {tuple(s.signatures) for s in report.suspects} == {("ValueError at train.py:12 in step",)}
+
+
+def test_one_ranks_repeated_exception_on_one_host_is_not_enough_to_exclude_it(tmp_path: Path) -> None:
+    _ranks_exit_with_an_exception(tmp_path, on_hosts=(0,))
+    report = build_report(tmp_path, sacct=False, workers=1)
+    assert report.exclude is None
+    [a] = [s for s in report.suspects if s.host == "a"]
+    assert "not enough to exclude" in a.evidence[0]
