@@ -358,8 +358,9 @@ class JobEnv:
 
     @property
     def job_dir(self) -> Path:
-        """Where this job's events go: ``<log dir>/<job id>``."""
-        return Path(self.log_dir) / self.job_id
+        """Where this job's events go: ``<log dir>/<job id>``, absolute (the paths children are
+        given under it, a flag or an error file, must hold after a rank changes directory)."""
+        return (Path(self.log_dir) / self.job_id).absolute()
 
     def rank(self, local_rank: int) -> int:
         """Global rank of ``local_rank`` on this node."""

@@ -160,7 +160,7 @@ class PreemptionHandler:
             raise ValueError(f"max_time_limit_requeues must be >= 0, got {max_time_limit_requeues}")
         if slurm and not job_id:
             raise ValueError("job_id is needed to requeue a SLURM job")
-        self.job_dir = Path(job_dir)
+        self.job_dir = Path(job_dir).absolute()  # its flag must hold after a rank changes directory
         self.dir = self.job_dir / PREEMPT_DIR
         self.node_rank = node_rank
         self.nnodes = nnodes

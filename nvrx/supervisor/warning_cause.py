@@ -92,19 +92,20 @@ def window_s(
     """Seconds from the warning until the job must have stopped, minus a margin.
 
     A time limit leaves what ``scontrol`` says is left, ``info`` read ``late_s`` seconds
-    after the warning came: that much more; a preemption leaves
+    after the warning came: that much more; without it, the signal's delay (never the
+    preemption window); a preemption leaves
     ``preempt_window_s`` when given, else the partition's GraceTime, else
     ``DEFAULT_PREEMPT_WINDOW_S``.
     """
-    if cause == "time_limit" and info:
-        limit, run = parse_duration(info.get("TimeLimit")), _run_time_at_warning(info, late_s)
+    if cause == "time_limit":  # what is left: scontrol's, else the signal's own delay
+        limit, run = parse_duration((info or {}).get("TimeLimit")), _run_time_at_warning(info or {}, late_s)
         window = (limit - run) if limit is not None and run is not None else signal_delay_s
     elif preempt_window_s is not None:
         window = preempt_window_s
     else:
         window = partition_grace_time(info) if cause == "preemption" else None
         if window is None:
-            window = signal_delay_s if cause == "time_limit" else DEFAULT_PREEMPT_WINDOW_S
+            window = DEFAULT_PREEMPT_WINDOW_S
     window = float(window if window is not None else DEFAULT_PREEMPT_WINDOW_S)
     return max(1.0, window - min(10.0, 0.25 * window))
 

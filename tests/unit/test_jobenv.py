@@ -64,7 +64,7 @@ def test_defaults_without_any_variable() -> None:
     assert jobenv.log_dir_from({}) == Path("nvrx_logs")
     job = JobEnv.local(env={})
     assert (job.master_port, job.store_port, job.job_id) == (29500, 29503, "local-29503")
-    assert job.job_dir == Path("nvrx_logs") / "local-29503"
+    assert job.job_dir == Path.cwd() / "nvrx_logs" / "local-29503"  # absolute: children may chdir
 
 
 def test_the_store_port_follows_master_port_everywhere() -> None:

@@ -595,3 +595,24 @@ def test_a_warning_acted_on_after_a_delay_counts_the_time_left_at_the_warning(
         assert before + 60.0 <= flag["deadline_wall"] <= after + 60.0
     else:  # a preemption's window (20 s, less its margin) counts from the signal
         assert flag["deadline_wall"] == pytest.approx(warned + window_s(None, cause, 90, 20), abs=1e-6)
+
+
+def test_the_flag_and_error_file_paths_children_get_are_absolute(tmp_path, monkeypatch) -> None:
+    """A relative log directory (the default ``./nvrx_logs``): a rank that changes directory
+    (Hydra, say) still finds its checkpoint flag and writes its error file where the
+    supervisor reads them."""
+    from nvrx.jobenv import JobEnv
+
+    monkeypatch.chdir(tmp_path)
+    handler = PreemptionHandler("logs/7", 0, 1, slurm=False, export_env=False)
+    assert handler.flag_path.is_absolute()
+    assert handler.flag_path.is_relative_to(tmp_path)
+    job = JobEnv.local(nnodes=1, node_rank=0, nproc_per_node=1, job_id="7", log_dir="logs")
+    assert job.job_dir == tmp_path / "logs" / "7"
+
+
+def test_a_time_limit_without_scontrol_leaves_the_signals_delay_not_the_preemption_window() -> None:
+    """``NVRX_PREEMPT_WINDOW_S`` is for preemptions: a time-limit warning with nothing from
+    scontrol (submitit's local executor) leaves the signal's delay (less the margin)."""
+    assert window_s(None, "time_limit", 90, 300) == 80.0
+    assert window_s(None, "preemption", 90, 300) == 290.0
