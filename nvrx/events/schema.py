@@ -146,7 +146,11 @@ KINDS: dict[str, dict[str, str]] = {
         "restart_latency_s": "seconds from fault detection to the next round start, when restarting",
         "faults": "fault records of the round (list of objects), when it ended in a restart",
     },
-    "wrapper_end": {"outcome": "completed | restart_abort | error", "rounds": "rounds run"},
+    "wrapper_end": {
+        "outcome": "completed | restart_abort | left (the rank left the job, the others going "
+        "on without it: terminated, discarded) | error",
+        "rounds": "rounds run",
+    },
     # -- supervisor and store service -------------------------------------
     "supervisor_start": {
         "nnodes": "nodes in the job",

@@ -137,6 +137,7 @@ class CallWrapper:
         self.round = 0
         self.generation = 0
         self.rounds_run = 0
+        self.left_job = False  # this rank left the job for good, the others going on
         self.pending_latency_from: float | None = None  # when the fault behind a restart was seen
         self._first_terminated: set[int] = set()
         self._first_rejoined: set[int] = set()  # a replacement: its own rank (``_resume``)
@@ -336,6 +337,8 @@ class CallWrapper:
         except BaseException as exc:
             if RestartAbort.behind(exc) is not None:
                 outcome = "restart_abort"
+            elif self.left_job:
+                outcome = "left"  # the others went on without it
             raise
         finally:
             self.emit("wrapper_end", outcome=outcome, rounds=self.rounds_run)
@@ -358,6 +361,7 @@ class CallWrapper:
                 # finishes an abort it began for a peer's fault, and is gone before we raise
                 # (unless the leave could not interrupt the round: ``MonitorThread.finish``).
                 run.monitor.stop.set()
+                self.left_job = True
                 exc = round_run.leave(self, run.store, outcome)
                 if not run.monitor.finish(RESTART_WAIT_S) and run.monitor.woke.is_set():
                     log.warning("the monitor thread's abort outlasted %.0f s; leaving anyway", RESTART_WAIT_S)
@@ -382,6 +386,7 @@ class CallWrapper:
             return step()
         except BaseException as exc:
             told = self.rounds_run > 0
+            self.left_job = True
             raise round_run.leave(self, self.round_store, Leave(exc, recorded=False), told)  # noqa: B904
 
     def _run_completion(self) -> None:

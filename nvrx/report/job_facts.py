@@ -209,7 +209,9 @@ def final_outcome(
         if set(wrapper_ends) == {"completed"}:
             return "completed", f"all {sum(wrapper_ends.values())} ranks completed"
         summary = ", ".join(f"{k}: {v}" for k, v in sorted(wrapper_ends.items()))
-        worst = next((k for k in ("error", "restart_abort") if k in wrapper_ends), "mixed")
+        if set(wrapper_ends) == {"completed", "left"}:  # the others finished without them
+            return "completed", f"wrapper ends: {summary}"
+        worst = next((k for k in ("error", "restart_abort", "left") if k in wrapper_ends), "mixed")
         gave_up = _gave_up(job, timeline, wrapper_run)
         return gave_up if worst == "restart_abort" and gave_up else worst, f"wrapper ends: {summary}"
     if filtered:

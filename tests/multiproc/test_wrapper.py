@@ -147,6 +147,8 @@ def test_the_store_host_that_leaves_alive_serves_while_the_others_train_on(tmp_p
     assert ranks.result(0)["error"] == "KeyboardInterrupt"
     assert ranks.result(1)["world"] == ranks.result(2)["world"] == 2
     assert "keeps the store until they finish" in ranks.log(0)
+    ends = sorted(e["outcome"] for e in ranks.events() if e["kind"] == "wrapper_end")
+    assert ends == ["completed", "completed", "left"]  # the job completed without rank 0
     assert "termination barrier:" not in ranks.log(0)  # it did not give up
 
 

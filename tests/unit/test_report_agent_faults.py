@@ -97,3 +97,28 @@ def test_one_ranks_repeated_exception_on_one_host_is_not_enough_to_exclude_it(tm
     assert report.exclude is None
     [a] = [s for s in report.suspects if s.host == "a"]
     assert "not enough to exclude" in a.evidence[0]
+
+
+def test_ranks_that_left_while_the_others_completed_make_a_completed_job(tmp_path: Path) -> None:
+    """No supervisor: rank 0 left the job (``wrapper_end`` outcome ``left``), ranks 1 and 2
+    restarted without it and completed; it was reported as an error."""
+    host = Host("a", 0)
+    ranks = {r: Proc(tmp_path, host, "wrapper", rank=r) for r in range(3)}
+    for r, proc in ranks.items():
+        proc.round(0).at(1, "round_start", world_size=3, initial_rank=r)
+        proc.at(1.1, "call_start", note="x")
+    ranks[0].at(10, "fault", fault_kind="exception", origin_rank=0, message="boom", signature="ValueError")
+    for r in (1, 2):
+        ranks[r].at(10.5, "fault", fault_kind="peer", origin_rank=0, message="peer")
+        ranks[r].at(10.6, "call_end", duration_s=9, outcome="restart")
+        ranks[r].at(10.7, "round_end", outcome="restart")
+        ranks[r].round(1).at(12, "round_start", world_size=2, initial_rank=r)
+        ranks[r].at(50, "round_end", outcome="completed")
+        ranks[r].at(50.2, "wrapper_end", outcome="completed", rounds=2)
+    ranks[0].at(11, "round_end", outcome="terminated")
+    ranks[0].at(60.1, "wrapper_end", outcome="left", rounds=1)
+    for proc in ranks.values():
+        proc.close()
+    report = build_report(tmp_path, sacct=False, workers=1)
+    assert report.summary.outcome == "completed", report.summary.reason
+    assert report.summary.reason == "wrapper ends: completed: 2, left: 1"
