@@ -196,9 +196,12 @@ def build_stragglers(job: JobSummary) -> list[Straggler]:
 def held_against(x: Straggler) -> bool:
     """Whether ``x`` counts against its node in the exclusion advice: a node still slow
     when its run ended or when it left the job, or one excluded for slowness. A node that
-    recovered, one whose scoring moved away with a store failover (not known to be slow
+    recovered (one listed for exclusion too, that stayed, no spare being free when it read
+    the list), one whose scoring moved away with a store failover (not known to be slow
     after), and a rank named alone, do not."""
-    return x.of == NODE and (x.end_reason in (None, BY_LEAVING) or x.action == EXCLUDE)
+    stayed_and_recovered = x.end_reason == BY_RECOVERY and x.replaced_wall is None
+    excluded = x.action == EXCLUDE and not stayed_and_recovered
+    return x.of == NODE and (x.end_reason in (None, BY_LEAVING) or excluded)
 
 
 def slower(x: Straggler) -> str:

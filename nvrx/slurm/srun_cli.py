@@ -111,9 +111,10 @@ def srun_command(
 
 def node_count(env: Mapping[str, str]) -> str:
     """The allocation's nodes, one supervisor each; ``UsageError`` for a value that is none."""
-    nodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "1"
+    name = "SLURM_JOB_NUM_NODES" if env.get("SLURM_JOB_NUM_NODES") else "SLURM_NNODES"
+    nodes = env.get(name) or "1"
     if not nodes.isdigit() or int(nodes) < 1:
-        raise UsageError(f"SLURM_JOB_NUM_NODES must be a number of nodes, got {nodes!r}")
+        raise UsageError(f"{name} must be a number of nodes, got {nodes!r}")
     return nodes
 
 

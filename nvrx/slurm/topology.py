@@ -93,7 +93,9 @@ def _place(env: Mapping[str, str], job_id: str) -> tuple[int, int, str]:
         list_var, nodes_var = "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_NODES"
     else:
         list_var, nodes_var = "SLURM_JOB_NODELIST", "SLURM_JOB_NUM_NODES"
-    raw_list = env.get(list_var) or env.get("SLURM_NODELIST")
+    if not env.get(list_var) and env.get("SLURM_NODELIST"):
+        list_var = "SLURM_NODELIST"  # what was read is what an error names
+    raw_list = env.get(list_var)
     if not raw_list:
         raise ValueError(f"{list_var} is not set in SLURM job {job_id}")
     try:

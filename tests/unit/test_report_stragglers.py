@@ -381,3 +381,15 @@ def test_a_job_without_stragglers_has_no_section_and_no_new_advice(tmp_path: Pat
     assert report.exclude is None and report.suspects == []
     assert "exclude next time: nothing (no node-level faults)" in _answer(text)
     assert json.loads(report.to_text("json"))["stragglers"] == []
+
+
+def test_a_node_listed_for_exclusion_that_stayed_and_recovered_is_not_excluded(tmp_path: Path) -> None:
+    """Listed (a spare was free at its naming), it stayed (none was free when it read the
+    list) and recovered: nothing holds it against its node."""
+    job = Job(tmp_path, spares=1)
+    job.straggler(40.0, "slow", 120, action="exclude", **SLOW_NODE)
+    job.straggler(70.0, "recovered", 180, **{**SLOW_NODE, "score": 0.97, "slower_pct": 3.0})
+    report = job.finish()
+    [x] = report.stragglers
+    assert (x.action, x.end_reason) == ("exclude", "recovered")
+    assert report.exclude is None

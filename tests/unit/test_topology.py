@@ -141,3 +141,22 @@ def test_tasks_on_this_node_read_slurms_compact_counts_at_this_node(
     extra: dict[str, str], tasks: int | None
 ) -> None:
     assert tasks_on_this_node(_step_env(**extra)) == tasks  # SLURM_NODEID=2
+
+
+def test_an_error_names_the_node_list_variable_that_was_read() -> None:
+    """Only SLURM_NODELIST set (no step list): its bad value is named, not the one unset."""
+    env = _step_env()
+    env.pop("SLURM_STEP_NODELIST")
+    env.pop("SLURM_JOB_NODELIST", None)
+    env["SLURM_NODELIST"] = "n[1-"
+    with pytest.raises(ValueError, match=r"^SLURM_NODELIST='n\[1-'"):
+        job_from_slurm(env)
+
+
+def test_nvrx_srun_names_the_node_count_variable_that_was_read() -> None:
+    from nvrx.slurm.srun_cli import UsageError, node_count
+
+    with pytest.raises(UsageError, match="^SLURM_NNODES must be a number of nodes, got 'x'"):
+        node_count({"SLURM_NNODES": "x"})
+    with pytest.raises(UsageError, match="^SLURM_JOB_NUM_NODES must be"):
+        node_count({"SLURM_JOB_NUM_NODES": "0x", "SLURM_NNODES": "2"})
