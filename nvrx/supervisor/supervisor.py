@@ -330,11 +330,23 @@ class Supervisor:
         )  # fmt: skip
         if verdict.decision is Decision.RESTART:
             self.ranks.restarts[local_rank] += 1
-            self.start_child(local_rank)
+            self.start_child(local_rank, self._restart_flag())
         else:
             self.request_stop(verdict.reason, verdict.exit_code, broadcast=True)
             if verdict.exit_code != ExitCode.OK:  # (after the others were told to stop)
                 self._log_root_cause(verdict, local_rank)
+
+    def _restart_flag(self) -> str | None:
+        """How a rank restarted alone starts: with the others' new generation while the one
+        a store failover opened has run no round (there is none to rejoin:
+        ``NodeRoles.opening_fresh``), else as a replacement that rejoins."""
+        roles = self.store.roles
+        if roles is None or not roles.enabled:
+            return None
+        try:
+            return jobenv.FRESH_START if roles.opening_fresh() else None
+        except StoreLinkError:  # the store is failing: what comes of it decides
+            return None
 
     # -- stopping -----------------------------------------------------------------
     def request_stop(self, reason: str, exit_code: int, broadcast: bool) -> None:

@@ -696,3 +696,35 @@ def test_another_nodes_failure_taken_after_the_store_hosts_own_exit_0_stop_is_re
         (reason, int(ExitCode.AFTER_COMPLETION)),
     ]
 
+
+
+@pytest.mark.parametrize(("opening", "fresh"), [(True, "1"), (False, "0")])
+def test_a_rank_restarted_while_a_failovers_generation_opens_starts_with_it(
+    tmp_path: Path, opening: bool, fresh: str | None
+) -> None:
+    """After a store failover, until the survivors' new generation ran a round, a rank
+    restarted alone starts with that generation (``NVRX_FRESH_START``): as a replacement
+    it waited to rejoin a round nobody ran, and the others for it at their initial barrier."""
+    from nvrx import jobenv
+    from nvrx.supervisor.children import ExitStatus
+
+    envs: list[dict] = []
+
+    def spawn(local_rank: int, attempt: int, env: dict, directory: Path | None) -> Child:
+        envs.append(env)
+        return Child(local_rank, attempt, processes.start([sys.executable, "-c", "pass"]))
+
+    job = local_job(nproc_per_node=1, log_dir=str(tmp_path))
+    sup = Supervisor(SupervisorConfig(command=["train"], job=job, grace_period=1.0), spawn=spawn)
+    sup.course.to(Course.TRAINING)
+    sup.store.roles = SimpleNamespace(enabled=True, opening_fresh=lambda: opening, node_rank=0)
+    # (the store's part of the decision, here with no store: nobody else stopped, no
+    # job-wide restart, one restart spent)
+    sup._stopped_by_another_node = lambda: False
+    sup.job_restart.failure_handled = lambda *args: False
+    sup.policy._spend = lambda: 1
+    sup.start_child(0)
+    sup.ranks.children[0].wait(30)
+    sup._decide(0, ExitStatus(1, None), sup.ranks.children[0].pid)
+    assert len(envs) == 2 and envs[1].get(jobenv.FRESH_START) == fresh
+    sup.ranks.children[0].wait(30)
