@@ -159,9 +159,11 @@ class KindHandlers:
                     votes = part.origin_votes  # (vote, inline: once per peer of a fault)
                     votes[origin] = votes.get(origin, 0) + 1
             return
-        rank_host = as_str(e.get("rank_host"))
+        rank_host, rank_node = as_str(e.get("rank_host")), e.get("rank_node")
         if rank_host is not None:  # another host's agent wrote it: the fault is of that host
-            host, node = rank_host, as_int(e.get("rank_node"))
+            host, node = rank_host, as_int(rank_node)
+        elif rank_node is not None:  # a spare's supervisor: the node rank it holds, not its slot
+            node = as_int(rank_node)
         exc_type, message, tb = (as_str(e.get(k)) for k in ("exc_type", "message", "traceback"))
         sig = fault_signature(as_str(e.get("signature")), told_kind, exc_type, message, tb)
         detected = num(e.get("detected_mono"))

@@ -243,6 +243,7 @@ class HangWatch:
             local_rank=beat.local_rank, child_pid=child.pid, message=message,
             signature=UNRESPONSIVE_SIGNATURE, detected_mono=time.monotonic(),
             detection_s=silent_s,  # the rank stopped beating that long before: its onset
+            rank_node=self.control.node_rank,  # a spare's event names its slot: the node it holds
         )  # fmt: skip
         if _is_monitor(beat.monitor_pid):
             processes.signal_group(beat.monitor_pid, signal.SIGKILL)

@@ -349,8 +349,8 @@ def test_a_rank_whose_monitor_falls_silent_is_found_by_its_supervisor_and_replac
     run = silenced
     _completed_at_full_size(run)
     silent = [e for e in run.of("fault") if e["fault_kind"] == "unresponsive"]
-    assert [(e["component"], e["node"], e["origin_rank"]) for e in silent] == [
-        ("supervisor", 0, SILENT_RANK)
+    assert [(e["component"], e["node"], e["rank_node"], e["origin_rank"]) for e in silent] == [
+        ("supervisor", 0, 0, SILENT_RANK)
     ], silent
     assert silent[0]["message"].startswith("no heartbeat for "), silent
     assert float(silent[0]["message"].split()[3]) >= 10.0  # the demo's heartbeat_timeout

@@ -1059,3 +1059,30 @@ def test_the_lost_nodes_row_says_why_the_node_was_declared_lost(
     evidence = [e for n in report.suspects if n.host == "node-b" for e in n.evidence]
     if against is not None:
         assert any(e.startswith(against) for e in evidence), evidence
+
+
+def test_a_spares_supervisor_names_the_node_rank_it_holds_in_its_faults(tmp_path: Path) -> None:
+    """After spare slot 2 took node rank 1 over, its supervisor finds rank 3 silent in round
+    1: the fault is node rank 1's (``rank_node``), as the ranks' own events are, not slot
+    2's (a row of its own, which split the host's counts)."""
+    job = Job(tmp_path, {0: "a", 1: "b", 2: "c"}, nnodes=3, spares=1)
+    _before_the_loss(job)
+    _spare_takes_over(job)
+    job.round_restart(DECLARED + 0.01, [0, 1])
+    job.round_start(17.6, 1, [0, 1, 2, 3])
+    job.sup[2].at(
+        22.0, "fault", fault_kind="unresponsive", origin_rank=3, rank=3, round=1, local_rank=1,
+        child_pid=203, message="no heartbeat for 3.0 s", signature="unresponsive",
+        detection_s=3.0, rank_node=1,
+    )  # fmt: skip
+    for r in (0, 1, 2):
+        job.ranks[r].at(22.5, "fault", fault_kind="peer", origin_rank=3, message="peer")
+    job.round_restart(22.6, [0, 1, 2])
+    job.round_start(24.0, 2, [0, 1, 2])
+    job.complete(26.0, [0, 1, 2])
+    for slot in (0, 2):
+        job.sup[slot].at(28.0, "supervisor_end", exit_code=0, reason="all children ended")
+    report = job.close()
+    [row] = [row for row in report.timeline if row.round == 1]
+    assert (row.first_rank, row.first_node, row.first_host) == (3, 1, "c"), report.to_text(width=None)
+    assert 2 not in {s.node for s in report.suspects if s.host == "c"}
