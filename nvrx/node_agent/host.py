@@ -411,7 +411,8 @@ class NodeAgent:
         if self.fenced:  # its slot is ended: no new one, the ring goes on without this host
             return
         self.slot = register(store, host_key(self.cfg, self.host))
-        host_ring.name_place(store, self.slot, self.host, events.context_from_env()["node"])
+        context = self.cfg.events_context or events.context_from_env()  # as its events name it
+        host_ring.name_place(store, self.slot, self.host, context.get("node"))
         self.place = host_ring.place(store, self.slot, self.limits)
         self._watch_listed(now)
         self._refresh_at = now + self.limits.host_s

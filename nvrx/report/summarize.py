@@ -41,11 +41,19 @@ class Filters:
             return False
         if self.rank is not None and event.get("rank") != self.rank:
             return False
-        if self.node is not None and event.get("node") != self.node:
+        if self.node is not None and node_of(event) != self.node:
             return False
         if self.since is not None and num(event.get("wall"), 0.0) < self.since:
             return False
         return True
+
+
+def node_of(event: dict[str, Any]) -> Any:
+    """The node an event is of: its writer's, or the faulted rank's where the fault names it
+    (``rank_node``: another host's agent wrote it, or a spare's supervisor)."""
+    if event.get("rank_host") is not None or event.get("rank_node") is not None:
+        return event.get("rank_node")
+    return event.get("node")
 
 
 def summarize_file(path: str | os.PathLike[str], filters: Filters | None = None) -> FileSummary:

@@ -311,6 +311,8 @@ def _tally_hangs_and_deaths(
         s.sigs.add(sig)
         incident = _death_incident(windows, p, explained)
         s.incidents.add(incident)
+        if told and fault_shape(error.exc_type, error.message, sig) == FOLLOW_ON:
+            continue  # it followed another rank's failure: not one of its node's own
         s.own.setdefault(incident, sig)
         if told and error.exc_type and p.rank is not None:  # an exception its rank raised
             s.raised.setdefault(incident, p.rank)
@@ -323,8 +325,10 @@ def _evidence(
     hosts_of: dict[str, set[str]],
     several_hosts: bool,
     losses: LossIndex,
+    messages: dict[str, str],
 ) -> tuple[bool, list[str]]:
-    """Whether the node goes into ``--exclude``, and why (or why not)."""
+    """Whether the node goes into ``--exclude``, and why (or why not); ``messages``: each
+    failure signature's message, by which a fault may name the rank's device."""
     against = [(True, _slow_evidence(x)) for x in s.slow]
     against += _loss_evidence(job, s, losses)
     if s.asked_out:
@@ -334,7 +338,8 @@ def _evidence(
     alone = sorted(own.values())
     ranks = {s.raised[i] for i in own if i in s.raised}
     one_rank = len(ranks) == 1 and None not in ranks and own.keys() <= s.raised.keys()
-    code = one_rank and len(set(alone)) == 1 and not _of_a_device(job, alone[0]) if alone else False
+    device = bool(alone) and _of_a_device(job, alone[0], messages)
+    code = one_rank and len(set(alone)) == 1 and not device if alone else False
     if several_hosts and len(alone) >= 2 and code:
         shown = ", ".join(dict.fromkeys(alone))
         against.append((False, f"{len(alone)} faults of its own seen on no other host, each an "
@@ -348,12 +353,13 @@ def _evidence(
     return any(flag for flag, _ in against), [why for _, why in against]
 
 
-def _of_a_device(job: JobSummary, signature: str) -> bool:
+def _of_a_device(job: JobSummary, signature: str, messages: dict[str, str]) -> bool:
     """Whether the exception of ``signature`` may come from the rank's device: its message
-    (or the signature) names one."""
+    (a fault event's, or an error file's: ``messages``, by signature) or the signature names
+    one."""
     group = job.signatures.get(signature)
     message = group.details.get("message", (None, ""))[1] if group is not None else ""
-    return names_a_device(f"{signature} {message}")
+    return names_a_device(f"{signature} {message} {messages.get(signature, '')}")
 
 
 def build_suspects(
@@ -368,6 +374,7 @@ def build_suspects(
     the node itself (a loss SLURM confirms, a device fault, repeated faults of its own, a
     slowness that lasted or got it excluded)."""
     hosts_of = {f.signature: set(f.hosts) for f in failures}
+    messages = {f.signature: f.message or "" for f in failures}
     per = _Tallies()
     explained = _tally_rounds(per, timeline, _follow_on_signatures(job))
     _tally_hangs_and_deaths(per, job, process_rows, explained, losses)
@@ -379,7 +386,7 @@ def build_suspects(
     several_hosts = len(job.hosts | {host for host, _ in per}) > 1
     nodes = []
     for (host, node), s in per.items():
-        suspect, evidence = _evidence(job, host, s, hosts_of, several_hosts, losses)
+        suspect, evidence = _evidence(job, host, s, hosts_of, several_hosts, losses, messages)
         nodes.append(
             SuspectNode(
                 host=host,

@@ -172,6 +172,7 @@ class _Node:
         self.child.signal_group = lambda signum: self.calls.append(f"signal {signum}")
         self.calls: list[str] = []
         self.events: list[dict[str, Any]] = []
+        self.node_rank = 0  # (``NodeControl.node_rank``: the node rank this slot holds)
         store = JobStore(SupervisorConfig(command=["train"], job=local_job(nproc_per_node=4)))
         store.link = link
         ranks = LocalRanks(store, spawn=None, emit=self.emit)

@@ -55,30 +55,50 @@ def test_a_silent_hosts_faults_written_by_its_watcher_are_filed_under_it(tmp_pat
     assert report.exclude is None or "a" not in report.exclude
 
 
-def _ranks_exit_with_an_exception(log_dir: Path, on_hosts: tuple[int, ...]) -> None:
-    """Supervisors only (no Wrapper), 2 nodes x 2 ranks: local rank 0 of each host in
-    ``on_hosts`` exits 1 twice, its error file holding the same ValueError."""
+FOLLOW_ON_TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "/home/u/train.py", line 30, in train\n'
+    "    all_reduce(g)\n"
+    "torch.distributed.DistBackendError: NCCL error: remote process exited or there was a "
+    "network error\n"
+)
+CUDA_TRACEBACK = USER_TRACEBACK.rsplit("\n", 2)[0] + (
+    "\nRuntimeError: CUDA error: an illegal memory access was encountered\n"
+)
+
+
+def _ranks_exit_with(log_dir: Path, exits: dict[int, str]) -> None:
+    """Supervisors only (no Wrapper), 2 nodes x 2 ranks: each rank of ``exits`` exits 1
+    twice, its error file holding the last line of its traceback (``exits``: rank ->
+    traceback)."""
     hosts = {0: Host("a", 0), 1: Host("b", 1)}
     sup = {n: Proc(log_dir, h, "supervisor") for n, h in hosts.items()}
     for proc in sup.values():
         proc.at(0, "supervisor_start", nnodes=2, nproc_per_node=2)
+    pids = {r: 100 + r for r in range(4)}
     for r in range(4):
-        sup[r // 2].at(0.5, "child_start", local_rank=r % 2, child_pid=100 + r, global_rank=r, attempt=0)
-    error = {"message": {"message": "ValueError: bad batch 17", "extraInfo": {"py_callstack": USER_TRACEBACK}}}
-    for h in on_hosts:
-        for i, t in enumerate((20, 40)):
-            name = f"err{h}{i}.json"
-            (log_dir / name).write_text(json.dumps(error))
-            pid = (200 + i if i else 100) + 10 * h
-            sup[h].at(t, "child_exit", local_rank=0, child_pid=pid, exit_code=1, global_rank=2 * h,
+        sup[r // 2].at(0.5, "child_start", local_rank=r % 2, child_pid=pids[r], global_rank=r, attempt=0)
+    for i, t in enumerate((20, 40)):
+        for r, tb in exits.items():
+            name = f"err{r}{i}.json"
+            message = tb.strip().rsplit("\n", 1)[1]
+            (log_dir / name).write_text(json.dumps({"message": {"message": message, "extraInfo": {"py_callstack": tb}}}))
+            h, at = r // 2, t + (0 if tb is USER_TRACEBACK or tb is CUDA_TRACEBACK else 1)
+            sup[h].at(at, "child_exit", local_rank=r % 2, child_pid=pids[r], exit_code=1, global_rank=r,
                       attempt=i, runtime_s=10, error_file=name)  # fmt: skip
-            sup[h].at(t + 0.1, "restart_decision", local_rank=0, decision="restart", reason="x",
-                      budget_left=3, global_rank=2 * h, scope="rank")  # fmt: skip
-            sup[h].at(t + 0.5, "child_start", local_rank=0, child_pid=201 + i + 10 * h,
-                      global_rank=2 * h, attempt=i + 1)  # fmt: skip
+            sup[h].at(at + 0.1, "restart_decision", local_rank=r % 2, decision="restart", reason="x",
+                      budget_left=3, global_rank=r, scope="rank")  # fmt: skip
+            pids[r] += 1000
+            sup[h].at(at + 0.5, "child_start", local_rank=r % 2, child_pid=pids[r], global_rank=r,
+                      attempt=i + 1)  # fmt: skip
     for proc in sup.values():
         proc.at(90, "supervisor_end", exit_code=0, reason="completed")
         proc.close()
+
+
+def _ranks_exit_with_an_exception(log_dir: Path, on_hosts: tuple[int, ...]) -> None:
+    """Local rank 0 of each host in ``on_hosts`` exits with the same ValueError, twice."""
+    _ranks_exit_with(log_dir, {2 * h: USER_TRACEBACK for h in on_hosts})
 
 
 def test_a_code_bug_that_ends_ranks_on_every_host_excludes_no_host(tmp_path: Path) -> None:
@@ -122,3 +142,25 @@ def test_ranks_that_left_while_the_others_completed_make_a_completed_job(tmp_pat
     report = build_report(tmp_path, sacct=False, workers=1)
     assert report.summary.outcome == "completed", report.summary.reason
     assert report.summary.reason == "wrapper ends: completed: 2, left: 1"
+
+
+def test_a_ranks_repeated_device_error_still_counts_against_its_node(tmp_path: Path) -> None:
+    """Its error file names the GPU (CUDA): a rank is tied to its device, so one rank's
+    repeated exception of it is no code bug that could raise anywhere."""
+    _ranks_exit_with(tmp_path, {0: CUDA_TRACEBACK})
+    report = build_report(tmp_path, sacct=False, workers=1)
+    assert report.exclude == "a", [s.evidence for s in report.suspects]
+
+
+def test_deaths_that_followed_another_ranks_failure_are_not_their_nodes_own(tmp_path: Path) -> None:
+    """Rank 0 on a raises twice; ranks 2 and 3 on b die each time of the broken collective
+    (a follow-on fault): b, healthy, is not advised for exclusion."""
+    _ranks_exit_with(tmp_path, {0: USER_TRACEBACK, 2: FOLLOW_ON_TRACEBACK, 3: FOLLOW_ON_TRACEBACK})
+    report = build_report(tmp_path, sacct=False, workers=1)
+    assert report.exclude is None, [(s.host, s.evidence) for s in report.suspects]
+
+
+def test_the_node_filter_keeps_a_silent_hosts_faults_its_watcher_wrote(tmp_path: Path) -> None:
+    _two_hosts_lost_watched_by_a(tmp_path, named=True)
+    report = build_report(tmp_path, sacct=False, workers=1, node=1)
+    assert [(f.signature, f.hosts) for f in report.failures] == [("unresponsive (no heartbeat)", ["b"])]
