@@ -57,7 +57,7 @@ from nvrx.checkpoint_flag import (
     write_flag,
 )
 from nvrx.events import EventWriter, get_writer
-from nvrx.processes import warning_signal
+from nvrx.processes import KILL_WAIT_S, warning_signal
 from nvrx.slurm import commands
 
 from .requeue_ledger import (
@@ -116,6 +116,11 @@ TERM_GRACE_S = 5.0
 _CLASSIFIED_BY = ("TimeLimit", "RunTime", "PreemptTime")
 #: Seconds between looks at other nodes' files.
 POLL_S = 0.2
+#: How long past the warning's deadline a node waits for the deciding node's word: the
+#: decider first stops its own children (``TERM_GRACE_S``, then SIGKILL and its wait), then
+#: asks SLURM to requeue the job (one ``scontrol``, ``COMMAND_TIMEOUT_S`` at most), and only
+#: then writes its decision; a few seconds more for the file system.
+DECISION_WAIT_S = TERM_GRACE_S + KILL_WAIT_S + commands.COMMAND_TIMEOUT_S + 5.0
 
 
 def settings_from_env(env: Mapping[str, str]) -> dict[str, Any]:
@@ -357,7 +362,7 @@ class PreemptionHandler:
             ends = _Ends(stopped, finished, stopped_for_good or (lambda: None))
             decision = self._decide_for_all(cause, deadline, running, ends)
         else:
-            decision = self._await_decision(cause, deadline + 15.0, stopped)
+            decision = self._await_decision(cause, deadline + DECISION_WAIT_S, stopped)
         self._decision = decision
         log.warning("after the %s warning: %s", cause, decision.reason)
         return decision

@@ -616,3 +616,30 @@ def test_a_time_limit_without_scontrol_leaves_the_signals_delay_not_the_preempti
     scontrol (submitit's local executor) leaves the signal's delay (less the margin)."""
     assert window_s(None, "time_limit", 90, 300) == 80.0
     assert window_s(None, "preemption", 90, 300) == 290.0
+
+
+@pytest.mark.timeout(60)
+def test_a_node_waits_for_a_decider_still_stopping_its_children_and_asking_slurm(tmp_path: Path) -> None:
+    """The warning's window is over (20 s ago): the decider may still be stopping its
+    children and asking SLURM to requeue, which takes up to ``DECISION_WAIT_S`` past the
+    deadline. Its decision, written a moment later, is this node's (it gave up 15 s past
+    the deadline, and exited otherwise than the decider)."""
+    handlers = _two_local_nodes(tmp_path / "job")
+    node1 = handlers[1]
+    node1._created_wall = time.time() - 60  # its supervisor started before the warning
+    flag = tmp_path / "job" / "preempt" / "r0.flag"
+    checkpoint_flag.write_flag(flag, {"cause": "preemption", "deadline_wall": time.time() - 20, "run": 0})
+    assert node1.adopt_flag()
+    decided = WarningOutcome("preemption", True, 75, "requeued", 1)
+
+    def decide_late() -> None:
+        time.sleep(0.5)
+        node1._decision_path().parent.mkdir(parents=True, exist_ok=True)
+        node1._decision_path().write_text(json.dumps(decided.to_dict()))
+
+    late = threading.Thread(target=decide_late)
+    late.start()
+    try:
+        assert node1.act(_no_children) == decided
+    finally:
+        late.join()
