@@ -71,8 +71,8 @@ KINDS: dict[str, dict[str, str]] = {
         "child_pid": "pid of the faulted child (supervisor, unresponsive)",
         "rank_host": "host of the faulted rank where another host wrote the fault (the node "
         "agent that found its host silent, without a supervisor)",
-        "rank_node": "node of the faulted rank where the writer's node is not it: with "
-        "rank_host, or the node rank a spare's supervisor holds (its events name its slot)",
+        "rank_node": "node of the faulted rank: with rank_host; on a supervisor's unresponsive "
+        "fault, the node rank it holds (a spare's events name its slot)",
     },
     "restart_phase": {
         "phase": "initial_barrier | last_call_wait (older versions) | abort | finalize | health_check | "

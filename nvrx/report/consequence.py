@@ -73,7 +73,8 @@ _HARDWARE_TYPES = frozenset({"HealthCheckError"})
 #: it says.
 _HARDWARE_WORDS = re.compile(
     r"ecc error|uncorrectable ecc|(?<![a-z])xid(?![a-z])|unspecified launch failure|gpu is lost|"
-    r"fallen off the bus|nvlink|driver/library version mismatch|cuda driver|device health"
+    r"fallen off the bus|nvlink|driver/library version mismatch|cuda driver|device health|"
+    r"unhandled cuda error"
 )
 #: Words of an exception's message that may tell of the rank's device (its GPU, its link),
 #: though not that it failed: such an exception repeated by one rank still counts against
@@ -87,8 +88,10 @@ _SYSTEM_WORDS = ("unhandled system error", "ncclsystemerror")
 
 
 def names_a_device(text: str) -> bool:
-    """Whether ``text`` (an exception's signature or message) names the rank's device."""
-    return bool(_DEVICE_WORDS.search(text.lower()))
+    """Whether ``text`` (an exception's signature or message) names the rank's device; not
+    where it ran out of memory there (the workload's size, on any node)."""
+    lowered = text.lower()
+    return "out of memory" not in lowered and bool(_DEVICE_WORDS.search(lowered))
 
 
 def fault_shape(exc_type: str | None, message: str | None, signature: str | None) -> str | None:

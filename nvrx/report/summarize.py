@@ -49,9 +49,10 @@ class Filters:
 
 
 def node_of(event: dict[str, Any]) -> Any:
-    """The node an event is of: its writer's, or the faulted rank's where the fault names it
-    (``rank_node``: another host's agent wrote it, or a spare's supervisor)."""
-    if event.get("rank_host") is not None or event.get("rank_node") is not None:
+    """The node an event is of for ``--node``: its writer's, but the faulted rank's for a
+    fault another host's node agent wrote (``rank_host``, ``rank_node``). A supervisor's
+    events, a spare's ``rank_node`` faults too, keep its slot, as the docs say."""
+    if event.get("rank_host") is not None:
         return event.get("rank_node")
     return event.get("node")
 

@@ -31,7 +31,6 @@ from collections.abc import Callable
 from typing import Any
 
 from nvrx import events, jobenv
-from nvrx.events.reader import ProcessKey
 from nvrx.signal_pipe import FORWARD_SIGNALS, STOP_SIGNALS, SignalPipe
 from nvrx.slurm import early_warning
 from nvrx.slurm.job_ids import slurm_job_ids
@@ -52,7 +51,7 @@ from .exit_codes import CLEAN_STOP_EXIT, ExitCode, SupervisorError, for_signal
 from .failover import Failover
 from .hang_watch import WATCHED, HangWatch
 from .job_end import FINAL_EXITS, JobEnd
-from .job_restart import JobRestart, uses_wrapper
+from .job_restart import JobRestart
 from .job_store import JobStore
 from .local_ranks import CannotSpawn, LocalRanks, Spawner
 from .node_messages import NodeMessages
@@ -331,23 +330,23 @@ class Supervisor:
         )  # fmt: skip
         if verdict.decision is Decision.RESTART:
             self.ranks.restarts[local_rank] += 1
-            self.start_child(local_rank, self._restart_flag(pid, who))
+            self.start_child(local_rank, self._restart_flag())
         else:
             self.request_stop(verdict.reason, verdict.exit_code, broadcast=True)
             if verdict.exit_code != ExitCode.OK:  # (after the others were told to stop)
                 self._log_root_cause(verdict, local_rank)
 
-    def _restart_flag(self, pid: int, who: ProcessKey) -> str | None:
-        """How a Wrapper rank ``who`` restarted alone starts: with the others' new generation
-        while the one a store failover opened has run no round (there is none to rejoin:
-        ``NodeRoles.opening_fresh``), else as a replacement that rejoins. A plain script's
-        rank starts as any restarted process: its job publishes no round."""
+    def _restart_flag(self) -> str | None:
+        """How a rank restarted alone starts: with the others' new generation while the one
+        a store failover opened has run no round (there is none to rejoin:
+        ``NodeRoles.opening_fresh``), else as a replacement that rejoins. Whether the rank
+        runs the Wrapper (the only reader of the flag) is not asked: one that died before
+        its first Wrapper event would rejoin nothing."""
         roles = self.store.roles
         if roles is None or not roles.enabled:
             return None
-        wrapped = pid in self.job_restart.wrapper_pids or uses_wrapper(self.config.events_dir, who)
         try:
-            return jobenv.FRESH_START if wrapped and roles.opening_fresh() else None
+            return jobenv.FRESH_START if roles.opening_fresh() else None
         except StoreLinkError:  # the store is failing: what comes of it decides
             return None
 

@@ -65,6 +65,13 @@ FOLLOW_ON_TRACEBACK = (
 CUDA_TRACEBACK = USER_TRACEBACK.rsplit("\n", 2)[0] + (
     "\nRuntimeError: CUDA error: an illegal memory access was encountered\n"
 )
+OOM_TRACEBACK = USER_TRACEBACK.rsplit("\n", 2)[0] + (
+    "\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+)
+NCCL_CUDA_TRACEBACK = FOLLOW_ON_TRACEBACK.rsplit("\n", 2)[0] + (
+    "\ntorch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, "
+    "unhandled cuda error (run with NCCL_DEBUG=INFO for details)\n"
+)
 
 
 def _ranks_exit_with(log_dir: Path, exits: dict[int, str]) -> None:
@@ -83,7 +90,7 @@ def _ranks_exit_with(log_dir: Path, exits: dict[int, str]) -> None:
             name = f"err{r}{i}.json"
             message = tb.strip().rsplit("\n", 1)[1]
             (log_dir / name).write_text(json.dumps({"message": {"message": message, "extraInfo": {"py_callstack": tb}}}))
-            h, at = r // 2, t + (0 if tb is USER_TRACEBACK or tb is CUDA_TRACEBACK else 1)
+            h, at = r // 2, t + (1 if tb is FOLLOW_ON_TRACEBACK else 0)
             sup[h].at(at, "child_exit", local_rank=r % 2, child_pid=pids[r], exit_code=1, global_rank=r,
                       attempt=i, runtime_s=10, error_file=name)  # fmt: skip
             sup[h].at(at + 0.1, "restart_decision", local_rank=r % 2, decision="restart", reason="x",
@@ -164,3 +171,18 @@ def test_the_node_filter_keeps_a_silent_hosts_faults_its_watcher_wrote(tmp_path:
     _two_hosts_lost_watched_by_a(tmp_path, named=True)
     report = build_report(tmp_path, sacct=False, workers=1, node=1)
     assert [(f.signature, f.hosts) for f in report.failures] == [("unresponsive (no heartbeat)", ["b"])]
+
+
+def test_one_ranks_repeated_out_of_memory_is_the_workloads_not_its_nodes(tmp_path: Path) -> None:
+    """CUDA ran out of memory: the word names the device, but the size of the work would
+    exhaust any node's."""
+    _ranks_exit_with(tmp_path, {0: OOM_TRACEBACK})
+    report = build_report(tmp_path, sacct=False, workers=1)
+    assert report.exclude is None, [s.evidence for s in report.suspects]
+
+
+def test_an_nccl_error_of_the_device_is_no_follow_on_fault(tmp_path: Path) -> None:
+    """NCCL's "unhandled cuda error": a CUDA call of its own failed, on this node's GPU."""
+    _ranks_exit_with(tmp_path, {2: NCCL_CUDA_TRACEBACK, 3: NCCL_CUDA_TRACEBACK})
+    report = build_report(tmp_path, sacct=False, workers=1)
+    assert report.exclude == "b", [(s.host, s.evidence) for s in report.suspects]

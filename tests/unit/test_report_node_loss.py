@@ -1086,3 +1086,8 @@ def test_a_spares_supervisor_names_the_node_rank_it_holds_in_its_faults(tmp_path
     [row] = [row for row in report.timeline if row.round == 1]
     assert (row.first_rank, row.first_node, row.first_host) == (3, 1, "c"), report.to_text(width=None)
     assert 2 not in {s.node for s in report.suspects if s.host == "c"}
+
+    # --node keeps a supervisor's events by its slot, as the docs say: the spare's fault too
+    job_dir = tmp_path
+    by_slot = build_report(job_dir, sacct=False, workers=1, node=2)
+    assert [f.signature for f in by_slot.failures] == ["unresponsive (no heartbeat)"]
