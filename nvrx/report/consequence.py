@@ -73,8 +73,7 @@ _HARDWARE_TYPES = frozenset({"HealthCheckError"})
 #: it says.
 _HARDWARE_WORDS = re.compile(
     r"ecc error|uncorrectable ecc|(?<![a-z])xid(?![a-z])|unspecified launch failure|gpu is lost|"
-    r"fallen off the bus|nvlink|driver/library version mismatch|cuda driver|device health|"
-    r"unhandled cuda error"
+    r"fallen off the bus|nvlink|driver/library version mismatch|cuda driver|device health"
 )
 #: Words of an exception's message that may tell of the rank's device (its GPU, its link),
 #: though not that it failed: such an exception repeated by one rank still counts against
@@ -85,6 +84,10 @@ _DEVICE_WORDS = re.compile(
 #: Words of a message that tell of the node's device or driver unless it also tells of a
 #: remote peer: a system call NCCL made failed (a socket to a peer that died, as well).
 _SYSTEM_WORDS = ("unhandled system error", "ncclsystemerror")
+#: Words of a message that tell of a failed CUDA call of its own (NCCL's): no follow-on
+#: fault whatever its type, yet no proof of bad hardware either (NCCL out of memory, a bad
+#: argument): it counts as the node's own fault, repeated or not.
+_OWN_CUDA_WORDS = ("unhandled cuda error",)
 
 
 def names_a_device(text: str) -> bool:
@@ -104,6 +107,8 @@ def fault_shape(exc_type: str | None, message: str | None, signature: str | None
     peer = any(w in text for w in _FOLLOW_ON_WORDS)
     if not peer and any(w in text for w in _SYSTEM_WORDS):
         return HARDWARE
+    if not peer and any(w in text for w in _OWN_CUDA_WORDS):
+        return None
     if kind in _FOLLOW_ON_TYPES or peer:
         return FOLLOW_ON
     return None

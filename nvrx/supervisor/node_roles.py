@@ -244,12 +244,13 @@ class NodeRoles:
         store host records the loss only once its store is published). None when another
         supervisor did first."""
         slot = int(report["slot"])
+        start_fresh = fresh or self.opening_fresh()  # (asked first: a failed ask claims nothing)
         if not self._end(slot):
             return None
         info = self._info(slot)
         node_rank = self._held_node_rank(slot, info)
         host = info.get("slurm_node") or info.get("host")
-        loss = self._decide(slot, host, node_rank, fresh or self.opening_fresh())
+        loss = self._decide(slot, host, node_rank, start_fresh)
         ranks = () if node_rank is None else tuple(self._ranks(node_rank))
         if ranks:
             message = f"node rank {node_rank} (slot {slot}, {host}) lost: {loss.reason}"

@@ -121,6 +121,10 @@ POLL_S = 0.2
 #: asks SLURM to requeue the job (one ``scontrol``, ``COMMAND_TIMEOUT_S`` at most), and only
 #: then writes its decision; a few seconds more for the file system.
 DECISION_WAIT_S = TERM_GRACE_S + KILL_WAIT_S + commands.COMMAND_TIMEOUT_S + 5.0
+#: How long a node still waits for the decision once a stop signal came (SLURM's SIGKILL
+#: follows within its KillWait, 30 s by default): a decider that requeued the job writes
+#: its decision as soon as its ``scontrol requeue`` returned.
+STOPPED_WAIT_S = 10.0
 
 
 def settings_from_env(env: Mapping[str, str]) -> dict[str, Any]:
@@ -477,13 +481,17 @@ class PreemptionHandler:
     ) -> WarningOutcome:
         """The decider's decision; this node's stop signal, where none came in time."""
         path = self._decision_path()
+        wait = {"until": deadline}
 
         def decided() -> bool:
-            stopped()  # signals are handled as they come (a stop here ends no wait: the
-            # decider, which gets the same scancel, says whether the job is requeued)
+            # a stop signal ends no wait at once (the decider, which gets the same scancel,
+            # says whether the job is requeued), but shortens it: SLURM's SIGKILL follows
+            # within its KillWait, and this node must still end on its own terms
+            if stopped() is not None:
+                wait["until"] = min(wait["until"], time.time() + STOPPED_WAIT_S)
             return path.exists()
 
-        if self._wait_for(decided, deadline):
+        if self._wait_for(decided, lambda: wait["until"]):
             try:
                 return WarningOutcome(**json.loads(path.read_text()))
             except (OSError, ValueError, TypeError) as exc:
@@ -506,11 +514,14 @@ class PreemptionHandler:
             return None
 
     @staticmethod
-    def _wait_for(condition: Callable[[], bool], deadline: float) -> bool:
+    def _wait_for(condition: Callable[[], bool], deadline: float | Callable[[], float]) -> bool:
+        """Whether ``condition`` held by ``deadline`` (wall clock; a callable: read anew at
+        each look, it may come nearer)."""
+        until = deadline if callable(deadline) else lambda: deadline
         while True:
             if condition():
                 return True
-            left = deadline - time.time()
+            left = until() - time.time()
             if left <= 0:
                 return False
             time.sleep(min(POLL_S, left))

@@ -643,3 +643,18 @@ def test_a_node_waits_for_a_decider_still_stopping_its_children_and_asking_slurm
         assert node1.act(_no_children) == decided
     finally:
         late.join()
+
+
+@pytest.mark.timeout(60)
+def test_a_stopped_node_waits_for_the_decision_only_a_little_longer(tmp_path: Path, monkeypatch) -> None:
+    """Its stop signal came (SLURM's SIGKILL follows within its KillWait): with no decision
+    it ends on its own terms ``STOPPED_WAIT_S`` later, not at the far deadline."""
+    from nvrx.supervisor import preemption as preemption_module
+
+    monkeypatch.setattr(preemption_module, "STOPPED_WAIT_S", 0.3)
+    node1 = _two_local_nodes(tmp_path / "job")[1]
+    node1.on_signal(signal.SIGUSR2)
+    begun = time.monotonic()
+    outcome = node1._await_decision("preemption", time.time() + 45, lambda: int(signal.SIGTERM))
+    assert time.monotonic() - begun < 20
+    assert (outcome.requeued, outcome.exit_code) == (False, 128 + signal.SIGTERM)

@@ -186,3 +186,16 @@ def test_an_nccl_error_of_the_device_is_no_follow_on_fault(tmp_path: Path) -> No
     _ranks_exit_with(tmp_path, {2: NCCL_CUDA_TRACEBACK, 3: NCCL_CUDA_TRACEBACK})
     report = build_report(tmp_path, sacct=False, workers=1)
     assert report.exclude == "b", [(s.host, s.evidence) for s in report.suspects]
+
+
+def test_nccls_unhandled_cuda_error_is_no_proof_of_bad_hardware(tmp_path: Path) -> None:
+    """NCCL ran out of memory (its "unhandled cuda error" says so) on one rank: not
+    enough to advise its node (it was a "device or driver fault"); the same error on every
+    host advises none."""
+    oom = NCCL_CUDA_TRACEBACK.replace(
+        "(run with NCCL_DEBUG=INFO for details)", "Last error: Cuda failure 'out of memory'"
+    )
+    _ranks_exit_with(tmp_path / "once", {2: oom})
+    assert build_report(tmp_path / "once", sacct=False, workers=1).exclude is None
+    _ranks_exit_with(tmp_path / "everywhere", {0: NCCL_CUDA_TRACEBACK, 2: NCCL_CUDA_TRACEBACK})
+    assert build_report(tmp_path / "everywhere", sacct=False, workers=1).exclude is None
