@@ -362,6 +362,30 @@ def _of_a_device(job: JobSummary, signature: str, messages: dict[str, str]) -> b
     return names_a_device(f"{signature} {message} {messages.get(signature, '')}")
 
 
+def _own_hosts(
+    job: JobSummary, failures: list[Failure], process_rows: list[ProcessRestart]
+) -> dict[str, set[str]]:
+    """Each failure signature's hosts, less those where it was only ever a follow-on fault
+    (a peer's death broke a collective there at the same line): seen there, it tells
+    nothing of code that fails on any node."""
+    follow: dict[str, set[str]] = {}
+    own: dict[str, set[str]] = {}
+    for sig, group in job.signatures.items():
+        for seen in group.seen:
+            if seen[3] is not None:
+                (follow if seen[5] == FOLLOW_ON else own).setdefault(sig, set()).add(seen[3])
+    for p in process_rows:
+        error = p.error
+        if error is not None and error.signature and p.host is not None:
+            shape = fault_shape(error.exc_type, error.message, error.signature)
+            (follow if shape == FOLLOW_ON else own).setdefault(error.signature, set()).add(p.host)
+    empty: set[str] = set()
+    return {
+        f.signature: set(f.hosts) - (follow.get(f.signature, empty) - own.get(f.signature, empty))
+        for f in failures
+    }
+
+
 def build_suspects(
     job: JobSummary,
     timeline: list[RoundRow],
@@ -373,7 +397,7 @@ def build_suspects(
     """Node-level faults per node, and the hosts to exclude: only those with evidence against
     the node itself (a loss SLURM confirms, a device fault, repeated faults of its own, a
     slowness that lasted or got it excluded)."""
-    hosts_of = {f.signature: set(f.hosts) for f in failures}
+    hosts_of = _own_hosts(job, failures, process_rows)
     messages = {f.signature: f.message or "" for f in failures}
     per = _Tallies()
     explained = _tally_rounds(per, timeline, _follow_on_signatures(job))

@@ -182,8 +182,13 @@ def test_one_ranks_repeated_out_of_memory_is_the_workloads_not_its_nodes(tmp_pat
 
 
 def test_an_nccl_error_of_the_device_is_no_follow_on_fault(tmp_path: Path) -> None:
-    """NCCL's "unhandled cuda error": a CUDA call of its own failed, on this node's GPU."""
-    _ranks_exit_with(tmp_path, {2: NCCL_CUDA_TRACEBACK, 3: NCCL_CUDA_TRACEBACK})
+    """NCCL's "unhandled cuda error": a CUDA call of its own failed, on this node's GPU. Its
+    peers on a fail at the same line as a follow-on (the same signature): seen there, it is
+    not "seen on another host"."""
+    _ranks_exit_with(
+        tmp_path,
+        {2: NCCL_CUDA_TRACEBACK, 3: NCCL_CUDA_TRACEBACK, 0: FOLLOW_ON_TRACEBACK, 1: FOLLOW_ON_TRACEBACK},
+    )
     report = build_report(tmp_path, sacct=False, workers=1)
     assert report.exclude == "b", [(s.host, s.evidence) for s in report.suspects]
 
