@@ -85,18 +85,6 @@ class RankFilter(RankAssignment):
         raise NotImplementedError
 
 
-class _LocalFilter(RankFilter):
-    """A built-in filter: it computes from the rank's state alone and waits for no peer
-    (a user's filter may, and gets ``barrier_timeout``)."""
-
-    @abc.abstractmethod
-    def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
-        raise NotImplementedError
-
-    def peer_wait_s(self, barrier_timeout: float) -> float:
-        return 0.0
-
-
 def assignment_wait_s(assignment: Callable[..., Any], barrier_timeout: float) -> float:
     """Longest wait of the rank assignment ``assignment`` for the rank's peers: that of each
     part of a ``Compose``, added; a plug-in's ``peer_wait_s``; ``barrier_timeout`` for
@@ -193,8 +181,11 @@ def _current_active_world_size(state: State) -> int:
     return min(state.active_world_size, state.world_size)
 
 
-class ActivateAllRanks(_LocalFilter):
+class ActivateAllRanks(RankFilter):
     """Every healthy rank is active: ``active_rank = rank``, ``active_world_size = world_size``."""
+
+    def peer_wait_s(self, barrier_timeout: float) -> float:
+        return 0.0  # (computed locally)
 
     def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
         ctx.state = dataclasses.replace(
@@ -206,12 +197,15 @@ class ActivateAllRanks(_LocalFilter):
         return ctx
 
 
-class MaxActiveWorldSize(_LocalFilter):
+class MaxActiveWorldSize(RankFilter):
     """At most ``max_active_world_size`` ranks are active (the lowest ranks); the rest are spares.
 
     Args:
         max_active_world_size: limit, None for no limit.
     """
+
+    def peer_wait_s(self, barrier_timeout: float) -> float:
+        return 0.0  # (computed locally)
 
     def __init__(self, max_active_world_size: int | None = None) -> None:
         positive_int("MaxActiveWorldSize", "max_active_world_size", max_active_world_size, True)
@@ -224,12 +218,15 @@ class MaxActiveWorldSize(_LocalFilter):
         return _activate_below(ctx, size)
 
 
-class ActiveWorldSizeDivisibleBy(_LocalFilter):
+class ActiveWorldSizeDivisibleBy(RankFilter):
     """Round the active world size down to a multiple of ``divisor``; the rest are spares.
 
     Args:
         divisor: the active world size is made divisible by it.
     """
+
+    def peer_wait_s(self, barrier_timeout: float) -> float:
+        return 0.0  # (computed locally)
 
     def __init__(self, divisor: int = 1) -> None:
         positive_int("ActiveWorldSizeDivisibleBy", "divisor", divisor)
