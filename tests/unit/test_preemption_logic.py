@@ -632,8 +632,8 @@ def test_a_node_waits_for_a_decider_still_stopping_its_children_and_asking_slurm
     assert node1.adopt_flag()
     decided = WarningOutcome("preemption", True, 75, "requeued", 1)
 
-    def decide_late() -> None:
-        time.sleep(0.5)
+    def decide_late() -> None:  # once node 1 stopped its children and waits for the word
+        wait_until("node 1 to report its children done", node1._done_path(1).exists, 30, interval=0.01)
         node1._decision_path().parent.mkdir(parents=True, exist_ok=True)
         node1._decision_path().write_text(json.dumps(decided.to_dict()))
 
